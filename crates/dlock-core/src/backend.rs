@@ -1,0 +1,203 @@
+//! The narrow trait every backend implements, and the values that cross it.
+//!
+//! Everything generic — waiting, deadlines, the watchdog, cancellation, guards, retries — lives
+//! in the core and is written once. A backend only knows how to talk to its server.
+//!
+//! # To ensure correctness, an implementation must
+//! 1. grant [`Backend::acquire`] to at most one owner at a time for a mutex, atomically with
+//!    setting the lease (a crashed holder's lock must free itself when the lease ends);
+//! 2. treat a second acquire by the owner that already holds the lock as re-entry: increment
+//!    the owner's hold count, never shorten the lease, and return the *same* fencing token;
+//! 3. return fencing tokens that strictly increase across all grants of one name, forever
+//!    (a restart of the lock service must not reset them, or the backend documents where it does);
+//! 4. let only the holding owner release or renew, and report the other cases exactly
+//!    ([`ReleaseOutcome::Expired`], [`ReleaseOutcome::TakenByOther`], [`RenewOutcome::NotHeld`]);
+//! 5. make [`Backend::watch`] deliver a wake-up for every release that happens after `watch`
+//!    returned (spurious wake-ups are allowed; missed ones are not, short of a broken
+//!    connection, which must end the watch with an error);
+//! 6. report a key holding foreign data, a failed script or a reply of the wrong shape as
+//!    [`Error::UnexpectedReply`](crate::Error::UnexpectedReply), never by panicking.
+//!
+//! The conformance suite in `dlock-testkit` checks each of these against a real server.
+
+use crate::error::Result;
+use crate::lost::LostSignal;
+use async_trait::async_trait;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What kind of lock is asked for. Backends return [`Error::Unsupported`](crate::Error::Unsupported)
+/// for kinds they do not implement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// Exclusive, reentrant lock.
+    Mutex,
+}
+
+impl LockKind {
+    /// Lower-case name, as used by the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockKind::Mutex => "mutex",
+        }
+    }
+}
+
+/// Identifies one owner's hold on one lock.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HoldKey {
+    /// Lock name, already validated.
+    pub name: Arc<str>,
+    /// Owner id, already validated.
+    pub owner: Arc<str>,
+    /// Lock kind.
+    pub kind: LockKind,
+}
+
+/// One acquisition attempt.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// Who asks for what.
+    pub key: HoldKey,
+    /// Lease to set on grant (and to extend to on re-entry, never shortening).
+    pub lease: Duration,
+    /// Signal of the hold this grant would create. Backends that learn of loss from their
+    /// server (session end, dropped connection) keep a clone and fire it.
+    pub lost: LostSignal,
+}
+
+/// Answer to one acquisition attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireReply {
+    /// Granted (or re-entered); the fencing token of this grant.
+    Granted {
+        /// Strictly increasing per name; the same token on re-entry.
+        token: u64,
+    },
+    /// Held by another owner.
+    Held {
+        /// How long the current holder's lease still runs, when the server knows.
+        /// Waiters sleep at most this long before trying again.
+        ttl: Option<Duration>,
+    },
+}
+
+/// Result of releasing one hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum ReleaseOutcome {
+    /// The lock is free now.
+    Released,
+    /// This owner still holds the lock through other (re-entrant) holds.
+    StillHeld {
+        /// Holds this owner still has.
+        remaining: u32,
+    },
+    /// Nobody held the lock any more: the lease had already run out.
+    Expired,
+    /// Another owner holds the lock now (ours ran out and it was taken).
+    TakenByOther,
+}
+
+impl ReleaseOutcome {
+    /// True when this release gave the lock back (fully or one re-entrant level).
+    pub fn was_held(self) -> bool {
+        matches!(
+            self,
+            ReleaseOutcome::Released | ReleaseOutcome::StillHeld { .. }
+        )
+    }
+}
+
+/// Result of renewing one hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The lease now runs for the requested duration again.
+    Renewed,
+    /// The owner no longer holds the lock.
+    NotHeld,
+}
+
+/// One holder of a lock, as reported by [`Backend::inspect`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderInfo {
+    /// Owner id.
+    pub owner: String,
+    /// Re-entrant hold count.
+    pub count: u32,
+    /// Remaining lease, if the server knows it.
+    pub lease_left: Option<Duration>,
+}
+
+/// State of one lock, as seen by the server right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    /// Lock name.
+    pub name: String,
+    /// Current holders (one for a held mutex, none when free).
+    pub holders: Vec<HolderInfo>,
+    /// Last fencing token issued for this name (0 if none ever was).
+    pub fencing_token: u64,
+}
+
+impl LockInfo {
+    /// True when someone holds the lock.
+    pub fn held(&self) -> bool {
+        !self.holders.is_empty()
+    }
+}
+
+/// A subscription to release notifications of one lock name.
+#[async_trait]
+pub trait ReleaseWatch: Send {
+    /// Resolves after the next release notification (possibly spuriously). An error means the
+    /// subscription broke and notifications may have been missed; the caller drops the watch,
+    /// tries to acquire, and subscribes again.
+    async fn changed(&mut self) -> Result<()>;
+}
+
+/// A lock service. See the module docs for the invariants an implementation keeps.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// Short lower-case name of the backend kind, e.g. `redis`.
+    fn kind(&self) -> &'static str;
+
+    /// Where the backend talks to, for messages (never with credentials).
+    fn endpoint(&self) -> String;
+
+    /// One attempt to acquire; never waits for the lock.
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply>;
+
+    /// Subscribes to release notifications for `name`. Called before the waiter's next
+    /// attempt, so a release between that attempt and the wait is not missed.
+    async fn watch(&self, name: &str) -> Result<Box<dyn ReleaseWatch>>;
+
+    /// Waits for the lock until `deadline` (`None`: no deadline), or until `cancel` fires.
+    ///
+    /// The default waits with [`Backend::watch`] and retries [`Backend::acquire`] on every
+    /// wake-up or when the holder's lease would run out; backends with a server-side queue
+    /// (etcd, ZooKeeper, SQL) override it.
+    ///
+    /// Returns `Ok(None)` if the deadline passed or `cancel` fired first.
+    async fn acquire_wait(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &tokio_util::sync::CancellationToken,
+        max_sleep: Duration,
+    ) -> Result<Option<u64>> {
+        crate::wait::watch_and_retry(self, req, deadline, cancel, max_sleep).await
+    }
+
+    /// Releases one hold of `key`.
+    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome>;
+
+    /// Renews many holds at once, each to its given lease (the watchdog calls this once per
+    /// tick for every hold of a client). Returns one outcome per item, in order. An `Err`
+    /// means the whole batch could not be confirmed.
+    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>>;
+
+    /// The lock's current state.
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
+}

@@ -1,0 +1,135 @@
+//! The client: one per process (or per connection set), cheap to clone.
+
+use crate::backend::{Backend, LockInfo, LockKind};
+use crate::error::{Error, Result};
+use crate::hold::{KeeperMsg, Shared};
+use crate::lock::Lock;
+use crate::options::ClientOptions;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// A connection to one lock service. Clones share the connection, the watchdog and the
+/// owner-id space; build one per process and hand out clones.
+///
+/// ```no_run
+/// # async fn f(client: dlock_core::Client) -> dlock_core::Result<()> {
+/// let guard = client.lock("orders:42")?.acquire().await?;
+/// println!("token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) keeper_tx: mpsc::UnboundedSender<KeeperMsg>,
+    pub(crate) id: Arc<str>,
+    next_handle: Arc<AtomicU64>,
+    _stop: Arc<DropGuard>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("backend", &self.shared.backend.kind())
+            .field("endpoint", &self.shared.backend.endpoint())
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl Client {
+    /// Wraps a connected backend. Must be called inside a tokio runtime: it starts the
+    /// client's watchdog task.
+    pub fn new(backend: Arc<dyn Backend>, opts: ClientOptions) -> Result<Client> {
+        opts.validate()?;
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::Runtime(
+                "dlock::Client must be created inside a tokio runtime (or use dlock::blocking)"
+                    .into(),
+            )
+        })?;
+        let shared = Arc::new(Shared {
+            backend,
+            opts,
+            holds: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        rt.spawn(crate::hold::keeper(shared.clone(), rx, stop.clone()));
+        Ok(Client {
+            shared,
+            keeper_tx: tx,
+            id: new_client_id().into(),
+            next_handle: Arc::new(AtomicU64::new(1)),
+            _stop: Arc::new(stop.drop_guard()),
+        })
+    }
+
+    /// A handle on the reentrant mutex `name` with a fresh owner id (see [`Lock`]).
+    /// Fails if the name is empty, longer than [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes, or
+    /// holds control characters.
+    pub fn lock(&self, name: &str) -> Result<Lock> {
+        crate::name::validate_name(name)?;
+        let owner = format!(
+            "{}:{}",
+            self.id,
+            self.next_handle.fetch_add(1, Ordering::Relaxed)
+        );
+        Ok(Lock::new(self.clone(), name, owner, LockKind::Mutex))
+    }
+
+    /// What the server knows about the mutex `name` right now.
+    pub async fn inspect(&self, name: &str) -> Result<LockInfo> {
+        crate::name::validate_name(name)?;
+        let backend = &self.shared.backend;
+        crate::backoff::retry(self.shared.opts.retry, || {
+            backend.inspect(name, LockKind::Mutex)
+        })
+        .await
+    }
+
+    /// This client's id: the prefix of every default owner id it makes
+    /// (`host:pid:random`).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The backend kind, e.g. `redis`.
+    pub fn backend_kind(&self) -> &'static str {
+        self.shared.backend.kind()
+    }
+
+    /// Where the backend talks to (no credentials).
+    pub fn endpoint(&self) -> String {
+        self.shared.backend.endpoint()
+    }
+
+    /// The options this client was built with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.shared.opts
+    }
+
+    /// The backend behind this client.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.shared.backend
+    }
+
+    /// Number of holds this client currently keeps alive (for tests and metrics).
+    pub fn held_count(&self) -> usize {
+        self.shared.holds().len()
+    }
+}
+
+fn new_client_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    format!("{}:{}:{:08x}", host, std::process::id(), fastrand::u32(..))
+}

@@ -1,0 +1,316 @@
+//! Holds and the lease keeper (the watchdog): written once for every backend.
+//!
+//! A *hold* is one owner's grant of one lock in this client, shared by all re-entrant guards
+//! of that owner. The keeper is one task per client: every `renew_interval` it renews all
+//! watchdog-mode holds in **one** batched backend call, fires the lost signal of any hold the
+//! server no longer has, and fires it too when a hold's lease runs out without a confirmed
+//! renewal (fixed leases, or a server that stopped answering). It also performs the releases
+//! that dropped guards schedule, so `Drop` never blocks.
+
+use crate::backend::{Backend, HoldKey, RenewOutcome};
+use crate::lost::{LostReason, LostSignal};
+use crate::options::ClientOptions;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+/// One owner's grant of one lock, shared by its re-entrant guards.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    pub(crate) key: HoldKey,
+    pub(crate) token: u64,
+    pub(crate) lost: LostSignal,
+    pub(crate) state: Mutex<HoldState>,
+}
+
+#[derive(Debug)]
+pub(crate) struct HoldState {
+    /// Live guards of this hold in this client.
+    pub(crate) guards: u32,
+    /// How many of them are in watchdog mode.
+    pub(crate) watchdog_guards: u32,
+    /// Start of the last request the server confirmed (grant or renewal) for watchdog mode.
+    pub(crate) confirmed_at: Instant,
+    /// End of the fixed lease, for holds without watchdog guards.
+    pub(crate) fixed_until: Option<Instant>,
+}
+
+impl Hold {
+    pub(crate) fn state(&self) -> MutexGuard<'_, HoldState> {
+        // A poisoned state mutex only means a panic elsewhere mid-update of plain numbers;
+        // the numbers are still the best information we have.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When the lock must be presumed gone, given the watchdog lease. A margin for clock-rate
+    /// drift (1% + 2 ms, as Redlock) makes the local view expire first.
+    fn expires_at(&self, watchdog_lease: Duration) -> Option<Instant> {
+        let st = self.state();
+        let until = if st.watchdog_guards > 0 {
+            Some(st.confirmed_at + watchdog_lease)
+        } else {
+            st.fixed_until
+        }?;
+        let lease = if st.watchdog_guards > 0 {
+            watchdog_lease
+        } else {
+            until.saturating_duration_since(st.confirmed_at)
+        };
+        Some(until.checked_sub(drift(lease)).unwrap_or(until))
+    }
+}
+
+/// Clock-drift allowance for a lease: 1% plus 2 ms.
+pub fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+pub(crate) enum KeeperMsg {
+    /// A guard was dropped without `release()`: release it in the background.
+    Release { hold: Arc<Hold>, watchdog: bool },
+}
+
+/// State shared by a client, its locks, its guards and its keeper task.
+pub(crate) struct Shared {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) opts: ClientOptions,
+    pub(crate) holds: Mutex<HashMap<HoldKey, Arc<Hold>>>,
+    /// Wakes the keeper when a hold with an earlier deadline arrives.
+    pub(crate) wake: Notify,
+}
+
+impl Shared {
+    pub(crate) fn holds(&self) -> MutexGuard<'_, HashMap<HoldKey, Arc<Hold>>> {
+        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The live hold of `key`, if this client has one.
+    pub(crate) fn live_hold(&self, key: &HoldKey) -> Option<Arc<Hold>> {
+        self.holds().get(key).filter(|h| !h.lost.is_lost()).cloned()
+    }
+
+    /// Records a grant and returns the hold the new guard belongs to.
+    pub(crate) fn attach(
+        &self,
+        key: HoldKey,
+        token: u64,
+        lost: LostSignal,
+        requested_at: Instant,
+        fixed_lease: Option<Duration>,
+    ) -> Arc<Hold> {
+        let mut holds = self.holds();
+        if let Some(h) = holds.get(&key) {
+            if h.token == token && !h.lost.is_lost() {
+                let h = h.clone();
+                {
+                    let mut st = h.state();
+                    st.guards += 1;
+                    match fixed_lease {
+                        None => {
+                            if st.watchdog_guards == 0 {
+                                st.confirmed_at = requested_at;
+                            }
+                            st.watchdog_guards += 1;
+                        }
+                        Some(lease) => {
+                            let until = requested_at + lease;
+                            st.fixed_until = Some(st.fixed_until.map_or(until, |u| u.max(until)));
+                        }
+                    }
+                }
+                drop(holds);
+                self.wake.notify_one();
+                return h;
+            }
+            // The server granted afresh: whatever we held before under this key is gone.
+            h.lost.fire(LostReason::NotHeld);
+        }
+        let hold = Arc::new(Hold {
+            key: key.clone(),
+            token,
+            lost,
+            state: Mutex::new(HoldState {
+                guards: 1,
+                watchdog_guards: u32::from(fixed_lease.is_none()),
+                confirmed_at: requested_at,
+                fixed_until: fixed_lease.map(|l| requested_at + l),
+            }),
+        });
+        holds.insert(key, hold.clone());
+        drop(holds);
+        self.wake.notify_one();
+        hold
+    }
+
+    /// A guard of `hold` is gone (released or dropped). Returns true if it was the last one.
+    pub(crate) fn detach(&self, hold: &Arc<Hold>, watchdog: bool) -> bool {
+        let last = {
+            let mut st = hold.state();
+            st.guards = st.guards.saturating_sub(1);
+            if watchdog {
+                st.watchdog_guards = st.watchdog_guards.saturating_sub(1);
+            }
+            st.guards == 0
+        };
+        if last {
+            self.forget(hold);
+        }
+        last
+    }
+
+    /// Removes `hold` from the map if it is still the current hold of its key.
+    pub(crate) fn forget(&self, hold: &Arc<Hold>) {
+        let mut holds = self.holds();
+        if holds.get(&hold.key).is_some_and(|h| Arc::ptr_eq(h, hold)) {
+            holds.remove(&hold.key);
+        }
+    }
+
+    /// True if the client now has a newer hold of the same key than `hold`.
+    pub(crate) fn superseded(&self, hold: &Arc<Hold>) -> bool {
+        self.holds()
+            .get(&hold.key)
+            .is_some_and(|h| !Arc::ptr_eq(h, hold))
+    }
+
+    fn mark_lost(&self, hold: &Arc<Hold>, reason: LostReason) {
+        if !hold.lost.is_lost() {
+            tracing::warn!(name = %hold.key.name, owner = %hold.key.owner, %reason, "lock lost");
+            metrics::counter!("dlock_locks_lost_total", "backend" => self.backend.kind())
+                .increment(1);
+        }
+        hold.lost.fire(reason);
+        self.forget(hold);
+    }
+}
+
+/// The keeper task. Ends when `stop` fires, after performing the releases still queued.
+pub(crate) async fn keeper(
+    shared: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<KeeperMsg>,
+    stop: CancellationToken,
+) {
+    let interval = shared.opts.renew_interval();
+    let mut next_renewal = Instant::now() + interval;
+    loop {
+        let next_expiry = shared
+            .holds()
+            .values()
+            .filter_map(|h| h.expires_at(shared.opts.watchdog_lease))
+            .min();
+        let wake_at = next_expiry.map_or(next_renewal, |e| e.min(next_renewal));
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            msg = rx.recv() => match msg {
+                Some(msg) => handle(&shared, msg),
+                None => break,
+            },
+            _ = shared.wake.notified() => {}
+            _ = tokio::time::sleep_until(wake_at.into()) => {}
+        }
+        let now = Instant::now();
+        if now >= next_renewal {
+            renew_all(&shared, interval).await;
+            next_renewal = Instant::now() + interval;
+        }
+        expire_overdue(&shared);
+    }
+    rx.close();
+    while let Ok(msg) = rx.try_recv() {
+        handle(&shared, msg);
+    }
+}
+
+fn handle(shared: &Arc<Shared>, msg: KeeperMsg) {
+    match msg {
+        KeeperMsg::Release { hold, watchdog } => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let r = crate::guard::release_hold(&shared, &hold, watchdog).await;
+                if let Err(e) = r {
+                    tracing::warn!(name = %hold.key.name, error = %e,
+                        "background release of a dropped guard failed; the lock frees when its lease ends");
+                }
+            });
+        }
+    }
+}
+
+/// One batched renewal of every watchdog hold.
+async fn renew_all(shared: &Arc<Shared>, interval: Duration) {
+    let batch: Vec<Arc<Hold>> = shared
+        .holds()
+        .values()
+        .filter(|h| !h.lost.is_lost() && h.state().watchdog_guards > 0)
+        .cloned()
+        .collect();
+    if batch.is_empty() {
+        return;
+    }
+    let lease = shared.opts.watchdog_lease;
+    let items: Vec<(HoldKey, Duration)> = batch.iter().map(|h| (h.key.clone(), lease)).collect();
+    let started = Instant::now();
+    let timeout = shared.opts.op_timeout.min(interval);
+    let span = tracing::debug_span!(
+        "dlock.renew",
+        backend = shared.backend.kind(),
+        holds = items.len()
+    );
+    let res = tokio::time::timeout(timeout, shared.backend.renew(&items))
+        .instrument(span)
+        .await;
+    let backend = shared.backend.kind();
+    match res {
+        Ok(Ok(outcomes)) if outcomes.len() == batch.len() => {
+            for (hold, out) in batch.iter().zip(outcomes) {
+                match out {
+                    RenewOutcome::Renewed => {
+                        metrics::counter!("dlock_renewals_total", "backend" => backend)
+                            .increment(1);
+                        let mut st = hold.state();
+                        if started > st.confirmed_at {
+                            st.confirmed_at = started;
+                        }
+                    }
+                    RenewOutcome::NotHeld => shared.mark_lost(hold, LostReason::NotHeld),
+                }
+            }
+        }
+        Ok(Ok(outcomes)) => {
+            tracing::error!(
+                expected = batch.len(),
+                got = outcomes.len(),
+                "backend renewed a batch of the wrong size"
+            );
+            metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "renewal failed; retrying next tick, the lock is lost if its lease runs out first");
+            metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
+        }
+        Err(_) => {
+            tracing::warn!(?timeout, "renewal timed out; retrying next tick");
+            metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
+        }
+    }
+}
+
+/// Fires the lost signal of every hold whose lease has run out without confirmation.
+fn expire_overdue(shared: &Arc<Shared>) {
+    let now = Instant::now();
+    let overdue: Vec<Arc<Hold>> = shared
+        .holds()
+        .values()
+        .filter(|h| {
+            h.expires_at(shared.opts.watchdog_lease)
+                .is_some_and(|e| e <= now)
+        })
+        .cloned()
+        .collect();
+    for h in overdue {
+        shared.mark_lost(&h, LostReason::LeaseExpired);
+    }
+}

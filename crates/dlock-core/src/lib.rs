@@ -1,0 +1,38 @@
+//! Backend-independent machinery of [dlock](https://docs.rs/dlock): lock handles, guards, the
+//! watchdog, waiting, fencing tokens, errors and name checks. Backends implement the narrow
+//! [`Backend`] trait; users normally depend on the `dlock` facade crate instead of this one.
+#![warn(missing_docs)]
+
+mod backend;
+pub mod backoff;
+pub mod blocking;
+mod client;
+mod duration;
+mod error;
+mod guard;
+mod hold;
+mod lock;
+mod lost;
+mod name;
+mod options;
+pub mod wait;
+
+pub use backend::{
+    AcquireReply, AcquireRequest, Backend, HoldKey, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
+    ReleaseWatch, RenewOutcome,
+};
+pub use backoff::RetryPolicy;
+pub use client::Client;
+pub use duration::parse_duration;
+pub use error::{BoxError, Error, Result};
+pub use guard::LockGuard;
+pub use hold::drift;
+pub use lock::Lock;
+pub use lost::{LostReason, LostSignal};
+pub use name::{validate_name, validate_owner, MAX_NAME_LEN, MAX_OWNER_LEN};
+pub use options::{
+    check_lease, check_watchdog_lease, ClientOptions, MAX_LEASE, MIN_WATCHDOG_LEASE,
+};
+
+/// `async_trait`, re-exported for backend implementations.
+pub use async_trait::async_trait;
