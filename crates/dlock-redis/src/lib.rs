@@ -1,0 +1,435 @@
+//! Redis backend for dlock.
+//!
+//! One lock is three Redis names, all with the lock name as hash tag so they share one
+//! Cluster slot:
+//!
+//! | name | type | what |
+//! |---|---|---|
+//! | `NS:{NAME}` | hash `owner → hold count`, PEXPIRE = lease | the lock (Redisson's layout) |
+//! | `NS:{NAME}:fence` | integer, no expiry | last fencing token issued |
+//! | `NS:{NAME}:released` | pub/sub channel | a message on every full release |
+//!
+//! Acquire, release and renew are each one EVALSHA (one round trip); the watchdog renews all of
+//! a client's locks in one pipelined round trip per tick. Waiters subscribe to the release
+//! channel and sleep until a message or the holder's remaining lease, whichever is first.
+//!
+//! URL: `redis://[user:password@]host:port[/db][?namespace=NS&wait_replicas=N&wait_timeout=DUR]`.
+//! `rediss://` needs the `tls` cargo feature. `wait_replicas` makes every grant wait for N
+//! replicas to confirm it (Redis `WAIT`), for deployments behind Sentinel where an
+//! unreplicated lock would vanish on failover; a grant not confirmed in time is given back and
+//! reported as an error.
+#![warn(missing_docs)]
+
+mod error;
+mod pubsub;
+mod scripts;
+
+use crate::error::{map, shape, KIND};
+use dlock_core::{
+    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, HoldKey, HolderInfo,
+    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+};
+use redis::aio::ConnectionManager;
+use redis::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings read from the URL beyond what redis-rs understands.
+#[derive(Debug, Clone, Default)]
+struct UrlExtras {
+    namespace: Option<String>,
+    wait_replicas: Option<(u32, Duration)>,
+}
+
+/// The Redis backend. Build it with [`RedisBackend::connect`] (or through `dlock::connect`).
+pub struct RedisBackend {
+    con: ConnectionManager,
+    scripts: scripts::Scripts,
+    subscriber: Arc<pubsub::Subscriber>,
+    endpoint: String,
+    namespace: String,
+    wait_replicas: Option<(u32, Duration)>,
+}
+
+/// Parses the URL: returns what redis-rs should see, the endpoint for messages, and our extras.
+fn parse_url(url: &str) -> Result<(String, String, UrlExtras)> {
+    let redacted = redact(url);
+    let bad = |reason: String| Error::InvalidUrl {
+        url: redacted.clone(),
+        reason,
+    };
+    let mut u = url::Url::parse(url).map_err(|e| bad(format!("{e}")))?;
+    match u.scheme() {
+        "redis" => {}
+        "rediss" => {
+            return Err(bad(
+                "rediss:// (TLS) needs dlock built with the `tls` feature of dlock-redis".into(),
+            ))
+        }
+        s => return Err(bad(format!("scheme `{s}` is not redis://"))),
+    }
+    let host = u
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| bad("no host; write redis://host:port".into()))?
+        .to_owned();
+    let port = u.port().unwrap_or(6379);
+    let path = u.path().trim_start_matches('/');
+    if !path.is_empty() && path.parse::<u32>().is_err() {
+        return Err(bad(format!(
+            "`/{path}` is not a database number; write redis://host:port/0"
+        )));
+    }
+    let mut extras = UrlExtras::default();
+    let mut keep = Vec::new();
+    let mut replicas: Option<u32> = None;
+    let mut wait_timeout = Duration::from_millis(200);
+    for (k, v) in u.query_pairs() {
+        match k.as_ref() {
+            "namespace" => extras.namespace = Some(v.into_owned()),
+            "wait_replicas" => {
+                replicas = Some(v.parse().map_err(|_| {
+                    bad(format!("wait_replicas=`{v}` is not a number of replicas"))
+                })?)
+            }
+            "wait_timeout" => {
+                wait_timeout = dlock_core::parse_duration(&v).map_err(|e| bad(e.to_string()))?
+            }
+            "protocol" => keep.push((k.into_owned(), v.into_owned())),
+            other => {
+                return Err(bad(format!(
+                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol)"
+                )))
+            }
+        }
+    }
+    if let Some(n) = replicas.filter(|n| *n > 0) {
+        if wait_timeout.is_zero() {
+            return Err(bad(
+                "wait_timeout=0 would wait forever; give a bound such as 200ms".into(),
+            ));
+        }
+        extras.wait_replicas = Some((n, wait_timeout));
+    }
+    if keep.is_empty() {
+        u.set_query(None);
+    } else {
+        u.query_pairs_mut().clear().extend_pairs(keep);
+    }
+    Ok((u.to_string(), format!("{host}:{port}"), extras))
+}
+
+/// The URL with its password replaced by `***`.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        Ok(u) => u.to_string(),
+        Err(_) => url.to_owned(),
+    }
+}
+
+impl RedisBackend {
+    /// Connects to the Redis server at `url`, checks credentials and loads the scripts.
+    pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
+        let (driver_url, endpoint, extras) = parse_url(url)?;
+        let client = redis::Client::open(driver_url.as_str()).map_err(|e| Error::InvalidUrl {
+            url: redact(url),
+            reason: e.to_string(),
+        })?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(opts.get_connect_timeout()))
+            .set_response_timeout(Some(opts.get_op_timeout()))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let mut con = tokio::time::timeout(
+            opts.get_connect_timeout() * 2,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| Error::Connection {
+            backend: KIND,
+            endpoint: endpoint.clone(),
+            source: format!(
+                "no answer within {:?} (is the server paused or behind a firewall?)",
+                opts.get_connect_timeout() * 2
+            )
+            .into(),
+        })?
+        .map_err(|e| map(&endpoint, e))?;
+        let scripts = scripts::Scripts::new();
+        scripts
+            .load_all(&mut con)
+            .await
+            .map_err(|e| map(&endpoint, e))?;
+        let namespace = extras
+            .namespace
+            .unwrap_or_else(|| opts.get_namespace().to_owned());
+        if namespace.is_empty() || namespace.contains(['{', '}']) {
+            return Err(Error::InvalidUrl {
+                url: redact(url),
+                reason: "namespace must be non-empty and free of `{` and `}`".into(),
+            });
+        }
+        Ok(RedisBackend {
+            con,
+            scripts,
+            subscriber: pubsub::Subscriber::new(
+                client,
+                endpoint.clone(),
+                opts.get_connect_timeout(),
+            ),
+            endpoint,
+            namespace,
+            wait_replicas: extras.wait_replicas,
+        })
+    }
+
+    fn lock_key(&self, name: &str) -> String {
+        format!("{}:{{{}}}", self.namespace, name)
+    }
+
+    fn fence_key(&self, name: &str) -> String {
+        format!("{}:{{{}}}:fence", self.namespace, name)
+    }
+
+    fn channel(&self, name: &str) -> String {
+        format!("{}:{{{}}}:released", self.namespace, name)
+    }
+
+    fn err(&self, e: redis::RedisError) -> Error {
+        map(&self.endpoint, e)
+    }
+
+    /// Number of release channels this client is subscribed to right now. A channel is
+    /// subscribed only while a caller of this client waits on that lock.
+    pub async fn subscribed_channels(&self) -> usize {
+        self.subscriber.subscribed().await
+    }
+
+    /// A round trip to the server (PING), for benchmarks that compare against it.
+    pub async fn ping(&self) -> Result<()> {
+        let mut con = self.con.clone();
+        redis::cmd("PING")
+            .query_async::<()>(&mut con)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    fn check_kind(&self, kind: LockKind) -> Result<()> {
+        match kind {
+            LockKind::Mutex => Ok(()),
+            #[allow(unreachable_patterns)]
+            other => Err(Error::unsupported(
+                KIND,
+                format!("lock kind {}", other.as_str()),
+            )),
+        }
+    }
+
+    async fn confirm_replicas(&self, key: &HoldKey) -> Result<()> {
+        let Some((n, timeout)) = self.wait_replicas else {
+            return Ok(());
+        };
+        let mut con = self.con.clone();
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(n)
+            .arg(timeout.as_millis() as u64)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| self.err(e))?;
+        if acked >= i64::from(n) {
+            return Ok(());
+        }
+        let _ = self.release(key).await;
+        Err(Error::UnexpectedReply {
+            backend: KIND,
+            message: format!(
+                "lock `{}` was granted but only {acked} of the {n} required replicas confirmed it within {timeout:?}; \
+                 it was given back (a failover could have lost it). Check replication or lower wait_replicas",
+                key.name
+            ),
+        })
+    }
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn pair(what: &str, v: &Value) -> Result<(i64, i64)> {
+    match v {
+        Value::Array(items) if items.len() == 2 => match (int(&items[0]), int(&items[1])) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(shape(what, v)),
+        },
+        _ => Err(shape(what, v)),
+    }
+}
+
+fn lease_ms(d: Duration) -> String {
+    d.as_millis().max(1).to_string()
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        self.check_kind(req.key.kind)?;
+        let name = &req.key.name;
+        let cmd = self.scripts.acquire.cmd(
+            &[&self.lock_key(name), &self.fence_key(name)],
+            &[&req.key.owner, &lease_ms(req.lease)],
+        );
+        let mut con = self.con.clone();
+        let v = scripts::eval(&mut con, &self.scripts, &cmd)
+            .await
+            .map_err(|e| self.err(e))?;
+        match pair("acquire", &v)? {
+            (1, token) if token > 0 => {
+                self.confirm_replicas(&req.key).await?;
+                Ok(AcquireReply::Granted {
+                    token: token as u64,
+                })
+            }
+            (0, pttl) => Ok(AcquireReply::Held {
+                ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            }),
+            _ => Err(shape("acquire", &v)),
+        }
+    }
+
+    async fn watch(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        self.subscriber.watch(self.channel(name)).await
+    }
+
+    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
+        self.check_kind(key.kind)?;
+        let cmd = self.scripts.release.cmd(
+            &[&self.lock_key(&key.name)],
+            &[&key.owner, &self.channel(&key.name)],
+        );
+        let mut con = self.con.clone();
+        let v = scripts::eval(&mut con, &self.scripts, &cmd)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(match pair("release", &v)? {
+            (1, _) => ReleaseOutcome::Released,
+            (2, n) => ReleaseOutcome::StillHeld {
+                remaining: u32::try_from(n).unwrap_or(u32::MAX),
+            },
+            (0, _) => ReleaseOutcome::Expired,
+            (3, _) => ReleaseOutcome::TakenByOther,
+            _ => return Err(shape("release", &v)),
+        })
+    }
+
+    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (key, lease) in holds {
+            self.check_kind(key.kind)?;
+            pipe.add_command(self.scripts.renew.cmd(
+                &[&self.lock_key(&key.name)],
+                &[&key.owner, &lease_ms(*lease)],
+            ));
+        }
+        let mut con = self.con.clone();
+        let vals = scripts::eval_pipe(&mut con, &self.scripts, &pipe)
+            .await
+            .map_err(|e| self.err(e))?;
+        vals.iter()
+            .map(|v| match int(v) {
+                Some(1) => Ok(RenewOutcome::Renewed),
+                Some(0) => Ok(RenewOutcome::NotHeld),
+                _ => Err(shape("renew", v)),
+            })
+            .collect()
+    }
+
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        self.check_kind(kind)?;
+        let key = self.lock_key(name);
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL")
+            .arg(&key)
+            .cmd("PTTL")
+            .arg(&key)
+            .cmd("GET")
+            .arg(self.fence_key(name));
+        let mut con = self.con.clone();
+        let (fields, pttl, fence): (Vec<(String, String)>, i64, Option<String>) =
+            pipe.query_async(&mut con).await.map_err(|e| self.err(e))?;
+        let lease_left = (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
+        let holders = fields
+            .into_iter()
+            .map(|(owner, count)| HolderInfo {
+                owner,
+                count: count.parse().unwrap_or(0),
+                lease_left,
+            })
+            .collect();
+        let fencing_token = match fence {
+            None => 0,
+            Some(s) => s.parse().map_err(|_| Error::UnexpectedReply {
+                backend: KIND,
+                message: format!(
+                    "fencing counter `{}` holds `{s}`, not a number",
+                    self.fence_key(name)
+                ),
+            })?,
+        };
+        Ok(LockInfo {
+            name: name.to_owned(),
+            holders,
+            fencing_token,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let (u, ep, x) = parse_url("redis://127.0.0.1:7000/2?namespace=shop").unwrap();
+        assert_eq!(u, "redis://127.0.0.1:7000/2");
+        assert_eq!(ep, "127.0.0.1:7000");
+        assert_eq!(x.namespace.as_deref(), Some("shop"));
+        let (_, ep, _) = parse_url("redis://h").unwrap();
+        assert_eq!(ep, "h:6379");
+        let (_, _, x) = parse_url("redis://h?wait_replicas=1&wait_timeout=50ms").unwrap();
+        assert_eq!(x.wait_replicas, Some((1, Duration::from_millis(50))));
+        for bad in [
+            "redis://",
+            "http://h:1",
+            "redis://h/x",
+            "redis://h?nope=1",
+            "rediss://h",
+            "redis://h?wait_replicas=x",
+            "not a url",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        let e = parse_url("redis://u:secret@h/x").unwrap_err().to_string();
+        assert!(!e.contains("secret"), "{e}");
+        assert_eq!(redact("redis://u:secret@h:1"), "redis://u:***@h:1");
+    }
+}

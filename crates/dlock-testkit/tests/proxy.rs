@@ -1,0 +1,107 @@
+//! Integration tests of `DelayProxy` in front of a real `redis-server`.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use dlock_testkit::{DelayProxy, RedisServer};
+
+fn connect(proxy: &DelayProxy, read_timeout: Duration) -> TcpStream {
+    let s = TcpStream::connect(proxy.addr()).expect("connect");
+    s.set_read_timeout(Some(read_timeout)).expect("timeout");
+    s.set_nodelay(true).expect("nodelay");
+    s
+}
+
+/// Sends `req` and reads exactly `expected.len()` bytes back.
+fn roundtrip(s: &mut TcpStream, req: &[u8], expected: &[u8]) -> Duration {
+    let t = Instant::now();
+    s.write_all(req).expect("write");
+    let mut buf = vec![0u8; expected.len()];
+    s.read_exact(&mut buf).expect("read");
+    let elapsed = t.elapsed();
+    assert_eq!(buf, expected, "{}", String::from_utf8_lossy(&buf));
+    elapsed
+}
+
+#[test]
+fn delays_and_forwards() {
+    let server = RedisServer::start().expect("start");
+    let delay = Duration::from_millis(100);
+    let proxy = DelayProxy::start(server.addr(), delay).expect("proxy");
+    assert_eq!(proxy.addr().port(), proxy.port());
+    assert_eq!(proxy.target(), server.addr());
+
+    let mut c = connect(&proxy, Duration::from_secs(5));
+    let rtt = roundtrip(&mut c, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+    assert!(rtt >= delay, "round trip {rtt:?} < delay {delay:?}");
+
+    // Pipelined commands come back complete and in order.
+    roundtrip(
+        &mut c,
+        b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
+        b"+OK\r\n$5\r\nhello\r\n",
+    );
+    assert_eq!(server.command(&["GET", "k"]).expect("get"), "hello");
+
+    // Delay can be changed at runtime.
+    proxy.set_delay(Duration::ZERO);
+    roundtrip(&mut c, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+}
+
+#[test]
+fn blackhole_swallows_traffic() {
+    let server = RedisServer::start().expect("start");
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    proxy.set_blackhole(true);
+    let mut c = connect(&proxy, Duration::from_millis(200));
+    c.write_all(b"*1\r\n$4\r\nPING\r\n").expect("write");
+    let mut buf = [0u8; 16];
+    let err = c.read(&mut buf).expect_err("blackholed");
+    assert!(
+        matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+        "{err:?}"
+    );
+
+    proxy.set_blackhole(false);
+    let mut c = connect(&proxy, Duration::from_secs(5));
+    roundtrip(&mut c, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+}
+
+#[test]
+fn drop_closes_port_and_connections() {
+    let server = RedisServer::start().expect("start");
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let addr = proxy.addr();
+    let mut c = connect(&proxy, Duration::from_secs(5));
+    roundtrip(&mut c, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+    drop(proxy);
+    let err = TcpStream::connect(addr).expect_err("port closed");
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused);
+    // The open connection was shut down: EOF or an error, never a hang.
+    let mut buf = [0u8; 16];
+    match c.read(&mut buf) {
+        Ok(n) => assert_eq!(n, 0),
+        Err(e) => assert_ne!(e.kind(), ErrorKind::WouldBlock, "{e:?}"),
+    }
+}
+
+#[test]
+fn client_close_propagates_upstream() {
+    let server = RedisServer::start().expect("start");
+    let proxy = DelayProxy::start(server.addr(), Duration::from_millis(5)).expect("proxy");
+    for _ in 0..3 {
+        let mut c = connect(&proxy, Duration::from_secs(5));
+        roundtrip(&mut c, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+    }
+    // Upstream connections get closed once the clients go away.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let clients = server.command(&["INFO", "clients"]).expect("info");
+        if clients.contains("connected_clients:1\r") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{clients}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
