@@ -40,6 +40,7 @@
 
 #![deny(missing_docs)]
 
+pub mod conformance;
 mod error;
 mod proxy;
 mod redis;

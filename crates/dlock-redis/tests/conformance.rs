@@ -1,0 +1,46 @@
+//! The shared conformance suite on a real redis-server.
+
+use dlock_core::{Client, ClientOptions};
+use dlock_redis::RedisBackend;
+use dlock_testkit::conformance::{Caps, Harness};
+use dlock_testkit::RedisServer;
+use std::sync::Arc;
+
+struct Redis {
+    server: RedisServer,
+}
+
+impl Redis {
+    fn start() -> Self {
+        Redis {
+            server: RedisServer::start().expect("start redis-server"),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for Redis {
+    async fn client(&self, opts: ClientOptions) -> Client {
+        let backend = RedisBackend::connect(&self.server.url(), &opts)
+            .await
+            .expect("connect");
+        Client::new(Arc::new(backend), opts).expect("client")
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            lease_expiry: true,
+            break_lock: true,
+        }
+    }
+
+    async fn break_lock(&self, name: &str) {
+        let reply = self
+            .server
+            .command(&["DEL", &format!("dlock:{{{name}}}")])
+            .expect("DEL");
+        assert_eq!(reply, "1", "nothing to delete");
+    }
+}
+
+dlock_testkit::conformance_suite!(Redis::start());
