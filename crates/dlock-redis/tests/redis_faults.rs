@@ -1,0 +1,408 @@
+//! Redis-specific behaviour and faults, on real redis-server processes.
+
+use dlock_core::{Client, ClientOptions, Error, LostReason, ReleaseOutcome};
+use dlock_redis::RedisBackend;
+use dlock_testkit::conformance::{fast_opts, unique_name};
+use dlock_testkit::{RedisOptions, RedisServer};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+async fn client_for(url: &str, opts: ClientOptions) -> (Client, Arc<RedisBackend>) {
+    let backend = Arc::new(RedisBackend::connect(url, &opts).await.expect("connect"));
+    let client = Client::new(backend.clone(), opts).expect("client");
+    (client, backend)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_signal_fires_when_server_is_killed() {
+    let mut server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    let g = client
+        .lock("killed")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let t = Instant::now();
+    server.kill();
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost signal did not fire");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    // It fires when the 1 s lease has run out, not before.
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let out = g.release().await;
+    assert!(matches!(out, Err(Error::Connection { .. })), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_signal_fires_after_restart_without_persistence() {
+    let mut server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    let g = client
+        .lock("restarted")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    server.restart().expect("restart");
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost signal did not fire");
+    assert!(
+        matches!(reason, LostReason::NotHeld | LostReason::LeaseExpired),
+        "{reason:?}"
+    );
+    // The client reconnects and keeps working after the restart (scripts reloaded on NOSCRIPT).
+    let g2 = client
+        .lock("restarted")
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("acquire after restart");
+    assert_eq!(
+        g2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_is_an_auth_error() {
+    let server = RedisServer::start_with(RedisOptions {
+        password: Some("s3cret".into()),
+        acl_user: Some(("locker".into(), "pw-locker".into())),
+        ..Default::default()
+    })
+    .expect("redis");
+    let port = server.port();
+    for url in [
+        format!("redis://:wrong@127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://locker:nope@127.0.0.1:{port}"),
+    ] {
+        let err = RedisBackend::connect(&url, &fast_opts())
+            .await
+            .err()
+            .expect("must fail");
+        assert!(matches!(err, Error::Auth { .. }), "{url}: {err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("credentials"), "{msg}");
+        assert!(
+            !msg.contains("nope") && !msg.contains("wrong@"),
+            "password leaked: {msg}"
+        );
+    }
+    // The right password, and an ACL user, work.
+    for url in [
+        format!("redis://:s3cret@127.0.0.1:{port}"),
+        format!("redis://locker:pw-locker@127.0.0.1:{port}"),
+    ] {
+        let (client, _) = client_for(&url, fast_opts()).await;
+        let g = client
+            .lock("auth")
+            .expect("lock")
+            .try_acquire()
+            .await
+            .expect("try")
+            .expect("free");
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+#[tokio::test]
+async fn unreachable_server_is_a_connection_error() {
+    let port = dlock_testkit::free_port();
+    let t = Instant::now();
+    let err = RedisBackend::connect(&format!("redis://127.0.0.1:{port}"), &fast_opts())
+        .await
+        .err()
+        .expect("must fail");
+    assert!(err.is_connection(), "{err:?}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn invalid_urls_are_rejected() {
+    for url in [
+        "redis://",
+        "redis://h:1/notadb",
+        "redis://h:1?bogus=1",
+        "rediss://h:1",
+    ] {
+        let err = RedisBackend::connect(url, &fast_opts())
+            .await
+            .err()
+            .expect("must fail");
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_data_is_an_unexpected_reply() {
+    let server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    assert_eq!(
+        server
+            .command(&["SET", "dlock:{taken}", "not a hash"])
+            .expect("set"),
+        "OK"
+    );
+    let err = client
+        .lock("taken")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .err()
+        .expect("must fail");
+    assert!(matches!(err, Error::UnexpectedReply { .. }), "{err:?}");
+    assert!(err.to_string().contains("namespace"), "{err}");
+    server
+        .command(&["SET", "dlock:{fence}:fence", "abc"])
+        .expect("set");
+    let err = client
+        .lock("fence")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .err()
+        .expect("must fail");
+    assert!(matches!(err, Error::UnexpectedReply { .. }), "{err:?}");
+    // Nothing was left locked by the failed attempts.
+    assert_eq!(
+        server
+            .command(&["EXISTS", "dlock:{fence}"])
+            .expect("exists"),
+        "0"
+    );
+    // Another namespace is unaffected.
+    let (other, _) = client_for(&server.url(), fast_opts().namespace("other")).await;
+    let g = other
+        .lock("taken")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_reload_after_flush() {
+    let server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    assert_eq!(server.command(&["SCRIPT", "FLUSH"]).expect("flush"), "OK");
+    let g = client
+        .lock("flush")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_costs_a_bounded_time() {
+    let mut server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    server.pause();
+    let t = Instant::now();
+    let r = client.lock("paused").expect("lock").try_acquire().await;
+    let took = t.elapsed();
+    server.resume();
+    let err = r.err().expect("must fail while paused");
+    assert!(err.is_connection(), "{err:?}");
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    let g = client
+        .lock("paused")
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("after resume");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_subscribe_only_while_waiting() {
+    let server = RedisServer::start().expect("redis");
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(20));
+    let (holder, _) = client_for(&server.url(), opts.clone()).await;
+    let (waiter, backend) = client_for(&server.url(), opts).await;
+    let names: Vec<String> = (0..20)
+        .map(|i| format!("{}-{i}", unique_name("sub")))
+        .collect();
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(
+            holder
+                .lock(n)
+                .expect("lock")
+                .acquire()
+                .await
+                .expect("acquire"),
+        );
+    }
+    let mut waits = Vec::new();
+    for n in &names {
+        let lock = waiter.lock(n).expect("lock");
+        waits.push(tokio::spawn(async move {
+            lock.acquire_timeout(Duration::from_secs(10)).await
+        }));
+    }
+    // Every waiter is subscribed once its wait has started.
+    let t = Instant::now();
+    while backend.subscribed_channels().await < names.len() && t.elapsed() < Duration::from_secs(5)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(backend.subscribed_channels().await, names.len());
+    for g in guards {
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+    for w in waits {
+        let g = w.await.expect("join").expect("acquired");
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+    let t = Instant::now();
+    while backend.subscribed_channels().await > 0 && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        backend.subscribed_channels().await,
+        0,
+        "idle subscriptions left"
+    );
+    let channels = server
+        .command(&[
+            "PUBSUB",
+            "NUMSUB",
+            &format!("dlock:{{{}}}:released", names[0]),
+        ])
+        .expect("numsub");
+    assert!(
+        channels.ends_with("\n0"),
+        "server still has a subscriber: {channels:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_locks_are_renewed_together() {
+    let server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    let mut guards = Vec::new();
+    for i in 0..50 {
+        guards.push(
+            client
+                .lock(&format!("batch-{i}"))
+                .expect("lock")
+                .acquire()
+                .await
+                .expect("acquire"),
+        );
+    }
+    server.command(&["CONFIG", "RESETSTAT"]).expect("resetstat");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    let info = server.command(&["INFO", "commandstats"]).expect("info");
+    let evalsha = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse::<u64>().ok())
+        .expect("evalsha stats");
+    // About 6 ticks of 50 renewals each in 2.1 s; no other traffic.
+    assert!((150..=450).contains(&evalsha), "renewal calls: {evalsha}");
+    for g in guards {
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_confirmation_with_wait() {
+    let master = RedisServer::start().expect("master");
+    let mut replica = RedisServer::start_with(RedisOptions {
+        extra_args: vec![
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            master.port().to_string(),
+        ],
+        ..Default::default()
+    })
+    .expect("replica");
+    let t = Instant::now();
+    while !master
+        .command(&["INFO", "replication"])
+        .expect("info")
+        .contains("connected_slaves:1")
+        || !replica
+            .command(&["INFO", "replication"])
+            .expect("info")
+            .contains("master_link_status:up")
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "replica never synced"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let url = format!("{}?wait_replicas=1&wait_timeout=300ms", master.url());
+    let (client, _) = client_for(&url, fast_opts()).await;
+    let g = client
+        .lock("replicated")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    assert_eq!(
+        replica
+            .command(&["EXISTS", "dlock:{replicated}"])
+            .expect("exists"),
+        "1"
+    );
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    replica.pause();
+    let err = client
+        .lock("unreplicated")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .err()
+        .expect("must fail");
+    replica.resume();
+    assert!(err.to_string().contains("replicas"), "{err}");
+    assert_eq!(
+        master
+            .command(&["EXISTS", "dlock:{unreplicated}"])
+            .expect("exists"),
+        "0",
+        "grant not given back"
+    );
+}
