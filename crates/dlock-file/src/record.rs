@@ -1,0 +1,219 @@
+//! Lock file names and the record stored in each lock file.
+//!
+//! See the crate documentation for the format.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// First line of every lock record.
+pub(crate) const MAGIC: &str = "dlock-file 1";
+
+/// Largest lock file accepted; records are well under 1 KiB.
+const MAX_RECORD: usize = 64 * 1024;
+
+/// FNV-1a, 128-bit variant (offset basis `0x6c62272e07bb014262b821756295c58d`,
+/// prime `2^88 + 0x13b`), over `bytes`.
+pub fn fnv1a_128(bytes: &[u8]) -> u128 {
+    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    const PRIME: u128 = (1 << 88) + 0x13b;
+    bytes
+        .iter()
+        .fold(OFFSET, |h, &b| (h ^ u128::from(b)).wrapping_mul(PRIME))
+}
+
+/// The lock file name of lock `name`: 32 lower-case hex digits of FNV-1a-128 of the name's
+/// UTF-8 bytes, then `.lock`.
+pub fn file_name(name: &str) -> String {
+    format!("{:032x}.lock", fnv1a_128(name.as_bytes()))
+}
+
+/// The holder line of a record: written while a process holds the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HolderLine {
+    pub(crate) pid: u32,
+    pub(crate) count: u32,
+    pub(crate) owner: String,
+}
+
+/// Contents of one lock file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// Last fencing token granted (0: never granted).
+    pub(crate) token: u64,
+    /// The lock's name (absent only in a file never granted).
+    pub(crate) name: Option<String>,
+    /// Who holds it, while held.
+    pub(crate) holder: Option<HolderLine>,
+}
+
+impl Record {
+    /// The bytes written to the file.
+    pub(crate) fn encode(&self) -> String {
+        let mut s = format!("{MAGIC}\ntoken {}\n", self.token);
+        if let Some(name) = &self.name {
+            s.push_str("name ");
+            s.push_str(name);
+            s.push('\n');
+        }
+        if let Some(h) = &self.holder {
+            s.push_str(&format!("holder {} {} {}\n", h.pid, h.count, h.owner));
+        }
+        s.push_str("end\n");
+        s
+    }
+
+    /// Parses a file's bytes; an empty file is a fresh lock. `Err` says what is wrong.
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Record, String> {
+        if bytes.is_empty() {
+            return Ok(Record::default());
+        }
+        let text = std::str::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_owned())?;
+        let mut lines = text.split('\n');
+        if lines.next() != Some(MAGIC) {
+            return Err(format!("its first line is not `{MAGIC}`"));
+        }
+        let mut token = None;
+        let mut rec = Record::default();
+        let mut ended = false;
+        for line in lines {
+            if line == "end" {
+                ended = true;
+                break;
+            }
+            let (key, value) = line.split_once(' ').unwrap_or((line, ""));
+            match key {
+                "token" => {
+                    token = Some(
+                        value
+                            .parse::<u64>()
+                            .map_err(|_| format!("its token `{value}` is not a number"))?,
+                    )
+                }
+                "name" => rec.name = Some(value.to_owned()),
+                "holder" => {
+                    let mut parts = value.splitn(3, ' ');
+                    let pid = parts.next().and_then(|p| p.parse().ok());
+                    let count = parts.next().and_then(|c| c.parse().ok());
+                    let owner = parts.next().filter(|o| !o.is_empty());
+                    match (pid, count, owner) {
+                        (Some(pid), Some(count), Some(owner)) => {
+                            rec.holder = Some(HolderLine {
+                                pid,
+                                count,
+                                owner: owner.to_owned(),
+                            })
+                        }
+                        _ => return Err(format!("its holder line `{value}` is malformed")),
+                    }
+                }
+                // Lines added by later versions are skipped.
+                _ => {}
+            }
+        }
+        if !ended {
+            return Err("it is truncated (no `end` line)".to_owned());
+        }
+        rec.token = token.ok_or_else(|| "it has no `token` line".to_owned())?;
+        Ok(rec)
+    }
+}
+
+/// Reads the whole file from offset 0.
+pub(crate) fn read(file: &File) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            if buf.len() >= MAX_RECORD {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("lock file larger than {MAX_RECORD} bytes"),
+                ));
+            }
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// Replaces the file's contents with `rec`. Only called under the exclusive lock.
+pub(crate) fn write(file: &File, rec: &Record) -> io::Result<()> {
+    let bytes = rec.encode();
+    file.write_all_at(bytes.as_bytes(), 0)?;
+    file.set_len(bytes.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_vectors() {
+        // Reference values of the FNV-1a 128-bit hash.
+        assert_eq!(fnv1a_128(b""), 0x6c62272e07bb014262b821756295c58d);
+        assert_eq!(fnv1a_128(b"a"), 0xd228cb696f1a8caf78912b704e4a8964);
+        assert_eq!(fnv1a_128(b"foobar"), 0x343e1662793c64bf6f0d3597ba446f18);
+        assert_eq!(file_name("a"), "d228cb696f1a8caf78912b704e4a8964.lock");
+        assert_ne!(file_name("a/b"), file_name("a\\b"));
+    }
+
+    #[test]
+    fn round_trip() {
+        let rec = Record {
+            token: 42,
+            name: Some("orders/{42} π with spaces".into()),
+            holder: Some(HolderLine {
+                pid: 7,
+                count: 3,
+                owner: "host:7:abc:1 odd owner".into(),
+            }),
+        };
+        assert_eq!(Record::parse(rec.encode().as_bytes()), Ok(rec.clone()));
+        let free = Record {
+            holder: None,
+            ..rec
+        };
+        assert_eq!(Record::parse(free.encode().as_bytes()), Ok(free));
+        assert_eq!(Record::parse(b""), Ok(Record::default()));
+        // Trailing bytes after `end` (a longer old record being shortened) are ignored.
+        let mut torn = free_with_tail();
+        torn.extend_from_slice(b"er 1 1 x\n");
+        assert!(Record::parse(&torn).is_ok());
+    }
+
+    fn free_with_tail() -> Vec<u8> {
+        Record {
+            token: 1,
+            name: Some("n".into()),
+            holder: None,
+        }
+        .encode()
+        .into_bytes()
+    }
+
+    #[test]
+    fn corrupt() {
+        assert!(Record::parse(b"hello").unwrap_err().contains("first line"));
+        assert!(Record::parse(b"dlock-file 1\ntoken x\nend\n")
+            .unwrap_err()
+            .contains("not a number"));
+        assert!(Record::parse(b"dlock-file 1\ntoken 3\n")
+            .unwrap_err()
+            .contains("truncated"));
+        assert!(Record::parse(b"dlock-file 1\nend\n")
+            .unwrap_err()
+            .contains("no `token`"));
+        assert!(Record::parse(b"dlock-file 1\ntoken 1\nholder x\nend\n")
+            .unwrap_err()
+            .contains("holder"));
+        assert!(Record::parse(&[0xff, 0xfe]).unwrap_err().contains("UTF-8"));
+    }
+}

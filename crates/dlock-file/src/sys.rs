@@ -1,0 +1,86 @@
+//! Thin, safe wrappers around the few system calls the backend needs.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+
+/// Kind of `flock` lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// `LOCK_SH`: only used to probe whether anyone holds the lock.
+    Shared,
+    /// `LOCK_EX`: the lock itself.
+    Exclusive,
+}
+
+fn op(mode: Mode) -> libc::c_int {
+    match mode {
+        Mode::Shared => libc::LOCK_SH,
+        Mode::Exclusive => libc::LOCK_EX,
+    }
+}
+
+fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
+    loop {
+        // SAFETY: `flock` only reads the descriptor number; `file` keeps the descriptor open
+        // for the duration of the call.
+        let r = unsafe { libc::flock(file.as_raw_fd(), operation) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// `flock(mode | LOCK_NB)`: `Ok(true)` if the lock was taken, `Ok(false)` if someone else
+/// holds a conflicting lock.
+pub(crate) fn try_lock(file: &File, mode: Mode) -> io::Result<bool> {
+    match flock(file, op(mode) | libc::LOCK_NB) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `flock(LOCK_EX)`: blocks the calling thread until the lock is ours.
+pub(crate) fn lock_wait(file: &File) -> io::Result<()> {
+    flock(file, libc::LOCK_EX)
+}
+
+/// Unlocks explicitly, then closes. Unlocking first matters when a `fork`ed child still shares
+/// the open file description: closing our descriptor alone would leave the lock held.
+pub(crate) fn unlock_and_close(file: File) {
+    if let Err(e) = flock(&file, libc::LOCK_UN) {
+        // Closing the descriptor below still releases the lock unless a forked child shares it.
+        tracing::warn!(error = %e, "flock(LOCK_UN) failed; closing the lock file instead");
+    }
+    drop(file);
+}
+
+/// True if `path` still names the file `file` is open on (it was not deleted or replaced).
+pub(crate) fn same_file(file: &File, path: &Path) -> io::Result<bool> {
+    let ours = file.metadata()?;
+    match std::fs::metadata(path) {
+        Ok(now) => Ok(ours.dev() == now.dev() && ours.ino() == now.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The real user id (`$UID`).
+pub(crate) fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// The effective user id: the owner of the files and directories this process creates.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
