@@ -33,6 +33,11 @@ use std::time::{Duration, Instant};
 pub enum LockKind {
     /// Exclusive, reentrant lock.
     Mutex,
+    /// The shared side of a read-write lock: many owners at once, none while a writer holds it
+    /// (except the writer itself, which may also take the read side: a downgrade).
+    Read,
+    /// The exclusive side of a read-write lock.
+    Write,
 }
 
 impl LockKind {
@@ -40,6 +45,8 @@ impl LockKind {
     pub fn as_str(self) -> &'static str {
         match self {
             LockKind::Mutex => "mutex",
+            LockKind::Read => "read",
+            LockKind::Write => "write",
         }
     }
 }

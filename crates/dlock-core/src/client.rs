@@ -83,14 +83,27 @@ impl Client {
         Ok(Lock::new(self.clone(), name, owner, LockKind::Mutex))
     }
 
+    /// A handle on the read-write lock `name`: [`RwLock::read`] and [`RwLock::write`] share
+    /// one owner id, so the writer may also take the read side (downgrade) without deadlock.
+    /// Backends without read-write locks return [`Error::Unsupported`] on acquire.
+    pub fn rw_lock(&self, name: &str) -> Result<RwLock> {
+        let read = self.lock(name)?;
+        let read = Lock::new(self.clone(), name, read.owner().to_owned(), LockKind::Read);
+        let write = Lock::new(self.clone(), name, read.owner().to_owned(), LockKind::Write);
+        Ok(RwLock { read, write })
+    }
+
     /// What the server knows about the mutex `name` right now.
     pub async fn inspect(&self, name: &str) -> Result<LockInfo> {
+        self.inspect_kind(name, LockKind::Mutex).await
+    }
+
+    /// What the server knows about lock `name` of `kind` right now (for a read-write lock,
+    /// ask for [`LockKind::Read`] or [`LockKind::Write`]; both report every holder).
+    pub async fn inspect_kind(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         crate::name::validate_name(name)?;
         let backend = &self.shared.backend;
-        crate::backoff::retry(self.shared.opts.retry, || {
-            backend.inspect(name, LockKind::Mutex)
-        })
-        .await
+        crate::backoff::retry(self.shared.opts.retry, || backend.inspect(name, kind)).await
     }
 
     /// This client's id: the prefix of every default owner id it makes
@@ -122,6 +135,34 @@ impl Client {
     /// Number of holds this client currently keeps alive (for tests and metrics).
     pub fn held_count(&self) -> usize {
         self.shared.holds().len()
+    }
+}
+
+/// A read-write lock: many readers or one writer. See [`Client::rw_lock`].
+#[derive(Clone, Debug)]
+pub struct RwLock {
+    read: Lock,
+    write: Lock,
+}
+
+impl RwLock {
+    /// The shared side.
+    pub fn read(&self) -> Lock {
+        self.read.clone()
+    }
+
+    /// The exclusive side.
+    pub fn write(&self) -> Lock {
+        self.write.clone()
+    }
+
+    /// Both sides with owner id `owner`.
+    pub fn with_owner(self, owner: impl Into<String>) -> Result<RwLock> {
+        let owner = owner.into();
+        Ok(RwLock {
+            read: self.read.with_owner(owner.clone())?,
+            write: self.write.with_owner(owner)?,
+        })
     }
 }
 

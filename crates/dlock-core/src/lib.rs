@@ -22,7 +22,7 @@ pub use backend::{
     ReleaseWatch, RenewOutcome,
 };
 pub use backoff::RetryPolicy;
-pub use client::Client;
+pub use client::{Client, RwLock};
 pub use duration::parse_duration;
 pub use error::{BoxError, Error, Result};
 pub use guard::LockGuard;

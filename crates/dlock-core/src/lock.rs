@@ -63,6 +63,11 @@ impl Lock {
         &self.key.name
     }
 
+    /// The kind of lock this handle takes.
+    pub fn kind(&self) -> LockKind {
+        self.key.kind
+    }
+
     /// The owner id acquisitions through this handle use.
     pub fn owner(&self) -> &str {
         &self.key.owner

@@ -221,7 +221,7 @@ impl RedisBackend {
     fn check_kind(&self, kind: LockKind) -> Result<()> {
         match kind {
             LockKind::Mutex => Ok(()),
-            #[allow(unreachable_patterns)]
+
             other => Err(Error::unsupported(
                 KIND,
                 format!("lock kind {}", other.as_str()),

@@ -159,8 +159,7 @@ async fn foreign_data_is_an_unexpected_reply() {
         .expect("lock")
         .try_acquire()
         .await
-        .err()
-        .expect("must fail");
+        .expect_err("must fail");
     assert!(matches!(err, Error::UnexpectedReply { .. }), "{err:?}");
     assert!(err.to_string().contains("namespace"), "{err}");
     server
@@ -171,8 +170,7 @@ async fn foreign_data_is_an_unexpected_reply() {
         .expect("lock")
         .try_acquire()
         .await
-        .err()
-        .expect("must fail");
+        .expect_err("must fail");
     assert!(matches!(err, Error::UnexpectedReply { .. }), "{err:?}");
     // Nothing was left locked by the failed attempts.
     assert_eq!(
@@ -222,7 +220,7 @@ async fn paused_server_costs_a_bounded_time() {
     let r = client.lock("paused").expect("lock").try_acquire().await;
     let took = t.elapsed();
     server.resume();
-    let err = r.err().expect("must fail while paused");
+    let err = r.expect_err("must fail while paused");
     assert!(err.is_connection(), "{err:?}");
     assert!(took < Duration::from_secs(8), "took {took:?}");
     let g = client
@@ -394,8 +392,7 @@ async fn replica_confirmation_with_wait() {
         .expect("lock")
         .try_acquire()
         .await
-        .err()
-        .expect("must fail");
+        .expect_err("must fail");
     replica.resume();
     assert!(err.to_string().contains("replicas"), "{err}");
     assert_eq!(
