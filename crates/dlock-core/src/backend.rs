@@ -14,7 +14,10 @@
 //!    ([`ReleaseOutcome::Expired`], [`ReleaseOutcome::TakenByOther`], [`RenewOutcome::NotHeld`]);
 //! 5. make [`Backend::watch`] deliver a wake-up for every release that happens after `watch`
 //!    returned (spurious wake-ups are allowed; missed ones are not, short of a broken
-//!    connection, which must end the watch with an error);
+//!    connection, which must end the watch with an error); a backend that hands a released
+//!    lock straight to a queued waiter ([`Wake::HandedOver`]) must make the waiter's next
+//!    attempt with [`AcquireRequest::queued`] claim that grant (not count it twice), and
+//!    [`Backend::give_up`] must return a grant made to a waiter that stopped waiting;
 //! 6. report a key holding foreign data, a failed script or a reply of the wrong shape as
 //!    [`Error::UnexpectedReply`](crate::Error::UnexpectedReply), never by panicking.
 //!
@@ -72,6 +75,51 @@ pub struct AcquireRequest {
     /// Signal of the hold this grant would create. Backends that learn of loss from their
     /// server (session end, dropped connection) keep a clone and fire it.
     pub lost: LostSignal,
+    /// `Some(ttl)` when the caller will wait if the lock is held: backends with a server-side
+    /// queue register the caller as a waiter that counts as alive for `ttl` (refreshed by each
+    /// attempt). `None` for `try_acquire`.
+    pub waiter_ttl: Option<Duration>,
+    /// True on the attempts of a wait after the first: the caller is (or was) queued as a
+    /// waiter, so if it already holds the lock the lock was handed over to it — claim it,
+    /// do not count a re-entry.
+    pub queued: bool,
+}
+
+impl AcquireRequest {
+    /// A single attempt (no queueing).
+    pub fn new(key: HoldKey, lease: Duration, lost: LostSignal) -> Self {
+        AcquireRequest {
+            key,
+            lease,
+            lost,
+            waiter_ttl: None,
+            queued: false,
+        }
+    }
+}
+
+/// A grant from a wait: the token and a time no later than the moment the server granted it
+/// (the send time of an attempt that preceded the grant), from which the local view of the
+/// lease is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    /// Fencing token.
+    pub token: u64,
+    /// Local time before the grant happened on the server.
+    pub requested_at: Instant,
+}
+
+/// Why a [`ReleaseWatch`] woke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The lock was released (or may have been): try again.
+    Released,
+    /// The server handed the lock straight to this waiter, with this fencing token; the lease
+    /// is the one the waiter asked for, running from after its last attempt.
+    HandedOver {
+        /// Fencing token of the grant.
+        token: u64,
+    },
 }
 
 /// Answer to one acquisition attempt.
@@ -155,13 +203,13 @@ impl LockInfo {
     }
 }
 
-/// A subscription to release notifications of one lock name.
+/// A subscription to release notifications of one lock, for one waiting owner.
 #[async_trait]
 pub trait ReleaseWatch: Send {
-    /// Resolves after the next release notification (possibly spuriously). An error means the
-    /// subscription broke and notifications may have been missed; the caller drops the watch,
-    /// tries to acquire, and subscribes again.
-    async fn changed(&mut self) -> Result<()>;
+    /// Resolves after the next release notification that concerns this waiter (possibly
+    /// spuriously). An error means the subscription broke and notifications may have been
+    /// missed; the caller drops the watch, tries to acquire, and subscribes again.
+    async fn changed(&mut self) -> Result<Wake>;
 }
 
 /// A lock service. See the module docs for the invariants an implementation keeps.
@@ -176,9 +224,17 @@ pub trait Backend: Send + Sync + 'static {
     /// One attempt to acquire; never waits for the lock.
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply>;
 
-    /// Subscribes to release notifications for `name`. Called before the waiter's next
-    /// attempt, so a release between that attempt and the wait is not missed.
-    async fn watch(&self, name: &str) -> Result<Box<dyn ReleaseWatch>>;
+    /// Subscribes to release notifications for `key.name`, on behalf of waiter `key.owner`.
+    /// Called before the waiter's next attempt, so a release between that attempt and the wait
+    /// is not missed.
+    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>>;
+
+    /// The waiter `key` stops waiting (deadline, cancellation): leave the server's queue, and
+    /// give back a grant handed over to it in the meantime. The default does nothing (for
+    /// backends without a queue).
+    async fn give_up(&self, _key: &HoldKey) -> Result<()> {
+        Ok(())
+    }
 
     /// Waits for the lock until `deadline` (`None`: no deadline), or until `cancel` fires.
     ///
@@ -192,9 +248,8 @@ pub trait Backend: Send + Sync + 'static {
         req: &AcquireRequest,
         deadline: Option<Instant>,
         cancel: &tokio_util::sync::CancellationToken,
-        max_sleep: Duration,
-    ) -> Result<Option<u64>> {
-        crate::wait::watch_and_retry(self, req, deadline, cancel, max_sleep).await
+    ) -> Result<Option<Granted>> {
+        crate::wait::watch_and_retry(self, req, deadline, cancel).await
     }
 
     /// Releases one hold of `key`.

@@ -182,8 +182,9 @@ impl Shared {
             metrics::counter!("dlock_locks_lost_total", "backend" => self.backend.kind())
                 .increment(1);
         }
-        hold.lost.fire(reason);
+        // Forget first, so that whoever wakes on the signal sees the hold gone.
         self.forget(hold);
+        hold.lost.fire(reason);
     }
 }
 

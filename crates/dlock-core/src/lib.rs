@@ -18,8 +18,8 @@ mod options;
 pub mod wait;
 
 pub use backend::{
-    AcquireReply, AcquireRequest, Backend, HoldKey, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
-    ReleaseWatch, RenewOutcome,
+    AcquireReply, AcquireRequest, Backend, Granted, HoldKey, HolderInfo, LockInfo, LockKind,
+    ReleaseOutcome, ReleaseWatch, RenewOutcome, Wake,
 };
 pub use backoff::RetryPolicy;
 pub use client::{Client, RwLock};

@@ -1,6 +1,6 @@
 //! Lock handles and acquisition.
 
-use crate::backend::{AcquireReply, AcquireRequest, HoldKey, LockKind};
+use crate::backend::{AcquireReply, AcquireRequest, Granted, HoldKey, LockKind};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::Client;
@@ -131,20 +131,24 @@ impl Lock {
             .live_hold(&self.key)
             .map(|h| h.lost.clone())
             .unwrap_or_default();
-        let req = AcquireRequest {
-            key: self.key.clone(),
-            lease,
-            lost: lost.clone(),
-        };
+        let req = AcquireRequest::new(self.key.clone(), lease, lost.clone());
         let started = Instant::now();
         let span = tracing::debug_span!("dlock.acquire", name = %self.key.name, backend = shared.backend.kind());
-        let token = detached_acquire(&self.client, req, mode)
+        let granted = detached_acquire(&self.client, req, mode)
             .instrument(span)
             .await?;
-        let Some(token) = token else { return Ok(None) };
+        let Some(granted) = granted else {
+            return Ok(None);
+        };
         metrics::histogram!("dlock_acquire_wait_seconds", "backend" => shared.backend.kind())
             .record(started.elapsed().as_secs_f64());
-        let hold = shared.attach(self.key.clone(), token, lost, started, self.fixed_lease);
+        let hold = shared.attach(
+            self.key.clone(),
+            granted.token,
+            lost,
+            granted.requested_at,
+            self.fixed_lease,
+        );
         Ok(Some(LockGuard::new(
             self.client.clone(),
             hold,
@@ -161,28 +165,32 @@ enum Mode {
 
 /// Runs the acquisition in its own task so that dropping the caller's future cannot strand a
 /// grant: if the caller is gone when the server says yes, the task gives the lock back.
-async fn detached_acquire(client: &Client, req: AcquireRequest, mode: Mode) -> Result<Option<u64>> {
+async fn detached_acquire(
+    client: &Client,
+    req: AcquireRequest,
+    mode: Mode,
+) -> Result<Option<Granted>> {
     let shared = client.shared.clone();
     let cancel = CancellationToken::new();
     let _cancel_on_drop = cancel.clone().drop_guard();
-    let (tx, rx) = oneshot::channel::<Result<Option<u64>>>();
+    let (tx, rx) = oneshot::channel::<Result<Option<Granted>>>();
     tokio::spawn(async move {
         let backend = &shared.backend;
         let res = match mode {
             Mode::Try => {
                 crate::backoff::retry(shared.opts.retry, || async {
+                    let requested_at = Instant::now();
                     Ok(match backend.acquire(&req).await? {
-                        AcquireReply::Granted { token } => Some(token),
+                        AcquireReply::Granted { token } => Some(Granted {
+                            token,
+                            requested_at,
+                        }),
                         AcquireReply::Held { .. } => None,
                     })
                 })
                 .await
             }
-            Mode::Wait(deadline) => {
-                backend
-                    .acquire_wait(&req, deadline, &cancel, shared.opts.watchdog_lease)
-                    .await
-            }
+            Mode::Wait(deadline) => backend.acquire_wait(&req, deadline, &cancel).await,
         };
         if let Err(Ok(Some(_))) = tx.send(res) {
             // Nobody is waiting for this grant any more.

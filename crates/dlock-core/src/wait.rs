@@ -1,31 +1,74 @@
 //! Waiting for a lock: written once for every backend that wakes waiters with notifications.
 
-use crate::backend::{AcquireReply, AcquireRequest, Backend, ReleaseWatch};
+use crate::backend::{AcquireReply, AcquireRequest, Backend, Granted, ReleaseWatch, Wake};
 use crate::error::Result;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// Longest time a waiter counts as alive in a server-side queue without a new attempt.
+pub const MAX_WAITER_TTL: Duration = Duration::from_secs(2);
+
+/// How long a waiter stays registered without a new attempt, for a lock of lease `lease`.
+pub fn waiter_ttl(lease: Duration) -> Duration {
+    lease.clamp(Duration::from_millis(100), MAX_WAITER_TTL)
+}
+
+/// How often a waiter refreshes its place: half its ttl, and at most a quarter of the lease,
+/// so that a lock handed over just before a refresh still has most of its lease left.
+pub fn heartbeat(lease: Duration) -> Duration {
+    (waiter_ttl(lease) / 2).min(lease / 4)
+}
+
 /// The default waiting strategy (see [`Backend::acquire_wait`]).
 ///
-/// Try; if held, subscribe to the lock's release notifications and try once more (a release
-/// may have happened before the subscription was in place); then sleep until a notification
-/// arrives or the holder's lease would run out, whichever is first, and try again. There is no
-/// fixed polling interval: without notifications a waiter wakes only when the holder's lease
-/// ends (or after `max_sleep` when the server cannot tell the lease).
+/// Try (registering as a waiter); if held, subscribe to the lock's notifications and try once
+/// more (a release may have come before the subscription was in place); then sleep until a
+/// notification, the holder's lease end, or the waiter's heartbeat, whichever is first. A
+/// backend with a server-side queue may hand the lock over in the notification itself
+/// ([`Wake::HandedOver`]), saving the waiter a round trip. There is no fixed polling interval:
+/// the heartbeat only keeps the waiter's place in the queue alive (so a crashed waiter drops
+/// out), and it is a quarter of the lease or longer.
 pub async fn watch_and_retry<B: Backend + ?Sized>(
     backend: &B,
     req: &AcquireRequest,
     deadline: Option<Instant>,
     cancel: &CancellationToken,
-    max_sleep: Duration,
-) -> Result<Option<u64>> {
+) -> Result<Option<Granted>> {
+    let mut req = req.clone();
+    req.waiter_ttl = Some(waiter_ttl(req.lease));
+    req.queued = false;
+    let beat = heartbeat(req.lease);
+    let res = wait_loop(backend, &mut req, deadline, cancel, beat).await;
+    if !matches!(res, Ok(Some(_))) && req.queued {
+        // Leave the queue, and give back a grant that may have been handed over meanwhile.
+        if let Err(e) = backend.give_up(&req.key).await {
+            tracing::debug!(error = %e, name = %req.key.name, "could not leave the wait queue; it expires by itself");
+        }
+    }
+    res
+}
+
+async fn wait_loop<B: Backend + ?Sized>(
+    backend: &B,
+    req: &mut AcquireRequest,
+    deadline: Option<Instant>,
+    cancel: &CancellationToken,
+    beat: Duration,
+) -> Result<Option<Granted>> {
     let mut watch: Option<Box<dyn ReleaseWatch>> = None;
     let mut backoff = crate::backoff::Backoff::default();
     loop {
+        let sent = Instant::now();
         let ttl = match backend.acquire(req).await {
-            Ok(AcquireReply::Granted { token }) => return Ok(Some(token)),
+            Ok(AcquireReply::Granted { token }) => {
+                return Ok(Some(Granted {
+                    token,
+                    requested_at: sent,
+                }))
+            }
             Ok(AcquireReply::Held { ttl }) => {
                 backoff.reset();
+                req.queued = true;
                 ttl
             }
             // Connection trouble while waiting: keep waiting (bounded by the deadline) with a
@@ -45,7 +88,7 @@ pub async fn watch_and_retry<B: Backend + ?Sized>(
             return Ok(None);
         }
         if watch.is_none() {
-            match backend.watch(&req.key.name).await {
+            match backend.watch(&req.key).await {
                 Ok(w) => {
                     watch = Some(w);
                     // Try again at once: the release may have come before we subscribed.
@@ -57,27 +100,34 @@ pub async fn watch_and_retry<B: Backend + ?Sized>(
                 Err(e) => return Err(e),
             }
         }
-        let mut sleep = ttl.unwrap_or(max_sleep).min(max_sleep);
-        // Wake a hair after the holder's lease ends, not before.
-        sleep += Duration::from_millis(1);
+        // Wake a hair after the holder's lease ends, not before; refresh our place in time.
+        let mut sleep = ttl.map_or(beat, |t| (t + Duration::from_millis(1)).min(beat));
         if let Some(d) = deadline {
             sleep = sleep.min(d.saturating_duration_since(Instant::now()));
         }
-        let broke = match watch.as_mut() {
+        let woke = match watch.as_mut() {
             Some(w) => tokio::select! {
-                r = w.changed() => r.is_err(),
-                _ = tokio::time::sleep(sleep) => false,
+                r = w.changed() => Some(r),
+                _ = tokio::time::sleep(sleep) => None,
                 _ = cancel.cancelled() => return Ok(None),
             },
             None => {
                 if !sleep_until_or_cancel(sleep, None, cancel).await {
                     return Ok(None);
                 }
-                false
+                None
             }
         };
-        if broke {
-            watch = None;
+        match woke {
+            Some(Ok(Wake::HandedOver { token })) => {
+                // The grant happened after our last attempt reached the server.
+                return Ok(Some(Granted {
+                    token,
+                    requested_at: sent,
+                }));
+            }
+            Some(Err(_)) => watch = None,
+            Some(Ok(Wake::Released)) | None => {}
         }
     }
 }
@@ -101,5 +151,20 @@ async fn sleep_until_or_cancel(
     tokio::select! {
         _ = tokio::time::sleep(pause) => deadline.is_none_or(|d| Instant::now() < d),
         _ = cancel.cancelled() => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiter_timing() {
+        let s = Duration::from_secs(1);
+        assert_eq!(waiter_ttl(s), s);
+        assert_eq!(heartbeat(s), Duration::from_millis(250));
+        let l = Duration::from_secs(30);
+        assert_eq!(waiter_ttl(l), MAX_WAITER_TTL);
+        assert_eq!(heartbeat(l), Duration::from_secs(1));
     }
 }

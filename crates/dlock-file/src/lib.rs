@@ -51,10 +51,12 @@
 //! - **Exclusion inside a process.** `flock` locks belong to open file descriptions, not to
 //!   owners, so the backend also keeps a table *name → (owner, descriptor, count, token)*. A
 //!   lock held by owner A of this backend is reported [`AcquireReply::Held`] to owner B without
-//!   touching the file; every new grant opens its own descriptor. Two `FileBackend` values
-//!   (even in one process) exclude each other through the kernel, like two processes.
-//! - **Re-entry.** The same owner acquiring again increments the count and gets the same token;
-//!   only the last release unlocks (`LOCK_UN`, then close).
+//!   touching the file; every new grant opens its own descriptor. Two separately opened
+//!   `FileBackend`s (even in one process; clones share one table) exclude each other through
+//!   the kernel, like two processes.
+//! - **Re-entry.** The same owner acquiring again through the same backend increments the
+//!   count and gets the same token; only the last release unlocks (`LOCK_UN`, then close). An
+//!   owner id used in two processes does not re-enter across them: the second one waits.
 //! - **Crashes: the lease is the process lifetime.** There is no lease and nothing to renew:
 //!   [`Backend::renew`] reports `Renewed` while the backend still holds the lock. When the
 //!   holding process dies, however it dies (`SIGKILL` included), the kernel closes its
@@ -123,8 +125,8 @@ mod record;
 mod sys;
 
 use dlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, HoldKey, HolderInfo,
-    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, Granted, HoldKey,
+    HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result, Wake,
 };
 use location::Target;
 use record::{HolderLine, Record};
@@ -876,9 +878,9 @@ impl Backend for FileBackend {
         self.inner.try_acquire(&req.key, false)
     }
 
-    async fn watch(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        dlock_core::validate_name(name)?;
-        let name: Arc<str> = Arc::from(name);
+    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
+        dlock_core::validate_name(&key.name)?;
+        let name: Arc<str> = key.name.clone();
         let (interest, notify, seen) = Interest::new(&self.inner, &name, true);
         // Catch releases by other processes from now on, not only from the first `changed`.
         interest.rearm()?;
@@ -889,15 +891,13 @@ impl Backend for FileBackend {
         }))
     }
 
-    /// Waits without polling: see the crate documentation. `max_sleep` is not used, as
-    /// every release wakes the waiters.
+    /// Waits without polling: see the crate documentation. Every release wakes the waiters.
     async fn acquire_wait(
         &self,
         req: &AcquireRequest,
         deadline: Option<Instant>,
         cancel: &CancellationToken,
-        _max_sleep: Duration,
-    ) -> Result<Option<u64>> {
+    ) -> Result<Option<Granted>> {
         check_key(&req.key)?;
         let (_interest, notify, _) = Interest::new(&self.inner, &req.key.name, false);
         let mut backoff = dlock_core::backoff::Backoff::default();
@@ -905,8 +905,14 @@ impl Backend for FileBackend {
             // Registered before the attempt: a release after it wakes this future.
             let notified = notify.notified();
             tokio::pin!(notified);
+            let requested_at = Instant::now();
             let pause = match self.inner.try_acquire(&req.key, true) {
-                Ok(AcquireReply::Granted { token }) => return Ok(Some(token)),
+                Ok(AcquireReply::Granted { token }) => {
+                    return Ok(Some(Granted {
+                        token,
+                        requested_at,
+                    }))
+                }
                 Ok(AcquireReply::Held { .. }) => {
                     backoff.reset();
                     None
@@ -969,7 +975,7 @@ struct FileWatch {
 
 #[async_trait]
 impl ReleaseWatch for FileWatch {
-    async fn changed(&mut self) -> Result<()> {
+    async fn changed(&mut self) -> Result<Wake> {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -980,7 +986,7 @@ impl ReleaseWatch for FileWatch {
                     .map_or(self.seen, |e| e.generation);
                 if generation != self.seen {
                     self.seen = generation;
-                    return Ok(());
+                    return Ok(Wake::Released);
                 }
             }
             self.interest.rearm()?;

@@ -40,7 +40,10 @@ impl Harness for FileHarness {
 
     fn caps(&self) -> Caps {
         Caps {
+            // The lease is the holder process's lifetime (see the crate docs); the kill test in
+            // file_backend.rs covers crashed holders.
             lease_expiry: false,
+            // Deleting the lock file: the next renewal reports the lock lost.
             break_lock: true,
         }
     }

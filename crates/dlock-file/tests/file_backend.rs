@@ -69,11 +69,7 @@ fn key(name: &str, owner: &str) -> HoldKey {
 }
 
 fn req(name: &str, owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        key: key(name, owner),
-        lease: Duration::from_secs(30),
-        lost: LostSignal::new(),
-    }
+    AcquireRequest::new(key(name, owner), Duration::from_secs(30), LostSignal::new())
 }
 
 /// `tasks` tasks spread over `clients`, each with its own handle, increment a deliberately
@@ -448,13 +444,13 @@ async fn watch_sees_releases_of_other_backends() {
         panic!("not granted")
     };
     for watcher in [&b, &a] {
-        let mut w = watcher.watch("w").await.expect("watch");
+        let mut w = watcher.watch(&key("w", "watcher")).await.expect("watch");
         let changed = tokio::time::timeout(Duration::from_millis(150), w.changed()).await;
         assert!(changed.is_err(), "watch fired while the lock stayed held");
         drop(w);
     }
-    let mut wb = b.watch("w").await.expect("watch");
-    let mut wa = a.watch("w").await.expect("watch");
+    let mut wb = b.watch(&key("w", "watcher")).await.expect("watch");
+    let mut wa = a.watch(&key("w", "watcher")).await.expect("watch");
     let t = Instant::now();
     assert_eq!(
         a.release(&key("w", "a")).await.expect("release"),
@@ -704,4 +700,59 @@ async fn deleted_lock_file_is_detected_at_renewal() {
         b.release(&key("del", "b")).await.expect("release"),
         ReleaseOutcome::Released
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_lock_file_fires_lost_signal() {
+    let dir = TempDir::new("lost");
+    let opts = opts().watchdog_lease(Duration::from_millis(300));
+    let a = Client::new(
+        Arc::new(FileBackend::open(dir.path(), &opts).expect("open")),
+        opts.clone(),
+    )
+    .expect("client");
+    let be = FileBackend::open(dir.path(), &opts).expect("open");
+    let g = a
+        .lock("lost")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    std::fs::remove_file(be.lock_file("lost")).expect("remove");
+    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost signal never fired");
+    assert_eq!(reason, dlock_core::LostReason::NotHeld);
+    let t = Instant::now();
+    while a.held_count() != 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "client still tracks a lost hold"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(g.release().await.expect("release"), ReleaseOutcome::Expired);
+    // The lock works again on a new file.
+    let g = a
+        .lock("lost")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(g.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_lock_kinds_are_unsupported() {
+    let dir = TempDir::new("kinds");
+    let be = backend(dir.path());
+    for kind in [LockKind::Read, LockKind::Write] {
+        let mut r = req("rw", "o");
+        r.key.kind = kind;
+        let e = be.acquire(&r).await.unwrap_err();
+        assert!(e.is_unsupported(), "{e:?}");
+        assert!(e.to_string().contains(kind.as_str()), "{e}");
+        assert!(be.inspect("rw", kind).await.unwrap_err().is_unsupported());
+        assert!(be.release(&r.key).await.unwrap_err().is_unsupported());
+    }
 }

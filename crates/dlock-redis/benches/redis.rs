@@ -69,11 +69,11 @@ async fn main() {
         owner: "bench".into(),
         kind: dlock_core::LockKind::Mutex,
     };
-    let req = dlock_core::AcquireRequest {
-        key: key.clone(),
-        lease: Duration::from_secs(30),
-        lost: dlock_core::LostSignal::new(),
-    };
+    let req = dlock_core::AcquireRequest::new(
+        key.clone(),
+        Duration::from_secs(30),
+        dlock_core::LostSignal::new(),
+    );
     let mut raw = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();

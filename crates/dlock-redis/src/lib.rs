@@ -7,11 +7,16 @@
 //! |---|---|---|
 //! | `NS:{NAME}` | hash `owner → hold count`, PEXPIRE = lease | the lock (Redisson's layout) |
 //! | `NS:{NAME}:fence` | integer, no expiry | last fencing token issued |
-//! | `NS:{NAME}:released` | pub/sub channel | a message on every full release |
+//! | `NS:{NAME}:queue` | zset `owner → arrival ms` | waiters, oldest first |
+//! | `NS:{NAME}:waiters` | hash `owner → "expiry_ms:lease_ms"` | each waiter's liveness and lease |
+//! | `NS:{NAME}:handoff` | string, PEXPIRE = lease | owner the lock was handed to, until it claims it |
+//! | `NS:{NAME}:released` | pub/sub channel | `h TOKEN OWNER` (handed over) or `r` (released) |
 //!
 //! Acquire, release and renew are each one EVALSHA (one round trip); the watchdog renews all of
-//! a client's locks in one pipelined round trip per tick. Waiters subscribe to the release
-//! channel and sleep until a message or the holder's remaining lease, whichever is first.
+//! a client's locks in one pipelined round trip per tick. A waiter queues itself, subscribes to
+//! the channel and sleeps; a release hands the lock straight to the oldest live waiter and
+//! tells only that one, so the new holder starts without a round trip of its own and the other
+//! waiters are not woken (no herd). See `docs/redis-lock.md` for the safety argument.
 //!
 //! URL: `redis://[user:password@]host:port[/db][?namespace=NS&wait_replicas=N&wait_timeout=DUR]`.
 //! `rediss://` needs the `tls` cargo feature. `wait_replicas` makes every grant wait for N
@@ -199,6 +204,37 @@ impl RedisBackend {
         format!("{}:{{{}}}:released", self.namespace, name)
     }
 
+    /// The five keys the acquire and release scripts touch, in their KEYS order.
+    fn keys(&self, name: &str) -> [String; 5] {
+        let ns = &self.namespace;
+        [
+            format!("{ns}:{{{name}}}"),
+            format!("{ns}:{{{name}}}:fence"),
+            format!("{ns}:{{{name}}}:queue"),
+            format!("{ns}:{{{name}}}:waiters"),
+            format!("{ns}:{{{name}}}:handoff"),
+        ]
+    }
+
+    fn handoff_key(&self, name: &str) -> String {
+        format!("{}:{{{}}}:handoff", self.namespace, name)
+    }
+
+    async fn run_release(&self, key: &HoldKey, mode: &str) -> Result<(i64, i64)> {
+        self.check_kind(key.kind)?;
+        let keys = self.keys(&key.name);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let cmd = self
+            .scripts
+            .release
+            .cmd(&keys, &[&key.owner, &self.channel(&key.name), mode]);
+        let mut con = self.con.clone();
+        let v = scripts::eval(&mut con, &self.scripts, &cmd)
+            .await
+            .map_err(|e| self.err(e))?;
+        pair(mode, &v)
+    }
+
     fn err(&self, e: redis::RedisError) -> Error {
         map(&self.endpoint, e)
     }
@@ -290,10 +326,17 @@ impl Backend for RedisBackend {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         self.check_kind(req.key.kind)?;
-        let name = &req.key.name;
+        let keys = self.keys(&req.key.name);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let waiter_ttl = req.waiter_ttl.map_or(0, |t| t.as_millis().max(1) as u64);
         let cmd = self.scripts.acquire.cmd(
-            &[&self.lock_key(name), &self.fence_key(name)],
-            &[&req.key.owner, &lease_ms(req.lease)],
+            &keys,
+            &[
+                &req.key.owner,
+                &lease_ms(req.lease),
+                &waiter_ttl.to_string(),
+                if req.queued { "1" } else { "0" },
+            ],
         );
         let mut con = self.con.clone();
         let v = scripts::eval(&mut con, &self.scripts, &cmd)
@@ -313,28 +356,31 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn watch(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        self.subscriber.watch(self.channel(name)).await
+    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
+        self.subscriber
+            .watch(self.channel(&key.name), &key.owner)
+            .await
+    }
+
+    async fn give_up(&self, key: &HoldKey) -> Result<()> {
+        self.run_release(key, "giveup").await.map(|_| ())
     }
 
     async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
-        self.check_kind(key.kind)?;
-        let cmd = self.scripts.release.cmd(
-            &[&self.lock_key(&key.name)],
-            &[&key.owner, &self.channel(&key.name)],
-        );
-        let mut con = self.con.clone();
-        let v = scripts::eval(&mut con, &self.scripts, &cmd)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(match pair("release", &v)? {
+        let v = self.run_release(key, "release").await?;
+        Ok(match v {
             (1, _) => ReleaseOutcome::Released,
             (2, n) => ReleaseOutcome::StillHeld {
                 remaining: u32::try_from(n).unwrap_or(u32::MAX),
             },
             (0, _) => ReleaseOutcome::Expired,
             (3, _) => ReleaseOutcome::TakenByOther,
-            _ => return Err(shape("release", &v)),
+            (a, b) => {
+                return Err(Error::UnexpectedReply {
+                    backend: KIND,
+                    message: format!("release: unexpected reply [{a}, {b}]"),
+                })
+            }
         })
     }
 
@@ -346,7 +392,7 @@ impl Backend for RedisBackend {
         for (key, lease) in holds {
             self.check_kind(key.kind)?;
             pipe.add_command(self.scripts.renew.cmd(
-                &[&self.lock_key(&key.name)],
+                &[&self.lock_key(&key.name), &self.handoff_key(&key.name)],
                 &[&key.owner, &lease_ms(*lease)],
             ));
         }

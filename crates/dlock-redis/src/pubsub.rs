@@ -2,29 +2,87 @@
 //!
 //! A channel is subscribed only while at least one waiter of this client waits on that lock,
 //! and unsubscribed when the last one stops, so thousands of lock names do not mean
-//! thousands of idle subscriptions. Each waiter holds a `watch` receiver whose version moves
-//! on every message: a release that arrives between the waiter's attempt and its sleep is
-//! not lost. If the connection breaks, every receiver sees its sender dropped and the waiter
-//! resubscribes on a new connection.
+//! thousands of idle subscriptions.
+//!
+//! Messages on a lock's channel are `r` (released, nobody queued) or `h TOKEN OWNER` (handed
+//! over to waiter OWNER). Per channel the reader keeps a count of releases and a mailbox of
+//! handoffs for the owners waiting in this client, then bumps a `watch` version: a waiter is
+//! woken only by a plain release or by its own handoff — no herd — and a message that
+//! arrives between the waiter's attempt and its sleep is not lost. If the connection breaks,
+//! every receiver sees its sender dropped and the waiter resubscribes on a new connection.
 
 use crate::error::map;
-use dlock_core::{async_trait, Error, ReleaseWatch, Result};
+use dlock_core::{async_trait, Error, ReleaseWatch, Result, Wake};
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, Weak};
 use std::time::Duration;
 use tokio::sync::{watch, Mutex};
 
-type Senders = Arc<StdMutex<HashMap<String, watch::Sender<u64>>>>;
+/// What one channel has seen, shared by the reader task and the channel's watches.
+struct Channel {
+    version: watch::Sender<u64>,
+    mail: StdMutex<Mailbox>,
+}
+
+#[derive(Default)]
+struct Mailbox {
+    /// Plain releases seen.
+    released: u64,
+    /// Owners of this client waiting on the channel, with how many watches each has.
+    owners: HashMap<String, usize>,
+    /// Handoffs not yet picked up: owner → token.
+    handed: HashMap<String, u64>,
+}
+
+impl Channel {
+    fn mail(&self) -> MutexGuard<'_, Mailbox> {
+        self.mail.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn deliver(&self, payload: &[u8]) {
+        {
+            let mut mail = self.mail();
+            let text = String::from_utf8_lossy(payload);
+            let mut parts = text.splitn(3, ' ');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some("h"), Some(token), Some(owner)) => {
+                    if mail.owners.contains_key(owner) {
+                        match token.parse() {
+                            Ok(t) => {
+                                mail.handed.insert(owner.to_owned(), t);
+                            }
+                            // Cannot happen with our scripts; waking the waiter makes it
+                            // try, and its attempt claims the handoff.
+                            Err(_) => mail.released += 1,
+                        }
+                    } else {
+                        // A handoff to a waiter of another client: nothing for us.
+                        return;
+                    }
+                }
+                _ => mail.released += 1,
+            }
+        }
+        self.version.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}
+
+type Channels = Arc<StdMutex<HashMap<String, Arc<Channel>>>>;
+
+fn lock_map(c: &Channels) -> MutexGuard<'_, HashMap<String, Arc<Channel>>> {
+    c.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 struct Conn {
     sink: PubSubSink,
-    /// Per channel: how many waiters of this client use it.
+    /// Per channel: how many watches of this client use it.
     refs: HashMap<String, usize>,
-    /// Per channel: where the reader task reports messages. Dropped when the connection ends.
-    senders: Senders,
-    alive: Arc<std::sync::atomic::AtomicBool>,
+    /// Per channel: where the reader task reports messages. Cleared when the connection ends.
+    channels: Channels,
+    alive: Arc<AtomicBool>,
     /// Which connection this is: a watch made on an earlier one must not touch this one's counts.
     generation: u64,
 }
@@ -34,7 +92,7 @@ pub(crate) struct Subscriber {
     endpoint: String,
     timeout: Duration,
     conn: Mutex<Option<Conn>>,
-    generations: std::sync::atomic::AtomicU64,
+    generations: AtomicU64,
 }
 
 impl Subscriber {
@@ -44,7 +102,7 @@ impl Subscriber {
             endpoint,
             timeout,
             conn: Mutex::new(None),
-            generations: std::sync::atomic::AtomicU64::new(0),
+            generations: AtomicU64::new(0),
         })
     }
 
@@ -54,29 +112,27 @@ impl Subscriber {
             .map_err(|_| self.timeout_error("connecting the subscriber"))?
             .map_err(|e| map(&self.endpoint, e))?;
         let (sink, mut stream) = pubsub.split();
-        let senders: Senders = Arc::default();
-        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let (s2, a2) = (senders.clone(), alive.clone());
+        let channels: Channels = Arc::default();
+        let alive = Arc::new(AtomicBool::new(true));
+        let (c2, a2) = (channels.clone(), alive.clone());
         tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                let map = s2.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(tx) = map.get(msg.get_channel_name()) {
-                    tx.send_modify(|v| *v = v.wrapping_add(1));
+                let ch = lock_map(&c2).get(msg.get_channel_name()).cloned();
+                if let Some(ch) = ch {
+                    ch.deliver(msg.get_payload_bytes());
                 }
             }
-            a2.store(false, std::sync::atomic::Ordering::SeqCst);
+            a2.store(false, Ordering::SeqCst);
             // Dropping every sender ends every waiter's `changed()` with an error.
-            s2.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            lock_map(&c2).clear();
             tracing::debug!("redis subscriber connection closed");
         });
         Ok(Conn {
             sink,
             refs: HashMap::new(),
-            senders,
+            channels,
             alive,
-            generation: self
-                .generations
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            generation: self.generations.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -88,12 +144,16 @@ impl Subscriber {
         }
     }
 
-    /// Subscribes (if needed) and returns a watch whose `changed()` fires on releases.
-    pub(crate) async fn watch(self: &Arc<Self>, channel: String) -> Result<Box<dyn ReleaseWatch>> {
+    /// Subscribes (if needed) and returns a watch for waiter `owner` on `channel`.
+    pub(crate) async fn watch(
+        self: &Arc<Self>,
+        channel: String,
+        owner: &str,
+    ) -> Result<Box<dyn ReleaseWatch>> {
         let mut guard = self.conn.lock().await;
         if guard
             .as_ref()
-            .is_some_and(|c| !c.alive.load(std::sync::atomic::Ordering::SeqCst))
+            .is_some_and(|c| !c.alive.load(Ordering::SeqCst))
         {
             *guard = None;
         }
@@ -105,11 +165,12 @@ impl Subscriber {
         };
         let refs = conn.refs.get(&channel).copied().unwrap_or(0);
         if refs == 0 {
-            let (tx, _) = watch::channel(0u64);
-            conn.senders
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(channel.clone(), tx);
+            let (version, _) = watch::channel(0u64);
+            let ch = Arc::new(Channel {
+                version,
+                mail: StdMutex::default(),
+            });
+            lock_map(&conn.channels).insert(channel.clone(), ch);
             let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&channel)).await;
             let failed = match sub {
                 Ok(Ok(())) => None,
@@ -123,21 +184,23 @@ impl Subscriber {
             }
         }
         conn.refs.insert(channel.clone(), refs + 1);
-        let rx = conn
-            .senders
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&channel)
-            .map(|tx| tx.subscribe());
-        let Some(rx) = rx else {
+        let Some(ch) = lock_map(&conn.channels).get(&channel).cloned() else {
             // The connection died while we subscribed.
             *guard = None;
             return Err(self.timeout_error("SUBSCRIBE"));
         };
+        let seen = {
+            let mut mail = ch.mail();
+            *mail.owners.entry(owner.to_owned()).or_insert(0) += 1;
+            mail.released
+        };
         Ok(Box::new(RedisWatch {
-            rx,
+            rx: ch.version.subscribe(),
+            channel: ch,
+            owner: owner.to_owned(),
+            seen,
             generation: conn.generation,
-            channel: Some(channel),
+            name: Some(channel),
             subscriber: Arc::downgrade(self),
         }))
     }
@@ -155,11 +218,8 @@ impl Subscriber {
             return;
         }
         conn.refs.remove(&channel);
-        conn.senders
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&channel);
-        if !conn.alive.load(std::sync::atomic::Ordering::SeqCst) {
+        lock_map(&conn.channels).remove(&channel);
+        if !conn.alive.load(Ordering::SeqCst) {
             return;
         }
         match tokio::time::timeout(self.timeout, conn.sink.unsubscribe(&channel)).await {
@@ -176,28 +236,54 @@ impl Subscriber {
 
 struct RedisWatch {
     rx: watch::Receiver<u64>,
+    channel: Arc<Channel>,
+    owner: String,
+    /// Plain releases already reported to this waiter.
+    seen: u64,
     generation: u64,
-    channel: Option<String>,
+    name: Option<String>,
     subscriber: Weak<Subscriber>,
 }
 
 #[async_trait]
 impl ReleaseWatch for RedisWatch {
-    async fn changed(&mut self) -> Result<()> {
-        self.rx.changed().await.map_err(|_| Error::Connection {
-            backend: crate::error::KIND,
-            endpoint: self
-                .subscriber
-                .upgrade()
-                .map_or_else(String::new, |s| s.endpoint.clone()),
-            source: "the subscriber connection closed".into(),
-        })
+    async fn changed(&mut self) -> Result<Wake> {
+        loop {
+            {
+                let mut mail = self.channel.mail();
+                if let Some(token) = mail.handed.remove(&self.owner) {
+                    return Ok(Wake::HandedOver { token });
+                }
+                if mail.released != self.seen {
+                    self.seen = mail.released;
+                    return Ok(Wake::Released);
+                }
+            }
+            self.rx.changed().await.map_err(|_| Error::Connection {
+                backend: crate::error::KIND,
+                endpoint: self
+                    .subscriber
+                    .upgrade()
+                    .map_or_else(String::new, |s| s.endpoint.clone()),
+                source: "the subscriber connection closed".into(),
+            })?;
+        }
     }
 }
 
 impl Drop for RedisWatch {
     fn drop(&mut self) {
-        let (Some(channel), Some(sub)) = (self.channel.take(), self.subscriber.upgrade()) else {
+        {
+            let mut mail = self.channel.mail();
+            if let Some(n) = mail.owners.get_mut(&self.owner) {
+                *n -= 1;
+                if *n == 0 {
+                    mail.owners.remove(&self.owner);
+                    mail.handed.remove(&self.owner);
+                }
+            }
+        }
+        let (Some(channel), Some(sub)) = (self.name.take(), self.subscriber.upgrade()) else {
             return;
         };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

@@ -670,11 +670,7 @@ pub async fn backend_contract<H: Harness>(h: &H) {
         owner: "contract-owner".into(),
         kind: LockKind::Mutex,
     };
-    let req = |lease| AcquireRequest {
-        key: key.clone(),
-        lease,
-        lost: LostSignal::new(),
-    };
+    let req = |lease| AcquireRequest::new(key.clone(), lease, LostSignal::new());
     let b = a.backend();
     let t1 = match b
         .acquire(&req(Duration::from_secs(10)))
@@ -693,14 +689,14 @@ pub async fn backend_contract<H: Harness>(h: &H) {
         other => panic!("no re-entry: {other:?}"),
     };
     assert_eq!(t1, t2);
-    let other = AcquireRequest {
-        key: HoldKey {
+    let other = AcquireRequest::new(
+        HoldKey {
             owner: "someone-else".into(),
             ..key.clone()
         },
-        lease: Duration::from_secs(1),
-        lost: LostSignal::new(),
-    };
+        Duration::from_secs(1),
+        LostSignal::new(),
+    );
     match b.acquire(&other).await.expect("acquire") {
         AcquireReply::Held { ttl } => {
             if h.caps().lease_expiry {
