@@ -17,16 +17,46 @@ use tokio::runtime::Runtime;
 #[derive(Clone, Debug)]
 pub struct Client {
     inner: crate::Client,
-    rt: Arc<Runtime>,
+    rt: Arc<Rt>,
 }
 
-fn block_on<F: Future>(rt: &Runtime, f: F) -> Result<F::Output> {
+/// The owned runtime. On drop it gives queued background releases a moment to finish, and it
+/// never panics, even when dropped inside an async context.
+#[derive(Debug)]
+struct Rt(Option<Runtime>);
+
+impl std::ops::Deref for Rt {
+    type Target = Runtime;
+    fn deref(&self) -> &Runtime {
+        // Always Some until Drop.
+        self.0.as_ref().expect("runtime present until drop")
+    }
+}
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                rt.shutdown_background();
+            } else {
+                rt.shutdown_timeout(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+fn in_async_context() -> Result<()> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return Err(Error::Runtime(
             "the blocking dlock API was called from inside an async runtime; use the async API there"
                 .into(),
         ));
     }
+    Ok(())
+}
+
+fn block_on<F: Future>(rt: &Runtime, f: F) -> Result<F::Output> {
+    in_async_context()?;
     Ok(rt.block_on(f))
 }
 
@@ -38,12 +68,14 @@ impl Client {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<crate::Client>>,
     {
+        in_async_context()?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("dlock-blocking")
             .enable_all()
             .build()
             .map_err(|e| Error::Runtime(format!("cannot start the dlock runtime: {e}")))?;
+        let rt = Rt(Some(rt));
         let inner = block_on(&rt, connect())??;
         Ok(Client {
             inner,
@@ -74,7 +106,7 @@ impl Client {
 #[derive(Clone, Debug)]
 pub struct Lock {
     inner: crate::Lock,
-    rt: Arc<Runtime>,
+    rt: Arc<Rt>,
 }
 
 impl Lock {
@@ -92,6 +124,11 @@ impl Lock {
             inner: self.inner.lease(lease)?,
             rt: self.rt,
         })
+    }
+
+    /// The owner id acquisitions through this handle use.
+    pub fn owner_id(&self) -> &str {
+        self.inner.owner()
     }
 
     /// See [`crate::Lock::try_acquire`].
@@ -125,7 +162,7 @@ impl Lock {
 #[derive(Debug)]
 pub struct LockGuard {
     inner: Option<crate::LockGuard>,
-    rt: Arc<Runtime>,
+    rt: Arc<Rt>,
 }
 
 impl LockGuard {
