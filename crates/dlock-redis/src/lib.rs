@@ -44,6 +44,7 @@ use std::time::Duration;
 struct UrlExtras {
     namespace: Option<String>,
     wait_replicas: Option<(u32, Duration)>,
+    ca_file: Option<String>,
 }
 
 /// The Redis backend. Build it with [`RedisBackend::connect`] (or through `dlock::connect`).
@@ -66,9 +67,10 @@ fn parse_url(url: &str) -> Result<(String, String, UrlExtras)> {
     let mut u = url::Url::parse(url).map_err(|e| bad(format!("{e}")))?;
     match u.scheme() {
         "redis" => {}
+        "rediss" if cfg!(feature = "tls") => {}
         "rediss" => {
             return Err(bad(
-                "rediss:// (TLS) needs dlock built with the `tls` feature of dlock-redis".into(),
+                "rediss:// (TLS) needs dlock built with the `tls` feature (dlock = { features = [\"tls\"] })".into(),
             ))
         }
         s => return Err(bad(format!("scheme `{s}` is not redis://"))),
@@ -100,10 +102,11 @@ fn parse_url(url: &str) -> Result<(String, String, UrlExtras)> {
             "wait_timeout" => {
                 wait_timeout = dlock_core::parse_duration(&v).map_err(|e| bad(e.to_string()))?
             }
+            "ca_file" if u.scheme() == "rediss" => extras.ca_file = Some(v.into_owned()),
             "protocol" => keep.push((k.into_owned(), v.into_owned())),
             other => {
                 return Err(bad(format!(
-                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol)"
+                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol; ca_file with rediss://)"
                 )))
             }
         }
@@ -124,6 +127,35 @@ fn parse_url(url: &str) -> Result<(String, String, UrlExtras)> {
     Ok((u.to_string(), format!("{host}:{port}"), extras))
 }
 
+fn open_client(url: &str, driver_url: &str, ca_file: Option<&str>) -> Result<redis::Client> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: redact(url),
+        reason,
+    };
+    #[cfg(feature = "tls")]
+    if driver_url.starts_with("rediss:") {
+        // Several rustls providers may be compiled in; pick ring unless the program chose.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root_cert = match ca_file {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| invalid(format!("cannot read the CA file `{path}`: {e}")))?,
+            ),
+            None => None,
+        };
+        return redis::Client::build_with_tls(
+            driver_url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert,
+            },
+        )
+        .map_err(|e| invalid(e.to_string()));
+    }
+    let _ = ca_file;
+    redis::Client::open(driver_url).map_err(|e| invalid(e.to_string()))
+}
+
 /// The URL with its password replaced by `***`.
 pub fn redact(url: &str) -> String {
     match url::Url::parse(url) {
@@ -140,10 +172,7 @@ impl RedisBackend {
     /// Connects to the Redis server at `url`, checks credentials and loads the scripts.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         let (driver_url, endpoint, extras) = parse_url(url)?;
-        let client = redis::Client::open(driver_url.as_str()).map_err(|e| Error::InvalidUrl {
-            url: redact(url),
-            reason: e.to_string(),
-        })?;
+        let client = open_client(url, &driver_url, extras.ca_file.as_deref())?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.get_connect_timeout()))
             .set_response_timeout(Some(opts.get_op_timeout()))
@@ -468,12 +497,13 @@ mod tests {
             "http://h:1",
             "redis://h/x",
             "redis://h?nope=1",
-            "rediss://h",
+            "redis://h?ca_file=/x",
             "redis://h?wait_replicas=x",
             "not a url",
         ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
+        assert_eq!(parse_url("rediss://h").is_ok(), cfg!(feature = "tls"));
         let e = parse_url("redis://u:secret@h/x").unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
         assert_eq!(redact("redis://u:secret@h:1"), "redis://u:***@h:1");

@@ -47,12 +47,14 @@ mod redis;
 mod resp;
 mod spawn;
 mod tempdir;
+mod tls;
 
 pub use error::{Error, Result};
 pub use proxy::DelayProxy;
 pub use redis::{RedisOptions, RedisServer, REDIS_SERVER_ENV};
 pub use resp::Reply;
 pub use tempdir::TempDir;
+pub use tls::TestCerts;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 

@@ -53,6 +53,8 @@ pub struct RedisServer {
     port: u16,
     child: Mutex<Option<Child>>,
     dir: TempDir,
+    /// Certificates and TLS port, for servers made by [`RedisServer::start_tls`].
+    tls: Option<(crate::TestCerts, u16)>,
 }
 
 /// Why one launch attempt failed.
@@ -102,6 +104,7 @@ impl RedisServer {
                         port,
                         child: Mutex::new(Some(child)),
                         dir,
+                        tls: None,
                     })
                 }
                 Err(Attempt::Retry(e)) => last = Some(e),
@@ -112,6 +115,38 @@ impl RedisServer {
             what: "redis-server".into(),
             detail: "no start attempt was made".into(),
         }))
+    }
+
+    /// Starts a server that also serves TLS on a second free port, with a fresh test CA.
+    /// [`tls_url`](Self::tls_url) is the `rediss://` URL (with `ca_file=` pointing at the CA);
+    /// the plain port stays open for [`command`](Self::command).
+    pub fn start_tls() -> Result<Self> {
+        let certs = crate::TestCerts::generate()?;
+        let tls_port = try_free_port()?;
+        let mut opts = RedisOptions::default();
+        opts.extra_args.extend([
+            "--tls-port".to_string(),
+            tls_port.to_string(),
+            "--tls-cert-file".to_string(),
+            certs.cert().display().to_string(),
+            "--tls-key-file".to_string(),
+            certs.key().display().to_string(),
+            "--tls-ca-cert-file".to_string(),
+            certs.ca().display().to_string(),
+            "--tls-auth-clients".to_string(),
+            "no".to_string(),
+        ]);
+        let mut server = Self::start_with(opts)?;
+        server.tls = Some((certs, tls_port));
+        Ok(server)
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT?ca_file=CA` for servers made by
+    /// [`start_tls`](Self::start_tls); `None` otherwise.
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls.as_ref().map(|(certs, port)| {
+            format!("rediss://127.0.0.1:{port}?ca_file={}", certs.ca().display())
+        })
     }
 
     /// The TCP port the server listens on (stable across [`restart`](Self::restart)).
