@@ -140,7 +140,6 @@ pub enum AcquireReply {
 
 /// Result of releasing one hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use]
 pub enum ReleaseOutcome {
     /// The lock is free now.
     Released,

@@ -1,0 +1,35 @@
+//! Take a lock, use its fencing token, stop work if the lock is lost, release it.
+//!
+//! `cargo run -p dlock --example basic` (embedded file backend), or
+//! `DLOCK_BACKEND=redis://127.0.0.1:6379 cargo run -p dlock --example basic`.
+
+use std::time::Duration;
+
+#[tokio::main]
+async fn main() -> dlock::Result<()> {
+    let url = std::env::var("DLOCK_BACKEND").unwrap_or_else(|_| dlock::DEFAULT_BACKEND.into());
+    let client = dlock::connect(&url).await?;
+
+    let lock = client.lock("example:stock:sku-42")?;
+    let guard = lock.acquire_timeout(Duration::from_secs(10)).await?;
+    println!(
+        "holding `{}` with fencing token {}",
+        guard.name(),
+        guard.fencing_token()
+    );
+
+    tokio::select! {
+        reason = guard.lost() => {
+            // The watchdog could not keep the lock: stop touching the resource.
+            eprintln!("lost the lock: {reason}");
+            return Ok(());
+        }
+        _ = tokio::time::sleep(Duration::from_millis(200)) => {
+            // ... the critical section: read, check, write (passing the token along) ...
+        }
+    }
+
+    let outcome = guard.release().await?;
+    println!("released: {outcome:?}");
+    Ok(())
+}

@@ -1,0 +1,19 @@
+//! The blocking API, for code without an async runtime: a nightly job that must run once.
+//!
+//! `cargo run -p dlock --example blocking`
+
+use std::time::Duration;
+
+fn main() -> dlock::Result<()> {
+    let url = std::env::var("DLOCK_BACKEND").unwrap_or_else(|_| dlock::DEFAULT_BACKEND.into());
+    let client = dlock::blocking::connect(&url)?;
+    match client.lock("example:nightly-report")?.try_acquire()? {
+        Some(guard) => {
+            println!("running the report (token {})", guard.fencing_token());
+            std::thread::sleep(Duration::from_millis(100));
+            guard.release()?;
+        }
+        None => println!("another process is running the report; nothing to do"),
+    }
+    Ok(())
+}
