@@ -403,3 +403,73 @@ async fn replica_confirmation_with_wait() {
         "grant not given back"
     );
 }
+
+/// Waiters are served in arrival order, each woken alone: the holder's release hands the lock
+/// to the oldest waiter, and nobody else retries (no herd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_fifo_without_a_herd() {
+    let server = RedisServer::start().expect("redis");
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(30));
+    let (holder, _) = client_for(&server.url(), opts.clone()).await;
+    let name = unique_name("fifo");
+    let g = holder
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    let n = 8;
+    for i in 0..n {
+        let (c, _) = client_for(&server.url(), opts.clone()).await;
+        let (lock_name, order) = (name.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let g = c
+                .lock(&lock_name)
+                .expect("lock")
+                .acquire_timeout(Duration::from_secs(20))
+                .await
+                .expect("acquire");
+            order.lock().expect("order").push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            g.release().await.expect("release");
+        }));
+        // Queue them one after the other.
+        let t = Instant::now();
+        while server
+            .command(&["ZCARD", &format!("dlock:{{{name}}}:queue")])
+            .expect("zcard")
+            != (i + 1).to_string()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "waiter {i} never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    server.command(&["CONFIG", "RESETSTAT"]).expect("resetstat");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    for w in waiters {
+        w.await.expect("join");
+    }
+    assert_eq!(*order.lock().expect("order"), (0..n).collect::<Vec<_>>());
+    let info = server.command(&["INFO", "commandstats"]).expect("info");
+    let evalsha = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse::<u64>().ok())
+        .expect("evalsha stats");
+    // One release per holder (9) and nothing else: each handoff needs no attempt from the
+    // waiter. Allow heartbeats (one per waiter per second) in case the machine is slow.
+    assert!(
+        evalsha <= 9 + 2 * n as u64,
+        "too many script calls: {evalsha} (herd?)"
+    );
+}
