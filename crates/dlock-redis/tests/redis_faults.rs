@@ -473,3 +473,47 @@ async fn waiters_are_served_fifo_without_a_herd() {
         "too many script calls: {evalsha} (herd?)"
     );
 }
+
+/// A waiter that gives up (deadline or dropped future) leaves the queue at once, and a lock
+/// handed to it meanwhile is passed on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_give_up_leave_the_queue() {
+    let server = RedisServer::start().expect("redis");
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(30));
+    let (a, _) = client_for(&server.url(), opts.clone()).await;
+    let (b, _) = client_for(&server.url(), opts.clone()).await;
+    let name = unique_name("giveup");
+    let zcard = || {
+        server
+            .command(&["ZCARD", &format!("dlock:{{{name}}}:queue")])
+            .expect("zcard")
+    };
+    let g = a
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let err = b
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_millis(300))
+        .await
+        .expect_err("held");
+    assert!(err.is_timeout());
+    let lock_b = b.lock(&name).expect("lock");
+    let r = tokio::time::timeout(Duration::from_millis(300), lock_b.acquire()).await;
+    assert!(r.is_err());
+    let t = Instant::now();
+    while zcard() != "0" {
+        assert!(t.elapsed() < Duration::from_secs(3), "queue not emptied");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The holder's release finds nobody to hand to: the lock is free.
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let info = a.inspect(&name).await.expect("inspect");
+    assert!(!info.held(), "{info:?}");
+}
