@@ -1,7 +1,13 @@
 //! `dlock`: run a command under a distributed lock, inspect locks.
 
+mod bench;
 mod inspect;
+mod progress;
 mod run;
+mod seckill;
+mod stats;
+mod store;
+mod timeline;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -25,6 +31,14 @@ enum Command {
     Run(run::RunArgs),
     /// Show who holds a lock, its remaining lease and its last fencing token.
     Inspect(inspect::InspectArgs),
+    /// The flash-sale experiment: buyers in several processes race for a small stock, with
+    /// no lock, a local lock, optimistic versions, trylock and lock; shows who oversells.
+    Seckill(seckill::SeckillArgs),
+    /// Measure lock latency and throughput (uncontended, contended).
+    Bench(bench::BenchArgs),
+    /// One worker process of `dlock seckill` (started by it; not for direct use).
+    #[command(name = "__seckill-worker", hide = true)]
+    SeckillWorker(seckill::worker::WorkerArgs),
 }
 
 /// Exit code when the lock was not acquired within `--wait` (EX_TEMPFAIL).
@@ -51,6 +65,9 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(&cli.backend, args).await,
             Command::Inspect(args) => inspect::inspect(&cli.backend, args).await,
+            Command::Seckill(args) => seckill::seckill(&cli.backend, args).await,
+            Command::Bench(args) => bench::bench(&cli.backend, args).await,
+            Command::SeckillWorker(args) => seckill::worker::worker(&cli.backend, args).await,
         }
     });
     // Give background releases (dropped guards) a moment to finish.
