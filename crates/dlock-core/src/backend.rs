@@ -31,16 +31,29 @@ use std::time::{Duration, Instant};
 
 /// What kind of lock is asked for. Backends return [`Error::Unsupported`](crate::Error::Unsupported)
 /// for kinds they do not implement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum LockKind {
     /// Exclusive, reentrant lock.
+    #[default]
     Mutex,
     /// The shared side of a read-write lock: many owners at once, none while a writer holds it
     /// (except the writer itself, which may also take the read side: a downgrade).
     Read,
     /// The exclusive side of a read-write lock.
     Write,
+    /// Exclusive, reentrant, and first come first served: a free lock goes to the oldest
+    /// waiter, never to a newcomer.
+    Fair,
+    /// `permits` permits of a counting semaphore of `limit` permits. Every acquisition is its
+    /// own hold with its own lease.
+    Semaphore {
+        /// Permits this hold takes.
+        permits: u32,
+        /// Permits the semaphore has when it is first used (see
+        /// [`Backend::set_permits`] to change it).
+        limit: u32,
+    },
 }
 
 impl LockKind {
@@ -50,6 +63,8 @@ impl LockKind {
             LockKind::Mutex => "mutex",
             LockKind::Read => "read",
             LockKind::Write => "write",
+            LockKind::Fair => "fair",
+            LockKind::Semaphore { .. } => "semaphore",
         }
     }
 }
@@ -174,18 +189,20 @@ pub enum RenewOutcome {
 }
 
 /// One holder of a lock, as reported by [`Backend::inspect`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HolderInfo {
     /// Owner id.
     pub owner: String,
-    /// Re-entrant hold count.
+    /// Re-entrant hold count (for a semaphore: the permits this acquisition holds).
     pub count: u32,
     /// Remaining lease, if the server knows it.
     pub lease_left: Option<Duration>,
+    /// For a read-write lock: [`LockKind::Read`] or [`LockKind::Write`]; `None` otherwise.
+    pub side: Option<LockKind>,
 }
 
 /// State of one lock, as seen by the server right now.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LockInfo {
     /// Lock name.
     pub name: String,
@@ -193,12 +210,21 @@ pub struct LockInfo {
     pub holders: Vec<HolderInfo>,
     /// Last fencing token issued for this name (0 if none ever was).
     pub fencing_token: u64,
+    /// Live waiters queued on the server, when the backend keeps a queue.
+    pub waiters: Option<u32>,
+    /// For a semaphore: its permit count.
+    pub permits: Option<u32>,
 }
 
 impl LockInfo {
     /// True when someone holds the lock.
     pub fn held(&self) -> bool {
         !self.holders.is_empty()
+    }
+
+    /// Permits in use (the sum of the holders' counts), for a semaphore.
+    pub fn permits_in_use(&self) -> u32 {
+        self.holders.iter().map(|h| h.count).sum()
     }
 }
 
@@ -261,4 +287,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The lock's current state.
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
+
+    /// Sets the number of permits of semaphore `name` (permits already held stay held; if
+    /// more are held than the new count, new acquisitions wait until enough are returned).
+    async fn set_permits(&self, _name: &str, _permits: u32) -> Result<()> {
+        Err(crate::Error::unsupported(self.kind(), "semaphores"))
+    }
 }

@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use crate::hold::{KeeperMsg, Shared};
 use crate::lock::Lock;
 use crate::options::ClientOptions;
+use crate::semaphore::{MultiLock, Semaphore};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,11 +76,7 @@ impl Client {
     /// holds control characters.
     pub fn lock(&self, name: &str) -> Result<Lock> {
         crate::name::validate_name(name)?;
-        let owner = format!(
-            "{}:{}",
-            self.id,
-            self.next_handle.fetch_add(1, Ordering::Relaxed)
-        );
+        let owner = format!("{}:{}", self.id, self.next_seq());
         Ok(Lock::new(self.clone(), name, owner, LockKind::Mutex))
     }
 
@@ -93,6 +90,32 @@ impl Client {
         Ok(RwLock { read, write })
     }
 
+    /// A handle on the fair lock `name`: like [`Client::lock`], and first come first served
+    /// across processes (a free lock goes to the oldest waiter). Backends without fair locks
+    /// return [`Error::Unsupported`] on acquire.
+    pub fn fair_lock(&self, name: &str) -> Result<Lock> {
+        let lock = self.lock(name)?;
+        Ok(Lock::new(
+            self.clone(),
+            name,
+            lock.owner().to_owned(),
+            LockKind::Fair,
+        ))
+    }
+
+    /// A handle on the counting semaphore `name` with `permits` permits (the count is set on
+    /// the server by the first user; change it with [`Semaphore::set_permits`]).
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        let lock = self.lock(name)?;
+        Semaphore::new(self.clone(), name, lock.owner().to_owned(), permits)
+    }
+
+    /// Several locks taken together, all or nothing, in a canonical order (sorted names) so
+    /// that two clients taking overlapping sets in different orders never deadlock.
+    pub fn multi_lock(&self, names: &[&str]) -> Result<MultiLock> {
+        MultiLock::new(self, names)
+    }
+
     /// What the server knows about the mutex `name` right now.
     pub async fn inspect(&self, name: &str) -> Result<LockInfo> {
         self.inspect_kind(name, LockKind::Mutex).await
@@ -104,6 +127,10 @@ impl Client {
         crate::name::validate_name(name)?;
         let backend = &self.shared.backend;
         crate::backoff::retry(self.shared.opts.retry, || backend.inspect(name, kind)).await
+    }
+
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
 
     /// This client's id: the prefix of every default owner id it makes

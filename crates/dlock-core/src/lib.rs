@@ -15,6 +15,7 @@ mod lock;
 mod lost;
 mod name;
 mod options;
+mod semaphore;
 pub mod wait;
 
 pub use backend::{
@@ -33,6 +34,7 @@ pub use name::{validate_name, validate_owner, MAX_NAME_LEN, MAX_OWNER_LEN};
 pub use options::{
     check_lease, check_watchdog_lease, ClientOptions, MAX_LEASE, MIN_WATCHDOG_LEASE,
 };
+pub use semaphore::{MultiGuard, MultiLock, Semaphore, MAX_PERMITS};
 
 /// `async_trait`, re-exported for backend implementations.
 pub use async_trait::async_trait;

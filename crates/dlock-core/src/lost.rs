@@ -80,6 +80,11 @@ impl LostSignal {
         self.inner.token.cancelled().await;
         self.reason().unwrap_or(LostReason::NotHeld)
     }
+
+    /// Like [`LostSignal::lost`], owning its signal (a `'static` future).
+    pub async fn lost_owned(self) -> LostReason {
+        self.lost().await
+    }
 }
 
 impl fmt::Debug for LostSignal {

@@ -690,8 +690,10 @@ impl Inner {
                         owner: h.owner.to_string(),
                         count: h.count,
                         lease_left: None,
+                        ..Default::default()
                     }],
                     fencing_token: h.token,
+                    ..Default::default()
                 }));
             }
         }
@@ -701,6 +703,7 @@ impl Inner {
                 name: name.to_owned(),
                 holders: Vec::new(),
                 fencing_token: 0,
+                ..Default::default()
             }));
         };
         let free = sys::try_lock(&file, sys::Mode::Shared)
@@ -714,6 +717,7 @@ impl Inner {
                 name: name.to_owned(),
                 holders: Vec::new(),
                 fencing_token: rec.token,
+                ..Default::default()
             }));
         }
         // Held by another process, which may be writing the record right now.
@@ -727,6 +731,7 @@ impl Inner {
                 owner: h.owner,
                 count: h.count,
                 lease_left: None,
+                ..Default::default()
             },
             None if !last_try => return Ok(None),
             // Locked but no holder line: a process between locking and writing, or another
@@ -736,12 +741,14 @@ impl Inner {
                     .into(),
                 count: 1,
                 lease_left: None,
+                ..Default::default()
             },
         };
         Ok(Some(LockInfo {
             name: name.to_owned(),
             holders: vec![holder],
             fencing_token: rec.token,
+            ..Default::default()
         }))
     }
 }

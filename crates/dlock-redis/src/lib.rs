@@ -249,14 +249,61 @@ impl RedisBackend {
         format!("{}:{{{}}}:handoff", self.namespace, name)
     }
 
+    /// Keys of a read-write lock: holds, fence, queue, waiter data, hold expiries.
+    fn rw_keys(&self, name: &str) -> [String; 5] {
+        let ns = &self.namespace;
+        [
+            format!("{ns}:{{{name}}}:rw"),
+            format!("{ns}:{{{name}}}:fence"),
+            format!("{ns}:{{{name}}}:rw:queue"),
+            format!("{ns}:{{{name}}}:rw:waiters"),
+            format!("{ns}:{{{name}}}:rw:exp"),
+        ]
+    }
+
+    /// Keys of a semaphore: holds, fence, queue, waiter data, hold expiries, permit count.
+    fn sem_keys(&self, name: &str) -> [String; 6] {
+        let ns = &self.namespace;
+        [
+            format!("{ns}:{{{name}}}:sem"),
+            format!("{ns}:{{{name}}}:fence"),
+            format!("{ns}:{{{name}}}:sem:queue"),
+            format!("{ns}:{{{name}}}:sem:waiters"),
+            format!("{ns}:{{{name}}}:sem:exp"),
+            format!("{ns}:{{{name}}}:sem:limit"),
+        ]
+    }
+
+    /// The release-side script call for `key` in `mode` (`release` or `giveup`).
+    fn release_cmd(&self, key: &HoldKey, mode: &str) -> Result<redis::Cmd> {
+        let channel = self.channel(&key.name);
+        Ok(match family(key.kind)? {
+            Family::Mutex { .. } => {
+                let keys = self.keys(&key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                self.scripts
+                    .release
+                    .cmd(&keys, &[&key.owner, &channel, mode])
+            }
+            Family::Rw { side } => {
+                let keys = self.rw_keys(&key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                self.scripts
+                    .rw_release
+                    .cmd(&keys, &[&key.owner, &channel, mode, side])
+            }
+            Family::Sem { .. } => {
+                let keys = self.sem_keys(&key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                self.scripts
+                    .sem_release
+                    .cmd(&keys, &[&key.owner, &channel, mode, ""])
+            }
+        })
+    }
+
     async fn run_release(&self, key: &HoldKey, mode: &str) -> Result<(i64, i64)> {
-        self.check_kind(key.kind)?;
-        let keys = self.keys(&key.name);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let cmd = self
-            .scripts
-            .release
-            .cmd(&keys, &[&key.owner, &self.channel(&key.name), mode]);
+        let cmd = self.release_cmd(key, mode)?;
         let mut con = self.con.clone();
         let v = scripts::eval(&mut con, &self.scripts, &cmd)
             .await
@@ -283,17 +330,6 @@ impl RedisBackend {
             .map_err(|e| self.err(e))
     }
 
-    fn check_kind(&self, kind: LockKind) -> Result<()> {
-        match kind {
-            LockKind::Mutex => Ok(()),
-
-            other => Err(Error::unsupported(
-                KIND,
-                format!("lock kind {}", other.as_str()),
-            )),
-        }
-    }
-
     async fn confirm_replicas(&self, key: &HoldKey) -> Result<()> {
         let Some((n, timeout)) = self.wait_replicas else {
             return Ok(());
@@ -318,6 +354,30 @@ impl RedisBackend {
             ),
         })
     }
+}
+
+/// Which scripts and keys a lock kind uses.
+enum Family {
+    Mutex { fair: bool },
+    Rw { side: &'static str },
+    Sem { permits: u32, limit: u32 },
+}
+
+fn family(kind: LockKind) -> Result<Family> {
+    Ok(match kind {
+        LockKind::Mutex => Family::Mutex { fair: false },
+        LockKind::Fair => Family::Mutex { fair: true },
+        LockKind::Read => Family::Rw { side: "r" },
+        LockKind::Write => Family::Rw { side: "w" },
+        LockKind::Semaphore { permits, limit } => Family::Sem { permits, limit },
+        #[allow(unreachable_patterns)]
+        other => {
+            return Err(Error::unsupported(
+                KIND,
+                format!("lock kind {}", other.as_str()),
+            ))
+        }
+    })
 }
 
 fn int(v: &Value) -> Option<i64> {
@@ -354,19 +414,45 @@ impl Backend for RedisBackend {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.check_kind(req.key.kind)?;
-        let keys = self.keys(&req.key.name);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let waiter_ttl = req.waiter_ttl.map_or(0, |t| t.as_millis().max(1) as u64);
-        let cmd = self.scripts.acquire.cmd(
-            &keys,
-            &[
-                &req.key.owner,
-                &lease_ms(req.lease),
-                &waiter_ttl.to_string(),
-                if req.queued { "1" } else { "0" },
-            ],
-        );
+        let waiter_ttl = req
+            .waiter_ttl
+            .map_or(0, |t| t.as_millis().max(1) as u64)
+            .to_string();
+        let lease = lease_ms(req.lease);
+        let queued = if req.queued { "1" } else { "0" };
+        let owner: &str = &req.key.owner;
+        let cmd = match family(req.key.kind)? {
+            Family::Mutex { fair } => {
+                let keys = self.keys(&req.key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let fair = if fair { "1" } else { "0" };
+                self.scripts
+                    .acquire
+                    .cmd(&keys, &[owner, &lease, &waiter_ttl, queued, fair])
+            }
+            Family::Rw { side } => {
+                let keys = self.rw_keys(&req.key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                self.scripts
+                    .rw_acquire
+                    .cmd(&keys, &[owner, &lease, &waiter_ttl, queued, side])
+            }
+            Family::Sem { permits, limit } => {
+                let keys = self.sem_keys(&req.key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                self.scripts.sem_acquire.cmd(
+                    &keys,
+                    &[
+                        owner,
+                        &lease,
+                        &waiter_ttl,
+                        queued,
+                        &permits.to_string(),
+                        &limit.to_string(),
+                    ],
+                )
+            }
+        };
         let mut con = self.con.clone();
         let v = scripts::eval(&mut con, &self.scripts, &cmd)
             .await
@@ -381,6 +467,11 @@ impl Backend for RedisBackend {
             (0, pttl) => Ok(AcquireReply::Held {
                 ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
             }),
+            (-1, _) => Err(Error::invalid(format!(
+                "owner `{}` holds the read side of `{}` and asked for the write side: an upgrade \
+                 would deadlock with other readers doing the same; release the read lock first",
+                req.key.owner, req.key.name
+            ))),
             _ => Err(shape("acquire", &v)),
         }
     }
@@ -419,11 +510,26 @@ impl Backend for RedisBackend {
         }
         let mut pipe = redis::pipe();
         for (key, lease) in holds {
-            self.check_kind(key.kind)?;
-            pipe.add_command(self.scripts.renew.cmd(
-                &[&self.lock_key(&key.name), &self.handoff_key(&key.name)],
-                &[&key.owner, &lease_ms(*lease)],
-            ));
+            let lease = lease_ms(*lease);
+            let cmd = match family(key.kind)? {
+                Family::Mutex { .. } => self.scripts.renew.cmd(
+                    &[&self.lock_key(&key.name), &self.handoff_key(&key.name)],
+                    &[&key.owner, &lease],
+                ),
+                Family::Rw { side } => {
+                    let [holds, _, _, _, exp] = self.rw_keys(&key.name);
+                    self.scripts
+                        .expiring_renew
+                        .cmd(&[&holds, &exp], &[&format!("{side}:{}", key.owner), &lease])
+                }
+                Family::Sem { .. } => {
+                    let [holds, _, _, _, exp, _] = self.sem_keys(&key.name);
+                    self.scripts
+                        .expiring_renew
+                        .cmd(&[&holds, &exp], &[&key.owner, &lease])
+                }
+            };
+            pipe.add_command(cmd);
         }
         let mut con = self.con.clone();
         let vals = scripts::eval_pipe(&mut con, &self.scripts, &pipe)
@@ -439,27 +545,105 @@ impl Backend for RedisBackend {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.check_kind(kind)?;
-        let key = self.lock_key(name);
+        let fam = family(kind)?;
+        // Holds, their expiries (or the hash's PTTL), the fence, the queue, the server clock.
+        let (holds_key, exp_key, queue_key, waiters_key, limit_key) = match fam {
+            Family::Mutex { .. } => {
+                let [h, _, q, w, _] = self.keys(name);
+                (h, None, q, w, None)
+            }
+            Family::Rw { .. } => {
+                let [h, _, q, w, e] = self.rw_keys(name);
+                (h, Some(e), q, w, None)
+            }
+            Family::Sem { .. } => {
+                let [h, _, q, w, e, l] = self.sem_keys(name);
+                (h, Some(e), q, w, Some(l))
+            }
+        };
         let mut pipe = redis::pipe();
-        pipe.cmd("HGETALL")
-            .arg(&key)
-            .cmd("PTTL")
-            .arg(&key)
-            .cmd("GET")
-            .arg(self.fence_key(name));
+        pipe.cmd("HGETALL").arg(&holds_key);
+        pipe.cmd("PTTL").arg(&holds_key);
+        pipe.cmd("GET").arg(self.fence_key(name));
+        pipe.cmd("HGETALL").arg(&waiters_key);
+        pipe.cmd("ZRANGE").arg(&queue_key).arg(0).arg(-1);
+        pipe.cmd("TIME");
+        if let Some(e) = &exp_key {
+            pipe.cmd("ZRANGE").arg(e).arg(0).arg(-1).arg("WITHSCORES");
+        }
+        if let Some(l) = &limit_key {
+            pipe.cmd("GET").arg(l);
+        }
         let mut con = self.con.clone();
-        let (fields, pttl, fence): (Vec<(String, String)>, i64, Option<String>) =
-            pipe.query_async(&mut con).await.map_err(|e| self.err(e))?;
-        let lease_left = (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
-        let holders = fields
-            .into_iter()
-            .map(|(owner, count)| HolderInfo {
-                owner,
-                count: count.parse().unwrap_or(0),
-                lease_left,
-            })
+        let mut vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| self.err(e))?;
+        // Same shape for every family: no expiries (the hash's PTTL counts) and no limit.
+        if exp_key.is_none() {
+            vals.push(Value::Array(Vec::new()));
+        }
+        if limit_key.is_none() {
+            vals.push(Value::Nil);
+        }
+        let bad = |what: &str| Error::UnexpectedReply {
+            backend: KIND,
+            message: format!("inspect of `{name}`: unexpected {what}"),
+        };
+        let [fields, pttl, fence, waiters, queue, time, exps, limit]: [Value; 8] =
+            vals.try_into().map_err(|_| bad("number of replies"))?;
+        let fields: Vec<(String, String)> =
+            redis::from_redis_value(fields).map_err(|_| bad("holders"))?;
+        let pttl: i64 = redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?;
+        let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
+        let exps: Vec<(String, f64)> =
+            redis::from_redis_value(exps).map_err(|_| bad("expiries"))?;
+        let waiters: Vec<(String, String)> =
+            redis::from_redis_value(waiters).map_err(|_| bad("waiters"))?;
+        let queue: Vec<String> = redis::from_redis_value(queue).map_err(|_| bad("queue"))?;
+        let limit: Option<u32> = redis::from_redis_value(limit).map_err(|_| bad("permits"))?;
+        let (secs, micros): (String, String) =
+            redis::from_redis_value(time).map_err(|_| bad("TIME"))?;
+        let now_ms =
+            secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
+        let expiry: std::collections::HashMap<String, u64> =
+            exps.into_iter().map(|(m, s)| (m, s as u64)).collect();
+        let left = |member: &str| -> Option<Duration> {
+            match expiry.get(member) {
+                Some(&e) => Some(Duration::from_millis(e.saturating_sub(now_ms))),
+                None => (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            }
+        };
+        let mut holders = Vec::new();
+        for (field, count) in &fields {
+            if field.starts_with("t:") {
+                continue;
+            }
+            let count = count.parse().unwrap_or(0);
+            let (owner, side) = match fam {
+                Family::Rw { .. } => match field.split_at_checked(2) {
+                    Some(("r:", o)) => (o, Some(LockKind::Read)),
+                    Some(("w:", o)) => (o, Some(LockKind::Write)),
+                    _ => continue,
+                },
+                _ => (field.as_str(), None),
+            };
+            // Holds past their own expiry are gone, whether or not a script pruned them yet.
+            if expiry.get(field).is_some_and(|&e| e <= now_ms) {
+                continue;
+            }
+            holders.push(HolderInfo {
+                owner: owner.to_owned(),
+                count,
+                lease_left: left(field),
+                side,
+            });
+        }
+        let live: std::collections::HashMap<&str, u64> = waiters
+            .iter()
+            .filter_map(|(m, d)| Some((m.as_str(), d.split(':').next()?.parse().ok()?)))
             .collect();
+        let waiting = queue
+            .iter()
+            .filter(|m| live.get(m.as_str()).is_some_and(|&e| e > now_ms))
+            .count();
         let fencing_token = match fence {
             None => 0,
             Some(s) => s.parse().map_err(|_| Error::UnexpectedReply {
@@ -474,7 +658,34 @@ impl Backend for RedisBackend {
             name: name.to_owned(),
             holders,
             fencing_token,
+            waiters: Some(u32::try_from(waiting).unwrap_or(u32::MAX)),
+            permits: match fam {
+                Family::Sem { limit: l, .. } => Some(limit.unwrap_or(l)),
+                _ => None,
+            },
         })
+    }
+
+    async fn set_permits(&self, name: &str, permits: u32) -> Result<()> {
+        let key = HoldKey {
+            name: name.into(),
+            owner: "".into(),
+            kind: LockKind::Semaphore {
+                permits: 1,
+                limit: permits,
+            },
+        };
+        let keys = self.sem_keys(name);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let cmd = self.scripts.sem_release.cmd(
+            &keys,
+            &[&key.owner, &self.channel(name), "set", &permits.to_string()],
+        );
+        let mut con = self.con.clone();
+        scripts::eval(&mut con, &self.scripts, &cmd)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 }
 

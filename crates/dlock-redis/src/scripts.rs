@@ -31,11 +31,16 @@ impl Script {
     }
 }
 
-/// The three scripts of the reentrant mutex.
+/// The scripts: the reentrant (and fair) mutex, the read-write lock, the semaphore.
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
     pub(crate) renew: Script,
+    pub(crate) rw_acquire: Script,
+    pub(crate) rw_release: Script,
+    pub(crate) sem_acquire: Script,
+    pub(crate) sem_release: Script,
+    pub(crate) expiring_renew: Script,
 }
 
 impl Scripts {
@@ -44,13 +49,27 @@ impl Scripts {
             acquire: Script::new(include_str!("../scripts/acquire.lua")),
             release: Script::new(include_str!("../scripts/release.lua")),
             renew: Script::new(include_str!("../scripts/renew.lua")),
+            rw_acquire: Script::new(include_str!("../scripts/rw_acquire.lua")),
+            rw_release: Script::new(include_str!("../scripts/rw_release.lua")),
+            sem_acquire: Script::new(include_str!("../scripts/sem_acquire.lua")),
+            sem_release: Script::new(include_str!("../scripts/sem_release.lua")),
+            expiring_renew: Script::new(include_str!("../scripts/expiring_renew.lua")),
         }
     }
 
     /// Loads every script (one pipelined round trip).
     pub(crate) async fn load_all<C: ConnectionLike>(&self, con: &mut C) -> RedisResult<()> {
         let mut p = redis::pipe();
-        for s in [&self.acquire, &self.release, &self.renew] {
+        for s in [
+            &self.acquire,
+            &self.release,
+            &self.renew,
+            &self.rw_acquire,
+            &self.rw_release,
+            &self.sem_acquire,
+            &self.sem_release,
+            &self.expiring_renew,
+        ] {
             p.add_command(s.load_cmd()).ignore();
         }
         p.query_async::<()>(con).await

@@ -456,7 +456,15 @@ pub async fn drop_releases<H: Harness>(h: &H) {
         "drop did not release: {:?}",
         t.elapsed()
     );
-    assert_eq!(a.held_count(), 0);
+    // The background release finishes its bookkeeping right after the server call.
+    let t = Instant::now();
+    while a.held_count() != 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "the dropped hold is still tracked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     drop(g);
 }
 
@@ -717,6 +725,368 @@ pub async fn backend_contract<H: Harness>(h: &H) {
     assert_eq!(b.release(&key).await.expect("r"), ReleaseOutcome::Expired);
 }
 
+/// Tries `f`; if the backend answers `Unsupported`, checks the error is the typed one and
+/// returns `None` (the case is skipped, saying so).
+async fn supported<T>(case: &str, r: dlock_core::Result<T>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) if e.is_unsupported() => {
+            assert!(e.to_string().contains("not supported"), "{e}");
+            skip(case, &format!("the backend says: {e}"));
+            None
+        }
+        Err(e) => panic!("{case}: {e:?}"),
+    }
+}
+
+/// Readers share the lock, a writer excludes everyone: three readers must all be inside at
+/// once (a barrier only they can pass together), and no reader is ever inside with a writer.
+pub async fn rw_readers_share_writer_excludes<H: Harness>(h: &H) {
+    let name = unique_name("rw");
+    let a = h.client(fast_opts()).await;
+    let Some(g) = supported(
+        "rw",
+        a.rw_lock(&name).expect("rw").read().try_acquire().await,
+    )
+    .await
+    else {
+        return;
+    };
+    drop(g.expect("free"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let readers_in = Arc::new(AtomicU64::new(0));
+    let writers_in = Arc::new(AtomicU64::new(0));
+    let violations = Arc::new(AtomicU64::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(3));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let c = h.client(fast_opts()).await;
+        let (name, readers_in, writers_in, violations, barrier) = (
+            name.clone(),
+            readers_in.clone(),
+            writers_in.clone(),
+            violations.clone(),
+            barrier.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let rw = c.rw_lock(&name).expect("rw");
+            if i < 3 {
+                let g = rw
+                    .read()
+                    .acquire_timeout(Duration::from_secs(10))
+                    .await
+                    .expect("read");
+                readers_in.fetch_add(1, Ordering::SeqCst);
+                if writers_in.load(Ordering::SeqCst) > 0 {
+                    violations.fetch_add(1, Ordering::SeqCst);
+                }
+                // Only possible if all three readers hold the lock at the same time.
+                tokio::time::timeout(Duration::from_secs(10), barrier.wait())
+                    .await
+                    .expect("readers did not share the lock");
+                readers_in.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.expect("release");
+            } else {
+                for _ in 0..3 {
+                    let g = rw
+                        .write()
+                        .acquire_timeout(Duration::from_secs(20))
+                        .await
+                        .expect("write");
+                    if writers_in.fetch_add(1, Ordering::SeqCst) > 0
+                        || readers_in.load(Ordering::SeqCst) > 0
+                    {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    writers_in.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.expect("release");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(
+        violations.load(Ordering::SeqCst),
+        0,
+        "a writer overlapped another holder"
+    );
+}
+
+/// A writer may also take the read side (downgrade) without deadlock, and keep reading after
+/// it lets the write side go; write grants get strictly increasing fencing tokens.
+pub async fn rw_downgrade_and_tokens<H: Harness>(h: &H) {
+    let name = unique_name("rwdown");
+    let a = h.client(fast_opts()).await;
+    let b = h.client(fast_opts()).await;
+    let rw = a.rw_lock(&name).expect("rw");
+    let Some(w) = supported(
+        "rw_downgrade",
+        rw.write().acquire_timeout(Duration::from_secs(5)).await,
+    )
+    .await
+    else {
+        return;
+    };
+    let r = rw
+        .read()
+        .try_acquire()
+        .await
+        .expect("read")
+        .expect("downgrade");
+    let other = b.rw_lock(&name).expect("rw");
+    assert!(
+        other.read().try_acquire().await.expect("try").is_none(),
+        "reader passed a writer"
+    );
+    let t1 = w.fencing_token();
+    assert_eq!(
+        w.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // Now only our read hold remains: other readers may join, writers may not.
+    let r2 = other
+        .read()
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("reader after downgrade");
+    let third = h.client(fast_opts()).await;
+    let third = third.rw_lock(&name).expect("rw");
+    assert!(third.write().try_acquire().await.expect("try").is_none());
+    // A reader asking for the write side is refused at once (an upgrade could deadlock).
+    let err = other.write().try_acquire().await.expect_err("upgrade");
+    assert!(
+        matches!(err, dlock_core::Error::InvalidArgument(_)),
+        "{err:?}"
+    );
+    assert_eq!(
+        r.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        r2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let w2 = other
+        .write()
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("write");
+    assert!(w2.fencing_token() > t1);
+    assert_eq!(
+        w2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A stream of readers does not starve a waiting writer: once a writer waits, new readers
+/// wait behind it.
+pub async fn rw_writer_not_starved<H: Harness>(h: &H) {
+    let name = unique_name("rwstarve");
+    let a = h.client(fast_opts()).await;
+    let b = h.client(fast_opts()).await;
+    let c = h.client(fast_opts()).await;
+    let Some(r1) = supported(
+        "rw_writer_not_starved",
+        a.rw_lock(&name).expect("rw").read().try_acquire().await,
+    )
+    .await
+    else {
+        return;
+    };
+    let r1 = r1.expect("free");
+    let wlock = b.rw_lock(&name).expect("rw").write();
+    let writer = tokio::spawn(async move { wlock.acquire_timeout(Duration::from_secs(10)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = c
+        .rw_lock(&name)
+        .expect("rw")
+        .read()
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(late.is_none(), "a new reader passed a waiting writer");
+    assert_eq!(
+        r1.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let w = writer.await.expect("join").expect("writer got the lock");
+    assert_eq!(
+        w.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A fair lock serves waiters in arrival order.
+pub async fn fair_lock_fifo<H: Harness>(h: &H) {
+    let name = unique_name("fair");
+    let a = h.client(fast_opts()).await;
+    let Some(g) = supported(
+        "fair",
+        a.fair_lock(&name).expect("fair").try_acquire().await,
+    )
+    .await
+    else {
+        return;
+    };
+    let g = g.expect("free");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let c = h.client(fast_opts()).await;
+        let (name, order) = (name.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = c
+                .fair_lock(&name)
+                .expect("fair")
+                .acquire_timeout(Duration::from_secs(20))
+                .await
+                .expect("acquire");
+            order.lock().expect("order").push(i);
+            g.release().await.expect("release");
+        }));
+        // Let each waiter queue before the next arrives.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(*order.lock().expect("order"), vec![0, 1, 2, 3, 4]);
+}
+
+/// A semaphore of 3 permits: a fourth waits; a release lets it in; a crashed holder's permit
+/// comes back at its lease end; several permits at once.
+pub async fn semaphore_permits<H: Harness>(h: &H) {
+    let name = unique_name("sem");
+    let a = h.client(fast_opts()).await;
+    let b = h.client(fast_opts()).await;
+    let sem = a.semaphore(&name, 3).expect("sem");
+    let Some(g1) = supported("semaphore", sem.try_acquire(1).await).await else {
+        return;
+    };
+    let g1 = g1.expect("permit");
+    let g2 = sem.try_acquire(1).await.expect("try").expect("permit");
+    let crashed = sem
+        .clone()
+        .lease(Duration::from_millis(400))
+        .expect("lease")
+        .try_acquire(1)
+        .await
+        .expect("try")
+        .expect("permit");
+    let other = b.semaphore(&name, 3).expect("sem");
+    assert!(
+        other.try_acquire(1).await.expect("try").is_none(),
+        "a fourth permit"
+    );
+    let info = b
+        .inspect_kind(&name, crashed_kind())
+        .await
+        .expect("inspect");
+    assert_eq!(info.permits_in_use(), 3);
+    assert!(g1.fencing_token() < g2.fencing_token());
+    // The "crashed" holder never releases: its permit comes back at lease end.
+    std::mem::forget(crashed);
+    let t = Instant::now();
+    let g4 = other
+        .acquire_timeout(1, Duration::from_secs(5))
+        .await
+        .expect("permit back at lease end");
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    // Two permits at once wait for two free ones.
+    let two = other.clone();
+    let waiter = tokio::spawn(async move { two.acquire_timeout(2, Duration::from_secs(10)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "took 2 permits with 0 free");
+    assert_eq!(
+        g1.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "took 2 permits with 1 free");
+    assert_eq!(
+        g2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let pair = waiter.await.expect("join").expect("two permits");
+    assert_eq!(
+        pair.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        g4.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(
+        sem.try_acquire(4).await.is_err(),
+        "more permits than the semaphore has"
+    );
+    assert!(sem.try_acquire(0).await.is_err());
+}
+
+fn crashed_kind() -> LockKind {
+    LockKind::Semaphore {
+        permits: 1,
+        limit: 3,
+    }
+}
+
+/// Two clients taking overlapping sets in opposite orders never deadlock; a multi-lock that
+/// cannot get everything keeps nothing.
+pub async fn multi_lock_no_deadlock<H: Harness>(h: &H) {
+    let (x, y, z) = (unique_name("mx"), unique_name("my"), unique_name("mz"));
+    let a = h.client(fast_opts()).await;
+    let b = h.client(fast_opts()).await;
+    let sets = [
+        vec![x.clone(), y.clone(), z.clone()],
+        vec![z.clone(), y.clone(), x.clone()],
+    ];
+    let mut tasks = Vec::new();
+    for (c, set) in [a.clone(), b.clone()].into_iter().zip(sets) {
+        tasks.push(tokio::spawn(async move {
+            let names: Vec<&str> = set.iter().map(String::as_str).collect();
+            let m = c.multi_lock(&names).expect("multi");
+            for _ in 0..10 {
+                let g = m
+                    .acquire_timeout(Duration::from_secs(20))
+                    .await
+                    .expect("no deadlock");
+                assert_eq!(g.guards().len(), 3);
+                tokio::task::yield_now().await;
+                g.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    // All or nothing: with y held elsewhere, a multi-lock of x and y keeps neither.
+    let gy = b.lock(&y).expect("lock").acquire().await.expect("y");
+    let m = a.multi_lock(&[&x, &y]).expect("multi");
+    let err = m
+        .acquire_timeout(Duration::from_millis(300))
+        .await
+        .expect_err("y is held");
+    assert!(err.is_timeout(), "{err}");
+    assert!(m.try_acquire().await.expect("try").is_none());
+    assert!(
+        !a.inspect(&x).await.expect("inspect").held(),
+        "x left locked"
+    );
+    gy.release().await.expect("release");
+    assert!(a.multi_lock(&[]).is_err());
+}
+
 /// Expands to one `#[tokio::test]` per conformance case, each calling `$make` for a harness.
 ///
 /// ```ignore
@@ -730,7 +1100,9 @@ macro_rules! conformance_suite {
             fencing_tokens_increase, acquire_timeout_deadline, waiter_woken_by_release,
             cancelled_acquire_leaves_nothing, watchdog_renews, drop_releases,
             fixed_lease_expires, crashed_holder_frees_at_lease_end, extend_lease,
-            lost_when_broken, invalid_input, backend_contract);
+            lost_when_broken, invalid_input, backend_contract,
+            rw_readers_share_writer_excludes, rw_downgrade_and_tokens, rw_writer_not_starved,
+            fair_lock_fifo, semaphore_permits, multi_lock_no_deadlock);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
