@@ -9,7 +9,10 @@
 //!   "inside" counter shared by the clients), plus increments missing from (or extra in) the
 //!   final counter, plus releases that found the lock no longer held. The latency is the
 //!   acquire wait.
-//! - `readheavy` needs the read-write lock, which dlock does not have yet.
+//! - `readheavy`: `--clients` clients on one read-write lock, 90% of the operations reading
+//!   the counter under the read side, 10% incrementing it under the write side; the same
+//!   load is then run on a plain mutex in the same run, and both are reported (the mutex as
+//!   the baseline). A writer overlapping anyone counts as a violation.
 //!
 //! On `redis://` the run also measures a PING round trip and reports the latency as a
 //! multiple of it.
@@ -36,7 +39,7 @@ pub enum Scenario {
     Uncontended,
     /// --clients clients on one name, a counter increment as the critical section.
     Contended,
-    /// Readers and a writer on a read-write lock (not available yet).
+    /// --clients clients, 90% reads / 10% writes on a read-write lock, next to a mutex.
     Readheavy,
 }
 
@@ -105,6 +108,8 @@ struct Measured {
     per_client: Vec<ClientResult>,
     overlaps: u64,
     lost_updates: u64,
+    /// Counter increments made (contended and readheavy).
+    writes: u64,
 }
 
 impl Measured {
@@ -158,10 +163,6 @@ fn progress_ticker(
 
 /// Runs `dlock bench`; the exit code.
 pub async fn bench(url: &str, args: BenchArgs) -> u8 {
-    if args.scenario == Scenario::Readheavy {
-        eprintln!("dlock: bench: readheavy needs the read-write lock, not available yet");
-        return crate::EXIT_ERROR;
-    }
     let backend = store::scheme(url).unwrap_or_default();
     let ping_us = if backend == "redis" {
         match ping(url).await {
@@ -182,9 +183,31 @@ pub async fn bench(url: &str, args: BenchArgs) -> u8 {
         args.duration,
         done.clone(),
     );
+    let mut baseline = None;
     let measured = match args.scenario {
         Scenario::Uncontended => uncontended(url, &args, &run).await,
-        _ => contended(url, &args, &run).await,
+        Scenario::Contended => contended(url, &args, &run, Load::Mutex).await,
+        Scenario::Readheavy => {
+            match contended(url, &args, &run, Load::ReadHeavy { rw: true }).await {
+                Ok(m) => {
+                    let base = contended(
+                        url,
+                        &args,
+                        &format!("{run}-mutex"),
+                        Load::ReadHeavy { rw: false },
+                    )
+                    .await;
+                    match base {
+                        Ok(b) => {
+                            baseline = Some(b);
+                            Ok(m)
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        }
     };
     done.store(true, Ordering::Relaxed);
     let _ = ticker.await;
@@ -195,15 +218,37 @@ pub async fn bench(url: &str, args: BenchArgs) -> u8 {
             return crate::EXIT_ERROR;
         }
     };
-    report(url, &backend, &args, ping_us, &m);
-    if m.violations() > 0 {
+    report(url, &backend, &args, ping_us, &m, baseline.as_ref());
+    if m.violations() + baseline.as_ref().map_or(0, Measured::violations) > 0 {
         crate::EXIT_ERROR
     } else {
         0
     }
 }
 
-fn report(url: &str, backend: &str, args: &BenchArgs, ping_us: Option<u64>, m: &Measured) {
+fn report(
+    url: &str,
+    backend: &str,
+    args: &BenchArgs,
+    ping_us: Option<u64>,
+    m: &Measured,
+    baseline: Option<&Measured>,
+) {
+    let summary = |m: &Measured| {
+        let mut lat: Vec<u64> = m
+            .per_client
+            .iter()
+            .flat_map(|c| c.latencies_us.iter().copied())
+            .collect();
+        let (p50, p99) = crate::stats::p50_p99(&mut lat);
+        let secs = m.elapsed.as_secs_f64();
+        let ops_per_s = if secs > 0.0 {
+            m.ops() as f64 / secs
+        } else {
+            0.0
+        };
+        (ops_per_s, p50, p99)
+    };
     let mut lat: Vec<u64> = m
         .per_client
         .iter()
@@ -236,6 +281,22 @@ fn report(url: &str, backend: &str, args: &BenchArgs, ping_us: Option<u64>, m: &
             "client_ops_max": max,
             "ping_p50_us": ping_us,
         });
+        let mut v = v;
+        if let (Some(b), Some(obj)) = (baseline, v.as_object_mut()) {
+            let (b_ops, b50, b99) = summary(b);
+            obj.insert(
+                "baseline".into(),
+                serde_json::json!({
+                    "lock": "mutex",
+                    "ops": b.ops(),
+                    "ops_per_s": (b_ops * 10.0).round() / 10.0,
+                    "p50_us": b50,
+                    "p99_us": b99,
+                    "violations": b.violations(),
+                    "errors": b.errors(),
+                }),
+            );
+        }
         println!("{v}");
     } else {
         let what = match args.scenario {
@@ -243,8 +304,12 @@ fn report(url: &str, backend: &str, args: &BenchArgs, ping_us: Option<u64>, m: &
                 "1 client over {} lock names; latency = one acquire + release",
                 args.keys
             ),
-            _ => format!(
+            Scenario::Contended => format!(
                 "{} clients on one lock name; latency = acquire wait",
+                m.clients
+            ),
+            Scenario::Readheavy => format!(
+                "{} clients, 90% reads / 10% writes on one read-write lock; latency = acquire wait",
                 m.clients
             ),
         };
@@ -270,7 +335,7 @@ fn report(url: &str, backend: &str, args: &BenchArgs, ping_us: Option<u64>, m: &
                 ratio(p99)
             );
         }
-        if args.scenario == Scenario::Contended {
+        if args.scenario != Scenario::Uncontended {
             println!(
                 "  violations   {} (overlapping critical sections {}, lost or extra increments {}, lock gone at release {})",
                 m.violations(),
@@ -280,6 +345,16 @@ fn report(url: &str, backend: &str, args: &BenchArgs, ping_us: Option<u64>, m: &
             );
         } else {
             println!("  violations   {}", m.violations());
+        }
+        if let Some(b) = baseline {
+            let (ops, b50, b99) = summary(b);
+            let (rw_ops, _, _) = summary(m);
+            println!(
+                "  baseline     the same load on a mutex: {ops:.1}/s, wait p50 {}, p99 {} (read-write lock: {:.2}× the mutex's throughput)",
+                opt(b50),
+                opt(b99),
+                if ops > 0.0 { rw_ops / ops } else { 0.0 }
+            );
         }
         let first = m.per_client.iter().find_map(|c| c.first_error.as_deref());
         match first {
@@ -364,16 +439,26 @@ async fn uncontended(url: &str, args: &BenchArgs, run: &str) -> Result<Measured,
         per_client: vec![r],
         overlaps: 0,
         lost_updates: 0,
+        writes: 0,
     })
 }
 
-async fn contended(url: &str, args: &BenchArgs, run: &str) -> Result<Measured, String> {
+/// What each client of a contended run does.
+#[derive(Clone, Copy)]
+enum Load {
+    /// Every operation increments the counter under the mutex.
+    Mutex,
+    /// 90% read the counter, 10% increment it; under a read-write lock (`rw`) or a mutex.
+    ReadHeavy { rw: bool },
+}
+
+async fn contended(url: &str, args: &BenchArgs, run: &str, load: Load) -> Result<Measured, String> {
     let counter = store::open(url, "bench", run)
         .await
         .map_err(|e| e.to_string())?;
     counter.setup(0).await.map_err(|e| e.to_string())?;
     let name = format!("bench:{run}");
-    let res = contended_inner(url, args, run, &name).await;
+    let res = contended_inner(url, args, run, &name, load).await;
     let finish = async {
         let (value, _) = counter.read().await.map_err(|e| e.to_string())?;
         Ok::<i64, String>(value)
@@ -383,7 +468,7 @@ async fn contended(url: &str, args: &BenchArgs, run: &str) -> Result<Measured, S
     let _ = counter.forget_lock(&name).await;
     let mut m = res?;
     let value = finish?;
-    let expected = i64::try_from(m.ops()).unwrap_or(i64::MAX);
+    let expected = i64::try_from(m.writes).unwrap_or(i64::MAX);
     m.lost_updates = expected.abs_diff(value);
     Ok(m)
 }
@@ -393,30 +478,53 @@ async fn contended_inner(
     args: &BenchArgs,
     run: &str,
     name: &str,
+    load: Load,
 ) -> Result<Measured, String> {
     let mut parts = Vec::with_capacity(args.clients as usize);
     for _ in 0..args.clients {
         let client = connect(url).await?;
-        let lock = client.lock(name).map_err(|e| e.to_string())?;
+        let (read_lock, lock) = match load {
+            Load::ReadHeavy { rw: true } => {
+                let rw = client.rw_lock(name).map_err(|e| e.to_string())?;
+                (rw.read(), rw.write())
+            }
+            _ => {
+                let l = client.lock(name).map_err(|e| e.to_string())?;
+                (l.clone(), l)
+            }
+        };
         let store: Box<dyn Store> = store::open(url, "bench", run)
             .await
             .map_err(|e| e.to_string())?;
-        parts.push((client, lock, store));
+        parts.push((client, read_lock, lock, store));
+    }
+    // A backend without this kind of lock fails the run at once, not once per operation.
+    if let Some((_, read_lock, _, _)) = parts.first() {
+        if let Err(e) = read_lock.try_acquire().await {
+            return Err(e.to_string());
+        }
     }
     let inside = Arc::new(AtomicU32::new(0));
+    let readers_inside = Arc::new(AtomicU32::new(0));
     let overlaps = Arc::new(AtomicU64::new(0));
+    let writes = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let stop_at = start + args.duration;
     let mut tasks = Vec::with_capacity(parts.len());
-    for (client, lock, store) in parts {
+    for (client, read_lock, lock, store) in parts {
         let inside = inside.clone();
+        let readers_inside = readers_inside.clone();
         let overlaps = overlaps.clone();
+        let writes = writes.clone();
         tasks.push(tokio::spawn(async move {
             let _client = client;
             let mut r = ClientResult::default();
+            let mut rng = fastrand::Rng::new();
             while Instant::now() < stop_at {
+                let reading = matches!(load, Load::ReadHeavy { .. }) && rng.u8(0..10) != 0;
                 let t = Instant::now();
-                let guard = match lock.acquire_timeout(ACQUIRE_TIMEOUT).await {
+                let target = if reading { &read_lock } else { &lock };
+                let guard = match target.acquire_timeout(ACQUIRE_TIMEOUT).await {
                     Ok(g) => g,
                     Err(e) => {
                         r.error(e);
@@ -425,18 +533,35 @@ async fn contended_inner(
                     }
                 };
                 r.latencies_us.push(micros(t.elapsed()));
-                if inside.fetch_add(1, Ordering::SeqCst) > 0 {
-                    overlaps.fetch_add(1, Ordering::Relaxed);
-                }
-                let inc = async {
-                    let (v, _) = store.read().await?;
-                    // Widen the read → write window so that lost exclusion shows.
-                    tokio::task::yield_now().await;
-                    store.write(v + 1).await
-                }
-                .await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                match inc {
+                let res = if reading {
+                    // Readers may share; a writer inside means exclusion was lost.
+                    readers_inside.fetch_add(1, Ordering::SeqCst);
+                    if inside.load(Ordering::SeqCst) > 0 {
+                        overlaps.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let res = store.read().await.map(|_| ());
+                    readers_inside.fetch_sub(1, Ordering::SeqCst);
+                    res
+                } else {
+                    if inside.fetch_add(1, Ordering::SeqCst) > 0
+                        || readers_inside.load(Ordering::SeqCst) > 0
+                    {
+                        overlaps.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let inc = async {
+                        let (v, _) = store.read().await?;
+                        // Widen the read → write window so that lost exclusion shows.
+                        tokio::task::yield_now().await;
+                        store.write(v + 1).await
+                    }
+                    .await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    if inc.is_ok() {
+                        writes.fetch_add(1, Ordering::SeqCst);
+                    }
+                    inc
+                };
+                match res {
                     Ok(()) => r.ops += 1,
                     Err(e) => r.error(e),
                 }
@@ -463,5 +588,6 @@ async fn contended_inner(
         per_client,
         overlaps: overlaps.load(Ordering::Relaxed),
         lost_updates: 0,
+        writes: writes.load(Ordering::SeqCst),
     })
 }

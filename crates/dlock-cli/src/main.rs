@@ -2,6 +2,7 @@
 
 mod bench;
 mod inspect;
+mod kind;
 mod progress;
 mod run;
 mod seckill;

@@ -19,6 +19,9 @@ pub struct RunArgs {
     /// Owner id to hold the lock as (default: unique per run).
     #[arg(long)]
     owner: Option<String>,
+    /// Kind of lock: mutex, fair, read, write, or semaphore=N (one of N permits).
+    #[arg(long, default_value = "mutex", value_parser = crate::kind::parse)]
+    kind: crate::kind::Kind,
     /// Lock name.
     name: String,
     /// The command and its arguments.
@@ -37,19 +40,32 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let lock = match client.lock(&args.name).and_then(|l| match &args.owner {
-        Some(o) => l.with_owner(o.clone()),
-        None => Ok(l),
-    }) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("dlock: {e}");
-            return crate::EXIT_ERROR;
+    let acquired = match args.kind {
+        crate::kind::Kind::Semaphore(permits) => match client.semaphore(&args.name, permits) {
+            Ok(sem) => match args.wait {
+                None => sem.acquire(1).await,
+                Some(w) => sem.acquire_timeout(1, w).await,
+            },
+            Err(e) => Err(e),
+        },
+        kind => {
+            let lock = match kind
+                .lock(&client, &args.name)
+                .and_then(|l| match &args.owner {
+                    Some(o) => l.with_owner(o.clone()),
+                    None => Ok(l),
+                }) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("dlock: {e}");
+                    return crate::EXIT_ERROR;
+                }
+            };
+            match args.wait {
+                None => lock.acquire().await,
+                Some(w) => lock.acquire_timeout(w).await,
+            }
         }
-    };
-    let acquired = match args.wait {
-        None => lock.acquire().await,
-        Some(w) => lock.acquire_timeout(w).await,
     };
     let guard = match acquired {
         Ok(g) => g,

@@ -135,17 +135,28 @@ fn readable_summary_with_ping_ratio() {
 }
 
 #[test]
-fn readheavy_is_not_available() {
+fn readheavy_on_redis_next_to_a_mutex() {
+    let redis = RedisServer::start().expect("redis-server");
+    let v = bench_json(&redis.url(), &["--scenario", "readheavy", "--clients", "8"]);
+    check(&v, "readheavy", "redis", 8);
+    let base = &v["baseline"];
+    assert_eq!(base["lock"], "mutex");
+    assert!(n(base, "ops") > 0, "{v}");
+    assert_eq!(n(base, "violations"), 0, "{v}");
+    assert_eq!(n(base, "errors"), 0, "{v}");
+}
+
+#[test]
+fn readheavy_needs_read_write_locks() {
     let dir = TempDir::with_prefix("dlock-cli-bench-rh").expect("temp dir");
     let url = format!("file://{}", dir.path().display());
     let out = dlock(&url, &["bench", "--scenario", "readheavy", "--json"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("readheavy needs the read-write lock, not available yet"),
+        text(&out.stderr).contains("not supported by the file backend"),
         "{}",
         text(&out.stderr)
     );
-    assert!(out.stdout.is_empty());
 }
 
 #[test]

@@ -241,3 +241,97 @@ fn bad_input_gives_clear_errors() {
     assert_eq!(out.status.code(), Some(127));
     assert!(!held(&server, "x"), "lock left behind after a failed spawn");
 }
+
+#[test]
+fn kinds_read_write_semaphore_fair() {
+    let server = RedisServer::start().expect("redis");
+    let url = server.url();
+    // Two readers at once; a writer cannot get in meanwhile.
+    let r1 = dlock(&url)
+        .args(["run", "--kind", "read", "doc", "--", "sleep", "30"])
+        .spawn()
+        .expect("reader");
+    let r2 = dlock(&url)
+        .args([
+            "run", "--kind", "read", "--wait", "5s", "doc", "--", "sleep", "30",
+        ])
+        .spawn()
+        .expect("reader");
+    let inspect = |args: &[&str]| -> serde_json::Value {
+        let out = dlock(&url).args(args).output().expect("inspect");
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    wait_until("two readers", Duration::from_secs(10), || {
+        inspect(&["inspect", "--kind", "read", "--json", "doc"])["holders"]
+            .as_array()
+            .is_some_and(|h| h.len() == 2)
+    });
+    let v = inspect(&["inspect", "--kind", "write", "--json", "doc"]);
+    assert_eq!(v["holders"][0]["side"], "read");
+    let out = dlock(&url)
+        .args([
+            "run", "--kind", "write", "--wait", "300ms", "doc", "--", "true",
+        ])
+        .output()
+        .expect("writer");
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "a writer got in with readers inside"
+    );
+    for mut r in [r1, r2] {
+        kill(&r, libc::SIGTERM);
+        let _ = r.wait();
+    }
+    let out = dlock(&url)
+        .args([
+            "run", "--kind", "write", "--wait", "5s", "doc", "--", "true",
+        ])
+        .output()
+        .expect("writer");
+    assert_eq!(out.status.code(), Some(0));
+
+    // A semaphore of 2: two holders, the third waits in vain.
+    let s1 = dlock(&url)
+        .args(["run", "--kind", "semaphore=2", "pool", "--", "sleep", "30"])
+        .spawn()
+        .expect("permit");
+    let s2 = dlock(&url)
+        .args(["run", "--kind", "semaphore=2", "pool", "--", "sleep", "30"])
+        .spawn()
+        .expect("permit");
+    wait_until("two permits", Duration::from_secs(10), || {
+        inspect(&["inspect", "--kind", "semaphore=2", "--json", "pool"])["permits_in_use"] == 2
+    });
+    let out = dlock(&url)
+        .args([
+            "run",
+            "--kind",
+            "semaphore=2",
+            "--wait",
+            "300ms",
+            "pool",
+            "--",
+            "true",
+        ])
+        .output()
+        .expect("third");
+    assert_eq!(out.status.code(), Some(75));
+    for mut s in [s1, s2] {
+        kill(&s, libc::SIGTERM);
+        let _ = s.wait();
+    }
+    let out = dlock(&url)
+        .args([
+            "run", "--kind", "fair", "--wait", "5s", "queue", "--", "true",
+        ])
+        .output()
+        .expect("fair");
+    assert_eq!(out.status.code(), Some(0));
+    let out = dlock(&url)
+        .args(["run", "--kind", "semaphore=0", "pool", "--", "true"])
+        .output()
+        .expect("bad kind");
+    assert_eq!(out.status.code(), Some(2));
+}
