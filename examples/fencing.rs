@@ -17,7 +17,9 @@ impl Storage {
     fn write(&self, token: u64, value: &str) -> Result<(), String> {
         let mut highest = self.highest_token.lock().map_err(|e| e.to_string())?;
         if token < *highest {
-            return Err(format!("rejected write with stale token {token} (seen {highest})"));
+            return Err(format!(
+                "rejected write with stale token {token} (seen {highest})"
+            ));
         }
         *highest = token;
         *self.value.lock().map_err(|e| e.to_string())? = value.to_owned();

@@ -147,16 +147,13 @@ fn readheavy_on_redis_next_to_a_mutex() {
 }
 
 #[test]
-fn readheavy_needs_read_write_locks() {
+fn readheavy_on_file_next_to_a_mutex() {
     let dir = TempDir::with_prefix("dlock-cli-bench-rh").expect("temp dir");
     let url = format!("file://{}", dir.path().display());
-    let out = dlock(&url, &["bench", "--scenario", "readheavy", "--json"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("not supported by the file backend"),
-        "{}",
-        text(&out.stderr)
-    );
+    let v = bench_json(&url, &["--scenario", "readheavy", "--clients", "4"]);
+    check(&v, "readheavy", "file", 4);
+    assert_eq!(v["baseline"]["lock"], "mutex");
+    assert_eq!(n(&v["baseline"], "violations"), 0, "{v}");
 }
 
 #[test]

@@ -27,7 +27,7 @@
 //!   permission bits (and setgid bit) of the directory it is in, never permissions for others.
 //!   To share locks between users of one group, use a group-writable (setgid) directory and a
 //!   umask of `002`, so that the lock files are group-writable too.
-//! - Each lock is one file, `<dir>/<namespace>/<hash>.lock`, where `<hash>` is the 32
+//! - Each mutex is one file, `<dir>/<namespace>/<hash>.lock`, where `<hash>` is the 32
 //!   lower-case hex digits of the **FNV-1a 128-bit** hash of the lock name's UTF-8 bytes, so
 //!   names may hold any printable character, `/` included. The file holds a small text
 //!   record (the original name is kept for `inspect`; a second name that hashes to the same
@@ -43,6 +43,9 @@
 //!
 //!   Files are created with mode `0666` less the umask and are never deleted by dlock: the
 //!   file carries the fencing counter. Delete them only when no process uses the directory.
+//! - A read-write lock of the same name is another lock, with three files of its own,
+//!   `<hash>.rw`, `<hash>.rw-turnstile` and `<hash>.rw-record` (see
+//!   [Read-write locks](#read-write-locks)).
 //!
 //! # Why this is a mutex (the safety argument)
 //! - **Exclusion between processes.** A holder keeps an open descriptor on the lock file with
@@ -86,6 +89,101 @@
 //! vary. Use this backend only for a directory on a local filesystem of a single host, and a
 //! networked backend (Redis, …) for locks between hosts.
 //!
+//! # Read-write locks
+//! [`Client::rw_lock`](dlock_core::Client::rw_lock) → `.read()` / `.write()`
+//! ([`LockKind::Read`] / [`LockKind::Write`]), with the semantics of the Redis backend:
+//! - both sides are re-entrant per owner (`read()` and `write()` of one `RwLock` share an
+//!   owner); each grant gets its own fencing token, a re-entry the same one;
+//! - a **downgrade** is allowed: the writer may also take the read side, and keeps it after it
+//!   releases the write side;
+//! - an **upgrade** (a reader asking for the write side) is refused at once with
+//!   [`Error::InvalidArgument`]: two readers upgrading would wait for each other forever;
+//! - **writers are not starved**: once a writer waits, a new reader does not pass it.
+//!
+//! Fair locks and semaphores are not implemented ([`Error::Unsupported`]).
+//!
+//! **Files.** Three per name, next to the mutex's `<hash>.lock`, which they never touch (a
+//! mutex and a read-write lock of one name are two locks that do not exclude each other):
+//! - `<hash>.rw`, the lock (empty): readers hold `flock(LOCK_SH)` on it, a writer `LOCK_EX`;
+//! - `<hash>.rw-turnstile` (empty): the gate that keeps new readers behind a waiting writer;
+//! - `<hash>.rw-record`: the fencing counter, the name and one line per holder and side:
+//!
+//!   ```text
+//!   dlock-file 1
+//!   token 57                          <- last fencing token granted (either side)
+//!   name orders:42                    <- the lock name
+//!   hold w 12345 0 1 host:12345:ab:7  <- side, pid, backend number in that process,
+//!   hold r 12345 0 1 host:12345:ab:7     hold count, owner id; one line per holder and side
+//!   hold r 23456 0 2 host:23456:cd:1
+//!   end
+//!   ```
+//!
+//! **Why this is a read-write lock (the safety argument).**
+//! - **Between processes.** A backend one of whose owners writes holds `LOCK_EX` on
+//!   `<hash>.rw`; a backend whose owners only read holds `LOCK_SH`. The kernel never grants
+//!   `LOCK_EX` on a file while any other open file description holds a lock on it, nor
+//!   `LOCK_SH` while one holds `LOCK_EX`: a writer excludes every reader and writer of every
+//!   other process and backend, and readers share.
+//! - **Inside a process.** A backend keeps one descriptor on `<hash>.rw` for all its holders and
+//!   a table *name → writer (owner, count, token), readers (owner, count, token)*. The write
+//!   side is granted only when no owner of the backend holds a side (and then only with a new
+//!   `LOCK_EX`, so nobody anywhere does); the read side is granted to another owner only while
+//!   no owner of the backend writes (a backend that reads lets its new readers join its shared
+//!   lock, after the turnstile check below). Two backends, even in one process, exclude each
+//!   other through the kernel, like two processes.
+//! - **Re-entry** per (owner, side) counts holds and returns the same token; only the last
+//!   release of a side gives it up, and the backend unlocks `<hash>.rw` when none of its
+//!   owners holds a side any more. As for the mutex, an owner id in two processes is two owners.
+//! - **Downgrade.** The writer asking for the read side gets it from the table (its exclusive
+//!   lock covers it), with a new token. When it releases the write side while it still reads,
+//!   the backend converts its `LOCK_EX` to `LOCK_SH` on the same descriptor. Linux converts in
+//!   place: the old lock is removed and the new one inserted under the file's lock-list
+//!   spinlock, so no waiting writer can slip in between. Should a conversion ever fail (where
+//!   `flock(2)` makes no such promise), the read hold is given up and its next renewal reports
+//!   it lost, so no owner believes it reads while someone else writes.
+//! - **Upgrade** is checked in the table before anything else: an owner holding the read side
+//!   of this backend gets [`Error::InvalidArgument`] when it asks for the write side (unless it
+//!   also holds the write side already, which is a re-entry).
+//! - **Writers are not starved: the turnstile.** `flock` has no queue: a process blocked in
+//!   `LOCK_EX` never stops new `LOCK_SH` requests from being granted. So a writer that cannot
+//!   have the lock at once takes `LOCK_EX` on `<hash>.rw-turnstile` (waiting for it behind
+//!   another waiting writer if need be) and keeps it until it has the lock; and a reader that
+//!   does not hold the read side yet must first get `LOCK_SH | LOCK_NB` on the turnstile,
+//!   takes `LOCK_SH | LOCK_NB` on `<hash>.rw` while it holds it, then lets the turnstile go. Once
+//!   a writer waits, no new reader of any process or backend gets in: the readers inside
+//!   leave, and the writer gets the lock. A reader that passed the turnstile before the writer
+//!   started waiting may still get in ahead of it (it was first), and a read re-entry never
+//!   looks at the turnstile (the writer waits for that very hold). A writer gives the
+//!   turnstile back as soon as it has the lock, so readers that arrive while it writes pass it
+//!   and wait on the lock itself, alongside the next writer: a chain of writers cannot keep
+//!   readers out for ever either. The order among writers, and between those readers and the next
+//!   writer, is not first come first served (the kernel wakes every waiter of a released lock
+//!   and the first to run wins).
+//! - **Fencing tokens.** Every grant (read, write, or the read side of a downgrade)
+//!   increments the counter in `<hash>.rw-record` under `LOCK_EX` on the record itself, and
+//!   writes it (with the holder lines) before the grant is returned. Readers only hold a
+//!   shared lock on `<hash>.rw`, so the record's own lock is what serialises their increments:
+//!   tokens strictly increase across all grants of the name, both sides, all processes and
+//!   restarts. The record's lock is held for that one read and one write, and never while
+//!   waiting for another lock, so it cannot take part in a deadlock; it is a blocking `flock`,
+//!   so a process stopped (`SIGSTOP`, a debugger) in the middle of an update delays the other
+//!   updates of that record until it continues (or dies). The counter restarts from 1 if the
+//!   record is deleted, and is not `fsync`ed. It is not shared with the mutex of the same name:
+//!   the mutex's counter lives in `<hash>.lock`, which its holder keeps locked for its whole
+//!   hold, and a counter shared through a third file would add a file to every mutex name (and
+//!   a race with holders of earlier versions when it is first created); the two are different
+//!   locks anyway.
+//! - **Crashes.** As for the mutex, the lease is the process lifetime: the kernel releases a
+//!   dead process's locks on `<hash>.rw` and the turnstile, and a waiter gets the lock at once.
+//!   Its `hold` lines stay in the record, but are ignored as soon as the process is gone
+//!   (`kill(pid, 0)` fails with `ESRCH`), removed by the next update of the record, and all
+//!   removed by the next write grant.
+//! - **A deleted or replaced `<hash>.rw`** is caught as for the mutex: a grant checks that the
+//!   path still names the locked file, and every renewal checks it again; a backend whose file
+//!   disappeared reports every hold on it lost. Deleting the turnstile while a writer waits
+//!   only lets new readers pass that writer (the writer still excludes them once it is in);
+//!   deleting the record restarts the tokens.
+//!
 //! # Waiting without polling
 //! [`Backend::acquire_wait`] is overridden; waiters never poll.
 //! - While the lock is held **by another owner of this backend**, waiters sleep on an
@@ -106,6 +204,14 @@
 //!   the lock held.)
 //!   A waiting thread whose lock is never released lives as long as the process (blocked,
 //!   holding an open descriptor but no lock).
+//! - **Read-write locks** wait the same way, with up to three threads per name and backend,
+//!   each holding nothing while it blocks: a *read thread* blocks for `LOCK_SH` on the
+//!   turnstile (unless the waiter passed it already) and then for `LOCK_SH` on `<hash>.rw`; a
+//!   *write thread* blocks for `LOCK_EX` on `<hash>.rw`; a *turnstile thread* blocks for
+//!   `LOCK_EX` on the turnstile when another writer holds it. What they get is parked for the
+//!   waiters of their side, or unlocked at once if none waits any more. The turnstile a
+//!   backend holds for its waiting writers is given back the moment the last of them gets the
+//!   lock or gives up, so a writer that times out or is cancelled does not keep readers out.
 //! - [`Backend::watch`] uses the same two mechanisms, so it reports releases by this process
 //!   and by other processes alike, from the moment `watch` returns. The waiting thread is
 //!   re-armed at each `changed` call: a release that happens between two calls is reported
@@ -118,10 +224,22 @@
 //! probe (`LOCK_SH|LOCK_NB`) showed the lock is held (a free lock reports no holders, whatever
 //! a crashed holder left in the file). `lease_left` is always `None`; `fencing_token` is the
 //! counter.
+//!
+//! For a read-write lock (ask for [`LockKind::Read`] or [`LockKind::Write`]; both report every
+//! holder, with `side` set), the holders of this backend come from its table, and those of
+//! other processes and backends from the `hold` lines of the record, read under a shared lock
+//! on it: lines of live processes only, and write lines only if `<hash>.rw` is locked
+//! exclusively (a non-blocking `LOCK_SH` probe, made only when there are such lines). The
+//! listing is exact except that a line can outlive its holder (until the next update of the
+//! record) when the holder's process was killed and its pid reused since, and that holders in
+//! another PID namespace (another container sharing the directory) are not listed: their pids
+//! mean nothing here. The locks themselves do not depend on the lines. `fencing_token` is the
+//! record's counter.
 #![warn(missing_docs)]
 
 mod location;
 mod record;
+mod rw;
 mod sys;
 
 use dlock_core::{
@@ -136,6 +254,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -210,9 +329,16 @@ impl FileBackend {
         &self.inner.dir
     }
 
-    /// The lock file of lock `name`.
+    /// The lock file of mutex `name`.
     pub fn lock_file(&self, name: &str) -> PathBuf {
         self.inner.path(name)
+    }
+
+    /// The files of read-write lock `name`: the lock itself (`<hash>.rw`), the turnstile
+    /// (`<hash>.rw-turnstile`) and the record (`<hash>.rw-record`: fencing counter, name,
+    /// holders). See the [crate documentation](crate#read-write-locks).
+    pub fn rw_lock_files(&self, name: &str) -> [PathBuf; 3] {
+        [rw::MAIN, rw::TURNSTILE, rw::RECORD].map(|suffix| self.inner.rw_path(name, suffix))
     }
 
     fn open_base(base: PathBuf, opts: &ClientOptions, default: bool) -> Result<Self> {
@@ -238,7 +364,9 @@ impl FileBackend {
             inner: Arc::new(Inner {
                 dir,
                 endpoint,
+                instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
                 table: Mutex::new(HashMap::new()),
+                rw: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -297,11 +425,25 @@ fn check_private(dir: &Path, endpoint: &str) -> Result<()> {
     Ok(())
 }
 
+/// Numbers the backends of this process (for the `hold` lines of read-write locks).
+static INSTANCES: AtomicU64 = AtomicU64::new(0);
+
 /// State shared by clones of a backend, its waiters, watches and waiting threads.
 struct Inner {
     dir: PathBuf,
     endpoint: String,
+    /// Tells this backend's `hold` lines from those of other backends of this process.
+    instance: u64,
+    /// Mutexes.
     table: Mutex<HashMap<Arc<str>, Entry>>,
+    /// Read-write locks.
+    rw: Mutex<rw::RwTable>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.rw_forget_all();
+    }
 }
 
 /// What this backend knows about one lock name. Removed when idle.
@@ -357,7 +499,7 @@ fn remove_if_idle(table: &mut Table, name: &str) {
 
 fn check_kind(kind: LockKind) -> Result<()> {
     match kind {
-        LockKind::Mutex => Ok(()),
+        LockKind::Mutex | LockKind::Read | LockKind::Write => Ok(()),
         other => Err(Error::unsupported(
             KIND,
             format!("lock kind `{}`", other.as_str()),
@@ -434,6 +576,7 @@ impl Inner {
             token,
             name: Some(name.to_owned()),
             holder,
+            holds: Vec::new(),
         };
         if let Err(e) = record::write(file, &rec) {
             tracing::warn!(name, error = %e, "cannot update the holder line of the lock file");
@@ -548,18 +691,7 @@ impl Inner {
     /// returned.
     fn grant(&self, file: &File, path: &Path, key: &HoldKey) -> Result<u64> {
         let rec = self.read_record(file, path)?;
-        if let Some(other) = rec.name.as_deref() {
-            if other != &*key.name {
-                return Err(Error::UnexpectedReply {
-                    backend: KIND,
-                    message: format!(
-                        "lock file {} belongs to lock `{other}`, not `{}`: the two names have the same FNV-1a-128 hash; rename one of the locks",
-                        path.display(),
-                        key.name
-                    ),
-                });
-            }
-        }
+        self.check_name(&rec, &key.name, path)?;
         let token = rec.token.checked_add(1).ok_or_else(|| {
             self.corrupt(path, "its fencing token is at the largest possible value")
         })?;
@@ -571,10 +703,25 @@ impl Inner {
                 count: 1,
                 owner: key.owner.to_string(),
             }),
+            holds: Vec::new(),
         };
         record::write(file, &new)
             .map_err(|e| self.io_error(format!("cannot write lock file {}", path.display()), e))?;
         Ok(token)
+    }
+
+    /// A record naming another lock: two names with the same hash.
+    fn check_name(&self, rec: &Record, name: &str, path: &Path) -> Result<()> {
+        match rec.name.as_deref() {
+            Some(other) if other != name => Err(Error::UnexpectedReply {
+                backend: KIND,
+                message: format!(
+                    "lock file {} belongs to lock `{other}`, not `{name}`: the two names have the same FNV-1a-128 hash; rename one of the locks",
+                    path.display(),
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Starts the waiting thread of `name`, blocking on `file` (opened read-write, as the
@@ -643,39 +790,38 @@ impl Inner {
     }
 
     fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+        holds
+            .iter()
+            .map(|(key, _lease)| match rw::side_of(key.kind) {
+                Some(side) => self.rw_renew(key, side),
+                None if key.kind == LockKind::Mutex => self.renew_mutex(key),
+                None => Ok(RenewOutcome::NotHeld),
+            })
+            .collect()
+    }
+
+    fn renew_mutex(&self, key: &HoldKey) -> Result<RenewOutcome> {
         let mut table = self.table();
-        let mut out = Vec::with_capacity(holds.len());
-        for (key, _lease) in holds {
-            let Some(entry) = table.get_mut(&key.name) else {
-                out.push(RenewOutcome::NotHeld);
-                continue;
-            };
-            let ours = key.kind == LockKind::Mutex
-                && entry.holder.as_ref().is_some_and(|h| h.owner == key.owner);
-            if !ours {
-                out.push(RenewOutcome::NotHeld);
-                continue;
-            }
-            let path = self.path(&key.name);
-            let intact = match entry.holder.as_ref() {
-                Some(h) => sys::same_file(&h.file, &path)
-                    .map_err(|e| self.io_error(format!("cannot stat {}", path.display()), e))?,
-                None => false,
-            };
-            if intact {
-                out.push(RenewOutcome::Renewed);
-                continue;
-            }
-            tracing::warn!(name = %key.name, path = %path.display(),
-                "the lock file was deleted or replaced while held; the lock is lost");
-            if let Some(h) = entry.holder.take() {
-                sys::unlock_and_close(h.file);
-            }
-            entry.bump();
-            remove_if_idle(&mut table, &key.name);
-            out.push(RenewOutcome::NotHeld);
+        let Some(entry) = table.get_mut(&key.name) else {
+            return Ok(RenewOutcome::NotHeld);
+        };
+        let Some(h) = entry.holder.as_ref().filter(|h| h.owner == key.owner) else {
+            return Ok(RenewOutcome::NotHeld);
+        };
+        let path = self.path(&key.name);
+        let intact = sys::same_file(&h.file, &path)
+            .map_err(|e| self.io_error(format!("cannot stat {}", path.display()), e))?;
+        if intact {
+            return Ok(RenewOutcome::Renewed);
         }
-        Ok(out)
+        tracing::warn!(name = %key.name, path = %path.display(),
+            "the lock file was deleted or replaced while held; the lock is lost");
+        if let Some(h) = entry.holder.take() {
+            sys::unlock_and_close(h.file);
+        }
+        entry.bump();
+        remove_if_idle(&mut table, &key.name);
+        Ok(RenewOutcome::NotHeld)
     }
 
     /// The state of a lock, under the table lock for this backend's holder, else from the file.
@@ -870,6 +1016,55 @@ fn past(deadline: Option<Instant>) -> bool {
     deadline.is_some_and(|d| Instant::now() >= d)
 }
 
+/// The waiting loop of every kind: one attempt (which, when the lock is held, starts the
+/// waiting threads it needs), then sleep until the name's notifier fires, the deadline passes
+/// or `cancel` fires. The caller keeps its waiter registered for the whole loop.
+async fn wait_loop(
+    notify: &Notify,
+    mut attempt: impl FnMut() -> Result<AcquireReply>,
+    deadline: Option<Instant>,
+    cancel: &CancellationToken,
+) -> Result<Option<Granted>> {
+    let mut backoff = dlock_core::backoff::Backoff::default();
+    loop {
+        // Registered before the attempt: a release after it wakes this future.
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        let requested_at = Instant::now();
+        let pause = match attempt() {
+            Ok(AcquireReply::Granted { token }) => {
+                return Ok(Some(Granted {
+                    token,
+                    requested_at,
+                }))
+            }
+            Ok(AcquireReply::Held { .. }) => {
+                backoff.reset();
+                None
+            }
+            Err(e) if e.is_retryable() => {
+                let pause = backoff.next_delay();
+                tracing::debug!(error = %e, ?pause, "acquire attempt failed; retrying");
+                Some(pause)
+            }
+            Err(e) => return Err(e),
+        };
+        if cancel.is_cancelled() || past(deadline) {
+            return Ok(None);
+        }
+        tokio::select! {
+            _ = &mut notified, if pause.is_none() => {}
+            _ = tokio::time::sleep(pause.unwrap_or_default()), if pause.is_some() => {}
+            _ = until(deadline) => {
+                if past(deadline) {
+                    return Ok(None);
+                }
+            }
+            _ = cancel.cancelled() => return Ok(None),
+        }
+    }
+}
+
 #[async_trait]
 impl Backend for FileBackend {
     fn kind(&self) -> &'static str {
@@ -882,11 +1077,17 @@ impl Backend for FileBackend {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         check_key(&req.key)?;
-        self.inner.try_acquire(&req.key, false)
+        match rw::side_of(req.key.kind) {
+            Some(side) => self.inner.rw_try(&req.key, side, false),
+            None => self.inner.try_acquire(&req.key, false),
+        }
     }
 
     async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
-        dlock_core::validate_name(&key.name)?;
+        check_key(key)?;
+        if let Some(side) = rw::side_of(key.kind) {
+            return Ok(Box::new(self.inner.rw_watch(key, side)?));
+        }
         let name: Arc<str> = key.name.clone();
         let (interest, notify, seen) = Interest::new(&self.inner, &name, true);
         // Catch releases by other processes from now on, not only from the first `changed`.
@@ -906,50 +1107,28 @@ impl Backend for FileBackend {
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
         check_key(&req.key)?;
-        let (_interest, notify, _) = Interest::new(&self.inner, &req.key.name, false);
-        let mut backoff = dlock_core::backoff::Backoff::default();
-        loop {
-            // Registered before the attempt: a release after it wakes this future.
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            let requested_at = Instant::now();
-            let pause = match self.inner.try_acquire(&req.key, true) {
-                Ok(AcquireReply::Granted { token }) => {
-                    return Ok(Some(Granted {
-                        token,
-                        requested_at,
-                    }))
-                }
-                Ok(AcquireReply::Held { .. }) => {
-                    backoff.reset();
-                    None
-                }
-                Err(e) if e.is_retryable() => {
-                    let pause = backoff.next_delay();
-                    tracing::debug!(error = %e, ?pause, "acquire attempt failed; retrying");
-                    Some(pause)
-                }
-                Err(e) => return Err(e),
-            };
-            if cancel.is_cancelled() || past(deadline) {
-                return Ok(None);
-            }
-            tokio::select! {
-                _ = &mut notified, if pause.is_none() => {}
-                _ = tokio::time::sleep(pause.unwrap_or_default()), if pause.is_some() => {}
-                _ = until(deadline) => {
-                    if past(deadline) {
-                        return Ok(None);
-                    }
-                }
-                _ = cancel.cancelled() => return Ok(None),
-            }
+        if let Some(side) = rw::side_of(req.key.kind) {
+            return self
+                .inner
+                .rw_acquire_wait(&req.key, side, deadline, cancel)
+                .await;
         }
+        let (_interest, notify, _) = Interest::new(&self.inner, &req.key.name, false);
+        wait_loop(
+            &notify,
+            || self.inner.try_acquire(&req.key, true),
+            deadline,
+            cancel,
+        )
+        .await
     }
 
     async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
         check_key(key)?;
-        self.inner.release(key)
+        match rw::side_of(key.kind) {
+            Some(side) => self.inner.rw_release(key, side),
+            None => self.inner.release(key),
+        }
     }
 
     async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
@@ -959,6 +1138,9 @@ impl Backend for FileBackend {
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         check_kind(kind)?;
         dlock_core::validate_name(name)?;
+        if rw::side_of(kind).is_some() {
+            return self.inner.rw_inspect(name);
+        }
         const TRIES: u32 = 5;
         for i in 1..=TRIES {
             if let Some(info) = self.inner.inspect_once(name, i == TRIES)? {

@@ -28,6 +28,11 @@ pub fn file_name(name: &str) -> String {
     format!("{:032x}.lock", fnv1a_128(name.as_bytes()))
 }
 
+/// The file of lock `name` with suffix `suffix` (`rw`, `rw-turnstile`, `rw-record`).
+pub(crate) fn rw_file_name(name: &str, suffix: &str) -> String {
+    format!("{:032x}.{suffix}", fnv1a_128(name.as_bytes()))
+}
+
 /// The holder line of a record: written while a process holds the lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HolderLine {
@@ -36,15 +41,47 @@ pub(crate) struct HolderLine {
     pub(crate) owner: String,
 }
 
-/// Contents of one lock file.
+/// The side of a read-write lock a [`HoldLine`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// `r`: the shared side.
+    Read,
+    /// `w`: the exclusive side.
+    Write,
+}
+
+impl Side {
+    fn letter(self) -> char {
+        match self {
+            Side::Read => 'r',
+            Side::Write => 'w',
+        }
+    }
+}
+
+/// One hold of a read-write lock, in its record file (`hold` lines): written and removed
+/// under the record file's exclusive lock by the backend that holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HoldLine {
+    pub(crate) side: Side,
+    pub(crate) pid: u32,
+    /// Distinguishes the `FileBackend`s of one process.
+    pub(crate) instance: u64,
+    pub(crate) count: u32,
+    pub(crate) owner: String,
+}
+
+/// Contents of one lock file (a mutex's `.lock`, or a read-write lock's `.rw-record`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Record {
     /// Last fencing token granted (0: never granted).
     pub(crate) token: u64,
     /// The lock's name (absent only in a file never granted).
     pub(crate) name: Option<String>,
-    /// Who holds it, while held.
+    /// Who holds it, while held (mutex).
     pub(crate) holder: Option<HolderLine>,
+    /// The holds of a read-write lock.
+    pub(crate) holds: Vec<HoldLine>,
 }
 
 impl Record {
@@ -58,6 +95,16 @@ impl Record {
         }
         if let Some(h) = &self.holder {
             s.push_str(&format!("holder {} {} {}\n", h.pid, h.count, h.owner));
+        }
+        for h in &self.holds {
+            s.push_str(&format!(
+                "hold {} {} {} {} {}\n",
+                h.side.letter(),
+                h.pid,
+                h.instance,
+                h.count,
+                h.owner
+            ));
         }
         s.push_str("end\n");
         s
@@ -107,6 +154,10 @@ impl Record {
                         _ => return Err(format!("its holder line `{value}` is malformed")),
                     }
                 }
+                "hold" => rec.holds.push(
+                    parse_hold(value)
+                        .ok_or_else(|| format!("its hold line `{value}` is malformed"))?,
+                ),
                 // Lines added by later versions are skipped.
                 _ => {}
             }
@@ -117,6 +168,27 @@ impl Record {
         rec.token = token.ok_or_else(|| "it has no `token` line".to_owned())?;
         Ok(rec)
     }
+}
+
+/// `r|w PID INSTANCE COUNT OWNER` (the owner may contain spaces).
+fn parse_hold(value: &str) -> Option<HoldLine> {
+    let mut parts = value.splitn(5, ' ');
+    let side = match parts.next()? {
+        "r" => Side::Read,
+        "w" => Side::Write,
+        _ => return None,
+    };
+    let pid = parts.next()?.parse().ok()?;
+    let instance = parts.next()?.parse().ok()?;
+    let count = parts.next()?.parse().ok()?;
+    let owner = parts.next().filter(|o| !o.is_empty())?;
+    Some(HoldLine {
+        side,
+        pid,
+        instance,
+        count,
+        owner: owner.to_owned(),
+    })
 }
 
 /// Reads the whole file from offset 0.
@@ -175,6 +247,7 @@ mod tests {
                 count: 3,
                 owner: "host:7:abc:1 odd owner".into(),
             }),
+            holds: Vec::new(),
         };
         assert_eq!(Record::parse(rec.encode().as_bytes()), Ok(rec.clone()));
         let free = Record {
@@ -189,11 +262,60 @@ mod tests {
         assert!(Record::parse(&torn).is_ok());
     }
 
+    #[test]
+    fn hold_lines() {
+        let rec = Record {
+            token: 9,
+            name: Some("rw name".into()),
+            holder: None,
+            holds: vec![
+                HoldLine {
+                    side: Side::Write,
+                    pid: 12,
+                    instance: 3,
+                    count: 2,
+                    owner: "w owner".into(),
+                },
+                HoldLine {
+                    side: Side::Read,
+                    pid: 13,
+                    instance: 0,
+                    count: 1,
+                    owner: "r".into(),
+                },
+            ],
+        };
+        let text = rec.encode();
+        assert!(
+            text.contains("hold w 12 3 2 w owner\nhold r 13 0 1 r\n"),
+            "{text}"
+        );
+        assert_eq!(Record::parse(text.as_bytes()), Ok(rec));
+        for bad in [
+            "x 1 1 1 o",
+            "r 1 1 1",
+            "r a 1 1 o",
+            "r 1 1 -1 o",
+            "w 1 1 1 ",
+        ] {
+            let text = format!("dlock-file 1\ntoken 1\nhold {bad}\nend\n");
+            assert!(
+                Record::parse(text.as_bytes()).unwrap_err().contains("hold"),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            rw_file_name("a", "rw"),
+            "d228cb696f1a8caf78912b704e4a8964.rw"
+        );
+    }
+
     fn free_with_tail() -> Vec<u8> {
         Record {
             token: 1,
             name: Some("n".into()),
             holder: None,
+            holds: Vec::new(),
         }
         .encode()
         .into_bytes()

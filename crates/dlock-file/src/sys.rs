@@ -9,9 +9,10 @@ use std::path::Path;
 /// Kind of `flock` lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// `LOCK_SH`: only used to probe whether anyone holds the lock.
+    /// `LOCK_SH`: a read hold, a pass through the turnstile, a consistent read of a record,
+    /// or a probe whether anyone holds a lock.
     Shared,
-    /// `LOCK_EX`: the lock itself.
+    /// `LOCK_EX`: a mutex, a write hold, a waiting writer's turnstile, a record update.
     Exclusive,
 }
 
@@ -51,6 +52,26 @@ pub(crate) fn try_lock(file: &File, mode: Mode) -> io::Result<bool> {
 /// `flock(LOCK_EX)`: blocks the calling thread until the lock is ours.
 pub(crate) fn lock_wait(file: &File) -> io::Result<()> {
     flock(file, libc::LOCK_EX)
+}
+
+/// `flock(mode)`: blocks the calling thread until the lock is ours. On a descriptor that
+/// already holds a lock, converts it (an exclusive lock becomes shared, or the reverse).
+pub(crate) fn lock_blocking(file: &File, mode: Mode) -> io::Result<()> {
+    flock(file, op(mode))
+}
+
+/// True unless process `pid` surely does not exist (`kill(pid, 0)` fails with `ESRCH`).
+/// Pids outside `1..=i32::MAX` (which `kill` would read as process groups) count as dead.
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; kill only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Unlocks explicitly, then closes. Unlocking first matters when a `fork`ed child still shares

@@ -6,8 +6,12 @@ use dlock_testkit::conformance::{Caps, Harness};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// How long [`FileHarness::client`] takes, like a connect to a server on the same host.
+const CONNECT_DELAY: Duration = Duration::from_millis(20);
 
 /// One lock directory per case; every client gets its own backend, as a separate process would.
 struct FileHarness {
@@ -33,8 +37,25 @@ impl Drop for FileHarness {
 
 #[dlock_core::async_trait]
 impl Harness for FileHarness {
+    /// Opening a backend does blocking file-system calls, so it runs on the blocking pool, as
+    /// an application should do it; then the harness waits [`CONNECT_DELAY`], as a network
+    /// backend's connect would.
+    ///
+    /// The delay matters to `rw_readers_share_writer_excludes`: it spawns three readers, then
+    /// three writers, each right after making its client, and needs the readers to have asked
+    /// first. With a network backend, the connect of the next client gives the task just
+    /// spawned the time to send its request; opening a `FileBackend` takes microseconds, so
+    /// without the delay the six first attempts race on the two worker threads, and a writer
+    /// that starts waiting between two readers rightly holds the later reader back (new
+    /// readers do not pass a waiting writer) while the first reader waits at the case's
+    /// barrier for it: the case then times out although the backend behaves as specified.
     async fn client(&self, opts: ClientOptions) -> Client {
-        let backend = FileBackend::open(&self.dir, &opts).expect("open backend");
+        let (dir, o) = (self.dir.clone(), opts.clone());
+        let backend = tokio::task::spawn_blocking(move || FileBackend::open(&dir, &o))
+            .await
+            .expect("join")
+            .expect("open backend");
+        tokio::time::sleep(CONNECT_DELAY).await;
         Client::new(Arc::new(backend), opts).expect("client")
     }
 

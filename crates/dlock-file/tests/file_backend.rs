@@ -746,13 +746,25 @@ async fn deleted_lock_file_fires_lost_signal() {
 async fn other_lock_kinds_are_unsupported() {
     let dir = TempDir::new("kinds");
     let be = backend(dir.path());
-    for kind in [LockKind::Read, LockKind::Write] {
-        let mut r = req("rw", "o");
+    for kind in [
+        LockKind::Fair,
+        LockKind::Semaphore {
+            permits: 1,
+            limit: 2,
+        },
+    ] {
+        let mut r = req("k", "o");
         r.key.kind = kind;
         let e = be.acquire(&r).await.unwrap_err();
         assert!(e.is_unsupported(), "{e:?}");
         assert!(e.to_string().contains(kind.as_str()), "{e}");
-        assert!(be.inspect("rw", kind).await.unwrap_err().is_unsupported());
+        assert!(be.inspect("k", kind).await.unwrap_err().is_unsupported());
         assert!(be.release(&r.key).await.unwrap_err().is_unsupported());
+        assert!(be
+            .watch(&r.key)
+            .await
+            .err()
+            .expect("watch")
+            .is_unsupported());
     }
 }

@@ -23,13 +23,17 @@
 //! replicas to confirm it (Redis `WAIT`), for deployments behind Sentinel where an
 //! unreplicated lock would vanish on failover; a grant not confirmed in time is given back and
 //! reported as an error.
+//!
+//! The `quorum_*` methods are the single-node steps of Redlock (`dlock-redlock`).
 #![warn(missing_docs)]
 
 mod error;
 mod pubsub;
+mod quorum;
 mod scripts;
 
 use crate::error::{map, shape, KIND};
+pub use crate::quorum::{QuorumReply, QuorumVote, ServerInfo, TOKEN_FIELD};
 use dlock_core::{
     async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, HoldKey, HolderInfo,
     LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,

@@ -758,15 +758,19 @@ pub async fn rw_readers_share_writer_excludes<H: Harness>(h: &H) {
     let writers_in = Arc::new(AtomicU64::new(0));
     let violations = Arc::new(AtomicU64::new(0));
     let barrier = Arc::new(tokio::sync::Barrier::new(3));
+    // Writers start once every reader holds the lock: a writer queued between two readers
+    // would (rightly) make the later reader wait behind it, and the barrier could never open.
+    let readers_holding = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for i in 0..6 {
         let c = h.client(fast_opts()).await;
-        let (name, readers_in, writers_in, violations, barrier) = (
+        let (name, readers_in, writers_in, violations, barrier, holding) = (
             name.clone(),
             readers_in.clone(),
             writers_in.clone(),
             violations.clone(),
             barrier.clone(),
+            readers_holding.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let rw = c.rw_lock(&name).expect("rw");
@@ -777,6 +781,7 @@ pub async fn rw_readers_share_writer_excludes<H: Harness>(h: &H) {
                     .await
                     .expect("read");
                 readers_in.fetch_add(1, Ordering::SeqCst);
+                holding.fetch_add(1, Ordering::SeqCst);
                 if writers_in.load(Ordering::SeqCst) > 0 {
                     violations.fetch_add(1, Ordering::SeqCst);
                 }
@@ -787,6 +792,14 @@ pub async fn rw_readers_share_writer_excludes<H: Harness>(h: &H) {
                 readers_in.fetch_sub(1, Ordering::SeqCst);
                 g.release().await.expect("release");
             } else {
+                let t = Instant::now();
+                while holding.load(Ordering::SeqCst) < 3 {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(10),
+                        "readers never got in"
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
                 for _ in 0..3 {
                     let g = rw
                         .write()

@@ -42,19 +42,29 @@
 
 pub mod conformance;
 mod error;
+mod etcd;
+mod mariadb;
+mod postgres;
 mod proxy;
 mod redis;
 mod resp;
 mod spawn;
 mod tempdir;
 mod tls;
+mod zookeeper;
 
 pub use error::{Error, Result};
+pub use etcd::{EtcdCluster, EtcdStatus, ETCD_BINARY_ENV};
+pub use mariadb::{MariaDbServer, MARIADB_SERVER_ENV};
+pub use postgres::{PostgresServer, POSTGRES_BIN_DIR_ENV};
 pub use proxy::DelayProxy;
 pub use redis::{RedisOptions, RedisServer, REDIS_SERVER_ENV};
 pub use resp::Reply;
 pub use tempdir::TempDir;
 pub use tls::TestCerts;
+pub use zookeeper::{
+    ZkEnsemble, ZOOKEEPER_CLASSPATH_ENV, ZOOKEEPER_JAR, ZOOKEEPER_JAVA_ENV, ZOOKEEPER_TICK_MS,
+};
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 

@@ -41,7 +41,8 @@ const LOG_TAIL_LINES: usize = 20;
 
 /// A PostgreSQL server on a free `127.0.0.1` port, in its own temp dir.
 ///
-/// Made for speed, not durability: `fsync=off`, small shared buffers. It has a login role
+/// Made for speed: `fsync=off` (commits survive a killed server, not a crashed OS), small
+/// shared buffers. It has a login role
 /// [`user`](Self::user) with password [`password`](Self::password) owning the database
 /// [`database`](Self::database); [`url`](Self::url) connects as that role.
 ///
@@ -77,7 +78,24 @@ impl PostgresServer {
         if let Some((uid, gid)) = run_as {
             chown(dir.path(), uid, gid)?;
         }
-        initdb(&bins, run_as, dir.path())?;
+        let key = cache_key(
+            "pg",
+            &[
+                &bins.postgres.display().to_string(),
+                &version_of(&bins.postgres),
+                &format!("{run_as:?}"),
+            ],
+        );
+        let built = template(&key, |tmp| {
+            if let Some((uid, gid)) = run_as {
+                chown(tmp, uid, gid)?;
+            }
+            fresh_cluster(&bins, run_as, tmp)
+        })?;
+        match built {
+            Some(tpl) => copy_dir(&tpl.join("data"), &dir.path().join("data"))?,
+            None => fresh_cluster(&bins, run_as, dir.path())?,
+        }
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
             let port = try_free_port()?;
@@ -90,7 +108,8 @@ impl PostgresServer {
                         child: Mutex::new(Some(child)),
                         dir,
                     };
-                    server.setup()?;
+                    // Warm up: the first connection to a database loads its catalog caches.
+                    server.sql("SELECT 1")?;
                     return Ok(server);
                 }
                 Err(Attempt::Retry(e)) => last = Some(e),
@@ -101,18 +120,6 @@ impl PostgresServer {
             what: "postgres".into(),
             detail: "no start attempt was made".into(),
         }))
-    }
-
-    fn setup(&self) -> Result<()> {
-        self.psql(
-            "postgres",
-            &[
-                &format!("ALTER ROLE postgres PASSWORD '{ADMIN_PASSWORD}'"),
-                &format!("CREATE ROLE {USER} LOGIN PASSWORD '{PASSWORD}'"),
-                &format!("CREATE DATABASE {DATABASE} OWNER {USER}"),
-            ],
-        )
-        .map(|_| ())
     }
 
     /// The TCP port (stable across [`restart`](Self::restart)).
@@ -240,36 +247,7 @@ impl PostgresServer {
     }
 
     fn psql(&self, db: &str, commands: &[&str]) -> Result<String> {
-        let mut cmd = Command::new(&self.bins.psql);
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("LC_ALL", "C")
-            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h"])
-            .arg(self.dir.path())
-            .arg("-p")
-            .arg(self.port.to_string())
-            .args(["-U", "postgres", "-d", db]);
-        for c in commands {
-            cmd.arg("-c").arg(c);
-        }
-        let out = cmd.stdin(Stdio::null()).output().map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                Error::BinaryMissing {
-                    binary: self.bins.psql.display().to_string(),
-                    package: "postgresql-client".into(),
-                }
-            } else {
-                Error::Io(e)
-            }
-        })?;
-        if !out.status.success() {
-            return Err(Error::Io(io::Error::other(format!(
-                "psql failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        psql_at(&self.bins, self.dir.path(), self.port, db, commands)
     }
 
     fn signal_group(&mut self, sig: libc::c_int) {
@@ -295,6 +273,187 @@ impl Drop for PostgresServer {
 
 fn describe(port: u16) -> String {
     format!("postgres on 127.0.0.1:{port}")
+}
+
+/// Makes a ready-to-copy cluster in `dir/data`: initdb, then the roles and the database of
+/// the tests, then a clean shutdown.
+fn fresh_cluster(bins: &PgBins, run_as: Option<(u32, u32)>, dir: &Path) -> Result<()> {
+    initdb(bins, run_as, dir)?;
+    let mut last = None;
+    for _ in 0..START_ATTEMPTS {
+        let port = try_free_port()?;
+        match launch(bins, run_as, dir, port) {
+            Ok(child) => {
+                let r = psql_at(
+                    bins,
+                    dir,
+                    port,
+                    "postgres",
+                    &[
+                        "SET password_encryption = 'md5'",
+                        &format!("ALTER ROLE postgres PASSWORD '{ADMIN_PASSWORD}'"),
+                        &format!("CREATE ROLE {USER} LOGIN PASSWORD '{PASSWORD}'"),
+                        &format!("CREATE DATABASE {DATABASE} OWNER {USER}"),
+                    ],
+                );
+                // SIGINT: fast shutdown, leaving a clean cluster behind.
+                stop_gracefully(child, libc::SIGINT);
+                return r.map(|_| ());
+            }
+            Err(Attempt::Retry(e)) => last = Some(e),
+            Err(Attempt::Fatal(e)) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::Start {
+        what: "postgres".into(),
+        detail: "no start attempt was made".into(),
+    }))
+}
+
+fn psql_at(bins: &PgBins, dir: &Path, port: u16, db: &str, commands: &[&str]) -> Result<String> {
+    let mut cmd = Command::new(&bins.psql);
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("LC_ALL", "C")
+        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h"])
+        .arg(dir)
+        .arg("-p")
+        .arg(port.to_string())
+        .args(["-U", "postgres", "-d", db]);
+    for c in commands {
+        cmd.arg("-c").arg(c);
+    }
+    let out = cmd.stdin(Stdio::null()).output().map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            Error::BinaryMissing {
+                binary: bins.psql.display().to_string(),
+                package: "postgresql-client".into(),
+            }
+        } else {
+            Error::Io(e)
+        }
+    })?;
+    if !out.status.success() {
+        return Err(Error::Io(io::Error::other(format!(
+            "psql failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Environment variable that turns the data-dir template cache off (any non-empty value).
+const NO_CACHE_ENV: &str = "DLOCK_TESTKIT_NO_CACHE";
+/// Bump when what a template contains changes.
+const TEMPLATE_FORMAT: u32 = 2;
+
+/// A cache key for a template: `prefix-<hash of parts>`.
+pub(crate) fn cache_key(prefix: &str, parts: &[&str]) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    TEMPLATE_FORMAT.hash(&mut h);
+    parts.hash(&mut h);
+    format!("{prefix}-{:016x}", h.finish())
+}
+
+/// The first line `binary --version` prints (part of a template's cache key).
+pub(crate) fn version_of(binary: &Path) -> String {
+    Command::new(binary)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+/// An initialized data dir, built once per machine by `build` and shared by every test
+/// process (servers start from a copy, which is several times faster than initializing).
+///
+/// Lives in `$TMPDIR/dlock-testkit-cache/KEY`; built under an exclusive `flock`, in a side
+/// directory renamed into place when complete, so a crashed build is never used. `None` when
+/// the cache is turned off with `DLOCK_TESTKIT_NO_CACHE`.
+pub(crate) fn template(
+    key: &str,
+    build: impl FnOnce(&Path) -> Result<()>,
+) -> Result<Option<PathBuf>> {
+    if std::env::var_os(NO_CACHE_ENV).is_some_and(|v| !v.is_empty()) {
+        return Ok(None);
+    }
+    let root = std::env::temp_dir().join("dlock-testkit-cache");
+    std::fs::create_dir_all(&root)?;
+    let dest = root.join(key);
+    let ready = |p: &Path| p.join("READY").exists();
+    if ready(&dest) {
+        return Ok(Some(dest));
+    }
+    let lock = File::create(root.join(format!("{key}.lock")))?;
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: plain syscall on a file we own; released when `lock` is dropped.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(Error::Io(io::Error::last_os_error()));
+        }
+    }
+    if ready(&dest) {
+        return Ok(Some(dest));
+    }
+    let building = root.join(format!("{key}.building"));
+    let _ = std::fs::remove_dir_all(&building);
+    std::fs::create_dir(&building)?;
+    if let Err(e) = build(&building) {
+        let _ = std::fs::remove_dir_all(&building);
+        return Err(e);
+    }
+    File::create(building.join("READY"))?;
+    let _ = std::fs::remove_dir_all(&dest);
+    std::fs::rename(&building, &dest)?;
+    drop(lock);
+    Ok(Some(dest))
+}
+
+/// Copies a directory tree, keeping modes and (as root) owners: `cp -a SRC DST`.
+pub(crate) fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(src)
+        .arg(dst)
+        .stdin(Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        return Err(Error::Io(io::Error::other(format!(
+            "cp -a {} {} failed: {}",
+            src.display(),
+            dst.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))));
+    }
+    Ok(())
+}
+
+/// Sends `sig` (a shutdown request) to a server and waits up to 30 s for it to exit; kills
+/// it if it does not.
+pub(crate) fn stop_gracefully(mut child: Child, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: plain syscall; the child is not reaped yet.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if !matches!(child.try_wait(), Ok(None)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    kill_group_and_reap(child);
 }
 
 /// Why one launch attempt failed.
@@ -403,12 +562,16 @@ fn initdb(bins: &PgBins, run_as: Option<(u32, u32)>, dir: &Path) -> Result<()> {
             "-U",
             "postgres",
             "--auth-local=trust",
-            "--auth-host=scram-sha-256",
+            // md5, not SCRAM: a SCRAM handshake runs 4096 PBKDF2 rounds, which in debug
+            // builds dominates connection setup when a test opens dozens of sessions at once.
+            // Passwords are still checked for real.
+            "--auth-host=md5",
             "-E",
             "UTF8",
             "--locale=C",
             "--no-sync",
             "--no-instructions",
+            "--wal-segsize=1",
         ])
         .env("LC_ALL", "C")
         .env_remove("PGDATA")
@@ -468,13 +631,13 @@ fn launch(
             "-c",
             "fsync=off",
             "-c",
-            "synchronous_commit=off",
+            "synchronous_commit=on",
             "-c",
             "full_page_writes=off",
             "-c",
             "shared_buffers=16MB",
             "-c",
-            "max_connections=300",
+            "max_connections=200",
             "-c",
             "max_wal_size=64MB",
             "-c",

@@ -6,6 +6,10 @@
 //! |---|---|---|
 //! | `file://DIR` | OS file locks, processes on one host, no server | `file` (default) |
 //! | `redis://[user:pass@]host:port[/db]` | one Redis server | `redis` (default) |
+//! | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3` | Redlock over N independent Redis masters | `redlock` (default) |
+//! | `postgres://user:pass@host:port/db[?mode=lease]` | PostgreSQL advisory locks (or a lease table) | `postgres` |
+//! | `mysql://user:pass@host:port/db[?mode=table]` | MySQL/MariaDB `GET_LOCK` (or lock rows) | `mysql` |
+//! | `zk://h1:p1[,h2:p2…][/chroot]` | ZooKeeper ensemble, Curator-style lock nodes | `zookeeper` |
 //!
 //! Every lock hands its holder a **fencing token** (strictly increasing per lock name) and a
 //! **lost signal** (fires as soon as the lease is known to be gone). By default a lock is kept
@@ -29,10 +33,20 @@
 
 pub use dlock_core::*;
 
+#[cfg(feature = "etcd")]
+pub use dlock_etcd as etcd;
 #[cfg(feature = "file")]
 pub use dlock_file as file;
+#[cfg(feature = "mysql")]
+pub use dlock_mysql as mysql;
+#[cfg(feature = "postgres")]
+pub use dlock_postgres as postgres;
 #[cfg(feature = "redis")]
 pub use dlock_redis as redis;
+#[cfg(feature = "redlock")]
+pub use dlock_redlock as redlock;
+#[cfg(feature = "zookeeper")]
+pub use dlock_zookeeper as zookeeper;
 
 /// The backend used when none is given: the embedded file backend in its default directory.
 pub const DEFAULT_BACKEND: &str = "file://";
@@ -50,7 +64,15 @@ pub async fn connect_with(url: &str, opts: ClientOptions) -> Result<Client> {
     Client::new(backend, opts)
 }
 
-#[cfg(not(all(feature = "redis", feature = "file")))]
+#[cfg(not(all(
+    feature = "redis",
+    feature = "file",
+    feature = "etcd",
+    feature = "redlock",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "zookeeper"
+)))]
 fn not_built(url: &str, scheme: &str, feature: &str) -> Error {
     Error::InvalidUrl {
         url: url.to_owned(),
@@ -94,12 +116,71 @@ async fn open_backend(url: &str, opts: &ClientOptions) -> Result<std::sync::Arc<
                 Err(not_built(url, scheme, "file"))
             }
         }
-        "redlock" | "etcd" | "zk" | "postgres" | "postgresql" | "mysql" => Err(Error::InvalidUrl {
-            url: url.to_owned(),
-            reason: format!(
-                "the {scheme}:// backend is not available in this version of dlock yet"
-            ),
-        }),
+        "etcd" | "etcds" => {
+            #[cfg(feature = "etcd")]
+            {
+                Ok(std::sync::Arc::new(
+                    dlock_etcd::EtcdBackend::connect(url, opts).await?,
+                ))
+            }
+            #[cfg(not(feature = "etcd"))]
+            {
+                let _ = opts;
+                Err(not_built(url, scheme, "etcd"))
+            }
+        }
+        "redlock" | "redlocks" => {
+            #[cfg(feature = "redlock")]
+            {
+                Ok(std::sync::Arc::new(
+                    dlock_redlock::RedlockBackend::connect(url, opts).await?,
+                ))
+            }
+            #[cfg(not(feature = "redlock"))]
+            {
+                let _ = opts;
+                Err(not_built(url, scheme, "redlock"))
+            }
+        }
+        "postgres" | "postgresql" => {
+            #[cfg(feature = "postgres")]
+            {
+                Ok(std::sync::Arc::new(
+                    dlock_postgres::PostgresBackend::connect(url, opts).await?,
+                ))
+            }
+            #[cfg(not(feature = "postgres"))]
+            {
+                let _ = opts;
+                Err(not_built(url, scheme, "postgres"))
+            }
+        }
+        "mysql" => {
+            #[cfg(feature = "mysql")]
+            {
+                Ok(std::sync::Arc::new(
+                    dlock_mysql::MysqlBackend::connect(url, opts).await?,
+                ))
+            }
+            #[cfg(not(feature = "mysql"))]
+            {
+                let _ = opts;
+                Err(not_built(url, scheme, "mysql"))
+            }
+        }
+        "zk" => {
+            #[cfg(feature = "zookeeper")]
+            {
+                Ok(std::sync::Arc::new(
+                    dlock_zookeeper::ZkBackend::connect(url, opts).await?,
+                ))
+            }
+            #[cfg(not(feature = "zookeeper"))]
+            {
+                let _ = opts;
+                Err(not_built(url, scheme, "zookeeper"))
+            }
+        }
         other => Err(Error::InvalidUrl {
             url: url.to_owned(),
             reason: format!(

@@ -9,12 +9,26 @@
 //! |---|---|
 //! | `file://DIR` | `<lock dir>/<prefix>-<run>.state` (`"<stock> <version>\n"`) and `<prefix>-<run>.orders` (one buyer id a line) |
 //! | `redis://` | `<prefix>:{<run>}:stock`, `<prefix>:{<run>}:version` (strings), `<prefix>:{<run>}:orders` (list, RPUSH) |
+//! | `redlock://` | as `redis://`, on the **first** node of the URL only: the lock is spread over all nodes, the data is not |
+//! | `postgres://` (feature `postgres`) | tables `dlock_<prefix>_stock(run, stock, version)` and `dlock_<prefix>_orders(id, run, buyer)` |
+//! | `mysql://` (feature `mysql`) | the same two tables (InnoDB) |
+//! | `etcd://` (feature `etcd`) | `<etcd prefix>/<prefix>/<run>/stock` (`"<stock> <version>"`), `…/<run>/orders/<n>` (one buyer id each) |
+//! | `zk://` (feature `zookeeper`) | `<chroot>/dlock-store/<prefix>-<run>/stock` (`"<stock>"`, version = the znode's data version), `…/orders/order-<seq>` |
 //!
-//! Other backends (`redlock://` through its first node, `postgres://`, `mysql://`, …) plug in
-//! by implementing [`Store`] and adding a branch to [`open`].
+//! A backend plugs in by implementing [`Store`] and adding a branch to [`open`] and to
+//! [`SCHEMES`].
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod file;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod redis;
+mod redlock;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 use dlock::async_trait;
 use std::fmt;
@@ -96,17 +110,48 @@ pub async fn open(url: &str, prefix: &str, run: &str) -> StoreResult<Box<dyn Sto
             "backend URL `{url}` has no scheme; write e.g. file:///tmp/locks or redis://127.0.0.1:6380"
         )));
     };
+    check_prefix(prefix)?;
     match scheme.as_str() {
         "file" => Ok(Box::new(file::FileStore::open(url, prefix, run)?)),
-        "redis" => Ok(Box::new(redis::RedisStore::open(url, prefix, run).await?)),
+        "redis" | "rediss" => Ok(Box::new(redis::RedisStore::open(url, prefix, run).await?)),
+        "redlock" | "redlocks" => Ok(Box::new(
+            redlock::RedlockStore::open(url, prefix, run).await?,
+        )),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Box::new(postgres::PgStore::open(url, prefix, run).await?)),
+        #[cfg(feature = "mysql")]
+        "mysql" => Ok(Box::new(mysql::MySqlStore::open(url, prefix, run).await?)),
+        #[cfg(feature = "etcd")]
+        "etcd" => Ok(Box::new(etcd::EtcdStore::open(url, prefix, run).await?)),
+        #[cfg(feature = "zookeeper")]
+        "zk" => Ok(Box::new(zookeeper::ZkStore::open(url, prefix, run).await?)),
         other => Err(unsupported(other)),
     }
 }
 
-/// Checks, without touching anything, that `url` names a backend with a store.
+/// The schemes whose store this build has.
+pub const SCHEMES: &[&str] = &[
+    "file",
+    "redis",
+    "rediss",
+    "redlock",
+    "redlocks",
+    #[cfg(feature = "postgres")]
+    "postgres",
+    #[cfg(feature = "postgres")]
+    "postgresql",
+    #[cfg(feature = "mysql")]
+    "mysql",
+    #[cfg(feature = "etcd")]
+    "etcd",
+    #[cfg(feature = "zookeeper")]
+    "zk",
+];
+
+/// Checks, without touching anything, that `url` names a backend with a store in this build.
 pub fn check_supported(url: &str) -> StoreResult<()> {
     match scheme(url).as_deref() {
-        Some("file") | Some("redis") => Ok(()),
+        Some(s) if SCHEMES.contains(&s) => Ok(()),
         Some(other) => Err(unsupported(other)),
         None => Err(StoreError(format!(
             "backend URL `{url}` has no scheme; write e.g. file:///tmp/locks or redis://127.0.0.1:6380"
@@ -114,11 +159,86 @@ pub fn check_supported(url: &str) -> StoreResult<()> {
     }
 }
 
-fn unsupported(scheme: &str) -> StoreError {
-    StoreError(format!(
-        "the {scheme}:// backend has no store for the stock and orders yet; use file://DIR or redis://host:port"
-    ))
+/// The cargo feature of the dlock CLI that builds the backend (and store) of `scheme`.
+fn feature_of(scheme: &str) -> Option<&'static str> {
+    match scheme {
+        "postgres" | "postgresql" => Some("postgres"),
+        "mysql" => Some("mysql"),
+        "etcd" => Some("etcd"),
+        "zk" => Some("zookeeper"),
+        _ => None,
+    }
 }
+
+fn unsupported(scheme: &str) -> StoreError {
+    match feature_of(scheme) {
+        Some(feature) => StoreError(format!(
+            "this dlock is built without the {scheme}:// backend; rebuild it with \
+             `cargo build -p dlock-cli --features {feature}` (or `cargo install dlock-cli --features {feature}`)"
+        )),
+        None => StoreError(format!(
+            "the {scheme}:// backend has no store for the stock and orders; supported here: {}",
+            SCHEMES
+                .iter()
+                .map(|s| format!("{s}://"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// Store prefixes are ours (`seckill`, `bench`), but they end up in table names: keep them
+/// to `[a-z0-9_]`.
+fn check_prefix(prefix: &str) -> StoreResult<()> {
+    if prefix.is_empty()
+        || prefix.len() > 32
+        || !prefix
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(StoreError(format!(
+            "store prefix `{}` must be 1 to 32 characters out of a-z, 0-9 and `_`",
+            prefix.escape_debug()
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `fut` with a time limit; `what` and `endpoint` make the error message.
+#[cfg_attr(
+    not(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "etcd",
+        feature = "zookeeper"
+    )),
+    allow(dead_code)
+)]
+pub(crate) async fn timed<T, E: fmt::Display>(
+    endpoint: &str,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, E>>,
+) -> StoreResult<T> {
+    match tokio::time::timeout(OP_TIMEOUT, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(StoreError(format!("{endpoint}: {what} failed: {e}"))),
+        Err(_) => Err(StoreError(format!(
+            "{endpoint}: {what}: no answer within {OP_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// Time limit of one store operation (connecting included).
+#[cfg_attr(
+    not(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "etcd",
+        feature = "zookeeper"
+    )),
+    allow(dead_code)
+)]
+pub(crate) const OP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {
@@ -130,8 +250,16 @@ mod tests {
         assert_eq!(scheme("REDIS://x:1").as_deref(), Some("redis"));
         assert_eq!(scheme("/tmp"), None);
         assert!(check_supported("file:///tmp/x").is_ok());
-        let e = check_supported("postgres://db/x").unwrap_err();
-        assert!(e.0.contains("postgres://"), "{e}");
+        assert!(check_supported("redlock://a:1,b:2,c:3").is_ok());
+        let e = check_supported("nope://db/x").unwrap_err();
+        assert!(e.0.contains("nope://"), "{e}");
+        #[cfg(not(feature = "postgres"))]
+        {
+            let e = check_supported("postgres://db/x").unwrap_err();
+            assert!(e.0.contains("--features postgres"), "{e}");
+        }
+        #[cfg(feature = "postgres")]
+        assert!(check_supported("postgresql://u@db/x").is_ok());
         assert!(check_run_id("abc-12").is_ok());
         assert!(check_run_id("../x").is_err());
         assert!(check_run_id("").is_err());

@@ -1,0 +1,55 @@
+//! The shared conformance suite on a real 3-member etcd cluster.
+
+use dlock_core::{Client, ClientOptions};
+use dlock_etcd::EtcdBackend;
+use dlock_testkit::conformance::{Caps, Harness};
+use dlock_testkit::EtcdCluster;
+use etcd_client::DeleteOptions;
+use std::sync::Arc;
+
+struct Etcd {
+    cluster: EtcdCluster,
+}
+
+impl Etcd {
+    fn start() -> Self {
+        Etcd {
+            cluster: EtcdCluster::start().expect("start a 3-member etcd cluster"),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for Etcd {
+    async fn client(&self, opts: ClientOptions) -> Client {
+        let backend = EtcdBackend::connect(&self.cluster.url(), &opts)
+            .await
+            .expect("connect");
+        Client::new(Arc::new(backend), opts).expect("client")
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            lease_expiry: true,
+            break_lock: true,
+        }
+    }
+
+    async fn break_lock(&self, name: &str) {
+        let opts = ClientOptions::default();
+        let b = EtcdBackend::connect(&self.cluster.url(), &opts)
+            .await
+            .expect("connect");
+        let mut kv = b.etcd_client().kv_client();
+        let r = kv
+            .delete(
+                b.queue_prefix(name),
+                Some(DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .expect("delete");
+        assert!(r.deleted() >= 1, "nothing to delete");
+    }
+}
+
+dlock_testkit::conformance_suite!(Etcd::start());

@@ -1,0 +1,868 @@
+//! Read-write locks of the `file://` backend: in one backend, between backends, and between
+//! real processes (the test binary re-executes itself as a child holder).
+
+use dlock_core::{
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockKind,
+    LostSignal, ReleaseOutcome, RenewOutcome,
+};
+use dlock_file::FileBackend;
+use std::io::{BufRead, BufReader, Lines};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A unique directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        TempDir(std::env::temp_dir().join(format!(
+            "dlock-file-rw-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        )))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn opts() -> ClientOptions {
+    ClientOptions::default().namespace("rw")
+}
+
+fn backend(dir: &Path) -> Arc<FileBackend> {
+    Arc::new(FileBackend::open(dir, &opts()).expect("open backend"))
+}
+
+/// A client with its own backend: as a separate process would have.
+fn client(dir: &Path) -> Client {
+    Client::new(backend(dir), opts()).expect("client")
+}
+
+fn key(name: &str, owner: &str, kind: LockKind) -> HoldKey {
+    HoldKey {
+        name: name.into(),
+        owner: owner.into(),
+        kind,
+    }
+}
+
+fn req(name: &str, owner: &str, kind: LockKind) -> AcquireRequest {
+    AcquireRequest::new(
+        key(name, owner, kind),
+        Duration::from_secs(30),
+        LostSignal::new(),
+    )
+}
+
+async fn granted(b: &FileBackend, name: &str, owner: &str, kind: LockKind) -> u64 {
+    match b.acquire(&req(name, owner, kind)).await.expect("acquire") {
+        AcquireReply::Granted { token } => token,
+        AcquireReply::Held { .. } => panic!("{owner} could not take the {kind:?} side"),
+    }
+}
+
+async fn held(b: &FileBackend, name: &str, owner: &str, kind: LockKind) {
+    match b.acquire(&req(name, owner, kind)).await.expect("acquire") {
+        AcquireReply::Held { ttl: None } => {}
+        other => panic!("{owner} asking for the {kind:?} side: {other:?}"),
+    }
+}
+
+async fn release(b: &FileBackend, name: &str, owner: &str, kind: LockKind) -> ReleaseOutcome {
+    b.release(&key(name, owner, kind)).await.expect("release")
+}
+
+/// The holders `inspect` reports, as sorted `(side, owner, count)`.
+async fn holders(b: &FileBackend, name: &str) -> Vec<(String, String, u32)> {
+    let info = b.inspect(name, LockKind::Read).await.expect("inspect");
+    let mut v: Vec<_> = info
+        .holders
+        .iter()
+        .map(|h| {
+            assert_eq!(h.lease_left, None);
+            let side = h.side.expect("side").as_str().to_owned();
+            (side, h.owner.clone(), h.count)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn hv(side: &str, owner: &str, count: u32) -> (String, String, u32) {
+    (side.to_owned(), owner.to_owned(), count)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_backend_owners_share_exclude_reenter_downgrade() {
+    let dir = TempDir::new("one");
+    let b = backend(dir.path());
+    let n = "one/backend";
+    use LockKind::{Read, Write};
+    // Readers of one backend share; re-entry keeps the token; each grant has a new token.
+    let t1 = granted(&b, n, "r1", Read).await;
+    let t2 = granted(&b, n, "r2", Read).await;
+    assert!(t2 > t1);
+    assert_eq!(granted(&b, n, "r1", Read).await, t1);
+    held(&b, n, "w", Write).await;
+    assert_eq!(
+        holders(&b, n).await,
+        [hv("read", "r1", 2), hv("read", "r2", 1)]
+    );
+    // An upgrade is refused at once.
+    let e = b.acquire(&req(n, "r2", Write)).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(e.to_string().contains("upgrade"), "{e}");
+    assert_eq!(
+        release(&b, n, "r1", Read).await,
+        ReleaseOutcome::StillHeld { remaining: 1 }
+    );
+    assert_eq!(release(&b, n, "r1", Read).await, ReleaseOutcome::Released);
+    assert_eq!(release(&b, n, "r2", Read).await, ReleaseOutcome::Released);
+    assert_eq!(release(&b, n, "r2", Read).await, ReleaseOutcome::Expired);
+    // A writer excludes the other owners of its backend, on both sides.
+    let tw = granted(&b, n, "w", Write).await;
+    assert!(tw > t2);
+    held(&b, n, "r1", Read).await;
+    held(&b, n, "w2", Write).await;
+    assert_eq!(
+        release(&b, n, "r1", Read).await,
+        ReleaseOutcome::TakenByOther
+    );
+    // Downgrade: the writer reads too (new token), and keeps reading without the write side.
+    let tr = granted(&b, n, "w", Read).await;
+    assert!(tr > tw);
+    assert_eq!(granted(&b, n, "w", Write).await, tw, "write re-entry");
+    assert_eq!(
+        holders(&b, n).await,
+        [hv("read", "w", 1), hv("write", "w", 2)]
+    );
+    assert_eq!(
+        release(&b, n, "w", Write).await,
+        ReleaseOutcome::StillHeld { remaining: 1 }
+    );
+    assert_eq!(release(&b, n, "w", Write).await, ReleaseOutcome::Released);
+    assert_eq!(holders(&b, n).await, [hv("read", "w", 1)]);
+    // Now other readers may join, writers may not.
+    granted(&b, n, "r1", Read).await;
+    held(&b, n, "w2", Write).await;
+    let other = backend(dir.path());
+    held(&other, n, "x", Write).await;
+    granted(&other, n, "y", Read).await;
+    assert_eq!(
+        holders(&other, n).await,
+        [hv("read", "r1", 1), hv("read", "w", 1), hv("read", "y", 1)]
+    );
+    // Renewals: only the holder's own sides.
+    let renew = [
+        (key(n, "w", Read), Duration::from_secs(1)),
+        (key(n, "w", Write), Duration::from_secs(1)),
+        (key(n, "y", Read), Duration::from_secs(1)),
+    ];
+    assert_eq!(
+        b.renew(&renew).await.expect("renew"),
+        [
+            RenewOutcome::Renewed,
+            RenewOutcome::NotHeld,
+            RenewOutcome::NotHeld
+        ]
+    );
+    for (be, o) in [(&b, "w"), (&b, "r1"), (&other, "y")] {
+        assert_eq!(release(be, n, o, Read).await, ReleaseOutcome::Released);
+    }
+    assert!(holders(&b, n).await.is_empty());
+    let info = other.inspect(n, LockKind::Write).await.expect("inspect");
+    assert!(!info.held());
+    assert!(info.fencing_token > tr);
+    let tw2 = granted(&other, n, "x", Write).await;
+    assert_eq!(info.fencing_token + 1, tw2);
+    assert_eq!(
+        release(&other, n, "x", Write).await,
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_and_record() {
+    let dir = TempDir::new("files");
+    let b = backend(dir.path());
+    let n = "files";
+    let [main, turnstile, record] = b.rw_lock_files(n);
+    let hash = format!("{:032x}", dlock_file::fnv1a_128(n.as_bytes()));
+    assert_eq!(main, b.dir().join(format!("{hash}.rw")));
+    assert_eq!(turnstile, b.dir().join(format!("{hash}.rw-turnstile")));
+    assert_eq!(record, b.dir().join(format!("{hash}.rw-record")));
+    let t = granted(&b, n, "reader one", LockKind::Read).await;
+    let text = std::fs::read_to_string(&record).expect("record");
+    let pid = std::process::id();
+    assert!(text.starts_with("dlock-file 1\n"), "{text}");
+    assert!(text.contains(&format!("token {t}\n")), "{text}");
+    assert!(text.contains(&format!("name {n}\n")), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("hold "))
+        .expect("hold line");
+    let parts: Vec<&str> = line.splitn(6, ' ').collect();
+    assert_eq!(parts[1..3], ["r", pid.to_string().as_str()], "{line}");
+    assert_eq!(parts[4..], ["1", "reader one"], "{line}");
+    // The mutex of the same name is another lock, with its own file and counter.
+    assert!(!b.lock_file(n).exists());
+    assert_eq!(
+        release(&b, n, "reader one", LockKind::Read).await,
+        ReleaseOutcome::Released
+    );
+    let text = std::fs::read_to_string(&record).expect("record");
+    assert!(!text.contains("hold "), "{text}");
+    // A record naming another lock (an FNV collision, or a foreign file) is refused.
+    std::fs::write(&record, "dlock-file 1\ntoken 3\nname other\nend\n").expect("write");
+    let e = b.acquire(&req(n, "o", LockKind::Write)).await.unwrap_err();
+    assert!(matches!(e, Error::UnexpectedReply { .. }), "{e:?}");
+    assert!(e.to_string().contains("same FNV-1a-128 hash"), "{e}");
+    // ... and left the lock free.
+    std::fs::write(&record, "dlock-file 1\ntoken 7\nname files\nend\n").expect("write");
+    assert_eq!(granted(&b, n, "o", LockKind::Write).await, 8);
+    assert_eq!(
+        release(&b, n, "o", LockKind::Write).await,
+        ReleaseOutcome::Released
+    );
+}
+
+/// A writer of another backend waits: new readers of any backend wait behind it, even while
+/// the lock is only read; its giving up lets them in again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_writer_holds_back_new_readers_until_it_gives_up() {
+    let dir = TempDir::new("turnstile");
+    let (a, b, c) = (client(dir.path()), client(dir.path()), client(dir.path()));
+    let n = "turnstile";
+    let r1_lock = a.rw_lock(n).expect("rw").read();
+    let r1 = r1_lock.acquire().await.expect("r1");
+    // Another owner of the reader's own backend may join while nobody waits.
+    let r1b = a
+        .rw_lock(n)
+        .expect("rw")
+        .read()
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(r1b.is_some());
+    drop(r1b);
+    let writer = b.rw_lock(n).expect("rw").write();
+    let w = writer.clone();
+    let wait = tokio::spawn(async move { w.acquire_timeout(Duration::from_millis(400)).await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for cl in [&a, &c] {
+        let late = cl.rw_lock(n).expect("rw").read();
+        assert!(
+            late.try_acquire().await.expect("try").is_none(),
+            "a new reader passed a waiting writer"
+        );
+    }
+    // The read holder itself re-enters (it would deadlock the writer otherwise).
+    let r1_again = r1_lock.try_acquire().await.expect("try").expect("re-entry");
+    assert_eq!(r1_again.fencing_token(), r1.fencing_token());
+    let e = wait.await.expect("join").unwrap_err();
+    assert!(e.is_timeout(), "{e}");
+    // The writer gave up: readers pass again, at once.
+    let g = c
+        .rw_lock(n)
+        .expect("rw")
+        .read()
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(
+        g.is_some(),
+        "the turnstile stayed closed after the writer gave up"
+    );
+    drop(g);
+    drop(r1_again);
+    // A writer that waits, and is cancelled by dropping its future: the acquisition runs in
+    // a task of its own, which notices the cancellation (and leaves the queue) a moment later.
+    let r = tokio::time::timeout(Duration::from_millis(150), writer.acquire()).await;
+    assert!(r.is_err(), "got the write side while read");
+    let reader = c.rw_lock(n).expect("rw").read();
+    let t = Instant::now();
+    loop {
+        if let Some(g) = reader.try_acquire().await.expect("try") {
+            drop(g);
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "the turnstile stayed closed after the writer was cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        r1.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // b's write thread wakes, finds no waiter and unlocks.
+    let g = writer
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("writer after the readers left");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// The same inside one backend (clients sharing it, as the tasks of one process do): a
+/// waiting writer holds back new readers of its own backend, and gets the lock the moment the
+/// last reader leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_writer_holds_back_readers_of_its_own_backend() {
+    let dir = TempDir::new("own");
+    let be = backend(dir.path());
+    let (a, b) = (
+        Client::new(be.clone(), opts()).expect("client"),
+        Client::new(be.clone(), opts()).expect("client"),
+    );
+    let n = "own";
+    let r1 = a
+        .rw_lock(n)
+        .expect("rw")
+        .read()
+        .acquire()
+        .await
+        .expect("r1");
+    let r2 = b
+        .rw_lock(n)
+        .expect("rw")
+        .read()
+        .try_acquire()
+        .await
+        .expect("try");
+    let r2 = r2.expect("readers of one backend share");
+    let writer = a.rw_lock(n).expect("rw").write();
+    let wait = tokio::spawn(async move {
+        let g = writer.acquire_timeout(Duration::from_secs(10)).await;
+        (g, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let late = b.rw_lock(n).expect("rw").read();
+    assert!(
+        late.try_acquire().await.expect("try").is_none(),
+        "a new reader of the writer's backend passed it"
+    );
+    let outsider = client(dir.path()).rw_lock(n).expect("rw").read();
+    assert!(outsider.try_acquire().await.expect("try").is_none());
+    assert_eq!(
+        r1.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!wait.is_finished(), "writer in with a reader left");
+    let released = Instant::now();
+    assert_eq!(
+        r2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let (g, at) = wait.await.expect("join");
+    let g = g.expect("writer after the readers");
+    assert!(at.saturating_duration_since(released) < Duration::from_secs(1));
+    assert_eq!(holders(&be, n).await, [hv("write", g.owner(), 1)]);
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(late.try_acquire().await.expect("try").is_some());
+}
+
+/// Readers waiting on a writer get in together when it releases; a reader that gave up leaves
+/// nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_wait_for_writer_and_enter_together() {
+    let dir = TempDir::new("rwait");
+    let (a, b, c) = (client(dir.path()), client(dir.path()), client(dir.path()));
+    let n = "rwait";
+    let w = a
+        .rw_lock(n)
+        .expect("rw")
+        .write()
+        .acquire()
+        .await
+        .expect("w");
+    // A reader that gives up.
+    let e = c
+        .rw_lock(n)
+        .expect("rw")
+        .read()
+        .acquire_timeout(Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(e.is_timeout());
+    let mut waits = Vec::new();
+    for cl in [&b, &b, &c] {
+        let lock = cl.rw_lock(n).expect("rw").read();
+        waits.push(tokio::spawn(async move {
+            let g = lock.acquire_timeout(Duration::from_secs(5)).await;
+            (g, Instant::now())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        waits.iter().all(|t| !t.is_finished()),
+        "a reader passed the writer"
+    );
+    let released = Instant::now();
+    let wt = w.fencing_token();
+    assert_eq!(
+        w.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let mut guards = Vec::new();
+    for t in waits {
+        let (g, at) = t.await.expect("join");
+        guards.push(g.expect("reader after the writer"));
+        let latency = at.saturating_duration_since(released);
+        assert!(
+            latency < Duration::from_secs(1),
+            "reader woke {latency:?} late"
+        );
+    }
+    // All three hold the read side at once.
+    assert_eq!(
+        holders(&FileBackend::open(dir.path(), &opts()).expect("open"), n)
+            .await
+            .len(),
+        3
+    );
+    let tokens: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    assert!(tokens.iter().all(|&t| t > wt), "{tokens:?}");
+    for g in guards {
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+    let g = a
+        .rw_lock(n)
+        .expect("rw")
+        .write()
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("write after the readers");
+    drop(g);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sees_releases_of_each_side() {
+    let dir = TempDir::new("watch");
+    let (a, b) = (backend(dir.path()), backend(dir.path()));
+    let n = "watch";
+    granted(&a, n, "r", LockKind::Read).await;
+    let mut ww = b.watch(&key(n, "w", LockKind::Write)).await.expect("watch");
+    let quiet = tokio::time::timeout(Duration::from_millis(150), ww.changed()).await;
+    assert!(quiet.is_err(), "watch fired while the lock stayed read");
+    assert_eq!(
+        release(&a, n, "r", LockKind::Read).await,
+        ReleaseOutcome::Released
+    );
+    tokio::time::timeout(Duration::from_secs(2), ww.changed())
+        .await
+        .expect("no wake-up")
+        .expect("watch broke");
+    drop(ww);
+    granted(&a, n, "w", LockKind::Write).await;
+    let mut wr = b.watch(&key(n, "r", LockKind::Read)).await.expect("watch");
+    let quiet = tokio::time::timeout(Duration::from_millis(150), wr.changed()).await;
+    assert!(quiet.is_err(), "watch fired while the lock stayed written");
+    assert_eq!(
+        release(&a, n, "w", LockKind::Write).await,
+        ReleaseOutcome::Released
+    );
+    tokio::time::timeout(Duration::from_secs(2), wr.changed())
+        .await
+        .expect("no wake-up")
+        .expect("watch broke");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_rw_file_is_detected_at_renewal() {
+    let dir = TempDir::new("deleted");
+    let (a, b) = (backend(dir.path()), backend(dir.path()));
+    let n = "deleted";
+    granted(&a, n, "w", LockKind::Write).await;
+    granted(&a, n, "w", LockKind::Read).await;
+    let [main, _, _] = a.rw_lock_files(n);
+    std::fs::remove_file(&main).expect("remove");
+    // A new file is a new lock: b gets it, so a must learn that it lost both sides.
+    granted(&b, n, "x", LockKind::Write).await;
+    let renew = [
+        (key(n, "w", LockKind::Write), Duration::from_secs(1)),
+        (key(n, "w", LockKind::Read), Duration::from_secs(1)),
+    ];
+    assert_eq!(
+        a.renew(&renew).await.expect("renew"),
+        [RenewOutcome::NotHeld, RenewOutcome::NotHeld]
+    );
+    assert_eq!(
+        release(&a, n, "w", LockKind::Write).await,
+        ReleaseOutcome::TakenByOther
+    );
+    assert_eq!(
+        release(&b, n, "x", LockKind::Write).await,
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        release(&a, n, "w", LockKind::Read).await,
+        ReleaseOutcome::Expired
+    );
+}
+
+/// Writers of several backends and processes-in-spirit never overlap anything; readers do
+/// overlap; every grant's token is new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hammer_readers_and_writers() {
+    let dir = TempDir::new("hammer");
+    let clients: Vec<Client> = (0..3).map(|_| client(dir.path())).collect();
+    let n = "hammer";
+    let readers = Arc::new(AtomicU64::new(0));
+    let writers = Arc::new(AtomicU64::new(0));
+    let max_readers = Arc::new(AtomicU64::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let rw = clients[i % 3].rw_lock(n).expect("rw");
+        let (readers, writers, max_readers, tokens) = (
+            readers.clone(),
+            writers.clone(),
+            max_readers.clone(),
+            tokens.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for round in 0..6 {
+                if (i + round) % 4 == 0 {
+                    let g = rw
+                        .write()
+                        .acquire_timeout(Duration::from_secs(30))
+                        .await
+                        .expect("w");
+                    tokens.lock().expect("tokens").push(g.fencing_token());
+                    assert_eq!(writers.fetch_add(1, Ordering::SeqCst), 0, "two writers");
+                    assert_eq!(readers.load(Ordering::SeqCst), 0, "writer with readers");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    writers.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.expect("release");
+                } else {
+                    let g = rw
+                        .read()
+                        .acquire_timeout(Duration::from_secs(30))
+                        .await
+                        .expect("r");
+                    tokens.lock().expect("tokens").push(g.fencing_token());
+                    let now = readers.fetch_add(1, Ordering::SeqCst) + 1;
+                    max_readers.fetch_max(now, Ordering::SeqCst);
+                    assert_eq!(writers.load(Ordering::SeqCst), 0, "reader with a writer");
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    readers.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.expect("release");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let mut tokens = tokens.lock().expect("tokens").clone();
+    let total = tokens.len();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), total, "a token was granted twice");
+    assert!(
+        max_readers.load(Ordering::SeqCst) >= 2,
+        "readers never shared"
+    );
+    assert!(holders(&backend(dir.path()), n).await.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Across processes.
+
+const CHILD_DIR: &str = "DLOCK_FILE_RW_CHILD_DIR";
+const CHILD_MODE: &str = "DLOCK_FILE_RW_CHILD_MODE";
+const NAME: &str = "xproc/rw";
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct ChildProc {
+    child: KillOnDrop,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl ChildProc {
+    /// Re-executes this test binary as `child_rw` in `mode` (`read`, `write`: take that side,
+    /// print `HELD <token> <owner>`, then sleep until killed; `tryread`: print `TRY granted`
+    /// or `TRY held` and exit).
+    fn spawn(dir: &Path, mode: &str) -> ChildProc {
+        let exe = std::env::current_exe().expect("current exe");
+        let mut child = KillOnDrop(
+            Command::new(exe)
+                .args(["--exact", "child_rw", "--nocapture", "--test-threads=1"])
+                .env(CHILD_DIR, dir)
+                .env(CHILD_MODE, mode)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn child"),
+        );
+        let stdout = child.0.stdout.take().expect("child stdout");
+        ChildProc {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The next line the child prints that starts with `prefix` (libtest may print `test
+    /// child_rw ... ` before it on the same line), within 10 s.
+    async fn expect(mut self, prefix: &'static str) -> (ChildProc, String) {
+        let res = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::task::spawn_blocking(move || {
+                let found = self
+                    .lines
+                    .by_ref()
+                    .map_while(|l| l.ok())
+                    .find_map(|l| l.find(prefix).map(|i| l[i..].to_owned()));
+                (self, found)
+            }),
+        )
+        .await
+        .expect("the child did not answer in time")
+        .expect("reader thread");
+        let (me, found) = res;
+        (
+            me,
+            found.unwrap_or_else(|| panic!("the child exited without printing `{prefix}`")),
+        )
+    }
+
+    /// Waits for `HELD <token> <owner>`.
+    async fn held(self) -> (ChildProc, u64, String) {
+        let (me, line) = self.expect("HELD ").await;
+        let mut parts = line.splitn(3, ' ').skip(1);
+        let token = parts.next().and_then(|t| t.parse().ok()).expect("token");
+        let owner = parts.next().expect("owner").to_owned();
+        (me, token, owner)
+    }
+
+    fn kill(&mut self) {
+        self.child.0.kill().expect("SIGKILL child");
+        let _ = self.child.0.wait();
+    }
+}
+
+/// Helper of the cross-process tests, run in a child process; does nothing otherwise.
+#[test]
+fn child_rw() {
+    let (Some(dir), Some(mode)) = (std::env::var_os(CHILD_DIR), std::env::var(CHILD_MODE).ok())
+    else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let c = client(Path::new(&dir));
+        let rw = c.rw_lock(NAME).expect("rw");
+        let lock = match mode.as_str() {
+            "read" => rw.read(),
+            "write" => rw.write(),
+            "tryread" => {
+                let g = rw.read().try_acquire().await.expect("try");
+                println!("TRY {}", if g.is_some() { "granted" } else { "held" });
+                return;
+            }
+            other => panic!("unknown child mode {other}"),
+        };
+        let g = lock.acquire().await.expect("acquire");
+        println!("HELD {} {}", g.fencing_token(), g.owner());
+        // Killed by the parent long before this ends.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(g);
+    });
+}
+
+/// Two reader processes share the lock with this one; a writer is kept out until the last
+/// reader dies; `inspect` lists every reader with its side, and forgets killed ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reader_processes_share_and_exclude_a_writer() {
+    let dir = TempDir::new("xshare");
+    let (r1, t1, o1) = ChildProc::spawn(dir.path(), "read").held().await;
+    let (mut r2, t2, o2) = ChildProc::spawn(dir.path(), "read").held().await;
+    assert_ne!(t1, t2);
+    let c = client(dir.path());
+    let mine = c
+        .rw_lock(NAME)
+        .expect("rw")
+        .read()
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("readers of three processes share");
+    let b = backend(dir.path());
+    let info = b.inspect(NAME, LockKind::Write).await.expect("inspect");
+    let mut got: Vec<(Option<LockKind>, String, u32)> = info
+        .holders
+        .iter()
+        .map(|h| (h.side, h.owner.clone(), h.count))
+        .collect();
+    got.sort_by(|a, b| a.1.cmp(&b.1));
+    let mut want = vec![
+        (Some(LockKind::Read), o1.clone(), 1),
+        (Some(LockKind::Read), o2.clone(), 1),
+        (Some(LockKind::Read), mine.owner().to_owned(), 1),
+    ];
+    want.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(got, want);
+    assert_eq!(info.fencing_token, mine.fencing_token());
+
+    let writer = client(dir.path()).rw_lock(NAME).expect("rw").write();
+    assert!(writer.try_acquire().await.expect("try").is_none());
+    assert_eq!(
+        mine.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(
+        writer.try_acquire().await.expect("try").is_none(),
+        "child readers ignored"
+    );
+    let w = writer.clone();
+    let wait = tokio::spawn(async move {
+        let g = w.acquire_timeout(Duration::from_secs(10)).await;
+        (g, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Killing one reader is not enough.
+    r2.kill();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !wait.is_finished(),
+        "writer in while a reader process lives"
+    );
+    let info = b.inspect(NAME, LockKind::Read).await.expect("inspect");
+    let owners: Vec<&str> = info.holders.iter().map(|h| h.owner.as_str()).collect();
+    assert_eq!(owners, [o1.as_str()], "a killed reader is still listed");
+    let mut r1 = r1;
+    let killed_at = Instant::now();
+    r1.kill();
+    let (g, got_at) = wait.await.expect("join");
+    let g = g.expect("writer after the reader processes died");
+    let latency = got_at.saturating_duration_since(killed_at);
+    assert!(
+        latency < Duration::from_secs(1),
+        "writer got in {latency:?} after the kill"
+    );
+    assert!(g.fencing_token() > t1.max(t2));
+    assert_eq!(
+        holders(&b, NAME).await,
+        [hv("write", g.owner(), 1)],
+        "stale lines of killed readers"
+    );
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A killed reader process frees the lock for a waiting writer at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_reader_frees_lock_for_writer() {
+    let dir = TempDir::new("xkill");
+    let (mut r, token, owner) = ChildProc::spawn(dir.path(), "read").held().await;
+    let b = backend(dir.path());
+    assert_eq!(holders(&b, NAME).await, [hv("read", &owner, 1)]);
+    let writer = client(dir.path()).rw_lock(NAME).expect("rw").write();
+    let wait = tokio::spawn(async move {
+        let g = writer.acquire_timeout(Duration::from_secs(10)).await;
+        (g, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!wait.is_finished(), "writer got a read lock");
+    let killed_at = Instant::now();
+    r.kill();
+    let (g, got_at) = wait.await.expect("join");
+    let g = g.expect("lock not freed by the reader's death");
+    let latency = got_at.saturating_duration_since(killed_at);
+    assert!(
+        latency < Duration::from_secs(1),
+        "acquired {latency:?} after the kill"
+    );
+    assert!(g.fencing_token() > token);
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(holders(&b, NAME).await.is_empty());
+}
+
+/// A writer process excludes readers (listed with its side); a writer waiting in this process
+/// holds back readers of other processes; a killed writer frees the lock at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_processes_and_cross_process_turnstile() {
+    let dir = TempDir::new("xwrite");
+    let (mut w, wt, wo) = ChildProc::spawn(dir.path(), "write").held().await;
+    let b = backend(dir.path());
+    assert_eq!(holders(&b, NAME).await, [hv("write", &wo, 1)]);
+    let (_, line) = ChildProc::spawn(dir.path(), "tryread").expect("TRY ").await;
+    assert_eq!(line, "TRY held", "a reader process passed a writer process");
+    let reader = client(dir.path()).rw_lock(NAME).expect("rw").read();
+    assert!(reader.try_acquire().await.expect("try").is_none());
+    let r = reader.clone();
+    let wait = tokio::spawn(async move {
+        let g = r.acquire_timeout(Duration::from_secs(10)).await;
+        (g, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!wait.is_finished());
+    let killed_at = Instant::now();
+    w.kill();
+    let (g, got_at) = wait.await.expect("join");
+    let g = g.expect("lock not freed by the writer's death");
+    assert!(got_at.saturating_duration_since(killed_at) < Duration::from_secs(1));
+    assert!(g.fencing_token() > wt);
+    assert_eq!(holders(&b, NAME).await, [hv("read", g.owner(), 1)]);
+
+    // Now this process reads and a writer of this process waits: a reader process may not
+    // pass it.
+    let writer = client(dir.path()).rw_lock(NAME).expect("rw").write();
+    let wr = writer.clone();
+    let wwait = tokio::spawn(async move { wr.acquire_timeout(Duration::from_secs(10)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, line) = ChildProc::spawn(dir.path(), "tryread").expect("TRY ").await;
+    assert_eq!(line, "TRY held", "a reader process passed a waiting writer");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let wg = wwait.await.expect("join").expect("writer after the reader");
+    assert_eq!(
+        wg.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let (_, line) = ChildProc::spawn(dir.path(), "tryread").expect("TRY ").await;
+    assert_eq!(line, "TRY granted");
+}

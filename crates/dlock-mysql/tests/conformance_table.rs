@@ -1,0 +1,36 @@
+//! The shared conformance suite on a real MariaDB server, table mode (`?mode=table`).
+
+mod support;
+
+use dlock_testkit::conformance::{Caps, Harness};
+use support::My;
+
+#[async_trait::async_trait]
+impl Harness for My {
+    async fn client(&self, opts: dlock_core::ClientOptions) -> dlock_core::Client {
+        self.client_with(opts).await
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            lease_expiry: true,
+            break_lock: true,
+        }
+    }
+
+    /// Frees the lock row behind the holder's back, as an operator would.
+    async fn break_lock(&self, name: &str) {
+        let key = dlock_mysql::lock_key("dlock", name);
+        let n = self
+            .server
+            .sql(&format!(
+                "UPDATE dlock.dlock_table_locks SET owner = NULL, count = 0, \
+                 expires_at = '1970-01-02 00:00:00' WHERE lock_key = '{key}' AND owner IS NOT NULL; \
+                 SELECT ROW_COUNT()"
+            ))
+            .expect("free the lock row");
+        assert_eq!(n, "1", "nothing to break");
+    }
+}
+
+dlock_testkit::conformance_suite!(My::table());

@@ -1,0 +1,39 @@
+//! The shared conformance suite on a real PostgreSQL server, session mode (advisory locks).
+
+mod support;
+
+use dlock_testkit::conformance::{Caps, Harness};
+use support::Pg;
+
+#[async_trait::async_trait]
+impl Harness for Pg {
+    async fn client(&self, opts: dlock_core::ClientOptions) -> dlock_core::Client {
+        self.client_with(opts).await
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            // The lease is the holder session's `idle_session_timeout`: the server ends a
+            // session that stops renewing, and with it the lock.
+            lease_expiry: true,
+            break_lock: true,
+        }
+    }
+
+    /// Deletes the holder's row, as an operator revoking the lock would: the holder's next
+    /// renewal finds it gone, reports the lock lost and gives the advisory lock up.
+    /// (Killing the holder's session instead is tested in postgres_faults.rs: its lost
+    /// signal fires at once, with `SessionEnded`.)
+    async fn break_lock(&self, name: &str) {
+        let n = self
+            .server
+            .sql(&format!(
+                "WITH d AS (DELETE FROM dlock_holders WHERE name = '{}' RETURNING 1) SELECT count(*) FROM d",
+                name.replace('\'', "''")
+            ))
+            .expect("delete holder row");
+        assert_eq!(n, "1", "nothing to delete");
+    }
+}
+
+dlock_testkit::conformance_suite!(Pg::session());

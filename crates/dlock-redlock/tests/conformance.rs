@@ -1,0 +1,50 @@
+//! The shared conformance suite on a 3-node and on a 5-node Redlock of real redis-servers.
+
+mod common;
+
+use common::Cluster;
+use dlock_core::{Client, ClientOptions};
+use dlock_testkit::conformance::{Caps, Harness};
+
+/// Redlock over `N` fresh redis-servers (a restart quarantine of 500 ms, so the harness
+/// waits once for the servers to be a second old).
+struct Redlock<const N: usize> {
+    cluster: Cluster,
+}
+
+impl<const N: usize> Redlock<N> {
+    fn start() -> Self {
+        Redlock {
+            cluster: Cluster::start(N),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<const N: usize> Harness for Redlock<N> {
+    async fn client(&self, opts: ClientOptions) -> Client {
+        self.cluster.settle().await;
+        self.cluster.client("quarantine=500ms", opts).await
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            lease_expiry: true,
+            break_lock: true,
+        }
+    }
+
+    async fn break_lock(&self, name: &str) {
+        assert_eq!(self.cluster.break_lock(name), N, "not held on every node");
+    }
+}
+
+mod three_nodes {
+    use super::*;
+    dlock_testkit::conformance_suite!(Redlock::<3>::start());
+}
+
+mod five_nodes {
+    use super::*;
+    dlock_testkit::conformance_suite!(Redlock::<5>::start());
+}

@@ -1,0 +1,61 @@
+//! The shared conformance suite on a real three-node ZooKeeper ensemble.
+//!
+//! One ensemble per test binary (per test process under nextest); every case uses its own
+//! lock names. Locks live as long as their ZooKeeper session, so the cases about fixed leases
+//! ending on the server are skipped (`lease_expiry: false`): see `docs/zookeeper.md`.
+
+use dlock_core::{Client, ClientOptions, LockKind};
+use dlock_testkit::conformance::{Caps, Harness};
+use dlock_testkit::ZkEnsemble;
+use dlock_zookeeper::ZkBackend;
+use std::sync::Arc;
+use zookeeper_client as zk;
+
+struct Zk {
+    ensemble: &'static ZkEnsemble,
+}
+
+impl Zk {
+    fn start() -> Self {
+        let t = std::time::Instant::now();
+        let ensemble = ZkEnsemble::shared();
+        eprintln!("ensemble ready after {:?}", t.elapsed());
+        Zk { ensemble }
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for Zk {
+    async fn client(&self, opts: ClientOptions) -> Client {
+        let backend = ZkBackend::connect(&self.ensemble.url(), &opts)
+            .await
+            .expect("connect");
+        Client::new(Arc::new(backend), opts).expect("client")
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            // A lock lasts as long as its holder's session, not a lease.
+            lease_expiry: false,
+            break_lock: true,
+        }
+    }
+
+    /// Deletes every lock node of the mutex `name`, as an operator with `zkCli.sh` might.
+    async fn break_lock(&self, name: &str) {
+        let zk = zk::Client::connect(&self.ensemble.connect_string())
+            .await
+            .expect("operator session");
+        let dir = dlock_zookeeper::lock_dir("dlock", name, LockKind::Mutex).expect("dir");
+        let children = zk.list_children(&dir).await.expect("list");
+        let nodes: Vec<&String> = children.iter().filter(|c| c.starts_with("_c_")).collect();
+        assert!(!nodes.is_empty(), "nothing to delete in {dir}");
+        for c in nodes {
+            zk.delete(&format!("{dir}/{c}"), None)
+                .await
+                .expect("delete");
+        }
+    }
+}
+
+dlock_testkit::conformance_suite!(Zk::start());

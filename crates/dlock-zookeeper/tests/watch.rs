@@ -1,0 +1,42 @@
+//! `Backend::watch` (not used by this backend's own waiting, which watches predecessors, but
+//! part of the trait): every release after `watch` returned wakes the subscriber.
+
+use dlock_core::{
+    AcquireReply, AcquireRequest, Backend, ClientOptions, HoldKey, LockKind, LostSignal, Wake,
+};
+use dlock_testkit::conformance::unique_name;
+use dlock_testkit::ZkEnsemble;
+use dlock_zookeeper::ZkBackend;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_wakes_on_every_release() {
+    let url = ZkEnsemble::shared().url();
+    let opts = ClientOptions::default();
+    let holder = ZkBackend::connect(&url, &opts).await.expect("connect");
+    let watcher = ZkBackend::connect(&url, &opts).await.expect("connect");
+    let key = HoldKey {
+        name: unique_name("watch").as_str().into(),
+        owner: "holder".into(),
+        kind: LockKind::Mutex,
+    };
+    let waiter = HoldKey {
+        owner: "waiter".into(),
+        ..key.clone()
+    };
+    let mut w = watcher.watch(&waiter).await.expect("watch");
+    for _ in 0..3 {
+        let req = AcquireRequest::new(key.clone(), Duration::from_secs(5), LostSignal::new());
+        assert!(matches!(
+            holder.acquire(&req).await.expect("acquire"),
+            AcquireReply::Granted { .. }
+        ));
+        holder.release(&key).await.expect("release");
+        // The acquire and the release each changed the queue: at least one wake-up, promptly.
+        let wake = tokio::time::timeout(Duration::from_secs(2), w.changed())
+            .await
+            .expect("no wake-up after a release")
+            .expect("watch broke");
+        assert_eq!(wake, Wake::Released);
+    }
+}
