@@ -216,7 +216,9 @@ mod tests {
 
     #[test]
     fn keys() {
+        // Pinned: changing the mapping would let two versions of dlock hold one lock at once.
         let k = lock_key("dlock", "orders:42");
+        assert_eq!(k, "dlock:b4b70b00793efb76a3ae735d3d36bc89");
         assert_eq!(k.len(), 38);
         assert!(k.starts_with("dlock:"));
         assert!(k[6..]

@@ -376,7 +376,7 @@ pub(crate) fn version_of(binary: &Path) -> String {
 /// An initialized data dir, built once per machine by `build` and shared by every test
 /// process (servers start from a copy, which is several times faster than initializing).
 ///
-/// Lives in `$TMPDIR/dlock-testkit-cache/KEY`; built under an exclusive `flock`, in a side
+/// Lives in `$TMPDIR/dlock-testkit-cache-UID/KEY`; built under an exclusive `flock`, in a side
 /// directory renamed into place when complete, so a crashed build is never used. `None` when
 /// the cache is turned off with `DLOCK_TESTKIT_NO_CACHE`.
 pub(crate) fn template(
@@ -386,7 +386,10 @@ pub(crate) fn template(
     if std::env::var_os(NO_CACHE_ENV).is_some_and(|v| !v.is_empty()) {
         return Ok(None);
     }
-    let root = std::env::temp_dir().join("dlock-testkit-cache");
+    // Per user: another user's cache is not writable (nor trustworthy).
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let root = std::env::temp_dir().join(format!("dlock-testkit-cache-{euid}"));
     std::fs::create_dir_all(&root)?;
     let dest = root.join(key);
     let ready = |p: &Path| p.join("READY").exists();
