@@ -184,7 +184,8 @@ async fn open_backend(url: &str, opts: &ClientOptions) -> Result<std::sync::Arc<
         other => Err(Error::InvalidUrl {
             url: url.to_owned(),
             reason: format!(
-                "unknown scheme `{other}`; dlock understands file:// and redis:// in this build"
+                "unknown scheme `{other}`; dlock understands file://, redis://, rediss://, redlock://, \
+                 etcd://, zk://, postgres:// and mysql:// (some need a cargo feature)"
             ),
         }),
     }
