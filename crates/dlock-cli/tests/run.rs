@@ -1,6 +1,7 @@
 //! `dlock run` and `dlock inspect` as real processes against a real redis-server.
 
 use dlock_testkit::RedisServer;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -128,14 +129,19 @@ fn exit_76_and_the_command_is_stopped_when_the_lock_is_lost() {
 #[test]
 fn a_killed_holder_process_frees_the_lock_at_lease_end() {
     let server = RedisServer::start().expect("redis");
+    // Its own process group, so the crash takes the command (`sleep`) down with it.
     let mut holder = dlock(&server.url())
         .args(["run", "--lease", "1s", "crash", "--", "sleep", "30"])
+        .process_group(0)
         .spawn()
         .expect("holder");
     wait_until("the holder", Duration::from_secs(10), || {
         held(&server, "crash")
     });
-    kill(&holder, libc::SIGKILL);
+    // SAFETY: signalling the process group of a child we spawned.
+    unsafe {
+        libc::kill(-(holder.id() as libc::pid_t), libc::SIGKILL);
+    }
     let _ = holder.wait();
     let t = Instant::now();
     let out = dlock(&server.url())
@@ -145,7 +151,6 @@ fn a_killed_holder_process_frees_the_lock_at_lease_end() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let took = t.elapsed();
     assert!(took < Duration::from_secs(5), "{took:?}");
-    // The orphaned `sleep` still runs; it holds nothing.
 }
 
 #[test]
