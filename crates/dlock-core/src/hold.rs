@@ -121,8 +121,8 @@ impl Shared {
                         }
                     }
                 }
+                // Re-entry never brings the hold's deadline forward: no wake-up needed.
                 drop(holds);
-                self.wake.notify_one();
                 return h;
             }
             // The server granted afresh: whatever we held before under this key is gone.
@@ -141,7 +141,11 @@ impl Shared {
         });
         holds.insert(key, hold.clone());
         drop(holds);
-        self.wake.notify_one();
+        // Only a fixed lease can end before the keeper's next tick; a watchdog hold's lease
+        // (at least 3/4 of a lease left at grant) outlasts the tick, so no wake-up is needed.
+        if fixed_lease.is_some() {
+            self.wake.notify_one();
+        }
         hold
     }
 
