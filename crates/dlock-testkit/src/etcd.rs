@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::spawn::{kill_and_reap, log_tail, resolve_binary, wait_proc_state};
 use crate::{spawn, try_free_port, Error, Result, TempDir};
 
 /// Environment variable that overrides the `etcd` binary used by [`EtcdCluster::start`]:
@@ -107,7 +108,7 @@ impl EtcdCluster {
                 format!("an etcd test cluster has 1 to 7 members, not {n}"),
             )));
         }
-        let binary = resolve_binary(binary)?;
+        let binary = resolve_binary(binary, PACKAGE)?;
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
@@ -235,7 +236,7 @@ impl EtcdCluster {
                             what: describe(&self.members[i]),
                             detail: format!(
                                 "process exited early ({status}){}",
-                                log_tail(&self.members[i].log)
+                                log_tail(&self.members[i].log, LOG_TAIL_LINES)
                             ),
                         });
                     }
@@ -245,7 +246,11 @@ impl EtcdCluster {
                 return Ok(());
             }
             if start.elapsed() >= timeout {
-                let logs: String = self.members.iter().map(|m| log_tail(&m.log)).collect();
+                let logs: String = self
+                    .members
+                    .iter()
+                    .map(|m| log_tail(&m.log, LOG_TAIL_LINES))
+                    .collect();
                 return Err(Error::Start {
                     what: "etcd cluster".into(),
                     detail: format!("no leader agreed on by all members after {timeout:?}{logs}"),
@@ -385,7 +390,7 @@ impl EtcdCluster {
     /// Freezes member `i` with `SIGSTOP`: its sockets stay open but nothing answers.
     pub fn pause(&mut self, i: usize) {
         if let Some(pid) = self.signal(i, libc::SIGSTOP) {
-            wait_proc_state(pid, |s| s == 'T');
+            wait_proc_state(pid, Duration::from_millis(200), |s| s == 'T');
             self.members[i].paused = true;
         }
     }
@@ -393,7 +398,7 @@ impl EtcdCluster {
     /// Resumes a [paused](Self::pause) member with `SIGCONT`.
     pub fn resume(&mut self, i: usize) {
         if let Some(pid) = self.signal(i, libc::SIGCONT) {
-            wait_proc_state(pid, |s| s != 'T');
+            wait_proc_state(pid, Duration::from_millis(200), |s| s != 'T');
         }
         self.members[i].paused = false;
     }
@@ -613,83 +618,6 @@ fn sweep_stale(base: &Path) {
     }
 }
 
-fn resolve_binary(binary: &str) -> Result<PathBuf> {
-    let missing = || Error::BinaryMissing {
-        binary: binary.to_string(),
-        package: PACKAGE.to_string(),
-    };
-    if binary.contains('/') {
-        let p = PathBuf::from(binary);
-        return if is_executable(&p) {
-            Ok(p)
-        } else {
-            Err(missing())
-        };
-    }
-    let path = std::env::var_os("PATH").ok_or_else(missing)?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(binary))
-        .find(|p| is_executable(p))
-        .ok_or_else(missing)
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
-/// SIGKILLs (and SIGCONTs) a child unless it was already reaped, then reaps it.
-fn kill_and_reap(mut child: Child) {
-    if let Ok(None) = child.try_wait() {
-        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-            // SAFETY: plain syscalls; the child is not reaped yet, so the pid is still ours.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::kill(pid, libc::SIGCONT);
-            }
-        } else {
-            let _ = child.kill();
-        }
-    }
-    let _ = child.wait();
-}
-
-fn wait_proc_state(pid: u32, ok: impl Fn(char) -> bool) {
-    let deadline = Instant::now() + Duration::from_millis(200);
-    loop {
-        match proc_state(pid) {
-            Some(s) if !ok(s) && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            _ => return,
-        }
-    }
-}
-
-fn proc_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.trim_start().chars().next()
-}
-
-fn log_tail(path: &Path) -> String {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return String::new();
-    };
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    if lines.is_empty() {
-        return String::new();
-    }
-    let mut out = format!("\n--- last lines of {} ---", path.display());
-    for line in &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..] {
-        out.push('\n');
-        out.push_str(line);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -706,7 +634,7 @@ mod tests {
 
     #[test]
     fn missing_binary_names_the_package() {
-        let err = resolve_binary("dlock-no-such-etcd-xyz").expect_err("missing");
+        let err = resolve_binary("dlock-no-such-etcd-xyz", PACKAGE).expect_err("missing");
         assert!(err.to_string().contains("etcd-server"), "{err}");
     }
 }

@@ -9,6 +9,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::resp::{Conn, Reply};
+use crate::spawn::{kill_and_reap, resolve_binary, wait_proc_state};
 use crate::{spawn, try_free_port, Error, Result, TempDir};
 
 /// Environment variable that overrides the `redis-server` binary used by
@@ -92,7 +93,7 @@ impl RedisServer {
     /// on a new port, up to 5 times; the final failure is an
     /// [`Error::Start`] carrying the tail of the server's log.
     pub fn start_with_binary(binary: &str, opts: RedisOptions) -> Result<Self> {
-        let binary = resolve_binary(binary)?;
+        let binary = resolve_binary(binary, PACKAGE)?;
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
             let port = try_free_port()?;
@@ -207,14 +208,14 @@ impl RedisServer {
     /// the kernel but nothing is answered. No-op if not running.
     pub fn pause(&mut self) {
         if let Some(pid) = self.signal(libc::SIGSTOP) {
-            wait_proc_state(pid, |s| s == 'T');
+            wait_proc_state(pid, Duration::from_millis(200), |s| s == 'T');
         }
     }
 
     /// Resumes a [paused](Self::pause) server with `SIGCONT`. No-op if not running.
     pub fn resume(&mut self) {
         if let Some(pid) = self.signal(libc::SIGCONT) {
-            wait_proc_state(pid, |s| s != 'T');
+            wait_proc_state(pid, Duration::from_millis(200), |s| s != 'T');
         }
     }
 
@@ -321,71 +322,6 @@ impl Drop for RedisServer {
 
 fn describe(port: u16) -> String {
     format!("redis-server on 127.0.0.1:{port}")
-}
-
-/// SIGKILLs (and SIGCONTs, harmlessly) a child unless it was already reaped,
-/// then reaps it.
-fn kill_and_reap(mut child: Child) {
-    if let Ok(None) = child.try_wait() {
-        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-            // SAFETY: plain syscalls; the child is not reaped yet, so the pid
-            // is still ours. SIGKILL also ends stopped processes.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::kill(pid, libc::SIGCONT);
-            }
-        } else {
-            let _ = child.kill();
-        }
-    }
-    let _ = child.wait();
-}
-
-/// Waits (up to ~200 ms) until `/proc/PID/stat` shows a state accepted by
-/// `ok`. Best effort: returns silently when /proc is unavailable.
-fn wait_proc_state(pid: u32, ok: impl Fn(char) -> bool) {
-    let deadline = Instant::now() + Duration::from_millis(200);
-    loop {
-        match proc_state(pid) {
-            Some(s) if !ok(s) && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            _ => return,
-        }
-    }
-}
-
-fn proc_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.trim_start().chars().next()
-}
-
-fn resolve_binary(binary: &str) -> Result<PathBuf> {
-    let missing = || Error::BinaryMissing {
-        binary: binary.to_string(),
-        package: PACKAGE.to_string(),
-    };
-    if binary.contains('/') {
-        let p = PathBuf::from(binary);
-        return if is_executable(&p) {
-            Ok(p)
-        } else {
-            Err(missing())
-        };
-    }
-    let path = std::env::var_os("PATH").ok_or_else(missing)?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(binary))
-        .find(|p| is_executable(p))
-        .ok_or_else(missing)
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
 }
 
 /// Spawns one server on `port` in a fresh temp dir and waits until it is
@@ -543,18 +479,7 @@ fn info_field(info: &Reply, field: &str) -> Option<String> {
 fn log_tail(dir: &Path) -> String {
     let mut out = String::new();
     for name in ["redis.log", "stderr.log", "stdout.log"] {
-        let Ok(text) = std::fs::read_to_string(dir.join(name)) else {
-            continue;
-        };
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        if lines.is_empty() {
-            continue;
-        }
-        out.push_str(&format!("\n--- last lines of {name} ---"));
-        for line in &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..] {
-            out.push('\n');
-            out.push_str(line);
-        }
+        out.push_str(&spawn::log_tail(&dir.join(name), LOG_TAIL_LINES));
     }
     out
 }
@@ -594,7 +519,8 @@ mod tests {
 
     #[test]
     fn missing_binary_is_reported() {
-        let err = resolve_binary("dlock-no-such-binary-xyz").expect_err("should be missing");
+        let err =
+            resolve_binary("dlock-no-such-binary-xyz", PACKAGE).expect_err("should be missing");
         assert!(matches!(err, Error::BinaryMissing { .. }));
     }
 }

@@ -34,6 +34,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::spawn::{kill_and_reap, log_tail, resolve_binary};
 use crate::{spawn, Error, Result, TempDir};
 
 /// Environment variable overriding the Java class path of the ZooKeeper server
@@ -269,7 +270,7 @@ impl ZkEnsemble {
                         what: describe(node),
                         detail: format!(
                             "node {i} exited ({status}){}",
-                            log_tail(&node.dir.join("server.log"))
+                            log_tail(&node.dir.join("server.log"), LOG_TAIL_LINES)
                         ),
                     });
                 }
@@ -277,7 +278,7 @@ impl ZkEnsemble {
             if Instant::now() >= deadline {
                 let mut detail = format!("no serving quorum after {timeout:?}");
                 for node in &self.nodes {
-                    detail.push_str(&log_tail(&node.dir.join("server.log")));
+                    detail.push_str(&log_tail(&node.dir.join("server.log"), LOG_TAIL_LINES));
                 }
                 return Err(Error::Start {
                     what: "ZooKeeper ensemble".into(),
@@ -464,36 +465,9 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
 
 fn resolve_java() -> Result<PathBuf> {
     match std::env::var(ZOOKEEPER_JAVA_ENV) {
-        Ok(b) if !b.is_empty() => resolve_binary(&b),
-        _ => resolve_binary("java"),
+        Ok(b) if !b.is_empty() => resolve_binary(&b, PACKAGE),
+        _ => resolve_binary("java", PACKAGE),
     }
-}
-
-fn resolve_binary(name: &str) -> Result<PathBuf> {
-    let missing = || Error::BinaryMissing {
-        binary: name.to_owned(),
-        package: PACKAGE.into(),
-    };
-    if name.contains('/') {
-        let p = PathBuf::from(name);
-        return if is_executable(&p) {
-            Ok(p)
-        } else {
-            Err(missing())
-        };
-    }
-    let path = std::env::var_os("PATH").ok_or_else(missing)?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| is_executable(p))
-        .ok_or_else(missing)
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
 }
 
 fn classpath() -> Result<String> {
@@ -545,26 +519,8 @@ fn signal(node: &Node, sig: libc::c_int) -> bool {
     true
 }
 
-fn kill_and_reap(mut child: Child) {
-    if let Ok(None) = child.try_wait() {
-        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-            // SAFETY: plain syscalls on our unreaped child; SIGKILL also ends stopped processes.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::kill(pid, libc::SIGCONT);
-            }
-        } else {
-            let _ = child.kill();
-        }
-    }
-    let _ = child.wait();
-}
-
 fn proc_state(node: &Node) -> Option<char> {
-    let pid = node.child().as_ref()?.id();
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.trim_start().chars().next()
+    spawn::proc_state(node.child().as_ref()?.id())
 }
 
 fn wait_state(node: &Node, ok: impl Fn(char) -> bool) {
@@ -575,19 +531,6 @@ fn wait_state(node: &Node, ok: impl Fn(char) -> bool) {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-}
-
-fn log_tail(path: &Path) -> String {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return String::new();
-    };
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let mut out = format!("\n--- last lines of {} ---", path.display());
-    for line in &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..] {
-        out.push('\n');
-        out.push_str(line);
-    }
-    out
 }
 
 #[cfg(test)]
@@ -605,9 +548,9 @@ mod tests {
 
     #[test]
     fn missing_java_names_the_package() {
-        let err = resolve_binary("/nonexistent/java").expect_err("missing");
+        let err = resolve_binary("/nonexistent/java", PACKAGE).expect_err("missing");
         assert!(err.to_string().contains("zookeeper"), "{err}");
-        let err = resolve_binary("dlock-no-such-java-xyz").expect_err("missing");
+        let err = resolve_binary("dlock-no-such-java-xyz", PACKAGE).expect_err("missing");
         assert!(matches!(err, Error::BinaryMissing { .. }));
     }
 }
