@@ -164,7 +164,7 @@ fn a_killed_waiter_does_not_block_the_queue() {
         held(&server, "queue")
     });
     let mut waiter = dlock(&server.url())
-        .args(["run", "--lease", "1s", "queue", "--", "true"])
+        .args(["run", "--lease", "20s", "queue", "--", "true"])
         .spawn()
         .expect("waiter");
     wait_until("the waiter to queue", Duration::from_secs(10), || {
@@ -175,8 +175,10 @@ fn a_killed_waiter_does_not_block_the_queue() {
     });
     kill(&waiter, libc::SIGKILL);
     let _ = waiter.wait();
-    // The dead waiter's place expires (its ttl is its 1 s lease); a live waiter queues behind.
-    std::thread::sleep(Duration::from_millis(1200));
+    // The dead waiter's place expires (a queue place lives 2 s without heartbeats); a live
+    // waiter queues behind. Handing the lock to the dead waiter would block it for its 20 s
+    // lease.
+    std::thread::sleep(Duration::from_millis(2200));
     let mut second = dlock(&server.url())
         .args(["run", "--wait", "20s", "queue", "--", "true"])
         .spawn()
@@ -200,7 +202,7 @@ fn a_killed_waiter_does_not_block_the_queue() {
     let st = second.wait().expect("wait");
     assert_eq!(st.code(), Some(0));
     assert!(
-        t.elapsed() < Duration::from_secs(3),
+        t.elapsed() < Duration::from_secs(8),
         "handoff skipped the dead waiter too slowly: {:?}",
         t.elapsed()
     );

@@ -122,7 +122,7 @@ async fn three_of_five_down_is_a_clear_error() {
         c.servers[i].kill();
     }
     // The holder learns it lost the lock when its lease runs out unconfirmed.
-    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+    let reason = tokio::time::timeout(Duration::from_secs(6), g.lost())
         .await
         .expect("holder never learned");
     assert_eq!(reason, LostReason::LeaseExpired);
@@ -143,7 +143,7 @@ async fn three_of_five_down_is_a_clear_error() {
     );
     assert!(!msg.contains("held"), "{msg}");
     assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
         "gave up after {took:?}"
     );
     let err = a
@@ -244,7 +244,9 @@ async fn paused_node_costs_only_the_node_timeout() {
             .await
             .expect("acquire");
         let took = t.elapsed();
-        assert!(took < Duration::from_secs(1), "acquire took {took:?}");
+        // Bounded by the 50 ms node timeout, not the 3 s call timeout (wide margin for a
+        // loaded machine).
+        assert!(took < Duration::from_secs(2), "acquire took {took:?}");
         tokens.push(g.fencing_token());
         assert_eq!(g.release().await.expect("r"), ReleaseOutcome::Released);
     }
@@ -279,7 +281,8 @@ async fn slow_node_behind_proxy_is_tolerated() {
     let (a, b) = (client().await, client().await);
     let t = Instant::now();
     let first = grab(&a, "slow").await;
-    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // The quorum of fast nodes decides; waiting on the slow one would cost the 3 s call timeout.
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     let tokens = contend(&[a, b], "slow", 3, 3).await;
     assert!(tokens[0] > first);
 }
