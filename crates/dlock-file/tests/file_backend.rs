@@ -6,6 +6,7 @@ use dlock_core::{
     LostSignal, ReleaseOutcome, RenewOutcome,
 };
 use dlock_file::FileBackend;
+use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,36 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// How long a test waits for something that must happen (a wake-up, a child process, a
+/// background clean-up) before it fails. Far above what it takes even on a loaded CI machine;
+/// it only costs time when the test fails anyway.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Upper bound on the latency of a wake-up that must come from a release or a holder's death
+/// (the kernel or in-process notification). This backend has no polling and no lease, so a
+/// waiter that missed that wake-up would only end at its deadline (`WAITER_DEADLINE`, far
+/// longer) and fail; the bound is generous so that a loaded machine cannot miss it.
+const PROMPT: Duration = Duration::from_secs(5);
+
+/// Deadline of waiters that must be woken by a release: clearly longer than `PROMPT`.
+const WAITER_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Polls `cond` every 10 ms until it holds; fails with `what` after `PATIENCE`.
+async fn wait_until<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !cond().await {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "{what}: still not the case after {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 /// A unique directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -303,9 +334,11 @@ async fn check_wake(a: &Client, b: &Client) {
     let first = g.fencing_token();
     let lock_b = b.lock("wake").expect("lock");
     let waiter = tokio::spawn(async move {
-        let g = lock_b.acquire_timeout(Duration::from_secs(5)).await;
+        let g = lock_b.acquire_timeout(WAITER_DEADLINE).await;
         (g, Instant::now())
     });
+    // Time for the waiter to start waiting (if it is slower, it just finds the lock free after
+    // the release); it cannot get the lock while it is held, however slow the machine.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiter.is_finished(), "waiter got a held lock");
     let released_at = Instant::now();
@@ -316,10 +349,8 @@ async fn check_wake(a: &Client, b: &Client) {
     let (g2, got_at) = waiter.await.expect("waiter");
     let g2 = g2.expect("waiter acquired");
     let latency = got_at.saturating_duration_since(released_at);
-    assert!(
-        latency < Duration::from_secs(1),
-        "waiter woke {latency:?} after release"
-    );
+    // Woken by the release itself, not left waiting until its deadline (see `PROMPT`).
+    assert!(latency < PROMPT, "waiter woke {latency:?} after release");
     assert!(g2.fencing_token() > first);
     assert_eq!(
         g2.release().await.expect("release"),
@@ -354,10 +385,9 @@ async fn check_timeout(a: &Client, b: &Client) {
     let took = t.elapsed();
     assert!(err.is_timeout(), "{err}");
     assert!(took >= wait, "gave up early: {took:?}");
-    assert!(
-        took < wait + Duration::from_secs(2),
-        "gave up late: {took:?}"
-    );
+    // Gave up at its deadline rather than on some later event (the lock stays held, so
+    // without the deadline it would wait for ever); generous for a loaded machine.
+    assert!(took < wait + PROMPT, "gave up late: {took:?}");
     let err = b
         .lock("deadline")
         .expect("lock")
@@ -398,6 +428,7 @@ async fn cancelled_waiter_leaves_lock_acquirable() {
     }
     let lock_b = b.lock("cancel").expect("lock");
     let task = tokio::spawn(async move { lock_b.acquire().await });
+    // Time for the task to start waiting; it cannot finish while the lock is held.
     tokio::time::sleep(Duration::from_millis(100)).await;
     task.abort();
     assert!(task.await.is_err(), "aborted waiter finished");
@@ -405,35 +436,48 @@ async fn cancelled_waiter_leaves_lock_acquirable() {
         g.release().await.expect("release"),
         ReleaseOutcome::Released
     );
-    // b's waiting thread wakes, finds no waiter and unlocks at once.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!a.inspect("cancel").await.expect("inspect").held());
-    assert!(!b.inspect("cancel").await.expect("inspect").held());
+    // b's waiting thread wakes, finds no waiter and unlocks at once (it holds the lock for
+    // an instant in between, when it gets to run).
+    wait_until(
+        "the lock stays held after its waiters were cancelled",
+        || async {
+            !a.inspect("cancel").await.expect("inspect").held()
+                && !b.inspect("cancel").await.expect("inspect").held()
+        },
+    )
+    .await;
     let c = client(dir.path());
     let t = Instant::now();
     let g = c
         .lock("cancel")
         .expect("lock")
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(WAITER_DEADLINE)
         .await
         .expect("lock not free after cancelled waiters");
-    assert!(t.elapsed() < Duration::from_secs(1));
+    // Free, or held only for the instant b's thread needs: not parked for a waiter that left.
+    let took = t.elapsed();
+    assert!(took < PROMPT, "took {took:?} to get a free lock");
     assert_eq!(b.held_count(), 0);
     assert_eq!(
         g.release().await.expect("release"),
         ReleaseOutcome::Released
     );
-    // And the backend whose waiters gave up can take it again.
-    let g = b
-        .lock("cancel")
-        .expect("lock")
-        .try_acquire()
-        .await
-        .expect("try");
-    assert!(
-        g.is_some(),
-        "b cannot take the lock after its waiters gave up"
-    );
+    // And the backend whose waiters gave up can take it again. Its waiting thread may still
+    // be blocked from before (if it had not run yet when `c` took the lock): then it takes the
+    // lock for an instant after `c`'s release, and a `try_acquire` in that instant finds it
+    // held (documented). So retry, but it must get in.
+    let lock_b = b.lock("cancel").expect("lock");
+    let t = Instant::now();
+    let _g = loop {
+        if let Some(g) = lock_b.try_acquire().await.expect("try") {
+            break g;
+        }
+        assert!(
+            t.elapsed() < PATIENCE,
+            "b cannot take the lock after its waiters gave up"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -457,12 +501,14 @@ async fn watch_sees_releases_of_other_backends() {
         ReleaseOutcome::Released
     );
     for w in [&mut wb, &mut wa] {
-        tokio::time::timeout(Duration::from_secs(2), w.changed())
+        tokio::time::timeout(WAITER_DEADLINE, w.changed())
             .await
             .expect("no wake-up")
             .expect("watch broke");
     }
-    assert!(t.elapsed() < Duration::from_secs(1));
+    // Woken by the release (see `PROMPT`).
+    let took = t.elapsed();
+    assert!(took < PROMPT, "watches woke {took:?} after the release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -480,8 +526,9 @@ async fn crashed_process_releases_lock() {
             .expect("spawn child"),
     );
     let stdout = child.0.stdout.take().expect("child stdout");
+    // Starting a process is slow on a loaded machine: be patient.
     let line = tokio::time::timeout(
-        Duration::from_secs(10),
+        CHILD_PATIENCE,
         tokio::task::spawn_blocking(move || {
             BufReader::new(stdout)
                 .lines()
@@ -510,9 +557,10 @@ async fn crashed_process_releases_lock() {
     assert_eq!(info.fencing_token, child_token);
 
     let waiter = tokio::spawn(async move {
-        let g = lock.acquire_timeout(Duration::from_secs(5)).await;
+        let g = lock.acquire_timeout(WAITER_DEADLINE).await;
         (g, Instant::now())
     });
+    // Time for the waiter to start waiting; it cannot get the lock while the child lives.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiter.is_finished(), "waiter got the child's lock");
     let killed_at = Instant::now();
@@ -520,10 +568,9 @@ async fn crashed_process_releases_lock() {
     let (g, got_at) = waiter.await.expect("waiter");
     let g = g.expect("lock not freed by the holder's death");
     let latency = got_at.saturating_duration_since(killed_at);
-    assert!(
-        latency < Duration::from_secs(1),
-        "acquired {latency:?} after the kill"
-    );
+    // Freed by the kernel when the child died: the child would only release after its
+    // `CHILD_HOLD`, long after the waiter's deadline (see `PROMPT`).
+    assert!(latency < PROMPT, "acquired {latency:?} after the kill");
     assert!(g.fencing_token() > child_token);
     assert_eq!(
         g.release().await.expect("release"),
@@ -533,6 +580,12 @@ async fn crashed_process_releases_lock() {
 }
 
 const CHILD_ENV: &str = "DLOCK_FILE_CHILD";
+
+/// How long the child holds its lock if nobody kills it: far beyond any waiter's deadline.
+const CHILD_HOLD: Duration = Duration::from_secs(120);
+
+/// How long to wait for the child process to take its lock.
+const CHILD_PATIENCE: Duration = Duration::from_secs(30);
 
 struct KillOnDrop(Child);
 
@@ -563,7 +616,7 @@ fn child_holder() {
             .expect("acquire");
         println!("HELD {} {}", g.fencing_token(), g.owner());
         // Killed by the parent long before this ends.
-        tokio::time::sleep(Duration::from_secs(30)).await;
+        tokio::time::sleep(CHILD_HOLD).await;
         drop(g);
     });
 }
@@ -705,7 +758,11 @@ async fn deleted_lock_file_is_detected_at_renewal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_lock_file_fires_lost_signal() {
     let dir = TempDir::new("lost");
-    let opts = opts().watchdog_lease(Duration::from_millis(300));
+    // The lost signal must come from a renewal (every lease/3) finding the file gone
+    // (`NotHeld`), not from the client's lease running out unconfirmed (`LeaseExpired`). That
+    // takes over 2/3 of the lease without a renewal (e.g. a grant slow to reach the client on
+    // a loaded machine): a 3 s lease makes that margin 2 s, and detection takes at most 1 s.
+    let opts = opts().watchdog_lease(Duration::from_secs(3));
     let a = Client::new(
         Arc::new(FileBackend::open(dir.path(), &opts).expect("open")),
         opts.clone(),
@@ -719,18 +776,14 @@ async fn deleted_lock_file_fires_lost_signal() {
         .await
         .expect("acquire");
     std::fs::remove_file(be.lock_file("lost")).expect("remove");
-    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+    let reason = tokio::time::timeout(PATIENCE, g.lost())
         .await
         .expect("lost signal never fired");
     assert_eq!(reason, dlock_core::LostReason::NotHeld);
-    let t = Instant::now();
-    while a.held_count() != 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(1),
-            "client still tracks a lost hold"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("client still tracks a lost hold", || async {
+        a.held_count() == 0
+    })
+    .await;
     assert_eq!(g.release().await.expect("release"), ReleaseOutcome::Expired);
     // The lock works again on a new file.
     let g = a

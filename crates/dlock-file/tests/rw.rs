@@ -2,7 +2,7 @@
 //! real processes (the test binary re-executes itself as a child holder).
 
 use dlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockKind,
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, Lock, LockKind,
     LostSignal, ReleaseOutcome, RenewOutcome,
 };
 use dlock_file::FileBackend;
@@ -14,6 +14,49 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// How long a test waits for something that must happen (a waiter queueing, a wake-up, a
+/// child process) before it fails. Far above what it takes even on a loaded CI machine; it
+/// only costs time when the test fails anyway.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Upper bound on the latency of a wake-up that must come from a release or a holder's death
+/// (the kernel or in-process notification). This backend has no polling and no lease, so a
+/// waiter that missed that wake-up would only end at its deadline (`WAITER_DEADLINE`, far
+/// longer) and fail; the bound is generous so that a loaded machine cannot miss it.
+const PROMPT: Duration = Duration::from_secs(5);
+
+/// Deadline of waiters that must be woken by a release: clearly longer than `PROMPT`.
+const WAITER_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Waits until a writer waits for `reader`'s lock (it holds the turnstile), as seen by
+/// `reader`, a new reader that could share the lock with its current holders: polls
+/// `try_acquire` until it is refused, giving back what it got meanwhile. Fails after
+/// `PATIENCE`.
+async fn until_writer_queued(reader: &Lock) {
+    let start = Instant::now();
+    while let Some(g) = reader.try_acquire().await.expect("try") {
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        assert!(
+            start.elapsed() < PATIENCE,
+            "new readers still pass {PATIENCE:?} after a writer started waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls `reader.try_acquire` until it is granted (the guard is dropped); fails with `what`
+/// after `PATIENCE`.
+async fn until_reader_passes(reader: &Lock, what: &str) {
+    let start = Instant::now();
+    while reader.try_acquire().await.expect("try").is_none() {
+        assert!(start.elapsed() < PATIENCE, "{what} ({PATIENCE:?})");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 /// A unique directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -260,13 +303,17 @@ async fn waiting_writer_holds_back_new_readers_until_it_gives_up() {
     drop(r1b);
     let writer = b.rw_lock(n).expect("rw").write();
     let w = writer.clone();
-    let wait = tokio::spawn(async move { w.acquire_timeout(Duration::from_millis(400)).await });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The checks below must be done before the writer gives up: a wide window, which the test
+    // then waits out.
+    let writer_wait = Duration::from_secs(3);
+    let wait = tokio::spawn(async move { w.acquire_timeout(writer_wait).await });
+    until_writer_queued(&c.rw_lock(n).expect("rw").read()).await;
     for cl in [&a, &c] {
         let late = cl.rw_lock(n).expect("rw").read();
         assert!(
             late.try_acquire().await.expect("try").is_none(),
-            "a new reader passed a waiting writer"
+            "a new reader passed a waiting writer (writer gave up already: {})",
+            wait.is_finished()
         );
     }
     // The read holder itself re-enters (it would deadlock the writer otherwise).
@@ -293,25 +340,18 @@ async fn waiting_writer_holds_back_new_readers_until_it_gives_up() {
     let r = tokio::time::timeout(Duration::from_millis(150), writer.acquire()).await;
     assert!(r.is_err(), "got the write side while read");
     let reader = c.rw_lock(n).expect("rw").read();
-    let t = Instant::now();
-    loop {
-        if let Some(g) = reader.try_acquire().await.expect("try") {
-            drop(g);
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "the turnstile stayed closed after the writer was cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_reader_passes(
+        &reader,
+        "the turnstile stayed closed after the writer was cancelled",
+    )
+    .await;
     assert_eq!(
         r1.release().await.expect("release"),
         ReleaseOutcome::Released
     );
     // b's write thread wakes, finds no waiter and unlocks.
     let g = writer
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(WAITER_DEADLINE)
         .await
         .expect("writer after the readers left");
     assert_eq!(
@@ -349,21 +389,19 @@ async fn waiting_writer_holds_back_readers_of_its_own_backend() {
     let r2 = r2.expect("readers of one backend share");
     let writer = a.rw_lock(n).expect("rw").write();
     let wait = tokio::spawn(async move {
-        let g = writer.acquire_timeout(Duration::from_secs(10)).await;
+        let g = writer.acquire_timeout(WAITER_DEADLINE).await;
         (g, Instant::now())
     });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // A new reader of the writer's own backend is held back once the writer waits.
     let late = b.rw_lock(n).expect("rw").read();
-    assert!(
-        late.try_acquire().await.expect("try").is_none(),
-        "a new reader of the writer's backend passed it"
-    );
+    until_writer_queued(&late).await;
     let outsider = client(dir.path()).rw_lock(n).expect("rw").read();
     assert!(outsider.try_acquire().await.expect("try").is_none());
     assert_eq!(
         r1.release().await.expect("release"),
         ReleaseOutcome::Released
     );
+    // r2 still reads: the writer cannot get in, however long we look.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!wait.is_finished(), "writer in with a reader left");
     let released = Instant::now();
@@ -373,13 +411,20 @@ async fn waiting_writer_holds_back_readers_of_its_own_backend() {
     );
     let (g, at) = wait.await.expect("join");
     let g = g.expect("writer after the readers");
-    assert!(at.saturating_duration_since(released) < Duration::from_secs(1));
+    // Woken by the last reader's release (see `PROMPT`).
+    let latency = at.saturating_duration_since(released);
+    assert!(
+        latency < PROMPT,
+        "writer got in {latency:?} after the release"
+    );
     assert_eq!(holders(&be, n).await, [hv("write", g.owner(), 1)]);
     assert_eq!(
         g.release().await.expect("release"),
         ReleaseOutcome::Released
     );
-    assert!(late.try_acquire().await.expect("try").is_some());
+    // The turnstile was given back. (The backend's write thread, if the writer got in before
+    // it, may hold the lock for an instant after this release before it unlocks: retry.)
+    until_reader_passes(&late, "a new reader is kept out after the writer left").await;
 }
 
 /// Readers waiting on a writer get in together when it releases; a reader that gave up leaves
@@ -409,10 +454,12 @@ async fn readers_wait_for_writer_and_enter_together() {
     for cl in [&b, &b, &c] {
         let lock = cl.rw_lock(n).expect("rw").read();
         waits.push(tokio::spawn(async move {
-            let g = lock.acquire_timeout(Duration::from_secs(5)).await;
+            let g = lock.acquire_timeout(WAITER_DEADLINE).await;
             (g, Instant::now())
         }));
     }
+    // Time for the readers to start waiting (a slower one just finds the lock free later);
+    // none can get in while the writer holds the lock, however slow the machine.
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert!(
         waits.iter().all(|t| !t.is_finished()),
@@ -429,10 +476,8 @@ async fn readers_wait_for_writer_and_enter_together() {
         let (g, at) = t.await.expect("join");
         guards.push(g.expect("reader after the writer"));
         let latency = at.saturating_duration_since(released);
-        assert!(
-            latency < Duration::from_secs(1),
-            "reader woke {latency:?} late"
-        );
+        // Woken by the writer's release (see `PROMPT`).
+        assert!(latency < PROMPT, "reader woke {latency:?} late");
     }
     // All three hold the read side at once.
     assert_eq!(
@@ -453,7 +498,7 @@ async fn readers_wait_for_writer_and_enter_together() {
         .rw_lock(n)
         .expect("rw")
         .write()
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(WAITER_DEADLINE)
         .await
         .expect("write after the readers");
     drop(g);
@@ -472,7 +517,7 @@ async fn watch_sees_releases_of_each_side() {
         release(&a, n, "r", LockKind::Read).await,
         ReleaseOutcome::Released
     );
-    tokio::time::timeout(Duration::from_secs(2), ww.changed())
+    tokio::time::timeout(PATIENCE, ww.changed())
         .await
         .expect("no wake-up")
         .expect("watch broke");
@@ -485,7 +530,7 @@ async fn watch_sees_releases_of_each_side() {
         release(&a, n, "w", LockKind::Write).await,
         ReleaseOutcome::Released
     );
-    tokio::time::timeout(Duration::from_secs(2), wr.changed())
+    tokio::time::timeout(PATIENCE, wr.changed())
         .await
         .expect("no wake-up")
         .expect("watch broke");
@@ -597,6 +642,12 @@ const CHILD_DIR: &str = "DLOCK_FILE_RW_CHILD_DIR";
 const CHILD_MODE: &str = "DLOCK_FILE_RW_CHILD_MODE";
 const NAME: &str = "xproc/rw";
 
+/// How long a child holds its lock if nobody kills it: far beyond any waiter's deadline.
+const CHILD_HOLD: Duration = Duration::from_secs(120);
+
+/// How long to wait for a child process to answer: starting one is slow on a loaded machine.
+const CHILD_PATIENCE: Duration = Duration::from_secs(30);
+
 struct KillOnDrop(Child);
 
 impl Drop for KillOnDrop {
@@ -636,10 +687,10 @@ impl ChildProc {
     }
 
     /// The next line the child prints that starts with `prefix` (libtest may print `test
-    /// child_rw ... ` before it on the same line), within 10 s.
+    /// child_rw ... ` before it on the same line), within `CHILD_PATIENCE`.
     async fn expect(mut self, prefix: &'static str) -> (ChildProc, String) {
         let res = tokio::time::timeout(
-            Duration::from_secs(10),
+            CHILD_PATIENCE,
             tokio::task::spawn_blocking(move || {
                 let found = self
                     .lines
@@ -701,7 +752,7 @@ fn child_rw() {
         let g = lock.acquire().await.expect("acquire");
         println!("HELD {} {}", g.fencing_token(), g.owner());
         // Killed by the parent long before this ends.
-        tokio::time::sleep(Duration::from_secs(60)).await;
+        tokio::time::sleep(CHILD_HOLD).await;
         drop(g);
     });
 }
@@ -752,9 +803,11 @@ async fn reader_processes_share_and_exclude_a_writer() {
     );
     let w = writer.clone();
     let wait = tokio::spawn(async move {
-        let g = w.acquire_timeout(Duration::from_secs(10)).await;
+        let g = w.acquire_timeout(WAITER_DEADLINE).await;
         (g, Instant::now())
     });
+    // Time for the writer to start waiting (if it is slower, it just finds the lock free
+    // later); it cannot get in while a reader process lives, however slow the machine.
     tokio::time::sleep(Duration::from_millis(200)).await;
     // Killing one reader is not enough.
     r2.kill();
@@ -772,10 +825,9 @@ async fn reader_processes_share_and_exclude_a_writer() {
     let (g, got_at) = wait.await.expect("join");
     let g = g.expect("writer after the reader processes died");
     let latency = got_at.saturating_duration_since(killed_at);
-    assert!(
-        latency < Duration::from_secs(1),
-        "writer got in {latency:?} after the kill"
-    );
+    // Freed by the kernel when the last reader died: the children would only release after
+    // `CHILD_HOLD`, long after the writer's deadline (see `PROMPT`).
+    assert!(latency < PROMPT, "writer got in {latency:?} after the kill");
     assert!(g.fencing_token() > t1.max(t2));
     assert_eq!(
         holders(&b, NAME).await,
@@ -797,9 +849,10 @@ async fn killed_reader_frees_lock_for_writer() {
     assert_eq!(holders(&b, NAME).await, [hv("read", &owner, 1)]);
     let writer = client(dir.path()).rw_lock(NAME).expect("rw").write();
     let wait = tokio::spawn(async move {
-        let g = writer.acquire_timeout(Duration::from_secs(10)).await;
+        let g = writer.acquire_timeout(WAITER_DEADLINE).await;
         (g, Instant::now())
     });
+    // Time for the writer to start waiting; it cannot get in while the reader lives.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!wait.is_finished(), "writer got a read lock");
     let killed_at = Instant::now();
@@ -807,10 +860,9 @@ async fn killed_reader_frees_lock_for_writer() {
     let (g, got_at) = wait.await.expect("join");
     let g = g.expect("lock not freed by the reader's death");
     let latency = got_at.saturating_duration_since(killed_at);
-    assert!(
-        latency < Duration::from_secs(1),
-        "acquired {latency:?} after the kill"
-    );
+    // Freed by the kernel when the reader died, not at the end of its `CHILD_HOLD` (see
+    // `PROMPT`).
+    assert!(latency < PROMPT, "acquired {latency:?} after the kill");
     assert!(g.fencing_token() > token);
     assert_eq!(
         g.release().await.expect("release"),
@@ -833,16 +885,20 @@ async fn writer_processes_and_cross_process_turnstile() {
     assert!(reader.try_acquire().await.expect("try").is_none());
     let r = reader.clone();
     let wait = tokio::spawn(async move {
-        let g = r.acquire_timeout(Duration::from_secs(10)).await;
+        let g = r.acquire_timeout(WAITER_DEADLINE).await;
         (g, Instant::now())
     });
+    // Time for the reader to start waiting; it cannot get in while the writer lives.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!wait.is_finished());
     let killed_at = Instant::now();
     w.kill();
     let (g, got_at) = wait.await.expect("join");
     let g = g.expect("lock not freed by the writer's death");
-    assert!(got_at.saturating_duration_since(killed_at) < Duration::from_secs(1));
+    // Freed by the kernel when the writer died, not at the end of its `CHILD_HOLD` (see
+    // `PROMPT`).
+    let latency = got_at.saturating_duration_since(killed_at);
+    assert!(latency < PROMPT, "acquired {latency:?} after the kill");
     assert!(g.fencing_token() > wt);
     assert_eq!(holders(&b, NAME).await, [hv("read", g.owner(), 1)]);
 
@@ -850,8 +906,12 @@ async fn writer_processes_and_cross_process_turnstile() {
     // pass it.
     let writer = client(dir.path()).rw_lock(NAME).expect("rw").write();
     let wr = writer.clone();
-    let wwait = tokio::spawn(async move { wr.acquire_timeout(Duration::from_secs(10)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // It must still wait when the child process tries, however long that takes to start.
+    let writer_wait = PATIENCE + CHILD_PATIENCE + WAITER_DEADLINE;
+    let wwait = tokio::spawn(async move { wr.acquire_timeout(writer_wait).await });
+    // Once the writer waits, a new reader of another backend that could share the lock with
+    // this one is held back.
+    until_writer_queued(&client(dir.path()).rw_lock(NAME).expect("rw").read()).await;
     let (_, line) = ChildProc::spawn(dir.path(), "tryread").expect("TRY ").await;
     assert_eq!(line, "TRY held", "a reader process passed a waiting writer");
     assert_eq!(
