@@ -16,7 +16,7 @@ async fn connect_acquire_inspect_release() {
     let g = client
         .lock("report")
         .expect("lock")
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(Duration::from_secs(15))
         .await
         .expect("acquire");
     let info = client.inspect("report").await.expect("inspect");

@@ -34,8 +34,9 @@ fn proxied(cluster: &EtcdCluster) -> (Vec<DelayProxy>, String) {
 async fn leader_crash_keeps_the_lock() {
     let mut cluster = EtcdCluster::start().expect("cluster");
     let url = cluster.url();
-    // A lease well above an election (500 ms) plus reconnects on a loaded machine.
-    let lease = Duration::from_secs(4);
+    // A lease well above an election (500 ms) plus reconnects on a loaded machine: the holder
+    // must get a renewal through the new leader within it (renewals every 2 s).
+    let lease = Duration::from_secs(6);
     let a = client(&url, opts(lease)).await;
     let b = client(&url, opts(lease)).await;
     let g = a
@@ -89,7 +90,7 @@ async fn leader_crash_keeps_the_lock() {
         ReleaseOutcome::Released
     );
     let g2 = other
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(Duration::from_secs(15))
         .await
         .expect("free after release");
     assert!(g2.fencing_token() > token);
@@ -107,7 +108,9 @@ async fn cut_off_holder_loses_the_lock_before_the_next_holder_gets_it() {
     let (proxies, via_proxies) = proxied(&cluster);
     let lease = Duration::from_secs(2);
     let a = client(&via_proxies, opts(lease)).await;
-    let b = client(&cluster.url(), opts(lease)).await;
+    // The next holder keeps the lock until the end of the test (while the cut-off client
+    // reconnects): a lease a loaded machine cannot run out.
+    let b = client(&cluster.url(), opts(Duration::from_secs(20))).await;
     let g = a
         .lock("stock")
         .expect("lock")
@@ -115,27 +118,24 @@ async fn cut_off_holder_loses_the_lock_before_the_next_holder_gets_it() {
         .await
         .expect("acquire");
     let lost = g.lost_signal();
-    let lost_at = tokio::spawn(async move {
-        let reason = lost.lost().await;
-        (reason, Instant::now())
-    });
     for p in &proxies {
         p.set_blackhole(true);
     }
+    let cut_at = Instant::now();
     let g2 = b
         .lock("stock")
         .expect("lock")
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(Duration::from_secs(20))
         .await
         .expect("the lock frees when the cut-off holder's lease ends");
-    let granted_at = Instant::now();
-    let (reason, lost_at) = lost_at.await.expect("lost signal");
-    assert_eq!(reason, LostReason::LeaseExpired);
-    assert!(
-        lost_at <= granted_at,
-        "the old holder learned of its loss {:?} after the new holder got the lock",
-        lost_at - granted_at
-    );
+    // Looked at the moment the grant returns (not by a task that a loaded machine may run
+    // late): the old holder's signal must have fired already.
+    let lost_when_granted = lost.reason();
+    eprintln!("cut off at 0, next grant at {:?}", cut_at.elapsed());
+    match lost_when_granted {
+        Some(reason) => assert_eq!(reason, LostReason::LeaseExpired),
+        None => panic!("the new holder got the lock before the old holder learned of its loss"),
+    }
     assert!(g2.fencing_token() > g.fencing_token());
     // It can talk again: its release reports the lock as someone else's.
     for p in &proxies {
@@ -169,8 +169,10 @@ async fn g_release_probe(c: &Client) -> dlock_core::Result<()> {
 async fn cut_off_waiter_stops_with_an_error() {
     let cluster = EtcdCluster::start().expect("cluster");
     let (proxies, via_proxies) = proxied(&cluster);
+    // The waiter's lease decides when it stops; the holder's only has to outlast the test on a
+    // loaded machine.
     let lease = Duration::from_secs(2);
-    let holder = client(&cluster.url(), opts(lease)).await;
+    let holder = client(&cluster.url(), opts(Duration::from_secs(20))).await;
     let waiter = client(&via_proxies, opts(lease)).await;
     let g = holder
         .lock("q")
@@ -187,22 +189,24 @@ async fn cut_off_waiter_stops_with_an_error() {
         if info.waiters == Some(1) {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(5), "waiter never queued");
+        assert!(t.elapsed() < Duration::from_secs(10), "waiter never queued");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for p in &proxies {
         p.set_blackhole(true);
     }
     let cut_at = Instant::now();
-    let err = tokio::time::timeout(Duration::from_secs(10), wait)
+    let err = tokio::time::timeout(Duration::from_secs(20), wait)
         .await
         .expect("the cut-off waiter kept waiting")
         .expect("join")
         .expect_err("a cut-off waiter got the lock");
     assert!(matches!(err, Error::Connection { .. }), "{err:?}");
     assert!(err.to_string().contains("queue"), "{err}");
+    // About its own lease (2 s) after the cut, not at its 30 s deadline: 10 s is generous on a
+    // loaded machine.
     assert!(
-        cut_at.elapsed() < Duration::from_secs(6),
+        cut_at.elapsed() < Duration::from_secs(10),
         "{:?}",
         cut_at.elapsed()
     );
@@ -215,7 +219,7 @@ async fn cut_off_waiter_stops_with_an_error() {
             break;
         }
         assert!(
-            t.elapsed() < Duration::from_secs(8),
+            t.elapsed() < Duration::from_secs(15),
             "the waiter's key stayed: {info:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -7,7 +7,7 @@ use dlock_testkit::ZkEnsemble;
 use dlock_zookeeper::ZkBackend;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 async fn client(opts: ClientOptions) -> Client {
     let backend = ZkBackend::connect(&ZkEnsemble::shared().url(), &opts)
@@ -68,8 +68,17 @@ async fn counters_prove_readers_share_and_writers_exclude() {
                         if writers_in.load(Ordering::SeqCst) != 0 {
                             violations.fetch_add(1, Ordering::SeqCst);
                         }
-                        // Stay long enough for the other readers to come in.
+                        // Stay long enough for the other readers to come in. Until readers
+                        // have been seen together, wait for one to join (a loaded machine can
+                        // spread out grants that come together), but not for long: the next
+                        // in line may be a writer, who waits for us.
                         tokio::time::sleep(Duration::from_millis(40)).await;
+                        let t = Instant::now();
+                        while max_readers.load(Ordering::SeqCst) < 2
+                            && t.elapsed() < Duration::from_secs(1)
+                        {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
                         readers_in.fetch_sub(1, Ordering::SeqCst);
                         g.release().await.expect("release");
                     }
@@ -120,7 +129,22 @@ async fn downgrade_with_a_writer_queued() {
 
     let queued = b.rw_lock(&name).expect("rw").write();
     let writer = tokio::spawn(async move { queued.acquire_timeout(Duration::from_secs(20)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The writer queues (its node exists) before the write side goes.
+    let t = Instant::now();
+    loop {
+        let info = c
+            .inspect_kind(&name, LockKind::Write)
+            .await
+            .expect("inspect");
+        if info.waiters == Some(1) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the writer never queued: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     assert_eq!(
         w.release().await.expect("release"),

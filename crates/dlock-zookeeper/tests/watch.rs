@@ -33,7 +33,7 @@ async fn watch_wakes_on_every_release() {
         ));
         holder.release(&key).await.expect("release");
         // The acquire and the release each changed the queue: at least one wake-up, promptly.
-        let wake = tokio::time::timeout(Duration::from_secs(2), w.changed())
+        let wake = tokio::time::timeout(Duration::from_secs(5), w.changed())
             .await
             .expect("no wake-up after a release")
             .expect("watch broke");
