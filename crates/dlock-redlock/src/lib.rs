@@ -49,7 +49,7 @@ use dlock_core::{
     async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, Granted, HoldKey,
     HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
-use dlock_redis::{QuorumReply, RedisBackend};
+use dlock_redis::{QuorumReply, QuorumVote, RedisBackend};
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashMap;
@@ -262,23 +262,19 @@ impl Shared {
         }
     }
 
-    /// One node's vote; also a problem to report and a non-retryable error, if any.
-    async fn vote(
+    /// Node `i`'s vote from its answer (`None`: none within the node timeout); also a problem
+    /// to report and a non-retryable error, if any.
+    fn vote(
         &self,
         i: usize,
         view: &View,
-        key: &HoldKey,
-        lease: Duration,
+        answer: Option<Result<QuorumVote>>,
     ) -> (Ballot, Option<String>, Option<Error>) {
         let node = &self.health.nodes[i];
         let ep = &node.endpoint;
-        let (Some(b), Some(epoch)) = (view.backend.clone(), view.epoch.clone()) else {
-            let why = view.why_not.clone().unwrap_or_default();
-            return (Ballot::default(), Some(format!("{ep}: {why}")), None);
-        };
         let nt = self.nt();
-        match tokio::time::timeout(nt, b.quorum_acquire(key, lease, &epoch)).await {
-            Err(_) => (
+        match answer {
+            None => (
                 Ballot {
                     maybe_granted: true,
                     ..Ballot::default()
@@ -286,7 +282,7 @@ impl Shared {
                 Some(format!("{ep}: no answer within {nt:?}")),
                 None,
             ),
-            Ok(Err(e)) if e.is_retryable() => {
+            Some(Err(e)) if e.is_retryable() => {
                 node.suspect(format!("an error ({e})"));
                 (
                     Ballot {
@@ -297,8 +293,8 @@ impl Shared {
                     None,
                 )
             }
-            Ok(Err(e)) => (Ballot::default(), Some(format!("{ep}: {e}")), Some(e)),
-            Ok(Ok(v)) => match v.reply {
+            Some(Err(e)) => (Ballot::default(), Some(format!("{ep}: {e}")), Some(e)),
+            Some(Ok(v)) => match v.reply {
                 QuorumReply::EpochMismatch => {
                     node.suspect("an epoch change (lost data or re-seeded)");
                     (
@@ -439,11 +435,6 @@ impl Backend for Shared {
         let key = &req.key;
         let start = Instant::now();
         let views = self.health.views();
-        let mut votes: FuturesUnordered<_> = views
-            .iter()
-            .enumerate()
-            .map(|(i, v)| async move { (i, self.vote(i, v, key, req.lease).await) })
-            .collect();
         // A vote not in yet may still run on its node: counted as unknown (given back on
         // failure).
         let mut ballots = vec![
@@ -455,20 +446,38 @@ impl Backend for Shared {
         ];
         let mut problems = Vec::new();
         let mut hard = None;
-        while let Some((i, (b, p, e))) = votes.next().await {
+        let nt = self.nt();
+        let mut votes: Answers<QuorumVote> = FuturesUnordered::new();
+        for (i, v) in views.iter().enumerate() {
+            let (Some(b), Some(epoch)) = (v.backend.clone(), v.epoch.clone()) else {
+                let why = v.why_not.clone().unwrap_or_default();
+                ballots[i] = Ballot::default();
+                problems.push(format!("{}: {why}", self.health.nodes[i].endpoint));
+                continue;
+            };
+            let (key, lease) = (key.clone(), req.lease);
+            votes.push(Box::pin(async move {
+                let vote = async move { b.quorum_acquire(&key, lease, &epoch).await };
+                (i, tokio::time::timeout(nt, vote).await.ok())
+            }));
+        }
+        while let Some((i, answer)) = votes.next().await {
+            let (b, p, e) = self.vote(i, &views[i], answer);
             ballots[i] = b;
             problems.extend(p);
             if hard.is_none() {
                 hard = e;
             }
             if tally::settled(&ballots) {
-                // The rest cannot change the outcome. Their requests are already on their
-                // connections (sent at the first poll), so anything given back below is
-                // queued behind them.
+                // The rest cannot change the outcome. Their requests went into their
+                // connections' queues at the first poll; they finish in the background (a
+                // request whose caller is gone before it is written is never sent), so the
+                // slower nodes still get the hold, and anything given back below is queued
+                // behind them.
                 break;
             }
         }
-        drop(votes);
+        finish_in_background(votes);
         let known = self.tokens().get(&token_key(key)).copied();
         let q = self.q();
         match tally::decide(&ballots, known) {

@@ -5,6 +5,7 @@ mod common;
 use common::Cluster;
 use dlock_core::{Client, ClientOptions};
 use dlock_testkit::conformance::{Caps, Harness};
+use std::time::Duration;
 
 /// Redlock over `N` fresh redis-servers (a restart quarantine of 500 ms, so the harness
 /// waits once for the servers to be a second old).
@@ -35,6 +36,10 @@ impl<const N: usize> Harness for Redlock<N> {
     }
 
     async fn break_lock(&self, name: &str) {
+        let all: Vec<usize> = (0..N).collect();
+        self.cluster
+            .wait_held_on(&all, name, Duration::from_secs(5))
+            .await;
         assert_eq!(self.cluster.break_lock(name), N, "not held on every node");
     }
 }

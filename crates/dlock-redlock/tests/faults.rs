@@ -182,7 +182,8 @@ async fn restarted_node_cannot_help_during_quarantine() {
         .await
         .expect("acquire");
     assert!(g.fencing_token() > first);
-    assert!((0..3).all(|i| c.has_lock(i, name)));
+    c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
+        .await;
     // Node 0 crashes and comes back empty; node 2 loses A's lock (as if it had expired there).
     c.servers[0].restart().expect("restart");
     assert_eq!(

@@ -96,6 +96,30 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Waits until every node in `idx` has the lock `name`. A grant returns once a majority
+    /// confirmed it; the slower nodes' votes finish in the background, so they may get their
+    /// hold a moment later (on a loaded machine).
+    pub async fn wait_held_on(&self, idx: &[usize], name: &str, within: Duration) {
+        let t = Instant::now();
+        loop {
+            let missing: Vec<usize> = idx
+                .iter()
+                .copied()
+                .filter(|&i| !self.has_lock(i, name))
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            assert!(
+                t.elapsed() < within,
+                "nodes {missing:?} never got the hold of {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 /// Waits until `count` nodes of `b` count toward a majority.
 pub async fn wait_counting(b: &RedlockBackend, count: usize, within: Duration) {
     let t = Instant::now();
