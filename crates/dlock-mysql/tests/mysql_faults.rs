@@ -8,42 +8,14 @@ use dlock_core::{
     LostReason, LostSignal, ReleaseOutcome,
 };
 use dlock_mysql::{lock_key, MysqlBackend};
-use dlock_testkit::conformance::{fast_opts, unique_name};
+use dlock_testkit::conformance::{fast_opts, poll_until, unique_name};
 use dlock_testkit::MariaDbServer;
-use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::{shared_server, My};
 
 fn client(backend: MysqlBackend, opts: ClientOptions) -> Client {
     Client::new(Arc::new(backend), opts).expect("client")
-}
-
-/// Generous deadline for a state reached asynchronously (a waiter reaching the server, a
-/// connection going away): on a loaded machine we cannot know how long it takes, only that it
-/// comes.
-const EVENTUALLY: Duration = Duration::from_secs(10);
-
-/// Polls `probe` until `done` accepts its value, and returns that value; fails with `what` and
-/// the last value seen if that takes longer than [`EVENTUALLY`].
-async fn poll_until<T: Debug>(
-    what: &str,
-    mut probe: impl AsyncFnMut() -> T,
-    done: impl Fn(&T) -> bool,
-) -> T {
-    let start = Instant::now();
-    loop {
-        let v = probe().await;
-        if done(&v) {
-            return v;
-        }
-        assert!(
-            start.elapsed() < EVENTUALLY,
-            "{what}: still {v:?} after {:?}",
-            start.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Connections waiting in `GET_LOCK` for lock `name`, in the default namespace. Only this

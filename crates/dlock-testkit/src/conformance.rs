@@ -38,6 +38,33 @@ pub trait Harness: Send + Sync + 'static {
 
 static UNIQUE: AtomicU64 = AtomicU64::new(0);
 
+/// Generous deadline for a state reached asynchronously (a waiter reaching the server, a
+/// session or connection going away): on a loaded machine we cannot know how long it takes,
+/// only that it comes.
+pub const EVENTUALLY: Duration = Duration::from_secs(10);
+
+/// Polls `probe` every 20 ms until `done` accepts its value, and returns that value; fails with
+/// `what` and the last value seen if that takes longer than [`EVENTUALLY`].
+pub async fn poll_until<T: std::fmt::Debug>(
+    what: &str,
+    mut probe: impl AsyncFnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let start = Instant::now();
+    loop {
+        let v = probe().await;
+        if done(&v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < EVENTUALLY,
+            "{what}: still {v:?} after {:?}",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A lock name no other case uses.
 pub fn unique_name(case: &str) -> String {
     format!(
