@@ -105,6 +105,7 @@ impl LockGuard {
                     st.fixed_until = Some(started + lease);
                 }
                 drop(st);
+                self.hold.sync_deadline(shared.opts.watchdog_lease);
                 shared.wake.notify_one();
                 Ok(())
             }

@@ -61,6 +61,12 @@ impl Hold {
         };
         Some(until.checked_sub(drift(lease)).unwrap_or(until))
     }
+
+    /// Tells the lost signal when the lease must be presumed gone (after any change of the
+    /// state), so that `is_lost()` is exact at that instant whenever the keeper runs.
+    pub(crate) fn sync_deadline(&self, watchdog_lease: Duration) {
+        self.lost.set_deadline(self.expires_at(watchdog_lease));
+    }
 }
 
 /// Clock-drift allowance for a lease: 1% plus 2 ms.
@@ -121,6 +127,7 @@ impl Shared {
                         }
                     }
                 }
+                h.sync_deadline(self.opts.watchdog_lease);
                 // Re-entry never brings the hold's deadline forward: no wake-up needed.
                 drop(holds);
                 return h;
@@ -139,6 +146,7 @@ impl Shared {
                 fixed_until: fixed_lease.map(|l| requested_at + l),
             }),
         });
+        hold.sync_deadline(self.opts.watchdog_lease);
         holds.insert(key, hold.clone());
         drop(holds);
         // Only a fixed lease can end before the keeper's next tick; a watchdog hold's lease
@@ -159,18 +167,21 @@ impl Shared {
             }
             st.guards == 0
         };
+        hold.sync_deadline(self.opts.watchdog_lease);
         if last {
             self.forget(hold);
         }
         last
     }
 
-    /// Removes `hold` from the map if it is still the current hold of its key.
-    pub(crate) fn forget(&self, hold: &Arc<Hold>) {
+    /// Removes `hold` from the map if it is still the current hold of its key; true if it did.
+    pub(crate) fn forget(&self, hold: &Arc<Hold>) -> bool {
         let mut holds = self.holds();
         if holds.get(&hold.key).is_some_and(|h| Arc::ptr_eq(h, hold)) {
             holds.remove(&hold.key);
+            return true;
         }
+        false
     }
 
     /// True if the client now has a newer hold of the same key than `hold`.
@@ -181,13 +192,15 @@ impl Shared {
     }
 
     fn mark_lost(&self, hold: &Arc<Hold>, reason: LostReason) {
-        if !hold.lost.is_lost() {
+        // Forget first, so that whoever wakes on the signal sees the hold gone. Reported once,
+        // by whoever takes the hold out of the map (the signal itself may have fired already:
+        // `is_lost()` fires it at the lease's end).
+        if self.forget(hold) {
+            let reason = hold.lost.reason().unwrap_or(reason.clone());
             tracing::warn!(name = %hold.key.name, owner = %hold.key.owner, %reason, "lock lost");
             metrics::counter!("dlock_locks_lost_total", "backend" => self.backend.kind())
                 .increment(1);
         }
-        // Forget first, so that whoever wakes on the signal sees the hold gone.
-        self.forget(hold);
         hold.lost.fire(reason);
     }
 }
@@ -201,11 +214,7 @@ pub(crate) async fn keeper(
     let interval = shared.opts.renew_interval();
     let mut next_renewal = Instant::now() + interval;
     loop {
-        let next_expiry = shared
-            .holds()
-            .values()
-            .filter_map(|h| h.expires_at(shared.opts.watchdog_lease))
-            .min();
+        let next_expiry = next_expiry_of(&shared);
         let wake_at = next_expiry.map_or(next_renewal, |e| e.min(next_renewal));
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -218,7 +227,20 @@ pub(crate) async fn keeper(
         }
         let now = Instant::now();
         if now >= next_renewal {
-            renew_all(&shared, interval).await;
+            // A renewal can take up to its timeout (a paused or cut-off server): leases that
+            // end meanwhile are still declared lost on time.
+            let renewal = renew_all(&shared, interval);
+            tokio::pin!(renewal);
+            loop {
+                let Some(next_expiry) = next_expiry_of(&shared) else {
+                    renewal.as_mut().await;
+                    break;
+                };
+                tokio::select! {
+                    _ = renewal.as_mut() => break,
+                    _ = tokio::time::sleep_until(next_expiry.into()) => expire_overdue(&shared),
+                }
+            }
             next_renewal = Instant::now() + interval;
         }
         expire_overdue(&shared);
@@ -227,6 +249,15 @@ pub(crate) async fn keeper(
     while let Ok(msg) = rx.try_recv() {
         handle(&shared, msg);
     }
+}
+
+/// The earliest instant a hold of this client must be presumed gone.
+fn next_expiry_of(shared: &Shared) -> Option<Instant> {
+    shared
+        .holds()
+        .values()
+        .filter_map(|h| h.expires_at(shared.opts.watchdog_lease))
+        .min()
 }
 
 fn handle(shared: &Arc<Shared>, msg: KeeperMsg) {
@@ -275,10 +306,13 @@ async fn renew_all(shared: &Arc<Shared>, interval: Duration) {
                     RenewOutcome::Renewed => {
                         metrics::counter!("dlock_renewals_total", "backend" => backend)
                             .increment(1);
-                        let mut st = hold.state();
-                        if started > st.confirmed_at {
-                            st.confirmed_at = started;
+                        {
+                            let mut st = hold.state();
+                            if started > st.confirmed_at {
+                                st.confirmed_at = started;
+                            }
                         }
+                        hold.sync_deadline(lease);
                     }
                     RenewOutcome::NotHeld => shared.mark_lost(hold, LostReason::NotHeld),
                 }
