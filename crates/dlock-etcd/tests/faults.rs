@@ -1,8 +1,9 @@
 //! Failures on a real 3-member etcd cluster: a crashed leader, a client cut off from the
 //! cluster while it holds the lock, a waiter cut off while it waits.
 
-use dlock_core::{Client, ClientOptions, Error, LostReason, ReleaseOutcome};
+use dlock_core::{Client, ClientOptions, Error, LockKind, LostReason, ReleaseOutcome};
 use dlock_etcd::EtcdBackend;
+use dlock_testkit::conformance::wait_for_waiters;
 use dlock_testkit::{DelayProxy, EtcdCluster};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -183,15 +184,7 @@ async fn cut_off_waiter_stops_with_an_error() {
     let lock = waiter.lock("q").expect("lock");
     let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(30)).await });
     // Queued.
-    let t = Instant::now();
-    loop {
-        let info = holder.inspect("q").await.expect("inspect");
-        if info.waiters == Some(1) {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "waiter never queued");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_waiters(&holder, "q", LockKind::Mutex, 1).await;
     for p in &proxies {
         p.set_blackhole(true);
     }

@@ -1110,7 +1110,7 @@ pub async fn semaphore_permits<H: Harness>(h: &H) {
 
 /// Waits until the server reports at least `n` waiters on `name` (10 s at most). Where the
 /// backend does not report waiters, gives a waiter a generous moment to queue instead.
-async fn wait_for_waiters(client: &Client, name: &str, kind: LockKind, n: u32) {
+pub async fn wait_for_waiters(client: &Client, name: &str, kind: LockKind, n: u32) {
     let t = Instant::now();
     loop {
         let info = client.inspect_kind(name, kind).await.expect("inspect");

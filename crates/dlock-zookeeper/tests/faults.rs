@@ -5,7 +5,7 @@ use dlock_core::{
     AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostReason,
     LostSignal, ReleaseOutcome,
 };
-use dlock_testkit::conformance::unique_name;
+use dlock_testkit::conformance::{unique_name, wait_for_waiters};
 use dlock_testkit::{DelayProxy, ZkEnsemble};
 use dlock_zookeeper::ZkBackend;
 use std::sync::Arc;
@@ -53,18 +53,7 @@ async fn leader_killed_lock_survives() {
         (g, Instant::now())
     });
     // The waiter queues (its node exists) before the failover.
-    let t = Instant::now();
-    loop {
-        let info = c.inspect(&name).await.expect("inspect");
-        if info.waiters == Some(1) {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the waiter never queued: {info:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_waiters(&c, &name, LockKind::Mutex, 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "the waiter got a held lock");
 

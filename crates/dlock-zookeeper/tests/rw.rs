@@ -2,7 +2,7 @@
 //! readers overlap and writers are alone, and the downgrade with a writer already queued.
 
 use dlock_core::{Client, ClientOptions, LockKind, ReleaseOutcome};
-use dlock_testkit::conformance::{fast_opts, unique_name};
+use dlock_testkit::conformance::{fast_opts, unique_name, wait_for_waiters};
 use dlock_testkit::ZkEnsemble;
 use dlock_zookeeper::ZkBackend;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,21 +130,7 @@ async fn downgrade_with_a_writer_queued() {
     let queued = b.rw_lock(&name).expect("rw").write();
     let writer = tokio::spawn(async move { queued.acquire_timeout(Duration::from_secs(20)).await });
     // The writer queues (its node exists) before the write side goes.
-    let t = Instant::now();
-    loop {
-        let info = c
-            .inspect_kind(&name, LockKind::Write)
-            .await
-            .expect("inspect");
-        if info.waiters == Some(1) {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the writer never queued: {info:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_waiters(&c, &name, LockKind::Write, 1).await;
 
     assert_eq!(
         w.release().await.expect("release"),
