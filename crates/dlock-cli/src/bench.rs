@@ -276,7 +276,11 @@ fn report(
             "p50_us": p50,
             "p99_us": p99,
             "violations": m.violations(),
+            "overlaps": m.overlaps,
+            "lost_updates": m.lost_updates,
+            "not_held_at_release": m.not_held(),
             "errors": m.errors(),
+            "first_error": m.per_client.iter().find_map(|c| c.first_error.clone()),
             "client_ops_min": min,
             "client_ops_max": max,
             "ping_p50_us": ping_us,
@@ -460,6 +464,8 @@ async fn contended(url: &str, args: &BenchArgs, run: &str, load: Load) -> Result
     let name = format!("bench:{run}");
     let res = contended_inner(url, args, run, &name, load).await;
     let finish = async {
+        // The writers were other clients: see all of their writes.
+        counter.sync().await.map_err(|e| e.to_string())?;
         let (value, _) = counter.read().await.map_err(|e| e.to_string())?;
         Ok::<i64, String>(value)
     }

@@ -302,6 +302,8 @@ async fn summarize(
     processes: u32,
     reports: Vec<(usize, BuyerReport)>,
 ) -> Result<Row, String> {
+    // The buyers wrote through other clients: see all of their writes.
+    store.sync().await.map_err(|e| e.to_string())?;
     let orders = store.orders().await.map_err(|e| e.to_string())?;
     let (final_stock, _) = store.read().await.map_err(|e| e.to_string())?;
     let stock = u64::from(args.stock);

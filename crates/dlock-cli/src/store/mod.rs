@@ -74,6 +74,13 @@ pub trait Store: Send + Sync {
     /// Deletes the run's data.
     async fn cleanup(&self) -> StoreResult<()>;
 
+    /// Makes this client's following reads see every write acknowledged before the call, by
+    /// any client. Needed before a final check from another client than the writers' where
+    /// reads may be served by a lagging replica (ZooKeeper followers); a no-op elsewhere.
+    async fn sync(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
     /// Removes what the lock backend keeps for the lock `name` (the `file://` backend keeps one
     /// file per name, forever). Call only when no process uses that lock any more.
     async fn forget_lock(&self, name: &str) -> StoreResult<()> {

@@ -266,6 +266,11 @@ impl Store for ZkStore {
         }
     }
 
+    async fn sync(&self) -> StoreResult<()> {
+        // ZooKeeper's `sync` has the server this session reads from catch up with the leader.
+        timed(&self.endpoint, "syncing", self.zk.sync(&self.stock)).await
+    }
+
     async fn add_order(&self, buyer: u64) -> StoreResult<()> {
         let opts = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
         timed(
