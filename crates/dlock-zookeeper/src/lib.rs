@@ -398,14 +398,16 @@ impl Inner {
 
     /// Node `path` of session `gen` is gone: its holds are lost. The signal fires after a
     /// grace period, so that for watchdog holds the watchdog's next renewal reports it first
-    /// (it also forgets the hold then).
+    /// (it also forgets the hold then). Not for a node we are deleting, or whose delete may
+    /// have gone through before its answer was lost: that release's retry finds the node gone
+    /// and reports it released.
     fn node_gone(&self, path: &str, gen: u64) {
         let signals: Vec<LostSignal> = {
             let mut st = self.state();
             let key = st
                 .entries
                 .iter()
-                .find(|(_, e)| e.path == path && e.gen == gen && !e.releasing)
+                .find(|(_, e)| e.path == path && e.gen == gen && !e.releasing && !e.delete_sent)
                 .map(|(k, _)| k.clone());
             match key.and_then(|k| st.entries.remove(&k)) {
                 Some(e) => e.signals.into_iter().map(|(_, s)| s).collect(),
@@ -449,6 +451,8 @@ impl Inner {
                 let mut guard = self.state();
                 match guard.entries.get_mut(&ek) {
                     Some(e) if e.path == path => {
+                        // The node is still ours: no earlier delete of it went through.
+                        e.delete_sent = false;
                         e.counts[slot(req.key.kind)] += 1;
                         e.signals.push((req.key.kind, req.lost.clone()));
                         Ok(Some(e.token))
