@@ -176,6 +176,17 @@ impl RedisBackend {
     /// Connects to the Redis server at `url`, checks credentials and loads the scripts.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         let (driver_url, endpoint, extras) = parse_url(url)?;
+        if let Some((_, wait)) = extras.wait_replicas {
+            // WAIT blocks for up to `wait_timeout` on a connection whose replies are bounded by
+            // the operation timeout: a longer wait would be cut off and the grant retried.
+            if wait >= opts.get_op_timeout() {
+                return Err(Error::InvalidArgument(format!(
+                    "wait_timeout={wait:?} is not below the client's operation timeout ({:?}): \
+                     the replica wait would be cut off; lower wait_timeout or raise op_timeout",
+                    opts.get_op_timeout()
+                )));
+            }
+        }
         let client = open_client(url, &driver_url, extras.ca_file.as_deref())?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.get_connect_timeout()))
@@ -339,12 +350,20 @@ impl RedisBackend {
             return Ok(());
         };
         let mut con = self.con.clone();
-        let acked: i64 = redis::cmd("WAIT")
+        let acked: std::result::Result<i64, _> = redis::cmd("WAIT")
             .arg(n)
             .arg(timeout.as_millis() as u64)
             .query_async(&mut con)
-            .await
-            .map_err(|e| self.err(e))?;
+            .await;
+        let acked = match acked {
+            Ok(acked) => acked,
+            Err(e) => {
+                // Unconfirmed: give the grant back, so that a retry does not add a second hold
+                // (a re-entry) on top of it.
+                let _ = self.release(key).await;
+                return Err(self.err(e));
+            }
+        };
         if acked >= i64::from(n) {
             return Ok(());
         }

@@ -379,7 +379,18 @@ async fn replica_confirmation_with_wait() {
     // A generous bound where the replica is healthy (a loaded machine can take a while to
     // ack), a short one where it is paused and the bound is what the test is about.
     let url = format!("{}?wait_replicas=1&wait_timeout=10s", master.url());
-    let (client, _) = client_for(&url, fast_opts()).await;
+    // WAIT blocks on the connection: a wait the operation timeout (500 ms here) would cut off
+    // is refused up front, not retried into a second hold.
+    let err = match RedisBackend::connect(&url, &fast_opts()).await {
+        Ok(_) => panic!("a wait_timeout above the operation timeout was accepted"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, dlock_core::Error::InvalidArgument(_)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("wait_timeout=10s"), "{err}");
+    let (client, _) = client_for(&url, fast_opts().op_timeout(Duration::from_secs(15))).await;
     let short = format!("{}?wait_replicas=1&wait_timeout=300ms", master.url());
     let (short_client, _) = client_for(&short, fast_opts()).await;
     let g = client
