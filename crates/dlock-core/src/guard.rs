@@ -97,15 +97,14 @@ impl LockGuard {
         let out = crate::backoff::retry(shared.opts.retry, || shared.backend.renew(&item)).await?;
         match out.first() {
             Some(RenewOutcome::Renewed) => {
-                let mut st = self.hold.state();
-                if st.watchdog_guards > 0 {
-                    st.confirmed_at = st.confirmed_at.max(started);
-                } else {
-                    st.confirmed_at = started;
-                    st.fixed_until = Some(started + lease);
-                }
-                drop(st);
-                self.hold.sync_deadline(shared.opts.watchdog_lease);
+                self.hold.update(shared.opts.watchdog_lease, |st| {
+                    if st.watchdog_guards > 0 {
+                        st.confirmed_at = st.confirmed_at.max(started);
+                    } else {
+                        st.confirmed_at = started;
+                        st.fixed_until = Some(started + lease);
+                    }
+                });
                 shared.wake.notify_one();
                 Ok(())
             }

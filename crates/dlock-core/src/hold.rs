@@ -45,27 +45,41 @@ impl Hold {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// When the lock must be presumed gone, given the watchdog lease.
+    fn expires_at(&self, watchdog_lease: Duration) -> Option<Instant> {
+        self.state().expires_at(watchdog_lease)
+    }
+
+    /// Changes the hold's state and tells its lost signal the resulting lease end, under the
+    /// state lock (so concurrent changes cannot leave an older deadline behind): the one way
+    /// to change a live hold, so that `is_lost()` is exact whenever the keeper runs.
+    pub(crate) fn update<R>(
+        &self,
+        watchdog_lease: Duration,
+        f: impl FnOnce(&mut HoldState) -> R,
+    ) -> R {
+        let mut st = self.state();
+        let r = f(&mut st);
+        self.lost.set_deadline(st.expires_at(watchdog_lease));
+        r
+    }
+}
+
+impl HoldState {
     /// When the lock must be presumed gone, given the watchdog lease. A margin for clock-rate
     /// drift (1% + 2 ms, as Redlock) makes the local view expire first.
     fn expires_at(&self, watchdog_lease: Duration) -> Option<Instant> {
-        let st = self.state();
-        let until = if st.watchdog_guards > 0 {
-            Some(st.confirmed_at + watchdog_lease)
+        let until = if self.watchdog_guards > 0 {
+            Some(self.confirmed_at + watchdog_lease)
         } else {
-            st.fixed_until
+            self.fixed_until
         }?;
-        let lease = if st.watchdog_guards > 0 {
+        let lease = if self.watchdog_guards > 0 {
             watchdog_lease
         } else {
-            until.saturating_duration_since(st.confirmed_at)
+            until.saturating_duration_since(self.confirmed_at)
         };
         Some(until.checked_sub(drift(lease)).unwrap_or(until))
-    }
-
-    /// Tells the lost signal when the lease must be presumed gone (after any change of the
-    /// state), so that `is_lost()` is exact at that instant whenever the keeper runs.
-    pub(crate) fn sync_deadline(&self, watchdog_lease: Duration) {
-        self.lost.set_deadline(self.expires_at(watchdog_lease));
     }
 }
 
@@ -111,8 +125,7 @@ impl Shared {
         if let Some(h) = holds.get(&key) {
             if h.token == token && !h.lost.is_lost() {
                 let h = h.clone();
-                {
-                    let mut st = h.state();
+                h.update(self.opts.watchdog_lease, |st| {
                     st.guards += 1;
                     match fixed_lease {
                         None => {
@@ -126,8 +139,7 @@ impl Shared {
                             st.fixed_until = Some(st.fixed_until.map_or(until, |u| u.max(until)));
                         }
                     }
-                }
-                h.sync_deadline(self.opts.watchdog_lease);
+                });
                 // Re-entry never brings the hold's deadline forward: no wake-up needed.
                 drop(holds);
                 return h;
@@ -135,18 +147,19 @@ impl Shared {
             // The server granted afresh: whatever we held before under this key is gone.
             h.lost.fire(LostReason::NotHeld);
         }
+        let state = HoldState {
+            guards: 1,
+            watchdog_guards: u32::from(fixed_lease.is_none()),
+            confirmed_at: requested_at,
+            fixed_until: fixed_lease.map(|l| requested_at + l),
+        };
+        lost.set_deadline(state.expires_at(self.opts.watchdog_lease));
         let hold = Arc::new(Hold {
             key: key.clone(),
             token,
             lost,
-            state: Mutex::new(HoldState {
-                guards: 1,
-                watchdog_guards: u32::from(fixed_lease.is_none()),
-                confirmed_at: requested_at,
-                fixed_until: fixed_lease.map(|l| requested_at + l),
-            }),
+            state: Mutex::new(state),
         });
-        hold.sync_deadline(self.opts.watchdog_lease);
         holds.insert(key, hold.clone());
         drop(holds);
         // Only a fixed lease can end before the keeper's next tick; a watchdog hold's lease
@@ -159,15 +172,13 @@ impl Shared {
 
     /// A guard of `hold` is gone (released or dropped). Returns true if it was the last one.
     pub(crate) fn detach(&self, hold: &Arc<Hold>, watchdog: bool) -> bool {
-        let last = {
-            let mut st = hold.state();
+        let last = hold.update(self.opts.watchdog_lease, |st| {
             st.guards = st.guards.saturating_sub(1);
             if watchdog {
                 st.watchdog_guards = st.watchdog_guards.saturating_sub(1);
             }
             st.guards == 0
-        };
-        hold.sync_deadline(self.opts.watchdog_lease);
+        });
         if last {
             self.forget(hold);
         }
@@ -306,13 +317,11 @@ async fn renew_all(shared: &Arc<Shared>, interval: Duration) {
                     RenewOutcome::Renewed => {
                         metrics::counter!("dlock_renewals_total", "backend" => backend)
                             .increment(1);
-                        {
-                            let mut st = hold.state();
+                        hold.update(lease, |st| {
                             if started > st.confirmed_at {
                                 st.confirmed_at = started;
                             }
-                        }
-                        hold.sync_deadline(lease);
+                        });
                     }
                     RenewOutcome::NotHeld => shared.mark_lost(hold, LostReason::NotHeld),
                 }
