@@ -3,25 +3,40 @@
 //! Everything generic — waiting, deadlines, the watchdog, cancellation, guards, retries — lives
 //! in the core and is written once. A backend only knows how to talk to its server.
 //!
+//! # The hold protocol: addressed by grant, idempotent by construction
+//! Every acquisition *attempt* has an [`AttemptId`], unique forever, made by the core. The
+//! server stores it with the grant, together with the grant's fencing token. Everything after
+//! the grant names it ([`GrantRef`]: attempt id and token): renewals, releases, give-ups and
+//! handoff messages. So a retried or duplicated request has the effect of one, and a stale
+//! request of a lost grant can never touch a newer grant of the same owner.
+//!
+//! Re-entry is counted in the core, in the process (as Curator does): a backend sees one grant
+//! per attempt and never a second acquisition by an attempt it already granted to, except as a
+//! retry of the same request. Two clients that use one owner id are two holders.
+//!
 //! # To ensure correctness, an implementation must
-//! 1. grant [`Backend::acquire`] to at most one owner at a time for a mutex, atomically with
+//! 1. grant [`Backend::acquire`] to at most one attempt at a time for a mutex, atomically with
 //!    setting the lease (a crashed holder's lock must free itself when the lease ends);
-//! 2. treat a second acquire by the owner that already holds the lock as re-entry: increment
-//!    the owner's hold count, never shorten the lease, and return the *same* fencing token;
+//! 2. treat an acquire by an attempt that already holds the lock as a retry of the same
+//!    request: return the *same* fencing token, never count it twice, and make the lease run at
+//!    least [`AcquireRequest::lease`] from now (never shortening it);
 //! 3. return fencing tokens that strictly increase across all grants of one name, forever
 //!    (a restart of the lock service must not reset them, or the backend documents where it does);
-//! 4. let only the holding owner release or renew, and report the other cases exactly
-//!    ([`ReleaseOutcome::Expired`], [`ReleaseOutcome::TakenByOther`], [`RenewOutcome::NotHeld`]);
+//! 4. renew and release only the grant a [`GrantRef`] names (attempt *and* token), and report
+//!    the other cases exactly ([`ReleaseOutcome::Expired`], [`ReleaseOutcome::TakenByOther`],
+//!    [`RenewOutcome::NotHeld`]); a renewal makes the lease run at least the given duration from
+//!    the moment the server applies it and **never shortens** it;
 //! 5. make [`Backend::watch`] deliver a wake-up for every release that happens after `watch`
 //!    returned (spurious wake-ups are allowed; missed ones are not, short of a broken
 //!    connection, which must end the watch with an error); a backend that hands a released
-//!    lock straight to a queued waiter ([`Wake::HandedOver`]) must make the waiter's next
-//!    attempt with [`AcquireRequest::queued`] claim that grant (not count it twice), and
-//!    [`Backend::give_up`] must return a grant made to a waiter that stopped waiting;
+//!    lock straight to a queued waiter ([`Wake::HandedOver`]) must address the handoff to the
+//!    waiting *attempt* (never to the owner or the name), and [`Backend::give_up`] must give
+//!    back only a grant made to that attempt;
 //! 6. report a key holding foreign data, a failed script or a reply of the wrong shape as
 //!    [`Error::UnexpectedReply`](crate::Error::UnexpectedReply), never by panicking.
 //!
-//! The conformance suite in `dlock-testkit` checks each of these against a real server.
+//! The conformance suite in `dlock-testkit` checks each of these against a real server,
+//! including with replies delayed, dropped and duplicated by a proxy.
 
 use crate::error::Result;
 use crate::lost::LostSignal;
@@ -80,12 +95,69 @@ pub struct HoldKey {
     pub kind: LockKind,
 }
 
+/// Identifies one acquisition attempt, and the grant it wins: unique forever (128 random
+/// bits, 32 lower-case hex digits). The server stores it with the grant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AttemptId(Arc<str>);
+
+impl AttemptId {
+    /// A new id, unique forever.
+    pub fn new() -> Self {
+        AttemptId(format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)).into())
+    }
+
+    /// An id read back from a server (e.g. in a handoff message or an inspect).
+    pub fn from_server(id: impl Into<Arc<str>>) -> Self {
+        AttemptId(id.into())
+    }
+
+    /// The id as text (what backends store).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for AttemptId {
+    fn default() -> Self {
+        AttemptId::new()
+    }
+}
+
+impl std::fmt::Display for AttemptId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::ops::Deref for AttemptId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The address of one grant on the server: the lock, the attempt that won it, and its fencing
+/// token. Renewals and releases name it, so they touch that grant and no other.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GrantRef {
+    /// Lock name, owner and kind.
+    pub key: HoldKey,
+    /// The attempt that won the grant.
+    pub attempt: AttemptId,
+    /// The grant's fencing token.
+    pub token: u64,
+}
+
 /// One acquisition attempt.
 #[derive(Debug, Clone)]
 pub struct AcquireRequest {
     /// Who asks for what.
     pub key: HoldKey,
-    /// Lease to set on grant (and to extend to on re-entry, never shortening).
+    /// This attempt's id: a retry of the request carries the same one, so the server can tell
+    /// a retry from a second acquisition.
+    pub attempt: AttemptId,
+    /// Lease to set on grant (a retry of a granted attempt makes it run at least this long from
+    /// now, never shortening it).
     pub lease: Duration,
     /// Signal of the hold this grant would create. Backends that learn of loss from their
     /// server (session end, dropped connection) keep a clone and fire it.
@@ -94,10 +166,9 @@ pub struct AcquireRequest {
     /// queue register the caller as a waiter that counts as alive for `ttl` (refreshed by each
     /// attempt). `None` for `try_acquire`.
     pub waiter_ttl: Option<Duration>,
-    /// True on the attempts of a wait after the first: the caller is (or was) queued as a
-    /// waiter, so if it already holds the lock the lock was handed over to it — claim it,
-    /// do not count a re-entry.
-    pub queued: bool,
+    /// For the read side of a read-write lock: the live write grant this owner holds on the
+    /// same lock, which the read grant may be granted beside (a downgrade). `None` otherwise.
+    pub write_grant: Option<GrantRef>,
 }
 
 impl AcquireRequest {
@@ -105,10 +176,20 @@ impl AcquireRequest {
     pub fn new(key: HoldKey, lease: Duration, lost: LostSignal) -> Self {
         AcquireRequest {
             key,
+            attempt: AttemptId::new(),
             lease,
             lost,
             waiter_ttl: None,
-            queued: false,
+            write_grant: None,
+        }
+    }
+
+    /// The address of the grant this attempt wins with `token`.
+    pub fn grant(&self, token: u64) -> GrantRef {
+        GrantRef {
+            key: self.key.clone(),
+            attempt: self.attempt.clone(),
+            token,
         }
     }
 }
@@ -129,8 +210,8 @@ pub struct Granted {
 pub enum Wake {
     /// The lock was released (or may have been): try again.
     Released,
-    /// The server handed the lock straight to this waiter, with this fencing token; the lease
-    /// is the one the waiter asked for, running from after its last attempt.
+    /// The server handed the lock straight to this waiting attempt, with this fencing token;
+    /// the lease is the one the attempt asked for, running from after its last request.
     HandedOver {
         /// Fencing token of the grant.
         token: u64,
@@ -140,9 +221,9 @@ pub enum Wake {
 /// Answer to one acquisition attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireReply {
-    /// Granted (or re-entered); the fencing token of this grant.
+    /// Granted to this attempt; the fencing token of this grant.
     Granted {
-        /// Strictly increasing per name; the same token on re-entry.
+        /// Strictly increasing per name; the same token when a granted attempt is retried.
         token: u64,
     },
     /// Held by another owner.
@@ -158,12 +239,14 @@ pub enum AcquireReply {
 pub enum ReleaseOutcome {
     /// The lock is free now.
     Released,
-    /// This owner still holds the lock through other (re-entrant) holds.
+    /// This owner still holds the lock through other (re-entrant) guards of this client
+    /// (reported by the core; backends never return it).
     StillHeld {
         /// Holds this owner still has.
         remaining: u32,
     },
-    /// Nobody held the lock any more: the lease had already run out.
+    /// The server had no grant with this address any more: its lease had already run out (or
+    /// an operator removed it).
     Expired,
     /// Another owner holds the lock now (ours ran out and it was taken).
     TakenByOther,
@@ -182,7 +265,7 @@ impl ReleaseOutcome {
 /// Result of renewing one hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenewOutcome {
-    /// The lease now runs for the requested duration again.
+    /// The lease now runs at least the requested duration from when the server applied it.
     Renewed,
     /// The owner no longer holds the lock.
     NotHeld,
@@ -228,7 +311,7 @@ impl LockInfo {
     }
 }
 
-/// A subscription to release notifications of one lock, for one waiting owner.
+/// A subscription to release notifications of one lock, for one waiting attempt.
 #[async_trait]
 pub trait ReleaseWatch: Send {
     /// Resolves after the next release notification that concerns this waiter (possibly
@@ -249,17 +332,17 @@ pub trait Backend: Send + Sync + 'static {
     /// One attempt to acquire; never waits for the lock.
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply>;
 
-    /// Subscribes to release notifications for `key.name`, on behalf of waiter `key.owner`.
-    /// Called before the waiter's next attempt, so a release between that attempt and the wait
-    /// is not missed.
-    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>>;
+    /// Subscribes to release notifications for `req.key.name`, on behalf of the waiting
+    /// attempt `req.attempt` (handoffs to other attempts, even of the same owner, are not its
+    /// own). Called before the attempt's next request, so a release between that request and
+    /// the wait is not missed.
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>>;
 
-    /// The waiter `key` stops waiting (deadline, cancellation): leave the server's queue, and
-    /// give back a grant handed over to it in the meantime. The default does nothing (for
-    /// backends without a queue).
-    async fn give_up(&self, _key: &HoldKey) -> Result<()> {
-        Ok(())
-    }
+    /// The attempt `req.attempt` stops (its wait ran out or was cancelled, or its last request
+    /// failed with an unknown outcome): leave the server's queue, and give back a grant made
+    /// to *that attempt* in the meantime — handed over, or granted by a request whose reply was
+    /// lost — never one of another attempt of the same owner. Idempotent.
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()>;
 
     /// Waits for the lock until `deadline` (`None`: no deadline), or until `cancel` fires.
     ///
@@ -277,13 +360,15 @@ pub trait Backend: Send + Sync + 'static {
         crate::wait::watch_and_retry(self, req, deadline, cancel).await
     }
 
-    /// Releases one hold of `key`.
-    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome>;
+    /// Releases the grant `grant` names (and only it). Idempotent: a retry after the release
+    /// went through answers [`ReleaseOutcome::Expired`].
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome>;
 
-    /// Renews many holds at once, each to its given lease (the watchdog calls this once per
-    /// tick for every hold of a client). Returns one outcome per item, in order. An `Err`
-    /// means the whole batch could not be confirmed.
-    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>>;
+    /// Renews many grants at once, each so that its lease runs at least the given duration
+    /// from when the server applies it, never shortening it (the watchdog calls this once per
+    /// tick for every hold of a client; `extend` with one item). Returns one outcome per
+    /// item, in order. An `Err` means the whole batch could not be confirmed.
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>>;
 
     /// The lock's current state.
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;

@@ -58,6 +58,7 @@ impl Client {
             opts,
             holds: Mutex::new(HashMap::new()),
             wake: Notify::new(),
+            attached: Notify::new(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();

@@ -1,9 +1,10 @@
 //! The guard a holder gets: fencing token, lost signal, extend, release.
 
-use crate::backend::{ReleaseOutcome, RenewOutcome};
+use crate::backend::{GrantRef, ReleaseOutcome, RenewOutcome};
 use crate::error::{Error, Result};
 use crate::hold::{Hold, KeeperMsg, Shared};
 use crate::lost::{LostReason, LostSignal};
+use crate::options::check_lease;
 use crate::Client;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,18 +39,18 @@ impl LockGuard {
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.hold.key.name
+        &self.hold.key().name
     }
 
     /// The owner id this guard holds the lock for.
     pub fn owner(&self) -> &str {
-        &self.hold.key.owner
+        &self.hold.key().owner
     }
 
     /// The fencing token of this grant: strictly greater than every token handed out for this
     /// name before it. Re-entrant guards of one hold share the token.
     pub fn fencing_token(&self) -> u64 {
-        self.hold.token
+        self.hold.token()
     }
 
     /// True once the lock is known to be lost (renewal failed, lease ran out, session ended).
@@ -85,41 +86,23 @@ impl LockGuard {
         self.watchdog
     }
 
-    /// Sets the lease to run `lease` from now. Useful with fixed leases; in watchdog mode the
-    /// watchdog goes on renewing to the watchdog lease at its next tick.
+    /// Makes the lease run at least `lease` from now, on the server and in this guard's view
+    /// of it. It never shortens the lease: a shorter `lease` than what is left (or than the
+    /// watchdog lease other guards of this hold rely on) changes nothing on the server. To give
+    /// the lock up early, release it. Useful with fixed leases; in watchdog mode the watchdog
+    /// goes on renewing at its next tick.
     ///
     /// Fails with [`Error::NotOwner`] (and fires the lost signal) if the lock is no longer ours.
+    /// Connection errors are retried (bounded by the client's retry policy): the request names
+    /// this grant and never shortens, so a retry has the effect of one request.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if the future is dropped, the extension may or may not have reached the
+    /// server; the guard's view of the lease stays the one last confirmed (never longer than
+    /// the server's), so nothing is promised that the server did not grant.
     pub async fn extend(&self, lease: Duration) -> Result<()> {
-        crate::options::check_lease(lease)?;
-        let shared = &self.client.shared;
-        let started = Instant::now();
-        let item = [(self.hold.key.clone(), lease)];
-        let out = crate::backoff::retry(shared.opts.retry, || shared.backend.renew(&item)).await?;
-        match out.first() {
-            Some(RenewOutcome::Renewed) => {
-                self.hold.update(shared.opts.watchdog_lease, |st| {
-                    if st.watchdog_guards > 0 {
-                        st.confirmed_at = st.confirmed_at.max(started);
-                    } else {
-                        st.confirmed_at = started;
-                        st.fixed_until = Some(started + lease);
-                    }
-                });
-                shared.wake.notify_one();
-                Ok(())
-            }
-            Some(RenewOutcome::NotHeld) => {
-                self.hold.lost.fire(LostReason::NotHeld);
-                Err(Error::NotOwner {
-                    name: self.name().to_owned(),
-                    owner: self.owner().to_owned(),
-                })
-            }
-            None => Err(Error::UnexpectedReply {
-                backend: shared.backend.kind(),
-                message: "renewal of one lock returned no outcome".into(),
-            }),
-        }
+        check_lease(lease)?;
+        extend_hold(&self.client.shared, &self.hold, lease).await
     }
 
     /// Releases this guard's hold and tells what happened:
@@ -129,8 +112,14 @@ impl LockGuard {
     /// (bounded by the client's retry policy); if they persist the error is returned and the
     /// lock frees itself when its lease ends.
     ///
+    /// Re-entrant guards of one hold share one grant on the server: releasing one of several
+    /// only counts it down in this client ([`StillHeld`](ReleaseOutcome::StillHeld)); the last
+    /// one releases the grant. The request names the grant, so a retry after a lost reply has
+    /// the effect of one release and can never touch a newer grant of the same owner.
+    ///
     /// # Cancel safety
-    /// If the future is dropped before it completes, the release still happens in the background.
+    /// If the future is dropped before it completes, the release still happens in the
+    /// background: nothing is left held.
     pub async fn release(mut self) -> Result<ReleaseOutcome> {
         self.done = true;
         let hold = self.hold.clone();
@@ -147,36 +136,97 @@ impl LockGuard {
     }
 }
 
-/// Releases one guard's share of `hold` on the server and detaches it locally.
+/// Renews `hold` so that its lease runs at least `lease` from now (never shortening it).
+pub(crate) async fn extend_hold(
+    shared: &Arc<Shared>,
+    hold: &Arc<Hold>,
+    lease: Duration,
+) -> Result<()> {
+    let item = [(hold.grant.clone(), lease)];
+    let mut sent = Instant::now();
+    let out = crate::backoff::retry(shared.opts.retry, || {
+        sent = Instant::now();
+        shared.backend.renew(&item)
+    })
+    .await?;
+    match out.first() {
+        Some(RenewOutcome::Renewed) => {
+            // Measured from the send of the attempt that was confirmed: the server applied it
+            // no earlier.
+            hold.update(|st| st.confirmed(sent, lease));
+            shared.wake.notify_one();
+            Ok(())
+        }
+        Some(RenewOutcome::NotHeld) => {
+            shared.forget(hold);
+            hold.lost.fire(LostReason::NotHeld);
+            Err(Error::NotOwner {
+                name: hold.key().name.to_string(),
+                owner: hold.key().owner.to_string(),
+            })
+        }
+        None => Err(Error::UnexpectedReply {
+            backend: shared.backend.kind(),
+            message: "renewal of one lock returned no outcome".into(),
+        }),
+    }
+}
+
+/// Releases one guard's share of `hold`: counted down in this client, and the grant released
+/// on the server when it was the last guard.
 pub(crate) async fn release_hold(
     shared: &Arc<Shared>,
     hold: &Arc<Hold>,
     watchdog: bool,
 ) -> Result<ReleaseOutcome> {
-    // A lost hold that this client has since re-acquired must not decrement the new grant.
-    if hold.lost.is_lost() && shared.superseded(hold) {
-        shared.detach(hold, watchdog);
-        return Ok(ReleaseOutcome::Expired);
+    let left = shared.detach(hold, watchdog);
+    if left > 0 {
+        return Ok(ReleaseOutcome::StillHeld { remaining: left });
     }
-    let span = tracing::debug_span!("dlock.release", name = %hold.key.name, backend = shared.backend.kind());
-    let r = crate::backoff::retry(shared.opts.retry, || shared.backend.release(&hold.key))
-        .instrument(span)
-        .await;
-    let last_local = shared.detach(hold, watchdog);
+    let span = tracing::debug_span!("dlock.release", name = %hold.key().name, backend = shared.backend.kind());
+    let r = release_grant(shared, &hold.grant).instrument(span).await;
     match &r {
-        Ok(ReleaseOutcome::Released) => {}
-        Ok(ReleaseOutcome::StillHeld { .. }) if !last_local => {}
-        Ok(ReleaseOutcome::StillHeld { .. }) => {
-            // Another client shares this owner id and holds the lock; we stop renewing it.
-        }
+        Ok(ReleaseOutcome::Released) | Ok(ReleaseOutcome::StillHeld { .. }) => {}
         Ok(ReleaseOutcome::Expired) | Ok(ReleaseOutcome::TakenByOther) => {
             hold.lost.fire(LostReason::NotHeld);
         }
         Err(e) => {
-            tracing::warn!(name = %hold.key.name, error = %e, "release failed");
+            tracing::warn!(name = %hold.key().name, error = %e, "release failed");
         }
     }
     r
+}
+
+/// Releases `grant` on the server, retrying connection errors. A retry after an attempt whose
+/// outcome is unknown (the reply was lost) may find the grant gone because that attempt went
+/// through: then it is reported released, which is the one outcome both cases share for the
+/// lock's other users.
+pub(crate) async fn release_grant(
+    shared: &Arc<Shared>,
+    grant: &GrantRef,
+) -> Result<ReleaseOutcome> {
+    let mut ambiguous = false;
+    let r = crate::backoff::retry(shared.opts.retry, || {
+        let was_ambiguous = ambiguous;
+        ambiguous = true;
+        async move {
+            let r = shared.backend.release(grant).await;
+            match r {
+                Ok(ReleaseOutcome::Expired) if was_ambiguous => Ok(ReleaseOutcome::Released),
+                other => other,
+            }
+        }
+    })
+    .await;
+    r
+}
+
+/// Gives back a grant nobody will use.
+pub(crate) async fn give_back(shared: &Arc<Shared>, grant: &GrantRef) {
+    if let Err(e) = release_grant(shared, grant).await {
+        tracing::warn!(name = %grant.key.name, error = %e,
+            "could not give back an unused grant; it frees when its lease ends");
+    }
 }
 
 impl Drop for LockGuard {

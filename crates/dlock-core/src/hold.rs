@@ -7,7 +7,7 @@
 //! renewal (fixed leases, or a server that stopped answering). It also performs the releases
 //! that dropped guards schedule, so `Drop` never blocks.
 
-use crate::backend::{Backend, HoldKey, RenewOutcome};
+use crate::backend::{Backend, GrantRef, HoldKey, RenewOutcome};
 use crate::lost::{LostReason, LostSignal};
 use crate::options::ClientOptions;
 use std::collections::HashMap;
@@ -20,8 +20,8 @@ use tracing::Instrument;
 /// One owner's grant of one lock, shared by its re-entrant guards.
 #[derive(Debug)]
 pub(crate) struct Hold {
-    pub(crate) key: HoldKey,
-    pub(crate) token: u64,
+    /// The grant on the server: what renewals and the release name.
+    pub(crate) grant: GrantRef,
     pub(crate) lost: LostSignal,
     pub(crate) state: Mutex<HoldState>,
 }
@@ -32,54 +32,54 @@ pub(crate) struct HoldState {
     pub(crate) guards: u32,
     /// How many of them are in watchdog mode.
     pub(crate) watchdog_guards: u32,
-    /// Start of the last request the server confirmed (grant or renewal) for watchdog mode.
-    pub(crate) confirmed_at: Instant,
-    /// End of the fixed lease, for holds without watchdog guards.
-    pub(crate) fixed_until: Option<Instant>,
+    /// When the lease must be presumed gone: the latest, over every request the server
+    /// confirmed (grant, renewal, extension), of its send time plus the lease it asked for,
+    /// minus the drift margin. Backends never shorten a lease, so each confirmed request
+    /// promises at least that much and the latest promise holds.
+    pub(crate) deadline: Instant,
+}
+
+impl HoldState {
+    /// Records a request sent at `sent` that the server confirmed with lease `lease`.
+    pub(crate) fn confirmed(&mut self, sent: Instant, lease: Duration) {
+        self.deadline = self.deadline.max(lease_deadline(sent, lease));
+    }
+}
+
+/// The instant a lease of `lease` confirmed by a request sent at `sent` must be presumed gone.
+pub(crate) fn lease_deadline(sent: Instant, lease: Duration) -> Instant {
+    let until = sent + lease;
+    until.checked_sub(drift(lease)).unwrap_or(until)
 }
 
 impl Hold {
+    pub(crate) fn key(&self) -> &HoldKey {
+        &self.grant.key
+    }
+
+    pub(crate) fn token(&self) -> u64 {
+        self.grant.token
+    }
+
     pub(crate) fn state(&self) -> MutexGuard<'_, HoldState> {
         // A poisoned state mutex only means a panic elsewhere mid-update of plain numbers;
         // the numbers are still the best information we have.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// When the lock must be presumed gone, given the watchdog lease.
-    fn expires_at(&self, watchdog_lease: Duration) -> Option<Instant> {
-        self.state().expires_at(watchdog_lease)
+    /// When the lock must be presumed gone.
+    fn expires_at(&self) -> Instant {
+        self.state().deadline
     }
 
     /// Changes the hold's state and tells its lost signal the resulting lease end, under the
     /// state lock (so concurrent changes cannot leave an older deadline behind): the one way
     /// to change a live hold, so that `is_lost()` is exact whenever the keeper runs.
-    pub(crate) fn update<R>(
-        &self,
-        watchdog_lease: Duration,
-        f: impl FnOnce(&mut HoldState) -> R,
-    ) -> R {
+    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut HoldState) -> R) -> R {
         let mut st = self.state();
         let r = f(&mut st);
-        self.lost.set_deadline(st.expires_at(watchdog_lease));
+        self.lost.set_deadline(Some(st.deadline));
         r
-    }
-}
-
-impl HoldState {
-    /// When the lock must be presumed gone, given the watchdog lease. A margin for clock-rate
-    /// drift (1% + 2 ms, as Redlock) makes the local view expire first.
-    fn expires_at(&self, watchdog_lease: Duration) -> Option<Instant> {
-        let until = if self.watchdog_guards > 0 {
-            Some(self.confirmed_at + watchdog_lease)
-        } else {
-            self.fixed_until
-        }?;
-        let lease = if self.watchdog_guards > 0 {
-            watchdog_lease
-        } else {
-            until.saturating_duration_since(self.confirmed_at)
-        };
-        Some(until.checked_sub(drift(lease)).unwrap_or(until))
     }
 }
 
@@ -91,6 +91,9 @@ pub fn drift(lease: Duration) -> Duration {
 pub(crate) enum KeeperMsg {
     /// A guard was dropped without `release()`: release it in the background.
     Release { hold: Arc<Hold>, watchdog: bool },
+    /// A grant nobody will use (its acquire future was dropped as it arrived, or another task
+    /// of the same owner got the lock first): give it back.
+    GiveBack(GrantRef),
 }
 
 /// State shared by a client, its locks, its guards and its keeper task.
@@ -100,6 +103,9 @@ pub(crate) struct Shared {
     pub(crate) holds: Mutex<HashMap<HoldKey, Arc<Hold>>>,
     /// Wakes the keeper when a hold with an earlier deadline arrives.
     pub(crate) wake: Notify,
+    /// Wakes waiting acquisitions when a hold is attached, so that a task waiting on the
+    /// server for a lock its own owner now holds in this client joins that hold instead.
+    pub(crate) attached: Notify,
 }
 
 impl Shared {
@@ -112,94 +118,93 @@ impl Shared {
         self.holds().get(key).filter(|h| !h.lost.is_lost()).cloned()
     }
 
-    /// Records a grant and returns the hold the new guard belongs to.
+    /// Records a fresh grant of `attempt` and returns the hold the new guard belongs to, or
+    /// `Err(existing)` when this client already has a live hold of the same key that the new
+    /// grant cannot replace (the read side: both grants are valid; the caller joins the
+    /// existing hold and gives the new grant back).
     pub(crate) fn attach(
         &self,
-        key: HoldKey,
-        token: u64,
+        grant: GrantRef,
         lost: LostSignal,
         requested_at: Instant,
-        fixed_lease: Option<Duration>,
-    ) -> Arc<Hold> {
+        lease: Duration,
+        watchdog: bool,
+    ) -> std::result::Result<Arc<Hold>, Arc<Hold>> {
         let mut holds = self.holds();
-        if let Some(h) = holds.get(&key) {
-            if h.token == token && !h.lost.is_lost() {
-                let h = h.clone();
-                h.update(self.opts.watchdog_lease, |st| {
-                    st.guards += 1;
-                    match fixed_lease {
-                        None => {
-                            if st.watchdog_guards == 0 {
-                                st.confirmed_at = requested_at;
-                            }
-                            st.watchdog_guards += 1;
-                        }
-                        Some(lease) => {
-                            let until = requested_at + lease;
-                            st.fixed_until = Some(st.fixed_until.map_or(until, |u| u.max(until)));
-                        }
-                    }
-                });
-                // Re-entry never brings the hold's deadline forward: no wake-up needed.
-                drop(holds);
-                return h;
+        if let Some(h) = holds.get(&grant.key) {
+            if !h.lost.is_lost() {
+                if grant.key.kind == crate::LockKind::Read {
+                    return Err(h.clone());
+                }
+                // An exclusive grant to another attempt proves the old one is gone on the
+                // server (deleted, expired, lost with the server's data).
+                h.lost.fire(LostReason::NotHeld);
             }
-            // The server granted afresh: whatever we held before under this key is gone.
-            h.lost.fire(LostReason::NotHeld);
         }
         let state = HoldState {
             guards: 1,
-            watchdog_guards: u32::from(fixed_lease.is_none()),
-            confirmed_at: requested_at,
-            fixed_until: fixed_lease.map(|l| requested_at + l),
+            watchdog_guards: u32::from(watchdog),
+            deadline: lease_deadline(requested_at, lease),
         };
-        lost.set_deadline(state.expires_at(self.opts.watchdog_lease));
+        lost.set_deadline(Some(state.deadline));
         let hold = Arc::new(Hold {
-            key: key.clone(),
-            token,
+            grant: grant.clone(),
             lost,
             state: Mutex::new(state),
         });
-        holds.insert(key, hold.clone());
+        holds.insert(grant.key, hold.clone());
         drop(holds);
         // Only a fixed lease can end before the keeper's next tick; a watchdog hold's lease
         // (at least 3/4 of a lease left at grant) outlasts the tick, so no wake-up is needed.
-        if fixed_lease.is_some() {
+        if !watchdog {
             self.wake.notify_one();
         }
-        hold
+        self.attached.notify_waiters();
+        Ok(hold)
     }
 
-    /// A guard of `hold` is gone (released or dropped). Returns true if it was the last one.
-    pub(crate) fn detach(&self, hold: &Arc<Hold>, watchdog: bool) -> bool {
-        let last = hold.update(self.opts.watchdog_lease, |st| {
+    /// A guard of `hold` is gone (released or dropped). Returns how many guards remain; at 0
+    /// the hold is no longer in the map (a new acquisition goes to the server).
+    pub(crate) fn detach(&self, hold: &Arc<Hold>, watchdog: bool) -> u32 {
+        // Under the map lock, so that a re-entry cannot join a hold whose last guard left.
+        let mut holds = self.holds();
+        let left = hold.update(|st| {
             st.guards = st.guards.saturating_sub(1);
             if watchdog {
                 st.watchdog_guards = st.watchdog_guards.saturating_sub(1);
             }
-            st.guards == 0
+            st.guards
         });
-        if last {
-            self.forget(hold);
+        if left == 0 && holds.get(hold.key()).is_some_and(|h| Arc::ptr_eq(h, hold)) {
+            holds.remove(hold.key());
         }
-        last
+        left
+    }
+
+    /// Adds a guard to `hold` if it is still this client's live hold of its key (under the
+    /// map lock, so that it cannot race with the last guard leaving). False if it is not.
+    pub(crate) fn join(&self, hold: &Arc<Hold>, watchdog: bool) -> bool {
+        let holds = self.holds();
+        if !holds.get(hold.key()).is_some_and(|h| Arc::ptr_eq(h, hold)) || hold.lost.is_lost() {
+            return false;
+        }
+        hold.update(|st| {
+            st.guards += 1;
+            if watchdog {
+                st.watchdog_guards += 1;
+            }
+        });
+        true
     }
 
     /// Removes `hold` from the map if it is still the current hold of its key; true if it did.
     pub(crate) fn forget(&self, hold: &Arc<Hold>) -> bool {
         let mut holds = self.holds();
-        if holds.get(&hold.key).is_some_and(|h| Arc::ptr_eq(h, hold)) {
-            holds.remove(&hold.key);
+        if holds.get(hold.key()).is_some_and(|h| Arc::ptr_eq(h, hold)) {
+            holds.remove(hold.key());
             return true;
         }
         false
-    }
-
-    /// True if the client now has a newer hold of the same key than `hold`.
-    pub(crate) fn superseded(&self, hold: &Arc<Hold>) -> bool {
-        self.holds()
-            .get(&hold.key)
-            .is_some_and(|h| !Arc::ptr_eq(h, hold))
     }
 
     fn mark_lost(&self, hold: &Arc<Hold>, reason: LostReason) {
@@ -208,7 +213,7 @@ impl Shared {
         // `is_lost()` fires it at the lease's end).
         if self.forget(hold) {
             let reason = hold.lost.reason().unwrap_or(reason.clone());
-            tracing::warn!(name = %hold.key.name, owner = %hold.key.owner, %reason, "lock lost");
+            tracing::warn!(name = %hold.key().name, owner = %hold.key().owner, %reason, "lock lost");
             metrics::counter!("dlock_locks_lost_total", "backend" => self.backend.kind())
                 .increment(1);
         }
@@ -264,11 +269,7 @@ pub(crate) async fn keeper(
 
 /// The earliest instant a hold of this client must be presumed gone.
 fn next_expiry_of(shared: &Shared) -> Option<Instant> {
-    shared
-        .holds()
-        .values()
-        .filter_map(|h| h.expires_at(shared.opts.watchdog_lease))
-        .min()
+    shared.holds().values().map(|h| h.expires_at()).min()
 }
 
 fn handle(shared: &Arc<Shared>, msg: KeeperMsg) {
@@ -278,10 +279,14 @@ fn handle(shared: &Arc<Shared>, msg: KeeperMsg) {
             tokio::spawn(async move {
                 let r = crate::guard::release_hold(&shared, &hold, watchdog).await;
                 if let Err(e) = r {
-                    tracing::warn!(name = %hold.key.name, error = %e,
+                    tracing::warn!(name = %hold.key().name, error = %e,
                         "background release of a dropped guard failed; the lock frees when its lease ends");
                 }
             });
+        }
+        KeeperMsg::GiveBack(grant) => {
+            let shared = shared.clone();
+            tokio::spawn(async move { crate::guard::give_back(&shared, &grant).await });
         }
     }
 }
@@ -298,7 +303,7 @@ async fn renew_all(shared: &Arc<Shared>, interval: Duration) {
         return;
     }
     let lease = shared.opts.watchdog_lease;
-    let items: Vec<(HoldKey, Duration)> = batch.iter().map(|h| (h.key.clone(), lease)).collect();
+    let items: Vec<(GrantRef, Duration)> = batch.iter().map(|h| (h.grant.clone(), lease)).collect();
     let started = Instant::now();
     let timeout = shared.opts.op_timeout.min(interval);
     let span = tracing::debug_span!(
@@ -317,11 +322,7 @@ async fn renew_all(shared: &Arc<Shared>, interval: Duration) {
                     RenewOutcome::Renewed => {
                         metrics::counter!("dlock_renewals_total", "backend" => backend)
                             .increment(1);
-                        hold.update(lease, |st| {
-                            if started > st.confirmed_at {
-                                st.confirmed_at = started;
-                            }
-                        });
+                        hold.update(|st| st.confirmed(started, lease));
                     }
                     RenewOutcome::NotHeld => shared.mark_lost(hold, LostReason::NotHeld),
                 }
@@ -352,10 +353,7 @@ fn expire_overdue(shared: &Arc<Shared>) {
     let overdue: Vec<Arc<Hold>> = shared
         .holds()
         .values()
-        .filter(|h| {
-            h.expires_at(shared.opts.watchdog_lease)
-                .is_some_and(|e| e <= now)
-        })
+        .filter(|h| h.expires_at() <= now)
         .cloned()
         .collect();
     for h in overdue {

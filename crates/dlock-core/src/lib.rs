@@ -19,8 +19,8 @@ mod semaphore;
 pub mod wait;
 
 pub use backend::{
-    AcquireReply, AcquireRequest, Backend, Granted, HoldKey, HolderInfo, LockInfo, LockKind,
-    ReleaseOutcome, ReleaseWatch, RenewOutcome, Wake,
+    AcquireReply, AcquireRequest, AttemptId, Backend, GrantRef, Granted, HoldKey, HolderInfo,
+    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Wake,
 };
 pub use backoff::RetryPolicy;
 pub use client::{Client, RwLock};

@@ -2,9 +2,14 @@
 
 use crate::backend::{AcquireReply, AcquireRequest, Granted, HoldKey, LockKind};
 use crate::error::{Error, Result};
-use crate::guard::LockGuard;
+use crate::guard::{extend_hold, LockGuard};
+use crate::hold::{lease_deadline, Hold, KeeperMsg};
+use crate::lost::LostSignal;
 use crate::Client;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -14,9 +19,11 @@ use tracing::Instrument;
 ///
 /// **Owner identity.** Every handle made by [`Client::lock`] gets its own owner id
 /// (`<client id>:<n>`); clones of a handle share it. Acquiring again through the same owner
-/// while it holds the lock is *re-entry*: the server counts holds, and only the last release
-/// frees the lock. Two handles (two owners) exclude each other even inside one process. Use
-/// [`Lock::with_owner`] to choose the id yourself, e.g. a request id that several tasks share.
+/// while it holds the lock is *re-entry*: the client counts the guards of its one grant on the
+/// server, and only the last release frees the lock. Two handles (two owners) exclude each
+/// other even inside one process. Use [`Lock::with_owner`] to choose the id yourself, e.g. a
+/// request id that several tasks of one client share. Re-entry is per client: two clients
+/// (two processes) using one owner id are two holders and exclude each other.
 ///
 /// **Lease.** By default a lock is in *watchdog mode*: its lease is the client's watchdog lease
 /// (30 s) and the watchdog renews it every lease/3 while the guard lives. With
@@ -125,35 +132,95 @@ impl Lock {
 
     async fn run(&self, mode: Mode) -> Result<Option<LockGuard>> {
         let shared = &self.client.shared;
+        let watchdog = self.fixed_lease.is_none();
         let lease = self.fixed_lease.unwrap_or(shared.opts.watchdog_lease);
-        // Re-entry shares the existing hold's lost signal.
-        let lost = shared
-            .live_hold(&self.key)
-            .map(|h| h.lost.clone())
-            .unwrap_or_default();
-        let req = AcquireRequest::new(self.key.clone(), lease, lost.clone());
         let started = Instant::now();
         let span = tracing::debug_span!("dlock.acquire", name = %self.key.name, backend = shared.backend.kind());
-        let granted = detached_acquire(&self.client, req, mode)
-            .instrument(span)
-            .await?;
-        let Some(granted) = granted else {
+        async move { loop {
+            // Re-entry: this client already holds the lock for this owner.
+            if let Some(hold) = shared.live_hold(&self.key) {
+                match self.reenter(hold).await {
+                    Ok(Some(guard)) => return Ok(Some(guard)),
+                    // The hold went away meanwhile: acquire afresh.
+                    Ok(None) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            let mut req = AcquireRequest::new(self.key.clone(), lease, LostSignal::new());
+            if self.key.kind == LockKind::Read {
+                let write = HoldKey {
+                    kind: LockKind::Write,
+                    ..self.key.clone()
+                };
+                req.write_grant = shared.live_hold(&write).map(|h| h.grant.clone());
+            }
+            let mut pending = PendingGrant::start(&self.client, req.clone(), mode);
+            let granted = loop {
+                // A sibling task of this owner may get the lock while this one waits on the
+                // server: then this attempt is given up and the sibling's hold joined.
+                let attached = shared.attached.notified();
+                tokio::pin!(attached);
+                attached.as_mut().enable();
+                if matches!(mode, Mode::Wait(_)) && shared.live_hold(&self.key).is_some() {
+                    break None;
+                }
+                tokio::select! {
+                    r = &mut pending => break Some(r?),
+                    _ = attached => {}
+                }
+            };
+            let Some(granted) = granted else {
+                drop(pending);
+                continue;
+            };
+            let Some(granted) = granted else {
+                if shared.live_hold(&self.key).is_some() {
+                    // Held by a sibling task of this owner: re-enter its hold.
+                    continue;
+                }
+                return Ok(None);
+            };
+            metrics::histogram!("dlock_acquire_wait_seconds", "backend" => shared.backend.kind())
+                .record(started.elapsed().as_secs_f64());
+            let grant = req.grant(granted.token);
+            match shared.attach(grant.clone(), req.lost, granted.requested_at, lease, watchdog) {
+                Ok(hold) => return Ok(Some(LockGuard::new(self.client.clone(), hold, watchdog))),
+                Err(_) => {
+                    // A sibling's grant of the shared side got here first: use that one.
+                    let _ = self.client.keeper_tx.send(KeeperMsg::GiveBack(grant));
+                }
+            }
+        } }
+        .instrument(span)
+        .await
+    }
+
+    /// Adds a guard to this client's live hold; `Ok(None)` if the hold went away meanwhile.
+    /// The lease is made to cover what the new guard relies on (a fixed lease longer than what
+    /// is left, or a watchdog guard joining a hold nobody renews yet) before it is returned.
+    async fn reenter(&self, hold: Arc<Hold>) -> Result<Option<LockGuard>> {
+        let shared = &self.client.shared;
+        let watchdog = self.fixed_lease.is_none();
+        let renewed_before = hold.state().watchdog_guards > 0;
+        if !shared.join(&hold, watchdog) {
             return Ok(None);
+        }
+        let guard = LockGuard::new(self.client.clone(), hold.clone(), watchdog);
+        let need = self.fixed_lease.unwrap_or(shared.opts.watchdog_lease);
+        let covered = if watchdog {
+            renewed_before
+        } else {
+            hold.state().deadline >= lease_deadline(Instant::now(), need)
         };
-        metrics::histogram!("dlock_acquire_wait_seconds", "backend" => shared.backend.kind())
-            .record(started.elapsed().as_secs_f64());
-        let hold = shared.attach(
-            self.key.clone(),
-            granted.token,
-            lost,
-            granted.requested_at,
-            self.fixed_lease,
-        );
-        Ok(Some(LockGuard::new(
-            self.client.clone(),
-            hold,
-            self.fixed_lease.is_none(),
-        )))
+        if !covered {
+            match extend_hold(shared, &hold, need).await {
+                Ok(()) => {}
+                // Gone on the server: this guard's drop gives its share back; acquire afresh.
+                Err(e) if e.is_not_owner() => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some(guard))
     }
 }
 
@@ -163,42 +230,93 @@ enum Mode {
     Wait(Option<Instant>),
 }
 
-/// Runs the acquisition in its own task so that dropping the caller's future cannot strand a
-/// grant: if the caller is gone when the server says yes, the task gives the lock back.
-async fn detached_acquire(
-    client: &Client,
+type GrantResult = Result<Option<Granted>>;
+
+/// An acquisition running in its own task, so that dropping the caller's future cannot strand
+/// a grant: dropping this cancels the wait, and a grant that arrives anyway — in flight as the
+/// future was dropped, or already sent into the channel but not yet read — is given back.
+struct PendingGrant {
+    rx: oneshot::Receiver<GrantResult>,
     req: AcquireRequest,
-    mode: Mode,
-) -> Result<Option<Granted>> {
-    let shared = client.shared.clone();
-    let cancel = CancellationToken::new();
-    let _cancel_on_drop = cancel.clone().drop_guard();
-    let (tx, rx) = oneshot::channel::<Result<Option<Granted>>>();
-    tokio::spawn(async move {
-        let backend = &shared.backend;
-        let res = match mode {
-            Mode::Try => {
-                crate::backoff::retry(shared.opts.retry, || async {
-                    let requested_at = Instant::now();
-                    Ok(match backend.acquire(&req).await? {
-                        AcquireReply::Granted { token } => Some(Granted {
-                            token,
-                            requested_at,
-                        }),
-                        AcquireReply::Held { .. } => None,
+    keeper: tokio::sync::mpsc::UnboundedSender<KeeperMsg>,
+    done: bool,
+    _cancel: tokio_util::sync::DropGuard,
+}
+
+impl PendingGrant {
+    fn start(client: &Client, req: AcquireRequest, mode: Mode) -> Self {
+        let shared = client.shared.clone();
+        let cancel = CancellationToken::new();
+        let (tx, rx) = oneshot::channel::<GrantResult>();
+        let task_req = req.clone();
+        let task_cancel = cancel.clone();
+        tokio::spawn(async move {
+            let req = task_req;
+            let backend = &shared.backend;
+            let res = match mode {
+                Mode::Try => {
+                    // Every retry carries the same attempt id: a grant whose reply was lost is
+                    // returned again, not taken twice.
+                    crate::backoff::retry(shared.opts.retry, || async {
+                        let requested_at = Instant::now();
+                        Ok(match backend.acquire(&req).await? {
+                            AcquireReply::Granted { token } => Some(Granted {
+                                token,
+                                requested_at,
+                            }),
+                            AcquireReply::Held { .. } => None,
+                        })
                     })
-                })
-                .await
+                    .await
+                }
+                Mode::Wait(deadline) => backend.acquire_wait(&req, deadline, &task_cancel).await,
+            };
+            if res.is_err() {
+                // The last request may have been granted with its reply lost: give back
+                // whatever this attempt holds (the request names it; nothing else is touched).
+                if let Err(e) = backend.give_up(&req).await {
+                    tracing::debug!(error = %e, name = %req.key.name, "could not give up a failed attempt; any grant frees at lease end");
+                }
             }
-            Mode::Wait(deadline) => backend.acquire_wait(&req, deadline, &cancel).await,
-        };
-        if let Err(Ok(Some(_))) = tx.send(res) {
-            // Nobody is waiting for this grant any more.
-            if let Err(e) = backend.release(&req.key).await {
-                tracing::warn!(name = %req.key.name, error = %e, "could not give back a grant whose caller had gone");
+            if let Err(Ok(Some(g))) = tx.send(res) {
+                // Nobody is waiting for this grant any more.
+                crate::guard::give_back(&shared, &req.grant(g.token)).await;
             }
+        });
+        PendingGrant {
+            rx,
+            req,
+            keeper: client.keeper_tx.clone(),
+            done: false,
+            _cancel: cancel.drop_guard(),
         }
-    });
-    rx.await
-        .map_err(|_| Error::Runtime("the acquire task ended unexpectedly".into()))?
+    }
+}
+
+impl Future for PendingGrant {
+    type Output = GrantResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<GrantResult> {
+        let r = std::task::ready!(Pin::new(&mut self.rx).poll(cx));
+        self.done = true;
+        Poll::Ready(
+            r.unwrap_or_else(|_| Err(Error::Runtime("the acquire task ended unexpectedly".into()))),
+        )
+    }
+}
+
+impl Drop for PendingGrant {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Closing first means the task's send either landed before (we read it here) or fails
+        // (the task gives the grant back itself): there is no window where a grant is lost.
+        self.rx.close();
+        if let Ok(Ok(Some(g))) = self.rx.try_recv() {
+            let _ = self
+                .keeper
+                .send(KeeperMsg::GiveBack(self.req.grant(g.token)));
+        }
+    }
 }

@@ -36,12 +36,13 @@ pub async fn watch_and_retry<B: Backend + ?Sized>(
 ) -> Result<Option<Granted>> {
     let mut req = req.clone();
     req.waiter_ttl = Some(waiter_ttl(req.lease));
-    req.queued = false;
     let beat = heartbeat(req.lease);
-    let res = wait_loop(backend, &mut req, deadline, cancel, beat).await;
-    if !matches!(res, Ok(Some(_))) && req.queued {
-        // Leave the queue, and give back a grant that may have been handed over meanwhile.
-        if let Err(e) = backend.give_up(&req.key).await {
+    let mut queued = false;
+    let res = wait_loop(backend, &req, deadline, cancel, beat, &mut queued).await;
+    if !matches!(res, Ok(Some(_))) && queued {
+        // Leave the queue, and give back a grant that may have been handed over to this
+        // attempt meanwhile (only this attempt's: the request names it).
+        if let Err(e) = backend.give_up(&req).await {
             tracing::debug!(error = %e, name = %req.key.name, "could not leave the wait queue; it expires by itself");
         }
     }
@@ -50,10 +51,11 @@ pub async fn watch_and_retry<B: Backend + ?Sized>(
 
 async fn wait_loop<B: Backend + ?Sized>(
     backend: &B,
-    req: &mut AcquireRequest,
+    req: &AcquireRequest,
     deadline: Option<Instant>,
     cancel: &CancellationToken,
     beat: Duration,
+    queued: &mut bool,
 ) -> Result<Option<Granted>> {
     let mut watch: Option<Box<dyn ReleaseWatch>> = None;
     let mut backoff = crate::backoff::Backoff::default();
@@ -68,12 +70,15 @@ async fn wait_loop<B: Backend + ?Sized>(
             }
             Ok(AcquireReply::Held { ttl }) => {
                 backoff.reset();
-                req.queued = true;
+                *queued = true;
                 ttl
             }
             // Connection trouble while waiting: keep waiting (bounded by the deadline) with a
             // jittered backoff instead of failing the caller at the first blip.
             Err(e) if e.is_retryable() => {
+                // The attempt may have reached the server (and queued or even been granted):
+                // the retry names the same attempt, so it has the effect of one.
+                *queued = true;
                 let pause = backoff.next_delay();
                 tracing::debug!(error = %e, ?pause, "acquire attempt failed; retrying");
                 watch = None;
@@ -88,7 +93,7 @@ async fn wait_loop<B: Backend + ?Sized>(
             return Ok(None);
         }
         if watch.is_none() {
-            match backend.watch(&req.key).await {
+            match backend.watch(req).await {
                 Ok(w) => {
                     watch = Some(w);
                     // Try again at once: the release may have come before we subscribed.

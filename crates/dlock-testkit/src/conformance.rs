@@ -8,8 +8,8 @@
 //! Every case uses its own lock names, so cases may share a server.
 
 use dlock_core::{
-    AcquireReply, AcquireRequest, Client, ClientOptions, Error, HoldKey, LockKind, LostReason,
-    LostSignal, ReleaseOutcome,
+    AcquireReply, AcquireRequest, AttemptId, Client, ClientOptions, Error, GrantRef, HoldKey,
+    LockKind, LostReason, LostSignal, ReleaseOutcome, RenewOutcome,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -187,7 +187,8 @@ pub async fn try_acquire_contended<H: Harness>(h: &H) {
     assert!(g2.is_some(), "free after release");
 }
 
-/// Re-entry counts holds; only the last release frees the lock; the token stays the same.
+/// Re-entry counts guards in the client; only the last release frees the lock; the token stays
+/// the same; the server sees one grant.
 pub async fn reentrancy<H: Harness>(h: &H) {
     let name = unique_name("reentry");
     let a = h.client(fast_opts()).await;
@@ -207,7 +208,6 @@ pub async fn reentrancy<H: Harness>(h: &H) {
     let info = a.inspect(&name).await.expect("inspect");
     assert_eq!(info.holders.len(), 1);
     assert_eq!(info.holders[0].owner, lock.owner());
-    assert_eq!(info.holders[0].count, 2);
     assert_eq!(
         g2.release().await.expect("release"),
         ReleaseOutcome::StillHeld { remaining: 1 }
@@ -261,10 +261,14 @@ pub async fn non_owner_cannot_release<H: Harness>(h: &H) {
         .acquire()
         .await
         .expect("acquire");
-    let intruder = HoldKey {
-        name: name.as_str().into(),
-        owner: "intruder".into(),
-        kind: LockKind::Mutex,
+    let intruder = GrantRef {
+        key: HoldKey {
+            name: name.as_str().into(),
+            owner: "intruder".into(),
+            kind: LockKind::Mutex,
+        },
+        attempt: AttemptId::new(),
+        token: g.fencing_token(),
     };
     let out = b.backend().release(&intruder).await.expect("release");
     assert_eq!(out, ReleaseOutcome::TakenByOther);
@@ -718,7 +722,9 @@ pub async fn invalid_input<H: Harness>(h: &H) {
     );
 }
 
-/// The backend trait directly: a re-entry never shortens the lease, and `Held` reports the TTL.
+/// The backend trait directly: a retried acquire of one attempt is one grant with one token and
+/// never shortens the lease; another attempt of the same owner is another holder; renewals and
+/// releases name the grant, never shorten, and a repeated release is reported, not repeated.
 pub async fn backend_contract<H: Harness>(h: &H) {
     let name = unique_name("contract");
     let a = h.client(fast_opts()).await;
@@ -727,25 +733,22 @@ pub async fn backend_contract<H: Harness>(h: &H) {
         owner: "contract-owner".into(),
         kind: LockKind::Mutex,
     };
-    let req = |lease| AcquireRequest::new(key.clone(), lease, LostSignal::new());
     let b = a.backend();
-    let t1 = match b
-        .acquire(&req(Duration::from_secs(10)))
-        .await
-        .expect("acquire")
-    {
+    let mut req = AcquireRequest::new(key.clone(), Duration::from_secs(10), LostSignal::new());
+    let t1 = match b.acquire(&req).await.expect("acquire") {
         AcquireReply::Granted { token } => token,
         other => panic!("not granted: {other:?}"),
     };
-    let t2 = match b
-        .acquire(&req(Duration::from_millis(100)))
-        .await
-        .expect("re-enter")
-    {
+    // The same attempt again (a retry after a lost reply), asking for a shorter lease.
+    req.lease = Duration::from_millis(100);
+    let t2 = match b.acquire(&req).await.expect("retry") {
         AcquireReply::Granted { token } => token,
-        other => panic!("no re-entry: {other:?}"),
+        other => panic!("a retried attempt was not granted: {other:?}"),
     };
-    assert_eq!(t1, t2);
+    assert_eq!(t1, t2, "a retried attempt got a second token");
+    let grant = req.grant(t1);
+    // Another attempt of the *same owner* is another holder.
+    let sibling = AcquireRequest::new(key.clone(), Duration::from_secs(1), LostSignal::new());
     let other = AcquireRequest::new(
         HoldKey {
             owner: "someone-else".into(),
@@ -754,24 +757,58 @@ pub async fn backend_contract<H: Harness>(h: &H) {
         Duration::from_secs(1),
         LostSignal::new(),
     );
-    match b.acquire(&other).await.expect("acquire") {
-        AcquireReply::Held { ttl } => {
-            if h.caps().lease_expiry {
-                let ttl = ttl.expect("ttl");
-                assert!(
-                    ttl > Duration::from_secs(5),
-                    "re-entry shortened the lease: {ttl:?}"
-                );
+    for r in [&sibling, &other] {
+        match b.acquire(r).await.expect("acquire") {
+            AcquireReply::Held { ttl } => {
+                if h.caps().lease_expiry {
+                    let ttl = ttl.expect("ttl");
+                    assert!(
+                        ttl > Duration::from_secs(5),
+                        "a retry shortened the lease: {ttl:?}"
+                    );
+                }
             }
+            g => panic!("granted a held lock to another attempt: {g:?}"),
         }
-        g => panic!("granted a held lock: {g:?}"),
+        b.give_up(r).await.expect("give up");
     }
-    assert_eq!(
-        b.release(&key).await.expect("r"),
-        ReleaseOutcome::StillHeld { remaining: 1 }
+    // A short renewal never shortens.
+    let out = b
+        .renew(&[(grant.clone(), Duration::from_millis(100))])
+        .await
+        .expect("renew");
+    assert_eq!(out, vec![RenewOutcome::Renewed]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        matches!(
+            b.acquire(&other).await.expect("acquire"),
+            AcquireReply::Held { .. }
+        ),
+        "a short renewal shortened the lease"
     );
-    assert_eq!(b.release(&key).await.expect("r"), ReleaseOutcome::Released);
-    assert_eq!(b.release(&key).await.expect("r"), ReleaseOutcome::Expired);
+    b.give_up(&other).await.expect("give up");
+    // A stale address (right attempt, wrong token) touches nothing.
+    let stale = GrantRef {
+        token: t1.saturating_sub(1),
+        ..grant.clone()
+    };
+    assert_ne!(
+        b.release(&stale).await.expect("r"),
+        ReleaseOutcome::Released,
+        "a release with a stale token freed the lock"
+    );
+    assert!(a.inspect(&name).await.expect("inspect").held());
+    assert_eq!(
+        b.release(&grant).await.expect("r"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(b.release(&grant).await.expect("r"), ReleaseOutcome::Expired);
+    assert_eq!(
+        b.renew(&[(grant.clone(), Duration::from_secs(1))])
+            .await
+            .expect("renew"),
+        vec![RenewOutcome::NotHeld]
+    );
 }
 
 /// Tries `f`; if the backend answers `Unsupported`, checks the error is the typed one and
