@@ -201,8 +201,10 @@ impl AcquireRequest {
 pub struct Granted {
     /// Fencing token.
     pub token: u64,
-    /// Local time before the grant happened on the server.
-    pub requested_at: Instant,
+    /// Local time (on the lease clock, which counts suspend) before the grant happened on the
+    /// server: the send time of the request that was granted, or of the last request before a
+    /// handoff.
+    pub requested_at: crate::clock::Instant,
 }
 
 /// Why a [`ReleaseWatch`] woke.

@@ -1,13 +1,14 @@
 //! The guard a holder gets: fencing token, lost signal, extend, release.
 
 use crate::backend::{GrantRef, ReleaseOutcome, RenewOutcome};
+use crate::clock::Instant;
 use crate::error::{Error, Result};
 use crate::hold::{Hold, KeeperMsg, Shared};
 use crate::lost::{LostReason, LostSignal};
 use crate::options::check_lease;
 use crate::Client;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::Instrument;
 
 /// Proof of holding a lock. Release it with [`LockGuard::release`]; dropping it releases in

@@ -8,11 +8,12 @@
 //! that dropped guards schedule, so `Drop` never blocks.
 
 use crate::backend::{Backend, GrantRef, HoldKey, RenewOutcome};
+use crate::clock::Instant;
 use crate::lost::{LostReason, LostSignal};
 use crate::options::ClientOptions;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -239,7 +240,7 @@ pub(crate) async fn keeper(
                 None => break,
             },
             _ = shared.wake.notified() => {}
-            _ = tokio::time::sleep_until(wake_at.into()) => {}
+            _ = tokio::time::sleep_until(wake_at.to_tokio()) => {}
         }
         let now = Instant::now();
         if now >= next_renewal {
@@ -254,7 +255,7 @@ pub(crate) async fn keeper(
                 };
                 tokio::select! {
                     _ = renewal.as_mut() => break,
-                    _ = tokio::time::sleep_until(next_expiry.into()) => expire_overdue(&shared),
+                    _ = tokio::time::sleep_until(next_expiry.to_tokio()) => expire_overdue(&shared),
                 }
             }
             next_renewal = Instant::now() + interval;

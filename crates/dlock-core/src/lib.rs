@@ -7,6 +7,7 @@ mod backend;
 pub mod backoff;
 pub mod blocking;
 mod client;
+pub mod clock;
 mod duration;
 mod error;
 mod guard;

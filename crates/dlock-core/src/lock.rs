@@ -210,7 +210,7 @@ impl Lock {
         let covered = if watchdog {
             renewed_before
         } else {
-            hold.state().deadline >= lease_deadline(Instant::now(), need)
+            hold.state().deadline >= lease_deadline(crate::clock::Instant::now(), need)
         };
         if !covered {
             match extend_hold(shared, &hold, need).await {
@@ -258,7 +258,7 @@ impl PendingGrant {
                     // Every retry carries the same attempt id: a grant whose reply was lost is
                     // returned again, not taken twice.
                     crate::backoff::retry(shared.opts.retry, || async {
-                        let requested_at = Instant::now();
+                        let requested_at = crate::clock::Instant::now();
                         Ok(match backend.acquire(&req).await? {
                             AcquireReply::Granted { token } => Some(Granted {
                                 token,

@@ -1,8 +1,8 @@
 //! The lost signal: how a holder learns that its lock is gone.
 
+use crate::clock::Instant;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Why a held lock was lost.
@@ -130,7 +130,7 @@ impl LostSignal {
                 Some(d) => {
                     tokio::select! {
                         _ = self.inner.token.cancelled() => {}
-                        _ = tokio::time::sleep_until(d.into()) => {}
+                        _ = tokio::time::sleep_until(d.to_tokio()) => {}
                     }
                 }
                 None => self.inner.token.cancelled().await,

@@ -60,7 +60,7 @@ async fn wait_loop<B: Backend + ?Sized>(
     let mut watch: Option<Box<dyn ReleaseWatch>> = None;
     let mut backoff = crate::backoff::Backoff::default();
     loop {
-        let sent = Instant::now();
+        let sent = crate::clock::Instant::now();
         let ttl = match backend.acquire(req).await {
             Ok(AcquireReply::Granted { token }) => {
                 return Ok(Some(Granted {
