@@ -208,7 +208,7 @@ mod tests {
         });
         // A renewal moves the lease end far away before the first deadline.
         s.set_deadline(Some(start + Duration::from_secs(3600)));
-        tokio::time::sleep_until((start + Duration::from_millis(2300)).into()).await;
+        tokio::time::sleep_until((start + Duration::from_millis(2300)).to_tokio()).await;
         assert!(
             !waiter.is_finished(),
             "lost() fired at a deadline that had moved"
