@@ -132,11 +132,16 @@ impl Lock {
 
     async fn run(&self, mode: Mode) -> Result<Option<LockGuard>> {
         let shared = &self.client.shared;
+        let span = tracing::debug_span!("dlock.acquire", name = %self.key.name, backend = shared.backend.kind());
+        self.run_inner(mode).instrument(span).await
+    }
+
+    async fn run_inner(&self, mode: Mode) -> Result<Option<LockGuard>> {
+        let shared = &self.client.shared;
         let watchdog = self.fixed_lease.is_none();
         let lease = self.fixed_lease.unwrap_or(shared.opts.watchdog_lease);
         let started = Instant::now();
-        let span = tracing::debug_span!("dlock.acquire", name = %self.key.name, backend = shared.backend.kind());
-        async move { loop {
+        loop {
             // Re-entry: this client already holds the lock for this owner.
             if let Some(hold) = shared.live_hold(&self.key) {
                 match self.reenter(hold).await {
@@ -183,16 +188,20 @@ impl Lock {
             metrics::histogram!("dlock_acquire_wait_seconds", "backend" => shared.backend.kind())
                 .record(started.elapsed().as_secs_f64());
             let grant = req.grant(granted.token);
-            match shared.attach(grant.clone(), req.lost, granted.requested_at, lease, watchdog) {
+            match shared.attach(
+                grant.clone(),
+                req.lost,
+                granted.requested_at,
+                lease,
+                watchdog,
+            ) {
                 Ok(hold) => return Ok(Some(LockGuard::new(self.client.clone(), hold, watchdog))),
                 Err(_) => {
                     // A sibling's grant of the shared side got here first: use that one.
                     let _ = self.client.keeper_tx.send(KeeperMsg::GiveBack(grant));
                 }
             }
-        } }
-        .instrument(span)
-        .await
+        }
     }
 
     /// Adds a guard to this client's live hold; `Ok(None)` if the hold went away meanwhile.
