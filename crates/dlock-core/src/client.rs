@@ -118,12 +118,18 @@ impl Client {
     }
 
     /// What the server knows about the mutex `name` right now.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn inspect(&self, name: &str) -> Result<LockInfo> {
         self.inspect_kind(name, LockKind::Mutex).await
     }
 
     /// What the server knows about lock `name` of `kind` right now (for a read-write lock,
     /// ask for [`LockKind::Read`] or [`LockKind::Write`]; both report every holder).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn inspect_kind(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         crate::name::validate_name(name)?;
         let backend = &self.shared.backend;

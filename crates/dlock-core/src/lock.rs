@@ -90,7 +90,7 @@ impl Lock {
     ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped while the request is in flight and the server
-    /// grants it, the grant is released in the background.
+    /// grants it, the grant is given back in the background. Nothing is left behind.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
         self.run(Mode::Try).await
     }
@@ -98,7 +98,9 @@ impl Lock {
     /// Waits as long as it takes to get the lock.
     ///
     /// # Cancel safety
-    /// Cancel safe: dropping the future stops the wait and leaves nothing behind on the server.
+    /// Cancel safe: dropping the future stops the wait and loses the place in the queue;
+    /// nothing is left behind on the server — a grant that raced with the drop (handed over,
+    /// or already on its way to this future) is given back in the background.
     pub async fn acquire(&self) -> Result<LockGuard> {
         match self.run(Mode::Wait(None)).await? {
             Some(g) => Ok(g),

@@ -139,6 +139,9 @@ impl LostSignal {
     }
 
     /// Like [`LostSignal::lost`], owning its signal (a `'static` future).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`LostSignal::lost`].
     pub async fn lost_owned(self) -> LostReason {
         self.lost().await
     }

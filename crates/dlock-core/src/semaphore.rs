@@ -79,6 +79,9 @@ impl Semaphore {
     }
 
     /// Takes `permits` permits if they are free now; `Ok(None)` otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`Lock::try_acquire`]: a grant that races with the drop is given back.
     pub async fn try_acquire(&self, permits: u32) -> Result<Option<LockGuard>> {
         self.lock_for(permits)?.try_acquire().await
     }
@@ -92,11 +95,18 @@ impl Semaphore {
     }
 
     /// Waits at most `wait` for `permits` permits; [`Error::Timeout`] after that.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`Lock::acquire`]: the place in the queue is lost, nothing is left.
     pub async fn acquire_timeout(&self, permits: u32, wait: Duration) -> Result<LockGuard> {
         self.lock_for(permits)?.acquire_timeout(wait).await
     }
 
     /// Changes the number of permits on the server, for every user of the semaphore.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the new count may or may not have reached the server, and this
+    /// handle keeps its old limit; call it again to be sure.
     pub async fn set_permits(&mut self, permits: u32) -> Result<()> {
         check_permits("permits", permits)?;
         crate::name::validate_name(&self.name)?;
@@ -148,6 +158,9 @@ impl MultiLock {
     }
 
     /// Takes every lock if all are free now; otherwise takes none (`Ok(None)`).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the locks taken so far are released in the background.
     pub async fn try_acquire(&self) -> Result<Option<MultiGuard>> {
         let mut guards = Vec::with_capacity(self.locks.len());
         for lock in &self.locks {
@@ -168,12 +181,19 @@ impl MultiLock {
 
     /// Waits at most `wait` for all the locks (one deadline for all); on timeout or error,
     /// everything taken so far is released.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the locks taken so far are released in the background and the current
+    /// wait is given up, as [`Lock::acquire`].
     pub async fn acquire_timeout(&self, wait: Duration) -> Result<MultiGuard> {
         self.acquire_until(Instant::now().checked_add(wait), wait)
             .await
     }
 
     /// Waits as long as it takes for all the locks.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`MultiLock::acquire_timeout`].
     pub async fn acquire(&self) -> Result<MultiGuard> {
         self.acquire_until(None, Duration::MAX).await
     }
@@ -233,6 +253,9 @@ impl MultiGuard {
     }
 
     /// Resolves when any of the locks is lost.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future loses nothing.
     pub async fn lost(&self) -> crate::LostReason {
         let waits: Vec<_> = self
             .guards
@@ -243,6 +266,10 @@ impl MultiGuard {
     }
 
     /// Releases every lock (in reverse order); the outcome per name.
+    ///
+    /// # Cancel safety
+    /// Each release runs detached: if the future is dropped, the locks not yet released are
+    /// released in the background.
     pub async fn release(self) -> Result<Vec<ReleaseOutcome>> {
         let mut out = Vec::with_capacity(self.guards.len());
         let mut first_err = None;
