@@ -6,7 +6,16 @@
 //! case, so cases run in parallel and fail one by one.
 //!
 //! Every case uses its own lock names, so cases may share a server.
+//!
+//! The adversarial cases ([`adversarial`], expanded by
+//! [`adversarial_suite!`](crate::adversarial_suite)) try to break the lock: late, lost and
+//! reset replies through a proxy the case controls ([`Harness::proxied_client`]),
+//! cancellation at every await, re-entrant and sibling holds, data loss, and a soak checked on
+//! a fenced register and an overlap recorder.
 
+pub mod adversarial;
+
+use crate::{FencedRegister, OverlapRecorder, ProxyControl};
 use dlock_core::{
     AcquireReply, AcquireRequest, AttemptId, Client, ClientOptions, Error, GrantRef, HoldKey,
     LockKind, LostReason, LostSignal, ReleaseOutcome, RenewOutcome,
@@ -34,6 +43,19 @@ pub trait Harness: Send + Sync + 'static {
     fn caps(&self) -> Caps;
     /// Deletes the lock's state on the server (as an operator or another program might).
     async fn break_lock(&self, _name: &str) {}
+    /// A new client (as [`client`](Self::client)) whose traffic goes through proxies the case
+    /// controls: one per server or node, all of them in the [`ProxyControl`]. `None` (the
+    /// default) when the backend has no network connection to cut (e.g. `file://`): the cases
+    /// that need one are skipped, saying so.
+    async fn proxied_client(&self, _opts: ClientOptions) -> Option<(Client, ProxyControl)> {
+        None
+    }
+    /// Loses all of the lock service's data at once, as a crash of a server without
+    /// persistence would (e.g. `FLUSHALL`). Returns false (the default) if the harness cannot;
+    /// the data-loss case then uses [`break_lock`](Self::break_lock).
+    async fn lose_data(&self) -> bool {
+        false
+    }
 }
 
 static UNIQUE: AtomicU64 = AtomicU64::new(0);
@@ -87,39 +109,48 @@ pub fn fast_opts() -> ClientOptions {
         .connect_timeout(Duration::from_secs(2))
 }
 
-fn skip(case: &str, why: &str) {
+pub(crate) fn skip(case: &str, why: &str) {
     eprintln!("conformance case `{case}` skipped: {why}");
 }
 
 /// ≥32 tasks across 4 clients, each with its own handle, keep a deliberately non-atomic counter
-/// exact, and the fencing tokens seen inside the critical section strictly increase.
+/// exact, and the fencing tokens seen inside the critical section strictly increase; no two
+/// believed holders overlap and the fenced register refuses no believed holder's write.
 pub async fn mutual_exclusion<H: Harness>(h: &H) {
     let name = unique_name("mutex");
     let counter = Arc::new(AtomicU64::new(0));
     let tokens = Arc::new(Mutex::new(Vec::new()));
+    let rec = Arc::new(OverlapRecorder::new());
+    let reg = Arc::new(FencedRegister::new());
     let (clients, tasks_per, rounds) = (4, 8, 3);
     let mut joins = Vec::new();
     for _ in 0..clients {
         let client = h.client(fast_opts()).await;
         for _ in 0..tasks_per {
-            let (client, name, counter, tokens) = (
+            let (client, name, counter, tokens, rec, reg) = (
                 client.clone(),
                 name.clone(),
                 counter.clone(),
                 tokens.clone(),
+                rec.clone(),
+                reg.clone(),
             );
             joins.push(tokio::spawn(async move {
                 let lock = client.lock(&name).expect("lock");
+                let me = format!("{}/{}", client.id(), lock.owner());
                 for _ in 0..rounds {
                     let g = lock
                         .acquire_timeout(Duration::from_secs(60))
                         .await
                         .expect("acquire");
+                    let visit = rec.enter(&name, &me, g.fencing_token(), g.is_lost());
+                    reg.write(g.fencing_token(), &me, !g.is_lost());
                     let v = counter.load(Ordering::SeqCst);
                     tokens.lock().expect("tokens").push(g.fencing_token());
                     tokio::task::yield_now().await;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     counter.store(v + 1, Ordering::SeqCst);
+                    rec.exit(visit, g.is_lost());
                     assert_eq!(
                         g.release().await.expect("release"),
                         ReleaseOutcome::Released
@@ -131,6 +162,8 @@ pub async fn mutual_exclusion<H: Harness>(h: &H) {
     for j in joins {
         j.await.expect("task");
     }
+    rec.assert_no_overlap();
+    reg.assert_no_rejected_belief();
     let n = (clients * tasks_per * rounds) as u64;
     assert_eq!(
         counter.load(Ordering::SeqCst),
@@ -1244,6 +1277,33 @@ macro_rules! conformance_suite {
             async fn $case() {
                 let harness = $make;
                 $crate::conformance::$case(&harness).await;
+            }
+        )*
+    };
+}
+
+/// Expands to one `#[tokio::test]` per adversarial case (see [`adversarial`]), each calling
+/// `$make` for a harness. Kept apart from [`conformance_suite!`](crate::conformance_suite) so a
+/// backend runs both and they fail one by one.
+///
+/// ```ignore
+/// dlock_testkit::adversarial_suite!(MyHarness::start());
+/// ```
+#[macro_export]
+macro_rules! adversarial_suite {
+    ($make:expr) => {
+        $crate::adversarial_suite!(@cases $make;
+            late_reply_on_release, retried_acquire_is_one, late_reply_on_renew,
+            extend_shorter_than_watchdog, fixed_and_watchdog_guards, sibling_waiters_handoff,
+            rw_sibling_waiters, cancel_at_every_await, semaphore_edges,
+            data_loss_tokens_increase, contended_soak);
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = $make;
+                $crate::conformance::adversarial::$case(&harness).await;
             }
         )*
     };

@@ -12,8 +12,13 @@
 //!
 //! Main entry points:
 //! - [`RedisServer`]: a real `redis-server` (Debian package `redis-server`).
-//! - [`DelayProxy`]: a TCP proxy that delays or blackholes traffic, for
-//!   "node behind a slow link" fault tests.
+//! - [`DelayProxy`]: a TCP proxy that delays, blackholes or resets traffic
+//!   (each direction on its own), for "slow link", "late reply" and "lost
+//!   reply" fault tests; [`ProxyControl`] drives several at once.
+//! - [`FencedRegister`] and [`OverlapRecorder`]: the invariant checkers of the
+//!   contended conformance cases (a store that rejects stale fencing tokens;
+//!   a recorder of critical sections that finds two believed holders inside
+//!   at once).
 //! - [`free_port`] and [`TempDir`]: small building blocks.
 //!
 //! ```
@@ -43,6 +48,7 @@
 pub mod conformance;
 mod error;
 mod etcd;
+mod fenced;
 mod mariadb;
 mod postgres;
 mod proxy;
@@ -55,9 +61,10 @@ mod zookeeper;
 
 pub use error::{Error, Result};
 pub use etcd::{EtcdCluster, EtcdStatus, ETCD_BINARY_ENV};
+pub use fenced::{FencedRegister, FencedWrite, Interval, OverlapRecorder, Visit};
 pub use mariadb::{MariaDbServer, MARIADB_SERVER_ENV};
 pub use postgres::{PostgresServer, POSTGRES_BIN_DIR_ENV};
-pub use proxy::DelayProxy;
+pub use proxy::{DelayProxy, DirectionStats, ProxyControl, ProxyStats};
 pub use redis::{RedisOptions, RedisServer, REDIS_SERVER_ENV};
 pub use resp::Reply;
 pub use tempdir::TempDir;

@@ -1,4 +1,4 @@
-//! A delaying / blackholing TCP proxy for fault tests.
+//! A delaying / blackholing / resetting TCP proxy for fault tests.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -30,6 +30,18 @@ const BUF_SIZE: usize = 16 * 1024;
 /// still accepted (and opened upstream), but all data read in either
 /// direction is **discarded** (not buffered), so peers see silence.
 ///
+/// Each direction can also be controlled on its own, which is what makes the
+/// faults a lock must survive: [`set_reply_delay`](Self::set_reply_delay)
+/// delays only server → client data (the request executes on the server, the
+/// reply arrives after the client's operation timeout: a *late reply*),
+/// [`set_drop_replies`](Self::set_drop_replies) discards only replies (the
+/// request executes, its answer is *lost*), [`reset_all`](Self::reset_all)
+/// shuts every open connection down, and
+/// [`reset_after_request_bytes`](Self::reset_after_request_bytes) does so
+/// right after a request reached the server, before its reply can come back.
+/// [`stats`](Self::stats) counts what was read and forwarded per direction,
+/// so a test can wait until a request has reached the server.
+///
 /// Dropping the proxy stops accepting (the port is closed when `drop`
 /// returns) and shuts down all open connections; its threads then exit on
 /// their own.
@@ -40,11 +52,84 @@ pub struct DelayProxy {
     accept_thread: Option<JoinHandle<()>>,
 }
 
+/// Traffic counters of one direction (see [`DelayProxy::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DirectionStats {
+    /// Chunks read from the sender (including ones later dropped).
+    pub chunks_read: u64,
+    /// Bytes read from the sender (including dropped ones).
+    pub bytes_read: u64,
+    /// Chunks written to the receiver.
+    pub chunks_forwarded: u64,
+    /// Bytes written to the receiver.
+    pub bytes_forwarded: u64,
+}
+
+/// Traffic counters of a proxy since it started, over all its connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProxyStats {
+    /// Client → server (requests).
+    pub requests: DirectionStats,
+    /// Server → client (replies).
+    pub replies: DirectionStats,
+    /// Connections accepted.
+    pub connections: u64,
+    /// Connections shut down by [`DelayProxy::reset_all`] or a
+    /// [`DelayProxy::reset_after_request_bytes`] trigger.
+    pub resets: u64,
+}
+
+/// The controls and counters of one direction.
+#[derive(Debug, Default)]
+struct Direction {
+    delay_nanos: AtomicU64,
+    drop: AtomicBool,
+    chunks_read: AtomicU64,
+    bytes_read: AtomicU64,
+    chunks_forwarded: AtomicU64,
+    bytes_forwarded: AtomicU64,
+}
+
+impl Direction {
+    fn delay(&self) -> Duration {
+        Duration::from_nanos(self.delay_nanos.load(Ordering::Relaxed))
+    }
+
+    fn dropping(&self) -> bool {
+        self.drop.load(Ordering::SeqCst)
+    }
+
+    fn stats(&self) -> DirectionStats {
+        DirectionStats {
+            chunks_read: self.chunks_read.load(Ordering::SeqCst),
+            bytes_read: self.bytes_read.load(Ordering::SeqCst),
+            chunks_forwarded: self.chunks_forwarded.load(Ordering::SeqCst),
+            bytes_forwarded: self.bytes_forwarded.load(Ordering::SeqCst),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    /// Client → server.
+    Up,
+    /// Server → client.
+    Down,
+}
+
 #[derive(Debug)]
 struct Shared {
     target: SocketAddr,
-    delay_nanos: AtomicU64,
-    blackhole: AtomicBool,
+    up: Direction,
+    down: Direction,
+    /// While set, replies are discarded: between a reset trigger's forwarding
+    /// of a request and the shutdown of the connections, so the reply cannot
+    /// slip through.
+    resetting: AtomicBool,
+    /// Forwarded request bytes at which to reset all connections (0: off).
+    reset_at_up_bytes: AtomicU64,
+    connections: AtomicU64,
+    resets: AtomicU64,
     shutdown: AtomicBool,
     next_id: AtomicU64,
     /// Open connections (clones of both sockets), for shutdown on drop.
@@ -52,12 +137,25 @@ struct Shared {
 }
 
 impl Shared {
-    fn delay(&self) -> Duration {
-        Duration::from_nanos(self.delay_nanos.load(Ordering::Relaxed))
+    fn dir(&self, d: Dir) -> &Direction {
+        match d {
+            Dir::Up => &self.up,
+            Dir::Down => &self.down,
+        }
     }
 
-    fn blackholed(&self) -> bool {
-        self.blackhole.load(Ordering::Relaxed)
+    fn dropping(&self, d: Dir) -> bool {
+        self.dir(d).dropping() || (d == Dir::Down && self.resetting.load(Ordering::SeqCst))
+    }
+
+    /// Shuts every open connection down (both sockets, both directions).
+    fn reset_all(&self) {
+        let conns = self.conns();
+        for [a, b] in conns.values() {
+            let _ = a.shutdown(Shutdown::Both);
+            let _ = b.shutdown(Shutdown::Both);
+            self.resets.fetch_add(1, Ordering::SeqCst);
+        }
     }
 
     fn stopping(&self) -> bool {
@@ -81,12 +179,24 @@ impl DelayProxy {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             target,
-            delay_nanos: AtomicU64::new(duration_nanos(delay)),
-            blackhole: AtomicBool::new(false),
+            up: Direction::default(),
+            down: Direction::default(),
+            resetting: AtomicBool::new(false),
+            reset_at_up_bytes: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
         });
+        shared
+            .up
+            .delay_nanos
+            .store(duration_nanos(delay), Ordering::Relaxed);
+        shared
+            .down
+            .delay_nanos
+            .store(duration_nanos(delay), Ordering::Relaxed);
         let s = Arc::clone(&shared);
         let accept_thread = thread::Builder::new()
             .name(format!("dlock-proxy-accept-{}", addr.port()))
@@ -113,9 +223,27 @@ impl DelayProxy {
         self.shared.target
     }
 
-    /// Changes the delay; applies to chunks read from now on.
+    /// Changes the delay of both directions; applies to chunks read from now on.
     pub fn set_delay(&self, d: Duration) {
+        self.set_request_delay(d);
+        self.set_reply_delay(d);
+    }
+
+    /// Changes the delay of client → server data only (chunks read from now on).
+    pub fn set_request_delay(&self, d: Duration) {
         self.shared
+            .up
+            .delay_nanos
+            .store(duration_nanos(d), Ordering::Relaxed);
+    }
+
+    /// Changes the delay of server → client data only (chunks read from now on):
+    /// requests reach the server at once and execute, their replies come late.
+    /// A chunk is never passed by a later one, so replies read after this is
+    /// set back to zero still wait behind a delayed one.
+    pub fn set_reply_delay(&self, d: Duration) {
+        self.shared
+            .down
             .delay_nanos
             .store(duration_nanos(d), Ordering::Relaxed);
     }
@@ -123,7 +251,154 @@ impl DelayProxy {
     /// Turns blackhole mode on or off: while on, data in both directions is
     /// read and discarded (connections stay open and are still accepted).
     pub fn set_blackhole(&self, on: bool) {
-        self.shared.blackhole.store(on, Ordering::Relaxed);
+        self.set_drop_requests(on);
+        self.set_drop_replies(on);
+    }
+
+    /// While on, client → server data is read and discarded.
+    pub fn set_drop_requests(&self, on: bool) {
+        self.shared.up.drop.store(on, Ordering::SeqCst);
+    }
+
+    /// While on, server → client data is read and discarded: requests execute
+    /// on the server, their replies never arrive (on a live connection the
+    /// client then sees silence; pair it with [`reset_all`](Self::reset_all)
+    /// for the realistic "reply lost with the connection").
+    pub fn set_drop_replies(&self, on: bool) {
+        self.shared.down.drop.store(on, Ordering::SeqCst);
+    }
+
+    /// Shuts every open connection down now (peers see EOF / a broken pipe);
+    /// new connections are accepted as before.
+    pub fn reset_all(&self) {
+        self.shared.reset_all();
+    }
+
+    /// Arms a one-shot trigger: once `n` more request bytes (at least 1) have
+    /// been forwarded to the server, the chunk that crossed the mark is
+    /// forwarded in full, then every connection is shut down before any reply
+    /// to it can reach the client. The request thus executes, and its reply is
+    /// lost with the connection.
+    pub fn reset_after_request_bytes(&self, n: u64) {
+        let now = self.shared.up.bytes_forwarded.load(Ordering::SeqCst);
+        self.shared
+            .reset_at_up_bytes
+            .store(now.saturating_add(n.max(1)), Ordering::SeqCst);
+    }
+
+    /// Whether a [`reset_after_request_bytes`](Self::reset_after_request_bytes)
+    /// trigger is still armed.
+    pub fn reset_pending(&self) -> bool {
+        self.shared.reset_at_up_bytes.load(Ordering::SeqCst) != 0
+    }
+
+    /// Turns every fault off: no delay, no dropping, no armed reset.
+    pub fn heal(&self) {
+        self.shared.reset_at_up_bytes.store(0, Ordering::SeqCst);
+        self.set_blackhole(false);
+        self.set_delay(Duration::ZERO);
+    }
+
+    /// Traffic counters since the proxy started.
+    pub fn stats(&self) -> ProxyStats {
+        ProxyStats {
+            requests: self.shared.up.stats(),
+            replies: self.shared.down.stats(),
+            connections: self.shared.connections.load(Ordering::SeqCst),
+            resets: self.shared.resets.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// The proxies in front of one client's servers (one for a single server,
+/// one per node for Redlock or a cluster), controlled together: each method
+/// applies to every proxy; [`proxies`](Self::proxies) reaches one node's.
+#[derive(Debug)]
+pub struct ProxyControl {
+    proxies: Vec<DelayProxy>,
+}
+
+impl ProxyControl {
+    /// Controls these proxies (at least one).
+    pub fn new(proxies: Vec<DelayProxy>) -> Self {
+        ProxyControl { proxies }
+    }
+
+    /// Starts one zero-delay proxy in front of each of `targets`.
+    pub fn start(targets: &[SocketAddr]) -> Result<Self> {
+        let proxies = targets
+            .iter()
+            .map(|t| DelayProxy::start(*t, Duration::ZERO))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ProxyControl { proxies })
+    }
+
+    /// The proxies, in the order of their targets.
+    pub fn proxies(&self) -> &[DelayProxy] {
+        &self.proxies
+    }
+
+    /// `127.0.0.1:port` of every proxy, comma-separated (for a URL's host list).
+    pub fn hosts(&self) -> String {
+        self.proxies
+            .iter()
+            .map(|p| p.addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// [`DelayProxy::set_delay`] on every proxy.
+    pub fn set_delay(&self, d: Duration) {
+        self.proxies.iter().for_each(|p| p.set_delay(d));
+    }
+
+    /// [`DelayProxy::set_reply_delay`] on every proxy.
+    pub fn set_reply_delay(&self, d: Duration) {
+        self.proxies.iter().for_each(|p| p.set_reply_delay(d));
+    }
+
+    /// [`DelayProxy::set_blackhole`] on every proxy.
+    pub fn set_blackhole(&self, on: bool) {
+        self.proxies.iter().for_each(|p| p.set_blackhole(on));
+    }
+
+    /// [`DelayProxy::set_drop_replies`] on every proxy.
+    pub fn set_drop_replies(&self, on: bool) {
+        self.proxies.iter().for_each(|p| p.set_drop_replies(on));
+    }
+
+    /// [`DelayProxy::reset_all`] on every proxy.
+    pub fn reset_all(&self) {
+        self.proxies.iter().for_each(DelayProxy::reset_all);
+    }
+
+    /// [`DelayProxy::reset_after_request_bytes`] on every proxy (each resets
+    /// its own connections once it forwarded `n` more request bytes).
+    pub fn reset_after_request_bytes(&self, n: u64) {
+        self.proxies
+            .iter()
+            .for_each(|p| p.reset_after_request_bytes(n));
+    }
+
+    /// [`DelayProxy::heal`] on every proxy.
+    pub fn heal(&self) {
+        self.proxies.iter().for_each(DelayProxy::heal);
+    }
+
+    /// The counters of every proxy added up.
+    pub fn stats(&self) -> ProxyStats {
+        let mut t = ProxyStats::default();
+        for s in self.proxies.iter().map(DelayProxy::stats) {
+            for (sum, d) in [(&mut t.requests, s.requests), (&mut t.replies, s.replies)] {
+                sum.chunks_read += d.chunks_read;
+                sum.bytes_read += d.bytes_read;
+                sum.chunks_forwarded += d.chunks_forwarded;
+                sum.bytes_forwarded += d.bytes_forwarded;
+            }
+            t.connections += s.connections;
+            t.resets += s.resets;
+        }
+        t
     }
 }
 
@@ -191,6 +466,7 @@ fn handle_conn(client: TcpStream, shared: Arc<Shared>) {
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    shared.connections.fetch_add(1, Ordering::SeqCst);
     {
         let mut conns = shared.conns();
         // Checked under the lock: Drop sets the flag before draining.
@@ -225,14 +501,14 @@ fn handle_conn(client: TcpStream, shared: Arc<Shared>) {
     let s = Arc::clone(&shared);
     if thread::Builder::new()
         .name("dlock-proxy-up".into())
-        .spawn(move || pump(src_up, dst_up, s, g))
+        .spawn(move || pump(src_up, dst_up, Dir::Up, s, g))
         .is_err()
     {
         abort(&client, &upstream, &guard);
         return;
     }
     // This thread serves the downstream direction itself.
-    pump(src_down, dst_down, shared, guard);
+    pump(src_down, dst_down, Dir::Down, shared, guard);
 }
 
 fn abort(a: &TcpStream, b: &TcpStream, guard: &ConnGuard) {
@@ -248,14 +524,14 @@ enum Chunk {
 
 /// Forwards `src` → `dst`: reads here, writes on a separate thread at
 /// `read time + delay`, preserving order.
-fn pump(mut src: TcpStream, dst: TcpStream, shared: Arc<Shared>, guard: Arc<ConnGuard>) {
+fn pump(mut src: TcpStream, dst: TcpStream, dir: Dir, shared: Arc<Shared>, guard: Arc<ConnGuard>) {
     let (tx, rx) = mpsc::channel::<Chunk>();
     let writer_src = src.try_clone();
     let s = Arc::clone(&shared);
     let writer = thread::Builder::new()
         .name("dlock-proxy-writer".into())
         .spawn(move || {
-            write_loop(rx, dst, writer_src.ok(), &s);
+            write_loop(rx, dst, writer_src.ok(), dir, &s);
             guard.direction_done();
         });
     if writer.is_err() {
@@ -270,10 +546,13 @@ fn pump(mut src: TcpStream, dst: TcpStream, shared: Arc<Shared>, guard: Arc<Conn
                 break;
             }
             Ok(n) => {
-                if shared.blackholed() {
+                let d = shared.dir(dir);
+                d.chunks_read.fetch_add(1, Ordering::SeqCst);
+                d.bytes_read.fetch_add(n as u64, Ordering::SeqCst);
+                if shared.dropping(dir) {
                     continue;
                 }
-                let due = Instant::now() + shared.delay();
+                let due = Instant::now() + d.delay();
                 if tx.send(Chunk::Data(due, buf[..n].to_vec())).is_err() {
                     break;
                 }
@@ -289,6 +568,7 @@ fn write_loop(
     rx: mpsc::Receiver<Chunk>,
     mut dst: TcpStream,
     src: Option<TcpStream>,
+    dir: Dir,
     shared: &Shared,
 ) {
     let close_all = |dst: &TcpStream| {
@@ -311,10 +591,36 @@ fn write_loop(
                     }
                     thread::sleep((due - now).min(SLEEP_SLICE));
                 }
-                if shared.blackholed() {
+                if shared.dropping(dir) {
                     continue;
                 }
-                if dst.write_all(&data).is_err() {
+                let d = shared.dir(dir);
+                let len = data.len() as u64;
+                let trigger = dir == Dir::Up && {
+                    let mark = shared.reset_at_up_bytes.load(Ordering::SeqCst);
+                    let after = d.bytes_forwarded.load(Ordering::SeqCst) + len;
+                    mark != 0
+                        && after >= mark
+                        && shared
+                            .reset_at_up_bytes
+                            .compare_exchange(mark, 0, Ordering::SeqCst, Ordering::SeqCst)
+                            .is_ok()
+                };
+                if trigger {
+                    // Replies are held back from before the request leaves until
+                    // the connections are down, so none can slip through.
+                    shared.resetting.store(true, Ordering::SeqCst);
+                }
+                let wrote = dst.write_all(&data);
+                if wrote.is_ok() {
+                    d.chunks_forwarded.fetch_add(1, Ordering::SeqCst);
+                    d.bytes_forwarded.fetch_add(len, Ordering::SeqCst);
+                }
+                if trigger {
+                    shared.reset_all();
+                    shared.resetting.store(false, Ordering::SeqCst);
+                }
+                if wrote.is_err() || trigger {
                     close_all(&dst);
                     return;
                 }
