@@ -1,19 +1,38 @@
--- Acquire, re-enter, or claim a handed-over lock; queue the caller if it will wait.
--- One round trip.
--- KEYS[1] lock hash {owner -> hold count}, PEXPIRE = lease (Redisson's layout)
--- KEYS[2] fencing counter (never expires, so tokens keep increasing)
--- KEYS[3] wait queue: zset owner -> arrival time (ms, server clock)
--- KEYS[4] waiter data: hash owner -> "expiry_ms:lease_ms"
--- KEYS[5] handoff marker: the owner the lock was last handed to, until it shows it knows
--- ARGV[1] owner id, ARGV[2] lease ms, ARGV[3] waiter ttl ms (0: do not queue),
--- ARGV[4] '1' when the caller is already queued (an attempt after the first of a wait)
--- ARGV[5] '1' for a fair lock: a free lock goes to the oldest live waiter, not to a newcomer
--- Returns {1, token} when granted, re-entered or claimed; {0, pttl} when another owner holds it.
-local owner = ARGV[1]
-local lease = tonumber(ARGV[2])
+-- Mutex (plain or fair): acquire for one attempt, or queue the attempt if it will wait.
+-- One round trip. Holds are per attempt: no owner counts on the server (re-entry is counted
+-- in the client), so a retried request has the effect of one.
+-- KEYS[1] lock hash {attempt, token, owner} of the one grant, PEXPIRE = lease (the layout
+--   of a Redlock node's hold too)
+-- KEYS[2] fencing counter (no expiry; seeded from the server clock when missing)
+-- KEYS[3] wait queue: zset ATTEMPT -> arrival ms (server clock)
+-- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:OWNER"
+-- ARGV[1] attempt id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] waiter ttl ms (0: do not
+-- queue), ARGV[5] '1' for a fair lock (a free lock goes to the oldest live waiter)
+-- Returns {1, token} granted to this attempt (also when it held it already: a retry after a
+-- lost reply, or a handoff it has not heard of); {0, pttl} held by another grant.
+local attempt, lease = ARGV[1], tonumber(ARGV[3])
 local function now_ms()
   local t = redis.call('time')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function dequeue()
+  if tonumber(ARGV[4]) > 0 then
+    redis.call('zrem', KEYS[3], attempt)
+    redis.call('hdel', KEYS[4], attempt)
+  end
+end
+
+local held = redis.call('hmget', KEYS[1], 'attempt', 'token')
+if held[1] == attempt then
+  -- Rewritten as it is: a write of this connection, so that a WAIT after it also covers a
+  -- grant made by another connection (a handoff).
+  redis.call('hset', KEYS[1], 'attempt', attempt)
+  -- A retry never shortens the lease a confirmed earlier request promised.
+  if redis.call('pttl', KEYS[1]) < lease then
+    redis.call('pexpire', KEYS[1], lease)
+  end
+  dequeue()
+  return {1, tonumber(held[2])}
 end
 
 -- The oldest waiter whose liveness deadline has not passed (dropping dead ones), or nil.
@@ -36,43 +55,30 @@ end
 local free = redis.call('exists', KEYS[1]) == 0
 if free and ARGV[5] == '1' then
   local head = live_head(now_ms())
-  if head and head ~= owner then
+  if head and head ~= attempt then
     free = false
   end
 end
 if free then
-  -- INCR first: if the counter holds foreign data the script fails before writing anything.
-  local token = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], owner, 1)
-  redis.call('pexpire', KEYS[1], lease)
-  if ARGV[4] == '1' then
-    redis.call('zrem', KEYS[3], owner)
-    redis.call('hdel', KEYS[4], owner)
+  -- A lost counter (FLUSHALL, eviction, restart without persistence) restarts above every
+  -- token issued before: the server clock in microseconds, assuming it never goes back and
+  -- fewer than a million grants per second. INCR first: foreign data fails before any write.
+  if redis.call('exists', KEYS[2]) == 0 then
+    local t = redis.call('time')
+    redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
   end
+  local token = redis.call('incr', KEYS[2])
+  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', token),
+    'owner', ARGV[2])
+  redis.call('pexpire', KEYS[1], lease)
+  dequeue()
   return {1, token}
 end
-if redis.call('hexists', KEYS[1], owner) == 1 then
-  if ARGV[4] == '1' then
-    -- A queued waiter already in the hash was handed the lock and missed the message:
-    -- claim it (one hold, not a re-entry) and restart the lease from now.
-    redis.call('pexpire', KEYS[1], lease)
-  else
-    redis.call('hincrby', KEYS[1], owner, 1)
-    -- Re-entry never shortens the lease another hold of this owner relies on.
-    if redis.call('pttl', KEYS[1]) < lease then
-      redis.call('pexpire', KEYS[1], lease)
-    end
-  end
-  if redis.call('get', KEYS[5]) == owner then
-    redis.call('del', KEYS[5])
-  end
-  return {1, tonumber(redis.call('get', KEYS[2]) or '0')}
-end
-local ttl = tonumber(ARGV[3])
+local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   local now = now_ms()
-  redis.call('zadd', KEYS[3], 'NX', now, owner)
-  redis.call('hset', KEYS[4], owner, (now + ttl) .. ':' .. lease)
+  redis.call('zadd', KEYS[3], 'NX', now, attempt)
+  redis.call('hset', KEYS[4], attempt, string.format('%d:%d:', now + ttl, lease) .. ARGV[2])
   for i = 3, 4 do
     if redis.call('pttl', KEYS[i]) < ttl then
       redis.call('pexpire', KEYS[i], ttl)

@@ -1,64 +1,68 @@
--- Release one hold of the owner (only the owner can), or take a waiter out of the queue.
--- One round trip. A full release hands the lock straight to the oldest live waiter (fresh
--- fencing token, the waiter's own lease) and tells it on the channel, so it needs no round
--- trip of its own; with no live waiter it publishes a plain release.
--- KEYS as acquire.lua; ARGV[1] owner id, ARGV[2] channel, ARGV[3] 'release' or 'giveup'
--- release returns {1, 0} freed (or handed over), {2, n} n holds remain, {0, 0} no lock
--- (expired), {3, 0} another owner holds it. giveup returns {1, 0} if it gave back a lock
--- handed to the owner, else {0, 0}.
-local owner = ARGV[1]
+-- Mutex: release one grant (named by attempt and token), or take an attempt out of the queue
+-- and give back a grant made to it. One round trip. A release hands the lock straight to the
+-- oldest live waiter (fresh fencing token, the waiter's own lease) and tells that attempt on
+-- the channel ('h TOKEN ATTEMPT'); with nobody queued it publishes nothing.
+-- KEYS as acquire.lua; ARGV[1] attempt id, ARGV[2] token, ARGV[3] channel,
+-- ARGV[4] 'release' or 'giveup'
+-- release returns {1, 0} released (or handed over), {0, 0} no lock (expired), {3, 0} another
+-- grant holds it. giveup returns {1, 0} if it gave back a grant of the attempt, else {0, 0}.
+local attempt = ARGV[1]
 
 local function hand_over()
   redis.call('del', KEYS[1])
-  redis.call('del', KEYS[5])
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local queued = false
   while true do
     local head = redis.call('zrange', KEYS[3], 0, 0)[1]
     if not head then
       break
     end
+    queued = true
     redis.call('zrem', KEYS[3], head)
     local data = redis.call('hget', KEYS[4], head)
     redis.call('hdel', KEYS[4], head)
+    local expiry, lease, owner
     if data then
-      local sep = string.find(data, ':', 1, true)
-      local expiry = sep and tonumber(string.sub(data, 1, sep - 1))
-      local lease = sep and tonumber(string.sub(data, sep + 1))
-      if expiry and lease and expiry > now then
-        local token = redis.call('incr', KEYS[2])
-        redis.call('hset', KEYS[1], head, 1)
-        redis.call('pexpire', KEYS[1], lease)
-        redis.call('set', KEYS[5], head, 'PX', lease)
-        redis.call('publish', ARGV[2], 'h ' .. token .. ' ' .. head)
-        return
+      expiry, lease, owner = string.match(data, '^(%d+):(%d+):(.*)$')
+    end
+    if expiry and tonumber(expiry) > now then
+      if redis.call('exists', KEYS[2]) == 0 then
+        redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
       end
+      local token = string.format('%d', redis.call('incr', KEYS[2]))
+      redis.call('hset', KEYS[1], 'attempt', head, 'token', token, 'owner', owner)
+      redis.call('pexpire', KEYS[1], lease)
+      redis.call('publish', ARGV[3], 'h ' .. token .. ' ' .. head)
+      return
     end
   end
-  redis.call('publish', ARGV[2], 'r')
+  -- Only dead entries: their waiters may still be watching (one late heartbeat), wake them.
+  if queued then
+    redis.call('publish', ARGV[3], 'r')
+  end
 end
 
-if ARGV[3] == 'giveup' then
-  redis.call('zrem', KEYS[3], owner)
-  redis.call('hdel', KEYS[4], owner)
-  if redis.call('get', KEYS[5]) == owner and redis.call('hexists', KEYS[1], owner) == 1 then
+if ARGV[4] == 'giveup' then
+  local queued = redis.call('zrem', KEYS[3], attempt) == 1
+  redis.call('hdel', KEYS[4], attempt)
+  if redis.call('hget', KEYS[1], 'attempt') == attempt then
     hand_over()
     return {1, 0}
   end
+  -- A free lock (its holder expired) with waiters behind the leaver: the next one gets it.
+  if queued and redis.call('exists', KEYS[1]) == 0 then
+    hand_over()
+  end
   return {0, 0}
 end
 
-if redis.call('exists', KEYS[1]) == 0 then
-  return {0, 0}
-end
-local count = redis.call('hget', KEYS[1], owner)
-if not count then
+local held = redis.call('hmget', KEYS[1], 'attempt', 'token')
+if held[1] ~= attempt or held[2] ~= ARGV[2] then
+  if redis.call('exists', KEYS[1]) == 0 then
+    return {0, 0}
+  end
   return {3, 0}
-end
-count = tonumber(count) - 1
-if count > 0 then
-  redis.call('hset', KEYS[1], owner, count)
-  return {2, count}
 end
 hand_over()
 return {1, 0}

@@ -1,12 +1,12 @@
--- Renew the owner's lease (watchdog tick or extend). One EVALSHA per hold, pipelined.
--- KEYS[1] lock hash, KEYS[2] handoff marker; ARGV[1] owner id, ARGV[2] lease in ms
--- Returns 1 renewed, 0 the owner does not hold the lock.
-if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  -- The owner renews, so it knows it holds the lock: a handoff to it is claimed.
-  if redis.call('get', KEYS[2]) == ARGV[1] then
-    redis.call('del', KEYS[2])
-  end
-  return 1
+-- Mutex: renew one grant (watchdog tick or extend). One EVALSHA per grant, pipelined.
+-- KEYS[1] lock hash {attempt, token, owner}; ARGV[1] attempt id, ARGV[2] token, ARGV[3] lease ms
+-- Returns 1 renewed (the lease runs at least ARGV[3] from now; never shortened), 0 not held.
+local held = redis.call('hmget', KEYS[1], 'attempt', 'token')
+if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
+  return 0
 end
-return 0
+local lease = tonumber(ARGV[3])
+if redis.call('pttl', KEYS[1]) < lease then
+  redis.call('pexpire', KEYS[1], lease)
+end
+return 1

@@ -1,22 +1,25 @@
--- Semaphore: take permits, claim permits handed over, or queue. One round trip.
--- KEYS[1] holds: hash OWNER -> permits, "t:OWNER" -> token (every acquisition has its own owner)
--- KEYS[2] fencing counter
--- KEYS[3] wait queue: zset OWNER -> arrival ms
--- KEYS[4] waiter data: hash OWNER -> "expiry_ms:lease_ms:permits"
--- KEYS[5] hold expiries: zset OWNER -> expiry ms (each acquisition its own lease)
+-- Semaphore: take permits for one attempt, or queue the attempt. One round trip.
+-- KEYS[1] holds: hash ATTEMPT -> "TOKEN:PERMITS:OWNER"
+-- KEYS[2] fencing counter (seeded from the server clock when missing)
+-- KEYS[3] wait queue: zset ATTEMPT -> arrival ms
+-- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:PERMITS:OWNER"
+-- KEYS[5] hold expiries: zset ATTEMPT -> expiry ms (each grant its own lease)
 -- KEYS[6] permit count of the semaphore (set by its first user, changed only explicitly)
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] waiter ttl ms (0: do not queue), ARGV[4] '1' when
--- queued, ARGV[5] permits wanted, ARGV[6] permit count to create the semaphore with
--- Returns {1, token} granted; {0, ttl_ms} not enough free permits (ttl: until the first
--- held permit's lease ends, -1 if none).
--- FIFO: a request is granted only when no older live waiter is queued, so a large request
--- is not starved by a stream of small ones.
-local owner, lease, want = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
+-- ARGV[1] attempt, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] waiter ttl ms (0: do not queue),
+-- ARGV[5] permits wanted, ARGV[6] permit count to create the semaphore with, ARGV[7] channel
+-- Returns {1, token} granted (also to an attempt that held it already); {0, ttl_ms} not
+-- enough free permits (ttl: until the first held grant's lease ends, -1 if none);
+-- {-2, limit} more permits wanted than the semaphore has.
+-- Fairness (the same in sem_release.lua): permits go to the oldest live waiter that fits. A
+-- waiter that does not fit lets younger ones pass for PATIENCE ms after it arrived; after
+-- that it blocks every younger request until it is served, so the permits drain to it.
+local PATIENCE = 1000
+local attempt, owner, lease, want = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 for _, m in ipairs(redis.call('zrangebyscore', KEYS[5], '-inf', now)) do
-  redis.call('hdel', KEYS[1], m, 't:' .. m)
+  redis.call('hdel', KEYS[1], m)
   redis.call('zrem', KEYS[5], m)
 end
 
@@ -26,61 +29,108 @@ if not limit then
   redis.call('set', KEYS[6], limit)
 end
 
-local function extend()
+local function dequeue(m)
+  redis.call('zrem', KEYS[3], m)
+  redis.call('hdel', KEYS[4], m)
+end
+
+local function grant(m, ms, permits, who)
+  if redis.call('exists', KEYS[2]) == 0 then
+    redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  local token = redis.call('incr', KEYS[2])
+  redis.call('hset', KEYS[1], m, string.format('%d:%d:', token, permits) .. who)
+  redis.call('zadd', KEYS[5], now + ms, m)
+  for _, k in ipairs({KEYS[1], KEYS[5]}) do
+    if redis.call('pttl', k) < ms then
+      redis.call('pexpire', k, ms)
+    end
+  end
+  dequeue(m)
+  return token
+end
+
+local cur = redis.call('hget', KEYS[1], attempt)
+if cur then
+  -- A retry, or a handoff not heard of: the same grant, its lease never shortened, rewritten
+  -- as it is so that a WAIT covers it.
+  redis.call('hset', KEYS[1], attempt, cur)
+  local exp = tonumber(redis.call('zscore', KEYS[5], attempt))
+  if not exp or exp < now + lease then
+    redis.call('zadd', KEYS[5], now + lease, attempt)
+  end
   for _, k in ipairs({KEYS[1], KEYS[5]}) do
     if redis.call('pttl', k) < lease then
       redis.call('pexpire', k, lease)
     end
   end
+  dequeue(attempt)
+  return {1, tonumber(string.match(cur, '^(%d+):'))}
 end
 
-if redis.call('hexists', KEYS[1], owner) == 1 then
-  -- Handed over while queued: claim it, restarting its lease.
-  redis.call('zadd', KEYS[5], now + lease, owner)
-  extend()
-  redis.call('zrem', KEYS[3], owner)
-  redis.call('hdel', KEYS[4], owner)
-  return {1, tonumber(redis.call('hget', KEYS[1], 't:' .. owner) or '0')}
+if want > limit then
+  dequeue(attempt)
+  return {-2, limit}
 end
 
-local used = 0
-local fields = redis.call('hgetall', KEYS[1])
-for i = 1, #fields, 2 do
-  if string.sub(fields[i], 1, 2) ~= 't:' then
-    used = used + tonumber(fields[i + 1])
-  end
-end
-
-local function first_in_line()
-  for _, m in ipairs(redis.call('zrange', KEYS[3], 0, -1)) do
-    local data = redis.call('hget', KEYS[4], m)
-    local expiry = data and tonumber(string.match(data, '^(%d+):'))
-    if expiry and expiry > now then
-      return m == owner
-    end
-  end
-  return true
-end
-
-if used + want <= limit and first_in_line() then
-  local token = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], owner, want, 't:' .. owner, token)
-  redis.call('zadd', KEYS[5], now + lease, owner)
-  extend()
-  redis.call('zrem', KEYS[3], owner)
-  redis.call('hdel', KEYS[4], owner)
-  return {1, token}
-end
-
-local ttl = tonumber(ARGV[3])
+local ttl = tonumber(ARGV[4])
 if ttl > 0 then
-  redis.call('zadd', KEYS[3], 'NX', now, owner)
-  redis.call('hset', KEYS[4], owner, (now + ttl) .. ':' .. lease .. ':' .. want)
+  redis.call('zadd', KEYS[3], 'NX', now, attempt)
+  redis.call('hset', KEYS[4], attempt, string.format('%d:%d:%d:', now + ttl, lease, want) .. owner)
   for i = 3, 4 do
     if redis.call('pttl', KEYS[i]) < ttl then
       redis.call('pexpire', KEYS[i], ttl)
     end
   end
+end
+
+-- Serve the queue in order (the caller too, if it queued): returns the permits left free and
+-- whether a waiter past its patience blocks younger requests.
+local used = 0
+local fields = redis.call('hgetall', KEYS[1])
+for i = 2, #fields, 2 do
+  used = used + (tonumber(string.match(fields[i], '^%d+:(%d+):')) or 0)
+end
+local free, blocked, wake, mine = limit - used, false, false, nil
+local q = redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES')
+for i = 1, #q, 2 do
+  if free <= 0 then
+    blocked = true
+    break
+  end
+  local m, since = q[i], tonumber(q[i + 1])
+  local data = redis.call('hget', KEYS[4], m)
+  local expiry, ms, n, who
+  if data then
+    expiry, ms, n, who = string.match(data, '^(%d+):(%d+):(%d+):(.*)$')
+  end
+  if not (expiry and tonumber(expiry) > now) then
+    dequeue(m)
+  elseif tonumber(n) > limit then
+    -- The permit count was lowered below this request: its next attempt is refused.
+    dequeue(m)
+    wake = true
+  elseif tonumber(n) <= free then
+    local token = grant(m, tonumber(ms), tonumber(n), who)
+    free = free - tonumber(n)
+    if m == attempt then
+      mine = token
+    else
+      redis.call('publish', ARGV[7], 'h ' .. string.format('%d', token) .. ' ' .. m)
+    end
+  elseif now - since >= PATIENCE then
+    blocked = true
+    break
+  end
+end
+if wake then
+  redis.call('publish', ARGV[7], 'r')
+end
+if mine then
+  return {1, mine}
+end
+if ttl == 0 and want <= free and not blocked then
+  return {1, grant(attempt, lease, want, owner)}
 end
 local first = redis.call('zrange', KEYS[5], 0, 0, 'WITHSCORES')
 if first[2] then

@@ -1,28 +1,33 @@
 //! Redis backend for dlock.
 //!
-//! One lock is three Redis names, all with the lock name as hash tag so they share one
-//! Cluster slot:
+//! One lock is a few Redis names, all with the lock name as hash tag so they share one
+//! Cluster slot. Every grant is stored under the id of the acquisition attempt that won it,
+//! with its fencing token and owner, so that renewals, releases, give-ups and handoff messages
+//! name one grant and a retried request has the effect of one (re-entry is counted in the
+//! client, never on the server):
 //!
 //! | name | type | what |
 //! |---|---|---|
-//! | `NS:{NAME}` | hash `owner → hold count`, PEXPIRE = lease | the lock (Redisson's layout) |
-//! | `NS:{NAME}:fence` | integer, no expiry | last fencing token issued |
-//! | `NS:{NAME}:queue` | zset `owner → arrival ms` | waiters, oldest first |
-//! | `NS:{NAME}:waiters` | hash `owner → "expiry_ms:lease_ms"` | each waiter's liveness and lease |
-//! | `NS:{NAME}:handoff` | string, PEXPIRE = lease | owner the lock was handed to, until it claims it |
-//! | `NS:{NAME}:released` | pub/sub channel | `h TOKEN OWNER` (handed over) or `r` (released) |
+//! | `NS:{NAME}` | hash `{attempt, token, owner}`, PEXPIRE = lease | the mutex's one grant; exists only while held |
+//! | `NS:{NAME}:fence` | integer, no expiry | last fencing token issued (seeded from the server clock in µs when missing) |
+//! | `NS:{NAME}:queue` | zset `attempt → arrival ms` | waiting attempts, oldest first |
+//! | `NS:{NAME}:waiters` | hash `attempt → "expiry_ms:lease_ms:OWNER"` | each waiter's liveness and lease |
+//! | `NS:{NAME}:released` | pub/sub channel | `h TOKEN ATTEMPT` (handed over) or `r` (released) |
+//!
+//! Read-write locks (`:rw*`) and semaphores (`:sem*`) use the same layout with their own
+//! names, plus a zset of per-grant expiries; see `docs/redis-lock.md`.
 //!
 //! Acquire, release and renew are each one EVALSHA (one round trip); the watchdog renews all of
 //! a client's locks in one pipelined round trip per tick. A waiter queues itself, subscribes to
 //! the channel and sleeps; a release hands the lock straight to the oldest live waiter and
-//! tells only that one, so the new holder starts without a round trip of its own and the other
-//! waiters are not woken (no herd). See `docs/redis-lock.md` for the safety argument.
+//! tells only that attempt, so the new holder starts without a round trip of its own and the
+//! other waiters are not woken (no herd). See `docs/redis-lock.md` for the safety argument.
 //!
 //! URL: `redis://[user:password@]host:port[/db][?namespace=NS&wait_replicas=N&wait_timeout=DUR]`.
-//! `rediss://` needs the `tls` cargo feature. `wait_replicas` makes every grant wait for N
-//! replicas to confirm it (Redis `WAIT`), for deployments behind Sentinel where an
-//! unreplicated lock would vanish on failover; a grant not confirmed in time is given back and
-//! reported as an error.
+//! `rediss://` needs the `tls` cargo feature. `wait_replicas` makes every grant — handoffs
+//! included — wait for N replicas to confirm it (Redis `WAIT`), for deployments behind
+//! Sentinel where an unreplicated lock would vanish on failover; a grant not confirmed in time
+//! is given back and reported as an error.
 //!
 //! The `quorum_*` methods are the single-node steps of Redlock (`dlock-redlock`).
 #![warn(missing_docs)]
@@ -35,8 +40,8 @@ mod scripts;
 use crate::error::{map, shape, KIND};
 pub use crate::quorum::{QuorumReply, QuorumVote, ServerInfo, TOKEN_FIELD};
 use dlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, HoldKey, HolderInfo,
-    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, HoldKey,
+    HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use redis::aio::ConnectionManager;
 use redis::Value;
@@ -213,6 +218,7 @@ impl RedisBackend {
             .load_all(&mut con)
             .await
             .map_err(|e| map(&endpoint, e))?;
+        check_eviction(&mut con, &endpoint).await;
         let namespace = extras
             .namespace
             .unwrap_or_else(|| opts.get_namespace().to_owned());
@@ -229,6 +235,9 @@ impl RedisBackend {
                 client,
                 endpoint.clone(),
                 opts.get_connect_timeout(),
+                // A handoff is written by the releasing client's connection: with replicas to
+                // wait for, the waiter confirms it with its own attempt (and WAIT) first.
+                extras.wait_replicas.is_some(),
             ),
             endpoint,
             namespace,
@@ -248,20 +257,15 @@ impl RedisBackend {
         format!("{}:{{{}}}:released", self.namespace, name)
     }
 
-    /// The five keys the acquire and release scripts touch, in their KEYS order.
-    fn keys(&self, name: &str) -> [String; 5] {
+    /// The four keys the mutex scripts touch, in their KEYS order.
+    fn keys(&self, name: &str) -> [String; 4] {
         let ns = &self.namespace;
         [
             format!("{ns}:{{{name}}}"),
             format!("{ns}:{{{name}}}:fence"),
             format!("{ns}:{{{name}}}:queue"),
             format!("{ns}:{{{name}}}:waiters"),
-            format!("{ns}:{{{name}}}:handoff"),
         ]
-    }
-
-    fn handoff_key(&self, name: &str) -> String {
-        format!("{}:{{{}}}:handoff", self.namespace, name)
     }
 
     /// Keys of a read-write lock: holds, fence, queue, waiter data, hold expiries.
@@ -289,36 +293,34 @@ impl RedisBackend {
         ]
     }
 
-    /// The release-side script call for `key` in `mode` (`release` or `giveup`).
-    fn release_cmd(&self, key: &HoldKey, mode: &str) -> Result<redis::Cmd> {
+    /// Runs the release-side script of `key`'s family for grant `attempt`/`token` in `mode`
+    /// (`release` or `giveup`; a give-up names no token: any grant of the attempt goes back).
+    async fn run_release(
+        &self,
+        key: &HoldKey,
+        attempt: &str,
+        token: &str,
+        mode: &str,
+    ) -> Result<(i64, i64)> {
         let channel = self.channel(&key.name);
-        Ok(match family(key.kind)? {
+        let args = [attempt, token, channel.as_str(), mode];
+        let cmd = match family(key.kind)? {
             Family::Mutex { .. } => {
                 let keys = self.keys(&key.name);
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                self.scripts
-                    .release
-                    .cmd(&keys, &[&key.owner, &channel, mode])
+                self.scripts.release.cmd(&keys, &args)
             }
-            Family::Rw { side } => {
+            Family::Rw { .. } => {
                 let keys = self.rw_keys(&key.name);
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                self.scripts
-                    .rw_release
-                    .cmd(&keys, &[&key.owner, &channel, mode, side])
+                self.scripts.rw_release.cmd(&keys, &args)
             }
             Family::Sem { .. } => {
                 let keys = self.sem_keys(&key.name);
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                self.scripts
-                    .sem_release
-                    .cmd(&keys, &[&key.owner, &channel, mode, ""])
+                self.scripts.sem_release.cmd(&keys, &args)
             }
-        })
-    }
-
-    async fn run_release(&self, key: &HoldKey, mode: &str) -> Result<(i64, i64)> {
-        let cmd = self.release_cmd(key, mode)?;
+        };
         let mut con = self.con.clone();
         let v = scripts::eval(&mut con, &self.scripts, &cmd)
             .await
@@ -345,7 +347,12 @@ impl RedisBackend {
             .map_err(|e| self.err(e))
     }
 
-    async fn confirm_replicas(&self, key: &HoldKey) -> Result<()> {
+    /// With `?wait_replicas=N`: waits until N replicas have every write this connection made,
+    /// which includes the grant (a fresh grant, or the rewrite of a retried or handed-over
+    /// grant that the acquire script makes for this purpose; replication is in order, so it
+    /// covers the handoff written by another client before it). A grant not confirmed is given
+    /// back and reported as an error.
+    async fn confirm_replicas(&self, grant: &GrantRef) -> Result<()> {
         let Some((n, timeout)) = self.wait_replicas else {
             return Ok(());
         };
@@ -358,24 +365,50 @@ impl RedisBackend {
         let acked = match acked {
             Ok(acked) => acked,
             Err(e) => {
-                // Unconfirmed: give the grant back, so that a retry does not add a second hold
-                // (a re-entry) on top of it.
-                let _ = self.release(key).await;
+                // Unconfirmed: give the grant back (it names this attempt's grant only).
+                let _ = self.release(grant).await;
                 return Err(self.err(e));
             }
         };
         if acked >= i64::from(n) {
             return Ok(());
         }
-        let _ = self.release(key).await;
+        let _ = self.release(grant).await;
         Err(Error::UnexpectedReply {
             backend: KIND,
             message: format!(
                 "lock `{}` was granted but only {acked} of the {n} required replicas confirmed it within {timeout:?}; \
                  it was given back (a failover could have lost it). Check replication or lower wait_replicas",
-                key.name
+                grant.key.name
             ),
         })
+    }
+}
+
+/// Reads `maxmemory-policy` and warns unless it is `noeviction`: an evicting server may drop a
+/// held lock (a second holder) or a fencing counter (re-seeded from the clock, see the docs).
+/// A server where CONFIG is disabled or renamed only gets a debug line.
+async fn check_eviction(con: &mut ConnectionManager, endpoint: &str) {
+    let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(con)
+        .await;
+    match r {
+        Ok(v) => match v.get(1) {
+            Some(policy) if policy != "noeviction" => tracing::warn!(
+                endpoint,
+                policy = %policy,
+                "redis maxmemory-policy is not noeviction: under memory pressure the server may evict held locks (two holders at once); set `maxmemory-policy noeviction`"
+            ),
+            Some(_) => {}
+            None => tracing::debug!(endpoint, "CONFIG GET maxmemory-policy returned nothing"),
+        },
+        Err(e) => tracing::debug!(
+            endpoint,
+            error = %e,
+            "cannot read maxmemory-policy (CONFIG disabled or renamed?)"
+        ),
     }
 }
 
@@ -426,6 +459,14 @@ fn lease_ms(d: Duration) -> String {
     d.as_millis().max(1).to_string()
 }
 
+/// One grant of a read-write lock or semaphore as the scripts store it: `TOKEN:X:OWNER`, where
+/// X is the side (`r`/`w`) or the permits. `None` for a value of another layout.
+fn parse_grant(value: &str) -> Option<(u64, &str, &str)> {
+    let (token, rest) = value.split_once(':')?;
+    let (x, owner) = rest.split_once(':')?;
+    Some((token.parse().ok()?, x, owner))
+}
+
 #[async_trait]
 impl Backend for RedisBackend {
     fn kind(&self) -> &'static str {
@@ -442,7 +483,7 @@ impl Backend for RedisBackend {
             .map_or(0, |t| t.as_millis().max(1) as u64)
             .to_string();
         let lease = lease_ms(req.lease);
-        let queued = if req.queued { "1" } else { "0" };
+        let attempt = req.attempt.as_str();
         let owner: &str = &req.key.owner;
         let cmd = match family(req.key.kind)? {
             Family::Mutex { fair } => {
@@ -451,14 +492,28 @@ impl Backend for RedisBackend {
                 let fair = if fair { "1" } else { "0" };
                 self.scripts
                     .acquire
-                    .cmd(&keys, &[owner, &lease, &waiter_ttl, queued, fair])
+                    .cmd(&keys, &[attempt, owner, &lease, &waiter_ttl, fair])
             }
             Family::Rw { side } => {
                 let keys = self.rw_keys(&req.key.name);
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                self.scripts
-                    .rw_acquire
-                    .cmd(&keys, &[owner, &lease, &waiter_ttl, queued, side])
+                // The downgrade is addressed by the write grant itself, not by owner equality.
+                let (w_attempt, w_token) = match (&req.write_grant, side) {
+                    (Some(g), "r") => (g.attempt.as_str(), g.token.to_string()),
+                    _ => ("", String::new()),
+                };
+                self.scripts.rw_acquire.cmd(
+                    &keys,
+                    &[
+                        attempt,
+                        owner,
+                        &lease,
+                        &waiter_ttl,
+                        side,
+                        w_attempt,
+                        &w_token,
+                    ],
+                )
             }
             Family::Sem { permits, limit } => {
                 let keys = self.sem_keys(&req.key.name);
@@ -466,12 +521,13 @@ impl Backend for RedisBackend {
                 self.scripts.sem_acquire.cmd(
                     &keys,
                     &[
+                        attempt,
                         owner,
                         &lease,
                         &waiter_ttl,
-                        queued,
                         &permits.to_string(),
                         &limit.to_string(),
+                        &self.channel(&req.key.name),
                     ],
                 )
             }
@@ -482,10 +538,9 @@ impl Backend for RedisBackend {
             .map_err(|e| self.err(e))?;
         match pair("acquire", &v)? {
             (1, token) if token > 0 => {
-                self.confirm_replicas(&req.key).await?;
-                Ok(AcquireReply::Granted {
-                    token: token as u64,
-                })
+                let token = token as u64;
+                self.confirm_replicas(&req.grant(token)).await?;
+                Ok(AcquireReply::Granted { token })
             }
             (0, pttl) => Ok(AcquireReply::Held {
                 ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
@@ -495,27 +550,41 @@ impl Backend for RedisBackend {
                  would deadlock with other readers doing the same; release the read lock first",
                 req.key.owner, req.key.name
             ))),
+            (-2, server) => {
+                let (permits, limit) = match req.key.kind {
+                    LockKind::Semaphore { permits, limit } => (permits, limit),
+                    _ => (0, 0),
+                };
+                Err(Error::invalid(format!(
+                    "cannot take {permits} permits of semaphore `{}`: the server's permit count \
+                     is {server} (this handle was made with {limit}; the count was changed with \
+                     set_permits)",
+                    req.key.name
+                )))
+            }
             _ => Err(shape("acquire", &v)),
         }
     }
 
-    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         self.subscriber
-            .watch(self.channel(&key.name), &key.owner)
+            .watch(self.channel(&req.key.name), req.attempt.as_str())
             .await
     }
 
-    async fn give_up(&self, key: &HoldKey) -> Result<()> {
-        self.run_release(key, "giveup").await.map(|_| ())
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        self.run_release(&req.key, req.attempt.as_str(), "", "giveup")
+            .await
+            .map(|_| ())
     }
 
-    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
-        let v = self.run_release(key, "release").await?;
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        let token = grant.token.to_string();
+        let v = self
+            .run_release(&grant.key, grant.attempt.as_str(), &token, "release")
+            .await?;
         Ok(match v {
             (1, _) => ReleaseOutcome::Released,
-            (2, n) => ReleaseOutcome::StillHeld {
-                remaining: u32::try_from(n).unwrap_or(u32::MAX),
-            },
             (0, _) => ReleaseOutcome::Expired,
             (3, _) => ReleaseOutcome::TakenByOther,
             (a, b) => {
@@ -527,29 +596,25 @@ impl Backend for RedisBackend {
         })
     }
 
-    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
-        for (key, lease) in holds {
+        for (grant, lease) in holds {
             let lease = lease_ms(*lease);
-            let cmd = match family(key.kind)? {
-                Family::Mutex { .. } => self.scripts.renew.cmd(
-                    &[&self.lock_key(&key.name), &self.handoff_key(&key.name)],
-                    &[&key.owner, &lease],
-                ),
-                Family::Rw { side } => {
-                    let [holds, _, _, _, exp] = self.rw_keys(&key.name);
-                    self.scripts
-                        .expiring_renew
-                        .cmd(&[&holds, &exp], &[&format!("{side}:{}", key.owner), &lease])
+            let token = grant.token.to_string();
+            let args = [grant.attempt.as_str(), token.as_str(), lease.as_str()];
+            let name = &grant.key.name;
+            let cmd = match family(grant.key.kind)? {
+                Family::Mutex { .. } => self.scripts.renew.cmd(&[&self.lock_key(name)], &args),
+                Family::Rw { .. } => {
+                    let [holds, _, _, _, exp] = self.rw_keys(name);
+                    self.scripts.expiring_renew.cmd(&[&holds, &exp], &args)
                 }
                 Family::Sem { .. } => {
-                    let [holds, _, _, _, exp, _] = self.sem_keys(&key.name);
-                    self.scripts
-                        .expiring_renew
-                        .cmd(&[&holds, &exp], &[&key.owner, &lease])
+                    let [holds, _, _, _, exp, _] = self.sem_keys(name);
+                    self.scripts.expiring_renew.cmd(&[&holds, &exp], &args)
                 }
             };
             pipe.add_command(cmd);
@@ -572,7 +637,7 @@ impl Backend for RedisBackend {
         // Holds, their expiries (or the hash's PTTL), the fence, the queue, the server clock.
         let (holds_key, exp_key, queue_key, waiters_key, limit_key) = match fam {
             Family::Mutex { .. } => {
-                let [h, _, q, w, _] = self.keys(name);
+                let [h, _, q, w] = self.keys(name);
                 (h, None, q, w, None)
             }
             Family::Rw { .. } => {
@@ -628,34 +693,43 @@ impl Backend for RedisBackend {
             secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
         let expiry: std::collections::HashMap<String, u64> =
             exps.into_iter().map(|(m, s)| (m, s as u64)).collect();
-        let left = |member: &str| -> Option<Duration> {
-            match expiry.get(member) {
-                Some(&e) => Some(Duration::from_millis(e.saturating_sub(now_ms))),
-                None => (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
-            }
-        };
         let mut holders = Vec::new();
-        for (field, count) in &fields {
-            if field.starts_with("t:") {
-                continue;
+        if let Family::Mutex { .. } = fam {
+            // One grant: {attempt, token, owner}.
+            let owner = fields.iter().find(|(f, _)| f == "owner").map(|(_, o)| o);
+            if let Some(owner) = owner {
+                holders.push(HolderInfo {
+                    owner: owner.clone(),
+                    count: 1,
+                    lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+                    side: None,
+                });
             }
-            let count = count.parse().unwrap_or(0);
-            let (owner, side) = match fam {
-                Family::Rw { .. } => match field.split_at_checked(2) {
-                    Some(("r:", o)) => (o, Some(LockKind::Read)),
-                    Some(("w:", o)) => (o, Some(LockKind::Write)),
-                    _ => continue,
-                },
-                _ => (field.as_str(), None),
+        }
+        for (attempt, value) in &fields {
+            // Rw and semaphore grants: attempt -> "TOKEN:SIDE_OR_PERMITS:OWNER".
+            let Some((_, x, owner)) = parse_grant(value) else {
+                continue;
             };
-            // Holds past their own expiry are gone, whether or not a script pruned them yet.
-            if expiry.get(field).is_some_and(|&e| e <= now_ms) {
-                continue;
-            }
+            let (count, side) = match (&fam, x) {
+                (Family::Rw { .. }, "r") => (1, Some(LockKind::Read)),
+                (Family::Rw { .. }, "w") => (1, Some(LockKind::Write)),
+                (Family::Sem { .. }, n) => match n.parse() {
+                    Ok(n) => (n, None),
+                    Err(_) => continue,
+                },
+                _ => continue,
+            };
+            let lease_left = match expiry.get(attempt) {
+                // Grants past their own expiry are gone, whether or not a script pruned them.
+                Some(&e) if e <= now_ms => continue,
+                Some(&e) => Some(Duration::from_millis(e - now_ms)),
+                None => (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            };
             holders.push(HolderInfo {
                 owner: owner.to_owned(),
                 count,
-                lease_left: left(field),
+                lease_left,
                 side,
             });
         }
@@ -690,19 +764,11 @@ impl Backend for RedisBackend {
     }
 
     async fn set_permits(&self, name: &str, permits: u32) -> Result<()> {
-        let key = HoldKey {
-            name: name.into(),
-            owner: "".into(),
-            kind: LockKind::Semaphore {
-                permits: 1,
-                limit: permits,
-            },
-        };
         let keys = self.sem_keys(name);
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let cmd = self.scripts.sem_release.cmd(
             &keys,
-            &[&key.owner, &self.channel(name), "set", &permits.to_string()],
+            &["", "", &self.channel(name), "set", &permits.to_string()],
         );
         let mut con = self.con.clone();
         scripts::eval(&mut con, &self.scripts, &cmd)

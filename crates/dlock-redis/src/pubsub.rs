@@ -4,11 +4,13 @@
 //! and unsubscribed when the last one stops, so thousands of lock names do not mean
 //! thousands of idle subscriptions.
 //!
-//! Messages on a lock's channel are `r` (released, nobody queued) or `h TOKEN OWNER` (handed
-//! over to waiter OWNER). Per channel the reader keeps a count of releases and a mailbox of
-//! handoffs for the owners waiting in this client, then bumps a `watch` version: a waiter is
-//! woken only by a plain release or by its own handoff — no herd — and a message that
-//! arrives between the waiter's attempt and its sleep is not lost. If the connection breaks,
+//! Messages on a lock's channel are `r` (released) or `h TOKEN ATTEMPT` (handed over to the
+//! waiting attempt ATTEMPT). Per channel the reader keeps a count of releases and a mailbox of
+//! handoffs for the attempts waiting in this client, then bumps a `watch` version: a waiter is
+//! woken only by a plain release or by a handoff to its own attempt — never by one to another
+//! attempt of the same owner (a sibling task, or the write waiter of a handle whose read side
+//! was granted) — and a message that arrives between the waiter's attempt and its sleep is not
+//! lost. If the connection breaks,
 //! every receiver sees its sender dropped and the waiter resubscribes on a new connection.
 
 use crate::error::map;
@@ -31,9 +33,9 @@ struct Channel {
 struct Mailbox {
     /// Plain releases seen.
     released: u64,
-    /// Owners of this client waiting on the channel, with how many watches each has.
-    owners: HashMap<String, usize>,
-    /// Handoffs not yet picked up: owner → token.
+    /// Attempts of this client waiting on the channel, with how many watches each has.
+    attempts: HashMap<String, usize>,
+    /// Handoffs not yet picked up: attempt → token.
     handed: HashMap<String, u64>,
 }
 
@@ -48,18 +50,19 @@ impl Channel {
             let text = String::from_utf8_lossy(payload);
             let mut parts = text.splitn(3, ' ');
             match (parts.next(), parts.next(), parts.next()) {
-                (Some("h"), Some(token), Some(owner)) => {
-                    if mail.owners.contains_key(owner) {
+                (Some("h"), Some(token), Some(attempt)) => {
+                    if mail.attempts.contains_key(attempt) {
                         match token.parse() {
                             Ok(t) => {
-                                mail.handed.insert(owner.to_owned(), t);
+                                mail.handed.insert(attempt.to_owned(), t);
                             }
                             // Cannot happen with our scripts; waking the waiter makes it
                             // try, and its attempt claims the handoff.
                             Err(_) => mail.released += 1,
                         }
                     } else {
-                        // A handoff to a waiter of another client: nothing for us.
+                        // A handoff to another attempt (of this client or another): not
+                        // ours to report.
                         return;
                     }
                 }
@@ -93,16 +96,25 @@ pub(crate) struct Subscriber {
     timeout: Duration,
     conn: Mutex<Option<Conn>>,
     generations: AtomicU64,
+    /// Report handoffs as plain releases, so that the waiter's next attempt confirms the grant
+    /// with its own write and WAIT (`?wait_replicas=N`).
+    confirm_handoffs: bool,
 }
 
 impl Subscriber {
-    pub(crate) fn new(client: redis::Client, endpoint: String, timeout: Duration) -> Arc<Self> {
+    pub(crate) fn new(
+        client: redis::Client,
+        endpoint: String,
+        timeout: Duration,
+        confirm_handoffs: bool,
+    ) -> Arc<Self> {
         Arc::new(Subscriber {
             client,
             endpoint,
             timeout,
             conn: Mutex::new(None),
             generations: AtomicU64::new(0),
+            confirm_handoffs,
         })
     }
 
@@ -144,11 +156,11 @@ impl Subscriber {
         }
     }
 
-    /// Subscribes (if needed) and returns a watch for waiter `owner` on `channel`.
+    /// Subscribes (if needed) and returns a watch for the waiting `attempt` on `channel`.
     pub(crate) async fn watch(
         self: &Arc<Self>,
         channel: String,
-        owner: &str,
+        attempt: &str,
     ) -> Result<Box<dyn ReleaseWatch>> {
         let mut guard = self.conn.lock().await;
         if guard
@@ -191,13 +203,14 @@ impl Subscriber {
         };
         let seen = {
             let mut mail = ch.mail();
-            *mail.owners.entry(owner.to_owned()).or_insert(0) += 1;
+            *mail.attempts.entry(attempt.to_owned()).or_insert(0) += 1;
             mail.released
         };
         Ok(Box::new(RedisWatch {
             rx: ch.version.subscribe(),
             channel: ch,
-            owner: owner.to_owned(),
+            attempt: attempt.to_owned(),
+            confirm_handoffs: self.confirm_handoffs,
             seen,
             generation: conn.generation,
             name: Some(channel),
@@ -237,7 +250,8 @@ impl Subscriber {
 struct RedisWatch {
     rx: watch::Receiver<u64>,
     channel: Arc<Channel>,
-    owner: String,
+    attempt: String,
+    confirm_handoffs: bool,
     /// Plain releases already reported to this waiter.
     seen: u64,
     generation: u64,
@@ -251,7 +265,13 @@ impl ReleaseWatch for RedisWatch {
         loop {
             {
                 let mut mail = self.channel.mail();
-                if let Some(token) = mail.handed.remove(&self.owner) {
+                if let Some(token) = mail.handed.remove(&self.attempt) {
+                    if self.confirm_handoffs {
+                        // The grant was written by the releaser's connection; a WAIT on ours
+                        // would not cover it. The next attempt of this waiter finds it (same
+                        // token), rewrites it and waits for the replicas, or gives it back.
+                        return Ok(Wake::Released);
+                    }
                     return Ok(Wake::HandedOver { token });
                 }
                 if mail.released != self.seen {
@@ -275,11 +295,11 @@ impl Drop for RedisWatch {
     fn drop(&mut self) {
         {
             let mut mail = self.channel.mail();
-            if let Some(n) = mail.owners.get_mut(&self.owner) {
+            if let Some(n) = mail.attempts.get_mut(&self.attempt) {
                 *n -= 1;
                 if *n == 0 {
-                    mail.owners.remove(&self.owner);
-                    mail.handed.remove(&self.owner);
+                    mail.attempts.remove(&self.attempt);
+                    mail.handed.remove(&self.attempt);
                 }
             }
         }
