@@ -243,8 +243,9 @@ mod rw;
 mod sys;
 
 use dlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, Granted, HoldKey,
-    HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result, Wake,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Backend, ClientOptions, Error, GrantRef,
+    Granted, HoldKey, HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome,
+    Result, Wake,
 };
 use location::Target;
 use record::{HolderLine, Record};
@@ -352,6 +353,7 @@ impl FileBackend {
         let endpoint = format!("file://{}", dir.display());
         let existed = std::fs::symlink_metadata(&dir).is_ok();
         create_dir(&dir, &endpoint)?;
+        check_local(&dir, &endpoint)?;
         if !existed {
             // Share the namespace directory as the base directory is shared, never with
             // everyone: a group-writable (setgid) base gives a group-writable subdirectory.
@@ -403,6 +405,54 @@ fn create_dir(dir: &Path, endpoint: &str) -> Result<std::fs::Metadata> {
         ));
     }
     Ok(meta)
+}
+
+/// The network file systems a lock directory may not be on, by `statfs` magic number: their
+/// `flock` is emulated with byte-range locks that the server can lose (an NFSv4 or SMB client
+/// whose lease or session lapses loses its locks without being told), or is local to one
+/// client, so it is no lock at all between the hosts that share the directory.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn network_fs(magic: u64) -> Option<&'static str> {
+    match magic {
+        0x6969 => Some("NFS"),
+        0x517B => Some("SMB"),
+        0xFF53_4D42 => Some("CIFS"),
+        0xFE53_4D42 => Some("SMB2"),
+        0x5346_414F | 0x6B41_4653 => Some("AFS"),
+        0x00C3_6400 => Some("CephFS"),
+        _ => None,
+    }
+}
+
+/// `FUSE_SUPER_MAGIC`: local (fuse-overlayfs in rootless containers) or remote (sshfs), which
+/// `statfs` cannot tell apart.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+const FUSE_MAGIC: u64 = 0x6573_5546;
+
+/// Refuses a lock directory on a network file system (see [`network_fs`]).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn check_local(dir: &Path, endpoint: &str) -> Result<()> {
+    let magic = sys::fs_magic(dir)
+        .map_err(|e| io_error(endpoint, format!("cannot statfs {}", dir.display()), e))?;
+    if let Some(fs) = network_fs(magic) {
+        return Err(Error::unsupported(
+            KIND,
+            format!(
+                "{} as a lock directory (it is on {fs}, statfs type {magic:#x}, a network file system whose flock locks can be lost by the client or do not exclude other hosts; use a directory on a local file system, e.g. `file://`, or a networked backend such as `redis://` for locks between hosts)",
+                dir.display()
+            ),
+        ));
+    }
+    if magic == FUSE_MAGIC {
+        tracing::warn!(dir = %dir.display(),
+            "the lock directory is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs and other network file systems do not)");
+    }
+    Ok(())
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn check_local(_dir: &Path, _endpoint: &str) -> Result<()> {
+    Ok(())
 }
 
 /// The default directory may sit in the world-writable `/tmp`: refuse one planted by someone else.
@@ -466,11 +516,19 @@ struct Entry {
     notify: Arc<Notify>,
 }
 
+/// The one grant of this backend on a mutex: the attempt that won it, its token, and the
+/// descriptor whose `flock(LOCK_EX)` is the lock.
 struct Holder {
+    attempt: AttemptId,
     owner: Arc<str>,
     file: File,
-    count: u32,
     token: u64,
+}
+
+impl Holder {
+    fn is(&self, grant: &GrantRef) -> bool {
+        self.attempt == grant.attempt && self.token == grant.token
+    }
 }
 
 impl Entry {
@@ -585,38 +643,29 @@ impl Inner {
 
     /// One non-blocking attempt, under the table lock. With `arm`, a failed attempt against a
     /// lock held outside this backend starts the waiting thread.
-    fn try_acquire(self: &Arc<Self>, key: &HoldKey, arm: bool) -> Result<AcquireReply> {
+    fn try_acquire(self: &Arc<Self>, req: &AcquireRequest, arm: bool) -> Result<AcquireReply> {
         let mut table = self.table();
-        let entry = table.entry(key.name.clone()).or_default();
-        let r = self.try_acquire_in(entry, key, arm);
-        remove_if_idle(&mut table, &key.name);
+        let entry = table.entry(req.key.name.clone()).or_default();
+        let r = self.try_acquire_in(entry, req, arm);
+        remove_if_idle(&mut table, &req.key.name);
         r
     }
 
     fn try_acquire_in(
         self: &Arc<Self>,
         entry: &mut Entry,
-        key: &HoldKey,
+        req: &AcquireRequest,
         arm: bool,
     ) -> Result<AcquireReply> {
-        if let Some(h) = entry.holder.as_mut() {
-            if h.owner != key.owner {
-                return Ok(AcquireReply::Held { ttl: None });
+        let key = &req.key;
+        if let Some(h) = &entry.holder {
+            if h.attempt == req.attempt {
+                // A retry of the attempt that holds the lock: the same grant. The lease is the
+                // process's lifetime, so there is nothing to lengthen.
+                return Ok(AcquireReply::Granted { token: h.token });
             }
-            h.count = h.count.checked_add(1).ok_or_else(|| {
-                Error::invalid(format!(
-                    "lock `{}` was re-entered {} times by one owner; release some holds first",
-                    key.name,
-                    u32::MAX
-                ))
-            })?;
-            let line = HolderLine {
-                pid: std::process::id(),
-                count: h.count,
-                owner: h.owner.to_string(),
-            };
-            self.write_holder_best_effort(&h.file, &key.name, h.token, Some(line));
-            return Ok(AcquireReply::Granted { token: h.token });
+            // Any other attempt, even of the same owner id, is another holder.
+            return Ok(AcquireReply::Held { ttl: None });
         }
         if arm {
             if let Some(e) = entry.kernel_error.take() {
@@ -664,9 +713,9 @@ impl Inner {
             return match self.grant(&file, &path, key) {
                 Ok(token) => {
                     entry.holder = Some(Holder {
+                        attempt: req.attempt.clone(),
                         owner: key.owner.clone(),
                         file,
-                        count: 1,
                         token,
                     });
                     Ok(AcquireReply::Granted { token })
@@ -692,7 +741,7 @@ impl Inner {
     fn grant(&self, file: &File, path: &Path, key: &HoldKey) -> Result<u64> {
         let rec = self.read_record(file, path)?;
         self.check_name(&rec, &key.name, path)?;
-        let token = rec.token.checked_add(1).ok_or_else(|| {
+        let token = record::next_token(rec.token).ok_or_else(|| {
             self.corrupt(path, "its fencing token is at the largest possible value")
         })?;
         let new = Record {
@@ -738,41 +787,59 @@ impl Inner {
         Ok(())
     }
 
-    fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
+    fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        let name = &grant.key.name;
         {
             let mut table = self.table();
-            if let Some(entry) = table.get_mut(&key.name) {
-                match entry.holder.as_mut() {
-                    Some(h) if h.owner == key.owner && h.count > 1 => {
-                        h.count -= 1;
-                        let line = HolderLine {
-                            pid: std::process::id(),
-                            count: h.count,
-                            owner: h.owner.to_string(),
-                        };
-                        self.write_holder_best_effort(&h.file, &key.name, h.token, Some(line));
-                        return Ok(ReleaseOutcome::StillHeld { remaining: h.count });
-                    }
-                    Some(h) if h.owner == key.owner => {
-                        if let Some(h) = entry.holder.take() {
-                            self.write_holder_best_effort(&h.file, &key.name, h.token, None);
-                            sys::unlock_and_close(h.file);
-                        }
-                        entry.bump();
-                        remove_if_idle(&mut table, &key.name);
+            if let Some(entry) = table.get_mut(name) {
+                match &entry.holder {
+                    Some(h) if h.is(grant) => {
+                        self.unlock_holder(entry, name);
+                        remove_if_idle(&mut table, name);
                         return Ok(ReleaseOutcome::Released);
                     }
                     Some(_) => return Ok(ReleaseOutcome::TakenByOther),
+                    // Locked by this backend's waiting thread for its waiters: nobody holds it.
+                    None if entry.parked.is_some() => return Ok(ReleaseOutcome::Expired),
                     None => {}
                 }
             }
         }
         // Not held here: held by another process, or by nobody.
-        Ok(if self.probe_held(&key.name)? {
+        Ok(if self.probe_held(name)? {
             ReleaseOutcome::TakenByOther
         } else {
             ReleaseOutcome::Expired
         })
+    }
+
+    /// Gives up this backend's grant on `name` (the holder line first, then the lock), and
+    /// wakes the waiters.
+    fn unlock_holder(&self, entry: &mut Entry, name: &str) {
+        if let Some(h) = entry.holder.take() {
+            self.write_holder_best_effort(&h.file, name, h.token, None);
+            sys::unlock_and_close(h.file);
+        }
+        entry.bump();
+    }
+
+    /// The attempt `req.attempt` stops: if it holds the lock (a grant its caller never
+    /// received), give the lock back. Another attempt's grant is never touched.
+    fn give_up(&self, req: &AcquireRequest) {
+        let name = &req.key.name;
+        let mut table = self.table();
+        let Some(entry) = table.get_mut(name) else {
+            return;
+        };
+        if entry
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.attempt == req.attempt)
+        {
+            tracing::debug!(name = %name, attempt = %req.attempt, "giving back the grant of an attempt that gave up");
+            self.unlock_holder(entry, name);
+            remove_if_idle(&mut table, name);
+        }
     }
 
     /// True if someone outside this backend's table holds the lock (non-blocking probe).
@@ -789,23 +856,26 @@ impl Inner {
         Ok(!free)
     }
 
-    fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+    /// The lease is the process's lifetime: a renewal only confirms that the grant is still
+    /// ours (and its file still the lock's file), whatever duration it asks for.
+    fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         holds
             .iter()
-            .map(|(key, _lease)| match rw::side_of(key.kind) {
-                Some(side) => self.rw_renew(key, side),
-                None if key.kind == LockKind::Mutex => self.renew_mutex(key),
+            .map(|(grant, _lease)| match rw::side_of(grant.key.kind) {
+                Some(side) => self.rw_renew(grant, side),
+                None if grant.key.kind == LockKind::Mutex => self.renew_mutex(grant),
                 None => Ok(RenewOutcome::NotHeld),
             })
             .collect()
     }
 
-    fn renew_mutex(&self, key: &HoldKey) -> Result<RenewOutcome> {
+    fn renew_mutex(&self, grant: &GrantRef) -> Result<RenewOutcome> {
+        let key = &grant.key;
         let mut table = self.table();
         let Some(entry) = table.get_mut(&key.name) else {
             return Ok(RenewOutcome::NotHeld);
         };
-        let Some(h) = entry.holder.as_ref().filter(|h| h.owner == key.owner) else {
+        let Some(h) = entry.holder.as_ref().filter(|h| h.is(grant)) else {
             return Ok(RenewOutcome::NotHeld);
         };
         let path = self.path(&key.name);
@@ -834,7 +904,7 @@ impl Inner {
                     name: name.to_owned(),
                     holders: vec![HolderInfo {
                         owner: h.owner.to_string(),
-                        count: h.count,
+                        count: 1,
                         lease_left: None,
                         ..Default::default()
                     }],
@@ -1030,7 +1100,8 @@ async fn wait_loop(
         // Registered before the attempt: a release after it wakes this future.
         let notified = notify.notified();
         tokio::pin!(notified);
-        let requested_at = Instant::now();
+        // On the lease clock, as every grant's start.
+        let requested_at = dlock_core::clock::Instant::now();
         let pause = match attempt() {
             Ok(AcquireReply::Granted { token }) => {
                 return Ok(Some(Granted {
@@ -1078,12 +1149,13 @@ impl Backend for FileBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         check_key(&req.key)?;
         match rw::side_of(req.key.kind) {
-            Some(side) => self.inner.rw_try(&req.key, side, false),
-            None => self.inner.try_acquire(&req.key, false),
+            Some(side) => self.inner.rw_try(req, side, false, true),
+            None => self.inner.try_acquire(req, false),
         }
     }
 
-    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        let key = &req.key;
         check_key(key)?;
         if let Some(side) = rw::side_of(key.kind) {
             return Ok(Box::new(self.inner.rw_watch(key, side)?));
@@ -1110,28 +1182,40 @@ impl Backend for FileBackend {
         if let Some(side) = rw::side_of(req.key.kind) {
             return self
                 .inner
-                .rw_acquire_wait(&req.key, side, deadline, cancel)
+                .rw_acquire_wait(req, side, deadline, cancel)
                 .await;
         }
         let (_interest, notify, _) = Interest::new(&self.inner, &req.key.name, false);
         wait_loop(
             &notify,
-            || self.inner.try_acquire(&req.key, true),
+            || self.inner.try_acquire(req, true),
             deadline,
             cancel,
         )
         .await
     }
 
-    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
-        check_key(key)?;
-        match rw::side_of(key.kind) {
-            Some(side) => self.inner.rw_release(key, side),
-            None => self.inner.release(key),
+    /// Gives back the lock if `req.attempt` holds it (a grant nobody received). There is no
+    /// queue to leave: a waiter's registration ends with its `acquire_wait`, and a lock the
+    /// waiting thread gets after the last waiter left is unlocked at once.
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        check_key(&req.key)?;
+        match rw::side_of(req.key.kind) {
+            Some(side) => self.inner.rw_give_up(req, side),
+            None => self.inner.give_up(req),
+        }
+        Ok(())
+    }
+
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        check_key(&grant.key)?;
+        match rw::side_of(grant.key.kind) {
+            Some(side) => self.inner.rw_release(grant, side),
+            None => self.inner.release(grant),
         }
     }
 
-    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         self.inner.renew(holds)
     }
 
@@ -1181,5 +1265,43 @@ impl ReleaseWatch for FileWatch {
             self.interest.rearm()?;
             notified.await;
         }
+    }
+}
+
+#[cfg(all(test, any(target_os = "linux", target_os = "android")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_file_systems_are_refused() {
+        for (magic, fs) in [
+            (0x6969, "NFS"),
+            (0x517B, "SMB"),
+            (0xFF53_4D42, "CIFS"),
+            (0xFE53_4D42, "SMB2"),
+        ] {
+            assert_eq!(network_fs(magic), Some(fs));
+        }
+        // ext4, tmpfs, btrfs, xfs, overlayfs, FUSE: not refused.
+        for magic in [
+            0xEF53,
+            0x0102_1994,
+            0x9123_683E,
+            0x5846_5342,
+            0x794C_7630,
+            FUSE_MAGIC,
+        ] {
+            assert_eq!(network_fs(magic), None, "{magic:#x}");
+        }
+        // The directories the tests use are local: their statfs type is not refused.
+        let tmp = std::env::temp_dir();
+        let magic = sys::fs_magic(&tmp).expect("statfs");
+        assert_eq!(
+            network_fs(magic),
+            None,
+            "{} is on {magic:#x}",
+            tmp.display()
+        );
+        assert!(sys::fs_magic(Path::new("/nonexistent/dlock")).is_err());
     }
 }

@@ -33,6 +33,21 @@ pub(crate) fn rw_file_name(name: &str, suffix: &str) -> String {
     format!("{:032x}.{suffix}", fnv1a_128(name.as_bytes()))
 }
 
+/// The fencing token of the next grant after one that had `last` (0: none): above `last`,
+/// and at least the wall clock in microseconds since the Unix epoch. The clock floor is what
+/// keeps tokens increasing when the counter is lost — the file deleted (by an operator or a
+/// `/tmp` cleaner, even while a process still holds the old one) or the directory wiped at a
+/// reboot: a grant's token is at least its time in microseconds, and every earlier grant's is
+/// at most its own time (plus one per grant made within the same microsecond), so the new
+/// counter starts above every token handed out before, unless the wall clock was set back.
+/// `None` when `last` is `u64::MAX`.
+pub(crate) fn next_token(last: u64) -> Option<u64> {
+    let floor = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    Some(last.checked_add(1)?.max(floor))
+}
+
 /// The holder line of a record: written while a process holds the lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HolderLine {
@@ -226,6 +241,24 @@ pub(crate) fn write(file: &File, rec: &Record) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_increase_and_follow_the_clock() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_micros() as u64;
+        // A fresh or lost counter starts at the clock, not at 1.
+        let first = next_token(0).expect("token");
+        assert!(first >= now, "{first} < {now}");
+        // Always above the last one, even when it is ahead of the clock.
+        assert_eq!(
+            next_token(first + 1_000_000_000).expect("token"),
+            first + 1_000_000_001
+        );
+        assert!(next_token(first).expect("token") > first);
+        assert_eq!(next_token(u64::MAX), None);
+    }
 
     #[test]
     fn fnv_vectors() {

@@ -16,8 +16,8 @@
 use crate::record::{self, HoldLine, Record, Side};
 use crate::{sys, Inner};
 use dlock_core::{
-    async_trait, AcquireReply, Error, HoldKey, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
-    ReleaseWatch, RenewOutcome, Result, Wake,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, HoldKey, HolderInfo,
+    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result, Wake,
 };
 use std::collections::HashMap;
 use std::fs::File;
@@ -51,20 +51,35 @@ fn kind_of(side: Side) -> LockKind {
     }
 }
 
-/// One owner's hold on one side.
+/// One grant of one side: the attempt that won it, its owner (for `inspect` and the record)
+/// and its fencing token. Re-entry is counted by the client, so every grant is one hold.
 struct RwHold {
+    attempt: AttemptId,
     owner: Arc<str>,
-    count: u32,
     token: u64,
+}
+
+impl RwHold {
+    fn new(req: &AcquireRequest) -> RwHold {
+        RwHold {
+            attempt: req.attempt.clone(),
+            owner: req.key.owner.clone(),
+            token: 0,
+        }
+    }
+
+    fn is(&self, grant: &GrantRef) -> bool {
+        self.attempt == grant.attempt && self.token == grant.token
+    }
 }
 
 /// What this backend knows about one read-write lock. Removed when idle.
 #[derive(Default)]
 pub(crate) struct RwEntry {
-    /// The owner of this backend holding the write side.
+    /// This backend's grant of the write side.
     writer: Option<RwHold>,
-    /// The owners of this backend holding the read side (only the writer itself while
-    /// `writer` is set: a downgrade).
+    /// This backend's grants of the read side (while `writer` is set, only grants made beside
+    /// it to requests that named it: downgrades).
     readers: Vec<RwHold>,
     /// The backend's descriptor on `<hash>.rw` while any of its owners holds a side:
     /// `LOCK_EX` while `writer` is set, else `LOCK_SH`.
@@ -136,7 +151,7 @@ impl RwEntry {
             side,
             pid,
             instance,
-            count: h.count,
+            count: 1,
             owner: h.owner.to_string(),
         };
         self.writer
@@ -153,6 +168,14 @@ impl RwEntry {
         self.unlock_if_unheld();
         self.bump();
     }
+}
+
+/// True if `req` (a read request) names `writer` as its owner's write grant: the read side may
+/// then be granted beside it.
+fn downgrade_of(req: &AcquireRequest, writer: &RwHold) -> bool {
+    req.write_grant.as_ref().is_some_and(|g| {
+        g.key.kind == LockKind::Write && g.key.name == req.key.name && writer.is(g)
+    })
 }
 
 fn remove_if_idle(table: &mut RwTable, name: &str) {
@@ -256,7 +279,7 @@ impl Inner {
         });
         rec.holds.extend(entry.lines(self.instance));
         if grant {
-            rec.token = rec.token.checked_add(1).ok_or_else(|| {
+            rec.token = record::next_token(rec.token).ok_or_else(|| {
                 self.corrupt(path, "its fencing token is at the largest possible value")
             })?;
         }
@@ -276,46 +299,35 @@ impl Inner {
     }
 
     /// One non-blocking attempt, under the table lock. With `arm` (a waiter), a failed attempt
-    /// queues: starts the waiting threads it needs.
+    /// queues: starts the waiting threads it needs. `first` is false for the later attempts
+    /// of one wait (see [`Inner::try_write`] on upgrades).
     pub(crate) fn rw_try(
         self: &Arc<Self>,
-        key: &HoldKey,
+        req: &AcquireRequest,
         side: Side,
         arm: bool,
+        first: bool,
     ) -> Result<AcquireReply> {
         let mut table = self.rw_table();
-        let entry = table.entry(key.name.clone()).or_default();
+        let entry = table.entry(req.key.name.clone()).or_default();
         let r = match side {
-            Side::Read => self.try_read(entry, key, arm),
-            Side::Write => self.try_write(entry, key, arm),
+            Side::Read => self.try_read(entry, req, arm),
+            Side::Write => self.try_write(entry, req, arm, first),
         };
-        remove_if_idle(&mut table, &key.name);
+        remove_if_idle(&mut table, &req.key.name);
         r
-    }
-
-    fn reentered(&self, key: &HoldKey, count: &mut u32) -> Result<()> {
-        *count = count.checked_add(1).ok_or_else(|| {
-            Error::invalid(format!(
-                "read-write lock `{}` was re-entered {} times by one owner; release some holds first",
-                key.name,
-                u32::MAX
-            ))
-        })?;
-        Ok(())
     }
 
     fn try_read(
         self: &Arc<Self>,
         entry: &mut RwEntry,
-        key: &HoldKey,
+        req: &AcquireRequest,
         arm: bool,
     ) -> Result<AcquireReply> {
-        // Re-entry never waits (not even for a waiting writer, which waits for this very hold).
-        if let Some(h) = entry.readers.iter_mut().find(|h| h.owner == key.owner) {
-            self.reentered(key, &mut h.count)?;
-            let token = h.token;
-            self.rw_sync_best_effort(&key.name, entry);
-            return Ok(AcquireReply::Granted { token });
+        let key = &req.key;
+        // A retry of an attempt that reads already: the same grant.
+        if let Some(h) = entry.readers.iter().find(|h| h.attempt == req.attempt) {
+            return Ok(AcquireReply::Granted { token: h.token });
         }
         if arm {
             if let Some(e) = entry.kernel_error.take() {
@@ -323,9 +335,11 @@ impl Inner {
             }
         }
         if let Some(w) = &entry.writer {
-            if w.owner == key.owner {
-                // A downgrade: the writer's exclusive lock covers the read side.
-                return self.add_reader(entry, key, None);
+            if downgrade_of(req, w) {
+                // A downgrade: the request names this very write grant, whose exclusive lock
+                // covers the read side. (Never for the owner id alone: another client with
+                // the same owner id is another holder.)
+                return self.add_reader(entry, req, None);
             }
             if arm {
                 self.arm_read(entry, &key.name, None)?;
@@ -338,10 +352,10 @@ impl Inner {
             if let Some(f) = entry.parked_read.take() {
                 if entry.main.is_some() {
                     sys::unlock_and_close(f);
-                    return self.add_reader(entry, key, None);
+                    return self.add_reader(entry, req, None);
                 }
                 match self.check_main(f, &key.name, entry)? {
-                    Checked::Current(f) => return self.add_reader(entry, key, Some(f)),
+                    Checked::Current(f) => return self.add_reader(entry, req, Some(f)),
                     Checked::Replaced => continue,
                 }
             }
@@ -358,7 +372,7 @@ impl Inner {
             if entry.main.is_some() {
                 // Other owners of this backend read: join them.
                 sys::unlock_and_close(ts);
-                return self.add_reader(entry, key, None);
+                return self.add_reader(entry, req, None);
             }
             let f = match self.open_rw(&main_path) {
                 Ok(f) => f,
@@ -378,7 +392,7 @@ impl Inner {
                 return Ok(AcquireReply::Held { ttl: None });
             }
             match self.check_main(f, &key.name, entry)? {
-                Checked::Current(f) => return self.add_reader(entry, key, Some(f)),
+                Checked::Current(f) => return self.add_reader(entry, req, Some(f)),
                 Checked::Replaced => continue,
             }
         }
@@ -390,18 +404,14 @@ impl Inner {
     fn add_reader(
         &self,
         entry: &mut RwEntry,
-        key: &HoldKey,
+        req: &AcquireRequest,
         new_main: Option<File>,
     ) -> Result<AcquireReply> {
         if let Some(f) = new_main {
             entry.main = Some(f);
         }
-        entry.readers.push(RwHold {
-            owner: key.owner.clone(),
-            count: 1,
-            token: 0,
-        });
-        match self.rw_sync(&key.name, entry, true) {
+        entry.readers.push(RwHold::new(req));
+        match self.rw_sync(&req.key.name, entry, true) {
             Ok(token) => {
                 if let Some(h) = entry.readers.last_mut() {
                     h.token = token;
@@ -417,19 +427,24 @@ impl Inner {
         }
     }
 
+    /// An owner that reads (in this backend) and asks for the write side is refused at once:
+    /// two readers upgrading would wait for each other for ever. The check is by owner id (the
+    /// request names no read grant), which can only refuse, never grant; and only on the first
+    /// attempt of a wait: a writer that was already waiting when a read grant of its owner
+    /// came through (another task of the same handle) waits on for it, as for any reader.
     fn try_write(
         self: &Arc<Self>,
         entry: &mut RwEntry,
-        key: &HoldKey,
+        req: &AcquireRequest,
         arm: bool,
+        first: bool,
     ) -> Result<AcquireReply> {
-        if let Some(w) = entry.writer.as_mut().filter(|w| w.owner == key.owner) {
-            self.reentered(key, &mut w.count)?;
-            let token = w.token;
-            self.rw_sync_best_effort(&key.name, entry);
-            return Ok(AcquireReply::Granted { token });
+        let key = &req.key;
+        if let Some(w) = entry.writer.as_ref().filter(|w| w.attempt == req.attempt) {
+            // A retry of the attempt that writes: the same grant.
+            return Ok(AcquireReply::Granted { token: w.token });
         }
-        if entry.readers.iter().any(|h| h.owner == key.owner) {
+        if first && entry.readers.iter().any(|h| h.owner == key.owner) {
             return Err(Error::invalid(format!(
                 "owner `{}` holds the read side of read-write lock `{}` and asked for the write side: upgrades are refused (two readers upgrading would wait for each other forever); release the read side first",
                 key.owner, key.name
@@ -444,7 +459,7 @@ impl Inner {
         for _ in 0..3 {
             if let Some(f) = entry.parked_write.take() {
                 match self.check_main(f, &key.name, entry)? {
-                    Checked::Current(f) => return self.add_writer(entry, key, f),
+                    Checked::Current(f) => return self.add_writer(entry, req, f),
                     Checked::Replaced => continue,
                 }
             }
@@ -463,7 +478,7 @@ impl Inner {
                 return Ok(AcquireReply::Held { ttl: None });
             }
             match self.check_main(f, &key.name, entry)? {
-                Checked::Current(f) => return self.add_writer(entry, key, f),
+                Checked::Current(f) => return self.add_writer(entry, req, f),
                 Checked::Replaced => continue,
             }
         }
@@ -471,17 +486,18 @@ impl Inner {
     }
 
     /// Records the write hold on `main` (locked exclusively), with the next fencing token.
-    fn add_writer(&self, entry: &mut RwEntry, key: &HoldKey, main: File) -> Result<AcquireReply> {
+    fn add_writer(
+        &self,
+        entry: &mut RwEntry,
+        req: &AcquireRequest,
+        main: File,
+    ) -> Result<AcquireReply> {
         if let Some(old) = entry.main.replace(main) {
             // Only possible after the old file was replaced: that descriptor locks nothing.
             sys::unlock_and_close(old);
         }
-        entry.writer = Some(RwHold {
-            owner: key.owner.clone(),
-            count: 1,
-            token: 0,
-        });
-        match self.rw_sync(&key.name, entry, true) {
+        entry.writer = Some(RwHold::new(req));
+        match self.rw_sync(&req.key.name, entry, true) {
             Ok(token) => {
                 if let Some(w) = entry.writer.as_mut() {
                     w.token = token;
@@ -589,55 +605,94 @@ impl Inner {
             })
     }
 
-    pub(crate) fn rw_release(&self, key: &HoldKey, side: Side) -> Result<ReleaseOutcome> {
+    pub(crate) fn rw_release(&self, grant: &GrantRef, side: Side) -> Result<ReleaseOutcome> {
+        let name = &grant.key.name;
         {
             let mut table = self.rw_table();
-            if let Some(entry) = table.get_mut(&key.name) {
-                let out = match side {
-                    Side::Read => Self::release_read(entry, key),
-                    Side::Write => Self::release_write(entry, key),
-                };
-                match out {
-                    Some(out) => {
-                        // The record first, then the lock: a hold listed is never gone yet.
-                        self.rw_sync_best_effort(&key.name, entry);
-                        if out == ReleaseOutcome::Released {
-                            entry.unlock_if_unheld();
-                            entry.bump();
-                        }
-                        remove_if_idle(&mut table, &key.name);
-                        return Ok(out);
+            if let Some(entry) = table.get_mut(name) {
+                if self.release_in(entry, &grant.key, side, |h| h.is(grant)) {
+                    remove_if_idle(&mut table, name);
+                    return Ok(ReleaseOutcome::Released);
+                }
+                let taken = match side {
+                    // Other readers share the lock; only a writer takes it from a reader.
+                    Side::Read => entry.writer.is_some(),
+                    // The owner's own read grants (a downgrade it kept) took nothing from it.
+                    Side::Write => {
+                        entry.writer.is_some()
+                            || entry.readers.iter().any(|h| h.owner != grant.key.owner)
                     }
-                    None if entry.held() => return Ok(ReleaseOutcome::TakenByOther),
-                    None => {}
+                };
+                if taken {
+                    return Ok(ReleaseOutcome::TakenByOther);
+                }
+                if entry.parked_write.is_some() {
+                    // Locked exclusively by this backend's waiting thread, for its waiting
+                    // writers: nobody holds it.
+                    return Ok(ReleaseOutcome::Expired);
                 }
             }
         }
         // Not held here: held by another process (or backend), or by nobody.
-        Ok(if self.rw_held_elsewhere(&key.name)? {
+        let elsewhere = match side {
+            Side::Read => self.rw_write_locked(name)?,
+            Side::Write => self.rw_held_elsewhere(name)?,
+        };
+        Ok(if elsewhere {
             ReleaseOutcome::TakenByOther
         } else {
             ReleaseOutcome::Expired
         })
     }
 
-    fn release_read(entry: &mut RwEntry, key: &HoldKey) -> Option<ReleaseOutcome> {
-        let i = entry.readers.iter().position(|h| h.owner == key.owner)?;
-        let h = &mut entry.readers[i];
-        if h.count > 1 {
-            h.count -= 1;
-            return Some(ReleaseOutcome::StillHeld { remaining: h.count });
+    /// The attempt `req.attempt` stops: give back its grant of this side if it has one (a
+    /// grant nobody received). Other attempts' grants, even of the same owner, stay.
+    pub(crate) fn rw_give_up(&self, req: &AcquireRequest, side: Side) {
+        let name = &req.key.name;
+        let mut table = self.rw_table();
+        let Some(entry) = table.get_mut(name) else {
+            return;
+        };
+        if self.release_in(entry, &req.key, side, |h| h.attempt == req.attempt) {
+            tracing::debug!(name = %name, attempt = %req.attempt, "gave back the grant of an attempt that gave up");
+            remove_if_idle(&mut table, name);
         }
-        entry.readers.remove(i);
-        Some(ReleaseOutcome::Released)
     }
 
-    fn release_write(entry: &mut RwEntry, key: &HoldKey) -> Option<ReleaseOutcome> {
-        let w = entry.writer.as_mut().filter(|w| w.owner == key.owner)?;
-        if w.count > 1 {
-            w.count -= 1;
-            return Some(ReleaseOutcome::StillHeld { remaining: w.count });
+    /// Releases the grant of `side` that `which` picks, if there is one: the record first,
+    /// then the lock (a hold listed is never gone yet). True if it released one.
+    fn release_in(
+        &self,
+        entry: &mut RwEntry,
+        key: &HoldKey,
+        side: Side,
+        which: impl Fn(&RwHold) -> bool,
+    ) -> bool {
+        let found = match side {
+            Side::Read => match entry.readers.iter().position(&which) {
+                Some(i) => {
+                    entry.readers.remove(i);
+                    true
+                }
+                None => false,
+            },
+            Side::Write if entry.writer.as_ref().is_some_and(&which) => {
+                Self::release_write(entry, key);
+                true
+            }
+            Side::Write => false,
+        };
+        if found {
+            self.rw_sync_best_effort(&key.name, entry);
+            entry.unlock_if_unheld();
+            entry.bump();
         }
+        found
+    }
+
+    /// Drops the write grant; the read grants made beside it (downgrades) keep the lock, now
+    /// shared.
+    fn release_write(entry: &mut RwEntry, key: &HoldKey) {
         entry.writer = None;
         if let (false, Some(main)) = (entry.readers.is_empty(), &entry.main) {
             // The writer keeps reading: convert the exclusive lock to a shared one. Linux
@@ -654,17 +709,19 @@ impl Inner {
                 }
             }
         }
-        Some(ReleaseOutcome::Released)
     }
 
-    pub(crate) fn rw_renew(&self, key: &HoldKey, side: Side) -> Result<RenewOutcome> {
+    /// The lease is the process's lifetime: a renewal confirms that the grant is still ours
+    /// and its file still the lock's file.
+    pub(crate) fn rw_renew(&self, grant: &GrantRef, side: Side) -> Result<RenewOutcome> {
+        let key = &grant.key;
         let mut table = self.rw_table();
         let Some(entry) = table.get_mut(&key.name) else {
             return Ok(RenewOutcome::NotHeld);
         };
         let ours = match side {
-            Side::Read => entry.readers.iter().any(|h| h.owner == key.owner),
-            Side::Write => entry.writer.as_ref().is_some_and(|w| w.owner == key.owner),
+            Side::Read => entry.readers.iter().any(|h| h.is(grant)),
+            Side::Write => entry.writer.as_ref().is_some_and(|w| w.is(grant)),
         };
         if !ours {
             return Ok(RenewOutcome::NotHeld);
@@ -761,7 +818,7 @@ impl Inner {
                 Some(e) => {
                     let info = |side: Side, h: &RwHold| HolderInfo {
                         owner: h.owner.to_string(),
-                        count: h.count,
+                        count: 1,
                         lease_left: None,
                         side: Some(kind_of(side)),
                     };
@@ -808,13 +865,19 @@ impl Inner {
 
     pub(crate) async fn rw_acquire_wait(
         self: &Arc<Self>,
-        key: &HoldKey,
+        req: &AcquireRequest,
         side: Side,
         deadline: Option<std::time::Instant>,
         cancel: &tokio_util::sync::CancellationToken,
     ) -> Result<Option<dlock_core::Granted>> {
-        let (_interest, notify, _) = RwInterest::new(self, &key.name, side, false);
-        crate::wait_loop(&notify, || self.rw_try(key, side, true), deadline, cancel).await
+        let (_interest, notify, _) = RwInterest::new(self, &req.key.name, side, false);
+        let mut first = true;
+        let attempt = || {
+            let r = self.rw_try(req, side, true, first);
+            first = false;
+            r
+        };
+        crate::wait_loop(&notify, attempt, deadline, cancel).await
     }
 
     /// Removes this backend's lines from the records of the locks it still holds (the

@@ -105,3 +105,24 @@ pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
+
+/// The file-system type of the file system `path` is on (`statfs(2)`'s `f_type`, as the 32
+/// bits the kernel's magic numbers use).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) fn fs_magic(path: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte"))?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path and `st` a writable buffer of the right type;
+    // statfs only writes through the pointer.
+    let r = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statfs succeeded, so it filled the struct (which was zeroed before anyway).
+    let st = unsafe { st.assume_init() };
+    // `f_type` is signed on some targets: the magic numbers are 32-bit patterns.
+    #[allow(clippy::unnecessary_cast)]
+    Ok((st.f_type as u64) & 0xffff_ffff)
+}

@@ -2,8 +2,8 @@
 //! with real files, real `flock`s and a real second process.
 
 use dlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockKind,
-    LostSignal, ReleaseOutcome, RenewOutcome,
+    AcquireReply, AcquireRequest, AttemptId, Backend, Client, ClientOptions, Error, GrantRef,
+    HoldKey, LockKind, LostSignal, ReleaseOutcome, RenewOutcome,
 };
 use dlock_file::FileBackend;
 use std::future::Future;
@@ -103,6 +103,23 @@ fn req(name: &str, owner: &str) -> AcquireRequest {
     AcquireRequest::new(key(name, owner), Duration::from_secs(30), LostSignal::new())
 }
 
+/// Acquires with `r` (a new attempt, or a retry of one); the grant it won.
+async fn granted(b: &FileBackend, r: &AcquireRequest) -> GrantRef {
+    match b.acquire(r).await.expect("acquire") {
+        AcquireReply::Granted { token } => r.grant(token),
+        AcquireReply::Held { .. } => panic!("{} could not take {}", r.key.owner, r.key.name),
+    }
+}
+
+/// A grant address nobody was given: another attempt of `owner`, with `token`.
+fn foreign(name: &str, owner: &str, token: u64) -> GrantRef {
+    GrantRef {
+        key: key(name, owner),
+        attempt: AttemptId::new(),
+        token,
+    }
+}
+
 /// `tasks` tasks spread over `clients`, each with its own handle, increment a deliberately
 /// non-atomic counter `rounds` times under the lock.
 async fn hammer(clients: &[Client], tasks: usize, rounds: usize) {
@@ -165,7 +182,7 @@ async fn mutual_exclusion_across_backends() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reentrancy_counts_holds() {
+async fn reentrancy_is_one_grant() {
     let dir = TempDir::new("reentry");
     let (a, b) = (client(dir.path()), client(dir.path()));
     let lock = a.lock("re/entry").expect("lock");
@@ -173,16 +190,17 @@ async fn reentrancy_counts_holds() {
     let first = g1.fencing_token();
     let g2 = lock.try_acquire().await.expect("try").expect("re-entry");
     assert_eq!(g1.fencing_token(), g2.fencing_token());
+    // The client counts the guards: the backend has one grant.
     let info = a.inspect("re/entry").await.expect("inspect");
     assert_eq!(info.holders.len(), 1);
     assert_eq!(info.holders[0].owner, lock.owner());
-    assert_eq!(info.holders[0].count, 2);
+    assert_eq!(info.holders[0].count, 1);
     assert_eq!(info.holders[0].lease_left, None);
     // Another backend (process) sees the holder recorded in the file.
     let info_b = b.inspect("re/entry").await.expect("inspect");
     assert_eq!(info_b.holders.len(), 1);
     assert_eq!(info_b.holders[0].owner, lock.owner());
-    assert_eq!(info_b.holders[0].count, 2);
+    assert_eq!(info_b.holders[0].count, 1);
     assert_eq!(info_b.fencing_token, g1.fencing_token());
     // Another owner of the same backend, and another backend, are refused.
     assert!(a
@@ -203,10 +221,7 @@ async fn reentrancy_counts_holds() {
         g2.release().await.expect("release"),
         ReleaseOutcome::StillHeld { remaining: 1 }
     );
-    assert_eq!(
-        b.inspect("re/entry").await.expect("inspect").holders[0].count,
-        1
-    );
+    assert!(b.inspect("re/entry").await.expect("inspect").held());
     assert!(b
         .lock("re/entry")
         .expect("lock")
@@ -239,28 +254,37 @@ async fn non_owner_release_and_renew() {
     let dir = TempDir::new("nonowner");
     let (a, b) = (backend(dir.path()), backend(dir.path()));
     let name = "n";
-    let AcquireReply::Granted { token } = a.acquire(&req(name, "owner")).await.expect("acquire")
-    else {
-        panic!("not granted")
+    let g = granted(&a, &req(name, "owner")).await;
+    assert!(g.token > 0);
+    // Another owner in the same backend, another attempt of the same owner, the right attempt
+    // with a wrong token, and the right grant sent to another backend: none is the grant.
+    let stale = GrantRef {
+        token: g.token - 1,
+        ..g.clone()
     };
-    assert!(token > 0);
-    // Another owner in the same backend, and in another backend.
+    for wrong in [
+        foreign(name, "intruder", g.token),
+        foreign(name, "owner", g.token),
+        stale,
+    ] {
+        assert_eq!(
+            a.release(&wrong).await.expect("release"),
+            ReleaseOutcome::TakenByOther
+        );
+        assert_eq!(
+            a.renew(&[(wrong, Duration::from_secs(1))])
+                .await
+                .expect("renew"),
+            [RenewOutcome::NotHeld]
+        );
+    }
     assert_eq!(
-        a.release(&key(name, "intruder")).await.expect("release"),
+        b.release(&g).await.expect("release"),
         ReleaseOutcome::TakenByOther
-    );
-    assert_eq!(
-        b.release(&key(name, "owner")).await.expect("release"),
-        ReleaseOutcome::TakenByOther
-    );
-    let renew = [(key(name, "intruder"), Duration::from_secs(1))];
-    assert_eq!(
-        a.renew(&renew).await.expect("renew"),
-        [RenewOutcome::NotHeld]
     );
     let renew = [
-        (key(name, "owner"), Duration::from_secs(1)),
-        (key("other", "owner"), Duration::from_secs(1)),
+        (g.clone(), Duration::from_secs(1)),
+        (foreign("other", "owner", 1), Duration::from_secs(1)),
     ];
     assert_eq!(
         a.renew(&renew).await.expect("renew"),
@@ -276,18 +300,24 @@ async fn non_owner_release_and_renew() {
         AcquireReply::Held { ttl: None }
     ));
     assert_eq!(
-        a.release(&key(name, "owner")).await.expect("release"),
+        a.release(&g).await.expect("release"),
         ReleaseOutcome::Released
     );
-    // Nobody holds it now.
+    // Nobody holds it now: a repeated release is reported, not repeated.
     for be in [&a, &b] {
         assert_eq!(
-            be.release(&key(name, "owner")).await.expect("release"),
+            be.release(&g).await.expect("release"),
             ReleaseOutcome::Expired
         );
     }
     assert_eq!(
-        a.release(&key("never-used", "x")).await.expect("release"),
+        a.renew(&renew[..1]).await.expect("renew"),
+        [RenewOutcome::NotHeld]
+    );
+    assert_eq!(
+        a.release(&foreign("never-used", "x", 1))
+            .await
+            .expect("release"),
         ReleaseOutcome::Expired
     );
 }
@@ -320,7 +350,16 @@ async fn fencing_tokens_increase_across_backends_and_restarts() {
         assert_eq!(info.fencing_token, last);
         assert!(!info.held());
     }
-    assert_eq!(last, 20);
+    // Tokens are at least the wall clock in microseconds (so that they go on increasing when
+    // the file is lost), and the counter increases by one per grant beyond that.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64;
+    assert!(
+        last <= now + 20 && last > now - 600_000_000,
+        "token {last}, clock {now}"
+    );
 }
 
 /// Holder on client `a`, waiter on `b` (another backend, or another owner of the same one).
@@ -484,20 +523,18 @@ async fn cancelled_waiter_leaves_lock_acquirable() {
 async fn watch_sees_releases_of_other_backends() {
     let dir = TempDir::new("watch");
     let (a, b) = (backend(dir.path()), backend(dir.path()));
-    let AcquireReply::Granted { .. } = a.acquire(&req("w", "a")).await.expect("acquire") else {
-        panic!("not granted")
-    };
+    let g = granted(&a, &req("w", "a")).await;
     for watcher in [&b, &a] {
-        let mut w = watcher.watch(&key("w", "watcher")).await.expect("watch");
+        let mut w = watcher.watch(&req("w", "watcher")).await.expect("watch");
         let changed = tokio::time::timeout(Duration::from_millis(150), w.changed()).await;
         assert!(changed.is_err(), "watch fired while the lock stayed held");
         drop(w);
     }
-    let mut wb = b.watch(&key("w", "watcher")).await.expect("watch");
-    let mut wa = a.watch(&key("w", "watcher")).await.expect("watch");
+    let mut wb = b.watch(&req("w", "watcher")).await.expect("watch");
+    let mut wa = a.watch(&req("w", "watcher")).await.expect("watch");
     let t = Instant::now();
     assert_eq!(
-        a.release(&key("w", "a")).await.expect("release"),
+        a.release(&g).await.expect("release"),
         ReleaseOutcome::Released
     );
     for w in [&mut wb, &mut wa] {
@@ -514,36 +551,7 @@ async fn watch_sees_releases_of_other_backends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashed_process_releases_lock() {
     let dir = TempDir::new("xproc");
-    let exe = std::env::current_exe().expect("current exe");
-    let mut child = KillOnDrop(
-        Command::new(exe)
-            .args(["--exact", "child_holder", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn child"),
-    );
-    let stdout = child.0.stdout.take().expect("child stdout");
-    // Starting a process is slow on a loaded machine: be patient.
-    let line = tokio::time::timeout(
-        CHILD_PATIENCE,
-        tokio::task::spawn_blocking(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(|l| l.ok())
-                // libtest may print `test child_holder ... ` before the line on the same line.
-                .find_map(|l| l.find("HELD ").map(|i| l[i..].to_owned()))
-        }),
-    )
-    .await
-    .expect("child did not take the lock in time")
-    .expect("reader")
-    .expect("child exited without taking the lock");
-    let mut parts = line.splitn(3, ' ').skip(1);
-    let child_token: u64 = parts.next().and_then(|t| t.parse().ok()).expect("token");
-    let child_owner = parts.next().expect("owner").to_owned();
+    let (mut child, child_token, child_owner) = spawn_holder(dir.path(), None).await;
 
     let c = client(dir.path());
     let lock = c.lock("xproc").expect("lock");
@@ -581,6 +589,9 @@ async fn crashed_process_releases_lock() {
 
 const CHILD_ENV: &str = "DLOCK_FILE_CHILD";
 
+/// The owner id the child uses, if set (else its handle's own).
+const CHILD_OWNER_ENV: &str = "DLOCK_FILE_CHILD_OWNER";
+
 /// How long the child holds its lock if nobody kills it: far beyond any waiter's deadline.
 const CHILD_HOLD: Duration = Duration::from_secs(120);
 
@@ -588,6 +599,43 @@ const CHILD_HOLD: Duration = Duration::from_secs(120);
 const CHILD_PATIENCE: Duration = Duration::from_secs(30);
 
 struct KillOnDrop(Child);
+
+/// Re-executes this test binary as `child_holder`, which takes lock `xproc` in `dir` (as
+/// `owner` if given) and holds it until killed; returns it with its token and owner.
+async fn spawn_holder(dir: &Path, owner: Option<&str>) -> (KillOnDrop, u64, String) {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--exact", "child_holder", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    match owner {
+        Some(o) => cmd.env(CHILD_OWNER_ENV, o),
+        None => cmd.env_remove(CHILD_OWNER_ENV),
+    };
+    let mut child = KillOnDrop(cmd.spawn().expect("spawn child"));
+    let stdout = child.0.stdout.take().expect("child stdout");
+    // Starting a process is slow on a loaded machine: be patient.
+    let line = tokio::time::timeout(
+        CHILD_PATIENCE,
+        tokio::task::spawn_blocking(move || {
+            BufReader::new(stdout)
+                .lines()
+                .map_while(|l| l.ok())
+                // libtest may print `test child_holder ... ` before the line on the same line.
+                .find_map(|l| l.find("HELD ").map(|i| l[i..].to_owned()))
+        }),
+    )
+    .await
+    .expect("child did not take the lock in time")
+    .expect("reader")
+    .expect("child exited without taking the lock");
+    let mut parts = line.splitn(3, ' ').skip(1);
+    let token: u64 = parts.next().and_then(|t| t.parse().ok()).expect("token");
+    let owner = parts.next().expect("owner").to_owned();
+    (child, token, owner)
+}
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -608,12 +656,12 @@ fn child_holder() {
         .expect("runtime");
     rt.block_on(async {
         let c = client(Path::new(&dir));
-        let g = c
-            .lock("xproc")
-            .expect("lock")
-            .acquire()
-            .await
-            .expect("acquire");
+        let mut lock = c.lock("xproc").expect("lock");
+        if let Some(owner) = std::env::var_os(CHILD_OWNER_ENV) {
+            let owner = owner.into_string().expect("owner is UTF-8");
+            lock = lock.with_owner(owner).expect("owner");
+        }
+        let g = lock.acquire().await.expect("acquire");
         println!("HELD {} {}", g.fencing_token(), g.owner());
         // Killed by the parent long before this ends.
         tokio::time::sleep(CHILD_HOLD).await;
@@ -722,7 +770,7 @@ async fn corrupt_lock_file_is_reported() {
     std::fs::remove_file(be.lock_file("bad")).expect("remove");
     assert!(matches!(
         be.acquire(&req("bad", "o")).await.expect("acquire"),
-        AcquireReply::Granted { token: 1 }
+        AcquireReply::Granted { .. }
     ));
 }
 
@@ -730,27 +778,21 @@ async fn corrupt_lock_file_is_reported() {
 async fn deleted_lock_file_is_detected_at_renewal() {
     let dir = TempDir::new("deleted");
     let (a, b) = (backend(dir.path()), backend(dir.path()));
-    assert!(matches!(
-        a.acquire(&req("del", "a")).await.expect("acquire"),
-        AcquireReply::Granted { .. }
-    ));
+    let ga = granted(&a, &req("del", "a")).await;
     std::fs::remove_file(a.lock_file("del")).expect("remove");
     // A new file is a new lock: b gets it, so a must learn it lost its own.
-    assert!(matches!(
-        b.acquire(&req("del", "b")).await.expect("acquire"),
-        AcquireReply::Granted { .. }
-    ));
-    let renew = [(key("del", "a"), Duration::from_secs(1))];
+    let gb = granted(&b, &req("del", "b")).await;
+    let renew = [(ga.clone(), Duration::from_secs(1))];
     assert_eq!(
         a.renew(&renew).await.expect("renew"),
         [RenewOutcome::NotHeld]
     );
     assert_eq!(
-        a.release(&key("del", "a")).await.expect("release"),
+        a.release(&ga).await.expect("release"),
         ReleaseOutcome::TakenByOther
     );
     assert_eq!(
-        b.release(&key("del", "b")).await.expect("release"),
+        b.release(&gb).await.expect("release"),
         ReleaseOutcome::Released
     );
 }
@@ -812,12 +854,341 @@ async fn other_lock_kinds_are_unsupported() {
         assert!(e.is_unsupported(), "{e:?}");
         assert!(e.to_string().contains(kind.as_str()), "{e}");
         assert!(be.inspect("k", kind).await.unwrap_err().is_unsupported());
-        assert!(be.release(&r.key).await.unwrap_err().is_unsupported());
-        assert!(be
-            .watch(&r.key)
-            .await
-            .err()
-            .expect("watch")
-            .is_unsupported());
+        assert!(be.release(&r.grant(1)).await.unwrap_err().is_unsupported());
+        assert!(be.give_up(&r).await.unwrap_err().is_unsupported());
+        assert!(be.watch(&r).await.err().expect("watch").is_unsupported());
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The grant-addressed protocol: one grant per attempt, give-ups, cancellation.
+
+/// A retried acquire of one attempt (a caller that did not hear the answer) is the same grant:
+/// the same token, the counter not incremented twice, one release frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_acquire_is_one_grant() {
+    let dir = TempDir::new("retry");
+    let (a, b) = (backend(dir.path()), backend(dir.path()));
+    let r = req("retry", "o");
+    let g = granted(&a, &r).await;
+    for _ in 0..3 {
+        assert_eq!(granted(&a, &r).await, g, "a retry got another grant");
+    }
+    let info = b.inspect("retry", LockKind::Mutex).await.expect("inspect");
+    assert_eq!(
+        info.fencing_token, g.token,
+        "a retry incremented the counter"
+    );
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].count, 1);
+    let text = std::fs::read_to_string(a.lock_file("retry")).expect("lock file");
+    assert!(
+        text.contains(&format!("holder {} 1 o\n", std::process::id())),
+        "{text}"
+    );
+    // The same request sent to another backend (another process) is another attempt there:
+    // the kernel keeps it out.
+    assert!(matches!(
+        b.acquire(&r).await.expect("acquire"),
+        AcquireReply::Held { .. }
+    ));
+    assert_eq!(
+        a.release(&g).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        a.release(&g).await.expect("release"),
+        ReleaseOutcome::Expired
+    );
+    // One release was enough: the lock is free, and the next grant's token follows.
+    let next = granted(&b, &req("retry", "o")).await;
+    assert!(next.token > g.token);
+    assert_eq!(
+        b.release(&next).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// Two attempts with one owner id are two holders: in one backend (the table tells them
+/// apart by attempt), in two backends of one process, and through the client API with two
+/// clients sharing one backend or each with its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_of_one_owner_exclude_each_other_in_one_process() {
+    let dir = TempDir::new("sameowner");
+    let (a, b) = (backend(dir.path()), backend(dir.path()));
+    let n = "same/owner";
+    let first = req(n, "shared-owner");
+    let g = granted(&a, &first).await;
+    for be in [&a, &b] {
+        let second = req(n, "shared-owner");
+        assert!(
+            matches!(
+                be.acquire(&second).await.expect("acquire"),
+                AcquireReply::Held { .. }
+            ),
+            "a second attempt of the same owner id got a held lock"
+        );
+        // Its giving up leaves the first attempt's grant alone.
+        be.give_up(&second).await.expect("give up");
+        assert_eq!(
+            a.renew(&[(g.clone(), Duration::from_secs(1))])
+                .await
+                .expect("renew"),
+            [RenewOutcome::Renewed]
+        );
+    }
+    assert_eq!(
+        a.release(&g).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+
+    let shared = backend(dir.path());
+    let pairs = [
+        (
+            Client::new(shared.clone(), opts()).expect("client"),
+            Client::new(shared.clone(), opts()).expect("client"),
+        ),
+        (client(dir.path()), client(dir.path())),
+    ];
+    for (c1, c2) in &pairs {
+        let l1 = c1
+            .lock(n)
+            .expect("lock")
+            .with_owner("shared-owner")
+            .expect("owner");
+        let l2 = c2
+            .lock(n)
+            .expect("lock")
+            .with_owner("shared-owner")
+            .expect("owner");
+        let g1 = l1.acquire().await.expect("acquire");
+        assert!(
+            l2.try_acquire().await.expect("try").is_none(),
+            "two clients with one owner id held the lock at once"
+        );
+        let waiter = tokio::spawn(async move {
+            let g = l2.acquire_timeout(WAITER_DEADLINE).await;
+            (g, Instant::now())
+        });
+        // Time for the waiter to start waiting; it cannot get in while g1 is held.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !waiter.is_finished(),
+            "the other client's waiter got a held lock"
+        );
+        let released = Instant::now();
+        let t1 = g1.fencing_token();
+        assert_eq!(
+            g1.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        let (g2, at) = waiter.await.expect("waiter");
+        let g2 = g2.expect("waiter after the release");
+        assert!(at.saturating_duration_since(released) < PROMPT);
+        assert!(g2.fencing_token() > t1);
+        assert_eq!(
+            g2.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+/// An owner id used by a process does not let another process in under the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owner_id_in_two_processes_excludes() {
+    let dir = TempDir::new("xowner");
+    let owner = "owner shared by two processes";
+    let (mut child, child_token, child_owner) = spawn_holder(dir.path(), Some(owner)).await;
+    assert_eq!(child_owner, owner);
+    let be = backend(dir.path());
+    assert!(matches!(
+        be.acquire(&req("xproc", owner)).await.expect("acquire"),
+        AcquireReply::Held { .. }
+    ));
+    let c = Client::new(be.clone(), opts()).expect("client");
+    let lock = c
+        .lock("xproc")
+        .expect("lock")
+        .with_owner(owner)
+        .expect("owner");
+    assert!(
+        lock.try_acquire().await.expect("try").is_none(),
+        "the same owner id in another process got the lock"
+    );
+    let waiter = tokio::spawn(async move { lock.acquire_timeout(WAITER_DEADLINE).await });
+    // Time for the waiter to start waiting; it cannot get in while the child lives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "the waiter got the child's lock");
+    child.0.kill().expect("SIGKILL child");
+    let g = waiter
+        .await
+        .expect("waiter")
+        .expect("lock after the child died");
+    assert!(g.fencing_token() > child_token);
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A caller that stops waiting at any point of a contended acquire — its future dropped after
+/// 0, 1, 5 or 20 ms, with the holder releasing just before or at that moment, so that the
+/// grant often arrives as the future goes — leaves nothing held: a third party gets the lock
+/// at once. The waiter shares the holder's backend (in-process hand-over) or has its own (the
+/// kernel-blocked waiting thread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquire_at_any_point_leaves_nothing_held() {
+    let dir = TempDir::new("cancelpoint");
+    let holder_backend = backend(dir.path());
+    let holder = Client::new(holder_backend.clone(), opts()).expect("client");
+    let third = client(dir.path());
+    let n = "cancel/point";
+    let mut granted_to_waiter = 0;
+    for shared in [true, false] {
+        let waiter = if shared {
+            Client::new(holder_backend.clone(), opts()).expect("client")
+        } else {
+            client(dir.path())
+        };
+        for ms in [0u64, 1, 5, 20] {
+            for early in [Duration::from_millis(1), Duration::ZERO] {
+                let case = format!("shared={shared} drop after {ms} ms, release {early:?} before");
+                let g = holder
+                    .lock(n)
+                    .expect("lock")
+                    .acquire_timeout(WAITER_DEADLINE)
+                    .await
+                    .unwrap_or_else(|e| panic!("{case}: holder: {e}"));
+                let lock = waiter.lock(n).expect("lock");
+                let wait = Duration::from_millis(ms);
+                let w = tokio::spawn(async move {
+                    tokio::time::timeout(wait, lock.acquire())
+                        .await
+                        .ok()
+                        .map(|r| r.map(drop))
+                });
+                tokio::time::sleep(wait.saturating_sub(early)).await;
+                assert_eq!(
+                    g.release().await.expect("release"),
+                    ReleaseOutcome::Released,
+                    "{case}"
+                );
+                if let Some(r) = w.await.expect("waiter task") {
+                    // It won before its deadline (its guard was dropped at once).
+                    r.unwrap_or_else(|e| panic!("{case}: waiter: {e}"));
+                    granted_to_waiter += 1;
+                }
+                // Nothing is left held: a third party gets the lock promptly (a grant that
+                // reached the dropped future is given back in the background).
+                let t = Instant::now();
+                let g3 = third
+                    .lock(n)
+                    .expect("lock")
+                    .acquire_timeout(PROMPT)
+                    .await
+                    .unwrap_or_else(|e| panic!("{case}: the lock stayed held: {e}"));
+                assert!(t.elapsed() < PROMPT, "{case}");
+                assert_eq!(
+                    g3.release().await.expect("release"),
+                    ReleaseOutcome::Released,
+                    "{case}"
+                );
+                wait_until(
+                    &format!("{case}: the waiter's client still tracks a hold"),
+                    || async { waiter.held_count() == 0 },
+                )
+                .await;
+            }
+        }
+    }
+    eprintln!("the waiter won {granted_to_waiter} of 16 races before its future was dropped");
+}
+
+/// `give_up` gives back the grant of its own attempt only — a grant whose answer the caller
+/// never heard — and is idempotent; a waiting thread whose `flock` completes after its
+/// waiter gave up unlocks at once instead of holding the lock for the life of the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn give_up_returns_only_its_own_grant() {
+    let dir = TempDir::new("giveup");
+    let (a, b) = (backend(dir.path()), backend(dir.path()));
+    let n = "give/up";
+    // A grant the caller did not hear of (it stopped after sending): give_up frees it.
+    let r = req(n, "o");
+    let g = granted(&a, &r).await;
+    let sibling = req(n, "o");
+    a.give_up(&sibling).await.expect("give up");
+    assert!(
+        a.inspect(n, LockKind::Mutex).await.expect("inspect").held(),
+        "another attempt's give-up freed the lock"
+    );
+    a.give_up(&r).await.expect("give up");
+    a.give_up(&r).await.expect("give up again");
+    assert_eq!(
+        a.release(&g).await.expect("release"),
+        ReleaseOutcome::Expired
+    );
+    assert_eq!(
+        a.renew(&[(g.clone(), Duration::from_secs(1))])
+            .await
+            .expect("renew"),
+        [RenewOutcome::NotHeld]
+    );
+    let gb = granted(&b, &req(n, "b")).await;
+    assert!(gb.token > g.token);
+
+    // A waiter of `a` blocks in the kernel for b's lock, then gives up; b releases after that:
+    // a's waiting thread gets the lock with nobody waiting, and must let it go.
+    let w = req(n, "w");
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (a2, w2, c2) = (a.clone(), w.clone(), cancel.clone());
+    let wait = tokio::spawn(async move { a2.acquire_wait(&w2, None, &c2).await });
+    // Time for the waiter to start waiting (its waiting thread is started by its first
+    // attempt); it cannot get the lock while b holds it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    cancel.cancel();
+    assert_eq!(wait.await.expect("join").expect("wait"), None);
+    a.give_up(&w).await.expect("give up");
+    assert_eq!(
+        b.release(&gb).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let c = backend(dir.path());
+    let never = tokio_util::sync::CancellationToken::new();
+    let cq = req(n, "c");
+    let got = c
+        .acquire_wait(&cq, Some(Instant::now() + PROMPT), &never)
+        .await
+        .expect("wait")
+        .expect("a waiting thread kept the lock after its waiter gave up");
+    let gc = cq.grant(got.token);
+
+    // The same wait again, with the holder releasing as the waiter is cancelled, so the grant
+    // may land as the caller gives up: whatever the wait returned, give_up leaves it free.
+    let w = req(n, "w2");
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (a2, w2, c2) = (a.clone(), w.clone(), cancel.clone());
+    let wait = tokio::spawn(async move { a2.acquire_wait(&w2, None, &c2).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (released, ()) = tokio::join!(c.release(&gc), async { cancel.cancel() });
+    assert_eq!(released.expect("release"), ReleaseOutcome::Released);
+    let res = wait.await.expect("join").expect("wait");
+    a.give_up(&w).await.expect("give up");
+    if let Some(gw) = res {
+        assert_eq!(
+            a.release(&w.grant(gw.token)).await.expect("release"),
+            ReleaseOutcome::Expired,
+            "give_up left the attempt's grant in place"
+        );
+    }
+    let d = backend(dir.path());
+    let dq = req(n, "d");
+    let got = d
+        .acquire_wait(&dq, Some(Instant::now() + PROMPT), &never)
+        .await
+        .expect("wait")
+        .expect("the lock stayed held after the waiter gave up");
+    assert_eq!(
+        d.release(&dq.grant(got.token)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
 }

@@ -2,8 +2,8 @@
 //! real processes (the test binary re-executes itself as a child holder).
 
 use dlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, Lock, LockKind,
-    LostSignal, ReleaseOutcome, RenewOutcome,
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, GrantRef, HoldKey, Lock,
+    LockKind, LostSignal, ReleaseOutcome, RenewOutcome,
 };
 use dlock_file::FileBackend;
 use std::io::{BufRead, BufReader, Lines};
@@ -110,22 +110,38 @@ fn req(name: &str, owner: &str, kind: LockKind) -> AcquireRequest {
     )
 }
 
-async fn granted(b: &FileBackend, name: &str, owner: &str, kind: LockKind) -> u64 {
-    match b.acquire(&req(name, owner, kind)).await.expect("acquire") {
-        AcquireReply::Granted { token } => token,
-        AcquireReply::Held { .. } => panic!("{owner} could not take the {kind:?} side"),
+/// Acquires with `r` (a new attempt, or a retry of one); the grant it won.
+async fn granted_to(b: &FileBackend, r: &AcquireRequest) -> GrantRef {
+    match b.acquire(r).await.expect("acquire") {
+        AcquireReply::Granted { token } => r.grant(token),
+        AcquireReply::Held { .. } => {
+            panic!("{} could not take the {:?} side", r.key.owner, r.key.kind)
+        }
     }
 }
 
-async fn held(b: &FileBackend, name: &str, owner: &str, kind: LockKind) {
-    match b.acquire(&req(name, owner, kind)).await.expect("acquire") {
+/// A new attempt of `owner` on `kind`; the grant it won.
+async fn granted(b: &FileBackend, name: &str, owner: &str, kind: LockKind) -> GrantRef {
+    granted_to(b, &req(name, owner, kind)).await
+}
+
+async fn held_to(b: &FileBackend, r: &AcquireRequest) {
+    match b.acquire(r).await.expect("acquire") {
         AcquireReply::Held { ttl: None } => {}
-        other => panic!("{owner} asking for the {kind:?} side: {other:?}"),
+        other => panic!(
+            "{} asking for the {:?} side: {other:?}",
+            r.key.owner, r.key.kind
+        ),
     }
 }
 
-async fn release(b: &FileBackend, name: &str, owner: &str, kind: LockKind) -> ReleaseOutcome {
-    b.release(&key(name, owner, kind)).await.expect("release")
+/// A new attempt of `owner` on `kind` is refused.
+async fn held(b: &FileBackend, name: &str, owner: &str, kind: LockKind) {
+    held_to(b, &req(name, owner, kind)).await
+}
+
+async fn release(b: &FileBackend, grant: &GrantRef) -> ReleaseOutcome {
+    b.release(grant).await.expect("release")
 }
 
 /// The holders `inspect` reports, as sorted `(side, owner, count)`.
@@ -149,70 +165,99 @@ fn hv(side: &str, owner: &str, count: u32) -> (String, String, u32) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_backend_owners_share_exclude_reenter_downgrade() {
+async fn one_backend_grants_share_exclude_retry_downgrade() {
     let dir = TempDir::new("one");
     let b = backend(dir.path());
     let n = "one/backend";
     use LockKind::{Read, Write};
-    // Readers of one backend share; re-entry keeps the token; each grant has a new token.
-    let t1 = granted(&b, n, "r1", Read).await;
-    let t2 = granted(&b, n, "r2", Read).await;
-    assert!(t2 > t1);
-    assert_eq!(granted(&b, n, "r1", Read).await, t1);
+    // Readers of one backend share; each grant has a new token; a retry of an attempt is the
+    // same grant, never a second one.
+    let r1 = req(n, "r1", Read);
+    let g1 = granted_to(&b, &r1).await;
+    let g2 = granted(&b, n, "r2", Read).await;
+    assert!(g2.token > g1.token);
+    assert_eq!(granted_to(&b, &r1).await, g1, "a retry got another grant");
+    // Another attempt of the same owner id is another holder (re-entry is the client's).
+    let g1b = granted(&b, n, "r1", Read).await;
+    assert!(g1b.token > g2.token);
     held(&b, n, "w", Write).await;
     assert_eq!(
         holders(&b, n).await,
-        [hv("read", "r1", 2), hv("read", "r2", 1)]
+        [
+            hv("read", "r1", 1),
+            hv("read", "r1", 1),
+            hv("read", "r2", 1)
+        ]
     );
     // An upgrade is refused at once.
     let e = b.acquire(&req(n, "r2", Write)).await.unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     assert!(e.to_string().contains("upgrade"), "{e}");
-    assert_eq!(
-        release(&b, n, "r1", Read).await,
-        ReleaseOutcome::StillHeld { remaining: 1 }
-    );
-    assert_eq!(release(&b, n, "r1", Read).await, ReleaseOutcome::Released);
-    assert_eq!(release(&b, n, "r2", Read).await, ReleaseOutcome::Released);
-    assert_eq!(release(&b, n, "r2", Read).await, ReleaseOutcome::Expired);
-    // A writer excludes the other owners of its backend, on both sides.
-    let tw = granted(&b, n, "w", Write).await;
-    assert!(tw > t2);
-    held(&b, n, "r1", Read).await;
-    held(&b, n, "w2", Write).await;
-    assert_eq!(
-        release(&b, n, "r1", Read).await,
-        ReleaseOutcome::TakenByOther
-    );
-    // Downgrade: the writer reads too (new token), and keeps reading without the write side.
-    let tr = granted(&b, n, "w", Read).await;
-    assert!(tr > tw);
-    assert_eq!(granted(&b, n, "w", Write).await, tw, "write re-entry");
+    // Each release frees its own grant only; a repeated release is reported, not repeated.
+    assert_eq!(release(&b, &g1).await, ReleaseOutcome::Released);
+    assert_eq!(release(&b, &g1).await, ReleaseOutcome::Expired);
     assert_eq!(
         holders(&b, n).await,
-        [hv("read", "w", 1), hv("write", "w", 2)]
+        [hv("read", "r1", 1), hv("read", "r2", 1)]
     );
+    assert_eq!(release(&b, &g1b).await, ReleaseOutcome::Released);
+    assert_eq!(release(&b, &g2).await, ReleaseOutcome::Released);
+    assert_eq!(release(&b, &g2).await, ReleaseOutcome::Expired);
+    // A writer excludes the other attempts of its backend, on both sides, its own owner id's
+    // included.
+    let wq = req(n, "w", Write);
+    let gw = granted_to(&b, &wq).await;
+    assert!(gw.token > g2.token);
+    held(&b, n, "r1", Read).await;
+    held(&b, n, "w2", Write).await;
+    held(&b, n, "w", Write).await;
+    assert_eq!(release(&b, &g1).await, ReleaseOutcome::TakenByOther);
+    // The read side beside the write grant only for a request that names that grant: not
+    // for the owner id alone, nor for a wrong token or attempt.
+    held(&b, n, "w", Read).await;
+    for wrong in [
+        GrantRef {
+            token: gw.token + 1,
+            ..gw.clone()
+        },
+        GrantRef {
+            attempt: dlock_core::AttemptId::new(),
+            ..gw.clone()
+        },
+    ] {
+        let mut r = req(n, "w", Read);
+        r.write_grant = Some(wrong);
+        held_to(&b, &r).await;
+    }
+    // Downgrade: the writer reads too (new token), and keeps reading without the write side.
+    let mut dq = req(n, "w", Read);
+    dq.write_grant = Some(gw.clone());
+    let gr = granted_to(&b, &dq).await;
+    assert!(gr.token > gw.token);
+    assert_eq!(granted_to(&b, &wq).await, gw, "write retry");
+    assert_eq!(granted_to(&b, &dq).await, gr, "read retry");
     assert_eq!(
-        release(&b, n, "w", Write).await,
-        ReleaseOutcome::StillHeld { remaining: 1 }
+        holders(&b, n).await,
+        [hv("read", "w", 1), hv("write", "w", 1)]
     );
-    assert_eq!(release(&b, n, "w", Write).await, ReleaseOutcome::Released);
+    assert_eq!(release(&b, &gw).await, ReleaseOutcome::Released);
+    assert_eq!(release(&b, &gw).await, ReleaseOutcome::Expired);
     assert_eq!(holders(&b, n).await, [hv("read", "w", 1)]);
     // Now other readers may join, writers may not.
-    granted(&b, n, "r1", Read).await;
+    let g1 = granted(&b, n, "r1", Read).await;
     held(&b, n, "w2", Write).await;
     let other = backend(dir.path());
     held(&other, n, "x", Write).await;
-    granted(&other, n, "y", Read).await;
+    let gy = granted(&other, n, "y", Read).await;
     assert_eq!(
         holders(&other, n).await,
         [hv("read", "r1", 1), hv("read", "w", 1), hv("read", "y", 1)]
     );
-    // Renewals: only the holder's own sides.
+    // Renewals: only the backend's own live grants.
     let renew = [
-        (key(n, "w", Read), Duration::from_secs(1)),
-        (key(n, "w", Write), Duration::from_secs(1)),
-        (key(n, "y", Read), Duration::from_secs(1)),
+        (gr.clone(), Duration::from_secs(1)),
+        (gw.clone(), Duration::from_secs(1)),
+        (gy.clone(), Duration::from_secs(1)),
     ];
     assert_eq!(
         b.renew(&renew).await.expect("renew"),
@@ -222,19 +267,16 @@ async fn one_backend_owners_share_exclude_reenter_downgrade() {
             RenewOutcome::NotHeld
         ]
     );
-    for (be, o) in [(&b, "w"), (&b, "r1"), (&other, "y")] {
-        assert_eq!(release(be, n, o, Read).await, ReleaseOutcome::Released);
+    for (be, g) in [(&b, &gr), (&b, &g1), (&other, &gy)] {
+        assert_eq!(release(be, g).await, ReleaseOutcome::Released);
     }
     assert!(holders(&b, n).await.is_empty());
     let info = other.inspect(n, LockKind::Write).await.expect("inspect");
     assert!(!info.held());
-    assert!(info.fencing_token > tr);
-    let tw2 = granted(&other, n, "x", Write).await;
-    assert_eq!(info.fencing_token + 1, tw2);
-    assert_eq!(
-        release(&other, n, "x", Write).await,
-        ReleaseOutcome::Released
-    );
+    assert!(info.fencing_token > gr.token);
+    let gx = granted(&other, n, "x", Write).await;
+    assert!(gx.token > info.fencing_token);
+    assert_eq!(release(&other, &gx).await, ReleaseOutcome::Released);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,7 +289,8 @@ async fn files_and_record() {
     assert_eq!(main, b.dir().join(format!("{hash}.rw")));
     assert_eq!(turnstile, b.dir().join(format!("{hash}.rw-turnstile")));
     assert_eq!(record, b.dir().join(format!("{hash}.rw-record")));
-    let t = granted(&b, n, "reader one", LockKind::Read).await;
+    let g = granted(&b, n, "reader one", LockKind::Read).await;
+    let t = g.token;
     let text = std::fs::read_to_string(&record).expect("record");
     let pid = std::process::id();
     assert!(text.starts_with("dlock-file 1\n"), "{text}");
@@ -262,10 +305,7 @@ async fn files_and_record() {
     assert_eq!(parts[4..], ["1", "reader one"], "{line}");
     // The mutex of the same name is another lock, with its own file and counter.
     assert!(!b.lock_file(n).exists());
-    assert_eq!(
-        release(&b, n, "reader one", LockKind::Read).await,
-        ReleaseOutcome::Released
-    );
+    assert_eq!(release(&b, &g).await, ReleaseOutcome::Released);
     let text = std::fs::read_to_string(&record).expect("record");
     assert!(!text.contains("hold "), "{text}");
     // A record naming another lock (an FNV collision, or a foreign file) is refused.
@@ -274,12 +314,16 @@ async fn files_and_record() {
     assert!(matches!(e, Error::UnexpectedReply { .. }), "{e:?}");
     assert!(e.to_string().contains("same FNV-1a-128 hash"), "{e}");
     // ... and left the lock free.
-    std::fs::write(&record, "dlock-file 1\ntoken 7\nname files\nend\n").expect("write");
-    assert_eq!(granted(&b, n, "o", LockKind::Write).await, 8);
-    assert_eq!(
-        release(&b, n, "o", LockKind::Write).await,
-        ReleaseOutcome::Released
-    );
+    // (A counter ahead of the clock floor: the next token is the counter's next.)
+    let ahead = u64::MAX / 2;
+    std::fs::write(
+        &record,
+        format!("dlock-file 1\ntoken {ahead}\nname files\nend\n"),
+    )
+    .expect("write");
+    let g = granted(&b, n, "o", LockKind::Write).await;
+    assert_eq!(g.token, ahead + 1);
+    assert_eq!(release(&b, &g).await, ReleaseOutcome::Released);
 }
 
 /// A writer of another backend waits: new readers of any backend wait behind it, even while
@@ -509,27 +553,21 @@ async fn watch_sees_releases_of_each_side() {
     let dir = TempDir::new("watch");
     let (a, b) = (backend(dir.path()), backend(dir.path()));
     let n = "watch";
-    granted(&a, n, "r", LockKind::Read).await;
-    let mut ww = b.watch(&key(n, "w", LockKind::Write)).await.expect("watch");
+    let g = granted(&a, n, "r", LockKind::Read).await;
+    let mut ww = b.watch(&req(n, "w", LockKind::Write)).await.expect("watch");
     let quiet = tokio::time::timeout(Duration::from_millis(150), ww.changed()).await;
     assert!(quiet.is_err(), "watch fired while the lock stayed read");
-    assert_eq!(
-        release(&a, n, "r", LockKind::Read).await,
-        ReleaseOutcome::Released
-    );
+    assert_eq!(release(&a, &g).await, ReleaseOutcome::Released);
     tokio::time::timeout(PATIENCE, ww.changed())
         .await
         .expect("no wake-up")
         .expect("watch broke");
     drop(ww);
-    granted(&a, n, "w", LockKind::Write).await;
-    let mut wr = b.watch(&key(n, "r", LockKind::Read)).await.expect("watch");
+    let g = granted(&a, n, "w", LockKind::Write).await;
+    let mut wr = b.watch(&req(n, "r", LockKind::Read)).await.expect("watch");
     let quiet = tokio::time::timeout(Duration::from_millis(150), wr.changed()).await;
     assert!(quiet.is_err(), "watch fired while the lock stayed written");
-    assert_eq!(
-        release(&a, n, "w", LockKind::Write).await,
-        ReleaseOutcome::Released
-    );
+    assert_eq!(release(&a, &g).await, ReleaseOutcome::Released);
     tokio::time::timeout(PATIENCE, wr.changed())
         .await
         .expect("no wake-up")
@@ -541,32 +579,25 @@ async fn deleted_rw_file_is_detected_at_renewal() {
     let dir = TempDir::new("deleted");
     let (a, b) = (backend(dir.path()), backend(dir.path()));
     let n = "deleted";
-    granted(&a, n, "w", LockKind::Write).await;
-    granted(&a, n, "w", LockKind::Read).await;
+    let gw = granted(&a, n, "w", LockKind::Write).await;
+    let mut dq = req(n, "w", LockKind::Read);
+    dq.write_grant = Some(gw.clone());
+    let gr = granted_to(&a, &dq).await;
     let [main, _, _] = a.rw_lock_files(n);
     std::fs::remove_file(&main).expect("remove");
     // A new file is a new lock: b gets it, so a must learn that it lost both sides.
-    granted(&b, n, "x", LockKind::Write).await;
+    let gx = granted(&b, n, "x", LockKind::Write).await;
     let renew = [
-        (key(n, "w", LockKind::Write), Duration::from_secs(1)),
-        (key(n, "w", LockKind::Read), Duration::from_secs(1)),
+        (gw.clone(), Duration::from_secs(1)),
+        (gr.clone(), Duration::from_secs(1)),
     ];
     assert_eq!(
         a.renew(&renew).await.expect("renew"),
         [RenewOutcome::NotHeld, RenewOutcome::NotHeld]
     );
-    assert_eq!(
-        release(&a, n, "w", LockKind::Write).await,
-        ReleaseOutcome::TakenByOther
-    );
-    assert_eq!(
-        release(&b, n, "x", LockKind::Write).await,
-        ReleaseOutcome::Released
-    );
-    assert_eq!(
-        release(&a, n, "w", LockKind::Read).await,
-        ReleaseOutcome::Expired
-    );
+    assert_eq!(release(&a, &gw).await, ReleaseOutcome::TakenByOther);
+    assert_eq!(release(&b, &gx).await, ReleaseOutcome::Released);
+    assert_eq!(release(&a, &gr).await, ReleaseOutcome::Expired);
 }
 
 /// Writers of several backends and processes-in-spirit never overlap anything; readers do
@@ -925,4 +956,237 @@ async fn writer_processes_and_cross_process_turnstile() {
     );
     let (_, line) = ChildProc::spawn(dir.path(), "tryread").expect("TRY ").await;
     assert_eq!(line, "TRY granted");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The grant-addressed protocol.
+
+/// True if someone holds a lock on `path` that keeps a shared `flock` out (probed with
+/// `LOCK_SH | LOCK_NB` on a descriptor of our own, unlocked again at once).
+fn locked_exclusively(path: &Path) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock only reads the descriptor number, which `f` keeps open.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    r != 0
+}
+
+/// A read waiter and a write waiter of one `RwLock` handle (one owner id, two attempts) wait
+/// for another client's writer together: both get in, one after the other (the read side is
+/// never granted beside a write grant the request does not name), and nothing is left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_and_write_waiters_of_one_handle() {
+    let dir = TempDir::new("onehandle");
+    let (a, b) = (client(dir.path()), client(dir.path()));
+    let n = "one/handle";
+    let [_, turnstile, _] = backend(dir.path()).rw_lock_files(n);
+    for reader_first in [true, false] {
+        let wb = b
+            .rw_lock(n)
+            .expect("rw")
+            .write()
+            .acquire()
+            .await
+            .expect("b writes");
+        let rw = a.rw_lock(n).expect("rw");
+        let reading = Arc::new(AtomicU64::new(0));
+        let writing = Arc::new(AtomicU64::new(0));
+        let spawn = |write: bool| {
+            let lock = if write { rw.write() } else { rw.read() };
+            let (reading, writing) = (reading.clone(), writing.clone());
+            tokio::spawn(async move {
+                let g = lock
+                    .acquire_timeout(WAITER_DEADLINE)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("{} waiter: {e}", if write { "write" } else { "read" })
+                    });
+                let (mine, theirs) = if write {
+                    (&writing, &reading)
+                } else {
+                    (&reading, &writing)
+                };
+                mine.fetch_add(1, Ordering::SeqCst);
+                assert_eq!(
+                    theirs.load(Ordering::SeqCst),
+                    0,
+                    "read and write held at once"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                assert_eq!(
+                    theirs.load(Ordering::SeqCst),
+                    0,
+                    "read and write held at once"
+                );
+                mine.fetch_sub(1, Ordering::SeqCst);
+                assert_eq!(
+                    g.release().await.expect("release"),
+                    ReleaseOutcome::Released
+                );
+            })
+        };
+        let mut tasks = Vec::new();
+        if reader_first {
+            tasks.push(spawn(false));
+            // Time for the reader to start waiting (if it is slower, it waits behind the
+            // writer instead); it cannot get in while b writes.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tasks.push(spawn(true));
+        // The writer waits once it holds the turnstile (b got the lock without waiting).
+        let t = Instant::now();
+        while !locked_exclusively(&turnstile) {
+            assert!(t.elapsed() < PATIENCE, "the write waiter never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if !reader_first {
+            tasks.push(spawn(false));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            tasks.iter().all(|t| !t.is_finished()),
+            "a waiter got in beside b's writer"
+        );
+        assert_eq!(
+            wb.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        for t in tasks {
+            t.await.expect("waiter");
+        }
+        assert_eq!(a.held_count(), 0);
+        // Nothing is left held: a writer of a third client gets in.
+        let g = client(dir.path())
+            .rw_lock(n)
+            .expect("rw")
+            .write()
+            .acquire_timeout(PROMPT)
+            .await
+            .expect("the lock stayed held");
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+/// Two clients with one owner id sharing one backend are two holders of a read-write lock:
+/// the writer's owner id does not let the other client read beside it (no downgrade without
+/// the write grant), nor write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owner_id_in_two_clients_is_two_holders() {
+    let dir = TempDir::new("rwowner");
+    let be = backend(dir.path());
+    let (c1, c2) = (
+        Client::new(be.clone(), opts()).expect("client"),
+        Client::new(be.clone(), opts()).expect("client"),
+    );
+    let n = "rw/owner";
+    let rw1 = c1
+        .rw_lock(n)
+        .expect("rw")
+        .with_owner("same")
+        .expect("owner");
+    let rw2 = c2
+        .rw_lock(n)
+        .expect("rw")
+        .with_owner("same")
+        .expect("owner");
+    let w = rw1.write().acquire().await.expect("write");
+    assert!(
+        rw2.read().try_acquire().await.expect("try").is_none(),
+        "read beside another client's write"
+    );
+    assert!(
+        rw2.write().try_acquire().await.expect("try").is_none(),
+        "two writers"
+    );
+    // The writer's own client downgrades (it names its grant).
+    let r = rw1
+        .read()
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("downgrade");
+    assert!(r.fencing_token() > w.fencing_token());
+    assert_eq!(
+        w.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // Now only read: the other client reads too.
+    let r2 = rw2
+        .read()
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("readers share");
+    for g in [r, r2] {
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+/// A write waiter that gives up while its backend's write thread is blocked in the kernel:
+/// when the lock frees after that, the thread's lock is let go at once, and the turnstile it
+/// held for the waiter was given back when the waiter left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_waiter_gave_up_before_its_flock_completed() {
+    let dir = TempDir::new("rwgiveup");
+    let (a, b, c) = (
+        backend(dir.path()),
+        backend(dir.path()),
+        backend(dir.path()),
+    );
+    let n = "rw/giveup";
+    let [_, turnstile, _] = a.rw_lock_files(n);
+    let gr = granted(&a, n, "reader", LockKind::Read).await;
+    let w = req(n, "writer", LockKind::Write);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (b2, w2, c2) = (b.clone(), w.clone(), cancel.clone());
+    let wait = tokio::spawn(async move { b2.acquire_wait(&w2, None, &c2).await });
+    let t = Instant::now();
+    while !locked_exclusively(&turnstile) {
+        assert!(t.elapsed() < PATIENCE, "the write waiter never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cancel.cancel();
+    assert_eq!(wait.await.expect("join").expect("wait"), None);
+    b.give_up(&w).await.expect("give up");
+    b.give_up(&w).await.expect("give up again");
+    assert!(
+        !locked_exclusively(&turnstile),
+        "the turnstile stayed closed"
+    );
+    // The reader leaves; b's write thread gets the lock for nobody and lets it go.
+    assert_eq!(release(&a, &gr).await, ReleaseOutcome::Released);
+    let never = tokio_util::sync::CancellationToken::new();
+    let cq = req(n, "c", LockKind::Write);
+    let got = c
+        .acquire_wait(&cq, Some(Instant::now() + PROMPT), &never)
+        .await
+        .expect("wait")
+        .expect("the lock stayed held after the waiter gave up");
+    assert_eq!(
+        release(&c, &cq.grant(got.token)).await,
+        ReleaseOutcome::Released
+    );
+    // A grant the caller never heard of is given back by its give_up, and only its own.
+    let r = req(n, "o", LockKind::Write);
+    let g = granted_to(&b, &r).await;
+    b.give_up(&req(n, "o", LockKind::Write))
+        .await
+        .expect("other attempt");
+    assert_eq!(
+        b.renew(&[(g.clone(), Duration::from_secs(1))])
+            .await
+            .expect("renew"),
+        [RenewOutcome::Renewed]
+    );
+    b.give_up(&r).await.expect("give up");
+    assert_eq!(release(&b, &g).await, ReleaseOutcome::Expired);
+    assert!(!b.inspect(n, LockKind::Write).await.expect("inspect").held());
 }
