@@ -8,8 +8,9 @@
 -- ARGV[5] 'r' or 'w', ARGV[6] attempt of the caller's live write grant ('' if none; read side
 -- only: a downgrade), ARGV[7] that grant's token
 -- Returns {1, token} granted (also to an attempt that held it already); {0, ttl_ms} held
--- (-1: unknown); {-1, 0} the owner holds the read side and asked for the write side (an
--- upgrade would deadlock with other readers doing the same).
+-- (-1: unknown); {-1, 0} the owner holds the read side and asks for the write side (an
+-- upgrade would deadlock with other readers doing the same; owner ids are compared here, the
+-- one place they are).
 -- Policy: a writer waits for all readers; a new reader does not pass a queued writer, so a
 -- stream of readers cannot starve writers; queued readers behind no writer are let in together.
 local attempt, owner, lease, side = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[5]
@@ -102,7 +103,9 @@ end
 
 local grant = false
 if side == 'w' then
-  if my_read then
+  -- Refused when asked, not when the owner's read grant arrived while this attempt already
+  -- waited (another task of the handle): that one waits for the read to be released.
+  if my_read and not redis.call('zscore', KEYS[3], attempt) then
     return {-1, 0}
   end
   grant = not writer and readers == 0 and first_in_line()

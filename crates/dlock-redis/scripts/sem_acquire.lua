@@ -84,8 +84,9 @@ if ttl > 0 then
   end
 end
 
--- Serve the queue in order (the caller too, if it queued): returns the permits left free and
--- whether a waiter past its patience blocks younger requests.
+-- Serve the queue in order (the caller too, if it queued), and find out whether a waiter past
+-- its patience blocks younger requests. The whole queue is walked even with no permit free:
+-- requests above a lowered permit count must be taken out (and woken) wherever they are.
 local used = 0
 local fields = redis.call('hgetall', KEYS[1])
 for i = 2, #fields, 2 do
@@ -94,10 +95,6 @@ end
 local free, blocked, wake, mine = limit - used, false, false, nil
 local q = redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES')
 for i = 1, #q, 2 do
-  if free <= 0 then
-    blocked = true
-    break
-  end
   local m, since = q[i], tonumber(q[i + 1])
   local data = redis.call('hget', KEYS[4], m)
   local expiry, ms, n, who

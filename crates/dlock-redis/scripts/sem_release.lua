@@ -38,10 +38,8 @@ local function serve()
     used = used + (tonumber(string.match(fields[i], '^%d+:(%d+):')) or 0)
   end
   local free, wake = limit - used, false
+  -- The whole queue, even with no permit free: requests above a lowered count are taken out.
   for i = 1, #q, 2 do
-    if free <= 0 then
-      break
-    end
     local m, since = q[i], tonumber(q[i + 1])
     local data = redis.call('hget', KEYS[4], m)
     local expiry, ms, n, who
