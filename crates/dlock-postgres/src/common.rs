@@ -127,17 +127,30 @@ impl Common {
             .map_err(|e| map(&self.endpoint, e))
     }
 
-    /// Creates dlock's tables if they are missing. Concurrent clients serialize on a
-    /// transaction-level advisory lock, so `CREATE … IF NOT EXISTS` cannot race.
-    pub(crate) async fn ensure_schema(&self, tables: &[&str], ddl: &str) -> Result<()> {
+    /// Creates dlock's tables if they are missing, and brings tables of an older version up to
+    /// date (`columns`: the columns this version needs, which an older table lacks). Concurrent
+    /// clients serialize on a transaction-level advisory lock, so the DDL cannot race.
+    pub(crate) async fn ensure_schema(
+        &self,
+        tables: &[&str],
+        columns: &[(&str, &str)],
+        ddl: &str,
+    ) -> Result<()> {
         let client = self.control().await?;
-        let names: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
+        let names: Vec<&str> = tables.to_vec();
+        let col_tables: Vec<&str> = columns.iter().map(|(t, _)| *t).collect();
+        let col_names: Vec<&str> = columns.iter().map(|(_, c)| *c).collect();
         let limit = self.setup_timeout();
         let present: bool = tokio::time::timeout(
             limit,
             client.query_one(
-                "SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) AS t",
-                &[&names],
+                "SELECT (SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) AS t) \
+                    AND (SELECT coalesce(bool_and(EXISTS ( \
+                             SELECT 1 FROM pg_attribute a \
+                             WHERE a.attrelid = to_regclass(x.t) AND a.attname = x.c \
+                               AND NOT a.attisdropped)), true) \
+                         FROM unnest($2::text[], $3::text[]) AS x(t, c))",
+                &[&names, &col_tables, &col_names],
             ),
         )
         .await

@@ -2,14 +2,21 @@
 //!
 //! Every operation is one autocommit statement on a shared connection and nothing depends on
 //! session state, so it works behind PgBouncer in transaction-pooling mode. The row is never
-//! deleted by dlock: a free lock has `owner IS NULL`, and the row keeps the name's last
+//! deleted by dlock: a free lock has `attempt IS NULL` (an operator freeing it by hand may
+//! set `owner = NULL` instead, which counts as free too), and the row keeps the name's last
 //! fencing token (drawn from the sequence `dlock_fence_seq`, so tokens keep increasing even if
 //! an operator deletes rows).
+//!
+//! A grant is the row's (`attempt`, `token`): the attempt id the core made for the acquisition
+//! and the token drawn for it. Acquiring again with the attempt that holds the row (a retry
+//! after a lost reply) returns the same token and only ever extends the lease; renewals and
+//! releases name attempt *and* token, so a retried or late statement of an old grant can never
+//! touch a newer one. There is no count: re-entry is counted in the client.
 
 use crate::common::{channel, lock_key, Common};
 use crate::error::{shape, KIND};
 use dlock_core::{
-    AcquireReply, AcquireRequest, Error, HoldKey, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
+    AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
 use std::collections::HashSet;
@@ -23,64 +30,82 @@ CREATE TABLE IF NOT EXISTS dlock_leases (
     ns text NOT NULL,
     name text NOT NULL,
     owner text,
-    count integer NOT NULL,
+    attempt text,
     token bigint NOT NULL,
     acquired_at timestamptz,
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (ns, name)
-);";
+);
+ALTER TABLE dlock_leases ADD COLUMN IF NOT EXISTS attempt text;
+ALTER TABLE dlock_leases DROP COLUMN IF EXISTS count;";
 
 pub(crate) const TABLES: &[&str] = &["dlock_fence_seq", "dlock_leases"];
 
-/// Grant (fresh or re-entrant) in one statement; on contention the second column is the
-/// holder's remaining lease (from the statement's snapshot) in ms.
-/// $1 ns, $2 name, $3 owner, $4 lease ms.
+/// Columns this version needs (a table of an older version lacks them: the DDL adds them).
+pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_leases", "attempt")];
+
+/// Grant (fresh, or the same grant again for a retry of the attempt that holds it) in one
+/// statement; on contention the second column is the holder's remaining lease (from the
+/// statement's snapshot) in ms. A retry keeps the token and never shortens the lease.
+/// $1 ns, $2 name, $3 owner, $4 attempt, $5 lease ms.
 const ACQUIRE: &str = "
 WITH up AS (
-    INSERT INTO dlock_leases AS l (ns, name, owner, count, token, acquired_at, expires_at)
-    VALUES ($1, $2, $3, 1, nextval('dlock_fence_seq'), now(), now() + $4 * interval '1 millisecond')
+    INSERT INTO dlock_leases AS l (ns, name, owner, attempt, token, acquired_at, expires_at)
+    VALUES ($1, $2, $3, $4, nextval('dlock_fence_seq'), now(),
+            now() + $5 * interval '1 millisecond')
     ON CONFLICT (ns, name) DO UPDATE SET
         owner = EXCLUDED.owner,
-        count = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
-                     THEN l.count + 1 ELSE 1 END,
-        token = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
-                     THEN l.token ELSE nextval('dlock_fence_seq') END,
-        acquired_at = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
+        attempt = EXCLUDED.attempt,
+        token = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
+                          AND l.expires_at > now()
+                     THEN l.token ELSE EXCLUDED.token END,
+        acquired_at = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
+                          AND l.expires_at > now()
                      THEN l.acquired_at ELSE now() END,
-        expires_at = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
+        expires_at = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
+                          AND l.expires_at > now()
                      THEN GREATEST(l.expires_at, EXCLUDED.expires_at) ELSE EXCLUDED.expires_at END
-    WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
+    WHERE l.attempt IS NULL OR l.owner IS NULL OR l.expires_at <= now()
+       OR l.attempt = EXCLUDED.attempt
     RETURNING l.token
 )
 SELECT (SELECT token FROM up),
        (SELECT (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::float8
-        FROM dlock_leases WHERE ns = $1 AND name = $2 AND owner IS NOT NULL)";
+        FROM dlock_leases WHERE ns = $1 AND name = $2 AND attempt IS NOT NULL
+                                AND owner IS NOT NULL)";
 
-/// One level of release; the third column tells, when nothing matched, whether another
-/// owner holds the lock now. $1 ns, $2 name, $3 owner.
+/// Releases the grant of attempt $3 with token $4 (any token of that attempt when $4 is
+/// NULL: a give-up, which does not know the token) and wakes waiters (the notification is
+/// delivered when the statement commits). The second column tells, when nothing matched,
+/// whether another grant holds the lock now (read from the statement's snapshot, which is
+/// from before the update). $1 ns, $2 name, $3 attempt, $4 token, $5 channel.
 const RELEASE: &str = "
 WITH u AS (
-    UPDATE dlock_leases SET
-        count = count - 1,
-        owner = CASE WHEN count > 1 THEN owner END,
-        acquired_at = CASE WHEN count > 1 THEN acquired_at END,
-        expires_at = CASE WHEN count > 1 THEN expires_at ELSE 'epoch' END
-    WHERE ns = $1 AND name = $2 AND owner = $3 AND expires_at > now()
-    RETURNING count
+    UPDATE dlock_leases SET owner = NULL, attempt = NULL, acquired_at = NULL, expires_at = 'epoch'
+    WHERE ns = $1 AND name = $2 AND attempt = $3 AND ($4::bigint IS NULL OR token = $4)
+      AND owner IS NOT NULL AND expires_at > now()
+    RETURNING 1
+), n AS (
+    SELECT pg_notify($5, '') FROM u
 )
-SELECT (SELECT count FROM u),
-       (SELECT owner IS NOT NULL AND owner <> $3 AND expires_at > now()
-        FROM dlock_leases WHERE ns = $1 AND name = $2)";
+SELECT (SELECT count(*) FROM u) > 0,
+       (SELECT attempt IS NOT NULL AND owner IS NOT NULL AND expires_at > now()
+               AND NOT (attempt = $3 AND ($4::bigint IS NULL OR token = $4))
+        FROM dlock_leases WHERE ns = $1 AND name = $2),
+       (SELECT count(*) FROM n)";
 
-/// Renews many holds at once. $1 ns, $2 names, $3 owners, $4 leases (ms).
+/// Renews many grants at once, each to at least its lease from now (never shortening).
+/// $1 ns, $2 names, $3 attempts, $4 tokens, $5 leases (ms).
 const RENEW: &str = "
-UPDATE dlock_leases l SET expires_at = now() + v.ms * interval '1 millisecond'
-FROM unnest($2::text[], $3::text[], $4::float8[]) AS v(name, owner, ms)
-WHERE l.ns = $1 AND l.name = v.name AND l.owner = v.owner AND l.expires_at > now()
-RETURNING l.name, l.owner";
+UPDATE dlock_leases l
+SET expires_at = GREATEST(l.expires_at, now() + v.ms * interval '1 millisecond')
+FROM unnest($2::text[], $3::text[], $4::bigint[], $5::float8[]) AS v(name, attempt, token, ms)
+WHERE l.ns = $1 AND l.name = v.name AND l.attempt = v.attempt AND l.token = v.token
+  AND l.owner IS NOT NULL AND l.expires_at > now()
+RETURNING l.name, l.attempt, l.token";
 
 const INSPECT: &str = "
-SELECT owner, count, token, (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::float8
+SELECT owner, attempt IS NOT NULL AND owner IS NOT NULL, token, (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::float8
 FROM dlock_leases WHERE ns = $1 AND name = $2";
 
 pub(crate) struct LeaseMode {
@@ -115,6 +140,7 @@ impl LeaseMode {
         let ns = self.common.namespace.as_str();
         let name: &str = &req.key.name;
         let owner: &str = &req.key.owner;
+        let attempt: &str = req.attempt.as_str();
         let lease = ms(req.lease);
         let rows = self
             .common
@@ -126,6 +152,7 @@ impl LeaseMode {
                         (&ns, Type::TEXT),
                         (&name, Type::TEXT),
                         (&owner, Type::TEXT),
+                        (&attempt, Type::TEXT),
                         (&lease, Type::FLOAT8),
                     ],
                 ),
@@ -146,63 +173,71 @@ impl LeaseMode {
         })
     }
 
-    pub(crate) async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
-        check_kind(key.kind)?;
+    /// Frees the row of `attempt`'s grant (with `token`, or any token of the attempt).
+    async fn free(&self, name: &str, attempt: &str, token: Option<i64>) -> Result<ReleaseOutcome> {
         let client = self.common.control().await?;
         let ns = self.common.namespace.as_str();
-        let name: &str = &key.name;
-        let owner: &str = &key.owner;
+        let chan = channel(lock_key(&self.common.namespace, name));
         let rows = self
             .common
             .run(
                 "releasing",
                 client.query_typed(
                     RELEASE,
-                    &[(&ns, Type::TEXT), (&name, Type::TEXT), (&owner, Type::TEXT)],
+                    &[
+                        (&ns, Type::TEXT),
+                        (&name, Type::TEXT),
+                        (&attempt, Type::TEXT),
+                        (&token, Type::INT8),
+                        (&chan, Type::TEXT),
+                    ],
                 ),
             )
             .await?;
         let row = rows.first().ok_or_else(|| shape("release", "no row"))?;
-        let left: Option<i32> = row.try_get(0).map_err(|e| shape("release", e))?;
-        match left {
-            Some(0) => {
-                // Wake waiters (after the release committed).
-                let chan = channel(lock_key(&self.common.namespace, name));
-                if let Err(e) = self
-                    .common
-                    .run(
-                        "notifying waiters",
-                        client.query_typed("SELECT pg_notify($1, '')", &[(&chan, Type::TEXT)]),
-                    )
-                    .await
-                {
-                    tracing::debug!(error = %e, "NOTIFY after release failed; waiters wake at their heartbeat");
-                }
-                Ok(ReleaseOutcome::Released)
-            }
-            Some(n) => Ok(ReleaseOutcome::StillHeld {
-                remaining: u32::try_from(n).unwrap_or(0),
-            }),
-            None => {
-                let other: Option<bool> = row.try_get(1).map_err(|e| shape("release", e))?;
-                Ok(if other == Some(true) {
-                    ReleaseOutcome::TakenByOther
-                } else {
-                    ReleaseOutcome::Expired
-                })
-            }
+        let released: bool = row.try_get(0).map_err(|e| shape("release", e))?;
+        if released {
+            return Ok(ReleaseOutcome::Released);
         }
+        let other: Option<bool> = row.try_get(1).map_err(|e| shape("release", e))?;
+        Ok(if other == Some(true) {
+            ReleaseOutcome::TakenByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
     }
 
-    pub(crate) async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+    /// Releases exactly the grant `grant` names: a repeated release finds the row freed (or
+    /// another grant's) and reports it, never freeing anything else.
+    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        check_kind(grant.key.kind)?;
+        let token = i64::try_from(grant.token).map_err(|_| shape("fencing token", grant.token))?;
+        self.free(&grant.key.name, grant.attempt.as_str(), Some(token))
+            .await
+    }
+
+    /// Gives back whatever grant the attempt holds (one whose reply was lost); there is no
+    /// server-side queue to leave. The attempt id is unique, so nothing else is touched.
+    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        check_kind(req.key.kind)?;
+        self.free(&req.key.name, req.attempt.as_str(), None)
+            .await
+            .map(|_| ())
+    }
+
+    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
-        for (k, _) in holds {
-            check_kind(k.kind)?;
+        for (g, _) in holds {
+            check_kind(g.key.kind)?;
         }
-        let names: Vec<&str> = holds.iter().map(|(k, _)| &*k.name).collect();
-        let owners: Vec<&str> = holds.iter().map(|(k, _)| &*k.owner).collect();
+        let names: Vec<&str> = holds.iter().map(|(g, _)| &*g.key.name).collect();
+        let attempts: Vec<&str> = holds.iter().map(|(g, _)| g.attempt.as_str()).collect();
+        let tokens = holds
+            .iter()
+            .map(|(g, _)| i64::try_from(g.token).map_err(|_| shape("fencing token", g.token)))
+            .collect::<Result<Vec<i64>>>()?;
         let leases: Vec<f64> = holds.iter().map(|(_, l)| ms(*l)).collect();
         let client = self.common.control().await?;
         let ns = self.common.namespace.as_str();
@@ -215,7 +250,8 @@ impl LeaseMode {
                     &[
                         (&ns, Type::TEXT),
                         (&names, Type::TEXT_ARRAY),
-                        (&owners, Type::TEXT_ARRAY),
+                        (&attempts, Type::TEXT_ARRAY),
+                        (&tokens, Type::INT8_ARRAY),
                         (&leases, Type::FLOAT8_ARRAY),
                     ],
                 ),
@@ -224,13 +260,16 @@ impl LeaseMode {
         let mut renewed = HashSet::with_capacity(rows.len());
         for r in &rows {
             let name: String = r.try_get(0).map_err(|e| shape("renew", e))?;
-            let owner: String = r.try_get(1).map_err(|e| shape("renew", e))?;
-            renewed.insert((name, owner));
+            let attempt: String = r.try_get(1).map_err(|e| shape("renew", e))?;
+            let token: i64 = r.try_get(2).map_err(|e| shape("renew", e))?;
+            renewed.insert((name, attempt, token));
         }
         Ok(holds
             .iter()
-            .map(|(k, _)| {
-                if renewed.contains(&(k.name.to_string(), k.owner.to_string())) {
+            .zip(&tokens)
+            .map(|((g, _), t)| {
+                let k = (g.key.name.to_string(), g.attempt.to_string(), *t);
+                if renewed.contains(&k) {
                     RenewOutcome::Renewed
                 } else {
                     RenewOutcome::NotHeld
@@ -256,14 +295,15 @@ impl LeaseMode {
         };
         if let Some(r) = rows.first() {
             let owner: Option<String> = r.try_get(0).map_err(|e| shape("inspect", e))?;
-            let count: i32 = r.try_get(1).map_err(|e| shape("inspect", e))?;
+            let granted: bool = r.try_get(1).map_err(|e| shape("inspect", e))?;
             let token: i64 = r.try_get(2).map_err(|e| shape("inspect", e))?;
             let left: f64 = r.try_get(3).map_err(|e| shape("inspect", e))?;
             info.fencing_token = u64::try_from(token).map_err(|_| shape("fencing token", token))?;
-            if let Some(owner) = owner.filter(|_| left.is_finite() && left > 0.0) {
+            if let Some(owner) = owner.filter(|_| granted && left.is_finite() && left > 0.0) {
                 info.holders.push(HolderInfo {
                     owner,
-                    count: u32::try_from(count).unwrap_or(0),
+                    // One grant; re-entrant guards are counted in the holder's client.
+                    count: 1,
                     lease_left: Some(Duration::from_secs_f64(left / 1000.0)),
                     ..Default::default()
                 });

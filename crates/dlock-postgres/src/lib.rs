@@ -41,7 +41,7 @@ pub use common::{channel, lock_key};
 use crate::common::Common;
 use crate::error::KIND;
 use dlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, Granted, HoldKey,
+    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, Granted,
     LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use std::str::FromStr;
@@ -248,11 +248,15 @@ impl PostgresBackend {
         let listener = listen::Listener::new(common.clone());
         let inner = match p.mode {
             Mode::Session => {
-                common.ensure_schema(session::TABLES, session::DDL).await?;
+                common
+                    .ensure_schema(session::TABLES, session::COLUMNS, session::DDL)
+                    .await?;
                 Inner::Session(session::SessionMode::new(common.clone()))
             }
             Mode::Lease => {
-                common.ensure_schema(lease::TABLES, lease::DDL).await?;
+                common
+                    .ensure_schema(lease::TABLES, lease::COLUMNS, lease::DDL)
+                    .await?;
                 Inner::Lease(lease::LeaseMode::new(common.clone()))
             }
         };
@@ -284,8 +288,8 @@ impl PostgresBackend {
         self.common.server_version
     }
 
-    /// Session mode: the backend pid of the connection holding `name` for `owner` in this
-    /// client. `SELECT pg_terminate_backend(pid)` revokes that lock at once.
+    /// Session mode: the backend pid of a connection holding `name` for `owner` in this
+    /// client (of one of its grants, if two clients' attempts share the owner id here). `SELECT pg_terminate_backend(pid)` revokes that lock at once.
     pub async fn holder_pid(&self, name: &str, owner: &str) -> Option<i32> {
         match &self.inner {
             Inner::Session(s) => s.holder_pid(name, owner).await,
@@ -293,7 +297,7 @@ impl PostgresBackend {
         }
     }
 
-    /// Session mode: idle connections kept for the next holder.
+    /// Session mode: idle connections kept for the next grant.
     pub fn idle_sessions(&self) -> usize {
         match &self.inner {
             Inner::Session(s) => s.idle_sessions(),
@@ -325,12 +329,21 @@ impl Backend for PostgresBackend {
         }
     }
 
-    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
+    /// Notifications are plain wake-ups (no grant travels in them: a woken waiter tries again
+    /// with its own attempt), so one subscription per lock serves every waiting attempt.
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         if !self.listen {
             return Ok(Box::new(listen::NoWatch));
         }
-        let chan = channel(lock_key(&self.common.namespace, &key.name));
+        let chan = channel(lock_key(&self.common.namespace, &req.key.name));
         self.listener.watch(chan).await
+    }
+
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        match &self.inner {
+            Inner::Session(s) => s.give_up(req).await,
+            Inner::Lease(l) => l.give_up(req).await,
+        }
     }
 
     async fn acquire_wait(
@@ -345,14 +358,14 @@ impl Backend for PostgresBackend {
         }
     }
 
-    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         match &self.inner {
-            Inner::Session(s) => s.release(key).await,
-            Inner::Lease(l) => l.release(key).await,
+            Inner::Session(s) => s.release(grant).await,
+            Inner::Lease(l) => l.release(grant).await,
         }
     }
 
-    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         match &self.inner {
             Inner::Session(s) => s.renew(holds).await,
             Inner::Lease(l) => l.renew(holds).await,
