@@ -3,7 +3,7 @@
 use dlock_core::{Client, ClientOptions};
 use dlock_etcd::EtcdBackend;
 use dlock_testkit::conformance::{Caps, Harness};
-use dlock_testkit::EtcdCluster;
+use dlock_testkit::{EtcdCluster, ProxyControl};
 use etcd_client::DeleteOptions;
 use std::sync::Arc;
 
@@ -35,6 +35,18 @@ impl Harness for Etcd {
         }
     }
 
+    /// A proxy in front of every member.
+    async fn proxied_client(&self, opts: ClientOptions) -> Option<(Client, ProxyControl)> {
+        let addrs: Vec<_> = (0..self.cluster.len())
+            .map(|i| self.cluster.client_addr(i))
+            .collect();
+        let proxy = ProxyControl::start(&addrs).expect("proxies");
+        let backend = EtcdBackend::connect(&format!("etcd://{}", proxy.hosts()), &opts)
+            .await
+            .expect("connect through the proxies");
+        Some((Client::new(Arc::new(backend), opts).expect("client"), proxy))
+    }
+
     async fn break_lock(&self, name: &str) {
         let opts = ClientOptions::default();
         let b = EtcdBackend::connect(&self.cluster.url(), &opts)
@@ -53,3 +65,4 @@ impl Harness for Etcd {
 }
 
 dlock_testkit::conformance_suite!(Etcd::start());
+dlock_testkit::adversarial_suite!(Etcd::start());

@@ -2,6 +2,7 @@
 
 mod support;
 
+use dlock_testkit::ProxyControl;
 use dlock_testkit::conformance::{Caps, Harness};
 use support::My;
 
@@ -9,6 +10,22 @@ use support::My;
 impl Harness for My {
     async fn client(&self, opts: dlock_core::ClientOptions) -> dlock_core::Client {
         self.client_with(opts).await
+    }
+
+    /// A proxy in front of the server: the URL with the proxy's port.
+    async fn proxied_client(
+        &self,
+        opts: dlock_core::ClientOptions,
+    ) -> Option<(dlock_core::Client, ProxyControl)> {
+        let proxy = ProxyControl::start(&[self.server.addr()]).expect("proxy");
+        let url = self
+            .url()
+            .replace(&format!("127.0.0.1:{}", self.server.port()), &proxy.hosts());
+        let backend = dlock_mysql::MysqlBackend::connect(&url, &opts)
+            .await
+            .expect("connect through the proxy");
+        let client = dlock_core::Client::new(std::sync::Arc::new(backend), opts).expect("client");
+        Some((client, proxy))
     }
 
     fn caps(&self) -> Caps {
@@ -34,3 +51,4 @@ impl Harness for My {
 }
 
 dlock_testkit::conformance_suite!(My::table());
+dlock_testkit::adversarial_suite!(My::table());

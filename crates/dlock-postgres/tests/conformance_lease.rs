@@ -2,6 +2,7 @@
 
 mod support;
 
+use dlock_testkit::ProxyControl;
 use dlock_testkit::conformance::{Caps, Harness};
 use support::Pg;
 
@@ -9,6 +10,22 @@ use support::Pg;
 impl Harness for Pg {
     async fn client(&self, opts: dlock_core::ClientOptions) -> dlock_core::Client {
         self.client_with(opts).await
+    }
+
+    /// A proxy in front of the server: the URL with the proxy's port.
+    async fn proxied_client(
+        &self,
+        opts: dlock_core::ClientOptions,
+    ) -> Option<(dlock_core::Client, ProxyControl)> {
+        let proxy = ProxyControl::start(&[self.server.addr()]).expect("proxy");
+        let url = self
+            .url()
+            .replace(&format!("127.0.0.1:{}", self.server.port()), &proxy.hosts());
+        let backend = dlock_postgres::PostgresBackend::connect(&url, &opts)
+            .await
+            .expect("connect through the proxy");
+        let client = dlock_core::Client::new(std::sync::Arc::new(backend), opts).expect("client");
+        Some((client, proxy))
     }
 
     fn caps(&self) -> Caps {
@@ -33,3 +50,4 @@ impl Harness for Pg {
 }
 
 dlock_testkit::conformance_suite!(Pg::lease());
+dlock_testkit::adversarial_suite!(Pg::lease());

@@ -3,7 +3,7 @@
 use dlock_core::{Client, ClientOptions};
 use dlock_redis::RedisBackend;
 use dlock_testkit::conformance::{Caps, Harness};
-use dlock_testkit::RedisServer;
+use dlock_testkit::{ProxyControl, RedisServer};
 use std::sync::Arc;
 
 struct Redis {
@@ -34,6 +34,20 @@ impl Harness for Redis {
         }
     }
 
+    async fn proxied_client(&self, opts: ClientOptions) -> Option<(Client, ProxyControl)> {
+        let proxy = ProxyControl::start(&[self.server.addr()]).expect("proxy");
+        let backend = RedisBackend::connect(&format!("redis://{}", proxy.hosts()), &opts)
+            .await
+            .expect("connect through the proxy");
+        Some((Client::new(Arc::new(backend), opts).expect("client"), proxy))
+    }
+
+    /// A crash without persistence, as far as the data goes.
+    async fn lose_data(&self) -> bool {
+        assert_eq!(self.server.command(&["FLUSHALL"]).expect("FLUSHALL"), "OK");
+        true
+    }
+
     async fn break_lock(&self, name: &str) {
         let reply = self
             .server
@@ -44,3 +58,4 @@ impl Harness for Redis {
 }
 
 dlock_testkit::conformance_suite!(Redis::start());
+dlock_testkit::adversarial_suite!(Redis::start());

@@ -4,7 +4,10 @@ mod common;
 
 use common::Cluster;
 use dlock_core::{Client, ClientOptions};
+use dlock_redlock::RedlockBackend;
+use dlock_testkit::ProxyControl;
 use dlock_testkit::conformance::{Caps, Harness};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Redlock over `N` fresh redis-servers (a restart quarantine of 500 ms, so the harness
@@ -35,6 +38,27 @@ impl<const N: usize> Harness for Redlock<N> {
         }
     }
 
+    /// A proxy in front of every node (the control faults all of them at once; one node's
+    /// proxy is `proxies()[i]`).
+    async fn proxied_client(&self, opts: ClientOptions) -> Option<(Client, ProxyControl)> {
+        self.cluster.settle().await;
+        let addrs: Vec<_> = self.cluster.servers.iter().map(|s| s.addr()).collect();
+        let proxy = ProxyControl::start(&addrs).expect("proxies");
+        let url = format!("redlock://{}?quarantine=500ms", proxy.hosts());
+        let backend = RedlockBackend::connect(&url, &opts)
+            .await
+            .expect("connect through the proxies");
+        Some((Client::new(Arc::new(backend), opts).expect("client"), proxy))
+    }
+
+    /// Every node crashes without persistence, as far as the data goes.
+    async fn lose_data(&self) -> bool {
+        for s in &self.cluster.servers {
+            assert_eq!(s.command(&["FLUSHALL"]).expect("FLUSHALL"), "OK");
+        }
+        true
+    }
+
     async fn break_lock(&self, name: &str) {
         let all: Vec<usize> = (0..N).collect();
         self.cluster
@@ -47,9 +71,11 @@ impl<const N: usize> Harness for Redlock<N> {
 mod three_nodes {
     use super::*;
     dlock_testkit::conformance_suite!(Redlock::<3>::start());
+    dlock_testkit::adversarial_suite!(Redlock::<3>::start());
 }
 
 mod five_nodes {
     use super::*;
     dlock_testkit::conformance_suite!(Redlock::<5>::start());
+    dlock_testkit::adversarial_suite!(Redlock::<5>::start());
 }

@@ -6,7 +6,7 @@
 
 use dlock_core::{Client, ClientOptions, LockKind};
 use dlock_testkit::conformance::{Caps, Harness};
-use dlock_testkit::ZkEnsemble;
+use dlock_testkit::{ProxyControl, ZkEnsemble};
 use dlock_zookeeper::ZkBackend;
 use std::sync::Arc;
 use zookeeper_client as zk;
@@ -41,6 +41,18 @@ impl Harness for Zk {
         }
     }
 
+    /// A proxy in front of every node.
+    async fn proxied_client(&self, opts: ClientOptions) -> Option<(Client, ProxyControl)> {
+        let addrs: Vec<_> = (0..self.ensemble.len())
+            .map(|i| self.ensemble.addr(i))
+            .collect();
+        let proxy = ProxyControl::start(&addrs).expect("proxies");
+        let backend = ZkBackend::connect(&format!("zk://{}", proxy.hosts()), &opts)
+            .await
+            .expect("connect through the proxies");
+        Some((Client::new(Arc::new(backend), opts).expect("client"), proxy))
+    }
+
     /// Deletes every lock node of the mutex `name`, as an operator with `zkCli.sh` might.
     async fn break_lock(&self, name: &str) {
         let zk = zk::Client::connect(&self.ensemble.connect_string())
@@ -59,3 +71,4 @@ impl Harness for Zk {
 }
 
 dlock_testkit::conformance_suite!(Zk::start());
+dlock_testkit::adversarial_suite!(Zk::start());

@@ -392,6 +392,18 @@ pub async fn late_reply_on_renew<H: Harness>(h: &H) {
         })
         .await;
         proxy.heal();
+        // Let the next renewal (the retry, or the next tick) be confirmed before faulting
+        // again: two faulted ticks in a row may rightly cost a lease renewed at a third of it.
+        let healed = proxy.stats();
+        wait_proxy("an undelayed renewal reply", &proxy, |s| {
+            s.replies.chunks_read > healed.replies.chunks_read
+        })
+        .await;
+        let read = proxy.stats().replies.chunks_read;
+        wait_proxy("the renewal replies delivered", &proxy, |s| {
+            s.replies.chunks_forwarded >= read
+        })
+        .await;
         assert!(!g.is_lost(), "{case}: lost on a late renewal reply");
     }
     assert_excluded(case, &b, &name, &g, Duration::from_millis(1500), true).await;
