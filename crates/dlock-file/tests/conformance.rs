@@ -4,8 +4,8 @@ use dlock_core::{Client, ClientOptions};
 use dlock_file::FileBackend;
 use dlock_testkit::conformance::{Caps, Harness};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 static SEQ: AtomicU64 = AtomicU64::new(0);

@@ -2,8 +2,8 @@
 
 mod support;
 
-use dlock_testkit::ProxyControl;
 use dlock_testkit::conformance::{Caps, Harness};
+use dlock_testkit::ProxyControl;
 use support::My;
 
 #[async_trait::async_trait]

@@ -5,8 +5,8 @@ mod common;
 use common::Cluster;
 use dlock_core::{Client, ClientOptions};
 use dlock_redlock::RedlockBackend;
-use dlock_testkit::ProxyControl;
 use dlock_testkit::conformance::{Caps, Harness};
+use dlock_testkit::ProxyControl;
 use std::sync::Arc;
 use std::time::Duration;
 
