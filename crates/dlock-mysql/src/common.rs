@@ -2,8 +2,8 @@
 
 use crate::error::{conn_dead, map, timeout};
 use dlock_core::Result;
-use mysql_async::prelude::Queryable;
-use mysql_async::Conn;
+use mysql_async::prelude::{FromValue, Queryable};
+use mysql_async::{Conn, Row};
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::Mutex as StdMutex;
@@ -71,6 +71,41 @@ impl Common {
         }
     }
 
+    /// How long work that must not be cut short by a caller's timeout (a request whose reply is
+    /// late: its outcome decides who holds the lock) waits for the server before it gives up
+    /// and closes the connection.
+    pub(crate) fn slow_limit(&self) -> Duration {
+        (self.op_timeout * 4).max(Duration::from_secs(2))
+    }
+
+    /// Runs one driver call with the long timeout of [`Common::slow_limit`].
+    pub(crate) async fn slow_call<T>(
+        &self,
+        f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
+    ) -> Call<T> {
+        match tokio::time::timeout(self.slow_limit(), f).await {
+            Ok(Ok(v)) => Call::Ok(v),
+            Ok(Err(e)) => Call::Err(e),
+            Err(_) => Call::Timeout,
+        }
+    }
+
+    /// Turns a slow call's end into a result.
+    pub(crate) fn slow_result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
+        match c {
+            Call::Timeout => Err(timeout(&self.endpoint, what, self.slow_limit())),
+            other => self.result(what, other),
+        }
+    }
+
+    /// The error of a slow call that did not succeed.
+    pub(crate) fn slow_error<T>(&self, what: &str, c: Call<T>) -> dlock_core::Error {
+        match c {
+            Call::Timeout => timeout(&self.endpoint, what, self.slow_limit()),
+            other => self.error(what, other),
+        }
+    }
+
     /// Runs one driver call with the per-call timeout.
     pub(crate) async fn call<T>(
         &self,
@@ -121,13 +156,22 @@ impl Common {
     {
         let mut conn = self.take().await?;
         let c = self.call(f(&mut conn)).await;
-        if Self::reusable(&c) {
-            self.put(conn);
-        } else if matches!(&c, Call::Err(e) if conn_dead(e)) {
-            // The server went away (restart, failover): the other idle connections too.
-            self.forget_idle();
-        }
+        // A dead server (restart, failover) takes the other idle connections with it.
+        self.after_failure_or_put(conn, &c);
         self.result(what, c)
+    }
+
+    /// Disposes of a connection after call `c` on it: kept if it succeeded or the server merely
+    /// refused the statement, closed otherwise (and the idle ones too if the server went away).
+    pub(crate) fn after_failure_or_put<T>(&self, conn: Conn, c: &Call<T>) {
+        if Self::reusable(c) {
+            self.put(conn);
+        } else {
+            if matches!(c, Call::Err(e) if conn_dead(e)) {
+                self.forget_idle();
+            }
+            close(conn);
+        }
     }
 
     /// Drops every idle connection.
@@ -175,6 +219,84 @@ impl Common {
         })
         .await
     }
+}
+
+/// Closes a connection now, whatever state its protocol is in (a call on it timed out, so a
+/// reply may still be on its way and the connection must never be used again). The socket
+/// closes before this returns: the server ends the session — rolling back its transaction and
+/// freeing its `GET_LOCK` — as soon as it sees that, instead of whenever a polite disconnect
+/// (which first waits for the pending reply) would get through.
+pub(crate) fn close(conn: Conn) {
+    use futures_util::FutureExt;
+    // One poll marks the connection disconnected and queues `COM_QUIT` if the socket takes
+    // it; dropping the future then drops the connection with its socket.
+    let _ = conn.disconnect().now_or_never();
+}
+
+/// Runs a text query of several statements and returns the rows of each result set that has
+/// columns (statements without a result set, like `SET` or `UPDATE`, give none).
+pub(crate) async fn query_sets(
+    conn: &mut Conn,
+    sql: String,
+) -> std::result::Result<Vec<Vec<Row>>, mysql_async::Error> {
+    let mut r = conn.query_iter(sql).await?;
+    let mut out = Vec::new();
+    // Bounded: a query of ours has a handful of statements.
+    for _ in 0..256 {
+        if r.is_empty() {
+            break;
+        }
+        let has_columns = !r.columns_ref().is_empty();
+        let rows: Vec<Row> = r.collect().await?;
+        if has_columns {
+            out.push(rows);
+        }
+    }
+    Ok(out)
+}
+
+/// The first row of the last result set of `sets`.
+pub(crate) fn last_row<'a>(what: &str, sets: &'a [Vec<Row>]) -> Result<&'a Row> {
+    sets.last()
+        .and_then(|rows| rows.first())
+        .ok_or_else(|| crate::error::shape(what, "no row"))
+}
+
+/// Column `i` of `row` as a `T` (NULL is `None` when `T` is an `Option`).
+pub(crate) fn col<T: FromValue>(what: &str, row: &Row, i: usize) -> Result<T> {
+    match row.get_opt::<T, usize>(i) {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(e)) => Err(crate::error::shape(what, format!("column {i}: {e}"))),
+        None => Err(crate::error::shape(what, format!("no column {i}"))),
+    }
+}
+
+/// A string as an SQL expression that cannot break out of its quotes: a hex literal converted
+/// to utf8mb4. Multi-statement text queries (one round trip, so that a late reply belongs to
+/// one request that happened entirely or not at all) cannot take parameters.
+pub(crate) fn sql_str(s: &str) -> String {
+    if s.is_empty() {
+        return "CONVERT('' USING utf8mb4)".to_owned();
+    }
+    let mut out = String::with_capacity(s.len() * 2 + 24);
+    out.push_str("CONVERT(X'");
+    for b in s.as_bytes() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out.push_str("' USING utf8mb4)");
+    out
+}
+
+/// An attempt id, quoted for SQL. The core makes them of hex digits; anything else (an id
+/// made by hand) is refused rather than inlined.
+pub(crate) fn sql_attempt(id: &dlock_core::AttemptId) -> Result<String> {
+    let s = id.as_str();
+    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(dlock_core::Error::invalid(format!(
+            "attempt id `{s}` is not 1 to 64 ASCII letters and digits"
+        )));
+    }
+    Ok(format!("'{s}'"))
 }
 
 /// The lock's key: `dlock:` and 32 lowercase hex digits, the first 128 bits of

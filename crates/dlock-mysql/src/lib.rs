@@ -36,7 +36,7 @@ pub use common::lock_key;
 use crate::common::Common;
 use crate::error::KIND;
 use dlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, Granted, HoldKey,
+    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, Granted,
     LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result, Wake,
 };
 use std::sync::Arc;
@@ -199,7 +199,9 @@ impl MysqlBackend {
             Mode::Session => Inner::Session(session::SessionMode::new(common.clone())),
             Mode::Table => {
                 common.ensure_schema(table::DDL).await?;
-                Inner::Table(table::TableMode::new(common.clone()))
+                let t = table::TableMode::new(common.clone());
+                t.migrate().await?;
+                Inner::Table(t)
             }
         };
         Ok(MysqlBackend { common, inner })
@@ -219,7 +221,8 @@ impl MysqlBackend {
     }
 
     /// Session mode: the connection id holding `name` for `owner` in this client
-    /// (`KILL id` revokes that lock at once).
+    /// (`KILL id` revokes that lock at once). `None` in table mode, or if this client holds
+    /// no grant of `name` for `owner`.
     pub async fn holder_connection(&self, name: &str, owner: &str) -> Option<u32> {
         match &self.inner {
             Inner::Session(s) => s.holder_connection(name, owner).await,
@@ -256,7 +259,7 @@ impl Backend for MysqlBackend {
         }
     }
 
-    async fn watch(&self, _key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
+    async fn watch(&self, _req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         Ok(Box::new(NoWatch))
     }
 
@@ -272,14 +275,21 @@ impl Backend for MysqlBackend {
         }
     }
 
-    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
         match &self.inner {
-            Inner::Session(s) => s.release(key).await,
-            Inner::Table(t) => t.release(key).await,
+            Inner::Session(s) => s.give_up(req).await,
+            Inner::Table(t) => t.give_up(req).await,
         }
     }
 
-    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        match &self.inner {
+            Inner::Session(s) => s.release(grant).await,
+            Inner::Table(t) => t.release(grant).await,
+        }
+    }
+
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         match &self.inner {
             Inner::Session(s) => s.renew(holds).await,
             Inner::Table(t) => t.renew(holds).await,

@@ -1,28 +1,45 @@
-//! Session mode: `GET_LOCK` on a dedicated connection per holder.
+//! Session mode: `GET_LOCK` on a dedicated connection per grant.
 //!
 //! The lock lives as long as the holder's connection: when the process dies, its connection
 //! closes and the server frees the lock. The lease is enforced by the server too: the
-//! connection's `wait_timeout` is the lease (rounded up to whole seconds), renewals are
-//! statements on that connection, so a holder that stops renewing is disconnected, and loses
-//! the lock, when the lease ends. Waiting is server-side: `GET_LOCK(name, seconds left)`,
-//! stopped with `KILL QUERY`.
+//! connection's `wait_timeout` covers the lease (rounded up to whole seconds, plus a grace),
+//! renewals are statements on that connection, so a holder that stops renewing is
+//! disconnected, and loses the lock, when the lease ends. Waiting is server-side:
+//! `GET_LOCK(name, seconds left)`, stopped with `KILL QUERY`.
+//!
+//! # Grants are addressed by attempt
+//! Each acquisition attempt ([`AttemptId`]) has its own slot here, holding at most one
+//! connection — the one whose `GET_LOCK` is the attempt's grant — and the grant's token. Two
+//! attempts, even of one owner, are two holders: the second one's `GET_LOCK` on its own
+//! connection finds the lock taken. Every request on a slot runs in a task of its own, one at
+//! a time in arrival order, and runs to its end even when its caller stops waiting: this
+//! process is the "server" of the attempt's state, and a request whose reply came too late
+//! for its caller still takes effect exactly once. A retry then finds that effect — the grant
+//! made (same connection, same token; the lease extended, never shortened), the lock released
+//! — instead of taking a second connection or leaving one behind holding the lock. A request
+//! the server does not answer even within [`Common::slow_limit`] closes its connection, which
+//! frees whatever `GET_LOCK` it held.
 //!
 //! Tables: `dlock_fence` (last fencing token per lock key, bumped with
-//! `LAST_INSERT_ID(token + 1)` while the lock is held) and `dlock_holders` (holder, count,
-//! connection id, lease end — for `inspect` and the `Held` ttl; a row counts only while its
-//! connection id is the one `IS_USED_LOCK` reports).
+//! `LAST_INSERT_ID(token + 1)` while the lock is held) and `dlock_holders` (holder, connection
+//! id, lease end — for `inspect` and the `Held` ttl; a row counts only while its connection id
+//! is the one `IS_USED_LOCK` reports).
 
-use crate::common::{lock_key, micros, wait_timeout_secs, Call, Common};
-use crate::error::{conn_dead, shape, KIND};
+use crate::common::{
+    close, col, last_row, lock_key, micros, query_sets, sql_str, wait_timeout_secs, Call, Common,
+};
+use crate::error::{conn_dead, shape, timeout, KIND};
+use dlock_core::clock;
 use dlock_core::{
-    AcquireReply, AcquireRequest, Error, Granted, HoldKey, HolderInfo, LockInfo, LockKind,
-    ReleaseOutcome, RenewOutcome, Result,
+    AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, Granted, HoldKey, HolderInfo,
+    LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
 };
 use mysql_async::prelude::Queryable;
-use mysql_async::Conn;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex as StdMutex};
+use mysql_async::{Conn, Row};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) const DDL: &[&str] = &[
@@ -46,33 +63,62 @@ pub(crate) const DDL: &[&str] = &[
     ) ENGINE=InnoDB",
 ];
 
-/// Bumps the name's fencing counter; `LAST_INSERT_ID()` then returns the new token.
-pub(crate) const BUMP_FENCE: &str = "INSERT INTO dlock_fence (lock_key, ns, name, token) \
-     VALUES (?, ?, ?, LAST_INSERT_ID(1)) \
-     ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)";
+/// How long a released grant is remembered, so that a repeated release (its first reply was
+/// late) is reported as such ([`ReleaseOutcome::Expired`]) even after another client took the
+/// lock. A retry comes within the core's retry policy, far sooner.
+const RELEASED_KEEP: Duration = Duration::from_secs(60);
+/// At most this many released grants are remembered (oldest forgotten first).
+const RELEASED_MAX: usize = 4096;
 
-/// One owner's hold on one name, on its own connection.
-struct OwnerSession {
+/// The grant an attempt holds: the connection whose `GET_LOCK` it is, and its token.
+struct Grant {
     conn: Conn,
-    count: u32,
     token: u64,
-    /// Local estimate of when the server-side lease ends.
-    lease_end: Instant,
-    /// A final release was sent but its answer never came (timeout): if the lock turns out
-    /// to be gone on the next try, that release did it.
-    release_sent: bool,
+    /// The latest lease end promised by a request on this connection that set the lease (its
+    /// send time plus its lease): a new `wait_timeout` never ends before it, so no later
+    /// request, however short its lease, shortens what an earlier one promised.
+    lease_end: clock::Instant,
 }
 
 #[derive(Default)]
-struct Slot {
-    state: tokio::sync::Mutex<Option<OwnerSession>>,
+enum State {
+    #[default]
+    Free,
+    Held(Grant),
 }
 
-type SlotKey = (Arc<str>, Arc<str>);
+/// One attempt's state.
+struct Slot {
+    name: Arc<str>,
+    owner: Arc<str>,
+    state: Arc<tokio::sync::Mutex<State>>,
+}
+
+/// A request on one attempt's slot.
+enum Op {
+    Acquire { lease: Duration },
+    Release { token: u64 },
+    Renew { token: u64, lease: Duration },
+    GiveUp,
+}
+
+/// What a request on a slot answered.
+enum Done {
+    Acquire(AcquireReply),
+    Release(ReleaseOutcome),
+    Renew(RenewOutcome),
+    GiveUp,
+}
+
+struct Inner {
+    common: Arc<Common>,
+    slots: StdMutex<HashMap<AttemptId, Arc<Slot>>>,
+    /// Grants this client released recently (attempt, token, when).
+    released: StdMutex<VecDeque<(AttemptId, u64, Instant)>>,
+}
 
 pub(crate) struct SessionMode {
-    common: Arc<Common>,
-    slots: StdMutex<HashMap<SlotKey, Arc<Slot>>>,
+    inner: Arc<Inner>,
 }
 
 fn check_kind(kind: LockKind) -> Result<()> {
@@ -90,122 +136,348 @@ fn check_kind(kind: LockKind) -> Result<()> {
 
 /// How a server-side wait ended.
 enum WaitEnd {
-    Got(i64),
+    Got(Option<i64>),
     Failed(mysql_async::Error),
     /// Stopped (cancel or deadline); whether the lock was granted before the stop landed.
     Stopped(Option<bool>),
 }
 
-impl SessionMode {
-    pub(crate) fn new(common: Arc<Common>) -> Self {
-        SessionMode {
-            common,
-            slots: StdMutex::new(HashMap::new()),
-        }
+/// The value of the `GET_LOCK` that ends a query (`None`: NULL, or no such row).
+fn lock_reply(sets: &[Vec<Row>]) -> Option<i64> {
+    let row = sets.last()?.first()?;
+    row.get_opt::<Option<i64>, usize>(0)?.ok()?
+}
+
+impl Inner {
+    fn lk(&self, name: &str) -> String {
+        lock_key(&self.common.namespace, name)
     }
 
-    fn slot(&self, key: &HoldKey) -> Arc<Slot> {
-        self.slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry((key.name.clone(), key.owner.clone()))
-            .or_default()
+    fn slots(&self) -> MutexGuard<'_, HashMap<AttemptId, Arc<Slot>>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slot(&self, attempt: &AttemptId, key: &HoldKey) -> Arc<Slot> {
+        self.slots()
+            .entry(attempt.clone())
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    name: key.name.clone(),
+                    owner: key.owner.clone(),
+                    state: Arc::default(),
+                })
+            })
             .clone()
     }
 
-    fn existing_slot(&self, key: &HoldKey) -> Option<Arc<Slot>> {
-        self.slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&(key.name.clone(), key.owner.clone()))
-            .cloned()
+    fn existing(&self, attempt: &AttemptId) -> Option<Arc<Slot>> {
+        self.slots().get(attempt).cloned()
     }
 
-    fn tidy(&self, key: &HoldKey, slot: Arc<Slot>) {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let k = (key.name.clone(), key.owner.clone());
-        let ours = slots.get(&k).is_some_and(|s| Arc::ptr_eq(s, &slot));
+    /// Forgets a slot that holds nothing and that no other request is about to use (`slot`
+    /// is the caller's reference, the map has the other).
+    fn tidy(&self, attempt: &AttemptId, slot: Arc<Slot>) {
+        let mut slots = self.slots();
+        let ours = slots.get(attempt).is_some_and(|s| Arc::ptr_eq(s, &slot));
         if ours && Arc::strong_count(&slot) == 2 {
             if let Ok(st) = slot.state.try_lock() {
-                if st.is_none() {
+                if matches!(*st, State::Free) {
                     drop(st);
-                    slots.remove(&k);
+                    slots.remove(attempt);
                 }
             }
         }
     }
 
-    /// Hands a connection that holds no lock back to the pool, with the default idle timeout.
-    async fn give_back(&self, mut conn: Conn) {
-        let c = self
-            .common
-            .call(conn.query_drop("SET SESSION wait_timeout = @@GLOBAL.wait_timeout"))
-            .await;
-        if Common::reusable(&c) {
-            self.common.put(conn);
+    fn record_released(&self, attempt: &AttemptId, token: u64) {
+        let mut r = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        while r.len() >= RELEASED_MAX
+            || r.front()
+                .is_some_and(|(_, _, at)| now.duration_since(*at) > RELEASED_KEEP)
+        {
+            r.pop_front();
+        }
+        r.push_back((attempt.clone(), token, now));
+    }
+
+    fn was_released(&self, attempt: &AttemptId, token: u64) -> bool {
+        let r = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        r.iter().any(|(a, t, _)| a == attempt && *t == token)
+    }
+
+    async fn apply(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        attempt: &AttemptId,
+        op: Op,
+    ) -> Result<Done> {
+        match op {
+            Op::Acquire { lease } => self.acquire(slot, st, lease).await.map(Done::Acquire),
+            Op::Release { token } => self
+                .release(slot, st, attempt, token)
+                .await
+                .map(Done::Release),
+            Op::Renew { token, lease } => {
+                let held = matches!(st, State::Held(g) if g.token == token);
+                let renewed = held && self.extend(&slot.name, st, lease).await?;
+                Ok(Done::Renew(if renewed {
+                    RenewOutcome::Renewed
+                } else {
+                    RenewOutcome::NotHeld
+                }))
+            }
+            Op::GiveUp => {
+                if matches!(st, State::Held(_)) {
+                    self.release_held(slot, st, attempt).await?;
+                }
+                Ok(Done::GiveUp)
+            }
         }
     }
 
-    /// Records a grant `conn` holds and returns its fencing token. On error the connection
-    /// is closed (freeing the lock).
-    async fn register(&self, conn: &mut Conn, key: &HoldKey, lease: Duration) -> Result<u64> {
-        let lk = lock_key(&self.common.namespace, &key.name);
-        let ns = self.common.namespace.as_str();
-        let name: &str = &key.name;
-        let owner: &str = &key.owner;
-        let secs = wait_timeout_secs(lease);
+    /// One try: a retry of an attempt that holds the lock extends its lease and answers its
+    /// token; otherwise `GET_LOCK(key, 0)` on a connection of its own.
+    async fn acquire(&self, slot: &Slot, st: &mut State, lease: Duration) -> Result<AcquireReply> {
+        if let State::Held(g) = st {
+            let token = g.token;
+            if self.extend(&slot.name, st, lease).await? {
+                return Ok(AcquireReply::Granted { token });
+            }
+            // That grant is gone (its connection died): this try is a fresh one.
+        }
+        let lk = self.lk(&slot.name);
+        let mut conn = self.common.take().await?;
+        let sent = clock::Instant::now();
+        // The lease is on the connection before the lock is: a connection this process loses
+        // track of frees the lock when the lease ends, not after the server's default hours.
+        let sql = format!(
+            "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', 0)",
+            wait_timeout_secs(lease)
+        );
+        let c = self.common.slow_call(query_sets(&mut conn, sql)).await;
+        let got = match c {
+            Call::Ok(sets) => lock_reply(&sets),
+            other => {
+                if matches!(&other, Call::Err(e) if conn_dead(e)) {
+                    self.common.forget_idle();
+                }
+                // Whatever the connection holds goes with it.
+                close(conn);
+                return Err(self.common.slow_error("GET_LOCK", other));
+            }
+        };
+        match got {
+            Some(1) => {
+                let token = match self.register(&mut conn, slot, lease).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        // Closing the connection frees the lock nobody will be told of.
+                        close(conn);
+                        return Err(e);
+                    }
+                };
+                *st = State::Held(Grant {
+                    conn,
+                    token,
+                    lease_end: sent + lease,
+                });
+                Ok(AcquireReply::Granted { token })
+            }
+            Some(0) => Ok(AcquireReply::Held {
+                ttl: self.held_ttl(conn, &lk).await,
+            }),
+            other => {
+                close(conn);
+                Err(shape("GET_LOCK", format!("{other:?}")))
+            }
+        }
+    }
+
+    /// Records the grant `conn` holds (new fencing token, holder row) and returns its token,
+    /// in one round trip. On error the caller closes the connection (freeing the lock).
+    async fn register(&self, conn: &mut Conn, slot: &Slot, lease: Duration) -> Result<u64> {
+        let lk = self.lk(&slot.name);
+        let ns = sql_str(&self.common.namespace);
+        let name = sql_str(&slot.name);
+        let owner = sql_str(&slot.owner);
         let us = micros(lease);
-        let c = self
-            .common
-            .call(async {
-                conn.query_drop(format!("SET SESSION wait_timeout = {secs}"))
-                    .await?;
-                conn.exec_drop(BUMP_FENCE, (lk.as_str(), ns, name)).await?;
-                let token: Option<u64> = conn.query_first("SELECT LAST_INSERT_ID()").await?;
-                conn.exec_drop(
-                    "DELETE FROM dlock_holders WHERE lock_key = ? AND owner <> ?",
-                    (lk.as_str(), owner),
-                )
-                .await?;
-                conn.exec_drop(
-                    "REPLACE INTO dlock_holders \
-                     (lock_key, owner, ns, name, token, count, conn_id, acquired_at, expires_at) \
-                     VALUES (?, ?, ?, ?, ?, 1, CONNECTION_ID(), UTC_TIMESTAMP(6), \
-                             UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
-                    (lk.as_str(), owner, ns, name, token.unwrap_or(0), us),
-                )
-                .await?;
-                Ok(token)
-            })
-            .await;
-        match self.common.result("recording the grant", c)? {
+        // Rows of earlier holders are stale: this connection holds `GET_LOCK` now.
+        let sql = format!(
+            "INSERT INTO dlock_fence (lock_key, ns, name, token) \
+             VALUES ('{lk}', {ns}, {name}, LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1); \
+             SET @dlock_token = LAST_INSERT_ID(); \
+             DELETE FROM dlock_holders WHERE lock_key = '{lk}'; \
+             INSERT INTO dlock_holders \
+             (lock_key, owner, ns, name, token, count, conn_id, acquired_at, expires_at) \
+             VALUES ('{lk}', {owner}, {ns}, {name}, @dlock_token, 1, CONNECTION_ID(), \
+                     UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND); \
+             SELECT @dlock_token"
+        );
+        let c = self.common.slow_call(query_sets(conn, sql)).await;
+        let sets = self.common.slow_result("recording the grant", c)?;
+        match col::<Option<u64>>("fencing token", last_row("fencing token", &sets)?, 0)? {
             Some(t) if t > 0 => Ok(t),
             other => Err(shape("fencing token", format!("{other:?}"))),
         }
     }
 
-    async fn holder_ttl(&self, lk: &str) -> Option<Duration> {
-        let lk = lk.to_owned();
-        let us: Option<i64> = self
-            .common
-            .with_conn("reading the holder's lease", move |c| {
-                Box::pin(async move {
-                    c.exec_first(
-                        "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
-                         FROM dlock_holders WHERE lock_key = ? AND conn_id = IS_USED_LOCK(?)",
-                        (lk.as_str(), lk.as_str()),
-                    )
-                    .await
-                })
-            })
-            .await
-            .ok()??;
-        let us = us?;
-        (us > 0).then(|| Duration::from_micros(us as u64))
+    /// The holder's lease left (for a waiter's sleep), read on `conn`, which also gets its
+    /// default `wait_timeout` back and returns to the pool.
+    async fn held_ttl(&self, mut conn: Conn, lk: &str) -> Option<Duration> {
+        let sql = format!(
+            "SET SESSION wait_timeout = @@GLOBAL.wait_timeout; \
+             SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+             FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = IS_USED_LOCK('{lk}')"
+        );
+        let c = self.common.call(query_sets(&mut conn, sql)).await;
+        let us = match &c {
+            Call::Ok(sets) => sets
+                .last()
+                .and_then(|rows| rows.first())
+                .and_then(|row| row.get_opt::<Option<i64>, usize>(0))
+                .and_then(|v| v.ok())
+                .flatten(),
+            _ => None,
+        };
+        if matches!(c, Call::Ok(_)) {
+            self.common.put(conn);
+        } else {
+            close(conn);
+        }
+        us.filter(|us| *us > 0)
+            .map(|us| Duration::from_micros(us as u64))
+    }
+
+    /// Makes the held grant's lease run at least `lease` from now, never shortening it.
+    /// `Ok(false)`: the grant is gone (its connection died, or an operator deleted its row),
+    /// and the slot holds nothing any more.
+    async fn extend(&self, name: &str, st: &mut State, lease: Duration) -> Result<bool> {
+        let State::Held(g) = st else {
+            return Ok(false);
+        };
+        let lk = self.lk(name);
+        let sent = clock::Instant::now();
+        let end = g.lease_end.max(sent + lease);
+        let secs = wait_timeout_secs(end.saturating_duration_since(sent));
+        let us = micros(lease);
+        let sql = format!(
+            "SET SESSION wait_timeout = {secs}; \
+             UPDATE dlock_holders SET expires_at = \
+             GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND) \
+             WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID(); \
+             SELECT ROW_COUNT()"
+        );
+        let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
+        match c {
+            Call::Ok(sets) => {
+                let found: i64 = col("renewing", last_row("renewing", &sets)?, 0)?;
+                if found >= 1 {
+                    g.lease_end = end;
+                    return Ok(true);
+                }
+                // The holder's row was deleted (an operator revoked the lock): give it up.
+                tracing::warn!(name, "dlock_holders row gone: the lock was revoked");
+                if let State::Held(mut g) = std::mem::take(st) {
+                    let c = self
+                        .common
+                        .call(g.conn.query_drop(format!(
+                            "DO RELEASE_LOCK('{lk}'); \
+                             SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
+                        )))
+                        .await;
+                    if matches!(c, Call::Ok(_)) {
+                        self.common.put(g.conn);
+                    } else {
+                        close(g.conn);
+                    }
+                }
+                Ok(false)
+            }
+            Call::Err(e) if conn_dead(&e) => {
+                // The session is gone, and the lock with it.
+                *st = State::Free;
+                Ok(false)
+            }
+            other => {
+                if !Common::reusable(&other) {
+                    // No answer in time: the connection is unusable; closing it frees the lock.
+                    if let State::Held(g) = std::mem::take(st) {
+                        close(g.conn);
+                    }
+                }
+                Err(self.common.slow_error("renewing", other))
+            }
+        }
+    }
+
+    async fn release(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        attempt: &AttemptId,
+        token: u64,
+    ) -> Result<ReleaseOutcome> {
+        match st {
+            State::Held(g) if g.token == token => self.release_held(slot, st, attempt).await,
+            // A stale address: this attempt's grant now is another one (its old connection
+            // died and a retry took the lock again). Never release that one.
+            State::Held(_) => Ok(ReleaseOutcome::TakenByOther),
+            State::Free if self.was_released(attempt, token) => Ok(ReleaseOutcome::Expired),
+            State::Free => self.not_held_outcome(&slot.name).await,
+        }
+    }
+
+    /// Releases the slot's grant; the slot holds nothing afterwards.
+    async fn release_held(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        attempt: &AttemptId,
+    ) -> Result<ReleaseOutcome> {
+        let State::Held(mut g) = std::mem::take(st) else {
+            return self.not_held_outcome(&slot.name).await;
+        };
+        let lk = self.lk(&slot.name);
+        let sql = format!(
+            "DELETE FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID(); \
+             SET SESSION wait_timeout = @@GLOBAL.wait_timeout; \
+             SELECT RELEASE_LOCK('{lk}')"
+        );
+        let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
+        match c {
+            Call::Ok(sets) => {
+                self.common.put(g.conn);
+                if lock_reply(&sets) == Some(1) {
+                    self.record_released(attempt, g.token);
+                    Ok(ReleaseOutcome::Released)
+                } else {
+                    self.not_held_outcome(&slot.name).await
+                }
+            }
+            // The session ended before the release: so did the grant.
+            Call::Err(e) if conn_dead(&e) => self.not_held_outcome(&slot.name).await,
+            other => {
+                // Refused or unanswered: closing the connection gives the lock back all the
+                // same, so a retry of this release is told it already happened.
+                close(g.conn);
+                self.record_released(attempt, g.token);
+                match other {
+                    Call::Timeout => Err(timeout(
+                        &self.common.endpoint,
+                        "releasing",
+                        self.common.slow_limit(),
+                    )),
+                    _ => Ok(ReleaseOutcome::Released),
+                }
+            }
+        }
     }
 
     async fn not_held_outcome(&self, name: &str) -> Result<ReleaseOutcome> {
-        let lk = lock_key(&self.common.namespace, name);
+        let lk = self.lk(name);
         let used: Option<Option<u64>> = self
             .common
             .with_conn("checking the lock", move |c| {
@@ -219,108 +491,192 @@ impl SessionMode {
         })
     }
 
-    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        check_kind(req.key.kind)?;
-        let slot = self.slot(&req.key);
-        let mut st = slot.state.lock().await;
-        let r = self.attempt(&mut st, req).await;
-        drop(st);
-        self.tidy(&req.key, slot);
-        r
-    }
-
-    /// Re-entry, or one try on a connection of its own.
-    async fn attempt(
+    /// One server-side wait of the attempt (the slot locked by the caller for all of it).
+    async fn wait_in(
         &self,
-        st: &mut Option<OwnerSession>,
+        slot: &Slot,
+        st: &mut State,
         req: &AcquireRequest,
-    ) -> Result<AcquireReply> {
-        if let Some(os) = st.as_mut() {
-            if let Some(token) = self.reenter(os, req).await? {
-                return Ok(AcquireReply::Granted { token });
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        let sent = clock::Instant::now();
+        if let State::Held(g) = st {
+            let token = g.token;
+            if self.extend(&slot.name, st, req.lease).await? {
+                return Ok(Some(Granted {
+                    token,
+                    requested_at: sent,
+                }));
             }
-            // The connection is gone, and the lock with it.
-            *st = None;
         }
-        let lk = lock_key(&self.common.namespace, &req.key.name);
+        let lk = self.lk(&slot.name);
         let mut conn = self.common.take().await?;
-        let c = self
-            .common
-            .call(conn.exec_first::<Option<i64>, _, _>("SELECT GET_LOCK(?, 0)", (lk.as_str(),)))
-            .await;
-        match c {
-            Call::Ok(Some(Some(1))) => {}
-            Call::Ok(Some(Some(0))) => {
-                self.common.put(conn);
-                return Ok(AcquireReply::Held {
-                    ttl: self.holder_ttl(&lk).await,
-                });
+        let id = conn.id();
+        let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if remaining.is_some_and(|r| r.is_zero()) || cancel.is_cancelled() {
+            self.common.put(conn);
+            return Ok(None);
+        }
+        // Without a deadline, wait in bounded rounds of an hour.
+        // Rounded up to the millisecond: the server must not give up before the deadline.
+        let secs = remaining.map_or(3600.0, |r| {
+            (r.as_micros().div_ceil(1000) + 1) as f64 / 1000.0
+        });
+        // The key is `dlock:` and hex digits, safe to inline; inlined, it shows in
+        // SHOW PROCESSLIST, so operators see which lock a connection waits for. The lease is
+        // on the connection before the lock is (it counts from the grant: the connection is
+        // busy, not idle, while it waits).
+        let sql = format!(
+            "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', {secs:.3})",
+            wait_timeout_secs(req.lease)
+        );
+        let end = {
+            let wait = query_sets(&mut conn, sql);
+            tokio::pin!(wait);
+            let net = deadline.map(|d| d + Duration::from_millis(300));
+            let done = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => None,
+                r = &mut wait => Some(r),
+                _ = sleep_until(net) => None,
+            };
+            match done {
+                // Granted as the caller went away: give it straight back.
+                Some(Ok(sets)) if cancel.is_cancelled() && lock_reply(&sets) == Some(1) => {
+                    WaitEnd::Stopped(Some(true))
+                }
+                Some(Ok(sets)) => WaitEnd::Got(lock_reply(&sets)),
+                Some(Err(e)) => WaitEnd::Failed(e),
+                None => {
+                    // Stop the server-side wait, then see how it ended.
+                    if let Err(e) = self.common.kill_query(id).await {
+                        tracing::debug!(error = %e, "KILL QUERY failed");
+                    }
+                    match tokio::time::timeout(self.common.op_timeout, &mut wait).await {
+                        Ok(Ok(sets)) => WaitEnd::Stopped(Some(lock_reply(&sets) == Some(1))),
+                        Ok(Err(mysql_async::Error::Server(s))) if s.code == 1317 => {
+                            WaitEnd::Stopped(Some(false))
+                        }
+                        _ => WaitEnd::Stopped(None),
+                    }
+                }
             }
-            Call::Ok(other) => return Err(shape("GET_LOCK", format!("{other:?}"))),
-            other => {
-                if matches!(&other, Call::Err(e) if conn_dead(e)) {
+        };
+        match end {
+            WaitEnd::Got(Some(1)) => {
+                // The lease counts from after the grant: every statement from here on resets
+                // the connection's idle time.
+                let sent = clock::Instant::now();
+                let token = match self.register(&mut conn, slot, req.lease).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        close(conn);
+                        return Err(e);
+                    }
+                };
+                *st = State::Held(Grant {
+                    conn,
+                    token,
+                    lease_end: sent + req.lease,
+                });
+                Ok(Some(Granted {
+                    token,
+                    requested_at: sent,
+                }))
+            }
+            WaitEnd::Got(Some(0)) => {
+                self.give_back(conn, None).await;
+                Ok(None)
+            }
+            WaitEnd::Got(other) => {
+                close(conn);
+                Err(shape("GET_LOCK", format!("{other:?}")))
+            }
+            WaitEnd::Failed(e) => {
+                if conn_dead(&e) {
                     self.common.forget_idle();
                 }
-                return Err(self.common.error("GET_LOCK", other));
+                close(conn);
+                Err(crate::error::map(&self.common.endpoint, e))
+            }
+            WaitEnd::Stopped(Some(true)) => {
+                self.give_back(conn, Some(&lk)).await;
+                Ok(None)
+            }
+            WaitEnd::Stopped(Some(false)) => {
+                self.give_back(conn, None).await;
+                Ok(None)
+            }
+            WaitEnd::Stopped(None) => {
+                // The wait's outcome is unknown: the connection goes, and any lock with it.
+                close(conn);
+                Ok(None)
             }
         }
-        let token = self.grant_on(st, conn, req, Instant::now()).await?;
-        Ok(AcquireReply::Granted { token })
     }
 
-    /// Re-entry on the owner's connection. `Ok(None)`: that connection is gone.
-    async fn reenter(&self, os: &mut OwnerSession, req: &AcquireRequest) -> Result<Option<u64>> {
-        let now = Instant::now();
-        let end = os.lease_end.max(now + req.lease);
-        let count = os.count.saturating_add(1);
-        let left = end.saturating_duration_since(now);
-        let lk = lock_key(&self.common.namespace, &req.key.name);
-        let owner: &str = &req.key.owner;
-        let secs = wait_timeout_secs(left);
-        let us = micros(left);
-        let conn = &mut os.conn;
+    /// Hands a connection back to the pool with the default idle timeout, releasing `lock`
+    /// first if given; closes it if that fails (which frees the lock all the same).
+    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) {
+        let release = lock.map_or(String::new(), |lk| format!("DO RELEASE_LOCK('{lk}'); "));
         let c = self
             .common
-            .call(async {
-                conn.query_drop(format!("SET SESSION wait_timeout = {secs}"))
-                    .await?;
-                conn.exec_drop(
-                    "UPDATE dlock_holders SET count = ?, \
-                     expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                     WHERE lock_key = ? AND owner = ? AND conn_id = CONNECTION_ID()",
-                    (count, us, lk.as_str(), owner),
-                )
-                .await
-            })
+            .call(conn.query_drop(format!(
+                "{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
+            )))
             .await;
-        match c {
-            Call::Ok(()) => {
-                os.count = count;
-                os.lease_end = end;
-                Ok(Some(os.token))
-            }
-            Call::Err(e) if conn_dead(&e) => Ok(None),
-            other => Err(self.common.error("re-entering", other)),
+        if matches!(c, Call::Ok(_)) {
+            self.common.put(conn);
+        } else {
+            close(conn);
+        }
+    }
+}
+
+impl SessionMode {
+    pub(crate) fn new(common: Arc<Common>) -> Self {
+        SessionMode {
+            inner: Arc::new(Inner {
+                common,
+                slots: StdMutex::new(HashMap::new()),
+                released: StdMutex::new(VecDeque::new()),
+            }),
         }
     }
 
-    async fn grant_on(
-        &self,
-        st: &mut Option<OwnerSession>,
-        mut conn: Conn,
-        req: &AcquireRequest,
-        sent: Instant,
-    ) -> Result<u64> {
-        // Closing the connection on error frees the lock.
-        let token = self.register(&mut conn, &req.key, req.lease).await?;
-        *st = Some(OwnerSession {
-            conn,
-            count: 1,
-            token,
-            lease_end: sent + req.lease,
-            release_sent: false,
+    /// Runs `op` on the attempt's slot in a task of its own (see the module docs): requests
+    /// of one attempt run one at a time, in order, each to its end; the caller waits for the
+    /// answer at most the op timeout.
+    async fn run(&self, attempt: &AttemptId, slot: Arc<Slot>, what: &str, op: Op) -> Result<Done> {
+        let inner = self.inner.clone();
+        let id = attempt.clone();
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let mut st = slot.state.clone().lock_owned().await;
+            let r = inner.apply(&slot, &mut st, &id, op).await;
+            drop(st);
+            inner.tidy(&id, slot);
+            let _ = tx.send(r);
         });
-        Ok(token)
+        let limit = self.inner.common.op_timeout;
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Error::Runtime(format!(
+                "the mysql task {what} ended without an answer"
+            ))),
+            Err(_) => Err(timeout(&self.inner.common.endpoint, what, limit)),
+        }
+    }
+
+    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        check_kind(req.key.kind)?;
+        let slot = self.inner.slot(&req.attempt, &req.key);
+        let op = Op::Acquire { lease: req.lease };
+        match self.run(&req.attempt, slot, "GET_LOCK", op).await? {
+            Done::Acquire(r) => Ok(r),
+            _ => Err(shape("GET_LOCK", "an answer of another request")),
+        }
     }
 
     pub(crate) async fn acquire_wait(
@@ -332,15 +688,19 @@ impl SessionMode {
         check_kind(req.key.kind)?;
         let mut backoff = dlock_core::backoff::Backoff::default();
         loop {
-            let slot = self.slot(&req.key);
+            let slot = self.inner.slot(&req.attempt, &req.key);
+            let state = slot.state.clone();
             let mut st = tokio::select! {
-                g = slot.state.lock() => g,
+                g = state.lock_owned() => g,
                 _ = cancel.cancelled() => return Ok(None),
                 _ = sleep_until(deadline) => return Ok(None),
             };
-            let r = self.wait_in(&mut st, req, deadline, cancel).await;
+            let r = self
+                .inner
+                .wait_in(&slot, &mut st, req, deadline, cancel)
+                .await;
             drop(st);
-            self.tidy(&req.key, slot);
+            self.inner.tidy(&req.attempt, slot);
             match r {
                 Err(e) if e.is_retryable() => {
                     let pause = backoff.next_delay();
@@ -362,287 +722,63 @@ impl SessionMode {
         }
     }
 
-    async fn wait_in(
-        &self,
-        st: &mut Option<OwnerSession>,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        let sent = Instant::now();
-        if let Some(os) = st.as_mut() {
-            if let Some(token) = self.reenter(os, req).await? {
-                return Ok(Some(Granted {
-                    token,
-                    requested_at: sent,
-                }));
+    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        check_kind(grant.key.kind)?;
+        let Some(slot) = self.inner.existing(&grant.attempt) else {
+            if self.inner.was_released(&grant.attempt, grant.token) {
+                return Ok(ReleaseOutcome::Expired);
             }
-            *st = None;
+            return self.inner.not_held_outcome(&grant.key.name).await;
+        };
+        let op = Op::Release { token: grant.token };
+        match self.run(&grant.attempt, slot, "releasing", op).await? {
+            Done::Release(r) => Ok(r),
+            _ => Err(shape("releasing", "an answer of another request")),
         }
-        let lk = lock_key(&self.common.namespace, &req.key.name);
-        let mut conn = self.common.take().await?;
-        let id = conn.id();
-        let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        if remaining.is_some_and(|r| r.is_zero()) || cancel.is_cancelled() {
-            self.common.put(conn);
-            return Ok(None);
+    }
+
+    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        check_kind(req.key.kind)?;
+        let Some(slot) = self.inner.existing(&req.attempt) else {
+            return Ok(());
+        };
+        self.run(&req.attempt, slot, "giving up", Op::GiveUp)
+            .await
+            .map(|_| ())
+    }
+
+    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        for (g, _) in holds {
+            check_kind(g.key.kind)?;
         }
-        // Without a deadline, wait in bounded rounds of an hour.
-        // Rounded up to the millisecond: the server must not give up before the deadline.
-        let secs = remaining.map_or(3600.0, |r| {
-            (r.as_micros().div_ceil(1000) + 1) as f64 / 1000.0
-        });
-        let end = {
-            // The key is `dlock:` and hex digits, safe to inline; inlined, it shows in
-            // SHOW PROCESSLIST, so operators see which lock a connection waits for.
-            let wait =
-                conn.query_first::<Option<i64>, _>(format!("SELECT GET_LOCK('{lk}', {secs:.3})"));
-            tokio::pin!(wait);
-            let net = deadline.map(|d| d + Duration::from_millis(300));
-            let done = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => None,
-                r = &mut wait => Some(r),
-                _ = sleep_until(net) => None,
+        let all = futures_util::future::join_all(holds.iter().map(|(g, lease)| async move {
+            let Some(slot) = self.inner.existing(&g.attempt) else {
+                return Ok(RenewOutcome::NotHeld);
             };
-            match done {
-                // Granted as the caller went away: give it straight back.
-                Some(Ok(Some(Some(1)))) if cancel.is_cancelled() => WaitEnd::Stopped(Some(true)),
-                Some(Ok(Some(Some(v)))) => WaitEnd::Got(v),
-                Some(Ok(_)) => WaitEnd::Got(-1),
-                Some(Err(e)) => WaitEnd::Failed(e),
-                None => {
-                    // Stop the server-side wait, then see how it ended.
-                    if let Err(e) = self.common.kill_query(id).await {
-                        tracing::debug!(error = %e, "KILL QUERY failed");
-                    }
-                    match tokio::time::timeout(self.common.op_timeout, &mut wait).await {
-                        Ok(Ok(Some(Some(1)))) => WaitEnd::Stopped(Some(true)),
-                        Ok(Ok(_)) => WaitEnd::Stopped(Some(false)),
-                        Ok(Err(mysql_async::Error::Server(s))) if s.code == 1317 => {
-                            WaitEnd::Stopped(Some(false))
-                        }
-                        _ => WaitEnd::Stopped(None),
-                    }
-                }
-            }
-        };
-        match end {
-            WaitEnd::Got(1) => {
-                let sent = Instant::now();
-                let token = self.grant_on(st, conn, req, sent).await?;
-                Ok(Some(Granted {
-                    token,
-                    requested_at: sent,
-                }))
-            }
-            WaitEnd::Got(0) => {
-                self.common.put(conn);
-                Ok(None)
-            }
-            WaitEnd::Got(_) => Err(shape("GET_LOCK", "NULL")),
-            WaitEnd::Failed(e) => {
-                if !conn_dead(&e) {
-                    self.common.put(conn);
-                }
-                Err(crate::error::map(&self.common.endpoint, e))
-            }
-            WaitEnd::Stopped(Some(true)) => {
-                let c = self
-                    .common
-                    .call(conn.exec_drop("DO RELEASE_LOCK(?)", (lk.as_str(),)))
-                    .await;
-                if Common::reusable(&c) {
-                    self.common.put(conn);
-                }
-                Ok(None)
-            }
-            WaitEnd::Stopped(Some(false)) => {
-                self.common.put(conn);
-                Ok(None)
-            }
-            WaitEnd::Stopped(None) => Ok(None),
-        }
-    }
-
-    pub(crate) async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
-        check_kind(key.kind)?;
-        let Some(slot) = self.existing_slot(key) else {
-            return self.not_held_outcome(&key.name).await;
-        };
-        let mut st = slot.state.lock().await;
-        let r = self.release_in(&mut st, key).await;
-        drop(st);
-        self.tidy(key, slot);
-        r
-    }
-
-    async fn release_in(
-        &self,
-        st: &mut Option<OwnerSession>,
-        key: &HoldKey,
-    ) -> Result<ReleaseOutcome> {
-        let Some(os) = st.as_mut() else {
-            return self.not_held_outcome(&key.name).await;
-        };
-        let lk = lock_key(&self.common.namespace, &key.name);
-        let owner: &str = &key.owner;
-        if os.count > 1 {
-            let remaining = os.count - 1;
-            let conn = &mut os.conn;
-            let c = self
-                .common
-                .call(conn.exec_drop(
-                    "UPDATE dlock_holders SET count = ? \
-                     WHERE lock_key = ? AND owner = ? AND conn_id = CONNECTION_ID()",
-                    (remaining, lk.as_str(), owner),
-                ))
-                .await;
-            return match c {
-                Call::Ok(()) => {
-                    os.count = remaining;
-                    Ok(ReleaseOutcome::StillHeld { remaining })
-                }
-                Call::Err(e) if conn_dead(&e) => {
-                    *st = None;
-                    self.not_held_outcome(&key.name).await
-                }
-                other => Err(self.common.error("releasing", other)),
+            let op = Op::Renew {
+                token: g.token,
+                lease: *lease,
             };
-        }
-        let sent_before = os.release_sent;
-        let conn = &mut os.conn;
-        let c = self
-            .common
-            .call(async {
-                conn.exec_drop(
-                    "DELETE FROM dlock_holders \
-                     WHERE lock_key = ? AND owner = ? AND conn_id = CONNECTION_ID()",
-                    (lk.as_str(), owner),
-                )
-                .await?;
-                conn.exec_first::<Option<i64>, _, _>("SELECT RELEASE_LOCK(?)", (lk.as_str(),))
-                    .await
-            })
-            .await;
-        match c {
-            Call::Ok(v) => {
-                if let Some(os) = st.take() {
-                    self.give_back(os.conn).await;
-                }
-                if v.flatten() == Some(1) || sent_before {
-                    Ok(ReleaseOutcome::Released)
-                } else {
-                    self.not_held_outcome(&key.name).await
-                }
+            match self.run(&g.attempt, slot, "renewing", op).await? {
+                Done::Renew(r) => Ok(r),
+                _ => Err(shape("renewing", "an answer of another request")),
             }
-            Call::Err(e) if conn_dead(&e) => {
-                *st = None;
-                if sent_before {
-                    Ok(ReleaseOutcome::Released)
-                } else {
-                    self.not_held_outcome(&key.name).await
-                }
-            }
-            other => {
-                os.release_sent = true;
-                Err(self.common.error("releasing", other))
-            }
-        }
-    }
-
-    pub(crate) async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
-        for (k, _) in holds {
-            check_kind(k.kind)?;
-        }
-        let all =
-            futures_util::future::join_all(holds.iter().map(|(k, l)| self.renew_one(k, *l))).await;
+        }))
+        .await;
         all.into_iter().collect()
-    }
-
-    async fn renew_one(&self, key: &HoldKey, lease: Duration) -> Result<RenewOutcome> {
-        let Some(slot) = self.existing_slot(key) else {
-            return Ok(RenewOutcome::NotHeld);
-        };
-        let mut st = slot.state.lock().await;
-        let r = self.renew_in(&mut st, key, lease).await;
-        drop(st);
-        self.tidy(key, slot);
-        r
-    }
-
-    async fn renew_in(
-        &self,
-        st: &mut Option<OwnerSession>,
-        key: &HoldKey,
-        lease: Duration,
-    ) -> Result<RenewOutcome> {
-        let Some(os) = st.as_mut() else {
-            return Ok(RenewOutcome::NotHeld);
-        };
-        if os.release_sent {
-            // A release is under way (its answer was lost; the core is retrying it): the lock
-            // is, or is about to be, given back. Leave the state to that release.
-            return Ok(RenewOutcome::NotHeld);
-        }
-        let lk = lock_key(&self.common.namespace, &key.name);
-        let owner: &str = &key.owner;
-        let sent = Instant::now();
-        let secs = wait_timeout_secs(lease);
-        let us = micros(lease);
-        let conn = &mut os.conn;
-        let c = self
-            .common
-            .call(async {
-                conn.query_drop(format!("SET SESSION wait_timeout = {secs}"))
-                    .await?;
-                conn.exec_drop(
-                    "UPDATE dlock_holders \
-                     SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                     WHERE lock_key = ? AND owner = ? AND conn_id = CONNECTION_ID()",
-                    (us, lk.as_str(), owner),
-                )
-                .await?;
-                Ok(conn.affected_rows())
-            })
-            .await;
-        match c {
-            Call::Ok(1) => {
-                os.lease_end = sent + lease;
-                Ok(RenewOutcome::Renewed)
-            }
-            Call::Ok(_) => {
-                // The holder's row was deleted (an operator revoked the lock): give it up.
-                tracing::warn!(name = %key.name, owner = %key.owner, "dlock_holders row gone: the lock was revoked");
-                if let Some(mut os) = st.take() {
-                    let c = self
-                        .common
-                        .call(os.conn.exec_drop("DO RELEASE_LOCK(?)", (lk.as_str(),)))
-                        .await;
-                    if Common::reusable(&c) {
-                        self.give_back(os.conn).await;
-                    }
-                }
-                Ok(RenewOutcome::NotHeld)
-            }
-            Call::Err(e) if conn_dead(&e) => {
-                *st = None;
-                Ok(RenewOutcome::NotHeld)
-            }
-            other => Err(self.common.error("renewing", other)),
-        }
     }
 
     pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         check_kind(kind)?;
-        let lk = lock_key(&self.common.namespace, name);
+        let lk = self.inner.lk(name);
         let (rows, token) = self
+            .inner
             .common
             .with_conn("inspecting", move |c| {
                 Box::pin(async move {
-                    let rows: Vec<(String, u32, Option<i64>)> = c
+                    let rows: Vec<(String, Option<i64>)> = c
                         .exec(
-                            "SELECT owner, count, \
+                            "SELECT owner, \
                              TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
                              FROM dlock_holders WHERE lock_key = ? AND conn_id = IS_USED_LOCK(?)",
                             (lk.as_str(), lk.as_str()),
@@ -659,9 +795,10 @@ impl SessionMode {
             name: name.to_owned(),
             holders: rows
                 .into_iter()
-                .map(|(owner, count, us)| HolderInfo {
+                .map(|(owner, us)| HolderInfo {
                     owner,
-                    count,
+                    // One grant per holder: re-entry is counted in the holder's client.
+                    count: 1,
                     lease_left: us.map(|us| Duration::from_micros(us.max(0) as u64)),
                     side: None,
                 })
@@ -673,14 +810,19 @@ impl SessionMode {
 
     /// The connection id holding `name` for `owner` in this client (`KILL id` revokes it).
     pub(crate) async fn holder_connection(&self, name: &str, owner: &str) -> Option<u32> {
-        let key = HoldKey {
-            name: Arc::from(name),
-            owner: Arc::from(owner),
-            kind: LockKind::Mutex,
-        };
-        let slot = self.existing_slot(&key)?;
-        let st = slot.state.lock().await;
-        st.as_ref().map(|os| os.conn.id())
+        let candidates: Vec<Arc<Slot>> = self
+            .inner
+            .slots()
+            .values()
+            .filter(|s| &*s.name == name && &*s.owner == owner)
+            .cloned()
+            .collect();
+        for slot in candidates {
+            if let State::Held(g) = &*slot.state.lock().await {
+                return Some(g.conn.id());
+            }
+        }
+        None
     }
 }
 
