@@ -35,11 +35,15 @@
 //!
 //!   ```text
 //!   dlock-file 1
-//!   token 42                        <- last fencing token granted
+//!   token 1764650000123456          <- last fencing token granted
 //!   name orders:42                  <- the lock name
-//!   holder 12345 2 host:12345:ab:7  <- pid, hold count, owner id; only while held
+//!   holder 12345 1 host:12345:ab:7  <- pid, 1 (one grant), owner id; only while held
 //!   end
 //!   ```
+//!
+//!   (The second field of the holder line was a re-entry count before re-entry moved into
+//!   the client; it is always 1 now, and other numbers written by older versions are shown as
+//!   they are.)
 //!
 //!   Files are created with mode `0666` less the umask and are never deleted by dlock: the
 //!   file carries the fencing counter. Delete them only when no process uses the directory.
@@ -47,56 +51,101 @@
 //!   `<hash>.rw`, `<hash>.rw-turnstile` and `<hash>.rw-record` (see
 //!   [Read-write locks](#read-write-locks)).
 //!
+//! # The hold protocol: one grant per attempt
+//! Every acquisition attempt has an [`AttemptId`] ([`AcquireRequest::attempt`]), and the
+//! backend keeps, per lock name, the attempt that holds it with its fencing token and the
+//! descriptor whose `flock` is the lock (the lock itself is the kernel's; the table is this
+//! process's memory of whom it belongs to).
+//! - **A retried acquire** of the attempt that holds the lock returns the same grant (same
+//!   token, counter not incremented). Any other attempt — even of the same owner id, from
+//!   another client sharing this backend — is another holder and gets
+//!   [`AcquireReply::Held`]. There is no re-entry counting here: the client counts re-entrant
+//!   guards and sends one acquire per hold.
+//! - **Release and renew name the grant** ([`GrantRef`]: attempt and token). A release of a
+//!   grant this backend does not have (released already, lost with a deleted file, another
+//!   process's) frees nothing and answers [`ReleaseOutcome::Expired`] when nobody holds the lock,
+//!   [`ReleaseOutcome::TakenByOther`] when someone does; a repeated release is reported, never
+//!   repeated. Renewal never changes anything: the lease is the process's lifetime, so
+//!   [`Backend::renew`] only confirms that the grant is still ours and its file still the lock's
+//!   file ([`RenewOutcome::NotHeld`] otherwise, whatever the duration asked for).
+//! - **Giving up** ([`Backend::give_up`]) releases the grant of that attempt, if it has one,
+//!   and never another attempt's. It is what the client calls when an attempt ends without
+//!   the caller receiving its answer; and the client gives back a grant that reaches an
+//!   acquire whose caller is gone (cancelled, or timed out as it arrived). So a grant nobody
+//!   receives is not held for the life of the process. Waiting leaves nothing to give up: a
+//!   waiter's registration ends with its wait, and a lock that a waiting thread gets after the
+//!   last waiter left is unlocked at once (see [Waiting without polling](#waiting-without-polling)).
+//!
 //! # Why this is a mutex (the safety argument)
 //! - **Exclusion between processes.** A holder keeps an open descriptor on the lock file with
 //!   `flock(LOCK_EX)` on it. The kernel grants an exclusive `flock` to one open file
 //!   description at a time, so at most one process holds a lock file.
 //! - **Exclusion inside a process.** `flock` locks belong to open file descriptions, not to
-//!   owners, so the backend also keeps a table *name → (owner, descriptor, count, token)*. A
-//!   lock held by owner A of this backend is reported [`AcquireReply::Held`] to owner B without
-//!   touching the file; every new grant opens its own descriptor. Two separately opened
-//!   `FileBackend`s (even in one process; clones share one table) exclude each other through
-//!   the kernel, like two processes.
-//! - **Re-entry.** The same owner acquiring again through the same backend increments the
-//!   count and gets the same token; only the last release unlocks (`LOCK_UN`, then close). An
-//!   owner id used in two processes does not re-enter across them: the second one waits.
-//! - **Crashes: the lease is the process lifetime.** There is no lease and nothing to renew:
-//!   [`Backend::renew`] reports `Renewed` while the backend still holds the lock. When the
-//!   holding process dies, however it dies (`SIGKILL` included), the kernel closes its
+//!   attempts: a second `flock(LOCK_EX)` through a description that already holds the lock
+//!   succeeds. So attempts never share a description: the table holds at most one grant per
+//!   name, an attempt other than its holder is answered [`AcquireReply::Held`] without touching
+//!   the file (the attempts of one backend are serialised in memory), and every new grant opens
+//!   its own descriptor (which the kernel excludes from every other description: other
+//!   backends, other processes). Two separately opened `FileBackend`s (even in one process;
+//!   clones share one table) exclude each other through the kernel, like two processes.
+//! - **Owner ids are not identities of holders.** Two clients (or two processes) using one
+//!   owner id are two holders and exclude each other; only the attempt id tells a retry from a
+//!   new acquisition.
+//! - **Crashes: the lease is the process lifetime.** There is no lease and nothing to renew.
+//!   When the holding process dies, however it dies (`SIGKILL` included), the kernel closes its
 //!   descriptors and releases the `flock`, and a waiter gets the lock at once. A fixed lease
 //!   ([`Lock::lease`](dlock_core::Lock::lease)) is therefore *not* enforced by this backend:
 //!   the guard's lost signal fires at the lease end, but the lock stays held until the guard is
 //!   released or dropped, or the process exits.
 //! - **Fencing tokens** are a counter in the lock file, read, incremented and written (the
-//!   write completes before the grant is returned) only while holding the exclusive lock.
-//!   Grants are serialised by that lock, so tokens strictly increase across processes and
-//!   process restarts. They restart from 1 only if the file is deleted, e.g. when the default
-//!   directory (a tmpfs under `$XDG_RUNTIME_DIR` or `/tmp`) is wiped at logout or reboot; pick a
-//!   persistent directory if tokens must survive that. The counter is not `fsync`ed, so a
-//!   power loss can also lose the last increments.
+//!   write completes before the grant is returned) only while holding the exclusive lock, so
+//!   grants are serialised by that lock. Each token is the last one plus one, **and at least the
+//!   wall clock in microseconds since the Unix epoch**: when the counter is lost — the file
+//!   deleted while a process still holds the unlinked one, or the directory (a tmpfs under
+//!   `$XDG_RUNTIME_DIR` or `/tmp`) wiped at a reboot — the new counter starts at the clock, above
+//!   every token handed out before (each was at most its own grant's time, plus one per grant
+//!   made within the same microsecond). Tokens so strictly increase across processes, process
+//!   restarts and lost files, unless the wall clock is set back by more than the time between the
+//!   last grant on the old file and the first on the new one (a step back while the file stays
+//!   does nothing: the counter still increases by one). Tokens are large numbers (about 1.8e15
+//!   in 2026), never 1, 2, 3. The counter is not `fsync`ed; the clock floor covers a power loss
+//!   that loses the last increments too.
 //! - **A deleted or replaced lock file** (an operator, or a `/tmp` cleaner such as
 //!   `systemd-tmpfiles` removing old files) would let a new process lock a new file while the
 //!   old holder still locks the unlinked one. A grant is only returned after checking that the
 //!   path still names the locked file, and every renewal (every watchdog tick) checks it again:
 //!   a holder whose file disappeared reports the lock lost
-//!   ([`LostReason::NotHeld`](dlock_core::LostReason::NotHeld)) and unlocks.
+//!   ([`LostReason::NotHeld`](dlock_core::LostReason::NotHeld)) and unlocks. Until that tick, the
+//!   two holders overlap; the new one's token is the higher (see above), so a fenced resource
+//!   refuses the old one's writes.
 //! - **Children.** Descriptors are opened close-on-exec, so an `exec`ed child does not inherit
 //!   a lock. A child that `fork`s without `exec` shares the open file description while it
 //!   lives; releases unlock explicitly (`LOCK_UN`) so that the lock still frees on release.
 //!
-//! **One host, local filesystems only.** `flock` on NFS is emulated with byte-range locks (or
-//! not at all) and is not reliable across clients; on CIFS and FUSE filesystems semantics
-//! vary. Use this backend only for a directory on a local filesystem of a single host, and a
-//! networked backend (Redis, …) for locks between hosts.
+//! **One host, local filesystems only.** `flock` on NFS is emulated with byte-range locks that
+//! a client loses without being told when its lease with the server lapses, and SMB/CIFS locks
+//! go with the session; on other network file systems a lock is local to one client. So
+//! [`FileBackend::open`] refuses (with [`Error::Unsupported`], naming the file system) a lock
+//! directory whose `statfs(2)` type is NFS (`0x6969`), SMB (`0x517B`), CIFS (`0xFF534D42`),
+//! SMB2 (`0xFE534D42`), AFS or CephFS. FUSE file systems (`0x65735546`) are allowed with a
+//! warning in the log: `statfs` cannot tell a local one (fuse-overlayfs in rootless
+//! containers, whose `flock` is the host's) from a remote one (sshfs, whose `flock` is not
+//! shared with other hosts); do not use a remote one. Use this backend only for a directory
+//! on a local filesystem of a single host, and a networked backend (Redis, …) for locks
+//! between hosts. (The check is made on Linux and Android; elsewhere it is up to you.)
 //!
 //! # Read-write locks
 //! [`Client::rw_lock`](dlock_core::Client::rw_lock) → `.read()` / `.write()`
 //! ([`LockKind::Read`] / [`LockKind::Write`]), with the semantics of the Redis backend:
 //! - both sides are re-entrant per owner (`read()` and `write()` of one `RwLock` share an
-//!   owner); each grant gets its own fencing token, a re-entry the same one;
+//!   owner), counted in the client: the backend sees one grant per attempt, with its own
+//!   fencing token; a retried attempt gets the same grant;
 //! - a **downgrade** is allowed: the writer may also take the read side, and keeps it after it
-//!   releases the write side;
-//! - an **upgrade** (a reader asking for the write side) is refused at once with
+//!   releases the write side. The read request names the write grant it may be granted beside
+//!   ([`AcquireRequest::write_grant`]); a read request that names none, or a grant this
+//!   backend does not hold, waits like any other reader — the owner id alone never lets a
+//!   reader in beside a writer (another client with the same owner id is another holder);
+//! - an **upgrade** (an owner that reads asking for the write side) is refused at once with
 //!   [`Error::InvalidArgument`]: two readers upgrading would wait for each other forever;
 //! - **writers are not starved**: once a writer waits, a new reader does not pass it.
 //!
@@ -113,8 +162,8 @@
 //!   token 57                          <- last fencing token granted (either side)
 //!   name orders:42                    <- the lock name
 //!   hold w 12345 0 1 host:12345:ab:7  <- side, pid, backend number in that process,
-//!   hold r 12345 0 1 host:12345:ab:7     hold count, owner id; one line per holder and side
-//!   hold r 23456 0 2 host:23456:cd:1
+//!   hold r 12345 0 1 host:12345:ab:7     1 (one grant), owner id; one line per grant
+//!   hold r 23456 0 1 host:23456:cd:1
 //!   end
 //!   ```
 //!
@@ -124,26 +173,33 @@
 //!   `LOCK_EX` on a file while any other open file description holds a lock on it, nor
 //!   `LOCK_SH` while one holds `LOCK_EX`: a writer excludes every reader and writer of every
 //!   other process and backend, and readers share.
-//! - **Inside a process.** A backend keeps one descriptor on `<hash>.rw` for all its holders and
-//!   a table *name → writer (owner, count, token), readers (owner, count, token)*. The write
-//!   side is granted only when no owner of the backend holds a side (and then only with a new
-//!   `LOCK_EX`, so nobody anywhere does); the read side is granted to another owner only while
-//!   no owner of the backend writes (a backend that reads lets its new readers join its shared
-//!   lock, after the turnstile check below). Two backends, even in one process, exclude each
-//!   other through the kernel, like two processes.
-//! - **Re-entry** per (owner, side) counts holds and returns the same token; only the last
-//!   release of a side gives it up, and the backend unlocks `<hash>.rw` when none of its
-//!   owners holds a side any more. As for the mutex, an owner id in two processes is two owners.
-//! - **Downgrade.** The writer asking for the read side gets it from the table (its exclusive
-//!   lock covers it), with a new token. When it releases the write side while it still reads,
+//! - **Inside a process.** A backend keeps one descriptor on `<hash>.rw` for all its grants and
+//!   a table *name → write grant (attempt, owner, token), read grants (attempt, owner, token)*.
+//!   The write side is granted only when the backend has no grant of either side (and then
+//!   only with a new `LOCK_EX`, so nobody anywhere holds one); the read side only while the
+//!   backend has no write grant (a backend that reads lets its new readers join its shared
+//!   lock, after the turnstile check below), except beside the write grant the request names
+//!   (a downgrade). Two backends, even in one process, exclude each other through the kernel,
+//!   like two processes.
+//! - **One grant per attempt.** A retried attempt gets its grant again; every other attempt,
+//!   whatever its owner id, is another holder. A release or a renewal names its grant (attempt
+//!   and token) and touches no other; the backend unlocks `<hash>.rw` when it has no grant of
+//!   either side any more.
+//! - **Downgrade.** A read request that names the backend's write grant
+//!   ([`AcquireRequest::write_grant`], attempt and token) gets the read side from the table (the
+//!   exclusive lock covers it), with a new token. When the write grant is released while read
+//!   grants made beside it remain,
 //!   the backend converts its `LOCK_EX` to `LOCK_SH` on the same descriptor. Linux converts in
 //!   place: the old lock is removed and the new one inserted under the file's lock-list
 //!   spinlock, so no waiting writer can slip in between. Should a conversion ever fail (where
 //!   `flock(2)` makes no such promise), the read hold is given up and its next renewal reports
 //!   it lost, so no owner believes it reads while someone else writes.
-//! - **Upgrade** is checked in the table before anything else: an owner holding the read side
-//!   of this backend gets [`Error::InvalidArgument`] when it asks for the write side (unless it
-//!   also holds the write side already, which is a re-entry).
+//! - **Upgrade** is checked in the table at an attempt's first request: an owner id with a
+//!   read grant in this backend gets [`Error::InvalidArgument`] when it asks for the write side.
+//!   The check is by owner id (a write request names no read grant), which can only refuse,
+//!   never grant — so a second client that shares the backend and the owner id is refused
+//!   rather than queued. A writer that was already waiting when a read grant of its owner came
+//!   through (a read waiter of the same `RwLock` handle) goes on waiting for it to be released.
 //! - **Writers are not starved: the turnstile.** `flock` has no queue: a process blocked in
 //!   `LOCK_EX` never stops new `LOCK_SH` requests from being granted. So a writer that cannot
 //!   have the lock at once takes `LOCK_EX` on `<hash>.rw-turnstile` (waiting for it behind
@@ -152,23 +208,25 @@
 //!   takes `LOCK_SH | LOCK_NB` on `<hash>.rw` while it holds it, then lets the turnstile go. Once
 //!   a writer waits, no new reader of any process or backend gets in: the readers inside
 //!   leave, and the writer gets the lock. A reader that passed the turnstile before the writer
-//!   started waiting may still get in ahead of it (it was first), and a read re-entry never
-//!   looks at the turnstile (the writer waits for that very hold). A writer gives the
+//!   started waiting may still get in ahead of it (it was first), and a re-entrant read guard
+//!   never reaches the backend (the client counts it), so it never waits for the turnstile
+//!   (the writer waits for that very hold). A writer gives the
 //!   turnstile back as soon as it has the lock, so readers that arrive while it writes pass it
 //!   and wait on the lock itself, alongside the next writer: a chain of writers cannot keep
 //!   readers out for ever either. The order among writers, and between those readers and the next
 //!   writer, is not first come first served (the kernel wakes every waiter of a released lock
 //!   and the first to run wins).
 //! - **Fencing tokens.** Every grant (read, write, or the read side of a downgrade)
-//!   increments the counter in `<hash>.rw-record` under `LOCK_EX` on the record itself, and
-//!   writes it (with the holder lines) before the grant is returned. Readers only hold a
+//!   increments the counter in `<hash>.rw-record` under `LOCK_EX` on the record itself (with
+//!   the mutex's clock floor: at least the wall clock in microseconds), and writes it (with
+//!   the holder lines) before the grant is returned. Readers only hold a
 //!   shared lock on `<hash>.rw`, so the record's own lock is what serialises their increments:
 //!   tokens strictly increase across all grants of the name, both sides, all processes and
 //!   restarts. The record's lock is held for that one read and one write, and never while
 //!   waiting for another lock, so it cannot take part in a deadlock; it is a blocking `flock`,
 //!   so a process stopped (`SIGSTOP`, a debugger) in the middle of an update delays the other
-//!   updates of that record until it continues (or dies). The counter restarts from 1 if the
-//!   record is deleted, and is not `fsync`ed. It is not shared with the mutex of the same name:
+//!   updates of that record until it continues (or dies). A deleted record restarts the
+//!   counter at the clock floor, above the tokens before it; it is not `fsync`ed. It is not shared with the mutex of the same name:
 //!   the mutex's counter lives in `<hash>.lock`, which its holder keeps locked for its whole
 //!   hold, and a counter shared through a third file would add a file to every mutex name (and
 //!   a race with holders of earlier versions when it is first created); the two are different
@@ -182,11 +240,11 @@
 //!   path still names the locked file, and every renewal checks it again; a backend whose file
 //!   disappeared reports every hold on it lost. Deleting the turnstile while a writer waits
 //!   only lets new readers pass that writer (the writer still excludes them once it is in);
-//!   deleting the record restarts the tokens.
+//!   deleting the record restarts the counter at the clock floor.
 //!
 //! # Waiting without polling
 //! [`Backend::acquire_wait`] is overridden; waiters never poll.
-//! - While the lock is held **by another owner of this backend**, waiters sleep on an
+//! - While the lock is held **by another attempt of this backend**, waiters sleep on an
 //!   in-process notifier that every release (and every hand-over below) wakes.
 //! - While it is held **by another process** (or another `FileBackend`), one thread per lock
 //!   name and backend — not per waiter — blocks in the kernel in `flock(LOCK_EX)` on its own
@@ -204,6 +262,12 @@
 //!   the lock held.)
 //!   A waiting thread whose lock is never released lives as long as the process (blocked,
 //!   holding an open descriptor but no lock).
+//! - **A grant as the caller goes.** A waiter's attempt and its grant happen in one step
+//!   under the table lock, so a wait returns either a grant or nothing, never a grant lost in
+//!   between. When the caller of `acquire` is gone by then (its future dropped as the lock
+//!   came free), the client gives the grant back ([`Backend::release`] with its address, or
+//!   [`Backend::give_up`] when the wait failed): the lock is free again at once, not held for
+//!   the life of the process.
 //! - **Read-write locks** wait the same way, with up to three threads per name and backend,
 //!   each holding nothing while it blocks: a *read thread* blocks for `LOCK_SH` on the
 //!   turnstile (unless the waiter passed it already) and then for `LOCK_SH` on `<hash>.rw`; a
@@ -219,7 +283,8 @@
 //!   process took the lock in between, the next release is what wakes it.
 //!
 //! # Inspect
-//! [`Backend::inspect`] reports the holder of this backend from its table (owner and count);
+//! [`Backend::inspect`] reports the holder of this backend from its table (owner, count 1: one
+//! grant, however many re-entrant guards its client counts);
 //! for another process it reads the holder line of the file, after a non-blocking shared-lock
 //! probe (`LOCK_SH|LOCK_NB`) showed the lock is held (a free lock reports no holders, whatever
 //! a crashed holder left in the file). `lease_left` is always `None`; `fencing_token` is the
@@ -235,6 +300,20 @@
 //! another PID namespace (another container sharing the directory) are not listed: their pids
 //! mean nothing here. The locks themselves do not depend on the lines. `fencing_token` is the
 //! record's counter.
+//!
+//! # What is still assumed
+//! - **One host, local file system** (see above): the `statfs` check catches the usual network
+//!   file systems, not a remote FUSE file system, nor a directory shared with another host
+//!   through a bind mount of a network file system that reports a local type.
+//! - **The wall clock** is not set back by more than the time between the last grant on a lost
+//!   lock file and the first on its replacement (only then can a token go back; while the file
+//!   stays, tokens increase by one whatever the clock does).
+//! - **Nobody deletes lock files while they are used**, or else a second holder overlaps the
+//!   first until the first's next renewal (every watchdog tick) reports it lost; fencing tokens
+//!   tell the resource which one is current. A fixed-lease guard has no renewals: it learns of
+//!   a deleted file only at its release.
+//! - **Same PID namespace** for `inspect` of read-write locks held by other processes (the locks
+//!   themselves work across namespaces: they are the kernel's).
 #![warn(missing_docs)]
 
 mod location;
