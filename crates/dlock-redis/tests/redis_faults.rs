@@ -544,3 +544,33 @@ async fn waiters_that_give_up_leave_the_queue() {
     let info = a.inspect(&name).await.expect("inspect");
     assert!(!info.held(), "{info:?}");
 }
+
+/// The eviction check at connect reads `CONFIG GET maxmemory-policy`; a server where CONFIG is
+/// renamed away (common on managed Redis) or that evicts must still be usable (a warning or a
+/// debug line, never an error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_tolerates_config_disabled_and_evicting_servers() {
+    for extra in [
+        vec!["--rename-command", "CONFIG", ""],
+        vec!["--maxmemory-policy", "allkeys-lru"],
+    ] {
+        let server = RedisServer::start_with(RedisOptions {
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+        .expect("redis");
+        let (client, _) = client_for(&server.url(), fast_opts()).await;
+        let g = client
+            .lock("config")
+            .expect("lock")
+            .try_acquire()
+            .await
+            .expect("try")
+            .expect("free");
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released,
+            "{extra:?}"
+        );
+    }
+}
