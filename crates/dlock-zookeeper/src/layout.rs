@@ -196,25 +196,80 @@ pub(crate) fn holders(queue: &[Child], head_downgraded: bool) -> Vec<&Child> {
     }
 }
 
-/// Node data: the owner id, followed by `\nread` once a writer downgraded to reading.
-pub(crate) fn node_data(owner: &str, downgraded: bool) -> Vec<u8> {
-    if downgraded {
-        format!("{owner}\n{DOWNGRADED}").into_bytes()
-    } else {
-        owner.as_bytes().to_vec()
+/// The name prefix of the node acquisition attempt `attempt` creates (`_c_<attempt>-<word>-`;
+/// the server appends the sequence number). The attempt id plays the part of Curator's
+/// "protection" id: a retry finds the node of a create whose answer was lost by this prefix.
+pub(crate) fn name_prefix(attempt: &str, kind: NodeKind) -> String {
+    format!("_c_{attempt}-{}-", kind.word())
+}
+
+/// Checks that an attempt id can be part of a node name and cannot be a prefix of another's
+/// (`-` ends it in the name): 1 to 64 ASCII letters and digits.
+pub(crate) fn check_attempt(attempt: &str) -> Result<()> {
+    if attempt.is_empty()
+        || attempt.len() > 64
+        || !attempt.bytes().all(|b| b.is_ascii_alphanumeric())
+    {
+        return Err(Error::invalid(format!(
+            "attempt id `{attempt}` is not 1 to 64 ASCII letters and digits"
+        )));
     }
+    Ok(())
+}
+
+/// What a lock node's data says: its owner id; whether the write side of a `write-` node was
+/// released while its owner kept reading (a downgrade); and the attempts whose read grants share
+/// the node (the read side taken beside the owner's write grant).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct NodeData {
+    pub(crate) owner: String,
+    pub(crate) downgraded: bool,
+    pub(crate) readers: Vec<String>,
 }
 
 const DOWNGRADED: &str = "read";
+const READER: &str = "r:";
 
-/// Reads node data: (owner, downgraded). Owner ids have no control characters, so the line
-/// break cannot be part of one.
-pub(crate) fn parse_node_data(data: &[u8]) -> Option<(String, bool)> {
-    let s = std::str::from_utf8(data).ok()?;
-    match s.split_once('\n') {
-        None => Some((s.to_owned(), false)),
-        Some((owner, DOWNGRADED)) => Some((owner.to_owned(), true)),
-        Some(_) => None,
+impl NodeData {
+    pub(crate) fn new(owner: &str) -> Self {
+        NodeData {
+            owner: owner.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    /// `owner`, then `read` once downgraded, then one `r:<attempt>` line per joined read
+    /// grant. Owner ids have no control characters, so a line break cannot be part of one; a
+    /// plain owner id (what older versions and Curator-like writers store) parses as well.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut s = self.owner.clone();
+        if self.downgraded {
+            s.push('\n');
+            s.push_str(DOWNGRADED);
+        }
+        for r in &self.readers {
+            s.push('\n');
+            s.push_str(READER);
+            s.push_str(r);
+        }
+        s.into_bytes()
+    }
+
+    /// `None` for data we did not write.
+    pub(crate) fn parse(data: &[u8]) -> Option<NodeData> {
+        let s = std::str::from_utf8(data).ok()?;
+        let mut lines = s.split('\n');
+        let mut nd = NodeData::new(lines.next()?);
+        for line in lines {
+            if line == DOWNGRADED {
+                nd.downgraded = true;
+            } else if let Some(r) = line.strip_prefix(READER).filter(|r| !r.is_empty()) {
+                nd.readers.push(r.to_owned());
+            } else {
+                return None;
+            }
+        }
+        Some(nd)
     }
 }
 
@@ -334,15 +389,47 @@ mod tests {
 
     #[test]
     fn data() {
+        let mut nd = NodeData::new("a:1");
+        assert_eq!(NodeData::parse(&nd.encode()), Some(nd.clone()));
+        nd.readers.push("ab12".into());
+        assert_eq!(NodeData::parse(&nd.encode()), Some(nd.clone()));
+        nd.downgraded = true;
+        nd.readers.push("cd34".into());
+        assert_eq!(NodeData::parse(&nd.encode()), Some(nd.clone()));
+        // What older versions wrote.
         assert_eq!(
-            parse_node_data(&node_data("a:1", false)),
-            Some(("a:1".into(), false))
+            NodeData::parse(b"a:1\nread"),
+            Some(NodeData {
+                owner: "a:1".into(),
+                downgraded: true,
+                readers: vec![]
+            })
         );
+        // Curator stores the client's address: an owner id for `inspect`.
         assert_eq!(
-            parse_node_data(&node_data("a:1", true)),
-            Some(("a:1".into(), true))
+            NodeData::parse(b"127.0.0.1").map(|d| d.owner),
+            Some("127.0.0.1".into())
         );
-        assert_eq!(parse_node_data(b"a\nb"), None);
-        assert_eq!(parse_node_data(&[0xff]), None);
+        assert_eq!(NodeData::parse(b"a\nb"), None);
+        assert_eq!(NodeData::parse(b"a\nr:"), None);
+        assert_eq!(NodeData::parse(&[0xff]), None);
+    }
+
+    #[test]
+    fn attempts_in_names() {
+        let id = "0123456789abcdef0123456789abcdef";
+        assert!(check_attempt(id).is_ok());
+        for bad in ["", "a-b", "a/b", &"a".repeat(65)] {
+            assert!(check_attempt(bad).is_err(), "{bad}");
+        }
+        let name = format!("{}0000000042", name_prefix(id, NodeKind::Lock));
+        let c = parse_child(&name).expect("ours");
+        assert_eq!((c.kind, c.seq), (NodeKind::Lock, 42));
+        // Curator's own nodes (a UUID with dashes) parse and sort with ours.
+        let curator = "_c_2b0a6a4e-8f3c-4f7e-9d4a-1c2b3d4e5f60-lock-0000000041";
+        assert_eq!(parse_child(curator).map(|c| c.seq), Some(41));
+        // One attempt's prefix never matches another attempt's node.
+        assert!(!format!("{}0000000001", name_prefix("abc", NodeKind::Lock))
+            .starts_with(&name_prefix("ab", NodeKind::Lock)));
     }
 }

@@ -138,8 +138,10 @@ async fn session_expiry_fires_lost_and_fences() {
     let cut_url = format!("zk://127.0.0.1:{}?session_timeout=6s", proxy.port());
     let url = format!("{}?session_timeout=6s", ensemble.url());
     let name = unique_name("expiry");
-    let holder = client(&cut_url, opts()).await;
-    let other = client(&url, opts()).await;
+    // The watchdog lease must fit in the session (connect refuses a longer one).
+    let opts = opts().watchdog_lease(session);
+    let holder = client(&cut_url, opts.clone()).await;
+    let other = client(&url, opts).await;
     let g = holder
         .lock(&name)
         .expect("lock")
@@ -258,8 +260,15 @@ async fn closed_session_frees_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_signal_only_for_losses() {
     let ensemble = ZkEnsemble::shared();
-    let opts = dlock_testkit::conformance::fast_opts();
-    let a = client(&ensemble.url(), opts.clone()).await;
+    // A watchdog lease longer than the waits below (a released hold's signal reports the end
+    // of its lease once it has passed: `is_lost` compares with the clock).
+    let opts = dlock_testkit::conformance::fast_opts().watchdog_lease(Duration::from_secs(5));
+    // A session long enough for the fixed lease below (a lease must fit in the session).
+    let a = client(
+        &format!("{}?session_timeout=30s", ensemble.url()),
+        opts.clone(),
+    )
+    .await;
     let name = unique_name("signals");
     let g = a
         .lock(&name)
@@ -280,11 +289,11 @@ async fn lost_signal_only_for_losses() {
         lost.reason()
     );
 
-    // A fixed lease far longer than the test: no renewals, yet the deletion is noticed.
+    // A fixed lease far longer than the wait below: no renewals, yet the deletion is noticed.
     let g = a
         .lock(&name)
         .expect("lock")
-        .lease(Duration::from_secs(600))
+        .lease(Duration::from_secs(30))
         .expect("lease")
         .acquire()
         .await
@@ -304,7 +313,7 @@ async fn lost_signal_only_for_losses() {
         .await
         .expect("never noticed");
     assert_eq!(reason, LostReason::NotHeld);
-    // Noticed through the watch on the node, not at the end of the 600 s lease: 5 s is
+    // Noticed through the watch on the node, not at the end of the 30 s lease: 5 s is
     // generous on a loaded machine.
     assert!(
         t.elapsed() < Duration::from_secs(5),

@@ -24,14 +24,15 @@ async fn watch_wakes_on_every_release() {
         owner: "waiter".into(),
         ..key.clone()
     };
-    let mut w = watcher.watch(&waiter).await.expect("watch");
+    let waiting = AcquireRequest::new(waiter, Duration::from_secs(5), LostSignal::new());
+    let mut w = watcher.watch(&waiting).await.expect("watch");
     for _ in 0..3 {
         let req = AcquireRequest::new(key.clone(), Duration::from_secs(5), LostSignal::new());
-        assert!(matches!(
-            holder.acquire(&req).await.expect("acquire"),
-            AcquireReply::Granted { .. }
-        ));
-        holder.release(&key).await.expect("release");
+        let token = match holder.acquire(&req).await.expect("acquire") {
+            AcquireReply::Granted { token } => token,
+            other => panic!("not granted: {other:?}"),
+        };
+        holder.release(&req.grant(token)).await.expect("release");
         // The acquire and the release each changed the queue: at least one wake-up, promptly.
         let wake = tokio::time::timeout(Duration::from_secs(5), w.changed())
             .await
