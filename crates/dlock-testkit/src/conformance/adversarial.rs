@@ -603,12 +603,16 @@ pub async fn sibling_waiters_handoff<H: Harness>(h: &H) {
                 )
             };
             let spawn_section = |lock: dlock_core::Lock, label: &'static str| {
-                let (rec, reg) = (rec.clone(), reg.clone());
+                let (rec, reg, lock_client) = (rec.clone(), reg.clone(), holder.clone());
                 tokio::spawn(async move {
-                    let g = lock
-                        .acquire_timeout(Duration::from_secs(30))
-                        .await
-                        .expect("a waiter that never gives up");
+                    let name = lock.name().to_owned();
+                    let g = match lock.acquire_timeout(Duration::from_secs(30)).await {
+                        Ok(g) => g,
+                        Err(e) => {
+                            let info = lock_client.inspect(&name).await;
+                            panic!("{label}: a waiter that never gives up: {e}; the lock: {info:?}")
+                        }
+                    };
                     section(&rec, &reg, &g, label, Duration::from_millis(20)).await;
                     drop(g);
                 })
@@ -700,7 +704,12 @@ pub async fn rw_sibling_waiters<H: Harness>(h: &H) {
             ReleaseOutcome::Released
         );
         let what = format!("{case} (read waiter first: {read_first})");
-        match wt.await.expect("join") {
+        let wr = wt.await.expect("join");
+        eprintln!(
+            "{what}: the write waiter got {:?}",
+            wr.as_ref().map(|g| g.fencing_token())
+        );
+        match wr {
             Ok(gw) => {
                 let other = t.rw_lock(&name).expect("rw");
                 for _ in 0..5 {
@@ -733,10 +742,11 @@ pub async fn rw_sibling_waiters<H: Harness>(h: &H) {
                 drop(g);
                 break;
             }
-            assert!(
-                t0.elapsed() < EVENTUALLY,
-                "{what}: the rw lock never came free"
-            );
+            if t0.elapsed() >= EVENTUALLY {
+                let r = t.inspect_kind(&name, LockKind::Read).await;
+                let w = t.inspect_kind(&name, LockKind::Write).await;
+                panic!("{what}: the rw lock never came free: read side {r:?}, write side {w:?}");
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
