@@ -47,6 +47,38 @@ where
     }
 }
 
+/// True if someone holds a `flock` on `path` that keeps a shared one out (probed with
+/// `LOCK_SH | LOCK_NB` on a descriptor of our own, which closing unlocks again).
+fn locked(path: &Path) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock only reads the descriptor number, which `f` keeps open.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    r != 0
+}
+
+/// Polls until nobody holds a `flock` on `path` for `QUIET` in a row; fails with `what` after
+/// `PATIENCE`. A waiting thread that wakes after its waiter left takes the lock for an instant
+/// (then it is seen held, and the quiet period starts again); one that kept it would be seen
+/// held for ever. (On a machine so loaded that the thread does not run within `QUIET`, this
+/// passes without having seen it: it can miss a regression, never fail a correct backend.)
+async fn stays_free(path: &Path, what: &str) {
+    const QUIET: Duration = Duration::from_millis(300);
+    let start = Instant::now();
+    let mut free_since = Instant::now();
+    loop {
+        if locked(path) {
+            free_since = Instant::now();
+        } else if free_since.elapsed() >= QUIET {
+            return;
+        }
+        assert!(start.elapsed() < PATIENCE, "{what} ({PATIENCE:?})");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A unique directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
 
@@ -1152,6 +1184,12 @@ async fn give_up_returns_only_its_own_grant() {
         b.release(&gb).await.expect("release"),
         ReleaseOutcome::Released
     );
+    // Nobody else wants the lock now, so a's thread gets it: it must let it go at once.
+    stays_free(
+        &a.lock_file(n),
+        "a waiting thread kept the lock after its waiter gave up",
+    )
+    .await;
     let c = backend(dir.path());
     let never = tokio_util::sync::CancellationToken::new();
     let cq = req(n, "c");

@@ -1163,6 +1163,27 @@ async fn write_waiter_gave_up_before_its_flock_completed() {
     );
     // The reader leaves; b's write thread gets the lock for nobody and lets it go.
     assert_eq!(release(&a, &gr).await, ReleaseOutcome::Released);
+    // Nobody else wants it now, so b's write thread gets it: it must let it go at once. It
+    // takes it for an instant (seen held, the quiet period starts again); one that kept it
+    // would be seen held for ever. (If the thread does not run within `QUIET` on a loaded
+    // machine, this passes without having seen it: it can miss a regression, never fail a
+    // correct backend.)
+    const QUIET: Duration = Duration::from_millis(300);
+    let [main, _, _] = a.rw_lock_files(n);
+    let t = Instant::now();
+    let mut free_since = Instant::now();
+    loop {
+        if locked_exclusively(&main) {
+            free_since = Instant::now();
+        } else if free_since.elapsed() >= QUIET {
+            break;
+        }
+        assert!(
+            t.elapsed() < PATIENCE,
+            "a write thread kept the lock after its waiter gave up"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let never = tokio_util::sync::CancellationToken::new();
     let cq = req(n, "c", LockKind::Write);
     let got = c
