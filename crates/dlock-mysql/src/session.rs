@@ -818,8 +818,12 @@ impl SessionMode {
             .cloned()
             .collect();
         for slot in candidates {
-            if let State::Held(g) = &*slot.state.lock().await {
-                return Some(g.conn.id());
+            // A slot busy for longer is an attempt waiting in `GET_LOCK`, not a holder.
+            let limit = self.inner.common.op_timeout;
+            if let Ok(st) = tokio::time::timeout(limit, slot.state.lock()).await {
+                if let State::Held(g) = &*st {
+                    return Some(g.conn.id());
+                }
             }
         }
         None
