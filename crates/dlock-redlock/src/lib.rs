@@ -9,7 +9,9 @@
 //!   count; it never delays a grant by more than this.
 //! - `quarantine` (default: the longest lease in use — the watchdog lease, or a longer fixed
 //!   lease this client has asked for): how long a node that restarted or lost its data stays
-//!   out of every majority. Set it to your longest lease if other processes use longer ones.
+//!   out of every majority when this client is the one that seeds it. The quarantine is stored
+//!   on the node (an end time by the node's clock) and every client honours it; the seeder
+//!   also lengthens it to the longest lease the other nodes saw in use (their lease horizon).
 //! - `check_interval` (default 500 ms): how often each node's process and data are checked.
 //!
 //! Each node is a [`dlock_redis::RedisBackend`] (its own connection, scripts and subscriber).
@@ -18,7 +20,10 @@
 //! same rule by which the core measures its local lease from the attempt's send time. The
 //! fencing token is chosen from a majority's counters and raised on a majority before it is
 //! handed out, so tokens keep strictly increasing even when nodes restart without their data.
-//! Only the reentrant mutex is supported (read-write locks, fair locks and semaphores return
+//! Every per-node hold is addressed by the attempt id that won it: a retried vote returns the
+//! same grant, a retried release or renewal has the effect of one, and nothing touches another
+//! attempt's hold (re-entry is counted by the core, in the client).
+//! Only the mutex is supported (read-write locks, fair locks and semaphores return
 //! [`Error::Unsupported`]). The design and the safety argument are in `docs/redlock.md`.
 //!
 //! ```no_run
@@ -46,8 +51,8 @@ pub use node::NodeStatus;
 use crate::node::{Health, View};
 use crate::tally::{Ballot, Decision};
 use dlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, Granted, HoldKey,
-    HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Backend, ClientOptions, Error, GrantRef,
+    Granted, HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use dlock_redis::{QuorumReply, QuorumVote, RedisBackend};
 use futures_util::future::join_all;
@@ -71,9 +76,6 @@ pub struct RedlockBackend {
 struct Shared {
     health: Arc<Health>,
     endpoint: String,
-    /// Token this client handed out for each live hold, by (name, owner): what a re-entry
-    /// returns.
-    tokens: Mutex<HashMap<TokenKey, u64>>,
     /// Stops the node checks when the backend goes away.
     _stop: DropGuard,
 }
@@ -88,21 +90,60 @@ fn check_kind(kind: LockKind) -> Result<()> {
     }
 }
 
-type TokenKey = (Arc<str>, Arc<str>);
-
 /// One node's answer in a fan-out: `(node, None)` for a timeout, `(node, Some(result))`.
 type Answer<T> = Pin<Box<dyn Future<Output = (usize, Option<Result<T>>)> + Send>>;
 type Answers<T> = FuturesUnordered<Answer<T>>;
+/// The votes of one attempt, each run to its end (never dropped half-way).
+type Votes = FuturesUnordered<Pin<Box<dyn Future<Output = (usize, Result<QuorumVote>)> + Send>>>;
+
+/// Lets the votes still running finish in a task of their own; if the attempt wins with the
+/// token sent on `won`, the nodes among them that voted for it are raised to that token (so
+/// their hold carries the grant's address: renewals and the release name attempt and token).
+/// A release that reaches such a node first still removes it (see `release`).
+fn finish_votes(
+    mut rest: Votes,
+    views: Vec<View>,
+    name: Arc<str>,
+    attempt: AttemptId,
+    nt: Duration,
+    won: tokio::sync::oneshot::Receiver<u64>,
+) {
+    if rest.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut late = Vec::new();
+        while let Some((i, answer)) = rest.next().await {
+            if let Ok(QuorumVote {
+                reply: QuorumReply::Granted { counter: t } | QuorumReply::Holds { token: t, .. },
+                ..
+            }) = answer
+            {
+                late.push((i, t));
+            }
+        }
+        let Ok(token) = won.await else { return };
+        join_all(
+            late.into_iter()
+                .filter(|(_, t)| *t != token)
+                .filter_map(|(i, _)| views[i].backend.clone())
+                .map(|b| {
+                    let (name, attempt) = (name.clone(), attempt.clone());
+                    async move {
+                        let _ =
+                            tokio::time::timeout(nt, b.raise_fence(&name, &attempt, token)).await;
+                    }
+                }),
+        )
+        .await;
+    });
+}
 
 /// Lets the requests still running finish in a task of their own.
 fn finish_in_background<T: Send + 'static>(mut rest: Answers<T>) {
     if !rest.is_empty() {
         tokio::spawn(async move { while rest.next().await.is_some() {} });
     }
-}
-
-fn token_key(key: &HoldKey) -> TokenKey {
-    (key.name.clone(), key.owner.clone())
 }
 
 impl RedlockBackend {
@@ -178,7 +219,6 @@ impl RedlockBackend {
             shared: Arc::new(Shared {
                 health,
                 endpoint,
-                tokens: Mutex::default(),
                 _stop: stop.drop_guard(),
             }),
         })
@@ -227,14 +267,6 @@ impl Shared {
 
     fn nt(&self) -> Duration {
         self.health.cfg.node_timeout
-    }
-
-    fn tokens(&self) -> MutexGuard<'_, HashMap<TokenKey, u64>> {
-        self.tokens.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn forget(&self, key: &HoldKey) {
-        self.tokens().remove(&token_key(key));
     }
 
     /// The random pause before the next attempt after a split vote (0 to the node timeout), so
@@ -309,14 +341,23 @@ impl Shared {
                     if v.scripts_reloaded {
                         node.suspect("it had forgotten its scripts (restarted?)");
                     }
-                    let counted = view.counts && !v.scripts_reloaded;
+                    if let Some(left) = v.quarantine {
+                        // The node's own record, by its own clock, whatever this client
+                        // thought: it lost its data and whoever seeded it set the end.
+                        node.note_quarantine(left);
+                    }
+                    let counted = view.counts && !v.scripts_reloaded && v.quarantine.is_none();
                     let problem = (!counted).then(|| {
-                        format!(
-                            "{ep}: {}",
-                            view.why_not
-                                .as_deref()
-                                .unwrap_or("had forgotten its scripts (restarted?); re-checking")
-                        )
+                        let why = match (&view.why_not, v.quarantine) {
+                            (Some(w), _) => w.clone(),
+                            (None, Some(left)) => {
+                                format!("in restart quarantine for {left:?} more by its own clock")
+                            }
+                            (None, None) => {
+                                "had forgotten its scripts (restarted?); re-checking".to_owned()
+                            }
+                        };
+                        format!("{ep}: {why}")
                     });
                     (
                         Ballot {
@@ -332,21 +373,23 @@ impl Shared {
         }
     }
 
-    /// Raises the counter to `token` on the listed nodes (with the hold count to set), in
-    /// parallel. Per node: `Some(true)` confirmed, `Some(false)` not, `None` not asked.
+    /// Raises the counter to `token` and records it with the attempt's hold on the listed
+    /// nodes, in parallel. Per node: `Some(true)` confirmed, `Some(false)` not, `None` not
+    /// asked.
     async fn raise(
         &self,
         views: &[View],
-        key: &HoldKey,
+        name: &str,
+        attempt: &AttemptId,
         token: u64,
-        list: &[(usize, u32)],
+        list: &[usize],
     ) -> Vec<Option<bool>> {
         let nt = self.nt();
-        let done = join_all(list.iter().map(|&(i, count)| {
+        let done = join_all(list.iter().map(|&i| {
             let b = views[i].backend.clone();
             async move {
                 let Some(b) = b else { return (i, false) };
-                let ok = match tokio::time::timeout(nt, b.raise_fence(key, token, count)).await {
+                let ok = match tokio::time::timeout(nt, b.raise_fence(name, attempt, token)).await {
                     Ok(Ok(Some(c))) => c >= token,
                     Ok(Err(e)) if e.is_retryable() => {
                         self.health.nodes[i].suspect(format!("an error ({e})"));
@@ -365,20 +408,21 @@ impl Shared {
         out
     }
 
-    /// Takes back, quietly and in parallel, what a failed attempt may have been granted.
-    /// Nodes that did not answer are included only if this client has no hold of the owner
-    /// (otherwise the abort could take a hold of the live lock instead of the attempt's).
-    async fn abort(&self, views: &[View], key: &HoldKey, ballots: &[Ballot]) {
-        let unknown_too = !self.tokens().contains_key(&token_key(key));
+    /// Takes back, quietly and in parallel, what an attempt that did not win may have been
+    /// granted: on every node that voted for it or may have (no answer in time). The request
+    /// names the attempt, so it can only remove that attempt's holds; a vote still in flight
+    /// on a node runs before it (one connection per node, in order).
+    async fn abort(&self, views: &[View], name: &str, attempt: &AttemptId, ballots: &[Ballot]) {
         let nt = self.nt();
         join_all(
             ballots
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| b.granted() || (unknown_too && b.maybe_granted))
+                .filter(|(_, b)| b.granted() || b.maybe_granted)
                 .filter_map(|(i, _)| views[i].backend.clone())
                 .map(|b| async move {
-                    let _ = tokio::time::timeout(nt, b.quorum_abort(key)).await;
+                    let quiet = b.quorum_release(name, attempt, None, false);
+                    let _ = tokio::time::timeout(nt, quiet).await;
                 }),
         )
         .await;
@@ -447,7 +491,9 @@ impl Backend for Shared {
         let mut problems = Vec::new();
         let mut hard = None;
         let nt = self.nt();
-        let mut votes: Answers<QuorumVote> = FuturesUnordered::new();
+        // Nodes asked whose vote is not in yet.
+        let mut asked = vec![false; views.len()];
+        let mut votes: Votes = FuturesUnordered::new();
         for (i, v) in views.iter().enumerate() {
             let (Some(b), Some(epoch)) = (v.backend.clone(), v.epoch.clone()) else {
                 let why = v.why_not.clone().unwrap_or_default();
@@ -455,89 +501,126 @@ impl Backend for Shared {
                 problems.push(format!("{}: {why}", self.health.nodes[i].endpoint));
                 continue;
             };
-            let (key, lease) = (key.clone(), req.lease);
+            let (key, attempt, lease) = (key.clone(), req.attempt.clone(), req.lease);
+            asked[i] = true;
             votes.push(Box::pin(async move {
-                let vote = async move { b.quorum_acquire(&key, lease, &epoch).await };
-                (i, tokio::time::timeout(nt, vote).await.ok())
+                (i, b.quorum_acquire(&key, &attempt, lease, &epoch).await)
             }));
         }
-        while let Some((i, answer)) = votes.next().await {
+        // One deadline for all votes, and no vote future is ever dropped before it is done: a
+        // request whose caller is gone before it is written is never sent, and a vote that
+        // runs late must still run — before anything sent after it on its connection (the
+        // give-back of a failed attempt, a release), and so that it can be given the token.
+        let deadline = tokio::time::Instant::now() + nt;
+        loop {
+            let (i, answer) = match tokio::time::timeout_at(deadline, votes.next()).await {
+                Ok(Some((i, r))) => (i, Some(r)),
+                Ok(None) => break,
+                Err(_) => {
+                    // The votes still out count as unknown (their ballots say "may have
+                    // granted" already).
+                    for (i, _) in asked.iter().enumerate().filter(|(_, a)| **a) {
+                        let (_, p, _) = self.vote(i, &views[i], None);
+                        problems.extend(p);
+                    }
+                    break;
+                }
+            };
+            asked[i] = false;
             let (b, p, e) = self.vote(i, &views[i], answer);
             ballots[i] = b;
             problems.extend(p);
             if hard.is_none() {
                 hard = e;
             }
-            if tally::settled(&ballots) {
-                // The rest cannot change the outcome. Their requests went into their
-                // connections' queues at the first poll; they finish in the background (a
-                // request whose caller is gone before it is written is never sent), so the
-                // slower nodes still get the hold, and anything given back below is queued
-                // behind them.
+            if tally::settled(&ballots, votes.len()) {
+                // The rest cannot change the outcome: they finish in the background, so the
+                // slower nodes still get the hold — this attempt's, by its id — and anything
+                // given back or released later is queued behind them.
                 break;
             }
         }
-        finish_in_background(votes);
-        let known = self.tokens().get(&token_key(key)).copied();
+        // Votes still out finish in the background; if this attempt wins, those that voted
+        // for it get its token too (they were not there to be raised).
+        let (won, token_rx) = tokio::sync::oneshot::channel();
+        finish_votes(
+            votes,
+            views.clone(),
+            key.name.clone(),
+            req.attempt.clone(),
+            nt,
+            token_rx,
+        );
+        let (name, attempt) = (&*key.name, &req.attempt);
         let q = self.q();
-        match tally::decide(&ballots, known) {
-            Decision::Reentry { token, count } => {
-                let fixes = tally::reentry_fixes(&ballots, token, count);
+        match tally::decide(&ballots) {
+            Decision::Again { token } => {
+                // A retry of an attempt whose grant stands on a majority (its reply was lost):
+                // the same token; the votes made every lease run at least `lease` from now.
+                // Nodes of the attempt that store another token get this one (best effort:
+                // a majority has it already).
+                let fixes = tally::raises(&ballots, token);
                 if !fixes.is_empty() {
-                    self.raise(&views, key, token, &fixes).await;
+                    self.raise(&views, name, attempt, token, &fixes).await;
                 }
                 if tally::validity(req.lease, start.elapsed()).is_some() {
-                    self.tokens().insert(token_key(key), token);
+                    let _ = won.send(token);
                     return Ok(AcquireReply::Granted { token });
                 }
-                self.abort(&views, key, &ballots).await;
+                tracing::debug!(name, "redlock retry confirmed too late; giving it back");
+                self.abort(&views, name, attempt, &ballots).await;
                 Ok(AcquireReply::Held {
                     ttl: Some(self.jitter()),
                 })
             }
             Decision::Fresh { token } => {
-                let raises = tally::fresh_raises(&ballots, token);
-                let raised = if raises.is_empty() {
+                let fixes = tally::raises(&ballots, token);
+                let raised = if fixes.is_empty() {
                     Vec::new()
                 } else {
-                    self.raise(&views, key, token, &raises).await
+                    self.raise(&views, name, attempt, token, &fixes).await
                 };
                 let confirmed = tally::confirmations(&ballots, token, &raised);
                 if confirmed >= q && tally::validity(req.lease, start.elapsed()).is_some() {
-                    self.tokens().insert(token_key(key), token);
+                    let _ = won.send(token);
                     return Ok(AcquireReply::Granted { token });
                 }
-                tracing::debug!(name = %key.name, confirmed, q, "redlock grant not confirmed in time; giving it back");
-                self.abort(&views, key, &ballots).await;
+                tracing::debug!(
+                    name,
+                    confirmed,
+                    q,
+                    "redlock grant not confirmed in time; giving it back"
+                );
+                self.abort(&views, name, attempt, &ballots).await;
                 Ok(AcquireReply::Held {
                     ttl: Some(self.jitter()),
                 })
             }
             Decision::Held { ttl } => {
-                self.abort(&views, key, &ballots).await;
+                self.abort(&views, name, attempt, &ballots).await;
                 Ok(AcquireReply::Held { ttl })
             }
             Decision::Split => {
-                self.abort(&views, key, &ballots).await;
+                self.abort(&views, name, attempt, &ballots).await;
                 Ok(AcquireReply::Held {
                     ttl: Some(self.jitter()),
                 })
             }
             Decision::NoQuorum { answered } => {
-                self.abort(&views, key, &ballots).await;
+                self.abort(&views, name, attempt, &ballots).await;
                 Err(hard.unwrap_or_else(|| self.no_quorum(answered, &problems)))
             }
         }
     }
 
-    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         let views = self.health.views();
         let t = self.watch_timeout();
         let got = join_all(views.iter().map(|v| {
             let b = v.backend.clone();
             async move {
                 let b = b?;
-                tokio::time::timeout(t, b.watch(key)).await.ok()?.ok()
+                tokio::time::timeout(t, b.watch(req)).await.ok()?.ok()
             }
         }))
         .await;
@@ -556,13 +639,72 @@ impl Backend for Shared {
         )))
     }
 
-    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
-        check_kind(key.kind)?;
+    /// Releases whatever the attempt holds on any node (a grant whose reply was lost, or votes
+    /// that finished after the attempt stopped), announcing the release where it held one.
+    /// Idempotent; only that attempt's holds are touched.
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        check_kind(req.key.kind)?;
         let views = self.health.views();
         let t = self.call_timeout();
+        let (name, attempt) = (req.key.name.clone(), req.attempt.clone());
         let mut answers = self.fan_out(&views, t, |b| {
-            let key = key.clone();
-            async move { b.release(&key).await }
+            let (name, attempt) = (name.clone(), attempt.clone());
+            async move { b.quorum_release(&name, &attempt, None, true).await }
+        });
+        let mut answered = 0;
+        let mut problems = Vec::new();
+        while let Some((i, r)) = answers.next().await {
+            let node = &self.health.nodes[i];
+            match r {
+                Some(Ok(_)) => answered += 1,
+                Some(Err(e)) => problems.push(format!("{}: {e}", node.endpoint)),
+                None => problems.push(format!("{}: no answer within {t:?}", node.endpoint)),
+            }
+        }
+        // Fewer than a majority reached: a grant this attempt may have got could still stand
+        // (until its lease ends); say so.
+        if answered < self.q() {
+            return Err(self.no_quorum(answered, &problems));
+        }
+        Ok(())
+    }
+
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        check_kind(grant.key.kind)?;
+        let views = self.health.views();
+        let t = self.call_timeout();
+        let (name, attempt, token) = (grant.key.name.clone(), grant.attempt.clone(), grant.token);
+        // Set once a majority released this grant: then a node that holds the attempt under
+        // another token (its vote came in after the decision, before the raise reached it)
+        // holds part of this very grant — attempt ids are unique — and is released too.
+        let (verdict, decided) = tokio::sync::watch::channel(false);
+        let mut answers = self.fan_out(&views, t, |b| {
+            let (name, attempt, mut rx) = (name.clone(), attempt.clone(), decided.clone());
+            async move {
+                match b.quorum_release(&name, &attempt, Some(token), true).await? {
+                    Ok(o) => Ok(o),
+                    Err(_other_token) => {
+                        tokio::spawn(async move {
+                            // Ends as soon as the release is decided either way (the sender
+                            // goes away with the call).
+                            let released = matches!(
+                                tokio::time::timeout(t, rx.wait_for(|v| *v)).await,
+                                Ok(Ok(_))
+                            );
+                            if released {
+                                let _ = tokio::time::timeout(
+                                    t,
+                                    b.quorum_release(&name, &attempt, None, true),
+                                )
+                                .await;
+                            }
+                        });
+                        // Not this grant's address here (yet): as far as the majority goes,
+                        // nothing to release on this node.
+                        Ok(ReleaseOutcome::Expired)
+                    }
+                }
+            }
         });
         let q = self.q();
         let mut outcomes: Vec<Option<ReleaseOutcome>> = vec![None; self.n()];
@@ -579,39 +721,35 @@ impl Backend for Shared {
                 }
                 None => problems.push(format!("{}: no answer within {t:?}", node.endpoint)),
             }
-            let count =
-                |f: fn(&ReleaseOutcome) -> bool| outcomes.iter().flatten().filter(|o| f(o)).count();
-            if count(|o| *o == ReleaseOutcome::Released) >= q
-                || count(|o| matches!(o, ReleaseOutcome::StillHeld { .. })) >= q
+            if outcomes
+                .iter()
+                .filter(|o| **o == Some(ReleaseOutcome::Released))
+                .count()
+                >= q
             {
+                verdict.send_replace(true);
                 break;
             }
         }
+        drop(decided);
+        // The slower nodes' releases are on their connections already: they finish in order.
         finish_in_background(answers);
-        match tally::release_outcome(&outcomes) {
-            Ok(o) => {
-                if !matches!(o, ReleaseOutcome::StillHeld { .. }) {
-                    self.forget(key);
-                }
-                Ok(o)
-            }
-            Err(answered) => Err(self.no_quorum(answered, &problems)),
-        }
+        tally::release_outcome(&outcomes).map_err(|answered| self.no_quorum(answered, &problems))
     }
 
-    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
-        for (k, lease) in holds {
-            check_kind(k.kind)?;
+        for (g, lease) in holds {
+            check_kind(g.key.kind)?;
             self.health.note_lease(*lease);
         }
         let views = self.health.views();
         let t = self.call_timeout();
         let mut answers = self.fan_out(&views, t, |b| {
             let holds = holds.to_vec();
-            async move { b.renew(&holds).await }
+            async move { b.quorum_renew(&holds).await }
         });
         let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
             views.iter().map(|v| (v.counts, None)).collect();
@@ -645,7 +783,7 @@ impl Backend for Shared {
             .iter()
             .zip(&outcomes)
             .filter(|(_, o)| o.is_none())
-            .map(|((k, _), _)| &*k.name)
+            .map(|((g, _), _)| &*g.key.name)
             .collect();
         if !undecided.is_empty() {
             problems.extend(views.iter().zip(&self.health.nodes).filter_map(|(v, n)| {
@@ -671,13 +809,7 @@ impl Backend for Shared {
                 .into(),
             });
         }
-        let outcomes: Vec<RenewOutcome> = outcomes.into_iter().flatten().collect();
-        for ((k, _), o) in holds.iter().zip(&outcomes) {
-            if *o == RenewOutcome::NotHeld {
-                self.forget(k);
-            }
-        }
-        Ok(outcomes)
+        Ok(outcomes.into_iter().flatten().collect())
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
@@ -690,7 +822,7 @@ impl Backend for Shared {
                 let Some(b) = b else {
                     return Err(format!("{}: not connected", node.endpoint));
                 };
-                match tokio::time::timeout(t, b.inspect(name, LockKind::Mutex)).await {
+                match tokio::time::timeout(t, b.quorum_inspect(name)).await {
                     Ok(Ok(i)) => Ok(i),
                     Ok(Err(e)) => Err(format!("{}: {e}", node.endpoint)),
                     Err(_) => Err(format!("{}: no answer within {t:?}", node.endpoint)),
@@ -698,50 +830,49 @@ impl Backend for Shared {
             }
         }))
         .await;
-        let (infos, problems): (Vec<LockInfo>, Vec<String>) = {
-            let mut ok = Vec::new();
-            let mut bad = Vec::new();
-            for i in infos {
-                match i {
-                    Ok(i) => ok.push(i),
-                    Err(p) => bad.push(p),
-                }
+        let mut ok = Vec::new();
+        let mut problems = Vec::new();
+        for i in infos {
+            match i {
+                Ok(i) => ok.push(i),
+                Err(p) => problems.push(p),
             }
-            (ok, bad)
-        };
-        let q = self.q();
-        if infos.len() < q {
-            return Err(self.no_quorum(infos.len(), &problems));
         }
-        Ok(merge_infos(name, &infos, q))
+        let q = self.q();
+        if ok.len() < q {
+            return Err(self.no_quorum(ok.len(), &problems));
+        }
+        Ok(merge_infos(name, &ok, q))
     }
 }
 
-/// One view of a lock from the nodes' views: a holder is one seen on at least `q` nodes, with
-/// the hold count most nodes report and the lease a majority still has; the token is the
-/// largest counter (an upper bound of the last token handed out: failed attempts also count).
-fn merge_infos(name: &str, infos: &[LockInfo], q: usize) -> LockInfo {
-    let mut seen: HashMap<&str, Vec<&HolderInfo>> = HashMap::new();
-    for info in infos {
-        for h in &info.holders {
-            // Our token field, and anything else that cannot be an owner id.
-            if h.owner.chars().any(char::is_control) {
-                continue;
+/// One node's view of a lock, as [`RedisBackend::quorum_inspect`] returns it.
+type NodeView = (Option<(String, String, Option<Duration>)>, u64);
+
+/// One view of a lock from the nodes' views: a holder is an attempt seen on at least `q`
+/// nodes, with the lease a majority still has; the token is the largest counter (an upper
+/// bound of the last token handed out: failed attempts also count).
+fn merge_infos(name: &str, infos: &[NodeView], q: usize) -> LockInfo {
+    let mut seen: HashMap<&str, Vec<(&str, Option<Duration>)>> = HashMap::new();
+    for (hold, _) in infos {
+        if let Some((attempt, owner, left)) = hold {
+            // Foreign data (no attempt) is no holder of ours.
+            if !attempt.is_empty() {
+                seen.entry(attempt).or_default().push((owner, *left));
             }
-            seen.entry(h.owner.as_str()).or_default().push(h);
         }
     }
     let mut holders: Vec<HolderInfo> = seen
-        .into_iter()
-        .filter(|(_, hs)| hs.len() >= q)
-        .map(|(owner, hs)| {
-            let mut leases: Vec<Option<Duration>> = hs.iter().map(|h| h.lease_left).collect();
+        .into_values()
+        .filter(|hs| hs.len() >= q)
+        .map(|hs| {
+            let mut leases: Vec<Option<Duration>> = hs.iter().map(|h| h.1).collect();
             // Longest first (None: no expiry, longest of all); the q-th is how long a majority
             // still has the hold.
             leases.sort_by_key(|l| std::cmp::Reverse((l.is_none(), *l)));
             HolderInfo {
-                owner: owner.to_owned(),
-                count: tally::plurality(hs.iter().map(|h| h.count)).unwrap_or(1),
+                owner: hs[0].0.to_owned(),
+                count: 1,
                 lease_left: leases.get(q - 1).copied().flatten(),
                 ..HolderInfo::default()
             }
@@ -751,7 +882,7 @@ fn merge_infos(name: &str, infos: &[LockInfo], q: usize) -> LockInfo {
     LockInfo {
         name: name.to_owned(),
         holders,
-        fencing_token: infos.iter().map(|i| i.fencing_token).max().unwrap_or(0),
+        fencing_token: infos.iter().map(|i| i.1).max().unwrap_or(0),
         ..LockInfo::default()
     }
 }
@@ -791,15 +922,19 @@ impl Backend for Recorder {
         r
     }
 
-    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
-        self.shared.watch(key).await
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        self.shared.watch(req).await
     }
 
-    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
-        self.shared.release(key).await
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        self.shared.give_up(req).await
     }
 
-    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        self.shared.release(grant).await
+    }
+
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         self.shared.renew(holds).await
     }
 
@@ -824,8 +959,13 @@ impl Backend for RedlockBackend {
         self.shared.acquire(req).await
     }
 
-    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
-        self.shared.watch(key).await
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        self.shared.watch(req).await
+    }
+
+    /// Releases whatever the attempt holds on any node; see [`Backend::give_up`].
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        self.shared.give_up(req).await
     }
 
     /// The core's waiting strategy, except that a wait that ends because no majority could be
@@ -855,11 +995,11 @@ impl Backend for RedlockBackend {
         res
     }
 
-    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
-        self.shared.release(key).await
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        self.shared.release(grant).await
     }
 
-    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         self.shared.renew(holds).await
     }
 
@@ -872,10 +1012,10 @@ impl Backend for RedlockBackend {
 mod tests {
     use super::*;
 
-    fn holder(owner: &str, count: u32, ms: u64) -> HolderInfo {
+    fn holder(owner: &str, ms: u64) -> HolderInfo {
         HolderInfo {
             owner: owner.into(),
-            count,
+            count: 1,
             lease_left: Some(Duration::from_millis(ms)),
             ..HolderInfo::default()
         }
@@ -883,24 +1023,32 @@ mod tests {
 
     #[test]
     fn merged_inspect() {
-        let node = |holders: Vec<HolderInfo>, fence| LockInfo {
-            name: "n".into(),
-            holders,
-            fencing_token: fence,
-            ..LockInfo::default()
+        let node = |hold: Option<(&str, &str, u64)>, fence| -> NodeView {
+            (
+                hold.map(|(a, o, ms)| (a.into(), o.into(), Some(Duration::from_millis(ms)))),
+                fence,
+            )
         };
-        let token = || holder(dlock_redis::TOKEN_FIELD, 9, 900);
         let infos = [
-            node(vec![holder("a", 2, 900), token()], 9),
-            node(vec![holder("a", 2, 700), token()], 9),
-            node(vec![holder("b", 1, 500)], 11),
-            node(vec![holder("a", 1, 300), token()], 9),
-            node(vec![], 3),
+            node(Some(("a1", "x", 900)), 9),
+            node(Some(("a1", "x", 700)), 9),
+            node(Some(("b1", "y", 500)), 11),
+            node(Some(("a1", "x", 300)), 9),
+            node(None, 3),
         ];
         let m = merge_infos("n", &infos, 3);
-        assert_eq!(m.holders, vec![holder("a", 2, 300)]);
+        assert_eq!(m.holders, vec![holder("x", 300)]);
         assert_eq!(m.fencing_token, 11);
         let m = merge_infos("n", &infos[2..], 2);
         assert!(!m.held());
+        // Two attempts of one owner, each on a minority: nobody holds the lock.
+        let infos = [
+            node(Some(("a1", "x", 900)), 9),
+            node(Some(("a2", "x", 900)), 9),
+            node(Some(("a1", "x", 900)), 9),
+            node(Some(("a2", "x", 900)), 9),
+            node(Some(("", "", 900)), 9),
+        ];
+        assert!(!merge_infos("n", &infos, 3).held());
     }
 }

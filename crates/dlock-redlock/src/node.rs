@@ -1,9 +1,17 @@
 //! The nodes and what this client knows about each: its connection, its process (run id), its
-//! epoch (the marker that its fencing counters are complete), its restart quarantine.
+//! epoch (the marker that its fencing counters are complete), and the restart quarantine the
+//! epoch carries.
+//!
+//! The quarantine is stored **on the node**, in its epoch, as an end time by the node's own
+//! clock: whoever seeds a node that lost its data sets it, and every client — one that starts
+//! later, a short-lived CLI — reads it and refuses to count the node before it ends (the vote
+//! script also reports it, by the node's clock, in every vote). This client only keeps an
+//! estimate of it for its own views and messages.
 //!
 //! A background task per node checks it every `check_interval` (one pipelined `INFO server` +
-//! `GET NS:redlock:epoch`), and at once when an operation saw something suspicious on it (an
-//! error, an epoch mismatch, forgotten scripts). See `docs/redlock.md` for why each rule is there.
+//! `GET NS:redlock:epoch` + `TIME`), and at once when an operation saw something suspicious on
+//! it (an error, an epoch mismatch, forgotten scripts). See `docs/redlock.md` for why each rule
+//! is there.
 
 use crate::config::{Config, NodeAddr};
 use crate::tally::quorum;
@@ -36,8 +44,9 @@ struct NodeState {
     /// The node epoch this client trusts (valid for `run_id`); `None`: its counters are not
     /// known to be complete, its votes do not count.
     epoch: Option<String>,
+    /// When the node's quarantine ends, as estimated from its epoch and its clock (the node
+    /// decides: its votes say how much is left by its own clock).
     quarantine_until: Option<Instant>,
-    quarantine_why: &'static str,
     /// The last check reached the node.
     reachable: bool,
     /// Why the node is suspect since the last good check (an error, an epoch mismatch...).
@@ -73,13 +82,20 @@ pub struct NodeStatus {
     pub problem: Option<String>,
 }
 
-impl NodeState {
-    fn quarantine(&mut self, until: Instant, why: &'static str) {
-        if self.quarantine_until.is_none_or(|u| u < until) {
-            self.quarantine_until = Some(until);
-            self.quarantine_why = why;
-        }
+/// The end of the quarantine an epoch carries, in ms by its node's clock (0: none; an epoch
+/// of the older `RANDOM:RUN_ID` form has none).
+pub(crate) fn epoch_quarantine_end(epoch: &str) -> u64 {
+    let mut parts = epoch.split(':');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(_), Some(until), Some(_), None) => until.parse().unwrap_or(0),
+        _ => 0,
     }
+}
+
+/// How much of the quarantine `epoch` carries is left at the node's time `node_now_ms`.
+fn quarantine_left(epoch: &str, node_now_ms: u64) -> Option<Duration> {
+    let left = epoch_quarantine_end(epoch).saturating_sub(node_now_ms);
+    (left > 0).then(|| Duration::from_millis(left))
 }
 
 impl Node {
@@ -130,6 +146,15 @@ impl Node {
         }
     }
 
+    /// A vote said the node's quarantine still runs `left` by its own clock.
+    pub(crate) fn note_quarantine(&self, left: Duration) {
+        let until = Instant::now() + left;
+        let mut st = self.state();
+        if st.quarantine_until.is_none_or(|u| u < until) {
+            st.quarantine_until = Some(until);
+        }
+    }
+
     pub(crate) fn view(&self, now: Instant) -> View {
         let backend = self.backend();
         let st = self.state();
@@ -153,9 +178,9 @@ impl Node {
         } else {
             match st.quarantine_until {
                 Some(u) if u > now => Some(format!(
-                    "in restart quarantine for {:?} more ({})",
+                    "in restart quarantine for {:?} more (it lost its data; set on the node by \
+                     whoever seeded it, by the node's clock)",
                     u - now,
-                    st.quarantine_why
                 )),
                 _ => None,
             }
@@ -193,9 +218,10 @@ pub(crate) struct Health {
     pub(crate) max_lease_ms: std::sync::atomic::AtomicU64,
 }
 
-/// The epoch value a client creates: random, then the run id it vouches for.
-fn new_epoch(run_id: &str) -> String {
-    format!("{:016x}:{run_id}", fastrand::u64(..))
+/// The random part of an epoch a client creates (the node adds the quarantine's end and the
+/// run id it vouches for).
+fn new_epoch_prefix() -> String {
+    format!("{:016x}", fastrand::u64(..))
 }
 
 fn epoch_valid(epoch: &str, run_id: &str) -> bool {
@@ -257,8 +283,9 @@ impl Health {
         Ok(b)
     }
 
-    /// Checks node `i`: its process (restart → quarantine), its epoch (missing or stale →
-    /// its counters must be seeded), then seeds or initialises it if `init` is set.
+    /// Checks node `i`: its process (a restart means its counters must be seeded again), its
+    /// epoch (missing or stale: the same) and the quarantine the epoch carries, then seeds or
+    /// initialises it if `init` is set.
     pub(crate) async fn check(&self, i: usize, init: bool) {
         let node = &self.nodes[i];
         let gen = node.state().suspect_gen;
@@ -276,41 +303,33 @@ impl Health {
             Err(_) => return node.set_error(format!("no answer within {t:?}")),
         };
         let now = Instant::now();
-        let qlen = self.quarantine_len();
-        // The process started at most `uptime` ago (INFO rounds it down): quarantine until
-        // then + qlen is, if anything, a little long.
-        let started = now.checked_sub(info.uptime).unwrap_or(now);
         let valid = epoch.clone().filter(|e| epoch_valid(e, &info.run_id));
         let stale = epoch.filter(|_| valid.is_none());
         let needs_init = {
             let mut st = node.state();
-            match st.run_id.clone() {
-                None if info.uptime < qlen => st.quarantine(
-                    started + qlen,
-                    "the server started less than the quarantine ago",
-                ),
-                Some(old) if old != info.run_id => {
-                    tracing::warn!(node = %node.endpoint, "redlock node restarted; quarantined");
-                    st.quarantine(started + qlen, "the server restarted");
-                    st.epoch = None;
-                }
-                _ => {}
+            if st.run_id.as_ref().is_some_and(|old| *old != info.run_id) {
+                tracing::warn!(node = %node.endpoint, "redlock node restarted; not counted until re-seeded and out of quarantine");
+                st.epoch = None;
             }
             st.run_id = Some(info.run_id.clone());
             match (st.epoch.clone(), valid.clone()) {
                 (Some(known), Some(v)) if known != v => {
-                    tracing::warn!(node = %node.endpoint, "redlock node lost its data and was re-seeded; quarantined");
-                    st.quarantine(now + qlen, "the node lost its data");
+                    tracing::warn!(node = %node.endpoint, "redlock node lost its data and was re-seeded");
                     st.epoch = Some(v);
                 }
                 (Some(_), None) => {
-                    tracing::warn!(node = %node.endpoint, "redlock node lost its data; quarantined until seeded");
-                    st.quarantine(now + qlen, "the node lost its data");
+                    tracing::warn!(node = %node.endpoint, "redlock node lost its data; not counted until re-seeded and out of quarantine");
                     st.epoch = None;
                 }
                 (None, Some(v)) => st.epoch = Some(v),
                 _ => {}
             }
+            // The node's own record decides (whoever seeded it set it, by its clock).
+            st.quarantine_until = st
+                .epoch
+                .as_deref()
+                .and_then(|e| quarantine_left(e, info.now_ms))
+                .map(|left| now + left);
             st.reachable = true;
             if st.epoch.is_some() {
                 st.last_error = None;
@@ -347,6 +366,11 @@ impl Health {
     /// and fewer than a majority could) is initialised as a whole, so none of its nodes waits
     /// in quarantine for nothing; nodes still without complete counters are then seeded (or
     /// initialised from the complete ones, see [`Health::init_node`]).
+    ///
+    /// A node of a new cluster is quarantined only until its process is the quarantine old:
+    /// if the whole cluster just restarted without its data, leases granted before may still
+    /// run until then (Redlock's delayed restart); a cluster that has been up that long has
+    /// none.
     pub(crate) async fn initialize(&self) {
         join_all((0..self.nodes.len()).map(|i| self.check(i, false))).await;
         let looks = self.look().await;
@@ -355,7 +379,7 @@ impl Health {
         if complete == 0 && unreachable < self.q() {
             join_all(looks.iter().enumerate().filter_map(|(i, l)| {
                 let (b, info, ok) = l.as_ref()?;
-                (!ok).then(|| self.adopt_new_epoch(i, b, info, false))
+                (!ok).then(|| self.adopt_new_epoch(i, b, info, self.fresh_quarantine(info)))
             }))
             .await;
         }
@@ -396,11 +420,12 @@ impl Health {
             .collect();
         let unreachable = looks.iter().filter(|l| l.is_none()).count();
         let q = self.q();
-        let seeded = if sources.len() >= q {
+        let quarantine = if sources.len() >= q {
             match self.seed(&me, &sources, q).await {
-                Ok(n) => {
-                    tracing::info!(node = %node.endpoint, counters = n, "redlock node seeded from a majority");
-                    true
+                Ok((n, horizon)) => {
+                    let quarantine = self.lost_data_quarantine(horizon);
+                    tracing::info!(node = %node.endpoint, counters = n, ?quarantine, "redlock node seeded from a majority; quarantined");
+                    quarantine
                 }
                 Err(e) => {
                     node.state().last_error = Some(format!("seeding failed: {e}"));
@@ -413,10 +438,10 @@ impl Health {
             // majority lost its data, which no scheme survives. Start from whatever the
             // complete nodes have (nothing, in a new cluster).
             if sources.is_empty() {
-                false
+                self.fresh_quarantine(info)
             } else {
                 match self.seed(&me, &sources, sources.len()).await {
-                    Ok(_) => true,
+                    Ok((_, horizon)) => self.lost_data_quarantine(horizon),
                     Err(e) => {
                         node.state().last_error = Some(format!("seeding failed: {e}"));
                         return;
@@ -430,19 +455,42 @@ impl Health {
             ));
             return;
         };
-        self.adopt_new_epoch(i, &me, info, seeded).await;
+        self.adopt_new_epoch(i, &me, info, quarantine).await;
     }
 
-    /// Creates node `i`'s epoch (if its process is still `info.run_id`) and trusts it. A node
-    /// that had to be seeded lost its data at some time before now: locks it had may still be
-    /// held elsewhere, so it is quarantined from now.
-    async fn adopt_new_epoch(&self, i: usize, me: &RedisBackend, info: &ServerInfo, seeded: bool) {
+    /// The quarantine of a node of a new cluster: until its process is the quarantine old.
+    fn fresh_quarantine(&self, info: &ServerInfo) -> Duration {
+        self.quarantine_len().saturating_sub(info.uptime)
+    }
+
+    /// The quarantine of a node that lost its data (at some time before now): locks it had may
+    /// still be held elsewhere, for as long as the longest lease in use — this client's, or a
+    /// longer one another client asked the sources for (their lease horizon), plus the drift
+    /// allowance.
+    fn lost_data_quarantine(&self, horizon: Option<Duration>) -> Duration {
+        let h = horizon.map_or(Duration::ZERO, |h| h + dlock_core::drift(h));
+        self.quarantine_len().max(h)
+    }
+
+    /// Creates node `i`'s epoch (if its process is still `info.run_id`), carrying a quarantine
+    /// of `quarantine` from now by the node's clock, and trusts it. If another client created
+    /// one first, that one (and its quarantine) is adopted.
+    async fn adopt_new_epoch(
+        &self,
+        i: usize,
+        me: &RedisBackend,
+        info: &ServerInfo,
+        quarantine: Duration,
+    ) {
         let node = &self.nodes[i];
         let t = self.check_timeout();
-        let created =
-            tokio::time::timeout(t, me.create_epoch(&new_epoch(&info.run_id), &info.run_id)).await;
-        let epoch = match created {
-            Ok(Ok(Ok(e))) if epoch_valid(&e, &info.run_id) => e,
+        let created = tokio::time::timeout(
+            t,
+            me.create_epoch(&new_epoch_prefix(), &info.run_id, quarantine),
+        )
+        .await;
+        let (epoch, node_now) = match created {
+            Ok(Ok(Ok((e, node_now)))) if epoch_valid(&e, &info.run_id) => (e, node_now),
             Ok(Ok(_)) => {
                 // The process changed under us: the next check starts over.
                 node.check_now.notify_one();
@@ -453,39 +501,44 @@ impl Health {
         };
         let mut st = node.state();
         if st.run_id.as_deref() == Some(info.run_id.as_str()) {
-            if seeded {
-                st.quarantine(
-                    Instant::now() + self.quarantine_len(),
-                    "the node lost its data",
-                );
-            }
+            // From the node's clock at the creation: if anything, the estimate ends late.
+            st.quarantine_until =
+                quarantine_left(&epoch, node_now).map(|left| Instant::now() + left);
             st.epoch = Some(epoch);
             st.last_error = None;
         }
     }
 
     /// Raises `me`'s counters to the largest value any of `sources` has; at least `need` of
-    /// them must list their counters.
+    /// them must list their counters (and their lease horizons). Returns how many counters
+    /// there were and the longest horizon (how long a lease granted through the sources may
+    /// still run).
     async fn seed(
         &self,
         me: &RedisBackend,
         sources: &[Arc<RedisBackend>],
         need: usize,
-    ) -> Result<usize> {
+    ) -> Result<(usize, Option<Duration>)> {
         let t = self.seed_timeout();
-        let lists = join_all(
-            sources
-                .iter()
-                .map(|s| async move { tokio::time::timeout(t, s.fence_counters()).await }),
-        )
+        let lists = join_all(sources.iter().map(|s| async move {
+            tokio::time::timeout(t, async {
+                // The horizon first: read before the counters, it is if anything longer
+                // than needed by the time the quarantine starts.
+                let h = s.lease_horizon().await?;
+                Ok::<_, Error>((h, s.fence_counters().await?))
+            })
+            .await
+        }))
         .await;
         let mut max: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+        let mut horizon: Option<Duration> = None;
         let mut ok = 0;
         let mut last_err = None;
         for l in lists {
             match l {
-                Ok(Ok(list)) => {
+                Ok(Ok((h, list))) => {
                     ok += 1;
+                    horizon = horizon.max(h);
                     for (name, v) in list {
                         let e = max.entry(name).or_default();
                         *e = (*e).max(v);
@@ -514,7 +567,7 @@ impl Health {
                 endpoint: String::new(),
                 source: format!("seeding took longer than {t:?}").into(),
             })??;
-        Ok(counters.len())
+        Ok((counters.len(), horizon))
     }
 }
 
