@@ -105,3 +105,89 @@ fn client_close_propagates_upstream() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Waits until `done` holds for the proxy's counters (5 s at most).
+fn wait_stats(proxy: &DelayProxy, what: &str, done: impl Fn(&dlock_testkit::ProxyStats) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = proxy.stats();
+        if done(&s) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn reply_delay_lets_the_request_execute_first() {
+    let server = RedisServer::start().expect("start");
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let mut c = connect(&proxy, Duration::from_secs(5));
+    roundtrip(&mut c, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+    // Long enough that the checks below run before the reply is due, even on a loaded machine.
+    let delay = Duration::from_millis(1500);
+    proxy.set_reply_delay(delay);
+    let t = Instant::now();
+    c.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n")
+        .expect("write");
+    // The SET executed on the server long before its reply gets back.
+    wait_stats(&proxy, "reply read", |s| s.replies.chunks_read >= 2);
+    assert_eq!(
+        proxy.stats().replies.chunks_forwarded,
+        1,
+        "the reply was not held back"
+    );
+    assert_eq!(server.command(&["GET", "k"]).expect("get"), "v");
+    let mut buf = [0u8; 5];
+    c.read_exact(&mut buf).expect("read");
+    assert_eq!(&buf, b"+OK\r\n");
+    assert!(t.elapsed() >= delay, "reply not delayed: {:?}", t.elapsed());
+    let s = proxy.stats();
+    assert_eq!(s.requests.chunks_forwarded, 2, "{s:?}");
+    assert_eq!(s.replies.chunks_forwarded, 2, "{s:?}");
+    assert_eq!(s.connections, 1);
+}
+
+#[test]
+fn dropped_replies_and_reset_after_a_request() {
+    let server = RedisServer::start().expect("start");
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let mut c = connect(&proxy, Duration::from_millis(300));
+    proxy.set_drop_replies(true);
+    c.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\na\r\n$1\r\n1\r\n")
+        .expect("write");
+    wait_stats(&proxy, "reply read and dropped", |s| {
+        s.replies.chunks_read >= 1
+    });
+    assert_eq!(server.command(&["GET", "a"]).expect("get"), "1");
+    let mut buf = [0u8; 16];
+    let err = c.read(&mut buf).expect_err("the reply was dropped");
+    assert!(
+        matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+        "{err:?}"
+    );
+    proxy.heal();
+
+    // Reset right after the next request reached the server: it executes, its reply is lost.
+    let mut c = connect(&proxy, Duration::from_secs(5));
+    proxy.reset_after_request_bytes(1);
+    assert!(proxy.reset_pending());
+    c.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nb\r\n$1\r\n2\r\n")
+        .expect("write");
+    match c.read(&mut buf) {
+        Ok(n) => assert_eq!(n, 0, "a reply slipped through: {:?}", &buf[..n]),
+        Err(e) => assert_ne!(e.kind(), ErrorKind::WouldBlock, "{e:?}"),
+    }
+    assert!(!proxy.reset_pending());
+    assert_eq!(server.command(&["GET", "b"]).expect("get"), "2");
+    assert!(proxy.stats().resets >= 1);
+    // New connections work as before.
+    let mut c = connect(&proxy, Duration::from_secs(5));
+    roundtrip(&mut c, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+    proxy.reset_all();
+    match c.read(&mut buf) {
+        Ok(n) => assert_eq!(n, 0),
+        Err(e) => assert_ne!(e.kind(), ErrorKind::WouldBlock, "{e:?}"),
+    }
+}
