@@ -543,3 +543,65 @@ async fn one_owner_two_attempts_session() {
 async fn one_owner_two_attempts_table() {
     one_owner_two_attempts(My::table()).await;
 }
+
+/// A `dlock_table_locks` made by an older version (no `attempt`, no `last_released`) gets the
+/// columns added by the first table-mode client, and a lock row it left (held by an owner of
+/// the old version, with no attempt) is another holder's, not ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_from_an_older_version_is_upgraded() {
+    let my = My::table();
+    let db = format!("dlock_old_{}", std::process::id());
+    my.server
+        .sql(&format!(
+            "CREATE DATABASE {db}; GRANT ALL PRIVILEGES ON {db}.* TO 'dlock'@'%'; \
+             CREATE TABLE {db}.dlock_table_locks ( \
+                 lock_key CHAR(38) CHARACTER SET ascii NOT NULL PRIMARY KEY, \
+                 ns VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+                 name TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+                 owner VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+                 count INT UNSIGNED NOT NULL, token BIGINT UNSIGNED NOT NULL, \
+                 acquired_at DATETIME(6) NULL, expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB; \
+             INSERT INTO {db}.dlock_table_locks VALUES ('{}', 'dlock', 'old-held', 'old-owner', \
+                 2, 7, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)",
+            lock_key("dlock", "old-held")
+        ))
+        .expect("an old-version table");
+    let url = format!(
+        "mysql://dlock:{}@127.0.0.1:{}/{db}?mode=table",
+        my.server.password(),
+        my.server.port()
+    );
+    let opts = fast_opts();
+    let c = Client::new(
+        Arc::new(MysqlBackend::connect(&url, &opts).await.expect("connect")),
+        opts.clone(),
+    )
+    .expect("client");
+    let cols = my
+        .server
+        .sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '{db}' \
+             AND TABLE_NAME = 'dlock_table_locks' AND COLUMN_NAME IN ('attempt', 'last_released')"
+        ))
+        .expect("columns");
+    assert_eq!(cols, "2");
+    // A second client finds the columns there (no error from a repeated upgrade).
+    let d = Client::new(
+        Arc::new(MysqlBackend::connect(&url, &opts).await.expect("connect")),
+        opts,
+    )
+    .expect("client");
+    assert!(
+        try_lock(&c, "old-held").await.is_none(),
+        "the old holder's lock was taken"
+    );
+    let g = try_lock(&c, "new").await.expect("free");
+    assert!(try_lock(&d, "new").await.is_none());
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    my.server
+        .sql(&format!("DROP DATABASE {db}"))
+        .expect("drop the database");
+}
