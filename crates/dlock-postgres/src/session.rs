@@ -225,9 +225,9 @@ pub(crate) struct Session {
 
 #[derive(Default)]
 struct EndState {
-    /// The attempts on this session that hold (or may hold) a lock on it: their lost signals,
-    /// fired when the connection ends, and the local end of their leases.
-    grants: HashMap<AttemptId, (LostSignal, LeaseInstant)>,
+    /// The attempts on this session that hold (or may hold) a lock on it: the lost signals of
+    /// the granted ones, fired when the connection ends, and the local end of their leases.
+    grants: HashMap<AttemptId, (Option<LostSignal>, LeaseInstant)>,
     reason: Option<LostReason>,
 }
 
@@ -240,9 +240,23 @@ impl Session {
         self.end.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Counts `attempt` as (possibly) holding a lock here until `lease_end`; its `lost` fires
-    /// when this session ends (at once if it already has).
-    fn add(&self, attempt: &AttemptId, lost: LostSignal, lease_end: LeaseInstant) {
+    /// Counts `attempt` as possibly holding a lock here until `lease_end` (so that the session
+    /// is neither pooled nor unlocked wholesale for another attempt meanwhile).
+    fn add(&self, attempt: &AttemptId, lease_end: LeaseInstant) {
+        let mut end = self.end();
+        if end.reason.is_none() {
+            let e = end
+                .grants
+                .entry(attempt.clone())
+                .or_insert((None, lease_end));
+            e.1 = e.1.max(lease_end);
+        }
+    }
+
+    /// `attempt` holds its grant here: its `lost` fires when this session ends (at once if it
+    /// already has). Only granted attempts: a request that failed with the session must not
+    /// fire the signal of a grant a retry then gets on another session.
+    fn arm(&self, attempt: &AttemptId, lost: LostSignal, lease_end: LeaseInstant) {
         let mut end = self.end();
         match &end.reason {
             Some(reason) => lost.fire(reason.clone()),
@@ -250,7 +264,8 @@ impl Session {
                 let e = end
                     .grants
                     .entry(attempt.clone())
-                    .or_insert((lost, lease_end));
+                    .or_insert((None, lease_end));
+                e.0 = Some(lost);
                 e.1 = e.1.max(lease_end);
             }
         }
@@ -531,11 +546,13 @@ impl SessionMode {
                 std::mem::take(&mut st.grants)
             };
             ended2.cancel();
-            if !signals.is_empty() {
+            if signals.values().any(|(lost, _)| lost.is_some()) {
                 tracing::warn!(%reason, "postgres session holding locks ended");
             }
             for (lost, _) in signals.into_values() {
-                lost.fire(reason.clone());
+                if let Some(lost) = lost {
+                    lost.fire(reason.clone());
+                }
             }
         });
         let init = if self.common.has_session_timeouts() {
@@ -863,7 +880,7 @@ impl SessionMode {
                 // Counted on the session before the request goes out: if its answer is lost,
                 // the session is neither pooled nor forgotten while it may hold the lock.
                 let end = LeaseInstant::now() + req.lease;
-                s.add(&req.attempt, req.lost.clone(), end);
+                s.add(&req.attempt, end);
                 entry.set(st, State::Unknown(s));
             }
         }
@@ -972,11 +989,11 @@ impl SessionMode {
     ) -> Result<u64> {
         let sent = LeaseInstant::now();
         let end = sent + req.lease;
-        s.add(&req.attempt, req.lost.clone(), end);
+        s.add(&req.attempt, end);
         entry.set(st, State::Unknown(s.clone()));
         match self.register(&s, req, idle).await {
             Ok(token) => {
-                s.extend(&req.attempt, end);
+                s.arm(&req.attempt, req.lost.clone(), end);
                 entry.set(
                     st,
                     State::Granted(GrantState {
@@ -1118,7 +1135,7 @@ impl SessionMode {
             None => {
                 self.check_upgrade(req)?;
                 let s = self.take_session().await?;
-                s.add(&req.attempt, req.lost.clone(), sent + req.lease);
+                s.add(&req.attempt, sent + req.lease);
                 entry.set(st, State::Unknown(s));
             }
         }
