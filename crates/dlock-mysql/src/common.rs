@@ -353,4 +353,19 @@ mod tests {
         assert_eq!(wait_timeout_secs(Duration::from_millis(2000)), 3);
         assert_eq!(wait_timeout_secs(Duration::from_secs(30)), 35);
     }
+
+    #[test]
+    fn inlined_values_cannot_break_out() {
+        assert_eq!(sql_str("a'b"), "CONVERT(X'612762' USING utf8mb4)");
+        assert_eq!(sql_str(""), "CONVERT('' USING utf8mb4)");
+        assert_eq!(sql_str("π"), "CONVERT(X'cf80' USING utf8mb4)");
+        let id = dlock_core::AttemptId::new();
+        assert_eq!(sql_attempt(&id).expect("hex id"), format!("'{id}'"));
+        for bad in ["", "a'b", "a b", &"a".repeat(65)] {
+            assert!(
+                sql_attempt(&dlock_core::AttemptId::from_server(bad)).is_err(),
+                "{bad}"
+            );
+        }
+    }
 }
