@@ -40,7 +40,7 @@ impl Harness for Pg {
         let n = self
             .server
             .sql(&format!(
-                "WITH u AS (UPDATE dlock_leases SET owner = NULL, count = 0, expires_at = 'epoch' \
+                "WITH u AS (UPDATE dlock_leases SET owner = NULL, attempt = NULL, expires_at = 'epoch' \
                  WHERE name = '{}' AND owner IS NOT NULL RETURNING 1) SELECT count(*) FROM u",
                 name.replace('\'', "''")
             ))
