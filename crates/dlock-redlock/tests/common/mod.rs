@@ -188,3 +188,16 @@ impl Cluster {
             .count()
     }
 }
+
+impl Cluster {
+    /// Deletes the lock's hash on node `i` (as if its lease had run out there only).
+    pub fn break_lock_on(&self, i: usize, name: &str) {
+        assert_eq!(
+            self.servers[i]
+                .command(&["DEL", &format!("dlock:{{{name}}}")])
+                .expect("DEL"),
+            "1",
+            "node {i} did not have {name}"
+        );
+    }
+}
