@@ -435,3 +435,250 @@ async fn fixed_and_watchdog_guards_dropped_in_both_orders() {
         }
     }
 }
+
+/// Two waiting attempts of one owner id on one backend are two waiters: the released lock goes
+/// to one of them, and the other's give-up (its deadline passed) gives back nothing of that
+/// grant. (A backend keyed by owner treated the second as a re-entry of the first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_owner_waiters_are_separate_attempts() {
+    for pg in modes() {
+        let mode = mode_name(&pg);
+        let name = unique_name("same-owner-waiters");
+        let backend = Arc::new(pg.backend(&opts()).await);
+        let holder = pg.backend(&opts()).await;
+        let key = HoldKey {
+            name: name.as_str().into(),
+            owner: "one-owner".into(),
+            kind: LockKind::Mutex,
+        };
+        let hreq = AcquireRequest::new(
+            HoldKey {
+                owner: "holder".into(),
+                ..key.clone()
+            },
+            Duration::from_secs(30),
+            LostSignal::new(),
+        );
+        let AcquireReply::Granted { token: ht } = holder.acquire(&hreq).await.expect("acquire")
+        else {
+            panic!("{mode}: not granted");
+        };
+        let lease = Duration::from_secs(30);
+        let spawn_waiter = |wait: Duration| {
+            let backend = backend.clone();
+            let req = AcquireRequest::new(key.clone(), lease, LostSignal::new());
+            tokio::spawn(async move {
+                let cancel = tokio_util::sync::CancellationToken::new();
+                let got = backend
+                    .acquire_wait(&req, Some(Instant::now() + wait), &cancel)
+                    .await;
+                (req, got)
+            })
+        };
+        // One of them gets the released lock, the other waits out its deadline.
+        let first = spawn_waiter(Duration::from_secs(4));
+        let second = spawn_waiter(Duration::from_secs(4));
+        if mode == "session" {
+            poll_until(
+                "both waiters queued on the server",
+                async || {
+                    backend
+                        .inspect(&name, LockKind::Mutex)
+                        .await
+                        .expect("inspect")
+                        .waiters
+                },
+                |w| *w == Some(2),
+            )
+            .await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert_eq!(
+            holder.release(&hreq.grant(ht)).await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        let (r1, g1) = first.await.expect("task");
+        let (r2, g2) = second.await.expect("task");
+        let (g1, g2) = (g1.expect("wait"), g2.expect("wait"));
+        if mode == "session" {
+            // The server serves its queue in order.
+            assert!(g1.is_some() && g2.is_none(), "{mode}: {g1:?} {g2:?}");
+        }
+        let (wreq, won, lreq) = match (g1, g2) {
+            (Some(g), None) => (r1, g, r2),
+            (None, Some(g)) => (r2, g, r1),
+            other => panic!("{mode}: exactly one attempt must get the lock: {other:?}"),
+        };
+        // The loser gives up (again: idempotent); the winner's grant stays.
+        backend.give_up(&lreq).await.expect("give up");
+        let other = AcquireRequest::new(
+            HoldKey {
+                owner: "other".into(),
+                ..key.clone()
+            },
+            Duration::from_secs(1),
+            LostSignal::new(),
+        );
+        assert!(
+            matches!(
+                holder.acquire(&other).await.expect("acquire"),
+                AcquireReply::Held { .. }
+            ),
+            "{mode}: the loser's give-up freed the winner's grant"
+        );
+        holder.give_up(&other).await.expect("give up");
+        let grant = wreq.grant(won.token);
+        assert_eq!(
+            backend
+                .renew(&[(grant.clone(), Duration::from_secs(30))])
+                .await
+                .expect("renew"),
+            vec![dlock_core::RenewOutcome::Renewed],
+            "{mode}"
+        );
+        assert_eq!(
+            backend.release(&grant).await.expect("release"),
+            ReleaseOutcome::Released,
+            "{mode}"
+        );
+    }
+}
+
+/// Session mode: the server grants a blocked waiter's `pg_advisory_lock`, and the reply is lost
+/// with the connection. The server frees what the dead session held; the waiter goes on
+/// waiting on a new session and ends with exactly one grant, and nothing is left held after
+/// its release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn granted_wait_whose_reply_is_lost_with_the_connection() {
+    let pg = Pg::session();
+    let name = unique_name("lost-wait-reply");
+    let (backend, proxy) = proxied(&pg, &opts()).await;
+    let w = Client::new(Arc::new(backend), opts()).expect("client");
+    let h = pg.client_with(opts()).await;
+    let held = h
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let ht = held.fencing_token();
+    let lock = w.lock(&name).expect("lock");
+    let waiter = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(30)).await });
+    let waiting = |pg: &Pg| {
+        let key = dlock_postgres::lock_key("dlock", &name) as u64;
+        pg.server
+            .sql(&format!(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND classid = {} AND objid = {} AND objsubid = 1",
+                key >> 32,
+                key & 0xffff_ffff
+            ))
+            .expect("sql")
+    };
+    poll_until(
+        "the waiter never waited on the server",
+        async || waiting(&pg),
+        |n| n == "1",
+    )
+    .await;
+    proxy.set_drop_replies(true);
+    assert_eq!(
+        held.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // The waiter's session holds the lock on the server; it never hears of it.
+    poll_until(
+        "the waiter's session was never granted",
+        async || (waiting(&pg), sessions_holding(&pg, &name)),
+        |(w, h)| w == "0" && h == "1",
+    )
+    .await;
+    proxy.reset_all();
+    proxy.set_drop_replies(false);
+    let g = tokio::time::timeout(EVENTUALLY, waiter)
+        .await
+        .expect("the waiter never got the lock")
+        .expect("task")
+        .expect("acquire after the lost reply");
+    assert!(g.fencing_token() > ht);
+    assert_eq!(sessions_holding(&pg, &name), "1", "one session holds it");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let again = h
+        .lock(&name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("nothing left held");
+    assert_eq!(
+        again.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A `try_acquire` whose request reaches the server and whose reply is lost with the
+/// connection: the retry (same attempt, new connection) is the same grant in lease mode (same
+/// token); in session mode the dead session's lock goes with it, and the retry either gets the
+/// lock or finds it held by that session for a moment. Either way one grant at most, and
+/// nothing is left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_whose_reply_is_lost_with_the_connection() {
+    for pg in modes() {
+        let mode = mode_name(&pg);
+        let name = unique_name("lost-try-reply");
+        let (backend, proxy) = proxied(&pg, &opts()).await;
+        let a = Client::new(Arc::new(backend), opts()).expect("client");
+        let b = pg.client_with(opts()).await;
+        let lock = a.lock(&name).expect("lock");
+        let warm = lock.try_acquire().await.expect("try").expect("free");
+        assert_eq!(
+            warm.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        proxy.reset_after_request_bytes(1);
+        let got = lock.try_acquire().await.expect("try");
+        assert!(
+            !proxy.reset_pending(),
+            "{mode}: the connection was not reset"
+        );
+        let info = b.inspect(&name).await.expect("inspect");
+        match &got {
+            Some(g) => {
+                assert_eq!(info.holders.len(), 1, "{mode}: {info:?}");
+                assert_eq!(info.fencing_token, g.fencing_token(), "{mode}: {info:?}");
+            }
+            None => assert_eq!(mode, "session", "lease mode: the retry is the same grant"),
+        }
+        if mode == "session" {
+            let want = if got.is_some() { "1" } else { "0" };
+            poll_until(
+                &format!("{mode}: the dead session's lock was not freed"),
+                async || sessions_holding(&pg, &name),
+                |n| n == want,
+            )
+            .await;
+        }
+        if let Some(g) = got {
+            assert_eq!(
+                g.release().await.expect("release"),
+                ReleaseOutcome::Released
+            );
+        }
+        let other = b.lock(&name).expect("lock");
+        let g = poll_until(
+            &format!("{mode}: the lock stayed held"),
+            async || other.try_acquire().await.expect("try"),
+            |g| g.is_some(),
+        )
+        .await
+        .expect("free");
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
