@@ -1211,3 +1211,73 @@ async fn write_waiter_gave_up_before_its_flock_completed() {
     assert_eq!(release(&b, &g).await, ReleaseOutcome::Expired);
     assert!(!b.inspect(n, LockKind::Write).await.expect("inspect").held());
 }
+
+/// A read or write waiter whose future is dropped after 0, 1, 5 or 20 ms of waiting for a
+/// writer that releases at that very moment (so the grant often lands as the future goes)
+/// leaves nothing held: a writer of a third client — which needs every side free — gets in at
+/// once. The waiter shares the holder's backend, or has its own (kernel-blocked threads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_rw_acquire_at_any_point_leaves_nothing_held() {
+    let dir = TempDir::new("rwcancel");
+    let holder_backend = backend(dir.path());
+    let holder = Client::new(holder_backend.clone(), opts()).expect("client");
+    let third = client(dir.path());
+    let n = "rw/cancel/point";
+    for shared in [true, false] {
+        let waiter = if shared {
+            Client::new(holder_backend.clone(), opts()).expect("client")
+        } else {
+            client(dir.path())
+        };
+        for write in [false, true] {
+            for ms in [0u64, 1, 5, 20] {
+                let case = format!("shared={shared} write={write} drop after {ms} ms");
+                let g = holder
+                    .rw_lock(n)
+                    .expect("rw")
+                    .write()
+                    .acquire_timeout(WAITER_DEADLINE)
+                    .await
+                    .unwrap_or_else(|e| panic!("{case}: holder: {e}"));
+                let rw = waiter.rw_lock(n).expect("rw");
+                let lock = if write { rw.write() } else { rw.read() };
+                let wait = Duration::from_millis(ms);
+                let w = tokio::spawn(async move {
+                    tokio::time::timeout(wait, lock.acquire())
+                        .await
+                        .ok()
+                        .map(|r| r.map(drop))
+                });
+                tokio::time::sleep(wait).await;
+                assert_eq!(
+                    g.release().await.expect("release"),
+                    ReleaseOutcome::Released,
+                    "{case}"
+                );
+                if let Some(r) = w.await.expect("waiter task") {
+                    r.unwrap_or_else(|e| panic!("{case}: waiter: {e}"));
+                }
+                let g3 = third
+                    .rw_lock(n)
+                    .expect("rw")
+                    .write()
+                    .acquire_timeout(PROMPT)
+                    .await
+                    .unwrap_or_else(|e| panic!("{case}: the lock stayed held: {e}"));
+                assert_eq!(
+                    g3.release().await.expect("release"),
+                    ReleaseOutcome::Released,
+                    "{case}"
+                );
+                let t = Instant::now();
+                while waiter.held_count() != 0 {
+                    assert!(
+                        t.elapsed() < PATIENCE,
+                        "{case}: the waiter's client keeps a hold"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+}
