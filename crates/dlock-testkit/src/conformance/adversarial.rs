@@ -396,9 +396,18 @@ pub async fn late_reply_on_renew<H: Harness>(h: &H) {
         // Let the next renewal (the retry, or the next tick) be confirmed before faulting
         // again: two faulted ticks in a row may rightly cost a lease renewed at a third of it.
         let healed = proxy.stats();
-        wait_proxy("an undelayed renewal reply", &proxy, |s| {
-            s.replies.chunks_read > healed.replies.chunks_read
-        })
+        let what = format!("{case}: a renewal after a late reply");
+        poll_until(
+            &what,
+            async || (proxy.stats(), g.lost_signal().reason()),
+            |(s, lost)| {
+                assert!(
+                    lost.is_none(),
+                    "{case}: lost on a late renewal reply: {lost:?}, {s:?}"
+                );
+                s.replies.chunks_read > healed.replies.chunks_read
+            },
+        )
         .await;
         let read = proxy.stats().replies.chunks_read;
         wait_proxy("the renewal replies delivered", &proxy, |s| {
