@@ -121,6 +121,19 @@ fn redact_raw(url: &str) -> String {
     }
 }
 
+/// Percent-encodes everything but unreserved characters (RFC 3986).
+fn pct(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn parse_url(url: &str) -> Result<Parsed> {
     let bad = |reason: String| Error::InvalidUrl {
         url: redact(url),
@@ -184,7 +197,13 @@ fn parse_url(url: &str) -> Result<Parsed> {
     if keep.is_empty() {
         u.set_query(None);
     } else {
-        u.query_pairs_mut().clear().extend_pairs(&keep);
+        // Percent-encoded by hand: `query_pairs_mut` writes a space as `+`, which
+        // tokio-postgres does not decode (`options=-c%20search_path%3Dx` became `-c+search_path`).
+        let q: Vec<String> = keep
+            .iter()
+            .map(|(k, v)| format!("{}={}", pct(k), pct(v)))
+            .collect();
+        u.set_query(Some(&q.join("&")));
     }
     let config = tokio_postgres::Config::from_str(u.as_str()).map_err(|e| bad(e.to_string()))?;
     if config.get_user().is_none() {
@@ -400,6 +419,8 @@ mod tests {
         assert_eq!(p.endpoint, "/run/postgresql:5432");
         let p = parse_url("postgres://u@h/db?mode=lease&listen=off").unwrap();
         assert!(!p.listen);
+        let p = parse_url("postgres://u@h/db?mode=lease&options=-c%20search_path%3Dx%2By").unwrap();
+        assert_eq!(p.config.get_options(), Some("-c search_path=x+y"));
         for bad in [
             "postgres://",
             "postgres://h/db",

@@ -684,3 +684,86 @@ async fn sessions_are_reused() {
     assert!(after - before <= 2, "{before} -> {after} connections");
     assert!(backend.idle_sessions() >= 1);
 }
+
+/// Tables of the version with re-entry counts (a `count` column, no `attempt`, holders keyed
+/// by owner and kind) are migrated by the first new client, in both modes, and work after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_tables_are_migrated() {
+    let server = shared_server();
+    let schema = format!("old_{}", std::process::id());
+    let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};
+             SET search_path = {schema};
+             CREATE SEQUENCE dlock_fence_seq;
+             CREATE TABLE dlock_fence (ns text NOT NULL, name text NOT NULL,
+                 token bigint NOT NULL, PRIMARY KEY (ns, name));
+             CREATE TABLE dlock_holders (ns text NOT NULL, name text NOT NULL,
+                 owner text NOT NULL, kind text NOT NULL, token bigint NOT NULL,
+                 count integer NOT NULL, pid integer NOT NULL,
+                 acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
+                 PRIMARY KEY (ns, name, owner, kind));
+             INSERT INTO dlock_holders VALUES ('dlock', 'stale', 'o', 'mutex', 1, 2, 0, now(), now());
+             CREATE TABLE dlock_leases (ns text NOT NULL, name text NOT NULL, owner text,
+                 count integer NOT NULL, token bigint NOT NULL, acquired_at timestamptz,
+                 expires_at timestamptz NOT NULL, PRIMARY KEY (ns, name));
+             INSERT INTO dlock_leases VALUES ('dlock', 'old', NULL, 0, 7, NULL, 'epoch');"
+        ))
+        .await
+        .expect("old tables");
+    for params in ["", "&mode=lease"] {
+        let url = format!(
+            "{}?options=-c%20search_path%3D{schema}{params}",
+            server.url()
+        );
+        let c = client_at(&url).await;
+        for name in ["old", "new"] {
+            let g = c
+                .lock(name)
+                .expect("lock")
+                .try_acquire()
+                .await
+                .expect("try")
+                .expect("free");
+            assert_eq!(
+                g.release().await.expect("release"),
+                ReleaseOutcome::Released,
+                "{params}"
+            );
+        }
+        // Connecting again finds the tables up to date.
+        let _ = client_at(&url).await;
+    }
+    let cols = client
+        .query(
+            "SELECT table_name::text, column_name::text FROM information_schema.columns \
+             WHERE table_schema = $1 AND column_name IN ('count', 'attempt') ORDER BY 1, 2",
+            &[&schema],
+        )
+        .await
+        .expect("columns");
+    let cols: Vec<(String, String)> = cols.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        cols,
+        vec![
+            ("dlock_holders".into(), "attempt".into()),
+            ("dlock_leases".into(), "attempt".into())
+        ]
+    );
+    client
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .expect("drop");
+}
+
+async fn client_at(url: &str) -> Client {
+    let opts = fast_opts();
+    client(
+        PostgresBackend::connect(url, &opts).await.expect("connect"),
+        opts,
+    )
+}
