@@ -312,16 +312,22 @@ impl DelayProxy {
 
 /// The proxies in front of one client's servers (one for a single server,
 /// one per node for Redlock or a cluster), controlled together: each method
-/// applies to every proxy; [`proxies`](Self::proxies) reaches one node's.
+/// applies to every proxy, or to one after [`focus`](Self::focus);
+/// [`proxies`](Self::proxies) reaches each.
 #[derive(Debug)]
 pub struct ProxyControl {
     proxies: Vec<DelayProxy>,
+    /// The proxy the methods act on ([`focus`](Self::focus)); `usize::MAX`: all of them.
+    focus: AtomicUsize,
 }
 
 impl ProxyControl {
     /// Controls these proxies (at least one).
     pub fn new(proxies: Vec<DelayProxy>) -> Self {
-        ProxyControl { proxies }
+        ProxyControl {
+            proxies,
+            focus: AtomicUsize::new(usize::MAX),
+        }
     }
 
     /// Starts one zero-delay proxy in front of each of `targets`.
@@ -330,7 +336,23 @@ impl ProxyControl {
             .iter()
             .map(|t| DelayProxy::start(*t, Duration::ZERO))
             .collect::<Result<Vec<_>>>()?;
-        Ok(ProxyControl { proxies })
+        Ok(ProxyControl::new(proxies))
+    }
+
+    /// Makes the fault and counter methods act on proxy `i` only (`None`: on all, the
+    /// default), e.g. to fault one Redlock node. Out-of-range indices act on none.
+    pub fn focus(&self, i: Option<usize>) {
+        self.focus.store(i.unwrap_or(usize::MAX), Ordering::SeqCst);
+    }
+
+    /// The proxies the methods act on now.
+    fn focused(&self) -> impl Iterator<Item = &DelayProxy> {
+        let f = self.focus.load(Ordering::SeqCst);
+        self.proxies
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| f == usize::MAX || *i == f)
+            .map(|(_, p)| p)
     }
 
     /// The proxies, in the order of their targets.
@@ -347,48 +369,46 @@ impl ProxyControl {
             .join(",")
     }
 
-    /// [`DelayProxy::set_delay`] on every proxy.
+    /// [`DelayProxy::set_delay`] on every focused proxy.
     pub fn set_delay(&self, d: Duration) {
-        self.proxies.iter().for_each(|p| p.set_delay(d));
+        self.focused().for_each(|p| p.set_delay(d));
     }
 
-    /// [`DelayProxy::set_reply_delay`] on every proxy.
+    /// [`DelayProxy::set_reply_delay`] on every focused proxy.
     pub fn set_reply_delay(&self, d: Duration) {
-        self.proxies.iter().for_each(|p| p.set_reply_delay(d));
+        self.focused().for_each(|p| p.set_reply_delay(d));
     }
 
-    /// [`DelayProxy::set_blackhole`] on every proxy.
+    /// [`DelayProxy::set_blackhole`] on every focused proxy.
     pub fn set_blackhole(&self, on: bool) {
-        self.proxies.iter().for_each(|p| p.set_blackhole(on));
+        self.focused().for_each(|p| p.set_blackhole(on));
     }
 
-    /// [`DelayProxy::set_drop_replies`] on every proxy.
+    /// [`DelayProxy::set_drop_replies`] on every focused proxy.
     pub fn set_drop_replies(&self, on: bool) {
-        self.proxies.iter().for_each(|p| p.set_drop_replies(on));
+        self.focused().for_each(|p| p.set_drop_replies(on));
     }
 
-    /// [`DelayProxy::reset_all`] on every proxy.
+    /// [`DelayProxy::reset_all`] on every focused proxy.
     pub fn reset_all(&self) {
-        self.proxies.iter().for_each(DelayProxy::reset_all);
+        self.focused().for_each(DelayProxy::reset_all);
     }
 
-    /// [`DelayProxy::reset_after_request_bytes`] on every proxy (each resets
+    /// [`DelayProxy::reset_after_request_bytes`] on every focused proxy (each resets
     /// its own connections once it forwarded `n` more request bytes).
     pub fn reset_after_request_bytes(&self, n: u64) {
-        self.proxies
-            .iter()
-            .for_each(|p| p.reset_after_request_bytes(n));
+        self.focused().for_each(|p| p.reset_after_request_bytes(n));
     }
 
-    /// [`DelayProxy::heal`] on every proxy.
+    /// [`DelayProxy::heal`] on every focused proxy.
     pub fn heal(&self) {
-        self.proxies.iter().for_each(DelayProxy::heal);
+        self.focused().for_each(DelayProxy::heal);
     }
 
-    /// The counters of every proxy added up.
+    /// The counters of the focused proxies added up.
     pub fn stats(&self) -> ProxyStats {
         let mut t = ProxyStats::default();
-        for s in self.proxies.iter().map(DelayProxy::stats) {
+        for s in self.focused().map(DelayProxy::stats) {
             for (sum, d) in [(&mut t.requests, s.requests), (&mut t.replies, s.replies)] {
                 sum.chunks_read += d.chunks_read;
                 sum.bytes_read += d.bytes_read;

@@ -320,12 +320,26 @@ async fn with_reply_fault<T>(
 pub async fn retried_acquire_is_one<H: Harness>(h: &H) {
     let case = "retried_acquire_is_one";
     let b = h.client(fast_opts()).await;
-    for wait in [false, true] {
+    // Where the client talks to several nodes, the fault hits all of them, then only one.
+    let nodes = match h.proxied_client(long_lease_opts()).await {
+        Some((_, proxy)) => proxy.proxies().len(),
+        None => return skip(case, NO_PROXY),
+    };
+    let focuses: Vec<Option<usize>> = if nodes > 1 {
+        vec![None, Some(0)]
+    } else {
+        vec![None]
+    };
+    for (wait, focus) in [false, true]
+        .into_iter()
+        .flat_map(|w| focuses.iter().map(move |f| (w, *f)))
+    {
         for fault in [ReplyFault::Late, ReplyFault::Lost, ReplyFault::Reset] {
             // A fresh client each time: no traffic of earlier rounds through its proxy.
             let Some((p, proxy)) = h.proxied_client(long_lease_opts()).await else {
                 return skip(case, NO_PROXY);
             };
+            proxy.focus(focus);
             let name = unique_name(if wait { "retrywait" } else { "retrytry" });
             let lock = p.lock(&name).expect("lock");
             let r = with_reply_fault(&proxy, fault, async {
@@ -338,7 +352,7 @@ pub async fn retried_acquire_is_one<H: Harness>(h: &H) {
                 }
             })
             .await;
-            let what = format!("{case} (wait: {wait}, {fault:?})");
+            let what = format!("{case} (wait: {wait}, {fault:?}, node: {focus:?})");
             match r {
                 Ok(Some(g)) => {
                     let info = b.inspect(&name).await.expect("inspect");
