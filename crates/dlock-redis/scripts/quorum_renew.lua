@@ -3,10 +3,14 @@
 -- that arrives after a longer one, changes nothing).
 -- KEYS[1] lock hash, KEYS[2] lease horizon
 -- ARGV[1] attempt id, ARGV[2] token, ARGV[3] lease ms
--- Returns 1 renewed, 0 this grant is not held here.
-if redis.call('hget', KEYS[1], 'attempt') ~= ARGV[1]
-  or redis.call('hget', KEYS[1], 'token') ~= ARGV[2] then
+-- Returns 1 renewed, 0 this attempt does not hold it here, {2, token} this attempt holds it
+-- here with another token (nothing changed).
+if redis.call('hget', KEYS[1], 'attempt') ~= ARGV[1] then
   return 0
+end
+local token = redis.call('hget', KEYS[1], 'token')
+if token ~= ARGV[2] then
+  return {2, tonumber(token) or 0}
 end
 local lease = tonumber(ARGV[3])
 if redis.call('pttl', KEYS[1]) < lease then

@@ -400,8 +400,12 @@ impl RedisBackend {
 
     /// Renews each grant's hold on this node so that its lease runs at least the given
     /// duration from now, never shortening it (one pipelined round trip). Per grant:
-    /// `Renewed`, or `NotHeld` if no hold with its attempt and token is here.
-    pub async fn quorum_renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+    /// `Ok(Renewed)`, `Ok(NotHeld)` if its attempt does not hold the lock here, or
+    /// `Err(stored)` if its attempt holds it here with another token (nothing changed).
+    pub async fn quorum_renew(
+        &self,
+        holds: &[(GrantRef, Duration)],
+    ) -> Result<Vec<std::result::Result<RenewOutcome, u64>>> {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
@@ -433,10 +437,19 @@ impl RedisBackend {
             )));
         }
         vals.iter()
-            .map(|v| match int(v) {
-                Some(1) => Ok(RenewOutcome::Renewed),
-                Some(0) => Ok(RenewOutcome::NotHeld),
-                _ => Err(shape("quorum renew", v)),
+            .map(|v| match v {
+                Value::Array(items) => match items.as_slice() {
+                    [code, t] if int(code) == Some(2) => int(t)
+                        .and_then(|t| u64::try_from(t).ok())
+                        .map(Err)
+                        .ok_or_else(|| shape("quorum renew", v)),
+                    _ => Err(shape("quorum renew", v)),
+                },
+                _ => match int(v) {
+                    Some(1) => Ok(Ok(RenewOutcome::Renewed)),
+                    Some(0) => Ok(Ok(RenewOutcome::NotHeld)),
+                    _ => Err(shape("quorum renew", v)),
+                },
             })
             .collect()
     }

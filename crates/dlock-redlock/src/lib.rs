@@ -105,7 +105,7 @@ fn finish_votes(
     views: Vec<View>,
     name: Arc<str>,
     attempt: AttemptId,
-    nt: Duration,
+    t: Duration,
     won: tokio::sync::oneshot::Receiver<u64>,
 ) {
     if rest.is_empty() {
@@ -131,7 +131,7 @@ fn finish_votes(
                     let (name, attempt) = (name.clone(), attempt.clone());
                     async move {
                         let _ =
-                            tokio::time::timeout(nt, b.raise_fence(&name, &attempt, token)).await;
+                            tokio::time::timeout(t, b.raise_fence(&name, &attempt, token)).await;
                     }
                 }),
         )
@@ -289,6 +289,29 @@ impl Shared {
                 } else {
                     problems.join("; ")
                 }
+            )
+            .into(),
+        }
+    }
+
+    /// A majority voted for the attempt but the grant could not be confirmed in time (a raise
+    /// that did not arrive, or votes so slow that no validity is left). Nobody else holds the
+    /// lock, so this is not `Held`: a retryable error. The attempt's holds stay (they are
+    /// addressed to it): its retry finds them and confirms them, and an attempt that stops
+    /// instead is given up by the core, which removes them.
+    fn unconfirmed(&self, name: &str, confirmed: usize, q: usize, took: Duration) -> Error {
+        tracing::debug!(
+            name,
+            confirmed,
+            q,
+            ?took,
+            "redlock grant not confirmed in time"
+        );
+        Error::Connection {
+            backend: KIND,
+            endpoint: self.endpoint.clone(),
+            source: format!(
+                "a majority voted for this attempt on `{name}` but only {confirmed} of the {q}                  nodes needed confirmed its token with validity left (after {took:?}; slow                  nodes?)"
             )
             .into(),
         }
@@ -548,7 +571,7 @@ impl Backend for Shared {
             views.clone(),
             key.name.clone(),
             req.attempt.clone(),
-            nt,
+            self.call_timeout(),
             token_rx,
         );
         let (name, attempt) = (&*key.name, &req.attempt);
@@ -567,11 +590,7 @@ impl Backend for Shared {
                     let _ = won.send(token);
                     return Ok(AcquireReply::Granted { token });
                 }
-                tracing::debug!(name, "redlock retry confirmed too late; giving it back");
-                self.abort(&views, name, attempt, &ballots).await;
-                Ok(AcquireReply::Held {
-                    ttl: Some(self.jitter()),
-                })
+                Err(self.unconfirmed(name, q, q, start.elapsed()))
             }
             Decision::Fresh { token } => {
                 let fixes = tally::raises(&ballots, token);
@@ -585,16 +604,7 @@ impl Backend for Shared {
                     let _ = won.send(token);
                     return Ok(AcquireReply::Granted { token });
                 }
-                tracing::debug!(
-                    name,
-                    confirmed,
-                    q,
-                    "redlock grant not confirmed in time; giving it back"
-                );
-                self.abort(&views, name, attempt, &ballots).await;
-                Ok(AcquireReply::Held {
-                    ttl: Some(self.jitter()),
-                })
+                Err(self.unconfirmed(name, confirmed, q, start.elapsed()))
             }
             Decision::Held { ttl } => {
                 self.abort(&views, name, attempt, &ballots).await;
@@ -747,10 +757,44 @@ impl Backend for Shared {
         }
         let views = self.health.views();
         let t = self.call_timeout();
+        // Set to which grants a majority renewed: a node that holds one of those attempts
+        // under another token (its vote came in after the decision, and the raise did not
+        // reach it) holds part of that very grant — attempt ids are unique — and is given the
+        // token and renewed too, so it rejoins the grant.
+        let (verdict, decided) = tokio::sync::watch::channel(None::<Vec<bool>>);
         let mut answers = self.fan_out(&views, t, |b| {
-            let holds = holds.to_vec();
-            async move { b.quorum_renew(&holds).await }
+            let (holds, mut rx) = (holds.to_vec(), decided.clone());
+            async move {
+                let outs = b.quorum_renew(&holds).await?;
+                let behind: Vec<usize> = (0..outs.len()).filter(|&h| outs[h].is_err()).collect();
+                if !behind.is_empty() {
+                    tokio::spawn(async move {
+                        let renewed =
+                            match tokio::time::timeout(t, rx.wait_for(Option::is_some)).await {
+                                Ok(Ok(v)) => v.clone().unwrap_or_default(),
+                                _ => return,
+                            };
+                        for h in behind
+                            .into_iter()
+                            .filter(|&h| renewed.get(h) == Some(&true))
+                        {
+                            let (g, lease) = &holds[h];
+                            let raised = b.raise_fence(&g.key.name, &g.attempt, g.token);
+                            if let Ok(Ok(Some(_))) = tokio::time::timeout(t, raised).await {
+                                let item = [(g.clone(), *lease)];
+                                let _ = tokio::time::timeout(t, b.quorum_renew(&item)).await;
+                            }
+                        }
+                    });
+                }
+                // Not this grant's address here (yet): as far as the majority goes, not held.
+                Ok(outs
+                    .into_iter()
+                    .map(|o| o.unwrap_or(RenewOutcome::NotHeld))
+                    .collect::<Vec<_>>())
+            }
         });
+        drop(decided);
         let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
             views.iter().map(|v| (v.counts, None)).collect();
         let mut problems: Vec<String> = Vec::new();
@@ -777,8 +821,14 @@ impl Backend for Shared {
                 break;
             }
         }
-        finish_in_background(answers);
         let outcomes = tally::renew_outcomes(&per_node, holds.len());
+        verdict.send_replace(Some(
+            outcomes
+                .iter()
+                .map(|o| *o == Some(RenewOutcome::Renewed))
+                .collect(),
+        ));
+        finish_in_background(answers);
         let undecided: Vec<&str> = holds
             .iter()
             .zip(&outcomes)

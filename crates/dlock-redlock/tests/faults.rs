@@ -175,6 +175,16 @@ async fn restarted_node_cannot_help_during_quarantine() {
     wait_counting(&ab, 3, Duration::from_secs(6)).await;
     wait_counting(&bb, 3, Duration::from_secs(6)).await;
     let first = grab(&b, name).await;
+    // B's release returns at a majority; let it reach every node, so that A's grant (which
+    // the test needs on all three) does not find node 2 still held by B.
+    let t = Instant::now();
+    while (0..3).any(|i| c.has_lock(i, name)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "B's release never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let g = a
         .lock(name)
         .expect("lock")
