@@ -380,4 +380,98 @@ pub trait Backend: Send + Sync + 'static {
     async fn set_permits(&self, _name: &str, _permits: u32) -> Result<()> {
         Err(crate::Error::unsupported(self.kind(), "semaphores"))
     }
+
+    /// Every lock this backend has state for (held, waited for, or with a fencing counter)
+    /// whose name starts with `prefix`, for operators (`dlock list`). Read-only; the order is
+    /// by name, then kind.
+    async fn list(&self, _prefix: &str) -> Result<Vec<ListedLock>> {
+        Err(crate::Error::unsupported(self.kind(), "listing locks"))
+    }
+
+    /// The operator's way out of a stuck lock (`dlock release --force`): removes every
+    /// holder of `name` of `kind` (for a read-write lock, both sides), and advances the fencing
+    /// counter past every token handed out, so that writes of a removed holder carrying its
+    /// old token are rejected by a fenced store. A removed holder's lost signal fires at its
+    /// next renewal (its grant is gone). Waiters stay queued. Returns what was removed.
+    async fn force_release(&self, _name: &str, _kind: LockKind) -> Result<ForceReleased> {
+        Err(crate::Error::unsupported(self.kind(), "forced release"))
+    }
+
+    /// Checks the deployment behind this backend for settings that break locks
+    /// (`dlock doctor`): one finding per check, each saying what to change.
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        Err(crate::Error::unsupported(self.kind(), "diagnosis"))
+    }
+}
+
+/// One lock in a [`Backend::list`] answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListedLock {
+    /// The kind of lock the state belongs to (for a read-write lock: [`LockKind::Write`]).
+    pub kind: LockKind,
+    /// Holders, waiters and last fencing token.
+    pub info: LockInfo,
+}
+
+impl ListedLock {
+    /// A listed lock of `kind`.
+    pub fn new(kind: LockKind, info: LockInfo) -> Self {
+        ListedLock { kind, info }
+    }
+}
+
+/// What [`Backend::force_release`] removed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ForceReleased {
+    /// The holders that were removed.
+    pub removed: Vec<HolderInfo>,
+    /// The fencing counter after the release: higher than every token handed out before it.
+    pub fencing_token: u64,
+}
+
+impl ForceReleased {
+    /// A report of `removed` holders and the counter's new value.
+    pub fn new(removed: Vec<HolderInfo>, fencing_token: u64) -> Self {
+        ForceReleased {
+            removed,
+            fencing_token,
+        }
+    }
+}
+
+/// How serious a [`Finding`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Severity {
+    /// The check passed.
+    Ok,
+    /// Worth knowing; locks still work as documented.
+    Warning,
+    /// Locks can be granted twice or tokens can go back with this setting.
+    Unsafe,
+}
+
+/// One result of [`Backend::diagnose`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Finding {
+    /// How serious it is.
+    pub severity: Severity,
+    /// Short name of the check, e.g. `maxmemory-policy`.
+    pub check: String,
+    /// What was found and, unless it is fine, what to change.
+    pub message: String,
+}
+
+impl Finding {
+    /// A finding.
+    pub fn new(severity: Severity, check: impl Into<String>, message: impl Into<String>) -> Self {
+        Finding {
+            severity,
+            check: check.into(),
+            message: message.into(),
+        }
+    }
 }

@@ -136,6 +136,38 @@ impl Client {
         crate::backoff::retry(self.shared.opts.retry, || backend.inspect(name, kind)).await
     }
 
+    /// Every lock the server has state for whose name starts with `prefix` (see
+    /// [`Backend::list`]). Backends that cannot list return [`Error::Unsupported`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<crate::ListedLock>> {
+        let backend = &self.shared.backend;
+        crate::backoff::retry(self.shared.opts.retry, || backend.list(prefix)).await
+    }
+
+    /// Removes every holder of lock `name` of `kind` and advances its fencing counter past
+    /// every token handed out (see [`Backend::force_release`]): the operator's way out of a
+    /// stuck lock. The removed holders learn it at their next renewal.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe in the sense that matters: if the future is dropped, the release may or
+    /// may not have happened; call [`Client::inspect_kind`] to see.
+    pub async fn force_release(&self, name: &str, kind: LockKind) -> Result<crate::ForceReleased> {
+        crate::name::validate_name(name)?;
+        // Not retried: a retry after a lost reply would remove a holder that came after it.
+        self.shared.backend.force_release(name, kind).await
+    }
+
+    /// Checks the deployment behind this client for settings that break locks (see
+    /// [`Backend::diagnose`]).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn diagnose(&self) -> Result<Vec<crate::Finding>> {
+        self.shared.backend.diagnose().await
+    }
+
     pub(crate) fn next_seq(&self) -> u64 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }

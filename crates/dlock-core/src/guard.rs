@@ -77,6 +77,21 @@ impl LockGuard {
         self.hold.lost.lost().await
     }
 
+    /// The instant this guard must presume the lock gone unless a renewal is confirmed first:
+    /// the latest promise the server confirmed (send time of the request + its lease − drift),
+    /// on the lease clock. It moves on with every confirmed renewal. Use it to stop work in
+    /// time, e.g. to stop a child process before anyone else could be granted the lock.
+    pub fn lease_deadline(&self) -> crate::clock::Instant {
+        self.hold.state().deadline
+    }
+
+    /// How long the confirmed lease has left (zero once it ran out): see
+    /// [`LockGuard::lease_deadline`].
+    pub fn lease_left(&self) -> Duration {
+        self.lease_deadline()
+            .saturating_duration_since(crate::clock::Instant::now())
+    }
+
     /// A handle to the lost signal that outlives the guard borrow (e.g. to move into a task).
     pub fn lost_signal(&self) -> LostSignal {
         self.hold.lost.clone()

@@ -20,8 +20,9 @@ mod semaphore;
 pub mod wait;
 
 pub use backend::{
-    AcquireReply, AcquireRequest, AttemptId, Backend, GrantRef, Granted, HoldKey, HolderInfo,
-    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Wake,
+    AcquireReply, AcquireRequest, AttemptId, Backend, Finding, ForceReleased, GrantRef, Granted,
+    HoldKey, HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch,
+    RenewOutcome, Severity, Wake,
 };
 pub use backoff::RetryPolicy;
 pub use client::{Client, RwLock};
