@@ -1162,7 +1162,7 @@ impl SessionMode {
         }
         let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if remaining.is_some_and(|r| r.is_zero()) || cancel.is_cancelled() {
-            self.forget_on(entry, st, &s, &req.attempt, true);
+            self.forget_on(entry, st, s, &req.attempt, true);
             return Ok(None);
         }
         let lock_timeout = remaining.map_or_else(
@@ -1261,12 +1261,12 @@ impl SessionMode {
             WaitEnd::Failed(e) if is_code(&e, &SqlState::LOCK_NOT_AVAILABLE) => {
                 // lock_timeout: the deadline passed (the transaction's rollback undid the
                 // lease setting).
-                self.forget_on(entry, st, &s, &req.attempt, true);
+                self.forget_on(entry, st, s, &req.attempt, true);
                 Ok(None)
             }
             WaitEnd::Failed(e) if is_code(&e, &SqlState::QUERY_CANCELED) => {
                 // Cancelled by someone else (an operator); wait again.
-                self.forget_on(entry, st, &s, &req.attempt, true);
+                self.forget_on(entry, st, s, &req.attempt, true);
                 Err(Error::Connection {
                     backend: KIND,
                     endpoint: self.endpoint().to_owned(),
@@ -1274,7 +1274,7 @@ impl SessionMode {
                 })
             }
             WaitEnd::Failed(e) => {
-                self.forget_on(entry, st, &s, &req.attempt, false);
+                self.forget_on(entry, st, s, &req.attempt, false);
                 Err(map(self.endpoint(), e))
             }
             WaitEnd::StoppedGranted => {
@@ -1283,17 +1283,17 @@ impl SessionMode {
                     .unlock(&s, &req.key.name, &req.attempt, kind, true)
                     .await
                 {
-                    Ok(_) => self.forget_on(entry, st, &s, &req.attempt, true),
-                    Err(_) => self.forget_on(entry, st, &s, &req.attempt, false),
+                    Ok(_) => self.forget_on(entry, st, s, &req.attempt, true),
+                    Err(_) => self.forget_on(entry, st, s, &req.attempt, false),
                 }
                 Ok(None)
             }
             WaitEnd::StoppedClean => {
-                self.forget_on(entry, st, &s, &req.attempt, true);
+                self.forget_on(entry, st, s, &req.attempt, true);
                 Ok(None)
             }
             WaitEnd::StoppedUnknown => {
-                self.forget_on(entry, st, &s, &req.attempt, false);
+                self.forget_on(entry, st, s, &req.attempt, false);
                 Ok(None)
             }
         }
@@ -1306,14 +1306,15 @@ impl SessionMode {
         &self,
         entry: &Entry,
         st: &mut State,
-        s: &Arc<Session>,
+        s: Arc<Session>,
         attempt: &AttemptId,
         reuse: bool,
     ) {
         s.remove(attempt);
+        // The state's handle goes first: a pooled session has no other.
         entry.set(st, State::Idle);
         if reuse {
-            self.put_session(s.clone());
+            self.put_session(s);
         }
     }
 
@@ -1430,13 +1431,13 @@ impl SessionMode {
                     .await
                 {
                     Ok(_) => {
-                        self.forget_on(entry, st, &s, &req.attempt, true);
+                        self.forget_on(entry, st, s, &req.attempt, true);
                         Ok(())
                     }
                     Err(_) if all => {
                         // Closing the session (this drops the last handle) frees whatever
                         // it holds.
-                        self.forget_on(entry, st, &s, &req.attempt, false);
+                        self.forget_on(entry, st, s, &req.attempt, false);
                         Ok(())
                     }
                     Err(e) => {

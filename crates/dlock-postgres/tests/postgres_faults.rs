@@ -683,6 +683,28 @@ async fn sessions_are_reused() {
         .expect("count");
     assert!(after - before <= 2, "{before} -> {after} connections");
     assert!(backend.idle_sessions() >= 1);
+    // Waits that time out on the server give their session back too.
+    let holder = pg.client_with(fast_opts()).await;
+    let g = holder
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    for _ in 0..3 {
+        let e = c
+            .lock(&name)
+            .expect("lock")
+            .acquire_timeout(Duration::from_millis(100))
+            .await
+            .expect_err("held");
+        assert!(e.is_timeout(), "{e:?}");
+    }
+    assert!(
+        backend.idle_sessions() >= 1,
+        "timed-out waits closed their sessions"
+    );
+    g.release().await.expect("release");
 }
 
 /// Tables of the version with re-entry counts (a `count` column, no `attempt`, holders keyed
