@@ -1,23 +1,38 @@
 //! etcd backend for dlock.
 //!
-//! Locks follow etcd's own mutex recipe (`client/v3/concurrency/mutex.go`): every owner that
-//! wants the lock puts one key under the lock's prefix, attached to a lease; the key with the
-//! lowest create revision holds the lock; each waiter watches only the key just before its own
-//! (FIFO, no thundering herd). The key's **create revision is the fencing token**: etcd
-//! revisions are cluster-wide and strictly increasing, and survive leader changes and restarts.
+//! Locks follow etcd's own mutex recipe (`client/v3/concurrency/mutex.go`): every acquisition
+//! attempt that wants the lock puts one key under the lock's prefix, attached to a lease; the
+//! key with the lowest create revision holds the lock; each waiter watches only the key just
+//! before its own (FIFO, no thundering herd). The key's **create revision is the fencing
+//! token**: etcd revisions are cluster-wide and strictly increasing, and survive leader changes
+//! and restarts. Because the prefix and the ordering are the Go recipe's, `etcdctl lock
+//! PREFIX/NAME` (and any Go program using `concurrency.Mutex` on that prefix) and dlock
+//! exclude each other, both ways.
 //!
 //! | key | lease | value |
 //! |---|---|---|
-//! | `PREFIX/NAME/OWNER` | the hold's own lease | `COUNT TTL` (`0 TTL` while waiting) |
+//! | `PREFIX/NAME/ATTEMPT` | the attempt's own lease | `TTL OWNER` |
 //! | `PREFIX/NAME` | none | empty; touched whenever a queue key is created (for `inspect`) |
 //!
-//! **One etcd lease per hold**, granted with the hold's lease rounded up to whole seconds (and
-//! at least etcd's minimum TTL). The core's watchdog renews it: every tick, [`Backend::renew`]
-//! reads the holds' keys in one transaction and sends one `LeaseKeepAlive` per hold. A key that
-//! is gone, or a lease etcd no longer knows (TTL 0), is [`RenewOutcome::NotHeld`], which fires
-//! the lost signal. A renewal to a longer lease than the key's lease moves the key to a new
-//! lease (etcd cannot change a lease's TTL). A fixed lease is simply never kept alive: etcd
-//! deletes the key when it expires, which hands the lock to the next waiter.
+//! **One key per attempt** (the core's `AttemptId`), so every request is addressed: a retried
+//! acquire finds its own key and answers with the same token, a release or renewal compares the
+//! key's create revision with the grant's token, and nothing one attempt does can touch another
+//! attempt's key — not even one of the same owner (re-entry is counted in the client).
+//!
+//! **One etcd lease per attempt**, granted with the hold's lease rounded up to whole seconds
+//! (and at least etcd's minimum TTL), never shared with another attempt: revoking it can only
+//! ever remove that attempt's own key. The core's watchdog renews it: every tick,
+//! [`Backend::renew`] reads the holds' keys in one transaction and sends one `LeaseKeepAlive`
+//! per hold. A key that is gone (or has another create revision), or a lease etcd no longer
+//! knows, is [`RenewOutcome::NotHeld`], which fires the lost signal. A renewal to a longer lease
+//! than the key's lease's TTL moves the key to a new, longer lease (etcd cannot change a
+//! lease's TTL). A fixed lease is simply never kept alive: etcd deletes the key when it
+//! expires, which hands the lock to the next waiter.
+//!
+//! A request whose outcome is unknown (timed out, connection lost) may still have attached its
+//! lease to the attempt's key, so that lease is never revoked on the spot: the attempt's next
+//! request finds the key and uses it, and the lease is revoked when the attempt ends (release or
+//! give-up), when only the attempt's own key can be on it.
 //!
 //! URL: `etcd://[user:password@]host:port[,host:port…][/prefix]`. The prefix defaults to the
 //! client's namespace (`dlock`). See `docs/etcd.md` for the safety argument and the costs.
@@ -30,15 +45,18 @@ mod wait;
 use crate::error::{is_lease_not_found, map, shape, timed_out, KIND};
 use crate::keys::{Entry, Keys};
 use dlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, Granted, HoldKey,
-    HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result, Wake,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Backend, ClientOptions, Error, GrantRef,
+    Granted, HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    Wake,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions,
     SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
     WatchStream,
 };
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -48,6 +66,10 @@ const DEFAULT_PORT: u16 = 2379;
 const MAX_OPS_PER_TXN: usize = 64;
 /// Compare-and-swap retries before giving up on a key that keeps changing under us.
 const CAS_ATTEMPTS: usize = 8;
+/// How long after its TTL a lease of unknown fate is still remembered: etcd extends every
+/// lease by an election timeout when a new leader takes over, so a lease can outlive its TTL
+/// by a little; a minute covers that with room to spare.
+const DOUBT_MARGIN: Duration = Duration::from_secs(60);
 
 /// What the URL says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +88,15 @@ pub struct EtcdBackend {
     endpoint: String,
     prefix: String,
     op_timeout: Duration,
+    /// Per attempt, the leases that a request with an unknown outcome may have attached to
+    /// the attempt's key. Never revoked while the attempt goes on (its next request may find
+    /// the key on one of them and use it); revoked when the attempt ends, so that a request
+    /// still travelling cannot create the key after that (etcd refuses a put with a revoked
+    /// lease).
+    doubtful: Mutex<HashMap<AttemptId, Vec<Doubt>>>,
+    /// Per granted attempt, the lease its key was last seen on (a hint for renewals; the read
+    /// that goes with every renewal decides). Dropped when the attempt ends.
+    leases: Mutex<HashMap<AttemptId, Lease>>,
 }
 
 /// The URL with its password replaced by `***`.
@@ -230,25 +261,30 @@ fn ttl_secs(lease: Duration) -> i64 {
 }
 
 /// One lease granted for an attempt.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lease {
     pub(crate) id: i64,
     /// TTL the server granted (seconds; at least etcd's minimum TTL).
     pub(crate) ttl: i64,
 }
 
-/// The result of the first acquisition step.
-#[derive(Debug)]
-pub(crate) enum Attempt {
-    /// The lock was free: our key was created with the fresh lease.
-    Granted { token: u64 },
-    /// This owner held the lock already: one more hold. `used` tells whether the fresh lease
-    /// was taken over by the key (a longer lease than the key had).
-    Reentered { token: u64, used: bool },
-    /// Another owner holds the lock (or the queue is not empty); we did not write anything.
-    Held { first: KeyValue },
-    /// This owner's key is already queued (another task of the same owner waits).
-    Queued { mine: KeyValue },
+/// A lease a request with an unknown outcome may have attached to its attempt's key.
+#[derive(Debug, Clone, Copy)]
+struct Doubt {
+    lease: i64,
+    /// After this, etcd has certainly expired the lease (nobody keeps it alive unless it
+    /// carries the attempt's key, and then the attempt's release or give-up revokes it).
+    until: Instant,
+}
+
+/// What [`EtcdBackend::cover`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cover {
+    /// The key's lease now runs at least the asked duration from when etcd applied the
+    /// request. `moved_to`: the key was moved to this new lease.
+    Done { moved_to: Option<i64> },
+    /// The key (with that create revision) is gone.
+    Gone,
 }
 
 fn token_of(rev: i64) -> Result<u64> {
@@ -258,8 +294,13 @@ fn token_of(rev: i64) -> Result<u64> {
         .ok_or_else(|| shape(format!("revision {rev} is not a valid fencing token")))
 }
 
+/// The create revision a grant's token stands for; `None` for a token no key can have.
+fn revision_of(token: u64) -> Option<i64> {
+    i64::try_from(token).ok().filter(|r| *r > 0)
+}
+
 /// The key-values of every Get in a transaction response, in order.
-fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
+pub(crate) fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
     resp.op_responses()
         .into_iter()
         .filter_map(|r| match r {
@@ -269,7 +310,7 @@ fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
         .collect()
 }
 
-fn nth_first(all: &mut [Vec<KeyValue>], i: usize) -> Result<Option<KeyValue>> {
+pub(crate) fn nth_first(all: &mut [Vec<KeyValue>], i: usize) -> Result<Option<KeyValue>> {
     let v = all
         .get_mut(i)
         .ok_or_else(|| shape("a transaction returned fewer reads than it made"))?;
@@ -280,14 +321,14 @@ fn nth_first(all: &mut [Vec<KeyValue>], i: usize) -> Result<Option<KeyValue>> {
     })
 }
 
-fn header_revision(resp: &TxnResponse) -> Result<i64> {
+pub(crate) fn header_revision(resp: &TxnResponse) -> Result<i64> {
     resp.header()
         .map(|h| h.revision())
         .ok_or_else(|| shape("a transaction reply without a header"))
 }
 
 /// The first key of a queue: the holder.
-fn first_of(queue: &[u8]) -> TxnOp {
+pub(crate) fn first_of(queue: &[u8]) -> TxnOp {
     TxnOp::get(
         queue.to_vec(),
         Some(
@@ -296,6 +337,19 @@ fn first_of(queue: &[u8]) -> TxnOp {
                 .with_sort(SortTarget::Create, SortOrder::Ascend)
                 .with_limit(1),
         ),
+    )
+}
+
+/// Puts the attempt's key `mine` for `owner` on `lease`.
+pub(crate) fn put_mine(mine: &[u8], owner: &str, lease: Lease) -> TxnOp {
+    TxnOp::put(
+        mine.to_vec(),
+        Entry {
+            ttl: lease.ttl,
+            owner: owner.to_owned(),
+        }
+        .encode(),
+        Some(PutOptions::new().with_lease(lease.id)),
     )
 }
 
@@ -348,6 +402,8 @@ impl EtcdBackend {
             endpoint: endpoint.clone(),
             prefix,
             op_timeout: opts.get_op_timeout(),
+            doubtful: Mutex::new(HashMap::new()),
+            leases: Mutex::new(HashMap::new()),
         };
         let mut kv = backend.client.kv_client();
         let probe = backend.prefix.clone().into_bytes();
@@ -374,21 +430,23 @@ impl EtcdBackend {
         &self.client
     }
 
-    /// The key of `owner`'s place in the queue of lock `name` (`PREFIX/NAME/OWNER`, escaped).
-    pub fn owner_key(&self, name: &str, owner: &str) -> Vec<u8> {
-        Keys::new(&self.prefix, name, owner).mine
+    /// The key of attempt `attempt` in the queue of lock `name` (`PREFIX/NAME/ATTEMPT`,
+    /// escaped): where that attempt waits and, once first, holds the lock.
+    pub fn attempt_key(&self, name: &str, attempt: &str) -> Vec<u8> {
+        self.keys(name).attempt(attempt)
     }
 
-    /// The prefix of every queue key of lock `name` (`PREFIX/NAME/`).
+    /// The prefix of every queue key of lock `name` (`PREFIX/NAME/`). etcd's own
+    /// `concurrency.Mutex` on the same prefix (`etcdctl lock PREFIX/NAME`) queues here too.
     pub fn queue_prefix(&self, name: &str) -> Vec<u8> {
-        Keys::new(&self.prefix, name, "").queue
+        self.keys(name).queue
     }
 
-    pub(crate) fn keys(&self, key: &HoldKey) -> Keys {
-        Keys::new(&self.prefix, &key.name, &key.owner)
+    pub(crate) fn keys(&self, name: &str) -> Keys {
+        Keys::new(&self.prefix, name)
     }
 
-    fn check_kind(&self, kind: LockKind) -> Result<()> {
+    pub(crate) fn check_kind(&self, kind: LockKind) -> Result<()> {
         match kind {
             // etcd's mutex recipe is first come, first served: every mutex is fair, and
             // `fair` names the same lock as `mutex`.
@@ -482,7 +540,10 @@ impl EtcdBackend {
     }
 
     /// Revokes a lease (deleting whatever is attached to it) without waiting for the answer.
-    /// If it fails the lease simply expires.
+    /// If it fails the lease simply expires. Only ever called for a lease that carries
+    /// nothing, or nothing but the key of an attempt that has ended: every lease belongs to
+    /// one attempt, and one whose fate is unknown is kept until its attempt ends (see
+    /// [`EtcdBackend::doubt`]).
     pub(crate) fn revoke_in_background(&self, id: i64) {
         let client = self.client.clone();
         let timeout = self.op_timeout;
@@ -501,20 +562,10 @@ impl EtcdBackend {
         });
     }
 
-    pub(crate) async fn revoke(&self, id: i64) -> Result<()> {
-        match self
-            .raw("lease revoke", |c| async move {
-                c.lease_client().revoke(id).await
-            })
-            .await?
-        {
-            Ok(_) => Ok(()),
-            Err(e) if is_lease_not_found(&e) => Ok(()),
-            Err(e) => Err(map(&self.endpoint, e)),
-        }
-    }
-
-    /// One keep-alive of lease `id`. `Ok(false)`: etcd no longer knows the lease.
+    /// One keep-alive of lease `id`: it runs its full TTL again from when etcd applies it.
+    /// `Ok(false)`: etcd no longer knows the lease (the client reports "lease not found" for
+    /// a reply with TTL 0, which is how etcd answers a keep-alive of an unknown lease), so
+    /// whatever was attached to it is gone: never a success.
     pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool> {
         if id == 0 {
             return Ok(false);
@@ -549,187 +600,240 @@ impl EtcdBackend {
         }
     }
 
-    /// The first step of every acquisition: take the lock if nobody is queued, re-enter it if
-    /// this owner holds it, else report who is first. Writes nothing in the last two cases.
-    pub(crate) async fn attempt(&self, keys: &Keys, lease: Lease) -> Result<Attempt> {
-        let mine_entry = Entry {
-            count: 1,
-            ttl: lease.ttl,
-        };
+    /// Remembers that a request of `attempt` whose outcome is unknown may have attached `lease`
+    /// to the attempt's key: it must not be revoked while the attempt goes on (the attempt's
+    /// next request may find its key on it and use it), and it is revoked when the attempt
+    /// ends ([`settle`](Self::settle)).
+    pub(crate) fn doubt(&self, attempt: &AttemptId, lease: Lease) {
+        let now = Instant::now();
+        // Leases are at most 30 days (the core's limit); the clamp keeps the sum in range.
+        let ttl = Duration::from_secs(lease.ttl.clamp(0, 31 * 24 * 3600).unsigned_abs());
+        let until = now + ttl + DOUBT_MARGIN;
+        let mut map = self.doubtful.lock().unwrap_or_else(|p| p.into_inner());
+        // A lease etcd has expired can no longer carry anything: forget it, so that attempts
+        // that never end (a crashed caller) leave nothing behind here.
+        map.retain(|_, v| {
+            v.retain(|d| d.until > now);
+            !v.is_empty()
+        });
+        map.entry(attempt.clone()).or_default().push(Doubt {
+            lease: lease.id,
+            until,
+        });
+    }
+
+    /// `attempt` has ended (released or given up): revokes the leases a request of it with an
+    /// unknown outcome may have attached to its key. They can carry only that attempt's key,
+    /// which has no use any more; and a request still travelling that would create the key
+    /// with one of them fails once it is revoked.
+    pub(crate) fn settle(&self, attempt: &AttemptId) {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(attempt);
+        let doubts = self
+            .doubtful
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(attempt);
+        for d in doubts.into_iter().flatten() {
+            self.revoke_in_background(d.lease);
+        }
+    }
+
+    /// Notes that `attempt`'s key is on `lease` (so that renewals can keep it alive while they
+    /// read the key, rather than after).
+    pub(crate) fn remember(&self, attempt: &AttemptId, lease: Lease) {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(attempt.clone(), lease);
+    }
+
+    fn known_lease(&self, attempt: &AttemptId) -> Option<Lease> {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(attempt)
+            .copied()
+    }
+
+    fn contended(&self, key: &[u8]) -> Error {
+        Error::Connection {
+            backend: KIND,
+            endpoint: self.endpoint.clone(),
+            source: format!(
+                "key `{}` kept changing during {CAS_ATTEMPTS} compare-and-swap attempts",
+                String::from_utf8_lossy(key)
+            )
+            .into(),
+        }
+    }
+
+    /// One try of `req`, with this request's own fresh `lease`: takes the lock if nobody is
+    /// queued; finds the attempt's own key if it holds the lock already (a retry of a request
+    /// whose reply was lost: same key, same token); else reports who holds it, writing nothing.
+    /// The flag tells whether `lease` ended up carrying the key (else it carries nothing).
+    async fn take(
+        &self,
+        keys: &Keys,
+        mine: &[u8],
+        req: &AcquireRequest,
+        lease: Lease,
+    ) -> Result<(AcquireReply, bool)> {
         for _ in 0..CAS_ATTEMPTS {
             let txn = Txn::new()
                 .when([
                     Compare::create_revision(keys.queue.clone(), CompareOp::Equal, 0).with_prefix(),
                 ])
                 .and_then([
-                    TxnOp::put(
-                        keys.mine.clone(),
-                        mine_entry.encode(),
-                        Some(PutOptions::new().with_lease(lease.id)),
-                    ),
+                    put_mine(mine, &req.key.owner, lease),
                     TxnOp::put(keys.fence.clone(), "", None),
                 ])
-                .or_else([TxnOp::get(keys.mine.clone(), None), first_of(&keys.queue)]);
+                .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)]);
             let resp = self.txn("acquire", txn).await?;
             if resp.succeeded() {
-                return Ok(Attempt::Granted {
-                    token: token_of(header_revision(&resp)?)?,
-                });
+                let token = token_of(header_revision(&resp)?)?;
+                self.remember(&req.attempt, lease);
+                return Ok((AcquireReply::Granted { token }, true));
             }
             let mut all = gets(&resp);
-            let mine = nth_first(&mut all, 0)?;
-            let first = nth_first(&mut all, 1)?;
-            match (mine, first) {
-                (Some(m), Some(f)) if f.key() == m.key() => {
-                    if let Some(used) = self.reenter(keys, &m, lease).await? {
-                        return Ok(Attempt::Reentered {
-                            token: token_of(m.create_revision())?,
-                            used,
+            let m = nth_first(&mut all, 0)?;
+            let first = nth_first(&mut all, 1)?.ok_or_else(|| {
+                shape("etcd said the queue was not empty but returned no key of it")
+            })?;
+            match m {
+                Some(m) if m.key() == first.key() => {
+                    let token = token_of(m.create_revision())?;
+                    match self
+                        .cover(&req.attempt, mine, m, req.lease, Some(lease))
+                        .await?
+                    {
+                        Cover::Done { moved_to } => {
+                            return Ok((
+                                AcquireReply::Granted { token },
+                                moved_to == Some(lease.id),
+                            ))
+                        }
+                        // Its lease ran out meanwhile: the key is gone; try afresh.
+                        Cover::Gone => continue,
+                    }
+                }
+                // Someone else is first: another attempt of dlock (of any owner, this one's
+                // too) or a foreign `concurrency.Mutex` key. A key of this attempt behind it
+                // is its place in the queue of a wait, which this try leaves alone.
+                _ => {
+                    let ttl = self.lease_left(first.lease()).await?;
+                    return Ok((AcquireReply::Held { ttl }, false));
+                }
+            }
+        }
+        Err(self.contended(mine))
+    }
+
+    /// Makes the lease of `kv` — the key `mine` of `attempt`, read with the create revision
+    /// of its grant — run at least `want` from when etcd applies this, never shortening it.
+    ///
+    /// If the key's lease has a TTL of at least `want`, a keep-alive: it restarts the full
+    /// TTL, and a lease never has more than its TTL left, so nothing is shortened. Else the key
+    /// moves to a new lease of `want` (`fresh` if given and long enough), by a put guarded by
+    /// the key's create revision (which a put keeps: the token survives) *and* its current
+    /// lease, so two renewals racing cannot orphan a lease; only once that committed is the
+    /// old lease revoked, which then carries nothing. A new lease whose put has an unknown
+    /// outcome is kept until the attempt ends ([`doubt`](Self::doubt)).
+    pub(crate) async fn cover(
+        &self,
+        attempt: &AttemptId,
+        mine: &[u8],
+        mut kv: KeyValue,
+        want: Duration,
+        fresh: Option<Lease>,
+    ) -> Result<Cover> {
+        let rev = kv.create_revision();
+        for _ in 0..CAS_ATTEMPTS {
+            let e = Entry::decode(kv.key(), kv.value())?;
+            if e.ttl >= ttl_secs(want) {
+                if self.keep_alive(kv.lease()).await? {
+                    self.remember(
+                        attempt,
+                        Lease {
+                            id: kv.lease(),
+                            ttl: e.ttl,
+                        },
+                    );
+                    return Ok(Cover::Done { moved_to: None });
+                }
+                // etcd no longer knows the lease ("lease not found", TTL 0): the key went
+                // with it — unless a concurrent renewal moved it to a new lease meanwhile.
+            } else {
+                let (new, ours) = match fresh {
+                    Some(l) if l.ttl >= ttl_secs(want) => (l, false),
+                    _ => (self.grant(want).await?, true),
+                };
+                let txn = Txn::new()
+                    .when([
+                        Compare::create_revision(mine.to_vec(), CompareOp::Equal, rev),
+                        Compare::lease(mine.to_vec(), CompareOp::Equal, kv.lease()),
+                    ])
+                    .and_then([put_mine(mine, &e.owner, new)]);
+                match self.txn("renew", txn).await {
+                    Ok(r) if r.succeeded() => {
+                        self.remember(attempt, new);
+                        if kv.lease() != 0 {
+                            self.revoke_in_background(kv.lease());
+                        }
+                        return Ok(Cover::Done {
+                            moved_to: Some(new.id),
                         });
                     }
-                    // The key changed under us: read again.
-                }
-                (Some(m), _) => return Ok(Attempt::Queued { mine: m }),
-                (None, Some(f)) => return Ok(Attempt::Held { first: f }),
-                (None, None) => {
-                    return Err(shape(
-                        "etcd said the queue was not empty but returned no key of it",
-                    ))
-                }
-            }
-        }
-        Err(self.contended(keys))
-    }
-
-    fn contended(&self, keys: &Keys) -> Error {
-        Error::Connection {
-            backend: KIND,
-            endpoint: self.endpoint.clone(),
-            source: format!(
-                "key `{}` kept changing during {CAS_ATTEMPTS} compare-and-swap attempts",
-                String::from_utf8_lossy(&keys.mine)
-            )
-            .into(),
-        }
-    }
-
-    /// One more hold on `m` (the owner's key, first in the queue): count + 1, and a lease at
-    /// least as long as `lease` (moving the key to `lease` if it is longer, else keeping the
-    /// key's lease alive). `Ok(None)`: the key changed meanwhile. `Ok(Some(used))`: done;
-    /// `used` tells whether `lease` now carries the key.
-    async fn reenter(&self, keys: &Keys, m: &KeyValue, lease: Lease) -> Result<Option<bool>> {
-        let e = Entry::decode(m.key(), m.value())?;
-        let count = e.count.checked_add(1).ok_or_else(|| {
-            shape(format!(
-                "hold count of `{}` would overflow",
-                String::from_utf8_lossy(m.key())
-            ))
-        })?;
-        let cas = |value: Entry, put: PutOptions| {
-            Txn::new()
-                .when([Compare::mod_revision(
-                    keys.mine.clone(),
-                    CompareOp::Equal,
-                    m.mod_revision(),
-                )])
-                .and_then([TxnOp::put(keys.mine.clone(), value.encode(), Some(put))])
-        };
-        if lease.ttl > e.ttl {
-            let txn = cas(
-                Entry {
-                    count,
-                    ttl: lease.ttl,
-                },
-                PutOptions::new().with_lease(lease.id),
-            );
-            if !self.txn("re-enter", txn).await?.succeeded() {
-                return Ok(None);
-            }
-            self.revoke_in_background(m.lease());
-            Ok(Some(true))
-        } else {
-            let txn = cas(
-                Entry { count, ttl: e.ttl },
-                PutOptions::new().with_ignore_lease(),
-            );
-            let (r, alive) = tokio::join!(self.txn("re-enter", txn), self.keep_alive(m.lease()));
-            if !r?.succeeded() {
-                return Ok(None);
-            }
-            alive?;
-            Ok(Some(false))
-        }
-    }
-
-    /// Moves the holder key `m` to a new lease of `lease` (etcd cannot lengthen a lease).
-    async fn relocate(
-        &self,
-        keys: &Keys,
-        m: &KeyValue,
-        e: Entry,
-        lease: Duration,
-    ) -> Result<RenewOutcome> {
-        let new = self.grant(lease).await?;
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                keys.mine.clone(),
-                CompareOp::Equal,
-                m.mod_revision(),
-            )])
-            .and_then([TxnOp::put(
-                keys.mine.clone(),
-                Entry {
-                    count: e.count,
-                    ttl: new.ttl,
-                }
-                .encode(),
-                Some(PutOptions::new().with_lease(new.id)),
-            )]);
-        match self.txn("renew", txn).await {
-            Ok(r) if r.succeeded() => {
-                self.revoke_in_background(m.lease());
-                Ok(RenewOutcome::Renewed)
-            }
-            Ok(_) => {
-                self.revoke_in_background(new.id);
-                // Changed meanwhile (a re-entry or a release): the next tick looks again,
-                // unless it is gone.
-                let now = self.get("renew", &keys.mine).await?;
-                Ok(match now.as_ref() {
-                    Some(kv) if Entry::decode(kv.key(), kv.value())?.count > 0 => {
-                        RenewOutcome::Renewed
+                    // Not applied (the key changed or is gone): the new lease carries nothing.
+                    Ok(_) if ours => self.revoke_in_background(new.id),
+                    Ok(_) => {}
+                    Err(err) => {
+                        // Perhaps applied: the key may be on the new lease now.
+                        if ours {
+                            self.doubt(attempt, new);
+                        }
+                        return Err(err);
                     }
-                    _ => RenewOutcome::NotHeld,
-                })
+                }
             }
-            Err(e) => {
-                self.revoke_in_background(new.id);
-                Err(e)
+            match self.get("renew", mine).await? {
+                Some(now) if now.create_revision() == rev => kv = now,
+                _ => return Ok(Cover::Gone),
             }
         }
+        Err(self.contended(mine))
     }
 
+    /// `early`: a keep-alive sent alongside the read, of the lease the key was known to be on,
+    /// with its answer.
     async fn renew_one(
         &self,
-        key: &HoldKey,
+        grant: &GrantRef,
+        mine: &[u8],
         lease: Duration,
         kv: Option<KeyValue>,
+        early: Option<(i64, Result<bool>)>,
     ) -> Result<RenewOutcome> {
-        let Some(kv) = kv else {
+        // Only the key of this attempt with this grant's create revision is this grant.
+        let Some(kv) = kv.filter(|kv| Some(kv.create_revision()) == revision_of(grant.token))
+        else {
             return Ok(RenewOutcome::NotHeld);
         };
-        let e = Entry::decode(kv.key(), kv.value())?;
-        if e.count == 0 {
-            return Ok(RenewOutcome::NotHeld);
+        match early {
+            // The key was on the lease kept alive, which is long enough: renewed. (Had the key
+            // moved to another lease, or the lease been unknown, `cover` looks again.)
+            Some((id, Ok(true))) if id == kv.lease() => return Ok(RenewOutcome::Renewed),
+            Some((id, Err(e))) if id == kv.lease() => return Err(e),
+            _ => {}
         }
-        if ttl_secs(lease) > e.ttl {
-            return self.relocate(&self.keys(key), &kv, e, lease).await;
-        }
-        Ok(if self.keep_alive(kv.lease()).await? {
-            RenewOutcome::Renewed
-        } else {
-            RenewOutcome::NotHeld
-        })
+        Ok(
+            match self.cover(&grant.attempt, mine, kv, lease, None).await? {
+                Cover::Done { .. } => RenewOutcome::Renewed,
+                Cover::Gone => RenewOutcome::NotHeld,
+            },
+        )
     }
 }
 
@@ -786,33 +890,25 @@ impl Backend for EtcdBackend {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         self.check_kind(req.key.kind)?;
-        let keys = self.keys(&req.key);
+        let keys = self.keys(&req.key.name);
+        let mine = keys.attempt(&req.attempt);
+        // A lease of this request's own. A grant whose reply is lost leaves a lease with
+        // nothing on it, which expires by itself.
         let lease = self.grant(req.lease).await?;
-        let attempt = match self.attempt(&keys, lease).await {
-            Ok(a) => a,
-            Err(e) => {
-                // Whatever the attempt may have written is attached to this lease.
-                self.revoke_in_background(lease.id);
-                return Err(e);
-            }
-        };
-        match attempt {
-            Attempt::Granted { token } => Ok(AcquireReply::Granted { token }),
-            Attempt::Reentered { token, used } => {
+        match self.take(&keys, &mine, req, lease).await {
+            Ok((reply, used)) => {
                 if !used {
+                    // etcd answered that nothing was put with it.
                     self.revoke_in_background(lease.id);
                 }
-                Ok(AcquireReply::Granted { token })
+                Ok(reply)
             }
-            Attempt::Held { first } => {
-                self.revoke_in_background(lease.id);
-                Ok(AcquireReply::Held {
-                    ttl: self.lease_left(first.lease()).await?,
-                })
-            }
-            Attempt::Queued { .. } => {
-                self.revoke_in_background(lease.id);
-                Ok(AcquireReply::Held { ttl: None })
+            Err(e) => {
+                // Unknown outcome: the key may be on this lease now. The retry (or the
+                // give-up) of this attempt finds it; revoking the lease here could delete a
+                // grant the retry then returns.
+                self.doubt(&req.attempt, lease);
+                Err(e)
             }
         }
     }
@@ -826,8 +922,8 @@ impl Backend for EtcdBackend {
         wait::acquire_wait(self, req, deadline, cancel).await
     }
 
-    async fn watch(&self, key: &HoldKey) -> Result<Box<dyn ReleaseWatch>> {
-        let keys = self.keys(key);
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        let keys = self.keys(&req.key.name);
         let opts = WatchOptions::new()
             .with_prefix()
             .with_filters([WatchFilterType::NoPut]);
@@ -857,71 +953,91 @@ impl Backend for EtcdBackend {
         }))
     }
 
-    async fn release(&self, key: &HoldKey) -> Result<ReleaseOutcome> {
-        self.check_kind(key.kind)?;
-        let keys = self.keys(key);
-        for _ in 0..CAS_ATTEMPTS {
-            let read =
-                Txn::new().and_then([TxnOp::get(keys.mine.clone(), None), first_of(&keys.queue)]);
-            let resp = self.txn("release", read).await?;
-            let mut all = gets(&resp);
-            let mine = nth_first(&mut all, 0)?;
-            let first = nth_first(&mut all, 1)?;
-            let m = match (mine, first) {
-                (None, Some(_)) => return Ok(ReleaseOutcome::TakenByOther),
-                (None, None) => return Ok(ReleaseOutcome::Expired),
-                (Some(m), Some(f)) if f.key() == m.key() => m,
-                // Our key waits behind another owner (another task of ours queued it).
-                (Some(_), _) => return Ok(ReleaseOutcome::TakenByOther),
-            };
-            let e = Entry::decode(m.key(), m.value())?;
-            let unchanged =
-                Compare::mod_revision(keys.mine.clone(), CompareOp::Equal, m.mod_revision());
-            match e.count {
-                // Handed to a queued task of this owner that has not claimed it yet.
-                0 => return Ok(ReleaseOutcome::Expired),
-                1 => {
-                    let txn = Txn::new()
-                        .when([unchanged])
-                        .and_then([TxnOp::delete(keys.mine.clone(), None)]);
-                    if self.txn("release", txn).await?.succeeded() {
-                        self.revoke_in_background(m.lease());
-                        return Ok(ReleaseOutcome::Released);
-                    }
-                }
-                n => {
-                    let left = Entry {
-                        count: n - 1,
-                        ttl: e.ttl,
-                    };
-                    let txn = Txn::new().when([unchanged]).and_then([TxnOp::put(
-                        keys.mine.clone(),
-                        left.encode(),
-                        Some(PutOptions::new().with_ignore_lease()),
-                    )]);
-                    if self.txn("release", txn).await?.succeeded() {
-                        return Ok(ReleaseOutcome::StillHeld { remaining: n - 1 });
-                    }
-                }
-            }
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        self.check_kind(req.key.kind)?;
+        let mine = self.attempt_key(&req.key.name, &req.attempt);
+        // The key is this attempt's, whatever it is now (queued, or first: a grant whose
+        // reply was lost): delete it unconditionally. No other attempt's key is named.
+        let txn = Txn::new().and_then([TxnOp::get(mine.clone(), None), TxnOp::delete(mine, None)]);
+        let r = self.txn("give up", txn).await;
+        // The attempt is over either way: its leases of unknown fate can go (they carry at most
+        // this attempt's key).
+        self.settle(&req.attempt);
+        let resp = r?;
+        if let Some(kv) = nth_first(&mut gets(&resp), 0)? {
+            // Deleted: its lease carries nothing now.
+            self.revoke_in_background(kv.lease());
         }
-        Err(self.contended(&keys))
+        Ok(())
     }
 
-    async fn renew(&self, holds: &[(HoldKey, Duration)]) -> Result<Vec<RenewOutcome>> {
-        for (key, _) in holds {
-            self.check_kind(key.kind)?;
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        self.check_kind(grant.key.kind)?;
+        let keys = self.keys(&grant.key.name);
+        let mine = keys.attempt(&grant.attempt);
+        let Some(rev) = revision_of(grant.token) else {
+            return Ok(ReleaseOutcome::Expired);
+        };
+        // One compare-and-delete, addressed by attempt and token: a retry after a lost reply
+        // finds nothing to delete and says so; it can never delete a newer grant.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                mine.clone(),
+                CompareOp::Equal,
+                rev,
+            )])
+            .and_then([
+                TxnOp::get(mine.clone(), None),
+                TxnOp::delete(mine.clone(), None),
+            ])
+            .or_else([first_of(&keys.queue)]);
+        let resp = self.txn("release", txn).await?;
+        let mut all = gets(&resp);
+        let out = if resp.succeeded() {
+            if let Some(kv) = nth_first(&mut all, 0)? {
+                self.revoke_in_background(kv.lease());
+            }
+            ReleaseOutcome::Released
+        } else {
+            match nth_first(&mut all, 0)? {
+                Some(f) if f.key() != mine.as_slice() => ReleaseOutcome::TakenByOther,
+                _ => ReleaseOutcome::Expired,
+            }
+        };
+        // Settled only now that the outcome is known: a lease of unknown fate may be the one
+        // the key was on, and revoking it before the delete would turn Released into Expired.
+        self.settle(&grant.attempt);
+        Ok(out)
+    }
+
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        for (g, _) in holds {
+            self.check_kind(g.key.kind)?;
         }
-        // Read every hold's key, in chunks of one transaction each, all at once.
-        let reads = holds.chunks(MAX_OPS_PER_TXN).map(|chunk| {
-            let ops: Vec<TxnOp> = chunk
-                .iter()
-                .map(|(k, _)| TxnOp::get(self.keys(k).mine, None))
-                .collect();
+        let mines: Vec<Vec<u8>> = holds
+            .iter()
+            .map(|(g, _)| self.attempt_key(&g.key.name, &g.attempt))
+            .collect();
+        // Read every hold's key, in chunks of one transaction each, all at once, and at the
+        // same time keep alive the lease each key is known to be on when that lease is long
+        // enough: one round trip per tick in the common case (a renewal must fit in a third of
+        // the lease on a loaded machine). The read decides whether that keep-alive counts.
+        let reads = mines.chunks(MAX_OPS_PER_TXN).map(|chunk| {
+            let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
             self.txn("renew", Txn::new().and_then(ops))
         });
+        let early = holds.iter().map(|(g, want)| async move {
+            match self.known_lease(&g.attempt) {
+                Some(l) if l.ttl >= ttl_secs(*want) => Some((l.id, self.keep_alive(l.id).await)),
+                _ => None,
+            }
+        });
+        let (read, early) = tokio::join!(
+            futures_util::future::try_join_all(reads),
+            futures_util::future::join_all(early)
+        );
         let mut found = Vec::with_capacity(holds.len());
-        for resp in futures_util::future::try_join_all(reads).await? {
+        for resp in read? {
             let mut all = gets(&resp);
             for i in 0..all.len() {
                 found.push(nth_first(&mut all, i)?);
@@ -934,16 +1050,16 @@ impl Backend for EtcdBackend {
                 holds.len()
             )));
         }
-        let each = holds
-            .iter()
-            .zip(found)
-            .map(|((key, lease), kv)| self.renew_one(key, *lease, kv));
+        let each =
+            holds.iter().zip(&mines).zip(found).zip(early).map(
+                |((((g, lease), mine), kv), early)| self.renew_one(g, mine, *lease, kv, early),
+            );
         futures_util::future::try_join_all(each).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         self.check_kind(kind)?;
-        let keys = Keys::new(&self.prefix, name, "");
+        let keys = self.keys(name);
         let txn = Txn::new().and_then([
             first_of(&keys.queue),
             TxnOp::get(keys.fence.clone(), None),
@@ -962,10 +1078,9 @@ impl Backend for EtcdBackend {
         let fence = nth_first(&mut all, 1)?;
         let (holders, fencing_token) = match first {
             Some(f) => {
-                let e = Entry::decode(f.key(), f.value())?;
                 let holder = HolderInfo {
-                    owner: keys.owner_of(f.key())?,
-                    count: e.count,
+                    owner: keys.holder_of(f.key(), f.value()),
+                    count: 1,
                     lease_left: self.lease_left(f.lease()).await?,
                     side: None,
                 };

@@ -1,23 +1,28 @@
 //! Waiting in etcd's queue: the mutex recipe's `waitDeletes`.
 //!
-//! A waiter puts its key (count 0) with its own lease, then repeatedly asks for the key created
-//! just before its own. None: the lock is ours; claim it (count 1). Otherwise it watches that
-//! one key for its deletion (from the revision of the read, so a deletion in between is not
-//! missed) and asks again. Only the next waiter wakes on a release: no herd.
+//! A waiting attempt puts its own key (`PREFIX/NAME/ATTEMPT`) with its own lease — unless a
+//! request of it did already, whose reply was lost: then it finds that key and goes on with
+//! it — then repeatedly asks for the key created just before its own. None: the lock is ours
+//! (the key being first *is* the grant, as in Go's `concurrency.Mutex`). Otherwise it watches
+//! that one key for its deletion (from the revision of the read, so a deletion in between is
+//! not missed) and asks again. Only the next waiter wakes on a release: no herd.
 //!
 //! While it waits, the waiter keeps its lease alive. If etcd says the lease is gone, or no
 //! keep-alive got through for a whole lease, its place in the queue is gone and the wait ends
-//! with an error rather than waiting behind a key that no longer exists. On deadline or
-//! cancellation the waiter revokes its lease, which deletes its key: nothing is left behind.
+//! with an error rather than waiting behind a key that no longer exists. Whenever the wait
+//! ends without the lock (deadline, cancellation, error), the attempt gives up: its own key is
+//! deleted, whatever state it is in — and only its own, never a key of another attempt of the
+//! same owner.
 
 use crate::error::KIND;
 use crate::keys::{Entry, Keys};
-use crate::{gets, header_revision, nth_first, token_of, Attempt, EtcdBackend, Lease};
+use crate::{first_of, gets, header_revision, nth_first, put_mine, token_of, EtcdBackend, Lease};
 use dlock_core::backoff::Backoff;
-use dlock_core::{AcquireRequest, Error, Granted, Result};
+use dlock_core::clock::Instant as LeaseInstant;
+use dlock_core::{AcquireRequest, Backend, Error, Granted, Result};
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    WatchFilterType, WatchOptions, WatchStream,
+    Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, WatchFilterType,
+    WatchOptions, WatchStream,
 };
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -33,21 +38,15 @@ struct Place {
     /// The lease our key is attached to, and its TTL in seconds.
     lease: i64,
     ttl: i64,
-    /// True if this wait created the key (and so must delete it when it stops waiting).
-    created: bool,
-    /// Send time of the last keep-alive (or grant) etcd confirmed.
-    confirmed_at: Instant,
+    /// A time no later than the start of the lease's current TTL: the send time of the last
+    /// keep-alive etcd confirmed, or of a request that preceded the lease's grant. On the
+    /// lease clock, which counts while the machine is suspended, as etcd's lease does.
+    confirmed_at: LeaseInstant,
 }
 
 enum Enqueued {
     Granted(Granted),
     Waiting(Place),
-}
-
-enum Turn {
-    Granted(Granted),
-    /// Our shared key vanished (the other task of this owner stopped waiting): queue again.
-    Requeue,
 }
 
 pub(crate) async fn acquire_wait(
@@ -57,132 +56,117 @@ pub(crate) async fn acquire_wait(
     cancel: &CancellationToken,
 ) -> Result<Option<Granted>> {
     b.check_kind(req.key.kind)?;
-    let keys = b.keys(&req.key);
+    let keys = b.keys(&req.key.name);
+    let mine = keys.attempt(&req.attempt);
+    let res = wait(b, &keys, &mine, req, deadline, cancel).await;
+    if !matches!(res, Ok(Some(_))) {
+        // Stopped without the lock: leave the queue, and give back a grant this attempt may
+        // have got meanwhile (its key became first as the deadline passed). The request names
+        // this attempt's key and nothing else.
+        if let Err(e) = b.give_up(req).await {
+            tracing::debug!(error = %e, "could not leave the queue; the key expires with its lease");
+        }
+    }
+    res
+}
+
+async fn wait(
+    b: &EtcdBackend,
+    keys: &Keys,
+    mine: &[u8],
+    req: &AcquireRequest,
+    deadline: Option<Instant>,
+    cancel: &CancellationToken,
+) -> Result<Option<Granted>> {
+    // Every lease this attempt may put its key on was granted after this instant.
+    let started = LeaseInstant::now();
     let mut backoff = Backoff::default();
-    loop {
+    let mut place = loop {
         if stopped(deadline, cancel) {
             return Ok(None);
         }
-        let mut place = match enqueue(b, &keys, req).await {
+        match enqueue(b, keys, mine, req, started).await {
             Ok(Enqueued::Granted(g)) => return Ok(Some(g)),
-            Ok(Enqueued::Waiting(p)) => p,
+            Ok(Enqueued::Waiting(p)) => break p,
+            // The request may have gone through: the next one names the same key, so it finds
+            // the place (or the grant) this one made.
             Err(e) if e.is_retryable() => {
                 tracing::debug!(error = %e, "cannot queue for the lock yet; retrying");
                 if !pause(backoff.next_delay(), deadline, cancel).await {
                     return Ok(None);
                 }
-                continue;
             }
             Err(e) => return Err(e),
-        };
-        backoff.reset();
-        let res = wait_turn(b, &keys, &mut place, deadline, cancel).await;
-        match res {
-            Ok(Some(Turn::Granted(g))) => return Ok(Some(g)),
-            Ok(Some(Turn::Requeue)) => continue,
-            other => {
-                leave(b, &keys, &place).await;
-                return other.map(|_| None);
-            }
         }
-    }
+    };
+    wait_turn(b, keys, req, mine, &mut place, deadline, cancel).await
 }
 
-/// Takes the lock at once if possible; else puts our key at the end of the queue.
-async fn enqueue(b: &EtcdBackend, keys: &Keys, req: &AcquireRequest) -> Result<Enqueued> {
-    let sent = Instant::now();
+/// Puts our key at the end of the queue (Go's `tryAcquire`), or finds it there; takes the
+/// lock at once if the key is first.
+async fn enqueue(
+    b: &EtcdBackend,
+    keys: &Keys,
+    mine: &[u8],
+    req: &AcquireRequest,
+    started: LeaseInstant,
+) -> Result<Enqueued> {
+    let sent = LeaseInstant::now();
     let lease = b.grant(req.lease).await?;
-    let attempt = match b.attempt(keys, lease).await {
-        Ok(a) => a,
+    let txn = Txn::new()
+        .when([Compare::create_revision(mine.to_vec(), CompareOp::Equal, 0)])
+        .and_then([
+            put_mine(mine, &req.key.owner, lease),
+            TxnOp::put(keys.fence.clone(), "", None),
+            first_of(&keys.queue),
+        ])
+        .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)]);
+    let resp = match b.txn("acquire", txn).await {
+        Ok(r) => r,
         Err(e) => {
-            b.revoke_in_background(lease.id);
+            // Perhaps applied: the key may be on this lease now.
+            b.doubt(&req.attempt, lease);
             return Err(e);
         }
     };
-    match attempt {
-        Attempt::Granted { token } => Ok(Enqueued::Granted(Granted {
-            token,
-            requested_at: sent,
-        })),
-        Attempt::Reentered { token, used } => {
-            if !used {
-                b.revoke_in_background(lease.id);
-            }
-            Ok(Enqueued::Granted(Granted {
-                token,
-                requested_at: sent,
-            }))
-        }
-        Attempt::Queued { mine } => {
-            b.revoke_in_background(lease.id);
-            shared_place(&mine, sent).map(Enqueued::Waiting)
-        }
-        Attempt::Held { .. } => match join_queue(b, keys, lease).await {
-            Ok(Some(rev)) => Ok(Enqueued::Waiting(Place {
-                rev,
-                lease: lease.id,
-                ttl: lease.ttl,
-                created: true,
-                confirmed_at: sent,
-            })),
-            Ok(None) => {
-                // Another task of this owner queued the same key just now: share it.
-                b.revoke_in_background(lease.id);
-                match b.get("acquire", &keys.mine).await?.as_ref() {
-                    Some(m) => shared_place(m, sent).map(Enqueued::Waiting),
-                    None => Err(Error::Connection {
-                        backend: KIND,
-                        endpoint: b.endpoint.clone(),
-                        source: "the queue changed while joining it; try again".into(),
-                    }),
-                }
-            }
-            Err(e) => {
-                b.revoke_in_background(lease.id);
-                Err(e)
-            }
-        },
-    }
-}
-
-/// Puts our key (count 0) with `lease`. `Ok(Some(rev))`: created at `rev`; `Ok(None)`: the
-/// owner's key exists already.
-async fn join_queue(b: &EtcdBackend, keys: &Keys, lease: Lease) -> Result<Option<i64>> {
-    let txn = Txn::new()
-        .when([Compare::create_revision(
-            keys.mine.clone(),
-            CompareOp::Equal,
-            0,
-        )])
-        .and_then([
-            TxnOp::put(
-                keys.mine.clone(),
-                Entry {
-                    count: 0,
-                    ttl: lease.ttl,
-                }
-                .encode(),
-                Some(PutOptions::new().with_lease(lease.id)),
-            ),
-            TxnOp::put(keys.fence.clone(), "", None),
-        ]);
-    let resp = b.txn("acquire", txn).await?;
+    let mut all = gets(&resp);
     if resp.succeeded() {
-        Ok(Some(header_revision(&resp)?))
-    } else {
-        Ok(None)
+        let rev = header_revision(&resp)?;
+        let first = nth_first(&mut all, 0)?;
+        if first.is_none_or(|f| f.create_revision() == rev) {
+            b.remember(&req.attempt, lease);
+            return Ok(Enqueued::Granted(Granted {
+                token: token_of(rev)?,
+                requested_at: sent,
+            }));
+        }
+        return Ok(Enqueued::Waiting(Place {
+            rev,
+            lease: lease.id,
+            ttl: lease.ttl,
+            confirmed_at: sent,
+        }));
     }
-}
-
-fn shared_place(mine: &KeyValue, sent: Instant) -> Result<Place> {
-    let e = Entry::decode(mine.key(), mine.value())?;
-    Ok(Place {
-        rev: mine.create_revision(),
-        lease: mine.lease(),
+    // Our key exists: an earlier request of this attempt put it and its reply was lost. This
+    // request's lease carries nothing (etcd answered that it put nothing).
+    b.revoke_in_background(lease.id);
+    let m = nth_first(&mut all, 0)?.ok_or_else(|| {
+        crate::error::shape("etcd said the attempt's key exists but returned no such key")
+    })?;
+    let e = Entry::decode(m.key(), m.value())?;
+    let mut place = Place {
+        rev: m.create_revision(),
+        lease: m.lease(),
         ttl: e.ttl,
-        created: false,
-        confirmed_at: sent,
-    })
+        // That lease was granted during this wait.
+        confirmed_at: started,
+    };
+    match nth_first(&mut all, 1)? {
+        Some(f) if f.key() == m.key() => take_turn(b, req, mine, &mut place)
+            .await
+            .map(Enqueued::Granted),
+        _ => Ok(Enqueued::Waiting(place)),
+    }
 }
 
 /// Our key and the key just before it, read at one revision.
@@ -192,7 +176,7 @@ struct Position {
     revision: i64,
 }
 
-async fn position(b: &EtcdBackend, keys: &Keys, rev: i64) -> Result<Position> {
+async fn position(b: &EtcdBackend, keys: &Keys, mine: &[u8], rev: i64) -> Result<Position> {
     let pred = TxnOp::get(
         keys.queue.clone(),
         Some(
@@ -203,7 +187,7 @@ async fn position(b: &EtcdBackend, keys: &Keys, rev: i64) -> Result<Position> {
                 .with_limit(1),
         ),
     );
-    let txn = Txn::new().and_then([TxnOp::get(keys.mine.clone(), None), pred]);
+    let txn = Txn::new().and_then([TxnOp::get(mine.to_vec(), None), pred]);
     let resp = b.txn("wait", txn).await?;
     let revision = header_revision(&resp)?;
     let mut all = gets(&resp);
@@ -214,25 +198,57 @@ async fn position(b: &EtcdBackend, keys: &Keys, rev: i64) -> Result<Position> {
     })
 }
 
-fn place_lost(b: &EtcdBackend, keys: &Keys, why: &str) -> Error {
+fn place_lost(b: &EtcdBackend, mine: &[u8], why: &str) -> Error {
     Error::Connection {
         backend: KIND,
-        endpoint: b.endpoint.clone(),
+        endpoint: b.endpoint(),
         source: format!(
             "stopped waiting for the lock: {why}, so the waiter's place `{}` in the queue is gone",
-            String::from_utf8_lossy(&keys.mine)
+            String::from_utf8_lossy(mine)
         )
         .into(),
     }
 }
 
+/// Our key is first: the lock is ours. One keep-alive, so the lease runs its full TTL (at
+/// least the requested lease) from now; if it does not get through, the lease still runs from
+/// the last confirmed one.
+async fn take_turn(
+    b: &EtcdBackend,
+    req: &AcquireRequest,
+    mine: &[u8],
+    place: &mut Place,
+) -> Result<Granted> {
+    let sent = LeaseInstant::now();
+    match b.keep_alive(place.lease).await {
+        Ok(true) => place.confirmed_at = sent,
+        Ok(false) => return Err(place_lost(b, mine, "its lease expired as it got the lock")),
+        Err(e) => {
+            tracing::debug!(error = %e, "keep-alive at grant failed; the lease runs from the last one")
+        }
+    }
+    b.remember(
+        &req.attempt,
+        Lease {
+            id: place.lease,
+            ttl: place.ttl,
+        },
+    );
+    Ok(Granted {
+        token: token_of(place.rev)?,
+        requested_at: place.confirmed_at,
+    })
+}
+
 async fn wait_turn(
     b: &EtcdBackend,
     keys: &Keys,
+    req: &AcquireRequest,
+    mine: &[u8],
     place: &mut Place,
     deadline: Option<Instant>,
     cancel: &CancellationToken,
-) -> Result<Option<Turn>> {
+) -> Result<Option<Granted>> {
     let lease_len = Duration::from_secs(place.ttl.unsigned_abs());
     let tick = (lease_len / 3).min(MAX_TICK);
     let mut backoff = Backoff::default();
@@ -245,22 +261,22 @@ async fn wait_turn(
         if place.confirmed_at.elapsed() >= lease_len {
             return Err(place_lost(
                 b,
-                keys,
+                mine,
                 &format!("no keep-alive of its lease reached etcd for {lease_len:?}"),
             ));
         }
         if place.confirmed_at.elapsed() >= lease_len / 3 {
-            let sent = Instant::now();
+            let sent = LeaseInstant::now();
             match b.keep_alive(place.lease).await {
                 Ok(true) => place.confirmed_at = sent,
-                Ok(false) => return Err(place_lost(b, keys, "its lease expired")),
+                Ok(false) => return Err(place_lost(b, mine, "its lease expired")),
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, "waiter keep-alive failed; retrying");
                 }
                 Err(e) => return Err(e),
             }
         }
-        let pos = match position(b, keys, place.rev).await {
+        let pos = match position(b, keys, mine, place.rev).await {
             Ok(p) => p,
             Err(e) if e.is_retryable() => {
                 tracing::debug!(error = %e, "cannot read the queue; retrying");
@@ -273,30 +289,20 @@ async fn wait_turn(
             Err(e) => return Err(e),
         };
         backoff.reset();
-        let mine = match pos.mine {
-            Some(m) if m.create_revision() == place.rev => m,
-            _ if !place.created => return Ok(Some(Turn::Requeue)),
-            _ => {
-                return Err(place_lost(
-                    b,
-                    keys,
-                    "its key was deleted (lease expired or revoked)",
-                ))
-            }
-        };
+        if pos
+            .mine
+            .as_ref()
+            .is_none_or(|m| m.create_revision() != place.rev)
+        {
+            return Err(place_lost(
+                b,
+                mine,
+                "its key was deleted (lease expired or revoked)",
+            ));
+        }
         let Some(pred) = pos.pred else {
-            // First in the queue: the lock is ours. Claim it.
-            match claim(b, keys, &mine, place).await {
-                Ok(Some(g)) => return Ok(Some(Turn::Granted(g))),
-                Ok(None) => continue,
-                Err(e) if e.is_retryable() => {
-                    if !pause(backoff.next_delay().min(tick), deadline, cancel).await {
-                        return Ok(None);
-                    }
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
+            // First in the queue: the lock is ours.
+            return take_turn(b, req, mine, place).await.map(Some);
         };
         if watch
             .as_ref()
@@ -349,66 +355,6 @@ async fn wait_turn(
                     return Ok(None);
                 }
             }
-        }
-    }
-}
-
-/// Count + 1 on our key, which is first in the queue, and a fresh keep-alive so the lease runs
-/// for its full length from now. `Ok(None)`: the key changed meanwhile; look again.
-async fn claim(
-    b: &EtcdBackend,
-    keys: &Keys,
-    mine: &KeyValue,
-    place: &mut Place,
-) -> Result<Option<Granted>> {
-    let e = Entry::decode(mine.key(), mine.value())?;
-    let count = e
-        .count
-        .checked_add(1)
-        .ok_or_else(|| crate::error::shape("hold count would overflow"))?;
-    let txn = Txn::new()
-        .when([Compare::mod_revision(
-            keys.mine.clone(),
-            CompareOp::Equal,
-            mine.mod_revision(),
-        )])
-        .and_then([TxnOp::put(
-            keys.mine.clone(),
-            Entry { count, ttl: e.ttl }.encode(),
-            Some(PutOptions::new().with_ignore_lease()),
-        )]);
-    let sent = Instant::now();
-    let (cas, alive) = tokio::join!(b.txn("claim", txn), b.keep_alive(mine.lease()));
-    if !cas?.succeeded() {
-        return Ok(None);
-    }
-    // Ours now. The lease runs at least from the last confirmed keep-alive.
-    let requested_at = match alive {
-        Ok(true) => sent,
-        _ => place.confirmed_at,
-    };
-    Ok(Some(Granted {
-        token: token_of(place.rev)?,
-        requested_at,
-    }))
-}
-
-/// Stops waiting: revokes our lease, which deletes our key (only if this wait created it).
-async fn leave(b: &EtcdBackend, keys: &Keys, place: &Place) {
-    if !place.created {
-        return;
-    }
-    if let Err(e) = b.revoke(place.lease).await {
-        tracing::debug!(error = %e, "could not revoke the waiter's lease; deleting its key");
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                keys.mine.clone(),
-                CompareOp::Equal,
-                place.rev,
-            )])
-            .and_then([TxnOp::delete(keys.mine.clone(), None)]);
-        if let Err(e) = b.txn("give up", txn).await {
-            tracing::debug!(error = %e, "could not leave the queue; the key expires with its lease");
         }
     }
 }
