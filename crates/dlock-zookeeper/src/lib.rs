@@ -600,7 +600,7 @@ impl Inner {
             self.insert_grant(sess, req, grant)?;
             return Ok(Some((w.token, at)));
         }
-        Err(busy(&w.path))
+        Err(busy(&self.endpoint, &w.path))
     }
 
     /// The node of attempt `req`: found again if an earlier request of the attempt sent a
@@ -1179,7 +1179,7 @@ impl Inner {
                 Err(e) => return Ok(Err(e)),
             }
         }
-        Err(busy(&g.path))
+        Err(busy(&self.endpoint, &g.path))
     }
 
     /// What a release of a grant that is not there says: `TakenByOther` if someone holds the
@@ -1483,10 +1483,12 @@ fn grant_in_data(g: &Grant, attempt: &str, data: &[u8]) -> bool {
     }
 }
 
-fn busy(path: &str) -> Error {
+/// A compare-and-set on a node's data lost every race (readers joining and leaving it all the
+/// time): retryable, like a busy connection.
+fn busy(endpoint: &str, path: &str) -> Error {
     Error::Connection {
         backend: KIND,
-        endpoint: String::new(),
+        endpoint: endpoint.to_owned(),
         source: format!(
             "lock node {path} kept changing under {DATA_ATTEMPTS} compare-and-set attempts"
         )
