@@ -1,6 +1,7 @@
 //! `dlock`: run a command under a distributed lock, inspect locks.
 
 mod bench;
+mod child;
 mod inspect;
 mod kind;
 mod progress;
@@ -10,7 +11,7 @@ mod stats;
 mod store;
 mod timeline;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Distributed locks from the command line.
@@ -37,6 +38,20 @@ enum Command {
     Seckill(seckill::SeckillArgs),
     /// Measure lock latency and throughput (uncontended, contended).
     Bench(bench::BenchArgs),
+    /// Print a shell completion script to stdout, e.g. `dlock completions bash`.
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout: `dlock man | man -l -`; `dlock man run` for the
+    /// page of one subcommand.
+    Man {
+        /// A subcommand whose own page to print (e.g. run).
+        subcommand: Option<String>,
+    },
+    /// The process that runs the command of `dlock run` (started by it; not for direct use).
+    #[command(name = "__guard", hide = true)]
+    Guard(child::GuardArgs),
     /// One worker process of `dlock seckill` (started by it; not for direct use).
     #[command(name = "__seckill-worker", hide = true)]
     SeckillWorker(seckill::worker::WorkerArgs),
@@ -51,6 +66,16 @@ pub const EXIT_ERROR: u8 = 1;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Commands that need no lock runtime.
+    let cli = match cli.command {
+        Command::Guard(args) => return ExitCode::from(child::guard_main(args)),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut visible_command(), "dlock", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man { subcommand } => return ExitCode::from(man(subcommand.as_deref())),
+        command => Cli { command, ..cli },
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -69,6 +94,8 @@ fn main() -> ExitCode {
             Command::Seckill(args) => seckill::seckill(&cli.backend, args).await,
             Command::Bench(args) => bench::bench(&cli.backend, args).await,
             Command::SeckillWorker(args) => seckill::worker::worker(&cli.backend, args).await,
+            // Handled above, before the runtime.
+            Command::Guard(_) | Command::Completions { .. } | Command::Man { .. } => EXIT_ERROR,
         }
     });
     // Give background releases (dropped guards) a moment to finish.
@@ -76,9 +103,85 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Parses `500ms`, `10s`, `2m` for clap.
+/// The command-line definition without the hidden subcommands (the guard, the seckill
+/// worker), which clap_complete would otherwise offer for completion.
+fn visible_command() -> clap::Command {
+    let full = Cli::command();
+    let mut cmd = clap::Command::new("dlock")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(full.get_about().cloned().unwrap_or_default());
+    for arg in full.get_arguments() {
+        cmd = cmd.arg(arg.clone());
+    }
+    for sub in full.get_subcommands().filter(|s| !s.is_hide_set()) {
+        cmd = cmd.subcommand(sub.clone());
+    }
+    cmd
+}
+
+/// Writes the man page of dlock, or of one of its subcommands, to stdout.
+fn man(subcommand: Option<&str>) -> u8 {
+    let mut cmd = Cli::command();
+    // Built, so that a subcommand's page lists the global options too.
+    cmd.build();
+    let page = match subcommand {
+        None => clap_mangen::Man::new(cmd),
+        Some(name) => match cmd.find_subcommand(name) {
+            Some(sub) if !sub.is_hide_set() => {
+                clap_mangen::Man::new(sub.clone()).title(format!("dlock-{name}"))
+            }
+            _ => {
+                eprintln!("dlock: no subcommand `{name}`");
+                return EXIT_ERROR;
+            }
+        },
+    };
+    match page.render(&mut std::io::stdout()) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("dlock: writing the man page failed: {e}");
+            EXIT_ERROR
+        }
+    }
+}
+
+/// Parses a duration for clap: a bare number is seconds (as for `flock -w` and `timeout`),
+/// or a number with a unit: `500ms`, `10s`, `1.5m`, `2h`.
+///
+/// Only the command line reads bare numbers as seconds; `dlock::parse_duration` (bare number
+/// = milliseconds) stays as it is, since backend URL options (`?wait_timeout=`, ZooKeeper
+/// and Redlock settings) are parsed with it.
 pub fn duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return dlock::parse_duration(&format!("{t}s")).map_err(|_| {
+            format!("`{s}` is not a duration; write e.g. `10` (seconds), `500ms`, `2m` or `1h`")
+        });
+    }
     dlock::parse_duration(s).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn bare_numbers_are_seconds() {
+        assert_eq!(duration_arg("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration_arg("0"), Ok(Duration::ZERO));
+        assert_eq!(duration_arg("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(duration_arg("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration_arg("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["", "soon", "1..2", "-1", "1d"] {
+            assert!(duration_arg(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
 }
 
 /// Connects, printing a clear error on failure.
