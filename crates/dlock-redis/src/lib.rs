@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod ops;
 mod pubsub;
 mod quorum;
 mod scripts;
@@ -775,6 +776,18 @@ impl Backend for RedisBackend {
             .await
             .map_err(|e| self.err(e))?;
         Ok(())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<dlock_core::ListedLock>> {
+        ops::list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<dlock_core::ForceReleased> {
+        ops::force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<dlock_core::Finding>> {
+        ops::diagnose(self).await
     }
 }
 

@@ -1,0 +1,32 @@
+-- Operator's forced release (`dlock release --force`): removes every grant of one lock family
+-- and advances the fencing counter past every token issued, in one atomic step, so that no
+-- grant can be made between the removal and the advance with a token a removed holder has.
+-- KEYS[1] the grants (mutex hash {attempt, token, owner}, or rw/sem hash ATTEMPT -> grant)
+-- KEYS[2] fencing counter
+-- KEYS[3] per-grant expiries zset (rw, sem; for the mutex a name that is never written)
+-- ARGV[1] the channel: waiters are woken ('r') to take the free lock (they stay queued)
+-- ARGV[2] '1' when KEYS[3] is the family's expiry zset
+-- Returns {grant fields (flat HGETALL), PTTL of KEYS[1], expiries (flat, WITHSCORES),
+-- server ms, new counter value as a string}.
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fields = redis.call('hgetall', KEYS[1])
+local pttl = redis.call('pttl', KEYS[1])
+local exps = {}
+if ARGV[2] == '1' then
+  exps = redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES')
+  redis.call('del', KEYS[3])
+end
+redis.call('del', KEYS[1])
+-- max(current, clock seed) + 1: above every token issued, also when the counter was lost
+-- (the same clock seed acquire.lua uses; µs since the epoch fits a Lua double exactly).
+local seed = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local current = tonumber(redis.call('get', KEYS[2]) or '0')
+if current == nil then
+  return redis.error_reply('fencing counter ' .. KEYS[2] .. ' is not a number')
+end
+local next = math.max(current, seed) + 1
+local token = string.format('%d', next)
+redis.call('set', KEYS[2], token)
+redis.call('publish', ARGV[1], 'r')
+return {fields, pttl, exps, now, token}
