@@ -383,6 +383,12 @@ async fn seeded_counters_carry_tokens_past_lost_witnesses() {
     let p = "quarantine=500ms&check_interval=100ms";
     let (y, yb) = c.client_and_backend(p, opts(1000)).await;
     let name = "witness";
+    // One starting value everywhere (a missing counter would start from each node's clock in
+    // µs, which differ by more than the ten grants below): nodes 3 and 4 then stay behind.
+    for s in &c.servers {
+        let fence = format!("dlock:{{{name}}}:fence");
+        assert_eq!(s.command(&["SET", &fence, "1000"]).expect("SET"), "OK");
+    }
     let mut tokens = Vec::new();
     for _ in 0..3 {
         tokens.push(grab(&y, name).await);
