@@ -2,9 +2,12 @@
 
 mod bench;
 mod child;
+mod doctor;
 mod inspect;
 mod kind;
+mod list;
 mod progress;
+mod release;
 mod run;
 mod seckill;
 mod stats;
@@ -33,6 +36,14 @@ enum Command {
     Run(run::RunArgs),
     /// Show who holds a lock, its remaining lease and its last fencing token.
     Inspect(inspect::InspectArgs),
+    /// List every lock the backend has state for: holders, waiters, last fencing token.
+    List(list::ListArgs),
+    /// Remove a stuck lock's holder(s) by force (`release --force NAME`) and advance its
+    /// fencing token past every token issued; asks for confirmation unless --yes.
+    Release(release::ReleaseArgs),
+    /// Check the deployment behind the URL for settings that break locks; exits 1 when
+    /// anything is unsafe.
+    Doctor(doctor::DoctorArgs),
     /// The flash-sale experiment: buyers in several processes race for a small stock, with
     /// no lock, a local lock, optimistic versions, trylock and lock; shows who oversells.
     Seckill(seckill::SeckillArgs),
@@ -91,6 +102,9 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(&cli.backend, args).await,
             Command::Inspect(args) => inspect::inspect(&cli.backend, args).await,
+            Command::List(args) => list::list(&cli.backend, args).await,
+            Command::Release(args) => release::release(&cli.backend, args).await,
+            Command::Doctor(args) => doctor::doctor(&cli.backend, args).await,
             Command::Seckill(args) => seckill::seckill(&cli.backend, args).await,
             Command::Bench(args) => bench::bench(&cli.backend, args).await,
             Command::SeckillWorker(args) => seckill::worker::worker(&cli.backend, args).await,
