@@ -81,7 +81,12 @@ fn main() -> ExitCode {
     let cli = match cli.command {
         Command::Guard(args) => return ExitCode::from(child::guard_main(args)),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut visible_command(), "dlock", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut visible_command(),
+                "dlock",
+                &mut std::io::stdout(),
+            );
             return ExitCode::SUCCESS;
         }
         Command::Man { subcommand } => return ExitCode::from(man(subcommand.as_deref())),
@@ -175,6 +180,17 @@ pub fn duration_arg(s: &str) -> Result<std::time::Duration, String> {
     dlock::parse_duration(s).map_err(|e| e.to_string())
 }
 
+/// Connects, printing a clear error on failure.
+pub async fn connect(url: &str, opts: dlock::ClientOptions) -> Result<dlock::Client, u8> {
+    match dlock::connect_with(url, opts).await {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            eprintln!("dlock: {e}");
+            Err(EXIT_ERROR)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,16 +211,5 @@ mod tests {
     #[test]
     fn the_cli_definition_is_consistent() {
         Cli::command().debug_assert();
-    }
-}
-
-/// Connects, printing a clear error on failure.
-pub async fn connect(url: &str, opts: dlock::ClientOptions) -> Result<dlock::Client, u8> {
-    match dlock::connect_with(url, opts).await {
-        Ok(c) => Ok(c),
-        Err(e) => {
-            eprintln!("dlock: {e}");
-            Err(EXIT_ERROR)
-        }
     }
 }

@@ -28,10 +28,10 @@ pub struct RunArgs {
     /// killed); renewed while the command runs.
     #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
     lease: Duration,
-    /// How long the command gets between SIGTERM and SIGKILL when it has to be stopped. At most
-    /// half the lease minus a margin (it is shortened to fit, with a warning).
-    #[arg(long, value_parser = crate::duration_arg, default_value = "5s")]
-    grace: Duration,
+    /// How long the command gets between SIGTERM and SIGKILL when it has to be stopped
+    /// [default: 5s]. At most half the lease minus a margin: longer is shortened to fit.
+    #[arg(long, value_parser = crate::duration_arg)]
+    grace: Option<Duration>,
     /// Owner id to hold the lock as (default: unique per run).
     #[arg(long)]
     owner: Option<String>,
@@ -64,6 +64,9 @@ Exit status: the command's (128+N if it died of signal N); 75 if the lock was no
 within --wait; 76 if the lock was lost, or the command had to be stopped because renewals
 failed, before the command ended (even if it then exited by itself); 1 for other errors
 (bad URL, credentials, unsupported kind); 126/127 if the command could not be started.";
+
+/// `--grace` when not given.
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 
 /// How far before the confirmed lease end the command must be dead: signal delivery, the
 /// kernel tearing the processes down, and a loaded machine's scheduling.
@@ -99,16 +102,19 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         return crate::EXIT_ERROR;
     }
     let margin = margin(args.lease);
-    let grace = if args.grace > max_grace(args.lease) {
-        let g = max_grace(args.lease);
-        eprintln!(
-            "dlock: --grace {:?} does not fit in --lease {:?}; using {g:?} so that the command \
-             is stopped before the lease can end",
-            args.grace, args.lease
-        );
-        g
-    } else {
-        args.grace
+    let grace = match args.grace {
+        Some(g) if g > max_grace(args.lease) => {
+            let fit = max_grace(args.lease);
+            eprintln!(
+                "dlock: --grace {g:?} does not fit in --lease {:?}; using {fit:?} so that the \
+                 command is stopped before the lease can end",
+                args.lease
+            );
+            fit
+        }
+        Some(g) => g,
+        // The default quietly fits short leases.
+        None => DEFAULT_GRACE.min(max_grace(args.lease)),
     };
     let (guard, attempt_sent) = match acquire(url, &args).await {
         Ok(g) => g,
