@@ -79,6 +79,20 @@ async fn warm_up(b: &ZkBackend, name: &str) {
     );
 }
 
+/// Waits until no request went through `proxy` for 200 ms (the background watch a grant sets
+/// on its node has been sent), so that the next request bytes are the next call's.
+async fn quiet(proxy: &DelayProxy) {
+    let mut last = proxy.stats().requests.bytes_forwarded;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = proxy.stats().requests.bytes_forwarded;
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+}
+
 /// A backend that talks to the ensemble through a proxy, and an operator's session.
 async fn proxied(opts: &ClientOptions) -> (ZkBackend, DelayProxy, zk::Client) {
     let ensemble = ZkEnsemble::shared();
@@ -416,4 +430,126 @@ async fn leases_longer_than_the_session_are_refused() {
         g.release().await.expect("release"),
         ReleaseOutcome::Released
     );
+}
+
+/// The read side beside the owner's write grant (a downgrade) joins the write node; a join
+/// whose answer was lost (the connection reset right after its `setData` reached the server)
+/// is found again by its retry (one `r:` line, the write node's token), the write side's release
+/// leaves the node to the reader, and the reader's release deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_join_of_the_read_side_is_one() {
+    let opts = fast_opts();
+    let (p, proxy, operator) = proxied(&opts).await;
+    let base = unique_name("join-retry");
+    let requests = |name: &str| {
+        let key = |kind| HoldKey {
+            kind,
+            ..key(name, "downgrader")
+        };
+        let write = AcquireRequest::new(
+            key(LockKind::Write),
+            Duration::from_secs(5),
+            LostSignal::new(),
+        );
+        let read = AcquireRequest::new(
+            key(LockKind::Read),
+            Duration::from_secs(5),
+            LostSignal::new(),
+        );
+        (write, read)
+    };
+    // A twin lock (same name length, so requests of the same sizes) measures how many request
+    // bytes a join sends: the reset below comes right after the last of them, the `setData`.
+    let (twin_write, mut twin_read) = requests(&format!("{base}-a"));
+    let tw = granted(&p, &twin_write).await;
+    twin_read.write_grant = Some(tw.clone());
+    quiet(&proxy).await;
+    let before = proxy.stats().requests.bytes_forwarded;
+    let tr = granted(&p, &twin_read).await;
+    let join_bytes = proxy.stats().requests.bytes_forwarded - before;
+    assert_eq!(tr.token, tw.token);
+
+    let name = format!("{base}-b");
+    let (write, mut read) = requests(&name);
+    let w = granted(&p, &write).await;
+    read.write_grant = Some(w.clone());
+    quiet(&proxy).await;
+    let dir = lock_dir("dlock", &name, LockKind::Read).expect("dir");
+    let node_data = || async {
+        let children = operator.list_children(&dir).await.expect("list");
+        let mut out = Vec::new();
+        for c in children.into_iter().filter(|c| c.starts_with("_c_")) {
+            let (data, stat) = operator
+                .get_data(&format!("{dir}/{c}"))
+                .await
+                .expect("data");
+            out.push((String::from_utf8_lossy(&data).into_owned(), stat.czxid));
+        }
+        out
+    };
+    proxy.reset_after_request_bytes(join_bytes);
+    let first = p.acquire(&read).await;
+    proxy.heal();
+    let joined = format!("r:{}", read.attempt);
+    match &first {
+        Err(e) if e.is_connection() => {
+            let nodes = node_data().await;
+            if nodes.iter().any(|(d, _)| d.contains(&joined)) {
+                eprintln!("the join went through, its answer was lost: {nodes:?}");
+            } else {
+                // A ping crossed the byte count: an earlier request was cut (a weaker run).
+                eprintln!("the reset cut the join before its setData: {nodes:?}");
+            }
+        }
+        other => eprintln!("the reset missed the join ({other:?}): a weaker run"),
+    }
+    let r = retried("the retried join", || async {
+        match p.acquire(&read).await? {
+            AcquireReply::Granted { token } => Ok(read.grant(token)),
+            other => panic!("the retried join was refused: {other:?}"),
+        }
+    })
+    .await;
+    assert_eq!(r.token, w.token, "one node, one token");
+    let nodes = node_data().await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert_eq!(
+        nodes[0].0.matches(&joined).count(),
+        1,
+        "joined twice: {nodes:?}"
+    );
+    assert_eq!(nodes[0].0.matches("r:").count(), 1, "{nodes:?}");
+    // The write side goes, the node stays the reader's; then the reader's release deletes it.
+    assert_eq!(
+        p.release(&w).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let nodes = node_data().await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert!(
+        nodes[0].0.contains("\nread"),
+        "not marked downgraded: {nodes:?}"
+    );
+    assert_eq!(
+        p.renew(&[
+            (r.clone(), Duration::from_secs(1)),
+            (w.clone(), Duration::from_secs(1))
+        ])
+        .await
+        .expect("renew"),
+        vec![RenewOutcome::Renewed, RenewOutcome::NotHeld],
+        "the read grant lives on, the released write grant does not"
+    );
+    assert_eq!(
+        p.release(&r).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(
+        node_data().await.is_empty(),
+        "the downgraded node was left behind"
+    );
+    assert!(!read.lost.is_lost() && !write.lost.is_lost());
+    for g in [&tr, &tw] {
+        p.release(g).await.expect("release");
+    }
 }
