@@ -438,3 +438,52 @@ fn the_guard_refuses_to_run_on_its_own() {
         .expect("guard");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
 }
+
+#[test]
+fn failing_renewals_stop_the_command_before_the_lease_ends() {
+    let server = RedisServer::start().expect("redis");
+    let proxy = dlock_testkit::DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let via_proxy = format!("redis://127.0.0.1:{}", proxy.port());
+    let dir = TempDir::new().expect("tempdir");
+    let log = dir.path().join("log");
+    let start = dir.path().join("next-started");
+    // The command ignores SIGTERM: only the SIGKILL at the end of --grace stops it, and that
+    // too must come before the lease ends.
+    let mut holder = dlock(&via_proxy)
+        .args([
+            "run", "--lease", "1500ms", "--grace", "300ms", "cut", "--", "sh", "-c",
+        ])
+        .arg(format!(
+            "trap '' TERM; while :; do date +%s%N >> {l}; sleep 0.02; done",
+            l = log.display()
+        ))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("holder");
+    wait_until("the command to write", Duration::from_secs(10), || {
+        stamps(&log).0.len() >= 3
+    });
+    // Renewals stop getting through; the server lets the lease run out.
+    proxy.set_blackhole(true);
+    let out = dlock(&server.url())
+        .args(["run", "--wait", "20", "cut", "--", "sh", "-c"])
+        .arg(format!("date +%s%N > {}", start.display()))
+        .output()
+        .expect("next holder");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let next_started: u128 = std::fs::read_to_string(&start)
+        .expect("start time")
+        .trim()
+        .parse()
+        .expect("number");
+    let st = holder.wait().expect("wait");
+    let err = stderr_of(&mut holder);
+    assert_eq!(st.code(), Some(76), "{st:?}: {err}");
+    assert!(err.contains("stopping the command"), "{err}");
+    let last = stamps(&log).0.into_iter().max().expect("stamps");
+    assert!(
+        last < next_started,
+        "the command wrote {} ms after the next holder started: {err}",
+        (last - next_started) / 1_000_000
+    );
+}
