@@ -1,0 +1,128 @@
+//! The clock leases are measured with.
+//!
+//! A server's lease runs in real time, also while this machine is suspended. `std::time::Instant`
+//! is CLOCK_MONOTONIC on Linux, which stops during suspend: a holder that slept through its
+//! lease would wake up believing it still had all of it. [`Instant`] reads CLOCK_BOOTTIME on
+//! Linux (and Android), which keeps counting during suspend, and the monotonic clock elsewhere.
+//! Every lease deadline in dlock (the lost signal, the watchdog, a grant's start) is one of these.
+//!
+//! Timers still sleep on tokio's clock; a timer that fires late after a suspend is harmless,
+//! because every check compares with this clock.
+
+use std::ops::{Add, Sub};
+use std::time::Duration;
+
+/// A point in time on the lease clock (CLOCK_BOOTTIME on Linux). Opaque: compare, add
+/// durations and measure intervals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Instant(Duration);
+
+impl Instant {
+    /// Now.
+    pub fn now() -> Instant {
+        Instant(read())
+    }
+
+    /// Time since `earlier`, zero if `earlier` is later.
+    pub fn saturating_duration_since(self, earlier: Instant) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    /// Time since this instant.
+    pub fn elapsed(self) -> Duration {
+        Instant::now().saturating_duration_since(self)
+    }
+
+    /// `self + d`, or `None` on overflow.
+    pub fn checked_add(self, d: Duration) -> Option<Instant> {
+        self.0.checked_add(d).map(Instant)
+    }
+
+    /// `self - d`, or `None` before the clock's origin.
+    pub fn checked_sub(self, d: Duration) -> Option<Instant> {
+        self.0.checked_sub(d).map(Instant)
+    }
+
+    /// The same moment on tokio's timer clock, for sleeping until it (a moment already past
+    /// is "now").
+    pub fn to_tokio(self) -> tokio::time::Instant {
+        let now = Instant::now();
+        let tnow = tokio::time::Instant::now();
+        match self.0.checked_sub(now.0) {
+            Some(ahead) => tnow.checked_add(ahead).unwrap_or(tnow),
+            None => tnow,
+        }
+    }
+}
+
+impl Add<Duration> for Instant {
+    type Output = Instant;
+    fn add(self, d: Duration) -> Instant {
+        Instant(self.0.saturating_add(d))
+    }
+}
+
+impl Sub<Duration> for Instant {
+    type Output = Instant;
+    fn sub(self, d: Duration) -> Instant {
+        Instant(self.0.saturating_sub(d))
+    }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn read() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on every Linux since
+    // 2.6.39, and clock_gettime only writes through the pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return fallback();
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn read() -> Duration {
+    fallback()
+}
+
+/// The monotonic clock, from a process-wide origin.
+fn fallback() -> Duration {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moves_forward_with_the_monotonic_clock() {
+        let a = Instant::now();
+        let m = std::time::Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = Instant::now();
+        assert!(b > a);
+        let d = b.saturating_duration_since(a);
+        // Without a suspend in between both clocks agree closely.
+        let md = m.elapsed();
+        assert!(
+            d + Duration::from_millis(5) >= Duration::from_millis(20),
+            "{d:?}"
+        );
+        assert!(d <= md + Duration::from_millis(5), "{d:?} vs {md:?}");
+        assert_eq!(a.saturating_duration_since(b), Duration::ZERO);
+        assert_eq!((a + d).saturating_duration_since(a), d);
+        assert!(a.checked_sub(Duration::from_secs(u64::MAX)).is_none());
+    }
+
+    #[tokio::test]
+    async fn tokio_deadline_matches() {
+        let target = Instant::now() + Duration::from_millis(30);
+        tokio::time::sleep_until(target.to_tokio()).await;
+        assert!(Instant::now() >= target);
+    }
+}
