@@ -47,6 +47,12 @@ pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_leases", "attempt")];
 /// Grant (fresh, or the same grant again for a retry of the attempt that holds it) in one
 /// statement; on contention the second column is the holder's remaining lease (from the
 /// statement's snapshot) in ms. A retry keeps the token and never shortens the lease.
+///
+/// A grant over an existing row draws its token in the `SET`, which runs on the locked,
+/// latest version of the row: the value `VALUES` drew was taken before this statement waited
+/// for that row lock, and a grant and release by another client meanwhile would have taken a
+/// later value (tokens would go backwards). `VALUES`' token is only used for a name's first
+/// row.
 /// $1 ns, $2 name, $3 owner, $4 attempt, $5 lease ms.
 const ACQUIRE: &str = "
 WITH up AS (
@@ -58,7 +64,7 @@ WITH up AS (
         attempt = EXCLUDED.attempt,
         token = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
                           AND l.expires_at > now()
-                     THEN l.token ELSE EXCLUDED.token END,
+                     THEN l.token ELSE nextval('dlock_fence_seq') END,
         acquired_at = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
                           AND l.expires_at > now()
                      THEN l.acquired_at ELSE now() END,

@@ -4,7 +4,7 @@
 //!
 //! - **`session`** (default): PostgreSQL session-level advisory locks
 //!   (`pg_try_advisory_lock` / `pg_advisory_lock`, `…_shared` for the read side of a
-//!   read-write lock). Every holder gets a **dedicated connection**; the lock lives exactly as
+//!   read-write lock). Every grant gets a **dedicated connection**; the lock lives exactly as
 //!   long as that session, so a crashed client's lock is freed by the server the moment its
 //!   connection closes, and the guard's lost signal fires (`LostReason::SessionEnded`) as soon
 //!   as the connection drops. The lease is enforced server-side as the session's
@@ -17,6 +17,12 @@
 //!   no session state, so it works behind PgBouncer in transaction-pooling mode. Expiry uses
 //!   the server's clock. Waiters wake on `LISTEN/NOTIFY` (turn off with `listen=off` behind a
 //!   pooler that drops notifications; waiters then wake at their heartbeat). Mutex only.
+//!
+//! Both modes address every grant by the core's attempt id and its fencing token: a retried
+//! acquire of the attempt that holds the lock returns the same token and never shortens the
+//! lease, renewals never shorten it either, and releases and give-ups touch only the grant they
+//! name, so a request retried after a lost or late reply has the effect of one. Re-entrant
+//! guards are counted in the client; the server sees one grant per hold.
 //!
 //! Names map to advisory keys with a documented, stable hash ([`lock_key`]); a collision of
 //! two names on one key can only make one wait for the other, never let both in. Fencing

@@ -789,3 +789,85 @@ async fn client_at(url: &str) -> Client {
         opts,
     )
 }
+
+/// Lease mode: an acquire that waits for the lease row's lock (another client's statement on
+/// the same row) draws its token after it gets the row, so a grant made meanwhile cannot
+/// leave it with a lower token. (Drawing it before the wait, as `VALUES` does, let tokens go
+/// backwards; the conformance suite's fenced register caught it under contention.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_token_is_drawn_after_the_row_lock() {
+    let pg = Pg::lease();
+    let name = unique_name("row-lock-token");
+    let backend = Arc::new(pg.backend(&fast_opts()).await);
+    let key = HoldKey {
+        name: name.as_str().into(),
+        owner: "o".into(),
+        kind: LockKind::Mutex,
+    };
+    let first = AcquireRequest::new(key.clone(), Duration::from_secs(30), LostSignal::new());
+    let AcquireReply::Granted { token: t1 } = backend.acquire(&first).await.expect("acquire")
+    else {
+        panic!("not granted");
+    };
+    assert_eq!(
+        backend.release(&first.grant(t1)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // Another session holds the row's lock, as a concurrent grant would.
+    let (x, conn) = tokio_postgres::connect(&pg.server.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    x.batch_execute("BEGIN").await.expect("begin");
+    x.query(
+        "SELECT token FROM dlock_leases WHERE ns = 'dlock' AND name = $1 FOR UPDATE",
+        &[&name],
+    )
+    .await
+    .expect("lock the row");
+    let req = AcquireRequest::new(key.clone(), Duration::from_secs(30), LostSignal::new());
+    let waiting = {
+        let (backend, req) = (backend.clone(), req.clone());
+        tokio::spawn(async move { backend.acquire(&req).await })
+    };
+    poll_until(
+        "the acquire never waited for the row lock",
+        async || {
+            pg.server
+                .sql(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND query LIKE '%dlock_leases%'",
+                )
+                .expect("sql")
+        },
+        |n| n != "0",
+    )
+    .await;
+    // Meanwhile a grant and its release happen on the row, with a newer token.
+    let t2: i64 = x
+        .query_one(
+            "UPDATE dlock_leases SET token = nextval('dlock_fence_seq') \
+             WHERE ns = 'dlock' AND name = $1 RETURNING token",
+            &[&name],
+        )
+        .await
+        .expect("update")
+        .get(0);
+    x.batch_execute("COMMIT").await.expect("commit");
+    let reply = tokio::time::timeout(EVENTUALLY, waiting)
+        .await
+        .expect("acquire")
+        .expect("task")
+        .expect("acquire");
+    let AcquireReply::Granted { token } = reply else {
+        panic!("not granted: {reply:?}");
+    };
+    assert!(
+        token > u64::try_from(t2).expect("token"),
+        "token {token} after {t2}: went backwards"
+    );
+    assert_eq!(
+        backend.release(&req.grant(token)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
