@@ -317,6 +317,7 @@
 #![warn(missing_docs)]
 
 mod location;
+mod ops;
 mod record;
 mod rw;
 mod sys;
@@ -1315,6 +1316,18 @@ impl Backend for FileBackend {
             backend: KIND,
             message: format!("could not read a consistent record for lock `{name}`"),
         })
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<dlock_core::ListedLock>> {
+        ops::list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<dlock_core::ForceReleased> {
+        ops::force_release(&self.inner, name, kind)
+    }
+
+    async fn diagnose(&self) -> Result<Vec<dlock_core::Finding>> {
+        Ok(ops::diagnose(&self.inner))
     }
 }
 
