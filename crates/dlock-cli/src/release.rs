@@ -74,7 +74,7 @@ pub async fn release(url: &str, args: ReleaseArgs) -> u8 {
         Ok(r) => {
             if r.removed.is_empty() {
                 println!(
-                    "lock `{}` had no holder; fencing token advanced to {}",
+                    "lock `{}` had no holder; fencing token now {}",
                     args.name, r.fencing_token
                 );
             }

@@ -380,3 +380,65 @@ fn redis_doctor_flags_replicas_without_wait_replicas() {
     assert_eq!(code, Some(0), "{report}");
     assert!(line(&report, "replication").starts_with("OK"), "{report}");
 }
+
+fn file_url(dir: &dlock_testkit::TempDir) -> String {
+    format!("file://{}", dir.path().display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_list_shows_held_locks() {
+    let dir = dlock_testkit::TempDir::with_prefix("dlock-ops").expect("tempdir");
+    // The file backend has no server queue: waiters are not counted.
+    list_shows_held_and_waited(&file_url(&dir), false).await;
+}
+
+/// On file:// a held lock is the holder process's flock: a forced release is refused with
+/// the holder's pid and what to do; a free lock's counter is advanced under the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_force_release_names_the_holder_and_fences_a_free_lock() {
+    let dir = dlock_testkit::TempDir::with_prefix("dlock-ops").expect("tempdir");
+    let url = file_url(&dir);
+    let c = client(&url, Duration::from_secs(5)).await;
+    let g = c
+        .lock("ops-f")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let out = dlock(&url, &["release", "--force", "ops-f", "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("pid {}", std::process::id())),
+        "{err}"
+    );
+    assert!(err.contains("kill"), "{err}");
+    assert!(!g.is_lost());
+    let first = g.fencing_token();
+    g.release().await.expect("release");
+    let out = dlock(&url, &["release", "--force", "ops-f", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let advanced: u64 = text(&out.stdout)
+        .split_whitespace()
+        .last()
+        .and_then(|t| t.parse().ok())
+        .expect("the new token is printed last");
+    assert!(advanced > first, "{advanced} > {first}");
+    let g = c
+        .lock("ops-f")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    assert!(g.fencing_token() > advanced);
+    g.release().await.expect("release");
+}
+
+#[test]
+fn file_doctor_passes_a_local_writable_directory() {
+    let dir = dlock_testkit::TempDir::with_prefix("dlock-ops").expect("tempdir");
+    let (code, report) = doctor(&file_url(&dir));
+    assert_eq!(code, Some(0), "{report}");
+    assert!(line(&report, "file-system").starts_with("OK"), "{report}");
+    assert!(line(&report, "writable").starts_with("OK"), "{report}");
+}
