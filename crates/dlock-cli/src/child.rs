@@ -183,7 +183,13 @@ impl Group {
         grace: Duration,
         first: Schedule,
     ) -> io::Result<Group> {
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let (mut ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        // The first schedule is in the socket before the guard exists: a dlock paused right
+        // after the fork must not leave the guard without one.
+        io::Write::write_all(
+            &mut ours,
+            format!("D {} {}\n", ns(first.term), ns(first.kill)).as_bytes(),
+        )?;
         let fd = theirs.as_raw_fd();
         let parent = std::process::id();
         // /proc/self/exe is this very binary even if the file was replaced since (an upgrade
@@ -242,7 +248,6 @@ impl Group {
             eof: false,
             reaped: None,
         };
-        g.send(first);
         Ok(g)
     }
 

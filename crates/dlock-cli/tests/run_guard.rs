@@ -235,7 +235,7 @@ fn paused_holder_case(name: &str, command_secs: Option<u32>) {
     let log = dir.path().join("log");
     let start = dir.path().join("next-started");
     let mut holder = dlock(&server.url())
-        .args(["run", "--lease", "1500ms", "--grace", "200ms", name, "--"])
+        .args(["run", "--lease", "2s", "--grace", "200ms", name, "--"])
         .args(ticker(&log, command_secs))
         .stderr(Stdio::piped())
         .spawn()
@@ -287,8 +287,8 @@ fn a_paused_dlock_exits_76_and_its_command_stops_before_the_next_holder() {
 
 #[test]
 fn a_paused_dlock_exits_76_when_its_command_would_have_finished_during_the_pause() {
-    // The command means to finish 3 s in, during the pause, after the lease (1.5 s) ended.
-    paused_holder_case("paused-finish", Some(3));
+    // The command means to finish 3 to 4 s in, during the pause, after the lease (2 s) ended.
+    paused_holder_case("paused-finish", Some(4));
 }
 
 #[test]
@@ -296,20 +296,20 @@ fn a_command_that_finished_within_the_lease_during_a_pause_keeps_its_status() {
     let server = RedisServer::start().expect("redis");
     let dir = TempDir::new().expect("tempdir");
     let go = dir.path().join("go");
+    let started = dir.path().join("started");
     let mut holder = dlock(&server.url())
         .args([
-            "run", "--lease", "1500ms", "--grace", "200ms", "brief", "--", "sh", "-c",
+            "run", "--lease", "2s", "--grace", "200ms", "brief", "--", "sh", "-c",
         ])
         .arg(format!(
-            "while [ ! -e {g} ]; do sleep 0.01; done; exit 4",
+            "touch {s}; while [ ! -e {g} ]; do sleep 0.01; done; exit 4",
+            s = started.display(),
             g = go.display()
         ))
         .stderr(Stdio::piped())
         .spawn()
         .expect("holder");
-    wait_until("the holder", Duration::from_secs(10), || {
-        held(&server, "brief")
-    });
+    wait_until("the command", Duration::from_secs(10), || started.exists());
     signal(holder.id(), libc::SIGSTOP);
     // The command ends at once, well within the lease; dlock stays paused past the lease.
     std::fs::write(&go, "").expect("go");
@@ -451,7 +451,7 @@ fn failing_renewals_stop_the_command_before_the_lease_ends() {
     // too must come before the lease ends.
     let mut holder = dlock(&via_proxy)
         .args([
-            "run", "--lease", "1500ms", "--grace", "300ms", "cut", "--", "sh", "-c",
+            "run", "--lease", "2s", "--grace", "300ms", "cut", "--", "sh", "-c",
         ])
         .arg(format!(
             "trap '' TERM; while :; do date +%s%N >> {l}; sleep 0.02; done",
