@@ -28,6 +28,7 @@
 
 mod common;
 mod error;
+mod ops;
 mod session;
 mod table;
 
@@ -301,6 +302,18 @@ impl Backend for MysqlBackend {
             Inner::Session(s) => s.inspect(name, kind).await,
             Inner::Table(t) => t.inspect(name, kind).await,
         }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<dlock_core::ListedLock>> {
+        ops::list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<dlock_core::ForceReleased> {
+        ops::force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<dlock_core::Finding>> {
+        ops::diagnose(self).await
     }
 }
 
