@@ -442,3 +442,60 @@ fn file_doctor_passes_a_local_writable_directory() {
     assert!(line(&report, "file-system").starts_with("OK"), "{report}");
     assert!(line(&report, "writable").starts_with("OK"), "{report}");
 }
+
+/// MySQL/MariaDB (needs `--features mysql`): both modes list held locks, a forced release
+/// fences the old holder (session mode: its connection is killed; table mode: its row is
+/// cleared), and doctor passes a plain server.
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    use dlock_testkit::MariaDbServer;
+
+    fn urls(db: &MariaDbServer) -> [String; 2] {
+        let url = db.url();
+        let sep = if url.contains('?') { '&' } else { '?' };
+        [url.clone(), format!("{url}{sep}mode=table")]
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_list_shows_held_locks() {
+        let db = MariaDbServer::start().expect("mariadb");
+        for url in urls(&db) {
+            let a = client(&url, Duration::from_secs(5)).await;
+            let g = a
+                .lock("my-held")
+                .expect("lock")
+                .acquire()
+                .await
+                .expect("acquire");
+            let locks = list_json(&url, "my-");
+            let l = find(&locks, "my-held", "mutex").expect("listed");
+            assert_eq!(l["holders"][0]["owner"], g.owner(), "{url}: {l}");
+            assert_eq!(l["fencing_token"], g.fencing_token(), "{url}: {l}");
+            g.release().await.expect("release");
+            let locks = list_json(&url, "my-");
+            let l = find(&locks, "my-held", "mutex").expect("counter is state");
+            assert_eq!(l["holders"].as_array().map(Vec::len), Some(0), "{url}: {l}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_force_release_fences_the_old_holder() {
+        let db = MariaDbServer::start().expect("mariadb");
+        for url in urls(&db) {
+            force_release_fences_the_old_holder(&url).await;
+        }
+    }
+
+    #[test]
+    fn mysql_doctor_passes_a_plain_server() {
+        let db = MariaDbServer::start().expect("mariadb");
+        for url in urls(&db) {
+            let (code, report) = doctor(&url);
+            assert_eq!(code, Some(0), "{url}: {report}");
+            for check in ["version", "wait_timeout", "galera", "clock"] {
+                assert!(line(&report, check).starts_with("OK"), "{check}: {report}");
+            }
+        }
+    }
+}
