@@ -145,6 +145,22 @@ async fn acquire_retried_after_a_late_reply_is_one_grant() {
         proxy.set_reply_delay(Duration::ZERO);
         drained(&proxy).await;
         let keys = queue(&direct, &name).await;
+        // PREFIX/NAME is written by the same transaction as the key: it tells whether the
+        // late transaction committed.
+        let mut fence = direct.queue_prefix(&name);
+        fence.pop();
+        let committed = !direct
+            .etcd_client()
+            .kv_client()
+            .get(fence, None)
+            .await
+            .expect("get")
+            .kvs()
+            .is_empty();
+        assert!(
+            !(first.is_err() && committed && keys.is_empty()),
+            "the key of an acquire that committed (its reply late) was deleted"
+        );
         if first.is_ok() || keys.is_empty() {
             eprintln!(
                 "round {round}: fault not produced ({first:?}, {} keys); again",
@@ -195,6 +211,74 @@ async fn acquire_retried_after_a_late_reply_is_one_grant() {
         return;
     }
     panic!("could not produce a late acquire reply in 4 rounds");
+}
+
+/// A renewal that moves the key to a longer lease, whose re-put's reply is late: the key may
+/// be on the new lease, so the new lease is never revoked for it (which would delete a live
+/// hold); the next renewal finds the key where it is and renews it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_move_with_a_late_reply_keeps_the_hold() {
+    let cluster = EtcdCluster::start().expect("cluster");
+    let direct = backend(&cluster.url()).await;
+    let (proxy, url) = proxied(&cluster);
+    let b = backend(&url).await;
+    for round in 0..4 {
+        let name = unique_name("latemove");
+        let req = request(&name, "mover", Duration::from_secs(6));
+        let grant = req.grant(token(b.acquire(&req).await.expect("acquire")));
+        let old = queue(&direct, &name).await[0].2;
+        // The renewal's read and its lease grant answer on time, the re-put late.
+        let flip = late_after(&proxy, 2, Duration::from_millis(600));
+        let r = b.renew(&[(grant.clone(), Duration::from_secs(9))]).await;
+        flip.join().expect("flip thread");
+        proxy.set_reply_delay(Duration::ZERO);
+        drained(&proxy).await;
+        let q = queue(&direct, &name).await;
+        // The 6 s lease cannot have run out yet: a key gone after a failed move was deleted.
+        assert!(
+            !(r.is_err() && q.is_empty()),
+            "the hold was deleted after a lease move whose reply was late"
+        );
+        if r.is_ok() || q.len() != 1 || q[0].2 == old {
+            eprintln!("round {round}: fault not produced ({r:?}, {q:?}); again");
+            b.release(&grant).await.expect("release");
+            continue;
+        }
+        eprintln!("round {round}: the move failed ({r:?}) but committed");
+        assert_eq!(q[0].1, i64::try_from(grant.token).expect("token"));
+        // Past the old lease's end: the hold lives on the new lease.
+        poll_until(
+            "the old lease gone",
+            async || granted_ttl(&direct, old).await,
+            Option::is_none,
+        )
+        .await;
+        assert_eq!(
+            queue(&direct, &name).await,
+            q,
+            "the hold was deleted after a move whose reply was late"
+        );
+        let other = request(&name, "other", Duration::from_secs(1));
+        assert!(matches!(
+            direct.acquire(&other).await.expect("other"),
+            AcquireReply::Held { .. }
+        ));
+        direct.give_up(&other).await.expect("give up");
+        assert_eq!(
+            b.renew(&[(grant.clone(), Duration::from_secs(9))])
+                .await
+                .expect("renew"),
+            vec![RenewOutcome::Renewed]
+        );
+        assert_eq!(queue(&direct, &name).await, q, "renewed elsewhere");
+        assert_eq!(
+            b.release(&grant).await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        assert!(queue(&direct, &name).await.is_empty());
+        return;
+    }
+    panic!("could not produce a late reply to a lease move in 4 rounds");
 }
 
 /// A release whose reply came too late and is retried: the retry finds no grant of its own
