@@ -240,15 +240,14 @@ impl Group {
         ours.set_nonblocking(true)?;
         let sock = tokio::net::UnixStream::from_std(ours)?;
         let (rd, writer) = sock.into_split();
-        let mut g = Group {
+        Ok(Group {
             pid,
             lines: BufReader::new(rd).lines(),
             writer,
             pending: Vec::new(),
             eof: false,
             reaped: None,
-        };
-        Ok(g)
+        })
     }
 
     /// Signals the whole group while its leader is not reaped yet.

@@ -8,8 +8,14 @@ use std::time::{Duration, Instant};
 
 const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
 
+/// The binary under test: this build, or `DLOCK_TEST_BIN` (to run these tests against another
+/// build, e.g. the one before a fix, and see them fail).
+fn bin() -> String {
+    std::env::var("DLOCK_TEST_BIN").unwrap_or_else(|_| DLOCK.to_string())
+}
+
 fn dlock(url: &str) -> Command {
-    let mut c = Command::new(DLOCK);
+    let mut c = Command::new(bin());
     c.env("DLOCK_BACKEND", url);
     c
 }
@@ -246,7 +252,7 @@ fn paused_holder_case(name: &str, command_secs: Option<u32>) {
     signal(holder.id(), libc::SIGSTOP);
     let paused = Instant::now();
     let out = dlock(&server.url())
-        .args(["run", "--wait", "20", name, "--", "sh", "-c"])
+        .args(["run", "--wait", "20s", name, "--", "sh", "-c"])
         .arg(format!("date +%s%N > {}", start.display()))
         .output()
         .expect("next holder");
@@ -263,21 +269,22 @@ fn paused_holder_case(name: &str, command_secs: Option<u32>) {
     signal(holder.id(), libc::SIGCONT);
     let st = holder.wait().expect("wait");
     let err = stderr_of(&mut holder);
-    assert_eq!(st.code(), Some(76), "{st:?}: {err}");
-    assert!(err.contains("lease ended"), "{err}");
     let (after, done) = stamps(&log);
+    let last = after.iter().copied().max().expect("stamps");
+    // The safety property first: nothing written once the next holder had the lock.
+    assert!(
+        last < next_started,
+        "the command wrote {} ms after the next holder started: {err}",
+        (last - next_started) / 1_000_000
+    );
+    assert!(!done, "the command ran to its end without the lock: {err}");
     assert_eq!(
         before_resume.len(),
         after.len(),
-        "the command wrote after dlock resumed"
+        "the command wrote after dlock resumed: {err}"
     );
-    assert!(!done, "the command ran to its end without the lock");
-    let last = after.iter().copied().max().expect("stamps");
-    assert!(
-        last < next_started,
-        "the command wrote {} ms after the next holder started",
-        (last - next_started) / 1_000_000
-    );
+    assert_eq!(st.code(), Some(76), "{st:?}: {err}");
+    assert!(err.contains("lease ended"), "{err}");
 }
 
 #[test]
@@ -331,7 +338,7 @@ fn a_paused_waiter_still_acquires_within_wait() {
         .expect("holder");
     wait_until("the holder", Duration::from_secs(10), || held(&server, "q"));
     let mut waiter = dlock(&server.url())
-        .args(["run", "--wait", "30", "--lease", "2s", "q", "--", "true"])
+        .args(["run", "--wait", "30s", "--lease", "2s", "q", "--", "true"])
         .stderr(Stdio::piped())
         .spawn()
         .expect("waiter");
@@ -394,7 +401,7 @@ fn connection_errors_are_retried_within_wait() {
 #[test]
 fn completions_and_man_page() {
     for shell in ["bash", "zsh", "fish"] {
-        let out = Command::new(DLOCK)
+        let out = Command::new(bin())
             .args(["completions", shell])
             .output()
             .expect("completions");
@@ -403,17 +410,17 @@ fn completions_and_man_page() {
         assert!(s.contains("dlock") && s.contains("grace"), "{shell}");
         assert!(!s.contains("__guard"), "hidden commands leak into {shell}");
     }
-    let out = Command::new(DLOCK).arg("man").output().expect("man");
+    let out = Command::new(bin()).arg("man").output().expect("man");
     assert!(out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains(".TH dlock"));
-    let out = Command::new(DLOCK)
+    let out = Command::new(bin())
         .args(["man", "run"])
         .output()
         .expect("man run");
     assert!(out.status.success(), "{out:?}");
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(s.contains("grace") && s.contains("FENCING"), "{s}");
-    let out = Command::new(DLOCK)
+    let out = Command::new(bin())
         .args(["man", "__guard"])
         .output()
         .expect("man");
@@ -422,7 +429,7 @@ fn completions_and_man_page() {
 
 #[test]
 fn the_guard_refuses_to_run_on_its_own() {
-    let out = Command::new(DLOCK)
+    let out = Command::new(bin())
         .args([
             "__guard",
             "--fd",
@@ -466,7 +473,7 @@ fn failing_renewals_stop_the_command_before_the_lease_ends() {
     // Renewals stop getting through; the server lets the lease run out.
     proxy.set_blackhole(true);
     let out = dlock(&server.url())
-        .args(["run", "--wait", "20", "cut", "--", "sh", "-c"])
+        .args(["run", "--wait", "20s", "cut", "--", "sh", "-c"])
         .arg(format!("date +%s%N > {}", start.display()))
         .output()
         .expect("next holder");
