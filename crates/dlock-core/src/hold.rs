@@ -248,17 +248,18 @@ pub(crate) async fn keeper(
             // end meanwhile are still declared lost on time.
             let renewal = renew_all(&shared, interval);
             tokio::pin!(renewal);
-            loop {
+            let confirmed = loop {
                 let Some(next_expiry) = next_expiry_of(&shared) else {
-                    renewal.as_mut().await;
-                    break;
+                    break renewal.as_mut().await;
                 };
                 tokio::select! {
-                    _ = renewal.as_mut() => break,
+                    ok = renewal.as_mut() => break ok,
                     _ = tokio::time::sleep_until(next_expiry.to_tokio()) => expire_overdue(&shared),
                 }
-            }
-            next_renewal = Instant::now() + interval;
+            };
+            // A renewal that was not confirmed is tried again soon (a quarter interval), not a
+            // whole interval later: one lost or late reply must not cost the lease.
+            next_renewal = Instant::now() + if confirmed { interval } else { interval / 4 };
         }
         expire_overdue(&shared);
     }
@@ -292,8 +293,8 @@ fn handle(shared: &Arc<Shared>, msg: KeeperMsg) {
     }
 }
 
-/// One batched renewal of every watchdog hold.
-async fn renew_all(shared: &Arc<Shared>, interval: Duration) {
+/// One batched renewal of every watchdog hold; false if the batch could not be confirmed.
+async fn renew_all(shared: &Arc<Shared>, interval: Duration) -> bool {
     let batch: Vec<Arc<Hold>> = shared
         .holds()
         .values()
@@ -301,7 +302,7 @@ async fn renew_all(shared: &Arc<Shared>, interval: Duration) {
         .cloned()
         .collect();
     if batch.is_empty() {
-        return;
+        return true;
     }
     let lease = shared.opts.watchdog_lease;
     let items: Vec<(GrantRef, Duration)> = batch.iter().map(|h| (h.grant.clone(), lease)).collect();
@@ -328,6 +329,7 @@ async fn renew_all(shared: &Arc<Shared>, interval: Duration) {
                     RenewOutcome::NotHeld => shared.mark_lost(hold, LostReason::NotHeld),
                 }
             }
+            true
         }
         Ok(Ok(outcomes)) => {
             tracing::error!(
@@ -336,14 +338,17 @@ async fn renew_all(shared: &Arc<Shared>, interval: Duration) {
                 "backend renewed a batch of the wrong size"
             );
             metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
+            false
         }
         Ok(Err(e)) => {
-            tracing::warn!(error = %e, "renewal failed; retrying next tick, the lock is lost if its lease runs out first");
+            tracing::warn!(error = %e, "renewal failed; retrying soon, the lock is lost if its lease runs out first");
             metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
+            false
         }
         Err(_) => {
-            tracing::warn!(?timeout, "renewal timed out; retrying next tick");
+            tracing::warn!(?timeout, "renewal timed out; retrying soon");
             metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
+            false
         }
     }
 }
