@@ -39,7 +39,7 @@ mod quorum;
 mod scripts;
 
 use crate::error::{map, shape, KIND};
-pub use crate::quorum::{QuorumReply, QuorumVote, ServerInfo, TOKEN_FIELD};
+pub use crate::quorum::{NodeHold, QuorumReply, QuorumVote, ServerInfo, TOKEN_FIELD};
 use dlock_core::{
     async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, HoldKey,
     HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,

@@ -111,6 +111,19 @@ pub struct QuorumVote {
     pub scripts_reloaded: bool,
 }
 
+/// One node's hold of a Redlock lock, as [`RedisBackend::quorum_hold`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHold {
+    /// The attempt id the hold is addressed to (empty: not a hash of ours).
+    pub attempt: String,
+    /// The owner id of that attempt.
+    pub owner: String,
+    /// The token stored with the hold (`None`: missing or not a number).
+    pub token: Option<u64>,
+    /// How long the hold's lease still runs here, if it expires.
+    pub lease_left: Option<Duration>,
+}
+
 /// What `INFO server` says about the process behind a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerInfo {
@@ -496,6 +509,43 @@ impl RedisBackend {
             )
         });
         Ok((hold, fencing_token))
+    }
+
+    /// This node's view of the Redlock lock `name` with the token stored with its hold (for
+    /// the operator commands, which report the token a majority agrees on), and its fencing
+    /// counter. Like [`RedisBackend::quorum_inspect`] otherwise.
+    pub async fn quorum_hold(&self, name: &str) -> Result<(Option<NodeHold>, u64)> {
+        let lock = self.quorum_lock_key(name);
+        let mut con = self.con.clone();
+        let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
+            .cmd("HGETALL")
+            .arg(&lock)
+            .cmd("PTTL")
+            .arg(&lock)
+            .cmd("GET")
+            .arg(self.quorum_fence_key(name))
+            .query_async(&mut con)
+            .await
+            .map_err(|e| self.err(e))?;
+        let fields: Vec<(String, String)> = redis::from_redis_value(fields.clone())
+            .map_err(|_| shape("inspect holders", &fields))?;
+        let counter = match fence {
+            None => 0,
+            Some(s) => s.parse().map_err(|_| {
+                unexpected(format!(
+                    "fencing counter `{}` holds `{s}`, not a number",
+                    self.quorum_fence_key(name)
+                ))
+            })?,
+        };
+        let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
+        let hold = (!fields.is_empty()).then(|| NodeHold {
+            attempt: get(ATTEMPT_FIELD).unwrap_or_default(),
+            owner: get(OWNER_FIELD).unwrap_or_default(),
+            token: get(TOKEN_FIELD).and_then(|t| t.parse().ok()),
+            lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+        });
+        Ok((hold, counter))
     }
 
     /// This node's fencing counter of `name` (0 if none was ever issued).

@@ -42,6 +42,7 @@
 
 mod config;
 mod node;
+mod ops;
 mod tally;
 mod watch;
 
@@ -1055,6 +1056,23 @@ impl Backend for RedlockBackend {
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         self.shared.inspect(name, kind).await
+    }
+
+    /// Every mutex a node has state for, merged by name: a holder is an attempt on a
+    /// majority of nodes (see `docs/redlock.md`, "Operator commands").
+    async fn list(&self, prefix: &str) -> Result<Vec<dlock_core::ListedLock>> {
+        ops::list(&self.shared, prefix).await
+    }
+
+    /// Removes the hold on every reachable node and raises every counter past every token
+    /// seen; done only when a majority of nodes did both.
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<dlock_core::ForceReleased> {
+        ops::force_release(&self.shared, name, kind).await
+    }
+
+    /// Each node's Redis checks, its quarantine, the node count and the clock spread.
+    async fn diagnose(&self) -> Result<Vec<dlock_core::Finding>> {
+        ops::diagnose(&self.shared).await
     }
 }
 
