@@ -40,6 +40,7 @@
 
 mod error;
 mod keys;
+mod ops;
 mod wait;
 
 use crate::error::{is_lease_not_found, map, shape, timed_out, KIND};
@@ -88,6 +89,11 @@ pub struct EtcdBackend {
     endpoint: String,
     prefix: String,
     op_timeout: Duration,
+    /// For `diagnose`: how it connected (to reach each member on its own), and the
+    /// client's watchdog lease (against etcd's minimum lease TTL).
+    connect_opts: ConnectOptions,
+    connect_timeout: Duration,
+    watchdog_lease: Duration,
     /// Per attempt, the leases that a request with an unknown outcome may have attached to
     /// the attempt's key. Never revoked while the attempt goes on (its next request may find
     /// the key on one of them and use it); revoked when the attempt ends, so that a request
@@ -383,25 +389,29 @@ impl EtcdBackend {
             )
             .into(),
         };
-        let client = tokio::time::timeout(limit, Client::connect(&target.endpoints, Some(co)))
-            .await
-            .map_err(|_| no_answer())?
-            .map_err(|e| match e {
-                etcd_client::Error::InvalidArgs(m) => Error::InvalidUrl {
-                    url: redact(url),
-                    reason: m,
-                },
-                etcd_client::Error::InvalidUri(m) => Error::InvalidUrl {
-                    url: redact(url),
-                    reason: m.to_string(),
-                },
-                e => map(&endpoint, e),
-            })?;
+        let client =
+            tokio::time::timeout(limit, Client::connect(&target.endpoints, Some(co.clone())))
+                .await
+                .map_err(|_| no_answer())?
+                .map_err(|e| match e {
+                    etcd_client::Error::InvalidArgs(m) => Error::InvalidUrl {
+                        url: redact(url),
+                        reason: m,
+                    },
+                    etcd_client::Error::InvalidUri(m) => Error::InvalidUrl {
+                        url: redact(url),
+                        reason: m.to_string(),
+                    },
+                    e => map(&endpoint, e),
+                })?;
         let backend = EtcdBackend {
             client,
             endpoint: endpoint.clone(),
             prefix,
             op_timeout: opts.get_op_timeout(),
+            connect_opts: co,
+            connect_timeout: opts.get_connect_timeout(),
+            watchdog_lease: opts.get_watchdog_lease(),
             doubtful: Mutex::new(HashMap::new()),
             leases: Mutex::new(HashMap::new()),
         };
@@ -1055,6 +1065,18 @@ impl Backend for EtcdBackend {
                 |((((g, lease), mine), kv), early)| self.renew_one(g, mine, *lease, kv, early),
             );
         futures_util::future::try_join_all(each).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<dlock_core::ListedLock>> {
+        ops::list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<dlock_core::ForceReleased> {
+        ops::force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<dlock_core::Finding>> {
+        ops::diagnose(self).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
