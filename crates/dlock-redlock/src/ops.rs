@@ -33,10 +33,27 @@ where
     F: Fn(Arc<RedisBackend>) -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    join_all(s.health.nodes.iter().map(|node| {
-        let call = node.backend().map(&op);
+    per_node_of(s, t, &vec![true; s.n()], op).await
+}
+
+/// [`per_node`] on the nodes `which` selects; the others answer `Err("")` at once.
+async fn per_node_of<T, F, Fut>(
+    s: &Shared,
+    t: Duration,
+    which: &[bool],
+    op: F,
+) -> Vec<NodeAnswer<T>>
+where
+    F: Fn(Arc<RedisBackend>) -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    join_all(s.health.nodes.iter().zip(which).map(|(node, &on)| {
+        let call = node.backend().filter(|_| on).map(&op);
         async move {
             let ep = &node.endpoint;
+            if !on {
+                return Err(String::new());
+            }
             let Some(call) = call else {
                 return Err(format!("{ep}: not connected"));
             };
@@ -174,7 +191,9 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
         .map(|r| r.fencing_token)
         .max()
         .unwrap_or(0);
-    let raised = per_node(s, t, |b| async move {
+    // Only where the removal was done: a node that did not answer it is not waited for twice.
+    let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
+    let raised = per_node_of(s, t, &reached, |b| async move {
         b.seed_fences(&[(name.to_owned(), top)]).await
     })
     .await;
