@@ -115,18 +115,23 @@ async fn list_shows_holders_waiters_counters_and_foreign_keys() {
     let bin = "/usr/bin/etcdctl";
     if Path::new(bin).exists() {
         let dir = TempDir::new().expect("temp dir");
-        let heldf = dir.path().join("held");
+        let (heldf, go) = (dir.path().join("held"), dir.path().join("go"));
         let endpoints: Vec<String> = (0..cluster.len())
             .map(|i| cluster.client_addr(i).to_string())
             .collect();
-        let _ctl = Reaped(
+        let mut ctl = Reaped(
             Command::new(bin)
                 .env("ETCDCTL_API", "3")
                 .arg(format!("--endpoints={}", endpoints.join(",")))
                 .args(["lock", "dlock/ops-ctl", "--", "sh", "-c"])
-                .arg(format!("touch '{}'; sleep 60", heldf.display()))
+                .arg(format!(
+                    "touch '{}'; while [ ! -e '{}' ]; do sleep 0.05; done",
+                    heldf.display(),
+                    go.display()
+                ))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
+                .stderr(Stdio::null())
                 .spawn()
                 .expect("spawn etcdctl"),
         );
@@ -136,6 +141,14 @@ async fn list_shows_holders_waiters_counters_and_foreign_keys() {
         let owner = &locks[0].info.holders[0].owner;
         assert!(owner.starts_with("(not dlock) "), "{locks:?}");
         assert!(locks[0].info.fencing_token > 0, "{locks:?}");
+        // Let etcdctl's command end by itself (killing etcdctl would orphan it).
+        std::fs::write(&go, b"").expect("touch go");
+        poll_until(
+            "etcdctl to exit",
+            async || ctl.0.try_wait().expect("wait"),
+            Option::is_some,
+        )
+        .await;
     } else {
         eprintln!("SKIPPED (part): {bin} not found (Debian package etcd-client)");
     }
@@ -345,6 +358,7 @@ async fn doctor_flags_a_dead_member() {
         },
     )
     .await;
+    eprintln!("{findings:#?}");
     let m = finding(&findings, "members");
     assert!(m.message.contains("1 of 3"), "{m:?}");
     assert!(
