@@ -40,6 +40,7 @@ mod common;
 mod error;
 mod lease;
 mod listen;
+mod ops;
 mod session;
 
 pub use common::{channel, lock_key};
@@ -402,6 +403,18 @@ impl Backend for PostgresBackend {
             Inner::Session(s) => s.inspect(name, kind).await,
             Inner::Lease(l) => l.inspect(name, kind).await,
         }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<dlock_core::ListedLock>> {
+        ops::list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<dlock_core::ForceReleased> {
+        ops::force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<dlock_core::Finding>> {
+        ops::diagnose(self).await
     }
 }
 
