@@ -50,6 +50,7 @@
 
 mod error;
 mod layout;
+mod ops;
 mod url;
 
 pub use layout::encode_segment;
@@ -1955,5 +1956,17 @@ impl Backend for ZkBackend {
             waiters: Some(waiters),
             ..Default::default()
         })
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<dlock_core::ListedLock>> {
+        ops::list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<dlock_core::ForceReleased> {
+        ops::force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<dlock_core::Finding>> {
+        ops::diagnose(self).await
     }
 }
