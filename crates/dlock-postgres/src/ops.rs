@@ -316,9 +316,20 @@ async fn force_session(b: &PostgresBackend, name: &str) -> Result<ForceReleased>
             },
         });
     }
+    // Every backend is tried, and the ones terminated are waited for and their grants
+    // fenced, before a refusal is reported: a half-done release still advances the counter.
+    let mut refused = None;
+    let mut terminated = Vec::with_capacity(pids.len());
     for &pid in &pids {
-        terminate(b, name, pid).await?;
+        match terminate(b, name, pid).await {
+            Ok(()) => terminated.push(pid),
+            Err(e @ Error::Unsupported { .. }) => {
+                refused.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
     }
+    let pids = terminated;
     // pg_terminate_backend only signals: the lock is free once pg_locks no longer shows any
     // of those backends holding it.
     if !pids.is_empty() {
@@ -389,6 +400,9 @@ async fn force_session(b: &PostgresBackend, name: &str) -> Result<ForceReleased>
         .first()
         .and_then(|r| r.try_get(0).ok())
         .ok_or_else(|| shape("forced release", "no token"))?;
+    if let Some(e) = refused {
+        return Err(e);
+    }
     Ok(ForceReleased::new(removed, u64_token(token)?))
 }
 
