@@ -282,3 +282,65 @@ async fn doctor_warns_about_a_shortened_session() {
         .expect("a session shorter than the lease is refused");
     assert!(err.to_string().contains("watchdog lease"), "{err}");
 }
+
+/// A Curator `InterProcessMutex` node (`_c_<uuid>-lock-NNNN` holding the client's address)
+/// in the lock's directory is listed as the holder with that address as its owner, and a
+/// forced release removes it like one of ours (the next dlock holder then acquires).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_nodes_are_listed_and_force_released() {
+    let name = unique_name("ops-curator");
+    let c = client().await;
+    // dlock creates the directory (and records a fence) on first use.
+    let g = c
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let first = g.fencing_token();
+    g.release().await.expect("release");
+    let dir = dlock_zookeeper::lock_dir("dlock", &name, LockKind::Mutex).expect("dir");
+    // Curator's own session: its node is ephemeral and named as Curator names it.
+    let curator = zookeeper_client::Client::connect(&ZkEnsemble::shared().connect_string())
+        .await
+        .expect("raw connect");
+    let opts = zookeeper_client::CreateMode::EphemeralSequential
+        .with_acls(zookeeper_client::Acls::anyone_all());
+    curator
+        .create(
+            &format!("{dir}/_c_2b0a6a4e-8f3c-4f7e-9d4a-1c2b3d4e5f60-lock-"),
+            b"127.0.0.1",
+            &opts,
+        )
+        .await
+        .expect("create Curator's node");
+    let locks = c.list(&name).await.expect("list");
+    let l = locks
+        .iter()
+        .find(|l| l.info.name == name && l.kind == LockKind::Mutex)
+        .unwrap_or_else(|| panic!("{locks:?}"));
+    assert_eq!(l.info.holders.len(), 1, "{l:?}");
+    assert_eq!(l.info.holders[0].owner, "127.0.0.1", "{l:?}");
+    assert!(l.info.fencing_token > first, "the node's czxid: {l:?}");
+    let try_held = c
+        .lock(&name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(try_held.is_none(), "Curator's node holds the lock");
+    let report = c
+        .force_release(&name, LockKind::Mutex)
+        .await
+        .expect("force");
+    assert_eq!(report.removed.len(), 1, "{report:?}");
+    assert_eq!(report.removed[0].owner, "127.0.0.1", "{report:?}");
+    let g = c
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("acquires after the forced release");
+    assert!(g.fencing_token() > report.fencing_token, "{report:?}");
+    g.release().await.expect("release");
+}
