@@ -1,31 +1,12 @@
 //! The operator commands `dlock list`, `dlock release --force` and `dlock doctor` as real
 //! processes against real servers (Redis, the file backend), with holders in other clients.
 
+mod ops_common;
 use dlock_testkit::{FencedRegister, RedisOptions, RedisServer};
+use ops_common::*;
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
-
-fn dlock(url: &str, args: &[&str]) -> Output {
-    Command::new(DLOCK)
-        .env("DLOCK_BACKEND", url)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run dlock")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn list_json(url: &str, prefix: &str) -> Vec<serde_json::Value> {
-    let out = dlock(url, &["list", "--json", "--prefix", prefix]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    serde_json::from_slice(&out.stdout).expect("one JSON array")
-}
 
 fn find<'a>(
     locks: &'a [serde_json::Value],
@@ -43,12 +24,6 @@ async fn wait_until<F: FnMut() -> bool>(what: &str, timeout: Duration, mut f: F)
         assert!(t.elapsed() < timeout, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
-}
-
-async fn client(url: &str, lease: Duration) -> dlock::Client {
-    dlock::connect_with(url, dlock::ClientOptions::default().watchdog_lease(lease))
-        .await
-        .expect("connect")
 }
 
 /// `list --json` shows held locks (owner, lease), queued waiters, read-write and semaphore

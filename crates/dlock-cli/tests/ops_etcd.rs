@@ -2,36 +2,10 @@
 //! with the holder and a waiter in other clients (needs `--features etcd`).
 #![cfg(feature = "etcd")]
 
+mod ops_common;
 use dlock_testkit::{EtcdCluster, FencedRegister};
-use std::process::{Command, Output, Stdio};
+use ops_common::*;
 use std::time::{Duration, Instant};
-
-const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
-
-fn dlock(url: &str, args: &[&str]) -> Output {
-    Command::new(DLOCK)
-        .env("DLOCK_BACKEND", url)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run dlock")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn list_json(url: &str, prefix: &str) -> Vec<serde_json::Value> {
-    let out = dlock(url, &["list", "--json", "--prefix", prefix]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    serde_json::from_slice(&out.stdout).expect("one JSON array")
-}
-
-async fn client(url: &str, lease: Duration) -> dlock::Client {
-    dlock::connect_with(url, dlock::ClientOptions::default().watchdog_lease(lease))
-        .await
-        .expect("connect")
-}
 
 /// `list --json` shows the holder (owner, token) and the queued waiter; `release --force
 /// --yes` removes the holder: its lost signal fires, the waiter gets the lock with a higher

@@ -2,39 +2,13 @@
 //! PostgreSQL server, both modes (needs `--features postgres`), holders in other clients.
 #![cfg(feature = "postgres")]
 
+mod ops_common;
 use dlock_testkit::{FencedRegister, PostgresServer};
-use std::process::{Command, Output, Stdio};
+use ops_common::*;
 use std::time::{Duration, Instant};
-
-const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
-
-fn dlock(url: &str, args: &[&str]) -> Output {
-    Command::new(DLOCK)
-        .env("DLOCK_BACKEND", url)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run dlock")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 fn urls(pg: &PostgresServer) -> [String; 2] {
     [pg.url(), format!("{}?mode=lease", pg.url())]
-}
-
-fn list_json(url: &str, prefix: &str) -> Vec<serde_json::Value> {
-    let out = dlock(url, &["list", "--json", "--prefix", prefix]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    serde_json::from_slice(&out.stdout).expect("one JSON array")
-}
-
-async fn client(url: &str, lease: Duration) -> dlock::Client {
-    dlock::connect_with(url, dlock::ClientOptions::default().watchdog_lease(lease))
-        .await
-        .expect("connect")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

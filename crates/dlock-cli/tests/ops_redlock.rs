@@ -2,24 +2,10 @@
 //! processes (each connects afresh, so it reads the nodes' epochs and quarantines from the
 //! nodes), with the holder in another client.
 
+mod ops_common;
 use dlock_testkit::{FencedRegister, RedisServer};
-use std::process::{Command, Output, Stdio};
+use ops_common::*;
 use std::time::{Duration, Instant};
-
-const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
-
-fn dlock(url: &str, args: &[&str]) -> Output {
-    Command::new(DLOCK)
-        .env("DLOCK_BACKEND", url)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run dlock")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// Three redis-servers that have been up for a second by their own count, so a quarantine
 /// of 200 ms does not apply to a cluster that just started; the URL with that quarantine.

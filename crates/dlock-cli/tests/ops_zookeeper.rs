@@ -4,36 +4,16 @@
 //! is rejected), and `doctor` passes the test ensemble.
 #![cfg(feature = "zookeeper")]
 
+mod ops_common;
 use dlock_testkit::{FencedRegister, ZkEnsemble};
-use std::process::{Command, Output, Stdio};
+use ops_common::*;
 use std::time::{Duration, Instant};
-
-const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
-
-fn dlock(url: &str, args: &[&str]) -> Output {
-    Command::new(DLOCK)
-        .env("DLOCK_BACKEND", url)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run dlock")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 fn unique(case: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("ops-zk-{case}-{}-{nanos}", std::process::id())
-}
-
-async fn client(url: &str, lease: Duration) -> dlock::Client {
-    dlock::connect_with(url, dlock::ClientOptions::default().watchdog_lease(lease))
-        .await
-        .expect("connect")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
