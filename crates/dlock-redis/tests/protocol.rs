@@ -11,7 +11,7 @@ use dlock_redis::RedisBackend;
 use dlock_testkit::conformance::{
     fast_opts, poll_until, unique_name, wait_for_waiters, EVENTUALLY,
 };
-use dlock_testkit::{DelayProxy, RedisOptions, RedisServer};
+use dlock_testkit::{DelayProxy, RedisServer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -584,28 +584,7 @@ async fn repeated_release_and_give_up_touch_only_their_grant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_replicas_confirms_handoffs() {
     let master = RedisServer::start().expect("master");
-    let mut replica = RedisServer::start_with(RedisOptions {
-        extra_args: vec![
-            "--replicaof".into(),
-            "127.0.0.1".into(),
-            master.port().to_string(),
-        ],
-        ..Default::default()
-    })
-    .expect("replica");
-    let t = Instant::now();
-    while !master
-        .command(&["INFO", "replication"])
-        .expect("info")
-        .contains("connected_slaves:1")
-        || !replica
-            .command(&["INFO", "replication"])
-            .expect("info")
-            .contains("master_link_status:up")
-    {
-        assert!(t.elapsed() < EVENTUALLY, "replica never synced");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut replica = RedisServer::start_replica_of(&master).expect("replica");
     // Healthy path: a generous bound (a loaded machine acks slowly), within op_timeout.
     let url = format!("{}?wait_replicas=1&wait_timeout=3s", master.url());
     let opts = long_opts().op_timeout(Duration::from_secs(5));

@@ -351,31 +351,7 @@ async fn many_locks_are_renewed_together() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_confirmation_with_wait() {
     let master = RedisServer::start().expect("master");
-    let mut replica = RedisServer::start_with(RedisOptions {
-        extra_args: vec![
-            "--replicaof".into(),
-            "127.0.0.1".into(),
-            master.port().to_string(),
-        ],
-        ..Default::default()
-    })
-    .expect("replica");
-    let t = Instant::now();
-    while !master
-        .command(&["INFO", "replication"])
-        .expect("info")
-        .contains("connected_slaves:1")
-        || !replica
-            .command(&["INFO", "replication"])
-            .expect("info")
-            .contains("master_link_status:up")
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "replica never synced"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut replica = RedisServer::start_replica_of(&master).expect("replica");
     // A generous bound where the replica is healthy (a loaded machine can take a while to
     // ack), a short one where it is paused and the bound is what the test is about.
     let url = format!("{}?wait_replicas=1&wait_timeout=10s", master.url());

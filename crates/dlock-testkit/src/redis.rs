@@ -118,6 +118,41 @@ impl RedisServer {
         }))
     }
 
+    /// Starts a replica of `master` (`--replicaof`, default options otherwise) and waits until
+    /// the two are linked: the master counts one more connected replica and the replica's link
+    /// is up. For tests of `?wait_replicas` and of `dlock doctor`'s replication checks.
+    pub fn start_replica_of(master: &RedisServer) -> Result<Self> {
+        let before = connected_replicas(master)?;
+        let replica = Self::start_with(RedisOptions {
+            extra_args: vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                master.port().to_string(),
+            ],
+            ..Default::default()
+        })?;
+        let t = Instant::now();
+        loop {
+            let linked = replica
+                .command(&["INFO", "replication"])?
+                .contains("master_link_status:up");
+            if linked && connected_replicas(master)? > before {
+                return Ok(replica);
+            }
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(Error::Start {
+                    what: describe(replica.port),
+                    detail: format!(
+                        "replica of port {} not linked after {:?}",
+                        master.port(),
+                        t.elapsed()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Starts a server that also serves TLS on a second free port, with a fresh test CA.
     /// [`tls_url`](Self::tls_url) is the `rediss://` URL (with `ca_file=` pointing at the CA);
     /// the plain port stays open for [`command`](Self::command).
@@ -495,6 +530,16 @@ fn percent_encode(s: &str) -> String {
         }
     }
     out
+}
+
+/// `connected_slaves` from the server's `INFO replication`.
+fn connected_replicas(server: &RedisServer) -> Result<u32> {
+    let info = server.command(&["INFO", "replication"])?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("connected_slaves:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0))
 }
 
 #[cfg(test)]
