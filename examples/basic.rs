@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 #[tokio::main]
-async fn main() -> dlock::Result<()> {
-    let url = std::env::var("DLOCK_BACKEND").unwrap_or_else(|_| dlock::DEFAULT_BACKEND.into());
-    let client = dlock::connect(&url).await?;
+async fn main() -> distlock::Result<()> {
+    let url = std::env::var("DLOCK_BACKEND").unwrap_or_else(|_| distlock::DEFAULT_BACKEND.into());
+    let client = distlock::connect(&url).await?;
 
     let lock = client.lock("example:stock:sku-42")?;
     let guard = lock.acquire_timeout(Duration::from_secs(10)).await?;

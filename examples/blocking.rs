@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-fn main() -> dlock::Result<()> {
-    let url = std::env::var("DLOCK_BACKEND").unwrap_or_else(|_| dlock::DEFAULT_BACKEND.into());
-    let client = dlock::blocking::connect(&url)?;
+fn main() -> distlock::Result<()> {
+    let url = std::env::var("DLOCK_BACKEND").unwrap_or_else(|_| distlock::DEFAULT_BACKEND.into());
+    let client = distlock::blocking::connect(&url)?;
     match client.lock("example:nightly-report")?.try_acquire()? {
         Some(guard) => {
             println!("running the report (token {})", guard.fencing_token());

@@ -28,9 +28,9 @@ impl Storage {
 }
 
 #[tokio::main]
-async fn main() -> dlock::Result<()> {
-    let url = std::env::var("DLOCK_BACKEND").unwrap_or_else(|_| dlock::DEFAULT_BACKEND.into());
-    let client = dlock::connect(&url).await?;
+async fn main() -> distlock::Result<()> {
+    let url = std::env::var("DLOCK_BACKEND").unwrap_or_else(|_| distlock::DEFAULT_BACKEND.into());
+    let client = distlock::connect(&url).await?;
     let storage = Storage::default();
 
     let first = client.lock("example:fencing")?.acquire().await?;
@@ -44,7 +44,7 @@ async fn main() -> dlock::Result<()> {
         .await?;
     storage
         .write(second.fencing_token(), "written by the current holder")
-        .map_err(dlock::Error::invalid)?;
+        .map_err(distlock::Error::invalid)?;
 
     // The first holder, waking from a long pause, tries to write with its old token.
     match storage.write(old_token, "written by a stale holder") {

@@ -1,0 +1,215 @@
+//! `dlock`: run a command under a distributed lock, inspect locks.
+
+mod bench;
+mod child;
+mod doctor;
+mod inspect;
+mod kind;
+mod list;
+mod progress;
+mod release;
+mod run;
+mod seckill;
+mod stats;
+mod store;
+mod timeline;
+
+use clap::{CommandFactory, Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Distributed locks from the command line.
+#[derive(Parser, Debug)]
+#[command(name = "dlock", version, about, long_about = None)]
+struct Cli {
+    /// Lock service URL: file://DIR (default, no server), redis://host:port, …
+    #[arg(long, global = true, env = "DLOCK_BACKEND", default_value = distlock::DEFAULT_BACKEND)]
+    backend: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a command while holding a lock; exit with its exit code
+    /// (75: not acquired within --wait, 76: lock lost while the command ran).
+    Run(run::RunArgs),
+    /// Show who holds a lock, its remaining lease and its last fencing token.
+    Inspect(inspect::InspectArgs),
+    /// List every lock the backend has state for: holders, waiters, last fencing token.
+    List(list::ListArgs),
+    /// Remove a stuck lock's holder(s) by force (`release --force NAME`) and advance its
+    /// fencing token past every token issued; asks for confirmation unless --yes.
+    Release(release::ReleaseArgs),
+    /// Check the deployment behind the URL for settings that break locks; exits 1 when
+    /// anything is unsafe.
+    Doctor(doctor::DoctorArgs),
+    /// The flash-sale experiment: buyers in several processes race for a small stock, with
+    /// no lock, a local lock, optimistic versions, trylock and lock; shows who oversells.
+    Seckill(seckill::SeckillArgs),
+    /// Measure lock latency and throughput (uncontended, contended).
+    Bench(bench::BenchArgs),
+    /// Print a shell completion script to stdout, e.g. `dlock completions bash`.
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout: `dlock man | man -l -`; `dlock man run` for the
+    /// page of one subcommand.
+    Man {
+        /// A subcommand whose own page to print (e.g. run).
+        subcommand: Option<String>,
+    },
+    /// The process that runs the command of `dlock run` (started by it; not for direct use).
+    #[command(name = "__guard", hide = true)]
+    Guard(child::GuardArgs),
+    /// One worker process of `dlock seckill` (started by it; not for direct use).
+    #[command(name = "__seckill-worker", hide = true)]
+    SeckillWorker(seckill::worker::WorkerArgs),
+}
+
+/// Exit code when the lock was not acquired within `--wait` (EX_TEMPFAIL).
+pub const EXIT_NOT_ACQUIRED: u8 = 75;
+/// Exit code when the lock was lost while the command ran.
+pub const EXIT_LOST: u8 = 76;
+/// Exit code for other errors (bad input, unreachable server…).
+pub const EXIT_ERROR: u8 = 1;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Commands that need no lock runtime.
+    let cli = match cli.command {
+        Command::Guard(args) => return ExitCode::from(child::guard_main(args)),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut visible_command(),
+                "dlock",
+                &mut std::io::stdout(),
+            );
+            return ExitCode::SUCCESS;
+        }
+        Command::Man { subcommand } => return ExitCode::from(man(subcommand.as_deref())),
+        command => Cli { command, ..cli },
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dlock: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let code = rt.block_on(async move {
+        match cli.command {
+            Command::Run(args) => run::run(&cli.backend, args).await,
+            Command::Inspect(args) => inspect::inspect(&cli.backend, args).await,
+            Command::List(args) => list::list(&cli.backend, args).await,
+            Command::Release(args) => release::release(&cli.backend, args).await,
+            Command::Doctor(args) => doctor::doctor(&cli.backend, args).await,
+            Command::Seckill(args) => seckill::seckill(&cli.backend, args).await,
+            Command::Bench(args) => bench::bench(&cli.backend, args).await,
+            Command::SeckillWorker(args) => seckill::worker::worker(&cli.backend, args).await,
+            // Handled above, before the runtime.
+            Command::Guard(_) | Command::Completions { .. } | Command::Man { .. } => EXIT_ERROR,
+        }
+    });
+    // Give background releases (dropped guards) a moment to finish.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    ExitCode::from(code)
+}
+
+/// The command-line definition without the hidden subcommands (the guard, the seckill
+/// worker), which clap_complete would otherwise offer for completion.
+fn visible_command() -> clap::Command {
+    let full = Cli::command();
+    let mut cmd = clap::Command::new("dlock")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(full.get_about().cloned().unwrap_or_default());
+    for arg in full.get_arguments() {
+        cmd = cmd.arg(arg.clone());
+    }
+    for sub in full.get_subcommands().filter(|s| !s.is_hide_set()) {
+        cmd = cmd.subcommand(sub.clone());
+    }
+    cmd
+}
+
+/// Writes the man page of dlock, or of one of its subcommands, to stdout.
+fn man(subcommand: Option<&str>) -> u8 {
+    let mut cmd = Cli::command();
+    // Built, so that a subcommand's page lists the global options too.
+    cmd.build();
+    let page = match subcommand {
+        None => clap_mangen::Man::new(cmd),
+        Some(name) => match cmd.find_subcommand(name) {
+            Some(sub) if !sub.is_hide_set() => {
+                clap_mangen::Man::new(sub.clone()).title(format!("dlock-{name}"))
+            }
+            _ => {
+                eprintln!("dlock: no subcommand `{name}`");
+                return EXIT_ERROR;
+            }
+        },
+    };
+    match page.render(&mut std::io::stdout()) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("dlock: writing the man page failed: {e}");
+            EXIT_ERROR
+        }
+    }
+}
+
+/// Parses a duration for clap: a bare number is seconds (as for `flock -w` and `timeout`),
+/// or a number with a unit: `500ms`, `10s`, `1.5m`, `2h`.
+///
+/// Only the command line reads bare numbers as seconds; `distlock::parse_duration` (bare number
+/// = milliseconds) stays as it is, since backend URL options (`?wait_timeout=`, ZooKeeper
+/// and Redlock settings) are parsed with it.
+pub fn duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return distlock::parse_duration(&format!("{t}s")).map_err(|_| {
+            format!("`{s}` is not a duration; write e.g. `10` (seconds), `500ms`, `2m` or `1h`")
+        });
+    }
+    distlock::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// Connects, printing a clear error on failure.
+pub async fn connect(url: &str, opts: distlock::ClientOptions) -> Result<distlock::Client, u8> {
+    match distlock::connect_with(url, opts).await {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            eprintln!("dlock: {e}");
+            Err(EXIT_ERROR)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn bare_numbers_are_seconds() {
+        assert_eq!(duration_arg("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration_arg("0"), Ok(Duration::ZERO));
+        assert_eq!(duration_arg("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(duration_arg("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration_arg("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["", "soon", "1..2", "-1", "1d"] {
+            assert!(duration_arg(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

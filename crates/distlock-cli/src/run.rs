@@ -1,0 +1,601 @@
+//! `dlock run [--wait DUR] [--lease DUR] [--grace DUR] NAME -- CMD [ARGS…]`.
+//!
+//! The promise: the command (with every process it starts) runs only while the lock is held.
+//! - It runs in its own process group under a guard process (see `child.rs`): `kill -9` of
+//!   dlock takes the whole group down, signals dlock gets are forwarded to the group.
+//! - dlock confirms the lease itself (a renewal every lease/4, on top of the watchdog's) and
+//!   knows the instant the last confirmed lease ends. The command is stopped — SIGTERM to the
+//!   group, SIGKILL `--grace` later — so that it is dead a margin *before* that instant, which
+//!   is no later than the earliest moment the server could grant the lock to another owner.
+//!   The guard enforces the same schedule, so a paused dlock cannot let the command run on.
+//! - Exit 76 whenever the lock was lost (or the command had to be stopped for it) before the
+//!   command ended, even if the command then exited by itself.
+
+use crate::child::{self, boot_now, Group, Report, Schedule};
+use clap::Args;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+#[command(after_long_help = RUN_HELP)]
+pub struct RunArgs {
+    /// How long to wait for the lock (default: forever; 0 tries once). A bare number is
+    /// seconds; or e.g. 500ms, 10s, 2m. Connection errors and a lapsed place in the queue are
+    /// retried within it.
+    #[arg(long, value_parser = crate::duration_arg)]
+    wait: Option<Duration>,
+    /// Watchdog lease: the lock lives this long after dlock stops renewing it (e.g. if dlock is
+    /// killed); renewed while the command runs.
+    #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
+    lease: Duration,
+    /// How long the command gets between SIGTERM and SIGKILL when it has to be stopped
+    /// [default: 5s]. At most half the lease minus a margin: longer is shortened to fit.
+    #[arg(long, value_parser = crate::duration_arg)]
+    grace: Option<Duration>,
+    /// Owner id to hold the lock as (default: unique per run).
+    #[arg(long)]
+    owner: Option<String>,
+    /// Kind of lock: mutex, fair, read, write, or semaphore=N (one of N permits).
+    #[arg(long, default_value = "mutex", value_parser = crate::kind::parse)]
+    kind: crate::kind::Kind,
+    /// Lock name.
+    name: String,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+const RUN_HELP: &str = "\
+The command runs only while the lock is held:
+  - It runs in its own process group, under a small guard process. If dlock is killed (even
+    with kill -9) the guard kills the whole group; SIGTERM, SIGINT, SIGHUP and SIGQUIT that
+    dlock gets are forwarded to the group. When the command exits, what it left running in
+    its group gets SIGTERM, then SIGKILL after --grace, before the lock is released.
+  - If renewals keep failing, the command is stopped (SIGTERM to the group, SIGKILL --grace
+    later) so that it is dead before the last confirmed lease ends, i.e. before the server
+    could give the lock to anyone else. Once the lock is known lost it is SIGKILLed at once.
+  - The command's environment has DLOCK_NAME, DLOCK_OWNER and DLOCK_FENCING_TOKEN. What no
+    local measure prevents is the whole machine or container being frozen (VM pause, cgroup
+    freeze, suspend) past the lease, dlock and the command together: pass the fencing token to
+    the resource you protect and have it reject tokens lower than the highest it has seen.
+  - A process that leaves the group (setsid, setpgid, a daemon) is out of dlock's reach.
+
+Exit status: the command's (128+N if it died of signal N); 75 if the lock was not acquired
+within --wait; 76 if the lock was lost, or the command had to be stopped because renewals
+failed, before the command ended (even if it then exited by itself); 1 for other errors
+(bad URL, credentials, unsupported kind); 126/127 if the command could not be started.";
+
+/// `--grace` when not given.
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+/// How far before the confirmed lease end the command must be dead: signal delivery, the
+/// kernel tearing the processes down, and a loaded machine's scheduling.
+fn margin(lease: Duration) -> Duration {
+    (lease / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
+}
+
+/// The longest grace that still lets renewals fail for a while before the stop must start.
+fn max_grace(lease: Duration) -> Duration {
+    (lease / 2).saturating_sub(margin(lease))
+}
+
+/// The stop schedule for a confirmed lease ending at `lease_end` (boot clock): dead a margin
+/// before it, SIGTERM `grace` before that. Wiring a core accessor for the lease end (see the
+/// module docs) only changes where `lease_end` comes from.
+pub fn schedule(lease_end: Duration, grace: Duration, margin: Duration) -> Schedule {
+    let kill = lease_end.saturating_sub(margin);
+    Schedule {
+        term: kill.saturating_sub(grace),
+        kill,
+    }
+}
+
+/// The end of the lease a request sent at `sent` (boot clock) and confirmed promises, as the
+/// core counts it (send time + lease − drift allowance).
+fn confirmed_end(sent: Duration, lease: Duration) -> Duration {
+    (sent + lease).saturating_sub(distlock::drift(lease))
+}
+
+pub async fn run(url: &str, args: RunArgs) -> u8 {
+    if args.command.is_empty() {
+        eprintln!("dlock: no command given");
+        return crate::EXIT_ERROR;
+    }
+    let margin = margin(args.lease);
+    let grace = match args.grace {
+        Some(g) if g > max_grace(args.lease) => {
+            let fit = max_grace(args.lease);
+            eprintln!(
+                "dlock: --grace {g:?} does not fit in --lease {:?}; using {fit:?} so that the \
+                 command is stopped before the lease can end",
+                args.lease
+            );
+            fit
+        }
+        Some(g) => g,
+        // The default quietly fits short leases.
+        None => DEFAULT_GRACE.min(max_grace(args.lease)),
+    };
+    let (guard, attempt_sent) = match acquire(url, &args).await {
+        Ok(g) => g,
+        Err(code) => return code,
+    };
+    let acquired = boot_now();
+    let guard = Arc::new(guard);
+    // A fresh confirmation: a long wait or a pause since the grant is measured here.
+    let sent = boot_now();
+    let mut lease_end = confirmed_end(attempt_sent, args.lease);
+    match guard.extend(args.lease).await {
+        Ok(()) => lease_end = lease_end.max(confirmed_end(sent, args.lease)),
+        Err(e) if e.is_not_owner() => {}
+        Err(e) => eprintln!("dlock: confirming the lease failed ({e}); counting from the grant"),
+    }
+    let first = schedule(lease_end, grace, margin);
+    let at = |t: Duration| fmt_at(t, acquired);
+    if guard.is_lost() || boot_now() >= first.term {
+        eprintln!(
+            "dlock: lock `{}` was lost before the command could start (the confirmed lease \
+             ends {}, it is now {}); not running it",
+            args.name,
+            at(lease_end),
+            at(boot_now())
+        );
+        release(guard).await;
+        return crate::EXIT_LOST;
+    }
+    let env = [
+        ("DLOCK_NAME", args.name.clone()),
+        ("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string()),
+        ("DLOCK_OWNER", guard.owner().to_string()),
+    ];
+    let mut group = match Group::spawn(&args.command, &env, grace, first) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("dlock: cannot start the command's guard: {e}");
+            release(guard).await;
+            return crate::EXIT_ERROR;
+        }
+    };
+    let (end_tx, mut end_rx) = tokio::sync::watch::channel(lease_end);
+    let renewer = tokio::spawn(renew(guard.clone(), args.lease, end_tx));
+    let mut sigs = child::forwarded_signals();
+    let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).ok();
+    let lost_signal = guard.lost_signal();
+    let mut renewer_alive = true;
+    let mut lost_seen: Option<(Duration, distlock::LostReason)> = None;
+    let mut report: Option<Report> = None;
+    let mut termed_at: Option<Duration> = None;
+    let mut killed = false;
+    // When dlock first signalled the group to stop it (the command may have ended before,
+    // while dlock was paused: the verdict compares the times).
+    let mut stopped_at: Option<Duration> = None;
+    loop {
+        // First: a guard that is gone needs no more stopping (and a paused dlock that resumes
+        // should not report stopping a command that ended during the pause).
+        if group.exited() {
+            break;
+        }
+        group.flush();
+        let sched = schedule(*end_rx.borrow(), grace, margin);
+        let now = boot_now();
+        if now >= sched.kill && !killed {
+            // Also what the command left behind (the guard kills it then too).
+            killed = true;
+            stopped_at.get_or_insert(now);
+            group.signal(libc::SIGKILL);
+        } else if report.is_none() && now >= sched.term && termed_at.is_none() {
+            termed_at = Some(now);
+            eprintln!(
+                "dlock: renewals of lock `{}` have not been confirmed; the lease ends {}: \
+                     stopping the command (SIGTERM now, SIGKILL {})",
+                args.name,
+                at(*end_rx.borrow()),
+                at(sched.kill)
+            );
+            group.signal(libc::SIGTERM);
+        }
+        let next = if termed_at.is_none() {
+            sched.term
+        } else {
+            sched.kill
+        };
+        tokio::select! {
+            r = group.report(), if report.is_none() => {
+                if let Some(r) = r {
+                    report = Some(r);
+                }
+            }
+            changed = end_rx.changed(), if renewer_alive => match changed {
+                Ok(()) => {
+                    let s = schedule(*end_rx.borrow(), grace, margin);
+                    group.send(s);
+                }
+                Err(_) => renewer_alive = false,
+            },
+            reason = lost_signal.lost(), if lost_seen.is_none() => {
+                let now = boot_now();
+                if report.is_none() {
+                    eprintln!(
+                        "dlock: lock `{}` was lost while the command ran ({reason}); killing the command",
+                        args.name
+                    );
+                }
+                // No grace: another owner may hold the lock already. Also whatever the command
+                // left running if it ended.
+                killed = true;
+                group.signal(libc::SIGKILL);
+                lost_seen = Some((now, reason));
+            }
+            sig = child::recv_any(&mut sigs) => group.signal(sig),
+            _ = child::recv(&mut sigchld) => {}
+            // A safety net under SIGCHLD.
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            _ = tokio::time::sleep_until(child::to_tokio(next)), if !killed => {}
+        }
+    }
+    let guard_status = group.finish();
+    if report.is_none() {
+        report = group.drain().await.into_iter().next();
+    }
+    let seen_end = boot_now();
+    renewer.abort();
+    let _ = renewer.await;
+    let lease_end = *end_rx.borrow();
+    if lost_seen.is_none() && guard.is_lost() {
+        lost_seen = guard.lost_signal().reason().map(|r| (seen_end, r));
+    }
+    let (ended, cmd_end) = match report {
+        Some(Report::Ended(e, t)) => (e, t),
+        Some(Report::Failed(code, msg)) => {
+            eprintln!("dlock: cannot run `{}`: {msg}", args.command[0]);
+            release(guard).await;
+            return code;
+        }
+        Some(Report::LeaseTooShort) => {
+            eprintln!(
+                "dlock: the lease of lock `{}` ran too short before the command could start \
+                 (it ends {}); not running it",
+                args.name,
+                at(lease_end)
+            );
+            release(guard).await;
+            return crate::EXIT_LOST;
+        }
+        // The guard died without a word (killed from outside, or by the stop schedule).
+        None => (guard_status, seen_end),
+    };
+    let release_sent = boot_now();
+    let released = release(guard).await;
+    let facts = Facts {
+        lease_end,
+        term_at: schedule(lease_end, grace, margin).term,
+        cmd_end,
+        stopped_at,
+        lost_seen: lost_seen.clone(),
+        release_not_held: released == Some(false),
+        release_sent,
+    };
+    match verdict(&facts) {
+        Some(why) => {
+            eprintln!(
+                "dlock: lock `{}` was lost before the command ended: {why}; the confirmed lease \
+                 ended {}, the command ended {} (times since the lock was acquired); the \
+                 command's own status was {}",
+                args.name,
+                at(lease_end),
+                at(cmd_end),
+                ended.exit_code()
+            );
+            crate::EXIT_LOST
+        }
+        None => ended.exit_code(),
+    }
+}
+
+/// What is known when the command has ended.
+#[derive(Debug, Clone)]
+struct Facts {
+    /// The last confirmed lease end.
+    lease_end: Duration,
+    /// When the stop was due under that lease.
+    term_at: Duration,
+    /// When the command ended (the guard's measurement, or when dlock saw the guard gone).
+    cmd_end: Duration,
+    /// When dlock started stopping the command, if it did.
+    stopped_at: Option<Duration>,
+    /// When dlock saw the lost signal, and why.
+    lost_seen: Option<(Duration, distlock::LostReason)>,
+    /// The release found the grant gone.
+    release_not_held: bool,
+    release_sent: Duration,
+}
+
+/// Why the run was not protected to its end, or `None` if it was.
+fn verdict(f: &Facts) -> Option<String> {
+    if let Some(t) = f.stopped_at {
+        if t <= f.cmd_end {
+            return Some("renewals were not confirmed in time and the command was stopped".into());
+        }
+    }
+    if f.cmd_end >= f.term_at {
+        return Some(
+            "the command was still running when it had to be stopped for the lease to hold".into(),
+        );
+    }
+    if let Some((t, reason)) = &f.lost_seen {
+        // A loss the server reported (deleted, taken over, session ended) happened at some
+        // unknown moment before dlock heard of it: the command may have run without the lock.
+        if *t <= f.cmd_end || *reason != distlock::LostReason::LeaseExpired {
+            return Some(format!("{reason}"));
+        }
+    }
+    if f.release_not_held && f.release_sent < f.lease_end {
+        return Some(
+            "the server no longer had the lock when it was released, within the lease".into(),
+        );
+    }
+    None
+}
+
+/// `+1.234s` from `origin`, or `-0.100s` before it.
+fn fmt_at(t: Duration, origin: Duration) -> String {
+    if t >= origin {
+        format!("at +{:.3}s", (t - origin).as_secs_f64())
+    } else {
+        format!("at -{:.3}s", (origin - t).as_secs_f64())
+    }
+}
+
+/// Renews every lease/4 and publishes each confirmed lease end. Ends when the lock is gone.
+async fn renew(
+    guard: Arc<distlock::LockGuard>,
+    lease: Duration,
+    end: tokio::sync::watch::Sender<Duration>,
+) {
+    let every = (lease / 4).max(Duration::from_millis(10));
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(every).await;
+        let sent = boot_now();
+        match tokio::time::timeout(every, guard.extend(lease)).await {
+            Ok(Ok(())) => {
+                failing = false;
+                let e = confirmed_end(sent, lease);
+                end.send_if_modified(|cur| {
+                    if e > *cur {
+                        *cur = e;
+                        true
+                    } else {
+                        false
+                    }
+                });
+            }
+            Ok(Err(e)) if e.is_not_owner() => return,
+            Ok(Err(e)) => {
+                if !failing {
+                    eprintln!("dlock: renewing the lock failed ({e}); retrying");
+                }
+                failing = true;
+            }
+            Err(_) => {
+                if !failing {
+                    eprintln!("dlock: renewing the lock took over {every:?}; retrying");
+                }
+                failing = true;
+            }
+        }
+        if guard.is_lost() {
+            return;
+        }
+    }
+}
+
+/// Releases the lock; `Some(false)` if the server no longer had it, `None` on an error.
+async fn release(guard: Arc<distlock::LockGuard>) -> Option<bool> {
+    let guard = match Arc::try_unwrap(guard) {
+        Ok(g) => g,
+        // Another reference lives on (cannot happen once the renewer ended): dropping ours
+        // leaves the release to the last one.
+        Err(_) => return None,
+    };
+    match guard.release().await {
+        Ok(distlock::ReleaseOutcome::Expired) | Ok(distlock::ReleaseOutcome::TakenByOther) => {
+            Some(false)
+        }
+        Ok(_) => Some(true),
+        Err(e) => {
+            eprintln!("dlock: release failed ({e}); the lock frees itself when its lease ends");
+            None
+        }
+    }
+}
+
+/// True for errors that waiting cannot heal: the URL, the credentials, the kind of lock, the
+/// arguments. Everything else (connection, session, a lapsed place in the queue, a reply that
+/// made no sense once) is retried within `--wait`.
+fn is_permanent(e: &distlock::Error) -> bool {
+    matches!(
+        e,
+        distlock::Error::InvalidUrl { .. }
+            | distlock::Error::Auth { .. }
+            | distlock::Error::Unsupported { .. }
+            | distlock::Error::InvalidArgument(_)
+    )
+}
+
+/// Connects and acquires within `--wait`, healing what can heal. Returns the guard and when
+/// (boot clock) the attempt that got it started.
+async fn acquire(url: &str, args: &RunArgs) -> Result<(distlock::LockGuard, Duration), u8> {
+    let opts = distlock::ClientOptions::default().watchdog_lease(args.lease);
+    let opts = if args.lease / 3 <= opts.get_op_timeout() {
+        opts.op_timeout((args.lease / 3).max(Duration::from_millis(50)))
+    } else {
+        opts
+    };
+    let deadline = args.wait.map(|w| tokio::time::Instant::now() + w);
+    let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+    let mut client: Option<distlock::Client> = None;
+    let mut last_err: Option<String> = None;
+    let mut backoff = Duration::from_millis(100);
+    let timed_out = |last_err: &Option<String>| {
+        let waited = args.wait.unwrap_or_default();
+        match last_err {
+            Some(e) => eprintln!(
+                "dlock: lock `{}` was not acquired within {waited:?}; last error: {e}",
+                args.name
+            ),
+            None => eprintln!(
+                "dlock: lock `{}` was not acquired within {waited:?}: another owner held it the whole time",
+                args.name
+            ),
+        }
+        crate::EXIT_NOT_ACQUIRED
+    };
+    loop {
+        let attempt_sent = boot_now();
+        let result: distlock::Result<distlock::LockGuard> = async {
+            let c = match &client {
+                Some(c) => c.clone(),
+                None => {
+                    let connect = distlock::connect_with(url, opts.clone());
+                    let c = match left() {
+                        Some(l) => match tokio::time::timeout(l, connect).await {
+                            Ok(r) => r?,
+                            Err(_) => {
+                                return Err(distlock::Error::Timeout {
+                                    name: args.name.clone(),
+                                    waited: args.wait.unwrap_or_default(),
+                                })
+                            }
+                        },
+                        None => connect.await?,
+                    };
+                    client = Some(c.clone());
+                    c
+                }
+            };
+            match args.kind {
+                crate::kind::Kind::Semaphore(permits) => {
+                    let sem = c.semaphore(&args.name, permits)?;
+                    match left() {
+                        None => sem.acquire(1).await,
+                        Some(l) => sem.acquire_timeout(1, l).await,
+                    }
+                }
+                kind => {
+                    let lock = kind.lock(&c, &args.name)?;
+                    let lock = match &args.owner {
+                        Some(o) => lock.with_owner(o.clone())?,
+                        None => lock,
+                    };
+                    match left() {
+                        None => lock.acquire().await,
+                        Some(l) => lock.acquire_timeout(l).await,
+                    }
+                }
+            }
+        }
+        .await;
+        match result {
+            Ok(g) => return Ok((g, attempt_sent)),
+            Err(e) if e.is_timeout() => return Err(timed_out(&last_err)),
+            Err(e) if is_permanent(&e) => {
+                eprintln!("dlock: {e}");
+                return Err(crate::EXIT_ERROR);
+            }
+            Err(e) => {
+                if e.is_connection() {
+                    // A fresh client heals a broken session (ZooKeeper, SQL) too.
+                    client = None;
+                }
+                let msg = e.to_string();
+                if last_err.as_deref() != Some(msg.as_str()) {
+                    eprintln!("dlock: {msg}; retrying");
+                }
+                last_err = Some(msg);
+                let pause = backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                match left() {
+                    Some(l) if l.is_zero() => return Err(timed_out(&last_err)),
+                    Some(l) => tokio::time::sleep(pause.min(l)).await,
+                    None => tokio::time::sleep(pause).await,
+                }
+                if left().is_some_and(|l| l.is_zero()) {
+                    return Err(timed_out(&last_err));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> Facts {
+        Facts {
+            lease_end: Duration::from_secs(10),
+            term_at: Duration::from_secs(8),
+            cmd_end: Duration::from_secs(5),
+            stopped_at: None,
+            lost_seen: None,
+            release_not_held: false,
+            release_sent: Duration::from_secs(6),
+        }
+    }
+
+    #[test]
+    fn schedule_ends_a_margin_before_the_lease() {
+        let s = schedule(
+            Duration::from_secs(10),
+            Duration::from_secs(2),
+            Duration::from_millis(500),
+        );
+        assert_eq!(s.kill, Duration::from_millis(9500));
+        assert_eq!(s.term, Duration::from_millis(7500));
+        assert!(
+            max_grace(Duration::from_millis(600)) + margin(Duration::from_millis(600))
+                <= Duration::from_millis(300)
+        );
+    }
+
+    #[test]
+    fn verdicts() {
+        assert_eq!(verdict(&facts()), None);
+        let f = Facts {
+            cmd_end: Duration::from_secs(9),
+            ..facts()
+        };
+        assert!(verdict(&f).is_some(), "ran past the stop time");
+        let f = Facts {
+            stopped_at: Some(Duration::from_secs(4)),
+            ..facts()
+        };
+        assert!(verdict(&f).is_some(), "stopped by dlock");
+        let f = Facts {
+            lost_seen: Some((Duration::from_secs(7), distlock::LostReason::NotHeld)),
+            ..facts()
+        };
+        assert!(verdict(&f).is_some(), "server-side loss of unknown time");
+        let f = Facts {
+            lost_seen: Some((Duration::from_secs(11), distlock::LostReason::LeaseExpired)),
+            ..facts()
+        };
+        assert_eq!(
+            verdict(&f),
+            None,
+            "the lease ran out after the command ended"
+        );
+        let f = Facts {
+            release_not_held: true,
+            ..facts()
+        };
+        assert!(verdict(&f).is_some(), "gone within the lease");
+        let f = Facts {
+            release_not_held: true,
+            release_sent: Duration::from_secs(12),
+            ..facts()
+        };
+        assert_eq!(verdict(&f), None, "released after the lease ran out");
+    }
+}

@@ -1,0 +1,312 @@
+//! The hidden `dlock __seckill-worker` subcommand: one worker process of a `seckill` run.
+//!
+//! It opens the run's store (and, for `trylock`/`lock`, one `distlock::Client`), says `ready`,
+//! waits for the parent's `go <unix µs>` line on stdin, sleeps until that instant and then runs
+//! all its buyers concurrently as tokio tasks, reporting each on stdout (see
+//! [`protocol`](super::protocol)).
+
+use super::protocol::{BuyerReport, Outcome, Span, SpanKind, Strategy, WorkerMsg};
+use crate::store::{self, Store};
+use clap::Args;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::task::JoinSet;
+
+/// Most compare-and-set attempts an `optimistic` buyer makes before it gives up.
+pub const MAX_CAS_ATTEMPTS: u32 = 32;
+
+/// Arguments of one worker (set by the parent; not meant to be typed).
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// Run id: names the store data and the lock `seckill:<run>`.
+    #[arg(long)]
+    run: String,
+    /// Strategy.
+    #[arg(long, value_parser = super::protocol::parse_strategy)]
+    strategy: Strategy,
+    /// Buyers of this process.
+    #[arg(long)]
+    buyers: u64,
+    /// Id of this process's first buyer.
+    #[arg(long)]
+    first_buyer: u64,
+    /// Simulated work between reading and writing the stock, ms.
+    #[arg(long)]
+    work_ms: u64,
+    /// Longest wait for the lock (`lock` strategy), µs.
+    #[arg(long)]
+    wait_us: u64,
+}
+
+/// Runs the worker; the exit code.
+pub async fn worker(url: &str, args: WorkerArgs) -> u8 {
+    match run(url, args).await {
+        Ok(()) => 0,
+        Err(message) => {
+            if emit(&WorkerMsg::Error {
+                message: message.clone(),
+            })
+            .is_err()
+            {
+                eprintln!("dlock: seckill worker: {message}");
+            }
+            crate::EXIT_ERROR
+        }
+    }
+}
+
+/// Writes one message line to stdout.
+fn emit(msg: &WorkerMsg) -> Result<(), String> {
+    let line = serde_json::to_string(msg).map_err(|e| format!("cannot encode a report: {e}"))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("cannot write to the parent: {e}"))
+}
+
+/// Microseconds since the common start.
+struct Clock {
+    anchor: Instant,
+}
+
+impl Clock {
+    fn us(&self) -> u64 {
+        micros(Instant::now().saturating_duration_since(self.anchor))
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+struct Ctx {
+    strategy: Strategy,
+    store: Arc<dyn Store>,
+    client: Option<distlock::Client>,
+    lock_name: String,
+    local: tokio::sync::Mutex<()>,
+    work: Duration,
+    wait: Duration,
+    clock: Clock,
+}
+
+impl Ctx {
+    async fn work(&self) {
+        if !self.work.is_zero() {
+            tokio::time::sleep(self.work).await;
+        }
+    }
+}
+
+async fn run(url: &str, args: WorkerArgs) -> Result<(), String> {
+    let store: Arc<dyn Store> = Arc::from(
+        store::open(url, "seckill", &args.run)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let client = if args.strategy.uses_dlock() {
+        Some(distlock::connect(url).await.map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    emit(&WorkerMsg::Ready)?;
+    let start_us = read_go().await?;
+    let anchor = anchor_for(start_us);
+    tokio::time::sleep_until(anchor.into()).await;
+    let ctx = Arc::new(Ctx {
+        strategy: args.strategy,
+        store,
+        client,
+        lock_name: format!("seckill:{}", args.run),
+        local: tokio::sync::Mutex::new(()),
+        work: Duration::from_millis(args.work_ms),
+        wait: Duration::from_micros(args.wait_us),
+        clock: Clock { anchor },
+    });
+    let mut set = JoinSet::new();
+    let last = args.first_buyer.saturating_add(args.buyers);
+    for buyer in args.first_buyer..last {
+        let ctx = ctx.clone();
+        set.spawn(async move {
+            let report = buy(&ctx, buyer).await;
+            emit(&WorkerMsg::Buyer(report))
+        });
+    }
+    while let Some(done) = set.join_next().await {
+        done.map_err(|e| format!("a buyer task failed: {e}"))??;
+    }
+    Ok(())
+}
+
+/// Reads `go <unix µs>` from stdin.
+async fn read_go() -> Result<u64, String> {
+    let line = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    })
+    .await
+    .map_err(|e| format!("cannot read the start line: {e}"))?
+    .map_err(|e| format!("cannot read the start line: {e}"))?;
+    if line.is_empty() {
+        return Err("the parent closed stdin before the start".into());
+    }
+    line.trim()
+        .strip_prefix("go ")
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .ok_or_else(|| format!("expected `go <unix µs>` on stdin, got `{}`", line.trim()))
+}
+
+/// The local instant of the wall-clock time `start_unix_us` (at most 10 s ahead).
+fn anchor_for(start_unix_us: u64) -> Instant {
+    let now_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(micros)
+        .unwrap_or(0);
+    let now = Instant::now();
+    if start_unix_us >= now_unix {
+        let ahead = Duration::from_micros(start_unix_us - now_unix).min(Duration::from_secs(10));
+        now + ahead
+    } else {
+        now.checked_sub(Duration::from_micros(now_unix - start_unix_us))
+            .unwrap_or(now)
+    }
+}
+
+async fn buy(ctx: &Ctx, buyer: u64) -> BuyerReport {
+    let mut r = BuyerReport {
+        buyer,
+        outcome: Outcome::Error,
+        wait_us: None,
+        spans: Vec::new(),
+        order_us: None,
+        done_us: 0,
+        errors: Vec::new(),
+    };
+    let res = match ctx.strategy {
+        Strategy::NoLock => sequence(ctx, buyer, &mut r, Some(SpanKind::Window)).await,
+        Strategy::Local => {
+            let t = Instant::now();
+            let _held = ctx.local.lock().await;
+            r.wait_us = Some(micros(t.elapsed()));
+            sequence(ctx, buyer, &mut r, Some(SpanKind::Window)).await
+        }
+        Strategy::Optimistic => optimistic(ctx, buyer, &mut r).await,
+        Strategy::Trylock | Strategy::Lock => locked(ctx, buyer, &mut r).await,
+    };
+    r.outcome = match res {
+        Ok(o) => o,
+        Err(e) => {
+            r.errors.push(e);
+            Outcome::Error
+        }
+    };
+    r.done_us = ctx.clock.us();
+    r
+}
+
+/// The deliberately non-atomic sale: read → check → work → write → order.
+async fn sequence(
+    ctx: &Ctx,
+    buyer: u64,
+    r: &mut BuyerReport,
+    window: Option<SpanKind>,
+) -> Result<Outcome, String> {
+    let start = ctx.clock.us();
+    let (stock, _) = ctx.store.read().await.map_err(|e| e.to_string())?;
+    if stock <= 0 {
+        return Ok(Outcome::SoldOut);
+    }
+    ctx.work().await;
+    ctx.store
+        .write(stock - 1)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(kind) = window {
+        r.spans.push(Span {
+            kind,
+            start_us: start,
+            end_us: ctx.clock.us(),
+        });
+    }
+    ctx.store
+        .add_order(buyer)
+        .await
+        .map_err(|e| e.to_string())?;
+    r.order_us = Some(ctx.clock.us());
+    Ok(Outcome::Bought)
+}
+
+async fn optimistic(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcome, String> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let start = ctx.clock.us();
+        let (stock, version) = ctx.store.read().await.map_err(|e| e.to_string())?;
+        if stock <= 0 {
+            return Ok(Outcome::SoldOut);
+        }
+        ctx.work().await;
+        let won = ctx
+            .store
+            .cas(version, stock - 1)
+            .await
+            .map_err(|e| e.to_string())?;
+        r.spans.push(Span {
+            kind: if won {
+                SpanKind::Attempt
+            } else {
+                SpanKind::Conflict
+            },
+            start_us: start,
+            end_us: ctx.clock.us(),
+        });
+        if won {
+            ctx.store
+                .add_order(buyer)
+                .await
+                .map_err(|e| e.to_string())?;
+            r.order_us = Some(ctx.clock.us());
+            return Ok(Outcome::Bought);
+        }
+    }
+    Ok(Outcome::Conflicts)
+}
+
+async fn locked(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcome, String> {
+    let client = ctx
+        .client
+        .as_ref()
+        .ok_or("this worker has no lock client")?;
+    let lock = client.lock(&ctx.lock_name).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    let got = if ctx.strategy == Strategy::Trylock {
+        lock.try_acquire().await
+    } else {
+        match lock.acquire_timeout(ctx.wait).await {
+            Ok(g) => Ok(Some(g)),
+            Err(e) if e.is_timeout() => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    r.wait_us = Some(micros(t.elapsed()));
+    let guard = match got.map_err(|e| e.to_string())? {
+        Some(g) => g,
+        None if ctx.strategy == Strategy::Trylock => return Ok(Outcome::Missed),
+        None => return Ok(Outcome::TimedOut),
+    };
+    let held = ctx.clock.us();
+    let res = sequence(ctx, buyer, r, None).await;
+    let released = guard.release().await;
+    r.spans.push(Span {
+        kind: SpanKind::Hold,
+        start_us: held,
+        end_us: ctx.clock.us(),
+    });
+    match released {
+        Ok(outcome) if outcome.was_held() => {}
+        Ok(outcome) => r.errors.push(format!(
+            "the lock was no longer held at release ({outcome:?}): mutual exclusion may have been lost"
+        )),
+        Err(e) => r.errors.push(format!("release failed: {e}")),
+    }
+    res
+}

@@ -1,0 +1,190 @@
+//! The `redis://` store: three keys sharing the hash tag `{<run>}`; writes are MULTI/EXEC
+//! transactions, the compare-and-set a Lua script.
+
+use super::{Store, StoreError, StoreResult};
+use distlock::async_trait;
+use redis::aio::MultiplexedConnection;
+use std::time::Duration;
+
+const CAS: &str = r"
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  redis.call('INCR', KEYS[2])
+  return 1
+end
+return 0
+";
+
+/// Stock, version and orders in Redis.
+pub struct RedisStore {
+    con: MultiplexedConnection,
+    endpoint: String,
+    namespace: String,
+    stock: String,
+    version: String,
+    orders: String,
+    cas: redis::Script,
+}
+
+impl RedisStore {
+    /// Connects to the server of `url` (its query string, which only dlock reads, is dropped).
+    pub async fn open(url: &str, prefix: &str, run: &str) -> StoreResult<Self> {
+        let base = url.split(['?', '#']).next().unwrap_or(url);
+        let endpoint = distlock::redis::redact(base);
+        let client = redis::Client::open(base)
+            .map_err(|e| StoreError(format!("invalid Redis URL `{endpoint}`: {e}")))?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(5)));
+        let con = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| StoreError(format!("cannot connect to Redis at {endpoint}: {e}")))?;
+        Ok(RedisStore {
+            con,
+            endpoint,
+            namespace: namespace_of(url),
+            stock: format!("{prefix}:{{{run}}}:stock"),
+            version: format!("{prefix}:{{{run}}}:version"),
+            orders: format!("{prefix}:{{{run}}}:orders"),
+            cas: redis::Script::new(CAS),
+        })
+    }
+
+    fn err(&self, what: &str, e: redis::RedisError) -> StoreError {
+        StoreError(format!("Redis at {}: {what} failed: {e}", self.endpoint))
+    }
+}
+
+/// The dlock namespace of a `redis://` URL: its `namespace=` parameter, else the default.
+fn namespace_of(url: &str) -> String {
+    url.split_once('?')
+        .and_then(|(_, q)| {
+            q.split(['&', '#'])
+                .find_map(|kv| kv.strip_prefix("namespace="))
+                .filter(|ns| !ns.is_empty())
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| {
+            distlock::ClientOptions::default()
+                .get_namespace()
+                .to_owned()
+        })
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn setup(&self, stock: i64) -> StoreResult<()> {
+        let mut con = self.con.clone();
+        redis::pipe()
+            .atomic()
+            .del(&[&self.stock, &self.version, &self.orders])
+            .ignore()
+            .set(&self.stock, stock)
+            .ignore()
+            .set(&self.version, 0)
+            .ignore()
+            .query_async::<()>(&mut con)
+            .await
+            .map_err(|e| self.err("setup", e))
+    }
+
+    async fn read(&self) -> StoreResult<(i64, u64)> {
+        let mut con = self.con.clone();
+        let (stock, version): (Option<i64>, Option<u64>) = redis::cmd("MGET")
+            .arg(&self.stock)
+            .arg(&self.version)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| self.err("MGET of the stock", e))?;
+        match (stock, version) {
+            (Some(s), Some(v)) => Ok((s, v)),
+            _ => Err(StoreError(format!(
+                "Redis at {}: `{}` or `{}` is missing (was the run cleaned up?)",
+                self.endpoint, self.stock, self.version
+            ))),
+        }
+    }
+
+    async fn write(&self, stock: i64) -> StoreResult<()> {
+        let mut con = self.con.clone();
+        redis::pipe()
+            .atomic()
+            .set(&self.stock, stock)
+            .ignore()
+            .incr(&self.version, 1)
+            .ignore()
+            .query_async::<()>(&mut con)
+            .await
+            .map_err(|e| self.err("write of the stock", e))
+    }
+
+    async fn cas(&self, expected_version: u64, new_stock: i64) -> StoreResult<bool> {
+        let mut con = self.con.clone();
+        let done: i64 = self
+            .cas
+            .key(&self.stock)
+            .key(&self.version)
+            .arg(expected_version)
+            .arg(new_stock)
+            .invoke_async(&mut con)
+            .await
+            .map_err(|e| self.err("compare-and-set of the stock", e))?;
+        Ok(done == 1)
+    }
+
+    async fn add_order(&self, buyer: u64) -> StoreResult<()> {
+        let mut con = self.con.clone();
+        redis::cmd("RPUSH")
+            .arg(&self.orders)
+            .arg(buyer)
+            .query_async::<()>(&mut con)
+            .await
+            .map_err(|e| self.err("RPUSH of an order", e))
+    }
+
+    async fn orders(&self) -> StoreResult<Vec<u64>> {
+        let mut con = self.con.clone();
+        redis::cmd("LRANGE")
+            .arg(&self.orders)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| self.err("LRANGE of the orders", e))
+    }
+
+    async fn cleanup(&self) -> StoreResult<()> {
+        let mut con = self.con.clone();
+        redis::cmd("DEL")
+            .arg(&self.stock)
+            .arg(&self.version)
+            .arg(&self.orders)
+            .query_async::<()>(&mut con)
+            .await
+            .map_err(|e| self.err("DEL of the run's keys", e))
+    }
+
+    /// Deletes the lock's fencing counter (`NS:{NAME}:fence`, the layout of distlock-redis);
+    /// the lock key itself is gone once released.
+    async fn forget_lock(&self, name: &str) -> StoreResult<()> {
+        let mut con = self.con.clone();
+        redis::cmd("DEL")
+            .arg(format!("{}:{{{name}}}:fence", self.namespace))
+            .query_async::<()>(&mut con)
+            .await
+            .map_err(|e| self.err("DEL of the lock's fencing counter", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces() {
+        assert_eq!(namespace_of("redis://h:1"), "dlock");
+        assert_eq!(namespace_of("redis://h:1/0?namespace=shop&x=1"), "shop");
+        assert_eq!(namespace_of("redis://h:1?wait_replicas=1&namespace=a"), "a");
+    }
+}

@@ -1,0 +1,312 @@
+//! `dlock seckill` end to end: the real binary, real worker processes, a real file directory
+//! and a real redis-server.
+
+use distlock_testkit::{RedisServer, TempDir};
+use serde_json::Value;
+use std::process::{Command, Output};
+
+const KEYS: [&str; 11] = [
+    "strategy",
+    "backend",
+    "stock",
+    "buyers",
+    "processes",
+    "sold",
+    "oversold",
+    "failed",
+    "elapsed_ms",
+    "p50_wait_us",
+    "p99_wait_us",
+];
+
+fn dlock(backend: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .arg("--backend")
+        .arg(backend)
+        .args(args)
+        .env_remove("DLOCK_BACKEND")
+        .output()
+        .expect("run dlock")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs `seckill --json` with big margins and returns the rows by strategy.
+fn seckill_json(backend: &str, extra: &[&str]) -> Vec<Value> {
+    let mut args = vec![
+        "seckill",
+        "--json",
+        "--stock",
+        "10",
+        "--buyers",
+        "30",
+        "--processes",
+        "3",
+        "--work-ms",
+        "30",
+    ];
+    args.extend_from_slice(extra);
+    let out = dlock(backend, &args);
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("`{l}`: {e}")))
+        .collect()
+}
+
+fn row<'a>(rows: &'a [Value], strategy: &str) -> &'a Value {
+    rows.iter()
+        .find(|r| r["strategy"] == strategy)
+        .unwrap_or_else(|| panic!("no row for {strategy} in {rows:?}"))
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("`{key}` is not a count in {v}"))
+}
+
+/// What every strategy guarantees, whatever the timing.
+fn check_all(rows: &[Value], backend: &str) {
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    for r in rows {
+        let obj = r.as_object().expect("object");
+        let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        assert_eq!(keys, KEYS, "{r}");
+        assert_eq!(r["backend"], backend);
+        assert_eq!(n(r, "stock"), 10);
+        assert_eq!(n(r, "buyers"), 30);
+        assert_eq!(n(r, "processes"), 3);
+        assert_eq!(n(r, "sold") + n(r, "failed"), 30, "{r}");
+        assert!(r["elapsed_ms"].as_f64().is_some_and(|e| e > 0.0), "{r}");
+    }
+    for s in ["none", "local"] {
+        let r = row(rows, s);
+        assert!(
+            n(r, "oversold") > 0,
+            "{s} should oversell across processes: {r}"
+        );
+        assert_eq!(n(r, "oversold"), n(r, "sold").saturating_sub(10), "{r}");
+    }
+    for s in ["optimistic", "trylock", "lock"] {
+        let r = row(rows, s);
+        assert_eq!(n(r, "oversold"), 0, "{s} must never oversell: {r}");
+        assert!(n(r, "sold") <= 10, "{r}");
+    }
+    let lock = row(rows, "lock");
+    assert_eq!(n(lock, "sold"), 10, "lock sells out: {lock}");
+    assert_eq!(n(lock, "failed"), 20, "{lock}");
+    // Waits are reported exactly for the strategies with a lock.
+    for s in ["local", "trylock", "lock"] {
+        let r = row(rows, s);
+        assert!(
+            r["p50_wait_us"].is_u64() && r["p99_wait_us"].is_u64(),
+            "{r}"
+        );
+        assert!(n(r, "p50_wait_us") <= n(r, "p99_wait_us"), "{r}");
+    }
+    for s in ["none", "optimistic"] {
+        let r = row(rows, s);
+        assert!(
+            r["p50_wait_us"].is_null() && r["p99_wait_us"].is_null(),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn file_backend_all_strategies() {
+    let dir = TempDir::with_prefix("distlock-cli-seckill").expect("temp dir");
+    let url = format!("file://{}", dir.path().display());
+    let rows = seckill_json(&url, &["--strategy", "all"]);
+    check_all(&rows, "file");
+    // The store files and the lock files are gone afterwards.
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("dlock"))
+        .expect("namespace dir")
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn redis_backend_all_strategies() {
+    let redis = RedisServer::start().expect("redis-server");
+    let rows = seckill_json(&redis.url(), &["--strategy", "all"]);
+    check_all(&rows, "redis");
+    // Stock, version, orders and the locks' fencing counters are gone afterwards.
+    assert_eq!(redis.command(&["DBSIZE"]).expect("DBSIZE"), "0");
+}
+
+#[test]
+fn timeline_svg() {
+    let dir = TempDir::with_prefix("distlock-cli-timeline").expect("temp dir");
+    let url = format!("file://{}", dir.path().display());
+    let svg_path = dir.path().join("run.svg");
+    let svg_arg = svg_path.to_str().expect("utf-8 path").to_owned();
+    let rows = seckill_json(
+        &url,
+        &["--strategy", "none,lock", "--timeline", svg_arg.as_str()],
+    );
+    assert_eq!(rows.len(), 2);
+    let oversold = n(row(&rows, "none"), "oversold");
+    assert!(oversold > 0);
+    assert_eq!(n(row(&rows, "lock"), "oversold"), 0);
+
+    let svg = std::fs::read_to_string(&svg_path).expect("timeline written");
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
+    assert!(svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<g").count(), svg.matches("</g>").count());
+    // One block per strategy, one lane per worker process in each.
+    assert_eq!(svg.matches(r#"class="block""#).count(), 2);
+    assert!(svg.contains(r#"data-strategy="none""#) && svg.contains(r#"data-strategy="lock""#));
+    assert_eq!(svg.matches(r#"class="lane""#).count(), 6);
+    // Every order is marked; the oversold ones in red.
+    let sold: u64 = rows.iter().map(|r| n(r, "sold")).sum();
+    assert_eq!(svg.matches(r#"class="order"#).count() as u64, sold);
+    assert_eq!(
+        svg.matches(r#"class="order oversold""#).count() as u64,
+        oversold
+    );
+    assert!(svg.contains("#d62728"));
+    // Bars: the unprotected windows of `none`, the holds of `lock` (one per buyer).
+    assert!(svg.contains(r#"class="window""#));
+    assert_eq!(svg.matches(r#"class="hold""#).count(), 30);
+    assert!(svg.contains("legend"));
+}
+
+#[test]
+fn table_output() {
+    let dir = TempDir::with_prefix("distlock-cli-table").expect("temp dir");
+    let url = format!("file://{}", dir.path().display());
+    let out = dlock(
+        &url,
+        &["seckill", "--strategy", "none,lock", "--work-ms", "20"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("stock 10, 30 buyers in 3 processes"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("wait p99 µs"), "{stdout}");
+    let line = |s: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(s))
+            .unwrap_or_else(|| panic!("no `{s}` row in\n{stdout}"))
+            .to_owned()
+    };
+    assert!(line("none ").ends_with("OVERSOLD"), "{stdout}");
+    assert!(line("lock ").ends_with("sold out"), "{stdout}");
+    assert!(
+        line("none ").contains(" - "),
+        "no wait for `none`: {stdout}"
+    );
+    // No progress bar when stderr is not a terminal.
+    assert!(!text(&out.stderr).contains('#'), "{}", text(&out.stderr));
+}
+
+#[test]
+fn zero_stock_sells_nothing() {
+    let dir = TempDir::with_prefix("distlock-cli-zero").expect("temp dir");
+    let url = format!("file://{}", dir.path().display());
+    let out = dlock(
+        &url,
+        &[
+            "seckill",
+            "--json",
+            "--stock",
+            "0",
+            "--buyers",
+            "6",
+            "--work-ms",
+            "1",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    assert_eq!(rows.len(), 5);
+    for r in &rows {
+        assert_eq!(
+            (n(r, "sold"), n(r, "oversold"), n(r, "failed")),
+            (0, 0, 6),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn fewer_buyers_than_processes() {
+    let dir = TempDir::with_prefix("distlock-cli-few").expect("temp dir");
+    let url = format!("file://{}", dir.path().display());
+    let out = dlock(
+        &url,
+        &[
+            "seckill",
+            "--json",
+            "--buyers",
+            "2",
+            "--processes",
+            "5",
+            "--strategy",
+            "lock",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: Value = serde_json::from_str(text(&out.stdout).trim()).expect("json");
+    assert_eq!((n(&r, "processes"), n(&r, "sold")), (2, 2), "{r}");
+}
+
+#[test]
+fn bad_input() {
+    let dir = TempDir::with_prefix("distlock-cli-bad").expect("temp dir");
+    let url = format!("file://{}", dir.path().display());
+
+    let out = dlock(&url, &["seckill", "--processes", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--processes"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = dlock(&url, &["seckill", "--strategy", "none,pessimistic"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("unknown strategy `pessimistic`"), "{err}");
+    assert!(err.contains("optimistic, trylock, lock"), "{err}");
+
+    let out = dlock(&url, &["seckill", "--buyers", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+
+    // A scheme without a store (postgres:// etc. have one with their feature: tests/stores.rs).
+    let out = dlock("nope://db.invalid/shop", &["seckill"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("nope://") && err.contains("no store"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    // An unreachable Redis: a clear error, exit 1, no hang.
+    let port = distlock_testkit::free_port();
+    let out = dlock(
+        &format!("redis://127.0.0.1:{port}"),
+        &["seckill", "--strategy", "none"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("dlock: seckill"),
+        "{}",
+        text(&out.stderr)
+    );
+}

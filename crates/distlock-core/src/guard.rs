@@ -1,0 +1,263 @@
+//! The guard a holder gets: fencing token, lost signal, extend, release.
+
+use crate::backend::{GrantRef, ReleaseOutcome, RenewOutcome};
+use crate::clock::Instant;
+use crate::error::{Error, Result};
+use crate::hold::{Hold, KeeperMsg, Shared};
+use crate::lost::{LostReason, LostSignal};
+use crate::options::check_lease;
+use crate::Client;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::Instrument;
+
+/// Proof of holding a lock. Release it with [`LockGuard::release`]; dropping it releases in
+/// the background (never blocking, never panicking).
+///
+/// Every guard carries a [fencing token](LockGuard::fencing_token): pass it to the resource
+/// you protect and have the resource reject tokens lower than one it has seen, so a holder
+/// that stalled past its lease cannot overwrite a newer holder's work.
+#[must_use = "dropping the guard releases the lock at once"]
+#[derive(Debug)]
+pub struct LockGuard {
+    client: Client,
+    hold: Arc<Hold>,
+    watchdog: bool,
+    acquired_at: Instant,
+    done: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(client: Client, hold: Arc<Hold>, watchdog: bool) -> Self {
+        LockGuard {
+            client,
+            hold,
+            watchdog,
+            acquired_at: Instant::now(),
+            done: false,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.hold.key().name
+    }
+
+    /// The owner id this guard holds the lock for.
+    pub fn owner(&self) -> &str {
+        &self.hold.key().owner
+    }
+
+    /// The fencing token of this grant: strictly greater than every token handed out for this
+    /// name before it. Re-entrant guards of one hold share the token.
+    pub fn fencing_token(&self) -> u64 {
+        self.hold.token()
+    }
+
+    /// True once the lock is known to be lost (renewal failed, lease ran out, session ended).
+    pub fn is_lost(&self) -> bool {
+        self.hold.lost.is_lost()
+    }
+
+    /// Resolves when the lock is lost. Use it to stop work that must not go on unprotected:
+    ///
+    /// ```no_run
+    /// # async fn f(guard: distlock_core::LockGuard) {
+    /// tokio::select! {
+    ///     reason = guard.lost() => eprintln!("lock lost: {reason}"),
+    ///     _ = do_the_work() => {}
+    /// }
+    /// # }
+    /// # async fn do_the_work() {}
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn lost(&self) -> LostReason {
+        self.hold.lost.lost().await
+    }
+
+    /// The instant this guard must presume the lock gone unless a renewal is confirmed first:
+    /// the latest promise the server confirmed (send time of the request + its lease − drift),
+    /// on the lease clock. It moves on with every confirmed renewal. Use it to stop work in
+    /// time, e.g. to stop a child process before anyone else could be granted the lock.
+    pub fn lease_deadline(&self) -> crate::clock::Instant {
+        self.hold.state().deadline
+    }
+
+    /// How long the confirmed lease has left (zero once it ran out): see
+    /// [`LockGuard::lease_deadline`].
+    pub fn lease_left(&self) -> Duration {
+        self.lease_deadline()
+            .saturating_duration_since(crate::clock::Instant::now())
+    }
+
+    /// A handle to the lost signal that outlives the guard borrow (e.g. to move into a task).
+    pub fn lost_signal(&self) -> LostSignal {
+        self.hold.lost.clone()
+    }
+
+    /// True if the guard was acquired with the watchdog (no fixed lease).
+    pub fn is_watchdog(&self) -> bool {
+        self.watchdog
+    }
+
+    /// Makes the lease run at least `lease` from now, on the server and in this guard's view
+    /// of it. It never shortens the lease: a shorter `lease` than what is left (or than the
+    /// watchdog lease other guards of this hold rely on) changes nothing on the server. To give
+    /// the lock up early, release it. Useful with fixed leases; in watchdog mode the watchdog
+    /// goes on renewing at its next tick.
+    ///
+    /// Fails with [`Error::NotOwner`] (and fires the lost signal) if the lock is no longer ours.
+    /// Connection errors are retried (bounded by the client's retry policy): the request names
+    /// this grant and never shortens, so a retry has the effect of one request.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if the future is dropped, the extension may or may not have reached the
+    /// server; the guard's view of the lease stays the one last confirmed (never longer than
+    /// the server's), so nothing is promised that the server did not grant.
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        check_lease(lease)?;
+        extend_hold(&self.client.shared, &self.hold, lease).await
+    }
+
+    /// Releases this guard's hold and tells what happened:
+    /// [`ReleaseOutcome::Released`], [`StillHeld`](ReleaseOutcome::StillHeld) (other
+    /// re-entrant holds of this owner remain), [`Expired`](ReleaseOutcome::Expired) or
+    /// [`TakenByOther`](ReleaseOutcome::TakenByOther). Connection errors are retried
+    /// (bounded by the client's retry policy); if they persist the error is returned and the
+    /// lock frees itself when its lease ends.
+    ///
+    /// Re-entrant guards of one hold share one grant on the server: releasing one of several
+    /// only counts it down in this client ([`StillHeld`](ReleaseOutcome::StillHeld)); the last
+    /// one releases the grant. The request names the grant, so a retry after a lost reply has
+    /// the effect of one release and can never touch a newer grant of the same owner.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped before it completes, the release still happens in the
+    /// background: nothing is left held.
+    pub async fn release(mut self) -> Result<ReleaseOutcome> {
+        self.done = true;
+        let hold = self.hold.clone();
+        let shared = self.client.shared.clone();
+        let watchdog = self.watchdog;
+        metrics::histogram!("dlock_hold_seconds", "backend" => shared.backend.kind())
+            .record(self.acquired_at.elapsed().as_secs_f64());
+        // Run detached so that cancelling this future cannot leave the lock behind.
+        let task = tokio::spawn(async move { release_hold(&shared, &hold, watchdog).await });
+        match task.await {
+            Ok(r) => r,
+            Err(e) => Err(Error::Runtime(format!("release task failed: {e}"))),
+        }
+    }
+}
+
+/// Renews `hold` so that its lease runs at least `lease` from now (never shortening it).
+pub(crate) async fn extend_hold(
+    shared: &Arc<Shared>,
+    hold: &Arc<Hold>,
+    lease: Duration,
+) -> Result<()> {
+    let item = [(hold.grant.clone(), lease)];
+    let mut sent = Instant::now();
+    let out = crate::backoff::retry(shared.opts.retry, || {
+        sent = Instant::now();
+        shared.backend.renew(&item)
+    })
+    .await?;
+    match out.first() {
+        Some(RenewOutcome::Renewed) => {
+            // Measured from the send of the attempt that was confirmed: the server applied it
+            // no earlier.
+            hold.update(|st| st.confirmed(sent, lease));
+            shared.wake.notify_one();
+            Ok(())
+        }
+        Some(RenewOutcome::NotHeld) => {
+            shared.forget(hold);
+            hold.lost.fire(LostReason::NotHeld);
+            Err(Error::NotOwner {
+                name: hold.key().name.to_string(),
+                owner: hold.key().owner.to_string(),
+            })
+        }
+        None => Err(Error::UnexpectedReply {
+            backend: shared.backend.kind(),
+            message: "renewal of one lock returned no outcome".into(),
+        }),
+    }
+}
+
+/// Releases one guard's share of `hold`: counted down in this client, and the grant released
+/// on the server when it was the last guard.
+pub(crate) async fn release_hold(
+    shared: &Arc<Shared>,
+    hold: &Arc<Hold>,
+    watchdog: bool,
+) -> Result<ReleaseOutcome> {
+    let left = shared.detach(hold, watchdog);
+    if left > 0 {
+        return Ok(ReleaseOutcome::StillHeld { remaining: left });
+    }
+    let span = tracing::debug_span!("dlock.release", name = %hold.key().name, backend = shared.backend.kind());
+    let r = release_grant(shared, &hold.grant).instrument(span).await;
+    match &r {
+        Ok(ReleaseOutcome::Released) | Ok(ReleaseOutcome::StillHeld { .. }) => {}
+        Ok(ReleaseOutcome::Expired) | Ok(ReleaseOutcome::TakenByOther) => {
+            hold.lost.fire(LostReason::NotHeld);
+        }
+        Err(e) => {
+            tracing::warn!(name = %hold.key().name, error = %e, "release failed");
+        }
+    }
+    r
+}
+
+/// Releases `grant` on the server, retrying connection errors. A retry after an attempt whose
+/// outcome is unknown (the reply was lost) may find the grant gone because that attempt went
+/// through: then it is reported released, which is the one outcome both cases share for the
+/// lock's other users.
+pub(crate) async fn release_grant(
+    shared: &Arc<Shared>,
+    grant: &GrantRef,
+) -> Result<ReleaseOutcome> {
+    let mut ambiguous = false;
+    let r = crate::backoff::retry(shared.opts.retry, || {
+        let was_ambiguous = ambiguous;
+        ambiguous = true;
+        async move {
+            let r = shared.backend.release(grant).await;
+            match r {
+                Ok(ReleaseOutcome::Expired) if was_ambiguous => Ok(ReleaseOutcome::Released),
+                other => other,
+            }
+        }
+    })
+    .await;
+    r
+}
+
+/// Gives back a grant nobody will use.
+pub(crate) async fn give_back(shared: &Arc<Shared>, grant: &GrantRef) {
+    if let Err(e) = release_grant(shared, grant).await {
+        tracing::warn!(name = %grant.key.name, error = %e,
+            "could not give back an unused grant; it frees when its lease ends");
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let msg = KeeperMsg::Release {
+            hold: self.hold.clone(),
+            watchdog: self.watchdog,
+        };
+        if self.client.keeper_tx.send(msg).is_err() {
+            // The client is shutting down; the lease frees the lock.
+            self.client.shared.detach(&self.hold, self.watchdog);
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Key layout and the value format of a waiter/holder key.
+//!
+//! | key | lease | value |
+//! |---|---|---|
+//! | `PREFIX/NAME/ATTEMPT` | the attempt's own lease | `TTL OWNER`: the lease's TTL in seconds, the owner id |
+//! | `PREFIX/NAME` | none | empty; its mod revision is the newest queue key's create revision |
+//!
+//! One key per acquisition *attempt* (the core's [`AttemptId`](distlock_core::AttemptId)): a retry
+//! of the attempt's request finds its own key by name, and nothing another attempt does (even
+//! one of the same owner) can touch it. `NAME` and `ATTEMPT` are escaped (`%` → `%25`,
+//! `/` → `%2F`) so that `PREFIX/NAME/` is the prefix of exactly one lock's queue — the prefix
+//! etcd's own `concurrency.Mutex` (and `etcdctl lock PREFIX/NAME`) queues under, so the two
+//! exclude each other.
+
+use crate::error::shape;
+use distlock_core::Result;
+
+/// The keys of one lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    /// `PREFIX/NAME/`: every waiter and the holder of this lock.
+    pub(crate) queue: Vec<u8>,
+    /// `PREFIX/NAME`.
+    pub(crate) fence: Vec<u8>,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str, name: &str) -> Self {
+        let fence = format!("{prefix}/{}", escape(name)).into_bytes();
+        let mut queue = fence.clone();
+        queue.push(b'/');
+        Keys { queue, fence }
+    }
+
+    /// `PREFIX/NAME/ATTEMPT`: the key of one attempt.
+    pub(crate) fn attempt(&self, attempt: &str) -> Vec<u8> {
+        let mut k = self.queue.clone();
+        k.extend_from_slice(escape(attempt).as_bytes());
+        k
+    }
+
+    /// Who holds `key` (a key of this lock's queue with value `value`), for `inspect`: the
+    /// owner id for a key dlock wrote; for a key another program queued under the same prefix
+    /// (`etcdctl lock`, Go's `concurrency.Mutex`, whose keys are lease ids with empty values)
+    /// its name, marked as foreign.
+    pub(crate) fn holder_of(&self, key: &[u8], value: &[u8]) -> String {
+        if let Ok(e) = Entry::decode(key, value) {
+            return e.owner;
+        }
+        let rest = key.strip_prefix(self.queue.as_slice()).unwrap_or(key);
+        format!("(not dlock) {}", String::from_utf8_lossy(rest))
+    }
+}
+
+/// `%` → `%25`, `/` → `%2F`.
+pub(crate) fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// What a queue key of dlock holds: the TTL in seconds of the lease the key is attached to
+/// (etcd cannot tell it in the same read; renewals need it to decide between a keep-alive and
+/// a longer lease) and the owner id (for `inspect`). No hold count: re-entry is counted in the
+/// client, and a key is one grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) ttl: i64,
+    pub(crate) owner: String,
+}
+
+impl Entry {
+    pub(crate) fn encode(&self) -> String {
+        format!("{} {}", self.ttl, self.owner)
+    }
+
+    pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Entry> {
+        let bad = || {
+            shape(format!(
+                "key `{}` holds `{}`, not a dlock hold (`TTL OWNER`); \
+                 is another program writing under this prefix?",
+                String::from_utf8_lossy(key),
+                String::from_utf8_lossy(value)
+            ))
+        };
+        let s = std::str::from_utf8(value).map_err(|_| bad())?;
+        let (ttl, owner) = s.split_once(' ').ok_or_else(bad)?;
+        let ttl: i64 = ttl.parse().map_err(|_| bad())?;
+        if ttl <= 0 || owner.is_empty() {
+            return Err(bad());
+        }
+        Ok(Entry {
+            ttl,
+            owner: owner.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout() {
+        let k = Keys::new("dlock", "a/b%c");
+        assert_eq!(k.fence, b"dlock/a%2Fb%25c");
+        assert_eq!(k.queue, b"dlock/a%2Fb%25c/");
+        assert_eq!(k.attempt("0f/1"), b"dlock/a%2Fb%25c/0f%2F1");
+        // A name that is a prefix of another does not share its queue.
+        let short = Keys::new("dlock", "a");
+        assert!(!Keys::new("dlock", "a/x")
+            .attempt("0")
+            .starts_with(&short.queue));
+        assert!(!Keys::new("dlock", "ab")
+            .attempt("0")
+            .starts_with(&short.queue));
+        // etcdctl lock dlock/orders queues under the same prefix.
+        assert_eq!(Keys::new("dlock", "orders").queue, b"dlock/orders/");
+    }
+
+    #[test]
+    fn entries() {
+        let e = Entry {
+            ttl: 30,
+            owner: "me: 1 2".into(),
+        };
+        assert_eq!(Entry::decode(b"k", e.encode().as_bytes()).unwrap(), e);
+        for bad in [
+            &b""[..],
+            b"x",
+            b"1",
+            b"1 ",
+            b"x o",
+            b"0 o",
+            b"-1 o",
+            b"\xff",
+        ] {
+            assert!(Entry::decode(b"k", bad).is_err());
+        }
+        let k = Keys::new("dlock", "n");
+        assert_eq!(
+            k.holder_of(b"dlock/n/abc", e.encode().as_bytes()),
+            "me: 1 2"
+        );
+        assert_eq!(
+            k.holder_of(b"dlock/n/694d8f2a3b1c5e07", b""),
+            "(not dlock) 694d8f2a3b1c5e07"
+        );
+    }
+}

@@ -1,0 +1,382 @@
+//! Waiting in etcd's queue: the mutex recipe's `waitDeletes`.
+//!
+//! A waiting attempt puts its own key (`PREFIX/NAME/ATTEMPT`) with its own lease — unless a
+//! request of it did already, whose reply was lost: then it finds that key and goes on with
+//! it — then repeatedly asks for the key created just before its own. None: the lock is ours
+//! (the key being first *is* the grant, as in Go's `concurrency.Mutex`). Otherwise it watches
+//! that one key for its deletion (from the revision of the read, so a deletion in between is
+//! not missed) and asks again. Only the next waiter wakes on a release: no herd.
+//!
+//! While it waits, the waiter keeps its lease alive. If etcd says the lease is gone, or no
+//! keep-alive got through for a whole lease, its place in the queue is gone and the wait ends
+//! with an error rather than waiting behind a key that no longer exists. Whenever the wait
+//! ends without the lock (deadline, cancellation, error), the attempt gives up: its own key is
+//! deleted, whatever state it is in — and only its own, never a key of another attempt of the
+//! same owner.
+
+use crate::error::KIND;
+use crate::keys::{Entry, Keys};
+use crate::{first_of, gets, header_revision, nth_first, put_mine, token_of, EtcdBackend, Lease};
+use distlock_core::backoff::Backoff;
+use distlock_core::clock::Instant as LeaseInstant;
+use distlock_core::{AcquireRequest, Backend, Error, Granted, Result};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, WatchFilterType,
+    WatchOptions, WatchStream,
+};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Longest pause between two looks at the queue while waiting (a safety net under the watch:
+/// a watch on a member that stopped answering can stay silent).
+const MAX_TICK: Duration = Duration::from_secs(1);
+
+/// This waiter's place in the queue.
+struct Place {
+    /// Create revision of our key: the fencing token once we hold the lock.
+    rev: i64,
+    /// The lease our key is attached to, and its TTL in seconds.
+    lease: i64,
+    ttl: i64,
+    /// A time no later than the start of the lease's current TTL: the send time of the last
+    /// keep-alive etcd confirmed, or of a request that preceded the lease's grant. On the
+    /// lease clock, which counts while the machine is suspended, as etcd's lease does.
+    confirmed_at: LeaseInstant,
+}
+
+enum Enqueued {
+    Granted(Granted),
+    Waiting(Place),
+}
+
+pub(crate) async fn acquire_wait(
+    b: &EtcdBackend,
+    req: &AcquireRequest,
+    deadline: Option<Instant>,
+    cancel: &CancellationToken,
+) -> Result<Option<Granted>> {
+    b.check_kind(req.key.kind)?;
+    let keys = b.keys(&req.key.name);
+    let mine = keys.attempt(&req.attempt);
+    let res = wait(b, &keys, &mine, req, deadline, cancel).await;
+    if !matches!(res, Ok(Some(_))) {
+        // Stopped without the lock: leave the queue, and give back a grant this attempt may
+        // have got meanwhile (its key became first as the deadline passed). The request names
+        // this attempt's key and nothing else.
+        if let Err(e) = b.give_up(req).await {
+            tracing::debug!(error = %e, "could not leave the queue; the key expires with its lease");
+        }
+    }
+    res
+}
+
+async fn wait(
+    b: &EtcdBackend,
+    keys: &Keys,
+    mine: &[u8],
+    req: &AcquireRequest,
+    deadline: Option<Instant>,
+    cancel: &CancellationToken,
+) -> Result<Option<Granted>> {
+    // Every lease this attempt may put its key on was granted after this instant.
+    let started = LeaseInstant::now();
+    let mut backoff = Backoff::default();
+    let mut place = loop {
+        if stopped(deadline, cancel) {
+            return Ok(None);
+        }
+        match enqueue(b, keys, mine, req, started).await {
+            Ok(Enqueued::Granted(g)) => return Ok(Some(g)),
+            Ok(Enqueued::Waiting(p)) => break p,
+            // The request may have gone through: the next one names the same key, so it finds
+            // the place (or the grant) this one made.
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(error = %e, "cannot queue for the lock yet; retrying");
+                if !pause(backoff.next_delay(), deadline, cancel).await {
+                    return Ok(None);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    wait_turn(b, keys, req, mine, &mut place, deadline, cancel).await
+}
+
+/// Puts our key at the end of the queue (Go's `tryAcquire`), or finds it there; takes the
+/// lock at once if the key is first.
+async fn enqueue(
+    b: &EtcdBackend,
+    keys: &Keys,
+    mine: &[u8],
+    req: &AcquireRequest,
+    started: LeaseInstant,
+) -> Result<Enqueued> {
+    let sent = LeaseInstant::now();
+    let lease = b.grant(req.lease).await?;
+    let txn = Txn::new()
+        .when([Compare::create_revision(mine.to_vec(), CompareOp::Equal, 0)])
+        .and_then([
+            put_mine(mine, &req.key.owner, lease),
+            TxnOp::put(keys.fence.clone(), "", None),
+            first_of(&keys.queue),
+        ])
+        .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)]);
+    let resp = match b.txn("acquire", txn).await {
+        Ok(r) => r,
+        Err(e) => {
+            // Perhaps applied: the key may be on this lease now.
+            b.doubt(&req.attempt, lease);
+            return Err(e);
+        }
+    };
+    let mut all = gets(&resp);
+    if resp.succeeded() {
+        let rev = header_revision(&resp)?;
+        let first = nth_first(&mut all, 0)?;
+        if first.is_none_or(|f| f.create_revision() == rev) {
+            b.remember(&req.attempt, lease);
+            return Ok(Enqueued::Granted(Granted {
+                token: token_of(rev)?,
+                requested_at: sent,
+            }));
+        }
+        return Ok(Enqueued::Waiting(Place {
+            rev,
+            lease: lease.id,
+            ttl: lease.ttl,
+            confirmed_at: sent,
+        }));
+    }
+    // Our key exists: an earlier request of this attempt put it and its reply was lost. This
+    // request's lease carries nothing (etcd answered that it put nothing).
+    b.revoke_in_background(lease.id);
+    let m = nth_first(&mut all, 0)?.ok_or_else(|| {
+        crate::error::shape("etcd said the attempt's key exists but returned no such key")
+    })?;
+    let e = Entry::decode(m.key(), m.value())?;
+    let mut place = Place {
+        rev: m.create_revision(),
+        lease: m.lease(),
+        ttl: e.ttl,
+        // That lease was granted during this wait.
+        confirmed_at: started,
+    };
+    match nth_first(&mut all, 1)? {
+        Some(f) if f.key() == m.key() => take_turn(b, req, mine, &mut place)
+            .await
+            .map(Enqueued::Granted),
+        _ => Ok(Enqueued::Waiting(place)),
+    }
+}
+
+/// Our key and the key just before it, read at one revision.
+struct Position {
+    mine: Option<KeyValue>,
+    pred: Option<KeyValue>,
+    revision: i64,
+}
+
+async fn position(b: &EtcdBackend, keys: &Keys, mine: &[u8], rev: i64) -> Result<Position> {
+    let pred = TxnOp::get(
+        keys.queue.clone(),
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_max_create_revision(rev - 1)
+                .with_limit(1),
+        ),
+    );
+    let txn = Txn::new().and_then([TxnOp::get(mine.to_vec(), None), pred]);
+    let resp = b.txn("wait", txn).await?;
+    let revision = header_revision(&resp)?;
+    let mut all = gets(&resp);
+    Ok(Position {
+        mine: nth_first(&mut all, 0)?,
+        pred: nth_first(&mut all, 1)?,
+        revision,
+    })
+}
+
+fn place_lost(b: &EtcdBackend, mine: &[u8], why: &str) -> Error {
+    Error::Connection {
+        backend: KIND,
+        endpoint: b.endpoint(),
+        source: format!(
+            "stopped waiting for the lock: {why}, so the waiter's place `{}` in the queue is gone",
+            String::from_utf8_lossy(mine)
+        )
+        .into(),
+    }
+}
+
+/// Our key is first: the lock is ours. One keep-alive, so the lease runs its full TTL (at
+/// least the requested lease) from now; if it does not get through, the lease still runs from
+/// the last confirmed one.
+async fn take_turn(
+    b: &EtcdBackend,
+    req: &AcquireRequest,
+    mine: &[u8],
+    place: &mut Place,
+) -> Result<Granted> {
+    let sent = LeaseInstant::now();
+    match b.keep_alive(place.lease).await {
+        Ok(true) => place.confirmed_at = sent,
+        Ok(false) => return Err(place_lost(b, mine, "its lease expired as it got the lock")),
+        Err(e) => {
+            tracing::debug!(error = %e, "keep-alive at grant failed; the lease runs from the last one")
+        }
+    }
+    b.remember(
+        &req.attempt,
+        Lease {
+            id: place.lease,
+            ttl: place.ttl,
+        },
+    );
+    Ok(Granted {
+        token: token_of(place.rev)?,
+        requested_at: place.confirmed_at,
+    })
+}
+
+async fn wait_turn(
+    b: &EtcdBackend,
+    keys: &Keys,
+    req: &AcquireRequest,
+    mine: &[u8],
+    place: &mut Place,
+    deadline: Option<Instant>,
+    cancel: &CancellationToken,
+) -> Result<Option<Granted>> {
+    let lease_len = Duration::from_secs(place.ttl.unsigned_abs());
+    let tick = (lease_len / 3).min(MAX_TICK);
+    let mut backoff = Backoff::default();
+    // The watch on the key just before ours, with that key.
+    let mut watch: Option<(Vec<u8>, WatchStream)> = None;
+    loop {
+        if stopped(deadline, cancel) {
+            return Ok(None);
+        }
+        if place.confirmed_at.elapsed() >= lease_len {
+            return Err(place_lost(
+                b,
+                mine,
+                &format!("no keep-alive of its lease reached etcd for {lease_len:?}"),
+            ));
+        }
+        if place.confirmed_at.elapsed() >= lease_len / 3 {
+            let sent = LeaseInstant::now();
+            match b.keep_alive(place.lease).await {
+                Ok(true) => place.confirmed_at = sent,
+                Ok(false) => return Err(place_lost(b, mine, "its lease expired")),
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(error = %e, "waiter keep-alive failed; retrying");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let pos = match position(b, keys, mine, place.rev).await {
+            Ok(p) => p,
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(error = %e, "cannot read the queue; retrying");
+                watch = None;
+                if !pause(backoff.next_delay().min(tick), deadline, cancel).await {
+                    return Ok(None);
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        backoff.reset();
+        if pos
+            .mine
+            .as_ref()
+            .is_none_or(|m| m.create_revision() != place.rev)
+        {
+            return Err(place_lost(
+                b,
+                mine,
+                "its key was deleted (lease expired or revoked)",
+            ));
+        }
+        let Some(pred) = pos.pred else {
+            // First in the queue: the lock is ours.
+            return take_turn(b, req, mine, place).await.map(Some);
+        };
+        if watch
+            .as_ref()
+            .is_none_or(|(k, _)| k.as_slice() != pred.key())
+        {
+            watch = None;
+            let opts = WatchOptions::new()
+                .with_start_revision(pos.revision + 1)
+                .with_filters([WatchFilterType::NoPut]);
+            let res = b
+                .call("watch", |c| {
+                    let (key, opts) = (pred.key().to_vec(), opts.clone());
+                    async move { c.watch_client().watch(key, Some(opts)).await }
+                })
+                .await;
+            match res {
+                Ok(s) => watch = Some((pred.key().to_vec(), s)),
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(error = %e, "cannot watch the key before ours; polling");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut sleep = tick;
+        if let Some(d) = deadline {
+            sleep = sleep.min(d.saturating_duration_since(Instant::now()));
+        }
+        match watch.as_mut() {
+            Some((_, stream)) => {
+                tokio::select! {
+                    m = stream.message() => match m {
+                        Ok(Some(r)) if !r.canceled() => {
+                            // The creation notice, or the deletion: look again either way.
+                        }
+                        _ => {
+                            // Broken or canceled (no leader, compaction): look again after a
+                            // short pause, with a new watch.
+                            watch = None;
+                            if !pause(backoff.next_delay().min(tick), deadline, cancel).await {
+                                return Ok(None);
+                            }
+                        }
+                    },
+                    _ = tokio::time::sleep(sleep) => {}
+                    _ = cancel.cancelled() => return Ok(None),
+                }
+            }
+            None => {
+                if !pause(sleep, None, cancel).await {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+fn stopped(deadline: Option<Instant>, cancel: &CancellationToken) -> bool {
+    cancel.is_cancelled() || deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+/// Sleeps `d` (capped by `deadline`); false if cancelled or the deadline passed.
+async fn pause(d: Duration, deadline: Option<Instant>, cancel: &CancellationToken) -> bool {
+    let d = match deadline {
+        Some(dl) => {
+            let left = dl.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            d.min(left)
+        }
+        None => d,
+    };
+    tokio::select! {
+        _ = tokio::time::sleep(d) => deadline.is_none_or(|dl| Instant::now() < dl),
+        _ = cancel.cancelled() => false,
+    }
+}

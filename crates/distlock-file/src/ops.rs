@@ -1,0 +1,194 @@
+//! Operator commands on `file://`: `dlock list`, `dlock release --force`, `dlock doctor`.
+//!
+//! `list` reads the lock directory (each `<hash>.lock` and `<hash>.rw-record` names its lock)
+//! and inspects every lock found. A forced release of a **held** lock is refused: the lock is
+//! the holder process's `flock(2)` on its own open file description, which no other process
+//! can drop, and the kernel frees it the moment that process exits — so the way out is to stop
+//! that process, whose pid the record names. Bumping only the fencing counter would not let a
+//! next holder in (the flock stays), so it would not help either. A free lock's counter is
+//! advanced under the exclusive lock, as a grant would.
+
+use super::{check_kind, rw, sys, FileBackend, Inner, KIND};
+use crate::record::{self, Record};
+use distlock_core::{Error, Finding, ForceReleased, ListedLock, LockKind, Result, Severity};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::Path;
+
+/// Suffix of a mutex's lock file.
+const MUTEX_SUFFIX: &str = ".lock";
+
+/// Reads the record of `path` without locking (a writer may be mid-write: retried a few times;
+/// `None` when it stays unreadable or the file is gone).
+fn peek_record(path: &Path) -> Option<Record> {
+    for _ in 0..5 {
+        let file = File::open(path).ok()?;
+        if let Ok(rec) = record::read(&file)
+            .map_err(|e| e.to_string())
+            .and_then(|b| Record::parse(&b))
+        {
+            return Some(rec);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    None
+}
+
+pub(crate) async fn list(b: &FileBackend, prefix: &str) -> Result<Vec<ListedLock>> {
+    let inner = &b.inner;
+    let entries = std::fs::read_dir(&inner.dir)
+        .map_err(|e| inner.io_error(format!("cannot read {}", inner.dir.display()), e))?;
+    let rw_suffix = format!(".{}", rw::RECORD);
+    let mut found: Vec<(String, LockKind)> = Vec::new();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        let kind = if file_name.ends_with(MUTEX_SUFFIX) {
+            LockKind::Mutex
+        } else if file_name.ends_with(&rw_suffix) {
+            LockKind::Write
+        } else {
+            continue;
+        };
+        // The record keeps the name (the file name is its hash).
+        let Some(name) = peek_record(&entry.path()).and_then(|r| r.name) else {
+            continue;
+        };
+        if name.starts_with(prefix) {
+            found.push((name, kind));
+        }
+    }
+    found.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
+    found.dedup();
+    let mut out = Vec::with_capacity(found.len());
+    for (name, kind) in found {
+        let info = distlock_core::Backend::inspect(b, &name, kind).await?;
+        out.push(ListedLock::new(kind, info));
+    }
+    Ok(out)
+}
+
+/// The refusal for a held lock: who holds it and what to do.
+fn held_error(name: &str, holders: &[(u32, String)]) -> Error {
+    let who: Vec<String> = holders
+        .iter()
+        .map(|(pid, owner)| {
+            if sys::pid_alive(*pid) {
+                format!("pid {pid} (owner {owner})")
+            } else {
+                format!("pid {pid} (owner {owner}; not running here: the holder may be in another PID namespace)")
+            }
+        })
+        .collect();
+    let who = if who.is_empty() {
+        "a process that has not recorded itself yet".to_owned()
+    } else {
+        who.join(", ")
+    };
+    Error::unsupported(
+        KIND,
+        format!(
+            "forced release of `{name}`: the lock is held by {who}. On file:// a lock is the holder process's flock(2), which no other process can take away; the kernel frees it the moment that process exits. Stop the holder (e.g. `kill <pid>`); the next holder then gets a higher fencing token"
+        ),
+    )
+}
+
+pub(crate) fn force_release(inner: &Inner, name: &str, kind: LockKind) -> Result<ForceReleased> {
+    check_kind(kind)?;
+    distlock_core::validate_name(name)?;
+    if rw::side_of(kind).is_some() {
+        let path = inner.rw_path(name, rw::RECORD);
+        let rec = peek_record(&path).unwrap_or_default();
+        let holders: Vec<(u32, String)> =
+            rec.holds.iter().map(|h| (h.pid, h.owner.clone())).collect();
+        if holders.is_empty() {
+            // Free (as far as the record says): nothing to remove. The counter of a
+            // read-write lock is advanced under its own protocol at the next grant.
+            return Ok(ForceReleased::new(Vec::new(), rec.token));
+        }
+        return Err(held_error(name, &holders));
+    }
+    let path = inner.path(name);
+    let file = match OpenOptions::new().read(true).write(true).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok(ForceReleased::new(Vec::new(), 0));
+        }
+        Err(e) => {
+            return Err(inner.io_error(format!("cannot open lock file {}", path.display()), e))
+        }
+    };
+    let free = sys::try_lock(&file, sys::Mode::Exclusive)
+        .map_err(|e| inner.io_error(format!("cannot probe {}", path.display()), e))?;
+    if !free {
+        let holders = peek_record(&path)
+            .and_then(|r| r.holder)
+            .map(|h| vec![(h.pid, h.owner)])
+            .unwrap_or_default();
+        return Err(held_error(name, &holders));
+    }
+    // Under the exclusive lock, as a grant: advance the counter past every token issued.
+    let result = (|| {
+        let mut rec = inner.read_record(&file, &path)?;
+        inner.check_name(&rec, name, &path)?;
+        rec.token = record::next_token(rec.token).ok_or_else(|| {
+            inner.corrupt(&path, "its fencing token is at the largest possible value")
+        })?;
+        rec.name = Some(name.to_owned());
+        rec.holder = None;
+        record::write(&file, &rec)
+            .map_err(|e| inner.io_error(format!("cannot write lock file {}", path.display()), e))?;
+        Ok(ForceReleased::new(Vec::new(), rec.token))
+    })();
+    sys::unlock_and_close(file);
+    result
+}
+
+pub(crate) fn diagnose(inner: &Inner) -> Vec<Finding> {
+    let dir = &inner.dir;
+    let mut out = Vec::new();
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    out.push(match sys::fs_magic(dir) {
+        Ok(magic) => match super::network_fs(magic) {
+            Some(fs) => Finding::new(
+                Severity::Unsafe,
+                "file-system",
+                format!("{} is on {fs} (statfs type {magic:#x}): flock there can be lost by the client or does not exclude other hosts; use a directory on a local file system, or a networked backend (redis://, etcd://) for locks between hosts", dir.display()),
+            ),
+            None if magic == super::FUSE_MAGIC => Finding::new(
+                Severity::Warning,
+                "file-system",
+                format!("{} is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs does not); prefer a local directory", dir.display()),
+            ),
+            None => Finding::new(
+                Severity::Ok,
+                "file-system",
+                format!("{} is on a local file system (statfs type {magic:#x}); locks exclude the processes of this host only", dir.display()),
+            ),
+        },
+        Err(e) => Finding::new(
+            Severity::Unsafe,
+            "file-system",
+            format!("cannot statfs {}: {e}", dir.display()),
+        ),
+    });
+    // Writable: a lock file must be creatable and writable (the record carries the counter).
+    let probe = dir.join(format!(".dlock-doctor-{}", std::process::id()));
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|mut f| f.write_all(b"probe\n"));
+    let _ = std::fs::remove_file(&probe);
+    out.push(match written {
+        Ok(()) => Finding::new(Severity::Ok, "writable", format!("{} is writable", dir.display())),
+        Err(e) => Finding::new(
+            Severity::Unsafe,
+            "writable",
+            format!("cannot create files in {}: {e}; locks cannot be taken: give the user write permission on the directory (for several users: a group-writable setgid directory and umask 002)", dir.display()),
+        ),
+    });
+    out
+}

@@ -1,0 +1,374 @@
+//! Lock file names and the record stored in each lock file.
+//!
+//! See the crate documentation for the format.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// First line of every lock record.
+pub(crate) const MAGIC: &str = "distlock-file 1";
+
+/// Largest lock file accepted; records are well under 1 KiB.
+const MAX_RECORD: usize = 64 * 1024;
+
+/// FNV-1a, 128-bit variant (offset basis `0x6c62272e07bb014262b821756295c58d`,
+/// prime `2^88 + 0x13b`), over `bytes`.
+pub fn fnv1a_128(bytes: &[u8]) -> u128 {
+    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    const PRIME: u128 = (1 << 88) + 0x13b;
+    bytes
+        .iter()
+        .fold(OFFSET, |h, &b| (h ^ u128::from(b)).wrapping_mul(PRIME))
+}
+
+/// The lock file name of lock `name`: 32 lower-case hex digits of FNV-1a-128 of the name's
+/// UTF-8 bytes, then `.lock`.
+pub fn file_name(name: &str) -> String {
+    format!("{:032x}.lock", fnv1a_128(name.as_bytes()))
+}
+
+/// The file of lock `name` with suffix `suffix` (`rw`, `rw-turnstile`, `rw-record`).
+pub(crate) fn rw_file_name(name: &str, suffix: &str) -> String {
+    format!("{:032x}.{suffix}", fnv1a_128(name.as_bytes()))
+}
+
+/// The fencing token of the next grant after one that had `last` (0: none): above `last`,
+/// and at least the wall clock in microseconds since the Unix epoch. The clock floor is what
+/// keeps tokens increasing when the counter is lost — the file deleted (by an operator or a
+/// `/tmp` cleaner, even while a process still holds the old one) or the directory wiped at a
+/// reboot: a grant's token is at least its time in microseconds, and every earlier grant's is
+/// at most its own time (plus one per grant made within the same microsecond), so the new
+/// counter starts above every token handed out before, unless the wall clock was set back.
+/// `None` when `last` is `u64::MAX`.
+pub(crate) fn next_token(last: u64) -> Option<u64> {
+    let floor = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    Some(last.checked_add(1)?.max(floor))
+}
+
+/// The holder line of a record: written while a process holds the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HolderLine {
+    pub(crate) pid: u32,
+    pub(crate) count: u32,
+    pub(crate) owner: String,
+}
+
+/// The side of a read-write lock a [`HoldLine`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// `r`: the shared side.
+    Read,
+    /// `w`: the exclusive side.
+    Write,
+}
+
+impl Side {
+    fn letter(self) -> char {
+        match self {
+            Side::Read => 'r',
+            Side::Write => 'w',
+        }
+    }
+}
+
+/// One hold of a read-write lock, in its record file (`hold` lines): written and removed
+/// under the record file's exclusive lock by the backend that holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HoldLine {
+    pub(crate) side: Side,
+    pub(crate) pid: u32,
+    /// Distinguishes the `FileBackend`s of one process.
+    pub(crate) instance: u64,
+    pub(crate) count: u32,
+    pub(crate) owner: String,
+}
+
+/// Contents of one lock file (a mutex's `.lock`, or a read-write lock's `.rw-record`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// Last fencing token granted (0: never granted).
+    pub(crate) token: u64,
+    /// The lock's name (absent only in a file never granted).
+    pub(crate) name: Option<String>,
+    /// Who holds it, while held (mutex).
+    pub(crate) holder: Option<HolderLine>,
+    /// The holds of a read-write lock.
+    pub(crate) holds: Vec<HoldLine>,
+}
+
+impl Record {
+    /// The bytes written to the file.
+    pub(crate) fn encode(&self) -> String {
+        let mut s = format!("{MAGIC}\ntoken {}\n", self.token);
+        if let Some(name) = &self.name {
+            s.push_str("name ");
+            s.push_str(name);
+            s.push('\n');
+        }
+        if let Some(h) = &self.holder {
+            s.push_str(&format!("holder {} {} {}\n", h.pid, h.count, h.owner));
+        }
+        for h in &self.holds {
+            s.push_str(&format!(
+                "hold {} {} {} {} {}\n",
+                h.side.letter(),
+                h.pid,
+                h.instance,
+                h.count,
+                h.owner
+            ));
+        }
+        s.push_str("end\n");
+        s
+    }
+
+    /// Parses a file's bytes; an empty file is a fresh lock. `Err` says what is wrong.
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Record, String> {
+        if bytes.is_empty() {
+            return Ok(Record::default());
+        }
+        let text = std::str::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_owned())?;
+        let mut lines = text.split('\n');
+        if lines.next() != Some(MAGIC) {
+            return Err(format!("its first line is not `{MAGIC}`"));
+        }
+        let mut token = None;
+        let mut rec = Record::default();
+        let mut ended = false;
+        for line in lines {
+            if line == "end" {
+                ended = true;
+                break;
+            }
+            let (key, value) = line.split_once(' ').unwrap_or((line, ""));
+            match key {
+                "token" => {
+                    token = Some(
+                        value
+                            .parse::<u64>()
+                            .map_err(|_| format!("its token `{value}` is not a number"))?,
+                    )
+                }
+                "name" => rec.name = Some(value.to_owned()),
+                "holder" => {
+                    let mut parts = value.splitn(3, ' ');
+                    let pid = parts.next().and_then(|p| p.parse().ok());
+                    let count = parts.next().and_then(|c| c.parse().ok());
+                    let owner = parts.next().filter(|o| !o.is_empty());
+                    match (pid, count, owner) {
+                        (Some(pid), Some(count), Some(owner)) => {
+                            rec.holder = Some(HolderLine {
+                                pid,
+                                count,
+                                owner: owner.to_owned(),
+                            })
+                        }
+                        _ => return Err(format!("its holder line `{value}` is malformed")),
+                    }
+                }
+                "hold" => rec.holds.push(
+                    parse_hold(value)
+                        .ok_or_else(|| format!("its hold line `{value}` is malformed"))?,
+                ),
+                // Lines added by later versions are skipped.
+                _ => {}
+            }
+        }
+        if !ended {
+            return Err("it is truncated (no `end` line)".to_owned());
+        }
+        rec.token = token.ok_or_else(|| "it has no `token` line".to_owned())?;
+        Ok(rec)
+    }
+}
+
+/// `r|w PID INSTANCE COUNT OWNER` (the owner may contain spaces).
+fn parse_hold(value: &str) -> Option<HoldLine> {
+    let mut parts = value.splitn(5, ' ');
+    let side = match parts.next()? {
+        "r" => Side::Read,
+        "w" => Side::Write,
+        _ => return None,
+    };
+    let pid = parts.next()?.parse().ok()?;
+    let instance = parts.next()?.parse().ok()?;
+    let count = parts.next()?.parse().ok()?;
+    let owner = parts.next().filter(|o| !o.is_empty())?;
+    Some(HoldLine {
+        side,
+        pid,
+        instance,
+        count,
+        owner: owner.to_owned(),
+    })
+}
+
+/// Reads the whole file from offset 0.
+pub(crate) fn read(file: &File) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            if buf.len() >= MAX_RECORD {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("lock file larger than {MAX_RECORD} bytes"),
+                ));
+            }
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// Replaces the file's contents with `rec`. Only called under the exclusive lock.
+pub(crate) fn write(file: &File, rec: &Record) -> io::Result<()> {
+    let bytes = rec.encode();
+    file.write_all_at(bytes.as_bytes(), 0)?;
+    file.set_len(bytes.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_increase_and_follow_the_clock() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_micros() as u64;
+        // A fresh or lost counter starts at the clock, not at 1.
+        let first = next_token(0).expect("token");
+        assert!(first >= now, "{first} < {now}");
+        // Always above the last one, even when it is ahead of the clock.
+        assert_eq!(
+            next_token(first + 1_000_000_000).expect("token"),
+            first + 1_000_000_001
+        );
+        assert!(next_token(first).expect("token") > first);
+        assert_eq!(next_token(u64::MAX), None);
+    }
+
+    #[test]
+    fn fnv_vectors() {
+        // Reference values of the FNV-1a 128-bit hash.
+        assert_eq!(fnv1a_128(b""), 0x6c62272e07bb014262b821756295c58d);
+        assert_eq!(fnv1a_128(b"a"), 0xd228cb696f1a8caf78912b704e4a8964);
+        assert_eq!(fnv1a_128(b"foobar"), 0x343e1662793c64bf6f0d3597ba446f18);
+        assert_eq!(file_name("a"), "d228cb696f1a8caf78912b704e4a8964.lock");
+        assert_ne!(file_name("a/b"), file_name("a\\b"));
+    }
+
+    #[test]
+    fn round_trip() {
+        let rec = Record {
+            token: 42,
+            name: Some("orders/{42} π with spaces".into()),
+            holder: Some(HolderLine {
+                pid: 7,
+                count: 3,
+                owner: "host:7:abc:1 odd owner".into(),
+            }),
+            holds: Vec::new(),
+        };
+        assert_eq!(Record::parse(rec.encode().as_bytes()), Ok(rec.clone()));
+        let free = Record {
+            holder: None,
+            ..rec
+        };
+        assert_eq!(Record::parse(free.encode().as_bytes()), Ok(free));
+        assert_eq!(Record::parse(b""), Ok(Record::default()));
+        // Trailing bytes after `end` (a longer old record being shortened) are ignored.
+        let mut torn = free_with_tail();
+        torn.extend_from_slice(b"er 1 1 x\n");
+        assert!(Record::parse(&torn).is_ok());
+    }
+
+    #[test]
+    fn hold_lines() {
+        let rec = Record {
+            token: 9,
+            name: Some("rw name".into()),
+            holder: None,
+            holds: vec![
+                HoldLine {
+                    side: Side::Write,
+                    pid: 12,
+                    instance: 3,
+                    count: 2,
+                    owner: "w owner".into(),
+                },
+                HoldLine {
+                    side: Side::Read,
+                    pid: 13,
+                    instance: 0,
+                    count: 1,
+                    owner: "r".into(),
+                },
+            ],
+        };
+        let text = rec.encode();
+        assert!(
+            text.contains("hold w 12 3 2 w owner\nhold r 13 0 1 r\n"),
+            "{text}"
+        );
+        assert_eq!(Record::parse(text.as_bytes()), Ok(rec));
+        for bad in [
+            "x 1 1 1 o",
+            "r 1 1 1",
+            "r a 1 1 o",
+            "r 1 1 -1 o",
+            "w 1 1 1 ",
+        ] {
+            let text = format!("distlock-file 1\ntoken 1\nhold {bad}\nend\n");
+            assert!(
+                Record::parse(text.as_bytes()).unwrap_err().contains("hold"),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            rw_file_name("a", "rw"),
+            "d228cb696f1a8caf78912b704e4a8964.rw"
+        );
+    }
+
+    fn free_with_tail() -> Vec<u8> {
+        Record {
+            token: 1,
+            name: Some("n".into()),
+            holder: None,
+            holds: Vec::new(),
+        }
+        .encode()
+        .into_bytes()
+    }
+
+    #[test]
+    fn corrupt() {
+        assert!(Record::parse(b"hello").unwrap_err().contains("first line"));
+        assert!(Record::parse(b"distlock-file 1\ntoken x\nend\n")
+            .unwrap_err()
+            .contains("not a number"));
+        assert!(Record::parse(b"distlock-file 1\ntoken 3\n")
+            .unwrap_err()
+            .contains("truncated"));
+        assert!(Record::parse(b"distlock-file 1\nend\n")
+            .unwrap_err()
+            .contains("no `token`"));
+        assert!(Record::parse(b"distlock-file 1\ntoken 1\nholder x\nend\n")
+            .unwrap_err()
+            .contains("holder"));
+        assert!(Record::parse(&[0xff, 0xfe]).unwrap_err().contains("UTF-8"));
+    }
+}

@@ -1,0 +1,371 @@
+//! What both modes share: connections (a small pool of idle ones), the schema, lock keys.
+
+use crate::error::{conn_dead, map, timeout};
+use distlock_core::Result;
+use mysql_async::prelude::{FromValue, Queryable};
+use mysql_async::{Conn, Row};
+use sha2::{Digest, Sha256};
+use std::future::Future;
+use std::sync::Mutex as StdMutex;
+use std::time::Duration;
+
+/// Idle connections kept for control statements and the next holder.
+const POOL_MAX: usize = 8;
+
+/// How one driver call ended.
+pub(crate) enum Call<T> {
+    Ok(T),
+    Err(mysql_async::Error),
+    Timeout,
+}
+
+pub(crate) struct Common {
+    pub(crate) opts: mysql_async::Opts,
+    pub(crate) endpoint: String,
+    pub(crate) namespace: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) op_timeout: Duration,
+    idle: StdMutex<Vec<Conn>>,
+}
+
+impl Common {
+    pub(crate) fn new(
+        opts: mysql_async::Opts,
+        endpoint: String,
+        namespace: String,
+        connect_timeout: Duration,
+        op_timeout: Duration,
+    ) -> Self {
+        Common {
+            opts,
+            endpoint,
+            namespace,
+            connect_timeout,
+            op_timeout,
+            idle: StdMutex::new(Vec::new()),
+        }
+    }
+
+    /// Opens a new connection.
+    pub(crate) async fn open(&self) -> Result<Conn> {
+        tokio::time::timeout(self.connect_timeout, Conn::new(self.opts.clone()))
+            .await
+            .map_err(|_| timeout(&self.endpoint, "connecting", self.connect_timeout))?
+            .map_err(|e| map(&self.endpoint, e))
+    }
+
+    /// An idle connection, or a new one.
+    pub(crate) async fn take(&self) -> Result<Conn> {
+        let conn = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match conn {
+            Some(c) => Ok(c),
+            None => self.open().await,
+        }
+    }
+
+    /// Keeps a connection that holds no lock for later (or closes it).
+    pub(crate) fn put(&self, conn: Conn) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < POOL_MAX {
+            idle.push(conn);
+        }
+    }
+
+    /// How long work that must not be cut short by a caller's timeout (a request whose reply is
+    /// late: its outcome decides who holds the lock) waits for the server before it gives up
+    /// and closes the connection.
+    pub(crate) fn slow_limit(&self) -> Duration {
+        (self.op_timeout * 4).max(Duration::from_secs(2))
+    }
+
+    /// Runs one driver call with the long timeout of [`Common::slow_limit`].
+    pub(crate) async fn slow_call<T>(
+        &self,
+        f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
+    ) -> Call<T> {
+        match tokio::time::timeout(self.slow_limit(), f).await {
+            Ok(Ok(v)) => Call::Ok(v),
+            Ok(Err(e)) => Call::Err(e),
+            Err(_) => Call::Timeout,
+        }
+    }
+
+    /// Turns a slow call's end into a result.
+    pub(crate) fn slow_result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
+        match c {
+            Call::Timeout => Err(timeout(&self.endpoint, what, self.slow_limit())),
+            other => self.result(what, other),
+        }
+    }
+
+    /// The error of a slow call that did not succeed.
+    pub(crate) fn slow_error<T>(&self, what: &str, c: Call<T>) -> distlock_core::Error {
+        match c {
+            Call::Timeout => timeout(&self.endpoint, what, self.slow_limit()),
+            other => self.error(what, other),
+        }
+    }
+
+    /// Runs one driver call with the per-call timeout.
+    pub(crate) async fn call<T>(
+        &self,
+        f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
+    ) -> Call<T> {
+        match tokio::time::timeout(self.op_timeout, f).await {
+            Ok(Ok(v)) => Call::Ok(v),
+            Ok(Err(e)) => Call::Err(e),
+            Err(_) => Call::Timeout,
+        }
+    }
+
+    /// Turns a call's end into a result.
+    pub(crate) fn result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
+        match c {
+            Call::Ok(v) => Ok(v),
+            Call::Err(e) => Err(map(&self.endpoint, e)),
+            Call::Timeout => Err(timeout(&self.endpoint, what, self.op_timeout)),
+        }
+    }
+
+    /// The error of a call that did not succeed.
+    pub(crate) fn error<T>(&self, what: &str, c: Call<T>) -> distlock_core::Error {
+        match c {
+            Call::Ok(_) => crate::error::shape(what, "a success where a failure was expected"),
+            Call::Err(e) => map(&self.endpoint, e),
+            Call::Timeout => timeout(&self.endpoint, what, self.op_timeout),
+        }
+    }
+
+    /// Whether a connection that made call `c` may be used again.
+    pub(crate) fn reusable<T>(c: &Call<T>) -> bool {
+        match c {
+            Call::Ok(_) => true,
+            Call::Err(e) => !conn_dead(e) && matches!(e, mysql_async::Error::Server(_)),
+            Call::Timeout => false,
+        }
+    }
+
+    /// Runs `f` on a pooled connection (control statements: no lock is left on it).
+    pub(crate) async fn with_conn<T, F>(&self, what: &str, f: F) -> Result<T>
+    where
+        F: for<'c> FnOnce(
+            &'c mut Conn,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = std::result::Result<T, mysql_async::Error>> + Send + 'c>,
+        >,
+    {
+        let mut conn = self.take().await?;
+        let c = self.call(f(&mut conn)).await;
+        // A dead server (restart, failover) takes the other idle connections with it.
+        self.after_failure_or_put(conn, &c);
+        self.result(what, c)
+    }
+
+    /// Disposes of a connection after call `c` on it: kept if it succeeded or the server merely
+    /// refused the statement, closed otherwise (and the idle ones too if the server went away).
+    pub(crate) fn after_failure_or_put<T>(&self, conn: Conn, c: &Call<T>) {
+        if Self::reusable(c) {
+            self.put(conn);
+        } else {
+            if matches!(c, Call::Err(e) if conn_dead(e)) {
+                self.forget_idle();
+            }
+            close(conn);
+        }
+    }
+
+    /// Drops every idle connection.
+    pub(crate) fn forget_idle(&self) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Creates dlock's tables if they are missing.
+    pub(crate) async fn ensure_schema(&self, ddl: &'static [&'static str]) -> Result<()> {
+        // Part of connecting: a cold server may need longer than one call's timeout.
+        let limit = self
+            .op_timeout
+            .max(self.connect_timeout)
+            .max(Duration::from_secs(10));
+        let mut conn = self.take().await?;
+        for stmt in ddl {
+            match tokio::time::timeout(limit, conn.query_drop(*stmt)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    let err = map(&self.endpoint, e);
+                    return Err(match err {
+                        distlock_core::Error::UnexpectedReply { backend, message } => {
+                            distlock_core::Error::UnexpectedReply {
+                                backend,
+                                message: format!(
+                                    "creating dlock's tables failed: {message}; create them \
+                                     beforehand with the SQL in docs/mysql.md"
+                                ),
+                            }
+                        }
+                        other => other,
+                    });
+                }
+                Err(_) => return Err(timeout(&self.endpoint, "creating dlock's tables", limit)),
+            }
+        }
+        self.put(conn);
+        Ok(())
+    }
+
+    /// Asks the server to stop the statement running on connection `id` (`KILL QUERY`).
+    pub(crate) async fn kill_query(&self, id: u32) -> Result<()> {
+        self.with_conn("KILL QUERY", move |c| {
+            Box::pin(async move { c.query_drop(format!("KILL QUERY {id}")).await })
+        })
+        .await
+    }
+}
+
+/// Closes a connection now, whatever state its protocol is in (a call on it timed out, so a
+/// reply may still be on its way and the connection must never be used again). The socket
+/// closes before this returns: the server ends the session — rolling back its transaction and
+/// freeing its `GET_LOCK` — as soon as it sees that, instead of whenever a polite disconnect
+/// (which first waits for the pending reply) would get through.
+pub(crate) fn close(conn: Conn) {
+    use futures_util::FutureExt;
+    // One poll marks the connection disconnected and queues `COM_QUIT` if the socket takes
+    // it; dropping the future then drops the connection with its socket.
+    let _ = conn.disconnect().now_or_never();
+}
+
+/// Runs a text query of several statements and returns the rows of each result set that has
+/// columns (statements without a result set, like `SET` or `UPDATE`, give none).
+pub(crate) async fn query_sets(
+    conn: &mut Conn,
+    sql: String,
+) -> std::result::Result<Vec<Vec<Row>>, mysql_async::Error> {
+    let mut r = conn.query_iter(sql).await?;
+    let mut out = Vec::new();
+    // Bounded: a query of ours has a handful of statements.
+    for _ in 0..256 {
+        if r.is_empty() {
+            break;
+        }
+        let has_columns = !r.columns_ref().is_empty();
+        let rows: Vec<Row> = r.collect().await?;
+        if has_columns {
+            out.push(rows);
+        }
+    }
+    Ok(out)
+}
+
+/// The first row of the last result set of `sets`.
+pub(crate) fn last_row<'a>(what: &str, sets: &'a [Vec<Row>]) -> Result<&'a Row> {
+    sets.last()
+        .and_then(|rows| rows.first())
+        .ok_or_else(|| crate::error::shape(what, "no row"))
+}
+
+/// Column `i` of `row` as a `T` (NULL is `None` when `T` is an `Option`).
+pub(crate) fn col<T: FromValue>(what: &str, row: &Row, i: usize) -> Result<T> {
+    match row.get_opt::<T, usize>(i) {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(e)) => Err(crate::error::shape(what, format!("column {i}: {e}"))),
+        None => Err(crate::error::shape(what, format!("no column {i}"))),
+    }
+}
+
+/// A string as an SQL expression that cannot break out of its quotes: a hex literal converted
+/// to utf8mb4. Multi-statement text queries (one round trip, so that a late reply belongs to
+/// one request that happened entirely or not at all) cannot take parameters.
+pub(crate) fn sql_str(s: &str) -> String {
+    if s.is_empty() {
+        return "CONVERT('' USING utf8mb4)".to_owned();
+    }
+    let mut out = String::with_capacity(s.len() * 2 + 24);
+    out.push_str("CONVERT(X'");
+    for b in s.as_bytes() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out.push_str("' USING utf8mb4)");
+    out
+}
+
+/// An attempt id, quoted for SQL. The core makes them of hex digits; anything else (an id
+/// made by hand) is refused rather than inlined.
+pub(crate) fn sql_attempt(id: &distlock_core::AttemptId) -> Result<String> {
+    let s = id.as_str();
+    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(distlock_core::Error::invalid(format!(
+            "attempt id `{s}` is not 1 to 64 ASCII letters and digits"
+        )));
+    }
+    Ok(format!("'{s}'"))
+}
+
+/// The lock's key: `dlock:` and 32 lowercase hex digits, the first 128 bits of
+/// SHA-256(namespace ‖ 0x00 ‖ name). It is the `GET_LOCK` name (at most 64 characters, and
+/// case-insensitive on the server, which lowercase hex makes harmless) and the primary key of
+/// dlock's tables. Stable across versions and platforms.
+pub fn lock_key(namespace: &str, name: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(namespace.as_bytes());
+    h.update([0u8]);
+    h.update(name.as_bytes());
+    let d = h.finalize();
+    let mut s = String::with_capacity(38);
+    s.push_str("dlock:");
+    for b in &d[..16] {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// `wait_timeout` (whole seconds, rounded up, 1 s to 365 days) for a lease of `d`, plus a
+/// grace of half the lease (at most 5 s): the guard's lost signal fires at the lease end
+/// itself; the grace keeps a holder that was merely slow to renew (a loaded machine) from
+/// being disconnected while its own view still says it holds the lock.
+pub(crate) fn wait_timeout_secs(d: Duration) -> u64 {
+    let d = d + (d / 2).min(Duration::from_secs(5));
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    s.clamp(1, 31_536_000)
+}
+
+/// Microseconds of `d`, for `INTERVAL ? MICROSECOND`.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys() {
+        // Pinned: changing the mapping would let two versions of dlock hold one lock at once.
+        let k = lock_key("dlock", "orders:42");
+        assert_eq!(k, "dlock:b4b70b00793efb76a3ae735d3d36bc89");
+        assert_eq!(k.len(), 38);
+        assert!(k.starts_with("dlock:"));
+        assert!(k[6..]
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_ne!(lock_key("dlock", "a"), lock_key("dlock", "A"));
+        assert_ne!(lock_key("a", "b"), lock_key("ab", ""));
+        assert_eq!(wait_timeout_secs(Duration::from_millis(300)), 1);
+        assert_eq!(wait_timeout_secs(Duration::from_millis(1000)), 2);
+        assert_eq!(wait_timeout_secs(Duration::from_millis(2000)), 3);
+        assert_eq!(wait_timeout_secs(Duration::from_secs(30)), 35);
+    }
+
+    #[test]
+    fn inlined_values_cannot_break_out() {
+        assert_eq!(sql_str("a'b"), "CONVERT(X'612762' USING utf8mb4)");
+        assert_eq!(sql_str(""), "CONVERT('' USING utf8mb4)");
+        assert_eq!(sql_str("π"), "CONVERT(X'cf80' USING utf8mb4)");
+        let id = distlock_core::AttemptId::new();
+        assert_eq!(sql_attempt(&id).expect("hex id"), format!("'{id}'"));
+        for bad in ["", "a'b", "a b", &"a".repeat(65)] {
+            assert!(
+                sql_attempt(&distlock_core::AttemptId::from_server(bad)).is_err(),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Turning mysql_async errors into dlock errors a person can act on.
+
+use distlock_core::Error;
+use mysql_async::Error as MyError;
+use std::time::Duration;
+
+pub(crate) const KIND: &str = "mysql";
+
+/// Server error codes that mean the connection is gone.
+const CONNECTION_GONE: &[u16] = &[
+    1053, // ER_SERVER_SHUTDOWN
+    1077, // ER_NORMAL_SHUTDOWN
+    1927, // ER_CONNECTION_KILLED (MariaDB)
+    2006, // CR_SERVER_GONE_ERROR
+    2013, // CR_SERVER_LOST
+    4031, // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8: wait_timeout)
+];
+
+/// True if `e` means the connection can no longer be used (its session, and the locks it
+/// held, are gone or about to be).
+pub(crate) fn conn_dead(e: &MyError) -> bool {
+    match e {
+        MyError::Server(s) => CONNECTION_GONE.contains(&s.code),
+        other => other.is_fatal(),
+    }
+}
+
+/// Maps a driver error.
+pub(crate) fn map(endpoint: &str, e: MyError) -> Error {
+    match &e {
+        MyError::Server(s) => {
+            let text = format!("{} (error {}, SQLSTATE {})", s.message, s.code, s.state);
+            match s.code {
+                // ER_ACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR, ER_ACCESS_DENIED_NO_PASSWORD_ERROR
+                1045 | 1044 | 1698 => Error::Auth {
+                    backend: KIND,
+                    endpoint: endpoint.to_owned(),
+                    message: text,
+                },
+                // ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR, ER_SPECIFIC_ACCESS_DENIED_ERROR
+                1142 | 1143 | 1227 => Error::Auth {
+                    backend: KIND,
+                    endpoint: endpoint.to_owned(),
+                    message: format!(
+                        "{text}; the user needs CREATE (once, for dlock's tables) and \
+                         SELECT/INSERT/UPDATE/DELETE on them (see docs/mysql.md)"
+                    ),
+                },
+                // ER_BAD_DB_ERROR
+                1049 => Error::UnexpectedReply {
+                    backend: KIND,
+                    message: format!("{text}; create the database or fix the path of the URL"),
+                },
+                // ER_CON_COUNT_ERROR, ER_TOO_MANY_USER_CONNECTIONS, ER_LOCK_WAIT_TIMEOUT,
+                // ER_LOCK_DEADLOCK: transient, worth a retry.
+                1040 | 1203 | 1205 | 1213 => Error::Connection {
+                    backend: KIND,
+                    endpoint: endpoint.to_owned(),
+                    source: text.into(),
+                },
+                c if CONNECTION_GONE.contains(&c) => Error::Connection {
+                    backend: KIND,
+                    endpoint: endpoint.to_owned(),
+                    source: text.into(),
+                },
+                _ => Error::UnexpectedReply {
+                    backend: KIND,
+                    message: text,
+                },
+            }
+        }
+        _ => Error::Connection {
+            backend: KIND,
+            endpoint: endpoint.to_owned(),
+            source: Box::new(e),
+        },
+    }
+}
+
+/// A call that got no answer in time.
+pub(crate) fn timeout(endpoint: &str, what: &str, limit: Duration) -> Error {
+    Error::Connection {
+        backend: KIND,
+        endpoint: endpoint.to_owned(),
+        source: format!(
+            "{what} got no answer within {limit:?} (is the server paused, overloaded or unreachable?)"
+        )
+        .into(),
+    }
+}
+
+/// A reply of the wrong shape.
+pub(crate) fn shape(what: &str, detail: impl std::fmt::Display) -> Error {
+    Error::UnexpectedReply {
+        backend: KIND,
+        message: format!("{what}: unexpected reply ({detail})"),
+    }
+}

@@ -1,0 +1,838 @@
+//! Session mode: `GET_LOCK` on a dedicated connection per grant.
+//!
+//! The lock lives as long as the holder's connection: when the process dies, its connection
+//! closes and the server frees the lock. The lease is enforced by the server too: the
+//! connection's `wait_timeout` covers the lease (rounded up to whole seconds, plus a grace),
+//! renewals are statements on that connection, so a holder that stops renewing is
+//! disconnected, and loses the lock, when the lease ends. Waiting is server-side:
+//! `GET_LOCK(name, seconds left)`, stopped with `KILL QUERY`.
+//!
+//! # Grants are addressed by attempt
+//! Each acquisition attempt ([`AttemptId`]) has its own slot here, holding at most one
+//! connection — the one whose `GET_LOCK` is the attempt's grant — and the grant's token. Two
+//! attempts, even of one owner, are two holders: the second one's `GET_LOCK` on its own
+//! connection finds the lock taken. Every request on a slot runs in a task of its own, one at
+//! a time in arrival order, and runs to its end even when its caller stops waiting: this
+//! process is the "server" of the attempt's state, and a request whose reply came too late
+//! for its caller still takes effect exactly once. A retry then finds that effect — the grant
+//! made (same connection, same token; the lease extended, never shortened), the lock released
+//! — instead of taking a second connection or leaving one behind holding the lock. A request
+//! the server does not answer even within [`Common::slow_limit`] closes its connection, which
+//! frees whatever `GET_LOCK` it held.
+//!
+//! Tables: `dlock_fence` (last fencing token per lock key, bumped with
+//! `LAST_INSERT_ID(token + 1)` while the lock is held) and `dlock_holders` (holder, connection
+//! id, lease end — for `inspect` and the `Held` ttl; a row counts only while its connection id
+//! is the one `IS_USED_LOCK` reports).
+
+use crate::common::{
+    close, col, last_row, lock_key, micros, query_sets, sql_str, wait_timeout_secs, Call, Common,
+};
+use crate::error::{conn_dead, shape, timeout, KIND};
+use distlock_core::clock;
+use distlock_core::{
+    AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, Granted, HoldKey, HolderInfo,
+    LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
+};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Row};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) const DDL: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS dlock_fence (
+        lock_key CHAR(38) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+        ns VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        name TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        token BIGINT UNSIGNED NOT NULL
+    ) ENGINE=InnoDB",
+    "CREATE TABLE IF NOT EXISTS dlock_holders (
+        lock_key CHAR(38) CHARACTER SET ascii NOT NULL,
+        owner VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        ns VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        name TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        token BIGINT UNSIGNED NOT NULL,
+        count INT UNSIGNED NOT NULL,
+        conn_id BIGINT UNSIGNED NOT NULL,
+        acquired_at DATETIME(6) NOT NULL,
+        expires_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (lock_key, owner)
+    ) ENGINE=InnoDB",
+];
+
+/// How long a released grant is remembered, so that a repeated release (its first reply was
+/// late) is reported as such ([`ReleaseOutcome::Expired`]) even after another client took the
+/// lock. A retry comes within the core's retry policy, far sooner.
+const RELEASED_KEEP: Duration = Duration::from_secs(60);
+/// At most this many released grants are remembered (oldest forgotten first).
+const RELEASED_MAX: usize = 4096;
+
+/// The grant an attempt holds: the connection whose `GET_LOCK` it is, and its token.
+struct Grant {
+    conn: Conn,
+    token: u64,
+    /// The latest lease end promised by a request on this connection that set the lease (its
+    /// send time plus its lease): a new `wait_timeout` never ends before it, so no later
+    /// request, however short its lease, shortens what an earlier one promised.
+    lease_end: clock::Instant,
+}
+
+#[derive(Default)]
+enum State {
+    #[default]
+    Free,
+    Held(Grant),
+}
+
+/// One attempt's state.
+struct Slot {
+    name: Arc<str>,
+    owner: Arc<str>,
+    state: Arc<tokio::sync::Mutex<State>>,
+}
+
+/// A request on one attempt's slot.
+enum Op {
+    Acquire { lease: Duration },
+    Release { token: u64 },
+    Renew { token: u64, lease: Duration },
+    GiveUp,
+}
+
+/// What a request on a slot answered.
+enum Done {
+    Acquire(AcquireReply),
+    Release(ReleaseOutcome),
+    Renew(RenewOutcome),
+    GiveUp,
+}
+
+struct Inner {
+    common: Arc<Common>,
+    slots: StdMutex<HashMap<AttemptId, Arc<Slot>>>,
+    /// Grants this client released recently (attempt, token, when).
+    released: StdMutex<VecDeque<(AttemptId, u64, Instant)>>,
+}
+
+pub(crate) struct SessionMode {
+    inner: Arc<Inner>,
+}
+
+fn check_kind(kind: LockKind) -> Result<()> {
+    match kind {
+        LockKind::Mutex => Ok(()),
+        other => Err(Error::unsupported(
+            KIND,
+            format!(
+                "lock kind {} (GET_LOCK has no shared mode; MySQL/MariaDB do mutexes only)",
+                other.as_str()
+            ),
+        )),
+    }
+}
+
+/// How a server-side wait ended.
+enum WaitEnd {
+    Got(Option<i64>),
+    Failed(mysql_async::Error),
+    /// Stopped (cancel or deadline); whether the lock was granted before the stop landed.
+    Stopped(Option<bool>),
+}
+
+/// The value of the `GET_LOCK` that ends a query (`None`: NULL, or no such row).
+fn lock_reply(sets: &[Vec<Row>]) -> Option<i64> {
+    let row = sets.last()?.first()?;
+    row.get_opt::<Option<i64>, usize>(0)?.ok()?
+}
+
+impl Inner {
+    fn lk(&self, name: &str) -> String {
+        lock_key(&self.common.namespace, name)
+    }
+
+    fn slots(&self) -> MutexGuard<'_, HashMap<AttemptId, Arc<Slot>>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slot(&self, attempt: &AttemptId, key: &HoldKey) -> Arc<Slot> {
+        self.slots()
+            .entry(attempt.clone())
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    name: key.name.clone(),
+                    owner: key.owner.clone(),
+                    state: Arc::default(),
+                })
+            })
+            .clone()
+    }
+
+    fn existing(&self, attempt: &AttemptId) -> Option<Arc<Slot>> {
+        self.slots().get(attempt).cloned()
+    }
+
+    /// Forgets a slot that holds nothing and that no other request is about to use (`slot`
+    /// is the caller's reference, the map has the other).
+    fn tidy(&self, attempt: &AttemptId, slot: Arc<Slot>) {
+        let mut slots = self.slots();
+        let ours = slots.get(attempt).is_some_and(|s| Arc::ptr_eq(s, &slot));
+        if ours && Arc::strong_count(&slot) == 2 {
+            if let Ok(st) = slot.state.try_lock() {
+                if matches!(*st, State::Free) {
+                    drop(st);
+                    slots.remove(attempt);
+                }
+            }
+        }
+    }
+
+    fn record_released(&self, attempt: &AttemptId, token: u64) {
+        let mut r = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        while r.len() >= RELEASED_MAX
+            || r.front()
+                .is_some_and(|(_, _, at)| now.duration_since(*at) > RELEASED_KEEP)
+        {
+            r.pop_front();
+        }
+        r.push_back((attempt.clone(), token, now));
+    }
+
+    fn was_released(&self, attempt: &AttemptId, token: u64) -> bool {
+        let r = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        r.iter().any(|(a, t, _)| a == attempt && *t == token)
+    }
+
+    async fn apply(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        attempt: &AttemptId,
+        op: Op,
+    ) -> Result<Done> {
+        match op {
+            Op::Acquire { lease } => self.acquire(slot, st, lease).await.map(Done::Acquire),
+            Op::Release { token } => self
+                .release(slot, st, attempt, token)
+                .await
+                .map(Done::Release),
+            Op::Renew { token, lease } => {
+                let held = matches!(st, State::Held(g) if g.token == token);
+                let renewed = held && self.extend(&slot.name, st, lease).await?;
+                Ok(Done::Renew(if renewed {
+                    RenewOutcome::Renewed
+                } else {
+                    RenewOutcome::NotHeld
+                }))
+            }
+            Op::GiveUp => {
+                if matches!(st, State::Held(_)) {
+                    self.release_held(slot, st, attempt).await?;
+                }
+                Ok(Done::GiveUp)
+            }
+        }
+    }
+
+    /// One try: a retry of an attempt that holds the lock extends its lease and answers its
+    /// token; otherwise `GET_LOCK(key, 0)` on a connection of its own.
+    async fn acquire(&self, slot: &Slot, st: &mut State, lease: Duration) -> Result<AcquireReply> {
+        if let State::Held(g) = st {
+            let token = g.token;
+            if self.extend(&slot.name, st, lease).await? {
+                return Ok(AcquireReply::Granted { token });
+            }
+            // That grant is gone (its connection died): this try is a fresh one.
+        }
+        let lk = self.lk(&slot.name);
+        let mut conn = self.common.take().await?;
+        let sent = clock::Instant::now();
+        // The lease is on the connection before the lock is: a connection this process loses
+        // track of frees the lock when the lease ends, not after the server's default hours.
+        let sql = format!(
+            "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', 0)",
+            wait_timeout_secs(lease)
+        );
+        let c = self.common.slow_call(query_sets(&mut conn, sql)).await;
+        let got = match c {
+            Call::Ok(sets) => lock_reply(&sets),
+            other => {
+                if matches!(&other, Call::Err(e) if conn_dead(e)) {
+                    self.common.forget_idle();
+                }
+                // Whatever the connection holds goes with it.
+                close(conn);
+                return Err(self.common.slow_error("GET_LOCK", other));
+            }
+        };
+        match got {
+            Some(1) => {
+                let token = match self.register(&mut conn, slot, lease).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        // Closing the connection frees the lock nobody will be told of.
+                        close(conn);
+                        return Err(e);
+                    }
+                };
+                *st = State::Held(Grant {
+                    conn,
+                    token,
+                    lease_end: sent + lease,
+                });
+                Ok(AcquireReply::Granted { token })
+            }
+            Some(0) => Ok(AcquireReply::Held {
+                ttl: self.held_ttl(conn, &lk).await,
+            }),
+            other => {
+                close(conn);
+                Err(shape("GET_LOCK", format!("{other:?}")))
+            }
+        }
+    }
+
+    /// Records the grant `conn` holds (new fencing token, holder row) and returns its token,
+    /// in one round trip. On error the caller closes the connection (freeing the lock).
+    async fn register(&self, conn: &mut Conn, slot: &Slot, lease: Duration) -> Result<u64> {
+        let lk = self.lk(&slot.name);
+        let ns = sql_str(&self.common.namespace);
+        let name = sql_str(&slot.name);
+        let owner = sql_str(&slot.owner);
+        let us = micros(lease);
+        // Rows of earlier holders are stale: this connection holds `GET_LOCK` now.
+        let sql = format!(
+            "INSERT INTO dlock_fence (lock_key, ns, name, token) \
+             VALUES ('{lk}', {ns}, {name}, LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1); \
+             SET @dlock_token = LAST_INSERT_ID(); \
+             DELETE FROM dlock_holders WHERE lock_key = '{lk}'; \
+             INSERT INTO dlock_holders \
+             (lock_key, owner, ns, name, token, count, conn_id, acquired_at, expires_at) \
+             VALUES ('{lk}', {owner}, {ns}, {name}, @dlock_token, 1, CONNECTION_ID(), \
+                     UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND); \
+             SELECT @dlock_token"
+        );
+        let c = self.common.slow_call(query_sets(conn, sql)).await;
+        let sets = self.common.slow_result("recording the grant", c)?;
+        match col::<Option<u64>>("fencing token", last_row("fencing token", &sets)?, 0)? {
+            Some(t) if t > 0 => Ok(t),
+            other => Err(shape("fencing token", format!("{other:?}"))),
+        }
+    }
+
+    /// The holder's lease left (for a waiter's sleep), read on `conn`, which also gets its
+    /// default `wait_timeout` back and returns to the pool.
+    async fn held_ttl(&self, mut conn: Conn, lk: &str) -> Option<Duration> {
+        let sql = format!(
+            "SET SESSION wait_timeout = @@GLOBAL.wait_timeout; \
+             SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+             FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = IS_USED_LOCK('{lk}')"
+        );
+        let c = self.common.call(query_sets(&mut conn, sql)).await;
+        let us = match &c {
+            Call::Ok(sets) => sets
+                .last()
+                .and_then(|rows| rows.first())
+                .and_then(|row| row.get_opt::<Option<i64>, usize>(0))
+                .and_then(|v| v.ok())
+                .flatten(),
+            _ => None,
+        };
+        if matches!(c, Call::Ok(_)) {
+            self.common.put(conn);
+        } else {
+            close(conn);
+        }
+        us.filter(|us| *us > 0)
+            .map(|us| Duration::from_micros(us as u64))
+    }
+
+    /// Makes the held grant's lease run at least `lease` from now, never shortening it.
+    /// `Ok(false)`: the grant is gone (its connection died, or an operator deleted its row),
+    /// and the slot holds nothing any more.
+    async fn extend(&self, name: &str, st: &mut State, lease: Duration) -> Result<bool> {
+        let State::Held(g) = st else {
+            return Ok(false);
+        };
+        let lk = self.lk(name);
+        let sent = clock::Instant::now();
+        let end = g.lease_end.max(sent + lease);
+        let secs = wait_timeout_secs(end.saturating_duration_since(sent));
+        let us = micros(lease);
+        let sql = format!(
+            "SET SESSION wait_timeout = {secs}; \
+             UPDATE dlock_holders SET expires_at = \
+             GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND) \
+             WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID(); \
+             SELECT ROW_COUNT()"
+        );
+        let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
+        match c {
+            Call::Ok(sets) => {
+                let found: i64 = col("renewing", last_row("renewing", &sets)?, 0)?;
+                if found >= 1 {
+                    g.lease_end = end;
+                    return Ok(true);
+                }
+                // The holder's row was deleted (an operator revoked the lock): give it up.
+                tracing::warn!(name, "dlock_holders row gone: the lock was revoked");
+                if let State::Held(mut g) = std::mem::take(st) {
+                    let c = self
+                        .common
+                        .call(g.conn.query_drop(format!(
+                            "DO RELEASE_LOCK('{lk}'); \
+                             SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
+                        )))
+                        .await;
+                    if matches!(c, Call::Ok(_)) {
+                        self.common.put(g.conn);
+                    } else {
+                        close(g.conn);
+                    }
+                }
+                Ok(false)
+            }
+            Call::Err(e) if conn_dead(&e) => {
+                // The session is gone, and the lock with it.
+                *st = State::Free;
+                Ok(false)
+            }
+            other => {
+                if !Common::reusable(&other) {
+                    // No answer in time: the connection is unusable; closing it frees the lock.
+                    if let State::Held(g) = std::mem::take(st) {
+                        close(g.conn);
+                    }
+                }
+                Err(self.common.slow_error("renewing", other))
+            }
+        }
+    }
+
+    async fn release(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        attempt: &AttemptId,
+        token: u64,
+    ) -> Result<ReleaseOutcome> {
+        match st {
+            State::Held(g) if g.token == token => self.release_held(slot, st, attempt).await,
+            // A stale address: this attempt's grant now is another one (its old connection
+            // died and a retry took the lock again). Never release that one.
+            State::Held(_) => Ok(ReleaseOutcome::TakenByOther),
+            State::Free if self.was_released(attempt, token) => Ok(ReleaseOutcome::Expired),
+            State::Free => self.not_held_outcome(&slot.name).await,
+        }
+    }
+
+    /// Releases the slot's grant; the slot holds nothing afterwards.
+    async fn release_held(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        attempt: &AttemptId,
+    ) -> Result<ReleaseOutcome> {
+        let State::Held(mut g) = std::mem::take(st) else {
+            return self.not_held_outcome(&slot.name).await;
+        };
+        let lk = self.lk(&slot.name);
+        let sql = format!(
+            "DELETE FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID(); \
+             SET SESSION wait_timeout = @@GLOBAL.wait_timeout; \
+             SELECT RELEASE_LOCK('{lk}')"
+        );
+        let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
+        match c {
+            Call::Ok(sets) => {
+                self.common.put(g.conn);
+                if lock_reply(&sets) == Some(1) {
+                    self.record_released(attempt, g.token);
+                    Ok(ReleaseOutcome::Released)
+                } else {
+                    self.not_held_outcome(&slot.name).await
+                }
+            }
+            // The session ended before the release: so did the grant.
+            Call::Err(e) if conn_dead(&e) => self.not_held_outcome(&slot.name).await,
+            other => {
+                // Refused or unanswered: closing the connection gives the lock back all the
+                // same, so a retry of this release is told it already happened.
+                close(g.conn);
+                self.record_released(attempt, g.token);
+                match other {
+                    Call::Timeout => Err(timeout(
+                        &self.common.endpoint,
+                        "releasing",
+                        self.common.slow_limit(),
+                    )),
+                    _ => Ok(ReleaseOutcome::Released),
+                }
+            }
+        }
+    }
+
+    async fn not_held_outcome(&self, name: &str) -> Result<ReleaseOutcome> {
+        let lk = self.lk(name);
+        let used: Option<Option<u64>> = self
+            .common
+            .with_conn("checking the lock", move |c| {
+                Box::pin(async move { c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await })
+            })
+            .await?;
+        Ok(if used.flatten().is_some() {
+            ReleaseOutcome::TakenByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
+    }
+
+    /// One server-side wait of the attempt (the slot locked by the caller for all of it).
+    async fn wait_in(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        let sent = clock::Instant::now();
+        if let State::Held(g) = st {
+            let token = g.token;
+            if self.extend(&slot.name, st, req.lease).await? {
+                return Ok(Some(Granted {
+                    token,
+                    requested_at: sent,
+                }));
+            }
+        }
+        let lk = self.lk(&slot.name);
+        let mut conn = self.common.take().await?;
+        let id = conn.id();
+        let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if remaining.is_some_and(|r| r.is_zero()) || cancel.is_cancelled() {
+            self.common.put(conn);
+            return Ok(None);
+        }
+        // Without a deadline, wait in bounded rounds of an hour.
+        // Rounded up to the millisecond: the server must not give up before the deadline.
+        let secs = remaining.map_or(3600.0, |r| {
+            (r.as_micros().div_ceil(1000) + 1) as f64 / 1000.0
+        });
+        // The key is `dlock:` and hex digits, safe to inline; inlined, it shows in
+        // SHOW PROCESSLIST, so operators see which lock a connection waits for. The lease is
+        // on the connection before the lock is (it counts from the grant: the connection is
+        // busy, not idle, while it waits).
+        let sql = format!(
+            "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', {secs:.3})",
+            wait_timeout_secs(req.lease)
+        );
+        let end = {
+            let wait = query_sets(&mut conn, sql);
+            tokio::pin!(wait);
+            let net = deadline.map(|d| d + Duration::from_millis(300));
+            let done = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => None,
+                r = &mut wait => Some(r),
+                _ = sleep_until(net) => None,
+            };
+            match done {
+                // Granted as the caller went away: give it straight back.
+                Some(Ok(sets)) if cancel.is_cancelled() && lock_reply(&sets) == Some(1) => {
+                    WaitEnd::Stopped(Some(true))
+                }
+                Some(Ok(sets)) => WaitEnd::Got(lock_reply(&sets)),
+                Some(Err(e)) => WaitEnd::Failed(e),
+                None => {
+                    // Stop the server-side wait, then see how it ended.
+                    if let Err(e) = self.common.kill_query(id).await {
+                        tracing::debug!(error = %e, "KILL QUERY failed");
+                    }
+                    match tokio::time::timeout(self.common.op_timeout, &mut wait).await {
+                        Ok(Ok(sets)) => WaitEnd::Stopped(Some(lock_reply(&sets) == Some(1))),
+                        Ok(Err(mysql_async::Error::Server(s))) if s.code == 1317 => {
+                            WaitEnd::Stopped(Some(false))
+                        }
+                        _ => WaitEnd::Stopped(None),
+                    }
+                }
+            }
+        };
+        match end {
+            WaitEnd::Got(Some(1)) => {
+                // The lease counts from after the grant: every statement from here on resets
+                // the connection's idle time.
+                let sent = clock::Instant::now();
+                let token = match self.register(&mut conn, slot, req.lease).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        close(conn);
+                        return Err(e);
+                    }
+                };
+                *st = State::Held(Grant {
+                    conn,
+                    token,
+                    lease_end: sent + req.lease,
+                });
+                Ok(Some(Granted {
+                    token,
+                    requested_at: sent,
+                }))
+            }
+            WaitEnd::Got(Some(0)) => {
+                self.give_back(conn, None).await;
+                Ok(None)
+            }
+            WaitEnd::Got(other) => {
+                close(conn);
+                Err(shape("GET_LOCK", format!("{other:?}")))
+            }
+            WaitEnd::Failed(e) => {
+                if conn_dead(&e) {
+                    self.common.forget_idle();
+                }
+                close(conn);
+                Err(crate::error::map(&self.common.endpoint, e))
+            }
+            WaitEnd::Stopped(Some(true)) => {
+                self.give_back(conn, Some(&lk)).await;
+                Ok(None)
+            }
+            WaitEnd::Stopped(Some(false)) => {
+                self.give_back(conn, None).await;
+                Ok(None)
+            }
+            WaitEnd::Stopped(None) => {
+                // The wait's outcome is unknown: the connection goes, and any lock with it.
+                close(conn);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Hands a connection back to the pool with the default idle timeout, releasing `lock`
+    /// first if given; closes it if that fails (which frees the lock all the same).
+    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) {
+        let release = lock.map_or(String::new(), |lk| format!("DO RELEASE_LOCK('{lk}'); "));
+        let c = self
+            .common
+            .call(conn.query_drop(format!(
+                "{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
+            )))
+            .await;
+        if matches!(c, Call::Ok(_)) {
+            self.common.put(conn);
+        } else {
+            close(conn);
+        }
+    }
+}
+
+impl SessionMode {
+    pub(crate) fn new(common: Arc<Common>) -> Self {
+        SessionMode {
+            inner: Arc::new(Inner {
+                common,
+                slots: StdMutex::new(HashMap::new()),
+                released: StdMutex::new(VecDeque::new()),
+            }),
+        }
+    }
+
+    /// Runs `op` on the attempt's slot in a task of its own (see the module docs): requests
+    /// of one attempt run one at a time, in order, each to its end; the caller waits for the
+    /// answer at most the op timeout.
+    async fn run(&self, attempt: &AttemptId, slot: Arc<Slot>, what: &str, op: Op) -> Result<Done> {
+        let inner = self.inner.clone();
+        let id = attempt.clone();
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let mut st = slot.state.clone().lock_owned().await;
+            let r = inner.apply(&slot, &mut st, &id, op).await;
+            drop(st);
+            inner.tidy(&id, slot);
+            let _ = tx.send(r);
+        });
+        let limit = self.inner.common.op_timeout;
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Error::Runtime(format!(
+                "the mysql task {what} ended without an answer"
+            ))),
+            Err(_) => Err(timeout(&self.inner.common.endpoint, what, limit)),
+        }
+    }
+
+    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        check_kind(req.key.kind)?;
+        let slot = self.inner.slot(&req.attempt, &req.key);
+        let op = Op::Acquire { lease: req.lease };
+        match self.run(&req.attempt, slot, "GET_LOCK", op).await? {
+            Done::Acquire(r) => Ok(r),
+            _ => Err(shape("GET_LOCK", "an answer of another request")),
+        }
+    }
+
+    pub(crate) async fn acquire_wait(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        check_kind(req.key.kind)?;
+        let mut backoff = distlock_core::backoff::Backoff::default();
+        loop {
+            let slot = self.inner.slot(&req.attempt, &req.key);
+            let state = slot.state.clone();
+            let mut st = tokio::select! {
+                g = state.lock_owned() => g,
+                _ = cancel.cancelled() => return Ok(None),
+                _ = sleep_until(deadline) => return Ok(None),
+            };
+            let r = self
+                .inner
+                .wait_in(&slot, &mut st, req, deadline, cancel)
+                .await;
+            drop(st);
+            self.inner.tidy(&req.attempt, slot);
+            match r {
+                Err(e) if e.is_retryable() => {
+                    let pause = backoff.next_delay();
+                    tracing::debug!(error = %e, ?pause, "waiting for a mysql lock failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = cancel.cancelled() => return Ok(None),
+                        _ = sleep_until(deadline) => return Ok(None),
+                    }
+                }
+                Ok(None)
+                    if !cancel.is_cancelled() && deadline.is_none_or(|d| Instant::now() < d) =>
+                {
+                    // A bounded server-side wait (an hour without a deadline) ended before
+                    // the deadline: wait out the rest.
+                }
+                other => return other,
+            }
+        }
+    }
+
+    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        check_kind(grant.key.kind)?;
+        let Some(slot) = self.inner.existing(&grant.attempt) else {
+            if self.inner.was_released(&grant.attempt, grant.token) {
+                return Ok(ReleaseOutcome::Expired);
+            }
+            return self.inner.not_held_outcome(&grant.key.name).await;
+        };
+        let op = Op::Release { token: grant.token };
+        match self.run(&grant.attempt, slot, "releasing", op).await? {
+            Done::Release(r) => Ok(r),
+            _ => Err(shape("releasing", "an answer of another request")),
+        }
+    }
+
+    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        check_kind(req.key.kind)?;
+        let Some(slot) = self.inner.existing(&req.attempt) else {
+            return Ok(());
+        };
+        self.run(&req.attempt, slot, "giving up", Op::GiveUp)
+            .await
+            .map(|_| ())
+    }
+
+    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        for (g, _) in holds {
+            check_kind(g.key.kind)?;
+        }
+        let all = futures_util::future::join_all(holds.iter().map(|(g, lease)| async move {
+            let Some(slot) = self.inner.existing(&g.attempt) else {
+                return Ok(RenewOutcome::NotHeld);
+            };
+            let op = Op::Renew {
+                token: g.token,
+                lease: *lease,
+            };
+            match self.run(&g.attempt, slot, "renewing", op).await? {
+                Done::Renew(r) => Ok(r),
+                _ => Err(shape("renewing", "an answer of another request")),
+            }
+        }))
+        .await;
+        all.into_iter().collect()
+    }
+
+    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        check_kind(kind)?;
+        let lk = self.inner.lk(name);
+        let (rows, token) = self
+            .inner
+            .common
+            .with_conn("inspecting", move |c| {
+                Box::pin(async move {
+                    let rows: Vec<(String, Option<i64>)> = c
+                        .exec(
+                            "SELECT owner, \
+                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+                             FROM dlock_holders WHERE lock_key = ? AND conn_id = IS_USED_LOCK(?)",
+                            (lk.as_str(), lk.as_str()),
+                        )
+                        .await?;
+                    let token: Option<u64> = c
+                        .exec_first("SELECT token FROM dlock_fence WHERE lock_key = ?", (lk,))
+                        .await?;
+                    Ok((rows, token))
+                })
+            })
+            .await?;
+        Ok(LockInfo {
+            name: name.to_owned(),
+            holders: rows
+                .into_iter()
+                .map(|(owner, us)| HolderInfo {
+                    owner,
+                    // One grant per holder: re-entry is counted in the holder's client.
+                    count: 1,
+                    lease_left: us.map(|us| Duration::from_micros(us.max(0) as u64)),
+                    side: None,
+                })
+                .collect(),
+            fencing_token: token.unwrap_or(0),
+            ..Default::default()
+        })
+    }
+
+    /// The connection id holding `name` for `owner` in this client (`KILL id` revokes it).
+    pub(crate) async fn holder_connection(&self, name: &str, owner: &str) -> Option<u32> {
+        let candidates: Vec<Arc<Slot>> = self
+            .inner
+            .slots()
+            .values()
+            .filter(|s| &*s.name == name && &*s.owner == owner)
+            .cloned()
+            .collect();
+        for slot in candidates {
+            // A slot busy for longer is an attempt waiting in `GET_LOCK`, not a holder.
+            let limit = self.inner.common.op_timeout;
+            if let Ok(st) = tokio::time::timeout(limit, slot.state.lock()).await {
+                if let State::Held(g) = &*st {
+                    return Some(g.conn.id());
+                }
+            }
+        }
+        None
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}

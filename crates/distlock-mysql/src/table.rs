@@ -1,0 +1,352 @@
+//! Table mode (`?mode=table`): the lock is a row (owner, attempt, token, lease end by the
+//! server's clock) changed in short transactions that lock the row (`SELECT … FOR UPDATE`).
+//!
+//! Unlike `GET_LOCK`, rows replicate: this mode works on Galera / MariaDB Cluster and
+//! multi-primary group replication, where a `GET_LOCK` taken on one node is unknown to the
+//! others, and through proxies that multiplex connections. Locks expire only by lease.
+//! MySQL has no notifications: waiters wake at the holder's lease end or their heartbeat
+//! (at most every second, a quarter of the lease for short leases).
+//!
+//! # One request, one round trip, one transaction
+//! Every operation is one multi-statement query — transaction, decision and `COMMIT`
+//! included — so a request whose reply is late or lost either happened entirely or not at
+//! all, and its retry (same attempt id, same token) finds that out from the row:
+//! - acquire by the attempt that holds the row extends its lease (never shortening it) and
+//!   answers the same token; an attempt that already ended (its `last_released`) is never
+//!   granted again by a late duplicate of its request;
+//! - release and renew name the grant (attempt *and* token); a repeated release finds the row
+//!   free, or its attempt in `last_released`, and answers `Expired`.
+//!
+//! User-controlled text (namespace, name, owner) goes into these queries as hex literals, which
+//! cannot break out of their quotes.
+
+use crate::common::{close, col, last_row, lock_key, micros, query_sets, sql_attempt, sql_str};
+use crate::common::{Call, Common};
+use crate::error::{shape, KIND};
+use distlock_core::{
+    AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
+    RenewOutcome, Result,
+};
+use mysql_async::prelude::Queryable;
+use mysql_async::Row;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) const DDL: &[&str] = &["CREATE TABLE IF NOT EXISTS dlock_table_locks (
+        lock_key CHAR(38) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+        ns VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        name TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        owner VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+        count INT UNSIGNED NOT NULL,
+        token BIGINT UNSIGNED NOT NULL,
+        acquired_at DATETIME(6) NULL,
+        expires_at DATETIME(6) NOT NULL,
+        attempt VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL,
+        last_released VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL
+    ) ENGINE=InnoDB"];
+
+/// Columns added since the table's first version (made by older dlock versions without them).
+const ADDED_COLUMNS: &[(&str, &str)] = &[
+    (
+        "attempt",
+        "ALTER TABLE dlock_table_locks \
+         ADD COLUMN attempt VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL",
+    ),
+    (
+        "last_released",
+        "ALTER TABLE dlock_table_locks \
+         ADD COLUMN last_released VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL",
+    ),
+];
+
+/// What a free row's lease end is set to.
+const FREE: &str = "'1970-01-02 00:00:00'";
+
+/// Renewals per query (a batch of the watchdog may hold thousands).
+const RENEW_CHUNK: usize = 200;
+
+pub(crate) struct TableMode {
+    common: Arc<Common>,
+}
+
+fn check_kind(kind: LockKind) -> Result<()> {
+    match kind {
+        LockKind::Mutex => Ok(()),
+        other => Err(Error::unsupported(
+            KIND,
+            format!(
+                "lock kind {} (MySQL/MariaDB do mutexes only)",
+                other.as_str()
+            ),
+        )),
+    }
+}
+
+/// Whether an SQL truth value read back is true (`None`: NULL, i.e. no row was read).
+fn truth(v: Option<i64>) -> Option<bool> {
+    v.map(|v| v != 0)
+}
+
+impl TableMode {
+    pub(crate) fn new(common: Arc<Common>) -> Self {
+        TableMode { common }
+    }
+
+    /// Adds the columns a table made by an older version lacks. Concurrent clients may race
+    /// to do it: a column that exists by then (error 1060) is fine.
+    pub(crate) async fn migrate(&self) -> Result<()> {
+        let have: Vec<String> = self
+            .common
+            .with_conn("checking dlock_table_locks", |c| {
+                Box::pin(async move {
+                    c.query(
+                        "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dlock_table_locks'",
+                    )
+                    .await
+                })
+            })
+            .await?;
+        for (column, ddl) in ADDED_COLUMNS {
+            if have.iter().any(|h| h.eq_ignore_ascii_case(column)) {
+                continue;
+            }
+            let r = self
+                .common
+                .with_conn("upgrading dlock_table_locks", move |c| {
+                    Box::pin(async move { c.query_drop(*ddl).await })
+                })
+                .await;
+            match r {
+                Ok(()) => tracing::info!(column, "added a column to dlock_table_locks"),
+                Err(Error::UnexpectedReply { message, .. }) if message.contains("1060") => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one multi-statement query on a pooled connection. A connection whose query did
+    /// not succeed is closed: it may be inside an open transaction, or its reply still on the
+    /// way; the server rolls back what it had not committed.
+    async fn one_trip(&self, what: &str, sql: String) -> Result<Vec<Vec<Row>>> {
+        let mut conn = self.common.take().await?;
+        let c = self.common.call(query_sets(&mut conn, sql)).await;
+        match c {
+            Call::Ok(sets) => {
+                self.common.put(conn);
+                Ok(sets)
+            }
+            other => {
+                if matches!(&other, Call::Err(e) if crate::error::conn_dead(e)) {
+                    self.common.forget_idle();
+                }
+                close(conn);
+                Err(self.common.error(what, other))
+            }
+        }
+    }
+
+    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        check_kind(req.key.kind)?;
+        let lk = lock_key(&self.common.namespace, &req.key.name);
+        let ns = sql_str(&self.common.namespace);
+        let name = sql_str(&req.key.name);
+        let owner = sql_str(&req.key.owner);
+        let a = sql_attempt(&req.attempt)?;
+        let us = micros(req.lease);
+        // The rows are created outside the transaction (autocommit), so that concurrent first
+        // users of a name cannot deadlock on gap locks. Variables are reset first: the
+        // connection is pooled, and a SELECT … INTO that finds no row leaves them as they were.
+        let sql = format!(
+            "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL, @dl_token = NULL, \
+                 @dl_left = NULL, @dl_new = NULL; \
+             INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) \
+                 VALUES ('{lk}', {ns}, {name}, 0); \
+             INSERT IGNORE INTO dlock_table_locks \
+                 (lock_key, ns, name, owner, count, token, acquired_at, expires_at) \
+                 VALUES ('{lk}', {ns}, {name}, NULL, 0, 0, NULL, {FREE}); \
+             START TRANSACTION; \
+             SELECT owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6), attempt <=> {a}, \
+                 last_released <=> {a}, token, \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+                 INTO @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left \
+                 FROM dlock_table_locks WHERE lock_key = '{lk}' FOR UPDATE; \
+             UPDATE dlock_table_locks SET expires_at = \
+                 GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND) \
+                 WHERE lock_key = '{lk}' AND @dl_live AND @dl_mine; \
+             UPDATE dlock_fence SET token = LAST_INSERT_ID(token + 1) \
+                 WHERE lock_key = '{lk}' AND NOT @dl_live AND NOT @dl_ended; \
+             SET @dl_new = IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL); \
+             UPDATE dlock_table_locks SET owner = {owner}, attempt = {a}, count = 1, \
+                 token = @dl_new, acquired_at = UTC_TIMESTAMP(6), \
+                 expires_at = UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND \
+                 WHERE lock_key = '{lk}' AND @dl_new IS NOT NULL; \
+             COMMIT; \
+             SELECT @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left, @dl_new"
+        );
+        let sets = self.one_trip("acquiring", sql).await?;
+        let what = "acquiring";
+        let row = last_row(what, &sets)?;
+        let live = truth(col(what, row, 0)?);
+        let mine = truth(col(what, row, 1)?);
+        let ended = truth(col(what, row, 2)?);
+        let token: Option<u64> = col(what, row, 3)?;
+        let left: Option<i64> = col(what, row, 4)?;
+        let new: Option<u64> = col(what, row, 5)?;
+        match (live, mine, new) {
+            // A retry of the attempt that holds the lock: same grant, lease extended.
+            (Some(true), Some(true), _) => match token {
+                Some(t) if t > 0 => Ok(AcquireReply::Granted { token: t }),
+                other => Err(shape("fencing token", format!("{other:?}"))),
+            },
+            (Some(true), _, _) => Ok(AcquireReply::Held {
+                ttl: Some(Duration::from_micros(left.unwrap_or(0).max(0) as u64)),
+            }),
+            (Some(false), _, Some(t)) if t > 0 => Ok(AcquireReply::Granted { token: t }),
+            // A late duplicate of a request of an attempt that has ended (released or given
+            // up): it must not take the lock nobody would use. Its caller is long gone.
+            (Some(false), _, None) if ended == Some(true) => Ok(AcquireReply::Held { ttl: None }),
+            other => Err(shape("acquiring", format!("{other:?}"))),
+        }
+    }
+
+    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        check_kind(grant.key.kind)?;
+        let lk = lock_key(&self.common.namespace, &grant.key.name);
+        let a = sql_attempt(&grant.attempt)?;
+        let t = grant.token;
+        let sql = format!(
+            "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL; \
+             START TRANSACTION; \
+             SELECT owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6), \
+                 attempt <=> {a} AND token = {t}, last_released <=> {a} \
+                 INTO @dl_live, @dl_mine, @dl_ended \
+                 FROM dlock_table_locks WHERE lock_key = '{lk}' FOR UPDATE; \
+             UPDATE dlock_table_locks SET owner = NULL, count = 0, acquired_at = NULL, \
+                 expires_at = {FREE}, last_released = attempt \
+                 WHERE lock_key = '{lk}' AND @dl_live AND @dl_mine; \
+             COMMIT; \
+             SELECT @dl_live, @dl_mine, @dl_ended"
+        );
+        let sets = self.one_trip("releasing", sql).await?;
+        let what = "releasing";
+        let row = last_row(what, &sets)?;
+        let live = truth(col(what, row, 0)?);
+        let mine = truth(col(what, row, 1)?);
+        let ended = truth(col(what, row, 2)?);
+        Ok(match (live, mine, ended) {
+            (Some(true), Some(true), _) => ReleaseOutcome::Released,
+            // Released already: this is a repeated release (its first reply was lost).
+            (_, _, Some(true)) => ReleaseOutcome::Expired,
+            (Some(true), _, _) => ReleaseOutcome::TakenByOther,
+            // Expired, or no row at all (a name never used).
+            _ => ReleaseOutcome::Expired,
+        })
+    }
+
+    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        check_kind(req.key.kind)?;
+        let lk = lock_key(&self.common.namespace, &req.key.name);
+        let a = sql_attempt(&req.attempt)?;
+        // Frees the row only if this attempt holds it, and marks the attempt as ended either
+        // way, so that a late duplicate of its last acquire cannot take the lock afterwards.
+        // (MySQL applies the assignments left to right; `attempt` is not among them.)
+        let sql = format!(
+            "UPDATE dlock_table_locks SET \
+                 count = IF(attempt <=> {a}, 0, count), \
+                 acquired_at = IF(attempt <=> {a}, NULL, acquired_at), \
+                 expires_at = IF(attempt <=> {a}, {FREE}, expires_at), \
+                 owner = IF(attempt <=> {a}, NULL, owner), \
+                 last_released = {a} \
+                 WHERE lock_key = '{lk}'"
+        );
+        self.one_trip("giving up", sql).await.map(|_| ())
+    }
+
+    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        for (g, _) in holds {
+            check_kind(g.key.kind)?;
+        }
+        let mut out = Vec::with_capacity(holds.len());
+        for chunk in holds.chunks(RENEW_CHUNK) {
+            let mut sql = String::new();
+            for (g, lease) in chunk {
+                let lk = lock_key(&self.common.namespace, &g.key.name);
+                let a = sql_attempt(&g.attempt)?;
+                let us = micros(*lease);
+                // Found rows, not changed ones (the connection asks for them): a lease that
+                // already runs longer is left as it is, and still counts as renewed.
+                sql.push_str(&format!(
+                    "UPDATE dlock_table_locks SET expires_at = \
+                         GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND) \
+                         WHERE lock_key = '{lk}' AND attempt = {a} AND token = {t} \
+                         AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6); \
+                     SELECT ROW_COUNT(); ",
+                    t = g.token
+                ));
+            }
+            let sets = self.one_trip("renewing", sql).await?;
+            if sets.len() != chunk.len() {
+                return Err(shape(
+                    "renewing",
+                    format!("{} answers to {} renewals", sets.len(), chunk.len()),
+                ));
+            }
+            for rows in &sets {
+                let found: i64 = match rows.first() {
+                    Some(row) => col("renewing", row, 0)?,
+                    None => return Err(shape("renewing", "no ROW_COUNT()")),
+                };
+                out.push(if found == 1 {
+                    RenewOutcome::Renewed
+                } else {
+                    RenewOutcome::NotHeld
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        check_kind(kind)?;
+        let lk = lock_key(&self.common.namespace, name);
+        type RowState = (Option<String>, i64);
+        let (row, fence) = self
+            .common
+            .with_conn("inspecting", move |c| {
+                Box::pin(async move {
+                    let row: Option<RowState> = c
+                        .exec_first(
+                            "SELECT owner, \
+                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+                             FROM dlock_table_locks WHERE lock_key = ?",
+                            (lk.as_str(),),
+                        )
+                        .await?;
+                    let fence: Option<u64> = c
+                        .exec_first("SELECT token FROM dlock_fence WHERE lock_key = ?", (lk,))
+                        .await?;
+                    Ok((row, fence))
+                })
+            })
+            .await?;
+        let mut info = LockInfo {
+            name: name.to_owned(),
+            fencing_token: fence.unwrap_or(0),
+            ..Default::default()
+        };
+        if let Some((Some(owner), left)) = row {
+            if left > 0 {
+                info.holders.push(HolderInfo {
+                    owner,
+                    // One grant per holder: re-entry is counted in the holder's client.
+                    count: 1,
+                    lease_left: Some(Duration::from_micros(left as u64)),
+                    side: None,
+                });
+            }
+        }
+        Ok(info)
+    }
+}

@@ -1,0 +1,430 @@
+//! Faults and MySQL/MariaDB-specific behaviour, on real servers: killed connections and
+//! processes, restarts, credentials, unreachable servers, unsupported kinds.
+
+mod support;
+
+use distlock_core::{
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockKind,
+    LostReason, LostSignal, ReleaseOutcome,
+};
+use distlock_mysql::{lock_key, MysqlBackend};
+use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
+use distlock_testkit::MariaDbServer;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::{shared_server, My};
+
+fn client(backend: MysqlBackend, opts: ClientOptions) -> Client {
+    Client::new(Arc::new(backend), opts).expect("client")
+}
+
+/// Connections waiting in `GET_LOCK` for lock `name`, in the default namespace. Only this
+/// lock counts: other tests may share the server.
+fn server_waiters(server: &MariaDbServer, name: &str) -> String {
+    let key = lock_key("dlock", name);
+    server
+        .sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE INFO LIKE 'SELECT GET_LOCK%{key}%' AND STATE LIKE '%lock%'"
+        ))
+        .expect("sql")
+}
+
+/// Killing the holder's connection frees the lock at once; the holder learns it at its next
+/// renewal (a third of the lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connection_frees_the_lock() {
+    let my = My::session();
+    let name = unique_name("kill");
+    // Renewals every second; a lease long enough that a renewal slowed down by a loaded
+    // machine does not run it out first (which would be `LeaseExpired`, not `NotHeld`).
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(3));
+    let bb = Arc::new(my.backend(&opts).await);
+    let a = Client::new(bb.clone(), opts.clone()).expect("client");
+    let lock = a.lock(&name).expect("lock");
+    let g = lock.acquire().await.expect("acquire");
+    let id = bb
+        .holder_connection(&name, lock.owner())
+        .await
+        .expect("holder connection");
+    assert_eq!(
+        my.server
+            .sql(&format!(
+                "SELECT IS_USED_LOCK('{}')",
+                lock_key("dlock", &name)
+            ))
+            .expect("sql"),
+        id.to_string()
+    );
+    my.server.sql(&format!("KILL {id}")).expect("KILL");
+    let b = my.client_with(opts).await;
+    let g2 = b
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("free once the holder's connection is gone");
+    assert!(g2.fencing_token() > g.fencing_token());
+    let t = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("lost signal");
+    // Found by a renewal (`NotHeld`), not by the lease running out (`LeaseExpired`); at the
+    // next one (every second), within a generous 3 s on a loaded machine.
+    assert_eq!(reason, LostReason::NotHeld);
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::TakenByOther
+    );
+    assert_eq!(
+        g2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A backend dropped without releasing (its connections closed) leaves nothing held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_backend_frees_its_locks() {
+    let my = My::session();
+    let name = unique_name("dropped");
+    let opts = fast_opts();
+    let backend = my.backend(&opts).await;
+    let req = AcquireRequest::new(
+        HoldKey {
+            name: name.as_str().into(),
+            owner: "gone".into(),
+            kind: LockKind::Mutex,
+        },
+        Duration::from_secs(30),
+        LostSignal::new(),
+    );
+    assert!(matches!(
+        backend.acquire(&req).await.expect("acquire"),
+        AcquireReply::Granted { .. }
+    ));
+    drop(backend);
+    let b = my.client_with(opts).await;
+    let t = Instant::now();
+    let g = b
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(15))
+        .await
+        .expect("freed by the closed connection");
+    // Freed by the closed connection, not at the end of the 30 s lease of the request: 5 s is
+    // generous on a loaded machine and far below the lease.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    g.release().await.expect("release");
+}
+
+/// The child side of `killed_process_frees_its_lock`: holds a lock until killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_holder() {
+    let (Ok(url), Ok(name)) = (
+        std::env::var("DLOCK_MY_CHILD_URL"),
+        std::env::var("DLOCK_MY_CHILD_NAME"),
+    ) else {
+        return; // Only meaningful when started by the parent test.
+    };
+    let opts = ClientOptions::default();
+    let backend = MysqlBackend::connect(&url, &opts).await.expect("connect");
+    let c = client(backend, opts);
+    let g = c
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    println!("HOLDING {}", g.fencing_token());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+}
+
+/// A holder process killed with SIGKILL loses its lock when the kernel closes its
+/// connection; a waiter blocked in `GET_LOCK` gets it at once (no lease to wait out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_process_frees_its_lock() {
+    use std::io::{BufRead, BufReader};
+    let my = My::session();
+    let name = unique_name("killed");
+    let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args(["--exact", "child_holder", "--nocapture", "--test-threads=1"])
+        .env("DLOCK_MY_CHILD_URL", my.url())
+        .env("DLOCK_MY_CHILD_NAME", &name)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("stdout");
+    let token: u64 = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(|l| l.ok())
+            // libtest may print `test child_holder ... ` on the same line first.
+            .find_map(|l| {
+                let at = l.find("HOLDING ")?;
+                l[at + 8..].trim().parse().ok()
+            })
+    })
+    .await
+    .expect("reader")
+    .expect("child never held the lock");
+    let b = my.client_with(fast_opts()).await;
+    let lock = b.lock(&name).expect("lock");
+    assert!(
+        lock.try_acquire().await.expect("try").is_none(),
+        "child holds it"
+    );
+    let waiter = tokio::spawn(async move {
+        let g = lock.acquire_timeout(Duration::from_secs(20)).await;
+        (g, Instant::now())
+    });
+    poll_until(
+        "the waiter never waited in GET_LOCK",
+        async || server_waiters(&my.server, &name),
+        |n| n == "1",
+    )
+    .await;
+    let killed_at = Instant::now();
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let (g, got_at) = waiter.await.expect("waiter");
+    let g = g.expect("lock freed by the killed process's connection");
+    // As soon as the kernel closes the connection; the child's lease (30 s, the default) is
+    // what a lease-based lock would wait out. 5 s is generous on a loaded machine.
+    let latency = got_at.saturating_duration_since(killed_at);
+    assert!(latency < Duration::from_secs(5), "took {latency:?}");
+    assert!(g.fencing_token() > token);
+    g.release().await.expect("release");
+}
+
+/// A server restart drops every connection: holders lose their locks (noticed at the next
+/// renewal); fencing counters survive, so tokens keep increasing. In table mode the lock row
+/// survives the restart and its holder keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_loses_session_locks_and_tokens_survive() {
+    let mut server = MariaDbServer::start().expect("start mariadbd");
+    let name = unique_name("restart");
+    for params in ["", "?mode=table"] {
+        // Table mode: a lease that outlasts a restart on a loaded machine.
+        let opts = if params.is_empty() {
+            fast_opts()
+        } else {
+            fast_opts().watchdog_lease(Duration::from_secs(20))
+        };
+        let url = format!("{}{params}", server.url());
+        let a = client(
+            MysqlBackend::connect(&url, &opts).await.expect("connect"),
+            opts.clone(),
+        );
+        let g = a
+            .lock(&name)
+            .expect("lock")
+            .acquire()
+            .await
+            .expect("acquire");
+        let token = g.fencing_token();
+        server.restart().expect("restart");
+        if params.is_empty() {
+            let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
+                .await
+                .expect("lost signal after restart");
+            assert!(
+                matches!(reason, LostReason::NotHeld | LostReason::LeaseExpired),
+                "{reason:?}"
+            );
+            drop(g);
+        } else {
+            // Renewals reconnect; the row survived.
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            assert!(!g.is_lost(), "table mode survives a restart");
+            assert_eq!(
+                g.release().await.expect("release"),
+                ReleaseOutcome::Released
+            );
+        }
+        let b = client(
+            MysqlBackend::connect(&url, &opts).await.expect("reconnect"),
+            opts.clone(),
+        );
+        let g2 = b
+            .lock(&name)
+            .expect("lock")
+            .acquire_timeout(Duration::from_secs(15))
+            .await
+            .expect("acquire after restart");
+        assert!(
+            g2.fencing_token() > token,
+            "{} after {token}",
+            g2.fencing_token()
+        );
+        g2.release().await.expect("release");
+        drop(a);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_is_an_auth_error() {
+    let server = shared_server();
+    let e = MysqlBackend::connect(&server.url_with_password("not-the-password"), &fast_opts())
+        .await
+        .err()
+        .expect("refused");
+    assert!(matches!(e, Error::Auth { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("Access denied"), "{msg}");
+    assert!(!msg.contains("not-the-password"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_a_connection_error() {
+    let port = distlock_testkit::free_port();
+    let t = Instant::now();
+    let e = MysqlBackend::connect(
+        &format!("mysql://u:secret@127.0.0.1:{port}/db"),
+        &fast_opts(),
+    )
+    .await
+    .err()
+    .expect("nothing listens there");
+    assert!(e.is_connection(), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
+    assert!(!msg.contains("secret"), "{msg}");
+    assert!(t.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_urls() {
+    for url in [
+        "mysql://u:secret@h/db?mode=nope",
+        "mysql://u:secret@h/db?bogus=1",
+        "mysql://h/db",
+        "mariadb://u@h/db",
+    ] {
+        let e = MysqlBackend::connect(url, &fast_opts())
+            .await
+            .err()
+            .expect("invalid");
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{url}: {e:?}");
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_database_is_reported() {
+    let server = shared_server();
+    let url = format!(
+        "mysql://dlock:{}@127.0.0.1:{}/no_such_db",
+        server.password(),
+        server.port()
+    );
+    let e = MysqlBackend::connect(&url, &fast_opts())
+        .await
+        .err()
+        .expect("no database");
+    assert!(!e.is_retryable(), "{e:?}");
+    assert!(e.to_string().contains("no_such_db"), "{e}");
+}
+
+/// GET_LOCK has no shared mode: read-write locks are refused clearly, in both modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_locks_are_unsupported() {
+    for my in [My::session(), My::table()] {
+        let a = my.client_with(fast_opts()).await;
+        let name = unique_name("rw");
+        let e = a
+            .rw_lock(&name)
+            .expect("rw")
+            .read()
+            .try_acquire()
+            .await
+            .expect_err("unsupported");
+        assert!(e.is_unsupported(), "{e:?}");
+        assert!(e.to_string().contains("mysql"), "{e}");
+    }
+}
+
+/// `inspect` shows holder, lease and the last token; a holder whose connection is
+/// gone is not reported even though its row is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reports_live_holders_only() {
+    let my = My::session();
+    let name = unique_name("inspect");
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(20));
+    let bb = Arc::new(my.backend(&opts).await);
+    let a = Client::new(bb.clone(), opts.clone()).expect("client");
+    let lock = a.lock(&name).expect("lock");
+    let g = lock.acquire().await.expect("acquire");
+    let _g2 = lock.try_acquire().await.expect("try").expect("re-enter");
+    let info = a.inspect(&name).await.expect("inspect");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].owner, lock.owner());
+    // Re-entry is counted in the client: the server sees one grant.
+    assert_eq!(info.holders[0].count, 1);
+    let left = info.holders[0].lease_left.expect("lease");
+    assert!(
+        left > Duration::from_secs(15) && left <= Duration::from_secs(20),
+        "{left:?}"
+    );
+    assert_eq!(info.fencing_token, g.fencing_token());
+    let id = bb.holder_connection(&name, lock.owner()).await.expect("id");
+    my.server.sql(&format!("KILL {id}")).expect("KILL");
+    let info = poll_until(
+        "the killed holder is still reported",
+        async || a.inspect(&name).await.expect("inspect"),
+        |info| !info.held(),
+    )
+    .await;
+    assert!(!info.held(), "{info:?}");
+    assert_eq!(info.fencing_token, g.fencing_token());
+}
+
+/// A cancelled or timed-out wait leaves no connection waiting in GET_LOCK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_waits_leave_no_server_waiters() {
+    let my = My::session();
+    let name = unique_name("abandon");
+    let a = my.client_with(fast_opts()).await;
+    let b = my.client_with(fast_opts()).await;
+    let g = a
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let lb = b.lock(&name).expect("lock");
+    let t = Instant::now();
+    assert!(lb
+        .acquire_timeout(Duration::from_millis(300))
+        .await
+        .unwrap_err()
+        .is_timeout());
+    // The 300 ms deadline is honoured promptly, not after a long server-side wait (the
+    // safety net stops it 300 ms late; without the deadline passed on, a wait lasts an hour):
+    // 3 s is generous on a loaded machine.
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Waiters on this lock only (other tests share the server). Stopping a wait on the server
+    // takes a round trip after the caller has gone: poll.
+    let waiting = async || server_waiters(&my.server, &name);
+    poll_until(
+        "the timed-out wait left a waiter in GET_LOCK",
+        waiting,
+        |n| n == "0",
+    )
+    .await;
+    let w = tokio::spawn({
+        let lb = lb.clone();
+        async move { lb.acquire().await }
+    });
+    poll_until("the waiter never waited in GET_LOCK", waiting, |n| n == "1").await;
+    w.abort();
+    let _ = w.await;
+    poll_until(
+        "the aborted waiter left a waiter in GET_LOCK",
+        waiting,
+        |n| n == "0",
+    )
+    .await;
+    g.release().await.expect("release");
+}

@@ -1,0 +1,236 @@
+//! What both modes share: connecting, the control connection, the schema, lock keys.
+
+use crate::error::{map, timeout, KIND};
+use distlock_core::{Error, LockKind, Result};
+use sha2::{Digest, Sha256};
+use std::future::Future;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::{Client, Connection, NoTls, Socket};
+
+pub(crate) type PgConnection = Connection<Socket, NoTlsStream>;
+
+/// Connection settings and the shared control connection.
+pub(crate) struct Common {
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) endpoint: String,
+    pub(crate) namespace: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) op_timeout: Duration,
+    /// `server_version_num` of the server seen at connect time.
+    pub(crate) server_version: i32,
+    control: StdMutex<Option<Arc<Client>>>,
+    reconnect: tokio::sync::Mutex<()>,
+}
+
+impl Common {
+    /// Connects the control connection and reads the server version.
+    pub(crate) async fn connect(
+        config: tokio_postgres::Config,
+        endpoint: String,
+        namespace: String,
+        connect_timeout: Duration,
+        op_timeout: Duration,
+    ) -> Result<Arc<Common>> {
+        let mut common = Common {
+            config,
+            endpoint,
+            namespace,
+            connect_timeout,
+            op_timeout,
+            server_version: 0,
+            control: StdMutex::new(None),
+            reconnect: tokio::sync::Mutex::new(()),
+        };
+        let client = common.open_control().await?;
+        // Part of connecting: a cold server may need longer than one call's timeout.
+        let limit = common.setup_timeout();
+        let v: String =
+            tokio::time::timeout(limit, client.query_one("SHOW server_version_num", &[]))
+                .await
+                .map_err(|_| timeout(&common.endpoint, "reading the server version", limit))?
+                .map_err(|e| map(&common.endpoint, e))?
+                .try_get(0)
+                .map_err(|e| crate::error::shape("server_version_num", e))?;
+        common.server_version = v
+            .trim()
+            .parse()
+            .map_err(|_| crate::error::shape("server_version_num", &v))?;
+        *common.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(client);
+        Ok(Arc::new(common))
+    }
+
+    /// Time allowed for the statements of connecting (version, schema check and creation).
+    pub(crate) fn setup_timeout(&self) -> Duration {
+        self.op_timeout.max(self.connect_timeout)
+    }
+
+    /// True if the server has `idle_session_timeout` and `client_connection_check_interval`
+    /// (PostgreSQL 14 and later).
+    pub(crate) fn has_session_timeouts(&self) -> bool {
+        self.server_version >= 140_000
+    }
+
+    /// Opens a new connection; the caller drives the connection future.
+    pub(crate) async fn open(&self) -> Result<(Client, PgConnection)> {
+        tokio::time::timeout(self.connect_timeout, self.config.connect(NoTls))
+            .await
+            .map_err(|_| timeout(&self.endpoint, "connecting", self.connect_timeout))?
+            .map_err(|e| map(&self.endpoint, e))
+    }
+
+    async fn open_control(&self) -> Result<Arc<Client>> {
+        let (client, conn) = self.open().await?;
+        let endpoint = self.endpoint.clone();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%endpoint, error = %e, "postgres control connection ended");
+            }
+        });
+        Ok(Arc::new(client))
+    }
+
+    /// The shared control connection (for inspect, lease-mode statements, checks), reconnected
+    /// when it broke.
+    pub(crate) async fn control(&self) -> Result<Arc<Client>> {
+        if let Some(c) = self.current_control() {
+            return Ok(c);
+        }
+        let _one_at_a_time = self.reconnect.lock().await;
+        if let Some(c) = self.current_control() {
+            return Ok(c);
+        }
+        let client = self.open_control().await?;
+        *self.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
+        Ok(client)
+    }
+
+    fn current_control(&self) -> Option<Arc<Client>> {
+        self.control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .filter(|c| !c.is_closed())
+            .cloned()
+    }
+
+    /// Runs one driver call with the per-call timeout, mapping its error.
+    pub(crate) async fn run<T>(
+        &self,
+        what: &str,
+        f: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+    ) -> Result<T> {
+        tokio::time::timeout(self.op_timeout, f)
+            .await
+            .map_err(|_| timeout(&self.endpoint, what, self.op_timeout))?
+            .map_err(|e| map(&self.endpoint, e))
+    }
+
+    /// Creates dlock's tables if they are missing, and brings tables of an older version up to
+    /// date (`columns`: the columns this version needs, which an older table lacks). Concurrent
+    /// clients serialize on a transaction-level advisory lock, so the DDL cannot race.
+    pub(crate) async fn ensure_schema(
+        &self,
+        tables: &[&str],
+        columns: &[(&str, &str)],
+        ddl: &str,
+    ) -> Result<()> {
+        let client = self.control().await?;
+        let names: Vec<&str> = tables.to_vec();
+        let col_tables: Vec<&str> = columns.iter().map(|(t, _)| *t).collect();
+        let col_names: Vec<&str> = columns.iter().map(|(_, c)| *c).collect();
+        let limit = self.setup_timeout();
+        let present: bool = tokio::time::timeout(
+            limit,
+            client.query_one(
+                "SELECT (SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) AS t) \
+                    AND (SELECT coalesce(bool_and(EXISTS ( \
+                             SELECT 1 FROM pg_attribute a \
+                             WHERE a.attrelid = to_regclass(x.t) AND a.attname = x.c \
+                               AND NOT a.attisdropped)), true) \
+                         FROM unnest($2::text[], $3::text[]) AS x(t, c))",
+                &[&names, &col_tables, &col_names],
+            ),
+        )
+        .await
+        .map_err(|_| timeout(&self.endpoint, "checking dlock's tables", limit))?
+        .map_err(|e| map(&self.endpoint, e))?
+        .try_get::<_, Option<bool>>(0)
+        .map_err(|e| crate::error::shape("checking dlock's tables", e))?
+        .unwrap_or(false);
+        if present {
+            return Ok(());
+        }
+        let script =
+            format!("BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY}); {ddl} COMMIT;");
+        let limit = self.setup_timeout().max(Duration::from_secs(10));
+        tokio::time::timeout(limit, client.batch_execute(&script))
+            .await
+            .map_err(|_| timeout(&self.endpoint, "creating dlock's tables", limit))?
+            .map_err(|e| {
+                let err = map(&self.endpoint, e);
+                match err {
+                    Error::UnexpectedReply { message, .. } => Error::UnexpectedReply {
+                        backend: KIND,
+                        message: format!(
+                            "creating dlock's tables failed: {message}; create them beforehand \
+                             with the SQL in docs/postgres.md"
+                        ),
+                    },
+                    other => other,
+                }
+            })?;
+        Ok(())
+    }
+}
+
+/// Advisory key taken (in a transaction) while creating the schema.
+const SCHEMA_LOCK_KEY: i64 = 0x646c_6f63_6b5f_7363; // "dlock_sc"
+
+/// The 64-bit advisory lock key of a lock: the first 8 bytes (big-endian, as a signed
+/// integer) of SHA-256(namespace ‖ 0x00 ‖ name). Stable across versions and platforms.
+pub fn lock_key(namespace: &str, name: &str) -> i64 {
+    let mut h = Sha256::new();
+    h.update(namespace.as_bytes());
+    h.update([0u8]);
+    h.update(name.as_bytes());
+    let d = h.finalize();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    i64::from_be_bytes(b)
+}
+
+/// How `pg_locks` shows a bigint advisory key: (classid, objid) = (high, low) 32 bits.
+pub(crate) fn key_oids(key: i64) -> (u32, u32) {
+    let k = key as u64;
+    ((k >> 32) as u32, k as u32)
+}
+
+/// The LISTEN/NOTIFY channel of a lock key (an identifier of 22 characters).
+pub fn channel(key: i64) -> String {
+    format!("dlock_{:016x}", key as u64)
+}
+
+/// The name a lock kind has in dlock's tables.
+pub(crate) fn kind_name(kind: LockKind) -> &'static str {
+    kind.as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_stable() {
+        // Pinned: changing the mapping would let two versions of dlock hold one lock at once.
+        assert_eq!(lock_key("dlock", "orders:42"), -5_424_855_129_482_396_810);
+        assert_ne!(lock_key("dlock", "a"), lock_key("dlock", "b"));
+        assert_ne!(lock_key("a", "b"), lock_key("ab", ""));
+        let k = lock_key("dlock", "x");
+        let (hi, lo) = key_oids(k);
+        assert_eq!(((hi as u64) << 32 | lo as u64) as i64, k);
+        assert_eq!(channel(k).len(), 22);
+        assert_eq!(channel(-1), "dlock_ffffffffffffffff");
+    }
+}

@@ -1,0 +1,89 @@
+//! Turning tokio-postgres errors into dlock errors a person can act on.
+
+use distlock_core::Error;
+use std::time::Duration;
+use tokio_postgres::error::SqlState;
+
+pub(crate) const KIND: &str = "postgres";
+
+/// Maps a driver error. Server errors are classified by SQLSTATE; everything else (I/O, a
+/// closed connection, a protocol error) is a connection error.
+pub(crate) fn map(endpoint: &str, e: tokio_postgres::Error) -> Error {
+    let Some(db) = e.as_db_error() else {
+        return Error::Connection {
+            backend: KIND,
+            endpoint: endpoint.to_owned(),
+            source: Box::new(e),
+        };
+    };
+    let code = db.code();
+    let text = format!("{} (SQLSTATE {})", db.message(), code.code());
+    if *code == SqlState::INVALID_PASSWORD || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+    {
+        return Error::Auth {
+            backend: KIND,
+            endpoint: endpoint.to_owned(),
+            message: text,
+        };
+    }
+    if *code == SqlState::INSUFFICIENT_PRIVILEGE {
+        return Error::Auth {
+            backend: KIND,
+            endpoint: endpoint.to_owned(),
+            message: format!(
+                "{text}; the role needs CREATE on the schema (once, to create dlock's tables) and \
+                 SELECT/INSERT/UPDATE/DELETE on them, or create them beforehand (see docs/postgres.md)"
+            ),
+        };
+    }
+    if *code == SqlState::INVALID_CATALOG_NAME {
+        return Error::UnexpectedReply {
+            backend: KIND,
+            message: format!("{text}; create the database or fix the path of the URL"),
+        };
+    }
+    // Class 08 (connection exception), 53300 too many connections, 57P0x shutdown/termination.
+    let c = code.code();
+    if c.starts_with("08")
+        || *code == SqlState::TOO_MANY_CONNECTIONS
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+        || *code == SqlState::IDLE_SESSION_TIMEOUT
+    {
+        return Error::Connection {
+            backend: KIND,
+            endpoint: endpoint.to_owned(),
+            source: text.into(),
+        };
+    }
+    Error::UnexpectedReply {
+        backend: KIND,
+        message: text,
+    }
+}
+
+/// A call that got no answer in time.
+pub(crate) fn timeout(endpoint: &str, what: &str, limit: Duration) -> Error {
+    Error::Connection {
+        backend: KIND,
+        endpoint: endpoint.to_owned(),
+        source: format!(
+            "{what} got no answer within {limit:?} (is the server paused, overloaded or unreachable?)"
+        )
+        .into(),
+    }
+}
+
+/// A reply of the wrong shape.
+pub(crate) fn shape(what: &str, detail: impl std::fmt::Display) -> Error {
+    Error::UnexpectedReply {
+        backend: KIND,
+        message: format!("{what}: unexpected reply ({detail})"),
+    }
+}
+
+/// True if the driver error carries SQLSTATE `code`.
+pub(crate) fn is_code(e: &tokio_postgres::Error, code: &SqlState) -> bool {
+    e.code() == Some(code)
+}

@@ -1,0 +1,320 @@
+//! Lease mode (`?mode=lease`): a lease table, one row per lock name, server time for expiry.
+//!
+//! Every operation is one autocommit statement on a shared connection and nothing depends on
+//! session state, so it works behind PgBouncer in transaction-pooling mode. The row is never
+//! deleted by dlock: a free lock has `attempt IS NULL` (an operator freeing it by hand may
+//! set `owner = NULL` instead, which counts as free too), and the row keeps the name's last
+//! fencing token (drawn from the sequence `dlock_fence_seq`, so tokens keep increasing even if
+//! an operator deletes rows).
+//!
+//! A grant is the row's (`attempt`, `token`): the attempt id the core made for the acquisition
+//! and the token drawn for it. Acquiring again with the attempt that holds the row (a retry
+//! after a lost reply) returns the same token and only ever extends the lease; renewals and
+//! releases name attempt *and* token, so a retried or late statement of an old grant can never
+//! touch a newer one. There is no count: re-entry is counted in the client.
+
+use crate::common::{channel, lock_key, Common};
+use crate::error::{shape, KIND};
+use distlock_core::{
+    AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
+    RenewOutcome, Result,
+};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::types::Type;
+
+pub(crate) const DDL: &str = "
+CREATE SEQUENCE IF NOT EXISTS dlock_fence_seq;
+CREATE TABLE IF NOT EXISTS dlock_leases (
+    ns text NOT NULL,
+    name text NOT NULL,
+    owner text,
+    attempt text,
+    token bigint NOT NULL,
+    acquired_at timestamptz,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (ns, name)
+);
+ALTER TABLE dlock_leases ADD COLUMN IF NOT EXISTS attempt text;
+ALTER TABLE dlock_leases DROP COLUMN IF EXISTS count;";
+
+pub(crate) const TABLES: &[&str] = &["dlock_fence_seq", "dlock_leases"];
+
+/// Columns this version needs (a table of an older version lacks them: the DDL adds them).
+pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_leases", "attempt")];
+
+/// Grant (fresh, or the same grant again for a retry of the attempt that holds it) in one
+/// statement; on contention the second column is the holder's remaining lease (from the
+/// statement's snapshot) in ms. A retry keeps the token and never shortens the lease.
+///
+/// A grant over an existing row draws its token in the `SET`, which runs on the locked,
+/// latest version of the row: the value `VALUES` drew was taken before this statement waited
+/// for that row lock, and a grant and release by another client meanwhile would have taken a
+/// later value (tokens would go backwards). `VALUES`' token is only used for a name's first
+/// row.
+/// $1 ns, $2 name, $3 owner, $4 attempt, $5 lease ms.
+const ACQUIRE: &str = "
+WITH up AS (
+    INSERT INTO dlock_leases AS l (ns, name, owner, attempt, token, acquired_at, expires_at)
+    VALUES ($1, $2, $3, $4, nextval('dlock_fence_seq'), now(),
+            now() + $5 * interval '1 millisecond')
+    ON CONFLICT (ns, name) DO UPDATE SET
+        owner = EXCLUDED.owner,
+        attempt = EXCLUDED.attempt,
+        token = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
+                          AND l.expires_at > now()
+                     THEN l.token ELSE nextval('dlock_fence_seq') END,
+        acquired_at = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
+                          AND l.expires_at > now()
+                     THEN l.acquired_at ELSE now() END,
+        expires_at = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
+                          AND l.expires_at > now()
+                     THEN GREATEST(l.expires_at, EXCLUDED.expires_at) ELSE EXCLUDED.expires_at END
+    WHERE l.attempt IS NULL OR l.owner IS NULL OR l.expires_at <= now()
+       OR l.attempt = EXCLUDED.attempt
+    RETURNING l.token
+)
+SELECT (SELECT token FROM up),
+       (SELECT (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::float8
+        FROM dlock_leases WHERE ns = $1 AND name = $2 AND attempt IS NOT NULL
+                                AND owner IS NOT NULL)";
+
+/// Releases the grant of attempt $3 with token $4 (any token of that attempt when $4 is
+/// NULL: a give-up, which does not know the token) and wakes waiters (the notification is
+/// delivered when the statement commits). The second column tells, when nothing matched,
+/// whether another grant holds the lock now (read from the statement's snapshot, which is
+/// from before the update). $1 ns, $2 name, $3 attempt, $4 token, $5 channel.
+const RELEASE: &str = "
+WITH u AS (
+    UPDATE dlock_leases SET owner = NULL, attempt = NULL, acquired_at = NULL, expires_at = 'epoch'
+    WHERE ns = $1 AND name = $2 AND attempt = $3 AND ($4::bigint IS NULL OR token = $4)
+      AND owner IS NOT NULL AND expires_at > now()
+    RETURNING 1
+), n AS (
+    SELECT pg_notify($5, '') FROM u
+)
+SELECT (SELECT count(*) FROM u) > 0,
+       (SELECT attempt IS NOT NULL AND owner IS NOT NULL AND expires_at > now()
+               AND NOT (attempt = $3 AND ($4::bigint IS NULL OR token = $4))
+        FROM dlock_leases WHERE ns = $1 AND name = $2),
+       (SELECT count(*) FROM n)";
+
+/// Renews many grants at once, each to at least its lease from now (never shortening).
+/// $1 ns, $2 names, $3 attempts, $4 tokens, $5 leases (ms).
+const RENEW: &str = "
+UPDATE dlock_leases l
+SET expires_at = GREATEST(l.expires_at, now() + v.ms * interval '1 millisecond')
+FROM unnest($2::text[], $3::text[], $4::bigint[], $5::float8[]) AS v(name, attempt, token, ms)
+WHERE l.ns = $1 AND l.name = v.name AND l.attempt = v.attempt AND l.token = v.token
+  AND l.owner IS NOT NULL AND l.expires_at > now()
+RETURNING l.name, l.attempt, l.token";
+
+const INSPECT: &str = "
+SELECT owner, attempt IS NOT NULL AND owner IS NOT NULL, token, (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::float8
+FROM dlock_leases WHERE ns = $1 AND name = $2";
+
+pub(crate) struct LeaseMode {
+    common: Arc<Common>,
+}
+
+fn check_kind(kind: LockKind) -> Result<()> {
+    match kind {
+        LockKind::Mutex => Ok(()),
+        other => Err(Error::unsupported(
+            KIND,
+            format!(
+                "lock kind {} in lease mode (use the default session mode for read-write locks)",
+                other.as_str()
+            ),
+        )),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl LeaseMode {
+    pub(crate) fn new(common: Arc<Common>) -> Self {
+        LeaseMode { common }
+    }
+
+    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        check_kind(req.key.kind)?;
+        let client = self.common.control().await?;
+        let ns = self.common.namespace.as_str();
+        let name: &str = &req.key.name;
+        let owner: &str = &req.key.owner;
+        let attempt: &str = req.attempt.as_str();
+        let lease = ms(req.lease);
+        let rows = self
+            .common
+            .run(
+                "acquiring",
+                client.query_typed(
+                    ACQUIRE,
+                    &[
+                        (&ns, Type::TEXT),
+                        (&name, Type::TEXT),
+                        (&owner, Type::TEXT),
+                        (&attempt, Type::TEXT),
+                        (&lease, Type::FLOAT8),
+                    ],
+                ),
+            )
+            .await?;
+        let row = rows.first().ok_or_else(|| shape("acquire", "no row"))?;
+        let token: Option<i64> = row.try_get(0).map_err(|e| shape("acquire", e))?;
+        if let Some(t) = token {
+            return Ok(AcquireReply::Granted {
+                token: u64::try_from(t).map_err(|_| shape("fencing token", t))?,
+            });
+        }
+        let left: Option<f64> = row.try_get(1).map_err(|e| shape("acquire", e))?;
+        Ok(AcquireReply::Held {
+            ttl: left
+                .filter(|l| l.is_finite())
+                .map(|l| Duration::from_secs_f64(l.max(0.0) / 1000.0)),
+        })
+    }
+
+    /// Frees the row of `attempt`'s grant (with `token`, or any token of the attempt).
+    async fn free(&self, name: &str, attempt: &str, token: Option<i64>) -> Result<ReleaseOutcome> {
+        let client = self.common.control().await?;
+        let ns = self.common.namespace.as_str();
+        let chan = channel(lock_key(&self.common.namespace, name));
+        let rows = self
+            .common
+            .run(
+                "releasing",
+                client.query_typed(
+                    RELEASE,
+                    &[
+                        (&ns, Type::TEXT),
+                        (&name, Type::TEXT),
+                        (&attempt, Type::TEXT),
+                        (&token, Type::INT8),
+                        (&chan, Type::TEXT),
+                    ],
+                ),
+            )
+            .await?;
+        let row = rows.first().ok_or_else(|| shape("release", "no row"))?;
+        let released: bool = row.try_get(0).map_err(|e| shape("release", e))?;
+        if released {
+            return Ok(ReleaseOutcome::Released);
+        }
+        let other: Option<bool> = row.try_get(1).map_err(|e| shape("release", e))?;
+        Ok(if other == Some(true) {
+            ReleaseOutcome::TakenByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
+    }
+
+    /// Releases exactly the grant `grant` names: a repeated release finds the row freed (or
+    /// another grant's) and reports it, never freeing anything else.
+    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        check_kind(grant.key.kind)?;
+        let token = i64::try_from(grant.token).map_err(|_| shape("fencing token", grant.token))?;
+        self.free(&grant.key.name, grant.attempt.as_str(), Some(token))
+            .await
+    }
+
+    /// Gives back whatever grant the attempt holds (one whose reply was lost); there is no
+    /// server-side queue to leave. The attempt id is unique, so nothing else is touched.
+    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        check_kind(req.key.kind)?;
+        self.free(&req.key.name, req.attempt.as_str(), None)
+            .await
+            .map(|_| ())
+    }
+
+    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        for (g, _) in holds {
+            check_kind(g.key.kind)?;
+        }
+        let names: Vec<&str> = holds.iter().map(|(g, _)| &*g.key.name).collect();
+        let attempts: Vec<&str> = holds.iter().map(|(g, _)| g.attempt.as_str()).collect();
+        let tokens = holds
+            .iter()
+            .map(|(g, _)| i64::try_from(g.token).map_err(|_| shape("fencing token", g.token)))
+            .collect::<Result<Vec<i64>>>()?;
+        let leases: Vec<f64> = holds.iter().map(|(_, l)| ms(*l)).collect();
+        let client = self.common.control().await?;
+        let ns = self.common.namespace.as_str();
+        let rows = self
+            .common
+            .run(
+                "renewing",
+                client.query_typed(
+                    RENEW,
+                    &[
+                        (&ns, Type::TEXT),
+                        (&names, Type::TEXT_ARRAY),
+                        (&attempts, Type::TEXT_ARRAY),
+                        (&tokens, Type::INT8_ARRAY),
+                        (&leases, Type::FLOAT8_ARRAY),
+                    ],
+                ),
+            )
+            .await?;
+        let mut renewed = HashSet::with_capacity(rows.len());
+        for r in &rows {
+            let name: String = r.try_get(0).map_err(|e| shape("renew", e))?;
+            let attempt: String = r.try_get(1).map_err(|e| shape("renew", e))?;
+            let token: i64 = r.try_get(2).map_err(|e| shape("renew", e))?;
+            renewed.insert((name, attempt, token));
+        }
+        Ok(holds
+            .iter()
+            .zip(&tokens)
+            .map(|((g, _), t)| {
+                let k = (g.key.name.to_string(), g.attempt.to_string(), *t);
+                if renewed.contains(&k) {
+                    RenewOutcome::Renewed
+                } else {
+                    RenewOutcome::NotHeld
+                }
+            })
+            .collect())
+    }
+
+    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        check_kind(kind)?;
+        let client = self.common.control().await?;
+        let ns = self.common.namespace.as_str();
+        let rows = self
+            .common
+            .run(
+                "inspecting",
+                client.query_typed(INSPECT, &[(&ns, Type::TEXT), (&name, Type::TEXT)]),
+            )
+            .await?;
+        let mut info = LockInfo {
+            name: name.to_owned(),
+            ..Default::default()
+        };
+        if let Some(r) = rows.first() {
+            let owner: Option<String> = r.try_get(0).map_err(|e| shape("inspect", e))?;
+            let granted: bool = r.try_get(1).map_err(|e| shape("inspect", e))?;
+            let token: i64 = r.try_get(2).map_err(|e| shape("inspect", e))?;
+            let left: f64 = r.try_get(3).map_err(|e| shape("inspect", e))?;
+            info.fencing_token = u64::try_from(token).map_err(|_| shape("fencing token", token))?;
+            if let Some(owner) = owner.filter(|_| granted && left.is_finite() && left > 0.0) {
+                info.holders.push(HolderInfo {
+                    owner,
+                    // One grant; re-entrant guards are counted in the holder's client.
+                    count: 1,
+                    lease_left: Some(Duration::from_secs_f64(left / 1000.0)),
+                    ..Default::default()
+                });
+            }
+        }
+        Ok(info)
+    }
+}

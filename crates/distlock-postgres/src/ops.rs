@@ -1,0 +1,810 @@
+//! Operator commands on PostgreSQL: `dlock list`, `dlock release --force`, `dlock doctor`.
+//!
+//! - `list`: the names of the namespace that have state — a lease row (`dlock_leases`, lease
+//!   mode), or a fencing counter row (`dlock_fence`) or holder row (`dlock_holders`, session
+//!   mode) — each inspected as `inspect` does. In session mode a holder row counts only while
+//!   its backend holds the name's advisory key in `pg_locks`; a backend holding the key without
+//!   a row (a holder between its `pg_try_advisory_lock` and its row, or a foreign program
+//!   using the same key) is listed as `pid N (application_name …, no dlock_holders row)`.
+//! - `force_release`: lease mode clears the row and draws a new token for it in one
+//!   transaction (the holder's renewals then match no row); session mode
+//!   `pg_terminate_backend`s every backend holding the key (both sides of a read-write lock;
+//!   waiters are not touched), waits until `pg_locks` shows none of them holding it, deletes
+//!   their rows and advances `dlock_fence`. Terminating another role's backend needs
+//!   `pg_signal_backend` (or that role, or superuser for a superuser's backend).
+//! - `diagnose`: version, a pooler in front (PgBouncer), whether the session's timeouts take
+//!   effect, synchronous replication, and the server clock against the local one.
+
+use crate::common::{channel, key_oids, lock_key};
+use crate::error::{is_code, map, shape, KIND};
+use crate::{Inner, Mode, PostgresBackend};
+use distlock_core::{
+    Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
+};
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+use tokio_postgres::NoTls;
+
+/// Server/local clock offset above which `diagnose` warns.
+const CLOCK_WARN: Duration = Duration::from_secs(1);
+
+const CURRENT_DB: &str = "(SELECT oid FROM pg_database WHERE datname = current_database())";
+
+fn u64_token(t: i64) -> Result<u64> {
+    u64::try_from(t).map_err(|_| shape("fencing token", t))
+}
+
+fn left_of(ms: Option<f64>) -> Option<Duration> {
+    ms.filter(|m| m.is_finite())
+        .map(|m| Duration::from_secs_f64(m.max(0.0) / 1000.0))
+}
+
+/// The kind a session-mode lock is listed as, from the kinds of its rows: a read-write
+/// lock is listed as `Write` (inspect then shows both sides).
+fn listed_kind(kinds: &[String]) -> LockKind {
+    if kinds.iter().any(|k| k == "read" || k == "write") {
+        LockKind::Write
+    } else if kinds.iter().any(|k| k == "fair") {
+        LockKind::Fair
+    } else {
+        LockKind::Mutex
+    }
+}
+
+pub(crate) async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
+    let client = b.common.control().await?;
+    let ns = b.common.namespace.as_str();
+    // LIKE would need escaping of the prefix; a prefix comparison on the text is exact.
+    let sql = match b.mode() {
+        Mode::Lease => {
+            "SELECT name, NULL::text AS kind, true AS live FROM dlock_leases \
+             WHERE ns = $1 AND left(name, length($2)) = $2"
+        }
+        Mode::Session => {
+            "SELECT name, NULL::text, true FROM dlock_fence \
+             WHERE ns = $1 AND left(name, length($2)) = $2 \
+             UNION ALL \
+             SELECT h.name, h.kind, EXISTS (SELECT 1 FROM pg_locks l \
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.pid = h.pid \
+                   AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database \
+                                                        WHERE datname = current_database())) \
+             FROM dlock_holders h WHERE h.ns = $1 AND left(h.name, length($2)) = $2"
+        }
+    };
+    let rows = b
+        .common
+        .run(
+            "listing locks",
+            client.query_typed(sql, &[(&ns, Type::TEXT), (&prefix, Type::TEXT)]),
+        )
+        .await?;
+    // name -> (kinds of live rows, kinds of any row)
+    let mut names: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    for r in &rows {
+        let name: String = r.try_get(0).map_err(|e| shape("list", e))?;
+        let kind: Option<String> = r.try_get(1).map_err(|e| shape("list", e))?;
+        let live: bool = r.try_get(2).map_err(|e| shape("list", e))?;
+        let e = names.entry(name).or_default();
+        if let Some(k) = kind {
+            if live {
+                e.0.push(k.clone());
+            }
+            e.1.push(k);
+        }
+    }
+    let mut out = Vec::with_capacity(names.len());
+    for (name, (live, any)) in names {
+        let kind = match b.mode() {
+            Mode::Lease => LockKind::Mutex,
+            Mode::Session if !live.is_empty() => listed_kind(&live),
+            Mode::Session => listed_kind(&any),
+        };
+        let mut info = b.inspect(&name, kind).await?;
+        if b.mode() == Mode::Session {
+            info.holders.extend(unnamed_holders(b, &name).await?);
+        }
+        out.push(ListedLock::new(kind, info));
+    }
+    Ok(out)
+}
+
+/// Session mode: backends holding `name`'s advisory key that have no holder row for it.
+async fn unnamed_holders(b: &PostgresBackend, name: &str) -> Result<Vec<HolderInfo>> {
+    let (classid, objid) = key_oids(lock_key(&b.common.namespace, name));
+    let ns = b.common.namespace.as_str();
+    let sql = format!(
+        "SELECT l.pid, l.mode, a.application_name FROM pg_locks l \
+         LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
+           AND l.objsubid = 1 AND l.database = {CURRENT_DB} \
+           AND NOT EXISTS (SELECT 1 FROM dlock_holders h \
+                           WHERE h.ns = $3 AND h.name = $4 AND h.pid = l.pid) \
+         ORDER BY l.pid"
+    );
+    let client = b.common.control().await?;
+    let rows = b
+        .common
+        .run(
+            "listing lock holders",
+            client.query_typed(
+                &sql,
+                &[
+                    (&classid, Type::OID),
+                    (&objid, Type::OID),
+                    (&ns, Type::TEXT),
+                    (&name, Type::TEXT),
+                ],
+            ),
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let pid: i32 = r.try_get(0).map_err(|e| shape("list", e))?;
+            let app: Option<String> = r.try_get(2).map_err(|e| shape("list", e))?;
+            Ok(HolderInfo {
+                owner: format!(
+                    "pid {pid} (application_name {:?}, no dlock_holders row)",
+                    app.unwrap_or_default()
+                ),
+                count: 1,
+                lease_left: None,
+                side: None,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn force_release(
+    b: &PostgresBackend,
+    name: &str,
+    kind: LockKind,
+) -> Result<ForceReleased> {
+    match &b.inner {
+        Inner::Lease(_) => {
+            if kind != LockKind::Mutex {
+                return Err(Error::unsupported(
+                    KIND,
+                    format!(
+                        "lock kind {} in lease mode (lease mode does mutexes only)",
+                        kind.as_str()
+                    ),
+                ));
+            }
+            force_lease(b, name).await
+        }
+        Inner::Session(_) => match kind {
+            LockKind::Mutex | LockKind::Fair | LockKind::Read | LockKind::Write => {
+                force_session(b, name).await
+            }
+            other => Err(Error::unsupported(
+                KIND,
+                format!("lock kind {}", other.as_str()),
+            )),
+        },
+    }
+}
+
+/// Lease mode, one transaction on a connection of its own: make sure the row exists, lock
+/// it and remember its holder, then clear it with a token drawn after the row lock (higher
+/// than every token handed out: every token comes from the one sequence) and wake waiters
+/// at commit. A holder's renewal, which names its attempt and token, then matches no row.
+async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
+    let ns = b.common.namespace.as_str();
+    let chan = channel(lock_key(ns, name));
+    let (mut client, conn) = b.common.open().await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let what = "forced release";
+    let run = async {
+        let tx = client.transaction().await?;
+        tx.query_typed(
+            "INSERT INTO dlock_leases (ns, name, owner, attempt, token, acquired_at, expires_at) \
+             VALUES ($1, $2, NULL, NULL, nextval('dlock_fence_seq'), NULL, 'epoch') \
+             ON CONFLICT (ns, name) DO NOTHING",
+            &[(&ns, Type::TEXT), (&name, Type::TEXT)],
+        )
+        .await?;
+        let old = tx
+            .query_typed(
+                "SELECT owner, attempt IS NOT NULL AND owner IS NOT NULL AND expires_at > now(), \
+                        (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::float8 \
+                 FROM dlock_leases WHERE ns = $1 AND name = $2 FOR UPDATE",
+                &[(&ns, Type::TEXT), (&name, Type::TEXT)],
+            )
+            .await?;
+        let up = tx
+            .query_typed(
+                "UPDATE dlock_leases SET owner = NULL, attempt = NULL, acquired_at = NULL, \
+                     expires_at = 'epoch', token = nextval('dlock_fence_seq') \
+                 WHERE ns = $1 AND name = $2 RETURNING token, pg_notify($3, '') IS NULL",
+                &[(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok((old, up))
+    };
+    let (old, up) = b.common.run(what, run).await?;
+    let mut removed = Vec::new();
+    if let Some(r) = old.first() {
+        let owner: Option<String> = r.try_get(0).map_err(|e| shape(what, e))?;
+        let held: bool = r.try_get(1).map_err(|e| shape(what, e))?;
+        let left: f64 = r.try_get(2).map_err(|e| shape(what, e))?;
+        if let Some(owner) = owner.filter(|_| held) {
+            removed.push(HolderInfo {
+                owner,
+                count: 1,
+                lease_left: left_of(Some(left)),
+                side: None,
+            });
+        }
+    }
+    let token: i64 = up
+        .first()
+        .and_then(|r| r.try_get(0).ok())
+        .ok_or_else(|| shape(what, "no token"))?;
+    Ok(ForceReleased::new(removed, u64_token(token)?))
+}
+
+/// Session mode: terminate the backends holding the key, wait until the server freed it,
+/// delete their rows and advance the counter.
+async fn force_session(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
+    let ns = b.common.namespace.as_str();
+    let (classid, objid) = key_oids(lock_key(ns, name));
+    let client = b.common.control().await?;
+    let sql = format!(
+        "SELECT l.pid, l.mode, a.application_name, h.owner, h.kind, h.attempt, \
+                (EXTRACT(EPOCH FROM (h.expires_at - now())) * 1000)::float8 \
+         FROM pg_locks l \
+         LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+         LEFT JOIN dlock_holders h ON h.ns = $3 AND h.name = $4 AND h.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
+           AND l.objsubid = 1 AND l.database = {CURRENT_DB} \
+         ORDER BY l.pid, h.acquired_at"
+    );
+    let rows = b
+        .common
+        .run(
+            "finding the holders",
+            client.query_typed(
+                &sql,
+                &[
+                    (&classid, Type::OID),
+                    (&objid, Type::OID),
+                    (&ns, Type::TEXT),
+                    (&name, Type::TEXT),
+                ],
+            ),
+        )
+        .await?;
+    let mut pids: Vec<i32> = Vec::new();
+    let mut attempts: Vec<String> = Vec::new();
+    let mut removed = Vec::new();
+    let mut seen: HashSet<(i32, Option<String>)> = HashSet::new();
+    for r in &rows {
+        let pid: i32 = r.try_get(0).map_err(|e| shape("forced release", e))?;
+        let app: Option<String> = r.try_get(2).map_err(|e| shape("forced release", e))?;
+        let owner: Option<String> = r.try_get(3).map_err(|e| shape("forced release", e))?;
+        let kind: Option<String> = r.try_get(4).map_err(|e| shape("forced release", e))?;
+        let attempt: Option<String> = r.try_get(5).map_err(|e| shape("forced release", e))?;
+        let left: Option<f64> = r.try_get(6).map_err(|e| shape("forced release", e))?;
+        if !pids.contains(&pid) {
+            pids.push(pid);
+        }
+        // A downgraded holder's session holds the key twice (both modes): one row each.
+        if !seen.insert((pid, attempt.clone())) {
+            continue;
+        }
+        if let Some(a) = attempt {
+            attempts.push(a);
+        }
+        removed.push(HolderInfo {
+            owner: owner.unwrap_or_else(|| {
+                format!(
+                    "pid {pid} (application_name {:?}, no dlock_holders row)",
+                    app.unwrap_or_default()
+                )
+            }),
+            count: 1,
+            lease_left: left_of(left),
+            side: match kind.as_deref() {
+                Some("read") => Some(LockKind::Read),
+                Some("write") => Some(LockKind::Write),
+                _ => None,
+            },
+        });
+    }
+    // Every backend is tried, and the ones terminated are waited for and their grants
+    // fenced, before a refusal is reported: a half-done release still advances the counter.
+    let mut refused = None;
+    let mut terminated = Vec::with_capacity(pids.len());
+    for &pid in &pids {
+        match terminate(b, name, pid).await {
+            Ok(()) => terminated.push(pid),
+            Err(e @ Error::Unsupported { .. }) => {
+                refused.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let pids = terminated;
+    // pg_terminate_backend only signals: the lock is free once pg_locks no longer shows any
+    // of those backends holding it.
+    if !pids.is_empty() {
+        let limit = Instant::now() + b.common.op_timeout.max(Duration::from_secs(5));
+        let still = format!(
+            "SELECT count(*) FROM pg_locks l \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
+               AND l.objsubid = 1 AND l.database = {CURRENT_DB} AND l.pid = ANY($3)"
+        );
+        loop {
+            let client = b.common.control().await?;
+            let rows = b
+                .common
+                .run(
+                    "waiting for the terminated holders",
+                    client.query_typed(
+                        &still,
+                        &[
+                            (&classid, Type::OID),
+                            (&objid, Type::OID),
+                            (&pids, Type::INT4_ARRAY),
+                        ],
+                    ),
+                )
+                .await?;
+            let n: i64 = rows
+                .first()
+                .and_then(|r| r.try_get(0).ok())
+                .ok_or_else(|| shape("forced release", "no count"))?;
+            if n == 0 {
+                break;
+            }
+            if Instant::now() >= limit {
+                return Err(Error::UnexpectedReply {
+                    backend: KIND,
+                    message: format!(
+                        "forced release of `{name}`: backends {pids:?} were terminated but still hold the lock; try again"
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // The removed grants' rows (by attempt and pid: a next holder that got the key meanwhile
+    // has another attempt and pid), then a token drawn now: above every token handed out.
+    let client = b.common.control().await?;
+    let rows = b
+        .common
+        .run(
+            "advancing the fencing token",
+            client.query_typed(
+                "WITH d AS (DELETE FROM dlock_holders \
+                            WHERE ns = $1 AND name = $2 AND attempt = ANY($3) AND pid = ANY($4)) \
+                 INSERT INTO dlock_fence AS f (ns, name, token) \
+                 VALUES ($1, $2, nextval('dlock_fence_seq')) \
+                 ON CONFLICT (ns, name) DO UPDATE SET token = nextval('dlock_fence_seq') \
+                 RETURNING f.token",
+                &[
+                    (&ns, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&attempts, Type::TEXT_ARRAY),
+                    (&pids, Type::INT4_ARRAY),
+                ],
+            ),
+        )
+        .await?;
+    let token: i64 = rows
+        .first()
+        .and_then(|r| r.try_get(0).ok())
+        .ok_or_else(|| shape("forced release", "no token"))?;
+    if let Some(e) = refused {
+        return Err(e);
+    }
+    Ok(ForceReleased::new(removed, u64_token(token)?))
+}
+
+/// `pg_terminate_backend(pid)`, with the privilege error spelled out.
+async fn terminate(b: &PostgresBackend, name: &str, pid: i32) -> Result<()> {
+    let client = b.common.control().await?;
+    let op = b.common.op_timeout;
+    let res = tokio::time::timeout(
+        op,
+        client.query_typed("SELECT pg_terminate_backend($1)", &[(&pid, Type::INT4)]),
+    )
+    .await
+    .map_err(|_| crate::error::timeout(&b.common.endpoint, "terminating the holder", op))?;
+    match res {
+        // false: the backend ended meanwhile; its lock is gone with it.
+        Ok(_) => Ok(()),
+        Err(e) if is_code(&e, &SqlState::INSUFFICIENT_PRIVILEGE) => {
+            let msg = e
+                .as_db_error()
+                .map(|d| d.message().to_owned())
+                .unwrap_or_default();
+            Err(Error::unsupported(
+                KIND,
+                format!(
+                    "forced release of `{name}`: the lock is held by backend {pid}, which this role may not terminate ({msg}); GRANT pg_signal_backend TO this role (a superuser's backend needs a superuser), run it as the holder's role, or stop the holder process"
+                ),
+            ))
+        }
+        Err(e) => Err(map(&b.common.endpoint, e)),
+    }
+}
+
+/// The version finding. Both modes need `ON CONFLICT` (9.5). Session mode enforces each
+/// holder's lease as its session's `idle_session_timeout` (14): before 14 a holder that
+/// hangs with its connection open keeps the lock until the connection closes (its own lost
+/// signal still fires at its lease end, so nobody else is let in: stuck, not unsafe).
+fn version_finding(num: i32, version: &str, mode: Mode) -> Finding {
+    if num < 90_500 {
+        Finding::new(
+            Severity::Unsafe,
+            "version",
+            format!("server {version} is older than 9.5: dlock's statements need INSERT … ON CONFLICT; upgrade"),
+        )
+    } else if num < 140_000 && mode == Mode::Session {
+        Finding::new(
+            Severity::Warning,
+            "version",
+            format!("server {version} is older than 14, which has no idle_session_timeout: session mode cannot end the session of a holder that hangs with its connection open, so its lock stays taken (nobody else gets it) until the connection closes; upgrade to 14 or later, or use ?mode=lease"),
+        )
+    } else {
+        Finding::new(Severity::Ok, "version", format!("server {version}"))
+    }
+}
+
+fn clock_finding(offset_ms: i64) -> Finding {
+    if Duration::from_millis(offset_ms.unsigned_abs()) > CLOCK_WARN {
+        Finding::new(
+            Severity::Warning,
+            "clock",
+            format!("the server clock is {offset_ms} ms off the local clock: leases are measured on the server (lease mode: its now(); session mode: its idle_session_timeout) and by the client's own clock, so they stay correct, but times shown locally are off; run NTP (chrony) on both"),
+        )
+    } else {
+        Finding::new(
+            Severity::Ok,
+            "clock",
+            format!("the server clock is within {offset_ms} ms of the local clock"),
+        )
+    }
+}
+
+/// The replication finding from `pg_is_in_recovery()`, the number of streaming standbys,
+/// how many of them are synchronous, and `synchronous_commit`.
+fn replication_finding(recovery: bool, standbys: i64, sync: i64, commit: &str) -> Finding {
+    if recovery {
+        return Finding::new(
+            Severity::Unsafe,
+            "replication",
+            "the server is a standby (in recovery): dlock's rows cannot be written there and its advisory locks are not shared with the primary; point the URL at the primary",
+        );
+    }
+    if standbys == 0 {
+        return Finding::new(
+            Severity::Ok,
+            "replication",
+            "no standbys stream from this server (a failover cannot lose committed rows to a lagging standby)",
+        );
+    }
+    let waits = !matches!(commit, "off" | "local");
+    if sync > 0 && waits {
+        Finding::new(
+            Severity::Ok,
+            "replication",
+            format!("{sync} of {standbys} standbys are synchronous (synchronous_commit={commit})"),
+        )
+    } else {
+        Finding::new(
+            Severity::Warning,
+            "replication",
+            format!("{standbys} standbys replicate asynchronously (synchronous standbys: {sync}, synchronous_commit={commit}): a failover to one can lose the last lease rows and fencing tokens (a lock granted twice, tokens handed out again; session mode's advisory locks are never replicated, but their holders' sessions end with the old primary); set synchronous_standby_names and synchronous_commit=on (or remote_apply) if failovers happen"),
+        )
+    }
+}
+
+pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
+    let mode = b.mode();
+    let client = b.common.control().await?;
+    let before = SystemTime::now();
+    let row = b
+        .common
+        .run(
+            "diagnosing",
+            client.query_one(
+                "SELECT current_setting('server_version'), \
+                        current_setting('server_version_num')::int4, \
+                        (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::int8, \
+                        pg_is_in_recovery(), \
+                        (SELECT count(*) FROM pg_stat_replication), \
+                        (SELECT count(*) FROM pg_stat_replication \
+                         WHERE sync_state IN ('sync', 'quorum')), \
+                        current_setting('synchronous_commit'), \
+                        current_setting('synchronous_standby_names')",
+                &[],
+            ),
+        )
+        .await?;
+    let after = SystemTime::now();
+    let get = |what: &str, e| shape(what, e);
+    let version: String = row.try_get(0).map_err(|e| get("diagnose", e))?;
+    let num: i32 = row.try_get(1).map_err(|e| get("diagnose", e))?;
+    let server_ms: i64 = row.try_get(2).map_err(|e| get("diagnose", e))?;
+    let recovery: bool = row.try_get(3).map_err(|e| get("diagnose", e))?;
+    let standbys: i64 = row.try_get(4).map_err(|e| get("diagnose", e))?;
+    let mut sync: i64 = row.try_get(5).map_err(|e| get("diagnose", e))?;
+    let commit: String = row.try_get(6).map_err(|e| get("diagnose", e))?;
+    let names: String = row.try_get(7).map_err(|e| get("diagnose", e))?;
+    // sync_state is hidden from roles without pg_monitor: then only the setting tells.
+    if sync == 0 && standbys > 0 && !names.trim().is_empty() {
+        sync = 1;
+    }
+    let ms = |t: SystemTime| {
+        t.duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    };
+    let local_ms = (ms(before) + ms(after)) / 2;
+    let mut out = vec![version_finding(num, &version, mode)];
+    out.push(pooler_finding(b, mode).await);
+    out.push(timeout_finding(b, mode, num).await);
+    out.push(replication_finding(recovery, standbys, sync, &commit));
+    out.push(clock_finding(server_ms - local_ms));
+    Ok(out)
+}
+
+/// What the probe connection saw of the server session behind it.
+struct Probe {
+    /// The `options` startup parameter took effect (`-c dlock.doctor=on`).
+    options_applied: bool,
+    /// The backend pid stayed the same over statements of one connection.
+    pid_stable: bool,
+    /// A session setting survived to the next statement.
+    setting_kept: bool,
+    /// Two client connections were served by one backend.
+    shared_backend: bool,
+}
+
+/// Opens a connection like the backend's, plus `-c dlock.doctor=on` in `options`.
+async fn probe_conn(b: &PostgresBackend) -> Result<tokio_postgres::Client> {
+    let mut config = b.common.config.clone();
+    let opts = match config.get_options() {
+        Some(o) if !o.is_empty() => format!("{o} -c dlock.doctor=on"),
+        _ => "-c dlock.doctor=on".to_owned(),
+    };
+    config.options(&opts);
+    let (client, conn) = tokio::time::timeout(b.common.connect_timeout, config.connect(NoTls))
+        .await
+        .map_err(|_| {
+            crate::error::timeout(&b.common.endpoint, "connecting", b.common.connect_timeout)
+        })?
+        .map_err(|e| map(&b.common.endpoint, e))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+async fn probe(b: &PostgresBackend) -> Result<Probe> {
+    let one = probe_conn(b).await?;
+    let two = b.common.open().await?;
+    let (two, conn) = two;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let first = b
+        .common
+        .run(
+            "probing the session",
+            one.query_one(
+                "SELECT pg_backend_pid(), current_setting('dlock.doctor', true), \
+                        set_config('dlock.doctor_kept', 'yes', false)",
+                &[],
+            ),
+        )
+        .await?;
+    let other = b
+        .common
+        .run(
+            "probing the session",
+            two.query_one("SELECT pg_backend_pid()", &[]),
+        )
+        .await?;
+    let second = b
+        .common
+        .run(
+            "probing the session",
+            one.query_one(
+                "SELECT pg_backend_pid(), current_setting('dlock.doctor_kept', true)",
+                &[],
+            ),
+        )
+        .await?;
+    let pid1: i32 = first.try_get(0).map_err(|e| shape("probe", e))?;
+    let opt: Option<String> = first.try_get(1).map_err(|e| shape("probe", e))?;
+    let pid_other: i32 = other.try_get(0).map_err(|e| shape("probe", e))?;
+    let pid2: i32 = second.try_get(0).map_err(|e| shape("probe", e))?;
+    let kept: Option<String> = second.try_get(1).map_err(|e| shape("probe", e))?;
+    Ok(Probe {
+        options_applied: opt.as_deref() == Some("on"),
+        pid_stable: pid1 == pid2,
+        setting_kept: kept.as_deref() == Some("yes"),
+        shared_backend: pid_other == pid1 || pid_other == pid2,
+    })
+}
+
+/// PgBouncer (or another pooler) in front: a transaction-pooling one shares backends between
+/// clients and drops session state between transactions, which breaks session mode (its
+/// advisory locks and lease live in the server session); `options` ignored is PgBouncer's
+/// `ignore_startup_parameters`.
+async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
+    let p = match probe(b).await {
+        Ok(p) => p,
+        Err(e) => {
+            let text = e.to_string();
+            let sev = if mode == Mode::Session {
+                Severity::Unsafe
+            } else {
+                Severity::Warning
+            };
+            return Finding::new(
+                sev,
+                "pooler",
+                if text.contains("unsupported startup parameter") {
+                    format!("a pooler (PgBouncer) in front refuses the `options` startup parameter ({text}): session mode needs a direct connection to the server; lease mode works behind PgBouncer (add options to ignore_startup_parameters)")
+                } else {
+                    format!("could not probe the session behind the URL: {text}")
+                },
+            );
+        }
+    };
+    let pooled = !p.pid_stable || !p.setting_kept || p.shared_backend;
+    match (pooled, mode) {
+        (true, Mode::Session) => Finding::new(
+            Severity::Unsafe,
+            "pooler",
+            "a transaction-pooling proxy (PgBouncer pool_mode=transaction/statement) is in front: one client connection was served by several server backends, or two by one, or a session setting was lost; session mode's advisory locks and leases live in the server session, so another client can be handed a session that holds a lock, and a dead holder's lock is never freed; connect to the server directly (or a session-pooling PgBouncer) or use ?mode=lease",
+        ),
+        (true, Mode::Lease) if b.listen => Finding::new(
+            Severity::Warning,
+            "pooler",
+            "a transaction-pooling proxy is in front: lease mode works there, but LISTEN/NOTIFY does not, so waiters wake only at their heartbeat; add listen=off to the URL to say so (or connect directly for prompt wake-ups)",
+        ),
+        (true, Mode::Lease) => Finding::new(
+            Severity::Ok,
+            "pooler",
+            "a transaction-pooling proxy is in front: fine for lease mode with listen=off",
+        ),
+        (false, _) if !p.options_applied => Finding::new(
+            Severity::Warning,
+            "pooler",
+            "the `options` startup parameter (-c settings in the URL) is ignored: a pooler (PgBouncer with options in ignore_startup_parameters) is in front, so settings passed that way do not apply; dlock sets its own session settings with set_config, which worked",
+        ),
+        (false, _) => Finding::new(
+            Severity::Ok,
+            "pooler",
+            "one client connection is one server session (no transaction pooling in front), and startup options apply",
+        ),
+    }
+}
+
+/// Session mode: the lease is the session's `idle_session_timeout`; check that a short one
+/// really ends an idle session (a pooler keeping the client connection, or a server that
+/// ignores it, would let a hung holder keep its lock).
+async fn timeout_finding(b: &PostgresBackend, mode: Mode, num: i32) -> Finding {
+    if mode == Mode::Lease {
+        return Finding::new(
+            Severity::Ok,
+            "session-timeout",
+            "lease mode: leases are the rows' expires_at (server time), no session setting ends them",
+        );
+    }
+    if num < 140_000 {
+        return Finding::new(
+            Severity::Warning,
+            "session-timeout",
+            "no idle_session_timeout before PostgreSQL 14: a holder that hangs with its connection open keeps its lock until the connection closes (see version)",
+        );
+    }
+    let (client, conn) = match b.common.open().await {
+        Ok(c) => c,
+        Err(e) => {
+            return Finding::new(
+                Severity::Warning,
+                "session-timeout",
+                format!("could not open a session to check idle_session_timeout: {e}"),
+            )
+        }
+    };
+    let ended = tokio::spawn(async move { conn.await.err() });
+    let set = b
+        .common
+        .run(
+            "setting idle_session_timeout",
+            client.query_one(
+                "SELECT set_config('idle_session_timeout', '300', false), \
+                        current_setting('idle_session_timeout')",
+                &[],
+            ),
+        )
+        .await;
+    if let Err(e) = set {
+        return Finding::new(
+            Severity::Unsafe,
+            "session-timeout",
+            format!("SET idle_session_timeout failed ({e}): session mode carries each holder's lease in it; connect to the server directly or use ?mode=lease"),
+        );
+    }
+    // The server should end the session 300 ms after that statement; allow a loaded machine.
+    match tokio::time::timeout(Duration::from_secs(5), ended).await {
+        Ok(Ok(Some(e))) if is_code(&e, &SqlState::IDLE_SESSION_TIMEOUT) || e.as_db_error().is_none() => {
+            Finding::new(
+                Severity::Ok,
+                "session-timeout",
+                "idle_session_timeout set by dlock ends an idle session: a holder that stops renewing loses its session (and lock) when its lease ends",
+            )
+        }
+        Ok(Ok(other)) => Finding::new(
+            Severity::Warning,
+            "session-timeout",
+            format!("the probe session ended otherwise than by idle_session_timeout: {other:?}"),
+        ),
+        Ok(Err(_)) | Err(_) => Finding::new(
+            Severity::Unsafe,
+            "session-timeout",
+            "idle_session_timeout = 300 ms did not end an idle session within 5 s: session mode enforces each holder's lease that way, so a hung holder would keep its lock; connect to the server directly (not through a pooler that keeps the client connection) or use ?mode=lease",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn findings() {
+        assert_eq!(
+            version_finding(160_002, "16.2", Mode::Session).severity,
+            Severity::Ok
+        );
+        assert_eq!(
+            version_finding(130_009, "13.9", Mode::Session).severity,
+            Severity::Warning
+        );
+        assert_eq!(
+            version_finding(130_009, "13.9", Mode::Lease).severity,
+            Severity::Ok
+        );
+        assert_eq!(
+            version_finding(90_400, "9.4", Mode::Lease).severity,
+            Severity::Unsafe
+        );
+        assert_eq!(clock_finding(2000).severity, Severity::Warning);
+        assert_eq!(clock_finding(-10).severity, Severity::Ok);
+        assert_eq!(
+            replication_finding(false, 0, 0, "on").severity,
+            Severity::Ok
+        );
+        assert_eq!(
+            replication_finding(false, 2, 0, "on").severity,
+            Severity::Warning
+        );
+        assert_eq!(
+            replication_finding(false, 2, 1, "local").severity,
+            Severity::Warning
+        );
+        assert_eq!(
+            replication_finding(false, 2, 1, "on").severity,
+            Severity::Ok
+        );
+        assert_eq!(
+            replication_finding(true, 0, 0, "on").severity,
+            Severity::Unsafe
+        );
+        assert_eq!(listed_kind(&["read".into()]), LockKind::Write);
+        assert_eq!(listed_kind(&["fair".into()]), LockKind::Fair);
+        assert_eq!(listed_kind(&[]), LockKind::Mutex);
+    }
+}

@@ -1,0 +1,873 @@
+//! Faults and PostgreSQL-specific behaviour, on real servers: killed sessions and processes,
+//! restarts, credentials, unreachable servers, read-write locks, notifications.
+
+mod support;
+
+use distlock_core::{
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockKind,
+    LostReason, LostSignal, ReleaseOutcome,
+};
+use distlock_postgres::PostgresBackend;
+use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
+use distlock_testkit::PostgresServer;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::{shared_server, Pg};
+
+fn client(backend: PostgresBackend, opts: ClientOptions) -> Client {
+    Client::new(Arc::new(backend), opts).expect("client")
+}
+
+/// Connections waiting (not granted) on the server for lock `name`'s key, in the default
+/// namespace. Only this lock's key counts: other tests may share the server.
+fn server_waiters(server: &PostgresServer, name: &str) -> String {
+    let key = distlock_postgres::lock_key("dlock", name) as u64;
+    server
+        .sql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND classid = {} AND objid = {} AND objsubid = 1",
+            key >> 32,
+            key & 0xffff_ffff
+        ))
+        .expect("sql")
+}
+
+/// Terminating the holder's session (an operator's `pg_terminate_backend`, a failover, a
+/// network cut) fires the lost signal at once with `SessionEnded`, and frees the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_session_fires_lost_at_once() {
+    let pg = Pg::session();
+    let name = unique_name("terminate");
+    // A long lease: only the session's end can explain a prompt signal (the holder's next
+    // renewal comes 20 s after the acquisition, its lease ends after 60 s).
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(60));
+    let backend = pg.backend(&opts).await;
+    let a = client(backend, opts.clone());
+    let lock = a.lock(&name).expect("lock");
+    let g = lock.acquire().await.expect("acquire");
+    let pid = match a.backend().inspect(&name, LockKind::Mutex).await {
+        Ok(info) => {
+            assert_eq!(info.holders.len(), 1);
+            pg.server
+                .sql(&format!(
+                    "SELECT pid FROM dlock_holders WHERE name = '{name}'"
+                ))
+                .expect("pid")
+        }
+        Err(e) => panic!("inspect: {e}"),
+    };
+    let t = Instant::now();
+    assert_eq!(
+        pg.server
+            .sql(&format!("SELECT pg_terminate_backend({pid})"))
+            .expect("terminate"),
+        "t"
+    );
+    let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("lost signal");
+    assert!(
+        matches!(reason, LostReason::SessionEnded(ref why) if why.contains("terminating connection")),
+        "{reason:?}"
+    );
+    // At once, from the connection's end: 5 s is generous on a loaded machine and still far
+    // below the first renewal (20 s), the other way a holder could learn of the loss.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // The backend frees its locks as it exits, a moment after closing the connection (the
+    // wait is on the server: nothing else would free the lock).
+    let b = pg.client_with(opts).await;
+    let g2 = b
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("free after the session ended");
+    assert!(g2.fencing_token() > g.fencing_token());
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::TakenByOther
+    );
+    assert_eq!(
+        g2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A backend dropped without releasing (its connections closed) leaves nothing held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_backend_frees_its_locks() {
+    let pg = Pg::session();
+    let name = unique_name("dropped");
+    let opts = fast_opts();
+    let backend = pg.backend(&opts).await;
+    let req = AcquireRequest::new(
+        HoldKey {
+            name: name.as_str().into(),
+            owner: "gone".into(),
+            kind: LockKind::Mutex,
+        },
+        Duration::from_secs(30),
+        LostSignal::new(),
+    );
+    assert!(matches!(
+        backend.acquire(&req).await.expect("acquire"),
+        AcquireReply::Granted { .. }
+    ));
+    drop(backend);
+    let b = pg.client_with(opts).await;
+    let t = Instant::now();
+    let g = b
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(15))
+        .await
+        .expect("freed by the closed session");
+    // Freed by the closed connection, not at the end of the 30 s lease of the request: 5 s is
+    // generous on a loaded machine and far below the lease.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    g.release().await.expect("release");
+}
+
+/// The child side of `killed_process_frees_its_lock`: holds a lock until killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_holder() {
+    let (Ok(url), Ok(name)) = (
+        std::env::var("DLOCK_PG_CHILD_URL"),
+        std::env::var("DLOCK_PG_CHILD_NAME"),
+    ) else {
+        return; // Only meaningful when started by the parent test.
+    };
+    let opts = ClientOptions::default();
+    let backend = PostgresBackend::connect(&url, &opts)
+        .await
+        .expect("connect");
+    let c = client(backend, opts);
+    let g = c
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    println!("HOLDING {}", g.fencing_token());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+}
+
+/// A holder process killed with SIGKILL loses its lock as soon as the kernel closes its
+/// connection; a waiter blocked on the server gets it at once (no lease to wait out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_process_frees_its_lock() {
+    use std::io::{BufRead, BufReader};
+    let pg = Pg::session();
+    let name = unique_name("killed");
+    let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args(["--exact", "child_holder", "--nocapture", "--test-threads=1"])
+        .env("DLOCK_PG_CHILD_URL", pg.url())
+        .env("DLOCK_PG_CHILD_NAME", &name)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("stdout");
+    let token: u64 = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(|l| l.ok())
+            // libtest may print `test child_holder ... ` on the same line first.
+            .find_map(|l| {
+                let at = l.find("HOLDING ")?;
+                l[at + 8..].trim().parse().ok()
+            })
+    })
+    .await
+    .expect("reader")
+    .expect("child never held the lock");
+    let b = pg.client_with(fast_opts()).await;
+    let lock = b.lock(&name).expect("lock");
+    assert!(
+        lock.try_acquire().await.expect("try").is_none(),
+        "child holds it"
+    );
+    let waiter = tokio::spawn(async move {
+        let g = lock.acquire_timeout(Duration::from_secs(20)).await;
+        (g, Instant::now())
+    });
+    poll_until(
+        "the waiter never waited on the server",
+        async || server_waiters(&pg.server, &name),
+        |n| n == "1",
+    )
+    .await;
+    let killed_at = Instant::now();
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let (g, got_at) = waiter.await.expect("waiter");
+    let g = g.expect("lock freed by the killed process's session");
+    // As soon as the kernel closes the connection; the child's lease (30 s, the default) is
+    // what a lease-based lock would wait out. 5 s is generous on a loaded machine.
+    let latency = got_at.saturating_duration_since(killed_at);
+    assert!(latency < Duration::from_secs(5), "took {latency:?}");
+    assert!(g.fencing_token() > token);
+    g.release().await.expect("release");
+}
+
+/// A server restart (crash) ends every session: holders' lost signals fire at once; the
+/// fencing counter survives (PostgreSQL is durable), so tokens keep increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_fires_lost_and_tokens_survive() {
+    let mut server = PostgresServer::start().expect("start postgres");
+    let name = unique_name("restart");
+    // A long lease: only the session's end can fire the lost signal in time (the first renewal
+    // comes after 20 s), and the lease-mode hold outlasts the restart on a loaded machine.
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(60));
+    for params in ["", "?mode=lease"] {
+        let url = format!("{}{params}", server.url());
+        let a = client(
+            PostgresBackend::connect(&url, &opts)
+                .await
+                .expect("connect"),
+            opts.clone(),
+        );
+        let g = a
+            .lock(&name)
+            .expect("lock")
+            .acquire()
+            .await
+            .expect("acquire");
+        let token = g.fencing_token();
+        server.restart().expect("restart");
+        if params.is_empty() {
+            let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
+                .await
+                .expect("lost signal after restart");
+            assert!(matches!(reason, LostReason::SessionEnded(_)), "{reason:?}");
+        }
+        // A new client (reconnecting) gets the lock with a higher token; in lease mode the
+        // lease row survived the restart, so it must wait for the old lease... which the
+        // holder still renews: release it first.
+        if params.is_empty() {
+            drop(g);
+        } else {
+            assert!(!g.is_lost(), "lease mode survives a restart");
+            assert_eq!(
+                g.release().await.expect("release"),
+                ReleaseOutcome::Released
+            );
+        }
+        let b = client(
+            PostgresBackend::connect(&url, &opts)
+                .await
+                .expect("reconnect"),
+            opts.clone(),
+        );
+        let g2 = b
+            .lock(&name)
+            .expect("lock")
+            .acquire_timeout(Duration::from_secs(15))
+            .await
+            .expect("acquire after restart");
+        assert!(
+            g2.fencing_token() > token,
+            "{} after {token}",
+            g2.fencing_token()
+        );
+        g2.release().await.expect("release");
+        drop(a);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_is_an_auth_error() {
+    let server = shared_server();
+    let url = server.url_with_password("not-the-password");
+    let e = PostgresBackend::connect(&url, &fast_opts())
+        .await
+        .err()
+        .expect("refused");
+    assert!(matches!(e, Error::Auth { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("password authentication failed"), "{msg}");
+    assert!(!msg.contains("not-the-password"), "{msg}");
+    let e = distlock_postgres::PostgresBackend::connect(
+        &format!("postgres://nobody:x@127.0.0.1:{}/dlock", server.port()),
+        &fast_opts(),
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(matches!(e, Error::Auth { .. }), "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_a_connection_error() {
+    let port = distlock_testkit::free_port();
+    let t = Instant::now();
+    let e = PostgresBackend::connect(
+        &format!("postgres://u:secret@127.0.0.1:{port}/db"),
+        &fast_opts(),
+    )
+    .await
+    .err()
+    .expect("nothing listens there");
+    assert!(e.is_connection(), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
+    assert!(!msg.contains("secret"), "{msg}");
+    assert!(t.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_urls() {
+    for url in [
+        "postgres://u:secret@h/db?mode=nope",
+        "postgres://u:secret@h/db?sslmode=verify-full",
+        "postgres://u:secret@h/db?bogus=1",
+        "postgres://h/db",
+        "postgresx://u@h/db",
+    ] {
+        let e = PostgresBackend::connect(url, &fast_opts())
+            .await
+            .err()
+            .expect("invalid");
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{url}: {e:?}");
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
+}
+
+/// A missing database is reported as such, not as a connection problem to retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_database_is_reported() {
+    let server = shared_server();
+    let url = format!(
+        "postgres://dlock:{}@127.0.0.1:{}/no_such_db",
+        server.password(),
+        server.port()
+    );
+    let e = PostgresBackend::connect(&url, &fast_opts())
+        .await
+        .err()
+        .expect("no database");
+    assert!(!e.is_retryable(), "{e:?}");
+    assert!(e.to_string().contains("no_such_db"), "{e}");
+}
+
+/// Readers share, a writer excludes them, the writer may take the read side (downgrade), a
+/// reader may not take the write side (an upgrade could deadlock), and a blocked writer is
+/// woken by the last reader's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_locks() {
+    let pg = Pg::session();
+    let name = unique_name("rw");
+    let opts = fast_opts();
+    let a = pg.client_with(opts.clone()).await;
+    let b = pg.client_with(opts.clone()).await;
+    let ra = a.rw_lock(&name).expect("rw");
+    let rb = b.rw_lock(&name).expect("rw");
+    let g1 = ra.read().try_acquire().await.expect("try").expect("read");
+    let g2 = rb
+        .read()
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("shared read");
+    assert!(g2.fencing_token() > g1.fencing_token());
+    let e = rb.write().try_acquire().await.expect_err("upgrade");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    let info = a
+        .inspect_kind(&name, LockKind::Read)
+        .await
+        .expect("inspect");
+    assert_eq!(info.holders.len(), 2);
+    assert!(info.holders.iter().all(|h| h.side == Some(LockKind::Read)));
+    // A blocked writer is woken by the last reader's release (server-side wait).
+    let c = pg.client_with(opts.clone()).await;
+    let wc = c.rw_lock(&name).expect("rw").write();
+    let w = tokio::spawn(async move {
+        let g = wc.acquire_timeout(Duration::from_secs(20)).await;
+        (g, Instant::now())
+    });
+    poll_until(
+        "the writer never waited on the server",
+        async || server_waiters(&pg.server, &name),
+        |n| n == "1",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!w.is_finished(), "writer passed readers");
+    assert_eq!(
+        g1.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!w.is_finished(), "writer passed a reader");
+    let released = Instant::now();
+    assert_eq!(
+        g2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let (wg, at) = w.await.expect("task");
+    let wg = wg.expect("writer");
+    // Woken by the release itself (the wait is on the server); without it the writer would
+    // only stop at its 20 s deadline. 5 s is generous on a loaded machine.
+    let latency = at.saturating_duration_since(released);
+    assert!(
+        latency < Duration::from_secs(5),
+        "writer woke {latency:?} after the release"
+    );
+    let info = a
+        .inspect_kind(&name, LockKind::Write)
+        .await
+        .expect("inspect");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].side, Some(LockKind::Write));
+    assert!(ra.read().try_acquire().await.expect("try").is_none());
+    assert_eq!(
+        wg.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // The writer takes the read side too (downgrade), then lets the write side go.
+    let w = ra.write().acquire().await.expect("write");
+    let r = ra
+        .read()
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("downgrade");
+    assert!(rb.read().try_acquire().await.expect("try").is_none());
+    assert_eq!(
+        w.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let r2 = rb
+        .read()
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("read after downgrade");
+    for g in [r, r2] {
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+    // Kinds this backend does not do are refused clearly.
+    let e = a
+        .semaphore(&name, 2)
+        .expect("semaphore")
+        .try_acquire(1)
+        .await
+        .expect_err("unsupported");
+    assert!(e.is_unsupported(), "{e:?}");
+}
+
+/// `inspect` shows holder, its one grant (re-entrant guards are counted in the client), lease
+/// and the last token; a holder whose session died is not reported even though its row is
+/// still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reports_live_holders_only() {
+    let pg = Pg::session();
+    let name = unique_name("inspect");
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(20));
+    let a = pg.client_with(opts.clone()).await;
+    let lock = a.lock(&name).expect("lock");
+    let g = lock.acquire().await.expect("acquire");
+    let _g2 = lock.try_acquire().await.expect("try").expect("re-enter");
+    let info = a.inspect(&name).await.expect("inspect");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].owner, lock.owner());
+    assert_eq!(info.holders[0].count, 1, "one grant on the server");
+    let left = info.holders[0].lease_left.expect("lease");
+    assert!(
+        left > Duration::from_secs(15) && left <= Duration::from_secs(20),
+        "{left:?}"
+    );
+    assert_eq!(info.fencing_token, g.fencing_token());
+    // Kill the session without deleting the row.
+    pg.server
+        .sql(&format!(
+            "SELECT pg_terminate_backend(pid) FROM dlock_holders WHERE name = '{name}'"
+        ))
+        .expect("terminate");
+    tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("lost");
+    // The backend frees its locks as it exits, a moment after closing the connection.
+    let info = poll_until(
+        "the dead holder is still reported",
+        async || a.inspect(&name).await.expect("inspect"),
+        |info| !info.held(),
+    )
+    .await;
+    assert!(!info.held(), "{info:?}");
+    assert_eq!(info.fencing_token, g.fencing_token());
+}
+
+/// A cancelled or timed-out wait leaves no backend waiting on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_waits_leave_no_server_waiters() {
+    let pg = Pg::session();
+    let name = unique_name("abandon");
+    let a = pg.client_with(fast_opts()).await;
+    let b = pg.client_with(fast_opts()).await;
+    let g = a
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let lb = b.lock(&name).expect("lock");
+    assert!(lb
+        .acquire_timeout(Duration::from_millis(300))
+        .await
+        .unwrap_err()
+        .is_timeout());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), lb.acquire())
+            .await
+            .is_err()
+    );
+    // Waiters on this lock's key only (other tests share the server). Stopping a wait on the
+    // server takes a round trip after the caller has gone: poll.
+    let waiting = async || server_waiters(&pg.server, &name);
+    poll_until(
+        "the timed-out waits left a waiter on the server",
+        waiting,
+        |n| n == "0",
+    )
+    .await;
+    let w = tokio::spawn({
+        let lb = lb.clone();
+        async move { lb.acquire().await }
+    });
+    poll_until("the waiter never waited on the server", waiting, |n| {
+        n == "1"
+    })
+    .await;
+    w.abort();
+    let _ = w.await;
+    poll_until(
+        "the aborted waiter left a waiter on the server",
+        waiting,
+        |n| n == "0",
+    )
+    .await;
+    let info = a.inspect(&name).await.expect("inspect");
+    assert_eq!(info.waiters, Some(0));
+    g.release().await.expect("release");
+}
+
+/// Lease mode: a waiter is woken by NOTIFY, before its heartbeat could have woken it; with
+/// `listen=off` it still gets the lock (at its heartbeat, long before the holder's lease ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_wakes_waiters_by_notify() {
+    let server = shared_server();
+    // The holder's lease: a waiter that saw no release would wait until it ends.
+    let lease = Duration::from_secs(20);
+    // Without a notification a lease-mode waiter tries again every `beat` (1 s: the longest
+    // heartbeat there is, it cannot be made slower).
+    let beat = distlock_core::wait::heartbeat(lease);
+    for listen in [true, false] {
+        let params = if listen {
+            "?mode=lease"
+        } else {
+            "?mode=lease&listen=off"
+        };
+        let url = format!("{}{params}", server.url());
+        let name = unique_name("notify");
+        let opts = fast_opts().watchdog_lease(lease);
+        let a = client(
+            PostgresBackend::connect(&url, &opts)
+                .await
+                .expect("connect"),
+            opts.clone(),
+        );
+        let bb = Arc::new(
+            PostgresBackend::connect(&url, &opts)
+                .await
+                .expect("connect"),
+        );
+        let b = Client::new(bb.clone(), opts.clone()).expect("client");
+        let g = a
+            .lock(&name)
+            .expect("lock")
+            .acquire()
+            .await
+            .expect("acquire");
+        let lb = b.lock(&name).expect("lock");
+        let spawned = Instant::now();
+        let waiter = tokio::spawn(async move {
+            let g = lb.acquire_timeout(Duration::from_secs(30)).await;
+            (g, Instant::now())
+        });
+        if listen {
+            // Wait until the waiter listens. It subscribes after its first attempt, tries once
+            // more, then sleeps until a notification or its heartbeat. The subscription came
+            // after `not_before` (the start of the last look that did not see it), so the
+            // heartbeat cannot end before `not_before + beat`: a grant before that instant was
+            // not the heartbeat's doing, however loaded the machine.
+            let mut not_before = spawned;
+            loop {
+                let asked = Instant::now();
+                if bb.listening_channels().await == 1 {
+                    break;
+                }
+                not_before = asked;
+                assert!(
+                    spawned.elapsed() < EVENTUALLY,
+                    "the waiter never subscribed to notifications"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let earliest_heartbeat = not_before + beat;
+            // Let its attempt after subscribing pass, so that it sleeps when the lock is
+            // released (kept short: what is left of the heartbeat is the margin below).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let released = Instant::now();
+            g.release().await.expect("release");
+            let (g2, at) = waiter.await.expect("task");
+            let g2 = g2.expect("acquired");
+            assert!(
+                at < earliest_heartbeat,
+                "{params}: woke {:?} after the release, not before its heartbeat could have \
+                 ({:?} after the release)",
+                at.saturating_duration_since(released),
+                earliest_heartbeat.saturating_duration_since(released)
+            );
+            g2.release().await.expect("release");
+        } else {
+            // Let the waiter start waiting (nothing to observe without notifications; if it
+            // is late it just gets a free lock).
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let released = Instant::now();
+            g.release().await.expect("release");
+            let (g2, at) = waiter.await.expect("task");
+            let g2 = g2.expect("acquired");
+            // At its next heartbeat (within 1 s), not when the holder's 20 s lease would have
+            // ended: 5 s is generous on a loaded machine and far below the lease.
+            let latency = at.saturating_duration_since(released);
+            assert!(
+                latency < Duration::from_secs(5),
+                "{params}: woke {latency:?} after the release"
+            );
+            g2.release().await.expect("release");
+        }
+    }
+}
+
+/// Many short holds reuse a few connections instead of opening one per grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_reused() {
+    let pg = Pg::session();
+    let name = unique_name("reuse");
+    let backend = Arc::new(pg.backend(&fast_opts()).await);
+    let c = Client::new(backend.clone(), fast_opts()).expect("client");
+    let before: i64 = pg
+        .server
+        .sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dlock'")
+        .expect("sql")
+        .parse()
+        .expect("count");
+    for _ in 0..30 {
+        let g = c
+            .lock(&name)
+            .expect("lock")
+            .acquire()
+            .await
+            .expect("acquire");
+        g.release().await.expect("release");
+    }
+    let after: i64 = pg
+        .server
+        .sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dlock'")
+        .expect("sql")
+        .parse()
+        .expect("count");
+    assert!(after - before <= 2, "{before} -> {after} connections");
+    assert!(backend.idle_sessions() >= 1);
+    // Waits that time out on the server give their session back too.
+    let holder = pg.client_with(fast_opts()).await;
+    let g = holder
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    for _ in 0..3 {
+        let e = c
+            .lock(&name)
+            .expect("lock")
+            .acquire_timeout(Duration::from_millis(100))
+            .await
+            .expect_err("held");
+        assert!(e.is_timeout(), "{e:?}");
+    }
+    assert!(
+        backend.idle_sessions() >= 1,
+        "timed-out waits closed their sessions"
+    );
+    g.release().await.expect("release");
+}
+
+/// Tables of the version with re-entry counts (a `count` column, no `attempt`, holders keyed
+/// by owner and kind) are migrated by the first new client, in both modes, and work after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_tables_are_migrated() {
+    let server = shared_server();
+    let schema = format!("old_{}", std::process::id());
+    let (client, conn) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};
+             SET search_path = {schema};
+             CREATE SEQUENCE dlock_fence_seq;
+             CREATE TABLE dlock_fence (ns text NOT NULL, name text NOT NULL,
+                 token bigint NOT NULL, PRIMARY KEY (ns, name));
+             CREATE TABLE dlock_holders (ns text NOT NULL, name text NOT NULL,
+                 owner text NOT NULL, kind text NOT NULL, token bigint NOT NULL,
+                 count integer NOT NULL, pid integer NOT NULL,
+                 acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
+                 PRIMARY KEY (ns, name, owner, kind));
+             INSERT INTO dlock_holders VALUES ('dlock', 'stale', 'o', 'mutex', 1, 2, 0, now(), now());
+             CREATE TABLE dlock_leases (ns text NOT NULL, name text NOT NULL, owner text,
+                 count integer NOT NULL, token bigint NOT NULL, acquired_at timestamptz,
+                 expires_at timestamptz NOT NULL, PRIMARY KEY (ns, name));
+             INSERT INTO dlock_leases VALUES ('dlock', 'old', NULL, 0, 7, NULL, 'epoch');"
+        ))
+        .await
+        .expect("old tables");
+    for params in ["", "&mode=lease"] {
+        let url = format!(
+            "{}?options=-c%20search_path%3D{schema}{params}",
+            server.url()
+        );
+        let c = client_at(&url).await;
+        for name in ["old", "new"] {
+            let g = c
+                .lock(name)
+                .expect("lock")
+                .try_acquire()
+                .await
+                .expect("try")
+                .expect("free");
+            assert_eq!(
+                g.release().await.expect("release"),
+                ReleaseOutcome::Released,
+                "{params}"
+            );
+        }
+        // Connecting again finds the tables up to date.
+        let _ = client_at(&url).await;
+    }
+    let cols = client
+        .query(
+            "SELECT table_name::text, column_name::text FROM information_schema.columns \
+             WHERE table_schema = $1 AND column_name IN ('count', 'attempt') ORDER BY 1, 2",
+            &[&schema],
+        )
+        .await
+        .expect("columns");
+    let cols: Vec<(String, String)> = cols.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        cols,
+        vec![
+            ("dlock_holders".into(), "attempt".into()),
+            ("dlock_leases".into(), "attempt".into())
+        ]
+    );
+    client
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .expect("drop");
+}
+
+async fn client_at(url: &str) -> Client {
+    let opts = fast_opts();
+    client(
+        PostgresBackend::connect(url, &opts).await.expect("connect"),
+        opts,
+    )
+}
+
+/// Lease mode: an acquire that waits for the lease row's lock (another client's statement on
+/// the same row) draws its token after it gets the row, so a grant made meanwhile cannot
+/// leave it with a lower token. (Drawing it before the wait, as `VALUES` does, let tokens go
+/// backwards; the conformance suite's fenced register caught it under contention.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_token_is_drawn_after_the_row_lock() {
+    let pg = Pg::lease();
+    let name = unique_name("row-lock-token");
+    let backend = Arc::new(pg.backend(&fast_opts()).await);
+    let key = HoldKey {
+        name: name.as_str().into(),
+        owner: "o".into(),
+        kind: LockKind::Mutex,
+    };
+    let first = AcquireRequest::new(key.clone(), Duration::from_secs(30), LostSignal::new());
+    let AcquireReply::Granted { token: t1 } = backend.acquire(&first).await.expect("acquire")
+    else {
+        panic!("not granted");
+    };
+    assert_eq!(
+        backend.release(&first.grant(t1)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // Another session holds the row's lock, as a concurrent grant would.
+    let (x, conn) = tokio_postgres::connect(&pg.server.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    x.batch_execute("BEGIN").await.expect("begin");
+    x.query(
+        "SELECT token FROM dlock_leases WHERE ns = 'dlock' AND name = $1 FOR UPDATE",
+        &[&name],
+    )
+    .await
+    .expect("lock the row");
+    let req = AcquireRequest::new(key.clone(), Duration::from_secs(30), LostSignal::new());
+    let waiting = {
+        let (backend, req) = (backend.clone(), req.clone());
+        tokio::spawn(async move { backend.acquire(&req).await })
+    };
+    poll_until(
+        "the acquire never waited for the row lock",
+        async || {
+            pg.server
+                .sql(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND query LIKE '%dlock_leases%'",
+                )
+                .expect("sql")
+        },
+        |n| n != "0",
+    )
+    .await;
+    // Meanwhile a grant and its release happen on the row, with a newer token.
+    let t2: i64 = x
+        .query_one(
+            "UPDATE dlock_leases SET token = nextval('dlock_fence_seq') \
+             WHERE ns = 'dlock' AND name = $1 RETURNING token",
+            &[&name],
+        )
+        .await
+        .expect("update")
+        .get(0);
+    x.batch_execute("COMMIT").await.expect("commit");
+    let reply = tokio::time::timeout(EVENTUALLY, waiting)
+        .await
+        .expect("acquire")
+        .expect("task")
+        .expect("acquire");
+    let AcquireReply::Granted { token } = reply else {
+        panic!("not granted: {reply:?}");
+    };
+    assert!(
+        token > u64::try_from(t2).expect("token"),
+        "token {token} after {t2}: went backwards"
+    );
+    assert_eq!(
+        backend.release(&req.grant(token)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}

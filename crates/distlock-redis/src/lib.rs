@@ -1,0 +1,828 @@
+//! Redis backend for dlock.
+//!
+//! One lock is a few Redis names, all with the lock name as hash tag so they share one
+//! Cluster slot. Every grant is stored under the id of the acquisition attempt that won it,
+//! with its fencing token and owner, so that renewals, releases, give-ups and handoff messages
+//! name one grant and a retried request has the effect of one (re-entry is counted in the
+//! client, never on the server):
+//!
+//! | name | type | what |
+//! |---|---|---|
+//! | `NS:{NAME}` | hash `{attempt, token, owner}`, PEXPIRE = lease | the mutex's one grant; exists only while held |
+//! | `NS:{NAME}:fence` | integer, no expiry | last fencing token issued (seeded from the server clock in µs when missing) |
+//! | `NS:{NAME}:queue` | zset `attempt → arrival ms` | waiting attempts, oldest first |
+//! | `NS:{NAME}:waiters` | hash `attempt → "expiry_ms:lease_ms:OWNER"` | each waiter's liveness and lease |
+//! | `NS:{NAME}:released` | pub/sub channel | `h TOKEN ATTEMPT` (handed over) or `r` (released) |
+//!
+//! Read-write locks (`:rw*`) and semaphores (`:sem*`) use the same layout with their own
+//! names, plus a zset of per-grant expiries; see `docs/redis-lock.md`.
+//!
+//! Acquire, release and renew are each one EVALSHA (one round trip); the watchdog renews all of
+//! a client's locks in one pipelined round trip per tick. A waiter queues itself, subscribes to
+//! the channel and sleeps; a release hands the lock straight to the oldest live waiter and
+//! tells only that attempt, so the new holder starts without a round trip of its own and the
+//! other waiters are not woken (no herd). See `docs/redis-lock.md` for the safety argument.
+//!
+//! URL: `redis://[user:password@]host:port[/db][?namespace=NS&wait_replicas=N&wait_timeout=DUR]`.
+//! `rediss://` needs the `tls` cargo feature. `wait_replicas` makes every grant — handoffs
+//! included — wait for N replicas to confirm it (Redis `WAIT`), for deployments behind
+//! Sentinel where an unreplicated lock would vanish on failover; a grant not confirmed in time
+//! is given back and reported as an error.
+//!
+//! The `quorum_*` methods are the single-node steps of Redlock (`distlock-redlock`).
+#![warn(missing_docs)]
+
+mod error;
+mod ops;
+mod pubsub;
+mod quorum;
+mod scripts;
+
+use crate::error::{map, shape, KIND};
+pub use crate::quorum::{NodeHold, QuorumReply, QuorumVote, ServerInfo, TOKEN_FIELD};
+use distlock_core::{
+    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, HoldKey,
+    HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+};
+use redis::aio::ConnectionManager;
+use redis::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings read from the URL beyond what redis-rs understands.
+#[derive(Debug, Clone, Default)]
+struct UrlExtras {
+    namespace: Option<String>,
+    wait_replicas: Option<(u32, Duration)>,
+    ca_file: Option<String>,
+}
+
+/// The Redis backend. Build it with [`RedisBackend::connect`] (or through `distlock::connect`).
+pub struct RedisBackend {
+    con: ConnectionManager,
+    scripts: scripts::Scripts,
+    subscriber: Arc<pubsub::Subscriber>,
+    endpoint: String,
+    namespace: String,
+    wait_replicas: Option<(u32, Duration)>,
+}
+
+/// Parses the URL: returns what redis-rs should see, the endpoint for messages, and our extras.
+fn parse_url(url: &str) -> Result<(String, String, UrlExtras)> {
+    let redacted = redact(url);
+    let bad = |reason: String| Error::InvalidUrl {
+        url: redacted.clone(),
+        reason,
+    };
+    let mut u = url::Url::parse(url).map_err(|e| bad(format!("{e}")))?;
+    match u.scheme() {
+        "redis" => {}
+        "rediss" if cfg!(feature = "tls") => {}
+        "rediss" => {
+            return Err(bad(
+                "rediss:// (TLS) needs distlock built with the `tls` feature (distlock = { features = [\"tls\"] })".into(),
+            ))
+        }
+        s => return Err(bad(format!("scheme `{s}` is not redis://"))),
+    }
+    let host = u
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| bad("no host; write redis://host:port".into()))?
+        .to_owned();
+    let port = u.port().unwrap_or(6379);
+    let path = u.path().trim_start_matches('/');
+    if !path.is_empty() && path.parse::<u32>().is_err() {
+        return Err(bad(format!(
+            "`/{path}` is not a database number; write redis://host:port/0"
+        )));
+    }
+    let mut extras = UrlExtras::default();
+    let mut keep = Vec::new();
+    let mut replicas: Option<u32> = None;
+    let mut wait_timeout = Duration::from_millis(200);
+    for (k, v) in u.query_pairs() {
+        match k.as_ref() {
+            "namespace" => extras.namespace = Some(v.into_owned()),
+            "wait_replicas" => {
+                replicas = Some(v.parse().map_err(|_| {
+                    bad(format!("wait_replicas=`{v}` is not a number of replicas"))
+                })?)
+            }
+            "wait_timeout" => {
+                wait_timeout = distlock_core::parse_duration(&v).map_err(|e| bad(e.to_string()))?
+            }
+            "ca_file" if u.scheme() == "rediss" => extras.ca_file = Some(v.into_owned()),
+            "protocol" => keep.push((k.into_owned(), v.into_owned())),
+            other => {
+                return Err(bad(format!(
+                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol; ca_file with rediss://)"
+                )))
+            }
+        }
+    }
+    if let Some(n) = replicas.filter(|n| *n > 0) {
+        if wait_timeout.is_zero() {
+            return Err(bad(
+                "wait_timeout=0 would wait forever; give a bound such as 200ms".into(),
+            ));
+        }
+        extras.wait_replicas = Some((n, wait_timeout));
+    }
+    if keep.is_empty() {
+        u.set_query(None);
+    } else {
+        u.query_pairs_mut().clear().extend_pairs(keep);
+    }
+    Ok((u.to_string(), format!("{host}:{port}"), extras))
+}
+
+fn open_client(url: &str, driver_url: &str, ca_file: Option<&str>) -> Result<redis::Client> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: redact(url),
+        reason,
+    };
+    #[cfg(feature = "tls")]
+    if driver_url.starts_with("rediss:") {
+        // Several rustls providers may be compiled in; pick ring unless the program chose.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root_cert = match ca_file {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| invalid(format!("cannot read the CA file `{path}`: {e}")))?,
+            ),
+            None => None,
+        };
+        return redis::Client::build_with_tls(
+            driver_url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert,
+            },
+        )
+        .map_err(|e| invalid(e.to_string()));
+    }
+    let _ = ca_file;
+    redis::Client::open(driver_url).map_err(|e| invalid(e.to_string()))
+}
+
+/// The URL with its password replaced by `***`.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        Ok(u) => u.to_string(),
+        Err(_) => url.to_owned(),
+    }
+}
+
+impl RedisBackend {
+    /// Connects to the Redis server at `url`, checks credentials and loads the scripts.
+    pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
+        let (driver_url, endpoint, extras) = parse_url(url)?;
+        if let Some((_, wait)) = extras.wait_replicas {
+            // WAIT blocks for up to `wait_timeout` on a connection whose replies are bounded by
+            // the operation timeout: a longer wait would be cut off and the grant retried.
+            if wait >= opts.get_op_timeout() {
+                return Err(Error::InvalidArgument(format!(
+                    "wait_timeout={wait:?} is not below the client's operation timeout ({:?}): \
+                     the replica wait would be cut off; lower wait_timeout or raise op_timeout",
+                    opts.get_op_timeout()
+                )));
+            }
+        }
+        let client = open_client(url, &driver_url, extras.ca_file.as_deref())?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(opts.get_connect_timeout()))
+            .set_response_timeout(Some(opts.get_op_timeout()))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let mut con = tokio::time::timeout(
+            opts.get_connect_timeout() * 2,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| Error::Connection {
+            backend: KIND,
+            endpoint: endpoint.clone(),
+            source: format!(
+                "no answer within {:?} (is the server paused or behind a firewall?)",
+                opts.get_connect_timeout() * 2
+            )
+            .into(),
+        })?
+        .map_err(|e| map(&endpoint, e))?;
+        let scripts = scripts::Scripts::new();
+        scripts
+            .load_all(&mut con)
+            .await
+            .map_err(|e| map(&endpoint, e))?;
+        check_eviction(&mut con, &endpoint).await;
+        let namespace = extras
+            .namespace
+            .unwrap_or_else(|| opts.get_namespace().to_owned());
+        if namespace.is_empty() || namespace.contains(['{', '}']) {
+            return Err(Error::InvalidUrl {
+                url: redact(url),
+                reason: "namespace must be non-empty and free of `{` and `}`".into(),
+            });
+        }
+        Ok(RedisBackend {
+            con,
+            scripts,
+            subscriber: pubsub::Subscriber::new(
+                client,
+                endpoint.clone(),
+                opts.get_connect_timeout(),
+                // A handoff is written by the releasing client's connection: with replicas to
+                // wait for, the waiter confirms it with its own attempt (and WAIT) first.
+                extras.wait_replicas.is_some(),
+            ),
+            endpoint,
+            namespace,
+            wait_replicas: extras.wait_replicas,
+        })
+    }
+
+    fn lock_key(&self, name: &str) -> String {
+        format!("{}:{{{}}}", self.namespace, name)
+    }
+
+    fn fence_key(&self, name: &str) -> String {
+        format!("{}:{{{}}}:fence", self.namespace, name)
+    }
+
+    fn channel(&self, name: &str) -> String {
+        format!("{}:{{{}}}:released", self.namespace, name)
+    }
+
+    /// The four keys the mutex scripts touch, in their KEYS order.
+    fn keys(&self, name: &str) -> [String; 4] {
+        let ns = &self.namespace;
+        [
+            format!("{ns}:{{{name}}}"),
+            format!("{ns}:{{{name}}}:fence"),
+            format!("{ns}:{{{name}}}:queue"),
+            format!("{ns}:{{{name}}}:waiters"),
+        ]
+    }
+
+    /// Keys of a read-write lock: holds, fence, queue, waiter data, hold expiries.
+    fn rw_keys(&self, name: &str) -> [String; 5] {
+        let ns = &self.namespace;
+        [
+            format!("{ns}:{{{name}}}:rw"),
+            format!("{ns}:{{{name}}}:fence"),
+            format!("{ns}:{{{name}}}:rw:queue"),
+            format!("{ns}:{{{name}}}:rw:waiters"),
+            format!("{ns}:{{{name}}}:rw:exp"),
+        ]
+    }
+
+    /// Keys of a semaphore: holds, fence, queue, waiter data, hold expiries, permit count.
+    fn sem_keys(&self, name: &str) -> [String; 6] {
+        let ns = &self.namespace;
+        [
+            format!("{ns}:{{{name}}}:sem"),
+            format!("{ns}:{{{name}}}:fence"),
+            format!("{ns}:{{{name}}}:sem:queue"),
+            format!("{ns}:{{{name}}}:sem:waiters"),
+            format!("{ns}:{{{name}}}:sem:exp"),
+            format!("{ns}:{{{name}}}:sem:limit"),
+        ]
+    }
+
+    /// Runs the release-side script of `key`'s family for grant `attempt`/`token` in `mode`
+    /// (`release` or `giveup`; a give-up names no token: any grant of the attempt goes back).
+    async fn run_release(
+        &self,
+        key: &HoldKey,
+        attempt: &str,
+        token: &str,
+        mode: &str,
+    ) -> Result<(i64, i64)> {
+        let channel = self.channel(&key.name);
+        let args = [attempt, token, channel.as_str(), mode];
+        let cmd = match family(key.kind)? {
+            Family::Mutex { .. } => {
+                let keys = self.keys(&key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                self.scripts.release.cmd(&keys, &args)
+            }
+            Family::Rw { .. } => {
+                let keys = self.rw_keys(&key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                self.scripts.rw_release.cmd(&keys, &args)
+            }
+            Family::Sem { .. } => {
+                let keys = self.sem_keys(&key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                self.scripts.sem_release.cmd(&keys, &args)
+            }
+        };
+        let mut con = self.con.clone();
+        let v = scripts::eval(&mut con, &self.scripts, &cmd)
+            .await
+            .map_err(|e| self.err(e))?;
+        pair(mode, &v)
+    }
+
+    fn err(&self, e: redis::RedisError) -> Error {
+        map(&self.endpoint, e)
+    }
+
+    /// Number of release channels this client is subscribed to right now. A channel is
+    /// subscribed only while a caller of this client waits on that lock.
+    pub async fn subscribed_channels(&self) -> usize {
+        self.subscriber.subscribed().await
+    }
+
+    /// A round trip to the server (PING), for benchmarks that compare against it.
+    pub async fn ping(&self) -> Result<()> {
+        let mut con = self.con.clone();
+        redis::cmd("PING")
+            .query_async::<()>(&mut con)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// With `?wait_replicas=N`: waits until N replicas have every write this connection made,
+    /// which includes the grant (a fresh grant, or the rewrite of a retried or handed-over
+    /// grant that the acquire script makes for this purpose; replication is in order, so it
+    /// covers the handoff written by another client before it). A grant not confirmed is given
+    /// back and reported as an error.
+    async fn confirm_replicas(&self, grant: &GrantRef) -> Result<()> {
+        let Some((n, timeout)) = self.wait_replicas else {
+            return Ok(());
+        };
+        let mut con = self.con.clone();
+        let acked: std::result::Result<i64, _> = redis::cmd("WAIT")
+            .arg(n)
+            .arg(timeout.as_millis() as u64)
+            .query_async(&mut con)
+            .await;
+        let acked = match acked {
+            Ok(acked) => acked,
+            Err(e) => {
+                // Unconfirmed: give the grant back (it names this attempt's grant only).
+                let _ = self.release(grant).await;
+                return Err(self.err(e));
+            }
+        };
+        if acked >= i64::from(n) {
+            return Ok(());
+        }
+        let _ = self.release(grant).await;
+        Err(Error::UnexpectedReply {
+            backend: KIND,
+            message: format!(
+                "lock `{}` was granted but only {acked} of the {n} required replicas confirmed it within {timeout:?}; \
+                 it was given back (a failover could have lost it). Check replication or lower wait_replicas",
+                grant.key.name
+            ),
+        })
+    }
+}
+
+/// Reads `maxmemory-policy` and warns unless it is `noeviction`: an evicting server may drop a
+/// held lock (a second holder) or a fencing counter (re-seeded from the clock, see the docs).
+/// A server where CONFIG is disabled or renamed only gets a debug line.
+async fn check_eviction(con: &mut ConnectionManager, endpoint: &str) {
+    let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(con)
+        .await;
+    match r {
+        Ok(v) => match v.get(1) {
+            Some(policy) if policy != "noeviction" => tracing::warn!(
+                endpoint,
+                policy = %policy,
+                "redis maxmemory-policy is not noeviction: under memory pressure the server may evict held locks (two holders at once); set `maxmemory-policy noeviction`"
+            ),
+            Some(_) => {}
+            None => tracing::debug!(endpoint, "CONFIG GET maxmemory-policy returned nothing"),
+        },
+        Err(e) => tracing::debug!(
+            endpoint,
+            error = %e,
+            "cannot read maxmemory-policy (CONFIG disabled or renamed?)"
+        ),
+    }
+}
+
+/// Which scripts and keys a lock kind uses.
+enum Family {
+    Mutex { fair: bool },
+    Rw { side: &'static str },
+    Sem { permits: u32, limit: u32 },
+}
+
+fn family(kind: LockKind) -> Result<Family> {
+    Ok(match kind {
+        LockKind::Mutex => Family::Mutex { fair: false },
+        LockKind::Fair => Family::Mutex { fair: true },
+        LockKind::Read => Family::Rw { side: "r" },
+        LockKind::Write => Family::Rw { side: "w" },
+        LockKind::Semaphore { permits, limit } => Family::Sem { permits, limit },
+        #[allow(unreachable_patterns)]
+        other => {
+            return Err(Error::unsupported(
+                KIND,
+                format!("lock kind {}", other.as_str()),
+            ))
+        }
+    })
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn pair(what: &str, v: &Value) -> Result<(i64, i64)> {
+    match v {
+        Value::Array(items) if items.len() == 2 => match (int(&items[0]), int(&items[1])) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(shape(what, v)),
+        },
+        _ => Err(shape(what, v)),
+    }
+}
+
+fn lease_ms(d: Duration) -> String {
+    d.as_millis().max(1).to_string()
+}
+
+/// One grant of a read-write lock or semaphore as the scripts store it: `TOKEN:X:OWNER`, where
+/// X is the side (`r`/`w`) or the permits. `None` for a value of another layout.
+fn parse_grant(value: &str) -> Option<(u64, &str, &str)> {
+    let (token, rest) = value.split_once(':')?;
+    let (x, owner) = rest.split_once(':')?;
+    Some((token.parse().ok()?, x, owner))
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        let waiter_ttl = req
+            .waiter_ttl
+            .map_or(0, |t| t.as_millis().max(1) as u64)
+            .to_string();
+        let lease = lease_ms(req.lease);
+        let attempt = req.attempt.as_str();
+        let owner: &str = &req.key.owner;
+        let cmd = match family(req.key.kind)? {
+            Family::Mutex { fair } => {
+                let keys = self.keys(&req.key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let fair = if fair { "1" } else { "0" };
+                self.scripts
+                    .acquire
+                    .cmd(&keys, &[attempt, owner, &lease, &waiter_ttl, fair])
+            }
+            Family::Rw { side } => {
+                let keys = self.rw_keys(&req.key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                // The downgrade is addressed by the write grant itself, not by owner equality.
+                let (w_attempt, w_token) = match (&req.write_grant, side) {
+                    (Some(g), "r") => (g.attempt.as_str(), g.token.to_string()),
+                    _ => ("", String::new()),
+                };
+                self.scripts.rw_acquire.cmd(
+                    &keys,
+                    &[
+                        attempt,
+                        owner,
+                        &lease,
+                        &waiter_ttl,
+                        side,
+                        w_attempt,
+                        &w_token,
+                    ],
+                )
+            }
+            Family::Sem { permits, limit } => {
+                let keys = self.sem_keys(&req.key.name);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                self.scripts.sem_acquire.cmd(
+                    &keys,
+                    &[
+                        attempt,
+                        owner,
+                        &lease,
+                        &waiter_ttl,
+                        &permits.to_string(),
+                        &limit.to_string(),
+                        &self.channel(&req.key.name),
+                    ],
+                )
+            }
+        };
+        let mut con = self.con.clone();
+        let v = scripts::eval(&mut con, &self.scripts, &cmd)
+            .await
+            .map_err(|e| self.err(e))?;
+        match pair("acquire", &v)? {
+            (1, token) if token > 0 => {
+                let token = token as u64;
+                self.confirm_replicas(&req.grant(token)).await?;
+                Ok(AcquireReply::Granted { token })
+            }
+            (0, pttl) => Ok(AcquireReply::Held {
+                ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            }),
+            (-1, _) => Err(Error::invalid(format!(
+                "owner `{}` holds the read side of `{}` and asked for the write side: an upgrade \
+                 would deadlock with other readers doing the same; release the read lock first",
+                req.key.owner, req.key.name
+            ))),
+            (-2, server) => {
+                let (permits, limit) = match req.key.kind {
+                    LockKind::Semaphore { permits, limit } => (permits, limit),
+                    _ => (0, 0),
+                };
+                Err(Error::invalid(format!(
+                    "cannot take {permits} permits of semaphore `{}`: the server's permit count \
+                     is {server} (this handle was made with {limit}; the count was changed with \
+                     set_permits)",
+                    req.key.name
+                )))
+            }
+            _ => Err(shape("acquire", &v)),
+        }
+    }
+
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        self.subscriber
+            .watch(self.channel(&req.key.name), req.attempt.as_str())
+            .await
+    }
+
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        self.run_release(&req.key, req.attempt.as_str(), "", "giveup")
+            .await
+            .map(|_| ())
+    }
+
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        let token = grant.token.to_string();
+        let v = self
+            .run_release(&grant.key, grant.attempt.as_str(), &token, "release")
+            .await?;
+        Ok(match v {
+            (1, _) => ReleaseOutcome::Released,
+            (0, _) => ReleaseOutcome::Expired,
+            (3, _) => ReleaseOutcome::TakenByOther,
+            (a, b) => {
+                return Err(Error::UnexpectedReply {
+                    backend: KIND,
+                    message: format!("release: unexpected reply [{a}, {b}]"),
+                })
+            }
+        })
+    }
+
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (grant, lease) in holds {
+            let lease = lease_ms(*lease);
+            let token = grant.token.to_string();
+            let args = [grant.attempt.as_str(), token.as_str(), lease.as_str()];
+            let name = &grant.key.name;
+            let cmd = match family(grant.key.kind)? {
+                Family::Mutex { .. } => self.scripts.renew.cmd(&[&self.lock_key(name)], &args),
+                Family::Rw { .. } => {
+                    let [holds, _, _, _, exp] = self.rw_keys(name);
+                    self.scripts.expiring_renew.cmd(&[&holds, &exp], &args)
+                }
+                Family::Sem { .. } => {
+                    let [holds, _, _, _, exp, _] = self.sem_keys(name);
+                    self.scripts.expiring_renew.cmd(&[&holds, &exp], &args)
+                }
+            };
+            pipe.add_command(cmd);
+        }
+        let mut con = self.con.clone();
+        let vals = scripts::eval_pipe(&mut con, &self.scripts, &pipe)
+            .await
+            .map_err(|e| self.err(e))?;
+        vals.iter()
+            .map(|v| match int(v) {
+                Some(1) => Ok(RenewOutcome::Renewed),
+                Some(0) => Ok(RenewOutcome::NotHeld),
+                _ => Err(shape("renew", v)),
+            })
+            .collect()
+    }
+
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        let fam = family(kind)?;
+        // Holds, their expiries (or the hash's PTTL), the fence, the queue, the server clock.
+        let (holds_key, exp_key, queue_key, waiters_key, limit_key) = match fam {
+            Family::Mutex { .. } => {
+                let [h, _, q, w] = self.keys(name);
+                (h, None, q, w, None)
+            }
+            Family::Rw { .. } => {
+                let [h, _, q, w, e] = self.rw_keys(name);
+                (h, Some(e), q, w, None)
+            }
+            Family::Sem { .. } => {
+                let [h, _, q, w, e, l] = self.sem_keys(name);
+                (h, Some(e), q, w, Some(l))
+            }
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL").arg(&holds_key);
+        pipe.cmd("PTTL").arg(&holds_key);
+        pipe.cmd("GET").arg(self.fence_key(name));
+        pipe.cmd("HGETALL").arg(&waiters_key);
+        pipe.cmd("ZRANGE").arg(&queue_key).arg(0).arg(-1);
+        pipe.cmd("TIME");
+        if let Some(e) = &exp_key {
+            pipe.cmd("ZRANGE").arg(e).arg(0).arg(-1).arg("WITHSCORES");
+        }
+        if let Some(l) = &limit_key {
+            pipe.cmd("GET").arg(l);
+        }
+        let mut con = self.con.clone();
+        let mut vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| self.err(e))?;
+        // Same shape for every family: no expiries (the hash's PTTL counts) and no limit.
+        if exp_key.is_none() {
+            vals.push(Value::Array(Vec::new()));
+        }
+        if limit_key.is_none() {
+            vals.push(Value::Nil);
+        }
+        let bad = |what: &str| Error::UnexpectedReply {
+            backend: KIND,
+            message: format!("inspect of `{name}`: unexpected {what}"),
+        };
+        let [fields, pttl, fence, waiters, queue, time, exps, limit]: [Value; 8] =
+            vals.try_into().map_err(|_| bad("number of replies"))?;
+        let fields: Vec<(String, String)> =
+            redis::from_redis_value(fields).map_err(|_| bad("holders"))?;
+        let pttl: i64 = redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?;
+        let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
+        let exps: Vec<(String, f64)> =
+            redis::from_redis_value(exps).map_err(|_| bad("expiries"))?;
+        let waiters: Vec<(String, String)> =
+            redis::from_redis_value(waiters).map_err(|_| bad("waiters"))?;
+        let queue: Vec<String> = redis::from_redis_value(queue).map_err(|_| bad("queue"))?;
+        let limit: Option<u32> = redis::from_redis_value(limit).map_err(|_| bad("permits"))?;
+        let (secs, micros): (String, String) =
+            redis::from_redis_value(time).map_err(|_| bad("TIME"))?;
+        let now_ms =
+            secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
+        let expiry: std::collections::HashMap<String, u64> =
+            exps.into_iter().map(|(m, s)| (m, s as u64)).collect();
+        let mut holders = Vec::new();
+        if let Family::Mutex { .. } = fam {
+            // One grant: {attempt, token, owner}.
+            let owner = fields.iter().find(|(f, _)| f == "owner").map(|(_, o)| o);
+            if let Some(owner) = owner {
+                holders.push(HolderInfo {
+                    owner: owner.clone(),
+                    count: 1,
+                    lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+                    side: None,
+                });
+            }
+        }
+        for (attempt, value) in &fields {
+            // Rw and semaphore grants: attempt -> "TOKEN:SIDE_OR_PERMITS:OWNER".
+            let Some((_, x, owner)) = parse_grant(value) else {
+                continue;
+            };
+            let (count, side) = match (&fam, x) {
+                (Family::Rw { .. }, "r") => (1, Some(LockKind::Read)),
+                (Family::Rw { .. }, "w") => (1, Some(LockKind::Write)),
+                (Family::Sem { .. }, n) => match n.parse() {
+                    Ok(n) => (n, None),
+                    Err(_) => continue,
+                },
+                _ => continue,
+            };
+            let lease_left = match expiry.get(attempt) {
+                // Grants past their own expiry are gone, whether or not a script pruned them.
+                Some(&e) if e <= now_ms => continue,
+                Some(&e) => Some(Duration::from_millis(e - now_ms)),
+                None => (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            };
+            holders.push(HolderInfo {
+                owner: owner.to_owned(),
+                count,
+                lease_left,
+                side,
+            });
+        }
+        let live: std::collections::HashMap<&str, u64> = waiters
+            .iter()
+            .filter_map(|(m, d)| Some((m.as_str(), d.split(':').next()?.parse().ok()?)))
+            .collect();
+        let waiting = queue
+            .iter()
+            .filter(|m| live.get(m.as_str()).is_some_and(|&e| e > now_ms))
+            .count();
+        let fencing_token = match fence {
+            None => 0,
+            Some(s) => s.parse().map_err(|_| Error::UnexpectedReply {
+                backend: KIND,
+                message: format!(
+                    "fencing counter `{}` holds `{s}`, not a number",
+                    self.fence_key(name)
+                ),
+            })?,
+        };
+        Ok(LockInfo {
+            name: name.to_owned(),
+            holders,
+            fencing_token,
+            waiters: Some(u32::try_from(waiting).unwrap_or(u32::MAX)),
+            permits: match fam {
+                Family::Sem { limit: l, .. } => Some(limit.unwrap_or(l)),
+                _ => None,
+            },
+        })
+    }
+
+    async fn set_permits(&self, name: &str, permits: u32) -> Result<()> {
+        let keys = self.sem_keys(name);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let cmd = self.scripts.sem_release.cmd(
+            &keys,
+            &["", "", &self.channel(name), "set", &permits.to_string()],
+        );
+        let mut con = self.con.clone();
+        scripts::eval(&mut con, &self.scripts, &cmd)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
+        ops::list(self, prefix).await
+    }
+
+    async fn force_release(
+        &self,
+        name: &str,
+        kind: LockKind,
+    ) -> Result<distlock_core::ForceReleased> {
+        ops::force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
+        ops::diagnose(self).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let (u, ep, x) = parse_url("redis://127.0.0.1:7000/2?namespace=shop").unwrap();
+        assert_eq!(u, "redis://127.0.0.1:7000/2");
+        assert_eq!(ep, "127.0.0.1:7000");
+        assert_eq!(x.namespace.as_deref(), Some("shop"));
+        let (_, ep, _) = parse_url("redis://h").unwrap();
+        assert_eq!(ep, "h:6379");
+        let (_, _, x) = parse_url("redis://h?wait_replicas=1&wait_timeout=50ms").unwrap();
+        assert_eq!(x.wait_replicas, Some((1, Duration::from_millis(50))));
+        for bad in [
+            "redis://",
+            "http://h:1",
+            "redis://h/x",
+            "redis://h?nope=1",
+            "redis://h?ca_file=/x",
+            "redis://h?wait_replicas=x",
+            "not a url",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_url("rediss://h").is_ok(), cfg!(feature = "tls"));
+        let e = parse_url("redis://u:secret@h/x").unwrap_err().to_string();
+        assert!(!e.contains("secret"), "{e}");
+        assert_eq!(redact("redis://u:secret@h:1"), "redis://u:***@h:1");
+    }
+}

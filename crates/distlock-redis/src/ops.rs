@@ -1,0 +1,466 @@
+//! Operator commands: `dlock list`, `dlock release --force`, `dlock doctor`.
+//!
+//! `list` walks the namespace with SCAN (never KEYS: it does not block the server) and groups
+//! the per-lock names of the layout in the crate docs; `force_release` is one script that
+//! removes the grants and advances the fencing counter atomically; `diagnose` reads INFO (and
+//! CONFIG where allowed) and the server clock.
+
+use super::{family, parse_grant, Family, RedisBackend};
+use crate::error::KIND;
+use distlock_core::{
+    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
+};
+use redis::Value;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const FORCE_RELEASE: &str = include_str!("../scripts/force_release.lua");
+
+/// The reply of force_release.lua: grants, PTTL, expiries, server ms, new counter.
+type ForceReply = (Vec<(String, String)>, i64, Vec<(String, f64)>, u64, String);
+
+/// The lowest Redis version the scripts run on: they read TIME before writing, which needs
+/// script effects replication, the default from Redis 5.0 (earlier servers refuse the write).
+const MIN_VERSION: (u32, u32) = (5, 0);
+
+/// Server/local clock offset above which `diagnose` warns.
+const CLOCK_WARN: Duration = Duration::from_secs(1);
+
+/// Which family of keys a name of the namespace belongs to (the order `list` reports them in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fam {
+    Mutex,
+    Rw,
+    Sem,
+    /// Only the fencing counter is left (a lock used and released).
+    Fence,
+}
+
+/// Key suffixes after `NS:{NAME`, longest first so that `}:rw:queue` wins over nothing shorter.
+const SUFFIXES: &[(&str, Fam)] = &[
+    ("}:sem:waiters", Fam::Sem),
+    ("}:rw:waiters", Fam::Rw),
+    ("}:sem:queue", Fam::Sem),
+    ("}:sem:limit", Fam::Sem),
+    ("}:rw:queue", Fam::Rw),
+    ("}:sem:exp", Fam::Sem),
+    ("}:waiters", Fam::Mutex),
+    ("}:rw:exp", Fam::Rw),
+    ("}:queue", Fam::Mutex),
+    ("}:fence", Fam::Fence),
+    ("}:sem", Fam::Sem),
+    ("}:rw", Fam::Rw),
+    ("}", Fam::Mutex),
+];
+
+/// The lock name and family of key `key` of namespace `ns`, or `None` for a key that is not
+/// part of a lock (Redlock's epoch keys, foreign data).
+fn parse_key<'a>(ns: &str, key: &'a str) -> Option<(&'a str, Fam)> {
+    let rest = key.strip_prefix(ns)?.strip_prefix(":{")?;
+    SUFFIXES.iter().find_map(|(suffix, fam)| {
+        let name = rest.strip_suffix(suffix)?;
+        (!name.is_empty()).then_some((name, *fam))
+    })
+}
+
+/// Escapes the glob characters of SCAN MATCH.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLock>> {
+    let pattern = format!("{}:{{{}*", glob_escape(&b.namespace), glob_escape(prefix));
+    let mut con = b.con.clone();
+    let mut names: BTreeMap<String, BTreeSet<Fam>> = BTreeMap::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| b.err(e))?;
+        for key in &keys {
+            if let Some((name, fam)) = parse_key(&b.namespace, key) {
+                if name.starts_with(prefix) {
+                    names.entry(name.to_owned()).or_default().insert(fam);
+                }
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let mut out = Vec::new();
+    for (name, fams) in names {
+        // The counter is shared by every family of the name: report it alone only when
+        // nothing else of the name is left.
+        let only_fence = fams.iter().all(|f| *f == Fam::Fence);
+        for fam in fams {
+            let kind = match fam {
+                Fam::Mutex => LockKind::Mutex,
+                Fam::Rw => LockKind::Write,
+                // The permit count comes from the limit key; 0 when it is gone.
+                Fam::Sem => LockKind::Semaphore {
+                    permits: 1,
+                    limit: 0,
+                },
+                Fam::Fence if only_fence => LockKind::Mutex,
+                Fam::Fence => continue,
+            };
+            let mut info = distlock_core::Backend::inspect(b, &name, kind).await?;
+            let kind = match kind {
+                LockKind::Semaphore { permits, .. } => {
+                    let limit = info.permits.unwrap_or(0);
+                    if limit == 0 {
+                        info.permits = None;
+                    }
+                    LockKind::Semaphore { permits, limit }
+                }
+                k => k,
+            };
+            out.push(ListedLock::new(kind, info));
+        }
+    }
+    Ok(out)
+}
+
+pub(crate) async fn force_release(
+    b: &RedisBackend,
+    name: &str,
+    kind: LockKind,
+) -> Result<ForceReleased> {
+    let fam = family(kind)?;
+    // KEYS[3] must be a name of the same slot; for the mutex it is only passed, never written.
+    let (holds, third, has_exp) = match fam {
+        Family::Mutex { .. } => {
+            let [h, _, q, _] = b.keys(name);
+            (h, q, false)
+        }
+        Family::Rw { .. } => {
+            let [h, _, _, _, e] = b.rw_keys(name);
+            (h, e, true)
+        }
+        Family::Sem { .. } => {
+            let [h, _, _, _, e, _] = b.sem_keys(name);
+            (h, e, true)
+        }
+    };
+    let mut con = b.con.clone();
+    let reply: Value = redis::Script::new(FORCE_RELEASE)
+        .key(&holds)
+        .key(b.fence_key(name))
+        .key(&third)
+        .arg(b.channel(name))
+        .arg(if has_exp { "1" } else { "0" })
+        .invoke_async(&mut con)
+        .await
+        .map_err(|e| b.err(e))?;
+    let bad = |what: &str| Error::UnexpectedReply {
+        backend: KIND,
+        message: format!("forced release of `{name}`: unexpected {what}"),
+    };
+    let (fields, pttl, exps, now_ms, token): ForceReply =
+        redis::from_redis_value(reply).map_err(|_| bad("reply"))?;
+    let fencing_token = token.parse().map_err(|_| bad("counter"))?;
+    if let Some((n, timeout)) = b.wait_replicas {
+        // The removal must survive a failover as a grant must: else a promoted replica still
+        // has the old holder (and a counter below its token).
+        let acked: u64 = redis::cmd("WAIT")
+            .arg(n)
+            .arg(timeout.as_millis() as u64)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| b.err(e))?;
+        if acked < u64::from(n) {
+            return Err(Error::UnexpectedReply {
+                backend: KIND,
+                message: format!(
+                    "forced release of `{name}` done on the primary, but only {acked} of {n} replicas confirmed it within {timeout:?} (a failover could bring the old holder back); check replication and run it again"
+                ),
+            });
+        }
+    }
+    let removed = holders(&fam, &fields, pttl, &exps, now_ms);
+    Ok(ForceReleased::new(removed, fencing_token))
+}
+
+/// The live holders in a grants hash (the layout of `inspect`).
+fn holders(
+    fam: &Family,
+    fields: &[(String, String)],
+    pttl: i64,
+    exps: &[(String, f64)],
+    now_ms: u64,
+) -> Vec<HolderInfo> {
+    let left = (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
+    if let Family::Mutex { .. } = fam {
+        return fields
+            .iter()
+            .find(|(f, _)| f == "owner")
+            .map(|(_, owner)| HolderInfo {
+                owner: owner.clone(),
+                count: 1,
+                lease_left: left,
+                side: None,
+            })
+            .into_iter()
+            .collect();
+    }
+    let expiry: HashMap<&str, u64> = exps.iter().map(|(m, s)| (m.as_str(), *s as u64)).collect();
+    let mut out = Vec::new();
+    for (attempt, value) in fields {
+        let Some((_, x, owner)) = parse_grant(value) else {
+            continue;
+        };
+        let (count, side) = match (fam, x) {
+            (Family::Rw { .. }, "r") => (1, Some(LockKind::Read)),
+            (Family::Rw { .. }, "w") => (1, Some(LockKind::Write)),
+            (Family::Sem { .. }, n) => match n.parse() {
+                Ok(n) => (n, None),
+                Err(_) => continue,
+            },
+            _ => continue,
+        };
+        let lease_left = match expiry.get(attempt.as_str()) {
+            Some(&e) if e <= now_ms => continue,
+            Some(&e) => Some(Duration::from_millis(e - now_ms)),
+            None => left,
+        };
+        out.push(HolderInfo {
+            owner: owner.to_owned(),
+            count,
+            lease_left,
+            side,
+        });
+    }
+    out
+}
+
+/// `key:value` lines of an INFO reply.
+fn parse_info(info: &str) -> HashMap<&str, &str> {
+    info.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.trim_end().split_once(':'))
+        .collect()
+}
+
+/// `major.minor` of a version string such as `7.0.15`.
+fn parse_version(v: &str) -> Option<(u32, u32)> {
+    let mut it = v.split('.');
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// The finding for a server clock `offset_ms` ahead (positive) of the local one.
+pub(crate) fn clock_finding(offset_ms: i64, what: &str) -> Finding {
+    let abs = Duration::from_millis(offset_ms.unsigned_abs());
+    if abs > CLOCK_WARN {
+        Finding::new(
+            Severity::Warning,
+            "clock",
+            format!(
+                "the {what} clock is {offset_ms} ms {} the local clock: leases are measured on the server, so they stay correct, but lease times in logs and `dlock list` do not match local time, and fencing counters seeded from the clock after a lost counter assume the {what} clock never goes back; run NTP (chrony) on both",
+                if offset_ms > 0 { "ahead of" } else { "behind" }
+            ),
+        )
+    } else {
+        Finding::new(
+            Severity::Ok,
+            "clock",
+            format!("the {what} clock is within {offset_ms} ms of the local clock"),
+        )
+    }
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+pub(crate) async fn diagnose(b: &RedisBackend) -> Result<Vec<Finding>> {
+    let mut con = b.con.clone();
+    let info: String = redis::cmd("INFO")
+        .query_async(&mut con)
+        .await
+        .map_err(|e| b.err(e))?;
+    let info = parse_info(&info);
+    let mut out = Vec::new();
+
+    // Version.
+    let version = info.get("redis_version").copied().unwrap_or("unknown");
+    out.push(match parse_version(version) {
+        Some(v) if v >= MIN_VERSION => Finding::new(
+            Severity::Ok,
+            "version",
+            format!("Redis {version} runs the lock scripts (they need 5.0 or later)"),
+        ),
+        Some(_) => Finding::new(
+            Severity::Unsafe,
+            "version",
+            format!("Redis {version} is too old: the lock scripts read the server clock (TIME) before writing, which needs script effects replication (Redis 5.0 or later); upgrade to a maintained Redis (7.x)"),
+        ),
+        None => Finding::new(
+            Severity::Warning,
+            "version",
+            format!("cannot read the server version (`{version}`); the lock scripts need Redis 5.0 or later"),
+        ),
+    });
+
+    // Cluster.
+    if info.get("cluster_enabled") == Some(&"1") {
+        out.push(Finding::new(
+            Severity::Unsafe,
+            "cluster",
+            "this is a Redis Cluster node: a redis:// URL talks to this one node only (locks whose slot lives elsewhere fail with MOVED, and a failover of this node's shard loses its grants); point dlock at a standalone or Sentinel-managed primary, or use the planned redis+cluster:// backend",
+        ));
+    } else {
+        out.push(Finding::new(
+            Severity::Ok,
+            "cluster",
+            "standalone server (not a cluster node)",
+        ));
+    }
+
+    // Eviction.
+    let policy = info.get("maxmemory_policy").copied().unwrap_or("unknown");
+    out.push(if policy == "noeviction" {
+        Finding::new(Severity::Ok, "maxmemory-policy", "noeviction: lock keys and fencing counters are never evicted")
+    } else {
+        Finding::new(
+            Severity::Unsafe,
+            "maxmemory-policy",
+            format!("maxmemory-policy is `{policy}`: under memory pressure Redis may evict a held lock (a second holder gets it) or a fencing counter; set `maxmemory-policy noeviction` in redis.conf (and CONFIG SET maxmemory-policy noeviction)"),
+        )
+    });
+
+    // Persistence.
+    let aof = info.get("aof_enabled") == Some(&"1");
+    // CONFIG may be renamed or forbidden by ACL: then only AOF is known.
+    let save: Option<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("save")
+        .query_async::<Vec<String>>(&mut con)
+        .await
+        .ok()
+        .and_then(|v| v.get(1).cloned());
+    out.push(match (aof, save.as_deref()) {
+        (true, _) => Finding::new(
+            Severity::Ok,
+            "persistence",
+            "appendonly yes: grants and fencing counters survive a restart (up to the appendfsync window)",
+        ),
+        (false, Some(s)) if !s.trim().is_empty() => Finding::new(
+            Severity::Warning,
+            "persistence",
+            format!("only RDB snapshots (save {s}): grants made since the last snapshot are lost on a restart, so a restarted server can grant a held lock again (fencing tokens still go up: a lost counter restarts from the server clock); set `appendonly yes` if locks must survive restarts"),
+        ),
+        (false, Some(_)) => Finding::new(
+            Severity::Warning,
+            "persistence",
+            "no persistence (appendonly no, no save points): every grant is lost on a restart, so a restarted server can grant a held lock again (fencing tokens still go up: a lost counter restarts from the server clock); set `appendonly yes` if locks must survive restarts",
+        ),
+        (false, None) => Finding::new(
+            Severity::Warning,
+            "persistence",
+            "appendonly no, and CONFIG GET save is not allowed: grants since the last snapshot (or all, without snapshots) are lost on a restart; set `appendonly yes` if locks must survive restarts",
+        ),
+    });
+
+    // Replication.
+    let role = info.get("role").copied().unwrap_or("unknown");
+    let replicas: u32 = info
+        .get("connected_slaves")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    out.push(match (role, replicas, b.wait_replicas) {
+        ("slave", _, _) => Finding::new(
+            Severity::Unsafe,
+            "replication",
+            "this server is a replica: locks cannot be taken here (writes are refused) and it may be far behind its primary; point the URL at the primary",
+        ),
+        (_, 0, None) => Finding::new(Severity::Ok, "replication", "no replicas"),
+        (_, 0, Some((n, _))) => Finding::new(
+            Severity::Warning,
+            "replication",
+            format!("?wait_replicas={n} but no replica is connected: every grant will time out waiting for them; start the replicas or drop the parameter"),
+        ),
+        (_, r, None) => Finding::new(
+            Severity::Warning,
+            "replication",
+            format!("{r} replica(s) connected and no ?wait_replicas: a failover can promote a replica that never received a grant, and the lock is granted twice; add ?wait_replicas={r} to the URL (or accept it for a single primary that is never failed over)"),
+        ),
+        (_, r, Some((n, _))) if r < n => Finding::new(
+            Severity::Warning,
+            "replication",
+            format!("?wait_replicas={n} but only {r} replica(s) connected: grants will time out until enough replicas are back"),
+        ),
+        (_, r, Some((n, _))) => Finding::new(
+            Severity::Ok,
+            "replication",
+            format!("{r} replica(s); every grant waits for {n} of them"),
+        ),
+    });
+
+    // Clock: the server's TIME against the local clock at the middle of the round trip.
+    let before = SystemTime::now();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME")
+        .query_async(&mut con)
+        .await
+        .map_err(|e| b.err(e))?;
+    let after = SystemTime::now();
+    let local = (unix_ms(before) + unix_ms(after)) / 2;
+    out.push(clock_finding(secs * 1000 + micros / 1000 - local, "server"));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_map_to_names_and_families() {
+        assert_eq!(parse_key("dlock", "dlock:{a}"), Some(("a", Fam::Mutex)));
+        assert_eq!(
+            parse_key("dlock", "dlock:{a}:queue"),
+            Some(("a", Fam::Mutex))
+        );
+        assert_eq!(
+            parse_key("dlock", "dlock:{a:b}:rw:exp"),
+            Some(("a:b", Fam::Rw))
+        );
+        assert_eq!(
+            parse_key("dlock", "dlock:{s}:sem:limit"),
+            Some(("s", Fam::Sem))
+        );
+        assert_eq!(
+            parse_key("dlock", "dlock:{f}:fence"),
+            Some(("f", Fam::Fence))
+        );
+        assert_eq!(parse_key("dlock", "dlock:{x}:epoch"), None);
+        assert_eq!(parse_key("dlock", "other:{x}"), None);
+        assert_eq!(parse_key("dlock", "dlock:{}"), None);
+        assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
+    }
+
+    #[test]
+    fn versions_and_clock() {
+        assert_eq!(parse_version("7.0.15"), Some((7, 0)));
+        assert!(parse_version("4.0.14").is_some_and(|v| v < MIN_VERSION));
+        assert!(parse_version("5.0.0").is_some_and(|v| v >= MIN_VERSION));
+        assert_eq!(parse_version("x"), None);
+        assert_eq!(clock_finding(1500, "server").severity, Severity::Warning);
+        assert_eq!(clock_finding(-1500, "server").severity, Severity::Warning);
+        assert_eq!(clock_finding(20, "server").severity, Severity::Ok);
+    }
+}

@@ -1,0 +1,728 @@
+//! One node's part in Redlock (`distlock-redlock`, several independent Redis masters).
+//!
+//! The quorum logic lives in `distlock-redlock`; these are the single-node steps it is built from,
+//! each one round trip: a vote on an acquisition attempt (with the node's epoch check, its
+//! restart quarantine and its fencing counter), raising the counter to the token a majority
+//! chose, releasing or renewing one attempt's hold, the node epoch (the marker that this node's
+//! counters are complete, carrying the end of its quarantine), and seeding counters of a node
+//! that lost them. The scripts are in `scripts/quorum_*.lua`.
+//!
+//! Every per-node hold is addressed by the attempt id that won it (unique forever): a retried
+//! vote finds its own hold and returns it, a retried release finds nothing and changes nothing,
+//! and no request can touch another attempt's hold, even one of the same owner. There are no
+//! per-node hold counts: re-entry is counted in the client.
+//!
+//! Keys used (a Redlock lock does not share the single-node mutex's layout):
+//!
+//! | name | type | what |
+//! |---|---|---|
+//! | `NS:{NAME}` | hash `attempt`, `token`, `owner`; PEXPIRE = lease | one attempt's hold |
+//! | `NS:{NAME}:fence` | integer, no expiry | the node's fencing counter (starts at TIME in µs) |
+//! | `NS:{NAME}:released` | pub/sub channel | `r` when a hold is released |
+//! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node's counters are complete; UNTIL_MS ends its quarantine (server clock) |
+//! | `NS:redlock:horizon` | string, PX = longest lease that may still run | how long a quarantine must last if this node's data is lost |
+
+use crate::error::{shape, KIND};
+use crate::scripts::Script;
+use crate::RedisBackend;
+use distlock_core::{
+    AttemptId, Error, GrantRef, HoldKey, LockKind, ReleaseOutcome, RenewOutcome, Result,
+};
+use redis::Value;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The lock-hash field that keeps the token of the hold.
+pub const TOKEN_FIELD: &str = "token";
+/// The lock-hash field that keeps the attempt id of the hold.
+const ATTEMPT_FIELD: &str = "attempt";
+/// The lock-hash field that keeps the owner id of the hold (for inspect only).
+const OWNER_FIELD: &str = "owner";
+
+/// Counters seeded per script call.
+const SEED_BATCH: usize = 256;
+
+struct QuorumScripts {
+    acquire: Script,
+    raise: Script,
+    release: Script,
+    renew: Script,
+    epoch: Script,
+    seed: Script,
+}
+
+fn script(source: &'static str) -> Script {
+    Script {
+        source,
+        sha: redis::Script::new(source).get_hash().to_owned(),
+    }
+}
+
+fn quorum_scripts() -> &'static QuorumScripts {
+    static SCRIPTS: OnceLock<QuorumScripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| QuorumScripts {
+        acquire: script(include_str!("../scripts/quorum_acquire.lua")),
+        raise: script(include_str!("../scripts/quorum_raise.lua")),
+        release: script(include_str!("../scripts/quorum_release.lua")),
+        renew: script(include_str!("../scripts/quorum_renew.lua")),
+        epoch: script(include_str!("../scripts/quorum_epoch.lua")),
+        seed: script(include_str!("../scripts/quorum_seed.lua")),
+    })
+}
+
+/// One node's answer to [`RedisBackend::quorum_acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuorumReply {
+    /// The node's epoch is not the one the caller knows: it lost its data or was re-seeded
+    /// since the caller looked. Nothing was changed; the vote must not count.
+    EpochMismatch,
+    /// Granted afresh to this attempt; the node's fencing counter was incremented to `counter`.
+    Granted {
+        /// The node's counter after the increment.
+        counter: u64,
+    },
+    /// This attempt already held the lock on this node (a retry, or a vote of an earlier round
+    /// of the same attempt): the same hold, its lease made to run at least the asked lease.
+    Holds {
+        /// The node's counter.
+        counter: u64,
+        /// The token stored with the hold on this node.
+        token: u64,
+    },
+    /// Another attempt (of any owner) holds the lock on this node.
+    Held {
+        /// The node's counter.
+        counter: u64,
+        /// How long that attempt's lease still runs here, if it expires.
+        ttl: Option<Duration>,
+    },
+}
+
+/// [`QuorumReply`], the node's restart quarantine, and whether the node had forgotten the
+/// scripts (`NOSCRIPT`: it restarted, or someone ran `SCRIPT FLUSH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuorumVote {
+    /// The node's answer.
+    pub reply: QuorumReply,
+    /// How long the node's restart quarantine still runs by its own clock (`None`: over). A
+    /// vote of a quarantined node must not count.
+    pub quarantine: Option<Duration>,
+    /// The scripts had to be loaded again before the vote could run.
+    pub scripts_reloaded: bool,
+}
+
+/// One node's hold of a Redlock lock, as [`RedisBackend::quorum_hold`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHold {
+    /// The attempt id the hold is addressed to (empty: not a hash of ours).
+    pub attempt: String,
+    /// The owner id of that attempt.
+    pub owner: String,
+    /// The token stored with the hold (`None`: missing or not a number).
+    pub token: Option<u64>,
+    /// How long the hold's lease still runs here, if it expires.
+    pub lease_left: Option<Duration>,
+}
+
+/// What `INFO server` says about the process behind a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Changes on every start of the server process.
+    pub run_id: String,
+    /// Time since the process started (whole seconds, rounded down).
+    pub uptime: Duration,
+    /// The server's clock (`TIME`) in ms since the Unix epoch, when it was asked.
+    pub now_ms: u64,
+}
+
+fn unexpected(message: String) -> Error {
+    Error::UnexpectedReply {
+        backend: KIND,
+        message,
+    }
+}
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn uint(what: &str, v: &Value) -> Result<u64> {
+    int(v)
+        .and_then(|i| u64::try_from(i).ok())
+        .ok_or_else(|| shape(what, v))
+}
+
+fn ms(d: Duration) -> String {
+    d.as_millis().max(1).to_string()
+}
+
+fn positive_ms(ms: i64) -> Option<Duration> {
+    u64::try_from(ms)
+        .ok()
+        .filter(|m| *m > 0)
+        .map(Duration::from_millis)
+}
+
+/// `*?[]\` escaped for a SCAN MATCH pattern.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn parse_info(text: &str, now_ms: u64) -> Result<ServerInfo> {
+    let field = |name: &str| {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k == name).then(|| v.trim().to_owned())
+        })
+    };
+    let run_id = field("run_id")
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| unexpected("INFO server has no run_id".into()))?;
+    let uptime = field("uptime_in_seconds")
+        .and_then(|u| u.parse::<u64>().ok())
+        .ok_or_else(|| unexpected("INFO server has no uptime_in_seconds".into()))?;
+    Ok(ServerInfo {
+        run_id,
+        uptime: Duration::from_secs(uptime),
+        now_ms,
+    })
+}
+
+/// `TIME` (seconds, microseconds) in ms.
+fn time_ms(secs: &str, micros: &str) -> Option<u64> {
+    Some(secs.parse::<u64>().ok()? * 1000 + micros.parse::<u64>().ok()? / 1000)
+}
+
+impl RedisBackend {
+    /// The key prefix of this node's locks.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// `NS:redlock:epoch`: see the module docs.
+    fn epoch_key(&self) -> String {
+        format!("{}:redlock:epoch", self.namespace)
+    }
+
+    /// `NS:redlock:horizon`: see the module docs.
+    fn horizon_key(&self) -> String {
+        format!("{}:redlock:horizon", self.namespace)
+    }
+
+    fn quorum_lock_key(&self, name: &str) -> String {
+        format!("{}:{{{name}}}", self.namespace)
+    }
+
+    fn quorum_fence_key(&self, name: &str) -> String {
+        format!("{}:{{{name}}}:fence", self.namespace)
+    }
+
+    /// The channel [`distlock_core::Backend::watch`] of this node subscribes to for `name`.
+    fn quorum_channel(&self, name: &str) -> String {
+        format!("{}:{{{name}}}:released", self.namespace)
+    }
+
+    fn check_mutex(key: &HoldKey) -> Result<()> {
+        match key.kind {
+            LockKind::Mutex => Ok(()),
+            other => Err(Error::unsupported(
+                "redlock",
+                format!("lock kind {}", other.as_str()),
+            )),
+        }
+    }
+
+    /// Loads the Redlock scripts (one pipelined round trip). They are also loaded on demand.
+    pub async fn load_quorum_scripts(&self) -> Result<()> {
+        let s = quorum_scripts();
+        let mut p = redis::pipe();
+        for sc in [
+            &s.acquire, &s.raise, &s.release, &s.renew, &s.epoch, &s.seed,
+        ] {
+            p.add_command(sc.load_cmd()).ignore();
+        }
+        let mut con = self.con.clone();
+        p.query_async::<()>(&mut con).await.map_err(|e| self.err(e))
+    }
+
+    /// Runs one quorum script; on NOSCRIPT loads them and retries once. Also says whether it
+    /// had to reload.
+    async fn run_quorum(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<(Value, bool)> {
+        let cmd = script.cmd(keys, args);
+        let mut con = self.con.clone();
+        match cmd.query_async::<Value>(&mut con).await {
+            Ok(v) => Ok((v, false)),
+            Err(e) if is_noscript(&e) => {
+                self.load_quorum_scripts().await?;
+                let v = cmd
+                    .query_async::<Value>(&mut con)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok((v, true))
+            }
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
+    /// `epoch`: a fresh grant (incrementing the fencing counter), "this attempt holds it
+    /// already" (the same hold, lease made to run at least `lease` from now), or "held by
+    /// another attempt". Never queues the caller. Every answer carries the node's fencing
+    /// counter and its restart quarantine.
+    pub async fn quorum_acquire(
+        &self,
+        key: &HoldKey,
+        attempt: &AttemptId,
+        lease: Duration,
+        epoch: &str,
+    ) -> Result<QuorumVote> {
+        Self::check_mutex(key)?;
+        let s = quorum_scripts();
+        let (lock, fence, ek, hk) = (
+            self.quorum_lock_key(&key.name),
+            self.quorum_fence_key(&key.name),
+            self.epoch_key(),
+            self.horizon_key(),
+        );
+        let (v, reloaded) = self
+            .run_quorum(
+                &s.acquire,
+                &[&lock, &fence, &ek, &hk],
+                &[attempt.as_str(), &ms(lease), epoch, &key.owner],
+            )
+            .await?;
+        let Value::Array(items) = &v else {
+            return Err(shape("quorum acquire", &v));
+        };
+        let nums: Vec<i64> = items.iter().filter_map(int).collect();
+        let (reply, qleft) = match nums.as_slice() {
+            [-1, ..] => (QuorumReply::EpochMismatch, 0),
+            [1, c, _, q] if *c > 0 => (QuorumReply::Granted { counter: *c as u64 }, *q),
+            [2, c, t, q] if *c >= 0 && *t >= 0 => (
+                QuorumReply::Holds {
+                    counter: *c as u64,
+                    token: *t as u64,
+                },
+                *q,
+            ),
+            [0, c, pttl, q] if *c >= 0 => (
+                QuorumReply::Held {
+                    counter: *c as u64,
+                    ttl: (*pttl >= 0).then(|| Duration::from_millis(*pttl as u64)),
+                },
+                *q,
+            ),
+            _ => return Err(shape("quorum acquire", &v)),
+        };
+        Ok(QuorumVote {
+            reply,
+            quarantine: positive_ms(qleft),
+            scripts_reloaded: reloaded,
+        })
+    }
+
+    /// Raises this node's fencing counter of `name` to at least `token` and records `token`
+    /// with the hold of `attempt` — only where that attempt still holds the lock. Returns the
+    /// counter afterwards (`>= token`), or `None` if the attempt does not hold the lock here
+    /// (nothing changed).
+    pub async fn raise_fence(
+        &self,
+        name: &str,
+        attempt: &AttemptId,
+        token: u64,
+    ) -> Result<Option<u64>> {
+        let s = quorum_scripts();
+        let (lock, fence) = (self.quorum_lock_key(name), self.quorum_fence_key(name));
+        let (v, _) = self
+            .run_quorum(
+                &s.raise,
+                &[&lock, &fence],
+                &[attempt.as_str(), &token.to_string()],
+            )
+            .await?;
+        match &v {
+            Value::Array(items) if items.len() == 2 => match (int(&items[0]), int(&items[1])) {
+                (Some(1), Some(c)) if c >= 0 => Ok(Some(c as u64)),
+                (Some(0), Some(_)) => Ok(None),
+                _ => Err(shape("raise fence", &v)),
+            },
+            _ => Err(shape("raise fence", &v)),
+        }
+    }
+
+    /// Deletes this node's hold of `attempt` on `name` if it has token `token` (`None`:
+    /// whatever token), and only that one. With `publish` the release is announced on the
+    /// lock's channel (a real release); without, it is given back quietly (the minority grants
+    /// of a failed attempt). `Ok(Released)` if it was held here, `Ok(Expired)` if nothing is,
+    /// `Ok(TakenByOther)` if another attempt holds it; `Err(stored)` if this attempt holds it
+    /// here with another token (nothing changed).
+    pub async fn quorum_release(
+        &self,
+        name: &str,
+        attempt: &AttemptId,
+        token: Option<u64>,
+        publish: bool,
+    ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
+        let lock = self.quorum_lock_key(name);
+        let channel = if publish {
+            self.quorum_channel(name)
+        } else {
+            String::new()
+        };
+        let token = token.map(|t| t.to_string()).unwrap_or_default();
+        let (v, _) = self
+            .run_quorum(
+                &quorum_scripts().release,
+                &[&lock],
+                &[attempt.as_str(), &token, &channel],
+            )
+            .await?;
+        let pair = match &v {
+            Value::Array(items) if items.len() == 2 => (int(&items[0]), int(&items[1])),
+            _ => (None, None),
+        };
+        match pair {
+            (Some(1), _) => Ok(Ok(ReleaseOutcome::Released)),
+            (Some(0), _) => Ok(Ok(ReleaseOutcome::Expired)),
+            (Some(3), _) => Ok(Ok(ReleaseOutcome::TakenByOther)),
+            (Some(4), Some(t)) => Ok(Err(u64::try_from(t).unwrap_or(0))),
+            _ => Err(shape("quorum release", &v)),
+        }
+    }
+
+    /// Renews each grant's hold on this node so that its lease runs at least the given
+    /// duration from now, never shortening it (one pipelined round trip). Per grant:
+    /// `Ok(Renewed)`, `Ok(NotHeld)` if its attempt does not hold the lock here, or
+    /// `Err(stored)` if its attempt holds it here with another token (nothing changed).
+    pub async fn quorum_renew(
+        &self,
+        holds: &[(GrantRef, Duration)],
+    ) -> Result<Vec<std::result::Result<RenewOutcome, u64>>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let s = quorum_scripts();
+        let hk = self.horizon_key();
+        let mut pipe = redis::pipe();
+        for (g, lease) in holds {
+            Self::check_mutex(&g.key)?;
+            let lock = self.quorum_lock_key(&g.key.name);
+            pipe.add_command(s.renew.cmd(
+                &[&lock, &hk],
+                &[g.attempt.as_str(), &g.token.to_string(), &ms(*lease)],
+            ));
+        }
+        let mut con = self.con.clone();
+        let vals: Vec<Value> = match pipe.query_async(&mut con).await {
+            Ok(v) => v,
+            Err(e) if is_noscript(&e) => {
+                self.load_quorum_scripts().await?;
+                pipe.query_async(&mut con).await.map_err(|e| self.err(e))?
+            }
+            Err(e) => return Err(self.err(e)),
+        };
+        if vals.len() != holds.len() {
+            return Err(unexpected(format!(
+                "quorum renew: {} replies to {} renewals",
+                vals.len(),
+                holds.len()
+            )));
+        }
+        vals.iter()
+            .map(|v| match v {
+                Value::Array(items) => match items.as_slice() {
+                    [code, t] if int(code) == Some(2) => int(t)
+                        .and_then(|t| u64::try_from(t).ok())
+                        .map(Err)
+                        .ok_or_else(|| shape("quorum renew", v)),
+                    _ => Err(shape("quorum renew", v)),
+                },
+                _ => match int(v) {
+                    Some(1) => Ok(Ok(RenewOutcome::Renewed)),
+                    Some(0) => Ok(Ok(RenewOutcome::NotHeld)),
+                    _ => Err(shape("quorum renew", v)),
+                },
+            })
+            .collect()
+    }
+
+    /// This node's view of the Redlock lock `name`: its hold, if any, as `(attempt id, owner
+    /// id, remaining lease)`, and its fencing counter. A hash of another shape (foreign data) is
+    /// reported as a hold with an empty attempt id and owner.
+    #[allow(clippy::type_complexity)]
+    pub async fn quorum_inspect(
+        &self,
+        name: &str,
+    ) -> Result<(Option<(String, String, Option<Duration>)>, u64)> {
+        let lock = self.quorum_lock_key(name);
+        let mut con = self.con.clone();
+        let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
+            .cmd("HGETALL")
+            .arg(&lock)
+            .cmd("PTTL")
+            .arg(&lock)
+            .cmd("GET")
+            .arg(self.quorum_fence_key(name))
+            .query_async(&mut con)
+            .await
+            .map_err(|e| self.err(e))?;
+        let fields: Vec<(String, String)> = redis::from_redis_value(fields.clone())
+            .map_err(|_| shape("inspect holders", &fields))?;
+        let fencing_token = match fence {
+            None => 0,
+            Some(s) => s.parse().map_err(|_| {
+                unexpected(format!(
+                    "fencing counter `{}` holds `{s}`, not a number",
+                    self.quorum_fence_key(name)
+                ))
+            })?,
+        };
+        let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
+        let hold = (!fields.is_empty()).then(|| {
+            let attempt = get(ATTEMPT_FIELD).unwrap_or_default();
+            let owner = get(OWNER_FIELD).filter(|_| !attempt.is_empty());
+            (
+                attempt,
+                owner.unwrap_or_default(),
+                (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            )
+        });
+        Ok((hold, fencing_token))
+    }
+
+    /// This node's view of the Redlock lock `name` with the token stored with its hold (for
+    /// the operator commands, which report the token a majority agrees on), and its fencing
+    /// counter. Like [`RedisBackend::quorum_inspect`] otherwise.
+    pub async fn quorum_hold(&self, name: &str) -> Result<(Option<NodeHold>, u64)> {
+        let lock = self.quorum_lock_key(name);
+        let mut con = self.con.clone();
+        let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
+            .cmd("HGETALL")
+            .arg(&lock)
+            .cmd("PTTL")
+            .arg(&lock)
+            .cmd("GET")
+            .arg(self.quorum_fence_key(name))
+            .query_async(&mut con)
+            .await
+            .map_err(|e| self.err(e))?;
+        let fields: Vec<(String, String)> = redis::from_redis_value(fields.clone())
+            .map_err(|_| shape("inspect holders", &fields))?;
+        let counter = match fence {
+            None => 0,
+            Some(s) => s.parse().map_err(|_| {
+                unexpected(format!(
+                    "fencing counter `{}` holds `{s}`, not a number",
+                    self.quorum_fence_key(name)
+                ))
+            })?,
+        };
+        let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
+        let hold = (!fields.is_empty()).then(|| NodeHold {
+            attempt: get(ATTEMPT_FIELD).unwrap_or_default(),
+            owner: get(OWNER_FIELD).unwrap_or_default(),
+            token: get(TOKEN_FIELD).and_then(|t| t.parse().ok()),
+            lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+        });
+        Ok((hold, counter))
+    }
+
+    /// This node's fencing counter of `name` (0 if none was ever issued).
+    pub async fn read_fence(&self, name: &str) -> Result<u64> {
+        let mut con = self.con.clone();
+        let v: Option<String> = redis::cmd("GET")
+            .arg(self.quorum_fence_key(name))
+            .query_async(&mut con)
+            .await
+            .map_err(|e| self.err(e))?;
+        match v {
+            None => Ok(0),
+            Some(s) => s.parse().map_err(|_| {
+                unexpected(format!(
+                    "fencing counter `{}` holds `{s}`, not a number",
+                    self.quorum_fence_key(name)
+                ))
+            }),
+        }
+    }
+
+    /// The server's run id, uptime and clock, and the node epoch if it exists, in one round
+    /// trip.
+    pub async fn node_epoch(&self) -> Result<(ServerInfo, Option<String>)> {
+        let mut con = self.con.clone();
+        let (text, epoch, (secs, micros)): (String, Option<String>, (String, String)) =
+            redis::pipe()
+                .cmd("INFO")
+                .arg("server")
+                .cmd("GET")
+                .arg(self.epoch_key())
+                .cmd("TIME")
+                .query_async(&mut con)
+                .await
+                .map_err(|e| self.err(e))?;
+        let now_ms = time_ms(&secs, &micros)
+            .ok_or_else(|| unexpected(format!("TIME answered `{secs} {micros}`")))?;
+        Ok((parse_info(&text, now_ms)?, epoch))
+    }
+
+    /// How much longer the longest lease granted or renewed on this node may still run
+    /// (`None`: none may).
+    pub async fn lease_horizon(&self) -> Result<Option<Duration>> {
+        let mut con = self.con.clone();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(self.horizon_key())
+            .query_async(&mut con)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(positive_ms(pttl))
+    }
+
+    /// Creates the node epoch `PREFIX:UNTIL_MS:RUN_ID` unless it exists, with its quarantine
+    /// ending `quarantine` after now by the server's clock, provided the server process still
+    /// has run id `run_id` (so counters seeded into an earlier process are not vouched for).
+    /// Returns `Ok((epoch, server time in ms))` with the epoch now in place (ours or an earlier
+    /// one), or `Err(run_id)` with the run id the server has now.
+    pub async fn create_epoch(
+        &self,
+        prefix: &str,
+        run_id: &str,
+        quarantine: Duration,
+    ) -> Result<std::result::Result<(String, u64), String>> {
+        let ek = self.epoch_key();
+        let q = quarantine.as_millis().to_string();
+        let (v, _) = self
+            .run_quorum(
+                &quorum_scripts().epoch,
+                &[&ek],
+                &["create", prefix, run_id, &q],
+            )
+            .await?;
+        let bad = || shape("create epoch", &v);
+        let Value::Array(items) = &v else {
+            return Err(bad());
+        };
+        let text =
+            |v: &Value| -> Result<String> { redis::from_redis_value(v.clone()).map_err(|_| bad()) };
+        match items.as_slice() {
+            [ok, current, now] if int(ok) == Some(1) => {
+                let current = text(current)?;
+                let now = int(now)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .ok_or_else(bad)?;
+                if current.is_empty() {
+                    return Err(bad());
+                }
+                Ok(Ok((current, now)))
+            }
+            [ok, current] if int(ok) == Some(0) => Ok(Err(text(current)?)),
+            _ => Err(bad()),
+        }
+    }
+
+    /// Deletes the node epoch if it still has `value` (its process restarted since it was
+    /// created, so its counters must be seeded again).
+    pub async fn drop_epoch(&self, value: &str) -> Result<()> {
+        let ek = self.epoch_key();
+        self.run_quorum(&quorum_scripts().epoch, &[&ek], &["drop", value, "", "0"])
+            .await
+            .map(|_| ())
+    }
+
+    /// Every fencing counter of this namespace on this node: `(lock name, counter)`. One SCAN
+    /// over the keyspace; counters that do not hold a number are skipped.
+    pub async fn fence_counters(&self) -> Result<Vec<(String, u64)>> {
+        let prefix = format!("{}:{{", self.namespace);
+        let suffix = "}:fence";
+        let pattern = format!("{}*{suffix}", glob_escape(&prefix));
+        let mut con = self.con.clone();
+        let mut out = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut con)
+                .await
+                .map_err(|e| self.err(e))?;
+            if !keys.is_empty() {
+                let vals: Vec<Option<String>> = redis::cmd("MGET")
+                    .arg(&keys)
+                    .query_async(&mut con)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                for (k, v) in keys.iter().zip(vals) {
+                    let name = k.strip_prefix(&prefix).and_then(|r| r.strip_suffix(suffix));
+                    if let (Some(name), Some(v)) = (name, v.and_then(|v| v.parse::<u64>().ok())) {
+                        out.push((name.to_owned(), v));
+                    }
+                }
+            }
+            if next == 0 {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+    }
+
+    /// Raises this node's fencing counters to at least the given values (never lowers one).
+    /// Returns how many were raised.
+    pub async fn seed_fences(&self, counters: &[(String, u64)]) -> Result<u64> {
+        let mut raised = 0;
+        for batch in counters.chunks(SEED_BATCH) {
+            let keys: Vec<String> = batch
+                .iter()
+                .map(|(n, _)| self.quorum_fence_key(n))
+                .collect();
+            let vals: Vec<String> = batch.iter().map(|(_, v)| v.to_string()).collect();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let vals: Vec<&str> = vals.iter().map(String::as_str).collect();
+            let (v, _) = self
+                .run_quorum(&quorum_scripts().seed, &keys, &vals)
+                .await?;
+            raised += uint("seed fences", &v)?;
+        }
+        Ok(raised)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_and_glob() {
+        let info = parse_info("# Server\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n", 7).unwrap();
+        assert_eq!(info.run_id, "abc123");
+        assert_eq!(info.uptime, Duration::from_secs(42));
+        assert_eq!(info.now_ms, 7);
+        assert!(parse_info("uptime_in_seconds:1\r\n", 0).is_err());
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+        assert_eq!(time_ms("1700000000", "123456"), Some(1_700_000_000_123));
+        assert_eq!(positive_ms(0), None);
+        assert_eq!(positive_ms(-2), None);
+    }
+}

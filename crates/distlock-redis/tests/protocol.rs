@@ -1,0 +1,639 @@
+//! The grant-addressed protocol on a real redis-server, attacked where the old owner-addressed
+//! one broke (issue 11): retried and late requests, one owner id in two places, re-entrant
+//! guards of mixed modes, sibling waiters around a handoff, semaphore queues, lost counters and
+//! replica confirmation of handoffs.
+
+use distlock_core::{
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockKind,
+    LostSignal, ReleaseOutcome,
+};
+use distlock_redis::RedisBackend;
+use distlock_testkit::conformance::{
+    fast_opts, poll_until, unique_name, wait_for_waiters, EVENTUALLY,
+};
+use distlock_testkit::{DelayProxy, RedisServer};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+async fn client_for(url: &str, opts: ClientOptions) -> (Client, Arc<RedisBackend>) {
+    let backend = Arc::new(RedisBackend::connect(url, &opts).await.expect("connect"));
+    let client = Client::new(backend.clone(), opts).expect("client");
+    (client, backend)
+}
+
+/// A watchdog lease long enough that a grant leaked by a faulted request would block others
+/// far longer than any bound below.
+fn long_opts() -> ClientOptions {
+    fast_opts().watchdog_lease(Duration::from_secs(20))
+}
+
+/// A reply delay past the operation timeout of `fast_opts` (500 ms): the core gives the request
+/// up and retries it while it has already executed on the server.
+const LATE: Duration = Duration::from_millis(800);
+
+fn proxied(proxy: &DelayProxy) -> String {
+    format!("redis://127.0.0.1:{}", proxy.port())
+}
+
+async fn try_lock(c: &Client, name: &str) -> Option<distlock_core::LockGuard> {
+    c.lock(name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try_acquire")
+}
+
+/// For `period`, nobody else gets `name` and `g` is not lost.
+async fn excluded(other: &Client, name: &str, g: &distlock_core::LockGuard, period: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < period {
+        if let Some(intruder) = try_lock(other, name).await {
+            panic!(
+                "another owner got `{name}` (token {}) after {:?} while our guard (token {}, lost: {}) held it",
+                intruder.fencing_token(),
+                t.elapsed(),
+                g.fencing_token(),
+                g.is_lost()
+            );
+        }
+        assert!(!g.is_lost(), "our guard of `{name}` was lost");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls until another owner takes `name` (no leaked grant keeps it held).
+async fn comes_free(other: &Client, name: &str) -> distlock_core::LockGuard {
+    let t = Instant::now();
+    loop {
+        if let Some(g) = try_lock(other, name).await {
+            return g;
+        }
+        assert!(
+            t.elapsed() < EVENTUALLY,
+            "`{name}` still held: {:?}",
+            other.inspect(name).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 11 #1: one owner id in two clients. P's release has late replies, so the core retries
+/// it; meanwhile its first request freed the lock and handed it to Q (same owner id, another
+/// grant). The retries must not touch Q's grant. (With owner-addressed holds the retry found
+/// "the owner" in the hash and freed Q's lock: a third client got in.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_release_never_frees_the_same_owners_next_grant() {
+    let server = RedisServer::start().expect("redis");
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let (p, _) = client_for(&proxied(&proxy), long_opts()).await;
+    let (q, _) = client_for(&server.url(), long_opts()).await;
+    let (r, _) = client_for(&server.url(), fast_opts()).await;
+    let name = unique_name("sameowner");
+    let gp = p
+        .lock(&name)
+        .expect("lock")
+        .with_owner("shared")
+        .expect("owner")
+        .acquire()
+        .await
+        .expect("acquire");
+    let lq = q
+        .lock(&name)
+        .expect("lock")
+        .with_owner("shared")
+        .expect("owner");
+    let waiter = tokio::spawn(async move { lq.acquire_timeout(Duration::from_secs(15)).await });
+    wait_for_waiters(&r, &name, LockKind::Mutex, 1).await;
+    proxy.set_reply_delay(LATE);
+    let release = tokio::spawn(gp.release());
+    let gq = waiter.await.expect("join").expect("handed over");
+    // Let the retries run into Q's grant before healing.
+    tokio::time::sleep(LATE).await;
+    proxy.heal();
+    let out = release.await.expect("join");
+    eprintln!("late release returned {out:?}");
+    excluded(&r, &name, &gq, Duration::from_millis(500)).await;
+    let token: String = server
+        .command(&["HGET", &format!("dlock:{{{name}}}"), "token"])
+        .expect("hget");
+    assert_eq!(token, gq.fencing_token().to_string());
+    assert_eq!(
+        gq.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    drop(comes_free(&r, &name).await);
+}
+
+/// Issue 11 #1: a try_acquire whose reply is late is retried with the same attempt: one grant,
+/// one token, and one release frees the lock. (Counted per owner, the retry added a second
+/// hold and the lock stayed held after the release.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_try_acquire_is_one_grant() {
+    let server = RedisServer::start().expect("redis");
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let (p, _) = client_for(&proxied(&proxy), long_opts()).await;
+    let (r, _) = client_for(&server.url(), fast_opts()).await;
+    let name = unique_name("retrytry");
+    let before = proxy.stats();
+    proxy.set_reply_delay(LATE);
+    let lock = p.lock(&name).expect("lock");
+    let attempt = tokio::spawn(async move { lock.try_acquire().await });
+    // Heal once the first reply is on its way (late): the retry gets through.
+    let t = Instant::now();
+    while proxy.stats().replies.chunks_read == before.replies.chunks_read {
+        assert!(t.elapsed() < EVENTUALLY, "no reply");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.heal();
+    let g = attempt
+        .await
+        .expect("join")
+        .expect("try_acquire")
+        .expect("granted");
+    let info = r.inspect(&name).await.expect("inspect");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(
+        info.fencing_token,
+        g.fencing_token(),
+        "a second token: {info:?}"
+    );
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(
+        try_lock(&r, &name).await.is_some(),
+        "one release did not free a retried try_acquire"
+    );
+}
+
+/// Issue 11 #2: `extend` shorter than the watchdog lease never shortens it. (A plain PEXPIRE
+/// cut the 3 s lease to 100 ms: another owner got in 100 ms later while the guard, renewed
+/// only every second, believed it held the lock.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_extend_never_shortens() {
+    let server = RedisServer::start().expect("redis");
+    let (a, _) = client_for(
+        &server.url(),
+        fast_opts().watchdog_lease(Duration::from_secs(3)),
+    )
+    .await;
+    let (b, _) = client_for(&server.url(), fast_opts()).await;
+    let name = unique_name("shortext");
+    let g = a
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    g.extend(Duration::from_millis(100)).await.expect("extend");
+    excluded(&b, &name, &g, Duration::from_millis(600)).await;
+    let pttl: i64 = server
+        .command(&["PTTL", &format!("dlock:{{{name}}}")])
+        .expect("pttl")
+        .parse()
+        .expect("number");
+    assert!(pttl > 1000, "lease shortened to {pttl} ms");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// Issue 11 #3: a fixed-lease guard and a watchdog guard of one hold, dropped in both orders.
+/// The watchdog guard joining a 4 s fixed hold renews with its 1 s lease: that must not cut
+/// the fixed lease, which the remaining fixed guard relies on once the watchdog guard is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_and_watchdog_guards_of_one_hold() {
+    let server = RedisServer::start().expect("redis");
+    let (a, _) = client_for(&server.url(), fast_opts()).await;
+    let (b, _) = client_for(&server.url(), fast_opts()).await;
+    for fixed_first in [true, false] {
+        let name = unique_name("mixed");
+        let lock = a.lock(&name).expect("lock");
+        let fixed = lock.clone().lease(Duration::from_secs(4)).expect("lease");
+        let (first, second) = if fixed_first {
+            let f = fixed.acquire().await.expect("fixed");
+            let w = lock.acquire().await.expect("watchdog re-entry");
+            (f, w)
+        } else {
+            let w = lock.acquire().await.expect("watchdog");
+            let f = fixed.acquire().await.expect("fixed re-entry");
+            (w, f)
+        };
+        assert_eq!(first.fencing_token(), second.fencing_token());
+        // Drop the guard that came second; the first must still exclude everyone for longer
+        // than the watchdog lease (1 s) — the fixed one by its lease, the watchdog one by
+        // renewals.
+        assert!(matches!(
+            second.release().await.expect("release"),
+            ReleaseOutcome::StillHeld { remaining: 1 }
+        ));
+        excluded(&b, &name, &first, Duration::from_millis(1500)).await;
+        assert_eq!(
+            first.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        drop(comes_free(&b, &name).await);
+    }
+}
+
+/// Issue 11 #4/#5: two waiters of one owner (clones of one Lock) in one client. The handoff
+/// goes to the oldest attempt; the other one must neither claim it nor, when it gives up to
+/// join its sibling's hold, give the sibling's grant away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sibling_waiters_of_one_owner() {
+    let server = RedisServer::start().expect("redis");
+    let (h, _) = client_for(&server.url(), long_opts()).await;
+    let (c, _) = client_for(&server.url(), long_opts()).await;
+    let (r, _) = client_for(&server.url(), fast_opts()).await;
+    let name = unique_name("siblings");
+    let g = h
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let lock = c.lock(&name).expect("lock");
+    let mut waiters = Vec::new();
+    for i in 0..2 {
+        let l = lock.clone();
+        waiters.push(tokio::spawn(async move {
+            l.acquire_timeout(Duration::from_secs(15)).await
+        }));
+        wait_for_waiters(&r, &name, LockKind::Mutex, i + 1).await;
+    }
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let mut guards = Vec::new();
+    for w in waiters {
+        guards.push(w.await.expect("join").expect("acquired"));
+    }
+    assert_eq!(guards[0].fencing_token(), guards[1].fencing_token());
+    for g in &guards {
+        excluded(&r, &name, g, Duration::from_millis(300)).await;
+    }
+    let info = r.inspect(&name).await.expect("inspect");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    // The sibling that joined the hold left the queue (its give-up runs in the background).
+    poll_until(
+        "the sibling's give-up",
+        async || r.inspect(&name).await.expect("inspect").waiters,
+        |w| *w == Some(0),
+    )
+    .await;
+    let last = guards.pop().expect("guard");
+    assert!(matches!(
+        guards
+            .pop()
+            .expect("guard")
+            .release()
+            .await
+            .expect("release"),
+        ReleaseOutcome::StillHeld { remaining: 1 }
+    ));
+    excluded(&r, &name, &last, Duration::from_millis(300)).await;
+    assert_eq!(
+        last.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    drop(comes_free(&r, &name).await);
+}
+
+/// Issue 11 #5: one RwLock handle waits for the read side and the write side at once. The read
+/// grant it gets must not wake its write waiter as if the write side had been handed over
+/// (handoffs used to name the owner only, with the side stripped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_read_grant_does_not_wake_the_handles_writer() {
+    let server = RedisServer::start().expect("redis");
+    let (x, _) = client_for(&server.url(), long_opts()).await;
+    let (c, _) = client_for(&server.url(), long_opts()).await;
+    let (r, _) = client_for(&server.url(), fast_opts()).await;
+    let name = unique_name("rwhandle");
+    let w0 = x
+        .rw_lock(&name)
+        .expect("rw")
+        .write()
+        .acquire()
+        .await
+        .expect("write");
+    let rw = c.rw_lock(&name).expect("rw");
+    let read_lock = rw.read();
+    let reader =
+        tokio::spawn(async move { read_lock.acquire_timeout(Duration::from_secs(15)).await });
+    wait_for_waiters(&r, &name, LockKind::Write, 1).await;
+    let write_lock = rw.write();
+    let writer =
+        tokio::spawn(async move { write_lock.acquire_timeout(Duration::from_secs(15)).await });
+    wait_for_waiters(&r, &name, LockKind::Write, 2).await;
+    assert_eq!(
+        w0.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let rg = reader.await.expect("join").expect("read");
+    let read_token = rg.fencing_token();
+    // The writer waits for the read grant of its own handle to go.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !writer.is_finished(),
+        "the write waiter got in beside a reader"
+    );
+    let info = r
+        .inspect_kind(&name, LockKind::Write)
+        .await
+        .expect("inspect");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].side, Some(LockKind::Read), "{info:?}");
+    assert_eq!(
+        rg.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let wg = writer.await.expect("join").expect("write after the read");
+    let info = r
+        .inspect_kind(&name, LockKind::Write)
+        .await
+        .expect("inspect");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].side, Some(LockKind::Write), "{info:?}");
+    assert!(wg.fencing_token() > read_token);
+    assert_eq!(
+        wg.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// Issue 11 #7: a request for more permits than the server's count is refused, naming both
+/// counts; a queued request that does not fit does not block smaller ones that do (until its
+/// patience runs out); lowering the count below a queued request does not wedge the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_limits_and_head_of_line() {
+    let server = RedisServer::start().expect("redis");
+    let (a, _) = client_for(&server.url(), long_opts()).await;
+    let (b, _) = client_for(&server.url(), long_opts()).await;
+    let name = unique_name("semhol");
+    let kind = LockKind::Semaphore {
+        permits: 1,
+        limit: 3,
+    };
+    let sem = a.semaphore(&name, 3).expect("sem");
+    let two = sem.try_acquire(2).await.expect("try").expect("two permits");
+    // A big request queues: it needs all three. It arrives after `queued_after`.
+    let queued_after = Instant::now();
+    let big = b.semaphore(&name, 3).expect("sem");
+    let big_wait =
+        tokio::spawn(async move { big.acquire_timeout(3, Duration::from_secs(15)).await });
+    wait_for_waiters(&a, &name, kind, 1).await;
+    // A small one that fits is served beside it (no head-of-line blocking), as long as the big
+    // one has waited less than its patience (1 s; a stalled machine can only make this check
+    // inconclusive, never wrong).
+    match sem.try_acquire(1).await.expect("try") {
+        Some(one) => {
+            one.release().await.expect("release");
+        }
+        None => {
+            assert!(
+                queued_after.elapsed() >= Duration::from_secs(1),
+                "a fitting request was blocked by a queued one that does not fit"
+            );
+            eprintln!("the machine stalled past the semaphore's patience: HOL not checked");
+        }
+    }
+    // ... until the big one has waited past its patience (1 s): then it blocks younger ones,
+    // so the permits drain to it.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        sem.try_acquire(1).await.expect("try").is_none(),
+        "a big request was starved past its patience"
+    );
+    assert_eq!(
+        two.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let g3 = big_wait.await.expect("join").expect("three permits");
+    assert_eq!(
+        g3.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+
+    // The count lowered below a queued request: it is refused (woken, not left waiting), and a
+    // request behind it that fits is served.
+    let mut admin = b.semaphore(&name, 3).expect("sem");
+    let all = sem.try_acquire(3).await.expect("try").expect("three");
+    let big = b.semaphore(&name, 3).expect("sem");
+    let big_wait =
+        tokio::spawn(async move { big.acquire_timeout(3, Duration::from_secs(15)).await });
+    wait_for_waiters(&a, &name, kind, 1).await;
+    let small = b.semaphore(&name, 3).expect("sem");
+    let small_wait =
+        tokio::spawn(async move { small.acquire_timeout(1, Duration::from_secs(15)).await });
+    wait_for_waiters(&a, &name, kind, 2).await;
+    admin.set_permits(2).await.expect("set_permits");
+    let err = big_wait
+        .await
+        .expect("join")
+        .expect_err("3 permits of a semaphore of 2");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains('2') && msg.contains('3'), "{msg}");
+    assert_eq!(
+        all.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let s = small_wait
+        .await
+        .expect("join")
+        .expect("the small request behind it");
+    assert_eq!(
+        s.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // A fresh request above the server's count is refused at once, naming both counts.
+    let err = sem
+        .try_acquire(3)
+        .await
+        .expect_err("over the server's count");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("is 2") && msg.contains("with 3"), "{msg}");
+    let info = a.inspect_kind(&name, kind).await.expect("inspect");
+    assert_eq!(info.permits, Some(2), "{info:?}");
+    assert_eq!(info.waiters, Some(0), "{info:?}");
+}
+
+/// Issue 11 #10: fencing tokens keep increasing when the counter is lost (FLUSHALL, a restart
+/// without persistence): a missing counter is seeded from the server clock. (It restarted at
+/// 1: the second token was lower than the first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_survive_a_lost_counter() {
+    let mut server = RedisServer::start().expect("redis");
+    let (a, _) = client_for(&server.url(), fast_opts()).await;
+    let name = unique_name("flush");
+    let mut last = 0;
+    for round in 0..3 {
+        for _ in 0..2 {
+            let g = a
+                .lock(&name)
+                .expect("lock")
+                .acquire_timeout(Duration::from_secs(5))
+                .await
+                .expect("acquire");
+            assert!(
+                g.fencing_token() > last,
+                "round {round}: token {} after {last}",
+                g.fencing_token()
+            );
+            last = g.fencing_token();
+            g.release().await.expect("release");
+        }
+        match round {
+            0 => assert_eq!(server.command(&["FLUSHALL"]).expect("flushall"), "OK"),
+            1 => server.restart().expect("restart"),
+            _ => {}
+        }
+    }
+    // The same for the other families, which share the counter.
+    assert_eq!(server.command(&["FLUSHALL"]).expect("flushall"), "OK");
+    let w = a
+        .rw_lock(&name)
+        .expect("rw")
+        .write()
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("write");
+    assert!(w.fencing_token() > last);
+    last = w.fencing_token();
+    w.release().await.expect("release");
+    assert_eq!(server.command(&["FLUSHALL"]).expect("flushall"), "OK");
+    let s = a
+        .semaphore(&name, 2)
+        .expect("sem")
+        .try_acquire(1)
+        .await
+        .expect("try")
+        .expect("permit");
+    assert!(s.fencing_token() > last);
+    s.release().await.expect("release");
+}
+
+/// The backend trait directly: a release repeated after the grant went (a retry whose first
+/// request executed) reports it and leaves a newer grant of the same owner alone; a give-up
+/// of one attempt never touches another attempt's grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_release_and_give_up_touch_only_their_grant() {
+    let server = RedisServer::start().expect("redis");
+    let b = RedisBackend::connect(&server.url(), &fast_opts())
+        .await
+        .expect("connect");
+    let key = HoldKey {
+        name: unique_name("repeat").into(),
+        owner: "one-owner".into(),
+        kind: LockKind::Mutex,
+    };
+    let lease = Duration::from_secs(10);
+    let granted = |r: AcquireReply| match r {
+        AcquireReply::Granted { token } => token,
+        other => panic!("not granted: {other:?}"),
+    };
+    let first = AcquireRequest::new(key.clone(), lease, LostSignal::new());
+    let t1 = granted(b.acquire(&first).await.expect("acquire"));
+    assert_eq!(
+        b.release(&first.grant(t1)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let second = AcquireRequest::new(key.clone(), lease, LostSignal::new());
+    let t2 = granted(b.acquire(&second).await.expect("acquire"));
+    assert!(t2 > t1);
+    // The first release again (its retry), and the first attempt giving up.
+    assert_eq!(
+        b.release(&first.grant(t1)).await.expect("release"),
+        ReleaseOutcome::TakenByOther
+    );
+    b.give_up(&first).await.expect("give up");
+    let other = AcquireRequest::new(
+        HoldKey {
+            owner: "other".into(),
+            ..key.clone()
+        },
+        lease,
+        LostSignal::new(),
+    );
+    assert!(matches!(
+        b.acquire(&other).await.expect("acquire"),
+        AcquireReply::Held { .. }
+    ));
+    assert_eq!(
+        b.release(&second.grant(t2)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // A give-up of the attempt that holds the lock gives it back.
+    let t3 = granted(b.acquire(&other).await.expect("acquire"));
+    b.give_up(&other).await.expect("give up");
+    assert_eq!(
+        b.release(&other.grant(t3)).await.expect("release"),
+        ReleaseOutcome::Expired
+    );
+}
+
+/// Issue 11 #9: with `?wait_replicas=1` a handoff is confirmed by the replica too. Healthy: the
+/// waiter gets the lock and the replica has its grant when it returns. Replica paused: the
+/// handed-over waiter cannot confirm, gives the grant back and reports it. (A handoff used to
+/// be reported at once, unreplicated.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_replicas_confirms_handoffs() {
+    let master = RedisServer::start().expect("master");
+    let mut replica = RedisServer::start_replica_of(&master).expect("replica");
+    // Healthy path: a generous bound (a loaded machine acks slowly), within op_timeout.
+    let url = format!("{}?wait_replicas=1&wait_timeout=3s", master.url());
+    let opts = long_opts().op_timeout(Duration::from_secs(5));
+    let (holder, _) = client_for(&url, opts.clone()).await;
+    let (waiter, _) = client_for(&url, opts).await;
+    let (plain, _) = client_for(&master.url(), fast_opts()).await;
+    let name = unique_name("replhand");
+    let g = holder
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let lock = waiter.lock(&name).expect("lock");
+    let owner = lock.owner().to_owned();
+    let w = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    wait_for_waiters(&plain, &name, LockKind::Mutex, 1).await;
+    g.release().await.expect("release");
+    let wg = w.await.expect("join").expect("handed over");
+    assert_eq!(
+        replica
+            .command(&["HGET", &format!("dlock:{{{name}}}"), "owner"])
+            .expect("hget"),
+        owner,
+        "the handoff was reported before the replica had it"
+    );
+    wg.release().await.expect("release");
+
+    // Replica paused: the handoff cannot be confirmed.
+    let short = format!("{}?wait_replicas=1&wait_timeout=300ms", master.url());
+    let (holder, _) = client_for(&short, long_opts()).await;
+    let (waiter, _) = client_for(&short, long_opts()).await;
+    let name = unique_name("replhand2");
+    let g = holder
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let lock = waiter.lock(&name).expect("lock");
+    let w = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    wait_for_waiters(&plain, &name, LockKind::Mutex, 1).await;
+    replica.pause();
+    g.release().await.expect("release");
+    let r = w.await.expect("join");
+    replica.resume();
+    let err = r.expect_err("an unconfirmed handoff was reported as a grant");
+    assert!(err.to_string().contains("replicas"), "{err}");
+    // Given back: nobody holds it.
+    let info = plain.inspect(&name).await.expect("inspect");
+    assert!(!info.held(), "{info:?}");
+}

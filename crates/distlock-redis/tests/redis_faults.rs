@@ -1,0 +1,552 @@
+//! Redis-specific behaviour and faults, on real redis-server processes.
+
+use distlock_core::{Client, ClientOptions, Error, LostReason, ReleaseOutcome};
+use distlock_redis::RedisBackend;
+use distlock_testkit::conformance::{fast_opts, unique_name};
+use distlock_testkit::{RedisOptions, RedisServer};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+async fn client_for(url: &str, opts: ClientOptions) -> (Client, Arc<RedisBackend>) {
+    let backend = Arc::new(RedisBackend::connect(url, &opts).await.expect("connect"));
+    let client = Client::new(backend.clone(), opts).expect("client");
+    (client, backend)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_signal_fires_when_server_is_killed() {
+    let mut server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    let g = client
+        .lock("killed")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let t = Instant::now();
+    server.kill();
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost signal did not fire");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    // It fires when the 1 s lease has run out (the holder cannot renew), not at the 5 s bound.
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    let out = g.release().await;
+    assert!(matches!(out, Err(Error::Connection { .. })), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_signal_fires_after_restart_without_persistence() {
+    let mut server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    let g = client
+        .lock("restarted")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    server.restart().expect("restart");
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost signal did not fire");
+    assert!(
+        matches!(reason, LostReason::NotHeld | LostReason::LeaseExpired),
+        "{reason:?}"
+    );
+    // The client reconnects and keeps working after the restart (scripts reloaded on NOSCRIPT).
+    let g2 = client
+        .lock("restarted")
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("acquire after restart");
+    assert_eq!(
+        g2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_is_an_auth_error() {
+    let server = RedisServer::start_with(RedisOptions {
+        password: Some("s3cret".into()),
+        acl_user: Some(("locker".into(), "pw-locker".into())),
+        ..Default::default()
+    })
+    .expect("redis");
+    let port = server.port();
+    for url in [
+        format!("redis://:wrong@127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://locker:nope@127.0.0.1:{port}"),
+    ] {
+        let err = RedisBackend::connect(&url, &fast_opts())
+            .await
+            .err()
+            .expect("must fail");
+        assert!(matches!(err, Error::Auth { .. }), "{url}: {err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("credentials"), "{msg}");
+        assert!(
+            !msg.contains("nope") && !msg.contains("wrong@"),
+            "password leaked: {msg}"
+        );
+    }
+    // The right password, and an ACL user, work.
+    for url in [
+        format!("redis://:s3cret@127.0.0.1:{port}"),
+        format!("redis://locker:pw-locker@127.0.0.1:{port}"),
+    ] {
+        let (client, _) = client_for(&url, fast_opts()).await;
+        let g = client
+            .lock("auth")
+            .expect("lock")
+            .try_acquire()
+            .await
+            .expect("try")
+            .expect("free");
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+#[tokio::test]
+async fn unreachable_server_is_a_connection_error() {
+    let port = distlock_testkit::free_port();
+    let t = Instant::now();
+    let err = RedisBackend::connect(&format!("redis://127.0.0.1:{port}"), &fast_opts())
+        .await
+        .err()
+        .expect("must fail");
+    assert!(err.is_connection(), "{err:?}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn invalid_urls_are_rejected() {
+    let mut urls = vec!["redis://", "redis://h:1/notadb", "redis://h:1?bogus=1"];
+    if cfg!(not(feature = "tls")) {
+        urls.push("rediss://h:1");
+    }
+    for url in urls {
+        let err = RedisBackend::connect(url, &fast_opts())
+            .await
+            .err()
+            .expect("must fail");
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_data_is_an_unexpected_reply() {
+    let server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    assert_eq!(
+        server
+            .command(&["SET", "dlock:{taken}", "not a hash"])
+            .expect("set"),
+        "OK"
+    );
+    let err = client
+        .lock("taken")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect_err("must fail");
+    assert!(matches!(err, Error::UnexpectedReply { .. }), "{err:?}");
+    assert!(err.to_string().contains("namespace"), "{err}");
+    server
+        .command(&["SET", "dlock:{fence}:fence", "abc"])
+        .expect("set");
+    let err = client
+        .lock("fence")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect_err("must fail");
+    assert!(matches!(err, Error::UnexpectedReply { .. }), "{err:?}");
+    // Nothing was left locked by the failed attempts.
+    assert_eq!(
+        server
+            .command(&["EXISTS", "dlock:{fence}"])
+            .expect("exists"),
+        "0"
+    );
+    // Another namespace is unaffected.
+    let (other, _) = client_for(&server.url(), fast_opts().namespace("other")).await;
+    let g = other
+        .lock("taken")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_reload_after_flush() {
+    let server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    assert_eq!(server.command(&["SCRIPT", "FLUSH"]).expect("flush"), "OK");
+    let g = client
+        .lock("flush")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_costs_a_bounded_time() {
+    let mut server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    server.pause();
+    let t = Instant::now();
+    let r = client.lock("paused").expect("lock").try_acquire().await;
+    let took = t.elapsed();
+    server.resume();
+    let err = r.expect_err("must fail while paused");
+    assert!(err.is_connection(), "{err:?}");
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    let g = client
+        .lock("paused")
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("after resume");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_subscribe_only_while_waiting() {
+    let server = RedisServer::start().expect("redis");
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(20));
+    let (holder, _) = client_for(&server.url(), opts.clone()).await;
+    let (waiter, backend) = client_for(&server.url(), opts).await;
+    let names: Vec<String> = (0..20)
+        .map(|i| format!("{}-{i}", unique_name("sub")))
+        .collect();
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(
+            holder
+                .lock(n)
+                .expect("lock")
+                .acquire()
+                .await
+                .expect("acquire"),
+        );
+    }
+    let mut waits = Vec::new();
+    for n in &names {
+        let lock = waiter.lock(n).expect("lock");
+        waits.push(tokio::spawn(async move {
+            lock.acquire_timeout(Duration::from_secs(10)).await
+        }));
+    }
+    // Every waiter is subscribed once its wait has started.
+    let t = Instant::now();
+    while backend.subscribed_channels().await < names.len() && t.elapsed() < Duration::from_secs(5)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(backend.subscribed_channels().await, names.len());
+    for g in guards {
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+    for w in waits {
+        let g = w.await.expect("join").expect("acquired");
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+    let t = Instant::now();
+    while backend.subscribed_channels().await > 0 && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        backend.subscribed_channels().await,
+        0,
+        "idle subscriptions left"
+    );
+    let channels = server
+        .command(&[
+            "PUBSUB",
+            "NUMSUB",
+            &format!("dlock:{{{}}}:released", names[0]),
+        ])
+        .expect("numsub");
+    assert!(
+        channels.ends_with("\n0"),
+        "server still has a subscriber: {channels:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_locks_are_renewed_together() {
+    let server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    let mut guards = Vec::new();
+    for i in 0..50 {
+        guards.push(
+            client
+                .lock(&format!("batch-{i}"))
+                .expect("lock")
+                .acquire()
+                .await
+                .expect("acquire"),
+        );
+    }
+    server.command(&["CONFIG", "RESETSTAT"]).expect("resetstat");
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    let info = server.command(&["INFO", "commandstats"]).expect("info");
+    let took = t.elapsed();
+    let evalsha = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse::<u64>().ok())
+        .expect("evalsha stats");
+    // One renewal per lock per tick (lease/3 = 333 ms), about 6 ticks in 2.1 s, and no other
+    // traffic. The bounds follow the time that really passed (a loaded machine sleeps longer):
+    // at least two ticks (the 1 s lease would have run out otherwise), at most one per 333 ms
+    // plus slack.
+    let ticks = (took.as_millis() / 333) as u64 + 2;
+    assert!(
+        (100..=50 * ticks).contains(&evalsha),
+        "renewal calls: {evalsha} in {took:?}"
+    );
+    for g in guards {
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_confirmation_with_wait() {
+    let master = RedisServer::start().expect("master");
+    let mut replica = RedisServer::start_replica_of(&master).expect("replica");
+    // A generous bound where the replica is healthy (a loaded machine can take a while to
+    // ack), a short one where it is paused and the bound is what the test is about.
+    let url = format!("{}?wait_replicas=1&wait_timeout=10s", master.url());
+    // WAIT blocks on the connection: a wait the operation timeout (500 ms here) would cut off
+    // is refused up front, not retried into a second hold.
+    let err = match RedisBackend::connect(&url, &fast_opts()).await {
+        Ok(_) => panic!("a wait_timeout above the operation timeout was accepted"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, distlock_core::Error::InvalidArgument(_)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("wait_timeout=10s"), "{err}");
+    let (client, _) = client_for(&url, fast_opts().op_timeout(Duration::from_secs(15))).await;
+    let short = format!("{}?wait_replicas=1&wait_timeout=300ms", master.url());
+    let (short_client, _) = client_for(&short, fast_opts()).await;
+    let g = client
+        .lock("replicated")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    assert_eq!(
+        replica
+            .command(&["EXISTS", "dlock:{replicated}"])
+            .expect("exists"),
+        "1"
+    );
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    replica.pause();
+    let err = short_client
+        .lock("unreplicated")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect_err("must fail");
+    replica.resume();
+    assert!(err.to_string().contains("replicas"), "{err}");
+    assert_eq!(
+        master
+            .command(&["EXISTS", "dlock:{unreplicated}"])
+            .expect("exists"),
+        "0",
+        "grant not given back"
+    );
+}
+
+/// Waiters are served in arrival order, each woken alone: the holder's release hands the lock
+/// to the oldest waiter, and nobody else retries (no herd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_fifo_without_a_herd() {
+    let server = RedisServer::start().expect("redis");
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(30));
+    let (holder, _) = client_for(&server.url(), opts.clone()).await;
+    let name = unique_name("fifo");
+    let g = holder
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    let n = 8;
+    for i in 0..n {
+        let (c, _) = client_for(&server.url(), opts.clone()).await;
+        let (lock_name, order) = (name.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let g = c
+                .lock(&lock_name)
+                .expect("lock")
+                .acquire_timeout(Duration::from_secs(20))
+                .await
+                .expect("acquire");
+            order.lock().expect("order").push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            g.release().await.expect("release");
+        }));
+        // Queue them one after the other.
+        let t = Instant::now();
+        while server
+            .command(&["ZCARD", &format!("dlock:{{{name}}}:queue")])
+            .expect("zcard")
+            != (i + 1).to_string()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "waiter {i} never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    server.command(&["CONFIG", "RESETSTAT"]).expect("resetstat");
+    let t = Instant::now();
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    for w in waiters {
+        w.await.expect("join");
+    }
+    let secs = t.elapsed().as_secs();
+    assert_eq!(*order.lock().expect("order"), (0..n).collect::<Vec<_>>());
+    let info = server.command(&["INFO", "commandstats"]).expect("info");
+    let evalsha = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse::<u64>().ok())
+        .expect("evalsha stats");
+    // One release per holder (9) and nothing else: each handoff needs no attempt from the
+    // waiter. Allow heartbeats (one per waiter per second of the run, plus one) in case the
+    // machine is slow; a herd would add a retry per remaining waiter per release (~n²/2).
+    let n = n as u64;
+    assert!(
+        evalsha <= 9 + n * (secs + 1),
+        "too many script calls: {evalsha} in {secs} s (herd?)"
+    );
+}
+
+/// A waiter that gives up (deadline or dropped future) leaves the queue at once, and a lock
+/// handed to it meanwhile is passed on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_give_up_leave_the_queue() {
+    let server = RedisServer::start().expect("redis");
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(30));
+    let (a, _) = client_for(&server.url(), opts.clone()).await;
+    let (b, _) = client_for(&server.url(), opts.clone()).await;
+    let name = unique_name("giveup");
+    let zcard = || {
+        server
+            .command(&["ZCARD", &format!("dlock:{{{name}}}:queue")])
+            .expect("zcard")
+    };
+    let g = a
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let err = b
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_millis(300))
+        .await
+        .expect_err("held");
+    assert!(err.is_timeout());
+    let lock_b = b.lock(&name).expect("lock");
+    let r = tokio::time::timeout(Duration::from_millis(300), lock_b.acquire()).await;
+    assert!(r.is_err());
+    let t = Instant::now();
+    while zcard() != "0" {
+        assert!(t.elapsed() < Duration::from_secs(3), "queue not emptied");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The holder's release finds nobody to hand to: the lock is free.
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let info = a.inspect(&name).await.expect("inspect");
+    assert!(!info.held(), "{info:?}");
+}
+
+/// The eviction check at connect reads `CONFIG GET maxmemory-policy`; a server where CONFIG is
+/// renamed away (common on managed Redis) or that evicts must still be usable (a warning or a
+/// debug line, never an error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_tolerates_config_disabled_and_evicting_servers() {
+    for extra in [
+        vec!["--rename-command", "CONFIG", ""],
+        vec!["--maxmemory-policy", "allkeys-lru"],
+    ] {
+        let server = RedisServer::start_with(RedisOptions {
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+        .expect("redis");
+        let (client, _) = client_for(&server.url(), fast_opts()).await;
+        let g = client
+            .lock("config")
+            .expect("lock")
+            .try_acquire()
+            .await
+            .expect("try")
+            .expect("free");
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released,
+            "{extra:?}"
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! `cargo bench -p distlock-redlock [-- --quick]`: Redlock on 5 real redis-servers next to the
+//! single-node Redis backend, measured in the same run (the machine is shared and noisy;
+//! ratios travel, absolute figures do not).
+//!
+//! - the fan-out floor: 5 parallel PINGs vs 1 PING. On a machine with fewer cores than
+//!   redis-servers the five servers and the client share the CPUs, so even a parallel fan-out
+//!   costs several times one round trip; this is the ratio to judge the next one by;
+//! - uncontended: one client, acquire + release in a loop, 5 nodes vs 1 (interleaved in
+//!   blocks so both see the same machine), on loopback and over links with 1 ms of delay
+//!   each way (where the network, not the CPU, dominates, as between real hosts); the goal
+//!   is a ratio within 1.5x, because the fan-out to the nodes is parallel;
+//! - contended: 32 clients on one name, critical sections per second and acquire wait
+//!   p50/p99, 5 nodes vs 1 (with a mutual-exclusion check).
+
+use distlock_core::{Client, ClientOptions, ReleaseOutcome};
+use distlock_redis::RedisBackend;
+use distlock_redlock::RedlockBackend;
+use distlock_testkit::{DelayProxy, RedisServer};
+use futures_util::future::join_all;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn mean(v: &[Duration]) -> Duration {
+    v.iter().sum::<Duration>() / v.len().max(1) as u32
+}
+
+async fn single(url: &str) -> Client {
+    let opts = ClientOptions::default();
+    let b = RedisBackend::connect(url, &opts).await.expect("connect");
+    Client::new(Arc::new(b), opts).expect("client")
+}
+
+async fn redlock(url: &str) -> Client {
+    let opts = ClientOptions::default();
+    let b = RedlockBackend::connect(url, &opts).await.expect("connect");
+    Client::new(Arc::new(b), opts).expect("client")
+}
+
+async fn pair(c: &Client, name: &str) -> Duration {
+    let t = Instant::now();
+    let g = c
+        .lock(name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let _ = g.release().await.expect("release");
+    t.elapsed()
+}
+
+/// Interleaved acquire+release pairs on `s` (one node) and `r` (5 nodes), printed.
+async fn uncontended(label: &str, s: &Client, r: &Client, blocks: usize, per_block: usize) {
+    for _ in 0..50 {
+        pair(s, "warm").await;
+        pair(r, "warm").await;
+    }
+    let (mut ts, mut tr) = (Vec::new(), Vec::new());
+    for _ in 0..blocks {
+        for _ in 0..per_block {
+            ts.push(pair(s, "uncontended").await);
+        }
+        for _ in 0..per_block {
+            tr.push(pair(r, "uncontended").await);
+        }
+    }
+    let (ms, mr) = (mean(&ts), mean(&tr));
+    let (s50, r50) = (pct(&mut ts, 0.5), pct(&mut tr, 0.5));
+    let (s99, r99) = (pct(&mut ts, 0.99), pct(&mut tr, 0.99));
+    println!(
+        "uncontended acquire+release, {label} ({} pairs each, interleaved):",
+        blocks * per_block
+    );
+    println!(
+        "  redis (1 node):    p50 {:8.1} us  p99 {:8.1} us  mean {:8.1} us",
+        us(s50),
+        us(s99),
+        us(ms)
+    );
+    println!(
+        "  redlock (5 nodes): p50 {:8.1} us  p99 {:8.1} us  mean {:8.1} us",
+        us(r50),
+        us(r99),
+        us(mr)
+    );
+    println!(
+        "  ratio 5 nodes / 1 node: p50 {:.2}x  mean {:.2}x  (goal: within 1.5x)",
+        us(r50) / us(s50),
+        us(mr) / us(ms)
+    );
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+struct Contended {
+    per_sec: f64,
+    p50: Duration,
+    p99: Duration,
+    grants: usize,
+}
+
+/// `clients` clients (one task each) take `name` for `run`; returns throughput and waits.
+async fn contend(clients: Vec<Client>, name: &str, run: Duration) -> Contended {
+    let stop = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(AtomicU64::new(0));
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for c in clients {
+        let (stop, inside, waits, name) =
+            (stop.clone(), inside.clone(), waits.clone(), name.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let lock = c.lock(&name).expect("lock");
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let g = lock
+                    .acquire_timeout(Duration::from_secs(30))
+                    .await
+                    .expect("acquire");
+                let waited = t.elapsed();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert_eq!(
+                    g.release().await.expect("release"),
+                    ReleaseOutcome::Released
+                );
+                waits.lock().expect("waits").push(waited);
+            }
+        }));
+    }
+    tokio::time::sleep(run).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let elapsed = started.elapsed();
+    let mut w = waits.lock().expect("waits").clone();
+    Contended {
+        per_sec: w.len() as f64 / elapsed.as_secs_f64(),
+        p50: pct(&mut w, 0.5),
+        p99: pct(&mut w, 0.99),
+        grants: w.len(),
+    }
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (blocks, per_block, run) = if quick {
+        (6, 50, Duration::from_secs(2))
+    } else {
+        (20, 100, Duration::from_secs(5))
+    };
+    let nodes: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect();
+    let one = RedisServer::start().expect("redis-server");
+    // Fresh servers sit out a restart quarantine; keep it short and let them age past it.
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let rl_url = format!("redlock://{}?quarantine=500ms", hosts.join(","));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // The fan-out floor.
+    let mut pingers = Vec::new();
+    for url in nodes.iter().map(|n| n.url()).chain([one.url()]) {
+        let b = RedisBackend::connect(&url, &ClientOptions::default())
+            .await
+            .expect("connect");
+        pingers.push(b);
+    }
+    let (mut p1, mut p5) = (Vec::new(), Vec::new());
+    for _ in 0..blocks {
+        for _ in 0..per_block {
+            let t = Instant::now();
+            pingers[5].ping().await.expect("ping");
+            p1.push(t.elapsed());
+        }
+        for _ in 0..per_block {
+            let t = Instant::now();
+            for r in join_all(pingers[..5].iter().map(|b| b.ping())).await {
+                r.expect("ping");
+            }
+            p5.push(t.elapsed());
+        }
+    }
+    let (m1, m5) = (mean(&p1), mean(&p5));
+    let (a, b) = (pct(&mut p1, 0.5), pct(&mut p5, 0.5));
+    println!(
+        "fan-out floor on this machine (loopback, {} cores):",
+        num_cpus()
+    );
+    println!(
+        "  1 PING p50 {:7.1} us mean {:7.1} us; 5 parallel PINGs p50 {:7.1} us mean {:7.1} us; ratio p50 {:.2}x mean {:.2}x",
+        us(a),
+        us(m1),
+        us(b),
+        us(m5),
+        us(b) / us(a),
+        us(m5) / us(m1)
+    );
+
+    let s = single(&one.url()).await;
+    let r = redlock(&rl_url).await;
+    uncontended("loopback", &s, &r, blocks, per_block).await;
+
+    // The same over links with 1 ms of delay each way.
+    let delay = Duration::from_millis(1);
+    let proxies: Vec<DelayProxy> = nodes
+        .iter()
+        .chain([&one])
+        .map(|n| DelayProxy::start(n.addr(), delay).expect("proxy"))
+        .collect();
+    let hosts: Vec<String> = proxies[..5]
+        .iter()
+        .map(|p| format!("127.0.0.1:{}", p.port()))
+        .collect();
+    // A longer node timeout: every answer takes at least 2 ms on these links.
+    let slow_url = format!(
+        "redlock://{}?quarantine=500ms&node_timeout=25ms",
+        hosts.join(",")
+    );
+    let s2 = single(&format!("redis://127.0.0.1:{}", proxies[5].port())).await;
+    let r2 = redlock(&slow_url).await;
+    let (b2, pb2) = if quick { (2, 25) } else { (4, 50) };
+    uncontended("1 ms links", &s2, &r2, b2, pb2).await;
+    drop((s2, r2, proxies));
+
+    let mut single_clients = Vec::new();
+    let mut redlock_clients = Vec::new();
+    for _ in 0..32 {
+        single_clients.push(single(&one.url()).await);
+        redlock_clients.push(redlock(&rl_url).await);
+    }
+    let cs = contend(single_clients, "contended", run).await;
+    let cr = contend(redlock_clients, "contended", run).await;
+    println!("32 contenders on one name for {run:?} (mutual exclusion checked):");
+    for (label, c) in [("redis (1 node)", &cs), ("redlock (5 nodes)", &cr)] {
+        println!(
+            "  {label:18} {:8.0} grants/s ({} grants)  wait p50 {:8.1} us  p99 {:8.1} us",
+            c.per_sec,
+            c.grants,
+            us(c.p50),
+            us(c.p99)
+        );
+    }
+    println!(
+        "  ratio 5 nodes / 1 node: throughput {:.2}x  wait p50 {:.2}x",
+        cr.per_sec / cs.per_sec,
+        us(cr.p50) / us(cs.p50)
+    );
+}

@@ -1,0 +1,592 @@
+//! The nodes and what this client knows about each: its connection, its process (run id), its
+//! epoch (the marker that its fencing counters are complete), and the restart quarantine the
+//! epoch carries.
+//!
+//! The quarantine is stored **on the node**, in its epoch, as an end time by the node's own
+//! clock: whoever seeds a node that lost its data sets it, and every client — one that starts
+//! later, a short-lived CLI — reads it and refuses to count the node before it ends (the vote
+//! script also reports it, by the node's clock, in every vote). This client only keeps an
+//! estimate of it for its own views and messages.
+//!
+//! A background task per node checks it every `check_interval` (one pipelined `INFO server` +
+//! `GET NS:redlock:epoch` + `TIME`), and at once when an operation saw something suspicious on
+//! it (an error, an epoch mismatch, forgotten scripts). See `docs/redlock.md` for why each rule
+//! is there.
+
+use crate::config::{Config, NodeAddr};
+use crate::tally::quorum;
+use distlock_core::{ClientOptions, Error, Result};
+use distlock_redis::{RedisBackend, ServerInfo};
+use futures_util::future::join_all;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Shortest pause between two checks of one node, so errors do not turn into a check storm.
+const MIN_CHECK_GAP: Duration = Duration::from_millis(25);
+
+/// One node.
+pub(crate) struct Node {
+    pub(crate) endpoint: String,
+    url: String,
+    backend: RwLock<Option<Arc<RedisBackend>>>,
+    state: Mutex<NodeState>,
+    check_now: Notify,
+    /// One seeding of this node at a time (per client).
+    init: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, Default)]
+struct NodeState {
+    /// Run id of the process seen by the last good check.
+    run_id: Option<String>,
+    /// The node epoch this client trusts (valid for `run_id`); `None`: its counters are not
+    /// known to be complete, its votes do not count.
+    epoch: Option<String>,
+    /// When the node's quarantine ends, as estimated from its epoch and its clock (the node
+    /// decides: its votes say how much is left by its own clock).
+    quarantine_until: Option<Instant>,
+    /// The last check reached the node.
+    reachable: bool,
+    /// Why the node is suspect since the last good check (an error, an epoch mismatch...).
+    suspect: Option<String>,
+    /// Bumped by every suspicion, so a check that began before it does not clear it.
+    suspect_gen: u64,
+    last_error: Option<String>,
+}
+
+/// A node as one operation sees it.
+#[derive(Clone)]
+pub(crate) struct View {
+    pub(crate) backend: Option<Arc<RedisBackend>>,
+    pub(crate) epoch: Option<String>,
+    /// The node's answers count toward a majority.
+    pub(crate) counts: bool,
+    /// Why not, for messages.
+    pub(crate) why_not: Option<String>,
+}
+
+/// What a caller can learn about a node (for tests, tools and messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// `host:port`.
+    pub endpoint: String,
+    /// The node's answers count toward a majority right now.
+    pub counts: bool,
+    /// Run id of the node's process, once seen.
+    pub run_id: Option<String>,
+    /// Time left in restart quarantine.
+    pub quarantined_for: Option<Duration>,
+    /// Why the node does not count, if it does not.
+    pub problem: Option<String>,
+}
+
+/// The end of the quarantine an epoch carries, in ms by its node's clock (0: none; an epoch
+/// of the older `RANDOM:RUN_ID` form has none).
+pub(crate) fn epoch_quarantine_end(epoch: &str) -> u64 {
+    let mut parts = epoch.split(':');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(_), Some(until), Some(_), None) => until.parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// How much of the quarantine `epoch` carries is left at the node's time `node_now_ms`.
+fn quarantine_left(epoch: &str, node_now_ms: u64) -> Option<Duration> {
+    let left = epoch_quarantine_end(epoch).saturating_sub(node_now_ms);
+    (left > 0).then(|| Duration::from_millis(left))
+}
+
+impl Node {
+    pub(crate) fn new(addr: &NodeAddr, backend: Option<Arc<RedisBackend>>) -> Node {
+        Node {
+            endpoint: addr.endpoint.clone(),
+            url: addr.url.clone(),
+            backend: RwLock::new(backend),
+            state: Mutex::default(),
+            check_now: Notify::new(),
+            init: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, NodeState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn backend(&self) -> Option<Arc<RedisBackend>> {
+        self.backend
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_backend(&self, b: Arc<RedisBackend>) {
+        *self.backend.write().unwrap_or_else(|p| p.into_inner()) = Some(b);
+    }
+
+    pub(crate) fn set_error(&self, e: String) {
+        let mut st = self.state();
+        st.reachable = false;
+        st.last_error = Some(e);
+    }
+
+    /// Something an operation saw makes the node suspect (an error, an epoch mismatch, scripts
+    /// it had forgotten): it stops counting until a check confirms its process and epoch.
+    pub(crate) fn suspect(&self, why: impl Into<String>) {
+        let newly = {
+            let mut st = self.state();
+            st.suspect_gen += 1;
+            let newly = st.suspect.is_none();
+            st.suspect = Some(why.into());
+            newly
+        };
+        if newly {
+            self.check_now.notify_one();
+        }
+    }
+
+    /// A vote said the node's quarantine still runs `left` by its own clock.
+    pub(crate) fn note_quarantine(&self, left: Duration) {
+        let until = Instant::now() + left;
+        let mut st = self.state();
+        if st.quarantine_until.is_none_or(|u| u < until) {
+            st.quarantine_until = Some(until);
+        }
+    }
+
+    pub(crate) fn view(&self, now: Instant) -> View {
+        let backend = self.backend();
+        let st = self.state();
+        let why_not = if backend.is_none() {
+            Some(format!(
+                "not connected ({})",
+                st.last_error.as_deref().unwrap_or("connecting")
+            ))
+        } else if !st.reachable {
+            Some(format!(
+                "unreachable ({})",
+                st.last_error.as_deref().unwrap_or("not checked yet")
+            ))
+        } else if let Some(why) = &st.suspect {
+            Some(format!("re-checking the node after {why}"))
+        } else if st.epoch.is_none() {
+            Some(match &st.last_error {
+                Some(e) => format!("fencing counters not seeded yet ({e})"),
+                None => "fencing counters not seeded yet".to_owned(),
+            })
+        } else {
+            match st.quarantine_until {
+                Some(u) if u > now => Some(format!(
+                    "in restart quarantine for {:?} more (it lost its data; set on the node by \
+                     whoever seeded it, by the node's clock)",
+                    u - now,
+                )),
+                _ => None,
+            }
+        };
+        View {
+            backend,
+            epoch: st.epoch.clone(),
+            counts: why_not.is_none(),
+            why_not,
+        }
+    }
+
+    pub(crate) fn status(&self, now: Instant) -> NodeStatus {
+        let v = self.view(now);
+        let st = self.state();
+        NodeStatus {
+            endpoint: self.endpoint.clone(),
+            counts: v.counts,
+            run_id: st.run_id.clone(),
+            quarantined_for: st
+                .quarantine_until
+                .and_then(|u| u.checked_duration_since(now))
+                .filter(|d| !d.is_zero()),
+            problem: v.why_not,
+        }
+    }
+}
+
+/// The nodes and the health logic.
+pub(crate) struct Health {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) cfg: Config,
+    pub(crate) opts: ClientOptions,
+    /// Longest lease seen in a request, in ms (lengthens the default quarantine).
+    pub(crate) max_lease_ms: std::sync::atomic::AtomicU64,
+}
+
+/// The random part of an epoch a client creates (the node adds the quarantine's end and the
+/// run id it vouches for).
+fn new_epoch_prefix() -> String {
+    format!("{:016x}", fastrand::u64(..))
+}
+
+fn epoch_valid(epoch: &str, run_id: &str) -> bool {
+    epoch
+        .rsplit_once(':')
+        .is_some_and(|(_, r)| r == run_id && !r.is_empty())
+}
+
+impl Health {
+    pub(crate) fn q(&self) -> usize {
+        quorum(self.nodes.len())
+    }
+
+    fn check_timeout(&self) -> Duration {
+        self.opts.get_op_timeout()
+    }
+
+    /// Seeding scans every counter of the namespace: give it more time than one call.
+    fn seed_timeout(&self) -> Duration {
+        self.opts.get_op_timeout() * 10
+    }
+
+    /// How long a restarted node stays out: the quarantine from the URL, or else the longest
+    /// lease in use; plus the clock-drift allowance.
+    pub(crate) fn quarantine_len(&self) -> Duration {
+        let q = self.cfg.quarantine.unwrap_or_else(|| {
+            let seen =
+                Duration::from_millis(self.max_lease_ms.load(std::sync::atomic::Ordering::Relaxed));
+            self.opts.get_watchdog_lease().max(seen)
+        });
+        q + distlock_core::drift(q)
+    }
+
+    pub(crate) fn note_lease(&self, lease: Duration) {
+        let ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        self.max_lease_ms
+            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn views(&self) -> Vec<View> {
+        let now = Instant::now();
+        self.nodes.iter().map(|n| n.view(now)).collect()
+    }
+
+    async fn connect_node(&self, i: usize) -> Result<Arc<RedisBackend>> {
+        let node = &self.nodes[i];
+        let t = self.opts.get_connect_timeout();
+        let b = tokio::time::timeout(t, RedisBackend::connect(&node.url, &self.opts))
+            .await
+            .map_err(|_| Error::Connection {
+                backend: crate::KIND,
+                endpoint: node.endpoint.clone(),
+                source: format!("no connection within {t:?}").into(),
+            })??;
+        let b = Arc::new(b);
+        // Best effort: they load on demand too.
+        let _ = tokio::time::timeout(t, b.load_quorum_scripts()).await;
+        node.set_backend(b.clone());
+        Ok(b)
+    }
+
+    /// Checks node `i`: its process (a restart means its counters must be seeded again), its
+    /// epoch (missing or stale: the same) and the quarantine the epoch carries, then seeds or
+    /// initialises it if `init` is set.
+    pub(crate) async fn check(&self, i: usize, init: bool) {
+        let node = &self.nodes[i];
+        let gen = node.state().suspect_gen;
+        let backend = match node.backend() {
+            Some(b) => b,
+            None => match self.connect_node(i).await {
+                Ok(b) => b,
+                Err(e) => return node.set_error(e.to_string()),
+            },
+        };
+        let t = self.check_timeout();
+        let (info, epoch) = match tokio::time::timeout(t, backend.node_epoch()).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => return node.set_error(e.to_string()),
+            Err(_) => return node.set_error(format!("no answer within {t:?}")),
+        };
+        let now = Instant::now();
+        let valid = epoch.clone().filter(|e| epoch_valid(e, &info.run_id));
+        let stale = epoch.filter(|_| valid.is_none());
+        let needs_init = {
+            let mut st = node.state();
+            if st.run_id.as_ref().is_some_and(|old| *old != info.run_id) {
+                tracing::warn!(node = %node.endpoint, "redlock node restarted; not counted until re-seeded and out of quarantine");
+                st.epoch = None;
+            }
+            st.run_id = Some(info.run_id.clone());
+            match (st.epoch.clone(), valid.clone()) {
+                (Some(known), Some(v)) if known != v => {
+                    tracing::warn!(node = %node.endpoint, "redlock node lost its data and was re-seeded");
+                    st.epoch = Some(v);
+                }
+                (Some(_), None) => {
+                    tracing::warn!(node = %node.endpoint, "redlock node lost its data; not counted until re-seeded and out of quarantine");
+                    st.epoch = None;
+                }
+                (None, Some(v)) => st.epoch = Some(v),
+                _ => {}
+            }
+            // The node's own record decides (whoever seeded it set it, by its clock).
+            st.quarantine_until = st
+                .epoch
+                .as_deref()
+                .and_then(|e| quarantine_left(e, info.now_ms))
+                .map(|left| now + left);
+            st.reachable = true;
+            if st.epoch.is_some() {
+                st.last_error = None;
+            }
+            if st.suspect_gen == gen {
+                st.suspect = None;
+            }
+            st.epoch.is_none()
+        };
+        if let Some(s) = stale {
+            // Made for an earlier process of this node: its counters may be older than what
+            // that process confirmed. Remove it so every client stops counting the node.
+            let _ = tokio::time::timeout(t, backend.drop_epoch(&s)).await;
+        }
+        if needs_init && init {
+            self.init_node(i, &info).await;
+        }
+    }
+
+    /// A fresh look at every node: its connection, process, and whether its counters are
+    /// complete (a valid epoch). `None` for nodes that cannot be reached now.
+    async fn look(&self) -> Vec<Option<(Arc<RedisBackend>, ServerInfo, bool)>> {
+        let t = self.check_timeout();
+        join_all(self.nodes.iter().map(|n| async move {
+            let b = n.backend()?;
+            let (info, e) = tokio::time::timeout(t, b.node_epoch()).await.ok()?.ok()?;
+            let ok = e.is_some_and(|e| epoch_valid(&e, &info.run_id));
+            Some((b, info, ok))
+        }))
+        .await
+    }
+
+    /// At connect, once every node was checked: a new cluster (no node has complete counters
+    /// and fewer than a majority could) is initialised as a whole, so none of its nodes waits
+    /// in quarantine for nothing; nodes still without complete counters are then seeded (or
+    /// initialised from the complete ones, see [`Health::init_node`]).
+    ///
+    /// A node of a new cluster is quarantined only until its process is the quarantine old:
+    /// if the whole cluster just restarted without its data, leases granted before may still
+    /// run until then (Redlock's delayed restart); a cluster that has been up that long has
+    /// none.
+    pub(crate) async fn initialize(&self) {
+        join_all((0..self.nodes.len()).map(|i| self.check(i, false))).await;
+        let looks = self.look().await;
+        let complete = looks.iter().flatten().filter(|l| l.2).count();
+        let unreachable = looks.iter().filter(|l| l.is_none()).count();
+        if complete == 0 && unreachable < self.q() {
+            join_all(looks.iter().enumerate().filter_map(|(i, l)| {
+                let (b, info, ok) = l.as_ref()?;
+                (!ok).then(|| self.adopt_new_epoch(i, b, info, self.fresh_quarantine(info)))
+            }))
+            .await;
+        }
+        join_all(looks.iter().enumerate().filter_map(|(i, l)| {
+            let (_, info, _) = l.as_ref()?;
+            self.nodes[i]
+                .state()
+                .epoch
+                .is_none()
+                .then(|| self.init_node(i, info))
+        }))
+        .await;
+    }
+
+    /// Gives node `i` (reachable, without a valid epoch) complete counters: seeds them from a
+    /// majority of other nodes whose counters are complete, or, if fewer than a majority of
+    /// nodes can have complete counters (a new cluster), declares them complete.
+    pub(crate) async fn init_node(&self, i: usize, info: &ServerInfo) {
+        let node = &self.nodes[i];
+        let _one = node.init.lock().await;
+        if node.state().epoch.is_some() {
+            return;
+        }
+        let looks = self.look().await;
+        let Some((me, _, done)) = looks[i].clone() else {
+            return;
+        };
+        if done {
+            // Someone else just did it; the next check adopts it.
+            node.check_now.notify_one();
+            return;
+        }
+        let sources: Vec<Arc<RedisBackend>> = looks
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .filter_map(|(_, l)| l.as_ref().filter(|l| l.2).map(|l| l.0.clone()))
+            .collect();
+        let unreachable = looks.iter().filter(|l| l.is_none()).count();
+        let q = self.q();
+        let quarantine = if sources.len() >= q {
+            match self.seed(&me, &sources, q).await {
+                Ok((n, horizon)) => {
+                    let quarantine = self.lost_data_quarantine(horizon);
+                    tracing::info!(node = %node.endpoint, counters = n, ?quarantine, "redlock node seeded from a majority; quarantined");
+                    quarantine
+                }
+                Err(e) => {
+                    node.state().last_error = Some(format!("seeding failed: {e}"));
+                    return;
+                }
+            }
+        } else if sources.len() + unreachable < q {
+            // Fewer than a majority of nodes can have complete counters: no grant was ever
+            // confirmed by a majority (a new cluster, or one whose start was interrupted), or a
+            // majority lost its data, which no scheme survives. Start from whatever the
+            // complete nodes have (nothing, in a new cluster).
+            if sources.is_empty() {
+                self.fresh_quarantine(info)
+            } else {
+                match self.seed(&me, &sources, sources.len()).await {
+                    Ok((_, horizon)) => self.lost_data_quarantine(horizon),
+                    Err(e) => {
+                        node.state().last_error = Some(format!("seeding failed: {e}"));
+                        return;
+                    }
+                }
+            }
+        } else {
+            node.state().last_error = Some(format!(
+                "{} of the other nodes have complete counters, {q} needed to seed this one; {unreachable} unreachable",
+                sources.len()
+            ));
+            return;
+        };
+        self.adopt_new_epoch(i, &me, info, quarantine).await;
+    }
+
+    /// The quarantine of a node of a new cluster: until its process is the quarantine old.
+    fn fresh_quarantine(&self, info: &ServerInfo) -> Duration {
+        self.quarantine_len().saturating_sub(info.uptime)
+    }
+
+    /// The quarantine of a node that lost its data (at some time before now): locks it had may
+    /// still be held elsewhere, for as long as the longest lease in use — this client's, or a
+    /// longer one another client asked the sources for (their lease horizon), plus the drift
+    /// allowance.
+    fn lost_data_quarantine(&self, horizon: Option<Duration>) -> Duration {
+        let h = horizon.map_or(Duration::ZERO, |h| h + distlock_core::drift(h));
+        self.quarantine_len().max(h)
+    }
+
+    /// Creates node `i`'s epoch (if its process is still `info.run_id`), carrying a quarantine
+    /// of `quarantine` from now by the node's clock, and trusts it. If another client created
+    /// one first, that one (and its quarantine) is adopted.
+    async fn adopt_new_epoch(
+        &self,
+        i: usize,
+        me: &RedisBackend,
+        info: &ServerInfo,
+        quarantine: Duration,
+    ) {
+        let node = &self.nodes[i];
+        let t = self.check_timeout();
+        let created = tokio::time::timeout(
+            t,
+            me.create_epoch(&new_epoch_prefix(), &info.run_id, quarantine),
+        )
+        .await;
+        let (epoch, node_now) = match created {
+            Ok(Ok(Ok((e, node_now)))) if epoch_valid(&e, &info.run_id) => (e, node_now),
+            Ok(Ok(_)) => {
+                // The process changed under us: the next check starts over.
+                node.check_now.notify_one();
+                return;
+            }
+            Ok(Err(e)) => return node.set_error(e.to_string()),
+            Err(_) => return node.set_error(format!("no answer within {t:?}")),
+        };
+        let mut st = node.state();
+        if st.run_id.as_deref() == Some(info.run_id.as_str()) {
+            // From the node's clock at the creation: if anything, the estimate ends late.
+            st.quarantine_until =
+                quarantine_left(&epoch, node_now).map(|left| Instant::now() + left);
+            st.epoch = Some(epoch);
+            st.last_error = None;
+        }
+    }
+
+    /// Raises `me`'s counters to the largest value any of `sources` has; at least `need` of
+    /// them must list their counters (and their lease horizons). Returns how many counters
+    /// there were and the longest horizon (how long a lease granted through the sources may
+    /// still run).
+    async fn seed(
+        &self,
+        me: &RedisBackend,
+        sources: &[Arc<RedisBackend>],
+        need: usize,
+    ) -> Result<(usize, Option<Duration>)> {
+        let t = self.seed_timeout();
+        let lists = join_all(sources.iter().map(|s| async move {
+            tokio::time::timeout(t, async {
+                // The horizon first: read before the counters, it is if anything longer
+                // than needed by the time the quarantine starts.
+                let h = s.lease_horizon().await?;
+                Ok::<_, Error>((h, s.fence_counters().await?))
+            })
+            .await
+        }))
+        .await;
+        let mut max: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+        let mut horizon: Option<Duration> = None;
+        let mut ok = 0;
+        let mut last_err = None;
+        for l in lists {
+            match l {
+                Ok(Ok((h, list))) => {
+                    ok += 1;
+                    horizon = horizon.max(h);
+                    for (name, v) in list {
+                        let e = max.entry(name).or_default();
+                        *e = (*e).max(v);
+                    }
+                }
+                Ok(Err(e)) => last_err = Some(e.to_string()),
+                Err(_) => last_err = Some(format!("no answer within {t:?}")),
+            }
+        }
+        if ok < need {
+            return Err(Error::Connection {
+                backend: crate::KIND,
+                endpoint: String::new(),
+                source: format!(
+                    "only {ok} nodes listed their counters, {need} needed{}",
+                    last_err.map(|e| format!(": {e}")).unwrap_or_default()
+                )
+                .into(),
+            });
+        }
+        let counters: Vec<(String, u64)> = max.into_iter().collect();
+        tokio::time::timeout(t, me.seed_fences(&counters))
+            .await
+            .map_err(|_| Error::Connection {
+                backend: crate::KIND,
+                endpoint: String::new(),
+                source: format!("seeding took longer than {t:?}").into(),
+            })??;
+        Ok((counters.len(), horizon))
+    }
+}
+
+/// The per-node check loop; ends when `stop` fires (when the backend is dropped).
+pub(crate) async fn node_task(h: Arc<Health>, i: usize, stop: CancellationToken) {
+    let interval = h.cfg.check_interval;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = h.check(i, true) => {}
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(MIN_CHECK_GAP) => {}
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval.saturating_sub(MIN_CHECK_GAP)) => {}
+            _ = h.nodes[i].check_now.notified() => {}
+        }
+    }
+}

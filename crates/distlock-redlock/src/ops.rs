@@ -1,0 +1,454 @@
+//! Operator commands: `dlock list`, `dlock release --force`, `dlock doctor`.
+//!
+//! Every command asks each node on its own (a node's layout of a Redlock mutex — `NS:{NAME}`
+//! hash `attempt`, `token`, `owner` and `NS:{NAME}:fence` — is the single-server mutex's, so
+//! distlock-redis's SCAN and forced-release script work per node) and merges the answers the way
+//! the lock itself does: a holder is an attempt a majority of nodes has. Where fewer than all
+//! nodes agree, the owner string says so (`OWNER (on k of N nodes)`), so an operator sees a
+//! half-applied grant or release instead of a clean answer that hides it.
+
+use crate::node::epoch_quarantine_end;
+use crate::{check_kind, Shared, KIND};
+use distlock_core::{
+    Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Result,
+    Severity,
+};
+use distlock_redis::{NodeHold, RedisBackend};
+use futures_util::future::join_all;
+use futures_util::stream::{self, StreamExt, TryStreamExt};
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Locks inspected at once by `list` (each is one round trip per node).
+const LIST_CONCURRENCY: usize = 16;
+
+/// One node's answer, or why there is none (`host:port: …`).
+type NodeAnswer<T> = std::result::Result<T, String>;
+
+/// Runs `op` on every connected node in parallel, each bounded by `t`, in node order.
+async fn per_node<T, F, Fut>(s: &Shared, t: Duration, op: F) -> Vec<NodeAnswer<T>>
+where
+    F: Fn(Arc<RedisBackend>) -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    per_node_of(s, t, &vec![true; s.n()], op).await
+}
+
+/// [`per_node`] on the nodes `which` selects; the others answer `Err("")` at once.
+async fn per_node_of<T, F, Fut>(
+    s: &Shared,
+    t: Duration,
+    which: &[bool],
+    op: F,
+) -> Vec<NodeAnswer<T>>
+where
+    F: Fn(Arc<RedisBackend>) -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    join_all(s.health.nodes.iter().zip(which).map(|(node, &on)| {
+        let call = node.backend().filter(|_| on).map(&op);
+        async move {
+            let ep = &node.endpoint;
+            if !on {
+                return Err(String::new());
+            }
+            let Some(call) = call else {
+                return Err(format!("{ep}: not connected"));
+            };
+            match tokio::time::timeout(t, call).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(format!("{ep}: {e}")),
+                Err(_) => Err(format!("{ep}: no answer within {t:?}")),
+            }
+        }
+    }))
+    .await
+}
+
+/// The answers that came, and the problems of the nodes that did not answer.
+fn split<T>(answers: Vec<NodeAnswer<T>>) -> (Vec<T>, Vec<String>) {
+    let mut ok = Vec::new();
+    let mut problems = Vec::new();
+    for a in answers {
+        match a {
+            Ok(v) => ok.push(v),
+            Err(p) => problems.push(p),
+        }
+    }
+    (ok, problems)
+}
+
+/// `owner`, or `owner (on k of n nodes)` when not every node agrees.
+fn agreement(owner: &str, k: usize, n: usize) -> String {
+    if k == n {
+        owner.to_owned()
+    } else {
+        format!("{owner} (on {k} of {n} nodes)")
+    }
+}
+
+/// The lease a majority still has: the `q`-th longest of the nodes' leases (`None`, no
+/// expiry, counts as the longest), or `None` when fewer than `q` nodes have the hold.
+fn majority_lease(mut leases: Vec<Option<Duration>>, q: usize) -> Option<Duration> {
+    leases.sort_by_key(|l| std::cmp::Reverse((l.is_none(), *l)));
+    leases.get(q.checked_sub(1)?).copied().flatten()
+}
+
+/// One view of a lock from the nodes' holds (`n` nodes, majority `q`): holders are the
+/// attempts a majority has, each with its agreement; the token is the one a majority of those
+/// nodes stored with the hold, else (a free lock, or a hold whose token did not reach a
+/// majority) the largest counter — an upper bound of the last token handed out.
+fn merge(name: &str, views: &[(Option<NodeHold>, u64)], n: usize, q: usize) -> LockInfo {
+    let mut by_attempt: BTreeMap<&str, Vec<&NodeHold>> = BTreeMap::new();
+    for h in views.iter().filter_map(|(h, _)| h.as_ref()) {
+        // Foreign data (no attempt) is no holder of ours.
+        if !h.attempt.is_empty() {
+            by_attempt.entry(&h.attempt).or_default().push(h);
+        }
+    }
+    let mut token = None;
+    let mut holders = Vec::new();
+    for hs in by_attempt.values().filter(|hs| hs.len() >= q) {
+        let mut tokens: BTreeMap<u64, usize> = BTreeMap::new();
+        for t in hs.iter().filter_map(|h| h.token) {
+            *tokens.entry(t).or_default() += 1;
+        }
+        token = tokens.into_iter().find(|(_, k)| *k >= q).map(|(t, _)| t);
+        holders.push(HolderInfo {
+            owner: agreement(&hs[0].owner, hs.len(), n),
+            count: 1,
+            lease_left: majority_lease(hs.iter().map(|h| h.lease_left).collect(), q),
+            side: None,
+        });
+    }
+    LockInfo {
+        name: name.to_owned(),
+        holders,
+        fencing_token: token.unwrap_or_else(|| views.iter().map(|v| v.1).max().unwrap_or(0)),
+        // Redlock keeps no server-side queue: waiters poll and watch.
+        waiters: None,
+        permits: None,
+    }
+}
+
+pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
+    let (n, q) = (s.n(), s.q());
+    // A SCAN of a large namespace takes more than one call's time.
+    let scan_t = s.health.opts.get_op_timeout() * 10;
+    let (lists, problems) = split(
+        per_node(
+            s,
+            scan_t,
+            |b| async move { Backend::list(&*b, prefix).await },
+        )
+        .await,
+    );
+    if lists.len() < q {
+        return Err(s.no_quorum(lists.len(), &problems));
+    }
+    // Only mutexes are Redlock's; another kind's keys (a redis:// client sharing the
+    // namespace) are not listed here.
+    let names: BTreeSet<String> = lists
+        .into_iter()
+        .flatten()
+        .filter(|l| l.kind == LockKind::Mutex)
+        .map(|l| l.info.name)
+        .collect();
+    let t = s.call_timeout();
+    stream::iter(names)
+        .map(|name| async move {
+            let name = &name;
+            let (views, problems) =
+                split(per_node(s, t, |b| async move { b.quorum_hold(name).await }).await);
+            if views.len() < q {
+                return Err(s.no_quorum(views.len(), &problems));
+            }
+            Ok(ListedLock::new(LockKind::Mutex, merge(name, &views, n, q)))
+        })
+        .buffered(LIST_CONCURRENCY)
+        .try_collect()
+        .await
+}
+
+pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Result<ForceReleased> {
+    check_kind(kind)?;
+    let (n, q) = (s.n(), s.q());
+    let t = s.call_timeout();
+    // Every reachable node, quarantined or not: a hold left on any node could make a
+    // majority with the others later. Per node, distlock-redis's script removes the hold and
+    // advances the node's counter past its own tokens in one atomic step.
+    let removed = per_node(s, t, |b| async move {
+        Backend::force_release(&*b, name, LockKind::Mutex).await
+    })
+    .await;
+    // Then past every token seen: a node that missed the grant's raise has a lower counter
+    // than the token a majority agreed on, and must not hand out a token below it.
+    let top = removed
+        .iter()
+        .flatten()
+        .map(|r| r.fencing_token)
+        .max()
+        .unwrap_or(0);
+    // Only where the removal was done: a node that did not answer it is not waited for twice.
+    let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
+    let raised = per_node_of(s, t, &reached, |b| async move {
+        b.seed_fences(&[(name.to_owned(), top)]).await
+    })
+    .await;
+    let mut holds: BTreeMap<String, Vec<Option<Duration>>> = BTreeMap::new();
+    let mut done = 0;
+    let mut problems = Vec::new();
+    for (r, x) in removed.into_iter().zip(raised) {
+        match (r, x) {
+            (Ok(r), Ok(_)) => {
+                done += 1;
+                for h in r.removed {
+                    holds.entry(h.owner).or_default().push(h.lease_left);
+                }
+            }
+            (Err(p), _) | (_, Err(p)) => problems.push(p),
+        }
+    }
+    if done < q {
+        return Err(Error::Connection {
+            backend: KIND,
+            endpoint: s.endpoint.clone(),
+            source: format!(
+                "forced release of `{name}` done on only {done} of {n} nodes (need {q}): {}; the holds removed there stay removed, run it again when a majority answers",
+                problems.join("; ")
+            )
+            .into(),
+        });
+    }
+    if !problems.is_empty() {
+        // A minority kept its hold: the old holder cannot renew on a majority any more, and
+        // the hold there expires with its lease.
+        tracing::warn!(
+            name,
+            unreached = %problems.join("; "),
+            "forced release done on {done} of {n} redlock nodes"
+        );
+    }
+    let removed = holds
+        .into_iter()
+        .map(|(owner, leases)| HolderInfo {
+            owner: agreement(&owner, leases.len(), n),
+            count: 1,
+            lease_left: majority_lease(leases, q),
+            side: None,
+        })
+        .collect();
+    Ok(ForceReleased::new(removed, top))
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// One node's clock reading: its offset from the local clock and how uncertain it is (half
+/// the round trip, plus the millisecond resolution on both sides), in ms.
+struct Clock {
+    offset_ms: i64,
+    error_ms: i64,
+}
+
+/// The finding for the nodes' clock spread (`readings`: endpoint and clock), against the drift
+/// margin of the watchdog lease.
+fn clock_spread(readings: &[(&str, Clock)], lease: Duration) -> Finding {
+    let margin = distlock_core::drift(lease);
+    let margin_ms = i64::try_from(margin.as_millis()).unwrap_or(i64::MAX);
+    let (Some(lo), Some(hi)) = (
+        readings.iter().min_by_key(|r| r.1.offset_ms),
+        readings.iter().max_by_key(|r| r.1.offset_ms),
+    ) else {
+        return Finding::new(Severity::Warning, "clock spread", "no node answered TIME");
+    };
+    let spread = hi.1.offset_ms - lo.1.offset_ms;
+    // What the measurement itself cannot tell apart from a real spread.
+    let sure = spread - hi.1.error_ms - lo.1.error_ms;
+    if sure > margin_ms {
+        Finding::new(
+            Severity::Warning,
+            "clock spread",
+            format!(
+                "the node clocks are {spread} ms apart ({} is {} ms and {} is {} ms off the local clock), more than the {margin:?} drift margin of the {lease:?} watchdog lease: Redlock's safety assumes the nodes' clocks run at about the same rate, and nodes whose clocks are set apart like this are likely to drift or jump (each node's lease expiry and restart quarantine run on its own clock); run NTP (chrony) on every node and slew, never step, the clocks",
+                hi.0, hi.1.offset_ms, lo.0, lo.1.offset_ms
+            ),
+        )
+    } else {
+        Finding::new(
+            Severity::Ok,
+            "clock spread",
+            format!(
+                "the node clocks are within {spread} ms of each other (drift margin {margin:?} of the {lease:?} watchdog lease)"
+            ),
+        )
+    }
+}
+
+/// The finding for a node's quarantine, from its epoch (`None`: none) and its process.
+fn quarantine(ep: &str, epoch: Option<&str>, run_id: &str, node_now_ms: u64) -> Finding {
+    let check = format!("{ep} quarantine");
+    match epoch {
+        None => Finding::new(
+            Severity::Warning,
+            check,
+            "no node epoch: this node's fencing counters are not known to be complete (a new node, or it lost its data), so its votes do not count until a client seeds it (every client does at connect and in its node checks); if it stays this way, check that a majority of the other nodes is reachable from the clients",
+        ),
+        Some(e) if e.rsplit_once(':').is_none_or(|(_, r)| r != run_id) => Finding::new(
+            Severity::Warning,
+            check,
+            "the node epoch was made for an earlier process of this node (it restarted): its votes do not count until a client re-seeds it; if it keeps restarting, find out why (OOM killer, supervisor)",
+        ),
+        Some(e) => match epoch_quarantine_end(e).checked_sub(node_now_ms) {
+            Some(left) if left > 0 => Finding::new(
+                Severity::Warning,
+                check,
+                format!(
+                    "in restart quarantine for {:?} more by its own clock (it lost its data; leases granted before may still run): its votes do not count until then, so the cluster tolerates one failure less meanwhile",
+                    Duration::from_millis(left)
+                ),
+            ),
+            _ => Finding::new(
+                Severity::Ok,
+                check,
+                "counters complete, not in restart quarantine",
+            ),
+        },
+    }
+}
+
+pub(crate) async fn diagnose(s: &Shared) -> Result<Vec<Finding>> {
+    let (n, q) = (s.n(), s.q());
+    let t = s.health.opts.get_op_timeout();
+    let mut out = Vec::new();
+    out.push(if n < 3 {
+        Finding::new(
+            Severity::Warning,
+            "nodes",
+            format!("{n} nodes, majority {q}: no fault tolerance (one node down stops every lock); use 3 or 5 independent nodes"),
+        )
+    } else if n % 2 == 0 {
+        Finding::new(
+            Severity::Warning,
+            "nodes",
+            format!("{n} nodes, majority {q}: tolerates {} down like {} nodes would, with one more to fail; use an odd number", n - q, n - 1),
+        )
+    } else {
+        Finding::new(
+            Severity::Ok,
+            "nodes",
+            format!("{n} nodes, majority {q}: tolerates {} down", n - q),
+        )
+    });
+    let answers = per_node(s, t, |b| async move {
+        let findings = Backend::diagnose(&*b).await?;
+        let sent = SystemTime::now();
+        let (info, epoch) = b.node_epoch().await?;
+        let back = SystemTime::now();
+        let (sent, back) = (unix_ms(sent), unix_ms(back));
+        let clock = Clock {
+            offset_ms: i64::try_from(info.now_ms).unwrap_or(i64::MAX) - (sent + back) / 2,
+            error_ms: (back - sent) / 2 + 2,
+        };
+        Ok((findings, info, epoch, clock))
+    })
+    .await;
+    let mut readings = Vec::new();
+    for (node, a) in s.health.nodes.iter().zip(answers) {
+        let ep = node.endpoint.as_str();
+        match a {
+            Ok((findings, info, epoch, clock)) => {
+                out.extend(findings.into_iter().map(|f| {
+                    Finding::new(f.severity, format!("{ep} {}", f.check), f.message)
+                }));
+                out.push(quarantine(ep, epoch.as_deref(), &info.run_id, info.now_ms));
+                readings.push((ep, clock));
+            }
+            Err(p) => out.push(Finding::new(
+                Severity::Warning,
+                format!("{ep} reachable"),
+                format!("{p}: this node counts toward no majority now, so the cluster tolerates one failure less; bring it back (its quarantine then keeps it out until leases granted without it ran out)"),
+            )),
+        }
+    }
+    if readings.len() < q {
+        out.push(Finding::new(
+            Severity::Warning,
+            "majority",
+            format!(
+                "only {} of {n} nodes answered (need {q}): no lock can be granted now",
+                readings.len()
+            ),
+        ));
+    }
+    out.push(clock_spread(&readings, s.health.opts.get_watchdog_lease()));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(attempt: &str, owner: &str, token: u64, ms: u64) -> Option<NodeHold> {
+        Some(NodeHold {
+            attempt: attempt.into(),
+            owner: owner.into(),
+            token: Some(token),
+            lease_left: Some(Duration::from_millis(ms)),
+        })
+    }
+
+    #[test]
+    fn merged_views_count_agreement() {
+        let views = [
+            (hold("a1", "x", 7, 900), 7),
+            (hold("a1", "x", 7, 500), 7),
+            (hold("a1", "x", 5, 800), 9),
+        ];
+        let m = merge("n", &views, 3, 2);
+        assert_eq!(m.holders.len(), 1);
+        assert_eq!(m.holders[0].owner, "x");
+        assert_eq!(m.holders[0].lease_left, Some(Duration::from_millis(800)));
+        // The majority's token, not the largest counter.
+        assert_eq!(m.fencing_token, 7);
+        let m = merge("n", &views[1..], 3, 2);
+        assert_eq!(m.holders[0].owner, "x (on 2 of 3 nodes)");
+        // No majority agrees on a token: the largest counter.
+        assert_eq!(m.fencing_token, 9);
+        // A minority hold is no holder.
+        let views = [(hold("a1", "x", 7, 900), 7), (None, 3), (None, 4)];
+        let m = merge("n", &views, 3, 2);
+        assert!(!m.held());
+        assert_eq!(m.fencing_token, 7);
+    }
+
+    #[test]
+    fn spread_allows_for_measurement_error() {
+        let c = |offset_ms, error_ms| Clock {
+            offset_ms,
+            error_ms,
+        };
+        let lease = Duration::from_secs(1); // margin 12 ms
+        let f = clock_spread(&[("a", c(0, 2)), ("b", c(30, 20))], lease);
+        assert_eq!(f.severity, Severity::Ok, "{}", f.message);
+        let f = clock_spread(&[("a", c(0, 2)), ("b", c(300, 2))], lease);
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(f.message.contains("300 ms"), "{}", f.message);
+    }
+
+    #[test]
+    fn quarantine_from_the_epoch() {
+        let f = quarantine("n1", Some("ab:5000:run1"), "run1", 4000);
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(f.message.contains("1s"), "{}", f.message);
+        let f = quarantine("n1", Some("ab:5000:run1"), "run1", 6000);
+        assert_eq!(f.severity, Severity::Ok);
+        let f = quarantine("n1", Some("ab:5000:run0"), "run1", 6000);
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(quarantine("n1", None, "r", 0).severity, Severity::Warning);
+    }
+}

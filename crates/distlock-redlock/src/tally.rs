@@ -1,0 +1,509 @@
+//! The quorum and token arithmetic, free of I/O (unit-tested below).
+//!
+//! `n` nodes, majority `q = n/2 + 1`. A node *counts* when this client trusts it right now
+//! (reachable, its counters seeded, out of restart quarantine) and it answered in time; the
+//! answers of other nodes are still used to give grants back, never to decide.
+
+use distlock_core::{ReleaseOutcome, RenewOutcome};
+use distlock_redis::QuorumReply;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Majority of `n` nodes.
+pub fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// Validity left of a grant whose attempt started `elapsed` ago (Redlock's rule): the lease,
+/// minus the time spent, minus the clock-drift allowance (1% + 2 ms). `None` if none is left.
+pub fn validity(lease: Duration, elapsed: Duration) -> Option<Duration> {
+    lease
+        .checked_sub(elapsed)?
+        .checked_sub(distlock_core::drift(lease))
+        .filter(|v| !v.is_zero())
+}
+
+/// One node's part in an acquisition attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ballot {
+    /// What the node answered (`None`: no answer, an error, not asked, or an epoch mismatch).
+    pub reply: Option<QuorumReply>,
+    /// The answer counts toward a majority.
+    pub counted: bool,
+    /// No answer, but the request may have run on the node (timeout, broken connection).
+    pub maybe_granted: bool,
+}
+
+impl Ballot {
+    fn counted_reply(&self) -> Option<QuorumReply> {
+        self.reply.filter(|_| self.counted)
+    }
+
+    /// The node holds the lock for this attempt after its vote (as far as we know).
+    pub fn granted(&self) -> bool {
+        matches!(
+            self.reply,
+            Some(QuorumReply::Granted { .. } | QuorumReply::Holds { .. })
+        )
+    }
+}
+
+/// What an acquisition attempt amounts to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The attempt already holds the lock on a majority with one token: its grant stands (a
+    /// retry after a lost reply); the same token again.
+    Again {
+        /// The grant's token.
+        token: u64,
+    },
+    /// A majority voted for the attempt: a grant with this token, once a majority confirms it.
+    Fresh {
+        /// The token, larger than every token handed out before.
+        token: u64,
+    },
+    /// Another attempt holds it on enough nodes that no majority is free; try again after `ttl`.
+    Held {
+        /// When enough of its nodes expire for a majority to be free, if they expire.
+        ttl: Option<Duration>,
+    },
+    /// Nobody has a majority (several attempts split the nodes): retry after a random delay.
+    Split,
+    /// Fewer than a majority of nodes answered and count.
+    NoQuorum {
+        /// Nodes that answered and count.
+        answered: usize,
+    },
+}
+
+/// The most frequent value (the larger one on a tie), with its frequency.
+pub(crate) fn plurality<T: Copy + Ord + std::hash::Hash>(
+    vals: impl Iterator<Item = T>,
+) -> Option<(T, usize)> {
+    let mut freq: HashMap<T, usize> = HashMap::new();
+    for v in vals {
+        *freq.entry(v).or_default() += 1;
+    }
+    freq.into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)))
+}
+
+/// The token this attempt's holds store on most counted nodes, and on how many.
+fn held_token(ballots: &[Ballot]) -> Option<(u64, usize)> {
+    plurality(
+        ballots
+            .iter()
+            .filter_map(Ballot::counted_reply)
+            .filter_map(|r| match r {
+                QuorumReply::Holds { token, .. } => Some(token),
+                _ => None,
+            }),
+    )
+}
+
+/// Decides an attempt.
+pub fn decide(ballots: &[Ballot]) -> Decision {
+    let n = ballots.len();
+    let q = quorum(n);
+    let counted: Vec<QuorumReply> = ballots.iter().filter_map(Ballot::counted_reply).collect();
+    if let Some((token, nodes)) = held_token(ballots) {
+        if nodes >= q {
+            // Two majorities intersect, so at most one token can be on a majority.
+            return Decision::Again { token };
+        }
+    }
+    let mut ours = 0;
+    let mut token = 0;
+    for r in &counted {
+        match *r {
+            // A node that incremented its counter is above every token it ever confirmed.
+            QuorumReply::Granted { counter } => {
+                ours += 1;
+                token = token.max(counter);
+            }
+            // One that only kept this attempt's hold (left by an earlier round whose outcome
+            // was not a grant) is at or above them: one more keeps the token above them.
+            QuorumReply::Holds { counter, .. } => {
+                ours += 1;
+                token = token.max(counter + 1);
+            }
+            _ => {}
+        }
+    }
+    if ours >= q {
+        return Decision::Fresh {
+            token: token.max(1),
+        };
+    }
+    if counted.len() < q {
+        return Decision::NoQuorum {
+            answered: counted.len(),
+        };
+    }
+    // A majority is free once at most n - q nodes are still held.
+    let mut held: Vec<Option<Duration>> = counted
+        .iter()
+        .filter_map(|r| match *r {
+            QuorumReply::Held { ttl, .. } => Some(ttl),
+            _ => None,
+        })
+        .collect();
+    let must_expire = held.len().saturating_sub(n - q);
+    if must_expire == 0 {
+        return Decision::Split;
+    }
+    // None (no expiry) sorts last.
+    held.sort_by_key(|t| (t.is_none(), *t));
+    Decision::Held {
+        ttl: held.get(must_expire - 1).copied().flatten(),
+    }
+}
+
+/// True when the votes in so far fix the outcome whatever the `pending` votes still out say:
+/// the attempt's grant stands on a majority, or a majority voted for it and the votes out
+/// cannot turn it into "the grant stands" (which would keep the token of a retried grant), or
+/// so many nodes are held by others that no majority can be free. Votes still out are then
+/// not waited for.
+pub fn settled(ballots: &[Ballot], pending: usize) -> bool {
+    let n = ballots.len();
+    let q = quorum(n);
+    let count = |f: fn(&QuorumReply) -> bool| {
+        ballots
+            .iter()
+            .filter_map(Ballot::counted_reply)
+            .filter(f)
+            .count()
+    };
+    let same = held_token(ballots).map_or(0, |(_, k)| k);
+    let ours = count(|r| matches!(r, QuorumReply::Granted { .. } | QuorumReply::Holds { .. }));
+    same >= q
+        || (ours >= q && same + pending < q)
+        || count(|r| matches!(r, QuorumReply::Held { .. })) > n - q
+}
+
+/// For a grant with `token`: the nodes whose vote was for this attempt but whose counter or
+/// stored token is not `token` yet, to raise.
+pub fn raises(ballots: &[Ballot], token: u64) -> Vec<usize> {
+    ballots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| match b.reply {
+            Some(QuorumReply::Granted { counter }) if counter != token => Some(i),
+            Some(QuorumReply::Holds { token: t, .. }) if t != token => Some(i),
+            _ => None,
+        })
+        .collect()
+}
+
+/// How many counted nodes now hold the lock for this attempt with `token` stored with the
+/// hold (and so a fencing counter of at least `token`): nodes at `token` already, or raised to
+/// it (`raised[i] == Some(true)`). A grant needs a majority of them: the hold is then on a
+/// majority under the grant's address (what renewals and the release name), and every later
+/// majority meets a counter at least `token`, so later tokens are larger.
+pub fn confirmations(ballots: &[Ballot], token: u64, raised: &[Option<bool>]) -> usize {
+    ballots
+        .iter()
+        .enumerate()
+        .filter(|(i, b)| {
+            let raised_ok = raised.get(*i).copied().flatten();
+            match b.counted_reply() {
+                Some(QuorumReply::Granted { counter }) => raised_ok.unwrap_or(counter == token),
+                Some(QuorumReply::Holds { token: t, .. }) => raised_ok.unwrap_or(t == token),
+                _ => false,
+            }
+        })
+        .count()
+}
+
+/// Combines the nodes' release outcomes (`None`: no answer). `Err(answered)` when neither a
+/// majority answered nor a majority released.
+pub fn release_outcome(outs: &[Option<ReleaseOutcome>]) -> Result<ReleaseOutcome, usize> {
+    let q = quorum(outs.len());
+    let answered: Vec<ReleaseOutcome> = outs.iter().flatten().copied().collect();
+    let count = |o: ReleaseOutcome| answered.iter().filter(|a| **a == o).count();
+    if count(ReleaseOutcome::Released) >= q {
+        return Ok(ReleaseOutcome::Released);
+    }
+    if answered.len() < q {
+        return Err(answered.len());
+    }
+    let taken = count(ReleaseOutcome::TakenByOther);
+    let expired = count(ReleaseOutcome::Expired);
+    // Released on fewer than a majority: the grant was no longer held by a majority (its
+    // lease had run out on the others), so as a lock it had expired.
+    Ok(if taken > 0 && taken >= expired {
+        ReleaseOutcome::TakenByOther
+    } else {
+        ReleaseOutcome::Expired
+    })
+}
+
+/// Combines the nodes' renewals of `holds` holds. Per node: whether it counts, and its
+/// outcomes (`None`: no answer). Per hold: `Renewed` when a majority of counting nodes
+/// renewed it, `NotHeld` when so many nodes no longer have it that a majority never can,
+/// `None` (undecided) otherwise.
+pub fn renew_outcomes(
+    per_node: &[(bool, Option<Vec<RenewOutcome>>)],
+    holds: usize,
+) -> Vec<Option<RenewOutcome>> {
+    let n = per_node.len();
+    let q = quorum(n);
+    (0..holds)
+        .map(|h| {
+            let mut renewed = 0;
+            let mut gone = 0;
+            for (counts, outs) in per_node {
+                match outs.as_ref().and_then(|o| o.get(h)) {
+                    Some(RenewOutcome::Renewed) if *counts => renewed += 1,
+                    Some(RenewOutcome::NotHeld) => gone += 1,
+                    _ => {}
+                }
+            }
+            if renewed >= q {
+                Some(RenewOutcome::Renewed)
+            } else if gone > n - q {
+                Some(RenewOutcome::NotHeld)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Minimum number of nodes whose release message wakes a waiter watching `watched` of `n`
+/// nodes: a majority holder's release reaches at least `q - (n - watched)` of them.
+pub fn wake_threshold(n: usize, watched: usize) -> usize {
+    (quorum(n) + watched).saturating_sub(n).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use QuorumReply::*;
+
+    fn b(reply: QuorumReply) -> Ballot {
+        Ballot {
+            reply: Some(reply),
+            counted: true,
+            maybe_granted: false,
+        }
+    }
+    fn none() -> Ballot {
+        Ballot::default()
+    }
+    fn held(counter: u64, ms: u64) -> Ballot {
+        b(Held {
+            counter,
+            ttl: Some(Duration::from_millis(ms)),
+        })
+    }
+    fn holds(counter: u64, token: u64) -> Ballot {
+        b(Holds { counter, token })
+    }
+
+    #[test]
+    fn majority_and_validity() {
+        assert_eq!([1, 2, 3, 4, 5, 6, 7].map(quorum), [1, 2, 2, 3, 3, 4, 4]);
+        let s = Duration::from_secs(1);
+        // 1 s lease, drift 12 ms.
+        assert_eq!(
+            validity(s, Duration::from_millis(100)),
+            Some(Duration::from_millis(888))
+        );
+        assert_eq!(validity(s, Duration::from_millis(988)), None);
+        assert_eq!(validity(s, Duration::from_secs(2)), None);
+    }
+
+    #[test]
+    fn fresh_grant_takes_the_largest_counter() {
+        let ballots = [
+            b(Granted { counter: 7 }),
+            b(Granted { counter: 9 }),
+            held(12, 100),
+            none(),
+            b(Granted { counter: 7 }),
+        ];
+        assert_eq!(decide(&ballots), Decision::Fresh { token: 9 });
+        assert_eq!(raises(&ballots, 9), vec![0, 4]);
+        // Before the raise only node 1 has the grant's token; a majority must have it.
+        assert_eq!(confirmations(&ballots, 9, &[]), 1);
+        let raised = [Some(true), None, None, None, Some(false)];
+        assert_eq!(confirmations(&ballots, 9, &raised), 2);
+        let raised = [Some(true), None, None, None, Some(true)];
+        assert_eq!(confirmations(&ballots, 9, &raised), 3);
+    }
+
+    #[test]
+    fn uncounted_answers_do_not_decide() {
+        let mut ballots = [
+            b(Granted { counter: 3 }),
+            b(Granted { counter: 3 }),
+            held(3, 100),
+        ];
+        ballots[1].counted = false;
+        assert_eq!(decide(&ballots), Decision::Split);
+        ballots[2].counted = false;
+        assert_eq!(decide(&ballots), Decision::NoQuorum { answered: 1 });
+        // An uncounted grant still gets raised (and given back on failure).
+        assert!(ballots[1].granted());
+        // Uncounted holds of this attempt do not make its grant stand.
+        let mut ballots = [holds(5, 5), holds(5, 5), b(Granted { counter: 6 })];
+        ballots[1].counted = false;
+        assert_eq!(decide(&ballots), Decision::Fresh { token: 6 });
+    }
+
+    #[test]
+    fn a_retried_grant_keeps_its_token() {
+        // The attempt's grant (token 20) stands on a majority: a retry gets 20 again, and the
+        // node that granted afresh (its hold had run out) and the one whose raise never
+        // arrived (still its own counter, 19) are raised to it.
+        let ballots = [
+            holds(20, 20),
+            holds(21, 20),
+            holds(19, 19),
+            b(Granted { counter: 22 }),
+            holds(20, 20),
+        ];
+        assert_eq!(decide(&ballots), Decision::Again { token: 20 });
+        assert_eq!(raises(&ballots, 20), vec![2, 3]);
+        // The grant stands on only 2 of 5: a fresh grant, above every counter seen (a node
+        // that only kept the hold has not incremented: one more).
+        let ballots = [
+            holds(20, 20),
+            holds(21, 20),
+            b(Granted { counter: 21 }),
+            none(),
+            none(),
+        ];
+        assert_eq!(decide(&ballots), Decision::Fresh { token: 22 });
+        assert_eq!(raises(&ballots, 22), vec![0, 1, 2]);
+        assert_eq!(confirmations(&ballots, 22, &[]), 0);
+        let raised = [Some(true), Some(true), Some(true), None, None];
+        assert_eq!(confirmations(&ballots, 22, &raised), 3);
+    }
+
+    #[test]
+    fn settles_early_only_when_the_rest_cannot_matter() {
+        let pending = Ballot {
+            maybe_granted: true,
+            ..Ballot::default()
+        };
+        let g = b(Granted { counter: 1 });
+        assert!(settled(&[g, g, g, pending, pending], 2));
+        assert!(!settled(&[g, g, pending, pending, pending], 3));
+        assert!(settled(
+            &[held(1, 9), held(1, 9), held(1, 9), pending, pending],
+            2
+        ));
+        assert!(!settled(&[held(1, 9), held(1, 9), g, g, pending], 1));
+        let h = holds(1, 1);
+        // Two holds of the grant and a fresh vote: a third hold would make the grant stand.
+        assert!(!settled(&[h, h, g, pending, pending], 2));
+        // Four for the attempt and one out, which could still make the grant stand.
+        assert!(!settled(&[h, h, g, g, pending], 1));
+        assert!(settled(&[h, h, g, g, g], 0));
+        assert!(settled(&[h, h, h, g, pending], 1));
+    }
+
+    #[test]
+    fn held_waits_for_enough_expiries() {
+        // 5 nodes held with various ttls: 3 must expire, so the third smallest.
+        let ballots = [
+            held(1, 500),
+            held(1, 100),
+            held(1, 300),
+            held(1, 400),
+            b(Held {
+                counter: 1,
+                ttl: None,
+            }),
+        ];
+        assert_eq!(
+            decide(&ballots),
+            Decision::Held {
+                ttl: Some(Duration::from_millis(400))
+            }
+        );
+        // 2 held, 1 free of 3: one held node must expire.
+        let ballots = [held(1, 500), held(1, 100), b(Granted { counter: 2 })];
+        assert_eq!(
+            decide(&ballots),
+            Decision::Held {
+                ttl: Some(Duration::from_millis(100))
+            }
+        );
+        // Two holders with two nodes each and one node ours: nobody has a majority.
+        let ballots = [
+            held(1, 500),
+            held(1, 100),
+            held(1, 500),
+            held(1, 100),
+            b(Granted { counter: 2 }),
+        ];
+        assert_eq!(
+            decide(&ballots),
+            Decision::Held {
+                ttl: Some(Duration::from_millis(100))
+            }
+        );
+        let ballots = [
+            held(1, 500),
+            held(1, 100),
+            b(Granted { counter: 2 }),
+            b(Granted { counter: 2 }),
+            none(),
+        ];
+        assert_eq!(decide(&ballots), Decision::Split);
+    }
+
+    #[test]
+    fn release_majorities() {
+        use ReleaseOutcome::*;
+        assert_eq!(
+            release_outcome(&[Some(Released), Some(Released), None]),
+            Ok(Released)
+        );
+        // A retried release: the nodes it reached the first time answer "nothing here".
+        assert_eq!(
+            release_outcome(&[Some(Expired), Some(Expired), Some(Released)]),
+            Ok(Expired)
+        );
+        assert_eq!(
+            release_outcome(&[Some(Expired), Some(Expired), Some(TakenByOther)]),
+            Ok(Expired)
+        );
+        assert_eq!(
+            release_outcome(&[Some(TakenByOther), Some(TakenByOther), None]),
+            Ok(TakenByOther)
+        );
+        assert_eq!(
+            release_outcome(&[Some(Released), None, None, None, Some(Released)]),
+            Err(2)
+        );
+    }
+
+    #[test]
+    fn renew_majorities() {
+        use RenewOutcome::*;
+        let per_node = [
+            (true, Some(vec![Renewed, NotHeld, Renewed])),
+            (true, Some(vec![Renewed, NotHeld, NotHeld])),
+            (false, Some(vec![Renewed, Renewed, NotHeld])),
+            (true, None),
+            (true, Some(vec![Renewed, Renewed, NotHeld])),
+        ];
+        assert_eq!(
+            renew_outcomes(&per_node, 3),
+            vec![Some(Renewed), None, Some(NotHeld)]
+        );
+    }
+
+    #[test]
+    fn wake_thresholds() {
+        assert_eq!(wake_threshold(5, 5), 3);
+        assert_eq!(wake_threshold(5, 4), 2);
+        assert_eq!(wake_threshold(5, 2), 1);
+        assert_eq!(wake_threshold(3, 3), 2);
+        assert_eq!(wake_threshold(3, 1), 1);
+    }
+}

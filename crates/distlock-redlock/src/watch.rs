@@ -1,0 +1,91 @@
+//! Waiting: one release subscription per node, merged.
+
+use crate::tally::wake_threshold;
+use distlock_core::{async_trait, ReleaseWatch, Result, Wake};
+use futures_util::future::select_all;
+use std::time::Duration;
+
+/// The release channels of one lock on every node that could be subscribed. A holder releases
+/// on all its nodes (a majority at least), each publishing once, so the watch wakes when
+/// enough distinct nodes have published for that to be one full release — not once per node,
+/// which would send every waiter back `n` times per release. Fewer messages than that (a node
+/// that missed the release) leave the waiter to its fallback sleep (the holder's lease, or the
+/// waiter's heartbeat), never stuck.
+pub(crate) struct QuorumWatch {
+    watches: Vec<Box<dyn ReleaseWatch>>,
+    /// Nodes that published since the last wake-up.
+    pending: Vec<bool>,
+    need: usize,
+    /// Longest random pause before reporting the next release (see [`QuorumWatch::changed`]):
+    /// starts at [`FIRST_SPREAD`] and doubles with every release this waiter was woken for
+    /// (and so lost), up to `max_spread`.
+    spread: Duration,
+    max_spread: Duration,
+}
+
+/// The random pause before the first wake-up of a wait: short, since a lone waiter pays it.
+pub(crate) const FIRST_SPREAD: Duration = Duration::from_millis(2);
+
+impl QuorumWatch {
+    pub(crate) fn new(
+        nodes: usize,
+        watches: Vec<Box<dyn ReleaseWatch>>,
+        max_spread: Duration,
+    ) -> Self {
+        QuorumWatch {
+            spread: FIRST_SPREAD.min(max_spread),
+            max_spread,
+            need: wake_threshold(nodes, watches.len()),
+            pending: vec![false; watches.len()],
+            watches,
+        }
+    }
+}
+
+#[async_trait]
+impl ReleaseWatch for QuorumWatch {
+    /// # Cancel safety
+    /// Cancel safe: messages seen so far stay in `self` until a wake-up is returned.
+    async fn changed(&mut self) -> Result<Wake> {
+        loop {
+            if self.pending.iter().filter(|p| **p).count() >= self.need {
+                // Every waiter of the lock got the same messages at the same moment; if all
+                // tried at once they would split the nodes between them and all fail. A random
+                // pause lets the first one take a clean majority while the others, trying
+                // later, find it held and wait for the next release. A waiter woken again
+                // lost the last round: there is contention, so it spreads wider.
+                let max = u64::try_from(self.spread.as_micros()).unwrap_or(u64::MAX);
+                tokio::time::sleep(Duration::from_micros(fastrand::u64(0..=max))).await;
+                // Only now: dropped during the pause, the wake-up is still owed.
+                self.pending.iter_mut().for_each(|p| *p = false);
+                self.spread = (self.spread * 2).min(self.max_spread);
+                return Ok(Wake::Released);
+            }
+            let pending = &self.pending;
+            let waiting: Vec<_> = self
+                .watches
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| !pending[*i])
+                .map(|(i, w)| {
+                    Box::pin(async move {
+                        let r = w.changed().await;
+                        (i, r)
+                    })
+                })
+                .collect();
+            if waiting.is_empty() {
+                // Cannot happen (need <= number of watches); wake rather than spin.
+                self.pending.iter_mut().for_each(|p| *p = false);
+                return Ok(Wake::Released);
+            }
+            let ((i, r), _, rest) = select_all(waiting).await;
+            drop(rest);
+            // A broken subscription may have missed a release: end the watch, the waiter
+            // tries again and subscribes anew. A handoff cannot happen (we never queue on a
+            // node); it is a release as far as the quorum is concerned.
+            r?;
+            self.pending[i] = true;
+        }
+    }
+}

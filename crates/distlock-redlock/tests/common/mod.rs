@@ -1,0 +1,203 @@
+//! A Redlock cluster of real redis-server processes for the tests.
+#![allow(dead_code)]
+
+use distlock_core::{Client, ClientOptions};
+use distlock_redlock::RedlockBackend;
+use distlock_testkit::RedisServer;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// N independent redis-servers on free ports.
+pub struct Cluster {
+    pub servers: Vec<RedisServer>,
+    started: Instant,
+}
+
+impl Cluster {
+    pub fn start(n: usize) -> Cluster {
+        let servers = (0..n)
+            .map(|_| RedisServer::start().expect("start redis-server"))
+            .collect();
+        Cluster {
+            servers,
+            started: Instant::now(),
+        }
+    }
+
+    /// `redlock://127.0.0.1:P1,…?PARAMS`.
+    pub fn url(&self, params: &str) -> String {
+        let hosts: Vec<String> = self
+            .servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        format!("redlock://{}?{params}", hosts.join(","))
+    }
+
+    /// Waits until every server has been up for a whole second by its own count, so a
+    /// quarantine of at most 1 s does not apply to servers that just started.
+    pub async fn settle(&self) {
+        tokio::time::sleep_until((self.started + Duration::from_millis(1000)).into()).await;
+        for s in &self.servers {
+            if !s.is_running() {
+                continue;
+            }
+            let t = Instant::now();
+            loop {
+                let info = s.command(&["INFO", "server"]).expect("INFO");
+                let up = info
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("uptime_in_seconds:"))
+                    .and_then(|u| u.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                if up >= 1 {
+                    break;
+                }
+                assert!(t.elapsed() < Duration::from_secs(5), "uptime stuck at {up}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    pub async fn backend(&self, params: &str, opts: &ClientOptions) -> RedlockBackend {
+        RedlockBackend::connect(&self.url(params), opts)
+            .await
+            .expect("connect redlock")
+    }
+
+    pub async fn client(&self, params: &str, opts: ClientOptions) -> Client {
+        self.client_and_backend(params, opts).await.0
+    }
+
+    pub async fn client_and_backend(
+        &self,
+        params: &str,
+        opts: ClientOptions,
+    ) -> (Client, Arc<RedlockBackend>) {
+        let b = Arc::new(self.backend(params, &opts).await);
+        let c = Client::new(b.clone(), opts).expect("client");
+        (c, b)
+    }
+
+    /// The node's fencing counter of `name` (0 if none).
+    pub fn fence(&self, i: usize, name: &str) -> u64 {
+        let v = self.servers[i]
+            .command(&["GET", &format!("dlock:{{{name}}}:fence")])
+            .expect("GET");
+        v.parse().unwrap_or(0)
+    }
+
+    /// Whether node `i` has the lock `name`.
+    pub fn has_lock(&self, i: usize, name: &str) -> bool {
+        self.servers[i]
+            .command(&["EXISTS", &format!("dlock:{{{name}}}")])
+            .expect("EXISTS")
+            == "1"
+    }
+}
+
+impl Cluster {
+    /// Waits until every node in `idx` has the lock `name`. A grant returns once a majority
+    /// confirmed it; the slower nodes' votes finish in the background, so they may get their
+    /// hold a moment later (on a loaded machine).
+    pub async fn wait_held_on(&self, idx: &[usize], name: &str, within: Duration) {
+        let t = Instant::now();
+        loop {
+            let missing: Vec<usize> = idx
+                .iter()
+                .copied()
+                .filter(|&i| !self.has_lock(i, name))
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            assert!(
+                t.elapsed() < within,
+                "nodes {missing:?} never got the hold of {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Waits until `count` nodes of `b` count toward a majority.
+pub async fn wait_counting(b: &RedlockBackend, count: usize, within: Duration) {
+    let t = Instant::now();
+    loop {
+        let st = b.node_status();
+        if st.iter().filter(|s| s.counts).count() >= count {
+            return;
+        }
+        assert!(t.elapsed() < within, "nodes never counted: {st:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `b` counts the nodes `idx` again with their current processes (after a
+/// restart: detected, seeded, out of quarantine).
+pub async fn wait_recounted(b: &RedlockBackend, c: &Cluster, idx: &[usize], within: Duration) {
+    let runs: Vec<String> = idx
+        .iter()
+        .map(|&i| c.servers[i].run_id().expect("run id"))
+        .collect();
+    let t = Instant::now();
+    loop {
+        let st = b.node_status();
+        if idx
+            .iter()
+            .zip(&runs)
+            .all(|(&i, r)| st[i].counts && st[i].run_id.as_ref() == Some(r))
+        {
+            return;
+        }
+        assert!(
+            t.elapsed() < within,
+            "restarted nodes not counted again: {st:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Options for fault tests: short watchdog lease, default (3 s) per-call timeout, so that a
+/// call bounded by the node timeout is told apart from one bounded by the call timeout.
+pub fn opts(lease_ms: u64) -> ClientOptions {
+    ClientOptions::default()
+        .watchdog_lease(Duration::from_millis(lease_ms))
+        .connect_timeout(Duration::from_secs(3))
+}
+
+/// Strictly increasing?
+pub fn assert_increasing(tokens: &[u64]) {
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens not strictly increasing: {tokens:?}"
+    );
+}
+
+impl Cluster {
+    /// Deletes the lock's hash on every running node; how many had it.
+    pub fn break_lock(&self, name: &str) -> usize {
+        self.servers
+            .iter()
+            .filter(|s| s.is_running())
+            .filter(|s| {
+                s.command(&["DEL", &format!("dlock:{{{name}}}")])
+                    .expect("DEL")
+                    == "1"
+            })
+            .count()
+    }
+}
+
+impl Cluster {
+    /// Deletes the lock's hash on node `i` (as if its lease had run out there only).
+    pub fn break_lock_on(&self, i: usize, name: &str) {
+        assert_eq!(
+            self.servers[i]
+                .command(&["DEL", &format!("dlock:{{{name}}}")])
+                .expect("DEL"),
+            "1",
+            "node {i} did not have {name}"
+        );
+    }
+}

@@ -1,0 +1,428 @@
+//! Redlock under node failures, on real redis-server processes: killed, paused, restarted
+//! without persistence, behind a slow link. Timing bounds are generous (a loaded 2-core
+//! machine): they tell "bounded by the node timeout" from "bounded by the 3 s call timeout",
+//! nothing finer.
+
+mod common;
+
+use common::{assert_increasing, opts, wait_counting, wait_recounted, Cluster};
+use distlock_core::{Client, LostReason, ReleaseOutcome};
+use distlock_redlock::RedlockBackend;
+use distlock_testkit::{DelayProxy, RedisOptions, RedisServer};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// `tasks` tasks per client take `name` `rounds` times each, keeping a deliberately
+/// non-atomic counter exact; returns the fencing tokens in grant order.
+async fn contend(clients: &[Client], name: &str, tasks: usize, rounds: usize) -> Vec<u64> {
+    let counter = Arc::new(AtomicU64::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut joins = Vec::new();
+    for c in clients {
+        for _ in 0..tasks {
+            let (lock, counter, tokens) =
+                (c.lock(name).expect("lock"), counter.clone(), tokens.clone());
+            joins.push(tokio::spawn(async move {
+                for _ in 0..rounds {
+                    let g = lock
+                        .acquire_timeout(Duration::from_secs(10))
+                        .await
+                        .expect("acquire");
+                    let v = counter.load(Ordering::SeqCst);
+                    tokens.lock().expect("tokens").push(g.fencing_token());
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    counter.store(v + 1, Ordering::SeqCst);
+                    assert_eq!(
+                        g.release().await.expect("release"),
+                        ReleaseOutcome::Released
+                    );
+                }
+            }));
+        }
+    }
+    for j in joins {
+        j.await.expect("task");
+    }
+    let n = (clients.len() * tasks * rounds) as u64;
+    assert_eq!(counter.load(Ordering::SeqCst), n, "mutual exclusion broken");
+    let t = tokens.lock().expect("tokens").clone();
+    assert_increasing(&t);
+    t
+}
+
+/// One uncontended grant; its token.
+async fn grab(c: &Client, name: &str) -> u64 {
+    let g = c
+        .lock(name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("acquire");
+    let t = g.fencing_token();
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_of_five_down_still_grants_and_excludes() {
+    let mut c = Cluster::start(5);
+    c.settle().await;
+    let p = "quarantine=500ms";
+    let a = c.client(p, opts(1000)).await;
+    let b = c.client(p, opts(1000)).await;
+    let held = a
+        .lock("kept")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    c.servers[0].kill();
+    c.servers[3].kill();
+    let killed = Instant::now();
+    contend(&[a.clone(), b.clone()], "two-down", 4, 3).await;
+    // The lock held across the kills is still renewed by the three survivors.
+    tokio::time::sleep(Duration::from_millis(1500).saturating_sub(killed.elapsed())).await;
+    assert!(!held.is_lost(), "{:?}", held.lost_signal().reason());
+    assert!(b
+        .lock("kept")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try")
+        .is_none());
+    assert_eq!(held.release().await.expect("r"), ReleaseOutcome::Released);
+    // A client that starts now, with two nodes down, works too.
+    let late = c.client(p, opts(1000)).await;
+    assert!(late
+        .lock("kept")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try")
+        .is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_of_five_down_is_a_clear_error() {
+    let mut c = Cluster::start(5);
+    c.settle().await;
+    let p = "quarantine=500ms";
+    let a = c.client(p, opts(1000)).await;
+    let g = a
+        .lock("gone")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    for i in 0..3 {
+        c.servers[i].kill();
+    }
+    // The holder learns it lost the lock when its lease runs out unconfirmed.
+    let reason = tokio::time::timeout(Duration::from_secs(6), g.lost())
+        .await
+        .expect("holder never learned");
+    assert_eq!(reason, LostReason::LeaseExpired);
+
+    let t = Instant::now();
+    let err = a
+        .lock("gone")
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(1))
+        .await
+        .expect_err("no majority");
+    let took = t.elapsed();
+    let msg = err.to_string();
+    assert!(err.is_connection(), "{err:?}");
+    assert!(
+        msg.contains("only 2 of 5 redlock nodes answered (need 3)"),
+        "{msg}"
+    );
+    assert!(!msg.contains("held"), "{msg}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "gave up after {took:?}"
+    );
+    let err = a
+        .lock("gone")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect_err("no majority");
+    assert!(err.is_connection(), "{err}");
+    let err = RedlockBackend::connect(&c.url(p), &opts(1000))
+        .await
+        .err()
+        .expect("connect with 2 of 5");
+    assert!(
+        err.to_string()
+            .contains("only 2 of 5 redlock nodes could be reached (need 3)"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_node_cannot_help_during_quarantine() {
+    let mut c = Cluster::start(3);
+    let p = "quarantine=3s";
+    let name = "restart";
+    let (a, ab) = c.client_and_backend(p, opts(3000)).await;
+    let (b, bb) = c.client_and_backend(p, opts(3000)).await;
+    // Fresh servers are in quarantine until they are 3 s old.
+    wait_counting(&ab, 3, Duration::from_secs(6)).await;
+    wait_counting(&bb, 3, Duration::from_secs(6)).await;
+    let first = grab(&b, name).await;
+    // B's release returns at a majority; let it reach every node, so that A's grant (which
+    // the test needs on all three) does not find node 2 still held by B.
+    let t = Instant::now();
+    while (0..3).any(|i| c.has_lock(i, name)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "B's release never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let g = a
+        .lock(name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    assert!(g.fencing_token() > first);
+    c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
+        .await;
+    // Node 0 crashes and comes back empty; node 2 loses A's lock (as if it had expired there).
+    c.servers[0].restart().expect("restart");
+    assert_eq!(
+        c.servers[2]
+            .command(&["DEL", &format!("dlock:{{{name}}}")])
+            .expect("DEL"),
+        "1"
+    );
+    // Nodes 0 and 2 are free: a majority for B — but only with the restarted node's vote.
+    assert!(!c.has_lock(0, name) && !c.has_lock(2, name) && c.has_lock(1, name));
+    let t = Instant::now();
+    let r = b
+        .lock(name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(1))
+        .await;
+    assert!(
+        matches!(&r, Err(e) if e.is_timeout()),
+        "B got past the quarantine: {r:?} after {:?}",
+        t.elapsed()
+    );
+    let st = bb.node_status();
+    assert!(
+        st[0].quarantined_for.is_some() || !st[0].counts,
+        "restarted node counts: {st:#?}"
+    );
+    // A learns its lock is gone (renewal: held by one node of three).
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("A never learned");
+    // After the quarantine (and A's lease on node 1), B gets it, with a larger token: node 0's
+    // counter was seeded from the others.
+    let gb = b
+        .lock(name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(8))
+        .await
+        .expect("B after the quarantine");
+    assert!(gb.fencing_token() > g.fencing_token());
+    assert!(c.fence(0, name) >= g.fencing_token(), "node 0 not seeded");
+    assert_eq!(gb.release().await.expect("r"), ReleaseOutcome::Released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_node_costs_only_the_node_timeout() {
+    let mut c = Cluster::start(3);
+    c.settle().await;
+    let p = "quarantine=500ms&node_timeout=50ms";
+    // The per-call timeout stays at its 3 s default: an unbounded call would show.
+    let a = c.client(p, opts(1000)).await;
+    let mut tokens = vec![grab(&a, "paused").await];
+    c.servers[2].pause();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let g = a
+            .lock("paused")
+            .expect("lock")
+            .acquire()
+            .await
+            .expect("acquire");
+        let took = t.elapsed();
+        // Bounded by the 50 ms node timeout, not the 3 s call timeout (wide margin for a
+        // loaded machine).
+        assert!(took < Duration::from_secs(2), "acquire took {took:?}");
+        tokens.push(g.fencing_token());
+        assert_eq!(g.release().await.expect("r"), ReleaseOutcome::Released);
+    }
+    // A hold lives on through renewals with one node silent.
+    let g = a.lock("paused").expect("lock").acquire().await.expect("a");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!g.is_lost());
+    tokens.push(g.fencing_token());
+    drop(g);
+    c.servers[2].resume();
+    tokens.push(grab(&a, "paused").await);
+    assert_increasing(&tokens);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_node_behind_proxy_is_tolerated() {
+    let c = Cluster::start(3);
+    c.settle().await;
+    // Node 2 is reached through a proxy adding 100 ms each way: never within 50 ms.
+    let proxy = DelayProxy::start(c.servers[2].addr(), Duration::from_millis(100)).expect("proxy");
+    let url = format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?quarantine=500ms&node_timeout=50ms",
+        c.servers[0].port(),
+        c.servers[1].port(),
+        proxy.port()
+    );
+    let client = || async {
+        let o = opts(1000);
+        let b = RedlockBackend::connect(&url, &o).await.expect("connect");
+        Client::new(Arc::new(b), o).expect("client")
+    };
+    let (a, b) = (client().await, client().await);
+    let t = Instant::now();
+    let first = grab(&a, "slow").await;
+    // The quorum of fast nodes decides; waiting on the slow one would cost the 3 s call timeout.
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    let tokens = contend(&[a, b], "slow", 3, 3).await;
+    assert!(tokens[0] > first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_across_faults() {
+    let mut c = Cluster::start(5);
+    c.settle().await;
+    let p = "quarantine=500ms&check_interval=100ms";
+    let (a, ab) = c.client_and_backend(p, opts(1000)).await;
+    let b = c.client(p, opts(1000)).await;
+    let both = [a.clone(), b.clone()];
+    let name = "story";
+    let mut tokens = Vec::new();
+    for cl in both.iter().cycle().take(4) {
+        tokens.push(grab(cl, name).await);
+    }
+    tokens.extend(contend(&both, name, 3, 2).await);
+
+    // A paused node.
+    c.servers[4].pause();
+    tokens.extend(contend(&both, name, 2, 2).await);
+    c.servers[4].resume();
+
+    // Node 0 loses its data; grants go on with the other four.
+    let before = *tokens.last().expect("tokens");
+    c.servers[0].restart().expect("restart");
+    tokens.push(grab(&a, name).await);
+    tokens.extend(contend(&both, name, 2, 2).await);
+    wait_recounted(&ab, &c, &[0], Duration::from_secs(8)).await;
+    assert!(c.fence(0, name) >= before, "node 0 not seeded");
+
+    // Two more (a minority) lose their data at once.
+    let before = *tokens.last().expect("tokens");
+    c.servers[1].restart().expect("restart");
+    c.servers[2].restart().expect("restart");
+    tokens.extend(contend(&both, name, 2, 2).await);
+    wait_recounted(&ab, &c, &[1, 2], Duration::from_secs(8)).await;
+    assert!(c.fence(1, name) >= before && c.fence(2, name) >= before);
+
+    // Only the three restarted (and seeded) nodes remain: their counters alone must carry
+    // the tokens on.
+    c.servers[3].kill();
+    c.servers[4].kill();
+    tokens.push(grab(&b, name).await);
+    tokens.extend(contend(&both, name, 2, 2).await);
+    assert_increasing(&tokens);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_apply_to_every_node() {
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| {
+            RedisServer::start_with(RedisOptions {
+                password: Some("s3cret".into()),
+                ..RedisOptions::default()
+            })
+            .expect("redis-server")
+        })
+        .collect();
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let url = |pw: &str| format!("redlock://:{pw}@{}?quarantine=0s", hosts.join(","));
+    let o = opts(1000);
+    let err = RedlockBackend::connect(&url("badpass"), &o)
+        .await
+        .err()
+        .expect("wrong password");
+    assert!(matches!(err, distlock_core::Error::Auth { .. }), "{err:?}");
+    assert!(!err.to_string().contains("badpass"), "{err}");
+    let b = RedlockBackend::connect(&url("s3cret"), &o)
+        .await
+        .expect("connect");
+    let client = Client::new(Arc::new(b), o).expect("client");
+    grab(&client, "auth").await;
+}
+
+/// The case seeding exists for: the only intact node that saw the latest tokens is gone, and
+/// the majority left is two nodes that lost their data plus two that never saw those tokens.
+/// Their counters alone would hand out old tokens again; seeded ones do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_counters_carry_tokens_past_lost_witnesses() {
+    let mut c = Cluster::start(5);
+    c.settle().await;
+    let p = "quarantine=500ms&check_interval=100ms";
+    let (y, yb) = c.client_and_backend(p, opts(1000)).await;
+    let name = "witness";
+    // One starting value everywhere (a missing counter would start from each node's clock in
+    // µs, which differ by more than the ten grants below): nodes 3 and 4 then stay behind.
+    for s in &c.servers {
+        let fence = format!("dlock:{{{name}}}:fence");
+        assert_eq!(s.command(&["SET", &fence, "1000"]).expect("SET"), "OK");
+    }
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        tokens.push(grab(&y, name).await);
+    }
+    // X is cut off from nodes 3 and 4 (it sees closed ports there): its grants raise only
+    // nodes 0, 1 and 2.
+    let hosts: Vec<String> = (0..5)
+        .map(|i| {
+            let port = if i < 3 {
+                c.servers[i].port()
+            } else {
+                distlock_testkit::free_port()
+            };
+            format!("127.0.0.1:{port}")
+        })
+        .collect();
+    let o = opts(1000);
+    let xb = RedlockBackend::connect(&format!("redlock://{}?{p}", hosts.join(",")), &o)
+        .await
+        .expect("connect X");
+    let x = Client::new(Arc::new(xb), o).expect("client");
+    for _ in 0..10 {
+        tokens.push(grab(&x, name).await);
+    }
+    let last = *tokens.last().expect("tokens");
+    assert!(c.fence(3, name) < last && c.fence(4, name) < last);
+    // Nodes 0 and 1 (a minority) lose their data; Y seeds them from nodes 2, 3 and 4.
+    c.servers[0].restart().expect("restart");
+    c.servers[1].restart().expect("restart");
+    wait_recounted(&yb, &c, &[0, 1], Duration::from_secs(8)).await;
+    assert!(c.fence(0, name) >= last && c.fence(1, name) >= last);
+    // Node 2, the last intact node that saw the latest tokens, goes away.
+    c.servers[2].kill();
+    tokens.push(grab(&y, name).await);
+    tokens.extend(contend(&[y], name, 3, 2).await);
+    assert_increasing(&tokens);
+}

@@ -1,0 +1,504 @@
+//! The grant-addressed protocol under Redlock's own faults, on real redis-servers: a node whose
+//! replies arrive after the node timeout (a delaying proxy), retried requests driven through
+//! the Backend trait, a node restarted or flushed while a lock is held, and fresh clients that
+//! start after it. Bounds are generous (a loaded 2-core machine) and states are polled.
+
+mod common;
+
+use common::{assert_increasing, opts, wait_counting, Cluster};
+use distlock_core::{
+    AcquireReply, AcquireRequest, Backend, Client, HoldKey, LockKind, LostSignal, ReleaseOutcome,
+    RenewOutcome,
+};
+use distlock_redlock::RedlockBackend;
+use distlock_testkit::DelayProxy;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Polls `f` every 10 ms until it is true; panics with `what` after `within`.
+async fn eventually(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < within, "{what} (waited {within:?})");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A 3-node cluster whose node 2 answers only after `delay` each way (far beyond the 50 ms
+/// node timeout), and a client to it.
+async fn slow_third(delay: Duration, lease_ms: u64) -> (Cluster, DelayProxy, Client) {
+    let c = Cluster::start(3);
+    c.settle().await;
+    let proxy = DelayProxy::start(c.servers[2].addr(), delay).expect("proxy");
+    let url = format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?quarantine=500ms&node_timeout=50ms",
+        c.servers[0].port(),
+        c.servers[1].port(),
+        proxy.port()
+    );
+    let o = opts(lease_ms);
+    let b = RedlockBackend::connect(&url, &o).await.expect("connect");
+    wait_counting(&b, 3, Duration::from_secs(10)).await;
+    let client = Client::new(Arc::new(b), o).expect("client");
+    (c, proxy, client)
+}
+
+/// The attempt id stored with node `i`'s hold of `name` (empty if none).
+fn attempt_on(c: &Cluster, i: usize, name: &str) -> String {
+    let v = c.servers[i]
+        .command(&["HGET", &format!("dlock:{{{name}}}"), "attempt"])
+        .expect("HGET");
+    if v == "(nil)" {
+        String::new()
+    } else {
+        v
+    }
+}
+
+fn pttl(c: &Cluster, i: usize, name: &str) -> i64 {
+    c.servers[i]
+        .command(&["PTTL", &format!("dlock:{{{name}}}")])
+        .expect("PTTL")
+        .parse()
+        .expect("PTTL is a number")
+}
+
+fn key(name: &str, owner: &str) -> HoldKey {
+    HoldKey {
+        name: name.into(),
+        owner: owner.into(),
+        kind: LockKind::Mutex,
+    }
+}
+
+async fn granted(b: &Arc<dyn Backend>, req: &AcquireRequest) -> u64 {
+    match b.acquire(req).await.expect("acquire") {
+        AcquireReply::Granted { token } => token,
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+/// Issue 11: with per-node hold counts, a release retried after a late reply decremented the
+/// slow node twice, and a retried acquire counted twice. Now every hold is one attempt's, by
+/// its id: a retried acquire is the same grant with the same token, a retried release of it is
+/// reported (`Expired`) and touches nothing else — not the grant another attempt of the *same
+/// owner* (what the second re-entrant guard used to be) took meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_requests_after_a_late_reply_touch_only_their_grant() {
+    let (c, _proxy, client) = slow_third(Duration::from_millis(150), 3000).await;
+    let b = client.backend().clone();
+    let name = "late-retry";
+    let req = AcquireRequest::new(
+        key(name, "one-owner"),
+        Duration::from_secs(3),
+        LostSignal::new(),
+    );
+    let t1 = granted(&b, &req).await;
+    // The retry of a request whose reply was lost: same grant, same token, one hold per node.
+    let t2 = granted(&b, &req).await;
+    assert_eq!(t1, t2, "a retried acquire got a second token");
+    eventually(
+        Duration::from_secs(5),
+        "the slow node never got the hold",
+        || (0..3).all(|i| attempt_on(&c, i, name) == req.attempt.as_str()),
+    )
+    .await;
+    let grant = req.grant(t1);
+    // Released by the two fast nodes; the slow node's release (and its reply) is still on the
+    // wire when this returns.
+    assert_eq!(
+        b.release(&grant).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // Another attempt of the same owner takes the lock at once (the fast majority is free).
+    let second = AcquireRequest::new(
+        key(name, "one-owner"),
+        Duration::from_secs(3),
+        LostSignal::new(),
+    );
+    let t3 = loop {
+        match b.acquire(&second).await.expect("second acquire") {
+            AcquireReply::Granted { token } => break token,
+            AcquireReply::Held { .. } => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    assert!(t3 > t1, "tokens {t1} then {t3}");
+    // The first release is retried (as after a lost reply), twice: reported, not repeated.
+    for _ in 0..2 {
+        let again = b.release(&grant).await.expect("retried release");
+        assert_ne!(
+            again,
+            ReleaseOutcome::Released,
+            "a retried release freed something"
+        );
+    }
+    // The second grant is intact on the majority that granted it, and the slow node ends
+    // up with nothing of the first attempt (its vote of the second may have found the first
+    // still there: it holds the second or nothing).
+    for i in 0..2 {
+        assert_eq!(attempt_on(&c, i, name), second.attempt.as_str(), "node {i}");
+    }
+    eventually(
+        Duration::from_secs(5),
+        "the first attempt's hold stayed on the slow node",
+        || attempt_on(&c, 2, name) != req.attempt.as_str(),
+    )
+    .await;
+    let other = client
+        .lock(name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(other.is_none(), "another owner got a held lock");
+    let out = b
+        .renew(&[(second.grant(t3), Duration::from_secs(3))])
+        .await
+        .expect("renew");
+    assert_eq!(out, vec![RenewOutcome::Renewed]);
+    assert_eq!(
+        b.release(&second.grant(t3)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    eventually(Duration::from_secs(5), "a hold was left behind", || {
+        (0..3).all(|i| !c.has_lock(i, name))
+    })
+    .await;
+}
+
+/// The same with guards: two re-entrant guards of one owner share one grant (counted in the
+/// client); releasing the first — with the slow node's replies arriving after the node
+/// timeout — leaves the lock held for the second on every node until the second goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_reentrant_guard_keeps_the_lock_past_a_late_release() {
+    let (c, _proxy, client) = slow_third(Duration::from_millis(150), 1500).await;
+    let name = "reentrant-late";
+    let lock = client.lock(name).expect("lock");
+    let g1 = lock.acquire().await.expect("first guard");
+    let g2 = lock.acquire().await.expect("second guard");
+    assert_eq!(g1.fencing_token(), g2.fencing_token());
+    c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
+        .await;
+    let attempt = attempt_on(&c, 0, name);
+    assert_eq!(
+        g1.release().await.expect("release first"),
+        ReleaseOutcome::StillHeld { remaining: 1 }
+    );
+    // Past two watchdog leases: still held by the same grant everywhere, renewed through
+    // the slow node's late replies.
+    let until = Instant::now() + Duration::from_millis(3200);
+    let rival = c.client("quarantine=500ms", opts(1500)).await;
+    while Instant::now() < until {
+        assert!(!g2.is_lost(), "{:?}", g2.lost_signal().reason());
+        assert!(
+            rival
+                .lock(name)
+                .expect("lock")
+                .try_acquire()
+                .await
+                .expect("try")
+                .is_none(),
+            "the lock was free while the second guard held it"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..3 {
+        assert_eq!(attempt_on(&c, i, name), attempt, "node {i} lost the grant");
+    }
+    assert_eq!(
+        g2.release().await.expect("release second"),
+        ReleaseOutcome::Released
+    );
+    assert!(rival
+        .lock(name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .is_ok());
+}
+
+/// Issue 11 (2): an extension shorter than what is left never shortens the lease on any node,
+/// including one whose replies arrive late, and a late short renewal arriving after a longer
+/// one changes nothing either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_extend_never_shortens_on_any_node() {
+    let (c, _proxy, client) = slow_third(Duration::from_millis(150), 3000).await;
+    let name = "short-extend";
+    // Watchdog guard (3 s lease) extended by 100 ms.
+    let g = client
+        .lock(name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
+        .await;
+    g.extend(Duration::from_millis(100)).await.expect("extend");
+    for i in 0..2 {
+        let left = pttl(&c, i, name);
+        assert!(
+            left > 1500,
+            "node {i}: the lease was shortened to {left} ms"
+        );
+    }
+    // Let the slow node apply it too, then look: nothing below 1.5 s anywhere.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for i in 0..3 {
+        let left = pttl(&c, i, name);
+        assert!(
+            left > 1500,
+            "node {i}: the lease was shortened to {left} ms"
+        );
+    }
+    assert!(!g.is_lost());
+    g.release().await.expect("release");
+
+    // Fixed 4 s lease, extended by 50 ms: a rival still cannot get it 1 s later.
+    let fixed = client
+        .lock("short-extend-fixed")
+        .expect("lock")
+        .lease(Duration::from_secs(4))
+        .expect("lease");
+    let g = fixed.acquire().await.expect("acquire");
+    g.extend(Duration::from_millis(50)).await.expect("extend");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!g.is_lost(), "the guard thinks its lease was shortened");
+    for i in 0..3 {
+        let left = pttl(&c, i, "short-extend-fixed");
+        assert!(
+            left > 1500,
+            "node {i}: the lease was shortened to {left} ms"
+        );
+    }
+    let rival = c.client("quarantine=500ms", opts(3000)).await;
+    assert!(rival
+        .lock("short-extend-fixed")
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try")
+        .is_none());
+
+    // Through the trait: a long renewal, then a short one (as a late retry would arrive).
+    let b = client.backend().clone();
+    let req = AcquireRequest::new(
+        key("short-renew", "o"),
+        Duration::from_secs(1),
+        LostSignal::new(),
+    );
+    let t = granted(&b, &req).await;
+    let grant = req.grant(t);
+    // The slow node's vote came in after the decision, under its own counter: the grant's
+    // token reaches it one round trip later (until then it is not part of the grant, and a
+    // renewal naming the grant passes it by).
+    eventually(
+        Duration::from_secs(5),
+        "the slow node never got the token",
+        || {
+            c.servers[2]
+                .command(&["HGET", "dlock:{short-renew}", "token"])
+                .is_ok_and(|v| v == t.to_string())
+        },
+    )
+    .await;
+    for d in [Duration::from_secs(5), Duration::from_millis(10)] {
+        assert_eq!(
+            b.renew(&[(grant.clone(), d)]).await.expect("renew"),
+            vec![RenewOutcome::Renewed]
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for i in 0..3 {
+        let left = pttl(&c, i, "short-renew");
+        assert!(
+            left > 3500,
+            "node {i}: a short renewal shortened it to {left} ms"
+        );
+    }
+    b.release(&grant).await.expect("release");
+}
+
+/// A vote that arrives after the attempt was decided can only create that attempt's hold,
+/// under its own counter (the quorum's token never reached it): the grant's release removes
+/// it, and so does a give-up of an attempt whose vote is still out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_votes_are_released_with_their_attempt() {
+    let (c, _proxy, client) = slow_third(Duration::from_millis(300), 3000).await;
+    let b = client.backend().clone();
+    // Released at once: the slow node's vote and release are both still on the wire.
+    let name = "late-vote";
+    let req = AcquireRequest::new(key(name, "o"), Duration::from_secs(10), LostSignal::new());
+    let t = granted(&b, &req).await;
+    assert_eq!(
+        b.release(&req.grant(t)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    // Given up at once (as after a lost reply).
+    let name2 = "late-vote-give-up";
+    let req2 = AcquireRequest::new(key(name2, "o"), Duration::from_secs(10), LostSignal::new());
+    granted(&b, &req2).await;
+    b.give_up(&req2).await.expect("give up");
+    // Well within the 10 s lease: nothing left on the slow node.
+    eventually(
+        Duration::from_secs(4),
+        "a late vote's hold was left",
+        || !c.has_lock(2, name) && !c.has_lock(2, name2),
+    )
+    .await;
+    // And it stays gone (the late raise, if any, came after and found nothing).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!c.has_lock(2, name) && !c.has_lock(2, name2));
+}
+
+/// Issue 12: the restart quarantine lives on the node. A node restarts without its data while
+/// A holds a lock; A's client seeds it (quarantine: A's lease). A *fresh* client that starts
+/// afterwards — a short-lived CLI whose own quarantine would be 200 ms — must not count the
+/// node before the node's own clock passes the end A stored: otherwise the restarted node plus
+/// the one node where A's hold is gone are a majority while A's lease still runs on the third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_client_honours_the_quarantine_of_a_restarted_node() {
+    let mut c = Cluster::start(3);
+    c.settle().await;
+    let name = "restart-fresh";
+    let (a, ab) = c
+        .client_and_backend("check_interval=100ms", opts(3000))
+        .await;
+    wait_counting(&ab, 3, Duration::from_secs(10)).await;
+    let ga = a
+        .lock(name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
+        .await;
+    // Node 2 loses A's hold (as if it had expired there), and node 0 crashes at once and comes
+    // back empty. A's last renewal a majority confirmed was sent before the crash (after it,
+    // only node 1 has the hold), so A's lease ends at most 3 s after `crashed`.
+    c.break_lock_on(2, name);
+    let crashed = Instant::now();
+    c.servers[0].restart().expect("restart");
+    // A notices and seeds node 0, storing the quarantine on it.
+    eventually(
+        Duration::from_secs(10),
+        "node 0 was never re-seeded",
+        || {
+            c.servers[0]
+                .command(&["EXISTS", "dlock:redlock:epoch"])
+                .is_ok_and(|v| v == "1")
+        },
+    )
+    .await;
+    let seeded = Instant::now();
+    // The fresh client, created after the restart and the seeding.
+    let (f, fb) = c.client_and_backend("quarantine=200ms", opts(600)).await;
+    let st = fb.node_status();
+    assert!(
+        st[0]
+            .quarantined_for
+            .is_some_and(|q| q > Duration::from_millis(1500))
+            && !st[0].counts,
+        "the fresh client counts the restarted node: {st:#?}"
+    );
+    // It must not get the lock while A's hold lives on node 1.
+    let lock = f.lock(name).expect("lock");
+    let got = loop {
+        match lock.try_acquire().await {
+            Ok(Some(g)) => {
+                // Nodes 0 and 2 granted it: not before A's lease may have ended.
+                assert!(
+                    crashed.elapsed() > Duration::from_secs(3),
+                    "granted while A's lease may still run: {:?} after the crash",
+                    crashed.elapsed()
+                );
+                break g;
+            }
+            Ok(None) => {}
+            Err(e) => assert!(e.is_connection(), "{e}"),
+        }
+        assert!(
+            seeded.elapsed() < Duration::from_secs(15),
+            "the fresh client never got the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Not before the quarantine A stored (3 s + drift from the seeding) ran out.
+    assert!(
+        seeded.elapsed() > Duration::from_millis(2900),
+        "granted {:?} after the seeding",
+        seeded.elapsed()
+    );
+    assert!(got.fencing_token() > ga.fencing_token());
+    assert!(
+        ga.is_lost()
+            || tokio::time::timeout(Duration::from_secs(5), ga.lost())
+                .await
+                .is_ok()
+    );
+    got.release().await.expect("release");
+}
+
+/// Fencing tokens after a node loses its data without restarting (FLUSHALL: same process,
+/// same uptime, so nothing but the node's own record can tell a client that starts later):
+/// the seeded counters carry the tokens on, a fresh client honours the stored quarantine,
+/// and with the node that never lost anything gone, the two flushed-and-seeded nodes alone
+/// still hand out larger tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_after_a_node_flushall() {
+    let mut c = Cluster::start(3);
+    c.settle().await;
+    let name = "flushed";
+    let p = "check_interval=100ms";
+    let (a, ab) = c.client_and_backend(p, opts(1000)).await;
+    wait_counting(&ab, 3, Duration::from_secs(10)).await;
+    let mut tokens = Vec::new();
+    let grab = |cl: Client| async move {
+        let g = cl
+            .lock(name)
+            .expect("lock")
+            .acquire_timeout(Duration::from_secs(10))
+            .await
+            .expect("acquire");
+        let t = g.fencing_token();
+        g.release().await.expect("release");
+        t
+    };
+    for _ in 0..5 {
+        tokens.push(grab(a.clone()).await);
+    }
+    for node in [0, 1] {
+        let before = *tokens.last().expect("tokens");
+        assert_eq!(
+            c.servers[node].command(&["FLUSHALL"]).expect("FLUSHALL"),
+            "OK"
+        );
+        // Grants go on with the other two meanwhile.
+        tokens.push(grab(a.clone()).await);
+        eventually(Duration::from_secs(10), "never re-seeded", || {
+            c.servers[node]
+                .command(&["EXISTS", "dlock:redlock:epoch"])
+                .is_ok_and(|v| v == "1")
+        })
+        .await;
+        assert!(c.fence(node, name) >= before, "node {node} not seeded");
+        // A client that starts now, with a quarantine of its own far shorter than A's lease,
+        // still sees the node quarantined.
+        let (f, fb) = c.client_and_backend("quarantine=50ms", opts(300)).await;
+        let st = fb.node_status();
+        assert!(
+            st[node].quarantined_for.is_some() && !st[node].counts,
+            "a fresh client counts the flushed node: {st:#?}"
+        );
+        tokens.push(grab(f.clone()).await);
+        // Both clients count it again once its quarantine is over.
+        wait_counting(&ab, 3, Duration::from_secs(10)).await;
+        wait_counting(&fb, 3, Duration::from_secs(10)).await;
+        tokens.push(grab(f).await);
+    }
+    // Only the two flushed (and seeded) nodes remain.
+    c.servers[2].kill();
+    for _ in 0..3 {
+        tokens.push(grab(a.clone()).await);
+    }
+    assert_increasing(&tokens);
+}

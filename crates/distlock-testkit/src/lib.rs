@@ -1,0 +1,113 @@
+//! Test support for dlock: starts **real** servers for tests (never mocks).
+//!
+//! Every server runs on a free loopback port (`127.0.0.1` only), in its own
+//! temporary directory, and is killed (and its directory removed) when the
+//! handle is dropped. Child processes are additionally spawned with
+//! `PR_SET_PDEATHSIG = SIGKILL` (on Linux), so they die together with the
+//! test binary even if it aborts without unwinding.
+//!
+//! The API is synchronous and std-only: every call is short and blocking
+//! (a few hundred milliseconds at most in the normal case), so it can be
+//! used from plain `#[test]` functions and from async tests alike.
+//!
+//! Main entry points:
+//! - [`RedisServer`]: a real `redis-server` (Debian package `redis-server`).
+//! - [`DelayProxy`]: a TCP proxy that delays, blackholes or resets traffic
+//!   (each direction on its own), for "slow link", "late reply" and "lost
+//!   reply" fault tests; [`ProxyControl`] drives several at once.
+//! - [`FencedRegister`] and [`OverlapRecorder`]: the invariant checkers of the
+//!   contended conformance cases (a store that rejects stale fencing tokens;
+//!   a recorder of critical sections that finds two believed holders inside
+//!   at once).
+//! - [`free_port`] and [`TempDir`]: small building blocks.
+//!
+//! ```
+//! use std::time::Duration;
+//! use distlock_testkit::{DelayProxy, RedisServer};
+//!
+//! let mut redis = RedisServer::start()?;
+//! assert_eq!(redis.command(&["SET", "k", "v"])?, "OK");
+//! assert_eq!(redis.command(&["GET", "k"])?, "v");
+//!
+//! // A node behind a slow link:
+//! let slow = DelayProxy::start(redis.addr(), Duration::from_millis(20))?;
+//! let _url = format!("redis://{}", slow.addr());
+//!
+//! // A crash without persistence: same port, empty data.
+//! redis.restart()?;
+//! assert_eq!(redis.command(&["GET", "k"])?, "(nil)");
+//! # Ok::<(), distlock_testkit::Error>(())
+//! ```
+//!
+//! The `redis-server` binary can be overridden with the
+//! `DLOCK_REDIS_SERVER` environment variable ([`REDIS_SERVER_ENV`]) or
+//! per call with [`RedisServer::start_with_binary`].
+
+#![deny(missing_docs)]
+
+pub mod conformance;
+mod error;
+mod etcd;
+mod fenced;
+mod mariadb;
+mod postgres;
+mod proxy;
+mod redis;
+mod resp;
+mod spawn;
+mod tempdir;
+mod tls;
+mod zookeeper;
+
+pub use error::{Error, Result};
+pub use etcd::{EtcdCluster, EtcdStatus, ETCD_BINARY_ENV};
+pub use fenced::{FencedRegister, FencedWrite, Interval, OverlapRecorder, Visit};
+pub use mariadb::{MariaDbServer, MARIADB_SERVER_ENV};
+pub use postgres::{PostgresServer, POSTGRES_BIN_DIR_ENV};
+pub use proxy::{DelayProxy, DirectionStats, ProxyControl, ProxyStats};
+pub use redis::{RedisOptions, RedisServer, REDIS_SERVER_ENV};
+pub use resp::Reply;
+pub use tempdir::TempDir;
+pub use tls::TestCerts;
+pub use zookeeper::{
+    ZkEnsemble, ZOOKEEPER_CLASSPATH_ENV, ZOOKEEPER_JAR, ZOOKEEPER_JAVA_ENV, ZOOKEEPER_TICK_MS,
+};
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+
+/// Returns a currently free TCP port on `127.0.0.1`.
+///
+/// The port is found by binding `127.0.0.1:0`, reading the port the kernel
+/// assigned and closing the socket again. Another process may grab the port
+/// before it is used; the server starters in this crate retry on such races.
+///
+/// # Panics
+///
+/// Panics (with a descriptive message) if no loopback socket can be bound at
+/// all, which means the test environment is unusable. Use [`try_free_port`]
+/// to get an error instead.
+pub fn free_port() -> u16 {
+    match try_free_port() {
+        Ok(port) => port,
+        Err(e) => panic!("distlock-testkit: cannot bind a TCP socket on 127.0.0.1: {e}"),
+    }
+}
+
+/// Fallible variant of [`free_port`].
+pub fn try_free_port() -> Result<u16> {
+    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+    Ok(listener.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_port_is_bindable() {
+        let port = free_port();
+        assert_ne!(port, 0);
+        let l = TcpListener::bind(("127.0.0.1", port)).expect("port should be free");
+        drop(l);
+    }
+}

@@ -1,0 +1,556 @@
+//! A real ZooKeeper ensemble (three `QuorumPeerMain` JVMs by default) for tests.
+//!
+//! Every node runs `java … org.apache.zookeeper.server.quorum.QuorumPeerMain zoo.cfg` in the
+//! foreground, as our child, with its own temp dir (`myid`, data, logs) and three free
+//! loopback ports (client, quorum, election). The jars come from Debian's `zookeeper` package
+//! (`/usr/share/java/zookeeper.jar`, whose manifest lists its dependencies); Debian's
+//! `zkServer.sh` wrapper is not used, so nothing daemonizes and nothing touches
+//! `/etc/zookeeper`, `/var/lib/zookeeper` or port 2181.
+//!
+//! Settings chosen for fast, quiet tests: `tickTime=200` (elections and session checks in
+//! fractions of a second), `initLimit=25`/`syncLimit=10` (5 s / 2 s), `maxSessionTimeout=60000`
+//! (clients may ask for long sessions), `admin.enableServer=false` (every node would otherwise
+//! bind port 8080), `4lw.commands.whitelist=*` (for `srvr`, which tells the leader apart),
+//! `forceSync=no` (no fsync: tests do not survive power loss anyway) and a small JVM
+//! (`-Xmx128m`, serial GC, C1 only).
+//!
+//! ```no_run
+//! use distlock_testkit::ZkEnsemble;
+//! let mut zk = ZkEnsemble::start()?;
+//! let url = zk.url(); // zk://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3
+//! let leader = zk.leader().expect("a leader");
+//! zk.kill(leader); // SIGKILL: the other two elect a new leader
+//! zk.wait_ready(std::time::Duration::from_secs(10))?;
+//! zk.restart(leader)?; // same ports, same data: it rejoins as a follower
+//! # let _ = url;
+//! # Ok::<(), distlock_testkit::Error>(())
+//! ```
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::spawn::{kill_and_reap, log_tail, resolve_binary};
+use crate::{spawn, Error, Result, TempDir};
+
+/// Environment variable overriding the Java class path of the ZooKeeper server
+/// (default: `/usr/share/java/zookeeper.jar`, plus `slf4j-simple.jar` for logs when present).
+pub const ZOOKEEPER_CLASSPATH_ENV: &str = "DLOCK_ZOOKEEPER_CLASSPATH";
+
+/// Environment variable overriding the `java` binary (a name on `PATH` or a path).
+pub const ZOOKEEPER_JAVA_ENV: &str = "DLOCK_ZOOKEEPER_JAVA";
+
+/// The jar Debian's `zookeeper` package installs (its manifest names every dependency).
+pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+
+const PACKAGE: &str = "zookeeper";
+const SLF4J_SIMPLE: &str = "/usr/share/java/slf4j-simple.jar";
+const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
+/// `tickTime` of the test ensemble, in milliseconds.
+pub const ZOOKEEPER_TICK_MS: u64 = 200;
+const START_ATTEMPTS: usize = 3;
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(50);
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+const LOG_TAIL_LINES: usize = 25;
+
+/// One node of a [`ZkEnsemble`].
+#[derive(Debug)]
+struct Node {
+    /// `myid`, 1-based.
+    id: usize,
+    client_port: u16,
+    quorum_port: u16,
+    election_port: u16,
+    dir: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+impl Node {
+    fn child(&self) -> std::sync::MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.client_port))
+    }
+}
+
+/// A ZooKeeper ensemble of real server processes on free `127.0.0.1` ports.
+///
+/// Nodes are addressed by index `0..len()`. Every node is killed (even when paused) and the
+/// temp dir removed when the ensemble is dropped.
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    java: PathBuf,
+    classpath: String,
+    nodes: Vec<Node>,
+    dir: TempDir,
+}
+
+impl ZkEnsemble {
+    /// Starts a three-node ensemble and waits until it has a leader and every node serves.
+    ///
+    /// Returns [`Error::BinaryMissing`] naming the Debian package `zookeeper` if `java` or the
+    /// ZooKeeper jar is missing.
+    pub fn start() -> Result<Self> {
+        Self::start_with(3)
+    }
+
+    /// Starts an ensemble of `nodes` servers (1 gives a standalone-like single-node quorum).
+    pub fn start_with(nodes: usize) -> Result<Self> {
+        let nodes = nodes.max(1);
+        let java = resolve_java()?;
+        let classpath = classpath()?;
+        let mut last = None;
+        for _ in 0..START_ATTEMPTS {
+            let dir = TempDir::with_prefix("dlock-zk")?;
+            let ports = free_ports(nodes * 3)?;
+            let mut ensemble = ZkEnsemble {
+                java: java.clone(),
+                classpath: classpath.clone(),
+                nodes: (0..nodes)
+                    .map(|i| Node {
+                        id: i + 1,
+                        client_port: ports[i * 3],
+                        quorum_port: ports[i * 3 + 1],
+                        election_port: ports[i * 3 + 2],
+                        dir: dir.path().join(format!("node{}", i + 1)),
+                        child: Mutex::new(None),
+                    })
+                    .collect(),
+                dir,
+            };
+            match ensemble.launch_all() {
+                Ok(()) => return Ok(ensemble),
+                // A port grabbed by someone else between probing and binding: new ports.
+                Err(e) => {
+                    ensemble.kill_all();
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Start {
+            what: "ZooKeeper ensemble".into(),
+            detail: "no start attempt was made".into(),
+        }))
+    }
+
+    /// A process-wide three-node ensemble, started on first use and shared by every test of
+    /// the test binary (so tests must use unique lock names and must not kill its nodes).
+    /// Its processes and temp dir are removed when the process exits.
+    ///
+    /// # Panics
+    /// Panics with the start error (e.g. the missing Debian package) if it cannot start.
+    pub fn shared() -> &'static ZkEnsemble {
+        static SHARED: OnceLock<std::result::Result<ZkEnsemble, String>> = OnceLock::new();
+        let res = SHARED.get_or_init(|| {
+            let r = ZkEnsemble::start().map_err(|e| e.to_string());
+            if r.is_ok() {
+                extern "C" fn cleanup() {
+                    if let Some(Ok(e)) = SHARED.get() {
+                        e.shutdown();
+                    }
+                }
+                // SAFETY: registers a plain `extern "C"` function; it only kills our children
+                // and removes our temp dir, without unwinding.
+                unsafe {
+                    libc::atexit(cleanup);
+                }
+            }
+            r
+        });
+        match res {
+            Ok(e) => e,
+            Err(e) => panic!("distlock-testkit: cannot start the shared ZooKeeper ensemble: {e}"),
+        }
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Always false: an ensemble has at least one node.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// `127.0.0.1:P1,127.0.0.1:P2,…`: the client connect string of every node.
+    pub fn connect_string(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.client_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `zk://` followed by [`connect_string`](Self::connect_string).
+    pub fn url(&self) -> String {
+        format!("zk://{}", self.connect_string())
+    }
+
+    /// Client address of node `i` (stable across [`restart`](Self::restart)).
+    ///
+    /// # Panics
+    /// Panics if `i >= len()`.
+    pub fn addr(&self, i: usize) -> SocketAddr {
+        self.nodes[i].addr()
+    }
+
+    /// The ensemble's temp dir (one `nodeN` dir per node, with `zoo.cfg`, `data/` and
+    /// `server.log`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// OS pid of node `i`, or `None` once killed.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes.get(i)?.child().as_ref().map(Child::id)
+    }
+
+    /// Whether node `i` runs (a paused node counts as running).
+    pub fn is_running(&self, i: usize) -> bool {
+        match self.nodes.get(i) {
+            Some(n) => matches!(n.child().as_mut().map(Child::try_wait), Some(Ok(None))),
+            None => false,
+        }
+    }
+
+    /// Sends a four-letter-word command (`srvr`, `ruok`, `mntr`, …) to node `i` and returns
+    /// the reply.
+    pub fn four_letter(&self, i: usize, cmd: &str) -> Result<String> {
+        let node = self.nodes.get(i).ok_or_else(|| no_such_node(i))?;
+        four_letter(node.addr(), cmd)
+    }
+
+    /// Node `i`'s role from `srvr`: `leader`, `follower` or `standalone`, or `None` when it is
+    /// down, paused, or not serving (looking for a leader).
+    pub fn mode(&self, i: usize) -> Option<String> {
+        let reply = self.four_letter(i, "srvr").ok()?;
+        reply
+            .lines()
+            .find_map(|l| l.strip_prefix("Mode:"))
+            .map(|m| m.trim().to_owned())
+    }
+
+    /// Index of the current leader, if one node says so.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.len()).find(|&i| matches!(self.mode(i).as_deref(), Some("leader" | "standalone")))
+    }
+
+    /// Waits until there is a leader and every running, unpaused node serves clients.
+    pub fn wait_ready(&self, timeout: Duration) -> Result<usize> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut leader = None;
+            let mut all = true;
+            for (i, node) in self.nodes.iter().enumerate() {
+                if !self.is_running(i) || proc_state(node).is_some_and(|s| s == 'T') {
+                    continue;
+                }
+                match self.mode(i).as_deref() {
+                    Some("leader" | "standalone") => leader = Some(i),
+                    Some(_) => {}
+                    None => all = false,
+                }
+            }
+            if let (Some(l), true) = (leader, all) {
+                return Ok(l);
+            }
+            for (i, node) in self.nodes.iter().enumerate() {
+                let mut child = node.child();
+                if let Some(Ok(Some(status))) = child.as_mut().map(Child::try_wait) {
+                    *child = None;
+                    return Err(Error::Start {
+                        what: describe(node),
+                        detail: format!(
+                            "node {i} exited ({status}){}",
+                            log_tail(&node.dir.join("server.log"), LOG_TAIL_LINES)
+                        ),
+                    });
+                }
+            }
+            if Instant::now() >= deadline {
+                let mut detail = format!("no serving quorum after {timeout:?}");
+                for node in &self.nodes {
+                    detail.push_str(&log_tail(&node.dir.join("server.log"), LOG_TAIL_LINES));
+                }
+                return Err(Error::Start {
+                    what: "ZooKeeper ensemble".into(),
+                    detail,
+                });
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Kills node `i` with `SIGKILL` and reaps it. Idempotent; works on a paused node.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(node) = self.nodes.get(i) {
+            if let Some(child) = node.child().take() {
+                kill_and_reap(child);
+            }
+        }
+    }
+
+    /// Freezes node `i` with `SIGSTOP` (its sockets stay open, nothing is answered).
+    pub fn pause(&mut self, i: usize) {
+        if let Some(node) = self.nodes.get(i) {
+            if signal(node, libc::SIGSTOP) {
+                wait_state(node, |s| s == 'T');
+            }
+        }
+    }
+
+    /// Resumes a [paused](Self::pause) node with `SIGCONT`.
+    pub fn resume(&mut self, i: usize) {
+        if let Some(node) = self.nodes.get(i) {
+            if signal(node, libc::SIGCONT) {
+                wait_state(node, |s| s != 'T');
+            }
+        }
+    }
+
+    /// Kills node `i` if it runs and starts it again on the same ports with the **same data**
+    /// (a crash and restart of one server), then waits until the ensemble serves again.
+    pub fn restart(&mut self, i: usize) -> Result<()> {
+        self.kill(i);
+        let node = self.nodes.get(i).ok_or_else(|| no_such_node(i))?;
+        // A port may linger briefly in the kernel: a node that exits at once is started again.
+        let mut last = None;
+        for attempt in 0..5 {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            self.launch(node)?;
+            match self.wait_ready(READY_TIMEOUT) {
+                Ok(_) => return Ok(()),
+                Err(e) if !self.is_running(i) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| no_such_node(i)))
+    }
+
+    fn launch_all(&mut self) -> Result<()> {
+        for node in &self.nodes {
+            std::fs::create_dir_all(node.dir.join("data"))?;
+            std::fs::write(node.dir.join("data").join("myid"), format!("{}\n", node.id))?;
+            std::fs::write(node.dir.join("zoo.cfg"), self.config(node))?;
+        }
+        for node in &self.nodes {
+            self.launch(node)?;
+        }
+        self.wait_ready(READY_TIMEOUT).map(|_| ())
+    }
+
+    fn config(&self, node: &Node) -> String {
+        let mut cfg = format!(
+            "tickTime={ZOOKEEPER_TICK_MS}\n\
+             initLimit=25\n\
+             syncLimit=10\n\
+             dataDir={data}\n\
+             clientPort={port}\n\
+             clientPortAddress=127.0.0.1\n\
+             maxSessionTimeout=60000\n\
+             maxClientCnxns=0\n\
+             admin.enableServer=false\n\
+             4lw.commands.whitelist=*\n\
+             forceSync=no\n\
+             preAllocSize=1024\n\
+             cnxTimeout=1000\n\
+             electionPortBindRetry=20\n\
+             standaloneEnabled=false\n",
+            data = node.dir.join("data").display(),
+            port = node.client_port,
+        );
+        for n in &self.nodes {
+            cfg.push_str(&format!(
+                "server.{}=127.0.0.1:{}:{}\n",
+                n.id, n.quorum_port, n.election_port
+            ));
+        }
+        cfg
+    }
+
+    fn launch(&self, node: &Node) -> Result<()> {
+        let log = File::create(node.dir.join("server.log"))?;
+        let log2 = log.try_clone()?;
+        let mut cmd = Command::new(&self.java);
+        cmd.args([
+            "-Xmx128m",
+            "-Xss512k",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-XX:-UsePerfData",
+            "-Djava.net.preferIPv4Stack=true",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+        ])
+        .arg("-cp")
+        .arg(&self.classpath)
+        .arg(MAIN_CLASS)
+        .arg(node.dir.join("zoo.cfg"))
+        .current_dir(&node.dir)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+        let child = match spawn::spawn(cmd) {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::BinaryMissing {
+                    binary: self.java.display().to_string(),
+                    package: PACKAGE.into(),
+                })
+            }
+            Err(e) => return Err(Error::Io(e)),
+        };
+        *node.child() = Some(child);
+        Ok(())
+    }
+
+    fn kill_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+
+    /// Kills every node and removes the temp dir, through `&self` (for the shared ensemble).
+    fn shutdown(&self) {
+        for node in &self.nodes {
+            if let Some(child) = node.child().take() {
+                kill_and_reap(child);
+            }
+        }
+        let _ = std::fs::remove_dir_all(self.dir.path());
+    }
+}
+
+impl Drop for ZkEnsemble {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+fn no_such_node(i: usize) -> Error {
+    Error::Io(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("no ZooKeeper node {i} in this ensemble"),
+    ))
+}
+
+fn describe(node: &Node) -> String {
+    format!(
+        "ZooKeeper node {} on 127.0.0.1:{}",
+        node.id, node.client_port
+    )
+}
+
+/// `n` distinct free loopback ports (all bound at once, then released).
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))))
+        .collect::<io::Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
+}
+
+fn resolve_java() -> Result<PathBuf> {
+    match std::env::var(ZOOKEEPER_JAVA_ENV) {
+        Ok(b) if !b.is_empty() => resolve_binary(&b, PACKAGE),
+        _ => resolve_binary("java", PACKAGE),
+    }
+}
+
+fn classpath() -> Result<String> {
+    if let Ok(cp) = std::env::var(ZOOKEEPER_CLASSPATH_ENV) {
+        if !cp.is_empty() {
+            return Ok(cp);
+        }
+    }
+    if !Path::new(ZOOKEEPER_JAR).is_file() {
+        return Err(Error::BinaryMissing {
+            binary: ZOOKEEPER_JAR.into(),
+            package: PACKAGE.into(),
+        });
+    }
+    let mut cp = ZOOKEEPER_JAR.to_owned();
+    if Path::new(SLF4J_SIMPLE).is_file() {
+        cp.push(':');
+        cp.push_str(SLF4J_SIMPLE);
+    }
+    Ok(cp)
+}
+
+/// Sends a four-letter word and reads the reply until the server closes the connection.
+fn four_letter(addr: SocketAddr, cmd: &str) -> Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, PROBE_TIMEOUT)?;
+    s.set_read_timeout(Some(PROBE_TIMEOUT))?;
+    s.set_write_timeout(Some(PROBE_TIMEOUT))?;
+    s.write_all(cmd.as_bytes())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+fn signal(node: &Node, sig: libc::c_int) -> bool {
+    let mut child = node.child();
+    let Some(c) = child.as_mut() else {
+        return false;
+    };
+    if !matches!(c.try_wait(), Ok(None)) {
+        return false;
+    }
+    let Ok(pid) = libc::pid_t::try_from(c.id()) else {
+        return false;
+    };
+    // SAFETY: plain syscall; the child is not reaped, so the pid is still ours.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+    true
+}
+
+fn proc_state(node: &Node) -> Option<char> {
+    spawn::proc_state(node.child().as_ref()?.id())
+}
+
+fn wait_state(node: &Node, ok: impl Fn(char) -> bool) {
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while let Some(s) = proc_state(node) {
+        if ok(s) || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distinct_ports() {
+        let ports = free_ports(9).expect("ports");
+        let mut sorted = ports.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 9);
+    }
+
+    #[test]
+    fn missing_java_names_the_package() {
+        let err = resolve_binary("/nonexistent/java", PACKAGE).expect_err("missing");
+        assert!(err.to_string().contains("zookeeper"), "{err}");
+        let err = resolve_binary("dlock-no-such-java-xyz", PACKAGE).expect_err("missing");
+        assert!(matches!(err, Error::BinaryMissing { .. }));
+    }
+}

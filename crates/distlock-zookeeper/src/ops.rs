@@ -1,0 +1,348 @@
+//! Operator commands: `dlock list`, `dlock release --force`, `dlock doctor`.
+//!
+//! `list` reads the children of the namespace node (one per lock name, percent-encoded) and
+//! inspects the mutex queue and the `rw` queue under each; `force_release` deletes the
+//! holders' nodes in one multi-op that also records the fence in the lock directory, every
+//! node checked against the version it was read at; `diagnose` compares the negotiated session
+//! timeout with the watchdog lease and reads the ensemble's membership from `/zookeeper/config`
+//! (the four-letter words `srvr`/`mntr` are often disabled, and the client can always read
+//! this node).
+
+use crate::error::KIND;
+use crate::layout::{self, Child, Family, NodeData, NodeKind};
+use crate::{parse_fence, token_of, ZkBackend, DATA_ATTEMPTS};
+use distlock_core::{
+    Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
+};
+use zookeeper_client as zk;
+
+/// Decodes a path segment written by [`layout::encode_segment`]; `None` for a segment that
+/// is not one (a foreign node: no lock name maps to it).
+fn decode_segment(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    let name = String::from_utf8(out).ok()?;
+    // Only the canonical encoding names a lock (`%41` is not where lock `A` lives).
+    (layout::encode_segment(&name) == s).then_some(name)
+}
+
+pub(crate) async fn list(b: &ZkBackend, prefix: &str) -> Result<Vec<ListedLock>> {
+    let inner = &b.inner;
+    let sess = inner.session().await?;
+    inner.sync(&sess, &inner.base).await?;
+    let mut names: Vec<(String, String)> = inner
+        .list(&sess, &inner.base)
+        .await?
+        .into_iter()
+        .filter_map(|seg| decode_segment(&seg).map(|name| (name, seg)))
+        .filter(|(name, _)| name.starts_with(prefix))
+        .collect();
+    names.sort();
+    let mut out = Vec::new();
+    for (name, _) in names {
+        let children = inner.list(&sess, &inner.dir(&name, Family::Mutex)).await?;
+        let has_rw = children.iter().any(|c| c == "rw");
+        let mutex_nodes = !layout::queue(&children, Family::Mutex).is_empty();
+        // A name directory is mutex state unless it only carries the `rw` directory: then it
+        // is the parent the rw recipe created, and its own fence stays 0.
+        let mutex = Backend::inspect(b, &name, LockKind::Mutex).await?;
+        if mutex_nodes || mutex.fencing_token > 0 || !has_rw {
+            out.push(ListedLock::new(LockKind::Mutex, mutex));
+        }
+        if has_rw {
+            let rw = Backend::inspect(b, &name, LockKind::Write).await?;
+            out.push(ListedLock::new(LockKind::Write, rw));
+        }
+    }
+    Ok(out)
+}
+
+/// One holder's node as read for a forced release.
+struct Read {
+    child: Child,
+    data: NodeData,
+    stat: zk::Stat,
+}
+
+pub(crate) async fn force_release(
+    b: &ZkBackend,
+    name: &str,
+    kind: LockKind,
+) -> Result<ForceReleased> {
+    let inner = &b.inner;
+    let family = NodeKind::of(kind)?.family();
+    let dir = inner.dir(name, family);
+    let sess = inner.session().await?;
+    let what = "forcing the release";
+    for _ in 0..DATA_ATTEMPTS {
+        inner.sync(&sess, &dir).await?;
+        let (dir_data, dir_stat) = match inner.timed(what, sess.zk.get_data(&dir)).await? {
+            Ok(r) => r,
+            // Never used: no token was ever handed out, nothing to remove.
+            Err(zk::Error::NoNode) => return Ok(ForceReleased::new(Vec::new(), 0)),
+            Err(e) => return Err(inner.err(what, e)),
+        };
+        let stored = parse_fence(&dir_data).ok_or_else(|| Error::UnexpectedReply {
+            backend: KIND,
+            message: format!(
+                "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
+                String::from_utf8_lossy(&dir_data)
+            ),
+        })?;
+        let children = inner.list(&sess, &dir).await?;
+        let queue = layout::queue(&children, family);
+        let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
+        let mut read = Vec::new();
+        let mut changed = false;
+        for c in layout::holders(&queue, head_is_writer) {
+            let path = format!("{dir}/{}", c.name);
+            match inner.timed(what, sess.zk.get_data(&path)).await? {
+                Ok((data, stat)) => {
+                    let nd =
+                        NodeData::parse(&data).ok_or_else(|| crate::foreign_data(&path, &data))?;
+                    read.push(Read {
+                        child: c.clone(),
+                        data: nd,
+                        stat,
+                    });
+                }
+                // Released meanwhile: the holders may be others now; look again.
+                Err(zk::Error::NoNode) => {
+                    changed = true;
+                    break;
+                }
+                Err(e) => return Err(inner.err(what, e)),
+            }
+        }
+        if changed {
+            continue;
+        }
+        // A writer at the head that did not downgrade holds alone (readers behind it wait).
+        if read
+            .first()
+            .is_some_and(|r| r.child.kind == NodeKind::Write && !r.data.downgraded)
+        {
+            read.truncate(1);
+        }
+        let fence = read
+            .iter()
+            .filter_map(|r| token_of(&r.stat))
+            .fold(stored, u64::max);
+        // One transaction: the fence recorded in the directory (so `list` keeps the last
+        // token) and every holder's node deleted at the version we read — a node whose data
+        // changed meanwhile (a reader joined or left a write node, a downgrade) fails the
+        // whole op and we look again. The transaction's zxid is above every czxid handed out
+        // before it, and every later node's czxid is above it: that is the counter we report.
+        let mut w = sess.zk.new_multi_writer();
+        w.add_set_data(&dir, fence.to_string().as_bytes(), Some(dir_stat.version))
+            .map_err(|e| inner.err(what, e))?;
+        for r in &read {
+            w.add_delete(&format!("{dir}/{}", r.child.name), Some(r.stat.version))
+                .map_err(|e| inner.err(what, e))?;
+        }
+        let results = match inner.timed(what, w.commit()).await? {
+            Ok(r) => r,
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::BadVersion | zk::Error::NoNode,
+                ..
+            }) => continue,
+            Err(zk::MultiWriteError::OperationFailed { source, .. })
+            | Err(zk::MultiWriteError::RequestFailed { source }) => {
+                return Err(inner.err(what, source))
+            }
+        };
+        let fencing_token = match results.first() {
+            Some(zk::MultiWriteResult::SetData { stat }) => u64::try_from(stat.mzxid)
+                .ok()
+                .filter(|t| *t > 0)
+                .map_or(fence, |z| z.max(fence)),
+            other => {
+                return Err(Error::UnexpectedReply {
+                    backend: KIND,
+                    message: format!("forced release of `{name}`: unexpected answer {other:?}"),
+                })
+            }
+        };
+        let removed = read
+            .iter()
+            .map(|r| HolderInfo {
+                owner: r.data.owner.clone(),
+                count: 1,
+                lease_left: None,
+                side: match r.child.kind {
+                    NodeKind::Lock => None,
+                    NodeKind::Write if !r.data.downgraded => Some(LockKind::Write),
+                    _ => Some(LockKind::Read),
+                },
+            })
+            .collect();
+        return Ok(ForceReleased::new(removed, fencing_token));
+    }
+    Err(Error::UnexpectedReply {
+        backend: KIND,
+        message: format!(
+            "forced release of `{name}`: the holders kept changing ({DATA_ATTEMPTS} tries); run it again"
+        ),
+    })
+}
+
+/// The voting members and observers listed in `/zookeeper/config` (`server.N=host:…:participant;…`).
+fn members(config: &str) -> (usize, usize) {
+    let mut voters = 0;
+    let mut observers = 0;
+    for line in config.lines() {
+        let Some((key, value)) = line.trim().split_once('=') else {
+            continue;
+        };
+        if !key.starts_with("server.") {
+            continue;
+        }
+        // The role is the fourth `:` field of the server part, `participant` when absent.
+        let server = value.split(';').next().unwrap_or("");
+        if server.split(':').any(|f| f == "observer") {
+            observers += 1;
+        } else {
+            voters += 1;
+        }
+    }
+    (voters, observers)
+}
+
+pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
+    let inner = &b.inner;
+    let sess = inner.session().await?;
+    let mut out = Vec::new();
+
+    // Session timeout against the watchdog lease.
+    let lease = inner.watchdog_lease;
+    let timeout = sess.timeout;
+    out.push(if timeout < lease {
+        // `connect` refuses such a session; reported in case the server's range changed.
+        Finding::new(
+            Severity::Unsafe,
+            "session-timeout",
+            format!("the ensemble negotiated a session timeout of {timeout:?}, shorter than the watchdog lease {lease:?}: the server may expire the session (and delete the lock nodes) while the holder still counts on its lease; lower the client's watchdog_lease to at most {timeout:?}, or raise the servers' maxSessionTimeout and ask for a longer session (`session_timeout` in the URL)"),
+        )
+    } else if timeout < inner.requested_timeout {
+        Finding::new(
+            Severity::Warning,
+            "session-timeout",
+            format!("the ensemble shortened the session timeout to {timeout:?} (asked for {:?}; the servers' maxSessionTimeout, default 20 × tickTime): it still covers the watchdog lease {lease:?}, but fixed leases and extensions longer than {timeout:?} are refused; raise maxSessionTimeout if you need them", inner.requested_timeout),
+        )
+    } else {
+        Finding::new(
+            Severity::Ok,
+            "session-timeout",
+            format!("negotiated session timeout {timeout:?} covers the watchdog lease {lease:?}"),
+        )
+    });
+
+    // A leader: a sync only comes back through a server that follows a leader which still
+    // has our session (a quorum is up).
+    let what = "syncing with the leader";
+    out.push(
+        match inner.timed(what, sess.zk.sync(&inner.base)).await {
+            Ok(Ok(()) | Err(zk::Error::NoNode)) => Finding::new(
+                Severity::Ok,
+                "leader",
+                "a sync through the leader went through: the server we talk to follows a leader and a quorum is up",
+            ),
+            Ok(Err(e)) => Finding::new(
+                Severity::Unsafe,
+                "leader",
+                format!("a sync through the leader failed ({e}): no leader or no quorum, so locks can be neither taken nor checked; bring a majority of the voting members up"),
+            ),
+            Err(e) => Finding::new(
+                Severity::Unsafe,
+                "leader",
+                format!("a sync through the leader got no answer ({e}): no leader or no quorum; bring a majority of the voting members up"),
+            ),
+        },
+    );
+
+    // Ensemble membership, from the config node (readable by every client, unlike the
+    // four-letter words, which are often disabled).
+    let what = "reading /zookeeper/config";
+    out.push(match inner.timed(what, sess.zk.get_config()).await? {
+        Ok((data, _)) => {
+            let config = String::from_utf8_lossy(&data);
+            match members(&config) {
+                (0, _) => Finding::new(
+                    Severity::Warning,
+                    "ensemble",
+                    "/zookeeper/config lists no servers (a standalone server, or dynamic configuration off): a single server has no failover; run three or five voting members for locks that survive a server failure",
+                ),
+                (1, obs) => Finding::new(
+                    Severity::Warning,
+                    "ensemble",
+                    format!("one voting member ({obs} observer(s)): locks are safe, but stop when it is down; run three or five voting members"),
+                ),
+                (n, obs) if n % 2 == 0 => Finding::new(
+                    Severity::Warning,
+                    "ensemble",
+                    format!("{n} voting members ({obs} observer(s)): an even count tolerates no more failures than {} members; use an odd number", n - 1),
+                ),
+                (n, obs) => Finding::new(
+                    Severity::Ok,
+                    "ensemble",
+                    format!("{n} voting members ({obs} observer(s)): the ensemble survives {} failure(s)", (n - 1) / 2),
+                ),
+            }
+        }
+        Err(e) => Finding::new(
+            Severity::Warning,
+            "ensemble",
+            format!("cannot read /zookeeper/config ({e}): the ensemble's size is unknown; allow reading it (or check with `srvr` on each server) and run three or five voting members"),
+        ),
+    });
+
+    // Clock.
+    out.push(Finding::new(
+        Severity::Ok,
+        "clock",
+        "the offset between the servers' clocks and the local one is not measured: ZooKeeper offers clients no clock reading, and nothing here depends on it (sessions expire on the leader's ticks, tokens are zxids, not times)",
+    ));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_round_trip() {
+        for name in ["orders:42", "a/b c%", "π", ".", "..", "{x}"] {
+            assert_eq!(
+                decode_segment(&layout::encode_segment(name)).as_deref(),
+                Some(name)
+            );
+        }
+        // Not canonical, or not an encoding at all: no lock lives there.
+        assert_eq!(decode_segment("%41"), None);
+        assert_eq!(decode_segment("a%2"), None);
+        assert_eq!(decode_segment("a%zz"), None);
+        assert_eq!(decode_segment("a b"), None);
+    }
+
+    #[test]
+    fn membership() {
+        let cfg = "server.1=127.0.0.1:2888:3888:participant;0.0.0.0:2181\n\
+                   server.2=127.0.0.1:2889:3889:participant;0.0.0.0:2182\n\
+                   server.3=127.0.0.1:2890:3890:observer;0.0.0.0:2183\n\
+                   version=100000000";
+        assert_eq!(members(cfg), (2, 1));
+        assert_eq!(members("server.1=h:1:2;3"), (1, 0));
+        assert_eq!(members(""), (0, 0));
+    }
+}

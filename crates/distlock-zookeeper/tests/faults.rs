@@ -1,0 +1,324 @@
+//! Failures of a real ensemble: the leader killed under a held lock, a holder cut off until
+//! its session expires, a holder whose client goes away.
+
+use distlock_core::{
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostReason,
+    LostSignal, ReleaseOutcome,
+};
+use distlock_testkit::conformance::{unique_name, wait_for_waiters};
+use distlock_testkit::{DelayProxy, ZkEnsemble};
+use distlock_zookeeper::ZkBackend;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+async fn client(url: &str, opts: ClientOptions) -> Client {
+    let backend = ZkBackend::connect(url, &opts).await.expect("connect");
+    Client::new(Arc::new(backend), opts).expect("client")
+}
+
+/// Options for the fault tests: a watchdog lease long enough that only the session decides.
+fn opts() -> ClientOptions {
+    ClientOptions::default()
+        .watchdog_lease(Duration::from_secs(10))
+        .op_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(3))
+}
+
+/// Runs blocking test-kit calls (process control) without stalling the runtime.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// SIGKILL of the ensemble leader while a lock is held and another client waits: the holder's
+/// session survives the reconnection, so it keeps the lock (not lost, still exclusive), the
+/// waiter keeps its place, and the next grant's fencing token carries the new leader epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_lock_survives() {
+    let mut ensemble = blocking(ZkEnsemble::start).expect("ensemble");
+    let url = format!("{}?session_timeout=10s", ensemble.url());
+    let name = unique_name("leader-kill");
+    let a = client(&url, opts()).await;
+    let b = client(&url, opts()).await;
+    let c = client(&url, opts()).await;
+    let g = a
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("acquire");
+    let t1 = g.fencing_token();
+    let waiter_lock = b.lock(&name).expect("lock");
+    let waiter = tokio::spawn(async move {
+        let g = waiter_lock.acquire_timeout(Duration::from_secs(30)).await;
+        (g, Instant::now())
+    });
+    // The waiter queues (its node exists) before the failover.
+    wait_for_waiters(&c, &name, LockKind::Mutex, 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter got a held lock");
+
+    let leader = ensemble.leader().expect("leader");
+    let killed_at = Instant::now();
+    blocking(|| ensemble.kill(leader));
+    let new_leader = blocking(|| ensemble.wait_ready(Duration::from_secs(15))).expect("new leader");
+    assert_ne!(new_leader, leader);
+    eprintln!("new leader after {:?}", killed_at.elapsed());
+
+    // Another client cannot take the lock (connection errors while the clients reconnect are
+    // retried; the answer must be "held").
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.lock(&name).expect("lock").try_acquire().await {
+            Ok(None) => break,
+            Ok(Some(_)) => panic!("the lock was granted twice after the leader died"),
+            Err(e) if e.is_connection() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("try_acquire after failover: {e}"),
+        }
+    }
+    // The holder stays the holder for a while longer; the waiter keeps waiting.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!g.is_lost(), "lost: {:?}", g.lost_signal().reason());
+    assert!(!waiter.is_finished(), "the waiter got a held lock");
+    let info = c.inspect(&name).await.expect("inspect");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].owner, g.owner());
+
+    // The held node is still the holder's: releasing it hands the lock to the waiter.
+    let released_at = Instant::now();
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let (g2, got_at) = waiter.await.expect("waiter");
+    let g2 = g2.expect("the waiter got the lock");
+    // Woken by the deletion of the released node (its watch); nothing else would hand it the
+    // lock before its 30 s deadline. 5 s is generous on a loaded machine.
+    let latency = got_at.saturating_duration_since(released_at);
+    assert!(
+        latency < Duration::from_secs(5),
+        "waiter woke {latency:?} after the release"
+    );
+    // The waiter queued before the failover: its token (its node's creation zxid) is of the
+    // old epoch, and still above the previous holder's.
+    let t2 = g2.fencing_token();
+    assert!(t2 > t1, "token {t2} after {t1}");
+
+    // The killed server comes back as a follower with its data; the lock keeps working.
+    blocking(|| ensemble.restart(leader)).expect("restart");
+    assert_eq!(
+        g2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let g3 = a
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(15))
+        .await
+        .expect("acquire after restart");
+    let t3 = g3.fencing_token();
+    assert!(t3 > t2, "token {t3} after {t2}");
+    assert!(
+        t3 >> 32 > t1 >> 32,
+        "a node created under the new leader carries its epoch (high 32 bits): {t1:#x} then {t3:#x}"
+    );
+    g3.release().await.expect("release");
+}
+
+/// A holder cut off from the ensemble (its traffic blackholed) for longer than its session
+/// timeout: its lost signal fires (before the server can expire the session, so before anyone
+/// else can hold the lock), the server frees the lock for the next client, whose fencing token
+/// is higher; once it can talk again, the cut-off client works with a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expiry_fires_lost_and_fences() {
+    let ensemble = ZkEnsemble::shared();
+    let proxy = DelayProxy::start(ensemble.addr(0), Duration::ZERO).expect("proxy");
+    let session = Duration::from_secs(6);
+    let cut_url = format!("zk://127.0.0.1:{}?session_timeout=6s", proxy.port());
+    let url = format!("{}?session_timeout=6s", ensemble.url());
+    let name = unique_name("expiry");
+    // The watchdog lease must fit in the session (connect refuses a longer one).
+    let opts = opts().watchdog_lease(session);
+    let holder = client(&cut_url, opts.clone()).await;
+    let other = client(&url, opts).await;
+    let g = holder
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("acquire");
+    let t1 = g.fencing_token();
+    let lost = g.lost_signal();
+    let lost_at = tokio::spawn({
+        let lost = lost.clone();
+        async move {
+            let reason = lost.lost().await;
+            (reason, Instant::now())
+        }
+    });
+    let waiter_lock = other.lock(&name).expect("lock");
+    let waiter = tokio::spawn(async move {
+        let g = waiter_lock.acquire_timeout(Duration::from_secs(20)).await;
+        // Looked at the moment the grant returns (not by a task that a loaded machine may run
+        // late): whether the cut-off holder knew of its loss by then.
+        (g, Instant::now(), lost.is_lost())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter got a held lock");
+
+    let cut_at = Instant::now();
+    proxy.set_blackhole(true);
+    let (g2, granted_at, lost_when_granted) = waiter.await.expect("waiter");
+    let g2 = g2.expect("the lock came back when the session expired");
+    let waited = granted_at - cut_at;
+    assert!(
+        waited >= session * 3 / 4,
+        "granted {waited:?} after the cut, before the session could expire"
+    );
+    let (reason, lost_at) = tokio::time::timeout(Duration::from_secs(5), lost_at)
+        .await
+        .expect("the lost signal never fired")
+        .expect("join");
+    assert!(
+        matches!(reason, LostReason::SessionEnded(_)),
+        "reason: {reason:?}"
+    );
+    eprintln!(
+        "cut off at 0, lost signal at {:?}, next grant at {:?}",
+        lost_at - cut_at,
+        granted_at - cut_at
+    );
+    assert!(
+        lost_when_granted,
+        "the cut-off holder learned of the loss {:?} after the next grant",
+        lost_at.saturating_duration_since(granted_at)
+    );
+    let t2 = g2.fencing_token();
+    assert!(t2 > t1, "{t2} after {t1}");
+
+    // It can talk again: the old guard is gone, and a new session works.
+    proxy.set_blackhole(false);
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::TakenByOther
+    );
+    assert_eq!(
+        g2.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let g3 = holder
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .expect("acquire with a new session");
+    assert!(g3.fencing_token() > t2);
+    g3.release().await.expect("release");
+}
+
+/// A holder whose backend goes away without releasing (the driver closes the session) frees
+/// the lock at once — its ephemeral node goes with the session — instead of after the session
+/// timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_session_frees_at_once() {
+    let ensemble = ZkEnsemble::shared();
+    let url = format!("{}?session_timeout=20s", ensemble.url());
+    let name = unique_name("closed");
+    let other = client(&url, opts()).await;
+    let holder = ZkBackend::connect(&url, &opts()).await.expect("connect");
+    let key = HoldKey {
+        name: name.as_str().into(),
+        owner: "short-lived".into(),
+        kind: LockKind::Mutex,
+    };
+    let req = AcquireRequest::new(key, Duration::from_secs(10), LostSignal::new());
+    assert!(matches!(
+        holder.acquire(&req).await.expect("acquire"),
+        AcquireReply::Granted { .. }
+    ));
+    assert!(other.inspect(&name).await.expect("inspect").held());
+    drop(holder);
+    let t = Instant::now();
+    let g = other
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(15))
+        .await
+        .expect("acquire");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "freed only after {:?}",
+        t.elapsed()
+    );
+    g.release().await.expect("release");
+}
+
+/// The lost signal is for losses only: a hold released normally never fires it (the watch on
+/// the node sees our own delete), while a fixed-lease hold — which the watchdog does not
+/// renew — still learns at once that its node was deleted behind its back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_signal_only_for_losses() {
+    let ensemble = ZkEnsemble::shared();
+    // A watchdog lease longer than the waits below (a released hold's signal reports the end
+    // of its lease once it has passed: `is_lost` compares with the clock).
+    let opts = distlock_testkit::conformance::fast_opts().watchdog_lease(Duration::from_secs(5));
+    // A session long enough for the fixed lease below (a lease must fit in the session).
+    let a = client(
+        &format!("{}?session_timeout=30s", ensemble.url()),
+        opts.clone(),
+    )
+    .await;
+    let name = unique_name("signals");
+    let g = a
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let lost = g.lost_signal();
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    tokio::time::sleep(opts.renew_interval() + opts.get_op_timeout() + Duration::from_millis(300))
+        .await;
+    assert!(
+        !lost.is_lost(),
+        "a released hold was reported lost: {:?}",
+        lost.reason()
+    );
+
+    // A fixed lease far longer than the wait below: no renewals, yet the deletion is noticed.
+    let g = a
+        .lock(&name)
+        .expect("lock")
+        .lease(Duration::from_secs(30))
+        .expect("lease")
+        .acquire()
+        .await
+        .expect("acquire");
+    let operator = zookeeper_client::Client::connect(&ensemble.connect_string())
+        .await
+        .expect("operator");
+    let dir = distlock_zookeeper::lock_dir("dlock", &name, LockKind::Mutex).expect("dir");
+    for c in operator.list_children(&dir).await.expect("list") {
+        operator
+            .delete(&format!("{dir}/{c}"), None)
+            .await
+            .expect("delete");
+    }
+    let t = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("never noticed");
+    assert_eq!(reason, LostReason::NotHeld);
+    // Noticed through the watch on the node, not at the end of the 30 s lease: 5 s is
+    // generous on a loaded machine.
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "noticed after {:?}",
+        t.elapsed()
+    );
+    assert_eq!(g.release().await.expect("release"), ReleaseOutcome::Expired);
+}
