@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod blocking;
 mod client;
 pub mod clock;
+pub mod conn;
 mod duration;
 mod error;
 mod guard;
