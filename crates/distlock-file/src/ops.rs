@@ -151,13 +151,13 @@ pub(crate) fn diagnose(inner: &Inner) -> Vec<Finding> {
     let mut out = Vec::new();
     #[cfg(any(target_os = "linux", target_os = "android"))]
     out.push(match sys::fs_magic(dir) {
-        Ok(magic) => match super::network_fs(magic) {
+        Ok(magic) => match crate::fs::network_fs(magic) {
             Some(fs) => Finding::new(
                 Severity::Unsafe,
                 "file-system",
                 format!("{} is on {fs} (statfs type {magic:#x}): flock there can be lost by the client or does not exclude other hosts; use a directory on a local file system, or a networked backend (redis://, etcd://) for locks between hosts", dir.display()),
             ),
-            None if magic == super::FUSE_MAGIC => Finding::new(
+            None if magic == crate::fs::FUSE_MAGIC => Finding::new(
                 Severity::Warning,
                 "file-system",
                 format!("{} is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs does not); prefer a local directory", dir.display()),

@@ -1,0 +1,229 @@
+//! The lock directory: creating it, refusing one on a network file system or (for the default
+//! directory) one planted by another user; opening and reading lock files.
+
+use crate::record::{self, Record};
+use crate::{sys, Inner, KIND};
+use distlock_core::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+pub(crate) fn io_error(endpoint: &str, what: String, e: io::Error) -> Error {
+    Error::Connection {
+        backend: KIND,
+        endpoint: endpoint.to_owned(),
+        source: Box::new(io::Error::new(e.kind(), format!("{what}: {e}"))),
+    }
+}
+
+/// Creates (if needed) and checks the lock directory `base` and its subdirectory of
+/// `namespace`; returns that subdirectory and its endpoint (`file://<dir>`). `default` is true
+/// for the default directory, which must be a real directory owned by the calling user.
+pub(crate) fn open_dir(base: &Path, namespace: &str, default: bool) -> Result<(PathBuf, String)> {
+    let endpoint = format!("file://{}", base.display());
+    let base_meta = create_dir(base, &endpoint)?;
+    if default {
+        check_private(base, &endpoint)?;
+    }
+    let dir = base.join(crate::location::namespace_dir(namespace));
+    let endpoint = format!("file://{}", dir.display());
+    let existed = std::fs::symlink_metadata(&dir).is_ok();
+    create_dir(&dir, &endpoint)?;
+    check_local(&dir, &endpoint)?;
+    if !existed {
+        // Share the namespace directory as the base directory is shared, never with
+        // everyone: a group-writable (setgid) base gives a group-writable subdirectory.
+        let mode = (base_meta.mode() & 0o2770) | 0o700;
+        if let Err(e) = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot set the mode of the namespace directory");
+        }
+    }
+    Ok((dir, endpoint))
+}
+
+/// Creates `dir` (and missing parents) with mode `0700`; returns its metadata.
+fn create_dir(dir: &Path, endpoint: &str) -> Result<std::fs::Metadata> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| {
+            io_error(
+                endpoint,
+                format!("cannot create the lock directory {}", dir.display()),
+                e,
+            )
+        })?;
+    let meta = std::fs::metadata(dir)
+        .map_err(|e| io_error(endpoint, format!("cannot stat {}", dir.display()), e))?;
+    if !meta.is_dir() {
+        return Err(io_error(
+            endpoint,
+            format!("{} is not a directory", dir.display()),
+            io::Error::new(io::ErrorKind::NotADirectory, "choose a directory"),
+        ));
+    }
+    Ok(meta)
+}
+
+/// The network file systems a lock directory may not be on, by `statfs` magic number: their
+/// `flock` is emulated with byte-range locks that the server can lose (an NFSv4 or SMB client
+/// whose lease or session lapses loses its locks without being told), or is local to one
+/// client, so it is no lock at all between the hosts that share the directory.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) fn network_fs(magic: u64) -> Option<&'static str> {
+    match magic {
+        0x6969 => Some("NFS"),
+        0x517B => Some("SMB"),
+        0xFF53_4D42 => Some("CIFS"),
+        0xFE53_4D42 => Some("SMB2"),
+        0x5346_414F | 0x6B41_4653 => Some("AFS"),
+        0x00C3_6400 => Some("CephFS"),
+        _ => None,
+    }
+}
+
+/// `FUSE_SUPER_MAGIC`: local (fuse-overlayfs in rootless containers) or remote (sshfs), which
+/// `statfs` cannot tell apart.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) const FUSE_MAGIC: u64 = 0x6573_5546;
+
+/// Refuses a lock directory on a network file system (see [`network_fs`]).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn check_local(dir: &Path, endpoint: &str) -> Result<()> {
+    let magic = sys::fs_magic(dir)
+        .map_err(|e| io_error(endpoint, format!("cannot statfs {}", dir.display()), e))?;
+    if let Some(fs) = network_fs(magic) {
+        return Err(Error::unsupported(
+            KIND,
+            format!(
+                "{} as a lock directory (it is on {fs}, statfs type {magic:#x}, a network file system whose flock locks can be lost by the client or do not exclude other hosts; use a directory on a local file system, e.g. `file://`, or a networked backend such as `redis://` for locks between hosts)",
+                dir.display()
+            ),
+        ));
+    }
+    if magic == FUSE_MAGIC {
+        tracing::warn!(dir = %dir.display(),
+            "the lock directory is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs and other network file systems do not)");
+    }
+    Ok(())
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn check_local(_dir: &Path, _endpoint: &str) -> Result<()> {
+    Ok(())
+}
+
+/// The default directory may sit in the world-writable `/tmp`: refuse one planted by someone else.
+fn check_private(dir: &Path, endpoint: &str) -> Result<()> {
+    let meta = std::fs::symlink_metadata(dir)
+        .map_err(|e| io_error(endpoint, format!("cannot stat {}", dir.display()), e))?;
+    let uid = sys::euid();
+    if meta.file_type().is_symlink() || meta.uid() != uid {
+        return Err(io_error(
+            endpoint,
+            format!(
+                "the default lock directory {} is {} owned by uid {}, not by you (uid {uid}); another user may be trying to intercept your locks: remove it, or name a directory with file:///path",
+                dir.display(),
+                if meta.file_type().is_symlink() { "a symlink" } else { "a directory" },
+                meta.uid()
+            ),
+            io::Error::new(io::ErrorKind::PermissionDenied, "untrusted lock directory"),
+        ));
+    }
+    Ok(())
+}
+
+impl Inner {
+    pub(crate) fn io_error(&self, what: String, e: io::Error) -> Error {
+        io_error(&self.endpoint, what, e)
+    }
+
+    pub(crate) fn corrupt(&self, path: &Path, why: &str) -> Error {
+        Error::UnexpectedReply {
+            backend: KIND,
+            message: format!(
+                "lock file {} is not a dlock lock record: {why}. If no process uses this lock, delete the file to reset it (its fencing tokens then restart from 1)",
+                path.display()
+            ),
+        }
+    }
+
+    pub(crate) fn open_rw(&self, path: &Path) -> Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| self.io_error(format!("cannot open lock file {}", path.display()), e))
+    }
+
+    /// Opens an existing lock file read-only; `None` if it does not exist.
+    pub(crate) fn open_existing(&self, path: &Path) -> Result<Option<File>> {
+        match File::open(path) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io_error(format!("cannot open lock file {}", path.display()), e)),
+        }
+    }
+
+    pub(crate) fn read_record(&self, file: &File, path: &Path) -> Result<Record> {
+        let bytes = record::read(file)
+            .map_err(|e| self.io_error(format!("cannot read lock file {}", path.display()), e))?;
+        Record::parse(&bytes).map_err(|why| self.corrupt(path, &why))
+    }
+
+    /// A record naming another lock: two names with the same hash.
+    pub(crate) fn check_name(&self, rec: &Record, name: &str, path: &Path) -> Result<()> {
+        match rec.name.as_deref() {
+            Some(other) if other != name => Err(Error::UnexpectedReply {
+                backend: KIND,
+                message: format!(
+                    "lock file {} belongs to lock `{other}`, not `{name}`: the two names have the same FNV-1a-128 hash; rename one of the locks",
+                    path.display(),
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(all(test, any(target_os = "linux", target_os = "android")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_file_systems_are_refused() {
+        for (magic, fs) in [
+            (0x6969, "NFS"),
+            (0x517B, "SMB"),
+            (0xFF53_4D42, "CIFS"),
+            (0xFE53_4D42, "SMB2"),
+        ] {
+            assert_eq!(network_fs(magic), Some(fs));
+        }
+        // ext4, tmpfs, btrfs, xfs, overlayfs, FUSE: not refused.
+        for magic in [
+            0xEF53,
+            0x0102_1994,
+            0x9123_683E,
+            0x5846_5342,
+            0x794C_7630,
+            FUSE_MAGIC,
+        ] {
+            assert_eq!(network_fs(magic), None, "{magic:#x}");
+        }
+        // The directories the tests use are local: their statfs type is not refused.
+        let tmp = std::env::temp_dir();
+        let magic = sys::fs_magic(&tmp).expect("statfs");
+        assert_eq!(
+            network_fs(magic),
+            None,
+            "{} is on {magic:#x}",
+            tmp.display()
+        );
+        assert!(sys::fs_magic(Path::new("/nonexistent/dlock")).is_err());
+    }
+}

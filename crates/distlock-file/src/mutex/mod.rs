@@ -1,0 +1,393 @@
+//! Mutexes ([`LockKind::Mutex`]): one file per name, `<hash>.lock`, whose `flock(LOCK_EX)` is
+//! the lock and whose record carries the fencing counter. See the crate documentation,
+//! sections *The hold protocol* and *Why this is a mutex*.
+
+mod waiting;
+
+use crate::record::{self, HolderLine, Record};
+use crate::{sys, Inner};
+use distlock_core::{
+    AcquireReply, AcquireRequest, AttemptId, GrantRef, HoldKey, HolderInfo, LockInfo,
+    ReleaseOutcome, RenewOutcome, Result,
+};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, MutexGuard, PoisonError};
+use tokio::sync::Notify;
+
+/// What this backend knows about one lock name. Removed when idle.
+#[derive(Default)]
+pub(crate) struct Entry {
+    /// The owner of this backend holding the lock.
+    holder: Option<Holder>,
+    /// A lock the waiting thread got and no waiter has claimed yet.
+    parked: Option<File>,
+    /// `acquire_wait` calls in progress.
+    waiters: usize,
+    /// Live watches.
+    watchers: usize,
+    /// A thread blocks in `flock(LOCK_EX)` for this name.
+    kernel_waiting: bool,
+    /// The waiting thread's `flock` failed; the next waiter or watch reports it.
+    kernel_error: Option<io::Error>,
+    /// Bumped (and `notify` woken) on every release, hand-over or waiting-thread event.
+    generation: u64,
+    notify: Arc<Notify>,
+}
+
+/// The one grant of this backend on a mutex: the attempt that won it, its token, and the
+/// descriptor whose `flock(LOCK_EX)` is the lock.
+struct Holder {
+    attempt: AttemptId,
+    owner: Arc<str>,
+    file: File,
+    token: u64,
+}
+
+impl Holder {
+    fn is(&self, grant: &GrantRef) -> bool {
+        self.attempt == grant.attempt && self.token == grant.token
+    }
+}
+
+impl Entry {
+    fn idle(&self) -> bool {
+        self.holder.is_none()
+            && self.parked.is_none()
+            && self.waiters == 0
+            && self.watchers == 0
+            && !self.kernel_waiting
+    }
+
+    /// Wakes every waiter and watch of this name.
+    fn bump(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+        self.notify.notify_waiters();
+    }
+}
+
+pub(crate) type Table = HashMap<Arc<str>, Entry>;
+
+fn remove_if_idle(table: &mut Table, name: &str) {
+    if table.get(name).is_some_and(Entry::idle) {
+        table.remove(name);
+    }
+}
+
+impl Inner {
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // The table is only changed by short, non-panicking updates; a poisoned lock still
+        // holds consistent data.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(record::file_name(name))
+    }
+
+    /// Rewrites the holder line (count changes, release). The line is informational, so a
+    /// failure is logged rather than failing the call.
+    fn write_holder_best_effort(
+        &self,
+        file: &File,
+        name: &str,
+        token: u64,
+        holder: Option<HolderLine>,
+    ) {
+        let rec = Record {
+            token,
+            name: Some(name.to_owned()),
+            holder,
+            holds: Vec::new(),
+        };
+        if let Err(e) = record::write(file, &rec) {
+            tracing::warn!(name, error = %e, "cannot update the holder line of the lock file");
+        }
+    }
+
+    /// One non-blocking attempt, under the table lock. With `arm`, a failed attempt against a
+    /// lock held outside this backend starts the waiting thread.
+    pub(crate) fn try_acquire(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        arm: bool,
+    ) -> Result<AcquireReply> {
+        let mut table = self.table();
+        let entry = table.entry(req.key.name.clone()).or_default();
+        let r = self.try_acquire_in(entry, req, arm);
+        remove_if_idle(&mut table, &req.key.name);
+        r
+    }
+
+    fn try_acquire_in(
+        self: &Arc<Self>,
+        entry: &mut Entry,
+        req: &AcquireRequest,
+        arm: bool,
+    ) -> Result<AcquireReply> {
+        let key = &req.key;
+        if let Some(h) = &entry.holder {
+            if h.attempt == req.attempt {
+                // A retry of the attempt that holds the lock: the same grant. The lease is the
+                // process's lifetime, so there is nothing to lengthen.
+                return Ok(AcquireReply::Granted { token: h.token });
+            }
+            // Any other attempt, even of the same owner id, is another holder.
+            return Ok(AcquireReply::Held { ttl: None });
+        }
+        if arm {
+            if let Some(e) = entry.kernel_error.take() {
+                return Err(self.mutex_wait_error(&key.name, e));
+            }
+        }
+        let path = self.path(&key.name);
+        // A few rounds in case the file is deleted or replaced while we lock it.
+        for _ in 0..3 {
+            let file = match entry.parked.take() {
+                Some(f) => f,
+                None => {
+                    let f = self.open_rw(&path)?;
+                    let got = sys::try_lock(&f, sys::Mode::Exclusive)
+                        .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
+                    if !got {
+                        if arm && !entry.kernel_waiting {
+                            // Wait on this very descriptor.
+                            self.arm(entry, &key.name, f)?;
+                        }
+                        return Ok(AcquireReply::Held { ttl: None });
+                    }
+                    f
+                }
+            };
+            match sys::same_file(&file, &path) {
+                Ok(true) => {}
+                Ok(false) => {
+                    // We locked a file that is no longer the lock's file: lock the current one.
+                    sys::unlock_and_close(file);
+                    continue;
+                }
+                Err(e) => {
+                    sys::unlock_and_close(file);
+                    entry.bump();
+                    return Err(self.io_error(format!("cannot stat {}", path.display()), e));
+                }
+            }
+            return match self.grant(&file, &path, key) {
+                Ok(token) => {
+                    entry.holder = Some(Holder {
+                        attempt: req.attempt.clone(),
+                        owner: key.owner.clone(),
+                        file,
+                        token,
+                    });
+                    Ok(AcquireReply::Granted { token })
+                }
+                Err(e) => {
+                    sys::unlock_and_close(file);
+                    // Other waiters may have been counting on the lock this process had.
+                    entry.bump();
+                    Err(e)
+                }
+            };
+        }
+        Err(self.io_error(
+            format!("cannot lock {}", path.display()),
+            io::Error::other(
+                "the lock file was deleted or replaced three times while locking it; is something removing files in the lock directory?",
+            ),
+        ))
+    }
+
+    /// Under the exclusive lock: next fencing token, written with the holder line before it is
+    /// returned.
+    fn grant(&self, file: &File, path: &Path, key: &HoldKey) -> Result<u64> {
+        let rec = self.read_record(file, path)?;
+        self.check_name(&rec, &key.name, path)?;
+        let token = record::next_token(rec.token).ok_or_else(|| {
+            self.corrupt(path, "its fencing token is at the largest possible value")
+        })?;
+        let new = Record {
+            token,
+            name: Some(key.name.to_string()),
+            holder: Some(HolderLine {
+                pid: std::process::id(),
+                count: 1,
+                owner: key.owner.to_string(),
+            }),
+            holds: Vec::new(),
+        };
+        record::write(file, &new)
+            .map_err(|e| self.io_error(format!("cannot write lock file {}", path.display()), e))?;
+        Ok(token)
+    }
+
+    pub(crate) fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        let name = &grant.key.name;
+        {
+            let mut table = self.table();
+            if let Some(entry) = table.get_mut(name) {
+                match &entry.holder {
+                    Some(h) if h.is(grant) => {
+                        self.unlock_holder(entry, name);
+                        remove_if_idle(&mut table, name);
+                        return Ok(ReleaseOutcome::Released);
+                    }
+                    Some(_) => return Ok(ReleaseOutcome::TakenByOther),
+                    // Locked by this backend's waiting thread for its waiters: nobody holds it.
+                    None if entry.parked.is_some() => return Ok(ReleaseOutcome::Expired),
+                    None => {}
+                }
+            }
+        }
+        // Not held here: held by another process, or by nobody.
+        Ok(if self.probe_held(name)? {
+            ReleaseOutcome::TakenByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
+    }
+
+    /// Gives up this backend's grant on `name` (the holder line first, then the lock), and
+    /// wakes the waiters.
+    fn unlock_holder(&self, entry: &mut Entry, name: &str) {
+        if let Some(h) = entry.holder.take() {
+            self.write_holder_best_effort(&h.file, name, h.token, None);
+            sys::unlock_and_close(h.file);
+        }
+        entry.bump();
+    }
+
+    /// The attempt `req.attempt` stops: if it holds the lock (a grant its caller never
+    /// received), give the lock back. Another attempt's grant is never touched.
+    pub(crate) fn give_up(&self, req: &AcquireRequest) {
+        let name = &req.key.name;
+        let mut table = self.table();
+        let Some(entry) = table.get_mut(name) else {
+            return;
+        };
+        if entry
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.attempt == req.attempt)
+        {
+            tracing::debug!(name = %name, attempt = %req.attempt, "giving back the grant of an attempt that gave up");
+            self.unlock_holder(entry, name);
+            remove_if_idle(&mut table, name);
+        }
+    }
+
+    /// True if someone outside this backend's table holds the lock (non-blocking probe).
+    fn probe_held(&self, name: &str) -> Result<bool> {
+        let path = self.path(name);
+        let Some(file) = self.open_existing(&path)? else {
+            return Ok(false);
+        };
+        let free = sys::try_lock(&file, sys::Mode::Shared)
+            .map_err(|e| self.io_error(format!("cannot probe {}", path.display()), e))?;
+        if free {
+            sys::unlock_and_close(file);
+        }
+        Ok(!free)
+    }
+
+    pub(crate) fn renew_mutex(&self, grant: &GrantRef) -> Result<RenewOutcome> {
+        let key = &grant.key;
+        let mut table = self.table();
+        let Some(entry) = table.get_mut(&key.name) else {
+            return Ok(RenewOutcome::NotHeld);
+        };
+        let Some(h) = entry.holder.as_ref().filter(|h| h.is(grant)) else {
+            return Ok(RenewOutcome::NotHeld);
+        };
+        let path = self.path(&key.name);
+        let intact = sys::same_file(&h.file, &path)
+            .map_err(|e| self.io_error(format!("cannot stat {}", path.display()), e))?;
+        if intact {
+            return Ok(RenewOutcome::Renewed);
+        }
+        tracing::warn!(name = %key.name, path = %path.display(),
+            "the lock file was deleted or replaced while held; the lock is lost");
+        if let Some(h) = entry.holder.take() {
+            sys::unlock_and_close(h.file);
+        }
+        entry.bump();
+        remove_if_idle(&mut table, &key.name);
+        Ok(RenewOutcome::NotHeld)
+    }
+
+    /// The state of a lock, under the table lock for this backend's holder, else from the file.
+    /// `Err(None)` asks the caller to try again shortly (another process is mid-write).
+    pub(crate) fn inspect_once(&self, name: &str, last_try: bool) -> Result<Option<LockInfo>> {
+        {
+            let table = self.table();
+            if let Some(h) = table.get(name).and_then(|e| e.holder.as_ref()) {
+                return Ok(Some(LockInfo {
+                    name: name.to_owned(),
+                    holders: vec![HolderInfo {
+                        owner: h.owner.to_string(),
+                        count: 1,
+                        lease_left: None,
+                        ..Default::default()
+                    }],
+                    fencing_token: h.token,
+                    ..Default::default()
+                }));
+            }
+        }
+        let path = self.path(name);
+        let Some(file) = self.open_existing(&path)? else {
+            return Ok(Some(LockInfo {
+                name: name.to_owned(),
+                holders: Vec::new(),
+                fencing_token: 0,
+                ..Default::default()
+            }));
+        };
+        let free = sys::try_lock(&file, sys::Mode::Shared)
+            .map_err(|e| self.io_error(format!("cannot probe {}", path.display()), e))?;
+        let rec = self.read_record(&file, &path);
+        if free {
+            // Writers hold the exclusive lock, so under our shared lock the record is whole.
+            sys::unlock_and_close(file);
+            let rec = rec?;
+            return Ok(Some(LockInfo {
+                name: name.to_owned(),
+                holders: Vec::new(),
+                fencing_token: rec.token,
+                ..Default::default()
+            }));
+        }
+        // Held by another process, which may be writing the record right now.
+        let rec = match rec {
+            Ok(rec) => rec,
+            Err(e) if last_try => return Err(e),
+            Err(_) => return Ok(None),
+        };
+        let holder = match rec.holder {
+            Some(h) => HolderInfo {
+                owner: h.owner,
+                count: h.count,
+                lease_left: None,
+                ..Default::default()
+            },
+            None if !last_try => return Ok(None),
+            // Locked but no holder line: a process between locking and writing, or another
+            // backend's waiting thread handing the lock over.
+            None => HolderInfo {
+                owner: "unknown (another process holds the lock but has not recorded its owner)"
+                    .into(),
+                count: 1,
+                lease_left: None,
+                ..Default::default()
+            },
+        };
+        Ok(Some(LockInfo {
+            name: name.to_owned(),
+            holders: vec![holder],
+            fencing_token: rec.token,
+            ..Default::default()
+        }))
+    }
+}
