@@ -1,4 +1,5 @@
 -- Read-write lock: acquire one side for one attempt, or queue the attempt. One round trip.
+-- Runs after expiring.lua (the keys' shape, the shared steps).
 -- KEYS[1] holds: hash ATTEMPT -> "TOKEN:SIDE:OWNER" (SIDE 'r' or 'w')
 -- KEYS[2] fencing counter (shared with the name's other kinds; seeded from the server clock)
 -- KEYS[3] wait queue: zset ATTEMPT -> arrival ms
@@ -14,41 +15,10 @@
 -- Policy: a writer waits for all readers; a new reader does not pass a queued writer, so a
 -- stream of readers cannot starve writers; queued readers behind no writer are let in together.
 local attempt, owner, lease, side = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[5]
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
--- Drop grants whose own lease ran out.
-for _, m in ipairs(redis.call('zrangebyscore', KEYS[5], '-inf', now)) do
-  redis.call('hdel', KEYS[1], m)
-  redis.call('zrem', KEYS[5], m)
-end
-
--- Makes the caller's grant run at least the lease from now (never shorter).
-local function extend()
-  local exp = now + lease
-  local cur = tonumber(redis.call('zscore', KEYS[5], attempt))
-  if not cur or cur < exp then
-    redis.call('zadd', KEYS[5], exp, attempt)
-  end
-  for _, k in ipairs({KEYS[1], KEYS[5]}) do
-    if redis.call('pttl', k) < lease then
-      redis.call('pexpire', k, lease)
-    end
-  end
-end
-
-local function dequeue()
-  redis.call('zrem', KEYS[3], attempt)
-  redis.call('hdel', KEYS[4], attempt)
-end
 
 local cur = redis.call('hget', KEYS[1], attempt)
 if cur then
-  -- A retry, or a handoff not heard of. Rewritten as it is so that a WAIT covers it.
-  redis.call('hset', KEYS[1], attempt, cur)
-  extend()
-  dequeue()
-  return {1, tonumber(string.match(cur, '^(%d+):'))}
+  return again(attempt, cur, lease)
 end
 
 local writer, readers, my_read = false, 0, false
@@ -101,48 +71,30 @@ local function first_in_line()
   return true
 end
 
-local grant = false
+local ok = false
 if side == 'w' then
   -- Refused when asked, not when the owner's read grant arrived while this attempt already
   -- waited (another task of the handle): that one waits for the read to be released.
   if my_read and not redis.call('zscore', KEYS[3], attempt) then
     return {-1, 0}
   end
-  grant = not writer and readers == 0 and first_in_line()
+  ok = not writer and readers == 0 and first_in_line()
 else
   local w = ARGV[6] ~= '' and redis.call('hget', KEYS[1], ARGV[6])
   if w and string.match(w, '^(%d+):w:') == ARGV[7] then
-    grant = true -- downgrade: the caller's own write grant, named by the request
+    ok = true -- downgrade: the caller's own write grant, named by the request
   else
-    grant = not writer and not writer_queued_ahead()
+    ok = not writer and not writer_queued_ahead()
   end
 end
 
-if grant then
-  if redis.call('exists', KEYS[2]) == 0 then
-    redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-  local token = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], attempt, string.format('%d:', token) .. side .. ':' .. owner)
-  extend()
-  dequeue()
-  return {1, token}
+if ok then
+  return {1, grant(attempt, lease, side, owner)}
 end
 
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
-  redis.call('zadd', KEYS[3], 'NX', now, attempt)
-  redis.call('hset', KEYS[4], attempt,
-    string.format('%d:%d:', now + ttl, lease) .. side .. ':' .. owner)
-  for i = 3, 4 do
-    if redis.call('pttl', KEYS[i]) < ttl then
-      redis.call('pexpire', KEYS[i], ttl)
-    end
-  end
+  enqueue(attempt, ttl, lease, side, owner)
 end
 -- Sleep at most until the first grant we wait for would expire.
-local first = redis.call('zrange', KEYS[5], 0, 0, 'WITHSCORES')
-if first[2] then
-  return {0, math.max(0, tonumber(first[2]) - now)}
-end
-return {0, -1}
+return held()

@@ -1,4 +1,5 @@
--- Semaphore: take permits for one attempt, or queue the attempt. One round trip.
+-- Semaphore: take permits for one attempt, or queue the attempt. One round trip. Runs after
+-- expiring.lua (the keys' shape, the shared steps).
 -- KEYS[1] holds: hash ATTEMPT -> "TOKEN:PERMITS:OWNER"
 -- KEYS[2] fencing counter (seeded from the server clock when missing)
 -- KEYS[3] wait queue: zset ATTEMPT -> arrival ms
@@ -15,13 +16,6 @@
 -- that it blocks every younger request until it is served, so the permits drain to it.
 local PATIENCE = 1000
 local attempt, owner, lease, want = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-for _, m in ipairs(redis.call('zrangebyscore', KEYS[5], '-inf', now)) do
-  redis.call('hdel', KEYS[1], m)
-  redis.call('zrem', KEYS[5], m)
-end
 
 local limit = tonumber(redis.call('get', KEYS[6]))
 if not limit then
@@ -29,43 +23,9 @@ if not limit then
   redis.call('set', KEYS[6], limit)
 end
 
-local function dequeue(m)
-  redis.call('zrem', KEYS[3], m)
-  redis.call('hdel', KEYS[4], m)
-end
-
-local function grant(m, ms, permits, who)
-  if redis.call('exists', KEYS[2]) == 0 then
-    redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-  local token = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], m, string.format('%d:%d:', token, permits) .. who)
-  redis.call('zadd', KEYS[5], now + ms, m)
-  for _, k in ipairs({KEYS[1], KEYS[5]}) do
-    if redis.call('pttl', k) < ms then
-      redis.call('pexpire', k, ms)
-    end
-  end
-  dequeue(m)
-  return token
-end
-
 local cur = redis.call('hget', KEYS[1], attempt)
 if cur then
-  -- A retry, or a handoff not heard of: the same grant, its lease never shortened, rewritten
-  -- as it is so that a WAIT covers it.
-  redis.call('hset', KEYS[1], attempt, cur)
-  local exp = tonumber(redis.call('zscore', KEYS[5], attempt))
-  if not exp or exp < now + lease then
-    redis.call('zadd', KEYS[5], now + lease, attempt)
-  end
-  for _, k in ipairs({KEYS[1], KEYS[5]}) do
-    if redis.call('pttl', k) < lease then
-      redis.call('pexpire', k, lease)
-    end
-  end
-  dequeue(attempt)
-  return {1, tonumber(string.match(cur, '^(%d+):'))}
+  return again(attempt, cur, lease)
 end
 
 if want > limit then
@@ -75,13 +35,7 @@ end
 
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
-  redis.call('zadd', KEYS[3], 'NX', now, attempt)
-  redis.call('hset', KEYS[4], attempt, string.format('%d:%d:%d:', now + ttl, lease, want) .. owner)
-  for i = 3, 4 do
-    if redis.call('pttl', KEYS[i]) < ttl then
-      redis.call('pexpire', KEYS[i], ttl)
-    end
-  end
+  enqueue(attempt, ttl, lease, want, owner)
 end
 
 -- Serve the queue in order (the caller too, if it queued), and find out whether a waiter past
@@ -129,8 +83,4 @@ end
 if ttl == 0 and want <= free and not blocked then
   return {1, grant(attempt, lease, want, owner)}
 end
-local first = redis.call('zrange', KEYS[5], 0, 0, 'WITHSCORES')
-if first[2] then
-  return {0, math.max(0, tonumber(first[2]) - now)}
-end
-return {0, -1}
+return held()

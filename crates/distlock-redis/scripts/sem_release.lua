@@ -1,27 +1,14 @@
 -- Semaphore: return one grant's permits (attempt and token), take an attempt out of the queue
--- and give back a grant made to it, or change the permit count. One round trip.
+-- and give back a grant made to it, or change the permit count. One round trip. Runs after
+-- expiring.lua.
 -- KEYS as sem_acquire.lua.
 -- ARGV[1] attempt, ARGV[2] token, ARGV[3] channel, ARGV[4] 'release' | 'giveup' | 'set',
 -- ARGV[5] new count (set)
--- release returns {1, 0} returned, {0, 0} not held (its lease had run out), {3, 0} another
--- grant at that address; giveup {1, 0} if it gave back a grant of the attempt, else {0, 0};
--- set {1, 0}.
+-- release and giveup return as `release` in expiring.lua (a release of an attempt that holds
+-- nothing is {0, 0}: its lease had run out); set returns {1, 0}.
 -- Freed permits go to the queue by the rule of sem_acquire.lua (oldest live waiter that
 -- fits; one past its patience blocks younger ones), each told by attempt ('h TOKEN ATTEMPT').
 local PATIENCE = 1000
-local attempt = ARGV[1]
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-for _, m in ipairs(redis.call('zrangebyscore', KEYS[5], '-inf', now)) do
-  redis.call('hdel', KEYS[1], m)
-  redis.call('zrem', KEYS[5], m)
-end
-
-local function dequeue(m)
-  redis.call('zrem', KEYS[3], m)
-  redis.call('hdel', KEYS[4], m)
-end
 
 local function serve()
   local limit = tonumber(redis.call('get', KEYS[6]))
@@ -54,20 +41,8 @@ local function serve()
       dequeue(m)
       wake = true
     elseif tonumber(n) <= free then
-      if redis.call('exists', KEYS[2]) == 0 then
-        redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-      end
-      local token = string.format('%d', redis.call('incr', KEYS[2]))
-      ms = tonumber(ms)
-      redis.call('hset', KEYS[1], m, token .. ':' .. n .. ':' .. who)
-      redis.call('zadd', KEYS[5], now + ms, m)
-      for _, k in ipairs({KEYS[1], KEYS[5]}) do
-        if redis.call('pttl', k) < ms then
-          redis.call('pexpire', k, ms)
-        end
-      end
-      dequeue(m)
-      redis.call('publish', ARGV[3], 'h ' .. token .. ' ' .. m)
+      local token = grant(m, tonumber(ms), n, who)
+      redis.call('publish', ARGV[3], 'h ' .. string.format('%d', token) .. ' ' .. m)
       free = free - tonumber(n)
     elseif now - since >= PATIENCE then
       break
@@ -78,39 +53,9 @@ local function serve()
   end
 end
 
-local function drop(m)
-  redis.call('hdel', KEYS[1], m)
-  redis.call('zrem', KEYS[5], m)
-end
-
 if ARGV[4] == 'set' then
   redis.call('set', KEYS[6], ARGV[5])
   serve()
   return {1, 0}
 end
-
-if ARGV[4] == 'giveup' then
-  local queued = redis.call('zrem', KEYS[3], attempt) == 1
-  redis.call('hdel', KEYS[4], attempt)
-  if redis.call('hexists', KEYS[1], attempt) == 1 then
-    drop(attempt)
-    serve()
-    return {1, 0}
-  end
-  -- A waiter that blocked younger ones (past its patience) leaves: they may fit now.
-  if queued then
-    serve()
-  end
-  return {0, 0}
-end
-
-local cur = redis.call('hget', KEYS[1], attempt)
-if not cur then
-  return {0, 0}
-end
-if string.match(cur, '^(%d+):') ~= ARGV[2] then
-  return {3, 0}
-end
-drop(attempt)
-serve()
-return {1, 0}
+return release(serve, {0, 0})

@@ -215,8 +215,7 @@ impl RedisBackend {
         })?
         .map_err(|e| map(&endpoint, e))?;
         let scripts = scripts::Scripts::new();
-        scripts
-            .load_all(&mut con)
+        scripts::load(&mut con, &scripts.all())
             .await
             .map_err(|e| map(&endpoint, e))?;
         check_eviction(&mut con, &endpoint).await;
@@ -322,15 +321,21 @@ impl RedisBackend {
                 self.scripts.sem_release.cmd(&keys, &args)
             }
         };
-        let mut con = self.con.clone();
-        let v = scripts::eval(&mut con, &self.scripts, &cmd)
-            .await
-            .map_err(|e| self.err(e))?;
+        let v = self.eval(&cmd).await?;
         pair(mode, &v)
     }
 
     fn err(&self, e: redis::RedisError) -> Error {
         map(&self.endpoint, e)
+    }
+
+    /// Runs one of the lock scripts (reloading them on NOSCRIPT).
+    async fn eval(&self, cmd: &redis::Cmd) -> Result<Value> {
+        let mut con = self.con.clone();
+        let (v, _) = scripts::eval(&mut con, &self.scripts.all(), cmd)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(v)
     }
 
     /// Number of release channels this client is subscribed to right now. A channel is
@@ -533,10 +538,7 @@ impl Backend for RedisBackend {
                 )
             }
         };
-        let mut con = self.con.clone();
-        let v = scripts::eval(&mut con, &self.scripts, &cmd)
-            .await
-            .map_err(|e| self.err(e))?;
+        let v = self.eval(&cmd).await?;
         match pair("acquire", &v)? {
             (1, token) if token > 0 => {
                 let token = token as u64;
@@ -621,7 +623,7 @@ impl Backend for RedisBackend {
             pipe.add_command(cmd);
         }
         let mut con = self.con.clone();
-        let vals = scripts::eval_pipe(&mut con, &self.scripts, &pipe)
+        let vals = scripts::eval_pipe(&mut con, &self.scripts.all(), &pipe)
             .await
             .map_err(|e| self.err(e))?;
         vals.iter()
@@ -771,11 +773,7 @@ impl Backend for RedisBackend {
             &keys,
             &["", "", &self.channel(name), "set", &permits.to_string()],
         );
-        let mut con = self.con.clone();
-        scripts::eval(&mut con, &self.scripts, &cmd)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        self.eval(&cmd).await.map(|_| ())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {

@@ -64,7 +64,7 @@ fn parse_key<'a>(ns: &str, key: &'a str) -> Option<(&'a str, Fam)> {
 }
 
 /// Escapes the glob characters of SCAN MATCH.
-fn glob_escape(s: &str) -> String {
+pub(crate) fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

@@ -23,8 +23,10 @@
 //! | `NS:redlock:horizon` | string, PX = longest lease that may still run | how long a quarantine must last if this node's data is lost |
 
 use crate::error::{shape, KIND};
-use crate::scripts::Script;
+use crate::ops::glob_escape;
+use crate::scripts::{self, Script};
 use crate::RedisBackend;
+use crate::{int, lease_ms};
 use distlock_core::{
     AttemptId, Error, GrantRef, HoldKey, LockKind, ReleaseOutcome, RenewOutcome, Result,
 };
@@ -51,23 +53,29 @@ struct QuorumScripts {
     seed: Script,
 }
 
-fn script(source: &'static str) -> Script {
-    Script {
-        source,
-        sha: redis::Script::new(source).get_hash().to_owned(),
-    }
-}
-
 fn quorum_scripts() -> &'static QuorumScripts {
     static SCRIPTS: OnceLock<QuorumScripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| QuorumScripts {
-        acquire: script(include_str!("../scripts/quorum_acquire.lua")),
-        raise: script(include_str!("../scripts/quorum_raise.lua")),
-        release: script(include_str!("../scripts/quorum_release.lua")),
-        renew: script(include_str!("../scripts/quorum_renew.lua")),
-        epoch: script(include_str!("../scripts/quorum_epoch.lua")),
-        seed: script(include_str!("../scripts/quorum_seed.lua")),
+        acquire: Script::new(include_str!("../scripts/quorum_acquire.lua")),
+        raise: Script::new(include_str!("../scripts/quorum_raise.lua")),
+        release: Script::new(include_str!("../scripts/quorum_release.lua")),
+        renew: Script::new(include_str!("../scripts/quorum_renew.lua")),
+        epoch: Script::new(include_str!("../scripts/quorum_epoch.lua")),
+        seed: Script::new(include_str!("../scripts/quorum_seed.lua")),
     })
+}
+
+impl QuorumScripts {
+    fn all(&self) -> [&Script; 6] {
+        [
+            &self.acquire,
+            &self.raise,
+            &self.release,
+            &self.renew,
+            &self.epoch,
+            &self.seed,
+        ]
+    }
 }
 
 /// One node's answer to [`RedisBackend::quorum_acquire`].
@@ -142,27 +150,10 @@ fn unexpected(message: String) -> Error {
     }
 }
 
-fn is_noscript(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-}
-
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(i) => Some(*i),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
 fn uint(what: &str, v: &Value) -> Result<u64> {
     int(v)
         .and_then(|i| u64::try_from(i).ok())
         .ok_or_else(|| shape(what, v))
-}
-
-fn ms(d: Duration) -> String {
-    d.as_millis().max(1).to_string()
 }
 
 fn positive_ms(ms: i64) -> Option<Duration> {
@@ -170,18 +161,6 @@ fn positive_ms(ms: i64) -> Option<Duration> {
         .ok()
         .filter(|m| *m > 0)
         .map(Duration::from_millis)
-}
-
-/// `*?[]\` escaped for a SCAN MATCH pattern.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 fn parse_info(text: &str, now_ms: u64) -> Result<ServerInfo> {
@@ -249,16 +228,18 @@ impl RedisBackend {
     }
 
     /// Loads the Redlock scripts (one pipelined round trip). They are also loaded on demand.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached; [`Error::Auth`] if the ACL user may
+    /// not load scripts.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: loading a script twice does no harm.
     pub async fn load_quorum_scripts(&self) -> Result<()> {
-        let s = quorum_scripts();
-        let mut p = redis::pipe();
-        for sc in [
-            &s.acquire, &s.raise, &s.release, &s.renew, &s.epoch, &s.seed,
-        ] {
-            p.add_command(sc.load_cmd()).ignore();
-        }
         let mut con = self.con.clone();
-        p.query_async::<()>(&mut con).await.map_err(|e| self.err(e))
+        scripts::load(&mut con, &quorum_scripts().all())
+            .await
+            .map_err(|e| self.err(e))
     }
 
     /// Runs one quorum script; on NOSCRIPT loads them and retries once. Also says whether it
@@ -269,20 +250,10 @@ impl RedisBackend {
         keys: &[&str],
         args: &[&str],
     ) -> Result<(Value, bool)> {
-        let cmd = script.cmd(keys, args);
         let mut con = self.con.clone();
-        match cmd.query_async::<Value>(&mut con).await {
-            Ok(v) => Ok((v, false)),
-            Err(e) if is_noscript(&e) => {
-                self.load_quorum_scripts().await?;
-                let v = cmd
-                    .query_async::<Value>(&mut con)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok((v, true))
-            }
-            Err(e) => Err(self.err(e)),
-        }
+        scripts::eval(&mut con, &quorum_scripts().all(), &script.cmd(keys, args))
+            .await
+            .map_err(|e| self.err(e))
     }
 
     /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
@@ -309,7 +280,7 @@ impl RedisBackend {
             .run_quorum(
                 &s.acquire,
                 &[&lock, &fence, &ek, &hk],
-                &[attempt.as_str(), &ms(lease), epoch, &key.owner],
+                &[attempt.as_str(), &lease_ms(lease), epoch, &key.owner],
             )
             .await?;
         let Value::Array(items) = &v else {
@@ -430,18 +401,13 @@ impl RedisBackend {
             let lock = self.quorum_lock_key(&g.key.name);
             pipe.add_command(s.renew.cmd(
                 &[&lock, &hk],
-                &[g.attempt.as_str(), &g.token.to_string(), &ms(*lease)],
+                &[g.attempt.as_str(), &g.token.to_string(), &lease_ms(*lease)],
             ));
         }
         let mut con = self.con.clone();
-        let vals: Vec<Value> = match pipe.query_async(&mut con).await {
-            Ok(v) => v,
-            Err(e) if is_noscript(&e) => {
-                self.load_quorum_scripts().await?;
-                pipe.query_async(&mut con).await.map_err(|e| self.err(e))?
-            }
-            Err(e) => return Err(self.err(e)),
-        };
+        let vals = scripts::eval_pipe(&mut con, &s.all(), &pipe)
+            .await
+            .map_err(|e| self.err(e))?;
         if vals.len() != holds.len() {
             return Err(unexpected(format!(
                 "quorum renew: {} replies to {} renewals",
@@ -467,53 +433,16 @@ impl RedisBackend {
             .collect()
     }
 
-    /// This node's view of the Redlock lock `name`: its hold, if any, as `(attempt id, owner
-    /// id, remaining lease)`, and its fencing counter. A hash of another shape (foreign data) is
-    /// reported as a hold with an empty attempt id and owner.
-    #[allow(clippy::type_complexity)]
-    pub async fn quorum_inspect(
-        &self,
-        name: &str,
-    ) -> Result<(Option<(String, String, Option<Duration>)>, u64)> {
-        let lock = self.quorum_lock_key(name);
-        let mut con = self.con.clone();
-        let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
-            .cmd("HGETALL")
-            .arg(&lock)
-            .cmd("PTTL")
-            .arg(&lock)
-            .cmd("GET")
-            .arg(self.quorum_fence_key(name))
-            .query_async(&mut con)
-            .await
-            .map_err(|e| self.err(e))?;
-        let fields: Vec<(String, String)> = redis::from_redis_value(fields.clone())
-            .map_err(|_| shape("inspect holders", &fields))?;
-        let fencing_token = match fence {
-            None => 0,
-            Some(s) => s.parse().map_err(|_| {
-                unexpected(format!(
-                    "fencing counter `{}` holds `{s}`, not a number",
-                    self.quorum_fence_key(name)
-                ))
-            })?,
-        };
-        let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
-        let hold = (!fields.is_empty()).then(|| {
-            let attempt = get(ATTEMPT_FIELD).unwrap_or_default();
-            let owner = get(OWNER_FIELD).filter(|_| !attempt.is_empty());
-            (
-                attempt,
-                owner.unwrap_or_default(),
-                (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
-            )
-        });
-        Ok((hold, fencing_token))
-    }
-
-    /// This node's view of the Redlock lock `name` with the token stored with its hold (for
-    /// the operator commands, which report the token a majority agrees on), and its fencing
-    /// counter. Like [`RedisBackend::quorum_inspect`] otherwise.
+    /// This node's view of the Redlock lock `name`: its hold, if any (a hash of another shape,
+    /// foreign data, is a hold with an empty attempt id), with the token stored with it, and
+    /// the node's fencing counter. One round trip.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached, [`Error::UnexpectedReply`] if the
+    /// lock's keys hold data of another type.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn quorum_hold(&self, name: &str) -> Result<(Option<NodeHold>, u64)> {
         let lock = self.quorum_lock_key(name);
         let mut con = self.con.clone();
@@ -529,15 +458,6 @@ impl RedisBackend {
             .map_err(|e| self.err(e))?;
         let fields: Vec<(String, String)> = redis::from_redis_value(fields.clone())
             .map_err(|_| shape("inspect holders", &fields))?;
-        let counter = match fence {
-            None => 0,
-            Some(s) => s.parse().map_err(|_| {
-                unexpected(format!(
-                    "fencing counter `{}` holds `{s}`, not a number",
-                    self.quorum_fence_key(name)
-                ))
-            })?,
-        };
         let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
         let hold = (!fields.is_empty()).then(|| NodeHold {
             attempt: get(ATTEMPT_FIELD).unwrap_or_default(),
@@ -545,7 +465,20 @@ impl RedisBackend {
             token: get(TOKEN_FIELD).and_then(|t| t.parse().ok()),
             lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
         });
-        Ok((hold, counter))
+        Ok((hold, self.counter(name, fence)?))
+    }
+
+    /// The fencing counter of `name` from its stored value (`None`: never issued, 0).
+    fn counter(&self, name: &str, stored: Option<String>) -> Result<u64> {
+        match stored {
+            None => Ok(0),
+            Some(s) => s.parse().map_err(|_| {
+                unexpected(format!(
+                    "fencing counter `{}` holds `{s}`, not a number",
+                    self.quorum_fence_key(name)
+                ))
+            }),
+        }
     }
 
     /// This node's fencing counter of `name` (0 if none was ever issued).
@@ -556,15 +489,7 @@ impl RedisBackend {
             .query_async(&mut con)
             .await
             .map_err(|e| self.err(e))?;
-        match v {
-            None => Ok(0),
-            Some(s) => s.parse().map_err(|_| {
-                unexpected(format!(
-                    "fencing counter `{}` holds `{s}`, not a number",
-                    self.quorum_fence_key(name)
-                ))
-            }),
-        }
+        self.counter(name, v)
     }
 
     /// The server's run id, uptime and clock, and the node epoch if it exists, in one round

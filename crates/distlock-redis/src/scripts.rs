@@ -1,16 +1,30 @@
 //! The Lua scripts, loaded once, run by EVALSHA (reloaded on NOSCRIPT).
+//!
+//! The read-write lock and semaphore scripts share one prelude (`scripts/expiring.lua`: the
+//! keys' shape, pruning, grants, the queue, the release side), put in front of each at compile
+//! time, so each script Redis runs is still one self-contained source.
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisResult, Value};
 
 /// A script and its SHA-1.
 pub(crate) struct Script {
-    pub(crate) source: &'static str,
-    pub(crate) sha: String,
+    source: &'static str,
+    sha: String,
+}
+
+/// A read-write lock or semaphore script: the shared prelude, then the script itself.
+macro_rules! expiring {
+    ($file:literal) => {
+        concat!(
+            include_str!("../scripts/expiring.lua"),
+            include_str!(concat!("../scripts/", $file))
+        )
+    };
 }
 
 impl Script {
-    fn new(source: &'static str) -> Self {
+    pub(crate) fn new(source: &'static str) -> Self {
         Script {
             source,
             sha: redis::Script::new(source).get_hash().to_owned(),
@@ -24,7 +38,7 @@ impl Script {
         c
     }
 
-    pub(crate) fn load_cmd(&self) -> Cmd {
+    fn load_cmd(&self) -> Cmd {
         let mut c = redis::cmd("SCRIPT");
         c.arg("LOAD").arg(self.source);
         c
@@ -49,18 +63,16 @@ impl Scripts {
             acquire: Script::new(include_str!("../scripts/acquire.lua")),
             release: Script::new(include_str!("../scripts/release.lua")),
             renew: Script::new(include_str!("../scripts/renew.lua")),
-            rw_acquire: Script::new(include_str!("../scripts/rw_acquire.lua")),
-            rw_release: Script::new(include_str!("../scripts/rw_release.lua")),
-            sem_acquire: Script::new(include_str!("../scripts/sem_acquire.lua")),
-            sem_release: Script::new(include_str!("../scripts/sem_release.lua")),
+            rw_acquire: Script::new(expiring!("rw_acquire.lua")),
+            rw_release: Script::new(expiring!("rw_release.lua")),
+            sem_acquire: Script::new(expiring!("sem_acquire.lua")),
+            sem_release: Script::new(expiring!("sem_release.lua")),
             expiring_renew: Script::new(include_str!("../scripts/expiring_renew.lua")),
         }
     }
 
-    /// Loads every script (one pipelined round trip).
-    pub(crate) async fn load_all<C: ConnectionLike>(&self, con: &mut C) -> RedisResult<()> {
-        let mut p = redis::pipe();
-        for s in [
+    pub(crate) fn all(&self) -> [&Script; 8] {
+        [
             &self.acquire,
             &self.release,
             &self.renew,
@@ -69,41 +81,48 @@ impl Scripts {
             &self.sem_acquire,
             &self.sem_release,
             &self.expiring_renew,
-        ] {
-            p.add_command(s.load_cmd()).ignore();
-        }
-        p.query_async::<()>(con).await
+        ]
     }
 }
 
-fn is_noscript(e: &redis::RedisError) -> bool {
+/// Loads every script of `set` (one pipelined round trip).
+pub(crate) async fn load<C: ConnectionLike>(con: &mut C, set: &[&Script]) -> RedisResult<()> {
+    let mut p = redis::pipe();
+    for s in set {
+        p.add_command(s.load_cmd()).ignore();
+    }
+    p.query_async::<()>(con).await
+}
+
+pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
-/// Runs one EVALSHA; on NOSCRIPT (server restarted or flushed) loads the scripts and retries once.
+/// Runs one EVALSHA; on NOSCRIPT (server restarted or flushed) loads `set` and retries once.
+/// Also says whether it had to reload.
 pub(crate) async fn eval<C: ConnectionLike>(
     con: &mut C,
-    scripts: &Scripts,
+    set: &[&Script],
     cmd: &Cmd,
-) -> RedisResult<Value> {
+) -> RedisResult<(Value, bool)> {
     match cmd.query_async::<Value>(con).await {
         Err(e) if is_noscript(&e) => {
-            scripts.load_all(con).await?;
-            cmd.query_async(con).await
+            load(con, set).await?;
+            Ok((cmd.query_async(con).await?, true))
         }
-        other => other,
+        other => Ok((other?, false)),
     }
 }
 
-/// Runs a pipeline of EVALSHAs, reloading the scripts once on NOSCRIPT.
+/// Runs a pipeline of EVALSHAs, reloading `set` once on NOSCRIPT.
 pub(crate) async fn eval_pipe<C: ConnectionLike>(
     con: &mut C,
-    scripts: &Scripts,
+    set: &[&Script],
     pipe: &Pipeline,
 ) -> RedisResult<Vec<Value>> {
     match pipe.query_async::<Vec<Value>>(con).await {
         Err(e) if is_noscript(&e) => {
-            scripts.load_all(con).await?;
+            load(con, set).await?;
             pipe.query_async(con).await
         }
         other => other,

@@ -28,7 +28,7 @@ const LIST_CONCURRENCY: usize = 16;
 type NodeAnswer<T> = std::result::Result<T, String>;
 
 /// Runs `op` on every connected node in parallel, each bounded by `t`, in node order.
-async fn per_node<T, F, Fut>(s: &Shared, t: Duration, op: F) -> Vec<NodeAnswer<T>>
+pub(crate) async fn per_node<T, F, Fut>(s: &Shared, t: Duration, op: F) -> Vec<NodeAnswer<T>>
 where
     F: Fn(Arc<RedisBackend>) -> Fut,
     Fut: Future<Output = Result<T>>,
@@ -68,7 +68,7 @@ where
 }
 
 /// The answers that came, and the problems of the nodes that did not answer.
-fn split<T>(answers: Vec<NodeAnswer<T>>) -> (Vec<T>, Vec<String>) {
+pub(crate) fn split<T>(answers: Vec<NodeAnswer<T>>) -> (Vec<T>, Vec<String>) {
     let mut ok = Vec::new();
     let mut problems = Vec::new();
     for a in answers {
@@ -91,7 +91,7 @@ fn agreement(owner: &str, k: usize, n: usize) -> String {
 
 /// The lease a majority still has: the `q`-th longest of the nodes' leases (`None`, no
 /// expiry, counts as the longest), or `None` when fewer than `q` nodes have the hold.
-fn majority_lease(mut leases: Vec<Option<Duration>>, q: usize) -> Option<Duration> {
+pub(crate) fn majority_lease(mut leases: Vec<Option<Duration>>, q: usize) -> Option<Duration> {
     leases.sort_by_key(|l| std::cmp::Reverse((l.is_none(), *l)));
     leases.get(q.checked_sub(1)?).copied().flatten()
 }

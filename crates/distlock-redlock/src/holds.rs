@@ -1,0 +1,386 @@
+//! Everything after a vote: waiting for a release, giving an attempt up, releasing and renewing
+//! a grant, and inspecting a lock; each asks every node and returns as soon as a majority
+//! decided.
+
+use crate::node::View;
+use crate::{check_kind, ops, tally, watch, Shared, KIND};
+use distlock_core::{
+    AcquireRequest, Backend, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
+    ReleaseWatch, RenewOutcome, Result,
+};
+use distlock_redis::{NodeHold, RedisBackend};
+use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One node's answer in a fan-out: `(node, None)` for a timeout, `(node, Some(result))`.
+type Answer<T> = Pin<Box<dyn Future<Output = (usize, Option<Result<T>>)> + Send>>;
+type Answers<T> = FuturesUnordered<Answer<T>>;
+
+/// Lets the requests still running finish in a task of their own.
+fn finish_in_background<T: Send + 'static>(mut rest: Answers<T>) {
+    if !rest.is_empty() {
+        tokio::spawn(async move { while rest.next().await.is_some() {} });
+    }
+}
+
+impl Shared {
+    /// Runs `op` on every connected node, each bounded by `t`, polled by the caller as they
+    /// finish: `(node, None)` for a timeout, `(node, Some(result))` otherwise. A caller that has
+    /// its majority hands the rest to [`finish_in_background`], so a slow node's request still
+    /// completes (in order on its connection) without keeping the caller waiting.
+    fn fan_out<T, F, Fut>(&self, views: &[View], t: Duration, op: F) -> Answers<T>
+    where
+        T: Send + 'static,
+        F: Fn(Arc<RedisBackend>) -> Fut,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        views
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| {
+                let fut = op(v.backend.clone()?);
+                Some(
+                    Box::pin(async move { (i, tokio::time::timeout(t, fut).await.ok()) })
+                        as Answer<T>,
+                )
+            })
+            .collect()
+    }
+
+    pub(crate) async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        let views = self.health.views();
+        let t = self.watch_timeout();
+        let got = join_all(views.iter().map(|v| {
+            let b = v.backend.clone();
+            async move {
+                let b = b?;
+                tokio::time::timeout(t, b.watch(req)).await.ok()?.ok()
+            }
+        }))
+        .await;
+        let watches: Vec<Box<dyn ReleaseWatch>> = got.into_iter().flatten().collect();
+        if watches.is_empty() {
+            return Err(Error::Connection {
+                backend: KIND,
+                endpoint: self.endpoint.clone(),
+                source: "could not subscribe to release messages on any redlock node".into(),
+            });
+        }
+        Ok(Box::new(watch::QuorumWatch::new(
+            self.n(),
+            watches,
+            self.nt(),
+        )))
+    }
+
+    /// Releases whatever the attempt holds on any node (a grant whose reply was lost, or votes
+    /// that finished after the attempt stopped), announcing the release where it held one.
+    /// Idempotent; only that attempt's holds are touched.
+    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        check_kind(req.key.kind)?;
+        let views = self.health.views();
+        let t = self.call_timeout();
+        let (name, attempt) = (req.key.name.clone(), req.attempt.clone());
+        let mut answers = self.fan_out(&views, t, |b| {
+            let (name, attempt) = (name.clone(), attempt.clone());
+            async move { b.quorum_release(&name, &attempt, None, true).await }
+        });
+        let mut answered = 0;
+        let mut problems = Vec::new();
+        while let Some((i, r)) = answers.next().await {
+            let node = &self.health.nodes[i];
+            match r {
+                Some(Ok(_)) => answered += 1,
+                Some(Err(e)) => problems.push(format!("{}: {e}", node.endpoint)),
+                None => problems.push(format!("{}: no answer within {t:?}", node.endpoint)),
+            }
+        }
+        // Fewer than a majority reached: a grant this attempt may have got could still stand
+        // (until its lease ends); say so.
+        if answered < self.q() {
+            return Err(self.no_quorum(answered, &problems));
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        check_kind(grant.key.kind)?;
+        let views = self.health.views();
+        let t = self.call_timeout();
+        let (name, attempt, token) = (grant.key.name.clone(), grant.attempt.clone(), grant.token);
+        // Set once a majority released this grant: then a node that holds the attempt under
+        // another token (its vote came in after the decision, before the raise reached it)
+        // holds part of this very grant — attempt ids are unique — and is released too.
+        let (verdict, decided) = tokio::sync::watch::channel(false);
+        let mut answers = self.fan_out(&views, t, |b| {
+            let (name, attempt, mut rx) = (name.clone(), attempt.clone(), decided.clone());
+            async move {
+                match b.quorum_release(&name, &attempt, Some(token), true).await? {
+                    Ok(o) => Ok(o),
+                    Err(_other_token) => {
+                        tokio::spawn(async move {
+                            // Ends as soon as the release is decided either way (the sender
+                            // goes away with the call).
+                            let released = matches!(
+                                tokio::time::timeout(t, rx.wait_for(|v| *v)).await,
+                                Ok(Ok(_))
+                            );
+                            if released {
+                                let _ = tokio::time::timeout(
+                                    t,
+                                    b.quorum_release(&name, &attempt, None, true),
+                                )
+                                .await;
+                            }
+                        });
+                        // Not this grant's address here (yet): as far as the majority goes,
+                        // nothing to release on this node.
+                        Ok(ReleaseOutcome::Expired)
+                    }
+                }
+            }
+        });
+        let q = self.q();
+        let mut outcomes: Vec<Option<ReleaseOutcome>> = vec![None; self.n()];
+        let mut problems = Vec::new();
+        while let Some((i, r)) = answers.next().await {
+            let node = &self.health.nodes[i];
+            match r {
+                Some(Ok(o)) => outcomes[i] = Some(o),
+                Some(Err(e)) => {
+                    if e.is_retryable() {
+                        node.suspect(format!("an error ({e})"));
+                    }
+                    problems.push(format!("{}: {e}", node.endpoint));
+                }
+                None => problems.push(format!("{}: no answer within {t:?}", node.endpoint)),
+            }
+            if outcomes
+                .iter()
+                .filter(|o| **o == Some(ReleaseOutcome::Released))
+                .count()
+                >= q
+            {
+                verdict.send_replace(true);
+                break;
+            }
+        }
+        drop(decided);
+        // The slower nodes' releases are on their connections already: they finish in order.
+        finish_in_background(answers);
+        tally::release_outcome(&outcomes).map_err(|answered| self.no_quorum(answered, &problems))
+    }
+
+    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        for (g, lease) in holds {
+            check_kind(g.key.kind)?;
+            self.health.note_lease(*lease);
+        }
+        let views = self.health.views();
+        let t = self.call_timeout();
+        // Set to which grants a majority renewed: a node that holds one of those attempts
+        // under another token (its vote came in after the decision, and the raise did not
+        // reach it) holds part of that very grant — attempt ids are unique — and is given the
+        // token and renewed too, so it rejoins the grant.
+        let (verdict, decided) = tokio::sync::watch::channel(None::<Vec<bool>>);
+        let mut answers = self.fan_out(&views, t, |b| {
+            let (holds, mut rx) = (holds.to_vec(), decided.clone());
+            async move {
+                let outs = b.quorum_renew(&holds).await?;
+                let behind: Vec<usize> = (0..outs.len()).filter(|&h| outs[h].is_err()).collect();
+                if !behind.is_empty() {
+                    tokio::spawn(async move {
+                        let renewed =
+                            match tokio::time::timeout(t, rx.wait_for(Option::is_some)).await {
+                                Ok(Ok(v)) => v.clone().unwrap_or_default(),
+                                _ => return,
+                            };
+                        for h in behind
+                            .into_iter()
+                            .filter(|&h| renewed.get(h) == Some(&true))
+                        {
+                            let (g, lease) = &holds[h];
+                            let raised = b.raise_fence(&g.key.name, &g.attempt, g.token);
+                            if let Ok(Ok(Some(_))) = tokio::time::timeout(t, raised).await {
+                                let item = [(g.clone(), *lease)];
+                                let _ = tokio::time::timeout(t, b.quorum_renew(&item)).await;
+                            }
+                        }
+                    });
+                }
+                // Not this grant's address here (yet): as far as the majority goes, not held.
+                Ok(outs
+                    .into_iter()
+                    .map(|o| o.unwrap_or(RenewOutcome::NotHeld))
+                    .collect::<Vec<_>>())
+            }
+        });
+        drop(decided);
+        let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
+            views.iter().map(|v| (v.counts, None)).collect();
+        let mut problems: Vec<String> = Vec::new();
+        while let Some((i, r)) = answers.next().await {
+            let node = &self.health.nodes[i];
+            match r {
+                Some(Ok(o)) if o.len() == holds.len() => per_node[i].1 = Some(o),
+                Some(Ok(_)) => problems.push(format!(
+                    "{}: renewed a batch of the wrong size",
+                    node.endpoint
+                )),
+                Some(Err(e)) => {
+                    if e.is_retryable() {
+                        node.suspect(format!("an error ({e})"));
+                    }
+                    problems.push(format!("{}: {e}", node.endpoint));
+                }
+                None => problems.push(format!("{}: no answer within {t:?}", node.endpoint)),
+            }
+            if tally::renew_outcomes(&per_node, holds.len())
+                .iter()
+                .all(Option::is_some)
+            {
+                break;
+            }
+        }
+        let outcomes = tally::renew_outcomes(&per_node, holds.len());
+        verdict.send_replace(Some(
+            outcomes
+                .iter()
+                .map(|o| *o == Some(RenewOutcome::Renewed))
+                .collect(),
+        ));
+        finish_in_background(answers);
+        let undecided: Vec<&str> = holds
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| o.is_none())
+            .map(|((g, _), _)| &*g.key.name)
+            .collect();
+        if !undecided.is_empty() {
+            problems.extend(views.iter().zip(&self.health.nodes).filter_map(|(v, n)| {
+                v.why_not
+                    .as_ref()
+                    .filter(|_| v.backend.is_some())
+                    .map(|w| format!("{}: {w}", n.endpoint))
+            }));
+            return Err(Error::Connection {
+                backend: KIND,
+                endpoint: self.endpoint.clone(),
+                source: format!(
+                    "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
+                    undecided
+                        .iter()
+                        .map(|n| format!("`{n}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    self.q(),
+                    self.n(),
+                    problems.join("; ")
+                )
+                .into(),
+            });
+        }
+        Ok(outcomes.into_iter().flatten().collect())
+    }
+
+    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        check_kind(kind)?;
+        let t = self.watch_timeout();
+        let (views, problems) =
+            ops::split(ops::per_node(self, t, |b| async move { b.quorum_hold(name).await }).await);
+        let q = self.q();
+        if views.len() < q {
+            return Err(self.no_quorum(views.len(), &problems));
+        }
+        Ok(merge_infos(name, &views, q))
+    }
+}
+
+/// One node's view of a lock, as [`RedisBackend::quorum_hold`] returns it.
+type NodeView = (Option<NodeHold>, u64);
+
+/// One view of a lock from the nodes' views: a holder is an attempt seen on at least `q`
+/// nodes, with the lease a majority still has; the token is the largest counter (an upper
+/// bound of the last token handed out: failed attempts also count).
+fn merge_infos(name: &str, infos: &[NodeView], q: usize) -> LockInfo {
+    let mut seen: HashMap<&str, Vec<&NodeHold>> = HashMap::new();
+    for hold in infos.iter().filter_map(|(h, _)| h.as_ref()) {
+        // Foreign data (no attempt) is no holder of ours.
+        if !hold.attempt.is_empty() {
+            seen.entry(&hold.attempt).or_default().push(hold);
+        }
+    }
+    let mut holders: Vec<HolderInfo> = seen
+        .into_values()
+        .filter(|hs| hs.len() >= q)
+        .map(|hs| HolderInfo {
+            owner: hs[0].owner.clone(),
+            count: 1,
+            lease_left: ops::majority_lease(hs.iter().map(|h| h.lease_left).collect(), q),
+            ..HolderInfo::default()
+        })
+        .collect();
+    holders.sort_by(|a, b| a.owner.cmp(&b.owner));
+    LockInfo {
+        name: name.to_owned(),
+        holders,
+        fencing_token: infos.iter().map(|i| i.1).max().unwrap_or(0),
+        ..LockInfo::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(owner: &str, ms: u64) -> HolderInfo {
+        HolderInfo {
+            owner: owner.into(),
+            count: 1,
+            lease_left: Some(Duration::from_millis(ms)),
+            ..HolderInfo::default()
+        }
+    }
+
+    #[test]
+    fn merged_inspect() {
+        let node = |hold: Option<(&str, &str, u64)>, fence| -> NodeView {
+            let hold = hold.map(|(a, o, ms)| NodeHold {
+                attempt: a.into(),
+                owner: o.into(),
+                token: Some(fence),
+                lease_left: Some(Duration::from_millis(ms)),
+            });
+            (hold, fence)
+        };
+        let infos = [
+            node(Some(("a1", "x", 900)), 9),
+            node(Some(("a1", "x", 700)), 9),
+            node(Some(("b1", "y", 500)), 11),
+            node(Some(("a1", "x", 300)), 9),
+            node(None, 3),
+        ];
+        let m = merge_infos("n", &infos, 3);
+        assert_eq!(m.holders, vec![holder("x", 300)]);
+        assert_eq!(m.fencing_token, 11);
+        let m = merge_infos("n", &infos[2..], 2);
+        assert!(!m.held());
+        // Two attempts of one owner, each on a minority: nobody holds the lock.
+        let infos = [
+            node(Some(("a1", "x", 900)), 9),
+            node(Some(("a2", "x", 900)), 9),
+            node(Some(("a1", "x", 900)), 9),
+            node(Some(("a2", "x", 900)), 9),
+            node(Some(("", "", 900)), 9),
+        ];
+        assert!(!merge_infos("n", &infos, 3).held());
+    }
+}
