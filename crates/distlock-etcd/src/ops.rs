@@ -17,9 +17,11 @@
 //!   watchdog lease. etcd has no clock API, so the server/local clock offset is not checked
 //!   (locks do not depend on it: see the finding).
 
-use super::{first_of, gets, header_revision, percent_decode, token_of, EtcdBackend};
+use crate::acquire::{first_of, gets, header_revision, nth_first, token_of, CAS_ATTEMPTS};
 use crate::error::{is_lease_not_found, map};
 use crate::keys::Entry;
+use crate::url::percent_decode;
+use crate::EtcdBackend;
 use distlock_core::{
     Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Result, Severity,
 };
@@ -176,14 +178,14 @@ pub(crate) async fn force_release(
 ) -> Result<ForceReleased> {
     b.check_kind(kind)?;
     let keys = b.keys(name);
-    for _ in 0..super::CAS_ATTEMPTS {
+    for _ in 0..CAS_ATTEMPTS {
         let resp = b
             .txn(
                 "forced release",
                 Txn::new().and_then([first_of(&keys.queue)]),
             )
             .await?;
-        let first = super::nth_first(&mut gets(&resp), 0)?;
+        let first = nth_first(&mut gets(&resp), 0)?;
         let (guard, ops, removed) = match &first {
             // The holder is the key read: delete exactly it, if it is still that key (same
             // create revision); rewriting PREFIX/NAME makes `inspect` of the then free lock

@@ -14,15 +14,19 @@
 //! deleted, whatever state it is in — and only its own, never a key of another attempt of the
 //! same owner.
 
-use crate::error::KIND;
+use crate::acquire::{first_of, gets, header_revision, nth_first, put_mine, token_of};
+use crate::error::{map, timed_out, KIND};
 use crate::keys::{Entry, Keys};
-use crate::{first_of, gets, header_revision, nth_first, put_mine, token_of, EtcdBackend, Lease};
+use crate::lease::Lease;
+use crate::EtcdBackend;
 use distlock_core::backoff::Backoff;
 use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{AcquireRequest, Backend, Error, Granted, Result};
+use distlock_core::{
+    async_trait, AcquireRequest, Backend, Error, Granted, ReleaseWatch, Result, Wake,
+};
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, WatchFilterType,
-    WatchOptions, WatchStream,
+    Compare, CompareOp, EventType, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp,
+    WatchFilterType, WatchOptions, WatchStream,
 };
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -378,5 +382,80 @@ async fn pause(d: Duration, deadline: Option<Instant>, cancel: &CancellationToke
     tokio::select! {
         _ = tokio::time::sleep(d) => deadline.is_none_or(|dl| Instant::now() < dl),
         _ = cancel.cancelled() => false,
+    }
+}
+
+/// A subscription to the deletions under one lock's queue.
+pub(crate) struct QueueWatch {
+    stream: WatchStream,
+    endpoint: String,
+}
+
+#[async_trait]
+impl ReleaseWatch for QueueWatch {
+    async fn changed(&mut self) -> Result<Wake> {
+        loop {
+            match self.stream.message().await {
+                Ok(Some(resp)) => {
+                    if resp.canceled() {
+                        return Err(map(
+                            &self.endpoint,
+                            etcd_client::Error::WatchError(format!(
+                                "watch canceled: {}",
+                                resp.cancel_reason()
+                            )),
+                        ));
+                    }
+                    if resp
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        return Ok(Wake::Released);
+                    }
+                }
+                Ok(None) => {
+                    return Err(map(
+                        &self.endpoint,
+                        etcd_client::Error::WatchError("watch stream ended".into()),
+                    ))
+                }
+                Err(e) => return Err(map(&self.endpoint, e)),
+            }
+        }
+    }
+}
+
+impl EtcdBackend {
+    /// A subscription to the releases of `req`'s lock, confirmed by the server (`Backend::watch`).
+    pub(crate) async fn watch_queue(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        let keys = self.keys(&req.key.name);
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
+        let mut stream = self
+            .call("watch", |c| {
+                let (queue, opts) = (keys.queue.clone(), opts.clone());
+                async move { c.watch_client().watch(queue, Some(opts)).await }
+            })
+            .await?;
+        // Wait for the server to confirm the watch, so no release after this call is missed.
+        let first = tokio::time::timeout(self.op_timeout, stream.message())
+            .await
+            .map_err(|_| timed_out(&self.endpoint, "watch", self.op_timeout))?
+            .map_err(|e| map(&self.endpoint, e))?;
+        match first {
+            Some(r) if r.created() && !r.canceled() => {}
+            _ => {
+                return Err(map(
+                    &self.endpoint,
+                    etcd_client::Error::WatchError("the watch was not created".into()),
+                ))
+            }
+        }
+        Ok(Box::new(QueueWatch {
+            stream,
+            endpoint: self.endpoint.clone(),
+        }))
     }
 }

@@ -10,7 +10,9 @@
 
 use crate::error::KIND;
 use crate::layout::{self, Child, Family, NodeData, NodeKind};
-use crate::{parse_fence, token_of, ZkBackend, DATA_ATTEMPTS};
+use crate::node::{foreign_data, token_of, DATA_ATTEMPTS};
+use crate::release::parse_fence;
+use crate::ZkBackend;
 use distlock_core::{
     Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
 };
@@ -109,8 +111,7 @@ pub(crate) async fn force_release(
             let path = format!("{dir}/{}", c.name);
             match inner.timed(what, sess.zk.get_data(&path)).await? {
                 Ok((data, stat)) => {
-                    let nd =
-                        NodeData::parse(&data).ok_or_else(|| crate::foreign_data(&path, &data))?;
+                    let nd = NodeData::parse(&data).ok_or_else(|| foreign_data(&path, &data))?;
                     read.push(Read {
                         child: c.clone(),
                         data: nd,

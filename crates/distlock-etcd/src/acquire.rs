@@ -1,0 +1,228 @@
+//! Taking the lock in one transaction (etcd's `concurrency.Mutex` try-lock), and `inspect`.
+
+use crate::error::{shape, KIND};
+use crate::keys::{Entry, Keys};
+use crate::lease::*;
+use crate::renew::*;
+use crate::EtcdBackend;
+use distlock_core::{AcquireReply, AcquireRequest, Error, HolderInfo, LockInfo, LockKind, Result};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
+};
+
+/// Compare-and-swap retries before giving up on a key that keeps changing under us.
+pub(crate) const CAS_ATTEMPTS: usize = 8;
+
+pub(crate) fn token_of(rev: i64) -> Result<u64> {
+    u64::try_from(rev)
+        .ok()
+        .filter(|t| *t > 0)
+        .ok_or_else(|| shape(format!("revision {rev} is not a valid fencing token")))
+}
+
+/// The create revision a grant's token stands for; `None` for a token no key can have.
+pub(crate) fn revision_of(token: u64) -> Option<i64> {
+    i64::try_from(token).ok().filter(|r| *r > 0)
+}
+
+/// The key-values of every Get in a transaction response, in order.
+pub(crate) fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub(crate) fn nth_first(all: &mut [Vec<KeyValue>], i: usize) -> Result<Option<KeyValue>> {
+    let v = all
+        .get_mut(i)
+        .ok_or_else(|| shape("a transaction returned fewer reads than it made"))?;
+    Ok(if v.is_empty() {
+        None
+    } else {
+        Some(v.swap_remove(0))
+    })
+}
+
+pub(crate) fn header_revision(resp: &TxnResponse) -> Result<i64> {
+    resp.header()
+        .map(|h| h.revision())
+        .ok_or_else(|| shape("a transaction reply without a header"))
+}
+
+/// The first key of a queue: the holder.
+pub(crate) fn first_of(queue: &[u8]) -> TxnOp {
+    TxnOp::get(
+        queue.to_vec(),
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1),
+        ),
+    )
+}
+
+/// Puts the attempt's key `mine` for `owner` on `lease`.
+pub(crate) fn put_mine(mine: &[u8], owner: &str, lease: Lease) -> TxnOp {
+    TxnOp::put(
+        mine.to_vec(),
+        Entry {
+            ttl: lease.ttl,
+            owner: owner.to_owned(),
+        }
+        .encode(),
+        Some(PutOptions::new().with_lease(lease.id)),
+    )
+}
+
+impl EtcdBackend {
+    pub(crate) fn contended(&self, key: &[u8]) -> Error {
+        Error::Connection {
+            backend: KIND,
+            endpoint: self.endpoint.clone(),
+            source: format!(
+                "key `{}` kept changing during {CAS_ATTEMPTS} compare-and-swap attempts",
+                String::from_utf8_lossy(key)
+            )
+            .into(),
+        }
+    }
+
+    /// One try of `req`, with this request's own fresh `lease`: takes the lock if nobody is
+    /// queued; finds the attempt's own key if it holds the lock already (a retry of a request
+    /// whose reply was lost: same key, same token); else reports who holds it, writing nothing.
+    /// The flag tells whether `lease` ended up carrying the key (else it carries nothing).
+    pub(crate) async fn take(
+        &self,
+        keys: &Keys,
+        mine: &[u8],
+        req: &AcquireRequest,
+        lease: Lease,
+    ) -> Result<(AcquireReply, bool)> {
+        for _ in 0..CAS_ATTEMPTS {
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(keys.queue.clone(), CompareOp::Equal, 0).with_prefix(),
+                ])
+                .and_then([
+                    put_mine(mine, &req.key.owner, lease),
+                    TxnOp::put(keys.fence.clone(), "", None),
+                ])
+                .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)]);
+            let resp = self.txn("acquire", txn).await?;
+            if resp.succeeded() {
+                let token = token_of(header_revision(&resp)?)?;
+                self.remember(&req.attempt, lease);
+                return Ok((AcquireReply::Granted { token }, true));
+            }
+            let mut all = gets(&resp);
+            let m = nth_first(&mut all, 0)?;
+            let first = nth_first(&mut all, 1)?.ok_or_else(|| {
+                shape("etcd said the queue was not empty but returned no key of it")
+            })?;
+            match m {
+                Some(m) if m.key() == first.key() => {
+                    let token = token_of(m.create_revision())?;
+                    match self
+                        .cover(&req.attempt, mine, m, req.lease, Some(lease))
+                        .await?
+                    {
+                        Cover::Done { moved_to } => {
+                            return Ok((
+                                AcquireReply::Granted { token },
+                                moved_to == Some(lease.id),
+                            ))
+                        }
+                        // Its lease ran out meanwhile: the key is gone; try afresh.
+                        Cover::Gone => continue,
+                    }
+                }
+                // Someone else is first: another attempt of dlock (of any owner, this one's
+                // too) or a foreign `concurrency.Mutex` key. A key of this attempt behind it
+                // is its place in the queue of a wait, which this try leaves alone.
+                _ => {
+                    let ttl = self.lease_left(first.lease()).await?;
+                    return Ok((AcquireReply::Held { ttl }, false));
+                }
+            }
+        }
+        Err(self.contended(mine))
+    }
+
+    /// One try at the lock (`Backend::acquire`).
+    pub(crate) async fn acquire_once(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        self.check_kind(req.key.kind)?;
+        let keys = self.keys(&req.key.name);
+        let mine = keys.attempt(&req.attempt);
+        // A lease of this request's own. A grant whose reply is lost leaves a lease with
+        // nothing on it, which expires by itself.
+        let lease = self.grant(req.lease).await?;
+        match self.take(&keys, &mine, req, lease).await {
+            Ok((reply, used)) => {
+                if !used {
+                    // etcd answered that nothing was put with it.
+                    self.revoke_in_background(lease.id);
+                }
+                Ok(reply)
+            }
+            Err(e) => {
+                // Unknown outcome: the key may be on this lease now. The retry (or the
+                // give-up) of this attempt finds it; revoking the lease here could delete a
+                // grant the retry then returns.
+                self.doubt(&req.attempt, lease);
+                Err(e)
+            }
+        }
+    }
+
+    /// The holder, the waiters and the last fencing token of lock `name` (`Backend::inspect`).
+    pub(crate) async fn inspect_lock(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        self.check_kind(kind)?;
+        let keys = self.keys(name);
+        let txn = Txn::new().and_then([
+            first_of(&keys.queue),
+            TxnOp::get(keys.fence.clone(), None),
+            TxnOp::get(
+                keys.queue.clone(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+        ]);
+        let resp = self.txn("inspect", txn).await?;
+        let queued = match resp.op_responses().get(2) {
+            Some(TxnOpResponse::Get(g)) => g.count(),
+            _ => return Err(shape("inspect: the transaction returned too few reads")),
+        };
+        let mut all = gets(&resp);
+        let first = nth_first(&mut all, 0)?;
+        let fence = nth_first(&mut all, 1)?;
+        let (holders, fencing_token) = match first {
+            Some(f) => {
+                let holder = HolderInfo {
+                    owner: keys.holder_of(f.key(), f.value()),
+                    count: 1,
+                    lease_left: self.lease_left(f.lease()).await?,
+                    side: None,
+                };
+                (vec![holder], token_of(f.create_revision())?)
+            }
+            None => (
+                Vec::new(),
+                fence.map_or(0, |f| u64::try_from(f.mod_revision()).unwrap_or(0)),
+            ),
+        };
+        let waiters =
+            u32::try_from(queued.saturating_sub(holders.len() as i64).max(0)).unwrap_or(u32::MAX);
+        Ok(LockInfo {
+            name: name.to_owned(),
+            holders,
+            fencing_token,
+            waiters: Some(waiters),
+            permits: None,
+        })
+    }
+}

@@ -1,0 +1,157 @@
+//! Connecting to the cluster, and calling it: per-call timeouts, retries of requests that never left.
+
+use crate::error::{map, timed_out, KIND};
+use crate::url::{parse_url, redact};
+use crate::EtcdBackend;
+use distlock_core::{ClientOptions, Error, Result};
+use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, Txn, TxnResponse};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// True if the request provably never reached etcd (the connection to a member was refused),
+/// so sending it again cannot apply it twice.
+pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable
+                && !s.message().starts_with("etcdserver")
+                && s.message().contains("connect")
+        }
+        _ => false,
+    }
+}
+
+impl EtcdBackend {
+    /// Connects to the etcd cluster at `url` and checks that it answers (a linearizable read,
+    /// so a cluster without a quorum fails here).
+    pub(crate) async fn open(url: &str, opts: &ClientOptions) -> Result<Self> {
+        let target = parse_url(url)?;
+        let prefix = target
+            .prefix
+            .clone()
+            .unwrap_or_else(|| opts.get_namespace().to_owned());
+        let endpoint = target.display.clone();
+        let mut co = ConnectOptions::new()
+            .with_connect_timeout(opts.get_connect_timeout())
+            // etcd refuses HTTP/2 pings more often than every 5 s by default.
+            .with_keep_alive(
+                Duration::from_secs(10),
+                opts.get_op_timeout().max(Duration::from_secs(1)),
+            )
+            .with_require_leader(true);
+        if let Some((u, p)) = &target.user {
+            co = co.with_user(u.clone(), p.clone());
+        }
+        let limit = opts.get_connect_timeout() * 2;
+        let no_answer = || Error::Connection {
+            backend: KIND,
+            endpoint: endpoint.clone(),
+            source: format!(
+                "no answer within {limit:?} (is the cluster down or without a quorum?)"
+            )
+            .into(),
+        };
+        let client =
+            tokio::time::timeout(limit, Client::connect(&target.endpoints, Some(co.clone())))
+                .await
+                .map_err(|_| no_answer())?
+                .map_err(|e| match e {
+                    etcd_client::Error::InvalidArgs(m) => Error::InvalidUrl {
+                        url: redact(url),
+                        reason: m,
+                    },
+                    etcd_client::Error::InvalidUri(m) => Error::InvalidUrl {
+                        url: redact(url),
+                        reason: m.to_string(),
+                    },
+                    e => map(&endpoint, e),
+                })?;
+        let backend = EtcdBackend {
+            client,
+            endpoint: endpoint.clone(),
+            prefix,
+            op_timeout: opts.get_op_timeout(),
+            connect_opts: co,
+            connect_timeout: opts.get_connect_timeout(),
+            watchdog_lease: opts.get_watchdog_lease(),
+            doubtful: Mutex::new(HashMap::new()),
+            leases: Mutex::new(HashMap::new()),
+        };
+        let mut kv = backend.client.kv_client();
+        let probe = backend.prefix.clone().into_bytes();
+        tokio::time::timeout(
+            limit,
+            kv.get(
+                probe,
+                Some(GetOptions::new().with_keys_only().with_limit(1)),
+            ),
+        )
+        .await
+        .map_err(|_| no_answer())?
+        .map_err(|e| map(&endpoint, e))?;
+        Ok(backend)
+    }
+
+    /// Runs one call with the per-call timeout, retrying at once (on another member, picked by
+    /// the client's balancer) when the request provably never left: a member that is down
+    /// refuses the connection. The outer error is the timeout; the inner one etcd's.
+    pub(crate) async fn raw<T, F, Fut>(
+        &self,
+        what: &str,
+        mut f: F,
+    ) -> Result<std::result::Result<T, etcd_client::Error>>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let attempts = async {
+            let mut n: u64 = 0;
+            loop {
+                match f(self.client.clone()).await {
+                    Err(e) if never_sent(&e) && n < 6 => {
+                        n += 1;
+                        tokio::time::sleep(Duration::from_millis(5 * n)).await;
+                    }
+                    r => return r,
+                }
+            }
+        };
+        tokio::time::timeout(self.op_timeout, attempts)
+            .await
+            .map_err(|_| timed_out(&self.endpoint, what, self.op_timeout))
+    }
+
+    /// [`raw`](Self::raw) with etcd's errors mapped.
+    pub(crate) async fn call<T, F, Fut>(&self, what: &str, f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.raw(what, f).await?.map_err(|e| map(&self.endpoint, e))
+    }
+
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+        self.call(what, |c| {
+            let txn = txn.clone();
+            async move { c.kv_client().txn(txn).await }
+        })
+        .await
+    }
+
+    pub(crate) async fn get(&self, what: &str, key: &[u8]) -> Result<Option<KeyValue>> {
+        let mut r = self
+            .call(what, |c| {
+                let key = key.to_vec();
+                async move { c.kv_client().get(key, None).await }
+            })
+            .await?;
+        let mut kvs = r.take_kvs();
+        Ok(if kvs.is_empty() {
+            None
+        } else {
+            Some(kvs.swap_remove(0))
+        })
+    }
+}

@@ -1,0 +1,187 @@
+//! One etcd lease per attempt: granted, kept alive, revoked once its attempt ended (never while a request of unknown outcome may have put the key on it).
+
+use crate::error::{is_lease_not_found, map, shape};
+use crate::EtcdBackend;
+use distlock_core::{AttemptId, Result};
+use std::time::{Duration, Instant};
+
+/// How long after its TTL a lease of unknown fate is still remembered: etcd extends every
+/// lease by an election timeout when a new leader takes over, so a lease can outlive its TTL
+/// by a little; a minute covers that with room to spare.
+pub(crate) const DOUBT_MARGIN: Duration = Duration::from_secs(60);
+
+/// Lease length in whole seconds, rounded up (etcd leases have a one-second granularity).
+pub(crate) fn ttl_secs(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis().div_ceil(1000).max(1)).unwrap_or(i64::MAX)
+}
+
+/// One lease granted for an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub(crate) id: i64,
+    /// TTL the server granted (seconds; at least etcd's minimum TTL).
+    pub(crate) ttl: i64,
+}
+
+/// A lease a request with an unknown outcome may have attached to its attempt's key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Doubt {
+    lease: i64,
+    /// After this, etcd has certainly expired the lease (nobody keeps it alive unless it
+    /// carries the attempt's key, and then the attempt's release or give-up revokes it).
+    until: Instant,
+}
+
+impl EtcdBackend {
+    pub(crate) async fn grant(&self, lease: Duration) -> Result<Lease> {
+        let ttl = ttl_secs(lease);
+        let r = self
+            .call("lease grant", |c| async move {
+                c.lease_client().grant(ttl, None).await
+            })
+            .await?;
+        if !r.error().is_empty() || r.ttl() <= 0 {
+            return Err(shape(format!(
+                "lease grant failed: `{}` (ttl {})",
+                r.error(),
+                r.ttl()
+            )));
+        }
+        Ok(Lease {
+            id: r.id(),
+            ttl: r.ttl(),
+        })
+    }
+
+    /// Revokes a lease (deleting whatever is attached to it) without waiting for the answer.
+    /// If it fails the lease simply expires. Only ever called for a lease that carries
+    /// nothing, or nothing but the key of an attempt that has ended: every lease belongs to
+    /// one attempt, and one whose fate is unknown is kept until its attempt ends (see
+    /// [`EtcdBackend::doubt`]).
+    pub(crate) fn revoke_in_background(&self, id: i64) {
+        let client = self.client.clone();
+        let timeout = self.op_timeout;
+        tokio::spawn(async move {
+            let mut lc = client.lease_client();
+            match tokio::time::timeout(timeout, lc.revoke(id)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if is_lease_not_found(&e) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(lease = id, error = %e, "lease revoke failed; it expires by itself")
+                }
+                Err(_) => {
+                    tracing::debug!(lease = id, "lease revoke timed out; it expires by itself")
+                }
+            }
+        });
+    }
+
+    /// One keep-alive of lease `id`: it runs its full TTL again from when etcd applies it.
+    /// `Ok(false)`: etcd no longer knows the lease (the client reports "lease not found" for
+    /// a reply with TTL 0, which is how etcd answers a keep-alive of an unknown lease), so
+    /// whatever was attached to it is gone: never a success.
+    pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool> {
+        if id == 0 {
+            return Ok(false);
+        }
+        match self
+            .raw("lease keep-alive", |c| async move {
+                c.lease_client().keep_alive(id).await
+            })
+            .await?
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_lease_not_found(&e) => Ok(false),
+            Err(e) => Err(map(&self.endpoint, e)),
+        }
+    }
+
+    /// Time left on lease `id`, or `None` if there is none.
+    pub(crate) async fn lease_left(&self, id: i64) -> Result<Option<Duration>> {
+        if id == 0 {
+            return Ok(None);
+        }
+        match self
+            .raw("lease time-to-live", |c| async move {
+                c.lease_client().time_to_live(id, None).await
+            })
+            .await?
+        {
+            Ok(r) if r.ttl() >= 0 => Ok(Some(Duration::from_secs(r.ttl().unsigned_abs()))),
+            Ok(_) => Ok(None),
+            Err(e) if is_lease_not_found(&e) => Ok(None),
+            Err(e) => Err(map(&self.endpoint, e)),
+        }
+    }
+
+    /// Remembers that a request of `attempt` whose outcome is unknown may have attached `lease`
+    /// to the attempt's key: it must not be revoked while the attempt goes on (the attempt's
+    /// next request may find its key on it and use it), and it is revoked when the attempt
+    /// ends ([`settle`](Self::settle)).
+    pub(crate) fn doubt(&self, attempt: &AttemptId, lease: Lease) {
+        let now = Instant::now();
+        // Leases are at most 30 days (the core's limit); the clamp keeps the sum in range.
+        let ttl = Duration::from_secs(lease.ttl.clamp(0, 31 * 24 * 3600).unsigned_abs());
+        let until = now + ttl + DOUBT_MARGIN;
+        let mut map = self.doubtful.lock().unwrap_or_else(|p| p.into_inner());
+        // A lease etcd has expired can no longer carry anything: forget it, so that attempts
+        // that never end (a crashed caller) leave nothing behind here.
+        map.retain(|_, v| {
+            v.retain(|d| d.until > now);
+            !v.is_empty()
+        });
+        map.entry(attempt.clone()).or_default().push(Doubt {
+            lease: lease.id,
+            until,
+        });
+    }
+
+    /// `attempt` has ended (released or given up): revokes the leases a request of it with an
+    /// unknown outcome may have attached to its key. They can carry only that attempt's key,
+    /// which has no use any more; and a request still travelling that would create the key
+    /// with one of them fails once it is revoked.
+    pub(crate) fn settle(&self, attempt: &AttemptId) {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(attempt);
+        let doubts = self
+            .doubtful
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(attempt);
+        for d in doubts.into_iter().flatten() {
+            self.revoke_in_background(d.lease);
+        }
+    }
+
+    /// Notes that `attempt`'s key is on `lease` (so that renewals can keep it alive while they
+    /// read the key, rather than after).
+    pub(crate) fn remember(&self, attempt: &AttemptId, lease: Lease) {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(attempt.clone(), lease);
+    }
+
+    pub(crate) fn known_lease(&self, attempt: &AttemptId) -> Option<Lease> {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(attempt)
+            .copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(ttl_secs(Duration::from_secs(30)), 30);
+    }
+}

@@ -1,0 +1,240 @@
+//! Renewing grants (keep-alives, moving a key to a longer lease), releasing them, giving attempts up.
+
+use crate::acquire::*;
+use crate::error::shape;
+use crate::keys::Entry;
+use crate::lease::*;
+use crate::EtcdBackend;
+use distlock_core::{AcquireRequest, AttemptId, GrantRef, ReleaseOutcome, RenewOutcome, Result};
+use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
+use std::time::Duration;
+
+/// etcd's default limit of operations in one transaction is 128; stay well below it.
+pub(crate) const MAX_OPS_PER_TXN: usize = 64;
+
+/// What [`EtcdBackend::cover`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cover {
+    /// The key's lease now runs at least the asked duration from when etcd applied the
+    /// request. `moved_to`: the key was moved to this new lease.
+    Done { moved_to: Option<i64> },
+    /// The key (with that create revision) is gone.
+    Gone,
+}
+
+impl EtcdBackend {
+    /// Makes the lease of `kv` — the key `mine` of `attempt`, read with the create revision
+    /// of its grant — run at least `want` from when etcd applies this, never shortening it.
+    ///
+    /// If the key's lease has a TTL of at least `want`, a keep-alive: it restarts the full
+    /// TTL, and a lease never has more than its TTL left, so nothing is shortened. Else the key
+    /// moves to a new lease of `want` (`fresh` if given and long enough), by a put guarded by
+    /// the key's create revision (which a put keeps: the token survives) *and* its current
+    /// lease, so two renewals racing cannot orphan a lease; only once that committed is the
+    /// old lease revoked, which then carries nothing. A new lease whose put has an unknown
+    /// outcome is kept until the attempt ends ([`doubt`](Self::doubt)).
+    pub(crate) async fn cover(
+        &self,
+        attempt: &AttemptId,
+        mine: &[u8],
+        mut kv: KeyValue,
+        want: Duration,
+        fresh: Option<Lease>,
+    ) -> Result<Cover> {
+        let rev = kv.create_revision();
+        for _ in 0..CAS_ATTEMPTS {
+            let e = Entry::decode(kv.key(), kv.value())?;
+            if e.ttl >= ttl_secs(want) {
+                if self.keep_alive(kv.lease()).await? {
+                    self.remember(
+                        attempt,
+                        Lease {
+                            id: kv.lease(),
+                            ttl: e.ttl,
+                        },
+                    );
+                    return Ok(Cover::Done { moved_to: None });
+                }
+                // etcd no longer knows the lease ("lease not found", TTL 0): the key went
+                // with it — unless a concurrent renewal moved it to a new lease meanwhile.
+            } else {
+                let (new, ours) = match fresh {
+                    Some(l) if l.ttl >= ttl_secs(want) => (l, false),
+                    _ => (self.grant(want).await?, true),
+                };
+                let txn = Txn::new()
+                    .when([
+                        Compare::create_revision(mine.to_vec(), CompareOp::Equal, rev),
+                        Compare::lease(mine.to_vec(), CompareOp::Equal, kv.lease()),
+                    ])
+                    .and_then([put_mine(mine, &e.owner, new)]);
+                match self.txn("renew", txn).await {
+                    Ok(r) if r.succeeded() => {
+                        self.remember(attempt, new);
+                        if kv.lease() != 0 {
+                            self.revoke_in_background(kv.lease());
+                        }
+                        return Ok(Cover::Done {
+                            moved_to: Some(new.id),
+                        });
+                    }
+                    // Not applied (the key changed or is gone): the new lease carries nothing.
+                    Ok(_) if ours => self.revoke_in_background(new.id),
+                    Ok(_) => {}
+                    Err(err) => {
+                        // Perhaps applied: the key may be on the new lease now.
+                        if ours {
+                            self.doubt(attempt, new);
+                        }
+                        return Err(err);
+                    }
+                }
+            }
+            match self.get("renew", mine).await? {
+                Some(now) if now.create_revision() == rev => kv = now,
+                _ => return Ok(Cover::Gone),
+            }
+        }
+        Err(self.contended(mine))
+    }
+
+    /// `early`: a keep-alive sent alongside the read, of the lease the key was known to be on,
+    /// with its answer.
+    pub(crate) async fn renew_one(
+        &self,
+        grant: &GrantRef,
+        mine: &[u8],
+        lease: Duration,
+        kv: Option<KeyValue>,
+        early: Option<(i64, Result<bool>)>,
+    ) -> Result<RenewOutcome> {
+        // Only the key of this attempt with this grant's create revision is this grant.
+        let Some(kv) = kv.filter(|kv| Some(kv.create_revision()) == revision_of(grant.token))
+        else {
+            return Ok(RenewOutcome::NotHeld);
+        };
+        match early {
+            // The key was on the lease kept alive, which is long enough: renewed. (Had the key
+            // moved to another lease, or the lease been unknown, `cover` looks again.)
+            Some((id, Ok(true))) if id == kv.lease() => return Ok(RenewOutcome::Renewed),
+            Some((id, Err(e))) if id == kv.lease() => return Err(e),
+            _ => {}
+        }
+        Ok(
+            match self.cover(&grant.attempt, mine, kv, lease, None).await? {
+                Cover::Done { .. } => RenewOutcome::Renewed,
+                Cover::Gone => RenewOutcome::NotHeld,
+            },
+        )
+    }
+
+    /// Renews many holds at once (`Backend::renew`).
+    pub(crate) async fn renew_holds(
+        &self,
+        holds: &[(GrantRef, Duration)],
+    ) -> Result<Vec<RenewOutcome>> {
+        for (g, _) in holds {
+            self.check_kind(g.key.kind)?;
+        }
+        let mines: Vec<Vec<u8>> = holds
+            .iter()
+            .map(|(g, _)| self.attempt_key(&g.key.name, &g.attempt))
+            .collect();
+        // Read every hold's key, in chunks of one transaction each, all at once, and at the
+        // same time keep alive the lease each key is known to be on when that lease is long
+        // enough: one round trip per tick in the common case (a renewal must fit in a third of
+        // the lease on a loaded machine). The read decides whether that keep-alive counts.
+        let reads = mines.chunks(MAX_OPS_PER_TXN).map(|chunk| {
+            let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+            self.txn("renew", Txn::new().and_then(ops))
+        });
+        let early = holds.iter().map(|(g, want)| async move {
+            match self.known_lease(&g.attempt) {
+                Some(l) if l.ttl >= ttl_secs(*want) => Some((l.id, self.keep_alive(l.id).await)),
+                _ => None,
+            }
+        });
+        let (read, early) = tokio::join!(
+            futures_util::future::try_join_all(reads),
+            futures_util::future::join_all(early)
+        );
+        let mut found = Vec::with_capacity(holds.len());
+        for resp in read? {
+            let mut all = gets(&resp);
+            for i in 0..all.len() {
+                found.push(nth_first(&mut all, i)?);
+            }
+        }
+        if found.len() != holds.len() {
+            return Err(shape(format!(
+                "renewal read {} keys for {} holds",
+                found.len(),
+                holds.len()
+            )));
+        }
+        let each =
+            holds.iter().zip(&mines).zip(found).zip(early).map(
+                |((((g, lease), mine), kv), early)| self.renew_one(g, mine, *lease, kv, early),
+            );
+        futures_util::future::try_join_all(each).await
+    }
+
+    /// Releases one grant by a compare-and-delete addressed by attempt and token (`Backend::release`).
+    pub(crate) async fn release_grant(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        self.check_kind(grant.key.kind)?;
+        let keys = self.keys(&grant.key.name);
+        let mine = keys.attempt(&grant.attempt);
+        let Some(rev) = revision_of(grant.token) else {
+            return Ok(ReleaseOutcome::Expired);
+        };
+        // One compare-and-delete, addressed by attempt and token: a retry after a lost reply
+        // finds nothing to delete and says so; it can never delete a newer grant.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                mine.clone(),
+                CompareOp::Equal,
+                rev,
+            )])
+            .and_then([
+                TxnOp::get(mine.clone(), None),
+                TxnOp::delete(mine.clone(), None),
+            ])
+            .or_else([first_of(&keys.queue)]);
+        let resp = self.txn("release", txn).await?;
+        let mut all = gets(&resp);
+        let out = if resp.succeeded() {
+            if let Some(kv) = nth_first(&mut all, 0)? {
+                self.revoke_in_background(kv.lease());
+            }
+            ReleaseOutcome::Released
+        } else {
+            match nth_first(&mut all, 0)? {
+                Some(f) if f.key() != mine.as_slice() => ReleaseOutcome::TakenByOther,
+                _ => ReleaseOutcome::Expired,
+            }
+        };
+        // Settled only now that the outcome is known: a lease of unknown fate may be the one
+        // the key was on, and revoking it before the delete would turn Released into Expired.
+        self.settle(&grant.attempt);
+        Ok(out)
+    }
+
+    /// Gives attempt `req` up: deletes its key, whatever state it is in (`Backend::give_up`).
+    pub(crate) async fn leave(&self, req: &AcquireRequest) -> Result<()> {
+        self.check_kind(req.key.kind)?;
+        let mine = self.attempt_key(&req.key.name, &req.attempt);
+        // The key is this attempt's, whatever it is now (queued, or first: a grant whose
+        // reply was lost): delete it unconditionally. No other attempt's key is named.
+        let txn = Txn::new().and_then([TxnOp::get(mine.clone(), None), TxnOp::delete(mine, None)]);
+        let r = self.txn("give up", txn).await;
+        // The attempt is over either way: its leases of unknown fate can go (they carry at most
+        // this attempt's key).
+        self.settle(&req.attempt);
+        let resp = r?;
+        if let Some(kv) = nth_first(&mut gets(&resp), 0)? {
+            // Deleted: its lease carries nothing now.
+            self.revoke_in_background(kv.lease());
+        }
+        Ok(())
+    }
+}

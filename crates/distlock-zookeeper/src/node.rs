@@ -1,0 +1,316 @@
+//! Lock nodes: created (or found again after a lost answer), listed, deleted.
+
+use crate::error::{session_gone, timed_out, KIND};
+use crate::layout::{self, NodeData, NodeKind};
+use crate::session::{Inner, Session};
+use distlock_core::clock::Instant as LeaseInstant;
+use distlock_core::{AcquireRequest, AttemptId, Error, Result};
+use std::sync::Arc;
+use zookeeper_client as zk;
+
+/// Attempts to create a lock node (missing parents, lost replies) before giving up.
+pub(crate) const CREATE_ATTEMPTS: usize = 4;
+
+/// Attempts of a compare-and-set on a node's data (concurrent joins and releases of one
+/// node) before giving up.
+pub(crate) const DATA_ATTEMPTS: usize = 8;
+
+/// A node this backend created (or found again) for an attempt.
+pub(crate) struct Created {
+    pub(crate) dir: String,
+    pub(crate) path: String,
+    pub(crate) name: String,
+    pub(crate) node: NodeKind,
+    pub(crate) token: u64,
+}
+
+pub(crate) fn token_of(stat: &zk::Stat) -> Option<u64> {
+    u64::try_from(stat.czxid).ok().filter(|t| *t > 0)
+}
+
+pub(crate) fn anyone() -> zk::Acls<'static> {
+    zk::Acls::anyone_all()
+}
+
+pub(crate) fn foreign_data(path: &str, data: &[u8]) -> Error {
+    Error::UnexpectedReply {
+        backend: KIND,
+        message: format!(
+            "lock node {path} holds `{}`, not dlock's data; is the directory used by another program?",
+            String::from_utf8_lossy(data)
+        ),
+    }
+}
+
+/// A compare-and-set on a node's data lost every race (readers joining and leaving it all the
+/// time): retryable, like a busy connection.
+pub(crate) fn busy(endpoint: &str, path: &str) -> Error {
+    Error::Connection {
+        backend: KIND,
+        endpoint: endpoint.to_owned(),
+        source: format!(
+            "lock node {path} kept changing under {DATA_ATTEMPTS} compare-and-set attempts"
+        )
+        .into(),
+    }
+}
+
+/// Deletes the children of `prefix`'s directory whose names start with its last segment.
+pub(crate) async fn delete_by_prefix(zk: &zk::Client, prefix: &str) {
+    let Some((dir, name)) = prefix.rsplit_once('/') else {
+        return;
+    };
+    for _ in 0..3 {
+        match zk.list_children(dir).await {
+            Ok(children) => {
+                for c in children.iter().filter(|c| c.starts_with(name)) {
+                    let _ = zk.delete(&format!("{dir}/{c}"), None).await;
+                }
+                return;
+            }
+            Err(zk::Error::ConnectionLoss) => continue,
+            Err(_) => return,
+        }
+    }
+}
+
+impl Inner {
+    /// The node of attempt `req`: found again if an earlier request of the attempt sent a
+    /// create (its answer may have been lost), created otherwise. Also returns a time no later
+    /// than a request of ours that the leader processed after the node existed.
+    pub(crate) async fn node_for(
+        self: &Arc<Self>,
+        sess: &Arc<Session>,
+        req: &AcquireRequest,
+        kind: NodeKind,
+    ) -> Result<(Created, LeaseInstant)> {
+        let dir = self.dir(&req.key.name, kind.family());
+        let prefix = layout::name_prefix(&req.attempt, kind);
+        let sent_before = self.state().pending.contains(&req.attempt);
+        if sent_before {
+            let at = LeaseInstant::now();
+            // After the sync we see every create of ours the leader applied, even one whose
+            // answer was lost with the connection.
+            self.sync(sess, &dir).await?;
+            for name in self.list(sess, &dir).await? {
+                if !name.starts_with(&prefix) {
+                    continue;
+                }
+                let path = format!("{dir}/{name}");
+                match self
+                    .timed("reading the lock node", sess.zk.check_stat(&path))
+                    .await?
+                {
+                    Ok(Some(st)) if st.ephemeral_owner == sess.id => {
+                        if let Some(token) = token_of(&st) {
+                            return Ok((
+                                Created {
+                                    dir,
+                                    path,
+                                    name,
+                                    node: kind,
+                                    token,
+                                },
+                                at,
+                            ));
+                        }
+                    }
+                    // This attempt's node of a session we stopped using (its holds were
+                    // declared lost then): nobody relies on it, and it would block the queue
+                    // until the server expires that session.
+                    Ok(Some(_)) => self.remove_node(sess, &path).await,
+                    Ok(None) => {}
+                    Err(e) => return Err(self.err("reading the lock node", e)),
+                }
+            }
+        }
+        self.state().pending.insert(req.attempt.clone());
+        let at = LeaseInstant::now();
+        let node = self.create_node(sess, req, kind, &dir, &prefix).await?;
+        Ok((node, at))
+    }
+
+    /// Creates the ephemeral sequential node `<dir>/<prefix><seq>` (and its parents when
+    /// missing).
+    pub(crate) async fn create_node(
+        self: &Arc<Self>,
+        sess: &Session,
+        req: &AcquireRequest,
+        kind: NodeKind,
+        dir: &str,
+        prefix: &str,
+    ) -> Result<Created> {
+        let mut made_dir = false;
+        let data = NodeData::new(&req.key.owner).encode();
+        for _ in 0..CREATE_ATTEMPTS {
+            match self
+                .create_detached(sess, &req.attempt, format!("{dir}/{prefix}"), data.clone())
+                .await?
+            {
+                Ok((stat, seq)) => {
+                    let name = format!("{prefix}{seq}");
+                    let path = format!("{dir}/{name}");
+                    let token = match token_of(&stat) {
+                        Some(t) => t,
+                        None => self.czxid(sess, &path).await?,
+                    };
+                    return Ok(Created {
+                        dir: dir.to_owned(),
+                        path,
+                        name,
+                        node: kind,
+                        token,
+                    });
+                }
+                Err(zk::Error::NoNode) if !made_dir => {
+                    made_dir = true;
+                    let opts = zk::CreateMode::Persistent.with_acls(anyone());
+                    match self
+                        .timed("creating the lock directory", sess.zk.mkdir(dir, &opts))
+                        .await?
+                    {
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(self.err("creating the lock directory", e)),
+                    }
+                }
+                Err(zk::Error::ConnectionLoss) => {
+                    // The create may have happened: look for our attempt's node.
+                    self.sync(sess, dir).await?;
+                    if let Some(name) = self.find_child(sess, dir, prefix).await? {
+                        let path = format!("{dir}/{name}");
+                        let token = self.czxid(sess, &path).await?;
+                        return Ok(Created {
+                            dir: dir.to_owned(),
+                            path,
+                            name,
+                            node: kind,
+                            token,
+                        });
+                    }
+                }
+                Err(e) => return Err(self.err("creating the lock node", e)),
+            }
+        }
+        Err(Error::Connection {
+            backend: KIND,
+            endpoint: self.endpoint.clone(),
+            source: format!(
+                "could not create a lock node in {dir} after {CREATE_ATTEMPTS} attempts"
+            )
+            .into(),
+        })
+    }
+
+    /// Sends the create from a task of its own. If its answer comes after we stopped waiting
+    /// for it, the node stays for the attempt's retry (which finds it by its name) or its
+    /// give-up (which deletes it) — unless the attempt is no longer pending (given up, or its
+    /// caller dropped), then the task deletes the node itself, so it is never left behind.
+    pub(crate) async fn create_detached(
+        self: &Arc<Self>,
+        sess: &Session,
+        attempt: &AttemptId,
+        prefix: String,
+        data: Vec<u8>,
+    ) -> Result<std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let zk = sess.zk.clone();
+        let inner = Arc::downgrade(self);
+        let attempt = attempt.clone();
+        tokio::spawn(async move {
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(anyone());
+            let r = zk.create(&prefix, &data, &opts).await;
+            let Err(late) = tx.send(r) else { return };
+            let wanted = inner
+                .upgrade()
+                .is_some_and(|i| i.state().pending.contains(&attempt));
+            if wanted {
+                return;
+            }
+            match late {
+                Ok((_, seq)) => {
+                    let _ = zk.delete(&format!("{prefix}{seq}"), None).await;
+                }
+                Err(zk::Error::ConnectionLoss) => delete_by_prefix(&zk, &prefix).await,
+                Err(_) => {}
+            }
+        });
+        match tokio::time::timeout(self.op_timeout, rx).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(_)) => Err(Error::Runtime(
+                "the ZooKeeper create task ended unexpectedly".into(),
+            )),
+            Err(_) => Err(timed_out(
+                &self.endpoint,
+                "creating the lock node",
+                self.op_timeout,
+            )),
+        }
+    }
+
+    pub(crate) async fn czxid(&self, sess: &Session, path: &str) -> Result<u64> {
+        match self
+            .timed("reading the lock node", sess.zk.check_stat(path))
+            .await?
+        {
+            Ok(Some(st)) => token_of(&st).ok_or_else(|| Error::UnexpectedReply {
+                backend: KIND,
+                message: format!("node {path} has czxid {}", st.czxid),
+            }),
+            Ok(None) => Err(session_gone(
+                &self.endpoint,
+                "our lock node vanished right after its creation",
+            )),
+            Err(e) => Err(self.err("reading the lock node", e)),
+        }
+    }
+
+    pub(crate) async fn find_child(
+        &self,
+        sess: &Session,
+        dir: &str,
+        prefix: &str,
+    ) -> Result<Option<String>> {
+        Ok(self
+            .list(sess, dir)
+            .await?
+            .into_iter()
+            .find(|c| c.starts_with(prefix)))
+    }
+
+    pub(crate) async fn list(&self, sess: &Session, dir: &str) -> Result<Vec<String>> {
+        match self
+            .timed("listing the lock queue", sess.zk.list_children(dir))
+            .await?
+        {
+            Ok(c) => Ok(c),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(self.err("listing the lock queue", e)),
+        }
+    }
+
+    /// Deletes a node we no longer want (a waiter that gives up, a try that found the lock
+    /// held), retrying in the background if the connection is down; a node that cannot be
+    /// deleted at all goes with its session.
+    pub(crate) async fn remove_node(&self, sess: &Session, path: &str) {
+        let zk = sess.zk.clone();
+        let path = path.to_owned();
+        let op_timeout = self.op_timeout;
+        let task = tokio::spawn(async move {
+            let mut backoff = distlock_core::backoff::Backoff::default();
+            for _ in 0..5 {
+                match tokio::time::timeout(op_timeout, zk.delete(&path, None)).await {
+                    Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => return,
+                    Ok(Err(zk::Error::SessionExpired | zk::Error::ClientClosed)) => return,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%path, error = %e, "could not delete a lock node; retrying")
+                    }
+                    Err(_) => tracing::debug!(%path, "deleting a lock node timed out; retrying"),
+                }
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            tracing::warn!(%path, "could not delete a lock node; it goes when its session ends");
+        });
+        // Wait for the first attempt in the normal case; the task goes on by itself.
+        let _ = tokio::time::timeout(op_timeout, task).await;
+    }
+}

@@ -1,0 +1,339 @@
+//! Releasing a grant and giving up an attempt: deleting (or updating) its node, recording the fence.
+
+use crate::grant::Grant;
+use crate::layout::{self, Family, NodeData, NodeKind};
+use crate::node::{busy, foreign_data, token_of, DATA_ATTEMPTS};
+use crate::session::{Inner, Session};
+use distlock_core::{AcquireRequest, AttemptId, GrantRef, LostSignal, ReleaseOutcome, Result};
+use std::sync::Arc;
+use zookeeper_client as zk;
+
+/// What releasing a grant does to its node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role<'a> {
+    /// The node is the grant's own: delete it (a `write-` node that readers joined is marked
+    /// downgraded instead).
+    Own,
+    /// A read grant listed in a write node: take it off the list.
+    Joined(&'a str),
+}
+
+pub(crate) fn parse_fence(data: &[u8]) -> Option<u64> {
+    if data.is_empty() {
+        return Some(0);
+    }
+    std::str::from_utf8(data).ok()?.trim().parse().ok()
+}
+
+impl Inner {
+    /// Deletes the node of a released grant and records its token as the lock's last one (the
+    /// directory's data), in one atomic multi-op. Readers overlap, so a reader writes the
+    /// maximum with a version check; a writer or mutex holder is alone and just writes its own.
+    /// `version`: the node's data version the caller decided on (a `write-` node others may
+    /// join), or `None` for any.
+    pub(crate) async fn delete_recording_fence(
+        &self,
+        sess: &Session,
+        g: &Grant,
+        reads_only: bool,
+        version: Option<i32>,
+    ) -> Result<std::result::Result<(), zk::Error>> {
+        for _ in 0..DATA_ATTEMPTS {
+            let (fence, dir_version) = if reads_only {
+                match self
+                    .timed("reading the fencing record", sess.zk.get_data(&g.dir))
+                    .await?
+                {
+                    Ok((data, stat)) => {
+                        let stored = parse_fence(&data).unwrap_or(0);
+                        (stored.max(g.token), Some(stat.version))
+                    }
+                    Err(zk::Error::NoNode) => (g.token, None),
+                    Err(err) => return Ok(Err(err)),
+                }
+            } else {
+                (g.token, None)
+            };
+            let mut w = sess.zk.new_multi_writer();
+            let fence = fence.to_string();
+            if let Err(err) = w.add_set_data(&g.dir, fence.as_bytes(), dir_version) {
+                return Ok(Err(err));
+            }
+            if let Err(err) = w.add_delete(&g.path, version) {
+                return Ok(Err(err));
+            }
+            match self.timed("releasing the lock node", w.commit()).await? {
+                Ok(_) => return Ok(Ok(())),
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zk::Error::BadVersion,
+                }) => continue,
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zk::Error::NoNode,
+                }) => break,
+                Err(zk::MultiWriteError::OperationFailed { source, .. }) => return Ok(Err(source)),
+                Err(zk::MultiWriteError::RequestFailed { source }) => return Ok(Err(source)),
+            }
+        }
+        // Busy readers (or no directory data): delete without recording.
+        self.timed("releasing the lock node", sess.zk.delete(&g.path, version))
+            .await
+    }
+
+    /// Releases grant `g` (whose node is in session `sess`): deletes its node, or for a node
+    /// others share, changes its data. `Ok(None)` when the grant was not there any more.
+    pub(crate) async fn retire(
+        &self,
+        sess: &Session,
+        g: &Grant,
+        role: Role<'_>,
+    ) -> Result<std::result::Result<Option<()>, zk::Error>> {
+        if g.node == NodeKind::Lock {
+            return Ok(
+                match self.delete_recording_fence(sess, g, false, None).await? {
+                    Ok(()) => Ok(Some(())),
+                    Err(zk::Error::NoNode) => Ok(None),
+                    Err(e) => Err(e),
+                },
+            );
+        }
+        for _ in 0..DATA_ATTEMPTS {
+            let (data, stat) = match self
+                .timed("reading the lock node", sess.zk.get_data(&g.path))
+                .await?
+            {
+                Ok(v) => v,
+                Err(zk::Error::NoNode) => return Ok(Ok(None)),
+                Err(e) => return Ok(Err(e)),
+            };
+            if token_of(&stat) != Some(g.token) {
+                return Ok(Ok(None));
+            }
+            let mut nd = NodeData::parse(&data).ok_or_else(|| foreign_data(&g.path, &data))?;
+            let reads_only = g.node == NodeKind::Read || nd.downgraded;
+            let change = match role {
+                Role::Own if g.node == NodeKind::Write && nd.downgraded => return Ok(Ok(None)),
+                // Readers joined the write side: the node stays theirs (a downgrade).
+                Role::Own if g.node == NodeKind::Write && !nd.readers.is_empty() => {
+                    nd.downgraded = true;
+                    Some(nd)
+                }
+                Role::Own => None,
+                Role::Joined(attempt) => {
+                    let before = nd.readers.len();
+                    nd.readers.retain(|r| r != attempt);
+                    if nd.readers.len() == before {
+                        return Ok(Ok(None));
+                    }
+                    // The last reader of a downgraded node: nobody holds it any more.
+                    (!nd.downgraded || !nd.readers.is_empty()).then_some(nd)
+                }
+            };
+            let r = match change {
+                Some(nd) => self
+                    .timed(
+                        "updating the lock node",
+                        sess.zk.set_data(&g.path, &nd.encode(), Some(stat.version)),
+                    )
+                    .await?
+                    .map(|_| ()),
+                None => {
+                    self.delete_recording_fence(sess, g, reads_only, Some(stat.version))
+                        .await?
+                }
+            };
+            match r {
+                Ok(()) => return Ok(Ok(Some(()))),
+                Err(zk::Error::BadVersion) => continue,
+                Err(zk::Error::NoNode) => return Ok(Ok(None)),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        Err(busy(&self.endpoint, &g.path))
+    }
+
+    /// What a release of a grant that is not there says: `TakenByOther` if someone holds the
+    /// lock now, `Expired` if nobody does (read at the leader's state).
+    pub(crate) async fn absent(
+        &self,
+        sess: &Session,
+        dir: &str,
+        family: Family,
+    ) -> Result<ReleaseOutcome> {
+        self.sync(sess, dir).await?;
+        let queue = layout::queue(&self.list(sess, dir).await?, family);
+        Ok(if queue.is_empty() {
+            ReleaseOutcome::Expired
+        } else {
+            ReleaseOutcome::TakenByOther
+        })
+    }
+
+    /// Releases grant `grant`.
+    pub(crate) async fn release(self: &Arc<Self>, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        let kind = NodeKind::of(grant.key.kind)?;
+        let family = kind.family();
+        let dir = self.dir(&grant.key.name, family);
+        let sess = self.session().await?;
+        let local = {
+            let mut st = self.state();
+            match st
+                .grants
+                .get_mut(&grant.attempt)
+                .filter(|g| g.token == grant.token && g.key.kind == grant.key.kind)
+            {
+                Some(g) if g.gen == sess.gen => {
+                    // The watch on the node will see our own delete: not a loss.
+                    g.releasing = true;
+                    Some(g.clone())
+                }
+                _ => None,
+            }
+        };
+        let Some(g) = local else {
+            // Not a grant of this session: find it on the server by its address.
+            self.forget_grant(&grant.attempt);
+            return self.release_unknown(&sess, grant, kind, &dir).await;
+        };
+        let role = if g.joined {
+            Role::Joined(grant.attempt.as_str())
+        } else {
+            Role::Own
+        };
+        match self.retire(&sess, &g, role).await {
+            Ok(Ok(Some(()))) => {
+                self.forget_grant(&grant.attempt);
+                Ok(ReleaseOutcome::Released)
+            }
+            Ok(Ok(None)) => {
+                self.forget_grant(&grant.attempt);
+                if g.delete_sent {
+                    // An earlier attempt whose answer was lost did delete it.
+                    return Ok(ReleaseOutcome::Released);
+                }
+                self.absent(&sess, &dir, family).await
+            }
+            Ok(Err(e)) => {
+                self.release_failed(&grant.attempt, matches!(e, zk::Error::ConnectionLoss));
+                Err(self.err("releasing the lock node", e))
+            }
+            Err(e) => {
+                self.release_failed(&grant.attempt, e.is_connection());
+                Err(e)
+            }
+        }
+    }
+
+    /// A release that did not go through: the grant stays (the caller may retry).
+    /// `maybe_sent`: the change may have reached the server anyway (a lost answer).
+    pub(crate) fn release_failed(&self, attempt: &AttemptId, maybe_sent: bool) {
+        if let Some(g) = self.state().grants.get_mut(attempt) {
+            g.releasing = false;
+            g.delete_sent |= maybe_sent;
+        }
+    }
+
+    /// Releases a grant this backend has no record of (another session's, or one it already
+    /// released): its node is the attempt's node with the grant's token.
+    pub(crate) async fn release_unknown(
+        &self,
+        sess: &Session,
+        grant: &GrantRef,
+        kind: NodeKind,
+        dir: &str,
+    ) -> Result<ReleaseOutcome> {
+        layout::check_attempt(&grant.attempt)?;
+        let prefix = layout::name_prefix(&grant.attempt, kind);
+        self.sync(sess, dir).await?;
+        if let Some(name) = self.find_child(sess, dir, &prefix).await? {
+            let path = format!("{dir}/{name}");
+            // The attempt's node, but is it this grant? (A stale address names an older token.)
+            match self
+                .timed("reading the lock node", sess.zk.check_stat(&path))
+                .await?
+            {
+                Ok(Some(st)) if token_of(&st) == Some(grant.token) => {}
+                Ok(_) | Err(zk::Error::NoNode) => {
+                    return self.absent(sess, dir, kind.family()).await
+                }
+                Err(e) => return Err(self.err("reading the lock node", e)),
+            }
+            let g = Grant {
+                key: grant.key.clone(),
+                path,
+                dir: dir.to_owned(),
+                node: kind,
+                token: grant.token,
+                gen: sess.gen,
+                lost: LostSignal::new(),
+                joined: false,
+                releasing: true,
+                delete_sent: false,
+            };
+            if let Some(()) = self
+                .retire(sess, &g, Role::Own)
+                .await?
+                .map_err(|e| self.err("releasing the lock node", e))?
+            {
+                return Ok(ReleaseOutcome::Released);
+            }
+        }
+        self.absent(sess, dir, kind.family()).await
+    }
+
+    /// Gives up attempt `req`: its grant (if it got one) is released, its waiting node (if it
+    /// created one) deleted, and a read grant it joined to its owner's write node taken off.
+    /// Nothing of another attempt is touched: every node name and list entry carries the
+    /// attempt id.
+    pub(crate) async fn give_up(self: &Arc<Self>, req: &AcquireRequest) -> Result<()> {
+        let kind = NodeKind::of(req.key.kind)?;
+        layout::check_attempt(&req.attempt)?;
+        self.state().pending.remove(&req.attempt);
+        let granted = self
+            .state()
+            .grants
+            .get(&req.attempt)
+            .map(|g| req.grant(g.token));
+        if let Some(grant) = granted {
+            self.release(&grant).await?;
+        }
+        let sess = self.session().await?;
+        let dir = self.dir(&req.key.name, kind.family());
+        let prefix = layout::name_prefix(&req.attempt, kind);
+        // After the sync we see a create of this attempt whose answer was lost.
+        self.sync(&sess, &dir).await?;
+        for name in self.list(&sess, &dir).await? {
+            if name.starts_with(&prefix) {
+                match self
+                    .timed(
+                        "deleting a lock node",
+                        sess.zk.delete(&format!("{dir}/{name}"), None),
+                    )
+                    .await?
+                {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(self.err("deleting a lock node", e)),
+                }
+            }
+        }
+        if let Some(wg) = req.write_grant.as_ref().filter(|_| kind == NodeKind::Read) {
+            // A join whose answer was lost: this attempt may be listed in the write node.
+            if let Some(w) = self.local_grant(wg).filter(|w| w.gen == sess.gen) {
+                let g = Grant {
+                    key: req.key.clone(),
+                    joined: true,
+                    releasing: true,
+                    ..w
+                };
+                if let Err(e) = self
+                    .retire(&sess, &g, Role::Joined(req.attempt.as_str()))
+                    .await?
+                {
+                    return Err(self.err("leaving the write node", e));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,129 @@
+//! Renewals: confirming many grants at once through the leader.
+
+use crate::error::{timed_out, KIND};
+use crate::grant::Grant;
+use crate::layout::{NodeData, NodeKind};
+use crate::node::{foreign_data, token_of};
+use crate::session::Inner;
+use distlock_core::{Error, GrantRef, RenewOutcome, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use zookeeper_client as zk;
+
+impl Inner {
+    /// Confirms many grants at once through the leader.
+    pub(crate) async fn renew(
+        self: &Arc<Self>,
+        holds: &[(GrantRef, Duration)],
+    ) -> Result<Vec<RenewOutcome>> {
+        let mut out = vec![RenewOutcome::NotHeld; holds.len()];
+        if holds.is_empty() {
+            return Ok(out);
+        }
+        let sess = self.session().await?;
+        for (_, lease) in holds {
+            self.check_lease(&sess, *lease, "a renewal")?;
+        }
+        // Which items have a live grant of this session, and where.
+        let mut wanted: Vec<(usize, Grant)> = Vec::new();
+        for (i, (grant, _)) in holds.iter().enumerate() {
+            match self.local_grant(grant) {
+                // Being released right now: nothing to confirm, nothing lost.
+                Some(g) if g.releasing => out[i] = RenewOutcome::Renewed,
+                Some(g) if g.gen == sess.gen => wanted.push((i, g)),
+                // A grant of a session that ended (its lost signal fired), or none of ours.
+                _ => {}
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(out);
+        }
+        let mut paths: Vec<&str> = wanted.iter().map(|(_, g)| g.path.as_str()).collect();
+        paths.sort_unstable();
+        paths.dedup();
+        // The sync goes to the leader, and the read is answered only after it: a server cut
+        // off from the leader (which may have expired our session already) cannot confirm.
+        // Both are sent at once (the server answers a session's requests in order).
+        let mut reader = sess.zk.new_multi_reader();
+        for p in &paths {
+            reader
+                .add_get_data(p)
+                .map_err(|e| self.err("renewing", e))?;
+        }
+        let sync = sess.zk.sync(paths[0]);
+        let read = reader.commit();
+        let (synced, results) =
+            tokio::time::timeout(self.op_timeout, async { tokio::join!(sync, read) })
+                .await
+                .map_err(|_| {
+                    timed_out(
+                        &self.endpoint,
+                        "renewing through the leader",
+                        self.op_timeout,
+                    )
+                })?;
+        match synced {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(self.err("syncing with the leader", e)),
+        }
+        let results = results.map_err(|e| self.err("renewing", e))?;
+        if results.len() != paths.len() {
+            return Err(Error::UnexpectedReply {
+                backend: KIND,
+                message: format!(
+                    "renewal read {} nodes and got {} answers",
+                    paths.len(),
+                    results.len()
+                ),
+            });
+        }
+        let mut nodes: HashMap<&str, Option<(NodeData, zk::Stat)>> = HashMap::new();
+        for (p, r) in paths.iter().zip(results) {
+            let node = match r {
+                zk::MultiReadResult::Data { data, stat } if stat.ephemeral_owner == sess.id => {
+                    Some((
+                        NodeData::parse(&data).ok_or_else(|| foreign_data(p, &data))?,
+                        stat,
+                    ))
+                }
+                zk::MultiReadResult::Data { .. } => None,
+                zk::MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                } => None,
+                zk::MultiReadResult::Error { err } => return Err(self.err("renewing", err)),
+                other => {
+                    return Err(Error::UnexpectedReply {
+                        backend: KIND,
+                        message: format!("renewal: unexpected answer {other:?}"),
+                    })
+                }
+            };
+            if node.is_none() {
+                self.node_gone(p, sess.gen);
+            }
+            nodes.insert(p, node);
+        }
+        for (i, g) in &wanted {
+            let held = match nodes.get(g.path.as_str()) {
+                Some(Some((nd, stat))) => {
+                    token_of(stat) == Some(g.token)
+                        && if g.joined {
+                            nd.readers
+                                .iter()
+                                .any(|r| *r == holds[*i].0.attempt.as_str())
+                        } else {
+                            g.node != NodeKind::Write || !nd.downgraded
+                        }
+                }
+                _ => false,
+            };
+            if held {
+                out[*i] = RenewOutcome::Renewed;
+            } else {
+                self.forget_grant(&holds[*i].0.attempt);
+            }
+        }
+        Ok(out)
+    }
+}

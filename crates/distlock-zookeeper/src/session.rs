@@ -1,0 +1,368 @@
+//! Sessions: opening one, watching it (and each granted node), ending it.
+
+use crate::error::{map, timed_out};
+use crate::grant::Grant;
+use crate::layout::{self, Family};
+use distlock_core::{AttemptId, Error, LostReason, LostSignal, Result};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+/// The backend proper, shared by its handles and its background tasks.
+pub(crate) struct Inner {
+    pub(crate) endpoint: String,
+    pub(crate) hosts: String,
+    /// `/<chroot>/<ns>`.
+    pub(crate) base: String,
+    pub(crate) requested_timeout: Duration,
+    /// The client's watchdog lease: every session must last at least this long.
+    pub(crate) watchdog_lease: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) op_timeout: Duration,
+    /// How long after its node vanished a hold's lost signal fires if the watchdog has not
+    /// fired it first (one renewal interval and one call).
+    pub(crate) lost_grace: Duration,
+    pub(crate) state: Mutex<State>,
+    /// Serializes opening a new session.
+    pub(crate) connecting: tokio::sync::Mutex<()>,
+    pub(crate) shutdown: CancellationToken,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub(crate) session: Option<Arc<Session>>,
+    pub(crate) next_gen: u64,
+    /// The live grants made through this backend, by attempt: what their node is, and the
+    /// lost signal to fire when the node or the session goes.
+    pub(crate) grants: HashMap<AttemptId, Grant>,
+    /// Attempts that sent a create and hold no grant (waiting, or the outcome of the create is
+    /// unknown): a retry of one looks for its node on the server before creating one.
+    pub(crate) pending: HashSet<AttemptId>,
+    /// Why the last session ended, for error messages.
+    pub(crate) last_end: Option<String>,
+}
+
+/// One ZooKeeper session (the driver reconnects within it; a new one gets a new `gen`).
+pub(crate) struct Session {
+    pub(crate) zk: zk::Client,
+    pub(crate) gen: u64,
+    pub(crate) id: i64,
+    pub(crate) timeout: Duration,
+    /// Cancelled when dlock stops using the session (expired, closed, or cut off too long).
+    pub(crate) ended: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = st.session.take() {
+            s.ended.cancel();
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        // The state is plain bookkeeping; a panic elsewhere mid-update leaves it usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn current(&self) -> Option<Arc<Session>> {
+        self.state()
+            .session
+            .clone()
+            .filter(|s| !s.ended.is_cancelled())
+    }
+
+    pub(crate) fn dir(&self, name: &str, family: Family) -> String {
+        layout::dir(&self.base, name, family)
+    }
+
+    pub(crate) fn err(&self, what: &str, e: zk::Error) -> Error {
+        map(&self.endpoint, what, e)
+    }
+
+    /// Runs one driver call with the per-call timeout. The outer error is the timeout (or a
+    /// connection error); the inner result is the server's answer.
+    pub(crate) async fn timed<T, E>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = std::result::Result<T, E>>,
+    ) -> Result<std::result::Result<T, E>> {
+        tokio::time::timeout(self.op_timeout, fut)
+            .await
+            .map_err(|_| timed_out(&self.endpoint, what, self.op_timeout))
+    }
+
+    /// Waits until the server we talk to has caught up with the leader: what we read next is
+    /// at least as new as the leader's state when it processed the sync, and the sync only
+    /// comes back if that server still follows a leader that still has our session.
+    pub(crate) async fn sync(&self, sess: &Session, path: &str) -> Result<()> {
+        match self
+            .timed("syncing with the leader", sess.zk.sync(path))
+            .await?
+        {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(self.err("syncing with the leader", e)),
+        }
+    }
+
+    /// The current session, opening a new one if the last one ended.
+    pub(crate) async fn session(self: &Arc<Self>) -> Result<Arc<Session>> {
+        if let Some(s) = self.current() {
+            return Ok(s);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(s) = self.current() {
+            return Ok(s);
+        }
+        let connect = zk::Client::connector()
+            .with_session_timeout(self.requested_timeout)
+            .with_fail_eagerly()
+            .connect(&self.hosts);
+        let client = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(self.err("opening a session", e)),
+            Err(_) => {
+                return Err(timed_out(
+                    &self.endpoint,
+                    "opening a session (is a quorum of the ensemble up?)",
+                    self.connect_timeout,
+                ))
+            }
+        };
+        let timeout = client.session_timeout();
+        if timeout < self.watchdog_lease {
+            // Renewals promise the core a whole watchdog lease from their send time; a session
+            // the server may expire sooner would let a hold look alive after its node is gone.
+            return Err(Error::invalid(format!(
+                "the ZooKeeper ensemble at {} negotiated a session timeout of {timeout:?} \
+                 (asked for {:?}), shorter than the watchdog lease {:?}: a lock would outlive \
+                 its session in the holder's view; lower the client's watchdog_lease to at most \
+                 {timeout:?}, or ask for a longer session (`session_timeout` in the URL) within \
+                 the servers' maxSessionTimeout (default 20 × tickTime)",
+                self.endpoint, self.requested_timeout, self.watchdog_lease
+            )));
+        }
+        if timeout < self.requested_timeout {
+            tracing::info!(requested = ?self.requested_timeout, negotiated = ?timeout,
+                "the ZooKeeper server shortened the session timeout (its maxSessionTimeout)");
+        }
+        let watcher = client.state_watcher();
+        let ended = CancellationToken::new();
+        let session = {
+            let mut st = self.state();
+            let gen = st.next_gen;
+            st.next_gen += 1;
+            let s = Arc::new(Session {
+                id: client.session_id().0,
+                zk: client,
+                gen,
+                timeout,
+                ended: ended.clone(),
+            });
+            st.session = Some(s.clone());
+            s
+        };
+        tracing::debug!(
+            session = format!("{:#x}", session.id),
+            ?timeout,
+            "ZooKeeper session opened"
+        );
+        tokio::spawn(monitor(
+            Arc::downgrade(self),
+            session.gen,
+            watcher,
+            timeout * 2 / 5,
+            ended,
+            self.shutdown.clone(),
+        ));
+        Ok(session)
+    }
+
+    /// A lease the core would measure from a request's send time must fit in the session:
+    /// the server may expire the session (and delete the node) one session timeout after it
+    /// last heard from us.
+    pub(crate) fn check_lease(&self, sess: &Session, lease: Duration, what: &str) -> Result<()> {
+        if lease > sess.timeout {
+            return Err(Error::invalid(format!(
+                "{what} of {lease:?} is longer than the ZooKeeper session timeout {:?}: the \
+                 server may expire the session, and with it the lock, before the lease ends; \
+                 use a lease of at most {:?}, or ask for a longer session (`session_timeout` \
+                 in the URL, within the servers' maxSessionTimeout)",
+                sess.timeout, sess.timeout
+            )));
+        }
+        Ok(())
+    }
+
+    /// Stops using session `gen`: fires the lost signal of every hold it had.
+    pub(crate) fn end_session(&self, gen: u64, reason: &str) {
+        let signals: Vec<LostSignal> = {
+            let mut st = self.state();
+            if let Some(s) = st.session.as_ref().filter(|s| s.gen == gen) {
+                s.ended.cancel();
+                st.session = None;
+                st.last_end = Some(reason.to_owned());
+            }
+            let mut fired = Vec::new();
+            st.grants.retain(|_, g| {
+                if g.gen == gen {
+                    fired.push(g.lost.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            fired
+        };
+        if !signals.is_empty() {
+            tracing::warn!(%reason, holds = signals.len(), "ZooKeeper session ended; its locks are lost");
+        }
+        for s in signals {
+            s.fire(LostReason::SessionEnded(reason.to_owned()));
+        }
+    }
+
+    /// Node `path` of session `gen` is gone: the grants on it are lost. The signal fires after
+    /// a grace period, so that for watchdog holds the watchdog's next renewal reports it first.
+    /// Not for a node we are deleting, or whose delete may have gone through before its answer
+    /// was lost: that release's retry finds the node gone and reports it released.
+    pub(crate) fn node_gone(&self, path: &str, gen: u64) {
+        let signals: Vec<LostSignal> = {
+            let mut st = self.state();
+            let mut fired = Vec::new();
+            st.grants.retain(|_, g| {
+                if g.path == path && g.gen == gen && !g.releasing && !g.delete_sent {
+                    fired.push(g.lost.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            fired
+        };
+        if signals.is_empty() {
+            return;
+        }
+        tracing::warn!(%path, "lock node deleted behind its holder's back; the lock is lost");
+        let grace = self.lost_grace;
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            for s in signals {
+                s.fire(LostReason::NotHeld);
+            }
+        });
+    }
+}
+
+pub(crate) async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Watches the session: fires every hold's lost signal when it expires or closes, or when the
+/// connection has been down for `lost_after` (2/5 of the session timeout: the driver notices a
+/// silent connection after 2/5, so the server cannot have expired the session before 4/5).
+pub(crate) async fn monitor(
+    inner: Weak<Inner>,
+    gen: u64,
+    mut watcher: zk::StateWatcher,
+    lost_after: Duration,
+    ended: CancellationToken,
+    shutdown: CancellationToken,
+) {
+    let mut down_since: Option<Instant> = None;
+    let reason = loop {
+        let cutoff = down_since.map(|t| t + lost_after);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ended.cancelled() => return,
+            state = watcher.changed() => match state {
+                zk::SessionState::Disconnected => {
+                    tracing::debug!("ZooKeeper connection lost; the driver reconnects");
+                    down_since.get_or_insert_with(Instant::now);
+                }
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                    if let Some(t) = down_since.take() {
+                        tracing::debug!(after = ?t.elapsed(), "ZooKeeper connection back");
+                    }
+                }
+                zk::SessionState::Expired => break "the session expired".to_owned(),
+                zk::SessionState::Closed => break "the session was closed".to_owned(),
+                zk::SessionState::AuthFailed => break "authentication failed".to_owned(),
+            },
+            _ = until(cutoff), if cutoff.is_some() => {
+                break format!(
+                    "no connection to ZooKeeper for {lost_after:?} (2/5 of the session timeout); \
+                     the server may expire the session at any moment"
+                );
+            }
+        }
+    };
+    if let Some(inner) = inner.upgrade() {
+        inner.end_session(gen, &reason);
+    }
+}
+
+/// Watches one granted node: if it is deleted by anyone but us, its grants are lost.
+pub(crate) async fn watch_node(
+    inner: Weak<Inner>,
+    gen: u64,
+    path: String,
+    ended: CancellationToken,
+) {
+    loop {
+        let (zk, op_timeout) = {
+            let Some(inner) = inner.upgrade() else { return };
+            match inner.current().filter(|s| s.gen == gen) {
+                Some(s) => (s.zk.clone(), inner.op_timeout),
+                None => return,
+            }
+        };
+        let armed = tokio::time::timeout(op_timeout, zk.check_and_watch_stat(&path)).await;
+        // Hold no client while waiting: an abandoned session must be able to close.
+        drop(zk);
+        let watcher = match armed {
+            Ok(Ok((Some(_), w))) => w,
+            Ok(Ok((None, _))) => {
+                if let Some(inner) = inner.upgrade() {
+                    inner.node_gone(&path, gen);
+                }
+                return;
+            }
+            Ok(Err(_)) | Err(_) => {
+                tokio::select! {
+                    _ = ended.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                }
+            }
+        };
+        tokio::select! {
+            _ = ended.cancelled() => return,
+            ev = watcher.changed() => match ev.event_type {
+                zk::EventType::NodeDeleted => {
+                    if let Some(inner) = inner.upgrade() {
+                        inner.node_gone(&path, gen);
+                    }
+                    return;
+                }
+                zk::EventType::Session => return,
+                // Data changes (a downgrade, a reader joining or leaving): watch on, unless
+                // no grant of ours is on the node any more.
+                _ => {
+                    let Some(inner) = inner.upgrade() else { return };
+                    if !inner.state().grants.values().any(|g| g.path == path && g.gen == gen) {
+                        return;
+                    }
+                }
+            },
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Waiting for a node's turn (watching only its predecessor), and one attempt at the lock.
+
+use crate::error::session_gone;
+use crate::layout::{self, NodeData, NodeKind, Turn};
+use crate::node::{anyone, Created};
+use crate::session::{until, Inner, Session};
+use distlock_core::clock::Instant as LeaseInstant;
+use distlock_core::{
+    async_trait, AcquireRequest, Error, Granted, HoldKey, ReleaseWatch, Result, Wake,
+};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+/// How a wait for one node's turn ended.
+pub(crate) enum WaitEnd {
+    /// Granted; no later than the server's confirmation of the grant.
+    Granted(LeaseInstant),
+    GaveUp,
+}
+
+/// Gives the attempt up in the background if the future running it is dropped before it
+/// decided (a caller that stopped waiting for it): nobody would retry it or give it up.
+pub(crate) struct Abandon {
+    pub(crate) inner: Weak<Inner>,
+    pub(crate) req: Option<AcquireRequest>,
+}
+
+impl Abandon {
+    fn new(inner: &Arc<Inner>, req: &AcquireRequest) -> Self {
+        Abandon {
+            inner: Arc::downgrade(inner),
+            req: Some(req.clone()),
+        }
+    }
+
+    fn disarm(mut self) {
+        self.req = None;
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        let (Some(req), Some(inner)) = (self.req.take(), self.inner.upgrade()) else {
+            return;
+        };
+        // No longer pending: a create answered from now on is deleted by its own task.
+        inner.state().pending.remove(&req.attempt);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { give_up_soon(&inner, &req).await });
+        }
+    }
+}
+
+/// Gives attempt `req` up now, or — if the connection fails — in the background, retrying a
+/// few times: its node must not stay in the queue while the session lives.
+pub(crate) async fn give_up_soon(inner: &Arc<Inner>, req: &AcquireRequest) {
+    if inner.give_up(req).await.is_ok() {
+        return;
+    }
+    let (inner, req) = (inner.clone(), req.clone());
+    tokio::spawn(async move {
+        let mut backoff = distlock_core::backoff::Backoff::default();
+        for _ in 0..5 {
+            tokio::time::sleep(backoff.next_delay()).await;
+            match inner.give_up(&req).await {
+                Ok(()) => return,
+                Err(e) => tracing::debug!(error = %e, "could not give up an attempt; retrying"),
+            }
+        }
+        tracing::warn!(name = %req.key.name, "could not give up an attempt; its node goes with the session");
+    });
+}
+
+pub(crate) fn upgrade_refused(key: &HoldKey) -> Error {
+    Error::invalid(format!(
+        "owner `{}` holds the read side of `{}` and asks for the write side: that could wait for \
+         itself (or for another upgrading reader) forever; release the read side first \
+         (a writer may take the read side, not the reverse)",
+        key.owner, key.name
+    ))
+}
+
+/// Release notifications of one lock: a child watch on its directory, re-armed after each
+/// event before returning, so no release after [`Backend::watch`] returned is missed.
+pub(crate) struct ChildWatch {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) dir: String,
+    pub(crate) armed: Option<(zk::OneshotWatcher, CancellationToken)>,
+}
+
+impl ChildWatch {
+    pub(crate) async fn arm(&mut self) -> Result<()> {
+        let sess = self.inner.session().await?;
+        for _ in 0..2 {
+            match self
+                .inner
+                .timed(
+                    "watching the lock queue",
+                    sess.zk.list_and_watch_children(&self.dir),
+                )
+                .await?
+            {
+                Ok((_, w)) => {
+                    self.armed = Some((w, sess.ended.clone()));
+                    return Ok(());
+                }
+                Err(zk::Error::NoNode) => {
+                    let opts = zk::CreateMode::Persistent.with_acls(anyone());
+                    match self
+                        .inner
+                        .timed(
+                            "creating the lock directory",
+                            sess.zk.mkdir(&self.dir, &opts),
+                        )
+                        .await?
+                    {
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(self.inner.err("creating the lock directory", e)),
+                    }
+                }
+                Err(e) => return Err(self.inner.err("watching the lock queue", e)),
+            }
+        }
+        Err(self.inner.err("watching the lock queue", zk::Error::NoNode))
+    }
+}
+
+#[async_trait]
+impl ReleaseWatch for ChildWatch {
+    async fn changed(&mut self) -> Result<Wake> {
+        if self.armed.is_none() {
+            self.arm().await?;
+        }
+        let Some((watcher, ended)) = self.armed.take() else {
+            return Err(session_gone(&self.inner.endpoint, "no watch"));
+        };
+        let ev = tokio::select! {
+            ev = watcher.changed() => ev,
+            _ = ended.cancelled() => return Err(session_gone(&self.inner.endpoint, "the session ended")),
+        };
+        if ev.event_type == zk::EventType::Session {
+            return Err(session_gone(
+                &self.inner.endpoint,
+                &ev.session_state.to_string(),
+            ));
+        }
+        self.arm().await?;
+        Ok(Wake::Released)
+    }
+}
+
+impl Inner {
+    /// Where our node stands now. `via_leader`: sync first, so the answer is the leader's.
+    pub(crate) async fn turn(
+        &self,
+        sess: &Session,
+        node: &Created,
+        via_leader: bool,
+    ) -> Result<Turn> {
+        let family = node.node.family();
+        if via_leader {
+            self.sync(sess, &node.dir).await?;
+        }
+        let children = self.list(sess, &node.dir).await?;
+        let queue = layout::queue(&children, family);
+        let head_downgraded = if layout::needs_head_check(&queue, &node.name) {
+            match queue.first() {
+                Some(head) => self.is_downgraded(sess, &node.dir, &head.name).await?,
+                None => false,
+            }
+        } else {
+            false
+        };
+        Ok(layout::turn(&queue, &node.name, head_downgraded))
+    }
+
+    /// Whether lock node `dir/name` belongs to a writer that downgraded to reading.
+    pub(crate) async fn is_downgraded(
+        &self,
+        sess: &Session,
+        dir: &str,
+        name: &str,
+    ) -> Result<bool> {
+        let path = format!("{dir}/{name}");
+        match self
+            .timed("reading the head of the queue", sess.zk.get_data(&path))
+            .await?
+        {
+            Ok((data, _)) => Ok(NodeData::parse(&data).is_some_and(|d| d.downgraded)),
+            // Gone: the caller looks again when its watch fires.
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(self.err("reading the head of the queue", e)),
+        }
+    }
+
+    /// Waits until `node` holds the lock, watching only the node it waits for.
+    pub(crate) async fn wait_turn(
+        &self,
+        sess: &Session,
+        node: &Created,
+        confirmed_at: LeaseInstant,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<WaitEnd> {
+        let mut at = confirmed_at;
+        let mut via_leader = false;
+        loop {
+            if via_leader {
+                at = LeaseInstant::now();
+            }
+            let pred = match self.turn(sess, node, via_leader).await? {
+                Turn::Granted => return Ok(WaitEnd::Granted(at)),
+                Turn::Gone => {
+                    return Err(session_gone(
+                        &self.endpoint,
+                        "our waiting node vanished (deleted, or the session ended)",
+                    ))
+                }
+                Turn::WaitFor(pred) => format!("{}/{pred}", node.dir),
+            };
+            // From now on the grant is decided by a watch event; look at the leader's state
+            // then, so the grant's time is one the leader confirmed our session at.
+            via_leader = true;
+            let (stat, watcher) = match self
+                .timed(
+                    "watching the predecessor",
+                    sess.zk.check_and_watch_stat(&pred),
+                )
+                .await?
+            {
+                Ok(v) => v,
+                Err(e) => return Err(self.err("watching the predecessor", e)),
+            };
+            if stat.is_none() {
+                continue;
+            }
+            tokio::select! {
+                ev = watcher.changed() => {
+                    if ev.event_type == zk::EventType::Session && ev.session_state.is_terminated() {
+                        return Err(session_gone(&self.endpoint, &format!("{} while waiting", ev.session_state)));
+                    }
+                }
+                _ = sess.ended.cancelled() => {
+                    return Err(session_gone(&self.endpoint, "the session ended while waiting"));
+                }
+                _ = cancel.cancelled() => return Ok(WaitEnd::GaveUp),
+                _ = until(deadline) => return Ok(WaitEnd::GaveUp),
+            }
+        }
+    }
+
+    /// One try at the lock: find or create this attempt's node, wait for its turn (or not),
+    /// record the grant. On an error the node stays (the attempt's retry finds it again, its
+    /// give-up deletes it).
+    pub(crate) async fn attempt(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        wait: Option<(Option<Instant>, &CancellationToken)>,
+    ) -> Result<Option<Granted>> {
+        let kind = NodeKind::of(req.key.kind)?;
+        layout::check_attempt(&req.attempt)?;
+        if kind == NodeKind::Write && self.owner_reads(&req.key) {
+            return Err(upgrade_refused(&req.key));
+        }
+        let sess = self.session().await?;
+        self.check_lease(&sess, req.lease, "a lease")?;
+        if let Some((token, at)) = self.regrant(&sess, req).await? {
+            return Ok(Some(Granted {
+                token,
+                requested_at: at,
+            }));
+        }
+        if let Some(wg) = req.write_grant.as_ref().filter(|_| kind == NodeKind::Read) {
+            if let Some((token, at)) = self.join_write(&sess, req, wg).await? {
+                return Ok(Some(Granted {
+                    token,
+                    requested_at: at,
+                }));
+            }
+        }
+        // If this future is dropped midway (a caller that gave up on it), the attempt gives up
+        // in the background: its node must not stay in the queue. An error is no give-up: the
+        // caller retries the attempt (which finds its node) or gives it up itself.
+        let abandon = Abandon::new(self, req);
+        let decided = async {
+            let (node, confirmed_at) = self.node_for(&sess, req, kind).await?;
+            let end = match wait {
+                None => match self.turn(&sess, &node, false).await? {
+                    Turn::Granted => WaitEnd::Granted(confirmed_at),
+                    _ => WaitEnd::GaveUp,
+                },
+                Some((deadline, cancel)) => {
+                    self.wait_turn(&sess, &node, confirmed_at, deadline, cancel)
+                        .await?
+                }
+            };
+            Ok::<_, Error>((node, end))
+        }
+        .await;
+        abandon.disarm();
+        let (node, end) = decided?;
+        match end {
+            WaitEnd::Granted(at) => {
+                if let Err(e) = self.register(&sess, &node, req) {
+                    self.drop_attempt_node(&sess, req, &node.path).await;
+                    return Err(e);
+                }
+                Ok(Some(Granted {
+                    token: node.token,
+                    requested_at: at,
+                }))
+            }
+            WaitEnd::GaveUp => {
+                self.drop_attempt_node(&sess, req, &node.path).await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The attempt is over without a grant: its node goes.
+    pub(crate) async fn drop_attempt_node(&self, sess: &Session, req: &AcquireRequest, path: &str) {
+        self.state().pending.remove(&req.attempt);
+        self.remove_node(sess, path).await;
+    }
+
+    /// `acquire_wait`: attempts until granted, given up, or an error that is not retryable.
+    /// A retry is the same attempt: it finds its node and keeps its place in the queue.
+    pub(crate) async fn acquire_wait(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        let mut backoff = distlock_core::backoff::Backoff::default();
+        let mut failed = false;
+        loop {
+            if cancel.is_cancelled() || deadline.is_some_and(|d| Instant::now() >= d) {
+                if failed {
+                    // The attempt's node (kept across the retries below) goes.
+                    give_up_soon(self, req).await;
+                }
+                return Ok(None);
+            }
+            match self.attempt(req, Some((deadline, cancel))).await {
+                Ok(r) => return Ok(r),
+                // Connection trouble or a lost session while waiting: keep waiting (bounded by
+                // the deadline). The retry is the same attempt: it finds its node and keeps its
+                // place in the queue if the session survived.
+                Err(e) if e.is_retryable() => {
+                    failed = true;
+                    let pause = backoff.next_delay();
+                    tracing::debug!(error = %e, ?pause, "waiting for a ZooKeeper lock failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = cancel.cancelled() => {}
+                        _ = until(deadline) => {}
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
