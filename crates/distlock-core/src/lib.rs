@@ -9,6 +9,7 @@ pub mod blocking;
 mod client;
 pub mod clock;
 pub mod conn;
+pub mod registry;
 mod duration;
 mod error;
 mod guard;
