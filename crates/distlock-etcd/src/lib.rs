@@ -57,6 +57,18 @@ pub struct EtcdBackend {
 impl EtcdBackend {
     /// Connects to the etcd cluster at `url` and checks that it answers (a linearizable read,
     /// so a cluster without a quorum fails here).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for a URL that is not `etcd://[user:password@]host:port[,…][/prefix]`
+    /// (the password is redacted in the message); [`Error::Connection`] when the cluster does
+    /// not answer the linearizable probe within twice the connect timeout (down, or without a
+    /// quorum or leader); [`Error::Auth`] for a refused user or password.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops the connection being opened; connecting writes
+    /// nothing to the cluster.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         Self::open(url, opts).await
     }

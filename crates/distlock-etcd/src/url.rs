@@ -1,6 +1,7 @@
 //! `etcd://[user:password@]host:port[,host:port…][/prefix]`.
 
-use distlock_core::{Error, Result};
+use distlock_core::conn::{self, ConnectionString};
+use distlock_core::Result;
 
 /// Default client port of etcd.
 pub(crate) const DEFAULT_PORT: u16 = 2379;
@@ -16,149 +17,65 @@ pub(crate) struct Target {
     pub(crate) prefix: Option<String>,
 }
 
-/// The URL with its password replaced by `***`.
+/// The URL with its password replaced by `***` (the core's [`conn::redact`]).
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{hosts}{tail}")
-            } else {
-                format!("{scheme}://{user}@{hosts}{tail}")
-            }
-        }
-        None => url.to_owned(),
-    }
+    conn::redact(url)
 }
 
 /// Decodes `%XX` escapes (as in the user, password and prefix of an `etcd://` URL); `None` for
 /// a bad escape or bytes that are not UTF-8. Other characters pass through unchanged.
 pub fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    String::from_utf8(conn::percent_decode_strict(s).ok()?).ok()
 }
 
+/// Reads an `etcd://` URL with the core's connection-string parser (which redacts it in every
+/// error), then checks what this backend needs: the scheme, no parameters, a user with a
+/// password, and a prefix without control characters.
 pub(crate) fn parse_url(url: &str) -> Result<Target> {
-    let bad = |reason: String| Error::InvalidUrl {
-        url: redact(url),
-        reason,
-    };
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| bad("no scheme; write etcd://host:port".into()))?;
-    match scheme {
+    let cs = ConnectionString::parse(url)?;
+    match cs.scheme() {
         "etcd" => {}
         "etcds" => {
-            return Err(bad(
+            return Err(cs.invalid(
                 "etcds:// (TLS) is not supported by this version of the etcd backend; \
-                 reach etcd over a TLS-terminating proxy or a trusted network with etcd://"
-                    .into(),
+                 reach etcd over a TLS-terminating proxy or a trusted network with etcd://",
             ))
         }
-        s => return Err(bad(format!("scheme `{s}` is not etcd://"))),
+        s => return Err(cs.invalid(format!("scheme `{s}` is not etcd://"))),
     }
-    if rest.contains('?') || rest.contains('#') {
-        return Err(bad(
-            "the etcd URL takes no parameters; write etcd://host:port[,host:port…][/prefix]".into(),
+    if !cs.params().is_empty() || cs.fragment().is_some() {
+        return Err(cs.invalid(
+            "the etcd URL takes no parameters; write etcd://host:port[,host:port…][/prefix]",
         ));
     }
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let (user, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let (u, p) = userinfo.split_once(':').ok_or_else(|| {
-                bad("credentials need both parts: etcd://user:password@host:port".into())
-            })?;
-            let u =
-                percent_decode(u).ok_or_else(|| bad("bad percent-encoding in the user".into()))?;
-            let p = percent_decode(p)
-                .ok_or_else(|| bad("bad percent-encoding in the password".into()))?;
-            if u.is_empty() {
-                return Err(bad("empty user name".into()));
-            }
-            (Some((u, p)), hosts)
+    let user = match (cs.user(), cs.password()) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(cs.invalid("credentials need both parts: etcd://user:password@host:port"))
         }
-        None => (None, authority),
+        (Some(""), Some(_)) => return Err(cs.invalid("empty user name")),
+        (Some(u), Some(p)) => Some((u.to_owned(), p.expose().to_owned())),
     };
-    let mut endpoints = Vec::new();
-    let mut shown = Vec::new();
-    for h in hosts.split(',') {
-        let (host, port) = split_host_port(h).map_err(bad)?;
-        endpoints.push(format!("http://{host}:{port}"));
-        shown.push(format!("{host}:{port}"));
+    if cs.hosts().is_empty() {
+        return Err(cs.invalid("empty host; write etcd://host:port[,host:port…]"));
     }
-    let prefix = path.trim_matches('/');
-    let prefix = if prefix.is_empty() {
-        None
-    } else {
-        let p = percent_decode(prefix)
-            .ok_or_else(|| bad("bad percent-encoding in the prefix".into()))?;
-        if p.chars().any(char::is_control) {
-            return Err(bad("the prefix must not contain control characters".into()));
-        }
-        Some(p)
-    };
+    let endpoints = cs
+        .hosts()
+        .iter()
+        .map(|h| format!("http://{}", h.endpoint(DEFAULT_PORT)))
+        .collect();
+    // Trimmed before decoding, so an escaped `/` (`%2F`) at either end stays in the prefix.
+    let prefix = percent_decode(cs.raw_path().trim_matches('/'))
+        .ok_or_else(|| cs.invalid("bad percent-encoding in the prefix"))?;
+    if prefix.chars().any(char::is_control) {
+        return Err(cs.invalid("the prefix must not contain control characters"));
+    }
     Ok(Target {
         endpoints,
-        display: shown.join(","),
+        display: cs.endpoints(DEFAULT_PORT),
         user,
-        prefix,
+        prefix: (!prefix.is_empty()).then_some(prefix),
     })
-}
-
-pub(crate) fn split_host_port(h: &str) -> std::result::Result<(String, u16), String> {
-    if h.is_empty() {
-        return Err("empty host; write etcd://host:port[,host:port…]".into());
-    }
-    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
-        let (ip6, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("`{h}`: unclosed `[` in an IPv6 address"))?;
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("`{h}`: expected `:port` after `]`"))?,
-            ),
-        };
-        (format!("[{ip6}]"), port)
-    } else {
-        match h.rsplit_once(':') {
-            Some((host, port)) => (host.to_owned(), Some(port)),
-            None => (h.to_owned(), None),
-        }
-    };
-    if host.is_empty() || host.contains(['@', ' ']) {
-        return Err(format!("`{h}` is not a valid host"));
-    }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("`{p}` in `{h}` is not a port number"))?,
-    };
-    Ok((host, port))
 }
 
 #[cfg(test)]

@@ -3,6 +3,9 @@
 
 use distlock_core::{Client, ClientOptions, Error, LockKind, LostReason, ReleaseOutcome};
 use distlock_etcd::EtcdBackend;
+
+mod common;
+use common::hold;
 use distlock_testkit::conformance::wait_for_waiters;
 use distlock_testkit::{DelayProxy, EtcdCluster};
 use std::sync::Arc;
@@ -40,12 +43,7 @@ async fn leader_crash_keeps_the_lock() {
     let lease = Duration::from_secs(6);
     let a = client(&url, opts(lease)).await;
     let b = client(&url, opts(lease)).await;
-    let g = a
-        .lock("orders")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = hold(&a, "orders").await;
     let token = g.fencing_token();
 
     let leader = cluster.leader().expect("leader");
@@ -112,12 +110,7 @@ async fn cut_off_holder_loses_the_lock_before_the_next_holder_gets_it() {
     // The next holder keeps the lock until the end of the test (while the cut-off client
     // reconnects): a lease a loaded machine cannot run out.
     let b = client(&cluster.url(), opts(Duration::from_secs(20))).await;
-    let g = a
-        .lock("stock")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = hold(&a, "stock").await;
     let lost = g.lost_signal();
     for p in &proxies {
         p.set_blackhole(true);
@@ -175,12 +168,7 @@ async fn cut_off_waiter_stops_with_an_error() {
     let lease = Duration::from_secs(2);
     let holder = client(&cluster.url(), opts(Duration::from_secs(20))).await;
     let waiter = client(&via_proxies, opts(lease)).await;
-    let g = holder
-        .lock("q")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = hold(&holder, "q").await;
     let lock = waiter.lock("q").expect("lock");
     let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(30)).await });
     // Queued.

@@ -9,10 +9,11 @@ use distlock_core::{
     Backend, Client, ClientOptions, Error, Finding, LockKind, LostReason, Severity,
 };
 use distlock_etcd::EtcdBackend;
+
+mod common;
+use common::{etcdctl, etcdctl_lock, exits, file_appears, hold};
 use distlock_testkit::conformance::{poll_until, wait_for_waiters};
 use distlock_testkit::{EtcdCluster, FencedRegister, TempDir};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,16 +36,6 @@ fn finding<'a>(findings: &'a [Finding], check: &str) -> &'a Finding {
         .unwrap_or_else(|| panic!("no `{check}` finding in {findings:#?}"))
 }
 
-/// A child process killed when the test ends, however it ends.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `list` shows a held lock (owner, token, lease left), its queued waiter, a released lock's
 /// counter, a name with `/` (unescaped), a holder that `etcdctl lock` queued under the same
 /// prefix (foreign, no owner), and honours the prefix.
@@ -54,37 +45,17 @@ async fn list_shows_holders_waiters_counters_and_foreign_keys() {
     let url = cluster.url();
     let a = client(&url, Duration::from_secs(5)).await;
     let b = client(&url, Duration::from_secs(5)).await;
-    let held = a
-        .lock("ops-job")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let held = hold(&a, "ops-job").await;
     let waiter = {
         let lock = b.lock("ops-job").expect("lock");
         tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(30)).await })
     };
     wait_for_waiters(&a, "ops-job", LockKind::Mutex, 1).await;
-    let done = a
-        .lock("ops-done")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let done = hold(&a, "ops-done").await;
     let done_token = done.fencing_token();
     done.release().await.expect("release");
-    let slash = a
-        .lock("ops-a/b")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
-    let other = a
-        .lock("zz-other")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let slash = hold(&a, "ops-a/b").await;
+    let other = hold(&a, "zz-other").await;
 
     let locks = a.list("ops-").await.expect("list");
     let names: Vec<&str> = locks.iter().map(|l| l.info.name.as_str()).collect();
@@ -114,30 +85,16 @@ async fn list_shows_holders_waiters_counters_and_foreign_keys() {
     assert_eq!(a.list("").await.expect("list").len(), 4);
 
     // `etcdctl lock dlock/NAME` queues under the same prefix: a foreign holder, listed.
-    let bin = "/usr/bin/etcdctl";
-    if Path::new(bin).exists() {
+    if let Some(bin) = etcdctl() {
         let dir = TempDir::new().expect("temp dir");
         let (heldf, go) = (dir.path().join("held"), dir.path().join("go"));
-        let endpoints: Vec<String> = (0..cluster.len())
-            .map(|i| cluster.client_addr(i).to_string())
-            .collect();
-        let mut ctl = Reaped(
-            Command::new(bin)
-                .env("ETCDCTL_API", "3")
-                .arg(format!("--endpoints={}", endpoints.join(",")))
-                .args(["lock", "dlock/ops-ctl", "--", "sh", "-c"])
-                .arg(format!(
-                    "touch '{}'; while [ ! -e '{}' ]; do sleep 0.05; done",
-                    heldf.display(),
-                    go.display()
-                ))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn etcdctl"),
+        let script = format!(
+            "touch '{}'; while [ ! -e '{}' ]; do sleep 0.05; done",
+            heldf.display(),
+            go.display()
         );
-        poll_until("etcdctl to hold", async || heldf.exists(), |e| *e).await;
+        let mut ctl = etcdctl_lock(bin, &cluster, "ops-ctl", &script);
+        file_appears(&heldf).await;
         let locks = a.list("ops-ctl").await.expect("list");
         assert_eq!(locks.len(), 1, "{locks:?}");
         let owner = &locks[0].info.holders[0].owner;
@@ -145,14 +102,7 @@ async fn list_shows_holders_waiters_counters_and_foreign_keys() {
         assert!(locks[0].info.fencing_token > 0, "{locks:?}");
         // Let etcdctl's command end by itself (killing etcdctl would orphan it).
         std::fs::write(&go, b"").expect("touch go");
-        poll_until(
-            "etcdctl to exit",
-            async || ctl.0.try_wait().expect("wait"),
-            Option::is_some,
-        )
-        .await;
-    } else {
-        eprintln!("SKIPPED (part): {bin} not found (Debian package etcd-client)");
+        exits(&mut ctl).await;
     }
 
     held.release().await.expect("release");
@@ -176,12 +126,7 @@ async fn force_release_fences_the_old_holder_and_keeps_the_waiters() {
     let old = client(&url, Duration::from_secs(2)).await;
     let next = client(&url, Duration::from_secs(5)).await;
     let admin = client(&url, Duration::from_secs(5)).await;
-    let guard = old
-        .lock("ops-stuck")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = hold(&old, "ops-stuck").await;
     let register = FencedRegister::new();
     assert!(register.write(guard.fencing_token(), "old", true));
     let waiter = {
@@ -221,12 +166,7 @@ async fn force_release_fences_the_old_holder_and_keeps_the_waiters() {
     );
     register.assert_no_rejected_belief();
     g2.release().await.expect("release");
-    let g3 = admin
-        .lock("ops-stuck")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g3 = hold(&admin, "ops-stuck").await;
     assert!(
         g3.fencing_token() > r.fencing_token,
         "{} > {}",
@@ -247,12 +187,7 @@ async fn force_release_of_a_free_lock_and_of_unsupported_kinds() {
     let cluster = EtcdCluster::start().expect("cluster");
     let url = cluster.url();
     let a = client(&url, Duration::from_secs(5)).await;
-    let g = a
-        .lock("ops-free")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = hold(&a, "ops-free").await;
     let first = g.fencing_token();
     g.release().await.expect("release");
     let r = a
@@ -263,12 +198,7 @@ async fn force_release_of_a_free_lock_and_of_unsupported_kinds() {
     assert!(r.fencing_token > first, "{r:?}");
     let info = a.inspect("ops-free").await.expect("inspect");
     assert_eq!(info.fencing_token, r.fencing_token);
-    let g = a
-        .lock("ops-free")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = hold(&a, "ops-free").await;
     assert!(g.fencing_token() > r.fencing_token);
     // `fair` is the same lock on etcd.
     let r2 = a
@@ -295,12 +225,7 @@ async fn concurrent_forced_releases_remove_one_holder_each() {
     let b1 = EtcdBackend::connect(&url, &o).await.expect("connect");
     let b2 = EtcdBackend::connect(&url, &o).await.expect("connect");
     let a = client(&url, Duration::from_secs(5)).await;
-    let g = a
-        .lock("ops-race")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = hold(&a, "ops-race").await;
     let (r1, r2) = tokio::join!(
         b1.force_release("ops-race", LockKind::Mutex),
         b2.force_release("ops-race", LockKind::Mutex)

@@ -5,15 +5,16 @@
 //! lock` (Go's `concurrency.Mutex`) and dlock exclude each other both ways.
 
 use distlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostReason,
-    LostSignal, ReleaseOutcome, RenewOutcome,
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, GrantRef, HoldKey, LockKind,
+    LostReason, LostSignal, ReleaseOutcome, RenewOutcome,
 };
 use distlock_etcd::EtcdBackend;
+
+mod common;
+use common::{etcdctl, etcdctl_lock, exits_ok, file_appears, hold};
 use distlock_testkit::conformance::{poll_until, unique_name, wait_for_waiters};
 use distlock_testkit::{DelayProxy, EtcdCluster, TempDir};
 use etcd_client::GetOptions;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,25 @@ fn token(r: AcquireReply) -> u64 {
         AcquireReply::Granted { token } => token,
         other => panic!("not granted: {other:?}"),
     }
+}
+
+/// Another attempt (of `owner`) is refused the lock, and gives up: someone holds it.
+async fn excluded(direct: &EtcdBackend, name: &str, owner: &str, lease: Duration) {
+    let other = request(name, owner, lease);
+    assert!(matches!(
+        direct.acquire(&other).await.expect("other attempt"),
+        AcquireReply::Held { .. }
+    ));
+    direct.give_up(&other).await.expect("give up");
+}
+
+/// `grant` is released through `b`, and its lock's queue is empty afterwards.
+async fn released_and_gone(b: &EtcdBackend, direct: &EtcdBackend, grant: &GrantRef, name: &str) {
+    assert_eq!(
+        b.release(grant).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(queue(direct, name).await.is_empty());
 }
 
 /// Every key under the lock's queue prefix, read directly: (key, create revision, lease).
@@ -195,17 +215,8 @@ async fn acquire_retried_after_a_late_reply_is_one_grant() {
         assert_eq!(after[0].1, rev);
         assert_eq!(after[0].2, lease, "the retry moved the key off its lease");
         // Exclusive, and another attempt of the same owner is another holder.
-        let sibling = request(&name, "retrier", Duration::from_secs(1));
-        assert!(matches!(
-            direct.acquire(&sibling).await.expect("sibling"),
-            AcquireReply::Held { .. }
-        ));
-        direct.give_up(&sibling).await.expect("give up");
-        assert_eq!(
-            b.release(&req.grant(t)).await.expect("release"),
-            ReleaseOutcome::Released
-        );
-        assert!(queue(&direct, &name).await.is_empty());
+        excluded(&direct, &name, "retrier", Duration::from_secs(1)).await;
+        released_and_gone(&b, &direct, &req.grant(t), &name).await;
         // A give-up after the grant was released touches nothing (idempotent).
         b.give_up(&req).await.expect("give up");
         return;
@@ -258,12 +269,7 @@ async fn lease_move_with_a_late_reply_keeps_the_hold() {
             q,
             "the hold was deleted after a move whose reply was late"
         );
-        let other = request(&name, "other", Duration::from_secs(1));
-        assert!(matches!(
-            direct.acquire(&other).await.expect("other"),
-            AcquireReply::Held { .. }
-        ));
-        direct.give_up(&other).await.expect("give up");
+        excluded(&direct, &name, "other", Duration::from_secs(1)).await;
         assert_eq!(
             b.renew(&[(grant.clone(), Duration::from_secs(9))])
                 .await
@@ -271,11 +277,7 @@ async fn lease_move_with_a_late_reply_keeps_the_hold() {
             vec![RenewOutcome::Renewed]
         );
         assert_eq!(queue(&direct, &name).await, q, "renewed elsewhere");
-        assert_eq!(
-            b.release(&grant).await.expect("release"),
-            ReleaseOutcome::Released
-        );
-        assert!(queue(&direct, &name).await.is_empty());
+        released_and_gone(&b, &direct, &grant, &name).await;
         return;
     }
     panic!("could not produce a late reply to a lease move in 4 rounds");
@@ -489,12 +491,7 @@ async fn lease_revoked_behind_the_holders_back_is_lost() {
     let direct = backend(&url).await;
     let a = client(&url, opts(Duration::from_secs(3))).await;
     let name = unique_name("revoked");
-    let g = a
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = hold(&a, &name).await;
     let q = queue(&direct, &name).await;
     assert_eq!(q.len(), 1);
     direct
@@ -558,76 +555,12 @@ async fn a_waiter_that_gives_up_leaves_its_siblings_hold_alone() {
     assert!(!g.is_lost(), "{:?}", g.lost_signal().reason());
     assert_eq!(queue(&direct, &name).await, q);
     // The same at the trait: a give-up of another attempt of the same owner.
-    let req = request(&name, "shared-owner", Duration::from_secs(5));
-    assert!(matches!(
-        direct.acquire(&req).await.expect("acquire"),
-        AcquireReply::Held { .. }
-    ));
-    direct.give_up(&req).await.expect("give up");
+    excluded(&direct, &name, "shared-owner", Duration::from_secs(5)).await;
     assert_eq!(queue(&direct, &name).await, q);
     assert_eq!(
         g.release().await.expect("release"),
         ReleaseOutcome::Released
     );
-}
-
-/// `etcdctl`, or `None` (the test is skipped, saying so) if it is not installed.
-fn etcdctl() -> Option<&'static str> {
-    let path = "/usr/bin/etcdctl";
-    if Path::new(path).exists() {
-        Some(path)
-    } else {
-        eprintln!(
-            "SKIPPED: {path} not found (Debian package etcd-client); the interoperability \
-             test with `etcdctl lock` needs it"
-        );
-        None
-    }
-}
-
-/// A child process killed when the test ends, however it ends.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn etcdctl_lock(bin: &str, cluster: &EtcdCluster, name: &str, script: &str) -> Reaped {
-    let endpoints: Vec<String> = (0..cluster.len())
-        .map(|i| cluster.client_addr(i).to_string())
-        .collect();
-    let child = Command::new(bin)
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", endpoints.join(",")))
-        .args(["lock", &format!("dlock/{name}"), "--", "sh", "-c", script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn etcdctl");
-    Reaped(child)
-}
-
-async fn file_appears(path: &Path) {
-    let p = path.to_owned();
-    poll_until(
-        &format!("{} to appear", path.display()),
-        async || p.exists(),
-        |e| *e,
-    )
-    .await;
-}
-
-async fn exits_ok(child: &mut Reaped) {
-    let status = poll_until(
-        "etcdctl to exit",
-        async || child.0.try_wait().expect("wait"),
-        Option::is_some,
-    )
-    .await;
-    assert!(status.is_some_and(|s| s.success()), "etcdctl: {status:?}");
 }
 
 /// `etcdctl lock dlock/NAME` (Go's `concurrency.Mutex`) and dlock's lock `NAME` (default

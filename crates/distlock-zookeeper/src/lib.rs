@@ -62,6 +62,18 @@ impl ZkBackend {
     /// (by default 2 to 20 ticks, i.e. 4 s to 40 s). A negotiated timeout shorter than the
     /// watchdog lease is refused ([`Error::InvalidArgument`]): renewals promise the core a
     /// whole lease, and the session would not keep that promise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for a URL that is not `zk://host:port[,…][/chroot][?…]` (or names
+    /// the reserved `/zookeeper`, or an empty namespace); [`Error::Connection`] when no quorum
+    /// answers within the connect timeout; [`Error::InvalidArgument`] for a negotiated session
+    /// shorter than the watchdog lease; [`Error::Auth`] when the ensemble refuses the session.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future closes the session being opened (if any); nothing is
+    /// created on the ensemble before the first lock is asked for.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         let u = url::parse(url)?;
         let namespace = u

@@ -1,6 +1,7 @@
 //! `zk://host:port[,host:port…][/chroot][?namespace=NS&session_timeout=DUR]`.
 
-use distlock_core::{Error, Result};
+use distlock_core::conn::ConnectionString;
+use distlock_core::Result;
 use std::time::Duration;
 
 /// Default client port of ZooKeeper.
@@ -24,123 +25,58 @@ impl ZkUrl {
     }
 }
 
+/// Reads a `zk://` URL with the core's connection-string parser (which also redacts it in
+/// every error), then checks what ZooKeeper needs: no credentials, a chroot of plain
+/// segments outside `/zookeeper`, and the two known parameters.
 pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
-    let bad = |reason: String| Error::InvalidUrl {
-        url: url.to_owned(),
-        reason,
-    };
-    let rest = url
-        .strip_prefix("zk://")
-        .ok_or_else(|| bad("the scheme must be zk://".into()))?;
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, q)) => (r, Some(q)),
-        None => (rest, None),
-    };
-    let (authority, chroot) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    if authority.contains('@') {
-        return Err(bad(
-            "credentials in the URL are not supported by the ZooKeeper backend; use ACLs on the chroot instead".into(),
+    let cs = ConnectionString::parse(url)?;
+    if cs.scheme() != "zk" {
+        return Err(cs.invalid("the scheme must be zk://"));
+    }
+    if cs.user().is_some() {
+        return Err(cs.invalid(
+            "credentials in the URL are not supported by the ZooKeeper backend; use ACLs on the chroot instead",
         ));
     }
-    let mut hosts = Vec::new();
-    for entry in authority.split(',') {
-        let entry = entry.trim();
-        if entry.is_empty() {
-            return Err(bad(
-                "no host; write zk://host:port[,host:port…][/chroot]".into()
-            ));
-        }
-        let (host, port) = split_host_port(entry).map_err(bad)?;
-        if host.contains(':') {
-            hosts.push(format!("[{host}]:{port}"));
-        } else {
-            hosts.push(format!("{host}:{port}"));
-        }
+    if cs.hosts().is_empty() {
+        return Err(cs.invalid("no host; write zk://host:port[,host:port…][/chroot]"));
     }
-    let chroot = chroot.trim_end_matches('/');
+    if cs.fragment().is_some() {
+        return Err(cs.invalid("a zk:// URL takes no `#fragment`"));
+    }
+    let chroot = cs.raw_path().trim_end_matches('/');
     if !chroot.is_empty() {
         for seg in chroot[1..].split('/') {
             if seg.is_empty() || seg == "." || seg == ".." {
-                return Err(bad(format!(
+                return Err(cs.invalid(format!(
                     "chroot `{chroot}` has an empty, `.` or `..` segment"
                 )));
             }
             if seg.chars().any(char::is_control) {
-                return Err(bad(format!("chroot `{chroot}` has a control character")));
+                return Err(cs.invalid(format!("chroot `{chroot}` has a control character")));
             }
         }
         if chroot == "/zookeeper" || chroot.starts_with("/zookeeper/") {
-            return Err(bad("/zookeeper is reserved by ZooKeeper itself".into()));
+            return Err(cs.invalid("/zookeeper is reserved by ZooKeeper itself"));
         }
     }
-    let mut out = ZkUrl {
-        hosts: hosts.join(","),
+    cs.check_params(&["namespace", "session_timeout"])?;
+    let namespace = match cs.param("namespace") {
+        Some("") => return Err(cs.invalid("namespace must not be empty")),
+        other => other.map(str::to_owned),
+    };
+    let session_timeout = cs.duration("session_timeout")?;
+    if session_timeout.is_some_and(|d| d < Duration::from_millis(100)) {
+        return Err(cs.invalid(
+            "session_timeout is too short; ZooKeeper needs at least two ticks (typically 4s)",
+        ));
+    }
+    Ok(ZkUrl {
+        hosts: cs.endpoints(DEFAULT_PORT),
         chroot: chroot.to_owned(),
-        namespace: None,
-        session_timeout: None,
-    };
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "namespace" => {
-                if v.is_empty() {
-                    return Err(bad("namespace must not be empty".into()));
-                }
-                out.namespace = Some(v.to_owned());
-            }
-            "session_timeout" => {
-                let d = distlock_core::parse_duration(v)
-                    .map_err(|e| bad(format!("session_timeout={v}: {e}")))?;
-                if d < Duration::from_millis(100) {
-                    return Err(bad(format!(
-                        "session_timeout={v} is too short; ZooKeeper needs at least two ticks (typically 4s)"
-                    )));
-                }
-                out.session_timeout = Some(d);
-            }
-            other => {
-                return Err(bad(format!(
-                    "unknown parameter `{other}` (known: namespace, session_timeout)"
-                )))
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn split_host_port(entry: &str) -> std::result::Result<(&str, u16), String> {
-    // [v6]:port, [v6], host:port, host
-    let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
-        let (h, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("`{entry}`: unclosed `[`"))?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => Some(p),
-            None if after.is_empty() => None,
-            None => return Err(format!("`{entry}`: expected `:port` after `]`")),
-        };
-        (h, port)
-    } else {
-        match entry.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (entry, None),
-        }
-    };
-    if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c == '/') {
-        return Err(format!("`{entry}` is not host:port"));
-    }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("`{p}` in `{entry}` is not a port number"))?,
-    };
-    Ok((host, port))
+        namespace,
+        session_timeout,
+    })
 }
 
 #[cfg(test)]
@@ -166,7 +102,7 @@ mod tests {
         for (url, want) in [
             ("redis://h", "zk://"),
             ("zk://", "no host"),
-            ("zk://a:1,,b:2", "no host"),
+            ("zk://a:1,,b:2", "empty entry"),
             ("zk://a:x", "not a port"),
             ("zk://a:0", "not a port"),
             ("zk://u:p@a:1", "credentials"),

@@ -11,6 +11,9 @@ use distlock_zookeeper::ZkBackend;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::hold;
+
 async fn client(url: &str, opts: ClientOptions) -> Client {
     let backend = ZkBackend::connect(url, &opts).await.expect("connect");
     Client::new(Arc::new(backend), opts).expect("client")
@@ -270,12 +273,7 @@ async fn lost_signal_only_for_losses() {
     )
     .await;
     let name = unique_name("signals");
-    let g = a
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = hold(&a, &name).await;
     let lost = g.lost_signal();
     assert_eq!(
         g.release().await.expect("release"),

@@ -8,6 +8,9 @@ use distlock_zookeeper::ZkBackend;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{hold, read};
+
 fn opts() -> ClientOptions {
     // Generous call timeouts: the shared ensemble runs beside other suites on 2 cores.
     ClientOptions::default()
@@ -31,39 +34,17 @@ async fn list_shows_holders_waiters_and_tokens() {
     let p = unique_name("ops-list");
     let (a, b) = (client().await, client().await);
     let job = format!("{p}-job");
-    let held = a
-        .lock(&job)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let held = hold(&a, &job).await;
     let waiter = {
         let lock = b.lock(&job).expect("lock");
         tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(30)).await })
     };
     wait_for_waiters(&a, &job, LockKind::Mutex, 1).await;
     let rw = format!("{p}-rw");
-    let r1 = a
-        .rw_lock(&rw)
-        .expect("rw")
-        .read()
-        .acquire()
-        .await
-        .expect("read");
-    let r2 = b
-        .rw_lock(&rw)
-        .expect("rw")
-        .read()
-        .acquire()
-        .await
-        .expect("read");
+    let r1 = read(&a, &rw).await;
+    let r2 = read(&b, &rw).await;
     let done = format!("{p}-done");
-    let d = a
-        .lock(&done)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let d = hold(&a, &done).await;
     let done_token = d.fencing_token();
     d.release().await.expect("release");
 
@@ -119,12 +100,7 @@ async fn list_shows_holders_waiters_and_tokens() {
 async fn force_release_fences_the_old_holder_and_keeps_waiters() {
     let name = unique_name("ops-force");
     let (old, next, op) = (client().await, client().await, client().await);
-    let guard = old
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = hold(&old, &name).await;
     let register = FencedRegister::new();
     assert!(register.write(guard.fencing_token(), "old", true));
     let waiter = {
@@ -193,20 +169,8 @@ async fn force_release_fences_the_old_holder_and_keeps_waiters() {
 async fn force_release_removes_every_reader() {
     let name = unique_name("ops-force-rw");
     let (a, b, op) = (client().await, client().await, client().await);
-    let r1 = a
-        .rw_lock(&name)
-        .expect("rw")
-        .read()
-        .acquire()
-        .await
-        .expect("read");
-    let r2 = b
-        .rw_lock(&name)
-        .expect("rw")
-        .read()
-        .acquire()
-        .await
-        .expect("read");
+    let r1 = read(&a, &name).await;
+    let r2 = read(&b, &name).await;
     let writer = {
         let rw = op.rw_lock(&name).expect("rw");
         tokio::spawn(async move { rw.write().acquire_timeout(Duration::from_secs(30)).await })
@@ -291,12 +255,7 @@ async fn curator_nodes_are_listed_and_force_released() {
     let name = unique_name("ops-curator");
     let c = client().await;
     // dlock creates the directory (and records a fence) on first use.
-    let g = c
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = hold(&c, &name).await;
     let first = g.fencing_token();
     g.release().await.expect("release");
     let dir = distlock_zookeeper::lock_dir("dlock", &name, LockKind::Mutex).expect("dir");

@@ -1,0 +1,82 @@
+//! Helpers shared by this crate's test files (each includes it with `mod common;`).
+#![allow(dead_code)] // each test file uses a part
+
+use distlock_core::{Client, LockGuard};
+use distlock_testkit::conformance::poll_until;
+use distlock_testkit::EtcdCluster;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+
+/// Acquires mutex `name` through `c`, waiting as long as it takes.
+pub async fn hold(c: &Client, name: &str) -> LockGuard {
+    c.lock(name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire")
+}
+
+/// `etcdctl`, or `None` (the test is skipped, saying so) if it is not installed.
+pub fn etcdctl() -> Option<&'static str> {
+    let path = "/usr/bin/etcdctl";
+    if Path::new(path).exists() {
+        Some(path)
+    } else {
+        eprintln!(
+            "SKIPPED: {path} not found (Debian package etcd-client); the interoperability \
+             test with `etcdctl lock` needs it"
+        );
+        None
+    }
+}
+
+/// A child process killed when the test ends, however it ends.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `etcdctl lock dlock/<name> -- sh -c <script>` against every member of `cluster`.
+pub fn etcdctl_lock(bin: &str, cluster: &EtcdCluster, name: &str, script: &str) -> Reaped {
+    let endpoints: Vec<String> = (0..cluster.len())
+        .map(|i| cluster.client_addr(i).to_string())
+        .collect();
+    let child = Command::new(bin)
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", endpoints.join(",")))
+        .args(["lock", &format!("dlock/{name}"), "--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn etcdctl");
+    Reaped(child)
+}
+
+pub async fn file_appears(path: &Path) {
+    let p = path.to_owned();
+    poll_until(
+        &format!("{} to appear", path.display()),
+        async || p.exists(),
+        |e| *e,
+    )
+    .await;
+}
+
+/// Waits until `child` has exited, and returns its status.
+pub async fn exits(child: &mut Reaped) -> Option<ExitStatus> {
+    poll_until(
+        "etcdctl to exit",
+        async || child.0.try_wait().expect("wait"),
+        Option::is_some,
+    )
+    .await
+}
+
+pub async fn exits_ok(child: &mut Reaped) {
+    let status = exits(child).await;
+    assert!(status.is_some_and(|s| s.success()), "etcdctl: {status:?}");
+}
