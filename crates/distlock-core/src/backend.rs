@@ -39,10 +39,16 @@
 //! including with replies delayed, dropped and duplicated by a proxy.
 
 use crate::error::Result;
-use crate::lost::LostSignal;
 use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use crate::caps::Capabilities;
+pub use crate::deadline::Deadline;
+pub use crate::lost::{LostReason, LostSignal};
+pub use crate::lost_registry::LostRegistry;
+pub use crate::subscriptions::{Subscription, Subscriptions};
+pub use crate::wait::{self, Attempt, WaitStrategy};
 
 /// What kind of lock is asked for. Backends return [`Error::Unsupported`](crate::Error::Unsupported)
 /// for kinds they do not implement.
@@ -330,6 +336,14 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Where the backend talks to, for messages (never with credentials).
     fn endpoint(&self) -> String;
+
+    /// What this backend implements. The core checks every lock kind against it before it
+    /// calls the backend, and answers the standard [`Error::Unsupported`](crate::Error::Unsupported)
+    /// itself, so the other methods only ever see declared kinds. The default declares
+    /// everything ([`Capabilities::all`]). Cheap: called once per acquisition.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::all()
+    }
 
     /// One attempt to acquire; never waits for the lock.
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply>;

@@ -132,6 +132,7 @@ impl Client {
     /// Cancel safe: it only reads.
     pub async fn inspect_kind(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         crate::name::validate_name(name)?;
+        self.shared.check_kind(kind)?;
         let backend = &self.shared.backend;
         crate::backoff::retry(self.shared.opts.retry, || backend.inspect(name, kind)).await
     }
@@ -143,6 +144,8 @@ impl Client {
     /// Cancel safe: it only reads.
     pub async fn list(&self, prefix: &str) -> Result<Vec<crate::ListedLock>> {
         let backend = &self.shared.backend;
+        let caps = backend.capabilities();
+        caps.check_op(backend.kind(), caps.can_list(), "listing locks")?;
         crate::backoff::retry(self.shared.opts.retry, || backend.list(prefix)).await
     }
 
@@ -155,8 +158,12 @@ impl Client {
     /// may not have happened; call [`Client::inspect_kind`] to see.
     pub async fn force_release(&self, name: &str, kind: LockKind) -> Result<crate::ForceReleased> {
         crate::name::validate_name(name)?;
+        self.shared.check_kind(kind)?;
+        let backend = &self.shared.backend;
+        let caps = backend.capabilities();
+        caps.check_op(backend.kind(), caps.can_force_release(), "forced release")?;
         // Not retried: a retry after a lost reply would remove a holder that came after it.
-        self.shared.backend.force_release(name, kind).await
+        backend.force_release(name, kind).await
     }
 
     /// Checks the deployment behind this client for settings that break locks (see
@@ -165,7 +172,10 @@ impl Client {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn diagnose(&self) -> Result<Vec<crate::Finding>> {
-        self.shared.backend.diagnose().await
+        let backend = &self.shared.backend;
+        let caps = backend.capabilities();
+        caps.check_op(backend.kind(), caps.can_diagnose(), "diagnosis")?;
+        backend.diagnose().await
     }
 
     pub(crate) fn next_seq(&self) -> u64 {

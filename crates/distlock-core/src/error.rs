@@ -112,6 +112,114 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::Timeout`]: the lock `name` stayed held for the whole wait of
+    /// `waited`.
+    pub fn timeout(name: impl Into<String>, waited: Duration) -> Self {
+        Error::Timeout {
+            name: name.into(),
+            waited,
+        }
+    }
+
+    /// Builds an [`Error::NotOwner`].
+    pub fn not_owner(name: impl Into<String>, owner: impl Into<String>) -> Self {
+        Error::NotOwner {
+            name: name.into(),
+            owner: owner.into(),
+        }
+    }
+
+    /// Builds an [`Error::InvalidUrl`]; `url` must already have its password masked.
+    pub fn invalid_url(url: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidUrl {
+            url: url.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Builds an [`Error::Connection`] (retryable): `source` is the driver's error, or a
+    /// message saying what broke.
+    ///
+    /// ```
+    /// let e = distlock_core::Error::connection("redis", "127.0.0.1:6379", "connection reset");
+    /// assert!(e.is_retryable());
+    /// assert_eq!(e.to_string(), "cannot talk to redis at 127.0.0.1:6379: connection reset");
+    /// ```
+    pub fn connection(
+        backend: &'static str,
+        endpoint: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Connection {
+            backend,
+            endpoint: endpoint.into(),
+            source: source.into(),
+        }
+    }
+
+    /// Builds an [`Error::Connection`] for a call that got no answer in time: `what took
+    /// longer than {after:?}`.
+    pub fn call_timeout(
+        backend: &'static str,
+        endpoint: impl Into<String>,
+        what: &str,
+        after: Duration,
+    ) -> Self {
+        Error::connection(
+            backend,
+            endpoint,
+            format!("{what} took longer than {after:?}"),
+        )
+    }
+
+    /// Builds an [`Error::Auth`].
+    pub fn auth(
+        backend: &'static str,
+        endpoint: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Error::Auth {
+            backend,
+            endpoint: endpoint.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Builds an [`Error::UnexpectedReply`]: `message` says what was expected, what came
+    /// back, and what to do about it.
+    pub fn unexpected(backend: &'static str, message: impl Into<String>) -> Self {
+        Error::UnexpectedReply {
+            backend,
+            message: message.into(),
+        }
+    }
+
+    /// Builds an [`Error::Runtime`].
+    pub fn runtime(message: impl Into<String>) -> Self {
+        Error::Runtime(message.into())
+    }
+
+    /// True when the server answered something dlock did not expect.
+    pub fn is_unexpected_reply(&self) -> bool {
+        matches!(self, Error::UnexpectedReply { .. })
+    }
+
+    /// True for a bad argument.
+    pub fn is_invalid_argument(&self) -> bool {
+        matches!(self, Error::InvalidArgument(_))
+    }
+
+    /// The backend kind this error came from, for the variants that name one.
+    pub fn backend(&self) -> Option<&'static str> {
+        match self {
+            Error::Unsupported { backend, .. }
+            | Error::Connection { backend, .. }
+            | Error::Auth { backend, .. }
+            | Error::UnexpectedReply { backend, .. } => Some(backend),
+            _ => None,
+        }
+    }
+
     /// True when a wait for the lock ran out.
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })

@@ -110,6 +110,12 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The standard [`Error::Unsupported`](crate::Error::Unsupported) unless the backend
+    /// declares lock kind `kind`.
+    pub(crate) fn check_kind(&self, kind: crate::LockKind) -> crate::Result<()> {
+        self.backend.capabilities().check(self.backend.kind(), kind)
+    }
+
     pub(crate) fn holds(&self) -> MutexGuard<'_, HashMap<HoldKey, Arc<Hold>>> {
         self.holds.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -3,22 +3,26 @@
 //! [`Backend`] trait; users normally depend on the `dlock` facade crate instead of this one.
 #![warn(missing_docs)]
 
-mod backend;
+pub mod backend;
 pub mod backoff;
 pub mod blocking;
+mod caps;
 mod client;
 pub mod clock;
 pub mod conn;
 pub mod registry;
+mod deadline;
 mod duration;
 mod error;
 mod guard;
 mod hold;
 mod lock;
 mod lost;
+mod lost_registry;
 mod name;
 mod options;
 mod semaphore;
+mod subscriptions;
 pub mod wait;
 
 pub use backend::{

@@ -134,6 +134,7 @@ impl Lock {
 
     async fn run(&self, mode: Mode) -> Result<Option<LockGuard>> {
         let shared = &self.client.shared;
+        shared.check_kind(self.key.kind)?;
         let span = tracing::debug_span!("dlock.acquire", name = %self.key.name, backend = shared.backend.kind());
         self.run_inner(mode).instrument(span).await
     }

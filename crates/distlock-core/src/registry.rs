@@ -221,7 +221,10 @@ impl Registry {
     /// closed, nothing is left on the server.
     pub async fn open(&self, url: &str, opts: &ClientOptions) -> Result<Arc<dyn Backend>> {
         let (connect, parsed) = self.resolve(url)?;
-        connect(parsed, opts.clone()).await
+        // A backend may have built a message from the raw URL: take the password out again.
+        connect(parsed.clone(), opts.clone())
+            .await
+            .map_err(|e| parsed.scrub_error(e))
     }
 
     /// Checks `opts`, opens the backend named by `url` and builds a [`Client`] on it.

@@ -110,6 +110,10 @@ impl Semaphore {
     pub async fn set_permits(&mut self, permits: u32) -> Result<()> {
         check_permits("permits", permits)?;
         crate::name::validate_name(&self.name)?;
+        self.client.shared.check_kind(LockKind::Semaphore {
+            permits: 1,
+            limit: permits,
+        })?;
         self.client
             .shared
             .backend

@@ -1,7 +1,24 @@
-//! Waiting for a lock: written once for every backend that wakes waiters with notifications.
+//! Waiting for a lock: one retrying loop for every backend.
+//!
+//! [`run`] drives a [`WaitStrategy`] — a backend's way to try once and to sleep until the
+//! next reason to try — until a grant, the deadline, cancellation, or an error that is not
+//! retryable. It does what every wait loop needs once: connection errors are retried with a
+//! jittered backoff (the retry is the same attempt, so it has the effect of one), sleeps are
+//! bounded by the deadline and the strategy's heartbeat, `cancel` stops it promptly,
+//! [`WaitStrategy::give_up`] runs on every exit without a grant, and a wait whose deadline
+//! passes right after failed attempts **reports the last error** instead of a timeout that
+//! would claim another owner held the lock the whole time.
+//!
+//! [`watch_and_retry`] is the strategy for backends that wake waiters with notifications
+//! ([`Backend::watch`]); [`retrying`] is the loop for backends whose one attempt is itself a
+//! wait on the server (an advisory lock with a timeout, a queue node and its watch).
 
 use crate::backend::{AcquireReply, AcquireRequest, Backend, Granted, ReleaseWatch, Wake};
-use crate::error::Result;
+use crate::backoff::{Backoff, RetryPolicy};
+use crate::deadline::Deadline;
+use crate::error::{Error, Result};
+use async_trait::async_trait;
+use std::future::Future;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +36,222 @@ pub fn heartbeat(lease: Duration) -> Duration {
     (waiter_ttl(lease) / 2).min(lease / 4)
 }
 
+/// What one attempt of a wait found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Attempt {
+    /// The lock is this attempt's.
+    Granted(Granted),
+    /// Held by another owner: sleep in [`WaitStrategy::wake`] until a wake-up, at most
+    /// `retry_in` (e.g. until the holder's lease ends; `None`: no limit but the heartbeat
+    /// and the deadline), then try again.
+    Held {
+        /// Longest sleep before the next attempt.
+        retry_in: Option<Duration>,
+    },
+    /// Try again at once (e.g. a subscription was just made and a release may have come
+    /// before it, or a server-side wait ended early).
+    Again,
+}
+
+/// A backend's way of waiting: the parts of a wait loop that talk to the server. [`run`]
+/// does the rest.
+///
+/// The loop calls [`attempt`](WaitStrategy::attempt); on [`Attempt::Held`] it calls
+/// [`wake`](WaitStrategy::wake) with the moment to stop sleeping at the latest; on an error
+/// it asks [`retry`](WaitStrategy::retry) whether to go on, pauses with a backoff, and tries
+/// again. When the wait ends without a grant it calls [`give_up`](WaitStrategy::give_up).
+#[async_trait]
+pub trait WaitStrategy: Send {
+    /// One attempt. A grant carries the send time of the request that was granted (taken
+    /// just before it was sent, on the lease clock); a handoff found later by
+    /// [`wake`](WaitStrategy::wake) is measured from the moment the loop called this.
+    ///
+    /// An attempt may wait on the server itself, bounded by `deadline`; it must then return
+    /// promptly (with [`Attempt::Again`], or a grant that raced) when `cancel` fires. The loop
+    /// never drops an attempt's future before it completes, so an attempt need not be cancel
+    /// safe.
+    async fn attempt(&mut self, deadline: Deadline, cancel: &CancellationToken) -> Result<Attempt>;
+
+    /// Sleeps until the next reason to try again — a release notification — or until `until`
+    /// (the earliest of the deadline, the heartbeat and the attempt's `retry_in`), whichever
+    /// is first. `Ok(Some(Wake::HandedOver { .. }))` ends the wait with that grant (measured
+    /// from the last attempt's send time); `Ok(None)` or `Released` tries again. An error is
+    /// handled as an attempt's error. The default sleeps until `until`.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: the loop drops it when `cancel` fires.
+    async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
+        until.reached().await;
+        Ok(None)
+    }
+
+    /// An attempt or a wake-up failed with `e`: whether the wait goes on (after a backoff
+    /// pause). Drop here what `e` may have broken (a subscription). The default goes on for
+    /// [retryable](Error::is_retryable) errors.
+    fn retry(&mut self, e: &Error) -> bool {
+        e.is_retryable()
+    }
+
+    /// Longest sleep between two attempts while the lock is held (a waiter's heartbeat in a
+    /// server-side queue, or a safety net under notifications). Default: none.
+    fn heartbeat(&self) -> Option<Duration> {
+        None
+    }
+
+    /// The wait ends without a grant (deadline, cancellation or error): leave the server's
+    /// queue and give back a grant this attempt may have got meanwhile. Runs once, also
+    /// after `cancel` fired. The default does nothing.
+    async fn give_up(&mut self) {}
+}
+
+/// Waits with `strategy` until a grant (`Ok(Some)`), the deadline or `cancel`
+/// (`Ok(None)`), or an error.
+///
+/// Errors the strategy [retries](WaitStrategy::retry) pause the loop with a full-jitter
+/// backoff of `policy`'s delays (its attempt count is not used: the deadline bounds the
+/// wait). If the deadline passes while the last attempt had failed, that error is returned
+/// instead of `Ok(None)`: the caller learns why it did not get the lock. A cancelled wait is
+/// always `Ok(None)`.
+///
+/// # Cancel safety
+/// Stop it with `cancel`, not by dropping it: `give_up` runs only when the loop ends by
+/// itself. (The core runs every wait in a task of its own and never drops it.)
+///
+/// # Errors
+/// A non-retryable error of an attempt or wake-up; the last retryable one if the deadline
+/// passed right after it.
+pub async fn run<S: WaitStrategy + ?Sized>(
+    strategy: &mut S,
+    deadline: Deadline,
+    cancel: &CancellationToken,
+    policy: RetryPolicy,
+) -> Result<Option<Granted>> {
+    let res = run_loop(strategy, deadline, cancel, policy).await;
+    if !matches!(res, Ok(Some(_))) {
+        strategy.give_up().await;
+    }
+    res
+}
+
+async fn run_loop<S: WaitStrategy + ?Sized>(
+    strategy: &mut S,
+    deadline: Deadline,
+    cancel: &CancellationToken,
+    policy: RetryPolicy,
+) -> Result<Option<Granted>> {
+    let mut backoff = Backoff::new(policy);
+    let mut last_err: Option<Error> = None;
+    loop {
+        if cancel.is_cancelled() {
+            return Ok(None);
+        }
+        if deadline.passed() {
+            return last_err.map_or(Ok(None), Err);
+        }
+        let sent = crate::clock::Instant::now();
+        let failed = match strategy.attempt(deadline, cancel).await {
+            Ok(Attempt::Granted(g)) => return Ok(Some(g)),
+            Ok(Attempt::Again) => {
+                backoff.reset();
+                last_err = None;
+                continue;
+            }
+            Ok(Attempt::Held { retry_in }) => {
+                backoff.reset();
+                last_err = None;
+                if cancel.is_cancelled() || deadline.passed() {
+                    return Ok(None);
+                }
+                let mut until = deadline;
+                if let Some(beat) = strategy.heartbeat() {
+                    until = until.within(beat);
+                }
+                if let Some(r) = retry_in {
+                    until = until.within(r);
+                }
+                let woke = tokio::select! {
+                    w = strategy.wake(until) => w,
+                    _ = cancel.cancelled() => return Ok(None),
+                };
+                match woke {
+                    Ok(Some(Wake::HandedOver { token })) => {
+                        // The grant happened after the last attempt reached the server.
+                        return Ok(Some(Granted {
+                            token,
+                            requested_at: sent,
+                        }));
+                    }
+                    Ok(Some(Wake::Released) | None) => continue,
+                    Err(e) => e,
+                }
+            }
+            Err(e) => e,
+        };
+        if !strategy.retry(&failed) {
+            return Err(failed);
+        }
+        let pause = backoff.next_delay();
+        tracing::debug!(error = %failed, ?pause, "waiting for the lock failed; retrying");
+        last_err = Some(failed);
+        if !deadline.sleep(pause, cancel).await {
+            if cancel.is_cancelled() {
+                return Ok(None);
+            }
+            return last_err.map_or(Ok(None), Err);
+        }
+    }
+}
+
+/// The wait loop for backends whose one attempt is a whole (server-side) wait: runs `round`
+/// until it returns a grant, the deadline passes or `cancel` fires, retrying retryable errors
+/// as [`run`] does (and reporting the last one if the deadline passes right after it). A
+/// round returns `Ok(None)` when it stopped without the lock (early, or at the deadline or
+/// cancellation, which it must watch itself); the loop then tries again if time is left.
+///
+/// ```no_run
+/// # use distlock_core::backend::{Deadline, Granted};
+/// # async fn one_round(d: Deadline) -> distlock_core::Result<Option<Granted>> { Ok(None) }
+/// # async fn f(d: Deadline, cancel: tokio_util::sync::CancellationToken) -> distlock_core::Result<()> {
+/// let granted = distlock_core::wait::retrying(d, &cancel, Default::default(), || one_round(d)).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Cancel safety
+/// As [`run`]: a round is never dropped half-way; stop the loop with `cancel`.
+///
+/// # Errors
+/// As [`run`].
+pub async fn retrying<F, Fut>(
+    deadline: Deadline,
+    cancel: &CancellationToken,
+    policy: RetryPolicy,
+    round: F,
+) -> Result<Option<Granted>>
+where
+    F: FnMut() -> Fut + Send,
+    Fut: Future<Output = Result<Option<Granted>>> + Send,
+{
+    let mut rounds = Rounds(round);
+    run(&mut rounds, deadline, cancel, policy).await
+}
+
+struct Rounds<F>(F);
+
+#[async_trait]
+impl<F, Fut> WaitStrategy for Rounds<F>
+where
+    F: FnMut() -> Fut + Send,
+    Fut: Future<Output = Result<Option<Granted>>> + Send,
+{
+    async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> Result<Attempt> {
+        Ok(match (self.0)().await? {
+            Some(g) => Attempt::Granted(g),
+            None => Attempt::Again,
+        })
+    }
+}
+
 /// The default waiting strategy (see [`Backend::acquire_wait`]).
 ///
 /// Try (registering as a waiter); if held, subscribe to the lock's notifications and try once
@@ -27,7 +260,14 @@ pub fn heartbeat(lease: Duration) -> Duration {
 /// backend with a server-side queue may hand the lock over in the notification itself
 /// ([`Wake::HandedOver`]), saving the waiter a round trip. There is no fixed polling interval:
 /// the heartbeat only keeps the waiter's place in the queue alive (so a crashed waiter drops
-/// out), and it is a quarter of the lease or longer.
+/// out), and it is a quarter of the lease or longer. A wait that ends at its deadline right
+/// after failed attempts returns the last error (see [`run`]).
+///
+/// # Cancel safety
+/// As [`run`]: stop it with `cancel`.
+///
+/// # Errors
+/// As [`run`].
 pub async fn watch_and_retry<B: Backend + ?Sized>(
     backend: &B,
     req: &AcquireRequest,
@@ -36,68 +276,48 @@ pub async fn watch_and_retry<B: Backend + ?Sized>(
 ) -> Result<Option<Granted>> {
     let mut req = req.clone();
     req.waiter_ttl = Some(waiter_ttl(req.lease));
-    let beat = heartbeat(req.lease);
-    let mut queued = false;
-    let res = wait_loop(backend, &req, deadline, cancel, beat, &mut queued).await;
-    if !matches!(res, Ok(Some(_))) && queued {
-        // Leave the queue, and give back a grant that may have been handed over to this
-        // attempt meanwhile (only this attempt's: the request names it).
-        if let Err(e) = backend.give_up(&req).await {
-            tracing::debug!(error = %e, name = %req.key.name, "could not leave the wait queue; it expires by itself");
-        }
-    }
-    res
+    let mut w = Watching {
+        backend,
+        beat: heartbeat(req.lease),
+        req,
+        watch: None,
+        queued: false,
+    };
+    run(&mut w, deadline.into(), cancel, RetryPolicy::default()).await
 }
 
-async fn wait_loop<B: Backend + ?Sized>(
-    backend: &B,
-    req: &AcquireRequest,
-    deadline: Option<Instant>,
-    cancel: &CancellationToken,
+/// [`watch_and_retry`]'s strategy.
+struct Watching<'a, B: ?Sized> {
+    backend: &'a B,
+    req: AcquireRequest,
     beat: Duration,
-    queued: &mut bool,
-) -> Result<Option<Granted>> {
-    let mut watch: Option<Box<dyn ReleaseWatch>> = None;
-    let mut backoff = crate::backoff::Backoff::default();
-    loop {
+    watch: Option<Box<dyn ReleaseWatch>>,
+    /// The attempt may be in the server's queue (or granted with its reply lost).
+    queued: bool,
+}
+
+#[async_trait]
+impl<B: Backend + ?Sized> WaitStrategy for Watching<'_, B> {
+    async fn attempt(&mut self, deadline: Deadline, cancel: &CancellationToken) -> Result<Attempt> {
+        // The attempt may reach the server (and queue, or even be granted) however it ends:
+        // every retry names the same attempt, so it has the effect of one.
+        self.queued = true;
         let sent = crate::clock::Instant::now();
-        let ttl = match backend.acquire(req).await {
-            Ok(AcquireReply::Granted { token }) => {
-                return Ok(Some(Granted {
+        let ttl = match self.backend.acquire(&self.req).await? {
+            AcquireReply::Granted { token } => {
+                return Ok(Attempt::Granted(Granted {
                     token,
                     requested_at: sent,
                 }))
             }
-            Ok(AcquireReply::Held { ttl }) => {
-                backoff.reset();
-                *queued = true;
-                ttl
-            }
-            // Connection trouble while waiting: keep waiting (bounded by the deadline) with a
-            // jittered backoff instead of failing the caller at the first blip.
-            Err(e) if e.is_retryable() => {
-                // The attempt may have reached the server (and queued or even been granted):
-                // the retry names the same attempt, so it has the effect of one.
-                *queued = true;
-                let pause = backoff.next_delay();
-                tracing::debug!(error = %e, ?pause, "acquire attempt failed; retrying");
-                watch = None;
-                if !sleep_until_or_cancel(pause, deadline, cancel).await {
-                    return Ok(None);
-                }
-                continue;
-            }
-            Err(e) => return Err(e),
+            AcquireReply::Held { ttl } => ttl,
         };
-        if cancel.is_cancelled() || deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(None);
-        }
-        if watch.is_none() {
-            match backend.watch(req).await {
+        if self.watch.is_none() && !cancel.is_cancelled() && !deadline.passed() {
+            match self.backend.watch(&self.req).await {
                 Ok(w) => {
-                    watch = Some(w);
+                    self.watch = Some(w);
                     // Try again at once: the release may have come before we subscribed.
-                    continue;
+                    return Ok(Attempt::Again);
                 }
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, "cannot subscribe; waiting for the lease instead");
@@ -105,71 +325,54 @@ async fn wait_loop<B: Backend + ?Sized>(
                 Err(e) => return Err(e),
             }
         }
-        // Wake a hair after the holder's lease ends, not before; refresh our place in time.
-        let mut sleep = ttl.map_or(beat, |t| (t + Duration::from_millis(1)).min(beat));
-        if let Some(d) = deadline {
-            sleep = sleep.min(d.saturating_duration_since(Instant::now()));
-        }
-        let woke = match watch.as_mut() {
-            Some(w) => tokio::select! {
-                r = w.changed() => Some(r),
-                _ = tokio::time::sleep(sleep) => None,
-                _ = cancel.cancelled() => return Ok(None),
-            },
-            None => {
-                if !sleep_until_or_cancel(sleep, None, cancel).await {
-                    return Ok(None);
-                }
-                None
-            }
+        // Wake a hair after the holder's lease ends, not before.
+        Ok(Attempt::Held {
+            retry_in: ttl.map(|t| t + Duration::from_millis(1)),
+        })
+    }
+
+    async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
+        let Some(w) = self.watch.as_mut() else {
+            until.reached().await;
+            return Ok(None);
         };
-        match woke {
-            Some(Ok(Wake::HandedOver { token })) => {
-                // The grant happened after our last attempt reached the server.
-                return Ok(Some(Granted {
-                    token,
-                    requested_at: sent,
-                }));
-            }
-            Some(Err(_)) => watch = None,
-            Some(Ok(Wake::Released)) | None => {}
+        tokio::select! {
+            r = w.changed() => match r {
+                Ok(wake) => Ok(Some(wake)),
+                Err(e) => {
+                    // Notifications may have been missed: try again, then subscribe anew.
+                    tracing::debug!(error = %e, "release notifications broke; subscribing again");
+                    self.watch = None;
+                    Ok(None)
+                }
+            },
+            _ = until.reached() => Ok(None),
         }
     }
-}
 
-/// Sleeps `pause` (capped by `deadline`); false if cancelled or the deadline passed.
-async fn sleep_until_or_cancel(
-    pause: Duration,
-    deadline: Option<Instant>,
-    cancel: &CancellationToken,
-) -> bool {
-    let pause = match deadline {
-        Some(d) => {
-            let left = d.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            pause.min(left)
+    fn retry(&mut self, e: &Error) -> bool {
+        // Connection trouble while waiting: keep waiting (bounded by the deadline) instead of
+        // failing the caller at the first blip, with a new subscription afterwards.
+        self.watch = None;
+        e.is_retryable()
+    }
+
+    fn heartbeat(&self) -> Option<Duration> {
+        Some(self.beat)
+    }
+
+    async fn give_up(&mut self) {
+        self.watch = None;
+        if !self.queued {
+            return;
         }
-        None => pause,
-    };
-    tokio::select! {
-        _ = tokio::time::sleep(pause) => deadline.is_none_or(|d| Instant::now() < d),
-        _ = cancel.cancelled() => false,
+        // Leave the queue, and give back a grant that may have been handed over to this
+        // attempt meanwhile (only this attempt's: the request names it).
+        if let Err(e) = self.backend.give_up(&self.req).await {
+            tracing::debug!(error = %e, name = %self.req.key.name, "could not leave the wait queue; it expires by itself");
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn waiter_timing() {
-        let s = Duration::from_secs(1);
-        assert_eq!(waiter_ttl(s), s);
-        assert_eq!(heartbeat(s), Duration::from_millis(250));
-        let l = Duration::from_secs(30);
-        assert_eq!(waiter_ttl(l), MAX_WAITER_TTL);
-        assert_eq!(heartbeat(l), Duration::from_secs(1));
-    }
-}
+mod tests;

@@ -41,10 +41,12 @@
 
 mod params;
 mod redact;
+mod scrub;
 #[cfg(test)]
 mod tests;
 
 pub use redact::redact;
+pub use scrub::MIN_SCRUBBED_LEN;
 
 use crate::error::{Error, Result};
 use std::fmt;

@@ -85,7 +85,7 @@ fn mask_params(tail: &str) -> String {
     format!("{before}{}{fragment}", pairs.join("&"))
 }
 
-fn is_secret(key: &str) -> bool {
+pub(super) fn is_secret(key: &str) -> bool {
     let key = super::decode_form(key);
     SECRET_PARAMS.iter().any(|s| key.eq_ignore_ascii_case(s))
 }

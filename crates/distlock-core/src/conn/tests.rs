@@ -291,3 +291,30 @@ fn never_panics() {
         }
     }
 }
+
+#[test]
+fn scrubs_messages_written_from_the_raw_url() {
+    let cs = ok("redis://u:p%40ssw0rd@h/db?token=t0k3n-x&a=1");
+    let text = "bad `redis://u:p%40ssw0rd@h` (p@ssw0rd) t0k3n-x";
+    assert_eq!(cs.scrub(text), "bad `redis://u:***@h` (***) ***");
+    let e = cs.scrub_error(Error::InvalidUrl {
+        url: "redis://u:p%40ssw0rd@h".into(),
+        reason: "host p@ssw0rd".into(),
+    });
+    assert_eq!(
+        e.to_string(),
+        "invalid backend URL `redis://u:***@h`: host ***"
+    );
+    let e = cs.scrub_error(Error::Connection {
+        backend: "redis",
+        endpoint: "h:6379".into(),
+        source: "driver saw p@ssw0rd".into(),
+    });
+    assert_eq!(
+        e.to_string(),
+        "cannot talk to redis at h:6379: driver saw ***"
+    );
+    // Too short to search for: messages stay readable.
+    let cs = ok("redis://u:a@h");
+    assert_eq!(cs.scrub("a b"), "a b");
+}

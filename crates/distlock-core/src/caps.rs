@@ -1,0 +1,256 @@
+//! [`Capabilities`]: what a backend implements, declared once and checked by the core.
+
+use crate::backend::LockKind;
+use crate::error::{Error, Result};
+
+/// What a backend implements, from [`Backend::capabilities`](crate::Backend::capabilities).
+///
+/// The core checks every lock kind against it before it calls the backend (acquire, inspect,
+/// forced release, permits) and answers the one standard [`Error::Unsupported`] —
+/// `lock kind fair is not supported by the mysql backend` — so a backend never sees a kind it
+/// did not declare and needs no check of its own. The operator flags are checked the same
+/// way by [`Client::list`](crate::Client::list), [`Client::force_release`](crate::Client::force_release)
+/// and [`Client::diagnose`](crate::Client::diagnose).
+///
+/// ```
+/// use distlock_core::backend::Capabilities;
+/// use distlock_core::LockKind;
+/// let caps = Capabilities::kinds(&[LockKind::Mutex, LockKind::Fair])
+///     .note("etcd's recipe makes every mutex fair");
+/// assert!(caps.supports(LockKind::Fair));
+/// let e = caps.check("etcd", LockKind::Read).unwrap_err();
+/// assert!(e.is_unsupported());
+/// assert_eq!(
+///     e.to_string(),
+///     "lock kind read (etcd's recipe makes every mutex fair) is not supported by the etcd backend"
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Capabilities {
+    kinds: u8,
+    lease_expiry: bool,
+    listing: bool,
+    forced_release: bool,
+    diagnosis: bool,
+    note: Option<&'static str>,
+}
+
+const ALL_KINDS: u8 = 0b1_1111;
+
+fn bit(kind: LockKind) -> u8 {
+    match kind {
+        LockKind::Mutex => 1,
+        LockKind::Read => 2,
+        LockKind::Write => 4,
+        LockKind::Fair => 8,
+        LockKind::Semaphore { .. } => 16,
+    }
+}
+
+impl Default for Capabilities {
+    /// [`Capabilities::all`].
+    fn default() -> Self {
+        Capabilities::all()
+    }
+}
+
+impl Capabilities {
+    /// Every lock kind and every operator command; leases expire.
+    pub const fn all() -> Self {
+        Capabilities {
+            kinds: ALL_KINDS,
+            lease_expiry: true,
+            listing: true,
+            forced_release: true,
+            diagnosis: true,
+            note: None,
+        }
+    }
+
+    /// Only the lock kinds `kinds` (a semaphore stands for every permit count); the rest as
+    /// [`Capabilities::all`].
+    pub fn kinds(kinds: &[LockKind]) -> Self {
+        Capabilities {
+            kinds: kinds.iter().fold(0, |acc, k| acc | bit(*k)),
+            ..Capabilities::all()
+        }
+    }
+
+    /// The same, with lock kind `kind` supported too.
+    pub fn with(mut self, kind: LockKind) -> Self {
+        self.kinds |= bit(kind);
+        self
+    }
+
+    /// The same, without lock kind `kind`.
+    pub fn without(mut self, kind: LockKind) -> Self {
+        self.kinds &= !bit(kind);
+        self
+    }
+
+    /// Whether a holder that stops renewing loses the lock when its lease ends (default
+    /// true; false for `file://`, where a hold lasts as long as the holding process).
+    pub fn lease_expiry(mut self, yes: bool) -> Self {
+        self.lease_expiry = yes;
+        self
+    }
+
+    /// Whether [`Backend::list`](crate::Backend::list) is implemented (default true).
+    pub fn listing(mut self, yes: bool) -> Self {
+        self.listing = yes;
+        self
+    }
+
+    /// Whether [`Backend::force_release`](crate::Backend::force_release) is implemented
+    /// (default true).
+    pub fn forced_release(mut self, yes: bool) -> Self {
+        self.forced_release = yes;
+        self
+    }
+
+    /// Whether [`Backend::diagnose`](crate::Backend::diagnose) is implemented (default true).
+    pub fn diagnosis(mut self, yes: bool) -> Self {
+        self.diagnosis = yes;
+        self
+    }
+
+    /// A hint added in parentheses to every "not supported" message, e.g. `lease mode does
+    /// mutexes only`: `lock kind read (lease mode does mutexes only) is not supported by the
+    /// postgres backend`.
+    pub fn note(mut self, note: &'static str) -> Self {
+        self.note = Some(note);
+        self
+    }
+
+    /// True if lock kind `kind` is implemented (any permit count for a semaphore).
+    pub fn supports(&self, kind: LockKind) -> bool {
+        self.kinds & bit(kind) != 0
+    }
+
+    /// The implemented lock kinds, in the order mutex, read, write, fair, semaphore (a
+    /// semaphore is given as one permit of one).
+    pub fn supported_kinds(&self) -> Vec<LockKind> {
+        [
+            LockKind::Mutex,
+            LockKind::Read,
+            LockKind::Write,
+            LockKind::Fair,
+            LockKind::Semaphore {
+                permits: 1,
+                limit: 1,
+            },
+        ]
+        .into_iter()
+        .filter(|k| self.supports(*k))
+        .collect()
+    }
+
+    /// See [`Capabilities::lease_expiry`] (the setter).
+    pub fn expires_leases(&self) -> bool {
+        self.lease_expiry
+    }
+
+    /// See [`Capabilities::listing`] (the setter).
+    pub fn can_list(&self) -> bool {
+        self.listing
+    }
+
+    /// See [`Capabilities::forced_release`] (the setter).
+    pub fn can_force_release(&self) -> bool {
+        self.forced_release
+    }
+
+    /// See [`Capabilities::diagnosis`] (the setter).
+    pub fn can_diagnose(&self) -> bool {
+        self.diagnosis
+    }
+
+    /// The hint given with "not supported" messages.
+    pub fn get_note(&self) -> Option<&'static str> {
+        self.note
+    }
+
+    /// `Ok` if lock kind `kind` is implemented, else the standard [`Error::Unsupported`] of
+    /// backend `backend` (its [`Backend::kind`](crate::Backend::kind)).
+    pub fn check(&self, backend: &'static str, kind: LockKind) -> Result<()> {
+        if self.supports(kind) {
+            return Ok(());
+        }
+        Err(self.unsupported(backend, format!("lock kind {}", kind.as_str())))
+    }
+
+    /// `Ok(())` if `yes`, else the standard [`Error::Unsupported`] for `operation`.
+    pub(crate) fn check_op(&self, backend: &'static str, yes: bool, operation: &str) -> Result<()> {
+        if yes {
+            return Ok(());
+        }
+        Err(self.unsupported(backend, operation.to_owned()))
+    }
+
+    fn unsupported(&self, backend: &'static str, operation: String) -> Error {
+        match self.note {
+            Some(note) => Error::unsupported(backend, format!("{operation} ({note})")),
+            None => Error::unsupported(backend, operation),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_messages() {
+        let all = Capabilities::default();
+        assert_eq!(all, Capabilities::all());
+        assert_eq!(all.supported_kinds().len(), 5);
+        let sem = LockKind::Semaphore {
+            permits: 3,
+            limit: 9,
+        };
+        assert!(all.supports(sem) && all.check("redis", LockKind::Write).is_ok());
+        let mutex = Capabilities::kinds(&[LockKind::Mutex]);
+        assert_eq!(mutex.supported_kinds(), vec![LockKind::Mutex]);
+        assert!(!mutex.supports(sem));
+        let e = mutex.check("mysql", LockKind::Fair).unwrap_err();
+        assert!(e.is_unsupported());
+        assert_eq!(
+            e.to_string(),
+            "lock kind fair is not supported by the mysql backend"
+        );
+        let rw = mutex
+            .with(LockKind::Read)
+            .with(LockKind::Write)
+            .without(LockKind::Mutex);
+        assert!(rw.supports(LockKind::Read) && !rw.supports(LockKind::Mutex));
+        let noted = mutex.note("lease mode does mutexes only");
+        let e = noted.check("postgres", sem).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "lock kind semaphore (lease mode does mutexes only) is not supported by the postgres backend"
+        );
+        assert_eq!(noted.get_note(), Some("lease mode does mutexes only"));
+    }
+
+    #[test]
+    fn flags() {
+        let c = Capabilities::all()
+            .lease_expiry(false)
+            .listing(false)
+            .forced_release(false)
+            .diagnosis(false);
+        assert!(
+            !c.expires_leases() && !c.can_list() && !c.can_force_release() && !c.can_diagnose()
+        );
+        let e = c
+            .check_op("file", c.can_list(), "listing locks")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "listing locks is not supported by the file backend"
+        );
+        assert!(Capabilities::all().check_op("file", true, "x").is_ok());
+        assert!(Capabilities::all().expires_leases());
+    }
+}
