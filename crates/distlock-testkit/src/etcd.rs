@@ -9,17 +9,17 @@
 //! The testkit stays free of gRPC: [`EtcdCluster::leader`] and the readiness checks use etcd's
 //! JSON gateway (`POST /v3/maintenance/status` on the client port) over a plain TCP socket.
 
-use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
-use crate::spawn::{kill_and_reap, log_tail, resolve_binary, wait_proc_state};
-use crate::{spawn, try_free_port, Error, Result, TempDir};
+use crate::process::{ServerProcess, ServerSpec};
+use crate::spawn::resolve_binary;
+use crate::{try_free_port, Error, Result, TempDir};
 
 /// Environment variable that overrides the `etcd` binary used by [`EtcdCluster::start`]:
 /// a name looked up on `PATH` or a path. Unset or empty means `etcd`.
@@ -32,7 +32,6 @@ const START_ATTEMPTS: usize = 3;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(25);
 const STATUS_TIMEOUT: Duration = Duration::from_millis(700);
-const LOG_TAIL_LINES: usize = 20;
 
 /// One member's status as reported by the member itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,13 +46,18 @@ pub struct EtcdStatus {
 
 #[derive(Debug)]
 struct Member {
-    name: String,
     client_port: u16,
-    peer_port: u16,
-    data_dir: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-    paused: bool,
+    process: ServerProcess,
+}
+
+/// What every member's command line needs.
+#[derive(Debug)]
+struct Launch {
+    binary: PathBuf,
+    token: String,
+    initial_cluster: String,
+    extra_args: Vec<String>,
+    no_fsync: bool,
 }
 
 /// A running etcd cluster of one or more members on `127.0.0.1`.
@@ -72,13 +76,9 @@ struct Member {
 /// ```
 #[derive(Debug)]
 pub struct EtcdCluster {
-    binary: PathBuf,
-    token: String,
     members: Vec<Member>,
-    extra_args: Vec<String>,
-    // Dropped last (after the members are killed in `Drop`).
-    _data: DataDir,
-    _logs: TempDir,
+    // Dropped last (after the members are killed).
+    _data: TempDir,
 }
 
 impl EtcdCluster {
@@ -124,133 +124,67 @@ impl EtcdCluster {
     }
 
     fn try_start(binary: &Path, n: usize, extra_args: &[String]) -> Result<Self> {
-        let data = DataDir::new()?;
-        let logs = TempDir::with_prefix("distlock-etcd-logs")?;
-        let token = format!(
-            "dlock-test-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        let mut members = Vec::with_capacity(n);
-        let mut ports = Vec::new();
-        for i in 0..n {
+        let data = data_dir()?;
+        let mut ports: Vec<u16> = Vec::new();
+        while ports.len() < 2 * n {
             // Distinct ports: the kernel may hand out a just-closed port again.
-            let mut pick = || -> Result<u16> {
-                loop {
-                    let p = try_free_port()?;
-                    if !ports.contains(&p) {
-                        ports.push(p);
-                        return Ok(p);
-                    }
-                }
-            };
-            let (client_port, peer_port) = (pick()?, pick()?);
-            let name = format!("m{i}");
+            let p = try_free_port()?;
+            if !ports.contains(&p) {
+                ports.push(p);
+            }
+        }
+        let launch = Arc::new(Launch {
+            binary: binary.to_path_buf(),
+            token: format!(
+                "dlock-test-{}-{}",
+                std::process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
+            ),
+            initial_cluster: (0..n)
+                .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[2 * i + 1]))
+                .collect::<Vec<_>>()
+                .join(","),
+            extra_args: extra_args.to_vec(),
+            no_fsync: supports_no_fsync(binary),
+        });
+        let mut members = Vec::with_capacity(n);
+        for i in 0..n {
+            let dir = data.path().join(format!("m{i}"));
+            std::fs::create_dir_all(&dir)?;
+            let (client_port, peer_port) = (ports[2 * i], ports[2 * i + 1]);
+            let spec = member_spec(&launch, i, peer_port);
             members.push(Member {
-                data_dir: data.path().join(&name),
-                log: logs.path().join(format!("{name}.log")),
-                name,
                 client_port,
-                peer_port,
-                child: None,
-                paused: false,
+                process: ServerProcess::start_at(spec, &dir, client_port)?,
             });
         }
-        let mut cluster = EtcdCluster {
-            binary: binary.to_path_buf(),
-            token,
+        let cluster = EtcdCluster {
             members,
-            extra_args: extra_args.to_vec(),
             _data: data,
-            _logs: logs,
         };
-        for i in 0..n {
-            cluster.spawn_member(i)?;
-        }
         cluster.wait_ready(READY_TIMEOUT)?;
         Ok(cluster)
     }
 
-    fn initial_cluster(&self) -> String {
-        self.members
-            .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    fn spawn_member(&mut self, i: usize) -> Result<()> {
-        let initial = self.initial_cluster();
-        let fsync_flag = supports_no_fsync(&self.binary);
-        let m = &mut self.members[i];
-        let log = File::options().create(true).append(true).open(&m.log)?;
-        let log2 = log.try_clone()?;
-        let client = format!("http://127.0.0.1:{}", m.client_port);
-        let peer = format!("http://127.0.0.1:{}", m.peer_port);
-        let mut cmd = Command::new(&self.binary);
-        cmd.arg("--name")
-            .arg(&m.name)
-            .arg("--data-dir")
-            .arg(&m.data_dir)
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &initial])
-            .args(["--initial-cluster-token", &self.token])
-            .args(["--initial-cluster-state", "new"])
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-            .args(["--logger", "zap", "--log-outputs", "stderr"])
-            .args(["--log-level", "error"]);
-        if fsync_flag {
-            cmd.arg("--unsafe-no-fsync");
-        }
-        cmd.args(&self.extra_args)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
-        let child = match spawn::spawn(cmd) {
-            Ok(c) => c,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(Error::BinaryMissing {
-                    binary: self.binary.display().to_string(),
-                    package: PACKAGE.to_string(),
-                })
-            }
-            Err(e) => return Err(Error::Io(e)),
-        };
-        m.child = Some(child);
-        m.paused = false;
-        Ok(())
-    }
-
     /// Waits until every running, unpaused member answers and knows the same leader.
-    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+    fn wait_ready(&self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
         loop {
-            for (i, m) in self.members.iter_mut().enumerate() {
-                if let Some(child) = m.child.as_mut() {
-                    if let Ok(Some(status)) = child.try_wait() {
-                        m.child = None;
-                        return Err(Error::Start {
-                            what: describe(&self.members[i]),
-                            detail: format!(
-                                "process exited early ({status}){}",
-                                log_tail(&self.members[i].log, LOG_TAIL_LINES)
-                            ),
-                        });
-                    }
+            for m in &self.members {
+                if m.process.pid().is_some() && !m.process.is_running() {
+                    let detail = format!("process exited early{}", m.process.log_tail());
+                    m.process.kill();
+                    return Err(Error::Start {
+                        what: m.process.describe(),
+                        detail,
+                    });
                 }
             }
             if self.agreed_leader().is_some() {
                 return Ok(());
             }
             if start.elapsed() >= timeout {
-                let logs: String = self
-                    .members
-                    .iter()
-                    .map(|m| log_tail(&m.log, LOG_TAIL_LINES))
-                    .collect();
+                let logs: String = self.members.iter().map(|m| m.process.log_tail()).collect();
                 return Err(Error::Start {
                     what: "etcd cluster".into(),
                     detail: format!("no leader agreed on by all members after {timeout:?}{logs}"),
@@ -265,7 +199,7 @@ impl EtcdCluster {
         let mut leader_id = None;
         let mut ids = Vec::new();
         for m in self.members.iter() {
-            if m.child.is_none() || m.paused {
+            if !m.live() {
                 continue;
             }
             let st = status(m.client_port).ok()?;
@@ -288,7 +222,7 @@ impl EtcdCluster {
         self.members
             .iter()
             .enumerate()
-            .filter(|(_, m)| m.child.is_some() && !m.paused)
+            .filter(|(_, m)| m.live())
             .map(|(i, _)| i)
     }
 
@@ -333,15 +267,12 @@ impl EtcdCluster {
 
     /// The OS pid of member `i`, or `None` after [`kill`](Self::kill).
     pub fn pid(&self, i: usize) -> Option<u32> {
-        self.members[i].child.as_ref().map(Child::id)
+        self.members[i].process.pid()
     }
 
     /// Whether member `i` is running (a paused member counts as running).
     pub fn is_running(&mut self, i: usize) -> bool {
-        match self.members[i].child.as_mut() {
-            Some(c) => matches!(c.try_wait(), Ok(None)),
-            None => false,
-        }
+        self.members[i].process.is_running()
     }
 
     /// Member `i`'s status, asked of member `i` itself (fails on a killed or paused member).
@@ -381,42 +312,32 @@ impl EtcdCluster {
     /// Kills member `i` with `SIGKILL` (a crash) and reaps it; its data stays for
     /// [`restart`](Self::restart). Idempotent.
     pub fn kill(&mut self, i: usize) {
-        if let Some(child) = self.members[i].child.take() {
-            kill_and_reap(child);
-        }
-        self.members[i].paused = false;
+        self.members[i].process.kill();
     }
 
-    /// Freezes member `i` with `SIGSTOP`: its sockets stay open but nothing answers.
+    /// Freezes member `i` with `SIGSTOP` (returning once it is stopped): its sockets stay
+    /// open but nothing answers.
     pub fn pause(&mut self, i: usize) {
-        if let Some(pid) = self.signal(i, libc::SIGSTOP) {
-            wait_proc_state(pid, Duration::from_millis(200), |s| s == 'T');
-            self.members[i].paused = true;
-        }
+        self.members[i].process.pause();
     }
 
     /// Resumes a [paused](Self::pause) member with `SIGCONT`.
     pub fn resume(&mut self, i: usize) {
-        if let Some(pid) = self.signal(i, libc::SIGCONT) {
-            wait_proc_state(pid, Duration::from_millis(200), |s| s != 'T');
-        }
-        self.members[i].paused = false;
+        self.members[i].process.resume();
     }
 
     /// Kills member `i` if it runs and starts it again on the same ports with its data, then
     /// waits until the running members agree on a leader again.
     pub fn restart(&mut self, i: usize) -> Result<()> {
-        self.kill(i);
         let start = Instant::now();
         loop {
             // The peer port may linger briefly; etcd exits early if it cannot bind.
-            self.spawn_member(i)?;
+            self.members[i].process.restart()?;
             match self.wait_ready(READY_TIMEOUT) {
                 Ok(()) => return Ok(()),
-                Err(e) if start.elapsed() < READY_TIMEOUT => {
+                Err(_) if start.elapsed() < READY_TIMEOUT => {
                     self.kill(i);
                     std::thread::sleep(Duration::from_millis(100));
-                    let _ = e;
                 }
                 Err(e) => return Err(e),
             }
@@ -425,40 +346,55 @@ impl EtcdCluster {
 
     /// Member `i`'s log (stderr, error level).
     pub fn log(&self, i: usize) -> String {
-        std::fs::read_to_string(&self.members[i].log).unwrap_or_default()
-    }
-
-    fn signal(&mut self, i: usize, sig: libc::c_int) -> Option<u32> {
-        let child = self.members[i].child.as_mut()?;
-        if !matches!(child.try_wait(), Ok(None)) {
-            return None;
-        }
-        let pid = child.id();
-        let raw = libc::pid_t::try_from(pid).ok()?;
-        // SAFETY: plain syscall; the pid belongs to our unreaped child.
-        unsafe {
-            libc::kill(raw, sig);
-        }
-        Some(pid)
+        self.members[i].process.output()
     }
 }
 
-impl Drop for EtcdCluster {
-    fn drop(&mut self) {
-        for i in 0..self.members.len() {
-            self.kill(i);
-        }
+impl Member {
+    /// Running and not paused: a member that should answer.
+    fn live(&self) -> bool {
+        self.process.pid().is_some() && !self.process.is_paused()
     }
+}
+
+/// Member `i` of the cluster `launch` describes, with its data in `DIR/data`.
+fn member_spec(launch: &Arc<Launch>, i: usize, peer_port: u16) -> ServerSpec {
+    let l = launch.clone();
+    let name = format!("m{i}");
+    ServerSpec::new(
+        format!("etcd member {name} (peer 127.0.0.1:{peer_port})"),
+        PACKAGE,
+        move |dir, port| {
+            let client = format!("http://127.0.0.1:{port}");
+            let peer = format!("http://127.0.0.1:{peer_port}");
+            let mut cmd = Command::new(&l.binary);
+            cmd.arg("--name")
+                .arg(&name)
+                .arg("--data-dir")
+                .arg(dir.join("data"))
+                .args(["--listen-client-urls", &client])
+                .args(["--advertise-client-urls", &client])
+                .args(["--listen-peer-urls", &peer])
+                .args(["--initial-advertise-peer-urls", &peer])
+                .args(["--initial-cluster", &l.initial_cluster])
+                .args(["--initial-cluster-token", &l.token])
+                .args(["--initial-cluster-state", "new"])
+                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+                .args(["--logger", "zap", "--log-outputs", "stderr"])
+                .args(["--log-level", "error"]);
+            if l.no_fsync {
+                cmd.arg("--unsafe-no-fsync");
+            }
+            cmd.args(&l.extra_args);
+            cmd
+        },
+    )
+    .output("etcd.log")
+    // Readiness is the cluster's (a leader all members agree on): see `wait_ready`.
+    .attempts(1, 5, Duration::from_millis(100))
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn describe(m: &Member) -> String {
-    format!(
-        "etcd member {} (client 127.0.0.1:{}, peer 127.0.0.1:{})",
-        m.name, m.client_port, m.peer_port
-    )
-}
 
 /// Asks the member on `port` for its status through the JSON gateway.
 fn status(port: u16) -> Result<EtcdStatus> {
@@ -537,63 +473,22 @@ fn supports_no_fsync(binary: &Path) -> bool {
     known
 }
 
-/// The data directory of a cluster: under `/dev/shm` when it is a writable directory (no
-/// fsync cost), else under the system temp dir. Removed on drop. Directories left behind by
-/// test processes that died without unwinding are swept at the next start.
-#[derive(Debug)]
-struct DataDir {
-    path: PathBuf,
-}
-
 const SHM: &str = "/dev/shm";
 const DATA_PREFIX: &str = "distlock-etcd-data";
 
-impl DataDir {
-    fn new() -> Result<Self> {
-        let shm = Path::new(SHM);
-        let base =
-            if shm.is_dir() && std::fs::metadata(shm).is_ok_and(|m| !m.permissions().readonly()) {
-                sweep_stale(shm);
-                shm.to_path_buf()
-            } else {
-                std::env::temp_dir()
-            };
-        for _ in 0..100 {
-            let nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.subsec_nanos())
-                .unwrap_or(0);
-            let path = base.join(format!(
-                "{DATA_PREFIX}-{}-{}-{nanos}",
-                std::process::id(),
-                COUNTER.fetch_add(1, Ordering::Relaxed)
-            ));
-            match std::fs::create_dir(&path) {
-                Ok(()) => return Ok(DataDir { path }),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) if base == shm => {
-                    // /dev/shm not usable after all: fall back to the temp dir.
-                    let _ = e;
-                    let t = TempDir::with_prefix(DATA_PREFIX)?;
-                    let path = t.path().to_path_buf();
-                    std::mem::forget(t);
-                    return Ok(DataDir { path });
-                }
-                Err(e) => return Err(e.into()),
-            }
+/// The data directory of a cluster: under `/dev/shm` when it is a writable directory (no
+/// fsync cost), else under the system temp dir. Directories left behind by test processes
+/// that died without unwinding are swept at the next start.
+fn data_dir() -> Result<TempDir> {
+    let shm = Path::new(SHM);
+    let prefix = format!("{DATA_PREFIX}-{}-", std::process::id());
+    if shm.is_dir() && std::fs::metadata(shm).is_ok_and(|m| !m.permissions().readonly()) {
+        sweep_stale(shm);
+        if let Ok(d) = tempfile::Builder::new().prefix(&prefix).tempdir_in(shm) {
+            return Ok(d);
         }
-        Err(Error::Io(io::Error::other("could not create a data dir")))
     }
-
-    fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for DataDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
+    Ok(tempfile::Builder::new().prefix(&prefix).tempdir()?)
 }
 
 /// Removes `distlock-etcd-data-PID-*` directories whose process is gone.

@@ -19,6 +19,9 @@
 //!   contended conformance cases (a store that rejects stale fencing tokens;
 //!   a recorder of critical sections that finds two believed holders inside
 //!   at once).
+//! - [`ServerProcess`]: the lifecycle every starter shares (spawn in a temp dir on a free
+//!   loopback port, readiness probe, kill, pause, resume, restart on the same port and
+//!   directory, log capture, kill on drop), for starting other servers the same way.
 //! - [`free_port`] and [`TempDir`]: small building blocks.
 //!
 //! ```
@@ -54,8 +57,9 @@ mod postgres;
 mod proxy;
 mod redis;
 mod resp;
+mod process;
 mod spawn;
-mod tempdir;
+mod template;
 mod tls;
 mod zookeeper;
 
@@ -67,7 +71,10 @@ pub use postgres::{PostgresServer, POSTGRES_BIN_DIR_ENV};
 pub use proxy::{DelayProxy, DirectionStats, ProxyControl, ProxyStats};
 pub use redis::{RedisOptions, RedisServer, REDIS_SERVER_ENV};
 pub use resp::Reply;
-pub use tempdir::TempDir;
+pub use process::{Ready, ReadyCheck, ServerProcess, ServerSpec};
+/// A self-deleting temporary directory: [`tempfile::TempDir`] (`TempDir::new()`,
+/// `TempDir::with_prefix(p)`, `.path()`), removed recursively on drop.
+pub use tempfile::TempDir;
 pub use tls::TestCerts;
 pub use zookeeper::{
     ZkEnsemble, ZOOKEEPER_CLASSPATH_ENV, ZOOKEEPER_JAR, ZOOKEEPER_JAVA_ENV, ZOOKEEPER_TICK_MS,

@@ -5,20 +5,18 @@
 //! `postgres` OS user when the tests run as root (PostgreSQL refuses to run as root).
 //! Local (unix socket) connections are trusted; TCP connections need a password, so tests
 //! of wrong passwords are real.
-//!
-//! Also home to small helpers shared with [`MariaDbServer`](crate::MariaDbServer).
 
 use std::ffi::CString;
-use std::fs::File;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use crate::{spawn, try_free_port, Error, Result, TempDir};
+use crate::process::{Ready, ServerProcess, ServerSpec};
+use crate::spawn::{find_on_path, is_executable};
+use crate::template::{prepared_dir, version_of, DATABASE, PASSWORD, USER};
+use crate::{Error, Result};
 
 /// Environment variable naming the directory holding `initdb`, `postgres` and `psql`
 /// (e.g. `/usr/lib/postgresql/16/bin`). Unset: `PATH`, then the newest
@@ -26,18 +24,8 @@ use crate::{spawn, try_free_port, Error, Result, TempDir};
 pub const POSTGRES_BIN_DIR_ENV: &str = "DLOCK_POSTGRES_BIN_DIR";
 
 const PACKAGE: &str = "postgresql";
-/// The login role tests use (over TCP, with a password).
-const USER: &str = "dlock";
-const PASSWORD: &str = "dlock-test-pw";
-const DATABASE: &str = "dlock";
 /// The superuser's password over TCP (locally it is trusted).
 const ADMIN_PASSWORD: &str = "dlock-admin-pw";
-const START_ATTEMPTS: usize = 5;
-const RESTART_ATTEMPTS: usize = 20;
-const RESTART_BACKOFF: Duration = Duration::from_millis(100);
-const READY_TIMEOUT: Duration = Duration::from_secs(20);
-const READY_POLL: Duration = Duration::from_millis(10);
-const LOG_TAIL_LINES: usize = 20;
 
 /// A PostgreSQL server on a free `127.0.0.1` port, in its own temp dir.
 ///
@@ -53,10 +41,7 @@ const LOG_TAIL_LINES: usize = 20;
 #[derive(Debug)]
 pub struct PostgresServer {
     bins: PgBins,
-    run_as: Option<(u32, u32)>,
-    port: u16,
-    child: Mutex<Option<Child>>,
-    dir: TempDir,
+    process: ServerProcess,
 }
 
 #[derive(Debug, Clone)]
@@ -74,169 +59,38 @@ impl PostgresServer {
     pub fn start() -> Result<Self> {
         let bins = find_pg_bins()?;
         let run_as = run_as_postgres()?;
-        let dir = TempDir::with_prefix("dlock-pg")?;
-        if let Some((uid, gid)) = run_as {
-            chown(dir.path(), uid, gid)?;
-        }
-        let key = cache_key(
-            "pg",
-            &[
-                &bins.postgres.display().to_string(),
-                &version_of(&bins.postgres),
-                &format!("{run_as:?}"),
-            ],
-        );
-        let built = template(&key, |tmp| {
-            if let Some((uid, gid)) = run_as {
-                chown(tmp, uid, gid)?;
-            }
-            fresh_cluster(&bins, run_as, tmp)
+        let parts = [
+            bins.postgres.display().to_string(),
+            version_of(&bins.postgres),
+            format!("{run_as:?}"),
+        ];
+        let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+        let dir = prepared_dir("dlock-pg", &parts, run_as, |d| {
+            fresh_cluster(&bins, run_as, d)
         })?;
-        match built {
-            Some(tpl) => copy_dir(&tpl.join("data"), &dir.path().join("data"))?,
-            None => fresh_cluster(&bins, run_as, dir.path())?,
-        }
-        let mut last = None;
-        for _ in 0..START_ATTEMPTS {
-            let port = try_free_port()?;
-            match launch(&bins, run_as, dir.path(), port) {
-                Ok(child) => {
-                    let server = PostgresServer {
-                        bins,
-                        run_as,
-                        port,
-                        child: Mutex::new(Some(child)),
-                        dir,
-                    };
-                    // Warm up: the first connection to a database loads its catalog caches.
-                    server.sql("SELECT 1")?;
-                    return Ok(server);
-                }
-                Err(Attempt::Retry(e)) => last = Some(e),
-                Err(Attempt::Fatal(e)) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::Start {
-            what: "postgres".into(),
-            detail: "no start attempt was made".into(),
-        }))
+        let server = PostgresServer {
+            process: ServerProcess::start(spec(&bins, run_as), dir)?,
+            bins,
+        };
+        // Warm up: the first connection to a database loads its catalog caches.
+        server.sql("SELECT 1")?;
+        Ok(server)
     }
 
-    /// The TCP port (stable across [`restart`](Self::restart)).
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `127.0.0.1:port`.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
-    }
-
-    /// The login role tests connect as.
-    pub fn user(&self) -> &'static str {
-        USER
-    }
-
-    /// The password of [`user`](Self::user).
-    pub fn password(&self) -> &'static str {
-        PASSWORD
-    }
-
-    /// The database owned by [`user`](Self::user).
-    pub fn database(&self) -> &'static str {
-        DATABASE
-    }
-
-    /// `postgres://dlock:PASSWORD@127.0.0.1:PORT/dlock`.
-    pub fn url(&self) -> String {
-        self.url_with_password(PASSWORD)
-    }
-
-    /// [`url`](Self::url) with another password (percent-encoded), e.g. a wrong one.
-    pub fn url_with_password(&self, password: &str) -> String {
-        format!(
-            "postgres://{USER}:{}@127.0.0.1:{}/{DATABASE}",
-            percent_encode(password),
-            self.port
-        )
-    }
+    crate::process::process_methods!();
+    crate::template::sql_account_methods!("postgres");
 
     /// The superuser `postgres` over TCP, in the tests' database.
     pub fn admin_url(&self) -> String {
         format!(
             "postgres://postgres:{ADMIN_PASSWORD}@127.0.0.1:{}/{DATABASE}",
-            self.port
+            self.port()
         )
-    }
-
-    /// The temp dir: `data/` (the cluster), the unix socket, `postgres.log`.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     /// The directory of the server's unix socket.
     pub fn socket_dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The postmaster's pid, or `None` after [`kill`](Self::kill).
-    pub fn pid(&self) -> Option<u32> {
-        lock(&self.child).as_ref().map(Child::id)
-    }
-
-    /// Whether the postmaster runs (a paused one counts).
-    pub fn is_running(&self) -> bool {
-        match lock(&self.child).as_mut() {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
-            None => false,
-        }
-    }
-
-    /// SIGKILLs the postmaster and every backend (the whole process group) and reaps it.
-    /// Idempotent. Clients see their connections reset.
-    pub fn kill(&mut self) {
-        if let Some(child) = self
-            .child
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            kill_group_and_reap(child);
-        }
-    }
-
-    /// Freezes the postmaster and all backends (SIGSTOP to the group).
-    pub fn pause(&mut self) {
-        self.signal_group(libc::SIGSTOP);
-    }
-
-    /// Resumes a [paused](Self::pause) server.
-    pub fn resume(&mut self) {
-        self.signal_group(libc::SIGCONT);
-    }
-
-    /// Kills the server if running and starts it again on the same port with the same data
-    /// (crash recovery replays the WAL). On error the server is left stopped.
-    pub fn restart(&mut self) -> Result<()> {
-        self.kill();
-        let mut last = None;
-        for attempt in 0..RESTART_ATTEMPTS {
-            if attempt > 0 {
-                std::thread::sleep(RESTART_BACKOFF);
-            }
-            match launch(&self.bins, self.run_as, self.dir.path(), self.port) {
-                Ok(child) => {
-                    *self.child.get_mut().unwrap_or_else(PoisonError::into_inner) = Some(child);
-                    return Ok(());
-                }
-                Err(Attempt::Retry(e)) => last = Some(e),
-                Err(Attempt::Fatal(e)) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::Start {
-            what: describe(self.port),
-            detail: "no restart attempt was made".into(),
-        }))
+        self.process.dir()
     }
 
     /// Runs SQL as the superuser in the tests' database (through `psql` on the unix socket)
@@ -247,67 +101,30 @@ impl PostgresServer {
     }
 
     fn psql(&self, db: &str, commands: &[&str]) -> Result<String> {
-        psql_at(&self.bins, self.dir.path(), self.port, db, commands)
+        psql_at(&self.bins, self.dir(), self.port(), db, commands)
     }
-
-    fn signal_group(&mut self, sig: libc::c_int) {
-        let child = self.child.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if let Some(child) = child.as_mut() {
-            if matches!(child.try_wait(), Ok(None)) {
-                if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-                    // SAFETY: plain syscall; the group leader is our unreaped child.
-                    unsafe {
-                        libc::killpg(pid, sig);
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl Drop for PostgresServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn describe(port: u16) -> String {
-    format!("postgres on 127.0.0.1:{port}")
 }
 
 /// Makes a ready-to-copy cluster in `dir/data`: initdb, then the roles and the database of
 /// the tests, then a clean shutdown.
 fn fresh_cluster(bins: &PgBins, run_as: Option<(u32, u32)>, dir: &Path) -> Result<()> {
     initdb(bins, run_as, dir)?;
-    let mut last = None;
-    for _ in 0..START_ATTEMPTS {
-        let port = try_free_port()?;
-        match launch(bins, run_as, dir, port) {
-            Ok(child) => {
-                let r = psql_at(
-                    bins,
-                    dir,
-                    port,
-                    "postgres",
-                    &[
-                        "SET password_encryption = 'md5'",
-                        &format!("ALTER ROLE postgres PASSWORD '{ADMIN_PASSWORD}'"),
-                        &format!("CREATE ROLE {USER} LOGIN PASSWORD '{PASSWORD}'"),
-                        &format!("CREATE DATABASE {DATABASE} OWNER {USER}"),
-                    ],
-                );
-                // SIGINT: fast shutdown, leaving a clean cluster behind.
-                stop_gracefully(child, libc::SIGINT);
-                return r.map(|_| ());
-            }
-            Err(Attempt::Retry(e)) => last = Some(e),
-            Err(Attempt::Fatal(e)) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| Error::Start {
-        what: "postgres".into(),
-        detail: "no start attempt was made".into(),
-    }))
+    let server = ServerProcess::start_in(spec(bins, run_as), dir)?;
+    let r = psql_at(
+        bins,
+        dir,
+        server.port(),
+        "postgres",
+        &[
+            "SET password_encryption = 'md5'",
+            &format!("ALTER ROLE postgres PASSWORD '{ADMIN_PASSWORD}'"),
+            &format!("CREATE ROLE {USER} LOGIN PASSWORD '{PASSWORD}'"),
+            &format!("CREATE DATABASE {DATABASE} OWNER {USER}"),
+        ],
+    );
+    // SIGINT: fast shutdown, leaving a clean cluster behind.
+    server.stop(libc::SIGINT, Duration::from_secs(30));
+    r.map(|_| ())
 }
 
 fn psql_at(bins: &PgBins, dir: &Path, port: u16, db: &str, commands: &[&str]) -> Result<String> {
@@ -341,130 +158,6 @@ fn psql_at(bins: &PgBins, dir: &Path, port: u16, db: &str, commands: &[&str]) ->
         ))));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-/// Environment variable that turns the data-dir template cache off (any non-empty value).
-const NO_CACHE_ENV: &str = "DLOCK_TESTKIT_NO_CACHE";
-/// Bump when what a template contains changes.
-const TEMPLATE_FORMAT: u32 = 2;
-
-/// A cache key for a template: `prefix-<hash of parts>`.
-pub(crate) fn cache_key(prefix: &str, parts: &[&str]) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    TEMPLATE_FORMAT.hash(&mut h);
-    parts.hash(&mut h);
-    format!("{prefix}-{:016x}", h.finish())
-}
-
-/// The first line `binary --version` prints (part of a template's cache key).
-pub(crate) fn version_of(binary: &Path) -> String {
-    Command::new(binary)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_string()
-        })
-        .unwrap_or_default()
-}
-
-/// An initialized data dir, built once per machine by `build` and shared by every test
-/// process (servers start from a copy, which is several times faster than initializing).
-///
-/// Lives in `$TMPDIR/distlock-testkit-cache-UID/KEY`; built under an exclusive `flock`, in a side
-/// directory renamed into place when complete, so a crashed build is never used. `None` when
-/// the cache is turned off with `DLOCK_TESTKIT_NO_CACHE`.
-pub(crate) fn template(
-    key: &str,
-    build: impl FnOnce(&Path) -> Result<()>,
-) -> Result<Option<PathBuf>> {
-    if std::env::var_os(NO_CACHE_ENV).is_some_and(|v| !v.is_empty()) {
-        return Ok(None);
-    }
-    // Per user: another user's cache is not writable (nor trustworthy).
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    let root = std::env::temp_dir().join(format!("distlock-testkit-cache-{euid}"));
-    std::fs::create_dir_all(&root)?;
-    let dest = root.join(key);
-    let ready = |p: &Path| p.join("READY").exists();
-    if ready(&dest) {
-        return Ok(Some(dest));
-    }
-    let lock = File::create(root.join(format!("{key}.lock")))?;
-    {
-        use std::os::unix::io::AsRawFd;
-        // SAFETY: plain syscall on a file we own; released when `lock` is dropped.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(Error::Io(io::Error::last_os_error()));
-        }
-    }
-    if ready(&dest) {
-        return Ok(Some(dest));
-    }
-    let building = root.join(format!("{key}.building"));
-    let _ = std::fs::remove_dir_all(&building);
-    std::fs::create_dir(&building)?;
-    if let Err(e) = build(&building) {
-        let _ = std::fs::remove_dir_all(&building);
-        return Err(e);
-    }
-    File::create(building.join("READY"))?;
-    let _ = std::fs::remove_dir_all(&dest);
-    std::fs::rename(&building, &dest)?;
-    drop(lock);
-    Ok(Some(dest))
-}
-
-/// Copies a directory tree, keeping modes and (as root) owners: `cp -a SRC DST`.
-pub(crate) fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
-    let out = Command::new("cp")
-        .arg("-a")
-        .arg(src)
-        .arg(dst)
-        .stdin(Stdio::null())
-        .output()?;
-    if !out.status.success() {
-        return Err(Error::Io(io::Error::other(format!(
-            "cp -a {} {} failed: {}",
-            src.display(),
-            dst.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))));
-    }
-    Ok(())
-}
-
-/// Sends `sig` (a shutdown request) to a server and waits up to 30 s for it to exit; kills
-/// it if it does not.
-pub(crate) fn stop_gracefully(mut child: Child, sig: libc::c_int) {
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: plain syscall; the child is not reaped yet.
-        unsafe {
-            libc::kill(pid, sig);
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if !matches!(child.try_wait(), Ok(None)) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    kill_group_and_reap(child);
-}
-
-/// Why one launch attempt failed.
-pub(crate) enum Attempt {
-    /// Worth retrying (process exited early, port taken).
-    Retry(Error),
-    /// Not worth retrying.
-    Fatal(Error),
 }
 
 fn find_pg_bins() -> Result<PgBins> {
@@ -553,10 +246,6 @@ fn run_as_postgres() -> Result<Option<(u32, u32)>> {
     Ok(Some((uid, gid)))
 }
 
-pub(crate) fn chown(path: &Path, uid: u32, gid: u32) -> Result<()> {
-    std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(Error::Io)
-}
-
 fn initdb(bins: &PgBins, run_as: Option<(u32, u32)>, dir: &Path) -> Result<()> {
     let mut cmd = Command::new(&bins.initdb);
     cmd.arg("-D")
@@ -607,103 +296,51 @@ fn initdb(bins: &PgBins, run_as: Option<(u32, u32)>, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Starts the postmaster on `port` and waits until `postmaster.pid` says it is ready.
-fn launch(
-    bins: &PgBins,
-    run_as: Option<(u32, u32)>,
-    dir: &Path,
-    port: u16,
-) -> std::result::Result<Child, Attempt> {
-    let io_fatal = |e: io::Error| Attempt::Fatal(Error::Io(e));
-    let log = File::options()
-        .create(true)
-        .append(true)
-        .open(dir.join("postgres.log"))
-        .map_err(io_fatal)?;
-    let log2 = log.try_clone().map_err(io_fatal)?;
-    let mut cmd = Command::new(&bins.postgres);
-    cmd.arg("-D")
-        .arg(dir.join("data"))
-        .arg("-p")
-        .arg(port.to_string())
-        .arg("-k")
-        .arg(dir)
-        .args([
-            "-c",
-            "listen_addresses=127.0.0.1",
-            "-c",
-            "fsync=off",
-            "-c",
-            "synchronous_commit=on",
-            "-c",
-            "full_page_writes=off",
-            "-c",
-            "shared_buffers=16MB",
-            "-c",
-            "max_connections=200",
-            "-c",
-            "max_wal_size=64MB",
-            "-c",
-            "log_min_messages=warning",
-            "-c",
-            "log_line_prefix=%m [%p] ",
-        ])
-        .env("LC_ALL", "C")
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2)
-        // Own process group, so kill/pause reach every backend.
-        .process_group(0);
-    if let Some((uid, gid)) = run_as {
-        cmd.uid(uid).gid(gid);
-    }
-    let mut child = match spawn::spawn(cmd) {
-        Ok(c) => c,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(Attempt::Fatal(Error::BinaryMissing {
-                binary: bins.postgres.display().to_string(),
-                package: PACKAGE.into(),
-            }))
+/// The postmaster in `dir/data` on a port (and a unix socket in `dir`), ready once
+/// `postmaster.pid` says so.
+fn spec(bins: &PgBins, run_as: Option<(u32, u32)>) -> ServerSpec {
+    let postgres = bins.postgres.clone();
+    ServerSpec::new("postgres", PACKAGE, move |dir, port| {
+        let mut cmd = Command::new(&postgres);
+        cmd.arg("-D")
+            .arg(dir.join("data"))
+            .arg("-p")
+            .arg(port.to_string())
+            .arg("-k")
+            .arg(dir)
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=on",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "shared_buffers=16MB",
+                "-c",
+                "max_connections=200",
+                "-c",
+                "max_wal_size=64MB",
+                "-c",
+                "log_min_messages=warning",
+                "-c",
+                "log_line_prefix=%m [%p] ",
+            ])
+            .env("LC_ALL", "C");
+        if let Some((uid, gid)) = run_as {
+            cmd.uid(uid).gid(gid);
         }
-        Err(e) => return Err(io_fatal(e)),
-    };
-    let pid_file = dir.join("data").join("postmaster.pid");
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(None) => {}
-            Ok(Some(status)) => {
-                // Backends of a half-started server, if any.
-                kill_group_and_reap(child);
-                return Err(Attempt::Retry(Error::Start {
-                    what: describe(port),
-                    detail: format!(
-                        "process exited early ({status}){}",
-                        log_tail(dir, &["postgres.log"])
-                    ),
-                }));
-            }
-            Err(e) => {
-                kill_group_and_reap(child);
-                return Err(io_fatal(e));
-            }
-        }
-        if postmaster_ready(&pid_file, child.id()) {
-            return Ok(child);
-        }
-        if start.elapsed() >= READY_TIMEOUT {
-            kill_group_and_reap(child);
-            return Err(Attempt::Fatal(Error::Start {
-                what: describe(port),
-                detail: format!(
-                    "not ready after {READY_TIMEOUT:?}{}",
-                    log_tail(dir, &["postgres.log"])
-                ),
-            }));
-        }
-        std::thread::sleep(READY_POLL);
-    }
+        cmd
+    })
+    .ready(|c| match postmaster_ready(&c.dir.join("data").join("postmaster.pid"), c.pid) {
+        true => Ready::Yes,
+        false => Ready::NotYet,
+    })
+    .output("postgres.log")
+    .ready_timeout(Duration::from_secs(20), Duration::from_millis(10))
+    .attempts(5, 20, Duration::from_millis(100))
 }
 
 /// `postmaster.pid`: line 1 the pid, line 8 the status (`ready` once it accepts connections).
@@ -716,108 +353,13 @@ fn postmaster_ready(pid_file: &Path, pid: u32) -> bool {
         && lines.get(7).map(|l| l.trim()) == Some("ready")
 }
 
-/// SIGKILLs a child's whole process group (and SIGCONTs it, harmlessly, for paused ones),
-/// reaps the child, and waits briefly until no member of the group is left running.
-pub(crate) fn kill_group_and_reap(mut child: Child) {
-    let pid = libc::pid_t::try_from(child.id()).ok();
-    if let Some(pid) = pid {
-        // SAFETY: plain syscalls; the group was created for our (unreaped) child.
-        unsafe {
-            libc::killpg(pid, libc::SIGKILL);
-            libc::killpg(pid, libc::SIGCONT);
-        }
-    } else {
-        let _ = child.kill();
-    }
-    let _ = child.wait();
-    if let Some(pid) = pid {
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while group_alive(pid) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-/// True while some non-zombie process is in process group `pgid`.
-fn group_alive(pgid: libc::pid_t) -> bool {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    rd.filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .any(|pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            let Some(close) = stat.rfind(')') else {
-                return false;
-            };
-            let mut fields = stat[close + 1..].split_whitespace();
-            let state = fields.next();
-            let _ppid = fields.next();
-            let pgrp = fields.next().and_then(|p| p.parse::<libc::pid_t>().ok());
-            pgrp == Some(pgid) && state != Some("Z") && state != Some("X")
-        })
-}
-
-pub(crate) fn lock(m: &Mutex<Option<Child>>) -> std::sync::MutexGuard<'_, Option<Child>> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) fn find_on_path(binary: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(binary))
-        .find(|p| is_executable(p))
-}
-
-pub(crate) fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
-/// The last lines of the given log files in `dir`, formatted for an error.
-pub(crate) fn log_tail(dir: &Path, names: &[&str]) -> String {
-    let mut out = String::new();
-    for name in names {
-        let Ok(text) = std::fs::read_to_string(dir.join(name)) else {
-            continue;
-        };
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        if lines.is_empty() {
-            continue;
-        }
-        out.push_str(&format!("\n--- last lines of {name} ---"));
-        for line in &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..] {
-            out.push('\n');
-            out.push_str(line);
-        }
-    }
-    out
-}
-
-/// Percent-encodes everything but RFC 3986 unreserved characters.
-pub(crate) fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn ready_line_parsing() {
-        let dir = TempDir::new().expect("tmp");
+        let dir = tempfile::tempdir().expect("tmp");
         let f = dir.path().join("postmaster.pid");
         std::fs::write(&f, "42\n/d\n1\n5432\n/s\n127.0.0.1\n 1 2\nstarting\n").expect("w");
         assert!(!postmaster_ready(&f, 42));

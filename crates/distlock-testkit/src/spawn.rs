@@ -8,7 +8,9 @@
 //! killed when that thread ends, but still dies when the test binary does.
 
 use std::io;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 use std::sync::mpsc;
 use std::sync::OnceLock;
 
@@ -81,72 +83,80 @@ pub(crate) fn spawn(mut cmd: Command) -> io::Result<Child> {
 
 /// Finds `binary` (a name on `PATH`, or a path containing `/`) that is an executable file;
 /// otherwise [`Error::BinaryMissing`](crate::Error::BinaryMissing) naming the Debian `package`.
-pub(crate) fn resolve_binary(binary: &str, package: &str) -> crate::Result<std::path::PathBuf> {
+pub(crate) fn resolve_binary(binary: &str, package: &str) -> crate::Result<PathBuf> {
     let missing = || crate::Error::BinaryMissing {
         binary: binary.to_string(),
         package: package.to_string(),
     };
     if binary.contains('/') {
-        let p = std::path::PathBuf::from(binary);
+        let p = PathBuf::from(binary);
         return if is_executable(&p) {
             Ok(p)
         } else {
             Err(missing())
         };
     }
-    let path = std::env::var_os("PATH").ok_or_else(missing)?;
+    find_on_path(binary).ok_or_else(missing)
+}
+
+/// The first executable `binary` in a directory of `PATH`.
+pub(crate) fn find_on_path(binary: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join(binary))
         .find(|p| is_executable(p))
-        .ok_or_else(missing)
 }
 
-fn is_executable(p: &std::path::Path) -> bool {
+pub(crate) fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
 }
 
-/// SIGKILLs (and SIGCONTs, for a stopped one) a child unless it was already reaped, then
-/// reaps it.
-pub(crate) fn kill_and_reap(mut child: Child) {
-    if let Ok(None) = child.try_wait() {
-        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-            // SAFETY: plain syscalls; the child is not reaped yet, so the pid is still ours.
-            // SIGKILL also ends stopped processes.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::kill(pid, libc::SIGCONT);
-            }
-        } else {
-            let _ = child.kill();
+/// SIGKILLs a child's whole process group (and SIGCONTs it, harmlessly, for stopped ones),
+/// reaps the child, and waits (at most 3 s) until no live member of the group is left.
+pub(crate) fn kill_group_and_reap(mut child: Child) {
+    let pid = libc::pid_t::try_from(child.id()).ok();
+    if let Some(pid) = pid {
+        // SAFETY: plain syscalls; the group was created for our (unreaped) child.
+        unsafe {
+            libc::killpg(pid, libc::SIGKILL);
+            libc::killpg(pid, libc::SIGCONT);
         }
+    } else {
+        let _ = child.kill();
     }
     let _ = child.wait();
-}
-
-/// The state letter of `/proc/PID/stat` (`R`, `S`, `T`…), if readable.
-pub(crate) fn proc_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.trim_start().chars().next()
-}
-
-/// Waits (up to `limit`) until `/proc/PID/stat` shows a state accepted by `ok`. Best effort:
-/// returns silently when /proc is unavailable or the process is gone.
-pub(crate) fn wait_proc_state(pid: u32, limit: std::time::Duration, ok: impl Fn(char) -> bool) {
-    let deadline = std::time::Instant::now() + limit;
-    while let Some(s) = proc_state(pid) {
-        if ok(s) || std::time::Instant::now() >= deadline {
-            return;
+    if let Some(pid) = pid {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !group_states(pid).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// The states (`R`, `S`, `T`…) of the live (not zombie) processes of group `pgid`, read from
+/// `/proc/PID/stat`; empty when there is none (or no `/proc`).
+pub(crate) fn group_states(pgid: libc::pid_t) -> Vec<char> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+            let state = fields.next()?.chars().next()?;
+            let _ppid = fields.next();
+            let pgrp = fields.next()?.parse::<libc::pid_t>().ok()?;
+            (pgrp == pgid && state != 'Z' && state != 'X').then_some(state)
+        })
+        .collect()
 }
 
 /// The last `n` non-empty lines of the log at `path`, with a heading; empty if none.
-pub(crate) fn log_tail(path: &std::path::Path, n: usize) -> String {
+pub(crate) fn log_tail(path: &Path, n: usize) -> String {
     let Ok(text) = std::fs::read_to_string(path) else {
         return String::new();
     };
@@ -160,4 +170,36 @@ pub(crate) fn log_tail(path: &std::path::Path, n: usize) -> String {
         out.push_str(line);
     }
     out
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters (for passwords in URLs).
+pub(crate) fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_encoding() {
+        assert_eq!(percent_encode("a-b_c.d~e"), "a-b_c.d~e");
+        assert_eq!(percent_encode("p@ss:w/rd"), "p%40ss%3Aw%2Frd");
+    }
+
+    #[test]
+    fn missing_binary_is_reported() {
+        let err = resolve_binary("dlock-no-such-binary-xyz", "pkg").expect_err("missing");
+        assert!(err.to_string().contains("pkg"), "{err}");
+        let err = resolve_binary("/nonexistent/bin", "pkg").expect_err("missing");
+        assert!(matches!(err, crate::Error::BinaryMissing { .. }));
+    }
 }

@@ -26,16 +26,16 @@
 //! # Ok::<(), distlock_testkit::Error>(())
 //! ```
 
-use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::spawn::{kill_and_reap, log_tail, resolve_binary};
-use crate::{spawn, Error, Result, TempDir};
+use crate::process::{ServerProcess, ServerSpec};
+use crate::spawn::resolve_binary;
+use crate::{Error, Result, TempDir};
 
 /// Environment variable overriding the Java class path of the ZooKeeper server
 /// (default: `/usr/share/java/zookeeper.jar`, plus `slf4j-simple.jar` for logs when present).
@@ -56,25 +56,15 @@ const START_ATTEMPTS: usize = 3;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
-const LOG_TAIL_LINES: usize = 25;
 
 /// One node of a [`ZkEnsemble`].
 #[derive(Debug)]
 struct Node {
-    /// `myid`, 1-based.
-    id: usize,
     client_port: u16,
-    quorum_port: u16,
-    election_port: u16,
-    dir: PathBuf,
-    child: Mutex<Option<Child>>,
+    process: ServerProcess,
 }
 
 impl Node {
-    fn child(&self) -> std::sync::MutexGuard<'_, Option<Child>> {
-        self.child.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn addr(&self) -> SocketAddr {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.client_port))
     }
@@ -86,9 +76,8 @@ impl Node {
 /// temp dir removed when the ensemble is dropped.
 #[derive(Debug)]
 pub struct ZkEnsemble {
-    java: PathBuf,
-    classpath: String,
     nodes: Vec<Node>,
+    // Dropped after the nodes are killed.
     dir: TempDir,
 }
 
@@ -108,36 +97,46 @@ impl ZkEnsemble {
         let classpath = classpath()?;
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
-            let dir = TempDir::with_prefix("dlock-zk")?;
-            let ports = free_ports(nodes * 3)?;
-            let mut ensemble = ZkEnsemble {
-                java: java.clone(),
-                classpath: classpath.clone(),
-                nodes: (0..nodes)
-                    .map(|i| Node {
-                        id: i + 1,
-                        client_port: ports[i * 3],
-                        quorum_port: ports[i * 3 + 1],
-                        election_port: ports[i * 3 + 2],
-                        dir: dir.path().join(format!("node{}", i + 1)),
-                        child: Mutex::new(None),
-                    })
-                    .collect(),
-                dir,
-            };
-            match ensemble.launch_all() {
-                Ok(()) => return Ok(ensemble),
-                // A port grabbed by someone else between probing and binding: new ports.
-                Err(e) => {
-                    ensemble.kill_all();
-                    last = Some(e);
-                }
+            // A port grabbed by someone else between probing and binding: new ports.
+            match Self::try_start(&java, &classpath, nodes) {
+                Ok(ensemble) => return Ok(ensemble),
+                Err(e) => last = Some(e),
             }
         }
         Err(last.unwrap_or_else(|| Error::Start {
             what: "ZooKeeper ensemble".into(),
             detail: "no start attempt was made".into(),
         }))
+    }
+
+    fn try_start(java: &Path, classpath: &str, n: usize) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("dlock-zk").tempdir()?;
+        let ports = free_ports(n * 3)?;
+        let servers: String = (0..n)
+            .map(|i| {
+                let (quorum, election) = (ports[i * 3 + 1], ports[i * 3 + 2]);
+                format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1)
+            })
+            .collect();
+        let mut nodes = Vec::with_capacity(n);
+        for i in 0..n {
+            let node_dir = dir.path().join(format!("node{}", i + 1));
+            std::fs::create_dir_all(node_dir.join("data"))?;
+            std::fs::write(node_dir.join("data").join("myid"), format!("{}\n", i + 1))?;
+            let client_port = ports[i * 3];
+            std::fs::write(
+                node_dir.join("zoo.cfg"),
+                config(&node_dir, client_port, &servers),
+            )?;
+            let spec = node_spec(java, classpath, i + 1);
+            nodes.push(Node {
+                client_port,
+                process: ServerProcess::start_at(spec, &node_dir, client_port)?,
+            });
+        }
+        let ensemble = ZkEnsemble { nodes, dir };
+        ensemble.wait_ready(READY_TIMEOUT)?;
+        Ok(ensemble)
     }
 
     /// A process-wide three-node ensemble, started on first use and shared by every test of
@@ -210,15 +209,12 @@ impl ZkEnsemble {
 
     /// OS pid of node `i`, or `None` once killed.
     pub fn pid(&self, i: usize) -> Option<u32> {
-        self.nodes.get(i)?.child().as_ref().map(Child::id)
+        self.nodes.get(i)?.process.pid()
     }
 
     /// Whether node `i` runs (a paused node counts as running).
     pub fn is_running(&self, i: usize) -> bool {
-        match self.nodes.get(i) {
-            Some(n) => matches!(n.child().as_mut().map(Child::try_wait), Some(Ok(None))),
-            None => false,
-        }
+        self.nodes.get(i).is_some_and(|n| n.process.is_running())
     }
 
     /// Sends a four-letter-word command (`srvr`, `ruok`, `mntr`, …) to node `i` and returns
@@ -250,7 +246,7 @@ impl ZkEnsemble {
             let mut leader = None;
             let mut all = true;
             for (i, node) in self.nodes.iter().enumerate() {
-                if !self.is_running(i) || proc_state(node).is_some_and(|s| s == 'T') {
+                if !self.is_running(i) || node.process.is_paused() {
                     continue;
                 }
                 match self.mode(i).as_deref() {
@@ -263,22 +259,19 @@ impl ZkEnsemble {
                 return Ok(l);
             }
             for (i, node) in self.nodes.iter().enumerate() {
-                let mut child = node.child();
-                if let Some(Ok(Some(status))) = child.as_mut().map(Child::try_wait) {
-                    *child = None;
+                if node.process.pid().is_some() && !node.process.is_running() {
+                    let detail = format!("node {i} exited{}", node.process.log_tail());
+                    node.process.kill();
                     return Err(Error::Start {
-                        what: describe(node),
-                        detail: format!(
-                            "node {i} exited ({status}){}",
-                            log_tail(&node.dir.join("server.log"), LOG_TAIL_LINES)
-                        ),
+                        what: node.process.describe(),
+                        detail,
                     });
                 }
             }
             if Instant::now() >= deadline {
                 let mut detail = format!("no serving quorum after {timeout:?}");
                 for node in &self.nodes {
-                    detail.push_str(&log_tail(&node.dir.join("server.log"), LOG_TAIL_LINES));
+                    detail.push_str(&node.process.log_tail());
                 }
                 return Err(Error::Start {
                     what: "ZooKeeper ensemble".into(),
@@ -292,34 +285,28 @@ impl ZkEnsemble {
     /// Kills node `i` with `SIGKILL` and reaps it. Idempotent; works on a paused node.
     pub fn kill(&mut self, i: usize) {
         if let Some(node) = self.nodes.get(i) {
-            if let Some(child) = node.child().take() {
-                kill_and_reap(child);
-            }
+            node.process.kill();
         }
     }
 
-    /// Freezes node `i` with `SIGSTOP` (its sockets stay open, nothing is answered).
+    /// Freezes node `i` with `SIGSTOP` (its sockets stay open, nothing is answered),
+    /// returning once it is stopped.
     pub fn pause(&mut self, i: usize) {
         if let Some(node) = self.nodes.get(i) {
-            if signal(node, libc::SIGSTOP) {
-                wait_state(node, |s| s == 'T');
-            }
+            node.process.pause();
         }
     }
 
     /// Resumes a [paused](Self::pause) node with `SIGCONT`.
     pub fn resume(&mut self, i: usize) {
         if let Some(node) = self.nodes.get(i) {
-            if signal(node, libc::SIGCONT) {
-                wait_state(node, |s| s != 'T');
-            }
+            node.process.resume();
         }
     }
 
     /// Kills node `i` if it runs and starts it again on the same ports with the **same data**
     /// (a crash and restart of one server), then waits until the ensemble serves again.
     pub fn restart(&mut self, i: usize) -> Result<()> {
-        self.kill(i);
         let node = self.nodes.get(i).ok_or_else(|| no_such_node(i))?;
         // A port may linger briefly in the kernel: a node that exits at once is started again.
         let mut last = None;
@@ -327,7 +314,7 @@ impl ZkEnsemble {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis(200));
             }
-            self.launch(node)?;
+            node.process.restart()?;
             match self.wait_ready(READY_TIMEOUT) {
                 Ok(_) => return Ok(()),
                 Err(e) if !self.is_running(i) => last = Some(e),
@@ -337,51 +324,42 @@ impl ZkEnsemble {
         Err(last.unwrap_or_else(|| no_such_node(i)))
     }
 
-    fn launch_all(&mut self) -> Result<()> {
+    /// Kills every node and removes the temp dir, through `&self` (for the shared ensemble).
+    fn shutdown(&self) {
         for node in &self.nodes {
-            std::fs::create_dir_all(node.dir.join("data"))?;
-            std::fs::write(node.dir.join("data").join("myid"), format!("{}\n", node.id))?;
-            std::fs::write(node.dir.join("zoo.cfg"), self.config(node))?;
+            node.process.kill();
         }
-        for node in &self.nodes {
-            self.launch(node)?;
-        }
-        self.wait_ready(READY_TIMEOUT).map(|_| ())
+        let _ = std::fs::remove_dir_all(self.dir.path());
     }
+}
 
-    fn config(&self, node: &Node) -> String {
-        let mut cfg = format!(
-            "tickTime={ZOOKEEPER_TICK_MS}\n\
-             initLimit=25\n\
-             syncLimit=10\n\
-             dataDir={data}\n\
-             clientPort={port}\n\
-             clientPortAddress=127.0.0.1\n\
-             maxSessionTimeout=60000\n\
-             maxClientCnxns=0\n\
-             admin.enableServer=false\n\
-             4lw.commands.whitelist=*\n\
-             forceSync=no\n\
-             preAllocSize=1024\n\
-             cnxTimeout=1000\n\
-             electionPortBindRetry=20\n\
-             standaloneEnabled=false\n",
-            data = node.dir.join("data").display(),
-            port = node.client_port,
-        );
-        for n in &self.nodes {
-            cfg.push_str(&format!(
-                "server.{}=127.0.0.1:{}:{}\n",
-                n.id, n.quorum_port, n.election_port
-            ));
-        }
-        cfg
-    }
+fn config(dir: &Path, client_port: u16, servers: &str) -> String {
+    format!(
+        "tickTime={ZOOKEEPER_TICK_MS}\n\
+         initLimit=25\n\
+         syncLimit=10\n\
+         dataDir={data}\n\
+         clientPort={client_port}\n\
+         clientPortAddress=127.0.0.1\n\
+         maxSessionTimeout=60000\n\
+         maxClientCnxns=0\n\
+         admin.enableServer=false\n\
+         4lw.commands.whitelist=*\n\
+         forceSync=no\n\
+         preAllocSize=1024\n\
+         cnxTimeout=1000\n\
+         electionPortBindRetry=20\n\
+         standaloneEnabled=false\n\
+         {servers}",
+        data = dir.join("data").display(),
+    )
+}
 
-    fn launch(&self, node: &Node) -> Result<()> {
-        let log = File::create(node.dir.join("server.log"))?;
-        let log2 = log.try_clone()?;
-        let mut cmd = Command::new(&self.java);
+/// Node `id` (1-based `myid`): a JVM running `QuorumPeerMain DIR/zoo.cfg` in the foreground.
+fn node_spec(java: &Path, classpath: &str, id: usize) -> ServerSpec {
+    let (java, classpath) = (java.to_path_buf(), classpath.to_string());
+    ServerSpec::new(format!("ZooKeeper node {id}"), PACKAGE, move |dir, _port| {
+        let mut cmd = Command::new(&java);
         cmd.args([
             "-Xmx128m",
             "-Xss512k",
@@ -394,48 +372,14 @@ impl ZkEnsemble {
             "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
         ])
         .arg("-cp")
-        .arg(&self.classpath)
+        .arg(&classpath)
         .arg(MAIN_CLASS)
-        .arg(node.dir.join("zoo.cfg"))
-        .current_dir(&node.dir)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2);
-        let child = match spawn::spawn(cmd) {
-            Ok(c) => c,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(Error::BinaryMissing {
-                    binary: self.java.display().to_string(),
-                    package: PACKAGE.into(),
-                })
-            }
-            Err(e) => return Err(Error::Io(e)),
-        };
-        *node.child() = Some(child);
-        Ok(())
-    }
-
-    fn kill_all(&mut self) {
-        for i in 0..self.nodes.len() {
-            self.kill(i);
-        }
-    }
-
-    /// Kills every node and removes the temp dir, through `&self` (for the shared ensemble).
-    fn shutdown(&self) {
-        for node in &self.nodes {
-            if let Some(child) = node.child().take() {
-                kill_and_reap(child);
-            }
-        }
-        let _ = std::fs::remove_dir_all(self.dir.path());
-    }
-}
-
-impl Drop for ZkEnsemble {
-    fn drop(&mut self) {
-        self.kill_all();
-    }
+        .arg(dir.join("zoo.cfg"));
+        cmd
+    })
+    .output("server.log")
+    // Readiness is the ensemble's (a leader, every node serving): see `wait_ready`.
+    .attempts(1, 5, Duration::from_millis(200))
 }
 
 fn no_such_node(i: usize) -> Error {
@@ -443,13 +387,6 @@ fn no_such_node(i: usize) -> Error {
         io::ErrorKind::InvalidInput,
         format!("no ZooKeeper node {i} in this ensemble"),
     ))
-}
-
-fn describe(node: &Node) -> String {
-    format!(
-        "ZooKeeper node {} on 127.0.0.1:{}",
-        node.id, node.client_port
-    )
 }
 
 /// `n` distinct free loopback ports (all bound at once, then released).
@@ -499,38 +436,6 @@ fn four_letter(addr: SocketAddr, cmd: &str) -> Result<String> {
     let mut out = String::new();
     s.read_to_string(&mut out)?;
     Ok(out)
-}
-
-fn signal(node: &Node, sig: libc::c_int) -> bool {
-    let mut child = node.child();
-    let Some(c) = child.as_mut() else {
-        return false;
-    };
-    if !matches!(c.try_wait(), Ok(None)) {
-        return false;
-    }
-    let Ok(pid) = libc::pid_t::try_from(c.id()) else {
-        return false;
-    };
-    // SAFETY: plain syscall; the child is not reaped, so the pid is still ours.
-    unsafe {
-        libc::kill(pid, sig);
-    }
-    true
-}
-
-fn proc_state(node: &Node) -> Option<char> {
-    spawn::proc_state(node.child().as_ref()?.id())
-}
-
-fn wait_state(node: &Node, ok: impl Fn(char) -> bool) {
-    let deadline = Instant::now() + Duration::from_millis(500);
-    while let Some(s) = proc_state(node) {
-        if ok(s) || Instant::now() >= deadline {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 #[cfg(test)]
