@@ -1,35 +1,4 @@
-//! Redis backend for dlock.
-//!
-//! One lock is a few Redis names, all with the lock name as hash tag so they share one
-//! Cluster slot. Every grant is stored under the id of the acquisition attempt that won it,
-//! with its fencing token and owner, so that renewals, releases, give-ups and handoff messages
-//! name one grant and a retried request has the effect of one (re-entry is counted in the
-//! client, never on the server):
-//!
-//! | name | type | what |
-//! |---|---|---|
-//! | `NS:{NAME}` | hash `{attempt, token, owner}`, PEXPIRE = lease | the mutex's one grant; exists only while held |
-//! | `NS:{NAME}:fence` | integer, no expiry | last fencing token issued (seeded from the server clock in µs when missing) |
-//! | `NS:{NAME}:queue` | zset `attempt → arrival ms` | waiting attempts, oldest first |
-//! | `NS:{NAME}:waiters` | hash `attempt → "expiry_ms:lease_ms:OWNER"` | each waiter's liveness and lease |
-//! | `NS:{NAME}:released` | pub/sub channel | `h TOKEN ATTEMPT` (handed over) or `r` (released) |
-//!
-//! Read-write locks (`:rw*`) and semaphores (`:sem*`) use the same layout with their own
-//! names, plus a zset of per-grant expiries; see `docs/redis-lock.md`.
-//!
-//! Acquire, release and renew are each one EVALSHA (one round trip); the watchdog renews all of
-//! a client's locks in one pipelined round trip per tick. A waiter queues itself, subscribes to
-//! the channel and sleeps; a release hands the lock straight to the oldest live waiter and
-//! tells only that attempt, so the new holder starts without a round trip of its own and the
-//! other waiters are not woken (no herd). See `docs/redis-lock.md` for the safety argument.
-//!
-//! URL: `redis://[user:password@]host:port[/db][?namespace=NS&wait_replicas=N&wait_timeout=DUR]`.
-//! `rediss://` needs the `tls` cargo feature. `wait_replicas` makes every grant — handoffs
-//! included — wait for N replicas to confirm it (Redis `WAIT`), for deployments behind
-//! Sentinel where an unreplicated lock would vanish on failover; a grant not confirmed in time
-//! is given back and reported as an error.
-//!
-//! The `quorum_*` methods are the single-node steps of Redlock (`distlock-redlock`).
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 mod error;
@@ -180,6 +149,17 @@ pub fn redact(url: &str) -> String {
 
 impl RedisBackend {
     /// Connects to the Redis server at `url`, checks credentials and loads the scripts.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a URL this backend does not accept (the password is
+    /// redacted in the message); [`Error::InvalidArgument`] for a `wait_timeout` not below the
+    /// operation timeout; [`Error::Auth`] if the server refuses the credentials or the ACL user
+    /// lacks a command; [`Error::Connection`] if the server cannot be reached within the
+    /// connect timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops the half-made connection and leaves nothing
+    /// behind on the server (scripts loaded are harmless).
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         let (driver_url, endpoint, extras) = parse_url(url)?;
         if let Some((_, wait)) = extras.wait_replicas {
@@ -340,11 +320,21 @@ impl RedisBackend {
 
     /// Number of release channels this client is subscribed to right now. A channel is
     /// subscribed only while a caller of this client waits on that lock.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads this client's state.
     pub async fn subscribed_channels(&self) -> usize {
         self.subscriber.subscribed().await
     }
 
     /// A round trip to the server (PING), for benchmarks that compare against it.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: PING changes nothing.
     pub async fn ping(&self) -> Result<()> {
         let mut con = self.con.clone();
         redis::cmd("PING")

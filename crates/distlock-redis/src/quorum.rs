@@ -80,6 +80,7 @@ impl QuorumScripts {
 
 /// One node's answer to [`RedisBackend::quorum_acquire`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum QuorumReply {
     /// The node's epoch is not the one the caller knows: it lost its data or was re-seeded
     /// since the caller looked. Nothing was changed; the vote must not count.
@@ -109,6 +110,7 @@ pub enum QuorumReply {
 /// [`QuorumReply`], the node's restart quarantine, and whether the node had forgotten the
 /// scripts (`NOSCRIPT`: it restarted, or someone ran `SCRIPT FLUSH`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QuorumVote {
     /// The node's answer.
     pub reply: QuorumReply,
@@ -121,6 +123,7 @@ pub struct QuorumVote {
 
 /// One node's hold of a Redlock lock, as [`RedisBackend::quorum_hold`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NodeHold {
     /// The attempt id the hold is addressed to (empty: not a hash of ours).
     pub attempt: String,
@@ -132,8 +135,26 @@ pub struct NodeHold {
     pub lease_left: Option<Duration>,
 }
 
+impl NodeHold {
+    /// A hold as a node stores it (for tests and tools that merge nodes' views).
+    pub fn new(
+        attempt: &str,
+        owner: &str,
+        token: Option<u64>,
+        lease_left: Option<Duration>,
+    ) -> Self {
+        NodeHold {
+            attempt: attempt.to_owned(),
+            owner: owner.to_owned(),
+            token,
+            lease_left,
+        }
+    }
+}
+
 /// What `INFO server` says about the process behind a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ServerInfo {
     /// Changes on every start of the server process.
     pub run_id: String,
@@ -261,6 +282,16 @@ impl RedisBackend {
     /// already" (the same hold, lease made to run at least `lease` from now), or "held by
     /// another attempt". Never queues the caller. Every answer carries the node's fencing
     /// counter and its restart quarantine.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::Unsupported`] for a lock kind other than the
+    /// mutex; [`Error::UnexpectedReply`] if the lock's keys hold data of another shape.
+    ///
+    /// # Cancel safety
+    /// A vote dropped after it was sent may still run on the node and grant the hold; it is
+    /// addressed to `attempt`, so [`RedisBackend::quorum_release`] of that attempt (with no token)
+    /// removes it, and a retry of the same attempt returns the same hold.
     pub async fn quorum_acquire(
         &self,
         key: &HoldKey,
@@ -317,6 +348,14 @@ impl RedisBackend {
     /// with the hold of `attempt` — only where that attempt still holds the lock. Returns the
     /// counter afterwards (`>= token`), or `None` if the attempt does not hold the lock here
     /// (nothing changed).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
+    ///
+    /// # Cancel safety
+    /// Dropping it may leave the counter raised or not; it only ever raises, so calling it
+    /// again has the effect of one call.
     pub async fn raise_fence(
         &self,
         name: &str,
@@ -348,6 +387,14 @@ impl RedisBackend {
     /// of a failed attempt). `Ok(Released)` if it was held here, `Ok(Expired)` if nothing is,
     /// `Ok(TakenByOther)` if another attempt holds it; `Err(stored)` if this attempt holds it
     /// here with another token (nothing changed).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
+    ///
+    /// # Cancel safety
+    /// Dropping it may leave the hold removed or not; calling it again has the effect of one
+    /// call (it touches only `attempt`'s hold).
     pub async fn quorum_release(
         &self,
         name: &str,
@@ -386,6 +433,15 @@ impl RedisBackend {
     /// duration from now, never shortening it (one pipelined round trip). Per grant:
     /// `Ok(Renewed)`, `Ok(NotHeld)` if its attempt does not hold the lock here, or
     /// `Err(stored)` if its attempt holds it here with another token (nothing changed).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::Unsupported`] for a lock kind other than the
+    /// mutex; [`Error::UnexpectedReply`] for a reply of another shape.
+    ///
+    /// # Cancel safety
+    /// Dropping it may leave some leases extended; a renewal never shortens a lease, so
+    /// calling it again has the effect of one call.
     pub async fn quorum_renew(
         &self,
         holds: &[(GrantRef, Duration)],
@@ -482,6 +538,13 @@ impl RedisBackend {
     }
 
     /// This node's fencing counter of `name` (0 if none was ever issued).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] if the counter is not a number.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn read_fence(&self, name: &str) -> Result<u64> {
         let mut con = self.con.clone();
         let v: Option<String> = redis::cmd("GET")
@@ -494,6 +557,14 @@ impl RedisBackend {
 
     /// The server's run id, uptime and clock, and the node epoch if it exists, in one round
     /// trip.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] if `INFO server` or `TIME` is
+    /// not as expected.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn node_epoch(&self) -> Result<(ServerInfo, Option<String>)> {
         let mut con = self.con.clone();
         let (text, epoch, (secs, micros)): (String, Option<String>, (String, String)) =
@@ -513,6 +584,13 @@ impl RedisBackend {
 
     /// How much longer the longest lease granted or renewed on this node may still run
     /// (`None`: none may).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn lease_horizon(&self) -> Result<Option<Duration>> {
         let mut con = self.con.clone();
         let pttl: i64 = redis::cmd("PTTL")
@@ -528,6 +606,14 @@ impl RedisBackend {
     /// has run id `run_id` (so counters seeded into an earlier process are not vouched for).
     /// Returns `Ok((epoch, server time in ms))` with the epoch now in place (ours or an earlier
     /// one), or `Err(run_id)` with the run id the server has now.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
+    ///
+    /// # Cancel safety
+    /// Dropping it may leave the epoch created; calling it again returns the epoch in place
+    /// (an existing epoch is never replaced).
     pub async fn create_epoch(
         &self,
         prefix: &str,
@@ -567,6 +653,14 @@ impl RedisBackend {
 
     /// Deletes the node epoch if it still has `value` (its process restarted since it was
     /// created, so its counters must be seeded again).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it.
+    ///
+    /// # Cancel safety
+    /// Dropping it may leave the epoch deleted or not; calling it again has the effect of
+    /// one call (it deletes only the epoch with `value`).
     pub async fn drop_epoch(&self, value: &str) -> Result<()> {
         let ek = self.epoch_key();
         self.run_quorum(&quorum_scripts().epoch, &[&ek], &["drop", value, "", "0"])
@@ -576,6 +670,13 @@ impl RedisBackend {
 
     /// Every fencing counter of this namespace on this node: `(lock name, counter)`. One SCAN
     /// over the keyspace; counters that do not hold a number are skipped.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads (SCAN).
     pub async fn fence_counters(&self) -> Result<Vec<(String, u64)>> {
         let prefix = format!("{}:{{", self.namespace);
         let suffix = "}:fence";
@@ -615,6 +716,14 @@ impl RedisBackend {
 
     /// Raises this node's fencing counters to at least the given values (never lowers one).
     /// Returns how many were raised.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
+    ///
+    /// # Cancel safety
+    /// Dropping it may leave some batches seeded; seeding only ever raises a counter, so
+    /// calling it again has the effect of one call.
     pub async fn seed_fences(&self, counters: &[(String, u64)]) -> Result<u64> {
         let mut raised = 0;
         for batch in counters.chunks(SEED_BATCH) {

@@ -4,8 +4,8 @@
 //! replica confirmation of handoffs.
 
 use distlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockKind,
-    LostSignal, ReleaseOutcome,
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockGuard,
+    LockKind, LostSignal, ReleaseOutcome,
 };
 use distlock_redis::RedisBackend;
 use distlock_testkit::conformance::{
@@ -27,6 +27,15 @@ fn long_opts() -> ClientOptions {
     fast_opts().watchdog_lease(Duration::from_secs(20))
 }
 
+/// Two clients with long leases (a holder and a waiter) and a fast one that watches.
+async fn trio(server: &RedisServer) -> [Client; 3] {
+    let url = server.url();
+    let (h, _) = client_for(&url, long_opts()).await;
+    let (w, _) = client_for(&url, long_opts()).await;
+    let (r, _) = client_for(&url, fast_opts()).await;
+    [h, w, r]
+}
+
 /// A reply delay past the operation timeout of `fast_opts` (500 ms): the core gives the request
 /// up and retries it while it has already executed on the server.
 const LATE: Duration = Duration::from_millis(800);
@@ -35,7 +44,7 @@ fn proxied(proxy: &DelayProxy) -> String {
     format!("redis://127.0.0.1:{}", proxy.port())
 }
 
-async fn try_lock(c: &Client, name: &str) -> Option<distlock_core::LockGuard> {
+async fn try_lock(c: &Client, name: &str) -> Option<LockGuard> {
     c.lock(name)
         .expect("lock")
         .try_acquire()
@@ -43,8 +52,32 @@ async fn try_lock(c: &Client, name: &str) -> Option<distlock_core::LockGuard> {
         .expect("try_acquire")
 }
 
+async fn acquired(c: &Client, name: &str) -> LockGuard {
+    c.lock(name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire")
+}
+
+/// Releases `g`, the last guard of its hold.
+async fn released(g: LockGuard) {
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// Releases `g`, one of two guards of its hold.
+async fn still_held(g: LockGuard) {
+    assert!(matches!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::StillHeld { remaining: 1 }
+    ));
+}
+
 /// For `period`, nobody else gets `name` and `g` is not lost.
-async fn excluded(other: &Client, name: &str, g: &distlock_core::LockGuard, period: Duration) {
+async fn excluded(other: &Client, name: &str, g: &LockGuard, period: Duration) {
     let t = Instant::now();
     while t.elapsed() < period {
         if let Some(intruder) = try_lock(other, name).await {
@@ -62,7 +95,7 @@ async fn excluded(other: &Client, name: &str, g: &distlock_core::LockGuard, peri
 }
 
 /// Polls until another owner takes `name` (no leaked grant keeps it held).
-async fn comes_free(other: &Client, name: &str) -> distlock_core::LockGuard {
+async fn comes_free(other: &Client, name: &str) -> LockGuard {
     let t = Instant::now();
     loop {
         if let Some(g) = try_lock(other, name).await {
@@ -89,19 +122,14 @@ async fn late_release_never_frees_the_same_owners_next_grant() {
     let (q, _) = client_for(&server.url(), long_opts()).await;
     let (r, _) = client_for(&server.url(), fast_opts()).await;
     let name = unique_name("sameowner");
-    let gp = p
-        .lock(&name)
-        .expect("lock")
-        .with_owner("shared")
-        .expect("owner")
-        .acquire()
-        .await
-        .expect("acquire");
-    let lq = q
-        .lock(&name)
-        .expect("lock")
-        .with_owner("shared")
-        .expect("owner");
+    let shared = |c: &Client| {
+        c.lock(&name)
+            .expect("lock")
+            .with_owner("shared")
+            .expect("owner")
+    };
+    let gp = shared(&p).acquire().await.expect("acquire");
+    let lq = shared(&q);
     let waiter = tokio::spawn(async move { lq.acquire_timeout(Duration::from_secs(15)).await });
     wait_for_waiters(&r, &name, LockKind::Mutex, 1).await;
     proxy.set_reply_delay(LATE);
@@ -117,10 +145,7 @@ async fn late_release_never_frees_the_same_owners_next_grant() {
         .command(&["HGET", &format!("dlock:{{{name}}}"), "token"])
         .expect("hget");
     assert_eq!(token, gq.fencing_token().to_string());
-    assert_eq!(
-        gq.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(gq).await;
     drop(comes_free(&r, &name).await);
 }
 
@@ -157,10 +182,7 @@ async fn retried_try_acquire_is_one_grant() {
         g.fencing_token(),
         "a second token: {info:?}"
     );
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     assert!(
         try_lock(&r, &name).await.is_some(),
         "one release did not free a retried try_acquire"
@@ -180,12 +202,7 @@ async fn short_extend_never_shortens() {
     .await;
     let (b, _) = client_for(&server.url(), fast_opts()).await;
     let name = unique_name("shortext");
-    let g = a
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&a, &name).await;
     g.extend(Duration::from_millis(100)).await.expect("extend");
     excluded(&b, &name, &g, Duration::from_millis(600)).await;
     let pttl: i64 = server
@@ -194,10 +211,7 @@ async fn short_extend_never_shortens() {
         .parse()
         .expect("number");
     assert!(pttl > 1000, "lease shortened to {pttl} ms");
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
 }
 
 /// Issue 11 #3: a fixed-lease guard and a watchdog guard of one hold, dropped in both orders.
@@ -225,15 +239,9 @@ async fn fixed_and_watchdog_guards_of_one_hold() {
         // Drop the guard that came second; the first must still exclude everyone for longer
         // than the watchdog lease (1 s) — the fixed one by its lease, the watchdog one by
         // renewals.
-        assert!(matches!(
-            second.release().await.expect("release"),
-            ReleaseOutcome::StillHeld { remaining: 1 }
-        ));
+        still_held(second).await;
         excluded(&b, &name, &first, Duration::from_millis(1500)).await;
-        assert_eq!(
-            first.release().await.expect("release"),
-            ReleaseOutcome::Released
-        );
+        released(first).await;
         drop(comes_free(&b, &name).await);
     }
 }
@@ -244,16 +252,9 @@ async fn fixed_and_watchdog_guards_of_one_hold() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sibling_waiters_of_one_owner() {
     let server = RedisServer::start().expect("redis");
-    let (h, _) = client_for(&server.url(), long_opts()).await;
-    let (c, _) = client_for(&server.url(), long_opts()).await;
-    let (r, _) = client_for(&server.url(), fast_opts()).await;
+    let [h, c, r] = trio(&server).await;
     let name = unique_name("siblings");
-    let g = h
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&h, &name).await;
     let lock = c.lock(&name).expect("lock");
     let mut waiters = Vec::new();
     for i in 0..2 {
@@ -263,10 +264,7 @@ async fn sibling_waiters_of_one_owner() {
         }));
         wait_for_waiters(&r, &name, LockKind::Mutex, i + 1).await;
     }
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     let mut guards = Vec::new();
     for w in waiters {
         guards.push(w.await.expect("join").expect("acquired"));
@@ -285,20 +283,9 @@ async fn sibling_waiters_of_one_owner() {
     )
     .await;
     let last = guards.pop().expect("guard");
-    assert!(matches!(
-        guards
-            .pop()
-            .expect("guard")
-            .release()
-            .await
-            .expect("release"),
-        ReleaseOutcome::StillHeld { remaining: 1 }
-    ));
+    still_held(guards.pop().expect("guard")).await;
     excluded(&r, &name, &last, Duration::from_millis(300)).await;
-    assert_eq!(
-        last.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(last).await;
     drop(comes_free(&r, &name).await);
 }
 
@@ -308,9 +295,7 @@ async fn sibling_waiters_of_one_owner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rw_read_grant_does_not_wake_the_handles_writer() {
     let server = RedisServer::start().expect("redis");
-    let (x, _) = client_for(&server.url(), long_opts()).await;
-    let (c, _) = client_for(&server.url(), long_opts()).await;
-    let (r, _) = client_for(&server.url(), fast_opts()).await;
+    let [x, c, r] = trio(&server).await;
     let name = unique_name("rwhandle");
     let w0 = x
         .rw_lock(&name)
@@ -328,10 +313,7 @@ async fn rw_read_grant_does_not_wake_the_handles_writer() {
     let writer =
         tokio::spawn(async move { write_lock.acquire_timeout(Duration::from_secs(15)).await });
     wait_for_waiters(&r, &name, LockKind::Write, 2).await;
-    assert_eq!(
-        w0.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(w0).await;
     let rg = reader.await.expect("join").expect("read");
     let read_token = rg.fencing_token();
     // The writer waits for the read grant of its own handle to go.
@@ -346,10 +328,7 @@ async fn rw_read_grant_does_not_wake_the_handles_writer() {
         .expect("inspect");
     assert_eq!(info.holders.len(), 1, "{info:?}");
     assert_eq!(info.holders[0].side, Some(LockKind::Read), "{info:?}");
-    assert_eq!(
-        rg.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(rg).await;
     let wg = writer.await.expect("join").expect("write after the read");
     let info = r
         .inspect_kind(&name, LockKind::Write)
@@ -358,10 +337,7 @@ async fn rw_read_grant_does_not_wake_the_handles_writer() {
     assert_eq!(info.holders.len(), 1, "{info:?}");
     assert_eq!(info.holders[0].side, Some(LockKind::Write), "{info:?}");
     assert!(wg.fencing_token() > read_token);
-    assert_eq!(
-        wg.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(wg).await;
 }
 
 /// Issue 11 #7: a request for more permits than the server's count is refused, naming both
@@ -407,15 +383,9 @@ async fn semaphore_limits_and_head_of_line() {
         sem.try_acquire(1).await.expect("try").is_none(),
         "a big request was starved past its patience"
     );
-    assert_eq!(
-        two.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(two).await;
     let g3 = big_wait.await.expect("join").expect("three permits");
-    assert_eq!(
-        g3.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g3).await;
 
     // The count lowered below a queued request: it is refused (woken, not left waiting), and a
     // request behind it that fits is served.
@@ -437,18 +407,12 @@ async fn semaphore_limits_and_head_of_line() {
     assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains('2') && msg.contains('3'), "{msg}");
-    assert_eq!(
-        all.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(all).await;
     let s = small_wait
         .await
         .expect("join")
         .expect("the small request behind it");
-    assert_eq!(
-        s.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(s).await;
     // A fresh request above the server's count is refused at once, naming both counts.
     let err = sem
         .try_acquire(3)
@@ -592,12 +556,7 @@ async fn wait_replicas_confirms_handoffs() {
     let (waiter, _) = client_for(&url, opts).await;
     let (plain, _) = client_for(&master.url(), fast_opts()).await;
     let name = unique_name("replhand");
-    let g = holder
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&holder, &name).await;
     let lock = waiter.lock(&name).expect("lock");
     let owner = lock.owner().to_owned();
     let w = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
@@ -618,12 +577,7 @@ async fn wait_replicas_confirms_handoffs() {
     let (holder, _) = client_for(&short, long_opts()).await;
     let (waiter, _) = client_for(&short, long_opts()).await;
     let name = unique_name("replhand2");
-    let g = holder
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&holder, &name).await;
     let lock = waiter.lock(&name).expect("lock");
     let w = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
     wait_for_waiters(&plain, &name, LockKind::Mutex, 1).await;

@@ -353,11 +353,8 @@ mod tests {
     #[test]
     fn merged_inspect() {
         let node = |hold: Option<(&str, &str, u64)>, fence| -> NodeView {
-            let hold = hold.map(|(a, o, ms)| NodeHold {
-                attempt: a.into(),
-                owner: o.into(),
-                token: Some(fence),
-                lease_left: Some(Duration::from_millis(ms)),
+            let hold = hold.map(|(a, o, ms)| {
+                NodeHold::new(a, o, Some(fence), Some(Duration::from_millis(ms)))
             });
             (hold, fence)
         };

@@ -1,43 +1,4 @@
-//! Redlock backend for dlock: one lock over N independent Redis masters.
-//!
-//! URL: `redlock://[user:password@]host1:port1,host2:port2,host3:port3[/db][?namespace=NS&node_timeout=DUR&quarantine=DUR&check_interval=DUR]`
-//! (at least 3 nodes; an odd number such as 3 or 5 is best; the credentials apply to every
-//! node). `redlocks://` reaches the nodes with TLS (`rediss://`, distlock-redis's `tls` feature).
-//!
-//! - `node_timeout` (default 50 ms, at most a tenth of the watchdog lease by default): how long
-//!   one node may take to answer one request. A node that does not answer in time does not
-//!   count; it never delays a grant by more than this.
-//! - `quarantine` (default: the longest lease in use — the watchdog lease, or a longer fixed
-//!   lease this client has asked for): how long a node that restarted or lost its data stays
-//!   out of every majority when this client is the one that seeds it. The quarantine is stored
-//!   on the node (an end time by the node's clock) and every client honours it; the seeder
-//!   also lengthens it to the longest lease the other nodes saw in use (their lease horizon).
-//! - `check_interval` (default 500 ms): how often each node's process and data are checked.
-//!
-//! Each node is a [`distlock_redis::RedisBackend`] (its own connection, scripts and subscriber).
-//! A lock is granted when a majority of nodes granted it within the node timeout and the
-//! grant's validity (`lease − time spent − drift`, drift = lease/100 + 2 ms) is positive — the
-//! same rule by which the core measures its local lease from the attempt's send time. The
-//! fencing token is chosen from a majority's counters and raised on a majority before it is
-//! handed out, so tokens keep strictly increasing even when nodes restart without their data.
-//! Every per-node hold is addressed by the attempt id that won it: a retried vote returns the
-//! same grant, a retried release or renewal has the effect of one, and nothing touches another
-//! attempt's hold (re-entry is counted by the core, in the client).
-//! Only the mutex is supported (read-write locks, fair locks and semaphores return
-//! [`Error::Unsupported`]). The design and the safety argument are in `docs/redlock.md`.
-//!
-//! ```no_run
-//! # async fn f() -> distlock_core::Result<()> {
-//! use std::sync::Arc;
-//! let opts = distlock_core::ClientOptions::default();
-//! let backend = distlock_redlock::RedlockBackend::connect(
-//!     "redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379", &opts).await?;
-//! let client = distlock_core::Client::new(Arc::new(backend), opts)?;
-//! let guard = client.lock("orders:42")?.acquire().await?;
-//! println!("token {}", guard.fencing_token());
-//! guard.release().await?;
-//! # Ok(()) }
-//! ```
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 mod acquire;
@@ -92,6 +53,17 @@ impl RedlockBackend {
     /// Connects to every node of `url` in parallel, checks them, and starts a background check
     /// per node. Fails if fewer than a majority of nodes can be reached, or if any node refuses
     /// the credentials.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a URL this backend does not accept (the password is redacted
+    /// in the message), or one a node refuses; [`Error::Auth`] if any node refuses the
+    /// credentials; [`Error::Connection`] if fewer than a majority of nodes can be reached
+    /// within the connect timeout (the message names each node's problem).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops the connections made so far, and the node checks
+    /// start only once it returns. A node it was seeding keeps what was written: raised
+    /// counters only raise, and a node epoch is written last, once its counters are complete.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         opts.validate()?;
         let cfg = config::parse(url, opts)?;

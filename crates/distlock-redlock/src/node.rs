@@ -69,6 +69,7 @@ pub(crate) struct View {
 
 /// What a caller can learn about a node (for tests, tools and messages).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NodeStatus {
     /// `host:port`.
     pub endpoint: String,

@@ -394,12 +394,12 @@ mod tests {
     use super::*;
 
     fn hold(attempt: &str, owner: &str, token: u64, ms: u64) -> Option<NodeHold> {
-        Some(NodeHold {
-            attempt: attempt.into(),
-            owner: owner.into(),
-            token: Some(token),
-            lease_left: Some(Duration::from_millis(ms)),
-        })
+        Some(NodeHold::new(
+            attempt,
+            owner,
+            Some(token),
+            Some(Duration::from_millis(ms)),
+        ))
     }
 
     #[test]

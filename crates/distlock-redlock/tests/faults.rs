@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_increasing, opts, wait_counting, wait_recounted, Cluster};
+use common::{acquired, assert_increasing, opts, wait_counting, wait_recounted, Cluster};
 use distlock_core::{Client, LostReason, ReleaseOutcome};
 use distlock_redlock::RedlockBackend;
 use distlock_testkit::{DelayProxy, RedisOptions, RedisServer};
@@ -74,12 +74,7 @@ async fn two_of_five_down_still_grants_and_excludes() {
     let p = "quarantine=500ms";
     let a = c.client(p, opts(1000)).await;
     let b = c.client(p, opts(1000)).await;
-    let held = a
-        .lock("kept")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let held = acquired(&a, "kept").await;
     c.servers[0].kill();
     c.servers[3].kill();
     let killed = Instant::now();
@@ -112,12 +107,7 @@ async fn three_of_five_down_is_a_clear_error() {
     c.settle().await;
     let p = "quarantine=500ms";
     let a = c.client(p, opts(1000)).await;
-    let g = a
-        .lock("gone")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&a, "gone").await;
     for i in 0..3 {
         c.servers[i].kill();
     }
@@ -185,12 +175,7 @@ async fn restarted_node_cannot_help_during_quarantine() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let g = a
-        .lock(name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&a, name).await;
     assert!(g.fencing_token() > first);
     c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
         .await;
@@ -248,12 +233,7 @@ async fn paused_node_costs_only_the_node_timeout() {
     c.servers[2].pause();
     for _ in 0..5 {
         let t = Instant::now();
-        let g = a
-            .lock("paused")
-            .expect("lock")
-            .acquire()
-            .await
-            .expect("acquire");
+        let g = acquired(&a, "paused").await;
         let took = t.elapsed();
         // Bounded by the 50 ms node timeout, not the 3 s call timeout (wide margin for a
         // loaded machine).

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{opts, wait_counting, Cluster};
+use common::{acquired, opts, wait_counting, Cluster};
 use distlock_core::{Client, LockKind, Severity};
 use distlock_testkit::FencedRegister;
 use std::time::{Duration, Instant};
@@ -26,18 +26,8 @@ async fn cluster_and_client(lease_ms: u64) -> (Cluster, Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_merges_nodes_by_attempt_and_shows_agreement() {
     let (c, client) = cluster_and_client(5000).await;
-    let held = client
-        .lock("ops-job")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
-    let done = client
-        .lock("ops-done")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let held = acquired(&client, "ops-job").await;
+    let done = acquired(&client, "ops-done").await;
     let done_token = done.fencing_token();
     done.release().await.expect("release");
     c.wait_held_on(&[0, 1, 2], "ops-job", Duration::from_secs(5))
@@ -96,12 +86,7 @@ async fn force_release_fences_the_old_holder_and_raises_every_node() {
     let (old, ob) = c.client_and_backend("", opts(1000)).await;
     wait_counting(&ob, 3, Duration::from_secs(10)).await;
     let name = "ops-stuck";
-    let guard = old
-        .lock(name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = acquired(&old, name).await;
     let register = FencedRegister::new();
     assert!(register.write(guard.fencing_token(), "old", true));
     c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
@@ -161,12 +146,7 @@ async fn force_release_needs_a_majority_and_names_unreached_nodes() {
     let (mut c, admin) = cluster_and_client(5000).await;
     let (old, ob) = c.client_and_backend("", opts(1000)).await;
     wait_counting(&ob, 3, Duration::from_secs(10)).await;
-    let guard = old
-        .lock("ops-a")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = acquired(&old, "ops-a").await;
     c.wait_held_on(&[0, 1, 2], "ops-a", Duration::from_secs(5))
         .await;
     c.servers[2].pause();

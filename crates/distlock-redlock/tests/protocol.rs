@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_increasing, opts, wait_counting, Cluster};
+use common::{acquired, assert_increasing, opts, wait_counting, Cluster};
 use distlock_core::{
     AcquireReply, AcquireRequest, Backend, Client, HoldKey, LockKind, LostSignal, ReleaseOutcome,
     RenewOutcome,
@@ -225,12 +225,7 @@ async fn short_extend_never_shortens_on_any_node() {
     let (c, _proxy, client) = slow_third(Duration::from_millis(150), 3000).await;
     let name = "short-extend";
     // Watchdog guard (3 s lease) extended by 100 ms.
-    let g = client
-        .lock(name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&client, name).await;
     c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
         .await;
     g.extend(Duration::from_millis(100)).await.expect("extend");
@@ -364,12 +359,7 @@ async fn fresh_client_honours_the_quarantine_of_a_restarted_node() {
         .client_and_backend("check_interval=100ms", opts(3000))
         .await;
     wait_counting(&ab, 3, Duration::from_secs(10)).await;
-    let ga = a
-        .lock(name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let ga = acquired(&a, name).await;
     c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
         .await;
     // Node 2 loses A's hold (as if it had expired there), and node 0 crashes at once and comes

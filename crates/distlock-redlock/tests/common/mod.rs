@@ -1,7 +1,7 @@
 //! A Redlock cluster of real redis-server processes for the tests.
 #![allow(dead_code)]
 
-use distlock_core::{Client, ClientOptions};
+use distlock_core::{Client, ClientOptions, LockGuard};
 use distlock_redlock::RedlockBackend;
 use distlock_testkit::RedisServer;
 use std::sync::Arc;
@@ -200,4 +200,14 @@ impl Cluster {
             "node {i} did not have {name}"
         );
     }
+}
+
+/// `name` acquired through `client` (waiting without a bound).
+pub async fn acquired(client: &Client, name: &str) -> LockGuard {
+    client
+        .lock(name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire")
 }
