@@ -53,143 +53,66 @@ pub const DEFAULT_BACKEND: &str = "file://";
 
 /// Connects to the lock service named by `url` with default [`ClientOptions`].
 /// Must be called inside a tokio runtime.
+///
+/// The scheme picks the backend through the program's [registry](registry()): the backends
+/// of the enabled cargo features, plus any added with [`register`].
+///
+/// # Errors
+///
+/// [`Error::InvalidUrl`] (the URL shown with its password as `***`) when the URL has no
+/// scheme, an unknown scheme (the message lists the known ones), the scheme of a backend
+/// this program is built without (the message names the cargo feature), or a part or
+/// parameter the backend does not accept; [`Error::Connection`] when the server cannot be
+/// reached within the connect timeout; [`Error::Auth`] when it refuses the credentials.
+///
+/// # Cancel safety
+///
+/// Cancel safe: dropping the future closes the connections being set up; no lock is taken
+/// by connecting.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// let client = distlock::connect("redis://127.0.0.1:6379").await?;
+/// let guard = client.lock("report")?.acquire().await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
 pub async fn connect(url: &str) -> Result<Client> {
     connect_with(url, ClientOptions::default()).await
 }
 
-/// Connects to the lock service named by `url` with `opts`.
+/// Connects to the lock service named by `url` with `opts`; see [`connect`].
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] when `opts` are inconsistent (see [`ClientOptions::validate`]),
+/// then as [`connect`].
+///
+/// # Cancel safety
+///
+/// Cancel safe, as [`connect`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// use std::time::Duration;
+/// let opts = distlock::ClientOptions::default()
+///     .namespace("shop")
+///     .watchdog_lease(Duration::from_secs(10));
+/// let client = distlock::connect_with("redis://127.0.0.1:6379", opts).await?;
+/// # let _ = client;
+/// # Ok(()) }
+/// ```
 pub async fn connect_with(url: &str, opts: ClientOptions) -> Result<Client> {
-    opts.validate()?;
-    let backend = open_backend(url, &opts).await?;
-    Client::new(backend, opts)
+    registry().connect(url, opts).await
 }
 
-#[cfg(not(all(
-    feature = "redis",
-    feature = "file",
-    feature = "etcd",
-    feature = "redlock",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "zookeeper"
-)))]
-fn not_built(url: &str, scheme: &str, feature: &str) -> Error {
-    Error::InvalidUrl {
-        url: url.to_owned(),
-        reason: format!(
-            "the {scheme}:// backend is not built into this program; enable the `{feature}` cargo feature of dlock"
-        ),
-    }
-}
+mod backends;
 
-async fn open_backend(url: &str, opts: &ClientOptions) -> Result<std::sync::Arc<dyn Backend>> {
-    let Some((scheme, _)) = url.split_once("://") else {
-        return Err(Error::InvalidUrl {
-            url: url.to_owned(),
-            reason: "no scheme; write e.g. redis://127.0.0.1:6379 or file:///tmp/locks".into(),
-        });
-    };
-    match scheme {
-        "redis" | "rediss" => {
-            #[cfg(feature = "redis")]
-            {
-                Ok(std::sync::Arc::new(
-                    distlock_redis::RedisBackend::connect(url, opts).await?,
-                ))
-            }
-            #[cfg(not(feature = "redis"))]
-            {
-                let _ = opts;
-                Err(not_built(url, scheme, "redis"))
-            }
-        }
-        "file" => {
-            #[cfg(feature = "file")]
-            {
-                Ok(std::sync::Arc::new(distlock_file::FileBackend::from_url(
-                    url, opts,
-                )?))
-            }
-            #[cfg(not(feature = "file"))]
-            {
-                let _ = opts;
-                Err(not_built(url, scheme, "file"))
-            }
-        }
-        "etcd" | "etcds" => {
-            #[cfg(feature = "etcd")]
-            {
-                Ok(std::sync::Arc::new(
-                    distlock_etcd::EtcdBackend::connect(url, opts).await?,
-                ))
-            }
-            #[cfg(not(feature = "etcd"))]
-            {
-                let _ = opts;
-                Err(not_built(url, scheme, "etcd"))
-            }
-        }
-        "redlock" | "redlocks" => {
-            #[cfg(feature = "redlock")]
-            {
-                Ok(std::sync::Arc::new(
-                    distlock_redlock::RedlockBackend::connect(url, opts).await?,
-                ))
-            }
-            #[cfg(not(feature = "redlock"))]
-            {
-                let _ = opts;
-                Err(not_built(url, scheme, "redlock"))
-            }
-        }
-        "postgres" | "postgresql" => {
-            #[cfg(feature = "postgres")]
-            {
-                Ok(std::sync::Arc::new(
-                    distlock_postgres::PostgresBackend::connect(url, opts).await?,
-                ))
-            }
-            #[cfg(not(feature = "postgres"))]
-            {
-                let _ = opts;
-                Err(not_built(url, scheme, "postgres"))
-            }
-        }
-        "mysql" => {
-            #[cfg(feature = "mysql")]
-            {
-                Ok(std::sync::Arc::new(
-                    distlock_mysql::MysqlBackend::connect(url, opts).await?,
-                ))
-            }
-            #[cfg(not(feature = "mysql"))]
-            {
-                let _ = opts;
-                Err(not_built(url, scheme, "mysql"))
-            }
-        }
-        "zk" => {
-            #[cfg(feature = "zookeeper")]
-            {
-                Ok(std::sync::Arc::new(
-                    distlock_zookeeper::ZkBackend::connect(url, opts).await?,
-                ))
-            }
-            #[cfg(not(feature = "zookeeper"))]
-            {
-                let _ = opts;
-                Err(not_built(url, scheme, "zookeeper"))
-            }
-        }
-        other => Err(Error::InvalidUrl {
-            url: url.to_owned(),
-            reason: format!(
-                "unknown scheme `{other}`; dlock understands file://, redis://, rediss://, redlock://, \
-                 etcd://, zk://, postgres:// and mysql:// (some need a cargo feature)"
-            ),
-        }),
-    }
-}
+pub use backends::{default_registry, register, registry};
 
 /// The blocking API, for code without an async runtime.
 pub mod blocking {
