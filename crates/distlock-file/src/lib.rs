@@ -49,8 +49,12 @@ impl FileBackend {
     /// in its subdirectory named after `opts`' namespace. A relative `dir` is made absolute
     /// against the current directory.
     ///
-    /// Fails with [`Error::InvalidArgument`] on invalid options and [`Error::Connection`] when
-    /// the directory cannot be created or is not a directory.
+    /// # Errors
+    /// - [`Error::InvalidArgument`] on invalid options;
+    /// - [`Error::Connection`] when the directory cannot be created, is not a directory or
+    ///   cannot be examined;
+    /// - [`Error::Unsupported`] when it is on a network file system (NFS, SMB/CIFS, AFS,
+    ///   CephFS: see the [crate documentation](crate#why-this-is-a-mutex-the-safety-argument)).
     pub fn open(dir: impl AsRef<Path>, opts: &ClientOptions) -> Result<Self> {
         let dir = dir.as_ref();
         let base = std::path::absolute(dir).map_err(|e| {
@@ -67,8 +71,11 @@ impl FileBackend {
     /// [`FileBackend::default_dir`]. `file://localhost/abs/dir` is accepted too; `%XX`
     /// escapes in the path are decoded.
     ///
-    /// Fails with [`Error::InvalidUrl`] (saying what to write instead) on any other form, and
-    /// as [`FileBackend::open`] otherwise.
+    /// # Errors
+    /// - [`Error::InvalidUrl`] (saying what to write instead) on any other form;
+    /// - [`Error::Connection`] when the default directory is a symlink or is owned by another
+    ///   user (someone may be trying to intercept the locks);
+    /// - as [`FileBackend::open`] otherwise.
     pub fn from_url(url: &str, opts: &ClientOptions) -> Result<Self> {
         match location::parse_url(url) {
             Ok(Target::Default) => Self::open_base(Self::default_dir(), opts, true),
