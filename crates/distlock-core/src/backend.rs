@@ -1,7 +1,18 @@
-//! The narrow trait every backend implements, and the values that cross it.
+//! For backend authors: the narrow [`Backend`] trait, the values that cross it, and the kit
+//! of generic parts every backend needs (users of locks need none of this module).
 //!
-//! Everything generic — waiting, deadlines, the watchdog, cancellation, guards, retries — lives
-//! in the core and is written once. A backend only knows how to talk to its server.
+//! Everything generic — waiting, deadlines, the watchdog, cancellation, guards, retries,
+//! re-entry, lock-kind checks — lives in the core and is written once. A backend only knows
+//! how to talk to its server. The kit gives it the parts that are the same everywhere:
+//!
+//! | part | what it replaces |
+//! |---|---|
+//! | [`Capabilities`] | a `check_kind` per backend: the core checks kinds and answers `Unsupported` |
+//! | [`Deadline`] | `until(deadline)`, `pause(d, deadline, cancel)`, `remaining` arithmetic |
+//! | [`wait::run`] + [`WaitStrategy`], [`wait::retrying`] | a hand-written retrying wait loop per backend |
+//! | [`LostRegistry`] | the map of lost signals a session fires when it ends |
+//! | [`Subscriptions`] | the per-connection table of waiters behind `SUBSCRIBE` / `LISTEN` |
+//! | [`Error::connection`](crate::Error::connection), [`Error::unexpected`](crate::Error::unexpected), … | error structs built by hand |
 //!
 //! # The hold protocol: addressed by grant, idempotent by construction
 //! Every acquisition *attempt* has an [`AttemptId`], unique forever, made by the core. The
@@ -37,10 +48,26 @@
 //!
 //! The conformance suite in `distlock-testkit` checks each of these against a real server,
 //! including with replies delayed, dropped and duplicated by a proxy.
+//!
+//! # Who does what
+//! - **Timeouts of one call** are the backend's: every method bounds each server round trip by
+//!   the client's per-call timeout ([`ClientOptions::get_op_timeout`](crate::ClientOptions::get_op_timeout))
+//!   and reports an overrun as a retryable [`Error::Connection`](crate::Error::Connection) (see
+//!   [`Error::call_timeout`](crate::Error::call_timeout)). The core adds an outer bound only
+//!   around the watchdog's renewals.
+//! - **Deadlines of a wait** are the core's, passed down to [`Backend::acquire_wait`]; a
+//!   backend that waits on the server bounds that wait by the deadline.
+//! - **Retries** are the core's: a retryable error (an unknown outcome) makes the core send the
+//!   same request again (same attempt, same grant), bounded by the client's retry policy or the
+//!   wait's deadline. A backend retries only what provably never reached the server.
+//! - **Lock kinds** are checked by the core against [`Backend::capabilities`].
+//! - **Cancellation**: the core runs `acquire`, `acquire_wait`, `watch`, `give_up` and `release`
+//!   in tasks of its own and never drops them half-way (a wait is stopped with its
+//!   cancellation token); `renew`, `inspect`, `list`, `force_release`, `diagnose` and
+//!   `set_permits` run in the caller's future or under a timeout and may be dropped at any
+//!   await point, so they must leave nothing half-done that a later call would trip over.
 
 use crate::error::Result;
-use async_trait::async_trait;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use crate::caps::Capabilities;
@@ -48,325 +75,161 @@ pub use crate::deadline::Deadline;
 pub use crate::lost::{LostReason, LostSignal};
 pub use crate::lost_registry::LostRegistry;
 pub use crate::subscriptions::{Subscription, Subscriptions};
+pub use crate::types::{
+    AcquireReply, AcquireRequest, AttemptId, Finding, ForceReleased, GrantRef, Granted, HoldKey,
+    HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Severity, Wake,
+};
 pub use crate::wait::{self, Attempt, WaitStrategy};
+pub use async_trait::async_trait;
 
-/// What kind of lock is asked for. Backends return [`Error::Unsupported`](crate::Error::Unsupported)
-/// for kinds they do not implement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum LockKind {
-    /// Exclusive, reentrant lock.
-    #[default]
-    Mutex,
-    /// The shared side of a read-write lock: many owners at once, none while a writer holds it
-    /// (except the writer itself, which may also take the read side: a downgrade).
-    Read,
-    /// The exclusive side of a read-write lock.
-    Write,
-    /// Exclusive, reentrant, and first come first served: a free lock goes to the oldest
-    /// waiter, never to a newcomer.
-    Fair,
-    /// `permits` permits of a counting semaphore of `limit` permits. Every acquisition is its
-    /// own hold with its own lease.
-    Semaphore {
-        /// Permits this hold takes.
-        permits: u32,
-        /// Permits the semaphore has when it is first used (see
-        /// [`Backend::set_permits`] to change it).
-        limit: u32,
-    },
-}
-
-impl LockKind {
-    /// Lower-case name, as used by the CLI.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LockKind::Mutex => "mutex",
-            LockKind::Read => "read",
-            LockKind::Write => "write",
-            LockKind::Fair => "fair",
-            LockKind::Semaphore { .. } => "semaphore",
-        }
-    }
-}
-
-/// Identifies one owner's hold on one lock.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct HoldKey {
-    /// Lock name, already validated.
-    pub name: Arc<str>,
-    /// Owner id, already validated.
-    pub owner: Arc<str>,
-    /// Lock kind.
-    pub kind: LockKind,
-}
-
-/// Identifies one acquisition attempt, and the grant it wins: unique forever (128 random
-/// bits, 32 lower-case hex digits). The server stores it with the grant.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AttemptId(Arc<str>);
-
-impl AttemptId {
-    /// A new id, unique forever.
-    pub fn new() -> Self {
-        AttemptId(format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)).into())
-    }
-
-    /// An id read back from a server (e.g. in a handoff message or an inspect).
-    pub fn from_server(id: impl Into<Arc<str>>) -> Self {
-        AttemptId(id.into())
-    }
-
-    /// The id as text (what backends store).
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl Default for AttemptId {
-    fn default() -> Self {
-        AttemptId::new()
-    }
-}
-
-impl std::fmt::Display for AttemptId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::ops::Deref for AttemptId {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-/// The address of one grant on the server: the lock, the attempt that won it, and its fencing
-/// token. Renewals and releases name it, so they touch that grant and no other.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct GrantRef {
-    /// Lock name, owner and kind.
-    pub key: HoldKey,
-    /// The attempt that won the grant.
-    pub attempt: AttemptId,
-    /// The grant's fencing token.
-    pub token: u64,
-}
-
-/// One acquisition attempt.
-#[derive(Debug, Clone)]
-pub struct AcquireRequest {
-    /// Who asks for what.
-    pub key: HoldKey,
-    /// This attempt's id: a retry of the request carries the same one, so the server can tell
-    /// a retry from a second acquisition.
-    pub attempt: AttemptId,
-    /// Lease to set on grant (a retry of a granted attempt makes it run at least this long from
-    /// now, never shortening it).
-    pub lease: Duration,
-    /// Signal of the hold this grant would create. Backends that learn of loss from their
-    /// server (session end, dropped connection) keep a clone and fire it.
-    pub lost: LostSignal,
-    /// `Some(ttl)` when the caller will wait if the lock is held: backends with a server-side
-    /// queue register the caller as a waiter that counts as alive for `ttl` (refreshed by each
-    /// attempt). `None` for `try_acquire`.
-    pub waiter_ttl: Option<Duration>,
-    /// For the read side of a read-write lock: the live write grant this owner holds on the
-    /// same lock, which the read grant may be granted beside (a downgrade). `None` otherwise.
-    pub write_grant: Option<GrantRef>,
-}
-
-impl AcquireRequest {
-    /// A single attempt (no queueing).
-    pub fn new(key: HoldKey, lease: Duration, lost: LostSignal) -> Self {
-        AcquireRequest {
-            key,
-            attempt: AttemptId::new(),
-            lease,
-            lost,
-            waiter_ttl: None,
-            write_grant: None,
-        }
-    }
-
-    /// The address of the grant this attempt wins with `token`.
-    pub fn grant(&self, token: u64) -> GrantRef {
-        GrantRef {
-            key: self.key.clone(),
-            attempt: self.attempt.clone(),
-            token,
-        }
-    }
-}
-
-/// A grant from a wait: the token and a time no later than the moment the server granted it
-/// (the send time of an attempt that preceded the grant), from which the local view of the
-/// lease is measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Granted {
-    /// Fencing token.
-    pub token: u64,
-    /// Local time (on the lease clock, which counts suspend) before the grant happened on the
-    /// server: the send time of the request that was granted, or of the last request before a
-    /// handoff.
-    pub requested_at: crate::clock::Instant,
-}
-
-/// Why a [`ReleaseWatch`] woke.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wake {
-    /// The lock was released (or may have been): try again.
-    Released,
-    /// The server handed the lock straight to this waiting attempt, with this fencing token;
-    /// the lease is the one the attempt asked for, running from after its last request.
-    HandedOver {
-        /// Fencing token of the grant.
-        token: u64,
-    },
-}
-
-/// Answer to one acquisition attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AcquireReply {
-    /// Granted to this attempt; the fencing token of this grant.
-    Granted {
-        /// Strictly increasing per name; the same token when a granted attempt is retried.
-        token: u64,
-    },
-    /// Held by another owner.
-    Held {
-        /// How long the current holder's lease still runs, when the server knows.
-        /// Waiters sleep at most this long before trying again.
-        ttl: Option<Duration>,
-    },
-}
-
-/// Result of releasing one hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReleaseOutcome {
-    /// The lock is free now.
-    Released,
-    /// This owner still holds the lock through other (re-entrant) guards of this client
-    /// (reported by the core; backends never return it).
-    StillHeld {
-        /// Holds this owner still has.
-        remaining: u32,
-    },
-    /// The server had no grant with this address any more: its lease had already run out (or
-    /// an operator removed it).
-    Expired,
-    /// Another owner holds the lock now (ours ran out and it was taken).
-    TakenByOther,
-}
-
-impl ReleaseOutcome {
-    /// True when this release gave the lock back (fully or one re-entrant level).
-    pub fn was_held(self) -> bool {
-        matches!(
-            self,
-            ReleaseOutcome::Released | ReleaseOutcome::StillHeld { .. }
-        )
-    }
-}
-
-/// Result of renewing one hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RenewOutcome {
-    /// The lease now runs at least the requested duration from when the server applied it.
-    Renewed,
-    /// The owner no longer holds the lock.
-    NotHeld,
-}
-
-/// One holder of a lock, as reported by [`Backend::inspect`].
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HolderInfo {
-    /// Owner id.
-    pub owner: String,
-    /// Re-entrant hold count (for a semaphore: the permits this acquisition holds).
-    pub count: u32,
-    /// Remaining lease, if the server knows it.
-    pub lease_left: Option<Duration>,
-    /// For a read-write lock: [`LockKind::Read`] or [`LockKind::Write`]; `None` otherwise.
-    pub side: Option<LockKind>,
-}
-
-/// State of one lock, as seen by the server right now.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct LockInfo {
-    /// Lock name.
-    pub name: String,
-    /// Current holders (one for a held mutex, none when free).
-    pub holders: Vec<HolderInfo>,
-    /// Last fencing token issued for this name (0 if none ever was).
-    pub fencing_token: u64,
-    /// Live waiters queued on the server, when the backend keeps a queue.
-    pub waiters: Option<u32>,
-    /// For a semaphore: its permit count.
-    pub permits: Option<u32>,
-}
-
-impl LockInfo {
-    /// True when someone holds the lock.
-    pub fn held(&self) -> bool {
-        !self.holders.is_empty()
-    }
-
-    /// Permits in use (the sum of the holders' counts), for a semaphore.
-    pub fn permits_in_use(&self) -> u32 {
-        self.holders.iter().map(|h| h.count).sum()
-    }
-}
-
-/// A subscription to release notifications of one lock, for one waiting attempt.
+/// A subscription to release notifications of one lock, for one waiting attempt (from
+/// [`Backend::watch`]; [`Subscription`] is the kit's implementation).
 #[async_trait]
 pub trait ReleaseWatch: Send {
     /// Resolves after the next release notification that concerns this waiter (possibly
     /// spuriously). An error means the subscription broke and notifications may have been
     /// missed; the caller drops the watch, tries to acquire, and subscribes again.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: the wait loop drops it when its sleep ends first. A notification
+    /// that arrived is kept for the next call.
+    ///
+    /// # Errors
+    /// [`Error::Connection`](crate::Error::Connection) when the subscription broke.
     async fn changed(&mut self) -> Result<Wake>;
 }
 
-/// A lock service. See the module docs for the invariants an implementation keeps.
+/// A lock service. The [module docs](self) list the invariants an implementation keeps and
+/// who does what; each method below says what it must guarantee.
+///
+/// Implement it with [`macro@async_trait`]:
+///
+/// ```
+/// use distlock_core::backend::*;
+/// use distlock_core::Result;
+/// use std::time::Duration;
+///
+/// /// A backend that only ever finds the lock held (a skeleton to fill in).
+/// struct AlwaysHeld;
+///
+/// #[async_trait]
+/// impl Backend for AlwaysHeld {
+///     fn kind(&self) -> &'static str { "held" }
+///     fn endpoint(&self) -> String { "nowhere".into() }
+///     fn capabilities(&self) -> Capabilities { Capabilities::kinds(&[LockKind::Mutex]) }
+///     async fn acquire(&self, _: &AcquireRequest) -> Result<AcquireReply> {
+///         Ok(AcquireReply::Held { ttl: None })
+///     }
+///     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+///         let subs: Subscriptions<String> = Subscriptions::new("held", "nowhere");
+///         Ok(Box::new(subs.subscribe(req.key.name.to_string(), &req.attempt).0))
+///     }
+///     async fn give_up(&self, _: &AcquireRequest) -> Result<()> { Ok(()) }
+///     async fn release(&self, _: &GrantRef) -> Result<ReleaseOutcome> {
+///         Ok(ReleaseOutcome::Expired)
+///     }
+///     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+///         Ok(vec![RenewOutcome::NotHeld; holds.len()])
+///     }
+///     async fn inspect(&self, name: &str, _: LockKind) -> Result<LockInfo> {
+///         Ok(LockInfo { name: name.into(), ..LockInfo::default() })
+///     }
+/// }
+/// ```
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
-    /// Short lower-case name of the backend kind, e.g. `redis`.
+    /// Short lower-case name of the backend kind, e.g. `redis`: a constant, used in messages,
+    /// errors and metric labels. No I/O.
     fn kind(&self) -> &'static str;
 
-    /// Where the backend talks to, for messages (never with credentials).
+    /// Where the backend talks to, for messages: host and port, path, or node list — never
+    /// with credentials. Cheap and without I/O.
     fn endpoint(&self) -> String;
 
     /// What this backend implements. The core checks every lock kind against it before it
     /// calls the backend, and answers the standard [`Error::Unsupported`](crate::Error::Unsupported)
-    /// itself, so the other methods only ever see declared kinds. The default declares
-    /// everything ([`Capabilities::all`]). Cheap: called once per acquisition.
+    /// itself, so the other methods only ever see declared kinds (when called through a
+    /// [`Client`](crate::Client)). The default declares everything ([`Capabilities::all`]).
+    ///
+    /// Must be cheap, without I/O, and the same for the life of the value: the core calls
+    /// it for each acquisition.
     fn capabilities(&self) -> Capabilities {
         Capabilities::all()
     }
 
-    /// One attempt to acquire; never waits for the lock.
+    /// One attempt to acquire `req.key` for the attempt `req.attempt`; never waits for the
+    /// lock.
+    ///
+    /// Must guarantee (invariants 1–3): a grant sets the lease `req.lease` atomically with
+    /// it; a retry by an attempt that already holds is answered with the same token and makes
+    /// the lease run at least `req.lease` from now, never shorter; tokens strictly increase
+    /// per name. [`AcquireReply::Held`] carries the holder's remaining lease when the server
+    /// knows it (waiters sleep at most that long). With `req.waiter_ttl = Some(ttl)` a backend
+    /// with a server-side queue registers the attempt as a waiter alive for `ttl`; with
+    /// `req.write_grant` set (the read side) it may grant beside that write grant of the same
+    /// owner (a downgrade).
+    ///
+    /// # Cancel safety
+    /// Need not be cancel safe: the core runs it to completion in a task of its own.
+    ///
+    /// # Errors
+    /// A retryable [`Error::Connection`](crate::Error::Connection) when the outcome is unknown
+    /// (the request may have been applied): the core retries with the same attempt, or gives
+    /// it up ([`Backend::give_up`]). [`Error::UnexpectedReply`](crate::Error::UnexpectedReply)
+    /// for foreign data; [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a
+    /// request the server cannot honour (e.g. a lease longer than a session).
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply>;
 
     /// Subscribes to release notifications for `req.key.name`, on behalf of the waiting
     /// attempt `req.attempt` (handoffs to other attempts, even of the same owner, are not its
     /// own). Called before the attempt's next request, so a release between that request and
     /// the wait is not missed.
+    ///
+    /// Must guarantee (invariant 5): every release after this returns wakes the watch (or
+    /// ends it with an error); dropping the watch unsubscribes (the kit's [`Subscriptions`]
+    /// counts references). A backend without notifications returns a watch that never fires:
+    /// waiters then wake at the holder's lease end or their heartbeat.
+    ///
+    /// # Cancel safety
+    /// Need not be cancel safe: the wait loop runs it to completion.
+    ///
+    /// # Errors
+    /// A retryable error when the subscription cannot be made now (the waiter then sleeps
+    /// until the holder's lease end and tries again).
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>>;
 
     /// The attempt `req.attempt` stops (its wait ran out or was cancelled, or its last request
     /// failed with an unknown outcome): leave the server's queue, and give back a grant made
     /// to *that attempt* in the meantime — handed over, or granted by a request whose reply was
     /// lost — never one of another attempt of the same owner. Idempotent.
+    ///
+    /// # Cancel safety
+    /// Need not be cancel safe: the core runs it to completion.
+    ///
+    /// # Errors
+    /// Any error is logged and otherwise ignored: whatever the attempt left frees itself at
+    /// its lease (or waiter ttl) end.
     async fn give_up(&self, req: &AcquireRequest) -> Result<()>;
 
     /// Waits for the lock until `deadline` (`None`: no deadline), or until `cancel` fires.
     ///
-    /// The default waits with [`Backend::watch`] and retries [`Backend::acquire`] on every
-    /// wake-up or when the holder's lease would run out; backends with a server-side queue
-    /// (etcd, ZooKeeper, SQL) override it.
+    /// The default is [`wait::watch_and_retry`]: it waits with [`Backend::watch`] and retries
+    /// [`Backend::acquire`] on every wake-up or when the holder's lease would run out, and
+    /// gives the attempt up when it stops without the lock. Backends with a server-side queue
+    /// or wait (etcd, ZooKeeper, SQL) override it, with the kit's [`wait::run`] or
+    /// [`wait::retrying`] so that backoff, deadline, cancellation and the last-error report
+    /// behave the same everywhere.
     ///
-    /// Returns `Ok(None)` if the deadline passed or `cancel` fired first.
+    /// Must guarantee: `Ok(Some(granted))` only for a grant to `req.attempt`, with
+    /// `granted.requested_at` no later than the server's grant; no grant is left behind when
+    /// it returns anything else (give it up); it returns promptly after `cancel` fires.
+    ///
+    /// # Cancel safety
+    /// Need not be cancel safe: the core never drops it; it stops it with `cancel`.
+    ///
+    /// # Errors
+    /// `Ok(None)` if the deadline passed or `cancel` fired first; the last retryable error if
+    /// the deadline passed right after failed attempts; a non-retryable error at once.
     async fn acquire_wait(
         &self,
         req: &AcquireRequest,
@@ -376,28 +239,67 @@ pub trait Backend: Send + Sync + 'static {
         crate::wait::watch_and_retry(self, req, deadline, cancel).await
     }
 
-    /// Releases the grant `grant` names (and only it). Idempotent: a retry after the release
-    /// went through answers [`ReleaseOutcome::Expired`].
+    /// Releases the grant `grant` names (and only it: invariant 4). Idempotent: a retry after
+    /// the release went through answers [`ReleaseOutcome::Expired`]; a grant that is gone
+    /// answers `Expired`, or [`ReleaseOutcome::TakenByOther`] if another owner holds now.
+    /// Never answers [`ReleaseOutcome::StillHeld`] (re-entry is the core's).
+    ///
+    /// # Cancel safety
+    /// Need not be cancel safe: the core runs it in a task of its own.
+    ///
+    /// # Errors
+    /// A retryable error when the outcome is unknown (the core retries; a retry that finds
+    /// the grant gone is reported as released).
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome>;
 
     /// Renews many grants at once, each so that its lease runs at least the given duration
-    /// from when the server applies it, never shortening it (the watchdog calls this once per
-    /// tick for every hold of a client; `extend` with one item). Returns one outcome per
-    /// item, in order. An `Err` means the whole batch could not be confirmed.
+    /// from when the server applies it, never shortening it (invariant 4). The watchdog calls
+    /// this once per tick for every hold of a client; `extend` with one item. Returns one
+    /// outcome per item, in order: [`RenewOutcome::NotHeld`] fires that hold's lost signal.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: the watchdog drops it when the client's per-call timeout (or the
+    /// renewal interval) runs out, and `extend` runs in the caller's future. A renewal that
+    /// is dropped may or may not have been applied; because it never shortens a lease, either
+    /// is safe.
+    ///
+    /// # Errors
+    /// An `Err` means the whole batch could not be confirmed (the watchdog retries a quarter
+    /// interval later; the core presumes the locks lost when their leases run out first).
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>>;
 
-    /// The lock's current state.
+    /// The lock's current state, as the server sees it now. Read-only.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe (it only reads; callers drop it freely).
+    ///
+    /// # Errors
+    /// Connection errors (retried by the core) and unexpected replies.
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
 
     /// Sets the number of permits of semaphore `name` (permits already held stay held; if
     /// more are held than the new count, new acquisitions wait until enough are returned).
+    /// The default answers [`Error::Unsupported`](crate::Error::Unsupported).
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: if dropped, the count may or may not have changed.
+    ///
+    /// # Errors
+    /// Connection errors (not retried: the caller sets it again) and unexpected replies.
     async fn set_permits(&self, _name: &str, _permits: u32) -> Result<()> {
         Err(crate::Error::unsupported(self.kind(), "semaphores"))
     }
 
     /// Every lock this backend has state for (held, waited for, or with a fencing counter)
     /// whose name starts with `prefix`, for operators (`dlock list`). Read-only; the order is
-    /// by name, then kind.
+    /// by name, then kind. The default answers [`Error::Unsupported`](crate::Error::Unsupported)
+    /// (declare [`Capabilities::listing`]`(false)` too, so the core says so without a call).
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe (it only reads).
+    ///
+    /// # Errors
+    /// Connection errors (retried by the core) and unexpected replies.
     async fn list(&self, _prefix: &str) -> Result<Vec<ListedLock>> {
         Err(crate::Error::unsupported(self.kind(), "listing locks"))
     }
@@ -407,85 +309,30 @@ pub trait Backend: Send + Sync + 'static {
     /// counter past every token handed out, so that writes of a removed holder carrying its
     /// old token are rejected by a fenced store. A removed holder's lost signal fires at its
     /// next renewal (its grant is gone). Waiters stay queued. Returns what was removed.
+    /// The default answers [`Error::Unsupported`](crate::Error::Unsupported).
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe in the sense that a drop leaves a consistent state: the release
+    /// happened or it did not (the core never retries it).
+    ///
+    /// # Errors
+    /// Connection errors (the outcome is unknown; the operator inspects) and unexpected
+    /// replies; [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the server
+    /// refuses (e.g. a holder of another role).
     async fn force_release(&self, _name: &str, _kind: LockKind) -> Result<ForceReleased> {
         Err(crate::Error::unsupported(self.kind(), "forced release"))
     }
 
     /// Checks the deployment behind this backend for settings that break locks
-    /// (`dlock doctor`): one finding per check, each saying what to change.
+    /// (`dlock doctor`): one finding per check, each saying what to change. Read-only.
+    /// The default answers [`Error::Unsupported`](crate::Error::Unsupported).
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe (it only reads).
+    ///
+    /// # Errors
+    /// Connection errors; a check that cannot be made is a [`Finding`], not an error.
     async fn diagnose(&self) -> Result<Vec<Finding>> {
         Err(crate::Error::unsupported(self.kind(), "diagnosis"))
-    }
-}
-
-/// One lock in a [`Backend::list`] answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ListedLock {
-    /// The kind of lock the state belongs to (for a read-write lock: [`LockKind::Write`]).
-    pub kind: LockKind,
-    /// Holders, waiters and last fencing token.
-    pub info: LockInfo,
-}
-
-impl ListedLock {
-    /// A listed lock of `kind`.
-    pub fn new(kind: LockKind, info: LockInfo) -> Self {
-        ListedLock { kind, info }
-    }
-}
-
-/// What [`Backend::force_release`] removed.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct ForceReleased {
-    /// The holders that were removed.
-    pub removed: Vec<HolderInfo>,
-    /// The fencing counter after the release: higher than every token handed out before it.
-    pub fencing_token: u64,
-}
-
-impl ForceReleased {
-    /// A report of `removed` holders and the counter's new value.
-    pub fn new(removed: Vec<HolderInfo>, fencing_token: u64) -> Self {
-        ForceReleased {
-            removed,
-            fencing_token,
-        }
-    }
-}
-
-/// How serious a [`Finding`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[non_exhaustive]
-pub enum Severity {
-    /// The check passed.
-    Ok,
-    /// Worth knowing; locks still work as documented.
-    Warning,
-    /// Locks can be granted twice or tokens can go back with this setting.
-    Unsafe,
-}
-
-/// One result of [`Backend::diagnose`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Finding {
-    /// How serious it is.
-    pub severity: Severity,
-    /// Short name of the check, e.g. `maxmemory-policy`.
-    pub check: String,
-    /// What was found and, unless it is fine, what to change.
-    pub message: String,
-}
-
-impl Finding {
-    /// A finding.
-    pub fn new(severity: Severity, check: impl Into<String>, message: impl Into<String>) -> Self {
-        Finding {
-            severity,
-            check: check.into(),
-            message: message.into(),
-        }
     }
 }

@@ -1,6 +1,15 @@
 //! Backend-independent machinery of [dlock](https://docs.rs/dlock): lock handles, guards, the
-//! watchdog, waiting, fencing tokens, errors and name checks. Backends implement the narrow
-//! [`Backend`] trait; users normally depend on the `dlock` facade crate instead of this one.
+//! watchdog, waiting, fencing tokens, errors and name checks. Users normally depend on the
+//! `distlock` facade crate instead of this one.
+//!
+//! - **Using locks:** [`Client`], [`Lock`], [`LockGuard`], [`RwLock`], [`Semaphore`],
+//!   [`MultiLock`], [`LostSignal`], [`Error`], [`ClientOptions`] and the values they report
+//!   ([`LockInfo`], [`ReleaseOutcome`], …), at the crate root.
+//! - **Writing a backend:** the [`backend`] module: the narrow [`Backend`] trait with the
+//!   obligations of each method, the values that cross it, and the kit of generic parts
+//!   (capabilities, deadlines, the retrying wait loop, lost-signal registry, wake-up
+//!   subscriptions). The author-only items are also re-exported at the root, hidden from the
+//!   docs, for older code.
 #![warn(missing_docs)]
 
 pub mod backend;
@@ -23,18 +32,24 @@ mod name;
 mod options;
 mod semaphore;
 mod subscriptions;
+mod types;
 pub mod wait;
 
+pub use backend::Backend;
+#[doc(hidden)]
 pub use backend::{
-    AcquireReply, AcquireRequest, AttemptId, Backend, Finding, ForceReleased, GrantRef, Granted,
-    HoldKey, HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch,
-    RenewOutcome, Severity, Wake,
+    AcquireReply, AcquireRequest, AttemptId, GrantRef, Granted, HoldKey, ReleaseWatch,
+    RenewOutcome, Wake,
+};
+pub use types::{
+    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome, Severity,
 };
 pub use backoff::RetryPolicy;
 pub use client::{Client, RwLock};
 pub use duration::parse_duration;
 pub use error::{BoxError, Error, Result};
 pub use guard::LockGuard;
+#[doc(hidden)]
 pub use hold::drift;
 pub use lock::Lock;
 pub use lost::{LostReason, LostSignal};
@@ -44,5 +59,8 @@ pub use options::{
 };
 pub use semaphore::{MultiGuard, MultiLock, Semaphore, MAX_PERMITS};
 
-/// `async_trait`, re-exported for backend implementations.
+/// `async_trait`, re-exported for backend implementations (also in [`backend`]).
+#[doc(hidden)]
 pub use async_trait::async_trait;
+
+mod assert_traits;

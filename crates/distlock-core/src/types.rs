@@ -1,0 +1,349 @@
+//! The values that cross the [`Backend`](crate::backend::Backend) trait.
+
+#[cfg(doc)]
+use crate::backend::{Backend, ReleaseWatch};
+use crate::lost::LostSignal;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What kind of lock is asked for. A backend declares the kinds it implements in its
+/// [`Capabilities`](crate::backend::Capabilities); the core answers
+/// [`Error::Unsupported`](crate::Error::Unsupported) for the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// Exclusive, reentrant lock.
+    #[default]
+    Mutex,
+    /// The shared side of a read-write lock: many owners at once, none while a writer holds it
+    /// (except the writer itself, which may also take the read side: a downgrade).
+    Read,
+    /// The exclusive side of a read-write lock.
+    Write,
+    /// Exclusive, reentrant, and first come first served: a free lock goes to the oldest
+    /// waiter, never to a newcomer.
+    Fair,
+    /// `permits` permits of a counting semaphore of `limit` permits. Every acquisition is its
+    /// own hold with its own lease.
+    Semaphore {
+        /// Permits this hold takes.
+        permits: u32,
+        /// Permits the semaphore has when it is first used (see
+        /// [`Backend::set_permits`] to change it).
+        limit: u32,
+    },
+}
+
+impl LockKind {
+    /// Lower-case name, as used by the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockKind::Mutex => "mutex",
+            LockKind::Read => "read",
+            LockKind::Write => "write",
+            LockKind::Fair => "fair",
+            LockKind::Semaphore { .. } => "semaphore",
+        }
+    }
+}
+
+/// Identifies one owner's hold on one lock.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HoldKey {
+    /// Lock name, already validated.
+    pub name: Arc<str>,
+    /// Owner id, already validated.
+    pub owner: Arc<str>,
+    /// Lock kind.
+    pub kind: LockKind,
+}
+
+/// Identifies one acquisition attempt, and the grant it wins: unique forever (128 random
+/// bits, 32 lower-case hex digits). The server stores it with the grant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AttemptId(Arc<str>);
+
+impl AttemptId {
+    /// A new id, unique forever.
+    pub fn new() -> Self {
+        AttemptId(format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)).into())
+    }
+
+    /// An id read back from a server (e.g. in a handoff message or an inspect).
+    pub fn from_server(id: impl Into<Arc<str>>) -> Self {
+        AttemptId(id.into())
+    }
+
+    /// The id as text (what backends store).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for AttemptId {
+    fn default() -> Self {
+        AttemptId::new()
+    }
+}
+
+impl std::fmt::Display for AttemptId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::ops::Deref for AttemptId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The address of one grant on the server: the lock, the attempt that won it, and its fencing
+/// token. Renewals and releases name it, so they touch that grant and no other.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GrantRef {
+    /// Lock name, owner and kind.
+    pub key: HoldKey,
+    /// The attempt that won the grant.
+    pub attempt: AttemptId,
+    /// The grant's fencing token.
+    pub token: u64,
+}
+
+/// One acquisition attempt.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// Who asks for what.
+    pub key: HoldKey,
+    /// This attempt's id: a retry of the request carries the same one, so the server can tell
+    /// a retry from a second acquisition.
+    pub attempt: AttemptId,
+    /// Lease to set on grant (a retry of a granted attempt makes it run at least this long from
+    /// now, never shortening it).
+    pub lease: Duration,
+    /// Signal of the hold this grant would create. Backends that learn of loss from their
+    /// server (session end, dropped connection) keep a clone and fire it.
+    pub lost: LostSignal,
+    /// `Some(ttl)` when the caller will wait if the lock is held: backends with a server-side
+    /// queue register the caller as a waiter that counts as alive for `ttl` (refreshed by each
+    /// attempt). `None` for `try_acquire`.
+    pub waiter_ttl: Option<Duration>,
+    /// For the read side of a read-write lock: the live write grant this owner holds on the
+    /// same lock, which the read grant may be granted beside (a downgrade). `None` otherwise.
+    pub write_grant: Option<GrantRef>,
+}
+
+impl AcquireRequest {
+    /// A single attempt (no queueing).
+    pub fn new(key: HoldKey, lease: Duration, lost: LostSignal) -> Self {
+        AcquireRequest {
+            key,
+            attempt: AttemptId::new(),
+            lease,
+            lost,
+            waiter_ttl: None,
+            write_grant: None,
+        }
+    }
+
+    /// The address of the grant this attempt wins with `token`.
+    pub fn grant(&self, token: u64) -> GrantRef {
+        GrantRef {
+            key: self.key.clone(),
+            attempt: self.attempt.clone(),
+            token,
+        }
+    }
+}
+
+/// A grant from a wait: the token and a time no later than the moment the server granted it
+/// (the send time of an attempt that preceded the grant), from which the local view of the
+/// lease is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    /// Fencing token.
+    pub token: u64,
+    /// Local time (on the lease clock, which counts suspend) before the grant happened on the
+    /// server: the send time of the request that was granted, or of the last request before a
+    /// handoff.
+    pub requested_at: crate::clock::Instant,
+}
+
+/// Why a [`ReleaseWatch`] woke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The lock was released (or may have been): try again.
+    Released,
+    /// The server handed the lock straight to this waiting attempt, with this fencing token;
+    /// the lease is the one the attempt asked for, running from after its last request.
+    HandedOver {
+        /// Fencing token of the grant.
+        token: u64,
+    },
+}
+
+/// Answer to one acquisition attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireReply {
+    /// Granted to this attempt; the fencing token of this grant.
+    Granted {
+        /// Strictly increasing per name; the same token when a granted attempt is retried.
+        token: u64,
+    },
+    /// Held by another owner.
+    Held {
+        /// How long the current holder's lease still runs, when the server knows.
+        /// Waiters sleep at most this long before trying again.
+        ttl: Option<Duration>,
+    },
+}
+
+/// Result of releasing one hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The lock is free now.
+    Released,
+    /// This owner still holds the lock through other (re-entrant) guards of this client
+    /// (reported by the core; backends never return it).
+    StillHeld {
+        /// Holds this owner still has.
+        remaining: u32,
+    },
+    /// The server had no grant with this address any more: its lease had already run out (or
+    /// an operator removed it).
+    Expired,
+    /// Another owner holds the lock now (ours ran out and it was taken).
+    TakenByOther,
+}
+
+impl ReleaseOutcome {
+    /// True when this release gave the lock back (fully or one re-entrant level).
+    pub fn was_held(self) -> bool {
+        matches!(
+            self,
+            ReleaseOutcome::Released | ReleaseOutcome::StillHeld { .. }
+        )
+    }
+}
+
+/// Result of renewing one hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The lease now runs at least the requested duration from when the server applied it.
+    Renewed,
+    /// The owner no longer holds the lock.
+    NotHeld,
+}
+
+/// One holder of a lock, as reported by [`Backend::inspect`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HolderInfo {
+    /// Owner id.
+    pub owner: String,
+    /// Re-entrant hold count (for a semaphore: the permits this acquisition holds).
+    pub count: u32,
+    /// Remaining lease, if the server knows it.
+    pub lease_left: Option<Duration>,
+    /// For a read-write lock: [`LockKind::Read`] or [`LockKind::Write`]; `None` otherwise.
+    pub side: Option<LockKind>,
+}
+
+/// State of one lock, as seen by the server right now.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LockInfo {
+    /// Lock name.
+    pub name: String,
+    /// Current holders (one for a held mutex, none when free).
+    pub holders: Vec<HolderInfo>,
+    /// Last fencing token issued for this name (0 if none ever was).
+    pub fencing_token: u64,
+    /// Live waiters queued on the server, when the backend keeps a queue.
+    pub waiters: Option<u32>,
+    /// For a semaphore: its permit count.
+    pub permits: Option<u32>,
+}
+
+impl LockInfo {
+    /// True when someone holds the lock.
+    pub fn held(&self) -> bool {
+        !self.holders.is_empty()
+    }
+
+    /// Permits in use (the sum of the holders' counts), for a semaphore.
+    pub fn permits_in_use(&self) -> u32 {
+        self.holders.iter().map(|h| h.count).sum()
+    }
+}
+
+/// One lock in a [`Backend::list`] answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListedLock {
+    /// The kind of lock the state belongs to (for a read-write lock: [`LockKind::Write`]).
+    pub kind: LockKind,
+    /// Holders, waiters and last fencing token.
+    pub info: LockInfo,
+}
+
+impl ListedLock {
+    /// A listed lock of `kind`.
+    pub fn new(kind: LockKind, info: LockInfo) -> Self {
+        ListedLock { kind, info }
+    }
+}
+
+/// What [`Backend::force_release`] removed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ForceReleased {
+    /// The holders that were removed.
+    pub removed: Vec<HolderInfo>,
+    /// The fencing counter after the release: higher than every token handed out before it.
+    pub fencing_token: u64,
+}
+
+impl ForceReleased {
+    /// A report of `removed` holders and the counter's new value.
+    pub fn new(removed: Vec<HolderInfo>, fencing_token: u64) -> Self {
+        ForceReleased {
+            removed,
+            fencing_token,
+        }
+    }
+}
+
+/// How serious a [`Finding`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Severity {
+    /// The check passed.
+    Ok,
+    /// Worth knowing; locks still work as documented.
+    Warning,
+    /// Locks can be granted twice or tokens can go back with this setting.
+    Unsafe,
+}
+
+/// One result of [`Backend::diagnose`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Finding {
+    /// How serious it is.
+    pub severity: Severity,
+    /// Short name of the check, e.g. `maxmemory-policy`.
+    pub check: String,
+    /// What was found and, unless it is fine, what to change.
+    pub message: String,
+}
+
+impl Finding {
+    /// A finding.
+    pub fn new(severity: Severity, check: impl Into<String>, message: impl Into<String>) -> Self {
+        Finding {
+            severity,
+            check: check.into(),
+            message: message.into(),
+        }
+    }
+}
