@@ -1,13 +1,15 @@
 //! Take a lock, use its fencing token, stop work if the lock is lost, release it.
 //!
-//! `cargo run -p dlock --example basic` (embedded file backend), or
-//! `DLOCK_BACKEND=redis://127.0.0.1:6379 cargo run -p dlock --example basic`.
+//! `cargo run -p distlock --example basic` (embedded file backend), or
+//! `DLOCK_BACKEND=redis://127.0.0.1:6379 cargo run -p distlock --example basic`.
 
 use std::time::Duration;
 
 #[tokio::main]
 async fn main() -> distlock::Result<()> {
     let url = std::env::var("DLOCK_BACKEND").unwrap_or_else(|_| distlock::DEFAULT_BACKEND.into());
+    // Messages show the URL with its password as `***`.
+    println!("connecting to {}", distlock::conn::redact(&url));
     let client = distlock::connect(&url).await?;
 
     let lock = client.lock("example:stock:sku-42")?;

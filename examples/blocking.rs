@@ -1,6 +1,6 @@
 //! The blocking API, for code without an async runtime: a nightly job that must run once.
 //!
-//! `cargo run -p dlock --example blocking`
+//! `cargo run -p distlock --example blocking`
 
 use std::time::Duration;
 

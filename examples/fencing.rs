@@ -1,7 +1,7 @@
 //! Why fencing tokens: a storage that rejects writes carrying an older token than one it has
 //! seen stays consistent even when a holder stalls past its lease.
 //!
-//! `cargo run -p dlock --example fencing`
+//! `cargo run -p distlock --example fencing`
 
 use std::sync::Mutex;
 use std::time::Duration;
