@@ -29,6 +29,12 @@
 //! ```
 //!
 //! Non-async code uses [`blocking::connect`].
+//!
+//! The scheme picks the backend through a [registry](registry()) built from the enabled cargo
+//! features; a scheme whose feature is off fails with a message naming the feature, and a
+//! program can add a scheme of its own with [`register`]. Every error shows the URL with its
+//! password as `***`; [`conn::ConnectionString`] is the parser the backends share, for a
+//! backend of one's own.
 #![warn(missing_docs)]
 
 pub use distlock_core::*;
@@ -118,7 +124,15 @@ pub use backends::{default_registry, register, registry};
 pub mod blocking {
     pub use distlock_core::blocking::*;
 
-    /// Connects with default options; see [`crate::connect`].
+    /// Connects with default options; see [`crate::connect`]. Starts the client's own
+    /// runtime thread; must **not** be called from async code.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Runtime`](crate::Error::Runtime) when called inside a tokio runtime; otherwise
+    /// as [`crate::connect`] (the URL shown with its password as `***`).
+    ///
+    /// # Examples
     ///
     /// ```no_run
     /// let client = distlock::blocking::connect("redis://127.0.0.1:6379")?;
@@ -131,7 +145,21 @@ pub mod blocking {
         connect_with(url, crate::ClientOptions::default())
     }
 
-    /// Connects with `opts`; see [`crate::connect_with`].
+    /// Connects with `opts`; see [`crate::connect_with`] and [`connect`].
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`], plus [`Error::InvalidArgument`](crate::Error::InvalidArgument) for
+    /// inconsistent `opts`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let opts = distlock::ClientOptions::default().namespace("reports");
+    /// let client = distlock::blocking::connect_with("file:///var/lib/app/locks", opts)?;
+    /// # let _ = client;
+    /// # Ok::<(), distlock::Error>(())
+    /// ```
     pub fn connect_with(url: &str, opts: crate::ClientOptions) -> crate::Result<Client> {
         let url = url.to_owned();
         Client::new(move || async move { crate::connect_with(&url, opts).await })
