@@ -54,10 +54,10 @@ mod etcd;
 mod fenced;
 mod mariadb;
 mod postgres;
+mod process;
 mod proxy;
 mod redis;
 mod resp;
-mod process;
 mod spawn;
 mod template;
 mod tls;
@@ -68,10 +68,10 @@ pub use etcd::{EtcdCluster, EtcdStatus, ETCD_BINARY_ENV};
 pub use fenced::{FencedRegister, FencedWrite, Interval, OverlapRecorder, Visit};
 pub use mariadb::{MariaDbServer, MARIADB_SERVER_ENV};
 pub use postgres::{PostgresServer, POSTGRES_BIN_DIR_ENV};
+pub use process::{Ready, ReadyCheck, ServerProcess, ServerSpec};
 pub use proxy::{DelayProxy, DirectionStats, ProxyControl, ProxyStats};
 pub use redis::{RedisOptions, RedisServer, REDIS_SERVER_ENV};
 pub use resp::Reply;
-pub use process::{Ready, ReadyCheck, ServerProcess, ServerSpec};
 /// A self-deleting temporary directory: [`tempfile::TempDir`] (`TempDir::new()`,
 /// `TempDir::with_prefix(p)`, `.path()`), removed recursively on drop.
 pub use tempfile::TempDir;
