@@ -334,10 +334,12 @@ fn spec(bins: &PgBins, run_as: Option<(u32, u32)>) -> ServerSpec {
         }
         cmd
     })
-    .ready(|c| match postmaster_ready(&c.dir.join("data").join("postmaster.pid"), c.pid) {
-        true => Ready::Yes,
-        false => Ready::NotYet,
-    })
+    .ready(
+        |c| match postmaster_ready(&c.dir.join("data").join("postmaster.pid"), c.pid) {
+            true => Ready::Yes,
+            false => Ready::NotYet,
+        },
+    )
     .output("postgres.log")
     .ready_timeout(Duration::from_secs(20), Duration::from_millis(10))
     .attempts(5, 20, Duration::from_millis(100))

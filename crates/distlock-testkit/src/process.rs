@@ -105,7 +105,10 @@ impl ServerSpec {
 
     /// The readiness probe, asked every poll interval until it says [`Ready::Yes`] (or the
     /// process exits, or the [timeout](Self::ready_timeout) passes).
-    pub fn ready(mut self, probe: impl Fn(&ReadyCheck<'_>) -> Ready + Send + Sync + 'static) -> Self {
+    pub fn ready(
+        mut self,
+        probe: impl Fn(&ReadyCheck<'_>) -> Ready + Send + Sync + 'static,
+    ) -> Self {
         self.ready = Box::new(probe);
         self
     }
@@ -566,8 +569,8 @@ mod tests {
 
     #[test]
     fn pause_resume_restart_kill_reach_the_group() {
-        let server = ServerProcess::start(sleeper(), tempfile::tempdir().expect("dir"))
-            .expect("start");
+        let server =
+            ServerProcess::start(sleeper(), tempfile::tempdir().expect("dir")).expect("start");
         let pid = server.pid().expect("pid");
         let pgid = libc::pid_t::try_from(pid).expect("pid");
         std::thread::sleep(Duration::from_millis(100));
@@ -583,7 +586,10 @@ mod tests {
         server.restart().expect("restart");
         assert_eq!(server.port(), port);
         assert_ne!(server.pid(), Some(pid));
-        assert!(group_states(pgid).is_empty(), "old group survived the restart");
+        assert!(
+            group_states(pgid).is_empty(),
+            "old group survived the restart"
+        );
         assert!(server.output().contains(&format!("port {port}")));
         server.kill();
         assert!(!server.is_running() && server.pid().is_none());
@@ -598,16 +604,24 @@ mod tests {
         })
         .ready(|_| Ready::NotYet)
         .attempts(2, 1, Duration::ZERO);
-        let err = ServerProcess::start(spec, tempfile::tempdir().expect("dir"))
-            .expect_err("exits early");
+        let err =
+            ServerProcess::start(spec, tempfile::tempdir().expect("dir")).expect_err("exits early");
         let text = err.to_string();
-        assert!(text.contains("exited early") && text.contains("boom"), "{text}");
+        assert!(
+            text.contains("exited early") && text.contains("boom"),
+            "{text}"
+        );
     }
 
     #[test]
     fn missing_binary_names_the_package() {
-        let spec = ServerSpec::new("x", "some-package", |_, _| Command::new("dlock-no-such-xyz"));
-        let err = ServerProcess::start(spec, tempfile::tempdir().expect("dir")).expect_err("missing");
-        assert!(matches!(err, Error::BinaryMissing { ref package, .. } if package == "some-package"));
+        let spec = ServerSpec::new("x", "some-package", |_, _| {
+            Command::new("dlock-no-such-xyz")
+        });
+        let err =
+            ServerProcess::start(spec, tempfile::tempdir().expect("dir")).expect_err("missing");
+        assert!(
+            matches!(err, Error::BinaryMissing { ref package, .. } if package == "some-package")
+        );
     }
 }

@@ -75,7 +75,9 @@ impl RedisServer {
     /// [`Error::Start`] carrying the tail of the server's log.
     pub fn start_with_binary(binary: &str, opts: RedisOptions) -> Result<Self> {
         let binary = resolve_binary(binary, PACKAGE)?;
-        let dir = tempfile::Builder::new().prefix("distlock-redis").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("distlock-redis")
+            .tempdir()?;
         let process = ServerProcess::start(spec(binary, &opts), dir)?;
         Ok(RedisServer {
             opts,
@@ -216,7 +218,6 @@ impl RedisServer {
         authenticate(&mut conn, &self.opts)?;
         Ok(conn.call(args)?)
     }
-
 }
 
 /// How to run `binary` with `opts`: in its dir, on the given port, ready once it answers
@@ -246,7 +247,13 @@ fn spec(binary: PathBuf, opts: &RedisOptions) -> ServerSpec {
         cmd.args(&o.extra_args);
         cmd
     })
-    .ready(move |c| probe(SocketAddr::from(([127, 0, 0, 1], c.port)), &probe_opts, c.pid))
+    .ready(move |c| {
+        probe(
+            SocketAddr::from(([127, 0, 0, 1], c.port)),
+            &probe_opts,
+            c.pid,
+        )
+    })
     .logs(&["redis.log"])
     .ready_timeout(READY_TIMEOUT, Duration::from_millis(10))
     .attempts(5, 10, Duration::from_millis(50))

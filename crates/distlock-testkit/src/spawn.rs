@@ -10,9 +10,9 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
 use std::sync::mpsc;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 type Job = (Command, mpsc::Sender<io::Result<Child>>);
 

@@ -177,4 +177,3 @@ pub(crate) fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
     }
     Ok(())
 }
-

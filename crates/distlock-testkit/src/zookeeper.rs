@@ -358,25 +358,29 @@ fn config(dir: &Path, client_port: u16, servers: &str) -> String {
 /// Node `id` (1-based `myid`): a JVM running `QuorumPeerMain DIR/zoo.cfg` in the foreground.
 fn node_spec(java: &Path, classpath: &str, id: usize) -> ServerSpec {
     let (java, classpath) = (java.to_path_buf(), classpath.to_string());
-    ServerSpec::new(format!("ZooKeeper node {id}"), PACKAGE, move |dir, _port| {
-        let mut cmd = Command::new(&java);
-        cmd.args([
-            "-Xmx128m",
-            "-Xss512k",
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
-            "-XX:-UsePerfData",
-            "-Djava.net.preferIPv4Stack=true",
-            "-Dzookeeper.jmx.log4j.disable=true",
-            "-Dorg.slf4j.simpleLogger.showDateTime=true",
-            "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
-        ])
-        .arg("-cp")
-        .arg(&classpath)
-        .arg(MAIN_CLASS)
-        .arg(dir.join("zoo.cfg"));
-        cmd
-    })
+    ServerSpec::new(
+        format!("ZooKeeper node {id}"),
+        PACKAGE,
+        move |dir, _port| {
+            let mut cmd = Command::new(&java);
+            cmd.args([
+                "-Xmx128m",
+                "-Xss512k",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-XX:-UsePerfData",
+                "-Djava.net.preferIPv4Stack=true",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                "-Dorg.slf4j.simpleLogger.showDateTime=true",
+                "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+            ])
+            .arg("-cp")
+            .arg(&classpath)
+            .arg(MAIN_CLASS)
+            .arg(dir.join("zoo.cfg"));
+            cmd
+        },
+    )
     .output("server.log")
     // Readiness is the ensemble's (a leader, every node serving): see `wait_ready`.
     .attempts(1, 5, Duration::from_millis(200))
