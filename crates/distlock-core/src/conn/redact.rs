@@ -10,9 +10,9 @@ pub(super) enum Found {
     Nothing,
     /// A `user:password@` before the first `/`, `?` or `#`.
     InAuthority,
-    /// An `@` after the first `/`, `?` or `#` with a `:` before it: a password with an
-    /// unencoded `/`, `?` or `#` (or an `@` in a path or parameter); everything from the first
-    /// `:` to the last `@` is masked.
+    /// A host part, then an `@` after the first `/`, `?` or `#` with a `:` before it: a
+    /// password with an unencoded `/`, `?` or `#` (or an `@` in a path or parameter);
+    /// everything from the first `:` to the last `@` is masked.
     Ambiguous,
 }
 
@@ -49,6 +49,9 @@ pub(super) fn mask(url: &str) -> (String, Found) {
             ),
             None => (String::new(), Found::Nothing, rest),
         }
+    } else if authority.is_empty() {
+        // `file:///a:b@c`, `postgres:///db?…`: no user info can start after an empty host.
+        (String::new(), Found::Nothing, rest)
     } else {
         match rest.rfind('@') {
             Some(at) => match rest[..at].find(':') {

@@ -189,6 +189,8 @@ fn the_password_is_never_shown() {
         "redis://u@h/db?application_name=x@y"
     );
     assert_eq!(redact("file:///tmp/a@b"), "file:///tmp/a@b");
+    assert_eq!(ok("file:///tmp/a:b@c").path().unwrap(), "/tmp/a:b@c");
+    assert_eq!(redact("redis://do/main:pw@h"), "redis://do/main:***@h");
 }
 
 #[test]
