@@ -1,18 +1,12 @@
 //! `dlock`: run a command under a distributed lock, inspect locks.
 
-mod bench;
 mod child;
 mod doctor;
 mod inspect;
 mod kind;
 mod list;
-mod progress;
 mod release;
 mod run;
-mod seckill;
-mod stats;
-mod store;
-mod timeline;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
@@ -44,11 +38,9 @@ enum Command {
     /// Check the deployment behind the URL for settings that break locks; exits 1 when
     /// anything is unsafe.
     Doctor(doctor::DoctorArgs),
-    /// The flash-sale experiment: buyers in several processes race for a small stock, with
-    /// no lock, a local lock, optimistic versions, trylock and lock; shows who oversells.
-    Seckill(seckill::SeckillArgs),
-    /// Measure lock latency and throughput (uncontended, contended).
-    Bench(bench::BenchArgs),
+    // `seckill`, `bench` and the hidden `__seckill-worker`: crate distlock-lab.
+    #[command(flatten)]
+    Lab(distlock_lab::Command),
     /// Print a shell completion script to stdout, e.g. `dlock completions bash`.
     Completions {
         /// The shell: bash, zsh, fish, elvish or powershell.
@@ -63,17 +55,15 @@ enum Command {
     /// The process that runs the command of `dlock run` (started by it; not for direct use).
     #[command(name = "__guard", hide = true)]
     Guard(child::GuardArgs),
-    /// One worker process of `dlock seckill` (started by it; not for direct use).
-    #[command(name = "__seckill-worker", hide = true)]
-    SeckillWorker(seckill::worker::WorkerArgs),
 }
 
 /// Exit code when the lock was not acquired within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
 /// Exit code when the lock was lost while the command ran.
 pub const EXIT_LOST: u8 = 76;
-/// Exit code for other errors (bad input, unreachable server…).
-pub const EXIT_ERROR: u8 = 1;
+/// Exit code for other errors (bad input, unreachable server…), and the command-line
+/// duration parser (a bare number is seconds): shared with the lab subcommands.
+pub use distlock_lab::{duration_arg, EXIT_ERROR};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -92,34 +82,19 @@ fn main() -> ExitCode {
         Command::Man { subcommand } => return ExitCode::from(man(subcommand.as_deref())),
         command => Cli { command, ..cli },
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("dlock: cannot start the runtime: {e}");
-            return ExitCode::from(EXIT_ERROR);
-        }
-    };
-    let code = rt.block_on(async move {
+    let backend = cli.backend;
+    ExitCode::from(distlock_lab::block_on(async move {
         match cli.command {
-            Command::Run(args) => run::run(&cli.backend, args).await,
-            Command::Inspect(args) => inspect::inspect(&cli.backend, args).await,
-            Command::List(args) => list::list(&cli.backend, args).await,
-            Command::Release(args) => release::release(&cli.backend, args).await,
-            Command::Doctor(args) => doctor::doctor(&cli.backend, args).await,
-            Command::Seckill(args) => seckill::seckill(&cli.backend, args).await,
-            Command::Bench(args) => bench::bench(&cli.backend, args).await,
-            Command::SeckillWorker(args) => seckill::worker::worker(&cli.backend, args).await,
+            Command::Run(args) => run::run(&backend, args).await,
+            Command::Inspect(args) => inspect::inspect(&backend, args).await,
+            Command::List(args) => list::list(&backend, args).await,
+            Command::Release(args) => release::release(&backend, args).await,
+            Command::Doctor(args) => doctor::doctor(&backend, args).await,
+            Command::Lab(command) => distlock_lab::run(&backend, command).await,
             // Handled above, before the runtime.
             Command::Guard(_) | Command::Completions { .. } | Command::Man { .. } => EXIT_ERROR,
         }
-    });
-    // Give background releases (dropped guards) a moment to finish.
-    rt.shutdown_timeout(std::time::Duration::from_secs(2));
-    ExitCode::from(code)
+    }))
 }
 
 /// The command-line definition without the hidden subcommands (the guard, the seckill
@@ -164,22 +139,6 @@ fn man(subcommand: Option<&str>) -> u8 {
     }
 }
 
-/// Parses a duration for clap: a bare number is seconds (as for `flock -w` and `timeout`),
-/// or a number with a unit: `500ms`, `10s`, `1.5m`, `2h`.
-///
-/// Only the command line reads bare numbers as seconds; `distlock::parse_duration` (bare number
-/// = milliseconds) stays as it is, since backend URL options (`?wait_timeout=`, ZooKeeper
-/// and Redlock settings) are parsed with it.
-pub fn duration_arg(s: &str) -> Result<std::time::Duration, String> {
-    let t = s.trim();
-    if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        return distlock::parse_duration(&format!("{t}s")).map_err(|_| {
-            format!("`{s}` is not a duration; write e.g. `10` (seconds), `500ms`, `2m` or `1h`")
-        });
-    }
-    distlock::parse_duration(s).map_err(|e| e.to_string())
-}
-
 /// Connects, printing a clear error on failure.
 pub async fn connect(url: &str, opts: distlock::ClientOptions) -> Result<distlock::Client, u8> {
     match distlock::connect_with(url, opts).await {
@@ -194,19 +153,6 @@ pub async fn connect(url: &str, opts: distlock::ClientOptions) -> Result<distloc
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn bare_numbers_are_seconds() {
-        assert_eq!(duration_arg("10"), Ok(Duration::from_secs(10)));
-        assert_eq!(duration_arg("0"), Ok(Duration::ZERO));
-        assert_eq!(duration_arg("1.5"), Ok(Duration::from_millis(1500)));
-        assert_eq!(duration_arg("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(duration_arg("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["", "soon", "1..2", "-1", "1d"] {
-            assert!(duration_arg(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn the_cli_definition_is_consistent() {

@@ -8,6 +8,25 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// `dlock release --force NAME` answering its question with `answer`.
+fn release_answering(url: &str, name: &str, answer: &str) -> std::process::Output {
+    let mut child = Command::new(DLOCK)
+        .env("DLOCK_BACKEND", url)
+        .args(["release", "--force", name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(format!("{answer}\n").as_bytes())
+        .expect("answer");
+    child.wait_with_output().expect("wait")
+}
+
 fn find<'a>(
     locks: &'a [serde_json::Value],
     name: &str,
@@ -127,21 +146,7 @@ async fn force_release_fences_the_old_holder(url: &str) {
     assert!(register.write(guard.fencing_token(), "old", true));
 
     // Without --yes it asks; anything but "y" keeps the holder.
-    let mut child = Command::new(DLOCK)
-        .env("DLOCK_BACKEND", url)
-        .args(["release", "--force", "ops-stuck"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"n\n")
-        .expect("answer");
-    let out = child.wait_with_output().expect("wait");
+    let out = release_answering(url, "ops-stuck", "n");
     assert_ne!(out.status.code(), Some(0), "{out:?}");
     assert!(text(&out.stderr).contains("[y/N]"), "{out:?}");
     // Without --force it refuses.
@@ -150,22 +155,8 @@ async fn force_release_fences_the_old_holder(url: &str) {
     assert!(!guard.is_lost());
 
     // "y" on stdin releases.
-    let mut child = Command::new(DLOCK)
-        .env("DLOCK_BACKEND", url)
-        .args(["release", "--force", "ops-stuck"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"y\n")
-        .expect("answer");
     let released_at = Instant::now();
-    let out = child.wait_with_output().expect("wait");
+    let out = release_answering(url, "ops-stuck", "y");
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let stdout = text(&out.stdout);
     assert!(stdout.contains(guard.owner()), "{stdout}");

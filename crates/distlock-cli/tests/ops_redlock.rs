@@ -3,7 +3,7 @@
 //! nodes), with the holder in another client.
 
 mod ops_common;
-use distlock_testkit::{FencedRegister, RedisServer};
+use distlock_testkit::RedisServer;
 use ops_common::*;
 use std::time::{Duration, Instant};
 
@@ -46,24 +46,9 @@ async fn cluster() -> (Vec<RedisServer>, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_list_force_release_and_doctor() {
     let (servers, url) = cluster().await;
-    let old = distlock::connect_with(
-        &url,
-        distlock::ClientOptions::default().watchdog_lease(Duration::from_secs(1)),
-    )
-    .await
-    .expect("connect");
-    let guard = old
-        .lock("ops-rl")
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(10))
-        .await
-        .expect("acquire");
-    let register = FencedRegister::new();
-    assert!(register.write(guard.fencing_token(), "old", true));
+    let (old, guard) = hold(&url, "ops-rl", Duration::from_secs(1)).await;
 
-    let out = dlock(&url, &["list", "--json", "--prefix", "ops-rl"]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let locks: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("JSON");
+    let locks = list_json(&url, "ops-rl");
     let l = locks
         .iter()
         .find(|l| l["name"] == "ops-rl")
@@ -74,23 +59,14 @@ async fn redlock_list_force_release_and_doctor() {
     assert!(owner.starts_with(guard.owner()), "{l}");
     assert_eq!(l["fencing_token"], guard.fencing_token(), "{l}");
 
-    let out = dlock(&url, &["release", "--force", "ops-rl", "--yes"]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert!(text(&out.stdout).contains(guard.owner()), "{out:?}");
-    tokio::time::timeout(Duration::from_secs(5), guard.lost())
-        .await
-        .expect("the old holder's lost signal fires");
-    let next = old
-        .lock("ops-rl")
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(10))
-        .await
-        .expect("the next holder acquires");
-    assert!(next.fencing_token() > guard.fencing_token());
-    assert!(register.write(next.fencing_token(), "next", true));
-    assert!(!register.write(guard.fencing_token(), "old", !guard.is_lost()));
-    register.assert_no_rejected_belief();
-    next.release().await.expect("release");
+    let next = async {
+        old.lock("ops-rl")
+            .expect("lock")
+            .acquire_timeout(Duration::from_secs(10))
+            .await
+            .expect("the next holder acquires")
+    };
+    force_release_fences(&url, "ops-rl", &guard, Duration::from_secs(5), next).await;
 
     let out = dlock(&url, &["doctor"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");

@@ -71,6 +71,23 @@ fn family(file: &Path) -> Vec<String> {
     ]
 }
 
+/// Starts `dlock run ARGS… -- family` (stderr piped) and waits until the shell and its child
+/// have written their pids; returns dlock and the two pids.
+fn run_family(url: &str, args: &[&str], pidfile: &Path) -> (Child, Vec<u32>) {
+    let holder = dlock(url)
+        .arg("run")
+        .args(args)
+        .arg("--")
+        .args(family(pidfile))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dlock");
+    wait_until("the command and its child", Duration::from_secs(10), || {
+        pids(pidfile).len() == 2
+    });
+    (holder, pids(pidfile))
+}
+
 fn stderr_of(child: &mut Child) -> String {
     let mut err = String::new();
     if let Some(mut s) = child.stderr.take() {
@@ -91,15 +108,7 @@ fn kill_9_of_dlock_takes_the_command_and_its_children_down_within_a_second() {
     let dir = TempDir::new().expect("tempdir");
     let url = file_url(&dir);
     let pidfile = dir.path().join("pids");
-    let mut holder = dlock(&url)
-        .args(["run", "k9", "--"])
-        .args(family(&pidfile))
-        .spawn()
-        .expect("dlock");
-    wait_until("the command and its child", Duration::from_secs(10), || {
-        pids(&pidfile).len() == 2
-    });
-    let family = pids(&pidfile);
+    let (mut holder, family) = run_family(&url, &["k9"], &pidfile);
     assert!(family.iter().all(|&p| alive(p)), "{family:?}");
     signal(holder.id(), libc::SIGKILL);
     let _ = holder.wait();
@@ -143,15 +152,7 @@ fn signals_are_forwarded_to_the_whole_group() {
     let dir = TempDir::new().expect("tempdir");
     let url = file_url(&dir);
     let pidfile = dir.path().join("pids");
-    let mut holder = dlock(&url)
-        .args(["run", "sig", "--"])
-        .args(family(&pidfile))
-        .spawn()
-        .expect("dlock");
-    wait_until("the family", Duration::from_secs(10), || {
-        pids(&pidfile).len() == 2
-    });
-    let family = pids(&pidfile);
+    let (mut holder, family) = run_family(&url, &["sig"], &pidfile);
     signal(holder.id(), libc::SIGINT);
     let st = holder.wait().expect("wait");
     assert_eq!(st.code(), Some(128 + libc::SIGINT), "{st:?}");
@@ -189,16 +190,7 @@ fn a_lost_lock_stops_grandchildren() {
     let server = RedisServer::start().expect("redis");
     let dir = TempDir::new().expect("tempdir");
     let pidfile = dir.path().join("pids");
-    let mut child = dlock(&server.url())
-        .args(["run", "--lease", "2s", "lost", "--"])
-        .args(family(&pidfile))
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run");
-    wait_until("the family", Duration::from_secs(10), || {
-        pids(&pidfile).len() == 2
-    });
-    let family = pids(&pidfile);
+    let (mut child, family) = run_family(&server.url(), &["--lease", "2s", "lost"], &pidfile);
     server.command(&["DEL", "dlock:{lost}"]).expect("del");
     let st = child.wait().expect("wait");
     assert_eq!(st.code(), Some(76), "{st:?}");

@@ -39,3 +39,104 @@ pub async fn client(url: &str, lease: Duration) -> distlock::Client {
     .await
     .expect("connect")
 }
+
+/// `client(url, lease)` holding the mutex `name`.
+pub async fn hold(
+    url: &str,
+    name: &str,
+    lease: Duration,
+) -> (distlock::Client, distlock::LockGuard) {
+    let c = client(url, lease).await;
+    let g = c
+        .lock(name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("acquire");
+    (c, g)
+}
+
+/// A waiter for the mutex `name` on `client`, queued in a task (up to 30 s).
+pub fn spawn_waiter(
+    client: &distlock::Client,
+    name: &str,
+) -> tokio::task::JoinHandle<distlock::Result<distlock::LockGuard>> {
+    let lock = client.lock(name).expect("lock");
+    tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(30)).await })
+}
+
+/// `list --json --prefix name` until the mutex `name` is listed with one waiter (within 20 s).
+pub async fn listed_with_waiter(url: &str, name: &str) -> serde_json::Value {
+    let t = std::time::Instant::now();
+    loop {
+        let locks = list_json(url, name);
+        if let Some(l) = locks
+            .iter()
+            .find(|l| l["name"] == name && l["waiters"] == 1)
+        {
+            return l.clone();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no waiter: {locks:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `release --force NAME --yes` of `old`'s lock: it names the old owner, the old holder's
+/// lost signal fires within `lost_within`, the next holder (`next`) gets a higher token and
+/// the old holder's write is rejected by a fenced register; `next`'s guard is released.
+pub async fn force_release_fences(
+    url: &str,
+    name: &str,
+    old: &distlock::LockGuard,
+    lost_within: Duration,
+    next: impl std::future::Future<Output = distlock::LockGuard>,
+) {
+    let register = distlock_testkit::FencedRegister::new();
+    assert!(register.write(old.fencing_token(), "old", true));
+    let t = std::time::Instant::now();
+    let out = dlock(url, &["release", "--force", name, "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(text(&out.stdout).contains(old.owner()), "{out:?}");
+    tokio::time::timeout(lost_within, old.lost())
+        .await
+        .expect("the old holder's lost signal fires");
+    eprintln!("{url}: lost signal {:?} after the release", t.elapsed());
+    let g2 = next.await;
+    assert!(g2.fencing_token() > old.fencing_token());
+    assert!(register.write(g2.fencing_token(), "next", true));
+    assert!(
+        !register.write(old.fencing_token(), "old", !old.is_lost()),
+        "the old holder's write must be rejected"
+    );
+    register.assert_no_rejected_belief();
+    g2.release().await.expect("release");
+}
+
+/// A waiter's guard, within `within`.
+pub async fn waited(
+    waiter: tokio::task::JoinHandle<distlock::Result<distlock::LockGuard>>,
+    within: Duration,
+) -> distlock::LockGuard {
+    tokio::time::timeout(within, waiter)
+        .await
+        .expect("the waiter gets the lock in time")
+        .expect("join")
+        .expect("the waiter stayed queued and acquires")
+}
+
+/// `dlock doctor` exits 0 with an `OK` line for each of `checks`.
+pub fn doctor_passes(url: &str, checks: &[&str]) {
+    let out = dlock(url, &["doctor"]);
+    let report = text(&out.stdout) + &text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{url}: {report}");
+    for check in checks {
+        let line = report
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(&format!("{check}:")))
+            .unwrap_or_else(|| panic!("no `{check}` line in {report}"));
+        assert!(line.starts_with("OK"), "{check}: {report}");
+    }
+}

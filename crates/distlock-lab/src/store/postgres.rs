@@ -31,28 +31,14 @@ pub struct PgStore {
 /// What the store needs of a dlock PostgreSQL URL: the driver's config (dlock's own
 /// parameters removed), `host:port` for messages, and the dlock namespace.
 fn parse_url(url: &str) -> StoreResult<(tokio_postgres::Config, String, String)> {
-    let redacted = distlock::postgres::redact(url);
-    let bad = |why: String| StoreError(format!("invalid PostgreSQL URL `{redacted}`: {why}"));
-    let mut u = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-    let mut namespace = distlock::ClientOptions::default()
-        .get_namespace()
-        .to_owned();
-    let mut keep = Vec::new();
-    for (k, v) in u.query_pairs() {
-        match k.as_ref() {
-            "namespace" => namespace = v.into_owned(),
-            "mode" | "listen" => {}
-            _ => keep.push((k.into_owned(), v.into_owned())),
-        }
-    }
-    if keep.is_empty() {
-        u.set_query(None);
-    } else {
-        u.query_pairs_mut().clear().extend_pairs(&keep);
-    }
-    // tokio-postgres reads only postgresql:// and postgres://, in lower case.
-    let text = u.as_str().to_owned();
-    let mut config = tokio_postgres::Config::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let (cs, namespace) = super::driver_url(url, &["mode", "listen"])?;
+    let bad = |why: String| {
+        let redacted = cs.redacted();
+        StoreError(format!("invalid PostgreSQL URL `{redacted}`: {why}"))
+    };
+    // tokio-postgres reads only postgresql:// and postgres://, in lower case (as rebuilt).
+    let mut config =
+        tokio_postgres::Config::from_str(cs.expose_url()).map_err(|e| bad(e.to_string()))?;
     config.connect_timeout(OP_TIMEOUT);
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),

@@ -4,7 +4,7 @@
 //!   latency is one acquire + release pair.
 //! - `contended`: `--clients` clients (each its own `distlock::connect`, as separate processes
 //!   would have) take turns on one name; each critical section is a deliberately non-atomic
-//!   read + write increment of a counter in the backend's [store](crate::store). Lost mutual
+//!   read + write increment of a counter in the backend's store (a counter next to the locks). Lost mutual
 //!   exclusion shows as `violations`: critical sections that overlapped (an in-memory
 //!   "inside" counter shared by the clients), plus increments missing from (or extra in) the
 //!   final counter, plus releases that found the lock no longer held. The latency is the
@@ -34,6 +34,7 @@ const PINGS: usize = 200;
 
 /// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[non_exhaustive]
 pub enum Scenario {
     /// One client, acquire + release in a loop over --keys names.
     Uncontended,
@@ -162,6 +163,18 @@ fn progress_ticker(
 }
 
 /// Runs `dlock bench`; the exit code.
+///
+/// # Errors
+///
+/// None returned: a backend that cannot be reached or a store that cannot be opened is
+/// printed to stderr, and so is a run that broke mutual exclusion (violations in the report);
+/// the exit code is then [`EXIT_ERROR`](crate::EXIT_ERROR). Operations that failed during the
+/// measurement are counted in the report (`errors`).
+///
+/// # Cancel safety
+///
+/// Not cancel safe: dropping the future mid-run leaves the run's counter in the store and
+/// prints no report; locks held at that moment are released in the background.
 pub async fn bench(url: &str, args: BenchArgs) -> u8 {
     let backend = store::scheme(url).unwrap_or_default();
     let ping_us = if backend == "redis" {

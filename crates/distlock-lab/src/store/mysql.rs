@@ -28,26 +28,11 @@ pub struct MySqlStore {
 /// The driver's options of a dlock MySQL URL (dlock's own parameters removed), `host:port`
 /// for messages, and the dlock namespace.
 fn parse_url(url: &str) -> StoreResult<(mysql_async::Opts, String, String)> {
-    let redacted = distlock::mysql::redact(url);
-    let bad = |why: String| StoreError(format!("invalid MySQL URL `{redacted}`: {why}"));
-    let mut u = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-    let mut namespace = distlock::ClientOptions::default()
-        .get_namespace()
-        .to_owned();
-    let mut keep = Vec::new();
-    for (k, v) in u.query_pairs() {
-        match k.as_ref() {
-            "namespace" => namespace = v.into_owned(),
-            "mode" => {}
-            _ => keep.push((k.into_owned(), v.into_owned())),
-        }
-    }
-    if keep.is_empty() {
-        u.set_query(None);
-    } else {
-        u.query_pairs_mut().clear().extend_pairs(&keep);
-    }
-    let opts = mysql_async::Opts::from_url(u.as_str()).map_err(|e| bad(e.to_string()))?;
+    let (cs, namespace) = super::driver_url(url, &["mode"])?;
+    let opts = mysql_async::Opts::from_url(cs.expose_url()).map_err(|e| {
+        let redacted = cs.redacted();
+        StoreError(format!("invalid MySQL URL `{redacted}`: {e}"))
+    })?;
     let endpoint = format!("MySQL at {}:{}", opts.ip_or_hostname(), opts.tcp_port());
     Ok((opts, endpoint, namespace))
 }

@@ -1,8 +1,10 @@
 //! `dlock bench` end to end on a real file directory and a real redis-server.
 
-use distlock_testkit::{RedisServer, TempDir};
+mod common;
+
+use common::{bench_json, dlock, file_backend, left_in, n, text};
+use distlock_testkit::RedisServer;
 use serde_json::Value;
-use std::process::{Command, Output};
 
 const KEYS: [&str; 14] = [
     "peer",
@@ -20,41 +22,6 @@ const KEYS: [&str; 14] = [
     "client_ops_min",
     "client_ops_max",
 ];
-
-fn dlock(backend: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .arg("--backend")
-        .arg(backend)
-        .args(args)
-        .env_remove("DLOCK_BACKEND")
-        .output()
-        .expect("run dlock")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn bench_json(backend: &str, args: &[&str]) -> Value {
-    let mut all = vec!["bench", "--duration", "1s", "--json"];
-    all.extend_from_slice(args);
-    let out = dlock(backend, &all);
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    serde_json::from_str(text(&out.stdout).trim())
-        .unwrap_or_else(|e| panic!("{e}: `{}`", text(&out.stdout)))
-}
-
-fn n(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("`{key}` is not a count in {v}"))
-}
 
 fn check(v: &Value, scenario: &str, backend: &str, clients: u64) {
     for k in KEYS {
@@ -80,17 +47,13 @@ fn check(v: &Value, scenario: &str, backend: &str, clients: u64) {
 
 #[test]
 fn file_scenarios() {
-    let dir = TempDir::with_prefix("distlock-cli-bench").expect("temp dir");
-    let url = format!("file://{}", dir.path().display());
+    let (dir, url) = file_backend("distlock-lab-bench");
     let v = bench_json(&url, &["--scenario", "uncontended", "--keys", "4"]);
     check(&v, "uncontended", "file", 1);
     assert!(v["ping_p50_us"].is_null());
     let v = bench_json(&url, &["--scenario", "contended", "--clients", "8"]);
     check(&v, "contended", "file", 8);
-    let left: Vec<_> = std::fs::read_dir(dir.path().join("dlock"))
-        .expect("namespace dir")
-        .filter_map(|e| e.ok().map(|e| e.file_name()))
-        .collect();
+    let left = left_in(&dir);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -148,8 +111,7 @@ fn readheavy_on_redis_next_to_a_mutex() {
 
 #[test]
 fn readheavy_on_file_next_to_a_mutex() {
-    let dir = TempDir::with_prefix("distlock-cli-bench-rh").expect("temp dir");
-    let url = format!("file://{}", dir.path().display());
+    let (_dir, url) = file_backend("distlock-lab-bench-rh");
     let v = bench_json(&url, &["--scenario", "readheavy", "--clients", "4"]);
     check(&v, "readheavy", "file", 4);
     assert_eq!(v["baseline"]["lock"], "mutex");

@@ -31,6 +31,7 @@ mod redlock;
 mod zookeeper;
 
 use distlock::async_trait;
+use distlock::conn::ConnectionString;
 use std::fmt;
 
 /// An error of the store: what failed, where, and why.
@@ -91,9 +92,37 @@ pub trait Store: Send + Sync {
 
 /// The lower-case scheme of a backend URL (`file`, `redis`, …), or `None` without `://`.
 pub fn scheme(url: &str) -> Option<String> {
-    url.split_once("://")
-        .map(|(s, _)| s.to_ascii_lowercase())
-        .filter(|s| !s.is_empty())
+    distlock::conn::scheme_of(url)
+}
+
+/// `url` split into its parts by dlock's one connection-string parser (the error shows the
+/// URL with its password masked).
+pub(crate) fn parse(url: &str) -> StoreResult<ConnectionString> {
+    ConnectionString::parse(url).map_err(|e| StoreError(e.to_string()))
+}
+
+/// The dlock namespace a URL names: its `namespace` parameter, else the default.
+pub(crate) fn namespace(cs: &ConnectionString) -> String {
+    cs.param("namespace")
+        .filter(|ns| !ns.is_empty())
+        .map_or_else(
+            || {
+                distlock::ClientOptions::default()
+                    .get_namespace()
+                    .to_owned()
+            },
+            str::to_owned,
+        )
+}
+
+/// A SQL backend's URL for its driver: dlock's own parameters (`namespace` and `ours`) taken
+/// out; with the dlock namespace.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn driver_url(url: &str, ours: &[&str]) -> StoreResult<(ConnectionString, String)> {
+    let mut cs = parse(url)?;
+    let namespace = namespace(&cs);
+    cs.retain_params(|k, _| k != "namespace" && !ours.contains(&k));
+    Ok((cs, namespace))
 }
 
 /// Checks that `s` can name a run: 1 to 80 characters out of `[A-Za-z0-9-]` (it becomes part
@@ -250,6 +279,15 @@ pub(crate) const OP_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namespaces() {
+        let ns = |url: &str| namespace(&parse(url).expect("parses"));
+        assert_eq!(ns("redis://h:1"), "dlock");
+        assert_eq!(ns("redis://h:1/0?namespace=shop&x=1"), "shop");
+        assert_eq!(ns("redis://h:1?wait_replicas=1&namespace=a"), "a");
+        assert_eq!(ns("redis://h:1?namespace="), "dlock");
+    }
 
     #[test]
     fn schemes_and_run_ids() {

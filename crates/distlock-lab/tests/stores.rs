@@ -1,109 +1,21 @@
 //! `dlock seckill` and `dlock bench` on every backend with a store other than `file://` and
-//! `redis://` (tests/seckill.rs, tests/bench.rs): the real binary against real servers.
-//! The tests of optional backends need the CLI's cargo feature (CI: `--all-features`).
+//! `redis://` (tests/seckill.rs, tests/bench.rs): the real program against real servers.
+//! The tests of optional backends need the lab's cargo feature (CI: `--all-features`).
 
+mod common;
+
+use common::{bench_json, check_strategies, dlock, n, seckill_json, text};
 use distlock_testkit::RedisServer;
-use serde_json::Value;
-use std::process::{Command, Output};
-
-fn dlock(backend: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .arg("--backend")
-        .arg(backend)
-        .args(args)
-        .env_remove("DLOCK_BACKEND")
-        .output()
-        .expect("run dlock")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn success(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-fn n(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("`{key}` is not a count in {v}"))
-}
 
 /// `seckill --strategy all` (3 processes, 30 buyers, stock 10): the unlocked strategies
 /// oversell, the others never do, and `lock` sells out.
 fn seckill(backend: &str, scheme: &str) {
-    let out = dlock(
-        backend,
-        &[
-            "seckill",
-            "--json",
-            "--strategy",
-            "all",
-            "--stock",
-            "10",
-            "--buyers",
-            "30",
-            "--processes",
-            "3",
-            "--work-ms",
-            "30",
-        ],
-    );
-    let rows: Vec<Value> = success(&out)
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("`{l}`: {e}")))
-        .collect();
-    assert_eq!(rows.len(), 5, "{rows:?}");
-    let row = |s: &str| {
-        rows.iter()
-            .find(|r| r["strategy"] == s)
-            .unwrap_or_else(|| panic!("no row for {s} in {rows:?}"))
-    };
-    for r in &rows {
-        assert_eq!(r["backend"], scheme, "{r}");
-        assert_eq!(n(r, "sold") + n(r, "failed"), 30, "{r}");
-    }
-    for s in ["none", "local"] {
-        let r = row(s);
-        assert!(n(r, "oversold") > 0, "{s} should oversell: {r}");
-        assert_eq!(n(r, "oversold"), n(r, "sold").saturating_sub(10), "{r}");
-    }
-    for s in ["optimistic", "trylock", "lock"] {
-        let r = row(s);
-        assert_eq!(n(r, "oversold"), 0, "{s} must never oversell: {r}");
-        assert!(n(r, "sold") <= 10, "{r}");
-    }
-    let lock = row("lock");
-    assert_eq!(n(lock, "sold"), 10, "lock sells out: {lock}");
-    assert_eq!(n(lock, "failed"), 20, "{lock}");
+    check_strategies(&seckill_json(backend, &["--strategy", "all"]), scheme);
 }
 
 /// `bench --scenario contended --clients 4` for a second: no violation, no error.
 fn bench(backend: &str, scheme: &str) {
-    let out = dlock(
-        backend,
-        &[
-            "bench",
-            "--scenario",
-            "contended",
-            "--clients",
-            "4",
-            "--duration",
-            "1s",
-            "--json",
-        ],
-    );
-    let stdout = success(&out);
-    let v: Value =
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: `{stdout}`"));
+    let v = bench_json(backend, &["--scenario", "contended", "--clients", "4"]);
     assert_eq!(v["backend"], scheme, "{v}");
     assert_eq!(v["scenario"], "contended", "{v}");
     assert!(n(&v, "ops") > 0, "{v}");
@@ -210,7 +122,7 @@ fn zookeeper_store() {
     seckill(&zk.url(), "zk");
     bench(&zk.url(), "zk");
     // Under a chroot that does not exist yet.
-    seckill(&format!("{}/distlock-cli-stores", zk.url()), "zk");
+    seckill(&format!("{}/distlock-lab-stores", zk.url()), "zk");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! concurrent tokio tasks. Workers connect, say `ready`, and all start at one instant the
 //! parent sends them, so the race shows on every run. Every buyer does the deliberately
 //! non-atomic sale — read the stock, if it is above zero work for `--work-ms`, write
-//! stock − 1, create an order — on the backend's own [store](crate::store), protected by one
+//! stock − 1, create an order — on the backend's own store (the stock and orders kept next to the locks), protected by one
 //! of the strategies:
 //!
 //! | strategy | protection | across processes |
@@ -19,7 +19,7 @@
 //! sold = orders created; oversold = max(0, orders − stock, −final stock); failed = buyers
 //! without an order.
 
-pub mod protocol;
+mod protocol;
 pub mod worker;
 
 use crate::progress::Progress;
@@ -128,6 +128,17 @@ impl Row {
 }
 
 /// Runs `dlock seckill`; the exit code.
+///
+/// # Errors
+///
+/// None returned: a backend without a store, workers that cannot start or fail, and an
+/// unwritable timeline are printed to stderr and make the exit code
+/// [`EXIT_ERROR`](crate::EXIT_ERROR).
+///
+/// # Cancel safety
+///
+/// Not cancel safe: dropping the future kills the workers (`kill_on_drop`) and leaves the
+/// run's stock and orders in the store.
 pub async fn seckill(url: &str, args: SeckillArgs) -> u8 {
     if let Err(e) = store::check_supported(url) {
         eprintln!("dlock: seckill: {e}");

@@ -1,4 +1,4 @@
-//! `cargo bench -p distlock-cli --all-features --bench backends`: `dlock bench` on every backend
+//! `cargo bench -p distlock-lab --all-features --bench backends`: `dlock bench` on every backend
 //! built in, each on real servers started here, in one run, with ratios to Redis measured in
 //! the same run (the machine is shared and noisy: compare ratios, not absolute figures).
 //!
@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::process::Command;
 
 fn bench(url: &str, args: &[&str], secs: &str) -> Option<Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock-lab"))
         .env("DLOCK_BACKEND", url)
         .args(["bench", "--json", "--duration", secs])
         .args(args)

@@ -1,9 +1,11 @@
-//! `dlock seckill` end to end: the real binary, real worker processes, a real file directory
+//! `dlock seckill` end to end: the real program, real worker processes, a real file directory
 //! and a real redis-server.
 
-use distlock_testkit::{RedisServer, TempDir};
+mod common;
+
+use common::{check_strategies, dlock, file_backend, left_in, n, row, seckill_json, text};
+use distlock_testkit::RedisServer;
 use serde_json::Value;
-use std::process::{Command, Output};
 
 const KEYS: [&str; 11] = [
     "strategy",
@@ -19,91 +21,18 @@ const KEYS: [&str; 11] = [
     "p99_wait_us",
 ];
 
-fn dlock(backend: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .arg("--backend")
-        .arg(backend)
-        .args(args)
-        .env_remove("DLOCK_BACKEND")
-        .output()
-        .expect("run dlock")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// Runs `seckill --json` with big margins and returns the rows by strategy.
-fn seckill_json(backend: &str, extra: &[&str]) -> Vec<Value> {
-    let mut args = vec![
-        "seckill",
-        "--json",
-        "--stock",
-        "10",
-        "--buyers",
-        "30",
-        "--processes",
-        "3",
-        "--work-ms",
-        "30",
-    ];
-    args.extend_from_slice(extra);
-    let out = dlock(backend, &args);
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("`{l}`: {e}")))
-        .collect()
-}
-
-fn row<'a>(rows: &'a [Value], strategy: &str) -> &'a Value {
-    rows.iter()
-        .find(|r| r["strategy"] == strategy)
-        .unwrap_or_else(|| panic!("no row for {strategy} in {rows:?}"))
-}
-
-fn n(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("`{key}` is not a count in {v}"))
-}
-
-/// What every strategy guarantees, whatever the timing.
+/// What every strategy guarantees, whatever the timing, and the shape of the rows.
 fn check_all(rows: &[Value], backend: &str) {
-    assert_eq!(rows.len(), 5, "{rows:?}");
+    check_strategies(rows, backend);
     for r in rows {
         let obj = r.as_object().expect("object");
         let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
         assert_eq!(keys, KEYS, "{r}");
-        assert_eq!(r["backend"], backend);
         assert_eq!(n(r, "stock"), 10);
         assert_eq!(n(r, "buyers"), 30);
         assert_eq!(n(r, "processes"), 3);
-        assert_eq!(n(r, "sold") + n(r, "failed"), 30, "{r}");
         assert!(r["elapsed_ms"].as_f64().is_some_and(|e| e > 0.0), "{r}");
     }
-    for s in ["none", "local"] {
-        let r = row(rows, s);
-        assert!(
-            n(r, "oversold") > 0,
-            "{s} should oversell across processes: {r}"
-        );
-        assert_eq!(n(r, "oversold"), n(r, "sold").saturating_sub(10), "{r}");
-    }
-    for s in ["optimistic", "trylock", "lock"] {
-        let r = row(rows, s);
-        assert_eq!(n(r, "oversold"), 0, "{s} must never oversell: {r}");
-        assert!(n(r, "sold") <= 10, "{r}");
-    }
-    let lock = row(rows, "lock");
-    assert_eq!(n(lock, "sold"), 10, "lock sells out: {lock}");
-    assert_eq!(n(lock, "failed"), 20, "{lock}");
     // Waits are reported exactly for the strategies with a lock.
     for s in ["local", "trylock", "lock"] {
         let r = row(rows, s);
@@ -124,15 +53,11 @@ fn check_all(rows: &[Value], backend: &str) {
 
 #[test]
 fn file_backend_all_strategies() {
-    let dir = TempDir::with_prefix("distlock-cli-seckill").expect("temp dir");
-    let url = format!("file://{}", dir.path().display());
+    let (dir, url) = file_backend("distlock-lab-seckill");
     let rows = seckill_json(&url, &["--strategy", "all"]);
     check_all(&rows, "file");
     // The store files and the lock files are gone afterwards.
-    let left: Vec<_> = std::fs::read_dir(dir.path().join("dlock"))
-        .expect("namespace dir")
-        .filter_map(|e| e.ok().map(|e| e.file_name()))
-        .collect();
+    let left = left_in(&dir);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -147,8 +72,7 @@ fn redis_backend_all_strategies() {
 
 #[test]
 fn timeline_svg() {
-    let dir = TempDir::with_prefix("distlock-cli-timeline").expect("temp dir");
-    let url = format!("file://{}", dir.path().display());
+    let (dir, url) = file_backend("distlock-lab-timeline");
     let svg_path = dir.path().join("run.svg");
     let svg_arg = svg_path.to_str().expect("utf-8 path").to_owned();
     let rows = seckill_json(
@@ -184,8 +108,7 @@ fn timeline_svg() {
 
 #[test]
 fn table_output() {
-    let dir = TempDir::with_prefix("distlock-cli-table").expect("temp dir");
-    let url = format!("file://{}", dir.path().display());
+    let (_dir, url) = file_backend("distlock-lab-table");
     let out = dlock(
         &url,
         &["seckill", "--strategy", "none,lock", "--work-ms", "20"],
@@ -216,26 +139,9 @@ fn table_output() {
 
 #[test]
 fn zero_stock_sells_nothing() {
-    let dir = TempDir::with_prefix("distlock-cli-zero").expect("temp dir");
-    let url = format!("file://{}", dir.path().display());
-    let out = dlock(
-        &url,
-        &[
-            "seckill",
-            "--json",
-            "--stock",
-            "0",
-            "--buyers",
-            "6",
-            "--work-ms",
-            "1",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let rows: Vec<Value> = text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json"))
-        .collect();
+    let (_dir, url) = file_backend("distlock-lab-zero");
+    let args = ["seckill", "--json", "--stock", "0", "--buyers", "6"];
+    let rows = common::json_lines(&url, &[&args[..], &["--work-ms", "1"]].concat());
     assert_eq!(rows.len(), 5);
     for r in &rows {
         assert_eq!(
@@ -248,30 +154,17 @@ fn zero_stock_sells_nothing() {
 
 #[test]
 fn fewer_buyers_than_processes() {
-    let dir = TempDir::with_prefix("distlock-cli-few").expect("temp dir");
-    let url = format!("file://{}", dir.path().display());
-    let out = dlock(
-        &url,
-        &[
-            "seckill",
-            "--json",
-            "--buyers",
-            "2",
-            "--processes",
-            "5",
-            "--strategy",
-            "lock",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let r: Value = serde_json::from_str(text(&out.stdout).trim()).expect("json");
-    assert_eq!((n(&r, "processes"), n(&r, "sold")), (2, 2), "{r}");
+    let (_dir, url) = file_backend("distlock-lab-few");
+    let args = ["seckill", "--json", "--buyers", "2", "--processes", "5"];
+    let rows = common::json_lines(&url, &[&args[..], &["--strategy", "lock"]].concat());
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!((n(r, "processes"), n(r, "sold")), (2, 2), "{r}");
 }
 
 #[test]
 fn bad_input() {
-    let dir = TempDir::with_prefix("distlock-cli-bad").expect("temp dir");
-    let url = format!("file://{}", dir.path().display());
+    let (_dir, url) = file_backend("distlock-lab-bad");
 
     let out = dlock(&url, &["seckill", "--processes", "0"]);
     assert_eq!(out.status.code(), Some(2));

@@ -5,6 +5,7 @@
 use super::redis::RedisStore;
 use super::{Store, StoreError, StoreResult};
 use distlock::async_trait;
+use distlock::conn::Host;
 
 /// A [`RedisStore`] on the first Redlock node, plus the URLs of all nodes.
 pub struct RedlockStore {
@@ -37,55 +38,33 @@ impl RedlockStore {
 /// layout distlock-redlock reads: `redlock://[auth@]h1:p1,h2:p2,…[/db][?params]`; only
 /// `namespace` among the parameters matters to the data).
 pub(crate) fn node_urls(url: &str) -> StoreResult<Vec<String>> {
+    let cs = super::parse(url)?;
     let bad = |why: &str| {
         StoreError(format!(
             "invalid Redlock URL `{}`: {why}; write redlock://host1:port1,host2:port2,host3:port3",
-            distlock::redis::redact(url)
+            cs.redacted()
         ))
     };
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
-    let node_scheme = match scheme.to_ascii_lowercase().as_str() {
+    let node_scheme = match cs.scheme() {
         "redlock" => "redis",
         "redlocks" => "rediss",
         _ => return Err(bad("the scheme is not redlock:// or redlocks://")),
     };
-    let rest = rest.split('#').next().unwrap_or(rest);
-    let (main, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match main.find('/') {
-        Some(i) => (&main[..i], &main[i..]),
-        None => (main, ""),
-    };
-    let (auth, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (format!("{u}@"), h),
-        None => (String::new(), authority),
-    };
-    let keep: Vec<&str> = query
-        .split('&')
-        .filter(|kv| kv.starts_with("namespace="))
-        .collect();
-    let query = if keep.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", keep.join("&"))
-    };
-    let mut out = Vec::new();
-    for h in hosts.split(',') {
-        let h = h.trim();
-        if h.is_empty() {
-            return Err(bad("an empty node in the list"));
-        }
-        let has_port = match h.rfind(']') {
-            Some(close) => h[close..].contains(':'),
-            None => h.contains(':'),
-        };
-        let ep = if has_port {
-            h.to_owned()
-        } else {
-            format!("{h}:6379")
-        };
-        out.push(format!("{node_scheme}://{auth}{ep}{path}{query}"));
+    if cs.hosts().is_empty() {
+        return Err(bad("no node in the list"));
     }
-    Ok(out)
+    let mut node = cs.clone();
+    node.set_scheme(node_scheme);
+    node.retain_params(|k, _| k == "namespace");
+    Ok(cs
+        .hosts()
+        .iter()
+        .map(|h| {
+            let mut one = node.clone();
+            one.set_hosts(vec![Host::new(h.host.clone(), Some(h.port_or(6379)))]);
+            one.expose_url().to_owned()
+        })
+        .collect())
 }
 
 #[async_trait]

@@ -213,7 +213,7 @@ mod tests {
 
     #[tokio::test]
     async fn operations() {
-        let dir = distlock_testkit::TempDir::with_prefix("distlock-cli-store").expect("temp dir");
+        let dir = distlock_testkit::TempDir::with_prefix("distlock-lab-store").expect("temp dir");
         let url = format!("file://{}", dir.path().display());
         let s = FileStore::open(&url, "t", "run-1").expect("open");
         s.setup(3).await.expect("setup");

@@ -43,7 +43,7 @@ impl RedisStore {
         Ok(RedisStore {
             con,
             endpoint,
-            namespace: namespace_of(url),
+            namespace: super::parse(url).map(|cs| super::namespace(&cs))?,
             stock: format!("{prefix}:{{{run}}}:stock"),
             version: format!("{prefix}:{{{run}}}:version"),
             orders: format!("{prefix}:{{{run}}}:orders"),
@@ -54,22 +54,6 @@ impl RedisStore {
     fn err(&self, what: &str, e: redis::RedisError) -> StoreError {
         StoreError(format!("Redis at {}: {what} failed: {e}", self.endpoint))
     }
-}
-
-/// The dlock namespace of a `redis://` URL: its `namespace=` parameter, else the default.
-fn namespace_of(url: &str) -> String {
-    url.split_once('?')
-        .and_then(|(_, q)| {
-            q.split(['&', '#'])
-                .find_map(|kv| kv.strip_prefix("namespace="))
-                .filter(|ns| !ns.is_empty())
-                .map(str::to_owned)
-        })
-        .unwrap_or_else(|| {
-            distlock::ClientOptions::default()
-                .get_namespace()
-                .to_owned()
-        })
 }
 
 #[async_trait]
@@ -174,17 +158,5 @@ impl Store for RedisStore {
             .query_async::<()>(&mut con)
             .await
             .map_err(|e| self.err("DEL of the lock's fencing counter", e))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn namespaces() {
-        assert_eq!(namespace_of("redis://h:1"), "dlock");
-        assert_eq!(namespace_of("redis://h:1/0?namespace=shop&x=1"), "shop");
-        assert_eq!(namespace_of("redis://h:1?wait_replicas=1&namespace=a"), "a");
     }
 }

@@ -3,7 +3,7 @@
 //! It opens the run's store (and, for `trylock`/`lock`, one `distlock::Client`), says `ready`,
 //! waits for the parent's `go <unix µs>` line on stdin, sleeps until that instant and then runs
 //! all its buyers concurrently as tokio tasks, reporting each on stdout (see
-//! [`protocol`](super::protocol)).
+//! `protocol.rs`).
 
 use super::protocol::{BuyerReport, Outcome, Span, SpanKind, Strategy, WorkerMsg};
 use crate::store::{self, Store};
@@ -40,6 +40,17 @@ pub struct WorkerArgs {
 }
 
 /// Runs the worker; the exit code.
+///
+/// # Errors
+///
+/// None returned: a failure is sent to the parent as an `error` message on stdout (or
+/// printed to stderr if stdout is gone) and makes the exit code
+/// [`EXIT_ERROR`](crate::EXIT_ERROR).
+///
+/// # Cancel safety
+///
+/// Not cancel safe: dropping the future abandons its buyers mid-sale (their locks are
+/// released in the background) and the parent gets no report from this worker.
 pub async fn worker(url: &str, args: WorkerArgs) -> u8 {
     match run(url, args).await {
         Ok(()) => 0,

@@ -31,80 +31,37 @@ struct Target {
     prefix: String,
 }
 
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 fn parse_url(url: &str) -> StoreResult<Target> {
+    let cs = super::parse(url)?;
     let bad = |why: &str| {
         StoreError(format!(
             "invalid etcd URL `{}`: {why}; write etcd://host:port[,host:port…][/prefix]",
-            distlock::etcd::redact(url)
+            cs.redacted()
         ))
     };
-    let rest = url
-        .split_once("://")
-        .filter(|(s, _)| s.eq_ignore_ascii_case("etcd"))
-        .map(|(_, r)| r)
-        .ok_or_else(|| bad("the scheme is not etcd://"))?;
-    let (authority, path) = match rest.find(['/', '?', '#']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let path = path.split(['?', '#']).next().unwrap_or("");
-    let (user, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let (u, p) = userinfo
-                .split_once(':')
-                .ok_or_else(|| bad("credentials need both user and password"))?;
-            let u = percent_decode(u).ok_or_else(|| bad("bad percent-encoding in the user"))?;
-            let p = percent_decode(p).ok_or_else(|| bad("bad percent-encoding in the password"))?;
-            (Some((u, p)), hosts)
-        }
-        None => (None, authority),
-    };
-    let mut endpoints = Vec::new();
-    let mut shown = Vec::new();
-    for h in hosts.split(',') {
-        let h = h.trim();
-        if h.is_empty() {
-            return Err(bad("an empty host"));
-        }
-        let has_port = match h.rfind(']') {
-            Some(close) => h[close..].contains(':'),
-            None => h.contains(':'),
-        };
-        let ep = if has_port {
-            h.to_owned()
-        } else {
-            format!("{h}:2379")
-        };
-        endpoints.push(format!("http://{ep}"));
-        shown.push(ep);
+    if cs.scheme() != "etcd" {
+        return Err(bad("the scheme is not etcd://"));
     }
-    let prefix = path.trim_matches('/');
+    let user = match (cs.user(), cs.password()) {
+        (None, _) => None,
+        (Some(u), Some(p)) => Some((u.to_owned(), p.expose().to_owned())),
+        (Some(_), None) => return Err(bad("credentials need both user and password")),
+    };
+    if cs.hosts().is_empty() {
+        return Err(bad("an empty host"));
+    }
+    let shown: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(2379)).collect();
+    let prefix = cs.raw_path().trim_matches('/');
     let prefix = if prefix.is_empty() {
         distlock::ClientOptions::default()
             .get_namespace()
             .to_owned()
     } else {
-        percent_decode(prefix).ok_or_else(|| bad("bad percent-encoding in the prefix"))?
+        distlock::etcd::percent_decode(prefix)
+            .ok_or_else(|| bad("bad percent-encoding in the prefix"))?
     };
     Ok(Target {
-        endpoints,
+        endpoints: shown.iter().map(|ep| format!("http://{ep}")).collect(),
         display: shown.join(","),
         user,
         prefix,
