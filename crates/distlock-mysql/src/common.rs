@@ -1,12 +1,13 @@
 //! What both modes share: connections (a small pool of idle ones), the schema, lock keys.
 
-use crate::error::{conn_dead, map, timeout};
-use distlock_core::Result;
+use crate::error::{conn_dead, map, timeout, KIND};
+use distlock_core::{LockKind, Result};
+use distlock_sql::lease::{secs_ceil, with_grace};
+use distlock_sql::IdlePool;
 use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{Conn, Row};
 use sha2::{Digest, Sha256};
 use std::future::Future;
-use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
 /// Idle connections kept for control statements and the next holder.
@@ -25,7 +26,7 @@ pub(crate) struct Common {
     pub(crate) namespace: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) op_timeout: Duration,
-    idle: StdMutex<Vec<Conn>>,
+    idle: IdlePool<Conn>,
 }
 
 impl Common {
@@ -42,7 +43,7 @@ impl Common {
             namespace,
             connect_timeout,
             op_timeout,
-            idle: StdMutex::new(Vec::new()),
+            idle: IdlePool::new(POOL_MAX),
         }
     }
 
@@ -56,8 +57,7 @@ impl Common {
 
     /// An idle connection, or a new one.
     pub(crate) async fn take(&self) -> Result<Conn> {
-        let conn = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        match conn {
+        match self.idle.take() {
             Some(c) => Ok(c),
             None => self.open().await,
         }
@@ -65,10 +65,7 @@ impl Common {
 
     /// Keeps a connection that holds no lock for later (or closes it).
     pub(crate) fn put(&self, conn: Conn) {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < POOL_MAX {
-            idle.push(conn);
-        }
+        self.idle.put(conn);
     }
 
     /// How long work that must not be cut short by a caller's timeout (a request whose reply is
@@ -176,7 +173,7 @@ impl Common {
 
     /// Drops every idle connection.
     pub(crate) fn forget_idle(&self) {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.idle.clear();
     }
 
     /// Creates dlock's tables if they are missing.
@@ -317,19 +314,20 @@ pub fn lock_key(namespace: &str, name: &str) -> String {
     s
 }
 
-/// `wait_timeout` (whole seconds, rounded up, 1 s to 365 days) for a lease of `d`, plus a
-/// grace of half the lease (at most 5 s): the guard's lost signal fires at the lease end
-/// itself; the grace keeps a holder that was merely slow to renew (a loaded machine) from
-/// being disconnected while its own view still says it holds the lock.
-pub(crate) fn wait_timeout_secs(d: Duration) -> u64 {
-    let d = d + (d / 2).min(Duration::from_secs(5));
-    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    s.clamp(1, 31_536_000)
+/// Both modes do mutexes only (`GET_LOCK` has no shared mode; the lock rows follow it).
+pub(crate) fn check_kind(kind: LockKind) -> Result<()> {
+    distlock_sql::check_kind(
+        KIND,
+        kind,
+        &[LockKind::Mutex],
+        " (MySQL/MariaDB do mutexes only)",
+    )
 }
 
-/// Microseconds of `d`, for `INTERVAL ? MICROSECOND`.
-pub(crate) fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+/// `wait_timeout` (whole seconds, rounded up, 1 s to 365 days) for a lease of `d`, plus its
+/// grace ([`distlock_sql::lease::grace`]).
+pub(crate) fn wait_timeout_secs(d: Duration) -> u64 {
+    secs_ceil(with_grace(d)).clamp(1, 31_536_000)
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //!   the holder's lease end or their heartbeat (MySQL has no notifications).
 //!
 //! Both are mutexes only: `GET_LOCK` has no shared mode, so read-write locks return
-//! [`Error::Unsupported`]. Names map to `GET_LOCK` names with a documented, stable hash
+//! [`Error::Unsupported`](distlock_core::Error::Unsupported). Names map to `GET_LOCK` names with a documented, stable hash
 //! ([`lock_key`]): `dlock:` + 32 hex digits (the server's limit is 64 characters and names are
 //! case-insensitive there; lowercase hex makes that harmless). Fencing tokens are a counter
 //! row per name (`LAST_INSERT_ID(token + 1)`), bumped on each fresh grant while the lock is
@@ -37,8 +37,8 @@ pub use common::lock_key;
 use crate::common::Common;
 use crate::error::KIND;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, Granted,
-    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result, Wake,
+    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, GrantRef, Granted, LockInfo,
+    LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result, Wake,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,17 +63,9 @@ impl Mode {
     }
 }
 
-/// The URL with its password replaced by `***`.
+/// The URL with its password (in the user info or a `password=` parameter) replaced by `***`.
 pub fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
-        }
-        Err(_) => redact_raw(url),
-    }
+    distlock_sql::url::redact(url)
 }
 
 #[derive(Debug)]
@@ -84,77 +76,31 @@ struct Parsed {
     namespace: Option<String>,
 }
 
-/// Masks `user:password@` in a string that is not a valid URL.
-fn redact_raw(url: &str) -> String {
-    let Some(start) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[start..];
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..end].rfind('@') {
-        Some(at) => match rest[..at].find(':') {
-            Some(colon) => format!("{}{}:***{}", &url[..start], &rest[..colon], &rest[at..]),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
 fn parse_url(url: &str) -> Result<Parsed> {
-    let bad = |reason: String| Error::InvalidUrl {
-        url: redact(url),
-        reason,
-    };
-    let mut u = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-    if u.scheme() != "mysql" {
-        return Err(bad(format!("scheme `{}` is not mysql://", u.scheme())));
-    }
+    let bad = |reason: &str| distlock_sql::url::invalid(url, reason);
+    let (mut u, params) = distlock_sql::url::parse(
+        url,
+        &["mysql"],
+        &[("session", Mode::Session), ("table", Mode::Table)],
+        "mode=session (GET_LOCK, the default) or mode=table (lock rows, for clusters)",
+    )?;
     if u.host_str().is_none_or(str::is_empty) {
         return Err(bad(
-            "no host; write mysql://user:password@host:port/database".into(),
+            "no host; write mysql://user:password@host:port/database",
         ));
     }
     if u.username().is_empty() {
         return Err(bad(
-            "no user; write mysql://user:password@host:port/database".into(),
+            "no user; write mysql://user:password@host:port/database",
         ));
     }
-    let mut mode = Mode::Session;
-    let mut namespace = None;
-    let mut prefer_socket = false;
-    let mut keep = Vec::new();
-    for (k, v) in u.query_pairs() {
-        match k.as_ref() {
-            "mode" => {
-                mode = match v.as_ref() {
-                    "session" => Mode::Session,
-                    "table" => Mode::Table,
-                    other => {
-                        return Err(bad(format!(
-                            "mode=`{other}` is unknown; use mode=session (GET_LOCK, the default) or mode=table (lock rows, for clusters)"
-                        )))
-                    }
-                }
-            }
-            "namespace" => {
-                if v.is_empty() || v.len() > 64 || v.chars().any(char::is_control) {
-                    return Err(bad("namespace must be 1 to 64 printable characters".into()));
-                }
-                namespace = Some(v.into_owned());
-            }
-            "prefer_socket" => {
-                prefer_socket = v == "true";
-                keep.push((k.into_owned(), v.into_owned()));
-            }
-            _ => keep.push((k.into_owned(), v.into_owned())),
-        }
-    }
-    if keep.is_empty() {
-        u.set_query(None);
-    } else {
-        u.query_pairs_mut().clear().extend_pairs(&keep);
-    }
-    let opts = mysql_async::Opts::from_url(u.as_str()).map_err(|e| bad(e.to_string()))?;
+    let (mode, namespace) = (params.mode, params.namespace);
+    let prefer_socket = params
+        .rest
+        .iter()
+        .any(|(k, v)| k == "prefer_socket" && v == "true");
+    u.set_query(distlock_sql::url::query(&params.rest).as_deref());
+    let opts = mysql_async::Opts::from_url(u.as_str()).map_err(|e| bad(&e.to_string()))?;
     let endpoint = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
     let opts: mysql_async::Opts = mysql_async::OptsBuilder::from_opts(opts)
         .prefer_socket(prefer_socket)
@@ -271,7 +217,7 @@ impl Backend for MysqlBackend {
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
         match &self.inner {
-            Inner::Session(s) => s.acquire_wait(req, deadline, cancel).await,
+            Inner::Session(s) => s.acquire_wait(self, req, deadline, cancel).await,
             Inner::Table(_) => {
                 distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await
             }

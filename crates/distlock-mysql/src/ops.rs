@@ -13,7 +13,7 @@
 //! - `diagnose`: version, the session `wait_timeout` the session mode relies on, Galera,
 //!   and the server clock against the local one.
 
-use crate::common::{lock_key, sql_str};
+use crate::common::{check_kind, lock_key, sql_str};
 use crate::error::KIND;
 use crate::{Mode, MysqlBackend};
 use distlock_core::{
@@ -24,19 +24,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Server/local clock offset above which `diagnose` warns.
 const CLOCK_WARN: Duration = Duration::from_secs(1);
-
-fn check_kind(kind: LockKind) -> Result<()> {
-    match kind {
-        LockKind::Mutex => Ok(()),
-        other => Err(Error::unsupported(
-            KIND,
-            format!(
-                "lock kind {} (MySQL/MariaDB do mutexes only)",
-                other.as_str()
-            ),
-        )),
-    }
-}
 
 pub(crate) async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let ns = b.common.namespace.clone();

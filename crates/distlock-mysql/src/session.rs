@@ -1,4 +1,5 @@
-//! Session mode: `GET_LOCK` on a dedicated connection per grant.
+//! Session mode: `GET_LOCK` on a dedicated connection per grant, as a dialect of the shared
+//! SQL session layer ([`distlock_sql`]).
 //!
 //! The lock lives as long as the holder's connection: when the process dies, its connection
 //! closes and the server frees the lock. The lease is enforced by the server too: the
@@ -8,7 +9,8 @@
 //! `GET_LOCK(name, seconds left)`, stopped with `KILL QUERY`.
 //!
 //! # Grants are addressed by attempt
-//! Each acquisition attempt ([`AttemptId`]) has its own slot here, holding at most one
+//! Each acquisition attempt (`AttemptId`) has its own slot here (an entry of the engine's
+//! hold map), holding at most one
 //! connection — the one whose `GET_LOCK` is the attempt's grant — and the grant's token. Two
 //! attempts, even of one owner, are two holders: the second one's `GET_LOCK` on its own
 //! connection finds the lock taken. Every request on a slot runs in a task of its own, one at
@@ -23,47 +25,31 @@
 //! Tables: `dlock_fence` (last fencing token per lock key, bumped with
 //! `LAST_INSERT_ID(token + 1)` while the lock is held) and `dlock_holders` (holder, connection
 //! id, lease end — for `inspect` and the `Held` ttl; a row counts only while its connection id
-//! is the one `IS_USED_LOCK` reports).
 
 use crate::common::{
-    close, col, last_row, lock_key, micros, query_sets, sql_str, wait_timeout_secs, Call, Common,
+    close, col, last_row, lock_key, query_sets, sql_str, wait_timeout_secs, Call, Common,
 };
 use crate::error::{conn_dead, shape, timeout, KIND};
 use distlock_core::clock;
 use distlock_core::{
-    AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, Granted, HoldKey, HolderInfo,
-    LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Backend, Error, GrantRef, Granted,
+    HolderInfo, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
 };
+use distlock_sql::lease::{micros, sleep_until, wait_millis, SAFETY_NET};
+use distlock_sql::{Dialect, Hold, HoldMap, HoldState, Sessions};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+/// The schema of session mode (also used by table mode, for the fencing counters).
 pub(crate) const DDL: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS dlock_fence (
-        lock_key CHAR(38) CHARACTER SET ascii NOT NULL PRIMARY KEY,
-        ns VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-        name TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-        token BIGINT UNSIGNED NOT NULL
-    ) ENGINE=InnoDB",
-    "CREATE TABLE IF NOT EXISTS dlock_holders (
-        lock_key CHAR(38) CHARACTER SET ascii NOT NULL,
-        owner VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-        ns VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-        name TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-        token BIGINT UNSIGNED NOT NULL,
-        count INT UNSIGNED NOT NULL,
-        conn_id BIGINT UNSIGNED NOT NULL,
-        acquired_at DATETIME(6) NOT NULL,
-        expires_at DATETIME(6) NOT NULL,
-        PRIMARY KEY (lock_key, owner)
-    ) ENGINE=InnoDB",
+    include_str!("../sql/session_fence.sql"),
+    include_str!("../sql/session_holders.sql"),
 ];
 
-/// How long a released grant is remembered, so that a repeated release (its first reply was
 /// late) is reported as such ([`ReleaseOutcome::Expired`]) even after another client took the
 /// lock. A retry comes within the core's retry policy, far sooner.
 const RELEASED_KEEP: Duration = Duration::from_secs(60);
@@ -87,52 +73,33 @@ enum State {
     Held(Grant),
 }
 
-/// One attempt's state.
-struct Slot {
-    name: Arc<str>,
-    owner: Arc<str>,
-    state: Arc<tokio::sync::Mutex<State>>,
+impl HoldState for State {
+    fn is_idle(&self) -> bool {
+        matches!(self, State::Free)
+    }
+
+    fn is_granted(&self) -> bool {
+        matches!(self, State::Held(_))
+    }
+
+    /// A connection's death is noticed by the next statement on it, not here.
+    fn is_gone(&self) -> bool {
+        false
+    }
 }
 
-/// A request on one attempt's slot.
-enum Op {
-    Acquire { lease: Duration },
-    Release { token: u64 },
-    Renew { token: u64, lease: Duration },
-    GiveUp,
-}
+/// One attempt's state (its entry in the engine's hold map).
+type Slot = Hold<State>;
 
-/// What a request on a slot answered.
-enum Done {
-    Acquire(AcquireReply),
-    Release(ReleaseOutcome),
-    Renew(RenewOutcome),
-    GiveUp,
-}
-
-struct Inner {
+/// The MySQL/MariaDB dialect of session mode: `GET_LOCK` on dedicated connections.
+struct MyDialect {
     common: Arc<Common>,
-    slots: StdMutex<HashMap<AttemptId, Arc<Slot>>>,
     /// Grants this client released recently (attempt, token, when).
     released: StdMutex<VecDeque<(AttemptId, u64, Instant)>>,
 }
 
-pub(crate) struct SessionMode {
-    inner: Arc<Inner>,
-}
-
-fn check_kind(kind: LockKind) -> Result<()> {
-    match kind {
-        LockKind::Mutex => Ok(()),
-        other => Err(Error::unsupported(
-            KIND,
-            format!(
-                "lock kind {} (GET_LOCK has no shared mode; MySQL/MariaDB do mutexes only)",
-                other.as_str()
-            ),
-        )),
-    }
-}
+/// `GET_LOCK` has no shared mode: mutexes only.
+const KINDS: &[LockKind] = &[LockKind::Mutex];
 
 /// How a server-side wait ended.
 enum WaitEnd {
@@ -148,45 +115,9 @@ fn lock_reply(sets: &[Vec<Row>]) -> Option<i64> {
     row.get_opt::<Option<i64>, usize>(0)?.ok()?
 }
 
-impl Inner {
+impl MyDialect {
     fn lk(&self, name: &str) -> String {
         lock_key(&self.common.namespace, name)
-    }
-
-    fn slots(&self) -> MutexGuard<'_, HashMap<AttemptId, Arc<Slot>>> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn slot(&self, attempt: &AttemptId, key: &HoldKey) -> Arc<Slot> {
-        self.slots()
-            .entry(attempt.clone())
-            .or_insert_with(|| {
-                Arc::new(Slot {
-                    name: key.name.clone(),
-                    owner: key.owner.clone(),
-                    state: Arc::default(),
-                })
-            })
-            .clone()
-    }
-
-    fn existing(&self, attempt: &AttemptId) -> Option<Arc<Slot>> {
-        self.slots().get(attempt).cloned()
-    }
-
-    /// Forgets a slot that holds nothing and that no other request is about to use (`slot`
-    /// is the caller's reference, the map has the other).
-    fn tidy(&self, attempt: &AttemptId, slot: Arc<Slot>) {
-        let mut slots = self.slots();
-        let ours = slots.get(attempt).is_some_and(|s| Arc::ptr_eq(s, &slot));
-        if ours && Arc::strong_count(&slot) == 2 {
-            if let Ok(st) = slot.state.try_lock() {
-                if matches!(*st, State::Free) {
-                    drop(st);
-                    slots.remove(attempt);
-                }
-            }
-        }
     }
 
     fn record_released(&self, attempt: &AttemptId, token: u64) {
@@ -206,38 +137,6 @@ impl Inner {
         r.iter().any(|(a, t, _)| a == attempt && *t == token)
     }
 
-    async fn apply(
-        &self,
-        slot: &Slot,
-        st: &mut State,
-        attempt: &AttemptId,
-        op: Op,
-    ) -> Result<Done> {
-        match op {
-            Op::Acquire { lease } => self.acquire(slot, st, lease).await.map(Done::Acquire),
-            Op::Release { token } => self
-                .release(slot, st, attempt, token)
-                .await
-                .map(Done::Release),
-            Op::Renew { token, lease } => {
-                let held = matches!(st, State::Held(g) if g.token == token);
-                let renewed = held && self.extend(&slot.name, st, lease).await?;
-                Ok(Done::Renew(if renewed {
-                    RenewOutcome::Renewed
-                } else {
-                    RenewOutcome::NotHeld
-                }))
-            }
-            Op::GiveUp => {
-                if matches!(st, State::Held(_)) {
-                    self.release_held(slot, st, attempt).await?;
-                }
-                Ok(Done::GiveUp)
-            }
-        }
-    }
-
-    /// One try: a retry of an attempt that holds the lock extends its lease and answers its
     /// token; otherwise `GET_LOCK(key, 0)` on a connection of its own.
     async fn acquire(&self, slot: &Slot, st: &mut State, lease: Duration) -> Result<AcquireReply> {
         if let State::Held(g) = st {
@@ -520,9 +419,7 @@ impl Inner {
         }
         // Without a deadline, wait in bounded rounds of an hour.
         // Rounded up to the millisecond: the server must not give up before the deadline.
-        let secs = remaining.map_or(3600.0, |r| {
-            (r.as_micros().div_ceil(1000) + 1) as f64 / 1000.0
-        });
+        let secs = remaining.map_or(3600.0, |r| wait_millis(r) as f64 / 1000.0);
         // The key is `dlock:` and hex digits, safe to inline; inlined, it shows in
         // SHOW PROCESSLIST, so operators see which lock a connection waits for. The lease is
         // on the connection before the lock is (it counts from the grant: the connection is
@@ -534,7 +431,7 @@ impl Inner {
         let end = {
             let wait = query_sets(&mut conn, sql);
             tokio::pin!(wait);
-            let net = deadline.map(|d| d + Duration::from_millis(300));
+            let net = deadline.map(|d| d + SAFETY_NET);
             let done = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => None,
@@ -634,145 +531,141 @@ impl Inner {
     }
 }
 
+#[async_trait]
+impl Dialect for MyDialect {
+    type State = State;
+
+    fn backend(&self) -> &'static str {
+        KIND
+    }
+
+    fn check_kind(&self, kind: LockKind) -> Result<()> {
+        distlock_sql::check_kind(
+            KIND,
+            kind,
+            KINDS,
+            " (GET_LOCK has no shared mode; MySQL/MariaDB do mutexes only)",
+        )
+    }
+
+    /// Every request runs to its end in a task of its own (see the module docs); the caller
+    /// waits for the answer at most the op timeout.
+    fn detached(&self) -> Option<Duration> {
+        Some(self.common.op_timeout)
+    }
+
+    fn timeout(&self, what: &str, limit: Duration) -> Error {
+        timeout(&self.common.endpoint, what, limit)
+    }
+
+    async fn try_lock(
+        &self,
+        _holds: &HoldMap<State>,
+        slot: &Slot,
+        st: &mut State,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply> {
+        self.acquire(slot, st, req.lease).await
+    }
+
+    async fn wait(
+        &self,
+        _holds: &HoldMap<State>,
+        slot: &Slot,
+        st: &mut State,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        self.wait_in(slot, st, req, deadline, cancel).await
+    }
+
+    async fn unlock(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        grant: &GrantRef,
+    ) -> Result<ReleaseOutcome> {
+        self.release(slot, st, &grant.attempt, grant.token).await
+    }
+
+    async fn keepalive(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        grant: &GrantRef,
+        lease: Duration,
+    ) -> Result<RenewOutcome> {
+        let held = matches!(st, State::Held(g) if g.token == grant.token);
+        let renewed = held && self.extend(&slot.name, st, lease).await?;
+        Ok(if renewed {
+            RenewOutcome::Renewed
+        } else {
+            RenewOutcome::NotHeld
+        })
+    }
+
+    async fn give_up(&self, slot: &Slot, st: &mut State, req: &AcquireRequest) -> Result<()> {
+        if matches!(st, State::Held(_)) {
+            self.release_held(slot, st, &req.attempt).await?;
+        }
+        Ok(())
+    }
+
+    async fn not_held(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        if self.was_released(&grant.attempt, grant.token) {
+            return Ok(ReleaseOutcome::Expired);
+        }
+        self.not_held_outcome(&grant.key.name).await
+    }
+}
+
+/// Session mode: the shared engine with the MySQL dialect.
+pub(crate) struct SessionMode {
+    engine: Sessions<MyDialect>,
+}
+
 impl SessionMode {
     pub(crate) fn new(common: Arc<Common>) -> Self {
         SessionMode {
-            inner: Arc::new(Inner {
+            engine: Sessions::new(MyDialect {
                 common,
-                slots: StdMutex::new(HashMap::new()),
                 released: StdMutex::new(VecDeque::new()),
             }),
         }
     }
 
-    /// Runs `op` on the attempt's slot in a task of its own (see the module docs): requests
-    /// of one attempt run one at a time, in order, each to its end; the caller waits for the
-    /// answer at most the op timeout.
-    async fn run(&self, attempt: &AttemptId, slot: Arc<Slot>, what: &str, op: Op) -> Result<Done> {
-        let inner = self.inner.clone();
-        let id = attempt.clone();
-        let (tx, rx) = oneshot::channel();
-        tokio::spawn(async move {
-            let mut st = slot.state.clone().lock_owned().await;
-            let r = inner.apply(&slot, &mut st, &id, op).await;
-            drop(st);
-            inner.tidy(&id, slot);
-            let _ = tx.send(r);
-        });
-        let limit = self.inner.common.op_timeout;
-        match tokio::time::timeout(limit, rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(Error::Runtime(format!(
-                "the mysql task {what} ended without an answer"
-            ))),
-            Err(_) => Err(timeout(&self.inner.common.endpoint, what, limit)),
-        }
-    }
-
     pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        check_kind(req.key.kind)?;
-        let slot = self.inner.slot(&req.attempt, &req.key);
-        let op = Op::Acquire { lease: req.lease };
-        match self.run(&req.attempt, slot, "GET_LOCK", op).await? {
-            Done::Acquire(r) => Ok(r),
-            _ => Err(shape("GET_LOCK", "an answer of another request")),
-        }
+        self.engine.acquire(req).await
     }
 
     pub(crate) async fn acquire_wait(
         &self,
+        outer: &dyn Backend,
         req: &AcquireRequest,
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        check_kind(req.key.kind)?;
-        let mut backoff = distlock_core::backoff::Backoff::default();
-        loop {
-            let slot = self.inner.slot(&req.attempt, &req.key);
-            let state = slot.state.clone();
-            let mut st = tokio::select! {
-                g = state.lock_owned() => g,
-                _ = cancel.cancelled() => return Ok(None),
-                _ = sleep_until(deadline) => return Ok(None),
-            };
-            let r = self
-                .inner
-                .wait_in(&slot, &mut st, req, deadline, cancel)
-                .await;
-            drop(st);
-            self.inner.tidy(&req.attempt, slot);
-            match r {
-                Err(e) if e.is_retryable() => {
-                    let pause = backoff.next_delay();
-                    tracing::debug!(error = %e, ?pause, "waiting for a mysql lock failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(pause) => {}
-                        _ = cancel.cancelled() => return Ok(None),
-                        _ = sleep_until(deadline) => return Ok(None),
-                    }
-                }
-                Ok(None)
-                    if !cancel.is_cancelled() && deadline.is_none_or(|d| Instant::now() < d) =>
-                {
-                    // A bounded server-side wait (an hour without a deadline) ended before
-                    // the deadline: wait out the rest.
-                }
-                other => return other,
-            }
-        }
+        self.engine.acquire_wait(outer, req, deadline, cancel).await
     }
 
     pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        check_kind(grant.key.kind)?;
-        let Some(slot) = self.inner.existing(&grant.attempt) else {
-            if self.inner.was_released(&grant.attempt, grant.token) {
-                return Ok(ReleaseOutcome::Expired);
-            }
-            return self.inner.not_held_outcome(&grant.key.name).await;
-        };
-        let op = Op::Release { token: grant.token };
-        match self.run(&grant.attempt, slot, "releasing", op).await? {
-            Done::Release(r) => Ok(r),
-            _ => Err(shape("releasing", "an answer of another request")),
-        }
+        self.engine.release(grant).await
     }
 
     pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        check_kind(req.key.kind)?;
-        let Some(slot) = self.inner.existing(&req.attempt) else {
-            return Ok(());
-        };
-        self.run(&req.attempt, slot, "giving up", Op::GiveUp)
-            .await
-            .map(|_| ())
+        self.engine.give_up(req).await
     }
 
     pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        for (g, _) in holds {
-            check_kind(g.key.kind)?;
-        }
-        let all = futures_util::future::join_all(holds.iter().map(|(g, lease)| async move {
-            let Some(slot) = self.inner.existing(&g.attempt) else {
-                return Ok(RenewOutcome::NotHeld);
-            };
-            let op = Op::Renew {
-                token: g.token,
-                lease: *lease,
-            };
-            match self.run(&g.attempt, slot, "renewing", op).await? {
-                Done::Renew(r) => Ok(r),
-                _ => Err(shape("renewing", "an answer of another request")),
-            }
-        }))
-        .await;
-        all.into_iter().collect()
+        self.engine.renew(holds).await
     }
 
     pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        check_kind(kind)?;
-        let lk = self.inner.lk(name);
-        let (rows, token) = self
-            .inner
+        let d = self.engine.dialect();
+        d.check_kind(kind)?;
+        let lk = d.lk(name);
+        let (rows, token) = d
             .common
             .with_conn("inspecting", move |c| {
                 Box::pin(async move {
@@ -810,16 +703,9 @@ impl SessionMode {
 
     /// The connection id holding `name` for `owner` in this client (`KILL id` revokes it).
     pub(crate) async fn holder_connection(&self, name: &str, owner: &str) -> Option<u32> {
-        let candidates: Vec<Arc<Slot>> = self
-            .inner
-            .slots()
-            .values()
-            .filter(|s| &*s.name == name && &*s.owner == owner)
-            .cloned()
-            .collect();
-        for slot in candidates {
+        for slot in self.engine.holds_of(name, owner) {
             // A slot busy for longer is an attempt waiting in `GET_LOCK`, not a holder.
-            let limit = self.inner.common.op_timeout;
+            let limit = self.engine.dialect().common.op_timeout;
             if let Ok(st) = tokio::time::timeout(limit, slot.state.lock()).await {
                 if let State::Held(g) = &*st {
                     return Some(g.conn.id());
@@ -827,12 +713,5 @@ impl SessionMode {
             }
         }
         None
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
     }
 }

@@ -20,13 +20,14 @@
 //! User-controlled text (namespace, name, owner) goes into these queries as hex literals, which
 //! cannot break out of their quotes.
 
-use crate::common::{close, col, last_row, lock_key, micros, query_sets, sql_attempt, sql_str};
+use crate::common::{check_kind, close, col, last_row, lock_key, query_sets, sql_attempt, sql_str};
 use crate::common::{Call, Common};
-use crate::error::{shape, KIND};
+use crate::error::shape;
 use distlock_core::{
     AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
+use distlock_sql::lease::micros;
 use mysql_async::prelude::Queryable;
 use mysql_async::Row;
 use std::sync::Arc;
@@ -67,19 +68,6 @@ const RENEW_CHUNK: usize = 200;
 
 pub(crate) struct TableMode {
     common: Arc<Common>,
-}
-
-fn check_kind(kind: LockKind) -> Result<()> {
-    match kind {
-        LockKind::Mutex => Ok(()),
-        other => Err(Error::unsupported(
-            KIND,
-            format!(
-                "lock kind {} (MySQL/MariaDB do mutexes only)",
-                other.as_str()
-            ),
-        )),
-    }
 }
 
 /// Whether an SQL truth value read back is true (`None`: NULL, i.e. no row was read).

@@ -15,7 +15,7 @@ use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUAL
 use distlock_testkit::{DelayProxy, MariaDbServer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::My;
+use support::{Modes, My};
 
 /// A reply this late makes the client give its request up (the operation timeout of
 /// `fast_opts` is 500 ms) after the request executed on the server.

@@ -16,9 +16,10 @@
 use crate::common::{channel, lock_key, Common};
 use crate::error::{shape, KIND};
 use distlock_core::{
-    AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
+    AcquireReply, AcquireRequest, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
+use distlock_sql::lease::millis_f64;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,20 +120,12 @@ pub(crate) struct LeaseMode {
 }
 
 fn check_kind(kind: LockKind) -> Result<()> {
-    match kind {
-        LockKind::Mutex => Ok(()),
-        other => Err(Error::unsupported(
-            KIND,
-            format!(
-                "lock kind {} in lease mode (use the default session mode for read-write locks)",
-                other.as_str()
-            ),
-        )),
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+    distlock_sql::check_kind(
+        KIND,
+        kind,
+        &[LockKind::Mutex],
+        " in lease mode (use the default session mode for read-write locks)",
+    )
 }
 
 impl LeaseMode {
@@ -147,7 +140,7 @@ impl LeaseMode {
         let name: &str = &req.key.name;
         let owner: &str = &req.key.owner;
         let attempt: &str = req.attempt.as_str();
-        let lease = ms(req.lease);
+        let lease = millis_f64(req.lease);
         let rows = self
             .common
             .run(
@@ -244,7 +237,7 @@ impl LeaseMode {
             .iter()
             .map(|(g, _)| i64::try_from(g.token).map_err(|_| shape("fencing token", g.token)))
             .collect::<Result<Vec<i64>>>()?;
-        let leases: Vec<f64> = holds.iter().map(|(_, l)| ms(*l)).collect();
+        let leases: Vec<f64> = holds.iter().map(|(_, l)| millis_f64(*l)).collect();
         let client = self.common.control().await?;
         let ns = self.common.namespace.as_str();
         let rows = self

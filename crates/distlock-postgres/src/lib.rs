@@ -48,8 +48,8 @@ pub use common::{channel, lock_key};
 use crate::common::Common;
 use crate::error::KIND;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, Granted,
-    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, GrantRef, Granted, LockInfo,
+    LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use std::str::FromStr;
 use std::sync::Arc;
@@ -87,113 +87,36 @@ struct Parsed {
 
 /// The URL with its password (in the user info or a `password=` parameter) replaced by `***`.
 pub fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            if u.query_pairs().any(|(k, _)| k == "password") {
-                let pairs: Vec<(String, String)> = u
-                    .query_pairs()
-                    .map(|(k, v)| {
-                        let v = if k == "password" {
-                            "***".to_string()
-                        } else {
-                            v.into_owned()
-                        };
-                        (k.into_owned(), v)
-                    })
-                    .collect();
-                u.query_pairs_mut().clear().extend_pairs(pairs);
-            }
-            u.to_string()
-        }
-        Err(_) => redact_raw(url),
-    }
-}
-
-/// Masks `user:password@` in a string that is not a valid URL.
-fn redact_raw(url: &str) -> String {
-    let Some(start) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[start..];
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..end].rfind('@') {
-        Some(at) => match rest[..at].find(':') {
-            Some(colon) => format!("{}{}:***{}", &url[..start], &rest[..colon], &rest[at..]),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
-/// Percent-encodes everything but unreserved characters (RFC 3986).
-fn pct(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    distlock_sql::url::redact(url)
 }
 
 fn parse_url(url: &str) -> Result<Parsed> {
-    let bad = |reason: String| Error::InvalidUrl {
-        url: redact(url),
-        reason,
-    };
-    let mut u = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-    match u.scheme() {
-        "postgres" | "postgresql" => {}
-        s => {
-            return Err(bad(format!(
-                "scheme `{s}` is not postgres:// or postgresql://"
-            )))
-        }
-    }
-    let mut mode = Mode::Session;
-    let mut namespace = None;
+    let bad = |reason: String| distlock_sql::url::invalid(url, reason);
+    let (mut u, params) = distlock_sql::url::parse(
+        url,
+        &["postgres", "postgresql"],
+        &[("session", Mode::Session), ("lease", Mode::Lease)],
+        "mode=session (advisory locks, the default) or mode=lease (lease table, for PgBouncer)",
+    )?;
+    let (mode, namespace) = (params.mode, params.namespace);
     let mut listen = true;
     let mut keep = Vec::new();
-    for (k, v) in u.query_pairs() {
-        match k.as_ref() {
-            "mode" => {
-                mode = match v.as_ref() {
-                    "session" => Mode::Session,
-                    "lease" => Mode::Lease,
-                    other => {
-                        return Err(bad(format!(
-                            "mode=`{other}` is unknown; use mode=session (advisory locks, the default) or mode=lease (lease table, for PgBouncer)"
-                        )))
-                    }
-                }
-            }
-            "namespace" => {
-                if v.is_empty() || v.len() > 64 || v.chars().any(char::is_control) {
-                    return Err(bad(
-                        "namespace must be 1 to 64 printable characters".into(),
-                    ));
-                }
-                namespace = Some(v.into_owned());
-            }
+    for (k, v) in params.rest {
+        match k.as_str() {
             "listen" => {
-                listen = match v.as_ref() {
+                listen = match v.as_str() {
                     "on" | "true" | "1" => true,
                     "off" | "false" | "0" => false,
                     other => return Err(bad(format!("listen=`{other}`: use on or off"))),
                 }
             }
-            "sslmode" if !matches!(v.as_ref(), "disable" | "prefer" | "allow") => {
+            "sslmode" if !matches!(v.as_str(), "disable" | "prefer" | "allow") => {
                 return Err(bad(format!(
                     "sslmode={v} needs TLS, which distlock-postgres is built without; use \
                      sslmode=disable or prefer, or reach the server through a local TLS tunnel"
                 )));
             }
-            _ => keep.push((k.into_owned(), v.into_owned())),
+            _ => keep.push((k, v)),
         }
     }
     if !listen && mode == Mode::Session {
@@ -201,17 +124,9 @@ fn parse_url(url: &str) -> Result<Parsed> {
             "listen=off applies to mode=lease only (session mode waits on the server)".into(),
         ));
     }
-    if keep.is_empty() {
-        u.set_query(None);
-    } else {
-        // Percent-encoded by hand: `query_pairs_mut` writes a space as `+`, which
-        // tokio-postgres does not decode (`options=-c%20search_path%3Dx` became `-c+search_path`).
-        let q: Vec<String> = keep
-            .iter()
-            .map(|(k, v)| format!("{}={}", pct(k), pct(v)))
-            .collect();
-        u.set_query(Some(&q.join("&")));
-    }
+    // Percent-encoded by hand: `query_pairs_mut` writes a space as `+`, which tokio-postgres
+    // does not decode (`options=-c%20search_path%3Dx` became `-c+search_path`).
+    u.set_query(distlock_sql::url::query(&keep).as_deref());
     let config = tokio_postgres::Config::from_str(u.as_str()).map_err(|e| bad(e.to_string()))?;
     if config.get_user().is_none() {
         return Err(bad(
@@ -427,6 +342,7 @@ impl Backend for PostgresBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_core::Error;
 
     #[test]
     fn urls() {

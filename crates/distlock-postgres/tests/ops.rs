@@ -7,7 +7,7 @@ use distlock_core::{Client, ClientOptions, Error, LockKind, Severity};
 use distlock_testkit::FencedRegister;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::Pg;
+use support::{Modes, Pg};
 
 async fn client(pg: &Pg, lease: Duration) -> Client {
     pg.client_with(ClientOptions::default().watchdog_lease(lease))

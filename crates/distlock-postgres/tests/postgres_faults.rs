@@ -9,10 +9,11 @@ use distlock_core::{
 };
 use distlock_postgres::PostgresBackend;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
+use distlock_testkit::sql_faults;
 use distlock_testkit::PostgresServer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{shared_server, Pg};
+use support::{shared_server, Modes, Pg};
 
 fn client(backend: PostgresBackend, opts: ClientOptions) -> Client {
     Client::new(Arc::new(backend), opts).expect("client")
@@ -131,83 +132,21 @@ async fn dropped_backend_frees_its_locks() {
 /// The child side of `killed_process_frees_its_lock`: holds a lock until killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_holder() {
-    let (Ok(url), Ok(name)) = (
-        std::env::var("DLOCK_PG_CHILD_URL"),
-        std::env::var("DLOCK_PG_CHILD_NAME"),
-    ) else {
-        return; // Only meaningful when started by the parent test.
-    };
-    let opts = ClientOptions::default();
-    let backend = PostgresBackend::connect(&url, &opts)
-        .await
-        .expect("connect");
-    let c = client(backend, opts);
-    let g = c
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
-    println!("HOLDING {}", g.fencing_token());
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    sql_faults::child_holder("DLOCK_PG_CHILD", support::connect).await;
 }
 
 /// A holder process killed with SIGKILL loses its lock as soon as the kernel closes its
 /// connection; a waiter blocked on the server gets it at once (no lease to wait out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_process_frees_its_lock() {
-    use std::io::{BufRead, BufReader};
-    let pg = Pg::session();
-    let name = unique_name("killed");
-    let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
-        .args(["--exact", "child_holder", "--nocapture", "--test-threads=1"])
-        .env("DLOCK_PG_CHILD_URL", pg.url())
-        .env("DLOCK_PG_CHILD_NAME", &name)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn child");
-    let stdout = child.stdout.take().expect("stdout");
-    let token: u64 = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(|l| l.ok())
-            // libtest may print `test child_holder ... ` on the same line first.
-            .find_map(|l| {
-                let at = l.find("HOLDING ")?;
-                l[at + 8..].trim().parse().ok()
-            })
-    })
-    .await
-    .expect("reader")
-    .expect("child never held the lock");
-    let b = pg.client_with(fast_opts()).await;
-    let lock = b.lock(&name).expect("lock");
-    assert!(
-        lock.try_acquire().await.expect("try").is_none(),
-        "child holds it"
-    );
-    let waiter = tokio::spawn(async move {
-        let g = lock.acquire_timeout(Duration::from_secs(20)).await;
-        (g, Instant::now())
-    });
-    poll_until(
-        "the waiter never waited on the server",
-        async || server_waiters(&pg.server, &name),
-        |n| n == "1",
+    let mode = Pg::session();
+    sql_faults::killed_process_frees_its_lock(
+        &mode,
+        "child_holder",
+        "DLOCK_PG_CHILD",
+        server_waiters,
     )
     .await;
-    let killed_at = Instant::now();
-    child.kill().expect("SIGKILL");
-    let _ = child.wait();
-    let (g, got_at) = waiter.await.expect("waiter");
-    let g = g.expect("lock freed by the killed process's session");
-    // As soon as the kernel closes the connection; the child's lease (30 s, the default) is
-    // what a lease-based lock would wait out. 5 s is generous on a loaded machine.
-    let latency = got_at.saturating_duration_since(killed_at);
-    assert!(latency < Duration::from_secs(5), "took {latency:?}");
-    assert!(g.fencing_token() > token);
-    g.release().await.expect("release");
 }
 
 /// A server restart (crash) ends every session: holders' lost signals fire at once; the

@@ -59,6 +59,7 @@ mod proxy;
 mod redis;
 mod resp;
 mod spawn;
+pub mod sql_faults;
 mod template;
 mod tls;
 mod zookeeper;

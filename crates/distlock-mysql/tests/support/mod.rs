@@ -1,59 +1,66 @@
-//! One MariaDB server shared by the tests of a test binary (cases use distinct names).
+//! One MariaDB server shared by the tests of a test binary (cases use distinct names), and the
+//! two modes on it (the harness is the testkit's, shared with distlock-postgres).
 
 #![allow(dead_code)]
 
-use distlock_core::{Client, ClientOptions};
 use distlock_mysql::MysqlBackend;
+use distlock_testkit::sql_faults::{Connecting, Shared, SqlMode};
 use distlock_testkit::MariaDbServer;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
-static SERVER: Mutex<Weak<MariaDbServer>> = Mutex::new(Weak::new());
+static SERVER: Shared<MariaDbServer> = Shared::new();
 
-/// The server of this test binary: started by the first test that needs it, stopped when the
-/// last one using it ends.
+/// The server of this test binary.
 pub fn shared_server() -> Arc<MariaDbServer> {
-    let mut slot = SERVER.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(s) = slot.upgrade() {
-        return s;
-    }
-    let s = Arc::new(MariaDbServer::start().expect("start mariadbd"));
-    *slot = Arc::downgrade(&s);
-    s
+    SERVER.get()
 }
 
-/// A harness: the shared server and the URL parameters of the mode under test.
-pub struct My {
-    pub server: Arc<MariaDbServer>,
-    pub params: &'static str,
+/// A mode of the backend on the shared server.
+pub type My = SqlMode<MariaDbServer, MysqlBackend>;
+
+/// Connects a backend (the harness's [`distlock_testkit::sql_faults::Connect`]).
+pub fn connect(url: String, opts: distlock_core::ClientOptions) -> Connecting<MysqlBackend> {
+    Box::pin(async move { MysqlBackend::connect(&url, &opts).await })
 }
 
-impl My {
-    pub fn session() -> Self {
-        My {
-            server: shared_server(),
-            params: "",
-        }
+/// The modes: `My::session()`, `My::table()`.
+pub trait Modes {
+    /// Session mode (`GET_LOCK`, the default).
+    fn session() -> Self;
+    /// Table mode (`?mode=table`).
+    fn table() -> Self;
+}
+
+impl Modes for My {
+    fn session() -> Self {
+        SqlMode::new(shared_server(), "", connect, kill_holder)
     }
 
-    pub fn table() -> Self {
-        My {
-            server: shared_server(),
-            params: "?mode=table",
-        }
+    fn table() -> Self {
+        SqlMode::new(shared_server(), "?mode=table", connect, free_lock_row)
     }
+}
 
-    pub fn url(&self) -> String {
-        format!("{}{}", self.server.url(), self.params)
-    }
+/// Session mode: kills the holder's connection, as an operator (or a failover) would: the
+/// server frees the lock, and the holder's next renewal finds its connection gone.
+fn kill_holder(server: &MariaDbServer, name: &str) {
+    let key = distlock_mysql::lock_key("dlock", name);
+    let id = server
+        .sql(&format!("SELECT IS_USED_LOCK('{key}')"))
+        .expect("IS_USED_LOCK");
+    assert_ne!(id, "NULL", "nobody holds {name}");
+    server.sql(&format!("KILL {id}")).expect("KILL");
+}
 
-    pub async fn backend(&self, opts: &ClientOptions) -> MysqlBackend {
-        MysqlBackend::connect(&self.url(), opts)
-            .await
-            .expect("connect")
-    }
-
-    pub async fn client_with(&self, opts: ClientOptions) -> Client {
-        let backend = self.backend(&opts).await;
-        Client::new(Arc::new(backend), opts).expect("client")
-    }
+/// Table mode: frees the lock row behind the holder's back, as an operator would.
+fn free_lock_row(server: &MariaDbServer, name: &str) {
+    let key = distlock_mysql::lock_key("dlock", name);
+    let n = server
+        .sql(&format!(
+            "UPDATE dlock.dlock_table_locks SET owner = NULL, count = 0, \
+             expires_at = '1970-01-02 00:00:00' WHERE lock_key = '{key}' AND owner IS NOT NULL; \
+             SELECT ROW_COUNT()"
+        ))
+        .expect("free the lock row");
+    assert_eq!(n, "1", "nothing to break");
 }

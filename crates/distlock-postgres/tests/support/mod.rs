@@ -1,59 +1,72 @@
-//! One PostgreSQL server shared by the tests of a test binary (cases use distinct names).
+//! One PostgreSQL server shared by the tests of a test binary (cases use distinct names), and
+//! the two modes on it (the harness is the testkit's, shared with distlock-mysql).
 
 #![allow(dead_code)]
 
-use distlock_core::{Client, ClientOptions};
 use distlock_postgres::PostgresBackend;
+use distlock_testkit::sql_faults::{Connecting, Shared, SqlMode};
 use distlock_testkit::PostgresServer;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
-static SERVER: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
+static SERVER: Shared<PostgresServer> = Shared::new();
 
-/// The server of this test binary: started by the first test that needs it, stopped when the
-/// last one using it ends.
+/// The server of this test binary.
 pub fn shared_server() -> Arc<PostgresServer> {
-    let mut slot = SERVER.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(s) = slot.upgrade() {
-        return s;
-    }
-    let s = Arc::new(PostgresServer::start().expect("start postgres"));
-    *slot = Arc::downgrade(&s);
-    s
+    SERVER.get()
 }
 
-/// A harness: the shared server and the URL parameters of the mode under test.
-pub struct Pg {
-    pub server: Arc<PostgresServer>,
-    pub params: &'static str,
+/// A mode of the backend on the shared server.
+pub type Pg = SqlMode<PostgresServer, PostgresBackend>;
+
+/// Connects a backend (the harness's [`distlock_testkit::sql_faults::Connect`]).
+pub fn connect(url: String, opts: distlock_core::ClientOptions) -> Connecting<PostgresBackend> {
+    Box::pin(async move { PostgresBackend::connect(&url, &opts).await })
 }
 
-impl Pg {
-    pub fn session() -> Self {
-        Pg {
-            server: shared_server(),
-            params: "",
-        }
+/// The modes: `Pg::session()`, `Pg::lease()`.
+pub trait Modes {
+    /// Session mode (advisory locks, the default).
+    fn session() -> Self;
+    /// Lease mode (`?mode=lease`).
+    fn lease() -> Self;
+}
+
+impl Modes for Pg {
+    fn session() -> Self {
+        SqlMode::new(shared_server(), "", connect, delete_holder_row)
     }
 
-    pub fn lease() -> Self {
-        Pg {
-            server: shared_server(),
-            params: "?mode=lease",
-        }
+    fn lease() -> Self {
+        SqlMode::new(shared_server(), "?mode=lease", connect, free_lease_row)
     }
+}
 
-    pub fn url(&self) -> String {
-        format!("{}{}", self.server.url(), self.params)
-    }
+fn quoted(name: &str) -> String {
+    name.replace('\'', "''")
+}
 
-    pub async fn backend(&self, opts: &ClientOptions) -> PostgresBackend {
-        PostgresBackend::connect(&self.url(), opts)
-            .await
-            .expect("connect")
-    }
+/// Session mode: deletes the holder's row, as an operator revoking the lock would: the
+/// holder's next renewal finds it gone, reports the lock lost and gives the advisory lock up.
+/// (Killing the holder's session instead is tested in postgres_faults.rs: its lost signal
+/// fires at once, with `SessionEnded`.)
+fn delete_holder_row(server: &PostgresServer, name: &str) {
+    let n = server
+        .sql(&format!(
+            "WITH d AS (DELETE FROM dlock_holders WHERE name = '{}' RETURNING 1) SELECT count(*) FROM d",
+            quoted(name)
+        ))
+        .expect("delete holder row");
+    assert_eq!(n, "1", "nothing to delete");
+}
 
-    pub async fn client_with(&self, opts: ClientOptions) -> Client {
-        let backend = self.backend(&opts).await;
-        Client::new(Arc::new(backend), opts).expect("client")
-    }
+/// Lease mode: frees the lock's row behind the holder's back, as an operator would.
+fn free_lease_row(server: &PostgresServer, name: &str) {
+    let n = server
+        .sql(&format!(
+            "WITH u AS (UPDATE dlock_leases SET owner = NULL, attempt = NULL, expires_at = 'epoch' \
+             WHERE name = '{}' AND owner IS NOT NULL RETURNING 1) SELECT count(*) FROM u",
+            quoted(name)
+        ))
+        .expect("free the lease row");
+    assert_eq!(n, "1", "nothing to break");
 }

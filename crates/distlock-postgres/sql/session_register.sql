@@ -1,0 +1,35 @@
+-- Records the grant of attempt $3 on this session and returns its fencing token; also sets
+-- the session's lease. Idempotent per attempt and session: if this session already recorded
+-- the attempt's grant (a retry after the answer was lost), it returns that token and only
+-- extends the lease, drawing no new token. An exclusive grant removes rows of other sessions
+-- (stale: nobody else can hold the key now).
+-- $1 ns, $2 name, $3 attempt, $4 owner, $5 kind, $6 lease ms, $7 idle timeout, $8 exclusive,
+-- $9 GUC.
+WITH old AS (
+    SELECT token FROM dlock_holders
+    WHERE ns = $1 AND name = $2 AND attempt = $3 AND pid = pg_backend_pid()
+), f AS (
+    INSERT INTO dlock_fence AS f (ns, name, token)
+    SELECT $1, $2, nextval('dlock_fence_seq') WHERE NOT EXISTS (SELECT 1 FROM old)
+    ON CONFLICT (ns, name) DO UPDATE SET token = nextval('dlock_fence_seq')
+    RETURNING f.token
+), d AS (
+    DELETE FROM dlock_holders
+    WHERE ns = $1 AND name = $2 AND $8 AND pid <> pg_backend_pid() AND attempt <> $3
+), ins AS (
+    INSERT INTO dlock_holders AS h
+        (ns, name, attempt, owner, kind, token, pid, acquired_at, expires_at)
+    SELECT $1, $2, $3, $4, $5, f.token, pg_backend_pid(), now(),
+           now() + $6 * interval '1 millisecond'
+    FROM f
+    ON CONFLICT (ns, name, attempt) DO UPDATE
+    SET owner = EXCLUDED.owner, kind = EXCLUDED.kind, token = EXCLUDED.token, pid = EXCLUDED.pid,
+        acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+    RETURNING h.token
+), ext AS (
+    UPDATE dlock_holders h
+    SET expires_at = GREATEST(h.expires_at, now() + $6 * interval '1 millisecond')
+    WHERE h.ns = $1 AND h.name = $2 AND h.attempt = $3 AND h.pid = pg_backend_pid()
+    RETURNING h.token
+)
+SELECT COALESCE((SELECT token FROM ins), (SELECT token FROM ext)), set_config($9, $7, false)

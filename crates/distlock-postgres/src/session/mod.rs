@@ -1,0 +1,304 @@
+//! Session mode: PostgreSQL session-level advisory locks, each grant on its own connection,
+//! as a dialect of the shared SQL session layer ([`distlock_sql`]).
+//!
+//! A grant's lock lives exactly as long as its dedicated connection (the *session*): when the
+//! process dies, its connection closes and the server frees the lock at once. The lease is
+//! enforced by the server too: the session's `idle_session_timeout` is the lease plus a grace
+//! (renewals are queries on that session, which restart the timer), so a holder that hangs or
+//! is cut off loses its session, and with it the lock, when the lease ends (PostgreSQL 14+).
+//!
+//! Every acquisition attempt (the core's `AttemptId`) gets its own session, and this backend
+//! remembers, per attempt, the session its requests ran on. A request whose answer never came
+//! (a timeout, a late reply) leaves the attempt *unknown*: the session may hold the lock. The
+//! attempt's retry then asks that same session (its statements run in order, after the late
+//! one) whether it holds the lock and reports that grant, so a lost reply never makes a second
+//! session take the lock, and a give-up unlocks (or closes) that session. The only sessions
+//! that share a connection are a write grant and the read grant its owner takes beside it (a
+//! downgrade: the server must see one holder).
+//!
+//! Tables: `dlock_fence` (last fencing token per name, bumped from the sequence
+//! `dlock_fence_seq`) and `dlock_holders` (one row per grant, keyed by attempt: owner, kind,
+//! token, backend pid, lease end — for `inspect`, for the `Held` ttl and for revocation; rows
+//! whose pid no longer holds the advisory lock are ignored and cleaned up by the next exclusive
+//! grant). The statements are in `sql/session_*.sql`.
+
+mod conn;
+mod sql;
+mod state;
+mod wait;
+
+use crate::common::{key_oids, kind_name, lock_key, Common};
+use crate::error::{shape, KIND};
+use distlock_core::{
+    async_trait, AcquireReply, AcquireRequest, Backend, Error, GrantRef, Granted, HolderInfo,
+    LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
+};
+use distlock_sql::{Dialect, Hold, HoldMap, IdlePool, Sessions};
+use state::State;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_util::sync::CancellationToken;
+
+/// The schema of session mode (with the migration of an older table).
+pub(crate) const DDL: &str = include_str!("../../sql/session_schema.sql");
+
+pub(crate) const TABLES: &[&str] = &["dlock_fence_seq", "dlock_fence", "dlock_holders"];
+
+/// Columns this version needs (a table of an older version lacks them: the DDL migrates it).
+pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_holders", "attempt")];
+
+const INSPECT: &str = include_str!("../../sql/session_inspect.sql");
+const FENCE: &str = include_str!("../../sql/fence.sql");
+const WAITERS: &str = include_str!("../../sql/session_waiters.sql");
+
+/// Idle sessions kept for reuse.
+const POOL_MAX: usize = 8;
+
+/// Session mode does mutexes, fair locks (PostgreSQL queues waiters in arrival order and a
+/// newcomer queues behind a conflicting waiter) and read-write locks.
+const KINDS: &[LockKind] = &[
+    LockKind::Mutex,
+    LockKind::Fair,
+    LockKind::Read,
+    LockKind::Write,
+];
+
+fn exclusive(kind: LockKind) -> bool {
+    !matches!(kind, LockKind::Read)
+}
+
+/// The `pg_locks.mode` of an advisory lock of `kind`.
+fn lock_mode(kind: LockKind) -> &'static str {
+    if exclusive(kind) {
+        "ExclusiveLock"
+    } else {
+        "ShareLock"
+    }
+}
+
+/// The PostgreSQL dialect of session mode: advisory locks on dedicated sessions.
+pub(crate) struct PgDialect {
+    common: Arc<Common>,
+    pool: IdlePool<Arc<conn::Session>>,
+}
+
+impl PgDialect {
+    fn endpoint(&self) -> &str {
+        &self.common.endpoint
+    }
+}
+
+#[async_trait]
+impl Dialect for PgDialect {
+    type State = State;
+
+    fn backend(&self) -> &'static str {
+        KIND
+    }
+
+    fn check_kind(&self, kind: LockKind) -> Result<()> {
+        distlock_sql::check_kind(KIND, kind, KINDS, "")
+    }
+
+    fn timeout(&self, what: &str, limit: Duration) -> Error {
+        crate::error::timeout(self.endpoint(), what, limit)
+    }
+
+    async fn try_lock(
+        &self,
+        holds: &HoldMap<State>,
+        hold: &Hold<State>,
+        st: &mut State,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply> {
+        self.attempt(holds, hold, st, req).await
+    }
+
+    /// A downgrade is granted beside the write side, on its session: never a blocking wait
+    /// there (it would hold up that session's renewals).
+    async fn waits_on_server(&self, holds: &HoldMap<State>, req: &AcquireRequest) -> bool {
+        Self::downgrade_session(holds, req).await.is_none()
+    }
+
+    async fn wait(
+        &self,
+        holds: &HoldMap<State>,
+        hold: &Hold<State>,
+        st: &mut State,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        self.wait_in(holds, hold, st, req, deadline, cancel).await
+    }
+
+    async fn unlock(
+        &self,
+        hold: &Hold<State>,
+        st: &mut State,
+        grant: &GrantRef,
+    ) -> Result<ReleaseOutcome> {
+        self.release_in(hold, st, grant).await
+    }
+
+    async fn keepalive(
+        &self,
+        hold: &Hold<State>,
+        st: &mut State,
+        grant: &GrantRef,
+        lease: Duration,
+    ) -> Result<RenewOutcome> {
+        self.renew_in(hold, st, grant, lease).await
+    }
+
+    async fn give_up(
+        &self,
+        hold: &Hold<State>,
+        st: &mut State,
+        req: &AcquireRequest,
+    ) -> Result<()> {
+        self.give_up_in(hold, st, req).await
+    }
+
+    async fn not_held(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        self.not_held_outcome(&grant.key.name).await
+    }
+}
+
+/// Session mode: the shared engine with the PostgreSQL dialect.
+pub(crate) struct SessionMode {
+    engine: Sessions<PgDialect>,
+}
+
+impl SessionMode {
+    pub(crate) fn new(common: Arc<Common>) -> Self {
+        SessionMode {
+            engine: Sessions::new(PgDialect {
+                common,
+                pool: IdlePool::new(POOL_MAX),
+            }),
+        }
+    }
+
+    fn common(&self) -> &Common {
+        &self.engine.dialect().common
+    }
+
+    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        self.engine.acquire(req).await
+    }
+
+    /// Waits server-side: a blocking `pg_advisory_lock` on the attempt's own session, bounded
+    /// by `lock_timeout` (the deadline) and cancelled with a CancelRequest. The server queues
+    /// waiters in arrival order and wakes exactly one per release.
+    pub(crate) async fn acquire_wait(
+        &self,
+        outer: &dyn Backend,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        self.engine.acquire_wait(outer, req, deadline, cancel).await
+    }
+
+    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        self.engine.release(grant).await
+    }
+
+    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        self.engine.give_up(req).await
+    }
+
+    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        self.engine.renew(holds).await
+    }
+
+    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        self.engine.dialect().check_kind(kind)?;
+        let common = self.common();
+        let key = lock_key(&common.namespace, name);
+        let (classid, objid) = key_oids(key);
+        let kinds: Vec<&str> = match kind {
+            LockKind::Read | LockKind::Write => vec!["read", "write"],
+            _ => vec![kind_name(kind)],
+        };
+        let client = common.control().await?;
+        let ns = common.namespace.as_str();
+        let holder_params: [(&(dyn ToSql + Sync), Type); 5] = [
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&classid, Type::OID),
+            (&objid, Type::OID),
+            (&kinds, Type::TEXT_ARRAY),
+        ];
+        let fence_params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&ns, Type::TEXT), (&name, Type::TEXT)];
+        let waiter_params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&classid, Type::OID), (&objid, Type::OID)];
+        let (rows, fence, waiting) = common
+            .run("inspecting", async {
+                tokio::try_join!(
+                    client.query_typed(INSPECT, &holder_params),
+                    client.query_typed(FENCE, &fence_params),
+                    client.query_typed(WAITERS, &waiter_params),
+                )
+            })
+            .await?;
+        let waiters: i64 = waiting
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .ok_or_else(|| shape("inspect", "no waiter count"))?;
+        let lease_note = common.has_session_timeouts();
+        let mut holders = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let owner: String = r.try_get(0).map_err(|e| shape("inspect", e))?;
+            let count: i32 = r.try_get(1).map_err(|e| shape("inspect", e))?;
+            let left: f64 = r.try_get(2).map_err(|e| shape("inspect", e))?;
+            let side = match r.try_get::<_, &str>(3).map_err(|e| shape("inspect", e))? {
+                "read" => Some(LockKind::Read),
+                "write" => Some(LockKind::Write),
+                _ => None,
+            };
+            holders.push(HolderInfo {
+                owner,
+                count: u32::try_from(count).unwrap_or(0),
+                lease_left: (lease_note && left.is_finite())
+                    .then(|| Duration::from_secs_f64(left.max(0.0) / 1000.0)),
+                side,
+            });
+        }
+        let fencing_token = match fence.first() {
+            None => 0,
+            Some(r) => {
+                let t: i64 = r.try_get(0).map_err(|e| shape("fencing token", e))?;
+                u64::try_from(t).map_err(|_| shape("fencing token", t))?
+            }
+        };
+        Ok(LockInfo {
+            name: name.to_owned(),
+            holders,
+            fencing_token,
+            waiters: Some(u32::try_from(waiters).unwrap_or(u32::MAX)),
+            ..Default::default()
+        })
+    }
+
+    /// The backend pid of the session holding `name` for `owner` here, if any (for tests
+    /// and operators: `pg_terminate_backend(pid)` revokes the lock at once).
+    pub(crate) async fn holder_pid(&self, name: &str, owner: &str) -> Option<i32> {
+        for e in self.engine.holds_of(name, owner) {
+            if let State::Granted(g) = &*e.state.lock().await {
+                if !g.session.is_dead() {
+                    return Some(g.session.pid);
+                }
+            }
+        }
+        None
+    }
+
+    /// Idle sessions kept for the next grant.
+    pub(crate) fn idle_sessions(&self) -> usize {
+        self.engine.dialect().pool.len()
+    }
+}

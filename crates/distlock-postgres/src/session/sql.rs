@@ -1,0 +1,262 @@
+//! The statements of session mode, each on the session it concerns (the SQL is in `sql/`).
+
+use super::conn::Session;
+use super::{exclusive, lock_mode, PgDialect};
+use crate::common::{channel, key_oids, kind_name, lock_key};
+use crate::error::shape;
+use distlock_core::{AcquireRequest, AttemptId, LockKind, ReleaseOutcome, Result};
+use distlock_sql::lease::millis_f64;
+use std::time::Duration;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Row;
+
+const REGISTER: &str = include_str!("../../sql/session_register.sql");
+const REFRESH: &str = include_str!("../../sql/session_refresh.sql");
+const RELEASE_EXCL: &str = include_str!("../../sql/session_release_excl.sql");
+const RELEASE_SHARED: &str = include_str!("../../sql/session_release_shared.sql");
+const RELEASE_ALL: &str = include_str!("../../sql/session_release_all.sql");
+const HOLDS: &str = include_str!("../../sql/session_holds.sql");
+const ANY_HOLDER: &str = include_str!("../../sql/session_any_holder.sql");
+const HOLDER_TTL: &str = include_str!("../../sql/session_holder_ttl.sql");
+const TRY_LOCK: &str = include_str!("../../sql/session_try_lock.sql");
+const TRY_LOCK_SHARED: &str = include_str!("../../sql/session_try_lock_shared.sql");
+
+type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+
+/// The first column of the first row, or an error naming `what`.
+fn first<'a, T: tokio_postgres::types::FromSql<'a>>(what: &str, rows: &'a [Row]) -> Result<T> {
+    rows.first()
+        .and_then(|r| r.try_get::<_, T>(0).ok())
+        .ok_or_else(|| shape(what, format!("{} rows", rows.len())))
+}
+
+impl PgDialect {
+    /// The setting that carries the lease: `idle_session_timeout`, or a harmless custom
+    /// placeholder on servers older than 14 (which cannot enforce the lease server-side).
+    pub(crate) fn lease_guc(&self) -> &'static str {
+        if self.common.has_session_timeouts() {
+            "idle_session_timeout"
+        } else {
+            "dlock.idle_session_timeout"
+        }
+    }
+
+    async fn query(
+        &self,
+        s: &Session,
+        what: &str,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>> {
+        self.common
+            .run(what, s.client.query_typed(sql, params))
+            .await
+    }
+
+    /// `pg_try_advisory_lock` on `s`, setting the session's lease in the same statement when
+    /// granted (`idle_held`, so that a grant whose answer is lost frees itself when that lease
+    /// ends even if nobody ever asks again) and `idle_free` otherwise.
+    pub(crate) async fn try_lock_on(
+        &self,
+        s: &Session,
+        kind: LockKind,
+        key: i64,
+        idle_held: &str,
+        idle_free: &str,
+    ) -> Result<bool> {
+        let sql = if exclusive(kind) {
+            TRY_LOCK
+        } else {
+            TRY_LOCK_SHARED
+        };
+        let guc = self.lease_guc();
+        let params: [Param; 4] = [
+            (&key, Type::INT8),
+            (&idle_held, Type::TEXT),
+            (&idle_free, Type::TEXT),
+            (&guc, Type::TEXT),
+        ];
+        let rows = self.query(s, "trying the lock", sql, &params).await?;
+        first("pg_try_advisory_lock", &rows)
+    }
+
+    /// Whether `s` holds the key in `kind`'s mode (read after every earlier statement there).
+    pub(crate) async fn holds(&self, s: &Session, kind: LockKind, key: i64) -> Result<bool> {
+        let (classid, objid) = key_oids(key);
+        let mode = lock_mode(kind);
+        let params: [Param; 3] = [
+            (&classid, Type::OID),
+            (&objid, Type::OID),
+            (&mode, Type::TEXT),
+        ];
+        let rows = self
+            .query(s, "checking the session's lock", HOLDS, &params)
+            .await?;
+        first("checking the session's lock", &rows)
+    }
+
+    /// Records the grant `s` holds for `req` and returns its fencing token (the recorded one
+    /// if this session recorded it before).
+    pub(crate) async fn register(
+        &self,
+        s: &Session,
+        req: &AcquireRequest,
+        idle: &str,
+    ) -> Result<u64> {
+        let ns = self.common.namespace.as_str();
+        let name: &str = &req.key.name;
+        let attempt = req.attempt.as_str();
+        let owner: &str = &req.key.owner;
+        let kind = kind_name(req.key.kind);
+        let lease_ms = millis_f64(req.lease);
+        let excl = exclusive(req.key.kind);
+        let guc = self.lease_guc();
+        let params: [Param; 9] = [
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&attempt, Type::TEXT),
+            (&owner, Type::TEXT),
+            (&kind, Type::TEXT),
+            (&lease_ms, Type::FLOAT8),
+            (&idle, Type::TEXT),
+            (&excl, Type::BOOL),
+            (&guc, Type::TEXT),
+        ];
+        let rows = self
+            .query(s, "recording the grant", REGISTER, &params)
+            .await?;
+        let token: Option<i64> = first("recording the grant", &rows)?;
+        let token = token.ok_or_else(|| shape("recording the grant", "no token"))?;
+        u64::try_from(token).map_err(|_| shape("fencing token", token))
+    }
+
+    /// Makes the grant's row and the session's lease run at least `lease` from now. False if
+    /// the row is gone (an operator revoked the grant).
+    pub(crate) async fn refresh(
+        &self,
+        s: &Session,
+        name: &str,
+        attempt: &AttemptId,
+        lease: Duration,
+        idle: &str,
+    ) -> Result<bool> {
+        let ns = self.common.namespace.as_str();
+        let attempt = attempt.as_str();
+        let lease_ms = millis_f64(lease);
+        let guc = self.lease_guc();
+        let params: [Param; 6] = [
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&attempt, Type::TEXT),
+            (&lease_ms, Type::FLOAT8),
+            (&idle, Type::TEXT),
+            (&guc, Type::TEXT),
+        ];
+        let rows = self
+            .query(s, "refreshing the grant", REFRESH, &params)
+            .await?;
+        let n: i64 = first("refreshing the grant", &rows)?;
+        Ok(n > 0)
+    }
+
+    /// Gives up what `attempt` holds (or may hold) on `s` and forgets its row: one unlock of
+    /// `kind`'s mode, or everything when no other attempt uses the session. True if the
+    /// session held the lock (for a single unlock; an unlock-all does not tell).
+    pub(crate) async fn unlock_on(
+        &self,
+        s: &Session,
+        name: &str,
+        attempt: &AttemptId,
+        kind: LockKind,
+        all: bool,
+    ) -> Result<bool> {
+        let ns = self.common.namespace.as_str();
+        let key = lock_key(&self.common.namespace, name);
+        let chan = channel(key);
+        let a = attempt.as_str();
+        let idle = s.idle_value(attempt, None);
+        let guc = self.lease_guc();
+        let sql = if all {
+            RELEASE_ALL
+        } else if exclusive(kind) {
+            RELEASE_EXCL
+        } else {
+            RELEASE_SHARED
+        };
+        let params: [Param; 7] = [
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&a, Type::TEXT),
+            (&key, Type::INT8),
+            (&chan, Type::TEXT),
+            (&idle, Type::TEXT),
+            (&guc, Type::TEXT),
+        ];
+        let rows = self.query(s, "releasing", sql, &params).await?;
+        if all {
+            return Ok(true);
+        }
+        first("releasing", &rows)
+    }
+
+    /// The longest remaining lease among the live holders of `name`.
+    pub(crate) async fn holder_ttl(&self, name: &str, key: i64) -> Option<Duration> {
+        let (classid, objid) = key_oids(key);
+        let client = self.common.control().await.ok()?;
+        let ns = self.common.namespace.as_str();
+        let params: [Param; 4] = [
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&classid, Type::OID),
+            (&objid, Type::OID),
+        ];
+        let rows = self
+            .common
+            .run(
+                "reading the holder's lease",
+                client.query_typed(HOLDER_TTL, &params),
+            )
+            .await
+            .ok()?;
+        let left: f64 = rows.first()?.try_get::<_, Option<f64>>(0).ok()??;
+        (left.is_finite() && left > 0.0).then(|| Duration::from_secs_f64(left / 1000.0))
+    }
+
+    /// What to report for a release of a grant this backend does not (or no longer) have:
+    /// another grant holds the lock, or nobody does.
+    pub(crate) async fn not_held_outcome(&self, name: &str) -> Result<ReleaseOutcome> {
+        let key = lock_key(&self.common.namespace, name);
+        let (classid, objid) = key_oids(key);
+        let client = self.common.control().await?;
+        let params: [Param; 2] = [(&classid, Type::OID), (&objid, Type::OID)];
+        let rows = self
+            .common
+            .run("checking the lock", client.query_typed(ANY_HOLDER, &params))
+            .await?;
+        let held: bool = first("checking the lock", &rows)?;
+        Ok(if held {
+            ReleaseOutcome::TakenByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
+    }
+
+    /// `pg_cancel_backend(pid)` through the control connection; false if that failed.
+    pub(crate) async fn cancel_backend(&self, pid: i32) -> bool {
+        let Ok(client) = self.common.control().await else {
+            return false;
+        };
+        let rows = self
+            .common
+            .run(
+                "cancelling a wait",
+                client.query_typed("SELECT pg_cancel_backend($1)", &[(&pid, Type::INT4)]),
+            )
+            .await;
+        matches!(
+            rows.as_deref()
+                .map(|r| r.first().and_then(|r| r.try_get::<_, bool>(0).ok())),
+            Ok(Some(true))
+        )
+    }
+}

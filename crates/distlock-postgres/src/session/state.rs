@@ -1,0 +1,455 @@
+//! What this backend knows about one attempt's lock, and the requests that move it: a try,
+//! the resumption of an earlier request, the grant, a revocation, release, give-up, renewal.
+
+use super::conn::Session;
+use super::PgDialect;
+use crate::common::lock_key;
+use crate::error::shape;
+use distlock_core::clock::Instant as LeaseInstant;
+use distlock_core::{
+    AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, LockKind, ReleaseOutcome,
+    RenewOutcome, Result,
+};
+use distlock_sql::{Hold, HoldMap, HoldState};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What this backend knows about one attempt's lock on the server.
+#[derive(Default)]
+pub(crate) enum State {
+    /// Nothing held (or nothing yet).
+    #[default]
+    Idle,
+    /// A request that may have taken the lock on this session got no answer: the session may
+    /// hold it. The attempt's retry asks the session; a give-up unlocks or closes it.
+    Unknown(Arc<Session>),
+    /// Granted on this session.
+    Granted(GrantState),
+    /// A release of the grant got no answer: it ran, or will run, on this session, before any
+    /// later statement there. A retry runs it again (the second finds the lock released).
+    Releasing(GrantState),
+}
+
+pub(crate) struct GrantState {
+    pub(crate) session: Arc<Session>,
+    pub(crate) token: u64,
+    /// Local estimate of when the lease ends (never moved earlier).
+    pub(crate) lease_end: LeaseInstant,
+}
+
+impl HoldState for State {
+    fn is_idle(&self) -> bool {
+        matches!(self, State::Idle)
+    }
+
+    fn is_granted(&self) -> bool {
+        matches!(self, State::Granted(_))
+    }
+
+    fn is_gone(&self) -> bool {
+        match self {
+            State::Idle => true,
+            State::Unknown(s) => s.is_dead(),
+            State::Granted(g) | State::Releasing(g) => g.session.is_dead(),
+        }
+    }
+}
+
+pub(crate) type Entry = Hold<State>;
+
+impl PgDialect {
+    /// Moves an attempt whose session ended to `Idle` (its locks went with the session, whose
+    /// end already fired the lost signals).
+    pub(crate) fn settle(entry: &Entry, st: &mut State) {
+        if !st.is_idle() && st.is_gone() {
+            entry.set(st, State::Idle);
+        }
+    }
+
+    /// A reader asking for the write side: refused (two readers doing it would deadlock).
+    pub(crate) fn check_upgrade(holds: &HoldMap<State>, req: &AcquireRequest) -> Result<()> {
+        if req.key.kind != LockKind::Write {
+            return Ok(());
+        }
+        let reading = holds.any(|e| {
+            e.kind == LockKind::Read
+                && e.name == req.key.name
+                && e.owner == req.key.owner
+                && e.granted()
+        });
+        if reading {
+            return Err(Error::invalid(format!(
+                "owner `{}` holds the read side of `{}` and asked for the write side: an \
+                 upgrade would deadlock with other readers doing the same; release the read \
+                 lock first",
+                req.key.owner, req.key.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// For a read request beside this owner's live write grant (a downgrade): the session of
+    /// that grant, where the read side is granted at once (the server sees one holder).
+    pub(crate) async fn downgrade_session(
+        holds: &HoldMap<State>,
+        req: &AcquireRequest,
+    ) -> Option<Arc<Session>> {
+        let w = req.write_grant.as_ref()?;
+        let entry = holds.existing(&w.attempt)?;
+        let st = entry.state.lock().await;
+        match &*st {
+            State::Granted(g) if g.token == w.token && !g.session.is_dead() => {
+                Some(g.session.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// One try for `req`'s attempt, without waiting.
+    pub(crate) async fn attempt(
+        &self,
+        holds: &HoldMap<State>,
+        entry: &Entry,
+        st: &mut State,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply> {
+        let key = lock_key(&self.common.namespace, &req.key.name);
+        match self.resume(entry, st, req).await? {
+            Some(token) => return Ok(AcquireReply::Granted { token }),
+            None if matches!(st, State::Unknown(_)) => {}
+            None => {
+                Self::check_upgrade(holds, req)?;
+                let s = match Self::downgrade_session(holds, req).await {
+                    Some(s) => s,
+                    None => self.take_session().await?,
+                };
+                // Counted on the session before the request goes out: if its answer is lost,
+                // the session is neither pooled nor forgotten while it may hold the lock.
+                s.grants.add(&req.attempt, LeaseInstant::now() + req.lease);
+                entry.set(st, State::Unknown(s));
+            }
+        }
+        let State::Unknown(s) = &*st else {
+            return Err(shape("acquire", "attempt state"));
+        };
+        let s = s.clone();
+        let end = LeaseInstant::now() + req.lease;
+        let idle_held = s.idle_value(&req.attempt, Some(end));
+        let idle_free = s.idle_value(&req.attempt, None);
+        match self
+            .try_lock_on(&s, req.key.kind, key, &idle_held, &idle_free)
+            .await
+        {
+            Ok(true) => self
+                .grant_on(entry, st, s, req, &idle_held)
+                .await
+                .map(|token| AcquireReply::Granted { token }),
+            Ok(false) => {
+                s.grants.remove(&req.attempt);
+                entry.set(st, State::Idle);
+                self.put_session(s);
+                Ok(AcquireReply::Held {
+                    ttl: self.holder_ttl(&req.key.name, key).await,
+                })
+            }
+            Err(e) => {
+                if s.is_dead() {
+                    s.grants.remove(&req.attempt);
+                    entry.set(st, State::Idle);
+                }
+                // Otherwise the attempt stays unknown on `s`: a retry asks `s`, a give-up
+                // unlocks it.
+                Err(e)
+            }
+        }
+    }
+
+    /// Picks up where an earlier request of this attempt left off: the grant again (a retry
+    /// of a granted attempt: same token, lease never shortened), or the grant an unanswered
+    /// request took on its session. `None`: not held; the state is `Idle`, or `Unknown` on a
+    /// session that holds nothing (to try on).
+    pub(crate) async fn resume(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        req: &AcquireRequest,
+    ) -> Result<Option<u64>> {
+        Self::settle(entry, st);
+        let key = lock_key(&self.common.namespace, &req.key.name);
+        match &*st {
+            State::Idle => Ok(None),
+            State::Releasing(_) => Err(Error::invalid(format!(
+                "attempt {} on `{}` asked again for a grant it is releasing",
+                req.attempt, req.key.name
+            ))),
+            State::Granted(g) => {
+                let token = g.token;
+                match self
+                    .extend(entry, st, &req.key, &req.attempt, req.lease)
+                    .await
+                {
+                    Ok(true) => Ok(Some(token)),
+                    // Revoked by an operator before this retry: given up; try anew.
+                    Ok(false) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+            State::Unknown(s) => {
+                let s = s.clone();
+                if !self.holds(&s, req.key.kind, key).await? {
+                    return Ok(None);
+                }
+                let end = LeaseInstant::now() + req.lease;
+                let idle = s.idle_value(&req.attempt, Some(end));
+                self.grant_on(entry, st, s, req, &idle).await.map(Some)
+            }
+        }
+    }
+
+    /// Makes the granted lease run at least `lease` from now (never shorter than what the
+    /// session already promises). `Ok(false)`: the grant's row is gone (revoked), and the lock
+    /// was given up.
+    async fn extend(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        key: &distlock_core::HoldKey,
+        attempt: &AttemptId,
+        lease: Duration,
+    ) -> Result<bool> {
+        let State::Granted(g) = &*st else {
+            return Ok(false);
+        };
+        let s = g.session.clone();
+        let end = g.lease_end.max(LeaseInstant::now() + lease);
+        let idle = s.idle_value(attempt, Some(end));
+        match self.refresh(&s, &key.name, attempt, lease, &idle).await {
+            Ok(true) => {
+                s.grants.extend(attempt, end);
+                if let State::Granted(g) = st {
+                    g.lease_end = end;
+                }
+                Ok(true)
+            }
+            Ok(false) => {
+                self.revoked(entry, st, key.kind, &key.name, attempt).await;
+                Ok(false)
+            }
+            Err(e) => {
+                Self::settle(entry, st);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records the grant whose lock `s` holds for `req` (registering is idempotent per
+    /// attempt), and makes it the attempt's state. On failure the attempt stays unknown on `s`.
+    pub(crate) async fn grant_on(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        s: Arc<Session>,
+        req: &AcquireRequest,
+        idle: &str,
+    ) -> Result<u64> {
+        let end = LeaseInstant::now() + req.lease;
+        s.grants.add(&req.attempt, end);
+        entry.set(st, State::Unknown(s.clone()));
+        match self.register(&s, req, idle).await {
+            Ok(token) => {
+                s.grants.arm(&req.attempt, req.lost.clone(), end);
+                entry.set(
+                    st,
+                    State::Granted(GrantState {
+                        session: s,
+                        token,
+                        lease_end: end,
+                    }),
+                );
+                Ok(token)
+            }
+            Err(e) => {
+                Self::settle(entry, st);
+                if st.is_idle() {
+                    s.grants.remove(&req.attempt);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The grant's row is gone (an operator revoked it): give the lock up on its session.
+    async fn revoked(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        kind: LockKind,
+        name: &str,
+        attempt: &AttemptId,
+    ) {
+        let (State::Granted(g) | State::Releasing(g)) = &*st else {
+            return;
+        };
+        let s = g.session.clone();
+        tracing::warn!(%name, %attempt, "dlock_holders row gone: the lock was revoked");
+        entry.set(st, State::Idle);
+        let all = s.grants.others(attempt) == 0;
+        match self.unlock_on(&s, name, attempt, kind, all).await {
+            Ok(_) => {
+                s.grants.remove(attempt);
+                self.put_session(s);
+            }
+            // Unknown state. Alone on the session: closing it (dropping the last handle)
+            // frees the lock. Shared with a downgrade's other side: the attempt stays counted
+            // on the session, which is then never pooled and closes when that side is done.
+            Err(e) => {
+                if all {
+                    s.grants.remove(attempt);
+                }
+                tracing::warn!(error = %e, %name, "could not unlock a revoked grant");
+            }
+        }
+    }
+
+    /// The attempt holds nothing on its dedicated session `s` (or `s` is closed): forget it,
+    /// and pool the session if `reuse` (else it closes when the last handle goes, which frees
+    /// whatever it might hold).
+    pub(crate) fn forget_on(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        s: Arc<Session>,
+        attempt: &AttemptId,
+        reuse: bool,
+    ) {
+        s.grants.remove(attempt);
+        // The state's handle goes first: a pooled session has no other.
+        entry.set(st, State::Idle);
+        if reuse {
+            self.put_session(s);
+        }
+    }
+
+    /// Releases exactly the grant `grant` names. A release whose answer was lost leaves the
+    /// attempt `Releasing`: its retry runs the release again on the same session, after the
+    /// first (which then finds it released: `Expired`, which the core reports as released).
+    pub(crate) async fn release_in(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        grant: &GrantRef,
+    ) -> Result<ReleaseOutcome> {
+        Self::settle(entry, st);
+        let (again, s) = match &*st {
+            State::Granted(g) if g.token == grant.token => (false, g.session.clone()),
+            State::Releasing(g) if g.token == grant.token => (true, g.session.clone()),
+            _ => return self.not_held_outcome(&grant.key.name).await,
+        };
+        let name: &str = &grant.key.name;
+        match self
+            .unlock_on(&s, name, &grant.attempt, grant.key.kind, false)
+            .await
+        {
+            Ok(unlocked) => {
+                s.grants.remove(&grant.attempt);
+                entry.set(st, State::Idle);
+                self.put_session(s);
+                match (unlocked, again) {
+                    (true, _) => Ok(ReleaseOutcome::Released),
+                    (false, true) => Ok(ReleaseOutcome::Expired),
+                    // The session did not hold it (an operator unlocked it there).
+                    (false, false) => self.not_held_outcome(name).await,
+                }
+            }
+            Err(e) => {
+                Self::settle(entry, st);
+                if st.is_idle() {
+                    // The session ended: the lock went with it.
+                    s.grants.remove(&grant.attempt);
+                    return if again {
+                        Ok(ReleaseOutcome::Expired)
+                    } else {
+                        self.not_held_outcome(name).await
+                    };
+                }
+                if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
+                    entry.set(st, State::Releasing(g));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives back whatever `req`'s attempt holds or may hold (a grant whose answer was lost,
+    /// or one it never heard of), and only that. Idempotent.
+    pub(crate) async fn give_up_in(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        req: &AcquireRequest,
+    ) -> Result<()> {
+        Self::settle(entry, st);
+        match &*st {
+            State::Idle => Ok(()),
+            State::Granted(g) | State::Releasing(g) => {
+                let grant = req.grant(g.token);
+                self.release_in(entry, st, &grant).await.map(|_| ())
+            }
+            State::Unknown(s) => {
+                let s = s.clone();
+                let all = s.grants.others(&req.attempt) == 0;
+                match self
+                    .unlock_on(&s, &req.key.name, &req.attempt, req.key.kind, all)
+                    .await
+                {
+                    Ok(_) => {
+                        self.forget_on(entry, st, s, &req.attempt, true);
+                        Ok(())
+                    }
+                    Err(_) if all => {
+                        // Closing the session (this drops the last handle) frees whatever
+                        // it holds.
+                        self.forget_on(entry, st, s, &req.attempt, false);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        Self::settle(entry, st);
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn renew_in(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        grant: &GrantRef,
+        lease: Duration,
+    ) -> Result<RenewOutcome> {
+        Self::settle(entry, st);
+        // `Releasing`: the grant is, or is about to be, given back.
+        let State::Granted(g) = &*st else {
+            return Ok(RenewOutcome::NotHeld);
+        };
+        if g.token != grant.token {
+            return Ok(RenewOutcome::NotHeld);
+        }
+        let s = g.session.clone();
+        match self
+            .extend(entry, st, &grant.key, &grant.attempt, lease)
+            .await
+        {
+            Ok(true) => Ok(RenewOutcome::Renewed),
+            Ok(false) => Ok(RenewOutcome::NotHeld),
+            Err(e) => {
+                if st.is_idle() {
+                    s.grants.remove(&grant.attempt);
+                    return Ok(RenewOutcome::NotHeld);
+                }
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! The session engine: requests addressed by attempt, run one at a time per attempt, the
+//! retrying server-side wait, and the dialect trait that speaks SQL.
+
+use crate::holds::{Hold, HoldMap, HoldState};
+use crate::lease::{before, sleep_until};
+use distlock_core::{
+    async_trait, AcquireReply, AcquireRequest, Backend, Error, GrantRef, Granted, LockKind,
+    ReleaseOutcome, RenewOutcome, Result,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+/// The operations of one SQL dialect on the state of one attempt (its dedicated connection).
+/// Every method runs with the attempt's state locked: no other request of the attempt runs
+/// meanwhile. The engine ([`Sessions`]) keeps the map of attempts, checks kinds, runs the
+/// wait loop and decides where requests run.
+#[async_trait]
+pub trait Dialect: Send + Sync + 'static {
+    /// What the dialect keeps per attempt.
+    type State: HoldState;
+
+    /// The backend's name (`postgres`, `mysql`), for messages.
+    fn backend(&self) -> &'static str;
+
+    /// `Ok` if this dialect does locks of `kind`; [`Error::Unsupported`] otherwise.
+    fn check_kind(&self, kind: LockKind) -> Result<()>;
+
+    /// `Some(limit)`: every request runs in a task of its own, to its end even when its caller
+    /// stops waiting (a driver whose connection breaks when a request is dropped midway), and
+    /// the caller waits for its answer at most `limit`. `None` (the default): requests run in
+    /// the caller's task.
+    fn detached(&self) -> Option<Duration> {
+        None
+    }
+
+    /// The error of a detached request whose answer did not come within `limit`.
+    fn timeout(&self, what: &str, limit: Duration) -> Error;
+
+    /// One try without waiting (a retry of a granted attempt answers its grant again, the
+    /// lease never shortened).
+    async fn try_lock(
+        &self,
+        holds: &HoldMap<Self::State>,
+        hold: &Hold<Self::State>,
+        st: &mut Self::State,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply>;
+
+    /// Whether `req` waits on the server ([`Dialect::wait`]); `false`: it waits for wake-ups
+    /// and retries (the core's `watch_and_retry`).
+    async fn waits_on_server(&self, _holds: &HoldMap<Self::State>, _req: &AcquireRequest) -> bool {
+        true
+    }
+
+    /// One server-side wait, until granted, `deadline` or `cancel` (`Ok(None)`: not granted;
+    /// the engine waits again while the deadline has not passed).
+    async fn wait(
+        &self,
+        holds: &HoldMap<Self::State>,
+        hold: &Hold<Self::State>,
+        st: &mut Self::State,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>>;
+
+    /// Releases exactly the grant `grant` names.
+    async fn unlock(
+        &self,
+        hold: &Hold<Self::State>,
+        st: &mut Self::State,
+        grant: &GrantRef,
+    ) -> Result<ReleaseOutcome>;
+
+    /// Renews the grant: its lease runs at least `lease` from now, never shorter.
+    async fn keepalive(
+        &self,
+        hold: &Hold<Self::State>,
+        st: &mut Self::State,
+        grant: &GrantRef,
+        lease: Duration,
+    ) -> Result<RenewOutcome>;
+
+    /// Gives back whatever the attempt holds or may hold, and only that. Idempotent.
+    async fn give_up(
+        &self,
+        hold: &Hold<Self::State>,
+        st: &mut Self::State,
+        req: &AcquireRequest,
+    ) -> Result<()>;
+
+    /// What to report for a release of an attempt this client keeps nothing of: another grant
+    /// holds the lock, or nobody does.
+    async fn not_held(&self, grant: &GrantRef) -> Result<ReleaseOutcome>;
+}
+
+/// A request on one attempt.
+enum Op {
+    TryLock(AcquireRequest),
+    Unlock(GrantRef),
+    Keepalive(GrantRef, Duration),
+    GiveUp(AcquireRequest),
+}
+
+/// What a request answered.
+enum Done {
+    TryLock(AcquireReply),
+    Unlock(ReleaseOutcome),
+    Keepalive(RenewOutcome),
+    GiveUp,
+}
+
+impl Op {
+    fn what(&self) -> &'static str {
+        match self {
+            Op::TryLock(_) => "acquiring",
+            Op::Unlock(_) => "releasing",
+            Op::Keepalive(..) => "renewing",
+            Op::GiveUp(_) => "giving up",
+        }
+    }
+}
+
+async fn apply<D: Dialect>(
+    d: &D,
+    holds: &HoldMap<D::State>,
+    hold: &Hold<D::State>,
+    st: &mut D::State,
+    op: &Op,
+) -> Result<Done> {
+    let r = match op {
+        Op::TryLock(req) => d.try_lock(holds, hold, st, req).await.map(Done::TryLock),
+        Op::Unlock(grant) => d.unlock(hold, st, grant).await.map(Done::Unlock),
+        Op::Keepalive(grant, lease) => d
+            .keepalive(hold, st, grant, *lease)
+            .await
+            .map(Done::Keepalive),
+        Op::GiveUp(req) => d.give_up(hold, st, req).await.map(|()| Done::GiveUp),
+    };
+    hold.sync(st);
+    r
+}
+
+/// Session mode of an SQL backend: the attempts of one client and the dialect that keeps
+/// their locks, each on a dedicated connection.
+pub struct Sessions<D: Dialect> {
+    dialect: Arc<D>,
+    holds: Arc<HoldMap<D::State>>,
+}
+
+impl<D: Dialect> Sessions<D> {
+    /// The engine of `dialect`.
+    pub fn new(dialect: D) -> Self {
+        Sessions {
+            dialect: Arc::new(dialect),
+            holds: Arc::default(),
+        }
+    }
+
+    /// The dialect.
+    pub fn dialect(&self) -> &D {
+        &self.dialect
+    }
+
+    /// The attempts this client keeps.
+    pub fn holds(&self) -> &HoldMap<D::State> {
+        &self.holds
+    }
+
+    /// The attempts of `owner` on `name` (for operators' and tests' look-ups of the holder's
+    /// connection).
+    pub fn holds_of(&self, name: &str, owner: &str) -> Vec<Arc<Hold<D::State>>> {
+        self.holds
+            .matching(|h| &*h.name == name && &*h.owner == owner)
+    }
+
+    /// Runs `op` on `hold`: in the caller's task, or detached (see [`Dialect::detached`]).
+    async fn run(
+        &self,
+        attempt: &distlock_core::AttemptId,
+        hold: Arc<Hold<D::State>>,
+        op: Op,
+    ) -> Result<Done> {
+        let Some(limit) = self.dialect.detached() else {
+            let mut st = hold.state.lock().await;
+            let r = apply(&*self.dialect, &self.holds, &hold, &mut st, &op).await;
+            drop(st);
+            self.holds.tidy(attempt, hold);
+            return r;
+        };
+        let (dialect, holds, id) = (self.dialect.clone(), self.holds.clone(), attempt.clone());
+        let what = op.what();
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let mut st = hold.state.lock().await;
+            let r = apply(&*dialect, &holds, &hold, &mut st, &op).await;
+            drop(st);
+            holds.tidy(&id, hold);
+            let _ = tx.send(r);
+        });
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Error::Runtime(format!(
+                "the {} task {what} ended without an answer",
+                self.dialect.backend()
+            ))),
+            Err(_) => Err(self.dialect.timeout(what, limit)),
+        }
+    }
+
+    /// One try for `req`'s attempt, without waiting.
+    ///
+    /// # Errors
+    /// The kind is not supported, or the server failed or did not answer (the attempt keeps
+    /// what the request may have taken: a retry finds it, a give-up returns it).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped request leaves the attempt's state for its retry or give-up.
+    pub async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        self.dialect.check_kind(req.key.kind)?;
+        let hold = self.holds.entry(&req.attempt, &req.key);
+        match self
+            .run(&req.attempt, hold, Op::TryLock(req.clone()))
+            .await?
+        {
+            Done::TryLock(r) => Ok(r),
+            _ => Err(another("acquiring")),
+        }
+    }
+
+    /// Waits for `req`'s lock on the server until granted, `deadline` or `cancel` (`outer`:
+    /// the backend, for attempts the dialect does not wait for on the server). A wait stopped
+    /// after a request whose answer was lost gives back whatever that request took.
+    ///
+    /// # Errors
+    /// The kind is not supported, or a failure that retrying does not cure.
+    ///
+    /// # Cancel safety
+    /// Cancel safe at every await: the attempt's state stays for its give-up.
+    pub async fn acquire_wait(
+        &self,
+        outer: &dyn Backend,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        self.dialect.check_kind(req.key.kind)?;
+        if !self.dialect.waits_on_server(&self.holds, req).await {
+            return distlock_core::wait::watch_and_retry(outer, req, deadline, cancel).await;
+        }
+        let r = self.wait_loop(req, deadline, cancel).await;
+        if matches!(r, Ok(None)) && self.holds.existing(&req.attempt).is_some() {
+            // Stopped after a request whose answer was lost: whatever it took goes back (the
+            // core only gives up attempts that end in an error).
+            if let Err(e) = self.give_up(req).await {
+                tracing::debug!(error = %e, name = %req.key.name, "could not give up a stopped wait; its connection's lease frees the lock");
+            }
+        }
+        r
+    }
+
+    async fn wait_loop(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        let mut backoff = distlock_core::backoff::Backoff::default();
+        loop {
+            let hold = self.holds.entry(&req.attempt, &req.key);
+            let mut st = tokio::select! {
+                g = hold.state.lock() => g,
+                _ = cancel.cancelled() => return Ok(None),
+                _ = sleep_until(deadline) => return Ok(None),
+            };
+            let r = self
+                .dialect
+                .wait(&self.holds, &hold, &mut st, req, deadline, cancel)
+                .await;
+            hold.sync(&st);
+            drop(st);
+            self.holds.tidy(&req.attempt, hold);
+            match r {
+                Ok(None) if !cancel.is_cancelled() && before(deadline) => {
+                    // A bounded server-side wait ended before the deadline (its timer a hair
+                    // early, or a round of a wait without one): wait out the rest.
+                }
+                Err(e) if e.is_retryable() => {
+                    // The attempt's state stays with it: the next round resumes on the same
+                    // connection if the failed request may have taken the lock there.
+                    let pause = backoff.next_delay();
+                    tracing::debug!(error = %e, ?pause, backend = self.dialect.backend(), "waiting for a lock failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = cancel.cancelled() => return Ok(None),
+                        _ = sleep_until(deadline) => return Ok(None),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Releases exactly the grant `grant` names.
+    ///
+    /// # Errors
+    /// The kind is not supported, or the server failed or did not answer (a retry of the
+    /// release runs it again, after the first).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the attempt's state says what a retry must do.
+    pub async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        self.dialect.check_kind(grant.key.kind)?;
+        let Some(hold) = self.holds.existing(&grant.attempt) else {
+            return self.dialect.not_held(grant).await;
+        };
+        match self
+            .run(&grant.attempt, hold, Op::Unlock(grant.clone()))
+            .await?
+        {
+            Done::Unlock(r) => Ok(r),
+            _ => Err(another("releasing")),
+        }
+    }
+
+    /// Gives back whatever `req`'s attempt holds or may hold, and only that. Idempotent.
+    ///
+    /// # Errors
+    /// The kind is not supported, or the server failed (the lease frees the lock then).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped give-up can be run again.
+    pub async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        self.dialect.check_kind(req.key.kind)?;
+        let Some(hold) = self.holds.existing(&req.attempt) else {
+            return Ok(());
+        };
+        self.run(&req.attempt, hold, Op::GiveUp(req.clone()))
+            .await
+            .map(|_| ())
+    }
+
+    /// Renews every grant of `holds` (at once, each on its connection).
+    ///
+    /// # Errors
+    /// A kind is not supported, or a renewal failed without telling whether the grant is held.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a renewal only ever extends a lease.
+    pub async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        for (g, _) in holds {
+            self.dialect.check_kind(g.key.kind)?;
+        }
+        let all = futures_util::future::join_all(holds.iter().map(|(g, lease)| async move {
+            let Some(hold) = self.holds.existing(&g.attempt) else {
+                return Ok(RenewOutcome::NotHeld);
+            };
+            match self
+                .run(&g.attempt, hold, Op::Keepalive(g.clone(), *lease))
+                .await?
+            {
+                Done::Keepalive(r) => Ok(r),
+                _ => Err(another("renewing")),
+            }
+        }))
+        .await;
+        all.into_iter().collect()
+    }
+}
+
+fn another(what: &str) -> Error {
+    Error::Runtime(format!("{what}: the answer of another request"))
+}
+
+/// `Ok` if `kind` is one of `kinds`; otherwise [`Error::Unsupported`] for `backend`, with
+/// `note` (why) after the kind's name.
+pub fn check_kind(
+    backend: &'static str,
+    kind: LockKind,
+    kinds: &[LockKind],
+    note: &str,
+) -> Result<()> {
+    if kinds.contains(&kind) {
+        return Ok(());
+    }
+    Err(Error::unsupported(
+        backend,
+        format!("lock kind {}{note}", kind.as_str()),
+    ))
+}

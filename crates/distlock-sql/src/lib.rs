@@ -1,0 +1,14 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod engine;
+mod grants;
+mod holds;
+pub mod lease;
+mod pool;
+pub mod url;
+
+pub use engine::{check_kind, Dialect, Sessions};
+pub use grants::ConnGrants;
+pub use holds::{Hold, HoldMap, HoldState};
+pub use pool::IdlePool;
