@@ -226,6 +226,7 @@ impl ConnectionString {
                 "`{scheme}` is not a scheme (a letter, then letters, digits, `+`, `-` or `.`)"
             )));
         }
+        let rest_all = rest;
         let (rest, fragment) = match rest.split_once('#') {
             Some((r, f)) => (r, Some(f.to_owned())),
             None => (rest, None),
@@ -278,7 +279,8 @@ impl ConnectionString {
             })
             .collect();
         Ok(ConnectionString {
-            raw: url.to_owned(),
+            // Drivers compare schemes in lower case (tokio-postgres, redlock's own check).
+            raw: format!("{}://{rest_all}", scheme.to_ascii_lowercase()),
             redacted,
             scheme: scheme.to_ascii_lowercase(),
             user,
@@ -363,7 +365,7 @@ impl ConnectionString {
         &self.redacted
     }
 
-    /// The URL exactly as given (or rebuilt from the parts after [`Self::set_scheme`],
+    /// The URL as given, its scheme in lower case (or rebuilt from the parts after [`Self::set_scheme`],
     /// [`Self::set_hosts`] or [`Self::retain_params`]), password included, for a driver that
     /// parses it itself. Never put it in a message; use [`Self::redacted`].
     pub fn expose_url(&self) -> &str {

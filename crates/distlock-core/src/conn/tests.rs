@@ -208,6 +208,10 @@ fn edits_rebuild_the_url() {
     pg.retain_params(|k, _| k != "mode");
     assert_eq!(pg.expose_url(), "postgres://u@h/db?options=-c%20a%3Db");
     assert_eq!(ok("x://h/p?a=1").expose_url(), "x://h/p?a=1");
+    assert_eq!(
+        ok("RedLock://h/p?a=1#F").expose_url(),
+        "redlock://h/p?a=1#F"
+    );
 }
 
 /// Random and hand-made garbage: parsing and redaction must never panic.
