@@ -10,10 +10,11 @@ mod rw;
 mod sys;
 mod waiting;
 
-use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, Granted,
-    HoldKey, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+use distlock_core::backend::{
+    async_trait, AcquireReply, AcquireRequest, Backend, Capabilities, GrantRef, Granted, HoldKey,
+    ReleaseWatch, RenewOutcome,
 };
+use distlock_core::{ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, Result};
 use location::Target;
 use std::collections::HashMap;
 use std::fmt;
@@ -161,14 +162,16 @@ impl Inner {
     }
 }
 
+/// What this backend implements: mutexes and read-write locks (no fair locks, no semaphores),
+/// with no lease expiry (the lease is the holder process's lifetime).
+fn capabilities() -> Capabilities {
+    Capabilities::kinds(&[LockKind::Mutex, LockKind::Read, LockKind::Write]).lease_expiry(false)
+}
+
+/// The core checks the kind before it calls a backend; a direct caller of the [`Backend`]
+/// methods gets the same error here.
 fn check_kind(kind: LockKind) -> Result<()> {
-    match kind {
-        LockKind::Mutex | LockKind::Read | LockKind::Write => Ok(()),
-        other => Err(Error::unsupported(
-            KIND,
-            format!("lock kind `{}`", other.as_str()),
-        )),
-    }
+    capabilities().check(KIND, kind)
 }
 
 fn check_key(key: &HoldKey) -> Result<()> {
@@ -185,6 +188,10 @@ impl Backend for FileBackend {
 
     fn endpoint(&self) -> String {
         self.inner.endpoint.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {

@@ -3,70 +3,83 @@
 //! See the crate documentation, section *Waiting without polling*.
 
 use crate::Inner;
-use distlock_core::{async_trait, AcquireReply, Granted, ReleaseWatch, Result, Wake};
+use distlock_core::backend::{
+    async_trait, wait, AcquireReply, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
+};
+use distlock_core::backoff::RetryPolicy;
+use distlock_core::Result;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// Sleeps until `deadline`, forever without one.
-async fn until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
-fn past(deadline: Option<Instant>) -> bool {
-    deadline.is_some_and(|d| Instant::now() >= d)
-}
-
-/// The waiting loop of every kind: one attempt (which, when the lock is held, starts the
-/// waiting threads it needs), then sleep until the name's notifier fires, the deadline passes
-/// or `cancel` fires. The caller keeps its waiter registered for the whole loop.
-pub(crate) async fn wait_loop(
+/// Waits for one lock name without polling, with the core's retrying loop
+/// ([`wait::run`]): `attempt` (one non-blocking attempt under the table lock, which, when the
+/// lock is held, starts the waiting threads it needs), then sleep until the name's notifier
+/// fires, the deadline passes or `cancel` fires. The caller keeps its waiter registered for
+/// the whole wait; `generation` reads the name's generation (see [`Registration`]).
+pub(crate) async fn wait_for(
     notify: &Notify,
-    mut attempt: impl FnMut() -> Result<AcquireReply>,
+    generation: impl Fn() -> Option<u64> + Send + Sync,
+    attempt: impl FnMut() -> Result<AcquireReply> + Send,
     deadline: Option<Instant>,
     cancel: &CancellationToken,
 ) -> Result<Option<Granted>> {
-    let mut backoff = distlock_core::backoff::Backoff::default();
-    loop {
-        // Registered before the attempt: a release after it wakes this future.
-        let notified = notify.notified();
-        tokio::pin!(notified);
+    let mut strategy = NotifiedWait {
+        notify,
+        generation,
+        attempt,
+        seen: None,
+    };
+    wait::run(
+        &mut strategy,
+        Deadline::from(deadline),
+        cancel,
+        RetryPolicy::default(),
+    )
+    .await
+}
+
+/// [`wait_for`]'s strategy.
+struct NotifiedWait<'a, G, A> {
+    notify: &'a Notify,
+    generation: G,
+    attempt: A,
+    /// The generation before the last attempt: a release after that attempt changes it.
+    seen: Option<u64>,
+}
+
+#[async_trait]
+impl<G, A> WaitStrategy for NotifiedWait<'_, G, A>
+where
+    G: Fn() -> Option<u64> + Send + Sync,
+    A: FnMut() -> Result<AcquireReply> + Send,
+{
+    async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> Result<Attempt> {
+        self.seen = (self.generation)();
         // On the lease clock, as every grant's start.
         let requested_at = distlock_core::clock::Instant::now();
-        let pause = match attempt() {
-            Ok(AcquireReply::Granted { token }) => {
-                return Ok(Some(Granted {
-                    token,
-                    requested_at,
-                }))
-            }
-            Ok(AcquireReply::Held { .. }) => {
-                backoff.reset();
-                None
-            }
-            Err(e) if e.is_retryable() => {
-                let pause = backoff.next_delay();
-                tracing::debug!(error = %e, ?pause, "acquire attempt failed; retrying");
-                Some(pause)
-            }
-            Err(e) => return Err(e),
-        };
-        if cancel.is_cancelled() || past(deadline) {
-            return Ok(None);
+        Ok(match (self.attempt)()? {
+            AcquireReply::Granted { token } => Attempt::Granted(Granted {
+                token,
+                requested_at,
+            }),
+            // Held by another attempt.
+            _ => Attempt::Held { retry_in: None },
+        })
+    }
+
+    async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
+        // Registered before the generation is read: a release after the read wakes it.
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if (self.generation)() != self.seen {
+            return Ok(Some(Wake::Released));
         }
         tokio::select! {
-            _ = &mut notified, if pause.is_none() => {}
-            _ = tokio::time::sleep(pause.unwrap_or_default()), if pause.is_some() => {}
-            _ = until(deadline) => {
-                if past(deadline) {
-                    return Ok(None);
-                }
-            }
-            _ = cancel.cancelled() => return Ok(None),
+            _ = notified => Ok(Some(Wake::Released)),
+            _ = until.reached() => Ok(None),
         }
     }
 }

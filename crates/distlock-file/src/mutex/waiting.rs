@@ -55,7 +55,9 @@ impl Inner {
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
         let (_interest, notify, _) = Interest::new(self, &req.key.name, false);
-        waiting::wait_loop(&notify, || self.try_acquire(req, true), deadline, cancel).await
+        let generation = || self.table().get(&req.key.name).map(|e| e.generation);
+        let attempt = || self.try_acquire(req, true);
+        waiting::wait_for(&notify, generation, attempt, deadline, cancel).await
     }
 }
 

@@ -125,7 +125,8 @@ impl Inner {
             first = false;
             r
         };
-        waiting::wait_loop(&notify, attempt, deadline, cancel).await
+        let generation = || self.rw_table().get(&req.key.name).map(|e| e.generation);
+        waiting::wait_for(&notify, generation, attempt, deadline, cancel).await
     }
 }
 
