@@ -561,7 +561,7 @@ impl Backend for RedisBackend {
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         self.subscriber
-            .watch(self.channel(&req.key.name), req.attempt.as_str())
+            .watch(self.channel(&req.key.name), &req.attempt)
             .await
     }
 

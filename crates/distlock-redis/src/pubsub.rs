@@ -1,92 +1,34 @@
-//! Release notifications: one subscriber connection per client, multiplexing lock channels.
+//! Release notifications: one subscriber connection per client, multiplexing lock channels
+//! through the core's wake-up table ([`Subscriptions`]).
 //!
 //! A channel is subscribed only while at least one waiter of this client waits on that lock,
 //! and unsubscribed when the last one stops, so thousands of lock names do not mean
 //! thousands of idle subscriptions.
 //!
 //! Messages on a lock's channel are `r` (released) or `h TOKEN ATTEMPT` (handed over to the
-//! waiting attempt ATTEMPT). Per channel the reader keeps a count of releases and a mailbox of
-//! handoffs for the attempts waiting in this client, then bumps a `watch` version: a waiter is
-//! woken only by a plain release or by a handoff to its own attempt — never by one to another
-//! attempt of the same owner (a sibling task, or the write waiter of a handle whose read side
-//! was granted) — and a message that arrives between the waiter's attempt and its sleep is not
-//! lost. If the connection breaks,
-//! every receiver sees its sender dropped and the waiter resubscribes on a new connection.
+//! waiting attempt ATTEMPT). A waiter is woken only by a plain release or by a handoff to its
+//! own attempt — never by one to another attempt of the same owner (a sibling task, or the
+//! write waiter of a handle whose read side was granted) — and a message that arrives between
+//! the waiter's attempt and its sleep is not lost (the table keeps it). If the connection
+//! breaks, every watch ends with a connection error and the waiter subscribes again on a new
+//! connection.
 
-use crate::error::map;
-use distlock_core::{async_trait, Error, ReleaseWatch, Result, Wake};
+use crate::error::{map, KIND};
+use distlock_core::backend::{AttemptId, ReleaseWatch, Subscriptions};
+use distlock_core::{Error, Result};
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::sync::{watch, Mutex};
+use tokio::sync::Mutex;
 
-/// What one channel has seen, shared by the reader task and the channel's watches.
-struct Channel {
-    version: watch::Sender<u64>,
-    mail: StdMutex<Mailbox>,
-}
-
-#[derive(Default)]
-struct Mailbox {
-    /// Plain releases seen.
-    released: u64,
-    /// Attempts of this client waiting on the channel, with how many watches each has.
-    attempts: HashMap<String, usize>,
-    /// Handoffs not yet picked up: attempt → token.
-    handed: HashMap<String, u64>,
-}
-
-impl Channel {
-    fn mail(&self) -> MutexGuard<'_, Mailbox> {
-        self.mail.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn deliver(&self, payload: &[u8]) {
-        {
-            let mut mail = self.mail();
-            let text = String::from_utf8_lossy(payload);
-            let mut parts = text.splitn(3, ' ');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some("h"), Some(token), Some(attempt)) => {
-                    if mail.attempts.contains_key(attempt) {
-                        match token.parse() {
-                            Ok(t) => {
-                                mail.handed.insert(attempt.to_owned(), t);
-                            }
-                            // Cannot happen with our scripts; waking the waiter makes it
-                            // try, and its attempt claims the handoff.
-                            Err(_) => mail.released += 1,
-                        }
-                    } else {
-                        // A handoff to another attempt (of this client or another): not
-                        // ours to report.
-                        return;
-                    }
-                }
-                _ => mail.released += 1,
-            }
-        }
-        self.version.send_modify(|v| *v = v.wrapping_add(1));
-    }
-}
-
-type Channels = Arc<StdMutex<HashMap<String, Arc<Channel>>>>;
-
-fn lock_map(c: &Channels) -> MutexGuard<'_, HashMap<String, Arc<Channel>>> {
-    c.lock().unwrap_or_else(|p| p.into_inner())
-}
-
+/// One subscriber connection and the table of the channels it serves.
 struct Conn {
     sink: PubSubSink,
-    /// Per channel: how many watches of this client use it.
-    refs: HashMap<String, usize>,
-    /// Per channel: where the reader task reports messages. Cleared when the connection ends.
-    channels: Channels,
+    subs: Subscriptions<String>,
     alive: Arc<AtomicBool>,
-    /// Which connection this is: a watch made on an earlier one must not touch this one's counts.
+    /// Which connection this is: an unsubscribe asked for by an earlier one must not touch it.
     generation: u64,
 }
 
@@ -94,11 +36,35 @@ pub(crate) struct Subscriber {
     client: redis::Client,
     endpoint: String,
     timeout: Duration,
+    /// The connection; its lock also orders every SUBSCRIBE before a later UNSUBSCRIBE.
     conn: Mutex<Option<Conn>>,
     generations: AtomicU64,
     /// Report handoffs as plain releases, so that the waiter's next attempt confirms the grant
     /// with its own write and WAIT (`?wait_replicas=N`).
     confirm_handoffs: bool,
+}
+
+/// Passes one message of a lock's channel to the table.
+fn deliver(subs: &Subscriptions<String>, channel: &str, payload: &[u8]) {
+    let key = channel.to_owned();
+    let text = String::from_utf8_lossy(payload);
+    let mut parts = text.splitn(3, ' ');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some("h"), Some(token), Some(attempt)) => match token.parse() {
+            // A handoff to another attempt (of this client or another) wakes nobody here.
+            Ok(t) => {
+                subs.notify_handoff(&key, attempt, t);
+            }
+            // Cannot happen with our scripts; waking the waiters makes them try, and the
+            // attempt it names claims the handoff.
+            Err(_) => {
+                subs.notify_released(&key);
+            }
+        },
+        _ => {
+            subs.notify_released(&key);
+        }
+    }
 }
 
 impl Subscriber {
@@ -118,49 +84,48 @@ impl Subscriber {
         })
     }
 
-    async fn connect(&self) -> Result<Conn> {
+    async fn connect(self: &Arc<Self>) -> Result<Conn> {
         let pubsub = tokio::time::timeout(self.timeout, self.client.get_async_pubsub())
             .await
             .map_err(|_| self.timeout_error("connecting the subscriber"))?
             .map_err(|e| map(&self.endpoint, e))?;
         let (sink, mut stream) = pubsub.split();
-        let channels: Channels = Arc::default();
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        let subs: Subscriptions<String> = Subscriptions::new(KIND, self.endpoint.clone());
+        subs.handoffs_as_releases(self.confirm_handoffs);
+        let me = Arc::downgrade(self);
+        subs.on_unused(move || unsubscribe_later(&me, generation));
         let alive = Arc::new(AtomicBool::new(true));
-        let (c2, a2) = (channels.clone(), alive.clone());
+        let (reader_subs, reader_alive) = (subs.clone(), alive.clone());
         tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                let ch = lock_map(&c2).get(msg.get_channel_name()).cloned();
-                if let Some(ch) = ch {
-                    ch.deliver(msg.get_payload_bytes());
-                }
+                deliver(
+                    &reader_subs,
+                    msg.get_channel_name(),
+                    msg.get_payload_bytes(),
+                );
             }
-            a2.store(false, Ordering::SeqCst);
-            // Dropping every sender ends every waiter's `changed()` with an error.
-            lock_map(&c2).clear();
+            reader_alive.store(false, Ordering::SeqCst);
+            reader_subs.fail_all("the subscriber connection closed");
             tracing::debug!("redis subscriber connection closed");
         });
         Ok(Conn {
             sink,
-            refs: HashMap::new(),
-            channels,
+            subs,
             alive,
-            generation: self.generations.fetch_add(1, Ordering::Relaxed),
+            generation,
         })
     }
 
     fn timeout_error(&self, what: &str) -> Error {
-        Error::Connection {
-            backend: crate::error::KIND,
-            endpoint: self.endpoint.clone(),
-            source: format!("{what} took longer than {:?}", self.timeout).into(),
-        }
+        Error::call_timeout(KIND, &self.endpoint, what, self.timeout)
     }
 
     /// Subscribes (if needed) and returns a watch for the waiting `attempt` on `channel`.
     pub(crate) async fn watch(
         self: &Arc<Self>,
         channel: String,
-        attempt: &str,
+        attempt: &AttemptId,
     ) -> Result<Box<dyn ReleaseWatch>> {
         let mut guard = self.conn.lock().await;
         if guard
@@ -175,14 +140,8 @@ impl Subscriber {
         let Some(conn) = guard.as_mut() else {
             return Err(self.timeout_error("connecting the subscriber"));
         };
-        let refs = conn.refs.get(&channel).copied().unwrap_or(0);
-        if refs == 0 {
-            let (version, _) = watch::channel(0u64);
-            let ch = Arc::new(Channel {
-                version,
-                mail: StdMutex::default(),
-            });
-            lock_map(&conn.channels).insert(channel.clone(), ch);
+        let (watch, first) = conn.subs.subscribe(channel.clone(), attempt);
+        if first {
             let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&channel)).await;
             let failed = match sub {
                 Ok(Ok(())) => None,
@@ -190,125 +149,49 @@ impl Subscriber {
                 Err(_) => Some(self.timeout_error("SUBSCRIBE")),
             };
             if let Some(e) = failed {
+                conn.subs.fail(&channel, &e.to_string());
                 // The connection is in an unknown state; start over next time.
                 *guard = None;
                 return Err(e);
             }
         }
-        conn.refs.insert(channel.clone(), refs + 1);
-        let Some(ch) = lock_map(&conn.channels).get(&channel).cloned() else {
-            // The connection died while we subscribed.
-            *guard = None;
-            return Err(self.timeout_error("SUBSCRIBE"));
-        };
-        let seen = {
-            let mut mail = ch.mail();
-            *mail.attempts.entry(attempt.to_owned()).or_insert(0) += 1;
-            mail.released
-        };
-        Ok(Box::new(RedisWatch {
-            rx: ch.version.subscribe(),
-            channel: ch,
-            attempt: attempt.to_owned(),
-            confirm_handoffs: self.confirm_handoffs,
-            seen,
-            generation: conn.generation,
-            name: Some(channel),
-            subscriber: Arc::downgrade(self),
-        }))
+        Ok(Box::new(watch))
     }
 
-    async fn unwatch(&self, channel: String, generation: u64) {
+    /// Unsubscribes the channels whose last watch went, if connection `generation` is still
+    /// the one in use.
+    async fn unsubscribe_unused(&self, generation: u64) {
         let mut guard = self.conn.lock().await;
         let Some(conn) = guard.as_mut().filter(|c| c.generation == generation) else {
             return;
         };
-        let Some(n) = conn.refs.get_mut(&channel) else {
-            return;
-        };
-        *n -= 1;
-        if *n > 0 {
-            return;
-        }
-        conn.refs.remove(&channel);
-        lock_map(&conn.channels).remove(&channel);
-        if !conn.alive.load(Ordering::SeqCst) {
-            return;
-        }
-        match tokio::time::timeout(self.timeout, conn.sink.unsubscribe(&channel)).await {
-            Ok(Ok(())) => {}
-            _ => *guard = None,
+        for channel in conn.subs.take_unused() {
+            if !conn.alive.load(Ordering::SeqCst) {
+                return;
+            }
+            match tokio::time::timeout(self.timeout, conn.sink.unsubscribe(&channel)).await {
+                Ok(Ok(())) => {}
+                _ => {
+                    *guard = None;
+                    return;
+                }
+            }
         }
     }
 
     /// Channels this client is subscribed to right now (for tests).
     pub(crate) async fn subscribed(&self) -> usize {
-        self.conn.lock().await.as_ref().map_or(0, |c| c.refs.len())
+        self.conn.lock().await.as_ref().map_or(0, |c| c.subs.len())
     }
 }
 
-struct RedisWatch {
-    rx: watch::Receiver<u64>,
-    channel: Arc<Channel>,
-    attempt: String,
-    confirm_handoffs: bool,
-    /// Plain releases already reported to this waiter.
-    seen: u64,
-    generation: u64,
-    name: Option<String>,
-    subscriber: Weak<Subscriber>,
-}
-
-#[async_trait]
-impl ReleaseWatch for RedisWatch {
-    async fn changed(&mut self) -> Result<Wake> {
-        loop {
-            {
-                let mut mail = self.channel.mail();
-                if let Some(token) = mail.handed.remove(&self.attempt) {
-                    if self.confirm_handoffs {
-                        // The grant was written by the releaser's connection; a WAIT on ours
-                        // would not cover it. The next attempt of this waiter finds it (same
-                        // token), rewrites it and waits for the replicas, or gives it back.
-                        return Ok(Wake::Released);
-                    }
-                    return Ok(Wake::HandedOver { token });
-                }
-                if mail.released != self.seen {
-                    self.seen = mail.released;
-                    return Ok(Wake::Released);
-                }
-            }
-            self.rx.changed().await.map_err(|_| Error::Connection {
-                backend: crate::error::KIND,
-                endpoint: self
-                    .subscriber
-                    .upgrade()
-                    .map_or_else(String::new, |s| s.endpoint.clone()),
-                source: "the subscriber connection closed".into(),
-            })?;
-        }
-    }
-}
-
-impl Drop for RedisWatch {
-    fn drop(&mut self) {
-        {
-            let mut mail = self.channel.mail();
-            if let Some(n) = mail.attempts.get_mut(&self.attempt) {
-                *n -= 1;
-                if *n == 0 {
-                    mail.attempts.remove(&self.attempt);
-                    mail.handed.remove(&self.attempt);
-                }
-            }
-        }
-        let (Some(channel), Some(sub)) = (self.name.take(), self.subscriber.upgrade()) else {
-            return;
-        };
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let generation = self.generation;
-            rt.spawn(async move { sub.unwatch(channel, generation).await });
-        }
+/// The table's hook when a channel loses its last watch (from the watch's `Drop`): the
+/// unsubscribe runs in a task, under the connection lock.
+fn unsubscribe_later(subscriber: &Weak<Subscriber>, generation: u64) {
+    let Some(sub) = subscriber.upgrade() else {
+        return;
+    };
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(async move { sub.unsubscribe_unused(generation).await });
     }
 }

@@ -27,6 +27,7 @@ use crate::ops::glob_escape;
 use crate::scripts::{self, Script};
 use crate::RedisBackend;
 use crate::{int, lease_ms};
+use distlock_core::backend::Capabilities;
 use distlock_core::{
     AttemptId, Error, GrantRef, HoldKey, LockKind, ReleaseOutcome, RenewOutcome, Result,
 };
@@ -238,14 +239,10 @@ impl RedisBackend {
         format!("{}:{{{name}}}:released", self.namespace)
     }
 
+    /// Redlock's kinds: the mutex only (the same message as the core's check of Redlock's
+    /// capabilities).
     fn check_mutex(key: &HoldKey) -> Result<()> {
-        match key.kind {
-            LockKind::Mutex => Ok(()),
-            other => Err(Error::unsupported(
-                "redlock",
-                format!("lock kind {}", other.as_str()),
-            )),
-        }
+        Capabilities::kinds(&[LockKind::Mutex]).check("redlock", key.kind)
     }
 
     /// Loads the Redlock scripts (one pipelined round trip). They are also loaded on demand.

@@ -3,7 +3,7 @@
 
 use crate::node::View;
 use crate::tally::{self, Ballot, Decision};
-use crate::{check_kind, Shared, KIND};
+use crate::{Shared, KIND};
 use distlock_core::{AcquireReply, AcquireRequest, AttemptId, Error, Result};
 use distlock_redis::{QuorumReply, QuorumVote};
 use futures_util::future::join_all;
@@ -226,14 +226,9 @@ impl Shared {
         .await;
     }
 
-    /// Runs `op` on every connected node, each bounded by `t`, polled by the caller as they
-    /// finish: `(node, None)` for a timeout, `(node, Some(result))` otherwise. A caller that has
-    /// its majority hands the rest to [`finish_in_background`], so a slow node's request still
-
     /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
     /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`].
     pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        check_kind(req.key.kind)?;
         self.health.note_lease(req.lease);
         let key = &req.key;
         let start = Instant::now();

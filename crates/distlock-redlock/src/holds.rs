@@ -3,10 +3,10 @@
 //! decided.
 
 use crate::node::View;
-use crate::{check_kind, ops, tally, watch, Shared, KIND};
+use crate::{ops, tally, watch, Shared, KIND};
 use distlock_core::{
-    AcquireRequest, Backend, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
-    ReleaseWatch, RenewOutcome, Result,
+    AcquireRequest, Backend, Error, GrantRef, HolderInfo, LockInfo, ReleaseOutcome, ReleaseWatch,
+    RenewOutcome, Result,
 };
 use distlock_redis::{NodeHold, RedisBackend};
 use futures_util::future::join_all;
@@ -82,7 +82,6 @@ impl Shared {
     /// that finished after the attempt stopped), announcing the release where it held one.
     /// Idempotent; only that attempt's holds are touched.
     pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        check_kind(req.key.kind)?;
         let views = self.health.views();
         let t = self.call_timeout();
         let (name, attempt) = (req.key.name.clone(), req.attempt.clone());
@@ -109,7 +108,6 @@ impl Shared {
     }
 
     pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        check_kind(grant.key.kind)?;
         let views = self.health.views();
         let t = self.call_timeout();
         let (name, attempt, token) = (grant.key.name.clone(), grant.attempt.clone(), grant.token);
@@ -180,8 +178,7 @@ impl Shared {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
-        for (g, lease) in holds {
-            check_kind(g.key.kind)?;
+        for (_, lease) in holds {
             self.health.note_lease(*lease);
         }
         let views = self.health.views();
@@ -291,8 +288,8 @@ impl Shared {
         Ok(outcomes.into_iter().flatten().collect())
     }
 
-    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        check_kind(kind)?;
+    /// The lock as a majority of nodes sees it (the core checked the kind: a mutex).
+    pub(crate) async fn inspect(&self, name: &str) -> Result<LockInfo> {
         let t = self.watch_timeout();
         let (views, problems) =
             ops::split(ops::per_node(self, t, |b| async move { b.quorum_hold(name).await }).await);

@@ -13,13 +13,15 @@ pub use config::{redact, DEFAULT_CHECK_INTERVAL, DEFAULT_NODE_TIMEOUT, MIN_NODES
 pub use node::NodeStatus;
 
 use crate::node::Health;
+use distlock_core::backend::{
+    AcquireReply, AcquireRequest, Backend, Capabilities, GrantRef, ReleaseWatch,
+};
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, Granted,
-    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
 };
 use distlock_redis::RedisBackend;
 use futures_util::future::join_all;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -37,16 +39,6 @@ struct Shared {
     endpoint: String,
     /// Stops the node checks when the backend goes away.
     _stop: DropGuard,
-}
-
-fn check_kind(kind: LockKind) -> Result<()> {
-    match kind {
-        LockKind::Mutex => Ok(()),
-        other => Err(Error::unsupported(
-            KIND,
-            format!("lock kind {}", other.as_str()),
-        )),
-    }
 }
 
 impl RedlockBackend {
@@ -213,62 +205,6 @@ impl Shared {
     }
 }
 
-/// Runs the core's wait loop, remembering whether the last attempt failed for want of a
-/// majority: a wait that ends at its deadline that way reports it (a connection error saying
-/// how many nodes answered), not "held by another owner the whole time".
-struct Recorder {
-    shared: Arc<Shared>,
-    last: Mutex<Option<(String, String)>>,
-}
-
-impl Recorder {
-    fn last(&self) -> MutexGuard<'_, Option<(String, String)>> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[async_trait]
-impl Backend for Recorder {
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
-    fn endpoint(&self) -> String {
-        self.shared.endpoint.clone()
-    }
-
-    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        let r = self.shared.acquire(req).await;
-        *self.last() = match &r {
-            Err(Error::Connection {
-                endpoint, source, ..
-            }) => Some((endpoint.clone(), source.to_string())),
-            _ => None,
-        };
-        r
-    }
-
-    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.shared.watch(req).await
-    }
-
-    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        self.shared.give_up(req).await
-    }
-
-    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        self.shared.release(grant).await
-    }
-
-    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        self.shared.renew(holds).await
-    }
-
-    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.shared.inspect(name, kind).await
-    }
-}
-
 #[async_trait]
 impl Backend for RedlockBackend {
     fn kind(&self) -> &'static str {
@@ -277,6 +213,11 @@ impl Backend for RedlockBackend {
 
     fn endpoint(&self) -> String {
         self.shared.endpoint.clone()
+    }
+
+    /// Only the mutex: the core refuses every other kind before it calls the backend.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::kinds(&[LockKind::Mutex])
     }
 
     /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
@@ -294,33 +235,6 @@ impl Backend for RedlockBackend {
         self.shared.give_up(req).await
     }
 
-    /// The core's waiting strategy, except that a wait that ends because no majority could be
-    /// reached returns that error instead of a timeout.
-    async fn acquire_wait(
-        &self,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        let rec = Recorder {
-            shared: self.shared.clone(),
-            last: Mutex::new(None),
-        };
-        let res = distlock_core::wait::watch_and_retry(&rec, req, deadline, cancel).await;
-        if let Ok(None) = res {
-            if !cancel.is_cancelled() {
-                if let Some((endpoint, source)) = rec.last().take() {
-                    return Err(Error::Connection {
-                        backend: KIND,
-                        endpoint,
-                        source: source.into(),
-                    });
-                }
-            }
-        }
-        res
-    }
-
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         self.shared.release(grant).await
     }
@@ -329,8 +243,8 @@ impl Backend for RedlockBackend {
         self.shared.renew(holds).await
     }
 
-    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.shared.inspect(name, kind).await
+    async fn inspect(&self, name: &str, _kind: LockKind) -> Result<LockInfo> {
+        self.shared.inspect(name).await
     }
 
     /// Every mutex a node has state for, merged by name: a holder is an attempt on a
@@ -344,9 +258,9 @@ impl Backend for RedlockBackend {
     async fn force_release(
         &self,
         name: &str,
-        kind: LockKind,
+        _kind: LockKind,
     ) -> Result<distlock_core::ForceReleased> {
-        ops::force_release(&self.shared, name, kind).await
+        ops::force_release(&self.shared, name).await
     }
 
     /// Each node's Redis checks, its quarantine, the node count and the clock spread.

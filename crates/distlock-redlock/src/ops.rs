@@ -8,7 +8,7 @@
 //! half-applied grant or release instead of a clean answer that hides it.
 
 use crate::node::epoch_quarantine_end;
-use crate::{check_kind, Shared, KIND};
+use crate::{Shared, KIND};
 use distlock_core::{
     Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Result,
     Severity,
@@ -172,8 +172,8 @@ pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
         .await
 }
 
-pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Result<ForceReleased> {
-    check_kind(kind)?;
+/// The forced release of mutex `name` (the core checked the kind).
+pub(crate) async fn force_release(s: &Shared, name: &str) -> Result<ForceReleased> {
     let (n, q) = (s.n(), s.q());
     let t = s.call_timeout();
     // Every reachable node, quarantined or not: a hold left on any node could make a
