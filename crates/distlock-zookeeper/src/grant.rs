@@ -5,7 +5,7 @@ use crate::layout::{NodeData, NodeKind};
 use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
 use crate::session::{watch_node, Inner, Session};
 use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{AcquireRequest, AttemptId, GrantRef, HoldKey, LockKind, LostSignal, Result};
+use distlock_core::{AcquireRequest, AttemptId, GrantRef, HoldKey, LockKind, Result};
 use std::sync::Arc;
 use zookeeper_client as zk;
 
@@ -19,7 +19,6 @@ pub(crate) struct Grant {
     pub(crate) node: NodeKind,
     pub(crate) token: u64,
     pub(crate) gen: u64,
-    pub(crate) lost: LostSignal,
     pub(crate) joined: bool,
     /// Our own release of it is under way: the node's deletion is no loss.
     pub(crate) releasing: bool,
@@ -55,8 +54,14 @@ impl Inner {
             .cloned()
     }
 
+    /// The grant of `attempt` is over (released, or found not held by a renewal, which
+    /// reports it): no loss to signal.
     pub(crate) fn forget_grant(&self, attempt: &AttemptId) {
-        self.state().grants.remove(attempt);
+        let mut st = self.state();
+        st.grants.remove(attempt);
+        if let Some(s) = &st.session {
+            s.lost.remove(attempt);
+        }
     }
 
     /// A retry of an attempt that already holds the lock: the same token, if its node is
@@ -159,7 +164,6 @@ impl Inner {
                 node: NodeKind::Write,
                 token: w.token,
                 gen: sess.gen,
-                lost: req.lost.clone(),
                 joined: true,
                 releasing: false,
                 delete_sent: false,
@@ -184,7 +188,6 @@ impl Inner {
             node: node.node,
             token: node.token,
             gen: sess.gen,
-            lost: req.lost.clone(),
             joined: false,
             releasing: false,
             delete_sent: false,
@@ -212,6 +215,7 @@ impl Inner {
                 .any(|g| g.path == path && g.gen == sess.gen);
             st.pending.remove(&req.attempt);
             st.grants.insert(req.attempt.clone(), grant);
+            sess.lost.register(req.attempt.clone(), req.lost.clone());
             if watched {
                 return Ok(());
             }

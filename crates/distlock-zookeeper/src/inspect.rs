@@ -49,19 +49,16 @@ impl Inner {
                 return Err(inner.err("inspecting", err))
             }
             other => {
-                return Err(Error::UnexpectedReply {
-                    backend: KIND,
-                    message: format!("inspect: unexpected answer {other:?}"),
-                })
+                return Err(Error::unexpected(
+                    KIND,
+                    format!("inspect: unexpected answer {other:?}"),
+                ))
             }
         };
-        let mut fencing_token = parse_fence(&fence_data).ok_or_else(|| Error::UnexpectedReply {
-            backend: KIND,
-            message: format!(
+        let mut fencing_token = parse_fence(&fence_data).ok_or_else(|| Error::unexpected(KIND, format!(
                 "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
                 String::from_utf8_lossy(&fence_data)
-            ),
-        })?;
+            )))?;
         let queue = layout::queue(&children, family);
         // The head's data tells a downgraded writer apart; read it with the holders' data.
         let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
@@ -91,10 +88,10 @@ impl Inner {
                     } => {}
                     zk::MultiReadResult::Error { err } => return Err(inner.err("inspecting", err)),
                     other => {
-                        return Err(Error::UnexpectedReply {
-                            backend: KIND,
-                            message: format!("inspect: unexpected answer {other:?}"),
-                        })
+                        return Err(Error::unexpected(
+                            KIND,
+                            format!("inspect: unexpected answer {other:?}"),
+                        ))
                     }
                 }
             }

@@ -25,6 +25,7 @@ use crate::error::KIND;
 use crate::layout::NodeKind;
 use crate::session::{Inner, State};
 use crate::wait::ChildWatch;
+use distlock_core::backend::Capabilities;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, Granted,
     LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
@@ -81,17 +82,14 @@ impl ZkBackend {
             .clone()
             .unwrap_or_else(|| opts.get_namespace().to_owned());
         if namespace.is_empty() {
-            return Err(Error::InvalidUrl {
-                url: url.to_owned(),
-                reason: "the namespace must not be empty".into(),
-            });
+            return Err(Error::invalid_url(url, "the namespace must not be empty"));
         }
         let base = format!("{}/{}", u.chroot, encode_segment(&namespace));
         if base == "/zookeeper" {
-            return Err(Error::InvalidUrl {
-                url: url.to_owned(),
-                reason: "namespace `zookeeper` at the root is reserved by ZooKeeper; pick another or add a chroot".into(),
-            });
+            return Err(Error::invalid_url(
+                url,
+                "namespace `zookeeper` at the root is reserved by ZooKeeper; pick another or add a chroot",
+            ));
         }
         let requested_timeout = u
             .session_timeout
@@ -138,6 +136,19 @@ impl Backend for ZkBackend {
 
     fn endpoint(&self) -> String {
         self.inner.endpoint.clone()
+    }
+
+    /// Mutexes (`fair` is the same lock: the queue is first come, first served) and
+    /// read-write locks. No semaphores: a hold ends with its session, not with a lease, and
+    /// for the same reason a fixed lease does not end a hold on the server.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::kinds(&[
+            LockKind::Mutex,
+            LockKind::Fair,
+            LockKind::Read,
+            LockKind::Write,
+        ])
+        .lease_expiry(false)
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {

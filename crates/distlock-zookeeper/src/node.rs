@@ -33,26 +33,20 @@ pub(crate) fn anyone() -> zk::Acls<'static> {
 }
 
 pub(crate) fn foreign_data(path: &str, data: &[u8]) -> Error {
-    Error::UnexpectedReply {
-        backend: KIND,
-        message: format!(
+    Error::unexpected(KIND, format!(
             "lock node {path} holds `{}`, not dlock's data; is the directory used by another program?",
             String::from_utf8_lossy(data)
-        ),
-    }
+        ))
 }
 
 /// A compare-and-set on a node's data lost every race (readers joining and leaving it all the
 /// time): retryable, like a busy connection.
 pub(crate) fn busy(endpoint: &str, path: &str) -> Error {
-    Error::Connection {
-        backend: KIND,
-        endpoint: endpoint.to_owned(),
-        source: format!(
-            "lock node {path} kept changing under {DATA_ATTEMPTS} compare-and-set attempts"
-        )
-        .into(),
-    }
+    Error::connection(
+        KIND,
+        endpoint.to_owned(),
+        format!("lock node {path} kept changing under {DATA_ATTEMPTS} compare-and-set attempts"),
+    )
 }
 
 /// Deletes the children of `prefix`'s directory whose names start with its last segment.
@@ -191,14 +185,11 @@ impl Inner {
                 Err(e) => return Err(self.err("creating the lock node", e)),
             }
         }
-        Err(Error::Connection {
-            backend: KIND,
-            endpoint: self.endpoint.clone(),
-            source: format!(
-                "could not create a lock node in {dir} after {CREATE_ATTEMPTS} attempts"
-            )
-            .into(),
-        })
+        Err(Error::connection(
+            KIND,
+            self.endpoint.clone(),
+            format!("could not create a lock node in {dir} after {CREATE_ATTEMPTS} attempts"),
+        ))
     }
 
     /// Sends the create from a task of its own. If its answer comes after we stopped waiting
@@ -236,8 +227,8 @@ impl Inner {
         });
         match tokio::time::timeout(self.op_timeout, rx).await {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(_)) => Err(Error::Runtime(
-                "the ZooKeeper create task ended unexpectedly".into(),
+            Ok(Err(_)) => Err(Error::runtime(
+                "the ZooKeeper create task ended unexpectedly",
             )),
             Err(_) => Err(timed_out(
                 &self.endpoint,
@@ -252,9 +243,8 @@ impl Inner {
             .timed("reading the lock node", sess.zk.check_stat(path))
             .await?
         {
-            Ok(Some(st)) => token_of(&st).ok_or_else(|| Error::UnexpectedReply {
-                backend: KIND,
-                message: format!("node {path} has czxid {}", st.czxid),
+            Ok(Some(st)) => token_of(&st).ok_or_else(|| {
+                Error::unexpected(KIND, format!("node {path} has czxid {}", st.czxid))
             }),
             Ok(None) => Err(session_gone(
                 &self.endpoint,

@@ -95,13 +95,10 @@ pub(crate) async fn force_release(
             Err(zk::Error::NoNode) => return Ok(ForceReleased::new(Vec::new(), 0)),
             Err(e) => return Err(inner.err(what, e)),
         };
-        let stored = parse_fence(&dir_data).ok_or_else(|| Error::UnexpectedReply {
-            backend: KIND,
-            message: format!(
+        let stored = parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
                 "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
                 String::from_utf8_lossy(&dir_data)
-            ),
-        })?;
+            )))?;
         let children = inner.list(&sess, &dir).await?;
         let queue = layout::queue(&children, family);
         let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
@@ -169,10 +166,10 @@ pub(crate) async fn force_release(
                 .filter(|t| *t > 0)
                 .map_or(fence, |z| z.max(fence)),
             other => {
-                return Err(Error::UnexpectedReply {
-                    backend: KIND,
-                    message: format!("forced release of `{name}`: unexpected answer {other:?}"),
-                })
+                return Err(Error::unexpected(
+                    KIND,
+                    format!("forced release of `{name}`: unexpected answer {other:?}"),
+                ))
             }
         };
         let removed = read
@@ -190,12 +187,9 @@ pub(crate) async fn force_release(
             .collect();
         return Ok(ForceReleased::new(removed, fencing_token));
     }
-    Err(Error::UnexpectedReply {
-        backend: KIND,
-        message: format!(
+    Err(Error::unexpected(KIND, format!(
             "forced release of `{name}`: the holders kept changing ({DATA_ATTEMPTS} tries); run it again"
-        ),
-    })
+        )))
 }
 
 /// The voting members and observers listed in `/zookeeper/config` (`server.N=host:…:participant;…`).

@@ -4,7 +4,7 @@ use crate::grant::Grant;
 use crate::layout::{self, Family, NodeData, NodeKind};
 use crate::node::{busy, foreign_data, token_of, DATA_ATTEMPTS};
 use crate::session::{Inner, Session};
-use distlock_core::{AcquireRequest, AttemptId, GrantRef, LostSignal, ReleaseOutcome, Result};
+use distlock_core::{AcquireRequest, AttemptId, GrantRef, ReleaseOutcome, Result};
 use std::sync::Arc;
 use zookeeper_client as zk;
 
@@ -266,7 +266,6 @@ impl Inner {
                 node: kind,
                 token: grant.token,
                 gen: sess.gen,
-                lost: LostSignal::new(),
                 joined: false,
                 releasing: true,
                 delete_sent: false,

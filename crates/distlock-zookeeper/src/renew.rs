@@ -69,14 +69,14 @@ impl Inner {
         }
         let results = results.map_err(|e| self.err("renewing", e))?;
         if results.len() != paths.len() {
-            return Err(Error::UnexpectedReply {
-                backend: KIND,
-                message: format!(
+            return Err(Error::unexpected(
+                KIND,
+                format!(
                     "renewal read {} nodes and got {} answers",
                     paths.len(),
                     results.len()
                 ),
-            });
+            ));
         }
         let mut nodes: HashMap<&str, Option<(NodeData, zk::Stat)>> = HashMap::new();
         for (p, r) in paths.iter().zip(results) {
@@ -93,10 +93,10 @@ impl Inner {
                 } => None,
                 zk::MultiReadResult::Error { err } => return Err(self.err("renewing", err)),
                 other => {
-                    return Err(Error::UnexpectedReply {
-                        backend: KIND,
-                        message: format!("renewal: unexpected answer {other:?}"),
-                    })
+                    return Err(Error::unexpected(
+                        KIND,
+                        format!("renewal: unexpected answer {other:?}"),
+                    ))
                 }
             };
             if node.is_none() {

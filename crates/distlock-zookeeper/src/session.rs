@@ -3,6 +3,7 @@
 use crate::error::{map, timed_out};
 use crate::grant::Grant;
 use crate::layout::{self, Family};
+use distlock_core::backend::{Deadline, LostRegistry};
 use distlock_core::{AttemptId, Error, LostReason, LostSignal, Result};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -53,6 +54,8 @@ pub(crate) struct Session {
     pub(crate) timeout: Duration,
     /// Cancelled when dlock stops using the session (expired, closed, or cut off too long).
     pub(crate) ended: CancellationToken,
+    /// The lost signals of the session's grants, by attempt: all fired when it ends.
+    pub(crate) lost: LostRegistry,
 }
 
 impl Drop for Inner {
@@ -164,6 +167,7 @@ impl Inner {
                 gen,
                 timeout,
                 ended: ended.clone(),
+                lost: LostRegistry::new(),
             });
             st.session = Some(s.clone());
             s
@@ -202,29 +206,23 @@ impl Inner {
 
     /// Stops using session `gen`: fires the lost signal of every hold it had.
     pub(crate) fn end_session(&self, gen: u64, reason: &str) {
-        let signals: Vec<LostSignal> = {
+        let ended = {
             let mut st = self.state();
-            if let Some(s) = st.session.as_ref().filter(|s| s.gen == gen) {
-                s.ended.cancel();
-                st.session = None;
+            st.grants.retain(|_, g| g.gen != gen);
+            let current = st.session.take_if(|s| s.gen == gen);
+            if current.is_some() {
                 st.last_end = Some(reason.to_owned());
             }
-            let mut fired = Vec::new();
-            st.grants.retain(|_, g| {
-                if g.gen == gen {
-                    fired.push(g.lost.clone());
-                    false
-                } else {
-                    true
-                }
-            });
-            fired
+            current
         };
-        if !signals.is_empty() {
-            tracing::warn!(%reason, holds = signals.len(), "ZooKeeper session ended; its locks are lost");
-        }
-        for s in signals {
-            s.fire(LostReason::SessionEnded(reason.to_owned()));
+        // A session already ended fired its signals then.
+        let Some(sess) = ended else { return };
+        sess.ended.cancel();
+        let holds = sess
+            .lost
+            .fire_all(LostReason::SessionEnded(reason.to_owned()));
+        if holds > 0 {
+            tracing::warn!(%reason, holds, "ZooKeeper session ended; its locks are lost");
         }
     }
 
@@ -235,16 +233,19 @@ impl Inner {
     pub(crate) fn node_gone(&self, path: &str, gen: u64) {
         let signals: Vec<LostSignal> = {
             let mut st = self.state();
-            let mut fired = Vec::new();
-            st.grants.retain(|_, g| {
-                if g.path == path && g.gen == gen && !g.releasing && !g.delete_sent {
-                    fired.push(g.lost.clone());
-                    false
-                } else {
-                    true
+            let mut gone = HashSet::new();
+            st.grants.retain(|attempt, g| {
+                let lost = g.path == path && g.gen == gen && !g.releasing && !g.delete_sent;
+                if lost {
+                    gone.insert(attempt.clone());
                 }
+                !lost
             });
-            fired
+            match st.session.as_ref().filter(|s| s.gen == gen) {
+                Some(s) if !gone.is_empty() => s.lost.take_where(|a| gone.contains(a)),
+                // A session that ended fired every signal of its grants already.
+                _ => Vec::new(),
+            }
         };
         if signals.is_empty() {
             return;
@@ -257,13 +258,6 @@ impl Inner {
                 s.fire(LostReason::NotHeld);
             }
         });
-    }
-}
-
-pub(crate) async fn until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -298,7 +292,7 @@ pub(crate) async fn monitor(
                 zk::SessionState::Closed => break "the session was closed".to_owned(),
                 zk::SessionState::AuthFailed => break "authentication failed".to_owned(),
             },
-            _ = until(cutoff), if cutoff.is_some() => {
+            _ = Deadline::from(cutoff).reached(), if cutoff.is_some() => {
                 break format!(
                     "no connection to ZooKeeper for {lost_after:?} (2/5 of the session timeout); \
                      the server may expire the session at any moment"

@@ -3,11 +3,14 @@
 use crate::error::session_gone;
 use crate::layout::{self, NodeData, NodeKind, Turn};
 use crate::node::{anyone, Created};
-use crate::session::{until, Inner, Session};
+use crate::session::{Inner, Session};
+use distlock_core::backend::{wait, Deadline};
+use distlock_core::backoff::RetryPolicy;
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{
     async_trait, AcquireRequest, Error, Granted, HoldKey, ReleaseWatch, Result, Wake,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -201,7 +204,7 @@ impl Inner {
         sess: &Session,
         node: &Created,
         confirmed_at: LeaseInstant,
-        deadline: Option<Instant>,
+        deadline: Deadline,
         cancel: &CancellationToken,
     ) -> Result<WaitEnd> {
         let mut at = confirmed_at;
@@ -246,7 +249,7 @@ impl Inner {
                     return Err(session_gone(&self.endpoint, "the session ended while waiting"));
                 }
                 _ = cancel.cancelled() => return Ok(WaitEnd::GaveUp),
-                _ = until(deadline) => return Ok(WaitEnd::GaveUp),
+                _ = deadline.reached() => return Ok(WaitEnd::GaveUp),
             }
         }
     }
@@ -257,7 +260,7 @@ impl Inner {
     pub(crate) async fn attempt(
         self: &Arc<Self>,
         req: &AcquireRequest,
-        wait: Option<(Option<Instant>, &CancellationToken)>,
+        wait: Option<(Deadline, &CancellationToken)>,
     ) -> Result<Option<Granted>> {
         let kind = NodeKind::of(req.key.kind)?;
         layout::check_attempt(&req.attempt)?;
@@ -325,41 +328,36 @@ impl Inner {
         self.remove_node(sess, path).await;
     }
 
-    /// `acquire_wait`: attempts until granted, given up, or an error that is not retryable.
-    /// A retry is the same attempt: it finds its node and keeps its place in the queue.
+    /// `acquire_wait`: attempts until granted, the deadline or a cancellation, in the core's
+    /// retrying loop (connection trouble or a lost session while waiting is retried, and the
+    /// last such error reported if the deadline passes right after it). A retry is the same
+    /// attempt: it finds its node and keeps its place in the queue if the session survived.
     pub(crate) async fn acquire_wait(
         self: &Arc<Self>,
         req: &AcquireRequest,
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let mut backoff = distlock_core::backoff::Backoff::default();
-        let mut failed = false;
-        loop {
-            if cancel.is_cancelled() || deadline.is_some_and(|d| Instant::now() >= d) {
-                if failed {
-                    // The attempt's node (kept across the retries below) goes.
-                    give_up_soon(self, req).await;
+        let deadline = Deadline::from(deadline);
+        let failed = AtomicBool::new(false);
+        let failed_ref = &failed;
+        let res = wait::retrying(
+            deadline,
+            cancel,
+            RetryPolicy::default(),
+            move || async move {
+                let r = self.attempt(req, Some((deadline, cancel))).await;
+                if r.is_err() {
+                    failed_ref.store(true, Ordering::Relaxed);
                 }
-                return Ok(None);
-            }
-            match self.attempt(req, Some((deadline, cancel))).await {
-                Ok(r) => return Ok(r),
-                // Connection trouble or a lost session while waiting: keep waiting (bounded by
-                // the deadline). The retry is the same attempt: it finds its node and keeps its
-                // place in the queue if the session survived.
-                Err(e) if e.is_retryable() => {
-                    failed = true;
-                    let pause = backoff.next_delay();
-                    tracing::debug!(error = %e, ?pause, "waiting for a ZooKeeper lock failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(pause) => {}
-                        _ = cancel.cancelled() => {}
-                        _ = until(deadline) => {}
-                    }
-                }
-                Err(e) => return Err(e),
-            }
+                r
+            },
+        )
+        .await;
+        if !matches!(res, Ok(Some(_))) && failed.load(Ordering::Relaxed) {
+            // The attempt's node (kept across the retries) goes.
+            give_up_soon(self, req).await;
         }
+        res
     }
 }
