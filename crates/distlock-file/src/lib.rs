@@ -78,13 +78,9 @@ impl FileBackend {
     ///   user (someone may be trying to intercept the locks);
     /// - as [`FileBackend::open`] otherwise.
     pub fn from_url(url: &str, opts: &ClientOptions) -> Result<Self> {
-        match location::parse_url(url) {
-            Ok(Target::Default) => Self::open_base(Self::default_dir(), opts, true),
-            Ok(Target::Dir(dir)) => Self::open(dir, opts),
-            Err(reason) => Err(Error::InvalidUrl {
-                url: url.to_owned(),
-                reason,
-            }),
+        match location::parse_url(url)? {
+            Target::Default => Self::open_base(Self::default_dir(), opts, true),
+            Target::Dir(dir) => Self::open(dir, opts),
         }
     }
 

@@ -1,6 +1,8 @@
 //! `file://` URLs, the default directory and the namespace subdirectory.
 
 use crate::record::fnv1a_128;
+use distlock_core::conn::{redact, ConnectionString};
+use distlock_core::{Error, Result};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
@@ -17,73 +19,56 @@ pub(crate) enum Target {
 const FORMS: &str =
     "use `file://` for the default directory or `file:///absolute/dir` (three slashes)";
 
-/// Parses a `file://` URL; `Err` is the reason, for [`distlock_core::Error::InvalidUrl`].
-pub(crate) fn parse_url(url: &str) -> Result<Target, String> {
-    let Some((scheme, rest)) = url.split_once(':') else {
-        return Err(format!("it has no scheme; {FORMS}"));
-    };
-    if !scheme.eq_ignore_ascii_case("file") {
-        return Err(format!(
-            "the file backend takes `file:` URLs, not `{scheme}:`; {FORMS}"
-        ));
+/// Parses a `file://` URL (with the core's [`ConnectionString`]: one parser, redacted errors).
+pub(crate) fn parse_url(url: &str) -> Result<Target> {
+    // `file:/x` and `file:x` are not `scheme://` URLs: say what to write instead.
+    if let Some((scheme, rest)) = url.split_once(':') {
+        if scheme.eq_ignore_ascii_case("file") && !rest.starts_with("//") {
+            return Err(Error::invalid_url(
+                redact(url),
+                format!("a `file:` URL starts with `file://`; {FORMS}"),
+            ));
+        }
     }
-    let Some(rest) = rest.strip_prefix("//") else {
-        return Err(format!("a `file:` URL starts with `file://`; {FORMS}"));
-    };
-    if rest.contains(['?', '#']) {
-        return Err(format!(
+    let cs = ConnectionString::parse(url)?;
+    if cs.scheme() != "file" {
+        return Err(cs.invalid(format!(
+            "the file backend takes `file:` URLs, not `{}:`; {FORMS}",
+            cs.scheme()
+        )));
+    }
+    if url.contains(['?', '#']) {
+        return Err(cs.invalid(format!(
             "query strings and fragments are not supported (options come from ClientOptions); {FORMS}"
-        ));
+        )));
     }
-    let (host, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    if !host.is_empty() && !host.eq_ignore_ascii_case("localhost") {
-        return Err(format!(
-            "`{host}` is read as a host name, and file locks only work on this host; for a path write `file:///{}`",
-            rest.trim_start_matches('/')
-        ));
+    if cs.user().is_some() || cs.password().is_some() {
+        return Err(cs.invalid(format!("a `file:` URL names no user or password; {FORMS}")));
     }
-    if path.is_empty() {
+    match cs.hosts() {
+        [] => {}
+        [h] if h.host.eq_ignore_ascii_case("localhost") && h.port.is_none() => {}
+        [h, ..] => {
+            return Err(cs.invalid(format!(
+                "`{h}` is read as a host name, and file locks only work on this host; for a path write `file:///{h}{}`",
+                cs.raw_path()
+            )))
+        }
+    }
+    if cs.raw_path().is_empty() {
         return Ok(Target::Default);
     }
-    let bytes = percent_decode(path)?;
+    let bytes = cs.path_bytes()?;
     if bytes.contains(&0) {
-        return Err("the path contains a NUL byte (%00)".into());
+        return Err(cs.invalid("the path contains a NUL byte (%00)"));
     }
     let dir = PathBuf::from(OsString::from_vec(bytes));
     if dir == Path::new("/") {
-        return Err(format!(
+        return Err(cs.invalid(format!(
             "the root directory cannot hold lock files; {FORMS}"
-        ));
+        )));
     }
     Ok(Target::Dir(dir))
-}
-
-fn percent_decode(s: &str) -> Result<Vec<u8>, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| {
-                    format!(
-                        "`%` at byte {i} of the path is not followed by two hex digits (write `%25` for a literal `%`)"
-                    )
-                })?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    Ok(out)
 }
 
 /// The directory `file://` uses: `$XDG_RUNTIME_DIR/dlock` when `XDG_RUNTIME_DIR` is set to an
@@ -119,28 +104,40 @@ pub(crate) fn namespace_dir(ns: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The reason of the error `parse_url(url)` fails with.
+    fn reason(url: &str) -> String {
+        match parse_url(url) {
+            Err(Error::InvalidUrl { reason, .. }) => reason,
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+
     #[test]
     fn urls() {
-        assert_eq!(parse_url("file://"), Ok(Target::Default));
-        assert_eq!(parse_url("FILE://"), Ok(Target::Default));
-        assert_eq!(parse_url("file://localhost"), Ok(Target::Default));
+        let ok = |url: &str| parse_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(ok("file://"), Target::Default);
+        assert_eq!(ok("FILE://"), Target::Default);
+        assert_eq!(ok("file://localhost"), Target::Default);
         assert_eq!(
-            parse_url("file:///var/lib/app/locks"),
-            Ok(Target::Dir("/var/lib/app/locks".into()))
+            ok("file:///var/lib/app/locks"),
+            Target::Dir("/var/lib/app/locks".into())
         );
-        assert_eq!(
-            parse_url("file://localhost/a%20b/"),
-            Ok(Target::Dir("/a b/".into()))
-        );
-        let e = parse_url("file://tmp/x").unwrap_err();
+        assert_eq!(ok("file://localhost/a%20b/"), Target::Dir("/a b/".into()));
+        let e = reason("file://tmp/x");
         assert!(e.contains("file:///tmp/x"), "{e}");
-        assert!(parse_url("file:/tmp/x").unwrap_err().contains("file://"));
-        assert!(parse_url("redis://x").unwrap_err().contains("`redis:`"));
-        assert!(parse_url("/tmp/x").unwrap_err().contains("scheme"));
-        assert!(parse_url("file:///tmp?x=1").unwrap_err().contains("query"));
-        assert!(parse_url("file:///").unwrap_err().contains("root"));
-        assert!(parse_url("file:///a%zz").unwrap_err().contains("%25"));
-        assert!(parse_url("file:///a%00").unwrap_err().contains("NUL"));
+        assert!(reason("file:/tmp/x").contains("file://"));
+        assert!(reason("redis://x").contains("`redis:`"));
+        assert!(reason("/tmp/x").contains("scheme"));
+        assert!(reason("file:///tmp?x=1").contains("query"));
+        assert!(reason("file:///tmp?").contains("query"));
+        assert!(reason("file:///").contains("root"));
+        assert!(reason("file:///a%zz").contains("%25"));
+        assert!(reason("file:///a%00").contains("NUL"));
+        assert!(reason("file://localhost:1/x").contains("host name"));
+        // A user or password is refused, and never shown.
+        let e = parse_url("file://me:s3cret@localhost/x").unwrap_err();
+        assert!(e.to_string().contains("no user or password"), "{e}");
+        assert!(!format!("{e} {e:?}").contains("s3cret"), "{e:?}");
     }
 
     #[test]
