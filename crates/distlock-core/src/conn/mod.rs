@@ -313,6 +313,31 @@ impl ConnectionString {
         &self.hosts
     }
 
+    /// The one host of a single-server URL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] "no host; write EXAMPLE" when the host list is empty, "one host
+    /// only …; write EXAMPLE" when it has several.
+    ///
+    /// ```
+    /// use distlock_core::conn::ConnectionString;
+    /// let cs = ConnectionString::parse("redis://a:1,b:2")?;
+    /// let e = cs.single_host("redis://host:port").unwrap_err().to_string();
+    /// assert!(e.contains("one host only"), "{e}");
+    /// # Ok::<(), distlock_core::Error>(())
+    /// ```
+    pub fn single_host(&self, example: &str) -> Result<&Host> {
+        match self.hosts.as_slice() {
+            [one] => Ok(one),
+            [] => Err(self.invalid(format!("no host; write {example}"))),
+            many => Err(self.invalid(format!(
+                "one host only ({} given); write {example}",
+                many.len()
+            ))),
+        }
+    }
+
     /// `host:port` of every host, with `default_port` where the URL gives none, joined by
     /// `,`: the endpoint text for messages (it never holds credentials).
     pub fn endpoints(&self, default_port: u16) -> String {

@@ -85,6 +85,18 @@ fn every_backend_form() {
     let e = ok("file:///a%zz").path_bytes().unwrap_err().to_string();
     assert!(e.contains("%25"), "{e}");
     assert_eq!(ok("x://h#frag").fragment(), Some("frag"));
+    assert_eq!(
+        ok("redis://h:1").single_host("x").unwrap().endpoint(6379),
+        "h:1"
+    );
+    let no_host = ok("redis://u:pw@/0");
+    assert_eq!(
+        no_host
+            .single_host("redis://host:port")
+            .unwrap_err()
+            .to_string(),
+        "invalid backend URL `redis://u:***@/0`: no host; write redis://host:port"
+    );
 }
 
 #[test]
