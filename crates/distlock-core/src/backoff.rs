@@ -4,6 +4,7 @@ use std::time::Duration;
 
 /// How often and how patiently to retry calls that failed on a connection error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts in all (1 = no retry).
     pub attempts: u32,
@@ -11,6 +12,18 @@ pub struct RetryPolicy {
     pub base_delay: Duration,
     /// Longest pause.
     pub max_delay: Duration,
+}
+
+impl RetryPolicy {
+    /// `attempts` attempts in all, pauses from `base_delay` doubling up to `max_delay`, each
+    /// with full jitter.
+    pub fn new(attempts: u32, base_delay: Duration, max_delay: Duration) -> Self {
+        RetryPolicy {
+            attempts,
+            base_delay,
+            max_delay,
+        }
+    }
 }
 
 impl Default for RetryPolicy {

@@ -58,6 +58,17 @@ pub struct HoldKey {
     pub kind: LockKind,
 }
 
+impl HoldKey {
+    /// The hold of `owner` on lock `name` of `kind` (both already validated).
+    pub fn new(name: impl Into<Arc<str>>, owner: impl Into<Arc<str>>, kind: LockKind) -> Self {
+        HoldKey {
+            name: name.into(),
+            owner: owner.into(),
+            kind,
+        }
+    }
+}
+
 /// Identifies one acquisition attempt, and the grant it wins: unique forever (128 random
 /// bits, 32 lower-case hex digits). The server stores it with the grant.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -170,6 +181,16 @@ pub struct Granted {
     pub requested_at: crate::clock::Instant,
 }
 
+impl Granted {
+    /// A grant with fencing token `token`, measured from `requested_at`.
+    pub fn new(token: u64, requested_at: crate::clock::Instant) -> Self {
+        Granted {
+            token,
+            requested_at,
+        }
+    }
+}
+
 /// Why a [`ReleaseWatch`] woke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wake {
@@ -201,6 +222,7 @@ pub enum AcquireReply {
 
 /// Result of releasing one hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReleaseOutcome {
     /// The lock is free now.
     Released,
@@ -264,7 +286,86 @@ pub struct LockInfo {
     pub permits: Option<u32>,
 }
 
+impl HolderInfo {
+    /// A holder `owner` with hold count `count` (for a semaphore: its permits), lease and
+    /// side unknown. (Backends build holders with this and the `with_` methods: the struct
+    /// may gain fields.)
+    ///
+    /// ```
+    /// use distlock_core::{HolderInfo, LockKind};
+    /// use std::time::Duration;
+    /// let h = HolderInfo::new("host:1:ab:1", 1)
+    ///     .with_lease_left(Some(Duration::from_secs(3)))
+    ///     .with_side(Some(LockKind::Read));
+    /// assert_eq!(h.count, 1);
+    /// ```
+    pub fn new(owner: impl Into<String>, count: u32) -> Self {
+        HolderInfo {
+            owner: owner.into(),
+            count,
+            lease_left: None,
+            side: None,
+        }
+    }
+
+    /// The same, with remaining lease `lease_left`.
+    pub fn with_lease_left(mut self, lease_left: Option<Duration>) -> Self {
+        self.lease_left = lease_left;
+        self
+    }
+
+    /// The same, on side `side` of a read-write lock.
+    pub fn with_side(mut self, side: Option<LockKind>) -> Self {
+        self.side = side;
+        self
+    }
+}
+
 impl LockInfo {
+    /// The state of lock `name`: free, no token ever issued, no queue or permit count known.
+    /// (Backends build the state with this and the `with_` methods: the struct may gain
+    /// fields.)
+    ///
+    /// ```
+    /// use distlock_core::{HolderInfo, LockInfo};
+    /// let info = LockInfo::new("orders:42")
+    ///     .with_holders(vec![HolderInfo::new("me", 1)])
+    ///     .with_fencing_token(7)
+    ///     .with_waiters(Some(2));
+    /// assert!(info.held());
+    /// assert_eq!(info.permits, None);
+    /// ```
+    pub fn new(name: impl Into<String>) -> Self {
+        LockInfo {
+            name: name.into(),
+            ..LockInfo::default()
+        }
+    }
+
+    /// The same, held by `holders`.
+    pub fn with_holders(mut self, holders: Vec<HolderInfo>) -> Self {
+        self.holders = holders;
+        self
+    }
+
+    /// The same, with `token` as the last fencing token issued.
+    pub fn with_fencing_token(mut self, token: u64) -> Self {
+        self.fencing_token = token;
+        self
+    }
+
+    /// The same, with `waiters` live waiters queued on the server.
+    pub fn with_waiters(mut self, waiters: Option<u32>) -> Self {
+        self.waiters = waiters;
+        self
+    }
+
+    /// The same, for a semaphore of `permits` permits.
+    pub fn with_permits(mut self, permits: Option<u32>) -> Self {
+        self.permits = permits;
+        self
+    }
+
     /// True when someone holds the lock.
     pub fn held(&self) -> bool {
         !self.holders.is_empty()
