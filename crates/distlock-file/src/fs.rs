@@ -10,11 +10,11 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub(crate) fn io_error(endpoint: &str, what: String, e: io::Error) -> Error {
-    Error::Connection {
-        backend: KIND,
-        endpoint: endpoint.to_owned(),
-        source: Box::new(io::Error::new(e.kind(), format!("{what}: {e}"))),
-    }
+    Error::connection(
+        KIND,
+        endpoint,
+        io::Error::new(e.kind(), format!("{what}: {e}")),
+    )
 }
 
 /// Creates (if needed) and checks the lock directory `base` and its subdirectory of
@@ -141,13 +141,13 @@ impl Inner {
     }
 
     pub(crate) fn corrupt(&self, path: &Path, why: &str) -> Error {
-        Error::UnexpectedReply {
-            backend: KIND,
-            message: format!(
-                "lock file {} is not a dlock lock record: {why}. If no process uses this lock, delete the file to reset it (its fencing tokens then restart from 1)",
+        Error::unexpected(
+            KIND,
+            format!(
+                "lock file {} is not a dlock lock record: {why}. If no process uses this lock, delete the file to reset it (its fencing tokens then restart at the clock floor, above the earlier ones)",
                 path.display()
             ),
-        }
+        )
     }
 
     pub(crate) fn open_rw(&self, path: &Path) -> Result<File> {
@@ -178,13 +178,13 @@ impl Inner {
     /// A record naming another lock: two names with the same hash.
     pub(crate) fn check_name(&self, rec: &Record, name: &str, path: &Path) -> Result<()> {
         match rec.name.as_deref() {
-            Some(other) if other != name => Err(Error::UnexpectedReply {
-                backend: KIND,
-                message: format!(
+            Some(other) if other != name => Err(Error::unexpected(
+                KIND,
+                format!(
                     "lock file {} belongs to lock `{other}`, not `{name}`: the two names have the same FNV-1a-128 hash; rename one of the locks",
                     path.display(),
                 ),
-            }),
+            )),
             _ => Ok(()),
         }
     }

@@ -261,10 +261,10 @@ impl Backend for FileBackend {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        Err(Error::UnexpectedReply {
-            backend: KIND,
-            message: format!("could not read a consistent record for lock `{name}`"),
-        })
+        Err(Error::unexpected(
+            KIND,
+            format!("could not read a consistent record for lock `{name}`"),
+        ))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
