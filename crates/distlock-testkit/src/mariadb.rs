@@ -3,11 +3,11 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use crate::process::{Ready, ServerProcess, ServerSpec};
-use crate::spawn::{find_on_path, is_executable};
+use crate::spawn::{find_on_path, is_executable, run, run_setup};
 use crate::template::{prepared_dir, version_of, DATABASE, PASSWORD, USER};
 use crate::{Error, Result};
 
@@ -159,34 +159,11 @@ fn common_args(dir: &Path) -> Vec<String> {
 }
 
 fn install_db(bins: &MyBins, dir: &Path) -> Result<()> {
-    let out = Command::new(&bins.install_db)
-        .args(common_args(dir))
+    let mut cmd = Command::new(&bins.install_db);
+    cmd.args(common_args(dir))
         .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                Error::BinaryMissing {
-                    binary: bins.install_db.display().to_string(),
-                    package: PACKAGE.into(),
-                }
-            } else {
-                Error::Io(e)
-            }
-        })?;
-    if !out.status.success() {
-        return Err(Error::Start {
-            what: "mariadb-install-db".into(),
-            detail: format!(
-                "failed ({}):\n{}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout).trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    Ok(())
+        .current_dir(dir);
+    run_setup(cmd, PACKAGE, "mariadb-install-db")
 }
 
 /// `mariadbd` in `dir/data` on a port and on the socket `dir/mysqld.sock`, ready once root
@@ -231,24 +208,13 @@ fn spec(bins: &MyBins) -> ServerSpec {
 }
 
 fn client_sql(bins: &MyBins, socket: &Path, sql: &str) -> Result<String> {
-    let out = Command::new(&bins.client)
-        .arg("--no-defaults")
+    let mut cmd = Command::new(&bins.client);
+    cmd.arg("--no-defaults")
         .arg(format!("--socket={}", socket.display()))
         .args(["-u", "root", "-N", "-B", "--connect-timeout=2", "-e", sql])
         .env_remove("MYSQL_PWD")
-        .env_remove("MYSQL_HOST")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                Error::BinaryMissing {
-                    binary: bins.client.display().to_string(),
-                    package: "mariadb-client".into(),
-                }
-            } else {
-                Error::Io(e)
-            }
-        })?;
+        .env_remove("MYSQL_HOST");
+    let out = run(cmd, "mariadb-client")?;
     if !out.status.success() {
         return Err(Error::Io(io::Error::other(format!(
             "mariadb client failed ({}): {}",
@@ -263,21 +229,9 @@ fn client_sql(bins: &MyBins, socket: &Path, sql: &str) -> Result<String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn starts_answers_restarts_and_keeps_data() {
-        let mut db = match MariaDbServer::start() {
-            Err(Error::BinaryMissing { .. }) => return,
-            r => r.expect("start mariadbd"),
-        };
-        assert_eq!(db.sql("SELECT 1 + 1").expect("sql"), "2");
-        db.sql("CREATE TABLE dlock.t (x int) ENGINE=InnoDB; INSERT INTO dlock.t VALUES (7)")
-            .expect("sql");
-        let pid = db.pid().expect("pid");
-        db.restart().expect("restart");
-        assert_ne!(db.pid(), Some(pid));
-        assert_eq!(db.sql("SELECT x FROM dlock.t").expect("sql"), "7");
-        assert!(db.sql("SELECT nope").is_err());
-        db.kill();
-        assert!(!db.is_running());
-    }
+    crate::template::durable_sql_server_test!(
+        MariaDbServer,
+        "CREATE TABLE dlock.t (x int) ENGINE=InnoDB",
+        "dlock.t"
+    );
 }

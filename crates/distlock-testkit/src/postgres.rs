@@ -10,11 +10,11 @@ use std::ffi::CString;
 use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use crate::process::{Ready, ServerProcess, ServerSpec};
-use crate::spawn::{find_on_path, is_executable};
+use crate::spawn::{find_on_path, is_executable, run, run_setup};
 use crate::template::{prepared_dir, version_of, DATABASE, PASSWORD, USER};
 use crate::{Error, Result};
 
@@ -140,16 +140,7 @@ fn psql_at(bins: &PgBins, dir: &Path, port: u16, db: &str, commands: &[&str]) ->
     for c in commands {
         cmd.arg("-c").arg(c);
     }
-    let out = cmd.stdin(Stdio::null()).output().map_err(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            Error::BinaryMissing {
-                binary: bins.psql.display().to_string(),
-                package: "postgresql-client".into(),
-            }
-        } else {
-            Error::Io(e)
-        }
-    })?;
+    let out = run(cmd, "postgresql-client")?;
     if !out.status.success() {
         return Err(Error::Io(io::Error::other(format!(
             "psql failed ({}): {}",
@@ -267,33 +258,11 @@ fn initdb(bins: &PgBins, run_as: Option<(u32, u32)>, dir: &Path) -> Result<()> {
         ])
         .env("LC_ALL", "C")
         .env_remove("PGDATA")
-        .current_dir(dir)
-        .stdin(Stdio::null());
+        .current_dir(dir);
     if let Some((uid, gid)) = run_as {
         cmd.uid(uid).gid(gid);
     }
-    let out = cmd.output().map_err(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            Error::BinaryMissing {
-                binary: bins.initdb.display().to_string(),
-                package: PACKAGE.into(),
-            }
-        } else {
-            Error::Io(e)
-        }
-    })?;
-    if !out.status.success() {
-        return Err(Error::Start {
-            what: "initdb".into(),
-            detail: format!(
-                "initdb failed ({}):\n{}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout).trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    Ok(())
+    run_setup(cmd, PACKAGE, "initdb")
 }
 
 /// The postmaster in `dir/data` on a port (and a unix socket in `dir`), ready once
@@ -370,22 +339,5 @@ mod tests {
         assert!(!postmaster_ready(&f, 43));
     }
 
-    #[test]
-    fn starts_answers_restarts_and_keeps_data() {
-        let mut pg = match PostgresServer::start() {
-            Err(Error::BinaryMissing { .. }) => return,
-            r => r.expect("start postgres"),
-        };
-        assert_eq!(pg.sql("SELECT 1 + 1").expect("sql"), "2");
-        pg.sql("CREATE TABLE t (x int); INSERT INTO t VALUES (7)")
-            .expect("sql");
-        let pid = pg.pid().expect("pid");
-        pg.restart().expect("restart");
-        assert_ne!(pg.pid(), Some(pid));
-        assert_eq!(pg.sql("SELECT x FROM t").expect("sql"), "7");
-        assert!(pg.sql("SELECT nope").is_err());
-        pg.kill();
-        assert!(!pg.is_running());
-        assert!(pg.sql("SELECT 1").is_err());
-    }
+    crate::template::durable_sql_server_test!(PostgresServer, "CREATE TABLE t (x int)", "t");
 }

@@ -99,6 +99,41 @@ pub(crate) fn resolve_binary(binary: &str, package: &str) -> crate::Result<PathB
     find_on_path(binary).ok_or_else(missing)
 }
 
+/// Runs `cmd` to completion with stdin from `/dev/null` and returns its output; a missing
+/// program is [`Error::BinaryMissing`](crate::Error::BinaryMissing) naming the Debian `package`.
+pub(crate) fn run(mut cmd: Command, package: &str) -> crate::Result<std::process::Output> {
+    cmd.stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                crate::Error::BinaryMissing {
+                    binary: PathBuf::from(cmd.get_program()).display().to_string(),
+                    package: package.to_string(),
+                }
+            } else {
+                crate::Error::Io(e)
+            }
+        })
+}
+
+/// [`run`] for a setup step: a failed exit is an [`Error::Start`](crate::Error::Start) of
+/// `what` with the status, stdout and stderr.
+pub(crate) fn run_setup(cmd: Command, package: &str, what: &str) -> crate::Result<()> {
+    let out = run(cmd, package)?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(crate::Error::Start {
+        what: what.to_string(),
+        detail: format!(
+            "{what} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    })
+}
+
 /// The first executable `binary` in a directory of `PATH`.
 pub(crate) fn find_on_path(binary: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;

@@ -177,3 +177,31 @@ pub(crate) fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// A test of a SQL starter: it answers, a committed row survives a restart (a new pid),
+/// failing SQL is an error, and a killed server no longer runs nor answers.
+#[cfg(test)]
+macro_rules! durable_sql_server_test {
+    ($server:ty, $create:literal, $table:literal) => {
+        #[test]
+        fn starts_answers_restarts_and_keeps_data() {
+            let mut db = match <$server>::start() {
+                Err($crate::Error::BinaryMissing { .. }) => return,
+                r => r.expect("start the server"),
+            };
+            assert_eq!(db.sql("SELECT 1 + 1").expect("sql"), "2");
+            db.sql(concat!($create, "; INSERT INTO ", $table, " VALUES (7)"))
+                .expect("sql");
+            let pid = db.pid().expect("pid");
+            db.restart().expect("restart");
+            assert_ne!(db.pid(), Some(pid));
+            assert_eq!(db.sql(concat!("SELECT x FROM ", $table)).expect("sql"), "7");
+            assert!(db.sql("SELECT nope").is_err());
+            db.kill();
+            assert!(!db.is_running());
+            assert!(db.sql("SELECT 1").is_err());
+        }
+    };
+}
+#[cfg(test)]
+pub(crate) use durable_sql_server_test;
