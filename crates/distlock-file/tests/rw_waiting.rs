@@ -163,31 +163,24 @@ async fn watch_sees_releases_of_each_side() {
     let dir = TempDir::new("watch");
     let (a, b) = (backend(dir.path()), backend(dir.path()));
     let n = "watch";
-    let g = rw_granted(&a, n, "r", LockKind::Read).await;
-    let mut ww = b
-        .watch(&rw_req(n, "w", LockKind::Write))
-        .await
-        .expect("watch");
-    let quiet = tokio::time::timeout(Duration::from_millis(150), ww.changed()).await;
-    assert!(quiet.is_err(), "watch fired while the lock stayed read");
-    assert_eq!(release(&a, &g).await, ReleaseOutcome::Released);
-    tokio::time::timeout(PATIENCE, ww.changed())
-        .await
-        .expect("no wake-up")
-        .expect("watch broke");
-    drop(ww);
-    let g = rw_granted(&a, n, "w", LockKind::Write).await;
-    let mut wr = b
-        .watch(&rw_req(n, "r", LockKind::Read))
-        .await
-        .expect("watch");
-    let quiet = tokio::time::timeout(Duration::from_millis(150), wr.changed()).await;
-    assert!(quiet.is_err(), "watch fired while the lock stayed written");
-    assert_eq!(release(&a, &g).await, ReleaseOutcome::Released);
-    tokio::time::timeout(PATIENCE, wr.changed())
-        .await
-        .expect("no wake-up")
-        .expect("watch broke");
+    // A watch of each side, while the other side is held: quiet until the release.
+    for (held, watched, what) in [
+        (LockKind::Read, LockKind::Write, "read"),
+        (LockKind::Write, LockKind::Read, "written"),
+    ] {
+        let g = rw_granted(&a, n, "holder", held).await;
+        let mut w = b
+            .watch(&rw_req(n, "watcher", watched))
+            .await
+            .expect("watch");
+        let quiet = tokio::time::timeout(Duration::from_millis(150), w.changed()).await;
+        assert!(quiet.is_err(), "watch fired while the lock stayed {what}");
+        assert_eq!(release(&a, &g).await, ReleaseOutcome::Released);
+        tokio::time::timeout(PATIENCE, w.changed())
+            .await
+            .expect("no wake-up")
+            .expect("watch broke");
+    }
 }
 
 /// A read waiter and a write waiter of one `RwLock` handle (one owner id, two attempts) wait
