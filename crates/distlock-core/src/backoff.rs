@@ -80,6 +80,19 @@ impl Backoff {
 }
 
 /// Runs `op` until it succeeds, fails with a non-retryable error, or `policy.attempts` ran out.
+///
+/// ```no_run
+/// # async fn f(b: &dyn distlock_core::Backend) -> distlock_core::Result<()> {
+/// use distlock_core::{LockKind, RetryPolicy};
+/// let info = distlock_core::backoff::retry(RetryPolicy::default(), || b.inspect("n", LockKind::Mutex)).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Cancel safety
+/// As cancel safe as `op`'s futures: dropping it drops the one in flight.
+///
+/// # Errors
+/// The last error of `op`: a non-retryable one at once, a retryable one after the last attempt.
 pub async fn retry<T, F, Fut>(policy: RetryPolicy, mut op: F) -> crate::Result<T>
 where
     F: FnMut() -> Fut,

@@ -119,8 +119,20 @@ impl Client {
 
     /// What the server knows about the mutex `name` right now.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// let info = client.inspect("orders:42").await?;
+    /// for h in &info.holders {
+    ///     println!("{} holds it, lease left {:?}", h.owner, h.lease_left);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    /// As [`Client::inspect_kind`].
     pub async fn inspect(&self, name: &str) -> Result<LockInfo> {
         self.inspect_kind(name, LockKind::Mutex).await
     }
@@ -128,8 +140,21 @@ impl Client {
     /// What the server knows about lock `name` of `kind` right now (for a read-write lock,
     /// ask for [`LockKind::Read`] or [`LockKind::Write`]; both report every holder).
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// use distlock_core::LockKind;
+    /// let readers = client.inspect_kind("catalog", LockKind::Read).await?;
+    /// println!("{} holders, last token {}", readers.holders.len(), readers.fencing_token);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad name; [`Error::Unsupported`] for a lock kind the
+    /// backend lacks; [`Error::Connection`] if the server cannot be reached (after the client's
+    /// retries); [`Error::UnexpectedReply`] for foreign data under the lock's key.
     pub async fn inspect_kind(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         crate::name::validate_name(name)?;
         self.shared.check_kind(kind)?;
@@ -140,8 +165,20 @@ impl Client {
     /// Every lock the server has state for whose name starts with `prefix` (see
     /// [`Backend::list`]). Backends that cannot list return [`Error::Unsupported`].
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// for l in client.list("orders:").await? {
+    ///     println!("{} ({}): {} holders", l.info.name, l.kind.as_str(), l.info.holders.len());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] if the backend cannot list; [`Error::Connection`] (after the
+    /// client's retries); [`Error::UnexpectedReply`].
     pub async fn list(&self, prefix: &str) -> Result<Vec<crate::ListedLock>> {
         let backend = &self.shared.backend;
         let caps = backend.capabilities();
@@ -153,9 +190,22 @@ impl Client {
     /// every token handed out (see [`Backend::force_release`]): the operator's way out of a
     /// stuck lock. The removed holders learn it at their next renewal.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// use distlock_core::LockKind;
+    /// let out = client.force_release("orders:42", LockKind::Mutex).await?;
+    /// println!("removed {} holders; tokens below {} are stale", out.removed.len(), out.fencing_token);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Not cancel safe in the sense that matters: if the future is dropped, the release may or
     /// may not have happened; call [`Client::inspect_kind`] to see.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad name; [`Error::Unsupported`] if the backend cannot
+    /// (or lacks the kind); [`Error::Connection`] — not retried, since a retry after a lost
+    /// reply would remove a holder that came after it: inspect, then decide.
     pub async fn force_release(&self, name: &str, kind: LockKind) -> Result<crate::ForceReleased> {
         crate::name::validate_name(name)?;
         self.shared.check_kind(kind)?;
@@ -169,8 +219,23 @@ impl Client {
     /// Checks the deployment behind this client for settings that break locks (see
     /// [`Backend::diagnose`]).
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// use distlock_core::Severity;
+    /// for f in client.diagnose().await? {
+    ///     if f.severity == Severity::Unsafe {
+    ///         eprintln!("{}: {}", f.check, f.message);
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] if the backend has no checks; [`Error::Connection`] if the
+    /// server cannot be reached (a check that cannot be made is a finding, not an error).
     pub async fn diagnose(&self) -> Result<Vec<crate::Finding>> {
         let backend = &self.shared.backend;
         let caps = backend.capabilities();

@@ -84,6 +84,9 @@ impl Deadline {
     ///
     /// # Cancel safety
     /// Cancel safe: it only sleeps.
+    ///
+    /// # Errors
+    /// None.
     pub async fn reached(self) {
         match self.0 {
             Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -95,8 +98,21 @@ impl Deadline {
     /// (time is left and `cancel` did not fire), `false` at once if the deadline has passed
     /// or `cancel` has fired, and `false` when either happens during the sleep.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use distlock_core::backend::Deadline;
+    /// use std::time::Duration;
+    /// let cancel = tokio_util::sync::CancellationToken::new();
+    /// let d = Deadline::after(Duration::from_millis(10));
+    /// assert!(!d.sleep(Duration::from_secs(60), &cancel).await); // cut to 10 ms, then over
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: it only sleeps.
+    ///
+    /// # Errors
+    /// None: the answer is the `bool`.
     pub async fn sleep(self, pause: Duration, cancel: &CancellationToken) -> bool {
         if self.passed() || cancel.is_cancelled() {
             return false;

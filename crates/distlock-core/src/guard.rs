@@ -73,6 +73,9 @@ impl LockGuard {
     ///
     /// # Cancel safety
     /// Cancel safe.
+    ///
+    /// # Errors
+    /// None: it resolves with the reason, and only when the lock is lost.
     pub async fn lost(&self) -> LostReason {
         self.hold.lost.lost().await
     }
@@ -112,10 +115,24 @@ impl LockGuard {
     /// Connection errors are retried (bounded by the client's retry policy): the request names
     /// this grant and never shortens, so a retry has the effect of one request.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// use std::time::Duration;
+    /// let guard = client.lock("batch")?.lease(Duration::from_secs(10))?.acquire().await?;
+    /// // … more work than planned …
+    /// guard.extend(Duration::from_secs(10)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped, the extension may or may not have reached the
     /// server; the guard's view of the lease stays the one last confirmed (never longer than
     /// the server's), so nothing is promised that the server did not grant.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero lease or one over 30 days; [`Error::NotOwner`]
+    /// when the server no longer has this grant; [`Error::Connection`] when the server could
+    /// not be reached (after the retries; the lease is then what was last confirmed).
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         check_lease(lease)?;
         extend_hold(&self.client.shared, &self.hold, lease).await
@@ -133,9 +150,24 @@ impl LockGuard {
     /// one releases the grant. The request names the grant, so a retry after a lost reply has
     /// the effect of one release and can never touch a newer grant of the same owner.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// use distlock_core::ReleaseOutcome;
+    /// let guard = client.lock("orders:42")?.acquire().await?;
+    /// if guard.release().await? == ReleaseOutcome::Expired {
+    ///     eprintln!("the lease ran out before the release: check the fenced writes");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// If the future is dropped before it completes, the release still happens in the
     /// background: nothing is left held.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when the server could not be reached (after the retries; the lock
+    /// frees itself at its lease end); [`Error::UnexpectedReply`]; [`Error::Runtime`] if the
+    /// runtime shuts down under it.
     pub async fn release(mut self) -> Result<ReleaseOutcome> {
         self.done = true;
         let hold = self.hold.clone();

@@ -88,19 +88,47 @@ impl Lock {
     /// Takes the lock if it is free (or re-enters it); never waits.
     /// `Ok(None)` means another owner holds it.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// match client.lock("report:daily")?.try_acquire().await? {
+    ///     Some(guard) => { /* we run it */ guard.release().await?; }
+    ///     None => println!("another instance runs the report"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped while the request is in flight and the server
     /// grants it, the grant is given back in the background. Nothing is left behind.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] if the backend lacks this lock kind; [`Error::Connection`] if the
+    /// server cannot be reached (after the client's retries); [`Error::UnexpectedReply`] for
+    /// foreign data under the lock's key; [`Error::InvalidArgument`] for a lease the server
+    /// cannot honour.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
         self.run(Mode::Try).await
     }
 
-    /// Waits as long as it takes to get the lock.
+    /// Waits as long as it takes to get the lock. Connection trouble while waiting is retried
+    /// (with a backoff) for as long as the wait lasts.
+    ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// let guard = client.lock("orders:42")?.acquire().await?;
+    /// // … write with guard.fencing_token() …
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future stops the wait and loses the place in the queue;
     /// nothing is left behind on the server — a grant that raced with the drop (handed over,
     /// or already on its way to this future) is given back in the background.
+    ///
+    /// # Errors
+    /// As [`Lock::try_acquire`], except that connection errors are retried while waiting;
+    /// errors that retrying cannot cure end the wait.
     pub async fn acquire(&self) -> Result<LockGuard> {
         match self.run(Mode::Wait(None)).await? {
             Some(g) => Ok(g),
@@ -111,8 +139,24 @@ impl Lock {
     /// Waits at most `wait` for the lock; [`Error::Timeout`] after that.
     /// `acquire_timeout(Duration::ZERO)` tries once.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// use std::time::Duration;
+    /// match client.lock("orders:42")?.acquire_timeout(Duration::from_secs(5)).await {
+    ///     Ok(guard) => drop(guard),
+    ///     Err(e) if e.is_timeout() => println!("still held after 5 s"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe, as [`Lock::acquire`].
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when another owner held the lock until the end of the wait; the
+    /// last connection error instead when the server could not be reached at the end of the
+    /// wait (so the error says why); otherwise as [`Lock::acquire`].
     pub async fn acquire_timeout(&self, wait: Duration) -> Result<LockGuard> {
         let deadline = Instant::now().checked_add(wait);
         let mode = if wait.is_zero() {

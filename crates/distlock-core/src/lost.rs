@@ -118,8 +118,21 @@ impl LostSignal {
     /// Resolves when the lock is lost (at once if it already is), at the latest when its lease
     /// runs out without a confirmed renewal.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use distlock_core::{LostReason, LostSignal};
+    /// let lost = LostSignal::new();
+    /// let watcher = tokio::spawn(lost.clone().lost_owned());
+    /// lost.fire(LostReason::NotHeld);
+    /// assert_eq!(watcher.await.unwrap(), LostReason::NotHeld);
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: dropping the future loses nothing; call it again.
+    ///
+    /// # Errors
+    /// None: it resolves with the reason, and only when the lock is lost.
     pub async fn lost(&self) -> LostReason {
         loop {
             if let Some(reason) = self.reason() {
@@ -142,6 +155,9 @@ impl LostSignal {
     ///
     /// # Cancel safety
     /// Cancel safe, as [`LostSignal::lost`].
+    ///
+    /// # Errors
+    /// None, as [`LostSignal::lost`].
     pub async fn lost_owned(self) -> LostReason {
         self.lost().await
     }

@@ -80,33 +80,81 @@ impl Semaphore {
 
     /// Takes `permits` permits if they are free now; `Ok(None)` otherwise.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// let pool = client.semaphore("gpu", 4)?;
+    /// if let Some(permit) = pool.try_acquire(1).await? {
+    ///     // … use one GPU …
+    ///     permit.release().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe, as [`Lock::try_acquire`]: a grant that races with the drop is given back.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 permits or more than the semaphore has; otherwise as
+    /// [`Lock::try_acquire`] ([`Error::Unsupported`] on backends without semaphores).
     pub async fn try_acquire(&self, permits: u32) -> Result<Option<LockGuard>> {
         self.lock_for(permits)?.try_acquire().await
     }
 
     /// Waits for `permits` permits.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// let permits = client.semaphore("gpu", 4)?.acquire(2).await?;
+    /// println!("two GPUs, token {}", permits.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves nothing behind.
+    ///
+    /// # Errors
+    /// As [`Semaphore::try_acquire`], except that connection errors are retried while waiting.
     pub async fn acquire(&self, permits: u32) -> Result<LockGuard> {
         self.lock_for(permits)?.acquire().await
     }
 
     /// Waits at most `wait` for `permits` permits; [`Error::Timeout`] after that.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// use std::time::Duration;
+    /// let sem = client.semaphore("gpu", 4)?;
+    /// let permit = sem.acquire_timeout(1, Duration::from_secs(30)).await?;
+    /// # drop(permit); Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe, as [`Lock::acquire`]: the place in the queue is lost, nothing is left.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when the permits stayed taken for the whole wait; otherwise as
+    /// [`Lock::acquire_timeout`].
     pub async fn acquire_timeout(&self, permits: u32, wait: Duration) -> Result<LockGuard> {
         self.lock_for(permits)?.acquire_timeout(wait).await
     }
 
     /// Changes the number of permits on the server, for every user of the semaphore.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// let mut sem = client.semaphore("gpu", 4)?;
+    /// sem.set_permits(8).await?;
+    /// assert_eq!(sem.limit(), 8);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// If the future is dropped, the new count may or may not have reached the server, and this
     /// handle keeps its old limit; call it again to be sure.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 or more than [`MAX_PERMITS`]; [`Error::Unsupported`]
+    /// on backends without semaphores; [`Error::Connection`] (not retried: set it again).
     pub async fn set_permits(&mut self, permits: u32) -> Result<()> {
         check_permits("permits", permits)?;
         crate::name::validate_name(&self.name)?;
@@ -163,8 +211,22 @@ impl MultiLock {
 
     /// Takes every lock if all are free now; otherwise takes none (`Ok(None)`).
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// let both = client.multi_lock(&["account:1", "account:2"])?;
+    /// if let Some(g) = both.try_acquire().await? {
+    ///     // … move money …
+    ///     g.release().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: the locks taken so far are released in the background.
+    ///
+    /// # Errors
+    /// The first error of [`Lock::try_acquire`] on any of the names (the others are then
+    /// released).
     pub async fn try_acquire(&self) -> Result<Option<MultiGuard>> {
         let mut guards = Vec::with_capacity(self.locks.len());
         for lock in &self.locks {
@@ -186,9 +248,21 @@ impl MultiLock {
     /// Waits at most `wait` for all the locks (one deadline for all); on timeout or error,
     /// everything taken so far is released.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// use std::time::Duration;
+    /// let both = client.multi_lock(&["account:2", "account:1"])?; // taken as 1, then 2
+    /// let g = both.acquire_timeout(Duration::from_secs(5)).await?;
+    /// # drop(g); Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: the locks taken so far are released in the background and the current
     /// wait is given up, as [`Lock::acquire`].
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] naming all the locks when the deadline passed; otherwise the first
+    /// error of [`Lock::acquire_timeout`] on any of the names.
     pub async fn acquire_timeout(&self, wait: Duration) -> Result<MultiGuard> {
         self.acquire_until(Instant::now().checked_add(wait), wait)
             .await
@@ -196,8 +270,18 @@ impl MultiLock {
 
     /// Waits as long as it takes for all the locks.
     ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// let g = client.multi_lock(&["a", "b", "c"])?.acquire().await?;
+    /// assert_eq!(g.guards().len(), 3);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe, as [`MultiLock::acquire_timeout`].
+    ///
+    /// # Errors
+    /// The first error of [`Lock::acquire`] on any of the names (the others are released).
     pub async fn acquire(&self) -> Result<MultiGuard> {
         self.acquire_until(None, Duration::MAX).await
     }
@@ -258,8 +342,20 @@ impl MultiGuard {
 
     /// Resolves when any of the locks is lost.
     ///
+    /// ```no_run
+    /// # async fn f(g: distlock_core::MultiGuard) {
+    /// tokio::select! {
+    ///     why = g.lost() => eprintln!("a lock of the set is lost: {why}"),
+    ///     _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+    /// }
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel safe: dropping the future loses nothing.
+    ///
+    /// # Errors
+    /// None: it resolves with the reason of the first lock lost.
     pub async fn lost(&self) -> crate::LostReason {
         let waits: Vec<_> = self
             .guards
@@ -271,9 +367,20 @@ impl MultiGuard {
 
     /// Releases every lock (in reverse order); the outcome per name.
     ///
+    /// ```no_run
+    /// # async fn f(g: distlock_core::MultiGuard) -> distlock_core::Result<()> {
+    /// let outcomes = g.release().await?;
+    /// assert!(outcomes.iter().all(|o| o.was_held()));
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Each release runs detached: if the future is dropped, the locks not yet released are
     /// released in the background.
+    ///
+    /// # Errors
+    /// The first error of [`LockGuard::release`] (every lock is still tried; those that failed
+    /// free themselves at their lease end).
     pub async fn release(self) -> Result<Vec<ReleaseOutcome>> {
         let mut out = Vec::with_capacity(self.guards.len());
         let mut first_err = None;

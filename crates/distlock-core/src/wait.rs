@@ -114,6 +114,32 @@ pub trait WaitStrategy: Send {
 /// instead of `Ok(None)`: the caller learns why it did not get the lock. A cancelled wait is
 /// always `Ok(None)`.
 ///
+/// ```
+/// use distlock_core::backend::{async_trait, wait, Attempt, Deadline, Granted, WaitStrategy};
+/// use tokio_util::sync::CancellationToken;
+///
+/// /// Granted at the third look.
+/// struct Third(u32);
+///
+/// #[async_trait]
+/// impl WaitStrategy for Third {
+///     async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> distlock_core::Result<Attempt> {
+///         self.0 += 1;
+///         Ok(if self.0 == 3 {
+///             Attempt::Granted(Granted::new(9, distlock_core::clock::Instant::now()))
+///         } else {
+///             Attempt::Held { retry_in: Some(std::time::Duration::from_millis(1)) }
+///         })
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let cancel = CancellationToken::new();
+/// let g = wait::run(&mut Third(0), Deadline::never(), &cancel, Default::default()).await;
+/// assert_eq!(g.unwrap().map(|g| g.token), Some(9));
+/// # }
+/// ```
+///
 /// # Cancel safety
 /// Stop it with `cancel`, not by dropping it: `give_up` runs only when the loop ends by
 /// itself. (The core runs every wait in a task of its own and never drops it.)
@@ -262,6 +288,19 @@ where
 /// the heartbeat only keeps the waiter's place in the queue alive (so a crashed waiter drops
 /// out), and it is a quarter of the lease or longer. A wait that ends at its deadline right
 /// after failed attempts returns the last error (see [`run`]).
+///
+/// ```no_run
+/// # use distlock_core::backend::*;
+/// # async fn f(b: &dyn Backend, req: &AcquireRequest) -> distlock_core::Result<()> {
+/// use std::time::{Duration, Instant};
+/// let cancel = tokio_util::sync::CancellationToken::new();
+/// let deadline = Some(Instant::now() + Duration::from_secs(5));
+/// match wait::watch_and_retry(b, req, deadline, &cancel).await? {
+///     Some(g) => println!("granted with token {}", g.token),
+///     None => println!("still held at the deadline"),
+/// }
+/// # Ok(()) }
+/// ```
 ///
 /// # Cancel safety
 /// As [`run`]: stop it with `cancel`.
