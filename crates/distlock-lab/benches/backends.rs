@@ -46,6 +46,8 @@ fn main() {
     );
     // Fresh nodes are in restart quarantine for its length.
     std::thread::sleep(std::time::Duration::from_millis(300));
+    // Pushed to by the optional backends' features.
+    #[allow(unused_mut)]
     let mut backends: Vec<(String, String)> = vec![
         ("redis".into(), redis.url()),
         ("redlock (3 nodes)".into(), redlock),

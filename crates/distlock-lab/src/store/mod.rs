@@ -195,15 +195,14 @@ pub fn check_supported(url: &str) -> StoreResult<()> {
     }
 }
 
-/// The cargo feature of the dlock CLI that builds the backend (and store) of `scheme`.
-fn feature_of(scheme: &str) -> Option<&'static str> {
-    match scheme {
-        "postgres" | "postgresql" => Some("postgres"),
-        "mysql" => Some("mysql"),
-        "etcd" => Some("etcd"),
-        "zk" => Some("zookeeper"),
-        _ => None,
-    }
+/// The cargo feature (of the facade, the lab and the dlock CLI alike) that builds the backend
+/// of `scheme`, when this build lacks it: the facade's registry knows.
+fn feature_of(scheme: &str) -> Option<String> {
+    distlock::default_registry()
+        .not_built()
+        .into_iter()
+        .find(|(s, _)| *s == scheme)
+        .map(|(_, feature)| feature.to_owned())
 }
 
 fn unsupported(scheme: &str) -> StoreError {
