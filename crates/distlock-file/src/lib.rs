@@ -31,6 +31,7 @@ pub const KIND: &str = "file";
 
 /// Locks shared by the processes of one host through `flock` on files in one directory.
 ///
+/// Cheap to clone; clones share the in-process table (and so exclude each other as one
 /// process). See the [crate documentation](crate) for the guarantees and the file layout.
 #[derive(Clone)]
 pub struct FileBackend {
