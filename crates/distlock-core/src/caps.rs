@@ -233,6 +233,108 @@ mod tests {
         assert_eq!(noted.get_note(), Some("lease mode does mutexes only"));
     }
 
+    /// A mutex-only backend that cannot list, counting the calls that reach it.
+    struct MutexOnly(std::sync::atomic::AtomicU32);
+
+    #[async_trait::async_trait]
+    impl crate::Backend for MutexOnly {
+        fn kind(&self) -> &'static str {
+            "mysql"
+        }
+        fn endpoint(&self) -> String {
+            "db:3306".into()
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::kinds(&[LockKind::Mutex])
+                .note("MySQL/MariaDB do mutexes only")
+                .listing(false)
+        }
+        async fn acquire(&self, _: &crate::AcquireRequest) -> Result<crate::AcquireReply> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(crate::AcquireReply::Held { ttl: None })
+        }
+        async fn watch(&self, _: &crate::AcquireRequest) -> Result<Box<dyn crate::ReleaseWatch>> {
+            Err(Error::unsupported("mysql", "watching"))
+        }
+        async fn give_up(&self, _: &crate::AcquireRequest) -> Result<()> {
+            Ok(())
+        }
+        async fn release(&self, _: &crate::GrantRef) -> Result<crate::ReleaseOutcome> {
+            Ok(crate::ReleaseOutcome::Expired)
+        }
+        async fn renew(
+            &self,
+            h: &[(crate::GrantRef, std::time::Duration)],
+        ) -> Result<Vec<crate::RenewOutcome>> {
+            Ok(vec![crate::RenewOutcome::NotHeld; h.len()])
+        }
+        async fn inspect(&self, name: &str, _: LockKind) -> Result<crate::LockInfo> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(crate::LockInfo::new(name))
+        }
+        async fn list(&self, _: &str) -> Result<Vec<crate::ListedLock>> {
+            panic!("the core called list on a backend that cannot list");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_client_checks_kinds_before_the_backend_sees_them() {
+        let backend = std::sync::Arc::new(MutexOnly(Default::default()));
+        let client =
+            crate::Client::new(backend.clone(), crate::ClientOptions::default()).expect("client");
+        let want =
+            "lock kind read (MySQL/MariaDB do mutexes only) is not supported by the mysql backend";
+        let rw = client
+            .rw_lock("n")
+            .expect("a handle: the check is at acquire");
+        let e = rw.read().try_acquire().await.expect_err("read side");
+        assert_eq!(e.to_string(), want);
+        let e = rw
+            .read()
+            .acquire_timeout(std::time::Duration::from_secs(1))
+            .await;
+        assert!(e.expect_err("read side").is_unsupported());
+        let e = client
+            .fair_lock("n")
+            .expect("h")
+            .acquire()
+            .await
+            .expect_err("fair");
+        assert!(e.to_string().starts_with("lock kind fair "), "{e}");
+        let e = client.semaphore("n", 2).expect("h").try_acquire(1).await;
+        assert!(e.expect_err("semaphore").is_unsupported());
+        let e = client
+            .inspect_kind("n", LockKind::Read)
+            .await
+            .expect_err("inspect");
+        assert_eq!(e.to_string(), want);
+        let e = client
+            .force_release("n", LockKind::Write)
+            .await
+            .expect_err("force");
+        assert!(e.is_unsupported());
+        let e = client.list("").await.expect_err("list");
+        assert_eq!(
+            e.to_string(),
+            "listing locks (MySQL/MariaDB do mutexes only) is not supported by the mysql backend"
+        );
+        assert_eq!(
+            backend.0.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the backend was called"
+        );
+        // Declared kinds go through.
+        assert!(client
+            .lock("n")
+            .expect("h")
+            .try_acquire()
+            .await
+            .expect("mutex")
+            .is_none());
+        assert!(!client.inspect("n").await.expect("inspect").held());
+        assert_eq!(backend.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
     #[test]
     fn flags() {
         let c = Capabilities::all()
