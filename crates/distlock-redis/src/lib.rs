@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+mod address;
 mod error;
 mod ops;
 mod pubsub;
@@ -18,14 +19,6 @@ use redis::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Settings read from the URL beyond what redis-rs understands.
-#[derive(Debug, Clone, Default)]
-struct UrlExtras {
-    namespace: Option<String>,
-    wait_replicas: Option<(u32, Duration)>,
-    ca_file: Option<String>,
-}
-
 /// The Redis backend. Build it with [`RedisBackend::connect`] (or through `distlock::connect`).
 pub struct RedisBackend {
     con: ConnectionManager,
@@ -36,116 +29,7 @@ pub struct RedisBackend {
     wait_replicas: Option<(u32, Duration)>,
 }
 
-/// Parses the URL: returns what redis-rs should see, the endpoint for messages, and our extras.
-fn parse_url(url: &str) -> Result<(String, String, UrlExtras)> {
-    let redacted = redact(url);
-    let bad = |reason: String| Error::InvalidUrl {
-        url: redacted.clone(),
-        reason,
-    };
-    let mut u = url::Url::parse(url).map_err(|e| bad(format!("{e}")))?;
-    match u.scheme() {
-        "redis" => {}
-        "rediss" if cfg!(feature = "tls") => {}
-        "rediss" => {
-            return Err(bad(
-                "rediss:// (TLS) needs distlock built with the `tls` feature (distlock = { features = [\"tls\"] })".into(),
-            ))
-        }
-        s => return Err(bad(format!("scheme `{s}` is not redis://"))),
-    }
-    let host = u
-        .host_str()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| bad("no host; write redis://host:port".into()))?
-        .to_owned();
-    let port = u.port().unwrap_or(6379);
-    let path = u.path().trim_start_matches('/');
-    if !path.is_empty() && path.parse::<u32>().is_err() {
-        return Err(bad(format!(
-            "`/{path}` is not a database number; write redis://host:port/0"
-        )));
-    }
-    let mut extras = UrlExtras::default();
-    let mut keep = Vec::new();
-    let mut replicas: Option<u32> = None;
-    let mut wait_timeout = Duration::from_millis(200);
-    for (k, v) in u.query_pairs() {
-        match k.as_ref() {
-            "namespace" => extras.namespace = Some(v.into_owned()),
-            "wait_replicas" => {
-                replicas = Some(v.parse().map_err(|_| {
-                    bad(format!("wait_replicas=`{v}` is not a number of replicas"))
-                })?)
-            }
-            "wait_timeout" => {
-                wait_timeout = distlock_core::parse_duration(&v).map_err(|e| bad(e.to_string()))?
-            }
-            "ca_file" if u.scheme() == "rediss" => extras.ca_file = Some(v.into_owned()),
-            "protocol" => keep.push((k.into_owned(), v.into_owned())),
-            other => {
-                return Err(bad(format!(
-                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol; ca_file with rediss://)"
-                )))
-            }
-        }
-    }
-    if let Some(n) = replicas.filter(|n| *n > 0) {
-        if wait_timeout.is_zero() {
-            return Err(bad(
-                "wait_timeout=0 would wait forever; give a bound such as 200ms".into(),
-            ));
-        }
-        extras.wait_replicas = Some((n, wait_timeout));
-    }
-    if keep.is_empty() {
-        u.set_query(None);
-    } else {
-        u.query_pairs_mut().clear().extend_pairs(keep);
-    }
-    Ok((u.to_string(), format!("{host}:{port}"), extras))
-}
-
-fn open_client(url: &str, driver_url: &str, ca_file: Option<&str>) -> Result<redis::Client> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: redact(url),
-        reason,
-    };
-    #[cfg(feature = "tls")]
-    if driver_url.starts_with("rediss:") {
-        // Several rustls providers may be compiled in; pick ring unless the program chose.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let root_cert = match ca_file {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .map_err(|e| invalid(format!("cannot read the CA file `{path}`: {e}")))?,
-            ),
-            None => None,
-        };
-        return redis::Client::build_with_tls(
-            driver_url,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert,
-            },
-        )
-        .map_err(|e| invalid(e.to_string()));
-    }
-    let _ = ca_file;
-    redis::Client::open(driver_url).map_err(|e| invalid(e.to_string()))
-}
-
-/// The URL with its password replaced by `***`.
-pub fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        Ok(u) => u.to_string(),
-        Err(_) => url.to_owned(),
-    }
-}
+pub use crate::address::redact;
 
 impl RedisBackend {
     /// Connects to the Redis server at `url`, checks credentials and loads the scripts.
@@ -161,8 +45,15 @@ impl RedisBackend {
     /// Cancel safe: dropping the future drops the half-made connection and leaves nothing
     /// behind on the server (scripts loaded are harmless).
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
-        let (driver_url, endpoint, extras) = parse_url(url)?;
-        if let Some((_, wait)) = extras.wait_replicas {
+        let address::Address {
+            conn,
+            driver_url,
+            endpoint,
+            namespace,
+            wait_replicas,
+            ca_file,
+        } = address::parse(url)?;
+        if let Some((_, wait)) = wait_replicas {
             // WAIT blocks for up to `wait_timeout` on a connection whose replies are bounded by
             // the operation timeout: a longer wait would be cut off and the grant retried.
             if wait >= opts.get_op_timeout() {
@@ -173,7 +64,7 @@ impl RedisBackend {
                 )));
             }
         }
-        let client = open_client(url, &driver_url, extras.ca_file.as_deref())?;
+        let client = address::open_client(&conn, &driver_url, ca_file.as_deref())?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.get_connect_timeout()))
             .set_response_timeout(Some(opts.get_op_timeout()))
@@ -199,14 +90,9 @@ impl RedisBackend {
             .await
             .map_err(|e| map(&endpoint, e))?;
         check_eviction(&mut con, &endpoint).await;
-        let namespace = extras
-            .namespace
-            .unwrap_or_else(|| opts.get_namespace().to_owned());
+        let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
         if namespace.is_empty() || namespace.contains(['{', '}']) {
-            return Err(Error::InvalidUrl {
-                url: redact(url),
-                reason: "namespace must be non-empty and free of `{` and `}`".into(),
-            });
+            return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
         }
         Ok(RedisBackend {
             con,
@@ -217,11 +103,11 @@ impl RedisBackend {
                 opts.get_connect_timeout(),
                 // A handoff is written by the releasing client's connection: with replicas to
                 // wait for, the waiter confirms it with its own attempt (and WAIT) first.
-                extras.wait_replicas.is_some(),
+                wait_replicas.is_some(),
             ),
             endpoint,
             namespace,
-            wait_replicas: extras.wait_replicas,
+            wait_replicas,
         })
     }
 
@@ -780,37 +666,5 @@ impl Backend for RedisBackend {
 
     async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
         ops::diagnose(self).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls() {
-        let (u, ep, x) = parse_url("redis://127.0.0.1:7000/2?namespace=shop").unwrap();
-        assert_eq!(u, "redis://127.0.0.1:7000/2");
-        assert_eq!(ep, "127.0.0.1:7000");
-        assert_eq!(x.namespace.as_deref(), Some("shop"));
-        let (_, ep, _) = parse_url("redis://h").unwrap();
-        assert_eq!(ep, "h:6379");
-        let (_, _, x) = parse_url("redis://h?wait_replicas=1&wait_timeout=50ms").unwrap();
-        assert_eq!(x.wait_replicas, Some((1, Duration::from_millis(50))));
-        for bad in [
-            "redis://",
-            "http://h:1",
-            "redis://h/x",
-            "redis://h?nope=1",
-            "redis://h?ca_file=/x",
-            "redis://h?wait_replicas=x",
-            "not a url",
-        ] {
-            assert!(parse_url(bad).is_err(), "{bad}");
-        }
-        assert_eq!(parse_url("rediss://h").is_ok(), cfg!(feature = "tls"));
-        let e = parse_url("redis://u:secret@h/x").unwrap_err().to_string();
-        assert!(!e.contains("secret"), "{e}");
-        assert_eq!(redact("redis://u:secret@h:1"), "redis://u:***@h:1");
     }
 }

@@ -1,5 +1,6 @@
 //! The `redlock://` URL.
 
+use distlock_core::conn::{scheme_of, ConnectionString, Host};
 use distlock_core::{ClientOptions, Error, Result};
 use std::time::Duration;
 
@@ -29,108 +30,57 @@ pub(crate) struct Config {
     pub(crate) check_interval: Duration,
 }
 
-/// The URL with any password replaced by `***`.
+/// The URL with any password (and any secret parameter) replaced by `***`.
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = match userinfo.split_once(':') {
-                Some((u, _)) => format!("{u}:***"),
-                None => userinfo.to_owned(),
-            };
-            format!("{scheme}://{user}@{hosts}{tail}")
-        }
-        None => url.to_owned(),
-    }
+    distlock_core::conn::redact(url)
 }
 
 pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
-    let redacted = redact(url);
-    let bad = |reason: String| Error::InvalidUrl {
-        url: redacted.clone(),
-        reason,
-    };
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-        bad("no scheme; write redlock://host1:port1,host2:port2,host3:port3".into())
-    })?;
-    let node_scheme = match scheme {
+    if scheme_of(url).is_none() {
+        return Err(Error::invalid_url(
+            redact(url),
+            "no scheme; write redlock://host1:port1,host2:port2,host3:port3",
+        ));
+    }
+    let cs = ConnectionString::parse(url)?;
+    let node_scheme = match cs.scheme() {
         "redlock" => "redis",
         // Each node is reached with rediss://; distlock-redis says so if TLS is not built in.
         "redlocks" => "rediss",
         other => {
-            return Err(bad(format!(
-                "scheme `{other}` is not redlock:// or redlocks://"
-            )))
+            return Err(cs.invalid(format!("scheme `{other}` is not redlock:// or redlocks://")))
         }
     };
-    let (main, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match main.find('/') {
-        Some(i) => (&main[..i], &main[i + 1..]),
-        None => (main, ""),
-    };
-    if !path.is_empty() && path.parse::<u32>().is_err() {
-        return Err(bad(format!(
-            "`/{path}` is not a database number; write redlock://h1:p1,h2:p2,h3:p3/0"
+    let path = cs.path()?;
+    let db = path.trim_start_matches('/');
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(cs.invalid(format!(
+            "`/{db}` is not a database number; write redlock://h1:p1,h2:p2,h3:p3/0"
         )));
     }
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
     let mut endpoints: Vec<String> = Vec::new();
-    for h in hosts.split(',') {
-        let h = h.trim();
-        if h.is_empty() {
-            return Err(bad(
-                "an empty node in the list; write redlock://host1:port1,host2:port2,host3:port3"
-                    .into(),
-            ));
-        }
-        let has_port = match h.rfind(']') {
-            Some(close) => h[close..].contains(':'),
-            None => h.contains(':'),
-        };
-        let ep = if has_port {
-            h.to_owned()
-        } else {
-            format!("{h}:6379")
-        };
+    for h in cs.hosts() {
+        let ep = h.endpoint(6379);
         if endpoints.contains(&ep) {
-            return Err(bad(format!(
+            return Err(cs.invalid(format!(
                 "node `{ep}` is listed twice; Redlock needs independent nodes"
             )));
         }
         endpoints.push(ep);
     }
     if endpoints.len() < MIN_NODES {
-        return Err(bad(format!(
+        return Err(cs.invalid(format!(
             "Redlock needs at least {MIN_NODES} independent Redis nodes (an odd number such as 3 or 5 is best); \
              {} given. For one server use redis://",
             endpoints.len()
         )));
     }
-
-    let mut node_timeout = None;
-    let mut quarantine = None;
-    let mut check_interval = DEFAULT_CHECK_INTERVAL;
-    let mut pass = Vec::new();
-    let duration = |k: &str, v: &str| {
-        distlock_core::parse_duration(v).map_err(|e| bad(format!("{k}=`{v}`: {e}")))
-    };
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "node_timeout" => node_timeout = Some(duration(k, v)?),
-            "quarantine" => quarantine = Some(duration(k, v)?),
-            "check_interval" => check_interval = duration(k, v)?,
-            "namespace" | "protocol" => pass.push(pair),
-            "ca_file" if node_scheme == "rediss" => pass.push(pair),
+    for (k, _) in cs.params() {
+        match k.as_str() {
+            "node_timeout" | "quarantine" | "check_interval" | "namespace" | "protocol" => {}
+            "ca_file" if node_scheme == "rediss" => {}
             other => {
-                return Err(bad(format!(
+                return Err(cs.invalid(format!(
                     "unknown parameter `{other}` (known: namespace, node_timeout, quarantine, \
                      check_interval, protocol; ca_file with redlocks://)"
                 )))
@@ -139,15 +89,13 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
     }
 
     let lease = opts.get_watchdog_lease();
-    let node_timeout = match node_timeout {
+    let node_timeout = match cs.duration("node_timeout")? {
         None => DEFAULT_NODE_TIMEOUT.min(lease / 10),
         Some(t) if t.is_zero() => {
-            return Err(bad(
-                "node_timeout=0 would never wait for a node; give e.g. 50ms".into(),
-            ))
+            return Err(cs.invalid("node_timeout=0 would never wait for a node; give e.g. 50ms"))
         }
         Some(t) if t > lease / 3 => {
-            return Err(bad(format!(
+            return Err(cs.invalid(format!(
                 "node_timeout={t:?} is not far below the watchdog lease {lease:?}: renewals run \
                  every lease/3, and a grant is valid only for lease - time spent; use at most {:?}",
                 lease / 3
@@ -155,35 +103,35 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
         }
         Some(t) => t,
     };
+    let quarantine = cs.duration("quarantine")?;
     if let Some(q) = quarantine {
         if q > distlock_core::MAX_LEASE {
-            return Err(bad(format!(
+            return Err(cs.invalid(format!(
                 "quarantine={q:?} is longer than the 30-day lease limit"
             )));
         }
     }
+    let check_interval = cs
+        .duration("check_interval")?
+        .unwrap_or(DEFAULT_CHECK_INTERVAL);
     if check_interval < Duration::from_millis(10) || check_interval > Duration::from_secs(60) {
-        return Err(bad(format!(
+        return Err(cs.invalid(format!(
             "check_interval={check_interval:?} must be between 10ms and 60s"
         )));
     }
 
-    let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-    let path = if path.is_empty() {
-        String::new()
-    } else {
-        format!("/{path}")
-    };
-    let query = if pass.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", pass.join("&"))
-    };
-    let nodes = endpoints
-        .into_iter()
-        .map(|ep| NodeAddr {
-            url: format!("{node_scheme}://{user}{ep}{path}{query}"),
-            endpoint: ep,
+    let nodes = cs
+        .hosts()
+        .iter()
+        .map(|h| {
+            let mut node = cs.clone();
+            node.set_scheme(node_scheme);
+            node.set_hosts(vec![Host::new(h.host.clone(), Some(h.port_or(6379)))]);
+            node.retain_params(|k, _| matches!(k, "namespace" | "protocol" | "ca_file"));
+            NodeAddr {
+                url: node.expose_url().to_owned(),
+                endpoint: h.endpoint(6379),
+            }
         })
         .collect();
     Ok(Config {
@@ -230,7 +178,8 @@ mod tests {
             &opts(),
         )
         .unwrap();
-        assert_eq!(c.nodes[0].url, "rediss://[::1]:7000/3?ca_file=/x");
+        // Parameters are passed on percent-encoded (redis:// reads them decoded: `/x`).
+        assert_eq!(c.nodes[0].url, "rediss://[::1]:7000/3?ca_file=%2Fx");
         assert_eq!(c.nodes[2].endpoint, "[::1]:6379");
         assert_eq!(c.node_timeout, DEFAULT_NODE_TIMEOUT);
         assert_eq!(c.quarantine, None);

@@ -1,0 +1,157 @@
+//! The `redis://` URL, read with the core's [`ConnectionString`]: what redis-rs should see,
+//! the endpoint for messages, and the settings that are ours.
+
+use distlock_core::conn::ConnectionString;
+use distlock_core::{Error, Result};
+use std::time::Duration;
+
+/// Everything the URL says.
+#[derive(Debug)]
+pub(crate) struct Address {
+    /// The URL as parsed, for errors (they show it redacted).
+    pub(crate) conn: ConnectionString,
+    /// The URL for redis-rs: our parameters taken out.
+    pub(crate) driver_url: String,
+    /// `host:port`, for messages.
+    pub(crate) endpoint: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) wait_replicas: Option<(u32, Duration)>,
+    pub(crate) ca_file: Option<String>,
+}
+
+/// How long a grant waits for its replicas when the URL does not say.
+const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// The URL with its password (and any secret parameter) replaced by `***`.
+pub fn redact(url: &str) -> String {
+    distlock_core::conn::redact(url)
+}
+
+pub(crate) fn parse(url: &str) -> Result<Address> {
+    let cs = ConnectionString::parse(url)?;
+    let tls = match cs.scheme() {
+        "redis" => false,
+        "rediss" if cfg!(feature = "tls") => true,
+        "rediss" => {
+            return Err(cs.invalid(
+                "rediss:// (TLS) needs distlock built with the `tls` feature (distlock = { features = [\"tls\"] })",
+            ))
+        }
+        s => return Err(cs.invalid(format!("scheme `{s}` is not redis://"))),
+    };
+    let endpoint = match cs.hosts() {
+        [host] if !host.host.is_empty() => host.endpoint(6379),
+        [] | [_] => return Err(cs.invalid("no host; write redis://host:port")),
+        _ => {
+            return Err(cs.invalid(
+                "more than one host; write redis://host:port (several independent masters are redlock://)",
+            ))
+        }
+    };
+    let path = cs.path()?;
+    let db = path.trim_start_matches('/');
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(cs.invalid(format!(
+            "`/{db}` is not a database number; write redis://host:port/0"
+        )));
+    }
+    for (k, _) in cs.params() {
+        match k.as_str() {
+            "namespace" | "wait_replicas" | "wait_timeout" | "protocol" => {}
+            "ca_file" if tls => {}
+            other => {
+                return Err(cs.invalid(format!(
+                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol; ca_file with rediss://)"
+                )))
+            }
+        }
+    }
+    let replicas = cs.parse_param("wait_replicas", "a number of replicas", |v| {
+        v.parse::<u32>().ok()
+    })?;
+    let wait_timeout = cs.duration("wait_timeout")?.unwrap_or(DEFAULT_WAIT_TIMEOUT);
+    let wait_replicas = match replicas.filter(|n| *n > 0) {
+        Some(_) if wait_timeout.is_zero() => {
+            return Err(cs.invalid("wait_timeout=0 would wait forever; give a bound such as 200ms"))
+        }
+        Some(n) => Some((n, wait_timeout)),
+        None => None,
+    };
+    let mut driver = cs.clone();
+    driver.retain_params(|k, _| k == "protocol");
+    Ok(Address {
+        driver_url: driver.expose_url().to_owned(),
+        endpoint,
+        namespace: cs.param("namespace").map(str::to_owned),
+        wait_replicas,
+        ca_file: cs.param("ca_file").map(str::to_owned),
+        conn: cs,
+    })
+}
+
+/// The redis-rs client for `driver_url` (with TLS, trusting `ca_file` too).
+pub(crate) fn open_client(
+    cs: &ConnectionString,
+    driver_url: &str,
+    ca_file: Option<&str>,
+) -> Result<redis::Client> {
+    let invalid = |reason: String| -> Error { cs.scrub_error(cs.invalid(reason)) };
+    #[cfg(feature = "tls")]
+    if driver_url.starts_with("rediss:") {
+        // Several rustls providers may be compiled in; pick ring unless the program chose.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root_cert = match ca_file {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| invalid(format!("cannot read the CA file `{path}`: {e}")))?,
+            ),
+            None => None,
+        };
+        return redis::Client::build_with_tls(
+            driver_url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert,
+            },
+        )
+        .map_err(|e| invalid(e.to_string()));
+    }
+    let _ = ca_file;
+    redis::Client::open(driver_url).map_err(|e| invalid(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let a = parse("redis://127.0.0.1:7000/2?namespace=shop").unwrap();
+        assert_eq!(a.driver_url, "redis://127.0.0.1:7000/2");
+        assert_eq!(a.endpoint, "127.0.0.1:7000");
+        assert_eq!(a.namespace.as_deref(), Some("shop"));
+        assert_eq!(parse("redis://h").unwrap().endpoint, "h:6379");
+        assert_eq!(parse("redis://[::1]:7").unwrap().endpoint, "[::1]:7");
+        let a = parse("redis://h?wait_replicas=1&wait_timeout=50ms").unwrap();
+        assert_eq!(a.wait_replicas, Some((1, Duration::from_millis(50))));
+        let a = parse("redis://u:p%40ss@h:1/0?protocol=resp3&namespace=x").unwrap();
+        assert_eq!(a.driver_url, "redis://u:p%40ss@h:1/0?protocol=resp3");
+        for bad in [
+            "redis://",
+            "http://h:1",
+            "redis://h/x",
+            "redis://h?nope=1",
+            "redis://h?ca_file=/x",
+            "redis://h?wait_replicas=x",
+            "redis://h?wait_replicas=1&wait_timeout=0s",
+            "redis://a:1,b:2",
+            "not a url",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse("rediss://h").is_ok(), cfg!(feature = "tls"));
+        let e = parse("redis://u:secret@h/x").unwrap_err().to_string();
+        assert!(!e.contains("secret"), "{e}");
+        assert_eq!(redact("redis://u:secret@h:1"), "redis://u:***@h:1");
+    }
+}
