@@ -1,6 +1,7 @@
 //! What both modes share: connections (a small pool of idle ones), the schema, lock keys.
 
 use crate::error::{conn_dead, map, timeout, KIND};
+use distlock_core::backend::Capabilities;
 use distlock_core::{LockKind, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
@@ -315,13 +316,13 @@ pub fn lock_key(namespace: &str, name: &str) -> String {
 }
 
 /// Both modes do mutexes only (`GET_LOCK` has no shared mode; the lock rows follow it).
+pub(crate) fn capabilities() -> Capabilities {
+    Capabilities::kinds(&[LockKind::Mutex]).note("MySQL/MariaDB do mutexes only")
+}
+
+/// `Ok` for the kinds of [`capabilities`]; the standard `Unsupported` error otherwise.
 pub(crate) fn check_kind(kind: LockKind) -> Result<()> {
-    distlock_sql::check_kind(
-        KIND,
-        kind,
-        &[LockKind::Mutex],
-        " (MySQL/MariaDB do mutexes only)",
-    )
+    capabilities().check(KIND, kind)
 }
 
 /// `wait_timeout` (whole seconds, rounded up, 1 s to 365 days) for a lease of `d`, plus its

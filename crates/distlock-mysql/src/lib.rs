@@ -1,29 +1,4 @@
-//! MySQL / MariaDB backend for dlock.
-//!
-//! Two modes, chosen with `?mode=` in the URL:
-//!
-//! - **`session`** (default): `GET_LOCK` / `RELEASE_LOCK` on a **dedicated connection per
-//!   holder**. The lock lives as long as that connection, so a crashed client's lock is freed
-//!   by the server as soon as its connection closes. The lease is enforced server-side as the
-//!   connection's `wait_timeout` (lease plus a grace of half of it, at most 5 s, rounded up to
-//!   whole seconds): a holder that stops renewing is disconnected, and loses the lock, then. Waiting is server-side
-//!   (`GET_LOCK(name, seconds left)`, stopped with `KILL QUERY`): no polling. A lost lock is
-//!   noticed at the holder's next renewal (the driver cannot watch an idle connection).
-//! - **`table`**: a lock row per name (owner, count, token, lease end by the server clock)
-//!   changed in short row-locking transactions. Rows replicate, so this works on Galera /
-//!   MariaDB Cluster and multi-primary setups where `GET_LOCK` is per node. Waiters wake at
-//!   the holder's lease end or their heartbeat (MySQL has no notifications).
-//!
-//! Both are mutexes only: `GET_LOCK` has no shared mode, so read-write locks return
-//! [`Error::Unsupported`](distlock_core::Error::Unsupported). Names map to `GET_LOCK` names with a documented, stable hash
-//! ([`lock_key`]): `dlock:` + 32 hex digits (the server's limit is 64 characters and names are
-//! case-insensitive there; lowercase hex makes that harmless). Fencing tokens are a counter
-//! row per name (`LAST_INSERT_ID(token + 1)`), bumped on each fresh grant while the lock is
-//! held; they survive restarts.
-//!
-//! URL: `mysql://user:password@host:port/database[?mode=session|table&namespace=NS]` plus
-//! mysql_async's connection parameters (`socket`, `tcp_keepalive`, `compression`, …). TLS
-//! is not built in. See `docs/mysql.md`.
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 mod common;
@@ -36,6 +11,7 @@ pub use common::lock_key;
 
 use crate::common::Common;
 use crate::error::KIND;
+use distlock_core::conn::ConnectionString;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, GrantRef, Granted, LockInfo,
     LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result, Wake,
@@ -46,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 /// How locks are kept on the server (`?mode=` in the URL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Mode {
     /// `GET_LOCK` on a dedicated connection per holder (the default).
     Session,
@@ -65,7 +42,7 @@ impl Mode {
 
 /// The URL with its password (in the user info or a `password=` parameter) replaced by `***`.
 pub fn redact(url: &str) -> String {
-    distlock_sql::url::redact(url)
+    distlock_core::conn::redact(url)
 }
 
 #[derive(Debug)]
@@ -77,30 +54,26 @@ struct Parsed {
 }
 
 fn parse_url(url: &str) -> Result<Parsed> {
-    let bad = |reason: &str| distlock_sql::url::invalid(url, reason);
-    let (mut u, params) = distlock_sql::url::parse(
-        url,
-        &["mysql"],
+    let cs = ConnectionString::parse(url)?;
+    if cs.scheme() != "mysql" {
+        return Err(cs.invalid(format!("scheme `{}` is not mysql://", cs.scheme())));
+    }
+    if cs.hosts().is_empty() {
+        return Err(cs.invalid("no host; write mysql://user:password@host:port/database"));
+    }
+    if cs.user().is_none_or(str::is_empty) {
+        return Err(cs.invalid("no user; write mysql://user:password@host:port/database"));
+    }
+    let distlock_sql::url::Params {
+        mode, namespace, ..
+    } = distlock_sql::url::params(
+        &cs,
         &[("session", Mode::Session), ("table", Mode::Table)],
         "mode=session (GET_LOCK, the default) or mode=table (lock rows, for clusters)",
     )?;
-    if u.host_str().is_none_or(str::is_empty) {
-        return Err(bad(
-            "no host; write mysql://user:password@host:port/database",
-        ));
-    }
-    if u.username().is_empty() {
-        return Err(bad(
-            "no user; write mysql://user:password@host:port/database",
-        ));
-    }
-    let (mode, namespace) = (params.mode, params.namespace);
-    let prefer_socket = params
-        .rest
-        .iter()
-        .any(|(k, v)| k == "prefer_socket" && v == "true");
-    u.set_query(distlock_sql::url::query(&params.rest).as_deref());
-    let opts = mysql_async::Opts::from_url(u.as_str()).map_err(|e| bad(&e.to_string()))?;
+    let prefer_socket = cs.bool("prefer_socket")?.unwrap_or(false);
+    let driver = distlock_sql::url::driver_url(&cs, &["mode", "namespace"]);
+    let opts = mysql_async::Opts::from_url(&driver).map_err(|e| cs.invalid(e.to_string()))?;
     let endpoint = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
     let opts: mysql_async::Opts = mysql_async::OptsBuilder::from_opts(opts)
         .prefer_socket(prefer_socket)
@@ -128,7 +101,17 @@ pub struct MysqlBackend {
 
 impl MysqlBackend {
     /// Connects to the server at `url`, checks the credentials and creates dlock's tables if
-    /// they are missing.
+    /// they are missing (table mode: adds the columns an older table lacks).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`](distlock_core::Error::InvalidUrl) (the URL redacted) for a URL
+    /// this backend cannot use; `Connection` when the server cannot be reached within the
+    /// connect timeout; `Auth` for refused credentials or missing privileges;
+    /// `UnexpectedReply` when creating the tables fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future closes the connections it opened; `CREATE TABLE IF
+    /// NOT EXISTS` runs again on the next connect.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         let p = parse_url(url)?;
         let namespace = p
@@ -170,6 +153,13 @@ impl MysqlBackend {
     /// Session mode: the connection id holding `name` for `owner` in this client
     /// (`KILL id` revokes that lock at once). `None` in table mode, or if this client holds
     /// no grant of `name` for `owner`.
+    ///
+    /// # Errors
+    /// None: `None` when no grant matches.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads this client's state (waiting at most the op timeout for a
+    /// request of the attempt that is running).
     pub async fn holder_connection(&self, name: &str, owner: &str) -> Option<u32> {
         match &self.inner {
             Inner::Session(s) => s.holder_connection(name, owner).await,
@@ -193,6 +183,10 @@ impl ReleaseWatch for NoWatch {
 impl Backend for MysqlBackend {
     fn kind(&self) -> &'static str {
         KIND
+    }
+
+    fn capabilities(&self) -> distlock_core::backend::Capabilities {
+        common::capabilities()
     }
 
     fn endpoint(&self) -> String {

@@ -30,12 +30,14 @@ use crate::common::{
     close, col, last_row, lock_key, query_sets, sql_str, wait_timeout_secs, Call, Common,
 };
 use crate::error::{conn_dead, shape, timeout, KIND};
+use distlock_core::backend::Capabilities;
+use distlock_core::backend::Deadline;
 use distlock_core::clock;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, AttemptId, Backend, Error, GrantRef, Granted,
     HolderInfo, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
 };
-use distlock_sql::lease::{micros, sleep_until, wait_millis, SAFETY_NET};
+use distlock_sql::lease::{micros, wait_millis, SAFETY_NET};
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, Sessions};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
@@ -97,9 +99,6 @@ struct MyDialect {
     /// Grants this client released recently (attempt, token, when).
     released: StdMutex<VecDeque<(AttemptId, u64, Instant)>>,
 }
-
-/// `GET_LOCK` has no shared mode: mutexes only.
-const KINDS: &[LockKind] = &[LockKind::Mutex];
 
 /// How a server-side wait ended.
 enum WaitEnd {
@@ -436,7 +435,7 @@ impl MyDialect {
                 biased;
                 _ = cancel.cancelled() => None,
                 r = &mut wait => Some(r),
-                _ = sleep_until(net) => None,
+                _ = Deadline::from(net).reached() => None,
             };
             match done {
                 // Granted as the caller went away: give it straight back.
@@ -539,13 +538,8 @@ impl Dialect for MyDialect {
         KIND
     }
 
-    fn check_kind(&self, kind: LockKind) -> Result<()> {
-        distlock_sql::check_kind(
-            KIND,
-            kind,
-            KINDS,
-            " (GET_LOCK has no shared mode; MySQL/MariaDB do mutexes only)",
-        )
+    fn capabilities(&self) -> Capabilities {
+        crate::common::capabilities()
     }
 
     /// Every request runs to its end in a task of its own (see the module docs); the caller
@@ -662,8 +656,8 @@ impl SessionMode {
     }
 
     pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        self.engine.check_kind(kind)?;
         let d = self.engine.dialect();
-        d.check_kind(kind)?;
         let lk = d.lk(name);
         let (rows, token) = d
             .common

@@ -33,18 +33,7 @@ use mysql_async::Row;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) const DDL: &[&str] = &["CREATE TABLE IF NOT EXISTS dlock_table_locks (
-        lock_key CHAR(38) CHARACTER SET ascii NOT NULL PRIMARY KEY,
-        ns VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-        name TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-        owner VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
-        count INT UNSIGNED NOT NULL,
-        token BIGINT UNSIGNED NOT NULL,
-        acquired_at DATETIME(6) NULL,
-        expires_at DATETIME(6) NOT NULL,
-        attempt VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL,
-        last_released VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL
-    ) ENGINE=InnoDB"];
+pub(crate) const DDL: &[&str] = &[include_str!("../sql/table_schema.sql")];
 
 /// Columns added since the table's first version (made by older dlock versions without them).
 const ADDED_COLUMNS: &[(&str, &str)] = &[

@@ -15,6 +15,7 @@
 
 use crate::common::{channel, lock_key, Common};
 use crate::error::{shape, KIND};
+use distlock_core::backend::Capabilities;
 use distlock_core::{
     AcquireReply, AcquireRequest, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
@@ -25,20 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::Type;
 
-pub(crate) const DDL: &str = "
-CREATE SEQUENCE IF NOT EXISTS dlock_fence_seq;
-CREATE TABLE IF NOT EXISTS dlock_leases (
-    ns text NOT NULL,
-    name text NOT NULL,
-    owner text,
-    attempt text,
-    token bigint NOT NULL,
-    acquired_at timestamptz,
-    expires_at timestamptz NOT NULL,
-    PRIMARY KEY (ns, name)
-);
-ALTER TABLE dlock_leases ADD COLUMN IF NOT EXISTS attempt text;
-ALTER TABLE dlock_leases DROP COLUMN IF EXISTS count;";
+pub(crate) const DDL: &str = include_str!("../sql/lease_schema.sql");
 
 pub(crate) const TABLES: &[&str] = &["dlock_fence_seq", "dlock_leases"];
 
@@ -55,77 +43,33 @@ pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_leases", "attempt")];
 /// later value (tokens would go backwards). `VALUES`' token is only used for a name's first
 /// row.
 /// $1 ns, $2 name, $3 owner, $4 attempt, $5 lease ms.
-const ACQUIRE: &str = "
-WITH up AS (
-    INSERT INTO dlock_leases AS l (ns, name, owner, attempt, token, acquired_at, expires_at)
-    VALUES ($1, $2, $3, $4, nextval('dlock_fence_seq'), now(),
-            now() + $5 * interval '1 millisecond')
-    ON CONFLICT (ns, name) DO UPDATE SET
-        owner = EXCLUDED.owner,
-        attempt = EXCLUDED.attempt,
-        token = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
-                          AND l.expires_at > now()
-                     THEN l.token ELSE nextval('dlock_fence_seq') END,
-        acquired_at = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
-                          AND l.expires_at > now()
-                     THEN l.acquired_at ELSE now() END,
-        expires_at = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
-                          AND l.expires_at > now()
-                     THEN GREATEST(l.expires_at, EXCLUDED.expires_at) ELSE EXCLUDED.expires_at END
-    WHERE l.attempt IS NULL OR l.owner IS NULL OR l.expires_at <= now()
-       OR l.attempt = EXCLUDED.attempt
-    RETURNING l.token
-)
-SELECT (SELECT token FROM up),
-       (SELECT (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::float8
-        FROM dlock_leases WHERE ns = $1 AND name = $2 AND attempt IS NOT NULL
-                                AND owner IS NOT NULL)";
+const ACQUIRE: &str = include_str!("../sql/lease_acquire.sql");
 
 /// Releases the grant of attempt $3 with token $4 (any token of that attempt when $4 is
 /// NULL: a give-up, which does not know the token) and wakes waiters (the notification is
 /// delivered when the statement commits). The second column tells, when nothing matched,
 /// whether another grant holds the lock now (read from the statement's snapshot, which is
 /// from before the update). $1 ns, $2 name, $3 attempt, $4 token, $5 channel.
-const RELEASE: &str = "
-WITH u AS (
-    UPDATE dlock_leases SET owner = NULL, attempt = NULL, acquired_at = NULL, expires_at = 'epoch'
-    WHERE ns = $1 AND name = $2 AND attempt = $3 AND ($4::bigint IS NULL OR token = $4)
-      AND owner IS NOT NULL AND expires_at > now()
-    RETURNING 1
-), n AS (
-    SELECT pg_notify($5, '') FROM u
-)
-SELECT (SELECT count(*) FROM u) > 0,
-       (SELECT attempt IS NOT NULL AND owner IS NOT NULL AND expires_at > now()
-               AND NOT (attempt = $3 AND ($4::bigint IS NULL OR token = $4))
-        FROM dlock_leases WHERE ns = $1 AND name = $2),
-       (SELECT count(*) FROM n)";
+const RELEASE: &str = include_str!("../sql/lease_release.sql");
 
 /// Renews many grants at once, each to at least its lease from now (never shortening).
 /// $1 ns, $2 names, $3 attempts, $4 tokens, $5 leases (ms).
-const RENEW: &str = "
-UPDATE dlock_leases l
-SET expires_at = GREATEST(l.expires_at, now() + v.ms * interval '1 millisecond')
-FROM unnest($2::text[], $3::text[], $4::bigint[], $5::float8[]) AS v(name, attempt, token, ms)
-WHERE l.ns = $1 AND l.name = v.name AND l.attempt = v.attempt AND l.token = v.token
-  AND l.owner IS NOT NULL AND l.expires_at > now()
-RETURNING l.name, l.attempt, l.token";
+const RENEW: &str = include_str!("../sql/lease_renew.sql");
 
-const INSPECT: &str = "
-SELECT owner, attempt IS NOT NULL AND owner IS NOT NULL, token, (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::float8
-FROM dlock_leases WHERE ns = $1 AND name = $2";
+const INSPECT: &str = include_str!("../sql/lease_inspect.sql");
 
 pub(crate) struct LeaseMode {
     common: Arc<Common>,
 }
 
+/// Lease mode does mutexes only.
+pub(crate) fn capabilities() -> Capabilities {
+    Capabilities::kinds(&[LockKind::Mutex])
+        .note("lease mode does mutexes only; use the default session mode for read-write locks")
+}
+
 fn check_kind(kind: LockKind) -> Result<()> {
-    distlock_sql::check_kind(
-        KIND,
-        kind,
-        &[LockKind::Mutex],
-        " in lease mode (use the default session mode for read-write locks)",
-    )
+    capabilities().check(KIND, kind)
 }
 
 impl LeaseMode {

@@ -1,39 +1,4 @@
-//! PostgreSQL backend for dlock.
-//!
-//! Two modes, chosen with `?mode=` in the URL:
-//!
-//! - **`session`** (default): PostgreSQL session-level advisory locks
-//!   (`pg_try_advisory_lock` / `pg_advisory_lock`, `…_shared` for the read side of a
-//!   read-write lock). Every grant gets a **dedicated connection**; the lock lives exactly as
-//!   long as that session, so a crashed client's lock is freed by the server the moment its
-//!   connection closes, and the guard's lost signal fires (`LostReason::SessionEnded`) as soon
-//!   as the connection drops. The lease is enforced server-side as the session's
-//!   `idle_session_timeout` (PostgreSQL 14+): renewals are queries on the holder's session,
-//!   a holder that stops renewing loses its session and lock at lease end (plus a grace of
-//!   half the lease, at most 5 s; its lost signal fires at the lease end itself). Waiting is
-//!   server-side: a blocking `pg_advisory_lock` bounded by `lock_timeout`, cancelled with a
-//!   CancelRequest — no polling, and waiters are served in arrival order.
-//! - **`lease`**: a lease table (`dlock_leases`), one autocommit statement per operation and
-//!   no session state, so it works behind PgBouncer in transaction-pooling mode. Expiry uses
-//!   the server's clock. Waiters wake on `LISTEN/NOTIFY` (turn off with `listen=off` behind a
-//!   pooler that drops notifications; waiters then wake at their heartbeat). Mutex only.
-//!
-//! Both modes address every grant by the core's attempt id and its fencing token: a retried
-//! acquire of the attempt that holds the lock returns the same token and never shortens the
-//! lease, renewals never shorten it either, and releases and give-ups touch only the grant they
-//! name, so a request retried after a lost or late reply has the effect of one. Re-entrant
-//! guards are counted in the client; the server sees one grant per hold.
-//!
-//! Names map to advisory keys with a documented, stable hash ([`lock_key`]); a collision of
-//! two names on one key can only make one wait for the other, never let both in. Fencing
-//! tokens come from the sequence `dlock_fence_seq`: strictly increasing per name, and they
-//! survive restarts.
-//!
-//! URL: `postgres://user:password@host:port/db[?mode=session|lease&namespace=NS&listen=on|off]`
-//! plus any connection parameter tokio-postgres understands (`application_name`, `options`,
-//! `connect_timeout`, `keepalives_idle`, `host=/run/postgresql` for a unix socket, …).
-//! TLS is not built in: `sslmode=require` and stricter are refused (use `disable`/`prefer`,
-//! or a local TLS tunnel). See `docs/postgres.md`.
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 mod common;
@@ -47,6 +12,7 @@ pub use common::{channel, lock_key};
 
 use crate::common::Common;
 use crate::error::KIND;
+use distlock_core::conn::ConnectionString;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, GrantRef, Granted, LockInfo,
     LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
@@ -58,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 /// How locks are kept on the server (`?mode=` in the URL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Mode {
     /// Session advisory locks on a dedicated connection per holder (the default).
     Session,
@@ -87,50 +54,44 @@ struct Parsed {
 
 /// The URL with its password (in the user info or a `password=` parameter) replaced by `***`.
 pub fn redact(url: &str) -> String {
-    distlock_sql::url::redact(url)
+    distlock_core::conn::redact(url)
 }
 
 fn parse_url(url: &str) -> Result<Parsed> {
-    let bad = |reason: String| distlock_sql::url::invalid(url, reason);
-    let (mut u, params) = distlock_sql::url::parse(
-        url,
-        &["postgres", "postgresql"],
+    let cs = ConnectionString::parse(url)?;
+    let bad = |reason: &str| cs.invalid(reason);
+    if !matches!(cs.scheme(), "postgres" | "postgresql") {
+        return Err(cs.invalid(format!(
+            "scheme `{}` is not postgres:// or postgresql://",
+            cs.scheme()
+        )));
+    }
+    let distlock_sql::url::Params {
+        mode, namespace, ..
+    } = distlock_sql::url::params(
+        &cs,
         &[("session", Mode::Session), ("lease", Mode::Lease)],
         "mode=session (advisory locks, the default) or mode=lease (lease table, for PgBouncer)",
     )?;
-    let (mode, namespace) = (params.mode, params.namespace);
-    let mut listen = true;
-    let mut keep = Vec::new();
-    for (k, v) in params.rest {
-        match k.as_str() {
-            "listen" => {
-                listen = match v.as_str() {
-                    "on" | "true" | "1" => true,
-                    "off" | "false" | "0" => false,
-                    other => return Err(bad(format!("listen=`{other}`: use on or off"))),
-                }
-            }
-            "sslmode" if !matches!(v.as_str(), "disable" | "prefer" | "allow") => {
-                return Err(bad(format!(
-                    "sslmode={v} needs TLS, which distlock-postgres is built without; use \
-                     sslmode=disable or prefer, or reach the server through a local TLS tunnel"
-                )));
-            }
-            _ => keep.push((k, v)),
+    let listen = cs.bool("listen")?.unwrap_or(true);
+    if let Some(v) = cs.param("sslmode") {
+        if !matches!(v, "disable" | "prefer" | "allow") {
+            return Err(cs.invalid(format!(
+                "sslmode={v} needs TLS, which distlock-postgres is built without; use \
+                 sslmode=disable or prefer, or reach the server through a local TLS tunnel"
+            )));
         }
     }
     if !listen && mode == Mode::Session {
         return Err(bad(
-            "listen=off applies to mode=lease only (session mode waits on the server)".into(),
+            "listen=off applies to mode=lease only (session mode waits on the server)",
         ));
     }
-    // Percent-encoded by hand: `query_pairs_mut` writes a space as `+`, which tokio-postgres
-    // does not decode (`options=-c%20search_path%3Dx` became `-c+search_path`).
-    u.set_query(distlock_sql::url::query(&keep).as_deref());
-    let config = tokio_postgres::Config::from_str(u.as_str()).map_err(|e| bad(e.to_string()))?;
+    let driver = distlock_sql::url::driver_url(&cs, &["mode", "namespace", "listen"]);
+    let config = tokio_postgres::Config::from_str(&driver).map_err(|e| bad(&e.to_string()))?;
     if config.get_user().is_none() {
         return Err(bad(
-            "no user; write postgres://user:password@host:port/database".into(),
+            "no user; write postgres://user:password@host:port/database",
         ));
     }
     let host = match config.get_hosts().first() {
@@ -138,7 +99,7 @@ fn parse_url(url: &str) -> Result<Parsed> {
         Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
         None => {
             return Err(bad(
-                "no host; write postgres://user:password@host:port/database".into(),
+                "no host; write postgres://user:password@host:port/database",
             ))
         }
     };
@@ -167,7 +128,17 @@ pub struct PostgresBackend {
 
 impl PostgresBackend {
     /// Connects to the server at `url`, checks the credentials and creates dlock's tables if
-    /// they are missing.
+    /// they are missing (or migrates those of an older version).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`](distlock_core::Error::InvalidUrl) (the URL redacted) for a URL
+    /// this backend cannot use; `Connection` when the server cannot be reached within the
+    /// connect timeout; `Auth` for refused credentials or missing privileges;
+    /// `UnexpectedReply` when creating the tables fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future closes the connections it opened. A schema creation
+    /// interrupted midway is rolled back by the server (it runs in one transaction).
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         let p = parse_url(url)?;
         let mut config = p.config;
@@ -230,7 +201,15 @@ impl PostgresBackend {
     }
 
     /// Session mode: the backend pid of a connection holding `name` for `owner` in this
-    /// client (of one of its grants, if two clients' attempts share the owner id here). `SELECT pg_terminate_backend(pid)` revokes that lock at once.
+    /// client (of one of its grants, if two clients' attempts share the owner id here).
+    /// `SELECT pg_terminate_backend(pid)` revokes that lock at once. `None` in lease mode.
+    ///
+    /// # Errors
+    /// None: `None` when no live grant matches.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads this client's state (waiting for a request of the attempt
+    /// that is running).
     pub async fn holder_pid(&self, name: &str, owner: &str) -> Option<i32> {
         match &self.inner {
             Inner::Session(s) => s.holder_pid(name, owner).await,
@@ -248,6 +227,12 @@ impl PostgresBackend {
 
     /// Notification channels this client listens on right now (one per lock some caller of
     /// this client waits for through notifications).
+    ///
+    /// # Errors
+    /// None.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads this client's state.
     pub async fn listening_channels(&self) -> usize {
         self.listener.listening().await
     }
@@ -257,6 +242,13 @@ impl PostgresBackend {
 impl Backend for PostgresBackend {
     fn kind(&self) -> &'static str {
         KIND
+    }
+
+    fn capabilities(&self) -> distlock_core::backend::Capabilities {
+        match self.inner {
+            Inner::Session(_) => session::capabilities(),
+            Inner::Lease(_) => lease::capabilities(),
+        }
     }
 
     fn endpoint(&self) -> String {

@@ -2,11 +2,10 @@
 //! retrying server-side wait, and the dialect trait that speaks SQL.
 
 use crate::holds::{Hold, HoldMap, HoldState};
-use crate::lease::{before, sleep_until};
-use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, Error, GrantRef, Granted, LockKind,
-    ReleaseOutcome, RenewOutcome, Result,
+use distlock_core::backend::{
+    AcquireReply, AcquireRequest, Backend, Capabilities, Deadline, GrantRef, Granted,
 };
+use distlock_core::{async_trait, Error, LockKind, ReleaseOutcome, RenewOutcome, Result};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -24,8 +23,9 @@ pub trait Dialect: Send + Sync + 'static {
     /// The backend's name (`postgres`, `mysql`), for messages.
     fn backend(&self) -> &'static str;
 
-    /// `Ok` if this dialect does locks of `kind`; [`Error::Unsupported`] otherwise.
-    fn check_kind(&self, kind: LockKind) -> Result<()>;
+    /// What the dialect does (the kinds it locks): the backend's
+    /// [`Backend::capabilities`], checked again here for callers of the backend itself.
+    fn capabilities(&self) -> Capabilities;
 
     /// `Some(limit)`: every request runs in a task of its own, to its end even when its caller
     /// stops waiting (a driver whose connection breaks when a request is dropped midway), and
@@ -176,6 +176,16 @@ impl<D: Dialect> Sessions<D> {
             .matching(|h| &*h.name == name && &*h.owner == owner)
     }
 
+    /// `Ok` if the dialect does locks of `kind`; the standard [`Error::Unsupported`] otherwise.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a kind the dialect does not do.
+    pub fn check_kind(&self, kind: LockKind) -> Result<()> {
+        self.dialect
+            .capabilities()
+            .check(self.dialect.backend(), kind)
+    }
+
     /// Runs `op` on `hold`: in the caller's task, or detached (see [`Dialect::detached`]).
     async fn run(
         &self,
@@ -219,7 +229,7 @@ impl<D: Dialect> Sessions<D> {
     /// # Cancel safety
     /// Cancel safe: a dropped request leaves the attempt's state for its retry or give-up.
     pub async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.dialect.check_kind(req.key.kind)?;
+        self.check_kind(req.key.kind)?;
         let hold = self.holds.entry(&req.attempt, &req.key);
         match self
             .run(&req.attempt, hold, Op::TryLock(req.clone()))
@@ -246,7 +256,7 @@ impl<D: Dialect> Sessions<D> {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        self.dialect.check_kind(req.key.kind)?;
+        self.check_kind(req.key.kind)?;
         if !self.dialect.waits_on_server(&self.holds, req).await {
             return distlock_core::wait::watch_and_retry(outer, req, deadline, cancel).await;
         }
@@ -261,46 +271,43 @@ impl<D: Dialect> Sessions<D> {
         r
     }
 
+    /// The retrying wait loop of the core, one server-side wait per round.
     async fn wait_loop(
         &self,
         req: &AcquireRequest,
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let mut backoff = distlock_core::backoff::Backoff::default();
-        loop {
-            let hold = self.holds.entry(&req.attempt, &req.key);
-            let mut st = tokio::select! {
-                g = hold.state.lock() => g,
-                _ = cancel.cancelled() => return Ok(None),
-                _ = sleep_until(deadline) => return Ok(None),
-            };
-            let r = self
-                .dialect
-                .wait(&self.holds, &hold, &mut st, req, deadline, cancel)
-                .await;
-            hold.sync(&st);
-            drop(st);
-            self.holds.tidy(&req.attempt, hold);
-            match r {
-                Ok(None) if !cancel.is_cancelled() && before(deadline) => {
-                    // A bounded server-side wait ended before the deadline (its timer a hair
-                    // early, or a round of a wait without one): wait out the rest.
-                }
-                Err(e) if e.is_retryable() => {
-                    // The attempt's state stays with it: the next round resumes on the same
-                    // connection if the failed request may have taken the lock there.
-                    let pause = backoff.next_delay();
-                    tracing::debug!(error = %e, ?pause, backend = self.dialect.backend(), "waiting for a lock failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(pause) => {}
-                        _ = cancel.cancelled() => return Ok(None),
-                        _ = sleep_until(deadline) => return Ok(None),
-                    }
-                }
-                other => return other,
-            }
-        }
+        let d = Deadline::from(deadline);
+        distlock_core::wait::retrying(d, cancel, Default::default(), || {
+            self.wait_round(req, d, cancel)
+        })
+        .await
+    }
+
+    /// One round: the attempt's state locked (while the deadline and `cancel` allow), one
+    /// server-side wait. The attempt's state stays with it after a failure: the next round
+    /// resumes on the same connection if the failed request may have taken the lock there.
+    async fn wait_round(
+        &self,
+        req: &AcquireRequest,
+        d: Deadline,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        let hold = self.holds.entry(&req.attempt, &req.key);
+        let mut st = tokio::select! {
+            g = hold.state.lock() => g,
+            _ = cancel.cancelled() => return Ok(None),
+            _ = d.reached() => return Ok(None),
+        };
+        let r = self
+            .dialect
+            .wait(&self.holds, &hold, &mut st, req, d.into(), cancel)
+            .await;
+        hold.sync(&st);
+        drop(st);
+        self.holds.tidy(&req.attempt, hold);
+        r
     }
 
     /// Releases exactly the grant `grant` names.
@@ -312,7 +319,7 @@ impl<D: Dialect> Sessions<D> {
     /// # Cancel safety
     /// Cancel safe: the attempt's state says what a retry must do.
     pub async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        self.dialect.check_kind(grant.key.kind)?;
+        self.check_kind(grant.key.kind)?;
         let Some(hold) = self.holds.existing(&grant.attempt) else {
             return self.dialect.not_held(grant).await;
         };
@@ -333,7 +340,7 @@ impl<D: Dialect> Sessions<D> {
     /// # Cancel safety
     /// Cancel safe: a dropped give-up can be run again.
     pub async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        self.dialect.check_kind(req.key.kind)?;
+        self.check_kind(req.key.kind)?;
         let Some(hold) = self.holds.existing(&req.attempt) else {
             return Ok(());
         };
@@ -351,7 +358,7 @@ impl<D: Dialect> Sessions<D> {
     /// Cancel safe: a renewal only ever extends a lease.
     pub async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         for (g, _) in holds {
-            self.dialect.check_kind(g.key.kind)?;
+            self.check_kind(g.key.kind)?;
         }
         let all = futures_util::future::join_all(holds.iter().map(|(g, lease)| async move {
             let Some(hold) = self.holds.existing(&g.attempt) else {
@@ -372,21 +379,4 @@ impl<D: Dialect> Sessions<D> {
 
 fn another(what: &str) -> Error {
     Error::Runtime(format!("{what}: the answer of another request"))
-}
-
-/// `Ok` if `kind` is one of `kinds`; otherwise [`Error::Unsupported`] for `backend`, with
-/// `note` (why) after the kind's name.
-pub fn check_kind(
-    backend: &'static str,
-    kind: LockKind,
-    kinds: &[LockKind],
-    note: &str,
-) -> Result<()> {
-    if kinds.contains(&kind) {
-        return Ok(());
-    }
-    Err(Error::unsupported(
-        backend,
-        format!("lock kind {}{note}", kind.as_str()),
-    ))
 }

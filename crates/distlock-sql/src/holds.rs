@@ -17,6 +17,7 @@ pub trait HoldState: Default + Send + 'static {
 }
 
 /// One attempt's entry.
+#[non_exhaustive]
 pub struct Hold<S> {
     /// The lock's name.
     pub name: Arc<str>,

@@ -1,6 +1,6 @@
 //! Lease and deadline arithmetic both dialects share.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long after a lease ends the server ends the holder's connection: half the lease, at
 /// most 5 s. The guard's lost signal fires at the lease end itself; the grace keeps a holder
@@ -40,19 +40,6 @@ pub fn secs_ceil(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// Sleeps until `deadline`; forever without one.
-pub async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// True while `deadline` (if any) has not passed.
-pub fn before(deadline: Option<Instant>) -> bool {
-    deadline.is_none_or(|d| Instant::now() < d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +54,5 @@ mod tests {
         assert_eq!(secs_ceil(Duration::from_millis(1001)), 2);
         assert_eq!(secs_ceil(Duration::from_secs(3)), 3);
         assert_eq!(micros(Duration::MAX), i64::MAX);
-        assert!(before(None));
     }
 }

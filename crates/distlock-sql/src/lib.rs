@@ -8,7 +8,7 @@ pub mod lease;
 mod pool;
 pub mod url;
 
-pub use engine::{check_kind, Dialect, Sessions};
+pub use engine::{Dialect, Sessions};
 pub use grants::ConnGrants;
 pub use holds::{Hold, HoldMap, HoldState};
 pub use pool::IdlePool;

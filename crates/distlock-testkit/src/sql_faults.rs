@@ -126,6 +126,12 @@ impl<S: SqlServer, B: Backend + 'static> SqlMode<S, B> {
     }
 
     /// A backend of this mode, connected with `opts`.
+    ///
+    /// # Errors
+    /// None: panics if it cannot connect (a test needs it).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped connect closes its connections.
     pub async fn backend(&self, opts: &ClientOptions) -> B {
         (self.connect)(self.url(), opts.clone())
             .await
@@ -133,6 +139,12 @@ impl<S: SqlServer, B: Backend + 'static> SqlMode<S, B> {
     }
 
     /// A client of this mode.
+    ///
+    /// # Errors
+    /// None: panics if it cannot connect.
+    ///
+    /// # Cancel safety
+    /// As [`backend`](Self::backend).
     pub async fn client_with(&self, opts: ClientOptions) -> Client {
         let backend = self.backend(&opts).await;
         Client::new(Arc::new(backend), opts).expect("client")
@@ -177,6 +189,12 @@ impl<S: SqlServer, B: Backend + 'static> Harness for SqlMode<S, B> {
 /// The child side of [`killed_process_frees_its_lock`]: when started by it (the environment
 /// variables `{env}_URL` and `{env}_NAME` set), connects, holds the lock, prints
 /// `HOLDING <token>` and sleeps until killed; otherwise does nothing.
+///
+/// # Errors
+/// None: panics when it cannot hold the lock (the parent then fails).
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is the whole of a child test.
 pub async fn child_holder<B: Backend + 'static>(env: &str, connect: Connect<B>) {
     let (Ok(url), Ok(name)) = (
         std::env::var(format!("{env}_URL")),
@@ -203,6 +221,13 @@ pub async fn child_holder<B: Backend + 'static>(env: &str, connect: Connect<B>) 
 /// Runs this test binary's `child_test` (which calls [`child_holder`] with `env`) as the
 /// holder on `mode`'s URL; `waiters` counts the connections waiting on the server for a lock
 /// name (the wait must have reached the server before the kill).
+///
+/// # Errors
+/// None: panics when the case fails.
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is the whole of a test (a child left behind by a cancelled
+/// case ends by itself after its 60 s sleep).
 pub async fn killed_process_frees_its_lock<S: SqlServer, B: Backend + 'static>(
     mode: &SqlMode<S, B>,
     child_test: &str,

@@ -29,6 +29,7 @@ mod wait;
 
 use crate::common::{key_oids, kind_name, lock_key, Common};
 use crate::error::{shape, KIND};
+use distlock_core::backend::Capabilities;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, Backend, Error, GrantRef, Granted, HolderInfo,
     LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
@@ -57,12 +58,14 @@ const POOL_MAX: usize = 8;
 
 /// Session mode does mutexes, fair locks (PostgreSQL queues waiters in arrival order and a
 /// newcomer queues behind a conflicting waiter) and read-write locks.
-const KINDS: &[LockKind] = &[
-    LockKind::Mutex,
-    LockKind::Fair,
-    LockKind::Read,
-    LockKind::Write,
-];
+pub(crate) fn capabilities() -> Capabilities {
+    Capabilities::kinds(&[
+        LockKind::Mutex,
+        LockKind::Fair,
+        LockKind::Read,
+        LockKind::Write,
+    ])
+}
 
 fn exclusive(kind: LockKind) -> bool {
     !matches!(kind, LockKind::Read)
@@ -97,8 +100,8 @@ impl Dialect for PgDialect {
         KIND
     }
 
-    fn check_kind(&self, kind: LockKind) -> Result<()> {
-        distlock_sql::check_kind(KIND, kind, KINDS, "")
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
     }
 
     fn timeout(&self, what: &str, limit: Duration) -> Error {
@@ -215,7 +218,7 @@ impl SessionMode {
     }
 
     pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.engine.dialect().check_kind(kind)?;
+        self.engine.check_kind(kind)?;
         let common = self.common();
         let key = lock_key(&common.namespace, name);
         let (classid, objid) = key_oids(key);

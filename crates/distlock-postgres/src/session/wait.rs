@@ -7,9 +7,10 @@ use super::state::{Entry, State};
 use super::{exclusive, PgDialect};
 use crate::common::lock_key;
 use crate::error::{is_code, map, shape, KIND};
+use distlock_core::backend::Deadline;
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{AcquireRequest, Error, Granted, Result};
-use distlock_sql::lease::{sleep_until, wait_millis, SAFETY_NET};
+use distlock_sql::lease::{wait_millis, SAFETY_NET};
 use distlock_sql::HoldMap;
 use std::time::Instant;
 use tokio_postgres::error::SqlState;
@@ -117,7 +118,7 @@ impl PgDialect {
                 biased;
                 _ = cancel.cancelled() => None,
                 r = &mut wait => Some(r),
-                _ = sleep_until(net) => None,
+                _ = Deadline::from(net).reached() => None,
             };
             match done {
                 // Granted as the caller went away: give it straight back.
