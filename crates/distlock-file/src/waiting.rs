@@ -60,10 +60,7 @@ where
         // On the lease clock, as every grant's start.
         let requested_at = distlock_core::clock::Instant::now();
         Ok(match (self.attempt)()? {
-            AcquireReply::Granted { token } => Attempt::Granted(Granted {
-                token,
-                requested_at,
-            }),
+            AcquireReply::Granted { token } => Attempt::Granted(Granted::new(token, requested_at)),
             // Held by another attempt.
             _ => Attempt::Held { retry_in: None },
         })

@@ -323,27 +323,16 @@ impl Inner {
         {
             let table = self.table();
             if let Some(h) = table.get(name).and_then(|e| e.holder.as_ref()) {
-                return Ok(Some(LockInfo {
-                    name: name.to_owned(),
-                    holders: vec![HolderInfo {
-                        owner: h.owner.to_string(),
-                        count: 1,
-                        lease_left: None,
-                        ..Default::default()
-                    }],
-                    fencing_token: h.token,
-                    ..Default::default()
-                }));
+                return Ok(Some(
+                    LockInfo::new(name)
+                        .with_holders(vec![HolderInfo::new(&*h.owner, 1)])
+                        .with_fencing_token(h.token),
+                ));
             }
         }
         let path = self.path(name);
         let Some(file) = self.open_existing(&path)? else {
-            return Ok(Some(LockInfo {
-                name: name.to_owned(),
-                holders: Vec::new(),
-                fencing_token: 0,
-                ..Default::default()
-            }));
+            return Ok(Some(LockInfo::new(name)));
         };
         let free = sys::try_lock(&file, sys::Mode::Shared)
             .map_err(|e| self.io_error(format!("cannot probe {}", path.display()), e))?;
@@ -352,12 +341,7 @@ impl Inner {
             // Writers hold the exclusive lock, so under our shared lock the record is whole.
             sys::unlock_and_close(file);
             let rec = rec?;
-            return Ok(Some(LockInfo {
-                name: name.to_owned(),
-                holders: Vec::new(),
-                fencing_token: rec.token,
-                ..Default::default()
-            }));
+            return Ok(Some(LockInfo::new(name).with_fencing_token(rec.token)));
         }
         // Held by another process, which may be writing the record right now.
         let rec = match rec {
@@ -366,28 +350,19 @@ impl Inner {
             Err(_) => return Ok(None),
         };
         let holder = match rec.holder {
-            Some(h) => HolderInfo {
-                owner: h.owner,
-                count: h.count,
-                lease_left: None,
-                ..Default::default()
-            },
+            Some(h) => HolderInfo::new(h.owner, h.count),
             None if !last_try => return Ok(None),
             // Locked but no holder line: a process between locking and writing, or another
             // backend's waiting thread handing the lock over.
-            None => HolderInfo {
-                owner: "unknown (another process holds the lock but has not recorded its owner)"
-                    .into(),
-                count: 1,
-                lease_left: None,
-                ..Default::default()
-            },
+            None => HolderInfo::new(
+                "unknown (another process holds the lock but has not recorded its owner)",
+                1,
+            ),
         };
-        Ok(Some(LockInfo {
-            name: name.to_owned(),
-            holders: vec![holder],
-            fencing_token: rec.token,
-            ..Default::default()
-        }))
+        Ok(Some(
+            LockInfo::new(name)
+                .with_holders(vec![holder])
+                .with_fencing_token(rec.token),
+        ))
     }
 }

@@ -85,11 +85,8 @@ impl Inner {
             let table = self.rw_table();
             match table.get(name) {
                 Some(e) => {
-                    let info = |side: Side, h: &RwHold| HolderInfo {
-                        owner: h.owner.to_string(),
-                        count: 1,
-                        lease_left: None,
-                        side: Some(kind_of(side)),
+                    let info = |side: Side, h: &RwHold| {
+                        HolderInfo::new(&*h.owner, 1).with_side(Some(kind_of(side)))
                     };
                     let holders: Vec<HolderInfo> = e
                         .writer
@@ -106,19 +103,11 @@ impl Inner {
         if !writing {
             // While this backend writes, nobody else can hold either side.
             for h in self.foreign_holds(name, &rec, reading)? {
-                holders.push(HolderInfo {
-                    owner: h.owner,
-                    count: h.count,
-                    lease_left: None,
-                    side: Some(kind_of(h.side)),
-                });
+                holders.push(HolderInfo::new(h.owner, h.count).with_side(Some(kind_of(h.side))));
             }
         }
-        Ok(LockInfo {
-            name: name.to_owned(),
-            holders,
-            fencing_token: rec.token,
-            ..Default::default()
-        })
+        Ok(LockInfo::new(name)
+            .with_holders(holders)
+            .with_fencing_token(rec.token))
     }
 }

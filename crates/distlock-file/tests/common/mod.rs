@@ -135,11 +135,7 @@ pub fn client(dir: &Path) -> Client {
 }
 
 pub fn key(name: &str, owner: &str, kind: LockKind) -> HoldKey {
-    HoldKey {
-        name: name.into(),
-        owner: owner.into(),
-        kind,
-    }
+    HoldKey::new(name, owner, kind)
 }
 
 /// A new attempt of `owner` on side `kind` of read-write lock `name` (or on any `kind`).
