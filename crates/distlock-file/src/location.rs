@@ -123,6 +123,11 @@ mod tests {
             Target::Dir("/var/lib/app/locks".into())
         );
         assert_eq!(ok("file://localhost/a%20b/"), Target::Dir("/a b/".into()));
+        // `:` and `@` in a path are path bytes, not a port or user info.
+        assert_eq!(
+            ok("file:///srv/a:b@c/locks"),
+            Target::Dir("/srv/a:b@c/locks".into())
+        );
         let e = reason("file://tmp/x");
         assert!(e.contains("file:///tmp/x"), "{e}");
         assert!(reason("file:/tmp/x").contains("file://"));
