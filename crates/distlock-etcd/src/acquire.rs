@@ -5,7 +5,7 @@ use crate::keys::{Entry, Keys};
 use crate::lease::*;
 use crate::renew::*;
 use crate::EtcdBackend;
-use distlock_core::{AcquireReply, AcquireRequest, Error, HolderInfo, LockInfo, LockKind, Result};
+use distlock_core::{AcquireReply, AcquireRequest, Error, HolderInfo, LockInfo, Result};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse, TxnResponse,
@@ -82,15 +82,14 @@ pub(crate) fn put_mine(mine: &[u8], owner: &str, lease: Lease) -> TxnOp {
 
 impl EtcdBackend {
     pub(crate) fn contended(&self, key: &[u8]) -> Error {
-        Error::Connection {
-            backend: KIND,
-            endpoint: self.endpoint.clone(),
-            source: format!(
+        Error::connection(
+            KIND,
+            self.endpoint.clone(),
+            format!(
                 "key `{}` kept changing during {CAS_ATTEMPTS} compare-and-swap attempts",
                 String::from_utf8_lossy(key)
-            )
-            .into(),
-        }
+            ),
+        )
     }
 
     /// One try of `req`, with this request's own fresh `lease`: takes the lock if nobody is
@@ -156,7 +155,6 @@ impl EtcdBackend {
 
     /// One try at the lock (`Backend::acquire`).
     pub(crate) async fn acquire_once(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.check_kind(req.key.kind)?;
         let keys = self.keys(&req.key.name);
         let mine = keys.attempt(&req.attempt);
         // A lease of this request's own. A grant whose reply is lost leaves a lease with
@@ -181,8 +179,7 @@ impl EtcdBackend {
     }
 
     /// The holder, the waiters and the last fencing token of lock `name` (`Backend::inspect`).
-    pub(crate) async fn inspect_lock(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.check_kind(kind)?;
+    pub(crate) async fn inspect_lock(&self, name: &str) -> Result<LockInfo> {
         let keys = self.keys(name);
         let txn = Txn::new().and_then([
             first_of(&keys.queue),

@@ -45,27 +45,22 @@ impl EtcdBackend {
             co = co.with_user(u.clone(), p.clone());
         }
         let limit = opts.get_connect_timeout() * 2;
-        let no_answer = || Error::Connection {
-            backend: KIND,
-            endpoint: endpoint.clone(),
-            source: format!(
-                "no answer within {limit:?} (is the cluster down or without a quorum?)"
+        let no_answer = || {
+            Error::connection(
+                KIND,
+                endpoint.clone(),
+                format!("no answer within {limit:?} (is the cluster down or without a quorum?)"),
             )
-            .into(),
         };
         let client =
             tokio::time::timeout(limit, Client::connect(&target.endpoints, Some(co.clone())))
                 .await
                 .map_err(|_| no_answer())?
                 .map_err(|e| match e {
-                    etcd_client::Error::InvalidArgs(m) => Error::InvalidUrl {
-                        url: redact(url),
-                        reason: m,
-                    },
-                    etcd_client::Error::InvalidUri(m) => Error::InvalidUrl {
-                        url: redact(url),
-                        reason: m.to_string(),
-                    },
+                    etcd_client::Error::InvalidArgs(m) => Error::invalid_url(redact(url), m),
+                    etcd_client::Error::InvalidUri(m) => {
+                        Error::invalid_url(redact(url), m.to_string())
+                    }
                     e => map(&endpoint, e),
                 })?;
         let backend = EtcdBackend {

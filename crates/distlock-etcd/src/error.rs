@@ -9,11 +9,7 @@ pub(crate) const KIND: &str = "etcd";
 /// Maps an etcd-client error to a dlock error.
 pub(crate) fn map(endpoint: &str, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
-    let conn = |e: etcd_client::Error| Error::Connection {
-        backend: KIND,
-        endpoint: endpoint.to_owned(),
-        source: Box::new(e),
-    };
+    let conn = |e: etcd_client::Error| Error::connection(KIND, endpoint.to_owned(), e);
     match e {
         E::GRpcStatus(ref s) => match s.code() {
             Code::Unavailable
@@ -23,34 +19,22 @@ pub(crate) fn map(endpoint: &str, e: etcd_client::Error) -> Error {
             | Code::ResourceExhausted
             | Code::Unknown
             | Code::Internal => conn(e),
-            Code::Unauthenticated | Code::PermissionDenied => Error::Auth {
-                backend: KIND,
-                endpoint: endpoint.to_owned(),
-                message: s.message().to_owned(),
-            },
+            Code::Unauthenticated | Code::PermissionDenied => {
+                Error::auth(KIND, endpoint.to_owned(), s.message().to_owned())
+            }
             Code::InvalidArgument
                 if s.message().contains("authentication failed")
                     || s.message().contains("user name is empty")
                     || s.message().contains("invalid auth token") =>
             {
-                Error::Auth {
-                    backend: KIND,
-                    endpoint: endpoint.to_owned(),
-                    message: s.message().to_owned(),
-                }
+                Error::auth(KIND, endpoint.to_owned(), s.message().to_owned())
             }
-            _ => Error::UnexpectedReply {
-                backend: KIND,
-                message: format!("etcd refused the request: {s}"),
-            },
+            _ => Error::unexpected(KIND, format!("etcd refused the request: {s}")),
         },
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
             conn(e)
         }
-        other => Error::UnexpectedReply {
-            backend: KIND,
-            message: other.to_string(),
-        },
+        other => Error::unexpected(KIND, other.to_string()),
     }
 }
 
@@ -67,17 +51,10 @@ pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
 
 /// An error for a reply that does not have the shape dlock wrote.
 pub(crate) fn shape(message: impl Into<String>) -> Error {
-    Error::UnexpectedReply {
-        backend: KIND,
-        message: message.into(),
-    }
+    Error::unexpected(KIND, message)
 }
 
 /// A call that got no answer within the per-call timeout.
 pub(crate) fn timed_out(endpoint: &str, what: &str, after: std::time::Duration) -> Error {
-    Error::Connection {
-        backend: KIND,
-        endpoint: endpoint.to_owned(),
-        source: format!("{what}: no answer within {after:?}").into(),
-    }
+    Error::call_timeout(KIND, endpoint, what, after)
 }

@@ -22,8 +22,9 @@ pub use url::{percent_decode, redact};
 use crate::error::KIND;
 use crate::keys::Keys;
 use crate::lease::{Doubt, Lease};
+use distlock_core::backend::Capabilities;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, AttemptId, Backend, ClientOptions, Error, GrantRef,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Backend, ClientOptions, GrantRef,
     Granted, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use etcd_client::{Client, ConnectOptions};
@@ -60,10 +61,10 @@ impl EtcdBackend {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`] for a URL that is not `etcd://[user:password@]host:port[,…][/prefix]`
-    /// (the password is redacted in the message); [`Error::Connection`] when the cluster does
+    /// [`Error::InvalidUrl`](distlock_core::Error::InvalidUrl) for a URL that is not `etcd://[user:password@]host:port[,…][/prefix]`
+    /// (the password is redacted in the message); [`Error::Connection`](distlock_core::Error::Connection) when the cluster does
     /// not answer the linearizable probe within twice the connect timeout (down, or without a
-    /// quorum or leader); [`Error::Auth`] for a refused user or password.
+    /// quorum or leader); [`Error::Auth`](distlock_core::Error::Auth) for a refused user or password.
     ///
     /// # Cancel safety
     ///
@@ -98,18 +99,6 @@ impl EtcdBackend {
     pub(crate) fn keys(&self, name: &str) -> Keys {
         Keys::new(&self.prefix, name)
     }
-
-    pub(crate) fn check_kind(&self, kind: LockKind) -> Result<()> {
-        match kind {
-            // etcd's mutex recipe is first come, first served: every mutex is fair, and
-            // `fair` names the same lock as `mutex`.
-            LockKind::Mutex | LockKind::Fair => Ok(()),
-            other => Err(Error::unsupported(
-                KIND,
-                format!("lock kind {}", other.as_str()),
-            )),
-        }
-    }
 }
 
 #[async_trait]
@@ -120,6 +109,11 @@ impl Backend for EtcdBackend {
 
     fn endpoint(&self) -> String {
         self.endpoint.clone()
+    }
+
+    /// Mutexes, and `fair`, which is the same lock: etcd's recipe is first come, first served.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::kinds(&[LockKind::Mutex, LockKind::Fair])
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
@@ -158,16 +152,16 @@ impl Backend for EtcdBackend {
     async fn force_release(
         &self,
         name: &str,
-        kind: LockKind,
+        _kind: LockKind,
     ) -> Result<distlock_core::ForceReleased> {
-        ops::force_release(self, name, kind).await
+        ops::force_release(self, name).await
     }
 
     async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
         ops::diagnose(self).await
     }
 
-    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.inspect_lock(name, kind).await
+    async fn inspect(&self, name: &str, _kind: LockKind) -> Result<LockInfo> {
+        self.inspect_lock(name).await
     }
 }

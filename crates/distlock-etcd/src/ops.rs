@@ -171,12 +171,7 @@ fn prefix_end(p: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-pub(crate) async fn force_release(
-    b: &EtcdBackend,
-    name: &str,
-    kind: LockKind,
-) -> Result<ForceReleased> {
-    b.check_kind(kind)?;
+pub(crate) async fn force_release(b: &EtcdBackend, name: &str) -> Result<ForceReleased> {
     let keys = b.keys(name);
     for _ in 0..CAS_ATTEMPTS {
         let resp = b

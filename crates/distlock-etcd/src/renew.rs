@@ -133,9 +133,6 @@ impl EtcdBackend {
         &self,
         holds: &[(GrantRef, Duration)],
     ) -> Result<Vec<RenewOutcome>> {
-        for (g, _) in holds {
-            self.check_kind(g.key.kind)?;
-        }
         let mines: Vec<Vec<u8>> = holds
             .iter()
             .map(|(g, _)| self.attempt_key(&g.key.name, &g.attempt))
@@ -181,7 +178,6 @@ impl EtcdBackend {
 
     /// Releases one grant by a compare-and-delete addressed by attempt and token (`Backend::release`).
     pub(crate) async fn release_grant(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        self.check_kind(grant.key.kind)?;
         let keys = self.keys(&grant.key.name);
         let mine = keys.attempt(&grant.attempt);
         let Some(rev) = revision_of(grant.token) else {
@@ -221,7 +217,6 @@ impl EtcdBackend {
 
     /// Gives attempt `req` up: deletes its key, whatever state it is in (`Backend::give_up`).
     pub(crate) async fn leave(&self, req: &AcquireRequest) -> Result<()> {
-        self.check_kind(req.key.kind)?;
         let mine = self.attempt_key(&req.key.name, &req.attempt);
         // The key is this attempt's, whatever it is now (queued, or first: a grant whose
         // reply was lost): delete it unconditionally. No other attempt's key is named.

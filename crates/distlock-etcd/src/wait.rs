@@ -19,7 +19,8 @@ use crate::error::{map, timed_out, KIND};
 use crate::keys::{Entry, Keys};
 use crate::lease::Lease;
 use crate::EtcdBackend;
-use distlock_core::backoff::Backoff;
+use distlock_core::backend::{wait, Attempt, Deadline, WaitStrategy};
+use distlock_core::backoff::{Backoff, RetryPolicy};
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{
     async_trait, AcquireRequest, Backend, Error, Granted, ReleaseWatch, Result, Wake,
@@ -53,123 +54,269 @@ enum Enqueued {
     Waiting(Place),
 }
 
+/// `acquire_wait`: the core's retrying wait loop ([`wait::run`]) with an etcd [`Waiter`].
 pub(crate) async fn acquire_wait(
     b: &EtcdBackend,
     req: &AcquireRequest,
     deadline: Option<Instant>,
     cancel: &CancellationToken,
 ) -> Result<Option<Granted>> {
-    b.check_kind(req.key.kind)?;
     let keys = b.keys(&req.key.name);
     let mine = keys.attempt(&req.attempt);
-    let res = wait(b, &keys, &mine, req, deadline, cancel).await;
-    if !matches!(res, Ok(Some(_))) {
-        // Stopped without the lock: leave the queue, and give back a grant this attempt may
-        // have got meanwhile (its key became first as the deadline passed). The request names
-        // this attempt's key and nothing else.
-        if let Err(e) = b.give_up(req).await {
-            tracing::debug!(error = %e, "could not leave the queue; the key expires with its lease");
-        }
-    }
-    res
-}
-
-async fn wait(
-    b: &EtcdBackend,
-    keys: &Keys,
-    mine: &[u8],
-    req: &AcquireRequest,
-    deadline: Option<Instant>,
-    cancel: &CancellationToken,
-) -> Result<Option<Granted>> {
-    // Every lease this attempt may put its key on was granted after this instant.
-    let started = LeaseInstant::now();
-    let mut backoff = Backoff::default();
-    let mut place = loop {
-        if stopped(deadline, cancel) {
-            return Ok(None);
-        }
-        match enqueue(b, keys, mine, req, started).await {
-            Ok(Enqueued::Granted(g)) => return Ok(Some(g)),
-            Ok(Enqueued::Waiting(p)) => break p,
-            // The request may have gone through: the next one names the same key, so it finds
-            // the place (or the grant) this one made.
-            Err(e) if e.is_retryable() => {
-                tracing::debug!(error = %e, "cannot queue for the lock yet; retrying");
-                if !pause(backoff.next_delay(), deadline, cancel).await {
-                    return Ok(None);
-                }
-            }
-            Err(e) => return Err(e),
-        }
+    let mut waiter = Waiter {
+        b,
+        req,
+        keys,
+        mine,
+        // Every lease this attempt may put its key on is granted after this instant.
+        started: LeaseInstant::now(),
+        place: None,
+        watch: None,
+        tick: MAX_TICK,
+        broken: Backoff::default(),
+        place_lost: false,
     };
-    wait_turn(b, keys, req, mine, &mut place, deadline, cancel).await
+    wait::run(
+        &mut waiter,
+        Deadline::from(deadline),
+        cancel,
+        RetryPolicy::default(),
+    )
+    .await
 }
 
-/// Puts our key at the end of the queue (Go's `tryAcquire`), or finds it there; takes the
-/// lock at once if the key is first.
-async fn enqueue(
-    b: &EtcdBackend,
-    keys: &Keys,
-    mine: &[u8],
-    req: &AcquireRequest,
+/// One attempt waiting in the queue: its place once it has one, and the watch on the key
+/// just before its own.
+struct Waiter<'a> {
+    b: &'a EtcdBackend,
+    req: &'a AcquireRequest,
+    keys: Keys,
+    mine: Vec<u8>,
     started: LeaseInstant,
-) -> Result<Enqueued> {
-    let sent = LeaseInstant::now();
-    let lease = b.grant(req.lease).await?;
-    let txn = Txn::new()
-        .when([Compare::create_revision(mine.to_vec(), CompareOp::Equal, 0)])
-        .and_then([
-            put_mine(mine, &req.key.owner, lease),
-            TxnOp::put(keys.fence.clone(), "", None),
-            first_of(&keys.queue),
-        ])
-        .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)]);
-    let resp = match b.txn("acquire", txn).await {
-        Ok(r) => r,
-        Err(e) => {
-            // Perhaps applied: the key may be on this lease now.
-            b.doubt(&req.attempt, lease);
-            return Err(e);
-        }
-    };
-    let mut all = gets(&resp);
-    if resp.succeeded() {
-        let rev = header_revision(&resp)?;
-        let first = nth_first(&mut all, 0)?;
-        if first.is_none_or(|f| f.create_revision() == rev) {
-            b.remember(&req.attempt, lease);
-            return Ok(Enqueued::Granted(Granted {
-                token: token_of(rev)?,
-                requested_at: sent,
+    place: Option<Place>,
+    /// The watch on the key just before ours, with that key.
+    watch: Option<(Vec<u8>, WatchStream)>,
+    /// Longest sleep between two looks: a third of the lease, at most [`MAX_TICK`].
+    tick: Duration,
+    /// Pauses after a broken watch.
+    broken: Backoff,
+    /// The place is gone (lease expired or key deleted): an error, not retried.
+    place_lost: bool,
+}
+
+impl Waiter<'_> {
+    fn lost(&mut self, why: &str) -> Error {
+        self.place_lost = true;
+        place_lost(self.b, &self.mine, why)
+    }
+
+    /// Puts our key at the end of the queue (Go's `tryAcquire`), or finds it there; takes the
+    /// lock at once if the key is first.
+    async fn enqueue(&mut self) -> Result<Enqueued> {
+        let (b, keys, mine, req) = (self.b, &self.keys, self.mine.as_slice(), self.req);
+        let sent = LeaseInstant::now();
+        let lease = b.grant(req.lease).await?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(mine.to_vec(), CompareOp::Equal, 0)])
+            .and_then([
+                put_mine(mine, &req.key.owner, lease),
+                TxnOp::put(keys.fence.clone(), "", None),
+                first_of(&keys.queue),
+            ])
+            .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)]);
+        let resp = match b.txn("acquire", txn).await {
+            Ok(r) => r,
+            Err(e) => {
+                // Perhaps applied: the key may be on this lease now.
+                b.doubt(&req.attempt, lease);
+                return Err(e);
+            }
+        };
+        let mut all = gets(&resp);
+        if resp.succeeded() {
+            let rev = header_revision(&resp)?;
+            let first = nth_first(&mut all, 0)?;
+            if first.is_none_or(|f| f.create_revision() == rev) {
+                b.remember(&req.attempt, lease);
+                return Ok(Enqueued::Granted(Granted {
+                    token: token_of(rev)?,
+                    requested_at: sent,
+                }));
+            }
+            return Ok(Enqueued::Waiting(Place {
+                rev,
+                lease: lease.id,
+                ttl: lease.ttl,
+                confirmed_at: sent,
             }));
         }
-        return Ok(Enqueued::Waiting(Place {
-            rev,
-            lease: lease.id,
-            ttl: lease.ttl,
-            confirmed_at: sent,
-        }));
+        // Our key exists: an earlier request of this attempt put it and its reply was lost. This
+        // request's lease carries nothing (etcd answered that it put nothing).
+        b.revoke_in_background(lease.id);
+        let m = nth_first(&mut all, 0)?.ok_or_else(|| {
+            crate::error::shape("etcd said the attempt's key exists but returned no such key")
+        })?;
+        let e = Entry::decode(m.key(), m.value())?;
+        let mut place = Place {
+            rev: m.create_revision(),
+            lease: m.lease(),
+            ttl: e.ttl,
+            // That lease was granted during this wait.
+            confirmed_at: self.started,
+        };
+        match nth_first(&mut all, 1)? {
+            Some(f) if f.key() == m.key() => {
+                self.take_turn(&mut place).await.map(Enqueued::Granted)
+            }
+            _ => Ok(Enqueued::Waiting(place)),
+        }
     }
-    // Our key exists: an earlier request of this attempt put it and its reply was lost. This
-    // request's lease carries nothing (etcd answered that it put nothing).
-    b.revoke_in_background(lease.id);
-    let m = nth_first(&mut all, 0)?.ok_or_else(|| {
-        crate::error::shape("etcd said the attempt's key exists but returned no such key")
-    })?;
-    let e = Entry::decode(m.key(), m.value())?;
-    let mut place = Place {
-        rev: m.create_revision(),
-        lease: m.lease(),
-        ttl: e.ttl,
-        // That lease was granted during this wait.
-        confirmed_at: started,
-    };
-    match nth_first(&mut all, 1)? {
-        Some(f) if f.key() == m.key() => take_turn(b, req, mine, &mut place)
-            .await
-            .map(Enqueued::Granted),
-        _ => Ok(Enqueued::Waiting(place)),
+
+    /// Our key is first: the lock is ours. One keep-alive, so the lease runs its full TTL (at
+    /// least the requested lease) from now; if it does not get through, the lease still runs from
+    /// the last confirmed one.
+    async fn take_turn(&mut self, place: &mut Place) -> Result<Granted> {
+        let (b, req) = (self.b, self.req);
+        let sent = LeaseInstant::now();
+        match b.keep_alive(place.lease).await {
+            Ok(true) => place.confirmed_at = sent,
+            Ok(false) => return Err(self.lost("its lease expired as it got the lock")),
+            Err(e) => {
+                tracing::debug!(error = %e, "keep-alive at grant failed; the lease runs from the last one")
+            }
+        }
+        b.remember(
+            &req.attempt,
+            Lease {
+                id: place.lease,
+                ttl: place.ttl,
+            },
+        );
+        Ok(Granted {
+            token: token_of(place.rev)?,
+            requested_at: place.confirmed_at,
+        })
+    }
+
+    /// One look at the queue from our place: keeps the lease alive when a third of it has
+    /// gone, takes the lock if our key is first, else watches the key before ours.
+    async fn look(&mut self, mut place: Place) -> Result<Attempt> {
+        let lease_len = Duration::from_secs(place.ttl.unsigned_abs());
+        if place.confirmed_at.elapsed() >= lease_len {
+            return Err(self.lost(&format!(
+                "no keep-alive of its lease reached etcd for {lease_len:?}"
+            )));
+        }
+        if place.confirmed_at.elapsed() >= lease_len / 3 {
+            let sent = LeaseInstant::now();
+            match self.b.keep_alive(place.lease).await {
+                Ok(true) => place.confirmed_at = sent,
+                Ok(false) => return Err(self.lost("its lease expired")),
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(error = %e, "waiter keep-alive failed; retrying");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let rev = place.rev;
+        self.place = Some(place);
+        let pos = position(self.b, &self.keys, &self.mine, rev).await?;
+        if pos.mine.as_ref().is_none_or(|m| m.create_revision() != rev) {
+            return Err(self.lost("its key was deleted (lease expired or revoked)"));
+        }
+        let Some(pred) = pos.pred else {
+            // First in the queue: the lock is ours.
+            let Some(mut place) = self.place.take() else {
+                return Err(crate::error::shape("no place in the queue"));
+            };
+            return self.take_turn(&mut place).await.map(Attempt::Granted);
+        };
+        if self
+            .watch
+            .as_ref()
+            .is_none_or(|(k, _)| k.as_slice() != pred.key())
+        {
+            self.watch = None;
+            let opts = WatchOptions::new()
+                .with_start_revision(pos.revision + 1)
+                .with_filters([WatchFilterType::NoPut]);
+            let res = self
+                .b
+                .call("watch", |c| {
+                    let (key, opts) = (pred.key().to_vec(), opts.clone());
+                    async move { c.watch_client().watch(key, Some(opts)).await }
+                })
+                .await;
+            match res {
+                Ok(s) => self.watch = Some((pred.key().to_vec(), s)),
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(error = %e, "cannot watch the key before ours; polling");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Attempt::Held {
+            retry_in: Some(self.tick),
+        })
+    }
+}
+
+#[async_trait]
+impl WaitStrategy for Waiter<'_> {
+    async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> Result<Attempt> {
+        let place = match self.place.take() {
+            Some(p) => p,
+            None => match self.enqueue().await? {
+                Enqueued::Granted(g) => return Ok(Attempt::Granted(g)),
+                Enqueued::Waiting(p) => {
+                    let lease_len = Duration::from_secs(p.ttl.unsigned_abs());
+                    self.tick = (lease_len / 3).min(MAX_TICK);
+                    p
+                }
+            },
+        };
+        self.look(place).await
+    }
+
+    async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
+        let Some((_, stream)) = self.watch.as_mut() else {
+            until.reached().await;
+            return Ok(None);
+        };
+        tokio::select! {
+            m = stream.message() => match m {
+                // The creation notice, or the deletion: look again either way.
+                Ok(Some(r)) if !r.canceled() => {
+                    self.broken.reset();
+                    Ok(Some(Wake::Released))
+                }
+                _ => {
+                    // Broken or canceled (no leader, compaction): look again after a short
+                    // pause, with a new watch.
+                    self.watch = None;
+                    tokio::time::sleep(until.cap(self.broken.next_delay().min(self.tick))).await;
+                    Ok(None)
+                }
+            },
+            _ = until.reached() => Ok(None),
+        }
+    }
+
+    /// Connection trouble is retried (the next request names the same key, so it finds the
+    /// place, or the grant, the failed one made); a lost place is not: the wait ends with an
+    /// error rather than waiting behind a key that no longer exists.
+    fn retry(&mut self, e: &Error) -> bool {
+        self.watch = None;
+        !self.place_lost && e.is_retryable()
+    }
+
+    /// Stopped without the lock: leave the queue, and give back a grant this attempt may have
+    /// got meanwhile (its key became first as the deadline passed). The request names this
+    /// attempt's key and nothing else.
+    async fn give_up(&mut self) {
+        if let Err(e) = self.b.give_up(self.req).await {
+            tracing::debug!(error = %e, "could not leave the queue; the key expires with its lease");
+        }
     }
 }
 
@@ -203,186 +350,14 @@ async fn position(b: &EtcdBackend, keys: &Keys, mine: &[u8], rev: i64) -> Result
 }
 
 fn place_lost(b: &EtcdBackend, mine: &[u8], why: &str) -> Error {
-    Error::Connection {
-        backend: KIND,
-        endpoint: b.endpoint(),
-        source: format!(
+    Error::connection(
+        KIND,
+        b.endpoint(),
+        format!(
             "stopped waiting for the lock: {why}, so the waiter's place `{}` in the queue is gone",
             String::from_utf8_lossy(mine)
-        )
-        .into(),
-    }
-}
-
-/// Our key is first: the lock is ours. One keep-alive, so the lease runs its full TTL (at
-/// least the requested lease) from now; if it does not get through, the lease still runs from
-/// the last confirmed one.
-async fn take_turn(
-    b: &EtcdBackend,
-    req: &AcquireRequest,
-    mine: &[u8],
-    place: &mut Place,
-) -> Result<Granted> {
-    let sent = LeaseInstant::now();
-    match b.keep_alive(place.lease).await {
-        Ok(true) => place.confirmed_at = sent,
-        Ok(false) => return Err(place_lost(b, mine, "its lease expired as it got the lock")),
-        Err(e) => {
-            tracing::debug!(error = %e, "keep-alive at grant failed; the lease runs from the last one")
-        }
-    }
-    b.remember(
-        &req.attempt,
-        Lease {
-            id: place.lease,
-            ttl: place.ttl,
-        },
-    );
-    Ok(Granted {
-        token: token_of(place.rev)?,
-        requested_at: place.confirmed_at,
-    })
-}
-
-async fn wait_turn(
-    b: &EtcdBackend,
-    keys: &Keys,
-    req: &AcquireRequest,
-    mine: &[u8],
-    place: &mut Place,
-    deadline: Option<Instant>,
-    cancel: &CancellationToken,
-) -> Result<Option<Granted>> {
-    let lease_len = Duration::from_secs(place.ttl.unsigned_abs());
-    let tick = (lease_len / 3).min(MAX_TICK);
-    let mut backoff = Backoff::default();
-    // The watch on the key just before ours, with that key.
-    let mut watch: Option<(Vec<u8>, WatchStream)> = None;
-    loop {
-        if stopped(deadline, cancel) {
-            return Ok(None);
-        }
-        if place.confirmed_at.elapsed() >= lease_len {
-            return Err(place_lost(
-                b,
-                mine,
-                &format!("no keep-alive of its lease reached etcd for {lease_len:?}"),
-            ));
-        }
-        if place.confirmed_at.elapsed() >= lease_len / 3 {
-            let sent = LeaseInstant::now();
-            match b.keep_alive(place.lease).await {
-                Ok(true) => place.confirmed_at = sent,
-                Ok(false) => return Err(place_lost(b, mine, "its lease expired")),
-                Err(e) if e.is_retryable() => {
-                    tracing::debug!(error = %e, "waiter keep-alive failed; retrying");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let pos = match position(b, keys, mine, place.rev).await {
-            Ok(p) => p,
-            Err(e) if e.is_retryable() => {
-                tracing::debug!(error = %e, "cannot read the queue; retrying");
-                watch = None;
-                if !pause(backoff.next_delay().min(tick), deadline, cancel).await {
-                    return Ok(None);
-                }
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        backoff.reset();
-        if pos
-            .mine
-            .as_ref()
-            .is_none_or(|m| m.create_revision() != place.rev)
-        {
-            return Err(place_lost(
-                b,
-                mine,
-                "its key was deleted (lease expired or revoked)",
-            ));
-        }
-        let Some(pred) = pos.pred else {
-            // First in the queue: the lock is ours.
-            return take_turn(b, req, mine, place).await.map(Some);
-        };
-        if watch
-            .as_ref()
-            .is_none_or(|(k, _)| k.as_slice() != pred.key())
-        {
-            watch = None;
-            let opts = WatchOptions::new()
-                .with_start_revision(pos.revision + 1)
-                .with_filters([WatchFilterType::NoPut]);
-            let res = b
-                .call("watch", |c| {
-                    let (key, opts) = (pred.key().to_vec(), opts.clone());
-                    async move { c.watch_client().watch(key, Some(opts)).await }
-                })
-                .await;
-            match res {
-                Ok(s) => watch = Some((pred.key().to_vec(), s)),
-                Err(e) if e.is_retryable() => {
-                    tracing::debug!(error = %e, "cannot watch the key before ours; polling");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let mut sleep = tick;
-        if let Some(d) = deadline {
-            sleep = sleep.min(d.saturating_duration_since(Instant::now()));
-        }
-        match watch.as_mut() {
-            Some((_, stream)) => {
-                tokio::select! {
-                    m = stream.message() => match m {
-                        Ok(Some(r)) if !r.canceled() => {
-                            // The creation notice, or the deletion: look again either way.
-                        }
-                        _ => {
-                            // Broken or canceled (no leader, compaction): look again after a
-                            // short pause, with a new watch.
-                            watch = None;
-                            if !pause(backoff.next_delay().min(tick), deadline, cancel).await {
-                                return Ok(None);
-                            }
-                        }
-                    },
-                    _ = tokio::time::sleep(sleep) => {}
-                    _ = cancel.cancelled() => return Ok(None),
-                }
-            }
-            None => {
-                if !pause(sleep, None, cancel).await {
-                    return Ok(None);
-                }
-            }
-        }
-    }
-}
-
-fn stopped(deadline: Option<Instant>, cancel: &CancellationToken) -> bool {
-    cancel.is_cancelled() || deadline.is_some_and(|d| Instant::now() >= d)
-}
-
-/// Sleeps `d` (capped by `deadline`); false if cancelled or the deadline passed.
-async fn pause(d: Duration, deadline: Option<Instant>, cancel: &CancellationToken) -> bool {
-    let d = match deadline {
-        Some(dl) => {
-            let left = dl.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            d.min(left)
-        }
-        None => d,
-    };
-    tokio::select! {
-        _ = tokio::time::sleep(d) => deadline.is_none_or(|dl| Instant::now() < dl),
-        _ = cancel.cancelled() => false,
-    }
+        ),
+    )
 }
 
 /// A subscription to the deletions under one lock's queue.

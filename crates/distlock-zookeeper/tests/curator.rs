@@ -8,13 +8,15 @@
 use distlock_core::{Client, LockKind, ReleaseOutcome};
 use distlock_testkit::conformance::{fast_opts, unique_name, wait_for_waiters};
 use distlock_testkit::ZkEnsemble;
-use distlock_zookeeper::{lock_dir, ZkBackend};
+use distlock_zookeeper::lock_dir;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+mod common;
+use common::shared_client;
 
 /// Where Debian installs the jars, and the ones Curator's mutex needs at run time.
 const JAR_DIR: &str = "/usr/share/java";
@@ -143,11 +145,7 @@ impl Drop for Holder {
 }
 
 async fn client() -> Client {
-    let opts = fast_opts();
-    let backend = ZkBackend::connect(&ZkEnsemble::shared().url(), &opts)
-        .await
-        .expect("connect");
-    Client::new(Arc::new(backend), opts).expect("client")
+    shared_client(fast_opts()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,22 +2,16 @@
 //! its session expires, a holder whose client goes away.
 
 use distlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostReason,
+    AcquireReply, AcquireRequest, Backend, ClientOptions, HoldKey, LockKind, LostReason,
     LostSignal, ReleaseOutcome,
 };
 use distlock_testkit::conformance::{unique_name, wait_for_waiters};
 use distlock_testkit::{DelayProxy, ZkEnsemble};
 use distlock_zookeeper::ZkBackend;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::hold;
-
-async fn client(url: &str, opts: ClientOptions) -> Client {
-    let backend = ZkBackend::connect(url, &opts).await.expect("connect");
-    Client::new(Arc::new(backend), opts).expect("client")
-}
+use common::{client_at as client, hold};
 
 /// Options for the fault tests: a watchdog lease long enough that only the session decides.
 fn opts() -> ClientOptions {

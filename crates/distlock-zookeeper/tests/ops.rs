@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{hold, read};
+use common::{hold, read, shared_client};
 
 fn opts() -> ClientOptions {
     // Generous call timeouts: the shared ensemble runs beside other suites on 2 cores.
@@ -20,11 +20,7 @@ fn opts() -> ClientOptions {
 }
 
 async fn client() -> Client {
-    let o = opts();
-    let backend = ZkBackend::connect(&ZkEnsemble::shared().url(), &o)
-        .await
-        .expect("connect");
-    Client::new(Arc::new(backend), o).expect("client")
+    shared_client(opts()).await
 }
 
 /// `list` shows a held mutex with its owner, token and queued waiter, a rw lock's readers,

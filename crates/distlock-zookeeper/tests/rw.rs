@@ -1,20 +1,14 @@
 //! The read-write lock on a real ensemble, beyond the conformance cases: counters that prove
 //! readers overlap and writers are alone, and the downgrade with a writer already queued.
 
-use distlock_core::{Client, ClientOptions, LockKind, ReleaseOutcome};
+use distlock_core::{LockKind, ReleaseOutcome};
 use distlock_testkit::conformance::{fast_opts, unique_name, wait_for_waiters};
-use distlock_testkit::ZkEnsemble;
-use distlock_zookeeper::ZkBackend;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-async fn client(opts: ClientOptions) -> Client {
-    let backend = ZkBackend::connect(&ZkEnsemble::shared().url(), &opts)
-        .await
-        .expect("connect");
-    Client::new(Arc::new(backend), opts).expect("client")
-}
+mod common;
+use common::shared_client as client;
 
 /// Readers and writers from three clients take turns for a while. Counters kept inside the
 /// critical sections prove the rules: a writer never overlaps anyone, and readers do overlap.

@@ -1,7 +1,10 @@
 //! Helpers shared by this crate's test files (each includes it with `mod common;`).
 #![allow(dead_code)] // each test file uses a part
 
-use distlock_core::{Client, LockGuard};
+use distlock_core::{Client, ClientOptions, LockGuard};
+use distlock_testkit::ZkEnsemble;
+use distlock_zookeeper::ZkBackend;
+use std::sync::Arc;
 
 /// Acquires mutex `name` through `c`, waiting as long as it takes.
 pub async fn hold(c: &Client, name: &str) -> LockGuard {
@@ -20,4 +23,15 @@ pub async fn read(c: &Client, name: &str) -> LockGuard {
         .acquire()
         .await
         .expect("read")
+}
+
+/// A client of its own ZooKeeper session on the ensemble at `url`.
+pub async fn client_at(url: &str, opts: ClientOptions) -> Client {
+    let backend = ZkBackend::connect(url, &opts).await.expect("connect");
+    Client::new(Arc::new(backend), opts).expect("client")
+}
+
+/// A client of its own session on the shared test ensemble.
+pub async fn shared_client(opts: ClientOptions) -> Client {
+    client_at(&ZkEnsemble::shared().url(), opts).await
 }
