@@ -74,7 +74,7 @@ pub use crate::caps::Capabilities;
 pub use crate::deadline::Deadline;
 pub use crate::lost::{LostReason, LostSignal};
 pub use crate::lost_registry::LostRegistry;
-pub use crate::subscriptions::{Subscription, Subscriptions};
+pub use crate::subscriptions::{NoWatch, Subscription, Subscriptions};
 pub use crate::types::{
     AcquireReply, AcquireRequest, AttemptId, Finding, ForceReleased, GrantRef, Granted, HoldKey,
     HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Severity, Wake,

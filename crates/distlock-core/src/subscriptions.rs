@@ -383,5 +383,21 @@ impl<K: Eq + Hash> Drop for Subscription<K> {
     }
 }
 
+/// A watch that never fires, for a backend (or a mode) without notifications, e.g. behind a
+/// pooler that drops them: waiters then wake at the holder's lease end or their heartbeat.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoWatch;
+
+#[async_trait]
+impl ReleaseWatch for NoWatch {
+    /// Never resolves.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    async fn changed(&mut self) -> Result<Wake> {
+        std::future::pending().await
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -165,3 +165,10 @@ async fn a_dropped_attempt_takes_its_handoff_with_it() {
     let (mut again, _) = subs.subscribe(key("k"), &a);
     silent(&mut again).await;
 }
+
+#[tokio::test]
+async fn no_watch_never_fires() {
+    let mut w = NoWatch;
+    let r = tokio::time::timeout(Duration::from_millis(20), w.changed()).await;
+    assert!(r.is_err(), "NoWatch woke: {r:?}");
+}
