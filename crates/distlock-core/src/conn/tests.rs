@@ -303,6 +303,7 @@ fn never_panics() {
         if let Ok(mut cs) = ConnectionString::parse(s) {
             let _ = (cs.path(), cs.path_bytes(), cs.endpoints(1), cs.u32("a"));
             let _ = (cs.duration("a"), cs.bool("a"), cs.choice("a", &["x"]));
+            let _ = (cs.scrub(s), cs.single_host("x").is_ok(), cs.invalid("x"));
             cs.retain_params(|_, _| true);
             let again = ConnectionString::parse(cs.expose_url());
             assert!(again.is_ok(), "{s:?} → {:?}: {again:?}", cs.expose_url());
