@@ -12,27 +12,16 @@ pub(crate) fn map(endpoint: &str, e: RedisError) -> Error {
         || text.contains("NOAUTH")
         || text.contains("invalid password")
     {
-        return Error::Auth {
-            backend: KIND,
-            endpoint: endpoint.to_owned(),
-            message: text,
-        };
+        return Error::auth(KIND, endpoint.to_owned(), text);
     }
     if text.contains("WRONGTYPE") {
-        return Error::UnexpectedReply {
-            backend: KIND,
-            message: format!(
+        return Error::unexpected(KIND, format!(
                 "a dlock key holds data of another type ({text}); another application writes under \
                  the same names: use another namespace (ClientOptions::namespace or ?namespace= in the URL)"
-            ),
-        };
+            ));
     }
     if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
-        return Error::Auth {
-            backend: KIND,
-            endpoint: endpoint.to_owned(),
-            message: format!("{text} (the ACL user needs EVALSHA, SCRIPT, PUBLISH, SUBSCRIBE and access to the namespace's keys)"),
-        };
+        return Error::auth(KIND, endpoint.to_owned(), format!("{text} (the ACL user needs EVALSHA, SCRIPT, PUBLISH, SUBSCRIBE and access to the namespace's keys)"));
     }
     if e.is_io_error()
         || e.is_timeout()
@@ -46,21 +35,11 @@ pub(crate) fn map(endpoint: &str, e: RedisError) -> Error {
                 | ErrorKind::Server(ServerErrorKind::MasterDown)
         )
     {
-        return Error::Connection {
-            backend: KIND,
-            endpoint: endpoint.to_owned(),
-            source: Box::new(e),
-        };
+        return Error::connection(KIND, endpoint.to_owned(), e);
     }
-    Error::UnexpectedReply {
-        backend: KIND,
-        message: text,
-    }
+    Error::unexpected(KIND, text)
 }
 
 pub(crate) fn shape(what: &str, got: &redis::Value) -> Error {
-    Error::UnexpectedReply {
-        backend: KIND,
-        message: format!("{what}: unexpected reply {got:?}"),
-    }
+    Error::unexpected(KIND, format!("{what}: unexpected reply {got:?}"))
 }

@@ -3,6 +3,7 @@
 
 mod address;
 mod error;
+mod inspect;
 mod ops;
 mod pubsub;
 mod quorum;
@@ -12,7 +13,7 @@ use crate::error::{map, shape, KIND};
 pub use crate::quorum::{NodeHold, QuorumReply, QuorumVote, ServerInfo, TOKEN_FIELD};
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, HoldKey,
-    HolderInfo, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use redis::aio::ConnectionManager;
 use redis::Value;
@@ -75,14 +76,15 @@ impl RedisBackend {
             ConnectionManager::new_with_config(client.clone(), config),
         )
         .await
-        .map_err(|_| Error::Connection {
-            backend: KIND,
-            endpoint: endpoint.clone(),
-            source: format!(
-                "no answer within {:?} (is the server paused or behind a firewall?)",
-                opts.get_connect_timeout() * 2
+        .map_err(|_| {
+            Error::connection(
+                KIND,
+                endpoint.clone(),
+                format!(
+                    "no answer within {:?} (is the server paused or behind a firewall?)",
+                    opts.get_connect_timeout() * 2
+                ),
             )
-            .into(),
         })?
         .map_err(|e| map(&endpoint, e))?;
         let scripts = scripts::Scripts::new();
@@ -117,6 +119,22 @@ impl RedisBackend {
 
     fn fence_key(&self, name: &str) -> String {
         format!("{}:{{{}}}:fence", self.namespace, name)
+    }
+
+    /// The fencing counter of `name` from its stored value (`None`: never issued, 0).
+    fn counter(&self, name: &str, stored: Option<String>) -> Result<u64> {
+        match stored {
+            None => Ok(0),
+            Some(s) => s.parse().map_err(|_| {
+                Error::unexpected(
+                    KIND,
+                    format!(
+                        "fencing counter `{}` holds `{s}`, not a number",
+                        self.fence_key(name)
+                    ),
+                )
+            }),
+        }
     }
 
     fn channel(&self, name: &str) -> String {
@@ -256,14 +274,11 @@ impl RedisBackend {
             return Ok(());
         }
         let _ = self.release(grant).await;
-        Err(Error::UnexpectedReply {
-            backend: KIND,
-            message: format!(
+        Err(Error::unexpected(KIND, format!(
                 "lock `{}` was granted but only {acked} of the {n} required replicas confirmed it within {timeout:?}; \
                  it was given back (a failover could have lost it). Check replication or lower wait_replicas",
                 grant.key.name
-            ),
-        })
+            )))
     }
 }
 
@@ -339,14 +354,6 @@ fn pair(what: &str, v: &Value) -> Result<(i64, i64)> {
 
 fn lease_ms(d: Duration) -> String {
     d.as_millis().max(1).to_string()
-}
-
-/// One grant of a read-write lock or semaphore as the scripts store it: `TOKEN:X:OWNER`, where
-/// X is the side (`r`/`w`) or the permits. `None` for a value of another layout.
-fn parse_grant(value: &str) -> Option<(u64, &str, &str)> {
-    let (token, rest) = value.split_once(':')?;
-    let (x, owner) = rest.split_once(':')?;
-    Some((token.parse().ok()?, x, owner))
 }
 
 #[async_trait]
@@ -467,10 +474,10 @@ impl Backend for RedisBackend {
             (0, _) => ReleaseOutcome::Expired,
             (3, _) => ReleaseOutcome::TakenByOther,
             (a, b) => {
-                return Err(Error::UnexpectedReply {
-                    backend: KIND,
-                    message: format!("release: unexpected reply [{a}, {b}]"),
-                })
+                return Err(Error::unexpected(
+                    KIND,
+                    format!("release: unexpected reply [{a}, {b}]"),
+                ))
             }
         })
     }
@@ -512,134 +519,7 @@ impl Backend for RedisBackend {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        let fam = family(kind)?;
-        // Holds, their expiries (or the hash's PTTL), the fence, the queue, the server clock.
-        let (holds_key, exp_key, queue_key, waiters_key, limit_key) = match fam {
-            Family::Mutex { .. } => {
-                let [h, _, q, w] = self.keys(name);
-                (h, None, q, w, None)
-            }
-            Family::Rw { .. } => {
-                let [h, _, q, w, e] = self.rw_keys(name);
-                (h, Some(e), q, w, None)
-            }
-            Family::Sem { .. } => {
-                let [h, _, q, w, e, l] = self.sem_keys(name);
-                (h, Some(e), q, w, Some(l))
-            }
-        };
-        let mut pipe = redis::pipe();
-        pipe.cmd("HGETALL").arg(&holds_key);
-        pipe.cmd("PTTL").arg(&holds_key);
-        pipe.cmd("GET").arg(self.fence_key(name));
-        pipe.cmd("HGETALL").arg(&waiters_key);
-        pipe.cmd("ZRANGE").arg(&queue_key).arg(0).arg(-1);
-        pipe.cmd("TIME");
-        if let Some(e) = &exp_key {
-            pipe.cmd("ZRANGE").arg(e).arg(0).arg(-1).arg("WITHSCORES");
-        }
-        if let Some(l) = &limit_key {
-            pipe.cmd("GET").arg(l);
-        }
-        let mut con = self.con.clone();
-        let mut vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| self.err(e))?;
-        // Same shape for every family: no expiries (the hash's PTTL counts) and no limit.
-        if exp_key.is_none() {
-            vals.push(Value::Array(Vec::new()));
-        }
-        if limit_key.is_none() {
-            vals.push(Value::Nil);
-        }
-        let bad = |what: &str| Error::UnexpectedReply {
-            backend: KIND,
-            message: format!("inspect of `{name}`: unexpected {what}"),
-        };
-        let [fields, pttl, fence, waiters, queue, time, exps, limit]: [Value; 8] =
-            vals.try_into().map_err(|_| bad("number of replies"))?;
-        let fields: Vec<(String, String)> =
-            redis::from_redis_value(fields).map_err(|_| bad("holders"))?;
-        let pttl: i64 = redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?;
-        let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
-        let exps: Vec<(String, f64)> =
-            redis::from_redis_value(exps).map_err(|_| bad("expiries"))?;
-        let waiters: Vec<(String, String)> =
-            redis::from_redis_value(waiters).map_err(|_| bad("waiters"))?;
-        let queue: Vec<String> = redis::from_redis_value(queue).map_err(|_| bad("queue"))?;
-        let limit: Option<u32> = redis::from_redis_value(limit).map_err(|_| bad("permits"))?;
-        let (secs, micros): (String, String) =
-            redis::from_redis_value(time).map_err(|_| bad("TIME"))?;
-        let now_ms =
-            secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
-        let expiry: std::collections::HashMap<String, u64> =
-            exps.into_iter().map(|(m, s)| (m, s as u64)).collect();
-        let mut holders = Vec::new();
-        if let Family::Mutex { .. } = fam {
-            // One grant: {attempt, token, owner}.
-            let owner = fields.iter().find(|(f, _)| f == "owner").map(|(_, o)| o);
-            if let Some(owner) = owner {
-                holders.push(HolderInfo {
-                    owner: owner.clone(),
-                    count: 1,
-                    lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
-                    side: None,
-                });
-            }
-        }
-        for (attempt, value) in &fields {
-            // Rw and semaphore grants: attempt -> "TOKEN:SIDE_OR_PERMITS:OWNER".
-            let Some((_, x, owner)) = parse_grant(value) else {
-                continue;
-            };
-            let (count, side) = match (&fam, x) {
-                (Family::Rw { .. }, "r") => (1, Some(LockKind::Read)),
-                (Family::Rw { .. }, "w") => (1, Some(LockKind::Write)),
-                (Family::Sem { .. }, n) => match n.parse() {
-                    Ok(n) => (n, None),
-                    Err(_) => continue,
-                },
-                _ => continue,
-            };
-            let lease_left = match expiry.get(attempt) {
-                // Grants past their own expiry are gone, whether or not a script pruned them.
-                Some(&e) if e <= now_ms => continue,
-                Some(&e) => Some(Duration::from_millis(e - now_ms)),
-                None => (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
-            };
-            holders.push(HolderInfo {
-                owner: owner.to_owned(),
-                count,
-                lease_left,
-                side,
-            });
-        }
-        let live: std::collections::HashMap<&str, u64> = waiters
-            .iter()
-            .filter_map(|(m, d)| Some((m.as_str(), d.split(':').next()?.parse().ok()?)))
-            .collect();
-        let waiting = queue
-            .iter()
-            .filter(|m| live.get(m.as_str()).is_some_and(|&e| e > now_ms))
-            .count();
-        let fencing_token = match fence {
-            None => 0,
-            Some(s) => s.parse().map_err(|_| Error::UnexpectedReply {
-                backend: KIND,
-                message: format!(
-                    "fencing counter `{}` holds `{s}`, not a number",
-                    self.fence_key(name)
-                ),
-            })?,
-        };
-        Ok(LockInfo {
-            name: name.to_owned(),
-            holders,
-            fencing_token,
-            waiters: Some(u32::try_from(waiting).unwrap_or(u32::MAX)),
-            permits: match fam {
-                Family::Sem { limit: l, .. } => Some(limit.unwrap_or(l)),
-                _ => None,
-            },
-        })
+        inspect::inspect(self, name, kind).await
     }
 
     async fn set_permits(&self, name: &str, permits: u32) -> Result<()> {

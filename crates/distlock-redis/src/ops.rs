@@ -5,11 +5,10 @@
 //! removes the grants and advances the fencing counter atomically; `diagnose` reads INFO (and
 //! CONFIG where allowed) and the server clock.
 
-use super::{family, parse_grant, Family, RedisBackend};
+use super::{family, Family, RedisBackend};
 use crate::error::KIND;
-use distlock_core::{
-    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
-};
+use crate::inspect::holders;
+use distlock_core::{Error, Finding, ForceReleased, ListedLock, LockKind, Result, Severity};
 use redis::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -167,9 +166,11 @@ pub(crate) async fn force_release(
         .invoke_async(&mut con)
         .await
         .map_err(|e| b.err(e))?;
-    let bad = |what: &str| Error::UnexpectedReply {
-        backend: KIND,
-        message: format!("forced release of `{name}`: unexpected {what}"),
+    let bad = |what: &str| {
+        Error::unexpected(
+            KIND,
+            format!("forced release of `{name}`: unexpected {what}"),
+        )
     };
     let (fields, pttl, exps, now_ms, token): ForceReply =
         redis::from_redis_value(reply).map_err(|_| bad("reply"))?;
@@ -184,68 +185,13 @@ pub(crate) async fn force_release(
             .await
             .map_err(|e| b.err(e))?;
         if acked < u64::from(n) {
-            return Err(Error::UnexpectedReply {
-                backend: KIND,
-                message: format!(
+            return Err(Error::unexpected(KIND, format!(
                     "forced release of `{name}` done on the primary, but only {acked} of {n} replicas confirmed it within {timeout:?} (a failover could bring the old holder back); check replication and run it again"
-                ),
-            });
+                )));
         }
     }
     let removed = holders(&fam, &fields, pttl, &exps, now_ms);
     Ok(ForceReleased::new(removed, fencing_token))
-}
-
-/// The live holders in a grants hash (the layout of `inspect`).
-fn holders(
-    fam: &Family,
-    fields: &[(String, String)],
-    pttl: i64,
-    exps: &[(String, f64)],
-    now_ms: u64,
-) -> Vec<HolderInfo> {
-    let left = (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
-    if let Family::Mutex { .. } = fam {
-        return fields
-            .iter()
-            .find(|(f, _)| f == "owner")
-            .map(|(_, owner)| HolderInfo {
-                owner: owner.clone(),
-                count: 1,
-                lease_left: left,
-                side: None,
-            })
-            .into_iter()
-            .collect();
-    }
-    let expiry: HashMap<&str, u64> = exps.iter().map(|(m, s)| (m.as_str(), *s as u64)).collect();
-    let mut out = Vec::new();
-    for (attempt, value) in fields {
-        let Some((_, x, owner)) = parse_grant(value) else {
-            continue;
-        };
-        let (count, side) = match (fam, x) {
-            (Family::Rw { .. }, "r") => (1, Some(LockKind::Read)),
-            (Family::Rw { .. }, "w") => (1, Some(LockKind::Write)),
-            (Family::Sem { .. }, n) => match n.parse() {
-                Ok(n) => (n, None),
-                Err(_) => continue,
-            },
-            _ => continue,
-        };
-        let lease_left = match expiry.get(attempt.as_str()) {
-            Some(&e) if e <= now_ms => continue,
-            Some(&e) => Some(Duration::from_millis(e - now_ms)),
-            None => left,
-        };
-        out.push(HolderInfo {
-            owner: owner.to_owned(),
-            count,
-            lease_left,
-            side,
-        });
-    }
-    out
 }
 
 /// `key:value` lines of an INFO reply.

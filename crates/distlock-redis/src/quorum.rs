@@ -226,19 +226,6 @@ impl RedisBackend {
         format!("{}:redlock:horizon", self.namespace)
     }
 
-    fn quorum_lock_key(&self, name: &str) -> String {
-        format!("{}:{{{name}}}", self.namespace)
-    }
-
-    fn quorum_fence_key(&self, name: &str) -> String {
-        format!("{}:{{{name}}}:fence", self.namespace)
-    }
-
-    /// The channel [`distlock_core::Backend::watch`] of this node subscribes to for `name`.
-    fn quorum_channel(&self, name: &str) -> String {
-        format!("{}:{{{name}}}:released", self.namespace)
-    }
-
     /// Redlock's kinds: the mutex only (the same message as the core's check of Redlock's
     /// capabilities).
     fn check_mutex(key: &HoldKey) -> Result<()> {
@@ -299,8 +286,8 @@ impl RedisBackend {
         Self::check_mutex(key)?;
         let s = quorum_scripts();
         let (lock, fence, ek, hk) = (
-            self.quorum_lock_key(&key.name),
-            self.quorum_fence_key(&key.name),
+            self.lock_key(&key.name),
+            self.fence_key(&key.name),
             self.epoch_key(),
             self.horizon_key(),
         );
@@ -360,7 +347,7 @@ impl RedisBackend {
         token: u64,
     ) -> Result<Option<u64>> {
         let s = quorum_scripts();
-        let (lock, fence) = (self.quorum_lock_key(name), self.quorum_fence_key(name));
+        let (lock, fence) = (self.lock_key(name), self.fence_key(name));
         let (v, _) = self
             .run_quorum(
                 &s.raise,
@@ -399,9 +386,9 @@ impl RedisBackend {
         token: Option<u64>,
         publish: bool,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        let lock = self.quorum_lock_key(name);
+        let lock = self.lock_key(name);
         let channel = if publish {
-            self.quorum_channel(name)
+            self.channel(name)
         } else {
             String::new()
         };
@@ -451,7 +438,7 @@ impl RedisBackend {
         let mut pipe = redis::pipe();
         for (g, lease) in holds {
             Self::check_mutex(&g.key)?;
-            let lock = self.quorum_lock_key(&g.key.name);
+            let lock = self.lock_key(&g.key.name);
             pipe.add_command(s.renew.cmd(
                 &[&lock, &hk],
                 &[g.attempt.as_str(), &g.token.to_string(), &lease_ms(*lease)],
@@ -497,7 +484,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn quorum_hold(&self, name: &str) -> Result<(Option<NodeHold>, u64)> {
-        let lock = self.quorum_lock_key(name);
+        let lock = self.lock_key(name);
         let mut con = self.con.clone();
         let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
             .cmd("HGETALL")
@@ -505,7 +492,7 @@ impl RedisBackend {
             .cmd("PTTL")
             .arg(&lock)
             .cmd("GET")
-            .arg(self.quorum_fence_key(name))
+            .arg(self.fence_key(name))
             .query_async(&mut con)
             .await
             .map_err(|e| self.err(e))?;
@@ -521,19 +508,6 @@ impl RedisBackend {
         Ok((hold, self.counter(name, fence)?))
     }
 
-    /// The fencing counter of `name` from its stored value (`None`: never issued, 0).
-    fn counter(&self, name: &str, stored: Option<String>) -> Result<u64> {
-        match stored {
-            None => Ok(0),
-            Some(s) => s.parse().map_err(|_| {
-                unexpected(format!(
-                    "fencing counter `{}` holds `{s}`, not a number",
-                    self.quorum_fence_key(name)
-                ))
-            }),
-        }
-    }
-
     /// This node's fencing counter of `name` (0 if none was ever issued).
     ///
     /// # Errors
@@ -545,7 +519,7 @@ impl RedisBackend {
     pub async fn read_fence(&self, name: &str) -> Result<u64> {
         let mut con = self.con.clone();
         let v: Option<String> = redis::cmd("GET")
-            .arg(self.quorum_fence_key(name))
+            .arg(self.fence_key(name))
             .query_async(&mut con)
             .await
             .map_err(|e| self.err(e))?;
@@ -724,10 +698,7 @@ impl RedisBackend {
     pub async fn seed_fences(&self, counters: &[(String, u64)]) -> Result<u64> {
         let mut raised = 0;
         for batch in counters.chunks(SEED_BATCH) {
-            let keys: Vec<String> = batch
-                .iter()
-                .map(|(n, _)| self.quorum_fence_key(n))
-                .collect();
+            let keys: Vec<String> = batch.iter().map(|(n, _)| self.fence_key(n)).collect();
             let vals: Vec<String> = batch.iter().map(|(_, v)| v.to_string()).collect();
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             let vals: Vec<&str> = vals.iter().map(String::as_str).collect();

@@ -80,16 +80,15 @@ impl Shared {
             ?took,
             "redlock grant not confirmed in time"
         );
-        Error::Connection {
-            backend: KIND,
-            endpoint: self.endpoint.clone(),
-            source: format!(
+        Error::connection(
+            KIND,
+            self.endpoint.clone(),
+            format!(
                 "a majority voted for this attempt on `{name}` but only {confirmed} of the {q} \
                  nodes needed confirmed its token with validity left (after {took:?}; slow \
                  nodes?)"
-            )
-            .into(),
-        }
+            ),
+        )
     }
 
     /// Node `i`'s vote from its answer (`None`: none within the node timeout); also a problem

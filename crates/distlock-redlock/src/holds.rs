@@ -65,11 +65,11 @@ impl Shared {
         .await;
         let watches: Vec<Box<dyn ReleaseWatch>> = got.into_iter().flatten().collect();
         if watches.is_empty() {
-            return Err(Error::Connection {
-                backend: KIND,
-                endpoint: self.endpoint.clone(),
-                source: "could not subscribe to release messages on any redlock node".into(),
-            });
+            return Err(Error::connection(
+                KIND,
+                self.endpoint.clone(),
+                "could not subscribe to release messages on any redlock node",
+            ));
         }
         Ok(Box::new(watch::QuorumWatch::new(
             self.n(),
@@ -268,10 +268,7 @@ impl Shared {
                     .filter(|_| v.backend.is_some())
                     .map(|w| format!("{}: {w}", n.endpoint))
             }));
-            return Err(Error::Connection {
-                backend: KIND,
-                endpoint: self.endpoint.clone(),
-                source: format!(
+            return Err(Error::connection(KIND, self.endpoint.clone(), format!(
                     "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
                     undecided
                         .iter()
@@ -282,8 +279,7 @@ impl Shared {
                     self.n(),
                     problems.join("; ")
                 )
-                .into(),
-            });
+                ));
         }
         Ok(outcomes.into_iter().flatten().collect())
     }

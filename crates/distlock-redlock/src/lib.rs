@@ -91,15 +91,14 @@ impl RedlockBackend {
             .join(",");
         let connected = nodes.iter().filter(|x| x.backend().is_some()).count();
         if connected < q {
-            return Err(Error::Connection {
-                backend: KIND,
+            return Err(Error::connection(
+                KIND,
                 endpoint,
-                source: format!(
+                format!(
                     "only {connected} of {n} redlock nodes could be reached (need {q}): {}",
                     problems.join("; ")
-                )
-                .into(),
-            });
+                ),
+            ));
         }
         join_all(
             nodes
@@ -176,10 +175,10 @@ impl Shared {
     }
 
     fn no_quorum(&self, answered: usize, problems: &[String]) -> Error {
-        Error::Connection {
-            backend: KIND,
-            endpoint: self.endpoint.clone(),
-            source: format!(
+        Error::connection(
+            KIND,
+            self.endpoint.clone(),
+            format!(
                 "only {answered} of {} redlock nodes answered (need {}): {}",
                 self.n(),
                 self.q(),
@@ -188,9 +187,8 @@ impl Shared {
                 } else {
                     problems.join("; ")
                 }
-            )
-            .into(),
-        }
+            ),
+        )
     }
 
     /// Per-node bound of releases and renewals: they need not fit the node timeout (a grant's

@@ -272,10 +272,12 @@ impl Health {
         let t = self.opts.get_connect_timeout();
         let b = tokio::time::timeout(t, RedisBackend::connect(&node.url, &self.opts))
             .await
-            .map_err(|_| Error::Connection {
-                backend: crate::KIND,
-                endpoint: node.endpoint.clone(),
-                source: format!("no connection within {t:?}").into(),
+            .map_err(|_| {
+                Error::connection(
+                    crate::KIND,
+                    node.endpoint.clone(),
+                    format!("no connection within {t:?}"),
+                )
             })??;
         let b = Arc::new(b);
         // Best effort: they load on demand too.
@@ -550,23 +552,24 @@ impl Health {
             }
         }
         if ok < need {
-            return Err(Error::Connection {
-                backend: crate::KIND,
-                endpoint: String::new(),
-                source: format!(
+            return Err(Error::connection(
+                crate::KIND,
+                String::new(),
+                format!(
                     "only {ok} nodes listed their counters, {need} needed{}",
                     last_err.map(|e| format!(": {e}")).unwrap_or_default()
-                )
-                .into(),
-            });
+                ),
+            ));
         }
         let counters: Vec<(String, u64)> = max.into_iter().collect();
         tokio::time::timeout(t, me.seed_fences(&counters))
             .await
-            .map_err(|_| Error::Connection {
-                backend: crate::KIND,
-                endpoint: String::new(),
-                source: format!("seeding took longer than {t:?}").into(),
+            .map_err(|_| {
+                Error::connection(
+                    crate::KIND,
+                    String::new(),
+                    format!("seeding took longer than {t:?}"),
+                )
             })??;
         Ok((counters.len(), horizon))
     }

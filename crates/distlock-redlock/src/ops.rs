@@ -212,15 +212,11 @@ pub(crate) async fn force_release(s: &Shared, name: &str) -> Result<ForceRelease
         }
     }
     if done < q {
-        return Err(Error::Connection {
-            backend: KIND,
-            endpoint: s.endpoint.clone(),
-            source: format!(
+        return Err(Error::connection(KIND, s.endpoint.clone(), format!(
                 "forced release of `{name}` done on only {done} of {n} nodes (need {q}): {}; the holds removed there stay removed, run it again when a majority answers",
                 problems.join("; ")
             )
-            .into(),
-        });
+            ));
     }
     if !problems.is_empty() {
         // A minority kept its hold: the old holder cannot renew on a majority any more, and

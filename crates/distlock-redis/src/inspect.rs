@@ -1,0 +1,147 @@
+//! Reading a lock's state (`inspect`, and the holders a forced release removed): one
+//! pipelined round trip, the same reading of the grants for every lock family.
+
+use crate::error::KIND;
+use crate::{family, Family, RedisBackend};
+use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result};
+use redis::Value;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// One grant of a read-write lock or semaphore as the scripts store it: `TOKEN:X:OWNER`, where
+/// X is the side (`r`/`w`) or the permits. `None` for a value of another layout.
+fn parse_grant(value: &str) -> Option<(u64, &str, &str)> {
+    let (token, rest) = value.split_once(':')?;
+    let (x, owner) = rest.split_once(':')?;
+    Some((token.parse().ok()?, x, owner))
+}
+
+fn ms(ms: i64) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+/// The live holders in a grants hash: the mutex's one grant `{attempt, token, owner}` (its
+/// lease the hash's PTTL), or a read-write lock's or semaphore's grants
+/// `ATTEMPT → TOKEN:X:OWNER`, each with its own expiry (server ms; past ones are gone,
+/// whether or not a script pruned them).
+pub(crate) fn holders(
+    fam: &Family,
+    fields: &[(String, String)],
+    pttl: i64,
+    exps: &[(String, f64)],
+    now_ms: u64,
+) -> Vec<HolderInfo> {
+    let left = ms(pttl);
+    if let Family::Mutex { .. } = fam {
+        return fields
+            .iter()
+            .find(|(f, _)| f == "owner")
+            .map(|(_, owner)| HolderInfo::new(owner.clone(), 1).with_lease_left(left))
+            .into_iter()
+            .collect();
+    }
+    let expiry: HashMap<&str, u64> = exps.iter().map(|(m, s)| (m.as_str(), *s as u64)).collect();
+    let mut out = Vec::new();
+    for (attempt, value) in fields {
+        let Some((_, x, owner)) = parse_grant(value) else {
+            continue;
+        };
+        let (count, side) = match (fam, x) {
+            (Family::Rw { .. }, "r") => (1, Some(LockKind::Read)),
+            (Family::Rw { .. }, "w") => (1, Some(LockKind::Write)),
+            (Family::Sem { .. }, n) => match n.parse() {
+                Ok(n) => (n, None),
+                Err(_) => continue,
+            },
+            _ => continue,
+        };
+        let lease_left = match expiry.get(attempt.as_str()) {
+            Some(&e) if e <= now_ms => continue,
+            Some(&e) => Some(Duration::from_millis(e - now_ms)),
+            None => left,
+        };
+        out.push(
+            HolderInfo::new(owner, count)
+                .with_lease_left(lease_left)
+                .with_side(side),
+        );
+    }
+    out
+}
+
+/// `Backend::inspect`: holds, their expiries (or the hash's PTTL), the fence, the queue and
+/// the server clock, in one pipeline.
+pub(crate) async fn inspect(b: &RedisBackend, name: &str, kind: LockKind) -> Result<LockInfo> {
+    let fam = family(kind)?;
+    let (holds_key, exp_key, queue_key, waiters_key, limit_key) = match fam {
+        Family::Mutex { .. } => {
+            let [h, _, q, w] = b.keys(name);
+            (h, None, q, w, None)
+        }
+        Family::Rw { .. } => {
+            let [h, _, q, w, e] = b.rw_keys(name);
+            (h, Some(e), q, w, None)
+        }
+        Family::Sem { .. } => {
+            let [h, _, q, w, e, l] = b.sem_keys(name);
+            (h, Some(e), q, w, Some(l))
+        }
+    };
+    let mut pipe = redis::pipe();
+    pipe.cmd("HGETALL").arg(&holds_key);
+    pipe.cmd("PTTL").arg(&holds_key);
+    pipe.cmd("GET").arg(b.fence_key(name));
+    pipe.cmd("HGETALL").arg(&waiters_key);
+    pipe.cmd("ZRANGE").arg(&queue_key).arg(0).arg(-1);
+    pipe.cmd("TIME");
+    if let Some(e) = &exp_key {
+        pipe.cmd("ZRANGE").arg(e).arg(0).arg(-1).arg("WITHSCORES");
+    }
+    if let Some(l) = &limit_key {
+        pipe.cmd("GET").arg(l);
+    }
+    let mut con = b.con.clone();
+    let mut vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| b.err(e))?;
+    // Same shape for every family: no expiries (the hash's PTTL counts) and no limit.
+    if exp_key.is_none() {
+        vals.push(Value::Array(Vec::new()));
+    }
+    if limit_key.is_none() {
+        vals.push(Value::Nil);
+    }
+    let bad = |what: &str| -> Error {
+        Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
+    };
+    let [fields, pttl, fence, waiters, queue, time, exps, limit]: [Value; 8] =
+        vals.try_into().map_err(|_| bad("number of replies"))?;
+    let fields: Vec<(String, String)> =
+        redis::from_redis_value(fields).map_err(|_| bad("holders"))?;
+    let pttl: i64 = redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?;
+    let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
+    let exps: Vec<(String, f64)> = redis::from_redis_value(exps).map_err(|_| bad("expiries"))?;
+    let waiters: Vec<(String, String)> =
+        redis::from_redis_value(waiters).map_err(|_| bad("waiters"))?;
+    let queue: Vec<String> = redis::from_redis_value(queue).map_err(|_| bad("queue"))?;
+    let limit: Option<u32> = redis::from_redis_value(limit).map_err(|_| bad("permits"))?;
+    let (secs, micros): (String, String) =
+        redis::from_redis_value(time).map_err(|_| bad("TIME"))?;
+    let now_ms =
+        secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
+    let live: HashMap<&str, u64> = waiters
+        .iter()
+        .filter_map(|(m, d)| Some((m.as_str(), d.split(':').next()?.parse().ok()?)))
+        .collect();
+    let waiting = queue
+        .iter()
+        .filter(|m| live.get(m.as_str()).is_some_and(|&e| e > now_ms))
+        .count();
+    let permits = match fam {
+        Family::Sem { limit: l, .. } => Some(limit.unwrap_or(l)),
+        _ => None,
+    };
+    Ok(LockInfo::new(name)
+        .with_holders(holders(&fam, &fields, pttl, &exps, now_ms))
+        .with_fencing_token(b.counter(name, fence)?)
+        .with_waiters(Some(u32::try_from(waiting).unwrap_or(u32::MAX)))
+        .with_permits(permits))
+}
