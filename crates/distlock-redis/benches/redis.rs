@@ -64,11 +64,7 @@ async fn main() {
     }
     // The same pair through the backend trait alone (no guard, no watchdog bookkeeping).
     use distlock_core::Backend;
-    let key = distlock_core::HoldKey {
-        name: "raw".into(),
-        owner: "bench".into(),
-        kind: distlock_core::LockKind::Mutex,
-    };
+    let key = distlock_core::HoldKey::new("raw", "bench", distlock_core::LockKind::Mutex);
     let mut raw = Vec::with_capacity(n);
     for _ in 0..n {
         // One attempt per acquisition, as the core makes them.

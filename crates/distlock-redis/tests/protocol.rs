@@ -491,11 +491,8 @@ async fn repeated_release_and_give_up_touch_only_their_grant() {
     let b = RedisBackend::connect(&server.url(), &fast_opts())
         .await
         .expect("connect");
-    let key = HoldKey {
-        name: unique_name("repeat").into(),
-        owner: "one-owner".into(),
-        kind: LockKind::Mutex,
-    };
+    let name = unique_name("repeat");
+    let key = HoldKey::new(name.as_str(), "one-owner", LockKind::Mutex);
     let lease = Duration::from_secs(10);
     let granted = |r: AcquireReply| match r {
         AcquireReply::Granted { token } => token,
@@ -517,10 +514,7 @@ async fn repeated_release_and_give_up_touch_only_their_grant() {
     );
     b.give_up(&first).await.expect("give up");
     let other = AcquireRequest::new(
-        HoldKey {
-            owner: "other".into(),
-            ..key.clone()
-        },
+        HoldKey::new(name.as_str(), "other", LockKind::Mutex),
         lease,
         LostSignal::new(),
     );

@@ -314,20 +314,15 @@ fn merge_infos(name: &str, infos: &[NodeView], q: usize) -> LockInfo {
     let mut holders: Vec<HolderInfo> = seen
         .into_values()
         .filter(|hs| hs.len() >= q)
-        .map(|hs| HolderInfo {
-            owner: hs[0].owner.clone(),
-            count: 1,
-            lease_left: ops::majority_lease(hs.iter().map(|h| h.lease_left).collect(), q),
-            ..HolderInfo::default()
+        .map(|hs| {
+            let lease_left = ops::majority_lease(hs.iter().map(|h| h.lease_left).collect(), q);
+            HolderInfo::new(hs[0].owner.clone(), 1).with_lease_left(lease_left)
         })
         .collect();
     holders.sort_by(|a, b| a.owner.cmp(&b.owner));
-    LockInfo {
-        name: name.to_owned(),
-        holders,
-        fencing_token: infos.iter().map(|i| i.1).max().unwrap_or(0),
-        ..LockInfo::default()
-    }
+    LockInfo::new(name)
+        .with_holders(holders)
+        .with_fencing_token(infos.iter().map(|i| i.1).max().unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -335,12 +330,7 @@ mod tests {
     use super::*;
 
     fn holder(owner: &str, ms: u64) -> HolderInfo {
-        HolderInfo {
-            owner: owner.into(),
-            count: 1,
-            lease_left: Some(Duration::from_millis(ms)),
-            ..HolderInfo::default()
-        }
+        HolderInfo::new(owner, 1).with_lease_left(Some(Duration::from_millis(ms)))
     }
 
     #[test]

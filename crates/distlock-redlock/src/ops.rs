@@ -116,21 +116,15 @@ fn merge(name: &str, views: &[(Option<NodeHold>, u64)], n: usize, q: usize) -> L
             *tokens.entry(t).or_default() += 1;
         }
         token = tokens.into_iter().find(|(_, k)| *k >= q).map(|(t, _)| t);
-        holders.push(HolderInfo {
-            owner: agreement(&hs[0].owner, hs.len(), n),
-            count: 1,
-            lease_left: majority_lease(hs.iter().map(|h| h.lease_left).collect(), q),
-            side: None,
-        });
+        let lease_left = majority_lease(hs.iter().map(|h| h.lease_left).collect(), q);
+        holders.push(
+            HolderInfo::new(agreement(&hs[0].owner, hs.len(), n), 1).with_lease_left(lease_left),
+        );
     }
-    LockInfo {
-        name: name.to_owned(),
-        holders,
-        fencing_token: token.unwrap_or_else(|| views.iter().map(|v| v.1).max().unwrap_or(0)),
-        // Redlock keeps no server-side queue: waiters poll and watch.
-        waiters: None,
-        permits: None,
-    }
+    // Redlock keeps no server-side queue (waiters poll and watch): no waiter count.
+    LockInfo::new(name)
+        .with_holders(holders)
+        .with_fencing_token(token.unwrap_or_else(|| views.iter().map(|v| v.1).max().unwrap_or(0)))
 }
 
 pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
@@ -229,11 +223,9 @@ pub(crate) async fn force_release(s: &Shared, name: &str) -> Result<ForceRelease
     }
     let removed = holds
         .into_iter()
-        .map(|(owner, leases)| HolderInfo {
-            owner: agreement(&owner, leases.len(), n),
-            count: 1,
-            lease_left: majority_lease(leases, q),
-            side: None,
+        .map(|(owner, leases)| {
+            let k = leases.len();
+            HolderInfo::new(agreement(&owner, k, n), 1).with_lease_left(majority_lease(leases, q))
         })
         .collect();
     Ok(ForceReleased::new(removed, top))

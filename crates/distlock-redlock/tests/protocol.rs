@@ -64,11 +64,7 @@ fn pttl(c: &Cluster, i: usize, name: &str) -> i64 {
 }
 
 fn key(name: &str, owner: &str) -> HoldKey {
-    HoldKey {
-        name: name.into(),
-        owner: owner.into(),
-        kind: LockKind::Mutex,
-    }
+    HoldKey::new(name, owner, LockKind::Mutex)
 }
 
 async fn granted(b: &Arc<dyn Backend>, req: &AcquireRequest) -> u64 {
