@@ -41,6 +41,12 @@ fn futures_are_send(
     send(&mg.release());
 }
 
+fn connect_is_send(registry: &crate::registry::Registry, opts: crate::ClientOptions) {
+    send(&registry.connect("redis://h", opts.clone()));
+    send(&registry.open("redis://h", &opts));
+    shared::<crate::registry::Registry>();
+}
+
 fn handles_are_shareable() {
     shared::<Client>();
     shared::<Lock>();

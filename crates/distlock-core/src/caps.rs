@@ -38,7 +38,7 @@ pub struct Capabilities {
 
 const ALL_KINDS: u8 = 0b1_1111;
 
-fn bit(kind: LockKind) -> u8 {
+const fn bit(kind: LockKind) -> u8 {
     match kind {
         LockKind::Mutex => 1,
         LockKind::Read => 2,
@@ -78,49 +78,63 @@ impl Capabilities {
     }
 
     /// The same, with lock kind `kind` supported too.
-    pub fn with(mut self, kind: LockKind) -> Self {
-        self.kinds |= bit(kind);
-        self
+    pub const fn with(self, kind: LockKind) -> Self {
+        Capabilities {
+            kinds: self.kinds | bit(kind),
+            ..self
+        }
     }
 
     /// The same, without lock kind `kind`.
-    pub fn without(mut self, kind: LockKind) -> Self {
-        self.kinds &= !bit(kind);
-        self
+    pub const fn without(self, kind: LockKind) -> Self {
+        Capabilities {
+            kinds: self.kinds & !bit(kind),
+            ..self
+        }
     }
 
     /// Whether a holder that stops renewing loses the lock when its lease ends (default
     /// true; false for `file://`, where a hold lasts as long as the holding process).
-    pub fn lease_expiry(mut self, yes: bool) -> Self {
-        self.lease_expiry = yes;
-        self
+    pub const fn lease_expiry(self, yes: bool) -> Self {
+        Capabilities {
+            lease_expiry: yes,
+            ..self
+        }
     }
 
     /// Whether [`Backend::list`](crate::Backend::list) is implemented (default true).
-    pub fn listing(mut self, yes: bool) -> Self {
-        self.listing = yes;
-        self
+    pub const fn listing(self, yes: bool) -> Self {
+        Capabilities {
+            listing: yes,
+            ..self
+        }
     }
 
     /// Whether [`Backend::force_release`](crate::Backend::force_release) is implemented
     /// (default true).
-    pub fn forced_release(mut self, yes: bool) -> Self {
-        self.forced_release = yes;
-        self
+    pub const fn forced_release(self, yes: bool) -> Self {
+        Capabilities {
+            forced_release: yes,
+            ..self
+        }
     }
 
     /// Whether [`Backend::diagnose`](crate::Backend::diagnose) is implemented (default true).
-    pub fn diagnosis(mut self, yes: bool) -> Self {
-        self.diagnosis = yes;
-        self
+    pub const fn diagnosis(self, yes: bool) -> Self {
+        Capabilities {
+            diagnosis: yes,
+            ..self
+        }
     }
 
     /// A hint added in parentheses to every "not supported" message, e.g. `lease mode does
     /// mutexes only`: `lock kind read (lease mode does mutexes only) is not supported by the
     /// postgres backend`.
-    pub fn note(mut self, note: &'static str) -> Self {
-        self.note = Some(note);
-        self
+    pub const fn note(self, note: &'static str) -> Self {
+        Capabilities {
+            note: Some(note),
+            ..self
+        }
     }
 
     /// True if lock kind `kind` is implemented (any permit count for a semaphore).

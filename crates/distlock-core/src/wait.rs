@@ -181,6 +181,9 @@ async fn run_loop<S: WaitStrategy + ?Sized>(
             Ok(Attempt::Again) => {
                 backoff.reset();
                 last_err = None;
+                // Cooperative: a strategy that answers `Again` many times in a row must not
+                // starve the other tasks of its worker thread.
+                tokio::task::yield_now().await;
                 continue;
             }
             Ok(Attempt::Held { retry_in }) => {
