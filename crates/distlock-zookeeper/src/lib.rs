@@ -26,6 +26,7 @@ use crate::layout::NodeKind;
 use crate::session::{Inner, State};
 use crate::wait::ChildWatch;
 use distlock_core::backend::Capabilities;
+use distlock_core::conn;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, Granted,
     LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
@@ -82,12 +83,15 @@ impl ZkBackend {
             .clone()
             .unwrap_or_else(|| opts.get_namespace().to_owned());
         if namespace.is_empty() {
-            return Err(Error::invalid_url(url, "the namespace must not be empty"));
+            return Err(Error::invalid_url(
+                conn::redact(url),
+                "the namespace must not be empty",
+            ));
         }
         let base = format!("{}/{}", u.chroot, encode_segment(&namespace));
         if base == "/zookeeper" {
             return Err(Error::invalid_url(
-                url,
+                conn::redact(url),
                 "namespace `zookeeper` at the root is reserved by ZooKeeper; pick another or add a chroot",
             ));
         }

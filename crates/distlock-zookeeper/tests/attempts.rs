@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
+mod common;
+use common::released;
+
 fn key(name: &str, owner: &str) -> HoldKey {
     HoldKey {
         name: name.into(),
@@ -426,10 +429,7 @@ async fn leases_longer_than_the_session_are_refused() {
     assert!(e.contains("session timeout"), "{e}");
     assert!(!g.is_lost(), "a refused extension cost the lock");
     assert!(client.inspect(&name).await.expect("inspect").held());
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
 }
 
 /// The read side beside the owner's write grant (a downgrade) joins the write node; a join

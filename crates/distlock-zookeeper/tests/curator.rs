@@ -5,7 +5,7 @@
 //! source file) with the jars of Debian's `libcurator-recipes-java`; the test is skipped, saying
 //! so, when `java` or a jar is missing.
 
-use distlock_core::{Client, LockKind, ReleaseOutcome};
+use distlock_core::{Client, LockKind};
 use distlock_testkit::conformance::{fast_opts, unique_name, wait_for_waiters};
 use distlock_testkit::ZkEnsemble;
 use distlock_zookeeper::lock_dir;
@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 mod common;
-use common::shared_client;
+use common::{released, shared_client};
 
 /// Where Debian installs the jars, and the ones Curator's mutex needs at run time.
 const JAR_DIR: &str = "/usr/share/java";
@@ -188,10 +188,7 @@ async fn curator_and_dlock_exclude_each_other() {
         "Curator took the mutex while dlock held it"
     );
     let t1 = g.fencing_token();
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     curator.expect("ACQUIRED", Duration::from_secs(10)).await;
 
     // Curator holds (for 4 s): dlock's try fails, and its wait queues behind Curator.
@@ -214,8 +211,5 @@ async fn curator_and_dlock_exclude_each_other() {
     assert!(curator.said("RELEASED"), "granted before Curator released");
     assert!(g2.fencing_token() > t1);
     assert!(curator.wait_exit().success(), "the Curator holder failed");
-    assert_eq!(
-        g2.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g2).await;
 }

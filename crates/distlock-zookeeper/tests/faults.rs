@@ -11,7 +11,7 @@ use distlock_zookeeper::ZkBackend;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{client_at as client, hold};
+use common::{client_at as client, hold, released};
 
 /// Options for the fault tests: a watchdog lease long enough that only the session decides.
 fn opts() -> ClientOptions {
@@ -84,10 +84,7 @@ async fn leader_killed_lock_survives() {
 
     // The held node is still the holder's: releasing it hands the lock to the waiter.
     let released_at = Instant::now();
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     let (g2, got_at) = waiter.await.expect("waiter");
     let g2 = g2.expect("the waiter got the lock");
     // Woken by the deletion of the released node (its watch); nothing else would hand it the
@@ -104,10 +101,7 @@ async fn leader_killed_lock_survives() {
 
     // The killed server comes back as a follower with its data; the lock keeps working.
     blocking(|| ensemble.restart(leader)).expect("restart");
-    assert_eq!(
-        g2.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g2).await;
     let g3 = a
         .lock(&name)
         .expect("lock")
@@ -200,10 +194,7 @@ async fn session_expiry_fires_lost_and_fences() {
         g.release().await.expect("release"),
         ReleaseOutcome::TakenByOther
     );
-    assert_eq!(
-        g2.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g2).await;
     let g3 = holder
         .lock(&name)
         .expect("lock")
@@ -269,10 +260,7 @@ async fn lost_signal_only_for_losses() {
     let name = unique_name("signals");
     let g = hold(&a, &name).await;
     let lost = g.lost_signal();
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     tokio::time::sleep(opts.renew_interval() + opts.get_op_timeout() + Duration::from_millis(300))
         .await;
     assert!(

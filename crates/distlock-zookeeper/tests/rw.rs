@@ -1,14 +1,14 @@
 //! The read-write lock on a real ensemble, beyond the conformance cases: counters that prove
 //! readers overlap and writers are alone, and the downgrade with a writer already queued.
 
-use distlock_core::{LockKind, ReleaseOutcome};
+use distlock_core::LockKind;
 use distlock_testkit::conformance::{fast_opts, unique_name, wait_for_waiters};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::shared_client as client;
+use common::{released, shared_client as client};
 
 /// Readers and writers from three clients take turns for a while. Counters kept inside the
 /// critical sections prove the rules: a writer never overlaps anyone, and readers do overlap.
@@ -126,10 +126,7 @@ async fn downgrade_with_a_writer_queued() {
     // The writer queues (its node exists) before the write side goes.
     wait_for_waiters(&c, &name, LockKind::Write, 1).await;
 
-    assert_eq!(
-        w.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(w).await;
     let info = c
         .inspect_kind(&name, LockKind::Read)
         .await
@@ -149,10 +146,7 @@ async fn downgrade_with_a_writer_queued() {
         .expect("try");
     assert!(late.is_none(), "a new reader passed a waiting writer");
 
-    assert_eq!(
-        r.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(r).await;
     let w2 = writer.await.expect("join").expect("the queued writer");
     let t2 = w2.fencing_token();
     assert!(t2 > t1);
@@ -163,10 +157,7 @@ async fn downgrade_with_a_writer_queued() {
     assert_eq!(info.holders.len(), 1);
     assert_eq!(info.holders[0].side, Some(LockKind::Write));
     assert_eq!(info.fencing_token, t2);
-    assert_eq!(
-        w2.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(w2).await;
     let info = c
         .inspect_kind(&name, LockKind::Read)
         .await

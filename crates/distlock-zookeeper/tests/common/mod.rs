@@ -1,7 +1,7 @@
 //! Helpers shared by this crate's test files (each includes it with `mod common;`).
 #![allow(dead_code)] // each test file uses a part
 
-use distlock_core::{Client, ClientOptions, LockGuard};
+use distlock_core::{Client, ClientOptions, LockGuard, ReleaseOutcome};
 use distlock_testkit::ZkEnsemble;
 use distlock_zookeeper::ZkBackend;
 use std::sync::Arc;
@@ -34,4 +34,12 @@ pub async fn client_at(url: &str, opts: ClientOptions) -> Client {
 /// A client of its own session on the shared test ensemble.
 pub async fn shared_client(opts: ClientOptions) -> Client {
     client_at(&ZkEnsemble::shared().url(), opts).await
+}
+
+/// Releases `g` and checks that it was still held.
+pub async fn released(g: LockGuard) {
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
 }
