@@ -1,6 +1,5 @@
 //! `dlock`: run a command under a distributed lock, inspect locks.
 
-mod child;
 mod doctor;
 mod inspect;
 mod kind;
@@ -52,24 +51,25 @@ enum Command {
         /// A subcommand whose own page to print (e.g. run).
         subcommand: Option<String>,
     },
-    /// The process that runs the command of `dlock run` (started by it; not for direct use).
-    #[command(name = "__guard", hide = true)]
-    Guard(child::GuardArgs),
 }
 
 /// Exit code when the lock was not acquired within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
 /// Exit code when the lock was lost while the command ran.
-pub const EXIT_LOST: u8 = 76;
+pub const EXIT_LOST: u8 = distlock_run::EXIT_LOST;
 /// Exit code for other errors (bad input, unreachable server…), and the command-line
 /// duration parser (a bare number is seconds): shared with the lab subcommands.
 pub use distlock_lab::{duration_arg, EXIT_ERROR};
 
 fn main() -> ExitCode {
+    // `dlock __guard …`: the process that runs the command of `dlock run` (which re-executes
+    // this binary for it); not for direct use.
+    if let Some(code) = distlock_run::dispatch_guard() {
+        return ExitCode::from(code);
+    }
     let cli = Cli::parse();
     // Commands that need no lock runtime.
     let cli = match cli.command {
-        Command::Guard(args) => return ExitCode::from(child::guard_main(args)),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -92,12 +92,12 @@ fn main() -> ExitCode {
             Command::Doctor(args) => doctor::doctor(&backend, args).await,
             Command::Lab(command) => distlock_lab::run(&backend, command).await,
             // Handled above, before the runtime.
-            Command::Guard(_) | Command::Completions { .. } | Command::Man { .. } => EXIT_ERROR,
+            Command::Completions { .. } | Command::Man { .. } => EXIT_ERROR,
         }
     }))
 }
 
-/// The command-line definition without the hidden subcommands (the guard, the seckill
+/// The command-line definition without the hidden subcommands (the seckill
 /// worker), which clap_complete would otherwise offer for completion.
 fn visible_command() -> clap::Command {
     let full = Cli::command();

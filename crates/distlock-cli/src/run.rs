@@ -1,8 +1,8 @@
 //! `dlock run [--wait DUR] [--lease DUR] [--grace DUR] NAME -- CMD [ARGS…]`.
 //!
 //! The promise: the command (with every process it starts) runs only while the lock is held.
-//! - It runs in its own process group under a guard process (see `child.rs`): `kill -9` of
-//!   dlock takes the whole group down, signals dlock gets are forwarded to the group.
+//! - It runs in its own process group under a guard process (crate `distlock-run`): `kill -9`
+//!   of dlock takes the whole group down, signals dlock gets are forwarded to the group.
 //! - dlock confirms the lease itself (a renewal every lease/4, on top of the watchdog's) and
 //!   knows the instant the last confirmed lease ends. The command is stopped — SIGTERM to the
 //!   group, SIGKILL `--grace` later — so that it is dead a margin *before* that instant, which
@@ -11,8 +11,8 @@
 //! - Exit 76 whenever the lock was lost (or the command had to be stopped for it) before the
 //!   command ended, even if the command then exited by itself.
 
-use crate::child::{self, boot_now, Group, Report, Schedule};
 use clap::Args;
+use distlock_run::{boot_now, margin, max_grace, verdict, Event, Facts, Report, Supervisor};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,28 +68,6 @@ failed, before the command ended (even if it then exited by itself); 1 for other
 /// `--grace` when not given.
 const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 
-/// How far before the confirmed lease end the command must be dead: signal delivery, the
-/// kernel tearing the processes down, and a loaded machine's scheduling.
-fn margin(lease: Duration) -> Duration {
-    (lease / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
-}
-
-/// The longest grace that still lets renewals fail for a while before the stop must start.
-fn max_grace(lease: Duration) -> Duration {
-    (lease / 2).saturating_sub(margin(lease))
-}
-
-/// The stop schedule for a confirmed lease ending at `lease_end` (boot clock): dead a margin
-/// before it, SIGTERM `grace` before that. Wiring a core accessor for the lease end (see the
-/// module docs) only changes where `lease_end` comes from.
-pub fn schedule(lease_end: Duration, grace: Duration, margin: Duration) -> Schedule {
-    let kill = lease_end.saturating_sub(margin);
-    Schedule {
-        term: kill.saturating_sub(grace),
-        kill,
-    }
-}
-
 /// The end of the lease a request sent at `sent` (boot clock) and confirmed promises, as the
 /// core counts it (send time + lease − drift allowance).
 fn confirmed_end(sent: Duration, lease: Duration) -> Duration {
@@ -130,9 +108,10 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         Err(e) if e.is_not_owner() => {}
         Err(e) => eprintln!("dlock: confirming the lease failed ({e}); counting from the grant"),
     }
-    let first = schedule(lease_end, grace, margin);
     let at = |t: Duration| fmt_at(t, acquired);
-    if guard.is_lost() || boot_now() >= first.term {
+    if guard.is_lost()
+        || boot_now() >= distlock_run::Schedule::for_lease(lease_end, grace, margin).term
+    {
         eprintln!(
             "dlock: lock `{}` was lost before the command could start (the confirmed lease \
              ends {}, it is now {}); not running it",
@@ -148,7 +127,7 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         ("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string()),
         ("DLOCK_OWNER", guard.owner().to_string()),
     ];
-    let mut group = match Group::spawn(&args.command, &env, grace, first) {
+    let group = match Supervisor::spawn(&args.command, &env, grace, margin, lease_end) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("dlock: cannot start the command's guard: {e}");
@@ -158,93 +137,32 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
     };
     let (end_tx, mut end_rx) = tokio::sync::watch::channel(lease_end);
     let renewer = tokio::spawn(renew(guard.clone(), args.lease, end_tx));
-    let mut sigs = child::forwarded_signals();
-    let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).ok();
     let lost_signal = guard.lost_signal();
-    let mut renewer_alive = true;
-    let mut lost_seen: Option<(Duration, distlock::LostReason)> = None;
-    let mut report: Option<Report> = None;
-    let mut termed_at: Option<Duration> = None;
-    let mut killed = false;
-    // When dlock first signalled the group to stop it (the command may have ended before,
-    // while dlock was paused: the verdict compares the times).
-    let mut stopped_at: Option<Duration> = None;
-    loop {
-        // First: a guard that is gone needs no more stopping (and a paused dlock that resumes
-        // should not report stopping a command that ended during the pause).
-        if group.exited() {
-            break;
-        }
-        group.flush();
-        let sched = schedule(*end_rx.borrow(), grace, margin);
-        let now = boot_now();
-        if now >= sched.kill && !killed {
-            // Also what the command left behind (the guard kills it then too).
-            killed = true;
-            stopped_at.get_or_insert(now);
-            group.signal(libc::SIGKILL);
-        } else if report.is_none() && now >= sched.term && termed_at.is_none() {
-            termed_at = Some(now);
-            eprintln!(
+    let outcome = group
+        .wait(&mut end_rx, lost_signal.lost(), |event| match event {
+            Event::Stopping { lease_end, kill_at } => eprintln!(
                 "dlock: renewals of lock `{}` have not been confirmed; the lease ends {}: \
                      stopping the command (SIGTERM now, SIGKILL {})",
                 args.name,
-                at(*end_rx.borrow()),
-                at(sched.kill)
-            );
-            group.signal(libc::SIGTERM);
-        }
-        let next = if termed_at.is_none() {
-            sched.term
-        } else {
-            sched.kill
-        };
-        tokio::select! {
-            r = group.report(), if report.is_none() => {
-                if let Some(r) = r {
-                    report = Some(r);
-                }
-            }
-            changed = end_rx.changed(), if renewer_alive => match changed {
-                Ok(()) => {
-                    let s = schedule(*end_rx.borrow(), grace, margin);
-                    group.send(s);
-                }
-                Err(_) => renewer_alive = false,
-            },
-            reason = lost_signal.lost(), if lost_seen.is_none() => {
-                let now = boot_now();
-                if report.is_none() {
-                    eprintln!(
-                        "dlock: lock `{}` was lost while the command ran ({reason}); killing the command",
-                        args.name
-                    );
-                }
-                // No grace: another owner may hold the lock already. Also whatever the command
-                // left running if it ended.
-                killed = true;
-                group.signal(libc::SIGKILL);
-                lost_seen = Some((now, reason));
-            }
-            sig = child::recv_any(&mut sigs) => group.signal(sig),
-            _ = child::recv(&mut sigchld) => {}
-            // A safety net under SIGCHLD.
-            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-            _ = tokio::time::sleep_until(child::to_tokio(next)), if !killed => {}
-        }
-    }
-    let guard_status = group.finish();
-    if report.is_none() {
-        report = group.drain().await.into_iter().next();
-    }
-    let seen_end = boot_now();
+                at(lease_end),
+                at(kill_at)
+            ),
+            Event::Lost(reason) => eprintln!(
+                "dlock: lock `{}` was lost while the command ran ({reason}); killing the command",
+                args.name
+            ),
+            _ => {}
+        })
+        .await;
+    let seen_end = outcome.seen_end;
     renewer.abort();
     let _ = renewer.await;
     let lease_end = *end_rx.borrow();
+    let mut lost_seen = outcome.lost_seen;
     if lost_seen.is_none() && guard.is_lost() {
         lost_seen = guard.lost_signal().reason().map(|r| (seen_end, r));
     }
-    let (ended, cmd_end) = match report {
+    let (ended, cmd_end) = match outcome.report {
         Some(Report::Ended(e, t)) => (e, t),
         Some(Report::Failed(code, msg)) => {
             eprintln!("dlock: cannot run `{}`: {msg}", args.command[0]);
@@ -262,19 +180,19 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
             return crate::EXIT_LOST;
         }
         // The guard died without a word (killed from outside, or by the stop schedule).
-        None => (guard_status, seen_end),
+        _ => (outcome.guard_status, seen_end),
     };
     let release_sent = boot_now();
     let released = release(guard).await;
-    let facts = Facts {
+    let mut facts = Facts::new(
         lease_end,
-        term_at: schedule(lease_end, grace, margin).term,
+        distlock_run::Schedule::for_lease(lease_end, grace, margin).term,
         cmd_end,
-        stopped_at,
-        lost_seen: lost_seen.clone(),
-        release_not_held: released == Some(false),
-        release_sent,
-    };
+    );
+    facts.stopped_at = outcome.stopped_at;
+    facts.lost_seen = lost_seen;
+    facts.release_not_held = released == Some(false);
+    facts.release_sent = release_sent;
     match verdict(&facts) {
         Some(why) => {
             eprintln!(
@@ -290,51 +208,6 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         }
         None => ended.exit_code(),
     }
-}
-
-/// What is known when the command has ended.
-#[derive(Debug, Clone)]
-struct Facts {
-    /// The last confirmed lease end.
-    lease_end: Duration,
-    /// When the stop was due under that lease.
-    term_at: Duration,
-    /// When the command ended (the guard's measurement, or when dlock saw the guard gone).
-    cmd_end: Duration,
-    /// When dlock started stopping the command, if it did.
-    stopped_at: Option<Duration>,
-    /// When dlock saw the lost signal, and why.
-    lost_seen: Option<(Duration, distlock::LostReason)>,
-    /// The release found the grant gone.
-    release_not_held: bool,
-    release_sent: Duration,
-}
-
-/// Why the run was not protected to its end, or `None` if it was.
-fn verdict(f: &Facts) -> Option<String> {
-    if let Some(t) = f.stopped_at {
-        if t <= f.cmd_end {
-            return Some("renewals were not confirmed in time and the command was stopped".into());
-        }
-    }
-    if f.cmd_end >= f.term_at {
-        return Some(
-            "the command was still running when it had to be stopped for the lease to hold".into(),
-        );
-    }
-    if let Some((t, reason)) = &f.lost_seen {
-        // A loss the server reported (deleted, taken over, session ended) happened at some
-        // unknown moment before dlock heard of it: the command may have run without the lock.
-        if *t <= f.cmd_end || *reason != distlock::LostReason::LeaseExpired {
-            return Some(format!("{reason}"));
-        }
-    }
-    if f.release_not_held && f.release_sent < f.lease_end {
-        return Some(
-            "the server no longer had the lock when it was released, within the lease".into(),
-        );
-    }
-    None
 }
 
 /// `+1.234s` from `origin`, or `-0.100s` before it.
@@ -525,77 +398,5 @@ async fn acquire(url: &str, args: &RunArgs) -> Result<(distlock::LockGuard, Dura
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn facts() -> Facts {
-        Facts {
-            lease_end: Duration::from_secs(10),
-            term_at: Duration::from_secs(8),
-            cmd_end: Duration::from_secs(5),
-            stopped_at: None,
-            lost_seen: None,
-            release_not_held: false,
-            release_sent: Duration::from_secs(6),
-        }
-    }
-
-    #[test]
-    fn schedule_ends_a_margin_before_the_lease() {
-        let s = schedule(
-            Duration::from_secs(10),
-            Duration::from_secs(2),
-            Duration::from_millis(500),
-        );
-        assert_eq!(s.kill, Duration::from_millis(9500));
-        assert_eq!(s.term, Duration::from_millis(7500));
-        assert!(
-            max_grace(Duration::from_millis(600)) + margin(Duration::from_millis(600))
-                <= Duration::from_millis(300)
-        );
-    }
-
-    #[test]
-    fn verdicts() {
-        assert_eq!(verdict(&facts()), None);
-        let f = Facts {
-            cmd_end: Duration::from_secs(9),
-            ..facts()
-        };
-        assert!(verdict(&f).is_some(), "ran past the stop time");
-        let f = Facts {
-            stopped_at: Some(Duration::from_secs(4)),
-            ..facts()
-        };
-        assert!(verdict(&f).is_some(), "stopped by dlock");
-        let f = Facts {
-            lost_seen: Some((Duration::from_secs(7), distlock::LostReason::NotHeld)),
-            ..facts()
-        };
-        assert!(verdict(&f).is_some(), "server-side loss of unknown time");
-        let f = Facts {
-            lost_seen: Some((Duration::from_secs(11), distlock::LostReason::LeaseExpired)),
-            ..facts()
-        };
-        assert_eq!(
-            verdict(&f),
-            None,
-            "the lease ran out after the command ended"
-        );
-        let f = Facts {
-            release_not_held: true,
-            ..facts()
-        };
-        assert!(verdict(&f).is_some(), "gone within the lease");
-        let f = Facts {
-            release_not_held: true,
-            release_sent: Duration::from_secs(12),
-            ..facts()
-        };
-        assert_eq!(verdict(&f), None, "released after the lease ran out");
     }
 }
