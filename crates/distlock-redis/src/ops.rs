@@ -74,21 +74,39 @@ pub(crate) fn glob_escape(s: &str) -> String {
     out
 }
 
-pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLock>> {
-    let pattern = format!("{}:{{{}*", glob_escape(&b.namespace), glob_escape(prefix));
+/// Every key matching `pattern`, by SCAN (never KEYS: it does not block the server), one
+/// batch of up to 1000 at a time given to `batch`.
+pub(crate) async fn scan(
+    b: &RedisBackend,
+    pattern: &str,
+    mut batch: impl FnMut(Vec<String>),
+) -> Result<()> {
     let mut con = b.con.clone();
-    let mut names: BTreeMap<String, BTreeSet<Fam>> = BTreeMap::new();
     let mut cursor = 0u64;
     loop {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
-            .arg(&pattern)
+            .arg(pattern)
             .arg("COUNT")
             .arg(1000)
             .query_async(&mut con)
             .await
             .map_err(|e| b.err(e))?;
+        if !keys.is_empty() {
+            batch(keys);
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLock>> {
+    let pattern = format!("{}:{{{}*", glob_escape(&b.namespace), glob_escape(prefix));
+    let mut names: BTreeMap<String, BTreeSet<Fam>> = BTreeMap::new();
+    scan(b, &pattern, |keys| {
         for key in &keys {
             if let Some((name, fam)) = parse_key(&b.namespace, key) {
                 if name.starts_with(prefix) {
@@ -96,11 +114,8 @@ pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLoc
                 }
             }
         }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
-    }
+    })
+    .await?;
     let mut out = Vec::new();
     for (name, fams) in names {
         // The counter is shared by every family of the name: report it alone only when

@@ -652,37 +652,24 @@ impl RedisBackend {
         let prefix = format!("{}:{{", self.namespace);
         let suffix = "}:fence";
         let pattern = format!("{}*{suffix}", glob_escape(&prefix));
+        let mut batches = Vec::new();
+        crate::ops::scan(self, &pattern, |keys| batches.push(keys)).await?;
         let mut con = self.con.clone();
         let mut out = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
+        for keys in batches {
+            let vals: Vec<Option<String>> = redis::cmd("MGET")
+                .arg(&keys)
                 .query_async(&mut con)
                 .await
                 .map_err(|e| self.err(e))?;
-            if !keys.is_empty() {
-                let vals: Vec<Option<String>> = redis::cmd("MGET")
-                    .arg(&keys)
-                    .query_async(&mut con)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                for (k, v) in keys.iter().zip(vals) {
-                    let name = k.strip_prefix(&prefix).and_then(|r| r.strip_suffix(suffix));
-                    if let (Some(name), Some(v)) = (name, v.and_then(|v| v.parse::<u64>().ok())) {
-                        out.push((name.to_owned(), v));
-                    }
+            for (k, v) in keys.iter().zip(vals) {
+                let name = k.strip_prefix(&prefix).and_then(|r| r.strip_suffix(suffix));
+                if let (Some(name), Some(v)) = (name, v.and_then(|v| v.parse::<u64>().ok())) {
+                    out.push((name.to_owned(), v));
                 }
             }
-            if next == 0 {
-                return Ok(out);
-            }
-            cursor = next;
         }
+        Ok(out)
     }
 
     /// Raises this node's fencing counters to at least the given values (never lowers one).

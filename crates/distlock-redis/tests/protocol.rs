@@ -3,6 +3,9 @@
 //! guards of mixed modes, sibling waiters around a handoff, semaphore queues, lost counters and
 //! replica confirmation of handoffs.
 
+mod common;
+
+use common::{acquired, client_for, released};
 use distlock_core::{
     AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockGuard,
     LockKind, LostSignal, ReleaseOutcome,
@@ -12,14 +15,7 @@ use distlock_testkit::conformance::{
     fast_opts, poll_until, unique_name, wait_for_waiters, EVENTUALLY,
 };
 use distlock_testkit::{DelayProxy, RedisServer};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-async fn client_for(url: &str, opts: ClientOptions) -> (Client, Arc<RedisBackend>) {
-    let backend = Arc::new(RedisBackend::connect(url, &opts).await.expect("connect"));
-    let client = Client::new(backend.clone(), opts).expect("client");
-    (client, backend)
-}
 
 /// A watchdog lease long enough that a grant leaked by a faulted request would block others
 /// far longer than any bound below.
@@ -50,22 +46,6 @@ async fn try_lock(c: &Client, name: &str) -> Option<LockGuard> {
         .try_acquire()
         .await
         .expect("try_acquire")
-}
-
-async fn acquired(c: &Client, name: &str) -> LockGuard {
-    c.lock(name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire")
-}
-
-/// Releases `g`, the last guard of its hold.
-async fn released(g: LockGuard) {
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
 }
 
 /// Releases `g`, one of two guards of its hold.

@@ -1,28 +1,21 @@
 //! Redis-specific behaviour and faults, on real redis-server processes.
 
-use distlock_core::{Client, ClientOptions, Error, LostReason, ReleaseOutcome};
+mod common;
+
+use common::{acquired, client_for, released};
+
+use distlock_core::{Error, LostReason, ReleaseOutcome};
 use distlock_redis::RedisBackend;
 use distlock_testkit::conformance::{fast_opts, unique_name};
 use distlock_testkit::{RedisOptions, RedisServer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-async fn client_for(url: &str, opts: ClientOptions) -> (Client, Arc<RedisBackend>) {
-    let backend = Arc::new(RedisBackend::connect(url, &opts).await.expect("connect"));
-    let client = Client::new(backend.clone(), opts).expect("client");
-    (client, backend)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_signal_fires_when_server_is_killed() {
     let mut server = RedisServer::start().expect("redis");
     let (client, _) = client_for(&server.url(), fast_opts()).await;
-    let g = client
-        .lock("killed")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&client, "killed").await;
     let t = Instant::now();
     server.kill();
     let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
@@ -39,12 +32,7 @@ async fn lost_signal_fires_when_server_is_killed() {
 async fn lost_signal_fires_after_restart_without_persistence() {
     let mut server = RedisServer::start().expect("redis");
     let (client, _) = client_for(&server.url(), fast_opts()).await;
-    let g = client
-        .lock("restarted")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&client, "restarted").await;
     server.restart().expect("restart");
     let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
         .await
@@ -60,10 +48,7 @@ async fn lost_signal_fires_after_restart_without_persistence() {
         .acquire_timeout(Duration::from_secs(5))
         .await
         .expect("acquire after restart");
-    assert_eq!(
-        g2.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,10 +90,7 @@ async fn wrong_password_is_an_auth_error() {
             .await
             .expect("try")
             .expect("free");
-        assert_eq!(
-            g.release().await.expect("release"),
-            ReleaseOutcome::Released
-        );
+        released(g).await;
     }
 }
 
@@ -187,10 +169,7 @@ async fn foreign_data_is_an_unexpected_reply() {
         .await
         .expect("try")
         .expect("free");
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,16 +177,8 @@ async fn scripts_reload_after_flush() {
     let server = RedisServer::start().expect("redis");
     let (client, _) = client_for(&server.url(), fast_opts()).await;
     assert_eq!(server.command(&["SCRIPT", "FLUSH"]).expect("flush"), "OK");
-    let g = client
-        .lock("flush")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    let g = acquired(&client, "flush").await;
+    released(g).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,10 +199,7 @@ async fn paused_server_costs_a_bounded_time() {
         .acquire_timeout(Duration::from_secs(5))
         .await
         .expect("after resume");
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,17 +237,11 @@ async fn waiters_subscribe_only_while_waiting() {
     }
     assert_eq!(backend.subscribed_channels().await, names.len());
     for g in guards {
-        assert_eq!(
-            g.release().await.expect("release"),
-            ReleaseOutcome::Released
-        );
+        released(g).await;
     }
     for w in waits {
         let g = w.await.expect("join").expect("acquired");
-        assert_eq!(
-            g.release().await.expect("release"),
-            ReleaseOutcome::Released
-        );
+        released(g).await;
     }
     let t = Instant::now();
     while backend.subscribed_channels().await > 0 && t.elapsed() < Duration::from_secs(5) {
@@ -341,10 +303,7 @@ async fn many_locks_are_renewed_together() {
         "renewal calls: {evalsha} in {took:?}"
     );
     for g in guards {
-        assert_eq!(
-            g.release().await.expect("release"),
-            ReleaseOutcome::Released
-        );
+        released(g).await;
     }
 }
 
@@ -369,22 +328,14 @@ async fn replica_confirmation_with_wait() {
     let (client, _) = client_for(&url, fast_opts().op_timeout(Duration::from_secs(15))).await;
     let short = format!("{}?wait_replicas=1&wait_timeout=300ms", master.url());
     let (short_client, _) = client_for(&short, fast_opts()).await;
-    let g = client
-        .lock("replicated")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&client, "replicated").await;
     assert_eq!(
         replica
             .command(&["EXISTS", "dlock:{replicated}"])
             .expect("exists"),
         "1"
     );
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     replica.pause();
     let err = short_client
         .lock("unreplicated")
@@ -411,12 +362,7 @@ async fn waiters_are_served_fifo_without_a_herd() {
     let opts = fast_opts().watchdog_lease(Duration::from_secs(30));
     let (holder, _) = client_for(&server.url(), opts.clone()).await;
     let name = unique_name("fifo");
-    let g = holder
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&holder, &name).await;
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     let n = 8;
@@ -450,10 +396,7 @@ async fn waiters_are_served_fifo_without_a_herd() {
     }
     server.command(&["CONFIG", "RESETSTAT"]).expect("resetstat");
     let t = Instant::now();
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     for w in waiters {
         w.await.expect("join");
     }
@@ -491,12 +434,7 @@ async fn waiters_that_give_up_leave_the_queue() {
             .command(&["ZCARD", &format!("dlock:{{{name}}}:queue")])
             .expect("zcard")
     };
-    let g = a
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&a, &name).await;
     let err = b
         .lock(&name)
         .expect("lock")
@@ -513,10 +451,7 @@ async fn waiters_that_give_up_leave_the_queue() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The holder's release finds nobody to hand to: the lock is free.
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     let info = a.inspect(&name).await.expect("inspect");
     assert!(!info.held(), "{info:?}");
 }

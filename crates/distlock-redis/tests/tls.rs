@@ -1,7 +1,11 @@
 //! `rediss://` against a real redis-server serving TLS with a throwaway CA.
 #![cfg(feature = "tls")]
 
-use distlock_core::{Client, Error, ReleaseOutcome};
+mod common;
+
+use common::{acquired, released};
+
+use distlock_core::{Client, Error};
 use distlock_redis::RedisBackend;
 use distlock_testkit::conformance::fast_opts;
 use distlock_testkit::RedisServer;
@@ -21,26 +25,15 @@ async fn lock_over_tls() {
         opts.clone(),
     )
     .expect("client");
-    let g = client
-        .lock("tls")
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
+    let g = acquired(&client, "tls").await;
     // A waiter over TLS is handed the lock through the TLS subscriber connection.
     let lock = other.lock("tls").expect("lock");
     let waiter = tokio::spawn(async move { lock.acquire().await });
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     let g2 = waiter.await.expect("join").expect("handed over");
     assert!(g2.fencing_token() > 1);
-    assert_eq!(
-        g2.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g2).await;
 }
 
 #[tokio::test]

@@ -1,0 +1,30 @@
+//! Helpers shared by this crate's test files.
+#![allow(dead_code)]
+
+use distlock_core::{Client, ClientOptions, LockGuard, ReleaseOutcome};
+use distlock_redis::RedisBackend;
+use std::sync::Arc;
+
+/// A client on `url` and its backend.
+pub async fn client_for(url: &str, opts: ClientOptions) -> (Client, Arc<RedisBackend>) {
+    let backend = Arc::new(RedisBackend::connect(url, &opts).await.expect("connect"));
+    let client = Client::new(backend.clone(), opts).expect("client");
+    (client, backend)
+}
+
+/// `name` acquired through `c` (waiting without a bound).
+pub async fn acquired(c: &Client, name: &str) -> LockGuard {
+    c.lock(name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire")
+}
+
+/// Releases `g`, the last guard of its hold.
+pub async fn released(g: LockGuard) {
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
