@@ -75,6 +75,9 @@ struct Shared<K> {
     next_id: AtomicU64,
     table: Mutex<HashMap<K, Channel>>,
     on_unused: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Orders the server commands of [`Subscriptions::watch`] and
+    /// [`Subscriptions::unsubscribe_unused`].
+    server: tokio::sync::Mutex<()>,
 }
 
 /// One key's state: what its watches have not seen yet.
@@ -121,6 +124,7 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
                 next_id: AtomicU64::new(1),
                 table: Mutex::new(HashMap::new()),
                 on_unused: OnceLock::new(),
+                server: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -174,6 +178,80 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
             rx: ch.beat.subscribe(),
         };
         (watch, first)
+    }
+
+    /// [`subscribe`](Subscriptions::subscribe), and the server subscription it asks for, with
+    /// the rule kept for you: `subscribe_on_server(key)` (your `SUBSCRIBE`, bounded by your
+    /// per-call timeout) runs only for a new key, ordered with
+    /// [`unsubscribe_unused`](Subscriptions::unsubscribe_unused) by a lock of the table. If it
+    /// fails, the key's watches fail too and its error is returned.
+    ///
+    /// ```
+    /// # async fn f() -> distlock_core::Result<()> {
+    /// use distlock_core::backend::{AttemptId, Subscriptions};
+    /// let subs: Subscriptions<String> = Subscriptions::new("postgres", "db:5432");
+    /// let watch = subs
+    ///     .watch("dlock_ab12".into(), &AttemptId::new(), |channel| async move {
+    ///         // conn.batch_execute(&format!("LISTEN \"{channel}\"")).await
+    ///         Ok(())
+    ///     })
+    ///     .await?;
+    /// drop(watch);
+    /// let n = subs.unsubscribe_unused(|channel| async move { /* UNLISTEN */ Ok(()) }).await?;
+    /// assert_eq!(n, 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// If dropped while `subscribe_on_server` runs, the watch is dropped with it; the key may
+    /// be subscribed on the server, and the next `unsubscribe_unused` unsubscribes it.
+    ///
+    /// # Errors
+    /// The error of `subscribe_on_server`.
+    pub async fn watch<F, Fut>(
+        &self,
+        key: K,
+        attempt: &AttemptId,
+        subscribe_on_server: F,
+    ) -> Result<Subscription<K>>
+    where
+        F: FnOnce(K) -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        let _order = self.inner.server.lock().await;
+        let (watch, first) = self.subscribe(key.clone(), attempt);
+        if first {
+            if let Err(e) = subscribe_on_server(key.clone()).await {
+                self.fail(&key, &e.to_string());
+                return Err(e);
+            }
+        }
+        Ok(watch)
+    }
+
+    /// [`take_unused`](Subscriptions::take_unused), and `unsubscribe_on_server` for each key,
+    /// ordered with [`watch`](Subscriptions::watch). Returns how many keys were unsubscribed;
+    /// stops at the first error (then the connection is in doubt: reset it and call
+    /// [`fail_all`](Subscriptions::fail_all)).
+    ///
+    /// # Cancel safety
+    /// If dropped half-way, the keys not yet unsubscribed stay subscribed on the server
+    /// (harmless: nobody here waits on them) until the connection is reset.
+    ///
+    /// # Errors
+    /// The first error of `unsubscribe_on_server`.
+    pub async fn unsubscribe_unused<F, Fut>(&self, mut unsubscribe_on_server: F) -> Result<usize>
+    where
+        F: FnMut(K) -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        let _order = self.inner.server.lock().await;
+        let keys = self.take_unused();
+        let n = keys.len();
+        for k in keys {
+            unsubscribe_on_server(k).await?;
+        }
+        Ok(n)
     }
 
     /// A release (or a change that may be one) of `key`: wakes every watch of it. False if

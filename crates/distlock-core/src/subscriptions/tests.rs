@@ -172,3 +172,57 @@ async fn no_watch_never_fires() {
     let r = tokio::time::timeout(Duration::from_millis(20), w.changed()).await;
     assert!(r.is_err(), "NoWatch woke: {r:?}");
 }
+
+#[tokio::test]
+async fn watch_subscribes_on_the_server_once_and_in_order() {
+    let subs: Subscriptions<String> = Subscriptions::new("postgres", "db");
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sub = |log: Arc<Mutex<Vec<String>>>| {
+        move |k: String| async move {
+            log.lock().expect("log").push(format!("LISTEN {k}"));
+            Ok(())
+        }
+    };
+    let a = AttemptId::new();
+    let w1 = subs
+        .watch(key("k"), &a, sub(log.clone()))
+        .await
+        .expect("watch");
+    let w2 = subs
+        .watch(key("k"), &a, sub(log.clone()))
+        .await
+        .expect("watch");
+    assert_eq!(*log.lock().expect("log"), vec!["LISTEN k".to_string()]);
+    drop((w1, w2));
+    let l2 = log.clone();
+    let n = subs
+        .unsubscribe_unused(move |k| {
+            let l2 = l2.clone();
+            async move {
+                l2.lock().expect("log").push(format!("UNLISTEN {k}"));
+                Ok(())
+            }
+        })
+        .await
+        .expect("unsubscribe");
+    assert_eq!(n, 1);
+    assert_eq!(log.lock().expect("log").len(), 2);
+    // Subscribed again afresh.
+    let _w = subs
+        .watch(key("k"), &a, sub(log.clone()))
+        .await
+        .expect("watch");
+    assert_eq!(
+        log.lock().expect("log").last().map(String::as_str),
+        Some("LISTEN k")
+    );
+    // A failing server subscription fails the watch and forgets the key.
+    let e = subs
+        .watch(key("bad"), &a, |_| async {
+            Err(Error::connection("postgres", "db", "LISTEN failed"))
+        })
+        .await
+        .expect_err("failed LISTEN");
+    assert!(e.is_connection());
+    assert_eq!(subs.len(), 1, "the failed key stayed");
+}
