@@ -12,13 +12,8 @@ pub use common::lock_key;
 use crate::common::Common;
 use crate::error::KIND;
 use distlock_core::conn::ConnectionString;
-use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, GrantRef, Granted, LockInfo,
-    LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result, Wake,
-};
+use distlock_core::{async_trait, AcquireRequest, ClientOptions, ReleaseWatch, Result, Wake};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 /// How locks are kept on the server (`?mode=` in the URL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +121,7 @@ impl MysqlBackend {
         ));
         common.ensure_schema(session::DDL).await?;
         let inner = match p.mode {
-            Mode::Session => Inner::Session(session::SessionMode::new(common.clone())),
+            Mode::Session => Inner::Session(session::new_mode(common.clone())),
             Mode::Table => {
                 common.ensure_schema(table::DDL).await?;
                 let t = table::TableMode::new(common.clone());
@@ -135,6 +130,14 @@ impl MysqlBackend {
             }
         };
         Ok(MysqlBackend { common, inner })
+    }
+
+    /// The operations of the mode in use.
+    fn ops(&self) -> &dyn distlock_sql::ModeOps {
+        match &self.inner {
+            Inner::Session(s) => s,
+            Inner::Table(t) => t,
+        }
     }
 
     /// The mode this backend runs in.
@@ -162,7 +165,7 @@ impl MysqlBackend {
     /// request of the attempt that is running).
     pub async fn holder_connection(&self, name: &str, owner: &str) -> Option<u32> {
         match &self.inner {
-            Inner::Session(s) => s.holder_connection(name, owner).await,
+            Inner::Session(s) => session::holder_connection(s, name, owner).await,
             Inner::Table(_) => None,
         }
     }
@@ -179,89 +182,20 @@ impl ReleaseWatch for NoWatch {
     }
 }
 
-#[async_trait]
-impl Backend for MysqlBackend {
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
+distlock_sql::sql_backend!(MysqlBackend,
+    kind: KIND,
+    endpoint: common.endpoint,
+    operator: ops,
+{
     fn capabilities(&self) -> distlock_core::backend::Capabilities {
         common::capabilities()
-    }
-
-    fn endpoint(&self) -> String {
-        self.common.endpoint.clone()
-    }
-
-    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        match &self.inner {
-            Inner::Session(s) => s.acquire(req).await,
-            Inner::Table(t) => t.acquire(req).await,
-        }
     }
 
     async fn watch(&self, _req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         Ok(Box::new(NoWatch))
     }
 
-    async fn acquire_wait(
-        &self,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        match &self.inner {
-            Inner::Session(s) => s.acquire_wait(self, req, deadline, cancel).await,
-            Inner::Table(_) => {
-                distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await
-            }
-        }
-    }
-
-    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        match &self.inner {
-            Inner::Session(s) => s.give_up(req).await,
-            Inner::Table(t) => t.give_up(req).await,
-        }
-    }
-
-    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        match &self.inner {
-            Inner::Session(s) => s.release(grant).await,
-            Inner::Table(t) => t.release(grant).await,
-        }
-    }
-
-    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        match &self.inner {
-            Inner::Session(s) => s.renew(holds).await,
-            Inner::Table(t) => t.renew(holds).await,
-        }
-    }
-
-    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        match &self.inner {
-            Inner::Session(s) => s.inspect(name, kind).await,
-            Inner::Table(t) => t.inspect(name, kind).await,
-        }
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
-        ops::list(self, prefix).await
-    }
-
-    async fn force_release(
-        &self,
-        name: &str,
-        kind: LockKind,
-    ) -> Result<distlock_core::ForceReleased> {
-        ops::force_release(self, name, kind).await
-    }
-
-    async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
-        ops::diagnose(self).await
-    }
-}
+});
 
 #[cfg(test)]
 mod tests {

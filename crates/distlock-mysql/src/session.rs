@@ -34,8 +34,8 @@ use distlock_core::backend::Capabilities;
 use distlock_core::backend::Deadline;
 use distlock_core::clock;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, AttemptId, Backend, Error, GrantRef, Granted,
-    HolderInfo, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, Granted, HolderInfo,
+    LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
 };
 use distlock_sql::lease::{micros, wait_millis, SAFETY_NET};
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, Sessions};
@@ -59,7 +59,7 @@ const RELEASED_KEEP: Duration = Duration::from_secs(60);
 const RELEASED_MAX: usize = 4096;
 
 /// The grant an attempt holds: the connection whose `GET_LOCK` it is, and its token.
-struct Grant {
+pub(crate) struct Grant {
     conn: Conn,
     token: u64,
     /// The latest lease end promised by a request on this connection that set the lease (its
@@ -69,7 +69,7 @@ struct Grant {
 }
 
 #[derive(Default)]
-enum State {
+pub(crate) enum State {
     #[default]
     Free,
     Held(Grant),
@@ -94,7 +94,7 @@ impl HoldState for State {
 type Slot = Hold<State>;
 
 /// The MySQL/MariaDB dialect of session mode: `GET_LOCK` on dedicated connections.
-struct MyDialect {
+pub(crate) struct MyDialect {
     common: Arc<Common>,
     /// Grants this client released recently (attempt, token, when).
     released: StdMutex<VecDeque<(AttemptId, u64, Instant)>>,
@@ -612,52 +612,9 @@ impl Dialect for MyDialect {
         }
         self.not_held_outcome(&grant.key.name).await
     }
-}
 
-/// Session mode: the shared engine with the MySQL dialect.
-pub(crate) struct SessionMode {
-    engine: Sessions<MyDialect>,
-}
-
-impl SessionMode {
-    pub(crate) fn new(common: Arc<Common>) -> Self {
-        SessionMode {
-            engine: Sessions::new(MyDialect {
-                common,
-                released: StdMutex::new(VecDeque::new()),
-            }),
-        }
-    }
-
-    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.engine.acquire(req).await
-    }
-
-    pub(crate) async fn acquire_wait(
-        &self,
-        outer: &dyn Backend,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        self.engine.acquire_wait(outer, req, deadline, cancel).await
-    }
-
-    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        self.engine.release(grant).await
-    }
-
-    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        self.engine.give_up(req).await
-    }
-
-    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        self.engine.renew(holds).await
-    }
-
-    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.engine.check_kind(kind)?;
-        let d = self.engine.dialect();
+    async fn inspect(&self, name: &str, _kind: LockKind) -> Result<LockInfo> {
+        let d = self;
         let lk = d.lk(name);
         let (rows, token) = d
             .common
@@ -694,18 +651,29 @@ impl SessionMode {
             ..Default::default()
         })
     }
+}
 
-    /// The connection id holding `name` for `owner` in this client (`KILL id` revokes it).
-    pub(crate) async fn holder_connection(&self, name: &str, owner: &str) -> Option<u32> {
-        for slot in self.engine.holds_of(name, owner) {
-            // A slot busy for longer is an attempt waiting in `GET_LOCK`, not a holder.
-            let limit = self.engine.dialect().common.op_timeout;
-            if let Ok(st) = tokio::time::timeout(limit, slot.state.lock()).await {
-                if let State::Held(g) = &*st {
-                    return Some(g.conn.id());
-                }
+/// Session mode: the shared engine with the MySQL dialect.
+pub(crate) type SessionMode = Sessions<MyDialect>;
+
+/// Session mode on `common`'s server.
+pub(crate) fn new_mode(common: Arc<Common>) -> SessionMode {
+    Sessions::new(MyDialect {
+        common,
+        released: StdMutex::new(VecDeque::new()),
+    })
+}
+
+/// The connection id holding `name` for `owner` in this client (`KILL id` revokes it).
+pub(crate) async fn holder_connection(mode: &SessionMode, name: &str, owner: &str) -> Option<u32> {
+    for slot in mode.holds_of(name, owner) {
+        // A slot busy for longer is an attempt waiting in `GET_LOCK`, not a holder.
+        let limit = mode.dialect().common.op_timeout;
+        if let Ok(st) = tokio::time::timeout(limit, slot.state.lock()).await {
+            if let State::Held(g) = &*st {
+                return Some(g.conn.id());
             }
         }
-        None
     }
+    None
 }

@@ -23,11 +23,13 @@
 use crate::common::{check_kind, close, col, last_row, lock_key, query_sets, sql_attempt, sql_str};
 use crate::common::{Call, Common};
 use crate::error::shape;
+use distlock_core::async_trait;
 use distlock_core::{
     AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
 use distlock_sql::lease::micros;
+use distlock_sql::ModeOps;
 use mysql_async::prelude::Queryable;
 use mysql_async::Row;
 use std::sync::Arc;
@@ -123,8 +125,11 @@ impl TableMode {
             }
         }
     }
+}
 
-    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+#[async_trait]
+impl ModeOps for TableMode {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         check_kind(req.key.kind)?;
         let lk = lock_key(&self.common.namespace, &req.key.name);
         let ns = sql_str(&self.common.namespace);
@@ -188,7 +193,7 @@ impl TableMode {
         }
     }
 
-    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         check_kind(grant.key.kind)?;
         let lk = lock_key(&self.common.namespace, &grant.key.name);
         let a = sql_attempt(&grant.attempt)?;
@@ -222,7 +227,7 @@ impl TableMode {
         })
     }
 
-    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
         check_kind(req.key.kind)?;
         let lk = lock_key(&self.common.namespace, &req.key.name);
         let a = sql_attempt(&req.attempt)?;
@@ -241,7 +246,7 @@ impl TableMode {
         self.one_trip("giving up", sql).await.map(|_| ())
     }
 
-    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         for (g, _) in holds {
             check_kind(g.key.kind)?;
         }
@@ -285,7 +290,7 @@ impl TableMode {
         Ok(out)
     }
 
-    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         check_kind(kind)?;
         let lk = lock_key(&self.common.namespace, name);
         type RowState = (Option<String>, i64);

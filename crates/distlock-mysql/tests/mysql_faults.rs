@@ -3,17 +3,13 @@
 
 mod support;
 
-use distlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockKind,
-    LostReason, LostSignal, ReleaseOutcome,
-};
+use distlock_core::{Client, ClientOptions, LostReason, ReleaseOutcome};
 use distlock_mysql::{lock_key, MysqlBackend};
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
-use distlock_testkit::sql_faults;
 use distlock_testkit::MariaDbServer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{shared_server, Modes, My};
+use support::{Modes, My};
 
 fn client(backend: MysqlBackend, opts: ClientOptions) -> Client {
     Client::new(Arc::new(backend), opts).expect("client")
@@ -29,6 +25,20 @@ fn server_waiters(server: &MariaDbServer, name: &str) -> String {
              WHERE INFO LIKE 'SELECT GET_LOCK%{key}%' AND STATE LIKE '%lock%'"
         ))
         .expect("sql")
+}
+
+distlock_testkit::sql_fault_cases! {
+    mode: My::session(),
+    connect: support::connect,
+    env: "DLOCK_MY_CHILD",
+    waiters: server_waiters,
+    refusal: "Access denied",
+    invalid: [
+        "mysql://u:secret@h/db?mode=nope",
+        "mysql://u:secret@h/db?bogus=1",
+        "mysql://h/db",
+        "mariadb://u@h/db",
+    ],
 }
 
 /// Killing the holder's connection frees the lock at once; the holder learns it at its next
@@ -82,61 +92,6 @@ async fn killed_connection_frees_the_lock() {
         g2.release().await.expect("release"),
         ReleaseOutcome::Released
     );
-}
-
-/// A backend dropped without releasing (its connections closed) leaves nothing held.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_backend_frees_its_locks() {
-    let my = My::session();
-    let name = unique_name("dropped");
-    let opts = fast_opts();
-    let backend = my.backend(&opts).await;
-    let req = AcquireRequest::new(
-        HoldKey {
-            name: name.as_str().into(),
-            owner: "gone".into(),
-            kind: LockKind::Mutex,
-        },
-        Duration::from_secs(30),
-        LostSignal::new(),
-    );
-    assert!(matches!(
-        backend.acquire(&req).await.expect("acquire"),
-        AcquireReply::Granted { .. }
-    ));
-    drop(backend);
-    let b = my.client_with(opts).await;
-    let t = Instant::now();
-    let g = b
-        .lock(&name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(15))
-        .await
-        .expect("freed by the closed connection");
-    // Freed by the closed connection, not at the end of the 30 s lease of the request: 5 s is
-    // generous on a loaded machine and far below the lease.
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-    g.release().await.expect("release");
-}
-
-/// The child side of `killed_process_frees_its_lock`: holds a lock until killed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn child_holder() {
-    sql_faults::child_holder("DLOCK_MY_CHILD", support::connect).await;
-}
-
-/// A holder process killed with SIGKILL loses its lock as soon as the kernel closes its
-/// connection; a waiter blocked on the server gets it at once (no lease to wait out).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_process_frees_its_lock() {
-    let mode = My::session();
-    sql_faults::killed_process_frees_its_lock(
-        &mode,
-        "child_holder",
-        "DLOCK_MY_CHILD",
-        server_waiters,
-    )
-    .await;
 }
 
 /// A server restart drops every connection: holders lose their locks (noticed at the next
@@ -202,70 +157,6 @@ async fn restart_loses_session_locks_and_tokens_survive() {
         g2.release().await.expect("release");
         drop(a);
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_password_is_an_auth_error() {
-    let server = shared_server();
-    let e = MysqlBackend::connect(&server.url_with_password("not-the-password"), &fast_opts())
-        .await
-        .err()
-        .expect("refused");
-    assert!(matches!(e, Error::Auth { .. }), "{e:?}");
-    let msg = e.to_string();
-    assert!(msg.contains("Access denied"), "{msg}");
-    assert!(!msg.contains("not-the-password"), "{msg}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_server_is_a_connection_error() {
-    let port = distlock_testkit::free_port();
-    let t = Instant::now();
-    let e = MysqlBackend::connect(
-        &format!("mysql://u:secret@127.0.0.1:{port}/db"),
-        &fast_opts(),
-    )
-    .await
-    .err()
-    .expect("nothing listens there");
-    assert!(e.is_connection(), "{e:?}");
-    let msg = e.to_string();
-    assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
-    assert!(!msg.contains("secret"), "{msg}");
-    assert!(t.elapsed() < Duration::from_secs(3));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_urls() {
-    for url in [
-        "mysql://u:secret@h/db?mode=nope",
-        "mysql://u:secret@h/db?bogus=1",
-        "mysql://h/db",
-        "mariadb://u@h/db",
-    ] {
-        let e = MysqlBackend::connect(url, &fast_opts())
-            .await
-            .err()
-            .expect("invalid");
-        assert!(matches!(e, Error::InvalidUrl { .. }), "{url}: {e:?}");
-        assert!(!e.to_string().contains("secret"), "{e}");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_database_is_reported() {
-    let server = shared_server();
-    let url = format!(
-        "mysql://dlock:{}@127.0.0.1:{}/no_such_db",
-        server.password(),
-        server.port()
-    );
-    let e = MysqlBackend::connect(&url, &fast_opts())
-        .await
-        .err()
-        .expect("no database");
-    assert!(!e.is_retryable(), "{e:?}");
-    assert!(e.to_string().contains("no_such_db"), "{e}");
 }
 
 /// GET_LOCK has no shared mode: read-write locks are refused clearly, in both modes.

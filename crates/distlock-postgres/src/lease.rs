@@ -15,12 +15,14 @@
 
 use crate::common::{channel, lock_key, Common};
 use crate::error::{shape, KIND};
+use distlock_core::async_trait;
 use distlock_core::backend::Capabilities;
 use distlock_core::{
     AcquireReply, AcquireRequest, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
 use distlock_sql::lease::millis_f64;
+use distlock_sql::ModeOps;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,7 +79,44 @@ impl LeaseMode {
         LeaseMode { common }
     }
 
-    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+    /// Frees the row of `attempt`'s grant (with `token`, or any token of the attempt).
+    async fn free(&self, name: &str, attempt: &str, token: Option<i64>) -> Result<ReleaseOutcome> {
+        let client = self.common.control().await?;
+        let ns = self.common.namespace.as_str();
+        let chan = channel(lock_key(&self.common.namespace, name));
+        let rows = self
+            .common
+            .run(
+                "releasing",
+                client.query_typed(
+                    RELEASE,
+                    &[
+                        (&ns, Type::TEXT),
+                        (&name, Type::TEXT),
+                        (&attempt, Type::TEXT),
+                        (&token, Type::INT8),
+                        (&chan, Type::TEXT),
+                    ],
+                ),
+            )
+            .await?;
+        let row = rows.first().ok_or_else(|| shape("release", "no row"))?;
+        let released: bool = row.try_get(0).map_err(|e| shape("release", e))?;
+        if released {
+            return Ok(ReleaseOutcome::Released);
+        }
+        let other: Option<bool> = row.try_get(1).map_err(|e| shape("release", e))?;
+        Ok(if other == Some(true) {
+            ReleaseOutcome::TakenByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
+    }
+}
+
+#[async_trait]
+impl ModeOps for LeaseMode {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         check_kind(req.key.kind)?;
         let client = self.common.control().await?;
         let ns = self.common.namespace.as_str();
@@ -116,43 +155,9 @@ impl LeaseMode {
         })
     }
 
-    /// Frees the row of `attempt`'s grant (with `token`, or any token of the attempt).
-    async fn free(&self, name: &str, attempt: &str, token: Option<i64>) -> Result<ReleaseOutcome> {
-        let client = self.common.control().await?;
-        let ns = self.common.namespace.as_str();
-        let chan = channel(lock_key(&self.common.namespace, name));
-        let rows = self
-            .common
-            .run(
-                "releasing",
-                client.query_typed(
-                    RELEASE,
-                    &[
-                        (&ns, Type::TEXT),
-                        (&name, Type::TEXT),
-                        (&attempt, Type::TEXT),
-                        (&token, Type::INT8),
-                        (&chan, Type::TEXT),
-                    ],
-                ),
-            )
-            .await?;
-        let row = rows.first().ok_or_else(|| shape("release", "no row"))?;
-        let released: bool = row.try_get(0).map_err(|e| shape("release", e))?;
-        if released {
-            return Ok(ReleaseOutcome::Released);
-        }
-        let other: Option<bool> = row.try_get(1).map_err(|e| shape("release", e))?;
-        Ok(if other == Some(true) {
-            ReleaseOutcome::TakenByOther
-        } else {
-            ReleaseOutcome::Expired
-        })
-    }
-
     /// Releases exactly the grant `grant` names: a repeated release finds the row freed (or
     /// another grant's) and reports it, never freeing anything else.
-    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         check_kind(grant.key.kind)?;
         let token = i64::try_from(grant.token).map_err(|_| shape("fencing token", grant.token))?;
         self.free(&grant.key.name, grant.attempt.as_str(), Some(token))
@@ -161,14 +166,14 @@ impl LeaseMode {
 
     /// Gives back whatever grant the attempt holds (one whose reply was lost); there is no
     /// server-side queue to leave. The attempt id is unique, so nothing else is touched.
-    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
         check_kind(req.key.kind)?;
         self.free(&req.key.name, req.attempt.as_str(), None)
             .await
             .map(|_| ())
     }
 
-    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
@@ -221,7 +226,7 @@ impl LeaseMode {
             .collect())
     }
 
-    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         check_kind(kind)?;
         let client = self.common.control().await?;
         let ns = self.common.namespace.as_str();

@@ -13,14 +13,9 @@ pub use common::{channel, lock_key};
 use crate::common::Common;
 use crate::error::KIND;
 use distlock_core::conn::ConnectionString;
-use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, GrantRef, Granted, LockInfo,
-    LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
-};
+use distlock_core::{AcquireRequest, ClientOptions, ReleaseWatch, Result};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 /// How locks are kept on the server (`?mode=` in the URL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +158,7 @@ impl PostgresBackend {
                 common
                     .ensure_schema(session::TABLES, session::COLUMNS, session::DDL)
                     .await?;
-                Inner::Session(session::SessionMode::new(common.clone()))
+                Inner::Session(session::new_mode(common.clone()))
             }
             Mode::Lease => {
                 common
@@ -178,6 +173,14 @@ impl PostgresBackend {
             inner,
             listen: p.listen,
         })
+    }
+
+    /// The operations of the mode in use.
+    fn ops(&self) -> &dyn distlock_sql::ModeOps {
+        match &self.inner {
+            Inner::Session(s) => s,
+            Inner::Lease(l) => l,
+        }
     }
 
     /// The mode this backend runs in.
@@ -212,7 +215,7 @@ impl PostgresBackend {
     /// that is running).
     pub async fn holder_pid(&self, name: &str, owner: &str) -> Option<i32> {
         match &self.inner {
-            Inner::Session(s) => s.holder_pid(name, owner).await,
+            Inner::Session(s) => session::holder_pid(s, name, owner).await,
             Inner::Lease(_) => None,
         }
     }
@@ -220,7 +223,7 @@ impl PostgresBackend {
     /// Session mode: idle connections kept for the next grant.
     pub fn idle_sessions(&self) -> usize {
         match &self.inner {
-            Inner::Session(s) => s.idle_sessions(),
+            Inner::Session(s) => session::idle_sessions(s),
             Inner::Lease(_) => 0,
         }
     }
@@ -238,27 +241,15 @@ impl PostgresBackend {
     }
 }
 
-#[async_trait]
-impl Backend for PostgresBackend {
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
+distlock_sql::sql_backend!(PostgresBackend,
+    kind: KIND,
+    endpoint: common.endpoint,
+    operator: ops,
+{
     fn capabilities(&self) -> distlock_core::backend::Capabilities {
         match self.inner {
             Inner::Session(_) => session::capabilities(),
             Inner::Lease(_) => lease::capabilities(),
-        }
-    }
-
-    fn endpoint(&self) -> String {
-        self.common.endpoint.clone()
-    }
-
-    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        match &self.inner {
-            Inner::Session(s) => s.acquire(req).await,
-            Inner::Lease(l) => l.acquire(req).await,
         }
     }
 
@@ -272,64 +263,7 @@ impl Backend for PostgresBackend {
         self.listener.watch(chan).await
     }
 
-    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        match &self.inner {
-            Inner::Session(s) => s.give_up(req).await,
-            Inner::Lease(l) => l.give_up(req).await,
-        }
-    }
-
-    async fn acquire_wait(
-        &self,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        match &self.inner {
-            Inner::Session(s) => s.acquire_wait(self, req, deadline, cancel).await,
-            Inner::Lease(_) => {
-                distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await
-            }
-        }
-    }
-
-    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        match &self.inner {
-            Inner::Session(s) => s.release(grant).await,
-            Inner::Lease(l) => l.release(grant).await,
-        }
-    }
-
-    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        match &self.inner {
-            Inner::Session(s) => s.renew(holds).await,
-            Inner::Lease(l) => l.renew(holds).await,
-        }
-    }
-
-    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        match &self.inner {
-            Inner::Session(s) => s.inspect(name, kind).await,
-            Inner::Lease(l) => l.inspect(name, kind).await,
-        }
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
-        ops::list(self, prefix).await
-    }
-
-    async fn force_release(
-        &self,
-        name: &str,
-        kind: LockKind,
-    ) -> Result<distlock_core::ForceReleased> {
-        ops::force_release(self, name, kind).await
-    }
-
-    async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
-        ops::diagnose(self).await
-    }
-}
+});
 
 #[cfg(test)]
 mod tests {

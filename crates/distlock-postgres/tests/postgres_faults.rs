@@ -9,7 +9,6 @@ use distlock_core::{
 };
 use distlock_postgres::PostgresBackend;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
-use distlock_testkit::sql_faults;
 use distlock_testkit::PostgresServer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +30,21 @@ fn server_waiters(server: &PostgresServer, name: &str) -> String {
             key & 0xffff_ffff
         ))
         .expect("sql")
+}
+
+distlock_testkit::sql_fault_cases! {
+    mode: Pg::session(),
+    connect: support::connect,
+    env: "DLOCK_PG_CHILD",
+    waiters: server_waiters,
+    refusal: "password authentication failed",
+    invalid: [
+        "postgres://u:secret@h/db?mode=nope",
+        "postgres://u:secret@h/db?sslmode=verify-full",
+        "postgres://u:secret@h/db?bogus=1",
+        "postgres://h/db",
+        "postgresx://u@h/db",
+    ],
 }
 
 /// Terminating the holder's session (an operator's `pg_terminate_backend`, a failover, a
@@ -92,61 +106,6 @@ async fn terminated_session_fires_lost_at_once() {
         g2.release().await.expect("release"),
         ReleaseOutcome::Released
     );
-}
-
-/// A backend dropped without releasing (its connections closed) leaves nothing held.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_backend_frees_its_locks() {
-    let pg = Pg::session();
-    let name = unique_name("dropped");
-    let opts = fast_opts();
-    let backend = pg.backend(&opts).await;
-    let req = AcquireRequest::new(
-        HoldKey {
-            name: name.as_str().into(),
-            owner: "gone".into(),
-            kind: LockKind::Mutex,
-        },
-        Duration::from_secs(30),
-        LostSignal::new(),
-    );
-    assert!(matches!(
-        backend.acquire(&req).await.expect("acquire"),
-        AcquireReply::Granted { .. }
-    ));
-    drop(backend);
-    let b = pg.client_with(opts).await;
-    let t = Instant::now();
-    let g = b
-        .lock(&name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(15))
-        .await
-        .expect("freed by the closed session");
-    // Freed by the closed connection, not at the end of the 30 s lease of the request: 5 s is
-    // generous on a loaded machine and far below the lease.
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-    g.release().await.expect("release");
-}
-
-/// The child side of `killed_process_frees_its_lock`: holds a lock until killed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn child_holder() {
-    sql_faults::child_holder("DLOCK_PG_CHILD", support::connect).await;
-}
-
-/// A holder process killed with SIGKILL loses its lock as soon as the kernel closes its
-/// connection; a waiter blocked on the server gets it at once (no lease to wait out).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_process_frees_its_lock() {
-    let mode = Pg::session();
-    sql_faults::killed_process_frees_its_lock(
-        &mode,
-        "child_holder",
-        "DLOCK_PG_CHILD",
-        server_waiters,
-    )
-    .await;
 }
 
 /// A server restart (crash) ends every session: holders' lost signals fire at once; the
@@ -215,78 +174,16 @@ async fn restart_fires_lost_and_tokens_survive() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_password_is_an_auth_error() {
-    let server = shared_server();
-    let url = server.url_with_password("not-the-password");
-    let e = PostgresBackend::connect(&url, &fast_opts())
-        .await
-        .err()
-        .expect("refused");
-    assert!(matches!(e, Error::Auth { .. }), "{e:?}");
-    let msg = e.to_string();
-    assert!(msg.contains("password authentication failed"), "{msg}");
-    assert!(!msg.contains("not-the-password"), "{msg}");
-    let e = distlock_postgres::PostgresBackend::connect(
-        &format!("postgres://nobody:x@127.0.0.1:{}/dlock", server.port()),
+async fn unknown_role_is_an_auth_error() {
+    let pg = Pg::session();
+    let e = PostgresBackend::connect(
+        &format!("postgres://nobody:x@127.0.0.1:{}/dlock", pg.server.port()),
         &fast_opts(),
     )
     .await
     .err()
     .expect("refused");
     assert!(matches!(e, Error::Auth { .. }), "{e:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_server_is_a_connection_error() {
-    let port = distlock_testkit::free_port();
-    let t = Instant::now();
-    let e = PostgresBackend::connect(
-        &format!("postgres://u:secret@127.0.0.1:{port}/db"),
-        &fast_opts(),
-    )
-    .await
-    .err()
-    .expect("nothing listens there");
-    assert!(e.is_connection(), "{e:?}");
-    let msg = e.to_string();
-    assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
-    assert!(!msg.contains("secret"), "{msg}");
-    assert!(t.elapsed() < Duration::from_secs(3));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_urls() {
-    for url in [
-        "postgres://u:secret@h/db?mode=nope",
-        "postgres://u:secret@h/db?sslmode=verify-full",
-        "postgres://u:secret@h/db?bogus=1",
-        "postgres://h/db",
-        "postgresx://u@h/db",
-    ] {
-        let e = PostgresBackend::connect(url, &fast_opts())
-            .await
-            .err()
-            .expect("invalid");
-        assert!(matches!(e, Error::InvalidUrl { .. }), "{url}: {e:?}");
-        assert!(!e.to_string().contains("secret"), "{e}");
-    }
-}
-
-/// A missing database is reported as such, not as a connection problem to retry.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_database_is_reported() {
-    let server = shared_server();
-    let url = format!(
-        "postgres://dlock:{}@127.0.0.1:{}/no_such_db",
-        server.password(),
-        server.port()
-    );
-    let e = PostgresBackend::connect(&url, &fast_opts())
-        .await
-        .err()
-        .expect("no database");
-    assert!(!e.is_retryable(), "{e:?}");
-    assert!(e.to_string().contains("no_such_db"), "{e}");
 }
 
 /// Readers share, a writer excludes them, the writer may take the read side (downgrade), a

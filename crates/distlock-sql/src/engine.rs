@@ -5,7 +5,7 @@ use crate::holds::{Hold, HoldMap, HoldState};
 use distlock_core::backend::{
     AcquireReply, AcquireRequest, Backend, Capabilities, Deadline, GrantRef, Granted,
 };
-use distlock_core::{async_trait, Error, LockKind, ReleaseOutcome, RenewOutcome, Result};
+use distlock_core::{async_trait, Error, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -94,6 +94,9 @@ pub trait Dialect: Send + Sync + 'static {
     /// What to report for a release of an attempt this client keeps nothing of: another grant
     /// holds the lock, or nobody does.
     async fn not_held(&self, grant: &GrantRef) -> Result<ReleaseOutcome>;
+
+    /// What the server says about `name`'s lock of `kind` (its kind already checked).
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
 }
 
 /// A request on one attempt.
@@ -347,6 +350,18 @@ impl<D: Dialect> Sessions<D> {
         self.run(&req.attempt, hold, Op::GiveUp(req.clone()))
             .await
             .map(|_| ())
+    }
+
+    /// What the server says about `name`'s lock of `kind`.
+    ///
+    /// # Errors
+    /// The kind is not supported, or the server failed or did not answer.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        self.check_kind(kind)?;
+        self.dialect.inspect(name, kind).await
     }
 
     /// Renews every grant of `holds` (at once, each on its connection).

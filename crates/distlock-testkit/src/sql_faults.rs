@@ -1,13 +1,16 @@
 //! Test code both SQL backends (`distlock-postgres`, `distlock-mysql`) share: one server per
-//! test binary, the conformance harness of one mode of a backend, and the fault case of a
-//! holder process killed with SIGKILL.
+//! test binary, the conformance harness of one mode of a backend, and the fault cases both
+//! run ([`sql_fault_cases!`](crate::sql_fault_cases): a dropped backend, a holder process
+//! killed with SIGKILL, connection errors).
 //!
 //! The backends are not dependencies of this crate (they dev-depend on it): a test binary
 //! hands in how it connects ([`Connect`]) and how an operator breaks a lock ([`BreakLock`]).
 
 use crate::conformance::{fast_opts, poll_until, unique_name, Caps, Harness};
 use crate::{MariaDbServer, PostgresServer, ProxyControl};
-use distlock_core::{Backend, Client, ClientOptions};
+use distlock_core::{
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostSignal,
+};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -26,37 +29,40 @@ pub trait SqlServer: Send + Sync + 'static {
     fn addr(&self) -> SocketAddr;
     /// Runs `sql` as the administrator and returns the output.
     fn sql(&self, sql: &str) -> crate::Result<String>;
+    /// [`url`](Self::url) with another password.
+    fn url_with_password(&self, password: &str) -> String;
+    /// The URL scheme (`postgres`, `mysql`).
+    fn scheme(&self) -> &'static str;
 }
 
-impl SqlServer for PostgresServer {
-    fn start_for_tests() -> Self {
-        PostgresServer::start().expect("start postgres")
-    }
-    fn url(&self) -> String {
-        PostgresServer::url(self)
-    }
-    fn addr(&self) -> SocketAddr {
-        PostgresServer::addr(self)
-    }
-    fn sql(&self, sql: &str) -> crate::Result<String> {
-        PostgresServer::sql(self, sql)
-    }
+/// `SqlServer` for a testkit server type with the inherent methods of the same names.
+macro_rules! sql_server {
+    ($ty:ty, $scheme:literal, $start:literal) => {
+        impl SqlServer for $ty {
+            fn start_for_tests() -> Self {
+                <$ty>::start().expect($start)
+            }
+            fn url(&self) -> String {
+                <$ty>::url(self)
+            }
+            fn addr(&self) -> SocketAddr {
+                <$ty>::addr(self)
+            }
+            fn sql(&self, sql: &str) -> crate::Result<String> {
+                <$ty>::sql(self, sql)
+            }
+            fn url_with_password(&self, password: &str) -> String {
+                <$ty>::url_with_password(self, password)
+            }
+            fn scheme(&self) -> &'static str {
+                $scheme
+            }
+        }
+    };
 }
 
-impl SqlServer for MariaDbServer {
-    fn start_for_tests() -> Self {
-        MariaDbServer::start().expect("start mariadbd")
-    }
-    fn url(&self) -> String {
-        MariaDbServer::url(self)
-    }
-    fn addr(&self) -> SocketAddr {
-        MariaDbServer::addr(self)
-    }
-    fn sql(&self, sql: &str) -> crate::Result<String> {
-        MariaDbServer::sql(self, sql)
-    }
-}
+sql_server!(PostgresServer, "postgres", "start postgres");
+sql_server!(MariaDbServer, "mysql", "start mariadbd");
 
 /// The server of one test binary: started by the first test that needs it, stopped when the
 /// last one using it ends (cases use distinct lock names).
@@ -285,4 +291,189 @@ pub async fn killed_process_frees_its_lock<S: SqlServer, B: Backend + 'static>(
     assert!(latency < Duration::from_secs(5), "took {latency:?}");
     assert!(g.fencing_token() > token);
     g.release().await.expect("release");
+}
+
+/// A backend dropped without releasing (its connections closed) leaves nothing held: another
+/// client gets the lock at once, not at the end of the dropped grant's lease.
+///
+/// # Errors
+/// None: panics when the case fails.
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is the whole of a test.
+pub async fn dropped_backend_frees_its_locks<S: SqlServer, B: Backend + 'static>(
+    mode: &SqlMode<S, B>,
+) {
+    let name = unique_name("dropped");
+    let opts = fast_opts();
+    let backend = mode.backend(&opts).await;
+    let req = AcquireRequest::new(
+        HoldKey {
+            name: name.as_str().into(),
+            owner: "gone".into(),
+            kind: LockKind::Mutex,
+        },
+        Duration::from_secs(30),
+        LostSignal::new(),
+    );
+    assert!(matches!(
+        backend.acquire(&req).await.expect("acquire"),
+        AcquireReply::Granted { .. }
+    ));
+    drop(backend);
+    let b = mode.client_with(opts).await;
+    let t = Instant::now();
+    let g = b
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(15))
+        .await
+        .expect("freed by the closed connection");
+    // Freed by the closed connection, not at the end of the 30 s lease of the request: 5 s is
+    // generous on a loaded machine and far below the lease.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    g.release().await.expect("release");
+}
+
+/// The error a connect to `url` with `mode`'s connector fails with (panics if it succeeds).
+async fn connect_error<S: SqlServer, B: Backend + 'static>(
+    mode: &SqlMode<S, B>,
+    url: String,
+    why: &str,
+) -> distlock_core::Error {
+    (mode.connect)(url, fast_opts()).await.err().expect(why)
+}
+
+/// A wrong password is an `Auth` error whose text has the server's `refusal` and never the
+/// password.
+///
+/// # Errors
+/// None: panics when the case fails.
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is the whole of a test.
+pub async fn wrong_password_is_an_auth_error<S: SqlServer, B: Backend + 'static>(
+    mode: &SqlMode<S, B>,
+    refusal: &str,
+) {
+    let url = mode.server.url_with_password("not-the-password");
+    let e = connect_error(mode, url, "refused").await;
+    assert!(matches!(e, distlock_core::Error::Auth { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains(refusal), "{msg}");
+    assert!(!msg.contains("not-the-password"), "{msg}");
+}
+
+/// Nothing listening is a `Connection` error, at once, naming the address and not the
+/// password.
+///
+/// # Errors
+/// None: panics when the case fails.
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is the whole of a test.
+pub async fn unreachable_server_is_a_connection_error<S: SqlServer, B: Backend + 'static>(
+    mode: &SqlMode<S, B>,
+) {
+    let port = crate::free_port();
+    let t = Instant::now();
+    let url = format!("{}://u:secret@127.0.0.1:{port}/db", mode.server.scheme());
+    let e = connect_error(mode, url, "nothing listens there").await;
+    assert!(e.is_connection(), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
+    assert!(!msg.contains("secret"), "{msg}");
+    assert!(t.elapsed() < Duration::from_secs(3));
+}
+
+/// Each of `urls` is refused as `InvalidUrl`, without the password (`secret`) in the message.
+///
+/// # Errors
+/// None: panics when the case fails.
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is the whole of a test.
+pub async fn invalid_urls<S: SqlServer, B: Backend + 'static>(mode: &SqlMode<S, B>, urls: &[&str]) {
+    for url in urls {
+        let e = connect_error(mode, (*url).to_owned(), "invalid").await;
+        assert!(
+            matches!(e, distlock_core::Error::InvalidUrl { .. }),
+            "{url}: {e:?}"
+        );
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
+}
+
+/// A missing database is reported as such (naming it), not as a connection problem to retry.
+///
+/// # Errors
+/// None: panics when the case fails.
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is the whole of a test.
+pub async fn missing_database_is_reported<S: SqlServer, B: Backend + 'static>(
+    mode: &SqlMode<S, B>,
+) {
+    let url = mode.server.url();
+    let url = match url.rfind('/') {
+        Some(at) => format!("{}/no_such_db", &url[..at]),
+        None => panic!("no database in {url}"),
+    };
+    let e = connect_error(mode, url, "no database").await;
+    assert!(!e.is_retryable(), "{e:?}");
+    assert!(e.to_string().contains("no_such_db"), "{e}");
+}
+
+/// Expands to the fault cases both SQL backends run, one `#[tokio::test]` each, on the mode
+/// `$mode` (a [`SqlMode`] expression): a dropped backend, a holder process killed with SIGKILL
+/// (its child side is the test `child_holder`, started with the environment prefix `$env`;
+/// `$waiters` counts a lock's waiters on the server), a wrong password (the server's
+/// `$refusal` text), an unreachable server, the invalid URLs `$invalid`, a missing database.
+/// `$connect` is the test binary's [`Connect`].
+#[macro_export]
+macro_rules! sql_fault_cases {
+    (
+        mode: $mode:expr,
+        connect: $connect:expr,
+        env: $env:literal,
+        waiters: $waiters:expr,
+        refusal: $refusal:literal,
+        invalid: [$($invalid:literal),* $(,)?] $(,)?
+    ) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn dropped_backend_frees_its_locks() {
+            $crate::sql_faults::dropped_backend_frees_its_locks(&$mode).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn child_holder() {
+            $crate::sql_faults::child_holder($env, $connect).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn killed_process_frees_its_lock() {
+            $crate::sql_faults::killed_process_frees_its_lock(&$mode, "child_holder", $env, $waiters)
+                .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn wrong_password_is_an_auth_error() {
+            $crate::sql_faults::wrong_password_is_an_auth_error(&$mode, $refusal).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn unreachable_server_is_a_connection_error() {
+            $crate::sql_faults::unreachable_server_is_a_connection_error(&$mode).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn invalid_urls() {
+            $crate::sql_faults::invalid_urls(&$mode, &[$($invalid),*]).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn missing_database_is_reported() {
+            $crate::sql_faults::missing_database_is_reported(&$mode).await;
+        }
+    };
 }

@@ -31,8 +31,8 @@ use crate::common::{key_oids, kind_name, lock_key, Common};
 use crate::error::{shape, KIND};
 use distlock_core::backend::Capabilities;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, Error, GrantRef, Granted, HolderInfo,
-    LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, Error, GrantRef, Granted, HolderInfo, LockInfo,
+    LockKind, ReleaseOutcome, RenewOutcome, Result,
 };
 use distlock_sql::{Dialect, Hold, HoldMap, IdlePool, Sessions};
 use state::State;
@@ -167,59 +167,9 @@ impl Dialect for PgDialect {
     async fn not_held(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         self.not_held_outcome(&grant.key.name).await
     }
-}
 
-/// Session mode: the shared engine with the PostgreSQL dialect.
-pub(crate) struct SessionMode {
-    engine: Sessions<PgDialect>,
-}
-
-impl SessionMode {
-    pub(crate) fn new(common: Arc<Common>) -> Self {
-        SessionMode {
-            engine: Sessions::new(PgDialect {
-                common,
-                pool: IdlePool::new(POOL_MAX),
-            }),
-        }
-    }
-
-    fn common(&self) -> &Common {
-        &self.engine.dialect().common
-    }
-
-    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.engine.acquire(req).await
-    }
-
-    /// Waits server-side: a blocking `pg_advisory_lock` on the attempt's own session, bounded
-    /// by `lock_timeout` (the deadline) and cancelled with a CancelRequest. The server queues
-    /// waiters in arrival order and wakes exactly one per release.
-    pub(crate) async fn acquire_wait(
-        &self,
-        outer: &dyn Backend,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        self.engine.acquire_wait(outer, req, deadline, cancel).await
-    }
-
-    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        self.engine.release(grant).await
-    }
-
-    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        self.engine.give_up(req).await
-    }
-
-    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        self.engine.renew(holds).await
-    }
-
-    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.engine.check_kind(kind)?;
-        let common = self.common();
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        let common = &self.common;
         let key = lock_key(&common.namespace, name);
         let (classid, objid) = key_oids(key);
         let kinds: Vec<&str> = match kind {
@@ -286,22 +236,36 @@ impl SessionMode {
             ..Default::default()
         })
     }
+}
 
-    /// The backend pid of the session holding `name` for `owner` here, if any (for tests
-    /// and operators: `pg_terminate_backend(pid)` revokes the lock at once).
-    pub(crate) async fn holder_pid(&self, name: &str, owner: &str) -> Option<i32> {
-        for e in self.engine.holds_of(name, owner) {
-            if let State::Granted(g) = &*e.state.lock().await {
-                if !g.session.is_dead() {
-                    return Some(g.session.pid);
-                }
+/// Session mode: the shared engine with the PostgreSQL dialect. Its wait is server-side: a
+/// blocking `pg_advisory_lock` on the attempt's own session, bounded by `lock_timeout` (the
+/// deadline) and cancelled with `pg_cancel_backend` or a CancelRequest; the server queues
+/// waiters in arrival order and wakes exactly one per release.
+pub(crate) type SessionMode = Sessions<PgDialect>;
+
+/// Session mode on `common`'s server.
+pub(crate) fn new_mode(common: Arc<Common>) -> SessionMode {
+    Sessions::new(PgDialect {
+        common,
+        pool: IdlePool::new(POOL_MAX),
+    })
+}
+
+/// The backend pid of the session holding `name` for `owner` here, if any (for tests and
+/// operators: `pg_terminate_backend(pid)` revokes the lock at once).
+pub(crate) async fn holder_pid(mode: &SessionMode, name: &str, owner: &str) -> Option<i32> {
+    for e in mode.holds_of(name, owner) {
+        if let State::Granted(g) = &*e.state.lock().await {
+            if !g.session.is_dead() {
+                return Some(g.session.pid);
             }
         }
-        None
     }
+    None
+}
 
-    /// Idle sessions kept for the next grant.
-    pub(crate) fn idle_sessions(&self) -> usize {
-        self.engine.dialect().pool.len()
-    }
+/// Idle sessions kept for the next grant.
+pub(crate) fn idle_sessions(mode: &SessionMode) -> usize {
+    mode.dialect().pool.len()
 }

@@ -1,0 +1,169 @@
+//! What every mode of an SQL backend does (session mode is [`Sessions`]; lease and table modes
+//! are the backends' own), and the `Backend` impl that forwards to the mode in use.
+
+use crate::engine::{Dialect, Sessions};
+use distlock_core::backend::{AcquireReply, AcquireRequest, Backend, GrantRef, Granted};
+use distlock_core::{async_trait, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// One mode of an SQL backend: the lock operations of `Backend` that depend on the mode. The
+/// backend forwards to its mode with [`sql_backend!`](crate::sql_backend).
+#[async_trait]
+pub trait ModeOps: Send + Sync {
+    /// As [`Backend::acquire`].
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply>;
+
+    /// As [`Backend::acquire_wait`] (`outer`: the backend). The default waits for wake-ups
+    /// and retries (the core's `watch_and_retry`).
+    async fn acquire_wait(
+        &self,
+        outer: &dyn Backend,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        distlock_core::wait::watch_and_retry(outer, req, deadline, cancel).await
+    }
+
+    /// As [`Backend::give_up`].
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()>;
+
+    /// As [`Backend::release`].
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome>;
+
+    /// As [`Backend::renew`].
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>>;
+
+    /// As [`Backend::inspect`].
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
+}
+
+#[async_trait]
+impl<D: Dialect> ModeOps for Sessions<D> {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        Sessions::acquire(self, req).await
+    }
+
+    async fn acquire_wait(
+        &self,
+        outer: &dyn Backend,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        Sessions::acquire_wait(self, outer, req, deadline, cancel).await
+    }
+
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        Sessions::give_up(self, req).await
+    }
+
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        Sessions::release(self, grant).await
+    }
+
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        Sessions::renew(self, holds).await
+    }
+
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        Sessions::inspect(self, name, kind).await
+    }
+}
+
+/// Implements `distlock_core::Backend` for an SQL backend type whose private
+/// `fn ops(&self) -> &dyn ModeOps` returns the mode in use: the lock operations forward to
+/// the mode, `kind` is `$kind`, `endpoint` the field path `$endpoint` of `self`, and the
+/// operator commands are the functions `list`, `force_release` and `diagnose` of the module
+/// `$ops` (each taking the backend first); the items in braces (`capabilities`, `watch`) are
+/// the backend's own.
+#[macro_export]
+macro_rules! sql_backend {
+    (
+        $ty:ty,
+        kind: $kind:expr,
+        endpoint: $($endpoint:ident).+,
+        operator: $ops:ident,
+        { $($own:tt)* }
+    ) => {
+        #[$crate::__private::async_trait]
+        impl $crate::__private::Backend for $ty {
+            fn kind(&self) -> &'static str {
+                $kind
+            }
+
+            fn endpoint(&self) -> ::std::string::String {
+                self.$($endpoint).+.clone()
+            }
+
+            async fn list(
+                &self,
+                prefix: &str,
+            ) -> $crate::__private::Result<::std::vec::Vec<$crate::__private::ListedLock>> {
+                $ops::list(self, prefix).await
+            }
+
+            async fn force_release(
+                &self,
+                name: &str,
+                kind: $crate::__private::LockKind,
+            ) -> $crate::__private::Result<$crate::__private::ForceReleased> {
+                $ops::force_release(self, name, kind).await
+            }
+
+            async fn diagnose(
+                &self,
+            ) -> $crate::__private::Result<::std::vec::Vec<$crate::__private::Finding>> {
+                $ops::diagnose(self).await
+            }
+
+            async fn acquire(
+                &self,
+                req: &$crate::__private::AcquireRequest,
+            ) -> $crate::__private::Result<$crate::__private::AcquireReply> {
+                $crate::ModeOps::acquire(self.ops(), req).await
+            }
+
+            async fn acquire_wait(
+                &self,
+                req: &$crate::__private::AcquireRequest,
+                deadline: ::std::option::Option<::std::time::Instant>,
+                cancel: &$crate::__private::CancellationToken,
+            ) -> $crate::__private::Result<::std::option::Option<$crate::__private::Granted>> {
+                $crate::ModeOps::acquire_wait(self.ops(), self, req, deadline, cancel).await
+            }
+
+            async fn give_up(
+                &self,
+                req: &$crate::__private::AcquireRequest,
+            ) -> $crate::__private::Result<()> {
+                $crate::ModeOps::give_up(self.ops(), req).await
+            }
+
+            async fn release(
+                &self,
+                grant: &$crate::__private::GrantRef,
+            ) -> $crate::__private::Result<$crate::__private::ReleaseOutcome> {
+                $crate::ModeOps::release(self.ops(), grant).await
+            }
+
+            async fn renew(
+                &self,
+                holds: &[($crate::__private::GrantRef, ::std::time::Duration)],
+            ) -> $crate::__private::Result<::std::vec::Vec<$crate::__private::RenewOutcome>> {
+                $crate::ModeOps::renew(self.ops(), holds).await
+            }
+
+            async fn inspect(
+                &self,
+                name: &str,
+                kind: $crate::__private::LockKind,
+            ) -> $crate::__private::Result<$crate::__private::LockInfo> {
+                $crate::ModeOps::inspect(self.ops(), name, kind).await
+            }
+
+            $($own)*
+        }
+    };
+}
