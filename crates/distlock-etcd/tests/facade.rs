@@ -1,9 +1,12 @@
 //! Through the `dlock` facade (as the CLI uses it): `distlock::connect("etcd://…")`, URL errors,
 //! an unreachable cluster, and authentication.
 
-use distlock::{ClientOptions, Error, ReleaseOutcome};
+use distlock::{ClientOptions, Error};
 use distlock_testkit::EtcdCluster;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::released;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_acquire_inspect_release() {
@@ -34,10 +37,7 @@ async fn connect_acquire_inspect_release() {
         .await
         .expect("connect");
     assert!(!other_app.inspect("report").await.expect("inspect").held());
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     // Unsupported kinds are typed errors.
     let err = client
         .rw_lock("report")
@@ -98,10 +98,7 @@ async fn user_and_password() {
         .await
         .expect("try")
         .expect("free");
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     let wrong = cluster.url().replace("etcd://", "etcd://root:wrong@");
     let err = distlock::connect(&wrong).await.expect_err("wrong password");
     assert!(matches!(err, Error::Auth { .. }), "{err:?}");

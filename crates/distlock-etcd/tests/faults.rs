@@ -2,19 +2,12 @@
 //! cluster while it holds the lock, a waiter cut off while it waits.
 
 use distlock_core::{Client, ClientOptions, Error, LockKind, LostReason, ReleaseOutcome};
-use distlock_etcd::EtcdBackend;
 
 mod common;
-use common::hold;
+use common::{client_at as client, hold, released};
 use distlock_testkit::conformance::wait_for_waiters;
 use distlock_testkit::{DelayProxy, EtcdCluster};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-async fn client(url: &str, opts: ClientOptions) -> Client {
-    let backend = EtcdBackend::connect(url, &opts).await.expect("connect");
-    Client::new(Arc::new(backend), opts).expect("client")
-}
 
 fn opts(lease: Duration) -> ClientOptions {
     ClientOptions::default()
@@ -84,10 +77,7 @@ async fn leader_crash_keeps_the_lock() {
         left >= Duration::from_secs(1),
         "lease not renewed: {left:?} left"
     );
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     let g2 = other
         .acquire_timeout(Duration::from_secs(15))
         .await
@@ -147,10 +137,7 @@ async fn cut_off_holder_loses_the_lock_before_the_next_holder_gets_it() {
         }
     };
     assert_eq!(out, ReleaseOutcome::TakenByOther);
-    assert_eq!(
-        g2.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g2).await;
 }
 
 async fn g_release_probe(c: &Client) -> distlock_core::Result<()> {
@@ -206,8 +193,5 @@ async fn cut_off_waiter_stops_with_an_error() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!g.is_lost());
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
 }

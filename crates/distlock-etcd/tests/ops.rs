@@ -11,10 +11,9 @@ use distlock_core::{
 use distlock_etcd::EtcdBackend;
 
 mod common;
-use common::{etcdctl, etcdctl_lock, exits, file_appears, hold};
+use common::{client_at, etcdctl, etcdctl_lock, exits, file_appears, hold};
 use distlock_testkit::conformance::{poll_until, wait_for_waiters};
 use distlock_testkit::{EtcdCluster, FencedRegister, TempDir};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn opts(lease: Duration) -> ClientOptions {
@@ -24,9 +23,7 @@ fn opts(lease: Duration) -> ClientOptions {
 }
 
 async fn client(url: &str, lease: Duration) -> Client {
-    let o = opts(lease);
-    let b = EtcdBackend::connect(url, &o).await.expect("connect");
-    Client::new(Arc::new(b), o).expect("client")
+    client_at(url, opts(lease)).await
 }
 
 fn finding<'a>(findings: &'a [Finding], check: &str) -> &'a Finding {

@@ -5,13 +5,13 @@
 //! lock` (Go's `concurrency.Mutex`) and dlock exclude each other both ways.
 
 use distlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, GrantRef, HoldKey, LockKind,
-    LostReason, LostSignal, ReleaseOutcome, RenewOutcome,
+    AcquireReply, AcquireRequest, Backend, ClientOptions, GrantRef, HoldKey, LockKind, LostReason,
+    LostSignal, ReleaseOutcome, RenewOutcome,
 };
 use distlock_etcd::EtcdBackend;
 
 mod common;
-use common::{etcdctl, etcdctl_lock, exits_ok, file_appears, hold};
+use common::{client_at as client, etcdctl, etcdctl_lock, exits_ok, file_appears, hold, released};
 use distlock_testkit::conformance::{poll_until, unique_name, wait_for_waiters};
 use distlock_testkit::{DelayProxy, EtcdCluster, TempDir};
 use etcd_client::GetOptions;
@@ -34,11 +34,6 @@ async fn backend(url: &str) -> EtcdBackend {
     EtcdBackend::connect(url, &opts(Duration::from_secs(10)))
         .await
         .expect("connect")
-}
-
-async fn client(url: &str, o: ClientOptions) -> Client {
-    let b = EtcdBackend::connect(url, &o).await.expect("connect");
-    Client::new(Arc::new(b), o).expect("client")
 }
 
 /// One proxy in front of one member: every request of a backend connected to it goes through
@@ -396,10 +391,7 @@ async fn reentrant_release_with_late_replies() {
         .expect("try")
         .expect("free after the last release");
     assert!(g3.fencing_token() > t1);
-    assert_eq!(
-        g3.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g3).await;
 }
 
 /// The TTL etcd granted lease `id` (`None`: etcd does not know it).
@@ -475,10 +467,7 @@ async fn extend_short_and_long() {
         .lease_left
         .expect("lease left");
     assert!(left >= Duration::from_secs(2), "{left:?}");
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     assert!(queue(&direct, &name).await.is_empty());
 }
 
@@ -557,10 +546,7 @@ async fn a_waiter_that_gives_up_leaves_its_siblings_hold_alone() {
     // The same at the trait: a give-up of another attempt of the same owner.
     excluded(&direct, &name, "shared-owner", Duration::from_secs(5)).await;
     assert_eq!(queue(&direct, &name).await, q);
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
 }
 
 /// `etcdctl lock dlock/NAME` (Go's `concurrency.Mutex`) and dlock's lock `NAME` (default
@@ -625,10 +611,7 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
     );
     assert!(ctl.0.try_wait().expect("wait").is_none());
     assert!(!g.is_lost());
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    released(g).await;
     file_appears(&marker).await;
     exits_ok(&mut ctl).await;
     assert!(!a.inspect(&name).await.expect("inspect").held());

@@ -1,11 +1,19 @@
 //! Helpers shared by this crate's test files (each includes it with `mod common;`).
 #![allow(dead_code)] // each test file uses a part
 
-use distlock_core::{Client, LockGuard};
+use distlock_core::{Client, ClientOptions, LockGuard, ReleaseOutcome};
+use distlock_etcd::EtcdBackend;
 use distlock_testkit::conformance::poll_until;
 use distlock_testkit::EtcdCluster;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+
+/// A client of its own backend (its own connection) on the cluster at `url`.
+pub async fn client_at(url: &str, opts: ClientOptions) -> Client {
+    let backend = EtcdBackend::connect(url, &opts).await.expect("connect");
+    Client::new(Arc::new(backend), opts).expect("client")
+}
 
 /// Acquires mutex `name` through `c`, waiting as long as it takes.
 pub async fn hold(c: &Client, name: &str) -> LockGuard {
@@ -79,4 +87,12 @@ pub async fn exits(child: &mut Reaped) -> Option<ExitStatus> {
 pub async fn exits_ok(child: &mut Reaped) {
     let status = exits(child).await;
     assert!(status.is_some_and(|s| s.success()), "etcdctl: {status:?}");
+}
+
+/// Releases `g` and checks that it was still held.
+pub async fn released(g: LockGuard) {
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
 }
