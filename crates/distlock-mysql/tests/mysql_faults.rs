@@ -6,6 +6,7 @@ mod support;
 use distlock_core::{Client, ClientOptions, LostReason, ReleaseOutcome};
 use distlock_mysql::{lock_key, MysqlBackend};
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
+use distlock_testkit::sql_faults;
 use distlock_testkit::MariaDbServer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -215,48 +216,7 @@ async fn inspect_reports_live_holders_only() {
 /// A cancelled or timed-out wait leaves no connection waiting in GET_LOCK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_waits_leave_no_server_waiters() {
-    let my = My::session();
-    let name = unique_name("abandon");
-    let a = my.client_with(fast_opts()).await;
-    let b = my.client_with(fast_opts()).await;
-    let g = a
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
-    let lb = b.lock(&name).expect("lock");
-    let t = Instant::now();
-    assert!(lb
-        .acquire_timeout(Duration::from_millis(300))
-        .await
-        .unwrap_err()
-        .is_timeout());
-    // The 300 ms deadline is honoured promptly, not after a long server-side wait (the
-    // safety net stops it 300 ms late; without the deadline passed on, a wait lasts an hour):
-    // 3 s is generous on a loaded machine.
-    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
-    // Waiters on this lock only (other tests share the server). Stopping a wait on the server
-    // takes a round trip after the caller has gone: poll.
-    let waiting = async || server_waiters(&my.server, &name);
-    poll_until(
-        "the timed-out wait left a waiter in GET_LOCK",
-        waiting,
-        |n| n == "0",
-    )
-    .await;
-    let w = tokio::spawn({
-        let lb = lb.clone();
-        async move { lb.acquire().await }
-    });
-    poll_until("the waiter never waited in GET_LOCK", waiting, |n| n == "1").await;
-    w.abort();
-    let _ = w.await;
-    poll_until(
-        "the aborted waiter left a waiter in GET_LOCK",
-        waiting,
-        |n| n == "0",
-    )
-    .await;
+    let mode = My::session();
+    let (_a, g) = sql_faults::abandoned_waits_leave_no_server_waiters(&mode, server_waiters).await;
     g.release().await.expect("release");
 }

@@ -9,6 +9,7 @@ use distlock_core::{
 };
 use distlock_postgres::PostgresBackend;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
+use distlock_testkit::sql_faults;
 use distlock_testkit::PostgresServer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -337,56 +338,13 @@ async fn inspect_reports_live_holders_only() {
     assert_eq!(info.fencing_token, g.fencing_token());
 }
 
-/// A cancelled or timed-out wait leaves no backend waiting on the server.
+/// A cancelled or timed-out wait leaves no backend waiting on the server, and `inspect`
+/// counts no waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_waits_leave_no_server_waiters() {
-    let pg = Pg::session();
-    let name = unique_name("abandon");
-    let a = pg.client_with(fast_opts()).await;
-    let b = pg.client_with(fast_opts()).await;
-    let g = a
-        .lock(&name)
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
-    let lb = b.lock(&name).expect("lock");
-    assert!(lb
-        .acquire_timeout(Duration::from_millis(300))
-        .await
-        .unwrap_err()
-        .is_timeout());
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), lb.acquire())
-            .await
-            .is_err()
-    );
-    // Waiters on this lock's key only (other tests share the server). Stopping a wait on the
-    // server takes a round trip after the caller has gone: poll.
-    let waiting = async || server_waiters(&pg.server, &name);
-    poll_until(
-        "the timed-out waits left a waiter on the server",
-        waiting,
-        |n| n == "0",
-    )
-    .await;
-    let w = tokio::spawn({
-        let lb = lb.clone();
-        async move { lb.acquire().await }
-    });
-    poll_until("the waiter never waited on the server", waiting, |n| {
-        n == "1"
-    })
-    .await;
-    w.abort();
-    let _ = w.await;
-    poll_until(
-        "the aborted waiter left a waiter on the server",
-        waiting,
-        |n| n == "0",
-    )
-    .await;
-    let info = a.inspect(&name).await.expect("inspect");
+    let mode = Pg::session();
+    let (a, g) = sql_faults::abandoned_waits_leave_no_server_waiters(&mode, server_waiters).await;
+    let info = a.inspect(g.name()).await.expect("inspect");
     assert_eq!(info.waiters, Some(0));
     g.release().await.expect("release");
 }

@@ -477,3 +477,69 @@ macro_rules! sql_fault_cases {
         }
     };
 }
+
+/// A timed-out wait, a dropped one and an aborted one leave no connection waiting on the
+/// server (`waiters` counts a lock's waiters there); the deadline is honoured promptly. Returns
+/// the holder's client and guard for backend-specific checks.
+///
+/// # Errors
+/// None: panics when the case fails.
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is the whole of a test.
+pub async fn abandoned_waits_leave_no_server_waiters<S: SqlServer, B: Backend + 'static>(
+    mode: &SqlMode<S, B>,
+    waiters: fn(&S, &str) -> String,
+) -> (Client, distlock_core::LockGuard) {
+    let name = unique_name("abandon");
+    let a = mode.client_with(fast_opts()).await;
+    let b = mode.client_with(fast_opts()).await;
+    let g = a
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let lb = b.lock(&name).expect("lock");
+    let t = Instant::now();
+    assert!(lb
+        .acquire_timeout(Duration::from_millis(300))
+        .await
+        .unwrap_err()
+        .is_timeout());
+    // The 300 ms deadline is honoured promptly, not after a long server-side wait (the
+    // safety net stops it 300 ms late; without the deadline passed on, a wait lasts an hour):
+    // 3 s is generous on a loaded machine.
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), lb.acquire())
+            .await
+            .is_err()
+    );
+    // Waiters on this lock only (other tests share the server). Stopping a wait on the server
+    // takes a round trip after the caller has gone: poll.
+    let waiting = async || waiters(&mode.server, &name);
+    poll_until(
+        "the timed-out waits left a waiter on the server",
+        waiting,
+        |n| n == "0",
+    )
+    .await;
+    let w = tokio::spawn({
+        let lb = lb.clone();
+        async move { lb.acquire().await }
+    });
+    poll_until("the waiter never waited on the server", waiting, |n| {
+        n == "1"
+    })
+    .await;
+    w.abort();
+    let _ = w.await;
+    poll_until(
+        "the aborted waiter left a waiter on the server",
+        waiting,
+        |n| n == "0",
+    )
+    .await;
+    (a, g)
+}
