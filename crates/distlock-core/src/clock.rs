@@ -12,6 +12,10 @@
 use std::ops::{Add, Sub};
 use std::time::Duration;
 
+/// True where [`Instant::as_boottime`] is the machine-wide CLOCK_BOOTTIME (Linux, Android):
+/// values from two processes of one machine can be compared.
+pub const SHARED_ACROSS_PROCESSES: bool = cfg!(any(target_os = "linux", target_os = "android"));
+
 /// A point in time on the lease clock (CLOCK_BOOTTIME on Linux). Opaque: compare, add
 /// durations and measure intervals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -41,6 +45,25 @@ impl Instant {
     /// `self - d`, or `None` before the clock's origin.
     pub fn checked_sub(self, d: Duration) -> Option<Instant> {
         self.0.checked_sub(d).map(Instant)
+    }
+
+    /// The raw clock value: on Linux (and Android) CLOCK_BOOTTIME, which is the same in every
+    /// process of the machine, so it can be sent to another process and compared with its own
+    /// [`Instant::now`] there ([`Instant::from_boottime`]). Elsewhere the process-local
+    /// monotonic fallback, **not** comparable across processes (see [`SHARED_ACROSS_PROCESSES`]).
+    ///
+    /// ```
+    /// use distlock_core::clock::Instant;
+    /// let now = Instant::now();
+    /// assert_eq!(Instant::from_boottime(now.as_boottime()), now);
+    /// ```
+    pub fn as_boottime(self) -> Duration {
+        self.0
+    }
+
+    /// The instant whose raw clock value is `d` (see [`Instant::as_boottime`]).
+    pub fn from_boottime(d: Duration) -> Instant {
+        Instant(d)
     }
 
     /// The same moment on tokio's timer clock, for sleeping until it (a moment already past
@@ -117,6 +140,36 @@ mod tests {
         assert_eq!(a.saturating_duration_since(b), Duration::ZERO);
         assert_eq!((a + d).saturating_duration_since(a), d);
         assert!(a.checked_sub(Duration::from_secs(u64::MAX)).is_none());
+    }
+
+    #[test]
+    fn raw_values_round_trip_and_match_the_system_clock() {
+        let a = Instant::now();
+        let raw = a.as_boottime();
+        assert_eq!(Instant::from_boottime(raw), a);
+        assert!(Instant::from_boottime(raw + Duration::from_secs(1)) > a);
+        assert_eq!(
+            SHARED_ACROSS_PROCESSES,
+            cfg!(any(target_os = "linux", target_os = "android"))
+        );
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            // The raw value is CLOCK_BOOTTIME itself: as read by this process's libc call.
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: a valid, writable timespec; see `read`.
+            assert_eq!(
+                unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) },
+                0
+            );
+            let sys = Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
+            assert!(
+                sys >= raw && sys - raw < Duration::from_secs(5),
+                "{sys:?} vs {raw:?}"
+            );
+        }
     }
 
     #[tokio::test]
