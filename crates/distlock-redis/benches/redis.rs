@@ -64,18 +64,18 @@ async fn main() {
     }
     // The same pair through the backend trait alone (no guard, no watchdog bookkeeping).
     use distlock_core::Backend;
-    let key = distlock_core::HoldKey::new("raw", "bench", distlock_core::LockKind::Mutex);
+    let key = distlock_core::backend::HoldKey::new("raw", "bench", distlock_core::LockKind::Mutex);
     let mut raw = Vec::with_capacity(n);
     for _ in 0..n {
         // One attempt per acquisition, as the core makes them.
-        let req = distlock_core::AcquireRequest::new(
+        let req = distlock_core::backend::AcquireRequest::new(
             key.clone(),
             Duration::from_secs(30),
             distlock_core::LostSignal::new(),
         );
         let t = Instant::now();
         let token = match backend.acquire(&req).await.expect("acquire") {
-            distlock_core::AcquireReply::Granted { token } => token,
+            distlock_core::backend::AcquireReply::Granted { token } => token,
             other => panic!("not granted: {other:?}"),
         };
         let _ = backend.release(&req.grant(token)).await.expect("release");

@@ -11,10 +11,10 @@ mod scripts;
 
 use crate::error::{map, shape, KIND};
 pub use crate::quorum::{NodeHold, QuorumReply, QuorumVote, ServerInfo, TOKEN_FIELD};
-use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, HoldKey,
-    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+use distlock_core::backend::{
+    async_trait, AcquireReply, AcquireRequest, GrantRef, HoldKey, ReleaseWatch, RenewOutcome,
 };
+use distlock_core::{Backend, ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, Result};
 use redis::aio::ConnectionManager;
 use redis::Value;
 use std::sync::Arc;

@@ -27,10 +27,8 @@ use crate::ops::glob_escape;
 use crate::scripts::{self, Script};
 use crate::RedisBackend;
 use crate::{int, lease_ms};
-use distlock_core::backend::Capabilities;
-use distlock_core::{
-    AttemptId, Error, GrantRef, HoldKey, LockKind, ReleaseOutcome, RenewOutcome, Result,
-};
+use distlock_core::backend::{AttemptId, Capabilities, GrantRef, HoldKey, RenewOutcome};
+use distlock_core::{Error, LockKind, ReleaseOutcome, Result};
 use redis::Value;
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -6,9 +6,9 @@
 mod common;
 
 use common::{acquired, client_for, released};
+use distlock_core::backend::{AcquireReply, AcquireRequest, HoldKey};
 use distlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockGuard,
-    LockKind, LostSignal, ReleaseOutcome,
+    Backend, Client, ClientOptions, Error, LockGuard, LockKind, LostSignal, ReleaseOutcome,
 };
 use distlock_redis::RedisBackend;
 use distlock_testkit::conformance::{

@@ -4,7 +4,8 @@
 use crate::node::View;
 use crate::tally::{self, Ballot, Decision};
 use crate::{Shared, KIND};
-use distlock_core::{AcquireReply, AcquireRequest, AttemptId, Error, Result};
+use distlock_core::backend::{AcquireReply, AcquireRequest, AttemptId};
+use distlock_core::{Error, Result};
 use distlock_redis::{QuorumReply, QuorumVote};
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};

@@ -4,10 +4,8 @@
 
 use crate::node::View;
 use crate::{ops, tally, watch, Shared, KIND};
-use distlock_core::{
-    AcquireRequest, Backend, Error, GrantRef, HolderInfo, LockInfo, ReleaseOutcome, ReleaseWatch,
-    RenewOutcome, Result,
-};
+use distlock_core::backend::{AcquireRequest, GrantRef, ReleaseWatch, RenewOutcome};
+use distlock_core::{Backend, Error, HolderInfo, LockInfo, ReleaseOutcome, Result};
 use distlock_redis::{NodeHold, RedisBackend};
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};

@@ -14,11 +14,10 @@ pub use node::NodeStatus;
 
 use crate::node::Health;
 use distlock_core::backend::{
-    AcquireReply, AcquireRequest, Backend, Capabilities, GrantRef, ReleaseWatch,
+    async_trait, AcquireReply, AcquireRequest, Backend, Capabilities, GrantRef, ReleaseWatch,
+    RenewOutcome,
 };
-use distlock_core::{
-    async_trait, ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
-};
+use distlock_core::{ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, Result};
 use distlock_redis::RedisBackend;
 use futures_util::future::join_all;
 use std::sync::Arc;

@@ -4,7 +4,8 @@
 //! (reachable, its counters seeded, out of restart quarantine) and it answered in time; the
 //! answers of other nodes are still used to give grants back, never to decide.
 
-use distlock_core::{ReleaseOutcome, RenewOutcome};
+use distlock_core::backend::RenewOutcome;
+use distlock_core::ReleaseOutcome;
 use distlock_redis::QuorumReply;
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,7 +1,8 @@
 //! Waiting: one release subscription per node, merged.
 
 use crate::tally::wake_threshold;
-use distlock_core::{async_trait, ReleaseWatch, Result, Wake};
+use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
+use distlock_core::Result;
 use futures_util::future::select_all;
 use std::time::Duration;
 

@@ -6,10 +6,8 @@
 mod common;
 
 use common::{acquired, assert_increasing, opts, wait_counting, Cluster};
-use distlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, HoldKey, LockKind, LostSignal, ReleaseOutcome,
-    RenewOutcome,
-};
+use distlock_core::backend::{AcquireReply, AcquireRequest, HoldKey, RenewOutcome};
+use distlock_core::{Backend, Client, LockKind, LostSignal, ReleaseOutcome};
 use distlock_redlock::RedlockBackend;
 use distlock_testkit::DelayProxy;
 use std::sync::Arc;
