@@ -406,3 +406,31 @@ async fn watch_and_retry_stops_on_cancel() {
     assert!(t.elapsed() < Duration::from_secs(5));
     assert_eq!(b.gave_up.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn through_the_client_a_timeout_or_the_last_error() {
+    let b = Fake::new();
+    let client = crate::Client::new(b.clone(), crate::ClientOptions::default()).expect("client");
+    let lock = client.lock("k").expect("lock");
+    // Held the whole time: a timeout.
+    let e = lock
+        .acquire_timeout(Duration::from_millis(60))
+        .await
+        .expect_err("held");
+    assert!(e.is_timeout(), "{e:?}");
+    // Unreachable at the end of the wait: the connection error says why.
+    b.fail_acquires.store(u32::MAX, Ordering::SeqCst);
+    let e = lock
+        .acquire_timeout(Duration::from_millis(60))
+        .await
+        .expect_err("unreachable");
+    assert!(e.is_connection(), "{e:?}");
+    // Reachable and free again: granted.
+    b.fail_acquires.store(0, Ordering::SeqCst);
+    b.held.store(false, Ordering::SeqCst);
+    let g = lock
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("granted");
+    assert_eq!(g.fencing_token(), 3);
+}
