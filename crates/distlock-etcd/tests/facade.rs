@@ -6,7 +6,7 @@ use distlock_testkit::EtcdCluster;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::released;
+use common::{hold_within, released};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_acquire_inspect_release() {
@@ -16,12 +16,7 @@ async fn connect_acquire_inspect_release() {
         .expect("connect");
     assert_eq!(client.backend_kind(), "etcd");
     assert!(client.endpoint().contains("127.0.0.1"));
-    let g = client
-        .lock("report")
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(15))
-        .await
-        .expect("acquire");
+    let g = hold_within(&client, "report", Duration::from_secs(15), "acquire").await;
     let info = client.inspect("report").await.expect("inspect");
     assert_eq!(info.holders.len(), 1);
     assert_eq!(info.holders[0].owner, g.owner());

@@ -4,7 +4,7 @@
 use distlock_core::{Client, ClientOptions, Error, LockKind, LostReason, ReleaseOutcome};
 
 mod common;
-use common::{client_at as client, hold, released};
+use common::{client_at as client, hold, hold_within, released};
 use distlock_testkit::conformance::wait_for_waiters;
 use distlock_testkit::{DelayProxy, EtcdCluster};
 use std::time::{Duration, Instant};
@@ -106,12 +106,13 @@ async fn cut_off_holder_loses_the_lock_before_the_next_holder_gets_it() {
         p.set_blackhole(true);
     }
     let cut_at = Instant::now();
-    let g2 = b
-        .lock("stock")
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(20))
-        .await
-        .expect("the lock frees when the cut-off holder's lease ends");
+    let g2 = hold_within(
+        &b,
+        "stock",
+        Duration::from_secs(20),
+        "the lock frees when the cut-off holder's lease ends",
+    )
+    .await;
     // Looked at the moment the grant returns (not by a task that a loaded machine may run
     // late): the old holder's signal must have fired already.
     let lost_when_granted = lost.reason();

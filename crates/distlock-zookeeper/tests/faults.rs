@@ -11,7 +11,7 @@ use distlock_zookeeper::ZkBackend;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{client_at as client, hold, released};
+use common::{client_at as client, hold, hold_within, released};
 
 /// Options for the fault tests: a watchdog lease long enough that only the session decides.
 fn opts() -> ClientOptions {
@@ -37,12 +37,7 @@ async fn leader_killed_lock_survives() {
     let a = client(&url, opts()).await;
     let b = client(&url, opts()).await;
     let c = client(&url, opts()).await;
-    let g = a
-        .lock(&name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(5))
-        .await
-        .expect("acquire");
+    let g = hold_within(&a, &name, Duration::from_secs(5), "acquire").await;
     let t1 = g.fencing_token();
     let waiter_lock = b.lock(&name).expect("lock");
     let waiter = tokio::spawn(async move {
@@ -102,12 +97,7 @@ async fn leader_killed_lock_survives() {
     // The killed server comes back as a follower with its data; the lock keeps working.
     blocking(|| ensemble.restart(leader)).expect("restart");
     released(g2).await;
-    let g3 = a
-        .lock(&name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(15))
-        .await
-        .expect("acquire after restart");
+    let g3 = hold_within(&a, &name, Duration::from_secs(15), "acquire after restart").await;
     let t3 = g3.fencing_token();
     assert!(t3 > t2, "token {t3} after {t2}");
     assert!(
@@ -133,12 +123,7 @@ async fn session_expiry_fires_lost_and_fences() {
     let opts = opts().watchdog_lease(session);
     let holder = client(&cut_url, opts.clone()).await;
     let other = client(&url, opts).await;
-    let g = holder
-        .lock(&name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(5))
-        .await
-        .expect("acquire");
+    let g = hold_within(&holder, &name, Duration::from_secs(5), "acquire").await;
     let t1 = g.fencing_token();
     let lost = g.lost_signal();
     let lost_at = tokio::spawn({
@@ -195,12 +180,13 @@ async fn session_expiry_fires_lost_and_fences() {
         ReleaseOutcome::TakenByOther
     );
     released(g2).await;
-    let g3 = holder
-        .lock(&name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(20))
-        .await
-        .expect("acquire with a new session");
+    let g3 = hold_within(
+        &holder,
+        &name,
+        Duration::from_secs(20),
+        "acquire with a new session",
+    )
+    .await;
     assert!(g3.fencing_token() > t2);
     g3.release().await.expect("release");
 }
@@ -228,12 +214,7 @@ async fn closed_session_frees_at_once() {
     assert!(other.inspect(&name).await.expect("inspect").held());
     drop(holder);
     let t = Instant::now();
-    let g = other
-        .lock(&name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(15))
-        .await
-        .expect("acquire");
+    let g = hold_within(&other, &name, Duration::from_secs(15), "acquire").await;
     assert!(
         t.elapsed() < Duration::from_secs(5),
         "freed only after {:?}",

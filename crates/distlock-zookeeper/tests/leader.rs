@@ -15,6 +15,9 @@ use distlock_zookeeper::ZkBackend;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::hold_within;
+
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
@@ -42,12 +45,7 @@ async fn follower_without_leader_cannot_renew() {
     let mut tries = 0;
     let g = loop {
         tries += 1;
-        let g = client
-            .lock(&name)
-            .expect("lock")
-            .acquire_timeout(Duration::from_secs(10))
-            .await
-            .expect("acquire");
+        let g = hold_within(&client, &name, Duration::from_secs(10), "acquire").await;
         tokio::time::sleep(lease / 2).await;
         if !g.is_lost() {
             break g;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{hold, read, shared_client};
+use common::{hold, hold_within, read, shared_client};
 
 fn opts() -> ClientOptions {
     // Generous call timeouts: the shared ensemble runs beside other suites on 2 cores.
@@ -290,12 +290,13 @@ async fn curator_nodes_are_listed_and_force_released() {
         .expect("force");
     assert_eq!(report.removed.len(), 1, "{report:?}");
     assert_eq!(report.removed[0].owner, "127.0.0.1", "{report:?}");
-    let g = c
-        .lock(&name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(10))
-        .await
-        .expect("acquires after the forced release");
+    let g = hold_within(
+        &c,
+        &name,
+        Duration::from_secs(10),
+        "acquires after the forced release",
+    )
+    .await;
     assert!(g.fencing_token() > report.fencing_token, "{report:?}");
     g.release().await.expect("release");
 }

@@ -8,6 +8,7 @@ use distlock_testkit::EtcdCluster;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A client of its own backend (its own connection) on the cluster at `url`.
 pub async fn client_at(url: &str, opts: ClientOptions) -> Client {
@@ -95,4 +96,13 @@ pub async fn released(g: LockGuard) {
         g.release().await.expect("release"),
         ReleaseOutcome::Released
     );
+}
+
+/// Acquires mutex `name` through `c` within `timeout`; `what` names the step if it fails.
+pub async fn hold_within(c: &Client, name: &str, timeout: Duration, what: &str) -> LockGuard {
+    c.lock(name)
+        .expect("lock")
+        .acquire_timeout(timeout)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
 }

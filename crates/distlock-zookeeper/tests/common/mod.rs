@@ -5,6 +5,7 @@ use distlock_core::{Client, ClientOptions, LockGuard, ReleaseOutcome};
 use distlock_testkit::ZkEnsemble;
 use distlock_zookeeper::ZkBackend;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Acquires mutex `name` through `c`, waiting as long as it takes.
 pub async fn hold(c: &Client, name: &str) -> LockGuard {
@@ -42,4 +43,13 @@ pub async fn released(g: LockGuard) {
         g.release().await.expect("release"),
         ReleaseOutcome::Released
     );
+}
+
+/// Acquires mutex `name` through `c` within `timeout`; `what` names the step if it fails.
+pub async fn hold_within(c: &Client, name: &str, timeout: Duration, what: &str) -> LockGuard {
+    c.lock(name)
+        .expect("lock")
+        .acquire_timeout(timeout)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
