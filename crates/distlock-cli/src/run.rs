@@ -3,10 +3,11 @@
 //! The promise: the command (with every process it starts) runs only while the lock is held.
 //! - It runs in its own process group under a guard process (crate `distlock-run`): `kill -9`
 //!   of dlock takes the whole group down, signals dlock gets are forwarded to the group.
-//! - dlock confirms the lease itself (a renewal every lease/4, on top of the watchdog's) and
-//!   knows the instant the last confirmed lease ends. The command is stopped — SIGTERM to the
-//!   group, SIGKILL `--grace` later — so that it is dead a margin *before* that instant, which
-//!   is no later than the earliest moment the server could grant the lock to another owner.
+//! - The core's watchdog renews the lease (every lease/3); dlock follows the lease end it
+//!   confirms (`LockGuard::lease_deadline`), so it knows the instant the last confirmed lease
+//!   ends. The command is stopped — SIGTERM to the group, SIGKILL `--grace` later — so that
+//!   it is dead a margin *before* that instant, which is no later than the earliest moment
+//!   the server could grant the lock to another owner.
 //!   The guard enforces the same schedule, so a paused dlock cannot let the command run on.
 //! - Exit 76 whenever the lock was lost (or the command had to be stopped for it) before the
 //!   command ended, even if the command then exited by itself.
@@ -15,6 +16,7 @@ use clap::Args;
 use distlock_run::{boot_now, margin, max_grace, verdict, Event, Facts, Report, Supervisor};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch::Sender;
 
 #[derive(Args, Debug)]
 #[command(after_long_help = RUN_HELP)]
@@ -136,7 +138,7 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         }
     };
     let (end_tx, mut end_rx) = tokio::sync::watch::channel(lease_end);
-    let renewer = tokio::spawn(renew(guard.clone(), args.lease, end_tx));
+    let renewer = tokio::spawn(follow(guard.clone(), args.lease, end_tx));
     let lost_signal = guard.lost_signal();
     let outcome = group
         .wait(&mut end_rx, lost_signal.lost(), |event| match event {
@@ -219,47 +221,28 @@ fn fmt_at(t: Duration, origin: Duration) -> String {
     }
 }
 
-/// Renews every lease/4 and publishes each confirmed lease end. Ends when the lock is gone.
-async fn renew(
-    guard: Arc<distlock::LockGuard>,
-    lease: Duration,
-    end: tokio::sync::watch::Sender<Duration>,
-) {
-    let every = (lease / 4).max(Duration::from_millis(10));
-    let mut failing = false;
-    loop {
+/// Follows the lease the core's watchdog renews (every lease/3; dlock's locks are all in
+/// watchdog mode) and publishes each confirmed lease end, on the boot clock. Ends when the
+/// lock is gone.
+async fn follow(guard: Arc<distlock::LockGuard>, lease: Duration, end: Sender<Duration>) {
+    let every = (lease / 20).clamp(Duration::from_millis(10), Duration::from_millis(250));
+    while !guard.is_lost() {
         tokio::time::sleep(every).await;
-        let sent = boot_now();
-        match tokio::time::timeout(every, guard.extend(lease)).await {
-            Ok(Ok(())) => {
-                failing = false;
-                let e = confirmed_end(sent, lease);
-                end.send_if_modified(|cur| {
-                    if e > *cur {
-                        *cur = e;
-                        true
-                    } else {
-                        false
-                    }
-                });
-            }
-            Ok(Err(e)) if e.is_not_owner() => return,
-            Ok(Err(e)) => {
-                if !failing {
-                    eprintln!("dlock: renewing the lock failed ({e}); retrying");
-                }
-                failing = true;
-            }
-            Err(_) => {
-                if !failing {
-                    eprintln!("dlock: renewing the lock took over {every:?}; retrying");
-                }
-                failing = true;
-            }
+        // The boot clock first: the end computed errs early, by the time between the reads.
+        let now = boot_now();
+        let left = guard.lease_left();
+        if left.is_zero() {
+            // Ran out (`lease_left` is zero then, not the time since): nothing to publish.
+            continue;
         }
-        if guard.is_lost() {
-            return;
-        }
+        let e = now + left;
+        end.send_if_modified(|cur| {
+            let later = e > *cur;
+            if later {
+                *cur = e;
+            }
+            later
+        });
     }
 }
 
