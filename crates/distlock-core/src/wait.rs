@@ -77,7 +77,9 @@ pub trait WaitStrategy: Send {
     /// (the earliest of the deadline, the heartbeat and the attempt's `retry_in`), whichever
     /// is first. `Ok(Some(Wake::HandedOver { .. }))` ends the wait with that grant (measured
     /// from the last attempt's send time); `Ok(None)` or `Released` tries again. An error is
-    /// handled as an attempt's error. The default sleeps until `until`.
+    /// retried as an attempt's error is (after [`retry`](WaitStrategy::retry) and a backoff
+    /// pause), but is not reported at the deadline: the holder, not the notifications, kept
+    /// the lock. The default sleeps until `until`.
     ///
     /// # Cancel safety
     /// Must be cancel safe: the loop drops it when `cancel` fires.
@@ -111,8 +113,8 @@ pub trait WaitStrategy: Send {
 /// Errors the strategy [retries](WaitStrategy::retry) pause the loop with a full-jitter
 /// backoff of `policy`'s delays (its attempt count is not used: the deadline bounds the
 /// wait). If the deadline passes while the last attempt had failed, that error is returned
-/// instead of `Ok(None)`: the caller learns why it did not get the lock. A cancelled wait is
-/// always `Ok(None)`.
+/// instead of `Ok(None)`: the caller learns why it did not get the lock (a failed wake-up after
+/// a "held" answer does not count: the holder is why). A cancelled wait is always `Ok(None)`.
 ///
 /// ```
 /// use distlock_core::backend::{async_trait, wait, Attempt, Deadline, Granted, WaitStrategy};
@@ -176,7 +178,9 @@ async fn run_loop<S: WaitStrategy + ?Sized>(
             return last_err.map_or(Ok(None), Err);
         }
         let sent = crate::clock::Instant::now();
-        let failed = match strategy.attempt(deadline, cancel).await {
+        // A failed attempt is why the lock was not got; a failed wake-up after a "held" answer
+        // is not (the holder was), so only the former is reported at the deadline.
+        let (failed, by_attempt) = match strategy.attempt(deadline, cancel).await {
             Ok(Attempt::Granted(g)) => return Ok(Some(g)),
             Ok(Attempt::Again) => {
                 backoff.reset();
@@ -212,17 +216,17 @@ async fn run_loop<S: WaitStrategy + ?Sized>(
                         }));
                     }
                     Ok(Some(Wake::Released) | None) => continue,
-                    Err(e) => e,
+                    Err(e) => (e, false),
                 }
             }
-            Err(e) => e,
+            Err(e) => (e, true),
         };
         if !strategy.retry(&failed) {
             return Err(failed);
         }
         let pause = backoff.next_delay();
         tracing::debug!(error = %failed, ?pause, "waiting for the lock failed; retrying");
-        last_err = Some(failed);
+        last_err = by_attempt.then_some(failed);
         if !deadline.sleep(pause, cancel).await {
             if cancel.is_cancelled() {
                 return Ok(None);

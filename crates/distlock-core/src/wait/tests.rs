@@ -201,6 +201,21 @@ async fn a_permanent_error_ends_the_wait_and_gives_up() {
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
     assert_eq!(s.tried, 2);
     assert_eq!(s.gave_up, 1);
+    // A failing wake-up after "held" is retried, but a deadline after it is a plain timeout:
+    // the holder, not the notifications, kept the lock from us.
+    let mut s = Script::with(
+        vec![Ok(Attempt::Held { retry_in: None })],
+        (0..100_000).map(|n| Err(conn_err(n))).collect(),
+    );
+    let r = run(
+        &mut s,
+        Deadline::after(Duration::from_millis(40)),
+        &CancellationToken::new(),
+        quick(),
+    )
+    .await;
+    assert!(matches!(r, Ok(None)), "{r:?}");
+    assert!(s.retried >= 1);
     // A wake-up's error is handled like an attempt's.
     let mut s = Script::with(
         vec![Ok(Attempt::Held { retry_in: None })],
