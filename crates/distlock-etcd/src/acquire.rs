@@ -5,7 +5,8 @@ use crate::keys::{Entry, Keys};
 use crate::lease::*;
 use crate::renew::*;
 use crate::EtcdBackend;
-use distlock_core::{AcquireReply, AcquireRequest, Error, HolderInfo, LockInfo, Result};
+use distlock_core::backend::{AcquireReply, AcquireRequest};
+use distlock_core::{Error, HolderInfo, LockInfo, Result};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse, TxnResponse,

@@ -5,7 +5,7 @@
 //! | `PREFIX/NAME/ATTEMPT` | the attempt's own lease | `TTL OWNER`: the lease's TTL in seconds, the owner id |
 //! | `PREFIX/NAME` | none | empty; its mod revision is the newest queue key's create revision |
 //!
-//! One key per acquisition *attempt* (the core's [`AttemptId`](distlock_core::AttemptId)): a retry
+//! One key per acquisition *attempt* (the core's [`AttemptId`](distlock_core::backend::AttemptId)): a retry
 //! of the attempt's request finds its own key by name, and nothing another attempt does (even
 //! one of the same owner) can touch it. `NAME` and `ATTEMPT` are escaped (`%` → `%25`,
 //! `/` → `%2F`) so that `PREFIX/NAME/` is the prefix of exactly one lock's queue — the prefix

@@ -2,7 +2,8 @@
 
 use crate::error::{is_lease_not_found, map, shape};
 use crate::EtcdBackend;
-use distlock_core::{AttemptId, Result};
+use distlock_core::backend::AttemptId;
+use distlock_core::Result;
 use std::time::{Duration, Instant};
 
 /// How long after its TTL a lease of unknown fate is still remembered: etcd extends every

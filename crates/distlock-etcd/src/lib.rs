@@ -22,11 +22,11 @@ pub use url::{percent_decode, redact};
 use crate::error::KIND;
 use crate::keys::Keys;
 use crate::lease::{Doubt, Lease};
-use distlock_core::backend::Capabilities;
-use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, AttemptId, Backend, ClientOptions, GrantRef,
-    Granted, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+use distlock_core::backend::{
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, Granted,
+    ReleaseWatch, RenewOutcome,
 };
+use distlock_core::{Backend, ClientOptions, LockInfo, LockKind, ReleaseOutcome, Result};
 use etcd_client::{Client, ConnectOptions};
 use std::collections::HashMap;
 use std::sync::Mutex;

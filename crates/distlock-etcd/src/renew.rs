@@ -5,7 +5,8 @@ use crate::error::shape;
 use crate::keys::Entry;
 use crate::lease::*;
 use crate::EtcdBackend;
-use distlock_core::{AcquireRequest, AttemptId, GrantRef, ReleaseOutcome, RenewOutcome, Result};
+use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, RenewOutcome};
+use distlock_core::{ReleaseOutcome, Result};
 use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 use std::time::Duration;
 

@@ -19,12 +19,12 @@ use crate::error::{map, timed_out, KIND};
 use crate::keys::{Entry, Keys};
 use crate::lease::Lease;
 use crate::EtcdBackend;
-use distlock_core::backend::{wait, Attempt, Deadline, WaitStrategy};
+use distlock_core::backend::{
+    async_trait, wait, AcquireRequest, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
+};
 use distlock_core::backoff::{Backoff, RetryPolicy};
 use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{
-    async_trait, AcquireRequest, Backend, Error, Granted, ReleaseWatch, Result, Wake,
-};
+use distlock_core::{Backend, Error, Result};
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp,
     WatchFilterType, WatchOptions, WatchStream,

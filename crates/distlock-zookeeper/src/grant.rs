@@ -4,8 +4,9 @@ use crate::error::session_gone;
 use crate::layout::{NodeData, NodeKind};
 use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
 use crate::session::{watch_node, Inner, Session};
+use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, HoldKey};
 use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{AcquireRequest, AttemptId, GrantRef, HoldKey, LockKind, Result};
+use distlock_core::{LockKind, Result};
 use std::sync::Arc;
 use zookeeper_client as zk;
 

@@ -25,12 +25,12 @@ use crate::error::KIND;
 use crate::layout::NodeKind;
 use crate::session::{Inner, State};
 use crate::wait::ChildWatch;
-use distlock_core::backend::Capabilities;
-use distlock_core::conn;
-use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, Granted,
-    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+use distlock_core::backend::{
+    async_trait, AcquireReply, AcquireRequest, Capabilities, GrantRef, Granted, ReleaseWatch,
+    RenewOutcome,
 };
+use distlock_core::conn;
+use distlock_core::{Backend, ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, Result};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;

@@ -3,8 +3,9 @@
 use crate::error::{session_gone, timed_out, KIND};
 use crate::layout::{self, NodeData, NodeKind};
 use crate::session::{Inner, Session};
+use distlock_core::backend::{AcquireRequest, AttemptId};
 use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{AcquireRequest, AttemptId, Error, Result};
+use distlock_core::{Error, Result};
 use std::sync::Arc;
 use zookeeper_client as zk;
 

@@ -4,7 +4,8 @@ use crate::grant::Grant;
 use crate::layout::{self, Family, NodeData, NodeKind};
 use crate::node::{busy, foreign_data, token_of, DATA_ATTEMPTS};
 use crate::session::{Inner, Session};
-use distlock_core::{AcquireRequest, AttemptId, GrantRef, ReleaseOutcome, Result};
+use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef};
+use distlock_core::{ReleaseOutcome, Result};
 use std::sync::Arc;
 use zookeeper_client as zk;
 

@@ -3,8 +3,8 @@
 use crate::error::{map, timed_out};
 use crate::grant::Grant;
 use crate::layout::{self, Family};
-use distlock_core::backend::{Deadline, LostRegistry};
-use distlock_core::{AttemptId, Error, LostReason, LostSignal, Result};
+use distlock_core::backend::{AttemptId, Deadline, LostRegistry};
+use distlock_core::{Error, LostReason, LostSignal, Result};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};

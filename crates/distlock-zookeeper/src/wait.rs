@@ -4,12 +4,12 @@ use crate::error::session_gone;
 use crate::layout::{self, NodeData, NodeKind, Turn};
 use crate::node::{anyone, Created};
 use crate::session::{Inner, Session};
-use distlock_core::backend::{wait, Deadline};
+use distlock_core::backend::{
+    async_trait, wait, AcquireRequest, Deadline, Granted, HoldKey, ReleaseWatch, Wake,
+};
 use distlock_core::backoff::RetryPolicy;
 use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{
-    async_trait, AcquireRequest, Error, Granted, HoldKey, ReleaseWatch, Result, Wake,
-};
+use distlock_core::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
