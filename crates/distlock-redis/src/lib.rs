@@ -113,12 +113,21 @@ impl RedisBackend {
         })
     }
 
+    /// `NS:{NAME}SUFFIX`: every key of lock `name` (the hash tag keeps them in one slot).
+    fn key(&self, name: &str, suffix: &str) -> String {
+        format!("{}:{{{name}}}{suffix}", self.namespace)
+    }
+
     fn lock_key(&self, name: &str) -> String {
-        format!("{}:{{{}}}", self.namespace, name)
+        self.key(name, "")
     }
 
     fn fence_key(&self, name: &str) -> String {
-        format!("{}:{{{}}}:fence", self.namespace, name)
+        self.key(name, ":fence")
+    }
+
+    fn channel(&self, name: &str) -> String {
+        self.key(name, ":released")
     }
 
     /// The fencing counter of `name` from its stored value (`None`: never issued, 0).
@@ -137,44 +146,27 @@ impl RedisBackend {
         }
     }
 
-    fn channel(&self, name: &str) -> String {
-        format!("{}:{{{}}}:released", self.namespace, name)
-    }
-
     /// The four keys the mutex scripts touch, in their KEYS order.
     fn keys(&self, name: &str) -> [String; 4] {
-        let ns = &self.namespace;
-        [
-            format!("{ns}:{{{name}}}"),
-            format!("{ns}:{{{name}}}:fence"),
-            format!("{ns}:{{{name}}}:queue"),
-            format!("{ns}:{{{name}}}:waiters"),
-        ]
+        ["", ":fence", ":queue", ":waiters"].map(|s| self.key(name, s))
     }
 
     /// Keys of a read-write lock: holds, fence, queue, waiter data, hold expiries.
     fn rw_keys(&self, name: &str) -> [String; 5] {
-        let ns = &self.namespace;
-        [
-            format!("{ns}:{{{name}}}:rw"),
-            format!("{ns}:{{{name}}}:fence"),
-            format!("{ns}:{{{name}}}:rw:queue"),
-            format!("{ns}:{{{name}}}:rw:waiters"),
-            format!("{ns}:{{{name}}}:rw:exp"),
-        ]
+        [":rw", ":fence", ":rw:queue", ":rw:waiters", ":rw:exp"].map(|s| self.key(name, s))
     }
 
     /// Keys of a semaphore: holds, fence, queue, waiter data, hold expiries, permit count.
     fn sem_keys(&self, name: &str) -> [String; 6] {
-        let ns = &self.namespace;
         [
-            format!("{ns}:{{{name}}}:sem"),
-            format!("{ns}:{{{name}}}:fence"),
-            format!("{ns}:{{{name}}}:sem:queue"),
-            format!("{ns}:{{{name}}}:sem:waiters"),
-            format!("{ns}:{{{name}}}:sem:exp"),
-            format!("{ns}:{{{name}}}:sem:limit"),
+            ":sem",
+            ":fence",
+            ":sem:queue",
+            ":sem:waiters",
+            ":sem:exp",
+            ":sem:limit",
         ]
+        .map(|s| self.key(name, s))
     }
 
     /// Runs the release-side script of `key`'s family for grant `attempt`/`token` in `mode`
