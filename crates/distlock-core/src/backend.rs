@@ -317,8 +317,9 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     /// Connection errors (the outcome is unknown; the operator inspects) and unexpected
-    /// replies; [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the server
-    /// refuses (e.g. a holder of another role).
+    /// replies; an error that says what to grant when the server refuses to remove a holder
+    /// (postgres answers [`Error::Unsupported`](crate::Error::Unsupported) for another role's
+    /// backend).
     async fn force_release(&self, _name: &str, _kind: LockKind) -> Result<ForceReleased> {
         Err(crate::Error::unsupported(self.kind(), "forced release"))
     }
