@@ -3,18 +3,14 @@
 
 mod support;
 
-use distlock_core::{Client, ClientOptions, LostReason, ReleaseOutcome};
-use distlock_mysql::{lock_key, MysqlBackend};
+use distlock_core::{Client, LostReason, ReleaseOutcome};
+use distlock_mysql::lock_key;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
 use distlock_testkit::sql_faults;
 use distlock_testkit::MariaDbServer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::{Modes, My};
-
-fn client(backend: MysqlBackend, opts: ClientOptions) -> Client {
-    Client::new(Arc::new(backend), opts).expect("client")
-}
 
 /// Connections waiting in `GET_LOCK` for lock `name`, in the default namespace. Only this
 /// lock counts: other tests may share the server.
@@ -110,18 +106,9 @@ async fn restart_loses_session_locks_and_tokens_survive() {
             fast_opts().watchdog_lease(Duration::from_secs(20))
         };
         let url = format!("{}{params}", server.url());
-        let a = client(
-            MysqlBackend::connect(&url, &opts).await.expect("connect"),
-            opts.clone(),
-        );
-        let g = a
-            .lock(&name)
-            .expect("lock")
-            .acquire()
-            .await
-            .expect("acquire");
-        let token = g.fencing_token();
-        server.restart().expect("restart");
+        let (a, g, token) =
+            sql_faults::hold_across_restart(&mut server, support::connect, &url, &opts, &name)
+                .await;
         if params.is_empty() {
             let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
                 .await
@@ -140,22 +127,7 @@ async fn restart_loses_session_locks_and_tokens_survive() {
                 ReleaseOutcome::Released
             );
         }
-        let b = client(
-            MysqlBackend::connect(&url, &opts).await.expect("reconnect"),
-            opts.clone(),
-        );
-        let g2 = b
-            .lock(&name)
-            .expect("lock")
-            .acquire_timeout(Duration::from_secs(15))
-            .await
-            .expect("acquire after restart");
-        assert!(
-            g2.fencing_token() > token,
-            "{} after {token}",
-            g2.fencing_token()
-        );
-        g2.release().await.expect("release");
+        sql_faults::next_holder_after_restart(support::connect, &url, &opts, &name, token).await;
         drop(a);
     }
 }

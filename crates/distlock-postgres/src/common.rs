@@ -7,7 +7,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio_postgres::tls::NoTlsStream;
-use tokio_postgres::{Client, Connection, NoTls, Socket};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Connection, NoTls, Row, Socket};
 
 pub(crate) type PgConnection = Connection<Socket, NoTlsStream>;
 
@@ -125,6 +126,17 @@ impl Common {
             .await
             .map_err(|_| timeout(&self.endpoint, what, self.op_timeout))?
             .map_err(|e| map(&self.endpoint, e))
+    }
+
+    /// Runs `sql` with `params` on the control connection, with the per-call timeout.
+    pub(crate) async fn query(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>> {
+        let client = self.control().await?;
+        self.run(what, client.query_typed(sql, params)).await
     }
 
     /// Creates dlock's tables if they are missing, and brings tables of an older version up to

@@ -81,23 +81,20 @@ impl LeaseMode {
 
     /// Frees the row of `attempt`'s grant (with `token`, or any token of the attempt).
     async fn free(&self, name: &str, attempt: &str, token: Option<i64>) -> Result<ReleaseOutcome> {
-        let client = self.common.control().await?;
         let ns = self.common.namespace.as_str();
         let chan = channel(lock_key(&self.common.namespace, name));
         let rows = self
             .common
-            .run(
+            .query(
                 "releasing",
-                client.query_typed(
-                    RELEASE,
-                    &[
-                        (&ns, Type::TEXT),
-                        (&name, Type::TEXT),
-                        (&attempt, Type::TEXT),
-                        (&token, Type::INT8),
-                        (&chan, Type::TEXT),
-                    ],
-                ),
+                RELEASE,
+                &[
+                    (&ns, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&attempt, Type::TEXT),
+                    (&token, Type::INT8),
+                    (&chan, Type::TEXT),
+                ],
             )
             .await?;
         let row = rows.first().ok_or_else(|| shape("release", "no row"))?;
@@ -118,7 +115,6 @@ impl LeaseMode {
 impl ModeOps for LeaseMode {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         check_kind(req.key.kind)?;
-        let client = self.common.control().await?;
         let ns = self.common.namespace.as_str();
         let name: &str = &req.key.name;
         let owner: &str = &req.key.owner;
@@ -126,18 +122,16 @@ impl ModeOps for LeaseMode {
         let lease = millis_f64(req.lease);
         let rows = self
             .common
-            .run(
+            .query(
                 "acquiring",
-                client.query_typed(
-                    ACQUIRE,
-                    &[
-                        (&ns, Type::TEXT),
-                        (&name, Type::TEXT),
-                        (&owner, Type::TEXT),
-                        (&attempt, Type::TEXT),
-                        (&lease, Type::FLOAT8),
-                    ],
-                ),
+                ACQUIRE,
+                &[
+                    (&ns, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&attempt, Type::TEXT),
+                    (&lease, Type::FLOAT8),
+                ],
             )
             .await?;
         let row = rows.first().ok_or_else(|| shape("acquire", "no row"))?;
@@ -187,22 +181,19 @@ impl ModeOps for LeaseMode {
             .map(|(g, _)| i64::try_from(g.token).map_err(|_| shape("fencing token", g.token)))
             .collect::<Result<Vec<i64>>>()?;
         let leases: Vec<f64> = holds.iter().map(|(_, l)| millis_f64(*l)).collect();
-        let client = self.common.control().await?;
         let ns = self.common.namespace.as_str();
         let rows = self
             .common
-            .run(
+            .query(
                 "renewing",
-                client.query_typed(
-                    RENEW,
-                    &[
-                        (&ns, Type::TEXT),
-                        (&names, Type::TEXT_ARRAY),
-                        (&attempts, Type::TEXT_ARRAY),
-                        (&tokens, Type::INT8_ARRAY),
-                        (&leases, Type::FLOAT8_ARRAY),
-                    ],
-                ),
+                RENEW,
+                &[
+                    (&ns, Type::TEXT),
+                    (&names, Type::TEXT_ARRAY),
+                    (&attempts, Type::TEXT_ARRAY),
+                    (&tokens, Type::INT8_ARRAY),
+                    (&leases, Type::FLOAT8_ARRAY),
+                ],
             )
             .await?;
         let mut renewed = HashSet::with_capacity(rows.len());
@@ -228,13 +219,13 @@ impl ModeOps for LeaseMode {
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         check_kind(kind)?;
-        let client = self.common.control().await?;
         let ns = self.common.namespace.as_str();
         let rows = self
             .common
-            .run(
+            .query(
                 "inspecting",
-                client.query_typed(INSPECT, &[(&ns, Type::TEXT), (&name, Type::TEXT)]),
+                INSPECT,
+                &[(&ns, Type::TEXT), (&name, Type::TEXT)],
             )
             .await?;
         let mut info = LockInfo {

@@ -120,20 +120,9 @@ async fn restart_fires_lost_and_tokens_survive() {
     let opts = fast_opts().watchdog_lease(Duration::from_secs(60));
     for params in ["", "?mode=lease"] {
         let url = format!("{}{params}", server.url());
-        let a = client(
-            PostgresBackend::connect(&url, &opts)
-                .await
-                .expect("connect"),
-            opts.clone(),
-        );
-        let g = a
-            .lock(&name)
-            .expect("lock")
-            .acquire()
-            .await
-            .expect("acquire");
-        let token = g.fencing_token();
-        server.restart().expect("restart");
+        let (a, g, token) =
+            sql_faults::hold_across_restart(&mut server, support::connect, &url, &opts, &name)
+                .await;
         if params.is_empty() {
             let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
                 .await
@@ -152,24 +141,7 @@ async fn restart_fires_lost_and_tokens_survive() {
                 ReleaseOutcome::Released
             );
         }
-        let b = client(
-            PostgresBackend::connect(&url, &opts)
-                .await
-                .expect("reconnect"),
-            opts.clone(),
-        );
-        let g2 = b
-            .lock(&name)
-            .expect("lock")
-            .acquire_timeout(Duration::from_secs(15))
-            .await
-            .expect("acquire after restart");
-        assert!(
-            g2.fencing_token() > token,
-            "{} after {token}",
-            g2.fencing_token()
-        );
-        g2.release().await.expect("release");
+        sql_faults::next_holder_after_restart(support::connect, &url, &opts, &name, token).await;
         drop(a);
     }
 }

@@ -33,6 +33,8 @@ pub trait SqlServer: Send + Sync + 'static {
     fn url_with_password(&self, password: &str) -> String;
     /// The URL scheme (`postgres`, `mysql`).
     fn scheme(&self) -> &'static str;
+    /// Kills the server and starts it again on the same port, with its data.
+    fn restart(&mut self) -> crate::Result<()>;
 }
 
 /// `SqlServer` for a testkit server type with the inherent methods of the same names.
@@ -56,6 +58,9 @@ macro_rules! sql_server {
             }
             fn scheme(&self) -> &'static str {
                 $scheme
+            }
+            fn restart(&mut self) -> crate::Result<()> {
+                <$ty>::restart(self)
             }
         }
     };
@@ -542,4 +547,108 @@ pub async fn abandoned_waits_leave_no_server_waiters<S: SqlServer, B: Backend + 
     )
     .await;
     (a, g)
+}
+
+/// A client of `connect` on `url` holds `name`; then `server` restarts. Returns the client,
+/// its guard and the guard's token.
+///
+/// # Errors
+/// None: panics when the case fails.
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is part of a test.
+pub async fn hold_across_restart<S: SqlServer, B: Backend + 'static>(
+    server: &mut S,
+    connect: Connect<B>,
+    url: &str,
+    opts: &ClientOptions,
+    name: &str,
+) -> (Client, distlock_core::LockGuard, u64) {
+    let backend = connect(url.to_owned(), opts.clone())
+        .await
+        .expect("connect");
+    let a = Client::new(Arc::new(backend), opts.clone()).expect("client");
+    let g = a
+        .lock(name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let token = g.fencing_token();
+    server.restart().expect("restart");
+    (a, g, token)
+}
+
+/// After a server restart: a new client of `connect` on `url` gets `name` within 15 s, with a
+/// token above the last one before the restart (`token`: the counters are durable).
+///
+/// # Errors
+/// None: panics when the case fails.
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is part of a test.
+pub async fn next_holder_after_restart<B: Backend + 'static>(
+    connect: Connect<B>,
+    url: &str,
+    opts: &ClientOptions,
+    name: &str,
+    token: u64,
+) {
+    let backend = connect(url.to_owned(), opts.clone())
+        .await
+        .expect("reconnect");
+    let b = Client::new(Arc::new(backend), opts.clone()).expect("client");
+    let g2 = b
+        .lock(name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(15))
+        .await
+        .expect("acquire after restart");
+    assert!(
+        g2.fencing_token() > token,
+        "{} after {token}",
+        g2.fencing_token()
+    );
+    g2.release().await.expect("release");
+}
+
+/// Expands, in a test binary's `support` module, to its shared server (`shared_server()`),
+/// `connect` (a [`Connect`] of `$backend`), the harness type `$alias` and a trait `Modes`
+/// with one constructor per mode: `$mode` is the URL parameters `$params` and breaks a lock
+/// with `$break` (a [`BreakLock`]).
+#[macro_export]
+macro_rules! sql_test_support {
+    (
+        $alias:ident = $server:ty, $backend:ty;
+        $($(#[$doc:meta])* $mode:ident: $params:literal => $break:path),+ $(,)?
+    ) => {
+        static SERVER: $crate::sql_faults::Shared<$server> = $crate::sql_faults::Shared::new();
+
+        /// The server of this test binary.
+        pub fn shared_server() -> ::std::sync::Arc<$server> {
+            SERVER.get()
+        }
+
+        /// A mode of the backend on the shared server.
+        pub type $alias = $crate::sql_faults::SqlMode<$server, $backend>;
+
+        /// Connects a backend (the harness's `Connect`).
+        pub fn connect(
+            url: ::std::string::String,
+            opts: ::distlock_core::ClientOptions,
+        ) -> $crate::sql_faults::Connecting<$backend> {
+            ::std::boxed::Box::pin(async move { <$backend>::connect(&url, &opts).await })
+        }
+
+        /// The modes of the backend.
+        pub trait Modes {
+            $($(#[$doc])* fn $mode() -> Self;)+
+        }
+
+        impl Modes for $alias {
+            $(fn $mode() -> Self {
+                $crate::sql_faults::SqlMode::new(shared_server(), $params, connect, $break)
+            })+
+        }
+    };
 }

@@ -4,41 +4,14 @@
 #![allow(dead_code)]
 
 use distlock_mysql::MysqlBackend;
-use distlock_testkit::sql_faults::{Connecting, Shared, SqlMode};
 use distlock_testkit::MariaDbServer;
-use std::sync::Arc;
 
-static SERVER: Shared<MariaDbServer> = Shared::new();
-
-/// The server of this test binary.
-pub fn shared_server() -> Arc<MariaDbServer> {
-    SERVER.get()
-}
-
-/// A mode of the backend on the shared server.
-pub type My = SqlMode<MariaDbServer, MysqlBackend>;
-
-/// Connects a backend (the harness's [`distlock_testkit::sql_faults::Connect`]).
-pub fn connect(url: String, opts: distlock_core::ClientOptions) -> Connecting<MysqlBackend> {
-    Box::pin(async move { MysqlBackend::connect(&url, &opts).await })
-}
-
-/// The modes: `My::session()`, `My::table()`.
-pub trait Modes {
+distlock_testkit::sql_test_support! {
+    My = MariaDbServer, MysqlBackend;
     /// Session mode (`GET_LOCK`, the default).
-    fn session() -> Self;
+    session: "" => kill_holder,
     /// Table mode (`?mode=table`).
-    fn table() -> Self;
-}
-
-impl Modes for My {
-    fn session() -> Self {
-        SqlMode::new(shared_server(), "", connect, kill_holder)
-    }
-
-    fn table() -> Self {
-        SqlMode::new(shared_server(), "?mode=table", connect, free_lock_row)
-    }
+    table: "?mode=table" => free_lock_row,
 }
 
 /// Session mode: kills the holder's connection, as an operator (or a failover) would: the

@@ -4,41 +4,14 @@
 #![allow(dead_code)]
 
 use distlock_postgres::PostgresBackend;
-use distlock_testkit::sql_faults::{Connecting, Shared, SqlMode};
 use distlock_testkit::PostgresServer;
-use std::sync::Arc;
 
-static SERVER: Shared<PostgresServer> = Shared::new();
-
-/// The server of this test binary.
-pub fn shared_server() -> Arc<PostgresServer> {
-    SERVER.get()
-}
-
-/// A mode of the backend on the shared server.
-pub type Pg = SqlMode<PostgresServer, PostgresBackend>;
-
-/// Connects a backend (the harness's [`distlock_testkit::sql_faults::Connect`]).
-pub fn connect(url: String, opts: distlock_core::ClientOptions) -> Connecting<PostgresBackend> {
-    Box::pin(async move { PostgresBackend::connect(&url, &opts).await })
-}
-
-/// The modes: `Pg::session()`, `Pg::lease()`.
-pub trait Modes {
+distlock_testkit::sql_test_support! {
+    Pg = PostgresServer, PostgresBackend;
     /// Session mode (advisory locks, the default).
-    fn session() -> Self;
+    session: "" => delete_holder_row,
     /// Lease mode (`?mode=lease`).
-    fn lease() -> Self;
-}
-
-impl Modes for Pg {
-    fn session() -> Self {
-        SqlMode::new(shared_server(), "", connect, delete_holder_row)
-    }
-
-    fn lease() -> Self {
-        SqlMode::new(shared_server(), "?mode=lease", connect, free_lease_row)
-    }
+    lease: "?mode=lease" => free_lease_row,
 }
 
 fn quoted(name: &str) -> String {
