@@ -124,6 +124,40 @@ impl Deadline {
     }
 }
 
+impl Deadline {
+    /// Runs `fut` until it completes (`Some(output)`), or until the deadline passes or
+    /// `cancel` fires (`None`, and `fut` is dropped): the `select!` every wait writes around
+    /// a lock, a watch event or a server call.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use distlock_core::backend::Deadline;
+    /// use std::time::Duration;
+    /// let cancel = tokio_util::sync::CancellationToken::new();
+    /// let d = Deadline::after(Duration::from_millis(10));
+    /// assert_eq!(d.or_stop(&cancel, async { 7 }).await, Some(7));
+    /// assert_eq!(d.or_stop(&cancel, std::future::pending::<u8>()).await, None);
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// As cancel safe as `fut`.
+    ///
+    /// # Errors
+    /// None: `None` means stopped.
+    pub async fn or_stop<F: std::future::Future>(
+        self,
+        cancel: &CancellationToken,
+        fut: F,
+    ) -> Option<F::Output> {
+        tokio::select! {
+            out = fut => Some(out),
+            _ = self.reached() => None,
+            _ = cancel.cancelled() => None,
+        }
+    }
+}
+
 impl From<Option<Instant>> for Deadline {
     fn from(d: Option<Instant>) -> Deadline {
         Deadline(d)
@@ -205,6 +239,28 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(10));
         // Already cancelled: false without sleeping.
         assert!(!far.sleep(Duration::from_secs(30), &cancel).await);
+    }
+
+    #[tokio::test]
+    async fn or_stop_ends_at_the_deadline_or_on_cancel() {
+        let cancel = CancellationToken::new();
+        let far = Deadline::after(Duration::from_secs(30));
+        assert_eq!(far.or_stop(&cancel, async { 1 }).await, Some(1));
+        let t = Instant::now();
+        let near = Deadline::after(Duration::from_millis(20));
+        assert_eq!(
+            near.or_stop(&cancel, std::future::pending::<u8>()).await,
+            None
+        );
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        let c2 = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            c2.cancel();
+        });
+        let r = Deadline::never().or_stop(&cancel, std::future::pending::<u8>());
+        let r = tokio::time::timeout(Duration::from_secs(10), r).await;
+        assert_eq!(r.expect("cancel did not stop it"), None);
     }
 
     #[tokio::test]
