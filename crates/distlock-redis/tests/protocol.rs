@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{acquired, client_for, released};
+use common::{acquire_within, acquired, client_for, released};
 use distlock_core::backend::{AcquireReply, AcquireRequest, HoldKey};
 use distlock_core::{
     Backend, Client, ClientOptions, Error, LockGuard, LockKind, LostSignal, ReleaseOutcome,
@@ -417,12 +417,7 @@ async fn tokens_survive_a_lost_counter() {
     let mut last = 0;
     for round in 0..3 {
         for _ in 0..2 {
-            let g = a
-                .lock(&name)
-                .expect("lock")
-                .acquire_timeout(Duration::from_secs(5))
-                .await
-                .expect("acquire");
+            let g = acquire_within(&a, &name, 5).await.expect("acquire");
             assert!(
                 g.fencing_token() > last,
                 "round {round}: token {} after {last}",

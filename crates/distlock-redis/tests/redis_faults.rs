@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{acquired, client_for, released};
+use common::{acquire_within, acquired, client_for, released};
 
 use distlock_core::{Error, LostReason, ReleaseOutcome};
 use distlock_redis::RedisBackend;
@@ -42,10 +42,7 @@ async fn lost_signal_fires_after_restart_without_persistence() {
         "{reason:?}"
     );
     // The client reconnects and keeps working after the restart (scripts reloaded on NOSCRIPT).
-    let g2 = client
-        .lock("restarted")
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(5))
+    let g2 = acquire_within(&client, "restarted", 5)
         .await
         .expect("acquire after restart");
     released(g2).await;
@@ -193,10 +190,7 @@ async fn paused_server_costs_a_bounded_time() {
     let err = r.expect_err("must fail while paused");
     assert!(err.is_connection(), "{err:?}");
     assert!(took < Duration::from_secs(8), "took {took:?}");
-    let g = client
-        .lock("paused")
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(5))
+    let g = acquire_within(&client, "paused", 5)
         .await
         .expect("after resume");
     released(g).await;
@@ -370,12 +364,7 @@ async fn waiters_are_served_fifo_without_a_herd() {
         let (c, _) = client_for(&server.url(), opts.clone()).await;
         let (lock_name, order) = (name.clone(), order.clone());
         waiters.push(tokio::spawn(async move {
-            let g = c
-                .lock(&lock_name)
-                .expect("lock")
-                .acquire_timeout(Duration::from_secs(20))
-                .await
-                .expect("acquire");
+            let g = acquire_within(&c, &lock_name, 20).await.expect("acquire");
             order.lock().expect("order").push(i);
             tokio::time::sleep(Duration::from_millis(5)).await;
             g.release().await.expect("release");

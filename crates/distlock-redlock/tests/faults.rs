@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{acquired, assert_increasing, opts, wait_counting, wait_recounted, Cluster};
+use common::{
+    acquire_within, acquired, assert_increasing, opts, wait_counting, wait_recounted, Cluster,
+};
 use distlock_core::{Client, LostReason, ReleaseOutcome};
 use distlock_redlock::RedlockBackend;
 use distlock_testkit::{DelayProxy, RedisOptions, RedisServer};
@@ -53,12 +55,7 @@ async fn contend(clients: &[Client], name: &str, tasks: usize, rounds: usize) ->
 
 /// One uncontended grant; its token.
 async fn grab(c: &Client, name: &str) -> u64 {
-    let g = c
-        .lock(name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(10))
-        .await
-        .expect("acquire");
+    let g = acquire_within(c, name, 10).await.expect("acquire");
     let t = g.fencing_token();
     assert_eq!(
         g.release().await.expect("release"),
@@ -118,10 +115,7 @@ async fn three_of_five_down_is_a_clear_error() {
     assert_eq!(reason, LostReason::LeaseExpired);
 
     let t = Instant::now();
-    let err = a
-        .lock("gone")
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(1))
+    let err = acquire_within(&a, "gone", 1)
         .await
         .expect_err("no majority");
     let took = t.elapsed();
@@ -190,11 +184,7 @@ async fn restarted_node_cannot_help_during_quarantine() {
     // Nodes 0 and 2 are free: a majority for B — but only with the restarted node's vote.
     assert!(!c.has_lock(0, name) && !c.has_lock(2, name) && c.has_lock(1, name));
     let t = Instant::now();
-    let r = b
-        .lock(name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(1))
-        .await;
+    let r = acquire_within(&b, name, 1).await;
     assert!(
         matches!(&r, Err(e) if e.is_timeout()),
         "B got past the quarantine: {r:?} after {:?}",
@@ -211,10 +201,7 @@ async fn restarted_node_cannot_help_during_quarantine() {
         .expect("A never learned");
     // After the quarantine (and A's lease on node 1), B gets it, with a larger token: node 0's
     // counter was seeded from the others.
-    let gb = b
-        .lock(name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(8))
+    let gb = acquire_within(&b, name, 8)
         .await
         .expect("B after the quarantine");
     assert!(gb.fencing_token() > g.fencing_token());

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{acquired, opts, wait_counting, Cluster};
+use common::{acquire_within, acquired, opts, wait_counting, Cluster};
 use distlock_core::{Client, LockKind, Severity};
 use distlock_testkit::FencedRegister;
 use std::time::{Duration, Instant};
@@ -121,10 +121,7 @@ async fn force_release_fences_the_old_holder_and_raises_every_node() {
         "lost signal {:?} after the forced release",
         released_at.elapsed()
     );
-    let g2 = admin
-        .lock(name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(10))
+    let g2 = acquire_within(&admin, name, 10)
         .await
         .expect("the next holder acquires");
     assert!(g2.fencing_token() > r.fencing_token);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{acquired, assert_increasing, opts, wait_counting, Cluster};
+use common::{acquire_within, acquired, assert_increasing, opts, wait_counting, Cluster};
 use distlock_core::backend::{AcquireReply, AcquireRequest, HoldKey, RenewOutcome};
 use distlock_core::{Backend, Client, LockKind, LostSignal, ReleaseOutcome};
 use distlock_redlock::RedlockBackend;
@@ -203,12 +203,7 @@ async fn second_reentrant_guard_keeps_the_lock_past_a_late_release() {
         g2.release().await.expect("release second"),
         ReleaseOutcome::Released
     );
-    assert!(rival
-        .lock(name)
-        .expect("lock")
-        .acquire_timeout(Duration::from_secs(5))
-        .await
-        .is_ok());
+    assert!(acquire_within(&rival, name, 5).await.is_ok());
 }
 
 /// Issue 11 (2): an extension shorter than what is left never shortens the lease on any node,
@@ -437,12 +432,7 @@ async fn tokens_increase_after_a_node_flushall() {
     wait_counting(&ab, 3, Duration::from_secs(10)).await;
     let mut tokens = Vec::new();
     let grab = |cl: Client| async move {
-        let g = cl
-            .lock(name)
-            .expect("lock")
-            .acquire_timeout(Duration::from_secs(10))
-            .await
-            .expect("acquire");
+        let g = acquire_within(&cl, name, 10).await.expect("acquire");
         let t = g.fencing_token();
         g.release().await.expect("release");
         t

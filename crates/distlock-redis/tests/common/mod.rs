@@ -1,9 +1,10 @@
 //! Helpers shared by this crate's test files.
 #![allow(dead_code)]
 
-use distlock_core::{Client, ClientOptions, LockGuard, ReleaseOutcome};
+use distlock_core::{Client, ClientOptions, LockGuard, ReleaseOutcome, Result};
 use distlock_redis::RedisBackend;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A client on `url` and its backend.
 pub async fn client_for(url: &str, opts: ClientOptions) -> (Client, Arc<RedisBackend>) {
@@ -27,4 +28,13 @@ pub async fn released(g: LockGuard) {
         g.release().await.expect("release"),
         ReleaseOutcome::Released
     );
+}
+
+/// `name` acquired through `client`, waiting at most `secs` seconds.
+pub async fn acquire_within(client: &Client, name: &str, secs: u64) -> Result<LockGuard> {
+    client
+        .lock(name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(secs))
+        .await
 }

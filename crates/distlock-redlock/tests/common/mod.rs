@@ -1,7 +1,7 @@
 //! A Redlock cluster of real redis-server processes for the tests.
 #![allow(dead_code)]
 
-use distlock_core::{Client, ClientOptions, LockGuard};
+use distlock_core::{Client, ClientOptions, LockGuard, Result};
 use distlock_redlock::RedlockBackend;
 use distlock_testkit::RedisServer;
 use std::sync::Arc;
@@ -210,4 +210,13 @@ pub async fn acquired(client: &Client, name: &str) -> LockGuard {
         .acquire()
         .await
         .expect("acquire")
+}
+
+/// `name` acquired through `client`, waiting at most `secs` seconds.
+pub async fn acquire_within(client: &Client, name: &str, secs: u64) -> Result<LockGuard> {
+    client
+        .lock(name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(secs))
+        .await
 }
