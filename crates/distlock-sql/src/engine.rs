@@ -15,6 +15,15 @@ use tokio_util::sync::CancellationToken;
 /// Every method runs with the attempt's state locked: no other request of the attempt runs
 /// meanwhile. The engine ([`Sessions`]) keeps the map of attempts, checks kinds, runs the
 /// wait loop and decides where requests run.
+///
+/// # Errors
+/// Each operation returns the error of the statement that failed, mapped by the dialect
+/// (`Connection` for a lost or unanswered connection: the engine's wait retries those).
+///
+/// # Cancel safety
+/// An operation may be dropped at any await (a caller that stops waiting, unless the dialect
+/// runs requests [detached](Dialect::detached)): it must leave the state so that the attempt's
+/// retry or give-up finds what the dropped request may have done.
 #[async_trait]
 pub trait Dialect: Send + Sync + 'static {
     /// What the dialect keeps per attempt.

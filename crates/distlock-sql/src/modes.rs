@@ -12,10 +12,22 @@ use tokio_util::sync::CancellationToken;
 #[async_trait]
 pub trait ModeOps: Send + Sync {
     /// As [`Backend::acquire`].
+    ///
+    /// # Errors
+    /// As [`Backend::acquire`].
+    ///
+    /// # Cancel safety
+    /// As [`Backend::acquire`].
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply>;
 
     /// As [`Backend::acquire_wait`] (`outer`: the backend). The default waits for wake-ups
     /// and retries (the core's `watch_and_retry`).
+    ///
+    /// # Errors
+    /// As [`Backend::acquire_wait`].
+    ///
+    /// # Cancel safety
+    /// As [`Backend::acquire_wait`]: stop it with `cancel`.
     async fn acquire_wait(
         &self,
         outer: &dyn Backend,
@@ -27,14 +39,38 @@ pub trait ModeOps: Send + Sync {
     }
 
     /// As [`Backend::give_up`].
+    ///
+    /// # Errors
+    /// As [`Backend::give_up`].
+    ///
+    /// # Cancel safety
+    /// As [`Backend::give_up`].
     async fn give_up(&self, req: &AcquireRequest) -> Result<()>;
 
+    /// As [`Backend::release`].
+    ///
+    /// # Errors
+    /// As [`Backend::release`].
+    ///
+    /// # Cancel safety
     /// As [`Backend::release`].
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome>;
 
     /// As [`Backend::renew`].
+    ///
+    /// # Errors
+    /// As [`Backend::renew`].
+    ///
+    /// # Cancel safety
+    /// As [`Backend::renew`].
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>>;
 
+    /// As [`Backend::inspect`].
+    ///
+    /// # Errors
+    /// As [`Backend::inspect`].
+    ///
+    /// # Cancel safety
     /// As [`Backend::inspect`].
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
 }
