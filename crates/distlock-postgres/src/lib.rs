@@ -257,10 +257,10 @@ distlock_sql::sql_backend!(PostgresBackend,
     /// with its own attempt), so one subscription per lock serves every waiting attempt.
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         if !self.listen {
-            return Ok(Box::new(listen::NoWatch));
+            return Ok(Box::new(distlock_core::backend::NoWatch));
         }
         let chan = channel(lock_key(&self.common.namespace, &req.key.name));
-        self.listener.watch(chan).await
+        self.listener.watch(chan, &req.attempt).await
     }
 
 });
