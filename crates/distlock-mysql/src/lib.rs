@@ -12,7 +12,7 @@ pub use common::lock_key;
 use crate::common::Common;
 use crate::error::KIND;
 use distlock_core::conn::ConnectionString;
-use distlock_core::{async_trait, AcquireRequest, ClientOptions, ReleaseWatch, Result, Wake};
+use distlock_core::{AcquireRequest, ClientOptions, ReleaseWatch, Result};
 use std::sync::Arc;
 
 /// How locks are kept on the server (`?mode=` in the URL).
@@ -171,17 +171,6 @@ impl MysqlBackend {
     }
 }
 
-/// MySQL has no notifications: the watch never fires, and waiters (table mode) wake at the
-/// holder's lease end or their heartbeat. Session mode waits on the server instead.
-struct NoWatch;
-
-#[async_trait]
-impl ReleaseWatch for NoWatch {
-    async fn changed(&mut self) -> Result<Wake> {
-        std::future::pending().await
-    }
-}
-
 distlock_sql::sql_backend!(MysqlBackend,
     kind: KIND,
     endpoint: common.endpoint,
@@ -191,8 +180,10 @@ distlock_sql::sql_backend!(MysqlBackend,
         common::capabilities()
     }
 
+    /// MySQL has no notifications: the watch never fires, and waiters (table mode) wake at
+    /// the holder's lease end or their heartbeat. Session mode waits on the server instead.
     async fn watch(&self, _req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        Ok(Box::new(NoWatch))
+        Ok(Box::new(distlock_core::backend::NoWatch))
     }
 
 });
