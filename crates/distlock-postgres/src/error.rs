@@ -65,22 +65,12 @@ pub(crate) fn map(endpoint: &str, e: tokio_postgres::Error) -> Error {
 
 /// A call that got no answer in time.
 pub(crate) fn timeout(endpoint: &str, what: &str, limit: Duration) -> Error {
-    Error::Connection {
-        backend: KIND,
-        endpoint: endpoint.to_owned(),
-        source: format!(
-            "{what} got no answer within {limit:?} (is the server paused, overloaded or unreachable?)"
-        )
-        .into(),
-    }
+    distlock_sql::errors::no_answer(KIND, endpoint, what, limit)
 }
 
 /// A reply of the wrong shape.
 pub(crate) fn shape(what: &str, detail: impl std::fmt::Display) -> Error {
-    Error::UnexpectedReply {
-        backend: KIND,
-        message: format!("{what}: unexpected reply ({detail})"),
-    }
+    distlock_sql::errors::unexpected(KIND, what, detail)
 }
 
 /// True if the driver error carries SQLSTATE `code`.

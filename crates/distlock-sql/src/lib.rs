@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 mod engine;
+pub mod errors;
 mod grants;
 mod holds;
 pub mod lease;
