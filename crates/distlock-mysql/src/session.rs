@@ -31,13 +31,12 @@ use crate::common::{
 };
 use crate::error::{conn_dead, shape, timeout, KIND};
 use distlock_core::backend::Capabilities;
-use distlock_core::backend::Deadline;
 use distlock_core::clock;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, Granted, HolderInfo,
     LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result,
 };
-use distlock_sql::lease::{micros, wait_millis, SAFETY_NET};
+use distlock_sql::lease::{micros, wait_millis, wait_or_stop};
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, Sessions};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
@@ -430,14 +429,7 @@ impl MyDialect {
         let end = {
             let wait = query_sets(&mut conn, sql);
             tokio::pin!(wait);
-            let net = deadline.map(|d| d + SAFETY_NET);
-            let done = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => None,
-                r = &mut wait => Some(r),
-                _ = Deadline::from(net).reached() => None,
-            };
-            match done {
+            match wait_or_stop(&mut wait, cancel, deadline).await {
                 // Granted as the caller went away: give it straight back.
                 Some(Ok(sets)) if cancel.is_cancelled() && lock_reply(&sets) == Some(1) => {
                     WaitEnd::Stopped(Some(true))

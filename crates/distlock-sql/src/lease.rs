@@ -1,6 +1,9 @@
 //! Lease and deadline arithmetic both dialects share.
 
-use std::time::Duration;
+use distlock_core::backend::Deadline;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// How long after a lease ends the server ends the holder's connection: half the lease, at
 /// most 5 s. The guard's lost signal fires at the lease end itself; the grace keeps a holder
@@ -38,6 +41,24 @@ pub fn micros(d: Duration) -> i64 {
 /// Whole seconds of `d`, rounded up.
 pub fn secs_ceil(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// Awaits a server-side wait until it ends (`Some`), `cancel` fires or the safety net
+/// ([`SAFETY_NET`] after `deadline`) passes (`None`: stop it on the server, then await the
+/// rest of `wait` to learn how it ended). `cancel` wins a tie: a wait that ended as the caller
+/// went away is reported with `cancel` set, and its grant given back by the caller.
+pub async fn wait_or_stop<F: Future + Unpin>(
+    wait: &mut F,
+    cancel: &CancellationToken,
+    deadline: Option<Instant>,
+) -> Option<F::Output> {
+    let net = Deadline::from(deadline.map(|d| d + SAFETY_NET));
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        r = wait => Some(r),
+        _ = net.reached() => None,
+    }
 }
 
 #[cfg(test)]

@@ -7,10 +7,9 @@ use super::state::{Entry, State};
 use super::{exclusive, PgDialect};
 use crate::common::lock_key;
 use crate::error::{is_code, map, shape, KIND};
-use distlock_core::backend::Deadline;
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{AcquireRequest, Error, Granted, Result};
-use distlock_sql::lease::{wait_millis, SAFETY_NET};
+use distlock_sql::lease::{wait_millis, wait_or_stop};
 use distlock_sql::HoldMap;
 use std::time::Instant;
 use tokio_postgres::error::SqlState;
@@ -112,15 +111,8 @@ impl PgDialect {
         let end = {
             let wait = s.client.simple_query(&sql);
             tokio::pin!(wait);
-            // Safety net should the server's timer be late: stop a little after the deadline.
-            let net = deadline.map(|d| d + SAFETY_NET);
-            let done = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => None,
-                r = &mut wait => Some(r),
-                _ = Deadline::from(net).reached() => None,
-            };
-            match done {
+            // With a safety net should the server's timer be late.
+            match wait_or_stop(&mut wait, cancel, deadline).await {
                 // Granted as the caller went away: give it straight back.
                 Some(Ok(_)) if cancel.is_cancelled() => WaitEnd::StoppedGranted,
                 Some(Ok(_)) => WaitEnd::Granted,
