@@ -15,6 +15,17 @@ fn waiter_timing() {
     assert_eq!(heartbeat(l), Duration::from_secs(1));
 }
 
+/// A token that fires after `d`.
+fn cancel_after(d: Duration) -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(d).await;
+        c2.cancel();
+    });
+    cancel
+}
+
 fn conn_err(n: u32) -> Error {
     Error::connection("fake", "nowhere", format!("failure {n}"))
 }
@@ -132,12 +143,7 @@ async fn an_answer_after_failures_clears_the_error() {
 #[tokio::test]
 async fn a_cancelled_wait_is_none_even_after_failures() {
     let mut s = Script::with((0..100_000).map(|n| Err(conn_err(n))).collect(), vec![]);
-    let cancel = CancellationToken::new();
-    let c2 = cancel.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        c2.cancel();
-    });
+    let cancel = cancel_after(Duration::from_millis(30));
     let t = Instant::now();
     let r = run(&mut s, Deadline::never(), &cancel, quick()).await;
     assert!(matches!(r, Ok(None)), "{r:?}");
@@ -148,12 +154,7 @@ async fn a_cancelled_wait_is_none_even_after_failures() {
 #[tokio::test]
 async fn cancel_stops_a_sleeping_wait_at_once() {
     let mut s = Script::default();
-    let cancel = CancellationToken::new();
-    let c2 = cancel.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        c2.cancel();
-    });
+    let cancel = cancel_after(Duration::from_millis(20));
     let t = Instant::now();
     let r = run(&mut s, Deadline::never(), &cancel, quick()).await;
     assert!(matches!(r, Ok(None)), "{r:?}");
@@ -409,12 +410,7 @@ async fn watch_and_retry_times_out_gives_up_and_reports_failures() {
 #[tokio::test]
 async fn watch_and_retry_stops_on_cancel() {
     let b = Fake::new();
-    let cancel = CancellationToken::new();
-    let c2 = cancel.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        c2.cancel();
-    });
+    let cancel = cancel_after(Duration::from_millis(30));
     let t = Instant::now();
     let r = watch_and_retry(&*b, &request(), None, &cancel).await;
     assert!(matches!(r, Ok(None)), "{r:?}");
