@@ -19,7 +19,6 @@ mod caps;
 mod client;
 pub mod clock;
 pub mod conn;
-pub mod registry;
 mod deadline;
 mod duration;
 mod error;
@@ -30,6 +29,7 @@ mod lost;
 mod lost_registry;
 mod name;
 mod options;
+pub mod registry;
 mod semaphore;
 mod subscriptions;
 mod types;
@@ -40,9 +40,6 @@ pub use backend::Backend;
 pub use backend::{
     AcquireReply, AcquireRequest, AttemptId, GrantRef, Granted, HoldKey, ReleaseWatch,
     RenewOutcome, Wake,
-};
-pub use types::{
-    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome, Severity,
 };
 pub use backoff::RetryPolicy;
 pub use client::{Client, RwLock};
@@ -58,6 +55,9 @@ pub use options::{
     check_lease, check_watchdog_lease, ClientOptions, MAX_LEASE, MIN_WATCHDOG_LEASE,
 };
 pub use semaphore::{MultiGuard, MultiLock, Semaphore, MAX_PERMITS};
+pub use types::{
+    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome, Severity,
+};
 
 /// `async_trait`, re-exported for backend implementations (also in [`backend`]).
 #[doc(hidden)]
