@@ -132,7 +132,7 @@ pub trait ReleaseWatch: Send {
 ///         Ok(vec![RenewOutcome::NotHeld; holds.len()])
 ///     }
 ///     async fn inspect(&self, name: &str, _: LockKind) -> Result<LockInfo> {
-///         Ok(LockInfo { name: name.into(), ..LockInfo::default() })
+///         Ok(LockInfo::new(name))
 ///     }
 /// }
 /// ```

@@ -260,6 +260,7 @@ pub enum RenewOutcome {
 
 /// One holder of a lock, as reported by [`Backend::inspect`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct HolderInfo {
     /// Owner id.
     pub owner: String,
@@ -273,6 +274,7 @@ pub struct HolderInfo {
 
 /// State of one lock, as seen by the server right now.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct LockInfo {
     /// Lock name.
     pub name: String,

@@ -200,12 +200,8 @@ impl EtcdBackend {
         let fence = nth_first(&mut all, 1)?;
         let (holders, fencing_token) = match first {
             Some(f) => {
-                let holder = HolderInfo {
-                    owner: keys.holder_of(f.key(), f.value()),
-                    count: 1,
-                    lease_left: self.lease_left(f.lease()).await?,
-                    side: None,
-                };
+                let holder = HolderInfo::new(keys.holder_of(f.key(), f.value()), 1)
+                    .with_lease_left(self.lease_left(f.lease()).await?);
                 (vec![holder], token_of(f.create_revision())?)
             }
             None => (
@@ -215,12 +211,9 @@ impl EtcdBackend {
         };
         let waiters =
             u32::try_from(queued.saturating_sub(holders.len() as i64).max(0)).unwrap_or(u32::MAX);
-        Ok(LockInfo {
-            name: name.to_owned(),
-            holders,
-            fencing_token,
-            waiters: Some(waiters),
-            permits: None,
-        })
+        Ok(LockInfo::new(name)
+            .with_holders(holders)
+            .with_fencing_token(fencing_token)
+            .with_waiters(Some(waiters)))
     }
 }

@@ -128,12 +128,8 @@ pub(crate) async fn list(b: &EtcdBackend, prefix: &str) -> Result<Vec<ListedLock
         let holder = g.queue.iter().min_by_key(|kv| kv.create_revision());
         let (holders, fencing_token) = match holder {
             Some(h) => (
-                vec![HolderInfo {
-                    owner: keys.holder_of(h.key(), h.value()),
-                    count: 1,
-                    lease_left: b.lease_left(h.lease()).await?,
-                    side: None,
-                }],
+                vec![HolderInfo::new(keys.holder_of(h.key(), h.value()), 1)
+                    .with_lease_left(b.lease_left(h.lease()).await?)],
                 token_of(h.create_revision())?,
             ),
             None => (
@@ -146,13 +142,10 @@ pub(crate) async fn list(b: &EtcdBackend, prefix: &str) -> Result<Vec<ListedLock
         let waiters = u32::try_from(g.queue.len().saturating_sub(1)).unwrap_or(u32::MAX);
         out.push(ListedLock::new(
             LockKind::Mutex,
-            LockInfo {
-                name,
-                holders,
-                fencing_token,
-                waiters: Some(waiters),
-                permits: None,
-            },
+            LockInfo::new(name)
+                .with_holders(holders)
+                .with_fencing_token(fencing_token)
+                .with_waiters(Some(waiters)),
         ));
     }
     Ok(out)
@@ -191,12 +184,10 @@ pub(crate) async fn force_release(b: &EtcdBackend, name: &str) -> Result<ForceRe
                     TxnOp::delete(h.key().to_vec(), None),
                     TxnOp::put(keys.fence.clone(), "", None),
                 ],
-                Some(HolderInfo {
-                    owner: keys.holder_of(h.key(), h.value()),
-                    count: 1,
-                    lease_left: b.lease_left(h.lease()).await?,
-                    side: None,
-                }),
+                Some(
+                    HolderInfo::new(keys.holder_of(h.key(), h.value()), 1)
+                        .with_lease_left(b.lease_left(h.lease()).await?),
+                ),
             ),
             // Free: nothing to remove; the counter still moves (the operator asked for it),
             // if nobody queued meanwhile.

@@ -101,11 +101,9 @@ async fn force_table(b: &MysqlBackend, name: &str) -> Result<ForceReleased> {
     let left: Option<i64> = crate::common::col(what, row, 1)?;
     let token: u64 = crate::common::col(what, row, 2)?;
     let removed = owner
-        .map(|owner| HolderInfo {
-            owner,
-            count: 1,
-            lease_left: left.map(|us| Duration::from_micros(us.max(0) as u64)),
-            side: None,
+        .map(|owner| {
+            HolderInfo::new(owner, 1)
+                .with_lease_left(left.map(|us| Duration::from_micros(us.max(0) as u64)))
         })
         .into_iter()
         .collect();
@@ -142,23 +140,19 @@ async fn force_session(b: &MysqlBackend, name: &str) -> Result<ForceReleased> {
         .await?;
     let mut removed: Vec<HolderInfo> = rows
         .into_iter()
-        .map(|(owner, us)| HolderInfo {
-            owner,
-            count: 1,
-            lease_left: us.map(|us| Duration::from_micros(us.max(0) as u64)),
-            side: None,
+        .map(|(owner, us)| {
+            HolderInfo::new(owner, 1)
+                .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
         })
         .collect();
     if let Some(id) = conn_id {
         if removed.is_empty() {
             // GET_LOCK held by a connection without a holder row: a holder between its
             // GET_LOCK and its row, or a foreign user of the same lock key.
-            removed.push(HolderInfo {
-                owner: format!("connection {id} (no holder row)"),
-                count: 1,
-                lease_left: None,
-                side: None,
-            });
+            removed.push(HolderInfo::new(
+                format!("connection {id} (no holder row)"),
+                1,
+            ));
         }
         let killed = b
             .common

@@ -627,21 +627,17 @@ impl Dialect for MyDialect {
                 })
             })
             .await?;
-        Ok(LockInfo {
-            name: name.to_owned(),
-            holders: rows
-                .into_iter()
-                .map(|(owner, us)| HolderInfo {
-                    owner,
-                    // One grant per holder: re-entry is counted in the holder's client.
-                    count: 1,
-                    lease_left: us.map(|us| Duration::from_micros(us.max(0) as u64)),
-                    side: None,
-                })
-                .collect(),
-            fencing_token: token.unwrap_or(0),
-            ..Default::default()
-        })
+        let holders = rows
+            .into_iter()
+            .map(|(owner, us)| {
+                // One grant per holder: re-entry is counted in the holder's client.
+                HolderInfo::new(owner, 1)
+                    .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
+            })
+            .collect();
+        Ok(LockInfo::new(name)
+            .with_holders(holders)
+            .with_fencing_token(token.unwrap_or(0)))
     }
 }
 

@@ -313,20 +313,14 @@ impl ModeOps for TableMode {
                 })
             })
             .await?;
-        let mut info = LockInfo {
-            name: name.to_owned(),
-            fencing_token: fence.unwrap_or(0),
-            ..Default::default()
-        };
+        let mut info = LockInfo::new(name).with_fencing_token(fence.unwrap_or(0));
         if let Some((Some(owner), left)) = row {
             if left > 0 {
-                info.holders.push(HolderInfo {
-                    owner,
-                    // One grant per holder: re-entry is counted in the holder's client.
-                    count: 1,
-                    lease_left: Some(Duration::from_micros(left as u64)),
-                    side: None,
-                });
+                // One grant per holder: re-entry is counted in the holder's client.
+                info.holders.push(
+                    HolderInfo::new(owner, 1)
+                        .with_lease_left(Some(Duration::from_micros(left as u64))),
+                );
             }
         }
         Ok(info)

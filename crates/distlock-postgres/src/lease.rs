@@ -228,10 +228,7 @@ impl ModeOps for LeaseMode {
                 &[(&ns, Type::TEXT), (&name, Type::TEXT)],
             )
             .await?;
-        let mut info = LockInfo {
-            name: name.to_owned(),
-            ..Default::default()
-        };
+        let mut info = LockInfo::new(name);
         if let Some(r) = rows.first() {
             let owner: Option<String> = r.try_get(0).map_err(|e| shape("inspect", e))?;
             let granted: bool = r.try_get(1).map_err(|e| shape("inspect", e))?;
@@ -239,13 +236,11 @@ impl ModeOps for LeaseMode {
             let left: f64 = r.try_get(3).map_err(|e| shape("inspect", e))?;
             info.fencing_token = u64::try_from(token).map_err(|_| shape("fencing token", token))?;
             if let Some(owner) = owner.filter(|_| granted && left.is_finite() && left > 0.0) {
-                info.holders.push(HolderInfo {
-                    owner,
-                    // One grant; re-entrant guards are counted in the holder's client.
-                    count: 1,
-                    lease_left: Some(Duration::from_secs_f64(left / 1000.0)),
-                    ..Default::default()
-                });
+                // One grant; re-entrant guards are counted in the holder's client.
+                info.holders.push(
+                    HolderInfo::new(owner, 1)
+                        .with_lease_left(Some(Duration::from_secs_f64(left / 1000.0))),
+                );
             }
         }
         Ok(info)

@@ -143,15 +143,13 @@ async fn unnamed_holders(b: &PostgresBackend, name: &str) -> Result<Vec<HolderIn
         .map(|r| {
             let pid: i32 = r.try_get(0).map_err(|e| shape("list", e))?;
             let app: Option<String> = r.try_get(2).map_err(|e| shape("list", e))?;
-            Ok(HolderInfo {
-                owner: format!(
+            Ok(HolderInfo::new(
+                format!(
                     "pid {pid} (application_name {:?}, no dlock_holders row)",
                     app.unwrap_or_default()
                 ),
-                count: 1,
-                lease_left: None,
-                side: None,
-            })
+                1,
+            ))
         })
         .collect()
 }
@@ -233,12 +231,7 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
         let held: bool = r.try_get(1).map_err(|e| shape(what, e))?;
         let left: f64 = r.try_get(2).map_err(|e| shape(what, e))?;
         if let Some(owner) = owner.filter(|_| held) {
-            removed.push(HolderInfo {
-                owner,
-                count: 1,
-                lease_left: left_of(Some(left)),
-                side: None,
-            });
+            removed.push(HolderInfo::new(owner, 1).with_lease_left(left_of(Some(left))));
         }
     }
     let token: i64 = up
@@ -300,21 +293,21 @@ async fn force_session(b: &PostgresBackend, name: &str) -> Result<ForceReleased>
         if let Some(a) = attempt {
             attempts.push(a);
         }
-        removed.push(HolderInfo {
-            owner: owner.unwrap_or_else(|| {
-                format!(
-                    "pid {pid} (application_name {:?}, no dlock_holders row)",
-                    app.unwrap_or_default()
-                )
-            }),
-            count: 1,
-            lease_left: left_of(left),
-            side: match kind.as_deref() {
-                Some("read") => Some(LockKind::Read),
-                Some("write") => Some(LockKind::Write),
-                _ => None,
-            },
+        let owner = owner.unwrap_or_else(|| {
+            format!(
+                "pid {pid} (application_name {:?}, no dlock_holders row)",
+                app.unwrap_or_default()
+            )
         });
+        removed.push(
+            HolderInfo::new(owner, 1)
+                .with_lease_left(left_of(left))
+                .with_side(match kind.as_deref() {
+                    Some("read") => Some(LockKind::Read),
+                    Some("write") => Some(LockKind::Write),
+                    _ => None,
+                }),
+        );
     }
     // Every backend is tried, and the ones terminated are waited for and their grants
     // fenced, before a refusal is reported: a half-done release still advances the counter.

@@ -37,14 +37,7 @@ impl Inner {
                     err: zk::Error::NoNode,
                 }),
                 _,
-            ) => {
-                return Ok(LockInfo {
-                    name: name.to_owned(),
-                    fencing_token: 0,
-                    waiters: Some(0),
-                    ..Default::default()
-                })
-            }
+            ) => return Ok(LockInfo::new(name).with_waiters(Some(0))),
             (Some(zk::MultiReadResult::Error { err }), _) => {
                 return Err(inner.err("inspecting", err))
             }
@@ -115,20 +108,12 @@ impl Inner {
                 _ => Some(LockKind::Read),
             };
             // One grant per node (re-entry is counted by the holder's client).
-            infos.push(HolderInfo {
-                owner: nd.owner.clone(),
-                count: 1,
-                lease_left: None,
-                side,
-            });
+            infos.push(HolderInfo::new(nd.owner.clone(), 1).with_side(side));
         }
         let waiters = u32::try_from(queue.len().saturating_sub(infos.len())).unwrap_or(u32::MAX);
-        Ok(LockInfo {
-            name: name.to_owned(),
-            holders: infos,
-            fencing_token,
-            waiters: Some(waiters),
-            ..Default::default()
-        })
+        Ok(LockInfo::new(name)
+            .with_holders(infos)
+            .with_fencing_token(fencing_token)
+            .with_waiters(Some(waiters)))
     }
 }

@@ -174,15 +174,12 @@ pub(crate) async fn force_release(
         };
         let removed = read
             .iter()
-            .map(|r| HolderInfo {
-                owner: r.data.owner.clone(),
-                count: 1,
-                lease_left: None,
-                side: match r.child.kind {
+            .map(|r| {
+                HolderInfo::new(r.data.owner.clone(), 1).with_side(match r.child.kind {
                     NodeKind::Lock => None,
                     NodeKind::Write if !r.data.downgraded => Some(LockKind::Write),
                     _ => Some(LockKind::Read),
-                },
+                })
             })
             .collect();
         return Ok(ForceReleased::new(removed, fencing_token));

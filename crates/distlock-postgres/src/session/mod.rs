@@ -213,13 +213,14 @@ impl Dialect for PgDialect {
                 "write" => Some(LockKind::Write),
                 _ => None,
             };
-            holders.push(HolderInfo {
-                owner,
-                count: u32::try_from(count).unwrap_or(0),
-                lease_left: (lease_note && left.is_finite())
-                    .then(|| Duration::from_secs_f64(left.max(0.0) / 1000.0)),
-                side,
-            });
+            holders.push(
+                HolderInfo::new(owner, u32::try_from(count).unwrap_or(0))
+                    .with_lease_left(
+                        (lease_note && left.is_finite())
+                            .then(|| Duration::from_secs_f64(left.max(0.0) / 1000.0)),
+                    )
+                    .with_side(side),
+            );
         }
         let fencing_token = match fence.first() {
             None => 0,
@@ -228,13 +229,10 @@ impl Dialect for PgDialect {
                 u64::try_from(t).map_err(|_| shape("fencing token", t))?
             }
         };
-        Ok(LockInfo {
-            name: name.to_owned(),
-            holders,
-            fencing_token,
-            waiters: Some(u32::try_from(waiters).unwrap_or(u32::MAX)),
-            ..Default::default()
-        })
+        Ok(LockInfo::new(name)
+            .with_holders(holders)
+            .with_fencing_token(fencing_token)
+            .with_waiters(Some(u32::try_from(waiters).unwrap_or(u32::MAX))))
     }
 }
 
