@@ -155,11 +155,20 @@ async fn late_release_reply_with_reentrant_guards(my: My) {
         ReleaseOutcome::StillHeld { remaining: 1 }
     );
     assert_excluded(&b, &name, &g2, Duration::from_millis(300)).await;
+    let before = p.proxy.stats();
     p.proxy.set_reply_delay(late());
     let sent = Instant::now();
     let release = tokio::spawn(g2.release());
     // The release executed: the lock is free on the server long before its reply arrives.
     let gb = comes_free(&b, &name).await;
+    // The server may commit before it writes the reply: heal only once the proxy has read
+    // (and delayed) the reply's first chunk, which every later chunk waits behind.
+    poll_until(
+        "the release's reply was never read",
+        async || p.proxy.stats(),
+        |s| s.replies.chunks_read > before.replies.chunks_read,
+    )
+    .await;
     // The reply to it stays late (it was read while the delay was on); the retry is not.
     p.proxy.heal();
     let r = release.await.expect("join");

@@ -92,7 +92,7 @@ struct Direction {
 
 impl Direction {
     fn delay(&self) -> Duration {
-        Duration::from_nanos(self.delay_nanos.load(Ordering::Relaxed))
+        Duration::from_nanos(self.delay_nanos.load(Ordering::SeqCst))
     }
 
     fn dropping(&self) -> bool {
@@ -192,11 +192,11 @@ impl DelayProxy {
         shared
             .up
             .delay_nanos
-            .store(duration_nanos(delay), Ordering::Relaxed);
+            .store(duration_nanos(delay), Ordering::SeqCst);
         shared
             .down
             .delay_nanos
-            .store(duration_nanos(delay), Ordering::Relaxed);
+            .store(duration_nanos(delay), Ordering::SeqCst);
         let s = Arc::clone(&shared);
         let accept_thread = thread::Builder::new()
             .name(format!("dlock-proxy-accept-{}", addr.port()))
@@ -234,7 +234,7 @@ impl DelayProxy {
         self.shared
             .up
             .delay_nanos
-            .store(duration_nanos(d), Ordering::Relaxed);
+            .store(duration_nanos(d), Ordering::SeqCst);
     }
 
     /// Changes the delay of server → client data only (chunks read from now on):
@@ -245,7 +245,7 @@ impl DelayProxy {
         self.shared
             .down
             .delay_nanos
-            .store(duration_nanos(d), Ordering::Relaxed);
+            .store(duration_nanos(d), Ordering::SeqCst);
     }
 
     /// Turns blackhole mode on or off: while on, data in both directions is
