@@ -5,6 +5,10 @@
 //! `postgres` OS user when the tests run as root (PostgreSQL refuses to run as root).
 //! Local (unix socket) connections are trusted; TCP connections need a password, so tests
 //! of wrong passwords are real.
+//!
+//! [`PostgresServer::start_tls`] and [`PostgresServer::start_tls_client_certs`] start one
+//! with `ssl=on` and a certificate of the testkit's throwaway CA ([`TestCerts`]); TCP
+//! connections must then use TLS (`hostssl` lines only in its `pg_hba.conf`).
 
 use std::ffi::CString;
 use std::io;
@@ -16,7 +20,7 @@ use std::time::Duration;
 use crate::process::{Ready, ServerProcess, ServerSpec};
 use crate::spawn::{find_on_path, is_executable, run, run_setup};
 use crate::template::{prepared_dir, version_of, DATABASE, PASSWORD, USER};
-use crate::{Error, Result};
+use crate::{Error, Result, TestCerts};
 
 /// Environment variable naming the directory holding `initdb`, `postgres` and `psql`
 /// (e.g. `/usr/lib/postgresql/16/bin`). Unset: `PATH`, then the newest
@@ -26,6 +30,18 @@ pub const POSTGRES_BIN_DIR_ENV: &str = "DLOCK_POSTGRES_BIN_DIR";
 const PACKAGE: &str = "postgresql";
 /// The superuser's password over TCP (locally it is trusted).
 const ADMIN_PASSWORD: &str = "dlock-admin-pw";
+/// The directory (inside the server's dir) of a TLS server's certificates and `pg_hba.conf`.
+const TLS_DIR: &str = "tls";
+
+/// How a TLS server checks the clients of the test role over TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientAuth {
+    /// `hostssl … md5`: a password, over TLS.
+    Password,
+    /// `hostssl … cert`: a client certificate signed by the test CA whose common name is the
+    /// role's name; no password.
+    Cert,
+}
 
 /// A PostgreSQL server on a free `127.0.0.1` port, in its own temp dir.
 ///
@@ -57,6 +73,35 @@ impl PostgresServer {
     /// Returns [`Error::BinaryMissing`] (naming the Debian package `postgresql`) if the
     /// binaries cannot be found.
     pub fn start() -> Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// Like [`start`](Self::start), with `ssl=on`: the server presents `certs`'
+    /// [server certificate](TestCerts::cert) (for `127.0.0.1` and `localhost`, signed by
+    /// [`certs.ca()`](TestCerts::ca)), and TCP connections must use TLS (a plain one is refused
+    /// by `pg_hba.conf`: "no encryption"); they still log in with a password. Local (unix
+    /// socket) connections stay trusted. The certificates are copied into the server's dir
+    /// ([`tls_ca`](Self::tls_ca) is the CA's copy), so `certs` may be dropped.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start), and [`Error::Io`] when the certificates cannot be copied.
+    pub fn start_tls(certs: &TestCerts) -> Result<Self> {
+        Self::start_with(Some((certs, ClientAuth::Password)))
+    }
+
+    /// Like [`start_tls`](Self::start_tls), but the test role [`user`](Self::user) logs in
+    /// over TCP with a client certificate instead of a password (`hostssl … cert`): one signed
+    /// by `certs`' CA whose common name is the role's name, e.g.
+    /// [`certs.client(server.user())`](TestCerts::client). The superuser (`admin_url`) still
+    /// uses its password.
+    ///
+    /// # Errors
+    /// As [`start_tls`](Self::start_tls).
+    pub fn start_tls_client_certs(certs: &TestCerts) -> Result<Self> {
+        Self::start_with(Some((certs, ClientAuth::Cert)))
+    }
+
+    fn start_with(tls: Option<(&TestCerts, ClientAuth)>) -> Result<Self> {
         let bins = find_pg_bins()?;
         let run_as = run_as_postgres()?;
         let parts = [
@@ -68,8 +113,11 @@ impl PostgresServer {
         let dir = prepared_dir("dlock-pg", &parts, run_as, |d| {
             fresh_cluster(&bins, run_as, d)
         })?;
+        if let Some((certs, auth)) = tls {
+            install_tls(dir.path(), certs, auth, run_as)?;
+        }
         let server = PostgresServer {
-            process: ServerProcess::start(spec(&bins, run_as), dir)?,
+            process: ServerProcess::start(spec(&bins, run_as, tls.is_some()), dir)?,
             bins,
         };
         // Warm up: the first connection to a database loads its catalog caches.
@@ -86,6 +134,14 @@ impl PostgresServer {
             "postgres://postgres:{ADMIN_PASSWORD}@127.0.0.1:{}/{DATABASE}",
             self.port()
         )
+    }
+
+    /// The copy of the test CA's certificate a server of [`start_tls`](Self::start_tls) or
+    /// [`start_tls_client_certs`](Self::start_tls_client_certs) uses (it lives as long as the
+    /// server); `None` for a server without TLS.
+    pub fn tls_ca(&self) -> Option<PathBuf> {
+        let ca = self.dir().join(TLS_DIR).join("ca.pem");
+        ca.exists().then_some(ca)
     }
 
     /// The directory of the server's unix socket.
@@ -109,7 +165,7 @@ impl PostgresServer {
 /// the tests, then a clean shutdown.
 fn fresh_cluster(bins: &PgBins, run_as: Option<(u32, u32)>, dir: &Path) -> Result<()> {
     initdb(bins, run_as, dir)?;
-    let server = ServerProcess::start_in(spec(bins, run_as), dir)?;
+    let server = ServerProcess::start_in(spec(bins, run_as, false), dir)?;
     let r = psql_at(
         bins,
         dir,
@@ -265,9 +321,42 @@ fn initdb(bins: &PgBins, run_as: Option<(u32, u32)>, dir: &Path) -> Result<()> {
     run_setup(cmd, PACKAGE, "initdb")
 }
 
+/// Copies the CA, the server certificate and its key into `dir/tls` (owned by the server's
+/// user, the key readable by it alone: PostgreSQL refuses a key others can read) and writes
+/// the `pg_hba.conf` of a TLS server there: local trusted, TCP over TLS only.
+fn install_tls(
+    dir: &Path,
+    certs: &TestCerts,
+    auth: ClientAuth,
+    run_as: Option<(u32, u32)>,
+) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let tls = dir.join(TLS_DIR);
+    std::fs::create_dir_all(&tls)?;
+    let user_line = match auth {
+        ClientAuth::Password => format!("hostssl all {USER} 127.0.0.1/32 md5"),
+        ClientAuth::Cert => format!("hostssl all {USER} 127.0.0.1/32 cert"),
+    };
+    let hba = format!("local all all trust\n{user_line}\nhostssl all postgres 127.0.0.1/32 md5\n");
+    std::fs::write(tls.join("pg_hba.conf"), hba)?;
+    std::fs::copy(certs.ca(), tls.join("ca.pem"))?;
+    std::fs::copy(certs.cert(), tls.join("server.pem"))?;
+    std::fs::copy(certs.key(), tls.join("server.key"))?;
+    std::fs::set_permissions(
+        tls.join("server.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )?;
+    if let Some((uid, gid)) = run_as {
+        for f in ["", "pg_hba.conf", "ca.pem", "server.pem", "server.key"] {
+            std::os::unix::fs::chown(tls.join(f), Some(uid), Some(gid))?;
+        }
+    }
+    Ok(())
+}
+
 /// The postmaster in `dir/data` on a port (and a unix socket in `dir`), ready once
-/// `postmaster.pid` says so.
-fn spec(bins: &PgBins, run_as: Option<(u32, u32)>) -> ServerSpec {
+/// `postmaster.pid` says so; with `tls`, `ssl=on` with the files of [`install_tls`].
+fn spec(bins: &PgBins, run_as: Option<(u32, u32)>, tls: bool) -> ServerSpec {
     let postgres = bins.postgres.clone();
     ServerSpec::new("postgres", PACKAGE, move |dir, port| {
         let mut cmd = Command::new(&postgres);
@@ -298,6 +387,18 @@ fn spec(bins: &PgBins, run_as: Option<(u32, u32)>) -> ServerSpec {
                 "log_line_prefix=%m [%p] ",
             ])
             .env("LC_ALL", "C");
+        if tls {
+            let file = |name: &str| dir.join(TLS_DIR).join(name).display().to_string();
+            for (key, name) in [
+                ("ssl_cert_file", "server.pem"),
+                ("ssl_key_file", "server.key"),
+                ("ssl_ca_file", "ca.pem"),
+                ("hba_file", "pg_hba.conf"),
+            ] {
+                cmd.arg("-c").arg(format!("{key}={}", file(name)));
+            }
+            cmd.args(["-c", "ssl=on"]);
+        }
         if let Some((uid, gid)) = run_as {
             cmd.uid(uid).gid(gid);
         }
@@ -340,4 +441,25 @@ mod tests {
     }
 
     crate::template::durable_sql_server_test!(PostgresServer, "CREATE TABLE t (x int)", "t");
+
+    #[test]
+    fn tls_server_has_ssl_on_and_tls_only_hba() {
+        let certs = TestCerts::generate().expect("certs");
+        let mut db = match PostgresServer::start_tls_client_certs(&certs) {
+            Err(Error::BinaryMissing { .. }) => return,
+            r => r.expect("start the TLS server"),
+        };
+        drop(certs);
+        assert_eq!(db.sql("SHOW ssl").expect("sql"), "on");
+        let rules = db
+            .sql("SELECT type || ' ' || auth_method FROM pg_hba_file_rules ORDER BY line_number")
+            .expect("hba");
+        assert_eq!(rules, "local trust\nhostssl cert\nhostssl md5", "{rules}");
+        let ca = db.tls_ca().expect("the CA's copy");
+        assert!(std::fs::read_to_string(ca)
+            .expect("read")
+            .starts_with("-----BEGIN CERTIFICATE-----"));
+        db.restart().expect("restart with TLS");
+        assert_eq!(db.sql("SHOW ssl").expect("sql"), "on");
+    }
 }
