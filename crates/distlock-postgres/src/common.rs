@@ -6,15 +6,16 @@ use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
-use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Connection, NoTls, Row, Socket};
+use tokio_postgres::{Client, Connection, Row, Socket};
 
-pub(crate) type PgConnection = Connection<Socket, NoTlsStream>;
+pub(crate) type PgConnection = Connection<Socket, crate::tls::Stream>;
 
 /// Connection settings and the shared control connection.
 pub(crate) struct Common {
     pub(crate) config: tokio_postgres::Config,
+    /// The TLS connector (with what its errors say about the settings).
+    pub(crate) tls: crate::tls::Tls,
     pub(crate) endpoint: String,
     pub(crate) namespace: String,
     pub(crate) connect_timeout: Duration,
@@ -29,6 +30,7 @@ impl Common {
     /// Connects the control connection and reads the server version.
     pub(crate) async fn connect(
         config: tokio_postgres::Config,
+        tls: crate::tls::Tls,
         endpoint: String,
         namespace: String,
         connect_timeout: Duration,
@@ -36,6 +38,7 @@ impl Common {
     ) -> Result<Arc<Common>> {
         let mut common = Common {
             config,
+            tls,
             endpoint,
             namespace,
             connect_timeout,
@@ -75,10 +78,51 @@ impl Common {
 
     /// Opens a new connection; the caller drives the connection future.
     pub(crate) async fn open(&self) -> Result<(Client, PgConnection)> {
-        tokio::time::timeout(self.connect_timeout, self.config.connect(NoTls))
+        self.open_with(&self.config).await
+    }
+
+    /// Opens a new connection with `config` (the backend's, or a variant of it) and the
+    /// backend's TLS settings; the caller drives the connection future.
+    pub(crate) async fn open_with(
+        &self,
+        config: &tokio_postgres::Config,
+    ) -> Result<(Client, PgConnection)> {
+        tokio::time::timeout(self.connect_timeout, config.connect(self.tls.connector()))
             .await
             .map_err(|_| timeout(&self.endpoint, "connecting", self.connect_timeout))?
-            .map_err(|e| map(&self.endpoint, e))
+            .map_err(|e| self.connect_error(e))
+    }
+
+    /// A failed connection attempt: TLS failures and a missing password explained, the rest
+    /// as every driver error.
+    fn connect_error(&self, e: tokio_postgres::Error) -> Error {
+        if let Some(t) = self.tls.explain(&e) {
+            return Error::Connection {
+                backend: KIND,
+                endpoint: self.endpoint.clone(),
+                source: Box::new(t),
+            };
+        }
+        if e.as_db_error().is_none() && e.to_string().contains("password missing") {
+            return Error::Auth {
+                backend: KIND,
+                endpoint: self.endpoint.clone(),
+                message: "the server asks for a password and none was given: put it in the URL, \
+                          in PostgresBuilder::password, in PGPASSWORD or in a password file \
+                          (passfile=, PGPASSFILE or ~/.pgpass)"
+                    .into(),
+            };
+        }
+        map(&self.endpoint, e)
+    }
+
+    /// Sends a CancelRequest for the session of `token` (a new connection, with the backend's
+    /// TLS settings).
+    pub(crate) async fn cancel(
+        &self,
+        token: tokio_postgres::CancelToken,
+    ) -> std::result::Result<(), tokio_postgres::Error> {
+        token.cancel_query(self.tls.connector()).await
     }
 
     async fn open_control(&self) -> Result<Arc<Client>> {

@@ -25,7 +25,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tokio_postgres::NoTls;
 
 /// Server/local clock offset above which `diagnose` warns.
 const CLOCK_WARN: Duration = Duration::from_secs(1);
@@ -568,12 +567,7 @@ async fn probe_conn(b: &PostgresBackend) -> Result<tokio_postgres::Client> {
         _ => "-c dlock.doctor=on".to_owned(),
     };
     config.options(&opts);
-    let (client, conn) = tokio::time::timeout(b.common.connect_timeout, config.connect(NoTls))
-        .await
-        .map_err(|_| {
-            crate::error::timeout(&b.common.endpoint, "connecting", b.common.connect_timeout)
-        })?
-        .map_err(|e| map(&b.common.endpoint, e))?;
+    let (client, conn) = b.common.open_with(&config).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });

@@ -14,7 +14,6 @@ use distlock_sql::HoldMap;
 use std::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::NoTls;
 use tokio_util::sync::CancellationToken;
 
 /// How a server-side wait ended.
@@ -133,7 +132,7 @@ impl PgDialect {
                         if !self.cancel_backend(s.pid).await {
                             let cancel_req = s.client.cancel_token();
                             let _ =
-                                tokio::time::timeout(limit, cancel_req.cancel_query(NoTls)).await;
+                                tokio::time::timeout(limit, self.common.cancel(cancel_req)).await;
                         }
                     };
                     let (waited, unlocked, ()) = tokio::join!(

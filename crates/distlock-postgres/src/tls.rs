@@ -1,0 +1,791 @@
+//! TLS to the server with libpq's `sslmode` semantics, through rustls (feature `tls`).
+//!
+//! | `sslmode` | encrypted | chain checked | host name checked |
+//! |---|---|---|---|
+//! | `disable` | no | – | – |
+//! | `prefer` (default) | if the server supports TLS | only with `sslrootcert` | no |
+//! | `require` | yes, or the connection fails | only with `sslrootcert` (libpq's rule) | no |
+//! | `verify-ca` | yes | yes, against `sslrootcert` | no |
+//! | `verify-full` | yes | yes, against `sslrootcert` | yes (subject alternative names) |
+
+use distlock_core::conn::ConnectionString;
+use distlock_core::{Error, Result};
+use std::fmt;
+use std::path::PathBuf;
+
+/// libpq's `sslmode`: whether the connection is encrypted and what of the server's
+/// certificate is checked. See the [crate docs](crate#tls) for the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// Never encrypt.
+    Disable,
+    /// Encrypt if the server supports TLS, else go on unencrypted (libpq's default). The
+    /// certificate is checked only when a root certificate is given.
+    #[default]
+    Prefer,
+    /// Encrypt or fail. The certificate is checked only when a root certificate is given (as
+    /// libpq does: then it behaves as `VerifyCa`).
+    Require,
+    /// Encrypt, and the server's certificate must chain to the root certificate.
+    VerifyCa,
+    /// As `VerifyCa`, and the certificate must be valid for the host name connected to.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The URL spelling: `disable`, `prefer`, `require`, `verify-ca` or `verify-full`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    fn parse(v: &str) -> Option<SslMode> {
+        Some(match v {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            _ => return None,
+        })
+    }
+
+    fn verifies(self) -> bool {
+        matches!(self, SslMode::VerifyCa | SslMode::VerifyFull)
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The certificates a server's certificate is checked against (`sslrootcert=`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RootCert {
+    /// The CA certificates (PEM) in a file.
+    File(PathBuf),
+    /// The operating system's trusted roots (`sslrootcert=system`; only with
+    /// `verify-full`, as libpq requires).
+    System,
+}
+
+impl fmt::Display for RootCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RootCert::File(p) => write!(f, "sslrootcert={}", p.display()),
+            RootCert::System => f.write_str("sslrootcert=system (the system's trusted roots)"),
+        }
+    }
+}
+
+/// How to talk TLS to the server: the URL's `sslmode=`, `sslrootcert=`, `sslcert=` and
+/// `sslkey=`, or the same given in code ([`PostgresBuilder::tls`](crate::PostgresBuilder::tls)).
+///
+/// Unlike libpq, nothing is read from `~/.postgresql/`: name the files. The files are read
+/// once, when the backend connects.
+///
+/// ```
+/// use distlock_postgres::{SslMode, TlsOptions};
+///
+/// let tls = TlsOptions::new(SslMode::VerifyFull)
+///     .root_cert("/etc/ssl/pg/ca.pem")
+///     .client_cert("/etc/ssl/pg/app.pem", "/etc/ssl/pg/app.key");
+/// assert_eq!(tls.mode(), SslMode::VerifyFull);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    mode: SslMode,
+    root: Option<RootCert>,
+    client: Option<(PathBuf, PathBuf)>,
+}
+
+impl TlsOptions {
+    /// `mode`, no root certificate, no client certificate.
+    pub fn new(mode: SslMode) -> Self {
+        TlsOptions {
+            mode,
+            root: None,
+            client: None,
+        }
+    }
+
+    /// Trust the CA certificates (PEM) in `path` (`sslrootcert=PATH`).
+    pub fn root_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.root = Some(RootCert::File(path.into()));
+        self
+    }
+
+    /// Trust the operating system's roots (`sslrootcert=system`); needs
+    /// [`SslMode::VerifyFull`].
+    pub fn system_roots(mut self) -> Self {
+        self.root = Some(RootCert::System);
+        self
+    }
+
+    /// Present the client certificate chain in `cert` (PEM) with its private key in `key`
+    /// (PEM: PKCS#8, PKCS#1 or SEC1), for servers that ask for one (`hostssl … cert`, or
+    /// `clientcert=verify-ca|verify-full` in `pg_hba.conf`).
+    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> SslMode {
+        self.mode
+    }
+
+    /// The root certificates, if any.
+    pub fn root(&self) -> Option<&RootCert> {
+        self.root.as_ref()
+    }
+
+    /// Reads `sslmode`, `sslrootcert`, `sslcert` and `sslkey` of a URL.
+    pub(crate) fn from_url(cs: &ConnectionString) -> Result<Self> {
+        let mode = match cs.param("sslmode") {
+            None => SslMode::Prefer,
+            Some("allow") => {
+                return Err(cs.invalid(
+                    "sslmode=allow (unencrypted first, TLS only if refused) is not supported; \
+                     use sslmode=prefer (TLS first) or disable",
+                ))
+            }
+            Some(v) => SslMode::parse(v).ok_or_else(|| {
+                cs.invalid(format!(
+                    "sslmode=`{v}` is unknown; use disable, prefer, require, verify-ca or \
+                     verify-full"
+                ))
+            })?,
+        };
+        let mut tls = TlsOptions::new(mode);
+        match cs.param("sslrootcert") {
+            None => {}
+            Some("") => return Err(cs.invalid("sslrootcert= is empty; give a PEM file")),
+            Some("system") => tls = tls.system_roots(),
+            Some(p) => tls = tls.root_cert(p),
+        }
+        match (cs.param("sslcert"), cs.param("sslkey")) {
+            (None, None) => {}
+            (Some(c), Some(k)) if !c.is_empty() && !k.is_empty() => tls = tls.client_cert(c, k),
+            _ => {
+                return Err(cs.invalid(
+                    "a client certificate needs both sslcert=PATH and sslkey=PATH (PEM files)",
+                ))
+            }
+        }
+        tls.check().map_err(|reason| cs.invalid(reason))?;
+        Ok(tls)
+    }
+
+    /// The combinations libpq refuses, and those this build cannot do.
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.root == Some(RootCert::System) && self.mode != SslMode::VerifyFull {
+            return Err(format!(
+                "sslrootcert=system needs sslmode=verify-full (a public CA signs certificates \
+                 for anyone's host, so only the host name check makes it safe), not sslmode={}",
+                self.mode
+            ));
+        }
+        if self.mode.verifies() && self.root.is_none() {
+            return Err(format!(
+                "sslmode={} checks the server's certificate against a CA: give \
+                 sslrootcert=PATH (PEM), or sslrootcert=system with verify-full",
+                self.mode
+            ));
+        }
+        if !cfg!(feature = "tls")
+            && (self.mode != SslMode::Disable && self.mode != SslMode::Prefer
+                || self.root.is_some()
+                || self.client.is_some())
+        {
+            return Err(format!(
+                "sslmode={} needs TLS, and distlock-postgres is built without its `tls` feature; \
+                 enable it, or use sslmode=disable",
+                self.mode
+            ));
+        }
+        Ok(())
+    }
+
+    /// The tokio-postgres `sslmode` of this mode.
+    pub(crate) fn driver_mode(&self) -> tokio_postgres::config::SslMode {
+        use tokio_postgres::config::SslMode as D;
+        match self.mode {
+            SslMode::Disable => D::Disable,
+            SslMode::Prefer => D::Prefer,
+            _ => D::Require,
+        }
+    }
+
+    /// Checks the options and reads the files: the connector every connection uses.
+    pub(crate) fn connector(&self) -> Result<Tls> {
+        self.check().map_err(Error::InvalidArgument)?;
+        Tls::new(self)
+    }
+}
+
+/// What went wrong with TLS, as the `source` of an
+/// [`Error::Connection`](distlock_core::Error::Connection): downcast it to tell the cases apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsError {
+    kind: TlsErrorKind,
+    message: String,
+}
+
+/// The kinds of [`TlsError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsErrorKind {
+    /// The server answered the TLS request with "no" (`ssl = off`), and the mode needs TLS.
+    NotSupportedByServer,
+    /// The server's certificate does not chain to the root certificates.
+    Untrusted,
+    /// The certificate is not valid for the host name (`verify-full`).
+    WrongHost,
+    /// The certificate has expired or is not valid yet.
+    Expired,
+    /// The server refused the client certificate, or wanted one and got none.
+    ClientCertRejected,
+    /// Any other failure of the handshake.
+    Handshake,
+}
+
+impl TlsError {
+    /// The kind of failure.
+    pub fn kind(&self) -> TlsErrorKind {
+        self.kind
+    }
+
+    fn new(kind: TlsErrorKind, message: String) -> Self {
+        TlsError { kind, message }
+    }
+}
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TLS: {}", self.message)
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+/// The TLS connector every connection of a backend uses, with what its errors need to say.
+#[derive(Clone)]
+pub(crate) struct Tls {
+    context: std::sync::Arc<Context>,
+    #[cfg(feature = "tls")]
+    config: std::sync::Arc<rustls::ClientConfig>,
+}
+
+/// What messages say about the settings.
+#[derive(Debug)]
+struct Context {
+    mode: SslMode,
+    root: Option<RootCert>,
+    client_cert: Option<PathBuf>,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tls")
+            .field("mode", &self.context.mode)
+            .field("root", &self.context.root)
+            .field("client_cert", &self.context.client_cert)
+            .finish()
+    }
+}
+
+impl Context {
+    fn not_supported(&self) -> TlsError {
+        TlsError::new(
+            TlsErrorKind::NotSupportedByServer,
+            format!(
+                "the server does not support TLS (it refused the TLS request), and \
+                 sslmode={} needs it: turn `ssl = on` in the server's postgresql.conf, or use \
+                 sslmode=prefer or disable",
+                self.mode
+            ),
+        )
+    }
+
+    #[cfg(feature = "tls")]
+    fn handshake(&self, detail: impl fmt::Display) -> TlsError {
+        TlsError::new(
+            TlsErrorKind::Handshake,
+            format!("the TLS handshake failed: {detail}"),
+        )
+    }
+}
+
+impl Tls {
+    /// What a driver error of connecting says about TLS, if it is about TLS.
+    pub(crate) fn explain(&self, e: &tokio_postgres::Error) -> Option<TlsError> {
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            if let Some(t) = s.downcast_ref::<TlsError>() {
+                return Some(t.clone());
+            }
+            if s.to_string() == "server does not support TLS" {
+                return Some(self.context.not_supported());
+            }
+            #[cfg(feature = "tls")]
+            if let Some(r) = s.downcast_ref::<rustls::Error>() {
+                return Some(imp::classify(&self.context, r, None));
+            }
+            source = s.source();
+        }
+        None
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+mod imp {
+    use super::*;
+
+    pub(crate) type Stream = tokio_postgres::tls::NoTlsStream;
+
+    impl Tls {
+        pub(super) fn new(opts: &TlsOptions) -> Result<Self> {
+            Ok(Tls {
+                context: std::sync::Arc::new(Context {
+                    mode: opts.mode,
+                    root: None,
+                    client_cert: None,
+                }),
+            })
+        }
+
+        /// The connector handed to tokio-postgres.
+        pub(crate) fn connector(&self) -> tokio_postgres::NoTls {
+            tokio_postgres::NoTls
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+mod imp {
+    use super::*;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::client::{verify_server_cert_signed_by_trust_anchor, verify_server_name};
+    use rustls::crypto::{verify_tls12_signature, verify_tls13_signature};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+    use rustls::server::ParsedCertificate;
+    use rustls::{
+        AlertDescription, CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    };
+    use std::future::Future;
+    use std::io;
+    use std::path::Path;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context as TaskContext, Poll};
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+    use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
+    use tokio_postgres::Socket;
+
+    /// An encrypted connection to the server.
+    pub(crate) struct Stream(tokio_rustls::client::TlsStream<Socket>);
+
+    fn file_error(what: &str, path: &Path, detail: impl fmt::Display) -> Error {
+        Error::InvalidArgument(format!(
+            "{what}={}: {detail}; give a readable PEM file",
+            path.display()
+        ))
+    }
+
+    fn read_certs(what: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| file_error(what, path, e))?
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| file_error(what, path, e))?;
+        if certs.is_empty() {
+            return Err(file_error(what, path, "no certificate in it"));
+        }
+        Ok(certs)
+    }
+
+    fn roots(root: &RootCert) -> Result<RootCertStore> {
+        let mut store = RootCertStore::empty();
+        match root {
+            RootCert::File(path) => {
+                for c in read_certs("sslrootcert", path)? {
+                    store
+                        .add(c)
+                        .map_err(|e| file_error("sslrootcert", path, e))?;
+                }
+            }
+            RootCert::System => {
+                let found = rustls_native_certs::load_native_certs();
+                let (added, _) = store.add_parsable_certificates(found.certs);
+                if added == 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "sslrootcert=system: no trusted root certificate found on this system{}; \
+                         install the CA certificates (Debian: ca-certificates) or give \
+                         sslrootcert=PATH",
+                        found
+                            .errors
+                            .first()
+                            .map(|e| format!(" ({e})"))
+                            .unwrap_or_default()
+                    )));
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    impl Tls {
+        pub(super) fn new(opts: &TlsOptions) -> Result<Self> {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let roots = match (&opts.root, opts.mode) {
+                // Nothing to check against: libpq's prefer/require encrypt without checking.
+                (None, _) | (_, SslMode::Disable) => None,
+                (Some(root), _) => Some(Arc::new(roots(root)?)),
+            };
+            let verifier = Arc::new(Verifier {
+                roots,
+                check_name: opts.mode == SslMode::VerifyFull,
+                algorithms: provider.signature_verification_algorithms,
+            });
+            let builder = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| Error::InvalidArgument(format!("TLS setup: {e}")))?
+                .dangerous()
+                .with_custom_certificate_verifier(verifier);
+            let mut config = match &opts.client {
+                None => builder.with_no_client_auth(),
+                Some((cert, key)) => {
+                    let chain = read_certs("sslcert", cert)?;
+                    let key_der = PrivateKeyDer::from_pem_file(key)
+                        .map_err(|e| file_error("sslkey", key, e))?;
+                    builder.with_client_auth_cert(chain, key_der).map_err(|e| {
+                        file_error(
+                            "sslkey",
+                            key,
+                            format!("does not go with sslcert={}: {e}", cert.display()),
+                        )
+                    })?
+                }
+            };
+            // PostgreSQL 17's direct TLS (sslnegotiation=direct) needs it; older servers
+            // ignore it.
+            config.alpn_protocols = vec![b"postgresql".to_vec()];
+            Ok(Tls {
+                context: Arc::new(Context {
+                    mode: opts.mode,
+                    root: opts.root.clone(),
+                    client_cert: opts.client.as_ref().map(|(c, _)| c.clone()),
+                }),
+                config: Arc::new(config),
+            })
+        }
+
+        /// The connector handed to tokio-postgres.
+        pub(crate) fn connector(&self) -> Self {
+            self.clone()
+        }
+    }
+
+    /// The rustls error of a handshake, in the words of the settings.
+    pub(super) fn classify(ctx: &Context, e: &rustls::Error, host: Option<&str>) -> TlsError {
+        use TlsErrorKind as K;
+        let root = ctx
+            .root
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| "sslrootcert".into());
+        match e {
+            rustls::Error::InvalidCertificate(c) => match c {
+                CertificateError::NotValidForName
+                | CertificateError::NotValidForNameContext { .. } => TlsError::new(
+                    K::WrongHost,
+                    format!(
+                        "the server's certificate is not valid for the host name {} ({e}); \
+                             sslmode=verify-full checks it: connect by a name (or address) the \
+                             certificate lists, or use sslmode=verify-ca to check the chain only",
+                        host.map(|h| format!("`{h}`"))
+                            .unwrap_or_else(|| "connected to".into())
+                    ),
+                ),
+                CertificateError::Expired
+                | CertificateError::ExpiredContext { .. }
+                | CertificateError::NotValidYet
+                | CertificateError::NotValidYetContext { .. } => TlsError::new(
+                    K::Expired,
+                    format!("the server's certificate is outside its validity period ({e})"),
+                ),
+                _ => TlsError::new(
+                    K::Untrusted,
+                    format!(
+                        "the server's certificate is not trusted by {root} ({e}): give the CA \
+                         that signed it in sslrootcert=, or use sslmode=require without \
+                         sslrootcert to encrypt without checking"
+                    ),
+                ),
+            },
+            rustls::Error::AlertReceived(
+                AlertDescription::CertificateRequired
+                | AlertDescription::BadCertificate
+                | AlertDescription::UnknownCA
+                | AlertDescription::CertificateUnknown
+                | AlertDescription::UnsupportedCertificate
+                | AlertDescription::CertificateExpired
+                | AlertDescription::CertificateRevoked
+                | AlertDescription::AccessDenied,
+            ) => TlsError::new(
+                K::ClientCertRejected,
+                match &ctx.client_cert {
+                    None => format!(
+                        "the server wants a client certificate ({e}): give sslcert=PATH and \
+                         sslkey=PATH, signed by a CA in the server's ssl_ca_file"
+                    ),
+                    Some(c) => format!(
+                        "the server refused the client certificate sslcert={} ({e}): it must be \
+                         signed by a CA in the server's ssl_ca_file and be valid now",
+                        c.display()
+                    ),
+                },
+            ),
+            other => ctx.handshake(other),
+        }
+    }
+
+    fn classify_io(ctx: &Context, e: io::Error, host: &str) -> TlsError {
+        match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            Some(r) => classify(ctx, r, Some(host)),
+            None => ctx.handshake(e),
+        }
+    }
+
+    /// The server certificate check of every mode: none without roots (libpq's
+    /// `prefer`/`require`), the chain with them, and the name too for `verify-full`. The
+    /// handshake's signatures are always checked, so the session key belongs to the
+    /// certificate's key.
+    #[derive(Debug)]
+    struct Verifier {
+        roots: Option<Arc<RootCertStore>>,
+        check_name: bool,
+        algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+    }
+
+    impl ServerCertVerifier for Verifier {
+        fn verify_server_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            server_name: &ServerName<'_>,
+            _ocsp_response: &[u8],
+            now: UnixTime,
+        ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+            let Some(roots) = &self.roots else {
+                return Ok(ServerCertVerified::assertion());
+            };
+            let cert = ParsedCertificate::try_from(end_entity)?;
+            verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.algorithms.all,
+            )?;
+            if self.check_name {
+                verify_server_name(&cert, server_name)?;
+            }
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls12_signature(message, cert, dss, &self.algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls13_signature(message, cert, dss, &self.algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.algorithms.supported_schemes()
+        }
+    }
+
+    impl MakeTlsConnect<Socket> for Tls {
+        type Stream = Stream;
+        type TlsConnect = Connect;
+        type Error = TlsError;
+
+        fn make_tls_connect(&mut self, domain: &str) -> std::result::Result<Connect, TlsError> {
+            let name = match ServerName::try_from(domain.to_owned()) {
+                Ok(n) => n,
+                Err(_) if self.context.mode == SslMode::VerifyFull => {
+                    return Err(TlsError::new(
+                        TlsErrorKind::WrongHost,
+                        format!(
+                            "`{domain}` is not a host name or IP address a certificate can be \
+                             checked against (sslmode=verify-full)"
+                        ),
+                    ))
+                }
+                // No name to check: any valid name will do for SNI.
+                Err(_) => {
+                    ServerName::try_from("localhost").map_err(|e| self.context.handshake(e))?
+                }
+            };
+            Ok(Connect {
+                tls: self.clone(),
+                name,
+                host: domain.to_owned(),
+            })
+        }
+    }
+
+    /// One connection's handshake.
+    pub(crate) struct Connect {
+        tls: Tls,
+        name: ServerName<'static>,
+        host: String,
+    }
+
+    impl TlsConnect<Socket> for Connect {
+        type Stream = Stream;
+        type Error = TlsError;
+        type Future = Pin<Box<dyn Future<Output = std::result::Result<Stream, TlsError>> + Send>>;
+
+        fn connect(self, stream: Socket) -> Self::Future {
+            Box::pin(async move {
+                let connector = tokio_rustls::TlsConnector::from(self.tls.config.clone());
+                connector
+                    .connect(self.name, stream)
+                    .await
+                    .map(Stream)
+                    .map_err(|e| classify_io(&self.tls.context, e, &self.host))
+            })
+        }
+    }
+
+    impl AsyncRead for Stream {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut TaskContext<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for Stream {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut TaskContext<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().0).poll_flush(cx)
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut TaskContext<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            self.0.is_write_vectored()
+        }
+    }
+
+    impl tokio_postgres::tls::TlsStream for Stream {
+        /// No `tls-server-end-point` binding: SCRAM runs without channel binding
+        /// (`channel_binding=require` is refused by the driver).
+        fn channel_binding(&self) -> ChannelBinding {
+            ChannelBinding::none()
+        }
+    }
+}
+
+pub(crate) use imp::Stream;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(q: &str) -> Result<TlsOptions> {
+        TlsOptions::from_url(&ConnectionString::parse(&format!(
+            "postgres://u:pw@h/d?{q}"
+        ))?)
+    }
+
+    #[test]
+    fn url_parameters() {
+        assert_eq!(url("").unwrap().mode(), SslMode::Prefer);
+        assert_eq!(url("sslmode=disable").unwrap().mode(), SslMode::Disable);
+        let t = url("sslmode=verify-full&sslrootcert=/ca.pem&sslcert=/c&sslkey=/k").unwrap();
+        assert_eq!(
+            t,
+            TlsOptions::new(SslMode::VerifyFull)
+                .root_cert("/ca.pem")
+                .client_cert("/c", "/k")
+        );
+        assert_eq!(
+            url("sslmode=verify-full&sslrootcert=system")
+                .unwrap()
+                .root(),
+            Some(&RootCert::System)
+        );
+        for bad in [
+            "sslmode=allow",
+            "sslmode=strict",
+            "sslmode=verify-ca",
+            "sslmode=verify-full",
+            "sslmode=require&sslrootcert=system",
+            "sslmode=verify-ca&sslrootcert=",
+            "sslcert=/c",
+            "sslkey=/k",
+        ] {
+            let e = url(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidUrl { .. }), "{bad}: {e}");
+            assert!(!e.to_string().contains("pw"), "{e}");
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn unreadable_files_are_named() {
+        let e = TlsOptions::new(SslMode::VerifyCa)
+            .root_cert("/nonexistent/ca.pem")
+            .connector()
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(
+            e.to_string().contains("sslrootcert=/nonexistent/ca.pem"),
+            "{e}"
+        );
+    }
+}
