@@ -6,6 +6,11 @@
 //! - handoff: a waiter subscribed on the lock, time from the holder's release call to the
 //!   waiter's grant;
 //! - contended: 32 clients on one name, critical sections per second, acquire wait p50/p99.
+//!
+//! Each phase also prints the server time per operation (`INFO commandstats`, summed over
+//! every command, after a `CONFIG RESETSTAT`) and this process's CPU time per operation
+//! (user and system, from `/proc/self/stat`; the server is another process). For syscalls
+//! per operation run the binary under `strace -c -f`.
 
 use distlock_core::{Client, ClientOptions};
 use distlock_redis::RedisBackend;
@@ -20,6 +25,84 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
+}
+
+/// This process's user and system CPU time so far, in microseconds (`/proc/self/stat`, clock
+/// ticks of 10 ms: phases run long enough for that to be fine-grained).
+fn cpu_us() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the `(comm)`, which may hold spaces: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    let tick = 1e6 / 100.0;
+    (
+        f.get(11).copied().unwrap_or(0.0) * tick,
+        f.get(12).copied().unwrap_or(0.0) * tick,
+    )
+}
+
+/// Server and client cost of one phase of the bench.
+struct Phase<'a> {
+    server: &'a RedisServer,
+    cpu: (f64, f64),
+}
+
+impl<'a> Phase<'a> {
+    fn start(server: &'a RedisServer) -> Self {
+        server.command(&["CONFIG", "RESETSTAT"]).expect("resetstat");
+        Phase {
+            server,
+            cpu: cpu_us(),
+        }
+    }
+
+    /// Prints server µs, commands and client CPU per operation for `ops` operations.
+    fn end(self, what: &str, ops: usize) -> (f64, f64) {
+        let (u, s) = cpu_us();
+        let (user, sys) = (u - self.cpu.0, s - self.cpu.1);
+        let info = self
+            .server
+            .command(&["INFO", "commandstats"])
+            .expect("commandstats");
+        let (mut usec, mut calls) = (0.0, 0.0);
+        let mut detail = Vec::new();
+        for line in info.lines() {
+            // cmdstat_evalsha:calls=2,usec=18,usec_per_call=9.00,...
+            let Some((name, fields)) = line.trim().split_once(':') else {
+                continue;
+            };
+            let Some(name) = name.strip_prefix("cmdstat_") else {
+                continue;
+            };
+            if matches!(name, "config" | "info") {
+                continue;
+            }
+            let field = |k: &str| -> f64 {
+                fields
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0)
+            };
+            usec += field("usec");
+            calls += field("calls");
+            detail.push(format!("{name} {:.2}", field("calls") / ops as f64));
+        }
+        let n = ops as f64;
+        println!(
+            "  {what}: server {:.1} us/op ({:.2} commands/op: {}), client cpu {:.1} us/op (user {:.1}, sys {:.1})",
+            usec / n,
+            calls / n,
+            detail.join(", "),
+            (user + sys) / n,
+            user / n,
+            sys / n
+        );
+        (usec / n, (user + sys) / n)
+    }
 }
 
 async fn client(url: &str) -> (Client, Arc<RedisBackend>) {
@@ -49,23 +132,38 @@ async fn main() {
     }
 
     let mut ping = Vec::with_capacity(n);
+    let phase = Phase::start(&server);
     for _ in 0..n {
         let t = Instant::now();
         backend.ping().await.expect("ping");
         ping.push(t.elapsed());
     }
+    let (ping_srv, ping_cpu) = phase.end("PING", n);
     let lock = c.lock("uncontended").expect("lock");
     let mut pair = Vec::with_capacity(n);
+    let phase = Phase::start(&server);
     for _ in 0..n {
         let t = Instant::now();
         let g = lock.acquire().await.expect("acquire");
         let _ = g.release().await.expect("release");
         pair.push(t.elapsed());
     }
+    let (pair_srv, pair_cpu) = phase.end("acquire+release", n);
+    let try_lock = c.lock("uncontended-try").expect("lock");
+    let mut tries = Vec::with_capacity(n);
+    let phase = Phase::start(&server);
+    for _ in 0..n {
+        let t = Instant::now();
+        let g = try_lock.try_acquire().await.expect("try").expect("free");
+        let _ = g.release().await.expect("release");
+        tries.push(t.elapsed());
+    }
+    phase.end("try_acquire+release", n);
     // The same pair through the backend trait alone (no guard, no watchdog bookkeeping).
     use distlock_core::Backend;
     let key = distlock_core::backend::HoldKey::new("raw", "bench", distlock_core::LockKind::Mutex);
     let mut raw = Vec::with_capacity(n);
+    let phase = Phase::start(&server);
     for _ in 0..n {
         // One attempt per acquisition, as the core makes them.
         let req = distlock_core::backend::AcquireRequest::new(
@@ -81,9 +179,11 @@ async fn main() {
         let _ = backend.release(&req.grant(token)).await.expect("release");
         raw.push(t.elapsed());
     }
+    phase.end("backend acquire+release", n);
     let raw50 = pct(&mut raw, 0.5);
     let ping50 = pct(&mut ping, 0.5);
     let pair50 = pct(&mut pair, 0.5);
+    let try50 = pct(&mut tries, 0.5);
     println!("PING round trip            p50 {:>8.1} us", us(ping50));
     println!(
         "backend acquire+release    p50 {:>8.1} us  = {:.2} PING round trips (two EVALSHAs)",
@@ -94,6 +194,16 @@ async fn main() {
         "acquire+release (1 client) p50 {:>8.1} us  = {:.2} PING round trips (goal <= 2.5)",
         us(pair50),
         us(pair50) / us(ping50)
+    );
+    println!(
+        "try_acquire+release        p50 {:>8.1} us  = {:.2} PING round trips",
+        us(try50),
+        us(try50) / us(ping50)
+    );
+    println!(
+        "acquire+release cost       server {:.2}x PING's, client cpu {:.2}x PING's",
+        pair_srv / ping_srv.max(0.01),
+        pair_cpu / ping_cpu.max(0.01)
     );
 
     // Handoff: holder releases while a waiter (own client) waits.
@@ -138,9 +248,12 @@ async fn main() {
     let clients = 32;
     let dur = Duration::from_secs(if quick { 1 } else { 5 });
     let mut tasks = Vec::new();
-    let start = Instant::now() + Duration::from_millis(200);
+    let mut conns = Vec::new();
     for _ in 0..clients {
-        let (cl, _) = client(&url).await;
+        conns.push(client(&url).await.0);
+    }
+    let start = Instant::now() + Duration::from_millis(200);
+    for cl in conns {
         tasks.push(tokio::spawn(async move {
             let lock = cl.lock("contended").expect("lock");
             tokio::time::sleep_until(start.into()).await;
@@ -156,12 +269,15 @@ async fn main() {
     }
     let mut waits = Vec::new();
     let mut per_client = Vec::new();
+    tokio::time::sleep_until(start.into()).await;
+    let phase = Phase::start(&server);
     for t in tasks {
         let w = t.await.expect("join");
         per_client.push(w.len());
         waits.extend(w);
     }
     let ops = waits.len();
+    phase.end("32 contenders", ops);
     let p50 = pct(&mut waits, 0.5);
     let p99 = pct(&mut waits, 0.99);
     println!(

@@ -11,13 +11,14 @@
 -- Returns {1, token} granted to this attempt (also when it held it already: a retry after a
 -- lost reply, or a handoff it has not heard of); {0, pttl} held by another grant.
 local attempt, lease = ARGV[1], tonumber(ARGV[3])
+local queues = tonumber(ARGV[4]) > 0
 local function now_ms()
   local t = redis.call('time')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- Its waiter data is written with the queue entry and removed with it: no entry, no data.
 local function dequeue()
-  if tonumber(ARGV[4]) > 0 then
-    redis.call('zrem', KEYS[3], attempt)
+  if queues and redis.call('zrem', KEYS[3], attempt) == 1 then
     redis.call('hdel', KEYS[4], attempt)
   end
 end
@@ -60,22 +61,24 @@ if free and ARGV[5] == '1' then
   end
 end
 if free then
-  -- A lost counter (FLUSHALL, eviction, restart without persistence) restarts above every
-  -- token issued before: the server clock in microseconds, assuming it never goes back and
-  -- fewer than a million grants per second. INCR first: foreign data fails before any write.
-  if redis.call('exists', KEYS[2]) == 0 then
-    local t = redis.call('time')
-    redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-  end
+  -- INCR first: foreign data fails before any write. A counter that INCR had to create was
+  -- lost (FLUSHALL, eviction, restart without persistence): it restarts above every token
+  -- issued before, at the server clock in microseconds (assuming the clock never goes back
+  -- and fewer than a million grants per second).
   local token = redis.call('incr', KEYS[2])
+  if token == 1 then
+    local t = redis.call('time')
+    token = redis.call('incrby', KEYS[2],
+      string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]) - 1))
+  end
   redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', token),
     'owner', ARGV[2])
   redis.call('pexpire', KEYS[1], lease)
   dequeue()
   return {1, token}
 end
-local ttl = tonumber(ARGV[4])
-if ttl > 0 then
+if queues then
+  local ttl = tonumber(ARGV[4])
   local now = now_ms()
   redis.call('zadd', KEYS[3], 'NX', now, attempt)
   redis.call('hset', KEYS[4], attempt, string.format('%d:%d:', now + ttl, lease) .. ARGV[2])

@@ -10,16 +10,15 @@ local attempt = ARGV[1]
 
 local function hand_over()
   redis.call('del', KEYS[1])
+  -- ZPOPMIN: the oldest entry, taken out of the queue (with its data below) in one call.
+  local popped = redis.call('zpopmin', KEYS[3])
+  if not popped[1] then
+    return
+  end
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local queued = false
-  while true do
-    local head = redis.call('zrange', KEYS[3], 0, 0)[1]
-    if not head then
-      break
-    end
-    queued = true
-    redis.call('zrem', KEYS[3], head)
+  while popped[1] do
+    local head = popped[1]
     local data = redis.call('hget', KEYS[4], head)
     redis.call('hdel', KEYS[4], head)
     local expiry, lease, owner
@@ -27,20 +26,22 @@ local function hand_over()
       expiry, lease, owner = string.match(data, '^(%d+):(%d+):(.*)$')
     end
     if expiry and tonumber(expiry) > now then
-      if redis.call('exists', KEYS[2]) == 0 then
-        redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+      -- As in acquire.lua: INCR first, a counter it had to create restarts at the clock.
+      local token = redis.call('incr', KEYS[2])
+      if token == 1 then
+        token = redis.call('incrby', KEYS[2],
+          string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]) - 1))
       end
-      local token = string.format('%d', redis.call('incr', KEYS[2]))
+      token = string.format('%d', token)
       redis.call('hset', KEYS[1], 'attempt', head, 'token', token, 'owner', owner)
       redis.call('pexpire', KEYS[1], lease)
       redis.call('publish', ARGV[3], 'h ' .. token .. ' ' .. head)
       return
     end
+    popped = redis.call('zpopmin', KEYS[3])
   end
   -- Only dead entries: their waiters may still be watching (one late heartbeat), wake them.
-  if queued then
-    redis.call('publish', ARGV[3], 'r')
-  end
+  redis.call('publish', ARGV[3], 'r')
 end
 
 if ARGV[4] == 'giveup' then
