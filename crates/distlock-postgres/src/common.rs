@@ -103,7 +103,13 @@ impl Common {
                 source: Box::new(t),
             };
         }
-        if e.as_db_error().is_none() && e.to_string().contains("password missing") {
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain = format!("{chain}: {s}");
+            source = s.source();
+        }
+        if e.as_db_error().is_none() && chain.contains("password missing") {
             return Error::Auth {
                 backend: KIND,
                 endpoint: self.endpoint.clone(),

@@ -20,7 +20,7 @@ pub const PASSFILE_ENV: &str = "PGPASSFILE";
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a password file that was named (not the default
-/// `~/.pgpass`) but cannot be read or is readable by others.
+/// `~/.pgpass`) but does not exist, cannot be read or is readable by others.
 pub(crate) fn resolve(
     config: &mut tokio_postgres::Config,
     given: Option<&Password>,
@@ -50,7 +50,7 @@ pub(crate) fn resolve(
             None => return Ok(()),
         },
     };
-    let text = match read_private(&file) {
+    let text = match read_private(&file, named) {
         Ok(Some(t)) => t,
         Ok(None) => return Ok(()),
         Err(why) if named => {
@@ -85,13 +85,13 @@ pub(crate) fn resolve(
     Ok(())
 }
 
-/// The file's text; `None` if it does not exist; an error if it cannot be read or others may
-/// read it (libpq ignores such a file).
-fn read_private(file: &Path) -> std::result::Result<Option<String>, String> {
+/// The file's text; `None` if it does not exist and was not `named`; an error if it cannot be
+/// read or others may read it (libpq ignores such a file).
+fn read_private(file: &Path, named: bool) -> std::result::Result<Option<String>, String> {
     use std::os::unix::fs::PermissionsExt;
     let meta = match std::fs::metadata(file) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => return Ok(None),
         Err(e) => return Err(e.to_string()),
     };
     if !meta.is_file() {

@@ -338,8 +338,16 @@ impl Tls {
                 return Some(self.context.not_supported());
             }
             #[cfg(feature = "tls")]
-            if let Some(r) = s.downcast_ref::<rustls::Error>() {
-                return Some(imp::classify(&self.context, r, None));
+            {
+                // An alert after the handshake (TLS 1.3 servers check the client's certificate
+                // then) comes as an I/O error, whose `source` skips the rustls error it wraps.
+                let wrapped = s
+                    .downcast_ref::<std::io::Error>()
+                    .and_then(|io| io.get_ref())
+                    .and_then(|i| i.downcast_ref::<rustls::Error>());
+                if let Some(r) = s.downcast_ref::<rustls::Error>().or(wrapped) {
+                    return Some(imp::classify(&self.context, r, None));
+                }
             }
             source = s.source();
         }
@@ -542,22 +550,34 @@ mod imp {
                 | AlertDescription::CertificateExpired
                 | AlertDescription::CertificateRevoked
                 | AlertDescription::AccessDenied,
-            ) => TlsError::new(
-                K::ClientCertRejected,
-                match &ctx.client_cert {
-                    None => format!(
-                        "the server wants a client certificate ({e}): give sslcert=PATH and \
-                         sslkey=PATH, signed by a CA in the server's ssl_ca_file"
-                    ),
-                    Some(c) => format!(
-                        "the server refused the client certificate sslcert={} ({e}): it must be \
-                         signed by a CA in the server's ssl_ca_file and be valid now",
-                        c.display()
-                    ),
-                },
-            ),
+            ) => client_cert_rejected(ctx, e),
+            // What OpenSSL answers a client certificate whose issuer's name it knows but whose
+            // signature does not check (another CA of the same name).
+            rustls::Error::AlertReceived(AlertDescription::DecryptError)
+                if ctx.client_cert.is_some() =>
+            {
+                client_cert_rejected(ctx, e)
+            }
             other => ctx.handshake(other),
         }
+    }
+
+    fn client_cert_rejected(ctx: &Context, e: &rustls::Error) -> TlsError {
+        use TlsErrorKind as K;
+        TlsError::new(
+            K::ClientCertRejected,
+            match &ctx.client_cert {
+                None => format!(
+                    "the server wants a client certificate ({e}): give sslcert=PATH and \
+                         sslkey=PATH, signed by a CA in the server's ssl_ca_file"
+                ),
+                Some(c) => format!(
+                    "the server refused the client certificate sslcert={} ({e}): it must be \
+                         signed by a CA in the server's ssl_ca_file and be valid now",
+                    c.display()
+                ),
+            },
+        )
     }
 
     fn classify_io(ctx: &Context, e: io::Error, host: &str) -> TlsError {

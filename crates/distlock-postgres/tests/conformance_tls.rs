@@ -1,6 +1,7 @@
 //! The conformance suite over TLS: session mode whole, lease mode a representative subset, on a
 //! server with `ssl=on` that refuses unencrypted TCP, with `sslmode=verify-full` against the
 //! testkit's throwaway CA.
+#![cfg(feature = "tls")]
 
 mod support;
 
