@@ -175,12 +175,89 @@ impl LockGuard {
         let watchdog = self.watchdog;
         metrics::histogram!("dlock_hold_seconds", "backend" => shared.backend.kind())
             .record(self.acquired_at.elapsed().as_secs_f64());
-        // Run detached so that cancelling this future cannot leave the lock behind.
-        let task = tokio::spawn(async move { release_hold(&shared, &hold, watchdog).await });
-        match task.await {
-            Ok(r) => r,
-            Err(e) => Err(Error::Runtime(format!("release task failed: {e}"))),
+        // Run in this task (no spawn, no wake-up of another thread), but finished in the
+        // background if this future is dropped: cancelling it cannot leave the lock behind.
+        let keeper = self.client.keeper_tx.clone();
+        let (h, w) = (hold.clone(), watchdog);
+        Finish::new(
+            Box::pin(async move { release_hold(&shared, &hold, watchdog).await }),
+            move |fut| match fut {
+                // Never polled: nothing was counted down yet; the keeper releases the guard as
+                // it does for a dropped one.
+                None => {
+                    let _ = keeper.send(KeeperMsg::Release {
+                        hold: h,
+                        watchdog: w,
+                    });
+                }
+                Some(fut) => spawn_or_drop(async move {
+                    let _ = fut.await;
+                }),
+            },
+        )
+        .await
+    }
+}
+
+/// A boxed future of this crate's per-operation path.
+pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// Runs `fut` in the caller's task; if the caller drops it before it completes, `on_drop`
+/// gets the rest (`None` if it was never polled) to finish it in the background. This is what
+/// a spawned task gives (cancelling the caller cannot strand a grant or a release) without
+/// a spawn, a channel and a cross-thread wake-up per operation.
+pub(crate) struct Finish<T, D: FnOnce(Option<BoxFuture<T>>)> {
+    fut: Option<BoxFuture<T>>,
+    polled: bool,
+    on_drop: Option<D>,
+}
+
+impl<T, D: FnOnce(Option<BoxFuture<T>>)> Finish<T, D> {
+    pub(crate) fn new(fut: BoxFuture<T>, on_drop: D) -> Self {
+        Finish {
+            fut: Some(fut),
+            polled: false,
+            on_drop: Some(on_drop),
         }
+    }
+}
+
+impl<T, D: FnOnce(Option<BoxFuture<T>>) + Unpin> std::future::Future for Finish<T, D> {
+    type Output = T;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<T> {
+        self.polled = true;
+        let Some(fut) = self.fut.as_mut() else {
+            // Polled after completion: a caller bug; never completes again.
+            return std::task::Poll::Pending;
+        };
+        let out = std::task::ready!(fut.as_mut().poll(cx));
+        self.fut = None;
+        self.on_drop = None;
+        std::task::Poll::Ready(out)
+    }
+}
+
+impl<T, D: FnOnce(Option<BoxFuture<T>>)> Drop for Finish<T, D> {
+    fn drop(&mut self) {
+        let (Some(fut), Some(on_drop)) = (self.fut.take(), self.on_drop.take()) else {
+            return;
+        };
+        on_drop(self.polled.then_some(fut));
+    }
+}
+
+/// Spawns `fut` on the current runtime; outside one (the runtime is shutting down) it is
+/// dropped, and whatever it held frees at its lease end.
+pub(crate) fn spawn_or_drop(fut: impl std::future::Future<Output = ()> + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(fut);
+        }
+        Err(_) => tracing::debug!("no runtime to finish a cancelled operation in"),
     }
 }
 

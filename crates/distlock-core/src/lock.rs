@@ -2,7 +2,7 @@
 
 use crate::backend::{AcquireReply, AcquireRequest, Granted, HoldKey, LockKind};
 use crate::error::{Error, Result};
-use crate::guard::{extend_hold, LockGuard};
+use crate::guard::{extend_hold, spawn_or_drop, BoxFuture, Finish, LockGuard};
 use crate::hold::{lease_deadline, Hold, KeeperMsg};
 use crate::lost::LostSignal;
 use crate::Client;
@@ -11,7 +11,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -288,14 +287,11 @@ enum Mode {
 
 type GrantResult = Result<Option<Granted>>;
 
-/// An acquisition running in its own task, so that dropping the caller's future cannot strand
-/// a grant: dropping this cancels the wait, and a grant that arrives anyway — in flight as the
-/// future was dropped, or already sent into the channel but not yet read — is given back.
+/// An acquisition, run in the caller's task, that dropping the caller's future cannot strand:
+/// a drop cancels the wait and hands the rest to a background task that gives back any grant
+/// it gets (in flight as the future was dropped, or granted as the wait was cancelled).
 struct PendingGrant {
-    rx: oneshot::Receiver<GrantResult>,
-    req: AcquireRequest,
-    keeper: tokio::sync::mpsc::UnboundedSender<KeeperMsg>,
-    done: bool,
+    inner: Finish<GrantResult, Box<dyn FnOnce(Option<BoxFuture<GrantResult>>) + Send>>,
     _cancel: tokio_util::sync::DropGuard,
 }
 
@@ -303,11 +299,9 @@ impl PendingGrant {
     fn start(client: &Client, req: AcquireRequest, mode: Mode) -> Self {
         let shared = client.shared.clone();
         let cancel = CancellationToken::new();
-        let (tx, rx) = oneshot::channel::<GrantResult>();
-        let task_req = req.clone();
         let task_cancel = cancel.clone();
-        tokio::spawn(async move {
-            let req = task_req;
+        let (back, back_req) = (shared.clone(), req.clone());
+        let fut: BoxFuture<GrantResult> = Box::pin(async move {
             let backend = &shared.backend;
             let res = match mode {
                 Mode::Try => {
@@ -334,16 +328,23 @@ impl PendingGrant {
                     tracing::debug!(error = %e, name = %req.key.name, "could not give up a failed attempt; any grant frees at lease end");
                 }
             }
-            if let Err(Ok(Some(g))) = tx.send(res) {
-                // Nobody is waiting for this grant any more.
-                crate::guard::give_back(&shared, &req.grant(g.token)).await;
-            }
+            res
         });
+        let on_drop: Box<dyn FnOnce(Option<BoxFuture<GrantResult>>) + Send> =
+            Box::new(move |rest| {
+                // Never polled: no request was sent, nothing to give back.
+                let Some(rest) = rest else { return };
+                spawn_or_drop(async move {
+                    // Nobody is waiting for this grant any more.
+                    if let Ok(Some(g)) = rest.await {
+                        crate::guard::give_back(&back, &back_req.grant(g.token)).await;
+                    }
+                });
+            });
         PendingGrant {
-            rx,
-            req,
-            keeper: client.keeper_tx.clone(),
-            done: false,
+            inner: Finish::new(fut, on_drop),
+            // Dropped after `inner` (field order): the wait sees the cancellation when the
+            // background task polls it next.
             _cancel: cancel.drop_guard(),
         }
     }
@@ -353,26 +354,6 @@ impl Future for PendingGrant {
     type Output = GrantResult;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<GrantResult> {
-        let r = std::task::ready!(Pin::new(&mut self.rx).poll(cx));
-        self.done = true;
-        Poll::Ready(
-            r.unwrap_or_else(|_| Err(Error::Runtime("the acquire task ended unexpectedly".into()))),
-        )
-    }
-}
-
-impl Drop for PendingGrant {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        // Closing first means the task's send either landed before (we read it here) or fails
-        // (the task gives the grant back itself): there is no window where a grant is lost.
-        self.rx.close();
-        if let Ok(Ok(Some(g))) = self.rx.try_recv() {
-            let _ = self
-                .keeper
-                .send(KeeperMsg::GiveBack(self.req.grant(g.token)));
-        }
+        Pin::new(&mut self.inner).poll(cx)
     }
 }

@@ -560,3 +560,52 @@ async fn wait_replicas_confirms_handoffs() {
     let info = plain.inspect(&name).await.expect("inspect");
     assert!(!info.held(), "{info:?}");
 }
+
+/// The per-operation path runs in the caller's task (no spawned task per acquire or release):
+/// a release or an acquisition whose future is dropped half-way (its request sent) or before
+/// its first poll is still finished in the background. Nothing stays held for the 20 s lease,
+/// and the dropped release's hold leaves the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_operation_futures_leave_nothing_held() {
+    let server = RedisServer::start().expect("redis");
+    let [h, _, r] = trio(&server).await;
+    for step in 0..5 {
+        let name = unique_name("dropfut");
+        let what = format!("step {step}");
+        match step {
+            // A release polled once (its request went out), then dropped.
+            0 => {
+                let g = try_lock(&h, &name).await.expect("free");
+                let _ = tokio::time::timeout(Duration::ZERO, g.release()).await;
+            }
+            // A release never polled.
+            1 => {
+                let g = try_lock(&h, &name).await.expect("free");
+                drop(g.release());
+            }
+            // A try_acquire polled once, then dropped: a grant it got is given back.
+            2 => {
+                let lock = h.lock(&name).expect("lock");
+                let _ = tokio::time::timeout(Duration::ZERO, lock.try_acquire()).await;
+            }
+            // An acquire polled once, then dropped.
+            3 => {
+                let lock = h.lock(&name).expect("lock");
+                let _ = tokio::time::timeout(Duration::ZERO, lock.acquire()).await;
+            }
+            // An acquire dropped while it waits in the queue; the holder's release hands the
+            // lock over to it at once, so the give-back is what frees it.
+            _ => {
+                let holder = try_lock(&r, &name).await.expect("free");
+                let lock = h.lock(&name).expect("lock");
+                let wait = tokio::spawn(async move { lock.acquire().await.map(drop) });
+                wait_for_waiters(&r, &name, LockKind::Mutex, 1).await;
+                wait.abort();
+                let _ = wait.await;
+                released(holder).await;
+            }
+        }
+        drop(comes_free(&r, &name).await);
+        poll_until(&what, async || h.held_count(), |n| *n == 0).await;
+    }
+}
