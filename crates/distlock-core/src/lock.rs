@@ -287,11 +287,14 @@ enum Mode {
 
 type GrantResult = Result<Option<Granted>>;
 
+/// What a dropped acquisition does with the rest of its future.
+type OnDrop = Box<dyn FnOnce(Option<BoxFuture<GrantResult>>) + Send>;
+
 /// An acquisition, run in the caller's task, that dropping the caller's future cannot strand:
 /// a drop cancels the wait and hands the rest to a background task that gives back any grant
 /// it gets (in flight as the future was dropped, or granted as the wait was cancelled).
 struct PendingGrant {
-    inner: Finish<GrantResult, Box<dyn FnOnce(Option<BoxFuture<GrantResult>>) + Send>>,
+    inner: Finish<GrantResult, OnDrop>,
     _cancel: tokio_util::sync::DropGuard,
 }
 
@@ -330,17 +333,16 @@ impl PendingGrant {
             }
             res
         });
-        let on_drop: Box<dyn FnOnce(Option<BoxFuture<GrantResult>>) + Send> =
-            Box::new(move |rest| {
-                // Never polled: no request was sent, nothing to give back.
-                let Some(rest) = rest else { return };
-                spawn_or_drop(async move {
-                    // Nobody is waiting for this grant any more.
-                    if let Ok(Some(g)) = rest.await {
-                        crate::guard::give_back(&back, &back_req.grant(g.token)).await;
-                    }
-                });
+        let on_drop: OnDrop = Box::new(move |rest| {
+            // Never polled: no request was sent, nothing to give back.
+            let Some(rest) = rest else { return };
+            spawn_or_drop(async move {
+                // Nobody is waiting for this grant any more.
+                if let Ok(Some(g)) = rest.await {
+                    crate::guard::give_back(&back, &back_req.grant(g.token)).await;
+                }
             });
+        });
         PendingGrant {
             inner: Finish::new(fut, on_drop),
             // Dropped after `inner` (field order): the wait sees the cancellation when the
