@@ -9,13 +9,21 @@ use std::time::Duration;
 use crate::process::{Ready, ServerProcess, ServerSpec};
 use crate::spawn::{find_on_path, is_executable, run, run_setup};
 use crate::template::{prepared_dir, version_of, DATABASE, PASSWORD, USER};
-use crate::{Error, Result};
+use crate::{Error, Result, TestCerts};
 
 /// Environment variable naming the `mariadbd` (or `mysqld`) binary to run: a name looked up
 /// on `PATH` or a path. Unset: `mariadbd` from `PATH`, then `/usr/sbin`.
 pub const MARIADB_SERVER_ENV: &str = "DLOCK_MARIADB_SERVER";
 
 const PACKAGE: &str = "mariadb-server";
+/// The subdirectory of a TLS server's dir holding its copies of the CA, certificate and key.
+const TLS_DIR: &str = "tls";
+/// The login of a TLS server that must connect over TLS (`REQUIRE SSL`).
+const SSL_USER: &str = "dlock_ssl";
+/// The login of a TLS server that must show a client certificate signed by the test CA
+/// (`REQUIRE X509`).
+const X509_USER: &str = "dlock_x509";
+
 /// A MariaDB server on a free `127.0.0.1` port, in its own temp dir, with a unix socket there.
 ///
 /// Made for speed: no binary log, a 16 MB buffer pool, small redo log, commits written but
@@ -27,10 +35,13 @@ const PACKAGE: &str = "mariadb-server";
 ///
 /// [`restart`](Self::restart) keeps the data (InnoDB recovers). Killed and its dir removed
 /// on drop.
+///
+/// [`start_tls`](Self::start_tls) starts one with TLS on.
 #[derive(Debug)]
 pub struct MariaDbServer {
     bins: MyBins,
     process: ServerProcess,
+    tls: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -46,6 +57,28 @@ impl MariaDbServer {
     /// Returns [`Error::BinaryMissing`] (naming the Debian package `mariadb-server`) if the
     /// binaries cannot be found.
     pub fn start() -> Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// Like [`start`](Self::start), with TLS on: the server presents `certs`' server
+    /// certificate (valid for `127.0.0.1` and `localhost`, signed by
+    /// [`certs.ca()`](TestCerts::ca)), checks client certificates against that CA, and
+    /// refuses unencrypted TCP connections (`require_secure_transport`; root's unix socket
+    /// still works). Besides [`user`](Self::user) it has two logins with the same password
+    /// and privileges: [`ssl_user`](Self::ssl_user) (`REQUIRE SSL`) and [`x509_user`](Self::x509_user)
+    /// (`REQUIRE X509`: a client certificate signed by the CA, e.g.
+    /// [`certs.client("dlock_x509")`](TestCerts::client)).
+    ///
+    /// The server keeps copies of the files in its dir ([`tls_ca`](Self::tls_ca) is the
+    /// CA's), so `certs` may be dropped.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_tls(certs: &TestCerts) -> Result<Self> {
+        Self::start_with(Some(certs))
+    }
+
+    fn start_with(certs: Option<&TestCerts>) -> Result<Self> {
         let bins = find_bins()?;
         let parts = [
             bins.server.display().to_string(),
@@ -54,12 +87,51 @@ impl MariaDbServer {
         ];
         let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
         let dir = prepared_dir("dlock-mariadb", &parts, None, |d| fresh_datadir(&bins, d))?;
+        if let Some(certs) = certs {
+            let tls = dir.path().join(TLS_DIR);
+            std::fs::create_dir_all(&tls)?;
+            std::fs::copy(certs.ca(), tls.join("ca.pem"))?;
+            std::fs::copy(certs.cert(), tls.join("server.pem"))?;
+            std::fs::copy(certs.key(), tls.join("server.key"))?;
+        }
+        let tls = certs.is_some();
         let server = MariaDbServer {
-            process: ServerProcess::start(spec(&bins), dir)?,
+            process: ServerProcess::start(spec(&bins, tls), dir)?,
             bins,
+            tls,
         };
         server.sql(&format!("USE {DATABASE}; SELECT 1"))?;
+        if tls {
+            let mut sql = String::new();
+            for (user, require) in [(SSL_USER, "SSL"), (X509_USER, "X509")] {
+                sql.push_str(&format!(
+                    "CREATE USER IF NOT EXISTS '{user}'@'%' IDENTIFIED BY '{PASSWORD}' \
+                     REQUIRE {require}; \
+                     GRANT ALL PRIVILEGES ON {DATABASE}.* TO '{user}'@'%'; "
+                ));
+            }
+            server.sql(&sql)?;
+        }
         Ok(server)
+    }
+
+    /// A login of a [`start_tls`](Self::start_tls) server that must connect over TLS
+    /// (`REQUIRE SSL`), with [`password`](Self::password).
+    pub fn ssl_user(&self) -> &'static str {
+        SSL_USER
+    }
+
+    /// A login of a [`start_tls`](Self::start_tls) server that must present a client
+    /// certificate signed by the test CA (`REQUIRE X509`), with [`password`](Self::password).
+    pub fn x509_user(&self) -> &'static str {
+        X509_USER
+    }
+
+    /// The copy of the test CA's certificate a server of [`start_tls`](Self::start_tls)
+    /// trusts and whose server certificate it signed (it lives as long as the server);
+    /// `None` for a server without TLS.
+    pub fn tls_ca(&self) -> Option<PathBuf> {
+        self.tls.then(|| self.dir().join(TLS_DIR).join("ca.pem"))
     }
 
     crate::process::process_methods!();
@@ -82,7 +154,7 @@ impl MariaDbServer {
 /// database, then a clean shutdown.
 fn fresh_datadir(bins: &MyBins, dir: &Path) -> Result<()> {
     install_db(bins, dir)?;
-    let server = ServerProcess::start_in(spec(bins), dir)?;
+    let server = ServerProcess::start_in(spec(bins, false), dir)?;
     let r = client_sql(
         bins,
         &dir.join("mysqld.sock"),
@@ -168,8 +240,9 @@ fn install_db(bins: &MyBins, dir: &Path) -> Result<()> {
 
 /// `mariadbd` in `dir/data` on a port and on the socket `dir/mysqld.sock`, ready once root
 /// gets an answer on the socket (which lives in our dir, so whoever answers is our child) and
-/// the TCP port accepts connections.
-fn spec(bins: &MyBins) -> ServerSpec {
+/// the TCP port accepts connections. With `tls`, TLS on with the files in `dir/tls` and
+/// unencrypted TCP refused.
+fn spec(bins: &MyBins, tls: bool) -> ServerSpec {
     let server = bins.server.clone();
     let probe_bins = bins.clone();
     ServerSpec::new("mariadbd", PACKAGE, move |dir, port| {
@@ -188,6 +261,13 @@ fn spec(bins: &MyBins) -> ServerSpec {
                 "--performance-schema=OFF",
                 "--skip-host-cache",
             ]);
+        if tls {
+            let f = |name: &str| dir.join(TLS_DIR).join(name).display().to_string();
+            cmd.arg(format!("--ssl-ca={}", f("ca.pem")))
+                .arg(format!("--ssl-cert={}", f("server.pem")))
+                .arg(format!("--ssl-key={}", f("server.key")))
+                .arg("--require-secure-transport=ON");
+        }
         cmd
     })
     .ready(move |c| {
@@ -228,6 +308,31 @@ fn client_sql(bins: &MyBins, socket: &Path, sql: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_server_has_ssl_on_and_refuses_plain_tcp() {
+        let certs = TestCerts::generate().expect("certs");
+        let db = match MariaDbServer::start_tls(&certs) {
+            Ok(db) => db,
+            Err(Error::BinaryMissing { .. }) => return,
+            Err(e) => panic!("{e}"),
+        };
+        drop(certs);
+        let ca = db.tls_ca().expect("the CA's copy");
+        assert!(ca.exists(), "{}", ca.display());
+        assert_eq!(
+            db.sql("SELECT @@have_ssl, @@require_secure_transport")
+                .expect("sql"),
+            "YES\t1"
+        );
+        let users = db
+            .sql("SELECT user, ssl_type FROM mysql.user WHERE user LIKE 'dlock%' ORDER BY user")
+            .expect("users");
+        assert_eq!(
+            users, "dlock\t\ndlock_ssl\tANY\ndlock_x509\tX509",
+            "{users}"
+        );
+    }
 
     crate::template::durable_sql_server_test!(
         MariaDbServer,
