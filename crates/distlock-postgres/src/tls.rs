@@ -742,11 +742,75 @@ mod imp {
     }
 
     impl tokio_postgres::tls::TlsStream for Stream {
-        /// No `tls-server-end-point` binding: SCRAM runs without channel binding
-        /// (`channel_binding=require` is refused by the driver).
+        /// SCRAM's `tls-server-end-point` binding (RFC 5929): the hash of the server's
+        /// certificate, so a SCRAM login cannot be relayed through a machine in the middle even
+        /// when the certificate is not checked (`require`). None for a certificate signed with
+        /// an algorithm without a defined hash (Ed25519, RSA-PSS): SCRAM then runs unbound.
         fn channel_binding(&self) -> ChannelBinding {
-            ChannelBinding::none()
+            let cert = self
+                .0
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first());
+            match cert.and_then(|c| server_end_point(c)) {
+                Some(hash) => ChannelBinding::tls_server_end_point(hash),
+                None => ChannelBinding::none(),
+            }
         }
+    }
+
+    /// The `tls-server-end-point` of a DER certificate: its hash with the hash function of its
+    /// signature algorithm, SHA-256 for MD5 and SHA-1 (RFC 5929, section 4.1).
+    pub(super) fn server_end_point(cert: &[u8]) -> Option<Vec<u8>> {
+        use sha2::Digest;
+        // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE, signatureAlgorithm SEQUENCE
+        // { algorithm OBJECT IDENTIFIER, … }, … }
+        let (body, _) = der(cert, 0x30)?;
+        let (_, rest) = der(body, 0x30)?;
+        let (algorithm, _) = der(rest, 0x30)?;
+        let (oid, _) = der(algorithm, 0x06)?;
+        const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
+        const ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04];
+        let bits = match oid {
+            // md5, sha1, sha256, sha384, sha512 WithRSAEncryption
+            [p @ .., 0x04 | 0x05 | 0x0b] if p == RSA => 256,
+            [p @ .., 0x0c] if p == RSA => 384,
+            [p @ .., 0x0d] if p == RSA => 512,
+            // ecdsa-with-SHA1, ecdsa-with-SHA256/384/512
+            [p @ .., 0x01] if p == ECDSA => 256,
+            [p @ .., 0x03, 0x02] if p == ECDSA => 256,
+            [p @ .., 0x03, 0x03] if p == ECDSA => 384,
+            [p @ .., 0x03, 0x04] if p == ECDSA => 512,
+            _ => return None,
+        };
+        Some(match bits {
+            256 => sha2::Sha256::digest(cert).to_vec(),
+            384 => sha2::Sha384::digest(cert).to_vec(),
+            _ => sha2::Sha512::digest(cert).to_vec(),
+        })
+    }
+
+    /// The content of the DER element with `tag` at the start of `input`, and what follows it.
+    fn der(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+        let (&t, rest) = input.split_first()?;
+        let (&first, rest) = rest.split_first()?;
+        if t != tag {
+            return None;
+        }
+        let (len, rest) = match first {
+            n if n < 0x80 => (usize::from(n), rest),
+            n => {
+                let count = usize::from(n & 0x7f);
+                if count == 0 || count > 4 || rest.len() < count {
+                    return None;
+                }
+                let (bytes, rest) = rest.split_at(count);
+                let len = bytes.iter().fold(0usize, |a, &b| (a << 8) | usize::from(b));
+                (len, rest)
+            }
+        };
+        (rest.len() >= len).then(|| rest.split_at(len))
     }
 }
 

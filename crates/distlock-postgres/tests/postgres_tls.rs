@@ -157,6 +157,18 @@ async fn verify_modes_check_the_chain_and_the_name() {
     assert!(e.to_string().contains("`db.wrong.example`"), "{e}");
     let u = url(&server, pw, "db.wrong.example", &q("verify-ca"));
     works(PostgresBackend::connect(&u, &opts()).await).await;
+    // The system's roots do not know the throwaway CA (or the machine has none to offer).
+    let e = fails(&url(
+        &server,
+        pw,
+        "127.0.0.1",
+        "sslmode=verify-full&sslrootcert=system",
+    ))
+    .await;
+    match &e {
+        Error::InvalidArgument(m) => assert!(m.contains("sslrootcert=system"), "{m}"),
+        _ => assert_eq!(tls_error(&e).kind(), TlsErrorKind::Untrusted, "{e}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -421,4 +433,29 @@ async fn no_error_shows_the_password() {
         eprintln!("{what}: {e}");
     }
     std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+/// SCRAM with `channel_binding=require`: the driver insists on SCRAM-SHA-256-PLUS with the
+/// `tls-server-end-point` binding this crate computes, and the server checks it against its own
+/// certificate, so a login that works shows the binding is right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_channel_binding() {
+    let certs = TestCerts::generate().expect("certs");
+    let server = PostgresServer::start_tls(&certs).expect("start postgres");
+    server
+        .sql(&format!(
+            "SET password_encryption = 'scram-sha-256'; ALTER ROLE {} PASSWORD '{}'",
+            server.user(),
+            server.password()
+        ))
+        .expect("a SCRAM password");
+    let pw = Some(server.password());
+    let ca = ca(&server);
+    for query in [
+        "sslmode=require&channel_binding=require".to_owned(),
+        format!("sslmode=verify-full&sslrootcert={ca}&channel_binding=require"),
+    ] {
+        let u = url(&server, pw, "127.0.0.1", &query);
+        works(PostgresBackend::connect(&u, &opts()).await).await;
+    }
 }
