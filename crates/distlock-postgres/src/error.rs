@@ -20,10 +20,18 @@ pub(crate) fn map(endpoint: &str, e: tokio_postgres::Error) -> Error {
     let text = format!("{} (SQLSTATE {})", db.message(), code.code());
     if *code == SqlState::INVALID_PASSWORD || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
     {
+        // pg_hba.conf has only `hostssl` lines for this login.
+        let message = match db.message().ends_with("no encryption") {
+            true => format!(
+                "{text}; the server takes this login over TLS only: use sslmode=require or \
+                 stricter"
+            ),
+            false => text,
+        };
         return Error::Auth {
             backend: KIND,
             endpoint: endpoint.to_owned(),
-            message: text,
+            message,
         };
     }
     if *code == SqlState::INSUFFICIENT_PRIVILEGE {

@@ -91,7 +91,11 @@ async fn require_and_prefer_encrypt_against_a_tls_server() {
     // The server refuses unencrypted TCP: disable fails, and says where.
     let e = fails(&url(&server, pw, "127.0.0.1", "sslmode=disable")).await;
     assert!(matches!(e, Error::Auth { .. }), "{e}");
-    assert!(e.to_string().contains("no encryption"), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("no encryption") && text.contains("sslmode=require"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -414,6 +418,17 @@ async fn no_error_shows_the_password() {
             )),
         ),
     ];
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(down)
+        .user("dlock")
+        .dbname("dlock")
+        .password(SECRET);
+    cases.push((
+        "server down, password in the application's config",
+        PostgresBackend::with_config(config, TlsOptions::new(SslMode::Require)),
+    ));
     for (what, builder) in cases.drain(..) {
         let shown = format!("{builder:?}");
         assert!(!shown.contains(SECRET), "{what}: builder Debug {shown}");
