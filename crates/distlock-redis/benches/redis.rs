@@ -7,10 +7,12 @@
 //!   waiter's grant;
 //! - contended: 32 clients on one name, critical sections per second, acquire wait p50/p99.
 //!
-//! Each phase also prints the server time per operation (`INFO commandstats`, summed over
-//! every command, after a `CONFIG RESETSTAT`) and this process's CPU time per operation
+//! Each phase also prints the server time per operation (`INFO commandstats` after a
+//! `CONFIG RESETSTAT`: the time of the commands the client sends, EVALSHA including the calls
+//! of its script; the count includes those calls) and this process's CPU time per operation
 //! (user and system, from `/proc/self/stat`; the server is another process). For syscalls
-//! per operation run the binary under `strace -c -f`.
+//! per operation run the binary under `strace -c -f` with `--uncontended` (only the
+//! uncontended phases).
 
 use distlock_core::{Client, ClientOptions};
 use distlock_redis::RedisBackend;
@@ -87,7 +89,17 @@ impl<'a> Phase<'a> {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0.0)
             };
-            usec += field("usec");
+            if name == "evalsha" {
+                detail.push(format!("evalsha {:.1} us/call", field("usec_per_call")));
+            }
+            // Commands the scripts call are counted both on their own and inside EVALSHA's
+            // time: sum the client's own commands only.
+            if matches!(
+                name,
+                "evalsha" | "ping" | "subscribe" | "unsubscribe" | "wait"
+            ) {
+                usec += field("usec");
+            }
             calls += field("calls");
             detail.push(format!("{name} {:.2}", field("calls") / ops as f64));
         }
@@ -205,6 +217,11 @@ async fn main() {
         pair_srv / ping_srv.max(0.01),
         pair_cpu / ping_cpu.max(0.01)
     );
+
+    if std::env::args().any(|a| a == "--uncontended") {
+        // Only the phases above (e.g. for `strace -c -f`).
+        return;
+    }
 
     // Handoff: holder releases while a waiter (own client) waits.
     let (w, _) = client(&url).await;

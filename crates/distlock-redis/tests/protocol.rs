@@ -609,3 +609,102 @@ async fn dropped_operation_futures_leave_nothing_held() {
         poll_until(&what, async || h.held_count(), |n| *n == 0).await;
     }
 }
+
+/// The release script publishes only to the attempt it hands the lock to, and nothing with
+/// nobody queued. A waiter is queued by its first attempt, before it subscribes: a release in
+/// between hands it the lock with a message nobody hears. The waiter's next attempt (the one
+/// right after it subscribed) must find the handoff; and once subscribed, the handoff message
+/// itself must reach it. A release with no waiter queued publishes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_between_queueing_and_subscribing_is_not_lost() {
+    let server = RedisServer::start().expect("redis");
+    let opts = long_opts();
+    let a = RedisBackend::connect(&server.url(), &opts)
+        .await
+        .expect("connect");
+    let b = RedisBackend::connect(&server.url(), &opts)
+        .await
+        .expect("connect");
+    let publishes = || {
+        let stats = server
+            .command(&["INFO", "commandstats"])
+            .expect("commandstats");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_publish:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let name = unique_name("race");
+    let lease = Duration::from_secs(20);
+    let request = |owner: &str, wait: bool| {
+        let mut r = AcquireRequest::new(
+            HoldKey::new(name.as_str(), owner, LockKind::Mutex),
+            lease,
+            LostSignal::new(),
+        );
+        r.waiter_ttl = wait.then_some(Duration::from_secs(2));
+        r
+    };
+    let granted = |reply: AcquireReply| match reply {
+        AcquireReply::Granted { token } => token,
+        other => panic!("not granted: {other:?}"),
+    };
+
+    // Nobody queued: a release publishes nothing.
+    let h = request("holder", false);
+    let t1 = granted(a.acquire(&h).await.expect("acquire"));
+    server.command(&["CONFIG", "RESETSTAT"]).expect("resetstat");
+    assert_eq!(
+        a.release(&h.grant(t1)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(publishes(), 0, "a release with nobody queued published");
+
+    // Queued, not yet subscribed: the release hands over, its message is lost.
+    let h = request("holder", false);
+    let t2 = granted(a.acquire(&h).await.expect("acquire"));
+    let w = request("waiter", true);
+    assert!(matches!(
+        b.acquire(&w).await.expect("queue"),
+        AcquireReply::Held { .. }
+    ));
+    assert_eq!(
+        a.release(&h.grant(t2)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let _watch = b.watch(&w).await.expect("watch");
+    // The attempt after subscribing finds the lock already handed to it.
+    let t3 = granted(b.acquire(&w).await.expect("retry"));
+    assert!(t3 > t2, "handoff token {t3} not above {t2}");
+    let info = b.inspect(&name, LockKind::Mutex).await.expect("inspect");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].owner, "waiter", "{info:?}");
+
+    // Subscribed first: the handoff message names this attempt and carries its token.
+    let w2 = request("second", true);
+    assert!(matches!(
+        a.acquire(&w2).await.expect("queue"),
+        AcquireReply::Held { .. }
+    ));
+    let mut watch = a.watch(&w2).await.expect("watch");
+    assert_eq!(
+        b.release(&w.grant(t3)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let wake = tokio::time::timeout(EVENTUALLY, watch.changed())
+        .await
+        .expect("no handoff message")
+        .expect("watch");
+    let t4 = match wake {
+        distlock_core::backend::Wake::HandedOver { token } => token,
+        other => panic!("expected a handoff, got {other:?}"),
+    };
+    assert!(t4 > t3);
+    // Its next attempt confirms the same grant (a retry has the effect of one).
+    assert_eq!(granted(a.acquire(&w2).await.expect("confirm")), t4);
+    assert_eq!(
+        a.release(&w2.grant(t4)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
