@@ -540,11 +540,80 @@ pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
     };
     let local_ms = (ms(before) + ms(after)) / 2;
     let mut out = vec![version_finding(num, &version, mode)];
+    out.push(tls_finding(b).await);
     out.push(pooler_finding(b, mode).await);
     out.push(timeout_finding(b, mode, num).await);
     out.push(replication_finding(recovery, standbys, sync, &commit));
     out.push(clock_finding(server_ms - local_ms));
     Ok(out)
+}
+
+/// Whether the control connection is encrypted and what was checked: a warning for a server
+/// off this machine reached in clear text or without checking its certificate.
+async fn tls_finding(b: &PostgresBackend) -> Finding {
+    use tokio_postgres::config::Host;
+    let config = &b.common.config;
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        _ => return Finding::new(Severity::Ok, "tls", "unix socket: no TLS needed"),
+    };
+    let loopback = host == "localhost"
+        || config
+            .get_hostaddrs()
+            .first()
+            .copied()
+            .or_else(|| host.parse().ok())
+            .is_some_and(|a: std::net::IpAddr| a.is_loopback());
+    let row = b
+        .common
+        .query(
+            "reading pg_stat_ssl",
+            "SELECT coalesce((SELECT ssl::text || ' ' || coalesce(version, '') FROM pg_stat_ssl \
+             WHERE pid = pg_backend_pid()), 'unknown')",
+            &[],
+        )
+        .await;
+    let seen: String = match row.as_ref().ok().and_then(|r| r.first()) {
+        Some(r) => r.try_get(0).unwrap_or_else(|_| "unknown".into()),
+        None => "unknown".into(),
+    };
+    let mode = b.common.tls.mode();
+    let checks = b.common.tls.checks();
+    match seen.split_once(' ') {
+        Some(("true", version)) => {
+            let text = format!("encrypted ({version}), sslmode={mode}: {checks}");
+            match (checks, loopback) {
+                ("certificate not checked", false) => Finding::new(
+                    Severity::Warning,
+                    "tls",
+                    format!(
+                        "{text}: a machine in the middle can read and change the traffic; use \
+                         sslmode=verify-full with sslrootcert"
+                    ),
+                ),
+                _ => Finding::new(Severity::Ok, "tls", text),
+            }
+        }
+        Some(("false", _)) if !loopback => Finding::new(
+            Severity::Warning,
+            "tls",
+            format!(
+                "not encrypted (sslmode={mode}) to {host}, off this machine: lock names, tokens \
+                 and an md5 password exchange travel in clear; turn on ssl in the server and use \
+                 sslmode=verify-full"
+            ),
+        ),
+        Some(("false", _)) => Finding::new(
+            Severity::Ok,
+            "tls",
+            format!("not encrypted (sslmode={mode}), to this machine"),
+        ),
+        _ => Finding::new(
+            Severity::Ok,
+            "tls",
+            format!("sslmode={mode}; the server does not say whether this session is encrypted"),
+        ),
+    }
 }
 
 /// What the probe connection saw of the server session behind it.

@@ -327,6 +327,20 @@ impl Context {
 }
 
 impl Tls {
+    /// The mode.
+    pub(crate) fn mode(&self) -> SslMode {
+        self.context.mode
+    }
+
+    /// What of the server's certificate is checked, in words.
+    pub(crate) fn checks(&self) -> &'static str {
+        match (self.context.mode, &self.context.root) {
+            (SslMode::VerifyFull, _) => "certificate chain and host name checked",
+            (SslMode::Disable, _) | (_, None) => "certificate not checked",
+            (_, Some(_)) => "certificate chain checked, host name not",
+        }
+    }
+
     /// What a driver error of connecting says about TLS, if it is about TLS.
     pub(crate) fn explain(&self, e: &tokio_postgres::Error) -> Option<TlsError> {
         let mut source = std::error::Error::source(e);

@@ -339,6 +339,7 @@ async fn doctor_passes(pg: &Pg) {
     eprintln!("{f:#?}");
     for name in [
         "version",
+        "tls",
         "pooler",
         "session-timeout",
         "replication",

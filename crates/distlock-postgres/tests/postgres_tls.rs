@@ -474,3 +474,33 @@ async fn scram_channel_binding() {
         works(PostgresBackend::connect(&u, &opts()).await).await;
     }
 }
+
+/// `dlock doctor`'s `tls` check says whether the session is encrypted and what was checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_tls() {
+    let server = tls_server();
+    let pw = Some(server.password());
+    let ca = ca(&server);
+    for (query, says) in [
+        (
+            format!("sslmode=verify-full&sslrootcert={ca}"),
+            "sslmode=verify-full: certificate chain and host name checked",
+        ),
+        (
+            "sslmode=require".to_owned(),
+            "sslmode=require: certificate not checked",
+        ),
+    ] {
+        let b = PostgresBackend::connect(&url(&server, pw, "127.0.0.1", &query), &opts())
+            .await
+            .expect("connect");
+        let c = Client::new(Arc::new(b), opts()).expect("client");
+        let f = c.diagnose().await.expect("diagnose");
+        let tls = f.iter().find(|x| x.check == "tls").expect("a tls finding");
+        assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");
+        assert!(
+            tls.message.starts_with("encrypted (TLSv1.") && tls.message.contains(says),
+            "{tls:?}"
+        );
+    }
+}
