@@ -9,6 +9,7 @@ use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{Conn, Row};
 use sha2::{Digest, Sha256};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Idle connections kept for control statements and the next holder.
@@ -21,8 +22,19 @@ pub(crate) enum Call<T> {
     Timeout,
 }
 
-pub(crate) struct Common {
+/// How connections are opened: the driver's options, and for `ssl-mode=PREFERRED` the same
+/// without TLS for a server that has none.
+pub(crate) struct Connector {
     pub(crate) opts: mysql_async::Opts,
+    pub(crate) plain_fallback: Option<mysql_async::Opts>,
+    pub(crate) tls: crate::tls::Context,
+    pub(crate) client_cert: bool,
+}
+
+pub(crate) struct Common {
+    connector: Connector,
+    /// `PREFERRED` found the server without TLS: open unencrypted from now on.
+    plain_only: AtomicBool,
     pub(crate) endpoint: String,
     pub(crate) namespace: String,
     pub(crate) connect_timeout: Duration,
@@ -32,14 +44,15 @@ pub(crate) struct Common {
 
 impl Common {
     pub(crate) fn new(
-        opts: mysql_async::Opts,
+        connector: Connector,
         endpoint: String,
         namespace: String,
         connect_timeout: Duration,
         op_timeout: Duration,
     ) -> Self {
         Common {
-            opts,
+            connector,
+            plain_only: AtomicBool::new(false),
             endpoint,
             namespace,
             connect_timeout,
@@ -50,10 +63,64 @@ impl Common {
 
     /// Opens a new connection.
     pub(crate) async fn open(&self) -> Result<Conn> {
-        tokio::time::timeout(self.connect_timeout, Conn::new(self.opts.clone()))
+        tokio::time::timeout(self.connect_timeout, self.open_now())
             .await
             .map_err(|_| timeout(&self.endpoint, "connecting", self.connect_timeout))?
-            .map_err(|e| map(&self.endpoint, e))
+    }
+
+    async fn open_now(&self) -> Result<Conn> {
+        let c = &self.connector;
+        if let Some(plain) = &c.plain_fallback {
+            if self.plain_only.load(Ordering::Relaxed) {
+                return Conn::new(plain.clone())
+                    .await
+                    .map_err(|e| self.open_error(e));
+            }
+        }
+        match Conn::new(c.opts.clone()).await {
+            Ok(conn) => Ok(conn),
+            Err(mysql_async::Error::Driver(
+                mysql_async::DriverError::NoClientSslFlagFromServer,
+            )) if c.plain_fallback.is_some() => {
+                tracing::info!(
+                    endpoint = %self.endpoint,
+                    "the server has no TLS: ssl-mode=PREFERRED goes on unencrypted"
+                );
+                self.plain_only.store(true, Ordering::Relaxed);
+                let plain = c.plain_fallback.clone().unwrap_or_else(|| c.opts.clone());
+                Conn::new(plain).await.map_err(|e| self.open_error(e))
+            }
+            Err(e) => Err(self.open_error(e)),
+        }
+    }
+
+    /// The error of a failed connect: a [`crate::TlsError`] for TLS failures, a hint about
+    /// accounts that require TLS on refused credentials.
+    fn open_error(&self, e: mysql_async::Error) -> distlock_core::Error {
+        if let Some(t) = self.connector.tls.explain(&e) {
+            return distlock_core::Error::Connection {
+                backend: KIND,
+                endpoint: self.endpoint.clone(),
+                source: Box::new(t),
+            };
+        }
+        match map(&self.endpoint, e) {
+            distlock_core::Error::Auth {
+                backend,
+                endpoint,
+                message,
+            } if !self.connector.client_cert && !message.contains("ssl-mode") => {
+                distlock_core::Error::Auth {
+                    backend,
+                    endpoint,
+                    message: format!(
+                        "{message}; an account that REQUIREs SSL needs ssl-mode=REQUIRED or \
+                         stricter, one that REQUIREs X509 also ssl-cert=PATH&ssl-key=PATH"
+                    ),
+                }
+            }
+            other => other,
+        }
     }
 
     /// An idle connection, or a new one.

@@ -37,6 +37,15 @@ pub(crate) fn map(endpoint: &str, e: MyError) -> Error {
                     endpoint: endpoint.to_owned(),
                     message: text,
                 },
+                // ER_SECURE_TRANSPORT_REQUIRED (require_secure_transport=ON)
+                3159 => Error::Auth {
+                    backend: KIND,
+                    endpoint: endpoint.to_owned(),
+                    message: format!(
+                        "{text}; the server takes TLS connections only: use ssl-mode=REQUIRED \
+                         or stricter"
+                    ),
+                },
                 // ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR, ER_SPECIFIC_ACCESS_DENIED_ERROR
                 1142 | 1143 | 1227 => Error::Auth {
                     backend: KIND,

@@ -6,14 +6,37 @@ mod error;
 mod ops;
 mod session;
 mod table;
+mod tls;
 
 pub use common::lock_key;
+pub use tls::{SslMode, TlsError, TlsErrorKind, TlsOptions};
 
-use crate::common::Common;
+use crate::common::{Common, Connector};
 use crate::error::KIND;
-use distlock_core::conn::ConnectionString;
-use distlock_core::{AcquireRequest, ClientOptions, ReleaseWatch, Result};
+use distlock_core::conn::{ConnectionString, Password};
+use distlock_core::{AcquireRequest, ClientOptions, Error, ReleaseWatch, Result};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The environment variable holding the password when neither the code, the URL nor a
+/// password file gives one (the mysql client's).
+pub const PASSWORD_ENV: &str = "MYSQL_PWD";
+
+/// The URL parameters dlock reads itself (the driver gets the others).
+const OUR_PARAMS: &[&str] = &[
+    "mode",
+    "namespace",
+    "ssl-mode",
+    "ssl_mode",
+    "ssl-ca",
+    "ssl_ca",
+    "ssl-cert",
+    "ssl_cert",
+    "ssl-key",
+    "ssl_key",
+    "password-file",
+    "password_file",
+];
 
 /// How locks are kept on the server (`?mode=` in the URL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,12 +63,25 @@ pub fn redact(url: &str) -> String {
     distlock_core::conn::redact(url)
 }
 
-#[derive(Debug)]
 struct Parsed {
     opts: mysql_async::Opts,
     endpoint: String,
     mode: Mode,
     namespace: Option<String>,
+    tls: TlsOptions,
+    password_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Parsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the driver's options: their Debug shows the password.
+        f.debug_struct("Parsed")
+            .field("endpoint", &self.endpoint)
+            .field("mode", &self.mode)
+            .field("namespace", &self.namespace)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
 }
 
 fn parse_url(url: &str) -> Result<Parsed> {
@@ -66,21 +102,234 @@ fn parse_url(url: &str) -> Result<Parsed> {
         &[("session", Mode::Session), ("table", Mode::Table)],
         "mode=session (GET_LOCK, the default) or mode=table (lock rows, for clusters)",
     )?;
+    for theirs in [
+        "require_ssl",
+        "verify_ca",
+        "verify_identity",
+        "built_in_roots",
+    ] {
+        if cs.param(theirs).is_some() {
+            return Err(cs.invalid(format!(
+                "{theirs}= is not read here; use ssl-mode=DISABLED|PREFERRED|REQUIRED|VERIFY_CA|\
+                 VERIFY_IDENTITY (with ssl-ca=PATH), as the mysql client does"
+            )));
+        }
+    }
+    let tls = TlsOptions::from_url(&cs)?;
+    let password_file = match cs.param("password-file").or(cs.param("password_file")) {
+        None => None,
+        Some("") => return Err(cs.invalid("password-file= is empty; give a file")),
+        Some(p) => Some(PathBuf::from(p)),
+    };
     let prefer_socket = cs.bool("prefer_socket")?.unwrap_or(false);
-    let driver = distlock_sql::url::driver_url(&cs, &["mode", "namespace"]);
+    let driver = distlock_sql::url::driver_url(&cs, OUR_PARAMS);
     let opts = mysql_async::Opts::from_url(&driver).map_err(|e| cs.invalid(e.to_string()))?;
     let endpoint = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
     let opts: mysql_async::Opts = mysql_async::OptsBuilder::from_opts(opts)
         .prefer_socket(prefer_socket)
-        // Renewals count matched rows, not changed ones.
-        .client_found_rows(true)
         .into();
     Ok(Parsed {
         opts,
         endpoint,
         mode,
         namespace,
+        tls,
+        password_file,
     })
+}
+
+/// The first password found: given in code, in the URL (already in `opts`), in a password
+/// file, in [`PASSWORD_ENV`].
+fn resolve_password(
+    opts: &mysql_async::Opts,
+    given: Option<&Password>,
+    file: Option<&Path>,
+) -> Result<Option<String>> {
+    if let Some(p) = given {
+        return Ok(Some(p.expose().to_owned()));
+    }
+    if let Some(p) = opts.pass() {
+        return Ok(Some(p.to_owned()));
+    }
+    if let Some(f) = file {
+        let text = std::fs::read_to_string(f).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "password file {}: {e}; give a readable file holding the password",
+                f.display()
+            ))
+        })?;
+        let pw = text
+            .strip_suffix('\n')
+            .map(|t| t.strip_suffix('\r').unwrap_or(t))
+            .unwrap_or(&text);
+        return Ok(Some(pw.to_owned()));
+    }
+    Ok(std::env::var(PASSWORD_ENV).ok().filter(|p| !p.is_empty()))
+}
+
+/// Where a builder's connection settings come from.
+enum Source {
+    Url(String),
+    Opts(mysql_async::Opts),
+}
+
+/// Settings beyond the URL: the password from code or a file, TLS in code, the application's
+/// own [`mysql_async::Opts`]. Made by [`MysqlBackend::builder`] or [`MysqlBackend::with_opts`].
+///
+/// Its `Debug` shows no password.
+pub struct MysqlBuilder {
+    source: Source,
+    password: Option<Password>,
+    password_file: Option<PathBuf>,
+    tls: Option<TlsOptions>,
+    mode: Option<Mode>,
+    namespace: Option<String>,
+}
+
+impl std::fmt::Debug for MysqlBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let source = match &self.source {
+            Source::Url(u) => redact(u),
+            Source::Opts(o) => format!(
+                "mysql_async::Opts for {}@{}:{}",
+                o.user().unwrap_or_default(),
+                o.ip_or_hostname(),
+                o.tcp_port()
+            ),
+        };
+        f.debug_struct("MysqlBuilder")
+            .field("source", &source)
+            .field("password", &self.password)
+            .field("password_file", &self.password_file)
+            .field("tls", &self.tls)
+            .field("mode", &self.mode)
+            .field("namespace", &self.namespace)
+            .finish()
+    }
+}
+
+impl MysqlBuilder {
+    fn new(source: Source) -> Self {
+        MysqlBuilder {
+            source,
+            password: None,
+            password_file: None,
+            tls: None,
+            mode: None,
+            namespace: None,
+        }
+    }
+
+    /// The password (wins over the URL's, a password file and [`PASSWORD_ENV`]).
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(Password::new(password));
+        self
+    }
+
+    /// Read the password from the file `path` (its whole content but a final newline), when
+    /// neither [`password`](Self::password) nor the URL gives one. The URL's
+    /// `password-file=PATH` does the same; this wins over it.
+    pub fn password_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.password_file = Some(path.into());
+        self
+    }
+
+    /// TLS settings (instead of the URL's `ssl-mode=`…, or the application's `SslOpts`).
+    pub fn tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The mode (instead of the URL's `mode=`; default [`Mode::Session`]).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// The namespace (instead of the URL's `namespace=` and the client options').
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Connects as [`MysqlBackend::connect`] does.
+    ///
+    /// # Errors
+    /// As [`MysqlBackend::connect`]; also [`Error::InvalidArgument`] for a TLS or password
+    /// file that cannot be read, or TLS settings that do not go together. A TLS failure is an
+    /// `Error::Connection` whose source is a [`TlsError`].
+    ///
+    /// # Cancel safety
+    /// As [`MysqlBackend::connect`].
+    pub async fn connect(self, opts: &ClientOptions) -> Result<MysqlBackend> {
+        let (driver, endpoint, mode, namespace, tls, file) = match self.source {
+            Source::Url(url) => {
+                let p = parse_url(&url)?;
+                (
+                    p.opts,
+                    p.endpoint,
+                    p.mode,
+                    p.namespace,
+                    Some(p.tls),
+                    p.password_file,
+                )
+            }
+            Source::Opts(o) => {
+                let endpoint = format!("{}:{}", o.ip_or_hostname(), o.tcp_port());
+                (o, endpoint, Mode::Session, None, None, None)
+            }
+        };
+        let mode = self.mode.unwrap_or(mode);
+        let namespace = self
+            .namespace
+            .or(namespace)
+            .unwrap_or_else(|| opts.get_namespace().to_owned());
+        let file = self.password_file.or(file);
+        let password = resolve_password(&driver, self.password.as_ref(), file.as_deref())?;
+        // Renewals count matched rows, not changed ones.
+        let base = mysql_async::OptsBuilder::from_opts(driver)
+            .pass(password)
+            .client_found_rows(true);
+        let tls = self.tls.or(tls);
+        let connector = match tls {
+            Some(tls) => {
+                let ssl = tls.ssl_opts(tls.mode())?;
+                let plain_fallback = (tls.mode() == SslMode::Preferred && ssl.is_some())
+                    .then(|| base.clone().ssl_opts(None).into());
+                Connector {
+                    opts: base.ssl_opts(ssl).into(),
+                    plain_fallback,
+                    client_cert: tls.has_client_cert(),
+                    tls: tls.context(),
+                }
+            }
+            // The application's options, its TLS settings as they are.
+            None => {
+                let opts: mysql_async::Opts = base.into();
+                let tls = TlsOptions::new(match opts.ssl_opts() {
+                    Some(_) => SslMode::Required,
+                    None => SslMode::Disabled,
+                });
+                Connector {
+                    client_cert: opts.ssl_opts().is_some_and(has_identity),
+                    opts,
+                    plain_fallback: None,
+                    tls: tls.context(),
+                }
+            }
+        };
+        MysqlBackend::start(connector, endpoint, mode, namespace, opts).await
+    }
+}
+
+#[cfg(feature = "tls")]
+fn has_identity(s: &mysql_async::SslOpts) -> bool {
+    s.client_identity().is_some()
+}
+
+#[cfg(not(feature = "tls"))]
+fn has_identity(_: &mysql_async::SslOpts) -> bool {
+    false
 }
 
 enum Inner {
@@ -108,19 +357,70 @@ impl MysqlBackend {
     /// Cancel safe: dropping the future closes the connections it opened; `CREATE TABLE IF
     /// NOT EXISTS` runs again on the next connect.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
-        let p = parse_url(url)?;
-        let namespace = p
-            .namespace
-            .unwrap_or_else(|| opts.get_namespace().to_owned());
+        Self::builder(url).connect(opts).await
+    }
+
+    /// A builder on `url` for settings the URL should not carry: the password (or a file
+    /// holding it), TLS in code.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> distlock_core::Result<()> {
+    /// use distlock_mysql::{MysqlBackend, SslMode, TlsOptions};
+    ///
+    /// let backend = MysqlBackend::builder("mysql://app@db.internal:3306/locks")
+    ///     .password_file("/run/secrets/db-password")
+    ///     .tls(TlsOptions::new(SslMode::VerifyIdentity).ca("/etc/ssl/db-ca.pem"))
+    ///     .connect(&distlock_core::ClientOptions::default())
+    ///     .await?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    pub fn builder(url: &str) -> MysqlBuilder {
+        MysqlBuilder::new(Source::Url(url.to_owned()))
+    }
+
+    /// A builder on the application's own driver options (the ones it built its
+    /// `mysql_async::Pool` from, say): host, user, password, database, `SslOpts` and the rest
+    /// are used as they are, except `client_found_rows`, which dlock turns on.
+    ///
+    /// dlock opens its own connections with them rather than borrowing the pool's: session
+    /// mode keeps one connection per held lock for the whole hold (the lock lives and dies
+    /// with it) and must close it at once when a reply is late, which a pool's connection
+    /// (returned, reset and reused on drop) does not allow. Count them in the server's
+    /// `max_connections`: one per held lock, plus up to 8 idle ones.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> distlock_core::Result<()> {
+    /// use distlock_mysql::MysqlBackend;
+    ///
+    /// let opts = mysql_async::Opts::from_url("mysql://app:secret@db.internal/locks")
+    ///     .expect("the application's URL");
+    /// let pool = mysql_async::Pool::new(opts.clone()); // the application's pool
+    /// let backend = MysqlBackend::with_opts(opts)
+    ///     .namespace("billing")
+    ///     .connect(&distlock_core::ClientOptions::default())
+    ///     .await?;
+    /// # let _ = (backend, pool); Ok(()) }
+    /// ```
+    pub fn with_opts(opts: mysql_async::Opts) -> MysqlBuilder {
+        MysqlBuilder::new(Source::Opts(opts))
+    }
+
+    async fn start(
+        connector: Connector,
+        endpoint: String,
+        mode: Mode,
+        namespace: String,
+        opts: &ClientOptions,
+    ) -> Result<Self> {
         let common = Arc::new(Common::new(
-            p.opts,
-            p.endpoint,
+            connector,
+            endpoint,
             namespace,
             opts.get_connect_timeout(),
             opts.get_op_timeout(),
         ));
         common.ensure_schema(session::DDL).await?;
-        let inner = match p.mode {
+        let inner = match mode {
             Mode::Session => Inner::Session(session::new_mode(common.clone())),
             Mode::Table => {
                 common.ensure_schema(table::DDL).await?;
@@ -201,7 +501,6 @@ mod tests {
         assert_eq!(p.opts.user(), Some("u"));
         assert_eq!(p.opts.db_name(), Some("db"));
         assert!(!p.opts.prefer_socket());
-        assert!(p.opts.client_found_rows());
         let p = parse_url("mysql://u@h/db?tcp_keepalive=1000").unwrap();
         assert_eq!(p.endpoint, "h:3306");
         assert_eq!(p.mode, Mode::Session);

@@ -16,7 +16,7 @@ distlock_testkit::sql_test_support! {
 
 /// Session mode: kills the holder's connection, as an operator (or a failover) would: the
 /// server frees the lock, and the holder's next renewal finds its connection gone.
-fn kill_holder(server: &MariaDbServer, name: &str) {
+pub fn kill_holder(server: &MariaDbServer, name: &str) {
     let key = distlock_mysql::lock_key("dlock", name);
     let id = server
         .sql(&format!("SELECT IS_USED_LOCK('{key}')"))
@@ -26,7 +26,7 @@ fn kill_holder(server: &MariaDbServer, name: &str) {
 }
 
 /// Table mode: frees the lock row behind the holder's back, as an operator would.
-fn free_lock_row(server: &MariaDbServer, name: &str) {
+pub fn free_lock_row(server: &MariaDbServer, name: &str) {
     let key = distlock_mysql::lock_key("dlock", name);
     let n = server
         .sql(&format!(
@@ -36,4 +36,42 @@ fn free_lock_row(server: &MariaDbServer, name: &str) {
         ))
         .expect("free the lock row");
     assert_eq!(n, "1", "nothing to break");
+}
+
+static TLS_SERVER: std::sync::Mutex<std::sync::Weak<MariaDbServer>> =
+    std::sync::Mutex::new(std::sync::Weak::new());
+
+/// One MariaDB server with TLS on (unencrypted TCP refused) shared by the tests of a test
+/// binary, with a client certificate for its `REQUIRE X509` login in `tls/x509.pem` and
+/// `tls/x509.key` of its dir (the CA that signed it is dropped).
+pub fn tls_server() -> std::sync::Arc<MariaDbServer> {
+    let mut slot = TLS_SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = slot.upgrade() {
+        return s;
+    }
+    let certs = distlock_testkit::TestCerts::generate().expect("test certificates");
+    let s = std::sync::Arc::new(MariaDbServer::start_tls(&certs).expect("start a TLS mariadb"));
+    let (cert, key) = certs.client(s.x509_user()).expect("client certificate");
+    let (c, k) = client_cert(&s);
+    std::fs::copy(cert, c).expect("copy the client certificate");
+    std::fs::copy(key, k).expect("copy the client key");
+    *slot = std::sync::Arc::downgrade(&s);
+    s
+}
+
+/// The client certificate and key of [`tls_server`]'s `REQUIRE X509` login.
+pub fn client_cert(server: &MariaDbServer) -> (std::path::PathBuf, std::path::PathBuf) {
+    let d = server.dir().join("tls");
+    (d.join("x509.pem"), d.join("x509.key"))
+}
+
+/// Connects on `url` plus `&ssl-ca=` the shared TLS server's CA (for
+/// [`SqlMode`](distlock_testkit::sql_faults::SqlMode)s whose parameters set an `ssl-mode`).
+pub fn connect_tls(
+    url: String,
+    opts: distlock_core::ClientOptions,
+) -> distlock_testkit::sql_faults::Connecting<MysqlBackend> {
+    let ca = tls_server().tls_ca().expect("the TLS server's CA");
+    let url = format!("{url}&ssl-ca={}", ca.display());
+    Box::pin(async move { MysqlBackend::connect(&url, &opts).await })
 }

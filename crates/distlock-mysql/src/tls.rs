@@ -1,0 +1,498 @@
+//! TLS to the server with MySQL's `ssl-mode` semantics, through mysql_async's rustls support
+//! (feature `tls`).
+//!
+//! | `ssl-mode` | encrypted | chain checked | host name checked |
+//! |---|---|---|---|
+//! | `DISABLED` | no | – | – |
+//! | `PREFERRED` (default) | if the server supports TLS | no | no |
+//! | `REQUIRED` | yes, or the connection fails | no | no |
+//! | `VERIFY_CA` | yes | yes, against `ssl-ca` | yes (see below) |
+//! | `VERIFY_IDENTITY` | yes | yes, against `ssl-ca` (or the built-in public roots) | yes |
+//!
+//! mysql_async 0.37's rustls verifier cannot skip the host name check alone, so `VERIFY_CA`
+//! checks the name too: connect by a name the certificate has, or give the name it was made
+//! for with [`TlsOptions::server_name`].
+
+use distlock_core::conn::ConnectionString;
+use distlock_core::{Error, Result};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// MySQL's `--ssl-mode`: whether the connection is encrypted and what of the server's
+/// certificate is checked. See the [crate docs](crate#tls) for the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// Never encrypt.
+    Disabled,
+    /// Encrypt if the server supports TLS, else go on unencrypted (the mysql client's
+    /// default). The certificate is not checked.
+    #[default]
+    Preferred,
+    /// Encrypt or fail. The certificate is not checked.
+    Required,
+    /// Encrypt, and the server's certificate must chain to `ssl-ca` (and, with this driver,
+    /// be valid for the host name: see the [crate docs](crate#tls)).
+    VerifyCa,
+    /// Encrypt; the certificate must chain to `ssl-ca` (without it: to the public roots
+    /// built in, Mozilla's) and be valid for the host name connected to.
+    VerifyIdentity,
+}
+
+impl SslMode {
+    /// The URL spelling: `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_CA` or `VERIFY_IDENTITY`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disabled => "DISABLED",
+            SslMode::Preferred => "PREFERRED",
+            SslMode::Required => "REQUIRED",
+            SslMode::VerifyCa => "VERIFY_CA",
+            SslMode::VerifyIdentity => "VERIFY_IDENTITY",
+        }
+    }
+
+    fn parse(v: &str) -> Option<SslMode> {
+        Some(match v.to_ascii_uppercase().replace('-', "_").as_str() {
+            "DISABLED" => SslMode::Disabled,
+            "PREFERRED" => SslMode::Preferred,
+            "REQUIRED" => SslMode::Required,
+            "VERIFY_CA" => SslMode::VerifyCa,
+            "VERIFY_IDENTITY" => SslMode::VerifyIdentity,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How to talk TLS to the server: the URL's `ssl-mode=`, `ssl-ca=`, `ssl-cert=` and
+/// `ssl-key=` (MySQL's option names; `ssl_mode` etc. work too), or the same in code
+/// ([`MysqlBuilder::tls`](crate::MysqlBuilder::tls)).
+///
+/// Files are read when the backend connects: PEM (or DER) certificates; the key PEM in
+/// PKCS#8, PKCS#1 or SEC1. No PKCS#12 bundles, no `ssl-capath`, `ssl-crl` or `ssl-cipher`
+/// (rustls chooses the ciphers: TLS 1.2 and 1.3 only).
+///
+/// ```
+/// use distlock_mysql::{SslMode, TlsOptions};
+///
+/// let tls = TlsOptions::new(SslMode::VerifyIdentity)
+///     .ca("/etc/ssl/mysql/ca.pem")
+///     .client_cert("/etc/ssl/mysql/app.pem", "/etc/ssl/mysql/app.key");
+/// assert_eq!(tls.mode(), SslMode::VerifyIdentity);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    mode: SslMode,
+    ca: Option<PathBuf>,
+    client: Option<(PathBuf, PathBuf)>,
+    server_name: Option<String>,
+}
+
+impl TlsOptions {
+    /// `mode`, no CA, no client certificate.
+    pub fn new(mode: SslMode) -> Self {
+        TlsOptions {
+            mode,
+            ..TlsOptions::default()
+        }
+    }
+
+    /// Trust the CA certificates in `path` (`ssl-ca=PATH`), and only them.
+    pub fn ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca = Some(path.into());
+        self
+    }
+
+    /// Present the client certificate chain in `cert` with its private key in `key`
+    /// (`ssl-cert=PATH&ssl-key=PATH`), for accounts that `REQUIRE X509` (or `SUBJECT`,
+    /// `ISSUER`).
+    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Check the server's certificate for `name` instead of the host connected to (a tunnel,
+    /// a proxy, or an IP address the certificate does not name).
+    pub fn server_name(mut self, name: impl Into<String>) -> Self {
+        self.server_name = Some(name.into());
+        self
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> SslMode {
+        self.mode
+    }
+
+    /// Reads `ssl-mode`, `ssl-ca`, `ssl-cert` and `ssl-key` of a URL (absent: `PREFERRED`, or
+    /// `VERIFY_CA` when `ssl-ca` is given, as the mysql client does).
+    pub(crate) fn from_url(cs: &ConnectionString) -> Result<Self> {
+        let get = |name: &str| cs.param(name).or_else(|| cs.param(&name.replace('-', "_")));
+        let ca = match get("ssl-ca") {
+            None => None,
+            Some("") => return Err(cs.invalid("ssl-ca= is empty; give a PEM file")),
+            Some(p) => Some(PathBuf::from(p)),
+        };
+        let mode = match get("ssl-mode") {
+            None if ca.is_some() => SslMode::VerifyCa,
+            None => SslMode::Preferred,
+            Some(v) => SslMode::parse(v).ok_or_else(|| {
+                cs.invalid(format!(
+                    "ssl-mode=`{v}` is unknown; use DISABLED, PREFERRED, REQUIRED, VERIFY_CA or \
+                     VERIFY_IDENTITY"
+                ))
+            })?,
+        };
+        let mut tls = TlsOptions::new(mode);
+        tls.ca = ca;
+        match (get("ssl-cert"), get("ssl-key")) {
+            (None, None) => {}
+            (Some(c), Some(k)) if !c.is_empty() && !k.is_empty() => tls = tls.client_cert(c, k),
+            _ => {
+                return Err(cs.invalid(
+                    "a client certificate needs both ssl-cert=PATH and ssl-key=PATH (PEM files)",
+                ))
+            }
+        }
+        tls.check().map_err(|reason| cs.invalid(reason))?;
+        Ok(tls)
+    }
+
+    /// The combinations that make no sense, and those this build cannot do.
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.mode == SslMode::VerifyCa && self.ca.is_none() {
+            return Err(
+                "ssl-mode=VERIFY_CA checks the server's certificate against a CA: give \
+                        ssl-ca=PATH (PEM)"
+                    .into(),
+            );
+        }
+        if self.mode == SslMode::Disabled && (self.ca.is_some() || self.client.is_some()) {
+            return Err(
+                "ssl-mode=DISABLED with ssl-ca/ssl-cert: nothing would use them; \
+                        drop them or choose REQUIRED, VERIFY_CA or VERIFY_IDENTITY"
+                    .into(),
+            );
+        }
+        if !cfg!(feature = "tls")
+            && (!matches!(self.mode, SslMode::Disabled | SslMode::Preferred)
+                || self.ca.is_some()
+                || self.client.is_some())
+        {
+            return Err(format!(
+                "ssl-mode={} needs TLS, and distlock-mysql is built without its `tls` feature; \
+                 enable it, or use ssl-mode=DISABLED",
+                self.mode
+            ));
+        }
+        Ok(())
+    }
+
+    /// The driver's TLS settings for `mode` (`None`: unencrypted), the files read now.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a file that cannot be read or holds no certificate or key.
+    pub(crate) fn ssl_opts(&self, mode: SslMode) -> Result<Option<mysql_async::SslOpts>> {
+        self.check().map_err(Error::InvalidArgument)?;
+        imp::ssl_opts(self, mode)
+    }
+
+    /// Whether a client certificate is given.
+    pub(crate) fn has_client_cert(&self) -> bool {
+        self.client.is_some()
+    }
+
+    /// What messages say about the settings.
+    pub(crate) fn context(&self) -> Context {
+        Context {
+            mode: self.mode,
+            ca: self.ca.clone(),
+            client_cert: self.client.as_ref().map(|(c, _)| c.clone()),
+        }
+    }
+}
+
+/// What went wrong with TLS, as the `source` of an
+/// [`Error::Connection`](distlock_core::Error::Connection): downcast it to tell the cases apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsError {
+    kind: TlsErrorKind,
+    message: String,
+}
+
+/// The kinds of [`TlsError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsErrorKind {
+    /// The server has no TLS (`have_ssl` is not `YES`), and the mode needs it.
+    NotSupportedByServer,
+    /// The server's certificate does not chain to the CA.
+    Untrusted,
+    /// The certificate is not valid for the host name.
+    WrongHost,
+    /// The certificate has expired or is not valid yet.
+    Expired,
+    /// The server refused the client certificate, or wanted one and got none.
+    ClientCertRejected,
+    /// Any other failure of the handshake.
+    Handshake,
+}
+
+impl TlsError {
+    /// The kind of failure.
+    pub fn kind(&self) -> TlsErrorKind {
+        self.kind
+    }
+
+    fn new(kind: TlsErrorKind, message: String) -> Self {
+        TlsError { kind, message }
+    }
+}
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TLS: {}", self.message)
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+/// The settings a TLS error message names.
+#[derive(Debug, Clone)]
+pub(crate) struct Context {
+    pub(crate) mode: SslMode,
+    ca: Option<PathBuf>,
+    client_cert: Option<PathBuf>,
+}
+
+impl Context {
+    /// What a driver error of connecting says about TLS, if it is about TLS.
+    pub(crate) fn explain(&self, e: &mysql_async::Error) -> Option<TlsError> {
+        use mysql_async::{DriverError, Error as E};
+        match e {
+            E::Driver(DriverError::NoClientSslFlagFromServer) => Some(TlsError::new(
+                TlsErrorKind::NotSupportedByServer,
+                format!(
+                    "the server does not support TLS, and ssl-mode={} needs it: give the \
+                     server ssl_cert and ssl_key (have_ssl must be YES), or use \
+                     ssl-mode=PREFERRED or DISABLED",
+                    self.mode
+                ),
+            )),
+            E::Io(io) => imp::classify_io(self, io),
+            _ => None,
+        }
+    }
+
+    fn ca_name(&self) -> String {
+        match &self.ca {
+            Some(p) => format!("ssl-ca={}", p.display()),
+            None => "the built-in public roots (no ssl-ca given)".into(),
+        }
+    }
+}
+
+fn file_error(what: &str, path: &Path, detail: impl fmt::Display) -> Error {
+    Error::InvalidArgument(format!(
+        "{what}={}: {detail}; give a readable PEM file",
+        path.display()
+    ))
+}
+
+#[cfg(not(feature = "tls"))]
+mod imp {
+    use super::*;
+
+    pub(super) fn ssl_opts(_: &TlsOptions, _: SslMode) -> Result<Option<mysql_async::SslOpts>> {
+        Ok(None)
+    }
+
+    pub(super) fn classify_io(_: &Context, _: &mysql_async::IoError) -> Option<TlsError> {
+        None
+    }
+}
+
+#[cfg(feature = "tls")]
+mod imp {
+    use super::*;
+    use mysql_async::{ClientIdentity, SslOpts};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use rustls::{AlertDescription, CertificateError};
+
+    fn read(what: &str, path: &Path) -> Result<Vec<u8>> {
+        std::fs::read(path).map_err(|e| file_error(what, path, e))
+    }
+
+    fn certs(what: &str, path: &Path) -> Result<Vec<u8>> {
+        let data = read(what, path)?;
+        if std::str::from_utf8(&data).is_ok() {
+            let n = CertificateDer::pem_slice_iter(&data)
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| file_error(what, path, e))?
+                .len();
+            if n == 0 {
+                return Err(file_error(what, path, "no certificate in it"));
+            }
+        }
+        Ok(data)
+    }
+
+    pub(super) fn ssl_opts(opts: &TlsOptions, mode: SslMode) -> Result<Option<SslOpts>> {
+        // One crypto provider for the process, whichever crates enable which.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut ssl = match mode {
+            SslMode::Disabled => return Ok(None),
+            SslMode::Preferred | SslMode::Required => SslOpts::default()
+                .with_danger_accept_invalid_certs(true)
+                .with_danger_skip_domain_validation(true),
+            SslMode::VerifyCa | SslMode::VerifyIdentity => {
+                let ssl = SslOpts::default().with_danger_tls_hostname_override(
+                    opts.server_name.clone().map(std::borrow::Cow::Owned),
+                );
+                match &opts.ca {
+                    Some(ca) => ssl
+                        .with_root_certs(vec![certs("ssl-ca", ca)?.into()])
+                        .with_disable_built_in_roots(true),
+                    None => ssl,
+                }
+            }
+        };
+        if let Some((cert, key)) = &opts.client {
+            let chain = certs("ssl-cert", cert)?;
+            let key_data = read("ssl-key", key)?;
+            if std::str::from_utf8(&key_data).is_ok() {
+                PrivateKeyDer::from_pem_slice(&key_data)
+                    .map_err(|e| file_error("ssl-key", key, format!("no private key: {e}")))?;
+            }
+            ssl =
+                ssl.with_client_identity(Some(ClientIdentity::new(chain.into(), key_data.into())));
+        }
+        if mode == SslMode::Required && opts.ca.is_some() {
+            tracing::warn!(
+                "ssl-mode=REQUIRED does not check the server's certificate: ssl-ca is unused \
+                 (use VERIFY_CA or VERIFY_IDENTITY to check it)"
+            );
+        }
+        Ok(Some(ssl))
+    }
+
+    pub(super) fn classify_io(ctx: &Context, e: &mysql_async::IoError) -> Option<TlsError> {
+        match e {
+            mysql_async::IoError::Tls(mysql_async::TlsError::Tls(r)) => Some(classify(ctx, r)),
+            mysql_async::IoError::Tls(other) => Some(TlsError::new(
+                TlsErrorKind::Handshake,
+                format!("the TLS setup failed: {other}"),
+            )),
+            // An alert after the handshake (TLS 1.3 servers check the client's certificate
+            // then) comes as an I/O error wrapping the rustls error.
+            mysql_async::IoError::Io(io) => io
+                .get_ref()
+                .and_then(|i| i.downcast_ref::<rustls::Error>())
+                .map(|r| classify(ctx, r)),
+        }
+    }
+
+    fn classify(ctx: &Context, r: &rustls::Error) -> TlsError {
+        use TlsErrorKind as K;
+        let (kind, message) = match r {
+            rustls::Error::InvalidCertificate(c) => match c {
+                CertificateError::NotValidForName
+                | CertificateError::NotValidForNameContext { .. } => (
+                    K::WrongHost,
+                    format!(
+                        "the server's certificate is not valid for the host name ({r}); connect \
+                         by a name the certificate has, or name it with \
+                         TlsOptions::server_name{}",
+                        if ctx.mode == SslMode::VerifyCa {
+                            " (with this driver VERIFY_CA checks the name too)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ),
+                CertificateError::Expired
+                | CertificateError::ExpiredContext { .. }
+                | CertificateError::NotValidYet
+                | CertificateError::NotValidYetContext { .. } => (
+                    K::Expired,
+                    format!("the server's certificate is out of its validity period ({r})"),
+                ),
+                _ => (
+                    K::Untrusted,
+                    format!(
+                        "the server's certificate is not trusted ({r}): it must chain to {}",
+                        ctx.ca_name()
+                    ),
+                ),
+            },
+            rustls::Error::AlertReceived(
+                a @ (AlertDescription::BadCertificate
+                | AlertDescription::UnknownCA
+                | AlertDescription::CertificateRequired
+                | AlertDescription::CertificateUnknown
+                | AlertDescription::UnsupportedCertificate
+                | AlertDescription::CertificateExpired
+                | AlertDescription::AccessDenied
+                | AlertDescription::HandshakeFailure),
+            ) => (
+                K::ClientCertRejected,
+                match &ctx.client_cert {
+                    Some(c) => format!(
+                        "the server refused the client certificate ssl-cert={} (alert {a:?}): it \
+                         must be signed by a CA the server's ssl_ca trusts",
+                        c.display()
+                    ),
+                    None => format!(
+                        "the server refused the handshake (alert {a:?}); if it checks client \
+                         certificates, give ssl-cert=PATH&ssl-key=PATH"
+                    ),
+                },
+            ),
+            other => (K::Handshake, format!("the TLS handshake failed: {other}")),
+        };
+        TlsError::new(kind, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls(url: &str) -> Result<TlsOptions> {
+        TlsOptions::from_url(&ConnectionString::parse(url).expect("parse"))
+    }
+
+    #[test]
+    fn url_options() {
+        assert_eq!(tls("mysql://u@h/d").expect("ok").mode(), SslMode::Preferred);
+        for (v, m) in [
+            ("disabled", SslMode::Disabled),
+            ("Preferred", SslMode::Preferred),
+            ("REQUIRED", SslMode::Required),
+            ("verify_ca&ssl-ca=/x", SslMode::VerifyCa),
+            ("verify-identity", SslMode::VerifyIdentity),
+        ] {
+            assert_eq!(
+                tls(&format!("mysql://u@h/d?ssl-mode={v}")).expect(v).mode(),
+                m
+            );
+        }
+        let t = tls("mysql://u@h/d?ssl_ca=/ca.pem&ssl-cert=/c&ssl-key=/k").expect("ca");
+        assert_eq!(t.mode(), SslMode::VerifyCa);
+        assert_eq!(t.ca.as_deref(), Some(Path::new("/ca.pem")));
+        for bad in [
+            "mysql://u@h/d?ssl-mode=maybe",
+            "mysql://u@h/d?ssl-mode=VERIFY_CA",
+            "mysql://u@h/d?ssl-mode=DISABLED&ssl-ca=/x",
+            "mysql://u@h/d?ssl-cert=/c",
+            "mysql://u@h/d?ssl-ca=",
+        ] {
+            assert!(tls(bad).is_err(), "{bad}");
+        }
+    }
+}
