@@ -1,8 +1,9 @@
 -- Mutex: release one grant (named by attempt and token), or take an attempt out of the queue
 -- and give back a grant made to it. One round trip. A release hands the lock straight to the
--- oldest live waiter (fresh fencing token, the waiter's own lease) and tells that attempt on
--- the channel ('h TOKEN ATTEMPT'); with nobody queued it publishes nothing.
--- KEYS as acquire.lua; ARGV[1] attempt id, ARGV[2] token, ARGV[3] channel,
+-- oldest live waiter (fresh fencing token, the waiter's own lease) and tells that attempt, and
+-- only it, on its own channel CHANNEL:ATTEMPT ('h TOKEN ATTEMPT'): one delivery per handoff,
+-- however many clients wait. With nobody queued it publishes nothing.
+-- KEYS as acquire.lua; ARGV[1] attempt id, ARGV[2] token, ARGV[3] the lock's channel,
 -- ARGV[4] 'release' or 'giveup'
 -- release returns {1, 0} released (or handed over), {0, 0} no lock (expired), {3, 0} another
 -- grant holds it. giveup returns {1, 0} if it gave back a grant of the attempt, else {0, 0}.
@@ -35,13 +36,13 @@ local function hand_over()
       token = string.format('%d', token)
       redis.call('hset', KEYS[1], 'attempt', head, 'token', token, 'owner', owner)
       redis.call('pexpire', KEYS[1], lease)
-      redis.call('publish', ARGV[3], 'h ' .. token .. ' ' .. head)
+      redis.call('publish', ARGV[3] .. ':' .. head, 'h ' .. token .. ' ' .. head)
       return
     end
+    -- A dead entry: its waiter may still be watching (one late heartbeat); wake it to retry.
+    redis.call('publish', ARGV[3] .. ':' .. head, 'r')
     popped = redis.call('zpopmin', KEYS[3])
   end
-  -- Only dead entries: their waiters may still be watching (one late heartbeat), wake them.
-  redis.call('publish', ARGV[3], 'r')
 end
 
 if ARGV[4] == 'giveup' then

@@ -215,7 +215,8 @@ impl RedisBackend {
     }
 
     /// Number of release channels this client is subscribed to right now. A channel is
-    /// subscribed only while a caller of this client waits on that lock.
+    /// subscribed only while a caller of this client waits on that lock: the lock's channel,
+    /// and for a mutex each waiting attempt's own channel (where handoffs go).
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads this client's state.
@@ -445,9 +446,15 @@ impl Backend for RedisBackend {
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.subscriber
-            .watch(self.channel(&req.key.name), &req.attempt)
-            .await
+        let channel = self.channel(&req.key.name);
+        // A mutex handoff (or the wake-up of a dead queue entry) goes to the attempt's own
+        // channel only; the lock's channel carries the rest (a forced release, the read-write
+        // and semaphore scripts, a Redlock node's release).
+        let direct = match family(req.key.kind)? {
+            Family::Mutex { .. } => Some(format!("{channel}:{}", req.attempt.as_str())),
+            _ => None,
+        };
+        self.subscriber.watch(channel, direct, &req.attempt).await
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {

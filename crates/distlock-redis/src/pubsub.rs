@@ -6,7 +6,9 @@
 //! thousands of idle subscriptions.
 //!
 //! Messages on a lock's channel are `r` (released) or `h TOKEN ATTEMPT` (handed over to the
-//! waiting attempt ATTEMPT). A waiter is woken only by a plain release or by a handoff to its
+//! waiting attempt ATTEMPT). A mutex waiter also subscribes its attempt's own channel
+//! (`CHANNEL:ATTEMPT`, in the same SUBSCRIBE): the mutex release script sends a handoff there
+//! only, so one handoff is one delivery however many clients wait. A waiter is woken only by a plain release or by a handoff to its
 //! own attempt — never by one to another attempt of the same owner (a sibling task, or the
 //! write waiter of a handle whose read side was granted) — and a message that arrives between
 //! the waiter's attempt and its sleep is not lost (the table keeps it). If the connection
@@ -14,7 +16,7 @@
 //! connection.
 
 use crate::error::{map, KIND};
-use distlock_core::backend::{AttemptId, ReleaseWatch, Subscriptions};
+use distlock_core::backend::{AttemptId, ReleaseWatch, Subscription, Subscriptions, Wake};
 use distlock_core::{Error, Result};
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
@@ -121,10 +123,12 @@ impl Subscriber {
         Error::call_timeout(KIND, &self.endpoint, what, self.timeout)
     }
 
-    /// Subscribes (if needed) and returns a watch for the waiting `attempt` on `channel`.
+    /// Subscribes (if needed) and returns a watch for the waiting `attempt` on `channel` and,
+    /// if given, on the attempt's own channel `direct` (one SUBSCRIBE for both).
     pub(crate) async fn watch(
         self: &Arc<Self>,
         channel: String,
+        direct: Option<String>,
         attempt: &AttemptId,
     ) -> Result<Box<dyn ReleaseWatch>> {
         let mut guard = self.conn.lock().await;
@@ -140,22 +144,38 @@ impl Subscriber {
         let Some(conn) = guard.as_mut() else {
             return Err(self.timeout_error("connecting the subscriber"));
         };
+        let mut new = Vec::with_capacity(2);
         let (watch, first) = conn.subs.subscribe(channel.clone(), attempt);
         if first {
-            let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&channel)).await;
+            new.push(channel);
+        }
+        let direct = direct.map(|d| {
+            let (w, first) = conn.subs.subscribe(d.clone(), attempt);
+            if first {
+                new.push(d);
+            }
+            w
+        });
+        if !new.is_empty() {
+            let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&new)).await;
             let failed = match sub {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(map(&self.endpoint, e)),
                 Err(_) => Some(self.timeout_error("SUBSCRIBE")),
             };
             if let Some(e) = failed {
-                conn.subs.fail(&channel, &e.to_string());
+                for c in &new {
+                    conn.subs.fail(c, &e.to_string());
+                }
                 // The connection is in an unknown state; start over next time.
                 *guard = None;
                 return Err(e);
             }
         }
-        Ok(Box::new(watch))
+        Ok(match direct {
+            Some(direct) => Box::new(Both(watch, direct)),
+            None => Box::new(watch),
+        })
     }
 
     /// Unsubscribes the channels whose last watch went, if connection `generation` is still
@@ -165,23 +185,34 @@ impl Subscriber {
         let Some(conn) = guard.as_mut().filter(|c| c.generation == generation) else {
             return;
         };
-        for channel in conn.subs.take_unused() {
-            if !conn.alive.load(Ordering::SeqCst) {
-                return;
-            }
-            match tokio::time::timeout(self.timeout, conn.sink.unsubscribe(&channel)).await {
-                Ok(Ok(())) => {}
-                _ => {
-                    *guard = None;
-                    return;
-                }
-            }
+        let unused = conn.subs.take_unused();
+        if unused.is_empty() || !conn.alive.load(Ordering::SeqCst) {
+            return;
+        }
+        // One UNSUBSCRIBE for all of them (a mutex waiter leaves two channels at once).
+        match tokio::time::timeout(self.timeout, conn.sink.unsubscribe(&unused)).await {
+            Ok(Ok(())) => {}
+            _ => *guard = None,
         }
     }
 
     /// Channels this client is subscribed to right now (for tests).
     pub(crate) async fn subscribed(&self) -> usize {
         self.conn.lock().await.as_ref().map_or(0, |c| c.subs.len())
+    }
+}
+
+/// A mutex waiter's watch: the lock's channel and the attempt's own (where its handoff comes).
+struct Both(Subscription<String>, Subscription<String>);
+
+#[distlock_core::backend::async_trait]
+impl ReleaseWatch for Both {
+    async fn changed(&mut self) -> Result<Wake> {
+        // Both are cancel safe, so is the select.
+        tokio::select! {
+            w = self.0.changed() => w,
+            w = self.1.changed() => w,
+        }
     }
 }
 

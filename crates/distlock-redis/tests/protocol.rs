@@ -708,3 +708,83 @@ async fn handoff_between_queueing_and_subscribing_is_not_lost() {
         ReleaseOutcome::Released
     );
 }
+
+/// A handoff wakes exactly the waiter it names: with two waiters of two clients subscribed, the
+/// holder's release publishes one message, on the head attempt's own channel, and nothing on
+/// the lock's channel (which every waiter of every client also listens to). A spy pattern
+/// subscription sees every message; its PING reply comes after whatever was published before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_is_one_message_to_the_head_waiter() {
+    let server = RedisServer::start().expect("redis");
+    let opts = long_opts();
+    let url = server.url();
+    let connect = || RedisBackend::connect(&url, &opts);
+    let (a, b, c) = (
+        connect().await.expect("a"),
+        connect().await.expect("b"),
+        connect().await.expect("c"),
+    );
+    let name = unique_name("direct");
+    let request = |owner: &str| {
+        let mut r = AcquireRequest::new(
+            HoldKey::new(name.as_str(), owner, LockKind::Mutex),
+            Duration::from_secs(20),
+            LostSignal::new(),
+        );
+        r.waiter_ttl = Some(Duration::from_secs(2));
+        r
+    };
+    let h = request("holder");
+    let AcquireReply::Granted { token } = a.acquire(&h).await.expect("acquire") else {
+        panic!("not granted");
+    };
+    let (w1, w2) = (request("first"), request("second"));
+    for (backend, w) in [(&b, &w1), (&c, &w2)] {
+        assert!(matches!(
+            backend.acquire(w).await.expect("queue"),
+            AcquireReply::Held { .. }
+        ));
+    }
+    let mut watch1 = b.watch(&w1).await.expect("watch");
+    let _watch2 = c.watch(&w2).await.expect("watch");
+    let spy = redis::Client::open(server.url()).expect("client");
+    let mut spy = spy.get_connection().expect("spy");
+    spy.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    let mut spy = spy.as_pubsub();
+    spy.psubscribe(format!("dlock:{{{name}}}:released*"))
+        .expect("psubscribe");
+
+    assert_eq!(
+        a.release(&h.grant(token)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let wake = tokio::time::timeout(EVENTUALLY, watch1.changed())
+        .await
+        .expect("the head waiter heard nothing")
+        .expect("watch");
+    assert!(
+        matches!(wake, distlock_core::backend::Wake::HandedOver { token: t } if t > token),
+        "{wake:?}"
+    );
+    let seen = tokio::task::block_in_place(|| {
+        let _: redis::Value = spy.ping().expect("ping");
+        let mut seen = Vec::new();
+        // Everything published before the PING is queued already; the timeout ends the drain.
+        while let Ok(msg) = spy.get_message() {
+            let payload: String = msg.get_payload().expect("payload");
+            seen.push((msg.get_channel_name().to_owned(), payload));
+        }
+        seen
+    });
+    assert_eq!(seen.len(), 1, "one handoff, one message: {seen:?}");
+    assert_eq!(
+        seen[0].0,
+        format!("dlock:{{{name}}}:released:{}", w1.attempt.as_str()),
+        "{seen:?}"
+    );
+    assert!(
+        seen[0].1.starts_with("h ") && seen[0].1.ends_with(w1.attempt.as_str()),
+        "{seen:?}"
+    );
+}

@@ -223,13 +223,15 @@ async fn waiters_subscribe_only_while_waiting() {
             lock.acquire_timeout(Duration::from_secs(10)).await
         }));
     }
-    // Every waiter is subscribed once its wait has started.
+    // Every waiter is subscribed once its wait has started: to the lock's channel and to its
+    // attempt's own (where the mutex handoff goes).
     let t = Instant::now();
-    while backend.subscribed_channels().await < names.len() && t.elapsed() < Duration::from_secs(5)
+    while backend.subscribed_channels().await < 2 * names.len()
+        && t.elapsed() < Duration::from_secs(5)
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(backend.subscribed_channels().await, names.len());
+    assert_eq!(backend.subscribed_channels().await, 2 * names.len());
     for g in guards {
         released(g).await;
     }
