@@ -453,6 +453,20 @@ mod imp {
                     ),
                 },
             ),
+            // Some servers answer a client certificate of a CA they do not know so.
+            rustls::Error::AlertReceived(a @ AlertDescription::DecryptError) => {
+                match &ctx.client_cert {
+                    Some(c) => (
+                        K::ClientCertRejected,
+                        format!(
+                        "the server refused the client certificate ssl-cert={} (alert {a:?}): it \
+                         must be signed by a CA the server's ssl_ca trusts",
+                        c.display()
+                    ),
+                    ),
+                    None => (K::Handshake, format!("the TLS handshake failed: {r}")),
+                }
+            }
             other => (K::Handshake, format!("the TLS handshake failed: {other}")),
         };
         TlsError::new(kind, message)

@@ -1,0 +1,466 @@
+//! TLS and credentials against real servers: each `ssl-mode` against a server with TLS on
+//! (which refuses unencrypted TCP) and one without, the right and a wrong CA, a wrong host
+//! name, client certificates (`REQUIRE X509`), the password from the builder or a password
+//! file, the application's own `mysql_async::Opts`, and no password in any error.
+#![cfg(feature = "tls")]
+
+mod support;
+
+use distlock_core::{Client, ClientOptions, Error};
+use distlock_mysql::{MysqlBackend, SslMode, TlsError, TlsErrorKind, TlsOptions};
+use distlock_testkit::{MariaDbServer, TestCerts};
+use std::sync::Arc;
+use std::time::Duration;
+use support::{client_cert, shared_server, tls_server};
+
+fn opts() -> ClientOptions {
+    ClientOptions::default().connect_timeout(Duration::from_secs(10))
+}
+
+/// `mysql://USER[:password]@127.0.0.1:PORT/dlock?QUERY`.
+fn url(server: &MariaDbServer, user: &str, password: Option<&str>, query: &str) -> String {
+    let pw = password.map(|p| format!(":{p}")).unwrap_or_default();
+    format!(
+        "mysql://{user}{pw}@127.0.0.1:{}/{}?{query}",
+        server.port(),
+        server.database()
+    )
+}
+
+fn ca(server: &MariaDbServer) -> String {
+    server.tls_ca().expect("CA").display().to_string()
+}
+
+/// Connects, takes and gives back a lock.
+async fn works(backend: distlock_core::Result<MysqlBackend>) {
+    let b = backend.expect("connect");
+    let c = Client::new(Arc::new(b), opts()).expect("client");
+    let g = c
+        .lock(&format!("tls-{}", std::process::id()))
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    g.release().await.expect("release");
+}
+
+fn tls_error(e: &Error) -> &TlsError {
+    match e {
+        Error::Connection { source, .. } => source
+            .downcast_ref::<TlsError>()
+            .unwrap_or_else(|| panic!("not a TLS error: {e} / {e:?}")),
+        other => panic!("not a connection error: {other} / {other:?}"),
+    }
+}
+
+async fn fails(b: distlock_core::Result<MysqlBackend>) -> Error {
+    match b {
+        Ok(_) => panic!("connected"),
+        Err(e) => e,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_and_preferred_encrypt_against_a_tls_server() {
+    let server = tls_server();
+    let pw = Some(server.password());
+    // The server refuses unencrypted TCP, so each of these is encrypted.
+    for query in [
+        "ssl-mode=REQUIRED",
+        "ssl-mode=preferred",
+        "",
+        "ssl_mode=Required",
+    ] {
+        works(MysqlBackend::connect(&url(&server, server.user(), pw, query), &opts()).await).await;
+    }
+    // The REQUIRE SSL account too.
+    works(
+        MysqlBackend::connect(
+            &url(&server, server.ssl_user(), pw, "ssl-mode=REQUIRED"),
+            &opts(),
+        )
+        .await,
+    )
+    .await;
+    let e = fails(
+        MysqlBackend::connect(
+            &url(&server, server.user(), pw, "ssl-mode=DISABLED"),
+            &opts(),
+        )
+        .await,
+    )
+    .await;
+    assert!(matches!(e, Error::Auth { .. }), "{e}");
+    assert!(e.to_string().contains("ssl-mode=REQUIRED"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_against_a_server_without_tls_says_so() {
+    let plain = shared_server();
+    let pw = Some(plain.password());
+    let e = fails(
+        MysqlBackend::connect(&url(&plain, plain.user(), pw, "ssl-mode=REQUIRED"), &opts()).await,
+    )
+    .await;
+    assert_eq!(tls_error(&e).kind(), TlsErrorKind::NotSupportedByServer);
+    assert!(e.to_string().contains("does not support TLS"), "{e}");
+    // PREFERRED (the default) and DISABLED go on unencrypted.
+    for query in ["ssl-mode=PREFERRED", "ssl-mode=DISABLED", ""] {
+        works(MysqlBackend::connect(&url(&plain, plain.user(), pw, query), &opts()).await).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_modes_check_the_chain_and_the_name() {
+    let server = tls_server();
+    let pw = Some(server.password());
+    let ca = ca(&server);
+    for mode in ["VERIFY_CA", "VERIFY_IDENTITY"] {
+        let q = format!("ssl-mode={mode}&ssl-ca={ca}");
+        works(MysqlBackend::connect(&url(&server, server.user(), pw, &q), &opts()).await).await;
+    }
+    // ssl-ca alone means VERIFY_CA, as for the mysql client.
+    let q = format!("ssl-ca={ca}");
+    works(MysqlBackend::connect(&url(&server, server.user(), pw, &q), &opts()).await).await;
+    // A CA that did not sign the server's certificate.
+    let other = TestCerts::generate().expect("another CA");
+    for mode in ["VERIFY_CA", "VERIFY_IDENTITY"] {
+        let q = format!("ssl-mode={mode}&ssl-ca={}", other.ca().display());
+        let e =
+            fails(MysqlBackend::connect(&url(&server, server.user(), pw, &q), &opts()).await).await;
+        assert_eq!(tls_error(&e).kind(), TlsErrorKind::Untrusted, "{e}");
+        assert!(e.to_string().contains("ssl-ca="), "{e}");
+    }
+    // The certificate is for 127.0.0.1 and localhost, not this name.
+    let e = fails(
+        MysqlBackend::builder(&url(&server, server.user(), pw, ""))
+            .tls(
+                TlsOptions::new(SslMode::VerifyIdentity)
+                    .ca(&ca)
+                    .server_name("db.example.com"),
+            )
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    assert_eq!(tls_error(&e).kind(), TlsErrorKind::WrongHost, "{e}");
+    assert!(e.to_string().contains("db.example.com"), "{e}");
+    // ... and for this one.
+    works(
+        MysqlBackend::builder(&url(&server, server.user(), pw, ""))
+            .tls(
+                TlsOptions::new(SslMode::VerifyIdentity)
+                    .ca(&ca)
+                    .server_name("localhost"),
+            )
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    // VERIFY_CA without a CA is refused before connecting.
+    let e = fails(
+        MysqlBackend::connect(
+            &url(&server, server.user(), pw, "ssl-mode=VERIFY_CA"),
+            &opts(),
+        )
+        .await,
+    )
+    .await;
+    assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_for_require_x509() {
+    let server = tls_server();
+    let pw = Some(server.password());
+    let ca = ca(&server);
+    let (cert, key) = client_cert(&server);
+    let q = format!(
+        "ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}&ssl-cert={}&ssl-key={}",
+        cert.display(),
+        key.display()
+    );
+    works(MysqlBackend::connect(&url(&server, server.x509_user(), pw, &q), &opts()).await).await;
+    // The same in code.
+    works(
+        MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
+            .tls(TlsOptions::new(SslMode::Required).client_cert(&cert, &key))
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    // Without a certificate the account is refused, and the message says what it needs.
+    let q = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}");
+    let e = fails(MysqlBackend::connect(&url(&server, server.x509_user(), pw, &q), &opts()).await)
+        .await;
+    assert!(matches!(e, Error::Auth { .. }), "{e}");
+    assert!(e.to_string().contains("ssl-cert="), "{e}");
+    // A certificate of another CA is refused by the server.
+    let other = TestCerts::generate().expect("another CA");
+    let (c2, k2) = other.client(server.x509_user()).expect("client cert");
+    let e = fails(
+        MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
+            .tls(TlsOptions::new(SslMode::Required).client_cert(&c2, &k2))
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    match &e {
+        Error::Connection { .. } => {
+            assert_eq!(
+                tls_error(&e).kind(),
+                TlsErrorKind::ClientCertRejected,
+                "{e}"
+            )
+        }
+        Error::Auth { .. } => {}
+        other => panic!("{other} / {other:?}"),
+    }
+    // A key file that does not exist is named.
+    let e = fails(
+        MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
+            .tls(TlsOptions::new(SslMode::Required).client_cert(&cert, "/nonexistent/k.pem"))
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("/nonexistent/k.pem"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_applications_own_opts() {
+    let server = tls_server();
+    let ca = server.tls_ca().expect("CA");
+    let ssl = mysql_async::SslOpts::default()
+        .with_root_certs(vec![ca.clone().into()])
+        .with_disable_built_in_roots(true);
+    let opts_of = |ssl: Option<mysql_async::SslOpts>| -> mysql_async::Opts {
+        mysql_async::OptsBuilder::default()
+            .ip_or_hostname("127.0.0.1")
+            .tcp_port(server.port())
+            .user(Some(server.user()))
+            .pass(Some(server.password()))
+            .db_name(Some(server.database()))
+            .prefer_socket(false)
+            .ssl_opts(ssl)
+            .into()
+    };
+    // Its own SslOpts, as they are.
+    works(
+        MysqlBackend::with_opts(opts_of(Some(ssl)))
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    // No TLS in them, TLS from the builder, table mode.
+    let b = MysqlBackend::with_opts(opts_of(None))
+        .tls(TlsOptions::new(SslMode::VerifyIdentity).ca(&ca))
+        .mode(distlock_mysql::Mode::Table)
+        .namespace("byo")
+        .connect(&opts())
+        .await
+        .expect("connect");
+    assert_eq!(b.mode(), distlock_mysql::Mode::Table);
+    assert_eq!(b.namespace(), "byo");
+    works(Ok(b)).await;
+    // No TLS at all: the server refuses it.
+    let e = fails(
+        MysqlBackend::with_opts(opts_of(None))
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    assert!(matches!(e, Error::Auth { .. }), "{e}");
+}
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "dlock-mysql-{tag}-{}-{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_from_the_builder_and_a_file() {
+    let server = tls_server();
+    let q = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", ca(&server));
+    let bare = url(&server, server.user(), None, &q);
+    works(
+        MysqlBackend::builder(&bare)
+            .password(server.password())
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    // The builder's password wins over the URL's.
+    works(
+        MysqlBackend::builder(&url(&server, server.user(), Some("wrong"), &q))
+            .password(server.password())
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    let dir = temp_dir("pw");
+    let file = dir.join("password");
+    std::fs::write(&file, format!("{}\n", server.password())).expect("write");
+    works(
+        MysqlBackend::builder(&bare)
+            .password_file(&file)
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    let with_file = format!("{bare}&password-file={}", file.display());
+    works(MysqlBackend::connect(&with_file, &opts()).await).await;
+    // A password file that is not there is an error naming it.
+    let e = fails(
+        MysqlBackend::builder(&bare)
+            .password_file(dir.join("missing"))
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("missing"), "{e}");
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+/// `MYSQL_PWD` (its own test: nextest runs each in its own process, so the variable is seen
+/// by this test only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn password_from_mysql_pwd() {
+    let server = tls_server();
+    let q = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", ca(&server));
+    std::env::set_var(distlock_mysql::PASSWORD_ENV, server.password());
+    works(MysqlBackend::connect(&url(&server, server.user(), None, &q), &opts()).await).await;
+    // The URL's password wins over it.
+    let e = fails(
+        MysqlBackend::connect(&url(&server, server.user(), Some("wrong"), &q), &opts()).await,
+    )
+    .await;
+    assert!(matches!(e, Error::Auth { .. }), "{e}");
+    std::env::remove_var(distlock_mysql::PASSWORD_ENV);
+}
+
+/// Every error path with a secret password given through the URL, the builder, a password
+/// file or the application's options: a wrong password, a server that is down, an untrusted
+/// certificate, a wrong host name, a bad URL, a missing client key. No Display or Debug of
+/// the error (or of the builder) shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_error_shows_the_password() {
+    const SECRET: &str = "Zq9-very-secret-pw";
+    let server = tls_server();
+    let ca = ca(&server);
+    let other = TestCerts::generate().expect("another CA");
+    let down = distlock_testkit::try_free_port().expect("a free port");
+    let fast = ClientOptions::default().connect_timeout(Duration::from_secs(3));
+    let good = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}");
+    let untrusted = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", other.ca().display());
+    let dir = temp_dir("secret");
+    let file = dir.join("password");
+    std::fs::write(&file, format!("{SECRET}\n")).expect("write");
+    let down_url = |query: &str, pw: Option<&str>| {
+        let pw = pw.map(|p| format!(":{p}")).unwrap_or_default();
+        format!("mysql://dlock{pw}@127.0.0.1:{down}/dlock?{query}")
+    };
+    let user = server.user();
+    let app_opts = |port: u16| -> mysql_async::Opts {
+        mysql_async::OptsBuilder::default()
+            .ip_or_hostname("127.0.0.1")
+            .tcp_port(port)
+            .user(Some(user))
+            .pass(Some(SECRET))
+            .db_name(Some("dlock"))
+            .prefer_socket(false)
+            .into()
+    };
+    let cases: Vec<(&str, distlock_mysql::MysqlBuilder)> = vec![
+        (
+            "wrong password in the URL",
+            MysqlBackend::builder(&url(&server, user, Some(SECRET), &good)),
+        ),
+        (
+            "wrong password from the builder",
+            MysqlBackend::builder(&url(&server, user, None, &good)).password(SECRET),
+        ),
+        (
+            "wrong password from a file",
+            MysqlBackend::builder(&url(&server, user, None, &good)).password_file(&file),
+        ),
+        (
+            "wrong password in the application's options",
+            MysqlBackend::with_opts(app_opts(server.port()))
+                .tls(TlsOptions::new(SslMode::VerifyIdentity).ca(&ca)),
+        ),
+        (
+            "unencrypted, refused by the server",
+            MysqlBackend::builder(&url(&server, user, Some(SECRET), "ssl-mode=DISABLED")),
+        ),
+        (
+            "server down, password in the URL",
+            MysqlBackend::builder(&down_url("ssl-mode=REQUIRED", Some(SECRET))),
+        ),
+        (
+            "server down, password from the builder",
+            MysqlBackend::builder(&down_url("", None)).password(SECRET),
+        ),
+        (
+            "server down, the application's options",
+            MysqlBackend::with_opts(app_opts(down)),
+        ),
+        (
+            "untrusted certificate, password in the URL",
+            MysqlBackend::builder(&url(&server, user, Some(SECRET), &untrusted)),
+        ),
+        (
+            "untrusted certificate, password from the builder",
+            MysqlBackend::builder(&url(&server, user, None, &untrusted)).password(SECRET),
+        ),
+        (
+            "wrong host name",
+            MysqlBackend::builder(&url(&server, user, Some(SECRET), "")).tls(
+                TlsOptions::new(SslMode::VerifyIdentity)
+                    .ca(&ca)
+                    .server_name("db.example.com"),
+            ),
+        ),
+        (
+            "bad URL",
+            MysqlBackend::builder(&url(&server, user, Some(SECRET), "ssl-mode=nope")),
+        ),
+        (
+            "driver's own TLS parameter",
+            MysqlBackend::builder(&url(&server, user, Some(SECRET), "require_ssl=true")),
+        ),
+        (
+            "missing client key",
+            MysqlBackend::builder(&url(
+                &server,
+                user,
+                Some(SECRET),
+                &format!("{good}&ssl-cert=/nonexistent/c.pem&ssl-key=/nonexistent/k.pem"),
+            )),
+        ),
+    ];
+    for (what, builder) in cases {
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains(SECRET), "{what}: builder Debug: {shown}");
+        let e = fails(builder.connect(&fast).await).await;
+        let (display, debug) = (e.to_string(), format!("{e:?}"));
+        assert!(!display.contains(SECRET), "{what}: {display}");
+        assert!(!debug.contains(SECRET), "{what}: {debug}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            assert!(!s.to_string().contains(SECRET), "{what}: source {s}");
+            source = s.source();
+        }
+    }
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
