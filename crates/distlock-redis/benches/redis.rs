@@ -12,7 +12,8 @@
 //! of its script; the count includes those calls) and this process's CPU time per operation
 //! (user and system, from `/proc/self/stat`; the server is another process). For syscalls
 //! per operation run the binary under `strace -c -f` with `--uncontended` (only the
-//! uncontended phases).
+//! uncontended phases) or `--pairs` (only acquire+release through the client, after the
+//! warm-up: compare two runs with `--quick` and without, 300 and 3000 pairs).
 
 use distlock_core::{Client, ClientOptions};
 use distlock_redis::RedisBackend;
@@ -141,6 +142,17 @@ async fn main() {
             .await
             .expect("acquire");
         let _ = g.release().await.expect("release");
+    }
+
+    if std::env::args().any(|a| a == "--pairs") {
+        // Only `n` acquire+release pairs through the client (for `strace -c -f`: syscalls of
+        // the start-up and the warm-up are the same with and without the lock).
+        let lock = c.lock("pairs").expect("lock");
+        for _ in 0..n {
+            let g = lock.acquire().await.expect("acquire");
+            let _ = g.release().await.expect("release");
+        }
+        return;
     }
 
     let mut ping = Vec::with_capacity(n);
