@@ -73,7 +73,7 @@ pub enum Error {
     },
 
     /// The server refused the credentials.
-    #[error("{backend} at {endpoint} refused the credentials: {message} (check the user and password in the URL)")]
+    #[error("{backend} at {endpoint} refused the credentials: {message} (check the user and password: in the URL, the builder, or the environment variable or file the backend reads)")]
     Auth {
         /// Backend kind.
         backend: &'static str,
