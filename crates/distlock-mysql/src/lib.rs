@@ -348,7 +348,7 @@ impl MysqlBackend {
     /// they are missing (table mode: adds the columns an older table lacks).
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`](distlock_core::Error::InvalidUrl) (the URL redacted) for a URL
+    /// [`Error::InvalidUrl`] (the URL redacted) for a URL
     /// this backend cannot use; `Connection` when the server cannot be reached within the
     /// connect timeout; `Auth` for refused credentials or missing privileges;
     /// `UnexpectedReply` when creating the tables fails.

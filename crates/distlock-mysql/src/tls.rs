@@ -263,6 +263,7 @@ impl std::error::Error for TlsError {}
 
 /// The settings a TLS error message names.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
 pub(crate) struct Context {
     pub(crate) mode: SslMode,
     ca: Option<PathBuf>,
@@ -288,6 +289,7 @@ impl Context {
         }
     }
 
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     fn ca_name(&self) -> String {
         match &self.ca {
             Some(p) => format!("ssl-ca={}", p.display()),
@@ -296,6 +298,7 @@ impl Context {
     }
 }
 
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
 fn file_error(what: &str, path: &Path, detail: impl fmt::Display) -> Error {
     Error::InvalidArgument(format!(
         "{what}={}: {detail}; give a readable PEM file",
@@ -482,6 +485,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "tls")]
     fn url_options() {
         assert_eq!(tls("mysql://u@h/d").expect("ok").mode(), SslMode::Preferred);
         for (v, m) in [
@@ -499,6 +503,10 @@ mod tests {
         let t = tls("mysql://u@h/d?ssl_ca=/ca.pem&ssl-cert=/c&ssl-key=/k").expect("ca");
         assert_eq!(t.mode(), SslMode::VerifyCa);
         assert_eq!(t.ca.as_deref(), Some(Path::new("/ca.pem")));
+        assert_eq!(
+            t.client.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+            Some((Path::new("/c"), Path::new("/k")))
+        );
         for bad in [
             "mysql://u@h/d?ssl-mode=maybe",
             "mysql://u@h/d?ssl-mode=VERIFY_CA",

@@ -145,6 +145,24 @@ async fn verify_modes_check_the_chain_and_the_name() {
     .await;
     assert_eq!(tls_error(&e).kind(), TlsErrorKind::WrongHost, "{e}");
     assert!(e.to_string().contains("db.example.com"), "{e}");
+    // VERIFY_CA checks the name too with this driver (docs/mysql.md, "TLS"): pinned, so an
+    // upgrade that lifts the limit is noticed and the docs are updated.
+    let e = fails(
+        MysqlBackend::builder(&url(&server, server.user(), pw, ""))
+            .tls(
+                TlsOptions::new(SslMode::VerifyCa)
+                    .ca(&ca)
+                    .server_name("db.example.com"),
+            )
+            .connect(&opts())
+            .await,
+    )
+    .await;
+    assert_eq!(tls_error(&e).kind(), TlsErrorKind::WrongHost, "{e}");
+    assert!(
+        e.to_string().contains("VERIFY_CA checks the name too"),
+        "{e}"
+    );
     // ... and for this one.
     works(
         MysqlBackend::builder(&url(&server, server.user(), pw, ""))
