@@ -2,21 +2,28 @@
 //!
 //! A *hold* is one owner's grant of one lock in this client, shared by all re-entrant guards
 //! of that owner. The keeper is one task per client: every `renew_interval` it renews all
-//! watchdog-mode holds in **one** batched backend call, fires the lost signal of any hold the
-//! server no longer has, and fires it too when a hold's lease runs out without a confirmed
+//! watchdog-mode holds in batched backend calls of at most 1,000 holds each, spread over the
+//! first quarter of the interval (`keeper.rs`), fires the lost signal of any hold
+//! the server no longer has, and fires it too when a hold's lease runs out without a confirmed
 //! renewal (fixed leases, or a server that stopped answering). It also performs the releases
 //! that dropped guards schedule, so `Drop` never blocks.
 
-use crate::backend::{Backend, GrantRef, HoldKey, RenewOutcome};
+mod keeper;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use keeper::keeper;
+#[cfg(test)]
+pub(crate) use keeper::RENEW_CHUNK;
+
+use crate::backend::{Backend, GrantRef, HoldKey};
 use crate::clock::Instant;
 use crate::lost::{LostReason, LostSignal};
 use crate::options::ClientOptions;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::{mpsc, Notify};
-use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
+use tokio::sync::Notify;
 
 /// One owner's grant of one lock, shared by its re-entrant guards.
 #[derive(Debug)]
@@ -225,150 +232,5 @@ impl Shared {
                 .increment(1);
         }
         hold.lost.fire(reason);
-    }
-}
-
-/// The keeper task. Ends when `stop` fires, after performing the releases still queued.
-pub(crate) async fn keeper(
-    shared: Arc<Shared>,
-    mut rx: mpsc::UnboundedReceiver<KeeperMsg>,
-    stop: CancellationToken,
-) {
-    let interval = shared.opts.renew_interval();
-    let mut next_renewal = Instant::now() + interval;
-    loop {
-        let next_expiry = next_expiry_of(&shared);
-        let wake_at = next_expiry.map_or(next_renewal, |e| e.min(next_renewal));
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            msg = rx.recv() => match msg {
-                Some(msg) => handle(&shared, msg),
-                None => break,
-            },
-            _ = shared.wake.notified() => {}
-            _ = tokio::time::sleep_until(wake_at.to_tokio()) => {}
-        }
-        let now = Instant::now();
-        if now >= next_renewal {
-            // A renewal can take up to its timeout (a paused or cut-off server): leases that
-            // end meanwhile are still declared lost on time.
-            let renewal = renew_all(&shared, interval);
-            tokio::pin!(renewal);
-            let confirmed = loop {
-                let Some(next_expiry) = next_expiry_of(&shared) else {
-                    break renewal.as_mut().await;
-                };
-                tokio::select! {
-                    ok = renewal.as_mut() => break ok,
-                    _ = tokio::time::sleep_until(next_expiry.to_tokio()) => expire_overdue(&shared),
-                }
-            };
-            // A renewal that was not confirmed is tried again soon (a quarter interval), not a
-            // whole interval later: one lost or late reply must not cost the lease.
-            next_renewal = Instant::now() + if confirmed { interval } else { interval / 4 };
-        }
-        expire_overdue(&shared);
-    }
-    rx.close();
-    while let Ok(msg) = rx.try_recv() {
-        handle(&shared, msg);
-    }
-}
-
-/// The earliest instant a hold of this client must be presumed gone.
-fn next_expiry_of(shared: &Shared) -> Option<Instant> {
-    shared.holds().values().map(|h| h.expires_at()).min()
-}
-
-fn handle(shared: &Arc<Shared>, msg: KeeperMsg) {
-    match msg {
-        KeeperMsg::Release { hold, watchdog } => {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                let r = crate::guard::release_hold(&shared, &hold, watchdog).await;
-                if let Err(e) = r {
-                    tracing::warn!(name = %hold.key().name, error = %e,
-                        "background release of a dropped guard failed; the lock frees when its lease ends");
-                }
-            });
-        }
-        KeeperMsg::GiveBack(grant) => {
-            let shared = shared.clone();
-            tokio::spawn(async move { crate::guard::give_back(&shared, &grant).await });
-        }
-    }
-}
-
-/// One batched renewal of every watchdog hold; false if the batch could not be confirmed.
-async fn renew_all(shared: &Arc<Shared>, interval: Duration) -> bool {
-    let batch: Vec<Arc<Hold>> = shared
-        .holds()
-        .values()
-        .filter(|h| !h.lost.is_lost() && h.state().watchdog_guards > 0)
-        .cloned()
-        .collect();
-    if batch.is_empty() {
-        return true;
-    }
-    let lease = shared.opts.watchdog_lease;
-    let items: Vec<(GrantRef, Duration)> = batch.iter().map(|h| (h.grant.clone(), lease)).collect();
-    let started = Instant::now();
-    let timeout = shared.opts.op_timeout.min(interval);
-    let span = tracing::debug_span!(
-        "dlock.renew",
-        backend = shared.backend.kind(),
-        holds = items.len()
-    );
-    let res = tokio::time::timeout(timeout, shared.backend.renew(&items))
-        .instrument(span)
-        .await;
-    let backend = shared.backend.kind();
-    match res {
-        Ok(Ok(outcomes)) if outcomes.len() == batch.len() => {
-            for (hold, out) in batch.iter().zip(outcomes) {
-                match out {
-                    RenewOutcome::Renewed => {
-                        metrics::counter!("dlock_renewals_total", "backend" => backend)
-                            .increment(1);
-                        hold.update(|st| st.confirmed(started, lease));
-                    }
-                    RenewOutcome::NotHeld => shared.mark_lost(hold, LostReason::NotHeld),
-                }
-            }
-            true
-        }
-        Ok(Ok(outcomes)) => {
-            tracing::error!(
-                expected = batch.len(),
-                got = outcomes.len(),
-                "backend renewed a batch of the wrong size"
-            );
-            metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
-            false
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "renewal failed; retrying soon, the lock is lost if its lease runs out first");
-            metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
-            false
-        }
-        Err(_) => {
-            tracing::warn!(?timeout, "renewal timed out; retrying soon");
-            metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
-            false
-        }
-    }
-}
-
-/// Fires the lost signal of every hold whose lease has run out without confirmation.
-fn expire_overdue(shared: &Arc<Shared>) {
-    let now = Instant::now();
-    let overdue: Vec<Arc<Hold>> = shared
-        .holds()
-        .values()
-        .filter(|h| h.expires_at() <= now)
-        .cloned()
-        .collect();
-    for h in overdue {
-        shared.mark_lost(&h, LostReason::LeaseExpired);
     }
 }

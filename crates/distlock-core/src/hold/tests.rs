@@ -1,0 +1,202 @@
+//! The keeper's chunked renewals, against an in-memory backend that records every call.
+
+use super::RENEW_CHUNK;
+use crate::backend::{
+    async_trait, AcquireReply, AcquireRequest, Backend, GrantRef, LockInfo, LockKind,
+    ReleaseOutcome, ReleaseWatch, RenewOutcome,
+};
+use crate::subscriptions::Subscriptions;
+use crate::{Client, ClientOptions, Error, LockGuard, LostReason, Result};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Grants every acquisition (a new token each), renews every grant except the refused ones,
+/// and records the tokens of each renewal call.
+#[derive(Default)]
+struct Recorder {
+    next_token: AtomicU64,
+    calls: Mutex<Vec<Vec<u64>>>,
+    refused: Mutex<HashSet<u64>>,
+    /// Renewal calls still to fail (with a connection error).
+    fail: AtomicU32,
+    failed: Mutex<Vec<Vec<u64>>>,
+}
+
+impl Recorder {
+    fn calls(&self) -> Vec<Vec<u64>> {
+        self.calls.lock().expect("calls").clone()
+    }
+}
+
+#[async_trait]
+impl Backend for Recorder {
+    fn kind(&self) -> &'static str {
+        "recorder"
+    }
+    fn endpoint(&self) -> String {
+        "memory".into()
+    }
+    async fn acquire(&self, _: &AcquireRequest) -> Result<AcquireReply> {
+        let token = self.next_token.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(AcquireReply::Granted { token })
+    }
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        let subs: Subscriptions<String> = Subscriptions::new("recorder", "memory");
+        Ok(Box::new(
+            subs.subscribe(req.key.name.to_string(), &req.attempt).0,
+        ))
+    }
+    async fn give_up(&self, _: &AcquireRequest) -> Result<()> {
+        Ok(())
+    }
+    async fn release(&self, _: &GrantRef) -> Result<ReleaseOutcome> {
+        Ok(ReleaseOutcome::Released)
+    }
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        let tokens: Vec<u64> = holds.iter().map(|(g, _)| g.token).collect();
+        if self
+            .fail
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            self.failed.lock().expect("failed").push(tokens);
+            return Err(Error::connection("recorder", "memory", "injected failure"));
+        }
+        let refused = self.refused.lock().expect("refused").clone();
+        let out = tokens
+            .iter()
+            .map(|t| {
+                if refused.contains(t) {
+                    RenewOutcome::NotHeld
+                } else {
+                    RenewOutcome::Renewed
+                }
+            })
+            .collect();
+        self.calls.lock().expect("calls").push(tokens);
+        Ok(out)
+    }
+    async fn inspect(&self, name: &str, _: LockKind) -> Result<LockInfo> {
+        Ok(LockInfo::new(name))
+    }
+}
+
+/// A client whose watchdog renews every second (3 s lease: a loaded machine can stall the
+/// keeper for most of a second without a loss), holding `n` locks.
+async fn holding(n: usize) -> (Arc<Recorder>, Client, Vec<LockGuard>) {
+    let backend = Arc::new(Recorder::default());
+    let opts = ClientOptions::default().watchdog_lease(Duration::from_secs(3));
+    let client = Client::new(backend.clone(), opts).expect("client");
+    let mut guards = Vec::with_capacity(n);
+    for i in 0..n {
+        let g = client
+            .lock(&format!("l{i}"))
+            .expect("lock")
+            .acquire()
+            .await
+            .expect("acquire");
+        guards.push(g);
+    }
+    (backend, client, guards)
+}
+
+/// Waits (up to a minute) until every token of `tokens` was renewed `times` times in the
+/// calls made after the first `from`; returns those calls.
+async fn renewed(b: &Recorder, from: usize, tokens: &[u64], times: usize) -> Vec<Vec<u64>> {
+    let started = std::time::Instant::now();
+    loop {
+        let calls = b.calls().split_off(from);
+        let mut seen: HashMap<u64, usize> = HashMap::new();
+        for t in calls.iter().flatten() {
+            *seen.entry(*t).or_default() += 1;
+        }
+        if tokens
+            .iter()
+            .all(|t| seen.get(t).is_some_and(|n| *n >= times))
+        {
+            return calls;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "not every hold was renewed {times} times: {} calls",
+            calls.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn tokens(guards: &[LockGuard]) -> Vec<u64> {
+    guards.iter().map(LockGuard::fencing_token).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_renews_every_hold_in_equal_chunks_of_at_most_1000() {
+    let (b, _client, guards) = holding(2_500).await;
+    let from = b.calls().len();
+    let calls = renewed(&b, from, &tokens(&guards), 3).await;
+    for c in &calls {
+        assert!(c.len() <= RENEW_CHUNK, "a call of {} holds", c.len());
+        let distinct: HashSet<_> = c.iter().collect();
+        assert_eq!(distinct.len(), c.len(), "a hold twice in one call");
+    }
+    // A round planned with all 2,500 holds: three chunks of equal size, not 1000/1000/500.
+    assert!(
+        calls.iter().any(|c| c.len() == 834),
+        "chunk sizes {:?}",
+        calls.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    assert!(guards.iter().all(|g| !g.is_lost()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_grant_in_a_chunk_is_lost_and_the_others_renew() {
+    let (b, client, guards) = holding(1_500).await;
+    let stale = guards[700].fencing_token();
+    b.refused.lock().expect("refused").insert(stale);
+    let reason = tokio::time::timeout(Duration::from_secs(30), guards[700].lost())
+        .await
+        .expect("the refused hold was never lost");
+    assert_eq!(reason, LostReason::NotHeld);
+    let calls = b.calls();
+    let refusing = calls
+        .iter()
+        .find(|c| c.contains(&stale))
+        .expect("the refusing call");
+    assert!(refusing.len() > 1, "the refused grant was renewed alone");
+    // The others keep being renewed; the lost hold is not sent again.
+    let from = calls.len();
+    let others: Vec<u64> = tokens(&guards)
+        .into_iter()
+        .filter(|t| *t != stale)
+        .collect();
+    let later = renewed(&b, from, &others, 2).await;
+    assert!(later.iter().flatten().all(|t| *t != stale));
+    for (i, g) in guards.iter().enumerate() {
+        assert_eq!(g.is_lost(), i == 700, "guard {i}");
+    }
+    assert_eq!(client.held_count(), 1_499);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_chunk_is_sent_again_and_nothing_is_lost() {
+    let (b, _client, guards) = holding(1_500).await;
+    b.fail.store(1, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let failed = loop {
+        if let Some(f) = b.failed.lock().expect("failed").first().cloned() {
+            break f;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no call failed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(failed.len() <= RENEW_CHUNK);
+    let from = b.calls().len();
+    renewed(&b, from, &failed, 1).await;
+    renewed(&b, from, &tokens(&guards), 2).await;
+    assert!(guards.iter().all(|g| !g.is_lost()));
+}
