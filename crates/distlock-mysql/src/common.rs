@@ -61,6 +61,20 @@ impl Common {
         }
     }
 
+    /// The host connections go to.
+    pub(crate) fn host(&self) -> String {
+        self.connector.opts.ip_or_hostname().to_owned()
+    }
+
+    /// The TLS mode (for the application's own options: `REQUIRED` if they encrypt without
+    /// checking, `VERIFY_IDENTITY` if they check).
+    pub(crate) fn tls_mode(&self) -> crate::SslMode {
+        if self.plain_only.load(Ordering::Relaxed) {
+            return crate::SslMode::Preferred;
+        }
+        self.connector.tls.mode
+    }
+
     /// Opens a new connection.
     pub(crate) async fn open(&self) -> Result<Conn> {
         tokio::time::timeout(self.connect_timeout, self.open_now())

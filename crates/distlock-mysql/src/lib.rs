@@ -307,7 +307,8 @@ impl MysqlBuilder {
             None => {
                 let opts: mysql_async::Opts = base.into();
                 let tls = TlsOptions::new(match opts.ssl_opts() {
-                    Some(_) => SslMode::Required,
+                    Some(s) if s.accept_invalid_certs() => SslMode::Required,
+                    Some(_) => SslMode::VerifyIdentity,
                     None => SslMode::Disabled,
                 });
                 Connector {

@@ -289,11 +289,65 @@ fn clock_finding(offset_ms: i64) -> Finding {
     }
 }
 
+/// Whether the control connection is encrypted (`Ssl_version`, empty when not) and what was
+/// checked: a warning for a server off this machine reached in clear text or without
+/// checking its certificate.
+fn tls_finding(b: &MysqlBackend, version: Option<String>) -> Finding {
+    let host = b.common.host();
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback());
+    let mode = b.common.tls_mode();
+    let checks = match mode {
+        crate::SslMode::VerifyCa | crate::SslMode::VerifyIdentity => {
+            "certificate chain and host name checked"
+        }
+        _ => "certificate not checked",
+    };
+    match version.as_deref() {
+        Some(v) if !v.is_empty() => {
+            let text = format!("encrypted ({v}), ssl-mode={mode}: {checks}");
+            if checks == "certificate not checked" && !loopback {
+                Finding::new(
+                    Severity::Warning,
+                    "tls",
+                    format!(
+                        "{text}: a machine in the middle can read and change the traffic; use \
+                         ssl-mode=VERIFY_IDENTITY with ssl-ca"
+                    ),
+                )
+            } else {
+                Finding::new(Severity::Ok, "tls", text)
+            }
+        }
+        Some(_) if !loopback => Finding::new(
+            Severity::Warning,
+            "tls",
+            format!(
+                "not encrypted (ssl-mode={mode}) to {host}, off this machine: lock names and \
+                 tokens travel in clear; give the server ssl_cert/ssl_key and use \
+                 ssl-mode=VERIFY_IDENTITY"
+            ),
+        ),
+        Some(_) => Finding::new(
+            Severity::Ok,
+            "tls",
+            format!("not encrypted (ssl-mode={mode}), to this machine"),
+        ),
+        None => Finding::new(
+            Severity::Ok,
+            "tls",
+            format!("ssl-mode={mode}; the server does not say whether this session is encrypted"),
+        ),
+    }
+}
+
 pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
     let mode = b.mode();
-    type Probe = (String, Option<u64>, Option<String>, i64);
+    type Probe = (String, Option<u64>, Option<String>, i64, Option<String>);
     let before = SystemTime::now();
-    let (version, session_wait, wsrep, server_us): Probe = b
+    let (version, session_wait, wsrep, server_us, tls_version): Probe = b
         .common
         .with_conn("diagnosing", |c| {
             Box::pin(async move {
@@ -309,11 +363,15 @@ pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
                 let now: Option<i64> = c
                     .query_first("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)")
                     .await?;
+                let tls: Option<(String, String)> = c
+                    .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
+                    .await?;
                 Ok((
                     version.unwrap_or_default(),
                     wait,
                     wsrep.map(|(_, v)| v),
                     now.unwrap_or(0),
+                    tls.map(|(_, v)| v),
                 ))
             })
         })
@@ -325,6 +383,7 @@ pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
     };
     let local_ms = (ms(before) + ms(after)) / 2;
     let mut out = vec![version_finding(&version)];
+    out.push(tls_finding(b, tls_version));
     out.push(match (mode, session_wait) {
         (Mode::Table, _) => Finding::new(
             Severity::Ok,

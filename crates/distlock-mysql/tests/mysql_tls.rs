@@ -454,3 +454,50 @@ async fn no_error_shows_the_password() {
     }
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+/// `dlock doctor`'s `tls` check says whether the session is encrypted and what was checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_tls() {
+    let server = tls_server();
+    let pw = Some(server.password());
+    let ca = ca(&server);
+    for (query, says) in [
+        (
+            format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"),
+            "ssl-mode=VERIFY_IDENTITY: certificate chain and host name checked",
+        ),
+        (
+            "ssl-mode=REQUIRED".to_owned(),
+            "ssl-mode=REQUIRED: certificate not checked",
+        ),
+    ] {
+        let b = MysqlBackend::connect(&url(&server, server.user(), pw, &query), &opts())
+            .await
+            .expect("connect");
+        let c = Client::new(Arc::new(b), opts()).expect("client");
+        let f = c.diagnose().await.expect("diagnose");
+        let tls = f.iter().find(|x| x.check == "tls").expect("a tls finding");
+        assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");
+        assert!(
+            tls.message.starts_with("encrypted (TLSv1.") && tls.message.contains(says),
+            "{tls:?}"
+        );
+    }
+    // A server without TLS, on this machine: not encrypted, and that is fine here.
+    let plain = shared_server();
+    let b = MysqlBackend::connect(
+        &url(&plain, plain.user(), Some(plain.password()), ""),
+        &opts(),
+    )
+    .await
+    .expect("connect");
+    let c = Client::new(Arc::new(b), opts()).expect("client");
+    let f = c.diagnose().await.expect("diagnose");
+    let tls = f.iter().find(|x| x.check == "tls").expect("a tls finding");
+    assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");
+    assert!(
+        tls.message
+            .starts_with("not encrypted (ssl-mode=PREFERRED), to this machine"),
+        "{tls:?}"
+    );
+}
