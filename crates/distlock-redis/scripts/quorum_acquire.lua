@@ -1,24 +1,33 @@
--- Redlock: one node's vote on an acquisition attempt (distlock-redlock). No wait queue (a
--- per-node queue would hand the lock to different waiters on different nodes). The hold is
--- addressed by the attempt id, which is unique forever: a retry of the same attempt finds its
--- own hold and gets it back (never a second hold), and any other attempt, even of the same
--- owner, is another holder (re-entry is counted in the client).
+-- Redlock: one node's vote on an acquisition attempt (distlock-redlock), and the node's part of
+-- the wait queue. The hold is addressed by the attempt id, which is unique forever: a retry of
+-- the same attempt finds its own hold and gets it back (never a second hold), and any other
+-- attempt, even of the same owner, is another holder (re-entry is counted in the client).
+-- The queue only decides who may be granted here (its first live waiter); the grant itself is
+-- still decided by the majority in the client, so a queue that differs between nodes can cost
+-- a round, never a second holder. Waiters carry their place (SCORE, the same on every node),
+-- so every node orders the waiters it has the same way.
 -- KEYS[1] lock hash {attempt, token, owner}, PEXPIRE = lease
 -- KEYS[2] fencing counter (never expires, never lowered)
 -- KEYS[3] node epoch "RANDOM:UNTIL_MS:RUN_ID" (exists while the node's counters are complete;
 --   UNTIL_MS is the end of the node's restart quarantine, by this server's clock)
 -- KEYS[4] lease horizon: PX = the longest lease granted or renewed here that may still run
--- ARGV[1] attempt id, ARGV[2] lease ms, ARGV[3] the epoch the client knows, ARGV[4] owner id
--- Returns {-1, 0, 0, 0} the epoch differs: the node lost its data or was re-seeded since the
+-- KEYS[5] wait queue: zset ATTEMPT -> SCORE (the waiter's place)
+-- KEYS[6] waiter expiries: zset ATTEMPT -> expiry ms (server clock)
+-- ARGV[1] attempt id, ARGV[2] lease ms, ARGV[3] the epoch the client knows, ARGV[4] owner id,
+-- ARGV[5] waiter ttl ms ('0': do not queue), ARGV[6] SCORE, ARGV[7] the lock's channel (a
+--   waiter's own channel is CHANNEL:ATTEMPT)
+-- Returns {-1, 0, 0, 0, 0} the epoch differs: the node lost its data or was re-seeded since the
 --   client looked, so its vote must not count (nothing was changed); otherwise
---   {status, counter, x, quarantine_left_ms}:
+--   {status, counter, x, quarantine_left_ms, first}:
 --   status 1 granted afresh (counter incremented; x = token stored = counter),
 --   status 2 this attempt already holds it here (x = the token stored with the hold; the
 --     lease now runs at least ARGV[2] from now, never shortened),
---   status 0 another attempt holds it (x = its pttl).
+--   status 0 another attempt holds it (x = its pttl),
+--   status 3 free here, but another waiter is first in this node's queue (x = 0);
+--   first = 1 when this attempt is the first live waiter here.
 local epoch = redis.call('get', KEYS[3])
 if epoch ~= ARGV[3] then
-  return {-1, 0, 0, 0}
+  return {-1, 0, 0, 0, 0}
 end
 local t = redis.call('time')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -26,6 +35,7 @@ local until_ms = tonumber(string.match(epoch, '^[^:]*:(%d+):')) or 0
 local qleft = math.max(0, until_ms - now_ms)
 local attempt = ARGV[1]
 local lease = tonumber(ARGV[2])
+local wttl = tonumber(ARGV[5])
 
 -- Whoever loses this node's data later must stay out of majorities until every lease it may
 -- have held has run out: the horizon remembers how long that is (read when seeding).
@@ -35,7 +45,44 @@ local function horizon()
   end
 end
 
+if redis.call('hget', KEYS[1], 'attempt') == attempt then
+  -- A retry (its earlier reply was lost) or a vote of an earlier round of this attempt: the
+  -- same hold, its lease made to run at least `lease` from now, never shortened. Its queue
+  -- entry stays until the release (a round that fails keeps its place).
+  if redis.call('pttl', KEYS[1]) < lease then
+    redis.call('pexpire', KEYS[1], lease)
+  end
+  horizon()
+  local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
+  return {2, c, tonumber(redis.call('hget', KEYS[1], 'token') or '0') or 0, qleft, 0}
+end
+
+-- Dead waiters (no refresh within their ttl) leave the queue.
+local dead = redis.call('zrangebyscore', KEYS[6], '-inf', now_ms)
+for _, a in ipairs(dead) do
+  redis.call('zrem', KEYS[5], a)
+  redis.call('zrem', KEYS[6], a)
+end
+if wttl > 0 then
+  -- Enqueued (or refreshed) at its place, which is the same on every node and never changes.
+  redis.call('zadd', KEYS[5], 'NX', ARGV[6], attempt)
+  redis.call('zadd', KEYS[6], now_ms + wttl, attempt)
+  for i = 5, 6 do
+    if redis.call('pttl', KEYS[i]) < wttl then
+      redis.call('pexpire', KEYS[i], wttl)
+    end
+  end
+end
+local head = redis.call('zrange', KEYS[5], 0, 0)[1]
+local first = (head == attempt) and 1 or 0
+
 if redis.call('exists', KEYS[1]) == 0 then
+  if head and head ~= attempt then
+    -- Free, but it is the first waiter's turn: remind it (its wake-up may have been lost).
+    redis.call('publish', ARGV[7] .. ':' .. head, 'r')
+    local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
+    return {3, c, 0, qleft, 0}
+  end
   if redis.call('exists', KEYS[2]) == 0 then
     -- A counter that is missing (a new name, or a node whose data is gone) starts from the
     -- server's clock in microseconds, above any token this name could have had before.
@@ -46,19 +93,10 @@ if redis.call('exists', KEYS[1]) == 0 then
   redis.call('hset', KEYS[1], 'attempt', attempt, 'token', c, 'owner', ARGV[4])
   redis.call('pexpire', KEYS[1], lease)
   horizon()
-  return {1, c, c, qleft}
+  return {1, c, c, qleft, first}
 end
 local c = tonumber(redis.call('get', KEYS[2]) or '0')
 if not c then
   return redis.error_reply('dlock: the fencing counter ' .. KEYS[2] .. ' does not hold a number')
 end
-if redis.call('hget', KEYS[1], 'attempt') == attempt then
-  -- A retry (its earlier reply was lost) or a vote of an earlier round of this attempt: the
-  -- same hold, its lease made to run at least `lease` from now, never shortened.
-  if redis.call('pttl', KEYS[1]) < lease then
-    redis.call('pexpire', KEYS[1], lease)
-  end
-  horizon()
-  return {2, c, tonumber(redis.call('hget', KEYS[1], 'token') or '0') or 0, qleft}
-end
-return {0, c, redis.call('pttl', KEYS[1]), qleft}
+return {0, c, redis.call('pttl', KEYS[1]), qleft, first}

@@ -1,26 +1,51 @@
--- Redlock: delete this node's hold of one grant, and nothing else. Idempotent: a repeated
--- release finds no such hold and changes nothing.
--- KEYS[1] lock hash
+-- Redlock: delete this node's hold of one grant (and nothing else), leave or keep the wait
+-- queue, and wake the first live waiter if the lock is free here afterwards — on its own
+-- channel only, so a release wakes one waiter, not all. Idempotent: a repeated call finds no
+-- such hold and changes nothing (but may remind the first waiter again).
+-- KEYS[1] lock hash, KEYS[2] wait queue (zset ATTEMPT -> SCORE), KEYS[3] waiter expiries
 -- ARGV[1] attempt id; ARGV[2] the grant's token, or '' for whatever this attempt holds (a
 --   give-up, the give-back of a failed attempt, or a node that holds the attempt under its own
 --   counter because the quorum's token never reached it, once a majority released the grant);
--- ARGV[3] release channel, or '' to give back quietly (the minority grants of a failed
---   attempt: waiters wait for the majority holder's release, and waking them for a minority
---   grant would start a herd of attempts that fail the same way)
+-- ARGV[3] the lock's channel; ARGV[4] mode:
+--   'release' a grant's release: the attempt leaves the queue; with no waiter queued here,
+--     'r' is published on the lock's channel (for waiters that do not queue);
+--   'giveback' the minority grants of a failed attempt: it keeps its place in the queue;
+--   'giveup' the attempt stops waiting: it leaves the queue and gives back what it holds.
 -- Returns {1, 0} released, {0, 0} no lock here (expired, or never granted here), {3, 0} another
 -- attempt holds it, {4, token} this attempt holds it here with another token (nothing changed).
-if redis.call('hget', KEYS[1], 'attempt') == ARGV[1] then
-  local token = redis.call('hget', KEYS[1], 'token') or ''
-  if ARGV[2] ~= '' and token ~= ARGV[2] then
-    return {4, tonumber(token) or 0}
-  end
+local attempt, mode = ARGV[1], ARGV[4]
+local held = redis.call('hmget', KEYS[1], 'attempt', 'token')
+if held[1] == attempt and ARGV[2] ~= '' and held[2] ~= ARGV[2] then
+  return {4, tonumber(held[2]) or 0}
+end
+local out = {0, 0}
+if held[1] == attempt then
   redis.call('del', KEYS[1])
-  if ARGV[3] ~= '' then
-    redis.call('publish', ARGV[3], 'r')
+  out = {1, 0}
+elseif held[1] or redis.call('exists', KEYS[1]) == 1 then
+  out = {3, 0}
+end
+if mode ~= 'giveback' then
+  redis.call('zrem', KEYS[2], attempt)
+  redis.call('zrem', KEYS[3], attempt)
+end
+if out[1] == 3 then
+  return out
+end
+-- Free here now: the first live waiter's turn.
+local t = redis.call('time')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dead = redis.call('zrangebyscore', KEYS[3], '-inf', now_ms)
+for _, a in ipairs(dead) do
+  redis.call('zrem', KEYS[2], a)
+  redis.call('zrem', KEYS[3], a)
+end
+local head = redis.call('zrange', KEYS[2], 0, 0)[1]
+if head then
+  if head ~= attempt then
+    redis.call('publish', ARGV[3] .. ':' .. head, 'r')
   end
-  return {1, 0}
+elseif out[1] == 1 and mode ~= 'giveback' then
+  redis.call('publish', ARGV[3], 'r')
 end
-if redis.call('exists', KEYS[1]) == 0 then
-  return {0, 0}
-end
-return {3, 0}
+return out

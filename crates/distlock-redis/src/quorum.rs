@@ -5,7 +5,9 @@
 //! restart quarantine and its fencing counter), raising the counter to the token a majority
 //! chose, releasing or renewing one attempt's hold, the node epoch (the marker that this node's
 //! counters are complete, carrying the end of its quarantine), and seeding counters of a node
-//! that lost them. The scripts are in `scripts/quorum_*.lua`.
+//! that lost them, and a wait queue per node ([`RedisBackend::quorum_enqueue_acquire`]): a free
+//! lock goes to the node's first live waiter, and a release wakes that waiter alone. The
+//! scripts are in `scripts/quorum_*.lua`.
 //!
 //! Every per-node hold is addressed by the attempt id that won it (unique forever): a retried
 //! vote finds its own hold and returns it, a retried release finds nothing and changes nothing,
@@ -18,7 +20,10 @@
 //! |---|---|---|
 //! | `NS:{NAME}` | hash `attempt`, `token`, `owner`; PEXPIRE = lease | one attempt's hold |
 //! | `NS:{NAME}:fence` | integer, no expiry | the node's fencing counter (starts at TIME in µs) |
-//! | `NS:{NAME}:released` | pub/sub channel | `r` when a hold is released |
+//! | `NS:{NAME}:released` | pub/sub channel | `r` when a hold is released and nobody is queued here |
+//! | `NS:{NAME}:released:ATTEMPT` | pub/sub channel | `r` to the first waiter when the lock is free here |
+//! | `NS:{NAME}:rlq` | zset `ATTEMPT -> place`; PEXPIRE ≥ waiter ttl | the node's wait queue (the place is the waiter's, the same on every node) |
+//! | `NS:{NAME}:rlq:ttl` | zset `ATTEMPT -> expiry ms` (server clock) | when each waiter leaves the queue unless it refreshes |
 //! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node's counters are complete; UNTIL_MS ends its quarantine (server clock) |
 //! | `NS:redlock:horizon` | string, PX = longest lease that may still run | how long a quarantine must last if this node's data is lost |
 
@@ -97,6 +102,11 @@ pub enum QuorumReply {
         /// The token stored with the hold on this node.
         token: u64,
     },
+    /// Free on this node, but another waiter is first in this node's wait queue (its turn).
+    Behind {
+        /// The node's counter.
+        counter: u64,
+    },
     /// Another attempt (of any owner) holds the lock on this node.
     Held {
         /// The node's counter.
@@ -118,6 +128,8 @@ pub struct QuorumVote {
     pub quarantine: Option<Duration>,
     /// The scripts had to be loaded again before the vote could run.
     pub scripts_reloaded: bool,
+    /// This attempt is the first live waiter in the node's wait queue.
+    pub first: bool,
 }
 
 /// One node's hold of a Redlock lock, as [`RedisBackend::quorum_hold`] reads it.
@@ -259,11 +271,19 @@ impl RedisBackend {
             .map_err(|e| self.err(e))
     }
 
+    /// `NS:{NAME}:rlq` and `NS:{NAME}:rlq:ttl`: the node's wait queue and its waiters'
+    /// expiries (see the module docs).
+    fn queue_keys(&self, name: &str) -> [String; 2] {
+        [self.key(name, ":rlq"), self.key(name, ":rlq:ttl")]
+    }
+
     /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
     /// `epoch`: a fresh grant (incrementing the fencing counter), "this attempt holds it
-    /// already" (the same hold, lease made to run at least `lease` from now), or "held by
-    /// another attempt". Never queues the caller. Every answer carries the node's fencing
-    /// counter and its restart quarantine.
+    /// already" (the same hold, lease made to run at least `lease` from now), "held by
+    /// another attempt", or "free, but another waiter is first in this node's queue" (a
+    /// free lock goes to the first live waiter of the node's queue). Does not queue the
+    /// caller (see [`RedisBackend::quorum_enqueue_acquire`]). Every answer carries the node's
+    /// fencing counter and its restart quarantine.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
@@ -272,14 +292,51 @@ impl RedisBackend {
     ///
     /// # Cancel safety
     /// A vote dropped after it was sent may still run on the node and grant the hold; it is
-    /// addressed to `attempt`, so [`RedisBackend::quorum_release`] of that attempt (with no token)
-    /// removes it, and a retry of the same attempt returns the same hold.
+    /// addressed to `attempt`, so [`RedisBackend::quorum_give_back`] (or `quorum_give_up`) of
+    /// that attempt removes it, and a retry of the same attempt returns the same hold.
     pub async fn quorum_acquire(
         &self,
         key: &HoldKey,
         attempt: &AttemptId,
         lease: Duration,
         epoch: &str,
+    ) -> Result<QuorumVote> {
+        self.quorum_vote(key, attempt, lease, epoch, None).await
+    }
+
+    /// [`RedisBackend::quorum_acquire`] by a waiter: first it enters (or stays in) the node's
+    /// wait queue at `place` — the waiter's place, the same on every node, so that all nodes
+    /// order the waiters they have alike (ties by attempt id) — alive for `waiter_ttl` from
+    /// now (each vote refreshes it; a waiter that stops refreshing drops out). The entry is
+    /// removed by the attempt's release or give-up, never by its grant (a round that fails
+    /// keeps the place).
+    ///
+    /// # Errors
+    /// As [`RedisBackend::quorum_acquire`].
+    ///
+    /// # Cancel safety
+    /// As [`RedisBackend::quorum_acquire`]; an entry left behind drops out after `waiter_ttl`,
+    /// and `quorum_give_up` removes it.
+    pub async fn quorum_enqueue_acquire(
+        &self,
+        key: &HoldKey,
+        attempt: &AttemptId,
+        lease: Duration,
+        epoch: &str,
+        waiter_ttl: Duration,
+        place: u64,
+    ) -> Result<QuorumVote> {
+        self.quorum_vote(key, attempt, lease, epoch, Some((waiter_ttl, place)))
+            .await
+    }
+
+    async fn quorum_vote(
+        &self,
+        key: &HoldKey,
+        attempt: &AttemptId,
+        lease: Duration,
+        epoch: &str,
+        queue: Option<(Duration, u64)>,
     ) -> Result<QuorumVote> {
         Self::check_mutex(key)?;
         let s = quorum_scripts();
@@ -289,40 +346,61 @@ impl RedisBackend {
             self.epoch_key(),
             self.horizon_key(),
         );
+        let [queue_key, ttl_key] = self.queue_keys(&key.name);
+        let (wttl, place) = match queue {
+            Some((ttl, place)) => (
+                lease_ms(ttl.max(Duration::from_millis(1))),
+                place.to_string(),
+            ),
+            None => ("0".to_owned(), "0".to_owned()),
+        };
+        let channel = self.channel(&key.name);
         let (v, reloaded) = self
             .run_quorum(
                 &s.acquire,
-                &[&lock, &fence, &ek, &hk],
-                &[attempt.as_str(), &lease_ms(lease), epoch, &key.owner],
+                &[&lock, &fence, &ek, &hk, &queue_key, &ttl_key],
+                &[
+                    attempt.as_str(),
+                    &lease_ms(lease),
+                    epoch,
+                    &key.owner,
+                    &wttl,
+                    &place,
+                    &channel,
+                ],
             )
             .await?;
         let Value::Array(items) = &v else {
             return Err(shape("quorum acquire", &v));
         };
         let nums: Vec<i64> = items.iter().filter_map(int).collect();
-        let (reply, qleft) = match nums.as_slice() {
-            [-1, ..] => (QuorumReply::EpochMismatch, 0),
-            [1, c, _, q] if *c > 0 => (QuorumReply::Granted { counter: *c as u64 }, *q),
-            [2, c, t, q] if *c >= 0 && *t >= 0 => (
+        let (reply, qleft, first) = match nums.as_slice() {
+            [-1, ..] => (QuorumReply::EpochMismatch, 0, 0),
+            [1, c, _, q, f] if *c > 0 => (QuorumReply::Granted { counter: *c as u64 }, *q, *f),
+            [2, c, t, q, f] if *c >= 0 && *t >= 0 => (
                 QuorumReply::Holds {
                     counter: *c as u64,
                     token: *t as u64,
                 },
                 *q,
+                *f,
             ),
-            [0, c, pttl, q] if *c >= 0 => (
+            [0, c, pttl, q, f] if *c >= 0 => (
                 QuorumReply::Held {
                     counter: *c as u64,
                     ttl: (*pttl >= 0).then(|| Duration::from_millis(*pttl as u64)),
                 },
                 *q,
+                *f,
             ),
+            [3, c, _, q, f] if *c >= 0 => (QuorumReply::Behind { counter: *c as u64 }, *q, *f),
             _ => return Err(shape("quorum acquire", &v)),
         };
         Ok(QuorumVote {
             reply,
             quarantine: positive_ms(qleft),
             scripts_reloaded: reloaded,
+            first: first == 1,
         })
     }
 
@@ -364,11 +442,12 @@ impl RedisBackend {
     }
 
     /// Deletes this node's hold of `attempt` on `name` if it has token `token` (`None`:
-    /// whatever token), and only that one. With `publish` the release is announced on the
-    /// lock's channel (a real release); without, it is given back quietly (the minority grants
-    /// of a failed attempt). `Ok(Released)` if it was held here, `Ok(Expired)` if nothing is,
-    /// `Ok(TakenByOther)` if another attempt holds it; `Err(stored)` if this attempt holds it
-    /// here with another token (nothing changed).
+    /// whatever token), and only that one: a grant's release. The attempt also leaves the
+    /// node's wait queue, and if the lock is free here afterwards the first live waiter is
+    /// woken on its own channel (with nobody queued, `r` goes to the lock's channel).
+    /// `Ok(Released)` if it was held here, `Ok(Expired)` if nothing is, `Ok(TakenByOther)` if
+    /// another attempt holds it; `Err(stored)` if this attempt holds it here with another
+    /// token (nothing changed).
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
@@ -376,26 +455,67 @@ impl RedisBackend {
     ///
     /// # Cancel safety
     /// Dropping it may leave the hold removed or not; calling it again has the effect of one
-    /// call (it touches only `attempt`'s hold).
+    /// call (it touches only `attempt`'s hold and queue entry).
     pub async fn quorum_release(
         &self,
         name: &str,
         attempt: &AttemptId,
         token: Option<u64>,
-        publish: bool,
+    ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
+        self.quorum_drop(name, attempt, token, "release").await
+    }
+
+    /// Gives back whatever `attempt` holds on this node, quietly for the queue: the attempt
+    /// keeps its place (the minority grants of a round that failed). The first live waiter is
+    /// woken if it is another attempt and the lock is free here afterwards. Outcomes as
+    /// [`RedisBackend::quorum_release`] with no token.
+    ///
+    /// # Errors
+    /// As [`RedisBackend::quorum_release`].
+    ///
+    /// # Cancel safety
+    /// As [`RedisBackend::quorum_release`].
+    pub async fn quorum_give_back(
+        &self,
+        name: &str,
+        attempt: &AttemptId,
+    ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
+        self.quorum_drop(name, attempt, None, "giveback").await
+    }
+
+    /// The attempt stops: it leaves this node's wait queue and gives back whatever it holds
+    /// here; the next waiter is woken if the lock is free here afterwards. Idempotent.
+    /// Outcomes as [`RedisBackend::quorum_release`] with no token.
+    ///
+    /// # Errors
+    /// As [`RedisBackend::quorum_release`].
+    ///
+    /// # Cancel safety
+    /// As [`RedisBackend::quorum_release`].
+    pub async fn quorum_give_up(
+        &self,
+        name: &str,
+        attempt: &AttemptId,
+    ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
+        self.quorum_drop(name, attempt, None, "giveup").await
+    }
+
+    async fn quorum_drop(
+        &self,
+        name: &str,
+        attempt: &AttemptId,
+        token: Option<u64>,
+        mode: &str,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
         let lock = self.lock_key(name);
-        let channel = if publish {
-            self.channel(name)
-        } else {
-            String::new()
-        };
+        let [queue_key, ttl_key] = self.queue_keys(name);
+        let channel = self.channel(name);
         let token = token.map(|t| t.to_string()).unwrap_or_default();
         let (v, _) = self
             .run_quorum(
                 &quorum_scripts().release,
-                &[&lock],
-                &[attempt.as_str(), &token, &channel],
+                &[&lock, &queue_key, &ttl_key],
+                &[attempt.as_str(), &token, &channel, mode],
             )
             .await?;
         let pair = match &v {

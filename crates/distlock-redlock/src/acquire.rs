@@ -60,6 +60,20 @@ fn finish_votes(
     });
 }
 
+/// What one round of votes amounts to.
+pub(crate) struct Round {
+    /// The answer to the attempt.
+    pub(crate) reply: AcquireReply,
+    /// Counted nodes on which the attempt is the first waiter of the queue.
+    pub(crate) first: usize,
+}
+
+impl Round {
+    fn new(reply: AcquireReply, first: usize) -> Self {
+        Round { reply, first }
+    }
+}
+
 impl Shared {
     /// The random pause before the next attempt after a split vote (0 to the node timeout), so
     /// that clients that split the nodes do not collide again.
@@ -206,10 +220,12 @@ impl Shared {
         out
     }
 
-    /// Takes back, quietly and in parallel, what an attempt that did not win may have been
-    /// granted: on every node that voted for it or may have (no answer in time). The request
-    /// names the attempt, so it can only remove that attempt's holds; a vote still in flight
-    /// on a node runs before it (one connection per node, in order).
+    /// Takes back, in parallel, what an attempt that did not win may have been granted: on
+    /// every node that voted for it or may have (no answer in time). The attempt keeps its
+    /// place in the nodes' queues; a node that is free afterwards wakes its first waiter only
+    /// (never the lock's channel: no herd). The request names the attempt, so it can only
+    /// remove that attempt's holds; a vote still in flight on a node runs before it (one
+    /// connection per node, in order).
     async fn abort(&self, views: &[View], name: &str, attempt: &AttemptId, ballots: &[Ballot]) {
         let nt = self.nt();
         join_all(
@@ -219,8 +235,7 @@ impl Shared {
                 .filter(|(_, b)| b.granted() || b.maybe_granted)
                 .filter_map(|(i, _)| views[i].backend.clone())
                 .map(|b| async move {
-                    let quiet = b.quorum_release(name, attempt, None, false);
-                    let _ = tokio::time::timeout(nt, quiet).await;
+                    let _ = tokio::time::timeout(nt, b.quorum_give_back(name, attempt)).await;
                 }),
         )
         .await;
@@ -229,6 +244,16 @@ impl Shared {
     /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
     /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`].
     pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        self.round(req, None).await.map(|r| r.reply)
+    }
+
+    /// One attempt on every node in parallel, as a waiter at `queue` (its waiter ttl and its
+    /// place) or not queued (`None`).
+    pub(crate) async fn round(
+        &self,
+        req: &AcquireRequest,
+        queue: Option<(Duration, u64)>,
+    ) -> Result<Round> {
         self.health.note_lease(req.lease);
         let key = &req.key;
         let start = Instant::now();
@@ -248,6 +273,8 @@ impl Shared {
         // Nodes asked whose vote is not in yet.
         let mut asked = vec![false; views.len()];
         let mut votes: Votes = FuturesUnordered::new();
+        // Counted nodes where this attempt is the first waiter.
+        let mut first = 0;
         for (i, v) in views.iter().enumerate() {
             let (Some(b), Some(epoch)) = (v.backend.clone(), v.epoch.clone()) else {
                 let why = v.why_not.clone().unwrap_or_default();
@@ -258,7 +285,14 @@ impl Shared {
             let (key, attempt, lease) = (key.clone(), req.attempt.clone(), req.lease);
             asked[i] = true;
             votes.push(Box::pin(async move {
-                (i, b.quorum_acquire(&key, &attempt, lease, &epoch).await)
+                let vote = match queue {
+                    None => b.quorum_acquire(&key, &attempt, lease, &epoch).await,
+                    Some((ttl, place)) => {
+                        b.quorum_enqueue_acquire(&key, &attempt, lease, &epoch, ttl, place)
+                            .await
+                    }
+                };
+                (i, vote)
             }));
         }
         // One deadline for all votes, and no vote future is ever dropped before it is done: a
@@ -281,6 +315,9 @@ impl Shared {
                 }
             };
             asked[i] = false;
+            if let Some(Ok(v)) = &answer {
+                first += usize::from(v.first && views[i].counts);
+            }
             let (b, p, e) = self.vote(i, &views[i], answer);
             ballots[i] = b;
             problems.extend(p);
@@ -319,7 +356,7 @@ impl Shared {
                 }
                 if tally::validity(req.lease, start.elapsed()).is_some() {
                     let _ = won.send(token);
-                    return Ok(AcquireReply::Granted { token });
+                    return Ok(Round::new(AcquireReply::Granted { token }, first));
                 }
                 Err(self.unconfirmed(name, q, q, start.elapsed()))
             }
@@ -333,19 +370,18 @@ impl Shared {
                 let confirmed = tally::confirmations(&ballots, token, &raised);
                 if confirmed >= q && tally::validity(req.lease, start.elapsed()).is_some() {
                     let _ = won.send(token);
-                    return Ok(AcquireReply::Granted { token });
+                    return Ok(Round::new(AcquireReply::Granted { token }, first));
                 }
                 Err(self.unconfirmed(name, confirmed, q, start.elapsed()))
             }
             Decision::Held { ttl } => {
                 self.abort(&views, name, attempt, &ballots).await;
-                Ok(AcquireReply::Held { ttl })
+                Ok(Round::new(AcquireReply::Held { ttl }, first))
             }
             Decision::Split => {
                 self.abort(&views, name, attempt, &ballots).await;
-                Ok(AcquireReply::Held {
-                    ttl: Some(self.jitter()),
-                })
+                let ttl = Some(self.jitter());
+                Ok(Round::new(AcquireReply::Held { ttl }, first))
             }
             Decision::NoQuorum { answered } => {
                 self.abort(&views, name, attempt, &ballots).await;

@@ -28,6 +28,17 @@ pub(crate) struct Config {
     /// `None`: the longest lease in use (the watchdog lease, or a longer fixed lease seen).
     pub(crate) quarantine: Option<Duration>,
     pub(crate) check_interval: Duration,
+    pub(crate) wait: WaitMode,
+}
+
+/// How waiters wait (`wait=` in the URL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitMode {
+    /// In every node's wait queue, woken by the nodes (the default).
+    Queue,
+    /// Without a queue: every release wakes every waiter, which votes again (the behaviour of
+    /// earlier versions; for comparisons).
+    Retry,
 }
 
 /// The URL with any password (and any secret parameter) replaced by `***`.
@@ -77,12 +88,13 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
     }
     for (k, _) in cs.params() {
         match k.as_str() {
-            "node_timeout" | "quarantine" | "check_interval" | "namespace" | "protocol" => {}
+            "node_timeout" | "quarantine" | "check_interval" | "namespace" | "protocol"
+            | "wait" => {}
             "ca_file" if node_scheme == "rediss" => {}
             other => {
                 return Err(cs.invalid(format!(
                     "unknown parameter `{other}` (known: namespace, node_timeout, quarantine, \
-                     check_interval, protocol; ca_file with redlocks://)"
+                     check_interval, wait, protocol; ca_file with redlocks://)"
                 )))
             }
         }
@@ -120,6 +132,17 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
         )));
     }
 
+    let wait = match cs.param("wait") {
+        None | Some("queue") => WaitMode::Queue,
+        Some("retry") => WaitMode::Retry,
+        Some(other) => {
+            return Err(cs.invalid(format!(
+                "wait={other} is not `queue` (the default: waiters queue on the nodes) or \
+                 `retry` (no queue: every release wakes every waiter)"
+            )))
+        }
+    };
+
     let nodes = cs
         .hosts()
         .iter()
@@ -139,6 +162,7 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
         node_timeout,
         quarantine,
         check_interval,
+        wait,
     })
 }
 
@@ -204,6 +228,7 @@ mod tests {
             "redlock://a:1,b:1,c:1?node_timeout=20s",
             "redlock://a:1,b:1,c:1?node_timeout=fast",
             "redlock://a:1,b:1,c:1?check_interval=1ms",
+            "redlock://a:1,b:1,c:1?wait=poll",
             "redlock://a:1,b:1,c:1?ca_file=/x",
             "redlock://a:1,b:1,c:1/x",
             "a:1,b:1,c:1",

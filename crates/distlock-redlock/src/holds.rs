@@ -51,6 +51,18 @@ impl Shared {
     }
 
     pub(crate) async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        self.quorum_watch(req, true)
+            .await
+            .map(|w| Box::new(w) as Box<dyn ReleaseWatch>)
+    }
+
+    /// Subscribes to the lock's channel and the attempt's own on every reachable node, merged;
+    /// with `spread`, wake-ups are spread by a random pause (waiters that do not queue).
+    pub(crate) async fn quorum_watch(
+        &self,
+        req: &AcquireRequest,
+        spread: bool,
+    ) -> Result<watch::QuorumWatch> {
         let views = self.health.views();
         let t = self.watch_timeout();
         let got = join_all(views.iter().map(|v| {
@@ -69,23 +81,21 @@ impl Shared {
                 "could not subscribe to release messages on any redlock node",
             ));
         }
-        Ok(Box::new(watch::QuorumWatch::new(
-            self.n(),
-            watches,
-            self.nt(),
-        )))
+        let max_spread = if spread { self.nt() } else { Duration::ZERO };
+        Ok(watch::QuorumWatch::new(self.n(), watches, max_spread))
     }
 
-    /// Releases whatever the attempt holds on any node (a grant whose reply was lost, or votes
-    /// that finished after the attempt stopped), announcing the release where it held one.
-    /// Idempotent; only that attempt's holds are touched.
+    /// Takes the attempt out of every node's wait queue and releases whatever it holds on any
+    /// node (a grant whose reply was lost, or votes that finished after the attempt stopped);
+    /// a node left free wakes its next waiter. Idempotent; only that attempt's holds and queue
+    /// entries are touched.
     pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
         let views = self.health.views();
         let t = self.call_timeout();
         let (name, attempt) = (req.key.name.clone(), req.attempt.clone());
         let mut answers = self.fan_out(&views, t, |b| {
             let (name, attempt) = (name.clone(), attempt.clone());
-            async move { b.quorum_release(&name, &attempt, None, true).await }
+            async move { b.quorum_give_up(&name, &attempt).await }
         });
         let mut answered = 0;
         let mut problems = Vec::new();
@@ -116,7 +126,7 @@ impl Shared {
         let mut answers = self.fan_out(&views, t, |b| {
             let (name, attempt, mut rx) = (name.clone(), attempt.clone(), decided.clone());
             async move {
-                match b.quorum_release(&name, &attempt, Some(token), true).await? {
+                match b.quorum_release(&name, &attempt, Some(token)).await? {
                     Ok(o) => Ok(o),
                     Err(_other_token) => {
                         tokio::spawn(async move {
@@ -129,7 +139,7 @@ impl Shared {
                             if released {
                                 let _ = tokio::time::timeout(
                                     t,
-                                    b.quorum_release(&name, &attempt, None, true),
+                                    b.quorum_release(&name, &attempt, None),
                                 )
                                 .await;
                             }

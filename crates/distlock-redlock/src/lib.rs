@@ -6,6 +6,7 @@ mod config;
 mod holds;
 mod node;
 mod ops;
+mod queue;
 mod tally;
 mod watch;
 
@@ -225,6 +226,23 @@ impl Backend for RedlockBackend {
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         self.shared.watch(req).await
+    }
+
+    /// Waits in the nodes' wait queues, woken by the nodes where this waiter is first (see
+    /// `docs/redlock.md`, "Waiting"); with `wait=retry` in the URL, the core's retry loop
+    /// instead.
+    async fn acquire_wait(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<distlock_core::backend::Granted>> {
+        match self.shared.health.cfg.wait {
+            config::WaitMode::Queue => self.shared.queued_wait(req, deadline, cancel).await,
+            config::WaitMode::Retry => {
+                distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await
+            }
+        }
     }
 
     /// Releases whatever the attempt holds on any node; see [`Backend::give_up`].

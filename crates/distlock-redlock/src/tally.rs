@@ -141,11 +141,13 @@ pub fn decide(ballots: &[Ballot]) -> Decision {
             answered: counted.len(),
         };
     }
-    // A majority is free once at most n - q nodes are still held.
+    // A majority is free once at most n - q nodes are still held (a node where another
+    // waiter is first counts as held, with no known end: it is that waiter's turn).
     let mut held: Vec<Option<Duration>> = counted
         .iter()
         .filter_map(|r| match *r {
             QuorumReply::Held { ttl, .. } => Some(ttl),
+            QuorumReply::Behind { .. } => Some(None),
             _ => None,
         })
         .collect();
@@ -179,7 +181,7 @@ pub fn settled(ballots: &[Ballot], pending: usize) -> bool {
     let ours = count(|r| matches!(r, QuorumReply::Granted { .. } | QuorumReply::Holds { .. }));
     same >= q
         || (ours >= q && same + pending < q)
-        || count(|r| matches!(r, QuorumReply::Held { .. })) > n - q
+        || count(|r| matches!(r, QuorumReply::Held { .. } | QuorumReply::Behind { .. })) > n - q
 }
 
 /// For a grant with `token`: the nodes whose vote was for this attempt but whose counter or
@@ -455,6 +457,19 @@ mod tests {
             none(),
         ];
         assert_eq!(decide(&ballots), Decision::Split);
+    }
+
+    #[test]
+    fn another_waiters_turn_counts_as_held() {
+        let behind = b(Behind { counter: 1 });
+        let g = b(Granted { counter: 2 });
+        assert_eq!(
+            decide(&[behind, behind, behind, g, g]),
+            Decision::Held { ttl: None }
+        );
+        assert_eq!(decide(&[behind, g, g]), Decision::Fresh { token: 2 });
+        assert!(settled(&[behind, behind, behind, none(), none()], 2));
+        assert!(!settled(&[behind, behind, g, none(), none()], 2));
     }
 
     #[test]

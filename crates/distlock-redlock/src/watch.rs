@@ -1,4 +1,5 @@
-//! Waiting: one release subscription per node, merged.
+//! Waiting: one release subscription per node (the lock's channel and the attempt's own),
+//! merged.
 
 use crate::tally::wake_threshold;
 use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
@@ -55,8 +56,11 @@ impl ReleaseWatch for QuorumWatch {
                 // pause lets the first one take a clean majority while the others, trying
                 // later, find it held and wait for the next release. A waiter woken again
                 // lost the last round: there is contention, so it spreads wider.
-                let max = u64::try_from(self.spread.as_micros()).unwrap_or(u64::MAX);
-                tokio::time::sleep(Duration::from_micros(fastrand::u64(0..=max))).await;
+                // A queued waiter is woken alone (by the nodes where it is first): no pause.
+                if !self.spread.is_zero() {
+                    let max = u64::try_from(self.spread.as_micros()).unwrap_or(u64::MAX);
+                    tokio::time::sleep(Duration::from_micros(fastrand::u64(0..=max))).await;
+                }
                 // Only now: dropped during the pause, the wake-up is still owed.
                 self.pending.iter_mut().for_each(|p| *p = false);
                 self.spread = (self.spread * 2).min(self.max_spread);
@@ -83,8 +87,8 @@ impl ReleaseWatch for QuorumWatch {
             let ((i, r), _, rest) = select_all(waiting).await;
             drop(rest);
             // A broken subscription may have missed a release: end the watch, the waiter
-            // tries again and subscribes anew. A handoff cannot happen (we never queue on a
-            // node); it is a release as far as the quorum is concerned.
+            // tries again and subscribes anew. A handoff cannot happen (a node never grants to
+            // a waiter by itself); anything is a release as far as the quorum is concerned.
             r?;
             self.pending[i] = true;
         }

@@ -1,0 +1,137 @@
+//! Waiting in the nodes' queues (see `docs/redlock.md`, "Waiting"): the waiter subscribes on
+//! every node, then votes as a waiter (entering each node's queue at its place), and sleeps
+//! until the nodes where it is first wake it — a release wakes the first waiter alone — or
+//! its heartbeat, which refreshes its entries and is the backstop for a lost message.
+
+use crate::watch::QuorumWatch;
+use crate::Shared;
+use distlock_core::backend::{
+    wait, AcquireReply, AcquireRequest, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy,
+    Wake,
+};
+use distlock_core::{Error, Result};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+
+/// The place of a waiter that starts now: µs since the Unix epoch by this client's clock. The
+/// same on every node, so every node orders the waiters it has alike; clients whose clocks
+/// differ by `d` are served as if they had come `d` apart (fairness, never safety, depends on
+/// it).
+fn place_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// One queued wait.
+struct Queued<'a> {
+    shared: &'a Shared,
+    req: AcquireRequest,
+    /// The waiter's entries live this long without a refresh.
+    ttl: Duration,
+    place: u64,
+    beat: Duration,
+    watch: Option<QuorumWatch>,
+    /// Subscribed once (or tried to): from now on every vote enqueues. The first vote does
+    /// not: it would be a place whose wake-up could come before the subscription.
+    subscribed: bool,
+    /// A request was sent: the attempt must be given up if the wait ends without a grant.
+    sent: bool,
+}
+
+#[async_trait::async_trait]
+impl WaitStrategy for Queued<'_> {
+    async fn attempt(&mut self, deadline: Deadline, cancel: &CancellationToken) -> Result<Attempt> {
+        self.sent = true;
+        let sent = distlock_core::clock::Instant::now();
+        let queue = self.subscribed.then_some((self.ttl, self.place));
+        let round = self.shared.round(&self.req, queue).await?;
+        let ttl = match round.reply {
+            AcquireReply::Granted { token } => {
+                return Ok(Attempt::Granted(Granted::new(token, sent)))
+            }
+            AcquireReply::Held { ttl } => ttl,
+        };
+        if self.watch.is_none() && !cancel.is_cancelled() && !deadline.passed() {
+            let first = !self.subscribed;
+            self.subscribed = true;
+            match self.shared.quorum_watch(&self.req, false).await {
+                Ok(w) => self.watch = Some(w),
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(error = %e, "cannot subscribe; queued, waking at the heartbeat");
+                }
+                Err(e) => return Err(e),
+            }
+            if first {
+                // Subscribed: now take a place (and look again: the lock may be free).
+                return Ok(Attempt::Again);
+            }
+        }
+        // First on a majority: the holder's lease end is this waiter's cue too (a holder that
+        // crashed publishes nothing). Otherwise only a wake-up or the heartbeat.
+        let retry_in = (round.first >= self.shared.q())
+            .then(|| ttl.map(|t| t + Duration::from_millis(1)))
+            .flatten();
+        Ok(Attempt::Held { retry_in })
+    }
+
+    async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
+        let Some(w) = self.watch.as_mut() else {
+            until.reached().await;
+            return Ok(None);
+        };
+        tokio::select! {
+            r = w.changed() => match r {
+                // A node never hands the lock over: any wake-up means "try".
+                Ok(_) => Ok(Some(Wake::Released)),
+                Err(e) => {
+                    tracing::debug!(error = %e, "release notifications broke; subscribing again");
+                    self.watch = None;
+                    Ok(None)
+                }
+            },
+            _ = until.reached() => Ok(None),
+        }
+    }
+
+    fn retry(&mut self, e: &Error) -> bool {
+        e.is_retryable()
+    }
+
+    fn heartbeat(&self) -> Option<Duration> {
+        Some(self.beat)
+    }
+
+    async fn give_up(&mut self) {
+        self.watch = None;
+        if !self.sent {
+            return;
+        }
+        if let Err(e) = self.shared.give_up(&self.req).await {
+            tracing::debug!(error = %e, name = %self.req.key.name, "could not leave the redlock queues; the entries expire by themselves");
+        }
+    }
+}
+
+impl Shared {
+    /// Waits in the nodes' queues; see the module docs.
+    pub(crate) async fn queued_wait(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<std::time::Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        let ttl = wait::waiter_ttl(req.lease);
+        let mut q = Queued {
+            shared: self,
+            req: req.clone(),
+            ttl,
+            place: place_now(),
+            beat: wait::heartbeat(req.lease),
+            watch: None,
+            subscribed: false,
+            sent: false,
+        };
+        wait::run(&mut q, deadline.into(), cancel, Default::default()).await
+    }
+}
