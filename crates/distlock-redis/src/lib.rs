@@ -7,6 +7,7 @@ mod inspect;
 mod ops;
 mod pubsub;
 mod quorum;
+mod renew;
 mod scripts;
 
 use crate::error::{map, shape, KIND};
@@ -482,39 +483,7 @@ impl Backend for RedisBackend {
     }
 
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        if holds.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for (grant, lease) in holds {
-            let lease = lease_ms(*lease);
-            let token = grant.token.to_string();
-            let args = [grant.attempt.as_str(), token.as_str(), lease.as_str()];
-            let name = &grant.key.name;
-            let cmd = match family(grant.key.kind)? {
-                Family::Mutex { .. } => self.scripts.renew.cmd(&[&self.lock_key(name)], &args),
-                Family::Rw { .. } => {
-                    let [holds, _, _, _, exp] = self.rw_keys(name);
-                    self.scripts.expiring_renew.cmd(&[&holds, &exp], &args)
-                }
-                Family::Sem { .. } => {
-                    let [holds, _, _, _, exp, _] = self.sem_keys(name);
-                    self.scripts.expiring_renew.cmd(&[&holds, &exp], &args)
-                }
-            };
-            pipe.add_command(cmd);
-        }
-        let mut con = self.con.clone();
-        let vals = scripts::eval_pipe(&mut con, &self.scripts.all(), &pipe)
-            .await
-            .map_err(|e| self.err(e))?;
-        vals.iter()
-            .map(|v| match int(v) {
-                Some(1) => Ok(RenewOutcome::Renewed),
-                Some(0) => Ok(RenewOutcome::NotHeld),
-                _ => Err(shape("renew", v)),
-            })
-            .collect()
+        renew::renew(self, holds).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {

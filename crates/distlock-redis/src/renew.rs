@@ -1,0 +1,145 @@
+//! Renewals: many grants in one round trip.
+//!
+//! `scripts/renew_many.lua` renews up to [`PER_SCRIPT`] grants of any family in one EVALSHA
+//! (each checked by attempt id and token as a lone renewal is: `renew.lua`'s `renew_mutex` for
+//! a mutex, `expiring_renew.lua`'s `renew_expiring` for a read-write lock or a semaphore). The
+//! watchdog sends at most 1,000 holds per call, so a tick costs one round trip and one script
+//! per 1,000 holds; a longer list goes out as one pipeline of several scripts (still one round
+//! trip), so one script never blocks the server for long.
+//!
+//! A chunk is one command (numbers are written straight into its buffer) and its reply one
+//! string of `0`/`1`: per grant only its key names are made, no command, reply value or
+//! number string.
+//!
+//! The keys of one script belong to many locks, so to many Cluster slots: fine on the one
+//! standalone node this backend talks to (`diagnose` calls a cluster node unsafe); a cluster
+//! backend would group the grants by slot first.
+
+use crate::error::shape;
+use crate::scripts::{self, Script};
+use crate::{family, Family, RedisBackend};
+use distlock_core::backend::{GrantRef, RenewOutcome};
+use distlock_core::Result;
+use redis::Value;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+/// The most grants one script renews.
+pub(crate) const PER_SCRIPT: usize = 1000;
+
+/// The script and its SHA-1 (the command is built here, keys first, then the arguments).
+struct RenewMany {
+    script: Script,
+    sha: String,
+}
+
+const SOURCE: &str = concat!(
+    include_str!("../scripts/renew.lua"),
+    include_str!("../scripts/expiring_renew.lua"),
+    include_str!("../scripts/renew_many.lua")
+);
+
+static RENEW_MANY: LazyLock<RenewMany> = LazyLock::new(|| RenewMany {
+    script: Script::new(SOURCE),
+    sha: redis::Script::new(SOURCE).get_hash().to_owned(),
+});
+
+/// The script `renew_many.lua` with the functions it calls, for loading at connect time.
+#[allow(dead_code)]
+pub(crate) fn script() -> &'static Script {
+    &RENEW_MANY.script
+}
+
+/// One grant's keys: the lock hash of a mutex; the holds hash and the expiries zset of a
+/// read-write lock or semaphore.
+enum Keys {
+    Mutex(String),
+    Expiring(String, String),
+}
+
+impl Keys {
+    fn of(b: &RedisBackend, grant: &GrantRef) -> Result<Keys> {
+        let name = &grant.key.name;
+        Ok(match family(grant.key.kind)? {
+            Family::Mutex { .. } => Keys::Mutex(b.lock_key(name)),
+            Family::Rw { .. } => {
+                let [holds, _, _, _, exp] = b.rw_keys(name);
+                Keys::Expiring(holds, exp)
+            }
+            Family::Sem { .. } => {
+                let [holds, _, _, _, exp, _] = b.sem_keys(name);
+                Keys::Expiring(holds, exp)
+            }
+        })
+    }
+}
+
+/// The EVALSHA of `renew_many.lua` for `holds` (at most [`PER_SCRIPT`]).
+fn command(b: &RedisBackend, holds: &[(GrantRef, Duration)]) -> Result<redis::Cmd> {
+    let keys = holds
+        .iter()
+        .map(|(g, _)| Keys::of(b, g))
+        .collect::<Result<Vec<_>>>()?;
+    let count: usize = keys
+        .iter()
+        .map(|k| match k {
+            Keys::Mutex(_) => 1,
+            Keys::Expiring(..) => 2,
+        })
+        .sum();
+    let mut cmd = redis::Cmd::with_capacity(3 + count + 4 * holds.len(), 128 * holds.len());
+    cmd.arg("EVALSHA").arg(&RENEW_MANY.sha).arg(count);
+    for k in &keys {
+        match k {
+            Keys::Mutex(key) => cmd.arg(key),
+            Keys::Expiring(holds, exp) => cmd.arg(holds).arg(exp),
+        };
+    }
+    for ((grant, lease), k) in holds.iter().zip(&keys) {
+        let family = match k {
+            Keys::Mutex(_) => "m",
+            Keys::Expiring(..) => "e",
+        };
+        cmd.arg(family)
+            .arg(grant.attempt.as_str())
+            .arg(grant.token)
+            .arg(lease.as_millis().max(1) as u64);
+    }
+    Ok(cmd)
+}
+
+/// `Backend::renew` of the Redis backend: every grant of `holds` in one round trip.
+pub(crate) async fn renew(
+    b: &RedisBackend,
+    holds: &[(GrantRef, Duration)],
+) -> Result<Vec<RenewOutcome>> {
+    if holds.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for chunk in holds.chunks(PER_SCRIPT) {
+        pipe.add_command(command(b, chunk)?);
+    }
+    let mut con = b.con.clone();
+    let vals = scripts::eval_pipe(&mut con, &[&RENEW_MANY.script], &pipe)
+        .await
+        .map_err(|e| b.err(e))?;
+    let mut out = Vec::with_capacity(holds.len());
+    if vals.len() != holds.len().div_ceil(PER_SCRIPT) {
+        return Err(shape("renew", &Value::Array(vals)));
+    }
+    for (v, chunk) in vals.iter().zip(holds.chunks(PER_SCRIPT)) {
+        let flags = match v {
+            Value::BulkString(b) if b.len() == chunk.len() => b.as_slice(),
+            _ => return Err(shape("renew", v)),
+        };
+        for f in flags {
+            out.push(match f {
+                b'1' => RenewOutcome::Renewed,
+                b'0' => RenewOutcome::NotHeld,
+                _ => return Err(shape("renew", v)),
+            });
+        }
+    }
+    Ok(out)
+}
