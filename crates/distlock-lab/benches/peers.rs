@@ -1,0 +1,959 @@
+//! `cargo bench -p distlock-lab --bench peers [-- --quick]`: dlock next to rslock (the Redlock
+//! crate on crates.io), through the same scenarios in one run, on redis-servers this bench
+//! starts itself (distlock-testkit). The goals of issue 14 are printed as ratios with "goal met"
+//! or "goal not met", then as a markdown table for the README.
+//!
+//! Same rules for both libraries: each client has its own connection(s) (its own dlock client,
+//! its own rslock `LockManager`, its own connection for the critical section); the critical
+//! section is a GET and a SET of a counter on the lock's server (node 0 for Redlock), checked
+//! at the end against the number of critical sections (a lost update is printed as MUTUAL
+//! EXCLUSION VIOLATED); every scenario runs for the same time (5 s, `--quick`: 1 s); an acquire
+//! waits at most 10 s (dlock: `acquire_timeout`; rslock: `lock()` re-called until the deadline,
+//! which is what its `acquire()` loops on) and one that does not get the lock by then is a
+//! give-up.
+//!
+//! Scenarios: a PING baseline; uncontended acquire+release on one client; 32 clients on one
+//! name; the same two on Redlock over 5 nodes; and (dlock only) the watchdog holding 10,000
+//! locks, measured on the server (INFO stats/commandstats sampled every millisecond) and in
+//! this process (write syscalls from `/proc/self/io`, RSS from `/proc/self/status`).
+//!
+//! A bench, not a test: nothing here asserts on speed. Ratios from one run travel; absolute
+//! figures on a shared machine do not.
+
+use distlock::redis::RedisBackend;
+use distlock::redlock::RedlockBackend;
+use distlock::{Backend, Client, ClientOptions, LockGuard, ReleaseOutcome};
+use distlock_testkit::RedisServer;
+use futures_util::future::join_all;
+use futures_util::{stream, StreamExt, TryStreamExt};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Clients of the contended scenarios.
+const CLIENTS: usize = 32;
+/// Longest wait of one acquire; past it the acquire is a give-up.
+const DEADLINE: Duration = Duration::from_secs(10);
+/// rslock's key TTL (dlock runs in watchdog mode with its default 30 s lease).
+const RSLOCK_TTL: Duration = Duration::from_secs(30);
+/// Locks the watchdog scenario holds, and its (short) watchdog lease.
+const HELD: usize = 10_000;
+const WATCHDOG_LEASE: Duration = Duration::from_secs(3);
+/// Acquire+release pairs before a measurement (connections, scripts).
+const WARM_UP: usize = 100;
+
+// ---------------------------------------------------------------------------------------------
+// The libraries: one small trait each implements; every scenario is generic over it.
+// ---------------------------------------------------------------------------------------------
+
+/// What an acquire came to.
+enum Acquired<H> {
+    Held(H),
+    /// Not granted within the deadline.
+    GaveUp,
+    /// An error other than the deadline.
+    Failed(String),
+}
+
+/// One client of one library, on one lock name.
+trait Locker: Send + Sync + 'static {
+    type Held: Send;
+    /// Waits for the lock for at most `wait`.
+    fn acquire(&self, wait: Duration) -> impl Future<Output = Acquired<Self::Held>> + Send;
+    /// Gives the lock back.
+    fn release(&self, held: Self::Held) -> impl Future<Output = Res<()>> + Send;
+}
+
+/// A library under test: how it connects a client to `nodes` (one URL: a single Redis; five:
+/// Redlock) for the lock `name`.
+trait Peer: Sync {
+    const NAME: &'static str;
+    type Locker: Locker;
+    fn connect(
+        &self,
+        nodes: &[String],
+        name: &str,
+    ) -> impl Future<Output = Res<Self::Locker>> + Send;
+}
+
+struct Dlock;
+
+impl Peer for Dlock {
+    const NAME: &'static str = "dlock";
+    type Locker = distlock::Lock;
+
+    async fn connect(&self, nodes: &[String], name: &str) -> Res<distlock::Lock> {
+        let client = dlock_client(nodes, ClientOptions::default()).await?;
+        Ok(client.lock(name)?)
+    }
+}
+
+/// A dlock client of its own: the Redis backend on one node, Redlock on several.
+async fn dlock_client(nodes: &[String], opts: ClientOptions) -> Res<Client> {
+    let backend: Arc<dyn Backend> = match nodes {
+        [one] => Arc::new(RedisBackend::connect(one, &opts).await?),
+        many => {
+            let hosts: Vec<&str> = many
+                .iter()
+                .map(|u| u.trim_start_matches("redis://"))
+                .collect();
+            // Fresh servers sit out a restart quarantine: keep it short (main waits it out).
+            let url = format!("redlock://{}?quarantine=500ms", hosts.join(","));
+            Arc::new(RedlockBackend::connect(&url, &opts).await?)
+        }
+    };
+    Ok(Client::new(backend, opts)?)
+}
+
+impl Locker for distlock::Lock {
+    type Held = LockGuard;
+
+    async fn acquire(&self, wait: Duration) -> Acquired<LockGuard> {
+        match self.acquire_timeout(wait).await {
+            Ok(g) => Acquired::Held(g),
+            Err(e) if e.is_timeout() => Acquired::GaveUp,
+            Err(e) => Acquired::Failed(e.to_string()),
+        }
+    }
+
+    async fn release(&self, held: LockGuard) -> Res<()> {
+        match held.release().await? {
+            ReleaseOutcome::Released => Ok(()),
+            other => Err(format!("release: {other:?}").into()),
+        }
+    }
+}
+
+struct Rslock;
+
+/// An rslock client: its own `LockManager` (a connection per node) and the lock's name.
+struct RsLocker {
+    manager: rslock::LockManager,
+    name: String,
+}
+
+impl Peer for Rslock {
+    const NAME: &'static str = "rslock";
+    type Locker = RsLocker;
+
+    async fn connect(&self, nodes: &[String], name: &str) -> Res<RsLocker> {
+        let clients = nodes
+            .iter()
+            .map(|u| redis::Client::open(u.as_str()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(RsLocker {
+            manager: rslock::LockManager::from_clients(clients),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl Locker for RsLocker {
+    type Held = rslock::Lock;
+
+    /// `lock()` (its 3 tries with a random delay) re-called until the deadline, as rslock's
+    /// `acquire()` does without one.
+    async fn acquire(&self, wait: Duration) -> Acquired<rslock::Lock> {
+        let deadline = Instant::now() + wait;
+        loop {
+            match self.manager.lock(self.name.as_bytes(), RSLOCK_TTL).await {
+                Ok(lock) => return Acquired::Held(lock),
+                Err(rslock::LockError::TtlTooLarge) => {
+                    return Acquired::Failed("TTL too large".into())
+                }
+                Err(_) if Instant::now() >= deadline => return Acquired::GaveUp,
+                Err(_) => {}
+            }
+        }
+    }
+
+    async fn release(&self, held: rslock::Lock) -> Res<()> {
+        held.release().await;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measurements.
+// ---------------------------------------------------------------------------------------------
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort_unstable();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Operations per second, p50 of each.
+struct Rate {
+    per_sec: f64,
+    p50: Duration,
+}
+
+impl Rate {
+    fn of(mut samples: Vec<Duration>, run: Duration) -> Rate {
+        Rate {
+            per_sec: samples.len() as f64 / run.as_secs_f64(),
+            p50: pct(&mut samples, 0.5),
+        }
+    }
+
+    fn cell(&self) -> String {
+        format!("{:.0}/s, p50 {:.0} µs", self.per_sec, us(self.p50))
+    }
+}
+
+/// Runs `op` back to back for `run`; the time of each call.
+async fn time_loop<F, Fut>(run: Duration, mut op: F) -> Res<Rate>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Res<()>>,
+{
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < run {
+        let t = Instant::now();
+        op().await?;
+        samples.push(t.elapsed());
+    }
+    Ok(Rate::of(samples, start.elapsed()))
+}
+
+/// The baseline: PING on each of `nodes` in parallel (one node: a plain round trip; five: the
+/// fan-out floor of Redlock on this machine), one connection per node.
+async fn ping_rate(nodes: &[String], run: Duration) -> Res<Rate> {
+    let mut cons = Vec::new();
+    for url in nodes {
+        cons.push(connection(url).await?);
+    }
+    let ping = |mut c: redis::aio::MultiplexedConnection| async move {
+        redis::cmd("PING").query_async::<String>(&mut c).await
+    };
+    for _ in 0..WARM_UP {
+        for r in join_all(cons.iter().cloned().map(ping)).await {
+            r?;
+        }
+    }
+    time_loop(run, || {
+        let all = join_all(cons.iter().cloned().map(ping));
+        async move {
+            for r in all.await {
+                r?;
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+async fn connection(url: &str) -> Res<redis::aio::MultiplexedConnection> {
+    Ok(redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?)
+}
+
+async fn pair<L: Locker>(l: &L) -> Res<()> {
+    match l.acquire(DEADLINE).await {
+        Acquired::Held(h) => l.release(h).await,
+        Acquired::GaveUp => Err("uncontended acquire gave up".into()),
+        Acquired::Failed(e) => Err(e.into()),
+    }
+}
+
+/// One client, acquire + release in a loop.
+async fn uncontended<P: Peer>(peer: &P, nodes: &[String], run: Duration) -> Res<Rate> {
+    let l = peer.connect(nodes, "peers-uncontended").await?;
+    for _ in 0..WARM_UP {
+        pair(&l).await?;
+    }
+    time_loop(run, || pair(&l)).await
+}
+
+/// The critical section: GET + SET of a counter, on a connection of the client's own.
+struct Counter {
+    con: redis::aio::MultiplexedConnection,
+    key: String,
+}
+
+impl Counter {
+    async fn open(url: &str, key: &str) -> Res<Counter> {
+        Ok(Counter {
+            con: connection(url).await?,
+            key: key.to_owned(),
+        })
+    }
+
+    async fn read(&mut self) -> Res<u64> {
+        let v: Option<u64> = redis::cmd("GET")
+            .arg(&self.key)
+            .query_async(&mut self.con)
+            .await?;
+        Ok(v.unwrap_or(0))
+    }
+
+    async fn bump(&mut self) -> Res<()> {
+        let v = self.read().await?;
+        redis::cmd("SET")
+            .arg(&self.key)
+            .arg(v + 1)
+            .query_async::<()>(&mut self.con)
+            .await?;
+        Ok(())
+    }
+}
+
+/// What one contending client did.
+#[derive(Default)]
+struct ClientRun {
+    waits: Vec<Duration>,
+    /// Critical sections finished within the run (throughput, fairness).
+    in_run: usize,
+    /// All critical sections (the counter's expected value).
+    sections: usize,
+    give_ups: usize,
+    failures: usize,
+    last_error: Option<String>,
+}
+
+/// The figures of one contended scenario.
+struct Contended {
+    per_sec: f64,
+    p50: Duration,
+    p99: Duration,
+    min: usize,
+    max: usize,
+    give_ups: usize,
+    failures: usize,
+    last_error: Option<String>,
+    sections: usize,
+    counter: u64,
+    /// Times a client entered while another was inside.
+    overlaps: usize,
+}
+
+impl Contended {
+    fn fairness(&self) -> f64 {
+        self.min as f64 / self.max.max(1) as f64
+    }
+
+    fn exclusive(&self) -> bool {
+        self.overlaps == 0 && self.counter == self.sections as u64
+    }
+
+    fn cell(&self) -> String {
+        format!(
+            "{:.0}/s, wait p99 {:.1} ms, per-client {}–{} ({:.2}), give-ups {}{}",
+            self.per_sec,
+            ms(self.p99),
+            self.min,
+            self.max,
+            self.fairness(),
+            self.give_ups,
+            if self.exclusive() {
+                ""
+            } else {
+                ", MUTUAL EXCLUSION VIOLATED"
+            }
+        )
+    }
+}
+
+/// What the clients share: the end of the run and the mutual-exclusion probe.
+struct Arena {
+    start: Instant,
+    end: Instant,
+    inside: AtomicUsize,
+    overlaps: AtomicUsize,
+}
+
+/// `CLIENTS` clients of `peer` on one name: acquire, critical section, release, until the run
+/// ends (an acquire started before the end still completes).
+async fn contended<P: Peer>(
+    peer: &P,
+    nodes: &[String],
+    run: Duration,
+    tag: &str,
+) -> Res<Contended> {
+    let (name, key) = (format!("peers-{tag}"), format!("peers-counter-{tag}"));
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let l = peer.connect(nodes, &name).await?;
+        pair(&l).await?;
+        clients.push((l, Counter::open(&nodes[0], &key).await?));
+    }
+    let start = Instant::now() + Duration::from_millis(100);
+    let arena = Arc::new(Arena {
+        start,
+        end: start + run,
+        inside: AtomicUsize::new(0),
+        overlaps: AtomicUsize::new(0),
+    });
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|(l, c)| tokio::spawn(contend(l, c, arena.clone())))
+        .collect();
+    let mut runs = Vec::new();
+    for t in tasks {
+        runs.push(t.await??);
+    }
+    let counter = Counter::open(&nodes[0], &key).await?.read().await?;
+    Ok(summarize(
+        runs,
+        run,
+        counter,
+        arena.overlaps.load(Ordering::SeqCst),
+    ))
+}
+
+async fn contend<L: Locker>(l: L, mut counter: Counter, arena: Arc<Arena>) -> Res<ClientRun> {
+    tokio::time::sleep_until(arena.start.into()).await;
+    let mut me = ClientRun::default();
+    while Instant::now() < arena.end {
+        let t = Instant::now();
+        let held = match l.acquire(DEADLINE).await {
+            Acquired::Held(h) => h,
+            Acquired::GaveUp => {
+                me.give_ups += 1;
+                continue;
+            }
+            Acquired::Failed(e) => {
+                me.failures += 1;
+                me.last_error = Some(e);
+                continue;
+            }
+        };
+        me.waits.push(t.elapsed());
+        if arena.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            arena.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let section = counter.bump().await;
+        arena.inside.fetch_sub(1, Ordering::SeqCst);
+        section?;
+        me.sections += 1;
+        if Instant::now() <= arena.end {
+            me.in_run += 1;
+        }
+        if let Err(e) = l.release(held).await {
+            me.failures += 1;
+            me.last_error = Some(e.to_string());
+        }
+    }
+    Ok(me)
+}
+
+fn summarize(runs: Vec<ClientRun>, run: Duration, counter: u64, overlaps: usize) -> Contended {
+    let per_client: Vec<usize> = runs.iter().map(|r| r.in_run).collect();
+    let mut waits: Vec<Duration> = runs.iter().flat_map(|r| r.waits.iter().copied()).collect();
+    Contended {
+        per_sec: per_client.iter().sum::<usize>() as f64 / run.as_secs_f64(),
+        p50: pct(&mut waits, 0.5),
+        p99: pct(&mut waits, 0.99),
+        min: per_client.iter().copied().min().unwrap_or(0),
+        max: per_client.iter().copied().max().unwrap_or(0),
+        give_ups: runs.iter().map(|r| r.give_ups).sum(),
+        failures: runs.iter().map(|r| r.failures).sum(),
+        last_error: runs.iter().find_map(|r| r.last_error.clone()),
+        sections: runs.iter().map(|r| r.sections).sum(),
+        counter,
+        overlaps,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The watchdog at scale (dlock only: rslock has no watchdog).
+// ---------------------------------------------------------------------------------------------
+
+/// This process's resident set (`VmRSS`), in MB.
+fn rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// `syscw` (write syscalls) from an `io` file of /proc.
+fn write_syscalls(path: &str) -> u64 {
+    let io = std::fs::read_to_string(path).unwrap_or_default();
+    io.lines()
+        .find_map(|l| l.strip_prefix("syscw:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `field:value` of an INFO reply, or a `field=value` inside a `cmdstat_NAME:` line.
+fn info_num(info: &str, line: &str, field: Option<&str>) -> u64 {
+    let Some(rest) = info.lines().find_map(|l| l.strip_prefix(line)) else {
+        return 0;
+    };
+    let value = match field {
+        None => Some(rest.trim()),
+        Some(f) => rest.split(',').find_map(|kv| kv.strip_prefix(f)),
+    };
+    value.and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// One look at the server and at this process.
+#[derive(Clone, Copy)]
+struct Sample {
+    at: Instant,
+    /// Commands the server ran (including those its scripts called), less the sampler's INFOs.
+    commands: u64,
+    evalsha: u64,
+    /// Write syscalls of this process less the sampler thread's own.
+    client_writes: u64,
+}
+
+/// Samples the server every millisecond until `stop`, on a blocking thread of its own.
+fn sample(url: &str, stop: &AtomicBool) -> Res<Vec<Sample>> {
+    let mut con = redis::Client::open(url)?.get_connection()?;
+    let mut out = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .arg("commandstats")
+            .query(&mut con)?;
+        let infos = info_num(&info, "cmdstat_info:", Some("calls="));
+        out.push(Sample {
+            at: Instant::now(),
+            commands: info_num(&info, "total_commands_processed:", None).saturating_sub(infos),
+            evalsha: info_num(&info, "cmdstat_evalsha:", Some("calls=")),
+            client_writes: write_syscalls("/proc/self/io")
+                .saturating_sub(write_syscalls("/proc/thread-self/io")),
+        });
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(out)
+}
+
+/// One watchdog tick as the server saw it.
+struct Tick {
+    /// From the last quiet sample before the tick to its last busy one.
+    took: Duration,
+    /// Runs of busy samples apart from each other by a quiet one: the request flights the
+    /// server saw (flights less than a sample apart count as one).
+    flights: u64,
+    commands: u64,
+    evalsha: u64,
+    client_writes: u64,
+}
+
+/// Bursts of server work separated by 100 ms of quiet; bursts cut by the window's ends are
+/// left out.
+fn ticks(samples: &[Sample]) -> Vec<Tick> {
+    let is_busy = |i: usize| i > 0 && samples[i].commands > samples[i - 1].commands;
+    let busy: Vec<usize> = (1..samples.len()).filter(|&i| is_busy(i)).collect();
+    let mut bursts: Vec<(usize, usize)> = Vec::new();
+    for i in busy {
+        match bursts.last_mut() {
+            Some((_, b)) if samples[i].at - samples[*b].at < Duration::from_millis(100) => *b = i,
+            _ => bursts.push((i, i)),
+        }
+    }
+    bursts
+        .into_iter()
+        .filter(|&(a, b)| a > 1 && b + 1 < samples.len())
+        .map(|(a, b)| {
+            let (before, first, last) = (samples[a - 2], samples[a - 1], samples[b]);
+            Tick {
+                took: last.at - first.at,
+                flights: (a..=b).filter(|&i| is_busy(i) && !is_busy(i - 1)).count() as u64,
+                commands: last.commands - first.commands,
+                evalsha: last.evalsha - first.evalsha,
+                // From one sample earlier: a request is written before the server counts it.
+                client_writes: last.client_writes - before.client_writes,
+            }
+        })
+        .collect()
+}
+
+struct Watchdog {
+    held: usize,
+    lost: usize,
+    ticks: Vec<Tick>,
+    rss_before: f64,
+    rss_held: f64,
+}
+
+impl Watchdog {
+    fn mean(&self, f: impl Fn(&Tick) -> f64) -> f64 {
+        self.ticks.iter().map(f).sum::<f64>() / self.ticks.len().max(1) as f64
+    }
+
+    /// Round trips per tick: the request flights the server saw apart (1 ms sampling).
+    fn round_trips(&self) -> f64 {
+        self.mean(|t| t.flights as f64)
+    }
+
+    fn worst_tick(&self) -> Duration {
+        self.ticks
+            .iter()
+            .map(|t| t.took)
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
+/// [`watchdog`] on a current-thread runtime of its own, so that the client's write syscalls are
+/// its requests (no wake-ups of other worker threads, which also count as writes).
+async fn watchdog_alone(url: String, observe: Duration) -> Res<Watchdog> {
+    tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(watchdog(url, observe))
+    })
+    .await?
+}
+
+/// One dlock client holds `HELD` locks in watchdog mode for `observe`, on a server of its own.
+async fn watchdog(url: String, observe: Duration) -> Res<Watchdog> {
+    let rss_before = rss_mb();
+    let opts = ClientOptions::default().watchdog_lease(WATCHDOG_LEASE);
+    let client = dlock_client(std::slice::from_ref(&url), opts).await?;
+    let guards: Vec<LockGuard> = stream::iter(0..HELD)
+        .map(|i| {
+            let client = &client;
+            async move {
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
+                    client.lock(&format!("peers-held-{i}"))?.acquire().await?,
+                )
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect()
+        .await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let sampler = tokio::task::spawn_blocking(move || sample(&url, &flag));
+    tokio::time::sleep(observe).await;
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.await??;
+    let rss_held = rss_mb();
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    stream::iter(guards)
+        .map(|g| async move { g.release().await.map(|_| ()) })
+        .buffer_unordered(64)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(Watchdog {
+        held: HELD,
+        lost,
+        ticks: ticks(&samples),
+        rss_before,
+        rss_held,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report.
+// ---------------------------------------------------------------------------------------------
+
+/// A goal's line, and its verdict for the table.
+fn goal(what: &str, value: String, met: bool) -> &'static str {
+    let verdict = if met { "goal met" } else { "goal not met" };
+    println!("  {what}: {value} — {verdict}");
+    verdict
+}
+
+fn print_contended(label: &str, lib: &str, c: &Contended) {
+    println!(
+        "{label} {lib:6}: {:.0} critical sections/s, wait p50 {:.0} µs p99 {:.1} ms, per-client ops {}–{} (min/max {:.2}), give-ups {}, errors {}, counter {} of {} sections",
+        c.per_sec,
+        us(c.p50),
+        ms(c.p99),
+        c.min,
+        c.max,
+        c.fairness(),
+        c.give_ups,
+        c.failures,
+        c.counter,
+        c.sections
+    );
+    if let Some(e) = &c.last_error {
+        println!("  {lib} last error: {e}");
+    }
+    if !c.exclusive() {
+        println!(
+            "!!! MUTUAL EXCLUSION VIOLATED ({lib}, {label}): {} overlapping entries, {} lost updates",
+            c.overlaps,
+            c.sections as u64 - c.counter.min(c.sections as u64)
+        );
+    }
+}
+
+/// Both libraries through the contended scenario, printed.
+async fn contended_pair(
+    label: &str,
+    nodes: &[String],
+    run: Duration,
+    tag: &str,
+) -> Res<(Contended, Contended)> {
+    let d = contended(&Dlock, nodes, run, &format!("{tag}-dlock")).await?;
+    print_contended(label, Dlock::NAME, &d);
+    let r = contended(&Rslock, nodes, run, &format!("{tag}-rslock")).await?;
+    print_contended(label, Rslock::NAME, &r);
+    Ok((d, r))
+}
+
+async fn uncontended_pair(label: &str, nodes: &[String], run: Duration) -> Res<(Rate, Rate)> {
+    let d = uncontended(&Dlock, nodes, run).await?;
+    let r = uncontended(&Rslock, nodes, run).await?;
+    for (lib, x) in [(Dlock::NAME, &d), (Rslock::NAME, &r)] {
+        println!("{label} {lib:6}: {}", x.cell());
+    }
+    Ok((d, r))
+}
+
+/// A table row: scenario, rslock, dlock, ratio, goal, verdict.
+type Row = [String; 6];
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> Res<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let run = Duration::from_secs(if quick { 1 } else { 5 });
+    let observe = if quick {
+        Duration::from_millis(2500)
+    } else {
+        run
+    };
+    let single = RedisServer::start()?;
+    let nodes: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start())
+        .collect::<Result<_, _>>()?;
+    let held_server = RedisServer::start()?;
+    let one = [single.url()];
+    let five: Vec<String> = nodes.iter().map(|n| n.url()).collect();
+    // Let the Redlock nodes age past dlock's (shortened) restart quarantine.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    println!(
+        "dlock vs rslock 0.10, {run:?} per scenario, {CLIENTS} contending clients, {} cores",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+
+    let ping = ping_rate(&one, run).await?;
+    let fan = ping_rate(&five, run).await?;
+    println!("baseline PING, 1 node        : {}", ping.cell());
+    println!("baseline PING, 5 in parallel : {}", fan.cell());
+    let (u_d, u_r) = uncontended_pair("uncontended, 1 client  ", &one, run).await?;
+    let (c_d, c_r) = contended_pair("contended, 32 clients  ", &one, run, "one").await?;
+    let (rl_d, rl_r) = uncontended_pair("redlock 5 nodes, 1 client", &five, run).await?;
+    let (rc_d, rc_r) = contended_pair("redlock 5 nodes, 32    ", &five, run, "five").await?;
+    let w = watchdog_alone(held_server.url(), observe).await?;
+    let ping_after = ping_rate(&one, run / 2).await?;
+    println!(
+        "baseline PING again at the end: {} ({:.2}x the first: the machine's drift)",
+        ping_after.cell(),
+        ping_after.per_sec / ping.per_sec
+    );
+    print_watchdog(&w);
+
+    println!("goals (issue 14), ratios of this run:");
+    let rows = goals(&[&u_d, &u_r, &rl_d, &rl_r], &[&c_d, &c_r, &rc_d, &rc_r], &w);
+    print_table(&ping, &fan, &rows, run);
+    Ok(())
+}
+
+fn print_watchdog(w: &Watchdog) {
+    let interval = WATCHDOG_LEASE / 3;
+    println!(
+        "watchdog, {} locks held by one client (lease {WATCHDOG_LEASE:?}, tick every {interval:?}): {} ticks seen, {} locks lost",
+        w.held,
+        w.ticks.len(),
+        w.lost
+    );
+    for (i, t) in w.ticks.iter().enumerate() {
+        println!(
+            "  tick {i}: {:.1} ms, {} request flights seen by the server, {} EVALSHA, {} commands on the server (with script calls), {} client write syscalls (an upper bound of round trips: a large pipeline takes several writes)",
+            ms(t.took),
+            t.flights,
+            t.evalsha,
+            t.commands,
+            t.client_writes
+        );
+    }
+    println!(
+        "  RSS before {:.1} MB, holding {:.1} MB (+{:.1} MB)",
+        w.rss_before,
+        w.rss_held,
+        w.rss_held - w.rss_before
+    );
+}
+
+/// Prints every goal's line; the table rows.
+fn goals(solo: &[&Rate; 4], crowd: &[&Contended; 4], w: &Watchdog) -> Vec<Row> {
+    let [u_d, u_r, rl_d, rl_r] = *solo;
+    let [c_d, c_r, rc_d, rc_r] = *crowd;
+    let row = |s: &str, r: String, d: String, ratio: String, g: &str, v: Vec<&str>| -> Row {
+        let all = if v.iter().all(|v| *v == "goal met") {
+            "goal met"
+        } else {
+            "goal not met"
+        };
+        [s.into(), r, d, ratio, g.into(), all.into()]
+    };
+    let x = |a: f64, b: f64| a / b.max(f64::MIN_POSITIVE);
+    let excl = |c: &Contended| {
+        goal(
+            "  mutual exclusion kept",
+            format!("{}", c.exclusive()),
+            c.exclusive(),
+        )
+    };
+
+    let u = x(u_d.per_sec, u_r.per_sec);
+    let v1 = goal(
+        "uncontended ops/s dlock/rslock (≥ 1.0×)",
+        format!("{u:.2}×"),
+        u >= 1.0,
+    );
+
+    let (o, p) = (x(c_d.per_sec, c_r.per_sec), x(us(c_d.p99), us(c_r.p99)));
+    let v2 = vec![
+        goal(
+            "32 clients critical sections/s dlock/rslock (≥ 1.0×)",
+            format!("{o:.2}×"),
+            o >= 1.0,
+        ),
+        goal(
+            "32 clients dlock fairness min/max (≥ 0.5)",
+            format!("{:.2}", c_d.fairness()),
+            c_d.fairness() >= 0.5,
+        ),
+        goal(
+            "32 clients wait p99 dlock/rslock (≤ 0.1×)",
+            format!("{p:.3}×"),
+            p <= 0.1,
+        ),
+        excl(c_d),
+    ];
+
+    let r1 = x(rl_d.per_sec, rl_r.per_sec);
+    let v3 = goal(
+        "redlock 1 client ops/s dlock/best peer run here, rslock (≥ 1.2×)",
+        format!("{r1:.2}×"),
+        r1 >= 1.2,
+    );
+
+    let (ro, rp) = (x(rc_d.per_sec, rc_r.per_sec), x(us(rc_d.p99), us(rc_r.p99)));
+    let v4 = vec![
+        goal(
+            "redlock 32 clients critical sections/s dlock/rslock (≥ 2×)",
+            format!("{ro:.2}×"),
+            ro >= 2.0,
+        ),
+        goal(
+            "redlock 32 clients dlock give-ups (0)",
+            rc_d.give_ups.to_string(),
+            rc_d.give_ups == 0,
+        ),
+        goal(
+            "redlock 32 clients wait p99 dlock/rslock (≤ 0.1×)",
+            format!("{rp:.3}×"),
+            rp <= 0.1,
+        ),
+        excl(rc_d),
+    ];
+
+    let budget = w.held.div_ceil(1000) as f64;
+    let third = WATCHDOG_LEASE / 3;
+    let share = w.worst_tick().as_secs_f64() / third.as_secs_f64();
+    let v5 = vec![
+        goal(
+            "watchdog round trips per tick, request flights the server saw (≤ ceil(N/1000))",
+            format!("{:.1} vs {budget}", w.round_trips()),
+            !w.ticks.is_empty() && w.round_trips() <= budget,
+        ),
+        goal(
+            "watchdog RSS holding 10,000 locks (< 50 MB)",
+            format!("{:.1} MB", w.rss_held),
+            w.rss_held < 50.0,
+        ),
+        goal(
+            "watchdog slowest tick vs lease/3 (well inside: ≤ 50%)",
+            format!("{:.1} ms = {:.0}%", ms(w.worst_tick()), share * 100.0),
+            !w.ticks.is_empty() && share <= 0.5,
+        ),
+        goal("watchdog locks lost (0)", w.lost.to_string(), w.lost == 0),
+    ];
+
+    vec![
+        row(
+            "uncontended acquire+release, 1 client",
+            u_r.cell(),
+            u_d.cell(),
+            format!("{u:.2}×"),
+            "≥ 1.0×",
+            vec![v1],
+        ),
+        row(
+            "contended, 32 clients, one name",
+            c_r.cell(),
+            c_d.cell(),
+            format!("{o:.2}× ops, {p:.3}× p99"),
+            "≥ 1.0× ops, p99 ≤ 0.1×, min/max ≥ 0.5",
+            v2,
+        ),
+        row(
+            "Redlock 5 nodes, 1 client",
+            rl_r.cell(),
+            rl_d.cell(),
+            format!("{r1:.2}×"),
+            "≥ 1.2× best peer",
+            vec![v3],
+        ),
+        row(
+            "Redlock 5 nodes, 32 clients",
+            rc_r.cell(),
+            rc_d.cell(),
+            format!("{ro:.2}× ops, {rp:.3}× p99"),
+            "≥ 2× ops, no give-ups, p99 ≤ 0.1×",
+            v4,
+        ),
+        row(
+            "watchdog, 10,000 locks, 1 client",
+            "— (no watchdog)".into(),
+            format!(
+                "{:.1} round trips/tick ({:.0} EVALSHA), slowest tick {:.1} ms, RSS {:.1} MB",
+                w.round_trips(),
+                w.mean(|t| t.evalsha as f64),
+                ms(w.worst_tick()),
+                w.rss_held
+            ),
+            format!("{:.1} / {budget} round trips", w.round_trips()),
+            "≤ ceil(N/1000) round trips, RSS < 50 MB, tick ≪ lease/3",
+            v5,
+        ),
+    ]
+}
+
+fn print_table(ping: &Rate, fan: &Rate, rows: &[Row], run: Duration) {
+    println!();
+    println!("| scenario | rslock 0.10 | dlock | dlock/rslock | goal | |");
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| baseline, no lock: PING round trip | 1 node {}; 5 nodes in parallel {} | (same servers) | | | |",
+        ping.cell(),
+        fan.cell()
+    );
+    for r in rows {
+        println!("| {} |", r.join(" | "));
+    }
+    println!();
+    println!(
+        "One run, {run:?} per scenario, each client its own connection(s), critical section = GET + SET of a counter on the lock's server; `cargo bench -p distlock-lab --bench peers`."
+    );
+}
