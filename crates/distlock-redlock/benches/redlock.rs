@@ -1,4 +1,4 @@
-//! `cargo bench -p distlock-redlock [-- --quick]`: Redlock on 5 real redis-servers next to the
+//! `cargo bench -p distlock-redlock [-- --quick] [--contended]`: Redlock on 5 real redis-servers next to the
 //! single-node Redis backend, measured in the same run (the machine is shared and noisy;
 //! ratios travel, absolute figures do not).
 //!
@@ -9,8 +9,11 @@
 //!   blocks so both see the same machine), on loopback and over links with 1 ms of delay
 //!   each way (where the network, not the CPU, dominates, as between real hosts); the goal
 //!   is a ratio within 1.5x, because the fan-out to the nodes is parallel;
-//! - contended: 32 clients on one name, critical sections per second and acquire wait
-//!   p50/p99, 5 nodes vs 1 (with a mutual-exclusion check).
+//! - contended: 32 clients on one name, critical sections per second, acquire wait p50/p99,
+//!   per-client grants min/max and give-ups (an acquire not granted within 10 s), for one
+//!   `redis://` node (the baseline), Redlock without a queue (`wait=retry`: every release
+//!   wakes every waiter, the behaviour before the queue) and Redlock with the nodes' queues
+//!   (the default), all in this run (with a mutual-exclusion check).
 
 use distlock_core::{Client, ClientOptions, ReleaseOutcome};
 use distlock_redis::RedisBackend;
@@ -108,6 +111,9 @@ struct Contended {
     p50: Duration,
     p99: Duration,
     grants: usize,
+    min: usize,
+    max: usize,
+    give_ups: usize,
 }
 
 /// `clients` clients (one task each) take `name` for `run`; returns throughput and waits.
@@ -115,20 +121,31 @@ async fn contend(clients: Vec<Client>, name: &str, run: Duration) -> Contended {
     let stop = Arc::new(AtomicBool::new(false));
     let inside = Arc::new(AtomicU64::new(0));
     let waits = Arc::new(Mutex::new(Vec::new()));
+    let give_ups = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     let started = Instant::now();
     for c in clients {
-        let (stop, inside, waits, name) =
-            (stop.clone(), inside.clone(), waits.clone(), name.to_owned());
+        let (stop, inside, waits, name, give_ups) = (
+            stop.clone(),
+            inside.clone(),
+            waits.clone(),
+            name.to_owned(),
+            give_ups.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let lock = c.lock(&name).expect("lock");
+            let mut mine = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                let g = lock
-                    .acquire_timeout(Duration::from_secs(30))
-                    .await
-                    .expect("acquire");
+                let g = match lock.acquire_timeout(Duration::from_secs(10)).await {
+                    Ok(g) => g,
+                    Err(_) => {
+                        give_ups.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                };
                 let waited = t.elapsed();
+                mine += 1;
                 assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
                 tokio::task::yield_now().await;
                 inside.fetch_sub(1, Ordering::SeqCst);
@@ -138,12 +155,14 @@ async fn contend(clients: Vec<Client>, name: &str, run: Duration) -> Contended {
                 );
                 waits.lock().expect("waits").push(waited);
             }
+            mine
         }));
     }
     tokio::time::sleep(run).await;
     stop.store(true, Ordering::Relaxed);
+    let mut per_client = Vec::new();
     for t in tasks {
-        t.await.expect("task");
+        per_client.push(t.await.expect("task"));
     }
     let elapsed = started.elapsed();
     let mut w = waits.lock().expect("waits").clone();
@@ -152,12 +171,17 @@ async fn contend(clients: Vec<Client>, name: &str, run: Duration) -> Contended {
         p50: pct(&mut w, 0.5),
         p99: pct(&mut w, 0.99),
         grants: w.len(),
+        min: per_client.iter().copied().min().unwrap_or(0),
+        max: per_client.iter().copied().max().unwrap_or(0),
+        give_ups: give_ups.load(Ordering::Relaxed) as usize,
     }
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // Only the contended scenario (`-- --contended`).
+    let contended_only = std::env::args().any(|a| a == "--contended");
     let (blocks, per_block, run) = if quick {
         (6, 50, Duration::from_secs(2))
     } else {
@@ -175,92 +199,113 @@ async fn main() {
     let rl_url = format!("redlock://{}?quarantine=500ms", hosts.join(","));
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
-    // The fan-out floor.
-    let mut pingers = Vec::new();
-    for url in nodes.iter().map(|n| n.url()).chain([one.url()]) {
-        let b = RedisBackend::connect(&url, &ClientOptions::default())
-            .await
-            .expect("connect");
-        pingers.push(b);
-    }
-    let (mut p1, mut p5) = (Vec::new(), Vec::new());
-    for _ in 0..blocks {
-        for _ in 0..per_block {
-            let t = Instant::now();
-            pingers[5].ping().await.expect("ping");
-            p1.push(t.elapsed());
+    if !contended_only {
+        // The fan-out floor.
+        let mut pingers = Vec::new();
+        for url in nodes.iter().map(|n| n.url()).chain([one.url()]) {
+            let b = RedisBackend::connect(&url, &ClientOptions::default())
+                .await
+                .expect("connect");
+            pingers.push(b);
         }
-        for _ in 0..per_block {
-            let t = Instant::now();
-            for r in join_all(pingers[..5].iter().map(|b| b.ping())).await {
-                r.expect("ping");
+        let (mut p1, mut p5) = (Vec::new(), Vec::new());
+        for _ in 0..blocks {
+            for _ in 0..per_block {
+                let t = Instant::now();
+                pingers[5].ping().await.expect("ping");
+                p1.push(t.elapsed());
             }
-            p5.push(t.elapsed());
+            for _ in 0..per_block {
+                let t = Instant::now();
+                for r in join_all(pingers[..5].iter().map(|b| b.ping())).await {
+                    r.expect("ping");
+                }
+                p5.push(t.elapsed());
+            }
         }
+        let (m1, m5) = (mean(&p1), mean(&p5));
+        let (a, b) = (pct(&mut p1, 0.5), pct(&mut p5, 0.5));
+        println!(
+            "fan-out floor on this machine (loopback, {} cores):",
+            num_cpus()
+        );
+        println!(
+            "  1 PING p50 {:7.1} us mean {:7.1} us; 5 parallel PINGs p50 {:7.1} us mean {:7.1} us; ratio p50 {:.2}x mean {:.2}x",
+            us(a),
+            us(m1),
+            us(b),
+            us(m5),
+            us(b) / us(a),
+            us(m5) / us(m1)
+        );
+
+        let s = single(&one.url()).await;
+        let r = redlock(&rl_url).await;
+        uncontended("loopback", &s, &r, blocks, per_block).await;
+
+        // The same over links with 1 ms of delay each way.
+        let delay = Duration::from_millis(1);
+        let proxies: Vec<DelayProxy> = nodes
+            .iter()
+            .chain([&one])
+            .map(|n| DelayProxy::start(n.addr(), delay).expect("proxy"))
+            .collect();
+        let hosts: Vec<String> = proxies[..5]
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.port()))
+            .collect();
+        // A longer node timeout: every answer takes at least 2 ms on these links.
+        let slow_url = format!(
+            "redlock://{}?quarantine=500ms&node_timeout=25ms",
+            hosts.join(",")
+        );
+        let s2 = single(&format!("redis://127.0.0.1:{}", proxies[5].port())).await;
+        let r2 = redlock(&slow_url).await;
+        let (b2, pb2) = if quick { (2, 25) } else { (4, 50) };
+        uncontended("1 ms links", &s2, &r2, b2, pb2).await;
+        drop((s2, r2, proxies));
     }
-    let (m1, m5) = (mean(&p1), mean(&p5));
-    let (a, b) = (pct(&mut p1, 0.5), pct(&mut p5, 0.5));
-    println!(
-        "fan-out floor on this machine (loopback, {} cores):",
-        num_cpus()
-    );
-    println!(
-        "  1 PING p50 {:7.1} us mean {:7.1} us; 5 parallel PINGs p50 {:7.1} us mean {:7.1} us; ratio p50 {:.2}x mean {:.2}x",
-        us(a),
-        us(m1),
-        us(b),
-        us(m5),
-        us(b) / us(a),
-        us(m5) / us(m1)
-    );
 
-    let s = single(&one.url()).await;
-    let r = redlock(&rl_url).await;
-    uncontended("loopback", &s, &r, blocks, per_block).await;
-
-    // The same over links with 1 ms of delay each way.
-    let delay = Duration::from_millis(1);
-    let proxies: Vec<DelayProxy> = nodes
-        .iter()
-        .chain([&one])
-        .map(|n| DelayProxy::start(n.addr(), delay).expect("proxy"))
-        .collect();
-    let hosts: Vec<String> = proxies[..5]
-        .iter()
-        .map(|p| format!("127.0.0.1:{}", p.port()))
-        .collect();
-    // A longer node timeout: every answer takes at least 2 ms on these links.
-    let slow_url = format!(
-        "redlock://{}?quarantine=500ms&node_timeout=25ms",
-        hosts.join(",")
-    );
-    let s2 = single(&format!("redis://127.0.0.1:{}", proxies[5].port())).await;
-    let r2 = redlock(&slow_url).await;
-    let (b2, pb2) = if quick { (2, 25) } else { (4, 50) };
-    uncontended("1 ms links", &s2, &r2, b2, pb2).await;
-    drop((s2, r2, proxies));
-
+    let retry_url = format!("{rl_url}&wait=retry");
     let mut single_clients = Vec::new();
-    let mut redlock_clients = Vec::new();
+    let mut retry_clients = Vec::new();
+    let mut queue_clients = Vec::new();
     for _ in 0..32 {
         single_clients.push(single(&one.url()).await);
-        redlock_clients.push(redlock(&rl_url).await);
+        retry_clients.push(redlock(&retry_url).await);
+        queue_clients.push(redlock(&rl_url).await);
     }
     let cs = contend(single_clients, "contended", run).await;
-    let cr = contend(redlock_clients, "contended", run).await;
+    let cb = contend(retry_clients, "contended-retry", run).await;
+    let cq = contend(queue_clients, "contended-queue", run).await;
     println!("32 contenders on one name for {run:?} (mutual exclusion checked):");
-    for (label, c) in [("redis (1 node)", &cs), ("redlock (5 nodes)", &cr)] {
+    for (label, c) in [
+        ("redis (1 node)", &cs),
+        ("redlock, retry (before)", &cb),
+        ("redlock, queue (after)", &cq),
+    ] {
         println!(
-            "  {label:18} {:8.0} grants/s ({} grants)  wait p50 {:8.1} us  p99 {:8.1} us",
+            "  {label:24} {:7.0} grants/s ({} grants)  wait p50 {:9.1} us  p99 {:9.1} us  per-client {}..{} (min/max {:.2})  give-ups {}",
             c.per_sec,
             c.grants,
             us(c.p50),
-            us(c.p99)
+            us(c.p99),
+            c.min,
+            c.max,
+            c.min as f64 / c.max.max(1) as f64,
+            c.give_ups
         );
     }
     println!(
-        "  ratio 5 nodes / 1 node: throughput {:.2}x  wait p50 {:.2}x",
-        cr.per_sec / cs.per_sec,
-        us(cr.p50) / us(cs.p50)
+        "  ratio queue / retry: throughput {:.2}x  wait p99 {:.3}x  (same run)",
+        cq.per_sec / cb.per_sec,
+        us(cq.p99) / us(cb.p99)
+    );
+    println!(
+        "  ratio vs 1 node: retry throughput {:.2}x p99 {:.2}x; queue throughput {:.2}x p99 {:.2}x",
+        cb.per_sec / cs.per_sec,
+        us(cb.p99) / us(cs.p99),
+        cq.per_sec / cs.per_sec,
+        us(cq.p99) / us(cs.p99)
     );
 }

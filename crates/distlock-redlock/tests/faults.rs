@@ -1,5 +1,5 @@
 //! Redlock under node failures, on real redis-server processes: killed, paused, restarted
-//! without persistence, behind a slow link. Timing bounds are generous (a loaded 2-core
+//! without persistence, behind a slow link, while waiters queue. Timing bounds are generous (a loaded 2-core
 //! machine): they tell "bounded by the node timeout" from "bounded by the 3 s call timeout",
 //! nothing finer.
 
@@ -10,7 +10,7 @@ use common::{
 };
 use distlock_core::{Client, LostReason, ReleaseOutcome};
 use distlock_redlock::RedlockBackend;
-use distlock_testkit::{DelayProxy, RedisOptions, RedisServer};
+use distlock_testkit::{DelayProxy, OverlapRecorder, RedisOptions, RedisServer};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -392,4 +392,108 @@ async fn seeded_counters_carry_tokens_past_lost_witnesses() {
     tokens.push(grab(&y, name).await);
     tokens.extend(contend(&[y], name, 3, 2).await);
     assert_increasing(&tokens);
+}
+
+/// The length of node `i`'s wait queue of `name`.
+fn queued_on(c: &Cluster, i: usize, name: &str) -> usize {
+    c.servers[i]
+        .command(&["ZCARD", &format!("dlock:{{{name}}}:rlq")])
+        .expect("ZCARD")
+        .parse()
+        .expect("ZCARD is a number")
+}
+
+/// Waiters queue behind a holder one after the other (each starts once the one before it is
+/// in node 0's queue, so their order is known); `fault` hits a node while they are queued; the
+/// holder releases. The waiters must get the lock in the order they queued, every waiter must
+/// get it each round within its deadline (no give-up), with never two holders inside at once
+/// and strictly increasing tokens.
+async fn queue_through_a_fault(name: &str, fault: impl FnOnce(&mut Cluster)) -> Cluster {
+    const WAITERS: usize = 6;
+    const ROUNDS: usize = 3;
+    let mut c = Cluster::start(5);
+    c.settle().await;
+    let p = "quarantine=500ms&node_timeout=50ms";
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(c.client(p, opts(1000)).await);
+    }
+    let holder = acquired(&clients[0], name).await;
+    let rec = Arc::new(OverlapRecorder::new());
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut joins = Vec::new();
+    for i in 0..WAITERS {
+        let (lock, rec, order) = (
+            clients[i % clients.len()].lock(name).expect("lock"),
+            rec.clone(),
+            order.clone(),
+        );
+        joins.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = lock
+                    .acquire_timeout(Duration::from_secs(10))
+                    .await
+                    .expect("a queued waiter gave up");
+                let visit = rec.enter(
+                    lock.name(),
+                    &format!("w{i}"),
+                    g.fencing_token(),
+                    g.is_lost(),
+                );
+                order.lock().expect("order").push((i, g.fencing_token()));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                rec.exit(visit, g.is_lost());
+                assert_eq!(
+                    g.release().await.expect("release"),
+                    ReleaseOutcome::Released
+                );
+            }
+        }));
+        let t = Instant::now();
+        while queued_on(&c, 0, name) < i + 1 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "waiter {i} never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    fault(&mut c);
+    assert_eq!(holder.release().await.expect("r"), ReleaseOutcome::Released);
+    for j in joins {
+        j.await.expect("waiter");
+    }
+    rec.assert_no_overlap();
+    let order = order.lock().expect("order").clone();
+    let first: Vec<usize> = order.iter().take(WAITERS).map(|(i, _)| *i).collect();
+    assert_eq!(
+        first,
+        (0..WAITERS).collect::<Vec<_>>(),
+        "not served in turn: {order:?}"
+    );
+    assert_eq!(order.len(), WAITERS * ROUNDS);
+    let tokens: Vec<u64> = order.iter().map(|(_, t)| *t).collect();
+    assert_increasing(&tokens);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_waiters_are_served_in_turn_past_a_killed_node() {
+    queue_through_a_fault("queue-kill", |c| c.servers[3].kill()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_waiters_are_served_in_turn_past_a_paused_node() {
+    let mut c = queue_through_a_fault("queue-pause", |c| c.servers[4].pause()).await;
+    c.servers[4].resume();
+    // Every queue entry went with its waiter (released or given up), on every node.
+    let t = Instant::now();
+    while (0..5).any(|i| queued_on(&c, i, "queue-pause") > 0) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "queue entries left behind"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = &mut c;
 }
