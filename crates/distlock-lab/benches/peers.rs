@@ -12,8 +12,9 @@
 //! which is what its `acquire()` loops on) and one that does not get the lock by then is a
 //! give-up.
 //!
-//! Scenarios: a PING baseline; uncontended acquire+release on one client; 32 clients on one
-//! name; the same two on Redlock over 5 nodes; and (dlock only) the watchdog holding 10,000
+//! Scenarios: a PING baseline; uncontended acquire+release on one client (the two libraries
+//! alternating in blocks); 32 clients on one name (one library after the other); the same two
+//! on Redlock over 5 nodes; and (dlock only) the watchdog holding 10,000
 //! locks, measured on the server (INFO stats/commandstats sampled every millisecond) and in
 //! this process (write syscalls from `/proc/self/io`, RSS from `/proc/self/status`).
 //!
@@ -44,6 +45,8 @@ const HELD: usize = 10_000;
 const WATCHDOG_LEASE: Duration = Duration::from_secs(3);
 /// Acquire+release pairs before a measurement (connections, scripts).
 const WARM_UP: usize = 100;
+/// Blocks the uncontended runs of the two libraries alternate in.
+const BLOCKS: u32 = 10;
 
 // ---------------------------------------------------------------------------------------------
 // The libraries: one small trait each implements; every scenario is generic over it.
@@ -203,10 +206,10 @@ struct Rate {
 }
 
 impl Rate {
-    fn of(mut samples: Vec<Duration>, run: Duration) -> Rate {
+    fn of(mut t: Timed) -> Rate {
         Rate {
-            per_sec: samples.len() as f64 / run.as_secs_f64(),
-            p50: pct(&mut samples, 0.5),
+            per_sec: t.samples.len() as f64 / t.elapsed.as_secs_f64().max(f64::MIN_POSITIVE),
+            p50: pct(&mut t.samples, 0.5),
         }
     }
 
@@ -215,20 +218,27 @@ impl Rate {
     }
 }
 
-/// Runs `op` back to back for `run`; the time of each call.
-async fn time_loop<F, Fut>(run: Duration, mut op: F) -> Res<Rate>
+/// The time of each call, and of them all.
+#[derive(Default)]
+struct Timed {
+    samples: Vec<Duration>,
+    elapsed: Duration,
+}
+
+/// Runs `op` back to back for `run`, adding to `into`.
+async fn time_loop<F, Fut>(run: Duration, into: &mut Timed, mut op: F) -> Res<()>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Res<()>>,
 {
-    let mut samples = Vec::new();
     let start = Instant::now();
     while start.elapsed() < run {
         let t = Instant::now();
         op().await?;
-        samples.push(t.elapsed());
+        into.samples.push(t.elapsed());
     }
-    Ok(Rate::of(samples, start.elapsed()))
+    into.elapsed += start.elapsed();
+    Ok(())
 }
 
 /// The baseline: PING on each of `nodes` in parallel (one node: a plain round trip; five: the
@@ -246,7 +256,8 @@ async fn ping_rate(nodes: &[String], run: Duration) -> Res<Rate> {
             r?;
         }
     }
-    time_loop(run, || {
+    let mut t = Timed::default();
+    time_loop(run, &mut t, || {
         let all = join_all(cons.iter().cloned().map(ping));
         async move {
             for r in all.await {
@@ -255,7 +266,8 @@ async fn ping_rate(nodes: &[String], run: Duration) -> Res<Rate> {
             Ok(())
         }
     })
-    .await
+    .await?;
+    Ok(Rate::of(t))
 }
 
 async fn connection(url: &str) -> Res<redis::aio::MultiplexedConnection> {
@@ -272,13 +284,13 @@ async fn pair<L: Locker>(l: &L) -> Res<()> {
     }
 }
 
-/// One client, acquire + release in a loop.
-async fn uncontended<P: Peer>(peer: &P, nodes: &[String], run: Duration) -> Res<Rate> {
+/// A warmed-up client of `peer` for the uncontended runs.
+async fn solo<P: Peer>(peer: &P, nodes: &[String]) -> Res<P::Locker> {
     let l = peer.connect(nodes, "peers-uncontended").await?;
     for _ in 0..WARM_UP {
         pair(&l).await?;
     }
-    time_loop(run, || pair(&l)).await
+    Ok(l)
 }
 
 /// The critical section: GET + SET of a counter, on a connection of the client's own.
@@ -709,9 +721,16 @@ async fn contended_pair(
     Ok((d, r))
 }
 
+/// One client of each library, acquire + release in a loop, the two runs interleaved in
+/// blocks (so that both see the same machine) adding up to `run` each.
 async fn uncontended_pair(label: &str, nodes: &[String], run: Duration) -> Res<(Rate, Rate)> {
-    let d = uncontended(&Dlock, nodes, run).await?;
-    let r = uncontended(&Rslock, nodes, run).await?;
+    let (dl, rl) = (solo(&Dlock, nodes).await?, solo(&Rslock, nodes).await?);
+    let (mut td, mut tr) = (Timed::default(), Timed::default());
+    for _ in 0..BLOCKS {
+        time_loop(run / BLOCKS, &mut td, || pair(&dl)).await?;
+        time_loop(run / BLOCKS, &mut tr, || pair(&rl)).await?;
+    }
+    let (d, r) = (Rate::of(td), Rate::of(tr));
     for (lib, x) in [(Dlock::NAME, &d), (Rslock::NAME, &r)] {
         println!("{label} {lib:6}: {}", x.cell());
     }
