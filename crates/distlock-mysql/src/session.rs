@@ -608,7 +608,7 @@ impl Dialect for MyDialect {
     async fn inspect(&self, name: &str, _kind: LockKind) -> Result<LockInfo> {
         let d = self;
         let lk = d.lk(name);
-        let (rows, token) = d
+        let (rows, token, unnamed) = d
             .common
             .with_conn("inspecting", move |c| {
                 Box::pin(async move {
@@ -621,13 +621,24 @@ impl Dialect for MyDialect {
                         )
                         .await?;
                     let token: Option<u64> = c
-                        .exec_first("SELECT token FROM dlock_fence WHERE lock_key = ?", (lk,))
+                        .exec_first(
+                            "SELECT token FROM dlock_fence WHERE lock_key = ?",
+                            (lk.as_str(),),
+                        )
                         .await?;
-                    Ok((rows, token))
+                    // The server lock without a holder row: a grant between its `GET_LOCK`
+                    // and its row, or one being given back (a cancelled waiter's that raced
+                    // with the release). Held all the same.
+                    let used: Option<Option<u64>> = if rows.is_empty() {
+                        c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await?
+                    } else {
+                        None
+                    };
+                    Ok((rows, token, used.flatten()))
                 })
             })
             .await?;
-        let holders = rows
+        let mut holders: Vec<HolderInfo> = rows
             .into_iter()
             .map(|(owner, us)| {
                 // One grant per holder: re-entry is counted in the holder's client.
@@ -635,6 +646,12 @@ impl Dialect for MyDialect {
                     .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
             })
             .collect();
+        if let Some(conn) = unnamed {
+            holders.push(HolderInfo::new(
+                format!("(connection {conn}, being granted or given back)"),
+                1,
+            ));
+        }
         Ok(LockInfo::new(name)
             .with_holders(holders)
             .with_fencing_token(token.unwrap_or(0)))
