@@ -241,32 +241,47 @@ impl RedisBackend {
             .map_err(|e| self.err(e))
     }
 
-    /// With `?wait_replicas=N`: waits until N replicas have every write this connection made,
-    /// which includes the grant (a fresh grant, or the rewrite of a retried or handed-over
-    /// grant that the acquire script makes for this purpose; replication is in order, so it
-    /// covers the handoff written by another client before it). A grant not confirmed is given
-    /// back and reported as an error.
-    async fn confirm_replicas(&self, grant: &GrantRef) -> Result<()> {
+    /// Runs an acquire script. With `?wait_replicas=N` the `WAIT` rides in the same round trip:
+    /// pipelined right behind the script on this connection, it waits until N replicas have
+    /// every write this connection made up to it, which includes the grant (a fresh grant, or
+    /// the rewrite of a retried or handed-over grant that the acquire script makes for this
+    /// purpose; replication is in order, so it covers the handoff written by another client
+    /// before it). Returns the script's reply and, with replicas to wait for, how many
+    /// confirmed. An error of either (the grant, if one was made, is then not reported: the
+    /// core retries the same attempt, which finds it, or gives the attempt up) is an error.
+    async fn eval_acquire(&self, cmd: &redis::Cmd) -> Result<(Value, Option<i64>)> {
         let Some((n, timeout)) = self.wait_replicas else {
-            return Ok(());
+            return Ok((self.eval(cmd).await?, None));
         };
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone());
+        pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
         let mut con = self.con.clone();
-        let acked: std::result::Result<i64, _> = redis::cmd("WAIT")
-            .arg(n)
-            .arg(timeout.as_millis() as u64)
-            .query_async(&mut con)
-            .await;
-        let acked = match acked {
-            Ok(acked) => acked,
-            Err(e) => {
-                // Unconfirmed: give the grant back (it names this attempt's grant only).
-                let _ = self.release(grant).await;
-                return Err(self.err(e));
-            }
+        let vals = scripts::eval_pipe(&mut con, &self.scripts.all(), &pipe)
+            .await
+            .map_err(|e| self.err(e))?;
+        match vals.as_slice() {
+            [v, acked] => match int(acked) {
+                Some(acked) => Ok((v.clone(), Some(acked))),
+                None => Err(shape("WAIT", acked)),
+            },
+            _ => Err(Error::unexpected(
+                KIND,
+                format!("acquire with WAIT: {} replies, not 2", vals.len()),
+            )),
+        }
+    }
+
+    /// With `?wait_replicas=N`: a grant that fewer than N replicas confirmed (`acked`, from
+    /// [`eval_acquire`](Self::eval_acquire)) is given back and reported as an error.
+    async fn confirm_replicas(&self, grant: &GrantRef, acked: Option<i64>) -> Result<()> {
+        let (Some((n, timeout)), Some(acked)) = (self.wait_replicas, acked) else {
+            return Ok(());
         };
         if acked >= i64::from(n) {
             return Ok(());
         }
+        // Unconfirmed: give the grant back (it names this attempt's grant only).
         let _ = self.release(grant).await;
         Err(Error::unexpected(KIND, format!(
                 "lock `{}` was granted but only {acked} of the {n} required replicas confirmed it within {timeout:?}; \
@@ -415,11 +430,11 @@ impl Backend for RedisBackend {
                 )
             }
         };
-        let v = self.eval(&cmd).await?;
+        let (v, acked) = self.eval_acquire(&cmd).await?;
         match pair("acquire", &v)? {
             (1, token) if token > 0 => {
                 let token = token as u64;
-                self.confirm_replicas(&req.grant(token)).await?;
+                self.confirm_replicas(&req.grant(token), acked).await?;
                 Ok(AcquireReply::Granted { token })
             }
             (0, pttl) => Ok(AcquireReply::Held {
