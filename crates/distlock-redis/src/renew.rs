@@ -45,7 +45,6 @@ static RENEW_MANY: LazyLock<RenewMany> = LazyLock::new(|| RenewMany {
 });
 
 /// The script `renew_many.lua` with the functions it calls, for loading at connect time.
-#[allow(dead_code)]
 pub(crate) fn script() -> &'static Script {
     &RENEW_MANY.script
 }

@@ -45,16 +45,15 @@ impl Script {
     }
 }
 
-/// The scripts: the reentrant (and fair) mutex, the read-write lock, the semaphore.
+/// The scripts: the reentrant (and fair) mutex, the read-write lock, the semaphore (the
+/// renewal of every family is `crate::renew`'s one script).
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
-    pub(crate) renew: Script,
     pub(crate) rw_acquire: Script,
     pub(crate) rw_release: Script,
     pub(crate) sem_acquire: Script,
     pub(crate) sem_release: Script,
-    pub(crate) expiring_renew: Script,
 }
 
 impl Scripts {
@@ -62,25 +61,24 @@ impl Scripts {
         Scripts {
             acquire: Script::new(include_str!("../scripts/acquire.lua")),
             release: Script::new(include_str!("../scripts/release.lua")),
-            renew: Script::new(include_str!("../scripts/renew.lua")),
             rw_acquire: Script::new(expiring!("rw_acquire.lua")),
             rw_release: Script::new(expiring!("rw_release.lua")),
             sem_acquire: Script::new(expiring!("sem_acquire.lua")),
             sem_release: Script::new(expiring!("sem_release.lua")),
-            expiring_renew: Script::new(include_str!("../scripts/expiring_renew.lua")),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 8] {
+    /// Every script a connection runs (loaded at connect, reloaded together on NOSCRIPT),
+    /// with the batched renewal (`crate::renew`).
+    pub(crate) fn all(&self) -> [&Script; 7] {
         [
             &self.acquire,
             &self.release,
-            &self.renew,
             &self.rw_acquire,
             &self.rw_release,
             &self.sem_acquire,
             &self.sem_release,
-            &self.expiring_renew,
+            crate::renew::script(),
         ]
     }
 }
