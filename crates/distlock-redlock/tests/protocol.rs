@@ -476,3 +476,67 @@ async fn tokens_increase_after_a_node_flushall() {
     }
     assert_increasing(&tokens);
 }
+
+/// The length of node `i`'s wait queue of `name`.
+fn queued_on(c: &Cluster, i: usize, name: &str) -> usize {
+    c.servers[i]
+        .command(&["ZCARD", &format!("dlock:{{{name}}}:rlq")])
+        .expect("ZCARD")
+        .parse()
+        .expect("ZCARD is a number")
+}
+
+/// A waiter queues on every node while it waits; when its deadline passes it leaves every
+/// queue (the give-up runs before the acquire returns), so nothing it left makes the free lock
+/// refuse the next `try_acquire` (a free lock goes to the first live waiter only). A give-up
+/// repeated through the trait changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_stops_leaves_every_queue() {
+    let c = Cluster::start(3);
+    c.settle().await;
+    let p = "quarantine=500ms";
+    let (a, ab) = c.client_and_backend(p, opts(1000)).await;
+    let b = c.client(p, opts(1000)).await;
+    let name = "leaves";
+    let g = acquired(&a, name).await;
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { acquire_within(&b, name, 1).await }
+    });
+    eventually(
+        Duration::from_secs(5),
+        "the waiter never queued on every node",
+        || (0..3).all(|i| queued_on(&c, i, name) == 1),
+    )
+    .await;
+    let r = waiter.await.expect("waiter");
+    assert!(matches!(&r, Err(e) if e.is_timeout()), "{r:?}");
+    for i in 0..3 {
+        assert_eq!(queued_on(&c, i, name), 0, "node {i} kept the waiter");
+    }
+    let bk: Arc<dyn Backend> = ab;
+    let req = AcquireRequest::new(key(name, "x"), Duration::from_secs(1), LostSignal::new());
+    bk.give_up(&req).await.expect("give up");
+    bk.give_up(&req).await.expect("give up again");
+    assert!(a.inspect(name).await.expect("inspect").held());
+    assert_eq!(g.release().await.expect("r"), ReleaseOutcome::Released);
+    let t = Instant::now();
+    loop {
+        if let Some(g) = b
+            .lock(name)
+            .expect("lock")
+            .try_acquire()
+            .await
+            .expect("try")
+        {
+            assert_eq!(g.release().await.expect("r"), ReleaseOutcome::Released);
+            break;
+        }
+        // Only the release landing on the slower nodes can be in the way, not a queue entry.
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "the free lock was refused"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
