@@ -344,6 +344,8 @@ struct Contended {
     per_sec: f64,
     p50: Duration,
     p99: Duration,
+    /// The longest wait.
+    worst: Duration,
     min: usize,
     max: usize,
     give_ups: usize,
@@ -366,9 +368,10 @@ impl Contended {
 
     fn cell(&self) -> String {
         format!(
-            "{:.0}/s, wait p99 {:.1} ms, per-client {}–{} ({:.2}), give-ups {}{}",
+            "{:.0}/s, wait p99 {:.1} ms (max {:.0} ms), per-client {}–{} ({:.2}), give-ups {}{}",
             self.per_sec,
             ms(self.p99),
+            ms(self.worst),
             self.min,
             self.max,
             self.fairness(),
@@ -472,6 +475,7 @@ fn summarize(runs: Vec<ClientRun>, run: Duration, counter: u64, overlaps: usize)
         per_sec: per_client.iter().sum::<usize>() as f64 / run.as_secs_f64(),
         p50: pct(&mut waits, 0.5),
         p99: pct(&mut waits, 0.99),
+        worst: waits.iter().copied().max().unwrap_or(Duration::ZERO),
         min: per_client.iter().copied().min().unwrap_or(0),
         max: per_client.iter().copied().max().unwrap_or(0),
         give_ups: runs.iter().map(|r| r.give_ups).sum(),
@@ -707,10 +711,11 @@ fn x(a: f64, b: f64) -> f64 {
 
 fn print_contended(label: &str, lib: &str, c: &Contended) {
     println!(
-        "{label} {lib:6}: {:.0} critical sections/s, wait p50 {:.0} µs p99 {:.1} ms, per-client ops {}–{} (min/max {:.2}), give-ups {}, errors {}, counter {} of {} sections",
+        "{label} {lib:6}: {:.0} critical sections/s, wait p50 {:.0} µs p99 {:.1} ms max {:.1} ms, per-client ops {}–{} (min/max {:.2}), give-ups {}, errors {}, counter {} of {} sections",
         c.per_sec,
         us(c.p50),
         ms(c.p99),
+        ms(c.worst),
         c.min,
         c.max,
         c.fairness(),
