@@ -14,9 +14,12 @@
 //!
 //! Scenarios: a PING baseline; uncontended acquire+release on one client (the two libraries
 //! alternating in blocks); 32 clients on one name (one library after the other); the same two
-//! on Redlock over 5 nodes; and (dlock only) the watchdog holding 10,000
-//! locks, measured on the server (INFO stats/commandstats sampled every millisecond) and in
-//! this process (write syscalls from `/proc/self/io`, RSS from `/proc/self/status`).
+//! on Redlock over 5 nodes; and (dlock only) the watchdog holding 10,000 locks with a 3 s
+//! lease, on a current-thread runtime of its own, measured on the server (INFO
+//! stats/commandstats sampled every millisecond: a tick is a burst of commands, its round
+//! trips the request flights the server saw apart, its EVALSHA and command counts) and in this
+//! process (write syscalls from `/proc/self/io`, an upper bound of round trips; RSS from
+//! `/proc/self/status`).
 //!
 //! A bench, not a test: nothing here asserts on speed. Ratios from one run travel; absolute
 //! figures on a shared machine do not.
