@@ -8,6 +8,11 @@
 //!
 //! The testkit stays free of gRPC: [`EtcdCluster::leader`] and the readiness checks use etcd's
 //! JSON gateway (`POST /v3/maintenance/status` on the client port) over a plain TCP socket.
+//!
+//! [`EtcdCluster::start_tls`] starts members that serve clients over **https** only, with a
+//! server certificate from a throwaway CA ([`TestCerts`]) and, if asked, `--client-cert-auth`;
+//! each member then also listens on a second, plain-http loopback port that only the testkit's
+//! status checks use (never handed out by [`EtcdCluster::url`]).
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -19,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::process::{ServerProcess, ServerSpec};
 use crate::spawn::resolve_binary;
-use crate::{try_free_port, Error, Result, TempDir};
+use crate::{try_free_port, Error, Result, TempDir, TestCerts};
 
 /// Environment variable that overrides the `etcd` binary used by [`EtcdCluster::start`]:
 /// a name looked up on `PATH` or a path. Unset or empty means `etcd`.
@@ -47,7 +52,18 @@ pub struct EtcdStatus {
 #[derive(Debug)]
 struct Member {
     client_port: u16,
+    /// Where the testkit asks for the member's status: the client port, or with TLS a
+    /// plain-http listener of its own.
+    status_port: u16,
     process: ServerProcess,
+}
+
+/// The TLS files of a cluster started by [`EtcdCluster::start_tls`].
+#[derive(Debug)]
+struct Tls {
+    certs: TestCerts,
+    /// The client certificate and key the URL hands out (`--client-cert-auth` clusters only).
+    client: Option<(PathBuf, PathBuf)>,
 }
 
 /// What every member's command line needs.
@@ -58,6 +74,8 @@ struct Launch {
     initial_cluster: String,
     extra_args: Vec<String>,
     no_fsync: bool,
+    /// `--cert-file`, `--key-file`, `--trusted-ca-file` and whether `--client-cert-auth`.
+    tls: Option<(PathBuf, PathBuf, PathBuf, bool)>,
 }
 
 /// A running etcd cluster of one or more members on `127.0.0.1`.
@@ -77,6 +95,8 @@ struct Launch {
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<Member>,
+    // Dropped after the members are killed.
+    tls: Option<Tls>,
     // Dropped last (after the members are killed).
     _data: TempDir,
 }
@@ -92,16 +112,51 @@ impl EtcdCluster {
 
     /// Starts a cluster of `n` members (1 to 7).
     pub fn start_with_members(n: usize) -> Result<Self> {
-        let binary = match std::env::var(ETCD_BINARY_ENV) {
+        Self::start_with(&Self::default_binary(), n, &[])
+    }
+
+    fn default_binary() -> String {
+        match std::env::var(ETCD_BINARY_ENV) {
             Ok(b) if !b.is_empty() => b,
             _ => DEFAULT_BINARY.to_string(),
+        }
+    }
+
+    /// Starts a cluster of `n` members that serve clients over https only, with a server
+    /// certificate (for `127.0.0.1` and `localhost`) signed by a fresh throwaway CA
+    /// ([`certs`](Self::certs)). With `client_cert_auth`, members run with
+    /// `--client-cert-auth --trusted-ca-file CA`: a client must show a certificate signed by
+    /// that CA; the testkit signs one (`dlock-client`) and [`url`](Self::url) names it.
+    ///
+    /// [`url`](Self::url) is then `etcds://127.0.0.1:A,…?cacert=CA[&cert=C&key=K]`. Peers talk
+    /// plain http on loopback.
+    pub fn start_tls(n: usize, client_cert_auth: bool) -> Result<Self> {
+        Self::start_tls_with(&Self::default_binary(), n, client_cert_auth, &[])
+    }
+
+    /// [`start_tls`](Self::start_tls) with a given binary and extra arguments.
+    pub fn start_tls_with(
+        binary: &str,
+        n: usize,
+        client_cert_auth: bool,
+        extra_args: &[&str],
+    ) -> Result<Self> {
+        let certs = TestCerts::generate()?;
+        let client = if client_cert_auth {
+            Some(certs.client("dlock-client")?)
+        } else {
+            None
         };
-        Self::start_with(&binary, n, &[])
+        Self::start_inner(binary, n, extra_args, Some(Tls { certs, client }))
     }
 
     /// Starts a cluster of `n` members of the given binary, each with `extra_args` appended
     /// (e.g. `["--auth-token", "simple"]`).
     pub fn start_with(binary: &str, n: usize, extra_args: &[&str]) -> Result<Self> {
+        Self::start_inner(binary, n, extra_args, None)
+    }
+
+    fn start_inner(binary: &str, n: usize, extra_args: &[&str], tls: Option<Tls>) -> Result<Self> {
         if n == 0 || n > 7 {
             return Err(Error::Io(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -111,8 +166,9 @@ impl EtcdCluster {
         let binary = resolve_binary(binary, PACKAGE)?;
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         let mut last = None;
+        let mut tls = tls;
         for _ in 0..START_ATTEMPTS {
-            match Self::try_start(&binary, n, &extra_args) {
+            match Self::try_start(&binary, n, &extra_args, &mut tls) {
                 Ok(c) => return Ok(c),
                 Err(e) => last = Some(e),
             }
@@ -123,10 +179,17 @@ impl EtcdCluster {
         }))
     }
 
-    fn try_start(binary: &Path, n: usize, extra_args: &[String]) -> Result<Self> {
+    fn try_start(
+        binary: &Path,
+        n: usize,
+        extra_args: &[String],
+        tls: &mut Option<Tls>,
+    ) -> Result<Self> {
         let data = data_dir()?;
         let mut ports: Vec<u16> = Vec::new();
-        while ports.len() < 2 * n {
+        // Client and peer port per member, and with TLS a plain status port.
+        let per = if tls.is_some() { 3 } else { 2 };
+        while ports.len() < per * n {
             // Distinct ports: the kernel may hand out a just-closed port again.
             let p = try_free_port()?;
             if !ports.contains(&p) {
@@ -141,28 +204,48 @@ impl EtcdCluster {
                 COUNTER.fetch_add(1, Ordering::Relaxed)
             ),
             initial_cluster: (0..n)
-                .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[2 * i + 1]))
+                .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[per * i + 1]))
                 .collect::<Vec<_>>()
                 .join(","),
             extra_args: extra_args.to_vec(),
             no_fsync: supports_no_fsync(binary),
+            tls: tls.as_ref().map(|t| {
+                (
+                    t.certs.cert(),
+                    t.certs.key(),
+                    t.certs.ca(),
+                    t.client.is_some(),
+                )
+            }),
         });
         let mut members = Vec::with_capacity(n);
         for i in 0..n {
             let dir = data.path().join(format!("m{i}"));
             std::fs::create_dir_all(&dir)?;
-            let (client_port, peer_port) = (ports[2 * i], ports[2 * i + 1]);
-            let spec = member_spec(&launch, i, peer_port);
+            let (client_port, peer_port) = (ports[per * i], ports[per * i + 1]);
+            let status_port = if per == 3 {
+                ports[per * i + 2]
+            } else {
+                client_port
+            };
+            let spec = member_spec(&launch, i, peer_port, status_port);
             members.push(Member {
                 client_port,
+                status_port,
                 process: ServerProcess::start_at(spec, &dir, client_port)?,
             });
         }
         let cluster = EtcdCluster {
             members,
+            tls: tls.take(),
             _data: data,
         };
-        cluster.wait_ready(READY_TIMEOUT)?;
+        if let Err(e) = cluster.wait_ready(READY_TIMEOUT) {
+            // Keep the certificates for the next attempt.
+            let mut cluster = cluster;
+            *tls = cluster.tls.take();
+            return Err(e);
+        }
         Ok(cluster)
     }
 
@@ -202,7 +285,7 @@ impl EtcdCluster {
             if !m.live() {
                 continue;
             }
-            let st = status(m.client_port).ok()?;
+            let st = status(m.status_port).ok()?;
             if st.leader_id == 0 || leader_id.is_some_and(|l| l != st.leader_id) {
                 return None;
             }
@@ -236,27 +319,59 @@ impl EtcdCluster {
         self.members.is_empty()
     }
 
-    /// `etcd://127.0.0.1:A,127.0.0.1:B,…` with the client ports of all members.
+    /// `etcd://127.0.0.1:A,127.0.0.1:B,…` with the client ports of all members; for a
+    /// [TLS](Self::start_tls) cluster `etcds://…?cacert=CA`, and `&cert=C&key=K` (the
+    /// testkit's client certificate) with `--client-cert-auth`.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .members
             .iter()
             .map(|m| format!("127.0.0.1:{}", m.client_port))
             .collect();
-        format!("etcd://{}", hosts.join(","))
+        self.url_for(&hosts.join(","))
     }
 
-    /// `etcd://127.0.0.1:PORT` of member `i` only.
+    /// [`url`](Self::url) of member `i` only.
     pub fn member_url(&self, i: usize) -> String {
-        format!("etcd://127.0.0.1:{}", self.members[i].client_port)
+        self.url_for(&format!("127.0.0.1:{}", self.members[i].client_port))
     }
 
-    /// `http://127.0.0.1:PORT` of every member (what etcd clients call endpoints).
+    fn url_for(&self, hosts: &str) -> String {
+        match &self.tls {
+            None => format!("etcd://{hosts}"),
+            Some(t) => {
+                let mut url = format!("etcds://{hosts}?cacert={}", t.certs.ca().display());
+                if let Some((cert, key)) = &t.client {
+                    url.push_str(&format!("&cert={}&key={}", cert.display(), key.display()));
+                }
+                url
+            }
+        }
+    }
+
+    /// `http://127.0.0.1:PORT` (`https://` for a [TLS](Self::start_tls) cluster) of every
+    /// member (what etcd clients call endpoints).
     pub fn endpoints(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{scheme}://127.0.0.1:{}", m.client_port))
             .collect()
+    }
+
+    /// The certificates of a [TLS](Self::start_tls) cluster (CA, server certificate; sign
+    /// more client certificates with [`TestCerts::client`]); `None` for a plain one.
+    pub fn certs(&self) -> Option<&TestCerts> {
+        self.tls.as_ref().map(|t| &t.certs)
+    }
+
+    /// The client certificate and key [`url`](Self::url) names (`--client-cert-auth` TLS
+    /// clusters only).
+    pub fn client_cert(&self) -> Option<(&Path, &Path)> {
+        self.tls
+            .as_ref()
+            .and_then(|t| t.client.as_ref())
+            .map(|(c, k)| (c.as_path(), k.as_path()))
     }
 
     /// The client address of member `i` (stable across restarts), e.g. to put a
@@ -277,7 +392,7 @@ impl EtcdCluster {
 
     /// Member `i`'s status, asked of member `i` itself (fails on a killed or paused member).
     pub fn status(&self, i: usize) -> Result<EtcdStatus> {
-        status(self.members[i].client_port)
+        status(self.members[i].status_port)
     }
 
     /// The index of the current leader, as agreed by all running, unpaused members.
@@ -358,21 +473,31 @@ impl Member {
 }
 
 /// Member `i` of the cluster `launch` describes, with its data in `DIR/data`.
-fn member_spec(launch: &Arc<Launch>, i: usize, peer_port: u16) -> ServerSpec {
+fn member_spec(launch: &Arc<Launch>, i: usize, peer_port: u16, status_port: u16) -> ServerSpec {
     let l = launch.clone();
     let name = format!("m{i}");
     ServerSpec::new(
         format!("etcd member {name} (peer 127.0.0.1:{peer_port})"),
         PACKAGE,
         move |dir, port| {
-            let client = format!("http://127.0.0.1:{port}");
             let peer = format!("http://127.0.0.1:{peer_port}");
+            let (client, listen) = match &l.tls {
+                None => {
+                    let c = format!("http://127.0.0.1:{port}");
+                    (c.clone(), c)
+                }
+                Some(_) => {
+                    let c = format!("https://127.0.0.1:{port}");
+                    let listen = format!("{c},http://127.0.0.1:{status_port}");
+                    (c, listen)
+                }
+            };
             let mut cmd = Command::new(&l.binary);
             cmd.arg("--name")
                 .arg(&name)
                 .arg("--data-dir")
                 .arg(dir.join("data"))
-                .args(["--listen-client-urls", &client])
+                .args(["--listen-client-urls", &listen])
                 .args(["--advertise-client-urls", &client])
                 .args(["--listen-peer-urls", &peer])
                 .args(["--initial-advertise-peer-urls", &peer])
@@ -384,6 +509,17 @@ fn member_spec(launch: &Arc<Launch>, i: usize, peer_port: u16) -> ServerSpec {
                 .args(["--log-level", "error"]);
             if l.no_fsync {
                 cmd.arg("--unsafe-no-fsync");
+            }
+            if let Some((cert, key, ca, client_cert_auth)) = &l.tls {
+                cmd.arg("--cert-file")
+                    .arg(cert)
+                    .arg("--key-file")
+                    .arg(key)
+                    .arg("--trusted-ca-file")
+                    .arg(ca);
+                if *client_cert_auth {
+                    cmd.arg("--client-cert-auth");
+                }
             }
             cmd.args(&l.extra_args);
             cmd
