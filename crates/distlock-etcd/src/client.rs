@@ -1,7 +1,8 @@
 //! Connecting to the cluster, and calling it: per-call timeouts, retries of requests that never left.
 
 use crate::error::{map, timed_out, KIND};
-use crate::url::{parse_url, redact};
+use crate::tls;
+use crate::url::{redact, Target};
 use crate::EtcdBackend;
 use distlock_core::{ClientOptions, Error, Result};
 use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, Txn, TxnResponse};
@@ -24,51 +25,65 @@ pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
 }
 
 impl EtcdBackend {
-    /// Connects to the etcd cluster at `url` and checks that it answers (a linearizable read,
-    /// so a cluster without a quorum fails here).
-    pub(crate) async fn open(url: &str, opts: &ClientOptions) -> Result<Self> {
-        let target = parse_url(url)?;
+    /// Connects to the cluster `target` describes (`url` is only for messages, redacted) and
+    /// checks that it answers (a linearizable read, so a cluster without a quorum fails here).
+    pub(crate) async fn open(url: &str, target: Target, opts: &ClientOptions) -> Result<Self> {
         let prefix = target
             .prefix
             .clone()
             .unwrap_or_else(|| opts.get_namespace().to_owned());
         let endpoint = target.display.clone();
-        let mut co = ConnectOptions::new()
-            .with_connect_timeout(opts.get_connect_timeout())
-            // etcd refuses HTTP/2 pings more often than every 5 s by default.
-            .with_keep_alive(
-                Duration::from_secs(10),
-                opts.get_op_timeout().max(Duration::from_secs(1)),
-            )
-            .with_require_leader(true);
-        if let Some((u, p)) = &target.user {
-            co = co.with_user(u.clone(), p.clone());
+        let mut co = connect_options(opts);
+        if let (Some(u), Some(p)) = (&target.user, &target.password) {
+            co = co.with_user(u.clone(), p.expose().to_owned());
         }
-        let limit = opts.get_connect_timeout() * 2;
-        let no_answer = || {
-            Error::connection(
-                KIND,
-                endpoint.clone(),
-                format!("no answer within {limit:?} (is the cluster down or without a quorum?)"),
-            )
+        let scheme = match &target.tls {
+            None => "http",
+            Some(files) => {
+                let tls = files
+                    .options()
+                    .map_err(|m| Error::invalid(format!("etcd TLS: {m}")))?;
+                co = co.with_tls(tls);
+                "https"
+            }
         };
-        let client =
-            tokio::time::timeout(limit, Client::connect(&target.endpoints, Some(co.clone())))
-                .await
-                .map_err(|_| no_answer())?
-                .map_err(|e| match e {
-                    etcd_client::Error::InvalidArgs(m) => Error::invalid_url(redact(url), m),
-                    etcd_client::Error::InvalidUri(m) => {
-                        Error::invalid_url(redact(url), m.to_string())
-                    }
-                    e => map(&endpoint, e),
-                })?;
+        let endpoints: Vec<String> = target
+            .hosts
+            .iter()
+            .map(|h| format!("{scheme}://{h}"))
+            .collect();
+        let limit = opts.get_connect_timeout() * 2;
+        let client = tokio::time::timeout(limit, Client::connect(&endpoints, Some(co.clone())))
+            .await
+            .map_err(|_| no_answer(&endpoint, limit))?
+            .map_err(|e| match e {
+                etcd_client::Error::InvalidArgs(m) => Error::invalid_url(redact(url), m),
+                etcd_client::Error::InvalidUri(m) => Error::invalid_url(redact(url), m.to_string()),
+                e => map(&endpoint, e),
+            })?;
+        let tls_client = target.tls.as_ref().map(|t| t.client.is_some());
+        Self::probed(client, endpoint, prefix, Some(co), tls_client, opts).await
+    }
+
+    /// The backend on `client`, once a linearizable read got through. `tls_client`: with
+    /// TLS, whether a client certificate was given (to explain a connection the server
+    /// closed right after the handshake).
+    pub(crate) async fn probed(
+        client: Client,
+        endpoint: String,
+        prefix: String,
+        connect_opts: Option<ConnectOptions>,
+        tls_client: Option<bool>,
+        opts: &ClientOptions,
+    ) -> Result<Self> {
+        let limit = opts.get_connect_timeout() * 2;
+        let own = connect_opts.is_some();
         let backend = EtcdBackend {
             client,
             endpoint: endpoint.clone(),
             prefix,
             op_timeout: opts.get_op_timeout(),
-            connect_opts: co,
+            connect_opts,
             connect_timeout: opts.get_connect_timeout(),
             watchdog_lease: opts.get_watchdog_lease(),
             doubtful: Mutex::new(HashMap::new()),
@@ -84,11 +99,57 @@ impl EtcdBackend {
             ),
         )
         .await
-        .map_err(|_| no_answer())?
-        .map_err(|e| map(&endpoint, e))?;
+        .map_err(|_| no_answer(&endpoint, limit))?
+        .map_err(|e| match (tls_client, tls::classify(&e)) {
+            // Go's TLS server answers a missing client certificate with `bad_certificate`.
+            (Some(false), Some(tls::TlsError::ClientCertificateRejected { detail })) => {
+                Error::connection(
+                    KIND,
+                    endpoint.clone(),
+                    tls::TlsError::ClientCertificateRequired {
+                        detail: format!("{detail}, and no client certificate was given"),
+                    },
+                )
+            }
+            (Some(has_cert), None) if tls::closed_under_request(&e) => {
+                Error::connection(KIND, endpoint.clone(), tls::closed_by_server(has_cert))
+            }
+            (None, None) if own && tls::closed_under_request(&e) => Error::connection(
+                KIND,
+                endpoint.clone(),
+                format!(
+                    "{e} (the server closed the connection: if its members serve https, \
+                     connect with etcds://)"
+                ),
+            ),
+            _ => map(&endpoint, e),
+        })?;
         Ok(backend)
     }
+}
 
+/// The connect timeout was exceeded twice over.
+fn no_answer(endpoint: &str, limit: Duration) -> Error {
+    Error::connection(
+        KIND,
+        endpoint.to_owned(),
+        format!("no answer within {limit:?} (is the cluster down or without a quorum?)"),
+    )
+}
+
+/// The connection settings every client dlock opens uses (TLS and user aside).
+pub(crate) fn connect_options(opts: &ClientOptions) -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(opts.get_connect_timeout())
+        // etcd refuses HTTP/2 pings more often than every 5 s by default.
+        .with_keep_alive(
+            Duration::from_secs(10),
+            opts.get_op_timeout().max(Duration::from_secs(1)),
+        )
+        .with_require_leader(true)
+}
+
+impl EtcdBackend {
     /// Runs one call with the per-call timeout, retrying at once (on another member, picked by
     /// the client's balancer) when the request provably never left: a member that is down
     /// refuses the connection. The outer error is the timeout; the inner one etcd's.

@@ -10,6 +10,9 @@ pub(crate) const KIND: &str = "etcd";
 pub(crate) fn map(endpoint: &str, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
     let conn = |e: etcd_client::Error| Error::connection(KIND, endpoint.to_owned(), e);
+    if let Some(tls) = crate::tls::classify(&e) {
+        return Error::connection(KIND, endpoint.to_owned(), tls);
+    }
     match e {
         E::GRpcStatus(ref s) => match s.code() {
             Code::Unavailable

@@ -3,20 +3,28 @@
 //! # This crate's API
 //!
 //! [`EtcdBackend::connect`] opens the backend (most programs go through `distlock::connect`
-//! instead); [`EtcdBackend::queue_prefix`] and [`EtcdBackend::attempt_key`] name a lock's keys
+//! instead); [`EtcdBackend::builder`] ([`EtcdBuilder`]) takes the password, the CA and the
+//! client certificate outside the URL; [`EtcdBackend::from_client`] runs on an
+//! `etcd_client::Client` the application already has. A TLS failure is an
+//! [`Error::Connection`](distlock_core::Error::Connection) whose source is a [`TlsError`].
+//! [`EtcdBackend::queue_prefix`] and [`EtcdBackend::attempt_key`] name a lock's keys
 //! for operators and tests; [`redact`] and [`percent_decode`] are the URL helpers it uses.
 #![warn(missing_docs)]
 
 mod acquire;
+mod builder;
 mod client;
 mod error;
 mod keys;
 mod lease;
 mod ops;
 mod renew;
+mod tls;
 mod url;
 mod wait;
 
+pub use builder::{EtcdBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
+pub use tls::TlsError;
 pub use url::{percent_decode, redact};
 
 use crate::error::KIND;
@@ -39,9 +47,10 @@ pub struct EtcdBackend {
     endpoint: String,
     prefix: String,
     op_timeout: Duration,
-    /// For `diagnose`: how it connected (to reach each member on its own), and the
-    /// client's watchdog lease (against etcd's minimum lease TTL).
-    connect_opts: ConnectOptions,
+    /// For `diagnose`: how it connected (to reach each member on its own; `None` for an
+    /// application's client without them), and the client's watchdog lease (against etcd's
+    /// minimum lease TTL).
+    connect_opts: Option<ConnectOptions>,
     connect_timeout: Duration,
     watchdog_lease: Duration,
     /// Per attempt, the leases that a request with an unknown outcome may have attached to
@@ -57,21 +66,98 @@ pub struct EtcdBackend {
 
 impl EtcdBackend {
     /// Connects to the etcd cluster at `url` and checks that it answers (a linearizable read,
-    /// so a cluster without a quorum fails here).
+    /// so a cluster without a quorum fails here). `etcds://` connects with TLS. A user without
+    /// a password in the URL, or no user, is completed from the environment as
+    /// [`EtcdBuilder`] describes (`DLOCK_ETCD_USER`, `DLOCK_ETCD_PASSWORD`,
+    /// `DLOCK_ETCD_PASSWORD_FILE`).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`](distlock_core::Error::InvalidUrl) for a URL that is not `etcd://[user:password@]host:port[,…][/prefix]`
-    /// (the password is redacted in the message); [`Error::Connection`](distlock_core::Error::Connection) when the cluster does
-    /// not answer the linearizable probe within twice the connect timeout (down, or without a
-    /// quorum or leader); [`Error::Auth`](distlock_core::Error::Auth) for a refused user or password.
+    /// [`Error::InvalidUrl`](distlock_core::Error::InvalidUrl) for a URL that is not
+    /// `etcd[s]://[user[:password]@]host:port[,…][/prefix][?cacert=…&cert=…&key=…]` (the
+    /// password is redacted in the message); [`Error::InvalidArgument`](distlock_core::Error::InvalidArgument)
+    /// for a user without a password (or the other way round) or a TLS or password file that
+    /// cannot be read; [`Error::Connection`](distlock_core::Error::Connection) when the
+    /// cluster does not answer the linearizable probe within twice the connect timeout (down,
+    /// or without a quorum or leader), or when TLS fails — its source is then a [`TlsError`]
+    /// (the server's certificate is not trusted, the server requires a client certificate, …);
+    /// [`Error::Auth`](distlock_core::Error::Auth) for a refused user or password.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future drops the connection being opened; connecting writes
     /// nothing to the cluster.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
-        Self::open(url, opts).await
+        EtcdBuilder::new(url).options(opts.clone()).connect().await
+    }
+
+    /// A builder for the cluster at `url`: credentials, CA and client certificate outside
+    /// the URL (see [`EtcdBuilder`]).
+    pub fn builder(url: impl Into<String>) -> EtcdBuilder {
+        EtcdBuilder::new(url)
+    }
+
+    /// The backend on an `etcd_client::Client` the application already has (its TLS, its
+    /// authentication), after a linearizable read got through. Keys live under
+    /// `opts.get_namespace()` (`dlock` by default), as with `etcd://…` without a prefix.
+    ///
+    /// The backend clones the client for every call, keeps its leases alive over it
+    /// (`LeaseKeepAlive` streams) and watches keys on it, so the client must stay usable for
+    /// the backend's whole life; sharing it with the application is fine. Build it as dlock
+    /// builds its own: with [`ConnectOptions::with_require_leader`]`(true)` (otherwise a watch
+    /// on a member cut off from the leader stays silent instead of failing; the waiter's
+    /// periodic re-read still notices, a third of the lease later) and HTTP/2 keep-alives no
+    /// more often than every 5 s (etcd's default limit). Not a namespaced client: the
+    /// backend's keys are the full keys.
+    ///
+    /// `dlock doctor` ([`Backend::diagnose`]) connects to each member on its own with plain
+    /// connect options; give the ones your client was built with through
+    /// [`with_member_options`](Self::with_member_options) for a cluster with TLS or
+    /// authentication.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use distlock_core::{Client, ClientOptions};
+    /// use distlock_etcd::EtcdBackend;
+    /// use etcd_client::ConnectOptions;
+    /// use std::{sync::Arc, time::Duration};
+    ///
+    /// let co = ConnectOptions::new()
+    ///     .with_require_leader(true)
+    ///     .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+    ///     .with_user("shop", "s3cret");
+    /// let etcd = etcd_client::Client::connect(["http://10.0.0.1:2379"], Some(co.clone())).await?;
+    /// // … the application uses `etcd` (a clone) for its own keys …
+    /// let opts = ClientOptions::default().namespace("shop/locks");
+    /// let backend = EtcdBackend::from_client(etcd.clone(), &opts)
+    ///     .await?
+    ///     .with_member_options(co);
+    /// let locks = Client::new(Arc::new(backend), opts)?;
+    /// let guard = locks.lock("nightly-report")?.acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connection`](distlock_core::Error::Connection) when the cluster does not answer
+    /// the probe within twice the connect timeout; [`Error::Auth`](distlock_core::Error::Auth)
+    /// when it refuses the client's credentials.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the probe is a read.
+    pub async fn from_client(client: Client, opts: &ClientOptions) -> Result<Self> {
+        let endpoint = "etcd (the application's client)".to_owned();
+        let prefix = opts.get_namespace().to_owned();
+        Self::probed(client, endpoint, prefix, None, None, opts).await
+    }
+
+    /// The connect options `doctor` uses to reach each member on its own (for a backend made
+    /// by [`from_client`](Self::from_client): those its client was built with).
+    pub fn with_member_options(mut self, options: ConnectOptions) -> Self {
+        self.connect_opts = Some(options);
+        self
     }
 
     /// The key prefix every key of this backend starts with.

@@ -241,7 +241,14 @@ async fn member_status(
     let connect = async {
         // A client of its own, so that the status comes from this member (the shared client
         // balances over all of them).
-        let mut c = Client::connect(&urls, Some(b.connect_opts.clone()))
+        // A backend on an application's client without its connect options: plain ones
+        // (enough for a cluster without TLS or authentication).
+        let co = b.connect_opts.clone().unwrap_or_else(|| {
+            etcd_client::ConnectOptions::new()
+                .with_connect_timeout(b.connect_timeout)
+                .with_require_leader(true)
+        });
+        let mut c = Client::connect(&urls, Some(co))
             .await
             .map_err(|e| e.to_string())?;
         c.status().await.map_err(|e| e.to_string())

@@ -1,20 +1,29 @@
-//! `etcd://[user:password@]host:port[,host:port…][/prefix]`.
+//! `etcd://[user[:password]@]host:port[,host:port…][/prefix]`, and
+//! `etcds://…[?cacert=PATH][&cert=PATH&key=PATH]` for TLS.
 
-use distlock_core::conn::{self, ConnectionString};
+use crate::tls::TlsFiles;
+use distlock_core::conn::{self, ConnectionString, Password};
 use distlock_core::Result;
 
 /// Default client port of etcd.
 pub(crate) const DEFAULT_PORT: u16 = 2379;
 
+/// The TLS parameters of `etcds://` (`ca_file` is `cacert` as `rediss://` spells it).
+const TLS_PARAMS: &[&str] = &["cacert", "ca_file", "cert", "key"];
+
 /// What the URL says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Target {
-    /// `http://host:port` for every member.
-    pub(crate) endpoints: Vec<String>,
+    /// `host:port` for every member (the scheme is added by the connection: `http://`, or
+    /// `https://` with TLS).
+    pub(crate) hosts: Vec<String>,
     /// `host:port,host:port` for messages.
     pub(crate) display: String,
-    pub(crate) user: Option<(String, String)>,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<Password>,
     pub(crate) prefix: Option<String>,
+    /// `Some` for `etcds://` (the files it names, if any).
+    pub(crate) tls: Option<TlsFiles>,
 }
 
 /// The URL with its password replaced by `***` (the core's [`conn::redact`]).
@@ -28,41 +37,70 @@ pub fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(conn::percent_decode_strict(s).ok()?).ok()
 }
 
-/// Reads an `etcd://` URL with the core's connection-string parser (which redacts it in every
-/// error), then checks what this backend needs: the scheme, no parameters, a user with a
-/// password, and a prefix without control characters.
+/// Reads an `etcd://` or `etcds://` URL with the core's connection-string parser (which
+/// redacts it in every error), then checks what this backend needs: the scheme, only the TLS
+/// parameters and only with `etcds://`, a non-empty user name, and a prefix without control
+/// characters. A user without a password is accepted: the password may come from the builder
+/// or the environment.
 pub(crate) fn parse_url(url: &str) -> Result<Target> {
     let cs = ConnectionString::parse(url)?;
-    match cs.scheme() {
-        "etcd" => {}
-        "etcds" => {
-            return Err(cs.invalid(
-                "etcds:// (TLS) is not supported by this version of the etcd backend; \
-                 reach etcd over a TLS-terminating proxy or a trusted network with etcd://",
-            ))
-        }
-        s => return Err(cs.invalid(format!("scheme `{s}` is not etcd://"))),
-    }
-    if !cs.params().is_empty() || cs.fragment().is_some() {
-        return Err(cs.invalid(
-            "the etcd URL takes no parameters; write etcd://host:port[,host:port…][/prefix]",
-        ));
-    }
-    let user = match (cs.user(), cs.password()) {
-        (None, _) => None,
-        (Some(_), None) => {
-            return Err(cs.invalid("credentials need both parts: etcd://user:password@host:port"))
-        }
-        (Some(""), Some(_)) => return Err(cs.invalid("empty user name")),
-        (Some(u), Some(p)) => Some((u.to_owned(), p.expose().to_owned())),
+    let tls = match cs.scheme() {
+        "etcd" => false,
+        "etcds" => true,
+        s => return Err(cs.invalid(format!("scheme `{s}` is not etcd:// or etcds://"))),
     };
+    if cs.fragment().is_some() {
+        return Err(cs.invalid("the etcd URL has no #fragment"));
+    }
+    if let Some((k, _)) = cs
+        .params()
+        .iter()
+        .find(|(k, _)| !TLS_PARAMS.contains(&k.as_str()))
+    {
+        return Err(cs.invalid(format!(
+            "unknown parameter `{k}`: the etcd URL takes only the TLS parameters of etcds:// \
+             (cacert, cert, key); write etcd[s]://host:port[,host:port…][/prefix]"
+        )));
+    }
+    let tls = if tls {
+        let file = |k: &str| {
+            cs.param(k)
+                .filter(|v| !v.is_empty())
+                .map(std::path::PathBuf::from)
+        };
+        let client = match (file("cert"), file("key")) {
+            (None, None) => None,
+            (Some(c), Some(k)) => Some((c, k)),
+            _ => {
+                return Err(cs
+                    .invalid("a client certificate needs both cert=PATH and key=PATH (PEM files)"))
+            }
+        };
+        Some(TlsFiles {
+            cacert: file("cacert").or_else(|| file("ca_file")),
+            client,
+        })
+    } else {
+        if let Some((k, _)) = cs.params().first() {
+            return Err(cs.invalid(format!(
+                "`{k}` is a TLS parameter: write etcds://… for TLS (etcd:// is plain http)"
+            )));
+        }
+        None
+    };
+    if cs.user() == Some("") {
+        return Err(cs.invalid("empty user name"));
+    }
+    if cs.user().is_none() && cs.password().is_some() {
+        return Err(cs.invalid("a password without a user"));
+    }
     if cs.hosts().is_empty() {
         return Err(cs.invalid("empty host; write etcd://host:port[,host:port…]"));
     }
-    let endpoints = cs
+    let hosts = cs
         .hosts()
         .iter()
-        .map(|h| format!("http://{}", h.endpoint(DEFAULT_PORT)))
+        .map(|h| h.endpoint(DEFAULT_PORT))
         .collect();
     // Trimmed before decoding, so an escaped `/` (`%2F`) at either end stays in the prefix.
     let prefix = percent_decode(cs.raw_path().trim_matches('/'))
@@ -71,10 +109,12 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
         return Err(cs.invalid("the prefix must not contain control characters"));
     }
     Ok(Target {
-        endpoints,
+        hosts,
         display: cs.endpoints(DEFAULT_PORT),
-        user,
+        user: cs.user().map(str::to_owned),
+        password: cs.password().cloned(),
         prefix: (!prefix.is_empty()).then_some(prefix),
+        tls,
     })
 }
 
@@ -85,25 +125,47 @@ mod tests {
     #[test]
     fn urls() {
         let t = parse_url("etcd://127.0.0.1:1,127.0.0.1:2/shop/a").unwrap();
-        assert_eq!(t.endpoints, ["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+        assert_eq!(t.hosts, ["127.0.0.1:1", "127.0.0.1:2"]);
         assert_eq!(t.display, "127.0.0.1:1,127.0.0.1:2");
         assert_eq!(t.prefix.as_deref(), Some("shop/a"));
         assert_eq!(t.user, None);
+        assert_eq!(t.tls, None);
         let t = parse_url("etcd://u:p%40ss@h").unwrap();
-        assert_eq!(t.endpoints, ["http://h:2379"]);
-        assert_eq!(t.user, Some(("u".into(), "p@ss".into())));
+        assert_eq!(t.hosts, ["h:2379"]);
+        assert_eq!(t.user.as_deref(), Some("u"));
+        assert_eq!(t.password.as_ref().map(|p| p.expose()), Some("p@ss"));
         assert_eq!(t.prefix, None);
+        let t = parse_url("etcd://u@h").unwrap();
+        assert_eq!((t.user.as_deref(), t.password), (Some("u"), None));
         let t = parse_url("etcd://[::1]:5,[::1]/").unwrap();
-        assert_eq!(t.endpoints, ["http://[::1]:5", "http://[::1]:2379"]);
+        assert_eq!(t.hosts, ["[::1]:5", "[::1]:2379"]);
+        let t = parse_url("etcds://h/p?cacert=/ca.pem&cert=/c.pem&key=/c.key").unwrap();
+        let tls = t.tls.expect("tls");
+        assert_eq!(tls.cacert.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.client, Some(("/c.pem".into(), "/c.key".into())));
+        assert_eq!(t.prefix.as_deref(), Some("p"));
+        let t = parse_url("etcds://h?ca_file=/ca.pem").unwrap();
+        assert_eq!(t.tls.and_then(|t| t.cacert), Some("/ca.pem".into()));
+        assert_eq!(
+            parse_url("etcds://h").unwrap().tls,
+            Some(TlsFiles::default())
+        );
+        for (bad, says) in [
+            ("etcd://h?cacert=/x", "etcds://"),
+            ("etcds://h?cert=/x", "both cert=PATH and key=PATH"),
+            ("etcds://h?sslmode=require", "unknown parameter `sslmode`"),
+        ] {
+            let e = parse_url(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
         for bad in [
             "etcd://",
             "etcd://h:1,",
             "etcd://h:x",
             "etcd://h:0",
             "etcd://h?x=1",
-            "etcd://u@h",
             "etcd://:p@h",
-            "etcds://h",
+            "etcd://h#f",
             "http://h",
             "nothing",
             "etcd://[::1",

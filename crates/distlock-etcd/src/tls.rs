@@ -1,0 +1,294 @@
+//! TLS (`etcds://`): the CA to trust and the client certificate, and telling TLS failures
+//! apart in the errors etcd-client passes on.
+
+use etcd_client::{Certificate, Identity, TlsOptions};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// The TLS files of a connection: from `etcds://…?cacert=&cert=&key=` or the builder.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TlsFiles {
+    /// The CA certificates (PEM) to trust instead of the system's.
+    pub(crate) cacert: Option<PathBuf>,
+    /// The client certificate (PEM) and its private key (PEM).
+    pub(crate) client: Option<(PathBuf, PathBuf)>,
+}
+
+/// Reads a PEM file, checking that it holds what `what` says (`CERTIFICATE`, `PRIVATE KEY`).
+/// The error says which file and why, never what is in it.
+fn read_pem(param: &str, path: &Path, marker: &str) -> Result<Vec<u8>, String> {
+    let bytes =
+        std::fs::read(path).map_err(|e| format!("cannot read {param}={}: {e}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    if !text.contains("-----BEGIN ") || !text.contains(&format!("{marker}-----")) {
+        return Err(format!(
+            "{param}={} is not a PEM file with a {marker} (`-----BEGIN …{marker}-----`)",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
+impl TlsFiles {
+    /// The TLS options for etcd-client: the CA from `cacert` (else the system's roots) and
+    /// the client certificate. Fails with a message naming the file for a file that cannot
+    /// be read or does not look like PEM.
+    pub(crate) fn options(&self) -> Result<TlsOptions, String> {
+        let mut tls = TlsOptions::new();
+        tls = match &self.cacert {
+            Some(ca) => tls.ca_certificate(Certificate::from_pem(read_pem(
+                "cacert",
+                ca,
+                "CERTIFICATE",
+            )?)),
+            None => tls.with_native_roots(),
+        };
+        if let Some((cert, key)) = &self.client {
+            let cert = read_pem("cert", cert, "CERTIFICATE")?;
+            let key = read_pem("key", key, "PRIVATE KEY")?;
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        Ok(tls)
+    }
+}
+
+/// Why a TLS connection to etcd failed: the `source` of the
+/// [`Error::Connection`](distlock_core::Error::Connection) the backend returns, for programs
+/// that want to tell these cases apart (`err.source()?.downcast_ref::<TlsError>()`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// The server's certificate was not signed by a CA the client trusts (or is expired, or
+    /// not for this host name). `detail` is rustls's reason.
+    NotTrusted {
+        /// rustls's reason, e.g. `invalid peer certificate: UnknownIssuer`.
+        detail: String,
+    },
+    /// The server requires a client certificate (`--client-cert-auth`) and none was given.
+    ClientCertificateRequired {
+        /// What the server said.
+        detail: String,
+    },
+    /// The server refused the client certificate (not signed by a CA it trusts, expired, …).
+    ClientCertificateRejected {
+        /// What the server said.
+        detail: String,
+    },
+    /// The server does not speak TLS on that port (an `etcds://` URL for a plain-http member).
+    NotTls {
+        /// rustls's reason.
+        detail: String,
+    },
+    /// Another TLS failure.
+    Other {
+        /// rustls's reason.
+        detail: String,
+    },
+}
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TlsError::NotTrusted { detail } => write!(
+                f,
+                "TLS: the server's certificate is not trusted ({detail}); name the CA that \
+                 signed it with `?cacert=PATH` (a PEM file), or check that the certificate is \
+                 for this host name or address and not expired"
+            ),
+            TlsError::ClientCertificateRequired { detail } => write!(
+                f,
+                "TLS: the server requires a client certificate ({detail}); give one with \
+                 `?cert=PATH&key=PATH` (PEM files)"
+            ),
+            TlsError::ClientCertificateRejected { detail } => write!(
+                f,
+                "TLS: the server refused the client certificate ({detail}); it must be signed \
+                 by a CA in the server's --trusted-ca-file and not be expired"
+            ),
+            TlsError::NotTls { detail } => write!(
+                f,
+                "TLS: the server did not answer with TLS ({detail}); is it a plain-http member? \
+                 Then use etcd:// instead of etcds://"
+            ),
+            TlsError::Other { detail } => write!(f, "TLS: {detail}"),
+        }
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+/// A TLS alert from the server that reached the client only as text (hyper passes the
+/// rustls error on as a message when it breaks the HTTP/2 connection).
+fn alert_text(e: &(dyn std::error::Error + 'static)) -> Option<TlsError> {
+    let shown = format!("{e:?}");
+    let at = shown.find("received fatal alert: ")?;
+    let alert: String = shown[at + "received fatal alert: ".len()..]
+        .chars()
+        .take_while(char::is_ascii_alphanumeric)
+        .collect();
+    let detail = format!("received fatal alert: {alert}");
+    Some(match alert.as_str() {
+        "CertificateRequired" => TlsError::ClientCertificateRequired { detail },
+        "BadCertificate"
+        | "UnknownCA"
+        | "CertificateExpired"
+        | "CertificateRevoked"
+        | "CertificateUnknown"
+        | "UnsupportedCertificate" => TlsError::ClientCertificateRejected { detail },
+        _ => TlsError::Other { detail },
+    })
+}
+
+/// True if `e`'s chain holds tokio-rustls's "tls handshake eof": the server hung up on the
+/// client's hello (a plain-http etcd listener does that).
+fn handshake_eof(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    let mut depth = 0;
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::UnexpectedEof
+                && io.to_string().contains("tls handshake eof")
+            {
+                return true;
+            }
+        }
+        depth += 1;
+        if depth > 16 {
+            break;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// True if `e` says the connection broke under a request (closed, broken pipe, reset): what
+/// a plain-http client sees from a member that only speaks TLS, and how a TLS 1.3 server
+/// that refuses the client's certificate (or its absence) after the handshake may look to
+/// the client (the alert it sends can be lost in the HTTP/2 layer).
+pub(crate) fn closed_under_request(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            let d = format!("{s:?}").to_ascii_lowercase();
+            ["connection closed", "broken pipe", "brokenpipe", "reset"]
+                .iter()
+                .any(|w| d.contains(w))
+        }
+        _ => false,
+    }
+}
+
+/// The error for a server that closed the connection right after the TLS handshake
+/// ([`closed_under_request`]): with TLS 1.3 that is how etcd's `--client-cert-auth` refuses
+/// a client without a certificate, or with one it does not trust.
+pub(crate) fn closed_by_server(client_cert_given: bool) -> TlsError {
+    if client_cert_given {
+        TlsError::ClientCertificateRejected {
+            detail: "the server closed the connection right after the TLS handshake, as etcd \
+                     does with a client certificate it does not trust"
+                .into(),
+        }
+    } else {
+        TlsError::ClientCertificateRequired {
+            detail: "the server closed the connection right after the TLS handshake, as etcd \
+                     with --client-cert-auth does for a client without a certificate"
+                .into(),
+        }
+    }
+}
+
+/// The rustls error somewhere in `e`'s chain of sources (tokio-rustls wraps it in an
+/// `io::Error`, whose `source()` skips it, so those are opened by hand).
+fn find_rustls(e: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
+    let mut cur = Some(e);
+    let mut depth = 0;
+    while let Some(err) = cur {
+        if let Some(r) = err.downcast_ref::<rustls::Error>() {
+            return Some(r.clone());
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if let Some(r) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                return Some(r.clone());
+            }
+        }
+        depth += 1;
+        if depth > 16 {
+            break;
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// What went wrong, if `e` is a TLS failure.
+pub(crate) fn classify(e: &etcd_client::Error) -> Option<TlsError> {
+    use rustls::{AlertDescription as A, CertificateError as C, Error as R};
+    // etcd-client's error has no `source()`: start from what it wraps.
+    let inner: &(dyn std::error::Error + 'static) = match e {
+        etcd_client::Error::GRpcStatus(s) => s,
+        etcd_client::Error::TransportError(t) => t,
+        etcd_client::Error::IoError(i) => i,
+        _ => return None,
+    };
+    let Some(r) = find_rustls(inner) else {
+        return alert_text(inner).or_else(|| {
+            handshake_eof(inner).then(|| TlsError::NotTls {
+                detail: "the server closed the connection during the TLS handshake".into(),
+            })
+        });
+    };
+    let detail = r.to_string();
+    Some(match r {
+        R::InvalidCertificate(
+            C::UnknownIssuer
+            | C::BadSignature
+            | C::Expired
+            | C::ExpiredContext { .. }
+            | C::NotValidYet
+            | C::NotValidYetContext { .. }
+            | C::NotValidForName
+            | C::NotValidForNameContext { .. }
+            | C::InvalidPurpose
+            | C::InvalidPurposeContext { .. }
+            | C::Revoked
+            | C::BadEncoding
+            | C::UnhandledCriticalExtension,
+        ) => TlsError::NotTrusted { detail },
+        R::AlertReceived(A::CertificateRequired) => TlsError::ClientCertificateRequired { detail },
+        R::AlertReceived(
+            A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateExpired
+            | A::CertificateRevoked
+            | A::CertificateUnknown
+            | A::UnsupportedCertificate,
+        ) => TlsError::ClientCertificateRejected { detail },
+        R::InvalidMessage(_) | R::InappropriateMessage { .. } => TlsError::NotTls { detail },
+        _ => TlsError::Other { detail },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreadable_and_non_pem_files_are_named() {
+        let missing = TlsFiles {
+            cacert: Some("/nonexistent/ca.pem".into()),
+            client: None,
+        };
+        let e = missing.options().expect_err("missing");
+        assert!(e.contains("cannot read cacert=/nonexistent/ca.pem"), "{e}");
+        let dir = std::env::temp_dir().join(format!("dlock-etcd-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate").expect("write");
+        let bad = TlsFiles {
+            cacert: None,
+            client: Some((junk.clone(), junk.clone())),
+        };
+        let e = bad.options().expect_err("junk");
+        assert!(e.contains("is not a PEM file with a CERTIFICATE"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
