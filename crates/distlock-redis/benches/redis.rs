@@ -13,7 +13,8 @@
 //! (user and system, from `/proc/self/stat`; the server is another process). For syscalls
 //! per operation run the binary under `strace -c -f` with `--uncontended` (only the
 //! uncontended phases) or `--pairs` (only acquire+release through the client, after the
-//! warm-up: compare two runs with `--quick` and without, 300 and 3000 pairs).
+//! warm-up: compare two runs with `--quick` and without, 300 and 3000 pairs). `--in-task` runs
+//! everything from a spawned task instead of the main thread (see `main`).
 
 use distlock_core::{Client, ClientOptions};
 use distlock_redis::RedisBackend;
@@ -126,6 +127,18 @@ async fn client(url: &str) -> (Client, Arc<RedisBackend>) {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
+    // `--in-task`: every phase from a spawned task (a worker thread, where redis-rs's
+    // connection task runs too), as an application's tasks run, instead of the main thread's
+    // `block_on`, where every request wakes a worker thread and the reply wakes the main one
+    // (about 8 futex calls per acquire+release, more than half of the client's syscalls).
+    if std::env::args().any(|a| a == "--in-task") {
+        tokio::spawn(run()).await.expect("bench task");
+    } else {
+        run().await;
+    }
+}
+
+async fn run() {
     let quick = std::env::args().any(|a| a == "--quick");
     let n = if quick { 300 } else { 3000 };
     let server = RedisServer::start().expect("redis-server");
