@@ -394,15 +394,6 @@ async fn seeded_counters_carry_tokens_past_lost_witnesses() {
     assert_increasing(&tokens);
 }
 
-/// The length of node `i`'s wait queue of `name`.
-fn queued_on(c: &Cluster, i: usize, name: &str) -> usize {
-    c.servers[i]
-        .command(&["ZCARD", &format!("dlock:{{{name}}}:rlq")])
-        .expect("ZCARD")
-        .parse()
-        .expect("ZCARD is a number")
-}
-
 /// Waiters queue behind a holder one after the other (each starts once the one before it is
 /// in node 0's queue, so their order is known); `fault` hits a node while they are queued; the
 /// holder releases. The waiters must get the lock in the order they queued, every waiter must
@@ -450,7 +441,7 @@ async fn queue_through_a_fault(name: &str, fault: impl FnOnce(&mut Cluster)) -> 
             }
         }));
         let t = Instant::now();
-        while queued_on(&c, 0, name) < i + 1 {
+        while c.queued_on(0, name) < i + 1 {
             assert!(
                 t.elapsed() < Duration::from_secs(5),
                 "waiter {i} never queued"
@@ -488,7 +479,7 @@ async fn queued_waiters_are_served_in_turn_past_a_paused_node() {
     c.servers[4].resume();
     // Every queue entry went with its waiter (released or given up), on every node.
     let t = Instant::now();
-    while (0..5).any(|i| queued_on(&c, i, "queue-pause") > 0) {
+    while (0..5).any(|i| c.queued_on(i, "queue-pause") > 0) {
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "queue entries left behind"

@@ -477,15 +477,6 @@ async fn tokens_increase_after_a_node_flushall() {
     assert_increasing(&tokens);
 }
 
-/// The length of node `i`'s wait queue of `name`.
-fn queued_on(c: &Cluster, i: usize, name: &str) -> usize {
-    c.servers[i]
-        .command(&["ZCARD", &format!("dlock:{{{name}}}:rlq")])
-        .expect("ZCARD")
-        .parse()
-        .expect("ZCARD is a number")
-}
-
 /// A waiter queues on every node while it waits; when its deadline passes it leaves every
 /// queue (the give-up runs before the acquire returns), so nothing it left makes the free lock
 /// refuse the next `try_acquire` (a free lock goes to the first live waiter only). A give-up
@@ -506,13 +497,13 @@ async fn a_waiter_that_stops_leaves_every_queue() {
     eventually(
         Duration::from_secs(5),
         "the waiter never queued on every node",
-        || (0..3).all(|i| queued_on(&c, i, name) == 1),
+        || (0..3).all(|i| c.queued_on(i, name) == 1),
     )
     .await;
     let r = waiter.await.expect("waiter");
     assert!(matches!(&r, Err(e) if e.is_timeout()), "{r:?}");
     for i in 0..3 {
-        assert_eq!(queued_on(&c, i, name), 0, "node {i} kept the waiter");
+        assert_eq!(c.queued_on(i, name), 0, "node {i} kept the waiter");
     }
     let bk: Arc<dyn Backend> = ab;
     let req = AcquireRequest::new(key(name, "x"), Duration::from_secs(1), LostSignal::new());

@@ -190,6 +190,15 @@ impl Cluster {
 }
 
 impl Cluster {
+    /// The length of node `i`'s wait queue of `name`.
+    pub fn queued_on(&self, i: usize, name: &str) -> usize {
+        self.servers[i]
+            .command(&["ZCARD", &format!("dlock:{{{name}}}:rlq")])
+            .expect("ZCARD")
+            .parse()
+            .expect("ZCARD is a number")
+    }
+
     /// Deletes the lock's hash on node `i` (as if its lease had run out there only).
     pub fn break_lock_on(&self, i: usize, name: &str) {
         assert_eq!(
