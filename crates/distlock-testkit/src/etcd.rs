@@ -511,14 +511,12 @@ fn member_spec(launch: &Arc<Launch>, i: usize, peer_port: u16, status_port: u16)
                 cmd.arg("--unsafe-no-fsync");
             }
             if let Some((cert, key, ca, client_cert_auth)) = &l.tls {
-                cmd.arg("--cert-file")
-                    .arg(cert)
-                    .arg("--key-file")
-                    .arg(key)
-                    .arg("--trusted-ca-file")
-                    .arg(ca);
+                cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+                // etcd checks client certificates whenever it has a trusted CA file.
                 if *client_cert_auth {
-                    cmd.arg("--client-cert-auth");
+                    cmd.arg("--trusted-ca-file")
+                        .arg(ca)
+                        .arg("--client-cert-auth");
                 }
             }
             cmd.args(&l.extra_args);
