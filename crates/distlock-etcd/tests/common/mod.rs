@@ -106,3 +106,23 @@ pub async fn hold_within(c: &Client, name: &str, timeout: Duration, what: &str) 
         .await
         .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
+
+/// The password of user `root` on [`secured`] clusters.
+pub const PASSWORD: &str = "hunter2-Ÿ-s3cret";
+
+/// A TLS member (no client certificates) with user `root` (password [`PASSWORD`]) and
+/// authentication enabled.
+pub async fn secured() -> EtcdCluster {
+    let cluster = EtcdCluster::start_tls(1, false).expect("tls cluster");
+    let ca = std::fs::read(cluster.certs().expect("certs").ca()).expect("ca");
+    let tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
+    let co = etcd_client::ConnectOptions::new().with_tls(tls);
+    let mut admin = etcd_client::Client::connect(cluster.endpoints(), Some(co))
+        .await
+        .expect("admin");
+    admin.user_add("root", PASSWORD, None).await.expect("user");
+    admin.role_add("root").await.expect("role");
+    admin.user_grant_role("root", "root").await.expect("grant");
+    admin.auth_enable().await.expect("auth enable");
+    cluster
+}
