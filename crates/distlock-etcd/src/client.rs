@@ -62,7 +62,10 @@ impl EtcdBackend {
                 e => map(&endpoint, e),
             })?;
         let tls_client = target.tls.as_ref().map(|t| t.client.is_some());
-        Self::probed(client, endpoint, prefix, Some(co), tls_client, opts).await
+        let mut backend =
+            Self::probed(client, endpoint, prefix, Some(co), tls_client, opts).await?;
+        backend.transport = tls::Transport::of(&target.hosts, target.tls.as_ref());
+        Ok(backend)
     }
 
     /// The backend on `client`, once a linearizable read got through. `tls_client`: with
@@ -88,6 +91,7 @@ impl EtcdBackend {
             watchdog_lease: opts.get_watchdog_lease(),
             doubtful: Mutex::new(HashMap::new()),
             leases: Mutex::new(HashMap::new()),
+            transport: tls::Transport::Unknown,
         };
         let mut kv = backend.client.kv_client();
         let probe = backend.prefix.clone().into_bytes();

@@ -62,6 +62,8 @@ pub struct EtcdBackend {
     /// Per granted attempt, the lease its key was last seen on (a hint for renewals; the read
     /// that goes with every renewal decides). Dropped when the attempt ends.
     leases: Mutex<HashMap<AttemptId, Lease>>,
+    /// How the connection is protected (`doctor`'s `tls` check).
+    transport: tls::Transport,
 }
 
 impl EtcdBackend {

@@ -420,6 +420,7 @@ pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
     }
 
     out.push(lease_finding(b).await?);
+    out.push(b.transport.finding());
 
     out.push(Finding::new(
         Severity::Ok,

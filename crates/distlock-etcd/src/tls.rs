@@ -52,6 +52,83 @@ impl TlsFiles {
     }
 }
 
+/// How the backend's connection is protected, for `doctor`.
+#[derive(Debug, Clone)]
+pub(crate) enum Transport {
+    /// `etcd://` to these hosts.
+    Plain { loopback_only: bool },
+    /// `etcds://`: what the server's certificate is checked against, and whether a client
+    /// certificate is shown.
+    Tls { ca: String, client_cert: bool },
+    /// An application's client: not known.
+    Unknown,
+}
+
+impl Transport {
+    pub(crate) fn of(hosts: &[String], tls: Option<&TlsFiles>) -> Self {
+        match tls {
+            Some(t) => Transport::Tls {
+                ca: match &t.cacert {
+                    Some(p) => format!("the CA in {}", p.display()),
+                    None => "the system's CA certificates".into(),
+                },
+                client_cert: t.client.is_some(),
+            },
+            None => Transport::Plain {
+                loopback_only: hosts.iter().all(|h| {
+                    let host = h.rsplit_once(':').map_or(h.as_str(), |(h, _)| h);
+                    let host = host.trim_start_matches('[').trim_end_matches(']');
+                    host == "localhost"
+                        || host
+                            .parse::<std::net::IpAddr>()
+                            .is_ok_and(|ip| ip.is_loopback())
+                }),
+            },
+        }
+    }
+
+    /// The `tls` finding of `doctor`.
+    pub(crate) fn finding(&self) -> distlock_core::Finding {
+        use distlock_core::{Finding, Severity};
+        match self {
+            Transport::Tls { ca, client_cert } => Finding::new(
+                Severity::Ok,
+                "tls",
+                format!(
+                    "https: every member's certificate checked against {ca} (and its host name or \
+                     address); {}",
+                    if *client_cert {
+                        "a client certificate is shown"
+                    } else {
+                        "no client certificate"
+                    }
+                ),
+            ),
+            Transport::Plain {
+                loopback_only: true,
+            } => Finding::new(
+                Severity::Ok,
+                "tls",
+                "plain http, on loopback only (nothing crosses a network)",
+            ),
+            Transport::Plain {
+                loopback_only: false,
+            } => Finding::new(
+                Severity::Warning,
+                "tls",
+                "plain http off loopback: lock keys, owner ids and any password travel \
+                 unencrypted and unauthenticated; start the members with --cert-file/--key-file \
+                 and connect with etcds://…?cacert=PATH",
+            ),
+            Transport::Unknown => Finding::new(
+                Severity::Ok,
+                "tls",
+                "not known: the backend runs on the application's etcd client",
+            ),
+        }
+    }
+}
+
 /// Why a TLS connection to etcd failed: the `source` of the
 /// [`Error::Connection`](distlock_core::Error::Connection) the backend returns, for programs
 /// that want to tell these cases apart (`err.source()?.downcast_ref::<TlsError>()`).
@@ -270,6 +347,20 @@ pub(crate) fn classify(e: &etcd_client::Error) -> Option<TlsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn doctor_says_how_the_connection_is_protected() {
+        use distlock_core::Severity;
+        let hosts = |h: &[&str]| h.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let local = Transport::of(&hosts(&["127.0.0.1:2379", "[::1]:1", "localhost:2"]), None);
+        assert_eq!(local.finding().severity, Severity::Ok);
+        let remote = Transport::of(&hosts(&["127.0.0.1:2379", "10.0.0.1:2379"]), None);
+        let f = remote.finding();
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(f.message.contains("etcds://"), "{f:?}");
+        let tls = Transport::of(&hosts(&["10.0.0.1:2379"]), Some(&TlsFiles::default()));
+        assert!(tls.finding().message.contains("system's CA"));
+    }
 
     #[test]
     fn unreadable_and_non_pem_files_are_named() {

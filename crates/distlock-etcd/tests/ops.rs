@@ -253,10 +253,12 @@ async fn doctor_passes_a_healthy_cluster() {
         "leader",
         "raft-index",
         "lease",
+        "tls",
         "clock",
     ] {
         finding(&findings, check);
     }
+    assert!(finding(&findings, "tls").message.contains("loopback only"));
     assert!(finding(&findings, "members").message.contains("all 3"));
     assert!(finding(&findings, "clock").message.contains("not checked"));
 }

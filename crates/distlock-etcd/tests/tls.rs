@@ -54,6 +54,16 @@ async fn trusted_ca_and_client_certificate() {
     let info = b.inspect("tls").await.expect("inspect");
     assert_eq!(info.holders[0].owner, g.owner());
     released(g).await;
+    let findings = a.diagnose().await.expect("doctor");
+    let tls = findings
+        .iter()
+        .find(|f| f.check == "tls")
+        .expect("tls finding");
+    assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");
+    assert!(
+        tls.message.contains("https") && tls.message.contains("a client certificate is shown"),
+        "{tls:?}"
+    );
 
     // The same files through the builder instead of the URL.
     let certs = cluster.certs().expect("certs");
