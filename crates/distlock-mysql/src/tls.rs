@@ -14,6 +14,7 @@
 //! for with [`TlsOptions::server_name`].
 
 use distlock_core::conn::ConnectionString;
+pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -216,51 +217,6 @@ impl TlsOptions {
     }
 }
 
-/// What went wrong with TLS, as the `source` of an
-/// [`Error::Connection`](distlock_core::Error::Connection): downcast it to tell the cases apart.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsError {
-    kind: TlsErrorKind,
-    message: String,
-}
-
-/// The kinds of [`TlsError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TlsErrorKind {
-    /// The server has no TLS (`have_ssl` is not `YES`), and the mode needs it.
-    NotSupportedByServer,
-    /// The server's certificate does not chain to the CA.
-    Untrusted,
-    /// The certificate is not valid for the host name.
-    WrongHost,
-    /// The certificate has expired or is not valid yet.
-    Expired,
-    /// The server refused the client certificate, or wanted one and got none.
-    ClientCertRejected,
-    /// Any other failure of the handshake.
-    Handshake,
-}
-
-impl TlsError {
-    /// The kind of failure.
-    pub fn kind(&self) -> TlsErrorKind {
-        self.kind
-    }
-
-    fn new(kind: TlsErrorKind, message: String) -> Self {
-        TlsError { kind, message }
-    }
-}
-
-impl fmt::Display for TlsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TLS: {}", self.message)
-    }
-}
-
-impl std::error::Error for TlsError {}
-
 /// The settings a TLS error message names.
 #[derive(Debug, Clone)]
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
@@ -325,7 +281,7 @@ mod imp {
     use mysql_async::{ClientIdentity, SslOpts};
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    use rustls::{AlertDescription, CertificateError};
+    use rustls::AlertDescription;
 
     fn read(what: &str, path: &Path) -> Result<Vec<u8>> {
         std::fs::read(path).map_err(|e| file_error(what, path, e))
@@ -400,77 +356,46 @@ mod imp {
         }
     }
 
+    /// The rustls error of a handshake, in the words of the settings.
     fn classify(ctx: &Context, r: &rustls::Error) -> TlsError {
         use TlsErrorKind as K;
-        let (kind, message) = match r {
-            rustls::Error::InvalidCertificate(c) => match c {
-                CertificateError::NotValidForName
-                | CertificateError::NotValidForNameContext { .. } => (
-                    K::WrongHost,
-                    format!(
-                        "the server's certificate is not valid for the host name ({r}); connect \
-                         by a name the certificate has, or name it with \
-                         TlsOptions::server_name{}",
-                        if ctx.mode == SslMode::VerifyCa {
-                            " (with this driver VERIFY_CA checks the name too)"
-                        } else {
-                            ""
-                        }
-                    ),
+        let kind = match r {
+            // A server may answer a client certificate it refuses (or the lack of one) with
+            // handshake_failure: the message below hedges.
+            rustls::Error::AlertReceived(AlertDescription::HandshakeFailure) => {
+                K::ClientCertRejected
+            }
+            _ => TlsErrorKind::of_rustls(r, ctx.client_cert.is_some()),
+        };
+        let message = match kind {
+            K::WrongHost => format!(
+                "the server's certificate is not valid for the host name ({r}); connect by a \
+                 name the certificate has, or name it with TlsOptions::server_name{}",
+                if ctx.mode == SslMode::VerifyCa {
+                    " (with this driver VERIFY_CA checks the name too)"
+                } else {
+                    ""
+                }
+            ),
+            K::Expired => {
+                format!("the server's certificate is out of its validity period ({r})")
+            }
+            K::Untrusted => format!(
+                "the server's certificate is not trusted ({r}): it must chain to {}",
+                ctx.ca_name()
+            ),
+            K::ClientCertRejected => match &ctx.client_cert {
+                Some(c) => format!(
+                    "the server refused the client certificate ssl-cert={} ({r}): it must be \
+                     signed by a CA the server's ssl_ca trusts",
+                    c.display()
                 ),
-                CertificateError::Expired
-                | CertificateError::ExpiredContext { .. }
-                | CertificateError::NotValidYet
-                | CertificateError::NotValidYetContext { .. } => (
-                    K::Expired,
-                    format!("the server's certificate is out of its validity period ({r})"),
-                ),
-                _ => (
-                    K::Untrusted,
-                    format!(
-                        "the server's certificate is not trusted ({r}): it must chain to {}",
-                        ctx.ca_name()
-                    ),
+                None => format!(
+                    "the server refused the handshake ({r}); if it checks client \
+                     certificates, give ssl-cert=PATH&ssl-key=PATH"
                 ),
             },
-            rustls::Error::AlertReceived(
-                a @ (AlertDescription::BadCertificate
-                | AlertDescription::UnknownCA
-                | AlertDescription::CertificateRequired
-                | AlertDescription::CertificateUnknown
-                | AlertDescription::UnsupportedCertificate
-                | AlertDescription::CertificateExpired
-                | AlertDescription::AccessDenied
-                | AlertDescription::HandshakeFailure),
-            ) => (
-                K::ClientCertRejected,
-                match &ctx.client_cert {
-                    Some(c) => format!(
-                        "the server refused the client certificate ssl-cert={} (alert {a:?}): it \
-                         must be signed by a CA the server's ssl_ca trusts",
-                        c.display()
-                    ),
-                    None => format!(
-                        "the server refused the handshake (alert {a:?}); if it checks client \
-                         certificates, give ssl-cert=PATH&ssl-key=PATH"
-                    ),
-                },
-            ),
-            // Some servers answer a client certificate of a CA they do not know so.
-            rustls::Error::AlertReceived(a @ AlertDescription::DecryptError) => {
-                match &ctx.client_cert {
-                    Some(c) => (
-                        K::ClientCertRejected,
-                        format!(
-                        "the server refused the client certificate ssl-cert={} (alert {a:?}): it \
-                         must be signed by a CA the server's ssl_ca trusts",
-                        c.display()
-                    ),
-                    ),
-                    None => (K::Handshake, format!("the TLS handshake failed: {r}")),
-                }
-            }
-            other => (K::Handshake, format!("the TLS handshake failed: {other}")),
+            _ => format!("the TLS handshake failed: {r}"),
         };
         TlsError::new(kind, message)
     }

@@ -9,6 +9,7 @@
 //! | `verify-full` | yes | yes, against `sslrootcert` | yes (subject alternative names) |
 
 use distlock_core::conn::ConnectionString;
+pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};
 use std::fmt;
 use std::path::PathBuf;
@@ -233,51 +234,6 @@ impl TlsOptions {
     }
 }
 
-/// What went wrong with TLS, as the `source` of an
-/// [`Error::Connection`](distlock_core::Error::Connection): downcast it to tell the cases apart.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsError {
-    kind: TlsErrorKind,
-    message: String,
-}
-
-/// The kinds of [`TlsError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TlsErrorKind {
-    /// The server answered the TLS request with "no" (`ssl = off`), and the mode needs TLS.
-    NotSupportedByServer,
-    /// The server's certificate does not chain to the root certificates.
-    Untrusted,
-    /// The certificate is not valid for the host name (`verify-full`).
-    WrongHost,
-    /// The certificate has expired or is not valid yet.
-    Expired,
-    /// The server refused the client certificate, or wanted one and got none.
-    ClientCertRejected,
-    /// Any other failure of the handshake.
-    Handshake,
-}
-
-impl TlsError {
-    /// The kind of failure.
-    pub fn kind(&self) -> TlsErrorKind {
-        self.kind
-    }
-
-    fn new(kind: TlsErrorKind, message: String) -> Self {
-        TlsError { kind, message }
-    }
-}
-
-impl fmt::Display for TlsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TLS: {}", self.message)
-    }
-}
-
-impl std::error::Error for TlsError {}
-
 /// The TLS connector every connection of a backend uses, with what its errors need to say.
 #[derive(Clone)]
 pub(crate) struct Tls {
@@ -402,9 +358,7 @@ mod imp {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
     use rustls::server::ParsedCertificate;
-    use rustls::{
-        AlertDescription, CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme,
-    };
+    use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
     use std::future::Future;
     use std::io;
     use std::path::Path;
@@ -526,53 +480,31 @@ mod imp {
             .as_ref()
             .map(ToString::to_string)
             .unwrap_or_else(|| "sslrootcert".into());
-        match e {
-            rustls::Error::InvalidCertificate(c) => match c {
-                CertificateError::NotValidForName
-                | CertificateError::NotValidForNameContext { .. } => TlsError::new(
-                    K::WrongHost,
-                    format!(
-                        "the server's certificate is not valid for the host name {} ({e}); \
-                             sslmode=verify-full checks it: connect by a name (or address) the \
-                             certificate lists, or use sslmode=verify-ca to check the chain only",
-                        host.map(|h| format!("`{h}`"))
-                            .unwrap_or_else(|| "connected to".into())
-                    ),
+        match TlsErrorKind::of_rustls(e, ctx.client_cert.is_some()) {
+            K::WrongHost => TlsError::new(
+                K::WrongHost,
+                format!(
+                    "the server's certificate is not valid for the host name {} ({e}); \
+                     sslmode=verify-full checks it: connect by a name (or address) the \
+                     certificate lists, or use sslmode=verify-ca to check the chain only",
+                    host.map(|h| format!("`{h}`"))
+                        .unwrap_or_else(|| "connected to".into())
                 ),
-                CertificateError::Expired
-                | CertificateError::ExpiredContext { .. }
-                | CertificateError::NotValidYet
-                | CertificateError::NotValidYetContext { .. } => TlsError::new(
-                    K::Expired,
-                    format!("the server's certificate is outside its validity period ({e})"),
+            ),
+            K::Expired => TlsError::new(
+                K::Expired,
+                format!("the server's certificate is outside its validity period ({e})"),
+            ),
+            K::Untrusted => TlsError::new(
+                K::Untrusted,
+                format!(
+                    "the server's certificate is not trusted by {root} ({e}): give the CA \
+                     that signed it in sslrootcert=, or use sslmode=require without \
+                     sslrootcert to encrypt without checking"
                 ),
-                _ => TlsError::new(
-                    K::Untrusted,
-                    format!(
-                        "the server's certificate is not trusted by {root} ({e}): give the CA \
-                         that signed it in sslrootcert=, or use sslmode=require without \
-                         sslrootcert to encrypt without checking"
-                    ),
-                ),
-            },
-            rustls::Error::AlertReceived(
-                AlertDescription::CertificateRequired
-                | AlertDescription::BadCertificate
-                | AlertDescription::UnknownCA
-                | AlertDescription::CertificateUnknown
-                | AlertDescription::UnsupportedCertificate
-                | AlertDescription::CertificateExpired
-                | AlertDescription::CertificateRevoked
-                | AlertDescription::AccessDenied,
-            ) => client_cert_rejected(ctx, e),
-            // What OpenSSL answers a client certificate whose issuer's name it knows but whose
-            // signature does not check (another CA of the same name).
-            rustls::Error::AlertReceived(AlertDescription::DecryptError)
-                if ctx.client_cert.is_some() =>
-            {
-                client_cert_rejected(ctx, e)
-            }
-            other => ctx.handshake(other),
+            ),
+            K::ClientCertRejected => client_cert_rejected(ctx, e),
+            _ => ctx.handshake(e),
         }
     }
 

@@ -42,11 +42,13 @@
 mod params;
 mod redact;
 mod scrub;
+mod tls;
 #[cfg(test)]
 mod tests;
 
 pub use redact::redact;
 pub use scrub::MIN_SCRUBBED_LEN;
+pub use tls::{TlsError, TlsErrorKind};
 
 use crate::error::{Error, Result};
 use std::fmt;

@@ -1,0 +1,128 @@
+//! The one TLS error of every backend.
+
+use std::fmt;
+
+/// What went wrong with TLS, as the `source` of an
+/// [`Error::Connection`](crate::Error::Connection): downcast it to tell the cases apart.
+///
+/// Every backend that speaks TLS gives this type (re-exported by each, e.g.
+/// `distlock_postgres::TlsError`), so one downcast serves them all. Its `Display` is the
+/// actionable message, in the words of the backend's settings (e.g. `sslrootcert=` or
+/// `ssl-ca=`).
+///
+/// ```
+/// use distlock_core::conn::{TlsError, TlsErrorKind};
+/// use distlock_core::Error;
+///
+/// let e = Error::connection(
+///     "postgres",
+///     "db:5432",
+///     TlsError::new(TlsErrorKind::Expired, "the certificate expired"),
+/// );
+/// if let Error::Connection { source, .. } = &e {
+///     let tls = source.downcast_ref::<TlsError>().expect("a TLS error");
+///     assert_eq!(tls.kind(), TlsErrorKind::Expired);
+///     assert_eq!(tls.to_string(), "TLS: the certificate expired");
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsError {
+    kind: TlsErrorKind,
+    message: String,
+}
+
+/// The kinds of [`TlsError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TlsErrorKind {
+    /// The server does not offer TLS (PostgreSQL `ssl = off`, MySQL `have_ssl` not `YES`,
+    /// a plain-text port), and the mode needs it.
+    NotSupportedByServer,
+    /// The server's certificate does not chain to the trusted root certificates.
+    Untrusted,
+    /// The certificate is not valid for the host name.
+    WrongHost,
+    /// The certificate has expired or is not valid yet.
+    Expired,
+    /// The server refused the client certificate, or wanted one and got none.
+    ClientCertRejected,
+    /// Any other failure of the handshake or of the TLS setup.
+    Handshake,
+}
+
+impl TlsError {
+    /// A TLS error of `kind`; `message` says what failed and what to do about it (it is the
+    /// `Display`, after `TLS: `). It must not hold secrets.
+    pub fn new(kind: TlsErrorKind, message: impl Into<String>) -> Self {
+        TlsError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> TlsErrorKind {
+        self.kind
+    }
+
+    /// The message, without the `TLS: ` that `Display` puts in front.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TLS: {}", self.message)
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+#[cfg(feature = "rustls")]
+impl TlsErrorKind {
+    /// The kind of a rustls handshake error, whatever the backend (feature `rustls`): a
+    /// certificate the client rejected by why (host name, validity period, anything else:
+    /// untrusted), an alert by which the server rejected the client's certificate (or its
+    /// absence) — `DecryptError` too when `client_cert_given` (what OpenSSL answers a
+    /// certificate whose issuer's name it knows but whose signature does not check) — and
+    /// [`Handshake`](Self::Handshake) for the rest. The backend words the message.
+    ///
+    /// ```
+    /// use distlock_core::conn::TlsErrorKind;
+    /// use rustls::{AlertDescription, CertificateError, Error};
+    ///
+    /// let expired = Error::InvalidCertificate(CertificateError::Expired);
+    /// assert_eq!(TlsErrorKind::of_rustls(&expired, false), TlsErrorKind::Expired);
+    /// let decrypt = Error::AlertReceived(AlertDescription::DecryptError);
+    /// assert_eq!(TlsErrorKind::of_rustls(&decrypt, true), TlsErrorKind::ClientCertRejected);
+    /// assert_eq!(TlsErrorKind::of_rustls(&decrypt, false), TlsErrorKind::Handshake);
+    /// ```
+    pub fn of_rustls(e: &rustls::Error, client_cert_given: bool) -> TlsErrorKind {
+        use rustls::{AlertDescription as A, CertificateError as C};
+        match e {
+            rustls::Error::InvalidCertificate(c) => match c {
+                C::NotValidForName | C::NotValidForNameContext { .. } => TlsErrorKind::WrongHost,
+                C::Expired
+                | C::ExpiredContext { .. }
+                | C::NotValidYet
+                | C::NotValidYetContext { .. } => TlsErrorKind::Expired,
+                _ => TlsErrorKind::Untrusted,
+            },
+            rustls::Error::AlertReceived(
+                A::CertificateRequired
+                | A::BadCertificate
+                | A::UnknownCA
+                | A::CertificateUnknown
+                | A::UnsupportedCertificate
+                | A::CertificateExpired
+                | A::CertificateRevoked
+                | A::AccessDenied,
+            ) => TlsErrorKind::ClientCertRejected,
+            rustls::Error::AlertReceived(A::DecryptError) if client_cert_given => {
+                TlsErrorKind::ClientCertRejected
+            }
+            _ => TlsErrorKind::Handshake,
+        }
+    }
+}
