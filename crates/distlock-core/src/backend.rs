@@ -254,8 +254,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Renews many grants at once, each so that its lease runs at least the given duration
     /// from when the server applies it, never shortening it (invariant 4). The watchdog calls
-    /// this once per tick for every hold of a client; `extend` with one item. Returns one
-    /// outcome per item, in order: [`RenewOutcome::NotHeld`] fires that hold's lost signal.
+    /// this once per chunk of at most 1,000 holds per tick (chunks spread over the first
+    /// quarter of the interval, possibly several in flight at once); `extend` with one item.
+    /// Returns one outcome per item, in order: [`RenewOutcome::NotHeld`] fires that hold's
+    /// lost signal.
     ///
     /// # Cancel safety
     /// Must be cancel safe: the watchdog drops it when the client's per-call timeout (or the
