@@ -53,7 +53,8 @@ local function live_head(now)
   end
 end
 
-local free = redis.call('exists', KEYS[1]) == 0
+-- Held by another grant: no EXISTS needed (a hash without an attempt is foreign: not free).
+local free = not held[1] and redis.call('exists', KEYS[1]) == 0
 if free and ARGV[5] == '1' then
   local head = live_head(now_ms())
   if head and head ~= attempt then
