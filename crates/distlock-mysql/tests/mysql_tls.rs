@@ -7,15 +7,12 @@
 mod support;
 
 use distlock_core::{Client, ClientOptions, Error};
-use distlock_mysql::{MysqlBackend, SslMode, TlsError, TlsErrorKind, TlsOptions};
-use distlock_testkit::{MariaDbServer, TestCerts};
+use distlock_mysql::{MysqlBackend, SslMode, TlsErrorKind, TlsOptions};
+use distlock_testkit::tls_cases::{client_options, fails, tls_error, works};
+use distlock_testkit::{MariaDbServer, TempDir, TestCerts};
 use std::sync::Arc;
 use std::time::Duration;
 use support::{client_cert, shared_server, tls_server};
-
-fn opts() -> ClientOptions {
-    ClientOptions::default().connect_timeout(Duration::from_secs(10))
-}
 
 /// `mysql://USER[:password]@127.0.0.1:PORT/dlock?QUERY`.
 fn url(server: &MariaDbServer, user: &str, password: Option<&str>, query: &str) -> String {
@@ -31,35 +28,6 @@ fn ca(server: &MariaDbServer) -> String {
     server.tls_ca().expect("CA").display().to_string()
 }
 
-/// Connects, takes and gives back a lock.
-async fn works(backend: distlock_core::Result<MysqlBackend>) {
-    let b = backend.expect("connect");
-    let c = Client::new(Arc::new(b), opts()).expect("client");
-    let g = c
-        .lock(&format!("tls-{}", std::process::id()))
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
-    g.release().await.expect("release");
-}
-
-fn tls_error(e: &Error) -> &TlsError {
-    match e {
-        Error::Connection { source, .. } => source
-            .downcast_ref::<TlsError>()
-            .unwrap_or_else(|| panic!("not a TLS error: {e} / {e:?}")),
-        other => panic!("not a connection error: {other} / {other:?}"),
-    }
-}
-
-async fn fails(b: distlock_core::Result<MysqlBackend>) -> Error {
-    match b {
-        Ok(_) => panic!("connected"),
-        Err(e) => e,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn required_and_preferred_encrypt_against_a_tls_server() {
     let server = tls_server();
@@ -71,13 +39,16 @@ async fn required_and_preferred_encrypt_against_a_tls_server() {
         "",
         "ssl_mode=Required",
     ] {
-        works(MysqlBackend::connect(&url(&server, server.user(), pw, query), &opts()).await).await;
+        works(
+            MysqlBackend::connect(&url(&server, server.user(), pw, query), &client_options()).await,
+        )
+        .await;
     }
     // The REQUIRE SSL account too.
     works(
         MysqlBackend::connect(
             &url(&server, server.ssl_user(), pw, "ssl-mode=REQUIRED"),
-            &opts(),
+            &client_options(),
         )
         .await,
     )
@@ -85,11 +56,10 @@ async fn required_and_preferred_encrypt_against_a_tls_server() {
     let e = fails(
         MysqlBackend::connect(
             &url(&server, server.user(), pw, "ssl-mode=DISABLED"),
-            &opts(),
+            &client_options(),
         )
         .await,
-    )
-    .await;
+    );
     assert!(matches!(e, Error::Auth { .. }), "{e}");
     assert!(e.to_string().contains("ssl-mode=REQUIRED"), "{e}");
 }
@@ -99,14 +69,20 @@ async fn required_against_a_server_without_tls_says_so() {
     let plain = shared_server();
     let pw = Some(plain.password());
     let e = fails(
-        MysqlBackend::connect(&url(&plain, plain.user(), pw, "ssl-mode=REQUIRED"), &opts()).await,
-    )
-    .await;
+        MysqlBackend::connect(
+            &url(&plain, plain.user(), pw, "ssl-mode=REQUIRED"),
+            &client_options(),
+        )
+        .await,
+    );
     assert_eq!(tls_error(&e).kind(), TlsErrorKind::NotSupportedByServer);
     assert!(e.to_string().contains("does not support TLS"), "{e}");
     // PREFERRED (the default) and DISABLED go on unencrypted.
     for query in ["ssl-mode=PREFERRED", "ssl-mode=DISABLED", ""] {
-        works(MysqlBackend::connect(&url(&plain, plain.user(), pw, query), &opts()).await).await;
+        works(
+            MysqlBackend::connect(&url(&plain, plain.user(), pw, query), &client_options()).await,
+        )
+        .await;
     }
 }
 
@@ -117,17 +93,20 @@ async fn verify_modes_check_the_chain_and_the_name() {
     let ca = ca(&server);
     for mode in ["VERIFY_CA", "VERIFY_IDENTITY"] {
         let q = format!("ssl-mode={mode}&ssl-ca={ca}");
-        works(MysqlBackend::connect(&url(&server, server.user(), pw, &q), &opts()).await).await;
+        works(MysqlBackend::connect(&url(&server, server.user(), pw, &q), &client_options()).await)
+            .await;
     }
     // ssl-ca alone means VERIFY_CA, as for the mysql client.
     let q = format!("ssl-ca={ca}");
-    works(MysqlBackend::connect(&url(&server, server.user(), pw, &q), &opts()).await).await;
+    works(MysqlBackend::connect(&url(&server, server.user(), pw, &q), &client_options()).await)
+        .await;
     // A CA that did not sign the server's certificate.
     let other = TestCerts::generate().expect("another CA");
     for mode in ["VERIFY_CA", "VERIFY_IDENTITY"] {
         let q = format!("ssl-mode={mode}&ssl-ca={}", other.ca().display());
-        let e =
-            fails(MysqlBackend::connect(&url(&server, server.user(), pw, &q), &opts()).await).await;
+        let e = fails(
+            MysqlBackend::connect(&url(&server, server.user(), pw, &q), &client_options()).await,
+        );
         assert_eq!(tls_error(&e).kind(), TlsErrorKind::Untrusted, "{e}");
         assert!(e.to_string().contains("ssl-ca="), "{e}");
     }
@@ -142,20 +121,23 @@ async fn verify_modes_check_the_chain_and_the_name() {
         (SslMode::VerifyIdentity, "db.example.com"),
         (SslMode::VerifyCa, "VERIFY_CA checks the name too"),
     ] {
-        let e = fails(named(mode, "db.example.com").connect(&opts()).await).await;
+        let e = fails(
+            named(mode, "db.example.com")
+                .connect(&client_options())
+                .await,
+        );
         assert_eq!(tls_error(&e).kind(), TlsErrorKind::WrongHost, "{mode}: {e}");
         assert!(e.to_string().contains(says), "{mode}: {e}");
-        works(named(mode, "localhost").connect(&opts()).await).await;
+        works(named(mode, "localhost").connect(&client_options()).await).await;
     }
     // VERIFY_CA without a CA is refused before connecting.
     let e = fails(
         MysqlBackend::connect(
             &url(&server, server.user(), pw, "ssl-mode=VERIFY_CA"),
-            &opts(),
+            &client_options(),
         )
         .await,
-    )
-    .await;
+    );
     assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
 }
 
@@ -170,19 +152,23 @@ async fn client_certificates_for_require_x509() {
         cert.display(),
         key.display()
     );
-    works(MysqlBackend::connect(&url(&server, server.x509_user(), pw, &q), &opts()).await).await;
+    works(
+        MysqlBackend::connect(&url(&server, server.x509_user(), pw, &q), &client_options()).await,
+    )
+    .await;
     // The same in code.
     works(
         MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
             .tls(TlsOptions::new(SslMode::Required).client_cert(&cert, &key))
-            .connect(&opts())
+            .connect(&client_options())
             .await,
     )
     .await;
     // Without a certificate the account is refused, and the message says what it needs.
     let q = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}");
-    let e = fails(MysqlBackend::connect(&url(&server, server.x509_user(), pw, &q), &opts()).await)
-        .await;
+    let e = fails(
+        MysqlBackend::connect(&url(&server, server.x509_user(), pw, &q), &client_options()).await,
+    );
     assert!(matches!(e, Error::Auth { .. }), "{e}");
     assert!(e.to_string().contains("ssl-cert="), "{e}");
     // A certificate of another CA is refused by the server.
@@ -191,10 +177,9 @@ async fn client_certificates_for_require_x509() {
     let e = fails(
         MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
             .tls(TlsOptions::new(SslMode::Required).client_cert(&c2, &k2))
-            .connect(&opts())
+            .connect(&client_options())
             .await,
-    )
-    .await;
+    );
     match &e {
         Error::Connection { .. } => {
             assert_eq!(
@@ -210,10 +195,9 @@ async fn client_certificates_for_require_x509() {
     let e = fails(
         MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
             .tls(TlsOptions::new(SslMode::Required).client_cert(&cert, "/nonexistent/k.pem"))
-            .connect(&opts())
+            .connect(&client_options())
             .await,
-    )
-    .await;
+    );
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     assert!(e.to_string().contains("/nonexistent/k.pem"), "{e}");
 }
@@ -239,7 +223,7 @@ async fn the_applications_own_opts() {
     // Its own SslOpts, as they are.
     works(
         MysqlBackend::with_opts(opts_of(Some(ssl)))
-            .connect(&opts())
+            .connect(&client_options())
             .await,
     )
     .await;
@@ -248,7 +232,7 @@ async fn the_applications_own_opts() {
         .tls(TlsOptions::new(SslMode::VerifyIdentity).ca(&ca))
         .mode(distlock_mysql::Mode::Table)
         .namespace("byo")
-        .connect(&opts())
+        .connect(&client_options())
         .await
         .expect("connect");
     assert_eq!(b.mode(), distlock_mysql::Mode::Table);
@@ -257,24 +241,10 @@ async fn the_applications_own_opts() {
     // No TLS at all: the server refuses it.
     let e = fails(
         MysqlBackend::with_opts(opts_of(None))
-            .connect(&opts())
+            .connect(&client_options())
             .await,
-    )
-    .await;
+    );
     assert!(matches!(e, Error::Auth { .. }), "{e}");
-}
-
-fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dlock-mysql-{tag}-{}-{:x}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +255,7 @@ async fn passwords_from_the_builder_and_a_file() {
     works(
         MysqlBackend::builder(&bare)
             .password(server.password())
-            .connect(&opts())
+            .connect(&client_options())
             .await,
     )
     .await;
@@ -293,33 +263,31 @@ async fn passwords_from_the_builder_and_a_file() {
     works(
         MysqlBackend::builder(&url(&server, server.user(), Some("wrong"), &q))
             .password(server.password())
-            .connect(&opts())
+            .connect(&client_options())
             .await,
     )
     .await;
-    let dir = temp_dir("pw");
-    let file = dir.join("password");
+    let dir = TempDir::with_prefix("dlock-mysql-pw-").expect("temp dir");
+    let file = dir.path().join("password");
     std::fs::write(&file, format!("{}\n", server.password())).expect("write");
     works(
         MysqlBackend::builder(&bare)
             .password_file(&file)
-            .connect(&opts())
+            .connect(&client_options())
             .await,
     )
     .await;
     let with_file = format!("{bare}&password-file={}", file.display());
-    works(MysqlBackend::connect(&with_file, &opts()).await).await;
+    works(MysqlBackend::connect(&with_file, &client_options()).await).await;
     // A password file that is not there is an error naming it.
     let e = fails(
         MysqlBackend::builder(&bare)
-            .password_file(dir.join("missing"))
-            .connect(&opts())
+            .password_file(dir.path().join("missing"))
+            .connect(&client_options())
             .await,
-    )
-    .await;
+    );
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     assert!(e.to_string().contains("missing"), "{e}");
-    std::fs::remove_dir_all(&dir).expect("clean up");
 }
 
 /// `MYSQL_PWD` (its own test: nextest runs each in its own process, so the variable is seen
@@ -329,12 +297,16 @@ async fn password_from_mysql_pwd() {
     let server = tls_server();
     let q = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", ca(&server));
     std::env::set_var(distlock_mysql::PASSWORD_ENV, server.password());
-    works(MysqlBackend::connect(&url(&server, server.user(), None, &q), &opts()).await).await;
+    works(MysqlBackend::connect(&url(&server, server.user(), None, &q), &client_options()).await)
+        .await;
     // The URL's password wins over it.
     let e = fails(
-        MysqlBackend::connect(&url(&server, server.user(), Some("wrong"), &q), &opts()).await,
-    )
-    .await;
+        MysqlBackend::connect(
+            &url(&server, server.user(), Some("wrong"), &q),
+            &client_options(),
+        )
+        .await,
+    );
     assert!(matches!(e, Error::Auth { .. }), "{e}");
     std::env::remove_var(distlock_mysql::PASSWORD_ENV);
 }
@@ -353,8 +325,8 @@ async fn no_error_shows_the_password() {
     let fast = ClientOptions::default().connect_timeout(Duration::from_secs(3));
     let good = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}");
     let untrusted = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", other.ca().display());
-    let dir = temp_dir("secret");
-    let file = dir.join("password");
+    let dir = TempDir::with_prefix("dlock-mysql-secret-").expect("temp dir");
+    let file = dir.path().join("password");
     std::fs::write(&file, format!("{SECRET}\n")).expect("write");
     let down_url = |query: &str, pw: Option<&str>| {
         let pw = pw.map(|p| format!(":{p}")).unwrap_or_default();
@@ -442,7 +414,7 @@ async fn no_error_shows_the_password() {
     for (what, builder) in cases {
         let shown = format!("{builder:?}");
         assert!(!shown.contains(SECRET), "{what}: builder Debug: {shown}");
-        let e = fails(builder.connect(&fast).await).await;
+        let e = fails(builder.connect(&fast).await);
         let (display, debug) = (e.to_string(), format!("{e:?}"));
         assert!(!display.contains(SECRET), "{what}: {display}");
         assert!(!debug.contains(SECRET), "{what}: {debug}");
@@ -452,7 +424,6 @@ async fn no_error_shows_the_password() {
             source = s.source();
         }
     }
-    std::fs::remove_dir_all(&dir).expect("clean up");
 }
 
 /// `dlock doctor`'s `tls` check says whether the session is encrypted and what was checked.
@@ -471,10 +442,10 @@ async fn doctor_reports_tls() {
             "ssl-mode=REQUIRED: certificate not checked",
         ),
     ] {
-        let b = MysqlBackend::connect(&url(&server, server.user(), pw, &query), &opts())
+        let b = MysqlBackend::connect(&url(&server, server.user(), pw, &query), &client_options())
             .await
             .expect("connect");
-        let c = Client::new(Arc::new(b), opts()).expect("client");
+        let c = Client::new(Arc::new(b), client_options()).expect("client");
         let f = c.diagnose().await.expect("diagnose");
         let tls = f.iter().find(|x| x.check == "tls").expect("a tls finding");
         assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");
@@ -487,11 +458,11 @@ async fn doctor_reports_tls() {
     let plain = shared_server();
     let b = MysqlBackend::connect(
         &url(&plain, plain.user(), Some(plain.password()), ""),
-        &opts(),
+        &client_options(),
     )
     .await
     .expect("connect");
-    let c = Client::new(Arc::new(b), opts()).expect("client");
+    let c = Client::new(Arc::new(b), client_options()).expect("client");
     let f = c.diagnose().await.expect("diagnose");
     let tls = f.iter().find(|x| x.check == "tls").expect("a tls finding");
     assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");

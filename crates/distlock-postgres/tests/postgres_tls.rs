@@ -7,16 +7,13 @@
 mod support;
 
 use distlock_core::{Client, ClientOptions, Error};
-use distlock_postgres::{PostgresBackend, SslMode, TlsError, TlsErrorKind, TlsOptions};
-use distlock_testkit::{PostgresServer, TestCerts};
+use distlock_postgres::{PostgresBackend, SslMode, TlsErrorKind, TlsOptions};
+use distlock_testkit::tls_cases::{self, client_options, tls_error, works};
+use distlock_testkit::{PostgresServer, TempDir, TestCerts};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use support::tls_server;
-
-fn opts() -> ClientOptions {
-    ClientOptions::default().connect_timeout(Duration::from_secs(10))
-}
 
 /// `postgres://dlock[:password]@HOST:PORT/dlock?QUERY`.
 fn url(server: &PostgresServer, password: Option<&str>, host: &str, query: &str) -> String {
@@ -33,33 +30,9 @@ fn ca(server: &PostgresServer) -> String {
     server.tls_ca().expect("CA").display().to_string()
 }
 
-/// Connects, takes and gives back a lock.
-async fn works(backend: distlock_core::Result<PostgresBackend>) {
-    let b = backend.expect("connect");
-    let c = Client::new(Arc::new(b), opts()).expect("client");
-    let g = c
-        .lock(&format!("tls-{}", std::process::id()))
-        .expect("lock")
-        .acquire()
-        .await
-        .expect("acquire");
-    g.release().await.expect("release");
-}
-
-fn tls_error(e: &Error) -> &TlsError {
-    match e {
-        Error::Connection { source, .. } => source
-            .downcast_ref::<TlsError>()
-            .unwrap_or_else(|| panic!("not a TLS error: {e} / {e:?}")),
-        other => panic!("not a connection error: {other} / {other:?}"),
-    }
-}
-
+/// The error of connecting on `u`, which must fail.
 async fn fails(u: &str) -> Error {
-    match PostgresBackend::connect(u, &opts()).await {
-        Ok(_) => panic!("{u} connected"),
-        Err(e) => e,
-    }
+    tls_cases::fails(PostgresBackend::connect(u, &client_options()).await)
 }
 
 /// dlock's sessions on the server, and how many of them use TLS (`count|encrypted`).
@@ -77,7 +50,7 @@ async fn require_and_prefer_encrypt_against_a_tls_server() {
     let server = tls_server();
     let pw = Some(server.password());
     for query in ["sslmode=require", "sslmode=prefer", ""] {
-        let b = PostgresBackend::connect(&url(&server, pw, "127.0.0.1", query), &opts())
+        let b = PostgresBackend::connect(&url(&server, pw, "127.0.0.1", query), &client_options())
             .await
             .unwrap_or_else(|e| panic!("{query}: {e}"));
         let sessions = dlock_sessions(&server);
@@ -111,7 +84,10 @@ async fn require_against_a_server_without_tls_says_so() {
     );
     // prefer (the default) and disable go on unencrypted.
     for query in ["sslmode=prefer", "sslmode=disable"] {
-        works(PostgresBackend::connect(&url(&plain, pw, "127.0.0.1", query), &opts()).await).await;
+        works(
+            PostgresBackend::connect(&url(&plain, pw, "127.0.0.1", query), &client_options()).await,
+        )
+        .await;
     }
 }
 
@@ -132,7 +108,7 @@ async fn verify_modes_check_the_chain_and_the_name() {
             host,
             &format!("sslmode={mode}&sslrootcert={ca}"),
         );
-        works(PostgresBackend::connect(&u, &opts()).await).await;
+        works(PostgresBackend::connect(&u, &client_options()).await).await;
     }
     // A CA that did not sign the server's certificate: refused by verify-full, verify-ca and
     // (libpq's rule: a root certificate makes require check the chain) require.
@@ -160,7 +136,7 @@ async fn verify_modes_check_the_chain_and_the_name() {
     assert_eq!(tls_error(&e).kind(), TlsErrorKind::WrongHost, "{e}");
     assert!(e.to_string().contains("`db.wrong.example`"), "{e}");
     let u = url(&server, pw, "db.wrong.example", &q("verify-ca"));
-    works(PostgresBackend::connect(&u, &opts()).await).await;
+    works(PostgresBackend::connect(&u, &client_options()).await).await;
     // The system's roots do not know the throwaway CA (or the machine has none to offer).
     let e = fails(&url(
         &server,
@@ -193,14 +169,14 @@ async fn client_certificates_log_in_without_a_password() {
             ),
         )
     };
-    works(PostgresBackend::connect(&with(&cert, &key), &opts()).await).await;
+    works(PostgresBackend::connect(&with(&cert, &key), &client_options()).await).await;
     // The same in code.
     let tls = TlsOptions::new(SslMode::VerifyFull)
         .root_cert(certs.ca())
         .client_cert(&cert, &key);
     let b = PostgresBackend::builder(&url(&server, None, "127.0.0.1", ""))
         .tls(tls)
-        .connect(&opts())
+        .connect(&client_options())
         .await;
     works(b).await;
     // No client certificate: the server's cert method refuses the login.
@@ -245,7 +221,7 @@ async fn the_applications_own_config() {
     let tls = TlsOptions::new(SslMode::VerifyFull).root_cert(server.tls_ca().expect("CA"));
     works(
         PostgresBackend::with_config(config.clone(), tls)
-            .connect(&opts())
+            .connect(&client_options())
             .await,
     )
     .await;
@@ -260,7 +236,7 @@ async fn the_applications_own_config() {
     let b = PostgresBackend::with_config(no_pw.clone(), tls.clone())
         .password(server.password())
         .mode(distlock_postgres::Mode::Lease)
-        .connect(&opts())
+        .connect(&client_options())
         .await;
     assert_eq!(
         b.as_ref().map(|b| b.mode()).ok(),
@@ -270,7 +246,7 @@ async fn the_applications_own_config() {
     // No password anywhere: the message says where one can go.
     let e = PostgresBackend::with_config(no_pw, tls)
         .password_file("/nonexistent/pgpass")
-        .connect(&opts())
+        .connect(&client_options())
         .await
         .err()
         .expect("no password");
@@ -284,8 +260,8 @@ async fn the_applications_own_config() {
 async fn passwords_from_a_password_file() {
     use std::os::unix::fs::PermissionsExt;
     let server = tls_server();
-    let dir = tempfile_dir();
-    let file = dir.join("pgpass");
+    let dir = TempDir::with_prefix("dlock-pgpass-").expect("temp dir");
+    let file = dir.path().join("pgpass");
     std::fs::write(
         &file,
         format!(
@@ -304,12 +280,12 @@ async fn passwords_from_a_password_file() {
         "127.0.0.1",
         &format!("sslmode=require&passfile={}", file.display()),
     );
-    works(PostgresBackend::connect(&u, &opts()).await).await;
+    works(PostgresBackend::connect(&u, &client_options()).await).await;
     let u = url(&server, None, "127.0.0.1", "sslmode=require");
     works(
         PostgresBackend::builder(&u)
             .password_file(&file)
-            .connect(&opts())
+            .connect(&client_options())
             .await,
     )
     .await;
@@ -317,7 +293,7 @@ async fn passwords_from_a_password_file() {
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let e = PostgresBackend::builder(&u)
         .password_file(&file)
-        .connect(&opts())
+        .connect(&client_options())
         .await
         .err()
         .expect("refused");
@@ -328,26 +304,12 @@ async fn passwords_from_a_password_file() {
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let e = PostgresBackend::builder(&u)
         .password_file(&file)
-        .connect(&opts())
+        .connect(&client_options())
         .await
         .err()
         .expect("no password");
     assert!(matches!(e, Error::Auth { .. }), "{e}");
     assert!(e.to_string().contains("PGPASSWORD"), "{e}");
-    std::fs::remove_dir_all(&dir).expect("clean up");
-}
-
-fn tempfile_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dlock-pgpass-{}-{:x}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
 }
 
 /// Every error path with a secret password given through the URL, the builder and a
@@ -363,8 +325,8 @@ async fn no_error_shows_the_password() {
     let fast = ClientOptions::default().connect_timeout(Duration::from_secs(3));
     let good = format!("sslmode=verify-full&sslrootcert={ca}");
     let untrusted = format!("sslmode=verify-full&sslrootcert={}", other.ca().display());
-    let dir = tempfile_dir();
-    let passfile = dir.join("pgpass");
+    let dir = TempDir::with_prefix("dlock-pgpass-").expect("temp dir");
+    let passfile = dir.path().join("pgpass");
     std::fs::write(&passfile, format!("*:*:*:*:{SECRET}\n")).expect("write");
     {
         use std::os::unix::fs::PermissionsExt;
@@ -447,7 +409,6 @@ async fn no_error_shows_the_password() {
         }
         eprintln!("{what}: {e}");
     }
-    std::fs::remove_dir_all(&dir).expect("clean up");
 }
 
 /// SCRAM with `channel_binding=require`: the driver insists on SCRAM-SHA-256-PLUS with the
@@ -471,7 +432,7 @@ async fn scram_channel_binding() {
         format!("sslmode=verify-full&sslrootcert={ca}&channel_binding=require"),
     ] {
         let u = url(&server, pw, "127.0.0.1", &query);
-        works(PostgresBackend::connect(&u, &opts()).await).await;
+        works(PostgresBackend::connect(&u, &client_options()).await).await;
     }
 }
 
@@ -491,10 +452,10 @@ async fn doctor_reports_tls() {
             "sslmode=require: certificate not checked",
         ),
     ] {
-        let b = PostgresBackend::connect(&url(&server, pw, "127.0.0.1", &query), &opts())
+        let b = PostgresBackend::connect(&url(&server, pw, "127.0.0.1", &query), &client_options())
             .await
             .expect("connect");
-        let c = Client::new(Arc::new(b), opts()).expect("client");
+        let c = Client::new(Arc::new(b), client_options()).expect("client");
         let f = c.diagnose().await.expect("diagnose");
         let tls = f.iter().find(|x| x.check == "tls").expect("a tls finding");
         assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");

@@ -62,6 +62,7 @@ mod spawn;
 pub mod sql_faults;
 mod template;
 mod tls;
+pub mod tls_cases;
 mod zookeeper;
 
 pub use error::{Error, Result};

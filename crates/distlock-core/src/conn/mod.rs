@@ -42,9 +42,9 @@
 mod params;
 mod redact;
 mod scrub;
-mod tls;
 #[cfg(test)]
 mod tests;
+mod tls;
 
 pub use redact::redact;
 pub use scrub::MIN_SCRUBBED_LEN;
