@@ -95,40 +95,61 @@ impl EtcdBackend {
         };
         let mut kv = backend.client.kv_client();
         let probe = backend.prefix.clone().into_bytes();
-        tokio::time::timeout(
-            limit,
-            kv.get(
-                probe,
-                Some(GetOptions::new().with_keys_only().with_limit(1)),
-            ),
-        )
-        .await
-        .map_err(|_| no_answer(&endpoint, limit))?
-        .map_err(|e| match (tls_client, tls::classify(&e)) {
-            // Go's TLS server answers a missing client certificate with `bad_certificate`.
-            (Some(false), Some(tls::TlsError::ClientCertificateRejected { detail })) => {
-                Error::connection(
+        // An election in progress ("leader changed", "no leader") is retried until the limit:
+        // it takes about one election timeout.
+        let deadline = tokio::time::Instant::now() + limit;
+        let probe = async {
+            loop {
+                let r = kv
+                    .get(
+                        probe.clone(),
+                        Some(GetOptions::new().with_keys_only().with_limit(1)),
+                    )
+                    .await;
+                match r {
+                    Err(e)
+                        if electing(&e)
+                            && tokio::time::Instant::now() + ELECTION_POLL < deadline =>
+                    {
+                        tokio::time::sleep(ELECTION_POLL).await
+                    }
+                    r => return r,
+                }
+            }
+        };
+        tokio::time::timeout(limit, probe)
+            .await
+            .map_err(|_| no_answer(&endpoint, limit))?
+            .map_err(|e| match (tls_client, tls::classify(&e, tls_client)) {
+                (_, Some(t)) => Error::connection(KIND, endpoint.clone(), t),
+                (Some(has_cert), None) if tls::closed_under_request(&e) => {
+                    Error::connection(KIND, endpoint.clone(), tls::closed_by_server(has_cert))
+                }
+                (None, None) if own && tls::closed_under_request(&e) => Error::connection(
                     KIND,
                     endpoint.clone(),
-                    tls::TlsError::ClientCertificateRequired {
-                        detail: format!("{detail}, and no client certificate was given"),
-                    },
-                )
-            }
-            (Some(has_cert), None) if tls::closed_under_request(&e) => {
-                Error::connection(KIND, endpoint.clone(), tls::closed_by_server(has_cert))
-            }
-            (None, None) if own && tls::closed_under_request(&e) => Error::connection(
-                KIND,
-                endpoint.clone(),
-                format!(
-                    "{e} (the server closed the connection: if its members serve https, \
+                    format!(
+                        "{e} (the server closed the connection: if its members serve https, \
                      connect with etcds://)"
+                    ),
                 ),
-            ),
-            _ => map(&endpoint, e),
-        })?;
+                _ => map(&endpoint, e),
+            })?;
         Ok(backend)
+    }
+}
+
+/// How often the connect probe asks again during an election.
+const ELECTION_POLL: Duration = Duration::from_millis(50);
+
+/// True if etcd says it is electing a leader (an answer, not a lost request).
+fn electing(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable
+                && (s.message().contains("leader changed") || s.message().contains("no leader"))
+        }
+        _ => false,
     }
 }
 

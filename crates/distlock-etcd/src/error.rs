@@ -10,7 +10,7 @@ pub(crate) const KIND: &str = "etcd";
 pub(crate) fn map(endpoint: &str, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
     let conn = |e: etcd_client::Error| Error::connection(KIND, endpoint.to_owned(), e);
-    if let Some(tls) = crate::tls::classify(&e) {
+    if let Some(tls) = crate::tls::classify(&e, None) {
         return Error::connection(KIND, endpoint.to_owned(), tls);
     }
     match e {

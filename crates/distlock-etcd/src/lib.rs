@@ -6,7 +6,7 @@
 //! instead); [`EtcdBackend::builder`] ([`EtcdBuilder`]) takes the password, the CA and the
 //! client certificate outside the URL; [`EtcdBackend::from_client`] runs on an
 //! `etcd_client::Client` the application already has. A TLS failure is an
-//! [`Error::Connection`](distlock_core::Error::Connection) whose source is a [`TlsError`].
+//! [`Error::Connection`](distlock_core::Error::Connection) whose source is the core's [`TlsError`] (re-exported here).
 //! [`EtcdBackend::queue_prefix`] and [`EtcdBackend::attempt_key`] name a lock's keys
 //! for operators and tests; [`redact`] and [`percent_decode`] are the URL helpers it uses.
 #![warn(missing_docs)]
@@ -24,7 +24,7 @@ mod url;
 mod wait;
 
 pub use builder::{EtcdBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
-pub use tls::TlsError;
+pub use tls::{TlsError, TlsErrorKind};
 pub use url::{percent_decode, redact};
 
 use crate::error::KIND;
@@ -82,7 +82,8 @@ impl EtcdBackend {
     /// cannot be read; [`Error::Connection`](distlock_core::Error::Connection) when the
     /// cluster does not answer the linearizable probe within twice the connect timeout (down,
     /// or without a quorum or leader), or when TLS fails — its source is then a [`TlsError`]
-    /// (the server's certificate is not trusted, the server requires a client certificate, …);
+    /// ([`TlsErrorKind`]: the server's certificate is not trusted, the server requires or
+    /// refused a client certificate, the member does not speak TLS, …);
     /// [`Error::Auth`](distlock_core::Error::Auth) for a refused user or password.
     ///
     /// # Cancel safety

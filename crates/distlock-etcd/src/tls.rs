@@ -1,8 +1,8 @@
 //! TLS (`etcds://`): the CA to trust and the client certificate, and telling TLS failures
 //! apart in the errors etcd-client passes on.
 
+pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use etcd_client::{Certificate, Identity, TlsOptions};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// The TLS files of a connection: from `etcds://…?cacert=&cert=&key=` or the builder.
@@ -129,148 +129,45 @@ impl Transport {
     }
 }
 
-/// Why a TLS connection to etcd failed: the `source` of the
-/// [`Error::Connection`](distlock_core::Error::Connection) the backend returns, for programs
-/// that want to tell these cases apart (`err.source()?.downcast_ref::<TlsError>()`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TlsError {
-    /// The server's certificate was not signed by a CA the client trusts (or is expired, or
-    /// not for this host name). `detail` is rustls's reason.
-    NotTrusted {
-        /// rustls's reason, e.g. `invalid peer certificate: UnknownIssuer`.
-        detail: String,
-    },
-    /// The server requires a client certificate (`--client-cert-auth`) and none was given.
-    ClientCertificateRequired {
-        /// What the server said.
-        detail: String,
-    },
-    /// The server refused the client certificate (not signed by a CA it trusts, expired, …).
-    ClientCertificateRejected {
-        /// What the server said.
-        detail: String,
-    },
-    /// The server does not speak TLS on that port (an `etcds://` URL for a plain-http member).
-    NotTls {
-        /// rustls's reason.
-        detail: String,
-    },
-    /// Another TLS failure.
-    Other {
-        /// rustls's reason.
-        detail: String,
-    },
-}
-
-impl fmt::Display for TlsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TlsError::NotTrusted { detail } => write!(
-                f,
-                "TLS: the server's certificate is not trusted ({detail}); name the CA that \
-                 signed it with `?cacert=PATH` (a PEM file), or check that the certificate is \
-                 for this host name or address and not expired"
-            ),
-            TlsError::ClientCertificateRequired { detail } => write!(
-                f,
-                "TLS: the server requires a client certificate ({detail}); give one with \
+/// The TLS error for `kind`, worded in this backend's settings (`detail`: rustls's reason or
+/// what the connection did). `client_cert`: whether a client certificate was given, when
+/// known.
+pub(crate) fn error(kind: TlsErrorKind, detail: &str, client_cert: Option<bool>) -> TlsError {
+    let message = match kind {
+        TlsErrorKind::Untrusted => format!(
+            "the server's certificate is not trusted ({detail}); name the CA that signed it \
+             with `?cacert=PATH` (a PEM file)"
+        ),
+        TlsErrorKind::WrongHost => format!(
+            "the server's certificate is not valid for the host or address in the URL \
+             ({detail}); connect by a name or address its certificate lists"
+        ),
+        TlsErrorKind::Expired => format!(
+            "the server's certificate has expired or is not valid yet ({detail}); renew it, or \
+             check the clocks"
+        ),
+        TlsErrorKind::ClientCertRejected => match client_cert {
+            Some(false) => format!(
+                "the server requires a client certificate ({detail}); give one with \
                  `?cert=PATH&key=PATH` (PEM files)"
             ),
-            TlsError::ClientCertificateRejected { detail } => write!(
-                f,
-                "TLS: the server refused the client certificate ({detail}); it must be signed \
-                 by a CA in the server's --trusted-ca-file and not be expired"
+            Some(true) => format!(
+                "the server refused the client certificate ({detail}); it must be signed by a \
+                 CA in the server's --trusted-ca-file and not be expired"
             ),
-            TlsError::NotTls { detail } => write!(
-                f,
-                "TLS: the server did not answer with TLS ({detail}); is it a plain-http member? \
-                 Then use etcd:// instead of etcds://"
+            None => format!(
+                "the server refused the client certificate, or wanted one and got none \
+                 ({detail}); give one signed by a CA in the server's --trusted-ca-file with \
+                 `?cert=PATH&key=PATH`"
             ),
-            TlsError::Other { detail } => write!(f, "TLS: {detail}"),
-        }
-    }
-}
-
-impl std::error::Error for TlsError {}
-
-/// A TLS alert from the server that reached the client only as text (hyper passes the
-/// rustls error on as a message when it breaks the HTTP/2 connection).
-fn alert_text(e: &(dyn std::error::Error + 'static)) -> Option<TlsError> {
-    let shown = format!("{e:?}");
-    let at = shown.find("received fatal alert: ")?;
-    let alert: String = shown[at + "received fatal alert: ".len()..]
-        .chars()
-        .take_while(char::is_ascii_alphanumeric)
-        .collect();
-    let detail = format!("received fatal alert: {alert}");
-    Some(match alert.as_str() {
-        "CertificateRequired" => TlsError::ClientCertificateRequired { detail },
-        "BadCertificate"
-        | "UnknownCA"
-        | "CertificateExpired"
-        | "CertificateRevoked"
-        | "CertificateUnknown"
-        | "UnsupportedCertificate" => TlsError::ClientCertificateRejected { detail },
-        _ => TlsError::Other { detail },
-    })
-}
-
-/// True if `e`'s chain holds tokio-rustls's "tls handshake eof": the server hung up on the
-/// client's hello (a plain-http etcd listener does that).
-fn handshake_eof(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    let mut depth = 0;
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::UnexpectedEof
-                && io.to_string().contains("tls handshake eof")
-            {
-                return true;
-            }
-        }
-        depth += 1;
-        if depth > 16 {
-            break;
-        }
-        cur = err.source();
-    }
-    false
-}
-
-/// True if `e` says the connection broke under a request (closed, broken pipe, reset): what
-/// a plain-http client sees from a member that only speaks TLS, and how a TLS 1.3 server
-/// that refuses the client's certificate (or its absence) after the handshake may look to
-/// the client (the alert it sends can be lost in the HTTP/2 layer).
-pub(crate) fn closed_under_request(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => {
-            let d = format!("{s:?}").to_ascii_lowercase();
-            ["connection closed", "broken pipe", "brokenpipe", "reset"]
-                .iter()
-                .any(|w| d.contains(w))
-        }
-        _ => false,
-    }
-}
-
-/// The error for a server that closed the connection right after the TLS handshake
-/// ([`closed_under_request`]): with TLS 1.3 that is how etcd's `--client-cert-auth` refuses
-/// a client without a certificate, or with one it does not trust.
-pub(crate) fn closed_by_server(client_cert_given: bool) -> TlsError {
-    if client_cert_given {
-        TlsError::ClientCertificateRejected {
-            detail: "the server closed the connection right after the TLS handshake, as etcd \
-                     does with a client certificate it does not trust"
-                .into(),
-        }
-    } else {
-        TlsError::ClientCertificateRequired {
-            detail: "the server closed the connection right after the TLS handshake, as etcd \
-                     with --client-cert-auth does for a client without a certificate"
-                .into(),
-        }
-    }
+        },
+        TlsErrorKind::NotSupportedByServer => format!(
+            "the server did not answer with TLS ({detail}); is it a plain-http member? Then \
+             use etcd:// instead of etcds://"
+        ),
+        _ => detail.to_owned(),
+    };
+    TlsError::new(kind, message)
 }
 
 /// The rustls error somewhere in `e`'s chain of sources (tokio-rustls wraps it in an
@@ -296,9 +193,54 @@ fn find_rustls(e: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
     None
 }
 
-/// What went wrong, if `e` is a TLS failure.
-pub(crate) fn classify(e: &etcd_client::Error) -> Option<TlsError> {
-    use rustls::{AlertDescription as A, CertificateError as C, Error as R};
+/// A TLS alert from the server that reached the client only as text (hyper passes the
+/// rustls error on as a message when it breaks the HTTP/2 connection).
+fn alert_text(e: &(dyn std::error::Error + 'static)) -> Option<(TlsErrorKind, String)> {
+    let shown = format!("{e:?}");
+    let at = shown.find("received fatal alert: ")?;
+    let alert: String = shown[at + "received fatal alert: ".len()..]
+        .chars()
+        .take_while(char::is_ascii_alphanumeric)
+        .collect();
+    let kind = match alert.as_str() {
+        "CertificateRequired"
+        | "BadCertificate"
+        | "UnknownCA"
+        | "CertificateExpired"
+        | "CertificateRevoked"
+        | "CertificateUnknown"
+        | "UnsupportedCertificate"
+        | "AccessDenied" => TlsErrorKind::ClientCertRejected,
+        _ => TlsErrorKind::Handshake,
+    };
+    Some((kind, format!("received fatal alert: {alert}")))
+}
+
+/// True if `e`'s chain holds tokio-rustls's "tls handshake eof": the server hung up on the
+/// client's hello (a plain-http etcd listener does that).
+fn handshake_eof(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    let mut depth = 0;
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::UnexpectedEof
+                && io.to_string().contains("tls handshake eof")
+            {
+                return true;
+            }
+        }
+        depth += 1;
+        if depth > 16 {
+            break;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// What went wrong, if `e` is a TLS failure (`client_cert`: whether a client certificate was
+/// given, when known).
+pub(crate) fn classify(e: &etcd_client::Error, client_cert: Option<bool>) -> Option<TlsError> {
     // etcd-client's error has no `source()`: start from what it wraps.
     let inner: &(dyn std::error::Error + 'static) = match e {
         etcd_client::Error::GRpcStatus(s) => s,
@@ -306,44 +248,50 @@ pub(crate) fn classify(e: &etcd_client::Error) -> Option<TlsError> {
         etcd_client::Error::IoError(i) => i,
         _ => return None,
     };
-    let Some(r) = find_rustls(inner) else {
-        return alert_text(inner).or_else(|| {
-            handshake_eof(inner).then(|| TlsError::NotTls {
-                detail: "the server closed the connection during the TLS handshake".into(),
-            })
-        });
+    let (kind, detail) = match find_rustls(inner) {
+        Some(r) => (
+            TlsErrorKind::of_rustls(&r, client_cert.unwrap_or(false)),
+            r.to_string(),
+        ),
+        None => match alert_text(inner) {
+            Some(k) => k,
+            None if handshake_eof(inner) => (
+                TlsErrorKind::NotSupportedByServer,
+                "the server closed the connection during the TLS handshake".to_owned(),
+            ),
+            None => return None,
+        },
     };
-    let detail = r.to_string();
-    Some(match r {
-        R::InvalidCertificate(
-            C::UnknownIssuer
-            | C::BadSignature
-            | C::Expired
-            | C::ExpiredContext { .. }
-            | C::NotValidYet
-            | C::NotValidYetContext { .. }
-            | C::NotValidForName
-            | C::NotValidForNameContext { .. }
-            | C::InvalidPurpose
-            | C::InvalidPurposeContext { .. }
-            | C::Revoked
-            | C::BadEncoding
-            | C::UnhandledCriticalExtension,
-        ) => TlsError::NotTrusted { detail },
-        R::AlertReceived(A::CertificateRequired) => TlsError::ClientCertificateRequired { detail },
-        R::AlertReceived(
-            A::BadCertificate
-            | A::UnknownCA
-            | A::CertificateExpired
-            | A::CertificateRevoked
-            | A::CertificateUnknown
-            | A::UnsupportedCertificate,
-        ) => TlsError::ClientCertificateRejected { detail },
-        R::InvalidMessage(_) | R::InappropriateMessage { .. } => TlsError::NotTls { detail },
-        _ => TlsError::Other { detail },
-    })
+    Some(error(kind, &detail, client_cert))
 }
 
+/// True if `e` says the connection broke under a request (closed, broken pipe, reset): what
+/// a plain-http client sees from a member that only speaks TLS, and how a TLS 1.3 server
+/// that refuses the client's certificate (or its absence) after the handshake may look to
+/// the client (the alert it sends can be lost in the HTTP/2 layer).
+pub(crate) fn closed_under_request(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            let d = format!("{s:?}").to_ascii_lowercase();
+            ["connection closed", "broken pipe", "brokenpipe", "reset"]
+                .iter()
+                .any(|w| d.contains(w))
+        }
+        _ => false,
+    }
+}
+
+/// The error for a server that closed the connection right after the TLS handshake
+/// ([`closed_under_request`]): with TLS 1.3 that is how etcd's `--client-cert-auth` refuses
+/// a client without a certificate, or with one it does not trust.
+pub(crate) fn closed_by_server(client_cert: bool) -> TlsError {
+    error(
+        TlsErrorKind::ClientCertRejected,
+        "the server closed the connection right after the TLS handshake, as etcd does with a \
+         client certificate it does not accept, or none",
+        Some(client_cert),
+    )
+}
 #[cfg(test)]
 mod tests {
     use super::*;
