@@ -63,7 +63,10 @@ fn quorum_scripts() -> &'static QuorumScripts {
         acquire: Script::new(include_str!("../scripts/quorum_acquire.lua")),
         raise: Script::new(include_str!("../scripts/quorum_raise.lua")),
         release: Script::new(include_str!("../scripts/quorum_release.lua")),
-        renew: Script::new(include_str!("../scripts/quorum_renew.lua")),
+        renew: Script::new(concat!(
+            include_str!("../scripts/quorum_renew.lua"),
+            include_str!("../scripts/quorum_renew_many.lua")
+        )),
         epoch: Script::new(include_str!("../scripts/quorum_epoch.lua")),
         seed: Script::new(include_str!("../scripts/quorum_seed.lua")),
     })
@@ -213,6 +216,36 @@ fn parse_info(text: &str, now_ms: u64) -> Result<ServerInfo> {
         uptime: Duration::from_secs(uptime),
         now_ms,
     })
+}
+
+/// One `quorum_renew_many.lua` reply for `n` grants: `{flags, tokens...}`, a flag per grant
+/// (`1` renewed, `0` not held, `2` held with another token) and the stored token of each `2`.
+fn renew_reply(v: &Value, n: usize) -> Result<Vec<std::result::Result<RenewOutcome, u64>>> {
+    let bad = || shape("quorum renew", v);
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let (flags, mut tokens) = match items.split_first() {
+        Some((Value::BulkString(f), rest)) if f.len() == n => (f, rest.iter()),
+        _ => return Err(bad()),
+    };
+    let out = flags
+        .iter()
+        .map(|f| match f {
+            b'1' => Ok(Ok(RenewOutcome::Renewed)),
+            b'0' => Ok(Ok(RenewOutcome::NotHeld)),
+            b'2' => tokens
+                .next()
+                .and_then(int)
+                .map(|t| Err(u64::try_from(t).unwrap_or(0)))
+                .ok_or_else(bad),
+            _ => Err(bad()),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if tokens.next().is_some() {
+        return Err(bad());
+    }
+    Ok(out)
 }
 
 /// `TIME` (seconds, microseconds) in ms.
@@ -532,9 +565,11 @@ impl RedisBackend {
     }
 
     /// Renews each grant's hold on this node so that its lease runs at least the given
-    /// duration from now, never shortening it (one pipelined round trip). Per grant:
-    /// `Ok(Renewed)`, `Ok(NotHeld)` if its attempt does not hold the lock here, or
-    /// `Err(stored)` if its attempt holds it here with another token (nothing changed).
+    /// duration from now, never shortening it: one script per up to 1,000 grants
+    /// (`quorum_renew_many.lua`), all in one pipelined round trip. Per grant: `Ok(Renewed)`,
+    /// `Ok(NotHeld)` if its attempt does not hold the lock here, or `Err(stored)` if its
+    /// attempt holds it here with another token (nothing changed). Each grant is checked on
+    /// its own: a stale one is answered and left untouched, the others are renewed.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
@@ -554,41 +589,37 @@ impl RedisBackend {
         let s = quorum_scripts();
         let hk = self.horizon_key();
         let mut pipe = redis::pipe();
-        for (g, lease) in holds {
-            Self::check_mutex(&g.key)?;
-            let lock = self.lock_key(&g.key.name);
-            pipe.add_command(s.renew.cmd(
-                &[&lock, &hk],
-                &[g.attempt.as_str(), &g.token.to_string(), &lease_ms(*lease)],
-            ));
+        for chunk in holds.chunks(crate::renew::PER_SCRIPT) {
+            let mut keys = Vec::with_capacity(1 + chunk.len());
+            let mut args = Vec::with_capacity(3 * chunk.len());
+            keys.push(hk.clone());
+            for (g, lease) in chunk {
+                Self::check_mutex(&g.key)?;
+                keys.push(self.lock_key(&g.key.name));
+                args.push(g.attempt.as_str().to_owned());
+                args.push(g.token.to_string());
+                args.push(lease_ms(*lease));
+            }
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            pipe.add_command(s.renew.cmd(&keys, &args));
         }
         let mut con = self.con.clone();
         let vals = scripts::eval_pipe(&mut con, &s.all(), &pipe)
             .await
             .map_err(|e| self.err(e))?;
-        if vals.len() != holds.len() {
+        if vals.len() != holds.len().div_ceil(crate::renew::PER_SCRIPT) {
             return Err(unexpected(format!(
-                "quorum renew: {} replies to {} renewals",
+                "quorum renew: {} replies to {} scripts",
                 vals.len(),
-                holds.len()
+                holds.len().div_ceil(crate::renew::PER_SCRIPT)
             )));
         }
-        vals.iter()
-            .map(|v| match v {
-                Value::Array(items) => match items.as_slice() {
-                    [code, t] if int(code) == Some(2) => int(t)
-                        .and_then(|t| u64::try_from(t).ok())
-                        .map(Err)
-                        .ok_or_else(|| shape("quorum renew", v)),
-                    _ => Err(shape("quorum renew", v)),
-                },
-                _ => match int(v) {
-                    Some(1) => Ok(Ok(RenewOutcome::Renewed)),
-                    Some(0) => Ok(Ok(RenewOutcome::NotHeld)),
-                    _ => Err(shape("quorum renew", v)),
-                },
-            })
-            .collect()
+        let mut out = Vec::with_capacity(holds.len());
+        for (v, chunk) in vals.iter().zip(holds.chunks(crate::renew::PER_SCRIPT)) {
+            out.extend(renew_reply(v, chunk.len())?);
+        }
+        Ok(out)
     }
 
     /// This node's view of the Redlock lock `name`: its hold, if any (a hash of another shape,
@@ -831,5 +862,30 @@ mod tests {
         assert_eq!(time_ms("1700000000", "123456"), Some(1_700_000_000_123));
         assert_eq!(positive_ms(0), None);
         assert_eq!(positive_ms(-2), None);
+    }
+
+    #[test]
+    fn renew_replies() {
+        let reply = |flags: &str, tokens: &[i64]| {
+            let mut v = vec![Value::BulkString(flags.as_bytes().to_vec())];
+            v.extend(tokens.iter().map(|t| Value::Int(*t)));
+            Value::Array(v)
+        };
+        let got = renew_reply(&reply("1020", &[7]), 4).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Ok(RenewOutcome::Renewed),
+                Ok(RenewOutcome::NotHeld),
+                Err(7),
+                Ok(RenewOutcome::NotHeld)
+            ]
+        );
+        // Wrong count of flags or tokens, an unknown flag, another shape: refused.
+        assert!(renew_reply(&reply("10", &[]), 3).is_err());
+        assert!(renew_reply(&reply("12", &[]), 2).is_err());
+        assert!(renew_reply(&reply("11", &[3]), 2).is_err());
+        assert!(renew_reply(&reply("1x", &[]), 2).is_err());
+        assert!(renew_reply(&Value::Int(1), 1).is_err());
     }
 }

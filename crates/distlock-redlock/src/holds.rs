@@ -208,16 +208,20 @@ impl Shared {
                                 Ok(Ok(v)) => v.clone().unwrap_or_default(),
                                 _ => return,
                             };
+                        let mut rejoin = Vec::new();
                         for h in behind
                             .into_iter()
                             .filter(|&h| renewed.get(h) == Some(&true))
                         {
-                            let (g, lease) = &holds[h];
+                            let (g, _) = &holds[h];
                             let raised = b.raise_fence(&g.key.name, &g.attempt, g.token);
                             if let Ok(Ok(Some(_))) = tokio::time::timeout(t, raised).await {
-                                let item = [(g.clone(), *lease)];
-                                let _ = tokio::time::timeout(t, b.quorum_renew(&item)).await;
+                                rejoin.push(holds[h].clone());
                             }
+                        }
+                        // The grants that rejoin, renewed together (one script).
+                        if !rejoin.is_empty() {
+                            let _ = tokio::time::timeout(t, b.quorum_renew(&rejoin)).await;
                         }
                     });
                 }
