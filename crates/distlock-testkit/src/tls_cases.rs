@@ -56,3 +56,20 @@ pub fn tls_error(e: &Error) -> &TlsError {
         other => panic!("not a connection error: {other} / {other:?}"),
     }
 }
+
+/// Asserts that no text of `e` shows `secret`: its `Display`, its `Debug`, and the `Display`
+/// and `Debug` of every error in its `source` chain (`what` names the case in the panic).
+///
+/// # Panics
+/// When one of them contains `secret`.
+pub fn assert_hides(what: &str, e: &Error, secret: &str) {
+    let mut texts = vec![e.to_string(), format!("{e:?}")];
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        texts.push(format!("{s} / {s:?}"));
+        source = s.source();
+    }
+    for t in &texts {
+        assert!(!t.contains(secret), "{what}: the secret shows in {t}");
+    }
+}
