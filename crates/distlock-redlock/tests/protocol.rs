@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{acquire_within, acquired, assert_increasing, opts, wait_counting, Cluster};
+use common::{acquire_within, acquired, assert_increasing, opts, pttl, wait_counting, Cluster};
 use distlock_core::backend::{AcquireReply, AcquireRequest, HoldKey, RenewOutcome};
 use distlock_core::{Backend, Client, LockKind, LostSignal, ReleaseOutcome};
 use distlock_redlock::RedlockBackend;
@@ -51,14 +51,6 @@ fn attempt_on(c: &Cluster, i: usize, name: &str) -> String {
     } else {
         v
     }
-}
-
-fn pttl(c: &Cluster, i: usize, name: &str) -> i64 {
-    c.servers[i]
-        .command(&["PTTL", &format!("dlock:{{{name}}}")])
-        .expect("PTTL")
-        .parse()
-        .expect("PTTL is a number")
 }
 
 fn key(name: &str, owner: &str) -> HoldKey {

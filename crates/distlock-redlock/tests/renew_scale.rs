@@ -5,22 +5,11 @@
 
 mod common;
 
-use common::{opts, wait_counting, Cluster};
+use common::{evalsha_calls, opts, pttl, wait_counting, Cluster};
 use distlock_core::backend::{AcquireReply, AcquireRequest, GrantRef, HoldKey, RenewOutcome};
 use distlock_core::{Backend, LockGuard, LockKind, LostReason, LostSignal};
 use distlock_redlock::RedlockBackend;
-use distlock_testkit::RedisServer;
 use std::time::{Duration, Instant};
-
-/// Calls of `EVALSHA` so far (`INFO commandstats`), failed ones included.
-fn evalsha_calls(s: &RedisServer) -> u64 {
-    let info = s.command(&["INFO", "commandstats"]).expect("INFO");
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
 
 fn evalsha_all(c: &Cluster) -> Vec<u64> {
     c.servers.iter().map(evalsha_calls).collect()
@@ -65,14 +54,6 @@ fn held_on(c: &Cluster, i: usize, prefix: &str) -> (usize, i64) {
         .collect();
     assert_eq!(v.len(), 2, "count reply {reply:?}");
     (v[0] as usize, v[1])
-}
-
-fn pttl(c: &Cluster, i: usize, name: &str) -> i64 {
-    c.servers[i]
-        .command(&["PTTL", &format!("dlock:{{{name}}}")])
-        .expect("PTTL")
-        .parse()
-        .expect("number")
 }
 
 const HOLDS: usize = 500;

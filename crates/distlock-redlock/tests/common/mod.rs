@@ -229,3 +229,22 @@ pub async fn acquire_within(client: &Client, name: &str, secs: u64) -> Result<Lo
         .acquire_timeout(Duration::from_secs(secs))
         .await
 }
+
+/// Node `i`'s `PTTL` of the lock `name` (ms; -2 if it has none).
+pub fn pttl(c: &Cluster, i: usize, name: &str) -> i64 {
+    c.servers[i]
+        .command(&["PTTL", &format!("dlock:{{{name}}}")])
+        .expect("PTTL")
+        .parse()
+        .expect("PTTL is a number")
+}
+
+/// Calls of `EVALSHA` the server has run so far (`INFO commandstats`), failed ones included.
+pub fn evalsha_calls(s: &RedisServer) -> u64 {
+    let info = s.command(&["INFO", "commandstats"]).expect("INFO");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
