@@ -13,7 +13,11 @@
 //!   per-client grants min/max and give-ups (an acquire not granted within 10 s), for one
 //!   `redis://` node (the baseline), Redlock without a queue (`wait=retry`: every release
 //!   wakes every waiter, the behaviour before the queue) and Redlock with the nodes' queues
-//!   (the default), all in this run (with a mutual-exclusion check).
+//!   (the default), all in this run (with a mutual-exclusion check);
+//! - renewals (`-- --renew [N]`, only this scenario): one client holds N locks (10,000 by
+//!   default) on the 5 nodes with a 3 s watchdog lease; per node and tick, from the server's
+//!   `INFO commandstats` after `CONFIG RESETSTAT`: `EVALSHA` calls (the goal: at most
+//!   ceil(N/1000), one script per chunk), µs per script, and all commands processed.
 
 use distlock_core::{Client, ClientOptions, ReleaseOutcome};
 use distlock_redis::RedisBackend;
@@ -177,6 +181,80 @@ async fn contend(clients: Vec<Client>, name: &str, run: Duration) -> Contended {
     }
 }
 
+/// `cmdstat_evalsha` calls and µs per call, and `total_commands_processed`, of one server.
+fn script_stats(s: &RedisServer) -> (u64, f64, u64) {
+    let cmd = s.command(&["INFO", "commandstats"]).expect("INFO");
+    let field = |line: &str, name: &str| -> Option<String> {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(name).map(str::to_owned))
+    };
+    let line = cmd
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("cmdstat_evalsha:").map(str::to_owned))
+        .unwrap_or_default();
+    let calls = field(&line, "calls=")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let per = field(&line, "usec_per_call=")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let stats = s.command(&["INFO", "stats"]).expect("INFO");
+    let total = stats
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    (calls, per, total)
+}
+
+/// One client holding `n` locks on the nodes with a 3 s watchdog lease: what a tick of
+/// renewals costs each node.
+async fn renewals(nodes: &[RedisServer], url: &str, n: usize) {
+    let lease = Duration::from_secs(3);
+    let opts = ClientOptions::default().watchdog_lease(lease);
+    let b = RedlockBackend::connect(url, &opts).await.expect("connect");
+    let c = Client::new(Arc::new(b), opts).expect("client");
+    let t = Instant::now();
+    let mut guards = Vec::with_capacity(n);
+    for block in (0..n).collect::<Vec<_>>().chunks(64) {
+        let got = join_all(block.iter().map(|i| {
+            let c = &c;
+            async move {
+                c.lock(&format!("renew-{i}"))
+                    .expect("lock")
+                    .acquire()
+                    .await
+                    .expect("acquire")
+            }
+        }))
+        .await;
+        guards.extend(got);
+    }
+    println!("renewals: {n} locks acquired in {:?}", t.elapsed());
+    // Let the acquisitions' last votes land, then count from zero.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for s in nodes {
+        s.command(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+    }
+    let ticks = 6u32;
+    let run = lease / 3 * ticks;
+    tokio::time::sleep(run).await;
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    println!(
+        "  {ticks} ticks ({run:?}), {lost} lost; goal: at most {} scripts per node per tick",
+        n.div_ceil(1000)
+    );
+    for (i, s) in nodes.iter().enumerate() {
+        let (calls, per, total) = script_stats(s);
+        println!(
+            "  node {i}: EVALSHA {:.1}/tick ({calls} in all), {per:.0} us per script, {:.0} commands processed/tick",
+            calls as f64 / f64::from(ticks),
+            total as f64 / f64::from(ticks)
+        );
+    }
+    drop(guards);
+}
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -198,6 +276,16 @@ async fn main() {
         .collect();
     let rl_url = format!("redlock://{}?quarantine=500ms", hosts.join(","));
     tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--renew") {
+        let n = args
+            .get(at + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000);
+        renewals(&nodes, &rl_url, n).await;
+        return;
+    }
 
     if !contended_only {
         // The fan-out floor.
