@@ -6,11 +6,12 @@
 
 mod support;
 
-use distlock_core::{Client, ClientOptions, Error};
+use distlock_core::{ClientOptions, Error};
 use distlock_mysql::{MysqlBackend, SslMode, TlsErrorKind, TlsOptions};
-use distlock_testkit::tls_cases::{assert_hides, client_options, fails, tls_error, works};
+use distlock_testkit::tls_cases::{
+    assert_encrypted, assert_hides, client_options, fails, tls_error, tls_finding, works,
+};
 use distlock_testkit::{MariaDbServer, TempDir, TestCerts};
-use std::sync::Arc;
 use std::time::Duration;
 use support::{client_cert, shared_server, tls_server};
 
@@ -435,29 +436,23 @@ async fn doctor_reports_tls() {
             "ssl-mode=REQUIRED: certificate not checked",
         ),
     ] {
-        let b = MysqlBackend::connect(&url(&server, server.user(), pw, &query), &client_options())
-            .await
-            .expect("connect");
-        let c = Client::new(Arc::new(b), client_options()).expect("client");
-        let f = c.diagnose().await.expect("diagnose");
-        let tls = f.iter().find(|x| x.check == "tls").expect("a tls finding");
-        assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");
-        assert!(
-            tls.message.starts_with("encrypted (TLSv1.") && tls.message.contains(says),
-            "{tls:?}"
-        );
+        assert_encrypted(
+            MysqlBackend::connect(&url(&server, server.user(), pw, &query), &client_options())
+                .await,
+            says,
+        )
+        .await;
     }
     // A server without TLS, on this machine: not encrypted, and that is fine here.
     let plain = shared_server();
-    let b = MysqlBackend::connect(
-        &url(&plain, plain.user(), Some(plain.password()), ""),
-        &client_options(),
+    let tls = tls_finding(
+        MysqlBackend::connect(
+            &url(&plain, plain.user(), Some(plain.password()), ""),
+            &client_options(),
+        )
+        .await,
     )
-    .await
-    .expect("connect");
-    let c = Client::new(Arc::new(b), client_options()).expect("client");
-    let f = c.diagnose().await.expect("diagnose");
-    let tls = f.iter().find(|x| x.check == "tls").expect("a tls finding");
+    .await;
     assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");
     assert!(
         tls.message

@@ -6,12 +6,11 @@
 
 mod support;
 
-use distlock_core::{Client, ClientOptions, Error};
+use distlock_core::{ClientOptions, Error};
 use distlock_postgres::{PostgresBackend, SslMode, TlsErrorKind, TlsOptions};
-use distlock_testkit::tls_cases::{self, client_options, tls_error, works};
+use distlock_testkit::tls_cases::{self, assert_encrypted, client_options, tls_error, works};
 use distlock_testkit::{PostgresServer, TempDir, TestCerts};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 use support::tls_server;
 
@@ -441,16 +440,11 @@ async fn doctor_reports_tls() {
             "sslmode=require: certificate not checked",
         ),
     ] {
-        let b = PostgresBackend::connect(&url(&server, pw, "127.0.0.1", &query), &client_options())
-            .await
-            .expect("connect");
-        let c = Client::new(Arc::new(b), client_options()).expect("client");
-        let f = c.diagnose().await.expect("diagnose");
-        let tls = f.iter().find(|x| x.check == "tls").expect("a tls finding");
-        assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");
-        assert!(
-            tls.message.starts_with("encrypted (TLSv1.") && tls.message.contains(says),
-            "{tls:?}"
-        );
+        assert_encrypted(
+            PostgresBackend::connect(&url(&server, pw, "127.0.0.1", &query), &client_options())
+                .await,
+            says,
+        )
+        .await;
     }
 }

@@ -1,12 +1,13 @@
 //! Helpers of the backends' TLS tests (`tests/*_tls.rs`): connect and take a lock, expect a
-//! connect to fail, and find the [`TlsError`] an error carries.
+//! connect to fail, find the [`TlsError`] an error carries, check that no error shows a
+//! secret, and read `doctor`'s `tls` finding.
 //!
 //! Every backend gives the core's [`TlsError`] as the source of an
 //! [`Error::Connection`], so these work for any of them; the backends are not dependencies
 //! of this crate (a test hands in the result of its own connect).
 
 use distlock_core::conn::TlsError;
-use distlock_core::{Backend, Client, ClientOptions, Error, Result};
+use distlock_core::{Backend, Client, ClientOptions, Error, Finding, Result};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,4 +73,33 @@ pub fn assert_hides(what: &str, e: &Error, secret: &str) {
     for t in &texts {
         assert!(!t.contains(secret), "{what}: the secret shows in {t}");
     }
+}
+
+/// `doctor`'s `tls` finding of a connected backend (or panics: not connected, the diagnosis
+/// failed, or it has no `tls` check).
+///
+/// # Panics
+/// When `backend` is an error, the diagnosis fails or finds nothing about TLS.
+pub async fn tls_finding<B: Backend + 'static>(backend: Result<B>) -> Finding {
+    let b = backend.unwrap_or_else(|e| panic!("connect: {e} / {e:?}"));
+    let c = Client::new(Arc::new(b), client_options()).expect("client");
+    let findings = c.diagnose().await.expect("diagnose");
+    findings
+        .into_iter()
+        .find(|x| x.check == "tls")
+        .expect("a tls finding")
+}
+
+/// Asserts that `doctor`'s `tls` finding of a connected backend is fine and says the session
+/// is encrypted (`encrypted (TLSv1.…`) and `says` (what of the certificate was checked).
+///
+/// # Panics
+/// As [`tls_finding`], and when the finding is not `Ok` or does not say so.
+pub async fn assert_encrypted<B: Backend + 'static>(backend: Result<B>, says: &str) {
+    let tls = tls_finding(backend).await;
+    assert_eq!(tls.severity, distlock_core::Severity::Ok, "{tls:?}");
+    assert!(
+        tls.message.starts_with("encrypted (TLSv1.") && tls.message.contains(says),
+        "{tls:?} should say {says}"
+    );
 }
