@@ -4,7 +4,6 @@
 
 use distlock_core::{Client, ClientOptions, Error};
 use distlock_etcd::EtcdBackend;
-use std::error::Error as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,21 +12,10 @@ use common::{hold_within, released, secured, PASSWORD};
 
 const WRONG: &str = "wrong-Ÿ-passw0rd";
 
-/// Every text an error shows: `Display`, `Debug`, and those of each source.
-fn all_text(e: &Error) -> String {
-    let mut out = format!("{e} {e:?}");
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(&format!(" {s} {s:?}"));
-        cur = s.source();
-    }
-    out
-}
-
+/// No text of `e` (`Display`, `Debug`, every source's) shows a password or part of one.
 fn assert_secret_free(what: &str, e: &Error) {
-    let text = all_text(e);
     for secret in [PASSWORD, WRONG, "hunter2", "passw0rd"] {
-        assert!(!text.contains(secret), "{what}: `{secret}` in {text}");
+        distlock_testkit::tls_cases::assert_hides(what, e, secret);
     }
 }
 

@@ -6,7 +6,6 @@
 use distlock_core::{ClientOptions, Error};
 use distlock_etcd::{EtcdBackend, TlsErrorKind};
 use distlock_testkit::{EtcdCluster, TestCerts};
-use std::error::Error as _;
 use std::time::Duration;
 
 mod common;
@@ -21,14 +20,9 @@ fn quick() -> ClientOptions {
     ClientOptions::default().connect_timeout(Duration::from_secs(2))
 }
 
-/// The kind of the `TlsError` an `Error::Connection` carries, or a panic saying what came
-/// instead.
+/// The kind of the `TlsError` an `Error::Connection` carries (panics otherwise).
 fn kind(e: &Error) -> TlsErrorKind {
-    assert!(e.is_connection(), "{e:?}");
-    e.source()
-        .and_then(|s| s.downcast_ref::<distlock_etcd::TlsError>())
-        .map(|t| t.kind())
-        .unwrap_or_else(|| panic!("no TlsError in {e:?}"))
+    distlock_testkit::tls_cases::tls_error(e).kind()
 }
 
 async fn fails(url: &str) -> Error {

@@ -126,3 +126,28 @@ pub async fn secured() -> EtcdCluster {
     admin.auth_enable().await.expect("auth enable");
     cluster
 }
+
+/// The conformance harness on `cluster` (plain or TLS: its `url()` says how to connect): one
+/// member behind the proxy (the client balances requests over the members it is given, so a
+/// fault on one of several proxies might see no traffic at all); a lock is broken by deleting
+/// its whole queue.
+pub fn harness(cluster: EtcdCluster) -> distlock_testkit::conformance::ServerHarness<EtcdCluster> {
+    distlock_testkit::conformance::ServerHarness::new(
+        cluster,
+        EtcdCluster::url,
+        |url, o| async move { EtcdBackend::connect(&url, &o).await },
+    )
+    .proxy(|c| vec![c.client_addr(0)])
+    .break_lock(|c, name| async move {
+        let b = EtcdBackend::connect(&c.url(), &ClientOptions::default())
+            .await
+            .expect("connect");
+        let all = Some(etcd_client::DeleteOptions::new().with_prefix());
+        let r = b
+            .etcd_client()
+            .kv_client()
+            .delete(b.queue_prefix(&name), all)
+            .await;
+        assert!(r.expect("delete").deleted() >= 1, "nothing to delete");
+    })
+}
