@@ -6,8 +6,10 @@
 -- Returns 1 renewed, 0 this attempt does not hold it here, or the stored token (a string)
 -- when this attempt holds it here with another token (nothing changed).
 local function quorum_renew(lock, attempt, token, lease)
-  local held = redis.call('hmget', lock, 'attempt', 'token')
-  if held[1] ~= attempt then
+  -- Another type under the lock's name (foreign data written over the hold) is no hold of
+  -- this attempt: answered 0 and left alone, the rest of the script runs on.
+  local held = redis.pcall('hmget', lock, 'attempt', 'token')
+  if held.err or held[1] ~= attempt then
     return 0
   end
   if held[2] ~= token then

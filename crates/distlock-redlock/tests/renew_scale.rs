@@ -164,9 +164,10 @@ async fn granted(b: &RedlockBackend, req: &AcquireRequest) -> GrantRef {
     }
 }
 
-/// One `renew` of 1,200 live grants and two stale ones in the middle (a wrong token, an
-/// attempt that holds nothing): two scripts per node (1,000 + 202), the live grants renewed,
-/// the stale ones `NotHeld` and their locks' leases untouched.
+/// One `renew` of 1,200 live grants and three stale ones in the middle (a wrong token, an
+/// attempt that holds nothing, a hold overwritten by data of another type): two scripts per
+/// node (1,000 + 203), the live grants renewed, the stale ones `NotHeld` and their keys'
+/// leases untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_renew_is_one_script_per_thousand_grants_per_node() {
     let c = Cluster::start(3);
@@ -188,18 +189,26 @@ async fn one_renew_is_one_script_per_thousand_grants_per_node() {
     wrong_token.token += 1;
     let _y = granted(&b, &request("y", short)).await;
     let never = request("y", short).grant(1);
+    // And one whose key was overwritten on every node by data of another type.
+    let z = granted(&b, &request("z", short)).await;
     holds.insert(600, (wrong_token, lease));
     holds.insert(601, (never, lease));
-    for name in ["g1199", "x", "y"] {
+    holds.insert(602, (z, lease));
+    for name in ["g1199", "x", "y", "z"] {
         c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(10))
             .await;
+    }
+
+    for s in &c.servers {
+        s.command(&["SET", "dlock:{z}", "foreign", "PX", "3000"])
+            .expect("SET");
     }
 
     let from = evalsha_all(&c);
     let out = b.renew(&holds).await.expect("renew");
     assert_eq!(out.len(), holds.len());
     for (i, o) in out.iter().enumerate() {
-        let want = if i == 600 || i == 601 {
+        let want = if (600..=602).contains(&i) {
             RenewOutcome::NotHeld
         } else {
             RenewOutcome::Renewed
@@ -221,7 +230,7 @@ async fn one_renew_is_one_script_per_thousand_grants_per_node() {
             pttl(&c, i, "g1199") > short.as_millis() as i64,
             "node {i}: g1199"
         );
-        for name in ["x", "y"] {
+        for name in ["x", "y", "z"] {
             assert!(
                 pttl(&c, i, name) <= short.as_millis() as i64,
                 "node {i}: the stale renewal of {name} extended it"
