@@ -108,6 +108,20 @@ pub fn try_free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// Set by `scripts/test` (the CI command): a test that needs an optional tool (etcdctl, the
+/// Curator jars, a JDK) fails instead of skipping when the tool is missing.
+pub const STRICT_ENV: &str = "DLOCK_TEST_STRICT";
+
+/// Reports that a test cannot run here: prints `SKIPPED: …` on a developer's machine, and
+/// panics with the same message when [`STRICT_ENV`] is set (CI installs every tool, so a
+/// missing one there is a broken setup, not a reason to pass without checking anything).
+pub fn skip_or_fail(test: &str, why: &str) {
+    if std::env::var_os(STRICT_ENV).is_some_and(|v| !v.is_empty() && v != "0") {
+        panic!("{test} cannot run: {why} ({STRICT_ENV} is set, so this fails instead of skipping)");
+    }
+    eprintln!("SKIPPED {test}: {why}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -153,7 +153,7 @@ async fn curator_and_dlock_exclude_each_other() {
     let class_path = match class_path() {
         Ok(cp) => cp,
         Err(why) => {
-            eprintln!("SKIPPED curator_and_dlock_exclude_each_other: {why}");
+            distlock_testkit::skip_or_fail("curator_and_dlock_exclude_each_other", &why);
             return;
         }
     };

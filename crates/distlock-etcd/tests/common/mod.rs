@@ -25,15 +25,16 @@ pub async fn hold(c: &Client, name: &str) -> LockGuard {
         .expect("acquire")
 }
 
-/// `etcdctl`, or `None` (the test is skipped, saying so) if it is not installed.
+/// `etcdctl`, or `None` (the test is skipped, saying so; under `DLOCK_TEST_STRICT` it fails)
+/// if it is not installed.
 pub fn etcdctl() -> Option<&'static str> {
     let path = "/usr/bin/etcdctl";
     if Path::new(path).exists() {
         Some(path)
     } else {
-        eprintln!(
-            "SKIPPED: {path} not found (Debian package etcd-client); the interoperability \
-             test with `etcdctl lock` needs it"
+        distlock_testkit::skip_or_fail(
+            "the etcdctl interoperability test",
+            &format!("{path} not found (Debian package etcd-client)"),
         );
         None
     }
