@@ -17,6 +17,8 @@ pub(crate) struct Address {
     pub(crate) namespace: Option<String>,
     pub(crate) wait_replicas: Option<(u32, Duration)>,
     pub(crate) ca_file: Option<String>,
+    /// `cert=` and `key=`: the client certificate and its key (PEM files).
+    pub(crate) client_cert: Option<(String, String)>,
 }
 
 /// How long a grant waits for its replicas when the URL does not say.
@@ -58,10 +60,15 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
     for (k, _) in cs.params() {
         match k.as_str() {
             "namespace" | "wait_replicas" | "wait_timeout" | "protocol" => {}
-            "ca_file" if tls => {}
+            "ca_file" | "cacert" | "cert" | "key" if tls => {}
+            "ca_file" | "cacert" | "cert" | "key" => {
+                return Err(cs.invalid(format!(
+                    "`{k}` is a TLS parameter: use rediss:// instead of redis://"
+                )))
+            }
             other => {
                 return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol; ca_file with rediss://)"
+                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol; ca_file (or cacert), cert, key with rediss://)"
                 )))
             }
         }
@@ -77,6 +84,24 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
         Some(n) => Some((n, wait_timeout)),
         None => None,
     };
+    let ca_file = match (cs.param("ca_file"), cs.param("cacert")) {
+        (Some(_), Some(_)) => {
+            return Err(cs.invalid("give the CA once: `ca_file=` or `cacert=` (the same setting)"))
+        }
+        (a, b) => a.or(b).map(str::to_owned),
+    };
+    let client_cert = match (cs.param("cert"), cs.param("key")) {
+        (Some(c), Some(k)) => Some((c.to_owned(), k.to_owned())),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(
+                cs.invalid("`cert=` needs the client certificate's key too: add `&key=PATH`")
+            )
+        }
+        (None, Some(_)) => {
+            return Err(cs.invalid("`key=` needs its client certificate too: add `&cert=PATH`"))
+        }
+    };
     let mut driver = cs.clone();
     driver.retain_params(|k, _| k == "protocol");
     Ok(Address {
@@ -84,39 +109,54 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
         endpoint,
         namespace: cs.param("namespace").map(str::to_owned),
         wait_replicas,
-        ca_file: cs.param("ca_file").map(str::to_owned),
+        ca_file,
+        client_cert,
         conn: cs,
     })
 }
 
-/// The redis-rs client for `driver_url` (with TLS, trusting `ca_file` too).
+/// The redis-rs client for `driver_url` (with TLS: trusting only `ca_file` when given, and
+/// showing the client certificate `client_cert` = (cert, key) when given).
 pub(crate) fn open_client(
     cs: &ConnectionString,
     driver_url: &str,
     ca_file: Option<&str>,
+    client_cert: Option<&(String, String)>,
 ) -> Result<redis::Client> {
     let invalid = |reason: String| -> Error { cs.scrub_error(cs.invalid(reason)) };
     #[cfg(feature = "tls")]
     if driver_url.starts_with("rediss:") {
         // Several rustls providers may be compiled in; pick ring unless the program chose.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let read = |what: &str, path: &str| {
+            std::fs::read(path)
+                .map_err(|e| invalid(format!("cannot read the {what} `{path}`: {e}")))
+        };
         let root_cert = match ca_file {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .map_err(|e| invalid(format!("cannot read the CA file `{path}`: {e}")))?,
-            ),
+            Some(path) => Some(read("CA file (ca_file=)", path)?),
+            None => None,
+        };
+        let client_tls = match client_cert {
+            Some((cert, key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("client certificate (cert=)", cert)?,
+                client_key: read("client key (key=)", key)?,
+            }),
             None => None,
         };
         return redis::Client::build_with_tls(
             driver_url,
             redis::TlsCertificates {
-                client_tls: None,
+                client_tls,
                 root_cert,
             },
         )
-        .map_err(|e| invalid(e.to_string()));
+        .map_err(|e| {
+            invalid(format!(
+                "{e} (check that ca_file=, cert= and key= name PEM files: a certificate, and its unencrypted key)"
+            ))
+        });
     }
-    let _ = ca_file;
+    let _ = (ca_file, client_cert);
     redis::Client::open(driver_url).map_err(|e| invalid(e.to_string()))
 }
 

@@ -54,6 +54,7 @@ impl RedisBackend {
             namespace,
             wait_replicas,
             ca_file,
+            client_cert,
         } = address::parse(url)?;
         if let Some((_, wait)) = wait_replicas {
             // WAIT blocks for up to `wait_timeout` on a connection whose replies are bounded by
@@ -66,7 +67,9 @@ impl RedisBackend {
                 )));
             }
         }
-        let client = address::open_client(&conn, &driver_url, ca_file.as_deref())?;
+        let client =
+            address::open_client(&conn, &driver_url, ca_file.as_deref(), client_cert.as_ref())?;
+        let cert_given = Some(client_cert.is_some());
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.get_connect_timeout()))
             .set_response_timeout(Some(opts.get_op_timeout()))
@@ -87,11 +90,11 @@ impl RedisBackend {
                 ),
             )
         })?
-        .map_err(|e| map(&endpoint, e))?;
+        .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
         let scripts = scripts::Scripts::new();
         scripts::load(&mut con, &scripts.all())
             .await
-            .map_err(|e| map(&endpoint, e))?;
+            .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
         check_eviction(&mut con, &endpoint).await;
         let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
         if namespace.is_empty() || namespace.contains(['{', '}']) {

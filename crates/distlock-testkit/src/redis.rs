@@ -125,6 +125,18 @@ impl RedisServer {
     /// [`tls_url`](Self::tls_url) is the `rediss://` URL (with `ca_file=` pointing at the CA);
     /// the plain port stays open for [`command`](Self::command).
     pub fn start_tls() -> Result<Self> {
+        Self::start_tls_auth(false)
+    }
+
+    /// Like [`start_tls`](Self::start_tls), but the server requires a client certificate
+    /// signed by the test CA (`--tls-auth-clients yes`). [`tls_url`](Self::tls_url) then has
+    /// no client certificate (a connect with it is refused);
+    /// [`tls_client_url`](Self::tls_client_url) adds one (`cert=`, `key=`).
+    pub fn start_tls_client_certs() -> Result<Self> {
+        Self::start_tls_auth(true)
+    }
+
+    fn start_tls_auth(auth_clients: bool) -> Result<Self> {
         let certs = crate::TestCerts::generate()?;
         let tls_port = try_free_port()?;
         let mut opts = RedisOptions::default();
@@ -138,7 +150,7 @@ impl RedisServer {
             "--tls-ca-cert-file".to_string(),
             certs.ca().display().to_string(),
             "--tls-auth-clients".to_string(),
-            "no".to_string(),
+            if auth_clients { "yes" } else { "no" }.to_string(),
         ]);
         let mut server = Self::start_with(opts)?;
         server.tls = Some((certs, tls_port));
@@ -153,6 +165,29 @@ impl RedisServer {
         self.tls.as_ref().map(|(certs, port)| {
             format!("rediss://127.0.0.1:{port}?ca_file={}", certs.ca().display())
         })
+    }
+
+    /// [`tls_url`](Self::tls_url) with a client certificate signed by the test CA
+    /// (`&cert=PATH&key=PATH`, common name `dlock-client`), for servers made by
+    /// [`start_tls_client_certs`](Self::start_tls_client_certs) (or [`start_tls`](Self::start_tls));
+    /// `None` for servers without TLS.
+    ///
+    /// # Errors
+    /// When the certificate cannot be made or written.
+    pub fn tls_client_url(&self) -> Result<Option<String>> {
+        let Some((certs, _)) = &self.tls else {
+            return Ok(None);
+        };
+        let (cert, key) = certs.client("dlock-client")?;
+        Ok(self
+            .tls_url()
+            .map(|u| format!("{u}&cert={}&key={}", cert.display(), key.display())))
+    }
+
+    /// The test CA of servers made by [`start_tls`](Self::start_tls) and
+    /// [`start_tls_client_certs`](Self::start_tls_client_certs).
+    pub fn tls_certs(&self) -> Option<&crate::TestCerts> {
+        self.tls.as_ref().map(|(c, _)| c)
     }
 
     /// A connection URL: `redis://127.0.0.1:PORT`, or
