@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use crate::process::{ServerProcess, ServerSpec};
 use crate::spawn::resolve_binary;
-use crate::{Error, Result, TempDir};
+use crate::{Error, Result, TempDir, TestCerts};
 
 /// Environment variable overriding the Java class path of the ZooKeeper server
 /// (default: `/usr/share/java/zookeeper.jar`, plus `slf4j-simple.jar` for logs when present).
@@ -49,6 +49,8 @@ pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 
 const PACKAGE: &str = "zookeeper";
 const SLF4J_SIMPLE: &str = "/usr/share/java/slf4j-simple.jar";
+/// Netty's codec jar (Debian's `libnetty-java`), which TLS needs and the manifest omits.
+const NETTY_CODEC: &str = "/usr/share/java/netty-codec.jar";
 const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
 /// `tickTime` of the test ensemble, in milliseconds.
 pub const ZOOKEEPER_TICK_MS: u64 = 200;
@@ -61,6 +63,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 #[derive(Debug)]
 struct Node {
     client_port: u16,
+    /// The TLS client port (`secureClientPort`), on an ensemble started with TLS.
+    secure_port: Option<u16>,
     process: ServerProcess,
 }
 
@@ -77,8 +81,17 @@ impl Node {
 #[derive(Debug)]
 pub struct ZkEnsemble {
     nodes: Vec<Node>,
+    tls: Option<Tls>,
     // Dropped after the nodes are killed.
     dir: TempDir,
+}
+
+/// The TLS setup of an ensemble started by [`ZkEnsemble::start_tls`].
+#[derive(Debug)]
+struct Tls {
+    certs: TestCerts,
+    /// The client certificate and key the servers trust, when they require one.
+    client: Option<(PathBuf, PathBuf)>,
 }
 
 impl ZkEnsemble {
@@ -92,13 +105,48 @@ impl ZkEnsemble {
 
     /// Starts an ensemble of `nodes` servers (1 gives a standalone-like single-node quorum).
     pub fn start_with(nodes: usize) -> Result<Self> {
+        Self::start_inner(nodes, None)
+    }
+
+    /// Starts an ensemble of `nodes` servers that also serve TLS, on a `secureClientPort`
+    /// next to the plain client port (which the testkit keeps for its `srvr` checks), with
+    /// a throwaway CA ([`TestCerts`]): Netty's connection factory
+    /// (`serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory`), PEM key and
+    /// trust stores (`ssl.keyStore.type=PEM`: the server certificate and its PKCS#8 key in
+    /// one file). With `client_auth` the servers require a client certificate signed by the
+    /// CA (`ssl.clientAuth=need`; one is made, see [`client_cert`](Self::client_cert)),
+    /// otherwise they ask for none (`ssl.clientAuth=none`).
+    ///
+    /// [`tls_url`](Self::tls_url) is the `zks://` URL with the CA (and the client
+    /// certificate).
+    pub fn start_tls(nodes: usize, client_auth: bool) -> Result<Self> {
+        let certs = TestCerts::generate()?;
+        let client = if client_auth {
+            Some(certs.client("dlock-client")?)
+        } else {
+            None
+        };
+        let keystore = certs.dir().join("zk-keystore.pem");
+        let mut pem = std::fs::read_to_string(certs.cert())?;
+        pem.push_str(&std::fs::read_to_string(certs.key())?);
+        std::fs::write(&keystore, pem)?;
+        Self::start_inner(nodes, Some(Tls { certs, client }))
+    }
+
+    fn start_inner(nodes: usize, tls: Option<Tls>) -> Result<Self> {
         let nodes = nodes.max(1);
         let java = resolve_java()?;
-        let classpath = classpath()?;
+        let mut classpath = classpath()?;
+        if tls.is_some() && Path::new(NETTY_CODEC).is_file() {
+            // Netty's SslHandler is a netty-codec class, which zookeeper.jar's manifest omits.
+            classpath.push(':');
+            classpath.push_str(NETTY_CODEC);
+        }
+        let mut tls = tls;
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
             // A port grabbed by someone else between probing and binding: new ports.
-            match Self::try_start(&java, &classpath, nodes) {
+            match Self::try_start(&java, &classpath, nodes, &mut tls) {
                 Ok(ensemble) => return Ok(ensemble),
                 Err(e) => last = Some(e),
             }
@@ -109,9 +157,9 @@ impl ZkEnsemble {
         }))
     }
 
-    fn try_start(java: &Path, classpath: &str, n: usize) -> Result<Self> {
+    fn try_start(java: &Path, classpath: &str, n: usize, tls: &mut Option<Tls>) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("dlock-zk").tempdir()?;
-        let ports = free_ports(n * 3)?;
+        let ports = free_ports(n * 4)?;
         let servers: String = (0..n)
             .map(|i| {
                 let (quorum, election) = (ports[i * 3 + 1], ports[i * 3 + 2]);
@@ -124,18 +172,29 @@ impl ZkEnsemble {
             std::fs::create_dir_all(node_dir.join("data"))?;
             std::fs::write(node_dir.join("data").join("myid"), format!("{}\n", i + 1))?;
             let client_port = ports[i * 3];
-            std::fs::write(
-                node_dir.join("zoo.cfg"),
-                config(&node_dir, client_port, &servers),
-            )?;
+            let secure_port = tls.as_ref().map(|_| ports[n * 3 + i]);
+            let mut cfg = config(&node_dir, client_port, &servers);
+            if let (Some(t), Some(port)) = (tls.as_ref(), secure_port) {
+                cfg.push_str(&tls_config(t, port));
+            }
+            std::fs::write(node_dir.join("zoo.cfg"), cfg)?;
             let spec = node_spec(java, classpath, i + 1);
             nodes.push(Node {
                 client_port,
+                secure_port,
                 process: ServerProcess::start_at(spec, &node_dir, client_port)?,
             });
         }
-        let ensemble = ZkEnsemble { nodes, dir };
-        ensemble.wait_ready(READY_TIMEOUT)?;
+        let mut ensemble = ZkEnsemble {
+            nodes,
+            tls: tls.take(),
+            dir,
+        };
+        if let Err(e) = ensemble.wait_ready(READY_TIMEOUT) {
+            // Keep the certificates for the next attempt.
+            *tls = ensemble.tls.take();
+            return Err(e);
+        }
         Ok(ensemble)
     }
 
@@ -191,6 +250,42 @@ impl ZkEnsemble {
     /// `zk://` followed by [`connect_string`](Self::connect_string).
     pub fn url(&self) -> String {
         format!("zk://{}", self.connect_string())
+    }
+
+    /// `zks://127.0.0.1:S1,…?cacert=CA` (plus `&cert=…&key=…` when the servers require a
+    /// client certificate): the TLS ports of an ensemble started by
+    /// [`start_tls`](Self::start_tls), or `None` for a plain one.
+    pub fn tls_url(&self) -> Option<String> {
+        let tls = self.tls.as_ref()?;
+        let hosts = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.secure_port)
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut url = format!("zks://{hosts}?cacert={}", tls.certs.ca().display());
+        if let Some((cert, key)) = &tls.client {
+            url.push_str(&format!("&cert={}&key={}", cert.display(), key.display()));
+        }
+        Some(url)
+    }
+
+    /// The TLS port (`secureClientPort`) of node `i`, on an ensemble started with TLS.
+    pub fn secure_port(&self, i: usize) -> Option<u16> {
+        self.nodes.get(i)?.secure_port
+    }
+
+    /// The throwaway CA and server certificate of an ensemble started with TLS (its
+    /// [`client`](TestCerts::client) signs more client certificates the servers trust).
+    pub fn certs(&self) -> Option<&TestCerts> {
+        self.tls.as_ref().map(|t| &t.certs)
+    }
+
+    /// The client certificate and key the servers trust, when they require one.
+    pub fn client_cert(&self) -> Option<(&Path, &Path)> {
+        let (c, k) = self.tls.as_ref()?.client.as_ref()?;
+        Some((c.as_path(), k.as_path()))
     }
 
     /// Client address of node `i` (stable across [`restart`](Self::restart)).
@@ -355,6 +450,27 @@ fn config(dir: &Path, client_port: u16, servers: &str) -> String {
     )
 }
 
+/// The TLS lines of a node's `zoo.cfg`: Netty, a PEM key store (certificate + PKCS#8 key in
+/// one file, written by `start_tls`) and a PEM trust store (the CA), on a loopback
+/// `secureClientPort`. The servers do not check client certificates' host names (test
+/// client certificates name no host).
+fn tls_config(tls: &Tls, port: u16) -> String {
+    format!(
+        "secureClientPort={port}\n\
+         secureClientPortAddress=127.0.0.1\n\
+         serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+         ssl.keyStore.location={keystore}\n\
+         ssl.keyStore.type=PEM\n\
+         ssl.trustStore.location={ca}\n\
+         ssl.trustStore.type=PEM\n\
+         ssl.clientAuth={auth}\n\
+         ssl.hostnameVerification=false\n",
+        keystore = tls.certs.dir().join("zk-keystore.pem").display(),
+        ca = tls.certs.ca().display(),
+        auth = if tls.client.is_some() { "need" } else { "none" },
+    )
+}
+
 /// Node `id` (1-based `myid`): a JVM running `QuorumPeerMain DIR/zoo.cfg` in the foreground.
 fn node_spec(java: &Path, classpath: &str, id: usize) -> ServerSpec {
     let (java, classpath) = (java.to_path_buf(), classpath.to_string());
@@ -448,11 +564,11 @@ mod tests {
 
     #[test]
     fn distinct_ports() {
-        let ports = free_ports(9).expect("ports");
+        let ports = free_ports(12).expect("ports");
         let mut sorted = ports.clone();
         sorted.sort_unstable();
         sorted.dedup();
-        assert_eq!(sorted.len(), 9);
+        assert_eq!(sorted.len(), 12);
     }
 
     #[test]
