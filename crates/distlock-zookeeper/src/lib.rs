@@ -16,9 +16,11 @@ mod ops;
 mod release;
 mod renew;
 mod session;
+mod tls;
 mod url;
 mod wait;
 
+pub use distlock_core::conn::{TlsError, TlsErrorKind};
 pub use layout::encode_segment;
 
 use crate::error::KIND;
@@ -98,9 +100,11 @@ impl ZkBackend {
         let requested_timeout = u
             .session_timeout
             .unwrap_or_else(|| opts.get_watchdog_lease().max(MIN_SESSION_TIMEOUT));
+        let tls = u.tls.as_ref().map(tls::Tls::load).transpose()?;
         let inner = Arc::new(Inner {
             endpoint: u.endpoint(),
             hosts: u.hosts,
+            tls,
             base,
             requested_timeout,
             watchdog_lease: opts.get_watchdog_lease(),

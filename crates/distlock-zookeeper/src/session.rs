@@ -3,6 +3,7 @@
 use crate::error::{map, timed_out};
 use crate::grant::Grant;
 use crate::layout::{self, Family};
+use crate::tls::Tls;
 use distlock_core::backend::{AttemptId, Deadline, LostRegistry};
 use distlock_core::{Error, LostReason, LostSignal, Result};
 use std::collections::{HashMap, HashSet};
@@ -16,6 +17,8 @@ use zookeeper_client as zk;
 pub(crate) struct Inner {
     pub(crate) endpoint: String,
     pub(crate) hosts: String,
+    /// `zks://`: every server over TLS, with these settings.
+    pub(crate) tls: Option<Tls>,
     /// `/<chroot>/<ns>`.
     pub(crate) base: String,
     pub(crate) requested_timeout: Duration,
@@ -123,19 +126,40 @@ impl Inner {
         if let Some(s) = self.current() {
             return Ok(s);
         }
-        let connect = zk::Client::connector()
+        let connector = zk::Client::connector()
             .with_session_timeout(self.requested_timeout)
-            .with_fail_eagerly()
-            .connect(&self.hosts);
-        let client = match tokio::time::timeout(self.connect_timeout, connect).await {
+            .with_fail_eagerly();
+        let connected = match &self.tls {
+            None => {
+                tokio::time::timeout(self.connect_timeout, connector.connect(&self.hosts)).await
+            }
+            Some(tls) => {
+                tokio::time::timeout(self.connect_timeout, tls.connect(connector, &self.hosts))
+                    .await
+            }
+        };
+        let client = match connected {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(self.err("opening a session", e)),
-            Err(_) => {
-                return Err(timed_out(
-                    &self.endpoint,
-                    "opening a session (is a quorum of the ensemble up?)",
-                    self.connect_timeout,
-                ))
+            failed => {
+                if let Some(tls) = &self.tls {
+                    // The driver does not say why no server answered: ask each ourselves.
+                    let within = self.connect_timeout.min(Duration::from_secs(3));
+                    if let Some(e) = tls.diagnose(&self.hosts, within).await {
+                        return Err(Error::connection(
+                            crate::error::KIND,
+                            self.endpoint.clone(),
+                            e,
+                        ));
+                    }
+                }
+                return Err(match failed {
+                    Ok(Err(e)) => self.err("opening a session", e),
+                    _ => timed_out(
+                        &self.endpoint,
+                        "opening a session (is a quorum of the ensemble up?)",
+                        self.connect_timeout,
+                    ),
+                });
             }
         };
         let timeout = client.session_timeout();

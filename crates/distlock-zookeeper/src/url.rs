@@ -1,4 +1,5 @@
-//! `zk://host:port[,host:port…][/chroot][?namespace=NS&session_timeout=DUR]`.
+//! `zk://host:port[,host:port…][/chroot][?namespace=NS&session_timeout=DUR]`, and
+//! `zks://…?cacert=PATH[&cert=PATH&key=PATH]` for TLS.
 
 use distlock_core::conn::ConnectionString;
 use distlock_core::Result;
@@ -16,6 +17,17 @@ pub(crate) struct ZkUrl {
     pub(crate) chroot: String,
     pub(crate) namespace: Option<String>,
     pub(crate) session_timeout: Option<Duration>,
+    /// `zks://`: the PEM files of the TLS settings.
+    pub(crate) tls: Option<TlsFiles>,
+}
+
+/// The files a `zks://` URL names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TlsFiles {
+    /// `cacert=`: the CA certificates that sign the servers' certificates.
+    pub(crate) cacert: String,
+    /// `cert=` and `key=`: the client certificate and its key, for `ssl.clientAuth=need`.
+    pub(crate) identity: Option<(String, String)>,
 }
 
 impl ZkUrl {
@@ -25,14 +37,17 @@ impl ZkUrl {
     }
 }
 
-/// Reads a `zk://` URL with the core's connection-string parser (which also redacts it in
-/// every error), then checks what ZooKeeper needs: no credentials, a chroot of plain
-/// segments outside `/zookeeper`, and the two known parameters.
+/// Reads a `zk://` or `zks://` URL with the core's connection-string parser (which also
+/// redacts it in every error), then checks what ZooKeeper needs: no credentials, a chroot of
+/// plain segments outside `/zookeeper`, and the known parameters (the TLS ones only with
+/// `zks://`).
 pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
     let cs = ConnectionString::parse(url)?;
-    if cs.scheme() != "zk" {
-        return Err(cs.invalid("the scheme must be zk://"));
-    }
+    let secure = match cs.scheme() {
+        "zk" => false,
+        "zks" => true,
+        _ => return Err(cs.invalid("the scheme must be zk:// (or zks:// for TLS)")),
+    };
     if cs.user().is_some() {
         return Err(cs.invalid(
             "credentials in the URL are not supported by the ZooKeeper backend; use ACLs on the chroot instead",
@@ -60,7 +75,39 @@ pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
             return Err(cs.invalid("/zookeeper is reserved by ZooKeeper itself"));
         }
     }
-    cs.check_params(&["namespace", "session_timeout"])?;
+    let tls = if secure {
+        cs.check_params(&["namespace", "session_timeout", "cacert", "cert", "key"])?;
+        let file = |name: &str| match cs.param(name) {
+            Some("") => Err(cs.invalid(format!("`{name}=` needs a path"))),
+            other => Ok(other.map(str::to_owned)),
+        };
+        let Some(cacert) = file("cacert")? else {
+            return Err(cs.invalid(
+                "zks:// needs `?cacert=PATH`, the PEM file of the CA that signed the servers' \
+                 certificates (the driver has no system roots)",
+            ));
+        };
+        let identity = match (file("cert")?, file("key")?) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => {
+                return Err(cs.invalid(
+                    "a client certificate needs both `cert=PATH` and `key=PATH` (PEM files)",
+                ))
+            }
+        };
+        Some(TlsFiles { cacert, identity })
+    } else {
+        for p in ["cacert", "cert", "key"] {
+            if cs.param(p).is_some() {
+                return Err(cs.invalid(format!(
+                    "`{p}=` is a TLS setting: write zks:// instead of zk://"
+                )));
+            }
+        }
+        cs.check_params(&["namespace", "session_timeout"])?;
+        None
+    };
     let namespace = match cs.param("namespace") {
         Some("") => return Err(cs.invalid("namespace must not be empty")),
         other => other.map(str::to_owned),
@@ -76,6 +123,7 @@ pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
         chroot: chroot.to_owned(),
         namespace,
         session_timeout,
+        tls,
     })
 }
 
@@ -95,12 +143,27 @@ mod tests {
         assert_eq!(u.session_timeout, Some(Duration::from_secs(10)));
         assert_eq!(u.endpoint(), "a:1,b:2,c:2181/app/locks");
         assert_eq!(parse("zk://[::1]:7/x").unwrap().hosts, "[::1]:7");
+        assert_eq!(parse("zk://a").unwrap().tls, None);
+        let u = parse("zks://a:1,b/app?cacert=/c.pem&cert=/u.pem&key=/u.key").unwrap();
+        assert_eq!(u.hosts, "a:1,b:2181");
+        assert_eq!(u.chroot, "/app");
+        let tls = u.tls.unwrap();
+        assert_eq!(tls.cacert, "/c.pem");
+        assert_eq!(tls.identity, Some(("/u.pem".into(), "/u.key".into())));
+        let u = parse("zks://a?cacert=/c.pem&namespace=n").unwrap();
+        assert_eq!(u.tls.unwrap().identity, None);
     }
 
     #[test]
     fn bad_urls() {
         for (url, want) in [
             ("redis://h", "zk://"),
+            ("zk://a?cacert=/c.pem", "zks://"),
+            ("zks://a", "cacert"),
+            ("zks://a?cacert=", "needs a path"),
+            ("zks://a?cacert=/c&cert=/u.pem", "both"),
+            ("zks://a?cacert=/c&key=/u.key", "both"),
+            ("zks://a?cacert=/c&sslmode=x", "unknown parameter"),
             ("zk://", "no host"),
             ("zk://a:1,,b:2", "empty entry"),
             ("zk://a:x", "not a port"),

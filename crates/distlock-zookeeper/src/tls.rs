@@ -1,0 +1,242 @@
+//! `zks://`: TLS through zookeeper-client's rustls support (feature `tls`), and why a TLS
+//! connect failed.
+//!
+//! The driver tries every server and, when none answers, says only "no hosts": it keeps the
+//! handshake errors to itself. So after a failed TLS connect we shake hands with each server
+//! ourselves, with the same CA and client certificate, and give the first TLS failure as the
+//! core's [`TlsError`] (the source of an [`Error::Connection`]).
+
+#[cfg(feature = "tls")]
+pub(crate) use imp::Tls;
+#[cfg(not(feature = "tls"))]
+pub(crate) use off::Tls;
+
+#[cfg(not(feature = "tls"))]
+mod off {
+    use crate::url::TlsFiles;
+    use distlock_core::conn::TlsError;
+    use distlock_core::{Error, Result};
+    use std::time::Duration;
+    use zookeeper_client as zk;
+
+    /// Without the `tls` feature there are no TLS settings: [`Tls::load`] refuses `zks://`.
+    #[derive(Debug)]
+    pub(crate) enum Tls {}
+
+    impl Tls {
+        pub(crate) fn load(_: &TlsFiles) -> Result<Tls> {
+            Err(Error::invalid(
+                "zks:// (TLS) needs distlock-zookeeper built with its `tls` feature",
+            ))
+        }
+
+        pub(crate) async fn connect(
+            &self,
+            _: zk::Connector,
+            _: &str,
+        ) -> std::result::Result<zk::Client, zk::Error> {
+            match *self {}
+        }
+
+        pub(crate) async fn diagnose(&self, _: &str, _: Duration) -> Option<TlsError> {
+            match *self {}
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+mod imp {
+    use crate::url::TlsFiles;
+    use distlock_core::conn::{TlsError, TlsErrorKind};
+    use distlock_core::{Error, Result};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::io::AsyncReadExt;
+    use zookeeper_client as zk;
+
+    /// The TLS settings of a `zks://` URL, read once at connect.
+    pub(crate) struct Tls {
+        /// For the driver.
+        options: zk::TlsOptions,
+        /// The same trust and identity, for our own handshakes in [`diagnose`](Self::diagnose).
+        probe: Arc<rustls::ClientConfig>,
+        client_cert: bool,
+    }
+
+    impl std::fmt::Debug for Tls {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Tls")
+                .field("client_cert", &self.client_cert)
+                .finish_non_exhaustive()
+        }
+    }
+
+    fn read(param: &str, path: &str) -> Result<String> {
+        std::fs::read_to_string(path)
+            .map_err(|e| Error::invalid(format!("cannot read `{param}={path}` (a PEM file): {e}")))
+    }
+
+    fn bad(param: &str, path: &str, what: impl std::fmt::Display) -> Error {
+        Error::invalid(format!("`{param}={path}` is not a usable PEM file: {what}"))
+    }
+
+    impl Tls {
+        /// Reads the PEM files a `zks://` URL names.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] naming the parameter for a file that cannot be read or
+        /// holds no certificate (or key).
+        pub(crate) fn load(files: &TlsFiles) -> Result<Tls> {
+            let ca_pem = read("cacert", &files.cacert)?;
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+                let c = c.map_err(|e| bad("cacert", &files.cacert, e))?;
+                roots.add(c).map_err(|e| bad("cacert", &files.cacert, e))?;
+            }
+            if roots.is_empty() {
+                return Err(bad("cacert", &files.cacert, "no certificate in it"));
+            }
+            let mut options = zk::TlsOptions::new()
+                .with_pem_ca(&ca_pem)
+                .map_err(|e| bad("cacert", &files.cacert, e))?;
+            let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::invalid(format!("TLS setup: {e}")))?
+            .with_root_certificates(roots);
+            let probe = match &files.identity {
+                None => builder.with_no_client_auth(),
+                Some((cert, key)) => {
+                    let cert_pem = read("cert", cert)?;
+                    let key_pem = read("key", key)?;
+                    let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+                        .collect::<std::result::Result<Vec<_>, _>>()
+                        .map_err(|e| bad("cert", cert, e))?;
+                    if chain.is_empty() {
+                        return Err(bad("cert", cert, "no certificate in it"));
+                    }
+                    let pkey = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+                        .map_err(|e| bad("key", key, e))?;
+                    options = options
+                        .with_pem_identity(&cert_pem, &key_pem)
+                        .map_err(|e| bad("cert", cert, e))?;
+                    builder.with_client_auth_cert(chain, pkey).map_err(|e| {
+                        Error::invalid(format!(
+                            "`cert={cert}` and `key={key}` do not make a client identity: {e}"
+                        ))
+                    })?
+                }
+            };
+            Ok(Tls {
+                options,
+                probe: Arc::new(probe),
+                client_cert: files.identity.is_some(),
+            })
+        }
+
+        /// Connects through the driver, every server over TLS.
+        pub(crate) async fn connect(
+            &self,
+            connector: zk::Connector,
+            hosts: &str,
+        ) -> std::result::Result<zk::Client, zk::Error> {
+            // The driver builds its rustls config on the process-wide provider; with more than
+            // one provider compiled in there is none by default, so ring (as every dlock
+            // backend uses) is installed unless the program installed one already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            connector
+                .with_tls(self.options.clone())
+                .secure_connect(hosts)
+                .await
+        }
+
+        /// Shakes hands with each server of `hosts` (`h:p,h:p`), spending at most `within`
+        /// on each, and gives the first TLS failure.
+        pub(crate) async fn diagnose(&self, hosts: &str, within: Duration) -> Option<TlsError> {
+            for hp in hosts.split(',') {
+                let Some((host, port)) = hp.rsplit_once(':') else {
+                    continue;
+                };
+                let Ok(port) = port.parse::<u16>() else {
+                    continue;
+                };
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                if let Ok(Some(e)) = tokio::time::timeout(within, self.handshake(host, port)).await
+                {
+                    return Some(e);
+                }
+            }
+            None
+        }
+
+        async fn handshake(&self, host: &str, port: u16) -> Option<TlsError> {
+            let name = ServerName::try_from(host.to_owned()).ok()?;
+            let tcp = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+            let connector = tokio_rustls::TlsConnector::from(self.probe.clone());
+            match connector.connect(name, tcp).await {
+                Err(e) => Some(self.classify(&e)),
+                Ok(mut s) => {
+                    // TLS 1.3: a server that refuses the client's certificate (or its absence)
+                    // says so after the handshake; the client speaks first in ZooKeeper, so
+                    // anything read here is that alert (or the server hanging up).
+                    let mut b = [0u8; 1];
+                    match tokio::time::timeout(Duration::from_millis(500), s.read(&mut b)).await {
+                        Ok(Err(e)) => Some(self.classify(&e)),
+                        _ => None,
+                    }
+                }
+            }
+        }
+
+        fn classify(&self, e: &std::io::Error) -> TlsError {
+            let rustls = e
+                .get_ref()
+                .and_then(|i| i.downcast_ref::<rustls::Error>())
+                .cloned();
+            let (kind, detail) = match rustls {
+                Some(r) => (TlsErrorKind::of_rustls(&r, self.client_cert), r.to_string()),
+                None if e.kind() == std::io::ErrorKind::UnexpectedEof => (
+                    TlsErrorKind::NotSupportedByServer,
+                    "the server closed the connection during the TLS handshake".to_owned(),
+                ),
+                None => (TlsErrorKind::Handshake, e.to_string()),
+            };
+            error(kind, &detail, self.client_cert)
+        }
+    }
+
+    /// A [`TlsError`] worded in `zks://`'s settings and ZooKeeper's.
+    fn error(kind: TlsErrorKind, detail: &str, client_cert: bool) -> TlsError {
+        let message = match kind {
+            TlsErrorKind::Untrusted => format!(
+                "the server's certificate is not trusted ({detail}); name the CA that signed it \
+                 with `?cacert=PATH`"
+            ),
+            TlsErrorKind::WrongHost => format!(
+                "the server's certificate is not valid for the host or address in the URL \
+                 ({detail}); connect by a name or address its certificate lists"
+            ),
+            TlsErrorKind::Expired => format!(
+                "the server's certificate has expired or is not valid yet ({detail}); renew it, \
+                 or check the clocks"
+            ),
+            TlsErrorKind::ClientCertRejected if client_cert => format!(
+                "the server refused the client certificate ({detail}); it must be signed by a \
+                 CA in the servers' ssl.trustStore and not be expired"
+            ),
+            TlsErrorKind::ClientCertRejected => format!(
+                "the server requires a client certificate (ssl.clientAuth=need; {detail}); give \
+                 one with `?cert=PATH&key=PATH` (PEM files)"
+            ),
+            TlsErrorKind::NotSupportedByServer => format!(
+                "the server did not answer with TLS ({detail}); is this its plain clientPort? \
+                 Then use its secureClientPort, or zk:// instead of zks://"
+            ),
+            _ => format!("the TLS handshake failed ({detail})"),
+        };
+        TlsError::new(kind, message)
+    }
+}
