@@ -1,7 +1,7 @@
 //! The `redis://` URL, read with the core's [`ConnectionString`]: what redis-rs should see,
 //! the endpoint for messages, and the settings that are ours.
 
-use distlock_core::conn::ConnectionString;
+use distlock_core::conn::{ConnectionString, Password};
 use distlock_core::{Error, Result};
 use std::time::Duration;
 
@@ -117,13 +117,26 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
 
 /// The redis-rs client for `driver_url` (with TLS: trusting only `ca_file` when given, and
 /// showing the client certificate `client_cert` = (cert, key) when given).
+/// `user` and `password` (when given) replace the URL's.
 pub(crate) fn open_client(
     cs: &ConnectionString,
     driver_url: &str,
     ca_file: Option<&str>,
     client_cert: Option<&(String, String)>,
+    user: Option<&str>,
+    password: Option<&Password>,
 ) -> Result<redis::Client> {
     let invalid = |reason: String| -> Error { cs.scrub_error(cs.invalid(reason)) };
+    let info = redis::IntoConnectionInfo::into_connection_info(driver_url)
+        .map_err(|e| invalid(e.to_string()))?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(u) = user {
+        settings = settings.set_username(u);
+    }
+    if let Some(p) = password {
+        settings = settings.set_password(p.expose());
+    }
+    let info = info.set_redis_settings(settings);
     #[cfg(feature = "tls")]
     if driver_url.starts_with("rediss:") {
         // Several rustls providers may be compiled in; pick ring unless the program chose.
@@ -144,7 +157,7 @@ pub(crate) fn open_client(
             None => None,
         };
         return redis::Client::build_with_tls(
-            driver_url,
+            info,
             redis::TlsCertificates {
                 client_tls,
                 root_cert,
@@ -157,7 +170,7 @@ pub(crate) fn open_client(
         });
     }
     let _ = (ca_file, client_cert);
-    redis::Client::open(driver_url).map_err(|e| invalid(e.to_string()))
+    redis::Client::open(info).map_err(|e| invalid(e.to_string()))
 }
 
 #[cfg(test)]

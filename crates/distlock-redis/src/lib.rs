@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 mod address;
+mod builder;
 mod error;
 mod inspect;
 mod ops;
@@ -32,6 +33,22 @@ pub struct RedisBackend {
 }
 
 pub use crate::address::redact;
+pub use crate::builder::{RedisBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
+
+/// `WAIT` blocks for up to the replica wait on a connection whose replies are bounded by the
+/// operation timeout: a longer wait would be cut off and the grant retried.
+fn check_wait(wait_replicas: Option<(u32, Duration)>, opts: &ClientOptions) -> Result<()> {
+    if let Some((_, wait)) = wait_replicas {
+        if wait >= opts.get_op_timeout() {
+            return Err(Error::InvalidArgument(format!(
+                "wait_timeout={wait:?} is not below the client's operation timeout ({:?}): \
+                 the replica wait would be cut off; lower wait_timeout or raise op_timeout",
+                opts.get_op_timeout()
+            )));
+        }
+    }
+    Ok(())
+}
 
 impl RedisBackend {
     /// Connects to the Redis server at `url`, checks credentials and loads the scripts.
@@ -47,6 +64,21 @@ impl RedisBackend {
     /// Cancel safe: dropping the future drops the half-made connection and leaves nothing
     /// behind on the server (scripts loaded are harmless).
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
+        RedisBuilder::new(url).options(opts.clone()).connect().await
+    }
+
+    /// A [`RedisBuilder`] for `url`: the password (or a file holding it), the ACL user, the
+    /// CA and a client certificate given in code instead of in the URL.
+    pub fn builder(url: impl Into<String>) -> RedisBuilder {
+        RedisBuilder::new(url)
+    }
+
+    async fn open(resolved: builder::Resolved, opts: &ClientOptions) -> Result<Self> {
+        let builder::Resolved {
+            address,
+            user,
+            password,
+        } = resolved;
         let address::Address {
             conn,
             driver_url,
@@ -55,27 +87,23 @@ impl RedisBackend {
             wait_replicas,
             ca_file,
             client_cert,
-        } = address::parse(url)?;
-        if let Some((_, wait)) = wait_replicas {
-            // WAIT blocks for up to `wait_timeout` on a connection whose replies are bounded by
-            // the operation timeout: a longer wait would be cut off and the grant retried.
-            if wait >= opts.get_op_timeout() {
-                return Err(Error::InvalidArgument(format!(
-                    "wait_timeout={wait:?} is not below the client's operation timeout ({:?}): \
-                     the replica wait would be cut off; lower wait_timeout or raise op_timeout",
-                    opts.get_op_timeout()
-                )));
-            }
-        }
-        let client =
-            address::open_client(&conn, &driver_url, ca_file.as_deref(), client_cert.as_ref())?;
+        } = address;
+        check_wait(wait_replicas, opts)?;
+        let client = address::open_client(
+            &conn,
+            &driver_url,
+            ca_file.as_deref(),
+            client_cert.as_ref(),
+            user.as_deref(),
+            password.as_ref(),
+        )?;
         let cert_given = Some(client_cert.is_some());
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.get_connect_timeout()))
             .set_response_timeout(Some(opts.get_op_timeout()))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
-        let mut con = tokio::time::timeout(
+        let con = tokio::time::timeout(
             opts.get_connect_timeout() * 2,
             ConnectionManager::new_with_config(client.clone(), config),
         )
@@ -91,15 +119,115 @@ impl RedisBackend {
             )
         })?
         .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
+        let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
+        if namespace.is_empty() || namespace.contains(['{', '}']) {
+            return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
+        }
+        Self::finish(
+            con,
+            client,
+            endpoint,
+            namespace,
+            wait_replicas,
+            opts,
+            cert_given,
+        )
+        .await
+    }
+
+    /// A backend over the application's own connections: `con` for the lock scripts (it is
+    /// cloned for every call, as `ConnectionManager` is meant to be) and `pubsub`, from which
+    /// the backend opens **one more connection of its own**, a subscriber for release
+    /// notifications (a `ConnectionManager` cannot subscribe). Both must reach the same
+    /// server (a master; not a cluster) with the credentials they were made with.
+    ///
+    /// The namespace is [`ClientOptions::namespace`]; `wait_replicas` is
+    /// [`with_wait_replicas`](Self::with_wait_replicas). The scripts are loaded and checked
+    /// here, as by [`connect`](Self::connect).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use distlock_redis::RedisBackend;
+    /// // The application's client and connection manager, made as it likes.
+    /// let client = redis::Client::open("redis://:app-secret@10.0.0.5:6379/0")?;
+    /// let manager = client.get_connection_manager().await?;
+    /// let opts = distlock_core::ClientOptions::default().namespace("shop");
+    /// let backend = RedisBackend::from_connection_manager(manager, client, &opts).await?;
+    /// let locks = distlock_core::Client::new(std::sync::Arc::new(backend), opts)?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a namespace that is empty or holds `{` or `}`;
+    /// [`Error::Auth`] if the server refuses the scripts to the connection's user;
+    /// [`Error::Connection`] if the server cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`connect`](Self::connect).
+    pub async fn from_connection_manager(
+        con: ConnectionManager,
+        pubsub: redis::Client,
+        opts: &ClientOptions,
+    ) -> Result<Self> {
+        let endpoint = pubsub.get_connection_info().addr().to_string();
+        let namespace = opts.get_namespace().to_owned();
+        if namespace.is_empty() || namespace.contains(['{', '}']) {
+            return Err(Error::InvalidArgument(
+                "namespace must be non-empty and free of `{` and `}`".into(),
+            ));
+        }
+        Self::finish(con, pubsub, endpoint, namespace, None, opts, None).await
+    }
+
+    /// Waits for `n` replicas to confirm each grant (within `timeout`), as `?wait_replicas=N&
+    /// wait_timeout=T` in the URL: for backends made by
+    /// [`from_connection_manager`](Self::from_connection_manager).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero `timeout`, or one not below the operation timeout
+    /// of `opts`.
+    pub fn with_wait_replicas(
+        mut self,
+        n: u32,
+        timeout: Duration,
+        opts: &ClientOptions,
+    ) -> Result<Self> {
+        if n == 0 {
+            self.wait_replicas = None;
+            return Ok(self);
+        }
+        if timeout.is_zero() {
+            return Err(Error::InvalidArgument(
+                "a zero replica wait would wait forever; give a bound such as 200ms".into(),
+            ));
+        }
+        check_wait(Some((n, timeout)), opts)?;
+        self.wait_replicas = Some((n, timeout));
+        self.subscriber = pubsub::Subscriber::new(
+            self.subscriber.client().clone(),
+            self.endpoint.clone(),
+            opts.get_connect_timeout(),
+            true,
+        );
+        Ok(self)
+    }
+
+    /// The part of connecting common to [`open`](Self::open) and
+    /// [`from_connection_manager`](Self::from_connection_manager).
+    async fn finish(
+        mut con: ConnectionManager,
+        client: redis::Client,
+        endpoint: String,
+        namespace: String,
+        wait_replicas: Option<(u32, Duration)>,
+        opts: &ClientOptions,
+        cert_given: Option<bool>,
+    ) -> Result<Self> {
         let scripts = scripts::Scripts::new();
         scripts::load(&mut con, &scripts.all())
             .await
             .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
         check_eviction(&mut con, &endpoint).await;
-        let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
-        if namespace.is_empty() || namespace.contains(['{', '}']) {
-            return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
-        }
         Ok(RedisBackend {
             con,
             scripts,

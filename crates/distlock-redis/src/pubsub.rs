@@ -86,6 +86,11 @@ impl Subscriber {
         })
     }
 
+    /// The client the subscriber connects with.
+    pub(crate) fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
     async fn connect(self: &Arc<Self>) -> Result<Conn> {
         let pubsub = tokio::time::timeout(self.timeout, self.client.get_async_pubsub())
             .await
