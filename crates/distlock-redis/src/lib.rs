@@ -34,6 +34,9 @@ pub struct RedisBackend {
 
 pub use crate::address::redact;
 pub use crate::builder::{RedisBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
+/// The TLS error of `rediss://` (the core's, shared by every backend): the source of an
+/// [`Error::Connection`].
+pub use distlock_core::conn::{TlsError, TlsErrorKind};
 
 /// `WAIT` blocks for up to the replica wait on a connection whose replies are bounded by the
 /// operation timeout: a longer wait would be cut off and the grant retried.
