@@ -570,21 +570,29 @@ struct Tick {
     client_writes: u64,
 }
 
-/// Bursts of server work separated by 100 ms of quiet; bursts cut by the window's ends are
-/// left out.
+/// Quiet that separates two ticks.
+const TICK_GAP: Duration = Duration::from_millis(100);
+
+/// Bursts of server work separated by `TICK_GAP` of quiet; bursts that may be cut by the
+/// window's ends (less than that from them) are left out.
 fn ticks(samples: &[Sample]) -> Vec<Tick> {
     let is_busy = |i: usize| i > 0 && samples[i].commands > samples[i - 1].commands;
     let busy: Vec<usize> = (1..samples.len()).filter(|&i| is_busy(i)).collect();
     let mut bursts: Vec<(usize, usize)> = Vec::new();
     for i in busy {
         match bursts.last_mut() {
-            Some((_, b)) if samples[i].at - samples[*b].at < Duration::from_millis(100) => *b = i,
+            Some((_, b)) if samples[i].at - samples[*b].at < TICK_GAP => *b = i,
             _ => bursts.push((i, i)),
         }
     }
     bursts
         .into_iter()
-        .filter(|&(a, b)| a > 1 && b + 1 < samples.len())
+        .filter(|&(a, b)| {
+            let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+                return false;
+            };
+            a > 1 && samples[a].at - first.at >= TICK_GAP && last.at - samples[b].at >= TICK_GAP
+        })
         .map(|(a, b)| {
             let (before, first, last) = (samples[a - 2], samples[a - 1], samples[b]);
             Tick {
