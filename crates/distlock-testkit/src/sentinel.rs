@@ -1,0 +1,178 @@
+//! A Sentinel setup for tests: a master, a replica and three `redis-server --sentinel`
+//! processes watching it, all on free loopback ports.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::process::{Ready, ServerProcess, ServerSpec};
+use crate::resp::{Conn, Reply};
+use crate::spawn::resolve_binary;
+use crate::{Error, RedisServer, Result, REDIS_SERVER_ENV};
+
+/// The master name the sentinels monitor.
+pub const SENTINEL_MASTER: &str = "dlockmaster";
+
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A master, one replica and three sentinels (quorum 2, `down-after-milliseconds` 1000,
+/// `failover-timeout` 5000). Everything is killed and removed on drop.
+#[derive(Debug)]
+pub struct SentinelSetup {
+    master: RedisServer,
+    replica: RedisServer,
+    sentinels: Vec<ServerProcess>,
+}
+
+impl SentinelSetup {
+    /// Starts the master and its replica (linked), then the three sentinels, and waits until
+    /// every sentinel sees the master, the replica and the two other sentinels (so that a
+    /// failover can be agreed on).
+    ///
+    /// # Errors
+    /// [`Error::BinaryMissing`] without `redis-server` (or [`REDIS_SERVER_ENV`]);
+    /// [`Error::Start`] when a server does not come up or the sentinels do not settle.
+    pub fn start() -> Result<Self> {
+        let master = RedisServer::start()?;
+        let replica = RedisServer::start_replica_of(&master)?;
+        let binary = match std::env::var(REDIS_SERVER_ENV) {
+            Ok(b) if !b.is_empty() => b,
+            _ => "redis-server".to_string(),
+        };
+        let binary = resolve_binary(&binary, "redis-server")?;
+        let master_port = master.port();
+        let mut sentinels = Vec::new();
+        for _ in 0..3 {
+            let dir = tempfile::Builder::new()
+                .prefix("distlock-sentinel")
+                .tempdir()?;
+            let b = binary.clone();
+            let spec = ServerSpec::new("redis-sentinel", "redis-server", move |dir, port| {
+                let conf = dir.join("sentinel.conf");
+                let text = format!(
+                    "port {port}\nbind 127.0.0.1\ndir {d}\nlogfile {d}/sentinel.log\n\
+                     sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                     sentinel failover-timeout {SENTINEL_MASTER} 5000\n",
+                    d = dir.display()
+                );
+                // A failed write shows as a server that does not start (its log says why).
+                let _ = std::fs::write(&conf, text);
+                let mut cmd = Command::new(&b);
+                cmd.arg(&conf).arg("--sentinel");
+                cmd
+            })
+            .ready(|c| probe(SocketAddr::from(([127, 0, 0, 1], c.port))))
+            .logs(&["sentinel.log"])
+            .attempts(5, 10, Duration::from_millis(50));
+            sentinels.push(ServerProcess::start(spec, dir)?);
+        }
+        let setup = SentinelSetup {
+            master,
+            replica,
+            sentinels,
+        };
+        setup.settle()?;
+        Ok(setup)
+    }
+
+    /// Waits until each sentinel knows one replica and two other sentinels.
+    fn settle(&self) -> Result<()> {
+        let t = Instant::now();
+        loop {
+            let mut ready = true;
+            for s in &self.sentinels {
+                let replicas = count(s.addr(), &["SENTINEL", "REPLICAS", SENTINEL_MASTER]);
+                let peers = count(s.addr(), &["SENTINEL", "SENTINELS", SENTINEL_MASTER]);
+                ready &= replicas >= 1 && peers >= 2;
+            }
+            if ready {
+                return Ok(());
+            }
+            if t.elapsed() > SETTLE_TIMEOUT {
+                return Err(Error::Start {
+                    what: "redis-sentinel".into(),
+                    detail: format!(
+                        "the sentinels did not see the replica and each other within {:?}: {}",
+                        SETTLE_TIMEOUT,
+                        self.sentinels[0].log_tail()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/dlockmaster`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
+    }
+
+    /// The master as started (after a failover, the old one).
+    pub fn master(&self) -> &RedisServer {
+        &self.master
+    }
+
+    /// The replica as started (after a failover, possibly the new master).
+    pub fn replica(&self) -> &RedisServer {
+        &self.replica
+    }
+
+    /// Mutable access to the master (to kill or pause it).
+    pub fn master_mut(&mut self) -> &mut RedisServer {
+        &mut self.master
+    }
+
+    /// The sentinel processes.
+    pub fn sentinels(&self) -> &[ServerProcess] {
+        &self.sentinels
+    }
+
+    /// The port of the master the first reachable sentinel names now
+    /// (`SENTINEL get-master-addr-by-name`).
+    pub fn current_master_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| master_port(s.addr()))
+    }
+}
+
+fn call(addr: SocketAddr, args: &[&str]) -> Option<Reply> {
+    let mut conn = Conn::connect(addr, PROBE_TIMEOUT).ok()?;
+    conn.call(args).ok()
+}
+
+fn count(addr: SocketAddr, args: &[&str]) -> usize {
+    match call(addr, args) {
+        Some(Reply::Array(Some(items))) => items.len(),
+        _ => 0,
+    }
+}
+
+fn master_port(addr: SocketAddr) -> Option<u16> {
+    match call(
+        addr,
+        &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
+    )? {
+        Reply::Array(Some(items)) => match items.get(1) {
+            Some(Reply::Bulk(Some(p))) => std::str::from_utf8(p).ok()?.parse().ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn probe(addr: SocketAddr) -> Ready {
+    match call(addr, &["PING"]) {
+        Some(Reply::Simple(s)) if s == "PONG" => {}
+        _ => return Ready::NotYet,
+    }
+    match master_port(addr) {
+        Some(_) => Ready::Yes,
+        None => Ready::NotYet,
+    }
+}
