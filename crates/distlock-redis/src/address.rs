@@ -19,6 +19,8 @@ pub(crate) struct Address {
     pub(crate) ca_file: Option<String>,
     /// `cert=` and `key=`: the client certificate and its key (PEM files).
     pub(crate) client_cert: Option<(String, String)>,
+    /// `redis+sentinel://`: the sentinels (`host:port`) and the master's name.
+    pub(crate) sentinel: Option<(Vec<String>, String)>,
 }
 
 /// How long a grant waits for its replicas when the URL does not say.
@@ -31,6 +33,9 @@ pub fn redact(url: &str) -> String {
 
 pub(crate) fn parse(url: &str) -> Result<Address> {
     let cs = ConnectionString::parse(url)?;
+    if cs.scheme() == "redis+sentinel" {
+        return parse_sentinel(cs);
+    }
     let tls = match cs.scheme() {
         "redis" => false,
         "rediss" if cfg!(feature = "tls") => true,
@@ -111,8 +116,94 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
         wait_replicas,
         ca_file,
         client_cert,
+        sentinel: None,
         conn: cs,
     })
+}
+
+/// `redis+sentinel://[user:password@]s1:p1[,s2:p2…]/MASTER[?namespace=…]`: the password is
+/// the master's (the sentinels are asked without one).
+fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
+    let sentinels: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(26379)).collect();
+    if sentinels.is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
+        return Err(cs.invalid("no sentinel; write redis+sentinel://s1:26379,s2:26379/MASTER"));
+    }
+    let path = cs.path()?;
+    let master = path.trim_start_matches('/').to_owned();
+    if master.is_empty() || master.contains('/') {
+        return Err(cs.invalid(
+            "name the master after the sentinels: redis+sentinel://s1:26379,s2:26379/MASTER",
+        ));
+    }
+    for (k, _) in cs.params() {
+        if !matches!(k.as_str(), "namespace" | "wait_replicas" | "wait_timeout") {
+            return Err(cs.invalid(format!(
+                "unknown parameter `{k}` for redis+sentinel:// (known: namespace, wait_replicas, wait_timeout; no TLS yet)"
+            )));
+        }
+    }
+    let replicas = cs.parse_param("wait_replicas", "a number of replicas", |v| {
+        v.parse::<u32>().ok()
+    })?;
+    let wait_timeout = cs.duration("wait_timeout")?.unwrap_or(DEFAULT_WAIT_TIMEOUT);
+    let wait_replicas = match replicas.filter(|n| *n > 0) {
+        Some(_) if wait_timeout.is_zero() => {
+            return Err(cs.invalid("wait_timeout=0 would wait forever; give a bound such as 200ms"))
+        }
+        Some(n) => Some((n, wait_timeout)),
+        None => None,
+    };
+    Ok(Address {
+        driver_url: String::new(),
+        endpoint: format!("master `{master}` of sentinels {}", sentinels.join(",")),
+        namespace: cs.param("namespace").map(str::to_owned),
+        wait_replicas,
+        ca_file: None,
+        client_cert: None,
+        sentinel: Some((sentinels, master)),
+        conn: cs,
+    })
+}
+
+/// The master's `host:port` as the first sentinel that knows it says
+/// (`SENTINEL get-master-addr-by-name`), each asked within `timeout`.
+pub(crate) async fn discover(
+    sentinels: &[String],
+    master: &str,
+    timeout: Duration,
+) -> Result<String> {
+    let mut why = Vec::new();
+    for s in sentinels {
+        let ask = async {
+            let client = redis::Client::open(format!("redis://{s}"))?;
+            let mut con = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(master)
+                .query_async::<Option<(String, u16)>>(&mut con)
+                .await
+        };
+        match tokio::time::timeout(timeout, ask).await {
+            Ok(Ok(Some((host, port)))) => {
+                return Ok(if host.contains(':') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                })
+            }
+            Ok(Ok(None)) => why.push(format!("{s}: does not know master `{master}`")),
+            Ok(Err(e)) => why.push(format!("{s}: {e}")),
+            Err(_) => why.push(format!("{s}: no answer within {timeout:?}")),
+        }
+    }
+    Err(Error::connection(
+        crate::error::KIND,
+        format!("sentinels {}", sentinels.join(",")),
+        format!(
+            "no sentinel named the master `{master}` ({}); check the sentinel addresses and the master name",
+            why.join("; ")
+        ),
+    ))
 }
 
 /// The redis-rs client for `driver_url` (with TLS: trusting only `ca_file` when given, and
@@ -203,6 +294,22 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert_eq!(parse("rediss://h").is_ok(), cfg!(feature = "tls"));
+        let a = parse("redis+sentinel://:pw@s1,s2:7/mymaster?namespace=n").unwrap();
+        assert_eq!(
+            a.sentinel,
+            Some((
+                vec!["s1:26379".to_owned(), "s2:7".to_owned()],
+                "mymaster".to_owned()
+            ))
+        );
+        assert_eq!(a.namespace.as_deref(), Some("n"));
+        for bad in [
+            "redis+sentinel://s1",
+            "redis+sentinel://s1/a/b",
+            "redis+sentinel://s1/m?protocol=resp3",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
         let e = parse("redis://u:secret@h/x").unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
         assert_eq!(redact("redis://u:secret@h:1"), "redis://u:***@h:1");

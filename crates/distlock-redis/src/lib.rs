@@ -90,8 +90,16 @@ impl RedisBackend {
             wait_replicas,
             ca_file,
             client_cert,
+            sentinel,
         } = address;
         check_wait(wait_replicas, opts)?;
+        let (driver_url, endpoint) = match sentinel {
+            Some((sentinels, master)) => {
+                let at = address::discover(&sentinels, &master, opts.get_connect_timeout()).await?;
+                (format!("redis://{at}"), format!("{at} (master `{master}`)"))
+            }
+            None => (driver_url, endpoint),
+        };
         let client = address::open_client(
             &conn,
             &driver_url,
