@@ -211,6 +211,55 @@ fn members(config: &str) -> (usize, usize) {
     (voters, observers)
 }
 
+/// How the connection is protected: TLS (with the version a handshake agrees on), or plain
+/// TCP, fine on loopback only.
+async fn transport(inner: &crate::session::Inner) -> Finding {
+    match &inner.tls {
+        Some(tls) => {
+            let within = inner.connect_timeout.min(std::time::Duration::from_secs(3));
+            let client = if tls.client_cert() {
+                "a client certificate is shown"
+            } else {
+                "no client certificate"
+            };
+            match tls.version(&inner.hosts, within).await {
+                Some(v) => Finding::new(
+                    Severity::Ok,
+                    "tls",
+                    format!("encrypted ({v}): every server's certificate checked against cacert= (and its host name or address); {client}"),
+                ),
+                None => Finding::new(
+                    Severity::Warning,
+                    "tls",
+                    format!("zks://, but no server completed a TLS handshake with this check just now (the session's own connection is encrypted); {client}"),
+                ),
+            }
+        }
+        None if loopback_only(&inner.hosts) => Finding::new(
+            Severity::Ok,
+            "tls",
+            "plain TCP, on loopback only (nothing crosses a network)",
+        ),
+        None => Finding::new(
+            Severity::Warning,
+            "tls",
+            "plain TCP off loopback: lock paths and owner ids travel unencrypted and unauthenticated; give the servers a secureClientPort (Netty connection factory) and connect with zks://…?cacert=PATH",
+        ),
+    }
+}
+
+/// Whether every host of `h:p,h:p` is a loopback name or address.
+fn loopback_only(hosts: &str) -> bool {
+    hosts.split(',').all(|hp| {
+        let host = hp.rsplit_once(':').map_or(hp, |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    })
+}
+
 pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
     let inner = &b.inner;
     let sess = inner.session().await?;
@@ -299,6 +348,8 @@ pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
         ),
     });
 
+    out.push(transport(inner).await);
+
     // Clock.
     out.push(Finding::new(
         Severity::Ok,
@@ -311,6 +362,13 @@ pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_hosts() {
+        assert!(loopback_only("127.0.0.1:1,localhost:2,[::1]:3"));
+        assert!(!loopback_only("127.0.0.1:1,10.0.0.1:2"));
+        assert!(!loopback_only("zk.example:2181"));
+    }
 
     #[test]
     fn segments_round_trip() {

@@ -41,6 +41,14 @@ mod off {
         pub(crate) async fn diagnose(&self, _: &str, _: Duration) -> Option<TlsError> {
             match *self {}
         }
+
+        pub(crate) async fn version(&self, _: &str, _: Duration) -> Option<String> {
+            match *self {}
+        }
+
+        pub(crate) fn client_cert(&self) -> bool {
+            match *self {}
+        }
     }
 }
 
@@ -156,20 +164,40 @@ mod imp {
         /// Shakes hands with each server of `hosts` (`h:p,h:p`), spending at most `within`
         /// on each, and gives the first TLS failure.
         pub(crate) async fn diagnose(&self, hosts: &str, within: Duration) -> Option<TlsError> {
-            for hp in hosts.split(',') {
-                let Some((host, port)) = hp.rsplit_once(':') else {
-                    continue;
-                };
-                let Ok(port) = port.parse::<u16>() else {
-                    continue;
-                };
-                let host = host.trim_start_matches('[').trim_end_matches(']');
+            for (host, port) in split(hosts) {
                 if let Ok(Some(e)) = tokio::time::timeout(within, self.handshake(host, port)).await
                 {
                     return Some(e);
                 }
             }
             None
+        }
+
+        /// The protocol version (`TLSv1.3`) a handshake with the first server of `hosts` that
+        /// answers within `within` agrees on.
+        pub(crate) async fn version(&self, hosts: &str, within: Duration) -> Option<String> {
+            for (host, port) in split(hosts) {
+                let shake = async {
+                    let name = ServerName::try_from(host.to_owned()).ok()?;
+                    let tcp = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+                    let connector = tokio_rustls::TlsConnector::from(self.probe.clone());
+                    let s = connector.connect(name, tcp).await.ok()?;
+                    s.get_ref().1.protocol_version()
+                };
+                if let Ok(Some(v)) = tokio::time::timeout(within, shake).await {
+                    return Some(match v {
+                        rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2".to_owned(),
+                        rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3".to_owned(),
+                        other => format!("{other:?}"),
+                    });
+                }
+            }
+            None
+        }
+
+        /// Whether a client certificate is shown.
+        pub(crate) fn client_cert(&self) -> bool {
+            self.client_cert
         }
 
         async fn handshake(&self, host: &str, port: u16) -> Option<TlsError> {
@@ -206,6 +234,15 @@ mod imp {
             };
             error(kind, &detail, self.client_cert)
         }
+    }
+
+    /// `h:p,h:p` as `(host, port)` pairs (IPv6 addresses without their brackets).
+    fn split(hosts: &str) -> impl Iterator<Item = (&str, u16)> {
+        hosts.split(',').filter_map(|hp| {
+            let (host, port) = hp.rsplit_once(':')?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            Some((host, port.parse().ok()?))
+        })
     }
 
     /// A [`TlsError`] worded in `zks://`'s settings and ZooKeeper's.

@@ -204,7 +204,7 @@ async fn force_release_removes_every_reader() {
 async fn doctor_passes_the_test_ensemble() {
     let c = client().await;
     let findings = c.diagnose().await.expect("diagnose");
-    for check in ["session-timeout", "leader", "ensemble", "clock"] {
+    for check in ["session-timeout", "leader", "ensemble", "tls", "clock"] {
         let f = findings
             .iter()
             .find(|f| f.check == check)
@@ -212,6 +212,12 @@ async fn doctor_passes_the_test_ensemble() {
         eprintln!("{check}: {:?} {}", f.severity, f.message);
         assert_ne!(f.severity, Severity::Unsafe, "{f:?}");
     }
+    let tls = findings
+        .iter()
+        .find(|f| f.check == "tls")
+        .expect("tls finding");
+    assert_eq!(tls.severity, Severity::Ok, "{tls:?}");
+    assert!(tls.message.contains("loopback only"), "{tls:?}");
     let ens = findings
         .iter()
         .find(|f| f.check == "ensemble")

@@ -4,7 +4,7 @@
 //! `NotSupportedByServer`, and unusable files are `InvalidArgument` naming the parameter.
 
 use distlock_core::{ClientOptions, Error};
-use distlock_testkit::tls_cases::{client_options, fails, tls_error, works};
+use distlock_testkit::tls_cases::{assert_encrypted, client_options, fails, tls_error, works};
 use distlock_testkit::{TestCerts, ZkEnsemble};
 use distlock_zookeeper::{TlsErrorKind, ZkBackend};
 
@@ -17,6 +17,7 @@ async fn server_certificate_is_checked() {
     let zk = ZkEnsemble::start_tls(1, false).expect("start a ZooKeeper node with TLS");
     let url = zk.tls_url().expect("TLS url");
     works(connect(&url).await).await;
+    assert_encrypted(connect(&url).await, "no client certificate").await;
 
     // Another CA: the server's certificate is not trusted.
     let other = TestCerts::generate().expect("another CA");
@@ -52,6 +53,11 @@ async fn server_certificate_is_checked() {
 async fn client_certificate_required() {
     let zk = ZkEnsemble::start_tls(1, true).expect("start a ZooKeeper node with TLS");
     works(connect(&zk.tls_url().expect("TLS url")).await).await;
+    assert_encrypted(
+        connect(&zk.tls_url().expect("TLS url")).await,
+        "a client certificate is shown",
+    )
+    .await;
 
     let port = zk.secure_port(0).expect("TLS port");
     let certs = zk.certs().expect("certs");
