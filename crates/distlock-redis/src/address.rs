@@ -78,17 +78,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
             }
         }
     }
-    let replicas = cs.parse_param("wait_replicas", "a number of replicas", |v| {
-        v.parse::<u32>().ok()
-    })?;
-    let wait_timeout = cs.duration("wait_timeout")?.unwrap_or(DEFAULT_WAIT_TIMEOUT);
-    let wait_replicas = match replicas.filter(|n| *n > 0) {
-        Some(_) if wait_timeout.is_zero() => {
-            return Err(cs.invalid("wait_timeout=0 would wait forever; give a bound such as 200ms"))
-        }
-        Some(n) => Some((n, wait_timeout)),
-        None => None,
-    };
+    let wait_replicas = wait_replicas(&cs)?;
     let ca_file = match (cs.param("ca_file"), cs.param("cacert")) {
         (Some(_), Some(_)) => {
             return Err(cs.invalid("give the CA once: `ca_file=` or `cacert=` (the same setting)"))
@@ -121,6 +111,21 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
     })
 }
 
+/// `?wait_replicas=N&wait_timeout=DUR` (`None`: no replicas to wait for).
+fn wait_replicas(cs: &ConnectionString) -> Result<Option<(u32, Duration)>> {
+    let replicas = cs.parse_param("wait_replicas", "a number of replicas", |v| {
+        v.parse::<u32>().ok()
+    })?;
+    let wait_timeout = cs.duration("wait_timeout")?.unwrap_or(DEFAULT_WAIT_TIMEOUT);
+    match replicas.filter(|n| *n > 0) {
+        Some(_) if wait_timeout.is_zero() => {
+            Err(cs.invalid("wait_timeout=0 would wait forever; give a bound such as 200ms"))
+        }
+        Some(n) => Ok(Some((n, wait_timeout))),
+        None => Ok(None),
+    }
+}
+
 /// `redis+sentinel://[user:password@]s1:p1[,s2:p2…]/MASTER[?namespace=…]`: the password is
 /// the master's (the sentinels are asked without one).
 fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
@@ -142,17 +147,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
             )));
         }
     }
-    let replicas = cs.parse_param("wait_replicas", "a number of replicas", |v| {
-        v.parse::<u32>().ok()
-    })?;
-    let wait_timeout = cs.duration("wait_timeout")?.unwrap_or(DEFAULT_WAIT_TIMEOUT);
-    let wait_replicas = match replicas.filter(|n| *n > 0) {
-        Some(_) if wait_timeout.is_zero() => {
-            return Err(cs.invalid("wait_timeout=0 would wait forever; give a bound such as 200ms"))
-        }
-        Some(n) => Some((n, wait_timeout)),
-        None => None,
-    };
+    let wait_replicas = wait_replicas(&cs)?;
     Ok(Address {
         driver_url: String::new(),
         endpoint: format!("master `{master}` of sentinels {}", sentinels.join(",")),
