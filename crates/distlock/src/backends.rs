@@ -41,14 +41,14 @@ macro_rules! backend {
 /// if cfg!(feature = "redis") {
 ///     assert!(registry.is_built("redis"));
 /// }
-/// assert!(registry.schemes().len() + registry.not_built().len() >= 11);
+/// assert!(registry.schemes().len() + registry.not_built().len() >= 13);
 /// ```
 pub fn default_registry() -> Registry {
     let mut r = Registry::new();
     backend!(r, "file", ["file"], |url, opts| {
         distlock_file::FileBackend::from_url(url.expose_url(), &opts)
     });
-    backend!(r, "redis", ["redis", "rediss"], |url, opts| {
+    backend!(r, "redis", ["redis", "rediss", "redis+sentinel"], |url, opts| {
         distlock_redis::RedisBackend::connect(url.expose_url(), &opts).await
     });
     backend!(r, "redlock", ["redlock", "redlocks"], |url, opts| {
@@ -63,7 +63,7 @@ pub fn default_registry() -> Registry {
     backend!(r, "mysql", ["mysql"], |url, opts| {
         distlock_mysql::MysqlBackend::connect(url.expose_url(), &opts).await
     });
-    backend!(r, "zookeeper", ["zk"], |url, opts| {
+    backend!(r, "zookeeper", ["zk", "zks"], |url, opts| {
         distlock_zookeeper::ZkBackend::connect(url.expose_url(), &opts).await
     });
     r

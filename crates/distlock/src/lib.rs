@@ -6,10 +6,12 @@
 //! |---|---|---|
 //! | `file://DIR` | OS file locks, processes on one host, no server | `file` (default) |
 //! | `redis://[user:pass@]host:port[/db]` | one Redis server | `redis` (default) |
+//! | `redis+sentinel://[:pass@]s1:p1[,s2:p2…]/MASTER` | the Redis primary Sentinel names (found at connect) | `redis` (default) |
 //! | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3` | Redlock over N independent Redis masters | `redlock` (default) |
 //! | `postgres://user:pass@host:port/db[?mode=lease]` | PostgreSQL advisory locks (or a lease table) | `postgres` |
 //! | `mysql://user:pass@host:port/db[?mode=table]` | MySQL/MariaDB `GET_LOCK` (or lock rows) | `mysql` |
 //! | `zk://h1:p1[,h2:p2…][/chroot]` | ZooKeeper ensemble, Curator-style lock nodes | `zookeeper` |
+//! | `zks://h1:p1[,h2:p2…][/chroot]?cacert=PATH` | the same over TLS | `zookeeper` + `tls` |
 //!
 //! Every lock hands its holder a **fencing token** (strictly increasing per lock name) and a
 //! **lost signal** (fires as soon as the lease is known to be gone). By default a lock is kept
