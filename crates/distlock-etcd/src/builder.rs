@@ -3,10 +3,10 @@
 
 use crate::url::{parse_url, redact, Target};
 use crate::EtcdBackend;
-use distlock_core::conn::Password;
+use distlock_core::conn::{resolve_password, Password, PasswordSource};
 use distlock_core::{ClientOptions, Error, Result};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Environment variable with the etcd user name, used when neither the builder nor the URL
 /// names a user.
@@ -18,41 +18,6 @@ pub const PASSWORD_ENV: &str = "DLOCK_ETCD_PASSWORD";
 /// trailing newline is dropped), used when nothing else gives one. Suits secrets mounted as
 /// files (Kubernetes, systemd credentials).
 pub const PASSWORD_FILE_ENV: &str = "DLOCK_ETCD_PASSWORD_FILE";
-
-/// Where a password comes from.
-#[derive(Clone)]
-enum Secret {
-    Text(Password),
-    File(PathBuf),
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Secret::Text(_) => f.write_str("***"),
-            Secret::File(p) => write!(f, "file {}", p.display()),
-        }
-    }
-}
-
-/// Reads a password file: its first line (without the line end). The error names the file,
-/// never its content.
-fn read_password_file(path: &Path, what: &str) -> Result<Password> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Error::invalid(format!(
-            "cannot read the etcd password file {} ({what}): {e}",
-            path.display()
-        ))
-    })?;
-    let line = text.lines().next().unwrap_or("");
-    if line.is_empty() {
-        return Err(Error::invalid(format!(
-            "the etcd password file {} ({what}) is empty",
-            path.display()
-        )));
-    }
-    Ok(Password::new(line))
-}
 
 /// Builds an [`EtcdBackend`] from a URL and settings that do not belong in it.
 ///
@@ -87,7 +52,7 @@ pub struct EtcdBuilder {
     url: String,
     opts: ClientOptions,
     user: Option<String>,
-    password: Option<Secret>,
+    password: Option<PasswordSource>,
     cacert: Option<PathBuf>,
     client_cert: Option<(PathBuf, PathBuf)>,
     env: bool,
@@ -135,13 +100,13 @@ impl EtcdBuilder {
 
     /// The password (overrides the URL's and the environment's).
     pub fn password(mut self, password: impl Into<String>) -> Self {
-        self.password = Some(Secret::Text(Password::new(password)));
+        self.password = Some(PasswordSource::Text(Password::new(password)));
         self
     }
 
     /// Read the password from this file when connecting (its first line).
     pub fn password_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.password = Some(Secret::File(path.into()));
+        self.password = Some(PasswordSource::File(path.into()));
         self
     }
 
@@ -186,18 +151,13 @@ impl EtcdBuilder {
             t.user = Some(u.clone());
         }
         let from_url = t.password.take();
-        t.password = match &self.password {
-            Some(Secret::Text(p)) => Some(p.clone()),
-            Some(Secret::File(path)) => Some(read_password_file(path, "password_file")?),
-            None => match from_url {
-                Some(p) => Some(p),
-                None => match (env(PASSWORD_ENV), env(PASSWORD_FILE_ENV)) {
-                    (Some(p), _) => Some(Password::new(p)),
-                    (None, Some(f)) => Some(read_password_file(Path::new(&f), PASSWORD_FILE_ENV)?),
-                    (None, None) => None,
-                },
-            },
-        };
+        t.password = resolve_password(
+            self.password.as_ref(),
+            from_url,
+            env,
+            (PASSWORD_ENV, PASSWORD_FILE_ENV),
+            "etcd",
+        )?;
         if t.user.is_none() {
             t.user = env(USER_ENV);
         }

@@ -3,10 +3,10 @@
 
 use crate::address::{self, redact, Address};
 use crate::RedisBackend;
-use distlock_core::conn::Password;
+use distlock_core::conn::{resolve_password, Password, PasswordSource};
 use distlock_core::{ClientOptions, Error, Result};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Environment variable with the Redis password, used when neither the builder nor the URL
 /// gives one.
@@ -18,41 +18,6 @@ pub const PASSWORD_FILE_ENV: &str = "DLOCK_REDIS_PASSWORD_FILE";
 /// Environment variable with the Redis ACL user name, used when neither the builder nor the
 /// URL names one (none: the `default` user).
 pub const USER_ENV: &str = "DLOCK_REDIS_USER";
-
-/// Where a password comes from.
-#[derive(Clone)]
-enum Secret {
-    Text(Password),
-    File(PathBuf),
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Secret::Text(_) => f.write_str("***"),
-            Secret::File(p) => write!(f, "file {}", p.display()),
-        }
-    }
-}
-
-/// Reads a password file: its first line (without the line end). The error names the file,
-/// never its content.
-fn read_password_file(path: &Path, what: &str) -> Result<Password> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Error::invalid(format!(
-            "cannot read the Redis password file {} ({what}): {e}",
-            path.display()
-        ))
-    })?;
-    let line = text.lines().next().unwrap_or("");
-    if line.is_empty() {
-        return Err(Error::invalid(format!(
-            "the Redis password file {} ({what}) is empty",
-            path.display()
-        )));
-    }
-    Ok(Password::new(line))
-}
 
 /// Builds a [`RedisBackend`] from a URL and settings that do not belong in it.
 ///
@@ -87,7 +52,7 @@ pub struct RedisBuilder {
     url: String,
     opts: ClientOptions,
     user: Option<String>,
-    password: Option<Secret>,
+    password: Option<PasswordSource>,
     ca_file: Option<PathBuf>,
     client_cert: Option<(PathBuf, PathBuf)>,
     env: bool,
@@ -142,14 +107,14 @@ impl RedisBuilder {
 
     /// The password (over the URL's and the environment's).
     pub fn password(mut self, password: impl Into<String>) -> Self {
-        self.password = Some(Secret::Text(Password::new(password)));
+        self.password = Some(PasswordSource::Text(Password::new(password)));
         self
     }
 
     /// A file whose first line is the password (over the URL's and the environment's); read
     /// when connecting.
     pub fn password_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.password = Some(Secret::File(path.into()));
+        self.password = Some(PasswordSource::File(path.into()));
         self
     }
 
@@ -193,18 +158,13 @@ impl RedisBuilder {
             Some(u) => Some(u.clone()),
             None => url_user.or_else(|| env(USER_ENV)),
         };
-        let password = match &self.password {
-            Some(Secret::Text(p)) => Some(p.clone()),
-            Some(Secret::File(path)) => Some(read_password_file(path, "password_file")?),
-            None => match url_password {
-                Some(p) => Some(p),
-                None => match (env(PASSWORD_ENV), env(PASSWORD_FILE_ENV)) {
-                    (Some(p), _) => Some(Password::new(p)),
-                    (None, Some(f)) => Some(read_password_file(Path::new(&f), PASSWORD_FILE_ENV)?),
-                    (None, None) => None,
-                },
-            },
-        };
+        let password = resolve_password(
+            self.password.as_ref(),
+            url_password,
+            env,
+            (PASSWORD_ENV, PASSWORD_FILE_ENV),
+            "Redis",
+        )?;
         if let (Some(u), None) = (&user, &password) {
             return Err(Error::invalid(format!(
                 "Redis user `{u}` has no password: give it in the URL (redis://{u}:PASSWORD@…), \

@@ -42,12 +42,14 @@
 mod params;
 mod redact;
 mod scrub;
+mod secret;
 #[cfg(test)]
 mod tests;
 mod tls;
 
 pub use redact::redact;
 pub use scrub::MIN_SCRUBBED_LEN;
+pub use secret::{read_password_file, resolve_password, PasswordSource};
 pub use tls::{TlsError, TlsErrorKind};
 
 use crate::error::{Error, Result};
