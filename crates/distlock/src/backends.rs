@@ -48,9 +48,12 @@ pub fn default_registry() -> Registry {
     backend!(r, "file", ["file"], |url, opts| {
         distlock_file::FileBackend::from_url(url.expose_url(), &opts)
     });
-    backend!(r, "redis", ["redis", "rediss", "redis+sentinel"], |url, opts| {
-        distlock_redis::RedisBackend::connect(url.expose_url(), &opts).await
-    });
+    backend!(
+        r,
+        "redis",
+        ["redis", "rediss", "redis+sentinel"],
+        |url, opts| { distlock_redis::RedisBackend::connect(url.expose_url(), &opts).await }
+    );
     backend!(r, "redlock", ["redlock", "redlocks"], |url, opts| {
         distlock_redlock::RedlockBackend::connect(url.expose_url(), &opts).await
     });
