@@ -27,12 +27,12 @@ macro_rules! backend {
 /// | schemes | feature |
 /// |---|---|
 /// | `file` | `file` |
-/// | `redis`, `rediss` | `redis` (`rediss` needs `tls` too) |
+/// | `redis`, `rediss`, `redis+sentinel` | `redis` (`rediss` needs `tls` too) |
 /// | `redlock`, `redlocks` | `redlock` (`redlocks` needs `tls` too) |
 /// | `etcd`, `etcds` | `etcd` |
 /// | `postgres`, `postgresql` | `postgres` |
 /// | `mysql` | `mysql` |
-/// | `zk` | `zookeeper` |
+/// | `zk`, `zks` | `zookeeper` (`zks` needs `tls` too) |
 ///
 /// # Examples
 ///
@@ -52,7 +52,10 @@ pub fn default_registry() -> Registry {
         r,
         "redis",
         ["redis", "rediss", "redis+sentinel"],
-        |url, opts| { distlock_redis::RedisBackend::connect(url.expose_url(), &opts).await }
+        |url, opts| {
+            let url = url.expose_url();
+            distlock_redis::RedisBackend::connect(url, &opts).await
+        }
     );
     backend!(r, "redlock", ["redlock", "redlocks"], |url, opts| {
         distlock_redlock::RedlockBackend::connect(url.expose_url(), &opts).await
