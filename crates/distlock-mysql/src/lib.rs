@@ -413,6 +413,11 @@ impl MysqlBackend {
         namespace: String,
         opts: &ClientOptions,
     ) -> Result<Self> {
+        // mysql_async builds its rustls config with the process default provider, which rustls
+        // cannot pick when both ring and aws-lc-rs are compiled in: set one for every way in
+        // (URL, builder, the application's own Opts) unless the program already did.
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let common = Arc::new(Common::new(
             connector,
             endpoint,
