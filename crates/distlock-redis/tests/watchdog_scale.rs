@@ -46,12 +46,7 @@ fn held_on_server(s: &RedisServer, ns: &str) -> (usize, usize, usize, i64) {
 
 /// Calls of `EVALSHA` so far (`INFO commandstats`), failed ones included.
 fn evalsha_calls(s: &RedisServer) -> u64 {
-    let info = s.command(&["INFO", "commandstats"]).expect("INFO");
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    s.command_calls("evalsha").expect("INFO commandstats")
 }
 
 /// Waits until the server has run `n` more `EVALSHA` than `from` (only the watchdog sends

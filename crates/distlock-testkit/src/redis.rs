@@ -225,6 +225,19 @@ impl RedisServer {
         })
     }
 
+    /// Calls of `cmd` (lower case, e.g. `"evalsha"`) the server has run so far, failed ones
+    /// included (`INFO commandstats`; 0 before the first call).
+    pub fn command_calls(&self, cmd: &str) -> Result<u64> {
+        let info = self.command(&["INFO", "commandstats"])?;
+        let key = format!("cmdstat_{cmd}:calls=");
+        Ok(info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(key.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0))
+    }
+
     /// Sends one command over a fresh raw connection and returns the reply
     /// rendered as text (see [`Reply`]'s `Display`):
     /// simple strings as-is (`"OK"`, `"PONG"`), errors with a leading `-`

@@ -241,10 +241,5 @@ pub fn pttl(c: &Cluster, i: usize, name: &str) -> i64 {
 
 /// Calls of `EVALSHA` the server has run so far (`INFO commandstats`), failed ones included.
 pub fn evalsha_calls(s: &RedisServer) -> u64 {
-    let info = s.command(&["INFO", "commandstats"]).expect("INFO");
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    s.command_calls("evalsha").expect("INFO commandstats")
 }
