@@ -44,7 +44,14 @@
 //!    waiting *attempt* (never to the owner or the name), and [`Backend::give_up`] must give
 //!    back only a grant made to that attempt;
 //! 6. report a key holding foreign data, a failed script or a reply of the wrong shape as
-//!    [`Error::UnexpectedReply`](crate::Error::UnexpectedReply), never by panicking.
+//!    [`Error::UnexpectedReply`](crate::Error::UnexpectedReply), never by panicking;
+//! 7. if it declares [`LockKind::Election`]: keep elections apart from locks of the same name;
+//!    grant an election like a mutex (1–5 hold: one leader at a time, tokens strictly
+//!    increasing per election, issued when a candidate becomes leader) with
+//!    [`AcquireRequest::value`] stored atomically with the grant; report from
+//!    [`Backend::inspect`]`(name, LockKind::Election)` the leader only (waiting candidates are
+//!    not holders), with [`HolderInfo::value`] and the leader's token as
+//!    [`LockInfo::fencing_token`]; implement [`Backend::proclaim`] and [`Backend::observe`].
 //!
 //! The conformance suite in `distlock-testkit` checks each of these against a real server,
 //! including with replies delayed, dropped and duplicated by a proxy.
@@ -278,6 +285,44 @@ pub trait Backend: Send + Sync + 'static {
     /// # Errors
     /// Connection errors (retried by the core) and unexpected replies.
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
+
+    /// Replaces the advertised value of the election grant `grant` names with `value`, if
+    /// that grant still leads and `seq` is greater than the sequence number of the value it
+    /// advertises now (a grant starts at 0 with the value it was granted with; the core
+    /// numbers a leadership's proclamations 1, 2, …). So a retried or duplicated proclamation
+    /// has the effect of one, and a late one never overwrites a newer value. Answers
+    /// [`RenewOutcome::Renewed`] when the grant leads (whether or not this `seq` was new) and
+    /// [`RenewOutcome::NotHeld`] when it is gone. Wakes [`Backend::observe`] watches when the
+    /// value changed. Must not touch the lease. The default answers
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: if dropped, the value may or may not have changed (the core
+    /// retries with the same `seq`).
+    ///
+    /// # Errors
+    /// A retryable error when the outcome is unknown; unexpected replies.
+    async fn proclaim(&self, _grant: &GrantRef, _seq: u64, _value: &str) -> Result<RenewOutcome> {
+        Err(crate::Error::unsupported(self.kind(), "elections"))
+    }
+
+    /// Subscribes to the changes of election `name`: a new leader (granted or handed over),
+    /// a leader that resigned, expired or lost its session, and a proclaimed value. The watch
+    /// resolves (with [`Wake::Released`]) after each change that happens after `observe`
+    /// returned; spurious wake-ups are allowed, missed ones are not (a broken subscription
+    /// ends the watch with an error). Observers read the state with [`Backend::inspect`] after
+    /// each wake-up, and sleep at most until the leader's lease end, so a backend whose server
+    /// does not announce expiries need not fake them. The default answers
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    ///
+    /// # Cancel safety
+    /// Need not be cancel safe; the watch's `changed` must be (as for [`Backend::watch`]).
+    ///
+    /// # Errors
+    /// A retryable error when the subscription cannot be made now.
+    async fn observe(&self, _name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        Err(crate::Error::unsupported(self.kind(), "elections"))
+    }
 
     /// Sets the number of permits of semaphore `name` (permits already held stay held; if
     /// more are held than the new count, new acquisitions wait until enough are returned).

@@ -45,6 +45,7 @@ const fn bit(kind: LockKind) -> u8 {
         LockKind::Write => 4,
         LockKind::Fair => 8,
         LockKind::Semaphore { .. } => 16,
+        LockKind::Election => 32,
     }
 }
 
@@ -56,7 +57,10 @@ impl Default for Capabilities {
 }
 
 impl Capabilities {
-    /// Every lock kind and every operator command; leases expire.
+    /// Every lock kind and every operator command; leases expire. Elections are not lock
+    /// kinds in this sense: a backend declares them with `.with(LockKind::Election)` once it
+    /// implements [`Backend::proclaim`](crate::Backend::proclaim) and
+    /// [`Backend::observe`](crate::Backend::observe) too.
     pub const fn all() -> Self {
         Capabilities {
             kinds: ALL_KINDS,
@@ -142,8 +146,8 @@ impl Capabilities {
         self.kinds & bit(kind) != 0
     }
 
-    /// The implemented lock kinds, in the order mutex, read, write, fair, semaphore (a
-    /// semaphore is given as one permit of one).
+    /// The implemented lock kinds, in the order mutex, read, write, fair, semaphore, election
+    /// (a semaphore is given as one permit of one).
     pub fn supported_kinds(&self) -> Vec<LockKind> {
         [
             LockKind::Mutex,
@@ -154,6 +158,7 @@ impl Capabilities {
                 permits: 1,
                 limit: 1,
             },
+            LockKind::Election,
         ]
         .into_iter()
         .filter(|k| self.supports(*k))

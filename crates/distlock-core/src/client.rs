@@ -111,6 +111,20 @@ impl Client {
         Semaphore::new(self.clone(), name, lock.owner().to_owned(), permits)
     }
 
+    /// A handle on the election `name`, as a candidate with a fresh owner id (see
+    /// [`Election`]). Elections are apart from locks: `election("x")` and `lock("x")` never
+    /// exclude each other. Backends without elections return [`Error::Unsupported`] on
+    /// campaign.
+    pub fn election(&self, name: &str) -> Result<crate::Election> {
+        let lock = self.lock(name)?;
+        Ok(crate::Election::new(Lock::new(
+            self.clone(),
+            name,
+            lock.owner().to_owned(),
+            LockKind::Election,
+        )))
+    }
+
     /// Several locks taken together, all or nothing, in a canonical order (sorted names) so
     /// that two clients taking overlapping sets in different orders never deadlock.
     pub fn multi_lock(&self, names: &[&str]) -> Result<MultiLock> {

@@ -43,6 +43,14 @@ impl LockGuard {
         &self.hold.key().name
     }
 
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        &self.hold
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// The owner id this guard holds the lock for.
     pub fn owner(&self) -> &str {
         &self.hold.key().owner

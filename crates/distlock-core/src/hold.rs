@@ -32,6 +32,19 @@ pub(crate) struct Hold {
     pub(crate) grant: GrantRef,
     pub(crate) lost: LostSignal,
     pub(crate) state: Mutex<HoldState>,
+    /// For an election's leadership: what it advertises.
+    pub(crate) proclaimed: Proclaimed,
+}
+
+/// An election leadership's advertised value, shared by the handles of one hold.
+#[derive(Debug, Default)]
+pub(crate) struct Proclaimed {
+    /// The last value the server confirmed (the one granted with, at first).
+    pub(crate) value: Mutex<Option<Arc<str>>>,
+    /// The sequence number of the last proclamation sent (0: the value granted with).
+    pub(crate) seq: std::sync::atomic::AtomicU64,
+    /// Proclamations one at a time, so a retried one never lands after a later one.
+    pub(crate) one: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -143,6 +156,7 @@ impl Shared {
         requested_at: Instant,
         lease: Duration,
         watchdog: bool,
+        value: Option<Arc<str>>,
     ) -> std::result::Result<Arc<Hold>, Arc<Hold>> {
         let mut holds = self.holds();
         if let Some(h) = holds.get(&grant.key) {
@@ -165,6 +179,10 @@ impl Shared {
             grant: grant.clone(),
             lost,
             state: Mutex::new(state),
+            proclaimed: Proclaimed {
+                value: Mutex::new(value),
+                ..Proclaimed::default()
+            },
         });
         holds.insert(grant.key, hold.clone());
         drop(holds);

@@ -21,6 +21,7 @@ pub mod clock;
 pub mod conn;
 mod deadline;
 mod duration;
+mod election;
 mod error;
 mod guard;
 mod hold;
@@ -44,6 +45,7 @@ pub use backend::{
 pub use backoff::RetryPolicy;
 pub use client::{Client, RwLock};
 pub use duration::parse_duration;
+pub use election::{Election, Leader, Leadership, Observer, MAX_VALUE_LEN};
 pub use error::{BoxError, Error, Result};
 pub use guard::LockGuard;
 #[doc(hidden)]

@@ -33,6 +33,8 @@ pub struct Lock {
     client: Client,
     key: HoldKey,
     fixed_lease: Option<Duration>,
+    /// An election candidate's value, sent with each acquisition.
+    value: Option<Arc<str>>,
 }
 
 impl Lock {
@@ -45,7 +47,18 @@ impl Lock {
                 kind,
             },
             fixed_lease: None,
+            value: None,
         }
+    }
+
+    /// The same handle, sending `value` with its acquisitions (an election's candidate).
+    pub(crate) fn with_value(mut self, value: Arc<str>) -> Lock {
+        self.value = Some(value);
+        self
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
     }
 
     /// The same lock with owner id `owner`.
@@ -198,6 +211,7 @@ impl Lock {
                 }
             }
             let mut req = AcquireRequest::new(self.key.clone(), lease, LostSignal::new());
+            req.value = self.value.clone();
             if self.key.kind == LockKind::Read {
                 let write = HoldKey {
                     kind: LockKind::Write,
@@ -240,6 +254,7 @@ impl Lock {
                 granted.requested_at,
                 lease,
                 watchdog,
+                req.value.clone(),
             ) {
                 Ok(hold) => return Ok(Some(LockGuard::new(self.client.clone(), hold, watchdog))),
                 Err(_) => {

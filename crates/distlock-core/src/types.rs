@@ -32,6 +32,11 @@ pub enum LockKind {
         /// [`Backend::set_permits`] to change it).
         limit: u32,
     },
+    /// Leadership of an election ([`Client::election`](crate::Client::election)): exclusive
+    /// like a mutex, in its own namespace (an election and a lock of the same name are
+    /// independent), and the grant carries the candidate's advertised value
+    /// ([`AcquireRequest::value`], [`HolderInfo::value`]).
+    Election,
 }
 
 impl LockKind {
@@ -43,6 +48,7 @@ impl LockKind {
             LockKind::Write => "write",
             LockKind::Fair => "fair",
             LockKind::Semaphore { .. } => "semaphore",
+            LockKind::Election => "election",
         }
     }
 }
@@ -143,6 +149,9 @@ pub struct AcquireRequest {
     /// For the read side of a read-write lock: the live write grant this owner holds on the
     /// same lock, which the read grant may be granted beside (a downgrade). `None` otherwise.
     pub write_grant: Option<GrantRef>,
+    /// For [`LockKind::Election`]: the candidate's value, stored with the grant and reported
+    /// by [`Backend::inspect`] as the leader's [`HolderInfo::value`]. `None` for locks.
+    pub value: Option<Arc<str>>,
 }
 
 impl AcquireRequest {
@@ -155,6 +164,7 @@ impl AcquireRequest {
             lost,
             waiter_ttl: None,
             write_grant: None,
+            value: None,
         }
     }
 
@@ -270,6 +280,9 @@ pub struct HolderInfo {
     pub lease_left: Option<Duration>,
     /// For a read-write lock: [`LockKind::Read`] or [`LockKind::Write`]; `None` otherwise.
     pub side: Option<LockKind>,
+    /// For an election's leader: the value it advertises (set at the grant, changed by
+    /// [`Backend::proclaim`]); `None` for locks.
+    pub value: Option<String>,
 }
 
 /// State of one lock, as seen by the server right now.
@@ -307,6 +320,7 @@ impl HolderInfo {
             count,
             lease_left: None,
             side: None,
+            value: None,
         }
     }
 
@@ -319,6 +333,12 @@ impl HolderInfo {
     /// The same, on side `side` of a read-write lock.
     pub fn with_side(mut self, side: Option<LockKind>) -> Self {
         self.side = side;
+        self
+    }
+
+    /// The same, advertising `value` (an election's leader).
+    pub fn with_value(mut self, value: Option<String>) -> Self {
+        self.value = value;
         self
     }
 }
