@@ -112,7 +112,7 @@ impl Client {
     }
 
     /// A handle on the election `name`, as a candidate with a fresh owner id (see
-    /// [`Election`]). Elections are apart from locks: `election("x")` and `lock("x")` never
+    /// [`Election`](crate::Election)). Elections are apart from locks: `election("x")` and `lock("x")` never
     /// exclude each other. Backends without elections return [`Error::Unsupported`] on
     /// campaign.
     pub fn election(&self, name: &str) -> Result<crate::Election> {
