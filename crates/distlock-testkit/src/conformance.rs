@@ -16,6 +16,7 @@
 
 pub mod adversarial;
 mod contract;
+mod election;
 mod harness;
 mod kinds;
 mod lease;
@@ -24,6 +25,7 @@ mod prelude;
 mod suite;
 
 pub use contract::*;
+pub use election::*;
 pub use harness::{Caps, Harness, ServerHarness};
 pub use kinds::*;
 pub use lease::*;

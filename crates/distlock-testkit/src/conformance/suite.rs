@@ -54,3 +54,33 @@ macro_rules! adversarial_suite {
         )*
     };
 }
+
+/// Expands to one `#[tokio::test]` per election case (see [`election`](crate::conformance)),
+/// each calling `$make` for a harness. On a backend without elections every case is skipped,
+/// saying so.
+///
+/// ```ignore
+/// distlock_testkit::election_suite!(MyHarness::start());
+/// ```
+#[macro_export]
+macro_rules! election_suite {
+    ($make:expr) => {
+        $crate::election_suite!(@cases $make;
+            one_leader_at_a_time, try_campaign_and_leader, resign_wakes_candidate,
+            proclaim_changes_value, stale_proclaim_is_ignored, observe_changes,
+            partitioned_leader_replaced, cancelled_campaign_leaves_nothing,
+            election_apart_from_lock, election_invalid_input);
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        mod election {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let harness = $make;
+                    $crate::conformance::$case(&harness).await;
+                }
+            )*
+        }
+    };
+}
