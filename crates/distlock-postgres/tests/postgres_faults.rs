@@ -310,6 +310,80 @@ async fn inspect_reports_live_holders_only() {
     assert_eq!(info.fencing_token, g.fencing_token());
 }
 
+/// PostgreSQL can grant an advisory lock to a waiter whose `lock_timeout` has fired but is not
+/// yet handled, and still fail the statement with the timeout: the error path keeps a lock
+/// granted meanwhile (LockErrorCleanup), and a session-level advisory lock outlives the
+/// aborted transaction. Such a wait must give that lock back. Here the waiter's backend is
+/// frozen (SIGSTOP) across its deadline while the holder releases, then thawed: the lock must
+/// come free at once. (It used to stay held, by a pooled session, for good: every later waiter
+/// timed out with nobody reported holding it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_timed_out_as_it_was_granted_gives_the_lock_back() {
+    let pg = Pg::session();
+    let name = unique_name("timeoutgrant");
+    let (a, b, c) = (
+        pg.client_with(fast_opts()).await,
+        pg.client_with(fast_opts()).await,
+        pg.client_with(fast_opts()).await,
+    );
+    let g = a
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let wait = Duration::from_millis(1500);
+    let started = Instant::now();
+    let waiter = {
+        let lock = b.lock(&name).expect("lock");
+        tokio::spawn(async move { lock.acquire_timeout(wait).await.map(drop) })
+    };
+    let key = distlock_postgres::lock_key("dlock", &name) as u64;
+    let waiting = format!(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+         AND classid = {} AND objid = {} AND objsubid = 1",
+        key >> 32,
+        key & 0xffff_ffff
+    );
+    let pid = poll_until(
+        "the waiter never waited on the server",
+        async || pg.server.sql(&waiting).expect("sql"),
+        |pid| !pid.is_empty(),
+    )
+    .await;
+    let pid: u32 = pid.parse().expect("a pid");
+    assert!(
+        pg.server.pause_member(pid),
+        "{pid} is not a backend of the server"
+    );
+    // The server-side timer of the wait fires while its backend is frozen (the wait's own
+    // deadline, well before the client's safety net after it).
+    tokio::time::sleep_until((started + wait + Duration::from_millis(60)).into()).await;
+    // The release hands the lock to the frozen waiter, which then handles its timeout.
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(pg.server.resume_member(pid));
+    let r = waiter.await.expect("task");
+    eprintln!("the waiter ended with {r:?} after {:?}", started.elapsed());
+    let t = Instant::now();
+    let g = poll_until(
+        "the lock never came free after the timed-out wait",
+        async || {
+            c.lock(&name)
+                .expect("lock")
+                .try_acquire()
+                .await
+                .expect("try")
+        },
+        |g| g.is_some(),
+    )
+    .await;
+    eprintln!("free again {:?} after the wait ended", t.elapsed());
+    drop(g);
+}
+
 /// A cancelled or timed-out wait leaves no backend waiting on the server, and `inspect`
 /// counts no waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

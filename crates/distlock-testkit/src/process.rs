@@ -205,6 +205,19 @@ macro_rules! process_methods {
         pub fn resume(&mut self) {
             self.process.resume();
         }
+
+        /// Freezes one process of the server (e.g. one PostgreSQL backend, by the pid
+        /// `pg_backend_pid()` reports) with `SIGSTOP`, returning once it is stopped. False if
+        /// `pid` is not a process of this server.
+        pub fn pause_member(&self, pid: u32) -> bool {
+            self.process.pause_member(pid)
+        }
+
+        /// Resumes a process frozen by [`pause_member`](Self::pause_member) with `SIGCONT`.
+        /// False if `pid` is not a process of this server.
+        pub fn resume_member(&self, pid: u32) -> bool {
+            self.process.resume_member(pid)
+        }
     };
 }
 pub(crate) use process_methods;
@@ -382,6 +395,48 @@ impl ServerProcess {
             settle(pgid, |states| states.iter().all(|&s| s != 'T'));
         }
         self.paused.store(false, Ordering::SeqCst);
+    }
+
+    /// Freezes one process of the server (a descendant of the process it started, e.g. a
+    /// PostgreSQL backend) with `SIGSTOP`, returning once the kernel reports it stopped (at
+    /// most 1 s). False if `pid` is not a process of the server.
+    pub fn pause_member(&self, pid: u32) -> bool {
+        self.signal_member(pid, libc::SIGSTOP, |s| s == 'T')
+    }
+
+    /// Resumes a process frozen by [`pause_member`](Self::pause_member) with `SIGCONT`.
+    /// False if `pid` is not a process of the server.
+    pub fn resume_member(&self, pid: u32) -> bool {
+        self.signal_member(pid, libc::SIGCONT, |s| s != 'T')
+    }
+
+    fn signal_member(&self, pid: u32, sig: libc::c_int, done: fn(char) -> bool) -> bool {
+        let guard = self.lock();
+        let Some(leader) = guard
+            .as_ref()
+            .and_then(|c| libc::pid_t::try_from(c.id()).ok())
+        else {
+            return false;
+        };
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return false;
+        };
+        if !spawn::descends_from(pid, leader) {
+            return false;
+        }
+        // SAFETY: a plain syscall on a descendant of our unreaped child (so not reused).
+        unsafe {
+            libc::kill(pid, sig);
+        }
+        drop(guard);
+        let deadline = Instant::now() + SIGNAL_SETTLE;
+        while Instant::now() < deadline {
+            match spawn::process_state(pid) {
+                Some(s) if !done(s) => std::thread::sleep(Duration::from_millis(1)),
+                _ => break,
+            }
+        }
+        true
     }
 
     /// Kills the server if it runs and starts it again on the **same port** in the **same

@@ -173,6 +173,42 @@ pub(crate) fn kill_group_and_reap(mut child: Child) {
 
 /// The states (`R`, `S`, `T`…) of the live (not zombie) processes of group `pgid`, read from
 /// `/proc/PID/stat`; empty when there is none (or no `/proc`).
+/// The state letter of process `pid` (`R`, `S`, `T`, …), `None` if it is gone.
+pub(crate) fn process_state(pid: libc::pid_t) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// The parent of process `pid`, `None` if it is gone.
+fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Whether `pid` is `ancestor` or one of its descendants (a server's worker processes may
+/// run in sessions of their own, so their process group does not tell).
+pub(crate) fn descends_from(pid: libc::pid_t, ancestor: libc::pid_t) -> bool {
+    let mut p = pid;
+    for _ in 0..16 {
+        if p == ancestor {
+            return true;
+        }
+        match parent_of(p) {
+            Some(parent) if parent > 1 => p = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
 pub(crate) fn group_states(pgid: libc::pid_t) -> Vec<char> {
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return Vec::new();

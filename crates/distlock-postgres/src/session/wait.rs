@@ -2,7 +2,7 @@
 //! by `lock_timeout` (the deadline) and stopped with `pg_cancel_backend` (or a CancelRequest).
 //! The server queues waiters in arrival order and wakes exactly one per release.
 
-use super::conn::idle_for;
+use super::conn::{idle_for, Session};
 use super::state::{Entry, State};
 use super::{exclusive, PgDialect};
 use crate::common::lock_key;
@@ -11,6 +11,7 @@ use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{AcquireRequest, Error, Granted, Result};
 use distlock_sql::lease::{wait_millis, wait_or_stop};
 use distlock_sql::HoldMap;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
@@ -169,8 +170,11 @@ impl PgDialect {
             }
             WaitEnd::Failed(e) if is_code(&e, &SqlState::LOCK_NOT_AVAILABLE) => {
                 // lock_timeout: the deadline passed (the transaction's rollback undid the
-                // lease setting).
-                self.forget_on(entry, st, s, &req.attempt, true);
+                // lease setting). The server may have granted the lock all the same: a grant
+                // that lands while the timeout is being handled is kept (LockErrorCleanup),
+                // and a session-level advisory lock outlives the aborted transaction. So give
+                // back whatever the session holds before it is pooled.
+                self.give_back(entry, st, s, req).await;
                 Ok(None)
             }
             WaitEnd::Failed(e) if is_code(&e, &SqlState::QUERY_CANCELED) => {
@@ -189,13 +193,7 @@ impl PgDialect {
             }
             WaitEnd::StoppedGranted => {
                 // Granted just before the cancel landed: give it back.
-                match self
-                    .unlock_on(&s, &req.key.name, &req.attempt, kind, true)
-                    .await
-                {
-                    Ok(_) => self.forget_on(entry, st, s, &req.attempt, true),
-                    Err(_) => self.forget_on(entry, st, s, &req.attempt, false),
-                }
+                self.give_back(entry, st, s, req).await;
                 Ok(None)
             }
             WaitEnd::StoppedClean => {
@@ -211,5 +209,22 @@ impl PgDialect {
                 Ok(None)
             }
         }
+    }
+
+    /// Gives back everything the attempt's dedicated wait session `s` holds (a wait never
+    /// shares its session) and forgets the attempt: the session is pooled if that worked, and
+    /// closed otherwise (which frees whatever it holds).
+    async fn give_back(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        s: Arc<Session>,
+        req: &AcquireRequest,
+    ) {
+        let unlocked = self
+            .unlock_on(&s, &req.key.name, &req.attempt, req.key.kind, true)
+            .await
+            .is_ok();
+        self.forget_on(entry, st, s, &req.attempt, unlocked);
     }
 }
