@@ -19,7 +19,7 @@
 
 use crate::acquire::{first_of, gets, header_revision, nth_first, token_of, CAS_ATTEMPTS};
 use crate::error::{is_lease_not_found, map};
-use crate::keys::Entry;
+use crate::keys::{Entry, Keys};
 use crate::url::percent_decode;
 use crate::EtcdBackend;
 use distlock_core::{
@@ -164,8 +164,12 @@ fn prefix_end(p: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-pub(crate) async fn force_release(b: &EtcdBackend, name: &str) -> Result<ForceReleased> {
-    let keys = b.keys(name);
+pub(crate) async fn force_release(
+    b: &EtcdBackend,
+    name: &str,
+    kind: LockKind,
+) -> Result<ForceReleased> {
+    let keys = Keys::of_kind(&b.prefix, name, kind);
     for _ in 0..CAS_ATTEMPTS {
         let resp = b
             .txn(
@@ -180,10 +184,14 @@ pub(crate) async fn force_release(b: &EtcdBackend, name: &str) -> Result<ForceRe
             // report this transaction's revision, above every token handed out.
             Some(h) => (
                 Compare::create_revision(h.key().to_vec(), CompareOp::Equal, h.create_revision()),
-                vec![
+                [
                     TxnOp::delete(h.key().to_vec(), None),
                     TxnOp::put(keys.fence.clone(), "", None),
-                ],
+                ]
+                .into_iter()
+                // An election candidate's metadata key goes with it.
+                .chain(keys.meta_of(h.key()).map(|m| TxnOp::delete(m, None)))
+                .collect(),
                 Some(
                     HolderInfo::new(keys.holder_of(h.key(), h.value()), 1)
                         .with_lease_left(b.lease_left(h.lease()).await?),
@@ -209,7 +217,9 @@ pub(crate) async fn force_release(b: &EtcdBackend, name: &str) -> Result<ForceRe
             // A dlock key is alone on its attempt's lease: revoke it (it carries nothing now).
             // A foreign key (`etcdctl lock`, Go's session) may share its session's lease with
             // other keys of that program: leave the lease alone.
-            if Entry::decode(h.key(), h.value()).is_ok() && h.lease() != 0 {
+            // (An election candidate's value is the application's: never read as a lock's.)
+            if keys.meta.is_none() && Entry::decode(h.key(), h.value()).is_ok() && h.lease() != 0
+            {
                 b.revoke_in_background(h.lease());
             }
         }
