@@ -130,10 +130,7 @@ impl EtcdBackend {
                         m.encode(),
                     ));
                     then.push(TxnOp::put(mine.clone(), value, keep()));
-                    let next = Meta {
-                        seq,
-                        ..m.clone()
-                    };
+                    let next = Meta { seq, ..m.clone() };
                     then.push(TxnOp::put(meta_key.clone(), next.encode(), keep()));
                 }
                 // Nothing to guess from: read first.
@@ -179,6 +176,9 @@ mod tests {
     #[test]
     fn a_foreign_leader_is_named_by_its_key() {
         let k = Keys::election("dlock", "e");
-        assert_eq!(k.segment(b"dlock-election/e/694d8f2a3b1c5e07"), "694d8f2a3b1c5e07");
+        assert_eq!(
+            k.segment(b"dlock-election/e/694d8f2a3b1c5e07"),
+            "694d8f2a3b1c5e07"
+        );
     }
 }

@@ -239,7 +239,10 @@ mod tests {
             Keys::of_kind("dlock", "x", LockKind::Election).queue,
             b"dlock-election/x/"
         );
-        assert_eq!(Keys::of_kind("dlock", "x", LockKind::Mutex).queue, b"dlock/x/");
+        assert_eq!(
+            Keys::of_kind("dlock", "x", LockKind::Mutex).queue,
+            b"dlock/x/"
+        );
     }
 
     #[test]

@@ -218,8 +218,7 @@ pub(crate) async fn force_release(
             // A foreign key (`etcdctl lock`, Go's session) may share its session's lease with
             // other keys of that program: leave the lease alone.
             // (An election candidate's value is the application's: never read as a lock's.)
-            if keys.meta.is_none() && Entry::decode(h.key(), h.value()).is_ok() && h.lease() != 0
-            {
+            if keys.meta.is_none() && Entry::decode(h.key(), h.value()).is_ok() && h.lease() != 0 {
                 b.revoke_in_background(h.lease());
             }
         }

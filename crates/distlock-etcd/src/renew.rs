@@ -115,7 +115,13 @@ impl EtcdBackend {
             let lease = h.kv.lease();
             if h.ttl >= ttl_secs(want) {
                 if self.keep_alive(lease).await? {
-                    self.remember(attempt, Lease { id: lease, ttl: h.ttl });
+                    self.remember(
+                        attempt,
+                        Lease {
+                            id: lease,
+                            ttl: h.ttl,
+                        },
+                    );
                     return Ok(Cover::Done { moved_to: None });
                 }
                 // etcd no longer knows the lease ("lease not found", TTL 0): the key went
@@ -197,7 +203,10 @@ impl EtcdBackend {
             _ => {}
         }
         Ok(
-            match self.cover(keys, &grant.attempt, mine, kv, lease, None).await? {
+            match self
+                .cover(keys, &grant.attempt, mine, kv, lease, None)
+                .await?
+            {
                 Cover::Done { .. } => RenewOutcome::Renewed,
                 Cover::Gone => RenewOutcome::NotHeld,
             },
@@ -247,11 +256,15 @@ impl EtcdBackend {
                 holds.len()
             )));
         }
-        let each = holds.iter().zip(&keys).zip(&mines).zip(found).zip(early).map(
-            |(((((g, lease), keys), mine), kv), early)| {
+        let each = holds
+            .iter()
+            .zip(&keys)
+            .zip(&mines)
+            .zip(found)
+            .zip(early)
+            .map(|(((((g, lease), keys), mine), kv), early)| {
                 self.renew_one(keys, g, mine, *lease, kv, early)
-            },
-        );
+            });
         futures_util::future::try_join_all(each).await
     }
 
