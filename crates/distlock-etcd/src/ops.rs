@@ -19,7 +19,7 @@
 
 use crate::acquire::{first_of, gets, header_revision, nth_first, token_of, CAS_ATTEMPTS};
 use crate::error::{is_lease_not_found, map};
-use crate::keys::{Entry, Keys};
+use crate::keys::{Entry, Keys, Meta};
 use crate::url::percent_decode;
 use crate::EtcdBackend;
 use distlock_core::{
@@ -178,6 +178,12 @@ pub(crate) async fn force_release(
             )
             .await?;
         let first = nth_first(&mut gets(&resp), 0)?;
+        // An election candidate is dlock's if its metadata key is there (then its lease is
+        // its alone); its owner is in the metadata, its value in its key.
+        let meta = match first.as_ref().and_then(|h| keys.meta_of(h.key())) {
+            Some(m) => b.get("forced release", &m).await?,
+            None => None,
+        };
         let (guard, ops, removed) = match &first {
             // The holder is the key read: delete exactly it, if it is still that key (same
             // create revision); rewriting PREFIX/NAME makes `inspect` of the then free lock
@@ -192,10 +198,18 @@ pub(crate) async fn force_release(
                 // An election candidate's metadata key goes with it.
                 .chain(keys.meta_of(h.key()).map(|m| TxnOp::delete(m, None)))
                 .collect(),
-                Some(
+                Some(if keys.meta.is_some() {
+                    let owner = match &meta {
+                        Some(m) => Meta::decode(m.key(), m.value())?.owner,
+                        None => format!("(not dlock) {}", keys.segment(h.key())),
+                    };
+                    HolderInfo::new(owner, 1)
+                        .with_value(Some(String::from_utf8_lossy(h.value()).into_owned()))
+                        .with_lease_left(b.lease_left(h.lease()).await?)
+                } else {
                     HolderInfo::new(keys.holder_of(h.key(), h.value()), 1)
-                        .with_lease_left(b.lease_left(h.lease()).await?),
-                ),
+                        .with_lease_left(b.lease_left(h.lease()).await?)
+                }),
             ),
             // Free: nothing to remove; the counter still moves (the operator asked for it),
             // if nobody queued meanwhile.

@@ -433,7 +433,7 @@ async fn assert_nothing_under(b: &EtcdBackend, name: &str) {
 }
 
 /// A campaign dropped while it waits deletes its candidate key and metadata key; the
-/// election and the lock of the same name are apart.
+/// election and the lock of the same name are apart; a forced release removes the leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn election_cancelled_campaign_leaves_nothing() {
     let cluster = EtcdCluster::start_with_members(1).expect("cluster");
@@ -473,7 +473,21 @@ async fn election_cancelled_campaign_leaves_nothing() {
     )
     .await;
     lock.release().await.expect("release");
-    leader.resign().await.expect("resign");
+    // The operator's way out: the leader's keys go, its owner and value are reported, the
+    // token moves past it, and the leader learns at its next renewal.
+    let forced = b
+        .force_release(&name, LockKind::Election)
+        .await
+        .expect("force");
+    assert_eq!(forced.removed.len(), 1, "{forced:?}");
+    assert_eq!(forced.removed[0].owner, leader.owner());
+    assert_eq!(forced.removed[0].value.as_deref(), Some("a"));
+    assert!(forced.fencing_token > leader.fencing_token());
+    let reason = tokio::time::timeout(Duration::from_secs(10), leader.lost())
+        .await
+        .expect("the forced-out leader never learned");
+    assert_eq!(reason, LostReason::NotHeld);
+    drop(leader);
     let backend = EtcdBackend::connect(&cluster.url(), &ClientOptions::default())
         .await
         .expect("connect");
