@@ -1,7 +1,7 @@
 //! Taking the lock in one transaction (etcd's `concurrency.Mutex` try-lock), and `inspect`.
 
 use crate::error::{shape, KIND};
-use crate::keys::{Entry, Keys};
+use crate::keys::{Entry, Keys, Meta};
 use crate::lease::*;
 use crate::renew::*;
 use crate::EtcdBackend;
@@ -68,7 +68,7 @@ pub(crate) fn first_of(queue: &[u8]) -> TxnOp {
     )
 }
 
-/// Puts the attempt's key `mine` for `owner` on `lease`.
+/// Puts the attempt's key `mine` for `owner` on `lease` (a lock's).
 pub(crate) fn put_mine(mine: &[u8], owner: &str, lease: Lease) -> TxnOp {
     TxnOp::put(
         mine.to_vec(),
@@ -79,6 +79,44 @@ pub(crate) fn put_mine(mine: &[u8], owner: &str, lease: Lease) -> TxnOp {
         .encode(),
         Some(PutOptions::new().with_lease(lease.id)),
     )
+}
+
+/// Puts the keys of the attempt whose key is `mine` on `lease`: for a lock its key (`TTL
+/// OWNER`); for an election its key holding just `value` and its metadata key (with
+/// proclamation number `seq`).
+pub(crate) fn put_hold(
+    keys: &Keys,
+    mine: &[u8],
+    owner: &str,
+    value: &[u8],
+    lease: Lease,
+    seq: u64,
+) -> Vec<TxnOp> {
+    match keys.meta_of(mine) {
+        None => vec![put_mine(mine, owner, lease)],
+        Some(meta) => vec![
+            TxnOp::put(
+                mine.to_vec(),
+                value.to_vec(),
+                Some(PutOptions::new().with_lease(lease.id)),
+            ),
+            TxnOp::put(
+                meta,
+                Meta {
+                    ttl: lease.ttl,
+                    seq,
+                    owner: owner.to_owned(),
+                }
+                .encode(),
+                Some(PutOptions::new().with_lease(lease.id)),
+            ),
+        ],
+    }
+}
+
+/// The value `req` campaigns with (empty for a lock).
+pub(crate) fn value_of(req: &AcquireRequest) -> &[u8] {
+    req.value.as_deref().unwrap_or_default().as_bytes()
 }
 
 impl EtcdBackend {
@@ -109,10 +147,12 @@ impl EtcdBackend {
                 .when([
                     Compare::create_revision(keys.queue.clone(), CompareOp::Equal, 0).with_prefix(),
                 ])
-                .and_then([
-                    put_mine(mine, &req.key.owner, lease),
-                    TxnOp::put(keys.fence.clone(), "", None),
-                ])
+                .and_then(
+                    put_hold(keys, mine, &req.key.owner, value_of(req), lease, 0)
+                        .into_iter()
+                        .chain([TxnOp::put(keys.fence.clone(), "", None)])
+                        .collect::<Vec<_>>(),
+                )
                 .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)]);
             let resp = self.txn("acquire", txn).await?;
             if resp.succeeded() {
@@ -129,7 +169,7 @@ impl EtcdBackend {
                 Some(m) if m.key() == first.key() => {
                     let token = token_of(m.create_revision())?;
                     match self
-                        .cover(&req.attempt, mine, m, req.lease, Some(lease))
+                        .cover(keys, &req.attempt, mine, m, req.lease, Some(lease))
                         .await?
                     {
                         Cover::Done { moved_to } => {
@@ -156,7 +196,7 @@ impl EtcdBackend {
 
     /// One try at the lock (`Backend::acquire`).
     pub(crate) async fn acquire_once(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        let keys = self.keys(&req.key.name);
+        let keys = self.keys_of(&req.key);
         let mine = keys.attempt(&req.attempt);
         // A lease of this request's own. A grant whose reply is lost leaves a lease with
         // nothing on it, which expires by itself.

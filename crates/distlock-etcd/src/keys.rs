@@ -5,6 +5,23 @@
 //! | `PREFIX/NAME/ATTEMPT` | the attempt's own lease | `TTL OWNER`: the lease's TTL in seconds, the owner id |
 //! | `PREFIX/NAME` | none | empty; its mod revision is the newest queue key's create revision |
 //!
+//! Elections ([`LockKind::Election`]) live under a root of their own, so that no lock's key
+//! parser ever meets them:
+//!
+//! | key | lease | value |
+//! |---|---|---|
+//! | `PREFIX-election/NAME/ATTEMPT` | the attempt's own lease | the candidate's value, nothing else |
+//! | `PREFIX-election-meta/NAME/ATTEMPT` | the same lease | `TTL SEQ OWNER`: lease TTL, number of the last proclamation, owner id |
+//! | `PREFIX-election/NAME` | none | empty; as a lock's `PREFIX/NAME` |
+//!
+//! `PREFIX-election/NAME/` is the prefix etcd's own `concurrency.Election` campaigns under
+//! for election `PREFIX-election/NAME` (`etcdctl elect dlock-election/NAME VALUE`): its keys
+//! are `PREFIX-election/NAME/<lease id in hex>` holding just the value, the leader is the key
+//! with the smallest create revision, and a waiter waits for the deletion of the key created
+//! just before its own — the same rules dlock's queue follows. So a candidate key holds
+//! exactly the value (what `etcdctl elect -l` prints), and dlock's own bookkeeping sits in
+//! the sibling metadata key, outside the prefix etcd's recipe reads.
+//!
 //! One key per acquisition *attempt* (the core's [`AttemptId`](distlock_core::backend::AttemptId)): a retry
 //! of the attempt's request finds its own key by name, and nothing another attempt does (even
 //! one of the same owner) can touch it. `NAME` and `ATTEMPT` are escaped (`%` → `%25`,
@@ -13,7 +30,7 @@
 //! exclude each other.
 
 use crate::error::shape;
-use distlock_core::Result;
+use distlock_core::{LockKind, Result};
 
 /// The keys of one lock.
 #[derive(Debug, Clone)]
@@ -22,6 +39,9 @@ pub(crate) struct Keys {
     pub(crate) queue: Vec<u8>,
     /// `PREFIX/NAME`.
     pub(crate) fence: Vec<u8>,
+    /// For an election: `PREFIX-election-meta/NAME/`, where each candidate's metadata sits
+    /// under the same last segment as its key.
+    pub(crate) meta: Option<Vec<u8>>,
 }
 
 impl Keys {
@@ -29,7 +49,41 @@ impl Keys {
         let fence = format!("{prefix}/{}", escape(name)).into_bytes();
         let mut queue = fence.clone();
         queue.push(b'/');
-        Keys { queue, fence }
+        Keys {
+            queue,
+            fence,
+            meta: None,
+        }
+    }
+
+    /// The keys of election `name`: `PREFIX-election/NAME/` and `PREFIX-election-meta/NAME/`.
+    pub(crate) fn election(prefix: &str, name: &str) -> Self {
+        let mut k = Keys::new(&format!("{prefix}-election"), name);
+        k.meta = Some(format!("{prefix}-election-meta/{}/", escape(name)).into_bytes());
+        k
+    }
+
+    /// The keys of `name` of `kind`.
+    pub(crate) fn of_kind(prefix: &str, name: &str, kind: LockKind) -> Self {
+        if kind == LockKind::Election {
+            Keys::election(prefix, name)
+        } else {
+            Keys::new(prefix, name)
+        }
+    }
+
+    /// The metadata key that goes with queue key `key` (an election's only).
+    pub(crate) fn meta_of(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let meta = self.meta.as_ref()?;
+        let rest = key.strip_prefix(self.queue.as_slice())?;
+        let mut m = meta.clone();
+        m.extend_from_slice(rest);
+        Some(m)
+    }
+
+    /// The last segment of queue key `key`, for messages.
+    pub(crate) fn segment<'k>(&self, key: &'k [u8]) -> std::borrow::Cow<'k, str> {
+        String::from_utf8_lossy(key.strip_prefix(self.queue.as_slice()).unwrap_or(key))
     }
 
     /// `PREFIX/NAME/ATTEMPT`: the key of one attempt.
@@ -102,6 +156,48 @@ impl Entry {
     }
 }
 
+/// What an election candidate's metadata key holds: the TTL of the lease (as
+/// [`Entry::ttl`]), the number of the last proclamation applied (0: the value it campaigned
+/// with), and the owner id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Meta {
+    pub(crate) ttl: i64,
+    pub(crate) seq: u64,
+    pub(crate) owner: String,
+}
+
+impl Meta {
+    pub(crate) fn encode(&self) -> String {
+        format!("{} {} {}", self.ttl, self.seq, self.owner)
+    }
+
+    pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Meta> {
+        let bad = || {
+            shape(format!(
+                "key `{}` holds `{}`, not a dlock candidate's metadata (`TTL SEQ OWNER`); \
+                 is another program writing under this prefix?",
+                String::from_utf8_lossy(key),
+                String::from_utf8_lossy(value)
+            ))
+        };
+        let s = std::str::from_utf8(value).map_err(|_| bad())?;
+        let mut it = s.splitn(3, ' ');
+        let (Some(ttl), Some(seq), Some(owner)) = (it.next(), it.next(), it.next()) else {
+            return Err(bad());
+        };
+        let ttl: i64 = ttl.parse().map_err(|_| bad())?;
+        let seq: u64 = seq.parse().map_err(|_| bad())?;
+        if ttl <= 0 || owner.is_empty() {
+            return Err(bad());
+        }
+        Ok(Meta {
+            ttl,
+            seq,
+            owner: owner.to_owned(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +218,44 @@ mod tests {
             .starts_with(&short.queue));
         // etcdctl lock dlock/orders queues under the same prefix.
         assert_eq!(Keys::new("dlock", "orders").queue, b"dlock/orders/");
+    }
+
+    #[test]
+    fn election_layout() {
+        let k = Keys::election("dlock", "sched/a");
+        assert_eq!(k.fence, b"dlock-election/sched%2Fa");
+        assert_eq!(k.queue, b"dlock-election/sched%2Fa/");
+        let mine = k.attempt("0f1");
+        assert_eq!(mine, b"dlock-election/sched%2Fa/0f1");
+        assert_eq!(
+            k.meta_of(&mine).unwrap(),
+            b"dlock-election-meta/sched%2Fa/0f1"
+        );
+        // Outside the lock layout and outside the prefix etcd's recipe reads.
+        assert!(!k.queue.starts_with(b"dlock/"));
+        assert!(!k.meta_of(&mine).unwrap().starts_with(&k.queue));
+        assert_eq!(Keys::new("dlock", "x").meta_of(b"dlock/x/1"), None);
+        assert_eq!(
+            Keys::of_kind("dlock", "x", LockKind::Election).queue,
+            b"dlock-election/x/"
+        );
+        assert_eq!(
+            Keys::of_kind("dlock", "x", LockKind::Mutex).queue,
+            b"dlock/x/"
+        );
+    }
+
+    #[test]
+    fn metas() {
+        let m = Meta {
+            ttl: 2,
+            seq: 7,
+            owner: "host a: 1".into(),
+        };
+        assert_eq!(Meta::decode(b"k", m.encode().as_bytes()).unwrap(), m);
+        for bad in [&b""[..], b"1 2", b"1 x o", b"0 1 o", b"1 1 ", b"\xff"] {
+            assert!(Meta::decode(b"k", bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

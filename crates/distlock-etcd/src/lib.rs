@@ -14,6 +14,7 @@
 mod acquire;
 mod builder;
 mod client;
+mod election;
 mod error;
 mod keys;
 mod lease;
@@ -188,6 +189,18 @@ impl EtcdBackend {
     pub(crate) fn keys(&self, name: &str) -> Keys {
         Keys::new(&self.prefix, name)
     }
+
+    /// The keys of the lock or election `key` names.
+    pub(crate) fn keys_of(&self, key: &distlock_core::backend::HoldKey) -> Keys {
+        Keys::of_kind(&self.prefix, &key.name, key.kind)
+    }
+
+    /// The prefix every candidate key of election `name` sits under
+    /// (`PREFIX-election/NAME/`): etcd's `concurrency.Election` on `PREFIX-election/NAME`
+    /// (`etcdctl elect dlock-election/NAME`) campaigns here too.
+    pub fn election_prefix(&self, name: &str) -> Vec<u8> {
+        Keys::election(&self.prefix, name).queue
+    }
 }
 
 #[async_trait]
@@ -200,9 +213,10 @@ impl Backend for EtcdBackend {
         self.endpoint.clone()
     }
 
-    /// Mutexes, and `fair`, which is the same lock: etcd's recipe is first come, first served.
+    /// Mutexes, and `fair`, which is the same lock: etcd's recipe is first come, first served;
+    /// and elections, on the layout of etcd's `concurrency.Election`.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::kinds(&[LockKind::Mutex, LockKind::Fair])
+        Capabilities::kinds(&[LockKind::Mutex, LockKind::Fair, LockKind::Election])
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
@@ -241,16 +255,27 @@ impl Backend for EtcdBackend {
     async fn force_release(
         &self,
         name: &str,
-        _kind: LockKind,
+        kind: LockKind,
     ) -> Result<distlock_core::ForceReleased> {
-        ops::force_release(self, name).await
+        ops::force_release(self, name, kind).await
     }
 
     async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
         ops::diagnose(self).await
     }
 
-    async fn inspect(&self, name: &str, _kind: LockKind) -> Result<LockInfo> {
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        if kind == LockKind::Election {
+            return self.inspect_election(name).await;
+        }
         self.inspect_lock(name).await
+    }
+
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        self.proclaim_value(grant, seq, value).await
+    }
+
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        self.observe_election(name).await
     }
 }

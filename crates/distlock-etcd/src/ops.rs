@@ -19,7 +19,7 @@
 
 use crate::acquire::{first_of, gets, header_revision, nth_first, token_of, CAS_ATTEMPTS};
 use crate::error::{is_lease_not_found, map};
-use crate::keys::Entry;
+use crate::keys::{Entry, Keys, Meta};
 use crate::url::percent_decode;
 use crate::EtcdBackend;
 use distlock_core::{
@@ -164,8 +164,12 @@ fn prefix_end(p: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-pub(crate) async fn force_release(b: &EtcdBackend, name: &str) -> Result<ForceReleased> {
-    let keys = b.keys(name);
+pub(crate) async fn force_release(
+    b: &EtcdBackend,
+    name: &str,
+    kind: LockKind,
+) -> Result<ForceReleased> {
+    let keys = Keys::of_kind(&b.prefix, name, kind);
     for _ in 0..CAS_ATTEMPTS {
         let resp = b
             .txn(
@@ -174,20 +178,38 @@ pub(crate) async fn force_release(b: &EtcdBackend, name: &str) -> Result<ForceRe
             )
             .await?;
         let first = nth_first(&mut gets(&resp), 0)?;
+        // An election candidate is dlock's if its metadata key is there (then its lease is
+        // its alone); its owner is in the metadata, its value in its key.
+        let meta = match first.as_ref().and_then(|h| keys.meta_of(h.key())) {
+            Some(m) => b.get("forced release", &m).await?,
+            None => None,
+        };
         let (guard, ops, removed) = match &first {
             // The holder is the key read: delete exactly it, if it is still that key (same
             // create revision); rewriting PREFIX/NAME makes `inspect` of the then free lock
             // report this transaction's revision, above every token handed out.
             Some(h) => (
                 Compare::create_revision(h.key().to_vec(), CompareOp::Equal, h.create_revision()),
-                vec![
+                [
                     TxnOp::delete(h.key().to_vec(), None),
                     TxnOp::put(keys.fence.clone(), "", None),
-                ],
-                Some(
+                ]
+                .into_iter()
+                // An election candidate's metadata key goes with it.
+                .chain(keys.meta_of(h.key()).map(|m| TxnOp::delete(m, None)))
+                .collect(),
+                Some(if keys.meta.is_some() {
+                    let owner = match &meta {
+                        Some(m) => Meta::decode(m.key(), m.value())?.owner,
+                        None => format!("(not dlock) {}", keys.segment(h.key())),
+                    };
+                    HolderInfo::new(owner, 1)
+                        .with_value(Some(String::from_utf8_lossy(h.value()).into_owned()))
+                        .with_lease_left(b.lease_left(h.lease()).await?)
+                } else {
                     HolderInfo::new(keys.holder_of(h.key(), h.value()), 1)
-                        .with_lease_left(b.lease_left(h.lease()).await?),
-                ),
+                        .with_lease_left(b.lease_left(h.lease()).await?)
+                }),
             ),
             // Free: nothing to remove; the counter still moves (the operator asked for it),
             // if nobody queued meanwhile.
@@ -209,7 +231,8 @@ pub(crate) async fn force_release(b: &EtcdBackend, name: &str) -> Result<ForceRe
             // A dlock key is alone on its attempt's lease: revoke it (it carries nothing now).
             // A foreign key (`etcdctl lock`, Go's session) may share its session's lease with
             // other keys of that program: leave the lease alone.
-            if Entry::decode(h.key(), h.value()).is_ok() && h.lease() != 0 {
+            // (An election candidate's value is the application's: never read as a lock's.)
+            if keys.meta.is_none() && Entry::decode(h.key(), h.value()).is_ok() && h.lease() != 0 {
                 b.revoke_in_background(h.lease());
             }
         }

@@ -2,7 +2,7 @@
 
 use crate::acquire::*;
 use crate::error::shape;
-use crate::keys::Entry;
+use crate::keys::{Entry, Keys, Meta};
 use crate::lease::*;
 use crate::EtcdBackend;
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, RenewOutcome};
@@ -23,7 +23,61 @@ pub(crate) enum Cover {
     Gone,
 }
 
+/// What a hold's keys say now: its key, the TTL of its lease, its owner, and for an
+/// election candidate its metadata key with what that holds.
+pub(crate) struct HoldState {
+    pub(crate) kv: KeyValue,
+    pub(crate) ttl: i64,
+    pub(crate) owner: String,
+    pub(crate) meta: Option<(KeyValue, Meta)>,
+}
+
 impl EtcdBackend {
+    /// The state of the hold whose key `mine` was read as `kv` with create revision `rev`:
+    /// for a lock what its key holds; for an election candidate its key and metadata key read
+    /// again at one revision. `None` if the key (with that create revision) is gone.
+    pub(crate) async fn hold_state(
+        &self,
+        keys: &Keys,
+        mine: &[u8],
+        kv: KeyValue,
+        rev: i64,
+    ) -> Result<Option<HoldState>> {
+        let Some(meta_key) = keys.meta_of(mine) else {
+            let e = Entry::decode(kv.key(), kv.value())?;
+            return Ok(Some(HoldState {
+                kv,
+                ttl: e.ttl,
+                owner: e.owner,
+                meta: None,
+            }));
+        };
+        let txn = Txn::new().and_then([
+            TxnOp::get(mine.to_vec(), None),
+            TxnOp::get(meta_key.clone(), None),
+        ]);
+        let resp = self.txn("read", txn).await?;
+        let mut all = gets(&resp);
+        let Some(kv) = nth_first(&mut all, 0)?.filter(|kv| kv.create_revision() == rev) else {
+            return Ok(None);
+        };
+        let m = nth_first(&mut all, 1)?.ok_or_else(|| {
+            shape(format!(
+                "election candidate `{}` has no metadata key `{}`; \
+                 is another program writing under this prefix?",
+                String::from_utf8_lossy(mine),
+                String::from_utf8_lossy(&meta_key)
+            ))
+        })?;
+        let meta = Meta::decode(m.key(), m.value())?;
+        Ok(Some(HoldState {
+            kv,
+            ttl: meta.ttl,
+            owner: meta.owner.clone(),
+            meta: Some((m, meta)),
+        }))
+    }
+
     /// Makes the lease of `kv` — the key `mine` of `attempt`, read with the create revision
     /// of its grant — run at least `want` from when etcd applies this, never shortening it.
     ///
@@ -33,25 +87,39 @@ impl EtcdBackend {
     /// the key's create revision (which a put keeps: the token survives) *and* its current
     /// lease, so two renewals racing cannot orphan a lease; only once that committed is the
     /// old lease revoked, which then carries nothing. A new lease whose put has an unknown
-    /// outcome is kept until the attempt ends ([`doubt`](Self::doubt)).
+    /// outcome is kept until the attempt ends ([`doubt`](Self::doubt)). An election
+    /// candidate's metadata key moves with it, in the same transaction, guarded by both keys'
+    /// mod revisions (so a proclamation in between is never overwritten with the old value).
     pub(crate) async fn cover(
         &self,
+        keys: &Keys,
         attempt: &AttemptId,
         mine: &[u8],
-        mut kv: KeyValue,
+        kv: KeyValue,
         want: Duration,
         fresh: Option<Lease>,
     ) -> Result<Cover> {
         let rev = kv.create_revision();
+        let mut kv = Some(kv);
         for _ in 0..CAS_ATTEMPTS {
-            let e = Entry::decode(kv.key(), kv.value())?;
-            if e.ttl >= ttl_secs(want) {
-                if self.keep_alive(kv.lease()).await? {
+            let read = match kv.take() {
+                Some(kv) => kv,
+                None => match self.get("renew", mine).await? {
+                    Some(now) if now.create_revision() == rev => now,
+                    _ => return Ok(Cover::Gone),
+                },
+            };
+            let Some(h) = self.hold_state(keys, mine, read, rev).await? else {
+                return Ok(Cover::Gone);
+            };
+            let lease = h.kv.lease();
+            if h.ttl >= ttl_secs(want) {
+                if self.keep_alive(lease).await? {
                     self.remember(
                         attempt,
                         Lease {
-                            id: kv.lease(),
-                            ttl: e.ttl,
+                            id: lease,
+                            ttl: h.ttl,
                         },
                     );
                     return Ok(Cover::Done { moved_to: None });
@@ -63,17 +131,33 @@ impl EtcdBackend {
                     Some(l) if l.ttl >= ttl_secs(want) => (l, false),
                     _ => (self.grant(want).await?, true),
                 };
-                let txn = Txn::new()
-                    .when([
-                        Compare::create_revision(mine.to_vec(), CompareOp::Equal, rev),
-                        Compare::lease(mine.to_vec(), CompareOp::Equal, kv.lease()),
-                    ])
-                    .and_then([put_mine(mine, &e.owner, new)]);
+                let mut when = vec![
+                    Compare::create_revision(mine.to_vec(), CompareOp::Equal, rev),
+                    Compare::lease(mine.to_vec(), CompareOp::Equal, lease),
+                ];
+                let seq = match &h.meta {
+                    Some((m, meta)) => {
+                        when.push(Compare::mod_revision(
+                            mine.to_vec(),
+                            CompareOp::Equal,
+                            h.kv.mod_revision(),
+                        ));
+                        when.push(Compare::mod_revision(
+                            m.key().to_vec(),
+                            CompareOp::Equal,
+                            m.mod_revision(),
+                        ));
+                        meta.seq
+                    }
+                    None => 0,
+                };
+                let ops = put_hold(keys, mine, &h.owner, h.kv.value(), new, seq);
+                let txn = Txn::new().when(when).and_then(ops);
                 match self.txn("renew", txn).await {
                     Ok(r) if r.succeeded() => {
                         self.remember(attempt, new);
-                        if kv.lease() != 0 {
-                            self.revoke_in_background(kv.lease());
+                        if lease != 0 {
+                            self.revoke_in_background(lease);
                         }
                         return Ok(Cover::Done {
                             moved_to: Some(new.id),
@@ -91,10 +175,6 @@ impl EtcdBackend {
                     }
                 }
             }
-            match self.get("renew", mine).await? {
-                Some(now) if now.create_revision() == rev => kv = now,
-                _ => return Ok(Cover::Gone),
-            }
         }
         Err(self.contended(mine))
     }
@@ -103,6 +183,7 @@ impl EtcdBackend {
     /// with its answer.
     pub(crate) async fn renew_one(
         &self,
+        keys: &Keys,
         grant: &GrantRef,
         mine: &[u8],
         lease: Duration,
@@ -122,7 +203,10 @@ impl EtcdBackend {
             _ => {}
         }
         Ok(
-            match self.cover(&grant.attempt, mine, kv, lease, None).await? {
+            match self
+                .cover(keys, &grant.attempt, mine, kv, lease, None)
+                .await?
+            {
                 Cover::Done { .. } => RenewOutcome::Renewed,
                 Cover::Gone => RenewOutcome::NotHeld,
             },
@@ -134,9 +218,11 @@ impl EtcdBackend {
         &self,
         holds: &[(GrantRef, Duration)],
     ) -> Result<Vec<RenewOutcome>> {
+        let keys: Vec<Keys> = holds.iter().map(|(g, _)| self.keys_of(&g.key)).collect();
         let mines: Vec<Vec<u8>> = holds
             .iter()
-            .map(|(g, _)| self.attempt_key(&g.key.name, &g.attempt))
+            .zip(&keys)
+            .map(|((g, _), k)| k.attempt(&g.attempt))
             .collect();
         // Read every hold's key, in chunks of one transaction each, all at once, and at the
         // same time keep alive the lease each key is known to be on when that lease is long
@@ -170,20 +256,27 @@ impl EtcdBackend {
                 holds.len()
             )));
         }
-        let each =
-            holds.iter().zip(&mines).zip(found).zip(early).map(
-                |((((g, lease), mine), kv), early)| self.renew_one(g, mine, *lease, kv, early),
-            );
+        let each = holds
+            .iter()
+            .zip(&keys)
+            .zip(&mines)
+            .zip(found)
+            .zip(early)
+            .map(|(((((g, lease), keys), mine), kv), early)| {
+                self.renew_one(keys, g, mine, *lease, kv, early)
+            });
         futures_util::future::try_join_all(each).await
     }
 
     /// Releases one grant by a compare-and-delete addressed by attempt and token (`Backend::release`).
     pub(crate) async fn release_grant(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        let keys = self.keys(&grant.key.name);
+        let keys = self.keys_of(&grant.key);
         let mine = keys.attempt(&grant.attempt);
         let Some(rev) = revision_of(grant.token) else {
             return Ok(ReleaseOutcome::Expired);
         };
+        // An election candidate's metadata key goes with its key.
+        let meta = keys.meta_of(&mine).map(|m| TxnOp::delete(m, None));
         // One compare-and-delete, addressed by attempt and token: a retry after a lost reply
         // finds nothing to delete and says so; it can never delete a newer grant.
         let txn = Txn::new()
@@ -192,10 +285,15 @@ impl EtcdBackend {
                 CompareOp::Equal,
                 rev,
             )])
-            .and_then([
-                TxnOp::get(mine.clone(), None),
-                TxnOp::delete(mine.clone(), None),
-            ])
+            .and_then(
+                [
+                    TxnOp::get(mine.clone(), None),
+                    TxnOp::delete(mine.clone(), None),
+                ]
+                .into_iter()
+                .chain(meta)
+                .collect::<Vec<_>>(),
+            )
             .or_else([first_of(&keys.queue)]);
         let resp = self.txn("release", txn).await?;
         let mut all = gets(&resp);
@@ -218,10 +316,17 @@ impl EtcdBackend {
 
     /// Gives attempt `req` up: deletes its key, whatever state it is in (`Backend::give_up`).
     pub(crate) async fn leave(&self, req: &AcquireRequest) -> Result<()> {
-        let mine = self.attempt_key(&req.key.name, &req.attempt);
+        let keys = self.keys_of(&req.key);
+        let mine = keys.attempt(&req.attempt);
+        let meta = keys.meta_of(&mine).map(|m| TxnOp::delete(m, None));
         // The key is this attempt's, whatever it is now (queued, or first: a grant whose
-        // reply was lost): delete it unconditionally. No other attempt's key is named.
-        let txn = Txn::new().and_then([TxnOp::get(mine.clone(), None), TxnOp::delete(mine, None)]);
+        // reply was lost): delete it unconditionally (an election candidate's metadata key
+        // with it). No other attempt's key is named.
+        let ops: Vec<TxnOp> = [TxnOp::get(mine.clone(), None), TxnOp::delete(mine, None)]
+            .into_iter()
+            .chain(meta)
+            .collect();
+        let txn = Txn::new().and_then(ops);
         let r = self.txn("give up", txn).await;
         // The attempt is over either way: its leases of unknown fate can go (they carry at most
         // this attempt's key).

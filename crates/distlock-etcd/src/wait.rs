@@ -14,9 +14,9 @@
 //! deleted, whatever state it is in — and only its own, never a key of another attempt of the
 //! same owner.
 
-use crate::acquire::{first_of, gets, header_revision, nth_first, put_mine, token_of};
+use crate::acquire::{first_of, gets, header_revision, nth_first, put_hold, token_of, value_of};
 use crate::error::{map, timed_out, KIND};
-use crate::keys::{Entry, Keys};
+use crate::keys::Keys;
 use crate::lease::Lease;
 use crate::EtcdBackend;
 use distlock_core::backend::{
@@ -61,7 +61,7 @@ pub(crate) async fn acquire_wait(
     deadline: Option<Instant>,
     cancel: &CancellationToken,
 ) -> Result<Option<Granted>> {
-    let keys = b.keys(&req.key.name);
+    let keys = b.keys_of(&req.key);
     let mine = keys.attempt(&req.attempt);
     let mut waiter = Waiter {
         b,
@@ -118,11 +118,15 @@ impl Waiter<'_> {
         let lease = b.grant(req.lease).await?;
         let txn = Txn::new()
             .when([Compare::create_revision(mine.to_vec(), CompareOp::Equal, 0)])
-            .and_then([
-                put_mine(mine, &req.key.owner, lease),
-                TxnOp::put(keys.fence.clone(), "", None),
-                first_of(&keys.queue),
-            ])
+            .and_then(
+                put_hold(keys, mine, &req.key.owner, value_of(req), lease, 0)
+                    .into_iter()
+                    .chain([
+                        TxnOp::put(keys.fence.clone(), "", None),
+                        first_of(&keys.queue),
+                    ])
+                    .collect::<Vec<_>>(),
+            )
             .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)]);
         let resp = match b.txn("acquire", txn).await {
             Ok(r) => r,
@@ -156,19 +160,23 @@ impl Waiter<'_> {
         let m = nth_first(&mut all, 0)?.ok_or_else(|| {
             crate::error::shape("etcd said the attempt's key exists but returned no such key")
         })?;
-        let e = Entry::decode(m.key(), m.value())?;
+        let first_is_mine = nth_first(&mut all, 1)?.is_some_and(|f| f.key() == m.key());
+        let rev = m.create_revision();
+        let state = b.hold_state(keys, mine, m, rev).await?;
+        let Some(h) = state else {
+            return Err(self.lost("its key was deleted (lease expired or revoked)"));
+        };
         let mut place = Place {
-            rev: m.create_revision(),
-            lease: m.lease(),
-            ttl: e.ttl,
+            rev,
+            lease: h.kv.lease(),
+            ttl: h.ttl,
             // That lease was granted during this wait.
             confirmed_at: self.started,
         };
-        match nth_first(&mut all, 1)? {
-            Some(f) if f.key() == m.key() => {
-                self.take_turn(&mut place).await.map(Enqueued::Granted)
-            }
-            _ => Ok(Enqueued::Waiting(place)),
+        if first_is_mine {
+            self.take_turn(&mut place).await.map(Enqueued::Granted)
+        } else {
+            Ok(Enqueued::Waiting(place))
         }
     }
 
@@ -360,10 +368,12 @@ fn place_lost(b: &EtcdBackend, mine: &[u8], why: &str) -> Error {
     )
 }
 
-/// A subscription to the deletions under one lock's queue.
+/// A subscription to the deletions under one lock's queue (and with `puts`, to every change
+/// under it: an election's observers see new candidates and proclamations too).
 pub(crate) struct QueueWatch {
     stream: WatchStream,
     endpoint: String,
+    puts: bool,
 }
 
 #[async_trait]
@@ -384,7 +394,7 @@ impl ReleaseWatch for QueueWatch {
                     if resp
                         .events()
                         .iter()
-                        .any(|e| e.event_type() == EventType::Delete)
+                        .any(|e| self.puts || e.event_type() == EventType::Delete)
                     {
                         return Ok(Wake::Released);
                     }
@@ -404,13 +414,27 @@ impl ReleaseWatch for QueueWatch {
 impl EtcdBackend {
     /// A subscription to the releases of `req`'s lock, confirmed by the server (`Backend::watch`).
     pub(crate) async fn watch_queue(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let keys = self.keys(&req.key.name);
-        let opts = WatchOptions::new()
-            .with_prefix()
-            .with_filters([WatchFilterType::NoPut]);
+        self.watch_prefix(self.keys_of(&req.key).queue, false).await
+    }
+
+    /// A subscription to the changes of election `name` (`Backend::observe`): every put and
+    /// delete under its candidate prefix — a new candidate, a proclamation, a lease move, a
+    /// resignation or expiry. Metadata keys change only together with their candidate key
+    /// (one transaction), so the prefix alone sees every change an observer reads.
+    pub(crate) async fn observe_election(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        self.watch_prefix(self.election_prefix(name), true).await
+    }
+
+    /// A watch on every key under `prefix`, confirmed by the server: deletions only, or with
+    /// `puts` every change.
+    async fn watch_prefix(&self, prefix: Vec<u8>, puts: bool) -> Result<Box<dyn ReleaseWatch>> {
+        let mut opts = WatchOptions::new().with_prefix();
+        if !puts {
+            opts = opts.with_filters([WatchFilterType::NoPut]);
+        }
         let mut stream = self
             .call("watch", |c| {
-                let (queue, opts) = (keys.queue.clone(), opts.clone());
+                let (queue, opts) = (prefix.clone(), opts.clone());
                 async move { c.watch_client().watch(queue, Some(opts)).await }
             })
             .await?;
@@ -431,6 +455,7 @@ impl EtcdBackend {
         Ok(Box::new(QueueWatch {
             stream,
             endpoint: self.endpoint.clone(),
+            puts,
         }))
     }
 }

@@ -10,3 +10,4 @@ fn etcd() -> ServerHarness<EtcdCluster> {
 
 distlock_testkit::conformance_suite!(etcd());
 distlock_testkit::adversarial_suite!(etcd());
+distlock_testkit::election_suite!(etcd());

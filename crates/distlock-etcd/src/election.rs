@@ -1,0 +1,184 @@
+//! Elections on etcd's `concurrency.Election` layout: who leads (`inspect`), proclaiming a
+//! new value, and watching an election for changes.
+//!
+//! Campaigning, waiting, renewing and resigning are the mutex's code on the election's keys
+//! ([`Keys::election`]): a candidate's key is first in `PREFIX-election/NAME/` (smallest
+//! create revision) exactly when it leads, its create revision is its fencing token, and a
+//! waiting candidate watches the key created just before its own — the rules of etcd's own
+//! recipe, so `etcdctl elect PREFIX-election/NAME` candidates take part in the same queue.
+
+use crate::acquire::{first_of, gets, nth_first, revision_of, token_of, CAS_ATTEMPTS};
+use crate::error::shape;
+use crate::keys::{Keys, Meta};
+use crate::EtcdBackend;
+use distlock_core::backend::{GrantRef, RenewOutcome};
+use distlock_core::{HolderInfo, LockInfo, Result};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+impl EtcdBackend {
+    /// The leader of election `name` (the candidate key with the smallest create revision),
+    /// its value and token, and how many candidates wait (`Backend::inspect`). A leader that
+    /// is not dlock's (`etcdctl elect`, Go's `concurrency.Election`: no metadata key) is
+    /// reported with owner `(not dlock) KEY` and its create revision as token, which is the
+    /// token a dlock candidate in its place would have had.
+    pub(crate) async fn inspect_election(&self, name: &str) -> Result<LockInfo> {
+        let keys = Keys::election(&self.prefix, name);
+        for _ in 0..CAS_ATTEMPTS {
+            let txn = Txn::new().and_then([
+                first_of(&keys.queue),
+                TxnOp::get(keys.fence.clone(), None),
+                TxnOp::get(
+                    keys.queue.clone(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                ),
+            ]);
+            let resp = self.txn("inspect", txn).await?;
+            let queued = match resp.op_responses().get(2) {
+                Some(TxnOpResponse::Get(g)) => g.count(),
+                _ => return Err(shape("inspect: the transaction returned too few reads")),
+            };
+            let mut all = gets(&resp);
+            let first = nth_first(&mut all, 0)?;
+            let fence = nth_first(&mut all, 1)?;
+            let waiting = |leaders: i64| {
+                u32::try_from(queued.saturating_sub(leaders).max(0)).unwrap_or(u32::MAX)
+            };
+            let Some(leader) = first else {
+                return Ok(LockInfo::new(name)
+                    .with_fencing_token(
+                        fence.map_or(0, |f| u64::try_from(f.mod_revision()).unwrap_or(0)),
+                    )
+                    .with_waiters(Some(waiting(0))));
+            };
+            // Its metadata, if it is still the same key (else the leader changed: look again).
+            let meta_key = keys
+                .meta_of(leader.key())
+                .ok_or_else(|| shape("an election key outside the election's prefix"))?;
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    leader.key().to_vec(),
+                    CompareOp::Equal,
+                    leader.create_revision(),
+                )])
+                .and_then([TxnOp::get(meta_key, None)]);
+            let resp = self.txn("inspect", txn).await?;
+            if !resp.succeeded() {
+                continue;
+            }
+            let owner = match nth_first(&mut gets(&resp), 0)? {
+                Some(m) => Meta::decode(m.key(), m.value())?.owner,
+                None => format!("(not dlock) {}", keys.segment(leader.key())),
+            };
+            let value = String::from_utf8_lossy(leader.value()).into_owned();
+            let holder = HolderInfo::new(owner, 1)
+                .with_value(Some(value))
+                .with_lease_left(self.lease_left(leader.lease()).await?);
+            return Ok(LockInfo::new(name)
+                .with_holders(vec![holder])
+                .with_fencing_token(token_of(leader.create_revision())?)
+                .with_waiters(Some(waiting(1))));
+        }
+        Err(self.contended(&keys.queue))
+    }
+
+    /// Replaces the value of the candidate key of `grant` with `value` if `seq` is newer than
+    /// the proclamation its metadata records (`Backend::proclaim`).
+    ///
+    /// One transaction in the common case: guarded by the key's create revision (the grant
+    /// still leads) and by the metadata holding what it holds after proclamation `seq - 1`
+    /// (the core numbers a leadership's proclamations 1, 2, … and sends one at a time), it
+    /// puts both keys; else it reads them, and decides: the key gone (or another grant's) is
+    /// [`RenewOutcome::NotHeld`]; a recorded number of `seq` or more means this one (or a
+    /// newer one) was applied already — a retry after a lost reply, a duplicate, a late
+    /// arrival — and it answers [`RenewOutcome::Renewed`] without writing; otherwise it tries
+    /// again guarded by what it read. Both puts keep the keys' lease (`ignore_lease`): the
+    /// lease is not touched.
+    pub(crate) async fn proclaim_value(
+        &self,
+        grant: &GrantRef,
+        seq: u64,
+        value: &str,
+    ) -> Result<RenewOutcome> {
+        let keys = self.keys_of(&grant.key);
+        let mine = keys.attempt(&grant.attempt);
+        let meta_key = keys
+            .meta_of(&mine)
+            .ok_or_else(|| shape("proclaim on a grant that is not an election's"))?;
+        let Some(rev) = revision_of(grant.token) else {
+            return Ok(RenewOutcome::NotHeld);
+        };
+        // What the metadata holds if proclamation `seq - 1` was the last one applied and the
+        // key is still on the lease it was last seen on (a guess: if wrong, the reads tell).
+        let mut expect = self.known_lease(&grant.attempt).map(|l| Meta {
+            ttl: l.ttl,
+            seq: seq.saturating_sub(1),
+            owner: grant.key.owner.to_string(),
+        });
+        let keep = || Some(PutOptions::new().with_ignore_lease());
+        for _ in 0..CAS_ATTEMPTS {
+            let mut when = vec![Compare::create_revision(
+                mine.clone(),
+                CompareOp::Equal,
+                rev,
+            )];
+            let mut then = Vec::new();
+            match &expect {
+                Some(m) if m.seq < seq => {
+                    when.push(Compare::value(
+                        meta_key.clone(),
+                        CompareOp::Equal,
+                        m.encode(),
+                    ));
+                    then.push(TxnOp::put(mine.clone(), value, keep()));
+                    let next = Meta { seq, ..m.clone() };
+                    then.push(TxnOp::put(meta_key.clone(), next.encode(), keep()));
+                }
+                // Nothing to guess from: read first.
+                _ => when.push(Compare::create_revision(
+                    meta_key.clone(),
+                    CompareOp::Less,
+                    0,
+                )),
+            }
+            let txn = Txn::new().when(when).and_then(then).or_else([
+                TxnOp::get(mine.clone(), None),
+                TxnOp::get(meta_key.clone(), None),
+            ]);
+            let resp = self.txn("proclaim", txn).await?;
+            if resp.succeeded() {
+                return Ok(RenewOutcome::Renewed);
+            }
+            let mut all = gets(&resp);
+            if nth_first(&mut all, 0)?.is_none_or(|kv| kv.create_revision() != rev) {
+                return Ok(RenewOutcome::NotHeld);
+            }
+            let m = nth_first(&mut all, 1)?.ok_or_else(|| {
+                shape(format!(
+                    "election candidate `{}` has no metadata key",
+                    String::from_utf8_lossy(&mine)
+                ))
+            })?;
+            let meta = Meta::decode(m.key(), m.value())?;
+            if meta.seq >= seq {
+                // Applied already (a retry or a duplicate), or a newer one was.
+                return Ok(RenewOutcome::Renewed);
+            }
+            expect = Some(meta);
+        }
+        Err(self.contended(&mine))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::keys::Keys;
+
+    #[test]
+    fn a_foreign_leader_is_named_by_its_key() {
+        let k = Keys::election("dlock", "e");
+        assert_eq!(
+            k.segment(b"dlock-election/e/694d8f2a3b1c5e07"),
+            "694d8f2a3b1c5e07"
+        );
+    }
+}
