@@ -8,9 +8,14 @@
 -- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:OWNER"
 -- ARGV[1] attempt id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] waiter ttl ms (0: do not
 -- queue), ARGV[5] '1' for a fair lock (a free lock goes to the oldest live waiter)
+-- An election (keys NS:{NAME}:election...) adds ARGV[6] the candidate's value, stored with
+-- the grant (fields value, seq = 0) or in its waiter data ("EXPIRY_MS:LEASE_MS:LEN:VALUE"
+-- then OWNER, LEN the value's length in bytes), and ARGV[7] the election's observe channel,
+-- told of every new leader ('g'). A mutex passes neither.
 -- Returns {1, token} granted to this attempt (also when it held it already: a retry after a
 -- lost reply, or a handoff it has not heard of); {0, pttl} held by another grant.
 local attempt, lease = ARGV[1], tonumber(ARGV[3])
+local value = ARGV[6]
 local queues = tonumber(ARGV[4]) > 0
 local function now_ms()
   local t = redis.call('time')
@@ -74,15 +79,25 @@ if free then
   end
   redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', token),
     'owner', ARGV[2])
+  if value then
+    redis.call('hset', KEYS[1], 'value', value, 'seq', '0')
+  end
   redis.call('pexpire', KEYS[1], lease)
   dequeue()
+  if value then
+    redis.call('publish', ARGV[7], 'g')
+  end
   return {1, token}
 end
 if queues then
   local ttl = tonumber(ARGV[4])
   local now = now_ms()
   redis.call('zadd', KEYS[3], 'NX', now, attempt)
-  redis.call('hset', KEYS[4], attempt, string.format('%d:%d:', now + ttl, lease) .. ARGV[2])
+  local data = string.format('%d:%d:', now + ttl, lease)
+  if value then
+    data = data .. string.format('%d:', #value) .. value
+  end
+  redis.call('hset', KEYS[4], attempt, data .. ARGV[2])
   for i = 3, 4 do
     if redis.call('pttl', KEYS[i]) < ttl then
       redis.call('pexpire', KEYS[i], ttl)

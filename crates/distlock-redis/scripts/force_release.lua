@@ -6,6 +6,7 @@
 -- KEYS[3] per-grant expiries zset (rw, sem; for the mutex a name that is never written)
 -- ARGV[1] the channel: waiters are woken ('r') to take the free lock (they stay queued)
 -- ARGV[2] '1' when KEYS[3] is the family's expiry zset
+-- ARGV[3] (an election only) its observe channel, told that nobody leads ('r')
 -- Returns {grant fields (flat HGETALL), PTTL of KEYS[1], expiries (flat, WITHSCORES),
 -- server ms, new counter value as a string}.
 local t = redis.call('time')
@@ -29,4 +30,7 @@ local next = math.max(current, seed) + 1
 local token = string.format('%d', next)
 redis.call('set', KEYS[2], token)
 redis.call('publish', ARGV[1], 'r')
+if ARGV[3] then
+  redis.call('publish', ARGV[3], 'r')
+end
 return {fields, pttl, exps, now, token}

@@ -4,16 +4,22 @@
 -- only it, on its own channel CHANNEL:ATTEMPT ('h TOKEN ATTEMPT'): one delivery per handoff,
 -- however many clients wait. With nobody queued it publishes nothing.
 -- KEYS as acquire.lua; ARGV[1] attempt id, ARGV[2] token, ARGV[3] the lock's channel,
--- ARGV[4] 'release' or 'giveup'
+-- ARGV[4] 'release' or 'giveup'; for an election (see acquire.lua) ARGV[5] its observe
+-- channel: the new leader's value comes from its waiter data, and every change of leader
+-- (handoff, or none left) is published there ('g' / 'r').
 -- release returns {1, 0} released (or handed over), {0, 0} no lock (expired), {3, 0} another
 -- grant holds it. giveup returns {1, 0} if it gave back a grant of the attempt, else {0, 0}.
 local attempt = ARGV[1]
+local observe = ARGV[5]
 
 local function hand_over()
   redis.call('del', KEYS[1])
   -- ZPOPMIN: the oldest entry, taken out of the queue (with its data below) in one call.
   local popped = redis.call('zpopmin', KEYS[3])
   if not popped[1] then
+    if observe then
+      redis.call('publish', observe, 'r')
+    end
     return
   end
   local t = redis.call('time')
@@ -22,9 +28,19 @@ local function hand_over()
     local head = popped[1]
     local data = redis.call('hget', KEYS[4], head)
     redis.call('hdel', KEYS[4], head)
-    local expiry, lease, owner
+    local expiry, lease, owner, value
     if data then
       expiry, lease, owner = string.match(data, '^(%d+):(%d+):(.*)$')
+    end
+    if observe and owner then
+      -- An election's waiter data: LEN:VALUE then OWNER.
+      local len, rest = string.match(owner, '^(%d+):(.*)$')
+      len = tonumber(len)
+      if len and #rest >= len then
+        value, owner = string.sub(rest, 1, len), string.sub(rest, len + 1)
+      else
+        expiry = nil
+      end
     end
     if expiry and tonumber(expiry) > now then
       -- As in acquire.lua: INCR first, a counter it had to create restarts at the clock.
@@ -35,13 +51,22 @@ local function hand_over()
       end
       token = string.format('%d', token)
       redis.call('hset', KEYS[1], 'attempt', head, 'token', token, 'owner', owner)
+      if observe then
+        redis.call('hset', KEYS[1], 'value', value, 'seq', '0')
+      end
       redis.call('pexpire', KEYS[1], lease)
       redis.call('publish', ARGV[3] .. ':' .. head, 'h ' .. token .. ' ' .. head)
+      if observe then
+        redis.call('publish', observe, 'g')
+      end
       return
     end
     -- A dead entry: its waiter may still be watching (one late heartbeat); wake it to retry.
     redis.call('publish', ARGV[3] .. ':' .. head, 'r')
     popped = redis.call('zpopmin', KEYS[3])
+  end
+  if observe then
+    redis.call('publish', observe, 'r')
   end
 end
 

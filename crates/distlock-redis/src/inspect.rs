@@ -32,11 +32,17 @@ pub(crate) fn holders(
     now_ms: u64,
 ) -> Vec<HolderInfo> {
     let left = ms(pttl);
-    if let Family::Mutex { .. } = fam {
-        return fields
-            .iter()
-            .find(|(f, _)| f == "owner")
-            .map(|(_, owner)| HolderInfo::new(owner.clone(), 1).with_lease_left(left))
+    if let Family::Mutex { election, .. } = fam {
+        let field = |name: &str| fields.iter().find(|(f, _)| f == name).map(|(_, v)| v);
+        return field("owner")
+            .map(|owner| {
+                let h = HolderInfo::new(owner.clone(), 1).with_lease_left(left);
+                // An election's leader advertises its value (empty if none was stored).
+                match election {
+                    true => h.with_value(Some(field("value").cloned().unwrap_or_default())),
+                    false => h,
+                }
+            })
             .into_iter()
             .collect();
     }
@@ -74,8 +80,8 @@ pub(crate) fn holders(
 pub(crate) async fn inspect(b: &RedisBackend, name: &str, kind: LockKind) -> Result<LockInfo> {
     let fam = family(kind)?;
     let (holds_key, exp_key, queue_key, waiters_key, limit_key) = match fam {
-        Family::Mutex { .. } => {
-            let [h, _, q, w] = b.keys(name);
+        Family::Mutex { election, .. } => {
+            let [h, _, q, w] = b.mutex_keys(name, election);
             (h, None, q, w, None)
         }
         Family::Rw { .. } => {
@@ -90,7 +96,11 @@ pub(crate) async fn inspect(b: &RedisBackend, name: &str, kind: LockKind) -> Res
     let mut pipe = redis::pipe();
     pipe.cmd("HGETALL").arg(&holds_key);
     pipe.cmd("PTTL").arg(&holds_key);
-    pipe.cmd("GET").arg(b.fence_key(name));
+    let fence_key = match fam {
+        Family::Mutex { election, .. } => b.mutex_fence_key(name, election),
+        _ => b.fence_key(name),
+    };
+    pipe.cmd("GET").arg(&fence_key);
     pipe.cmd("HGETALL").arg(&waiters_key);
     pipe.cmd("ZRANGE").arg(&queue_key).arg(0).arg(-1);
     pipe.cmd("TIME");
@@ -139,9 +149,22 @@ pub(crate) async fn inspect(b: &RedisBackend, name: &str, kind: LockKind) -> Res
         Family::Sem { limit: l, .. } => Some(limit.unwrap_or(l)),
         _ => None,
     };
+    let mut fencing_token = b.counter(name, fence)?;
+    if let Family::Mutex { election: true, .. } = fam {
+        // The leader's own token (the counter is above it after a forced release).
+        let leader = fields.iter().find(|(f, _)| f == "token");
+        if let Some((_, t)) = leader.filter(|_| pttl != -2) {
+            fencing_token = t.parse().map_err(|_| {
+                Error::unexpected(
+                    KIND,
+                    format!("election `{name}`: the leader's token is `{t}`, not a number"),
+                )
+            })?;
+        }
+    }
     Ok(LockInfo::new(name)
         .with_holders(holders(&fam, &fields, pttl, &exps, now_ms))
-        .with_fencing_token(b.counter(name, fence)?)
+        .with_fencing_token(fencing_token)
         .with_waiters(Some(u32::try_from(waiting).unwrap_or(u32::MAX)))
         .with_permits(permits))
 }

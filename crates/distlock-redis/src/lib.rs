@@ -14,7 +14,8 @@ mod scripts;
 use crate::error::{map, shape, KIND};
 pub use crate::quorum::{NodeHold, QuorumReply, QuorumVote, ServerInfo, TOKEN_FIELD};
 use distlock_core::backend::{
-    async_trait, AcquireReply, AcquireRequest, GrantRef, HoldKey, ReleaseWatch, RenewOutcome,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey,
+    ReleaseWatch, RenewOutcome,
 };
 use distlock_core::{Backend, ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, Result};
 use redis::aio::ConnectionManager;
@@ -273,6 +274,34 @@ impl RedisBackend {
         self.key(name, ":released")
     }
 
+    /// Key suffix of a mutex-family lock: a mutex (plain or fair) at `NS:{NAME}`, an election
+    /// at `NS:{NAME}:election` (apart from the lock of the same name: its own grant, counter,
+    /// queue and channels).
+    fn base(election: bool) -> &'static str {
+        if election {
+            ELECTION
+        } else {
+            ""
+        }
+    }
+
+    /// The release channel of a mutex-family lock (waiters' wake-ups; handoffs go to
+    /// `CHANNEL:ATTEMPT`).
+    fn mutex_channel(&self, name: &str, election: bool) -> String {
+        self.key(name, &format!("{}:released", Self::base(election)))
+    }
+
+    /// The channel every change of election `name` is published on (grant, handoff,
+    /// release, proclamation): what `observe` subscribes to. Locks never publish there.
+    fn observe_channel(&self, name: &str) -> String {
+        self.key(name, &format!("{ELECTION}:observe"))
+    }
+
+    /// The fencing counter of a mutex-family lock.
+    fn mutex_fence_key(&self, name: &str, election: bool) -> String {
+        self.key(name, &format!("{}:fence", Self::base(election)))
+    }
+
     /// The fencing counter of `name` from its stored value (`None`: never issued, 0).
     fn counter(&self, name: &str, stored: Option<String>) -> Result<u64> {
         match stored {
@@ -291,7 +320,14 @@ impl RedisBackend {
 
     /// The four keys the mutex scripts touch, in their KEYS order.
     fn keys(&self, name: &str) -> [String; 4] {
-        ["", ":fence", ":queue", ":waiters"].map(|s| self.key(name, s))
+        self.mutex_keys(name, false)
+    }
+
+    /// The four keys of a mutex-family lock (a mutex, or an election), in KEYS order:
+    /// grant hash, fencing counter, queue, waiter data.
+    fn mutex_keys(&self, name: &str, election: bool) -> [String; 4] {
+        let base = Self::base(election);
+        ["", ":fence", ":queue", ":waiters"].map(|s| self.key(name, &format!("{base}{s}")))
     }
 
     /// Keys of a read-write lock: holds, fence, queue, waiter data, hold expiries.
@@ -324,10 +360,21 @@ impl RedisBackend {
         let channel = self.channel(&key.name);
         let args = [attempt, token, channel.as_str(), mode];
         let cmd = match family(key.kind)? {
-            Family::Mutex { .. } => {
+            Family::Mutex {
+                election: false, ..
+            } => {
                 let keys = self.keys(&key.name);
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 self.scripts.release.cmd(&keys, &args)
+            }
+            Family::Mutex { election: true, .. } => {
+                let keys = self.mutex_keys(&key.name, true);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let channel = self.mutex_channel(&key.name, true);
+                let observe = self.observe_channel(&key.name);
+                self.scripts
+                    .release
+                    .cmd(&keys, &[attempt, token, &channel, mode, &observe])
             }
             Family::Rw { .. } => {
                 let keys = self.rw_keys(&key.name);
@@ -460,17 +507,40 @@ async fn check_eviction(con: &mut ConnectionManager, endpoint: &str) {
     }
 }
 
+/// Key suffix of an election, after `NS:{NAME}`.
+const ELECTION: &str = ":election";
+
 /// Which scripts and keys a lock kind uses.
 enum Family {
-    Mutex { fair: bool },
-    Rw { side: &'static str },
-    Sem { permits: u32, limit: u32 },
+    /// A mutex, plain or fair, or an election (a mutex under its own keys whose grant
+    /// carries the leader's value).
+    Mutex {
+        fair: bool,
+        election: bool,
+    },
+    Rw {
+        side: &'static str,
+    },
+    Sem {
+        permits: u32,
+        limit: u32,
+    },
 }
 
 fn family(kind: LockKind) -> Result<Family> {
     Ok(match kind {
-        LockKind::Mutex => Family::Mutex { fair: false },
-        LockKind::Fair => Family::Mutex { fair: true },
+        LockKind::Mutex => Family::Mutex {
+            fair: false,
+            election: false,
+        },
+        LockKind::Fair => Family::Mutex {
+            fair: true,
+            election: false,
+        },
+        LockKind::Election => Family::Mutex {
+            fair: false,
+            election: true,
+        },
         LockKind::Read => Family::Rw { side: "r" },
         LockKind::Write => Family::Rw { side: "w" },
         LockKind::Semaphore { permits, limit } => Family::Sem { permits, limit },
@@ -517,6 +587,10 @@ impl Backend for RedisBackend {
         self.endpoint.clone()
     }
 
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::all().with(LockKind::Election)
+    }
+
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         let waiter_ttl = req
             .waiter_ttl
@@ -526,13 +600,26 @@ impl Backend for RedisBackend {
         let attempt = req.attempt.as_str();
         let owner: &str = &req.key.owner;
         let cmd = match family(req.key.kind)? {
-            Family::Mutex { fair } => {
+            Family::Mutex {
+                fair,
+                election: false,
+            } => {
                 let keys = self.keys(&req.key.name);
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let fair = if fair { "1" } else { "0" };
                 self.scripts
                     .acquire
                     .cmd(&keys, &[attempt, owner, &lease, &waiter_ttl, fair])
+            }
+            Family::Mutex { election: true, .. } => {
+                let keys = self.mutex_keys(&req.key.name, true);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let value = req.value.as_deref().unwrap_or_default();
+                let observe = self.observe_channel(&req.key.name);
+                self.scripts.acquire.cmd(
+                    &keys,
+                    &[attempt, owner, &lease, &waiter_ttl, "0", value, &observe],
+                )
             }
             Family::Rw { side } => {
                 let keys = self.rw_keys(&req.key.name);
@@ -604,13 +691,16 @@ impl Backend for RedisBackend {
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let channel = self.channel(&req.key.name);
         // A mutex handoff (or the wake-up of a dead queue entry) goes to the attempt's own
         // channel only; the lock's channel carries the rest (a forced release, the read-write
         // and semaphore scripts, a Redlock node's release).
-        let direct = match family(req.key.kind)? {
-            Family::Mutex { .. } => Some(format!("{channel}:{}", req.attempt.as_str())),
-            _ => None,
+        let (channel, direct) = match family(req.key.kind)? {
+            Family::Mutex { election, .. } => {
+                let channel = self.mutex_channel(&req.key.name, election);
+                let direct = format!("{channel}:{}", req.attempt.as_str());
+                (channel, Some(direct))
+            }
+            _ => (self.channel(&req.key.name), None),
         };
         self.subscriber.watch(channel, direct, &req.attempt).await
     }
@@ -641,6 +731,34 @@ impl Backend for RedisBackend {
 
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         renew::renew(self, holds).await
+    }
+
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        let name = &grant.key.name;
+        let cmd = self.scripts.proclaim.cmd(
+            &[&self.mutex_keys(name, true)[0]],
+            &[
+                grant.attempt.as_str(),
+                &grant.token.to_string(),
+                &seq.to_string(),
+                value,
+                &self.observe_channel(name),
+            ],
+        );
+        let v = self.eval(&cmd).await?;
+        match int(&v) {
+            Some(1) => Ok(RenewOutcome::Renewed),
+            Some(0) => Ok(RenewOutcome::NotHeld),
+            _ => Err(shape("proclaim", &v)),
+        }
+    }
+
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        // An attempt of its own: the channel carries no handoffs, every message wakes it.
+        let me = AttemptId::new();
+        self.subscriber
+            .watch(self.observe_channel(name), None, &me)
+            .await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {

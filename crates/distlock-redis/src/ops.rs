@@ -33,10 +33,18 @@ enum Fam {
     Sem,
     /// Only the fencing counter is left (a lock used and released).
     Fence,
+    /// An election's keys (`NAME}:election...`).
+    Election,
+    /// Only an election's fencing counter is left.
+    ElectionFence,
 }
 
 /// Key suffixes after `NS:{NAME`, longest first so that `}:rw:queue` wins over nothing shorter.
 const SUFFIXES: &[(&str, Fam)] = &[
+    ("}:election:waiters", Fam::Election),
+    ("}:election:queue", Fam::Election),
+    ("}:election:fence", Fam::ElectionFence),
+    ("}:election", Fam::Election),
     ("}:sem:waiters", Fam::Sem),
     ("}:rw:waiters", Fam::Rw),
     ("}:sem:queue", Fam::Sem),
@@ -118,9 +126,12 @@ pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLoc
     .await?;
     let mut out = Vec::new();
     for (name, fams) in names {
+        let has_election = fams.contains(&Fam::Election);
         // The counter is shared by every family of the name: report it alone only when
         // nothing else of the name is left.
-        let only_fence = fams.iter().all(|f| *f == Fam::Fence);
+        let only_fence = fams
+            .iter()
+            .all(|f| matches!(f, Fam::Fence | Fam::ElectionFence));
         for fam in fams {
             let kind = match fam {
                 Fam::Mutex => LockKind::Mutex,
@@ -132,6 +143,10 @@ pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLoc
                 },
                 Fam::Fence if only_fence => LockKind::Mutex,
                 Fam::Fence => continue,
+                Fam::Election => LockKind::Election,
+                // An election used and resigned: reported once, as the election.
+                Fam::ElectionFence if !has_election => LockKind::Election,
+                Fam::ElectionFence => continue,
             };
             let mut info = distlock_core::Backend::inspect(b, &name, kind).await?;
             let kind = match kind {
@@ -158,8 +173,8 @@ pub(crate) async fn force_release(
     let fam = family(kind)?;
     // KEYS[3] must be a name of the same slot; for the mutex it is only passed, never written.
     let (holds, third, has_exp) = match fam {
-        Family::Mutex { .. } => {
-            let [h, _, q, _] = b.keys(name);
+        Family::Mutex { election, .. } => {
+            let [h, _, q, _] = b.mutex_keys(name, election);
             (h, q, false)
         }
         Family::Rw { .. } => {
@@ -172,12 +187,22 @@ pub(crate) async fn force_release(
         }
     };
     let mut con = b.con.clone();
-    let reply: Value = redis::Script::new(FORCE_RELEASE)
+    let election = matches!(fam, Family::Mutex { election: true, .. });
+    let script = redis::Script::new(FORCE_RELEASE);
+    let mut invocation = script.prepare_invoke();
+    invocation
         .key(&holds)
-        .key(b.fence_key(name))
+        .key(match election {
+            true => b.mutex_fence_key(name, true),
+            false => b.fence_key(name),
+        })
         .key(&third)
-        .arg(b.channel(name))
-        .arg(if has_exp { "1" } else { "0" })
+        .arg(b.mutex_channel(name, election))
+        .arg(if has_exp { "1" } else { "0" });
+    if election {
+        invocation.arg(b.observe_channel(name));
+    }
+    let reply: Value = invocation
         .invoke_async(&mut con)
         .await
         .map_err(|e| b.err(e))?;
@@ -407,6 +432,18 @@ mod tests {
         assert_eq!(
             parse_key("dlock", "dlock:{f}:fence"),
             Some(("f", Fam::Fence))
+        );
+        assert_eq!(
+            parse_key("dlock", "dlock:{e}:election"),
+            Some(("e", Fam::Election))
+        );
+        assert_eq!(
+            parse_key("dlock", "dlock:{e}:election:queue"),
+            Some(("e", Fam::Election))
+        );
+        assert_eq!(
+            parse_key("dlock", "dlock:{e}:election:fence"),
+            Some(("e", Fam::ElectionFence))
         );
         assert_eq!(parse_key("dlock", "dlock:{x}:epoch"), None);
         assert_eq!(parse_key("dlock", "other:{x}"), None);

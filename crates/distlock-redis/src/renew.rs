@@ -60,7 +60,10 @@ impl Keys {
     fn of(b: &RedisBackend, grant: &GrantRef) -> Result<Keys> {
         let name = &grant.key.name;
         Ok(match family(grant.key.kind)? {
-            Family::Mutex { .. } => Keys::Mutex(b.lock_key(name)),
+            Family::Mutex { election, .. } => {
+                let [hash, _, _, _] = b.mutex_keys(name, election);
+                Keys::Mutex(hash)
+            }
             Family::Rw { .. } => {
                 let [holds, _, _, _, exp] = b.rw_keys(name);
                 Keys::Expiring(holds, exp)

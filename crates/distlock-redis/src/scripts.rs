@@ -45,8 +45,9 @@ impl Script {
     }
 }
 
-/// The scripts: the reentrant (and fair) mutex, the read-write lock, the semaphore (the
-/// renewal of every family is `crate::renew`'s one script).
+/// The scripts: the reentrant (and fair) mutex, which elections share under their own keys,
+/// the read-write lock, the semaphore, an election's proclamation (the renewal of every
+/// family is `crate::renew`'s one script).
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
@@ -54,6 +55,7 @@ pub(crate) struct Scripts {
     pub(crate) rw_release: Script,
     pub(crate) sem_acquire: Script,
     pub(crate) sem_release: Script,
+    pub(crate) proclaim: Script,
 }
 
 impl Scripts {
@@ -65,12 +67,13 @@ impl Scripts {
             rw_release: Script::new(expiring!("rw_release.lua")),
             sem_acquire: Script::new(expiring!("sem_acquire.lua")),
             sem_release: Script::new(expiring!("sem_release.lua")),
+            proclaim: Script::new(include_str!("../scripts/proclaim.lua")),
         }
     }
 
     /// Every script a connection runs (loaded at connect, reloaded together on NOSCRIPT),
     /// with the batched renewal (`crate::renew`).
-    pub(crate) fn all(&self) -> [&Script; 7] {
+    pub(crate) fn all(&self) -> [&Script; 8] {
         [
             &self.acquire,
             &self.release,
@@ -78,6 +81,7 @@ impl Scripts {
             &self.rw_release,
             &self.sem_acquire,
             &self.sem_release,
+            &self.proclaim,
             crate::renew::script(),
         ]
     }
