@@ -548,3 +548,126 @@ async fn foreign_data_is_an_unexpected_reply() {
         .expect_err("foreign counter");
     assert!(matches!(err, Error::UnexpectedReply { .. }), "{err:?}");
 }
+
+/// A queued candidate's value (here with colons and digits, like the waiter data's own
+/// separators, and an owner with colons) travels with the handoff; a candidate that gives up
+/// after being handed the election passes it on to the next one, with that one's value; an
+/// empty value stays empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_travel_with_handoffs_and_give_ups() {
+    use distlock_core::backend::{AcquireReply, AcquireRequest, LostSignal};
+    let server = RedisServer::start().expect("redis");
+    let (_, backend) = client_for(&server.url(), long_opts()).await;
+    let name = unique_name("el-values");
+    let request = |owner: &str, value: &str| {
+        let mut r = AcquireRequest::new(
+            HoldKey::new(name.as_str(), owner, LockKind::Election),
+            Duration::from_secs(30),
+            LostSignal::new(),
+        );
+        r.waiter_ttl = Some(Duration::from_secs(30));
+        r.value = Some(value.into());
+        r
+    };
+    let (a, b, c) = (
+        request("a", "first"),
+        request("b:1:2", "12:34:5:x y"),
+        request("c", ""),
+    );
+    let token_a = match backend.acquire(&a).await.expect("a") {
+        AcquireReply::Granted { token } => token,
+        other => panic!("{other:?}"),
+    };
+    for r in [&b, &c] {
+        let out = backend.acquire(r).await.expect("queue");
+        assert!(matches!(out, AcquireReply::Held { .. }), "{out:?}");
+    }
+    // A retry of a's grant changes neither its value nor its token.
+    let again = backend.acquire(&a).await.expect("retry");
+    assert_eq!(again, AcquireReply::Granted { token: token_a });
+    assert_eq!(hget(&server, &name, "value"), "first");
+    backend.release(&a.grant(token_a)).await.expect("release");
+    // Two arrivals in one millisecond are ordered by attempt id: either may be first.
+    let value_of = |owner: &str| if owner == "c" { "" } else { "12:34:5:x y" };
+    let first = hget(&server, &name, "owner");
+    assert!(first == "b:1:2" || first == "c", "{first}");
+    assert_eq!(hget(&server, &name, "value"), value_of(&first));
+    assert_eq!(hget(&server, &name, "seq"), "0");
+    let info = backend
+        .inspect(&name, LockKind::Election)
+        .await
+        .expect("inspect");
+    assert_eq!(info.holders[0].value.as_deref(), Some(value_of(&first)));
+    assert!(info.fencing_token > token_a);
+    let (first_req, second_req) = if first == "c" { (&c, &b) } else { (&b, &c) };
+    // The first never heard of its handoff and gives up: the other leads, with its value.
+    backend.give_up(first_req).await.expect("give up");
+    let second = hget(&server, &name, "owner");
+    assert_eq!(second.as_str(), &*second_req.key.owner);
+    assert_eq!(hget(&server, &name, "value"), value_of(&second));
+    let info = backend
+        .inspect(&name, LockKind::Election)
+        .await
+        .expect("inspect");
+    assert_eq!(info.holders[0].value.as_deref(), Some(value_of(&second)));
+    assert_eq!(info.waiters, Some(0));
+    // The lock of the same name saw none of it.
+    let mutex = backend
+        .inspect(&name, LockKind::Mutex)
+        .await
+        .expect("inspect");
+    assert!(
+        mutex.holders.is_empty() && mutex.fencing_token == 0,
+        "{mutex:?}"
+    );
+    backend.give_up(second_req).await.expect("give up");
+    assert_eq!(
+        server
+            .command(&["EXISTS", &key(&name, "")])
+            .expect("EXISTS"),
+        "0"
+    );
+}
+
+/// A campaign whose reply is lost is retried with the same attempt: one grant, one token,
+/// the value stored once, and one resignation frees the election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn campaign_with_a_late_reply_is_one_grant() {
+    let server = RedisServer::start().expect("redis");
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let (p, _) = client_for(&proxied(&proxy), long_opts()).await;
+    let (r, _) = client_for(&server.url(), fast_opts()).await;
+    let name = unique_name("el-retrycamp");
+    let before = proxy.stats();
+    proxy.set_reply_delay(LATE);
+    let e = p.election(&name).expect("e");
+    let attempt = tokio::spawn(async move { e.try_campaign("v").await });
+    let t = Instant::now();
+    while proxy.stats().replies.chunks_read == before.replies.chunks_read {
+        assert!(t.elapsed() < EVENTUALLY, "no reply");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.heal();
+    let l = attempt
+        .await
+        .expect("join")
+        .expect("try_campaign")
+        .expect("leads");
+    let info = r
+        .inspect_kind(&name, LockKind::Election)
+        .await
+        .expect("inspect");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.fencing_token, l.fencing_token(), "a second token");
+    l.resign().await.expect("resign");
+    let again = r
+        .election(&name)
+        .expect("e")
+        .try_campaign("w")
+        .await
+        .expect("try");
+    assert!(
+        again.is_some(),
+        "one resignation did not free a retried campaign"
+    );
+}
