@@ -110,7 +110,7 @@ pub(crate) async fn inspect(b: &RedisBackend, name: &str, kind: LockKind) -> Res
     if let Some(l) = &limit_key {
         pipe.cmd("GET").arg(l);
     }
-    let mut con = b.con.clone();
+    let mut con = b.con.get();
     let mut vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| b.err(e))?;
     // Same shape for every family: no expiries (the hash's PTTL counts) and no limit.
     if exp_key.is_none() {

@@ -3,6 +3,7 @@
 
 mod address;
 mod builder;
+mod conn;
 mod error;
 mod inspect;
 mod ops;
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 /// The Redis backend. Build it with [`RedisBackend::connect`] (or through `distlock::connect`).
 pub struct RedisBackend {
-    con: ConnectionManager,
+    con: conn::Con,
     scripts: scripts::Scripts,
     subscriber: Arc<pubsub::Subscriber>,
     endpoint: String,
@@ -110,11 +111,7 @@ impl RedisBackend {
             password.as_ref(),
         )?;
         let cert_given = Some(client_cert.is_some());
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(opts.get_connect_timeout()))
-            .set_response_timeout(Some(opts.get_op_timeout()))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
+        let config = conn::config(opts);
         let con = tokio::time::timeout(
             opts.get_connect_timeout() * 2,
             ConnectionManager::new_with_config(client.clone(), config),
@@ -151,7 +148,10 @@ impl RedisBackend {
     /// cloned for every call, as `ConnectionManager` is meant to be) and `pubsub`, from which
     /// the backend opens **one more connection of its own**, a subscriber for release
     /// notifications (a `ConnectionManager` cannot subscribe). Both must reach the same
-    /// server (a master; not a cluster) with the credentials they were made with.
+    /// server (a master; not a cluster) with the credentials they were made with. After a
+    /// reply that timed out, the backend goes on with a connection it opens from `pubsub`
+    /// (a multiplexed connection that lost a request or reply inside its stream never
+    /// recovers by itself).
     ///
     /// The namespace is [`ClientOptions::namespace`]; `wait_replicas` is
     /// [`with_wait_replicas`](Self::with_wait_replicas). The scripts are loaded and checked
@@ -241,7 +241,7 @@ impl RedisBackend {
             .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
         check_eviction(&mut con, &endpoint).await;
         Ok(RedisBackend {
-            con,
+            con: conn::Con::new(con, client.clone(), opts),
             scripts,
             subscriber: pubsub::Subscriber::new(
                 client,
@@ -392,12 +392,15 @@ impl RedisBackend {
     }
 
     fn err(&self, e: redis::RedisError) -> Error {
+        if e.is_timeout() {
+            self.con.timed_out();
+        }
         map(&self.endpoint, e)
     }
 
     /// Runs one of the lock scripts (reloading them on NOSCRIPT).
     async fn eval(&self, cmd: &redis::Cmd) -> Result<Value> {
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         let (v, _) = scripts::eval(&mut con, &self.scripts.all(), cmd)
             .await
             .map_err(|e| self.err(e))?;
@@ -423,7 +426,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: PING changes nothing.
     pub async fn ping(&self) -> Result<()> {
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         redis::cmd("PING")
             .query_async::<()>(&mut con)
             .await
@@ -445,7 +448,7 @@ impl RedisBackend {
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone());
         pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         let vals = scripts::eval_pipe(&mut con, &self.scripts.all(), &pipe)
             .await
             .map_err(|e| self.err(e))?;

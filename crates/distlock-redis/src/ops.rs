@@ -89,7 +89,7 @@ pub(crate) async fn scan(
     pattern: &str,
     mut batch: impl FnMut(Vec<String>),
 ) -> Result<()> {
-    let mut con = b.con.clone();
+    let mut con = b.con.get();
     let mut cursor = 0u64;
     loop {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -186,7 +186,7 @@ pub(crate) async fn force_release(
             (h, e, true)
         }
     };
-    let mut con = b.con.clone();
+    let mut con = b.con.get();
     let election = matches!(fam, Family::Mutex { election: true, .. });
     let script = redis::Script::new(FORCE_RELEASE);
     let mut invocation = script.prepare_invoke();
@@ -275,7 +275,7 @@ fn unix_ms(t: SystemTime) -> i64 {
 }
 
 pub(crate) async fn diagnose(b: &RedisBackend) -> Result<Vec<Finding>> {
-    let mut con = b.con.clone();
+    let mut con = b.con.get();
     let info: String = redis::cmd("INFO")
         .query_async(&mut con)
         .await

@@ -284,7 +284,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: loading a script twice does no harm.
     pub async fn load_quorum_scripts(&self) -> Result<()> {
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         scripts::load(&mut con, &quorum_scripts().all())
             .await
             .map_err(|e| self.err(e))
@@ -298,7 +298,7 @@ impl RedisBackend {
         keys: &[&str],
         args: &[&str],
     ) -> Result<(Value, bool)> {
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         scripts::eval(&mut con, &quorum_scripts().all(), &script.cmd(keys, args))
             .await
             .map_err(|e| self.err(e))
@@ -604,7 +604,7 @@ impl RedisBackend {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             pipe.add_command(s.renew.cmd(&keys, &args));
         }
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         let vals = scripts::eval_pipe(&mut con, &s.all(), &pipe)
             .await
             .map_err(|e| self.err(e))?;
@@ -634,7 +634,7 @@ impl RedisBackend {
     /// Cancel safe: it only reads.
     pub async fn quorum_hold(&self, name: &str) -> Result<(Option<NodeHold>, u64)> {
         let lock = self.lock_key(name);
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
             .cmd("HGETALL")
             .arg(&lock)
@@ -666,7 +666,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn read_fence(&self, name: &str) -> Result<u64> {
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         let v: Option<String> = redis::cmd("GET")
             .arg(self.fence_key(name))
             .query_async(&mut con)
@@ -686,7 +686,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn node_epoch(&self) -> Result<(ServerInfo, Option<String>)> {
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         let (text, epoch, (secs, micros)): (String, Option<String>, (String, String)) =
             redis::pipe()
                 .cmd("INFO")
@@ -712,7 +712,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn lease_horizon(&self) -> Result<Option<Duration>> {
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         let pttl: i64 = redis::cmd("PTTL")
             .arg(self.horizon_key())
             .query_async(&mut con)
@@ -803,7 +803,7 @@ impl RedisBackend {
         let pattern = format!("{}*{suffix}", glob_escape(&prefix));
         let mut batches = Vec::new();
         crate::ops::scan(self, &pattern, |keys| batches.push(keys)).await?;
-        let mut con = self.con.clone();
+        let mut con = self.con.get();
         let mut out = Vec::new();
         for keys in batches {
             let vals: Vec<Option<String>> = redis::cmd("MGET")

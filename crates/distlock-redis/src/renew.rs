@@ -122,7 +122,7 @@ pub(crate) async fn renew(
     for chunk in holds.chunks(PER_SCRIPT) {
         pipe.add_command(command(b, chunk)?);
     }
-    let mut con = b.con.clone();
+    let mut con = b.con.get();
     let vals = scripts::eval_pipe(&mut con, &[&RENEW_MANY.script], &pipe)
         .await
         .map_err(|e| b.err(e))?;

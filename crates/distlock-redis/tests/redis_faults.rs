@@ -476,3 +476,25 @@ async fn connect_tolerates_config_disabled_and_evicting_servers() {
         );
     }
 }
+
+/// A request lost inside the connection's stream (a proxy that blackholes, then heals) leaves
+/// the multiplexed connection matching every later reply to a request that timed out long
+/// ago. The backend goes on with a fresh connection after a timeout, so the client works again
+/// as soon as the network does. (Before: every call after the heal timed out, for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_recovers_after_requests_lost_in_the_stream() {
+    let server = RedisServer::start().expect("redis");
+    let proxy = distlock_testkit::DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let (client, backend) = client_for(&url, fast_opts()).await;
+    proxy.set_blackhole(true);
+    let r = backend.ping().await;
+    assert!(matches!(r, Err(Error::Connection { .. })), "{r:?}");
+    proxy.heal();
+    let t = Instant::now();
+    let g = acquire_within(&client, &unique_name("recovers"), 5)
+        .await
+        .expect("the client never recovered");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    released(g).await;
+}

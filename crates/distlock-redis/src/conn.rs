@@ -1,0 +1,77 @@
+//! The command connection, replaced after a reply that never came.
+//!
+//! A `ConnectionManager` multiplexes requests on one connection and matches replies to
+//! requests in order. If a request or a reply is lost inside the stream (a middlebox that
+//! drops data, a proxy that blackholes and heals), the timed-out requests stay in flight
+//! forever and every later reply is matched to one of them: each later call times out too,
+//! and the manager never reconnects (it does so only when the connection drops). So after a
+//! response timeout this backend moves on to a fresh connection (opened lazily, at the next
+//! call); calls already in flight finish on the old one.
+
+use distlock_core::ClientOptions;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::sync::{Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+pub(crate) struct Con {
+    current: RwLock<ConnectionManager>,
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// When the connection was last replaced: at most one replacement per operation timeout
+    /// (a burst of timeouts from one stall replaces it once).
+    replaced: Mutex<Option<Instant>>,
+    gap: Duration,
+}
+
+/// The manager's settings for this client's options.
+pub(crate) fn config(opts: &ClientOptions) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(opts.get_connect_timeout()))
+        .set_response_timeout(Some(opts.get_op_timeout()))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(200))
+}
+
+impl Con {
+    /// `con`, replaced when needed by connections of `client` with `opts`' settings.
+    pub(crate) fn new(con: ConnectionManager, client: redis::Client, opts: &ClientOptions) -> Self {
+        Con {
+            current: RwLock::new(con),
+            client,
+            // A replacement is made after a timeout, maybe to a stalled server: it gets the
+            // time of one operation to connect, once (the core's retries try again), so a
+            // paused server costs each retry what it cost before.
+            config: config(opts)
+                .set_connection_timeout(Some(opts.get_op_timeout().min(opts.get_connect_timeout())))
+                .set_number_of_retries(0),
+            replaced: Mutex::new(None),
+            gap: opts.get_op_timeout(),
+        }
+    }
+
+    /// The connection to send the next call on (a cheap clone).
+    pub(crate) fn get(&self) -> ConnectionManager {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A call on the connection timed out: go on with a fresh one.
+    pub(crate) fn timed_out(&self) {
+        {
+            let mut last = self.replaced.lock().unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|t| t.elapsed() < self.gap) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(fresh) => {
+                tracing::debug!("a redis reply timed out; the next calls use a fresh connection");
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot make a fresh redis connection"),
+        }
+    }
+}
