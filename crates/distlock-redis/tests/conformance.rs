@@ -19,3 +19,4 @@ fn redis() -> ServerHarness<RedisServer> {
 
 distlock_testkit::conformance_suite!(redis());
 distlock_testkit::adversarial_suite!(redis());
+distlock_testkit::election_suite!(redis());
