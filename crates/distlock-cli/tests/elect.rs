@@ -260,7 +260,17 @@ fn leader_watch_prints_each_change() {
     );
     std::fs::write(&stop, b"").expect("stop file");
     assert_eq!(wait_exit(&mut a.0), Some(0));
-    assert_eq!(next()["led"], false);
+    // Nobody leads in the end. (A resigning process removes its holder line, then unlocks:
+    // an observer that reads in between, if the resigner is held up for more than its
+    // retries, sees an unnamed holder first.)
+    loop {
+        let l = next();
+        if l["led"] == false {
+            break;
+        }
+        let owner = l["owner"].as_str().unwrap_or_default();
+        assert!(owner.contains("unknown"), "{l}");
+    }
 }
 
 #[test]
