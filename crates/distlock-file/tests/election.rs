@@ -394,3 +394,53 @@ async fn observer_sees_a_silent_leader_die() {
     assert_eq!(pending.woken_after(killed_at).await.1, None);
     assert!(e.try_campaign("me").await.expect("try").is_some());
 }
+
+/// The threads of this process whose name starts with `prefix` (names are cut to 15 bytes).
+fn threads_named(prefix: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .count()
+}
+
+/// A dropped observer leaves no thread behind: its inotify thread ends, and its thread blocked
+/// on the leader's lock ends when that leader goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_observers_leave_no_threads() {
+    let dir = TempDir::new("elect-threads");
+    let c = client(dir.path());
+    let e = c.election(ELECTION).expect("election");
+    let l = client(dir.path())
+        .election(ELECTION)
+        .expect("election")
+        .campaign("v")
+        .await
+        .expect("campaign");
+    let mut observers = Vec::new();
+    for _ in 0..3 {
+        let mut o = e.observe();
+        assert!(next_change(&mut o, "the leader").await.is_some());
+        observers.push(o);
+    }
+    // (A new thread names itself once it runs.)
+    wait_until(
+        "an inotify thread and a thread on the lock per observer",
+        || async { threads_named("distlock-file-i") == 3 && threads_named("distlock-file-o") == 3 },
+    )
+    .await;
+    drop(observers);
+    wait_until("the inotify threads to end", || async {
+        threads_named("distlock-file-i") == 0
+    })
+    .await;
+    assert_eq!(l.resign().await.expect("resign"), ReleaseOutcome::Released);
+    wait_until("the threads on the leader's lock to end", || async {
+        threads_named("distlock-file-o") == 0
+    })
+    .await;
+}
