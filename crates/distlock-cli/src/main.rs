@@ -1,6 +1,7 @@
 //! `dlock`: run a command under a distributed lock, inspect locks.
 
 mod doctor;
+mod elect;
 mod inspect;
 mod kind;
 mod list;
@@ -27,6 +28,12 @@ enum Command {
     /// Run a command while holding a lock; exit with its exit code
     /// (75: not acquired within --wait, 76: lock lost while the command ran).
     Run(run::RunArgs),
+    /// Run a command only while this process leads an election (a hot standby); exit with
+    /// its exit code (75: not elected within --wait, 76: leadership lost while it ran).
+    Elect(elect::ElectArgs),
+    /// Show who leads an election, the value it advertises and its fencing token; with
+    /// --watch, every change.
+    Leader(elect::LeaderArgs),
     /// Show who holds a lock, its remaining lease and its last fencing token.
     Inspect(inspect::InspectArgs),
     /// List every lock the backend has state for: holders, waiters, last fencing token.
@@ -86,6 +93,8 @@ fn main() -> ExitCode {
     ExitCode::from(distlock_lab::block_on(async move {
         match cli.command {
             Command::Run(args) => run::run(&backend, args).await,
+            Command::Elect(args) => elect::elect(&backend, args).await,
+            Command::Leader(args) => elect::leader(&backend, args).await,
             Command::Inspect(args) => inspect::inspect(&backend, args).await,
             Command::List(args) => list::list(&backend, args).await,
             Command::Release(args) => release::release(&backend, args).await,

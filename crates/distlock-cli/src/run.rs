@@ -76,60 +76,126 @@ fn confirmed_end(sent: Duration, lease: Duration) -> Duration {
     (sent + lease).saturating_sub(distlock::drift(lease))
 }
 
-pub async fn run(url: &str, args: RunArgs) -> u8 {
-    if args.command.is_empty() {
-        eprintln!("dlock: no command given");
-        return crate::EXIT_ERROR;
-    }
-    let margin = margin(args.lease);
-    let grace = match args.grace {
-        Some(g) if g > max_grace(args.lease) => {
-            let fit = max_grace(args.lease);
+/// `--grace` fitted to `lease` (with a note when it had to be shortened).
+pub(crate) fn fit_grace(grace: Option<Duration>, lease: Duration) -> Duration {
+    match grace {
+        Some(g) if g > max_grace(lease) => {
+            let fit = max_grace(lease);
             eprintln!(
-                "dlock: --grace {g:?} does not fit in --lease {:?}; using {fit:?} so that the \
-                 command is stopped before the lease can end",
-                args.lease
+                "dlock: --grace {g:?} does not fit in --lease {lease:?}; using {fit:?} so that the \
+                 command is stopped before the lease can end"
             );
             fit
         }
         Some(g) => g,
         // The default quietly fits short leases.
-        None => DEFAULT_GRACE.min(max_grace(args.lease)),
-    };
+        None => DEFAULT_GRACE.min(max_grace(lease)),
+    }
+}
+
+pub async fn run(url: &str, args: RunArgs) -> u8 {
+    if args.command.is_empty() {
+        eprintln!("dlock: no command given");
+        return crate::EXIT_ERROR;
+    }
+    let grace = fit_grace(args.grace, args.lease);
     let (guard, attempt_sent) = match acquire(url, &args).await {
         Ok(g) => g,
         Err(code) => return code,
     };
+    let job = Job {
+        what: format!("lock `{}`", args.name),
+        name: args.name.clone(),
+        lease: args.lease,
+        grace,
+        command: &args.command,
+        env: Vec::new(),
+    };
+    supervise(guard, attempt_sent, job).await
+}
+
+/// What a supervised command runs under: a lock's guard, or an election's leadership.
+pub(crate) enum Held {
+    /// `dlock run`.
+    Lock(distlock::LockGuard),
+    /// `dlock elect`.
+    Leader(distlock::Leadership),
+}
+
+impl Held {
+    fn guard(&self) -> &distlock::LockGuard {
+        match self {
+            Held::Lock(g) => g,
+            Held::Leader(l) => l.guard(),
+        }
+    }
+
+    async fn release(self) -> distlock::Result<distlock::ReleaseOutcome> {
+        match self {
+            Held::Lock(g) => g.release().await,
+            Held::Leader(l) => l.resign().await,
+        }
+    }
+}
+
+/// The command to run while [`Held`] and how.
+pub(crate) struct Job<'a> {
+    /// `lock `NAME`` or `the leadership of election `NAME``, for messages.
+    pub(crate) what: String,
+    pub(crate) name: String,
+    pub(crate) lease: Duration,
+    pub(crate) grace: Duration,
+    pub(crate) command: &'a [String],
+    /// Added to the command's environment, after `DLOCK_NAME`, `DLOCK_FENCING_TOKEN` and
+    /// `DLOCK_OWNER`.
+    pub(crate) env: Vec<(&'static str, String)>,
+}
+
+/// Runs `job.command` while `held` lasts (acquired by an attempt sent at `attempt_sent`, boot
+/// clock) and releases it when the command ends; the exit code (see `RUN_HELP`).
+pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) -> u8 {
+    let Job {
+        what,
+        name,
+        lease,
+        grace,
+        command,
+        env: extra_env,
+    } = job;
+    let margin = margin(lease);
     let acquired = boot_now();
-    let guard = Arc::new(guard);
+    let guard = Arc::new(held);
     // A fresh confirmation: a long wait or a pause since the grant is measured here.
     let sent = boot_now();
-    let mut lease_end = confirmed_end(attempt_sent, args.lease);
-    match guard.extend(args.lease).await {
-        Ok(()) => lease_end = lease_end.max(confirmed_end(sent, args.lease)),
+    let mut lease_end = confirmed_end(attempt_sent, lease);
+    match guard.guard().extend(lease).await {
+        Ok(()) => lease_end = lease_end.max(confirmed_end(sent, lease)),
         Err(e) if e.is_not_owner() => {}
         Err(e) => eprintln!("dlock: confirming the lease failed ({e}); counting from the grant"),
     }
     let at = |t: Duration| fmt_at(t, acquired);
-    if guard.is_lost()
+    if guard.guard().is_lost()
         || boot_now() >= distlock_run::Schedule::for_lease(lease_end, grace, margin).term
     {
         eprintln!(
-            "dlock: lock `{}` was lost before the command could start (the confirmed lease \
+            "dlock: {what} was lost before the command could start (the confirmed lease \
              ends {}, it is now {}); not running it",
-            args.name,
             at(lease_end),
             at(boot_now())
         );
         release(guard).await;
         return crate::EXIT_LOST;
     }
-    let env = [
-        ("DLOCK_NAME", args.name.clone()),
-        ("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string()),
-        ("DLOCK_OWNER", guard.owner().to_string()),
+    let mut env = vec![
+        ("DLOCK_NAME", name.clone()),
+        (
+            "DLOCK_FENCING_TOKEN",
+            guard.guard().fencing_token().to_string(),
+        ),
+        ("DLOCK_OWNER", guard.guard().owner().to_string()),
     ];
-    let group = match Supervisor::spawn(&args.command, &env, grace, margin, lease_end) {
+    env.extend(extra_env);
+    let group = match Supervisor::spawn(command, &env, grace, margin, lease_end) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("dlock: cannot start the command's guard: {e}");
@@ -138,21 +204,21 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         }
     };
     let (end_tx, mut end_rx) = tokio::sync::watch::channel(lease_end);
-    let renewer = tokio::spawn(follow(guard.clone(), args.lease, end_tx));
-    let lost_signal = guard.lost_signal();
+    let renewer = tokio::spawn(follow(guard.clone(), lease, end_tx));
+    let lost_signal = guard.guard().lost_signal();
     let outcome = group
         .wait(&mut end_rx, lost_signal.lost(), |event| match event {
             Event::Stopping { lease_end, kill_at } => eprintln!(
-                "dlock: renewals of lock `{}` have not been confirmed; the lease ends {}: \
+                "dlock: renewals of {what} have not been confirmed; the lease ends {}: \
                      stopping the command (SIGTERM now, SIGKILL {})",
-                args.name,
                 at(lease_end),
                 at(kill_at)
             ),
-            Event::Lost(reason) => eprintln!(
-                "dlock: lock `{}` was lost while the command ran ({reason}); killing the command",
-                args.name
-            ),
+            Event::Lost(reason) => {
+                eprintln!(
+                    "dlock: {what} was lost while the command ran ({reason}); killing the command"
+                )
+            }
             _ => {}
         })
         .await;
@@ -161,21 +227,21 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
     let _ = renewer.await;
     let lease_end = *end_rx.borrow();
     let mut lost_seen = outcome.lost_seen;
-    if lost_seen.is_none() && guard.is_lost() {
-        lost_seen = guard.lost_signal().reason().map(|r| (seen_end, r));
+    if lost_seen.is_none() && guard.guard().is_lost() {
+        lost_seen = guard.guard().lost_signal().reason().map(|r| (seen_end, r));
     }
     let (ended, cmd_end) = match outcome.report {
         Some(Report::Ended(e, t)) => (e, t),
         Some(Report::Failed(code, msg)) => {
-            eprintln!("dlock: cannot run `{}`: {msg}", args.command[0]);
+            let program = command.first().map_or("", String::as_str);
+            eprintln!("dlock: cannot run `{program}`: {msg}");
             release(guard).await;
             return code;
         }
         Some(Report::LeaseTooShort) => {
             eprintln!(
-                "dlock: the lease of lock `{}` ran too short before the command could start \
+                "dlock: the lease of {what} ran too short before the command could start \
                  (it ends {}); not running it",
-                args.name,
                 at(lease_end)
             );
             release(guard).await;
@@ -198,10 +264,9 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
     match verdict(&facts) {
         Some(why) => {
             eprintln!(
-                "dlock: lock `{}` was lost before the command ended: {why}; the confirmed lease \
-                 ended {}, the command ended {} (times since the lock was acquired); the \
+                "dlock: {what} was lost before the command ended: {why}; the confirmed lease \
+                 ended {}, the command ended {} (times since it was acquired); the \
                  command's own status was {}",
-                args.name,
                 at(lease_end),
                 at(cmd_end),
                 ended.exit_code()
@@ -224,7 +289,8 @@ fn fmt_at(t: Duration, origin: Duration) -> String {
 /// Follows the lease the core's watchdog renews (every lease/3; dlock's locks are all in
 /// watchdog mode) and publishes each confirmed lease end, on the boot clock. Ends when the
 /// lock is gone.
-async fn follow(guard: Arc<distlock::LockGuard>, lease: Duration, end: Sender<Duration>) {
+async fn follow(held: Arc<Held>, lease: Duration, end: Sender<Duration>) {
+    let guard = held.guard();
     let every = (lease / 20).clamp(Duration::from_millis(10), Duration::from_millis(250));
     while !guard.is_lost() {
         tokio::time::sleep(every).await;
@@ -247,7 +313,7 @@ async fn follow(guard: Arc<distlock::LockGuard>, lease: Duration, end: Sender<Du
 }
 
 /// Releases the lock; `Some(false)` if the server no longer had it, `None` on an error.
-async fn release(guard: Arc<distlock::LockGuard>) -> Option<bool> {
+async fn release(guard: Arc<Held>) -> Option<bool> {
     let guard = match Arc::try_unwrap(guard) {
         Ok(g) => g,
         // Another reference lives on (cannot happen once the renewer ended): dropping ours
@@ -269,7 +335,7 @@ async fn release(guard: Arc<distlock::LockGuard>) -> Option<bool> {
 /// True for errors that waiting cannot heal: the URL, the credentials, the kind of lock, the
 /// arguments. Everything else (connection, session, a lapsed place in the queue, a reply that
 /// made no sense once) is retried within `--wait`.
-fn is_permanent(e: &distlock::Error) -> bool {
+pub(crate) fn is_permanent(e: &distlock::Error) -> bool {
     matches!(
         e,
         distlock::Error::InvalidUrl { .. }
@@ -281,35 +347,97 @@ fn is_permanent(e: &distlock::Error) -> bool {
 
 /// Connects and acquires within `--wait`, healing what can heal. Returns the guard and when
 /// (boot clock) the attempt that got it started.
-async fn acquire(url: &str, args: &RunArgs) -> Result<(distlock::LockGuard, Duration), u8> {
-    let opts = distlock::ClientOptions::default().watchdog_lease(args.lease);
-    let opts = if args.lease / 3 <= opts.get_op_timeout() {
-        opts.op_timeout((args.lease / 3).max(Duration::from_millis(50)))
+async fn acquire(url: &str, args: &RunArgs) -> Result<(Held, Duration), u8> {
+    let wanted = Wanted {
+        what: format!("lock `{}`", args.name),
+        name: &args.name,
+        lease: args.lease,
+        wait: args.wait,
+        others: "another owner held it the whole time",
+    };
+    obtain(url, &wanted, |c, left| {
+        let name = args.name.clone();
+        let kind = args.kind;
+        let owner = args.owner.clone();
+        Box::pin(async move {
+            match kind {
+                crate::kind::Kind::Semaphore(permits) => {
+                    let sem = c.semaphore(&name, permits)?;
+                    match left {
+                        None => sem.acquire(1).await,
+                        Some(l) => sem.acquire_timeout(1, l).await,
+                    }
+                }
+                kind => {
+                    let lock = kind.lock(&c, &name)?;
+                    let lock = match owner {
+                        Some(o) => lock.with_owner(o)?,
+                        None => lock,
+                    };
+                    match left {
+                        None => lock.acquire().await,
+                        Some(l) => lock.acquire_timeout(l).await,
+                    }
+                }
+            }
+            .map(Held::Lock)
+        })
+    })
+    .await
+}
+
+/// What [`obtain`] waits for.
+pub(crate) struct Wanted<'a> {
+    /// `lock `NAME``, for messages.
+    pub(crate) what: String,
+    pub(crate) name: &'a str,
+    pub(crate) lease: Duration,
+    pub(crate) wait: Option<Duration>,
+    /// Why nothing was got when no error came up: `another owner held it the whole time`.
+    pub(crate) others: &'static str,
+}
+
+/// Connects and runs `attempt` within `wanted.wait`, healing what can heal (a new client
+/// after a connection error, a backoff between tries). Returns what it got and when (boot
+/// clock) the attempt that got it started.
+pub(crate) async fn obtain(
+    url: &str,
+    wanted: &Wanted<'_>,
+    mut attempt: impl FnMut(
+        distlock::Client,
+        Option<Duration>,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = distlock::Result<Held>> + Send>,
+    >,
+) -> Result<(Held, Duration), u8> {
+    let opts = distlock::ClientOptions::default().watchdog_lease(wanted.lease);
+    let opts = if wanted.lease / 3 <= opts.get_op_timeout() {
+        opts.op_timeout((wanted.lease / 3).max(Duration::from_millis(50)))
     } else {
         opts
     };
-    let deadline = args.wait.map(|w| tokio::time::Instant::now() + w);
+    let deadline = wanted.wait.map(|w| tokio::time::Instant::now() + w);
     let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
     let mut client: Option<distlock::Client> = None;
     let mut last_err: Option<String> = None;
     let mut backoff = Duration::from_millis(100);
+    let what = &wanted.what;
     let timed_out = |last_err: &Option<String>| {
-        let waited = args.wait.unwrap_or_default();
+        let waited = wanted.wait.unwrap_or_default();
         match last_err {
-            Some(e) => eprintln!(
-                "dlock: lock `{}` was not acquired within {waited:?}; last error: {e}",
-                args.name
-            ),
+            Some(e) => {
+                eprintln!("dlock: {what} was not acquired within {waited:?}; last error: {e}")
+            }
             None => eprintln!(
-                "dlock: lock `{}` was not acquired within {waited:?}: another owner held it the whole time",
-                args.name
+                "dlock: {what} was not acquired within {waited:?}: {}",
+                wanted.others
             ),
         }
         crate::EXIT_NOT_ACQUIRED
     };
     loop {
         let attempt_sent = boot_now();
-        let result: distlock::Result<distlock::LockGuard> = async {
+        let result: distlock::Result<Held> = async {
             let c = match &client {
                 Some(c) => c.clone(),
                 None => {
@@ -319,8 +447,8 @@ async fn acquire(url: &str, args: &RunArgs) -> Result<(distlock::LockGuard, Dura
                             Ok(r) => r?,
                             Err(_) => {
                                 return Err(distlock::Error::Timeout {
-                                    name: args.name.clone(),
-                                    waited: args.wait.unwrap_or_default(),
+                                    name: wanted.name.to_owned(),
+                                    waited: wanted.wait.unwrap_or_default(),
                                 })
                             }
                         },
@@ -330,26 +458,7 @@ async fn acquire(url: &str, args: &RunArgs) -> Result<(distlock::LockGuard, Dura
                     c
                 }
             };
-            match args.kind {
-                crate::kind::Kind::Semaphore(permits) => {
-                    let sem = c.semaphore(&args.name, permits)?;
-                    match left() {
-                        None => sem.acquire(1).await,
-                        Some(l) => sem.acquire_timeout(1, l).await,
-                    }
-                }
-                kind => {
-                    let lock = kind.lock(&c, &args.name)?;
-                    let lock = match &args.owner {
-                        Some(o) => lock.with_owner(o.clone())?,
-                        None => lock,
-                    };
-                    match left() {
-                        None => lock.acquire().await,
-                        Some(l) => lock.acquire_timeout(l).await,
-                    }
-                }
-            }
+            attempt(c, left()).await
         }
         .await;
         match result {

@@ -1,6 +1,7 @@
 #![doc = include_str!("doc.md")]
 #![warn(missing_docs)]
 
+mod election;
 mod fs;
 mod location;
 mod mutex;
@@ -101,6 +102,13 @@ impl FileBackend {
         self.inner.path(name)
     }
 
+    /// The file of election `name`: `<hash>.election` (its `flock(LOCK_EX)` is the
+    /// leadership; the record carries the fencing counter, the leader and its value). See the
+    /// [crate documentation](crate#elections).
+    pub fn election_file(&self, name: &str) -> PathBuf {
+        self.inner.fpath(mutex::Flavor::Election, name)
+    }
+
     /// The files of read-write lock `name`: the lock itself (`<hash>.rw`), the turnstile
     /// (`<hash>.rw-turnstile`) and the record (`<hash>.rw-record`: fencing counter, name,
     /// holders). See the [crate documentation](crate#read-write-locks).
@@ -117,6 +125,7 @@ impl FileBackend {
                 endpoint,
                 instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
                 table: Mutex::new(HashMap::new()),
+                elections: Mutex::new(HashMap::new()),
                 rw: Mutex::new(HashMap::new()),
             }),
         })
@@ -134,6 +143,8 @@ struct Inner {
     instance: u64,
     /// Mutexes.
     table: Mutex<mutex::Table>,
+    /// Elections (mutexes on their own files).
+    elections: Mutex<mutex::Table>,
     /// Read-write locks.
     rw: Mutex<rw::RwTable>,
 }
@@ -152,17 +163,23 @@ impl Inner {
             .iter()
             .map(|(grant, _lease)| match rw::side_of(grant.key.kind) {
                 Some(side) => self.rw_renew(grant, side),
-                None if grant.key.kind == LockKind::Mutex => self.renew_mutex(grant),
+                None if mutex::Flavor::of(grant.key.kind).is_some() => self.renew_mutex(grant),
                 None => Ok(RenewOutcome::NotHeld),
             })
             .collect()
     }
 }
 
-/// What this backend implements: mutexes and read-write locks (no fair locks, no semaphores),
-/// with no lease expiry (the lease is the holder process's lifetime).
+/// What this backend implements: mutexes, read-write locks and elections (no fair locks, no
+/// semaphores), with no lease expiry (the lease is the holder process's lifetime).
 fn capabilities() -> Capabilities {
-    Capabilities::kinds(&[LockKind::Mutex, LockKind::Read, LockKind::Write]).lease_expiry(false)
+    Capabilities::kinds(&[
+        LockKind::Mutex,
+        LockKind::Read,
+        LockKind::Write,
+        LockKind::Election,
+    ])
+    .lease_expiry(false)
 }
 
 /// The core checks the kind before it calls a backend; a direct caller of the [`Backend`]
@@ -205,7 +222,8 @@ impl Backend for FileBackend {
         if let Some(side) = rw::side_of(key.kind) {
             return Ok(Box::new(self.inner.rw_watch(key, side)?));
         }
-        Ok(Box::new(self.inner.watch(&key.name)?))
+        let f = mutex::Flavor::of(key.kind).unwrap_or(mutex::Flavor::Mutex);
+        Ok(Box::new(self.inner.watch(f, &key.name)?))
     }
 
     /// Waits without polling: see the crate documentation. Every release wakes the waiters.
@@ -255,9 +273,10 @@ impl Backend for FileBackend {
         if rw::side_of(kind).is_some() {
             return self.inner.rw_inspect(name);
         }
+        let f = mutex::Flavor::of(kind).unwrap_or(mutex::Flavor::Mutex);
         const TRIES: u32 = 5;
         for i in 1..=TRIES {
-            if let Some(info) = self.inner.inspect_once(name, i == TRIES)? {
+            if let Some(info) = self.inner.inspect_once(f, name, i == TRIES)? {
                 return Ok(info);
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -266,6 +285,28 @@ impl Backend for FileBackend {
             KIND,
             format!("could not read a consistent record for lock `{name}`"),
         ))
+    }
+
+    /// Rewrites the election record with `value` if `grant` still leads and `seq` is above
+    /// the last proclamation's: see the crate documentation, section *Elections*.
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        check_key(&grant.key)?;
+        if grant.key.kind != LockKind::Election {
+            return Err(Error::invalid(format!(
+                "proclaim is for elections, not {} locks",
+                grant.key.kind.as_str()
+            )));
+        }
+        self.inner.renew_or_proclaim(grant, Some((seq, value)))
+    }
+
+    /// Woken through inotify by every change of the election's record (grants, proclamations,
+    /// resignations, by any process) and by a thread blocked in `flock(LOCK_SH)` when the
+    /// leader's lock goes (a leader that dies writes nothing).
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        check_kind(LockKind::Election)?;
+        distlock_core::validate_name(name)?;
+        Ok(Box::new(election::ObserveWatch::new(&self.inner, name)?))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {

@@ -39,6 +39,7 @@ pub(crate) async fn list(b: &FileBackend, prefix: &str) -> Result<Vec<ListedLock
     let entries = std::fs::read_dir(&inner.dir)
         .map_err(|e| inner.io_error(format!("cannot read {}", inner.dir.display()), e))?;
     let rw_suffix = format!(".{}", rw::RECORD);
+    let election_suffix = format!(".{}", crate::mutex::ELECTION);
     let mut found: Vec<(String, LockKind)> = Vec::new();
     for entry in entries.flatten() {
         let file_name = entry.file_name();
@@ -49,6 +50,8 @@ pub(crate) async fn list(b: &FileBackend, prefix: &str) -> Result<Vec<ListedLock
             LockKind::Mutex
         } else if file_name.ends_with(&rw_suffix) {
             LockKind::Write
+        } else if file_name.ends_with(&election_suffix) {
+            LockKind::Election
         } else {
             continue;
         };
@@ -110,7 +113,8 @@ pub(crate) fn force_release(inner: &Inner, name: &str, kind: LockKind) -> Result
         }
         return Err(held_error(name, &holders));
     }
-    let path = inner.path(name);
+    let flavor = crate::mutex::Flavor::of(kind).unwrap_or(crate::mutex::Flavor::Mutex);
+    let path = inner.fpath(flavor, name);
     let file = match OpenOptions::new().read(true).write(true).open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -138,6 +142,7 @@ pub(crate) fn force_release(inner: &Inner, name: &str, kind: LockKind) -> Result
         })?;
         rec.name = Some(name.to_owned());
         rec.holder = None;
+        rec.value = None;
         record::write(&file, &rec)
             .map_err(|e| inner.io_error(format!("cannot write lock file {}", path.display()), e))?;
         Ok(ForceReleased::new(Vec::new(), rec.token))

@@ -28,7 +28,8 @@ pub fn file_name(name: &str) -> String {
     format!("{:032x}.lock", fnv1a_128(name.as_bytes()))
 }
 
-/// The file of lock `name` with suffix `suffix` (`rw`, `rw-turnstile`, `rw-record`).
+/// The file of lock `name` with suffix `suffix` (`rw`, `rw-turnstile`, `rw-record`,
+/// `election`).
 pub(crate) fn rw_file_name(name: &str, suffix: &str) -> String {
     format!("{:032x}.{suffix}", fnv1a_128(name.as_bytes()))
 }
@@ -97,6 +98,11 @@ pub(crate) struct Record {
     pub(crate) holder: Option<HolderLine>,
     /// The holds of a read-write lock.
     pub(crate) holds: Vec<HoldLine>,
+    /// The value an election's leader advertises (`value` line, escaped; only while held).
+    pub(crate) value: Option<String>,
+    /// The number of the leader's last proclamation (`seq` line; 0: the value it was granted
+    /// with).
+    pub(crate) seq: u64,
 }
 
 impl Record {
@@ -110,6 +116,12 @@ impl Record {
         }
         if let Some(h) = &self.holder {
             s.push_str(&format!("holder {} {} {}\n", h.pid, h.count, h.owner));
+        }
+        if let Some(v) = &self.value {
+            s.push_str("value ");
+            s.push_str(&escape(v));
+            s.push('\n');
+            s.push_str(&format!("seq {}\n", self.seq));
         }
         for h in &self.holds {
             s.push_str(&format!(
@@ -169,6 +181,12 @@ impl Record {
                         _ => return Err(format!("its holder line `{value}` is malformed")),
                     }
                 }
+                "value" => rec.value = Some(unescape(value)),
+                "seq" => {
+                    rec.seq = value
+                        .parse::<u64>()
+                        .map_err(|_| format!("its seq `{value}` is not a number"))?
+                }
                 "hold" => rec.holds.push(
                     parse_hold(value)
                         .ok_or_else(|| format!("its hold line `{value}` is malformed"))?,
@@ -183,6 +201,43 @@ impl Record {
         rec.token = token.ok_or_else(|| "it has no `token` line".to_owned())?;
         Ok(rec)
     }
+}
+
+/// An election value on one line: `\` as `\\`, line feed as `\n`, carriage return as `\r`.
+fn escape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The reverse of [`escape`]; an unknown escape is kept as it is.
+fn unescape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    let mut chars = v.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('\\') => out.push('\\'),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
 }
 
 /// `r|w PID INSTANCE COUNT OWNER` (the owner may contain spaces).
@@ -281,6 +336,7 @@ mod tests {
                 owner: "host:7:abc:1 odd owner".into(),
             }),
             holds: Vec::new(),
+            ..Record::default()
         };
         assert_eq!(Record::parse(rec.encode().as_bytes()), Ok(rec.clone()));
         let free = Record {
@@ -317,6 +373,7 @@ mod tests {
                     owner: "r".into(),
                 },
             ],
+            ..Record::default()
         };
         let text = rec.encode();
         assert!(
@@ -349,9 +406,41 @@ mod tests {
             name: Some("n".into()),
             holder: None,
             holds: Vec::new(),
+            ..Record::default()
         }
         .encode()
         .into_bytes()
+    }
+
+    #[test]
+    fn election_values() {
+        for v in [
+            "",
+            "10.0.0.7:8080",
+            "a b\nc\\n\r\\",
+            "π {\"zone\": \"b\"}",
+            "\\",
+        ] {
+            let rec = Record {
+                token: 5,
+                name: Some("e".into()),
+                holder: Some(HolderLine {
+                    pid: 1,
+                    count: 1,
+                    owner: "o".into(),
+                }),
+                holds: Vec::new(),
+                value: Some(v.into()),
+                seq: 3,
+            };
+            let text = rec.encode();
+            assert_eq!(text.lines().count(), 7, "{text}");
+            assert_eq!(Record::parse(text.as_bytes()), Ok(rec), "{v:?}");
+        }
+        assert_eq!(unescape("a\\xb\\"), "a\\xb\\");
+        assert!(Record::parse(b"distlock-file 1\ntoken 1\nseq x\nend\n")
+            .unwrap_err()
+            .contains("seq"));
     }
 
     #[test]

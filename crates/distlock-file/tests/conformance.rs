@@ -42,3 +42,4 @@ fn file() -> ServerHarness<TempDir> {
 
 distlock_testkit::conformance_suite!(file());
 distlock_testkit::adversarial_suite!(file());
+distlock_testkit::election_suite!(file());

@@ -1,13 +1,17 @@
 //! Mutexes ([`LockKind::Mutex`]): one file per name, `<hash>.lock`, whose `flock(LOCK_EX)` is
 //! the lock and whose record carries the fencing counter. See the crate documentation,
 //! sections *The hold protocol* and *Why this is a mutex*.
+//!
+//! Elections ([`LockKind::Election`]) are mutexes of their own ([`Flavor::Election`]): one
+//! file per name, `<hash>.election`, with a table of their own, whose record also carries the
+//! leader's value and the number of its last proclamation (see `crate::election`).
 
 mod waiting;
 
 use crate::record::{self, HolderLine, Record};
 use crate::{sys, Inner};
 use distlock_core::{
-    AcquireReply, AcquireRequest, AttemptId, GrantRef, HoldKey, HolderInfo, LockInfo,
+    AcquireReply, AcquireRequest, AttemptId, GrantRef, HoldKey, HolderInfo, LockInfo, LockKind,
     ReleaseOutcome, RenewOutcome, Result,
 };
 use std::collections::HashMap;
@@ -16,6 +20,29 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, MutexGuard, PoisonError};
 use tokio::sync::Notify;
+
+/// The two kinds of lock this module implements: the same mutex on two sets of files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    /// A mutex: `<hash>.lock`.
+    Mutex,
+    /// An election: `<hash>.election`, its record with the leader's value.
+    Election,
+}
+
+impl Flavor {
+    /// The flavor of lock kind `kind`; `None` for the read-write sides.
+    pub(crate) fn of(kind: LockKind) -> Option<Flavor> {
+        match kind {
+            LockKind::Mutex => Some(Flavor::Mutex),
+            LockKind::Election => Some(Flavor::Election),
+            _ => None,
+        }
+    }
+}
+
+/// Suffix of an election's file.
+pub(crate) const ELECTION: &str = "election";
 
 /// What this backend knows about one lock name. Removed when idle.
 #[derive(Default)]
@@ -39,16 +66,36 @@ pub(crate) struct Entry {
 
 /// The one grant of this backend on a mutex: the attempt that won it, its token, and the
 /// descriptor whose `flock(LOCK_EX)` is the lock.
-struct Holder {
+pub(crate) struct Holder {
     attempt: AttemptId,
     owner: Arc<str>,
     file: File,
     token: u64,
+    /// An election leader's value (`None` for a mutex).
+    value: Option<Arc<str>>,
+    /// The number of the leader's last proclamation applied (0: none).
+    seq: u64,
 }
 
 impl Holder {
     fn is(&self, grant: &GrantRef) -> bool {
         self.attempt == grant.attempt && self.token == grant.token
+    }
+
+    /// The record of this grant.
+    fn record(&self, name: &str) -> Record {
+        Record {
+            token: self.token,
+            name: Some(name.to_owned()),
+            holder: Some(HolderLine {
+                pid: std::process::id(),
+                count: 1,
+                owner: self.owner.to_string(),
+            }),
+            holds: Vec::new(),
+            value: self.value.as_deref().map(str::to_owned),
+            seq: self.seq,
+        }
     }
 }
 
@@ -77,14 +124,26 @@ fn remove_if_idle(table: &mut Table, name: &str) {
 }
 
 impl Inner {
-    fn table(&self) -> MutexGuard<'_, Table> {
+    pub(crate) fn table(&self, f: Flavor) -> MutexGuard<'_, Table> {
+        let table = match f {
+            Flavor::Mutex => &self.table,
+            Flavor::Election => &self.elections,
+        };
         // The table is only changed by short, non-panicking updates; a poisoned lock still
         // holds consistent data.
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+        table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.join(record::file_name(name))
+    }
+
+    /// The lock file of `name` of flavor `f`.
+    pub(crate) fn fpath(&self, f: Flavor, name: &str) -> PathBuf {
+        match f {
+            Flavor::Mutex => self.path(name),
+            Flavor::Election => self.dir.join(record::rw_file_name(name, ELECTION)),
+        }
     }
 
     /// Rewrites the holder line (count changes, release). The line is informational, so a
@@ -100,7 +159,7 @@ impl Inner {
             token,
             name: Some(name.to_owned()),
             holder,
-            holds: Vec::new(),
+            ..Record::default()
         };
         if let Err(e) = record::write(file, &rec) {
             tracing::warn!(name, error = %e, "cannot update the holder line of the lock file");
@@ -114,15 +173,17 @@ impl Inner {
         req: &AcquireRequest,
         arm: bool,
     ) -> Result<AcquireReply> {
-        let mut table = self.table();
+        let f = flavor(&req.key);
+        let mut table = self.table(f);
         let entry = table.entry(req.key.name.clone()).or_default();
-        let r = self.try_acquire_in(entry, req, arm);
+        let r = self.try_acquire_in(f, entry, req, arm);
         remove_if_idle(&mut table, &req.key.name);
         r
     }
 
     fn try_acquire_in(
         self: &Arc<Self>,
+        f: Flavor,
         entry: &mut Entry,
         req: &AcquireRequest,
         arm: bool,
@@ -139,26 +200,26 @@ impl Inner {
         }
         if arm {
             if let Some(e) = entry.kernel_error.take() {
-                return Err(self.mutex_wait_error(&key.name, e));
+                return Err(self.mutex_wait_error(f, &key.name, e));
             }
         }
-        let path = self.path(&key.name);
+        let path = self.fpath(f, &key.name);
         // A few rounds in case the file is deleted or replaced while we lock it.
         for _ in 0..3 {
             let file = match entry.parked.take() {
                 Some(f) => f,
                 None => {
-                    let f = self.open_rw(&path)?;
-                    let got = sys::try_lock(&f, sys::Mode::Exclusive)
+                    let file = self.open_rw(&path)?;
+                    let got = sys::try_lock(&file, sys::Mode::Exclusive)
                         .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
                     if !got {
                         if arm && !entry.kernel_waiting {
                             // Wait on this very descriptor.
-                            self.arm(entry, &key.name, f)?;
+                            self.arm(f, entry, &key.name, file)?;
                         }
                         return Ok(AcquireReply::Held { ttl: None });
                     }
-                    f
+                    file
                 }
             };
             match sys::same_file(&file, &path) {
@@ -174,13 +235,19 @@ impl Inner {
                     return Err(self.io_error(format!("cannot stat {}", path.display()), e));
                 }
             }
-            return match self.grant(&file, &path, key) {
+            let value = match f {
+                Flavor::Mutex => None,
+                Flavor::Election => Some(req.value.clone().unwrap_or_else(|| Arc::from(""))),
+            };
+            return match self.grant(&file, &path, key, value.as_deref()) {
                 Ok(token) => {
                     entry.holder = Some(Holder {
                         attempt: req.attempt.clone(),
                         owner: key.owner.clone(),
                         file,
                         token,
+                        value,
+                        seq: 0,
                     });
                     Ok(AcquireReply::Granted { token })
                 }
@@ -200,9 +267,9 @@ impl Inner {
         ))
     }
 
-    /// Under the exclusive lock: next fencing token, written with the holder line before it is
-    /// returned.
-    fn grant(&self, file: &File, path: &Path, key: &HoldKey) -> Result<u64> {
+    /// Under the exclusive lock: next fencing token, written with the holder line (and an
+    /// election leader's value, at seq 0) before it is returned.
+    fn grant(&self, file: &File, path: &Path, key: &HoldKey, value: Option<&str>) -> Result<u64> {
         let rec = self.read_record(file, path)?;
         self.check_name(&rec, &key.name, path)?;
         let token = record::next_token(rec.token).ok_or_else(|| {
@@ -217,6 +284,8 @@ impl Inner {
                 owner: key.owner.to_string(),
             }),
             holds: Vec::new(),
+            value: value.map(str::to_owned),
+            seq: 0,
         };
         record::write(file, &new)
             .map_err(|e| self.io_error(format!("cannot write lock file {}", path.display()), e))?;
@@ -225,8 +294,9 @@ impl Inner {
 
     pub(crate) fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let name = &grant.key.name;
+        let f = flavor(&grant.key);
         {
-            let mut table = self.table();
+            let mut table = self.table(f);
             if let Some(entry) = table.get_mut(name) {
                 match &entry.holder {
                     Some(h) if h.is(grant) => {
@@ -242,7 +312,7 @@ impl Inner {
             }
         }
         // Not held here: held by another process, or by nobody.
-        Ok(if self.probe_held(name)? {
+        Ok(if self.probe_held(f, name)? {
             ReleaseOutcome::TakenByOther
         } else {
             ReleaseOutcome::Expired
@@ -263,7 +333,7 @@ impl Inner {
     /// received), give the lock back. Another attempt's grant is never touched.
     pub(crate) fn give_up(&self, req: &AcquireRequest) {
         let name = &req.key.name;
-        let mut table = self.table();
+        let mut table = self.table(flavor(&req.key));
         let Some(entry) = table.get_mut(name) else {
             return;
         };
@@ -279,8 +349,8 @@ impl Inner {
     }
 
     /// True if someone outside this backend's table holds the lock (non-blocking probe).
-    fn probe_held(&self, name: &str) -> Result<bool> {
-        let path = self.path(name);
+    pub(crate) fn probe_held(&self, f: Flavor, name: &str) -> Result<bool> {
+        let path = self.fpath(f, name);
         let Some(file) = self.open_existing(&path)? else {
             return Ok(false);
         };
@@ -293,18 +363,42 @@ impl Inner {
     }
 
     pub(crate) fn renew_mutex(&self, grant: &GrantRef) -> Result<RenewOutcome> {
+        self.renew_or_proclaim(grant, None)
+    }
+
+    /// Renews `grant` (a mutex's or an election's); with `proclaim = Some((seq, value))`,
+    /// also advertises `value` if `seq` is above the last proclamation's (an election's).
+    pub(crate) fn renew_or_proclaim(
+        &self,
+        grant: &GrantRef,
+        proclaim: Option<(u64, &str)>,
+    ) -> Result<RenewOutcome> {
         let key = &grant.key;
-        let mut table = self.table();
+        let f = flavor(key);
+        let mut table = self.table(f);
         let Some(entry) = table.get_mut(&key.name) else {
             return Ok(RenewOutcome::NotHeld);
         };
-        let Some(h) = entry.holder.as_ref().filter(|h| h.is(grant)) else {
+        let Some(h) = entry.holder.as_mut().filter(|h| h.is(grant)) else {
             return Ok(RenewOutcome::NotHeld);
         };
-        let path = self.path(&key.name);
+        let path = self.fpath(f, &key.name);
         let intact = sys::same_file(&h.file, &path)
             .map_err(|e| self.io_error(format!("cannot stat {}", path.display()), e))?;
         if intact {
+            if let Some((seq, value)) = proclaim {
+                if seq > h.seq {
+                    // Written under our exclusive lock; the table changes only once it is.
+                    let mut rec = h.record(&key.name);
+                    rec.value = Some(value.to_owned());
+                    rec.seq = seq;
+                    record::write(&h.file, &rec).map_err(|e| {
+                        self.io_error(format!("cannot write lock file {}", path.display()), e)
+                    })?;
+                    h.value = Some(Arc::from(value));
+                    h.seq = seq;
+                }
+            }
             return Ok(RenewOutcome::Renewed);
         }
         tracing::warn!(name = %key.name, path = %path.display(),
@@ -319,18 +413,25 @@ impl Inner {
 
     /// The state of a lock, under the table lock for this backend's holder, else from the file.
     /// `Err(None)` asks the caller to try again shortly (another process is mid-write).
-    pub(crate) fn inspect_once(&self, name: &str, last_try: bool) -> Result<Option<LockInfo>> {
+    pub(crate) fn inspect_once(
+        &self,
+        f: Flavor,
+        name: &str,
+        last_try: bool,
+    ) -> Result<Option<LockInfo>> {
         {
-            let table = self.table();
+            let table = self.table(f);
             if let Some(h) = table.get(name).and_then(|e| e.holder.as_ref()) {
+                let holder =
+                    HolderInfo::new(&*h.owner, 1).with_value(h.value.as_deref().map(str::to_owned));
                 return Ok(Some(
                     LockInfo::new(name)
-                        .with_holders(vec![HolderInfo::new(&*h.owner, 1)])
+                        .with_holders(vec![holder])
                         .with_fencing_token(h.token),
                 ));
             }
         }
-        let path = self.path(name);
+        let path = self.fpath(f, name);
         let Some(file) = self.open_existing(&path)? else {
             return Ok(Some(LockInfo::new(name)));
         };
@@ -350,7 +451,10 @@ impl Inner {
             Err(_) => return Ok(None),
         };
         let holder = match rec.holder {
-            Some(h) => HolderInfo::new(h.owner, h.count),
+            Some(h) => HolderInfo::new(h.owner, h.count).with_value(match f {
+                Flavor::Mutex => None,
+                Flavor::Election => Some(rec.value.unwrap_or_default()),
+            }),
             None if !last_try => return Ok(None),
             // Locked but no holder line: a process between locking and writing, or another
             // backend's waiting thread handing the lock over.
@@ -365,4 +469,9 @@ impl Inner {
                 .with_fencing_token(rec.token),
         ))
     }
+}
+
+/// The flavor of a key the backend checked (mutex or election).
+fn flavor(key: &HoldKey) -> Flavor {
+    Flavor::of(key.kind).unwrap_or(Flavor::Mutex)
 }

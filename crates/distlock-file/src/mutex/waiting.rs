@@ -2,7 +2,7 @@
 //! `flock(LOCK_EX)` and parks the lock it gets for the waiters (see the crate documentation,
 //! section *Waiting without polling*).
 
-use super::{remove_if_idle, Entry};
+use super::{remove_if_idle, Entry, Flavor};
 use crate::waiting::{self, Registration, Watch};
 use crate::{sys, Inner};
 use distlock_core::{AcquireRequest, Error, Granted, Result};
@@ -18,13 +18,14 @@ impl Inner {
     /// lock it gets may become a grant). The caller checked that no thread waits yet.
     pub(super) fn arm(
         self: &Arc<Self>,
+        f: Flavor,
         entry: &mut Entry,
         name: &Arc<str>,
         file: File,
     ) -> Result<()> {
         let name = name.clone();
         waiting::spawn_waiter(self, "distlock-file-wait", "the lock", move |inner| {
-            kernel_wait(inner, name, file)
+            kernel_wait(inner, f, name, file)
         })?;
         // The thread reports under the table lock, which we hold: it sees this flag set.
         entry.kernel_waiting = true;
@@ -32,17 +33,20 @@ impl Inner {
     }
 
     /// The error of a waiting thread whose `flock` failed, for the next waiter or watch.
-    pub(super) fn mutex_wait_error(&self, name: &str, e: io::Error) -> Error {
+    pub(super) fn mutex_wait_error(&self, f: Flavor, name: &str, e: io::Error) -> Error {
         self.io_error(
-            format!("cannot wait for lock file {}", self.path(name).display()),
+            format!(
+                "cannot wait for lock file {}",
+                self.fpath(f, name).display()
+            ),
             e,
         )
     }
 
     /// A watch of mutex `name`, catching releases by other processes from now on, not only
     /// from the first `changed`.
-    pub(crate) fn watch(self: &Arc<Self>, name: &Arc<str>) -> Result<Watch<Interest>> {
-        let (interest, notify, seen) = Interest::new(self, name, true);
+    pub(crate) fn watch(self: &Arc<Self>, f: Flavor, name: &Arc<str>) -> Result<Watch<Interest>> {
+        let (interest, notify, seen) = Interest::new(self, f, name, true);
         interest.rearm()?;
         Ok(Watch::new(interest, notify, seen))
     }
@@ -54,8 +58,9 @@ impl Inner {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let (_interest, notify, _) = Interest::new(self, &req.key.name, false);
-        let generation = || self.table().get(&req.key.name).map(|e| e.generation);
+        let f = super::flavor(&req.key);
+        let (_interest, notify, _) = Interest::new(self, f, &req.key.name, false);
+        let generation = || self.table(f).get(&req.key.name).map(|e| e.generation);
         let attempt = || self.try_acquire(req, true);
         waiting::wait_for(&notify, generation, attempt, deadline, cancel).await
     }
@@ -63,7 +68,7 @@ impl Inner {
 
 /// Body of the waiting thread of one lock name: blocks in `flock(LOCK_EX)`, then hands the lock
 /// to a waiter (parks it) or, if nobody waits any more, unlocks it at once.
-fn kernel_wait(inner: Weak<Inner>, name: Arc<str>, file: File) {
+fn kernel_wait(inner: Weak<Inner>, f: Flavor, name: Arc<str>, file: File) {
     let res = sys::lock_wait(&file);
     let Some(inner) = inner.upgrade() else {
         // The backend is gone.
@@ -72,7 +77,7 @@ fn kernel_wait(inner: Weak<Inner>, name: Arc<str>, file: File) {
         }
         return;
     };
-    let mut table = inner.table();
+    let mut table = inner.table(f);
     let entry = table.entry(name.clone()).or_default();
     entry.kernel_waiting = false;
     match res {
@@ -97,14 +102,20 @@ fn kernel_wait(inner: Weak<Inner>, name: Arc<str>, file: File) {
 /// A registered waiter or watch of one name; unregisters on drop.
 pub(crate) struct Interest {
     inner: Arc<Inner>,
+    flavor: Flavor,
     name: Arc<str>,
     watcher: bool,
 }
 
 impl Interest {
     /// Registers; returns the name's notifier and current generation.
-    fn new(inner: &Arc<Inner>, name: &Arc<str>, watcher: bool) -> (Interest, Arc<Notify>, u64) {
-        let mut table = inner.table();
+    fn new(
+        inner: &Arc<Inner>,
+        flavor: Flavor,
+        name: &Arc<str>,
+        watcher: bool,
+    ) -> (Interest, Arc<Notify>, u64) {
+        let mut table = inner.table(flavor);
         let entry = table.entry(name.clone()).or_default();
         if watcher {
             entry.watchers += 1;
@@ -113,6 +124,7 @@ impl Interest {
         }
         let reg = Interest {
             inner: inner.clone(),
+            flavor,
             name: name.clone(),
             watcher,
         };
@@ -122,7 +134,7 @@ impl Interest {
 
 impl Drop for Interest {
     fn drop(&mut self) {
-        let mut table = self.inner.table();
+        let mut table = self.inner.table(self.flavor);
         let Some(entry) = table.get_mut(&self.name) else {
             return;
         };
@@ -147,18 +159,22 @@ impl Drop for Interest {
 
 impl Registration for Interest {
     fn generation(&self) -> Option<u64> {
-        self.inner.table().get(&self.name).map(|e| e.generation)
+        self.inner
+            .table(self.flavor)
+            .get(&self.name)
+            .map(|e| e.generation)
     }
 
     fn rearm(&self) -> Result<()> {
-        let mut table = self.inner.table();
+        let f = self.flavor;
+        let mut table = self.inner.table(f);
         let entry = table.entry(self.name.clone()).or_default();
         if let Some(e) = entry.kernel_error.take() {
-            return Err(self.inner.mutex_wait_error(&self.name, e));
+            return Err(self.inner.mutex_wait_error(f, &self.name, e));
         }
         if entry.holder.is_none() && entry.parked.is_none() && !entry.kernel_waiting {
-            let file = self.inner.open_rw(&self.inner.path(&self.name))?;
-            self.inner.arm(entry, &self.name, file)?;
+            let file = self.inner.open_rw(&self.inner.fpath(f, &self.name))?;
+            self.inner.arm(f, entry, &self.name, file)?;
         }
         Ok(())
     }

@@ -1,0 +1,318 @@
+//! Observing an election ([`Backend::observe`](distlock_core::Backend::observe)): see the
+//! crate documentation, section *Elections*.
+//!
+//! An election is a mutex on `<hash>.election` (see [`crate::mutex::Flavor`]); every change of
+//! its state but one rewrites its record: a grant (holder and value), a proclamation (value and
+//! seq), a resignation (the holder line removed). Those are seen through **inotify** on the
+//! file (`IN_MODIFY`, `IN_CLOSE_WRITE`), from this process and every other, by a thread that
+//! blocks in `poll` on the inotify descriptor (and on an eventfd that ends it when the watch is
+//! dropped). The one change that writes nothing is the leader's death: the kernel drops its
+//! `flock` when its last descriptor closes. That is seen by a thread that blocks in
+//! `flock(LOCK_SH)` on a descriptor of its own while someone holds the lock, and returns the
+//! instant the lock goes (it then unlocks at once). inotify's close event is no substitute: the
+//! kernel sends it *before* it removes the dead process's lock, so an observer woken by it
+//! could still find the lock held.
+//!
+//! Threads, not tokio's reactor: the watch works on any tokio runtime, I/O driver or not.
+
+use crate::mutex::Flavor;
+use crate::{sys, Inner};
+use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
+use distlock_core::Result;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::Notify;
+
+/// The inotify events that mean the record may have changed.
+const CHANGES: u32 = libc::IN_MODIFY | libc::IN_CLOSE_WRITE | libc::IN_ATTRIB;
+/// The events that mean the watched file is no longer the election's file.
+const GONE: u32 = libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_IGNORED;
+/// The part of [`GONE`] one asks for (the kernel sends `IN_IGNORED` unasked).
+const WATCHED_GONE: u32 = libc::IN_DELETE_SELF | libc::IN_MOVE_SELF;
+
+/// What the watch's threads tell it.
+#[derive(Default)]
+struct Signals {
+    /// inotify reported a change of the record since the watch last looked.
+    changed: AtomicBool,
+    /// The inotify thread ended: the file was deleted or replaced, or inotify failed.
+    broken: Mutex<Option<io::Error>>,
+    /// Woken (`notify_one`: the permit is stored) after each of the above and each death.
+    notify: Notify,
+}
+
+impl Signals {
+    fn ring(&self) {
+        self.notify.notify_one();
+    }
+}
+
+/// One death thread's flag: the lock it waited on was released (or its `flock` failed).
+type Died = Arc<AtomicBool>;
+
+/// One observer's subscription to an election: the inotify thread, and the thread that
+/// notices the leader's lock go.
+pub(crate) struct ObserveWatch {
+    inner: Arc<Inner>,
+    path: PathBuf,
+    signals: Arc<Signals>,
+    /// Written to end the inotify thread when the watch is dropped.
+    stop: Arc<OwnedFd>,
+    /// The death thread blocked in `flock(LOCK_SH)` while the lock is held, if one runs.
+    death: Option<Died>,
+}
+
+impl Drop for ObserveWatch {
+    fn drop(&mut self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd. A failure leaves the thread
+        // blocked until the next event on the file, which it then reports to nobody; it ends
+        // when the file is deleted or the process exits.
+        unsafe {
+            libc::write(
+                self.stop.as_raw_fd(),
+                std::ptr::from_ref(&one).cast(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
+}
+
+impl ObserveWatch {
+    /// Subscribes to election `name` from now on: inotify first, then the death thread if the
+    /// election is led now (so a leader that dies right after this returns is seen).
+    pub(crate) fn new(inner: &Arc<Inner>, name: &str) -> Result<ObserveWatch> {
+        let path = inner.fpath(Flavor::Election, name);
+        // The file must exist to be watched: create it as a candidate would (empty: a fresh
+        // election). Lock files are never deleted.
+        drop(inner.open_rw(&path)?);
+        let inotify = watch_file(&path).map_err(|e| {
+            inner.io_error(format!("cannot watch {} with inotify", path.display()), e)
+        })?;
+        // SAFETY: no pointers; the flags are valid.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(inner.io_error(
+                "cannot create an eventfd".to_owned(),
+                io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: `efd` is a new descriptor that nothing else owns.
+        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+        let signals = Arc::new(Signals::default());
+        let (theirs, their_stop, their_path) = (signals.clone(), stop.clone(), path.clone());
+        std::thread::Builder::new()
+            .name("distlock-file-inotify".into())
+            .stack_size(256 * 1024)
+            .spawn(move || inotify_thread(inotify, &their_stop, &theirs, &their_path))
+            .map_err(|e| {
+                inner.io_error("cannot start a thread to watch the election".to_owned(), e)
+            })?;
+        let mut w = ObserveWatch {
+            inner: inner.clone(),
+            path,
+            signals,
+            stop,
+            death: None,
+        };
+        w.arm_death()?;
+        Ok(w)
+    }
+
+    /// Starts the death thread if the election is led now and none runs.
+    fn arm_death(&mut self) -> Result<()> {
+        if self.death.is_some() {
+            return Ok(());
+        }
+        let path = &self.path;
+        let file = std::fs::File::open(path).map_err(|e| {
+            self.inner
+                .io_error(format!("cannot open {}", path.display()), e)
+        })?;
+        let free = sys::try_lock(&file, sys::Mode::Shared).map_err(|e| {
+            self.inner
+                .io_error(format!("cannot probe {}", path.display()), e)
+        })?;
+        if free {
+            // Nobody leads: the next leader's grant writes the record, which inotify reports.
+            sys::unlock_and_close(file);
+            return Ok(());
+        }
+        let died: Died = Arc::new(AtomicBool::new(false));
+        let (their_died, signals) = (died.clone(), self.signals.clone());
+        std::thread::Builder::new()
+            .name("distlock-file-observe".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                match sys::lock_blocking(&file, sys::Mode::Shared) {
+                    Ok(()) => sys::unlock_and_close(file),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "waiting for the election's leader failed")
+                    }
+                }
+                their_died.store(true, Ordering::SeqCst);
+                signals.ring();
+            })
+            .map_err(|e| {
+                self.inner.io_error(
+                    "cannot start a thread to watch the election's leader".to_owned(),
+                    e,
+                )
+            })?;
+        self.death = Some(died);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ReleaseWatch for ObserveWatch {
+    async fn changed(&mut self) -> Result<Wake> {
+        loop {
+            let died = self
+                .death
+                .as_ref()
+                .is_some_and(|d| d.load(Ordering::SeqCst));
+            if died {
+                self.death = None;
+            }
+            if died || self.signals.changed.swap(false, Ordering::SeqCst) {
+                // Before the observer reads the state: a later leader's death is seen.
+                self.arm_death()?;
+                return Ok(Wake::Released);
+            }
+            let broken = self
+                .signals
+                .broken
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(e) = broken {
+                return Err(self.inner.io_error(
+                    format!("the watch of election file {} ended", self.path.display()),
+                    e,
+                ));
+            }
+            // `notify_one` stores a permit: a signal since the checks above is not missed.
+            let signals = self.signals.clone();
+            signals.notify.notified().await;
+        }
+    }
+}
+
+/// Body of the inotify thread: reports changes of the record until `stop` is written or the
+/// file is no longer watched.
+fn inotify_thread(inotify: OwnedFd, stop: &OwnedFd, signals: &Signals, path: &Path) {
+    let end = |e: io::Error| {
+        *signals
+            .broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(e);
+        signals.ring();
+    };
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: inotify.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfds; both descriptors are open.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return end(e);
+        }
+        if fds[1].revents != 0 {
+            // The watch was dropped.
+            return;
+        }
+        if fds[0].revents == 0 {
+            continue;
+        }
+        match drain(&inotify, path) {
+            Ok(true) => {
+                signals.changed.store(true, Ordering::SeqCst);
+                signals.ring();
+            }
+            Ok(false) => {}
+            Err(e) => return end(e),
+        }
+    }
+}
+
+/// Reads the pending inotify events: `Ok(true)` if any says the record may have changed,
+/// `Err` if the file is no longer watched (deleted or replaced).
+fn drain(inotify: &OwnedFd, path: &Path) -> io::Result<bool> {
+    let mut changed = false;
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: reads at most `buf.len()` bytes into `buf`, from a descriptor we own.
+        let n = unsafe { libc::read(inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock => Ok(changed),
+                io::ErrorKind::Interrupted => continue,
+                _ => Err(e),
+            };
+        }
+        let n = usize::try_from(n).unwrap_or(0);
+        if n == 0 {
+            return Ok(changed);
+        }
+        let mut at = 0;
+        let header = std::mem::size_of::<libc::inotify_event>();
+        while at + header <= n {
+            // SAFETY: the kernel wrote whole events; `read_unaligned` copes with any alignment
+            // of the buffer.
+            let ev: libc::inotify_event =
+                unsafe { std::ptr::read_unaligned(buf.as_ptr().add(at).cast()) };
+            if ev.mask & GONE != 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "the election file {} was deleted or replaced",
+                        path.display()
+                    ),
+                ));
+            }
+            if ev.mask & (CHANGES | libc::IN_Q_OVERFLOW) != 0 {
+                changed = true;
+            }
+            at += header + ev.len as usize;
+        }
+    }
+}
+
+/// A non-blocking inotify descriptor watching `path` for changes.
+fn watch_file(path: &Path) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte"))?;
+    // SAFETY: no pointers; the flags are valid.
+    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `c` is NUL-terminated and outlives the call; `fd` is open.
+    let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), CHANGES | WATCHED_GONE) };
+    if wd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
