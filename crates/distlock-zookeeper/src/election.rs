@@ -1,0 +1,325 @@
+//! Elections: Curator's `LeaderLatch` recipe, with fencing tokens and numbered proclamations.
+//!
+//! Election `name` lives in `/<chroot>/<ns>-election/<name>`. Each candidate is one ephemeral
+//! sequential `latch-` node there (a Curator `LeaderLatch` on that path is a candidate like
+//! any other); the lowest sequence number leads, the others each watch their predecessor. A
+//! dlock candidate's node is `_c_<attempt>-dlock=<owner>-latch-<seq>` and holds the value
+//! alone, so Curator's `getLeader().getId()` shows it. The value's proclamation number is the
+//! node's data version: a proclamation `seq` moves the version to exactly `seq` in one
+//! multi-op guarded by the version it read, so a retried or late one (version already `≥ seq`)
+//! changes nothing. The token is the leader node's creation zxid.
+
+use crate::error::{session_gone, KIND};
+use crate::layout::{self, Family, NodeKind};
+use crate::node::{anyone, token_of, DATA_ATTEMPTS};
+use crate::session::Inner;
+use distlock_core::backend::{async_trait, GrantRef, ReleaseWatch, RenewOutcome, Wake};
+use distlock_core::{Error, ForceReleased, HolderInfo, LockInfo, Result};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+/// The owner `inspect` reports for a leader dlock did not make (a Curator `LeaderLatch`).
+pub(crate) const NATIVE_OWNER: &str = "Curator LeaderLatch participant (not dlock)";
+
+/// Most data versions one multi-op of a proclamation moves a node by (each step is one
+/// set-data op; intermediate ones carry no data).
+const STEPS_PER_MULTI: i32 = 256;
+
+/// The leader's node as read: name, data, stat.
+struct LeaderNode {
+    name: String,
+    data: Vec<u8>,
+    stat: zk::Stat,
+}
+
+impl Inner {
+    /// The current leader of election `dir` (after a sync) and the number of candidates.
+    async fn leader_node(
+        &self,
+        sess: &crate::session::Session,
+        dir: &str,
+    ) -> Result<(Option<LeaderNode>, usize)> {
+        self.sync(sess, dir).await?;
+        for _ in 0..DATA_ATTEMPTS {
+            let queue = layout::queue(&self.list(sess, dir).await?, Family::Election);
+            let Some(head) = queue.first() else {
+                return Ok((None, 0));
+            };
+            let path = format!("{dir}/{}", head.name);
+            match self
+                .timed("reading the leader's node", sess.zk.get_data(&path))
+                .await?
+            {
+                Ok((data, stat)) => {
+                    return Ok((
+                        Some(LeaderNode {
+                            name: head.name.clone(),
+                            data,
+                            stat,
+                        }),
+                        queue.len(),
+                    ))
+                }
+                // It resigned between the two reads: the next one leads.
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(self.err("reading the leader's node", e)),
+            }
+        }
+        Err(crate::node::busy(&self.endpoint, dir))
+    }
+
+    /// `inspect(name, Election)`: the leader only, with its value and token.
+    pub(crate) async fn inspect_election(self: &Arc<Self>, name: &str) -> Result<LockInfo> {
+        let dir = self.dir(name, Family::Election);
+        let sess = self.session().await?;
+        let (leader, candidates) = self.leader_node(&sess, &dir).await?;
+        let Some(l) = leader else {
+            return Ok(LockInfo::new(name).with_waiters(Some(0)));
+        };
+        let token = token_of(&l.stat).ok_or_else(|| {
+            Error::unexpected(
+                KIND,
+                format!("node {dir}/{} has czxid {}", l.name, l.stat.czxid),
+            )
+        })?;
+        let owner = layout::latch_owner(&l.name).unwrap_or_else(|| NATIVE_OWNER.to_owned());
+        let value = String::from_utf8_lossy(&l.data).into_owned();
+        let waiters = u32::try_from(candidates.saturating_sub(1)).unwrap_or(u32::MAX);
+        Ok(LockInfo::new(name)
+            .with_holders(vec![HolderInfo::new(owner, 1).with_value(Some(value))])
+            .with_fencing_token(token)
+            .with_waiters(Some(waiters)))
+    }
+
+    /// `proclaim`: the node's data version becomes `seq`, its data `value`, unless the version
+    /// is `seq` or more already (a retry, or a late duplicate).
+    pub(crate) async fn proclaim(
+        self: &Arc<Self>,
+        grant: &GrantRef,
+        seq: u64,
+        value: &str,
+    ) -> Result<RenewOutcome> {
+        let target = i32::try_from(seq).map_err(|_| {
+            Error::invalid(format!(
+                "proclamation number {seq} is above ZooKeeper's data versions (2^31 - 1)"
+            ))
+        })?;
+        let sess = self.session().await?;
+        let Some(g) = self
+            .local_grant(grant)
+            .filter(|g| g.gen == sess.gen && g.node == NodeKind::Latch)
+        else {
+            // Not a live grant of this session (its session ended: its lost signal fired).
+            return Ok(RenewOutcome::NotHeld);
+        };
+        let what = "proclaiming";
+        // Read at the leader's state, so "still leads" is the leader's answer.
+        self.sync(&sess, &g.path).await?;
+        let mut conflicts = 0;
+        loop {
+            let (data, stat) = match self.timed(what, sess.zk.get_data(&g.path)).await? {
+                Ok(v) => v,
+                Err(zk::Error::NoNode) => return Ok(self.not_leading(grant, &g.path, g.gen)),
+                Err(e) => return Err(self.err(what, e)),
+            };
+            if stat.ephemeral_owner != sess.id || token_of(&stat) != Some(g.token) {
+                return Ok(self.not_leading(grant, &g.path, g.gen));
+            }
+            // A granted node leads as long as it exists: every node before it is gone, and
+            // every later one has a higher sequence number.
+            if stat.version >= target {
+                return Ok(RenewOutcome::Renewed);
+            }
+            let steps = (target - stat.version).min(STEPS_PER_MULTI);
+            let reach = stat.version + steps;
+            let last: &[u8] = if reach == target {
+                value.as_bytes()
+            } else {
+                // A long gap (many proclamations that failed): move the version without
+                // changing what is advertised, and go on.
+                &data
+            };
+            let mut w = sess.zk.new_multi_writer();
+            for k in 0..steps - 1 {
+                w.add_set_data(&g.path, b"", Some(stat.version + k))
+                    .map_err(|e| self.err(what, e))?;
+            }
+            w.add_set_data(&g.path, last, Some(reach - 1))
+                .map_err(|e| self.err(what, e))?;
+            match self.timed(what, w.commit()).await? {
+                Ok(_) if reach == target => return Ok(RenewOutcome::Renewed),
+                Ok(_) => continue,
+                // Our own earlier write (an answer that was lost) got there first: look again.
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::BadVersion,
+                    ..
+                }) if conflicts < DATA_ATTEMPTS => conflicts += 1,
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => return Ok(self.not_leading(grant, &g.path, g.gen)),
+                Err(zk::MultiWriteError::OperationFailed { source, .. })
+                | Err(zk::MultiWriteError::RequestFailed { source }) => {
+                    return Err(self.err(what, source))
+                }
+            }
+        }
+    }
+
+    fn not_leading(&self, grant: &GrantRef, path: &str, gen: u64) -> RenewOutcome {
+        self.forget_grant(&grant.attempt);
+        self.node_gone(path, gen);
+        RenewOutcome::NotHeld
+    }
+
+    /// `force_release(name, Election)`: deletes the leader's node (at the version read), the
+    /// next candidate leads.
+    pub(crate) async fn force_resign(self: &Arc<Self>, name: &str) -> Result<ForceReleased> {
+        let dir = self.dir(name, Family::Election);
+        let sess = self.session().await?;
+        let what = "forcing the leader out";
+        for _ in 0..DATA_ATTEMPTS {
+            let (Some(l), _) = self.leader_node(&sess, &dir).await? else {
+                return Ok(ForceReleased::new(Vec::new(), 0));
+            };
+            let path = format!("{dir}/{}", l.name);
+            match self
+                .timed(what, sess.zk.delete(&path, Some(l.stat.version)))
+                .await?
+            {
+                Ok(()) => {
+                    let owner =
+                        layout::latch_owner(&l.name).unwrap_or_else(|| NATIVE_OWNER.to_owned());
+                    let token = token_of(&l.stat).unwrap_or(0);
+                    return Ok(ForceReleased::new(vec![HolderInfo::new(owner, 1)], token));
+                }
+                // Resigned or proclaimed meanwhile: look again.
+                Err(zk::Error::NoNode | zk::Error::BadVersion) => continue,
+                Err(e) => return Err(self.err(what, e)),
+            }
+        }
+        Err(crate::node::busy(&self.endpoint, &dir))
+    }
+}
+
+type Event = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+
+/// The changes of one election: a child watch on its directory (candidates coming and going,
+/// so a new leader) and a data watch on the leader's node (a proclamation). Both are re-armed
+/// after each event before `changed` returns, so no change after `observe` returned is
+/// missed; a session event ends the watch with an error.
+pub(crate) struct ElectionWatch {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) dir: String,
+    armed: Option<(Event, CancellationToken)>,
+    /// An event arrived but the watch was not re-armed yet (`changed` was dropped midway).
+    fired: bool,
+}
+
+impl ElectionWatch {
+    pub(crate) async fn new(inner: Arc<Inner>, dir: String) -> Result<Self> {
+        let mut w = ElectionWatch {
+            inner,
+            dir,
+            armed: None,
+            fired: false,
+        };
+        w.arm().await?;
+        Ok(w)
+    }
+
+    async fn arm(&mut self) -> Result<()> {
+        let inner = &self.inner;
+        let sess = inner.session().await?;
+        let what = "watching the election";
+        let mut made_dir = false;
+        let (children, cw) = loop {
+            match inner
+                .timed(what, sess.zk.list_and_watch_children(&self.dir))
+                .await?
+            {
+                Ok(v) => break v,
+                Err(zk::Error::NoNode) if !made_dir => {
+                    made_dir = true;
+                    let opts = zk::CreateMode::Persistent.with_acls(anyone());
+                    match inner
+                        .timed(
+                            "creating the election directory",
+                            sess.zk.mkdir(&self.dir, &opts),
+                        )
+                        .await?
+                    {
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(inner.err("creating the election directory", e)),
+                    }
+                }
+                Err(e) => return Err(inner.err(what, e)),
+            }
+        };
+        let queue = layout::queue(&children, Family::Election);
+        let lw = match queue.first() {
+            Some(head) => {
+                let path = format!("{}/{}", self.dir, head.name);
+                match inner
+                    .timed(what, sess.zk.check_and_watch_stat(&path))
+                    .await?
+                {
+                    Ok((Some(_), w)) => Some(w),
+                    // Gone already: the child watch fires for it.
+                    Ok((None, _)) => None,
+                    Err(e) => return Err(inner.err(what, e)),
+                }
+            }
+            None => None,
+        };
+        let events: Event = Box::pin(async move {
+            match lw {
+                Some(lw) => tokio::select! {
+                    ev = cw.changed() => ev,
+                    ev = lw.changed() => ev,
+                },
+                None => cw.changed().await,
+            }
+        });
+        self.armed = Some((events, sess.ended.clone()));
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ReleaseWatch for ElectionWatch {
+    async fn changed(&mut self) -> Result<Wake> {
+        if self.fired {
+            self.arm().await?;
+            self.fired = false;
+            return Ok(Wake::Released);
+        }
+        if self.armed.is_none() {
+            self.arm().await?;
+        }
+        let Some((events, ended)) = self.armed.as_mut() else {
+            return Err(session_gone(&self.inner.endpoint, "no watch"));
+        };
+        let ev = tokio::select! {
+            ev = events => ev,
+            _ = ended.cancelled() => {
+                self.armed = None;
+                return Err(session_gone(&self.inner.endpoint, "the session ended"));
+            }
+        };
+        self.armed = None;
+        if ev.event_type == zk::EventType::Session {
+            return Err(session_gone(
+                &self.inner.endpoint,
+                &ev.session_state.to_string(),
+            ));
+        }
+        self.fired = true;
+        self.arm().await?;
+        self.fired = false;
+        Ok(Wake::Released)
+    }
+}
