@@ -3,11 +3,15 @@
 //! Election `name` lives in `/<chroot>/<ns>-election/<name>`. Each candidate is one ephemeral
 //! sequential `latch-` node there (a Curator `LeaderLatch` on that path is a candidate like
 //! any other); the lowest sequence number leads, the others each watch their predecessor. A
-//! dlock candidate's node is `_c_<attempt>-dlock=<owner>-latch-<seq>` and holds the value
-//! alone, so Curator's `getLeader().getId()` shows it. The value's proclamation number is the
-//! node's data version: a proclamation `seq` moves the version to exactly `seq` in one
-//! multi-op guarded by the version it read, so a retried or late one (version already `≥ seq`)
-//! changes nothing. The token is the leader node's creation zxid.
+//! dlock candidate's node is `_c_<attempt>-dlock=<owner>-latch-<seq>` and holds the value it
+//! campaigned with, alone, so Curator's `getLeader().getId()` shows it. That data never
+//! changes: Curator's next candidate keeps a one-shot *data* watch on it and acts only on its
+//! deletion, so a data change would use the watch up and leave Curator waiting forever.
+//! Proclaimed values go to the election directory's own data instead,
+//! `<leader token>\n<seq>\n<value>`, written in one multi-op that checks the leader's node
+//! still exists and that the directory's data is the one read; a proclamation whose number is
+//! not above the recorded one (a retry, a late duplicate) changes nothing. The token is the
+//! leader node's creation zxid.
 
 use crate::error::{session_gone, KIND};
 use crate::layout::{self, Family, NodeKind};
@@ -24,9 +28,44 @@ use zookeeper_client as zk;
 /// The owner `inspect` reports for a leader dlock did not make (a Curator `LeaderLatch`).
 pub(crate) const NATIVE_OWNER: &str = "Curator LeaderLatch participant (not dlock)";
 
-/// Most data versions one multi-op of a proclamation moves a node by (each step is one
-/// set-data op; intermediate ones carry no data).
-const STEPS_PER_MULTI: i32 = 256;
+/// A proclaimed value, as the election directory's data records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Proclaimed {
+    /// The token of the leader that proclaimed it (a record of an earlier leader is stale).
+    pub(crate) token: u64,
+    pub(crate) seq: u64,
+    pub(crate) value: String,
+}
+
+impl Proclaimed {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        format!("{}\n{}\n{}", self.token, self.seq, self.value).into_bytes()
+    }
+
+    /// `None` for an empty directory (nothing proclaimed since it was made).
+    pub(crate) fn parse(dir: &str, data: &[u8]) -> Result<Option<Proclaimed>> {
+        if data.is_empty() {
+            return Ok(None);
+        }
+        let parsed = std::str::from_utf8(data).ok().and_then(|s| {
+            let mut it = s.splitn(3, '\n');
+            Some(Proclaimed {
+                token: it.next()?.parse().ok()?,
+                seq: it.next()?.parse().ok()?,
+                value: it.next()?.to_owned(),
+            })
+        });
+        parsed.map(Some).ok_or_else(|| {
+            Error::unexpected(
+                KIND,
+                format!(
+                    "the election directory {dir} holds `{}`, not a proclaimed value; is it used by another program?",
+                    String::from_utf8_lossy(data)
+                ),
+            )
+        })
+    }
+}
 
 /// The leader's node as read: name, data, stat.
 struct LeaderNode {
@@ -86,7 +125,16 @@ impl Inner {
             )
         })?;
         let owner = layout::latch_owner(&l.name).unwrap_or_else(|| NATIVE_OWNER.to_owned());
-        let value = String::from_utf8_lossy(&l.data).into_owned();
+        // What it proclaimed since its grant, if anything; else what it campaigned with.
+        let proclaimed = match self.timed("inspecting", sess.zk.get_data(&dir)).await? {
+            Ok((data, _)) => Proclaimed::parse(&dir, &data)?.filter(|p| p.token == token),
+            Err(zk::Error::NoNode) => None,
+            Err(e) => return Err(self.err("inspecting", e)),
+        };
+        let value = match proclaimed {
+            Some(p) => p.value,
+            None => String::from_utf8_lossy(&l.data).into_owned(),
+        };
         let waiters = u32::try_from(candidates.saturating_sub(1)).unwrap_or(u32::MAX);
         Ok(LockInfo::new(name)
             .with_holders(vec![HolderInfo::new(owner, 1).with_value(Some(value))])
@@ -94,19 +142,14 @@ impl Inner {
             .with_waiters(Some(waiters)))
     }
 
-    /// `proclaim`: the node's data version becomes `seq`, its data `value`, unless the version
-    /// is `seq` or more already (a retry, or a late duplicate).
+    /// `proclaim`: records `value` as proclamation `seq` of the leader `grant` in the
+    /// directory's data, unless a proclamation numbered `seq` or more is there already.
     pub(crate) async fn proclaim(
         self: &Arc<Self>,
         grant: &GrantRef,
         seq: u64,
         value: &str,
     ) -> Result<RenewOutcome> {
-        let target = i32::try_from(seq).map_err(|_| {
-            Error::invalid(format!(
-                "proclamation number {seq} is above ZooKeeper's data versions (2^31 - 1)"
-            ))
-        })?;
         let sess = self.session().await?;
         let Some(g) = self
             .local_grant(grant)
@@ -118,55 +161,55 @@ impl Inner {
         let what = "proclaiming";
         // Read at the leader's state, so "still leads" is the leader's answer.
         self.sync(&sess, &g.path).await?;
-        let mut conflicts = 0;
-        loop {
-            let (data, stat) = match self.timed(what, sess.zk.get_data(&g.path)).await? {
-                Ok(v) => v,
-                Err(zk::Error::NoNode) => return Ok(self.not_leading(grant, &g.path, g.gen)),
+        for _ in 0..DATA_ATTEMPTS {
+            let node = match self.timed(what, sess.zk.check_stat(&g.path)).await? {
+                Ok(Some(st)) if st.ephemeral_owner == sess.id && token_of(&st) == Some(g.token) => {
+                    st
+                }
+                Ok(_) => return Ok(self.not_leading(grant, &g.path, g.gen)),
                 Err(e) => return Err(self.err(what, e)),
             };
-            if stat.ephemeral_owner != sess.id || token_of(&stat) != Some(g.token) {
-                return Ok(self.not_leading(grant, &g.path, g.gen));
-            }
+            let (data, dir) = match self.timed(what, sess.zk.get_data(&g.dir)).await? {
+                Ok(v) => v,
+                // The node exists, so its directory does: a race with our own check.
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(self.err(what, e)),
+            };
             // A granted node leads as long as it exists: every node before it is gone, and
             // every later one has a higher sequence number.
-            if stat.version >= target {
-                return Ok(RenewOutcome::Renewed);
+            if let Some(p) = Proclaimed::parse(&g.dir, &data)? {
+                if p.token == g.token && p.seq >= seq {
+                    return Ok(RenewOutcome::Renewed);
+                }
             }
-            let steps = (target - stat.version).min(STEPS_PER_MULTI);
-            let reach = stat.version + steps;
-            let last: &[u8] = if reach == target {
-                value.as_bytes()
-            } else {
-                // A long gap (many proclamations that failed): move the version without
-                // changing what is advertised, and go on.
-                &data
+            let record = Proclaimed {
+                token: g.token,
+                seq,
+                value: value.to_owned(),
             };
             let mut w = sess.zk.new_multi_writer();
-            for k in 0..steps - 1 {
-                w.add_set_data(&g.path, b"", Some(stat.version + k))
-                    .map_err(|e| self.err(what, e))?;
-            }
-            w.add_set_data(&g.path, last, Some(reach - 1))
+            w.add_check_version(&g.path, node.version)
+                .and_then(|()| w.add_set_data(&g.dir, &record.encode(), Some(dir.version)))
                 .map_err(|e| self.err(what, e))?;
             match self.timed(what, w.commit()).await? {
-                Ok(_) if reach == target => return Ok(RenewOutcome::Renewed),
-                Ok(_) => continue,
-                // Our own earlier write (an answer that was lost) got there first: look again.
+                Ok(_) => return Ok(RenewOutcome::Renewed),
                 Err(zk::MultiWriteError::OperationFailed {
-                    source: zk::Error::BadVersion,
-                    ..
-                }) if conflicts < DATA_ATTEMPTS => conflicts += 1,
-                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0,
                     source: zk::Error::NoNode,
-                    ..
                 }) => return Ok(self.not_leading(grant, &g.path, g.gen)),
+                // Another write got there first (our own earlier one whose answer was lost, a
+                // Curator container's recreation): look again.
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::BadVersion | zk::Error::NoNode,
+                    ..
+                }) => continue,
                 Err(zk::MultiWriteError::OperationFailed { source, .. })
                 | Err(zk::MultiWriteError::RequestFailed { source }) => {
                     return Err(self.err(what, source))
                 }
             }
         }
+        Err(crate::node::busy(&self.endpoint, &g.dir))
     }
 
     fn not_leading(&self, grant: &GrantRef, path: &str, gen: u64) -> RenewOutcome {
@@ -208,7 +251,7 @@ impl Inner {
 type Event = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
 
 /// The changes of one election: a child watch on its directory (candidates coming and going,
-/// so a new leader) and a data watch on the leader's node (a proclamation). Both are re-armed
+/// so a new leader) and a data watch on the directory (a proclamation). Both are re-armed
 /// after each event before `changed` returns, so no change after `observe` returned is
 /// missed; a session event ends the watch with an error.
 pub(crate) struct ElectionWatch {
@@ -236,7 +279,7 @@ impl ElectionWatch {
         let sess = inner.session().await?;
         let what = "watching the election";
         let mut made_dir = false;
-        let (children, cw) = loop {
+        let (_, cw) = loop {
             match inner
                 .timed(what, sess.zk.list_and_watch_children(&self.dir))
                 .await?
@@ -259,21 +302,15 @@ impl ElectionWatch {
                 Err(e) => return Err(inner.err(what, e)),
             }
         };
-        let queue = layout::queue(&children, Family::Election);
-        let lw = match queue.first() {
-            Some(head) => {
-                let path = format!("{}/{}", self.dir, head.name);
-                match inner
-                    .timed(what, sess.zk.check_and_watch_stat(&path))
-                    .await?
-                {
-                    Ok((Some(_), w)) => Some(w),
-                    // Gone already: the child watch fires for it.
-                    Ok((None, _)) => None,
-                    Err(e) => return Err(inner.err(what, e)),
-                }
-            }
-            None => None,
+        // Proclamations change the directory's data.
+        let lw = match inner
+            .timed(what, sess.zk.check_and_watch_stat(&self.dir))
+            .await?
+        {
+            Ok((Some(_), w)) => Some(w),
+            // Deleted meanwhile (a Curator container): the child watch fired for it.
+            Ok((None, _)) => None,
+            Err(e) => return Err(inner.err(what, e)),
         };
         let events: Event = Box::pin(async move {
             match lw {

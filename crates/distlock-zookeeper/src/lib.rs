@@ -211,13 +211,14 @@ impl Backend for ZkBackend {
         }
     }
 
-    /// The value's proclamation number is the candidate node's data version (see
-    /// `docs/election-zk.md`): a retried or late proclamation finds it reached already.
+    /// Records the value and its proclamation number in the election directory's data, in a
+    /// multi-op that checks the leader's node (see `docs/election-zk.md`): a retried or late
+    /// proclamation finds its number reached already.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         self.inner.proclaim(grant, seq, value).await
     }
 
-    /// A child watch on the election's directory and a data watch on its leader's node.
+    /// A child watch on the election's directory and a data watch on the directory itself.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         let dir = self.inner.dir(name, layout::Family::Election);
         let w = election::ElectionWatch::new(self.inner.clone(), dir).await?;

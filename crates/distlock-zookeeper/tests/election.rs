@@ -150,8 +150,9 @@ async fn observers_see_leaders_and_values() {
     assert_eq!(l, None);
 }
 
-/// A proclamation retried, duplicated or arriving late has the effect of one: the data
-/// version is the proclamation number, and a number at or below it changes nothing.
+/// A proclamation retried, duplicated or arriving late has the effect of one: the number of
+/// the last one is recorded with its value, and a number at or below it changes nothing. The
+/// candidate's node keeps the value it campaigned with (Curator's waiters watch its data).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proclamations_are_numbered() {
     let opts = fast_opts();
@@ -174,44 +175,58 @@ async fn proclamations_are_numbered() {
     let zk = operator().await;
     let dir = election_dir(&name);
     let node = format!("{dir}/{}", wait_children(&zk, &dir, 1).await[0]);
+    let client = Client::new(std::sync::Arc::new(backend.clone()), opts).expect("client");
+    let election = client.election(&name).expect("election");
     let read = || async {
-        let (data, stat) = zk.get_data(&node).await.expect("data");
-        (String::from_utf8(data).expect("utf-8"), stat.version)
+        let (data, stat) = zk.get_data(&dir).await.expect("data");
+        let l = election.leader().await.expect("leader").expect("a leader");
+        assert_eq!(l.fencing_token == token, l.owner == "proclaimer", "{l:?}");
+        (
+            String::from_utf8(data).expect("utf-8"),
+            stat.version,
+            l.value,
+        )
     };
-    assert_eq!(read().await, ("v0".into(), 0));
+    assert_eq!(read().await, (String::new(), 0, "v0".into()));
     let p = |seq, v: &'static str| backend.proclaim(&grant, seq, v);
+    let rec = |seq: u64, v: &str| format!("{token}\n{seq}\n{v}");
     assert_eq!(p(1, "v1").await.expect("1"), RenewOutcome::Renewed);
     // The retry of 1 (its answer lost): nothing changes.
     assert_eq!(p(1, "v1").await.expect("1 again"), RenewOutcome::Renewed);
-    assert_eq!(read().await, ("v1".into(), 1));
+    assert_eq!(read().await, (rec(1, "v1"), 1, "v1".into()));
     assert_eq!(p(2, "v2").await.expect("2"), RenewOutcome::Renewed);
     // A late duplicate of 1 after 2: ignored.
     assert_eq!(p(1, "v1").await.expect("late 1"), RenewOutcome::Renewed);
-    assert_eq!(read().await, ("v2".into(), 2));
-    // A gap (3 and 4 never arrived): 5 is the value, at version 5.
-    assert_eq!(p(5, "v5").await.expect("5"), RenewOutcome::Renewed);
-    assert_eq!(read().await, ("v5".into(), 5));
-    // A gap longer than one multi-op's steps.
-    assert_eq!(p(600, "v600").await.expect("600"), RenewOutcome::Renewed);
+    assert_eq!(read().await, (rec(2, "v2"), 2, "v2".into()));
+    // A gap (3 and 4 never arrived), then 4 late.
+    assert_eq!(
+        p(5, "v5\nwith a line break").await.expect("5"),
+        RenewOutcome::Renewed
+    );
     assert_eq!(p(4, "v4").await.expect("late 4"), RenewOutcome::Renewed);
-    assert_eq!(read().await, ("v600".into(), 600));
-    let client = Client::new(std::sync::Arc::new(backend.clone()), opts).expect("client");
-    let l = client
-        .election(&name)
-        .expect("election")
-        .leader()
-        .await
-        .expect("leader")
-        .expect("a leader");
-    assert_eq!((l.owner.as_str(), l.value.as_str()), ("proclaimer", "v600"));
+    assert_eq!(
+        read().await,
+        (
+            rec(5, "v5\nwith a line break"),
+            3,
+            "v5\nwith a line break".into()
+        )
+    );
+    // The node's own data is untouched.
+    let (data, stat) = zk.get_data(&node).await.expect("node");
+    assert_eq!((data.as_slice(), stat.version), (&b"v0"[..], 0));
 
-    // After the node is gone, a proclamation says so and changes nothing.
+    // After the node is gone, a proclamation says so and changes nothing; the next leader
+    // advertises its own value, not the stale record.
     assert_eq!(
         backend.release(&grant).await.expect("release"),
         ReleaseOutcome::Released
     );
-    assert_eq!(p(601, "x").await.expect("gone"), RenewOutcome::NotHeld);
+    assert_eq!(p(6, "x").await.expect("gone"), RenewOutcome::NotHeld);
     wait_children(&zk, &dir, 0).await;
+    let l = election.campaign("next").await.expect("campaign");
+    assert_eq!(read().await.2, "next");
+    l.resign().await.expect("resign");
 }
 
 /// A campaign dropped while it waits deletes its node; a try that finds a leader leaves none.
