@@ -219,7 +219,8 @@ impl Inner {
     }
 
     /// `force_release(name, Election)`: deletes the leader's node (at the version read), the
-    /// next candidate leads.
+    /// next candidate leads. The directory's data is rewritten (unchanged) in the same
+    /// multi-op: its zxid, above every token handed out before, is the counter reported.
     pub(crate) async fn force_resign(self: &Arc<Self>, name: &str) -> Result<ForceReleased> {
         let dir = self.dir(name, Family::Election);
         let sess = self.session().await?;
@@ -228,21 +229,42 @@ impl Inner {
             let (Some(l), _) = self.leader_node(&sess, &dir).await? else {
                 return Ok(ForceReleased::new(Vec::new(), 0));
             };
-            let path = format!("{dir}/{}", l.name);
-            match self
-                .timed(what, sess.zk.delete(&path, Some(l.stat.version)))
-                .await?
-            {
-                Ok(()) => {
-                    let owner =
-                        layout::latch_owner(&l.name).unwrap_or_else(|| NATIVE_OWNER.to_owned());
-                    let token = token_of(&l.stat).unwrap_or(0);
-                    return Ok(ForceReleased::new(vec![HolderInfo::new(owner, 1)], token));
-                }
-                // Resigned or proclaimed meanwhile: look again.
-                Err(zk::Error::NoNode | zk::Error::BadVersion) => continue,
+            let (data, dir_stat) = match self.timed(what, sess.zk.get_data(&dir)).await? {
+                Ok(v) => v,
+                Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(self.err(what, e)),
-            }
+            };
+            let path = format!("{dir}/{}", l.name);
+            let mut w = sess.zk.new_multi_writer();
+            w.add_delete(&path, Some(l.stat.version))
+                .and_then(|()| w.add_set_data(&dir, &data, Some(dir_stat.version)))
+                .map_err(|e| self.err(what, e))?;
+            let results = match self.timed(what, w.commit()).await? {
+                Ok(r) => r,
+                // Resigned, proclaimed or recreated meanwhile: look again.
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::NoNode | zk::Error::BadVersion,
+                    ..
+                }) => continue,
+                Err(zk::MultiWriteError::OperationFailed { source, .. })
+                | Err(zk::MultiWriteError::RequestFailed { source }) => {
+                    return Err(self.err(what, source))
+                }
+            };
+            let token = token_of(&l.stat).unwrap_or(0);
+            let counter = match results.get(1) {
+                Some(zk::MultiWriteResult::SetData { stat }) => u64::try_from(stat.mzxid)
+                    .ok()
+                    .map_or(token, |z| z.max(token)),
+                other => {
+                    return Err(Error::unexpected(
+                        KIND,
+                        format!("forced resignation in `{name}`: unexpected answer {other:?}"),
+                    ))
+                }
+            };
+            let owner = layout::latch_owner(&l.name).unwrap_or_else(|| NATIVE_OWNER.to_owned());
+            return Ok(ForceReleased::new(vec![HolderInfo::new(owner, 1)], counter));
         }
         Err(crate::node::busy(&self.endpoint, &dir))
     }

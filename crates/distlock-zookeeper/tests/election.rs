@@ -265,3 +265,63 @@ async fn cancelled_campaign_leaves_nothing() {
     la.resign().await.expect("resign");
     wait_children(&zk, &dir, 0).await;
 }
+
+/// `dlock list` shows elections (leader, value, candidates); `release --force` puts the
+/// leader out: its lost signal fires, the next candidate leads with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_force_release() {
+    let a = client().await;
+    let b = client().await;
+    let name = unique_name("el-ops");
+    let la = a
+        .election(&name)
+        .expect("election")
+        .campaign("first")
+        .await
+        .expect("campaign");
+    let eb = b.election(&name).expect("election");
+    let waiting = tokio::spawn({
+        let eb = eb.clone();
+        async move { eb.campaign_timeout("second", Duration::from_secs(20)).await }
+    });
+    wait_for_waiters(&a, &name, LockKind::Election, 1).await;
+    let listed = b.list(&name).await.expect("list");
+    let e = listed
+        .iter()
+        .find(|l| l.kind == LockKind::Election)
+        .unwrap_or_else(|| panic!("no election listed: {listed:?}"));
+    assert_eq!(e.info.name, name);
+    assert_eq!(e.info.holders[0].value.as_deref(), Some("first"));
+    assert_eq!(
+        (e.info.fencing_token, e.info.waiters),
+        (la.fencing_token(), Some(1))
+    );
+    assert!(
+        !listed.iter().any(|l| l.kind == LockKind::Mutex),
+        "an election is no mutex: {listed:?}"
+    );
+
+    let forced = b
+        .force_release(&name, LockKind::Election)
+        .await
+        .expect("force");
+    assert_eq!(forced.removed.len(), 1);
+    assert_eq!(forced.removed[0].owner, la.owner());
+    assert!(forced.fencing_token > la.fencing_token());
+    let lb = waiting
+        .await
+        .expect("join")
+        .expect("the next candidate leads");
+    // Queued before the forced release, so its node's czxid may be below the reported
+    // counter; it is above the forced-out leader's.
+    assert!(lb.fencing_token() > la.fencing_token());
+    tokio::time::timeout(Duration::from_secs(10), la.lost())
+        .await
+        .expect("the forced-out leader never learned it");
+    assert!(la.proclaim("still?").await.is_err());
+    assert_eq!(
+        eb.leader().await.expect("leader").map(|l| l.value),
+        Some("second".to_owned())
+    );
+    lb.resign().await.expect("resign");
+}
