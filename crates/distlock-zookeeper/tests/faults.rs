@@ -370,3 +370,50 @@ async fn election_leader_cut_off_loses_and_is_replaced() {
     );
     l2.resign().await.expect("resign");
 }
+
+/// An election leader whose backend goes away without resigning (its session closes) is
+/// replaced at once — its node goes with the session — not after the session timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_leader_gone_replaced_at_once() {
+    let ensemble = ZkEnsemble::shared();
+    let url = format!("{}?session_timeout=20s", ensemble.url());
+    let name = unique_name("el-closed");
+    let other = client(&url, opts()).await;
+    let leader = ZkBackend::connect(&url, &opts()).await.expect("connect");
+    let key = HoldKey {
+        name: name.as_str().into(),
+        owner: "short-lived".into(),
+        kind: LockKind::Election,
+    };
+    let mut req = AcquireRequest::new(key, Duration::from_secs(10), LostSignal::new());
+    req.value = Some("gone soon".into());
+    let t1 = match leader.acquire(&req).await.expect("acquire") {
+        AcquireReply::Granted { token } => token,
+        other => panic!("not granted: {other:?}"),
+    };
+    let election = other.election(&name).expect("election");
+    let l = election.leader().await.expect("leader").expect("a leader");
+    assert_eq!(
+        (l.owner.as_str(), l.value.as_str()),
+        ("short-lived", "gone soon")
+    );
+    let waiting = tokio::spawn({
+        let election = election.clone();
+        async move {
+            election
+                .campaign_timeout("next", Duration::from_secs(15))
+                .await
+        }
+    });
+    wait_for_waiters(&other, &name, LockKind::Election, 1).await;
+    drop(leader);
+    let t = Instant::now();
+    let next = waiting.await.expect("join").expect("the candidate leads");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "replaced only after {:?}",
+        t.elapsed()
+    );
+    assert!(next.fencing_token() > t1);
+    next.resign().await.expect("resign");
+}
