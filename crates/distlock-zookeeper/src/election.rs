@@ -382,3 +382,28 @@ impl ReleaseWatch for ElectionWatch {
         Ok(Wake::Released)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proclaimed_records() {
+        let p = Proclaimed {
+            token: 0x1_0000_0007,
+            seq: 3,
+            value: "10.0.0.7:80\nsecond line".into(),
+        };
+        assert_eq!(Proclaimed::parse("/d", &p.encode()).expect("ours"), Some(p));
+        assert_eq!(Proclaimed::parse("/d", b"").expect("empty"), None);
+        // The empty value.
+        let e = Proclaimed::parse("/d", b"5\n1\n")
+            .expect("ours")
+            .expect("some");
+        assert_eq!((e.token, e.seq, e.value.as_str()), (5, 1, ""));
+        for foreign in [&b"12"[..], b"a\n1\nv", b"1\nx\nv", b"1\n2", &[0xff, b'\n']] {
+            let err = Proclaimed::parse("/d", foreign).expect_err("foreign");
+            assert!(err.to_string().contains("not a proclaimed value"), "{err}");
+        }
+    }
+}
