@@ -25,8 +25,12 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-/// The owner `inspect` reports for a leader dlock did not make (a Curator `LeaderLatch`).
-pub(crate) const NATIVE_OWNER: &str = "Curator LeaderLatch participant (not dlock)";
+/// The owner `inspect` reports for the candidate node `name`: the owner id in a dlock node's
+/// name, or for a node dlock did not make (a Curator `LeaderLatch` participant)
+/// `(not dlock) <node name>`, as the etcd backend marks `etcdctl elect`'s keys.
+pub(crate) fn owner_of(name: &str) -> String {
+    layout::latch_owner(name).unwrap_or_else(|| format!("(not dlock) {name}"))
+}
 
 /// A proclaimed value, as the election directory's data records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,7 +128,7 @@ impl Inner {
                 format!("node {dir}/{} has czxid {}", l.name, l.stat.czxid),
             )
         })?;
-        let owner = layout::latch_owner(&l.name).unwrap_or_else(|| NATIVE_OWNER.to_owned());
+        let owner = owner_of(&l.name);
         // What it proclaimed since its grant, if anything; else what it campaigned with.
         let proclaimed = match self.timed("inspecting", sess.zk.get_data(&dir)).await? {
             Ok((data, _)) => Proclaimed::parse(&dir, &data)?.filter(|p| p.token == token),
@@ -263,7 +267,7 @@ impl Inner {
                     ))
                 }
             };
-            let owner = layout::latch_owner(&l.name).unwrap_or_else(|| NATIVE_OWNER.to_owned());
+            let owner = owner_of(&l.name);
             return Ok(ForceReleased::new(vec![HolderInfo::new(owner, 1)], counter));
         }
         Err(crate::node::busy(&self.endpoint, &dir))

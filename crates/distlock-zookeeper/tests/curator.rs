@@ -260,7 +260,10 @@ async fn curator_leader_latch_and_dlock_elect_together() {
     // A JVM starting on a loaded machine: generous.
     curator.expect("LEADING", Duration::from_secs(60)).await;
     let l = election.leader().await.expect("leader").expect("a leader");
-    assert!(l.owner.ends_with("(not dlock)"), "{l:?}");
+    assert!(
+        l.owner.starts_with("(not dlock) _c_") && l.owner.contains("-latch-"),
+        "{l:?}"
+    );
     assert_eq!(l.value, "curator-1");
     let curator_token = l.fencing_token;
     assert!(election
