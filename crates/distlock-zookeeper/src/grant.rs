@@ -30,6 +30,10 @@ pub(crate) struct Grant {
 
 /// True when the node data `data` still lists grant `g` of attempt `attempt`.
 pub(crate) fn grant_in_data(g: &Grant, attempt: &str, data: &[u8]) -> bool {
+    if g.node == NodeKind::Latch {
+        // A candidate's node holds its value; the node itself is the grant.
+        return true;
+    }
     match NodeData::parse(data) {
         Some(nd) if g.joined => nd.readers.iter().any(|r| r == attempt),
         Some(nd) => g.node != NodeKind::Write || !nd.downgraded,

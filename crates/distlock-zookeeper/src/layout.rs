@@ -12,6 +12,8 @@ pub(crate) enum Family {
     Mutex,
     /// `read-` and `write-` nodes in `/<ns>/<name>/rw`.
     Rw,
+    /// `latch-` nodes (Curator's `LeaderLatch`) in `/<ns>-election/<name>`: elections.
+    Election,
 }
 
 /// What one lock node stands for.
@@ -20,6 +22,8 @@ pub(crate) enum NodeKind {
     Lock,
     Read,
     Write,
+    /// An election candidate (Curator's `LeaderLatch` node).
+    Latch,
 }
 
 impl NodeKind {
@@ -29,6 +33,7 @@ impl NodeKind {
             LockKind::Mutex | LockKind::Fair => Ok(NodeKind::Lock),
             LockKind::Read => Ok(NodeKind::Read),
             LockKind::Write => Ok(NodeKind::Write),
+            LockKind::Election => Ok(NodeKind::Latch),
             other => Err(Error::unsupported(
                 KIND,
                 format!("lock kind {}", other.as_str()),
@@ -40,6 +45,7 @@ impl NodeKind {
         match self {
             NodeKind::Lock => Family::Mutex,
             NodeKind::Read | NodeKind::Write => Family::Rw,
+            NodeKind::Latch => Family::Election,
         }
     }
 
@@ -49,6 +55,7 @@ impl NodeKind {
             NodeKind::Lock => "lock",
             NodeKind::Read => "read",
             NodeKind::Write => "write",
+            NodeKind::Latch => "latch",
         }
     }
 }
@@ -73,12 +80,22 @@ pub fn encode_segment(s: &str) -> String {
 }
 
 /// The directory holding the lock nodes of `name` of `kind` under `base` (`/<chroot>/<ns>`).
+/// Elections live beside the namespace, in `/<chroot>/<ns>-election/<name>`: Curator's
+/// `InterProcessMutex` on `/<ns>/<name>` sorts every child of its path, so an election's
+/// nodes must not be there.
 pub(crate) fn dir(base: &str, name: &str, family: Family) -> String {
     match family {
         Family::Mutex => format!("{base}/{}", encode_segment(name)),
         Family::Rw => format!("{base}/{}/rw", encode_segment(name)),
+        Family::Election => format!("{base}{ELECTION_SUFFIX}/{}", encode_segment(name)),
     }
 }
+
+/// What the election root adds to the namespace's path segment.
+pub(crate) const ELECTION_SUFFIX: &str = "-election";
+
+/// What a dlock candidate's node name carries after its attempt id: `dlock=<owner>`.
+const OWNER_MARK: &str = "dlock=";
 
 /// One lock node, parsed from its name `_c_<id>-<word>-<sequence>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +119,7 @@ pub(crate) fn parse_child(name: &str) -> Option<Child> {
         "lock" => NodeKind::Lock,
         "read" => NodeKind::Read,
         "write" => NodeKind::Write,
+        "latch" => NodeKind::Latch,
         _ => return None,
     };
     Some(Child {
@@ -149,7 +167,7 @@ pub(crate) fn turn(queue: &[Child], ours: &str, head_downgraded: bool) -> Turn {
     let me = &queue[idx];
     let before = &queue[..idx];
     match me.kind {
-        NodeKind::Lock | NodeKind::Write => match before.last() {
+        NodeKind::Lock | NodeKind::Write | NodeKind::Latch => match before.last() {
             None => Turn::Granted,
             Some(pred) => Turn::WaitFor(pred.name.clone()),
         },
@@ -196,11 +214,54 @@ pub(crate) fn holders(queue: &[Child], head_downgraded: bool) -> Vec<&Child> {
     }
 }
 
-/// The name prefix of the node acquisition attempt `attempt` creates (`_c_<attempt>-<word>-`;
-/// the server appends the sequence number). The attempt id plays the part of Curator's
-/// "protection" id: a retry finds the node of a create whose answer was lost by this prefix.
-pub(crate) fn name_prefix(attempt: &str, kind: NodeKind) -> String {
-    format!("_c_{attempt}-{}-", kind.word())
+/// The name prefix of the node acquisition attempt `attempt` of `owner` creates
+/// (`_c_<attempt>-<word>-`; the server appends the sequence number). The attempt id plays the
+/// part of Curator's "protection" id: a retry finds the node of a create whose answer was lost
+/// by this prefix. An election candidate's node also carries its owner id
+/// (`_c_<attempt>-dlock=<owner, percent-encoded>-latch-`), since its data must be the value
+/// alone (Curator's `LeaderLatch` shows a node's data as the participant's id); Curator orders
+/// latch nodes by what follows the last `latch-`, the sequence number.
+pub(crate) fn name_prefix(attempt: &str, kind: NodeKind, owner: &str) -> String {
+    match kind {
+        NodeKind::Latch => format!(
+            "_c_{attempt}-{OWNER_MARK}{}-{}-",
+            encode_segment(owner),
+            kind.word()
+        ),
+        _ => format!("_c_{attempt}-{}-", kind.word()),
+    }
+}
+
+/// The owner id a dlock candidate's latch node name carries; `None` for a node dlock did not
+/// make (a Curator `LeaderLatch` participant: `_c_<uuid>-latch-<seq>`).
+pub(crate) fn latch_owner(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("_c_")?;
+    let (attempt, rest) = rest.split_once('-')?;
+    check_attempt(attempt).ok()?;
+    let rest = rest.strip_prefix(OWNER_MARK)?;
+    let (owner, _seq) = rest.rsplit_once("-latch-")?;
+    decode_segment(owner)
+}
+
+/// Decodes a path segment written by [`encode_segment`]; `None` for a segment that is not one
+/// (no name maps to it).
+pub(crate) fn decode_segment(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    let name = String::from_utf8(out).ok()?;
+    // Only the canonical encoding names anything (`%41` is not where `A` lives).
+    (encode_segment(&name) == s).then_some(name)
 }
 
 /// Checks that an attempt id can be part of a node name and cannot be a prefix of another's
@@ -315,11 +376,41 @@ mod tests {
             "lock-0000000001",
             "_c_ff-lock-",
             "_c_ff-lock-12a",
-            "_c_ff-latch-0000000001",
             "x_c_ff-lock-0000000001",
         ] {
             assert_eq!(parse_child(foreign), None, "{foreign}");
         }
+    }
+
+    #[test]
+    fn latch_names() {
+        let id = "0123456789abcdef0123456789abcdef";
+        let owner = "host-1-latch-7 π/x";
+        let name = format!("{}0000000042", name_prefix(id, NodeKind::Latch, owner));
+        let c = parse_child(&name).expect("a latch node");
+        assert_eq!((c.kind, c.seq), (NodeKind::Latch, 42));
+        assert_eq!(latch_owner(&name).as_deref(), Some(owner));
+        // Curator's LeaderLatch node: a participant, not dlock's.
+        let curator = "_c_2b0a6a4e-8f3c-4f7e-9d4a-1c2b3d4e5f60-latch-0000000041";
+        assert_eq!(
+            parse_child(curator).map(|c| (c.kind, c.seq)),
+            Some((NodeKind::Latch, 41))
+        );
+        assert_eq!(latch_owner(curator), None);
+        // Latch nodes sort with each other by sequence, apart from the mutex queue.
+        let names = vec![
+            name.clone(),
+            curator.to_owned(),
+            "_c_ff-lock-0000000001".into(),
+        ];
+        let q = queue(&names, Family::Election);
+        assert_eq!(q.iter().map(|c| c.seq).collect::<Vec<_>>(), [41, 42]);
+        assert_eq!(turn(&q, &name, false), Turn::WaitFor(curator.to_owned()));
+        assert_eq!(queue(&names, Family::Mutex).len(), 1);
+        assert_eq!(
+            dir("/dlock", "a/b", Family::Election),
+            "/dlock-election/a%2Fb"
+        );
     }
 
     #[test]
@@ -422,14 +513,16 @@ mod tests {
         for bad in ["", "a-b", "a/b", &"a".repeat(65)] {
             assert!(check_attempt(bad).is_err(), "{bad}");
         }
-        let name = format!("{}0000000042", name_prefix(id, NodeKind::Lock));
+        let name = format!("{}0000000042", name_prefix(id, NodeKind::Lock, "o"));
         let c = parse_child(&name).expect("ours");
         assert_eq!((c.kind, c.seq), (NodeKind::Lock, 42));
         // Curator's own nodes (a UUID with dashes) parse and sort with ours.
         let curator = "_c_2b0a6a4e-8f3c-4f7e-9d4a-1c2b3d4e5f60-lock-0000000041";
         assert_eq!(parse_child(curator).map(|c| c.seq), Some(41));
         // One attempt's prefix never matches another attempt's node.
-        assert!(!format!("{}0000000001", name_prefix("abc", NodeKind::Lock))
-            .starts_with(&name_prefix("ab", NodeKind::Lock)));
+        assert!(
+            !format!("{}0000000001", name_prefix("abc", NodeKind::Lock, "o"))
+                .starts_with(&name_prefix("ab", NodeKind::Lock, "o"))
+        );
     }
 }

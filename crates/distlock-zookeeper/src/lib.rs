@@ -7,6 +7,7 @@
 //! tests; [`MIN_SESSION_TIMEOUT`] is the shortest session asked for by default.
 #![warn(missing_docs)]
 
+mod election;
 mod error;
 mod grant;
 mod inspect;
@@ -45,7 +46,8 @@ use tokio_util::sync::CancellationToken;
 pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Path of the directory that holds the lock nodes of `name` of `kind`, for a backend without
-/// chroot using namespace `namespace` (`/<ns>/<name>`, `/<ns>/<name>/rw` for read-write locks).
+/// chroot using namespace `namespace` (`/<ns>/<name>`, `/<ns>/<name>/rw` for read-write locks,
+/// `/<ns>-election/<name>` for elections: the path to give a Curator `LeaderLatch`).
 /// Operators can list it with `zkCli.sh ls`.
 pub fn lock_dir(namespace: &str, name: &str, kind: LockKind) -> Result<String> {
     let base = format!("/{}", encode_segment(namespace));
@@ -146,9 +148,10 @@ impl Backend for ZkBackend {
         self.inner.endpoint.clone()
     }
 
-    /// Mutexes (`fair` is the same lock: the queue is first come, first served) and
-    /// read-write locks. No semaphores: a hold ends with its session, not with a lease, and
-    /// for the same reason a fixed lease does not end a hold on the server.
+    /// Mutexes (`fair` is the same lock: the queue is first come, first served), read-write
+    /// locks and elections (Curator's `LeaderLatch` recipe). No semaphores: a hold ends with
+    /// its session, not with a lease, and for the same reason a fixed lease does not end a
+    /// hold on the server.
     fn capabilities(&self) -> Capabilities {
         Capabilities::kinds(&[
             LockKind::Mutex,
@@ -156,6 +159,7 @@ impl Backend for ZkBackend {
             LockKind::Read,
             LockKind::Write,
         ])
+        .with(LockKind::Election)
         .lease_expiry(false)
     }
 
@@ -201,7 +205,24 @@ impl Backend for ZkBackend {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.inner.inspect(name, kind).await
+        match kind {
+            LockKind::Election => self.inner.inspect_election(name).await,
+            _ => self.inner.inspect(name, kind).await,
+        }
+    }
+
+    /// Records the value and its proclamation number in the election directory's data, in a
+    /// multi-op that checks the leader's node (see `docs/election-zk.md`): a retried or late
+    /// proclamation finds its number reached already.
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        self.inner.proclaim(grant, seq, value).await
+    }
+
+    /// A child watch on the election's directory and a data watch on the directory itself.
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        let dir = self.inner.dir(name, layout::Family::Election);
+        let w = election::ElectionWatch::new(self.inner.clone(), dir).await?;
+        Ok(Box::new(w))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {

@@ -80,7 +80,7 @@ impl Inner {
         kind: NodeKind,
     ) -> Result<(Created, LeaseInstant)> {
         let dir = self.dir(&req.key.name, kind.family());
-        let prefix = layout::name_prefix(&req.attempt, kind);
+        let prefix = layout::name_prefix(&req.attempt, kind, &req.key.owner);
         let sent_before = self.state().pending.contains(&req.attempt);
         if sent_before {
             let at = LeaseInstant::now();
@@ -136,7 +136,12 @@ impl Inner {
         prefix: &str,
     ) -> Result<Created> {
         let mut made_dir = false;
-        let data = NodeData::new(&req.key.owner).encode();
+        let data = match kind {
+            // A candidate's node holds its value alone: Curator's `LeaderLatch` shows a node's
+            // data as the participant's id (the owner id is in the node's name).
+            NodeKind::Latch => req.value.as_deref().unwrap_or_default().as_bytes().to_vec(),
+            _ => NodeData::new(&req.key.owner).encode(),
+        };
         for _ in 0..CREATE_ATTEMPTS {
             match self
                 .create_detached(sess, &req.attempt, format!("{dir}/{prefix}"), data.clone())

@@ -9,7 +9,7 @@
 //! this node).
 
 use crate::error::KIND;
-use crate::layout::{self, Child, Family, NodeData, NodeKind};
+use crate::layout::{self, decode_segment, Child, Family, NodeData, NodeKind};
 use crate::node::{foreign_data, token_of, DATA_ATTEMPTS};
 use crate::release::parse_fence;
 use crate::ZkBackend;
@@ -17,27 +17,6 @@ use distlock_core::{
     Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
 };
 use zookeeper_client as zk;
-
-/// Decodes a path segment written by [`layout::encode_segment`]; `None` for a segment that
-/// is not one (a foreign node: no lock name maps to it).
-fn decode_segment(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    let name = String::from_utf8(out).ok()?;
-    // Only the canonical encoding names a lock (`%41` is not where lock `A` lives).
-    (layout::encode_segment(&name) == s).then_some(name)
-}
 
 pub(crate) async fn list(b: &ZkBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let inner = &b.inner;
@@ -67,6 +46,20 @@ pub(crate) async fn list(b: &ZkBackend, prefix: &str) -> Result<Vec<ListedLock>>
             out.push(ListedLock::new(LockKind::Write, rw));
         }
     }
+    // Elections, in their own root beside the namespace.
+    let root = format!("{}{}", inner.base, layout::ELECTION_SUFFIX);
+    let mut elections: Vec<String> = inner
+        .list(&sess, &root)
+        .await?
+        .into_iter()
+        .filter_map(|seg| decode_segment(&seg))
+        .filter(|name| name.starts_with(prefix))
+        .collect();
+    elections.sort();
+    for name in elections {
+        let info = Backend::inspect(b, &name, LockKind::Election).await?;
+        out.push(ListedLock::new(LockKind::Election, info));
+    }
     Ok(out)
 }
 
@@ -84,6 +77,9 @@ pub(crate) async fn force_release(
 ) -> Result<ForceReleased> {
     let inner = &b.inner;
     let family = NodeKind::of(kind)?.family();
+    if family == Family::Election {
+        return inner.force_resign(name).await;
+    }
     let dir = inner.dir(name, family);
     let sess = inner.session().await?;
     let what = "forcing the release";

@@ -90,6 +90,20 @@ impl Inner {
         g: &Grant,
         role: Role<'_>,
     ) -> Result<std::result::Result<Option<()>, zk::Error>> {
+        if g.node == NodeKind::Latch {
+            // No fence to record: an election's tokens are its leaders' creation zxids, and its
+            // directory may be a container node of Curator's (deleted by the server when empty).
+            return Ok(
+                match self
+                    .timed("resigning", sess.zk.delete(&g.path, None))
+                    .await?
+                {
+                    Ok(()) => Ok(Some(())),
+                    Err(zk::Error::NoNode) => Ok(None),
+                    Err(e) => Err(e),
+                },
+            );
+        }
         if g.node == NodeKind::Lock {
             return Ok(
                 match self.delete_recording_fence(sess, g, false, None).await? {
@@ -245,7 +259,7 @@ impl Inner {
         dir: &str,
     ) -> Result<ReleaseOutcome> {
         layout::check_attempt(&grant.attempt)?;
-        let prefix = layout::name_prefix(&grant.attempt, kind);
+        let prefix = layout::name_prefix(&grant.attempt, kind, &grant.key.owner);
         self.sync(sess, dir).await?;
         if let Some(name) = self.find_child(sess, dir, &prefix).await? {
             let path = format!("{dir}/{name}");
@@ -300,7 +314,7 @@ impl Inner {
         }
         let sess = self.session().await?;
         let dir = self.dir(&req.key.name, kind.family());
-        let prefix = layout::name_prefix(&req.attempt, kind);
+        let prefix = layout::name_prefix(&req.attempt, kind, &req.key.owner);
         // After the sync we see a create of this attempt whose answer was lost.
         self.sync(&sess, &dir).await?;
         for name in self.list(&sess, &dir).await? {

@@ -79,9 +79,20 @@ impl Inner {
                 ),
             ));
         }
+        // Election candidates' nodes hold their value, not dlock's node data.
+        let latches: std::collections::HashSet<&str> = wanted
+            .iter()
+            .filter(|(_, g)| g.node == NodeKind::Latch)
+            .map(|(_, g)| g.path.as_str())
+            .collect();
         let mut nodes: HashMap<&str, Option<(NodeData, zk::Stat)>> = HashMap::new();
         for (p, r) in paths.iter().zip(results) {
             let node = match r {
+                zk::MultiReadResult::Data { stat, .. }
+                    if stat.ephemeral_owner == sess.id && latches.contains(p) =>
+                {
+                    Some((NodeData::default(), stat))
+                }
                 zk::MultiReadResult::Data { data, stat } if stat.ephemeral_owner == sess.id => {
                     Some((
                         NodeData::parse(&data).ok_or_else(|| foreign_data(p, &data))?,

@@ -36,3 +36,4 @@ fn zk() -> ServerHarness<&'static ZkEnsemble> {
 
 distlock_testkit::conformance_suite!(zk());
 distlock_testkit::adversarial_suite!(zk());
+distlock_testkit::election_suite!(zk());

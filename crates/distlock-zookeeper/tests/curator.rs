@@ -1,17 +1,19 @@
 //! dlock's ZooKeeper mutex and Apache Curator's `InterProcessMutex` on the same path exclude
 //! each other, in both directions: dlock's nodes follow Curator's recipe (ephemeral sequential
 //! `_c_<id>-lock-<seq>` children, lowest sequence holds), so each sees the other's node in its
-//! queue. Curator itself runs in a JVM (`tests/curator/Holder.java`, launched as a single
-//! source file) with the jars of Debian's `libcurator-recipes-java`; the test is skipped, saying
-//! so, when `java` or a jar is missing.
+//! queue. Likewise a dlock election and Curator's `LeaderLatch` on its path
+//! (`/<ns>-election/<name>`, `_c_<id>-latch-<seq>` children) are one election. Curator itself
+//! runs in a JVM (`tests/curator/Holder.java`, `tests/curator/Latch.java`, launched as single
+//! source files) with the jars of Debian's `libcurator-recipes-java`; the tests are skipped,
+//! saying so, when `java` or a jar is missing.
 
 use distlock_core::{Client, LockKind};
 use distlock_testkit::conformance::{fast_opts, unique_name, wait_for_waiters};
 use distlock_testkit::ZkEnsemble;
 use distlock_zookeeper::lock_dir;
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -63,35 +65,39 @@ fn class_path() -> Result<String, String> {
     Ok(paths.join(":"))
 }
 
-/// One Curator process holding `InterProcessMutex` on a path; killed when dropped.
+/// One Curator process (`Holder.java` holding `InterProcessMutex` on a path, or `Latch.java`
+/// in a `LeaderLatch` election); killed when dropped.
 struct Holder {
     child: Child,
+    stdin: Option<ChildStdin>,
     lines: mpsc::UnboundedReceiver<String>,
     seen: Vec<String>,
 }
 
 impl Holder {
     fn start(class_path: &str, connect: &str, path: &str, hold: Duration) -> Holder {
-        let source: PathBuf = [
-            env!("CARGO_MANIFEST_DIR"),
-            "tests",
-            "curator",
+        Holder::run(
+            class_path,
             "Holder.java",
-        ]
-        .iter()
-        .collect();
+            &[connect, path, &hold.as_millis().to_string()],
+        )
+    }
+
+    fn run(class_path: &str, program: &str, args: &[&str]) -> Holder {
+        let source: PathBuf = [env!("CARGO_MANIFEST_DIR"), "tests", "curator", program]
+            .iter()
+            .collect();
         let mut child = Command::new(java())
             .arg("-cp")
             .arg(class_path)
             .arg(&source)
-            .arg(connect)
-            .arg(path)
-            .arg(hold.as_millis().to_string())
-            .stdin(Stdio::null())
+            .args(args)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("start the Curator holder");
+            .expect("start the Curator program");
+        let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("stdout");
         let (tx, lines) = mpsc::unbounded_channel();
         std::thread::spawn(move || {
@@ -104,9 +110,18 @@ impl Holder {
         });
         Holder {
             child,
+            stdin,
             lines,
             seen: Vec::new(),
         }
+    }
+
+    /// Sends one command line.
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .expect("write to the Curator program");
     }
 
     /// Waits for the line `want` (at most `within`).
@@ -212,4 +227,109 @@ async fn curator_and_dlock_exclude_each_other() {
     assert!(g2.fencing_token() > t1);
     assert!(curator.wait_exit().success(), "the Curator holder failed");
     released(g2).await;
+}
+
+/// Curator's `LeaderLatch` on a dlock election's path is a candidate of that election, in both
+/// directions: Curator leading, dlock's campaign waits and leads when Curator leaves (and
+/// `leader()` shows Curator's participant id as the value); dlock leading, Curator waits and
+/// its `getLeader().getId()` shows dlock's value, and leads once dlock resigns — also after
+/// dlock proclaimed another value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_leader_latch_and_dlock_elect_together() {
+    let class_path = match class_path() {
+        Ok(cp) => cp,
+        Err(why) => {
+            distlock_testkit::skip_or_fail("curator_leader_latch_and_dlock_elect_together", &why);
+            return;
+        }
+    };
+    let ensemble = ZkEnsemble::shared();
+    let a = client().await;
+    let b = client().await;
+    let name = unique_name("curator-latch");
+    // The path Curator's recipe is given: dlock's election directory of `name`.
+    let path = lock_dir("dlock", &name, LockKind::Election).expect("dir");
+    let election = a.election(&name).expect("election");
+
+    // Curator leads: dlock's try fails, its campaign waits.
+    let mut curator = Holder::run(
+        &class_path,
+        "Latch.java",
+        &[&ensemble.connect_string(), &path, "curator-1"],
+    );
+    // A JVM starting on a loaded machine: generous.
+    curator.expect("LEADING", Duration::from_secs(60)).await;
+    let l = election.leader().await.expect("leader").expect("a leader");
+    assert!(
+        l.owner.starts_with("(not dlock) _c_") && l.owner.contains("-latch-"),
+        "{l:?}"
+    );
+    assert_eq!(l.value, "curator-1");
+    let curator_token = l.fencing_token;
+    assert!(election
+        .try_campaign("dlock-v")
+        .await
+        .expect("try")
+        .is_none());
+    let campaign = tokio::spawn({
+        let election = election.clone();
+        async move {
+            election
+                .campaign_timeout("dlock-v", Duration::from_secs(30))
+                .await
+        }
+    });
+    wait_for_waiters(&b, &name, LockKind::Election, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!campaign.is_finished(), "dlock led while Curator did");
+    curator.send("close");
+    curator.expect("CLOSED", Duration::from_secs(10)).await;
+    let leader = campaign
+        .await
+        .expect("join")
+        .expect("dlock leads after Curator");
+    assert!(leader.fencing_token() > curator_token);
+    assert!(curator.wait_exit().success(), "the Curator latch failed");
+
+    // dlock leads: Curator waits, and sees dlock's value as the leader's id.
+    let mut curator = Holder::run(
+        &class_path,
+        "Latch.java",
+        &[&ensemble.connect_string(), &path, "curator-2"],
+    );
+    curator.expect("STARTED", Duration::from_secs(60)).await;
+    wait_for_waiters(&b, &name, LockKind::Election, 1).await;
+    curator.send("has");
+    curator.expect("HAS false", Duration::from_secs(10)).await;
+    curator.send("leader");
+    curator
+        .expect("LEADER dlock-v", Duration::from_secs(10))
+        .await;
+    // A proclamation: dlock's observers see it; Curator goes on showing the value dlock
+    // campaigned with (the node's data, which must not change: Curator's waiter keeps a data
+    // watch on it and would miss the node's deletion after a data change — checked below,
+    // where Curator must take over).
+    leader.proclaim("dlock-v2").await.expect("proclaim");
+    let l = election.leader().await.expect("leader").expect("a leader");
+    assert_eq!(l.value, "dlock-v2");
+    assert!(!curator.said("LEADING"), "Curator led while dlock did");
+
+    // dlock resigns: Curator leads (woken by the watch on dlock's node).
+    let token = leader.fencing_token();
+    released_leadership(leader).await;
+    curator.expect("LEADING", Duration::from_secs(10)).await;
+    let l = election.leader().await.expect("leader").expect("a leader");
+    assert_eq!(l.value, "curator-2");
+    assert!(l.fencing_token > token);
+    curator.send("close");
+    curator.expect("CLOSED", Duration::from_secs(10)).await;
+    assert!(curator.wait_exit().success(), "the Curator latch failed");
+    assert_eq!(election.leader().await.expect("leader"), None);
+}
+
+async fn released_leadership(l: distlock_core::Leadership) {
+    assert_eq!(
+        l.resign().await.expect("resign"),
+        distlock_core::ReleaseOutcome::Released
+    );
 }

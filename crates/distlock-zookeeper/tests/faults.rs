@@ -283,3 +283,137 @@ async fn lost_signal_only_for_losses() {
     );
     assert_eq!(g.release().await.expect("release"), ReleaseOutcome::Expired);
 }
+
+/// An election's leader cut off from the ensemble (its traffic blackholed) for longer than its
+/// session timeout: its lost signal fires (before the server can expire the session, so before
+/// the next candidate can lead), the waiting candidate leads once the session expired, with a
+/// higher fencing token; the old leadership cannot proclaim any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_leader_cut_off_loses_and_is_replaced() {
+    let ensemble = ZkEnsemble::shared();
+    let proxy = DelayProxy::start(ensemble.addr(0), Duration::ZERO).expect("proxy");
+    let session = Duration::from_secs(6);
+    let cut_url = format!("zk://127.0.0.1:{}?session_timeout=6s", proxy.port());
+    let url = format!("{}?session_timeout=6s", ensemble.url());
+    let name = unique_name("el-expiry");
+    let opts = opts().watchdog_lease(session);
+    let leader_client = client(&cut_url, opts.clone()).await;
+    let other = client(&url, opts).await;
+    let leader = leader_client
+        .election(&name)
+        .expect("election")
+        .campaign_timeout("old", Duration::from_secs(5))
+        .await
+        .expect("campaign");
+    let t1 = leader.fencing_token();
+    let lost = leader.lost_signal();
+    let lost_at = tokio::spawn({
+        let lost = lost.clone();
+        async move {
+            let reason = lost.lost().await;
+            (reason, Instant::now())
+        }
+    });
+    let candidate = other.election(&name).expect("election");
+    let waiting = tokio::spawn({
+        let candidate = candidate.clone();
+        async move {
+            let l = candidate
+                .campaign_timeout("new", Duration::from_secs(20))
+                .await;
+            (l, Instant::now(), lost.is_lost())
+        }
+    });
+    wait_for_waiters(&other, &name, LockKind::Election, 1).await;
+    assert!(!waiting.is_finished(), "two leaders");
+
+    let cut_at = Instant::now();
+    proxy.set_blackhole(true);
+    let (l2, led_at, lost_when_led) = waiting.await.expect("join");
+    let l2 = l2.expect("the waiting candidate leads once the session expired");
+    let waited = led_at - cut_at;
+    assert!(
+        waited >= session * 3 / 4,
+        "led {waited:?} after the cut, before the session could expire"
+    );
+    let (reason, lost_at) = tokio::time::timeout(Duration::from_secs(5), lost_at)
+        .await
+        .expect("the lost signal never fired")
+        .expect("join");
+    assert!(
+        matches!(reason, LostReason::SessionEnded(_)),
+        "reason: {reason:?}"
+    );
+    eprintln!(
+        "cut off at 0, lost signal at {:?}, new leader at {:?}",
+        lost_at - cut_at,
+        led_at - cut_at
+    );
+    assert!(
+        lost_when_led,
+        "the cut-off leader learned of its loss {:?} after the next one led",
+        lost_at.saturating_duration_since(led_at)
+    );
+    assert!(l2.fencing_token() > t1, "{} after {t1}", l2.fencing_token());
+    let now = candidate.leader().await.expect("leader").expect("a leader");
+    assert_eq!(
+        (now.value.as_str(), now.fencing_token),
+        ("new", l2.fencing_token())
+    );
+
+    // It can talk again: the old leadership is gone for good.
+    proxy.set_blackhole(false);
+    assert!(leader.proclaim("still me?").await.is_err());
+    assert_eq!(
+        candidate.leader().await.expect("leader").map(|l| l.value),
+        Some("new".to_owned())
+    );
+    l2.resign().await.expect("resign");
+}
+
+/// An election leader whose backend goes away without resigning (its session closes) is
+/// replaced at once — its node goes with the session — not after the session timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_leader_gone_replaced_at_once() {
+    let ensemble = ZkEnsemble::shared();
+    let url = format!("{}?session_timeout=20s", ensemble.url());
+    let name = unique_name("el-closed");
+    let other = client(&url, opts()).await;
+    let leader = ZkBackend::connect(&url, &opts()).await.expect("connect");
+    let key = HoldKey {
+        name: name.as_str().into(),
+        owner: "short-lived".into(),
+        kind: LockKind::Election,
+    };
+    let mut req = AcquireRequest::new(key, Duration::from_secs(10), LostSignal::new());
+    req.value = Some("gone soon".into());
+    let t1 = match leader.acquire(&req).await.expect("acquire") {
+        AcquireReply::Granted { token } => token,
+        other => panic!("not granted: {other:?}"),
+    };
+    let election = other.election(&name).expect("election");
+    let l = election.leader().await.expect("leader").expect("a leader");
+    assert_eq!(
+        (l.owner.as_str(), l.value.as_str()),
+        ("short-lived", "gone soon")
+    );
+    let waiting = tokio::spawn({
+        let election = election.clone();
+        async move {
+            election
+                .campaign_timeout("next", Duration::from_secs(15))
+                .await
+        }
+    });
+    wait_for_waiters(&other, &name, LockKind::Election, 1).await;
+    drop(leader);
+    let t = Instant::now();
+    let next = waiting.await.expect("join").expect("the candidate leads");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "replaced only after {:?}",
+        t.elapsed()
+    );
+    assert!(next.fencing_token() > t1);
+    next.resign().await.expect("resign");
+}

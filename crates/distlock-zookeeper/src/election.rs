@@ -1,0 +1,413 @@
+//! Elections: Curator's `LeaderLatch` recipe, with fencing tokens and numbered proclamations.
+//!
+//! Election `name` lives in `/<chroot>/<ns>-election/<name>`. Each candidate is one ephemeral
+//! sequential `latch-` node there (a Curator `LeaderLatch` on that path is a candidate like
+//! any other); the lowest sequence number leads, the others each watch their predecessor. A
+//! dlock candidate's node is `_c_<attempt>-dlock=<owner>-latch-<seq>` and holds the value it
+//! campaigned with, alone, so Curator's `getLeader().getId()` shows it. That data never
+//! changes: Curator's next candidate keeps a one-shot *data* watch on it and acts only on its
+//! deletion, so a data change would use the watch up and leave Curator waiting forever.
+//! Proclaimed values go to the election directory's own data instead,
+//! `<leader token>\n<seq>\n<value>`, written in one multi-op that checks the leader's node
+//! still exists and that the directory's data is the one read; a proclamation whose number is
+//! not above the recorded one (a retry, a late duplicate) changes nothing. The token is the
+//! leader node's creation zxid.
+
+use crate::error::{session_gone, KIND};
+use crate::layout::{self, Family, NodeKind};
+use crate::node::{anyone, token_of, DATA_ATTEMPTS};
+use crate::session::Inner;
+use distlock_core::backend::{async_trait, GrantRef, ReleaseWatch, RenewOutcome, Wake};
+use distlock_core::{Error, ForceReleased, HolderInfo, LockInfo, Result};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+/// The owner `inspect` reports for the candidate node `name`: the owner id in a dlock node's
+/// name, or for a node dlock did not make (a Curator `LeaderLatch` participant)
+/// `(not dlock) <node name>`, as the etcd backend marks `etcdctl elect`'s keys.
+pub(crate) fn owner_of(name: &str) -> String {
+    layout::latch_owner(name).unwrap_or_else(|| format!("(not dlock) {name}"))
+}
+
+/// A proclaimed value, as the election directory's data records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Proclaimed {
+    /// The token of the leader that proclaimed it (a record of an earlier leader is stale).
+    pub(crate) token: u64,
+    pub(crate) seq: u64,
+    pub(crate) value: String,
+}
+
+impl Proclaimed {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        format!("{}\n{}\n{}", self.token, self.seq, self.value).into_bytes()
+    }
+
+    /// `None` for an empty directory (nothing proclaimed since it was made).
+    pub(crate) fn parse(dir: &str, data: &[u8]) -> Result<Option<Proclaimed>> {
+        if data.is_empty() {
+            return Ok(None);
+        }
+        let parsed = std::str::from_utf8(data).ok().and_then(|s| {
+            let mut it = s.splitn(3, '\n');
+            Some(Proclaimed {
+                token: it.next()?.parse().ok()?,
+                seq: it.next()?.parse().ok()?,
+                value: it.next()?.to_owned(),
+            })
+        });
+        parsed.map(Some).ok_or_else(|| {
+            Error::unexpected(
+                KIND,
+                format!(
+                    "the election directory {dir} holds `{}`, not a proclaimed value; is it used by another program?",
+                    String::from_utf8_lossy(data)
+                ),
+            )
+        })
+    }
+}
+
+/// The leader's node as read: name, data, stat.
+struct LeaderNode {
+    name: String,
+    data: Vec<u8>,
+    stat: zk::Stat,
+}
+
+impl Inner {
+    /// The current leader of election `dir` (after a sync) and the number of candidates.
+    async fn leader_node(
+        &self,
+        sess: &crate::session::Session,
+        dir: &str,
+    ) -> Result<(Option<LeaderNode>, usize)> {
+        self.sync(sess, dir).await?;
+        for _ in 0..DATA_ATTEMPTS {
+            let queue = layout::queue(&self.list(sess, dir).await?, Family::Election);
+            let Some(head) = queue.first() else {
+                return Ok((None, 0));
+            };
+            let path = format!("{dir}/{}", head.name);
+            match self
+                .timed("reading the leader's node", sess.zk.get_data(&path))
+                .await?
+            {
+                Ok((data, stat)) => {
+                    return Ok((
+                        Some(LeaderNode {
+                            name: head.name.clone(),
+                            data,
+                            stat,
+                        }),
+                        queue.len(),
+                    ))
+                }
+                // It resigned between the two reads: the next one leads.
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(self.err("reading the leader's node", e)),
+            }
+        }
+        Err(crate::node::busy(&self.endpoint, dir))
+    }
+
+    /// `inspect(name, Election)`: the leader only, with its value and token.
+    pub(crate) async fn inspect_election(self: &Arc<Self>, name: &str) -> Result<LockInfo> {
+        let dir = self.dir(name, Family::Election);
+        let sess = self.session().await?;
+        let (leader, candidates) = self.leader_node(&sess, &dir).await?;
+        let Some(l) = leader else {
+            return Ok(LockInfo::new(name).with_waiters(Some(0)));
+        };
+        let token = token_of(&l.stat).ok_or_else(|| {
+            Error::unexpected(
+                KIND,
+                format!("node {dir}/{} has czxid {}", l.name, l.stat.czxid),
+            )
+        })?;
+        let owner = owner_of(&l.name);
+        // What it proclaimed since its grant, if anything; else what it campaigned with.
+        let proclaimed = match self.timed("inspecting", sess.zk.get_data(&dir)).await? {
+            Ok((data, _)) => Proclaimed::parse(&dir, &data)?.filter(|p| p.token == token),
+            Err(zk::Error::NoNode) => None,
+            Err(e) => return Err(self.err("inspecting", e)),
+        };
+        let value = match proclaimed {
+            Some(p) => p.value,
+            None => String::from_utf8_lossy(&l.data).into_owned(),
+        };
+        let waiters = u32::try_from(candidates.saturating_sub(1)).unwrap_or(u32::MAX);
+        Ok(LockInfo::new(name)
+            .with_holders(vec![HolderInfo::new(owner, 1).with_value(Some(value))])
+            .with_fencing_token(token)
+            .with_waiters(Some(waiters)))
+    }
+
+    /// `proclaim`: records `value` as proclamation `seq` of the leader `grant` in the
+    /// directory's data, unless a proclamation numbered `seq` or more is there already.
+    pub(crate) async fn proclaim(
+        self: &Arc<Self>,
+        grant: &GrantRef,
+        seq: u64,
+        value: &str,
+    ) -> Result<RenewOutcome> {
+        let sess = self.session().await?;
+        let Some(g) = self
+            .local_grant(grant)
+            .filter(|g| g.gen == sess.gen && g.node == NodeKind::Latch)
+        else {
+            // Not a live grant of this session (its session ended: its lost signal fired).
+            return Ok(RenewOutcome::NotHeld);
+        };
+        let what = "proclaiming";
+        // Read at the leader's state, so "still leads" is the leader's answer.
+        self.sync(&sess, &g.path).await?;
+        for _ in 0..DATA_ATTEMPTS {
+            let node = match self.timed(what, sess.zk.check_stat(&g.path)).await? {
+                Ok(Some(st)) if st.ephemeral_owner == sess.id && token_of(&st) == Some(g.token) => {
+                    st
+                }
+                Ok(_) => return Ok(self.not_leading(grant, &g.path, g.gen)),
+                Err(e) => return Err(self.err(what, e)),
+            };
+            let (data, dir) = match self.timed(what, sess.zk.get_data(&g.dir)).await? {
+                Ok(v) => v,
+                // The node exists, so its directory does: a race with our own check.
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(self.err(what, e)),
+            };
+            // A granted node leads as long as it exists: every node before it is gone, and
+            // every later one has a higher sequence number.
+            if let Some(p) = Proclaimed::parse(&g.dir, &data)? {
+                if p.token == g.token && p.seq >= seq {
+                    return Ok(RenewOutcome::Renewed);
+                }
+            }
+            let record = Proclaimed {
+                token: g.token,
+                seq,
+                value: value.to_owned(),
+            };
+            let mut w = sess.zk.new_multi_writer();
+            w.add_check_version(&g.path, node.version)
+                .and_then(|()| w.add_set_data(&g.dir, &record.encode(), Some(dir.version)))
+                .map_err(|e| self.err(what, e))?;
+            match self.timed(what, w.commit()).await? {
+                Ok(_) => return Ok(RenewOutcome::Renewed),
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zk::Error::NoNode,
+                }) => return Ok(self.not_leading(grant, &g.path, g.gen)),
+                // Another write got there first (our own earlier one whose answer was lost, a
+                // Curator container's recreation): look again.
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::BadVersion | zk::Error::NoNode,
+                    ..
+                }) => continue,
+                Err(zk::MultiWriteError::OperationFailed { source, .. })
+                | Err(zk::MultiWriteError::RequestFailed { source }) => {
+                    return Err(self.err(what, source))
+                }
+            }
+        }
+        Err(crate::node::busy(&self.endpoint, &g.dir))
+    }
+
+    fn not_leading(&self, grant: &GrantRef, path: &str, gen: u64) -> RenewOutcome {
+        self.forget_grant(&grant.attempt);
+        self.node_gone(path, gen);
+        RenewOutcome::NotHeld
+    }
+
+    /// `force_release(name, Election)`: deletes the leader's node (at the version read), the
+    /// next candidate leads. The directory's data is rewritten (unchanged) in the same
+    /// multi-op: its zxid, above every token handed out before, is the counter reported.
+    pub(crate) async fn force_resign(self: &Arc<Self>, name: &str) -> Result<ForceReleased> {
+        let dir = self.dir(name, Family::Election);
+        let sess = self.session().await?;
+        let what = "forcing the leader out";
+        for _ in 0..DATA_ATTEMPTS {
+            let (Some(l), _) = self.leader_node(&sess, &dir).await? else {
+                return Ok(ForceReleased::new(Vec::new(), 0));
+            };
+            let (data, dir_stat) = match self.timed(what, sess.zk.get_data(&dir)).await? {
+                Ok(v) => v,
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(self.err(what, e)),
+            };
+            let path = format!("{dir}/{}", l.name);
+            let mut w = sess.zk.new_multi_writer();
+            w.add_delete(&path, Some(l.stat.version))
+                .and_then(|()| w.add_set_data(&dir, &data, Some(dir_stat.version)))
+                .map_err(|e| self.err(what, e))?;
+            let results = match self.timed(what, w.commit()).await? {
+                Ok(r) => r,
+                // Resigned, proclaimed or recreated meanwhile: look again.
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::NoNode | zk::Error::BadVersion,
+                    ..
+                }) => continue,
+                Err(zk::MultiWriteError::OperationFailed { source, .. })
+                | Err(zk::MultiWriteError::RequestFailed { source }) => {
+                    return Err(self.err(what, source))
+                }
+            };
+            let token = token_of(&l.stat).unwrap_or(0);
+            let counter = match results.get(1) {
+                Some(zk::MultiWriteResult::SetData { stat }) => u64::try_from(stat.mzxid)
+                    .ok()
+                    .map_or(token, |z| z.max(token)),
+                other => {
+                    return Err(Error::unexpected(
+                        KIND,
+                        format!("forced resignation in `{name}`: unexpected answer {other:?}"),
+                    ))
+                }
+            };
+            let owner = owner_of(&l.name);
+            return Ok(ForceReleased::new(vec![HolderInfo::new(owner, 1)], counter));
+        }
+        Err(crate::node::busy(&self.endpoint, &dir))
+    }
+}
+
+type Event = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+
+/// The changes of one election: a child watch on its directory (candidates coming and going,
+/// so a new leader) and a data watch on the directory (a proclamation). Both are re-armed
+/// after each event before `changed` returns, so no change after `observe` returned is
+/// missed; a session event ends the watch with an error.
+pub(crate) struct ElectionWatch {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) dir: String,
+    armed: Option<(Event, CancellationToken)>,
+    /// An event arrived but the watch was not re-armed yet (`changed` was dropped midway).
+    fired: bool,
+}
+
+impl ElectionWatch {
+    pub(crate) async fn new(inner: Arc<Inner>, dir: String) -> Result<Self> {
+        let mut w = ElectionWatch {
+            inner,
+            dir,
+            armed: None,
+            fired: false,
+        };
+        w.arm().await?;
+        Ok(w)
+    }
+
+    async fn arm(&mut self) -> Result<()> {
+        let inner = &self.inner;
+        let sess = inner.session().await?;
+        let what = "watching the election";
+        let mut made_dir = false;
+        let (_, cw) = loop {
+            match inner
+                .timed(what, sess.zk.list_and_watch_children(&self.dir))
+                .await?
+            {
+                Ok(v) => break v,
+                Err(zk::Error::NoNode) if !made_dir => {
+                    made_dir = true;
+                    let opts = zk::CreateMode::Persistent.with_acls(anyone());
+                    match inner
+                        .timed(
+                            "creating the election directory",
+                            sess.zk.mkdir(&self.dir, &opts),
+                        )
+                        .await?
+                    {
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(inner.err("creating the election directory", e)),
+                    }
+                }
+                Err(e) => return Err(inner.err(what, e)),
+            }
+        };
+        // Proclamations change the directory's data.
+        let lw = match inner
+            .timed(what, sess.zk.check_and_watch_stat(&self.dir))
+            .await?
+        {
+            Ok((Some(_), w)) => Some(w),
+            // Deleted meanwhile (a Curator container): the child watch fired for it.
+            Ok((None, _)) => None,
+            Err(e) => return Err(inner.err(what, e)),
+        };
+        let events: Event = Box::pin(async move {
+            match lw {
+                Some(lw) => tokio::select! {
+                    ev = cw.changed() => ev,
+                    ev = lw.changed() => ev,
+                },
+                None => cw.changed().await,
+            }
+        });
+        self.armed = Some((events, sess.ended.clone()));
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ReleaseWatch for ElectionWatch {
+    async fn changed(&mut self) -> Result<Wake> {
+        if self.fired {
+            self.arm().await?;
+            self.fired = false;
+            return Ok(Wake::Released);
+        }
+        if self.armed.is_none() {
+            self.arm().await?;
+        }
+        let Some((events, ended)) = self.armed.as_mut() else {
+            return Err(session_gone(&self.inner.endpoint, "no watch"));
+        };
+        let ev = tokio::select! {
+            ev = events => ev,
+            _ = ended.cancelled() => {
+                self.armed = None;
+                return Err(session_gone(&self.inner.endpoint, "the session ended"));
+            }
+        };
+        self.armed = None;
+        if ev.event_type == zk::EventType::Session {
+            return Err(session_gone(
+                &self.inner.endpoint,
+                &ev.session_state.to_string(),
+            ));
+        }
+        self.fired = true;
+        self.arm().await?;
+        self.fired = false;
+        Ok(Wake::Released)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proclaimed_records() {
+        let p = Proclaimed {
+            token: 0x1_0000_0007,
+            seq: 3,
+            value: "10.0.0.7:80\nsecond line".into(),
+        };
+        assert_eq!(Proclaimed::parse("/d", &p.encode()).expect("ours"), Some(p));
+        assert_eq!(Proclaimed::parse("/d", b"").expect("empty"), None);
+        // The empty value.
+        let e = Proclaimed::parse("/d", b"5\n1\n")
+            .expect("ours")
+            .expect("some");
+        assert_eq!((e.token, e.seq, e.value.as_str()), (5, 1, ""));
+        for foreign in [&b"12"[..], b"a\n1\nv", b"1\nx\nv", b"1\n2", &[0xff, b'\n']] {
+            let err = Proclaimed::parse("/d", foreign).expect_err("foreign");
+            assert!(err.to_string().contains("not a proclaimed value"), "{err}");
+        }
+    }
+}
