@@ -263,6 +263,22 @@ pub fn lock_key(namespace: &str, name: &str) -> i64 {
     i64::from_be_bytes(b)
 }
 
+/// The advisory key of election `name`: [`lock_key`] of the name followed by a NUL and
+/// `election`. Lock names cannot contain NUL (nor any control character), so an election's
+/// key is never the key of a lock, and the election never conflicts with the lock of the
+/// same name. Its LISTEN/NOTIFY channel is [`channel`] of this key.
+pub fn election_key(namespace: &str, name: &str) -> i64 {
+    lock_key(namespace, &format!("{name}\u{0}election"))
+}
+
+/// The advisory key of `name`'s lock of `kind` (elections have their own).
+pub(crate) fn key_of(namespace: &str, name: &str, kind: LockKind) -> i64 {
+    match kind {
+        LockKind::Election => election_key(namespace, name),
+        _ => lock_key(namespace, name),
+    }
+}
+
 /// How `pg_locks` shows a bigint advisory key: (classid, objid) = (high, low) 32 bits.
 pub(crate) fn key_oids(key: i64) -> (u32, u32) {
     let k = key as u64;
@@ -294,5 +310,15 @@ mod tests {
         assert_eq!(((hi as u64) << 32 | lo as u64) as i64, k);
         assert_eq!(channel(k).len(), 22);
         assert_eq!(channel(-1), "dlock_ffffffffffffffff");
+        // Pinned as the lock keys are; never the key of the lock of the same name.
+        assert_ne!(election_key("dlock", "x"), lock_key("dlock", "x"));
+        assert_eq!(
+            key_of("dlock", "x", LockKind::Mutex),
+            lock_key("dlock", "x")
+        );
+        assert_eq!(
+            key_of("dlock", "x", LockKind::Election),
+            election_key("dlock", "x")
+        );
     }
 }

@@ -10,7 +10,7 @@ mod password;
 mod session;
 mod tls;
 
-pub use common::{channel, lock_key};
+pub use common::{channel, election_key, lock_key};
 pub use password::{PASSFILE_ENV, PASSWORD_ENV};
 pub use tls::{RootCert, SslMode, TlsError, TlsErrorKind, TlsOptions};
 
@@ -474,6 +474,23 @@ distlock_sql::sql_backend!(PostgresBackend,
         }
         let chan = channel(lock_key(&self.common.namespace, &req.key.name));
         self.listener.watch(chan, &req.attempt).await
+    }
+
+    /// Session mode: `LISTEN` on the election's channel, which its grants (the leader's
+    /// registration), resignations and proclamations `NOTIFY`. A leader whose session ends
+    /// without a resignation (killed, cut off, its lease over) sends nothing: the next
+    /// candidate's grant does, and observers look again at the leader's lease end.
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        if !matches!(self.inner, Inner::Session(_)) {
+            return Err(distlock_core::Error::unsupported(
+                KIND,
+                "elections in lease mode (use mode=session)",
+            ));
+        }
+        let chan = channel(election_key(&self.common.namespace, name));
+        self.listener
+            .watch(chan, &distlock_core::AttemptId::new())
+            .await
     }
 
 });

@@ -106,6 +106,17 @@ pub trait Dialect: Send + Sync + 'static {
 
     /// What the server says about `name`'s lock of `kind` (its kind already checked).
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
+
+    /// Elections: replaces the value election grant `grant` advertises with `value` if that
+    /// grant still leads on the server and `seq` is greater than the stored sequence number,
+    /// in one statement (or transaction) that never touches the grant's lease or session;
+    /// wakes the election's observers when the value changed. `Renewed` while the grant
+    /// leads (whether or not `seq` was new), `NotHeld` otherwise (see
+    /// [`Backend::proclaim`]). Called only for an attempt this client holds a grant of.
+    /// The default: elections are not supported.
+    async fn proclaim(&self, _grant: &GrantRef, _seq: u64, _value: &str) -> Result<RenewOutcome> {
+        Err(Error::unsupported(self.backend(), "elections"))
+    }
 }
 
 /// A request on one attempt.
@@ -371,6 +382,49 @@ impl<D: Dialect> Sessions<D> {
     pub async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         self.check_kind(kind)?;
         self.dialect.inspect(name, kind).await
+    }
+
+    /// Replaces the value of the election grant `grant` (see [`Dialect::proclaim`]): `NotHeld`
+    /// at once if this client keeps no live grant of that attempt and token (released, given
+    /// up, or its connection gone), otherwise the dialect's answer. Runs beside the attempt's
+    /// other requests (it takes no lock on the attempt's state: a proclamation must not wait
+    /// behind a renewal, nor hold one up), detached like them if the dialect says so.
+    ///
+    /// # Errors
+    /// The kind is not an election, or the server failed or did not answer (a retry with the
+    /// same `seq` has the effect of one).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: one statement, applied or not.
+    pub async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        self.check_kind(grant.key.kind)?;
+        if grant.key.kind != LockKind::Election {
+            return Err(Error::invalid(format!(
+                "proclaim on `{}`, a lock of kind {}: only election grants advertise a value",
+                grant.key.name,
+                grant.key.kind.as_str()
+            )));
+        }
+        let live = self
+            .holds
+            .existing(&grant.attempt)
+            .is_some_and(|h| h.granted());
+        if !live {
+            return Ok(RenewOutcome::NotHeld);
+        }
+        let Some(limit) = self.dialect.detached() else {
+            return self.dialect.proclaim(grant, seq, value).await;
+        };
+        let (dialect, g, v) = (self.dialect.clone(), grant.clone(), value.to_owned());
+        let task = tokio::spawn(async move { dialect.proclaim(&g, seq, &v).await });
+        match tokio::time::timeout(limit, task).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => Err(Error::Runtime(format!(
+                "the {} task proclaiming ended without an answer: {e}",
+                self.dialect.backend()
+            ))),
+            Err(_) => Err(self.dialect.timeout("proclaiming", limit)),
+        }
     }
 
     /// Renews every grant of `holds` (at once, each on its connection).

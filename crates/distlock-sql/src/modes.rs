@@ -73,6 +73,21 @@ pub trait ModeOps: Send + Sync {
     /// # Cancel safety
     /// As [`Backend::inspect`].
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
+
+    /// As [`Backend::proclaim`]. The default: this mode has no elections (never called
+    /// through a client when the mode does not declare [`LockKind::Election`]).
+    ///
+    /// # Errors
+    /// As [`Backend::proclaim`].
+    ///
+    /// # Cancel safety
+    /// As [`Backend::proclaim`].
+    async fn proclaim(&self, _grant: &GrantRef, _seq: u64, _value: &str) -> Result<RenewOutcome> {
+        Err(distlock_core::Error::unsupported(
+            "sql",
+            "elections in this mode",
+        ))
+    }
 }
 
 #[async_trait]
@@ -106,14 +121,18 @@ impl<D: Dialect> ModeOps for Sessions<D> {
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         Sessions::inspect(self, name, kind).await
     }
+
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        Sessions::proclaim(self, grant, seq, value).await
+    }
 }
 
 /// Implements `distlock_core::Backend` for an SQL backend type whose private
 /// `fn ops(&self) -> &dyn ModeOps` returns the mode in use: the lock operations forward to
 /// the mode, `kind` is `$kind`, `endpoint` the field path `$endpoint` of `self`, and the
 /// operator commands are the functions `list`, `force_release` and `diagnose` of the module
-/// `$ops` (each taking the backend first); the items in braces (`capabilities`, `watch`) are
-/// the backend's own.
+/// `$ops` (each taking the backend first), `proclaim` forwards to the mode too; the items in
+/// braces (`capabilities`, `watch`, `observe`) are the backend's own.
 #[macro_export]
 macro_rules! sql_backend {
     (
@@ -197,6 +216,15 @@ macro_rules! sql_backend {
                 kind: $crate::__private::LockKind,
             ) -> $crate::__private::Result<$crate::__private::LockInfo> {
                 $crate::ModeOps::inspect(self.ops(), name, kind).await
+            }
+
+            async fn proclaim(
+                &self,
+                grant: &$crate::__private::GrantRef,
+                seq: u64,
+                value: &str,
+            ) -> $crate::__private::Result<$crate::__private::RenewOutcome> {
+                $crate::ModeOps::proclaim(self.ops(), grant, seq, value).await
             }
 
             $($own)*

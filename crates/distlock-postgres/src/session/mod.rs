@@ -27,7 +27,7 @@ mod sql;
 mod state;
 mod wait;
 
-use crate::common::{key_oids, kind_name, lock_key, Common};
+use crate::common::{channel, election_key, key_oids, kind_name, lock_key, Common};
 use crate::error::{shape, KIND};
 use distlock_core::backend::Capabilities;
 use distlock_core::{
@@ -42,9 +42,17 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_util::sync::CancellationToken;
 
 /// The schema of session mode (with the migration of an older table).
-pub(crate) const DDL: &str = include_str!("../../sql/session_schema.sql");
+pub(crate) const DDL: &str = concat!(
+    include_str!("../../sql/session_schema.sql"),
+    include_str!("../../sql/election_schema.sql")
+);
 
-pub(crate) const TABLES: &[&str] = &["dlock_fence_seq", "dlock_fence", "dlock_holders"];
+pub(crate) const TABLES: &[&str] = &[
+    "dlock_fence_seq",
+    "dlock_fence",
+    "dlock_holders",
+    "dlock_elections",
+];
 
 /// Columns this version needs (a table of an older version lacks them: the DDL migrates it).
 pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_holders", "attempt")];
@@ -52,18 +60,22 @@ pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_holders", "attempt")];
 const INSPECT: &str = include_str!("../../sql/session_inspect.sql");
 const FENCE: &str = include_str!("../../sql/fence.sql");
 const WAITERS: &str = include_str!("../../sql/session_waiters.sql");
+const ELECTION_INSPECT: &str = include_str!("../../sql/election_inspect.sql");
+const ELECTION_PROCLAIM: &str = include_str!("../../sql/election_proclaim.sql");
 
 /// Idle sessions kept for reuse.
 const POOL_MAX: usize = 8;
 
 /// Session mode does mutexes, fair locks (PostgreSQL queues waiters in arrival order and a
-/// newcomer queues behind a conflicting waiter) and read-write locks.
+/// newcomer queues behind a conflicting waiter), read-write locks and elections (a mutex on
+/// the election's own key, its leader and value in `dlock_elections`).
 pub(crate) fn capabilities() -> Capabilities {
     Capabilities::kinds(&[
         LockKind::Mutex,
         LockKind::Fair,
         LockKind::Read,
         LockKind::Write,
+        LockKind::Election,
     ])
 }
 
@@ -165,10 +177,52 @@ impl Dialect for PgDialect {
     }
 
     async fn not_held(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        self.not_held_outcome(&grant.key.name).await
+        self.not_held_outcome(&grant.key.name, grant.key.kind).await
+    }
+
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        let common = &self.common;
+        let ns = common.namespace.as_str();
+        let name: &str = &grant.key.name;
+        let key = election_key(ns, name);
+        let (classid, objid) = key_oids(key);
+        let chan = channel(key);
+        let attempt = grant.attempt.as_str();
+        let token = i64::try_from(grant.token)
+            .map_err(|_| Error::invalid(format!("fencing token {} out of range", grant.token)))?;
+        let seq = i64::try_from(seq)
+            .map_err(|_| Error::invalid(format!("proclamation number {seq} out of range")))?;
+        let params: [(&(dyn ToSql + Sync), Type); 9] = [
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&attempt, Type::TEXT),
+            (&token, Type::INT8),
+            (&seq, Type::INT8),
+            (&value, Type::TEXT),
+            (&classid, Type::OID),
+            (&objid, Type::OID),
+            (&chan, Type::TEXT),
+        ];
+        // On the control connection: a statement on the leader's session would restart its
+        // idle timer, which is the lease.
+        let rows = common
+            .query("proclaiming", ELECTION_PROCLAIM, &params)
+            .await?;
+        let leads: bool = rows
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .ok_or_else(|| shape("proclaiming", format!("{} rows", rows.len())))?;
+        Ok(if leads {
+            RenewOutcome::Renewed
+        } else {
+            RenewOutcome::NotHeld
+        })
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        if kind == LockKind::Election {
+            return self.inspect_election(name).await;
+        }
         let common = &self.common;
         let key = lock_key(&common.namespace, name);
         let (classid, objid) = key_oids(key);
@@ -233,6 +287,57 @@ impl Dialect for PgDialect {
             .with_holders(holders)
             .with_fencing_token(fencing_token)
             .with_waiters(Some(u32::try_from(waiters).unwrap_or(u32::MAX))))
+    }
+}
+
+impl PgDialect {
+    /// An election's state: its leader (the row whose backend holds the election's key) with
+    /// the value it advertises and its token; waiting candidates are counted as waiters, never
+    /// as holders.
+    async fn inspect_election(&self, name: &str) -> Result<LockInfo> {
+        let common = &self.common;
+        let ns = common.namespace.as_str();
+        let (classid, objid) = key_oids(election_key(ns, name));
+        let client = common.control().await?;
+        let row_params: [(&(dyn ToSql + Sync), Type); 4] = [
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&classid, Type::OID),
+            (&objid, Type::OID),
+        ];
+        let waiter_params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&classid, Type::OID), (&objid, Type::OID)];
+        let (rows, waiting) = common
+            .run("inspecting the election", async {
+                tokio::try_join!(
+                    client.query_typed(ELECTION_INSPECT, &row_params),
+                    client.query_typed(WAITERS, &waiter_params),
+                )
+            })
+            .await?;
+        let waiters: i64 = waiting
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .ok_or_else(|| shape("inspect", "no waiter count"))?;
+        let mut info = LockInfo::new(name);
+        if let Some(r) = rows.first() {
+            let what = "inspecting the election";
+            let owner: String = r.try_get(0).map_err(|e| shape(what, e))?;
+            let value: String = r.try_get(1).map_err(|e| shape(what, e))?;
+            let token: i64 = r.try_get(2).map_err(|e| shape(what, e))?;
+            let left: f64 = r.try_get(3).map_err(|e| shape(what, e))?;
+            let leads: bool = r.try_get(4).map_err(|e| shape(what, e))?;
+            info = info.with_fencing_token(u64::try_from(token).map_err(|_| shape(what, token))?);
+            if leads {
+                let lease_note = common.has_session_timeouts() && left.is_finite();
+                info = info.with_holders(vec![HolderInfo::new(owner, 1)
+                    .with_value(Some(value))
+                    .with_lease_left(
+                        lease_note.then(|| Duration::from_secs_f64(left.max(0.0) / 1000.0)),
+                    )]);
+            }
+        }
+        Ok(info.with_waiters(Some(u32::try_from(waiters).unwrap_or(u32::MAX))))
     }
 }
 

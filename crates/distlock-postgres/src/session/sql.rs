@@ -2,7 +2,7 @@
 
 use super::conn::Session;
 use super::{exclusive, lock_mode, PgDialect};
-use crate::common::{channel, key_oids, kind_name, lock_key};
+use crate::common::{channel, key_of, key_oids, kind_name};
 use crate::error::shape;
 use distlock_core::{AcquireRequest, AttemptId, LockKind, ReleaseOutcome, Result};
 use distlock_sql::lease::millis_f64;
@@ -20,6 +20,11 @@ const ANY_HOLDER: &str = include_str!("../../sql/session_any_holder.sql");
 const HOLDER_TTL: &str = include_str!("../../sql/session_holder_ttl.sql");
 const TRY_LOCK: &str = include_str!("../../sql/session_try_lock.sql");
 const TRY_LOCK_SHARED: &str = include_str!("../../sql/session_try_lock_shared.sql");
+const ELECTION_REGISTER: &str = include_str!("../../sql/election_register.sql");
+const ELECTION_REFRESH: &str = include_str!("../../sql/election_refresh.sql");
+const ELECTION_RELEASE: &str = include_str!("../../sql/election_release.sql");
+const ELECTION_RELEASE_ALL: &str = include_str!("../../sql/election_release_all.sql");
+const ELECTION_HOLDER_TTL: &str = include_str!("../../sql/election_holder_ttl.sql");
 
 type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
@@ -103,6 +108,9 @@ impl PgDialect {
         req: &AcquireRequest,
         idle: &str,
     ) -> Result<u64> {
+        if req.key.kind == LockKind::Election {
+            return self.register_leader(s, req, idle).await;
+        }
         let ns = self.common.namespace.as_str();
         let name: &str = &req.key.name;
         let attempt = req.attempt.as_str();
@@ -130,12 +138,44 @@ impl PgDialect {
         u64::try_from(token).map_err(|_| shape("fencing token", token))
     }
 
+    /// Records the leadership `s` holds for `req` with its value (`dlock_elections`), wakes
+    /// the election's observers, and returns its fencing token (the recorded one if this
+    /// session recorded it before).
+    async fn register_leader(&self, s: &Session, req: &AcquireRequest, idle: &str) -> Result<u64> {
+        let ns = self.common.namespace.as_str();
+        let name: &str = &req.key.name;
+        let attempt = req.attempt.as_str();
+        let owner: &str = &req.key.owner;
+        let lease_ms = millis_f64(req.lease);
+        let guc = self.lease_guc();
+        let value: &str = req.value.as_deref().unwrap_or("");
+        let chan = channel(key_of(ns, name, LockKind::Election));
+        let params: [Param; 9] = [
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&attempt, Type::TEXT),
+            (&owner, Type::TEXT),
+            (&lease_ms, Type::FLOAT8),
+            (&idle, Type::TEXT),
+            (&guc, Type::TEXT),
+            (&value, Type::TEXT),
+            (&chan, Type::TEXT),
+        ];
+        let rows = self
+            .query(s, "recording the leadership", ELECTION_REGISTER, &params)
+            .await?;
+        let token: Option<i64> = first("recording the leadership", &rows)?;
+        let token = token.ok_or_else(|| shape("recording the leadership", "no token"))?;
+        u64::try_from(token).map_err(|_| shape("fencing token", token))
+    }
+
     /// Makes the grant's row and the session's lease run at least `lease` from now. False if
     /// the row is gone (an operator revoked the grant).
     pub(crate) async fn refresh(
         &self,
         s: &Session,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
         lease: Duration,
         idle: &str,
@@ -152,9 +192,11 @@ impl PgDialect {
             (&idle, Type::TEXT),
             (&guc, Type::TEXT),
         ];
-        let rows = self
-            .query(s, "refreshing the grant", REFRESH, &params)
-            .await?;
+        let sql = match kind {
+            LockKind::Election => ELECTION_REFRESH,
+            _ => REFRESH,
+        };
+        let rows = self.query(s, "refreshing the grant", sql, &params).await?;
         let n: i64 = first("refreshing the grant", &rows)?;
         Ok(n > 0)
     }
@@ -171,12 +213,18 @@ impl PgDialect {
         all: bool,
     ) -> Result<bool> {
         let ns = self.common.namespace.as_str();
-        let key = lock_key(&self.common.namespace, name);
+        let key = key_of(&self.common.namespace, name, kind);
         let chan = channel(key);
         let a = attempt.as_str();
         let idle = s.idle_value(attempt, None);
         let guc = self.lease_guc();
-        let sql = if all {
+        let sql = if kind == LockKind::Election {
+            if all {
+                ELECTION_RELEASE_ALL
+            } else {
+                ELECTION_RELEASE
+            }
+        } else if all {
             RELEASE_ALL
         } else if exclusive(kind) {
             RELEASE_EXCL
@@ -200,7 +248,12 @@ impl PgDialect {
     }
 
     /// The longest remaining lease among the live holders of `name`.
-    pub(crate) async fn holder_ttl(&self, name: &str, key: i64) -> Option<Duration> {
+    pub(crate) async fn holder_ttl(
+        &self,
+        name: &str,
+        kind: LockKind,
+        key: i64,
+    ) -> Option<Duration> {
         let (classid, objid) = key_oids(key);
         let client = self.common.control().await.ok()?;
         let ns = self.common.namespace.as_str();
@@ -210,11 +263,15 @@ impl PgDialect {
             (&classid, Type::OID),
             (&objid, Type::OID),
         ];
+        let sql = match kind {
+            LockKind::Election => ELECTION_HOLDER_TTL,
+            _ => HOLDER_TTL,
+        };
         let rows = self
             .common
             .run(
                 "reading the holder's lease",
-                client.query_typed(HOLDER_TTL, &params),
+                client.query_typed(sql, &params),
             )
             .await
             .ok()?;
@@ -224,8 +281,12 @@ impl PgDialect {
 
     /// What to report for a release of a grant this backend does not (or no longer) have:
     /// another grant holds the lock, or nobody does.
-    pub(crate) async fn not_held_outcome(&self, name: &str) -> Result<ReleaseOutcome> {
-        let key = lock_key(&self.common.namespace, name);
+    pub(crate) async fn not_held_outcome(
+        &self,
+        name: &str,
+        kind: LockKind,
+    ) -> Result<ReleaseOutcome> {
+        let key = key_of(&self.common.namespace, name, kind);
         let (classid, objid) = key_oids(key);
         let client = self.common.control().await?;
         let params: [Param; 2] = [(&classid, Type::OID), (&objid, Type::OID)];

@@ -3,7 +3,7 @@
 
 use super::conn::Session;
 use super::PgDialect;
-use crate::common::lock_key;
+use crate::common::key_of;
 use crate::error::shape;
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{
@@ -113,7 +113,7 @@ impl PgDialect {
         st: &mut State,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        let key = lock_key(&self.common.namespace, &req.key.name);
+        let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
         match self.resume(entry, st, req).await? {
             Some(token) => return Ok(AcquireReply::Granted { token }),
             None if matches!(st, State::Unknown(_)) => {}
@@ -149,7 +149,7 @@ impl PgDialect {
                 entry.set(st, State::Idle);
                 self.put_session(s);
                 Ok(AcquireReply::Held {
-                    ttl: self.holder_ttl(&req.key.name, key).await,
+                    ttl: self.holder_ttl(&req.key.name, req.key.kind, key).await,
                 })
             }
             Err(e) => {
@@ -175,7 +175,7 @@ impl PgDialect {
         req: &AcquireRequest,
     ) -> Result<Option<u64>> {
         Self::settle(entry, st);
-        let key = lock_key(&self.common.namespace, &req.key.name);
+        let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
         match &*st {
             State::Idle => Ok(None),
             State::Releasing(_) => Err(Error::invalid(format!(
@@ -223,7 +223,10 @@ impl PgDialect {
         let s = g.session.clone();
         let end = g.lease_end.max(LeaseInstant::now() + lease);
         let idle = s.idle_value(attempt, Some(end));
-        match self.refresh(&s, &key.name, attempt, lease, &idle).await {
+        match self
+            .refresh(&s, &key.name, key.kind, attempt, lease, &idle)
+            .await
+        {
             Ok(true) => {
                 s.grants.extend(attempt, end);
                 if let State::Granted(g) = st {
@@ -343,7 +346,7 @@ impl PgDialect {
         let (again, s) = match &*st {
             State::Granted(g) if g.token == grant.token => (false, g.session.clone()),
             State::Releasing(g) if g.token == grant.token => (true, g.session.clone()),
-            _ => return self.not_held_outcome(&grant.key.name).await,
+            _ => return self.not_held_outcome(&grant.key.name, grant.key.kind).await,
         };
         let name: &str = &grant.key.name;
         match self
@@ -358,7 +361,7 @@ impl PgDialect {
                     (true, _) => Ok(ReleaseOutcome::Released),
                     (false, true) => Ok(ReleaseOutcome::Expired),
                     // The session did not hold it (an operator unlocked it there).
-                    (false, false) => self.not_held_outcome(name).await,
+                    (false, false) => self.not_held_outcome(name, grant.key.kind).await,
                 }
             }
             Err(e) => {
@@ -369,7 +372,7 @@ impl PgDialect {
                     return if again {
                         Ok(ReleaseOutcome::Expired)
                     } else {
-                        self.not_held_outcome(name).await
+                        self.not_held_outcome(name, grant.key.kind).await
                     };
                 }
                 if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {

@@ -5,7 +5,7 @@
 use super::conn::{idle_for, Session};
 use super::state::{Entry, State};
 use super::{exclusive, PgDialect};
-use crate::common::lock_key;
+use crate::common::key_of;
 use crate::error::{is_code, map, shape, KIND};
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{AcquireRequest, Error, Granted, Result};
@@ -40,7 +40,7 @@ impl PgDialect {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let key = lock_key(&self.common.namespace, &req.key.name);
+        let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
         let kind = req.key.kind;
         let sent = LeaseInstant::now();
         match self.resume(entry, st, req).await? {

@@ -1,0 +1,10 @@
+-- An election's row: owner, value, token, lease left (ms), and whether it leads now (its
+-- backend holds the election's advisory key). $1 ns, $2 name, $3 classid, $4 objid.
+SELECT e.owner, e.value, e.token,
+       GREATEST(EXTRACT(EPOCH FROM (e.expires_at - now())) * 1000, 0)::float8,
+       e.pid IS NOT NULL AND EXISTS (SELECT 1 FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.pid = e.pid
+          AND l.classid = $3 AND l.objid = $4 AND l.objsubid = 1
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+FROM dlock_elections e
+WHERE e.ns = $1 AND e.name = $2

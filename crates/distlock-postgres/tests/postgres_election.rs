@@ -1,0 +1,378 @@
+//! Elections in session mode on a real PostgreSQL server: the leader's session terminated, a
+//! numbered proclamation retried through a proxy and a late duplicate, a cancelled campaign,
+//! observers woken by NOTIFY, and the election kept apart from the lock of the same name.
+
+mod support;
+
+use distlock_core::{
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostReason,
+    LostSignal, ReleaseOutcome, RenewOutcome,
+};
+use distlock_postgres::PostgresBackend;
+use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
+use distlock_testkit::{DelayProxy, PostgresServer};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::{Modes, Pg};
+
+/// A long lease: nothing in these tests may be explained by a lease running out or a renewal
+/// (the first comes after 20 s), only by the server's own signals.
+fn long_opts() -> ClientOptions {
+    fast_opts().watchdog_lease(Duration::from_secs(60))
+}
+
+/// `pg_locks` rows of election `name`'s key: `granted` true for the leader, false for waiting
+/// candidates.
+fn election_locks(server: &PostgresServer, name: &str, granted: bool) -> String {
+    let key = distlock_postgres::election_key("dlock", name) as u64;
+    server
+        .sql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted = {granted} \
+             AND classid = {} AND objid = {} AND objsubid = 1",
+            key >> 32,
+            key & 0xffff_ffff
+        ))
+        .expect("sql")
+}
+
+/// Waits until [`election_locks`] reads `want`.
+async fn until_locks(server: &PostgresServer, name: &str, granted: bool, want: &str) {
+    let what = format!("{want} pg_locks rows of the election (granted {granted})");
+    poll_until(
+        &what,
+        async || election_locks(server, name, granted),
+        |v| v == want,
+    )
+    .await;
+}
+
+/// The stored value and proclamation number of election `name`.
+fn stored(server: &PostgresServer, name: &str) -> String {
+    server
+        .sql(&format!(
+            "SELECT value || '#' || seq FROM dlock_elections WHERE name = '{name}'"
+        ))
+        .expect("sql")
+}
+
+/// Terminating the leader's backend (`pg_terminate_backend`: an operator, a failover, a
+/// network cut) fires its lost signal at once with `SessionEnded`; the waiting candidate,
+/// queued on the server, leads next with a higher token and its own value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_leader_hands_over_with_a_higher_token() {
+    let pg = Pg::session();
+    let name = unique_name("el-kill");
+    let a = pg.client_with(long_opts()).await;
+    let b = pg.client_with(long_opts()).await;
+    let ea = a
+        .election(&name)
+        .expect("election")
+        .with_owner("a")
+        .expect("owner");
+    let eb = b
+        .election(&name)
+        .expect("election")
+        .with_owner("b")
+        .expect("owner");
+    let la = ea.campaign("a:1").await.expect("a leads");
+    let waiting = tokio::spawn(async move { eb.campaign("b:2").await });
+    until_locks(&pg.server, &name, false, "1").await;
+    let pid = pg
+        .server
+        .sql(&format!(
+            "SELECT pid FROM dlock_elections WHERE name = '{name}'"
+        ))
+        .expect("pid");
+    let t = Instant::now();
+    assert_eq!(
+        pg.server
+            .sql(&format!("SELECT pg_terminate_backend({pid})"))
+            .expect("terminate"),
+        "t"
+    );
+    let reason = tokio::time::timeout(Duration::from_secs(10), la.lost())
+        .await
+        .expect("lost signal");
+    assert!(matches!(reason, LostReason::SessionEnded(_)), "{reason:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let lb = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("b leads within 10 s")
+        .expect("task")
+        .expect("b leads");
+    assert!(lb.fencing_token() > la.fencing_token());
+    let leader = ea.leader().await.expect("leader").expect("someone leads");
+    assert_eq!(
+        (
+            leader.owner.as_str(),
+            leader.value.as_str(),
+            leader.fencing_token
+        ),
+        ("b", "b:2", lb.fencing_token())
+    );
+    // The old leader's proclamation is refused and its resignation touches nothing.
+    assert!(la.proclaim("stale").await.is_err());
+    assert_eq!(stored(&pg.server, &name), "b:2#0");
+    assert_ne!(la.resign().await.expect("resign"), ReleaseOutcome::Released);
+    assert_eq!(election_locks(&pg.server, &name, true), "1");
+    lb.resign().await.expect("resign");
+    assert_eq!(ea.leader().await.expect("leader"), None);
+}
+
+/// The election and the lock of the same name never conflict, and each inspect reports only
+/// its own holder (the leader with its value and token for the election).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_is_apart_from_the_lock_of_the_same_name() {
+    let pg = Pg::session();
+    let name = unique_name("el-apart");
+    let a = pg.client_with(fast_opts()).await;
+    let b = pg.client_with(fast_opts()).await;
+    let g = a.lock(&name).expect("lock").acquire().await.expect("lock");
+    let l = b
+        .election(&name)
+        .expect("election")
+        .try_campaign("here")
+        .await
+        .expect("campaign")
+        .expect("leads beside the lock");
+    let lock = a
+        .backend()
+        .inspect(&name, LockKind::Mutex)
+        .await
+        .expect("inspect");
+    assert_eq!(lock.holders.len(), 1);
+    assert_eq!(lock.holders[0].value, None);
+    assert_eq!(lock.fencing_token, g.fencing_token());
+    let el = a
+        .backend()
+        .inspect(&name, LockKind::Election)
+        .await
+        .expect("inspect");
+    assert_eq!(el.holders.len(), 1);
+    assert_eq!(el.holders[0].value.as_deref(), Some("here"));
+    assert_eq!(el.fencing_token, l.fencing_token());
+    assert!(l.fencing_token() > g.fencing_token());
+    // A second lock holder (different owner) still waits for the lock, not the election.
+    assert!(b
+        .lock(&name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try")
+        .is_none());
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(!l.is_lost());
+    assert_eq!(l.resign().await.expect("resign"), ReleaseOutcome::Released);
+}
+
+/// A backend connected through a fresh proxy (every connection, the control one included).
+async fn proxied(pg: &Pg, opts: &ClientOptions) -> (PostgresBackend, DelayProxy) {
+    let proxy = DelayProxy::start(pg.server.addr(), Duration::ZERO).expect("proxy");
+    let url = pg.url().replace(
+        &format!("127.0.0.1:{}", pg.server.port()),
+        &proxy.addr().to_string(),
+    );
+    let backend = PostgresBackend::connect(&url, opts)
+        .await
+        .expect("connect through the proxy");
+    (backend, proxy)
+}
+
+/// A proclamation whose reply comes after the client's timeout is retried by the core with
+/// the same number: it has the effect of one. On the backend trait, a late duplicate with an
+/// older number never overwrites a newer value, a retry of the current number changes
+/// nothing, and neither touches the lease (the session's idle timer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_and_late_proclamations_have_the_effect_of_one() {
+    let pg = Pg::session();
+    let name = unique_name("el-proclaim");
+    let op = Duration::from_millis(500);
+    let opts = long_opts().op_timeout(op);
+    let (backend, proxy) = proxied(&pg, &opts).await;
+    let a = Client::new(Arc::new(backend), opts.clone()).expect("client");
+    let leader = a
+        .election(&name)
+        .expect("election")
+        .campaign("v0")
+        .await
+        .expect("leads");
+    assert_eq!(stored(&pg.server, &name), "v0#0");
+    // The next reply through the proxy (the proclamation's) is held back past the timeout.
+    let before = proxy.stats().replies.chunks_read;
+    proxy.set_reply_delay(Duration::from_millis(750));
+    let lift = async {
+        let t = Instant::now();
+        while proxy.stats().replies.chunks_read == before {
+            assert!(t.elapsed() < EVENTUALLY, "no reply came through the proxy");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        proxy.set_reply_delay(Duration::ZERO);
+    };
+    let t = Instant::now();
+    let (out, ()) = tokio::join!(leader.proclaim("v1"), lift);
+    assert!(
+        t.elapsed() >= op,
+        "the reply was not late ({:?})",
+        t.elapsed()
+    );
+    out.expect("proclaim");
+    assert_eq!(leader.value(), "v1");
+    assert_eq!(stored(&pg.server, &name), "v1#1");
+    leader.proclaim("v2").await.expect("proclaim");
+    assert_eq!(stored(&pg.server, &name), "v2#2");
+    leader.resign().await.expect("resign");
+
+    // On the trait: numbered proclamations of one grant.
+    let b = pg.backend(&long_opts()).await;
+    let key = HoldKey::new(name.as_str(), "direct", LockKind::Election);
+    let mut req = AcquireRequest::new(key, Duration::from_secs(60), LostSignal::new());
+    req.value = Some("w0".into());
+    let AcquireReply::Granted { token } = b.acquire(&req).await.expect("acquire") else {
+        panic!("not granted");
+    };
+    let grant = req.grant(token);
+    let lease_before: f64 = pg
+        .server
+        .sql(&format!(
+            "SELECT extract(epoch FROM expires_at) FROM dlock_elections WHERE name = '{name}'"
+        ))
+        .expect("sql")
+        .parse()
+        .expect("a number");
+    assert_eq!(
+        b.proclaim(&grant, 2, "w2").await.expect("proclaim"),
+        RenewOutcome::Renewed
+    );
+    // Late: an older number.
+    assert_eq!(
+        b.proclaim(&grant, 1, "w1").await.expect("proclaim"),
+        RenewOutcome::Renewed
+    );
+    // Duplicated: the same number again.
+    assert_eq!(
+        b.proclaim(&grant, 2, "w2-again").await.expect("proclaim"),
+        RenewOutcome::Renewed
+    );
+    assert_eq!(stored(&pg.server, &name), "w2#2");
+    let info = b.inspect(&name, LockKind::Election).await.expect("inspect");
+    assert_eq!(info.holders[0].value.as_deref(), Some("w2"));
+    assert_eq!(info.fencing_token, token);
+    let lease_after: f64 = pg
+        .server
+        .sql(&format!(
+            "SELECT extract(epoch FROM expires_at) FROM dlock_elections WHERE name = '{name}'"
+        ))
+        .expect("sql")
+        .parse()
+        .expect("a number");
+    assert_eq!(lease_before, lease_after, "a proclamation moved the lease");
+    // Another token of the same attempt is not this grant.
+    assert_eq!(
+        b.proclaim(&req.grant(token + 1), 3, "x")
+            .await
+            .expect("proclaim"),
+        RenewOutcome::NotHeld
+    );
+    assert_eq!(
+        b.release(&grant).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        b.proclaim(&grant, 3, "w3").await.expect("proclaim"),
+        RenewOutcome::NotHeld
+    );
+    assert_eq!(stored(&pg.server, &name), "w2#2");
+}
+
+/// A campaign dropped while it waits on the server leaves nothing: no waiting session, no
+/// row, and the next candidate leads at once when the leader resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_campaign_leaves_nothing() {
+    let pg = Pg::session();
+    let name = unique_name("el-cancel");
+    let a = pg.client_with(fast_opts()).await;
+    let b = pg.client_with(fast_opts()).await;
+    let leader = a
+        .election(&name)
+        .expect("election")
+        .campaign("a")
+        .await
+        .expect("leads");
+    let eb = b
+        .election(&name)
+        .expect("election")
+        .with_owner("b")
+        .expect("owner");
+    for _ in 0..3 {
+        until_locks(&pg.server, &name, false, "0").await;
+        let campaign = eb.campaign("b");
+        // Dropped once it waits on the server.
+        tokio::select! {
+            r = campaign => panic!("led while another leads: {:?}", r.map(|l| l.fencing_token())),
+            () = until_locks(&pg.server, &name, false, "1") => {}
+        }
+    }
+    until_locks(&pg.server, &name, false, "0").await;
+    assert_eq!(
+        pg.server
+            .sql(&format!(
+                "SELECT count(*) FROM dlock_elections WHERE name = '{name}' AND owner = 'b'"
+            ))
+            .expect("sql"),
+        "0"
+    );
+    let t1 = leader.fencing_token();
+    assert_eq!(
+        leader.resign().await.expect("resign"),
+        ReleaseOutcome::Released
+    );
+    let c = pg.client_with(fast_opts()).await;
+    let next = c
+        .election(&name)
+        .expect("election")
+        .try_campaign("c")
+        .await
+        .expect("campaign")
+        .expect("free at once");
+    assert!(next.fencing_token() > t1);
+    next.resign().await.expect("resign");
+}
+
+/// The observer's next answer, within 10 s (far below the 60 s lease).
+async fn next(obs: &mut distlock_core::Observer) -> Option<distlock_core::Leader> {
+    tokio::time::timeout(Duration::from_secs(10), obs.next())
+        .await
+        .expect("woken within 10 s")
+        .expect("observe")
+}
+
+/// Observers are woken by the server (LISTEN/NOTIFY on the election's channel): a new
+/// leader, a proclaimed value, a resignation — each seen well before any lease end (60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_are_woken_by_notify() {
+    let pg = Pg::session();
+    let name = unique_name("el-observe");
+    let a = pg.client_with(long_opts()).await;
+    let o = pg.client_with(long_opts()).await;
+    let mut obs = o.election(&name).expect("election").observe();
+    assert_eq!(next(&mut obs).await, None);
+    let e = a
+        .election(&name)
+        .expect("election")
+        .with_owner("a")
+        .expect("owner");
+    let l = e.campaign("one").await.expect("leads");
+    let seen = next(&mut obs).await.expect("a leader");
+    assert_eq!(
+        (seen.owner.as_str(), seen.value.as_str(), seen.fencing_token),
+        ("a", "one", l.fencing_token())
+    );
+    l.proclaim("two").await.expect("proclaim");
+    let seen = next(&mut obs).await.expect("a leader");
+    assert_eq!(seen.value, "two");
+    l.resign().await.expect("resign");
+    assert_eq!(next(&mut obs).await, None);
+}
