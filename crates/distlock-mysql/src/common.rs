@@ -401,6 +401,29 @@ pub(crate) fn capabilities() -> Capabilities {
     Capabilities::kinds(&[LockKind::Mutex]).note("MySQL/MariaDB do mutexes only")
 }
 
+/// What session mode does: mutexes and elections (a mutex on the election's own key, its
+/// value in `dlock_elections`).
+pub(crate) fn session_capabilities() -> Capabilities {
+    Capabilities::kinds(&[LockKind::Mutex, LockKind::Election])
+        .note("MySQL/MariaDB do mutexes and (session mode) elections only")
+}
+
+/// The `GET_LOCK` key of election `name`: [`lock_key`] of the name followed by a NUL and
+/// `election`. Lock names cannot contain NUL (nor any control character), so an election's
+/// key is never the key of a lock: the election never conflicts with the lock of the same
+/// name, and has its own fencing counter and holder row.
+pub fn election_key(namespace: &str, name: &str) -> String {
+    lock_key(namespace, &format!("{name}\u{0}election"))
+}
+
+/// The `GET_LOCK` key of `name`'s lock of `kind`.
+pub(crate) fn key_of(namespace: &str, name: &str, kind: LockKind) -> String {
+    match kind {
+        LockKind::Election => election_key(namespace, name),
+        _ => lock_key(namespace, name),
+    }
+}
+
 /// `Ok` for the kinds of [`capabilities`]; the standard `Unsupported` error otherwise.
 pub(crate) fn check_kind(kind: LockKind) -> Result<()> {
     capabilities().check(KIND, kind)

@@ -8,7 +8,7 @@ mod session;
 mod table;
 mod tls;
 
-pub use common::lock_key;
+pub use common::{election_key, lock_key};
 pub use tls::{SslMode, TlsError, TlsErrorKind, TlsOptions};
 
 use crate::common::{Common, Connector};
@@ -483,13 +483,32 @@ distlock_sql::sql_backend!(MysqlBackend,
     operator: ops,
 {
     fn capabilities(&self) -> distlock_core::backend::Capabilities {
-        common::capabilities()
+        match self.inner {
+            Inner::Session(_) => common::session_capabilities(),
+            Inner::Table(_) => common::capabilities(),
+        }
     }
 
     /// MySQL has no notifications: the watch never fires, and waiters (table mode) wake at
     /// the holder's lease end or their heartbeat. Session mode waits on the server instead.
     async fn watch(&self, _req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         Ok(Box::new(distlock_core::backend::NoWatch))
+    }
+
+    /// Not supported: MySQL and MariaDB have no server-side notification (no LISTEN/NOTIFY,
+    /// no watch), and `GET_LOCK` wakes only a connection that then *takes* the lock, so an
+    /// observer waiting on the election's key would take the leadership from the candidates.
+    /// Observing would be polling, which dlock does not do: read [`Election::leader`]
+    /// (`inspect`) when needed instead. Campaigns, leadership, proclamations and resignations
+    /// are supported in session mode.
+    ///
+    /// [`Election::leader`]: distlock_core::Election::leader
+    async fn observe(&self, _name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        Err(distlock_core::Error::unsupported(
+            KIND,
+            "observing elections (MySQL/MariaDB have no server-side notifications; read \
+             Election::leader instead)",
+        ))
     }
 
 });

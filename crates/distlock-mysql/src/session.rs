@@ -27,7 +27,7 @@
 //! id, lease end — for `inspect` and the `Held` ttl; a row counts only while its connection id
 
 use crate::common::{
-    close, col, last_row, lock_key, query_sets, sql_str, wait_timeout_secs, Call, Common,
+    close, col, key_of, last_row, query_sets, sql_str, wait_timeout_secs, Call, Common,
 };
 use crate::error::{conn_dead, shape, timeout, KIND};
 use distlock_core::backend::Capabilities;
@@ -49,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) const DDL: &[&str] = &[
     include_str!("../sql/session_fence.sql"),
     include_str!("../sql/session_holders.sql"),
+    include_str!("../sql/session_elections.sql"),
 ];
 
 /// late) is reported as such ([`ReleaseOutcome::Expired`]) even after another client took the
@@ -114,8 +115,9 @@ fn lock_reply(sets: &[Vec<Row>]) -> Option<i64> {
 }
 
 impl MyDialect {
-    fn lk(&self, name: &str) -> String {
-        lock_key(&self.common.namespace, name)
+    /// The `GET_LOCK` key of `name`'s lock of `kind` (an election has its own).
+    fn lk(&self, name: &str, kind: LockKind) -> String {
+        key_of(&self.common.namespace, name, kind)
     }
 
     fn record_released(&self, attempt: &AttemptId, token: u64) {
@@ -136,15 +138,21 @@ impl MyDialect {
     }
 
     /// token; otherwise `GET_LOCK(key, 0)` on a connection of its own.
-    async fn acquire(&self, slot: &Slot, st: &mut State, lease: Duration) -> Result<AcquireReply> {
+    async fn acquire(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        req: &AcquireRequest,
+    ) -> Result<AcquireReply> {
+        let lease = req.lease;
         if let State::Held(g) = st {
             let token = g.token;
-            if self.extend(&slot.name, st, lease).await? {
+            if self.extend(slot, st, lease).await? {
                 return Ok(AcquireReply::Granted { token });
             }
             // That grant is gone (its connection died): this try is a fresh one.
         }
-        let lk = self.lk(&slot.name);
+        let lk = self.lk(&slot.name, slot.kind);
         let mut conn = self.common.take().await?;
         let sent = clock::Instant::now();
         // The lease is on the connection before the lock is: a connection this process loses
@@ -167,7 +175,7 @@ impl MyDialect {
         };
         match got {
             Some(1) => {
-                let token = match self.register(&mut conn, slot, lease).await {
+                let token = match self.register(&mut conn, slot, req).await {
                     Ok(t) => t,
                     Err(e) => {
                         // Closing the connection frees the lock nobody will be told of.
@@ -193,16 +201,33 @@ impl MyDialect {
     }
 
     /// Records the grant `conn` holds (new fencing token, holder row) and returns its token,
-    /// in one round trip. On error the caller closes the connection (freeing the lock).
-    async fn register(&self, conn: &mut Conn, slot: &Slot, lease: Duration) -> Result<u64> {
-        let lk = self.lk(&slot.name);
+    /// in one round trip. On error the caller closes the connection (freeing the lock). An
+    /// election's grant also stores the candidate's value (proclamation number 0) with its
+    /// token, all in one transaction: the value appears with the leader, atomically.
+    async fn register(&self, conn: &mut Conn, slot: &Slot, req: &AcquireRequest) -> Result<u64> {
+        let lk = self.lk(&slot.name, slot.kind);
         let ns = sql_str(&self.common.namespace);
         let name = sql_str(&slot.name);
         let owner = sql_str(&slot.owner);
-        let us = micros(lease);
+        let us = micros(req.lease);
+        let (begin, election) = match slot.kind {
+            LockKind::Election => {
+                let value = sql_str(req.value.as_deref().unwrap_or(""));
+                (
+                    "START TRANSACTION; ",
+                    format!(
+                        "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
+                         VALUES ('{lk}', {ns}, {name}, @dlock_token, {value}, 0) \
+                         ON DUPLICATE KEY UPDATE token = @dlock_token, value = {value}, \
+                         seq = 0; COMMIT; "
+                    ),
+                )
+            }
+            _ => ("", String::new()),
+        };
         // Rows of earlier holders are stale: this connection holds `GET_LOCK` now.
         let sql = format!(
-            "INSERT INTO dlock_fence (lock_key, ns, name, token) \
+            "{begin}INSERT INTO dlock_fence (lock_key, ns, name, token) \
              VALUES ('{lk}', {ns}, {name}, LAST_INSERT_ID(1)) \
              ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1); \
              SET @dlock_token = LAST_INSERT_ID(); \
@@ -211,7 +236,7 @@ impl MyDialect {
              (lock_key, owner, ns, name, token, count, conn_id, acquired_at, expires_at) \
              VALUES ('{lk}', {owner}, {ns}, {name}, @dlock_token, 1, CONNECTION_ID(), \
                      UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND); \
-             SELECT @dlock_token"
+             {election}SELECT @dlock_token"
         );
         let c = self.common.slow_call(query_sets(conn, sql)).await;
         let sets = self.common.slow_result("recording the grant", c)?;
@@ -251,11 +276,12 @@ impl MyDialect {
     /// Makes the held grant's lease run at least `lease` from now, never shortening it.
     /// `Ok(false)`: the grant is gone (its connection died, or an operator deleted its row),
     /// and the slot holds nothing any more.
-    async fn extend(&self, name: &str, st: &mut State, lease: Duration) -> Result<bool> {
+    async fn extend(&self, slot: &Slot, st: &mut State, lease: Duration) -> Result<bool> {
         let State::Held(g) = st else {
             return Ok(false);
         };
-        let lk = self.lk(name);
+        let name: &str = &slot.name;
+        let lk = self.lk(name, slot.kind);
         let sent = clock::Instant::now();
         let end = g.lease_end.max(sent + lease);
         let secs = wait_timeout_secs(end.saturating_duration_since(sent));
@@ -323,7 +349,7 @@ impl MyDialect {
             // died and a retry took the lock again). Never release that one.
             State::Held(_) => Ok(ReleaseOutcome::TakenByOther),
             State::Free if self.was_released(attempt, token) => Ok(ReleaseOutcome::Expired),
-            State::Free => self.not_held_outcome(&slot.name).await,
+            State::Free => self.not_held_outcome(&slot.name, slot.kind).await,
         }
     }
 
@@ -335,9 +361,9 @@ impl MyDialect {
         attempt: &AttemptId,
     ) -> Result<ReleaseOutcome> {
         let State::Held(mut g) = std::mem::take(st) else {
-            return self.not_held_outcome(&slot.name).await;
+            return self.not_held_outcome(&slot.name, slot.kind).await;
         };
-        let lk = self.lk(&slot.name);
+        let lk = self.lk(&slot.name, slot.kind);
         let sql = format!(
             "DELETE FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID(); \
              SET SESSION wait_timeout = @@GLOBAL.wait_timeout; \
@@ -351,11 +377,11 @@ impl MyDialect {
                     self.record_released(attempt, g.token);
                     Ok(ReleaseOutcome::Released)
                 } else {
-                    self.not_held_outcome(&slot.name).await
+                    self.not_held_outcome(&slot.name, slot.kind).await
                 }
             }
             // The session ended before the release: so did the grant.
-            Call::Err(e) if conn_dead(&e) => self.not_held_outcome(&slot.name).await,
+            Call::Err(e) if conn_dead(&e) => self.not_held_outcome(&slot.name, slot.kind).await,
             other => {
                 // Refused or unanswered: closing the connection gives the lock back all the
                 // same, so a retry of this release is told it already happened.
@@ -373,8 +399,8 @@ impl MyDialect {
         }
     }
 
-    async fn not_held_outcome(&self, name: &str) -> Result<ReleaseOutcome> {
-        let lk = self.lk(name);
+    async fn not_held_outcome(&self, name: &str, kind: LockKind) -> Result<ReleaseOutcome> {
+        let lk = self.lk(name, kind);
         let used: Option<Option<u64>> = self
             .common
             .with_conn("checking the lock", move |c| {
@@ -400,14 +426,14 @@ impl MyDialect {
         let sent = clock::Instant::now();
         if let State::Held(g) = st {
             let token = g.token;
-            if self.extend(&slot.name, st, req.lease).await? {
+            if self.extend(slot, st, req.lease).await? {
                 return Ok(Some(Granted {
                     token,
                     requested_at: sent,
                 }));
             }
         }
-        let lk = self.lk(&slot.name);
+        let lk = self.lk(&slot.name, slot.kind);
         let mut conn = self.common.take().await?;
         let id = conn.id();
         let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -456,7 +482,7 @@ impl MyDialect {
                 // The lease counts from after the grant: every statement from here on resets
                 // the connection's idle time.
                 let sent = clock::Instant::now();
-                let token = match self.register(&mut conn, slot, req.lease).await {
+                let token = match self.register(&mut conn, slot, req).await {
                     Ok(t) => t,
                     Err(e) => {
                         close(conn);
@@ -531,7 +557,7 @@ impl Dialect for MyDialect {
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::common::capabilities()
+        crate::common::session_capabilities()
     }
 
     /// Every request runs to its end in a task of its own (see the module docs); the caller
@@ -551,7 +577,7 @@ impl Dialect for MyDialect {
         st: &mut State,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        self.acquire(slot, st, req.lease).await
+        self.acquire(slot, st, req).await
     }
 
     async fn wait(
@@ -583,7 +609,7 @@ impl Dialect for MyDialect {
         lease: Duration,
     ) -> Result<RenewOutcome> {
         let held = matches!(st, State::Held(g) if g.token == grant.token);
-        let renewed = held && self.extend(&slot.name, st, lease).await?;
+        let renewed = held && self.extend(slot, st, lease).await?;
         Ok(if renewed {
             RenewOutcome::Renewed
         } else {
@@ -602,12 +628,49 @@ impl Dialect for MyDialect {
         if self.was_released(&grant.attempt, grant.token) {
             return Ok(ReleaseOutcome::Expired);
         }
-        self.not_held_outcome(&grant.key.name).await
+        self.not_held_outcome(&grant.key.name, grant.key.kind).await
     }
 
-    async fn inspect(&self, name: &str, _kind: LockKind) -> Result<LockInfo> {
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        let lk = self.lk(&grant.key.name, LockKind::Election);
+        let (token, value) = (grant.token, value.to_owned());
+        // On a pooled connection, never the leader's: a statement there would restart its
+        // `wait_timeout`, which is the lease.
+        let leads: Option<i64> = self
+            .common
+            .with_conn("proclaiming", move |c| {
+                Box::pin(async move {
+                    c.exec_drop(
+                        "UPDATE dlock_elections e JOIN dlock_holders h \
+                         ON h.lock_key = e.lock_key AND h.token = e.token \
+                         SET e.value = ?, e.seq = ? \
+                         WHERE e.lock_key = ? AND e.token = ? AND e.seq < ? \
+                           AND h.conn_id = IS_USED_LOCK(?)",
+                        (value.as_str(), seq, lk.as_str(), token, seq, lk.as_str()),
+                    )
+                    .await?;
+                    c.exec_first(
+                        "SELECT COUNT(*) FROM dlock_holders \
+                         WHERE lock_key = ? AND token = ? AND conn_id = IS_USED_LOCK(?)",
+                        (lk.as_str(), token, lk.as_str()),
+                    )
+                    .await
+                })
+            })
+            .await?;
+        Ok(match leads {
+            Some(n) if n > 0 => RenewOutcome::Renewed,
+            Some(_) => RenewOutcome::NotHeld,
+            None => return Err(shape("proclaiming", "no row")),
+        })
+    }
+
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        if kind == LockKind::Election {
+            return self.inspect_election(name).await;
+        }
         let d = self;
-        let lk = d.lk(name);
+        let lk = d.lk(name, kind);
         let (rows, token, unnamed) = d
             .common
             .with_conn("inspecting", move |c| {
@@ -655,6 +718,51 @@ impl Dialect for MyDialect {
         Ok(LockInfo::new(name)
             .with_holders(holders)
             .with_fencing_token(token.unwrap_or(0)))
+    }
+}
+
+impl MyDialect {
+    /// An election's state: its leader (the holder row whose connection holds the election's
+    /// `GET_LOCK` key) with the value stored with its token. A connection holding the key
+    /// without a row yet (between its grant and its registration) is not reported: its token
+    /// and value are not known yet.
+    async fn inspect_election(&self, name: &str) -> Result<LockInfo> {
+        let lk = self.lk(name, LockKind::Election);
+        type Leader = (String, Option<i64>, Option<String>, u64);
+        let (leader, token) = self
+            .common
+            .with_conn("inspecting the election", move |c| {
+                Box::pin(async move {
+                    let leader: Option<Leader> = c
+                        .exec_first(
+                            "SELECT h.owner, \
+                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), h.expires_at), \
+                             e.value, h.token \
+                             FROM dlock_holders h LEFT JOIN dlock_elections e \
+                             ON e.lock_key = h.lock_key AND e.token = h.token \
+                             WHERE h.lock_key = ? AND h.conn_id = IS_USED_LOCK(?)",
+                            (lk.as_str(), lk.as_str()),
+                        )
+                        .await?;
+                    let token: Option<u64> = c
+                        .exec_first(
+                            "SELECT token FROM dlock_fence WHERE lock_key = ?",
+                            (lk.as_str(),),
+                        )
+                        .await?;
+                    Ok((leader, token))
+                })
+            })
+            .await?;
+        let mut info = LockInfo::new(name).with_fencing_token(token.unwrap_or(0));
+        if let Some((owner, us, value, token)) = leader {
+            info = info
+                .with_fencing_token(token)
+                .with_holders(vec![HolderInfo::new(owner, 1)
+                    .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
+                    .with_value(Some(value.unwrap_or_default()))]);
+        }
+        Ok(info)
     }
 }
 

@@ -1,0 +1,304 @@
+//! Elections in session mode on a real MariaDB server: the leader's connection killed, a
+//! numbered proclamation retried through a proxy and a late duplicate, a cancelled campaign,
+//! the election kept apart from the lock of the same name, and observe refused (MySQL has no
+//! notifications).
+
+mod support;
+
+use distlock_core::{
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockKind,
+    LostSignal, ReleaseOutcome, RenewOutcome,
+};
+use distlock_mysql::MysqlBackend;
+use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
+use distlock_testkit::{DelayProxy, MariaDbServer};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::{Modes, My};
+
+/// A long lease: nothing in these tests may be explained by a lease running out or a renewal.
+fn long_opts() -> ClientOptions {
+    fast_opts().watchdog_lease(Duration::from_secs(60))
+}
+
+/// The connection holding election `name`'s key (`NULL` if none).
+fn leader_conn(server: &MariaDbServer, name: &str) -> String {
+    let key = distlock_mysql::election_key("dlock", name);
+    server
+        .sql(&format!("SELECT IS_USED_LOCK('{key}')"))
+        .expect("IS_USED_LOCK")
+}
+
+/// Connections waiting in `GET_LOCK` for election `name`'s key.
+fn waiting(server: &MariaDbServer, name: &str) -> String {
+    let key = distlock_mysql::election_key("dlock", name);
+    server
+        .sql(&format!(
+            "SELECT count(*) FROM information_schema.processlist \
+             WHERE info LIKE 'SELECT GET_LOCK(''{key}''%'"
+        ))
+        .expect("processlist")
+}
+
+async fn until_waiting(server: &MariaDbServer, name: &str, want: &str) {
+    let what = format!("{want} connections waiting for the election");
+    poll_until(&what, async || waiting(server, name), |v| v == want).await;
+}
+
+/// The stored value and proclamation number of election `name`.
+fn stored(server: &MariaDbServer, name: &str) -> String {
+    let key = distlock_mysql::election_key("dlock", name);
+    server
+        .sql(&format!(
+            "SELECT CONCAT(value, '#', seq) FROM dlock.dlock_elections WHERE lock_key = '{key}'"
+        ))
+        .expect("sql")
+}
+
+/// Killing the leader's connection (`KILL`: an operator, a failover) frees the election's key:
+/// the waiting candidate, queued on the server in `GET_LOCK`, leads next with a higher token;
+/// the old leader's lost signal fires (at its next renewal, or its proclamation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_leader_hands_over_with_a_higher_token() {
+    let my = My::session();
+    let name = unique_name("el-kill");
+    let opts = fast_opts();
+    let a = my.client_with(opts.clone()).await;
+    let b = my.client_with(opts.clone()).await;
+    let ea = a
+        .election(&name)
+        .expect("election")
+        .with_owner("a")
+        .expect("owner");
+    let eb = b
+        .election(&name)
+        .expect("election")
+        .with_owner("b")
+        .expect("owner");
+    let la = ea.campaign("a:1").await.expect("a leads");
+    let t1 = la.fencing_token();
+    let waiting_b = tokio::spawn(async move { eb.campaign("b:2").await });
+    until_waiting(&my.server, &name, "1").await;
+    let id = leader_conn(&my.server, &name);
+    assert_ne!(id, "NULL");
+    my.server.sql(&format!("KILL {id}")).expect("KILL");
+    let lb = tokio::time::timeout(Duration::from_secs(10), waiting_b)
+        .await
+        .expect("b leads within 10 s")
+        .expect("task")
+        .expect("b leads");
+    assert!(lb.fencing_token() > t1);
+    let reason = tokio::time::timeout(Duration::from_secs(10), la.lost())
+        .await
+        .expect("the old leader's lost signal");
+    eprintln!("old leader lost: {reason}");
+    let leader = ea.leader().await.expect("leader").expect("someone leads");
+    assert_eq!(
+        (
+            leader.owner.as_str(),
+            leader.value.as_str(),
+            leader.fencing_token
+        ),
+        ("b", "b:2", lb.fencing_token())
+    );
+    assert!(la.proclaim("stale").await.is_err());
+    assert_eq!(stored(&my.server, &name), "b:2#0");
+    lb.resign().await.expect("resign");
+    assert_eq!(ea.leader().await.expect("leader"), None);
+}
+
+/// The election and the lock of the same name never conflict; each inspect reports its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_is_apart_from_the_lock_of_the_same_name() {
+    let my = My::session();
+    let name = unique_name("el-apart");
+    let a = my.client_with(fast_opts()).await;
+    let b = my.client_with(fast_opts()).await;
+    let g = a.lock(&name).expect("lock").acquire().await.expect("lock");
+    let l = b
+        .election(&name)
+        .expect("election")
+        .try_campaign("here")
+        .await
+        .expect("campaign")
+        .expect("leads beside the lock");
+    let lock = a
+        .backend()
+        .inspect(&name, LockKind::Mutex)
+        .await
+        .expect("inspect");
+    assert_eq!(lock.holders.len(), 1);
+    assert_eq!(lock.holders[0].value, None);
+    assert_eq!(lock.fencing_token, g.fencing_token());
+    let el = a
+        .backend()
+        .inspect(&name, LockKind::Election)
+        .await
+        .expect("inspect");
+    assert_eq!(el.holders.len(), 1);
+    assert_eq!(el.holders[0].value.as_deref(), Some("here"));
+    assert_eq!(el.fencing_token, l.fencing_token());
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(!l.is_lost());
+    assert_eq!(l.resign().await.expect("resign"), ReleaseOutcome::Released);
+}
+
+/// A proclamation whose reply comes after the client's timeout is retried with the same
+/// number: the effect of one. On the trait, a late duplicate never overwrites a newer value,
+/// and a proclamation never touches the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_and_late_proclamations_have_the_effect_of_one() {
+    let my = My::session();
+    let name = unique_name("el-proclaim");
+    let op = Duration::from_millis(500);
+    let opts = long_opts().op_timeout(op);
+    let proxy = DelayProxy::start(my.server.addr(), Duration::ZERO).expect("proxy");
+    let url = my.url().replace(
+        &format!("127.0.0.1:{}", my.server.addr().port()),
+        &proxy.addr().to_string(),
+    );
+    let backend = MysqlBackend::connect(&url, &opts)
+        .await
+        .expect("connect through the proxy");
+    let a = Client::new(Arc::new(backend), opts.clone()).expect("client");
+    let leader = a
+        .election(&name)
+        .expect("election")
+        .campaign("v0")
+        .await
+        .expect("leads");
+    assert_eq!(stored(&my.server, &name), "v0#0");
+    let before = proxy.stats().replies.chunks_read;
+    proxy.set_reply_delay(Duration::from_millis(750));
+    let lift = async {
+        let t = Instant::now();
+        while proxy.stats().replies.chunks_read == before {
+            assert!(t.elapsed() < EVENTUALLY, "no reply came through the proxy");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        proxy.set_reply_delay(Duration::ZERO);
+    };
+    let t = Instant::now();
+    let (out, ()) = tokio::join!(leader.proclaim("v1"), lift);
+    assert!(
+        t.elapsed() >= op,
+        "the reply was not late ({:?})",
+        t.elapsed()
+    );
+    out.expect("proclaim");
+    assert_eq!(leader.value(), "v1");
+    assert_eq!(stored(&my.server, &name), "v1#1");
+    leader.proclaim("v2").await.expect("proclaim");
+    assert_eq!(stored(&my.server, &name), "v2#2");
+    leader.resign().await.expect("resign");
+
+    let b = my.backend(&long_opts()).await;
+    let key = HoldKey::new(name.as_str(), "direct", LockKind::Election);
+    let mut req = AcquireRequest::new(key, Duration::from_secs(60), LostSignal::new());
+    req.value = Some("w0".into());
+    let AcquireReply::Granted { token } = b.acquire(&req).await.expect("acquire") else {
+        panic!("not granted");
+    };
+    let grant = req.grant(token);
+    let ekey = distlock_mysql::election_key("dlock", &name);
+    let lease = |server: &MariaDbServer| {
+        server
+            .sql(&format!(
+                "SELECT expires_at FROM dlock.dlock_holders WHERE lock_key = '{ekey}'"
+            ))
+            .expect("sql")
+    };
+    let lease_before = lease(&my.server);
+    for (seq, value) in [(2, "w2"), (1, "w1"), (2, "w2-again")] {
+        assert_eq!(
+            b.proclaim(&grant, seq, value).await.expect("proclaim"),
+            RenewOutcome::Renewed,
+            "{seq} {value}"
+        );
+    }
+    assert_eq!(stored(&my.server, &name), "w2#2");
+    let info = b.inspect(&name, LockKind::Election).await.expect("inspect");
+    assert_eq!(info.holders[0].value.as_deref(), Some("w2"));
+    assert_eq!(info.fencing_token, token);
+    assert_eq!(
+        lease(&my.server),
+        lease_before,
+        "a proclamation moved the lease"
+    );
+    assert_eq!(
+        b.proclaim(&req.grant(token + 1), 3, "x")
+            .await
+            .expect("proclaim"),
+        RenewOutcome::NotHeld
+    );
+    assert_eq!(
+        b.release(&grant).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        b.proclaim(&grant, 3, "w3").await.expect("proclaim"),
+        RenewOutcome::NotHeld
+    );
+    assert_eq!(stored(&my.server, &name), "w2#2");
+}
+
+/// A campaign dropped while it waits in `GET_LOCK` leaves nothing: no waiting connection,
+/// and the next candidate leads at once when the leader resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_campaign_leaves_nothing() {
+    let my = My::session();
+    let name = unique_name("el-cancel");
+    let a = my.client_with(fast_opts()).await;
+    let b = my.client_with(fast_opts()).await;
+    let leader = a
+        .election(&name)
+        .expect("election")
+        .campaign("a")
+        .await
+        .expect("leads");
+    let eb = b
+        .election(&name)
+        .expect("election")
+        .with_owner("b")
+        .expect("owner");
+    for _ in 0..3 {
+        until_waiting(&my.server, &name, "0").await;
+        let campaign = eb.campaign("b");
+        tokio::select! {
+            r = campaign => panic!("led while another leads: {:?}", r.map(|l| l.fencing_token())),
+            () = until_waiting(&my.server, &name, "1") => {}
+        }
+    }
+    until_waiting(&my.server, &name, "0").await;
+    let t1 = leader.fencing_token();
+    assert_eq!(
+        leader.resign().await.expect("resign"),
+        ReleaseOutcome::Released
+    );
+    let c = my.client_with(fast_opts()).await;
+    let next = c
+        .election(&name)
+        .expect("election")
+        .try_campaign("c")
+        .await
+        .expect("campaign")
+        .expect("free at once");
+    assert!(next.fencing_token() > t1);
+    next.resign().await.expect("resign");
+}
+
+/// Observing is refused with a typed error: MySQL/MariaDB cannot wake an observer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_is_unsupported() {
+    let my = My::session();
+    let a = my.client_with(fast_opts()).await;
+    let mut obs = a
+        .election(&unique_name("el-obs"))
+        .expect("election")
+        .observe();
+    let e = obs.next().await.expect_err("observe refused");
+    assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+}
