@@ -9,10 +9,12 @@ mod session {
     use super::*;
     distlock_testkit::conformance_suite!(My::session());
     distlock_testkit::adversarial_suite!(My::session());
+    distlock_testkit::election_suite!(My::session());
 }
 
 mod table {
     use super::*;
     distlock_testkit::conformance_suite!(My::table());
     distlock_testkit::adversarial_suite!(My::table());
+    distlock_testkit::election_suite!(My::table());
 }

@@ -9,10 +9,12 @@ mod session {
     use super::*;
     distlock_testkit::conformance_suite!(Pg::session());
     distlock_testkit::adversarial_suite!(Pg::session());
+    distlock_testkit::election_suite!(Pg::session());
 }
 
 mod lease {
     use super::*;
     distlock_testkit::conformance_suite!(Pg::lease());
     distlock_testkit::adversarial_suite!(Pg::lease());
+    distlock_testkit::election_suite!(Pg::lease());
 }
