@@ -178,7 +178,11 @@ impl Common {
             .map_err(|e| map(&self.endpoint, e))
     }
 
-    /// Runs `sql` with `params` on the control connection, with the per-call timeout.
+    /// Runs `sql` with `params` on the control connection, with the per-call timeout. A call
+    /// that gets no answer in time drops the control connection (the next call opens a new
+    /// one): a connection whose packets are being lost (a partition, a dead peer TCP has not
+    /// noticed yet) would otherwise time out every later call too, as its requests queue
+    /// behind the unanswered one.
     pub(crate) async fn query(
         &self,
         what: &str,
@@ -186,7 +190,21 @@ impl Common {
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>> {
         let client = self.control().await?;
-        self.run(what, client.query_typed(sql, params)).await
+        match tokio::time::timeout(self.op_timeout, client.query_typed(sql, params)).await {
+            Ok(r) => r.map_err(|e| map(&self.endpoint, e)),
+            Err(_) => {
+                self.forget_control(&client);
+                Err(timeout(&self.endpoint, what, self.op_timeout))
+            }
+        }
+    }
+
+    /// Forgets the control connection `client` if it is still the current one.
+    fn forget_control(&self, client: &Arc<Client>) {
+        let mut slot = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+            *slot = None;
+        }
     }
 
     /// Creates dlock's tables if they are missing, and brings tables of an older version up to

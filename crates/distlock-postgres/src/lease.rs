@@ -12,8 +12,13 @@
 //! after a lost reply) returns the same token and only ever extends the lease; renewals and
 //! releases name attempt *and* token, so a retried or late statement of an old grant can never
 //! touch a newer one. There is no count: re-entry is counted in the client.
+//!
+//! Elections have rows of their own (`dlock_lease_elections`: the same columns, plus the value
+//! the leader advertises and the number of its last proclamation), so an election never
+//! conflicts with the lock of the same name; a grant stores the value in its statement and
+//! `NOTIFY`s the election's channel, as resignations and proclamations do.
 
-use crate::common::{channel, lock_key, Common};
+use crate::common::{channel, election_key, key_of, Common};
 use crate::error::{shape, KIND};
 use distlock_core::async_trait;
 use distlock_core::backend::Capabilities;
@@ -28,9 +33,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::Type;
 
-pub(crate) const DDL: &str = include_str!("../sql/lease_schema.sql");
+pub(crate) const DDL: &str = concat!(
+    include_str!("../sql/lease_schema.sql"),
+    include_str!("../sql/lease_election_schema.sql")
+);
 
-pub(crate) const TABLES: &[&str] = &["dlock_fence_seq", "dlock_leases"];
+pub(crate) const TABLES: &[&str] = &["dlock_fence_seq", "dlock_leases", "dlock_lease_elections"];
 
 /// Columns this version needs (a table of an older version lacks them: the DDL adds them).
 pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_leases", "attempt")];
@@ -60,14 +68,23 @@ const RENEW: &str = include_str!("../sql/lease_renew.sql");
 
 const INSPECT: &str = include_str!("../sql/lease_inspect.sql");
 
+/// The election statements: as the lock's, on `dlock_lease_elections`.
+const ELECTION_ACQUIRE: &str = include_str!("../sql/lease_election_acquire.sql");
+const ELECTION_RELEASE: &str = include_str!("../sql/lease_election_release.sql");
+const ELECTION_RENEW: &str = include_str!("../sql/lease_election_renew.sql");
+const ELECTION_INSPECT: &str = include_str!("../sql/lease_election_inspect.sql");
+const ELECTION_PROCLAIM: &str = include_str!("../sql/lease_election_proclaim.sql");
+
 pub(crate) struct LeaseMode {
     common: Arc<Common>,
 }
 
-/// Lease mode does mutexes only.
+/// Lease mode does mutexes and elections.
 pub(crate) fn capabilities() -> Capabilities {
-    Capabilities::kinds(&[LockKind::Mutex])
-        .note("lease mode does mutexes only; use the default session mode for read-write locks")
+    Capabilities::kinds(&[LockKind::Mutex, LockKind::Election]).note(
+        "lease mode does mutexes and elections only; use the default session mode for \
+         read-write locks",
+    )
 }
 
 fn check_kind(kind: LockKind) -> Result<()> {
@@ -80,14 +97,24 @@ impl LeaseMode {
     }
 
     /// Frees the row of `attempt`'s grant (with `token`, or any token of the attempt).
-    async fn free(&self, name: &str, attempt: &str, token: Option<i64>) -> Result<ReleaseOutcome> {
+    async fn free(
+        &self,
+        name: &str,
+        kind: LockKind,
+        attempt: &str,
+        token: Option<i64>,
+    ) -> Result<ReleaseOutcome> {
         let ns = self.common.namespace.as_str();
-        let chan = channel(lock_key(&self.common.namespace, name));
+        let chan = channel(key_of(ns, name, kind));
+        let sql = match kind {
+            LockKind::Election => ELECTION_RELEASE,
+            _ => RELEASE,
+        };
         let rows = self
             .common
             .query(
                 "releasing",
-                RELEASE,
+                sql,
                 &[
                     (&ns, Type::TEXT),
                     (&name, Type::TEXT),
@@ -111,69 +138,13 @@ impl LeaseMode {
     }
 }
 
-#[async_trait]
-impl ModeOps for LeaseMode {
-    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        check_kind(req.key.kind)?;
-        let ns = self.common.namespace.as_str();
-        let name: &str = &req.key.name;
-        let owner: &str = &req.key.owner;
-        let attempt: &str = req.attempt.as_str();
-        let lease = millis_f64(req.lease);
-        let rows = self
-            .common
-            .query(
-                "acquiring",
-                ACQUIRE,
-                &[
-                    (&ns, Type::TEXT),
-                    (&name, Type::TEXT),
-                    (&owner, Type::TEXT),
-                    (&attempt, Type::TEXT),
-                    (&lease, Type::FLOAT8),
-                ],
-            )
-            .await?;
-        let row = rows.first().ok_or_else(|| shape("acquire", "no row"))?;
-        let token: Option<i64> = row.try_get(0).map_err(|e| shape("acquire", e))?;
-        if let Some(t) = token {
-            return Ok(AcquireReply::Granted {
-                token: u64::try_from(t).map_err(|_| shape("fencing token", t))?,
-            });
-        }
-        let left: Option<f64> = row.try_get(1).map_err(|e| shape("acquire", e))?;
-        Ok(AcquireReply::Held {
-            ttl: left
-                .filter(|l| l.is_finite())
-                .map(|l| Duration::from_secs_f64(l.max(0.0) / 1000.0)),
-        })
-    }
-
-    /// Releases exactly the grant `grant` names: a repeated release finds the row freed (or
-    /// another grant's) and reports it, never freeing anything else.
-    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        check_kind(grant.key.kind)?;
-        let token = i64::try_from(grant.token).map_err(|_| shape("fencing token", grant.token))?;
-        self.free(&grant.key.name, grant.attempt.as_str(), Some(token))
-            .await
-    }
-
-    /// Gives back whatever grant the attempt holds (one whose reply was lost); there is no
-    /// server-side queue to leave. The attempt id is unique, so nothing else is touched.
-    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        check_kind(req.key.kind)?;
-        self.free(&req.key.name, req.attempt.as_str(), None)
-            .await
-            .map(|_| ())
-    }
-
-    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        if holds.is_empty() {
-            return Ok(Vec::new());
-        }
-        for (g, _) in holds {
-            check_kind(g.key.kind)?;
-        }
+impl LeaseMode {
+    /// Renews `holds` (all locks, or all elections) with `sql`, one outcome per hold.
+    async fn renew_batch(
+        &self,
+        sql: &str,
+        holds: &[(GrantRef, Duration)],
+    ) -> Result<Vec<RenewOutcome>> {
         let names: Vec<&str> = holds.iter().map(|(g, _)| &*g.key.name).collect();
         let attempts: Vec<&str> = holds.iter().map(|(g, _)| g.attempt.as_str()).collect();
         let tokens = holds
@@ -186,7 +157,7 @@ impl ModeOps for LeaseMode {
             .common
             .query(
                 "renewing",
-                RENEW,
+                sql,
                 &[
                     (&ns, Type::TEXT),
                     (&names, Type::TEXT_ARRAY),
@@ -216,17 +187,157 @@ impl ModeOps for LeaseMode {
             })
             .collect())
     }
+}
+
+#[async_trait]
+impl ModeOps for LeaseMode {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        check_kind(req.key.kind)?;
+        let ns = self.common.namespace.as_str();
+        let name: &str = &req.key.name;
+        let owner: &str = &req.key.owner;
+        let attempt: &str = req.attempt.as_str();
+        let lease = millis_f64(req.lease);
+        let rows = match req.key.kind {
+            LockKind::Election => {
+                let value: &str = req.value.as_deref().unwrap_or("");
+                let chan = channel(election_key(ns, name));
+                self.common
+                    .query(
+                        "campaigning",
+                        ELECTION_ACQUIRE,
+                        &[
+                            (&ns, Type::TEXT),
+                            (&name, Type::TEXT),
+                            (&owner, Type::TEXT),
+                            (&attempt, Type::TEXT),
+                            (&lease, Type::FLOAT8),
+                            (&value, Type::TEXT),
+                            (&chan, Type::TEXT),
+                        ],
+                    )
+                    .await?
+            }
+            _ => {
+                self.common
+                    .query(
+                        "acquiring",
+                        ACQUIRE,
+                        &[
+                            (&ns, Type::TEXT),
+                            (&name, Type::TEXT),
+                            (&owner, Type::TEXT),
+                            (&attempt, Type::TEXT),
+                            (&lease, Type::FLOAT8),
+                        ],
+                    )
+                    .await?
+            }
+        };
+        let row = rows.first().ok_or_else(|| shape("acquire", "no row"))?;
+        let token: Option<i64> = row.try_get(0).map_err(|e| shape("acquire", e))?;
+        if let Some(t) = token {
+            return Ok(AcquireReply::Granted {
+                token: u64::try_from(t).map_err(|_| shape("fencing token", t))?,
+            });
+        }
+        let left: Option<f64> = row.try_get(1).map_err(|e| shape("acquire", e))?;
+        Ok(AcquireReply::Held {
+            ttl: left
+                .filter(|l| l.is_finite())
+                .map(|l| Duration::from_secs_f64(l.max(0.0) / 1000.0)),
+        })
+    }
+
+    /// Releases exactly the grant `grant` names: a repeated release finds the row freed (or
+    /// another grant's) and reports it, never freeing anything else.
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        check_kind(grant.key.kind)?;
+        let token = i64::try_from(grant.token).map_err(|_| shape("fencing token", grant.token))?;
+        self.free(
+            &grant.key.name,
+            grant.key.kind,
+            grant.attempt.as_str(),
+            Some(token),
+        )
+        .await
+    }
+
+    /// Gives back whatever grant the attempt holds (one whose reply was lost); there is no
+    /// server-side queue to leave. The attempt id is unique, so nothing else is touched.
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        check_kind(req.key.kind)?;
+        self.free(&req.key.name, req.key.kind, req.attempt.as_str(), None)
+            .await
+            .map(|_| ())
+    }
+
+    /// Locks and elections are renewed in one statement each (their rows are apart); the
+    /// outcomes come back in the order of `holds`.
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        for (g, _) in holds {
+            check_kind(g.key.kind)?;
+        }
+        let (elections, locks): (Vec<_>, Vec<_>) = holds
+            .iter()
+            .enumerate()
+            .partition(|(_, (g, _))| g.key.kind == LockKind::Election);
+        let mut out = vec![RenewOutcome::NotHeld; holds.len()];
+        for (sql, part) in [(RENEW, locks), (ELECTION_RENEW, elections)] {
+            if part.is_empty() {
+                continue;
+            }
+            let batch: Vec<(GrantRef, Duration)> = part.iter().map(|(_, h)| (*h).clone()).collect();
+            for ((i, _), r) in part.iter().zip(self.renew_batch(sql, &batch).await?) {
+                out[*i] = r;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        check_kind(grant.key.kind)?;
+        let ns = self.common.namespace.as_str();
+        let name: &str = &grant.key.name;
+        let attempt = grant.attempt.as_str();
+        let token = i64::try_from(grant.token).map_err(|_| shape("fencing token", grant.token))?;
+        let seq = i64::try_from(seq).map_err(|_| shape("proclamation number", seq))?;
+        let chan = channel(election_key(ns, name));
+        let rows = self
+            .common
+            .query(
+                "proclaiming",
+                ELECTION_PROCLAIM,
+                &[
+                    (&ns, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&attempt, Type::TEXT),
+                    (&token, Type::INT8),
+                    (&seq, Type::INT8),
+                    (&value, Type::TEXT),
+                    (&chan, Type::TEXT),
+                ],
+            )
+            .await?;
+        let leads: bool = rows
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .ok_or_else(|| shape("proclaiming", format!("{} rows", rows.len())))?;
+        Ok(if leads {
+            RenewOutcome::Renewed
+        } else {
+            RenewOutcome::NotHeld
+        })
+    }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         check_kind(kind)?;
         let ns = self.common.namespace.as_str();
+        let election = kind == LockKind::Election;
+        let sql = if election { ELECTION_INSPECT } else { INSPECT };
         let rows = self
             .common
-            .query(
-                "inspecting",
-                INSPECT,
-                &[(&ns, Type::TEXT), (&name, Type::TEXT)],
-            )
+            .query("inspecting", sql, &[(&ns, Type::TEXT), (&name, Type::TEXT)])
             .await?;
         let mut info = LockInfo::new(name);
         if let Some(r) = rows.first() {
@@ -237,9 +348,14 @@ impl ModeOps for LeaseMode {
             info.fencing_token = u64::try_from(token).map_err(|_| shape("fencing token", token))?;
             if let Some(owner) = owner.filter(|_| granted && left.is_finite() && left > 0.0) {
                 // One grant; re-entrant guards are counted in the holder's client.
+                let value: Option<String> = match election {
+                    true => Some(r.try_get(4).map_err(|e| shape("inspect", e))?),
+                    false => None,
+                };
                 info.holders.push(
                     HolderInfo::new(owner, 1)
-                        .with_lease_left(Some(Duration::from_secs_f64(left / 1000.0))),
+                        .with_lease_left(Some(Duration::from_secs_f64(left / 1000.0)))
+                        .with_value(value),
                 );
             }
         }

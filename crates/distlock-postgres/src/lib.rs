@@ -472,19 +472,24 @@ distlock_sql::sql_backend!(PostgresBackend,
         if !self.listen {
             return Ok(Box::new(distlock_core::backend::NoWatch));
         }
-        let chan = channel(lock_key(&self.common.namespace, &req.key.name));
+        let chan = channel(common::key_of(
+            &self.common.namespace,
+            &req.key.name,
+            req.key.kind,
+        ));
         self.listener.watch(chan, &req.attempt).await
     }
 
-    /// Session mode: `LISTEN` on the election's channel, which its grants (the leader's
-    /// registration), resignations and proclamations `NOTIFY`. A leader whose session ends
-    /// without a resignation (killed, cut off, its lease over) sends nothing: the next
-    /// candidate's grant does, and observers look again at the leader's lease end.
+    /// `LISTEN` on the election's channel, which its grants, resignations and proclamations
+    /// `NOTIFY`. A leader whose session ends (session mode) or whose lease runs out (lease
+    /// mode) without a resignation sends nothing: the next candidate's grant does, and
+    /// observers look again at the leader's lease end. Lease mode with `listen=off` cannot
+    /// observe (`Unsupported`): nothing would wake an observer while nobody leads.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        if !matches!(self.inner, Inner::Session(_)) {
+        if !self.listen {
             return Err(distlock_core::Error::unsupported(
                 KIND,
-                "elections in lease mode (use mode=session)",
+                "observing elections with listen=off (nothing would wake the observer)",
             ));
         }
         let chan = channel(election_key(&self.common.namespace, name));

@@ -46,11 +46,25 @@ async fn until_locks(server: &PostgresServer, name: &str, granted: bool, want: &
     .await;
 }
 
-/// The stored value and proclamation number of election `name`.
+/// The table of `pg`'s mode that keeps the elections.
+fn table(pg: &Pg) -> &'static str {
+    if pg.params.is_empty() {
+        "dlock_elections"
+    } else {
+        "dlock_lease_elections"
+    }
+}
+
+/// The stored value and proclamation number of election `name` (session mode's table).
 fn stored(server: &PostgresServer, name: &str) -> String {
+    stored_in(server, "dlock_elections", name)
+}
+
+/// The stored value and proclamation number of election `name` in `table`.
+fn stored_in(server: &PostgresServer, table: &str, name: &str) -> String {
     server
         .sql(&format!(
-            "SELECT value || '#' || seq FROM dlock_elections WHERE name = '{name}'"
+            "SELECT value || '#' || seq FROM {table} WHERE name = '{name}'"
         ))
         .expect("sql")
 }
@@ -187,7 +201,13 @@ async fn proxied(pg: &Pg, opts: &ClientOptions) -> (PostgresBackend, DelayProxy)
 /// nothing, and neither touches the lease (the session's idle timer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_and_late_proclamations_have_the_effect_of_one() {
-    let pg = Pg::session();
+    for pg in [Pg::session(), Pg::lease()] {
+        proclamations_in(pg).await;
+    }
+}
+
+async fn proclamations_in(pg: Pg) {
+    let tbl = table(&pg);
     let name = unique_name("el-proclaim");
     let op = Duration::from_millis(500);
     let opts = long_opts().op_timeout(op);
@@ -199,7 +219,7 @@ async fn retried_and_late_proclamations_have_the_effect_of_one() {
         .campaign("v0")
         .await
         .expect("leads");
-    assert_eq!(stored(&pg.server, &name), "v0#0");
+    assert_eq!(stored_in(&pg.server, tbl, &name), "v0#0");
     // The next reply through the proxy (the proclamation's) is held back past the timeout.
     let before = proxy.stats().replies.chunks_read;
     proxy.set_reply_delay(Duration::from_millis(750));
@@ -220,9 +240,9 @@ async fn retried_and_late_proclamations_have_the_effect_of_one() {
     );
     out.expect("proclaim");
     assert_eq!(leader.value(), "v1");
-    assert_eq!(stored(&pg.server, &name), "v1#1");
+    assert_eq!(stored_in(&pg.server, tbl, &name), "v1#1");
     leader.proclaim("v2").await.expect("proclaim");
-    assert_eq!(stored(&pg.server, &name), "v2#2");
+    assert_eq!(stored_in(&pg.server, tbl, &name), "v2#2");
     leader.resign().await.expect("resign");
 
     // On the trait: numbered proclamations of one grant.
@@ -237,7 +257,7 @@ async fn retried_and_late_proclamations_have_the_effect_of_one() {
     let lease_before: f64 = pg
         .server
         .sql(&format!(
-            "SELECT extract(epoch FROM expires_at) FROM dlock_elections WHERE name = '{name}'"
+            "SELECT extract(epoch FROM expires_at) FROM {tbl} WHERE name = '{name}'"
         ))
         .expect("sql")
         .parse()
@@ -256,14 +276,14 @@ async fn retried_and_late_proclamations_have_the_effect_of_one() {
         b.proclaim(&grant, 2, "w2-again").await.expect("proclaim"),
         RenewOutcome::Renewed
     );
-    assert_eq!(stored(&pg.server, &name), "w2#2");
+    assert_eq!(stored_in(&pg.server, tbl, &name), "w2#2");
     let info = b.inspect(&name, LockKind::Election).await.expect("inspect");
     assert_eq!(info.holders[0].value.as_deref(), Some("w2"));
     assert_eq!(info.fencing_token, token);
     let lease_after: f64 = pg
         .server
         .sql(&format!(
-            "SELECT extract(epoch FROM expires_at) FROM dlock_elections WHERE name = '{name}'"
+            "SELECT extract(epoch FROM expires_at) FROM {tbl} WHERE name = '{name}'"
         ))
         .expect("sql")
         .parse()
@@ -284,7 +304,7 @@ async fn retried_and_late_proclamations_have_the_effect_of_one() {
         b.proclaim(&grant, 3, "w3").await.expect("proclaim"),
         RenewOutcome::NotHeld
     );
-    assert_eq!(stored(&pg.server, &name), "w2#2");
+    assert_eq!(stored_in(&pg.server, tbl, &name), "w2#2");
 }
 
 /// A campaign dropped while it waits on the server leaves nothing: no waiting session, no
@@ -353,7 +373,12 @@ async fn next(obs: &mut distlock_core::Observer) -> Option<distlock_core::Leader
 /// leader, a proclaimed value, a resignation — each seen well before any lease end (60 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observers_are_woken_by_notify() {
-    let pg = Pg::session();
+    for pg in [Pg::session(), Pg::lease()] {
+        observe_in(pg).await;
+    }
+}
+
+async fn observe_in(pg: Pg) {
     let name = unique_name("el-observe");
     let a = pg.client_with(long_opts()).await;
     let o = pg.client_with(long_opts()).await;
