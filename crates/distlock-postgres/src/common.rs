@@ -24,6 +24,8 @@ pub(crate) struct Common {
     pub(crate) server_version: i32,
     control: StdMutex<Option<Arc<Client>>>,
     reconnect: tokio::sync::Mutex<()>,
+    /// A replacement control connection is being opened ([`Common::replace_control`]).
+    replacing: std::sync::atomic::AtomicBool,
 }
 
 impl Common {
@@ -46,6 +48,7 @@ impl Common {
             server_version: 0,
             control: StdMutex::new(None),
             reconnect: tokio::sync::Mutex::new(()),
+            replacing: std::sync::atomic::AtomicBool::new(false),
         };
         let client = common.open_control().await?;
         // Part of connecting: a cold server may need longer than one call's timeout.
@@ -179,12 +182,10 @@ impl Common {
     }
 
     /// Runs `sql` with `params` on the control connection, with the per-call timeout. A call
-    /// that gets no answer in time drops the control connection (the next call opens a new
-    /// one): a connection whose packets are being lost (a partition, a dead peer TCP has not
-    /// noticed yet) would otherwise time out every later call too, as its requests queue
-    /// behind the unanswered one.
+    /// that gets no answer in time starts opening a replacement control connection in the
+    /// background (see [`Common::replace_control`]).
     pub(crate) async fn query(
-        &self,
+        self: &Arc<Self>,
         what: &str,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
@@ -193,18 +194,44 @@ impl Common {
         match tokio::time::timeout(self.op_timeout, client.query_typed(sql, params)).await {
             Ok(r) => r.map_err(|e| map(&self.endpoint, e)),
             Err(_) => {
-                self.forget_control(&client);
+                self.replace_control(&client);
                 Err(timeout(&self.endpoint, what, self.op_timeout))
             }
         }
     }
 
-    /// Forgets the control connection `client` if it is still the current one.
-    fn forget_control(&self, client: &Arc<Client>) {
-        let mut slot = self.control.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
-            *slot = None;
+    /// A call on control connection `client` got no answer in time: open a new connection in
+    /// the background and, once it is up, make it the control connection (if `client` still
+    /// is). A connection whose bytes are being lost (a partition, a peer gone without TCP
+    /// noticing) would otherwise time out every later call, each queued behind the unanswered
+    /// one, long after the network healed. The old connection is not closed: calls already
+    /// on it run to their end (a slow server still executes a give-up queued there), and it
+    /// closes when the last of them lets go of it. One replacement at a time; if it cannot
+    /// connect (the server is as slow as the old connection), the old one stays.
+    fn replace_control(self: &Arc<Self>, client: &Arc<Client>) {
+        if self
+            .replacing
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
         }
+        let (common, old) = (self.clone(), Arc::downgrade(client));
+        tokio::spawn(async move {
+            if let Ok(new) = common.open_control().await {
+                let mut slot = common.control.lock().unwrap_or_else(|p| p.into_inner());
+                let current = match (slot.as_ref(), old.upgrade()) {
+                    (Some(c), Some(old)) => Arc::ptr_eq(c, &old),
+                    _ => false,
+                };
+                if current {
+                    tracing::debug!(endpoint = %common.endpoint, "postgres control connection replaced after a timeout");
+                    *slot = Some(new);
+                }
+            }
+            common
+                .replacing
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+        });
     }
 
     /// Creates dlock's tables if they are missing, and brings tables of an older version up to

@@ -164,7 +164,7 @@ pub(crate) async fn force_release(
                 return Err(Error::unsupported(
                     KIND,
                     format!(
-                        "lock kind {} in lease mode (lease mode does mutexes only)",
+                        "forced release of lock kind {} in lease mode (mutexes only)",
                         kind.as_str()
                     ),
                 ));

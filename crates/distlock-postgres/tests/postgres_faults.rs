@@ -612,9 +612,10 @@ async fn old_tables_are_migrated() {
     assert_eq!(
         cols,
         vec![
-            // Added by this version's session schema (elections), not migrated.
+            // The election tables of this version (added, not migrated).
             ("dlock_elections".into(), "attempt".into()),
             ("dlock_holders".into(), "attempt".into()),
+            ("dlock_lease_elections".into(), "attempt".into()),
             ("dlock_leases".into(), "attempt".into())
         ]
     );
