@@ -408,6 +408,12 @@ pub(crate) fn session_capabilities() -> Capabilities {
         .note("MySQL/MariaDB do mutexes and (session mode) elections only")
 }
 
+/// What table mode does: mutexes and elections (rows of the election's own key).
+pub(crate) fn table_capabilities() -> Capabilities {
+    Capabilities::kinds(&[LockKind::Mutex, LockKind::Election])
+        .note("MySQL/MariaDB do mutexes and elections only")
+}
+
 /// The `GET_LOCK` key of election `name`: [`lock_key`] of the name followed by a NUL and
 /// `election`. Lock names cannot contain NUL (nor any control character), so an election's
 /// key is never the key of a lock: the election never conflicts with the lock of the same

@@ -485,7 +485,7 @@ distlock_sql::sql_backend!(MysqlBackend,
     fn capabilities(&self) -> distlock_core::backend::Capabilities {
         match self.inner {
             Inner::Session(_) => common::session_capabilities(),
-            Inner::Table(_) => common::capabilities(),
+            Inner::Table(_) => common::table_capabilities(),
         }
     }
 

@@ -19,8 +19,12 @@
 //!
 //! User-controlled text (namespace, name, owner) goes into these queries as hex literals, which
 //! cannot break out of their quotes.
+//!
+//! Elections are rows of their own key ([`election_key`](crate::election_key)), so never in
+//! conflict with the lock of the same name; a fresh grant stores the candidate's value with
+//! its token in `dlock_elections` (shared with session mode) in the grant's transaction.
 
-use crate::common::{check_kind, close, col, last_row, lock_key, query_sets, sql_attempt, sql_str};
+use crate::common::{close, col, key_of, last_row, query_sets, sql_attempt, sql_str};
 use crate::common::{Call, Common};
 use crate::error::shape;
 use distlock_core::async_trait;
@@ -56,6 +60,11 @@ const FREE: &str = "'1970-01-02 00:00:00'";
 
 /// Renewals per query (a batch of the watchdog may hold thousands).
 const RENEW_CHUNK: usize = 200;
+
+/// Table mode does mutexes and elections.
+fn check_kind(kind: LockKind) -> Result<()> {
+    crate::common::table_capabilities().check(crate::error::KIND, kind)
+}
 
 pub(crate) struct TableMode {
     common: Arc<Common>,
@@ -131,12 +140,25 @@ impl TableMode {
 impl ModeOps for TableMode {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         check_kind(req.key.kind)?;
-        let lk = lock_key(&self.common.namespace, &req.key.name);
+        let lk = key_of(&self.common.namespace, &req.key.name, req.key.kind);
         let ns = sql_str(&self.common.namespace);
         let name = sql_str(&req.key.name);
         let owner = sql_str(&req.key.owner);
         let a = sql_attempt(&req.attempt)?;
         let us = micros(req.lease);
+        // An election's fresh grant stores its value with its token, in the transaction.
+        let election = match req.key.kind {
+            LockKind::Election => {
+                let value = sql_str(req.value.as_deref().unwrap_or(""));
+                format!(
+                    "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
+                         SELECT '{lk}', {ns}, {name}, @dl_new, {value}, 0 FROM DUAL \
+                         WHERE @dl_new IS NOT NULL \
+                         ON DUPLICATE KEY UPDATE token = @dl_new, value = {value}, seq = 0; "
+                )
+            }
+            _ => String::new(),
+        };
         // The rows are created outside the transaction (autocommit), so that concurrent first
         // users of a name cannot deadlock on gap locks. Variables are reset first: the
         // connection is pooled, and a SELECT … INTO that finds no row leaves them as they were.
@@ -164,7 +186,7 @@ impl ModeOps for TableMode {
                  token = @dl_new, acquired_at = UTC_TIMESTAMP(6), \
                  expires_at = UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND \
                  WHERE lock_key = '{lk}' AND @dl_new IS NOT NULL; \
-             COMMIT; \
+             {election}COMMIT; \
              SELECT @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left, @dl_new"
         );
         let sets = self.one_trip("acquiring", sql).await?;
@@ -195,7 +217,7 @@ impl ModeOps for TableMode {
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         check_kind(grant.key.kind)?;
-        let lk = lock_key(&self.common.namespace, &grant.key.name);
+        let lk = key_of(&self.common.namespace, &grant.key.name, grant.key.kind);
         let a = sql_attempt(&grant.attempt)?;
         let t = grant.token;
         let sql = format!(
@@ -229,7 +251,7 @@ impl ModeOps for TableMode {
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
         check_kind(req.key.kind)?;
-        let lk = lock_key(&self.common.namespace, &req.key.name);
+        let lk = key_of(&self.common.namespace, &req.key.name, req.key.kind);
         let a = sql_attempt(&req.attempt)?;
         // Frees the row only if this attempt holds it, and marks the attempt as ended either
         // way, so that a late duplicate of its last acquire cannot take the lock afterwards.
@@ -254,7 +276,7 @@ impl ModeOps for TableMode {
         for chunk in holds.chunks(RENEW_CHUNK) {
             let mut sql = String::new();
             for (g, lease) in chunk {
-                let lk = lock_key(&self.common.namespace, &g.key.name);
+                let lk = key_of(&self.common.namespace, &g.key.name, g.key.kind);
                 let a = sql_attempt(&g.attempt)?;
                 let us = micros(*lease);
                 // Found rows, not changed ones (the connection asks for them): a lease that
@@ -290,19 +312,66 @@ impl ModeOps for TableMode {
         Ok(out)
     }
 
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        check_kind(grant.key.kind)?;
+        let lk = key_of(&self.common.namespace, &grant.key.name, LockKind::Election);
+        let (token, value) = (grant.token, value.to_owned());
+        let attempt = grant.attempt.as_str().to_owned();
+        let leads: Option<i64> = self
+            .common
+            .with_conn("proclaiming", move |c| {
+                Box::pin(async move {
+                    c.exec_drop(
+                        "UPDATE dlock_elections e JOIN dlock_table_locks l \
+                         ON l.lock_key = e.lock_key AND l.token = e.token \
+                         SET e.value = ?, e.seq = ? \
+                         WHERE e.lock_key = ? AND e.token = ? AND e.seq < ? \
+                           AND l.attempt = ? AND l.owner IS NOT NULL \
+                           AND l.expires_at > UTC_TIMESTAMP(6)",
+                        (
+                            value.as_str(),
+                            seq,
+                            lk.as_str(),
+                            token,
+                            seq,
+                            attempt.as_str(),
+                        ),
+                    )
+                    .await?;
+                    c.exec_first(
+                        "SELECT COUNT(*) FROM dlock_table_locks \
+                         WHERE lock_key = ? AND token = ? AND attempt = ? \
+                           AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
+                        (lk.as_str(), token, attempt.as_str()),
+                    )
+                    .await
+                })
+            })
+            .await?;
+        Ok(match leads {
+            Some(n) if n > 0 => RenewOutcome::Renewed,
+            Some(_) => RenewOutcome::NotHeld,
+            None => return Err(shape("proclaiming", "no row")),
+        })
+    }
+
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         check_kind(kind)?;
-        let lk = lock_key(&self.common.namespace, name);
-        type RowState = (Option<String>, i64);
+        let lk = key_of(&self.common.namespace, name, kind);
+        type RowState = (Option<String>, i64, Option<String>);
         let (row, fence) = self
             .common
             .with_conn("inspecting", move |c| {
                 Box::pin(async move {
+                    // The value stored with the row's token (elections; NULL for a lock).
                     let row: Option<RowState> = c
                         .exec_first(
-                            "SELECT owner, \
-                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
-                             FROM dlock_table_locks WHERE lock_key = ?",
+                            "SELECT l.owner, \
+                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), \
+                             e.value \
+                             FROM dlock_table_locks l LEFT JOIN dlock_elections e \
+                             ON e.lock_key = l.lock_key AND e.token = l.token \
+                             WHERE l.lock_key = ?",
                             (lk.as_str(),),
                         )
                         .await?;
@@ -314,12 +383,17 @@ impl ModeOps for TableMode {
             })
             .await?;
         let mut info = LockInfo::new(name).with_fencing_token(fence.unwrap_or(0));
-        if let Some((Some(owner), left)) = row {
+        if let Some((Some(owner), left, value)) = row {
             if left > 0 {
+                let value = match kind {
+                    LockKind::Election => Some(value.unwrap_or_default()),
+                    _ => None,
+                };
                 // One grant per holder: re-entry is counted in the holder's client.
                 info.holders.push(
                     HolderInfo::new(owner, 1)
-                        .with_lease_left(Some(Duration::from_micros(left as u64))),
+                        .with_lease_left(Some(Duration::from_micros(left as u64)))
+                        .with_value(value),
                 );
             }
         }

@@ -1,4 +1,5 @@
-//! Elections in session mode on a real MariaDB server: the leader's connection killed, a
+//! Elections on a real MariaDB server (both modes where the case applies): the leader's
+//! connection killed (session mode), a
 //! numbered proclamation retried through a proxy and a late duplicate, a cancelled campaign,
 //! the election kept apart from the lock of the same name, and observe refused (MySQL has no
 //! notifications).
@@ -110,7 +111,12 @@ async fn killed_leader_hands_over_with_a_higher_token() {
 /// The election and the lock of the same name never conflict; each inspect reports its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn election_is_apart_from_the_lock_of_the_same_name() {
-    let my = My::session();
+    for my in [My::session(), My::table()] {
+        apart_in(my).await;
+    }
+}
+
+async fn apart_in(my: My) {
     let name = unique_name("el-apart");
     let a = my.client_with(fast_opts()).await;
     let b = my.client_with(fast_opts()).await;
@@ -151,7 +157,18 @@ async fn election_is_apart_from_the_lock_of_the_same_name() {
 /// and a proclamation never touches the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_and_late_proclamations_have_the_effect_of_one() {
-    let my = My::session();
+    for my in [My::session(), My::table()] {
+        proclamations_in(my).await;
+    }
+}
+
+async fn proclamations_in(my: My) {
+    // Where the grant's lease end is kept.
+    let holders = if my.params.is_empty() {
+        "dlock_holders"
+    } else {
+        "dlock_table_locks"
+    };
     let name = unique_name("el-proclaim");
     let op = Duration::from_millis(500);
     let opts = long_opts().op_timeout(op);
@@ -207,7 +224,7 @@ async fn retried_and_late_proclamations_have_the_effect_of_one() {
     let lease = |server: &MariaDbServer| {
         server
             .sql(&format!(
-                "SELECT expires_at FROM dlock.dlock_holders WHERE lock_key = '{ekey}'"
+                "SELECT expires_at FROM dlock.{holders} WHERE lock_key = '{ekey}'"
             ))
             .expect("sql")
     };
@@ -293,12 +310,13 @@ async fn cancelled_campaign_leaves_nothing() {
 /// Observing is refused with a typed error: MySQL/MariaDB cannot wake an observer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observe_is_unsupported() {
-    let my = My::session();
-    let a = my.client_with(fast_opts()).await;
-    let mut obs = a
-        .election(&unique_name("el-obs"))
-        .expect("election")
-        .observe();
-    let e = obs.next().await.expect_err("observe refused");
-    assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+    for my in [My::session(), My::table()] {
+        let a = my.client_with(fast_opts()).await;
+        let mut obs = a
+            .election(&unique_name("el-obs"))
+            .expect("election")
+            .observe();
+        let e = obs.next().await.expect_err("observe refused");
+        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+    }
 }
