@@ -396,20 +396,9 @@ pub fn lock_key(namespace: &str, name: &str) -> String {
     s
 }
 
-/// Both modes do mutexes only (`GET_LOCK` has no shared mode; the lock rows follow it).
+/// Both modes do mutexes and elections (a lock of the election's own key, its value in
+/// `dlock_elections`), no other kind (`GET_LOCK` has no shared mode; the lock rows follow it).
 pub(crate) fn capabilities() -> Capabilities {
-    Capabilities::kinds(&[LockKind::Mutex]).note("MySQL/MariaDB do mutexes only")
-}
-
-/// What session mode does: mutexes and elections (a mutex on the election's own key, its
-/// value in `dlock_elections`).
-pub(crate) fn session_capabilities() -> Capabilities {
-    Capabilities::kinds(&[LockKind::Mutex, LockKind::Election])
-        .note("MySQL/MariaDB do mutexes and (session mode) elections only")
-}
-
-/// What table mode does: mutexes and elections (rows of the election's own key).
-pub(crate) fn table_capabilities() -> Capabilities {
     Capabilities::kinds(&[LockKind::Mutex, LockKind::Election])
         .note("MySQL/MariaDB do mutexes and elections only")
 }

@@ -483,10 +483,7 @@ distlock_sql::sql_backend!(MysqlBackend,
     operator: ops,
 {
     fn capabilities(&self) -> distlock_core::backend::Capabilities {
-        match self.inner {
-            Inner::Session(_) => common::session_capabilities(),
-            Inner::Table(_) => common::table_capabilities(),
-        }
+        common::capabilities()
     }
 
     /// MySQL has no notifications: the watch never fires, and waiters (table mode) wake at

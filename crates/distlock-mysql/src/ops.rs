@@ -3,7 +3,8 @@
 //! - `list`: the names of the namespace that have state — a fencing counter row
 //!   (`dlock_fence`), a holder row (`dlock_holders`, session mode) or a lock row
 //!   (`dlock_table_locks`, table mode) — each inspected as `inspect` does (in session mode a
-//!   holder counts only while `IS_USED_LOCK` names its connection).
+//!   holder counts only while `IS_USED_LOCK` names its connection); rows of an election's
+//!   key are listed as that election, apart from the lock of the same name.
 //! - `force_release`: table mode clears the lock row and advances the counter in one
 //!   transaction; session mode `KILL`s the connection `IS_USED_LOCK` names (the server then
 //!   frees its `GET_LOCK`; the holder's next renewal, a statement on that connection, fails),
@@ -13,7 +14,7 @@
 //! - `diagnose`: version, the session `wait_timeout` the session mode relies on, Galera,
 //!   and the server clock against the local one.
 
-use crate::common::{check_kind, lock_key, sql_str};
+use crate::common::{check_kind, election_key, key_of, sql_str};
 use crate::error::KIND;
 use crate::{Mode, MysqlBackend};
 use distlock_core::{
@@ -32,21 +33,34 @@ pub(crate) async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLoc
         Mode::Table => "dlock_table_locks",
     };
     let sql = format!(
-        "SELECT name FROM dlock_fence WHERE ns = ? UNION SELECT name FROM {table} WHERE ns = ?"
+        "SELECT lock_key, name FROM dlock_fence WHERE ns = ? \
+         UNION SELECT lock_key, name FROM {table} WHERE ns = ?"
     );
-    let mut names: Vec<String> = b
+    let rows: Vec<(String, String)> = b
         .common
         .with_conn("listing locks", move |c| {
             Box::pin(async move { c.exec(sql, (ns.as_str(), ns.as_str())).await })
         })
         .await?;
-    names.retain(|n| n.starts_with(prefix));
-    names.sort();
+    // The key tells a lock from the election of the same name.
+    let mut names: Vec<(String, LockKind)> = rows
+        .into_iter()
+        .filter(|(_, n)| n.starts_with(prefix))
+        .map(|(key, name)| {
+            let kind = if key == election_key(&b.common.namespace, &name) {
+                LockKind::Election
+            } else {
+                LockKind::Mutex
+            };
+            (name, kind)
+        })
+        .collect();
+    names.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
     names.dedup();
     let mut out = Vec::with_capacity(names.len());
-    for name in names {
-        let info = distlock_core::Backend::inspect(b, &name, LockKind::Mutex).await?;
-        out.push(ListedLock::new(LockKind::Mutex, info));
+    for (name, kind) in names {
+        let info = distlock_core::Backend::inspect(b, &name, kind).await?;
+        out.push(ListedLock::new(kind, info));
     }
     Ok(out)
 }
@@ -57,16 +71,16 @@ pub(crate) async fn force_release(
     kind: LockKind,
 ) -> Result<ForceReleased> {
     check_kind(kind)?;
+    let lk = key_of(&b.common.namespace, name, kind);
     match b.mode() {
-        Mode::Table => force_table(b, name).await,
-        Mode::Session => force_session(b, name).await,
+        Mode::Table => force_table(b, name, &lk).await,
+        Mode::Session => force_session(b, name, &lk).await,
     }
 }
 
 /// Table mode: one transaction clears the row (the holder's renewals then match no row) and
 /// advances the counter, so no grant falls between the two.
-async fn force_table(b: &MysqlBackend, name: &str) -> Result<ForceReleased> {
-    let lk = lock_key(&b.common.namespace, name);
+async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceReleased> {
     let ns = sql_str(&b.common.namespace);
     let n = sql_str(name);
     let sql = format!(
@@ -112,8 +126,8 @@ async fn force_table(b: &MysqlBackend, name: &str) -> Result<ForceReleased> {
 
 /// Session mode: KILL the holder's connection, wait until the server has freed its lock,
 /// advance the counter.
-async fn force_session(b: &MysqlBackend, name: &str) -> Result<ForceReleased> {
-    let lk = lock_key(&b.common.namespace, name);
+async fn force_session(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceReleased> {
+    let lk = lk.to_owned();
     let k = lk.clone();
     type Found = (Option<u64>, Vec<(String, Option<i64>)>);
     let (conn_id, rows): Found = b

@@ -557,7 +557,7 @@ impl Dialect for MyDialect {
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::common::session_capabilities()
+        crate::common::capabilities()
     }
 
     /// Every request runs to its end in a task of its own (see the module docs); the caller

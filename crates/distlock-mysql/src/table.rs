@@ -24,7 +24,7 @@
 //! conflict with the lock of the same name; a fresh grant stores the candidate's value with
 //! its token in `dlock_elections` (shared with session mode) in the grant's transaction.
 
-use crate::common::{close, col, key_of, last_row, query_sets, sql_attempt, sql_str};
+use crate::common::{check_kind, close, col, key_of, last_row, query_sets, sql_attempt, sql_str};
 use crate::common::{Call, Common};
 use crate::error::shape;
 use distlock_core::async_trait;
@@ -60,11 +60,6 @@ const FREE: &str = "'1970-01-02 00:00:00'";
 
 /// Renewals per query (a batch of the watchdog may hold thousands).
 const RENEW_CHUNK: usize = 200;
-
-/// Table mode does mutexes and elections.
-fn check_kind(kind: LockKind) -> Result<()> {
-    crate::common::table_capabilities().check(crate::error::KIND, kind)
-}
 
 pub(crate) struct TableMode {
     common: Arc<Common>,

@@ -1,8 +1,7 @@
-//! Elections on a real MariaDB server (both modes where the case applies): the leader's
-//! connection killed (session mode), a
-//! numbered proclamation retried through a proxy and a late duplicate, a cancelled campaign,
-//! the election kept apart from the lock of the same name, and observe refused (MySQL has no
-//! notifications).
+//! Elections on a real MariaDB server, in both modes where the case applies: the leader's
+//! connection killed (session mode), a numbered proclamation retried through a proxy and a
+//! late duplicate, a cancelled campaign, the election kept apart from the lock of the same
+//! name, and observe refused (MySQL has no notifications).
 
 mod support;
 
@@ -318,5 +317,80 @@ async fn observe_is_unsupported() {
             .observe();
         let e = obs.next().await.expect_err("observe refused");
         assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+    }
+}
+
+/// The operator commands tell an election from the lock of the same name: `list` shows both,
+/// each with its own holder, and `force_release(name, Election)` revokes the leader only (its
+/// lost signal fires; the counter moves past its token), leaving the lock held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_tell_the_election_apart() {
+    for my in [My::session(), My::table()] {
+        let name = unique_name("el-ops");
+        let a = my.client_with(fast_opts()).await;
+        let b = my.client_with(fast_opts()).await;
+        let g = a.lock(&name).expect("lock").acquire().await.expect("lock");
+        let l = b
+            .election(&name)
+            .expect("election")
+            .with_owner("leader")
+            .expect("owner")
+            .campaign("v")
+            .await
+            .expect("leads");
+        let listed = a.backend().list(&name).await.expect("list");
+        let kinds: Vec<(LockKind, Vec<String>, Option<String>)> = listed
+            .iter()
+            .map(|l| {
+                (
+                    l.kind,
+                    l.info.holders.iter().map(|h| h.owner.clone()).collect(),
+                    l.info.holders.first().and_then(|h| h.value.clone()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (
+                    LockKind::Election,
+                    vec!["leader".to_owned()],
+                    Some("v".to_owned())
+                ),
+                (LockKind::Mutex, vec![g.owner().to_owned()], None),
+            ],
+            "{}",
+            my.params
+        );
+        let forced = a
+            .backend()
+            .force_release(&name, LockKind::Election)
+            .await
+            .expect("force");
+        assert_eq!(forced.removed.len(), 1, "{forced:?}");
+        assert_eq!(forced.removed[0].owner, "leader");
+        assert!(forced.fencing_token > l.fencing_token());
+        tokio::time::timeout(Duration::from_secs(10), l.lost())
+            .await
+            .expect("the revoked leader's lost signal");
+        assert_eq!(
+            a.election(&name)
+                .expect("election")
+                .leader()
+                .await
+                .expect("leader"),
+            None
+        );
+        assert!(!g.is_lost());
+        let lock = a
+            .backend()
+            .inspect(&name, LockKind::Mutex)
+            .await
+            .expect("inspect");
+        assert_eq!(lock.holders.len(), 1);
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
     }
 }
