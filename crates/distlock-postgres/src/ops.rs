@@ -12,10 +12,14 @@
 //!   waiters are not touched), waits until `pg_locks` shows none of them holding it, deletes
 //!   their rows and advances `dlock_fence`. Terminating another role's backend needs
 //!   `pg_signal_backend` (or that role, or superuser for a superuser's backend).
+//! - Elections (`dlock_elections`, lease mode `dlock_lease_elections`) are listed as
+//!   elections, apart from the lock of the same name; a forced release of an election
+//!   terminates the backend holding the election's key (session mode) or clears its row
+//!   (lease mode), and draws a token above the revoked leader's.
 //! - `diagnose`: version, a pooler in front (PgBouncer), whether the session's timeouts take
 //!   effect, synchronous replication, and the server clock against the local one.
 
-use crate::common::{channel, key_oids, lock_key};
+use crate::common::{channel, election_key, key_oids, lock_key};
 use crate::error::{is_code, map, shape, KIND};
 use crate::{Inner, Mode, PostgresBackend};
 use distlock_core::{
@@ -106,6 +110,25 @@ pub(crate) async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<Listed
         }
         out.push(ListedLock::new(kind, info));
     }
+    let table = match b.mode() {
+        Mode::Session => "dlock_elections",
+        Mode::Lease => "dlock_lease_elections",
+    };
+    let sql = format!(
+        "SELECT name FROM {table} WHERE ns = $1 AND left(name, length($2)) = $2 ORDER BY name"
+    );
+    let rows = b
+        .common
+        .run(
+            "listing elections",
+            client.query_typed(&sql, &[(&ns, Type::TEXT), (&prefix, Type::TEXT)]),
+        )
+        .await?;
+    for r in &rows {
+        let name: String = r.try_get(0).map_err(|e| shape("list", e))?;
+        let info = b.inspect(&name, LockKind::Election).await?;
+        out.push(ListedLock::new(LockKind::Election, info));
+    }
     Ok(out)
 }
 
@@ -159,6 +182,8 @@ pub(crate) async fn force_release(
     kind: LockKind,
 ) -> Result<ForceReleased> {
     match &b.inner {
+        Inner::Lease(_) if kind == LockKind::Election => force_lease_election(b, name).await,
+        Inner::Session(_) if kind == LockKind::Election => force_session_election(b, name).await,
         Inner::Lease(_) => {
             if kind != LockKind::Mutex {
                 return Err(Error::unsupported(
@@ -322,9 +347,133 @@ async fn force_session(b: &PostgresBackend, name: &str) -> Result<ForceReleased>
         }
     }
     let pids = terminated;
-    // pg_terminate_backend only signals: the lock is free once pg_locks no longer shows any
-    // of those backends holding it.
+    wait_freed(b, name, classid, objid, &pids).await?;
+    // The removed grants' rows (by attempt and pid: a next holder that got the key meanwhile
+    // has another attempt and pid), then a token drawn now: above every token handed out.
+    let client = b.common.control().await?;
+    let rows = b
+        .common
+        .run(
+            "advancing the fencing token",
+            client.query_typed(
+                "WITH d AS (DELETE FROM dlock_holders \
+                            WHERE ns = $1 AND name = $2 AND attempt = ANY($3) AND pid = ANY($4)) \
+                 INSERT INTO dlock_fence AS f (ns, name, token) \
+                 VALUES ($1, $2, nextval('dlock_fence_seq')) \
+                 ON CONFLICT (ns, name) DO UPDATE SET token = nextval('dlock_fence_seq') \
+                 RETURNING f.token",
+                &[
+                    (&ns, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&attempts, Type::TEXT_ARRAY),
+                    (&pids, Type::INT4_ARRAY),
+                ],
+            ),
+        )
+        .await?;
+    let token: i64 = rows
+        .first()
+        .and_then(|r| r.try_get(0).ok())
+        .ok_or_else(|| shape("forced release", "no token"))?;
+    if let Some(e) = refused {
+        return Err(e);
+    }
+    Ok(ForceReleased::new(removed, u64_token(token)?))
+}
+
+/// Session mode, an election: terminate the backends holding the election's key, wait until
+/// the server freed it, mark the leader's row a past leader, and draw a token (above every
+/// token handed out, the revoked leader's included).
+async fn force_session_election(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
+    let ns = b.common.namespace.as_str();
+    let (classid, objid) = key_oids(election_key(ns, name));
+    let leader = b.inspect(name, LockKind::Election).await?;
+    let client = b.common.control().await?;
+    let sql = format!(
+        "SELECT l.pid FROM pg_locks l \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
+           AND l.objsubid = 1 AND l.database = {CURRENT_DB} ORDER BY l.pid"
+    );
+    let rows = b
+        .common
+        .run(
+            "finding the leader",
+            client.query_typed(&sql, &[(&classid, Type::OID), (&objid, Type::OID)]),
+        )
+        .await?;
+    let mut pids = Vec::with_capacity(rows.len());
+    for r in &rows {
+        pids.push(
+            r.try_get::<_, i32>(0)
+                .map_err(|e| shape("forced release", e))?,
+        );
+    }
+    for &pid in &pids {
+        terminate(b, name, pid).await?;
+    }
+    wait_freed(b, name, classid, objid, &pids).await?;
+    let client = b.common.control().await?;
+    let rows = b
+        .common
+        .run(
+            "advancing the fencing token",
+            client.query_typed(
+                "WITH u AS (UPDATE dlock_elections SET pid = NULL, expires_at = now() \
+                            WHERE ns = $1 AND name = $2 AND pid = ANY($3)) \
+                 SELECT nextval('dlock_fence_seq')",
+                &[
+                    (&ns, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&pids, Type::INT4_ARRAY),
+                ],
+            ),
+        )
+        .await?;
+    let token: i64 = rows
+        .first()
+        .and_then(|r| r.try_get(0).ok())
+        .ok_or_else(|| shape("forced release", "no token"))?;
+    Ok(ForceReleased::new(leader.holders, u64_token(token)?))
+}
+
+/// Lease mode, an election: clear the election's row with a token drawn after its row lock
+/// (above every token handed out) and wake candidates and observers, in one statement.
+async fn force_lease_election(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
+    let ns = b.common.namespace.as_str();
+    let chan = channel(election_key(ns, name));
+    let leader = b.inspect(name, LockKind::Election).await?;
+    let rows = b
+        .common
+        .query(
+            "forced release",
+            "WITH u AS (UPDATE dlock_lease_elections SET owner = NULL, attempt = NULL, \
+                            acquired_at = NULL, expires_at = 'epoch', \
+                            token = nextval('dlock_fence_seq') \
+                        WHERE ns = $1 AND name = $2 RETURNING token), \
+                  n AS (SELECT pg_notify($3, '') FROM u) \
+             SELECT COALESCE((SELECT token FROM u), nextval('dlock_fence_seq')), \
+                    (SELECT count(*) FROM n)",
+            &[(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)],
+        )
+        .await?;
+    let token: i64 = rows
+        .first()
+        .and_then(|r| r.try_get(0).ok())
+        .ok_or_else(|| shape("forced release", "no token"))?;
+    Ok(ForceReleased::new(leader.holders, u64_token(token)?))
+}
+
+/// `pg_terminate_backend` only signals: the key is free once `pg_locks` no longer shows any
+/// of `pids` holding it.
+async fn wait_freed(
+    b: &PostgresBackend,
+    name: &str,
+    classid: u32,
+    objid: u32,
+    pids: &[i32],
+) -> Result<()> {
     if !pids.is_empty() {
+        let pids = pids.to_vec();
         let limit = Instant::now() + b.common.op_timeout.max(Duration::from_secs(5));
         let still = format!(
             "SELECT count(*) FROM pg_locks l \
@@ -365,37 +514,7 @@ async fn force_session(b: &PostgresBackend, name: &str) -> Result<ForceReleased>
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    // The removed grants' rows (by attempt and pid: a next holder that got the key meanwhile
-    // has another attempt and pid), then a token drawn now: above every token handed out.
-    let client = b.common.control().await?;
-    let rows = b
-        .common
-        .run(
-            "advancing the fencing token",
-            client.query_typed(
-                "WITH d AS (DELETE FROM dlock_holders \
-                            WHERE ns = $1 AND name = $2 AND attempt = ANY($3) AND pid = ANY($4)) \
-                 INSERT INTO dlock_fence AS f (ns, name, token) \
-                 VALUES ($1, $2, nextval('dlock_fence_seq')) \
-                 ON CONFLICT (ns, name) DO UPDATE SET token = nextval('dlock_fence_seq') \
-                 RETURNING f.token",
-                &[
-                    (&ns, Type::TEXT),
-                    (&name, Type::TEXT),
-                    (&attempts, Type::TEXT_ARRAY),
-                    (&pids, Type::INT4_ARRAY),
-                ],
-            ),
-        )
-        .await?;
-    let token: i64 = rows
-        .first()
-        .and_then(|r| r.try_get(0).ok())
-        .ok_or_else(|| shape("forced release", "no token"))?;
-    if let Some(e) = refused {
-        return Err(e);
-    }
-    Ok(ForceReleased::new(removed, u64_token(token)?))
+    Ok(())
 }
 
 /// `pg_terminate_backend(pid)`, with the privilege error spelled out.

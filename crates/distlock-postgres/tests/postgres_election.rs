@@ -401,3 +401,78 @@ async fn observe_in(pg: Pg) {
     l.resign().await.expect("resign");
     assert_eq!(next(&mut obs).await, None);
 }
+
+/// The operator commands tell an election from the lock of the same name (both modes): `list`
+/// shows both, each with its own holder, and `force_release(name, Election)` revokes the
+/// leader only (its lost signal fires; the token drawn is above its own), leaving the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_tell_the_election_apart() {
+    for pg in [Pg::session(), Pg::lease()] {
+        let name = unique_name("el-ops");
+        let a = pg.client_with(fast_opts()).await;
+        let b = pg.client_with(fast_opts()).await;
+        let g = a.lock(&name).expect("lock").acquire().await.expect("lock");
+        let l = b
+            .election(&name)
+            .expect("election")
+            .with_owner("leader")
+            .expect("owner")
+            .campaign("v")
+            .await
+            .expect("leads");
+        let listed = a.backend().list(&name).await.expect("list");
+        let kinds: Vec<(LockKind, Vec<String>, Option<String>)> = listed
+            .iter()
+            .map(|l| {
+                (
+                    l.kind,
+                    l.info.holders.iter().map(|h| h.owner.clone()).collect(),
+                    l.info.holders.first().and_then(|h| h.value.clone()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (LockKind::Mutex, vec![g.owner().to_owned()], None),
+                (
+                    LockKind::Election,
+                    vec!["leader".to_owned()],
+                    Some("v".to_owned())
+                ),
+            ],
+            "{}",
+            table(&pg)
+        );
+        let forced = a
+            .backend()
+            .force_release(&name, LockKind::Election)
+            .await
+            .expect("force");
+        assert_eq!(forced.removed.len(), 1, "{forced:?}");
+        assert_eq!(forced.removed[0].owner, "leader");
+        assert!(forced.fencing_token > l.fencing_token());
+        tokio::time::timeout(Duration::from_secs(10), l.lost())
+            .await
+            .expect("the revoked leader's lost signal");
+        assert_eq!(
+            a.election(&name)
+                .expect("election")
+                .leader()
+                .await
+                .expect("leader"),
+            None
+        );
+        assert!(!g.is_lost());
+        let lock = a
+            .backend()
+            .inspect(&name, LockKind::Mutex)
+            .await
+            .expect("inspect");
+        assert_eq!(lock.holders.len(), 1);
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
