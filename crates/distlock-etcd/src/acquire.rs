@@ -219,9 +219,12 @@ impl EtcdBackend {
         }
     }
 
-    /// The holder, the waiters and the last fencing token of lock `name` (`Backend::inspect`).
-    pub(crate) async fn inspect_lock(&self, name: &str) -> Result<LockInfo> {
-        let keys = self.keys(name);
+    /// One consistent read of a queue (a lock's or an election's): how many entries it holds,
+    /// its first entry (the holder) and the fence key.
+    pub(crate) async fn queue_state(
+        &self,
+        keys: &Keys,
+    ) -> Result<(i64, Option<KeyValue>, Option<KeyValue>)> {
         let txn = Txn::new().and_then([
             first_of(&keys.queue),
             TxnOp::get(keys.fence.clone(), None),
@@ -238,6 +241,13 @@ impl EtcdBackend {
         let mut all = gets(&resp);
         let first = nth_first(&mut all, 0)?;
         let fence = nth_first(&mut all, 1)?;
+        Ok((queued, first, fence))
+    }
+
+    /// The holder, the waiters and the last fencing token of lock `name` (`Backend::inspect`).
+    pub(crate) async fn inspect_lock(&self, name: &str) -> Result<LockInfo> {
+        let keys = self.keys(name);
+        let (queued, first, fence) = self.queue_state(&keys).await?;
         let (holders, fencing_token) = match first {
             Some(f) => {
                 let holder = HolderInfo::new(keys.holder_of(f.key(), f.value()), 1)

@@ -7,13 +7,13 @@
 //! waiting candidate watches the key created just before its own — the rules of etcd's own
 //! recipe, so `etcdctl elect PREFIX-election/NAME` candidates take part in the same queue.
 
-use crate::acquire::{first_of, gets, nth_first, revision_of, token_of, CAS_ATTEMPTS};
+use crate::acquire::{gets, nth_first, revision_of, token_of, CAS_ATTEMPTS};
 use crate::error::shape;
 use crate::keys::{Keys, Meta};
 use crate::EtcdBackend;
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::{HolderInfo, LockInfo, Result};
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 impl EtcdBackend {
     /// The leader of election `name` (the candidate key with the smallest create revision),
@@ -24,22 +24,7 @@ impl EtcdBackend {
     pub(crate) async fn inspect_election(&self, name: &str) -> Result<LockInfo> {
         let keys = Keys::election(&self.prefix, name);
         for _ in 0..CAS_ATTEMPTS {
-            let txn = Txn::new().and_then([
-                first_of(&keys.queue),
-                TxnOp::get(keys.fence.clone(), None),
-                TxnOp::get(
-                    keys.queue.clone(),
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                ),
-            ]);
-            let resp = self.txn("inspect", txn).await?;
-            let queued = match resp.op_responses().get(2) {
-                Some(TxnOpResponse::Get(g)) => g.count(),
-                _ => return Err(shape("inspect: the transaction returned too few reads")),
-            };
-            let mut all = gets(&resp);
-            let first = nth_first(&mut all, 0)?;
-            let fence = nth_first(&mut all, 1)?;
+            let (queued, first, fence) = self.queue_state(&keys).await?;
             let waiting = |leaders: i64| {
                 u32::try_from(queued.saturating_sub(leaders).max(0)).unwrap_or(u32::MAX)
             };
