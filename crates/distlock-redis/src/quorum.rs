@@ -26,6 +26,14 @@
 //! | `NS:{NAME}:rlq:ttl` | zset `ATTEMPT -> expiry ms` (server clock) | when each waiter leaves the queue unless it refreshes |
 //! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node's counters are complete; UNTIL_MS ends its quarantine (server clock) |
 //! | `NS:redlock:horizon` | string, PX = longest lease that may still run | how long a quarantine must last if this node's data is lost |
+//!
+//! An election (`LockKind::Election`) has the same layout under `NS:{NAME}:election` (the
+//! hold, with the leader's `value` and its proclamation number `seq` as extra fields),
+//! `NS:{NAME}:election:fence`, `NS:{NAME}:election:released`, `NS:{NAME}:election:rlq` and
+//! `NS:{NAME}:election:rlq:ttl`, apart from the lock of the same name; every change of its hold
+//! (a grant `g`, a token raised `g`, a release `r`, a proclamation `p`) is published on
+//! `NS:{NAME}:election:observe`, the single-node election's observe channel. Every method that
+//! addresses a hold takes the kind; a lock's requests are exactly what they were.
 
 use crate::error::{shape, KIND};
 use crate::ops::glob_escape;
@@ -55,6 +63,7 @@ struct QuorumScripts {
     renew: Script,
     epoch: Script,
     seed: Script,
+    proclaim: Script,
 }
 
 fn quorum_scripts() -> &'static QuorumScripts {
@@ -69,11 +78,12 @@ fn quorum_scripts() -> &'static QuorumScripts {
         )),
         epoch: Script::new(include_str!("../scripts/quorum_epoch.lua")),
         seed: Script::new(include_str!("../scripts/quorum_seed.lua")),
+        proclaim: Script::new(include_str!("../scripts/quorum_proclaim.lua")),
     })
 }
 
 impl QuorumScripts {
-    fn all(&self) -> [&Script; 6] {
+    fn all(&self) -> [&Script; 7] {
         [
             &self.acquire,
             &self.raise,
@@ -81,6 +91,7 @@ impl QuorumScripts {
             &self.renew,
             &self.epoch,
             &self.seed,
+            &self.proclaim,
         ]
     }
 }
@@ -147,6 +158,9 @@ pub struct NodeHold {
     pub token: Option<u64>,
     /// How long the hold's lease still runs here, if it expires.
     pub lease_left: Option<Duration>,
+    /// An election's advertised value and its proclamation number (`None` for a lock, or an
+    /// election hold without them).
+    pub value: Option<(String, u64)>,
 }
 
 impl NodeHold {
@@ -162,8 +176,26 @@ impl NodeHold {
             owner: owner.to_owned(),
             token,
             lease_left,
+            value: None,
         }
     }
+
+    /// The hold with an election's value and proclamation number.
+    pub fn with_value(mut self, value: &str, seq: u64) -> Self {
+        self.value = Some((value.to_owned(), seq));
+        self
+    }
+}
+
+/// The keys and channels of one Redlock lock or election on a node (see the module docs).
+struct QuorumKeys {
+    lock: String,
+    fence: String,
+    queue: String,
+    ttl: String,
+    channel: String,
+    /// An election's observe channel (`None`: a lock).
+    observe: Option<String>,
 }
 
 /// What `INFO server` says about the process behind a node.
@@ -269,10 +301,27 @@ impl RedisBackend {
         format!("{}:redlock:horizon", self.namespace)
     }
 
-    /// Redlock's kinds: the mutex only (the same message as the core's check of Redlock's
-    /// capabilities).
-    fn check_mutex(key: &HoldKey) -> Result<()> {
-        Capabilities::kinds(&[LockKind::Mutex]).check("redlock", key.kind)
+    /// Redlock's kinds: the mutex and the election (the same message as the core's check of
+    /// Redlock's capabilities).
+    fn check_kind(kind: LockKind) -> Result<()> {
+        Capabilities::kinds(&[LockKind::Mutex])
+            .with(LockKind::Election)
+            .check("redlock", kind)
+    }
+
+    /// The keys of `name` as a Redlock lock or election (`kind` checked).
+    fn quorum_keys(&self, name: &str, kind: LockKind) -> Result<QuorumKeys> {
+        Self::check_kind(kind)?;
+        let election = kind == LockKind::Election;
+        let base = Self::base(election);
+        Ok(QuorumKeys {
+            lock: self.mutex_keys(name, election)[0].clone(),
+            fence: self.mutex_fence_key(name, election),
+            queue: self.key(name, &format!("{base}:rlq")),
+            ttl: self.key(name, &format!("{base}:rlq:ttl")),
+            channel: self.mutex_channel(name, election),
+            observe: election.then(|| self.observe_channel(name)),
+        })
     }
 
     /// Loads the Redlock scripts (one pipelined round trip). They are also loaded on demand.
@@ -304,19 +353,15 @@ impl RedisBackend {
             .map_err(|e| self.err(e))
     }
 
-    /// `NS:{NAME}:rlq` and `NS:{NAME}:rlq:ttl`: the node's wait queue and its waiters'
-    /// expiries (see the module docs).
-    fn queue_keys(&self, name: &str) -> [String; 2] {
-        [self.key(name, ":rlq"), self.key(name, ":rlq:ttl")]
-    }
-
     /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
     /// `epoch`: a fresh grant (incrementing the fencing counter), "this attempt holds it
     /// already" (the same hold, lease made to run at least `lease` from now), "held by
     /// another attempt", or "free, but another waiter is first in this node's queue" (a
     /// free lock goes to the first live waiter of the node's queue). Does not queue the
     /// caller (see [`RedisBackend::quorum_enqueue_acquire`]). Every answer carries the node's
-    /// fencing counter and its restart quarantine.
+    /// fencing counter and its restart quarantine. An election's `value` (an election's key
+    /// kind; `None` is the empty value) is stored with a fresh grant, and the grant is told on
+    /// the election's observe channel; a lock ignores `value`.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
@@ -333,8 +378,10 @@ impl RedisBackend {
         attempt: &AttemptId,
         lease: Duration,
         epoch: &str,
+        value: Option<&str>,
     ) -> Result<QuorumVote> {
-        self.quorum_vote(key, attempt, lease, epoch, None).await
+        self.quorum_vote(key, attempt, lease, epoch, value, None)
+            .await
     }
 
     /// [`RedisBackend::quorum_acquire`] by a waiter: first it enters (or stays in) the node's
@@ -356,10 +403,10 @@ impl RedisBackend {
         attempt: &AttemptId,
         lease: Duration,
         epoch: &str,
-        waiter_ttl: Duration,
-        place: u64,
+        (waiter_ttl, place): (Duration, u64),
+        value: Option<&str>,
     ) -> Result<QuorumVote> {
-        self.quorum_vote(key, attempt, lease, epoch, Some((waiter_ttl, place)))
+        self.quorum_vote(key, attempt, lease, epoch, value, Some((waiter_ttl, place)))
             .await
     }
 
@@ -369,17 +416,12 @@ impl RedisBackend {
         attempt: &AttemptId,
         lease: Duration,
         epoch: &str,
+        value: Option<&str>,
         queue: Option<(Duration, u64)>,
     ) -> Result<QuorumVote> {
-        Self::check_mutex(key)?;
+        let k = self.quorum_keys(&key.name, key.kind)?;
         let s = quorum_scripts();
-        let (lock, fence, ek, hk) = (
-            self.lock_key(&key.name),
-            self.fence_key(&key.name),
-            self.epoch_key(),
-            self.horizon_key(),
-        );
-        let [queue_key, ttl_key] = self.queue_keys(&key.name);
+        let (ek, hk) = (self.epoch_key(), self.horizon_key());
         let (wttl, place) = match queue {
             Some((ttl, place)) => (
                 lease_ms(ttl.max(Duration::from_millis(1))),
@@ -387,20 +429,25 @@ impl RedisBackend {
             ),
             None => ("0".to_owned(), "0".to_owned()),
         };
-        let channel = self.channel(&key.name);
+        let lease = lease_ms(lease);
+        let mut args = vec![
+            attempt.as_str(),
+            &lease,
+            epoch,
+            &key.owner,
+            &wttl,
+            &place,
+            &k.channel,
+        ];
+        // An election's value and observe channel; a lock passes neither.
+        if let Some(observe) = &k.observe {
+            args.extend([value.unwrap_or(""), observe]);
+        }
         let (v, reloaded) = self
             .run_quorum(
                 &s.acquire,
-                &[&lock, &fence, &ek, &hk, &queue_key, &ttl_key],
-                &[
-                    attempt.as_str(),
-                    &lease_ms(lease),
-                    epoch,
-                    &key.owner,
-                    &wttl,
-                    &place,
-                    &channel,
-                ],
+                &[&k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl],
+                &args,
             )
             .await?;
         let Value::Array(items) = &v else {
@@ -452,17 +499,17 @@ impl RedisBackend {
     pub async fn raise_fence(
         &self,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
         token: u64,
     ) -> Result<Option<u64>> {
         let s = quorum_scripts();
-        let (lock, fence) = (self.lock_key(name), self.fence_key(name));
+        let k = self.quorum_keys(name, kind)?;
+        let token = token.to_string();
+        let mut args = vec![attempt.as_str(), &token];
+        args.extend(k.observe.as_deref());
         let (v, _) = self
-            .run_quorum(
-                &s.raise,
-                &[&lock, &fence],
-                &[attempt.as_str(), &token.to_string()],
-            )
+            .run_quorum(&s.raise, &[&k.lock, &k.fence], &args)
             .await?;
         match &v {
             Value::Array(items) if items.len() == 2 => match (int(&items[0]), int(&items[1])) {
@@ -492,10 +539,12 @@ impl RedisBackend {
     pub async fn quorum_release(
         &self,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
         token: Option<u64>,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        self.quorum_drop(name, attempt, token, "release").await
+        self.quorum_drop(name, kind, attempt, token, "release")
+            .await
     }
 
     /// Gives back whatever `attempt` holds on this node, quietly for the queue: the attempt
@@ -511,9 +560,11 @@ impl RedisBackend {
     pub async fn quorum_give_back(
         &self,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        self.quorum_drop(name, attempt, None, "giveback").await
+        self.quorum_drop(name, kind, attempt, None, "giveback")
+            .await
     }
 
     /// The attempt stops: it leaves this node's wait queue and gives back whatever it holds
@@ -528,27 +579,29 @@ impl RedisBackend {
     pub async fn quorum_give_up(
         &self,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        self.quorum_drop(name, attempt, None, "giveup").await
+        self.quorum_drop(name, kind, attempt, None, "giveup").await
     }
 
     async fn quorum_drop(
         &self,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
         token: Option<u64>,
         mode: &str,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        let lock = self.lock_key(name);
-        let [queue_key, ttl_key] = self.queue_keys(name);
-        let channel = self.channel(name);
+        let k = self.quorum_keys(name, kind)?;
         let token = token.map(|t| t.to_string()).unwrap_or_default();
+        let mut args = vec![attempt.as_str(), &token, &k.channel, mode];
+        args.extend(k.observe.as_deref());
         let (v, _) = self
             .run_quorum(
                 &quorum_scripts().release,
-                &[&lock, &queue_key, &ttl_key],
-                &[attempt.as_str(), &token, &channel, mode],
+                &[&k.lock, &k.queue, &k.ttl],
+                &args,
             )
             .await?;
         let pair = match &v {
@@ -561,6 +614,47 @@ impl RedisBackend {
             (Some(3), _) => Ok(Ok(ReleaseOutcome::TakenByOther)),
             (Some(4), Some(t)) => Ok(Err(u64::try_from(t).unwrap_or(0))),
             _ => Err(shape("quorum release", &v)),
+        }
+    }
+
+    /// An election leader's numbered proclamation on this node (`quorum_proclaim.lua`):
+    /// stores `value` with the hold of `grant`'s attempt if `seq` is above the number stored
+    /// (so a retry or a late duplicate changes nothing) and tells the observe channel.
+    /// `Renewed` if the grant (attempt and token) holds it here, `NotHeld` if not (also a
+    /// hold of the attempt under another token: the quorum's token has not reached this node
+    /// yet; nothing is changed there).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Unsupported`] for a kind other than the election;
+    /// [`Error::UnexpectedReply`] for a reply of another shape.
+    ///
+    /// # Cancel safety
+    /// Dropping it may leave the value stored or not; a retry with the same `seq` has the
+    /// effect of one call.
+    pub async fn quorum_proclaim(
+        &self,
+        grant: &GrantRef,
+        seq: u64,
+        value: &str,
+    ) -> Result<RenewOutcome> {
+        if grant.key.kind != LockKind::Election {
+            return Err(Error::unsupported("redlock", "proclaim on a lock"));
+        }
+        let k = self.quorum_keys(&grant.key.name, grant.key.kind)?;
+        let observe = k.observe.unwrap_or_default();
+        let (token, seq) = (grant.token.to_string(), seq.to_string());
+        let (v, _) = self
+            .run_quorum(
+                &quorum_scripts().proclaim,
+                &[&k.lock],
+                &[grant.attempt.as_str(), &token, &seq, value, &observe],
+            )
+            .await?;
+        match int(&v) {
+            Some(1) => Ok(RenewOutcome::Renewed),
+            Some(0) => Ok(RenewOutcome::NotHeld),
+            _ => Err(shape("quorum proclaim", &v)),
         }
     }
 
@@ -594,8 +688,7 @@ impl RedisBackend {
             let mut args = Vec::with_capacity(3 * chunk.len());
             keys.push(hk.clone());
             for (g, lease) in chunk {
-                Self::check_mutex(&g.key)?;
-                keys.push(self.lock_key(&g.key.name));
+                keys.push(self.quorum_keys(&g.key.name, g.key.kind)?.lock);
                 args.push(g.attempt.as_str().to_owned());
                 args.push(g.token.to_string());
                 args.push(lease_ms(*lease));
@@ -632,8 +725,9 @@ impl RedisBackend {
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
-    pub async fn quorum_hold(&self, name: &str) -> Result<(Option<NodeHold>, u64)> {
-        let lock = self.lock_key(name);
+    pub async fn quorum_hold(&self, name: &str, kind: LockKind) -> Result<(Option<NodeHold>, u64)> {
+        let k = self.quorum_keys(name, kind)?;
+        let (lock, election) = (k.lock, k.observe.is_some());
         let mut con = self.con.get();
         let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
             .cmd("HGETALL")
@@ -641,7 +735,7 @@ impl RedisBackend {
             .cmd("PTTL")
             .arg(&lock)
             .cmd("GET")
-            .arg(self.fence_key(name))
+            .arg(&k.fence)
             .query_async(&mut con)
             .await
             .map_err(|e| self.err(e))?;
@@ -653,6 +747,11 @@ impl RedisBackend {
             owner: get(OWNER_FIELD).unwrap_or_default(),
             token: get(TOKEN_FIELD).and_then(|t| t.parse().ok()),
             lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            // An election's value (empty if none) and its number (0 if none or foreign).
+            value: election.then(|| {
+                let seq = get("seq").and_then(|s| s.parse().ok()).unwrap_or(0);
+                (get("value").unwrap_or_default(), seq)
+            }),
         });
         Ok((hold, self.counter(name, fence)?))
     }

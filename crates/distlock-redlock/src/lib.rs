@@ -213,9 +213,10 @@ impl Backend for RedlockBackend {
         self.shared.endpoint.clone()
     }
 
-    /// Only the mutex: the core refuses every other kind before it calls the backend.
+    /// The mutex and the election (`docs/election-redlock.md`): the core refuses every other
+    /// kind before it calls the backend.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::kinds(&[LockKind::Mutex])
+        Capabilities::kinds(&[LockKind::Mutex]).with(LockKind::Election)
     }
 
     /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
@@ -258,8 +259,19 @@ impl Backend for RedlockBackend {
         self.shared.renew(holds).await
     }
 
-    async fn inspect(&self, name: &str, _kind: LockKind) -> Result<LockInfo> {
-        self.shared.inspect(name).await
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        self.shared.inspect(name, kind).await
+    }
+
+    /// Numbered per node; decided by a majority (see `docs/election-redlock.md`).
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        self.shared.proclaim(grant, seq, value).await
+    }
+
+    /// The election's observe channel on every node, merged: a message from any node wakes
+    /// it; broken subscriptions on a majority end it with an error.
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        self.shared.observe(name).await
     }
 
     /// Every mutex a node has state for, merged by name: a holder is an attempt on a
@@ -273,8 +285,12 @@ impl Backend for RedlockBackend {
     async fn force_release(
         &self,
         name: &str,
-        _kind: LockKind,
+        kind: LockKind,
     ) -> Result<distlock_core::ForceReleased> {
+        if kind == LockKind::Election {
+            // Never the lock of the same name instead.
+            return Err(Error::unsupported(KIND, "forced release of an election"));
+        }
         ops::force_release(&self.shared, name).await
     }
 

@@ -154,8 +154,12 @@ pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
     stream::iter(names)
         .map(|name| async move {
             let name = &name;
-            let (views, problems) =
-                split(per_node(s, t, |b| async move { b.quorum_hold(name).await }).await);
+            let (views, problems) = split(
+                per_node(s, t, |b| async move {
+                    b.quorum_hold(name, LockKind::Mutex).await
+                })
+                .await,
+            );
             if views.len() < q {
                 return Err(s.no_quorum(views.len(), &problems));
             }
