@@ -887,8 +887,10 @@ impl RedisBackend {
             .map(|_| ())
     }
 
-    /// Every fencing counter of this namespace on this node: `(lock name, counter)`. One SCAN
-    /// over the keyspace; counters that do not hold a number are skipped.
+    /// Every fencing counter of this namespace on this node: `(name, kind, counter)`, the
+    /// kind a Redlock lock's (`Mutex`, `NS:{NAME}:fence`) or an election's (`Election`,
+    /// `NS:{NAME}:election:fence`). One SCAN over the keyspace; counters that do not hold a
+    /// number are skipped.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
@@ -896,14 +898,14 @@ impl RedisBackend {
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads (SCAN).
-    pub async fn fence_counters(&self) -> Result<Vec<(String, u64)>> {
+    pub async fn fence_counters(&self) -> Result<Vec<(String, LockKind, u64)>> {
         let prefix = format!("{}:{{", self.namespace);
-        let suffix = "}:fence";
-        let pattern = format!("{}*{suffix}", glob_escape(&prefix));
+        let pattern = format!("{}*:fence", glob_escape(&prefix));
         let mut batches = Vec::new();
         crate::ops::scan(self, &pattern, |keys| batches.push(keys)).await?;
         let mut con = self.con.get();
         let mut out = Vec::new();
+        let election_suffix = format!("}}{}:fence", Self::base(true));
         for keys in batches {
             let vals: Vec<Option<String>> = redis::cmd("MGET")
                 .arg(&keys)
@@ -911,30 +913,44 @@ impl RedisBackend {
                 .await
                 .map_err(|e| self.err(e))?;
             for (k, v) in keys.iter().zip(vals) {
-                let name = k.strip_prefix(&prefix).and_then(|r| r.strip_suffix(suffix));
-                if let (Some(name), Some(v)) = (name, v.and_then(|v| v.parse::<u64>().ok())) {
-                    out.push((name.to_owned(), v));
+                let Some(rest) = k.strip_prefix(&prefix) else {
+                    continue;
+                };
+                let named = match rest.strip_suffix(election_suffix.as_str()) {
+                    Some(name) => Some((name, LockKind::Election)),
+                    None => rest.strip_suffix("}:fence").map(|n| (n, LockKind::Mutex)),
+                };
+                if let (Some((name, kind)), Some(v)) =
+                    (named, v.and_then(|v| v.parse::<u64>().ok()))
+                {
+                    out.push((name.to_owned(), kind, v));
                 }
             }
         }
         Ok(out)
     }
 
-    /// Raises this node's fencing counters to at least the given values (never lowers one).
-    /// Returns how many were raised.
+    /// Raises this node's fencing counters (`(name, kind, value)`, as
+    /// [`RedisBackend::fence_counters`] lists them) to at least the given values (never lowers
+    /// one). Returns how many were raised.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::Unsupported`]
+    /// for a kind other than the mutex and the election; [`Error::UnexpectedReply`] for a reply
+    /// of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave some batches seeded; seeding only ever raises a counter, so
     /// calling it again has the effect of one call.
-    pub async fn seed_fences(&self, counters: &[(String, u64)]) -> Result<u64> {
+    pub async fn seed_fences(&self, counters: &[(String, LockKind, u64)]) -> Result<u64> {
         let mut raised = 0;
         for batch in counters.chunks(SEED_BATCH) {
-            let keys: Vec<String> = batch.iter().map(|(n, _)| self.fence_key(n)).collect();
-            let vals: Vec<String> = batch.iter().map(|(_, v)| v.to_string()).collect();
+            let keys: Vec<String> = batch
+                .iter()
+                .map(|(n, kind, _)| Ok(self.quorum_keys(n, *kind)?.fence))
+                .collect::<Result<_>>()?;
+            let vals: Vec<String> = batch.iter().map(|(_, _, v)| v.to_string()).collect();
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             let vals: Vec<&str> = vals.iter().map(String::as_str).collect();
             let (v, _) = self

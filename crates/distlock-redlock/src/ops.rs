@@ -192,7 +192,8 @@ pub(crate) async fn force_release(s: &Shared, name: &str) -> Result<ForceRelease
     // Only where the removal was done: a node that did not answer it is not waited for twice.
     let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
     let raised = per_node_of(s, t, &reached, |b| async move {
-        b.seed_fences(&[(name.to_owned(), top)]).await
+        b.seed_fences(&[(name.to_owned(), LockKind::Mutex, top)])
+            .await
     })
     .await;
     let mut holds: BTreeMap<String, Vec<Option<Duration>>> = BTreeMap::new();
