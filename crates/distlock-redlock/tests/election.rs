@@ -170,3 +170,49 @@ async fn a_lost_majority_ends_the_leadership_then_a_new_leader_follows() {
     assert_eq!(lb.resign().await.expect("resign"), ReleaseOutcome::Released);
     drop(l);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_list_and_force_release_an_election() {
+    let c = Cluster::start(3);
+    c.settle().await;
+    let name = "operated";
+    let (a, ab) = c.client_and_backend(P, opts(1000)).await;
+    let l = election(&a, name, "a")
+        .try_campaign("a0")
+        .await
+        .expect("campaign")
+        .expect("a fresh election has a leader");
+    // The lock of the same name, held by someone else, is listed and left alone.
+    let g = common::acquired(&a, name).await;
+    wait_elected_on(&c, &[0, 1, 2], name).await;
+    let listed = distlock_core::Backend::list(&*ab, name)
+        .await
+        .expect("list");
+    let kinds: Vec<_> = listed.iter().map(|l| (l.kind, l.info.held())).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (distlock_core::LockKind::Mutex, true),
+            (distlock_core::LockKind::Election, true)
+        ],
+        "{listed:?}"
+    );
+    let forced =
+        distlock_core::Backend::force_release(&*ab, name, distlock_core::LockKind::Election)
+            .await
+            .expect("force release");
+    assert_eq!(forced.removed.len(), 1, "{forced:?}");
+    assert!((0..3).all(|i| !has_election(&c, i, name)));
+    assert!(!g.is_lost(), "the lock of the same name was touched");
+    tokio::time::timeout(Duration::from_secs(5), l.lost())
+        .await
+        .expect("the removed leader never learned");
+    let next = election(&a, name, "b")
+        .try_campaign("b0")
+        .await
+        .expect("campaign")
+        .expect("free after the forced release");
+    assert!(next.fencing_token() > l.fencing_token());
+    assert_eq!(next.resign().await.expect("r"), ReleaseOutcome::Released);
+    assert_eq!(g.release().await.expect("r"), ReleaseOutcome::Released);
+}
