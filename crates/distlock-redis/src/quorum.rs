@@ -315,7 +315,7 @@ impl RedisBackend {
         let election = kind == LockKind::Election;
         let base = Self::base(election);
         Ok(QuorumKeys {
-            lock: self.mutex_keys(name, election)[0].clone(),
+            lock: self.key(name, base),
             fence: self.mutex_fence_key(name, election),
             queue: self.key(name, &format!("{base}:rlq")),
             ttl: self.key(name, &format!("{base}:rlq:ttl")),
@@ -688,7 +688,9 @@ impl RedisBackend {
             let mut args = Vec::with_capacity(3 * chunk.len());
             keys.push(hk.clone());
             for (g, lease) in chunk {
-                keys.push(self.quorum_keys(&g.key.name, g.key.kind)?.lock);
+                Self::check_kind(g.key.kind)?;
+                let election = g.key.kind == LockKind::Election;
+                keys.push(self.key(&g.key.name, Self::base(election)));
                 args.push(g.attempt.as_str().to_owned());
                 args.push(g.token.to_string());
                 args.push(lease_ms(*lease));
