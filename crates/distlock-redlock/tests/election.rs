@@ -124,7 +124,7 @@ async fn a_lost_majority_ends_the_leadership_then_a_new_leader_follows() {
     c.settle().await;
     let name = "lost-majority";
     let a = c.client(P, opts(1000)).await;
-    let b = c.client(P, opts(1000)).await;
+    let (b, bb) = c.client_and_backend(P, opts(1000)).await;
     let (ea, eb) = (election(&a, name, "a"), election(&b, name, "b"));
     let l = ea
         .try_campaign("a0")
@@ -148,6 +148,17 @@ async fn a_lost_majority_ends_the_leadership_then_a_new_leader_follows() {
     // token is above the old one.
     c.servers[0].restart().expect("restart 0");
     c.servers[1].restart().expect("restart 1");
+    // Seeded from the node that kept its data before they count again: its election counter
+    // too (not only the locks').
+    common::wait_recounted(&bb, &c, &[0, 1], Duration::from_secs(15)).await;
+    for i in 0..2 {
+        let fence: u64 = c.servers[i]
+            .command(&["GET", &format!("dlock:{{{name}}}:election:fence")])
+            .expect("GET")
+            .parse()
+            .unwrap_or(0);
+        assert!(fence >= old, "node {i}'s election counter {fence} < {old}");
+    }
     let lb = eb
         .campaign_timeout("b0", Duration::from_secs(20))
         .await
@@ -158,15 +169,6 @@ async fn a_lost_majority_ends_the_leadership_then_a_new_leader_follows() {
         (seen.owner.as_str(), seen.value.as_str(), seen.fencing_token),
         ("b", "b0", lb.fencing_token())
     );
-    // The restarted nodes' election counters were seeded from the node that kept its data.
-    for i in 0..2 {
-        let fence: u64 = c.servers[i]
-            .command(&["GET", &format!("dlock:{{{name}}}:election:fence")])
-            .expect("GET")
-            .parse()
-            .unwrap_or(0);
-        assert!(fence >= old, "node {i}'s election counter {fence} < {old}");
-    }
     assert_eq!(lb.resign().await.expect("resign"), ReleaseOutcome::Released);
     drop(l);
 }
@@ -215,4 +217,49 @@ async fn operators_list_and_force_release_an_election() {
     assert!(next.fencing_token() > l.fencing_token());
     assert_eq!(next.resign().await.expect("r"), ReleaseOutcome::Released);
     assert_eq!(g.release().await.expect("r"), ReleaseOutcome::Released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_publishes_what_it_did_and_an_election_tells_observers() {
+    let c = Cluster::start(3);
+    c.settle().await;
+    let a = c.client(P, opts(1000)).await;
+    let publishes = || -> Vec<u64> {
+        c.servers
+            .iter()
+            .map(|s| s.command_calls("publish").expect("INFO commandstats"))
+            .collect()
+    };
+    let delta = |before: &[u64], after: &[u64]| -> Vec<u64> {
+        before.iter().zip(after).map(|(b, a)| a - b).collect()
+    };
+    // A lock: a grant publishes nothing, a release with nobody queued one `r` per node.
+    let name = "plain";
+    let before = publishes();
+    let g = common::acquired(&a, name).await;
+    c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
+        .await;
+    assert_eq!(
+        delta(&before, &publishes()),
+        vec![0, 0, 0],
+        "a lock's grant published"
+    );
+    assert_eq!(g.release().await.expect("r"), ReleaseOutcome::Released);
+    let t = Instant::now();
+    while (0..3).any(|i| c.has_lock(i, name)) {
+        assert!(t.elapsed() < Duration::from_secs(5), "release never landed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(delta(&before, &publishes()), vec![1, 1, 1]);
+    // An election: each node publishes its grant (`g`) on the observe channel.
+    let before = publishes();
+    let l = election(&a, "elected", "a")
+        .try_campaign("v")
+        .await
+        .expect("campaign")
+        .expect("leads");
+    wait_elected_on(&c, &[0, 1, 2], "elected").await;
+    let d = delta(&before, &publishes());
+    assert!(d.iter().all(|&p| p >= 1), "{d:?}");
+    assert_eq!(l.resign().await.expect("r"), ReleaseOutcome::Released);
 }
