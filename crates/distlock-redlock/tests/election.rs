@@ -263,3 +263,58 @@ async fn a_lock_publishes_what_it_did_and_an_election_tells_observers() {
     assert!(d.iter().all(|&p| p >= 1), "{d:?}");
     assert_eq!(l.resign().await.expect("r"), ReleaseOutcome::Released);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_survives_a_minority_and_reports_a_lost_majority() {
+    let mut c = Cluster::start(3);
+    c.settle().await;
+    let name = "watched";
+    let a = c.client(P, opts(1000)).await;
+    let b = c.client(P, opts(1000)).await;
+    let l = election(&a, name, "a")
+        .try_campaign("a0")
+        .await
+        .expect("campaign")
+        .expect("leads");
+    wait_elected_on(&c, &[0, 1, 2], name).await;
+    let mut o = election(&b, name, "b").observe();
+    let first = observed(&mut o, |_| true).await.expect("a leader");
+    assert_eq!(first.owner, "a");
+    // One subscription broken: the watch goes on with the majority left.
+    c.servers[0].kill();
+    l.proclaim("a1").await.expect("proclaim");
+    observed(&mut o, |l| l.as_ref().is_some_and(|l| l.value == "a1")).await;
+    // A majority broken: the observer says so (an error), instead of waiting for changes it
+    // can no longer see.
+    c.servers[1].kill();
+    let r = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            if let Err(e) = o.next().await {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("the observer never reported the lost majority");
+    assert!(r.is_retryable(), "{r}");
+    // The nodes come back: the observer goes on, and sees the leader gone (its lease ended).
+    c.servers[0].restart().expect("restart 0");
+    c.servers[1].restart().expect("restart 1");
+    let t = Instant::now();
+    let now = loop {
+        match tokio::time::timeout(Duration::from_secs(10), o.next()).await {
+            Ok(Ok(now)) => break now,
+            Ok(Err(_)) => {
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "observer never recovered"
+                );
+            }
+            Err(_) => panic!("no change observed after the nodes returned"),
+        }
+    };
+    assert_eq!(now, None, "the old leader is still reported");
+    tokio::time::timeout(Duration::from_secs(5), l.lost())
+        .await
+        .expect("the leader never learned it lost its majority");
+}
