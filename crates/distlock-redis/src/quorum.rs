@@ -365,8 +365,9 @@ impl RedisBackend {
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::Unsupported`] for a lock kind other than the
-    /// mutex; [`Error::UnexpectedReply`] if the lock's keys hold data of another shape.
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
+    /// [`Error::Unsupported`] for a lock kind other than the mutex and the election;
+    /// [`Error::UnexpectedReply`] if the lock's keys hold data of another shape.
     ///
     /// # Cancel safety
     /// A vote dropped after it was sent may still run on the node and grant the hold; it is
@@ -484,14 +485,17 @@ impl RedisBackend {
         })
     }
 
-    /// Raises this node's fencing counter of `name` to at least `token` and records `token`
-    /// with the hold of `attempt` — only where that attempt still holds the lock. Returns the
-    /// counter afterwards (`>= token`), or `None` if the attempt does not hold the lock here
-    /// (nothing changed).
+    /// Raises this node's fencing counter of `name` (a lock or an election, by `kind`) to at
+    /// least `token` and records `token` with the hold of `attempt` — only where that attempt
+    /// still holds the lock. Returns the counter afterwards (`>= token`), or `None` if the
+    /// attempt does not hold the lock here (nothing changed). An election's observers are told
+    /// when the hold's token changed.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
+    /// [`Error::Unsupported`] for a kind other than the mutex and the election;
+    /// [`Error::UnexpectedReply`] for a reply of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave the counter raised or not; it only ever raises, so calling it
@@ -521,8 +525,9 @@ impl RedisBackend {
         }
     }
 
-    /// Deletes this node's hold of `attempt` on `name` if it has token `token` (`None`:
-    /// whatever token), and only that one: a grant's release. The attempt also leaves the
+    /// Deletes this node's hold of `attempt` on `name` (a lock or an election, by `kind`; an
+    /// election's observers are told) if it has token `token` (`None`: whatever token), and
+    /// only that one: a grant's release. The attempt also leaves the
     /// node's wait queue, and if the lock is free here afterwards the first live waiter is
     /// woken on its own channel (with nobody queued, `r` goes to the lock's channel).
     /// `Ok(Released)` if it was held here, `Ok(Expired)` if nothing is, `Ok(TakenByOther)` if
@@ -531,7 +536,9 @@ impl RedisBackend {
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
+    /// [`Error::Unsupported`] for a kind other than the mutex and the election;
+    /// [`Error::UnexpectedReply`] for a reply of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave the hold removed or not; calling it again has the effect of one
@@ -667,8 +674,9 @@ impl RedisBackend {
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::Unsupported`] for a lock kind other than the
-    /// mutex; [`Error::UnexpectedReply`] for a reply of another shape.
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
+    /// [`Error::Unsupported`] for a lock kind other than the mutex and the election;
+    /// [`Error::UnexpectedReply`] for a reply of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave some leases extended; a renewal never shortens a lease, so
@@ -717,13 +725,15 @@ impl RedisBackend {
         Ok(out)
     }
 
-    /// This node's view of the Redlock lock `name`: its hold, if any (a hash of another shape,
-    /// foreign data, is a hold with an empty attempt id), with the token stored with it, and
-    /// the node's fencing counter. One round trip.
+    /// This node's view of the Redlock lock or election `name` (by `kind`): its hold, if any
+    /// (a hash of another shape, foreign data, is a hold with an empty attempt id), with the
+    /// token stored with it (and an election's value and proclamation number), and the node's
+    /// fencing counter. One round trip.
     ///
     /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached, [`Error::UnexpectedReply`] if the
-    /// lock's keys hold data of another type.
+    /// [`Error::Connection`] if the node cannot be reached, [`Error::Unsupported`] for a kind
+    /// other than the mutex and the election, [`Error::UnexpectedReply`] if the lock's keys
+    /// hold data of another type.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
