@@ -91,8 +91,14 @@ if redis.call('exists', KEYS[1]) == 0 then
   -- INCR first: if the counter holds foreign data the script fails before writing anything.
   local c = redis.call('incr', KEYS[2])
   redis.call('hset', KEYS[1], 'attempt', attempt, 'token', c, 'owner', ARGV[4])
+  if ARGV[8] then
+    redis.call('hset', KEYS[1], 'value', ARGV[8], 'seq', '0')
+  end
   redis.call('pexpire', KEYS[1], lease)
   horizon()
+  if ARGV[9] then
+    redis.call('publish', ARGV[9], 'g')
+  end
   return {1, c, c, qleft, first}
 end
 local c = tonumber(redis.call('get', KEYS[2]) or '0')

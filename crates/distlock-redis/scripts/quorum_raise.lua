@@ -2,7 +2,8 @@
 -- token the quorum chose (never lower it) and record the token with the attempt's hold. Only
 -- where that attempt still holds the lock, so a node that lost it does not confirm the token.
 -- KEYS[1] lock hash, KEYS[2] fencing counter
--- ARGV[1] attempt id, ARGV[2] token
+-- ARGV[1] attempt id, ARGV[2] token; for an election ARGV[3] its observe channel, told ('g')
+--   when the hold's token changed (observers read the leader's token again)
 -- Returns {1, counter} done (counter >= token now), {0, counter} the attempt does not hold it.
 local c = tonumber(redis.call('get', KEYS[2]) or '0')
 if not c then
@@ -15,6 +16,11 @@ local t = tonumber(ARGV[2])
 if c < t then
   redis.call('set', KEYS[2], ARGV[2])
   c = t
+end
+if ARGV[3] and redis.call('hget', KEYS[1], 'token') ~= ARGV[2] then
+  redis.call('hset', KEYS[1], 'token', ARGV[2])
+  redis.call('publish', ARGV[3], 'g')
+  return {1, c}
 end
 redis.call('hset', KEYS[1], 'token', ARGV[2])
 return {1, c}

@@ -11,6 +11,7 @@
 --     'r' is published on the lock's channel (for waiters that do not queue);
 --   'giveback' the minority grants of a failed attempt: it keeps its place in the queue;
 --   'giveup' the attempt stops waiting: it leaves the queue and gives back what it holds.
+-- ARGV[5] (an election only) its observe channel, told ('r') when a hold was deleted here.
 -- Returns {1, 0} released, {0, 0} no lock here (expired, or never granted here), {3, 0} another
 -- attempt holds it, {4, token} this attempt holds it here with another token (nothing changed).
 local attempt, mode = ARGV[1], ARGV[4]
@@ -22,6 +23,9 @@ local out = {0, 0}
 if held[1] == attempt then
   redis.call('del', KEYS[1])
   out = {1, 0}
+  if ARGV[5] then
+    redis.call('publish', ARGV[5], 'r')
+  end
 elseif held[1] or redis.call('exists', KEYS[1]) == 1 then
   out = {3, 0}
 end

@@ -262,10 +262,6 @@ impl RedisBackend {
         format!("{}:{{{name}}}{suffix}", self.namespace)
     }
 
-    fn lock_key(&self, name: &str) -> String {
-        self.key(name, "")
-    }
-
     fn fence_key(&self, name: &str) -> String {
         self.key(name, ":fence")
     }

@@ -26,6 +26,14 @@
 //! | `NS:{NAME}:rlq:ttl` | zset `ATTEMPT -> expiry ms` (server clock) | when each waiter leaves the queue unless it refreshes |
 //! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node's counters are complete; UNTIL_MS ends its quarantine (server clock) |
 //! | `NS:redlock:horizon` | string, PX = longest lease that may still run | how long a quarantine must last if this node's data is lost |
+//!
+//! An election (`LockKind::Election`) has the same layout under `NS:{NAME}:election` (the
+//! hold, with the leader's `value` and its proclamation number `seq` as extra fields),
+//! `NS:{NAME}:election:fence`, `NS:{NAME}:election:released`, `NS:{NAME}:election:rlq` and
+//! `NS:{NAME}:election:rlq:ttl`, apart from the lock of the same name; every change of its hold
+//! (a grant `g`, a token raised `g`, a release `r`, a proclamation `p`) is published on
+//! `NS:{NAME}:election:observe`, the single-node election's observe channel. Every method that
+//! addresses a hold takes the kind; a lock's requests are exactly what they were.
 
 use crate::error::{shape, KIND};
 use crate::ops::glob_escape;
@@ -55,6 +63,7 @@ struct QuorumScripts {
     renew: Script,
     epoch: Script,
     seed: Script,
+    proclaim: Script,
 }
 
 fn quorum_scripts() -> &'static QuorumScripts {
@@ -69,11 +78,12 @@ fn quorum_scripts() -> &'static QuorumScripts {
         )),
         epoch: Script::new(include_str!("../scripts/quorum_epoch.lua")),
         seed: Script::new(include_str!("../scripts/quorum_seed.lua")),
+        proclaim: Script::new(include_str!("../scripts/quorum_proclaim.lua")),
     })
 }
 
 impl QuorumScripts {
-    fn all(&self) -> [&Script; 6] {
+    fn all(&self) -> [&Script; 7] {
         [
             &self.acquire,
             &self.raise,
@@ -81,6 +91,7 @@ impl QuorumScripts {
             &self.renew,
             &self.epoch,
             &self.seed,
+            &self.proclaim,
         ]
     }
 }
@@ -147,6 +158,9 @@ pub struct NodeHold {
     pub token: Option<u64>,
     /// How long the hold's lease still runs here, if it expires.
     pub lease_left: Option<Duration>,
+    /// An election's advertised value and its proclamation number (`None` for a lock, or an
+    /// election hold without them).
+    pub value: Option<(String, u64)>,
 }
 
 impl NodeHold {
@@ -162,8 +176,26 @@ impl NodeHold {
             owner: owner.to_owned(),
             token,
             lease_left,
+            value: None,
         }
     }
+
+    /// The hold with an election's value and proclamation number.
+    pub fn with_value(mut self, value: &str, seq: u64) -> Self {
+        self.value = Some((value.to_owned(), seq));
+        self
+    }
+}
+
+/// The keys and channels of one Redlock lock or election on a node (see the module docs).
+struct QuorumKeys {
+    lock: String,
+    fence: String,
+    queue: String,
+    ttl: String,
+    channel: String,
+    /// An election's observe channel (`None`: a lock).
+    observe: Option<String>,
 }
 
 /// What `INFO server` says about the process behind a node.
@@ -269,10 +301,27 @@ impl RedisBackend {
         format!("{}:redlock:horizon", self.namespace)
     }
 
-    /// Redlock's kinds: the mutex only (the same message as the core's check of Redlock's
-    /// capabilities).
-    fn check_mutex(key: &HoldKey) -> Result<()> {
-        Capabilities::kinds(&[LockKind::Mutex]).check("redlock", key.kind)
+    /// Redlock's kinds: the mutex and the election (the same message as the core's check of
+    /// Redlock's capabilities).
+    fn check_kind(kind: LockKind) -> Result<()> {
+        Capabilities::kinds(&[LockKind::Mutex])
+            .with(LockKind::Election)
+            .check("redlock", kind)
+    }
+
+    /// The keys of `name` as a Redlock lock or election (`kind` checked).
+    fn quorum_keys(&self, name: &str, kind: LockKind) -> Result<QuorumKeys> {
+        Self::check_kind(kind)?;
+        let election = kind == LockKind::Election;
+        let base = Self::base(election);
+        Ok(QuorumKeys {
+            lock: self.key(name, base),
+            fence: self.mutex_fence_key(name, election),
+            queue: self.key(name, &format!("{base}:rlq")),
+            ttl: self.key(name, &format!("{base}:rlq:ttl")),
+            channel: self.mutex_channel(name, election),
+            observe: election.then(|| self.observe_channel(name)),
+        })
     }
 
     /// Loads the Redlock scripts (one pipelined round trip). They are also loaded on demand.
@@ -304,24 +353,21 @@ impl RedisBackend {
             .map_err(|e| self.err(e))
     }
 
-    /// `NS:{NAME}:rlq` and `NS:{NAME}:rlq:ttl`: the node's wait queue and its waiters'
-    /// expiries (see the module docs).
-    fn queue_keys(&self, name: &str) -> [String; 2] {
-        [self.key(name, ":rlq"), self.key(name, ":rlq:ttl")]
-    }
-
     /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
     /// `epoch`: a fresh grant (incrementing the fencing counter), "this attempt holds it
     /// already" (the same hold, lease made to run at least `lease` from now), "held by
     /// another attempt", or "free, but another waiter is first in this node's queue" (a
     /// free lock goes to the first live waiter of the node's queue). Does not queue the
     /// caller (see [`RedisBackend::quorum_enqueue_acquire`]). Every answer carries the node's
-    /// fencing counter and its restart quarantine.
+    /// fencing counter and its restart quarantine. An election's `value` (an election's key
+    /// kind; `None` is the empty value) is stored with a fresh grant, and the grant is told on
+    /// the election's observe channel; a lock ignores `value`.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::Unsupported`] for a lock kind other than the
-    /// mutex; [`Error::UnexpectedReply`] if the lock's keys hold data of another shape.
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
+    /// [`Error::Unsupported`] for a lock kind other than the mutex and the election;
+    /// [`Error::UnexpectedReply`] if the lock's keys hold data of another shape.
     ///
     /// # Cancel safety
     /// A vote dropped after it was sent may still run on the node and grant the hold; it is
@@ -333,8 +379,10 @@ impl RedisBackend {
         attempt: &AttemptId,
         lease: Duration,
         epoch: &str,
+        value: Option<&str>,
     ) -> Result<QuorumVote> {
-        self.quorum_vote(key, attempt, lease, epoch, None).await
+        self.quorum_vote(key, attempt, lease, epoch, value, None)
+            .await
     }
 
     /// [`RedisBackend::quorum_acquire`] by a waiter: first it enters (or stays in) the node's
@@ -356,10 +404,10 @@ impl RedisBackend {
         attempt: &AttemptId,
         lease: Duration,
         epoch: &str,
-        waiter_ttl: Duration,
-        place: u64,
+        (waiter_ttl, place): (Duration, u64),
+        value: Option<&str>,
     ) -> Result<QuorumVote> {
-        self.quorum_vote(key, attempt, lease, epoch, Some((waiter_ttl, place)))
+        self.quorum_vote(key, attempt, lease, epoch, value, Some((waiter_ttl, place)))
             .await
     }
 
@@ -369,17 +417,12 @@ impl RedisBackend {
         attempt: &AttemptId,
         lease: Duration,
         epoch: &str,
+        value: Option<&str>,
         queue: Option<(Duration, u64)>,
     ) -> Result<QuorumVote> {
-        Self::check_mutex(key)?;
+        let k = self.quorum_keys(&key.name, key.kind)?;
         let s = quorum_scripts();
-        let (lock, fence, ek, hk) = (
-            self.lock_key(&key.name),
-            self.fence_key(&key.name),
-            self.epoch_key(),
-            self.horizon_key(),
-        );
-        let [queue_key, ttl_key] = self.queue_keys(&key.name);
+        let (ek, hk) = (self.epoch_key(), self.horizon_key());
         let (wttl, place) = match queue {
             Some((ttl, place)) => (
                 lease_ms(ttl.max(Duration::from_millis(1))),
@@ -387,20 +430,25 @@ impl RedisBackend {
             ),
             None => ("0".to_owned(), "0".to_owned()),
         };
-        let channel = self.channel(&key.name);
+        let lease = lease_ms(lease);
+        let mut args = vec![
+            attempt.as_str(),
+            &lease,
+            epoch,
+            &key.owner,
+            &wttl,
+            &place,
+            &k.channel,
+        ];
+        // An election's value and observe channel; a lock passes neither.
+        if let Some(observe) = &k.observe {
+            args.extend([value.unwrap_or(""), observe]);
+        }
         let (v, reloaded) = self
             .run_quorum(
                 &s.acquire,
-                &[&lock, &fence, &ek, &hk, &queue_key, &ttl_key],
-                &[
-                    attempt.as_str(),
-                    &lease_ms(lease),
-                    epoch,
-                    &key.owner,
-                    &wttl,
-                    &place,
-                    &channel,
-                ],
+                &[&k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl],
+                &args,
             )
             .await?;
         let Value::Array(items) = &v else {
@@ -437,14 +485,17 @@ impl RedisBackend {
         })
     }
 
-    /// Raises this node's fencing counter of `name` to at least `token` and records `token`
-    /// with the hold of `attempt` — only where that attempt still holds the lock. Returns the
-    /// counter afterwards (`>= token`), or `None` if the attempt does not hold the lock here
-    /// (nothing changed).
+    /// Raises this node's fencing counter of `name` (a lock or an election, by `kind`) to at
+    /// least `token` and records `token` with the hold of `attempt` — only where that attempt
+    /// still holds the lock. Returns the counter afterwards (`>= token`), or `None` if the
+    /// attempt does not hold the lock here (nothing changed). An election's observers are told
+    /// when the hold's token changed.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
+    /// [`Error::Unsupported`] for a kind other than the mutex and the election;
+    /// [`Error::UnexpectedReply`] for a reply of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave the counter raised or not; it only ever raises, so calling it
@@ -452,17 +503,17 @@ impl RedisBackend {
     pub async fn raise_fence(
         &self,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
         token: u64,
     ) -> Result<Option<u64>> {
         let s = quorum_scripts();
-        let (lock, fence) = (self.lock_key(name), self.fence_key(name));
+        let k = self.quorum_keys(name, kind)?;
+        let token = token.to_string();
+        let mut args = vec![attempt.as_str(), &token];
+        args.extend(k.observe.as_deref());
         let (v, _) = self
-            .run_quorum(
-                &s.raise,
-                &[&lock, &fence],
-                &[attempt.as_str(), &token.to_string()],
-            )
+            .run_quorum(&s.raise, &[&k.lock, &k.fence], &args)
             .await?;
         match &v {
             Value::Array(items) if items.len() == 2 => match (int(&items[0]), int(&items[1])) {
@@ -474,8 +525,9 @@ impl RedisBackend {
         }
     }
 
-    /// Deletes this node's hold of `attempt` on `name` if it has token `token` (`None`:
-    /// whatever token), and only that one: a grant's release. The attempt also leaves the
+    /// Deletes this node's hold of `attempt` on `name` (a lock or an election, by `kind`; an
+    /// election's observers are told) if it has token `token` (`None`: whatever token), and
+    /// only that one: a grant's release. The attempt also leaves the
     /// node's wait queue, and if the lock is free here afterwards the first live waiter is
     /// woken on its own channel (with nobody queued, `r` goes to the lock's channel).
     /// `Ok(Released)` if it was held here, `Ok(Expired)` if nothing is, `Ok(TakenByOther)` if
@@ -484,7 +536,9 @@ impl RedisBackend {
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
+    /// [`Error::Unsupported`] for a kind other than the mutex and the election;
+    /// [`Error::UnexpectedReply`] for a reply of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave the hold removed or not; calling it again has the effect of one
@@ -492,10 +546,12 @@ impl RedisBackend {
     pub async fn quorum_release(
         &self,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
         token: Option<u64>,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        self.quorum_drop(name, attempt, token, "release").await
+        self.quorum_drop(name, kind, attempt, token, "release")
+            .await
     }
 
     /// Gives back whatever `attempt` holds on this node, quietly for the queue: the attempt
@@ -511,9 +567,11 @@ impl RedisBackend {
     pub async fn quorum_give_back(
         &self,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        self.quorum_drop(name, attempt, None, "giveback").await
+        self.quorum_drop(name, kind, attempt, None, "giveback")
+            .await
     }
 
     /// The attempt stops: it leaves this node's wait queue and gives back whatever it holds
@@ -528,27 +586,29 @@ impl RedisBackend {
     pub async fn quorum_give_up(
         &self,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        self.quorum_drop(name, attempt, None, "giveup").await
+        self.quorum_drop(name, kind, attempt, None, "giveup").await
     }
 
     async fn quorum_drop(
         &self,
         name: &str,
+        kind: LockKind,
         attempt: &AttemptId,
         token: Option<u64>,
         mode: &str,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        let lock = self.lock_key(name);
-        let [queue_key, ttl_key] = self.queue_keys(name);
-        let channel = self.channel(name);
+        let k = self.quorum_keys(name, kind)?;
         let token = token.map(|t| t.to_string()).unwrap_or_default();
+        let mut args = vec![attempt.as_str(), &token, &k.channel, mode];
+        args.extend(k.observe.as_deref());
         let (v, _) = self
             .run_quorum(
                 &quorum_scripts().release,
-                &[&lock, &queue_key, &ttl_key],
-                &[attempt.as_str(), &token, &channel, mode],
+                &[&k.lock, &k.queue, &k.ttl],
+                &args,
             )
             .await?;
         let pair = match &v {
@@ -564,6 +624,47 @@ impl RedisBackend {
         }
     }
 
+    /// An election leader's numbered proclamation on this node (`quorum_proclaim.lua`):
+    /// stores `value` with the hold of `grant`'s attempt if `seq` is above the number stored
+    /// (so a retry or a late duplicate changes nothing) and tells the observe channel.
+    /// `Renewed` if the grant (attempt and token) holds it here, `NotHeld` if not (also a
+    /// hold of the attempt under another token: the quorum's token has not reached this node
+    /// yet; nothing is changed there).
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
+    /// operation timeout; [`Error::Unsupported`] for a kind other than the election;
+    /// [`Error::UnexpectedReply`] for a reply of another shape.
+    ///
+    /// # Cancel safety
+    /// Dropping it may leave the value stored or not; a retry with the same `seq` has the
+    /// effect of one call.
+    pub async fn quorum_proclaim(
+        &self,
+        grant: &GrantRef,
+        seq: u64,
+        value: &str,
+    ) -> Result<RenewOutcome> {
+        if grant.key.kind != LockKind::Election {
+            return Err(Error::unsupported("redlock", "proclaim on a lock"));
+        }
+        let k = self.quorum_keys(&grant.key.name, grant.key.kind)?;
+        let observe = k.observe.unwrap_or_default();
+        let (token, seq) = (grant.token.to_string(), seq.to_string());
+        let (v, _) = self
+            .run_quorum(
+                &quorum_scripts().proclaim,
+                &[&k.lock],
+                &[grant.attempt.as_str(), &token, &seq, value, &observe],
+            )
+            .await?;
+        match int(&v) {
+            Some(1) => Ok(RenewOutcome::Renewed),
+            Some(0) => Ok(RenewOutcome::NotHeld),
+            _ => Err(shape("quorum proclaim", &v)),
+        }
+    }
+
     /// Renews each grant's hold on this node so that its lease runs at least the given
     /// duration from now, never shortening it: one script per up to 1,000 grants
     /// (`quorum_renew_many.lua`), all in one pipelined round trip. Per grant: `Ok(Renewed)`,
@@ -573,8 +674,9 @@ impl RedisBackend {
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::Unsupported`] for a lock kind other than the
-    /// mutex; [`Error::UnexpectedReply`] for a reply of another shape.
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
+    /// [`Error::Unsupported`] for a lock kind other than the mutex and the election;
+    /// [`Error::UnexpectedReply`] for a reply of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave some leases extended; a renewal never shortens a lease, so
@@ -594,8 +696,9 @@ impl RedisBackend {
             let mut args = Vec::with_capacity(3 * chunk.len());
             keys.push(hk.clone());
             for (g, lease) in chunk {
-                Self::check_mutex(&g.key)?;
-                keys.push(self.lock_key(&g.key.name));
+                Self::check_kind(g.key.kind)?;
+                let election = g.key.kind == LockKind::Election;
+                keys.push(self.key(&g.key.name, Self::base(election)));
                 args.push(g.attempt.as_str().to_owned());
                 args.push(g.token.to_string());
                 args.push(lease_ms(*lease));
@@ -622,18 +725,21 @@ impl RedisBackend {
         Ok(out)
     }
 
-    /// This node's view of the Redlock lock `name`: its hold, if any (a hash of another shape,
-    /// foreign data, is a hold with an empty attempt id), with the token stored with it, and
-    /// the node's fencing counter. One round trip.
+    /// This node's view of the Redlock lock or election `name` (by `kind`): its hold, if any
+    /// (a hash of another shape, foreign data, is a hold with an empty attempt id), with the
+    /// token stored with it (and an election's value and proclamation number), and the node's
+    /// fencing counter. One round trip.
     ///
     /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached, [`Error::UnexpectedReply`] if the
-    /// lock's keys hold data of another type.
+    /// [`Error::Connection`] if the node cannot be reached, [`Error::Unsupported`] for a kind
+    /// other than the mutex and the election, [`Error::UnexpectedReply`] if the lock's keys
+    /// hold data of another type.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
-    pub async fn quorum_hold(&self, name: &str) -> Result<(Option<NodeHold>, u64)> {
-        let lock = self.lock_key(name);
+    pub async fn quorum_hold(&self, name: &str, kind: LockKind) -> Result<(Option<NodeHold>, u64)> {
+        let k = self.quorum_keys(name, kind)?;
+        let (lock, election) = (k.lock, k.observe.is_some());
         let mut con = self.con.get();
         let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
             .cmd("HGETALL")
@@ -641,7 +747,7 @@ impl RedisBackend {
             .cmd("PTTL")
             .arg(&lock)
             .cmd("GET")
-            .arg(self.fence_key(name))
+            .arg(&k.fence)
             .query_async(&mut con)
             .await
             .map_err(|e| self.err(e))?;
@@ -653,6 +759,11 @@ impl RedisBackend {
             owner: get(OWNER_FIELD).unwrap_or_default(),
             token: get(TOKEN_FIELD).and_then(|t| t.parse().ok()),
             lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            // An election's value (empty if none) and its number (0 if none or foreign).
+            value: election.then(|| {
+                let seq = get("seq").and_then(|s| s.parse().ok()).unwrap_or(0);
+                (get("value").unwrap_or_default(), seq)
+            }),
         });
         Ok((hold, self.counter(name, fence)?))
     }
@@ -788,8 +899,10 @@ impl RedisBackend {
             .map(|_| ())
     }
 
-    /// Every fencing counter of this namespace on this node: `(lock name, counter)`. One SCAN
-    /// over the keyspace; counters that do not hold a number are skipped.
+    /// Every fencing counter of this namespace on this node: `(name, kind, counter)`, the
+    /// kind a Redlock lock's (`Mutex`, `NS:{NAME}:fence`) or an election's (`Election`,
+    /// `NS:{NAME}:election:fence`). One SCAN over the keyspace; counters that do not hold a
+    /// number are skipped.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
@@ -797,14 +910,14 @@ impl RedisBackend {
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads (SCAN).
-    pub async fn fence_counters(&self) -> Result<Vec<(String, u64)>> {
+    pub async fn fence_counters(&self) -> Result<Vec<(String, LockKind, u64)>> {
         let prefix = format!("{}:{{", self.namespace);
-        let suffix = "}:fence";
-        let pattern = format!("{}*{suffix}", glob_escape(&prefix));
+        let pattern = format!("{}*:fence", glob_escape(&prefix));
         let mut batches = Vec::new();
         crate::ops::scan(self, &pattern, |keys| batches.push(keys)).await?;
         let mut con = self.con.get();
         let mut out = Vec::new();
+        let election_suffix = format!("}}{}:fence", Self::base(true));
         for keys in batches {
             let vals: Vec<Option<String>> = redis::cmd("MGET")
                 .arg(&keys)
@@ -812,30 +925,44 @@ impl RedisBackend {
                 .await
                 .map_err(|e| self.err(e))?;
             for (k, v) in keys.iter().zip(vals) {
-                let name = k.strip_prefix(&prefix).and_then(|r| r.strip_suffix(suffix));
-                if let (Some(name), Some(v)) = (name, v.and_then(|v| v.parse::<u64>().ok())) {
-                    out.push((name.to_owned(), v));
+                let Some(rest) = k.strip_prefix(&prefix) else {
+                    continue;
+                };
+                let named = match rest.strip_suffix(election_suffix.as_str()) {
+                    Some(name) => Some((name, LockKind::Election)),
+                    None => rest.strip_suffix("}:fence").map(|n| (n, LockKind::Mutex)),
+                };
+                if let (Some((name, kind)), Some(v)) =
+                    (named, v.and_then(|v| v.parse::<u64>().ok()))
+                {
+                    out.push((name.to_owned(), kind, v));
                 }
             }
         }
         Ok(out)
     }
 
-    /// Raises this node's fencing counters to at least the given values (never lowers one).
-    /// Returns how many were raised.
+    /// Raises this node's fencing counters (`(name, kind, value)`, as
+    /// [`RedisBackend::fence_counters`] lists them) to at least the given values (never lowers
+    /// one). Returns how many were raised.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
+    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::Unsupported`]
+    /// for a kind other than the mutex and the election; [`Error::UnexpectedReply`] for a reply
+    /// of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave some batches seeded; seeding only ever raises a counter, so
     /// calling it again has the effect of one call.
-    pub async fn seed_fences(&self, counters: &[(String, u64)]) -> Result<u64> {
+    pub async fn seed_fences(&self, counters: &[(String, LockKind, u64)]) -> Result<u64> {
         let mut raised = 0;
         for batch in counters.chunks(SEED_BATCH) {
-            let keys: Vec<String> = batch.iter().map(|(n, _)| self.fence_key(n)).collect();
-            let vals: Vec<String> = batch.iter().map(|(_, v)| v.to_string()).collect();
+            let keys: Vec<String> = batch
+                .iter()
+                .map(|(n, kind, _)| Ok(self.quorum_keys(n, *kind)?.fence))
+                .collect::<Result<_>>()?;
+            let vals: Vec<String> = batch.iter().map(|(_, _, v)| v.to_string()).collect();
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             let vals: Vec<&str> = vals.iter().map(String::as_str).collect();
             let (v, _) = self

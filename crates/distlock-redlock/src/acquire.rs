@@ -5,7 +5,7 @@ use crate::node::View;
 use crate::tally::{self, Ballot, Decision};
 use crate::{Shared, KIND};
 use distlock_core::backend::{AcquireReply, AcquireRequest, AttemptId};
-use distlock_core::{Error, Result};
+use distlock_core::{Error, LockKind, Result};
 use distlock_redis::{QuorumReply, QuorumVote};
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -25,6 +25,7 @@ fn finish_votes(
     mut rest: Votes,
     views: Vec<View>,
     name: Arc<str>,
+    kind: LockKind,
     attempt: AttemptId,
     t: Duration,
     won: tokio::sync::oneshot::Receiver<u64>,
@@ -51,8 +52,8 @@ fn finish_votes(
                 .map(|b| {
                     let (name, attempt) = (name.clone(), attempt.clone());
                     async move {
-                        let _ =
-                            tokio::time::timeout(t, b.raise_fence(&name, &attempt, token)).await;
+                        let raise = b.raise_fence(&name, kind, &attempt, token);
+                        let _ = tokio::time::timeout(t, raise).await;
                     }
                 }),
         )
@@ -191,7 +192,7 @@ impl Shared {
     async fn raise(
         &self,
         views: &[View],
-        name: &str,
+        (name, kind): (&str, LockKind),
         attempt: &AttemptId,
         token: u64,
         list: &[usize],
@@ -201,7 +202,8 @@ impl Shared {
             let b = views[i].backend.clone();
             async move {
                 let Some(b) = b else { return (i, false) };
-                let ok = match tokio::time::timeout(nt, b.raise_fence(name, attempt, token)).await {
+                let raise = b.raise_fence(name, kind, attempt, token);
+                let ok = match tokio::time::timeout(nt, raise).await {
                     Ok(Ok(Some(c))) => c >= token,
                     Ok(Err(e)) if e.is_retryable() => {
                         self.health.nodes[i].suspect(format!("an error ({e})"));
@@ -226,7 +228,13 @@ impl Shared {
     /// (never the lock's channel: no herd). The request names the attempt, so it can only
     /// remove that attempt's holds; a vote still in flight on a node runs before it (one
     /// connection per node, in order).
-    async fn abort(&self, views: &[View], name: &str, attempt: &AttemptId, ballots: &[Ballot]) {
+    async fn abort(
+        &self,
+        views: &[View],
+        (name, kind): (&str, LockKind),
+        attempt: &AttemptId,
+        ballots: &[Ballot],
+    ) {
         let nt = self.nt();
         join_all(
             ballots
@@ -235,7 +243,8 @@ impl Shared {
                 .filter(|(_, b)| b.granted() || b.maybe_granted)
                 .filter_map(|(i, _)| views[i].backend.clone())
                 .map(|b| async move {
-                    let _ = tokio::time::timeout(nt, b.quorum_give_back(name, attempt)).await;
+                    let give_back = b.quorum_give_back(name, kind, attempt);
+                    let _ = tokio::time::timeout(nt, give_back).await;
                 }),
         )
         .await;
@@ -283,12 +292,14 @@ impl Shared {
                 continue;
             };
             let (key, attempt, lease) = (key.clone(), req.attempt.clone(), req.lease);
+            let value = req.value.clone();
             asked[i] = true;
             votes.push(Box::pin(async move {
+                let value = value.as_deref();
                 let vote = match queue {
-                    None => b.quorum_acquire(&key, &attempt, lease, &epoch).await,
+                    None => b.quorum_acquire(&key, &attempt, lease, &epoch, value).await,
                     Some((ttl, place)) => {
-                        b.quorum_enqueue_acquire(&key, &attempt, lease, &epoch, ttl, place)
+                        b.quorum_enqueue_acquire(&key, &attempt, lease, &epoch, (ttl, place), value)
                             .await
                     }
                 };
@@ -338,11 +349,12 @@ impl Shared {
             votes,
             views.clone(),
             key.name.clone(),
+            key.kind,
             req.attempt.clone(),
             self.call_timeout(),
             token_rx,
         );
-        let (name, attempt) = (&*key.name, &req.attempt);
+        let (name, attempt) = ((&*key.name, key.kind), &req.attempt);
         let q = self.q();
         match tally::decide(&ballots) {
             Decision::Again { token } => {
@@ -358,7 +370,7 @@ impl Shared {
                     let _ = won.send(token);
                     return Ok(Round::new(AcquireReply::Granted { token }, first));
                 }
-                Err(self.unconfirmed(name, q, q, start.elapsed()))
+                Err(self.unconfirmed(name.0, q, q, start.elapsed()))
             }
             Decision::Fresh { token } => {
                 let fixes = tally::raises(&ballots, token);
@@ -372,7 +384,7 @@ impl Shared {
                     let _ = won.send(token);
                     return Ok(Round::new(AcquireReply::Granted { token }, first));
                 }
-                Err(self.unconfirmed(name, confirmed, q, start.elapsed()))
+                Err(self.unconfirmed(name.0, confirmed, q, start.elapsed()))
             }
             Decision::Held { ttl } => {
                 self.abort(&views, name, attempt, &ballots).await;

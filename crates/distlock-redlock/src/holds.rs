@@ -5,7 +5,7 @@
 use crate::node::View;
 use crate::{ops, tally, watch, Shared, KIND};
 use distlock_core::backend::{AcquireRequest, GrantRef, ReleaseWatch, RenewOutcome};
-use distlock_core::{Backend, Error, HolderInfo, LockInfo, ReleaseOutcome, Result};
+use distlock_core::{Backend, Error, HolderInfo, LockInfo, LockKind, ReleaseOutcome, Result};
 use distlock_redis::{NodeHold, RedisBackend};
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -92,10 +92,10 @@ impl Shared {
     pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
         let views = self.health.views();
         let t = self.call_timeout();
-        let (name, attempt) = (req.key.name.clone(), req.attempt.clone());
+        let (name, kind, attempt) = (req.key.name.clone(), req.key.kind, req.attempt.clone());
         let mut answers = self.fan_out(&views, t, |b| {
             let (name, attempt) = (name.clone(), attempt.clone());
-            async move { b.quorum_give_up(&name, &attempt).await }
+            async move { b.quorum_give_up(&name, kind, &attempt).await }
         });
         let mut answered = 0;
         let mut problems = Vec::new();
@@ -119,6 +119,7 @@ impl Shared {
         let views = self.health.views();
         let t = self.call_timeout();
         let (name, attempt, token) = (grant.key.name.clone(), grant.attempt.clone(), grant.token);
+        let kind = grant.key.kind;
         // Set once a majority released this grant: then a node that holds the attempt under
         // another token (its vote came in after the decision, before the raise reached it)
         // holds part of this very grant — attempt ids are unique — and is released too.
@@ -126,7 +127,7 @@ impl Shared {
         let mut answers = self.fan_out(&views, t, |b| {
             let (name, attempt, mut rx) = (name.clone(), attempt.clone(), decided.clone());
             async move {
-                match b.quorum_release(&name, &attempt, Some(token)).await? {
+                match b.quorum_release(&name, kind, &attempt, Some(token)).await? {
                     Ok(o) => Ok(o),
                     Err(_other_token) => {
                         tokio::spawn(async move {
@@ -139,7 +140,7 @@ impl Shared {
                             if released {
                                 let _ = tokio::time::timeout(
                                     t,
-                                    b.quorum_release(&name, &attempt, None),
+                                    b.quorum_release(&name, kind, &attempt, None),
                                 )
                                 .await;
                             }
@@ -214,7 +215,8 @@ impl Shared {
                             .filter(|&h| renewed.get(h) == Some(&true))
                         {
                             let (g, _) = &holds[h];
-                            let raised = b.raise_fence(&g.key.name, &g.attempt, g.token);
+                            let raised =
+                                b.raise_fence(&g.key.name, g.key.kind, &g.attempt, g.token);
                             if let Ok(Ok(Some(_))) = tokio::time::timeout(t, raised).await {
                                 rejoin.push(holds[h].clone());
                             }
@@ -296,16 +298,114 @@ impl Shared {
         Ok(outcomes.into_iter().flatten().collect())
     }
 
-    /// The lock as a majority of nodes sees it (the core checked the kind: a mutex).
-    pub(crate) async fn inspect(&self, name: &str) -> Result<LockInfo> {
+    /// The lock or election as a majority of nodes sees it (the core checked the kind).
+    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         let t = self.watch_timeout();
-        let (views, problems) =
-            ops::split(ops::per_node(self, t, |b| async move { b.quorum_hold(name).await }).await);
+        let (views, problems) = ops::split(
+            ops::per_node(self, t, |b| async move { b.quorum_hold(name, kind).await }).await,
+        );
         let q = self.q();
         if views.len() < q {
             return Err(self.no_quorum(views.len(), &problems));
         }
         Ok(merge_infos(name, &views, q))
+    }
+
+    /// An election leader's numbered proclamation on every node: `Renewed` once a majority
+    /// of counted nodes stored it (or had it: a retry), `NotHeld` once a majority says the
+    /// grant is gone; a retryable error when neither is decided.
+    pub(crate) async fn proclaim(
+        &self,
+        grant: &GrantRef,
+        seq: u64,
+        value: &str,
+    ) -> Result<RenewOutcome> {
+        let views = self.health.views();
+        let t = self.call_timeout();
+        let (grant2, value2): (GrantRef, Arc<str>) = (grant.clone(), Arc::from(value));
+        let mut answers = self.fan_out(&views, t, |b| {
+            let (grant, value) = (grant2.clone(), value2.clone());
+            async move { b.quorum_proclaim(&grant, seq, &value).await }
+        });
+        let q = self.q();
+        let (mut renewed, mut gone) = (0, 0);
+        let mut problems = Vec::new();
+        let mut outcome = None;
+        while let Some((i, r)) = answers.next().await {
+            let node = &self.health.nodes[i];
+            match r {
+                Some(Ok(o)) if views[i].counts => match o {
+                    RenewOutcome::Renewed => renewed += 1,
+                    _ => gone += 1,
+                },
+                Some(Ok(_)) => problems.push(format!(
+                    "{}: {}",
+                    node.endpoint,
+                    views[i].why_not.clone().unwrap_or_default()
+                )),
+                Some(Err(e)) => {
+                    if e.is_retryable() {
+                        node.suspect(format!("an error ({e})"));
+                    }
+                    problems.push(format!("{}: {e}", node.endpoint));
+                }
+                None => problems.push(format!("{}: no answer within {t:?}", node.endpoint)),
+            }
+            if renewed >= q {
+                outcome = Some(RenewOutcome::Renewed);
+                break;
+            }
+            if gone >= q {
+                outcome = Some(RenewOutcome::NotHeld);
+                break;
+            }
+        }
+        finish_in_background(answers);
+        outcome.ok_or_else(|| {
+            Error::connection(
+                KIND,
+                self.endpoint.clone(),
+                format!(
+                    "the proclamation on `{}` was neither confirmed nor refused by a majority \
+                     ({renewed} confirmed, {gone} refused, {q} of {} nodes needed): {}",
+                    grant.key.name,
+                    self.n(),
+                    problems.join("; ")
+                ),
+            )
+        })
+    }
+
+    /// Subscribes to election `name`'s observe channel on every reachable node (at least a
+    /// majority, else a retryable error); see [`watch::ObserveWatch`].
+    pub(crate) async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        let views = self.health.views();
+        let t = self.watch_timeout();
+        let got = join_all(views.iter().map(|v| {
+            let b = v.backend.clone();
+            async move {
+                let b = b?;
+                tokio::time::timeout(t, Backend::observe(&*b, name))
+                    .await
+                    .ok()?
+                    .ok()
+            }
+        }))
+        .await;
+        let watches: Vec<Box<dyn ReleaseWatch>> = got.into_iter().flatten().collect();
+        let q = self.q();
+        if watches.len() < q {
+            return Err(Error::connection(
+                KIND,
+                self.endpoint.clone(),
+                format!(
+                    "could subscribe to election `{name}` on only {} of {} redlock nodes (need {q})",
+                    watches.len(),
+                    self.n()
+                ),
+            ));
+        }
+        Ok(Box::new(watch::ObserveWatch::new(watches, q)))
     }
 }
 
@@ -314,7 +414,11 @@ type NodeView = (Option<NodeHold>, u64);
 
 /// One view of a lock from the nodes' views: a holder is an attempt seen on at least `q`
 /// nodes, with the lease a majority still has; the token is the largest counter (an upper
-/// bound of the last token handed out: failed attempts also count).
+/// bound of the last token handed out: failed attempts also count). An election's leader
+/// (holds that carry a value) advertises the value of the highest proclamation number among
+/// its majority, and the token is the leader's own: the one its holds store on a majority
+/// (at most one token can be), else the largest they store (the quorum's token has not
+/// reached every node yet; the largest is the grant's).
 fn merge_infos(name: &str, infos: &[NodeView], q: usize) -> LockInfo {
     let mut seen: HashMap<&str, Vec<&NodeHold>> = HashMap::new();
     for hold in infos.iter().filter_map(|(h, _)| h.as_ref()) {
@@ -323,18 +427,35 @@ fn merge_infos(name: &str, infos: &[NodeView], q: usize) -> LockInfo {
             seen.entry(&hold.attempt).or_default().push(hold);
         }
     }
+    let mut leader_token = None;
     let mut holders: Vec<HolderInfo> = seen
         .into_values()
         .filter(|hs| hs.len() >= q)
         .map(|hs| {
             let lease_left = ops::majority_lease(hs.iter().map(|h| h.lease_left).collect(), q);
-            HolderInfo::new(hs[0].owner.clone(), 1).with_lease_left(lease_left)
+            let h = HolderInfo::new(hs[0].owner.clone(), 1).with_lease_left(lease_left);
+            let newest = hs
+                .iter()
+                .filter_map(|h| h.value.as_ref())
+                .max_by_key(|(_, seq)| *seq);
+            match newest {
+                Some((value, _)) => {
+                    let tokens = hs.iter().filter_map(|h| h.token);
+                    leader_token = match tally::plurality(tokens.clone()) {
+                        Some((t, k)) if k >= q => Some(t),
+                        _ => tokens.max(),
+                    };
+                    h.with_value(Some(value.clone()))
+                }
+                None => h,
+            }
         })
         .collect();
     holders.sort_by(|a, b| a.owner.cmp(&b.owner));
+    let top = infos.iter().map(|i| i.1).max().unwrap_or(0);
     LockInfo::new(name)
         .with_holders(holders)
-        .with_fencing_token(infos.iter().map(|i| i.1).max().unwrap_or(0))
+        .with_fencing_token(leader_token.unwrap_or(top))
 }
 
 #[cfg(test)]

@@ -213,9 +213,10 @@ impl Backend for RedlockBackend {
         self.shared.endpoint.clone()
     }
 
-    /// Only the mutex: the core refuses every other kind before it calls the backend.
+    /// The mutex and the election (`docs/election-redlock.md`): the core refuses every other
+    /// kind before it calls the backend.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::kinds(&[LockKind::Mutex])
+        Capabilities::kinds(&[LockKind::Mutex]).with(LockKind::Election)
     }
 
     /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
@@ -258,24 +259,35 @@ impl Backend for RedlockBackend {
         self.shared.renew(holds).await
     }
 
-    async fn inspect(&self, name: &str, _kind: LockKind) -> Result<LockInfo> {
-        self.shared.inspect(name).await
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        self.shared.inspect(name, kind).await
     }
 
-    /// Every mutex a node has state for, merged by name: a holder is an attempt on a
-    /// majority of nodes (see `docs/redlock.md`, "Operator commands").
+    /// Numbered per node; decided by a majority (see `docs/election-redlock.md`).
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        self.shared.proclaim(grant, seq, value).await
+    }
+
+    /// The election's observe channel on every node, merged: a message from any node wakes
+    /// it; broken subscriptions on a majority end it with an error.
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        self.shared.observe(name).await
+    }
+
+    /// Every mutex and election a node has state for, merged by name and kind: a holder is an
+    /// attempt on a majority of nodes (see `docs/redlock.md`, "Operator commands").
     async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
         ops::list(&self.shared, prefix).await
     }
 
-    /// Removes the hold on every reachable node and raises every counter past every token
-    /// seen; done only when a majority of nodes did both.
+    /// Removes the hold (a lock's or an election's) on every reachable node and raises every
+    /// counter past every token seen; done only when a majority of nodes did both.
     async fn force_release(
         &self,
         name: &str,
-        _kind: LockKind,
+        kind: LockKind,
     ) -> Result<distlock_core::ForceReleased> {
-        ops::force_release(&self.shared, name).await
+        ops::force_release(&self.shared, name, kind).await
     }
 
     /// Each node's Redis checks, its quarantine, the node count and the clock spread.

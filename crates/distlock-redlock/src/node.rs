@@ -15,7 +15,7 @@
 
 use crate::config::{Config, NodeAddr};
 use crate::tally::quorum;
-use distlock_core::{ClientOptions, Error, Result};
+use distlock_core::{ClientOptions, Error, LockKind, Result};
 use distlock_redis::{RedisBackend, ServerInfo};
 use futures_util::future::join_all;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -533,7 +533,8 @@ impl Health {
             .await
         }))
         .await;
-        let mut max: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+        let mut max: std::collections::HashMap<(String, LockKind), u64> =
+            std::collections::HashMap::new();
         let mut horizon: Option<Duration> = None;
         let mut ok = 0;
         let mut last_err = None;
@@ -542,8 +543,8 @@ impl Health {
                 Ok(Ok((h, list))) => {
                     ok += 1;
                     horizon = horizon.max(h);
-                    for (name, v) in list {
-                        let e = max.entry(name).or_default();
+                    for (name, kind, v) in list {
+                        let e = max.entry((name, kind)).or_default();
                         *e = (*e).max(v);
                     }
                 }
@@ -561,7 +562,8 @@ impl Health {
                 ),
             ));
         }
-        let counters: Vec<(String, u64)> = max.into_iter().collect();
+        let counters: Vec<(String, LockKind, u64)> =
+            max.into_iter().map(|((n, k), v)| (n, k, v)).collect();
         tokio::time::timeout(t, me.seed_fences(&counters))
             .await
             .map_err(|_| {

@@ -142,39 +142,45 @@ pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
     if lists.len() < q {
         return Err(s.no_quorum(lists.len(), &problems));
     }
-    // Only mutexes are Redlock's; another kind's keys (a redis:// client sharing the
-    // namespace) are not listed here.
-    let names: BTreeSet<String> = lists
+    // Only mutexes and elections are Redlock's; another kind's keys (a redis:// client
+    // sharing the namespace) are not listed here.
+    // By name, the lock before the election of the same name.
+    let names: BTreeSet<(String, bool)> = lists
         .into_iter()
         .flatten()
-        .filter(|l| l.kind == LockKind::Mutex)
-        .map(|l| l.info.name)
+        .filter(|l| matches!(l.kind, LockKind::Mutex | LockKind::Election))
+        .map(|l| (l.info.name, l.kind == LockKind::Election))
         .collect();
     let t = s.call_timeout();
     stream::iter(names)
-        .map(|name| async move {
+        .map(|(name, election)| async move {
             let name = &name;
+            let kind = if election {
+                LockKind::Election
+            } else {
+                LockKind::Mutex
+            };
             let (views, problems) =
-                split(per_node(s, t, |b| async move { b.quorum_hold(name).await }).await);
+                split(per_node(s, t, |b| async move { b.quorum_hold(name, kind).await }).await);
             if views.len() < q {
                 return Err(s.no_quorum(views.len(), &problems));
             }
-            Ok(ListedLock::new(LockKind::Mutex, merge(name, &views, n, q)))
+            Ok(ListedLock::new(kind, merge(name, &views, n, q)))
         })
         .buffered(LIST_CONCURRENCY)
         .try_collect()
         .await
 }
 
-/// The forced release of mutex `name` (the core checked the kind).
-pub(crate) async fn force_release(s: &Shared, name: &str) -> Result<ForceReleased> {
+/// The forced release of mutex or election `name` (the core checked the kind).
+pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Result<ForceReleased> {
     let (n, q) = (s.n(), s.q());
     let t = s.call_timeout();
     // Every reachable node, quarantined or not: a hold left on any node could make a
     // majority with the others later. Per node, distlock-redis's script removes the hold and
     // advances the node's counter past its own tokens in one atomic step.
     let removed = per_node(s, t, |b| async move {
-        Backend::force_release(&*b, name, LockKind::Mutex).await
+        Backend::force_release(&*b, name, kind).await
     })
     .await;
     // Then past every token seen: a node that missed the grant's raise has a lower counter
@@ -188,7 +194,7 @@ pub(crate) async fn force_release(s: &Shared, name: &str) -> Result<ForceRelease
     // Only where the removal was done: a node that did not answer it is not waited for twice.
     let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
     let raised = per_node_of(s, t, &reached, |b| async move {
-        b.seed_fences(&[(name.to_owned(), top)]).await
+        b.seed_fences(&[(name.to_owned(), kind, top)]).await
     })
     .await;
     let mut holds: BTreeMap<String, Vec<Option<Duration>>> = BTreeMap::new();

@@ -94,3 +94,64 @@ impl ReleaseWatch for QuorumWatch {
         }
     }
 }
+
+/// An election's observe channel on every node that could be subscribed (a majority at
+/// least), merged. Every change of the election that counts is written on a majority of
+/// nodes, each publishing, and any majority shares a node with the subscribed majority: so a
+/// message from any node wakes the observer (it reads the leader again), and the watch goes on
+/// while a majority of subscriptions works. Once fewer work, a change could be missed: the
+/// watch ends with the last error, and the core subscribes again.
+pub(crate) struct ObserveWatch {
+    watches: Vec<Option<Box<dyn ReleaseWatch>>>,
+    q: usize,
+}
+
+impl ObserveWatch {
+    pub(crate) fn new(watches: Vec<Box<dyn ReleaseWatch>>, q: usize) -> Self {
+        ObserveWatch {
+            watches: watches.into_iter().map(Some).collect(),
+            q,
+        }
+    }
+}
+
+#[async_trait]
+impl ReleaseWatch for ObserveWatch {
+    /// # Cancel safety
+    /// Cancel safe: each node's watch is.
+    async fn changed(&mut self) -> Result<Wake> {
+        loop {
+            let live: Vec<_> = self
+                .watches
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, w)| w.as_mut().map(|w| (i, w)))
+                .map(|(i, w)| {
+                    Box::pin(async move {
+                        let r = w.changed().await;
+                        (i, r)
+                    })
+                })
+                .collect();
+            if live.is_empty() {
+                return Err(distlock_core::Error::connection(
+                    crate::KIND,
+                    String::new(),
+                    "no election subscription left",
+                ));
+            }
+            let ((i, r), _, rest) = select_all(live).await;
+            drop(rest);
+            match r {
+                Ok(_) => return Ok(Wake::Released),
+                Err(e) => {
+                    tracing::debug!(error = %e, "an election subscription broke");
+                    self.watches[i] = None;
+                    if self.watches.iter().flatten().count() < self.q {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -33,9 +33,11 @@ fn redlock(n: usize) -> ServerHarness<Cluster> {
 mod three_nodes {
     distlock_testkit::conformance_suite!(super::redlock(3));
     distlock_testkit::adversarial_suite!(super::redlock(3));
+    distlock_testkit::election_suite!(crate::redlock(3));
 }
 
 mod five_nodes {
     distlock_testkit::conformance_suite!(super::redlock(5));
     distlock_testkit::adversarial_suite!(super::redlock(5));
+    distlock_testkit::election_suite!(crate::redlock(5));
 }

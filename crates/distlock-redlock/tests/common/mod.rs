@@ -243,3 +243,14 @@ pub fn pttl(c: &Cluster, i: usize, name: &str) -> i64 {
 pub fn evalsha_calls(s: &RedisServer) -> u64 {
     s.command_calls("evalsha").expect("INFO commandstats")
 }
+
+impl Cluster {
+    /// The length of node `i`'s wait queue of election `name`.
+    pub fn queued_on_election(&self, i: usize, name: &str) -> usize {
+        self.servers[i]
+            .command(&["ZCARD", &format!("dlock:{{{name}}}:election:rlq")])
+            .expect("ZCARD")
+            .parse()
+            .expect("ZCARD is a number")
+    }
+}
