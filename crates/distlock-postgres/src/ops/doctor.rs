@@ -1,0 +1,444 @@
+//! `dlock doctor` on PostgreSQL: version, a pooler in front (PgBouncer), whether the session's
+//! timeouts take effect, synchronous replication, TLS, and the server clock against the local one.
+
+use super::CLOCK_WARN;
+use crate::error::{is_code, shape};
+use crate::{Mode, PostgresBackend};
+use distlock_core::{Finding, Result, Severity};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_postgres::error::SqlState;
+
+/// The version finding. Both modes need `ON CONFLICT` (9.5). Session mode enforces each
+/// holder's lease as its session's `idle_session_timeout` (14): before 14 a holder that
+/// hangs with its connection open keeps the lock until the connection closes (its own lost
+/// signal still fires at its lease end, so nobody else is let in: stuck, not unsafe).
+fn version_finding(num: i32, version: &str, mode: Mode) -> Finding {
+    if num < 90_500 {
+        Finding::new(
+            Severity::Unsafe,
+            "version",
+            format!("server {version} is older than 9.5: dlock's statements need INSERT … ON CONFLICT; upgrade"),
+        )
+    } else if num < 140_000 && mode == Mode::Session {
+        Finding::new(
+            Severity::Warning,
+            "version",
+            format!("server {version} is older than 14, which has no idle_session_timeout: session mode cannot end the session of a holder that hangs with its connection open, so its lock stays taken (nobody else gets it) until the connection closes; upgrade to 14 or later, or use ?mode=lease"),
+        )
+    } else {
+        Finding::new(Severity::Ok, "version", format!("server {version}"))
+    }
+}
+
+fn clock_finding(offset_ms: i64) -> Finding {
+    if Duration::from_millis(offset_ms.unsigned_abs()) > CLOCK_WARN {
+        Finding::new(
+            Severity::Warning,
+            "clock",
+            format!("the server clock is {offset_ms} ms off the local clock: leases are measured on the server (lease mode: its now(); session mode: its idle_session_timeout) and by the client's own clock, so they stay correct, but times shown locally are off; run NTP (chrony) on both"),
+        )
+    } else {
+        Finding::new(
+            Severity::Ok,
+            "clock",
+            format!("the server clock is within {offset_ms} ms of the local clock"),
+        )
+    }
+}
+
+/// The replication finding from `pg_is_in_recovery()`, the number of streaming standbys,
+/// how many of them are synchronous, and `synchronous_commit`.
+fn replication_finding(recovery: bool, standbys: i64, sync: i64, commit: &str) -> Finding {
+    if recovery {
+        return Finding::new(
+            Severity::Unsafe,
+            "replication",
+            "the server is a standby (in recovery): dlock's rows cannot be written there and its advisory locks are not shared with the primary; point the URL at the primary",
+        );
+    }
+    if standbys == 0 {
+        return Finding::new(
+            Severity::Ok,
+            "replication",
+            "no standbys stream from this server (a failover cannot lose committed rows to a lagging standby)",
+        );
+    }
+    let waits = !matches!(commit, "off" | "local");
+    if sync > 0 && waits {
+        Finding::new(
+            Severity::Ok,
+            "replication",
+            format!("{sync} of {standbys} standbys are synchronous (synchronous_commit={commit})"),
+        )
+    } else {
+        Finding::new(
+            Severity::Warning,
+            "replication",
+            format!("{standbys} standbys replicate asynchronously (synchronous standbys: {sync}, synchronous_commit={commit}): a failover to one can lose the last lease rows and fencing tokens (a lock granted twice, tokens handed out again; session mode's advisory locks are never replicated, but their holders' sessions end with the old primary); set synchronous_standby_names and synchronous_commit=on (or remote_apply) if failovers happen"),
+        )
+    }
+}
+
+pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
+    let mode = b.mode();
+    let client = b.common.control().await?;
+    let before = SystemTime::now();
+    let row = b
+        .common
+        .run(
+            "diagnosing",
+            client.query_one(
+                "SELECT current_setting('server_version'), \
+                        current_setting('server_version_num')::int4, \
+                        (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::int8, \
+                        pg_is_in_recovery(), \
+                        (SELECT count(*) FROM pg_stat_replication), \
+                        (SELECT count(*) FROM pg_stat_replication \
+                         WHERE sync_state IN ('sync', 'quorum')), \
+                        current_setting('synchronous_commit'), \
+                        current_setting('synchronous_standby_names')",
+                &[],
+            ),
+        )
+        .await?;
+    let after = SystemTime::now();
+    let get = |what: &str, e| shape(what, e);
+    let version: String = row.try_get(0).map_err(|e| get("diagnose", e))?;
+    let num: i32 = row.try_get(1).map_err(|e| get("diagnose", e))?;
+    let server_ms: i64 = row.try_get(2).map_err(|e| get("diagnose", e))?;
+    let recovery: bool = row.try_get(3).map_err(|e| get("diagnose", e))?;
+    let standbys: i64 = row.try_get(4).map_err(|e| get("diagnose", e))?;
+    let mut sync: i64 = row.try_get(5).map_err(|e| get("diagnose", e))?;
+    let commit: String = row.try_get(6).map_err(|e| get("diagnose", e))?;
+    let names: String = row.try_get(7).map_err(|e| get("diagnose", e))?;
+    // sync_state is hidden from roles without pg_monitor: then only the setting tells.
+    if sync == 0 && standbys > 0 && !names.trim().is_empty() {
+        sync = 1;
+    }
+    let ms = |t: SystemTime| {
+        t.duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    };
+    let local_ms = (ms(before) + ms(after)) / 2;
+    let mut out = vec![version_finding(num, &version, mode)];
+    out.push(tls_finding(b).await);
+    out.push(pooler_finding(b, mode).await);
+    out.push(timeout_finding(b, mode, num).await);
+    out.push(replication_finding(recovery, standbys, sync, &commit));
+    out.push(clock_finding(server_ms - local_ms));
+    Ok(out)
+}
+
+/// Whether the control connection is encrypted and what was checked: a warning for a server
+/// off this machine reached in clear text or without checking its certificate.
+async fn tls_finding(b: &PostgresBackend) -> Finding {
+    use tokio_postgres::config::Host;
+    let config = &b.common.config;
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        _ => return Finding::new(Severity::Ok, "tls", "unix socket: no TLS needed"),
+    };
+    let loopback = host == "localhost"
+        || config
+            .get_hostaddrs()
+            .first()
+            .copied()
+            .or_else(|| host.parse().ok())
+            .is_some_and(|a: std::net::IpAddr| a.is_loopback());
+    let row = b
+        .common
+        .query(
+            "reading pg_stat_ssl",
+            "SELECT coalesce((SELECT ssl::text || ' ' || coalesce(version, '') FROM pg_stat_ssl \
+             WHERE pid = pg_backend_pid()), 'unknown')",
+            &[],
+        )
+        .await;
+    let seen: String = match row.as_ref().ok().and_then(|r| r.first()) {
+        Some(r) => r.try_get(0).unwrap_or_else(|_| "unknown".into()),
+        None => "unknown".into(),
+    };
+    let mode = b.common.tls.mode();
+    let checks = b.common.tls.checks();
+    match seen.split_once(' ') {
+        Some(("true", version)) => {
+            let text = format!("encrypted ({version}), sslmode={mode}: {checks}");
+            match (checks, loopback) {
+                ("certificate not checked", false) => Finding::new(
+                    Severity::Warning,
+                    "tls",
+                    format!(
+                        "{text}: a machine in the middle can read and change the traffic; use \
+                         sslmode=verify-full with sslrootcert"
+                    ),
+                ),
+                _ => Finding::new(Severity::Ok, "tls", text),
+            }
+        }
+        Some(("false", _)) if !loopback => Finding::new(
+            Severity::Warning,
+            "tls",
+            format!(
+                "not encrypted (sslmode={mode}) to {host}, off this machine: lock names, tokens \
+                 and an md5 password exchange travel in clear; turn on ssl in the server and use \
+                 sslmode=verify-full"
+            ),
+        ),
+        Some(("false", _)) => Finding::new(
+            Severity::Ok,
+            "tls",
+            format!("not encrypted (sslmode={mode}), to this machine"),
+        ),
+        _ => Finding::new(
+            Severity::Ok,
+            "tls",
+            format!("sslmode={mode}; the server does not say whether this session is encrypted"),
+        ),
+    }
+}
+
+/// What the probe connection saw of the server session behind it.
+struct Probe {
+    /// The `options` startup parameter took effect (`-c dlock.doctor=on`).
+    options_applied: bool,
+    /// The backend pid stayed the same over statements of one connection.
+    pid_stable: bool,
+    /// A session setting survived to the next statement.
+    setting_kept: bool,
+    /// Two client connections were served by one backend.
+    shared_backend: bool,
+}
+
+/// Opens a connection like the backend's, plus `-c dlock.doctor=on` in `options`.
+async fn probe_conn(b: &PostgresBackend) -> Result<tokio_postgres::Client> {
+    let mut config = b.common.config.clone();
+    let opts = match config.get_options() {
+        Some(o) if !o.is_empty() => format!("{o} -c dlock.doctor=on"),
+        _ => "-c dlock.doctor=on".to_owned(),
+    };
+    config.options(&opts);
+    let (client, conn) = b.common.open_with(&config).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+async fn probe(b: &PostgresBackend) -> Result<Probe> {
+    let one = probe_conn(b).await?;
+    let two = b.common.open().await?;
+    let (two, conn) = two;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let first = b
+        .common
+        .run(
+            "probing the session",
+            one.query_one(
+                "SELECT pg_backend_pid(), current_setting('dlock.doctor', true), \
+                        set_config('dlock.doctor_kept', 'yes', false)",
+                &[],
+            ),
+        )
+        .await?;
+    let other = b
+        .common
+        .run(
+            "probing the session",
+            two.query_one("SELECT pg_backend_pid()", &[]),
+        )
+        .await?;
+    let second = b
+        .common
+        .run(
+            "probing the session",
+            one.query_one(
+                "SELECT pg_backend_pid(), current_setting('dlock.doctor_kept', true)",
+                &[],
+            ),
+        )
+        .await?;
+    let pid1: i32 = first.try_get(0).map_err(|e| shape("probe", e))?;
+    let opt: Option<String> = first.try_get(1).map_err(|e| shape("probe", e))?;
+    let pid_other: i32 = other.try_get(0).map_err(|e| shape("probe", e))?;
+    let pid2: i32 = second.try_get(0).map_err(|e| shape("probe", e))?;
+    let kept: Option<String> = second.try_get(1).map_err(|e| shape("probe", e))?;
+    Ok(Probe {
+        options_applied: opt.as_deref() == Some("on"),
+        pid_stable: pid1 == pid2,
+        setting_kept: kept.as_deref() == Some("yes"),
+        shared_backend: pid_other == pid1 || pid_other == pid2,
+    })
+}
+
+/// PgBouncer (or another pooler) in front: a transaction-pooling one shares backends between
+/// clients and drops session state between transactions, which breaks session mode (its
+/// advisory locks and lease live in the server session); `options` ignored is PgBouncer's
+/// `ignore_startup_parameters`.
+async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
+    let p = match probe(b).await {
+        Ok(p) => p,
+        Err(e) => {
+            let text = e.to_string();
+            let sev = if mode == Mode::Session {
+                Severity::Unsafe
+            } else {
+                Severity::Warning
+            };
+            return Finding::new(
+                sev,
+                "pooler",
+                if text.contains("unsupported startup parameter") {
+                    format!("a pooler (PgBouncer) in front refuses the `options` startup parameter ({text}): session mode needs a direct connection to the server; lease mode works behind PgBouncer (add options to ignore_startup_parameters)")
+                } else {
+                    format!("could not probe the session behind the URL: {text}")
+                },
+            );
+        }
+    };
+    let pooled = !p.pid_stable || !p.setting_kept || p.shared_backend;
+    match (pooled, mode) {
+        (true, Mode::Session) => Finding::new(
+            Severity::Unsafe,
+            "pooler",
+            "a transaction-pooling proxy (PgBouncer pool_mode=transaction/statement) is in front: one client connection was served by several server backends, or two by one, or a session setting was lost; session mode's advisory locks and leases live in the server session, so another client can be handed a session that holds a lock, and a dead holder's lock is never freed; connect to the server directly (or a session-pooling PgBouncer) or use ?mode=lease",
+        ),
+        (true, Mode::Lease) if b.listen => Finding::new(
+            Severity::Warning,
+            "pooler",
+            "a transaction-pooling proxy is in front: lease mode works there, but LISTEN/NOTIFY does not, so waiters wake only at their heartbeat; add listen=off to the URL to say so (or connect directly for prompt wake-ups)",
+        ),
+        (true, Mode::Lease) => Finding::new(
+            Severity::Ok,
+            "pooler",
+            "a transaction-pooling proxy is in front: fine for lease mode with listen=off",
+        ),
+        (false, _) if !p.options_applied => Finding::new(
+            Severity::Warning,
+            "pooler",
+            "the `options` startup parameter (-c settings in the URL) is ignored: a pooler (PgBouncer with options in ignore_startup_parameters) is in front, so settings passed that way do not apply; dlock sets its own session settings with set_config, which worked",
+        ),
+        (false, _) => Finding::new(
+            Severity::Ok,
+            "pooler",
+            "one client connection is one server session (no transaction pooling in front), and startup options apply",
+        ),
+    }
+}
+
+/// Session mode: the lease is the session's `idle_session_timeout`; check that a short one
+/// really ends an idle session (a pooler keeping the client connection, or a server that
+/// ignores it, would let a hung holder keep its lock).
+async fn timeout_finding(b: &PostgresBackend, mode: Mode, num: i32) -> Finding {
+    if mode == Mode::Lease {
+        return Finding::new(
+            Severity::Ok,
+            "session-timeout",
+            "lease mode: leases are the rows' expires_at (server time), no session setting ends them",
+        );
+    }
+    if num < 140_000 {
+        return Finding::new(
+            Severity::Warning,
+            "session-timeout",
+            "no idle_session_timeout before PostgreSQL 14: a holder that hangs with its connection open keeps its lock until the connection closes (see version)",
+        );
+    }
+    let (client, conn) = match b.common.open().await {
+        Ok(c) => c,
+        Err(e) => {
+            return Finding::new(
+                Severity::Warning,
+                "session-timeout",
+                format!("could not open a session to check idle_session_timeout: {e}"),
+            )
+        }
+    };
+    let ended = tokio::spawn(async move { conn.await.err() });
+    let set = b
+        .common
+        .run(
+            "setting idle_session_timeout",
+            client.query_one(
+                "SELECT set_config('idle_session_timeout', '300', false), \
+                        current_setting('idle_session_timeout')",
+                &[],
+            ),
+        )
+        .await;
+    if let Err(e) = set {
+        return Finding::new(
+            Severity::Unsafe,
+            "session-timeout",
+            format!("SET idle_session_timeout failed ({e}): session mode carries each holder's lease in it; connect to the server directly or use ?mode=lease"),
+        );
+    }
+    // The server should end the session 300 ms after that statement; allow a loaded machine.
+    match tokio::time::timeout(Duration::from_secs(5), ended).await {
+        Ok(Ok(Some(e))) if is_code(&e, &SqlState::IDLE_SESSION_TIMEOUT) || e.as_db_error().is_none() => {
+            Finding::new(
+                Severity::Ok,
+                "session-timeout",
+                "idle_session_timeout set by dlock ends an idle session: a holder that stops renewing loses its session (and lock) when its lease ends",
+            )
+        }
+        Ok(Ok(other)) => Finding::new(
+            Severity::Warning,
+            "session-timeout",
+            format!("the probe session ended otherwise than by idle_session_timeout: {other:?}"),
+        ),
+        Ok(Err(_)) | Err(_) => Finding::new(
+            Severity::Unsafe,
+            "session-timeout",
+            "idle_session_timeout = 300 ms did not end an idle session within 5 s: session mode enforces each holder's lease that way, so a hung holder would keep its lock; connect to the server directly (not through a pooler that keeps the client connection) or use ?mode=lease",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn findings() {
+        assert_eq!(
+            version_finding(160_002, "16.2", Mode::Session).severity,
+            Severity::Ok
+        );
+        assert_eq!(
+            version_finding(130_009, "13.9", Mode::Session).severity,
+            Severity::Warning
+        );
+        assert_eq!(
+            version_finding(130_009, "13.9", Mode::Lease).severity,
+            Severity::Ok
+        );
+        assert_eq!(
+            version_finding(90_400, "9.4", Mode::Lease).severity,
+            Severity::Unsafe
+        );
+        assert_eq!(clock_finding(2000).severity, Severity::Warning);
+        assert_eq!(clock_finding(-10).severity, Severity::Ok);
+        assert_eq!(
+            replication_finding(false, 0, 0, "on").severity,
+            Severity::Ok
+        );
+        assert_eq!(
+            replication_finding(false, 2, 0, "on").severity,
+            Severity::Warning
+        );
+        assert_eq!(
+            replication_finding(false, 2, 1, "local").severity,
+            Severity::Warning
+        );
+        assert_eq!(
+            replication_finding(false, 2, 1, "on").severity,
+            Severity::Ok
+        );
+        assert_eq!(
+            replication_finding(true, 0, 0, "on").severity,
+            Severity::Unsafe
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! What a node answers to the quorum steps, and how its replies are read.
+
+use crate::error::{shape, KIND};
+use crate::int;
+use distlock_core::backend::RenewOutcome;
+use distlock_core::{Error, Result};
+use redis::Value;
+use std::time::Duration;
+
+/// One node's answer to [`RedisBackend::quorum_acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QuorumReply {
+    /// The node's epoch is not the one the caller knows: it lost its data or was re-seeded
+    /// since the caller looked. Nothing was changed; the vote must not count.
+    EpochMismatch,
+    /// Granted afresh to this attempt; the node's fencing counter was incremented to `counter`.
+    Granted {
+        /// The node's counter after the increment.
+        counter: u64,
+    },
+    /// This attempt already held the lock on this node (a retry, or a vote of an earlier round
+    /// of the same attempt): the same hold, its lease made to run at least the asked lease.
+    Holds {
+        /// The node's counter.
+        counter: u64,
+        /// The token stored with the hold on this node.
+        token: u64,
+    },
+    /// Free on this node, but another waiter is first in this node's wait queue (its turn).
+    Behind {
+        /// The node's counter.
+        counter: u64,
+    },
+    /// Another attempt (of any owner) holds the lock on this node.
+    Held {
+        /// The node's counter.
+        counter: u64,
+        /// How long that attempt's lease still runs here, if it expires.
+        ttl: Option<Duration>,
+    },
+}
+
+/// [`QuorumReply`], the node's restart quarantine, and whether the node had forgotten the
+/// scripts (`NOSCRIPT`: it restarted, or someone ran `SCRIPT FLUSH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QuorumVote {
+    /// The node's answer.
+    pub reply: QuorumReply,
+    /// How long the node's restart quarantine still runs by its own clock (`None`: over). A
+    /// vote of a quarantined node must not count.
+    pub quarantine: Option<Duration>,
+    /// The scripts had to be loaded again before the vote could run.
+    pub scripts_reloaded: bool,
+    /// This attempt is the first live waiter in the node's wait queue.
+    pub first: bool,
+}
+
+/// One node's hold of a Redlock lock, as [`RedisBackend::quorum_hold`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeHold {
+    /// The attempt id the hold is addressed to (empty: not a hash of ours).
+    pub attempt: String,
+    /// The owner id of that attempt.
+    pub owner: String,
+    /// The token stored with the hold (`None`: missing or not a number).
+    pub token: Option<u64>,
+    /// How long the hold's lease still runs here, if it expires.
+    pub lease_left: Option<Duration>,
+    /// An election's advertised value and its proclamation number (`None` for a lock, or an
+    /// election hold without them).
+    pub value: Option<(String, u64)>,
+}
+
+impl NodeHold {
+    /// A hold as a node stores it (for tests and tools that merge nodes' views).
+    pub fn new(
+        attempt: &str,
+        owner: &str,
+        token: Option<u64>,
+        lease_left: Option<Duration>,
+    ) -> Self {
+        NodeHold {
+            attempt: attempt.to_owned(),
+            owner: owner.to_owned(),
+            token,
+            lease_left,
+            value: None,
+        }
+    }
+
+    /// The hold with an election's value and proclamation number.
+    pub fn with_value(mut self, value: &str, seq: u64) -> Self {
+        self.value = Some((value.to_owned(), seq));
+        self
+    }
+}
+
+/// What `INFO server` says about the process behind a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerInfo {
+    /// Changes on every start of the server process.
+    pub run_id: String,
+    /// Time since the process started (whole seconds, rounded down).
+    pub uptime: Duration,
+    /// The server's clock (`TIME`) in ms since the Unix epoch, when it was asked.
+    pub now_ms: u64,
+}
+
+pub(super) fn unexpected(message: String) -> Error {
+    Error::UnexpectedReply {
+        backend: KIND,
+        message,
+    }
+}
+
+pub(super) fn uint(what: &str, v: &Value) -> Result<u64> {
+    int(v)
+        .and_then(|i| u64::try_from(i).ok())
+        .ok_or_else(|| shape(what, v))
+}
+
+pub(super) fn positive_ms(ms: i64) -> Option<Duration> {
+    u64::try_from(ms)
+        .ok()
+        .filter(|m| *m > 0)
+        .map(Duration::from_millis)
+}
+
+pub(super) fn parse_info(text: &str, now_ms: u64) -> Result<ServerInfo> {
+    let field = |name: &str| {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k == name).then(|| v.trim().to_owned())
+        })
+    };
+    let run_id = field("run_id")
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| unexpected("INFO server has no run_id".into()))?;
+    let uptime = field("uptime_in_seconds")
+        .and_then(|u| u.parse::<u64>().ok())
+        .ok_or_else(|| unexpected("INFO server has no uptime_in_seconds".into()))?;
+    Ok(ServerInfo {
+        run_id,
+        uptime: Duration::from_secs(uptime),
+        now_ms,
+    })
+}
+
+/// One `quorum_renew_many.lua` reply for `n` grants: `{flags, tokens...}`, a flag per grant
+/// (`1` renewed, `0` not held, `2` held with another token) and the stored token of each `2`.
+pub(super) fn renew_reply(
+    v: &Value,
+    n: usize,
+) -> Result<Vec<std::result::Result<RenewOutcome, u64>>> {
+    let bad = || shape("quorum renew", v);
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let (flags, mut tokens) = match items.split_first() {
+        Some((Value::BulkString(f), rest)) if f.len() == n => (f, rest.iter()),
+        _ => return Err(bad()),
+    };
+    let out = flags
+        .iter()
+        .map(|f| match f {
+            b'1' => Ok(Ok(RenewOutcome::Renewed)),
+            b'0' => Ok(Ok(RenewOutcome::NotHeld)),
+            b'2' => tokens
+                .next()
+                .and_then(int)
+                .map(|t| Err(u64::try_from(t).unwrap_or(0)))
+                .ok_or_else(bad),
+            _ => Err(bad()),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if tokens.next().is_some() {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+/// `TIME` (seconds, microseconds) in ms.
+pub(super) fn time_ms(secs: &str, micros: &str) -> Option<u64> {
+    Some(secs.parse::<u64>().ok()? * 1000 + micros.parse::<u64>().ok()? / 1000)
+}
