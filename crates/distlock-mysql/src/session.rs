@@ -25,6 +25,9 @@
 //! Tables: `dlock_fence` (last fencing token per lock key, bumped with
 //! `LAST_INSERT_ID(token + 1)` while the lock is held) and `dlock_holders` (holder, connection
 //! id, lease end — for `inspect` and the `Held` ttl; a row counts only while its connection id
+//! holds the key), `dlock_elections` (an election's value and proclamation number, under its
+//! leader's token) and `dlock_election_observers` (the connections observing an election, see
+//! [`crate::observe`]).
 
 use crate::common::{
     close, col, key_of, last_row, query_sets, sql_str, wait_timeout_secs, Call, Common,

@@ -429,6 +429,51 @@ async fn observer_is_woken_by_the_server() {
     }
 }
 
+/// A broken observer connection (killed by an operator) ends the watch with an error, and the
+/// core's `Observer` subscribes again and goes on seeing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_observer_connection_ends_the_watch() {
+    for my in [My::session(), My::table()] {
+        let name = unique_name("el-obskill");
+        let key = distlock_mysql::election_key("dlock", &name);
+        let ob = my.backend(&long_opts()).await;
+        let mut w = Backend::observe(&ob, &name).await.expect("observe");
+        let id = my
+            .server
+            .sql(&format!(
+                "SELECT conn_id FROM dlock.dlock_election_observers WHERE lock_key = '{key}'"
+            ))
+            .expect("sql");
+        my.server.sql(&format!("KILL {id}")).expect("KILL");
+        let r = tokio::time::timeout(Duration::from_secs(15), w.changed())
+            .await
+            .expect("the watch did not end");
+        assert!(r.is_err(), "{r:?}");
+        drop(w);
+        // The core's observer after the same: it resubscribes and sees the next leader.
+        let c = my.client_with(long_opts()).await;
+        let mut o = c.election(&name).expect("election").observe();
+        assert_eq!(next_soon(&mut o).await, None);
+        let ids = my
+            .server
+            .sql(&format!(
+                "SELECT conn_id FROM dlock.dlock_election_observers WHERE lock_key = '{key}'"
+            ))
+            .expect("sql");
+        let live = ids.lines().last().expect("a registration").to_owned();
+        my.server.sql(&format!("KILL {live}")).expect("KILL");
+        let l = c
+            .election(&name)
+            .expect("election")
+            .campaign("v")
+            .await
+            .expect("leads");
+        let seen = next_soon(&mut o).await.expect("a leader");
+        assert_eq!(seen.value, "v");
+        l.resign().await.expect("resign");
+    }
+}
+
 /// A registration row naming a connection that is not an observer of that election (a stale
 /// row after a server restart reused its id, or one made by hand) never interrupts that
 /// connection's statement, even one that looks like another election's observer; a row whose
