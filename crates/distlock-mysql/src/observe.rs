@@ -49,6 +49,8 @@ const NOT_OWNER: u16 = 1095;
 
 /// Warned once per process: KILL refused, observers only wake at lease ends.
 static KILL_REFUSED: AtomicBool = AtomicBool::new(false);
+/// Warned once per process: observers of another user cannot be seen, nor woken.
+static HIDDEN_WARNED: AtomicBool = AtomicBool::new(false);
 
 /// The statement telling whether anybody observes election key `lk` (one column, 0 or 1).
 pub(crate) fn observed_sql(lk: &str) -> String {
@@ -67,8 +69,18 @@ pub(crate) fn wake(common: &Arc<Common>, lk: &str) {
     let common = common.clone();
     let lk = lk.to_owned();
     tokio::spawn(async move {
-        if let Err(e) = wake_now(&common, &lk).await {
-            tracing::debug!(error = %e, "waking election observers failed");
+        // A wake-up that fails (a lost connection, a deadlock with another waker) would be a
+        // missed change for the observers: try again a few times.
+        for pause in [50u64, 250, 1000, 0] {
+            match wake_now(&common, &lk).await {
+                Ok(()) => return,
+                Err(e) if pause == 0 => {
+                    tracing::warn!(error = %e, "waking election observers failed; they see \
+                                   the change at the leader's lease end or the next change")
+                }
+                Err(e) => tracing::debug!(error = %e, "waking election observers failed"),
+            }
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
     });
 }
@@ -85,6 +97,9 @@ pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
              WHERE o.lock_key = '{lk}' AND p.ID <> CONNECTION_ID() \
              AND p.INFO LIKE CONCAT('SELECT ''dlock-', 'observe {lk}''%'); \
          DELETE FROM dlock_election_observers WHERE lock_key = '{lk}' AND db_user = {me} \
+             AND conn_id NOT IN (SELECT ID FROM information_schema.PROCESSLIST); \
+         SELECT COUNT(*) FROM dlock_election_observers WHERE lock_key = '{lk}' \
+             AND db_user <> {me} \
              AND conn_id NOT IN (SELECT ID FROM information_schema.PROCESSLIST)"
     );
     let mut conn = common.take().await?;
@@ -99,6 +114,23 @@ pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
         },
         _ => Vec::new(),
     };
+    let hidden: i64 = match &c {
+        Call::Ok(sets) => sets
+            .get(1)
+            .and_then(|rows| rows.first())
+            .map(|r| col::<i64>("observers of other users", r, 0))
+            .transpose()?
+            .unwrap_or(0),
+        _ => 0,
+    };
+    if hidden > 0 && !HIDDEN_WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            election_key = lk,
+            "observers of another database user are not in this user's processlist: they are \
+             only woken at lease ends; grant PROCESS and CONNECTION_ADMIN, or observe as the \
+             same user"
+        );
+    }
     if !matches!(c, Call::Ok(_)) {
         common.after_failure_or_put(conn, &c);
         return common.result("waking observers", c).map(|_| ());
