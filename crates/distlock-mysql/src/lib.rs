@@ -3,6 +3,7 @@
 
 mod common;
 mod error;
+mod observe;
 mod ops;
 mod session;
 mod table;
@@ -492,20 +493,15 @@ distlock_sql::sql_backend!(MysqlBackend,
         Ok(Box::new(distlock_core::backend::NoWatch))
     }
 
-    /// Not supported: MySQL and MariaDB have no server-side notification (no LISTEN/NOTIFY,
-    /// no watch), and `GET_LOCK` wakes only a connection that then *takes* the lock, so an
-    /// observer waiting on the election's key would take the leadership from the candidates.
-    /// Observing would be polling, which dlock does not do: read [`Election::leader`]
-    /// (`inspect`) when needed instead. Campaigns, leadership, proclamations and resignations
-    /// are supported in session mode.
-    ///
-    /// [`Election::leader`]: distlock_core::Election::leader
-    async fn observe(&self, _name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        Err(distlock_core::Error::unsupported(
-            KIND,
-            "observing elections (MySQL/MariaDB have no server-side notifications; read \
-             Election::leader instead)",
-        ))
+    /// Woken by the server, without polling: the observer waits in a `SLEEP` on a
+    /// connection of its own, registered in `dlock_election_observers`, and every change of
+    /// the election made through dlock interrupts it (`KILL QUERY`, after checking in the
+    /// processlist that the connection runs that election's observer statement). A leader
+    /// whose connection dies is seen at its lease end or at the next grant. Observers run by
+    /// another database user than the changer's are woken only if the changer may `KILL`
+    /// their queries (`CONNECTION_ADMIN`); otherwise at lease ends.
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        observe::observe(&self.common, name).await
     }
 
 });

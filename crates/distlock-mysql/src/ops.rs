@@ -72,10 +72,14 @@ pub(crate) async fn force_release(
 ) -> Result<ForceReleased> {
     check_kind(kind)?;
     let lk = key_of(&b.common.namespace, name, kind);
-    match b.mode() {
-        Mode::Table => force_table(b, name, &lk).await,
-        Mode::Session => force_session(b, name, &lk).await,
+    let done = match b.mode() {
+        Mode::Table => force_table(b, name, &lk).await?,
+        Mode::Session => force_session(b, name, &lk).await?,
+    };
+    if kind == LockKind::Election {
+        crate::observe::wake(&b.common, &lk);
     }
+    Ok(done)
 }
 
 /// Table mode: one transaction clears the row (the holder's renewals then match no row) and

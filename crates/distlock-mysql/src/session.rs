@@ -25,6 +25,9 @@
 //! Tables: `dlock_fence` (last fencing token per lock key, bumped with
 //! `LAST_INSERT_ID(token + 1)` while the lock is held) and `dlock_holders` (holder, connection
 //! id, lease end — for `inspect` and the `Held` ttl; a row counts only while its connection id
+//! holds the key), `dlock_elections` (an election's value and proclamation number, under its
+//! leader's token) and `dlock_election_observers` (the connections observing an election, see
+//! [`crate::observe`]).
 
 use crate::common::{
     close, col, key_of, last_row, query_sets, sql_str, wait_timeout_secs, Call, Common,
@@ -50,6 +53,7 @@ pub(crate) const DDL: &[&str] = &[
     include_str!("../sql/session_fence.sql"),
     include_str!("../sql/session_holders.sql"),
     include_str!("../sql/session_elections.sql"),
+    include_str!("../sql/session_observers.sql"),
 ];
 
 /// late) is reported as such ([`ReleaseOutcome::Expired`]) even after another client took the
@@ -106,6 +110,16 @@ enum WaitEnd {
     Failed(mysql_async::Error),
     /// Stopped (cancel or deadline); whether the lock was granted before the stop landed.
     Stopped(Option<bool>),
+}
+
+/// The observers flag (second column) of the row that ends a query.
+fn observed_flag(sets: &[Vec<Row>]) -> bool {
+    sets.last()
+        .and_then(|rows| rows.first())
+        .and_then(|row| row.get_opt::<Option<i64>, usize>(1))
+        .and_then(|v| v.ok())
+        .flatten()
+        .is_some_and(|n| n > 0)
 }
 
 /// The value of the `GET_LOCK` that ends a query (`None`: NULL, or no such row).
@@ -210,6 +224,12 @@ impl MyDialect {
         let name = sql_str(&slot.name);
         let owner = sql_str(&slot.owner);
         let us = micros(req.lease);
+        let is_election = slot.kind == LockKind::Election;
+        let observed = if is_election {
+            format!(", {}", crate::observe::observed_sql(&lk))
+        } else {
+            String::new()
+        };
         let (begin, election) = match slot.kind {
             LockKind::Election => {
                 let value = sql_str(req.value.as_deref().unwrap_or(""));
@@ -236,11 +256,16 @@ impl MyDialect {
              (lock_key, owner, ns, name, token, count, conn_id, acquired_at, expires_at) \
              VALUES ('{lk}', {owner}, {ns}, {name}, @dlock_token, 1, CONNECTION_ID(), \
                      UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND); \
-             {election}SELECT @dlock_token"
+             {election}SELECT @dlock_token{observed}"
         );
         let c = self.common.slow_call(query_sets(conn, sql)).await;
         let sets = self.common.slow_result("recording the grant", c)?;
-        match col::<Option<u64>>("fencing token", last_row("fencing token", &sets)?, 0)? {
+        let row = last_row("fencing token", &sets)?;
+        if is_election {
+            let watched: Option<i64> = col("observers", row, 1)?;
+            crate::observe::wake_if(&self.common, &lk, watched.unwrap_or(0) > 0);
+        }
+        match col::<Option<u64>>("fencing token", row, 0)? {
             Some(t) if t > 0 => Ok(t),
             other => Err(shape("fencing token", format!("{other:?}"))),
         }
@@ -364,15 +389,24 @@ impl MyDialect {
             return self.not_held_outcome(&slot.name, slot.kind).await;
         };
         let lk = self.lk(&slot.name, slot.kind);
+        let is_election = slot.kind == LockKind::Election;
+        let observed = if is_election {
+            format!(", {}", crate::observe::observed_sql(&lk))
+        } else {
+            String::new()
+        };
         let sql = format!(
             "DELETE FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID(); \
              SET SESSION wait_timeout = @@GLOBAL.wait_timeout; \
-             SELECT RELEASE_LOCK('{lk}')"
+             SELECT RELEASE_LOCK('{lk}'){observed}"
         );
         let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
         match c {
             Call::Ok(sets) => {
                 self.common.put(g.conn);
+                if is_election {
+                    crate::observe::wake_if(&self.common, &lk, observed_flag(&sets));
+                }
                 if lock_reply(&sets) == Some(1) {
                     self.record_released(attempt, g.token);
                     Ok(ReleaseOutcome::Released)
@@ -381,11 +415,19 @@ impl MyDialect {
                 }
             }
             // The session ended before the release: so did the grant.
-            Call::Err(e) if conn_dead(&e) => self.not_held_outcome(&slot.name, slot.kind).await,
+            Call::Err(e) if conn_dead(&e) => {
+                if is_election {
+                    crate::observe::wake(&self.common, &lk);
+                }
+                self.not_held_outcome(&slot.name, slot.kind).await
+            }
             other => {
                 // Refused or unanswered: closing the connection gives the lock back all the
                 // same, so a retry of this release is told it already happened.
                 close(g.conn);
+                if is_election {
+                    crate::observe::wake(&self.common, &lk);
+                }
                 self.record_released(attempt, g.token);
                 match other {
                     Call::Timeout => Err(timeout(
@@ -636,7 +678,9 @@ impl Dialect for MyDialect {
         let (token, value) = (grant.token, value.to_owned());
         // On a pooled connection, never the leader's: a statement there would restart its
         // `wait_timeout`, which is the lease.
-        let leads: Option<i64> = self
+        let observed = crate::observe::observed_sql(&lk);
+        let wake_lk = lk.clone();
+        let leads: Option<(i64, i64)> = self
             .common
             .with_conn("proclaiming", move |c| {
                 Box::pin(async move {
@@ -650,15 +694,20 @@ impl Dialect for MyDialect {
                     )
                     .await?;
                     c.exec_first(
-                        "SELECT COUNT(*) FROM dlock_holders \
-                         WHERE lock_key = ? AND token = ? AND conn_id = IS_USED_LOCK(?)",
+                        format!(
+                            "SELECT COUNT(*), {observed} FROM dlock_holders \
+                             WHERE lock_key = ? AND token = ? AND conn_id = IS_USED_LOCK(?)"
+                        ),
                         (lk.as_str(), token, lk.as_str()),
                     )
                     .await
                 })
             })
             .await?;
-        Ok(match leads {
+        if let Some((_, watched)) = leads {
+            crate::observe::wake_if(&self.common, &wake_lk, watched > 0);
+        }
+        Ok(match leads.map(|(n, _)| n) {
             Some(n) if n > 0 => RenewOutcome::Renewed,
             Some(_) => RenewOutcome::NotHeld,
             None => return Err(shape("proclaiming", "no row")),

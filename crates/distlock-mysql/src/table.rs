@@ -154,6 +154,12 @@ impl ModeOps for TableMode {
             }
             _ => String::new(),
         };
+        let is_election = req.key.kind == LockKind::Election;
+        let observed = if is_election {
+            format!(", {}", crate::observe::observed_sql(&lk))
+        } else {
+            String::new()
+        };
         // The rows are created outside the transaction (autocommit), so that concurrent first
         // users of a name cannot deadlock on gap locks. Variables are reset first: the
         // connection is pooled, and a SELECT … INTO that finds no row leaves them as they were.
@@ -182,7 +188,7 @@ impl ModeOps for TableMode {
                  expires_at = UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND \
                  WHERE lock_key = '{lk}' AND @dl_new IS NOT NULL; \
              {election}COMMIT; \
-             SELECT @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left, @dl_new"
+             SELECT @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left, @dl_new{observed}"
         );
         let sets = self.one_trip("acquiring", sql).await?;
         let what = "acquiring";
@@ -193,6 +199,10 @@ impl ModeOps for TableMode {
         let token: Option<u64> = col(what, row, 3)?;
         let left: Option<i64> = col(what, row, 4)?;
         let new: Option<u64> = col(what, row, 5)?;
+        if is_election && new.is_some() {
+            let watched: Option<i64> = col(what, row, 6)?;
+            crate::observe::wake_if(&self.common, &lk, watched.unwrap_or(0) > 0);
+        }
         match (live, mine, new) {
             // A retry of the attempt that holds the lock: same grant, lease extended.
             (Some(true), Some(true), _) => match token {
@@ -215,6 +225,12 @@ impl ModeOps for TableMode {
         let lk = key_of(&self.common.namespace, &grant.key.name, grant.key.kind);
         let a = sql_attempt(&grant.attempt)?;
         let t = grant.token;
+        let is_election = grant.key.kind == LockKind::Election;
+        let observed = if is_election {
+            format!(", {}", crate::observe::observed_sql(&lk))
+        } else {
+            String::new()
+        };
         let sql = format!(
             "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL; \
              START TRANSACTION; \
@@ -226,7 +242,7 @@ impl ModeOps for TableMode {
                  expires_at = {FREE}, last_released = attempt \
                  WHERE lock_key = '{lk}' AND @dl_live AND @dl_mine; \
              COMMIT; \
-             SELECT @dl_live, @dl_mine, @dl_ended"
+             SELECT @dl_live, @dl_mine, @dl_ended{observed}"
         );
         let sets = self.one_trip("releasing", sql).await?;
         let what = "releasing";
@@ -234,6 +250,10 @@ impl ModeOps for TableMode {
         let live = truth(col(what, row, 0)?);
         let mine = truth(col(what, row, 1)?);
         let ended = truth(col(what, row, 2)?);
+        if is_election && live == Some(true) && mine == Some(true) {
+            let watched: Option<i64> = col(what, row, 3)?;
+            crate::observe::wake_if(&self.common, &lk, watched.unwrap_or(0) > 0);
+        }
         Ok(match (live, mine, ended) {
             (Some(true), Some(true), _) => ReleaseOutcome::Released,
             // Released already: this is a repeated release (its first reply was lost).
@@ -260,7 +280,12 @@ impl ModeOps for TableMode {
                  last_released = {a} \
                  WHERE lock_key = '{lk}'"
         );
-        self.one_trip("giving up", sql).await.map(|_| ())
+        self.one_trip("giving up", sql).await?;
+        if req.key.kind == LockKind::Election {
+            // Rare (a stopped campaign): whether it held the row is not read back.
+            crate::observe::wake(&self.common, &lk);
+        }
+        Ok(())
     }
 
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
@@ -312,7 +337,9 @@ impl ModeOps for TableMode {
         let lk = key_of(&self.common.namespace, &grant.key.name, LockKind::Election);
         let (token, value) = (grant.token, value.to_owned());
         let attempt = grant.attempt.as_str().to_owned();
-        let leads: Option<i64> = self
+        let observed = crate::observe::observed_sql(&lk);
+        let wake_lk = lk.clone();
+        let leads: Option<(i64, i64)> = self
             .common
             .with_conn("proclaiming", move |c| {
                 Box::pin(async move {
@@ -334,16 +361,21 @@ impl ModeOps for TableMode {
                     )
                     .await?;
                     c.exec_first(
-                        "SELECT COUNT(*) FROM dlock_table_locks \
-                         WHERE lock_key = ? AND token = ? AND attempt = ? \
-                           AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
+                        format!(
+                            "SELECT COUNT(*), {observed} FROM dlock_table_locks \
+                             WHERE lock_key = ? AND token = ? AND attempt = ? \
+                               AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
+                        ),
                         (lk.as_str(), token, attempt.as_str()),
                     )
                     .await
                 })
             })
             .await?;
-        Ok(match leads {
+        if let Some((_, watched)) = leads {
+            crate::observe::wake_if(&self.common, &wake_lk, watched > 0);
+        }
+        Ok(match leads.map(|(n, _)| n) {
             Some(n) if n > 0 => RenewOutcome::Renewed,
             Some(_) => RenewOutcome::NotHeld,
             None => return Err(shape("proclaiming", "no row")),

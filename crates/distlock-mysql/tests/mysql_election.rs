@@ -1,13 +1,13 @@
 //! Elections on a real MariaDB server, in both modes where the case applies: the leader's
 //! connection killed (session mode), a numbered proclamation retried through a proxy and a
 //! late duplicate, a cancelled campaign, the election kept apart from the lock of the same
-//! name, and observe refused (MySQL has no notifications).
+//! name, observers woken by the server (not by lease ends), stale observer rows harmless.
 
 mod support;
 
 use distlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, Error, HoldKey, LockKind,
-    LostSignal, ReleaseOutcome, RenewOutcome,
+    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostSignal,
+    ReleaseOutcome, RenewOutcome,
 };
 use distlock_mysql::MysqlBackend;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
@@ -306,17 +306,233 @@ async fn cancelled_campaign_leaves_nothing() {
     next.resign().await.expect("resign");
 }
 
-/// Observing is refused with a typed error: MySQL/MariaDB cannot wake an observer.
+/// Rows of `dlock_election_observers` for election `name`.
+fn observer_rows(server: &MariaDbServer, name: &str) -> String {
+    let key = distlock_mysql::election_key("dlock", name);
+    server
+        .sql(&format!(
+            "SELECT count(*) FROM dlock.dlock_election_observers WHERE lock_key = '{key}'"
+        ))
+        .expect("sql")
+}
+
+/// The observer's next answer, which must come well within the 60 s lease: only the server's
+/// wake-up can explain it (the core's lease-end look would come a minute later).
+async fn next_soon(o: &mut distlock_core::Observer) -> Option<distlock_core::Leader> {
+    tokio::time::timeout(Duration::from_secs(15), o.next())
+        .await
+        .expect("the observer was not woken by the server")
+        .expect("observe")
+}
+
+/// A fresh watch on election `name`, then `change`, then the watch must fire well within the
+/// 60 s lease. The watch alone (no state read) fires only when the server wakes it.
+async fn wakes<F: std::future::Future<Output = ()>>(
+    backend: &MysqlBackend,
+    name: &str,
+    what: &str,
+    change: F,
+) {
+    let mut w = Backend::observe(backend, name).await.expect("observe");
+    change.await;
+    tokio::time::timeout(Duration::from_secs(15), w.changed())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the observer was not woken by the server"))
+        .expect("watch");
+}
+
+/// An observer is woken by the server, not by a lease end (the lease is 60 s): by a grant, a
+/// proclamation, a resignation and (session mode) a candidate granted on the server while it
+/// waited. The core's `Observer` then reports each change. Dropping it removes its
+/// registration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn observe_is_unsupported() {
+async fn observer_is_woken_by_the_server() {
     for my in [My::session(), My::table()] {
-        let a = my.client_with(fast_opts()).await;
-        let mut obs = a
-            .election(&unique_name("el-obs"))
+        let name = unique_name("el-obs");
+        let a = my.client_with(long_opts()).await;
+        let b = my.client_with(long_opts()).await;
+        let ob = my.backend(&long_opts()).await;
+        let o_client = my.client_with(long_opts()).await;
+        let mut o = o_client.election(&name).expect("election").observe();
+        assert_eq!(
+            next_soon(&mut o).await,
+            None,
+            "a fresh election has no leader"
+        );
+        assert_eq!(observer_rows(&my.server, &name), "1");
+        let ea = a
+            .election(&name)
             .expect("election")
-            .observe();
-        let e = obs.next().await.expect_err("observe refused");
-        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+            .with_owner("a")
+            .expect("owner");
+        let eb = b
+            .election(&name)
+            .expect("election")
+            .with_owner("b")
+            .expect("owner");
+        let mut la = None;
+        wakes(&ob, &name, "grant", async {
+            la = Some(ea.campaign("a:1").await.expect("a leads"));
+        })
+        .await;
+        let la = la.expect("a leads");
+        let seen = next_soon(&mut o).await.expect("a leader");
+        assert_eq!((seen.owner.as_str(), seen.value.as_str()), ("a", "a:1"));
+        wakes(&ob, &name, "proclaim", async {
+            la.proclaim("a:2").await.expect("proclaim");
+        })
+        .await;
+        let seen = next_soon(&mut o).await.expect("a leader");
+        assert_eq!((seen.owner.as_str(), seen.value.as_str()), ("a", "a:2"));
+        wakes(&ob, &name, "resign", async {
+            assert_eq!(la.resign().await.expect("resign"), ReleaseOutcome::Released);
+        })
+        .await;
+        assert_eq!(
+            next_soon(&mut o).await,
+            None,
+            "the resignation was not seen"
+        );
+        if my.params.is_empty() {
+            // Session mode: c leads, b waits in GET_LOCK on the server; c's connection is
+            // killed (which sends no wake-up), so the wake comes from b's server-side grant.
+            let c = my.client_with(long_opts()).await;
+            let lc = c
+                .election(&name)
+                .expect("election")
+                .with_owner("c")
+                .expect("owner")
+                .campaign("c:1")
+                .await
+                .expect("c leads");
+            assert_eq!(next_soon(&mut o).await.expect("c").owner, "c");
+            let waiting_b = tokio::spawn(async move { eb.campaign("b:1").await });
+            until_waiting(&my.server, &name, "1").await;
+            let id = leader_conn(&my.server, &name);
+            wakes(&ob, &name, "grant on the server", async {
+                my.server.sql(&format!("KILL {id}")).expect("KILL");
+            })
+            .await;
+            let lb = waiting_b.await.expect("join").expect("b leads");
+            let seen = next_soon(&mut o).await.expect("b");
+            assert_eq!((seen.owner.as_str(), seen.value.as_str()), ("b", "b:1"));
+            drop(lc);
+            lb.resign().await.expect("resign");
+        }
+        drop(o);
+        poll_until(
+            "the observer's registration removed",
+            async || observer_rows(&my.server, &name),
+            |v| v == "0",
+        )
+        .await;
+    }
+}
+
+/// A broken observer connection (killed by an operator) ends the watch with an error, and the
+/// core's `Observer` subscribes again and goes on seeing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_observer_connection_ends_the_watch() {
+    for my in [My::session(), My::table()] {
+        let name = unique_name("el-obskill");
+        let key = distlock_mysql::election_key("dlock", &name);
+        let ob = my.backend(&long_opts()).await;
+        let mut w = Backend::observe(&ob, &name).await.expect("observe");
+        let id = my
+            .server
+            .sql(&format!(
+                "SELECT conn_id FROM dlock.dlock_election_observers WHERE lock_key = '{key}'"
+            ))
+            .expect("sql");
+        my.server.sql(&format!("KILL {id}")).expect("KILL");
+        let r = tokio::time::timeout(Duration::from_secs(15), w.changed())
+            .await
+            .expect("the watch did not end");
+        assert!(r.is_err(), "{r:?}");
+        drop(w);
+        // The core's observer after the same: it resubscribes and sees the next leader.
+        let c = my.client_with(long_opts()).await;
+        let mut o = c.election(&name).expect("election").observe();
+        assert_eq!(next_soon(&mut o).await, None);
+        let ids = my
+            .server
+            .sql(&format!(
+                "SELECT conn_id FROM dlock.dlock_election_observers WHERE lock_key = '{key}'"
+            ))
+            .expect("sql");
+        let live = ids.lines().last().expect("a registration").to_owned();
+        my.server.sql(&format!("KILL {live}")).expect("KILL");
+        let l = c
+            .election(&name)
+            .expect("election")
+            .campaign("v")
+            .await
+            .expect("leads");
+        let seen = next_soon(&mut o).await.expect("a leader");
+        assert_eq!(seen.value, "v");
+        l.resign().await.expect("resign");
+    }
+}
+
+/// A registration row naming a connection that is not an observer of that election (a stale
+/// row after a server restart reused its id, or one made by hand) never interrupts that
+/// connection's statement, even one that looks like another election's observer; a row whose
+/// connection is gone is deleted by the next wake-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_observer_rows_never_kill_unrelated_queries() {
+    use mysql_async::prelude::Queryable;
+    for my in [My::session(), My::table()] {
+        let name = unique_name("el-stale");
+        let key = distlock_mysql::election_key("dlock", &name);
+        let other = distlock_mysql::election_key("dlock", &format!("{name}-other"));
+        // Connecting creates the tables.
+        let a = my.client_with(long_opts()).await;
+        let mut conn = mysql_async::Conn::from_url(my.server.url())
+            .await
+            .expect("connect");
+        let id = conn.id();
+        let user: String = conn
+            .query_first("SELECT SUBSTRING_INDEX(USER(), '@', 1)")
+            .await
+            .expect("user")
+            .expect("a row");
+        my.server
+            .sql(&format!(
+                "INSERT INTO dlock.dlock_election_observers VALUES \
+                 ('{key}', {id}, 'dlock', 'x', '{user}', 0, UTC_TIMESTAMP(6)), \
+                 ('{key}', 4000000000, 'dlock', 'x', '{user}', 0, UTC_TIMESTAMP(6))"
+            ))
+            .expect("fake rows");
+        let secs = 4;
+        let unrelated = tokio::spawn(async move {
+            let t = Instant::now();
+            let r: Option<(String, i64)> = conn
+                .query_first(format!("SELECT 'dlock-observe {other}', SLEEP({secs})"))
+                .await
+                .expect("the unrelated query was interrupted");
+            (r.expect("a row").1, t.elapsed())
+        });
+        let e = a.election(&name).expect("election");
+        // Changes of the election while the unrelated query runs: grant, proclaim, resign.
+        let l = e.campaign("v1").await.expect("leads");
+        l.proclaim("v2").await.expect("proclaim");
+        l.resign().await.expect("resign");
+        let l = e.campaign("v3").await.expect("leads");
+        poll_until(
+            "the gone connection's row deleted",
+            async || observer_rows(&my.server, &name),
+            |v| v == "1",
+        )
+        .await;
+        l.resign().await.expect("resign");
+        let (slept, took) = unrelated.await.expect("join");
+        assert_eq!(slept, 0, "the unrelated SLEEP was interrupted");
+        assert!(took >= Duration::from_secs(secs), "{took:?}");
+        my.server
+            .sql(&format!(
+                "DELETE FROM dlock.dlock_election_observers WHERE lock_key = '{key}'"
+            ))
+            .expect("cleanup");
     }
 }
 

@@ -1,0 +1,363 @@
+//! Observing elections (both modes), woken by the server without polling.
+//!
+//! MySQL and MariaDB have no notifications, so an observer waits in a statement that the
+//! changer interrupts:
+//! - `observe(name)` registers its connection (`CONNECTION_ID()`) in
+//!   `dlock_election_observers` for the election's key, on a connection of its own kept for
+//!   the whole watch (not pooled), then runs rounds of
+//!   `SELECT 'dlock-observe <key>', IF(woken = 0, SLEEP(<round>), 2) FROM <its row>`;
+//! - every change of an election made through dlock (a grant, a proclamation, a release or
+//!   resignation, a forced release) then wakes the registered observers, after the change is
+//!   committed and off the caller's path: `woken = 1` on the election's rows, then
+//!   `KILL QUERY` of each registered connection whose statement, in the processlist, is that
+//!   election's dlock-observe SLEEP (connection ids are reused after a server restart: an
+//!   unrelated statement is never interrupted).
+//!
+//! Nothing is missed: the waker sets `woken` before it reads the processlist. A round that
+//! started before that read is interrupted (a `KILL QUERY` that lands before the `SLEEP` begins
+//! makes it return at once); one that starts after it reads `woken = 1` and does not sleep.
+//! After a wake the observer clears its `woken` before it reports the wake (so the caller's
+//! following read of the election sees every change that set it).
+//!
+//! Whether anybody observes is piggy-backed on the change's own statements (an `EXISTS` on
+//! the observers' rows read after the change), so the wake-up costs a round trip only when
+//! somebody observes. A leader whose connection dies sends nothing: observers see it at its
+//! lease end (the core's lease-end look) or at the next grant.
+
+use crate::common::{close, col, election_key, sql_str, Call, Common};
+use crate::error::{conn_dead, map, timeout, KIND};
+use distlock_core::backend::{ReleaseWatch, Wake};
+use distlock_core::{async_trait, Error, Result};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Row};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// How long one server-side wait lasts (a round that ends without a wake starts the next one;
+/// a round's reply later than this plus the slow limit ends the watch with an error).
+const ROUND: Duration = Duration::from_secs(120);
+
+/// Server error: the statement was interrupted (`KILL QUERY`).
+const INTERRUPTED: u16 = 1317;
+/// Server error: unknown thread id (the connection is gone).
+const NO_SUCH_THREAD: u16 = 1094;
+/// Server error: not the owner of the thread (no privilege to kill it).
+const NOT_OWNER: u16 = 1095;
+
+/// Warned once per process: KILL refused, observers only wake at lease ends.
+static KILL_REFUSED: AtomicBool = AtomicBool::new(false);
+/// Warned once per process: observers of another user cannot be seen, nor woken.
+static HIDDEN_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// The statement telling whether anybody observes election key `lk` (one column, 0 or 1).
+pub(crate) fn observed_sql(lk: &str) -> String {
+    format!("EXISTS(SELECT 1 FROM dlock_election_observers WHERE lock_key = '{lk}')")
+}
+
+/// Wakes election key `lk`'s observers in the background if `observed` (see the module docs).
+pub(crate) fn wake_if(common: &Arc<Common>, lk: &str, observed: bool) {
+    if observed {
+        wake(common, lk);
+    }
+}
+
+/// Wakes election key `lk`'s observers in the background, whoever they are.
+pub(crate) fn wake(common: &Arc<Common>, lk: &str) {
+    let common = common.clone();
+    let lk = lk.to_owned();
+    tokio::spawn(async move {
+        // A wake-up that fails (a lost connection, a deadlock with another waker) would be a
+        // missed change for the observers: try again a few times.
+        for pause in [50u64, 250, 1000, 0] {
+            match wake_now(&common, &lk).await {
+                Ok(()) => return,
+                Err(e) if pause == 0 => {
+                    tracing::warn!(error = %e, "waking election observers failed; they see \
+                                   the change at the leader's lease end or the next change")
+                }
+                Err(e) => tracing::debug!(error = %e, "waking election observers failed"),
+            }
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+    });
+}
+
+/// Flags election key `lk`'s observers, interrupts the SLEEP of each one running it, and
+/// deletes the rows of this user's connections that are gone.
+pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
+    let me = "COALESCE((SELECT USER FROM information_schema.PROCESSLIST \
+              WHERE ID = CONNECTION_ID()), '')";
+    let sql = format!(
+        "UPDATE dlock_election_observers SET woken = 1 WHERE lock_key = '{lk}'; \
+         SELECT o.conn_id FROM dlock_election_observers o \
+             JOIN information_schema.PROCESSLIST p ON p.ID = o.conn_id \
+             WHERE o.lock_key = '{lk}' AND p.ID <> CONNECTION_ID() \
+             AND p.INFO LIKE CONCAT('SELECT ''dlock-', 'observe {lk}''%'); \
+         DELETE FROM dlock_election_observers WHERE lock_key = '{lk}' AND db_user = {me} \
+             AND conn_id NOT IN (SELECT ID FROM information_schema.PROCESSLIST); \
+         SELECT COUNT(*) FROM dlock_election_observers WHERE lock_key = '{lk}' \
+             AND db_user <> {me} \
+             AND conn_id NOT IN (SELECT ID FROM information_schema.PROCESSLIST)"
+    );
+    let mut conn = common.take().await?;
+    let c = common.call(crate::common::query_sets(&mut conn, sql)).await;
+    let ids: Vec<u64> = match &c {
+        Call::Ok(sets) => match sets.first() {
+            Some(rows) => rows
+                .iter()
+                .map(|r| col::<u64>("observer connection", r, 0))
+                .collect::<Result<_>>()?,
+            None => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    let hidden: i64 = match &c {
+        Call::Ok(sets) => sets
+            .get(1)
+            .and_then(|rows| rows.first())
+            .map(|r| col::<i64>("observers of other users", r, 0))
+            .transpose()?
+            .unwrap_or(0),
+        _ => 0,
+    };
+    if hidden > 0 && !HIDDEN_WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            election_key = lk,
+            "observers of another database user are not in this user's processlist: they are \
+             only woken at lease ends; grant PROCESS and CONNECTION_ADMIN, or observe as the \
+             same user"
+        );
+    }
+    if !matches!(c, Call::Ok(_)) {
+        common.after_failure_or_put(conn, &c);
+        return common.result("waking observers", c).map(|_| ());
+    }
+    for id in ids {
+        let c = common
+            .call(conn.query_drop(format!("KILL QUERY {id}")))
+            .await;
+        match &c {
+            Call::Ok(()) => {}
+            Call::Err(mysql_async::Error::Server(s)) if s.code == NO_SUCH_THREAD => {}
+            Call::Err(mysql_async::Error::Server(s)) if s.code == NOT_OWNER => {
+                if !KILL_REFUSED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        conn_id = id,
+                        error = %s.message,
+                        "KILL QUERY refused: observers of other users are only woken at lease \
+                         ends; run them as the same user or grant CONNECTION_ADMIN"
+                    );
+                }
+            }
+            _ => {
+                common.after_failure_or_put(conn, &c);
+                return common.result("waking an observer", c);
+            }
+        }
+    }
+    common.put(conn);
+    Ok(())
+}
+
+/// Starts watching election `name` (see the module docs).
+pub(crate) async fn observe(common: &Arc<Common>, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+    let lk = election_key(&common.namespace, name);
+    let mut conn = common.take().await?;
+    let register = register_sql(common, &lk, name);
+    let c = common.call(conn.query_drop(register.clone())).await;
+    if !matches!(c, Call::Ok(())) {
+        let e = common.error("registering the observer", c);
+        close(conn);
+        return Err(e);
+    }
+    let cancel = CancellationToken::new();
+    let (tx, rx) = mpsc::channel(1);
+    let task = Watcher {
+        common: common.clone(),
+        lk,
+        register,
+        tx,
+        cancel: cancel.clone(),
+    };
+    tokio::spawn(task.run(conn));
+    Ok(Box::new(ObserveWatch {
+        rx,
+        endpoint: common.endpoint.clone(),
+        _stop: cancel.drop_guard(),
+    }))
+}
+
+/// Registers (or clears the flag of) the connection's row.
+fn register_sql(common: &Common, lk: &str, name: &str) -> String {
+    let ns = sql_str(&common.namespace);
+    let name = sql_str(name);
+    format!(
+        "INSERT INTO dlock_election_observers \
+         (lock_key, conn_id, ns, name, db_user, woken, registered_at) \
+         VALUES ('{lk}', CONNECTION_ID(), {ns}, {name}, \
+                 COALESCE((SELECT USER FROM information_schema.PROCESSLIST \
+                           WHERE ID = CONNECTION_ID()), ''), 0, UTC_TIMESTAMP(6)) \
+         ON DUPLICATE KEY UPDATE woken = 0"
+    )
+}
+
+/// The watch handed to the core: wakes come from the watcher task.
+struct ObserveWatch {
+    rx: mpsc::Receiver<Result<()>>,
+    endpoint: String,
+    /// Dropping the watch stops the watcher (which deregisters and closes its connection).
+    _stop: DropGuard,
+}
+
+#[async_trait]
+impl ReleaseWatch for ObserveWatch {
+    async fn changed(&mut self) -> Result<Wake> {
+        match self.rx.recv().await {
+            Some(Ok(())) => Ok(Wake::Released),
+            Some(Err(e)) => Err(e),
+            None => Err(Error::Connection {
+                backend: KIND,
+                endpoint: self.endpoint.clone(),
+                source: "the election observer's connection ended".into(),
+            }),
+        }
+    }
+}
+
+/// The task owning an observer's connection.
+struct Watcher {
+    common: Arc<Common>,
+    lk: String,
+    register: String,
+    tx: mpsc::Sender<Result<()>>,
+    cancel: CancellationToken,
+}
+
+/// How one round ended.
+enum Round {
+    /// Slept the whole round: nothing happened.
+    Slept,
+    /// Interrupted or flagged: something may have changed.
+    Woken,
+    /// The row is gone (deleted by someone): register again, and report a wake.
+    Unregistered,
+}
+
+impl Watcher {
+    async fn run(self, mut conn: Conn) {
+        let id = conn.id();
+        let end = loop {
+            let round = tokio::select! {
+                _ = self.cancel.cancelled() => break None,
+                r = self.round(&mut conn) => r,
+            };
+            let woke = match round {
+                Ok(Round::Slept) => false,
+                Ok(Round::Woken) | Ok(Round::Unregistered) => true,
+                Err(e) => break Some(e),
+            };
+            if !woke {
+                continue;
+            }
+            // Clear the flag (or register again) before reporting: see the module docs.
+            let reset = tokio::select! {
+                _ = self.cancel.cancelled() => break None,
+                r = self.reset(&mut conn) => r,
+            };
+            if let Err(e) = reset {
+                break Some(e);
+            }
+            match self.tx.try_send(Ok(())) {
+                // Full: a wake is already pending, which covers this one.
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => break None,
+            }
+        };
+        // The statement in flight (if any) is abandoned: the connection is never reused.
+        close(conn);
+        // Stop the server-side SLEEP and forget the row (best effort).
+        let lk = self.lk.clone();
+        let r = self
+            .common
+            .with_conn("deregistering the observer", move |c| {
+                Box::pin(async move {
+                    c.query_drop(format!(
+                        "DELETE FROM dlock_election_observers \
+                         WHERE lock_key = '{lk}' AND conn_id = {id}"
+                    ))
+                    .await?;
+                    match c.query_drop(format!("KILL {id}")).await {
+                        Err(mysql_async::Error::Server(s)) if s.code == NO_SUCH_THREAD => Ok(()),
+                        other => other,
+                    }
+                })
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "deregistering an election observer failed");
+        }
+        if let Some(e) = end {
+            let _ = self.tx.send(Err(e)).await;
+        }
+    }
+
+    /// One server-side wait.
+    async fn round(&self, conn: &mut Conn) -> Result<Round> {
+        let lk = &self.lk;
+        let sql = format!(
+            "SELECT 'dlock-observe {lk}', IF(woken = 0, SLEEP({}), 2) \
+             FROM dlock_election_observers WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID()",
+            ROUND.as_secs()
+        );
+        let limit = ROUND + self.common.slow_limit();
+        match tokio::time::timeout(limit, conn.query_first::<Row, _>(sql)).await {
+            Err(_) => Err(timeout(&self.common.endpoint, "observing", limit)),
+            Ok(Ok(None)) => Ok(Round::Unregistered),
+            Ok(Ok(Some(row))) => match col::<Option<i64>>("observing", &row, 1)? {
+                Some(0) => Ok(Round::Slept),
+                Some(_) => Ok(Round::Woken),
+                None => Err(crate::error::shape("observing", "NULL")),
+            },
+            Ok(Err(mysql_async::Error::Server(s))) if s.code == INTERRUPTED => Ok(Round::Woken),
+            Ok(Err(e)) => Err(self.broken(e)),
+        }
+    }
+
+    /// Clears the connection's flag, registering it again if its row is gone. A `KILL QUERY`
+    /// meant for the round may land here: the statement is then run again.
+    async fn reset(&self, conn: &mut Conn) -> Result<()> {
+        for _ in 0..8 {
+            let c = self
+                .common
+                .call(conn.query_drop(self.register.clone()))
+                .await;
+            match c {
+                Call::Ok(()) => return Ok(()),
+                Call::Err(mysql_async::Error::Server(s)) if s.code == INTERRUPTED => continue,
+                Call::Err(e) => return Err(self.broken(e)),
+                Call::Timeout => {
+                    return Err(timeout(
+                        &self.common.endpoint,
+                        "observing",
+                        self.common.op_timeout,
+                    ))
+                }
+            }
+        }
+        Err(crate::error::shape(
+            "observing",
+            "the observer's statements keep being interrupted",
+        ))
+    }
+
+    /// The error ending the watch.
+    fn broken(&self, e: mysql_async::Error) -> Error {
+        if conn_dead(&e) {
+            self.common.forget_idle();
+        }
+        map(&self.common.endpoint, e)
+    }
+}
