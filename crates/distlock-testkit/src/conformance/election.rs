@@ -435,8 +435,9 @@ pub async fn partitioned_leader_replaced<H: Harness>(h: &H) {
     assert_eq!(lb.resign().await.expect("resign"), ReleaseOutcome::Released);
 }
 
-/// A campaign dropped while it waits leaves no candidate behind: after the leader resigns
-/// nobody leads, and a new candidate leads at once.
+/// A campaign dropped while it waits leaves no candidate behind: after the leader resigns the
+/// election comes free (a grant that raced with the drop is resigned in the background), and
+/// a new candidate leads at once.
 pub async fn cancelled_campaign_leaves_nothing<H: Harness>(h: &H) {
     let case = "cancelled_campaign_leaves_nothing";
     let name = unique_name("cancelcamp");
@@ -459,20 +460,16 @@ pub async fn cancelled_campaign_leaves_nothing<H: Harness>(h: &H) {
     waiting.abort();
     assert!(waiting.await.is_err_and(|e| e.is_cancelled()));
     assert_eq!(la.resign().await.expect("resign"), ReleaseOutcome::Released);
-    let no_leader = poll_until(
-        "a dropped candidate led",
-        async || election(&a, &name).leader().await.expect("leader"),
-        |l| l.is_none(),
-    )
-    .await;
-    assert_eq!(no_leader, None);
+    // The dropped wait may have been granted on the server as it was being stopped (the
+    // resignation freed the election at that moment); such a leadership is resigned in the
+    // background, so the election must come free, not necessarily at once.
     let info = poll_until(
-        "dropped candidates left waiters",
+        "a dropped candidate still leads or waits",
         async || a.inspect_kind(&name, KIND).await.expect("inspect"),
-        |i| i.waiters.is_none_or(|w| w == 0),
+        |i| i.holders.is_empty() && i.waiters.is_none_or(|w| w == 0),
     )
     .await;
-    assert!(info.holders.is_empty(), "{info:?}");
+    assert_eq!(Leader::of(&info), None);
     let c = h.client(fast_opts()).await;
     let lc = election(&c, &name)
         .try_campaign("c")
