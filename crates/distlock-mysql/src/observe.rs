@@ -64,6 +64,26 @@ pub(crate) fn wake_if(common: &Arc<Common>, lk: &str, observed: bool) {
     }
 }
 
+/// What a proclamation's last statement answered — `(grants of this attempt and token that
+/// still lead, observers registered)` — as the proclaim's outcome, waking the observers of
+/// election key `lk` if there are any.
+pub(crate) fn proclaimed(
+    common: &Arc<Common>,
+    lk: &str,
+    leads: Option<(i64, i64)>,
+) -> distlock_core::Result<distlock_core::RenewOutcome> {
+    use distlock_core::RenewOutcome;
+    let Some((n, watched)) = leads else {
+        return Err(crate::error::shape("proclaiming", "no row"));
+    };
+    wake_if(common, lk, watched > 0);
+    Ok(if n > 0 {
+        RenewOutcome::Renewed
+    } else {
+        RenewOutcome::NotHeld
+    })
+}
+
 /// Wakes election key `lk`'s observers in the background, whoever they are.
 pub(crate) fn wake(common: &Arc<Common>, lk: &str) {
     let common = common.clone();

@@ -372,14 +372,7 @@ impl ModeOps for TableMode {
                 })
             })
             .await?;
-        if let Some((_, watched)) = leads {
-            crate::observe::wake_if(&self.common, &wake_lk, watched > 0);
-        }
-        Ok(match leads.map(|(n, _)| n) {
-            Some(n) if n > 0 => RenewOutcome::Renewed,
-            Some(_) => RenewOutcome::NotHeld,
-            None => return Err(shape("proclaiming", "no row")),
-        })
+        crate::observe::proclaimed(&self.common, &wake_lk, leads)
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {

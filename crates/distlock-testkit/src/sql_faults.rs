@@ -549,6 +549,81 @@ pub async fn abandoned_waits_leave_no_server_waiters<S: SqlServer, B: Backend + 
     (a, g)
 }
 
+/// The operator commands tell an election from the lock of the same name: `list` shows both,
+/// each with its own holder (and the leader's value), and `force_release(name, Election)`
+/// revokes the leader only (its lost signal fires; the counter moves past its token), leaving
+/// the lock held.
+pub async fn election_operator_commands<S: SqlServer, B: Backend + 'static>(mode: &SqlMode<S, B>) {
+    let name = unique_name("el-ops");
+    let a = mode.client_with(fast_opts()).await;
+    let b = mode.client_with(fast_opts()).await;
+    let g = a.lock(&name).expect("lock").acquire().await.expect("lock");
+    let l = b
+        .election(&name)
+        .expect("election")
+        .with_owner("leader")
+        .expect("owner")
+        .campaign("v")
+        .await
+        .expect("leads");
+    let listed = a.backend().list(&name).await.expect("list");
+    let mut kinds: Vec<(LockKind, Vec<String>, Option<String>)> = listed
+        .iter()
+        .map(|l| {
+            (
+                l.kind,
+                l.info.holders.iter().map(|h| h.owner.clone()).collect(),
+                l.info.holders.first().and_then(|h| h.value.clone()),
+            )
+        })
+        .collect();
+    // Backends list in their own order.
+    kinds.sort_by_key(|k| format!("{:?}", k.0));
+    assert_eq!(
+        kinds,
+        vec![
+            (
+                LockKind::Election,
+                vec!["leader".to_owned()],
+                Some("v".to_owned())
+            ),
+            (LockKind::Mutex, vec![g.owner().to_owned()], None),
+        ],
+        "mode {:?}",
+        mode.params
+    );
+    let forced = a
+        .backend()
+        .force_release(&name, LockKind::Election)
+        .await
+        .expect("force");
+    assert_eq!(forced.removed.len(), 1, "{forced:?}");
+    assert_eq!(forced.removed[0].owner, "leader");
+    assert!(forced.fencing_token > l.fencing_token());
+    tokio::time::timeout(Duration::from_secs(10), l.lost())
+        .await
+        .expect("the revoked leader's lost signal");
+    assert_eq!(
+        a.election(&name)
+            .expect("election")
+            .leader()
+            .await
+            .expect("leader"),
+        None
+    );
+    assert!(!g.is_lost());
+    let lock = a
+        .backend()
+        .inspect(&name, LockKind::Mutex)
+        .await
+        .expect("inspect");
+    assert_eq!(lock.holders.len(), 1);
+    assert_eq!(
+        g.release().await.expect("release"),
+        distlock_core::ReleaseOutcome::Released
+    );
+}
+
 /// A client of `connect` on `url` holds `name`; then `server` restarts. Returns the client,
 /// its guard and the guard's token.
 ///
