@@ -499,10 +499,23 @@ pub async fn election_apart_from_lock<H: Harness>(h: &H) {
     let lock_info = a.inspect(&name).await.expect("inspect");
     assert_eq!(lock_info.holders.len(), 1, "{lock_info:?}");
     assert_eq!(lock_info.holders[0].owner, g.owner(), "{lock_info:?}");
+    assert_eq!(lock_info.holders[0].value, None, "{lock_info:?}");
+    // The last token issued for the lock (Redlock reports its nodes' highest counter, which
+    // may run ahead of the grant's token; never behind it).
+    assert!(
+        lock_info.fencing_token >= g.fencing_token(),
+        "{lock_info:?}"
+    );
     let e_info = a.inspect_kind(&name, KIND).await.expect("inspect");
     assert_eq!(e_info.holders.len(), 1, "{e_info:?}");
     assert_eq!(e_info.holders[0].owner, "leader", "{e_info:?}");
     assert_eq!(e_info.holders[0].value.as_deref(), Some("v"));
+    assert_eq!(e_info.fencing_token, l.fencing_token(), "{e_info:?}");
+    // Leading the election gives no share of the lock: another owner still finds it held.
+    assert!(
+        try_lock(&b, &name).await.is_none(),
+        "the election's leader got the lock of the same name"
+    );
     assert_released(g).await;
     // The lock is free although the election has a leader, and the other way round.
     let g2 = try_lock(&a, &name)
