@@ -1,18 +1,15 @@
 //! Elections on a real MariaDB server, in both modes where the case applies: the leader's
 //! connection killed (session mode), a numbered proclamation retried through a proxy and a
-//! late duplicate, a cancelled campaign, the election kept apart from the lock of the same
-//! name, observers woken by the server (not by lease ends), stale observer rows harmless.
+//! late duplicate, a cancelled campaign, observers woken by the server (not by lease ends),
+//! stale observer rows harmless.
 
 mod support;
 
-use distlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostSignal,
-    ReleaseOutcome, RenewOutcome,
-};
+use distlock_core::{Backend, ClientOptions, ReleaseOutcome};
 use distlock_mysql::MysqlBackend;
-use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
-use distlock_testkit::{DelayProxy, MariaDbServer};
-use std::sync::Arc;
+use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
+use distlock_testkit::sql_faults::election_proclamations;
+use distlock_testkit::MariaDbServer;
 use std::time::{Duration, Instant};
 use support::{Modes, My};
 
@@ -108,157 +105,27 @@ async fn killed_leader_hands_over_with_a_higher_token() {
 }
 
 /// The election and the lock of the same name never conflict; each inspect reports its own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn election_is_apart_from_the_lock_of_the_same_name() {
-    for my in [My::session(), My::table()] {
-        apart_in(my).await;
-    }
-}
-
-async fn apart_in(my: My) {
-    let name = unique_name("el-apart");
-    let a = my.client_with(fast_opts()).await;
-    let b = my.client_with(fast_opts()).await;
-    let g = a.lock(&name).expect("lock").acquire().await.expect("lock");
-    let l = b
-        .election(&name)
-        .expect("election")
-        .try_campaign("here")
-        .await
-        .expect("campaign")
-        .expect("leads beside the lock");
-    let lock = a
-        .backend()
-        .inspect(&name, LockKind::Mutex)
-        .await
-        .expect("inspect");
-    assert_eq!(lock.holders.len(), 1);
-    assert_eq!(lock.holders[0].value, None);
-    assert_eq!(lock.fencing_token, g.fencing_token());
-    let el = a
-        .backend()
-        .inspect(&name, LockKind::Election)
-        .await
-        .expect("inspect");
-    assert_eq!(el.holders.len(), 1);
-    assert_eq!(el.holders[0].value.as_deref(), Some("here"));
-    assert_eq!(el.fencing_token, l.fencing_token());
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
-    assert!(!l.is_lost());
-    assert_eq!(l.resign().await.expect("resign"), ReleaseOutcome::Released);
-}
-
-/// A proclamation whose reply comes after the client's timeout is retried with the same
-/// number: the effect of one. On the trait, a late duplicate never overwrites a newer value,
-/// and a proclamation never touches the lease.
+/// A proclamation retried after a late reply, and late or duplicated ones on the trait: the
+/// effect of one, the lease untouched (testkit `sql_faults::election_proclamations`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_and_late_proclamations_have_the_effect_of_one() {
     for my in [My::session(), My::table()] {
-        proclamations_in(my).await;
+        // Where the grant's lease end is kept.
+        let holders = if my.params.is_empty() {
+            "dlock_holders"
+        } else {
+            "dlock_table_locks"
+        };
+        let lease = |name: &str| {
+            let key = distlock_mysql::election_key("dlock", name);
+            my.server
+                .sql(&format!(
+                    "SELECT expires_at FROM dlock.{holders} WHERE lock_key = '{key}'"
+                ))
+                .expect("sql")
+        };
+        election_proclamations(&my, |name| stored(&my.server, name), lease).await;
     }
-}
-
-async fn proclamations_in(my: My) {
-    // Where the grant's lease end is kept.
-    let holders = if my.params.is_empty() {
-        "dlock_holders"
-    } else {
-        "dlock_table_locks"
-    };
-    let name = unique_name("el-proclaim");
-    let op = Duration::from_millis(500);
-    let opts = long_opts().op_timeout(op);
-    let proxy = DelayProxy::start(my.server.addr(), Duration::ZERO).expect("proxy");
-    let url = my.url().replace(
-        &format!("127.0.0.1:{}", my.server.addr().port()),
-        &proxy.addr().to_string(),
-    );
-    let backend = MysqlBackend::connect(&url, &opts)
-        .await
-        .expect("connect through the proxy");
-    let a = Client::new(Arc::new(backend), opts.clone()).expect("client");
-    let leader = a
-        .election(&name)
-        .expect("election")
-        .campaign("v0")
-        .await
-        .expect("leads");
-    assert_eq!(stored(&my.server, &name), "v0#0");
-    let before = proxy.stats().replies.chunks_read;
-    proxy.set_reply_delay(Duration::from_millis(750));
-    let lift = async {
-        let t = Instant::now();
-        while proxy.stats().replies.chunks_read == before {
-            assert!(t.elapsed() < EVENTUALLY, "no reply came through the proxy");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        proxy.set_reply_delay(Duration::ZERO);
-    };
-    let t = Instant::now();
-    let (out, ()) = tokio::join!(leader.proclaim("v1"), lift);
-    assert!(
-        t.elapsed() >= op,
-        "the reply was not late ({:?})",
-        t.elapsed()
-    );
-    out.expect("proclaim");
-    assert_eq!(leader.value(), "v1");
-    assert_eq!(stored(&my.server, &name), "v1#1");
-    leader.proclaim("v2").await.expect("proclaim");
-    assert_eq!(stored(&my.server, &name), "v2#2");
-    leader.resign().await.expect("resign");
-
-    let b = my.backend(&long_opts()).await;
-    let key = HoldKey::new(name.as_str(), "direct", LockKind::Election);
-    let mut req = AcquireRequest::new(key, Duration::from_secs(60), LostSignal::new());
-    req.value = Some("w0".into());
-    let AcquireReply::Granted { token } = b.acquire(&req).await.expect("acquire") else {
-        panic!("not granted");
-    };
-    let grant = req.grant(token);
-    let ekey = distlock_mysql::election_key("dlock", &name);
-    let lease = |server: &MariaDbServer| {
-        server
-            .sql(&format!(
-                "SELECT expires_at FROM dlock.{holders} WHERE lock_key = '{ekey}'"
-            ))
-            .expect("sql")
-    };
-    let lease_before = lease(&my.server);
-    for (seq, value) in [(2, "w2"), (1, "w1"), (2, "w2-again")] {
-        assert_eq!(
-            b.proclaim(&grant, seq, value).await.expect("proclaim"),
-            RenewOutcome::Renewed,
-            "{seq} {value}"
-        );
-    }
-    assert_eq!(stored(&my.server, &name), "w2#2");
-    let info = b.inspect(&name, LockKind::Election).await.expect("inspect");
-    assert_eq!(info.holders[0].value.as_deref(), Some("w2"));
-    assert_eq!(info.fencing_token, token);
-    assert_eq!(
-        lease(&my.server),
-        lease_before,
-        "a proclamation moved the lease"
-    );
-    assert_eq!(
-        b.proclaim(&req.grant(token + 1), 3, "x")
-            .await
-            .expect("proclaim"),
-        RenewOutcome::NotHeld
-    );
-    assert_eq!(
-        b.release(&grant).await.expect("release"),
-        ReleaseOutcome::Released
-    );
-    assert_eq!(
-        b.proclaim(&grant, 3, "w3").await.expect("proclaim"),
-        RenewOutcome::NotHeld
-    );
-    assert_eq!(stored(&my.server, &name), "w2#2");
 }
 
 /// A campaign dropped while it waits in `GET_LOCK` leaves nothing: no waiting connection,

@@ -1,17 +1,14 @@
 //! Elections in session mode on a real PostgreSQL server: the leader's session terminated, a
 //! numbered proclamation retried through a proxy and a late duplicate, a cancelled campaign,
-//! observers woken by NOTIFY, and the election kept apart from the lock of the same name.
+//! observers woken by NOTIFY (the election beside the lock of the same name is the shared
+//! suite's `election_apart_from_lock`).
 
 mod support;
 
-use distlock_core::{
-    AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostReason,
-    LostSignal, ReleaseOutcome, RenewOutcome,
-};
-use distlock_postgres::PostgresBackend;
-use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
-use distlock_testkit::{DelayProxy, PostgresServer};
-use std::sync::Arc;
+use distlock_core::{ClientOptions, LostReason, ReleaseOutcome};
+use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
+use distlock_testkit::sql_faults::election_proclamations;
+use distlock_testkit::PostgresServer;
 use std::time::{Duration, Instant};
 use support::{Modes, Pg};
 
@@ -133,178 +130,21 @@ async fn terminated_leader_hands_over_with_a_higher_token() {
     assert_eq!(ea.leader().await.expect("leader"), None);
 }
 
-/// The election and the lock of the same name never conflict, and each inspect reports only
-/// its own holder (the leader with its value and token for the election).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn election_is_apart_from_the_lock_of_the_same_name() {
-    let pg = Pg::session();
-    let name = unique_name("el-apart");
-    let a = pg.client_with(fast_opts()).await;
-    let b = pg.client_with(fast_opts()).await;
-    let g = a.lock(&name).expect("lock").acquire().await.expect("lock");
-    let l = b
-        .election(&name)
-        .expect("election")
-        .try_campaign("here")
-        .await
-        .expect("campaign")
-        .expect("leads beside the lock");
-    let lock = a
-        .backend()
-        .inspect(&name, LockKind::Mutex)
-        .await
-        .expect("inspect");
-    assert_eq!(lock.holders.len(), 1);
-    assert_eq!(lock.holders[0].value, None);
-    assert_eq!(lock.fencing_token, g.fencing_token());
-    let el = a
-        .backend()
-        .inspect(&name, LockKind::Election)
-        .await
-        .expect("inspect");
-    assert_eq!(el.holders.len(), 1);
-    assert_eq!(el.holders[0].value.as_deref(), Some("here"));
-    assert_eq!(el.fencing_token, l.fencing_token());
-    assert!(l.fencing_token() > g.fencing_token());
-    // A second lock holder (different owner) still waits for the lock, not the election.
-    assert!(b
-        .lock(&name)
-        .expect("lock")
-        .try_acquire()
-        .await
-        .expect("try")
-        .is_none());
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
-    assert!(!l.is_lost());
-    assert_eq!(l.resign().await.expect("resign"), ReleaseOutcome::Released);
-}
-
-/// A backend connected through a fresh proxy (every connection, the control one included).
-async fn proxied(pg: &Pg, opts: &ClientOptions) -> (PostgresBackend, DelayProxy) {
-    let proxy = DelayProxy::start(pg.server.addr(), Duration::ZERO).expect("proxy");
-    let url = pg.url().replace(
-        &format!("127.0.0.1:{}", pg.server.port()),
-        &proxy.addr().to_string(),
-    );
-    let backend = PostgresBackend::connect(&url, opts)
-        .await
-        .expect("connect through the proxy");
-    (backend, proxy)
-}
-
-/// A proclamation whose reply comes after the client's timeout is retried by the core with
-/// the same number: it has the effect of one. On the backend trait, a late duplicate with an
-/// older number never overwrites a newer value, a retry of the current number changes
-/// nothing, and neither touches the lease (the session's idle timer).
+/// A proclamation retried after a late reply, and late or duplicated ones on the trait: the
+/// effect of one, the lease untouched (testkit `sql_faults::election_proclamations`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_and_late_proclamations_have_the_effect_of_one() {
     for pg in [Pg::session(), Pg::lease()] {
-        proclamations_in(pg).await;
+        let tbl = table(&pg);
+        let lease = |name: &str| {
+            pg.server
+                .sql(&format!(
+                    "SELECT extract(epoch FROM expires_at) FROM {tbl} WHERE name = '{name}'"
+                ))
+                .expect("sql")
+        };
+        election_proclamations(&pg, |name| stored_in(&pg.server, tbl, name), lease).await;
     }
-}
-
-async fn proclamations_in(pg: Pg) {
-    let tbl = table(&pg);
-    let name = unique_name("el-proclaim");
-    let op = Duration::from_millis(500);
-    let opts = long_opts().op_timeout(op);
-    let (backend, proxy) = proxied(&pg, &opts).await;
-    let a = Client::new(Arc::new(backend), opts.clone()).expect("client");
-    let leader = a
-        .election(&name)
-        .expect("election")
-        .campaign("v0")
-        .await
-        .expect("leads");
-    assert_eq!(stored_in(&pg.server, tbl, &name), "v0#0");
-    // The next reply through the proxy (the proclamation's) is held back past the timeout.
-    let before = proxy.stats().replies.chunks_read;
-    proxy.set_reply_delay(Duration::from_millis(750));
-    let lift = async {
-        let t = Instant::now();
-        while proxy.stats().replies.chunks_read == before {
-            assert!(t.elapsed() < EVENTUALLY, "no reply came through the proxy");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        proxy.set_reply_delay(Duration::ZERO);
-    };
-    let t = Instant::now();
-    let (out, ()) = tokio::join!(leader.proclaim("v1"), lift);
-    assert!(
-        t.elapsed() >= op,
-        "the reply was not late ({:?})",
-        t.elapsed()
-    );
-    out.expect("proclaim");
-    assert_eq!(leader.value(), "v1");
-    assert_eq!(stored_in(&pg.server, tbl, &name), "v1#1");
-    leader.proclaim("v2").await.expect("proclaim");
-    assert_eq!(stored_in(&pg.server, tbl, &name), "v2#2");
-    leader.resign().await.expect("resign");
-
-    // On the trait: numbered proclamations of one grant.
-    let b = pg.backend(&long_opts()).await;
-    let key = HoldKey::new(name.as_str(), "direct", LockKind::Election);
-    let mut req = AcquireRequest::new(key, Duration::from_secs(60), LostSignal::new());
-    req.value = Some("w0".into());
-    let AcquireReply::Granted { token } = b.acquire(&req).await.expect("acquire") else {
-        panic!("not granted");
-    };
-    let grant = req.grant(token);
-    let lease_before: f64 = pg
-        .server
-        .sql(&format!(
-            "SELECT extract(epoch FROM expires_at) FROM {tbl} WHERE name = '{name}'"
-        ))
-        .expect("sql")
-        .parse()
-        .expect("a number");
-    assert_eq!(
-        b.proclaim(&grant, 2, "w2").await.expect("proclaim"),
-        RenewOutcome::Renewed
-    );
-    // Late: an older number.
-    assert_eq!(
-        b.proclaim(&grant, 1, "w1").await.expect("proclaim"),
-        RenewOutcome::Renewed
-    );
-    // Duplicated: the same number again.
-    assert_eq!(
-        b.proclaim(&grant, 2, "w2-again").await.expect("proclaim"),
-        RenewOutcome::Renewed
-    );
-    assert_eq!(stored_in(&pg.server, tbl, &name), "w2#2");
-    let info = b.inspect(&name, LockKind::Election).await.expect("inspect");
-    assert_eq!(info.holders[0].value.as_deref(), Some("w2"));
-    assert_eq!(info.fencing_token, token);
-    let lease_after: f64 = pg
-        .server
-        .sql(&format!(
-            "SELECT extract(epoch FROM expires_at) FROM {tbl} WHERE name = '{name}'"
-        ))
-        .expect("sql")
-        .parse()
-        .expect("a number");
-    assert_eq!(lease_before, lease_after, "a proclamation moved the lease");
-    // Another token of the same attempt is not this grant.
-    assert_eq!(
-        b.proclaim(&req.grant(token + 1), 3, "x")
-            .await
-            .expect("proclaim"),
-        RenewOutcome::NotHeld
-    );
-    assert_eq!(
-        b.release(&grant).await.expect("release"),
-        ReleaseOutcome::Released
-    );
-    assert_eq!(
-        b.proclaim(&grant, 3, "w3").await.expect("proclaim"),
-        RenewOutcome::NotHeld
-    );
-    assert_eq!(stored_in(&pg.server, tbl, &name), "w2#2");
 }
 
 /// A campaign dropped while it waits on the server leaves nothing: no waiting session, no

@@ -11,6 +11,9 @@ use crate::{MariaDbServer, PostgresServer, ProxyControl};
 use distlock_core::{
     AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostSignal,
 };
+mod election;
+
+pub use election::{election_operator_commands, election_proclamations};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -149,6 +152,23 @@ impl<S: SqlServer, B: Backend + 'static> SqlMode<S, B> {
             .expect("connect")
     }
 
+    /// A backend of this mode connected to `hosts` (a proxy's `host:port`) instead of the
+    /// server's address.
+    ///
+    /// # Errors
+    /// None: panics if it cannot connect.
+    ///
+    /// # Cancel safety
+    /// As [`backend`](Self::backend).
+    pub async fn backend_via(&self, hosts: &str, opts: &ClientOptions) -> B {
+        let url = self
+            .url()
+            .replace(&format!("127.0.0.1:{}", self.server.addr().port()), hosts);
+        (self.connect)(url, opts.clone())
+            .await
+            .expect("connect through the proxy")
+    }
+
     /// A client of this mode.
     ///
     /// # Errors
@@ -170,14 +190,8 @@ impl<S: SqlServer, B: Backend + 'static> Harness for SqlMode<S, B> {
 
     /// A proxy in front of the server: the URL with the proxy's port.
     async fn proxied_client(&self, opts: ClientOptions) -> Option<(Client, ProxyControl)> {
-        let addr = self.server.addr();
-        let proxy = ProxyControl::start(&[addr]).expect("proxy");
-        let url = self
-            .url()
-            .replace(&format!("127.0.0.1:{}", addr.port()), &proxy.hosts());
-        let backend = (self.connect)(url, opts.clone())
-            .await
-            .expect("connect through the proxy");
+        let proxy = ProxyControl::start(&[self.server.addr()]).expect("proxy");
+        let backend = self.backend_via(&proxy.hosts(), &opts).await;
         let client = Client::new(Arc::new(backend), opts).expect("client");
         Some((client, proxy))
     }
@@ -547,81 +561,6 @@ pub async fn abandoned_waits_leave_no_server_waiters<S: SqlServer, B: Backend + 
     )
     .await;
     (a, g)
-}
-
-/// The operator commands tell an election from the lock of the same name: `list` shows both,
-/// each with its own holder (and the leader's value), and `force_release(name, Election)`
-/// revokes the leader only (its lost signal fires; the counter moves past its token), leaving
-/// the lock held.
-pub async fn election_operator_commands<S: SqlServer, B: Backend + 'static>(mode: &SqlMode<S, B>) {
-    let name = unique_name("el-ops");
-    let a = mode.client_with(fast_opts()).await;
-    let b = mode.client_with(fast_opts()).await;
-    let g = a.lock(&name).expect("lock").acquire().await.expect("lock");
-    let l = b
-        .election(&name)
-        .expect("election")
-        .with_owner("leader")
-        .expect("owner")
-        .campaign("v")
-        .await
-        .expect("leads");
-    let listed = a.backend().list(&name).await.expect("list");
-    let mut kinds: Vec<(LockKind, Vec<String>, Option<String>)> = listed
-        .iter()
-        .map(|l| {
-            (
-                l.kind,
-                l.info.holders.iter().map(|h| h.owner.clone()).collect(),
-                l.info.holders.first().and_then(|h| h.value.clone()),
-            )
-        })
-        .collect();
-    // Backends list in their own order.
-    kinds.sort_by_key(|k| format!("{:?}", k.0));
-    assert_eq!(
-        kinds,
-        vec![
-            (
-                LockKind::Election,
-                vec!["leader".to_owned()],
-                Some("v".to_owned())
-            ),
-            (LockKind::Mutex, vec![g.owner().to_owned()], None),
-        ],
-        "mode {:?}",
-        mode.params
-    );
-    let forced = a
-        .backend()
-        .force_release(&name, LockKind::Election)
-        .await
-        .expect("force");
-    assert_eq!(forced.removed.len(), 1, "{forced:?}");
-    assert_eq!(forced.removed[0].owner, "leader");
-    assert!(forced.fencing_token > l.fencing_token());
-    tokio::time::timeout(Duration::from_secs(10), l.lost())
-        .await
-        .expect("the revoked leader's lost signal");
-    assert_eq!(
-        a.election(&name)
-            .expect("election")
-            .leader()
-            .await
-            .expect("leader"),
-        None
-    );
-    assert!(!g.is_lost());
-    let lock = a
-        .backend()
-        .inspect(&name, LockKind::Mutex)
-        .await
-        .expect("inspect");
-    assert_eq!(lock.holders.len(), 1);
-    assert_eq!(
-        g.release().await.expect("release"),
-        distlock_core::ReleaseOutcome::Released
-    );
 }
 
 /// A client of `connect` on `url` holds `name`; then `server` restarts. Returns the client,
