@@ -8,7 +8,7 @@ mod support;
 use distlock_core::{Backend, ClientOptions, ReleaseOutcome};
 use distlock_mysql::MysqlBackend;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
-use distlock_testkit::sql_faults::election_proclamations;
+use distlock_testkit::sql_faults::{election_cancelled_campaign, election_proclamations};
 use distlock_testkit::MariaDbServer;
 use std::time::{Duration, Instant};
 use support::{Modes, My};
@@ -128,49 +128,20 @@ async fn retried_and_late_proclamations_have_the_effect_of_one() {
     }
 }
 
-/// A campaign dropped while it waits in `GET_LOCK` leaves nothing: no waiting connection,
-/// and the next candidate leads at once when the leader resigns.
+/// A campaign dropped while it waits in `GET_LOCK` leaves nothing (testkit
+/// `sql_faults::election_cancelled_campaign`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_campaign_leaves_nothing() {
     let my = My::session();
-    let name = unique_name("el-cancel");
-    let a = my.client_with(fast_opts()).await;
-    let b = my.client_with(fast_opts()).await;
-    let leader = a
-        .election(&name)
-        .expect("election")
-        .campaign("a")
-        .await
-        .expect("leads");
-    let eb = b
-        .election(&name)
-        .expect("election")
-        .with_owner("b")
-        .expect("owner");
-    for _ in 0..3 {
-        until_waiting(&my.server, &name, "0").await;
-        let campaign = eb.campaign("b");
-        tokio::select! {
-            r = campaign => panic!("led while another leads: {:?}", r.map(|l| l.fencing_token())),
-            () = until_waiting(&my.server, &name, "1") => {}
-        }
-    }
-    until_waiting(&my.server, &name, "0").await;
-    let t1 = leader.fencing_token();
-    assert_eq!(
-        leader.resign().await.expect("resign"),
-        ReleaseOutcome::Released
-    );
-    let c = my.client_with(fast_opts()).await;
-    let next = c
-        .election(&name)
-        .expect("election")
-        .try_campaign("c")
-        .await
-        .expect("campaign")
-        .expect("free at once");
-    assert!(next.fencing_token() > t1);
-    next.resign().await.expect("resign");
+    let rows_of_b = |name: &str| {
+        let key = distlock_mysql::election_key("dlock", name);
+        my.server
+            .sql(&format!(
+                "SELECT count(*) FROM dlock.dlock_holders WHERE lock_key = '{key}' AND owner = 'b'"
+            ))
+            .expect("sql")
+    };
+    election_cancelled_campaign(&my, |name| waiting(&my.server, name), rows_of_b).await;
 }
 
 /// Rows of `dlock_election_observers` for election `name`.

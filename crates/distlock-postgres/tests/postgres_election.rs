@@ -7,7 +7,7 @@ mod support;
 
 use distlock_core::{ClientOptions, LostReason, ReleaseOutcome};
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
-use distlock_testkit::sql_faults::election_proclamations;
+use distlock_testkit::sql_faults::{election_cancelled_campaign, election_proclamations};
 use distlock_testkit::PostgresServer;
 use std::time::{Duration, Instant};
 use support::{Modes, Pg};
@@ -147,58 +147,20 @@ async fn retried_and_late_proclamations_have_the_effect_of_one() {
     }
 }
 
-/// A campaign dropped while it waits on the server leaves nothing: no waiting session, no
-/// row, and the next candidate leads at once when the leader resigns.
+/// A campaign dropped while it waits on the server leaves nothing (testkit
+/// `sql_faults::election_cancelled_campaign`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_campaign_leaves_nothing() {
     let pg = Pg::session();
-    let name = unique_name("el-cancel");
-    let a = pg.client_with(fast_opts()).await;
-    let b = pg.client_with(fast_opts()).await;
-    let leader = a
-        .election(&name)
-        .expect("election")
-        .campaign("a")
-        .await
-        .expect("leads");
-    let eb = b
-        .election(&name)
-        .expect("election")
-        .with_owner("b")
-        .expect("owner");
-    for _ in 0..3 {
-        until_locks(&pg.server, &name, false, "0").await;
-        let campaign = eb.campaign("b");
-        // Dropped once it waits on the server.
-        tokio::select! {
-            r = campaign => panic!("led while another leads: {:?}", r.map(|l| l.fencing_token())),
-            () = until_locks(&pg.server, &name, false, "1") => {}
-        }
-    }
-    until_locks(&pg.server, &name, false, "0").await;
-    assert_eq!(
+    let rows_of_b = |name: &str| {
         pg.server
             .sql(&format!(
                 "SELECT count(*) FROM dlock_elections WHERE name = '{name}' AND owner = 'b'"
             ))
-            .expect("sql"),
-        "0"
-    );
-    let t1 = leader.fencing_token();
-    assert_eq!(
-        leader.resign().await.expect("resign"),
-        ReleaseOutcome::Released
-    );
-    let c = pg.client_with(fast_opts()).await;
-    let next = c
-        .election(&name)
-        .expect("election")
-        .try_campaign("c")
-        .await
-        .expect("campaign")
-        .expect("free at once");
-    assert!(next.fencing_token() > t1);
-    next.resign().await.expect("resign");
+            .expect("sql")
+    };
+    let waiting = |name: &str| election_locks(&pg.server, name, false);
+    election_cancelled_campaign(&pg, waiting, rows_of_b).await;
 }
 
 /// The observer's next answer, within 10 s (far below the 60 s lease).

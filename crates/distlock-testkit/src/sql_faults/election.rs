@@ -3,7 +3,7 @@
 //! the same name.
 
 use super::{SqlMode, SqlServer};
-use crate::conformance::{fast_opts, unique_name, EVENTUALLY};
+use crate::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
 use crate::DelayProxy;
 use distlock_core::{
     AcquireReply, AcquireRequest, Backend, Client, HoldKey, LockKind, LostSignal, ReleaseOutcome,
@@ -108,6 +108,67 @@ pub async fn election_proclamations<S: SqlServer, B: Backend + 'static>(
         RenewOutcome::NotHeld
     );
     assert_eq!(stored(&name), "w2#2");
+}
+
+/// A campaign dropped while it waits on the server leaves nothing: no waiting session or
+/// connection (`waiting(name)`, the server's count of sessions waiting for the election, reads
+/// `0` again), no row of the dropped candidate `b` (`rows_of_b(name)` reads `0`), and the next
+/// candidate leads at once, with a higher token, when the leader resigns.
+///
+/// # Errors
+/// None: panics when the case fails.
+///
+/// # Cancel safety
+/// Not meant to be cancelled: it is a whole test.
+pub async fn election_cancelled_campaign<S: SqlServer, B: Backend + 'static>(
+    mode: &SqlMode<S, B>,
+    waiting: impl Fn(&str) -> String,
+    rows_of_b: impl Fn(&str) -> String,
+) {
+    let name = unique_name("el-cancel");
+    let until = async |want: &str| {
+        let what = format!("{want} sessions waiting for the election");
+        poll_until(&what, async || waiting(&name), |v| v == want).await;
+    };
+    let a = mode.client_with(fast_opts()).await;
+    let b = mode.client_with(fast_opts()).await;
+    let leader = a
+        .election(&name)
+        .expect("election")
+        .campaign("a")
+        .await
+        .expect("leads");
+    let eb = b
+        .election(&name)
+        .expect("election")
+        .with_owner("b")
+        .expect("owner");
+    for _ in 0..3 {
+        until("0").await;
+        let campaign = eb.campaign("b");
+        // Dropped once it waits on the server.
+        tokio::select! {
+            r = campaign => panic!("led while another leads: {:?}", r.map(|l| l.fencing_token())),
+            () = until("1") => {}
+        }
+    }
+    until("0").await;
+    assert_eq!(rows_of_b(&name), "0", "the dropped candidate left a row");
+    let t1 = leader.fencing_token();
+    assert_eq!(
+        leader.resign().await.expect("resign"),
+        ReleaseOutcome::Released
+    );
+    let c = mode.client_with(fast_opts()).await;
+    let next = c
+        .election(&name)
+        .expect("election")
+        .try_campaign("c")
+        .await
+        .expect("campaign")
+        .expect("free at once");
+    assert!(next.fencing_token() > t1);
+    next.resign().await.expect("resign");
 }
 
 /// The operator commands tell an election from the lock of the same name: `list` shows both,

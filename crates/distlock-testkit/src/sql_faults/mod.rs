@@ -13,7 +13,9 @@ use distlock_core::{
 };
 mod election;
 
-pub use election::{election_operator_commands, election_proclamations};
+pub use election::{
+    election_cancelled_campaign, election_operator_commands, election_proclamations,
+};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
