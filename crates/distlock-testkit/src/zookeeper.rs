@@ -159,7 +159,7 @@ impl ZkEnsemble {
     /// Creates `path` (and missing parents) so that only digest user `user` with `password`
     /// (and the superuser) may read, create in, change or delete it: its ACL (and its new
     /// parents') is `digest:user:…:cdrwa` alone. For tests of refused or missing
-    /// credentials.
+    /// credentials. A `path` that exists already is left as it is.
     pub async fn protect(&self, path: &str, user: &str, password: &str) -> Result<()> {
         let zk = self.client(0, Some((user, password))).await?;
         let id = Self::digest_id(user, password);

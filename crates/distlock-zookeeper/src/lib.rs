@@ -130,8 +130,9 @@ impl ZkBackend {
     /// The backend on the application's own [`Connector`](zookeeper_client::Connector): every
     /// session dlock opens is `connector.clone()` connected to `cluster`, so it carries the
     /// application's authentication (`with_auth`, SASL) and TLS settings. `cluster` is the
-    /// driver's connect string (`h1:2181,h2:2181`; `tcp+tls://h:p` for a TLS server; no
-    /// chroot: give the path with `opts`' namespace, which may hold `/`s). dlock sets the
+    /// driver's connect string, `h1:2181,h2:2181[/chroot]` (`tcp+tls://h:p` for a server
+    /// reached over the connector's TLS); locks live under `/<chroot>/<namespace>` as with
+    /// [`connect`](Self::connect). dlock sets the
     /// session timeout (the watchdog lease, at least [`MIN_SESSION_TIMEOUT`]) and
     /// `with_fail_eagerly` on its clone. Nodes get [`NodeAcl::Open`] unless `acl` says
     /// otherwise.
@@ -157,10 +158,9 @@ impl ZkBackend {
     ///
     /// // The connector the application builds its own sessions with.
     /// let connector = zk::Client::connector().with_auth("digest", b"shop:s3cret");
-    /// let opts = ClientOptions::default().namespace("shop/locks");
-    /// let backend =
-    ///     ZkBackend::from_connector(connector, "10.0.0.1:2181,10.0.0.2:2181", NodeAcl::Creator, &opts)
-    ///         .await?;
+    /// let opts = ClientOptions::default().namespace("locks");
+    /// let cluster = "10.0.0.1:2181,10.0.0.2:2181/shop";
+    /// let backend = ZkBackend::from_connector(connector, cluster, NodeAcl::Creator, &opts).await?;
     /// let locks = Client::new(Arc::new(backend), opts)?;
     /// let guard = locks.lock("nightly-report")?.acquire().await?;
     /// guard.release().await?;
@@ -183,15 +183,22 @@ impl ZkBackend {
         acl: NodeAcl,
         opts: &ClientOptions,
     ) -> Result<Self> {
-        if cluster.is_empty() || cluster.contains('/') && !cluster.contains("://") {
-            return Err(Error::invalid(format!(
-                "the connect string `{cluster}` must be host:port[,host:port…] without a chroot \
-                 (put the path in the namespace)"
-            )));
+        // The chroot starts at the first `/` after the last server's `scheme://`.
+        let after = cluster.rfind("://").map_or(0, |i| i + 3);
+        let (hosts, chroot) = match cluster[after..].find('/') {
+            Some(i) => cluster.split_at(after + i),
+            None => (cluster, ""),
+        };
+        if hosts.is_empty() {
+            return Err(Error::invalid(
+                "the connect string names no server; write host:port[,host:port…][/chroot]",
+            ));
         }
+        // The chroot's checks are the URL's.
+        let checked = url::parse(&format!("zk://localhost{chroot}"))?;
         let u = url::ZkUrl {
-            hosts: cluster.to_owned(),
-            chroot: String::new(),
+            hosts: hosts.to_owned(),
+            chroot: checked.chroot,
             namespace: None,
             session_timeout: None,
             tls: None,
@@ -218,20 +225,7 @@ impl ZkBackend {
                 "the namespace must not be empty",
             ));
         }
-        let base = if connector.is_some() {
-            // The application's namespace may name a path (`shop/locks`).
-            let segs: Vec<String> = namespace
-                .split('/')
-                .filter(|s| !s.is_empty())
-                .map(encode_segment)
-                .collect();
-            if segs.is_empty() {
-                return Err(Error::invalid("the namespace must name at least one node"));
-            }
-            format!("/{}", segs.join("/"))
-        } else {
-            format!("{}/{}", u.chroot, encode_segment(&namespace))
-        };
+        let base = format!("{}/{}", u.chroot, encode_segment(&namespace));
         if base == "/zookeeper" {
             return Err(Error::invalid_url(
                 conn::redact(url),
