@@ -70,8 +70,9 @@ pub fn lock_dir(namespace: &str, name: &str, kind: LockKind) -> Result<String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NodeAcl {
     /// `world:anyone:cdrwa` (the default): any client may read, queue on and delete the nodes —
-    /// Curator's recipes and `zkCli.sh` work on them without credentials. The chroot's own ACL
-    /// still decides who reaches them.
+    /// Curator's recipes and `zkCli.sh` work on them without credentials. A protected chroot
+    /// does not protect them: ZooKeeper checks a node's own ACL (and its parent's, to create
+    /// or delete it), never its ancestors', so a client that knows the path gets in.
     #[default]
     Open,
     /// `auth::cdrwa` (ZooKeeper's CREATOR_ALL): only sessions authenticated as the same digest
