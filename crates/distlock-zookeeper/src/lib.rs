@@ -99,7 +99,9 @@ pub struct ZkBackend {
 }
 
 impl ZkBackend {
-    /// Connects to the ensemble at `url` and opens a session.
+    /// Connects to the ensemble at `url` and opens a session: [`ZkBackend::builder`]`(url)`
+    /// with `opts`, so digest credentials come from the URL or, failing that, from
+    /// [`USER_ENV`], [`PASSWORD_ENV`] and [`PASSWORD_FILE_ENV`].
     ///
     /// The session timeout is `session_timeout` from the URL, or the client's watchdog lease
     /// but at least [`MIN_SESSION_TIMEOUT`]; the server may negotiate it into its own range

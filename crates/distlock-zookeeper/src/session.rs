@@ -138,6 +138,10 @@ impl Inner {
                  directories grants this user (nodes made with acl=creator belong to the user \
                  that made them)"
             ),
+            Identity::Application if failed => format!(
+                "{what}: the ensemble refused the authentication of the application's connector \
+                 (its with_auth or SASL settings; {e}) and closed the session"
+            ),
             Identity::Application => format!(
                 "{what}: {e}: the identity of the application's connector (its with_auth or \
                  SASL settings) is not allowed by the ACL of the backend's path"

@@ -191,6 +191,21 @@ async fn from_the_applications_connector() {
     println!("connector without credentials: {err}");
     assert!(matches!(err, Error::Auth { .. }), "{err:?}");
     assert!(err.to_string().contains("connector"), "{err}");
+
+    // A scheme the server refuses: it answers AuthFailed and closes the session.
+    let started = std::time::Instant::now();
+    let refused = zk::Client::connector().with_auth("no-such-scheme", b"x");
+    let err = match ZkBackend::from_connector(refused, &cluster, NodeAcl::Open, &opts).await {
+        Ok(_) => panic!("connected with a refused scheme"),
+        Err(e) => e,
+    };
+    println!("refused scheme after {:?}: {err}", started.elapsed());
+    assert!(matches!(err, Error::Auth { .. }), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,6 @@
 use distlock_core::LockKind;
 use distlock_testkit::{conformance::ServerHarness, ZkEnsemble};
 use distlock_zookeeper::ZkBackend;
-use std::net::SocketAddr;
 
 const PASSWORD: &str = "hunter2-s3cret";
 
@@ -30,7 +29,7 @@ fn zk_digest() -> ServerHarness<ZkEnsemble> {
             .await
             .expect("protect");
     })
-    .proxy(|e| vec![SocketAddr::from(e.addr(0))])
+    .proxy(|e| vec![e.addr(0)])
     // An operator deleting the lock nodes: it must authenticate as the owner.
     .break_lock(|e, name| async move {
         let zk = e
