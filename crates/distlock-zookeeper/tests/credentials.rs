@@ -137,6 +137,14 @@ async fn creator_acl_keeps_other_identities_off() {
     assert!(matches!(err, Error::Auth { .. }), "{err:?}");
     assert_secret_free("another identity", &err);
 
+    // `doctor` says who owns the nodes.
+    let findings = holder.diagnose().await.expect("diagnose");
+    let auth = findings
+        .iter()
+        .find(|f| f.check == "auth")
+        .expect("auth finding");
+    assert!(auth.message.contains("acl=creator"), "{auth:?}");
+
     // Still held, by the same token; the same identity in another session queues.
     assert!(!g.is_lost());
     let same = client(ZkBackend::builder(&u).credentials(USER, PASSWORD)).await;
