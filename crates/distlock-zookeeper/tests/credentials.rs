@@ -283,3 +283,66 @@ async fn no_error_shows_the_password() {
         "{text}"
     );
 }
+
+/// ZooKeeper keeps a session's identity on its connection: after the driver reconnects (same
+/// session) and after a new session (the old one expired while cut off), dlock's calls must
+/// authenticate again, or the holder could not delete its own node in a creator-owned
+/// directory. Both are proved through a proxy that resets, then blackholes, the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_and_new_sessions_authenticate_again() {
+    let e = secured().await;
+    let proxy = distlock_testkit::DelayProxy::start(e.addr(0), Duration::ZERO).expect("proxy");
+    let session = Duration::from_secs(6);
+    let cut = format!(
+        "zk://127.0.0.1:{}/secure?acl=creator&session_timeout=6s",
+        proxy.port()
+    );
+    let opts = ClientOptions::default().watchdog_lease(session);
+    let backend = ZkBackend::builder(&cut)
+        .credentials(USER, PASSWORD)
+        .options(opts.clone())
+        .ignore_env()
+        .connect()
+        .await
+        .expect("connect");
+    let first_session = backend.session_id();
+    let holder = Client::new(Arc::new(backend.clone()), opts).expect("client");
+
+    // The connection reset under a hold: the driver reconnects within the session.
+    let g = hold_within(&holder, "reauth", Duration::from_secs(15), "acquire").await;
+    proxy.reset_all();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !g.is_lost(),
+        "a reset connection within the session lost the hold"
+    );
+    released(g).await;
+    let stats = proxy.stats();
+    assert!(stats.resets >= 1 && stats.connections >= 2, "{stats:?}");
+    assert_eq!(
+        backend.session_id(),
+        first_session,
+        "a new session after a reset"
+    );
+    let g = hold_within(
+        &holder,
+        "reauth",
+        Duration::from_secs(15),
+        "after the reset",
+    )
+    .await;
+
+    // Cut off past the session timeout: the hold is lost and the session expires; the next
+    // call opens a new session, which must authenticate to queue in the creator-owned dir.
+    proxy.set_blackhole(true);
+    let reason = tokio::time::timeout(Duration::from_secs(20), g.lost())
+        .await
+        .expect("lost signal");
+    println!("cut off: {reason:?}");
+    tokio::time::sleep(session + Duration::from_secs(1)).await;
+    proxy.set_blackhole(false);
+    let g2 = hold_within(&holder, "reauth", Duration::from_secs(20), "new session").await;
+    assert_ne!(backend.session_id(), first_session, "still the old session");
+    assert!(g2.fencing_token() > g.fencing_token());
+    released(g2).await;
+}
