@@ -82,6 +82,8 @@ impl Node {
 pub struct ZkEnsemble {
     nodes: Vec<Node>,
     tls: Option<Tls>,
+    /// The digest superuser's password, on an ensemble started with one.
+    superuser: Option<String>,
     // Dropped after the nodes are killed.
     dir: TempDir,
 }
@@ -105,7 +107,71 @@ impl ZkEnsemble {
 
     /// Starts an ensemble of `nodes` servers (1 gives a standalone-like single-node quorum).
     pub fn start_with(nodes: usize) -> Result<Self> {
-        Self::start_inner(nodes, None)
+        Self::start_inner(nodes, None, None)
+    }
+
+    /// Starts an ensemble of `nodes` servers with a digest superuser `super` whose password is
+    /// `password` (`-Dzookeeper.DigestAuthenticationProvider.superDigest=super:…`): a session
+    /// authenticated as `digest super:password` passes every ACL. See
+    /// [`superuser`](Self::superuser), [`protect`](Self::protect).
+    pub fn start_with_superuser(nodes: usize, password: &str) -> Result<Self> {
+        Self::start_inner(nodes, None, Some(password.to_owned()))
+    }
+
+    /// The superuser's `(user, password)`, on an ensemble started by
+    /// [`start_with_superuser`](Self::start_with_superuser).
+    pub fn superuser(&self) -> Option<(&str, &str)> {
+        self.superuser.as_deref().map(|p| ("super", p))
+    }
+
+    /// ZooKeeper's digest id of `user` with `password`: `user:BASE64(SHA1("user:password"))`,
+    /// as in a `digest:` ACL or the `superDigest` property.
+    pub fn digest_id(user: &str, password: &str) -> String {
+        use base64::Engine as _;
+        use sha1::Digest as _;
+        let hash = sha1::Sha1::digest(format!("{user}:{password}").as_bytes());
+        format!(
+            "{user}:{}",
+            base64::engine::general_purpose::STANDARD.encode(hash)
+        )
+    }
+
+    /// A session on node `i`, authenticated as `digest user:password` when given (e.g. to
+    /// force a delete as another identity).
+    pub async fn client(
+        &self,
+        i: usize,
+        auth: Option<(&str, &str)>,
+    ) -> Result<zookeeper_client::Client> {
+        let mut connector = zookeeper_client::Client::connector()
+            .with_session_timeout(Duration::from_secs(10))
+            .with_fail_eagerly();
+        if let Some((user, password)) = auth {
+            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        }
+        let addr = self.addr(i);
+        tokio::time::timeout(READY_TIMEOUT, connector.connect(&addr.to_string()))
+            .await
+            .map_err(|_| zk_error(&addr.to_string(), "connecting timed out"))?
+            .map_err(|e| zk_error(&addr.to_string(), e))
+    }
+
+    /// Creates `path` (and missing parents) so that only digest user `user` with `password`
+    /// (and the superuser) may read, create in, change or delete it: its ACL (and its new
+    /// parents') is `digest:user:…:cdrwa` alone. For tests of refused or missing
+    /// credentials. A `path` that exists already is left as it is.
+    pub async fn protect(&self, path: &str, user: &str, password: &str) -> Result<()> {
+        let zk = self.client(0, Some((user, password))).await?;
+        let id = Self::digest_id(user, password);
+        let acl = [zookeeper_client::Acl::new(
+            zookeeper_client::Permission::ALL,
+            zookeeper_client::AuthId::new("digest", &id),
+        )];
+        let opts =
+            zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::new(&acl));
+        zk.mkdir(path, &opts).await.map_err(|e| zk_error(path, e))?;
+        // Every node must see it before the test connects elsewhere.
+        zk.sync(path).await.map_err(|e| zk_error(path, e))
     }
 
     /// Starts an ensemble of `nodes` servers that also serve TLS, on a `secureClientPort`
@@ -130,10 +196,10 @@ impl ZkEnsemble {
         let mut pem = std::fs::read_to_string(certs.cert())?;
         pem.push_str(&std::fs::read_to_string(certs.key())?);
         std::fs::write(&keystore, pem)?;
-        Self::start_inner(nodes, Some(Tls { certs, client }))
+        Self::start_inner(nodes, Some(Tls { certs, client }), None)
     }
 
-    fn start_inner(nodes: usize, tls: Option<Tls>) -> Result<Self> {
+    fn start_inner(nodes: usize, tls: Option<Tls>, superuser: Option<String>) -> Result<Self> {
         let nodes = nodes.max(1);
         let java = resolve_java()?;
         let mut classpath = classpath()?;
@@ -146,7 +212,7 @@ impl ZkEnsemble {
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
             // A port grabbed by someone else between probing and binding: new ports.
-            match Self::try_start(&java, &classpath, nodes, &mut tls) {
+            match Self::try_start(&java, &classpath, nodes, &mut tls, superuser.as_deref()) {
                 Ok(ensemble) => return Ok(ensemble),
                 Err(e) => last = Some(e),
             }
@@ -157,7 +223,13 @@ impl ZkEnsemble {
         }))
     }
 
-    fn try_start(java: &Path, classpath: &str, n: usize, tls: &mut Option<Tls>) -> Result<Self> {
+    fn try_start(
+        java: &Path,
+        classpath: &str,
+        n: usize,
+        tls: &mut Option<Tls>,
+        superuser: Option<&str>,
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("dlock-zk").tempdir()?;
         let ports = free_ports(n * 4)?;
         let servers: String = (0..n)
@@ -178,7 +250,8 @@ impl ZkEnsemble {
                 cfg.push_str(&tls_config(t, port));
             }
             std::fs::write(node_dir.join("zoo.cfg"), cfg)?;
-            let spec = node_spec(java, classpath, i + 1);
+            let super_digest = superuser.map(|p| Self::digest_id("super", p));
+            let spec = node_spec(java, classpath, i + 1, super_digest);
             nodes.push(Node {
                 client_port,
                 secure_port,
@@ -188,6 +261,7 @@ impl ZkEnsemble {
         let mut ensemble = ZkEnsemble {
             nodes,
             tls: tls.take(),
+            superuser: superuser.map(str::to_owned),
             dir,
         };
         if let Err(e) = ensemble.wait_ready(READY_TIMEOUT) {
@@ -472,7 +546,7 @@ fn tls_config(tls: &Tls, port: u16) -> String {
 }
 
 /// Node `id` (1-based `myid`): a JVM running `QuorumPeerMain DIR/zoo.cfg` in the foreground.
-fn node_spec(java: &Path, classpath: &str, id: usize) -> ServerSpec {
+fn node_spec(java: &Path, classpath: &str, id: usize, super_digest: Option<String>) -> ServerSpec {
     let (java, classpath) = (java.to_path_buf(), classpath.to_string());
     ServerSpec::new(
         format!("ZooKeeper node {id}"),
@@ -489,17 +563,26 @@ fn node_spec(java: &Path, classpath: &str, id: usize) -> ServerSpec {
                 "-Dzookeeper.jmx.log4j.disable=true",
                 "-Dorg.slf4j.simpleLogger.showDateTime=true",
                 "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
-            ])
-            .arg("-cp")
-            .arg(&classpath)
-            .arg(MAIN_CLASS)
-            .arg(dir.join("zoo.cfg"));
+            ]);
+            if let Some(d) = &super_digest {
+                cmd.arg(format!(
+                    "-Dzookeeper.DigestAuthenticationProvider.superDigest={d}"
+                ));
+            }
+            cmd.arg("-cp")
+                .arg(&classpath)
+                .arg(MAIN_CLASS)
+                .arg(dir.join("zoo.cfg"));
             cmd
         },
     )
     .output("server.log")
     // Readiness is the ensemble's (a leader, every node serving): see `wait_ready`.
     .attempts(1, 5, Duration::from_millis(200))
+}
+
+fn zk_error(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Io(io::Error::other(format!("ZooKeeper client on {what}: {e}")))
 }
 
 fn no_such_node(i: usize) -> Error {

@@ -15,7 +15,7 @@
 
 use crate::error::{session_gone, KIND};
 use crate::layout::{self, Family, NodeKind};
-use crate::node::{anyone, token_of, DATA_ATTEMPTS};
+use crate::node::{token_of, DATA_ATTEMPTS};
 use crate::session::Inner;
 use distlock_core::backend::{async_trait, GrantRef, ReleaseWatch, RenewOutcome, Wake};
 use distlock_core::{Error, ForceReleased, HolderInfo, LockInfo, Result};
@@ -313,7 +313,7 @@ impl ElectionWatch {
                 Ok(v) => break v,
                 Err(zk::Error::NoNode) if !made_dir => {
                     made_dir = true;
-                    let opts = zk::CreateMode::Persistent.with_acls(anyone());
+                    let opts = zk::CreateMode::Persistent.with_acls(inner.acl.acls());
                     match inner
                         .timed(
                             "creating the election directory",

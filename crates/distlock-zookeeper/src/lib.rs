@@ -3,10 +3,14 @@
 //! # This crate's API
 //!
 //! [`ZkBackend::connect`] opens the backend (most programs go through `distlock::connect`
-//! instead); [`lock_dir`] and [`encode_segment`] name a lock's directory for operators and
+//! instead); [`ZkBackend::builder`] ([`ZkBuilder`]) takes the digest credentials outside the
+//! URL and [`NodeAcl`] says who may touch dlock's nodes; [`ZkBackend::from_connector`] opens
+//! the backend's sessions with the application's own `zookeeper_client::Connector`
+//! (re-exported as [`zookeeper_client`]); [`lock_dir`] and [`encode_segment`] name a lock's directory for operators and
 //! tests; [`MIN_SESSION_TIMEOUT`] is the shortest session asked for by default.
 #![warn(missing_docs)]
 
+mod builder;
 mod election;
 mod error;
 mod grant;
@@ -21,8 +25,11 @@ mod tls;
 mod url;
 mod wait;
 
+pub use builder::{ZkBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 pub use layout::encode_segment;
+/// The ZooKeeper driver this crate is built on, for [`ZkBackend::from_connector`].
+pub use zookeeper_client;
 
 use crate::error::KIND;
 use crate::layout::NodeKind;
@@ -54,6 +61,37 @@ pub fn lock_dir(namespace: &str, name: &str, kind: LockKind) -> Result<String> {
     Ok(layout::dir(&base, name, NodeKind::of(kind)?.family()))
 }
 
+/// Who may touch the nodes dlock creates (lock directories and lock nodes): `?acl=` in the
+/// URL, or [`ZkBuilder::acl`].
+///
+/// The ACL of a lock directory is set when dlock creates it; an existing directory keeps the
+/// one it has (change it with `setAcl`). ZooKeeper checks a delete against the ACL of the
+/// node's parent, so a lock node is protected by its directory's ACL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeAcl {
+    /// `world:anyone:cdrwa` (the default): any client may read, queue on and delete the nodes —
+    /// Curator's recipes and `zkCli.sh` work on them without credentials. A protected chroot
+    /// does not protect them: ZooKeeper checks a node's own ACL (and its parent's, to create
+    /// or delete it), never its ancestors', so a client that knows the path gets in.
+    #[default]
+    Open,
+    /// `auth::cdrwa` (ZooKeeper's CREATOR_ALL): only sessions authenticated as the same digest
+    /// identity (or the superuser) may read, queue on, change or delete them; another identity
+    /// gets `NoAuth` and cannot break or steal a hold. Needs credentials. Curator (or `zkCli`)
+    /// on the same locks must authenticate as the same user (`authorization("digest",
+    /// "user:password")`, `addauth digest user:password`).
+    Creator,
+}
+
+impl NodeAcl {
+    pub(crate) fn acls(self) -> zookeeper_client::Acls<'static> {
+        match self {
+            NodeAcl::Open => zookeeper_client::Acls::anyone_all(),
+            NodeAcl::Creator => zookeeper_client::Acls::creator_all(),
+        }
+    }
+}
+
 /// The ZooKeeper backend. Build it with [`ZkBackend::connect`] (or through `distlock::connect`).
 #[derive(Clone)]
 pub struct ZkBackend {
@@ -61,7 +99,9 @@ pub struct ZkBackend {
 }
 
 impl ZkBackend {
-    /// Connects to the ensemble at `url` and opens a session.
+    /// Connects to the ensemble at `url` and opens a session: [`ZkBackend::builder`]`(url)`
+    /// with `opts`, so digest credentials come from the URL or, failing that, from
+    /// [`USER_ENV`], [`PASSWORD_ENV`] and [`PASSWORD_FILE_ENV`].
     ///
     /// The session timeout is `session_timeout` from the URL, or the client's watchdog lease
     /// but at least [`MIN_SESSION_TIMEOUT`]; the server may negotiate it into its own range
@@ -81,7 +121,103 @@ impl ZkBackend {
     /// Cancel safe: dropping the future closes the session being opened (if any); nothing is
     /// created on the ensemble before the first lock is asked for.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
-        let u = url::parse(url)?;
+        ZkBuilder::new(url).options(opts.clone()).connect().await
+    }
+
+    /// A builder for the ensemble at `url`: digest credentials outside the URL and the ACL of
+    /// dlock's nodes (see [`ZkBuilder`]).
+    pub fn builder(url: impl Into<String>) -> ZkBuilder {
+        ZkBuilder::new(url)
+    }
+
+    /// The backend on the application's own [`Connector`](zookeeper_client::Connector): every
+    /// session dlock opens is `connector.clone()` connected to `cluster`, so it carries the
+    /// application's authentication (`with_auth`, SASL) and TLS settings. `cluster` is the
+    /// driver's connect string, `h1:2181,h2:2181[/chroot]` (`tcp+tls://h:p` for a server
+    /// reached over the connector's TLS); locks live under `/<chroot>/<namespace>` as with
+    /// [`connect`](Self::connect). dlock sets the
+    /// session timeout (the watchdog lease, at least [`MIN_SESSION_TIMEOUT`]) and
+    /// `with_fail_eagerly` on its clone. Nodes get [`NodeAcl::Open`] unless `acl` says
+    /// otherwise.
+    ///
+    /// Why a connector and not a [`Client`](zookeeper_client::Client): a lock is held by a
+    /// session, and dlock must own the sessions it holds locks in. It declares a session's
+    /// holds lost after 2/5 of its timeout without a connection (before the server may expire
+    /// it) and then drops it — closing it makes the server delete the nodes of holds it has
+    /// just called lost — and opens a new one. On the application's shared client it could
+    /// do neither: the nodes would stay, blocking every other holder, as long as the
+    /// application's session lives, and an expired session cannot be reopened.
+    ///
+    /// So the backend's sessions are its own: they expire or close on their own (the locks in
+    /// them are reported lost and the next call opens a new session), the application's
+    /// sessions are never touched, and dropping the backend (every clone of it) closes its
+    /// session, which deletes its nodes.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> distlock_core::Result<()> {
+    /// use distlock_core::{Client, ClientOptions};
+    /// use distlock_zookeeper::{zookeeper_client as zk, NodeAcl, ZkBackend};
+    /// use std::sync::Arc;
+    ///
+    /// // The connector the application builds its own sessions with.
+    /// let connector = zk::Client::connector().with_auth("digest", b"shop:s3cret");
+    /// let opts = ClientOptions::default().namespace("locks");
+    /// let cluster = "10.0.0.1:2181,10.0.0.2:2181/shop";
+    /// let backend = ZkBackend::from_connector(connector, cluster, NodeAcl::Creator, &opts).await?;
+    /// let locks = Client::new(Arc::new(backend), opts)?;
+    /// let guard = locks.lock("nightly-report")?.acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect): [`Error::Connection`] when no quorum answers,
+    /// [`Error::Auth`] when the ensemble refuses the session or the connector's identity may
+    /// not read the backend's path, [`Error::InvalidArgument`] for an empty namespace or a
+    /// session shorter than the watchdog lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`connect`](Self::connect).
+    pub async fn from_connector(
+        connector: zookeeper_client::Connector,
+        cluster: &str,
+        acl: NodeAcl,
+        opts: &ClientOptions,
+    ) -> Result<Self> {
+        // The chroot starts at the first `/` after the last server's `scheme://`.
+        let after = cluster.rfind("://").map_or(0, |i| i + 3);
+        let (hosts, chroot) = match cluster[after..].find('/') {
+            Some(i) => cluster.split_at(after + i),
+            None => (cluster, ""),
+        };
+        if hosts.is_empty() {
+            return Err(Error::invalid(
+                "the connect string names no server; write host:port[,host:port…][/chroot]",
+            ));
+        }
+        // The chroot's checks are the URL's.
+        let checked = url::parse(&format!("zk://localhost{chroot}"))?;
+        let u = url::ZkUrl {
+            hosts: hosts.to_owned(),
+            chroot: checked.chroot,
+            namespace: None,
+            session_timeout: None,
+            tls: None,
+            user: None,
+            password: None,
+            acl: Some(acl),
+        };
+        Self::open(cluster, u, Some(connector), opts).await
+    }
+
+    pub(crate) async fn open(
+        url: &str,
+        u: url::ZkUrl,
+        connector: Option<zookeeper_client::Connector>,
+        opts: &ClientOptions,
+    ) -> Result<Self> {
         let namespace = u
             .namespace
             .clone()
@@ -103,7 +239,21 @@ impl ZkBackend {
             .session_timeout
             .unwrap_or_else(|| opts.get_watchdog_lease().max(MIN_SESSION_TIMEOUT));
         let tls = u.tls.as_ref().map(tls::Tls::load).transpose()?;
+        let from_app = connector.is_some();
+        let mut connector = connector.unwrap_or_else(zookeeper_client::Client::connector);
+        if let (Some(user), Some(pw)) = (&u.user, &u.password) {
+            let auth = format!("{user}:{}", pw.expose());
+            connector = connector.with_auth("digest", auth.as_bytes());
+        }
+        let identity = match (&u.user, from_app) {
+            (Some(user), _) => session::Identity::Digest(user.clone()),
+            (None, true) => session::Identity::Application,
+            (None, false) => session::Identity::None,
+        };
         let inner = Arc::new(Inner {
+            connector,
+            identity,
+            acl: u.acl.unwrap_or_default(),
             endpoint: u.endpoint(),
             hosts: u.hosts,
             tls,
@@ -117,7 +267,8 @@ impl ZkBackend {
             connecting: tokio::sync::Mutex::new(()),
             shutdown: CancellationToken::new(),
         });
-        inner.session().await?;
+        let sess = inner.session().await?;
+        inner.probe_access(&sess).await?;
         Ok(ZkBackend { inner })
     }
 

@@ -29,10 +29,6 @@ pub(crate) fn token_of(stat: &zk::Stat) -> Option<u64> {
     u64::try_from(stat.czxid).ok().filter(|t| *t > 0)
 }
 
-pub(crate) fn anyone() -> zk::Acls<'static> {
-    zk::Acls::anyone_all()
-}
-
 pub(crate) fn foreign_data(path: &str, data: &[u8]) -> Error {
     Error::unexpected(KIND, format!(
             "lock node {path} holds `{}`, not dlock's data; is the directory used by another program?",
@@ -164,7 +160,7 @@ impl Inner {
                 }
                 Err(zk::Error::NoNode) if !made_dir => {
                     made_dir = true;
-                    let opts = zk::CreateMode::Persistent.with_acls(anyone());
+                    let opts = zk::CreateMode::Persistent.with_acls(self.acl.acls());
                     match self
                         .timed("creating the lock directory", sess.zk.mkdir(dir, &opts))
                         .await?
@@ -213,8 +209,9 @@ impl Inner {
         let zk = sess.zk.clone();
         let inner = Arc::downgrade(self);
         let attempt = attempt.clone();
+        let acls = self.acl.acls();
         tokio::spawn(async move {
-            let opts = zk::CreateMode::EphemeralSequential.with_acls(anyone());
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(acls);
             let r = zk.create(&prefix, &data, &opts).await;
             let Err(late) = tx.send(r) else { return };
             let wanted = inner

@@ -244,6 +244,40 @@ async fn transport(inner: &crate::session::Inner) -> Finding {
     }
 }
 
+/// Who the sessions authenticate as and who may touch dlock's nodes.
+fn access(inner: &crate::session::Inner) -> Finding {
+    use crate::session::Identity;
+    use crate::NodeAcl;
+    let plain_off_loopback = inner.tls.is_none() && !loopback_only(&inner.hosts);
+    match (&inner.identity, inner.acl) {
+        (Identity::Digest(user), _) if plain_off_loopback => Finding::new(
+            Severity::Warning,
+            "auth",
+            format!("digest user `{user}` over plain TCP off loopback: the password travels in clear at every (re)connect; connect with zks://…?cacert=PATH"),
+        ),
+        (Identity::Digest(user), NodeAcl::Creator) => Finding::new(
+            Severity::Ok,
+            "auth",
+            format!("digest user `{user}`; dlock's nodes are that user's alone (acl=creator): other identities cannot break or steal a hold"),
+        ),
+        (Identity::Application, NodeAcl::Creator) => Finding::new(
+            Severity::Ok,
+            "auth",
+            "the application's connector's identity; dlock's nodes are that identity's alone (acl=creator)",
+        ),
+        (Identity::None, _) => Finding::new(
+            Severity::Ok,
+            "auth",
+            "no credentials; dlock's nodes are world:anyone (acl=open): any client that reaches the path may delete a holder's node. Give a digest user and password with acl=creator to keep other identities off",
+        ),
+        (_, NodeAcl::Open) => Finding::new(
+            Severity::Ok,
+            "auth",
+            "authenticated, but dlock's nodes are world:anyone (acl=open, e.g. for Curator without credentials): any client that reaches the path may delete a holder's node; acl=creator keeps other identities off",
+        ),
+    }
+}
+
 /// Whether every host of `h:p,h:p` is a loopback name or address.
 fn loopback_only(hosts: &str) -> bool {
     hosts.split(',').all(|hp| {
@@ -345,6 +379,7 @@ pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
     });
 
     out.push(transport(inner).await);
+    out.push(access(inner));
 
     // Clock.
     out.push(Finding::new(

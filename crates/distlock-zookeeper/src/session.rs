@@ -13,8 +13,25 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
+/// Who the backend's sessions authenticate as, for messages.
+#[derive(Debug, Clone)]
+pub(crate) enum Identity {
+    /// No credentials.
+    None,
+    /// `digest` as this user.
+    Digest(String),
+    /// Whatever the application's connector carries.
+    Application,
+}
+
 /// The backend proper, shared by its handles and its background tasks.
 pub(crate) struct Inner {
+    /// What every session is opened with (the application's, or a plain one), with the digest
+    /// credentials added. Its `Debug` leaves them out.
+    pub(crate) connector: zk::Connector,
+    pub(crate) identity: Identity,
+    /// The ACL of the nodes dlock creates.
+    pub(crate) acl: crate::NodeAcl,
     pub(crate) endpoint: String,
     pub(crate) hosts: String,
     /// `zks://`: every server over TLS, with these settings.
@@ -89,7 +106,71 @@ impl Inner {
     }
 
     pub(crate) fn err(&self, what: &str, e: zk::Error) -> Error {
-        map(&self.endpoint, what, e)
+        match e {
+            zk::Error::NoAuth | zk::Error::AuthFailed => Error::auth(
+                crate::error::KIND,
+                self.endpoint.clone(),
+                self.refused(what, &e),
+            ),
+            e => map(&self.endpoint, what, e),
+        }
+    }
+
+    /// What to do about a `NoAuth` or `AuthFailed` during `what`, by the identity we have.
+    fn refused(&self, what: &str, e: &zk::Error) -> String {
+        use crate::builder::{PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
+        let failed = matches!(e, zk::Error::AuthFailed);
+        match &self.identity {
+            Identity::None => format!(
+                "{what}: {e}: the ACL of the chroot or namespace node lets in only some \
+                 identities and this session has no credentials; give a digest user and \
+                 password (zk://USER:PASSWORD@…, ZkBackend::builder(url).user(…).password(…) \
+                 or .password_file(…), or {USER_ENV} and {PASSWORD_ENV} or {PASSWORD_FILE_ENV})"
+            ),
+            Identity::Digest(user) if failed => format!(
+                "{what}: the ensemble refused digest user `{user}` ({e}) and closed the \
+                 session; check the user name and password"
+            ),
+            Identity::Digest(user) => format!(
+                "{what}: {e}: digest user `{user}` is not allowed here; check the password \
+                 (ZooKeeper does not check it when the session authenticates: a wrong one is \
+                 another identity) and that the ACL of the chroot, namespace and lock \
+                 directories grants this user (nodes made with acl=creator belong to the user \
+                 that made them)"
+            ),
+            Identity::Application if failed => format!(
+                "{what}: the ensemble refused the authentication of the application's connector \
+                 (its with_auth or SASL settings; {e}) and closed the session"
+            ),
+            Identity::Application => format!(
+                "{what}: {e}: the identity of the application's connector (its with_auth or \
+                 SASL settings) is not allowed by the ACL of the backend's path"
+            ),
+        }
+    }
+
+    /// Reads the nearest existing node of the backend's path, so that an ACL that keeps this
+    /// identity out is an [`Error::Auth`] at connect rather than at the first lock.
+    pub(crate) async fn probe_access(&self, sess: &Session) -> Result<()> {
+        let mut path = self.base.clone();
+        loop {
+            let what = format!("reading {path}");
+            match self.timed(&what, sess.zk.check_stat(&path)).await? {
+                Ok(Some(_)) => {
+                    return match self.timed(&what, sess.zk.list_children(&path)).await? {
+                        Ok(_) | Err(zk::Error::NoNode) => Ok(()),
+                        Err(e) => Err(self.err(&what, e)),
+                    };
+                }
+                Ok(None) => {}
+                Err(e) => return Err(self.err(&what, e)),
+            }
+            match path.rfind('/') {
+                Some(0) | None if path == "/" => return Ok(()),
+                Some(0) | None => path = "/".to_owned(),
+                Some(i) => path.truncate(i),
+            }
+        }
     }
 
     /// Runs one driver call with the per-call timeout. The outer error is the timeout (or a
@@ -126,7 +207,9 @@ impl Inner {
         if let Some(s) = self.current() {
             return Ok(s);
         }
-        let connector = zk::Client::connector()
+        let connector = self
+            .connector
+            .clone()
             .with_session_timeout(self.requested_timeout)
             .with_fail_eagerly();
         let connected = match &self.tls {

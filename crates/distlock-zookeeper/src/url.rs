@@ -1,7 +1,8 @@
-//! `zk://host:port[,host:port…][/chroot][?namespace=NS&session_timeout=DUR]`, and
-//! `zks://…?cacert=PATH[&cert=PATH&key=PATH]` for TLS.
+//! `zk://[user:password@]host:port[,host:port…][/chroot][?namespace=NS&session_timeout=DUR&acl=open|creator]`,
+//! and `zks://…?cacert=PATH[&cert=PATH&key=PATH]` for TLS.
 
-use distlock_core::conn::ConnectionString;
+use crate::NodeAcl;
+use distlock_core::conn::{ConnectionString, Password};
 use distlock_core::Result;
 use std::time::Duration;
 
@@ -19,6 +20,12 @@ pub(crate) struct ZkUrl {
     pub(crate) session_timeout: Option<Duration>,
     /// `zks://`: the PEM files of the TLS settings.
     pub(crate) tls: Option<TlsFiles>,
+    /// The digest user of `zk://USER:…@…` (or, once resolved, of the builder or environment).
+    pub(crate) user: Option<String>,
+    /// Its password (`Debug` shows `***`).
+    pub(crate) password: Option<Password>,
+    /// `acl=`: the ACL of the nodes dlock creates (`None`: not in the URL).
+    pub(crate) acl: Option<NodeAcl>,
 }
 
 /// The files a `zks://` URL names.
@@ -48,11 +55,11 @@ pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
         "zks" => true,
         _ => return Err(cs.invalid("the scheme must be zk:// (or zks:// for TLS)")),
     };
-    if cs.user().is_some() {
-        return Err(cs.invalid(
-            "credentials in the URL are not supported by the ZooKeeper backend; use ACLs on the chroot instead",
-        ));
+    let user = cs.user().map(str::to_owned);
+    if user.as_deref() == Some("") {
+        return Err(cs.invalid("the digest user name before `@` is empty"));
     }
+    let password = cs.password().cloned();
     if cs.hosts().is_empty() {
         return Err(cs.invalid("no host; write zk://host:port[,host:port…][/chroot]"));
     }
@@ -76,7 +83,14 @@ pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
         }
     }
     let tls = if secure {
-        cs.check_params(&["namespace", "session_timeout", "cacert", "cert", "key"])?;
+        cs.check_params(&[
+            "namespace",
+            "session_timeout",
+            "acl",
+            "cacert",
+            "cert",
+            "key",
+        ])?;
         let file = |name: &str| match cs.param(name) {
             Some("") => Err(cs.invalid(format!("`{name}=` needs a path"))),
             other => Ok(other.map(str::to_owned)),
@@ -105,7 +119,7 @@ pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
                 )));
             }
         }
-        cs.check_params(&["namespace", "session_timeout"])?;
+        cs.check_params(&["namespace", "session_timeout", "acl"])?;
         None
     };
     let namespace = match cs.param("namespace") {
@@ -118,12 +132,19 @@ pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
             "session_timeout is too short; ZooKeeper needs at least two ticks (typically 4s)",
         ));
     }
+    let acl = cs.choice("acl", &["open", "creator"])?.map(|a| match a {
+        "creator" => NodeAcl::Creator,
+        _ => NodeAcl::Open,
+    });
     Ok(ZkUrl {
         hosts: cs.endpoints(DEFAULT_PORT),
         chroot: chroot.to_owned(),
         namespace,
         session_timeout,
         tls,
+        user,
+        password,
+        acl,
     })
 }
 
@@ -150,6 +171,12 @@ mod tests {
         let tls = u.tls.unwrap();
         assert_eq!(tls.cacert, "/c.pem");
         assert_eq!(tls.identity, Some(("/u.pem".into(), "/u.key".into())));
+        let u = parse("zk://shop:s%40cret@a/app?acl=creator").unwrap();
+        assert_eq!(u.user.as_deref(), Some("shop"));
+        assert_eq!(u.password.as_ref().map(|p| p.expose()), Some("s@cret"));
+        assert_eq!(u.acl, Some(NodeAcl::Creator));
+        assert!(!format!("{u:?}").contains("cret"));
+        assert_eq!(parse("zk://a?acl=open").unwrap().acl, Some(NodeAcl::Open));
         let u = parse("zks://a?cacert=/c.pem&namespace=n").unwrap();
         assert_eq!(u.tls.unwrap().identity, None);
     }
@@ -168,7 +195,8 @@ mod tests {
             ("zk://a:1,,b:2", "empty entry"),
             ("zk://a:x", "not a port"),
             ("zk://a:0", "not a port"),
-            ("zk://u:p@a:1", "credentials"),
+            ("zk://:p@a:1", "user name"),
+            ("zk://a?acl=all", "acl=`all`"),
             ("zk://a//b", "empty"),
             ("zk://a/../b", "segment"),
             ("zk://a/zookeeper", "reserved"),

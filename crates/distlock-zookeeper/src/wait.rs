@@ -2,7 +2,7 @@
 
 use crate::error::session_gone;
 use crate::layout::{self, NodeData, NodeKind, Turn};
-use crate::node::{anyone, Created};
+use crate::node::Created;
 use crate::session::{Inner, Session};
 use distlock_core::backend::{
     async_trait, wait, AcquireRequest, Deadline, Granted, HoldKey, ReleaseWatch, Wake,
@@ -110,7 +110,7 @@ impl ChildWatch {
                     return Ok(());
                 }
                 Err(zk::Error::NoNode) => {
-                    let opts = zk::CreateMode::Persistent.with_acls(anyone());
+                    let opts = zk::CreateMode::Persistent.with_acls(self.inner.acl.acls());
                     match self
                         .inner
                         .timed(

@@ -204,7 +204,14 @@ async fn force_release_removes_every_reader() {
 async fn doctor_passes_the_test_ensemble() {
     let c = client().await;
     let findings = c.diagnose().await.expect("diagnose");
-    for check in ["session-timeout", "leader", "ensemble", "tls", "clock"] {
+    for check in [
+        "session-timeout",
+        "leader",
+        "ensemble",
+        "tls",
+        "auth",
+        "clock",
+    ] {
         let f = findings
             .iter()
             .find(|f| f.check == check)
