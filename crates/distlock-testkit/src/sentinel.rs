@@ -16,6 +16,14 @@ pub const SENTINEL_MASTER: &str = "dlockmaster";
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Options for [`SentinelSetup::start_with`].
+#[derive(Debug, Clone, Default)]
+pub struct SentinelOptions {
+    /// The sentinels' `requirepass` (and `sentinel sentinel-pass`, so they reach each
+    /// other). `None`: no password.
+    pub sentinel_password: Option<String>,
+}
+
 /// A master, one replica and three sentinels (quorum 2, `down-after-milliseconds` 1000,
 /// `failover-timeout` 5000). Everything is killed and removed on drop.
 #[derive(Debug)]
@@ -23,6 +31,7 @@ pub struct SentinelSetup {
     master: RedisServer,
     replica: RedisServer,
     sentinels: Vec<ServerProcess>,
+    password: Option<String>,
 }
 
 impl SentinelSetup {
@@ -34,6 +43,15 @@ impl SentinelSetup {
     /// [`Error::BinaryMissing`] without `redis-server` (or [`REDIS_SERVER_ENV`]);
     /// [`Error::Start`] when a server does not come up or the sentinels do not settle.
     pub fn start() -> Result<Self> {
+        Self::start_with(SentinelOptions::default())
+    }
+
+    /// [`start`](Self::start) with `opts` (a password on the sentinels).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_with(opts: SentinelOptions) -> Result<Self> {
+        let password = opts.sentinel_password.clone();
         let master = RedisServer::start()?;
         let replica = RedisServer::start_replica_of(&master)?;
         let binary = match std::env::var(REDIS_SERVER_ENV) {
@@ -48,13 +66,18 @@ impl SentinelSetup {
                 .prefix("distlock-sentinel")
                 .tempdir()?;
             let b = binary.clone();
+            let auth = match &password {
+                Some(pw) => format!("requirepass \"{pw}\"\nsentinel sentinel-pass \"{pw}\"\n"),
+                None => String::new(),
+            };
+            let pw = password.clone();
             let spec = ServerSpec::new("redis-sentinel", "redis-server", move |dir, port| {
                 let conf = dir.join("sentinel.conf");
                 let text = format!(
                     "port {port}\nbind 127.0.0.1\ndir {d}\nlogfile {d}/sentinel.log\n\
                      sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
                      sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
-                     sentinel failover-timeout {SENTINEL_MASTER} 5000\n",
+                     sentinel failover-timeout {SENTINEL_MASTER} 5000\n{auth}",
                     d = dir.display()
                 );
                 // A failed write shows as a server that does not start (its log says why).
@@ -63,7 +86,7 @@ impl SentinelSetup {
                 cmd.arg(&conf).arg("--sentinel");
                 cmd
             })
-            .ready(|c| probe(SocketAddr::from(([127, 0, 0, 1], c.port))))
+            .ready(move |c| probe(SocketAddr::from(([127, 0, 0, 1], c.port)), pw.as_deref()))
             .logs(&["sentinel.log"])
             .attempts(5, 10, Duration::from_millis(50));
             sentinels.push(ServerProcess::start(spec, dir)?);
@@ -72,6 +95,7 @@ impl SentinelSetup {
             master,
             replica,
             sentinels,
+            password,
         };
         setup.settle()?;
         Ok(setup)
@@ -83,8 +107,9 @@ impl SentinelSetup {
         loop {
             let mut ready = true;
             for s in &self.sentinels {
-                let replicas = count(s.addr(), &["SENTINEL", "REPLICAS", SENTINEL_MASTER]);
-                let peers = count(s.addr(), &["SENTINEL", "SENTINELS", SENTINEL_MASTER]);
+                let pw = self.password.as_deref();
+                let replicas = count(s.addr(), pw, &["SENTINEL", "REPLICAS", SENTINEL_MASTER]);
+                let peers = count(s.addr(), pw, &["SENTINEL", "SENTINELS", SENTINEL_MASTER]);
                 ready &= replicas >= 1 && peers >= 2;
             }
             if ready {
@@ -129,6 +154,94 @@ impl SentinelSetup {
         &mut self.master
     }
 
+    /// Mutable access to the replica (to pause it).
+    pub fn replica_mut(&mut self) -> &mut RedisServer {
+        &mut self.replica
+    }
+
+    /// Asks a sentinel for a failover now (`SENTINEL FAILOVER`: the master is demoted to a
+    /// replica of the promoted one, without waiting for it to be down).
+    ///
+    /// # Errors
+    /// [`Error::Start`] if no sentinel accepts.
+    pub fn failover(&self) -> Result<()> {
+        for s in &self.sentinels {
+            if let Some(Reply::Simple(ok)) = call(
+                s.addr(),
+                self.password.as_deref(),
+                &["SENTINEL", "FAILOVER", SENTINEL_MASTER],
+            ) {
+                if ok == "OK" {
+                    return Ok(());
+                }
+            }
+        }
+        Err(Error::Start {
+            what: "redis-sentinel".into(),
+            detail: "no sentinel accepted SENTINEL FAILOVER".into(),
+        })
+    }
+
+    /// Waits (up to `timeout`) until the sentinels name the replica as the master and it
+    /// says so itself (`ROLE` master: it takes writes). Returns how long it took.
+    ///
+    /// # Errors
+    /// [`Error::Start`] if it is not promoted in time (with the first sentinel's log).
+    pub fn wait_for_promotion(&self, timeout: Duration) -> Result<Duration> {
+        let t = Instant::now();
+        let new = self.replica.port();
+        loop {
+            if self.current_master_port() == Some(new) && role(&self.replica) == "master" {
+                return Ok(t.elapsed());
+            }
+            if t.elapsed() > timeout {
+                return Err(Error::Start {
+                    what: "redis-sentinel".into(),
+                    detail: format!(
+                        "the replica was not promoted within {timeout:?}: {}",
+                        self.sentinels[0].log_tail()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits (up to `timeout`) until the old master says it is a replica (`ROLE` slave) with
+    /// its link up, and the promoted replica counts it as an online replica (it can confirm
+    /// a `WAIT`): after it came back and the sentinels reconfigured it.
+    ///
+    /// # Errors
+    /// [`Error::Start`] if it is not a linked replica in time.
+    pub fn wait_old_master_demoted(&self, timeout: Duration) -> Result<Duration> {
+        let t = Instant::now();
+        loop {
+            let linked = self
+                .master
+                .command(&["INFO", "replication"])
+                .map(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
+                .unwrap_or(false)
+                && self
+                    .replica
+                    .command(&["INFO", "replication"])
+                    .map(|i| i.contains(&format!("port={},state=online", self.master.port())))
+                    .unwrap_or(false);
+            if linked {
+                return Ok(t.elapsed());
+            }
+            if t.elapsed() > timeout {
+                return Err(Error::Start {
+                    what: "redis-sentinel".into(),
+                    detail: format!(
+                        "the old master is not a linked replica after {timeout:?} (role: {})",
+                        role(&self.master)
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The sentinel processes.
     pub fn sentinels(&self) -> &[ServerProcess] {
         &self.sentinels
@@ -137,25 +250,41 @@ impl SentinelSetup {
     /// The port of the master the first reachable sentinel names now
     /// (`SENTINEL get-master-addr-by-name`).
     pub fn current_master_port(&self) -> Option<u16> {
-        self.sentinels.iter().find_map(|s| master_port(s.addr()))
+        let pw = self.password.as_deref();
+        self.sentinels
+            .iter()
+            .find_map(|s| master_port(s.addr(), pw))
     }
 }
 
-fn call(addr: SocketAddr, args: &[&str]) -> Option<Reply> {
+/// `master`, `slave`, or empty when the server does not answer.
+fn role(server: &RedisServer) -> String {
+    server
+        .command(&["ROLE"])
+        .ok()
+        .and_then(|r| r.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn call(addr: SocketAddr, password: Option<&str>, args: &[&str]) -> Option<Reply> {
     let mut conn = Conn::connect(addr, PROBE_TIMEOUT).ok()?;
+    if let Some(pw) = password {
+        conn.call(&["AUTH", pw]).ok()?;
+    }
     conn.call(args).ok()
 }
 
-fn count(addr: SocketAddr, args: &[&str]) -> usize {
-    match call(addr, args) {
+fn count(addr: SocketAddr, password: Option<&str>, args: &[&str]) -> usize {
+    match call(addr, password, args) {
         Some(Reply::Array(Some(items))) => items.len(),
         _ => 0,
     }
 }
 
-fn master_port(addr: SocketAddr) -> Option<u16> {
+fn master_port(addr: SocketAddr, password: Option<&str>) -> Option<u16> {
     match call(
         addr,
+        password,
         &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
     )? {
         Reply::Array(Some(items)) => match items.get(1) {
@@ -166,12 +295,12 @@ fn master_port(addr: SocketAddr) -> Option<u16> {
     }
 }
 
-fn probe(addr: SocketAddr) -> Ready {
-    match call(addr, &["PING"]) {
+fn probe(addr: SocketAddr, password: Option<&str>) -> Ready {
+    match call(addr, password, &["PING"]) {
         Some(Reply::Simple(s)) if s == "PONG" => {}
         _ => return Ready::NotYet,
     }
-    match master_port(addr) {
+    match master_port(addr, password) {
         Some(_) => Ready::Yes,
         None => Ready::NotYet,
     }

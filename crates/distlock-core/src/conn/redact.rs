@@ -90,5 +90,9 @@ fn mask_params(tail: &str) -> String {
 
 pub(super) fn is_secret(key: &str) -> bool {
     let key = super::decode_form(key);
-    SECRET_PARAMS.iter().any(|s| key.eq_ignore_ascii_case(s))
+    let lower = key.to_ascii_lowercase();
+    // `sentinel_password=` and the like: a password for something else is still a secret.
+    SECRET_PARAMS
+        .iter()
+        .any(|s| lower == *s || lower.ends_with(&format!("_{s}")))
 }

@@ -1,0 +1,334 @@
+//! `redis+sentinel://` across failovers, on three real sentinels, a master and a replica: the
+//! SAME backend object follows the master the sentinels promote (killed or paused master, a
+//! manual failover), its waiters move with it, and what a failover keeps of a held lock is
+//! what docs/redis-lock.md says (kept with `wait_replicas=1`, lost without a replicated grant).
+
+mod common;
+
+use common::released;
+use distlock_core::{Client, ClientOptions, LockGuard, LostReason, ReleaseOutcome};
+use distlock_redis::RedisBackend;
+use distlock_testkit::conformance::unique_name;
+use distlock_testkit::{RedisServer, SentinelOptions, SentinelSetup};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Generous bounds (CI: 2 cores, everything in parallel); the sentinels' down-after is 1 s.
+const PROMOTION: Duration = Duration::from_secs(60);
+const FOLLOW: Duration = Duration::from_secs(30);
+
+/// Short operations; the held lock's lease (15 s) outlasts a failover (down-after 1 s, the
+/// election, the promotion) so that only the failover, not a missed renewal, decides its fate.
+fn opts() -> ClientOptions {
+    ClientOptions::default()
+        .watchdog_lease(Duration::from_secs(15))
+        .op_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(2))
+}
+
+async fn backend(url: &str) -> (Client, Arc<RedisBackend>) {
+    let b = Arc::new(RedisBackend::connect(url, &opts()).await.expect("connect"));
+    (Client::new(b.clone(), opts()).expect("client"), b)
+}
+
+fn port_of(b: &RedisBackend) -> u16 {
+    let at = b.sentinel_master().expect("a sentinel backend");
+    at.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("host:port")
+}
+
+/// Waits until `b` sends its calls to `port`.
+async fn follows(b: &RedisBackend, port: u16) -> Duration {
+    let t = Instant::now();
+    while port_of(b) != port {
+        assert!(
+            t.elapsed() < FOLLOW,
+            "the backend stayed on {:?}",
+            b.sentinel_master()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    t.elapsed()
+}
+
+async fn promoted(setup: &SentinelSetup) -> Duration {
+    let s = setup;
+    tokio::task::block_in_place(|| s.wait_for_promotion(PROMOTION)).expect("promotion")
+}
+
+/// The same client takes and gives back fresh names (within a generous bound: the first calls
+/// after the switch may be retried).
+async fn works_on(c: &Client, names: usize) {
+    for _ in 0..names {
+        let name = unique_name("after-failover");
+        let g = c
+            .lock(&name)
+            .expect("lock")
+            .acquire_timeout(Duration::from_secs(20))
+            .await
+            .expect("acquire after the failover");
+        released(g).await;
+    }
+}
+
+async fn held(c: &Client, name: &str) -> LockGuard {
+    c.lock(name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .expect("acquire")
+}
+
+/// The killed master restarted (empty) and demoted by the sentinels to a replica of the new
+/// master: with `wait_replicas=1`, new grants need a replica again.
+async fn old_master_back(setup: &mut SentinelSetup) {
+    setup
+        .master_mut()
+        .restart()
+        .expect("restart the old master");
+    let s = &*setup;
+    let took =
+        tokio::task::block_in_place(|| s.wait_old_master_demoted(PROMOTION)).expect("demoted");
+    eprintln!("the old master is a replica again after {took:?}");
+}
+
+fn evalsha_calls(s: &RedisServer) -> u64 {
+    s.command_calls("evalsha").expect("commandstats")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_master_replicated_grant_survives_and_the_same_backend_follows() {
+    let mut setup = SentinelSetup::start().expect("sentinel setup");
+    let url = format!("{}?wait_replicas=1&wait_timeout=300ms", setup.url());
+    let (c, b) = backend(&url).await;
+    let (other, _) = backend(&url).await;
+    let name = unique_name("kept");
+    let g = held(&c, &name).await;
+    let token = g.fencing_token();
+    setup.master_mut().kill();
+    let took = promoted(&setup).await;
+    let moved = follows(&b, setup.replica().port()).await;
+    eprintln!("promoted after {took:?}, followed {moved:?} later");
+    old_master_back(&mut setup).await;
+    works_on(&c, 3).await;
+    // The grant was on the replica before it was acknowledged: still held, by us.
+    assert!(
+        other
+            .lock(&name)
+            .expect("lock")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_none(),
+        "a second holder after the failover"
+    );
+    // And the guard keeps renewing on the new master (its deadline moves on).
+    let before = g.lease_deadline();
+    let t = Instant::now();
+    while g.lease_deadline() <= before {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "no renewal on the new master"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!g.is_lost(), "lost too early");
+    assert_eq!(g.fencing_token(), token);
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_master_unreplicated_grant_is_lost_and_signalled() {
+    let mut setup = SentinelSetup::start().expect("sentinel setup");
+    let url = setup.url();
+    let (c, b) = backend(&url).await;
+    let (other, _) = backend(&url).await;
+    let name = unique_name("lost");
+    // Cut the replica off before the grant: paused, and its link killed by the master, so
+    // the grant (acknowledged: no wait_replicas) never reaches it.
+    setup.replica_mut().pause();
+    setup
+        .master()
+        .command(&["CLIENT", "KILL", "TYPE", "replica"])
+        .expect("client kill");
+    let g = held(&c, &name).await;
+    setup.master_mut().kill();
+    setup.replica_mut().resume();
+    promoted(&setup).await;
+    follows(&b, setup.replica().port()).await;
+    // The promoted replica never had the grant: another client takes the lock ...
+    let g2 = other
+        .lock(&name)
+        .expect("lock")
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .expect("the lost lock is free on the new master");
+    // ... and the first holder is told: its renewal finds no grant.
+    let reason = tokio::time::timeout(Duration::from_secs(20), g.lost())
+        .await
+        .expect("the lost signal did not fire");
+    assert!(matches!(reason, LostReason::NotHeld), "{reason:?}");
+    works_on(&c, 2).await;
+    released(g2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_blocked_across_the_failover_is_woken_on_the_new_master() {
+    let mut setup = SentinelSetup::start().expect("sentinel setup");
+    let url = format!("{}?wait_replicas=1&wait_timeout=300ms", setup.url());
+    let (holder, hb) = backend(&url).await;
+    let (waiter, wb) = backend(&url).await;
+    let name = unique_name("woken");
+    let g = held(&holder, &name).await;
+    let lock = waiter.lock(&name).expect("lock");
+    let wait = tokio::spawn(async move {
+        let r = lock.acquire_timeout(Duration::from_secs(90)).await;
+        (r, Instant::now())
+    });
+    let t = Instant::now();
+    while wb.subscribed_channels().await == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the waiter never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    setup.master_mut().kill();
+    promoted(&setup).await;
+    let new = setup.replica().port();
+    follows(&hb, new).await;
+    follows(&wb, new).await;
+    old_master_back(&mut setup).await;
+    // The waiter subscribes again, on the new master (the old one is dead).
+    let t = Instant::now();
+    while wb.subscribed_channels().await == 0 {
+        assert!(
+            t.elapsed() < FOLLOW,
+            "the waiter did not subscribe on the new master"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!wait.is_finished(), "the waiter took a lock that is held");
+    let released_at = Instant::now();
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let (r, got_at) = tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .expect("the waiter never got the lock")
+        .expect("task");
+    let g2 = r.expect("acquire");
+    let woke = got_at.duration_since(released_at);
+    // Woken by the release: well before the 15 s lease would have let it retry by itself.
+    assert!(
+        woke < Duration::from_secs(5),
+        "woken {woke:?} after the release"
+    );
+    released(g2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_master_is_failed_over_and_gets_no_lock_writes_when_back() {
+    let mut setup = SentinelSetup::start().expect("sentinel setup");
+    let url = format!("{}?wait_replicas=1&wait_timeout=300ms", setup.url());
+    let (c, b) = backend(&url).await;
+    let name = unique_name("paused");
+    let g = held(&c, &name).await;
+    setup.master_mut().pause();
+    promoted(&setup).await;
+    follows(&b, setup.replica().port()).await;
+    // The old master comes back, still believing it is the master until the sentinels
+    // demote it (until then the new master has no replica for wait_replicas=1).
+    setup.master_mut().resume();
+    tokio::task::block_in_place(|| setup.wait_old_master_demoted(PROMOTION)).expect("demoted");
+    let calls = evalsha_calls(setup.master());
+    works_on(&c, 3).await;
+    assert!(!g.is_lost(), "lost too early");
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        evalsha_calls(setup.master()),
+        calls,
+        "lock scripts were sent to the demoted master"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demoted_master_readonly_reply_moves_the_backend() {
+    let setup = SentinelSetup::start().expect("sentinel setup");
+    // No +switch-master subscription: only the failed calls can find the failover.
+    let b = Arc::new(
+        RedisBackend::builder(setup.url())
+            .options(opts())
+            .without_switch_subscription()
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let c = Client::new(b.clone(), opts()).expect("client");
+    works_on(&c, 1).await;
+    let old = setup.master().port();
+    assert_eq!(port_of(&b), old);
+    setup.failover().expect("SENTINEL FAILOVER");
+    promoted(&setup).await;
+    tokio::task::block_in_place(|| setup.wait_old_master_demoted(PROMOTION)).expect("demoted");
+    // Nothing told the backend: it still points at the old master, now a replica.
+    assert_eq!(port_of(&b), old);
+    let calls = evalsha_calls(setup.master());
+    works_on(&c, 3).await;
+    assert_eq!(port_of(&b), setup.replica().port());
+    let errors = setup
+        .master()
+        .command(&["INFO", "errorstats"])
+        .expect("errorstats");
+    eprintln!("old master's errorstats: {errors}");
+    // At most the calls refused READONLY reached it; none was applied (it is a replica).
+    let refused = evalsha_calls(setup.master()) - calls;
+    assert!(
+        refused == 0 || errors.contains("errorstat_READONLY"),
+        "{refused} lock scripts ran on the demoted master: {errors}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_password_is_separate_and_never_shown() {
+    let setup = SentinelSetup::start_with(SentinelOptions {
+        sentinel_password: Some("sentinel-s3cret".into()),
+    })
+    .expect("sentinel setup");
+    let url = setup.url();
+    for bad in [url.clone(), format!("{url}?sentinel_password=wrong-pass")] {
+        let e = RedisBackend::builder(&bad)
+            .options(opts())
+            .ignore_env()
+            .connect()
+            .await
+            .err()
+            .expect("must fail");
+        assert!(matches!(e, distlock_core::Error::Auth { .. }), "{e:?}");
+        let text = format!("{e} {e:?}");
+        assert!(text.contains("sentinel_password"), "{text}");
+        assert!(
+            !text.contains("wrong-pass") && !text.contains("s3cret"),
+            "{text}"
+        );
+    }
+    let (c, _) = backend(&format!("{url}?sentinel_password=sentinel-s3cret")).await;
+    works_on(&c, 1).await;
+    let b = RedisBackend::builder(&url)
+        .options(opts())
+        .sentinel_password("sentinel-s3cret")
+        .connect()
+        .await
+        .expect("builder's sentinel password");
+    let c = Client::new(Arc::new(b), opts()).expect("client");
+    works_on(&c, 1).await;
+}
