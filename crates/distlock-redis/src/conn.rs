@@ -67,12 +67,10 @@ impl Con {
             }
             *last = Some(Instant::now());
         }
-        let client = self
-            .client
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        match ConnectionManager::new_lazy_with_config(client, self.config.clone()) {
+        // The client is read-locked until the fresh connection is in place, so that a
+        // concurrent `switch` (a failover) cannot be undone by a connection to the old node.
+        let client = self.client.read().unwrap_or_else(PoisonError::into_inner);
+        match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
             Ok(fresh) => {
                 tracing::debug!("a redis reply timed out; the next calls use a fresh connection");
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = fresh;
@@ -86,7 +84,8 @@ impl Con {
     pub(crate) fn switch(&self, client: redis::Client) {
         match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
             Ok(fresh) => {
-                *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
+                let mut at = self.client.write().unwrap_or_else(PoisonError::into_inner);
+                *at = client;
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = fresh;
             }
             Err(e) => {

@@ -81,17 +81,23 @@ async fn held(c: &Client, name: &str) -> LockGuard {
         .expect("acquire")
 }
 
-/// The killed master restarted (empty) and demoted by the sentinels to a replica of the new
-/// master: with `wait_replicas=1`, new grants need a replica again.
-async fn old_master_back(setup: &mut SentinelSetup) {
-    setup
-        .master_mut()
-        .restart()
-        .expect("restart the old master");
-    let s = &*setup;
-    let took =
-        tokio::task::block_in_place(|| s.wait_old_master_demoted(PROMOTION)).expect("demoted");
-    eprintln!("the old master is a replica again after {took:?}");
+/// A setup whose standby replica (never promoted) keeps `wait_replicas=1` satisfiable after
+/// the failover, while the old master is away.
+fn with_standby() -> SentinelSetup {
+    SentinelSetup::start_with(SentinelOptions {
+        standby_replica: true,
+        ..Default::default()
+    })
+    .expect("sentinel setup")
+}
+
+/// Replies `READONLY` the server gave (`INFO errorstats`).
+fn readonly_errors(s: &RedisServer) -> u64 {
+    let stats = s.command(&["INFO", "errorstats"]).expect("errorstats");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("errorstat_READONLY:count="))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
 }
 
 fn evalsha_calls(s: &RedisServer) -> u64 {
@@ -100,7 +106,7 @@ fn evalsha_calls(s: &RedisServer) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_master_replicated_grant_survives_and_the_same_backend_follows() {
-    let mut setup = SentinelSetup::start().expect("sentinel setup");
+    let mut setup = with_standby();
     let url = format!("{}?wait_replicas=1&wait_timeout=300ms", setup.url());
     let (c, b) = backend(&url).await;
     let (other, _) = backend(&url).await;
@@ -111,7 +117,6 @@ async fn killed_master_replicated_grant_survives_and_the_same_backend_follows() 
     let took = promoted(&setup).await;
     let moved = follows(&b, setup.replica().port()).await;
     eprintln!("promoted after {took:?}, followed {moved:?} later");
-    old_master_back(&mut setup).await;
     works_on(&c, 3).await;
     // The grant was on the replica before it was acknowledged: still held, by us.
     assert!(
@@ -179,7 +184,7 @@ async fn killed_master_unreplicated_grant_is_lost_and_signalled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_blocked_across_the_failover_is_woken_on_the_new_master() {
-    let mut setup = SentinelSetup::start().expect("sentinel setup");
+    let mut setup = with_standby();
     let url = format!("{}?wait_replicas=1&wait_timeout=300ms", setup.url());
     let (holder, hb) = backend(&url).await;
     let (waiter, wb) = backend(&url).await;
@@ -203,7 +208,6 @@ async fn a_waiter_blocked_across_the_failover_is_woken_on_the_new_master() {
     let new = setup.replica().port();
     follows(&hb, new).await;
     follows(&wb, new).await;
-    old_master_back(&mut setup).await;
     // The waiter subscribes again, on the new master (the old one is dead).
     let t = Instant::now();
     while wb.subscribed_channels().await == 0 {
@@ -235,7 +239,7 @@ async fn a_waiter_blocked_across_the_failover_is_woken_on_the_new_master() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_master_is_failed_over_and_gets_no_lock_writes_when_back() {
-    let mut setup = SentinelSetup::start().expect("sentinel setup");
+    let mut setup = with_standby();
     let url = format!("{}?wait_replicas=1&wait_timeout=300ms", setup.url());
     let (c, b) = backend(&url).await;
     let name = unique_name("paused");
@@ -243,8 +247,9 @@ async fn paused_master_is_failed_over_and_gets_no_lock_writes_when_back() {
     setup.master_mut().pause();
     promoted(&setup).await;
     follows(&b, setup.replica().port()).await;
+    works_on(&c, 2).await;
     // The old master comes back, still believing it is the master until the sentinels
-    // demote it (until then the new master has no replica for wait_replicas=1).
+    // demote it.
     setup.master_mut().resume();
     tokio::task::block_in_place(|| setup.wait_old_master_demoted(PROMOTION)).expect("demoted");
     let calls = evalsha_calls(setup.master());
@@ -283,18 +288,32 @@ async fn demoted_master_readonly_reply_moves_the_backend() {
     // Nothing told the backend: it still points at the old master, now a replica.
     assert_eq!(port_of(&b), old);
     let calls = evalsha_calls(setup.master());
+    let readonly_before = readonly_errors(setup.master());
+    // The sentinels are paused for a moment (under the 2 s that would put them in TILT):
+    // the backend reconnects to the old address (the sentinels cut its connection when they
+    // demoted the node) and is refused READONLY until it can ask them where the master is.
+    for s in setup.sentinels() {
+        s.pause();
+    }
+    let c2 = c.clone();
+    let first = tokio::spawn(async move { works_on(&c2, 1).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for s in setup.sentinels() {
+        s.resume();
+    }
+    first
+        .await
+        .expect("acquire while the sentinels were paused");
     works_on(&c, 3).await;
     assert_eq!(port_of(&b), setup.replica().port());
-    let errors = setup
-        .master()
-        .command(&["INFO", "errorstats"])
-        .expect("errorstats");
-    eprintln!("old master's errorstats: {errors}");
-    // At most the calls refused READONLY reached it; none was applied (it is a replica).
-    let refused = evalsha_calls(setup.master()) - calls;
+    // Every lock script that reached the demoted master was refused (READONLY): none ran.
+    let reached = evalsha_calls(setup.master()) - calls;
+    let refused = readonly_errors(setup.master()) - readonly_before;
+    eprintln!("{reached} lock scripts reached the demoted master, {refused} refused READONLY");
+    assert!(refused > 0, "the backend never met a READONLY reply");
     assert!(
-        refused == 0 || errors.contains("errorstat_READONLY"),
-        "{refused} lock scripts ran on the demoted master: {errors}"
+        reached <= refused,
+        "{reached} lock scripts reached the demoted master, only {refused} were refused"
     );
 }
 
@@ -302,6 +321,7 @@ async fn demoted_master_readonly_reply_moves_the_backend() {
 async fn sentinel_password_is_separate_and_never_shown() {
     let setup = SentinelSetup::start_with(SentinelOptions {
         sentinel_password: Some("sentinel-s3cret".into()),
+        ..Default::default()
     })
     .expect("sentinel setup");
     let url = setup.url();

@@ -22,14 +22,19 @@ pub struct SentinelOptions {
     /// The sentinels' `requirepass` (and `sentinel sentinel-pass`, so they reach each
     /// other). `None`: no password.
     pub sentinel_password: Option<String>,
+    /// A second replica with `replica-priority 0` (never promoted): after a failover it
+    /// replicates the new master, so `?wait_replicas=1` can still be confirmed while the old
+    /// master is away.
+    pub standby_replica: bool,
 }
 
-/// A master, one replica and three sentinels (quorum 2, `down-after-milliseconds` 1000,
+/// A master, one replica (two with [`SentinelOptions::standby_replica`]) and three sentinels (quorum 2, `down-after-milliseconds` 1000,
 /// `failover-timeout` 5000). Everything is killed and removed on drop.
 #[derive(Debug)]
 pub struct SentinelSetup {
     master: RedisServer,
     replica: RedisServer,
+    standby: Option<RedisServer>,
     sentinels: Vec<ServerProcess>,
     password: Option<String>,
 }
@@ -54,6 +59,14 @@ impl SentinelSetup {
         let password = opts.sentinel_password.clone();
         let master = RedisServer::start()?;
         let replica = RedisServer::start_replica_of(&master)?;
+        let standby = if opts.standby_replica {
+            Some(RedisServer::start_replica_with(
+                &master,
+                &["--replica-priority", "0"],
+            )?)
+        } else {
+            None
+        };
         let binary = match std::env::var(REDIS_SERVER_ENV) {
             Ok(b) if !b.is_empty() => b,
             _ => "redis-server".to_string(),
@@ -94,6 +107,7 @@ impl SentinelSetup {
         let setup = SentinelSetup {
             master,
             replica,
+            standby,
             sentinels,
             password,
         };
@@ -101,16 +115,17 @@ impl SentinelSetup {
         Ok(setup)
     }
 
-    /// Waits until each sentinel knows one replica and two other sentinels.
+    /// Waits until each sentinel knows every replica and two other sentinels.
     fn settle(&self) -> Result<()> {
         let t = Instant::now();
+        let want = 1 + usize::from(self.standby.is_some());
         loop {
             let mut ready = true;
             for s in &self.sentinels {
                 let pw = self.password.as_deref();
                 let replicas = count(s.addr(), pw, &["SENTINEL", "REPLICAS", SENTINEL_MASTER]);
                 let peers = count(s.addr(), pw, &["SENTINEL", "SENTINELS", SENTINEL_MASTER]);
-                ready &= replicas >= 1 && peers >= 2;
+                ready &= replicas >= want && peers >= 2;
             }
             if ready {
                 return Ok(());
@@ -182,8 +197,14 @@ impl SentinelSetup {
         })
     }
 
+    /// The standby replica ([`SentinelOptions::standby_replica`]), if started.
+    pub fn standby(&self) -> Option<&RedisServer> {
+        self.standby.as_ref()
+    }
+
     /// Waits (up to `timeout`) until the sentinels name the replica as the master and it
-    /// says so itself (`ROLE` master: it takes writes). Returns how long it took.
+    /// says so itself (`ROLE` master: it takes writes), and the standby replica (if any)
+    /// replicates it, online. Returns how long it took.
     ///
     /// # Errors
     /// [`Error::Start`] if it is not promoted in time (with the first sentinel's log).
@@ -191,7 +212,16 @@ impl SentinelSetup {
         let t = Instant::now();
         let new = self.replica.port();
         loop {
-            if self.current_master_port() == Some(new) && role(&self.replica) == "master" {
+            let standby_online = self.standby.as_ref().is_none_or(|s| {
+                self.replica
+                    .command(&["INFO", "replication"])
+                    .map(|i| i.contains(&format!("port={},state=online", s.port())))
+                    .unwrap_or(false)
+            });
+            if self.current_master_port() == Some(new)
+                && role(&self.replica) == "master"
+                && standby_online
+            {
                 return Ok(t.elapsed());
             }
             if t.elapsed() > timeout {
