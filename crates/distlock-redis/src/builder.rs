@@ -319,6 +319,42 @@ mod tests {
     }
 
     #[test]
+    fn sentinel_password_builder_beats_url_beats_env() {
+        let env = env_of(&[(SENTINEL_PASSWORD_ENV, "envsp")]);
+        let sp = |b: &RedisBuilder| {
+            b.resolve_with(&env)
+                .expect("resolve")
+                .address
+                .sentinel_password
+                .map(|p| p.expose().to_owned())
+        };
+        let url = "redis+sentinel://:master@s1/m";
+        assert_eq!(sp(&RedisBuilder::new(url)), s("envsp"));
+        assert_eq!(sp(&RedisBuilder::new(url).ignore_env()), None);
+        let with = format!("{url}?sentinel_password=urlsp");
+        assert_eq!(sp(&RedisBuilder::new(&with)), s("urlsp"));
+        assert_eq!(
+            sp(&RedisBuilder::new(&with).sentinel_password("bsp")),
+            s("bsp")
+        );
+        // The master's password stays its own.
+        assert_eq!(creds(&RedisBuilder::new(&with), &env).1, s("master"));
+        // The environment's sentinel password is ignored for other URLs; the builder's is an error.
+        assert!(RedisBuilder::new("redis://h").resolve_with(&env).is_ok());
+        let e = RedisBuilder::new("redis://h")
+            .sentinel_password("x")
+            .resolve_with(&env)
+            .err()
+            .expect("not a sentinel URL");
+        assert!(e.to_string().contains("redis+sentinel"), "{e}");
+        let d = format!(
+            "{:?}",
+            RedisBuilder::new(url).sentinel_password("hidden-sp")
+        );
+        assert!(!d.contains("hidden-sp"), "{d}");
+    }
+
+    #[test]
     fn debug_hides_the_password() {
         let b = RedisBuilder::new("redis://u:urlsecret@h").password("buildersecret");
         let d = format!("{b:?}");
