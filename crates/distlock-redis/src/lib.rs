@@ -102,18 +102,13 @@ impl RedisBackend {
             sentinel_password,
         } = address;
         check_wait(wait_replicas, opts)?;
-        let sentinels = sentinel.map(|(hosts, master)| sentinel::Sentinels {
-            conn: conn.clone(),
-            hosts,
-            master,
-            password: sentinel_password,
-            timeout: opts.get_connect_timeout(),
+        let sentinels = sentinel.map(|(hosts, master)| {
+            sentinel::Sentinels::new(&conn, hosts, master, sentinel_password, opts)
         });
         let (driver_url, endpoint, at) = match &sentinels {
             Some(s) => {
                 let at = s.discover().await?;
-                let endpoint = format!("master `{}` of {}", s.master, s.describe());
-                (format!("redis://{at}"), endpoint, Some(at))
+                (format!("redis://{at}"), s.endpoint(), Some(at))
             }
             None => (driver_url, endpoint, None),
         };
@@ -127,15 +122,7 @@ impl RedisBackend {
         )?;
         let cert_given = Some(client_cert.is_some());
         if let Some(at) = &at {
-            // Lock writes never go to a node that says it is a replica (the sentinels may
-            // name one that is still being promoted, or an old view).
-            if !sentinel::is_master(&client, at, opts.get_connect_timeout()).await? {
-                return Err(Error::connection(
-                    KIND,
-                    endpoint,
-                    format!("the sentinels name {at}, but it says it is not a master (a failover in progress?); try again"),
-                ));
-            }
+            sentinel::confirm_master(&client, at, &endpoint, opts.get_connect_timeout()).await?;
         }
         let config = conn::config(opts);
         let con = tokio::time::timeout(
@@ -169,22 +156,13 @@ impl RedisBackend {
         )
         .await?;
         if let (Some(sentinels), Some(at)) = (sentinels, at) {
-            let make_client: sentinel::MakeClient = Box::new(move |at: &str| {
-                address::open_client(
-                    &conn,
-                    &format!("redis://{at}"),
-                    None,
-                    None,
-                    user.as_deref(),
-                    password.as_ref(),
-                )
-            });
+            let (con, sub) = (backend.con.clone(), backend.subscriber.clone());
+            let creds = (user, password);
             backend.follower = Some(sentinel::Follower::start(
                 sentinels,
-                make_client,
+                creds,
                 at,
-                backend.con.clone(),
-                backend.subscriber.clone(),
+                (con, sub),
                 follow_switches,
             ));
         }

@@ -50,6 +50,29 @@ pub(crate) struct Sentinels {
 }
 
 impl Sentinels {
+    /// The sentinels `hosts` of `master` in the URL `conn`, asked with `password`, each given
+    /// the connect timeout of `opts`.
+    pub(crate) fn new(
+        conn: &ConnectionString,
+        hosts: Vec<String>,
+        master: String,
+        password: Option<Password>,
+        opts: &distlock_core::ClientOptions,
+    ) -> Self {
+        Sentinels {
+            conn: conn.clone(),
+            hosts,
+            master,
+            password,
+            timeout: opts.get_connect_timeout(),
+        }
+    }
+
+    /// The backend's endpoint in messages (stable across failovers).
+    pub(crate) fn endpoint(&self) -> String {
+        format!("master `{}` of {}", self.master, self.describe())
+    }
+
     fn client(&self, host: &str) -> Result<redis::Client> {
         crate::address::open_client(
             &self.conn,
@@ -160,13 +183,33 @@ pub(crate) async fn is_master(
     })
 }
 
-/// Makes the client of the master at `host:port` (the master's credentials).
-pub(crate) type MakeClient = Box<dyn Fn(&str) -> Result<redis::Client> + Send + Sync>;
+/// At connect: an error unless the node of `client` (at `at`) says it is a master. Lock
+/// writes never go to a node that says it is a replica (the sentinels may name one that is
+/// still being promoted, or hold an old view).
+///
+/// # Errors
+/// A retryable [`Error::Connection`] for a replica; as [`is_master`] otherwise.
+pub(crate) async fn confirm_master(
+    client: &redis::Client,
+    at: &str,
+    endpoint: &str,
+    timeout: Duration,
+) -> Result<()> {
+    if is_master(client, at, timeout).await? {
+        return Ok(());
+    }
+    Err(Error::connection(
+        KIND,
+        endpoint.to_owned(),
+        format!("the sentinels name {at}, but it says it is not a master (a failover in progress?); try again"),
+    ))
+}
 
 /// Keeps a backend's connections on the master the sentinels name.
 pub(crate) struct Follower {
     sentinels: Sentinels,
-    make_client: MakeClient,
+    /// The master's ACL user and password.
+    creds: (Option<String>, Option<Password>),
     con: Arc<Con>,
     subscriber: Arc<Subscriber>,
     /// The master's `host:port` the connections go to now.
@@ -194,19 +237,19 @@ impl Drop for Follower {
 }
 
 impl Follower {
-    /// A follower of `sentinels`' master, now at `current`, moving `con` and `subscriber`;
-    /// `listen`: subscribe to `+switch-master` (else only errors start a check).
+    /// A follower of `sentinels`' master (reached with `creds`: user, password), now at
+    /// `current`, moving `con` and `subscriber`; `listen`: subscribe to `+switch-master`
+    /// (else only errors start a check).
     pub(crate) fn start(
         sentinels: Sentinels,
-        make_client: MakeClient,
+        creds: (Option<String>, Option<Password>),
         current: String,
-        con: Arc<Con>,
-        subscriber: Arc<Subscriber>,
+        (con, subscriber): (Arc<Con>, Arc<Subscriber>),
         listen: bool,
     ) -> Arc<Self> {
         let me = Arc::new(Follower {
             sentinels,
-            make_client,
+            creds,
             con,
             subscriber,
             current: Mutex::new(current),
@@ -338,7 +381,14 @@ impl Follower {
         if at == self.current() {
             return Ok(true);
         }
-        let client = (self.make_client)(&at)?;
+        let client = crate::address::open_client(
+            &self.sentinels.conn,
+            &format!("redis://{at}"),
+            None,
+            None,
+            self.creds.0.as_deref(),
+            self.creds.1.as_ref(),
+        )?;
         if !is_master(&client, &at, self.sentinels.timeout).await? {
             tracing::debug!(candidate = %at, "the sentinels name a node that is not a master yet");
             return Ok(false);
