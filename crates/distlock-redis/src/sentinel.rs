@@ -33,6 +33,8 @@ const SWITCH_CHANNEL: &str = "+switch-master";
 const CHECK_GAP: Duration = Duration::from_millis(100);
 /// After `+switch-master`: how long to keep checking until the new master confirms its role.
 const CONFIRM_FOR: Duration = Duration::from_secs(5);
+/// How often the sentinel listened to is asked to answer (a silent one may be dead).
+const PING_EVERY: Duration = Duration::from_secs(5);
 
 /// The sentinels of one master, and how to reach them.
 #[derive(Clone)]
@@ -426,15 +428,30 @@ async fn listen_for_switches(follower: Weak<Follower>) {
             ps.subscribe(SWITCH_CHANNEL)
                 .await
                 .map_err(|e| crate::error::map(&host, e))?;
-            Ok::<_, Error>(ps.into_on_message())
+            Ok::<_, Error>(ps.split())
         };
         match tokio::time::timeout(sentinels.timeout, subscribe).await {
-            Ok(Ok(mut stream)) => {
+            Ok(Ok((mut sink, mut stream))) => {
                 // A switch may have happened while no sentinel was listened to.
                 if let Some(f) = follower.upgrade() {
                     f.check(Duration::ZERO).await;
                 }
-                while let Some(msg) = stream.next().await {
+                let mut ping = tokio::time::interval(PING_EVERY);
+                ping.tick().await;
+                loop {
+                    let msg = tokio::select! {
+                        m = stream.next() => m,
+                        _ = ping.tick() => {
+                            // A paused or cut-off sentinel sends nothing, as a healthy one
+                            // between failovers does: ask it to answer.
+                            let pong = tokio::time::timeout(sentinels.timeout, sink.ping::<redis::Value>()).await;
+                            if matches!(pong, Ok(Ok(_))) {
+                                continue;
+                            }
+                            None
+                        }
+                    };
+                    let Some(msg) = msg else { break };
                     let payload = String::from_utf8_lossy(msg.get_payload_bytes()).into_owned();
                     if payload.split(' ').next() != Some(sentinels.master.as_str()) {
                         continue;

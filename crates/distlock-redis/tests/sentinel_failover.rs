@@ -352,3 +352,28 @@ async fn sentinel_password_is_separate_and_never_shown() {
     let c = Client::new(Arc::new(b), opts()).expect("client");
     works_on(&c, 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_switch_is_heard_from_another_sentinel_without_any_call() {
+    let mut setup = SentinelSetup::start().expect("sentinel setup");
+    let (_c, b) = backend(&setup.url()).await;
+    // The backend listens to the first sentinel (its subscriber shows in CLIENT LIST) ...
+    let t = Instant::now();
+    while !setup
+        .sentinel_command(0, &["CLIENT", "LIST"])
+        .is_some_and(|l| l.contains(" sub=1 "))
+    {
+        assert!(t.elapsed() < FOLLOW, "no subscriber on the first sentinel");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ... which goes silent (paused, its connection open);
+    // the other two still agree on the failover.
+    setup.sentinels()[0].pause();
+    setup.master_mut().kill();
+    promoted(&setup).await;
+    // No call is made: only the +switch-master subscription, moved to another sentinel
+    // when the silent one did not answer its ping, can move the backend.
+    let moved = follows(&b, setup.replica().port()).await;
+    eprintln!("followed {moved:?} after the promotion, without a call");
+    setup.sentinels()[0].resume();
+}

@@ -277,6 +277,17 @@ impl SentinelSetup {
         &self.sentinels
     }
 
+    /// The reply of sentinel `i` to `args` (with the sentinel password, if any), as text;
+    /// `None` when it does not answer.
+    pub fn sentinel_command(&self, i: usize, args: &[&str]) -> Option<String> {
+        call(
+            self.sentinels.get(i)?.addr(),
+            self.password.as_deref(),
+            args,
+        )
+        .map(|r| r.to_string())
+    }
+
     /// The port of the master the first reachable sentinel names now
     /// (`SENTINEL get-master-addr-by-name`).
     pub fn current_master_port(&self) -> Option<u16> {
