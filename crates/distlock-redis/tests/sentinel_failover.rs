@@ -377,3 +377,31 @@ async fn the_switch_is_heard_from_another_sentinel_without_any_call() {
     eprintln!("followed {moved:?} after the promotion, without a call");
     setup.sentinels()[0].resume();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_passwords_are_used_across_a_failover() {
+    let mut setup = SentinelSetup::start_with(SentinelOptions {
+        sentinel_password: Some("sentinel-pw".into()),
+        master_password: Some("master-pw".into()),
+        ..Default::default()
+    })
+    .expect("sentinel setup");
+    // The master's password in the URL, the sentinels' from the builder.
+    let b = Arc::new(
+        RedisBackend::builder(setup.url())
+            .options(opts())
+            .sentinel_password("sentinel-pw")
+            .ignore_env()
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let c = Client::new(b.clone(), opts()).expect("client");
+    works_on(&c, 1).await;
+    setup.master_mut().kill();
+    promoted(&setup).await;
+    // The listener reached the sentinels with their password, the new master was reached
+    // (ROLE, then the locks) with the master's.
+    follows(&b, setup.replica().port()).await;
+    works_on(&c, 2).await;
+}

@@ -94,7 +94,8 @@ impl RedisServer {
     }
 
     /// [`start_replica_of`](Self::start_replica_of) with further `redis-server` arguments
-    /// (e.g. `["--replica-priority", "0"]`: never promoted by Sentinel).
+    /// (e.g. `["--replica-priority", "0"]`: never promoted by Sentinel). The replica of a
+    /// master with a password has the same password (and syncs with it).
     ///
     /// # Errors
     /// As [`start_replica_of`](Self::start_replica_of).
@@ -105,8 +106,13 @@ impl RedisServer {
             "127.0.0.1".into(),
             master.port().to_string(),
         ];
+        // A master with a password: the replica has the same one, and uses it to sync.
+        if let Some(pw) = &master.opts.password {
+            args.extend(["--masterauth".to_string(), pw.clone()]);
+        }
         args.extend(extra_args.iter().map(|a| a.to_string()));
         let replica = Self::start_with(RedisOptions {
+            password: master.opts.password.clone(),
             extra_args: args,
             ..Default::default()
         })?;

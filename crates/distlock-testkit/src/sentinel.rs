@@ -26,6 +26,9 @@ pub struct SentinelOptions {
     /// replicates the new master, so `?wait_replicas=1` can still be confirmed while the old
     /// master is away.
     pub standby_replica: bool,
+    /// The master's and replicas' `requirepass` (each also syncs with it: `masterauth`; the
+    /// sentinels reach them with `sentinel auth-pass`). [`SentinelSetup::url`] carries it.
+    pub master_password: Option<String>,
 }
 
 /// A master, one replica (two with [`SentinelOptions::standby_replica`]) and three sentinels (quorum 2, `down-after-milliseconds` 1000,
@@ -37,6 +40,7 @@ pub struct SentinelSetup {
     standby: Option<RedisServer>,
     sentinels: Vec<ServerProcess>,
     password: Option<String>,
+    master_password: Option<String>,
 }
 
 impl SentinelSetup {
@@ -57,7 +61,14 @@ impl SentinelSetup {
     /// As [`start`](Self::start).
     pub fn start_with(opts: SentinelOptions) -> Result<Self> {
         let password = opts.sentinel_password.clone();
-        let master = RedisServer::start()?;
+        let master = RedisServer::start_with(crate::RedisOptions {
+            password: opts.master_password.clone(),
+            extra_args: match &opts.master_password {
+                Some(pw) => vec!["--masterauth".into(), pw.clone()],
+                None => Vec::new(),
+            },
+            ..Default::default()
+        })?;
         let replica = RedisServer::start_replica_of(&master)?;
         let standby = if opts.standby_replica {
             Some(RedisServer::start_replica_with(
@@ -79,10 +90,13 @@ impl SentinelSetup {
                 .prefix("distlock-sentinel")
                 .tempdir()?;
             let b = binary.clone();
-            let auth = match &password {
+            let mut auth = match &password {
                 Some(pw) => format!("requirepass \"{pw}\"\nsentinel sentinel-pass \"{pw}\"\n"),
                 None => String::new(),
             };
+            if let Some(pw) = &opts.master_password {
+                auth.push_str(&format!("sentinel auth-pass {SENTINEL_MASTER} \"{pw}\"\n"));
+            }
             let pw = password.clone();
             let spec = ServerSpec::new("redis-sentinel", "redis-server", move |dir, port| {
                 let conf = dir.join("sentinel.conf");
@@ -110,6 +124,7 @@ impl SentinelSetup {
             standby,
             sentinels,
             password,
+            master_password: opts.master_password.clone(),
         };
         setup.settle()?;
         Ok(setup)
@@ -144,14 +159,23 @@ impl SentinelSetup {
         }
     }
 
-    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/dlockmaster`.
+    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/dlockmaster` (with
+    /// `:PASSWORD@` before the hosts for [`SentinelOptions::master_password`]; the sentinel
+    /// password is not in it).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinels
             .iter()
             .map(|s| format!("127.0.0.1:{}", s.port()))
             .collect();
-        format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
+        let auth = match &self.master_password {
+            Some(pw) => format!(":{}@", crate::spawn::percent_encode(pw)),
+            None => String::new(),
+        };
+        format!(
+            "redis+sentinel://{auth}{}/{SENTINEL_MASTER}",
+            hosts.join(",")
+        )
     }
 
     /// The master as started (after a failover, the old one).
