@@ -293,6 +293,8 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
+        let e = parse("rediss+sentinel://s1/m").unwrap_err().to_string();
+        assert!(e.contains("not built yet"), "{e}");
         let e = parse("redis://u:secret@h/x").unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
         assert_eq!(redact("redis://u:secret@h:1"), "redis://u:***@h:1");
