@@ -21,6 +21,8 @@ pub(crate) struct Address {
     pub(crate) client_cert: Option<(String, String)>,
     /// `redis+sentinel://`: the sentinels (`host:port`) and the master's name.
     pub(crate) sentinel: Option<(Vec<String>, String)>,
+    /// `?sentinel_password=`: the sentinels' own password.
+    pub(crate) sentinel_password: Option<Password>,
 }
 
 /// How long a grant waits for its replicas when the URL does not say.
@@ -35,6 +37,11 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
     let cs = ConnectionString::parse(url)?;
     if cs.scheme() == "redis+sentinel" {
         return parse_sentinel(cs);
+    }
+    if cs.scheme() == "rediss+sentinel" {
+        return Err(cs.invalid(
+            "rediss+sentinel:// (TLS to the sentinels and the master) is not built yet; use redis+sentinel:// on a trusted network, or rediss://MASTER (no failover following)",
+        ));
     }
     let tls = match cs.scheme() {
         "redis" => false,
@@ -107,6 +114,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
         ca_file,
         client_cert,
         sentinel: None,
+        sentinel_password: None,
         conn: cs,
     })
 }
@@ -127,7 +135,7 @@ fn wait_replicas(cs: &ConnectionString) -> Result<Option<(u32, Duration)>> {
 }
 
 /// `redis+sentinel://[user:password@]s1:p1[,s2:p2…]/MASTER[?namespace=…]`: the password is
-/// the master's (the sentinels are asked without one).
+/// the master's (and its replicas'); the sentinels' own is `?sentinel_password=`.
 fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
     let sentinels: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(26379)).collect();
     if sentinels.is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
@@ -141,10 +149,18 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
         ));
     }
     for (k, _) in cs.params() {
-        if !matches!(k.as_str(), "namespace" | "wait_replicas" | "wait_timeout") {
-            return Err(cs.invalid(format!(
-                "unknown parameter `{k}` for redis+sentinel:// (known: namespace, wait_replicas, wait_timeout; no TLS yet)"
-            )));
+        match k.as_str() {
+            "namespace" | "wait_replicas" | "wait_timeout" | "sentinel_password" => {}
+            "ca_file" | "cacert" | "cert" | "key" => {
+                return Err(cs.invalid(format!(
+                    "`{k}` is a TLS parameter: redis+sentinel:// has no TLS yet (rediss+sentinel:// is not built)"
+                )))
+            }
+            _ => {
+                return Err(cs.invalid(format!(
+                    "unknown parameter `{k}` for redis+sentinel:// (known: namespace, wait_replicas, wait_timeout, sentinel_password; no TLS yet)"
+                )))
+            }
         }
     }
     let wait_replicas = wait_replicas(&cs)?;
@@ -156,49 +172,12 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
         ca_file: None,
         client_cert: None,
         sentinel: Some((sentinels, master)),
+        sentinel_password: cs
+            .param("sentinel_password")
+            .filter(|p| !p.is_empty())
+            .map(Password::new),
         conn: cs,
     })
-}
-
-/// The master's `host:port` as the first sentinel that knows it says
-/// (`SENTINEL get-master-addr-by-name`), each asked within `timeout`.
-pub(crate) async fn discover(
-    sentinels: &[String],
-    master: &str,
-    timeout: Duration,
-) -> Result<String> {
-    let mut why = Vec::new();
-    for s in sentinels {
-        let ask = async {
-            let client = redis::Client::open(format!("redis://{s}"))?;
-            let mut con = client.get_multiplexed_async_connection().await?;
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(master)
-                .query_async::<Option<(String, u16)>>(&mut con)
-                .await
-        };
-        match tokio::time::timeout(timeout, ask).await {
-            Ok(Ok(Some((host, port)))) => {
-                return Ok(if host.contains(':') {
-                    format!("[{host}]:{port}")
-                } else {
-                    format!("{host}:{port}")
-                })
-            }
-            Ok(Ok(None)) => why.push(format!("{s}: does not know master `{master}`")),
-            Ok(Err(e)) => why.push(format!("{s}: {e}")),
-            Err(_) => why.push(format!("{s}: no answer within {timeout:?}")),
-        }
-    }
-    Err(Error::connection(
-        crate::error::KIND,
-        format!("sentinels {}", sentinels.join(",")),
-        format!(
-            "no sentinel named the master `{master}` ({}); check the sentinel addresses and the master name",
-            why.join("; ")
-        ),
-    ))
 }
 
 /// The redis-rs client for `driver_url` (with TLS: trusting only `ca_file` when given, and
@@ -298,6 +277,15 @@ mod tests {
             ))
         );
         assert_eq!(a.namespace.as_deref(), Some("n"));
+        let a = parse("redis+sentinel://s1/m?sentinel_password=sp%40ss").unwrap();
+        assert_eq!(
+            a.sentinel_password.as_ref().map(Password::expose),
+            Some("sp@ss")
+        );
+        assert_eq!(
+            redact("redis+sentinel://s1/m?sentinel_password=hidden"),
+            "redis+sentinel://s1/m?sentinel_password=***"
+        );
         for bad in [
             "redis+sentinel://s1",
             "redis+sentinel://s1/a/b",
@@ -305,6 +293,8 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
+        let e = parse("rediss+sentinel://s1/m").unwrap_err().to_string();
+        assert!(e.contains("not built yet"), "{e}");
         let e = parse("redis://u:secret@h/x").unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
         assert_eq!(redact("redis://u:secret@h:1"), "redis://u:***@h:1");

@@ -15,6 +15,10 @@ pub const PASSWORD_ENV: &str = "DLOCK_REDIS_PASSWORD";
 /// used when nothing else gives one. Suits secrets mounted as files (Kubernetes, systemd
 /// credentials).
 pub const PASSWORD_FILE_ENV: &str = "DLOCK_REDIS_PASSWORD_FILE";
+/// Environment variable with the password of the sentinels of `redis+sentinel://` (their
+/// `requirepass`, not the master's), used when neither the builder nor the URL's
+/// `?sentinel_password=` gives one.
+pub const SENTINEL_PASSWORD_ENV: &str = "DLOCK_REDIS_SENTINEL_PASSWORD";
 /// Environment variable with the Redis ACL user name, used when neither the builder nor the
 /// URL names one (none: the `default` user).
 pub const USER_ENV: &str = "DLOCK_REDIS_USER";
@@ -29,6 +33,7 @@ pub const USER_ENV: &str = "DLOCK_REDIS_USER";
 /// | password | [`password`](Self::password) / [`password_file`](Self::password_file) | `redis://[user]:PASSWORD@…` | `DLOCK_REDIS_PASSWORD`, then the file named by `DLOCK_REDIS_PASSWORD_FILE` |
 /// | CA to trust | [`ca_file`](Self::ca_file) | `rediss://…?ca_file=PATH` (or `cacert=`) | — (the system's CAs) |
 /// | client certificate | [`client_cert`](Self::client_cert) | `rediss://…?cert=PATH&key=PATH` | — |
+/// | sentinels' password | [`sentinel_password`](Self::sentinel_password) | `redis+sentinel://…?sentinel_password=…` | `DLOCK_REDIS_SENTINEL_PASSWORD` (none: no password) |
 ///
 /// [`ignore_env`](Self::ignore_env) turns the environment off ([`RedisBackend::connect`], and
 /// so `distlock::connect` and the CLI, read it). A user without a password is an error. The
@@ -55,6 +60,8 @@ pub struct RedisBuilder {
     password: Option<PasswordSource>,
     ca_file: Option<PathBuf>,
     client_cert: Option<(PathBuf, PathBuf)>,
+    sentinel_password: Option<Password>,
+    follow_switches: bool,
     env: bool,
 }
 
@@ -66,6 +73,7 @@ impl fmt::Debug for RedisBuilder {
             .field("password", &self.password)
             .field("ca_file", &self.ca_file)
             .field("client_cert", &self.client_cert)
+            .field("sentinel_password", &self.sentinel_password)
             .field("env", &self.env)
             .finish_non_exhaustive()
     }
@@ -76,6 +84,8 @@ pub(crate) struct Resolved {
     pub(crate) address: Address,
     pub(crate) user: Option<String>,
     pub(crate) password: Option<Password>,
+    /// Subscribe to the sentinels' `+switch-master` (else only failed calls find a failover).
+    pub(crate) follow_switches: bool,
 }
 
 impl RedisBuilder {
@@ -89,6 +99,8 @@ impl RedisBuilder {
             password: None,
             ca_file: None,
             client_cert: None,
+            sentinel_password: None,
+            follow_switches: true,
             env: true,
         }
     }
@@ -132,7 +144,24 @@ impl RedisBuilder {
         self
     }
 
-    /// Do not read `DLOCK_REDIS_USER`, `DLOCK_REDIS_PASSWORD` or `DLOCK_REDIS_PASSWORD_FILE`.
+    /// The sentinels' password for `redis+sentinel://` (their `requirepass`; the master's is
+    /// [`password`](Self::password)), over the URL's `?sentinel_password=` and
+    /// [`SENTINEL_PASSWORD_ENV`].
+    pub fn sentinel_password(mut self, password: impl Into<String>) -> Self {
+        self.sentinel_password = Some(Password::new(password));
+        self
+    }
+
+    /// For tests of the reactive path: do not subscribe to the sentinels' `+switch-master`,
+    /// so that only failed calls (a connection error, `READONLY`) find a failover.
+    #[doc(hidden)]
+    pub fn without_switch_subscription(mut self) -> Self {
+        self.follow_switches = false;
+        self
+    }
+
+    /// Do not read `DLOCK_REDIS_USER`, `DLOCK_REDIS_PASSWORD`, `DLOCK_REDIS_PASSWORD_FILE` or
+    /// `DLOCK_REDIS_SENTINEL_PASSWORD`.
     pub fn ignore_env(mut self) -> Self {
         self.env = false;
         self
@@ -172,6 +201,18 @@ impl RedisBuilder {
                  named by {PASSWORD_FILE_ENV}"
             )));
         }
+        if address.sentinel.is_some() {
+            if let Some(p) = &self.sentinel_password {
+                address.sentinel_password = Some(p.clone());
+            } else if address.sentinel_password.is_none() {
+                address.sentinel_password = env(SENTINEL_PASSWORD_ENV).map(Password::new);
+            }
+        } else if self.sentinel_password.is_some() {
+            return Err(Error::invalid_url(
+                redact(&self.url),
+                "a sentinel password is for redis+sentinel:// URLs only",
+            ));
+        }
         if self.ca_file.is_some() || self.client_cert.is_some() {
             if !address.driver_url.starts_with("rediss:") {
                 return Err(Error::invalid_url(
@@ -191,6 +232,7 @@ impl RedisBuilder {
             address,
             user,
             password,
+            follow_switches: self.follow_switches,
         })
     }
 
@@ -274,6 +316,42 @@ mod tests {
             .err()
             .expect("plain");
         assert!(e.to_string().contains("rediss://"), "{e}");
+    }
+
+    #[test]
+    fn sentinel_password_builder_beats_url_beats_env() {
+        let env = env_of(&[(SENTINEL_PASSWORD_ENV, "envsp")]);
+        let sp = |b: &RedisBuilder| {
+            b.resolve_with(&env)
+                .expect("resolve")
+                .address
+                .sentinel_password
+                .map(|p| p.expose().to_owned())
+        };
+        let url = "redis+sentinel://:master@s1/m";
+        assert_eq!(sp(&RedisBuilder::new(url)), s("envsp"));
+        assert_eq!(sp(&RedisBuilder::new(url).ignore_env()), None);
+        let with = format!("{url}?sentinel_password=urlsp");
+        assert_eq!(sp(&RedisBuilder::new(&with)), s("urlsp"));
+        assert_eq!(
+            sp(&RedisBuilder::new(&with).sentinel_password("bsp")),
+            s("bsp")
+        );
+        // The master's password stays its own.
+        assert_eq!(creds(&RedisBuilder::new(&with), &env).1, s("master"));
+        // The environment's sentinel password is ignored for other URLs; the builder's is an error.
+        assert!(RedisBuilder::new("redis://h").resolve_with(&env).is_ok());
+        let e = RedisBuilder::new("redis://h")
+            .sentinel_password("x")
+            .resolve_with(&env)
+            .err()
+            .expect("not a sentinel URL");
+        assert!(e.to_string().contains("redis+sentinel"), "{e}");
+        let d = format!(
+            "{:?}",
+            RedisBuilder::new(url).sentinel_password("hidden-sp")
+        );
+        assert!(!d.contains("hidden-sp"), "{d}");
     }
 
     #[test]

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 pub(crate) struct Con {
     current: RwLock<ConnectionManager>,
-    client: redis::Client,
+    /// Where fresh connections go (replaced when a Sentinel failover moves the master).
+    client: RwLock<redis::Client>,
     config: ConnectionManagerConfig,
     /// When the connection was last replaced: at most one replacement per operation timeout
     /// (a burst of timeouts from one stall replaces it once).
@@ -37,7 +38,7 @@ impl Con {
     pub(crate) fn new(con: ConnectionManager, client: redis::Client, opts: &ClientOptions) -> Self {
         Con {
             current: RwLock::new(con),
-            client,
+            client: RwLock::new(client),
             // A replacement is made after a timeout, maybe to a stalled server: it gets the
             // time of one operation to connect, once (the core's retries try again), so a
             // paused server costs each retry what it cost before.
@@ -66,12 +67,30 @@ impl Con {
             }
             *last = Some(Instant::now());
         }
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+        // The client is read-locked until the fresh connection is in place, so that a
+        // concurrent `switch` (a failover) cannot be undone by a connection to the old node.
+        let client = self.client.read().unwrap_or_else(PoisonError::into_inner);
+        match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
             Ok(fresh) => {
                 tracing::debug!("a redis reply timed out; the next calls use a fresh connection");
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = fresh;
             }
             Err(e) => tracing::debug!(error = %e, "cannot make a fresh redis connection"),
+        }
+    }
+
+    /// The master moved (Sentinel): the next calls go to `client`'s node, on a connection
+    /// opened lazily; calls in flight finish (or fail) on the old one.
+    pub(crate) fn switch(&self, client: redis::Client) {
+        match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
+            Ok(fresh) => {
+                let mut at = self.client.write().unwrap_or_else(PoisonError::into_inner);
+                *at = client;
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot make a connection to the new redis master")
+            }
         }
     }
 }

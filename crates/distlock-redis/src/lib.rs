@@ -11,6 +11,7 @@ mod pubsub;
 mod quorum;
 mod renew;
 mod scripts;
+mod sentinel;
 
 use crate::error::{map, shape, KIND};
 pub use crate::quorum::{NodeHold, QuorumReply, QuorumVote, ServerInfo, TOKEN_FIELD};
@@ -26,7 +27,9 @@ use std::time::Duration;
 
 /// The Redis backend. Build it with [`RedisBackend::connect`] (or through `distlock::connect`).
 pub struct RedisBackend {
-    con: conn::Con,
+    con: Arc<conn::Con>,
+    /// `redis+sentinel://`: moves `con` and `subscriber` to the master after a failover.
+    follower: Option<Arc<sentinel::Follower>>,
     scripts: scripts::Scripts,
     subscriber: Arc<pubsub::Subscriber>,
     endpoint: String,
@@ -35,7 +38,9 @@ pub struct RedisBackend {
 }
 
 pub use crate::address::redact;
-pub use crate::builder::{RedisBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
+pub use crate::builder::{
+    RedisBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, SENTINEL_PASSWORD_ENV, USER_ENV,
+};
 /// The TLS error of `rediss://` (the core's, shared by every backend): the source of an
 /// [`Error::Connection`].
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
@@ -83,6 +88,7 @@ impl RedisBackend {
             address,
             user,
             password,
+            follow_switches,
         } = resolved;
         let address::Address {
             conn,
@@ -93,14 +99,18 @@ impl RedisBackend {
             ca_file,
             client_cert,
             sentinel,
+            sentinel_password,
         } = address;
         check_wait(wait_replicas, opts)?;
-        let (driver_url, endpoint) = match sentinel {
-            Some((sentinels, master)) => {
-                let at = address::discover(&sentinels, &master, opts.get_connect_timeout()).await?;
-                (format!("redis://{at}"), format!("{at} (master `{master}`)"))
+        let sentinels = sentinel.map(|(hosts, master)| {
+            sentinel::Sentinels::new(&conn, hosts, master, sentinel_password, opts)
+        });
+        let (driver_url, endpoint, at) = match &sentinels {
+            Some(s) => {
+                let at = s.discover().await?;
+                (format!("redis://{at}"), s.endpoint(), Some(at))
             }
-            None => (driver_url, endpoint),
+            None => (driver_url, endpoint, None),
         };
         let client = address::open_client(
             &conn,
@@ -111,6 +121,9 @@ impl RedisBackend {
             password.as_ref(),
         )?;
         let cert_given = Some(client_cert.is_some());
+        if let Some(at) = &at {
+            sentinel::confirm_master(&client, at, &endpoint, opts.get_connect_timeout()).await?;
+        }
         let config = conn::config(opts);
         let con = tokio::time::timeout(
             opts.get_connect_timeout() * 2,
@@ -132,7 +145,7 @@ impl RedisBackend {
         if namespace.is_empty() || namespace.contains(['{', '}']) {
             return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
         }
-        Self::finish(
+        let mut backend = Self::finish(
             con,
             client,
             endpoint,
@@ -141,7 +154,19 @@ impl RedisBackend {
             opts,
             cert_given,
         )
-        .await
+        .await?;
+        if let (Some(sentinels), Some(at)) = (sentinels, at) {
+            let (con, sub) = (backend.con.clone(), backend.subscriber.clone());
+            let creds = (user, password);
+            backend.follower = Some(sentinel::Follower::start(
+                sentinels,
+                creds,
+                at,
+                (con, sub),
+                follow_switches,
+            ));
+        }
+        Ok(backend)
     }
 
     /// A backend over the application's own connections: `con` for the lock scripts (it is
@@ -216,7 +241,7 @@ impl RedisBackend {
         check_wait(Some((n, timeout)), opts)?;
         self.wait_replicas = Some((n, timeout));
         self.subscriber = pubsub::Subscriber::new(
-            self.subscriber.client().clone(),
+            self.subscriber.client(),
             self.endpoint.clone(),
             opts.get_connect_timeout(),
             true,
@@ -241,7 +266,8 @@ impl RedisBackend {
             .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
         check_eviction(&mut con, &endpoint).await;
         Ok(RedisBackend {
-            con: conn::Con::new(con, client.clone(), opts),
+            con: Arc::new(conn::Con::new(con, client.clone(), opts)),
+            follower: None,
             scripts,
             subscriber: pubsub::Subscriber::new(
                 client,
@@ -391,6 +417,11 @@ impl RedisBackend {
         if e.is_timeout() {
             self.con.timed_out();
         }
+        if let Some(f) = &self.follower {
+            if let Some(moved) = f.on_error(&e, &self.endpoint) {
+                return moved;
+            }
+        }
         map(&self.endpoint, e)
     }
 
@@ -411,6 +442,12 @@ impl RedisBackend {
     /// Cancel safe: it only reads this client's state.
     pub async fn subscribed_channels(&self) -> usize {
         self.subscriber.subscribed().await
+    }
+
+    /// With `redis+sentinel://`: the `host:port` of the master this backend sends its calls
+    /// to now (it moves after a failover); `None` for other URLs.
+    pub fn sentinel_master(&self) -> Option<String> {
+        self.follower.as_ref().map(|f| f.current())
     }
 
     /// A round trip to the server (PING), for benchmarks that compare against it.

@@ -32,11 +32,13 @@ struct Conn {
     alive: Arc<AtomicBool>,
     /// Which connection this is: an unsubscribe asked for by an earlier one must not touch it.
     generation: u64,
+    /// The task reading the messages (stopped when the master moves).
+    reader: tokio::task::AbortHandle,
 }
 
 pub(crate) struct Subscriber {
-    client: redis::Client,
-    endpoint: String,
+    /// The client and endpoint (both replaced when a Sentinel failover moves the master).
+    client: std::sync::Mutex<(redis::Client, String)>,
     timeout: Duration,
     /// The connection; its lock also orders every SUBSCRIBE before a later UNSUBSCRIBE.
     conn: Mutex<Option<Conn>>,
@@ -77,8 +79,7 @@ impl Subscriber {
         confirm_handoffs: bool,
     ) -> Arc<Self> {
         Arc::new(Subscriber {
-            client,
-            endpoint,
+            client: std::sync::Mutex::new((client, endpoint)),
             timeout,
             conn: Mutex::new(None),
             generations: AtomicU64::new(0),
@@ -87,24 +88,52 @@ impl Subscriber {
     }
 
     /// The client the subscriber connects with.
-    pub(crate) fn client(&self) -> &redis::Client {
-        &self.client
+    pub(crate) fn client(&self) -> redis::Client {
+        self.target().0
+    }
+
+    fn target(&self) -> (redis::Client, String) {
+        self.client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn endpoint(&self) -> String {
+        self.target().1
+    }
+
+    /// The master moved (Sentinel): later subscriptions go to `client` (at `endpoint`). The
+    /// waiters of the old connection are woken with a connection error and subscribe again,
+    /// there: none keeps sleeping on a connection to the old master.
+    pub(crate) async fn switch(&self, client: redis::Client, endpoint: String) {
+        *self
+            .client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (client, endpoint);
+        if let Some(old) = self.conn.lock().await.take() {
+            old.reader.abort();
+            old.alive.store(false, Ordering::SeqCst);
+            old.subs
+                .fail_all("the master was failed over; subscribing again on the new master");
+        }
     }
 
     async fn connect(self: &Arc<Self>) -> Result<Conn> {
-        let pubsub = tokio::time::timeout(self.timeout, self.client.get_async_pubsub())
+        let (client, endpoint) = self.target();
+        let pubsub = tokio::time::timeout(self.timeout, client.get_async_pubsub())
             .await
             .map_err(|_| self.timeout_error("connecting the subscriber"))?
-            .map_err(|e| map(&self.endpoint, e))?;
+            .map_err(|e| map(&endpoint, e))?;
         let (sink, mut stream) = pubsub.split();
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        let subs: Subscriptions<String> = Subscriptions::new(KIND, self.endpoint.clone());
+        let subs: Subscriptions<String> = Subscriptions::new(KIND, endpoint);
         subs.handoffs_as_releases(self.confirm_handoffs);
         let me = Arc::downgrade(self);
         subs.on_unused(move || unsubscribe_later(&me, generation));
         let alive = Arc::new(AtomicBool::new(true));
         let (reader_subs, reader_alive) = (subs.clone(), alive.clone());
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
                 deliver(
                     &reader_subs,
@@ -121,11 +150,12 @@ impl Subscriber {
             subs,
             alive,
             generation,
+            reader: reader.abort_handle(),
         })
     }
 
     fn timeout_error(&self, what: &str) -> Error {
-        Error::call_timeout(KIND, &self.endpoint, what, self.timeout)
+        Error::call_timeout(KIND, self.endpoint(), what, self.timeout)
     }
 
     /// Subscribes (if needed) and returns a watch for the waiting `attempt` on `channel` and,
@@ -165,7 +195,7 @@ impl Subscriber {
             let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&new)).await;
             let failed = match sub {
                 Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(map(&self.endpoint, e)),
+                Ok(Err(e)) => Some(map(&self.endpoint(), e)),
                 Err(_) => Some(self.timeout_error("SUBSCRIBE")),
             };
             if let Some(e) = failed {

@@ -16,10 +16,11 @@
 //! backend would group the grants by slot first.
 
 use crate::error::shape;
+use crate::error::KIND;
 use crate::scripts::{self, Script};
 use crate::{family, Family, RedisBackend};
 use distlock_core::backend::{GrantRef, RenewOutcome};
-use distlock_core::Result;
+use distlock_core::{Error, Result};
 use redis::Value;
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -122,10 +123,30 @@ pub(crate) async fn renew(
     for chunk in holds.chunks(PER_SCRIPT) {
         pipe.add_command(command(b, chunk)?);
     }
+    // With `?wait_replicas=N` a renewal counts only once N replicas have it, as a grant: the
+    // replica a failover promotes then never holds an older expiry than the holder believes.
+    if let Some((n, timeout)) = b.wait_replicas {
+        pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
+    }
     let mut con = b.con.get();
-    let vals = scripts::eval_pipe(&mut con, &[&RENEW_MANY.script], &pipe)
+    let mut vals = scripts::eval_pipe(&mut con, &[&RENEW_MANY.script], &pipe)
         .await
         .map_err(|e| b.err(e))?;
+    if let Some((n, timeout)) = b.wait_replicas {
+        let acked = vals.pop().as_ref().and_then(crate::int);
+        if acked.is_none_or(|a| a < i64::from(n)) {
+            // Not an answer about the grants: the core tries the renewal again, and the
+            // holder's deadline stays that of the last confirmed one.
+            return Err(Error::connection(
+                KIND,
+                b.endpoint.clone(),
+                format!(
+                    "a renewal was confirmed by {} of the {n} required replicas within {timeout:?}; the leases are not extended until they are",
+                    acked.unwrap_or(0)
+                ),
+            ));
+        }
+    }
     let mut out = Vec::with_capacity(holds.len());
     if vals.len() != holds.len().div_ceil(PER_SCRIPT) {
         return Err(shape("renew", &Value::Array(vals)));

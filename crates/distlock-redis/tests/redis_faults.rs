@@ -498,3 +498,41 @@ async fn a_client_recovers_after_requests_lost_in_the_stream() {
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     released(g).await;
 }
+
+/// With `?wait_replicas=1` a renewal counts only once the replica has it: with the replica
+/// paused the holder's renewals are not confirmed, so its lost signal fires when the lease
+/// runs out, although the primary alone would have extended it — a promoted replica would
+/// hold the older expiry. Healthy, the same holder keeps the lock over several leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreplicated_renewals_do_not_extend_the_lease() {
+    let master = RedisServer::start().expect("master");
+    let mut replica = RedisServer::start_replica_of(&master).expect("replica");
+    let url = format!("{}?wait_replicas=1&wait_timeout=300ms", master.url());
+    let opts = fast_opts()
+        .watchdog_lease(Duration::from_secs(3))
+        .op_timeout(Duration::from_secs(2));
+    let (client, _) = client_for(&url, opts).await;
+    let g = acquired(&client, "renewed-on-replica").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !g.is_lost(),
+        "lost while the replica confirmed the renewals"
+    );
+    replica.pause();
+    let t = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("the lost signal did not fire with the replica paused");
+    let waited = t.elapsed();
+    replica.resume();
+    assert_eq!(reason, LostReason::LeaseExpired);
+    // Within the lease (3 s) of the last confirmed renewal, not at the 10 s bound.
+    assert!(waited < Duration::from_secs(4), "{waited:?}");
+    // The primary alone did extend it: the key is still there, with its later expiry.
+    assert_eq!(
+        master
+            .command(&["EXISTS", "dlock:{renewed-on-replica}"])
+            .expect("exists"),
+        "1"
+    );
+}

@@ -75,7 +75,7 @@ pub use process::{Ready, ReadyCheck, ServerProcess, ServerSpec};
 pub use proxy::{DelayProxy, DirectionStats, ProxyControl, ProxyStats};
 pub use redis::{RedisOptions, RedisServer, REDIS_SERVER_ENV};
 pub use resp::Reply;
-pub use sentinel::{SentinelSetup, SENTINEL_MASTER};
+pub use sentinel::{SentinelOptions, SentinelSetup, SENTINEL_MASTER};
 /// A self-deleting temporary directory: [`tempfile::TempDir`] (`TempDir::new()`,
 /// `TempDir::with_prefix(p)`, `.path()`), removed recursively on drop.
 pub use tempfile::TempDir;

@@ -90,13 +90,30 @@ impl RedisServer {
     /// the two are linked: the master counts one more connected replica and the replica's link
     /// is up. For tests of `?wait_replicas` and of `dlock doctor`'s replication checks.
     pub fn start_replica_of(master: &RedisServer) -> Result<Self> {
+        Self::start_replica_with(master, &[])
+    }
+
+    /// [`start_replica_of`](Self::start_replica_of) with further `redis-server` arguments
+    /// (e.g. `["--replica-priority", "0"]`: never promoted by Sentinel). The replica of a
+    /// master with a password has the same password (and syncs with it).
+    ///
+    /// # Errors
+    /// As [`start_replica_of`](Self::start_replica_of).
+    pub fn start_replica_with(master: &RedisServer, extra_args: &[&str]) -> Result<Self> {
         let before = connected_replicas(master)?;
+        let mut args: Vec<String> = vec![
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            master.port().to_string(),
+        ];
+        // A master with a password: the replica has the same one, and uses it to sync.
+        if let Some(pw) = &master.opts.password {
+            args.extend(["--masterauth".to_string(), pw.clone()]);
+        }
+        args.extend(extra_args.iter().map(|a| a.to_string()));
         let replica = Self::start_with(RedisOptions {
-            extra_args: vec![
-                "--replicaof".into(),
-                "127.0.0.1".into(),
-                master.port().to_string(),
-            ],
+            password: master.opts.password.clone(),
+            extra_args: args,
             ..Default::default()
         })?;
         let t = Instant::now();

@@ -16,7 +16,8 @@ pub(super) enum Found {
     Ambiguous,
 }
 
-/// `url` with the password and any `password=`-like parameter value replaced by `***`.
+/// `url` with the password and any `password=`-like parameter value (also a prefixed one such
+/// as `sentinel_password=`) replaced by `***`.
 ///
 /// Works on any text, also one that does not parse: when it cannot tell where a password
 /// ends it masks more, never less.
@@ -27,6 +28,7 @@ pub(super) enum Found {
 /// assert_eq!(redact("postgres://u@h/db?password=secret&mode=lease"), "postgres://u@h/db?password=***&mode=lease");
 /// assert_eq!(redact("redis://u:se/cr?et@h"), "redis://u:***@h");
 /// assert_eq!(redact("etcd://h1:2379,h2/prefix"), "etcd://h1:2379,h2/prefix");
+/// assert_eq!(redact("redis+sentinel://s1/m?sentinel_password=x&namespace=n"), "redis+sentinel://s1/m?sentinel_password=***&namespace=n");
 /// ```
 pub fn redact(url: &str) -> String {
     mask(url).0
@@ -90,5 +92,9 @@ fn mask_params(tail: &str) -> String {
 
 pub(super) fn is_secret(key: &str) -> bool {
     let key = super::decode_form(key);
-    SECRET_PARAMS.iter().any(|s| key.eq_ignore_ascii_case(s))
+    let lower = key.to_ascii_lowercase();
+    // `sentinel_password=` and the like: a password for something else is still a secret.
+    SECRET_PARAMS
+        .iter()
+        .any(|s| lower == *s || lower.ends_with(&format!("_{s}")))
 }

@@ -1,0 +1,472 @@
+//! `redis+sentinel://`: finding the master through the sentinels, and following it when they
+//! fail it over.
+//!
+//! The backend moves to a new master two ways:
+//! - **proactively**: one connection to a sentinel (the next one when it fails) subscribed to
+//!   `+switch-master`; each message for our master, and each (re)subscription (a switch may
+//!   have been missed meanwhile), starts a check;
+//! - **reactively**: a call that fails with a connection error, or with `READONLY` (the node
+//!   was demoted to a replica), starts a check too.
+//!
+//! A check asks the sentinels for the master's address (`SENTINEL get-master-addr-by-name`)
+//! and, if it changed, confirms with `ROLE` **on the new address** that the node is a master
+//! before anything is sent there: lock writes never go to a node that says it is a replica.
+//! Then the command connection is replaced and the subscriber is moved: its waiters' watches
+//! end with a connection error and they subscribe again, on the new master. Calls that fail
+//! meanwhile return the retryable [`Error::Connection`], which the core retries.
+
+use crate::conn::Con;
+use crate::error::KIND;
+use crate::pubsub::Subscriber;
+use distlock_core::conn::{ConnectionString, Password};
+use distlock_core::{Error, Result};
+use futures_util::StreamExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+use tokio::task::AbortHandle;
+
+/// The channel sentinels announce a completed failover on:
+/// `MASTER OLD_IP OLD_PORT NEW_IP NEW_PORT`.
+const SWITCH_CHANNEL: &str = "+switch-master";
+/// How often a check may start on errors (a burst of failed calls makes one check).
+const CHECK_GAP: Duration = Duration::from_millis(100);
+/// After `+switch-master`: how long to keep checking until the new master confirms its role.
+const CONFIRM_FOR: Duration = Duration::from_secs(5);
+/// How often the sentinel listened to is asked to answer (a silent one may be dead).
+const PING_EVERY: Duration = Duration::from_secs(5);
+
+/// The sentinels of one master, and how to reach them.
+#[derive(Clone)]
+pub(crate) struct Sentinels {
+    /// The URL as parsed (for errors, with its secrets scrubbed).
+    pub(crate) conn: ConnectionString,
+    /// `host:port` of each sentinel.
+    pub(crate) hosts: Vec<String>,
+    /// The master's name.
+    pub(crate) master: String,
+    /// The sentinels' own password (`?sentinel_password=`), not the master's.
+    pub(crate) password: Option<Password>,
+    /// Each sentinel is given this long to answer.
+    pub(crate) timeout: Duration,
+}
+
+impl Sentinels {
+    /// The sentinels `hosts` of `master` in the URL `conn`, asked with `password`, each given
+    /// the connect timeout of `opts`.
+    pub(crate) fn new(
+        conn: &ConnectionString,
+        hosts: Vec<String>,
+        master: String,
+        password: Option<Password>,
+        opts: &distlock_core::ClientOptions,
+    ) -> Self {
+        Sentinels {
+            conn: conn.clone(),
+            hosts,
+            master,
+            password,
+            timeout: opts.get_connect_timeout(),
+        }
+    }
+
+    /// The backend's endpoint in messages (stable across failovers).
+    pub(crate) fn endpoint(&self) -> String {
+        format!("master `{}` of {}", self.master, self.describe())
+    }
+
+    fn client(&self, host: &str) -> Result<redis::Client> {
+        crate::address::open_client(
+            &self.conn,
+            &format!("redis://{host}"),
+            None,
+            None,
+            None,
+            self.password.as_ref(),
+        )
+    }
+
+    /// For messages: `sentinels s1,s2,s3`.
+    pub(crate) fn describe(&self) -> String {
+        format!("sentinels {}", self.hosts.join(","))
+    }
+
+    /// The master's `host:port` as the first sentinel that knows it says.
+    ///
+    /// # Errors
+    /// [`Error::Auth`] if every sentinel refused the sentinel password (or wanted one);
+    /// [`Error::Connection`] if none named the master.
+    pub(crate) async fn discover(&self) -> Result<String> {
+        let mut why = Vec::new();
+        let mut auth = 0;
+        for s in &self.hosts {
+            let ask = async {
+                let mut con = self
+                    .client(s)?
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| crate::error::map(s, e))?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.master)
+                    .query_async::<Option<(String, u16)>>(&mut con)
+                    .await
+                    .map_err(|e| crate::error::map(s, e))
+            };
+            match tokio::time::timeout(self.timeout, ask).await {
+                Ok(Ok(Some((host, port)))) => return Ok(host_port(&host, port)),
+                Ok(Ok(None)) => why.push(format!("{s}: does not know master `{}`", self.master)),
+                Ok(Err(e)) => {
+                    if matches!(e, Error::Auth { .. }) {
+                        auth += 1;
+                    }
+                    why.push(format!("{s}: {}", self.conn.scrub(&e.to_string())));
+                }
+                Err(_) => why.push(format!("{s}: no answer within {:?}", self.timeout)),
+            }
+        }
+        let why = why.join("; ");
+        if auth == self.hosts.len() {
+            return Err(Error::auth(
+                KIND,
+                self.describe(),
+                format!(
+                    "every sentinel refused the sentinel credentials ({why}); give the sentinels' \
+                     password with ?sentinel_password=, RedisBuilder::sentinel_password or {}",
+                    crate::builder::SENTINEL_PASSWORD_ENV
+                ),
+            ));
+        }
+        Err(Error::connection(
+            KIND,
+            self.describe(),
+            format!(
+                "no sentinel named the master `{}` ({why}); check the sentinel addresses and the master name",
+                self.master
+            ),
+        ))
+    }
+}
+
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Whether the node of `client` says it is a master (`ROLE`), within `timeout`.
+///
+/// # Errors
+/// As a call to the node ([`Error::Connection`], [`Error::Auth`]).
+pub(crate) async fn is_master(
+    client: &redis::Client,
+    endpoint: &str,
+    timeout: Duration,
+) -> Result<bool> {
+    let ask = async {
+        let mut con = client.get_multiplexed_async_connection().await?;
+        redis::cmd("ROLE")
+            .query_async::<redis::Value>(&mut con)
+            .await
+    };
+    let role = tokio::time::timeout(timeout, ask)
+        .await
+        .map_err(|_| Error::call_timeout(KIND, endpoint, "ROLE", timeout))?
+        .map_err(|e| crate::error::map(endpoint, e))?;
+    Ok(match role {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::BulkString(b)) => b.as_slice() == b"master",
+            Some(redis::Value::SimpleString(s)) => s == "master",
+            _ => false,
+        },
+        _ => false,
+    })
+}
+
+/// At connect: an error unless the node of `client` (at `at`) says it is a master. Lock
+/// writes never go to a node that says it is a replica (the sentinels may name one that is
+/// still being promoted, or hold an old view).
+///
+/// # Errors
+/// A retryable [`Error::Connection`] for a replica; as [`is_master`] otherwise.
+pub(crate) async fn confirm_master(
+    client: &redis::Client,
+    at: &str,
+    endpoint: &str,
+    timeout: Duration,
+) -> Result<()> {
+    if is_master(client, at, timeout).await? {
+        return Ok(());
+    }
+    Err(Error::connection(
+        KIND,
+        endpoint.to_owned(),
+        format!("the sentinels name {at}, but it says it is not a master (a failover in progress?); try again"),
+    ))
+}
+
+/// Keeps a backend's connections on the master the sentinels name.
+pub(crate) struct Follower {
+    sentinels: Sentinels,
+    /// The master's ACL user and password.
+    creds: (Option<String>, Option<Password>),
+    con: Arc<Con>,
+    subscriber: Arc<Subscriber>,
+    /// The master's `host:port` the connections go to now.
+    current: Mutex<String>,
+    /// A check runs (at most one at a time).
+    checking: AtomicBool,
+    /// A check asked for (how long it should wait for the new master's role).
+    pending: Mutex<Option<Duration>>,
+    last_check: Mutex<Option<Instant>>,
+    /// The `+switch-master` listener, stopped with the follower.
+    listener: Mutex<Option<AbortHandle>>,
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        if let Some(h) = self
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            h.abort();
+        }
+    }
+}
+
+impl Follower {
+    /// A follower of `sentinels`' master (reached with `creds`: user, password), now at
+    /// `current`, moving `con` and `subscriber`; `listen`: subscribe to `+switch-master`
+    /// (else only errors start a check).
+    pub(crate) fn start(
+        sentinels: Sentinels,
+        creds: (Option<String>, Option<Password>),
+        current: String,
+        (con, subscriber): (Arc<Con>, Arc<Subscriber>),
+        listen: bool,
+    ) -> Arc<Self> {
+        let me = Arc::new(Follower {
+            sentinels,
+            creds,
+            con,
+            subscriber,
+            current: Mutex::new(current),
+            checking: AtomicBool::new(false),
+            pending: Mutex::new(None),
+            last_check: Mutex::new(None),
+            listener: Mutex::new(None),
+        });
+        if listen {
+            let task = tokio::spawn(listen_for_switches(Arc::downgrade(&me)));
+            *me.listener.lock().unwrap_or_else(PoisonError::into_inner) = Some(task.abort_handle());
+        }
+        me
+    }
+
+    /// The master's `host:port` the connections go to now.
+    pub(crate) fn current(&self) -> String {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A call failed with `e`: start a check if it may mean a failover. Returns the error to
+    /// give the caller instead of the usual mapping, for a `READONLY` reply (the node is a
+    /// replica now: nothing was written, the call can be retried on the new master).
+    pub(crate) fn on_error(
+        self: &Arc<Self>,
+        e: &redis::RedisError,
+        endpoint: &str,
+    ) -> Option<Error> {
+        let readonly = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+            || e.to_string().contains("READONLY");
+        if readonly
+            || e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+        {
+            self.check_soon();
+        }
+        readonly.then(|| {
+            Error::connection(
+                KIND,
+                endpoint.to_owned(),
+                format!(
+                    "{} says it is a replica now (READONLY): the master was failed over; \
+                     nothing was written, the backend moves to the master the sentinels name",
+                    self.current()
+                ),
+            )
+        })
+    }
+
+    /// Starts a check in a task, unless one runs or one started within [`CHECK_GAP`].
+    fn check_soon(self: &Arc<Self>) {
+        {
+            let mut last = self
+                .last_check
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|t| t.elapsed() < CHECK_GAP) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let me = self.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { me.check(Duration::ZERO).await });
+        }
+    }
+
+    /// Asks the sentinels where the master is and moves there if it moved (after `ROLE`
+    /// says master), trying again for up to `confirm_for` while the new node is not a master
+    /// yet. One check runs at a time: one asked for meanwhile runs right after it (the
+    /// running one may have asked the sentinels before they switched).
+    async fn check(&self, confirm_for: Duration) {
+        {
+            let mut p = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            *p = Some(p.map_or(confirm_for, |d| d.max(confirm_for)));
+        }
+        if self.checking.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        loop {
+            let next = self
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            match next {
+                Some(confirm_for) => self.run_check(confirm_for).await,
+                None => {
+                    self.checking.store(false, Ordering::SeqCst);
+                    // A request that came between the take and the store: run it, unless
+                    // another caller took over.
+                    let more = self
+                        .pending
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .is_some();
+                    if !more || self.checking.swap(true, Ordering::SeqCst) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn run_check(&self, confirm_for: Duration) {
+        let t = Instant::now();
+        loop {
+            match self.try_switch().await {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => tracing::debug!(error = %e, "sentinel check failed"),
+            }
+            if t.elapsed() >= confirm_for {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// One check: `Ok(true)` when the connections go to the master the sentinels name (moved
+    /// now or already there), `Ok(false)` when the named node is not a master yet.
+    async fn try_switch(&self) -> Result<bool> {
+        let at = self.sentinels.discover().await?;
+        if at == self.current() {
+            return Ok(true);
+        }
+        let client = crate::address::open_client(
+            &self.sentinels.conn,
+            &format!("redis://{at}"),
+            None,
+            None,
+            self.creds.0.as_deref(),
+            self.creds.1.as_ref(),
+        )?;
+        if !is_master(&client, &at, self.sentinels.timeout).await? {
+            tracing::debug!(candidate = %at, "the sentinels name a node that is not a master yet");
+            return Ok(false);
+        }
+        let old = std::mem::replace(
+            &mut *self.current.lock().unwrap_or_else(PoisonError::into_inner),
+            at.clone(),
+        );
+        self.con.switch(client.clone());
+        self.subscriber.switch(client, at.clone()).await;
+        tracing::info!(master = %self.sentinels.master, from = %old, to = %at, "redis master failed over: following it");
+        Ok(true)
+    }
+}
+
+/// Listens for `+switch-master` on one sentinel at a time (the next when it fails) for as
+/// long as the follower lives.
+async fn listen_for_switches(follower: Weak<Follower>) {
+    let mut next = 0usize;
+    loop {
+        let Some(f) = follower.upgrade() else { return };
+        let (sentinels, host) = {
+            let s = f.sentinels.clone();
+            let host = s.hosts[next % s.hosts.len()].clone();
+            (s, host)
+        };
+        drop(f);
+        next = next.wrapping_add(1);
+        let subscribe = async {
+            let mut ps = sentinels
+                .client(&host)?
+                .get_async_pubsub()
+                .await
+                .map_err(|e| crate::error::map(&host, e))?;
+            ps.subscribe(SWITCH_CHANNEL)
+                .await
+                .map_err(|e| crate::error::map(&host, e))?;
+            Ok::<_, Error>(ps.split())
+        };
+        match tokio::time::timeout(sentinels.timeout, subscribe).await {
+            Ok(Ok((mut sink, mut stream))) => {
+                // A switch may have happened while no sentinel was listened to.
+                if let Some(f) = follower.upgrade() {
+                    f.check(Duration::ZERO).await;
+                }
+                let mut ping = tokio::time::interval(PING_EVERY);
+                ping.tick().await;
+                loop {
+                    let msg = tokio::select! {
+                        m = stream.next() => m,
+                        _ = ping.tick() => {
+                            // A paused or cut-off sentinel sends nothing, as a healthy one
+                            // between failovers does: ask it to answer.
+                            let pong = tokio::time::timeout(sentinels.timeout, sink.ping::<redis::Value>()).await;
+                            if matches!(pong, Ok(Ok(_))) {
+                                continue;
+                            }
+                            None
+                        }
+                    };
+                    let Some(msg) = msg else { break };
+                    let payload = String::from_utf8_lossy(msg.get_payload_bytes()).into_owned();
+                    if payload.split(' ').next() != Some(sentinels.master.as_str()) {
+                        continue;
+                    }
+                    let Some(f) = follower.upgrade() else { return };
+                    tracing::debug!(%payload, sentinel = %host, "sentinel announced a failover");
+                    f.check(CONFIRM_FOR).await;
+                }
+                tracing::debug!(sentinel = %host, "lost the sentinel subscription; trying the next sentinel");
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(sentinel = %host, error = %e, "cannot subscribe to +switch-master")
+            }
+            Err(_) => tracing::debug!(sentinel = %host, "no answer subscribing to +switch-master"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
