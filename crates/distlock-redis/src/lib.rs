@@ -3,6 +3,7 @@
 
 mod address;
 mod builder;
+mod cluster;
 mod conn;
 mod error;
 mod inspect;
@@ -93,8 +94,18 @@ impl RedisBackend {
             ca_file,
             client_cert,
             sentinel,
+            cluster,
         } = address;
         check_wait(wait_replicas, opts)?;
+        let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
+        if namespace.is_empty() || namespace.contains(['{', '}']) {
+            return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
+        }
+        if let Some(seeds) = cluster {
+            let (files, cred) = ((ca_file, client_cert), (user, password));
+            let (con, nodes) = cluster::open(&conn, &seeds, files, cred, &endpoint, opts).await?;
+            return Self::finish(con, nodes, endpoint, namespace, wait_replicas, opts, None).await;
+        }
         let (driver_url, endpoint) = match sentinel {
             Some((sentinels, master)) => {
                 let at = address::discover(&sentinels, &master, opts.get_connect_timeout()).await?;
@@ -112,7 +123,7 @@ impl RedisBackend {
         )?;
         let cert_given = Some(client_cert.is_some());
         let config = conn::config(opts);
-        let con = tokio::time::timeout(
+        let mut con = tokio::time::timeout(
             opts.get_connect_timeout() * 2,
             ConnectionManager::new_with_config(client.clone(), config),
         )
@@ -128,13 +139,12 @@ impl RedisBackend {
             )
         })?
         .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
-        let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
-        if namespace.is_empty() || namespace.contains(['{', '}']) {
-            return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
+        if cluster::is_cluster_node(&mut con).await {
+            return Err(conn.invalid(cluster::NOT_STANDALONE));
         }
         Self::finish(
-            con,
-            client,
+            conn::Con::single(con, client.clone(), opts),
+            vec![client],
             endpoint,
             namespace,
             wait_replicas,
@@ -177,7 +187,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe, as [`connect`](Self::connect).
     pub async fn from_connection_manager(
-        con: ConnectionManager,
+        mut con: ConnectionManager,
         pubsub: redis::Client,
         opts: &ClientOptions,
     ) -> Result<Self> {
@@ -188,7 +198,11 @@ impl RedisBackend {
                 "namespace must be non-empty and free of `{` and `}`".into(),
             ));
         }
-        Self::finish(con, pubsub, endpoint, namespace, None, opts, None).await
+        if cluster::is_cluster_node(&mut con).await {
+            return Err(Error::invalid(cluster::NOT_STANDALONE));
+        }
+        let con = conn::Con::single(con, pubsub.clone(), opts);
+        Self::finish(con, vec![pubsub], endpoint, namespace, None, opts, None).await
     }
 
     /// Waits for `n` replicas to confirm each grant (within `timeout`), as `?wait_replicas=N&
@@ -227,8 +241,8 @@ impl RedisBackend {
     /// The part of connecting common to [`open`](Self::open) and
     /// [`from_connection_manager`](Self::from_connection_manager).
     async fn finish(
-        mut con: ConnectionManager,
-        client: redis::Client,
+        con: conn::Con,
+        nodes: Vec<redis::Client>,
         endpoint: String,
         namespace: String,
         wait_replicas: Option<(u32, Duration)>,
@@ -236,15 +250,18 @@ impl RedisBackend {
         cert_given: Option<bool>,
     ) -> Result<Self> {
         let scripts = scripts::Scripts::new();
-        scripts::load(&mut con, &scripts.all())
+        let mut link = con.get();
+        scripts::load(&mut link, &scripts.all())
             .await
             .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
-        check_eviction(&mut con, &endpoint).await;
+        if let cluster::Link::Single(c) = &mut link {
+            check_eviction(c, &endpoint).await;
+        }
         Ok(RedisBackend {
-            con: conn::Con::new(con, client.clone(), opts),
+            con,
             scripts,
-            subscriber: pubsub::Subscriber::new(
-                client,
+            subscriber: pubsub::Subscriber::over(
+                nodes,
                 endpoint.clone(),
                 opts.get_connect_timeout(),
                 // A handoff is written by the releasing client's connection: with replicas to

@@ -14,6 +14,10 @@
 //! the waiter's attempt and its sleep is not lost (the table keeps it). If the connection
 //! breaks, every watch ends with a connection error and the waiter subscribes again on a new
 //! connection.
+//!
+//! On `redis+cluster://` the subscriber has several nodes to choose from: classic PUBLISH is
+//! broadcast to every node of a cluster, so a connection to any one of them hears every lock.
+//! It stays on the node it reached until that connection breaks, then tries the next.
 
 use crate::error::{map, KIND};
 use distlock_core::backend::{AttemptId, ReleaseWatch, Subscription, Subscriptions, Wake};
@@ -36,6 +40,10 @@ struct Conn {
 
 pub(crate) struct Subscriber {
     client: redis::Client,
+    /// Other nodes to subscribe at when `client`'s is unreachable (a cluster's nodes), and
+    /// which one of all of them to try first (the last that answered).
+    others: Vec<redis::Client>,
+    next: std::sync::atomic::AtomicUsize,
     endpoint: String,
     timeout: Duration,
     /// The connection; its lock also orders every SUBSCRIBE before a later UNSUBSCRIBE.
@@ -76,8 +84,21 @@ impl Subscriber {
         timeout: Duration,
         confirm_handoffs: bool,
     ) -> Arc<Self> {
+        Self::over(vec![client], endpoint, timeout, confirm_handoffs)
+    }
+
+    /// A subscriber at the first of `clients` that answers (at least one; a cluster's nodes).
+    pub(crate) fn over(
+        mut clients: Vec<redis::Client>,
+        endpoint: String,
+        timeout: Duration,
+        confirm_handoffs: bool,
+    ) -> Arc<Self> {
+        let client = clients.remove(0);
         Arc::new(Subscriber {
             client,
+            others: clients,
+            next: std::sync::atomic::AtomicUsize::new(0),
             endpoint,
             timeout,
             conn: Mutex::new(None),
@@ -91,11 +112,30 @@ impl Subscriber {
         &self.client
     }
 
+    /// A pub/sub connection to the node that answered last, else to the next that answers.
+    async fn open(&self) -> Result<redis::aio::PubSub> {
+        let all: Vec<&redis::Client> = std::iter::once(&self.client).chain(&self.others).collect();
+        let first = self.next.load(Ordering::Relaxed) % all.len();
+        let mut last = None;
+        for i in (0..all.len()).map(|k| (first + k) % all.len()) {
+            let e = match tokio::time::timeout(self.timeout, all[i].get_async_pubsub()).await {
+                Ok(Ok(p)) => {
+                    self.next.store(i, Ordering::Relaxed);
+                    return Ok(p);
+                }
+                Ok(Err(e)) => map(&self.endpoint, e),
+                Err(_) => self.timeout_error("connecting the subscriber"),
+            };
+            if all.len() > 1 {
+                tracing::debug!(node = %all[i].get_connection_info().addr(), error = %e, "cannot subscribe at this node; trying the next");
+            }
+            last = Some(e);
+        }
+        Err(last.unwrap_or_else(|| self.timeout_error("connecting the subscriber")))
+    }
+
     async fn connect(self: &Arc<Self>) -> Result<Conn> {
-        let pubsub = tokio::time::timeout(self.timeout, self.client.get_async_pubsub())
-            .await
-            .map_err(|_| self.timeout_error("connecting the subscriber"))?
-            .map_err(|e| map(&self.endpoint, e))?;
+        let pubsub = self.open().await?;
         let (sink, mut stream) = pubsub.split();
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let subs: Subscriptions<String> = Subscriptions::new(KIND, self.endpoint.clone());
@@ -104,6 +144,7 @@ impl Subscriber {
         subs.on_unused(move || unsubscribe_later(&me, generation));
         let alive = Arc::new(AtomicBool::new(true));
         let (reader_subs, reader_alive) = (subs.clone(), alive.clone());
+        let reader_me = Arc::downgrade(self);
         tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
                 deliver(
@@ -113,6 +154,10 @@ impl Subscriber {
                 );
             }
             reader_alive.store(false, Ordering::SeqCst);
+            // The node may be gone: the next connection tries another first.
+            if let Some(me) = reader_me.upgrade() {
+                me.next.fetch_add(1, Ordering::Relaxed);
+            }
             reader_subs.fail_all("the subscriber connection closed");
             tracing::debug!("redis subscriber connection closed");
         });
