@@ -378,7 +378,10 @@ mod tests {
         let a = parse("redis+cluster://:pw@h1:7000,h2:7001?namespace=n&wait_replicas=1").unwrap();
         assert_eq!(
             a.cluster,
-            Some(vec!["redis://h1:7000".to_owned(), "redis://h2:7001".to_owned()])
+            Some(vec![
+                "redis://h1:7000".to_owned(),
+                "redis://h2:7001".to_owned()
+            ])
         );
         assert_eq!(a.namespace.as_deref(), Some("n"));
         assert_eq!(a.wait_replicas, Some((1, DEFAULT_WAIT_TIMEOUT)));
@@ -395,7 +398,9 @@ mod tests {
             parse("rediss+cluster://h?ca_file=/ca").is_ok(),
             cfg!(feature = "tls")
         );
-        let e = parse("redis+cluster://u:secret@h/x").unwrap_err().to_string();
+        let e = parse("redis+cluster://u:secret@h/x")
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("secret"), "{e}");
         let e = parse("redis://u:secret@h/x").unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");

@@ -13,12 +13,12 @@
 use crate::address;
 use crate::conn::Con;
 use crate::error::{map, shape, KIND};
-use distlock_core::conn::{ConnectionString, Password};
-use distlock_core::ClientOptions;
 use crate::renew::{self, PER_SCRIPT};
 use crate::scripts;
 use crate::RedisBackend;
 use distlock_core::backend::{GrantRef, RenewOutcome};
+use distlock_core::conn::{ConnectionString, Password};
+use distlock_core::ClientOptions;
 use distlock_core::{Error, Result};
 use futures_util::future::{join_all, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -132,7 +132,9 @@ impl Master {
     }
 
     fn owns(&self, slot: u16) -> bool {
-        self.slots.iter().any(|(lo, hi)| (*lo..=*hi).contains(&slot))
+        self.slots
+            .iter()
+            .any(|(lo, hi)| (*lo..=*hi).contains(&slot))
     }
 }
 
@@ -166,7 +168,10 @@ impl Cluster {
             return Ok(m);
         }
         let mut con = self.con.clone();
-        let v: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut con).await?;
+        let v: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut con)
+            .await?;
         let m = Arc::new(parse_slots(&v).ok_or_else(|| {
             redis::RedisError::from((
                 redis::ErrorKind::Parse,
@@ -257,10 +262,7 @@ pub(crate) fn slot(key: &str) -> u16 {
 /// How the watchdog's grants go out: the scripts (each a list of indexes into the holds, all
 /// of one slot, at most [`PER_SCRIPT`]), grouped by the master that owns their slot
 /// (`None`: no master known for it; such scripts go out routed by key).
-pub(crate) fn plan(
-    slots: &[u16],
-    masters: &[Master],
-) -> BTreeMap<Option<usize>, Vec<Vec<usize>>> {
+pub(crate) fn plan(slots: &[u16], masters: &[Master]) -> BTreeMap<Option<usize>, Vec<Vec<usize>>> {
     let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
     for (i, s) in slots.iter().enumerate() {
         by_slot.entry(*s).or_default().push(i);
@@ -289,10 +291,7 @@ pub(crate) async fn renew(
         .iter()
         .map(|(g, _)| renew::first_key(b, g).map(|k| slot(&k)))
         .collect::<Result<Vec<_>>>()?;
-    let masters = cluster
-        .masters()
-        .await
-        .map_err(|e| map(&b.endpoint, e))?;
+    let masters = cluster.masters().await.map_err(|e| map(&b.endpoint, e))?;
     let plan = plan(&slots, &masters);
     let masters = &masters;
     let sends = plan.iter().map(|(owner, scripts)| async move {
@@ -384,7 +383,9 @@ pub(crate) async fn connect(
     let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
         .connection_timeout(opts.get_connect_timeout())
         .response_timeout(opts.get_op_timeout())
-        .retries(2)
+        // A few redirects and reconnects within one call (a failover moves slots); past them
+        // the error is a connection error, which the core retries within the caller's deadline.
+        .retries(3)
         .min_retry_wait(20)
         .max_retry_wait(200);
     if let Some(u) = user {
@@ -400,19 +401,22 @@ pub(crate) async fn connect(
     let client = builder
         .build()
         .map_err(|e| Error::invalid(format!("redis+cluster seeds: {e}")))?;
-    tokio::time::timeout(opts.get_connect_timeout() * 2, client.get_async_connection())
-        .await
-        .map_err(|_| {
-            Error::connection(
-                KIND,
-                endpoint.to_owned(),
-                format!(
-                    "no seed answered within {:?} (are the nodes paused or behind a firewall?)",
-                    opts.get_connect_timeout() * 2
-                ),
-            )
-        })?
-        .map_err(|e| map(endpoint, e))
+    tokio::time::timeout(
+        opts.get_connect_timeout() * 2,
+        client.get_async_connection(),
+    )
+    .await
+    .map_err(|_| {
+        Error::connection(
+            KIND,
+            endpoint.to_owned(),
+            format!(
+                "no seed answered within {:?} (are the nodes paused or behind a firewall?)",
+                opts.get_connect_timeout() * 2
+            ),
+        )
+    })?
+    .map_err(|e| map(endpoint, e))
 }
 
 /// The command connection of `redis+cluster://` at `seeds` (driver URLs), and a client for
@@ -484,8 +488,7 @@ fn tls_certificates(
         return Ok(None);
     }
     let read = |what: &str, path: &str| {
-        std::fs::read(path)
-            .map_err(|e| cs.invalid(format!("cannot read the {what} `{path}`: {e}")))
+        std::fs::read(path).map_err(|e| cs.invalid(format!("cannot read the {what} `{path}`: {e}")))
     };
     let root_cert = ca_file.map(|p| read("CA file (ca_file=)", p)).transpose()?;
     let client_tls = match client_cert {
@@ -537,7 +540,11 @@ mod tests {
 
     #[test]
     fn plan_groups_by_slot_then_master() {
-        let masters = [m(1, &[(0, 5460)]), m(2, &[(5461, 10922)]), m(3, &[(10923, 16383)])];
+        let masters = [
+            m(1, &[(0, 5460)]),
+            m(2, &[(5461, 10922)]),
+            m(3, &[(10923, 16383)]),
+        ];
         // Two grants of slot 10, one of 6000, one of 12000, one more of 10.
         let p = plan(&[10, 6000, 12000, 10, 6001], &masters);
         assert_eq!(p.len(), 3, "one batch per master: {p:?}");
@@ -564,7 +571,12 @@ mod tests {
         let v = Value::Array(vec![
             Value::Array(vec![Value::Int(0), Value::Int(5), node(7000), node(7003)]),
             Value::Array(vec![Value::Int(6), Value::Int(9), node(7001)]),
-            Value::Array(vec![Value::Int(10), Value::Int(16383), node(7000), node(7003)]),
+            Value::Array(vec![
+                Value::Int(10),
+                Value::Int(16383),
+                node(7000),
+                node(7003),
+            ]),
         ]);
         let ms = parse_slots(&v).expect("parsed");
         assert_eq!(ms.len(), 2);

@@ -22,7 +22,11 @@ pub(crate) enum Con {
 
 impl Con {
     /// One server's connection `con`, replaced when needed by connections of `client`.
-    pub(crate) fn single(con: ConnectionManager, client: redis::Client, opts: &ClientOptions) -> Self {
+    pub(crate) fn single(
+        con: ConnectionManager,
+        client: redis::Client,
+        opts: &ClientOptions,
+    ) -> Self {
         Con::Single(Single::new(con, client, opts))
     }
 

@@ -28,7 +28,10 @@ fn harness() -> ServerHarness<RedisCluster> {
     })
     .lose_data(|c| async move {
         for m in c.masters().expect("masters") {
-            assert_eq!(c.servers()[m].command(&["FLUSHALL"]).expect("FLUSHALL"), "OK");
+            assert_eq!(
+                c.servers()[m].command(&["FLUSHALL"]).expect("FLUSHALL"),
+                "OK"
+            );
         }
     })
     .break_lock(|c, name| async move {
@@ -101,7 +104,9 @@ async fn grants(b: &RedisBackend, prefix: &str, n: usize, lease: Duration) -> Ve
 async fn names_spread_and_renewals_batch_per_node() {
     let cluster = RedisCluster::start_with(3, 0).expect("cluster");
     let opts = fast_opts();
-    let b = RedisBackend::connect(&cluster.url(), &opts).await.expect("connect");
+    let b = RedisBackend::connect(&cluster.url(), &opts)
+        .await
+        .expect("connect");
     let lease = Duration::from_secs(20);
     let gs = grants(&b, "spread", 300, lease).await;
     // Which master holds each lock, and how many slots per master the batch spans.
@@ -109,7 +114,12 @@ async fn names_spread_and_renewals_batch_per_node() {
     for g in &gs {
         let key = format!("dlock:{{{}}}", g.key.name);
         let m = cluster.master_of(&key).expect("master");
-        assert_eq!(cluster.servers()[m].command(&["EXISTS", &key]).expect("EXISTS"), "1");
+        assert_eq!(
+            cluster.servers()[m]
+                .command(&["EXISTS", &key])
+                .expect("EXISTS"),
+            "1"
+        );
         let slot: u16 = cluster
             .command(&["CLUSTER", "KEYSLOT", &key])
             .expect("KEYSLOT")
@@ -118,7 +128,10 @@ async fn names_spread_and_renewals_batch_per_node() {
         on[m].insert(slot);
     }
     let used = on.iter().filter(|s| !s.is_empty()).count();
-    assert_eq!(used, 3, "300 names should land on all three masters: {on:?}");
+    assert_eq!(
+        used, 3,
+        "300 names should land on all three masters: {on:?}"
+    );
     let calls = |c: &RedisCluster| -> Vec<u64> {
         c.servers()
             .iter()
@@ -134,17 +147,28 @@ async fn names_spread_and_renewals_batch_per_node() {
     let took = t.elapsed();
     let after = calls(&cluster);
     for (i, o) in out.iter().enumerate() {
-        let want = if i == 7 { RenewOutcome::NotHeld } else { RenewOutcome::Renewed };
+        let want = if i == 7 {
+            RenewOutcome::NotHeld
+        } else {
+            RenewOutcome::Renewed
+        };
         assert_eq!(*o, want, "grant {i}");
     }
     for (m, slots) in on.iter().enumerate() {
         let scripts = after[m] - before[m];
         eprintln!("master {m}: {} slots, {scripts} renew scripts", slots.len());
-        assert_eq!(scripts, slots.len() as u64, "one script per slot on master {m}");
+        assert_eq!(
+            scripts,
+            slots.len() as u64,
+            "one script per slot on master {m}"
+        );
     }
     eprintln!("300 renewals over 3 masters in {took:?}");
     // The stale grant did not touch the real one, which stays held and renewable.
-    assert_eq!(b.renew(&[(gs[7].clone(), lease)]).await.expect("renew"), vec![RenewOutcome::Renewed]);
+    assert_eq!(
+        b.renew(&[(gs[7].clone(), lease)]).await.expect("renew"),
+        vec![RenewOutcome::Renewed]
+    );
 }
 
 /// `list` scans every master, `inspect` and a forced release reach the lock's master, and
@@ -158,7 +182,10 @@ async fn operator_commands_span_the_masters() {
     assert_eq!(listed.len(), 30, "{listed:?}");
     let info = b.inspect("ops-3", LockKind::Mutex).await.expect("inspect");
     assert_eq!(info.holders.len(), 1);
-    let forced = b.force_release("ops-3", LockKind::Mutex).await.expect("force");
+    let forced = b
+        .force_release("ops-3", LockKind::Mutex)
+        .await
+        .expect("force");
     assert_eq!(forced.removed.len(), 1);
     let g = acquired(&client, "ops-3").await;
     assert!(g.fencing_token() > gs[3].token);
@@ -171,7 +198,11 @@ async fn operator_commands_span_the_masters() {
         .collect();
     assert_eq!(masters.len(), 3, "{findings:#?}");
     assert!(
-        findings.iter().all(|f| f.severity != distlock_core::Severity::Unsafe || f.check == "maxmemory-policy" || f.check == "replication"),
+        findings
+            .iter()
+            .all(|f| f.severity != distlock_core::Severity::Unsafe
+                || f.check == "maxmemory-policy"
+                || f.check == "replication"),
         "{findings:#?}"
     );
 }
@@ -184,7 +215,10 @@ async fn redis_url_at_a_cluster_node_names_the_cluster_scheme() {
     // (The test nodes have no password; the error's URL is the redacted one, see the
     // address unit tests.)
     let url = format!("redis://127.0.0.1:{port}");
-    let err = RedisBackend::connect(&url, &fast_opts()).await.err().expect("must fail");
+    let err = RedisBackend::connect(&url, &fast_opts())
+        .await
+        .err()
+        .expect("must fail");
     assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
     let text = err.to_string();
     assert!(text.contains("redis+cluster://"), "{text}");
