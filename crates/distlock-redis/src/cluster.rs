@@ -233,7 +233,7 @@ fn parse_slots(v: &Value) -> Option<Vec<Master>> {
             }),
         }
     }
-    out.sort_by(|a, b| a.addr().cmp(&b.addr()));
+    out.sort_by_key(Master::addr);
     Some(out)
 }
 

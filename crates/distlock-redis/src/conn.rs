@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 /// The command connection: one server's (replaced after a timeout), or a cluster's.
 pub(crate) enum Con {
-    Single(Single),
+    Single(Box<Single>),
     Cluster(Cluster),
 }
 
@@ -27,7 +27,7 @@ impl Con {
         client: redis::Client,
         opts: &ClientOptions,
     ) -> Self {
-        Con::Single(Single::new(con, client, opts))
+        Con::Single(Box::new(Single::new(con, client, opts)))
     }
 
     /// The connection to send the next call on (a cheap clone).

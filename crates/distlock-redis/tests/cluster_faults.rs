@@ -180,8 +180,7 @@ async fn acknowledged_grant_survives_with_wait_replicas() {
         .expect("lock")
         .try_acquire()
         .await
-        .err()
-        .expect("no grant without the replica");
+        .expect_err("no grant without the replica");
     assert!(err.to_string().contains("replicas confirmed"), "{err}");
     cluster.resume(r);
     // Confirmed, then the master dies at once.
