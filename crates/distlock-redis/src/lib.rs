@@ -255,7 +255,7 @@ impl RedisBackend {
             .await
             .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
         if let cluster::Link::Single(c) = &mut link {
-            check_eviction(c, &endpoint).await;
+            ops::check_eviction(c, &endpoint).await;
         }
         Ok(RedisBackend {
             con,
@@ -493,33 +493,6 @@ impl RedisBackend {
                  it was given back (a failover could have lost it). Check replication or lower wait_replicas",
                 grant.key.name
             )))
-    }
-}
-
-/// Reads `maxmemory-policy` and warns unless it is `noeviction`: an evicting server may drop a
-/// held lock (a second holder) or a fencing counter (re-seeded from the clock, see the docs).
-/// A server where CONFIG is disabled or renamed only gets a debug line.
-async fn check_eviction(con: &mut ConnectionManager, endpoint: &str) {
-    let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(con)
-        .await;
-    match r {
-        Ok(v) => match v.get(1) {
-            Some(policy) if policy != "noeviction" => tracing::warn!(
-                endpoint,
-                policy = %policy,
-                "redis maxmemory-policy is not noeviction: under memory pressure the server may evict held locks (two holders at once); set `maxmemory-policy noeviction`"
-            ),
-            Some(_) => {}
-            None => tracing::debug!(endpoint, "CONFIG GET maxmemory-policy returned nothing"),
-        },
-        Err(e) => tracing::debug!(
-            endpoint,
-            error = %e,
-            "cannot read maxmemory-policy (CONFIG disabled or renamed?)"
-        ),
     }
 }
 

@@ -258,6 +258,33 @@ pub(crate) async fn force_release(
     Ok(ForceReleased::new(removed, fencing_token))
 }
 
+/// Reads `maxmemory-policy` and warns unless it is `noeviction`: an evicting server may drop a
+/// held lock (a second holder) or a fencing counter (re-seeded from the clock, see the docs).
+/// A server where CONFIG is disabled or renamed only gets a debug line.
+pub(crate) async fn check_eviction(con: &mut redis::aio::ConnectionManager, endpoint: &str) {
+    let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(con)
+        .await;
+    match r {
+        Ok(v) => match v.get(1) {
+            Some(policy) if policy != "noeviction" => tracing::warn!(
+                endpoint,
+                policy = %policy,
+                "redis maxmemory-policy is not noeviction: under memory pressure the server may evict held locks (two holders at once); set `maxmemory-policy noeviction`"
+            ),
+            Some(_) => {}
+            None => tracing::debug!(endpoint, "CONFIG GET maxmemory-policy returned nothing"),
+        },
+        Err(e) => tracing::debug!(
+            endpoint,
+            error = %e,
+            "cannot read maxmemory-policy (CONFIG disabled or renamed?)"
+        ),
+    }
+}
+
 /// `key:value` lines of an INFO reply.
 fn parse_info(info: &str) -> HashMap<&str, &str> {
     info.lines()

@@ -8,7 +8,7 @@ mod common;
 
 use common::client_for;
 use distlock_core::{ClientOptions, Error, LockKind};
-use distlock_testkit::{ClusterRole, RedisCluster};
+use distlock_testkit::RedisCluster;
 use std::time::{Duration, Instant};
 
 /// Generous: a failover takes a few seconds, more on a loaded 2-core CI machine.
@@ -32,25 +32,6 @@ fn name_on(cluster: &RedisCluster, m: usize, prefix: &str) -> String {
                 == m
         })
         .expect("some name")
-}
-
-/// The replica of master `m`.
-fn replica_of(cluster: &RedisCluster, m: usize) -> usize {
-    let nodes = cluster.nodes().expect("nodes");
-    let master_id = &nodes.iter().find(|n| n.index == m).expect("master").id;
-    let text = cluster.servers()[m]
-        .command(&["CLUSTER", "NODES"])
-        .expect("nodes");
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(3) == Some(master_id.as_str()))
-        .expect("a replica line");
-    let id = line.split_whitespace().next().expect("id");
-    nodes
-        .iter()
-        .find(|n| n.id == id && n.role == ClusterRole::Replica)
-        .expect("replica")
-        .index
 }
 
 fn start() -> RedisCluster {
@@ -82,9 +63,11 @@ async fn master_killed_waiter_still_gets_the_lock() {
     let lock = other.lock(&name).expect("lock");
     let waiter = tokio::spawn(async move { lock.acquire_timeout(FAILOVER).await });
     distlock_testkit::conformance::wait_for_waiters(&other, &name, LockKind::Mutex, 1).await;
+    let r = cluster.replica_of(m).expect("replica");
     let t = Instant::now();
     cluster.kill(m);
     let promoted = cluster.wait_failover(m, FAILOVER).expect("failover");
+    assert_eq!(promoted, r, "the replica took over");
     eprintln!("node {promoted} promoted after {:?}", t.elapsed());
     // The holder may have lost the lock while its master was gone (renewals failed for
     // longer than the lease) or kept it (the grant was replicated long before the kill).
@@ -118,7 +101,7 @@ async fn master_killed_waiter_still_gets_the_lock() {
 async fn unreplicated_grant_is_lost_by_a_failover() {
     let mut cluster = start();
     let m = cluster.masters().expect("masters")[1];
-    let r = replica_of(&cluster, m);
+    let r = cluster.replica_of(m).expect("replica");
     let name = name_on(&cluster, m, "lost");
     let (a, _) = client_for(&cluster.url(), opts()).await;
     let (b, _) = client_for(&cluster.url(), opts()).await;
@@ -166,7 +149,7 @@ async fn unreplicated_grant_is_lost_by_a_failover() {
 async fn acknowledged_grant_survives_with_wait_replicas() {
     let mut cluster = start();
     let m = cluster.masters().expect("masters")[2];
-    let r = replica_of(&cluster, m);
+    let r = cluster.replica_of(m).expect("replica");
     let url = format!("{}?wait_replicas=1&wait_timeout=300ms", cluster.url());
     // A lease longer than the failover: what is tested is the grant surviving on the
     // replica, not the watchdog reaching the new master in time.

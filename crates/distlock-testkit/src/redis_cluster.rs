@@ -265,24 +265,52 @@ impl RedisCluster {
     /// Waits until `master` (an index) is no longer a master and another node took its
     /// slots: every live node says `cluster_state:ok` and the cluster has no failed master
     /// left with slots. For after [`kill`](Self::kill) or [`pause`](Self::pause) of a master.
+    /// Returns the index of the node that took the slots over.
     pub fn wait_failover(&self, master: usize, timeout: Duration) -> Result<usize> {
         let port = format!("127.0.0.1:{}", self.servers[master].port());
-        let mut promoted = None;
+        // Other nodes list a dead master with its slots until a replica takes them.
+        let first_slot = self
+            .command_reply_slots()?
+            .iter()
+            .find(|(_, _, i)| *i == master)
+            .map(|(lo, _, _)| *lo)
+            .ok_or_else(|| start_error("the node to fail over owns no slots"))?;
         self.wait_ok(timeout, |nodes| {
-            let before = nodes
+            !nodes
                 .iter()
-                .any(|n| n.addr == port && n.role == ClusterRole::Master);
-            promoted = nodes
-                .iter()
-                .find(|n| n.role == ClusterRole::Master && n.index != master)
-                .map(|n| n.index);
-            !before
+                .any(|n| n.addr == port && n.role == ClusterRole::Master)
         })?;
         let slots = self.command_reply_slots()?;
         if slots.iter().any(|(_, _, i)| *i == master) {
             return Err(start_error("the failed master still owns slots"));
         }
-        promoted.ok_or_else(|| start_error("no master after the failover"))
+        slots
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&first_slot))
+            .map(|(_, _, i)| *i)
+            .ok_or_else(|| start_error("no master took the slots over"))
+    }
+
+    /// The index of a replica of master `master` (as `CLUSTER NODES` says; call it while
+    /// the master is up).
+    pub fn replica_of(&self, master: usize) -> Result<usize> {
+        let text = self.command(&["CLUSTER", "NODES"])?;
+        let nodes = self.parse_nodes(&text);
+        let id = &nodes
+            .iter()
+            .find(|n| n.index == master)
+            .ok_or_else(|| start_error("no such node"))?
+            .id;
+        let replica = text
+            .lines()
+            .find(|l| l.split_whitespace().nth(3) == Some(id.as_str()))
+            .and_then(|l| l.split_whitespace().next())
+            .ok_or_else(|| start_error(&format!("node {master} has no replica")))?;
+        nodes
+            .iter()
+            .find(|n| n.id == replica)
+            .map(|n| n.index)
+            .ok_or_else(|| start_error("the replica is not one of ours"))
     }
 
     /// Waits until every live node says `cluster_state:ok`, all 16384 slots are covered by

@@ -238,13 +238,15 @@ fn cluster_starts_and_fails_over() {
             .expect("GET"),
         "1"
     );
+    let r = cluster.replica_of(m).expect("replica");
+    assert_ne!(r, m);
     let t = std::time::Instant::now();
     cluster.kill(m);
     let promoted = cluster
         .wait_failover(m, std::time::Duration::from_secs(30))
         .expect("failover");
     eprintln!("failed over in {:?}", t.elapsed());
-    assert_ne!(promoted, m);
+    assert_eq!(promoted, r, "its replica took over");
     let now = cluster.master_of("{a}x").expect("master");
     assert_ne!(now, m);
     assert_eq!(cluster.masters().expect("masters").len(), 3);

@@ -267,7 +267,6 @@ async fn redis_cluster_by_url() {
     let port = cluster.servers()[0].port();
     let err = distlock::connect(&format!("redis://127.0.0.1:{port}"))
         .await
-        .err()
-        .expect("a cluster node behind redis://");
+        .expect_err("a cluster node behind redis://");
     assert!(err.to_string().contains("redis+cluster://"), "{err}");
 }
