@@ -224,3 +224,31 @@ async fn redis_url_at_a_cluster_node_names_the_cluster_scheme() {
     assert!(text.contains("redis+cluster://"), "{text}");
     eprintln!("{text}");
 }
+
+/// `rediss+cluster://`: locks, a waiter woken through the TLS subscriber, on a cluster whose
+/// nodes serve TLS.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_over_tls_cluster() {
+    let cluster = RedisCluster::start_tls().expect("TLS cluster");
+    let url = cluster.tls_url().expect("tls url");
+    let (a, _) = client_for(&url, fast_opts()).await;
+    let (b, _) = client_for(&url, fast_opts()).await;
+    for i in 0..10 {
+        released(acquired(&a, &format!("tls-{i}")).await).await;
+    }
+    let g = acquired(&a, "tls-wait").await;
+    let lock = b.lock("tls-wait").expect("lock");
+    let waiter = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(10)).await });
+    suite::wait_for_waiters(&b, "tls-wait", LockKind::Mutex, 1).await;
+    released(g).await;
+    let g2 = waiter.await.expect("join").expect("handed over");
+    released(g2).await;
+    // Without the test CA the nodes' certificates are not trusted.
+    let (base, _) = url.split_once('?').expect("query");
+    let err = RedisBackend::connect(base, &fast_opts())
+        .await
+        .err()
+        .expect("untrusted");
+    assert!(err.is_connection(), "{err:?}");
+}

@@ -41,6 +41,8 @@ pub struct ClusterNode {
 #[derive(Debug)]
 pub struct RedisCluster {
     servers: Vec<RedisServer>,
+    /// For [`start_tls`](Self::start_tls): the test CA and each node's TLS port.
+    tls: Option<(crate::TestCerts, Vec<u16>)>,
 }
 
 impl RedisCluster {
@@ -52,11 +54,55 @@ impl RedisCluster {
     /// `masters` masters (at least 3, as `redis-cli --cluster create` wants) with `replicas`
     /// replicas each.
     pub fn start_with(masters: usize, replicas: usize) -> Result<Self> {
+        Self::start_inner(masters, replicas, None)
+    }
+
+    /// Three masters without replicas that also serve TLS (client connections, the cluster
+    /// bus and replication), with a fresh test CA: [`tls_url`](Self::tls_url) is the
+    /// `rediss+cluster://` URL. The plain ports stay open for [`command`](Self::command).
+    pub fn start_tls() -> Result<Self> {
+        Self::start_inner(3, 0, Some(crate::TestCerts::generate()?))
+    }
+
+    fn start_inner(
+        masters: usize,
+        replicas: usize,
+        certs: Option<crate::TestCerts>,
+    ) -> Result<Self> {
         let cli = resolve_binary("redis-cli", "redis-tools")?;
         let n = masters * (1 + replicas);
         let mut servers = Vec::with_capacity(n);
+        let mut tls_ports = Vec::new();
         for _ in 0..n {
             let bus = try_free_port()?;
+            let mut tls_args = Vec::new();
+            if let Some(c) = &certs {
+                // The nodes are each other's TLS clients (bus, replication): they show a
+                // client certificate of the test CA.
+                let (client_cert, client_key) = c.client("redis-node")?;
+                let port = try_free_port()?;
+                tls_ports.push(port);
+                tls_args = vec![
+                    "--tls-port".to_string(),
+                    port.to_string(),
+                    "--tls-cert-file".to_string(),
+                    c.cert().display().to_string(),
+                    "--tls-key-file".to_string(),
+                    c.key().display().to_string(),
+                    "--tls-ca-cert-file".to_string(),
+                    c.ca().display().to_string(),
+                    "--tls-client-cert-file".to_string(),
+                    client_cert.display().to_string(),
+                    "--tls-client-key-file".to_string(),
+                    client_key.display().to_string(),
+                    "--tls-auth-clients".to_string(),
+                    "no".to_string(),
+                    "--tls-cluster".to_string(),
+                    "yes".to_string(),
+                    "--tls-replication".to_string(),
+                    "yes".to_string(),
+                ];
+            }
             servers.push(RedisServer::start_with(RedisOptions {
                 extra_args: [
                     "--cluster-enabled",
@@ -72,6 +118,7 @@ impl RedisCluster {
                 ]
                 .iter()
                 .map(|s| s.to_string())
+                .chain(tls_args)
                 .collect(),
                 ..Default::default()
             })?);
@@ -84,7 +131,7 @@ impl RedisCluster {
         create
             .args(["--cluster-replicas", &replicas.to_string()])
             .arg("--cluster-yes");
-        let out = create.output()?;
+        let out = output_within(create, FORM_TIMEOUT)?;
         if !out.status.success() {
             return Err(Error::Start {
                 what: format!("redis cluster of {n} nodes"),
@@ -95,7 +142,10 @@ impl RedisCluster {
                 ),
             });
         }
-        let cluster = RedisCluster { servers };
+        let cluster = RedisCluster {
+            servers,
+            tls: certs.map(|c| (c, tls_ports)),
+        };
         let servers = &cluster.servers;
         cluster.wait_ok(FORM_TIMEOUT, |nodes| {
             // A replica that has not synced with its master yet would not take over from it.
@@ -125,6 +175,19 @@ impl RedisCluster {
             .map(|s| format!("127.0.0.1:{}", s.port()))
             .collect();
         format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// `rediss+cluster://h:TLS_PORT,…?ca_file=CA` for clusters made by
+    /// [`start_tls`](Self::start_tls); `None` otherwise.
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls.as_ref().map(|(certs, ports)| {
+            let seeds: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+            format!(
+                "rediss+cluster://{}?ca_file={}",
+                seeds.join(","),
+                certs.ca().display()
+            )
+        })
     }
 
     /// The node processes (killed ones included), in start order.
@@ -354,6 +417,25 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// `cmd`'s output, or an error if it does not exit within `timeout` (it is killed).
+fn output_within(mut cmd: Command, timeout: Duration) -> Result<std::process::Output> {
+    use std::process::Stdio;
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let t = Instant::now();
+    while child.try_wait()?.is_none() {
+        if t.elapsed() > timeout {
+            let _ = child.kill();
+            let out = child.wait_with_output()?;
+            return Err(start_error(&format!(
+                "redis-cli --cluster create did not finish within {timeout:?}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(child.wait_with_output()?)
 }
 
 fn start_error(detail: &str) -> Error {
