@@ -61,7 +61,8 @@ impl RedisBackend {
     ///
     /// # Errors
     /// [`Error::InvalidUrl`] for a URL this backend does not accept (the password is
-    /// redacted in the message); [`Error::InvalidArgument`] for a `wait_timeout` not below the
+    /// redacted in the message), also for `redis://` at a Redis Cluster node (the message
+    /// names `redis+cluster://`); [`Error::InvalidArgument`] for a `wait_timeout` not below the
     /// operation timeout; [`Error::Auth`] if the server refuses the credentials or the ACL user
     /// lacks a command; [`Error::Connection`] if the server cannot be reached within the
     /// connect timeout.
@@ -180,7 +181,8 @@ impl RedisBackend {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a namespace that is empty or holds `{` or `}`;
+    /// [`Error::InvalidArgument`] for a namespace that is empty or holds `{` or `}`, or a
+    /// connection to a Redis Cluster node;
     /// [`Error::Auth`] if the server refuses the scripts to the connection's user;
     /// [`Error::Connection`] if the server cannot be reached.
     ///
