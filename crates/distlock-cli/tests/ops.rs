@@ -310,15 +310,24 @@ fn redis_doctor_flags_eviction_and_missing_persistence() {
 }
 
 #[test]
-fn redis_doctor_flags_a_cluster_node() {
+fn redis_url_at_a_cluster_node_is_refused_naming_redis_cluster() {
     let server = redis_with(&["--cluster-enabled", "yes", "--appendonly", "yes"]);
     let (code, report) = doctor(&server.url());
-    assert_eq!(code, Some(1), "{report}");
-    assert!(line(&report, "cluster").starts_with("UNSAFE"), "{report}");
-    assert!(
-        line(&report, "cluster").contains("redis+cluster://"),
-        "{report}"
-    );
+    assert_ne!(code, Some(0), "{report}");
+    assert!(report.contains("redis+cluster://"), "{report}");
+}
+
+/// `list`, `release --force` and `doctor` through `--backend redis+cluster://…`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_operator_commands() {
+    let cluster = distlock_testkit::RedisCluster::start_with(3, 0).expect("cluster");
+    let url = cluster.url();
+    list_shows_held_and_waited(&url, true).await;
+    force_release_fences_the_old_holder(&url).await;
+    let (code, report) = doctor(&url);
+    assert_eq!(code, Some(0), "{report}");
+    let masters = report.matches("a master of the cluster, reached by redis+cluster://");
+    assert_eq!(masters.count(), 3, "{report}");
 }
 
 #[test]

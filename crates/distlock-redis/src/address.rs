@@ -23,6 +23,8 @@ pub(crate) struct Address {
     pub(crate) sentinel: Option<(Vec<String>, String)>,
     /// `?sentinel_password=`: the sentinels' own password.
     pub(crate) sentinel_password: Option<Password>,
+    /// `redis+cluster://`: the seed nodes, as driver URLs (`redis://h:p` or `rediss://h:p`).
+    pub(crate) cluster: Option<Vec<String>>,
 }
 
 /// How long a grant waits for its replicas when the URL does not say.
@@ -42,6 +44,9 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
         return Err(cs.invalid(
             "rediss+sentinel:// (TLS to the sentinels and the master) is not built yet; use redis+sentinel:// on a trusted network, or rediss://MASTER (no failover following)",
         ));
+    }
+    if let Some(scheme) = cs.scheme().strip_suffix("+cluster") {
+        return parse_cluster(cs.clone(), scheme);
     }
     let tls = match cs.scheme() {
         "redis" => false,
@@ -86,6 +91,83 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
         }
     }
     let wait_replicas = wait_replicas(&cs)?;
+    let (ca_file, client_cert) = tls_files(&cs)?;
+    let mut driver = cs.clone();
+    driver.retain_params(|k, _| k == "protocol");
+    Ok(Address {
+        driver_url: driver.expose_url().to_owned(),
+        endpoint,
+        namespace: cs.param("namespace").map(str::to_owned),
+        wait_replicas,
+        ca_file,
+        client_cert,
+        sentinel: None,
+        sentinel_password: None,
+        cluster: None,
+        conn: cs,
+    })
+}
+
+/// `redis+cluster://[user:password@]h1:p1[,h2:p2…][?namespace=…]` (`rediss+cluster://` with
+/// TLS): any nodes of the cluster, as seeds (the client learns the rest from them).
+fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
+    let tls = match scheme {
+        "redis" => false,
+        "rediss" if cfg!(feature = "tls") => true,
+        "rediss" => {
+            return Err(cs.invalid(
+                "rediss+cluster:// (TLS) needs distlock built with the `tls` feature (distlock = { features = [\"tls\"] })",
+            ))
+        }
+        s => return Err(cs.invalid(format!("scheme `{s}+cluster` is not redis+cluster://"))),
+    };
+    if cs.hosts().is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
+        return Err(cs.invalid("no node; write redis+cluster://h1:6379,h2:6379"));
+    }
+    let seeds: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(6379)).collect();
+    let path = cs.path()?;
+    if !matches!(path.trim_start_matches('/'), "" | "0") {
+        return Err(cs.invalid("a Redis Cluster has database 0 only: drop the `/DB` path"));
+    }
+    for (k, _) in cs.params() {
+        match k.as_str() {
+            "namespace" | "wait_replicas" | "wait_timeout" => {}
+            "ca_file" | "cacert" | "cert" | "key" if tls => {}
+            "ca_file" | "cacert" | "cert" | "key" => {
+                return Err(cs.invalid(format!(
+                    "`{k}` is a TLS parameter: use rediss+cluster:// instead of redis+cluster://"
+                )))
+            }
+            other => {
+                return Err(cs.invalid(format!(
+                    "unknown parameter `{other}` for redis+cluster:// (known: namespace, wait_replicas, wait_timeout; ca_file (or cacert), cert, key with rediss+cluster://)"
+                )))
+            }
+        }
+    }
+    let (ca_file, client_cert) = tls_files(&cs)?;
+    let seed_urls: Vec<String> = seeds
+        .iter()
+        .map(|s| format!("{}://{s}", if tls { "rediss" } else { "redis" }))
+        .collect();
+    Ok(Address {
+        driver_url: seed_urls[0].clone(),
+        endpoint: format!("cluster {}", seeds.join(",")),
+        namespace: cs.param("namespace").map(str::to_owned),
+        wait_replicas: wait_replicas(&cs)?,
+        ca_file,
+        client_cert,
+        sentinel: None,
+        sentinel_password: None,
+        cluster: Some(seed_urls),
+        conn: cs,
+    })
+}
+
+/// `ca_file=` (or `cacert=`), and `cert=` with `key=`.
+type TlsFiles = (Option<String>, Option<(String, String)>);
+
+fn tls_files(cs: &ConnectionString) -> Result<TlsFiles> {
     let ca_file = match (cs.param("ca_file"), cs.param("cacert")) {
         (Some(_), Some(_)) => {
             return Err(cs.invalid("give the CA once: `ca_file=` or `cacert=` (the same setting)"))
@@ -104,19 +186,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
             return Err(cs.invalid("`key=` needs its client certificate too: add `&cert=PATH`"))
         }
     };
-    let mut driver = cs.clone();
-    driver.retain_params(|k, _| k == "protocol");
-    Ok(Address {
-        driver_url: driver.expose_url().to_owned(),
-        endpoint,
-        namespace: cs.param("namespace").map(str::to_owned),
-        wait_replicas,
-        ca_file,
-        client_cert,
-        sentinel: None,
-        sentinel_password: None,
-        conn: cs,
-    })
+    Ok((ca_file, client_cert))
 }
 
 /// `?wait_replicas=N&wait_timeout=DUR` (`None`: no replicas to wait for).
@@ -176,6 +246,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
             .param("sentinel_password")
             .filter(|p| !p.is_empty())
             .map(Password::new),
+        cluster: None,
         conn: cs,
     })
 }
@@ -295,6 +366,37 @@ mod tests {
         }
         let e = parse("rediss+sentinel://s1/m").unwrap_err().to_string();
         assert!(e.contains("not built yet"), "{e}");
+    }
+
+    #[test]
+    fn cluster_urls() {
+        let a = parse("redis+cluster://:pw@h1:7000,h2:7001?namespace=n&wait_replicas=1").unwrap();
+        assert_eq!(
+            a.cluster,
+            Some(vec![
+                "redis://h1:7000".to_owned(),
+                "redis://h2:7001".to_owned()
+            ])
+        );
+        assert_eq!(a.namespace.as_deref(), Some("n"));
+        assert_eq!(a.wait_replicas, Some((1, DEFAULT_WAIT_TIMEOUT)));
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://h/3",
+            "redis+cluster://h?ca_file=/x",
+            "redis+cluster://h?protocol=resp3",
+            "redis+cluster://h?nope=1",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse("rediss+cluster://h?ca_file=/ca").is_ok(),
+            cfg!(feature = "tls")
+        );
+        let e = parse("redis+cluster://u:secret@h/x")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("secret"), "{e}");
         let e = parse("redis://u:secret@h/x").unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
         assert_eq!(redact("redis://u:secret@h:1"), "redis://u:***@h:1");

@@ -8,12 +8,64 @@
 //! response timeout this backend moves on to a fresh connection (opened lazily, at the next
 //! call); calls already in flight finish on the old one.
 
+use crate::cluster::{Cluster, Link};
 use distlock_core::ClientOptions;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-pub(crate) struct Con {
+/// The command connection: one server's (replaced after a timeout), or a cluster's.
+pub(crate) enum Con {
+    Single(Box<Single>),
+    Cluster(Cluster),
+}
+
+impl Con {
+    /// One server's connection `con`, replaced when needed by connections of `client`.
+    pub(crate) fn single(
+        con: ConnectionManager,
+        client: redis::Client,
+        opts: &ClientOptions,
+    ) -> Self {
+        Con::Single(Box::new(Single::new(con, client, opts)))
+    }
+
+    /// The connection to send the next call on (a cheap clone).
+    pub(crate) fn get(&self) -> Link {
+        match self {
+            Con::Single(s) => Link::Single(s.get()),
+            Con::Cluster(c) => c.link(),
+        }
+    }
+
+    /// A call on the connection timed out: go on with a fresh one (the cluster client keeps
+    /// one connection per node and replaces a broken one itself).
+    pub(crate) fn timed_out(&self) {
+        match self {
+            Con::Single(s) => s.timed_out(),
+            Con::Cluster(c) => c.forget(),
+        }
+    }
+
+    /// The master moved (Sentinel): the next calls go to `client`'s node (see
+    /// [`Single::switch`]). A cluster's connection follows its failovers itself.
+    pub(crate) fn switch(&self, client: redis::Client) {
+        if let Con::Single(s) = self {
+            s.switch(client);
+        }
+    }
+
+    /// The cluster, for `redis+cluster://`.
+    pub(crate) fn cluster(&self) -> Option<&Cluster> {
+        match self {
+            Con::Single(_) => None,
+            Con::Cluster(c) => Some(c),
+        }
+    }
+}
+
+/// One server's connection.
+pub(crate) struct Single {
     current: RwLock<ConnectionManager>,
     /// Where fresh connections go (replaced when a Sentinel failover moves the master).
     client: RwLock<redis::Client>,
@@ -33,10 +85,10 @@ pub(crate) fn config(opts: &ClientOptions) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(200))
 }
 
-impl Con {
+impl Single {
     /// `con`, replaced when needed by connections of `client` with `opts`' settings.
     pub(crate) fn new(con: ConnectionManager, client: redis::Client, opts: &ClientOptions) -> Self {
-        Con {
+        Single {
             current: RwLock::new(con),
             client: RwLock::new(client),
             // A replacement is made after a timeout, maybe to a stalled server: it gets the

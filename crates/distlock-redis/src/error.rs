@@ -44,6 +44,11 @@ pub(crate) fn map_tls(endpoint: &str, e: RedisError, client_cert: Option<bool>) 
                 | ErrorKind::Server(ServerErrorKind::BusyLoading)
                 | ErrorKind::Server(ServerErrorKind::TryAgain)
                 | ErrorKind::Server(ServerErrorKind::MasterDown)
+                // A cluster in a failover or resharding, after redis-rs's own redirects and
+                // retries ran out: the slot's new master answers a later attempt.
+                | ErrorKind::Server(ServerErrorKind::Moved)
+                | ErrorKind::Server(ServerErrorKind::Ask)
+                | ErrorKind::Server(ServerErrorKind::ClusterDown)
         )
     {
         return Error::connection(KIND, endpoint.to_owned(), e);

@@ -3,6 +3,7 @@
 
 mod address;
 mod builder;
+mod cluster;
 mod conn;
 mod error;
 mod inspect;
@@ -65,7 +66,8 @@ impl RedisBackend {
     ///
     /// # Errors
     /// [`Error::InvalidUrl`] for a URL this backend does not accept (the password is
-    /// redacted in the message); [`Error::InvalidArgument`] for a `wait_timeout` not below the
+    /// redacted in the message), also for `redis://` at a Redis Cluster node (the message
+    /// names `redis+cluster://`); [`Error::InvalidArgument`] for a `wait_timeout` not below the
     /// operation timeout; [`Error::Auth`] if the server refuses the credentials or the ACL user
     /// lacks a command; [`Error::Connection`] if the server cannot be reached within the
     /// connect timeout.
@@ -100,8 +102,18 @@ impl RedisBackend {
             client_cert,
             sentinel,
             sentinel_password,
+            cluster,
         } = address;
         check_wait(wait_replicas, opts)?;
+        let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
+        if namespace.is_empty() || namespace.contains(['{', '}']) {
+            return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
+        }
+        if let Some(seeds) = cluster {
+            let (files, cred) = ((ca_file, client_cert), (user, password));
+            let (con, nodes) = cluster::open(&conn, &seeds, files, cred, &endpoint, opts).await?;
+            return Self::finish(con, nodes, endpoint, namespace, wait_replicas, opts, None).await;
+        }
         let sentinels = sentinel.map(|(hosts, master)| {
             sentinel::Sentinels::new(&conn, hosts, master, sentinel_password, opts)
         });
@@ -125,7 +137,7 @@ impl RedisBackend {
             sentinel::confirm_master(&client, at, &endpoint, opts.get_connect_timeout()).await?;
         }
         let config = conn::config(opts);
-        let con = tokio::time::timeout(
+        let mut con = tokio::time::timeout(
             opts.get_connect_timeout() * 2,
             ConnectionManager::new_with_config(client.clone(), config),
         )
@@ -141,13 +153,12 @@ impl RedisBackend {
             )
         })?
         .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
-        let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
-        if namespace.is_empty() || namespace.contains(['{', '}']) {
-            return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
+        if cluster::is_cluster_node(&mut con).await {
+            return Err(conn.invalid(cluster::NOT_STANDALONE));
         }
         let mut backend = Self::finish(
-            con,
-            client,
+            conn::Con::single(con, client.clone(), opts),
+            vec![client],
             endpoint,
             namespace,
             wait_replicas,
@@ -195,14 +206,15 @@ impl RedisBackend {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a namespace that is empty or holds `{` or `}`;
+    /// [`Error::InvalidArgument`] for a namespace that is empty or holds `{` or `}`, or a
+    /// connection to a Redis Cluster node;
     /// [`Error::Auth`] if the server refuses the scripts to the connection's user;
     /// [`Error::Connection`] if the server cannot be reached.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`connect`](Self::connect).
     pub async fn from_connection_manager(
-        con: ConnectionManager,
+        mut con: ConnectionManager,
         pubsub: redis::Client,
         opts: &ClientOptions,
     ) -> Result<Self> {
@@ -213,7 +225,11 @@ impl RedisBackend {
                 "namespace must be non-empty and free of `{` and `}`".into(),
             ));
         }
-        Self::finish(con, pubsub, endpoint, namespace, None, opts, None).await
+        if cluster::is_cluster_node(&mut con).await {
+            return Err(Error::invalid(cluster::NOT_STANDALONE));
+        }
+        let con = conn::Con::single(con, pubsub.clone(), opts);
+        Self::finish(con, vec![pubsub], endpoint, namespace, None, opts, None).await
     }
 
     /// Waits for `n` replicas to confirm each grant (within `timeout`), as `?wait_replicas=N&
@@ -252,8 +268,8 @@ impl RedisBackend {
     /// The part of connecting common to [`open`](Self::open) and
     /// [`from_connection_manager`](Self::from_connection_manager).
     async fn finish(
-        mut con: ConnectionManager,
-        client: redis::Client,
+        con: conn::Con,
+        nodes: Vec<redis::Client>,
         endpoint: String,
         namespace: String,
         wait_replicas: Option<(u32, Duration)>,
@@ -261,16 +277,19 @@ impl RedisBackend {
         cert_given: Option<bool>,
     ) -> Result<Self> {
         let scripts = scripts::Scripts::new();
-        scripts::load(&mut con, &scripts.all())
+        let mut link = con.get();
+        scripts::load(&mut link, &scripts.all())
             .await
             .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
-        check_eviction(&mut con, &endpoint).await;
+        if let cluster::Link::Single(c) = &mut link {
+            ops::check_eviction(c, &endpoint).await;
+        }
         Ok(RedisBackend {
-            con: Arc::new(conn::Con::new(con, client.clone(), opts)),
+            con: Arc::new(con),
             follower: None,
             scripts,
-            subscriber: pubsub::Subscriber::new(
-                client,
+            subscriber: pubsub::Subscriber::over(
+                nodes,
                 endpoint.clone(),
                 opts.get_connect_timeout(),
                 // A handoff is written by the releasing client's connection: with replicas to
@@ -513,33 +532,6 @@ impl RedisBackend {
                  it was given back (a failover could have lost it). Check replication or lower wait_replicas",
                 grant.key.name
             )))
-    }
-}
-
-/// Reads `maxmemory-policy` and warns unless it is `noeviction`: an evicting server may drop a
-/// held lock (a second holder) or a fencing counter (re-seeded from the clock, see the docs).
-/// A server where CONFIG is disabled or renamed only gets a debug line.
-async fn check_eviction(con: &mut ConnectionManager, endpoint: &str) {
-    let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(con)
-        .await;
-    match r {
-        Ok(v) => match v.get(1) {
-            Some(policy) if policy != "noeviction" => tracing::warn!(
-                endpoint,
-                policy = %policy,
-                "redis maxmemory-policy is not noeviction: under memory pressure the server may evict held locks (two holders at once); set `maxmemory-policy noeviction`"
-            ),
-            Some(_) => {}
-            None => tracing::debug!(endpoint, "CONFIG GET maxmemory-policy returned nothing"),
-        },
-        Err(e) => tracing::debug!(
-            endpoint,
-            error = %e,
-            "cannot read maxmemory-policy (CONFIG disabled or renamed?)"
-        ),
     }
 }
 

@@ -89,7 +89,27 @@ pub(crate) async fn scan(
     pattern: &str,
     mut batch: impl FnMut(Vec<String>),
 ) -> Result<()> {
-    let mut con = b.con.get();
+    // On a cluster every master holds its own slots' keys: SCAN each (the topology read now).
+    let links = match b.con.cluster() {
+        Some(c) => {
+            c.forget();
+            let masters = c.masters().await.map_err(|e| b.err(e))?;
+            masters.iter().map(|m| c.at(m)).collect()
+        }
+        None => vec![b.con.get()],
+    };
+    for mut con in links {
+        scan_one(b, &mut con, pattern, &mut batch).await?;
+    }
+    Ok(())
+}
+
+async fn scan_one(
+    b: &RedisBackend,
+    con: &mut crate::cluster::Link,
+    pattern: &str,
+    batch: &mut impl FnMut(Vec<String>),
+) -> Result<()> {
     let mut cursor = 0u64;
     loop {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -98,7 +118,7 @@ pub(crate) async fn scan(
             .arg(pattern)
             .arg("COUNT")
             .arg(1000)
-            .query_async(&mut con)
+            .query_async(con)
             .await
             .map_err(|e| b.err(e))?;
         if !keys.is_empty() {
@@ -217,7 +237,11 @@ pub(crate) async fn force_release(
     let fencing_token = token.parse().map_err(|_| bad("counter"))?;
     if let Some((n, timeout)) = b.wait_replicas {
         // The removal must survive a failover as a grant must: else a promoted replica still
-        // has the old holder (and a counter below its token).
+        // has the old holder (and a counter below its token). On a cluster, WAIT goes to the
+        // master that ran the script (redis-rs would ask every node).
+        if let Some(c) = b.con.cluster() {
+            con = c.at_key(&holds).await.map_err(|e| b.err(e))?;
+        }
         let acked: u64 = redis::cmd("WAIT")
             .arg(n)
             .arg(timeout.as_millis() as u64)
@@ -232,6 +256,33 @@ pub(crate) async fn force_release(
     }
     let removed = holders(&fam, &fields, pttl, &exps, now_ms);
     Ok(ForceReleased::new(removed, fencing_token))
+}
+
+/// Reads `maxmemory-policy` and warns unless it is `noeviction`: an evicting server may drop a
+/// held lock (a second holder) or a fencing counter (re-seeded from the clock, see the docs).
+/// A server where CONFIG is disabled or renamed only gets a debug line.
+pub(crate) async fn check_eviction(con: &mut redis::aio::ConnectionManager, endpoint: &str) {
+    let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(con)
+        .await;
+    match r {
+        Ok(v) => match v.get(1) {
+            Some(policy) if policy != "noeviction" => tracing::warn!(
+                endpoint,
+                policy = %policy,
+                "redis maxmemory-policy is not noeviction: under memory pressure the server may evict held locks (two holders at once); set `maxmemory-policy noeviction`"
+            ),
+            Some(_) => {}
+            None => tracing::debug!(endpoint, "CONFIG GET maxmemory-policy returned nothing"),
+        },
+        Err(e) => tracing::debug!(
+            endpoint,
+            error = %e,
+            "cannot read maxmemory-policy (CONFIG disabled or renamed?)"
+        ),
+    }
 }
 
 /// `key:value` lines of an INFO reply.
@@ -275,7 +326,39 @@ fn unix_ms(t: SystemTime) -> i64 {
 }
 
 pub(crate) async fn diagnose(b: &RedisBackend) -> Result<Vec<Finding>> {
-    let mut con = b.con.get();
+    let Some(c) = b.con.cluster() else {
+        return diagnose_on(b, b.con.get(), false).await;
+    };
+    // A cluster: its state, then every master's findings, each saying which master.
+    let mut con = c.link();
+    let info: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query_async(&mut con)
+        .await
+        .map_err(|e| b.err(e))?;
+    let info = parse_info(&info);
+    let state = info.get("cluster_state").copied().unwrap_or("unknown");
+    let mut out = vec![match state {
+        "ok" => Finding::new(Severity::Ok, "cluster", format!("cluster_state:ok, {} slots served", info.get("cluster_slots_ok").copied().unwrap_or("?"))),
+        _ => Finding::new(Severity::Warning, "cluster", format!("cluster_state:{state}: some slots have no live master, and locks in them fail until a replica takes over")),
+    }];
+    c.forget();
+    let masters = c.masters().await.map_err(|e| b.err(e))?;
+    for m in masters.iter() {
+        for mut f in diagnose_on(b, c.at(m), true).await? {
+            f.message = format!("master {}: {}", m.addr(), f.message);
+            out.push(f);
+        }
+    }
+    Ok(out)
+}
+
+/// The findings of one server (`cluster`: a master of the `redis+cluster://` cluster).
+async fn diagnose_on(
+    b: &RedisBackend,
+    mut con: crate::cluster::Link,
+    cluster: bool,
+) -> Result<Vec<Finding>> {
     let info: String = redis::cmd("INFO")
         .query_async(&mut con)
         .await
@@ -304,11 +387,17 @@ pub(crate) async fn diagnose(b: &RedisBackend) -> Result<Vec<Finding>> {
     });
 
     // Cluster.
-    if info.get("cluster_enabled") == Some(&"1") {
+    if cluster {
+        out.push(Finding::new(
+            Severity::Ok,
+            "cluster",
+            "a master of the cluster, reached by redis+cluster://",
+        ));
+    } else if info.get("cluster_enabled") == Some(&"1") {
         out.push(Finding::new(
             Severity::Unsafe,
             "cluster",
-            "this is a Redis Cluster node: a redis:// URL talks to this one node only (locks whose slot lives elsewhere fail with MOVED, and a failover of this node's shard loses its grants); point dlock at a standalone or Sentinel-managed primary, or use the planned redis+cluster:// backend",
+            "this is a Redis Cluster node: a redis:// URL talks to this one node only (locks whose slot lives elsewhere fail with MOVED, and a failover of this node's shard loses its grants); point dlock at a standalone or Sentinel-managed primary, or write redis+cluster://host:port,… for the whole cluster",
         ));
     } else {
         out.push(Finding::new(

@@ -14,6 +14,10 @@
 //! the waiter's attempt and its sleep is not lost (the table keeps it). If the connection
 //! breaks, every watch ends with a connection error and the waiter subscribes again on a new
 //! connection.
+//!
+//! On `redis+cluster://` the subscriber has several nodes to choose from: classic PUBLISH is
+//! broadcast to every node of a cluster, so a connection to any one of them hears every lock.
+//! It stays on the node it reached until that connection breaks, then tries the next.
 
 use crate::error::{map, KIND};
 use distlock_core::backend::{AttemptId, ReleaseWatch, Subscription, Subscriptions, Wake};
@@ -36,9 +40,20 @@ struct Conn {
     reader: tokio::task::AbortHandle,
 }
 
+/// Where a subscriber subscribes: at least one node, and the endpoint its errors name.
+#[derive(Clone)]
+struct Targets {
+    clients: Vec<redis::Client>,
+    endpoint: String,
+}
+
 pub(crate) struct Subscriber {
-    /// The client and endpoint (both replaced when a Sentinel failover moves the master).
-    client: std::sync::Mutex<(redis::Client, String)>,
+    /// Where to subscribe: the nodes (one; a cluster's several, any of which hears every
+    /// PUBLISH) and the endpoint named in errors. Replaced when a Sentinel failover moves the
+    /// master.
+    targets: std::sync::Mutex<Targets>,
+    /// Which node to try first (the last that answered).
+    next: std::sync::atomic::AtomicUsize,
     timeout: Duration,
     /// The connection; its lock also orders every SUBSCRIBE before a later UNSUBSCRIBE.
     conn: Mutex<Option<Conn>>,
@@ -78,8 +93,19 @@ impl Subscriber {
         timeout: Duration,
         confirm_handoffs: bool,
     ) -> Arc<Self> {
+        Self::over(vec![client], endpoint, timeout, confirm_handoffs)
+    }
+
+    /// A subscriber at the first of `clients` that answers (at least one; a cluster's nodes).
+    pub(crate) fn over(
+        clients: Vec<redis::Client>,
+        endpoint: String,
+        timeout: Duration,
+        confirm_handoffs: bool,
+    ) -> Arc<Self> {
         Arc::new(Subscriber {
-            client: std::sync::Mutex::new((client, endpoint)),
+            targets: std::sync::Mutex::new(Targets { clients, endpoint }),
+            next: std::sync::atomic::AtomicUsize::new(0),
             timeout,
             conn: Mutex::new(None),
             generations: AtomicU64::new(0),
@@ -87,20 +113,20 @@ impl Subscriber {
         })
     }
 
-    /// The client the subscriber connects with.
+    /// The client the subscriber connects with (the first node).
     pub(crate) fn client(&self) -> redis::Client {
-        self.target().0
+        self.targets().clients[0].clone()
     }
 
-    fn target(&self) -> (redis::Client, String) {
-        self.client
+    fn targets(&self) -> Targets {
+        self.targets
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
     fn endpoint(&self) -> String {
-        self.target().1
+        self.targets().endpoint
     }
 
     /// The master moved (Sentinel): later subscriptions go to `client` (at `endpoint`). The
@@ -108,9 +134,12 @@ impl Subscriber {
     /// there: none keeps sleeping on a connection to the old master.
     pub(crate) async fn switch(&self, client: redis::Client, endpoint: String) {
         *self
-            .client
+            .targets
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = (client, endpoint);
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Targets {
+            clients: vec![client],
+            endpoint,
+        };
         if let Some(old) = self.conn.lock().await.take() {
             old.reader.abort();
             old.alive.store(false, Ordering::SeqCst);
@@ -119,12 +148,31 @@ impl Subscriber {
         }
     }
 
+    /// A pub/sub connection to the node that answered last, else to the next that answers,
+    /// and the endpoint its watches name.
+    async fn open(&self) -> Result<(redis::aio::PubSub, String)> {
+        let Targets { clients, endpoint } = self.targets();
+        let first = self.next.load(Ordering::Relaxed) % clients.len();
+        let mut last = None;
+        for i in (0..clients.len()).map(|k| (first + k) % clients.len()) {
+            let e = match tokio::time::timeout(self.timeout, clients[i].get_async_pubsub()).await {
+                Ok(Ok(p)) => {
+                    self.next.store(i, Ordering::Relaxed);
+                    return Ok((p, endpoint));
+                }
+                Ok(Err(e)) => map(&endpoint, e),
+                Err(_) => self.timeout_error("connecting the subscriber"),
+            };
+            if clients.len() > 1 {
+                tracing::debug!(node = %clients[i].get_connection_info().addr(), error = %e, "cannot subscribe at this node; trying the next");
+            }
+            last = Some(e);
+        }
+        Err(last.unwrap_or_else(|| self.timeout_error("connecting the subscriber")))
+    }
+
     async fn connect(self: &Arc<Self>) -> Result<Conn> {
-        let (client, endpoint) = self.target();
-        let pubsub = tokio::time::timeout(self.timeout, client.get_async_pubsub())
-            .await
-            .map_err(|_| self.timeout_error("connecting the subscriber"))?
-            .map_err(|e| map(&endpoint, e))?;
+        let (pubsub, endpoint) = self.open().await?;
         let (sink, mut stream) = pubsub.split();
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let subs: Subscriptions<String> = Subscriptions::new(KIND, endpoint);
@@ -133,6 +181,7 @@ impl Subscriber {
         subs.on_unused(move || unsubscribe_later(&me, generation));
         let alive = Arc::new(AtomicBool::new(true));
         let (reader_subs, reader_alive) = (subs.clone(), alive.clone());
+        let reader_me = Arc::downgrade(self);
         let reader = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
                 deliver(
@@ -142,6 +191,10 @@ impl Subscriber {
                 );
             }
             reader_alive.store(false, Ordering::SeqCst);
+            // The node may be gone: the next connection tries another first.
+            if let Some(me) = reader_me.upgrade() {
+                me.next.fetch_add(1, Ordering::Relaxed);
+            }
             reader_subs.fail_all("the subscriber connection closed");
             tracing::debug!("redis subscriber connection closed");
         });

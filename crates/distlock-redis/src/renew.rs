@@ -12,8 +12,8 @@
 //! number string.
 //!
 //! The keys of one script belong to many locks, so to many Cluster slots: fine on the one
-//! standalone node this backend talks to (`diagnose` calls a cluster node unsafe); a cluster
-//! backend would group the grants by slot first.
+//! standalone node `redis://` talks to; on `redis+cluster://` the grants are grouped by slot
+//! first, one pipeline per master (`crate::cluster::renew`).
 
 use crate::error::shape;
 use crate::error::KIND;
@@ -77,8 +77,15 @@ impl Keys {
     }
 }
 
+/// The first key of `grant` (the one its slot is computed from).
+pub(crate) fn first_key(b: &RedisBackend, grant: &GrantRef) -> Result<String> {
+    Ok(match Keys::of(b, grant)? {
+        Keys::Mutex(k) | Keys::Expiring(k, _) => k,
+    })
+}
+
 /// The EVALSHA of `renew_many.lua` for `holds` (at most [`PER_SCRIPT`]).
-fn command(b: &RedisBackend, holds: &[(GrantRef, Duration)]) -> Result<redis::Cmd> {
+pub(crate) fn command(b: &RedisBackend, holds: &[(GrantRef, Duration)]) -> Result<redis::Cmd> {
     let keys = holds
         .iter()
         .map(|(g, _)| Keys::of(b, g))
@@ -119,6 +126,9 @@ pub(crate) async fn renew(
     if holds.is_empty() {
         return Ok(Vec::new());
     }
+    if let Some(cluster) = b.con.cluster() {
+        return crate::cluster::renew(b, cluster, holds).await;
+    }
     let mut pipe = redis::pipe();
     for chunk in holds.chunks(PER_SCRIPT) {
         pipe.add_command(command(b, chunk)?);
@@ -152,17 +162,23 @@ pub(crate) async fn renew(
         return Err(shape("renew", &Value::Array(vals)));
     }
     for (v, chunk) in vals.iter().zip(holds.chunks(PER_SCRIPT)) {
-        let flags = match v {
-            Value::BulkString(b) if b.len() == chunk.len() => b.as_slice(),
-            _ => return Err(shape("renew", v)),
-        };
-        for f in flags {
-            out.push(match f {
-                b'1' => RenewOutcome::Renewed,
-                b'0' => RenewOutcome::NotHeld,
-                _ => return Err(shape("renew", v)),
-            });
-        }
+        out.extend(flags(v, chunk.len())?);
     }
     Ok(out)
+}
+
+/// The outcomes in the reply `v` of one script that renewed `n` grants.
+pub(crate) fn flags(v: &Value, n: usize) -> Result<Vec<RenewOutcome>> {
+    let flags = match v {
+        Value::BulkString(b) if b.len() == n => b.as_slice(),
+        _ => return Err(shape("renew", v)),
+    };
+    flags
+        .iter()
+        .map(|f| match f {
+            b'1' => Ok(RenewOutcome::Renewed),
+            b'0' => Ok(RenewOutcome::NotHeld),
+            _ => Err(shape("renew", v)),
+        })
+        .collect()
 }

@@ -12,6 +12,7 @@
 //!
 //! Main entry points:
 //! - [`RedisServer`]: a real `redis-server` (Debian package `redis-server`).
+//! - [`RedisCluster`]: a real Redis Cluster (3 masters, 3 replicas by default).
 //! - [`DelayProxy`]: a TCP proxy that delays, blackholes or resets traffic
 //!   (each direction on its own), for "slow link", "late reply" and "lost
 //!   reply" fault tests; [`ProxyControl`] drives several at once.
@@ -57,6 +58,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod redis_cluster;
 mod resp;
 mod sentinel;
 mod spawn;
@@ -74,6 +76,7 @@ pub use postgres::{PostgresServer, POSTGRES_BIN_DIR_ENV};
 pub use process::{Ready, ReadyCheck, ServerProcess, ServerSpec};
 pub use proxy::{DelayProxy, DirectionStats, ProxyControl, ProxyStats};
 pub use redis::{RedisOptions, RedisServer, REDIS_SERVER_ENV};
+pub use redis_cluster::{ClusterNode, ClusterRole, RedisCluster, CLUSTER_NODE_TIMEOUT_MS};
 pub use resp::Reply;
 pub use sentinel::{SentinelOptions, SentinelSetup, SENTINEL_MASTER};
 /// A self-deleting temporary directory: [`tempfile::TempDir`] (`TempDir::new()`,

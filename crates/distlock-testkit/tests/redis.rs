@@ -213,3 +213,41 @@ fn bad_arguments_report_the_log() {
         other => panic!("unexpected error: {other:?}"),
     }
 }
+
+#[test]
+fn cluster_starts_and_fails_over() {
+    let t = std::time::Instant::now();
+    let mut cluster = distlock_testkit::RedisCluster::start().expect("cluster");
+    eprintln!("cluster formed in {:?}", t.elapsed());
+    let nodes = cluster.nodes().expect("nodes");
+    assert_eq!(nodes.len(), 6, "{nodes:?}");
+    let masters = cluster.masters().expect("masters");
+    assert_eq!(masters.len(), 3, "{nodes:?}");
+    assert!(cluster.url().starts_with("redis+cluster://127.0.0.1:"));
+    // Keys land on their slot's master.
+    let m = cluster.master_of("{a}x").expect("master");
+    assert_eq!(
+        cluster.servers()[m]
+            .command(&["SET", "{a}x", "1"])
+            .expect("SET"),
+        "OK"
+    );
+    assert_eq!(
+        cluster
+            .command_at_key("{a}x", &["GET", "{a}x"])
+            .expect("GET"),
+        "1"
+    );
+    let r = cluster.replica_of(m).expect("replica");
+    assert_ne!(r, m);
+    let t = std::time::Instant::now();
+    cluster.kill(m);
+    let promoted = cluster
+        .wait_failover(m, std::time::Duration::from_secs(30))
+        .expect("failover");
+    eprintln!("failed over in {:?}", t.elapsed());
+    assert_eq!(promoted, r, "its replica took over");
+    let now = cluster.master_of("{a}x").expect("master");
+    assert_ne!(now, m);
+    assert_eq!(cluster.masters().expect("masters").len(), 3);
+}

@@ -27,7 +27,7 @@ macro_rules! backend {
 /// | schemes | feature |
 /// |---|---|
 /// | `file` | `file` |
-/// | `redis`, `rediss`, `redis+sentinel` | `redis` (`rediss` needs `tls` too) |
+/// | `redis`, `rediss`, `redis+sentinel`, `redis+cluster`, `rediss+cluster` | `redis` (`rediss`, `rediss+cluster` need `tls` too) |
 /// | `redlock`, `redlocks` | `redlock` (`redlocks` needs `tls` too) |
 /// | `etcd`, `etcds` | `etcd` |
 /// | `postgres`, `postgresql` | `postgres` |
@@ -41,7 +41,7 @@ macro_rules! backend {
 /// if cfg!(feature = "redis") {
 ///     assert!(registry.is_built("redis"));
 /// }
-/// assert!(registry.schemes().len() + registry.not_built().len() >= 13);
+/// assert!(registry.schemes().len() + registry.not_built().len() >= 15);
 /// ```
 pub fn default_registry() -> Registry {
     let mut r = Registry::new();
@@ -51,7 +51,13 @@ pub fn default_registry() -> Registry {
     backend!(
         r,
         "redis",
-        ["redis", "rediss", "redis+sentinel"],
+        [
+            "redis",
+            "rediss",
+            "redis+sentinel",
+            "redis+cluster",
+            "rediss+cluster"
+        ],
         |url, opts| {
             let url = url.expose_url();
             distlock_redis::RedisBackend::connect(url, &opts).await

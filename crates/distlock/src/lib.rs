@@ -7,6 +7,8 @@
 //! | `file://DIR` | OS file locks, processes on one host, no server | `file` (default) |
 //! | `redis://[user:pass@]host:port[/db]` | one Redis server | `redis` (default) |
 //! | `redis+sentinel://[:pass@]s1:p1[,s2:p2…]/MASTER[?sentinel_password=P]` | the Redis primary Sentinel names, followed across failovers | `redis` (default) |
+//! | `redis+cluster://[:pass@]h1:p1[,h2:p2…]` | a Redis Cluster (any nodes as seeds; each lock on its slot's master) | `redis` (default) |
+//! | `rediss+cluster://h1:p1[,…]?ca_file=PATH` | the same over TLS | `redis` + `tls` |
 //! | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3` | Redlock over N independent Redis masters | `redlock` (default) |
 //! | `postgres://user:pass@host:port/db[?mode=lease]` | PostgreSQL advisory locks (or a lease table) | `postgres` |
 //! | `mysql://user:pass@host:port/db[?mode=table]` | MySQL/MariaDB `GET_LOCK` (or lock rows) | `mysql` |

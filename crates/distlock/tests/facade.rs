@@ -247,3 +247,26 @@ async fn a_scheme_of_ones_own() {
         .expect_err("parameter");
     assert!(err.to_string().contains("unknown parameter `x`"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_by_url() {
+    let cluster = distlock_testkit::RedisCluster::start_with(3, 0).expect("cluster");
+    let client = distlock::connect(&cluster.url()).await.expect("connect");
+    for name in ["a", "b", "c", "d", "e", "f"] {
+        let g = client
+            .lock(name)
+            .expect("lock")
+            .acquire()
+            .await
+            .expect("acquire");
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+    let port = cluster.servers()[0].port();
+    let err = distlock::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .expect_err("a cluster node behind redis://");
+    assert!(err.to_string().contains("redis+cluster://"), "{err}");
+}

@@ -1,0 +1,587 @@
+//! `redis+cluster://`: the same scripts on a Redis Cluster.
+//!
+//! Every key of one lock carries the hash tag `{NAME}`, so one lock lives in one slot and each
+//! lock script touches one slot: the command connection is redis-rs's cluster client, which
+//! sends each script to the master of its first key's slot (following `MOVED` and `ASK`), and
+//! a pipeline (a script with its `WAIT`, `inspect`'s reads) to that one master. What spans
+//! locks is routed here: the watchdog's batched renewal groups its grants by slot (one script
+//! per slot) and sends one pipeline per master ([`renew`]); `list` scans every master;
+//! `doctor` checks every master. Release notifications use classic pub/sub, which a cluster
+//! broadcasts to every node, so one subscriber connection to any node hears every lock (see
+//! the crate docs and `docs/redis-cluster.md`).
+
+use crate::address;
+use crate::conn::Con;
+use crate::error::{map, shape, KIND};
+use crate::renew::{self, PER_SCRIPT};
+use crate::scripts;
+use crate::RedisBackend;
+use distlock_core::backend::{GrantRef, RenewOutcome};
+use distlock_core::conn::{ConnectionString, Password};
+use distlock_core::ClientOptions;
+use distlock_core::{Error, Result};
+use futures_util::future::{join_all, FutureExt};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// The connection a call goes out on: one server, the cluster (routed by key), or one node of
+/// the cluster (by address: SCAN, INFO, a batch of renewals).
+#[derive(Clone)]
+pub(crate) enum Link {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    At(ClusterConnection, String, u16),
+}
+
+impl Link {
+    fn at(&self) -> Option<SingleNodeRoutingInfo> {
+        match self {
+            Link::At(_, host, port) => Some(SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A pipeline of `SCRIPT` commands only (the `SCRIPT LOAD`s of [`scripts::load`]): redis-rs
+/// sends a lone `SCRIPT LOAD` to every master, but a keyless pipeline to one node at random,
+/// so each is sent as a command of its own.
+fn script_pipeline(pipeline: &Pipeline) -> bool {
+    pipeline.cmd_iter().all(|c| {
+        matches!(c.args_iter().next(), Some(redis::Arg::Simple(a)) if a.eq_ignore_ascii_case(b"SCRIPT"))
+    })
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let at = self.at();
+        match self {
+            Link::Single(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+            Link::At(c, ..) => {
+                let route = RoutingInfo::SingleNode(at.unwrap_or(SingleNodeRoutingInfo::Random));
+                c.route_command(cmd.clone(), route).boxed()
+            }
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let at = self.at();
+        let scripts_only = script_pipeline(pipeline);
+        match self {
+            Link::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(c) => async move {
+                if !scripts_only {
+                    return c.req_packed_commands(pipeline, offset, count).await;
+                }
+                let mut out = Vec::new();
+                for cmd in pipeline.cmd_iter() {
+                    out.push(c.req_packed_command(cmd).await?);
+                }
+                Ok(out.into_iter().skip(offset).take(count).collect())
+            }
+            .boxed(),
+            Link::At(c, ..) => c
+                .route_pipeline(
+                    pipeline.clone(),
+                    offset,
+                    count,
+                    at.unwrap_or(SingleNodeRoutingInfo::Random),
+                )
+                .boxed(),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Single(c) => c.get_db(),
+            _ => 0,
+        }
+    }
+}
+
+/// A master of the cluster and the slot ranges it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Master {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) slots: Vec<(u16, u16)>,
+    /// Its replicas' `host:port`.
+    pub(crate) replicas: Vec<String>,
+}
+
+impl Master {
+    pub(crate) fn addr(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    fn owns(&self, slot: u16) -> bool {
+        self.slots
+            .iter()
+            .any(|(lo, hi)| (*lo..=*hi).contains(&slot))
+    }
+}
+
+/// The cluster's command connection and the masters it last saw (`CLUSTER SLOTS`), for what
+/// is sent by node.
+pub(crate) struct Cluster {
+    con: ClusterConnection,
+    masters: Mutex<Option<Arc<Vec<Master>>>>,
+}
+
+impl Cluster {
+    pub(crate) fn new(con: ClusterConnection) -> Self {
+        Cluster {
+            con,
+            masters: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn link(&self) -> Link {
+        Link::Cluster(self.con.clone())
+    }
+
+    /// A connection to the master at `m` only.
+    pub(crate) fn at(&self, m: &Master) -> Link {
+        Link::At(self.con.clone(), m.host.clone(), m.port)
+    }
+
+    /// The masters, as last read (read now if never, or after [`forget`](Self::forget)).
+    pub(crate) async fn masters(&self) -> RedisResult<Arc<Vec<Master>>> {
+        if let Some(m) = self.lock().clone() {
+            return Ok(m);
+        }
+        let mut con = self.con.clone();
+        let v: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut con)
+            .await?;
+        let m = Arc::new(parse_slots(&v).ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "unexpected CLUSTER SLOTS reply",
+                format!("{v:?}"),
+            ))
+        })?);
+        *self.lock() = Some(m.clone());
+        Ok(m)
+    }
+
+    /// The topology changed (a failover, a resharding): read it again next time.
+    pub(crate) fn forget(&self) {
+        *self.lock() = None;
+    }
+
+    /// A connection to the master that owns `key`'s slot (as last read).
+    pub(crate) async fn at_key(&self, key: &str) -> RedisResult<Link> {
+        let masters = self.masters().await?;
+        let s = slot(key);
+        match masters.iter().find(|m| m.owns(s)) {
+            Some(m) => Ok(self.at(m)),
+            None => Ok(self.link()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<Vec<Master>>>> {
+        self.masters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// `CLUSTER SLOTS`: `[[start, end, [host, port, id, …], replica…], …]`, merged by master.
+fn parse_slots(v: &Value) -> Option<Vec<Master>> {
+    fn node(v: &Value) -> Option<(String, u16)> {
+        let Value::Array(n) = v else { return None };
+        let host: String = redis::from_redis_value_ref(n.first()?).ok()?;
+        let port: u16 = redis::from_redis_value_ref(n.get(1)?).ok()?;
+        Some((host, port))
+    }
+    let Value::Array(ranges) = v else { return None };
+    let mut out: Vec<Master> = Vec::new();
+    for r in ranges {
+        let Value::Array(r) = r else { return None };
+        let lo: u16 = redis::from_redis_value_ref(r.first()?).ok()?;
+        let hi: u16 = redis::from_redis_value_ref(r.get(1)?).ok()?;
+        let (host, port) = node(r.get(2)?)?;
+        let replicas: Vec<String> = r[3..]
+            .iter()
+            .filter_map(node)
+            .map(|(h, p)| format!("{h}:{p}"))
+            .collect();
+        match out.iter_mut().find(|m| m.host == host && m.port == port) {
+            Some(m) => m.slots.push((lo, hi)),
+            None => out.push(Master {
+                host,
+                port,
+                slots: vec![(lo, hi)],
+                replicas,
+            }),
+        }
+    }
+    out.sort_by_key(Master::addr);
+    Some(out)
+}
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first `{`
+/// and the next `}`, when not empty) or of the whole key, modulo 16384, as Redis computes it.
+pub(crate) fn slot(key: &str) -> u16 {
+    let k = key.as_bytes();
+    let tagged = k.iter().position(|&c| c == b'{').and_then(|open| {
+        let close = k[open + 1..].iter().position(|&c| c == b'}')?;
+        (close > 0).then(|| &k[open + 1..open + 1 + close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(k) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// How the watchdog's grants go out: the scripts (each a list of indexes into the holds, all
+/// of one slot, at most [`PER_SCRIPT`]), grouped by the master that owns their slot
+/// (`None`: no master known for it; such scripts go out routed by key).
+pub(crate) fn plan(slots: &[u16], masters: &[Master]) -> BTreeMap<Option<usize>, Vec<Vec<usize>>> {
+    let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    for (i, s) in slots.iter().enumerate() {
+        by_slot.entry(*s).or_default().push(i);
+    }
+    let mut out: BTreeMap<Option<usize>, Vec<Vec<usize>>> = BTreeMap::new();
+    for (slot, idx) in by_slot {
+        let owner = masters.iter().position(|m| m.owns(slot));
+        for chunk in idx.chunks(PER_SCRIPT) {
+            out.entry(owner).or_default().push(chunk.to_vec());
+        }
+    }
+    out
+}
+
+/// `Backend::renew` on a cluster: one script per slot (a script may not touch two slots),
+/// one pipeline per master, the masters' pipelines at once: a tick costs one round trip to
+/// each master that owns a held lock. A master's pipeline that fails (a failover or a
+/// resharding moved a slot, a new master lacks the script) is sent again script by script,
+/// routed by key (redis-rs follows `MOVED`), after the topology is read again.
+pub(crate) async fn renew(
+    b: &RedisBackend,
+    cluster: &Cluster,
+    holds: &[(GrantRef, Duration)],
+) -> Result<Vec<RenewOutcome>> {
+    let slots = holds
+        .iter()
+        .map(|(g, _)| renew::first_key(b, g).map(|k| slot(&k)))
+        .collect::<Result<Vec<_>>>()?;
+    let masters = cluster.masters().await.map_err(|e| map(&b.endpoint, e))?;
+    let plan = plan(&slots, &masters);
+    let masters = &masters;
+    let sends = plan.iter().map(|(owner, scripts)| async move {
+        let cmds = scripts
+            .iter()
+            .map(|idx| {
+                let chunk: Vec<(GrantRef, Duration)> =
+                    idx.iter().map(|&i| holds[i].clone()).collect();
+                renew::command(b, &chunk)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let batch = match owner {
+            Some(m) => {
+                let mut pipe = redis::pipe();
+                for c in &cmds {
+                    pipe.add_command(c.clone());
+                }
+                let mut at = cluster.at(&masters[*m]);
+                scripts::eval_pipe(&mut at, &[renew::script()], &pipe).await
+            }
+            None => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "no master known for the slot",
+            ))),
+        };
+        let vals = match batch {
+            Ok(v) if v.len() == cmds.len() => v,
+            other => {
+                if let Err(e) = &other {
+                    tracing::debug!(error = %e, "a master's renewals failed; sending them by key");
+                }
+                cluster.forget();
+                let mut vals = Vec::with_capacity(cmds.len());
+                for c in &cmds {
+                    let mut con = cluster.link();
+                    let (v, _) = scripts::eval(&mut con, &[renew::script()], c)
+                        .await
+                        .map_err(|e| b.err(e))?;
+                    vals.push(v);
+                }
+                vals
+            }
+        };
+        let mut out = Vec::new();
+        for (v, idx) in vals.iter().zip(scripts) {
+            let flags = renew::flags(v, idx.len())?;
+            out.extend(idx.iter().copied().zip(flags));
+        }
+        Ok::<_, Error>(out)
+    });
+    let mut out: Vec<Option<RenewOutcome>> = vec![None; holds.len()];
+    for part in join_all(sends).await {
+        for (i, o) in part? {
+            out[i] = Some(o);
+        }
+    }
+    out.into_iter()
+        .map(|o| o.ok_or_else(|| shape("renew", &Value::Nil)))
+        .collect()
+}
+
+/// Whether the server behind `con` is a Redis Cluster node (`INFO cluster` says
+/// `cluster_enabled:1`). A server that refuses INFO is taken for a standalone one.
+pub(crate) async fn is_cluster_node(con: &mut ConnectionManager) -> bool {
+    let info: RedisResult<String> = redis::cmd("INFO").arg("cluster").query_async(con).await;
+    match info {
+        Ok(i) => i.lines().any(|l| l.trim() == "cluster_enabled:1"),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read INFO cluster");
+            false
+        }
+    }
+}
+
+/// The error for a `redis://` URL that names a cluster node.
+pub(crate) const NOT_STANDALONE: &str = "this server is a Redis Cluster node (cluster_enabled:1): redis:// talks to one server, and locks whose slot lives on another node would fail with MOVED; write redis+cluster://host:port[,host:port…] (rediss+cluster:// with TLS)";
+
+/// The cluster client for `seeds` (driver URLs, `redis://h:p` or `rediss://h:p`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn connect(
+    seeds: &[String],
+    user: Option<&str>,
+    password: Option<&str>,
+    #[cfg(feature = "tls")] certs: Option<redis::TlsCertificates>,
+    #[cfg(not(feature = "tls"))] _certs: Option<()>,
+    endpoint: &str,
+    opts: &ClientOptions,
+) -> Result<ClusterConnection> {
+    let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
+        .connection_timeout(opts.get_connect_timeout())
+        .response_timeout(opts.get_op_timeout())
+        // A few redirects and reconnects within one call (a failover moves slots); past them
+        // the error is a connection error, which the core retries within the caller's deadline.
+        .retries(3)
+        .min_retry_wait(20)
+        .max_retry_wait(200);
+    if let Some(u) = user {
+        builder = builder.username(u);
+    }
+    if let Some(p) = password {
+        builder = builder.password(p);
+    }
+    #[cfg(feature = "tls")]
+    if let Some(c) = certs {
+        builder = builder.certs(c);
+    }
+    let client = builder
+        .build()
+        .map_err(|e| Error::invalid(format!("redis+cluster seeds: {e}")))?;
+    tokio::time::timeout(
+        opts.get_connect_timeout() * 2,
+        client.get_async_connection(),
+    )
+    .await
+    .map_err(|_| {
+        Error::connection(
+            KIND,
+            endpoint.to_owned(),
+            format!(
+                "no seed answered within {:?} (are the nodes paused or behind a firewall?)",
+                opts.get_connect_timeout() * 2
+            ),
+        )
+    })?
+    .map_err(|e| map(endpoint, e))
+}
+
+/// The command connection of `redis+cluster://` at `seeds` (driver URLs), and a client for
+/// every node the subscriber may use: the seeds first, then the masters and replicas the
+/// cluster names.
+pub(crate) async fn open(
+    cs: &ConnectionString,
+    seeds: &[String],
+    (ca_file, client_cert): (Option<String>, Option<(String, String)>),
+    (user, password): (Option<String>, Option<Password>),
+    endpoint: &str,
+    opts: &ClientOptions,
+) -> Result<(Con, Vec<redis::Client>)> {
+    let scheme = seeds
+        .first()
+        .and_then(|s| s.split_once("://"))
+        .map_or("redis", |(s, _)| s);
+    let node = |addr: &str| {
+        address::open_client(
+            cs,
+            &format!("{scheme}://{addr}"),
+            ca_file.as_deref(),
+            client_cert.as_ref(),
+            user.as_deref(),
+            password.as_ref(),
+        )
+    };
+    // The seeds' clients first: this also checks the TLS files (and picks the TLS provider).
+    let mut nodes = seeds
+        .iter()
+        .map(|s| node(s.split_once("://").map_or(s.as_str(), |(_, a)| a)))
+        .collect::<Result<Vec<_>>>()?;
+    let certs = tls_certificates(cs, scheme, ca_file.as_deref(), client_cert.as_ref())?;
+    let con = connect(
+        seeds,
+        user.as_deref(),
+        password.as_ref().map(Password::expose),
+        certs,
+        endpoint,
+        opts,
+    )
+    .await?;
+    let cluster = Cluster::new(con);
+    let masters = cluster.masters().await.map_err(|e| map(endpoint, e))?;
+    let known: Vec<String> = nodes
+        .iter()
+        .map(|c| c.get_connection_info().addr().to_string())
+        .collect();
+    for addr in masters
+        .iter()
+        .flat_map(|m| std::iter::once(m.addr()).chain(m.replicas.iter().cloned()))
+    {
+        if !known.contains(&addr) {
+            nodes.push(node(&addr)?);
+        }
+    }
+    Ok((Con::Cluster(cluster), nodes))
+}
+
+/// The CA and client certificate of `rediss+cluster://`, for the cluster client.
+#[cfg(feature = "tls")]
+fn tls_certificates(
+    cs: &ConnectionString,
+    scheme: &str,
+    ca_file: Option<&str>,
+    client_cert: Option<&(String, String)>,
+) -> Result<Option<redis::TlsCertificates>> {
+    if scheme != "rediss" {
+        return Ok(None);
+    }
+    let read = |what: &str, path: &str| {
+        std::fs::read(path).map_err(|e| cs.invalid(format!("cannot read the {what} `{path}`: {e}")))
+    };
+    let root_cert = ca_file.map(|p| read("CA file (ca_file=)", p)).transpose()?;
+    let client_tls = match client_cert {
+        Some((c, k)) => Some(redis::ClientTlsConfig {
+            client_cert: read("client certificate (cert=)", c)?,
+            client_key: read("client key (key=)", k)?,
+        }),
+        None => None,
+    };
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_certificates(
+    _: &ConnectionString,
+    _: &str,
+    _: Option<&str>,
+    _: Option<&(String, String)>,
+) -> Result<Option<()>> {
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(port: u16, slots: &[(u16, u16)]) -> Master {
+        Master {
+            host: "127.0.0.1".into(),
+            port,
+            slots: slots.to_vec(),
+            replicas: vec![],
+        }
+    }
+
+    #[test]
+    fn slots_of_hash_tags() {
+        // CLUSTER KEYSLOT values.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("dlock:{foo}:fence"), 12182);
+        assert_eq!(slot("dlock:{foo}"), slot("other:{foo}:rw:exp"));
+        assert_eq!(slot("bar"), 5061);
+        assert_eq!(slot("a{}b"), slot("a{}b"));
+        assert_ne!(slot("{}x"), slot("{}y"));
+    }
+
+    #[test]
+    fn plan_groups_by_slot_then_master() {
+        let masters = [
+            m(1, &[(0, 5460)]),
+            m(2, &[(5461, 10922)]),
+            m(3, &[(10923, 16383)]),
+        ];
+        // Two grants of slot 10, one of 6000, one of 12000, one more of 10.
+        let p = plan(&[10, 6000, 12000, 10, 6001], &masters);
+        assert_eq!(p.len(), 3, "one batch per master: {p:?}");
+        assert_eq!(p[&Some(0)], vec![vec![0, 3]]);
+        assert_eq!(p[&Some(1)], vec![vec![1], vec![4]]);
+        assert_eq!(p[&Some(2)], vec![vec![2]]);
+        // A slot nobody owns goes out by key.
+        let p = plan(&[10], &masters[1..]);
+        assert_eq!(p[&None], vec![vec![0]]);
+        // Many grants of one slot: scripts of PER_SCRIPT.
+        let p = plan(&vec![7; PER_SCRIPT + 1], &masters);
+        assert_eq!(p[&Some(0)].len(), 2);
+    }
+
+    #[test]
+    fn cluster_slots_reply() {
+        let node = |p: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(p),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let v = Value::Array(vec![
+            Value::Array(vec![Value::Int(0), Value::Int(5), node(7000), node(7003)]),
+            Value::Array(vec![Value::Int(6), Value::Int(9), node(7001)]),
+            Value::Array(vec![
+                Value::Int(10),
+                Value::Int(16383),
+                node(7000),
+                node(7003),
+            ]),
+        ]);
+        let ms = parse_slots(&v).expect("parsed");
+        assert_eq!(ms.len(), 2);
+        assert_eq!(ms[0].slots, vec![(0, 5), (10, 16383)]);
+        assert_eq!(ms[0].replicas, vec!["127.0.0.1:7003".to_owned()]);
+        assert!(ms[1].owns(7) && !ms[1].owns(10));
+    }
+}
