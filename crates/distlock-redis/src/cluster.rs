@@ -309,8 +309,18 @@ pub(crate) async fn renew(
                 for c in &cmds {
                     pipe.add_command(c.clone());
                 }
+                // As on one server (`renew::renew`): with `?wait_replicas=N` a renewal counts
+                // once the master's replicas have it.
+                if let Some((n, timeout)) = b.wait_replicas {
+                    pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
+                }
                 let mut at = cluster.at(&masters[*m]);
-                scripts::eval_pipe(&mut at, &[renew::script()], &pipe).await
+                let mut vals = scripts::eval_pipe(&mut at, &[renew::script()], &pipe).await;
+                if let (Some(wait), Ok(v)) = (b.wait_replicas, &mut vals) {
+                    let acked = v.pop().as_ref().and_then(crate::int);
+                    renew::check_replicas(b, acked, wait)?;
+                }
+                vals
             }
             None => Err(redis::RedisError::from((
                 redis::ErrorKind::Client,
@@ -324,6 +334,11 @@ pub(crate) async fn renew(
                     tracing::debug!(error = %e, "a master's renewals failed; sending them by key");
                 }
                 cluster.forget();
+                if let Some(wait) = b.wait_replicas {
+                    // Sent by key, the scripts could not share a WAIT on one master's
+                    // connection: the core renews again (the slot map is read anew).
+                    renew::check_replicas(b, None, wait)?;
+                }
                 let mut vals = Vec::with_capacity(cmds.len());
                 for c in &cmds {
                     let mut con = cluster.link();

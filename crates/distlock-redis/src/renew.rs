@@ -142,20 +142,9 @@ pub(crate) async fn renew(
     let mut vals = scripts::eval_pipe(&mut con, &[&RENEW_MANY.script], &pipe)
         .await
         .map_err(|e| b.err(e))?;
-    if let Some((n, timeout)) = b.wait_replicas {
+    if let Some(wait) = b.wait_replicas {
         let acked = vals.pop().as_ref().and_then(crate::int);
-        if acked.is_none_or(|a| a < i64::from(n)) {
-            // Not an answer about the grants: the core tries the renewal again, and the
-            // holder's deadline stays that of the last confirmed one.
-            return Err(Error::connection(
-                KIND,
-                b.endpoint.clone(),
-                format!(
-                    "a renewal was confirmed by {} of the {n} required replicas within {timeout:?}; the leases are not extended until they are",
-                    acked.unwrap_or(0)
-                ),
-            ));
-        }
+        check_replicas(b, acked, wait)?;
     }
     let mut out = Vec::with_capacity(holds.len());
     if vals.len() != holds.len().div_ceil(PER_SCRIPT) {
@@ -165,6 +154,27 @@ pub(crate) async fn renew(
         out.extend(flags(v, chunk.len())?);
     }
     Ok(out)
+}
+
+/// A renewal's `WAIT` answered `acked` replicas (`None`: no answer) of the `n` required
+/// within `timeout`: fewer is not an answer about the grants — the core tries the renewal
+/// again, and the holder's deadline stays that of the last confirmed one.
+pub(crate) fn check_replicas(
+    b: &RedisBackend,
+    acked: Option<i64>,
+    (n, timeout): (u32, Duration),
+) -> Result<()> {
+    if acked.is_some_and(|a| a >= i64::from(n)) {
+        return Ok(());
+    }
+    Err(Error::connection(
+        KIND,
+        b.endpoint.clone(),
+        format!(
+            "a renewal was confirmed by {} of the {n} required replicas within {timeout:?}; the leases are not extended until they are",
+            acked.unwrap_or(0)
+        ),
+    ))
 }
 
 /// The outcomes in the reply `v` of one script that renewed `n` grants.

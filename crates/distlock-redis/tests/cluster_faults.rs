@@ -143,8 +143,10 @@ async fn unreplicated_grant_is_lost_by_a_failover() {
     drop(guard);
 }
 
-/// With `?wait_replicas=1`: a grant the replica cannot confirm is refused (given back), and a
-/// confirmed grant survives the failover (another client cannot take the lock).
+/// With `?wait_replicas=1`: a grant the replica cannot confirm is refused (given back), a
+/// renewal it cannot confirm does not extend the holder's lease (the lost signal fires at the
+/// last confirmed lease end), and a confirmed grant survives the failover (another client
+/// cannot take the lock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_grant_survives_with_wait_replicas() {
     let mut cluster = start();
@@ -155,9 +157,23 @@ async fn acknowledged_grant_survives_with_wait_replicas() {
     // replica, not the watchdog reaching the new master in time.
     let (a, _) = client_for(&url, opts().watchdog_lease(Duration::from_secs(20))).await;
     let (b, _) = client_for(&url, opts()).await;
+    // A hold of B on the same master, renewed every second while the replica confirms.
+    let renewed = name_on(&cluster, m, "renewed");
+    let held = b
+        .lock(&renewed)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !held.is_lost(),
+        "lost while the replica confirmed the renewals"
+    );
     // The replica frozen: the grant cannot be confirmed, so it is not reported.
     let unconfirmed = name_on(&cluster, m, "unconfirmed");
     cluster.pause(r);
+    let t = Instant::now();
     let err = a
         .lock(&unconfirmed)
         .expect("lock")
@@ -165,7 +181,15 @@ async fn acknowledged_grant_survives_with_wait_replicas() {
         .await
         .expect_err("no grant without the replica");
     assert!(err.to_string().contains("replicas confirmed"), "{err}");
+    // Nor is a renewal: B's hold is lost when its last confirmed lease (3 s) runs out,
+    // although the master alone extended it (a promoted replica would hold the older expiry).
+    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("the lost signal did not fire with the replica paused");
+    let waited = t.elapsed();
     cluster.resume(r);
+    assert_eq!(reason, distlock_core::LostReason::LeaseExpired);
+    assert!(waited < Duration::from_secs(4), "{waited:?}");
     // Confirmed, then the master dies at once.
     let name = name_on(&cluster, m, "kept");
     let guard = a
