@@ -62,21 +62,31 @@ impl EtcdBackend {
                 e => map(&endpoint, e),
             })?;
         let tls_client = target.tls.as_ref().map(|t| t.client.is_some());
-        let mut backend =
-            Self::probed(client, endpoint, prefix, Some(co), tls_client, opts).await?;
+        let mut backend = Self::probed(
+            client,
+            endpoint,
+            prefix,
+            Some(co),
+            tls_client,
+            &target.hosts,
+            opts,
+        )
+        .await?;
         backend.transport = tls::Transport::of(&target.hosts, target.tls.as_ref());
         Ok(backend)
     }
 
     /// The backend on `client`, once a linearizable read got through. `tls_client`: with
     /// TLS, whether a client certificate was given (to explain a connection the server
-    /// closed right after the handshake).
+    /// closed right after the handshake); `hosts`: the members dialled (none for an
+    /// application's client), asked in plain HTTP/2 when a TLS connection was closed.
     pub(crate) async fn probed(
         client: Client,
         endpoint: String,
         prefix: String,
         connect_opts: Option<ConnectOptions>,
         tls_client: Option<bool>,
+        hosts: &[String],
         opts: &ClientOptions,
     ) -> Result<Self> {
         let limit = opts.get_connect_timeout() * 2;
@@ -117,24 +127,44 @@ impl EtcdBackend {
                 }
             }
         };
-        tokio::time::timeout(limit, probe)
+        let answer = tokio::time::timeout(limit, probe)
             .await
-            .map_err(|_| no_answer(&endpoint, limit))?
-            .map_err(|e| match (tls_client, tls::classify(&e, tls_client)) {
-                (_, Some(t)) => Error::connection(KIND, endpoint.clone(), t),
-                (Some(has_cert), None) if tls::closed_under_request(&e) => {
-                    Error::connection(KIND, endpoint.clone(), tls::closed_by_server(has_cert))
-                }
-                (None, None) if own && tls::closed_under_request(&e) => Error::connection(
-                    KIND,
-                    endpoint.clone(),
-                    format!(
-                        "{e} (the server closed the connection: if its members serve https, \
-                     connect with etcds://)"
-                    ),
+            .map_err(|_| no_answer(&endpoint, limit))?;
+        // A TLS connection the server closed: a member that refused the client's certificate
+        // after the handshake, or (when the hello's EOF surfaces only as a closed connection)
+        // a plain-http member. The second answers HTTP/2 in the clear.
+        let plain = match (&answer, tls_client, hosts.first()) {
+            (Err(e), Some(_), Some(host))
+                if tls::classify(e, tls_client).is_none() && tls::closed_under_request(e) =>
+            {
+                tls::speaks_plain_http2(host, opts.get_connect_timeout()).await
+            }
+            _ => false,
+        };
+        answer.map_err(|e| match (tls_client, tls::classify(&e, tls_client)) {
+            (_, Some(t)) => Error::connection(KIND, endpoint.clone(), t),
+            (Some(has_cert), None) if plain => Error::connection(
+                KIND,
+                endpoint.clone(),
+                tls::error(
+                    distlock_core::conn::TlsErrorKind::NotSupportedByServer,
+                    "the server closed the TLS connection and answers plain HTTP/2",
+                    Some(has_cert),
                 ),
-                _ => map(&endpoint, e),
-            })?;
+            ),
+            (Some(has_cert), None) if tls::closed_under_request(&e) => {
+                Error::connection(KIND, endpoint.clone(), tls::closed_by_server(has_cert))
+            }
+            (None, None) if own && tls::closed_under_request(&e) => Error::connection(
+                KIND,
+                endpoint.clone(),
+                format!(
+                    "{e} (the server closed the connection: if its members serve https, \
+                     connect with etcds://)"
+                ),
+            ),
+            _ => map(&endpoint, e),
+        })?;
         Ok(backend)
     }
 }

@@ -154,7 +154,7 @@ impl EtcdBackend {
     pub async fn from_client(client: Client, opts: &ClientOptions) -> Result<Self> {
         let endpoint = "etcd (the application's client)".to_owned();
         let prefix = opts.get_namespace().to_owned();
-        Self::probed(client, endpoint, prefix, None, None, opts).await
+        Self::probed(client, endpoint, prefix, None, None, &[], opts).await
     }
 
     /// The connect options `doctor` uses to reach each member on its own (for a backend made

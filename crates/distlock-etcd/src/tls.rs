@@ -281,6 +281,23 @@ pub(crate) fn closed_under_request(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// True if the member at `host` (`host:port`) answers an HTTP/2 connection preface in the
+/// clear with a SETTINGS frame, within `limit`: it serves plain http, not TLS.
+pub(crate) async fn speaks_plain_http2(host: &str, limit: std::time::Duration) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The client preface, then an empty SETTINGS frame (length 0, type 4, no flags, stream 0).
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(host).await.ok()?;
+        s.write_all(PREFACE).await.ok()?;
+        // A server's first frame is its SETTINGS: a 9-byte header whose 4th byte is the type.
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head).await.ok()?;
+        Some(head[3] == 0x04)
+    };
+    matches!(tokio::time::timeout(limit, ask).await, Ok(Some(true)))
+}
+
 /// The error for a server that closed the connection right after the TLS handshake
 /// ([`closed_under_request`]): with TLS 1.3 that is how etcd's `--client-cert-auth` refuses
 /// a client without a certificate, or with one it does not trust.
@@ -295,6 +312,23 @@ pub(crate) fn closed_by_server(client_cert: bool) -> TlsError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The check that tells a plain-http member from a TLS member that closed the connection
+    /// after the handshake (an etcds:// client's hello can end in a bare "connection closed"
+    /// against a plain member, which once read as a refused client certificate).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn plain_members_answer_http2_in_the_clear_and_tls_members_do_not() {
+        let limit = std::time::Duration::from_secs(5);
+        let plain = distlock_testkit::EtcdCluster::start().expect("plain etcd");
+        let tls = distlock_testkit::EtcdCluster::start_tls(1, true).expect("tls etcd");
+        for _ in 0..3 {
+            let at = plain.client_addr(0).to_string();
+            assert!(speaks_plain_http2(&at, limit).await, "plain member {at}");
+            let at = tls.client_addr(0).to_string();
+            assert!(!speaks_plain_http2(&at, limit).await, "tls member {at}");
+        }
+        assert!(!speaks_plain_http2("127.0.0.1:1", limit).await);
+    }
 
     #[test]
     fn doctor_says_how_the_connection_is_protected() {
