@@ -17,6 +17,9 @@ fn zk_digest() -> ServerHarness<ZkEnsemble> {
         )
     };
     ServerHarness::new(ensemble, url, |url, o| async move {
+        // Opening an authenticated session right after `protect` took over 2 s once on a
+        // loaded CI machine: the connect gets longer than the cases' fast options give.
+        let o = o.connect_timeout(std::time::Duration::from_secs(10));
         ZkBackend::builder(url)
             .options(o)
             .ignore_env()

@@ -184,7 +184,7 @@ impl<S: Send + Sync + 'static> ServerHarness<S> {
         }
         let backend = (self.connect)(url.clone(), opts.clone())
             .await
-            .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", distlock_core::conn::redact(&url)));
         Client::new(backend, opts).expect("client")
     }
 }
