@@ -205,6 +205,18 @@ pub trait Backend: Send + Sync + 'static {
     /// until the holder's lease end and tries again).
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>>;
 
+    /// A watch for `req` that is in place **now**, without a round trip, if the backend has
+    /// one (e.g. Redis, once its client's wake-up channel is subscribed: every handoff to
+    /// one of its waiters comes there). The wait loop asks for it before its first attempt,
+    /// so that a notice sent any time after that attempt reaches the server is not missed,
+    /// and then needs no second attempt after subscribing. Must not block or wait. The
+    /// default is `None`: the loop subscribes with [`Backend::watch`] after the lock was
+    /// found held, then tries once more.
+    fn watch_ready(&self, req: &AcquireRequest) -> Option<Box<dyn ReleaseWatch>> {
+        let _ = req;
+        None
+    }
+
     /// The attempt `req.attempt` stops (its wait ran out or was cancelled, or its last request
     /// failed with an unknown outcome): leave the server's queue, and give back a grant made
     /// to *that attempt* in the meantime — handed over, or granted by a request whose reply was

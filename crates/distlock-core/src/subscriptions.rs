@@ -88,6 +88,8 @@ struct Channel {
     watches: usize,
     /// Plain releases notified.
     released: u64,
+    /// Kept subscribed with no watch (see [`Subscriptions::pin`]).
+    pinned: bool,
     /// Waiting attempts, with how many watches each has.
     attempts: HashMap<AttemptId, usize>,
     /// Handoffs not yet picked up: attempt → token.
@@ -159,14 +161,9 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
     pub fn subscribe(&self, key: K, attempt: &AttemptId) -> (Subscription<K>, bool) {
         let mut table = self.table();
         let first = !table.contains_key(&key);
-        let ch = table.entry(key.clone()).or_insert_with(|| Channel {
-            id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
-            watches: 0,
-            released: 0,
-            attempts: HashMap::new(),
-            handed: HashMap::new(),
-            beat: watch::channel(Beat::default()).0,
-        });
+        let ch = table
+            .entry(key.clone())
+            .or_insert_with(|| self.inner.channel());
         ch.watches += 1;
         *ch.attempts.entry(attempt.clone()).or_insert(0) += 1;
         let watch = Subscription {
@@ -178,6 +175,27 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
             rx: ch.beat.subscribe(),
         };
         (watch, first)
+    }
+
+    /// Keeps `key` subscribed while no watch waits on it: [`take_unused`](Subscriptions::take_unused)
+    /// never returns it, so the backend subscribes it once per connection (e.g. a client's
+    /// own wake-up channel that every handoff to one of its waiters is sent to). Returns
+    /// whether the key is new here (`true`: subscribe it on the server now). A pinned key
+    /// with no live watch does not count in [`watched`](Subscriptions::watched); it goes
+    /// with [`fail`](Subscriptions::fail) and [`fail_all`](Subscriptions::fail_all).
+    pub fn pin(&self, key: K) -> bool {
+        let mut table = self.table();
+        let first = !table.contains_key(&key);
+        table
+            .entry(key)
+            .or_insert_with(|| self.inner.channel())
+            .pinned = true;
+        first
+    }
+
+    /// Whether `key` is subscribed here (pinned, or with watches).
+    pub fn contains(&self, key: &K) -> bool {
+        self.table().contains_key(key)
     }
 
     /// [`subscribe`](Subscriptions::subscribe), and the server subscription it asks for, with
@@ -325,7 +343,7 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
         let mut table = self.table();
         let unused: Vec<K> = table
             .iter()
-            .filter(|(_, c)| c.watches == 0)
+            .filter(|(_, c)| c.watches == 0 && !c.pinned)
             .map(|(k, _)| k.clone())
             .collect();
         for k in &unused {
@@ -345,6 +363,15 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
         self.len() == 0
     }
 
+    /// Keys subscribed for a waiter: with a live watch, or unpinned and not yet taken by
+    /// [`take_unused`](Subscriptions::take_unused) (a pinned key with no watch is not).
+    pub fn in_use(&self) -> usize {
+        self.table()
+            .values()
+            .filter(|c| c.watches > 0 || !c.pinned)
+            .count()
+    }
+
     /// Keys with at least one live watch.
     pub fn watched(&self) -> usize {
         self.table().values().filter(|c| c.watches > 0).count()
@@ -352,6 +379,19 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
 }
 
 impl<K> Shared<K> {
+    /// A new key's state.
+    fn channel(&self) -> Channel {
+        Channel {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            watches: 0,
+            released: 0,
+            pinned: false,
+            attempts: HashMap::new(),
+            handed: HashMap::new(),
+            beat: watch::channel(Beat::default()).0,
+        }
+    }
+
     fn table(&self) -> MutexGuard<'_, HashMap<K, Channel>> {
         // Every update is a few map operations on plain data: a poisoned lock holds whole data.
         self.table.lock().unwrap_or_else(|p| p.into_inner())
@@ -451,7 +491,7 @@ impl<K: Eq + Hash> Drop for Subscription<K> {
                     ch.handed.remove(&self.attempt);
                 }
             }
-            ch.watches == 0
+            ch.watches == 0 && !ch.pinned
         };
         if now_unused {
             if let Some(hook) = self.shared.on_unused.get() {

@@ -348,6 +348,10 @@ impl<B: Backend + ?Sized> WaitStrategy for Watching<'_, B> {
         // The attempt may reach the server (and queue, or even be granted) however it ends:
         // every retry names the same attempt, so it has the effect of one.
         self.queued = true;
+        if self.watch.is_none() {
+            // In place before the request is sent: a handoff right after it is not missed.
+            self.watch = self.backend.watch_ready(&self.req);
+        }
         let sent = crate::clock::Instant::now();
         let ttl = match self.backend.acquire(&self.req).await? {
             AcquireReply::Granted { token } => {

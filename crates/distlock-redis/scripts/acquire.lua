@@ -7,15 +7,18 @@
 -- KEYS[3] wait queue: zset ATTEMPT -> arrival ms (server clock)
 -- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:OWNER"
 -- ARGV[1] attempt id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] waiter ttl ms (0: do not
--- queue), ARGV[5] '1' for a fair lock (a free lock goes to the oldest live waiter)
--- An election (keys NS:{NAME}:election...) adds ARGV[6] the candidate's value, stored with
+-- queue), ARGV[5] '1' for a fair lock (a free lock goes to the oldest live waiter),
+-- ARGV[6] the waiter's wake channel ('' for none): kept beside its waiter data, in field
+-- '>ATTEMPT' of KEYS[4] (written and removed with the data, in the same calls), so that the
+-- release that hands it the lock tells it there; without one, on CHANNEL:ATTEMPT.
+-- An election (keys NS:{NAME}:election...) adds ARGV[7] the candidate's value, stored with
 -- the grant (fields value, seq = 0) or in its waiter data ("EXPIRY_MS:LEASE_MS:LEN:VALUE"
--- then OWNER, LEN the value's length in bytes), and ARGV[7] the election's observe channel,
+-- then OWNER, LEN the value's length in bytes), and ARGV[8] the election's observe channel,
 -- told of every new leader ('g'). A mutex passes neither.
 -- Returns {1, token} granted to this attempt (also when it held it already: a retry after a
 -- lost reply, or a handoff it has not heard of); {0, pttl} held by another grant.
 local attempt, lease = ARGV[1], tonumber(ARGV[3])
-local value = ARGV[6]
+local value = ARGV[7]
 local queues = tonumber(ARGV[4]) > 0
 local function now_ms()
   local t = redis.call('time')
@@ -24,7 +27,7 @@ end
 -- Its waiter data is written with the queue entry and removed with it: no entry, no data.
 local function dequeue()
   if queues and redis.call('zrem', KEYS[3], attempt) == 1 then
-    redis.call('hdel', KEYS[4], attempt)
+    redis.call('hdel', KEYS[4], attempt, '>' .. attempt)
   end
 end
 
@@ -54,7 +57,7 @@ local function live_head(now)
       return head
     end
     redis.call('zrem', KEYS[3], head)
-    redis.call('hdel', KEYS[4], head)
+    redis.call('hdel', KEYS[4], head, '>' .. head)
   end
 end
 
@@ -85,7 +88,7 @@ if free then
   redis.call('pexpire', KEYS[1], lease)
   dequeue()
   if value then
-    redis.call('publish', ARGV[7], 'g')
+    redis.call('publish', ARGV[8], 'g')
   end
   return {1, token}
 end
@@ -97,7 +100,11 @@ if queues then
   if value then
     data = data .. string.format('%d:', #value) .. value
   end
-  redis.call('hset', KEYS[4], attempt, data .. ARGV[2])
+  if ARGV[6] ~= '' then
+    redis.call('hset', KEYS[4], attempt, data .. ARGV[2], '>' .. attempt, ARGV[6])
+  else
+    redis.call('hset', KEYS[4], attempt, data .. ARGV[2])
+  end
   for i = 3, 4 do
     if redis.call('pttl', KEYS[i]) < ttl then
       redis.call('pexpire', KEYS[i], ttl)

@@ -4,6 +4,8 @@
 -- KEYS[1] the grants (mutex hash {attempt, token, owner}, or rw/sem hash ATTEMPT -> grant)
 -- KEYS[2] fencing counter
 -- KEYS[3] per-grant expiries zset (rw, sem; for the mutex a name that is never written)
+-- KEYS[4] (the mutex only) its waiter data: each queued waiter is also woken ('r') on the
+--   wake channel its entry names (field '>ATTEMPT', see acquire.lua)
 -- ARGV[1] the channel: waiters are woken ('r') to take the free lock (they stay queued)
 -- ARGV[2] '1' when KEYS[3] is the family's expiry zset
 -- ARGV[3] (an election only) its observe channel, told that nobody leads ('r')
@@ -30,6 +32,17 @@ local next = math.max(current, seed) + 1
 local token = string.format('%d', next)
 redis.call('set', KEYS[2], token)
 redis.call('publish', ARGV[1], 'r')
+if KEYS[4] then
+  local told = {}
+  local entries = redis.call('hgetall', KEYS[4])
+  for i = 1, #entries, 2 do
+    local wake = entries[i + 1]
+    if string.sub(entries[i], 1, 1) == '>' and not told[wake] then
+      told[wake] = true
+      redis.call('publish', wake, 'r')
+    end
+  end
+end
 if ARGV[3] then
   redis.call('publish', ARGV[3], 'r')
 end

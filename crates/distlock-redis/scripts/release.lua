@@ -1,7 +1,8 @@
 -- Mutex: release one grant (named by attempt and token), or take an attempt out of the queue
 -- and give back a grant made to it. One round trip. A release hands the lock straight to the
 -- oldest live waiter (fresh fencing token, the waiter's own lease) and tells that attempt, and
--- only it, on its own channel CHANNEL:ATTEMPT ('h TOKEN ATTEMPT'): one delivery per handoff,
+-- only it ('h TOKEN ATTEMPT'), on the wake channel its queue entry names (field '>ATTEMPT' of
+-- KEYS[4], see acquire.lua; an entry without one: CHANNEL:ATTEMPT): one delivery per handoff,
 -- however many clients wait. With nobody queued it publishes nothing.
 -- KEYS as acquire.lua; ARGV[1] attempt id, ARGV[2] token, ARGV[3] the lock's channel,
 -- ARGV[4] 'release' or 'giveup'; for an election (see acquire.lua) ARGV[5] its observe
@@ -26,8 +27,10 @@ local function hand_over()
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while popped[1] do
     local head = popped[1]
-    local data = redis.call('hget', KEYS[4], head)
-    redis.call('hdel', KEYS[4], head)
+    local entry = redis.call('hmget', KEYS[4], head, '>' .. head)
+    local data = entry[1]
+    local wake = entry[2] or (ARGV[3] .. ':' .. head)
+    redis.call('hdel', KEYS[4], head, '>' .. head)
     local expiry, lease, owner, value
     if data then
       expiry, lease, owner = string.match(data, '^(%d+):(%d+):(.*)$')
@@ -55,14 +58,14 @@ local function hand_over()
         redis.call('hset', KEYS[1], 'value', value, 'seq', '0')
       end
       redis.call('pexpire', KEYS[1], lease)
-      redis.call('publish', ARGV[3] .. ':' .. head, 'h ' .. token .. ' ' .. head)
+      redis.call('publish', wake, 'h ' .. token .. ' ' .. head)
       if observe then
         redis.call('publish', observe, 'g')
       end
       return
     end
     -- A dead entry: its waiter may still be watching (one late heartbeat); wake it to retry.
-    redis.call('publish', ARGV[3] .. ':' .. head, 'r')
+    redis.call('publish', wake, 'r')
     popped = redis.call('zpopmin', KEYS[3])
   end
   if observe then
@@ -72,7 +75,7 @@ end
 
 if ARGV[4] == 'giveup' then
   local queued = redis.call('zrem', KEYS[3], attempt) == 1
-  redis.call('hdel', KEYS[4], attempt)
+  redis.call('hdel', KEYS[4], attempt, '>' .. attempt)
   if redis.call('hget', KEYS[1], 'attempt') == attempt then
     hand_over()
     return {1, 0}

@@ -261,6 +261,7 @@ impl RedisBackend {
             self.endpoint.clone(),
             opts.get_connect_timeout(),
             true,
+            self.subscriber.wake().to_owned(),
         );
         Ok(self)
     }
@@ -295,6 +296,7 @@ impl RedisBackend {
                 // A handoff is written by the releasing client's connection: with replicas to
                 // wait for, the waiter confirms it with its own attempt (and WAIT) first.
                 wait_replicas.is_some(),
+                pubsub::wake_channel(&namespace),
             ),
             endpoint,
             namespace,
@@ -303,6 +305,15 @@ impl RedisBackend {
     }
 
     /// `NS:{NAME}SUFFIX`: every key of lock `name` (the hash tag keeps them in one slot).
+    /// The wake channel `req`'s queue entry names, if it may queue: where the release that
+    /// hands it the lock tells it ('' for a single try, which never queues).
+    fn wake(&self, req: &AcquireRequest) -> &str {
+        match req.waiter_ttl {
+            Some(_) => self.subscriber.wake(),
+            None => "",
+        }
+    }
+
     fn key(&self, name: &str, suffix: &str) -> String {
         format!("{}:{{{name}}}{suffix}", self.namespace)
     }
@@ -635,9 +646,10 @@ impl Backend for RedisBackend {
                 let keys = self.keys(&req.key.name);
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let fair = if fair { "1" } else { "0" };
-                self.scripts
-                    .acquire
-                    .cmd(&keys, &[attempt, owner, &lease, &waiter_ttl, fair])
+                self.scripts.acquire.cmd(
+                    &keys,
+                    &[attempt, owner, &lease, &waiter_ttl, fair, self.wake(req)],
+                )
             }
             Family::Mutex { election: true, .. } => {
                 let keys = self.mutex_keys(&req.key.name, true);
@@ -646,7 +658,16 @@ impl Backend for RedisBackend {
                 let observe = self.observe_channel(&req.key.name);
                 self.scripts.acquire.cmd(
                     &keys,
-                    &[attempt, owner, &lease, &waiter_ttl, "0", value, &observe],
+                    &[
+                        attempt,
+                        owner,
+                        &lease,
+                        &waiter_ttl,
+                        "0",
+                        self.wake(req),
+                        value,
+                        &observe,
+                    ],
                 )
             }
             Family::Rw { side } => {
@@ -719,18 +740,23 @@ impl Backend for RedisBackend {
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        // A mutex handoff (or the wake-up of a dead queue entry) goes to the attempt's own
-        // channel only; the lock's channel carries the rest (a forced release, the read-write
-        // and semaphore scripts, a Redlock node's release).
-        let (channel, direct) = match family(req.key.kind)? {
-            Family::Mutex { election, .. } => {
-                let channel = self.mutex_channel(&req.key.name, election);
-                let direct = format!("{channel}:{}", req.attempt.as_str());
-                (channel, Some(direct))
+        // A mutex waiter hears everything for it (its handoff, the wake-up of its dead queue
+        // entry, a forced release) on its client's wake channel; the read-write and semaphore
+        // scripts publish on the lock's channel.
+        match family(req.key.kind)? {
+            Family::Mutex { .. } => self.subscriber.watch_wake(&req.attempt).await,
+            _ => {
+                let channel = self.channel(&req.key.name);
+                self.subscriber.watch(channel, None, &req.attempt).await
             }
-            _ => (self.channel(&req.key.name), None),
-        };
-        self.subscriber.watch(channel, direct, &req.attempt).await
+        }
+    }
+
+    fn watch_ready(&self, req: &AcquireRequest) -> Option<Box<dyn ReleaseWatch>> {
+        match family(req.key.kind).ok()? {
+            Family::Mutex { .. } => self.subscriber.ready(&req.attempt),
+            _ => None,
+        }
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {

@@ -192,18 +192,18 @@ pub(crate) async fn force_release(
 ) -> Result<ForceReleased> {
     let fam = family(kind)?;
     // KEYS[3] must be a name of the same slot; for the mutex it is only passed, never written.
-    let (holds, third, has_exp) = match fam {
+    let (holds, third, waiters, has_exp) = match fam {
         Family::Mutex { election, .. } => {
-            let [h, _, q, _] = b.mutex_keys(name, election);
-            (h, q, false)
+            let [h, _, q, w] = b.mutex_keys(name, election);
+            (h, q, Some(w), false)
         }
         Family::Rw { .. } => {
             let [h, _, _, _, e] = b.rw_keys(name);
-            (h, e, true)
+            (h, e, None, true)
         }
         Family::Sem { .. } => {
             let [h, _, _, _, e, _] = b.sem_keys(name);
-            (h, e, true)
+            (h, e, None, true)
         }
     };
     let mut con = b.con.get();
@@ -216,7 +216,11 @@ pub(crate) async fn force_release(
             true => b.mutex_fence_key(name, true),
             false => b.fence_key(name),
         })
-        .key(&third)
+        .key(&third);
+    if let Some(w) = &waiters {
+        invocation.key(w);
+    }
+    invocation
         .arg(b.mutex_channel(name, election))
         .arg(if has_exp { "1" } else { "0" });
     if election {

@@ -6,14 +6,18 @@
 //! thousands of idle subscriptions.
 //!
 //! Messages on a lock's channel are `r` (released) or `h TOKEN ATTEMPT` (handed over to the
-//! waiting attempt ATTEMPT). A mutex waiter also subscribes its attempt's own channel
-//! (`CHANNEL:ATTEMPT`, in the same SUBSCRIBE): the mutex release script sends a handoff there
-//! only, so one handoff is one delivery however many clients wait. A waiter is woken only by a plain release or by a handoff to its
-//! own attempt — never by one to another attempt of the same owner (a sibling task, or the
-//! write waiter of a handle whose read side was granted) — and a message that arrives between
-//! the waiter's attempt and its sleep is not lost (the table keeps it). If the connection
-//! breaks, every watch ends with a connection error and the waiter subscribes again on a new
-//! connection.
+//! waiting attempt ATTEMPT). A mutex (or election) waiter listens on its client's own **wake
+//! channel** (`NS:wake:ID`, one per backend) instead: its queue entry names that channel, the
+//! release script sends the handoff there only (one delivery per handoff however many
+//! clients wait), and a forced release wakes each queued waiter there. The wake channel is
+//! subscribed once per subscriber connection and kept (pinned in the table), so a waiter's
+//! watch is a table entry made before its first request ([`Subscriber::ready`]): no SUBSCRIBE,
+//! UNSUBSCRIBE or second attempt per wait. A waiter is woken only by a plain release or by a
+//! handoff to its own attempt — never by one to another attempt of the same owner (a sibling
+//! task, or the write waiter of a handle whose read side was granted) — and a message that
+//! arrives between the waiter's attempt and its sleep is not lost (the table keeps it). If the
+//! connection breaks, every watch ends with a connection error and the waiter subscribes again
+//! on a new connection.
 //!
 //! On `redis+cluster://` the subscriber has several nodes to choose from: classic PUBLISH is
 //! broadcast to every node of a cluster, so a connection to any one of them hears every lock.
@@ -61,6 +65,14 @@ pub(crate) struct Subscriber {
     /// Report handoffs as plain releases, so that the waiter's next attempt confirms the grant
     /// with its own write and WAIT (`?wait_replicas=N`).
     confirm_handoffs: bool,
+    /// This client's wake channel (see the module docs), subscribed with every connection.
+    wake: String,
+}
+
+/// A new wake channel name for a client in `namespace`: unique per backend.
+pub(crate) fn wake_channel(namespace: &str) -> String {
+    // An attempt id is 128 random bits in hex: as unique for a client.
+    format!("{namespace}:wake:{}", AttemptId::new())
 }
 
 /// Passes one message of a lock's channel to the table.
@@ -92,8 +104,9 @@ impl Subscriber {
         endpoint: String,
         timeout: Duration,
         confirm_handoffs: bool,
+        wake: String,
     ) -> Arc<Self> {
-        Self::over(vec![client], endpoint, timeout, confirm_handoffs)
+        Self::over(vec![client], endpoint, timeout, confirm_handoffs, wake)
     }
 
     /// A subscriber at the first of `clients` that answers (at least one; a cluster's nodes).
@@ -102,6 +115,7 @@ impl Subscriber {
         endpoint: String,
         timeout: Duration,
         confirm_handoffs: bool,
+        wake: String,
     ) -> Arc<Self> {
         Arc::new(Subscriber {
             targets: std::sync::Mutex::new(Targets { clients, endpoint }),
@@ -110,7 +124,13 @@ impl Subscriber {
             conn: Mutex::new(None),
             generations: AtomicU64::new(0),
             confirm_handoffs,
+            wake,
         })
+    }
+
+    /// This client's wake channel.
+    pub(crate) fn wake(&self) -> &str {
+        &self.wake
     }
 
     /// The client the subscriber connects with (the first node).
@@ -173,10 +193,17 @@ impl Subscriber {
 
     async fn connect(self: &Arc<Self>) -> Result<Conn> {
         let (pubsub, endpoint) = self.open().await?;
-        let (sink, mut stream) = pubsub.split();
+        let (mut sink, mut stream) = pubsub.split();
+        // The wake channel first: every waiter of this connection relies on it.
+        match tokio::time::timeout(self.timeout, sink.subscribe(&self.wake)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(map(&endpoint, e)),
+            Err(_) => return Err(self.timeout_error("SUBSCRIBE")),
+        }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let subs: Subscriptions<String> = Subscriptions::new(KIND, endpoint);
         subs.handoffs_as_releases(self.confirm_handoffs);
+        subs.pin(self.wake.clone());
         let me = Arc::downgrade(self);
         subs.on_unused(move || unsubscribe_later(&me, generation));
         let alive = Arc::new(AtomicBool::new(true));
@@ -211,6 +238,48 @@ impl Subscriber {
         Error::call_timeout(KIND, self.endpoint(), what, self.timeout)
     }
 
+    /// A watch for the waiting mutex `attempt` on this client's wake channel, connecting (and
+    /// subscribing the channel) first if needed.
+    pub(crate) async fn watch_wake(
+        self: &Arc<Self>,
+        attempt: &AttemptId,
+    ) -> Result<Box<dyn ReleaseWatch>> {
+        let mut guard = self.conn.lock().await;
+        let conn = self.live(&mut guard).await?;
+        Ok(Box::new(conn.subs.subscribe(self.wake.clone(), attempt).0))
+    }
+
+    /// The same watch if it can be made now, without a round trip or waiting for a lock: the
+    /// connection is up with its wake channel subscribed. `None` before the first wait of
+    /// this client, after the connection broke, or while another call holds it.
+    pub(crate) fn ready(&self, attempt: &AttemptId) -> Option<Box<dyn ReleaseWatch>> {
+        let guard = self.conn.try_lock().ok()?;
+        let conn = guard.as_ref().filter(|c| c.alive.load(Ordering::SeqCst))?;
+        if !conn.subs.contains(&self.wake) {
+            return None;
+        }
+        Some(Box::new(conn.subs.subscribe(self.wake.clone(), attempt).0))
+    }
+
+    /// The live connection in `guard`, connecting first if there is none (or it died).
+    async fn live<'g>(
+        self: &Arc<Self>,
+        guard: &'g mut tokio::sync::MutexGuard<'_, Option<Conn>>,
+    ) -> Result<&'g mut Conn> {
+        if guard
+            .as_ref()
+            .is_some_and(|c| !c.alive.load(Ordering::SeqCst) || !c.subs.contains(&self.wake))
+        {
+            **guard = None;
+        }
+        if guard.is_none() {
+            **guard = Some(self.connect().await?);
+        }
+        guard
+            .as_mut()
+            .ok_or_else(|| self.timeout_error("connecting the subscriber"))
+    }
+
     /// Subscribes (if needed) and returns a watch for the waiting `attempt` on `channel` and,
     /// if given, on the attempt's own channel `direct` (one SUBSCRIBE for both).
     pub(crate) async fn watch(
@@ -220,18 +289,7 @@ impl Subscriber {
         attempt: &AttemptId,
     ) -> Result<Box<dyn ReleaseWatch>> {
         let mut guard = self.conn.lock().await;
-        if guard
-            .as_ref()
-            .is_some_and(|c| !c.alive.load(Ordering::SeqCst))
-        {
-            *guard = None;
-        }
-        if guard.is_none() {
-            *guard = Some(self.connect().await?);
-        }
-        let Some(conn) = guard.as_mut() else {
-            return Err(self.timeout_error("connecting the subscriber"));
-        };
+        let conn = self.live(&mut guard).await?;
         let mut new = Vec::with_capacity(2);
         let (watch, first) = conn.subs.subscribe(channel.clone(), attempt);
         if first {
@@ -284,9 +342,14 @@ impl Subscriber {
         }
     }
 
-    /// Channels this client is subscribed to right now (for tests).
+    /// Channels with a waiter of this client right now (for tests): a lock's channel, or the
+    /// wake channel while a mutex waiter listens there.
     pub(crate) async fn subscribed(&self) -> usize {
-        self.conn.lock().await.as_ref().map_or(0, |c| c.subs.len())
+        self.conn
+            .lock()
+            .await
+            .as_ref()
+            .map_or(0, |c| c.subs.in_use())
     }
 }
 

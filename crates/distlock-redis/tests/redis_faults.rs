@@ -223,15 +223,27 @@ async fn waiters_subscribe_only_while_waiting() {
             lock.acquire_timeout(Duration::from_secs(10)).await
         }));
     }
-    // Every waiter is subscribed once its wait has started: to the lock's channel and to its
-    // attempt's own (where the mutex handoff goes).
+    // Every mutex waiter listens on its client's one wake channel (where its handoff goes):
+    // one subscription however many names are waited for, no lock channel.
+    let wake_channels = || {
+        let out = server
+            .command(&["PUBSUB", "CHANNELS", "dlock:wake:*"])
+            .expect("PUBSUB CHANNELS");
+        out.lines().filter(|l| !l.trim().is_empty()).count()
+    };
     let t = Instant::now();
-    while backend.subscribed_channels().await < 2 * names.len()
+    while (backend.subscribed_channels().await < 1 || server_waiters(&server, &names) < names.len())
         && t.elapsed() < Duration::from_secs(5)
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(backend.subscribed_channels().await, 2 * names.len());
+    assert_eq!(
+        server_waiters(&server, &names),
+        names.len(),
+        "every waiter queued"
+    );
+    assert_eq!(backend.subscribed_channels().await, 1);
+    assert_eq!(wake_channels(), 1, "one wake channel for all the waits");
     for g in guards {
         released(g).await;
     }
@@ -259,6 +271,22 @@ async fn waiters_subscribe_only_while_waiting() {
         channels.ends_with("\n0"),
         "server still has a subscriber: {channels:?}"
     );
+    // The wake channel stays subscribed for the next wait (no SUBSCRIBE per wait).
+    assert_eq!(wake_channels(), 1, "the wake channel is kept");
+}
+
+/// Waiters of `names` in the servers' queues.
+fn server_waiters(server: &RedisServer, names: &[String]) -> usize {
+    names
+        .iter()
+        .map(|n| {
+            server
+                .command(&["ZCARD", &format!("dlock:{{{n}}}:queue")])
+                .ok()
+                .and_then(|c| c.trim().parse::<usize>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -535,4 +563,113 @@ async fn unreplicated_renewals_do_not_extend_the_lease() {
             .expect("exists"),
         "1"
     );
+}
+
+/// Calls of `command` on the server since the last `CONFIG RESETSTAT`.
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let stats = server
+        .command(&["INFO", "commandstats"])
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until `n` waiters are queued for `name`.
+async fn queued(server: &RedisServer, name: &str, n: usize) {
+    let t = Instant::now();
+    while server_waiters(server, &[name.to_owned()]) < n {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Once a client has waited, its next waits cost the server one acquire script each and no
+/// SUBSCRIBE or UNSUBSCRIBE: the wake channel stays subscribed and the waiter's watch is in
+/// place before its request, so a handoff right after the request is not missed and no second
+/// look is needed. (Before: two acquire scripts, a SUBSCRIBE and an UNSUBSCRIBE per wait.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_wait_is_one_request_and_no_subscription() {
+    let server = RedisServer::start().expect("redis");
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(20));
+    let (holder, _) = client_for(&server.url(), opts.clone()).await;
+    let (waiter, _) = client_for(&server.url(), opts).await;
+    let name = unique_name("one-request");
+    for round in 0..4 {
+        let g = acquired(&holder, &name).await;
+        if round > 0 {
+            server.command(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+        }
+        let lock = waiter.lock(&name).expect("lock");
+        let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(10)).await });
+        queued(&server, &name, 1).await;
+        released(g).await;
+        let got = tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("the waiter was not woken by the handoff")
+            .expect("join")
+            .expect("acquired");
+        if round > 0 {
+            // The waiter's one acquire and the holder's release (which handed the lock over).
+            assert_eq!(calls(&server, "evalsha"), 2, "round {round}");
+            assert_eq!(calls(&server, "subscribe"), 0, "round {round}");
+            assert_eq!(calls(&server, "unsubscribe"), 0, "round {round}");
+        }
+        released(got).await;
+    }
+}
+
+/// A forced release (`dlock release --force`) wakes a queued mutex waiter, on its client's
+/// wake channel (a spy subscription sees the 'r' there), and the waiter takes the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_wakes_a_queued_waiter() {
+    let server = RedisServer::start().expect("redis");
+    // Long leases: the waiter's heartbeat (1 s) and the holder's lease (60 s) are far off.
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(60));
+    let (holder, _) = client_for(&server.url(), opts.clone()).await;
+    let (waiter, backend) = client_for(&server.url(), opts).await;
+    let name = unique_name("forced-wake");
+    let g = acquired(&holder, &name).await;
+    let lock = waiter.lock(&name).expect("lock");
+    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    queued(&server, &name, 1).await;
+    let spy = redis::Client::open(server.url()).expect("client");
+    let mut spy = spy.get_connection().expect("spy");
+    spy.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    let mut spy = spy.as_pubsub();
+    spy.psubscribe("dlock:wake:*").expect("psubscribe");
+    distlock_core::Backend::force_release(&*backend, &name, distlock_core::LockKind::Mutex)
+        .await
+        .expect("force release");
+    let seen = tokio::task::block_in_place(|| {
+        let _: redis::Value = spy.ping().expect("ping");
+        let mut seen = Vec::new();
+        while let Ok(msg) = spy.get_message() {
+            let payload: String = msg.get_payload().expect("payload");
+            seen.push((msg.get_channel_name().to_owned(), payload));
+        }
+        seen
+    });
+    assert_eq!(
+        seen.len(),
+        1,
+        "one wake-up for the one waiting client: {seen:?}"
+    );
+    assert_eq!(seen[0].1, "r", "{seen:?}");
+    let got = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("never acquired")
+        .expect("join")
+        .expect("acquired");
+    assert!(got.fencing_token() > g.fencing_token());
+    drop(g);
+    released(got).await;
 }

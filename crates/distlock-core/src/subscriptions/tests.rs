@@ -226,3 +226,46 @@ async fn watch_subscribes_on_the_server_once_and_in_order() {
     assert!(e.is_connection());
     assert_eq!(subs.len(), 1, "the failed key stayed");
 }
+
+#[tokio::test]
+async fn a_pinned_key_stays_subscribed_without_watches() {
+    let subs = Subscriptions::new("redis", "h:1");
+    let hooks = Arc::new(AtomicUsize::new(0));
+    let h = hooks.clone();
+    subs.on_unused(move || {
+        h.fetch_add(1, Ordering::SeqCst);
+    });
+    assert!(
+        subs.pin(key("wake")),
+        "a new key: subscribe it on the server"
+    );
+    assert!(!subs.pin(key("wake")), "pinned twice, subscribed once");
+    assert_eq!(
+        subs.watched(),
+        0,
+        "a pinned key without waiters is not watched"
+    );
+    assert_eq!(subs.in_use(), 0);
+    let a = AttemptId::new();
+    let (mut w, first) = subs.subscribe(key("wake"), &a);
+    assert!(!first, "no SUBSCRIBE for a pinned key");
+    assert_eq!(subs.watched(), 1);
+    assert_eq!(subs.in_use(), 1);
+    assert!(subs.notify_handoff(&key("wake"), a.as_str(), 7));
+    assert_eq!(
+        soon(&mut w).await.expect("wake"),
+        Wake::HandedOver { token: 7 }
+    );
+    drop(w);
+    assert_eq!(hooks.load(Ordering::SeqCst), 0, "no unsubscribe asked for");
+    assert!(
+        subs.take_unused().is_empty(),
+        "a pinned key is never unused"
+    );
+    assert!(subs.contains(&key("wake")));
+    assert_eq!(subs.watched(), 0);
+    // A broken connection forgets it like any key: the next connection pins it again.
+    assert_eq!(subs.fail_all("closed"), 1);
+    assert!(!subs.contains(&key("wake")));
+    assert!(subs.pin(key("wake")));
+}
