@@ -69,7 +69,10 @@ impl Shared {
             let b = v.backend.clone();
             async move {
                 let b = b?;
-                tokio::time::timeout(t, b.watch(req)).await.ok()?.ok()
+                tokio::time::timeout(t, b.quorum_watch(req))
+                    .await
+                    .ok()?
+                    .ok()
             }
         }))
         .await;

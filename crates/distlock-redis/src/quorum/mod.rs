@@ -39,8 +39,10 @@ use crate::error::shape;
 use crate::ops::glob_escape;
 use crate::scripts::{self, Script};
 use crate::RedisBackend;
-use crate::{int, lease_ms};
-use distlock_core::backend::{AttemptId, Capabilities, GrantRef, HoldKey, RenewOutcome};
+use crate::{family, int, lease_ms, Family};
+use distlock_core::backend::{
+    AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey, ReleaseWatch, RenewOutcome,
+};
 use distlock_core::{Error, LockKind, ReleaseOutcome, Result};
 use redis::Value;
 use std::sync::OnceLock;
@@ -115,6 +117,25 @@ impl RedisBackend {
     /// The key prefix of this node's locks.
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// A watch for a Redlock waiter on this node: the lock's channel and the attempt's own
+    /// (`CHANNEL:ATTEMPT`, where the quorum scripts wake it), in one SUBSCRIBE, unsubscribed
+    /// when the last waiter of this client on them goes. (A single-server waiter listens on
+    /// its client's wake channel instead: see [`Backend::watch`](distlock_core::Backend::watch).)
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
+    pub async fn quorum_watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        let (channel, direct) = match family(req.key.kind)? {
+            Family::Mutex { election, .. } => {
+                let channel = self.mutex_channel(&req.key.name, election);
+                let direct = format!("{channel}:{}", req.attempt.as_str());
+                (channel, Some(direct))
+            }
+            _ => (self.channel(&req.key.name), None),
+        };
+        self.subscriber.watch(channel, direct, &req.attempt).await
     }
 
     /// `NS:redlock:epoch`: see the module docs.
