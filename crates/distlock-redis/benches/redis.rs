@@ -217,11 +217,112 @@ async fn run() {
         raw.push(t.elapsed());
     }
     phase.end("backend acquire+release", n);
+    // The floors under it, on a plain redis-rs connection manager of their own: rslock's
+    // protocol (SET NX PX, then a compare-and-delete script) and dlock's two scripts sent
+    // without any dlock code. Their difference is what the scripts cost on the server; the
+    // backend's time over the second is its client code.
+    let mut con = redis::Client::open(url.as_str())
+        .expect("client")
+        .get_connection_manager()
+        .await
+        .expect("connection manager");
+    let unlock = redis::Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    );
+    let acquire_lua = redis::Script::new(include_str!("../scripts/acquire.lua"));
+    let release_lua = redis::Script::new(include_str!("../scripts/release.lua"));
+    let keys = ["", ":fence", ":queue", ":waiters"].map(|s| format!("dlock:{{floor}}{s}"));
+    for _ in 0..100 {
+        let _: () = unlock
+            .key("warm")
+            .arg("x")
+            .invoke_async(&mut con)
+            .await
+            .map(|_: i64| ())
+            .expect("unlock");
+        let _: (i64, i64) = acquire_lua
+            .key(&keys[..])
+            .arg(&["warm", "bench", "30000", "2000", "0", ""])
+            .invoke_async(&mut con)
+            .await
+            .expect("acquire.lua");
+        let _: (i64, i64) = release_lua
+            .key(&keys[..])
+            .arg(&["warm", "0", "dlock:{floor}:released", "giveup"])
+            .invoke_async(&mut con)
+            .await
+            .expect("release.lua");
+    }
+    let mut setnx = Vec::with_capacity(n);
+    let phase = Phase::start(&server);
+    for i in 0..n {
+        let value = format!("v{i}");
+        let t = Instant::now();
+        let ok: Option<String> = redis::cmd("SET")
+            .arg("setnx-floor")
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut con)
+            .await
+            .expect("SET NX");
+        assert!(ok.is_some(), "SET NX refused");
+        let deleted: i64 = unlock
+            .key("setnx-floor")
+            .arg(&value)
+            .invoke_async(&mut con)
+            .await
+            .expect("unlock");
+        assert_eq!(deleted, 1);
+        setnx.push(t.elapsed());
+    }
+    phase.end("SET NX PX + compare-and-delete (rslock's protocol)", n);
+    let mut scripts = Vec::with_capacity(n);
+    let phase = Phase::start(&server);
+    for i in 0..n {
+        let attempt = format!("{i:032x}");
+        let t = Instant::now();
+        let (granted, token): (i64, i64) = acquire_lua
+            .key(&keys[..])
+            .arg(&[attempt.as_str(), "bench", "30000", "2000", "0", ""])
+            .invoke_async(&mut con)
+            .await
+            .expect("acquire.lua");
+        assert_eq!(granted, 1);
+        let token = token.to_string();
+        let (released, _): (i64, i64) = release_lua
+            .key(&keys[..])
+            .arg(&[
+                attempt.as_str(),
+                token.as_str(),
+                "dlock:{floor}:released",
+                "release",
+            ])
+            .invoke_async(&mut con)
+            .await
+            .expect("release.lua");
+        assert_eq!(released, 1);
+        scripts.push(t.elapsed());
+    }
+    phase.end("dlock's two scripts, no dlock code", n);
+    let setnx50 = pct(&mut setnx, 0.5);
+    let scripts50 = pct(&mut scripts, 0.5);
     let raw50 = pct(&mut raw, 0.5);
     let ping50 = pct(&mut ping, 0.5);
     let pair50 = pct(&mut pair, 0.5);
     let try50 = pct(&mut tries, 0.5);
     println!("PING round trip            p50 {:>8.1} us", us(ping50));
+    println!(
+        "SET NX + compare-and-delete p50 {:>7.1} us  = {:.2} PING round trips (rslock's protocol, plain redis-rs)",
+        us(setnx50),
+        us(setnx50) / us(ping50)
+    );
+    println!(
+        "dlock's scripts, raw       p50 {:>8.1} us  = {:.2} PING round trips (plain redis-rs)",
+        us(scripts50),
+        us(scripts50) / us(ping50)
+    );
     println!(
         "backend acquire+release    p50 {:>8.1} us  = {:.2} PING round trips (two EVALSHAs)",
         us(raw50),

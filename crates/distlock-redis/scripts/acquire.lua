@@ -62,8 +62,18 @@ local function live_head(now)
 end
 
 -- Held by another grant: no EXISTS needed (a hash without an attempt is foreign: not free).
-local free = not held[1] and redis.call('exists', KEYS[1]) == 0
-if free and ARGV[5] == '1' then
+-- Else one EXISTS of the hash and the queue: with neither there (the uncontended case) there
+-- is no waiter to defer to and no queue entry of this attempt to take out.
+local free, queued = false, false
+if not held[1] then
+  local n = redis.call('exists', KEYS[1], KEYS[3])
+  if n == 0 then
+    free = true
+  elseif n == 1 and redis.call('exists', KEYS[1]) == 0 then
+    free, queued = true, true
+  end
+end
+if queued and ARGV[5] == '1' then
   local head = live_head(now_ms())
   if head and head ~= attempt then
     free = false
@@ -86,7 +96,9 @@ if free then
     redis.call('hset', KEYS[1], 'value', value, 'seq', '0')
   end
   redis.call('pexpire', KEYS[1], lease)
-  dequeue()
+  if queued then
+    dequeue()
+  end
   if value then
     redis.call('publish', ARGV[8], 'g')
   end

@@ -57,11 +57,15 @@ if redis.call('hget', KEYS[1], 'attempt') == attempt then
   return {2, c, tonumber(redis.call('hget', KEYS[1], 'token') or '0') or 0, qleft, 0}
 end
 
--- Dead waiters (no refresh within their ttl) leave the queue.
-local dead = redis.call('zrangebyscore', KEYS[6], '-inf', now_ms)
-for _, a in ipairs(dead) do
-  redis.call('zrem', KEYS[5], a)
-  redis.call('zrem', KEYS[6], a)
+-- Dead waiters (no refresh within their ttl) leave the queue. (No queue here and none to
+-- join, the uncontended case: one EXISTS instead of the scan and the look at its head.)
+local queue = wttl > 0 or redis.call('exists', KEYS[5]) == 1
+if queue then
+  local dead = redis.call('zrangebyscore', KEYS[6], '-inf', now_ms)
+  for _, a in ipairs(dead) do
+    redis.call('zrem', KEYS[5], a)
+    redis.call('zrem', KEYS[6], a)
+  end
 end
 if wttl > 0 then
   -- Enqueued (or refreshed) at its place, which is the same on every node and never changes.
@@ -73,7 +77,7 @@ if wttl > 0 then
     end
   end
 end
-local head = redis.call('zrange', KEYS[5], 0, 0)[1]
+local head = queue and redis.call('zrange', KEYS[5], 0, 0)[1] or nil
 local first = (head == attempt) and 1 or 0
 
 if redis.call('exists', KEYS[1]) == 0 then
@@ -83,13 +87,14 @@ if redis.call('exists', KEYS[1]) == 0 then
     local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
     return {3, c, 0, qleft, 0}
   end
-  if redis.call('exists', KEYS[2]) == 0 then
-    -- A counter that is missing (a new name, or a node whose data is gone) starts from the
-    -- server's clock in microseconds, above any token this name could have had before.
-    redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-  end
   -- INCR first: if the counter holds foreign data the script fails before writing anything.
+  -- A counter that INCR had to create (a new name, or a node whose data is gone) starts from
+  -- the server's clock in microseconds (+1), above any token this name could have had before.
   local c = redis.call('incr', KEYS[2])
+  if c == 1 then
+    c = redis.call('incrby', KEYS[2],
+      string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]) - 1))
+  end
   redis.call('hset', KEYS[1], 'attempt', attempt, 'token', c, 'owner', ARGV[4])
   if ARGV[8] then
     redis.call('hset', KEYS[1], 'value', ARGV[8], 'seq', '0')

@@ -29,6 +29,14 @@ if held[1] == attempt then
 elseif held[1] or redis.call('exists', KEYS[1]) == 1 then
   out = {3, 0}
 end
+-- No queue here (the uncontended case): nothing to leave, nobody to wake but the waiters that
+-- do not queue.
+if redis.call('exists', KEYS[2]) == 0 then
+  if out[1] == 1 and mode ~= 'giveback' then
+    redis.call('publish', ARGV[3], 'r')
+  end
+  return out
+end
 if mode ~= 'giveback' then
   redis.call('zrem', KEYS[2], attempt)
   redis.call('zrem', KEYS[3], attempt)

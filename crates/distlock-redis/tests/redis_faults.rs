@@ -673,3 +673,48 @@ async fn a_forced_release_wakes_a_queued_waiter() {
     drop(g);
     released(got).await;
 }
+
+/// An uncontended acquire+release runs the fewest calls the hash layout allows: the acquire
+/// `HMGET`, one `EXISTS` of the hash and the queue, `INCR`, `HSET`, `PEXPIRE`; the release
+/// `HMGET`, `DEL` and an empty `ZPOPMIN`. No `ZREM` of a queue that does not exist (before: one
+/// per blocking acquire), no `TIME`, no `PUBLISH`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_pair_is_eight_calls() {
+    let server = RedisServer::start().expect("redis");
+    let (client, _) = client_for(&server.url(), fast_opts()).await;
+    let name = unique_name("eight-calls");
+    let lock = client.lock(&name).expect("lock");
+    // Scripts loaded, connection warm.
+    released(lock.acquire().await.expect("acquire")).await;
+    server.command(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+    let rounds = 10;
+    for _ in 0..rounds {
+        released(
+            lock.acquire_timeout(Duration::from_secs(5))
+                .await
+                .expect("acquire"),
+        )
+        .await;
+        released(lock.try_acquire().await.expect("try").expect("free")).await;
+    }
+    let pairs = 2 * rounds;
+    for (command, per_pair) in [
+        ("evalsha", 2),
+        ("hmget", 2),
+        ("exists", 1),
+        ("incr", 1),
+        ("hset", 1),
+        ("pexpire", 1),
+        ("del", 1),
+        ("zpopmin", 1),
+        ("zrem", 0),
+        ("time", 0),
+        ("publish", 0),
+    ] {
+        assert_eq!(
+            calls(&server, command),
+            per_pair * pairs,
+            "{command} per acquire+release"
+        );
+    }
+}

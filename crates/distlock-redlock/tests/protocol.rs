@@ -523,3 +523,65 @@ async fn a_waiter_that_stops_leaves_every_queue() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Calls of `command` on node `i` since the last `CONFIG RESETSTAT`.
+fn calls(c: &Cluster, i: usize, command: &str) -> u64 {
+    let stats = c.servers[i]
+        .command(&["INFO", "commandstats"])
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Where no waiter queues, a node's vote and release skip the queue work: one `EXISTS` of the
+/// queue instead of the dead-waiter scan, the look at its head and (on release) leaving it; a
+/// grant increments the counter without first checking that it exists. (Before: a
+/// `ZRANGEBYSCORE` and a `ZRANGE` per vote, two `ZREM`s, a `TIME`, a `ZRANGEBYSCORE` and a
+/// `ZRANGE` per release.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_votes_and_releases_skip_the_queue_work() {
+    let c = Cluster::start(3);
+    c.settle().await;
+    let (client, b) = c.client_and_backend("", opts(5000)).await;
+    wait_counting(&b, 3, Duration::from_secs(10)).await;
+    let name = "no-queue-work";
+    let lock = client.lock(name).expect("lock");
+    lock.try_acquire()
+        .await
+        .expect("try")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    // Every node has its hold and release of the warm-up (late votes finish in the background).
+    eventually(Duration::from_secs(5), "the warm-up release", || {
+        (0..3).all(|i| !c.has_lock(i, name))
+    })
+    .await;
+    for s in &c.servers {
+        s.command(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+    }
+    let rounds = 5;
+    for _ in 0..rounds {
+        let g = lock.try_acquire().await.expect("try").expect("free");
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+    eventually(Duration::from_secs(5), "every node's release", || {
+        (0..3).all(|i| !c.has_lock(i, name))
+    })
+    .await;
+    for i in 0..3 {
+        for command in ["zrangebyscore", "zrange", "zrem"] {
+            assert_eq!(calls(&c, i, command), 0, "node {i}: {command}");
+        }
+        assert!(calls(&c, i, "incr") >= 1, "node {i} granted nothing");
+    }
+}
