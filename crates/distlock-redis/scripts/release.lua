@@ -13,11 +13,13 @@
 local attempt = ARGV[1]
 local observe = ARGV[5]
 
+-- The hash is deleted when nobody takes it over; a handoff rewrites every field it has
+-- (attempt, token, owner; an election's value and seq) and its expiry instead.
 local function hand_over()
-  redis.call('del', KEYS[1])
   -- ZPOPMIN: the oldest entry, taken out of the queue (with its data below) in one call.
   local popped = redis.call('zpopmin', KEYS[3])
   if not popped[1] then
+    redis.call('del', KEYS[1])
     if observe then
       redis.call('publish', observe, 'r')
     end
@@ -68,6 +70,7 @@ local function hand_over()
     redis.call('publish', wake, 'r')
     popped = redis.call('zpopmin', KEYS[3])
   end
+  redis.call('del', KEYS[1])
   if observe then
     redis.call('publish', observe, 'r')
   end
