@@ -750,12 +750,7 @@ async fn a_handoff_is_one_message_to_the_head_waiter() {
         b.watch(&w1).await.expect("watch"),
         c.watch(&w2).await.expect("watch"),
     ];
-    let spy = redis::Client::open(server.url()).expect("client");
-    let mut spy = spy.get_connection().expect("spy");
-    spy.set_read_timeout(Some(Duration::from_millis(300)))
-        .expect("timeout");
-    let mut spy = spy.as_pubsub();
-    spy.psubscribe("dlock:*").expect("psubscribe");
+    let mut spy = server.spy("dlock:*").expect("spy");
 
     assert_eq!(
         a.release(&h.grant(token)).await.expect("release"),
@@ -778,16 +773,7 @@ async fn a_handoff_is_one_message_to_the_head_waiter() {
         matches!(wake, distlock_core::backend::Wake::HandedOver { token: t } if t > token),
         "{wake:?}"
     );
-    let seen = tokio::task::block_in_place(|| {
-        let _: redis::Value = spy.ping().expect("ping");
-        let mut seen = Vec::new();
-        // Everything published before the PING is queued already; the timeout ends the drain.
-        while let Ok(msg) = spy.get_message() {
-            let payload: String = msg.get_payload().expect("payload");
-            seen.push((msg.get_channel_name().to_owned(), payload));
-        }
-        seen
-    });
+    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
     assert_eq!(seen.len(), 1, "one handoff, one message: {seen:?}");
     assert!(seen[0].0.starts_with("dlock:wake:"), "{seen:?}");
     assert!(

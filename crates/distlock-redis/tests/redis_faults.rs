@@ -567,16 +567,7 @@ async fn unreplicated_renewals_do_not_extend_the_lease() {
 
 /// Calls of `command` on the server since the last `CONFIG RESETSTAT`.
 fn calls(server: &RedisServer, command: &str) -> u64 {
-    let stats = server
-        .command(&["INFO", "commandstats"])
-        .expect("INFO commandstats");
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    server.calls(command).expect("INFO commandstats")
 }
 
 /// Waits until `n` waiters are queued for `name`.
@@ -643,24 +634,11 @@ async fn a_forced_release_wakes_a_queued_waiter() {
     let lock = waiter.lock(&name).expect("lock");
     let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
     queued(&server, &name, 1).await;
-    let spy = redis::Client::open(server.url()).expect("client");
-    let mut spy = spy.get_connection().expect("spy");
-    spy.set_read_timeout(Some(Duration::from_millis(300)))
-        .expect("timeout");
-    let mut spy = spy.as_pubsub();
-    spy.psubscribe("dlock:wake:*").expect("psubscribe");
+    let mut spy = server.spy("dlock:wake:*").expect("spy");
     distlock_core::Backend::force_release(&*backend, &name, distlock_core::LockKind::Mutex)
         .await
         .expect("force release");
-    let seen = tokio::task::block_in_place(|| {
-        let _: redis::Value = spy.ping().expect("ping");
-        let mut seen = Vec::new();
-        while let Ok(msg) = spy.get_message() {
-            let payload: String = msg.get_payload().expect("payload");
-            seen.push((msg.get_channel_name().to_owned(), payload));
-        }
-        seen
-    });
+    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
     assert_eq!(
         seen.len(),
         1,

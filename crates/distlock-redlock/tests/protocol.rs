@@ -526,16 +526,7 @@ async fn a_waiter_that_stops_leaves_every_queue() {
 
 /// Calls of `command` on node `i` since the last `CONFIG RESETSTAT`.
 fn calls(c: &Cluster, i: usize, command: &str) -> u64 {
-    let stats = c.servers[i]
-        .command(&["INFO", "commandstats"])
-        .expect("INFO commandstats");
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    c.servers[i].calls(command).expect("INFO commandstats")
 }
 
 /// Where no waiter queues, a node's vote and release skip the queue work: one `EXISTS` of the

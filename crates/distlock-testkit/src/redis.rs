@@ -276,12 +276,78 @@ impl RedisServer {
         self.command_reply_timeout(args, COMMAND_TIMEOUT)
     }
 
+    /// Calls of `command` (lower case, e.g. `evalsha`, or `hset` for the calls scripts make)
+    /// since the server started or its last `CONFIG RESETSTAT`, from `INFO commandstats`; 0 for
+    /// a command it has not run.
+    pub fn calls(&self, command: &str) -> Result<u64> {
+        let stats = self.command(&["INFO", "commandstats"])?;
+        let prefix = format!("cmdstat_{command}:calls=");
+        Ok(stats
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// A spy on the messages published on this server: a connection of its own subscribed to
+    /// the channels matching `pattern` (`PSUBSCRIBE`), for tests that check what a script
+    /// published and where.
+    pub fn spy(&self, pattern: &str) -> Result<Spy> {
+        let mut conn = Conn::connect(self.addr(), COMMAND_TIMEOUT)?;
+        authenticate(&mut conn, &self.opts)?;
+        let reply = conn.call(&["PSUBSCRIBE", pattern])?;
+        if reply.is_error() {
+            return Err(protocol_error(format!("PSUBSCRIBE {pattern}: {reply}")));
+        }
+        Ok(Spy { conn })
+    }
+
     /// Like [`command_reply`](Self::command_reply) with an explicit timeout
     /// for connecting and for each read/write.
     pub fn command_reply_timeout(&self, args: &[&str], timeout: Duration) -> Result<Reply> {
         let mut conn = Conn::connect(self.addr(), timeout)?;
         authenticate(&mut conn, &self.opts)?;
         Ok(conn.call(args)?)
+    }
+}
+
+/// An unexpected reply, as the kit's I/O error (the enum's home for protocol errors).
+fn protocol_error(what: String) -> Error {
+    Error::Io(io::Error::new(io::ErrorKind::InvalidData, what))
+}
+
+/// A pattern subscription on one server: see [`RedisServer::spy`].
+pub struct Spy {
+    conn: Conn,
+}
+
+impl Spy {
+    /// Every message published on a matching channel since the spy started (or since the
+    /// last call), as `(channel, payload)`, oldest first. Deterministic: a `PING` in
+    /// subscribed mode is answered after every message published before it.
+    pub fn drain(&mut self) -> Result<Vec<(String, String)>> {
+        self.conn.send(&["PING"])?;
+        let mut seen = Vec::new();
+        loop {
+            let Reply::Array(Some(items)) = self.conn.read()? else {
+                return Err(protocol_error(
+                    "the spy got a reply that is not a message".into(),
+                ));
+            };
+            let text: Vec<String> = items.iter().map(ToString::to_string).collect();
+            match text.first().map(String::as_str) {
+                Some("pong") => return Ok(seen),
+                Some("pmessage") if text.len() == 4 => {
+                    seen.push((text[2].clone(), text[3].clone()));
+                }
+                _ => {
+                    return Err(protocol_error(format!(
+                        "the spy got an unexpected push: {text:?}"
+                    )))
+                }
+            }
+        }
     }
 }
 

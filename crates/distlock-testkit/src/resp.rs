@@ -188,10 +188,20 @@ impl Conn {
 
     /// Sends one command and reads its reply.
     pub(crate) fn call<A: AsRef<[u8]>>(&mut self, args: &[A]) -> io::Result<Reply> {
+        self.send(args)?;
+        self.read()
+    }
+
+    /// Sends one command without reading anything.
+    pub(crate) fn send<A: AsRef<[u8]>>(&mut self, args: &[A]) -> io::Result<()> {
         let buf = encode(args);
         let stream = self.reader.get_mut();
         stream.write_all(&buf)?;
-        stream.flush()?;
+        stream.flush()
+    }
+
+    /// Reads the next reply (or pushed message, in subscribed mode).
+    pub(crate) fn read(&mut self) -> io::Result<Reply> {
         read_reply(&mut self.reader)
     }
 }
