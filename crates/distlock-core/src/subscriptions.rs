@@ -193,11 +193,6 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
         first
     }
 
-    /// Whether `key` is subscribed here (pinned, or with watches).
-    pub fn contains(&self, key: &K) -> bool {
-        self.table().contains_key(key)
-    }
-
     /// [`subscribe`](Subscriptions::subscribe), and the server subscription it asks for, with
     /// the rule kept for you: `subscribe_on_server(key)` (your `SUBSCRIBE`, bounded by your
     /// per-call timeout) runs only for a new key, ordered with

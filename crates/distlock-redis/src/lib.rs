@@ -304,7 +304,6 @@ impl RedisBackend {
         })
     }
 
-    /// `NS:{NAME}SUFFIX`: every key of lock `name` (the hash tag keeps them in one slot).
     /// The wake channel `req`'s queue entry names, if it may queue: where the release that
     /// hands it the lock tells it ('' for a single try, which never queues).
     fn wake(&self, req: &AcquireRequest) -> &str {
@@ -314,6 +313,7 @@ impl RedisBackend {
         }
     }
 
+    /// `NS:{NAME}SUFFIX`: every key of lock `name` (the hash tag keeps them in one slot).
     fn key(&self, name: &str, suffix: &str) -> String {
         format!("{}:{{{name}}}{suffix}", self.namespace)
     }

@@ -250,14 +250,12 @@ impl Subscriber {
     }
 
     /// The same watch if it can be made now, without a round trip or waiting for a lock: the
-    /// connection is up with its wake channel subscribed. `None` before the first wait of
-    /// this client, after the connection broke, or while another call holds it.
+    /// connection is up, so its wake channel is subscribed (`connect` pins it, and a table
+    /// loses it only with the connection, after `alive` is cleared). `None` before the first
+    /// wait of this client, after the connection broke, or while another call holds it.
     pub(crate) fn ready(&self, attempt: &AttemptId) -> Option<Box<dyn ReleaseWatch>> {
         let guard = self.conn.try_lock().ok()?;
         let conn = guard.as_ref().filter(|c| c.alive.load(Ordering::SeqCst))?;
-        if !conn.subs.contains(&self.wake) {
-            return None;
-        }
         Some(Box::new(conn.subs.subscribe(self.wake.clone(), attempt).0))
     }
 
@@ -268,7 +266,7 @@ impl Subscriber {
     ) -> Result<&'g mut Conn> {
         if guard
             .as_ref()
-            .is_some_and(|c| !c.alive.load(Ordering::SeqCst) || !c.subs.contains(&self.wake))
+            .is_some_and(|c| !c.alive.load(Ordering::SeqCst))
         {
             **guard = None;
         }

@@ -631,8 +631,9 @@ async fn a_contended_wait_is_one_request_and_no_subscription() {
     }
 }
 
-/// A forced release (`dlock release --force`) wakes a queued mutex waiter, on its client's
-/// wake channel (a spy subscription sees the 'r' there), and the waiter takes the lock.
+/// A forced release (`dlock release --force`) wakes a queued mutex waiter on the wake channel
+/// its queue entry names — the channel its client's subscriber listens on (a spy sees the
+/// 'r' there, and nowhere else) — and the waiter takes the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_wakes_a_queued_waiter() {
     let server = RedisServer::start().expect("redis");
@@ -645,6 +646,32 @@ async fn a_forced_release_wakes_a_queued_waiter() {
     let lock = waiter.lock(&name).expect("lock");
     let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
     queued(&server, &name, 1).await;
+    // The wake channel the waiter's queue entry names (field '>ATTEMPT'), and its listener.
+    let entry = server
+        .command(&["HGETALL", &format!("dlock:{{{name}}}:waiters")])
+        .expect("HGETALL");
+    let fields: Vec<&str> = entry.lines().collect();
+    let wake = fields
+        .chunks(2)
+        .find(|f| f[0].starts_with('>'))
+        .and_then(|f| f.get(1))
+        .map(|w| w.to_string())
+        .expect("the queue entry names no wake channel");
+    // A client's first wait queues, then subscribes: wait for the subscription.
+    let t = Instant::now();
+    loop {
+        let listeners = server
+            .command(&["PUBSUB", "NUMSUB", &wake])
+            .expect("NUMSUB");
+        if listeners.ends_with("\n1") {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "nobody listens on {wake}: {listeners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let mut spy = server.spy("dlock:wake:*").expect("spy");
     distlock_core::Backend::force_release(&*backend, &name, distlock_core::LockKind::Mutex)
         .await
@@ -655,7 +682,7 @@ async fn a_forced_release_wakes_a_queued_waiter() {
         1,
         "one wake-up for the one waiting client: {seen:?}"
     );
-    assert_eq!(seen[0].1, "r", "{seen:?}");
+    assert_eq!(seen[0], (wake, "r".to_owned()), "{seen:?}");
     let got = tokio::time::timeout(Duration::from_secs(10), wait)
         .await
         .expect("never acquired")
