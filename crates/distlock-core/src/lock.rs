@@ -321,13 +321,19 @@ impl PendingGrant {
         let (back, back_req) = (shared.clone(), req.clone());
         let fut: BoxFuture<GrantResult> = Box::pin(async move {
             let backend = &shared.backend;
+            // Whether a request of this attempt failed without an answer (a timeout, a reset):
+            // it may still reach the server after the attempt ends.
+            let ambiguous = std::sync::atomic::AtomicBool::new(false);
             let res = match mode {
                 Mode::Try => {
                     // Every retry carries the same attempt id: a grant whose reply was lost is
                     // returned again, not taken twice.
                     crate::backoff::retry(shared.opts.retry, || async {
                         let requested_at = crate::clock::Instant::now();
-                        Ok(match backend.acquire(&req).await? {
+                        let reply = backend.acquire(&req).await.inspect_err(|_| {
+                            ambiguous.store(true, std::sync::atomic::Ordering::Relaxed)
+                        })?;
+                        Ok(match reply {
                             AcquireReply::Granted { token } => Some(Granted {
                                 token,
                                 requested_at,
@@ -339,9 +345,15 @@ impl PendingGrant {
                 }
                 Mode::Wait(deadline) => backend.acquire_wait(&req, deadline, &task_cancel).await,
             };
-            if res.is_err() {
-                // The last request may have been granted with its reply lost: give back
-                // whatever this attempt holds (the request names it; nothing else is touched).
+            let ended_unsure =
+                matches!(res, Ok(None)) && ambiguous.load(std::sync::atomic::Ordering::Relaxed);
+            if res.is_err() || ended_unsure {
+                // The last request may have been granted with its reply lost, or an unanswered
+                // earlier one may still be on its way (a retry on a fresh connection was
+                // answered "held"): give up the attempt, which gives back whatever it holds
+                // and (on backends that keep a record of ended attempts) keeps a late request
+                // from granting or queueing it. The request names the attempt; nothing else
+                // is touched.
                 if let Err(e) = backend.give_up(&req).await {
                     tracing::debug!(error = %e, name = %req.key.name, "could not give up a failed attempt; any grant frees at lease end");
                 }
