@@ -2,6 +2,9 @@
 //! a hot standby taking over from a killed leader, the leader's output and exit codes, and
 //! bad input.
 
+mod descendants;
+
+use descendants::{Cmd, Where};
 use distlock_testkit::TempDir;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -362,4 +365,38 @@ fn lost_leadership_kills_the_command_exit_76() {
         err.contains("leadership of election `job` was lost"),
         "{err}"
     );
+}
+
+// Every process the leader's command started, whatever group or session it moved to, is gone
+// before the leadership is reported lost, resigned, or can go to another candidate (see
+// `descendants`).
+
+#[test]
+fn lost_leadership_stops_descendants_in_other_groups_and_sessions() {
+    descendants::lost_lock(Cmd::Elect);
+}
+
+#[test]
+fn failing_renewals_stop_the_leaders_descendants_before_the_next_leader() {
+    descendants::renewals_fail(Cmd::Elect);
+}
+
+#[test]
+fn descendants_a_finished_leader_command_leaves_are_gone_before_it_resigns_redis() {
+    descendants::normal_exit(Cmd::Elect, Where::Redis);
+}
+
+#[test]
+fn descendants_a_finished_leader_command_leaves_are_gone_before_it_resigns_file() {
+    descendants::normal_exit(Cmd::Elect, Where::File);
+}
+
+#[test]
+fn kill_9_of_the_leader_on_file_keeps_leading_until_every_descendant_is_gone() {
+    descendants::dlock_killed_on_file(Cmd::Elect, libc::SIGKILL);
+}
+
+#[test]
+fn sigterm_to_the_leader_on_file_stops_every_descendant_before_it_resigns() {
+    descendants::dlock_killed_on_file(Cmd::Elect, libc::SIGTERM);
 }

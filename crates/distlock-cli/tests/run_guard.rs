@@ -1,6 +1,9 @@
 //! `dlock run` never lets the command (or its children) outlive the lock: real processes,
 //! file:// (no server) and a real redis-server for the lease-based cases.
 
+mod descendants;
+
+use descendants::{Cmd, Where};
 use distlock_testkit::{RedisServer, TempDir};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -485,4 +488,37 @@ fn failing_renewals_stop_the_command_before_the_lease_ends() {
         "the command wrote {} ms after the next holder started: {err}",
         (last - next_started) / 1_000_000
     );
+}
+
+// Every process the command started, whatever group or session it moved to, is gone before
+// the lock is reported lost, released, or can go to another owner (see `descendants`).
+
+#[test]
+fn a_lost_lock_stops_descendants_in_other_groups_and_sessions() {
+    descendants::lost_lock(Cmd::Run);
+}
+
+#[test]
+fn failing_renewals_stop_descendants_in_other_groups_before_the_next_owner() {
+    descendants::renewals_fail(Cmd::Run);
+}
+
+#[test]
+fn descendants_a_finished_command_leaves_are_gone_before_the_release_redis() {
+    descendants::normal_exit(Cmd::Run, Where::Redis);
+}
+
+#[test]
+fn descendants_a_finished_command_leaves_are_gone_before_the_release_file() {
+    descendants::normal_exit(Cmd::Run, Where::File);
+}
+
+#[test]
+fn kill_9_of_dlock_on_file_holds_the_lock_until_every_descendant_is_gone() {
+    descendants::dlock_killed_on_file(Cmd::Run, libc::SIGKILL);
+}
+
+#[test]
+fn sigterm_to_dlock_on_file_stops_every_descendant_before_the_release() {
+    descendants::dlock_killed_on_file(Cmd::Run, libc::SIGTERM);
 }

@@ -1,0 +1,616 @@
+//! Shared by `run_guard.rs` (`dlock run`) and `elect.rs` (`dlock elect`): every process the
+//! command starts, whatever process group or session it moves to, is gone before the lock
+//! (or the leadership) is released, reported lost, or can go to another owner.
+//!
+//! Each scenario runs the four ways a process leaves the command's process group at once,
+//! each under its own lock name: coreutils `timeout` (its own group), `setsid` (its own
+//! session), a daemon (double fork + `setsid`, ignoring SIGTERM) and a shell with job control
+//! (`bash -m`: every job its own group). Every one ends in `sleep TAG`, with a TAG unique to
+//! the case; a survivor is any live process with TAG as an argument (TAG only ever reaches
+//! argv through `$DLOCK_TEST_TAG`, so dlock's and the guard's own command lines never carry
+//! it). "Another owner cannot get the lock while one runs" is checked by the next owner's
+//! own command: the test looks for survivors the moment that command has started.
+//!
+//! Half the cases run with `DLOCK_CGROUP=off` (the /proc tree walk alone), half with the
+//! default (a cgroup where this machine allows one, checked).
+#![allow(dead_code)] // each test binary uses its own subset
+
+use distlock_testkit::{DelayProxy, RedisServer, TempDir};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long to wait for what must happen: far above what it takes on a loaded machine; it
+/// only costs time when the test fails anyway.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The binary under test: this build, or `DLOCK_TEST_BIN` (to run these tests against another
+/// build, e.g. the one before a fix, and see them fail).
+pub fn bin() -> String {
+    std::env::var("DLOCK_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_dlock").to_string())
+}
+
+/// `dlock run` or `dlock elect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cmd {
+    Run,
+    Elect,
+}
+
+impl Cmd {
+    fn sub(self) -> &'static str {
+        match self {
+            Cmd::Run => "run",
+            Cmd::Elect => "elect",
+        }
+    }
+
+    /// The Redis key of its grant.
+    fn key(self, name: &str) -> String {
+        match self {
+            Cmd::Run => format!("dlock:{{{name}}}"),
+            Cmd::Elect => format!("dlock:{{{name}}}:election"),
+        }
+    }
+}
+
+/// How the command's last process gets out of the command's process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `timeout 60 …`: coreutils `timeout` puts itself in a group of its own.
+    Timeout,
+    /// `setsid …`: a session of its own.
+    Setsid,
+    /// A daemon: `(setsid … &) &`, double fork and a new session, ignoring SIGTERM.
+    Daemon,
+    /// `bash -m`: job control, every background job in a group of its own. (`bash -m -c`
+    /// without a terminal turns job control off again, so the script says `set -m`, which is
+    /// what `bash -m` does under a terminal.)
+    Jobs,
+}
+
+pub const SHAPES: [Shape; 4] = [Shape::Timeout, Shape::Setsid, Shape::Daemon, Shape::Jobs];
+
+impl Shape {
+    /// The shape as shell text that starts `$DLOCK_TEST_LEAF` (and returns at once when put
+    /// in the background).
+    fn shell(self) -> &'static str {
+        match self {
+            Shape::Timeout => r#"timeout 60 sh -c "$DLOCK_TEST_LEAF""#,
+            Shape::Setsid => r#"setsid sh -c "$DLOCK_TEST_LEAF""#,
+            Shape::Daemon => r#"(setsid sh -c "$DLOCK_TEST_LEAF" &)"#,
+            Shape::Jobs => r#"bash -c 'set -m; sh -c "$DLOCK_TEST_LEAF" & wait'"#,
+        }
+    }
+}
+
+/// One command shape under one lock name.
+pub struct Case {
+    pub cmd: Cmd,
+    pub shape: Shape,
+    pub name: String,
+    /// The unique `sleep` argument of this case's processes.
+    pub tag: String,
+    /// Whether dlock may use a cgroup (else `DLOCK_CGROUP=off`).
+    pub cgroup: bool,
+    dir: PathBuf,
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// The four shapes for `cmd`, files under `dir`; cgroups on for half of them (the other half
+/// for the other command).
+pub fn cases(cmd: Cmd, dir: &Path) -> Vec<Case> {
+    SHAPES
+        .iter()
+        .enumerate()
+        .map(|(i, &shape)| {
+            let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+            let name = format!("tree-{}-{i}-{seq}", cmd.sub());
+            let cdir = dir.join(&name);
+            std::fs::create_dir_all(&cdir).expect("case dir");
+            Case {
+                cmd,
+                shape,
+                tag: format!("300.{:07}{:03}{i}", std::process::id(), seq % 1000),
+                cgroup: (i + cmd as usize) % 2 == 0,
+                name,
+                dir: cdir,
+            }
+        })
+        .collect()
+}
+
+/// A holding dlock: SIGKILLed and reaped on drop.
+pub struct Holder {
+    pub child: Child,
+    stderr: PathBuf,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Holder {
+    /// Its exit code, waiting at most [`PATIENCE`].
+    pub fn wait(&mut self) -> Option<i32> {
+        wait_exit(&mut self.child)
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling a process this test started.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, sig);
+        }
+    }
+}
+
+/// The next owner: a `dlock run/elect --wait` whose command marks that it started and then
+/// waits to be told to end.
+pub struct Next {
+    child: Child,
+    started: PathBuf,
+    done: PathBuf,
+}
+
+impl Drop for Next {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn wait_exit(c: &mut Child) -> Option<i32> {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = c.try_wait().expect("try_wait") {
+            return st.code();
+        }
+        assert!(t.elapsed() < PATIENCE, "dlock did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < PATIENCE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Case {
+    fn pidfile(&self) -> PathBuf {
+        self.dir.join("pids")
+    }
+
+    /// The last process of the shape: records its pid, then becomes `sleep TAG`.
+    fn leaf(&self) -> String {
+        let trap = if self.shape == Shape::Daemon {
+            "trap '' TERM; "
+        } else {
+            ""
+        };
+        format!(
+            "{trap}echo $$ >> {}; exec sleep \"$DLOCK_TEST_TAG\"",
+            self.pidfile().display()
+        )
+    }
+
+    /// The command while it keeps running: the shape itself where the command's own process
+    /// moves (`timeout`, `setsid`), else a shell that starts the shape and sleeps on.
+    pub fn running(&self) -> Vec<String> {
+        let leaf = self.leaf();
+        let v: Vec<&str> = match self.shape {
+            Shape::Timeout => vec!["timeout", "60", "sh", "-c", &leaf],
+            Shape::Setsid => vec!["setsid", "sh", "-c", &leaf],
+            Shape::Daemon => vec![
+                "sh",
+                "-c",
+                r#"(setsid sh -c "$DLOCK_TEST_LEAF" &) & exec sleep "$DLOCK_TEST_TAG""#,
+            ],
+            Shape::Jobs => vec!["bash", "-c", r#"set -m; sh -c "$DLOCK_TEST_LEAF" & wait"#],
+        };
+        v.into_iter().map(String::from).collect()
+    }
+
+    fn go(&self) -> PathBuf {
+        self.dir.join("go")
+    }
+
+    /// The command that starts the shape, waits for [`Case::release`] and exits 3, leaving
+    /// the shape's process running.
+    pub fn leaving(&self) -> Vec<String> {
+        let script = format!(
+            "{shape} & while [ ! -s {p} ]; do sleep 0.01; done; \
+             while [ ! -e {g} ]; do sleep 0.01; done; exit 3",
+            shape = self.shape.shell(),
+            p = self.pidfile().display(),
+            g = self.go().display(),
+        );
+        vec!["sh".into(), "-c".into(), script]
+    }
+
+    /// Lets a [`Case::leaving`] command exit.
+    pub fn release(&self) {
+        std::fs::write(self.go(), b"").expect("go");
+    }
+
+    fn dlock(&self, url: &str) -> Command {
+        let mut c = Command::new(bin());
+        c.env("DLOCK_BACKEND", url)
+            .env("DLOCK_TEST_LEAF", self.leaf())
+            .env("DLOCK_TEST_TAG", &self.tag)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        if !self.cgroup {
+            c.env("DLOCK_CGROUP", "off");
+        }
+        c
+    }
+
+    /// `dlock run/elect ARGS… NAME -- command`, its stderr to a file (a pipe would stay open
+    /// as long as a survivor does).
+    pub fn hold(&self, url: &str, args: &[&str], command: &[String]) -> Holder {
+        let stderr = self.dir.join("holder.err");
+        let child = self
+            .dlock(url)
+            .arg(self.cmd.sub())
+            .args(args)
+            .arg(&self.name)
+            .arg("--")
+            .args(command)
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("dlock");
+        Holder { child, stderr }
+    }
+
+    /// Waits until the shape's last process runs; returns the cgroup it runs in, for
+    /// [`Case::check_cgroup`] once the behaviour was checked.
+    pub fn wait_ready(&self) -> String {
+        wait_until(&format!("{:?} to start", self.shape), || {
+            self.pids().iter().any(|&p| alive(p))
+        });
+        cgroup_of(self.pids()[0])
+    }
+
+    /// The shape ran in a cgroup of dlock's where this machine allows one and dlock may use
+    /// it, else not.
+    pub fn check_cgroup(&self, cg: &str) {
+        let in_ours = cg
+            .rsplit('/')
+            .next()
+            .is_some_and(|c| c.starts_with("dlock-"));
+        if !self.cgroup {
+            assert!(
+                !in_ours,
+                "DLOCK_CGROUP=off, yet {:?} ran in cgroup {cg}",
+                self.shape
+            );
+        } else if cgroups_here() {
+            assert!(
+                in_ours,
+                "cgroups can be made here, yet {:?} ran in {cg}",
+                self.shape
+            );
+        }
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.pidfile())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Live processes with this case's TAG as an argument: `pid cmdline` each.
+    pub fn survivors(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return out;
+        };
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            if args.iter().any(|a| *a == self.tag.as_bytes()) && alive(pid) {
+                out.push(format!(
+                    "{pid} {}",
+                    String::from_utf8_lossy(&cmdline).replace('\0', " ")
+                ));
+            }
+        }
+        out
+    }
+
+    /// An error naming the survivors if any process of this case still runs.
+    pub fn gone(&self, when: &str, holder: &Holder) -> Result<(), String> {
+        let left = self.survivors();
+        if left.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "dlock {} / {:?} (cgroup {}): still running {when}: {left:?}; dlock said: {:?}",
+            self.cmd.sub(),
+            self.shape,
+            if self.cgroup { "allowed" } else { "off" },
+            holder.stderr()
+        ))
+    }
+
+    /// The next owner of the same lock (election), waiting up to [`PATIENCE`].
+    pub fn next(&self, url: &str) -> Next {
+        let started = self.dir.join("next-started");
+        let done = self.dir.join("next-done");
+        let script = format!(
+            "touch {s}; while [ ! -e {d} ]; do sleep 0.02; done",
+            s = started.display(),
+            d = done.display()
+        );
+        let child = Command::new(bin())
+            .env("DLOCK_BACKEND", url)
+            .args([
+                self.cmd.sub(),
+                "--wait",
+                "60s",
+                &self.name,
+                "--",
+                "sh",
+                "-c",
+            ])
+            .arg(script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("next owner");
+        Next {
+            child,
+            started,
+            done,
+        }
+    }
+
+    /// Waits until `next` got the lock and runs its command; no process of this case may be
+    /// alive by then (else the error). Then lets it end (exit 0).
+    pub fn check_next(&self, next: &mut Next, holder: &Holder) -> Result<(), String> {
+        wait_until("the next owner to run its command", || {
+            next.started.exists()
+        });
+        let r = self.gone("when another owner got the lock", holder);
+        std::fs::write(&next.done, b"").expect("done");
+        assert_eq!(wait_exit(&mut next.child), Some(0), "the next owner");
+        r
+    }
+}
+
+/// Panics with every error, if any.
+fn all_ok(errors: Vec<Result<(), String>>) {
+    let errors: Vec<String> = errors.into_iter().filter_map(Result::err).collect();
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+impl Drop for Case {
+    fn drop(&mut self) {
+        // A failed run leaves its processes: stop them (they carry our unique tag).
+        for line in self.survivors() {
+            if let Some(pid) = line.split(' ').next().and_then(|p| p.parse::<i32>().ok()) {
+                // SAFETY: a process this test's dlock started (it carries our unique tag).
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+/// True while `pid` exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// The cgroup v2 path of `pid` (`0::PATH`), or "".
+fn cgroup_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// True if this process could make a cgroup v2 child of its own cgroup with `cgroup.kill`
+/// (no systemd as init: under systemd dlock only uses a delegated cgroup).
+fn cgroups_here() -> bool {
+    if std::fs::read_to_string("/proc/1/comm").is_ok_and(|c| c.trim() == "systemd") {
+        return false;
+    }
+    let own = cgroup_of(std::process::id());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some(mount) = mounts.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let f: Vec<&str> = left.split(' ').collect();
+        (right.starts_with("cgroup2 ") && f.get(3) == Some(&"/")).then(|| f[4].to_owned())
+    }) else {
+        return false;
+    };
+    let probe = Path::new(&mount)
+        .join(own.trim_start_matches('/'))
+        .join(format!("dlock-test-probe-{}", std::process::id()));
+    if std::fs::create_dir(&probe).is_err() {
+        return false;
+    }
+    let kill = probe.join("cgroup.kill").exists();
+    let _ = std::fs::remove_dir(&probe);
+    kill
+}
+
+/// Waits for every holder to exit; no process of any case may be left by then. Their exit
+/// codes.
+fn exits(cases: &[Case], holders: &mut [Holder], when: &str) -> Vec<Option<i32>> {
+    let codes: Vec<Option<i32>> = holders.iter_mut().map(Holder::wait).collect();
+    all_ok(
+        cases
+            .iter()
+            .zip(holders.iter())
+            .map(|(c, h)| c.gone(when, h))
+            .collect(),
+    );
+    codes
+}
+
+fn file_url(dir: &TempDir) -> String {
+    format!("file://{}", dir.path().join("locks").display())
+}
+
+/// The lock is deleted on the server: dlock exits 76, and only once nothing of any shape is
+/// left.
+pub fn lost_lock(cmd: Cmd) {
+    let server = RedisServer::start().expect("redis");
+    let dir = TempDir::new().expect("tempdir");
+    let cases = cases(cmd, dir.path());
+    let mut holders: Vec<Holder> = cases
+        .iter()
+        .map(|c| {
+            c.hold(
+                &server.url(),
+                &["--lease", "2s", "--grace", "300ms"],
+                &c.running(),
+            )
+        })
+        .collect();
+    let cgroups: Vec<String> = cases.iter().map(Case::wait_ready).collect();
+    for c in &cases {
+        server.command(&["DEL", &cmd.key(&c.name)]).expect("del");
+    }
+    let codes = exits(&cases, &mut holders, "after dlock reported the lock lost");
+    for (code, h) in codes.iter().zip(&holders) {
+        assert_eq!(*code, Some(76), "{}", h.stderr());
+    }
+    for (c, cg) in cases.iter().zip(&cgroups) {
+        c.check_cgroup(cg);
+    }
+}
+
+/// Renewals stop getting through (a blackholed proxy); another owner gets the lock once the
+/// lease ran out on the server: by then every process of every shape is gone.
+pub fn renewals_fail(cmd: Cmd) {
+    let server = RedisServer::start().expect("redis");
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let via_proxy = format!("redis://127.0.0.1:{}", proxy.port());
+    let dir = TempDir::new().expect("tempdir");
+    let cases = cases(cmd, dir.path());
+    let mut holders: Vec<Holder> = cases
+        .iter()
+        .map(|c| {
+            c.hold(
+                &via_proxy,
+                &["--lease", "2s", "--grace", "300ms"],
+                &c.running(),
+            )
+        })
+        .collect();
+    let cgroups: Vec<String> = cases.iter().map(Case::wait_ready).collect();
+    proxy.set_blackhole(true);
+    let mut nexts: Vec<Next> = cases.iter().map(|c| c.next(&server.url())).collect();
+    all_ok(
+        (cases.iter().zip(nexts.iter_mut()).zip(holders.iter()))
+            .map(|((c, n), h)| c.check_next(n, h))
+            .collect(),
+    );
+    let codes = exits(&cases, &mut holders, "after dlock exited");
+    for (code, h) in codes.iter().zip(&holders) {
+        assert_eq!(*code, Some(76), "{}", h.stderr());
+    }
+    for (c, cg) in cases.iter().zip(&cgroups) {
+        c.check_cgroup(cg);
+    }
+}
+
+/// Where a scenario's lock lives.
+#[derive(Debug, Clone, Copy)]
+pub enum Where {
+    Redis,
+    File,
+}
+
+/// The command exits (3) and leaves a process of each shape behind; the next owner is already
+/// waiting: it gets the lock only once they are all gone, and dlock exits 3.
+pub fn normal_exit(cmd: Cmd, at: Where) {
+    let dir = TempDir::new().expect("tempdir");
+    let server = match at {
+        Where::Redis => Some(RedisServer::start().expect("redis")),
+        Where::File => None,
+    };
+    let url = server.as_ref().map_or_else(|| file_url(&dir), |s| s.url());
+    let cases = cases(cmd, dir.path());
+    let mut holders: Vec<Holder> = cases
+        .iter()
+        .map(|c| c.hold(&url, &["--lease", "5s", "--grace", "300ms"], &c.leaving()))
+        .collect();
+    let cgroups: Vec<String> = cases.iter().map(Case::wait_ready).collect();
+    let mut nexts: Vec<Next> = cases.iter().map(|c| c.next(&url)).collect();
+    for c in &cases {
+        c.release();
+    }
+    all_ok(
+        (cases.iter().zip(nexts.iter_mut()).zip(holders.iter()))
+            .map(|((c, n), h)| c.check_next(n, h))
+            .collect(),
+    );
+    let codes = exits(&cases, &mut holders, "after dlock exited");
+    for (code, h) in codes.iter().zip(&holders) {
+        assert_eq!(*code, Some(3), "{}", h.stderr());
+    }
+    for (c, cg) in cases.iter().zip(&cgroups) {
+        c.check_cgroup(cg);
+    }
+}
+
+/// dlock itself is killed (`sig`: SIGKILL, or SIGTERM that it forwards) on `file://`, with
+/// the next owner waiting: the lock goes to it only once every process of every shape is gone.
+pub fn dlock_killed_on_file(cmd: Cmd, sig: i32) {
+    let dir = TempDir::new().expect("tempdir");
+    let url = file_url(&dir);
+    let cases = cases(cmd, dir.path());
+    let mut holders: Vec<Holder> = cases
+        .iter()
+        .map(|c| c.hold(&url, &["--grace", "300ms"], &c.running()))
+        .collect();
+    let cgroups: Vec<String> = cases.iter().map(Case::wait_ready).collect();
+    let mut nexts: Vec<Next> = cases.iter().map(|c| c.next(&url)).collect();
+    for h in &holders {
+        h.signal(sig);
+    }
+    all_ok(
+        (cases.iter().zip(nexts.iter_mut()).zip(holders.iter()))
+            .map(|((c, n), h)| c.check_next(n, h))
+            .collect(),
+    );
+    let codes = exits(&cases, &mut holders, "after dlock exited");
+    if sig == libc::SIGKILL {
+        assert!(codes.iter().all(Option::is_none), "killed: {codes:?}");
+    }
+    for (c, cg) in cases.iter().zip(&cgroups) {
+        c.check_cgroup(cg);
+    }
+}
