@@ -116,6 +116,31 @@ impl FileBackend {
         [rw::MAIN, rw::TURNSTILE, rw::RECORD].map(|suffix| self.inner.rw_path(name, suffix))
     }
 
+    /// A duplicate (`dup(2)`) of the descriptor whose `flock` is this backend's grant of lock
+    /// `name` of kind `kind` (a mutex, an election, or a side of a read-write lock) with fencing
+    /// token `fencing_token`; `None` if this backend holds no such grant.
+    ///
+    /// The lock belongs to the open file, not to one descriptor: while any duplicate is open
+    /// the lock stays held, even after this process exits. `dlock run` hands one to the guard
+    /// process that kills the command, so that a killed `dlock` does not free the lock while
+    /// the command is still being killed. Releasing the grant unlocks it for every duplicate
+    /// (`flock(LOCK_UN)`).
+    ///
+    /// # Errors
+    /// The descriptor could not be duplicated (e.g. too many open files).
+    pub fn hold_file(
+        &self,
+        kind: LockKind,
+        name: &str,
+        fencing_token: u64,
+    ) -> std::io::Result<Option<std::fs::File>> {
+        match (rw::side_of(kind), mutex::Flavor::of(kind)) {
+            (Some(side), _) => self.inner.rw_holder_file(name, side, fencing_token),
+            (None, Some(f)) => self.inner.holder_file(f, name, fencing_token),
+            (None, None) => Ok(None),
+        }
+    }
+
     fn open_base(base: PathBuf, opts: &ClientOptions, default: bool) -> Result<Self> {
         opts.validate()?;
         let (dir, endpoint) = fs::open_dir(&base, opts.get_namespace(), default)?;

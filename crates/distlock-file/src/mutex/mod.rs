@@ -362,6 +362,21 @@ impl Inner {
         Ok(!free)
     }
 
+    /// A duplicate of the descriptor whose `flock` is this backend's grant of `name` (flavor
+    /// `f`) with fencing token `token`; `None` without such a grant.
+    pub(crate) fn holder_file(
+        &self,
+        f: Flavor,
+        name: &str,
+        token: u64,
+    ) -> io::Result<Option<File>> {
+        let table = self.table(f);
+        match table.get(name).and_then(|e| e.holder.as_ref()) {
+            Some(h) if h.token == token => h.file.try_clone().map(Some),
+            _ => Ok(None),
+        }
+    }
+
     pub(crate) fn renew_mutex(&self, grant: &GrantRef) -> Result<RenewOutcome> {
         self.renew_or_proclaim(grant, None)
     }

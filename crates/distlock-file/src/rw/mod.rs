@@ -193,6 +193,28 @@ enum Checked {
 }
 
 impl Inner {
+    /// A duplicate of the descriptor on `<hash>.rw` whose `flock` carries this backend's grant
+    /// of side `side` of `name` with fencing token `token`; `None` without such a grant.
+    pub(crate) fn rw_holder_file(
+        &self,
+        name: &str,
+        side: Side,
+        token: u64,
+    ) -> io::Result<Option<File>> {
+        let table = self.rw_table();
+        let Some(e) = table.get(name) else {
+            return Ok(None);
+        };
+        let held = match side {
+            Side::Write => e.writer.iter().any(|h| h.token == token),
+            Side::Read => e.readers.iter().any(|h| h.token == token),
+        };
+        match &e.main {
+            Some(f) if held => f.try_clone().map(Some),
+            _ => Ok(None),
+        }
+    }
+
     pub(crate) fn rw_table(&self) -> MutexGuard<'_, RwTable> {
         // Only changed by short, non-panicking updates: a poisoned lock holds consistent data.
         self.rw.lock().unwrap_or_else(PoisonError::into_inner)
