@@ -93,11 +93,11 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
         })
     })
     .await;
-    let (held, attempt_sent) = match got {
+    let got = match got {
         Ok(g) => g,
         Err(code) => return code,
     };
-    if let Held::Leader(l) = &held {
+    if let Held::Leader(l) = &got.held {
         eprintln!(
             "dlock: leading election `{}` as {} (fencing token {})",
             args.name,
@@ -112,8 +112,9 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
         grace,
         command: &args.command,
         env: vec![("DLOCK_LEADER_VALUE", args.value.clone())],
+        lock_file: got.lock_file(distlock::LockKind::Election),
     };
-    supervise(held, attempt_sent, job).await
+    supervise(got.held, got.attempt_sent, job).await
 }
 
 /// The name, owner and value, checked as the core checks them.

@@ -13,7 +13,8 @@
 //!   command ended, even if the command then exited by itself.
 
 use clap::Args;
-use distlock_run::{boot_now, margin, max_grace, verdict, Event, Facts, Report, Supervisor};
+use distlock_run::{boot_now, margin, max_grace, verdict, Event, Facts, Report, Spawn, Supervisor};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch::Sender;
@@ -99,7 +100,7 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         return crate::EXIT_ERROR;
     }
     let grace = fit_grace(args.grace, args.lease);
-    let (guard, attempt_sent) = match acquire(url, &args).await {
+    let got = match acquire(url, &args).await {
         Ok(g) => g,
         Err(code) => return code,
     };
@@ -110,8 +111,9 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         grace,
         command: &args.command,
         env: Vec::new(),
+        lock_file: got.lock_file(args.kind.lock_kind()),
     };
-    supervise(guard, attempt_sent, job).await
+    supervise(got.held, got.attempt_sent, job).await
 }
 
 /// What a supervised command runs under: a lock's guard, or an election's leadership.
@@ -149,6 +151,9 @@ pub(crate) struct Job<'a> {
     /// Added to the command's environment, after `DLOCK_NAME`, `DLOCK_FENCING_TOKEN` and
     /// `DLOCK_OWNER`.
     pub(crate) env: Vec<(&'static str, String)>,
+    /// On `file://`: a duplicate of the held lock's descriptor, for the guard to keep until
+    /// every process of the command is gone ([`Got::lock_file`]).
+    pub(crate) lock_file: Option<std::fs::File>,
 }
 
 /// Runs `job.command` while `held` lasts (acquired by an attempt sent at `attempt_sent`, boot
@@ -161,6 +166,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
         grace,
         command,
         env: extra_env,
+        lock_file,
     } = job;
     let margin = margin(lease);
     let acquired = boot_now();
@@ -195,7 +201,14 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
         ("DLOCK_OWNER", guard.guard().owner().to_string()),
     ];
     env.extend(extra_env);
-    let group = match Supervisor::spawn(command, &env, grace, margin, lease_end) {
+    let mut spawn = Spawn::new(command, &env, grace, margin, lease_end).cgroup(cgroup_allowed());
+    if let Some(f) = &lock_file {
+        spawn = spawn.hold(f.as_fd());
+    }
+    let group = Supervisor::spawn_with(spawn);
+    // The guard has its own duplicate now; ours must not outlive the release.
+    drop(lock_file);
+    let group = match group {
         Ok(g) => g,
         Err(e) => {
             eprintln!("dlock: cannot start the command's guard: {e}");
@@ -345,9 +358,8 @@ pub(crate) fn is_permanent(e: &distlock::Error) -> bool {
     )
 }
 
-/// Connects and acquires within `--wait`, healing what can heal. Returns the guard and when
-/// (boot clock) the attempt that got it started.
-async fn acquire(url: &str, args: &RunArgs) -> Result<(Held, Duration), u8> {
+/// Connects and acquires within `--wait`, healing what can heal.
+async fn acquire(url: &str, args: &RunArgs) -> Result<Got, u8> {
     let wanted = Wanted {
         what: format!("lock `{}`", args.name),
         name: &args.name,
@@ -397,9 +409,65 @@ pub(crate) struct Wanted<'a> {
     pub(crate) others: &'static str,
 }
 
+/// What [`obtain`] got.
+pub(crate) struct Got {
+    pub(crate) held: Held,
+    /// When (boot clock) the attempt that got it started.
+    pub(crate) attempt_sent: Duration,
+    /// The backend itself on `file://`.
+    files: Option<distlock::file::FileBackend>,
+}
+
+impl Got {
+    /// On `file://`: a duplicate of the descriptor whose `flock` is the lock (of kind
+    /// `kind`), for the guard. The kernel frees a file lock when its last descriptor closes:
+    /// with only dlock's, a killed dlock would free it while its guard is still killing the
+    /// command.
+    pub(crate) fn lock_file(&self, kind: distlock::LockKind) -> Option<std::fs::File> {
+        let g = self.held.guard();
+        match self
+            .files
+            .as_ref()?
+            .hold_file(kind, g.name(), g.fencing_token())
+        {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!(
+                    "dlock: cannot keep the lock file open for the command's guard ({e}); if \
+                     dlock is killed, the lock is free while the command is still being stopped"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// `DLOCK_CGROUP=off` (or `0`, `no`, `false`) keeps the command out of a cgroup of its own.
+fn cgroup_allowed() -> bool {
+    !matches!(
+        std::env::var("DLOCK_CGROUP").as_deref().map(str::trim),
+        Ok("off" | "0" | "no" | "false")
+    )
+}
+
+/// Connects; on `file://` builds the backend here and keeps it, for [`Got::lock_file`].
+async fn connect(
+    url: &str,
+    opts: distlock::ClientOptions,
+) -> distlock::Result<(distlock::Client, Option<distlock::file::FileBackend>)> {
+    if url
+        .get(..5)
+        .is_some_and(|s| s.eq_ignore_ascii_case("file:"))
+    {
+        let files = distlock::file::FileBackend::from_url(url, &opts)?;
+        let client = distlock::Client::new(Arc::new(files.clone()), opts)?;
+        return Ok((client, Some(files)));
+    }
+    Ok((distlock::connect_with(url, opts).await?, None))
+}
+
 /// Connects and runs `attempt` within `wanted.wait`, healing what can heal (a new client
-/// after a connection error, a backoff between tries). Returns what it got and when (boot
-/// clock) the attempt that got it started.
+/// after a connection error, a backoff between tries).
 pub(crate) async fn obtain(
     url: &str,
     wanted: &Wanted<'_>,
@@ -409,7 +477,7 @@ pub(crate) async fn obtain(
     ) -> std::pin::Pin<
         Box<dyn std::future::Future<Output = distlock::Result<Held>> + Send>,
     >,
-) -> Result<(Held, Duration), u8> {
+) -> Result<Got, u8> {
     let opts = distlock::ClientOptions::default().watchdog_lease(wanted.lease);
     let opts = if wanted.lease / 3 <= opts.get_op_timeout() {
         opts.op_timeout((wanted.lease / 3).max(Duration::from_millis(50)))
@@ -419,6 +487,7 @@ pub(crate) async fn obtain(
     let deadline = wanted.wait.map(|w| tokio::time::Instant::now() + w);
     let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
     let mut client: Option<distlock::Client> = None;
+    let mut files: Option<distlock::file::FileBackend> = None;
     let mut last_err: Option<String> = None;
     let mut backoff = Duration::from_millis(100);
     let what = &wanted.what;
@@ -441,8 +510,8 @@ pub(crate) async fn obtain(
             let c = match &client {
                 Some(c) => c.clone(),
                 None => {
-                    let connect = distlock::connect_with(url, opts.clone());
-                    let c = match left() {
+                    let connect = connect(url, opts.clone());
+                    let (c, f) = match left() {
                         Some(l) => match tokio::time::timeout(l, connect).await {
                             Ok(r) => r?,
                             Err(_) => {
@@ -455,6 +524,7 @@ pub(crate) async fn obtain(
                         None => connect.await?,
                     };
                     client = Some(c.clone());
+                    files = f;
                     c
                 }
             };
@@ -462,7 +532,13 @@ pub(crate) async fn obtain(
         }
         .await;
         match result {
-            Ok(g) => return Ok((g, attempt_sent)),
+            Ok(held) => {
+                return Ok(Got {
+                    held,
+                    attempt_sent,
+                    files,
+                })
+            }
             Err(e) if e.is_timeout() => return Err(timed_out(&last_err)),
             Err(e) if is_permanent(&e) => {
                 eprintln!("dlock: {e}");

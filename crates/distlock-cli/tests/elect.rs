@@ -400,3 +400,8 @@ fn kill_9_of_the_leader_on_file_keeps_leading_until_every_descendant_is_gone() {
 fn sigterm_to_the_leader_on_file_stops_every_descendant_before_it_resigns() {
     descendants::dlock_killed_on_file(Cmd::Elect, libc::SIGTERM);
 }
+
+#[test]
+fn a_killed_leader_on_file_keeps_leading_while_its_guard_is_still_stopping_the_command() {
+    descendants::dlock_killed_while_its_guard_is_held(Cmd::Elect);
+}

@@ -522,3 +522,8 @@ fn kill_9_of_dlock_on_file_holds_the_lock_until_every_descendant_is_gone() {
 fn sigterm_to_dlock_on_file_stops_every_descendant_before_the_release() {
     descendants::dlock_killed_on_file(Cmd::Run, libc::SIGTERM);
 }
+
+#[test]
+fn a_killed_dlock_on_file_keeps_the_lock_while_its_guard_is_still_stopping_the_command() {
+    descendants::dlock_killed_while_its_guard_is_held(Cmd::Run);
+}

@@ -1,17 +1,20 @@
 //! The guard process: leader of the command's process group, child subreaper, enforcer of the
 //! stop schedule (see the crate docs).
 
+use crate::cgroup::Cgroup;
 use crate::signals::{forwarded_signals, recv, recv_any};
 use crate::supervisor::{Ended, Report};
-use crate::{boot_now, kill_group, set_pdeathsig, to_tokio, Schedule, EXIT_ERROR, EXIT_LOST};
+use crate::tree::{self, Tree};
+use crate::{boot_now, set_pdeathsig, to_tokio, Schedule, EXIT_ERROR, EXIT_LOST};
 use std::io;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// The guard's command line, as [`crate::Supervisor::spawn`] writes it after
-/// [`crate::GUARD_SUBCOMMAND`]: `--fd N --parent PID --grace-ns NS -- COMMAND…`.
+/// [`crate::GUARD_SUBCOMMAND`]: `--fd N --parent PID --grace-ns NS [--cgroup DIR] [--hold-fd N]
+/// -- COMMAND…`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GuardArgs {
@@ -21,6 +24,11 @@ pub struct GuardArgs {
     pub parent: u32,
     /// How long the command's leftover children get between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// The cgroup the host made for the command, if it could.
+    pub cgroup: Option<String>,
+    /// A duplicate of the descriptor whose open file carries the lock (`file://`): kept open
+    /// until every process of the command is gone.
+    pub hold_fd: Option<i32>,
     /// The command and its arguments.
     pub command: Vec<String>,
 }
@@ -34,6 +42,7 @@ impl GuardArgs {
     pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<GuardArgs, String> {
         let mut it = args.into_iter();
         let (mut fd, mut parent, mut grace) = (None, None, None);
+        let (mut cgroup, mut hold_fd) = (None, None);
         loop {
             let Some(opt) = it.next() else {
                 return Err("no `-- COMMAND` given".into());
@@ -43,17 +52,23 @@ impl GuardArgs {
             }
             let value = it.next().ok_or_else(|| format!("{opt} needs a value"))?;
             let bad = || format!("{opt} {value}: not a number");
-            let slot = match opt.as_str() {
-                "--fd" => fd.replace(value.parse::<i32>().map_err(|_| bad())?),
+            let twice = match opt.as_str() {
+                "--fd" => fd
+                    .replace(value.parse::<i32>().map_err(|_| bad())?)
+                    .is_some(),
                 "--parent" => parent
                     .replace(value.parse::<u32>().map_err(|_| bad())?)
-                    .map(|_| 0),
+                    .is_some(),
                 "--grace-ns" => grace
                     .replace(value.parse::<u64>().map_err(|_| bad())?)
-                    .map(|_| 0),
+                    .is_some(),
+                "--hold-fd" => hold_fd
+                    .replace(value.parse::<i32>().map_err(|_| bad())?)
+                    .is_some(),
+                "--cgroup" => cgroup.replace(value).is_some(),
                 _ => return Err(format!("unknown option {opt}")),
             };
-            if slot.is_some() {
+            if twice {
                 return Err(format!("{opt} given twice"));
             }
         }
@@ -64,6 +79,8 @@ impl GuardArgs {
                 fd,
                 parent,
                 grace: Duration::from_nanos(grace),
+                cgroup,
+                hold_fd,
                 command,
             }),
             _ => Err("--fd, --parent and --grace-ns are required".into()),
@@ -79,10 +96,45 @@ impl GuardArgs {
             self.parent.to_string(),
             "--grace-ns".into(),
             crate::ns(self.grace).to_string(),
-            "--".into(),
         ];
+        if let Some(c) = &self.cgroup {
+            v.extend(["--cgroup".into(), c.clone()]);
+        }
+        if let Some(h) = self.hold_fd {
+            v.extend(["--hold-fd".into(), h.to_string()]);
+        }
+        v.push("--".into());
         v.extend(self.command.iter().cloned());
         v
+    }
+}
+
+/// What the host tells the guard, one line each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// `D <term_ns> <kill_ns>`: the stop schedule.
+    Schedule(Schedule),
+    /// `S <n>`: forward signal n (one the host forwards) to the command.
+    Signal(libc::c_int),
+}
+
+impl Order {
+    pub(crate) fn to_line(self) -> String {
+        match self {
+            Order::Schedule(s) => s.to_line(),
+            Order::Signal(n) => format!("S {n}\n"),
+        }
+    }
+
+    pub(crate) fn parse(line: &str) -> Option<Order> {
+        if let Some(s) = Schedule::parse(line) {
+            return Some(Order::Schedule(s));
+        }
+        let n: libc::c_int = line.strip_prefix("S ")?.parse().ok()?;
+        // Only what a host forwards: never a SIGKILL or SIGSTOP from a confused peer.
+        crate::signals::FORWARDED
+            .contains(&n)
+            .then_some(Order::Signal(n))
     }
 }
 
@@ -107,6 +159,7 @@ pub fn dispatch_guard() -> Option<u8> {
     })
 }
 
+/// Runs the guard (see the crate docs) with its parsed arguments; its exit code.
 pub fn guard_main(args: GuardArgs) -> u8 {
     // SAFETY: getpgrp/getpid/getppid only read process state.
     let (pgrp, pid, ppid) = unsafe { (libc::getpgrp(), libc::getpid(), libc::getppid()) };
@@ -127,6 +180,20 @@ pub fn guard_main(args: GuardArgs) -> u8 {
     unsafe { libc::fcntl(args.fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) };
     // SAFETY: dlock handed this descriptor to us alone; nothing else in this process owns it.
     let sock = unsafe { std::os::unix::net::UnixStream::from_raw_fd(args.fd) };
+    // The lock's file (file://): held, not inherited by the command, closed only when this
+    // process exits, after every process of the command is gone.
+    let hold = args.hold_fd.and_then(|fd| {
+        // SAFETY: F_GETFD only reads the descriptor's flags.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        if fd < 3 || fd == args.fd || flags < 0 {
+            eprintln!("dlock: __guard: no lock file at descriptor {fd}");
+            return None;
+        }
+        // SAFETY: as above; F_SETFD only changes the descriptor's flags.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) };
+        // SAFETY: dlock handed this duplicate to us alone.
+        Some(unsafe { OwnedFd::from_raw_fd(fd) })
+    });
     // Orphaned grandchildren are reparented to the guard, which can then wait until the whole
     // tree is gone (and reap it) before it lets dlock release the lock.
     // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag and touches no memory.
@@ -141,10 +208,13 @@ pub fn guard_main(args: GuardArgs) -> u8 {
             return EXIT_ERROR;
         }
     };
-    rt.block_on(guard(args, sock, pid))
+    let code = rt.block_on(guard(args, sock, pid));
+    // Only now may the kernel free a file:// lock (if dlock is gone too).
+    drop(hold);
+    code
 }
 
-async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, pgid: libc::pid_t) -> u8 {
+async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, me: libc::pid_t) -> u8 {
     use tokio::signal::unix::{signal, SignalKind};
     let grace = args.grace;
     let Ok(()) = sock.set_nonblocking(true) else {
@@ -156,7 +226,7 @@ async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, pgid: libc
     let (rd, mut wr) = sock.into_split();
     let mut lines = BufReader::new(rd).lines();
     // Handlers, not SIG_IGN: the command starts with default dispositions (exec resets
-    // handled signals), and a signal dlock sends to the group does not end the guard.
+    // handled signals), and a signal someone sends to the group does not end the guard.
     let mut sigs = forwarded_signals();
     let mut sigchld = signal(SignalKind::child()).ok();
     let parent_gone = || {
@@ -171,27 +241,38 @@ async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, pgid: libc
         },
         _ => return EXIT_ERROR,
     };
+    let cgroup = args.cgroup.clone().map(|d| Cgroup::at(d.into()));
+    // The command joins the cgroup between fork and exec (so everything it starts is born
+    // there); if it cannot, the walk alone finds what it starts.
+    let procs = cgroup.as_ref().and_then(|c| c.open_procs().ok());
+    let mut tree = Tree::new(me, cgroup);
     if parent_gone() {
+        tree.remove_cgroup();
         return EXIT_ERROR;
     }
     if boot_now() >= sched.term {
         let _ = wr
             .write_all(Report::LeaseTooShort.to_line().as_bytes())
             .await;
+        tree.remove_cgroup();
         return EXIT_LOST;
     }
     let Some((program, rest)) = args.command.split_first() else {
         return EXIT_ERROR;
     };
-    let guard_pid = pgid;
     let mut cmd = std::process::Command::new(program);
     cmd.args(rest);
-    // SAFETY: between fork and exec; prctl and getppid are async-signal-safe.
+    let procs_fd = procs.as_ref().map(AsRawFd::as_raw_fd);
+    // SAFETY: between fork and exec; write, prctl and getppid are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(fd) = procs_fd {
+                // "0": the writing process. A failure leaves the command outside the cgroup.
+                libc::write(fd, b"0".as_ptr().cast(), 1);
+            }
             set_pdeathsig(libc::SIGKILL)?;
             // The guard may have died before the prctl took effect.
-            if libc::getppid() != guard_pid {
+            if libc::getppid() != me {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
             Ok(())
@@ -207,58 +288,57 @@ async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, pgid: libc
             };
             let msg = Report::Failed(code, e.to_string()).to_line();
             let _ = wr.write_all(msg.as_bytes()).await;
+            tree.remove_cgroup();
             return code;
         }
     };
+    drop(procs);
     let cmd_pid = libc::pid_t::try_from(child.id()).unwrap_or(-1);
     // Reaped below with waitpid(-1), together with orphans; never through `child`.
     drop(child);
     let mut ended: Option<(Ended, Duration)> = None;
     let mut reported = false;
     let mut termed = false;
-    // After the command ended: when the leftover children get SIGKILL.
+    // After the command ended: when what it left running gets SIGKILL.
     let mut leftovers_kill: Option<Duration> = None;
+    // SIGKILL everything, again and again, until nothing is left.
+    let mut killing = false;
     let mut eof = false;
     loop {
         // Reap every child that ended (the command and orphans alike).
-        let mut children_left = true;
-        loop {
-            let mut st: libc::c_int = 0;
-            // SAFETY: waitpid writes only into `st`.
-            let rc = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
-            if rc > 0 {
-                if rc == cmd_pid {
-                    ended = Some((Ended::from_wait_status(st), boot_now()));
-                }
-                continue;
+        let children_left = tree::reap(|pid, st| {
+            if pid == cmd_pid {
+                ended = Some((Ended::from_wait_status(st), boot_now()));
             }
-            if rc < 0 {
-                // ECHILD: nothing of the tree is left.
-                children_left = false;
-            }
-            break;
-        }
+        });
+        let left = children_left || tree.populated();
         if let (Some((e, at)), false) = (ended, reported) {
             reported = true;
             let msg = Report::Ended(e, at).to_line();
             let _ =
                 tokio::time::timeout(Duration::from_secs(1), wr.write_all(msg.as_bytes())).await;
-            if children_left {
-                // What the command left running stops too before the lock is released.
-                kill_group(pgid, libc::SIGTERM);
+            if left {
+                // What the command left running stops too before the lock is released,
+                // whatever process group or session it moved to.
+                tree.signal(libc::SIGTERM);
                 leftovers_kill = Some((boot_now() + grace).min(sched.kill));
             }
         }
-        if ended.is_some() && !children_left {
+        if ended.is_some() && !left {
+            // Nothing of the command is left: the host may release the lock (and a file://
+            // lock this process holds goes with it).
+            tree.remove_cgroup();
             return 0;
         }
         let now = boot_now();
         if now >= sched.kill || leftovers_kill.is_some_and(|k| now >= k) {
-            kill_group(pgid, libc::SIGKILL);
+            killing = true;
         }
-        if now >= sched.term && !termed && ended.is_none() {
+        if killing {
+            tree.kill("__guard");
+        } else if now >= sched.term && !termed && ended.is_none() {
             termed = true;
-            kill_group(pgid, libc::SIGTERM);
+            tree.signal(libc::SIGTERM);
         }
         let mut next = sched.kill;
         if !termed {
@@ -267,32 +347,39 @@ async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, pgid: libc
         if let Some(k) = leftovers_kill {
             next = next.min(k);
         }
+        let tick = if killing { 20 } else { 200 };
         tokio::select! {
             line = lines.next_line(), if !eof => match line {
-                Ok(Some(l)) => {
-                    if let Some(s) = Schedule::parse(&l) {
-                        sched = s;
+                Ok(Some(l)) => match Order::parse(&l) {
+                    Some(Order::Schedule(s)) => sched = s,
+                    // To the command's own process wherever it moved, and to what stayed in
+                    // its group (as a terminal signals its foreground job).
+                    Some(Order::Signal(n)) => {
+                        let command = if ended.is_none() { cmd_pid } else { -1 };
+                        tree::signal_descendants(me, n, |p| p.pgrp == me || p.pid == command);
                     }
-                }
+                    None => {}
+                },
                 // dlock is gone: nothing holds the lock any more.
                 Ok(None) | Err(_) => {
                     eof = true;
-                    kill_group(pgid, libc::SIGKILL);
+                    killing = true;
                 }
             },
             _ = recv_any(&mut sigs) => {
                 if parent_gone() {
-                    kill_group(pgid, libc::SIGKILL);
+                    killing = true;
                 }
             }
             _ = recv(&mut sigchld) => {}
-            // A safety net under SIGCHLD and the parent checks.
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+            // A safety net under SIGCHLD and the parent checks; while killing, the pace of
+            // the kill rounds.
+            _ = tokio::time::sleep(Duration::from_millis(tick)) => {
                 if parent_gone() {
-                    kill_group(pgid, libc::SIGKILL);
+                    killing = true;
                 }
             }
-            _ = tokio::time::sleep_until(to_tokio(next)) => {}
+            _ = tokio::time::sleep_until(to_tokio(next)), if !killing => {}
         }
     }
 }
@@ -311,11 +398,33 @@ mod tests {
             fd: 5,
             parent: 42,
             grace: Duration::from_millis(1500),
+            cgroup: None,
+            hold_fd: None,
             command: strings(&["sh", "-c", "echo --fd"]),
         };
         let argv = a.to_args();
         assert_eq!(argv[0], crate::GUARD_SUBCOMMAND);
-        assert_eq!(GuardArgs::parse(argv.into_iter().skip(1)), Ok(a));
+        assert_eq!(GuardArgs::parse(argv.into_iter().skip(1)), Ok(a.clone()));
+        let b = GuardArgs {
+            cgroup: Some("/sys/fs/cgroup/x/dlock-1-0".into()),
+            hold_fd: Some(7),
+            ..a
+        };
+        assert_eq!(GuardArgs::parse(b.to_args().into_iter().skip(1)), Ok(b));
+    }
+
+    #[test]
+    fn orders_round_trip_and_only_forwarded_signals_pass() {
+        let s = Schedule {
+            term: Duration::from_secs(1),
+            kill: Duration::from_secs(2),
+        };
+        for o in [Order::Schedule(s), Order::Signal(libc::SIGINT)] {
+            assert_eq!(Order::parse(o.to_line().trim_end()), Some(o));
+        }
+        assert_eq!(Order::parse("S 9"), None);
+        assert_eq!(Order::parse("S 19"), None);
+        assert_eq!(Order::parse("S x"), None);
     }
 
     #[test]
@@ -347,6 +456,18 @@ mod tests {
                 "true",
             ],
             &["--what", "5", "--", "true"],
+            &[
+                "--fd",
+                "5",
+                "--parent",
+                "1",
+                "--grace-ns",
+                "1",
+                "--hold-fd",
+                "x",
+                "--",
+                "true",
+            ],
         ] {
             assert!(GuardArgs::parse(strings(bad)).is_err(), "{bad:?}");
         }

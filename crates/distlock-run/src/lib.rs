@@ -57,15 +57,17 @@
 //! Every instant here is a [`Duration`] since boot on CLOCK_BOOTTIME ([`boot_now`]): the guard
 //! is another process, and this clock's raw value is the same in every process of the machine.
 
+mod cgroup;
 mod guard;
 mod schedule;
 mod signals;
 mod supervisor;
+mod tree;
 
 pub use guard::{dispatch_guard, guard_main, GuardArgs};
 pub use schedule::{margin, max_grace, verdict, Facts, Schedule};
 pub use signals::{forwarded_signals, recv_any};
-pub use supervisor::{Ended, Event, Outcome, Report, Supervisor};
+pub use supervisor::{Ended, Event, Outcome, Report, Spawn, Supervisor};
 
 use std::io;
 use std::time::Duration;
@@ -110,17 +112,6 @@ pub fn to_tokio(at: Duration) -> tokio::time::Instant {
     let ahead = at.saturating_sub(boot_now());
     now.checked_add(ahead)
         .unwrap_or(now + Duration::from_secs(86_400 * 365))
-}
-
-/// Sends `sig` to process group `pgid`. Only called while its leader is alive or unreaped.
-fn kill_group(pgid: libc::pid_t, sig: libc::c_int) {
-    if pgid <= 1 {
-        return;
-    }
-    // SAFETY: kill(2) has no memory effects; the group is ours (see the crate docs).
-    unsafe {
-        libc::kill(-pgid, sig);
-    }
 }
 
 fn set_pdeathsig(sig: libc::c_int) -> io::Result<()> {

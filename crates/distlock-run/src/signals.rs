@@ -10,21 +10,18 @@ pub(crate) async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
     }
 }
 
-/// Handlers for the signals a host forwards to the group (SIGTERM, SIGINT, SIGHUP, SIGQUIT).
+/// The signals a host forwards to the command.
+pub(crate) const FORWARDED: [libc::c_int; 4] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+
+/// Handlers for the signals a host forwards to the command (SIGTERM, SIGINT, SIGHUP,
+/// SIGQUIT).
 pub fn forwarded_signals() -> Vec<(libc::c_int, tokio::signal::unix::Signal)> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut sigs = Vec::new();
-    for (n, k) in [
-        (libc::SIGTERM, SignalKind::terminate()),
-        (libc::SIGINT, SignalKind::interrupt()),
-        (libc::SIGHUP, SignalKind::hangup()),
-        (libc::SIGQUIT, SignalKind::quit()),
-    ] {
-        if let Ok(s) = signal(k) {
-            sigs.push((n, s));
-        }
-    }
-    sigs
+    FORWARDED
+        .iter()
+        .filter_map(|&n| Some((n, signal(SignalKind::from_raw(n)).ok()?)))
+        .collect()
 }
 
 /// Resolves with the number of whichever of `sigs` arrives first.

@@ -1,13 +1,15 @@
 //! The host's side of the guard: starting it, feeding it stop schedules, waiting for the
 //! command's end while following the lease.
 
-use crate::guard::GuardArgs;
+use crate::cgroup::Cgroup;
+use crate::guard::{GuardArgs, Order};
 use crate::signals::{forwarded_signals, recv, recv_any};
-use crate::{boot_now, kill_group, set_pdeathsig, to_tokio, Schedule, EXIT_ERROR};
+use crate::tree::{self, Tree};
+use crate::{boot_now, set_pdeathsig, to_tokio, Schedule, EXIT_ERROR};
 use distlock_core::LostReason;
 use std::future::Future;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -89,10 +91,69 @@ impl Report {
     }
 }
 
-/// The host's side: the guard process, the command's group and the socket to the guard.
+/// How [`Supervisor::spawn_with`] starts a command: [`Spawn::new`], then the options.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Spawn<'a> {
+    /// The command and its arguments.
+    pub command: &'a [String],
+    /// Added to the command's environment (and the guard's).
+    pub env: &'a [(&'a str, String)],
+    /// How long the command (and what it leaves running) gets between SIGTERM and SIGKILL.
+    pub grace: Duration,
+    /// How far before the confirmed lease end the command must be dead.
+    pub margin: Duration,
+    /// The end of the lease confirmed before the start (boot clock).
+    pub first_lease_end: Duration,
+    /// A descriptor whose open file carries the lock (a `file://` lock's `flock`): the guard
+    /// keeps a duplicate open until every process of the command is gone, so that the lock
+    /// outlives a host that dies (the kernel would free it with the host's last descriptor,
+    /// while the command is still being killed).
+    pub hold: Option<BorrowedFd<'a>>,
+    /// Put the command in a cgroup of its own where one can be made (see the crate docs).
+    pub cgroup: bool,
+}
+
+impl<'a> Spawn<'a> {
+    /// The command `command` with `env` added, stopped `grace` after SIGTERM, dead `margin`
+    /// before the lease end, the first confirmed lease ending at `first_lease_end`; no
+    /// descriptor to hold, a cgroup where one can be made.
+    pub fn new(
+        command: &'a [String],
+        env: &'a [(&'a str, String)],
+        grace: Duration,
+        margin: Duration,
+        first_lease_end: Duration,
+    ) -> Spawn<'a> {
+        Spawn {
+            command,
+            env,
+            grace,
+            margin,
+            first_lease_end,
+            hold: None,
+            cgroup: true,
+        }
+    }
+
+    /// The guard holds a duplicate of `fd` until every process of the command is gone.
+    pub fn hold(mut self, fd: BorrowedFd<'a>) -> Spawn<'a> {
+        self.hold = Some(fd);
+        self
+    }
+
+    /// Whether a cgroup may be used (default: yes, where one can be made).
+    pub fn cgroup(mut self, on: bool) -> Spawn<'a> {
+        self.cgroup = on;
+        self
+    }
+}
+
+/// The host's side: the guard process, the command's processes and the socket to the guard.
 ///
-/// Dropping it closes the socket: the guard reads EOF and SIGKILLs the group (the guard is
-/// then left unreaped until the host exits). [`Supervisor::wait`] ends it properly.
+/// Dropping it closes the socket: the guard reads EOF, SIGKILLs every process of the
+/// command and exits once they are all gone (the guard is then left unreaped until the host
+/// exits). [`Supervisor::wait`] ends it properly.
 pub struct Supervisor {
     pid: libc::pid_t,
     lines: tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
@@ -103,20 +164,16 @@ pub struct Supervisor {
     reaped: Option<Ended>,
     grace: Duration,
     margin: Duration,
+    /// This process's descendants (the guard and, if it dies, what it leaves) and the cgroup.
+    tree: Tree,
 }
 
 impl Supervisor {
-    /// Starts `<this binary> __guard … -- command` in a new process group, with `env` added,
-    /// and hands it the stop schedule of a lease confirmed until `first_lease_end` (boot clock,
-    /// [`crate::boot_now`]) before it starts the command: SIGTERM `margin + grace` before the
-    /// lease end, SIGKILL `margin` before it ([`Schedule::for_lease`]). `grace` is also how
-    /// long what the command leaves running gets between SIGTERM and SIGKILL once it ended.
-    ///
-    /// The host binary must dispatch `__guard` to [`crate::dispatch_guard`] (see the crate
-    /// docs). The command's outcome comes from [`Supervisor::wait`].
+    /// [`Supervisor::spawn_with`] with a cgroup where one can be made and no descriptor to
+    /// hold.
     ///
     /// # Errors
-    /// The socket pair, the binary's path or the fork/exec of the guard failed.
+    /// As [`Supervisor::spawn_with`].
     pub fn spawn(
         command: &[String],
         env: &[(&str, String)],
@@ -124,12 +181,35 @@ impl Supervisor {
         margin: Duration,
         first_lease_end: Duration,
     ) -> io::Result<Supervisor> {
-        let first = Schedule::for_lease(first_lease_end, grace, margin);
+        Supervisor::spawn_with(Spawn::new(command, env, grace, margin, first_lease_end))
+    }
+
+    /// Starts `<this binary> __guard … -- command` in a new process group, with `env` added,
+    /// and hands it the stop schedule of a lease confirmed until `first_lease_end` (boot clock,
+    /// [`crate::boot_now`]) before it starts the command: SIGTERM `margin + grace` before the
+    /// lease end, SIGKILL `margin` before it ([`Schedule::for_lease`]). `grace` is also how
+    /// long what the command leaves running gets between SIGTERM and SIGKILL once it ended.
+    ///
+    /// This process becomes a child subreaper (what the guard leaves if it is killed comes
+    /// here, to be killed too) and reaps every child it has once the guard is gone: the host
+    /// must have no children of its own besides the guard.
+    ///
+    /// The host binary must dispatch `__guard` to [`crate::dispatch_guard`] (see the crate
+    /// docs). The command's outcome comes from [`Supervisor::wait`].
+    ///
+    /// # Errors
+    /// The socket pair, the binary's path, duplicating `hold` or the fork/exec of the guard
+    /// failed.
+    pub fn spawn_with(s: Spawn<'_>) -> io::Result<Supervisor> {
+        let first = Schedule::for_lease(s.first_lease_end, s.grace, s.margin);
         let (mut ours, theirs) = std::os::unix::net::UnixStream::pair()?;
         // The first schedule is in the socket before the guard exists: a host paused right
         // after the fork must not leave the guard without one.
         io::Write::write_all(&mut ours, first.to_line().as_bytes())?;
         let fd = theirs.as_raw_fd();
+        // Our own duplicate, close-on-exec here, inherited by the guard alone (pre_exec).
+        let hold = s.hold.map(|h| h.try_clone_to_owned()).transpose()?;
+        let hold_fd = hold.as_ref().map(AsRawFd::as_raw_fd);
         let parent = std::process::id();
         // /proc/self/exe is this very binary even if the file was replaced since (an upgrade
         // while a long job runs).
@@ -138,25 +218,36 @@ impl Supervisor {
         } else {
             std::env::current_exe()?
         };
+        // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag and touches no memory. If it
+        // fails, what a killed guard leaves goes to init (the cgroup, if any, still has it).
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) };
+        let cgroup = if s.cgroup { Cgroup::create() } else { None };
         let mut cmd = std::process::Command::new(exe);
         let args = GuardArgs {
             fd,
             parent,
-            grace,
-            command: command.to_vec(),
+            grace: s.grace,
+            cgroup: cgroup
+                .as_ref()
+                .and_then(|c| c.path().to_str().map(str::to_owned)),
+            hold_fd,
+            command: s.command.to_vec(),
         };
         cmd.args(args.to_args()).process_group(0);
-        for (k, v) in env {
+        for (k, v) in s.env {
             cmd.env(k, v);
         }
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
         // calls (fcntl, prctl, getppid), allocating nothing.
         unsafe {
             cmd.pre_exec(move || {
-                // The guard's end of the pair survives the exec; dlock's end does not.
-                let flags = libc::fcntl(fd, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                    return Err(io::Error::last_os_error());
+                // The guard's end of the pair (and the held lock file) survive the exec;
+                // dlock's end does not.
+                for fd in std::iter::once(fd).chain(hold_fd) {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
                 }
                 set_pdeathsig(libc::SIGTERM)?;
                 // dlock may have died before the prctl: then no signal will ever come.
@@ -166,12 +257,21 @@ impl Supervisor {
                 Ok(())
             });
         }
-        let child = cmd.spawn()?;
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(c) = &cgroup {
+                    c.remove();
+                }
+                return Err(e);
+            }
+        };
         drop(theirs);
+        // The guard has its own now (spawn returns once the exec succeeded).
+        drop(hold);
         let pid = libc::pid_t::try_from(child.id())
             .map_err(|_| io::Error::other("process id out of range"))?;
-        // The child is reaped by `wait` below (waitid/waitpid), never through `child`, so that
-        // the group id stays reserved until the host has signalled the group for the last time.
+        // The child is reaped by `finish` below (waitpid), never through `child`.
         drop(child);
         ours.set_nonblocking(true)?;
         let sock = tokio::net::UnixStream::from_std(ours)?;
@@ -183,15 +283,21 @@ impl Supervisor {
             pending: Vec::new(),
             eof: false,
             reaped: None,
-            grace,
-            margin,
+            grace: s.grace,
+            margin: s.margin,
+            tree: Tree::new(libc::pid_t::try_from(parent).unwrap_or(-1), cgroup),
         })
     }
 
-    /// Signals the whole group while its leader is not reaped yet.
-    pub fn signal(&self, sig: libc::c_int) {
+    /// Forwards `sig` (SIGTERM, SIGINT, SIGHUP or SIGQUIT) to the command, through the guard:
+    /// to the command's own process wherever it moved, and to the processes still in its
+    /// process group (what a terminal signals for its foreground job). What the command
+    /// leaves running when it ends is stopped by the guard in any case.
+    pub fn signal(&mut self, sig: libc::c_int) {
         if self.reaped.is_none() {
-            kill_group(self.pid, sig);
+            self.pending
+                .extend_from_slice(Order::Signal(sig).to_line().as_bytes());
+            self.flush();
         }
     }
 
@@ -272,21 +378,35 @@ impl Supervisor {
         rc == 0 && unsafe { info.si_pid() } == self.pid
     }
 
-    /// After the guard exited: SIGKILLs whatever is left of the group (a guard killed from
-    /// outside leaves its grandchildren behind), then reaps the guard. Returns its status.
-    pub(crate) fn finish(&mut self) -> Ended {
+    /// After the guard exited: SIGKILLs whatever is left (a guard killed from outside, or by
+    /// the host, leaves what it had started to this process, a subreaper, and to the
+    /// cgroup), until nothing is, reaping it all and the guard; then removes the cgroup.
+    /// Returns the guard's status.
+    pub(crate) async fn finish(&mut self) -> Ended {
         if let Some(e) = self.reaped {
             return e;
         }
-        kill_group(self.pid, libc::SIGKILL);
-        let mut st: libc::c_int = 0;
-        // SAFETY: waitpid writes only into `st`; the guard has exited, so this does not block.
-        let rc = unsafe { libc::waitpid(self.pid, &mut st, 0) };
-        let e = if rc == self.pid {
-            Ended::from_wait_status(st)
-        } else {
-            Ended::Code(i32::from(EXIT_ERROR))
-        };
+        let mut sigchld =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).ok();
+        let mut status = None;
+        loop {
+            let guard = self.pid;
+            let children_left = tree::reap(|pid, st| {
+                if pid == guard {
+                    status = Some(Ended::from_wait_status(st));
+                }
+            });
+            if !children_left && !self.tree.populated() {
+                break;
+            }
+            self.tree.kill("dlock");
+            tokio::select! {
+                _ = recv(&mut sigchld) => {}
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+        self.tree.remove_cgroup();
+        let e = status.unwrap_or(Ended::Code(i32::from(EXIT_ERROR)));
         self.reaped = Some(e);
         e
     }
@@ -354,20 +474,26 @@ impl Supervisor {
                 // Also what the command left behind (the guard kills it then too).
                 killed = true;
                 stopped_at.get_or_insert(now);
-                self.signal(libc::SIGKILL);
             } else if report.is_none() && now >= sched.term && termed_at.is_none() {
+                // The guard, which has every schedule sent here, sends the SIGTERM: one,
+                // not two (a second SIGTERM means "hurry" to many programs).
                 termed_at = Some(now);
                 on_event(Event::Stopping {
                     lease_end: end,
                     kill_at: sched.kill,
                 });
-                self.signal(libc::SIGTERM);
+            }
+            if killed {
+                // Everything this process started: the guard, the command and all it
+                // started (a frozen guard cannot hold this up); `finish` does the rest.
+                self.tree.kill("dlock");
             }
             let next = if termed_at.is_none() {
                 sched.term
             } else {
                 sched.kill
             };
+            let tick = Duration::from_millis(if killed { 20 } else { 100 });
             tokio::select! {
                 r = self.report(), if report.is_none() => {
                     if let Some(r) = r {
@@ -389,17 +515,17 @@ impl Supervisor {
                     // No grace: another owner may hold the lock already. Also whatever the
                     // command left running if it ended.
                     killed = true;
-                    self.signal(libc::SIGKILL);
+                    self.tree.kill("dlock");
                     lost_seen = Some((now, reason));
                 }
                 sig = recv_any(&mut sigs) => self.signal(sig),
                 _ = recv(&mut sigchld) => {}
-                // A safety net under SIGCHLD.
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                // A safety net under SIGCHLD; while killing, the pace of the kill rounds.
+                _ = tokio::time::sleep(tick) => {}
                 _ = tokio::time::sleep_until(to_tokio(next)), if !killed => {}
             }
         }
-        let guard_status = self.finish();
+        let guard_status = self.finish().await;
         if report.is_none() {
             report = self.drain().await.into_iter().next();
         }

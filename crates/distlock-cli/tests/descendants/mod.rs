@@ -114,7 +114,7 @@ pub fn cases(cmd: Cmd, dir: &Path) -> Vec<Case> {
                 cmd,
                 shape,
                 tag: format!("300.{:07}{:03}{i}", std::process::id(), seq % 1000),
-                cgroup: (i + cmd as usize) % 2 == 0,
+                cgroup: (i + cmd as usize).is_multiple_of(2),
                 name,
                 dir: cdir,
             }
@@ -327,7 +327,7 @@ impl Case {
                 continue;
             };
             let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-            if args.iter().any(|a| *a == self.tag.as_bytes()) && alive(pid) {
+            if args.contains(&self.tag.as_bytes()) && alive(pid) {
                 out.push(format!(
                     "{pid} {}",
                     String::from_utf8_lossy(&cmdline).replace('\0', " ")
@@ -610,6 +610,108 @@ pub fn dlock_killed_on_file(cmd: Cmd, sig: i32) {
     if sig == libc::SIGKILL {
         assert!(codes.iter().all(Option::is_none), "killed: {codes:?}");
     }
+    for (c, cg) in cases.iter().zip(&cgroups) {
+        c.check_cgroup(cg);
+    }
+}
+
+/// The pid of `holder`'s guard (`dlock __guard`, its child).
+fn guard_of(holder: &Holder) -> i32 {
+    let host = holder.child.id().to_string();
+    let mut found = None;
+    wait_until("the guard", || {
+        found = std::fs::read_dir("/proc").ok().and_then(|d| {
+            d.flatten().find_map(|e| {
+                let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let guard = cmdline.split(|&b| b == 0).any(|a| a == b"__guard");
+                (ppid == host && guard).then_some(pid)
+            })
+        });
+        found.is_some()
+    });
+    found.unwrap_or_default()
+}
+
+/// Holds process `pid` in a ptrace stop (a stop that neither SIGCONT nor the kernel's
+/// SIGHUP+SIGCONT to an orphaned process group ends) until [`release_traced`]; `false` if
+/// this process may not trace it. Must be called from the thread that releases it.
+fn hold_traced(pid: i32) -> bool {
+    let none = std::ptr::null_mut::<libc::c_void>();
+    // SAFETY: ptrace with PTRACE_SEIZE / PTRACE_INTERRUPT takes no memory from us.
+    if unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, none, none) } != 0 {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, none, none) };
+    let mut st = 0;
+    // SAFETY: waitpid writes only into `st`; as its tracer we may wait for it.
+    let rc = unsafe { libc::waitpid(pid, &mut st, libc::__WALL) };
+    rc == pid && libc::WIFSTOPPED(st)
+}
+
+fn release_traced(pid: i32) {
+    let none = std::ptr::null_mut::<libc::c_void>();
+    // SAFETY: PTRACE_DETACH of a tracee in a ptrace stop; takes no memory from us.
+    unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, none, none) };
+}
+
+/// dlock is SIGKILLed on `file://` while its guard cannot stop the command yet (the test
+/// holds the guard in a ptrace stop: a stand-in for a command that takes long to kill). The
+/// lock must stay held — through the guard's duplicate of the lock file's descriptor — until
+/// the guard has killed everything, and only then go to the next owner.
+pub fn dlock_killed_while_its_guard_is_held(cmd: Cmd) {
+    let dir = TempDir::new().expect("tempdir");
+    let url = file_url(&dir);
+    let cases = cases(cmd, dir.path());
+    let mut holders: Vec<Holder> = cases
+        .iter()
+        .map(|c| c.hold(&url, &["--grace", "300ms"], &c.running()))
+        .collect();
+    let cgroups: Vec<String> = cases.iter().map(Case::wait_ready).collect();
+    let guards: Vec<i32> = holders.iter().map(guard_of).collect();
+    if !guards.iter().all(|&g| hold_traced(g)) {
+        guards.iter().for_each(|&g| release_traced(g));
+        distlock_testkit::skip_or_fail(
+            "dlock_killed_while_its_guard_is_held",
+            "this process may not ptrace its grandchildren",
+        );
+        return;
+    }
+    for h in holders.iter_mut() {
+        h.signal(libc::SIGKILL);
+        assert_eq!(h.wait(), None, "killed");
+    }
+    // dlock is gone (its descriptors closed before it could be reaped); the command runs on.
+    let mut errors = Vec::new();
+    for c in &cases {
+        let out = Command::new(bin())
+            .env("DLOCK_BACKEND", &url)
+            .args([cmd.sub(), "--wait", "0", &c.name, "--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("try");
+        if out.status.code() != Some(75) {
+            errors.push(Err(format!(
+                "dlock {} / {:?}: another owner got the lock while the command still ran \
+                 (exit {:?}; still running: {:?})",
+                cmd.sub(),
+                c.shape,
+                out.status.code(),
+                c.survivors()
+            )));
+        }
+    }
+    let mut nexts: Vec<Next> = cases.iter().map(|c| c.next(&url)).collect();
+    guards.iter().for_each(|&g| release_traced(g));
+    all_ok(errors);
+    all_ok(
+        (cases.iter().zip(nexts.iter_mut()).zip(holders.iter()))
+            .map(|((c, n), h)| c.check_next(n, h))
+            .collect(),
+    );
     for (c, cg) in cases.iter().zip(&cgroups) {
         c.check_cgroup(cg);
     }
