@@ -43,9 +43,11 @@ pub struct ElectArgs {
 
 const ELECT_HELP: &str = "\
 The command runs only while this process leads the election, with the guarantees of
-`dlock run`: it runs in its own process group under a guard process, is stopped before the
-leadership's confirmed lease ends if renewals fail, is SIGKILLed as soon as the leadership is
-known lost, and the leadership is resigned when it ends (the next candidate then leads).
+`dlock run`: it runs under a guard process that stops every process it started, whatever
+process group or session it moved to; it is stopped before the leadership's confirmed lease
+ends if renewals fail, SIGKILLed as soon as the leadership is known lost, and the leadership is
+resigned (or reported lost) only once none of its processes runs (the next candidate then
+leads).
 
 Hot standby: start `dlock elect NAME -- CMD` on several hosts; one leads and runs CMD, the
 others wait; when the leader dies, another takes over with a higher fencing token.

@@ -1,14 +1,19 @@
 //! `dlock run [--wait DUR] [--lease DUR] [--grace DUR] NAME -- CMD [ARGS…]`.
 //!
 //! The promise: the command (with every process it starts) runs only while the lock is held.
-//! - It runs in its own process group under a guard process (crate `distlock-run`): `kill -9`
-//!   of dlock takes the whole group down, signals dlock gets are forwarded to the group.
+//! - It runs under a guard process (crate `distlock-run`) that stops every process the command
+//!   started, whatever process group or session it moved to (a /proc walk of its descendants,
+//!   a cgroup of the command's own where one can be made): `kill -9` of dlock takes all of it
+//!   down, and signals dlock gets are forwarded to the command.
 //! - The core's watchdog renews the lease (every lease/3); dlock follows the lease end it
 //!   confirms (`LockGuard::lease_deadline`), so it knows the instant the last confirmed lease
-//!   ends. The command is stopped — SIGTERM to the group, SIGKILL `--grace` later — so that
-//!   it is dead a margin *before* that instant, which is no later than the earliest moment
-//!   the server could grant the lock to another owner.
+//!   ends. The command is stopped — SIGTERM, SIGKILL `--grace` later — so that it is dead a
+//!   margin *before* that instant, which is no later than the earliest moment the server could
+//!   grant the lock to another owner.
 //!   The guard enforces the same schedule, so a paused dlock cannot let the command run on.
+//! - The lock is released, or reported lost, only once nothing of the command runs any more;
+//!   on `file://` the guard holds the lock file too, so a killed dlock does not free the lock
+//!   before that.
 //! - Exit 76 whenever the lock was lost (or the command had to be stopped for it) before the
 //!   command ended, even if the command then exited by itself.
 
@@ -50,18 +55,23 @@ pub struct RunArgs {
 
 const RUN_HELP: &str = "\
 The command runs only while the lock is held:
-  - It runs in its own process group, under a small guard process. If dlock is killed (even
-    with kill -9) the guard kills the whole group; SIGTERM, SIGINT, SIGHUP and SIGQUIT that
-    dlock gets are forwarded to the group. When the command exits, what it left running in
-    its group gets SIGTERM, then SIGKILL after --grace, before the lock is released.
-  - If renewals keep failing, the command is stopped (SIGTERM to the group, SIGKILL --grace
-    later) so that it is dead before the last confirmed lease ends, i.e. before the server
-    could give the lock to anyone else. Once the lock is known lost it is SIGKILLed at once.
+  - It runs under a small guard process. Every process it starts stays within reach,
+    whatever process group or session it moves to (timeout, setsid, a daemon, bash -m): the
+    guard finds them as its descendants (it is a child subreaper) and, where a cgroup v2 can
+    be made (root, or a delegated cgroup), in a cgroup of the command's own. If dlock is
+    killed (even with kill -9) the guard kills all of them; SIGTERM, SIGINT, SIGHUP and SIGQUIT
+    that dlock gets are forwarded to the command. When the command exits, whatever it left
+    running gets SIGTERM, then SIGKILL after --grace. The lock is released (or reported lost)
+    only once none of them runs; on file:// the guard holds the lock file until then.
+  - If renewals keep failing, the command is stopped (SIGTERM, SIGKILL --grace later) so that
+    it is dead before the last confirmed lease ends, i.e. before the server could give the
+    lock to anyone else. Once the lock is known lost it is SIGKILLed at once.
   - The command's environment has DLOCK_NAME, DLOCK_OWNER and DLOCK_FENCING_TOKEN. What no
     local measure prevents is the whole machine or container being frozen (VM pause, cgroup
     freeze, suspend) past the lease, dlock and the command together: pass the fencing token to
     the resource you protect and have it reject tokens lower than the highest it has seen.
-  - A process that leaves the group (setsid, setpgid, a daemon) is out of dlock's reach.
+  - Out of reach: processes that a service outside the command starts for it (systemd-run, a
+    running tmux server, at, a container runtime). DLOCK_CGROUP=off: no cgroup.
 
 Exit status: the command's (128+N if it died of signal N); 75 if the lock was not acquired
 within --wait; 76 if the lock was lost, or the command had to be stopped because renewals

@@ -1,5 +1,5 @@
-//! The guard process: leader of the command's process group, child subreaper, enforcer of the
-//! stop schedule (see the crate docs).
+//! The guard process: leader of the command's process group, child subreaper of everything the
+//! command starts, enforcer of the stop schedule (see the crate docs).
 
 use crate::cgroup::Cgroup;
 use crate::signals::{forwarded_signals, recv, recv_any};
