@@ -4,7 +4,7 @@
 
 mod descendants;
 
-use descendants::{Cmd, Where};
+use descendants::{wait_exit, Cmd, Where};
 use distlock_testkit::TempDir;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -138,17 +138,6 @@ fn hot_standby_takes_over_from_a_killed_leader() {
     assert_eq!(status, Some(0));
     let l = leader_json(&d);
     assert_eq!(l["led"], false, "{l}");
-}
-
-fn wait_exit(c: &mut Child) -> Option<i32> {
-    let t = Instant::now();
-    loop {
-        if let Some(st) = c.try_wait().expect("try_wait") {
-            return st.code();
-        }
-        assert!(t.elapsed() < PATIENCE, "dlock did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 mod descendants;
 
-use descendants::{Cmd, Where};
+use descendants::{alive, Cmd, Where};
 use distlock_testkit::{RedisServer, TempDir};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -39,18 +39,6 @@ fn signal(pid: u32, sig: i32) {
     // SAFETY: signalling a process this test started.
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
-    }
-}
-
-/// True while `pid` exists and is not a zombie.
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state is the field after the parenthesised command name.
-        Ok(s) => s
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
     }
 }
 

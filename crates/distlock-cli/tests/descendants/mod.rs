@@ -439,9 +439,9 @@ fn cgroup_of(pid: u32) -> String {
 }
 
 /// True if this process could make a cgroup v2 child of its own cgroup with `cgroup.kill`
-/// (no systemd as init: under systemd dlock only uses a delegated cgroup).
+/// (and no systemd runs the machine: under systemd dlock only uses a delegated cgroup).
 fn cgroups_here() -> bool {
-    if std::fs::read_to_string("/proc/1/comm").is_ok_and(|c| c.trim() == "systemd") {
+    if Path::new("/run/systemd/system").is_dir() {
         return false;
     }
     let own = cgroup_of(std::process::id());
@@ -464,18 +464,71 @@ fn cgroups_here() -> bool {
     kill
 }
 
-/// Waits for every holder to exit; no process of any case may be left by then. Their exit
-/// codes.
-fn exits(cases: &[Case], holders: &mut [Holder], when: &str) -> Vec<Option<i32>> {
-    let codes: Vec<Option<i32>> = holders.iter_mut().map(Holder::wait).collect();
-    all_ok(
-        cases
+/// The four shapes' holders, started and running.
+struct Scenario {
+    cases: Vec<Case>,
+    holders: Vec<Holder>,
+    /// The cgroup each shape's last process ran in.
+    cgroups: Vec<String>,
+}
+
+impl Scenario {
+    /// `dlock CMD ARGS… NAME -- command` for each shape at `url`; returns once every shape's
+    /// last process runs.
+    fn start(
+        cmd: Cmd,
+        dir: &TempDir,
+        url: &str,
+        args: &[&str],
+        command: fn(&Case) -> Vec<String>,
+    ) -> Scenario {
+        let cases = cases(cmd, dir.path());
+        let holders = cases
             .iter()
-            .zip(holders.iter())
-            .map(|(c, h)| c.gone(when, h))
+            .map(|c| c.hold(url, args, &command(c)))
+            .collect();
+        let cgroups = cases.iter().map(Case::wait_ready).collect();
+        Scenario {
+            cases,
+            holders,
+            cgroups,
+        }
+    }
+
+    /// The next owner of each lock at `url`, waiting.
+    fn nexts(&self, url: &str) -> Vec<Next> {
+        self.cases.iter().map(|c| c.next(url)).collect()
+    }
+
+    /// Each next owner gets the lock, and no process of its shape runs by then.
+    fn check_nexts(&self, nexts: &mut [Next]) {
+        all_ok(
+            (self
+                .cases
+                .iter()
+                .zip(nexts.iter_mut())
+                .zip(self.holders.iter()))
+            .map(|((c, n), h)| c.check_next(n, h))
             .collect(),
-    );
-    codes
+        );
+    }
+
+    /// Waits for every holder to exit: no process of any shape may be left by then, and each
+    /// exits with `code`; then checks the cgroups.
+    fn end(mut self, when: &str, code: Option<i32>) {
+        let codes: Vec<Option<i32>> = self.holders.iter_mut().map(Holder::wait).collect();
+        all_ok(
+            (self.cases.iter().zip(self.holders.iter()))
+                .map(|(c, h)| c.gone(when, h))
+                .collect(),
+        );
+        for (got, h) in codes.iter().zip(&self.holders) {
+            assert_eq!(*got, code, "{}", h.stderr());
+        }
+        for (c, cg) in self.cases.iter().zip(&self.cgroups) {
+            c.check_cgroup(cg);
+        }
+    }
 }
 
 fn file_url(dir: &TempDir) -> String {
@@ -487,28 +540,12 @@ fn file_url(dir: &TempDir) -> String {
 pub fn lost_lock(cmd: Cmd) {
     let server = RedisServer::start().expect("redis");
     let dir = TempDir::new().expect("tempdir");
-    let cases = cases(cmd, dir.path());
-    let mut holders: Vec<Holder> = cases
-        .iter()
-        .map(|c| {
-            c.hold(
-                &server.url(),
-                &["--lease", "2s", "--grace", "300ms"],
-                &c.running(),
-            )
-        })
-        .collect();
-    let cgroups: Vec<String> = cases.iter().map(Case::wait_ready).collect();
-    for c in &cases {
+    let args = ["--lease", "2s", "--grace", "300ms"];
+    let s = Scenario::start(cmd, &dir, &server.url(), &args, Case::running);
+    for c in &s.cases {
         server.command(&["DEL", &cmd.key(&c.name)]).expect("del");
     }
-    let codes = exits(&cases, &mut holders, "after dlock reported the lock lost");
-    for (code, h) in codes.iter().zip(&holders) {
-        assert_eq!(*code, Some(76), "{}", h.stderr());
-    }
-    for (c, cg) in cases.iter().zip(&cgroups) {
-        c.check_cgroup(cg);
-    }
+    s.end("after dlock reported the lock lost", Some(76));
 }
 
 /// Renewals stop getting through (a blackholed proxy); another owner gets the lock once the
@@ -518,32 +555,12 @@ pub fn renewals_fail(cmd: Cmd) {
     let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
     let via_proxy = format!("redis://127.0.0.1:{}", proxy.port());
     let dir = TempDir::new().expect("tempdir");
-    let cases = cases(cmd, dir.path());
-    let mut holders: Vec<Holder> = cases
-        .iter()
-        .map(|c| {
-            c.hold(
-                &via_proxy,
-                &["--lease", "2s", "--grace", "300ms"],
-                &c.running(),
-            )
-        })
-        .collect();
-    let cgroups: Vec<String> = cases.iter().map(Case::wait_ready).collect();
+    let args = ["--lease", "2s", "--grace", "300ms"];
+    let s = Scenario::start(cmd, &dir, &via_proxy, &args, Case::running);
     proxy.set_blackhole(true);
-    let mut nexts: Vec<Next> = cases.iter().map(|c| c.next(&server.url())).collect();
-    all_ok(
-        (cases.iter().zip(nexts.iter_mut()).zip(holders.iter()))
-            .map(|((c, n), h)| c.check_next(n, h))
-            .collect(),
-    );
-    let codes = exits(&cases, &mut holders, "after dlock exited");
-    for (code, h) in codes.iter().zip(&holders) {
-        assert_eq!(*code, Some(76), "{}", h.stderr());
-    }
-    for (c, cg) in cases.iter().zip(&cgroups) {
-        c.check_cgroup(cg);
-    }
+    let mut nexts = s.nexts(&server.url());
+    s.check_nexts(&mut nexts);
+    s.end("after dlock exited", Some(76));
 }
 
 /// Where a scenario's lock lives.
@@ -562,57 +579,31 @@ pub fn normal_exit(cmd: Cmd, at: Where) {
         Where::File => None,
     };
     let url = server.as_ref().map_or_else(|| file_url(&dir), |s| s.url());
-    let cases = cases(cmd, dir.path());
-    let mut holders: Vec<Holder> = cases
-        .iter()
-        .map(|c| c.hold(&url, &["--lease", "5s", "--grace", "300ms"], &c.leaving()))
-        .collect();
-    let cgroups: Vec<String> = cases.iter().map(Case::wait_ready).collect();
-    let mut nexts: Vec<Next> = cases.iter().map(|c| c.next(&url)).collect();
-    for c in &cases {
+    let args = ["--lease", "5s", "--grace", "300ms"];
+    let s = Scenario::start(cmd, &dir, &url, &args, Case::leaving);
+    let mut nexts = s.nexts(&url);
+    for c in &s.cases {
         c.release();
     }
-    all_ok(
-        (cases.iter().zip(nexts.iter_mut()).zip(holders.iter()))
-            .map(|((c, n), h)| c.check_next(n, h))
-            .collect(),
-    );
-    let codes = exits(&cases, &mut holders, "after dlock exited");
-    for (code, h) in codes.iter().zip(&holders) {
-        assert_eq!(*code, Some(3), "{}", h.stderr());
-    }
-    for (c, cg) in cases.iter().zip(&cgroups) {
-        c.check_cgroup(cg);
-    }
+    s.check_nexts(&mut nexts);
+    s.end("after dlock exited", Some(3));
 }
 
-/// dlock itself is killed (`sig`: SIGKILL, or SIGTERM that it forwards) on `file://`, with
+/// dlock itself is signalled (`sig`: SIGKILL, or SIGTERM that it forwards) on `file://`, with
 /// the next owner waiting: the lock goes to it only once every process of every shape is gone.
 pub fn dlock_killed_on_file(cmd: Cmd, sig: i32) {
     let dir = TempDir::new().expect("tempdir");
     let url = file_url(&dir);
-    let cases = cases(cmd, dir.path());
-    let mut holders: Vec<Holder> = cases
-        .iter()
-        .map(|c| c.hold(&url, &["--grace", "300ms"], &c.running()))
-        .collect();
-    let cgroups: Vec<String> = cases.iter().map(Case::wait_ready).collect();
-    let mut nexts: Vec<Next> = cases.iter().map(|c| c.next(&url)).collect();
-    for h in &holders {
+    let s = Scenario::start(cmd, &dir, &url, &["--grace", "300ms"], Case::running);
+    let mut nexts = s.nexts(&url);
+    for h in &s.holders {
         h.signal(sig);
     }
-    all_ok(
-        (cases.iter().zip(nexts.iter_mut()).zip(holders.iter()))
-            .map(|((c, n), h)| c.check_next(n, h))
-            .collect(),
-    );
-    let codes = exits(&cases, &mut holders, "after dlock exited");
-    if sig == libc::SIGKILL {
-        assert!(codes.iter().all(Option::is_none), "killed: {codes:?}");
-    }
-    for (c, cg) in cases.iter().zip(&cgroups) {
-        c.check_cgroup(cg);
-    }
+    s.check_nexts(&mut nexts);
+    // SIGKILLed: no code. SIGTERM: forwarded to the command's own process (or, for the
+    // daemon, the shell in the group), which dies of it: 128 + 15.
+    let code = (sig != libc::SIGKILL).then_some(128 + sig);
+    s.end("after dlock exited", code);
 }
 
 /// The pid of `holder`'s guard (`dlock __guard`, its child).
@@ -665,13 +656,8 @@ fn release_traced(pid: i32) {
 pub fn dlock_killed_while_its_guard_is_held(cmd: Cmd) {
     let dir = TempDir::new().expect("tempdir");
     let url = file_url(&dir);
-    let cases = cases(cmd, dir.path());
-    let mut holders: Vec<Holder> = cases
-        .iter()
-        .map(|c| c.hold(&url, &["--grace", "300ms"], &c.running()))
-        .collect();
-    let cgroups: Vec<String> = cases.iter().map(Case::wait_ready).collect();
-    let guards: Vec<i32> = holders.iter().map(guard_of).collect();
+    let mut s = Scenario::start(cmd, &dir, &url, &["--grace", "300ms"], Case::running);
+    let guards: Vec<i32> = s.holders.iter().map(guard_of).collect();
     if !guards.iter().all(|&g| hold_traced(g)) {
         guards.iter().for_each(|&g| release_traced(g));
         distlock_testkit::skip_or_fail(
@@ -680,13 +666,13 @@ pub fn dlock_killed_while_its_guard_is_held(cmd: Cmd) {
         );
         return;
     }
-    for h in holders.iter_mut() {
+    for h in s.holders.iter_mut() {
         h.signal(libc::SIGKILL);
         assert_eq!(h.wait(), None, "killed");
     }
     // dlock is gone (its descriptors closed before it could be reaped); the command runs on.
     let mut errors = Vec::new();
-    for c in &cases {
+    for c in &s.cases {
         let out = Command::new(bin())
             .env("DLOCK_BACKEND", &url)
             .args([cmd.sub(), "--wait", "0", &c.name, "--", "true"])
@@ -704,15 +690,9 @@ pub fn dlock_killed_while_its_guard_is_held(cmd: Cmd) {
             )));
         }
     }
-    let mut nexts: Vec<Next> = cases.iter().map(|c| c.next(&url)).collect();
+    let mut nexts = s.nexts(&url);
     guards.iter().for_each(|&g| release_traced(g));
     all_ok(errors);
-    all_ok(
-        (cases.iter().zip(nexts.iter_mut()).zip(holders.iter()))
-            .map(|((c, n), h)| c.check_next(n, h))
-            .collect(),
-    );
-    for (c, cg) in cases.iter().zip(&cgroups) {
-        c.check_cgroup(cg);
-    }
+    s.check_nexts(&mut nexts);
+    s.end("after the guard exited", None);
 }
