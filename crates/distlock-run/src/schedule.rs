@@ -3,14 +3,14 @@
 use distlock_core::LostReason;
 use std::time::Duration;
 
-/// The stop schedule: SIGTERM to the group at `term`, SIGKILL at `kill` (boot clock, see
+/// The stop schedule: SIGTERM to the command at `term`, SIGKILL at `kill` (boot clock, see
 /// [`crate::boot_now`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Schedule {
-    /// When the group gets SIGTERM.
+    /// When the command (every process it started) gets SIGTERM.
     pub term: Duration,
-    /// When the group gets SIGKILL.
+    /// When the command (every process it started) gets SIGKILL.
     pub kill: Duration,
 }
 

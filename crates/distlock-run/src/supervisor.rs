@@ -285,7 +285,8 @@ impl Supervisor {
             reaped: None,
             grace: s.grace,
             margin: s.margin,
-            tree: Tree::new(libc::pid_t::try_from(parent).unwrap_or(-1), cgroup),
+            // SAFETY: getpid only reads process state.
+            tree: Tree::new(unsafe { libc::getpid() }, cgroup),
         })
     }
 
@@ -357,7 +358,7 @@ impl Supervisor {
         }
     }
 
-    /// True once the guard has exited (it is left a zombie, so the group id stays ours).
+    /// True once the guard has exited (it is left a zombie until `finish` reaps it).
     pub(crate) fn exited(&self) -> bool {
         if self.reaped.is_some() {
             return true;
@@ -425,20 +426,24 @@ impl Supervisor {
     }
 
     /// Supervises the command until the guard is gone, following the lease: `lease_end`
-    /// publishes each confirmed lease end (boot clock); while it stays unconfirmed the group
-    /// gets SIGTERM at its schedule's `term` and SIGKILL at its `kill`. When `lost` resolves
-    /// the group is SIGKILLed at once (another owner may hold the lock already). SIGTERM,
-    /// SIGINT, SIGHUP and SIGQUIT the host gets are forwarded to the group. `on_event` hears
-    /// of the stops, for the host's messages.
+    /// publishes each confirmed lease end (boot clock); while it stays unconfirmed the command
+    /// gets SIGTERM at its schedule's `term` (from the guard) and SIGKILL at its `kill`. When
+    /// `lost` resolves every process of the command is SIGKILLed at once (another owner may
+    /// hold the lock already). SIGTERM, SIGINT, SIGHUP and SIGQUIT the host gets are forwarded
+    /// to the command ([`Supervisor::signal`]). `on_event` hears of the stops, for the host's
+    /// messages. "Every process of the command" is everything it started, in whatever process
+    /// group or session (see the crate docs).
     ///
-    /// When the guard has exited, what is left of the group is SIGKILLed and the guard reaped.
+    /// Returns only when nothing of the command runs any more: once the guard has exited,
+    /// whatever is left (a guard killed from outside leaves it here) is SIGKILLed, round after
+    /// round, and reaped with the guard.
     ///
     /// # Errors
     /// None: every way the command or the guard ended is in the [`Outcome`].
     ///
     /// # Cancel safety
-    /// Not cancel safe: dropping the future drops the supervisor, whose guard then SIGKILLs the
-    /// group (see [`Supervisor`]) and the command's outcome is lost.
+    /// Not cancel safe: dropping the future drops the supervisor, whose guard then SIGKILLs
+    /// every process of the command (see [`Supervisor`]) and the command's outcome is lost.
     pub async fn wait<L>(
         mut self,
         lease_end: &mut tokio::sync::watch::Receiver<Duration>,
@@ -457,7 +462,7 @@ impl Supervisor {
         let mut report: Option<Report> = None;
         let mut termed_at: Option<Duration> = None;
         let mut killed = false;
-        // When the host first signalled the group to stop it (the command may have ended
+        // When the host first set out to kill the command (it may have ended
         // before, while the host was paused: the verdict compares the times).
         let mut stopped_at: Option<Duration> = None;
         loop {
@@ -543,15 +548,16 @@ impl Supervisor {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Event {
-    /// The lease was not confirmed in time: the group gets SIGTERM now and SIGKILL at
+    /// The lease was not confirmed in time: the command gets SIGTERM now and SIGKILL at
     /// `kill_at`, before the lease ends at `lease_end` (boot clock).
     Stopping {
         /// The last confirmed lease end.
         lease_end: Duration,
-        /// When the group gets SIGKILL.
+        /// When the command gets SIGKILL.
         kill_at: Duration,
     },
-    /// The lock was lost while the command ran: the group is SIGKILLed now.
+    /// The lock was lost while the command ran: every process of the command is SIGKILLed
+    /// now.
     Lost(LostReason),
 }
 
