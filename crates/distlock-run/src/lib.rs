@@ -83,7 +83,8 @@
 //! - Without a cgroup: a descendant running as another user (a setuid program) that the guard
 //!   may not signal, or one in uninterruptible sleep. The guard then keeps SIGKILLing, says so
 //!   on stderr after 5 s, and the lock is not released while it runs (on `file://` the guard
-//!   keeps holding it; on a server the host keeps renewing, unless the lock is lost anyway).
+//!   keeps holding it; on a server the host keeps renewing it, unless the lock is lost anyway
+//!   or the host was killed, when the lease runs out).
 //! - The host and its guard both SIGKILLed at once (`kill -9 -1`, the OOM killer taking both):
 //!   what the command started then goes to init, and nobody is left to kill it (a cgroup, if
 //!   one was made, still holds it, for `cat cgroup.procs` or `echo 1 > cgroup.kill`).

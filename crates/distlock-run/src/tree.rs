@@ -60,7 +60,7 @@ impl Tree {
                 .collect();
             eprintln!(
                 "dlock: {who}: processes of the command are still there 5 s after SIGKILL \
-                 (pids {}); the lock is kept until they are gone",
+                 (pids {}); waiting for them to end",
                 left.join(" ")
             );
         }
