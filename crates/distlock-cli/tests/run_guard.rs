@@ -515,3 +515,8 @@ fn sigterm_to_dlock_on_file_stops_every_descendant_before_the_release() {
 fn a_killed_dlock_on_file_keeps_the_lock_while_its_guard_is_still_stopping_the_command() {
     descendants::dlock_killed_while_its_guard_is_held(Cmd::Run);
 }
+
+#[test]
+fn a_guard_killed_from_outside_leaves_nothing_running_when_dlock_releases() {
+    descendants::guard_killed(Cmd::Run);
+}

@@ -696,3 +696,21 @@ pub fn dlock_killed_while_its_guard_is_held(cmd: Cmd) {
     s.check_nexts(&mut nexts);
     s.end("after the guard exited", None);
 }
+
+/// The guard is SIGKILLed from outside (the OOM killer's choice, a careless `kill -9`): what
+/// the command started is re-parented to dlock (a subreaper too), which kills it before it
+/// releases the lock and exits with the guard's status (137).
+pub fn guard_killed(cmd: Cmd) {
+    let dir = TempDir::new().expect("tempdir");
+    let url = file_url(&dir);
+    let s = Scenario::start(cmd, &dir, &url, &["--grace", "300ms"], Case::running);
+    let mut nexts = s.nexts(&url);
+    for h in &s.holders {
+        // SAFETY: signalling the guard of a dlock this test started.
+        unsafe {
+            libc::kill(guard_of(h), libc::SIGKILL);
+        }
+    }
+    s.check_nexts(&mut nexts);
+    s.end("after dlock exited", Some(128 + libc::SIGKILL));
+}
