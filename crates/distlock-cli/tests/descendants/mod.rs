@@ -94,6 +94,9 @@ pub struct Case {
     pub tag: String,
     /// Whether dlock may use a cgroup (else `DLOCK_CGROUP=off`).
     pub cgroup: bool,
+    /// `--kind write` for `dlock run` on a read-write lock (its own file on `file://`), or
+    /// nothing (a mutex; an election).
+    pub kind: &'static [&'static str],
     dir: PathBuf,
 }
 
@@ -115,6 +118,7 @@ pub fn cases(cmd: Cmd, dir: &Path) -> Vec<Case> {
                 shape,
                 tag: format!("300.{:07}{:03}{i}", std::process::id(), seq % 1000),
                 cgroup: (i + cmd as usize).is_multiple_of(2),
+                kind: &[],
                 name,
                 dir: cdir,
             }
@@ -264,6 +268,7 @@ impl Case {
         let child = self
             .dlock(url)
             .arg(self.cmd.sub())
+            .args(self.kind)
             .args(args)
             .arg(&self.name)
             .arg("--")
@@ -344,8 +349,12 @@ impl Case {
             return Ok(());
         }
         Err(format!(
-            "dlock {} / {:?} (cgroup {}): still running {when}: {left:?}; dlock said: {:?}",
+            "dlock {}{} / {:?} (cgroup {}): still running {when}: {left:?}; dlock said: {:?}",
             self.cmd.sub(),
+            self.kind
+                .iter()
+                .map(|k| format!(" {k}"))
+                .collect::<String>(),
             self.shape,
             if self.cgroup { "allowed" } else { "off" },
             holder.stderr()
@@ -363,15 +372,9 @@ impl Case {
         );
         let child = Command::new(bin())
             .env("DLOCK_BACKEND", url)
-            .args([
-                self.cmd.sub(),
-                "--wait",
-                "60s",
-                &self.name,
-                "--",
-                "sh",
-                "-c",
-            ])
+            .arg(self.cmd.sub())
+            .args(self.kind)
+            .args(["--wait", "60s", &self.name, "--", "sh", "-c"])
             .arg(script)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -482,7 +485,15 @@ impl Scenario {
         args: &[&str],
         command: fn(&Case) -> Vec<String>,
     ) -> Scenario {
-        let cases = cases(cmd, dir.path());
+        Scenario::start_cases(cases(cmd, dir.path()), url, args, command)
+    }
+
+    fn start_cases(
+        cases: Vec<Case>,
+        url: &str,
+        args: &[&str],
+        command: fn(&Case) -> Vec<String>,
+    ) -> Scenario {
         let holders = cases
             .iter()
             .map(|c| c.hold(url, args, &command(c)))
@@ -656,7 +667,14 @@ fn release_traced(pid: i32) {
 pub fn dlock_killed_while_its_guard_is_held(cmd: Cmd) {
     let dir = TempDir::new().expect("tempdir");
     let url = file_url(&dir);
-    let mut s = Scenario::start(cmd, &dir, &url, &["--grace", "300ms"], Case::running);
+    let mut cases = cases(cmd, dir.path());
+    if cmd == Cmd::Run {
+        // Half of them on the write side of a read-write lock: another file, the same rule.
+        for c in cases.iter_mut().skip(1).step_by(2) {
+            c.kind = &["--kind", "write"];
+        }
+    }
+    let mut s = Scenario::start_cases(cases, &url, &["--grace", "300ms"], Case::running);
     let guards: Vec<i32> = s.holders.iter().map(guard_of).collect();
     if !guards.iter().all(|&g| hold_traced(g)) {
         guards.iter().for_each(|&g| release_traced(g));
@@ -675,15 +693,18 @@ pub fn dlock_killed_while_its_guard_is_held(cmd: Cmd) {
     for c in &s.cases {
         let out = Command::new(bin())
             .env("DLOCK_BACKEND", &url)
-            .args([cmd.sub(), "--wait", "0", &c.name, "--", "true"])
+            .arg(cmd.sub())
+            .args(c.kind)
+            .args(["--wait", "0", &c.name, "--", "true"])
             .stdin(Stdio::null())
             .output()
             .expect("try");
         if out.status.code() != Some(75) {
             errors.push(Err(format!(
-                "dlock {} / {:?}: another owner got the lock while the command still ran \
+                "dlock {}{} / {:?}: another owner got the lock while the command still ran \
                  (exit {:?}; still running: {:?})",
                 cmd.sub(),
+                c.kind.iter().map(|k| format!(" {k}")).collect::<String>(),
                 c.shape,
                 out.status.code(),
                 c.survivors()
