@@ -19,6 +19,13 @@
 //! whose renewals are never confirmed is lost at its lease end, which its signal knows by
 //! itself (`LostSignal::is_lost` compares with the clock) and at which the keeper wakes to
 //! take it out of the map.
+//!
+//! Timers sleep on tokio's clock (CLOCK_MONOTONIC), which stops while the machine is
+//! suspended; leases run on the boot-time clock ([`Instant`]), which does not. So while the
+//! client has holds, the keeper also wakes every [`SUSPEND_CHECK`] and looks at the boot-time
+//! clock: after a resume that outlived a lease, the hold is lost (and every `lost()` future
+//! resolves) within that much of the resume, not at a timer that slept through the suspend.
+//! One wake-up per client serves all its holds; a client without holds does not wake for it.
 
 use super::{Hold, KeeperMsg, Shared};
 use crate::backend::{GrantRef, RenewOutcome};
@@ -34,6 +41,10 @@ use tracing::Instrument;
 
 /// The most holds one watchdog `Backend::renew` call carries.
 pub(crate) const RENEW_CHUNK: usize = 1000;
+
+/// Longest the keeper sleeps on tokio's clock while the client has holds: how late after a
+/// resume from suspend a lease that ran out during it is noticed.
+pub(crate) const SUSPEND_CHECK: Duration = Duration::from_secs(1);
 
 /// The part of the interval over which a round's chunks are sent.
 fn spread(interval: Duration) -> Duration {
@@ -77,6 +88,12 @@ pub(crate) async fn keeper(
         }
         let next_send = round.as_ref().map_or(next_round, |r| r.next_at);
         let wake_at = next_expiry.map_or(next_send, |e: Instant| e.min(next_send));
+        // A timer on tokio's clock sleeps through a suspend: with holds to watch, look at the
+        // boot-time clock again at least every SUSPEND_CHECK.
+        let mut sleep_until = wake_at.to_tokio();
+        if next_expiry.is_some() {
+            sleep_until = sleep_until.min(tokio::time::Instant::now() + SUSPEND_CHECK);
+        }
         tokio::select! {
             _ = stop.cancelled() => break,
             msg = rx.recv() => match msg {
@@ -86,7 +103,7 @@ pub(crate) async fn keeper(
             _ = shared.wake.notified() => rescan = true,
             // A chunk is done: its holds' lease ends moved on (or they are gone).
             Some(_) = renewals.join_next(), if !renewals.is_empty() => rescan = true,
-            _ = tokio::time::sleep_until(wake_at.to_tokio()) => {}
+            _ = tokio::time::sleep_until(sleep_until) => {}
         }
         let now = Instant::now();
         if round.is_none() && now >= next_round {

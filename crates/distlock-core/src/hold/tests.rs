@@ -200,3 +200,42 @@ async fn a_failed_chunk_is_sent_again_and_nothing_is_lost() {
     renewed(&b, from, &tokens(&guards), 2).await;
     assert!(guards.iter().all(|g| !g.is_lost()));
 }
+
+/// A suspend (stood in for by the boot-time clock jumping on while tokio's, the monotonic
+/// clock, does not) that outlived the leases ends the holds promptly after the resume:
+/// `lost()` futures that were waiting since before it resolve within a few seconds, not at the
+/// keeper's next round or at the lease end as tokio's timers count it.
+#[tokio::test]
+async fn lost_fires_promptly_after_a_suspend() {
+    let backend = Arc::new(Recorder::default());
+    // The first round is 20 s away, the fixed lease ends 120 s after its grant (tokio time).
+    let opts = ClientOptions::default().watchdog_lease(Duration::from_secs(60));
+    let client = Client::new(backend, opts).expect("client");
+    let watched = client
+        .lock("suspend-watchdog")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let fixed = client
+        .lock("suspend-fixed")
+        .expect("lock")
+        .lease(Duration::from_secs(120))
+        .expect("lease")
+        .acquire()
+        .await
+        .expect("acquire");
+    let w = tokio::spawn(watched.lost_signal().lost_owned());
+    let f = tokio::spawn(fixed.lost_signal().lost_owned());
+    // Both are waiting on their timers before the suspend.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!w.is_finished() && !f.is_finished());
+    crate::clock::suspend_for_test(Duration::from_secs(600));
+    let both = async { (w.await.expect("task"), f.await.expect("task")) };
+    let (rw, rf) = tokio::time::timeout(Duration::from_secs(10), both)
+        .await
+        .expect("lost() did not resolve within 10 s of a resume that outlived the leases");
+    assert_eq!(rw, LostReason::LeaseExpired);
+    assert_eq!(rf, LostReason::LeaseExpired);
+    assert_eq!(client.held_count(), 0);
+}
