@@ -277,32 +277,39 @@ pub(crate) async fn extend_hold(
 ) -> Result<()> {
     let item = [(hold.grant.clone(), lease)];
     let mut sent = Instant::now();
-    let out = crate::backoff::retry(shared.opts.retry, || {
+    let held = crate::backoff::retry(shared.opts.retry, || {
         sent = Instant::now();
-        shared.backend.renew(&item)
+        async {
+            match shared.backend.renew(&item).await?.first() {
+                Some(RenewOutcome::Renewed) => Ok(true),
+                Some(RenewOutcome::NotHeld) => Ok(false),
+                // Neither confirmed nor refused: retried like an unknown outcome.
+                Some(RenewOutcome::Unconfirmed) => Err(Error::connection(
+                    shared.backend.kind(),
+                    shared.backend.endpoint(),
+                    "the renewal was neither confirmed nor refused",
+                )),
+                None => Err(Error::UnexpectedReply {
+                    backend: shared.backend.kind(),
+                    message: "renewal of one lock returned no outcome".into(),
+                }),
+            }
+        }
     })
     .await?;
-    match out.first() {
-        Some(RenewOutcome::Renewed) => {
-            // Measured from the send of the attempt that was confirmed: the server applied it
-            // no earlier.
-            hold.update(|st| st.confirmed(sent, lease));
-            shared.wake.notify_one();
-            Ok(())
-        }
-        Some(RenewOutcome::NotHeld) => {
-            shared.forget(hold);
-            hold.lost.fire(LostReason::NotHeld);
-            Err(Error::NotOwner {
-                name: hold.key().name.to_string(),
-                owner: hold.key().owner.to_string(),
-            })
-        }
-        None => Err(Error::UnexpectedReply {
-            backend: shared.backend.kind(),
-            message: "renewal of one lock returned no outcome".into(),
-        }),
+    if !held {
+        shared.forget(hold);
+        hold.lost.fire(LostReason::NotHeld);
+        return Err(Error::NotOwner {
+            name: hold.key().name.to_string(),
+            owner: hold.key().owner.to_string(),
+        });
     }
+    // Measured from the send of the attempt that was confirmed: the server applied it no
+    // earlier.
+    hold.update(|st| st.confirmed(sent, lease));
+    shared.wake.notify_one();
+    Ok(())
 }
 
 /// Releases one guard's share of `hold`: counted down in this client, and the grant released

@@ -15,10 +15,11 @@
 //! lease) apart, and a new hold's first renewal comes at most 1¼ intervals after its grant. A
 //! chunk whose call is not confirmed (an error, a timeout, a reply of the wrong size) is tried
 //! again by its task a quarter interval later, until the next round, which sends it first (its
-//! lease end is then the nearest). A hold the server refuses (`NotHeld`) is lost at once; one
-//! whose renewals are never confirmed is lost at its lease end, which its signal knows by
-//! itself (`LostSignal::is_lost` compares with the clock) and at which the keeper wakes to
-//! take it out of the map.
+//! lease end is then the nearest); so are the holds of a chunk the backend answered
+//! `Unconfirmed` (their renewal failed on its own), without the others. A hold the server
+//! refuses (`NotHeld`) is lost at once; one whose renewals are never confirmed is lost at its
+//! lease end, which its signal knows by itself (`LostSignal::is_lost` compares with the
+//! clock) and at which the keeper wakes to take it out of the map.
 //!
 //! Timers sleep on tokio's clock (CLOCK_MONOTONIC), which stops while the machine is
 //! suspended; leases run on the boot-time clock ([`Instant`]), which does not. So while the
@@ -182,7 +183,13 @@ async fn renew_chunk(
     loop {
         // Released or lost since the round was planned: not renewed.
         holds.retain(|h| !h.lost.is_lost() && h.state().watchdog_guards > 0);
-        if holds.is_empty() || renew(&shared, &holds, &mut items, interval).await {
+        if holds.is_empty() {
+            return;
+        }
+        // Only what was not confirmed is sent again: the whole chunk after a failed call,
+        // the holds whose renewal failed on their own otherwise.
+        holds = renew(&shared, holds, &mut items, interval).await;
+        if holds.is_empty() {
             return;
         }
         // A renewal that was not confirmed is tried again soon, not only at the next round:
@@ -218,14 +225,15 @@ fn handle(shared: &Arc<Shared>, msg: KeeperMsg) {
     }
 }
 
-/// One batched renewal of `batch` (`items` is the reused request buffer); false if the batch
-/// could not be confirmed.
+/// One batched renewal of `batch` (`items` is the reused request buffer). Returns the holds
+/// it could not confirm: all of them if the call failed, those the backend answered
+/// [`RenewOutcome::Unconfirmed`] otherwise.
 async fn renew(
     shared: &Shared,
-    batch: &[Arc<Hold>],
+    batch: Vec<Arc<Hold>>,
     items: &mut Vec<(GrantRef, Duration)>,
     interval: Duration,
-) -> bool {
+) -> Vec<Arc<Hold>> {
     let lease = shared.opts.watchdog_lease;
     items.clear();
     items.extend(batch.iter().map(|h| (h.grant.clone(), lease)));
@@ -239,17 +247,23 @@ async fn renew(
     match res {
         Ok(Ok(outcomes)) if outcomes.len() == batch.len() => {
             let mut renewed = 0;
-            for (hold, out) in batch.iter().zip(outcomes) {
+            let mut unconfirmed = Vec::new();
+            for (hold, out) in batch.into_iter().zip(outcomes) {
                 match out {
                     RenewOutcome::Renewed => {
                         renewed += 1;
                         hold.update(|st| st.confirmed(started, lease));
                     }
-                    RenewOutcome::NotHeld => shared.mark_lost(hold, LostReason::NotHeld),
+                    RenewOutcome::NotHeld => shared.mark_lost(&hold, LostReason::NotHeld),
+                    RenewOutcome::Unconfirmed => unconfirmed.push(hold),
                 }
             }
             metrics::counter!("dlock_renewals_total", "backend" => backend).increment(renewed);
-            true
+            if !unconfirmed.is_empty() {
+                metrics::counter!("dlock_renewal_failures_total", "backend" => backend)
+                    .increment(1);
+            }
+            unconfirmed
         }
         Ok(Ok(outcomes)) => {
             tracing::error!(
@@ -258,12 +272,12 @@ async fn renew(
                 "backend renewed a batch of the wrong size"
             );
             metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
-            false
+            batch
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, holds = batch.len(), "renewal failed; retrying soon, the lock is lost if its lease runs out first");
             metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
-            false
+            batch
         }
         Err(_) => {
             tracing::warn!(
@@ -272,7 +286,7 @@ async fn renew(
                 "renewal timed out; retrying soon"
             );
             metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
-            false
+            batch
         }
     }
 }
