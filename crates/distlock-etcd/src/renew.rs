@@ -342,7 +342,11 @@ impl EtcdBackend {
     }
 
     /// Gives attempt `req` up: deletes its key, whatever state it is in (`Backend::give_up`).
-    pub(crate) async fn leave(&self, req: &AcquireRequest) -> Result<()> {
+    /// `place`: the lease the key is known to be on (a waiter's place in the queue); if the
+    /// delete does not get through, that lease is revoked as soon as etcd answers, with the
+    /// leases of unknown fate (an ended attempt's key must not stay queued, and become a grant
+    /// nobody uses, for the lease's whole TTL).
+    pub(crate) async fn leave(&self, req: &AcquireRequest, place: Option<Lease>) -> Result<()> {
         let keys = self.keys_of(&req.key);
         let mine = keys.attempt(&req.attempt);
         let meta = keys.meta_of(&mine).map(|m| TxnOp::delete(m, None));
@@ -355,6 +359,9 @@ impl EtcdBackend {
             .collect();
         let txn = Txn::new().and_then(ops);
         let r = self.txn("give up", txn).await;
+        if let (Err(_), Some(place)) = (&r, place) {
+            self.doubt(&req.attempt, place);
+        }
         // The attempt is over either way: its leases of unknown fate can go (they carry at most
         // this attempt's key).
         self.settle(&req.attempt);

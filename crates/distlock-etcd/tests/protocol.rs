@@ -541,6 +541,56 @@ async fn one_overwritten_key_does_not_fail_the_renewal_of_the_others() {
     }
 }
 
+/// A waiter whose give-up cannot reach etcd (its connection blackholed as its wait runs out)
+/// leaves no key behind once etcd answers again: its key's lease is revoked then, so when the
+/// holder releases, a third client gets the lock at once. (The key used to stay queued for the
+/// waiter's whole lease and then hold the lock for an attempt nobody waits for.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_up_that_cannot_get_through_leaves_no_key_behind() {
+    let cluster = EtcdCluster::start().expect("cluster");
+    let url = cluster.url();
+    let direct = backend(&url).await;
+    let (proxy, proxied_url) = proxied(&cluster);
+    // Far longer than the test: only a revoke can free the waiter's key in time.
+    let lease = Duration::from_secs(60);
+    let a = client(&url, opts(lease)).await;
+    let b = client(&proxied_url, opts(lease)).await;
+    let name = unique_name("unheard-give-up");
+    let g = hold(&a, &name).await;
+    let waiter = b.lock(&name).expect("lock");
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire_timeout(Duration::from_secs(3))
+            .await
+            .map(|g| g.fencing_token())
+    });
+    poll_until(
+        "the waiter's key queued behind the holder's",
+        async || queue(&direct, &name).await.len(),
+        |n| *n == 2,
+    )
+    .await;
+    proxy.set_blackhole(true);
+    let r = waiting.await.expect("task");
+    assert!(r.is_err(), "the waiter got the lock: {r:?}");
+    assert_eq!(
+        queue(&direct, &name).await.len(),
+        2,
+        "the give-up got through the blackhole"
+    );
+    proxy.heal();
+    proxy.reset_all();
+    released(g).await;
+    let c = client(&url, opts(lease)).await;
+    let lock = c.lock(&name).expect("lock");
+    poll_until(
+        "a third client gets the lock once the holder released",
+        async || lock.try_acquire().await.expect("try").is_some(),
+        |got| *got,
+    )
+    .await;
+}
+
 /// Two clients with one owner id are two holders; the second one's wait runs out and gives up,
 /// which deletes its own key only: the first one's grant is untouched (it used to be the key
 /// both shared, revoked by the one that gave up).
