@@ -276,7 +276,11 @@ pub trait Backend: Send + Sync + 'static {
     /// this once per chunk of at most 1,000 holds per tick (chunks spread over the first
     /// quarter of the interval, possibly several in flight at once); `extend` with one item.
     /// Returns one outcome per item, in order: [`RenewOutcome::NotHeld`] fires that hold's
-    /// lost signal.
+    /// lost signal. A hold whose renewal fails on its own (its key's data unreadable, a
+    /// compare-and-swap that kept losing, an error for that key alone) is answered
+    /// [`RenewOutcome::Unconfirmed`] while the others get their outcomes: one bad hold must not
+    /// leave the rest of its batch unconfirmed ([`RenewOutcome::each`] collects per-item
+    /// results so).
     ///
     /// # Cancel safety
     /// Must be cancel safe: the watchdog drops it when the client's per-call timeout (or the
@@ -285,8 +289,10 @@ pub trait Backend: Send + Sync + 'static {
     /// is safe.
     ///
     /// # Errors
-    /// An `Err` means the whole batch could not be confirmed (the watchdog retries a quarter
-    /// interval later; the core presumes the locks lost when their leases run out first).
+    /// An `Err` means the whole batch could not be confirmed (the server unreachable, the
+    /// session gone): the watchdog retries a quarter interval later, and the core presumes the
+    /// locks lost when their leases run out first. It retries [`RenewOutcome::Unconfirmed`]
+    /// items the same way, alone.
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>>;
 
     /// The lock's current state, as the server sees it now. Read-only.

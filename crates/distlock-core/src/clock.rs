@@ -6,8 +6,11 @@
 //! Linux (and Android), which keeps counting during suspend, and the monotonic clock elsewhere.
 //! Every lease deadline in dlock (the lost signal, the watchdog, a grant's start) is one of these.
 //!
-//! Timers still sleep on tokio's clock; a timer that fires late after a suspend is harmless,
-//! because every check compares with this clock.
+//! Timers still sleep on tokio's clock, which stops during a suspend, so a timer fires late
+//! after one. Every check compares with this clock, so a late timer never makes a lost lock
+//! look held (`is_lost()` is exact); and while a client has holds its keeper looks at this
+//! clock at least once a second, so a lease that ran out during a suspend fires its lost signal
+//! (and resolves `lost()`) within a second of the resume.
 
 use std::ops::{Add, Sub};
 use std::time::Duration;
@@ -24,7 +27,7 @@ pub struct Instant(Duration);
 impl Instant {
     /// Now.
     pub fn now() -> Instant {
-        Instant(read())
+        Instant(read() + suspended())
     }
 
     /// Time since `earlier`, zero if `earlier` is later.
@@ -90,6 +93,33 @@ impl Sub<Duration> for Instant {
     fn sub(self, d: Duration) -> Instant {
         Instant(self.0.saturating_sub(d))
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Test seam: how far this thread's reads are ahead of the real clock. A suspend cannot be
+    /// made in a test; [`suspend_for_test`] stands in for one: this clock jumps on, tokio's
+    /// timers (the monotonic clock) do not.
+    static SUSPENDED: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+/// Test seam: makes every later read on this thread `d` later, as a suspend of `d` would
+/// (CLOCK_BOOTTIME moves on, CLOCK_MONOTONIC and so tokio's timers do not). Per thread, so
+/// tests running side by side are not affected; a test using it runs on a current-thread
+/// runtime, where the keeper and every timer of its client run on its thread.
+#[cfg(test)]
+pub(crate) fn suspend_for_test(d: Duration) {
+    SUSPENDED.with(|s| s.set(s.get() + d));
+}
+
+#[cfg(test)]
+fn suspended() -> Duration {
+    SUSPENDED.with(std::cell::Cell::get)
+}
+
+#[cfg(not(test))]
+fn suspended() -> Duration {
+    Duration::ZERO
 }
 
 #[cfg(any(target_os = "linux", target_os = "android"))]

@@ -284,29 +284,34 @@ impl Leadership {
         let _one = hold.proclaimed.one.lock().await;
         let seq = hold.proclaimed.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let backend = client.backend();
-        let out = crate::backoff::retry(client.options().retry, || {
-            backend.proclaim(&hold.grant, seq, &value)
+        let leads = crate::backoff::retry(client.options().retry, || async {
+            match backend.proclaim(&hold.grant, seq, &value).await? {
+                RenewOutcome::Renewed => Ok(true),
+                RenewOutcome::NotHeld => Ok(false),
+                // Neither confirmed nor refused: retried like an unknown outcome.
+                RenewOutcome::Unconfirmed => Err(Error::connection(
+                    backend.kind(),
+                    backend.endpoint(),
+                    "the proclamation was neither confirmed nor refused",
+                )),
+            }
         })
         .await?;
-        match out {
-            RenewOutcome::Renewed => {
-                let mut now = hold
-                    .proclaimed
-                    .value
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                *now = Some(Arc::from(value));
-                Ok(())
-            }
-            RenewOutcome::NotHeld => {
-                client.shared.forget(hold);
-                hold.lost.fire(LostReason::NotHeld);
-                Err(Error::NotOwner {
-                    name: self.name().to_owned(),
-                    owner: self.owner().to_owned(),
-                })
-            }
+        if !leads {
+            client.shared.forget(hold);
+            hold.lost.fire(LostReason::NotHeld);
+            return Err(Error::NotOwner {
+                name: self.name().to_owned(),
+                owner: self.owner().to_owned(),
+            });
         }
+        let mut now = hold
+            .proclaimed
+            .value
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *now = Some(Arc::from(value));
+        Ok(())
     }
 
     /// Steps down: the next candidate may lead.

@@ -17,6 +17,38 @@ use tracing::Instrument;
 /// Every guard carries a [fencing token](LockGuard::fencing_token): pass it to the resource
 /// you protect and have the resource reject tokens lower than one it has seen, so a holder
 /// that stalled past its lease cannot overwrite a newer holder's work.
+///
+/// # The rule for a fenced store
+/// A token issued for a lock name is above every token issued for that name before, on every
+/// backend (under each backend's stated assumption: see [`LockGuard::fencing_token`]). So a
+/// store protected by one lock name keeps, per resource, the highest token it has accepted and
+/// **rejects a write whose token is lower**; a write with an **equal** token is accepted: two
+/// grants never share a token, so an equal token is the same grant — the same holder writing
+/// again, a re-entrant guard of its hold, or a retried request of it. Check and record the
+/// token atomically with the write (a compare-and-set, a conditional update, one transaction).
+/// Compare tokens of one lock name only: tokens of different names are unrelated.
+///
+/// ```
+/// /// The highest token accepted, and the value it wrote.
+/// struct Fenced { highest: u64, value: String }
+///
+/// impl Fenced {
+///     fn write(&mut self, token: u64, value: &str) -> Result<(), String> {
+///         if token < self.highest {
+///             return Err(format!("stale token {token}: {} was seen", self.highest));
+///         }
+///         self.highest = token; // equal: the same holder writing again
+///         self.value = value.to_owned();
+///         Ok(())
+///     }
+/// }
+///
+/// let mut store = Fenced { highest: 0, value: String::new() };
+/// store.write(7, "first").unwrap();
+/// store.write(7, "again, same holder").unwrap();
+/// store.write(9, "the next holder").unwrap();
+/// assert!(store.write(7, "the old holder, back from a pause").is_err());
+/// ```
 #[must_use = "dropping the guard releases the lock at once"]
 #[derive(Debug)]
 pub struct LockGuard {
@@ -57,7 +89,17 @@ impl LockGuard {
     }
 
     /// The fencing token of this grant: strictly greater than every token handed out for this
-    /// name before it. Re-entrant guards of one hold share the token.
+    /// name before it, so no two grants of a name share one. Re-entrant guards of one hold
+    /// share the token (see [the rule for a fenced store](LockGuard#the-rule-for-a-fenced-store)).
+    ///
+    /// What it rests on, per backend: etcd and ZooKeeper issue the commit order of their
+    /// consensus log (a create revision, a creation zxid), which no crash, restart or failover
+    /// rolls back — only a restore of the cluster from an older backup does (their pages say how
+    /// to restore without it). The Redis family, PostgreSQL, MySQL and the file backend keep a
+    /// counter and floor every grant's token at the server's clock in microseconds, so a counter
+    /// rolled back (a restart from an older snapshot, a failover to a replica that missed the
+    /// last grants, a crash in the fsync window) still hands out tokens above every earlier one,
+    /// as long as that clock does not step back by more than the backend's page states.
     pub fn fencing_token(&self) -> u64 {
         self.hold.token()
     }
@@ -277,32 +319,39 @@ pub(crate) async fn extend_hold(
 ) -> Result<()> {
     let item = [(hold.grant.clone(), lease)];
     let mut sent = Instant::now();
-    let out = crate::backoff::retry(shared.opts.retry, || {
+    let held = crate::backoff::retry(shared.opts.retry, || {
         sent = Instant::now();
-        shared.backend.renew(&item)
+        async {
+            match shared.backend.renew(&item).await?.first() {
+                Some(RenewOutcome::Renewed) => Ok(true),
+                Some(RenewOutcome::NotHeld) => Ok(false),
+                // Neither confirmed nor refused: retried like an unknown outcome.
+                Some(RenewOutcome::Unconfirmed) => Err(Error::connection(
+                    shared.backend.kind(),
+                    shared.backend.endpoint(),
+                    "the renewal was neither confirmed nor refused",
+                )),
+                None => Err(Error::UnexpectedReply {
+                    backend: shared.backend.kind(),
+                    message: "renewal of one lock returned no outcome".into(),
+                }),
+            }
+        }
     })
     .await?;
-    match out.first() {
-        Some(RenewOutcome::Renewed) => {
-            // Measured from the send of the attempt that was confirmed: the server applied it
-            // no earlier.
-            hold.update(|st| st.confirmed(sent, lease));
-            shared.wake.notify_one();
-            Ok(())
-        }
-        Some(RenewOutcome::NotHeld) => {
-            shared.forget(hold);
-            hold.lost.fire(LostReason::NotHeld);
-            Err(Error::NotOwner {
-                name: hold.key().name.to_string(),
-                owner: hold.key().owner.to_string(),
-            })
-        }
-        None => Err(Error::UnexpectedReply {
-            backend: shared.backend.kind(),
-            message: "renewal of one lock returned no outcome".into(),
-        }),
+    if !held {
+        shared.forget(hold);
+        hold.lost.fire(LostReason::NotHeld);
+        return Err(Error::NotOwner {
+            name: hold.key().name.to_string(),
+            owner: hold.key().owner.to_string(),
+        });
     }
+    // Measured from the send of the attempt that was confirmed: the server applied it no
+    // earlier.
+    hold.update(|st| st.confirmed(sent, lease));
+    shared.wake.notify_one();
+    Ok(())
 }
 
 /// Releases one guard's share of `hold`: counted down in this client, and the grant released

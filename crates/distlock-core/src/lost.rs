@@ -116,7 +116,10 @@ impl LostSignal {
     }
 
     /// Resolves when the lock is lost (at once if it already is), at the latest when its lease
-    /// runs out without a confirmed renewal.
+    /// runs out without a confirmed renewal. After a suspend of the machine that outlived the
+    /// lease it resolves within a second of the resume (the client's keeper looks at the
+    /// boot-time clock at least that often while it has holds; tokio's timers slept through the
+    /// suspend).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {

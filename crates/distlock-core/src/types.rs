@@ -266,6 +266,47 @@ pub enum RenewOutcome {
     Renewed,
     /// The owner no longer holds the lock.
     NotHeld,
+    /// This hold's renewal failed on its own (its data unreadable, a compare-and-swap that
+    /// kept losing, an error for its key alone) while the others of the batch have their
+    /// outcomes: neither confirmed nor refused. The watchdog tries it again as it does a
+    /// failed batch, and presumes it lost if its lease runs out first. A backend logs the error
+    /// (the outcome carries none); when every item of a batch failed it returns the error
+    /// instead ([`RenewOutcome::each`]).
+    Unconfirmed,
+}
+
+impl RenewOutcome {
+    /// The outcomes of a batch whose items were renewed one by one (`results`, in the order of
+    /// `holds`): a failed item is [`RenewOutcome::Unconfirmed`] and its error is logged, so one
+    /// bad hold does not leave the others of its batch unconfirmed. If every item failed, the
+    /// first error is returned instead (so a one-item `extend` sees it, and a retryable one is
+    /// retried).
+    ///
+    /// # Errors
+    /// The first item's error, when every item failed.
+    pub fn each(
+        backend: &'static str,
+        holds: &[(GrantRef, Duration)],
+        results: Vec<crate::Result<RenewOutcome>>,
+    ) -> crate::Result<Vec<RenewOutcome>> {
+        if results.iter().all(std::result::Result::is_err) {
+            return match results.into_iter().next() {
+                Some(Err(e)) => Err(e),
+                _ => Ok(Vec::new()),
+            };
+        }
+        Ok(results
+            .into_iter()
+            .zip(holds)
+            .map(|(r, (grant, _))| {
+                r.unwrap_or_else(|e| {
+                    tracing::warn!(backend, name = %grant.key.name, error = %e,
+                        "the renewal of this lock failed; the others of its batch went on; retrying soon, the lock is lost if its lease runs out first");
+                    RenewOutcome::Unconfirmed
+                })
+            })
+            .collect())
+    }
 }
 
 /// One holder of a lock, as reported by [`Backend::inspect`].

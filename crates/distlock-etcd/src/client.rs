@@ -91,6 +91,7 @@ impl EtcdBackend {
     ) -> Result<Self> {
         let limit = opts.get_connect_timeout() * 2;
         let own = connect_opts.is_some();
+        let closed = tokio_util::sync::CancellationToken::new();
         let backend = EtcdBackend {
             client,
             endpoint: endpoint.clone(),
@@ -102,6 +103,8 @@ impl EtcdBackend {
             doubtful: Mutex::new(HashMap::new()),
             leases: Mutex::new(HashMap::new()),
             transport: tls::Transport::Unknown,
+            closed: closed.clone(),
+            _closing: closed.drop_guard(),
         };
         let mut kv = backend.client.kv_client();
         let probe = backend.prefix.clone().into_bytes();

@@ -140,7 +140,9 @@ impl EtcdBackend {
     /// `attempt` has ended (released or given up): revokes the leases a request of it with an
     /// unknown outcome may have attached to its key. They can carry only that attempt's key,
     /// which has no use any more; and a request still travelling that would create the key
-    /// with one of them fails once it is revoked.
+    /// with one of them fails once it is revoked. Each revoke is retried until etcd answers it
+    /// (see [`revoke_until_answered`](Self::revoke_until_answered)): a late create either
+    /// came first, and the revoke deletes its key, or comes after and is refused.
     pub(crate) fn settle(&self, attempt: &AttemptId) {
         self.leases
             .lock()
@@ -152,8 +154,44 @@ impl EtcdBackend {
             .unwrap_or_else(|p| p.into_inner())
             .remove(attempt);
         for d in doubts.into_iter().flatten() {
-            self.revoke_in_background(d.lease);
+            self.revoke_until_answered(d);
         }
+    }
+
+    /// Revokes the lease of an ended attempt in the background, again and again (pauses from
+    /// 100 ms doubling to 5 s) until etcd answers (revoked, or "lease not found"), the lease
+    /// has certainly expired by itself (`until`), or the backend is dropped. One revoke that
+    /// does not get through (etcd unreachable as the attempt ends) must not leave the
+    /// attempt's key — queued, or granted by a request that arrives later — for the lease's
+    /// whole TTL, holding the lock for nobody.
+    pub(crate) fn revoke_until_answered(&self, d: Doubt) {
+        let client = self.client.clone();
+        let timeout = self.op_timeout;
+        let closed = self.closed.clone();
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(100);
+            loop {
+                let mut lc = client.lease_client();
+                match tokio::time::timeout(timeout, lc.revoke(d.lease)).await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) if is_lease_not_found(&e) => return,
+                    Ok(Err(e)) => {
+                        tracing::debug!(lease = d.lease, error = %e, "lease revoke failed; trying again")
+                    }
+                    Err(_) => {
+                        tracing::debug!(lease = d.lease, "lease revoke timed out; trying again")
+                    }
+                }
+                if Instant::now() + pause >= d.until {
+                    return;
+                }
+                tokio::select! {
+                    _ = closed.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        });
     }
 
     /// Notes that `attempt`'s key is on `lease` (so that renewals can keep it alive while they

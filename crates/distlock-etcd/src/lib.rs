@@ -65,6 +65,9 @@ pub struct EtcdBackend {
     leases: Mutex<HashMap<AttemptId, Lease>>,
     /// How the connection is protected (`doctor`'s `tls` check).
     transport: tls::Transport,
+    /// Fires when the backend is dropped: background revokes of ended attempts' leases stop.
+    closed: CancellationToken,
+    _closing: tokio_util::sync::DropGuard,
 }
 
 impl EtcdBackend {
@@ -237,7 +240,7 @@ impl Backend for EtcdBackend {
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        self.leave(req).await
+        self.leave(req, None).await
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {

@@ -1,12 +1,12 @@
 //! Renewing grants (keep-alives, moving a key to a longer lease), releasing them, giving attempts up.
 
 use crate::acquire::*;
-use crate::error::shape;
+use crate::error::{shape, KIND};
 use crate::keys::{Entry, Keys, Meta};
 use crate::lease::*;
 use crate::EtcdBackend;
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, RenewOutcome};
-use distlock_core::{ReleaseOutcome, Result};
+use distlock_core::{Error, ReleaseOutcome, Result};
 use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 use std::time::Duration;
 
@@ -213,7 +213,9 @@ impl EtcdBackend {
         )
     }
 
-    /// Renews many holds at once (`Backend::renew`).
+    /// Renews many holds at once (`Backend::renew`). A hold whose renewal fails on its own (its
+    /// key's data overwritten, a compare-and-swap that kept losing) is `Unconfirmed`; the
+    /// others of the batch still get their outcomes.
     pub(crate) async fn renew_holds(
         &self,
         holds: &[(GrantRef, Duration)],
@@ -228,9 +230,20 @@ impl EtcdBackend {
         // same time keep alive the lease each key is known to be on when that lease is long
         // enough: one round trip per tick in the common case (a renewal must fit in a third of
         // the lease on a loaded machine). The read decides whether that keep-alive counts.
-        let reads = mines.chunks(MAX_OPS_PER_TXN).map(|chunk| {
+        let reads = mines.chunks(MAX_OPS_PER_TXN).map(|chunk| async move {
             let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
-            self.txn("renew", Txn::new().and_then(ops))
+            let resp = self.txn("renew", Txn::new().and_then(ops)).await?;
+            let mut all = gets(&resp);
+            if all.len() != chunk.len() {
+                return Err(shape(format!(
+                    "renewal read {} keys for {} holds",
+                    all.len(),
+                    chunk.len()
+                )));
+            }
+            (0..chunk.len())
+                .map(|i| nth_first(&mut all, i))
+                .collect::<Result<Vec<_>>>()
         });
         let early = holds.iter().map(|(g, want)| async move {
             match self.known_lease(&g.attempt) {
@@ -239,33 +252,47 @@ impl EtcdBackend {
             }
         });
         let (read, early) = tokio::join!(
-            futures_util::future::try_join_all(reads),
+            futures_util::future::join_all(reads),
             futures_util::future::join_all(early)
         );
-        let mut found = Vec::with_capacity(holds.len());
-        for resp in read? {
-            let mut all = gets(&resp);
-            for i in 0..all.len() {
-                found.push(nth_first(&mut all, i)?);
+        // A chunk whose read failed leaves its holds unconfirmed, not the others; if every
+        // read failed, that is the batch's error.
+        if read.iter().all(|r| r.is_err()) {
+            if let Some(Err(e)) = read.into_iter().next() {
+                return Err(e);
             }
+            return Ok(Vec::new());
         }
-        if found.len() != holds.len() {
-            return Err(shape(format!(
-                "renewal read {} keys for {} holds",
-                found.len(),
-                holds.len()
-            )));
-        }
+        let found = read
+            .into_iter()
+            .zip(mines.chunks(MAX_OPS_PER_TXN))
+            .flat_map(|(r, chunk)| {
+                let per_hold: Vec<Result<Option<KeyValue>>> = match r {
+                    Ok(found) => found.into_iter().map(Ok).collect(),
+                    Err(e) => chunk
+                        .iter()
+                        .map(|_| {
+                            Err(Error::connection(
+                                KIND,
+                                self.endpoint.clone(),
+                                format!("reading the keys of its renewal batch: {e}"),
+                            ))
+                        })
+                        .collect(),
+                };
+                per_hold
+            });
         let each = holds
             .iter()
             .zip(&keys)
             .zip(&mines)
             .zip(found)
             .zip(early)
-            .map(|(((((g, lease), keys), mine), kv), early)| {
-                self.renew_one(keys, g, mine, *lease, kv, early)
+            .map(|(((((g, lease), keys), mine), kv), early)| async move {
+                self.renew_one(keys, g, mine, *lease, kv?, early).await
             });
-        futures_util::future::try_join_all(each).await
+        let results = futures_util::future::join_all(each).await;
+        RenewOutcome::each(KIND, holds, results)
     }
 
     /// Releases one grant by a compare-and-delete addressed by attempt and token (`Backend::release`).
@@ -315,7 +342,11 @@ impl EtcdBackend {
     }
 
     /// Gives attempt `req` up: deletes its key, whatever state it is in (`Backend::give_up`).
-    pub(crate) async fn leave(&self, req: &AcquireRequest) -> Result<()> {
+    /// `place`: the lease the key is known to be on (a waiter's place in the queue); if the
+    /// delete does not get through, that lease is revoked as soon as etcd answers, with the
+    /// leases of unknown fate (an ended attempt's key must not stay queued, and become a grant
+    /// nobody uses, for the lease's whole TTL).
+    pub(crate) async fn leave(&self, req: &AcquireRequest, place: Option<Lease>) -> Result<()> {
         let keys = self.keys_of(&req.key);
         let mine = keys.attempt(&req.attempt);
         let meta = keys.meta_of(&mine).map(|m| TxnOp::delete(m, None));
@@ -328,6 +359,9 @@ impl EtcdBackend {
             .collect();
         let txn = Txn::new().and_then(ops);
         let r = self.txn("give up", txn).await;
+        if let (Err(_), Some(place)) = (&r, place) {
+            self.doubt(&req.attempt, place);
+        }
         // The attempt is over either way: its leases of unknown fate can go (they carry at most
         // this attempt's key).
         self.settle(&req.attempt);

@@ -223,7 +223,11 @@ impl Waiter<'_> {
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, "waiter keep-alive failed; retrying");
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // Kept: a give-up after this error still knows the key's lease.
+                    self.place = Some(place);
+                    return Err(e);
+                }
             }
         }
         let rev = place.rev;
@@ -322,8 +326,12 @@ impl WaitStrategy for Waiter<'_> {
     /// got meanwhile (its key became first as the deadline passed). The request names this
     /// attempt's key and nothing else.
     async fn give_up(&mut self) {
-        if let Err(e) = self.b.give_up(self.req).await {
-            tracing::debug!(error = %e, "could not leave the queue; the key expires with its lease");
+        let place = self.place.as_ref().map(|p| Lease {
+            id: p.lease,
+            ttl: p.ttl,
+        });
+        if let Err(e) = self.b.leave(self.req, place).await {
+            tracing::debug!(error = %e, "could not leave the queue; the key's lease is revoked once etcd answers");
         }
     }
 }

@@ -12,7 +12,9 @@ use distlock_etcd::EtcdBackend;
 
 mod common;
 use common::{client_at as client, etcdctl, etcdctl_lock, exits_ok, file_appears, hold, released};
-use distlock_testkit::conformance::{poll_until, unique_name, wait_for_waiters};
+use distlock_testkit::conformance::{
+    others_renew_while_one_fails, poll_until, unique_name, wait_for_waiters,
+};
 use distlock_testkit::{DelayProxy, EtcdCluster, TempDir};
 use etcd_client::GetOptions;
 use std::sync::Arc;
@@ -504,6 +506,89 @@ async fn lease_revoked_behind_the_holders_back_is_lost() {
         ReleaseOutcome::TakenByOther
     );
     assert_eq!(queue(&direct, &name).await.len(), 1);
+}
+
+/// One hold whose renewal errors does not fail the renewal of the others in its batch: an
+/// operator's `etcdctl put` over one holder's key (foreign data, and off its lease) makes that
+/// hold's renewal fail on its own; the other holds of the same client, renewed in the same
+/// call, stay held (they used to be lost at their lease end with it), and the overwritten one
+/// is lost at its lease end, never confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_overwritten_key_does_not_fail_the_renewal_of_the_others() {
+    let cluster = EtcdCluster::start().expect("cluster");
+    let url = cluster.url();
+    let direct = backend(&url).await;
+    let lease = Duration::from_secs(3);
+    let a = client(&url, opts(lease)).await;
+    let mut guards = Vec::new();
+    for i in 0..3 {
+        guards.push(hold(&a, &unique_name(&format!("batch{i}"))).await);
+    }
+    let q = queue(&direct, guards[1].name()).await;
+    assert_eq!(q.len(), 1, "{q:?}");
+    direct
+        .etcd_client()
+        .kv_client()
+        .put(q[0].0.clone(), "overwritten by an operator", None)
+        .await
+        .expect("put");
+    others_renew_while_one_fails(&guards, 1, lease).await;
+    // Still theirs on the server: another client is refused them.
+    let b = client(&url, opts(lease)).await;
+    for g in [&guards[0], &guards[2]] {
+        let other = b.lock(g.name()).expect("lock").try_acquire().await;
+        assert!(other.expect("try").is_none(), "{} was free", g.name());
+    }
+}
+
+/// A waiter whose give-up cannot reach etcd (its connection blackholed as its wait runs out)
+/// leaves no key behind once etcd answers again: its key's lease is revoked then, so when the
+/// holder releases, a third client gets the lock at once. (The key used to stay queued for the
+/// waiter's whole lease and then hold the lock for an attempt nobody waits for.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_up_that_cannot_get_through_leaves_no_key_behind() {
+    let cluster = EtcdCluster::start().expect("cluster");
+    let url = cluster.url();
+    let direct = backend(&url).await;
+    let (proxy, proxied_url) = proxied(&cluster);
+    // Far longer than the test: only a revoke can free the waiter's key in time.
+    let lease = Duration::from_secs(60);
+    let a = client(&url, opts(lease)).await;
+    let b = client(&proxied_url, opts(lease)).await;
+    let name = unique_name("unheard-give-up");
+    let g = hold(&a, &name).await;
+    let waiter = b.lock(&name).expect("lock");
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire_timeout(Duration::from_secs(3))
+            .await
+            .map(|g| g.fencing_token())
+    });
+    poll_until(
+        "the waiter's key queued behind the holder's",
+        async || queue(&direct, &name).await.len(),
+        |n| *n == 2,
+    )
+    .await;
+    proxy.set_blackhole(true);
+    let r = waiting.await.expect("task");
+    assert!(r.is_err(), "the waiter got the lock: {r:?}");
+    assert_eq!(
+        queue(&direct, &name).await.len(),
+        2,
+        "the give-up got through the blackhole"
+    );
+    proxy.heal();
+    proxy.reset_all();
+    released(g).await;
+    let c = client(&url, opts(lease)).await;
+    let lock = c.lock(&name).expect("lock");
+    poll_until(
+        "a third client gets the lock once the holder released",
+        async || lock.try_acquire().await.expect("try").is_some(),
+        |got| *got,
+    )
+    .await;
 }
 
 /// Two clients with one owner id are two holders; the second one's wait runs out and gives up,

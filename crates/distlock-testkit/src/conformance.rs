@@ -30,4 +30,6 @@ pub use harness::{Caps, Harness, ServerHarness};
 pub use kinds::*;
 pub use lease::*;
 pub use mutex::*;
-pub use prelude::{fast_opts, poll_until, unique_name, wait_for_waiters, EVENTUALLY};
+pub use prelude::{
+    fast_opts, others_renew_while_one_fails, poll_until, unique_name, wait_for_waiters, EVENTUALLY,
+};

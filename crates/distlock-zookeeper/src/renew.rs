@@ -85,40 +85,38 @@ impl Inner {
             .filter(|(_, g)| g.node == NodeKind::Latch)
             .map(|(_, g)| g.path.as_str())
             .collect();
-        let mut nodes: HashMap<&str, Option<(NodeData, zk::Stat)>> = HashMap::new();
+        // A node that cannot be read (data dlock did not write, an error for that node alone)
+        // leaves the holds on it unconfirmed, not the others of the batch.
+        let mut nodes: HashMap<&str, Read> = HashMap::new();
         for (p, r) in paths.iter().zip(results) {
             let node = match r {
                 zk::MultiReadResult::Data { stat, .. }
                     if stat.ephemeral_owner == sess.id && latches.contains(p) =>
                 {
-                    Some((NodeData::default(), stat))
+                    Ok(Some((NodeData::default(), stat)))
                 }
                 zk::MultiReadResult::Data { data, stat } if stat.ephemeral_owner == sess.id => {
-                    Some((
-                        NodeData::parse(&data).ok_or_else(|| foreign_data(p, &data))?,
-                        stat,
-                    ))
+                    match NodeData::parse(&data) {
+                        Some(nd) => Ok(Some((nd, stat))),
+                        None => Err(Unread::Foreign(data)),
+                    }
                 }
-                zk::MultiReadResult::Data { .. } => None,
+                zk::MultiReadResult::Data { .. } => Ok(None),
                 zk::MultiReadResult::Error {
                     err: zk::Error::NoNode,
-                } => None,
-                zk::MultiReadResult::Error { err } => return Err(self.err("renewing", err)),
-                other => {
-                    return Err(Error::unexpected(
-                        KIND,
-                        format!("renewal: unexpected answer {other:?}"),
-                    ))
-                }
+                } => Ok(None),
+                zk::MultiReadResult::Error { err } => Err(Unread::Refused(err)),
+                other => Err(Unread::Answer(format!("{other:?}"))),
             };
-            if node.is_none() {
+            if matches!(node, Ok(None)) {
                 self.node_gone(p, sess.gen);
             }
             nodes.insert(p, node);
         }
+        let mut results: Vec<Result<RenewOutcome>> = out.into_iter().map(Ok).collect();
         for (i, g) in &wanted {
             let held = match nodes.get(g.path.as_str()) {
-                Some(Some((nd, stat))) => {
+                Some(Ok(Some((nd, stat)))) => {
                     token_of(stat) == Some(g.token)
                         && if g.joined {
                             nd.readers
@@ -128,14 +126,43 @@ impl Inner {
                             g.node != NodeKind::Write || !nd.downgraded
                         }
                 }
+                Some(Err(unread)) => {
+                    results[*i] = Err(unread.error(self, &g.path));
+                    continue;
+                }
                 _ => false,
             };
             if held {
-                out[*i] = RenewOutcome::Renewed;
+                results[*i] = Ok(RenewOutcome::Renewed);
             } else {
                 self.forget_grant(&holds[*i].0.attempt);
             }
         }
-        Ok(out)
+        RenewOutcome::each(KIND, holds, results)
+    }
+}
+
+/// What the renewal read of one node found: the node if it is still this session's.
+type Read = std::result::Result<Option<(NodeData, zk::Stat)>, Unread>;
+
+/// Why a node of a renewal batch could not be read.
+enum Unread {
+    /// Data dlock did not write.
+    Foreign(Vec<u8>),
+    /// The server refused the read of this node (e.g. its ACL changed).
+    Refused(zk::Error),
+    /// An answer of a kind a read does not give.
+    Answer(String),
+}
+
+impl Unread {
+    fn error(&self, inner: &Inner, path: &str) -> Error {
+        match self {
+            Unread::Foreign(data) => foreign_data(path, data),
+            Unread::Refused(e) => inner.err(&format!("renewing {path}"), e.clone()),
+            Unread::Answer(a) => {
+                Error::unexpected(KIND, format!("renewal of {path}: unexpected answer {a}"))
+            }
+        }
     }
 }

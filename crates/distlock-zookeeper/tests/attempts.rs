@@ -7,7 +7,9 @@ use distlock_core::{
     AcquireReply, AcquireRequest, Backend, ClientOptions, Error, GrantRef, HoldKey, LockKind,
     LostSignal, ReleaseOutcome, RenewOutcome,
 };
-use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
+use distlock_testkit::conformance::{
+    fast_opts, others_renew_while_one_fails, poll_until, unique_name,
+};
 use distlock_testkit::{DelayProxy, ZkEnsemble};
 use distlock_zookeeper::{lock_dir, ZkBackend};
 use std::sync::Arc;
@@ -551,5 +553,44 @@ async fn retried_join_of_the_read_side_is_one() {
     assert!(!read.lost.is_lost() && !write.lost.is_lost());
     for g in [&tr, &tw] {
         p.release(g).await.expect("release");
+    }
+}
+
+/// One hold whose renewal errors does not fail the renewal of the others in its batch: an
+/// operator's `set` of foreign data on one holder's lock node makes that hold's renewal fail
+/// on its own; the other holds of the same session, renewed in the same call, stay held (the
+/// renewal used to return that error for the whole batch, and they were lost at their lease
+/// end with it), and the overwritten one is lost at its lease end, never confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_overwritten_node_does_not_fail_the_renewal_of_the_others() {
+    let ensemble = ZkEnsemble::shared();
+    let lease = Duration::from_secs(3);
+    let opts = fast_opts().watchdog_lease(lease);
+    let a = common::shared_client(opts.clone()).await;
+    let mut guards = Vec::new();
+    for i in 0..3 {
+        guards.push(common::hold(&a, &unique_name(&format!("batch{i}"))).await);
+    }
+    let operator = zk::Client::connect(&ensemble.connect_string())
+        .await
+        .expect("operator");
+    let held = nodes(&operator, guards[1].name()).await;
+    assert_eq!(held.len(), 1, "{held:?}");
+    let dir = lock_dir("dlock", guards[1].name(), LockKind::Mutex).expect("dir");
+    operator
+        .set_data(
+            &format!("{dir}/{}", held[0].0),
+            // Two lines, the second not one of dlock's: data dlock cannot read.
+            b"overwritten\nby an operator",
+            None,
+        )
+        .await
+        .expect("set");
+    others_renew_while_one_fails(&guards, 1, lease).await;
+    // Still theirs on the server: another session is refused them.
+    let b = common::shared_client(opts).await;
+    for g in [&guards[0], &guards[2]] {
+        let other = b.lock(g.name()).expect("lock").try_acquire().await;
+        assert!(other.expect("try").is_none(), "{} was free", g.name());
     }
 }

@@ -15,10 +15,18 @@
 //! lease) apart, and a new hold's first renewal comes at most 1¼ intervals after its grant. A
 //! chunk whose call is not confirmed (an error, a timeout, a reply of the wrong size) is tried
 //! again by its task a quarter interval later, until the next round, which sends it first (its
-//! lease end is then the nearest). A hold the server refuses (`NotHeld`) is lost at once; one
-//! whose renewals are never confirmed is lost at its lease end, which its signal knows by
-//! itself (`LostSignal::is_lost` compares with the clock) and at which the keeper wakes to
-//! take it out of the map.
+//! lease end is then the nearest); so are the holds of a chunk the backend answered
+//! `Unconfirmed` (their renewal failed on its own), without the others. A hold the server
+//! refuses (`NotHeld`) is lost at once; one whose renewals are never confirmed is lost at its
+//! lease end, which its signal knows by itself (`LostSignal::is_lost` compares with the
+//! clock) and at which the keeper wakes to take it out of the map.
+//!
+//! Timers sleep on tokio's clock (CLOCK_MONOTONIC), which stops while the machine is
+//! suspended; leases run on the boot-time clock ([`Instant`]), which does not. So while the
+//! client has holds, the keeper also wakes every [`SUSPEND_CHECK`] and looks at the boot-time
+//! clock: after a resume that outlived a lease, the hold is lost (and every `lost()` future
+//! resolves) within that much of the resume, not at a timer that slept through the suspend.
+//! One wake-up per client serves all its holds; a client without holds does not wake for it.
 
 use super::{Hold, KeeperMsg, Shared};
 use crate::backend::{GrantRef, RenewOutcome};
@@ -34,6 +42,10 @@ use tracing::Instrument;
 
 /// The most holds one watchdog `Backend::renew` call carries.
 pub(crate) const RENEW_CHUNK: usize = 1000;
+
+/// Longest the keeper sleeps on tokio's clock while the client has holds: how late after a
+/// resume from suspend a lease that ran out during it is noticed.
+pub(crate) const SUSPEND_CHECK: Duration = Duration::from_secs(1);
 
 /// The part of the interval over which a round's chunks are sent.
 fn spread(interval: Duration) -> Duration {
@@ -77,6 +89,12 @@ pub(crate) async fn keeper(
         }
         let next_send = round.as_ref().map_or(next_round, |r| r.next_at);
         let wake_at = next_expiry.map_or(next_send, |e: Instant| e.min(next_send));
+        // A timer on tokio's clock sleeps through a suspend: with holds to watch, look at the
+        // boot-time clock again at least every SUSPEND_CHECK.
+        let mut sleep_until = wake_at.to_tokio();
+        if next_expiry.is_some() {
+            sleep_until = sleep_until.min(tokio::time::Instant::now() + SUSPEND_CHECK);
+        }
         tokio::select! {
             _ = stop.cancelled() => break,
             msg = rx.recv() => match msg {
@@ -86,7 +104,7 @@ pub(crate) async fn keeper(
             _ = shared.wake.notified() => rescan = true,
             // A chunk is done: its holds' lease ends moved on (or they are gone).
             Some(_) = renewals.join_next(), if !renewals.is_empty() => rescan = true,
-            _ = tokio::time::sleep_until(wake_at.to_tokio()) => {}
+            _ = tokio::time::sleep_until(sleep_until) => {}
         }
         let now = Instant::now();
         if round.is_none() && now >= next_round {
@@ -165,7 +183,13 @@ async fn renew_chunk(
     loop {
         // Released or lost since the round was planned: not renewed.
         holds.retain(|h| !h.lost.is_lost() && h.state().watchdog_guards > 0);
-        if holds.is_empty() || renew(&shared, &holds, &mut items, interval).await {
+        if holds.is_empty() {
+            return;
+        }
+        // Only what was not confirmed is sent again: the whole chunk after a failed call,
+        // the holds whose renewal failed on their own otherwise.
+        holds = renew(&shared, holds, &mut items, interval).await;
+        if holds.is_empty() {
             return;
         }
         // A renewal that was not confirmed is tried again soon, not only at the next round:
@@ -201,14 +225,15 @@ fn handle(shared: &Arc<Shared>, msg: KeeperMsg) {
     }
 }
 
-/// One batched renewal of `batch` (`items` is the reused request buffer); false if the batch
-/// could not be confirmed.
+/// One batched renewal of `batch` (`items` is the reused request buffer). Returns the holds
+/// it could not confirm: all of them if the call failed, those the backend answered
+/// [`RenewOutcome::Unconfirmed`] otherwise.
 async fn renew(
     shared: &Shared,
-    batch: &[Arc<Hold>],
+    batch: Vec<Arc<Hold>>,
     items: &mut Vec<(GrantRef, Duration)>,
     interval: Duration,
-) -> bool {
+) -> Vec<Arc<Hold>> {
     let lease = shared.opts.watchdog_lease;
     items.clear();
     items.extend(batch.iter().map(|h| (h.grant.clone(), lease)));
@@ -222,17 +247,23 @@ async fn renew(
     match res {
         Ok(Ok(outcomes)) if outcomes.len() == batch.len() => {
             let mut renewed = 0;
-            for (hold, out) in batch.iter().zip(outcomes) {
+            let mut unconfirmed = Vec::new();
+            for (hold, out) in batch.into_iter().zip(outcomes) {
                 match out {
                     RenewOutcome::Renewed => {
                         renewed += 1;
                         hold.update(|st| st.confirmed(started, lease));
                     }
-                    RenewOutcome::NotHeld => shared.mark_lost(hold, LostReason::NotHeld),
+                    RenewOutcome::NotHeld => shared.mark_lost(&hold, LostReason::NotHeld),
+                    RenewOutcome::Unconfirmed => unconfirmed.push(hold),
                 }
             }
             metrics::counter!("dlock_renewals_total", "backend" => backend).increment(renewed);
-            true
+            if !unconfirmed.is_empty() {
+                metrics::counter!("dlock_renewal_failures_total", "backend" => backend)
+                    .increment(1);
+            }
+            unconfirmed
         }
         Ok(Ok(outcomes)) => {
             tracing::error!(
@@ -241,12 +272,12 @@ async fn renew(
                 "backend renewed a batch of the wrong size"
             );
             metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
-            false
+            batch
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, holds = batch.len(), "renewal failed; retrying soon, the lock is lost if its lease runs out first");
             metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
-            false
+            batch
         }
         Err(_) => {
             tracing::warn!(
@@ -255,7 +286,7 @@ async fn renew(
                 "renewal timed out; retrying soon"
             );
             metrics::counter!("dlock_renewal_failures_total", "backend" => backend).increment(1);
-            false
+            batch
         }
     }
 }

@@ -19,6 +19,8 @@ struct Recorder {
     next_token: AtomicU64,
     calls: Mutex<Vec<Vec<u64>>>,
     refused: Mutex<HashSet<u64>>,
+    /// Grants whose renewal fails on its own (answered `Unconfirmed`).
+    unconfirmed: Mutex<HashSet<u64>>,
     /// Renewal calls still to fail (with a connection error).
     fail: AtomicU32,
     failed: Mutex<Vec<Vec<u64>>>,
@@ -65,11 +67,14 @@ impl Backend for Recorder {
             return Err(Error::connection("recorder", "memory", "injected failure"));
         }
         let refused = self.refused.lock().expect("refused").clone();
+        let unconfirmed = self.unconfirmed.lock().expect("unconfirmed").clone();
         let out = tokens
             .iter()
             .map(|t| {
                 if refused.contains(t) {
                     RenewOutcome::NotHeld
+                } else if unconfirmed.contains(t) {
+                    RenewOutcome::Unconfirmed
                 } else {
                     RenewOutcome::Renewed
                 }
@@ -199,4 +204,67 @@ async fn a_failed_chunk_is_sent_again_and_nothing_is_lost() {
     renewed(&b, from, &failed, 1).await;
     renewed(&b, from, &tokens(&guards), 2).await;
     assert!(guards.iter().all(|g| !g.is_lost()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_hold_is_sent_again_alone_and_lost_at_its_lease_end() {
+    let (b, client, guards) = holding(5).await;
+    let bad = guards[2].fencing_token();
+    b.unconfirmed.lock().expect("unconfirmed").insert(bad);
+    let from = b.calls().len();
+    let reason = tokio::time::timeout(Duration::from_secs(30), guards[2].lost())
+        .await
+        .expect("the unconfirmed hold was never lost");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    let calls = b.calls().split_off(from);
+    // Tried again on its own between rounds, the others not sent with it.
+    assert!(
+        calls.iter().any(|c| c == &vec![bad]),
+        "never retried alone: {calls:?}"
+    );
+    let others: Vec<u64> = tokens(&guards).into_iter().filter(|t| *t != bad).collect();
+    renewed(&b, from, &others, 3).await;
+    for (i, g) in guards.iter().enumerate() {
+        assert_eq!(g.is_lost(), i == 2, "guard {i}");
+    }
+    assert_eq!(client.held_count(), 4);
+}
+
+/// A suspend (stood in for by the boot-time clock jumping on while tokio's, the monotonic
+/// clock, does not) that outlived the leases ends the holds promptly after the resume:
+/// `lost()` futures that were waiting since before it resolve within a few seconds, not at the
+/// keeper's next round or at the lease end as tokio's timers count it.
+#[tokio::test]
+async fn lost_fires_promptly_after_a_suspend() {
+    let backend = Arc::new(Recorder::default());
+    // The first round is 20 s away, the fixed lease ends 120 s after its grant (tokio time).
+    let opts = ClientOptions::default().watchdog_lease(Duration::from_secs(60));
+    let client = Client::new(backend, opts).expect("client");
+    let watched = client
+        .lock("suspend-watchdog")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let fixed = client
+        .lock("suspend-fixed")
+        .expect("lock")
+        .lease(Duration::from_secs(120))
+        .expect("lease")
+        .acquire()
+        .await
+        .expect("acquire");
+    let w = tokio::spawn(watched.lost_signal().lost_owned());
+    let f = tokio::spawn(fixed.lost_signal().lost_owned());
+    // Both are waiting on their timers before the suspend.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!w.is_finished() && !f.is_finished());
+    crate::clock::suspend_for_test(Duration::from_secs(600));
+    let both = async { (w.await.expect("task"), f.await.expect("task")) };
+    let (rw, rf) = tokio::time::timeout(Duration::from_secs(10), both)
+        .await
+        .expect("lost() did not resolve within 10 s of a resume that outlived the leases");
+    assert_eq!(rw, LostReason::LeaseExpired);
+    assert_eq!(rf, LostReason::LeaseExpired);
+    assert_eq!(client.held_count(), 0);
 }

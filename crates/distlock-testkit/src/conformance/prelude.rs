@@ -148,3 +148,38 @@ pub(crate) async fn assert_released(g: LockGuard) {
         ReleaseOutcome::Released
     );
 }
+
+/// `guards` are watchdog holds of one client (renewed in one batch) with watchdog lease
+/// `lease`, and the renewal of `guards[bad]` now fails on the server (its key's data
+/// overwritten, say): every other guard's lease is confirmed on through two more leases and
+/// none of them is lost, while `guards[bad]` is lost at its lease end, not refused (its
+/// renewal was neither confirmed nor refused). Fails with the guards' state if not.
+pub async fn others_renew_while_one_fails(guards: &[LockGuard], bad: usize, lease: Duration) {
+    let from = distlock_core::clock::Instant::now();
+    let others = || guards.iter().enumerate().filter(move |(i, _)| *i != bad);
+    let state = poll_until(
+        "the other holds of the batch renewed through two leases: (name, lost, lease deadline past)",
+        async || {
+            others()
+                .map(|(_, g)| {
+                    let past = g.lease_deadline() > from + lease * 2;
+                    (g.name().to_owned(), g.lost_signal().reason(), past)
+                })
+                .collect::<Vec<_>>()
+        },
+        |s| s.iter().all(|(_, lost, past)| lost.is_none() && *past),
+    )
+    .await;
+    assert!(state.iter().all(|(_, lost, _)| lost.is_none()), "{state:?}");
+    let reason = tokio::time::timeout(EVENTUALLY, guards[bad].lost())
+        .await
+        .expect("the hold whose renewal fails was never lost");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    for (i, g) in others() {
+        assert!(
+            !g.is_lost(),
+            "guard {i} lost: {:?}",
+            g.lost_signal().reason()
+        );
+    }
+}
