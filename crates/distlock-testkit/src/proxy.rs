@@ -1,6 +1,6 @@
 //! A delaying / blackholing / resetting TCP proxy for fault tests.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -15,6 +15,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest single sleep of a writer, so it notices shutdown promptly.
 const SLEEP_SLICE: Duration = Duration::from_millis(50);
 const BUF_SIZE: usize = 16 * 1024;
+/// How often a writer whose connection is held looks whether it was released.
+const HOLD_POLL: Duration = Duration::from_millis(5);
 
 /// A TCP proxy on a free loopback port forwarding to `target`, adding a
 /// delay before forwarding each chunk in both directions; for fault tests
@@ -39,6 +41,10 @@ const BUF_SIZE: usize = 16 * 1024;
 /// shuts every open connection down, and
 /// [`reset_after_request_bytes`](Self::reset_after_request_bytes) does so
 /// right after a request reached the server, before its reply can come back.
+/// [`hold_next_request`](Self::hold_next_request) holds the next request and
+/// everything after it on that one connection until
+/// [`release_held`](Self::release_held) (a request *still on its way* while
+/// the client, past its operation timeout, goes on over a fresh connection).
 /// [`stats`](Self::stats) counts what was read and forwarded per direction,
 /// so a test can wait until a request has reached the server.
 ///
@@ -128,6 +134,13 @@ struct Shared {
     resetting: AtomicBool,
     /// Forwarded request bytes at which to reset all connections (0: off).
     reset_at_up_bytes: AtomicU64,
+    /// Armed by [`DelayProxy::hold_next_request`]: the connection the next request chunk is
+    /// read on is held.
+    hold_armed: AtomicBool,
+    /// Connections whose requests are held (not forwarded) until released.
+    held: Mutex<HashSet<u64>>,
+    /// Connections held since the proxy started.
+    held_total: AtomicU64,
     connections: AtomicU64,
     resets: AtomicU64,
     shutdown: AtomicBool,
@@ -165,6 +178,26 @@ impl Shared {
     fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, [TcpStream; 2]>> {
         self.conns.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A request chunk was read on connection `id`: held from now on if a hold is armed.
+    fn maybe_hold(&self, id: u64) {
+        if self
+            .hold_armed
+            .compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.held().insert(id);
+            self.held_total.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn is_held(&self, id: u64) -> bool {
+        self.held().contains(&id)
+    }
 }
 
 fn duration_nanos(d: Duration) -> u64 {
@@ -183,6 +216,9 @@ impl DelayProxy {
             down: Direction::default(),
             resetting: AtomicBool::new(false),
             reset_at_up_bytes: AtomicU64::new(0),
+            hold_armed: AtomicBool::new(false),
+            held: Mutex::new(HashSet::new()),
+            held_total: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
@@ -292,8 +328,33 @@ impl DelayProxy {
         self.shared.reset_at_up_bytes.load(Ordering::SeqCst) != 0
     }
 
-    /// Turns every fault off: no delay, no dropping, no armed reset.
+    /// Arms a one-shot hold: the connection the next request chunk is read on (whichever
+    /// it is) is held — that chunk and every later request on it stay in the proxy, in
+    /// order, until [`release_held`](Self::release_held) — while every other connection,
+    /// and every new one, passes as before. So a client whose request is held goes past its
+    /// operation timeout, moves to a fresh connection and retries there, and the first
+    /// request is *still on its way*: released, it reaches the server after everything the
+    /// client did meanwhile (and after the client closed that connection: its end of
+    /// stream follows the held data).
+    pub fn hold_next_request(&self) {
+        self.shared.hold_armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards what [`hold_next_request`](Self::hold_next_request) held, in order, and
+    /// holds nothing more (an armed hold that caught nothing is disarmed).
+    pub fn release_held(&self) {
+        self.shared.hold_armed.store(false, Ordering::SeqCst);
+        self.shared.held().clear();
+    }
+
+    /// Connections whose requests were held since the proxy started (held now or released).
+    pub fn held_connections(&self) -> u64 {
+        self.shared.held_total.load(Ordering::SeqCst)
+    }
+
+    /// Turns every fault off: no delay, no dropping, no armed reset, nothing held.
     pub fn heal(&self) {
+        self.release_held();
         self.shared.reset_at_up_bytes.store(0, Ordering::SeqCst);
         self.set_blackhole(false);
         self.set_delay(Duration::ZERO);
@@ -398,6 +459,22 @@ impl ProxyControl {
     /// its own connections once it forwarded `n` more request bytes).
     pub fn reset_after_request_bytes(&self, n: u64) {
         self.focused().for_each(|p| p.reset_after_request_bytes(n));
+    }
+
+    /// [`DelayProxy::hold_next_request`] on every focused proxy (each holds its own next
+    /// request's connection).
+    pub fn hold_next_request(&self) {
+        self.focused().for_each(DelayProxy::hold_next_request);
+    }
+
+    /// [`DelayProxy::release_held`] on every focused proxy.
+    pub fn release_held(&self) {
+        self.focused().for_each(DelayProxy::release_held);
+    }
+
+    /// [`DelayProxy::held_connections`] of the focused proxies added up.
+    pub fn held_connections(&self) -> u64 {
+        self.focused().map(DelayProxy::held_connections).sum()
     }
 
     /// [`DelayProxy::heal`] on every focused proxy.
@@ -548,10 +625,11 @@ fn pump(mut src: TcpStream, dst: TcpStream, dir: Dir, shared: Arc<Shared>, guard
     let (tx, rx) = mpsc::channel::<Chunk>();
     let writer_src = src.try_clone();
     let s = Arc::clone(&shared);
+    let id = guard.id;
     let writer = thread::Builder::new()
         .name("dlock-proxy-writer".into())
         .spawn(move || {
-            write_loop(rx, dst, writer_src.ok(), dir, &s);
+            write_loop(rx, dst, writer_src.ok(), (dir, id), &s);
             guard.direction_done();
         });
     if writer.is_err() {
@@ -572,6 +650,9 @@ fn pump(mut src: TcpStream, dst: TcpStream, dir: Dir, shared: Arc<Shared>, guard
                 if shared.dropping(dir) {
                     continue;
                 }
+                if dir == Dir::Up {
+                    shared.maybe_hold(id);
+                }
                 let due = Instant::now() + d.delay();
                 if tx.send(Chunk::Data(due, buf[..n].to_vec())).is_err() {
                     break;
@@ -588,7 +669,7 @@ fn write_loop(
     rx: mpsc::Receiver<Chunk>,
     mut dst: TcpStream,
     src: Option<TcpStream>,
-    dir: Dir,
+    (dir, id): (Dir, u64),
     shared: &Shared,
 ) {
     let close_all = |dst: &TcpStream| {
@@ -606,10 +687,13 @@ fn write_loop(
                         return;
                     }
                     let now = Instant::now();
-                    if now >= due {
+                    if now < due {
+                        thread::sleep((due - now).min(SLEEP_SLICE));
+                    } else if dir == Dir::Up && shared.is_held(id) {
+                        thread::sleep(HOLD_POLL);
+                    } else {
                         break;
                     }
-                    thread::sleep((due - now).min(SLEEP_SLICE));
                 }
                 if shared.dropping(dir) {
                     continue;
