@@ -1,6 +1,6 @@
 //! A delaying / blackholing / resetting TCP proxy for fault tests.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -115,6 +115,17 @@ impl Direction {
     }
 }
 
+/// Where a connection caught by [`DelayProxy::hold_next_request`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HoldState {
+    /// Its requests stay in the proxy.
+    Held,
+    /// Forwarded; no reply read since.
+    Released,
+    /// A reply was read since the release: the server ran the first held request.
+    Answered,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dir {
     /// Client → server.
@@ -134,13 +145,14 @@ struct Shared {
     resetting: AtomicBool,
     /// Forwarded request bytes at which to reset all connections (0: off).
     reset_at_up_bytes: AtomicU64,
-    /// Armed by [`DelayProxy::hold_next_request`]: the connection the next request chunk is
-    /// read on is held.
-    hold_armed: AtomicBool,
-    /// Connections whose requests are held (not forwarded) until released.
-    held: Mutex<HashSet<u64>>,
-    /// Connections held since the proxy started.
-    held_total: AtomicU64,
+    /// Armed by [`DelayProxy::hold_next_request`]: the connection the next request chunk
+    /// holding these bytes is read on is held.
+    hold_armed: Mutex<Option<Vec<u8>>>,
+    /// Whether `hold_armed` is set (read on every request chunk without the lock).
+    hold_pending: AtomicBool,
+    /// Every connection held so far: held now (`Held`), or released and waiting for the
+    /// server's first answer since (`Released`), or answered.
+    held: Mutex<HashMap<u64, HoldState>>,
     connections: AtomicU64,
     resets: AtomicU64,
     shutdown: AtomicBool,
@@ -179,24 +191,41 @@ impl Shared {
         self.conns.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, HoldState>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A request chunk was read on connection `id`: held from now on if a hold is armed.
-    fn maybe_hold(&self, id: u64) {
-        if self
+    /// Request chunk `data` was read on connection `id`: held from now on if a hold is armed
+    /// for bytes it holds.
+    fn maybe_hold(&self, id: u64, data: &[u8]) {
+        if !self.hold_pending.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut armed = self
             .hold_armed
-            .compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            self.held().insert(id);
-            self.held_total.fetch_add(1, Ordering::SeqCst);
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let hit = armed.as_deref().is_some_and(|needle| {
+            needle.is_empty() || data.windows(needle.len()).any(|w| w == needle)
+        });
+        if hit {
+            *armed = None;
+            self.hold_pending.store(false, Ordering::SeqCst);
+            self.held().insert(id, HoldState::Held);
         }
     }
 
     fn is_held(&self, id: u64) -> bool {
-        self.held().contains(&id)
+        self.held().get(&id) == Some(&HoldState::Held)
+    }
+
+    /// A reply chunk was read on connection `id`.
+    fn replied(&self, id: u64) {
+        if let Some(s) = self.held().get_mut(&id) {
+            if *s == HoldState::Released {
+                *s = HoldState::Answered;
+            }
+        }
     }
 }
 
@@ -216,9 +245,9 @@ impl DelayProxy {
             down: Direction::default(),
             resetting: AtomicBool::new(false),
             reset_at_up_bytes: AtomicU64::new(0),
-            hold_armed: AtomicBool::new(false),
-            held: Mutex::new(HashSet::new()),
-            held_total: AtomicU64::new(0),
+            hold_armed: Mutex::new(None),
+            hold_pending: AtomicBool::new(false),
+            held: Mutex::new(HashMap::new()),
             connections: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
@@ -335,21 +364,52 @@ impl DelayProxy {
     /// operation timeout, moves to a fresh connection and retries there, and the first
     /// request is *still on its way*: released, it reaches the server after everything the
     /// client did meanwhile (and after the client closed that connection: its end of
-    /// stream follows the held data).
+    /// stream follows the held data). Replies are not held.
     pub fn hold_next_request(&self) {
-        self.shared.hold_armed.store(true, Ordering::SeqCst);
+        self.hold_next_request_with(b"");
+    }
+
+    /// [`hold_next_request`](Self::hold_next_request) for the next request chunk that
+    /// contains `needle` (e.g. a lock's name: the client's other traffic, a health check or a
+    /// subscription, passes); an empty `needle` matches any chunk.
+    pub fn hold_next_request_with(&self, needle: &[u8]) {
+        *self
+            .shared
+            .hold_armed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(needle.to_vec());
+        self.shared.hold_pending.store(true, Ordering::SeqCst);
     }
 
     /// Forwards what [`hold_next_request`](Self::hold_next_request) held, in order, and
     /// holds nothing more (an armed hold that caught nothing is disarmed).
     pub fn release_held(&self) {
-        self.shared.hold_armed.store(false, Ordering::SeqCst);
-        self.shared.held().clear();
+        *self
+            .shared
+            .hold_armed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.shared.hold_pending.store(false, Ordering::SeqCst);
+        for s in self.shared.held().values_mut() {
+            if *s == HoldState::Held {
+                *s = HoldState::Released;
+            }
+        }
     }
 
-    /// Connections whose requests were held since the proxy started (held now or released).
+    /// Connections held since the proxy started (held now or released).
     pub fn held_connections(&self) -> u64 {
-        self.shared.held_total.load(Ordering::SeqCst)
+        self.shared.held().len() as u64
+    }
+
+    /// Whether every connection held so far was released and the server answered on it
+    /// since (a reply chunk was read: the server ran the first held request). Replies are
+    /// never held, so replies to requests sent before the hold arrived long before.
+    pub fn held_requests_answered(&self) -> bool {
+        self.shared
+            .held()
+            .values()
+            .all(|s| *s == HoldState::Answered)
     }
 
     /// Turns every fault off: no delay, no dropping, no armed reset, nothing held.
@@ -467,6 +527,12 @@ impl ProxyControl {
         self.focused().for_each(DelayProxy::hold_next_request);
     }
 
+    /// [`DelayProxy::hold_next_request_with`] on every focused proxy.
+    pub fn hold_next_request_with(&self, needle: &[u8]) {
+        self.focused()
+            .for_each(|p| p.hold_next_request_with(needle));
+    }
+
     /// [`DelayProxy::release_held`] on every focused proxy.
     pub fn release_held(&self) {
         self.focused().for_each(DelayProxy::release_held);
@@ -475,6 +541,11 @@ impl ProxyControl {
     /// [`DelayProxy::held_connections`] of the focused proxies added up.
     pub fn held_connections(&self) -> u64 {
         self.focused().map(DelayProxy::held_connections).sum()
+    }
+
+    /// [`DelayProxy::held_requests_answered`] on every focused proxy.
+    pub fn held_requests_answered(&self) -> bool {
+        self.focused().all(DelayProxy::held_requests_answered)
     }
 
     /// [`DelayProxy::heal`] on every focused proxy.
@@ -647,11 +718,14 @@ fn pump(mut src: TcpStream, dst: TcpStream, dir: Dir, shared: Arc<Shared>, guard
                 let d = shared.dir(dir);
                 d.chunks_read.fetch_add(1, Ordering::SeqCst);
                 d.bytes_read.fetch_add(n as u64, Ordering::SeqCst);
+                if dir == Dir::Down {
+                    shared.replied(id);
+                }
                 if shared.dropping(dir) {
                     continue;
                 }
                 if dir == Dir::Up {
-                    shared.maybe_hold(id);
+                    shared.maybe_hold(id, &buf[..n]);
                 }
                 let due = Instant::now() + d.delay();
                 if tx.send(Chunk::Data(due, buf[..n].to_vec())).is_err() {
