@@ -291,13 +291,17 @@ impl RedisBackend {
         if let Some(observe) = &k.observe {
             args.extend([value.unwrap_or(""), observe]);
         }
+        // The vote is refused to an attempt whose end record exists (see `crate::ended`).
+        let ended = self.ended_key(&key.name, attempt);
+        let sent = self.unanswered.sent(attempt);
         let (v, reloaded) = self
             .run_quorum(
                 &s.acquire,
-                &[&k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl],
+                &[&k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl, &ended],
                 &args,
             )
             .await?;
+        sent.answered();
         let Value::Array(items) = &v else {
             return Err(shape("quorum acquire", &v));
         };
@@ -451,13 +455,14 @@ impl RedisBackend {
         let token = token.map(|t| t.to_string()).unwrap_or_default();
         let mut args = vec![attempt.as_str(), &token, &k.channel, mode];
         args.extend(k.observe.as_deref());
-        let (v, _) = self
-            .run_quorum(
-                &quorum_scripts().release,
-                &[&k.lock, &k.queue, &k.ttl],
-                &args,
-            )
-            .await?;
+        let s = quorum_scripts();
+        let cmd = s.release.cmd(&[&k.lock, &k.queue, &k.ttl], &args);
+        // A release or a give-up ends the attempt on this node: its end record first, if a
+        // vote of it may still arrive here (a give-back keeps the attempt going).
+        let record = (mode != "giveback")
+            .then(|| self.end_record(name, attempt))
+            .flatten();
+        let v = self.eval_ending(&s.all(), &cmd, record.as_ref()).await?;
         let pair = match &v {
             Value::Array(items) if items.len() == 2 => (int(&items[0]), int(&items[1])),
             _ => (None, None),
