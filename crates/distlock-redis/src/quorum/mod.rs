@@ -219,7 +219,11 @@ impl RedisBackend {
     /// # Cancel safety
     /// A vote dropped after it was sent may still run on the node and grant the hold; it is
     /// addressed to `attempt`, so [`RedisBackend::quorum_give_back`] (or `quorum_give_up`) of
-    /// that attempt removes it, and a retry of the same attempt returns the same hold.
+    /// that attempt removes it, and a retry of the same attempt returns the same hold. A vote
+    /// without an answer (dropped, or timed out) makes that attempt's `quorum_give_up` and
+    /// `quorum_release` on this node set its end record first, so the vote, should it arrive
+    /// after them, is refused (answered as held by another: see the crate's `ended` module and
+    /// `docs/redlock.md`).
     pub async fn quorum_acquire(
         &self,
         key: &HoldKey,
@@ -426,7 +430,9 @@ impl RedisBackend {
     }
 
     /// The attempt stops: it leaves this node's wait queue and gives back whatever it holds
-    /// here; the next waiter is woken if the lock is free here afterwards. Idempotent.
+    /// here; the next waiter is woken if the lock is free here afterwards. Idempotent. If a
+    /// vote of the attempt is still unanswered here, its end record is set first (same round
+    /// trip): no vote of it holds or queues here afterwards (as with `quorum_release`).
     /// Outcomes as [`RedisBackend::quorum_release`] with no token.
     ///
     /// # Errors
