@@ -231,7 +231,9 @@ async fn run() {
     );
     let acquire_lua = redis::Script::new(include_str!("../scripts/acquire.lua"));
     let release_lua = redis::Script::new(include_str!("../scripts/release.lua"));
-    let keys = ["", ":fence", ":queue", ":waiters"].map(|s| format!("dlock:{{floor}}{s}"));
+    // The four keys of the lock and the attempt's end record (one attempt id: never ended).
+    let keys =
+        ["", ":fence", ":queue", ":waiters", ":ended:warm"].map(|s| format!("dlock:{{floor}}{s}"));
     for _ in 0..100 {
         let _: () = unlock
             .key("warm")

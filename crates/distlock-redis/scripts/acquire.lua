@@ -6,6 +6,10 @@
 -- KEYS[2] fencing counter (no expiry; seeded from the server clock when missing)
 -- KEYS[3] wait queue: zset ATTEMPT -> arrival ms (server clock)
 -- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:OWNER"
+-- KEYS[5] the attempt's end record NS:{NAME}:ended:ATTEMPT, written by its give-up or release
+--   when a request of it may still be on its way (src/ended.rs): while it exists, a request of
+--   the attempt is a late one of an attempt nobody waits for any more, and neither gets the
+--   lock nor queues (it is answered "held")
 -- ARGV[1] attempt id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] waiter ttl ms (0: do not
 -- queue), ARGV[5] '1' for a fair lock (a free lock goes to the oldest live waiter),
 -- ARGV[6] the waiter's wake channel ('' for none): kept beside its waiter data, in field
@@ -62,16 +66,23 @@ local function live_head(now)
 end
 
 -- Held by another grant: no EXISTS needed (a hash without an attempt is foreign: not free).
--- Else one EXISTS of the hash and the queue: with neither there (the uncontended case) there
--- is no waiter to defer to and no queue entry of this attempt to take out.
+-- Else one EXISTS of the hash, the queue and the end record: with none there (the uncontended
+-- case) there is no waiter to defer to, no queue entry of this attempt to take out, and the
+-- attempt has not ended.
 local free, queued = false, false
 if not held[1] then
-  local n = redis.call('exists', KEYS[1], KEYS[3])
+  local n = redis.call('exists', KEYS[1], KEYS[3], KEYS[5])
+  if n > 0 and redis.call('exists', KEYS[5]) == 1 then
+    return {0, redis.call('pttl', KEYS[1])}
+  end
   if n == 0 then
     free = true
   elseif n == 1 and redis.call('exists', KEYS[1]) == 0 then
     free, queued = true, true
   end
+elseif queues and redis.call('exists', KEYS[5]) == 1 then
+  -- An ended attempt must not queue: the next release would hand the lock to nobody.
+  return {0, redis.call('pttl', KEYS[1])}
 end
 if queued and ARGV[5] == '1' then
   local head = live_head(now_ms())

@@ -13,6 +13,10 @@
 -- KEYS[4] lease horizon: PX = the longest lease granted or renewed here that may still run
 -- KEYS[5] wait queue: zset ATTEMPT -> SCORE (the waiter's place)
 -- KEYS[6] waiter expiries: zset ATTEMPT -> expiry ms (server clock)
+-- KEYS[7] the attempt's end record NS:{NAME}:ended:ATTEMPT, written by its give-up or release
+--   on this node when a vote of it may still be on its way: while it exists, a vote of the
+--   attempt is a late one of an attempt that ended, and neither holds nor queues here
+--   (answered as status 0)
 -- ARGV[1] attempt id, ARGV[2] lease ms, ARGV[3] the epoch the client knows, ARGV[4] owner id,
 -- ARGV[5] waiter ttl ms ('0': do not queue), ARGV[6] SCORE, ARGV[7] the lock's channel (a
 --   waiter's own channel is CHANNEL:ATTEMPT)
@@ -57,9 +61,21 @@ if redis.call('hget', KEYS[1], 'attempt') == attempt then
   return {2, c, tonumber(redis.call('hget', KEYS[1], 'token') or '0') or 0, qleft, 0}
 end
 
--- Dead waiters (no refresh within their ttl) leave the queue. (No queue here and none to
--- join, the uncontended case: one EXISTS instead of the scan and the look at its head.)
-local queue = wttl > 0 or redis.call('exists', KEYS[5]) == 1
+-- An ended attempt (its end record exists) neither holds nor queues: status 0. Dead waiters
+-- (no refresh within their ttl) leave the queue. (No queue here, none to join and no end
+-- record, the uncontended case: one EXISTS instead of the scan and the look at its head.)
+local ended, queue
+if wttl > 0 then
+  ended, queue = redis.call('exists', KEYS[7]) == 1, true
+else
+  local n = redis.call('exists', KEYS[5], KEYS[7])
+  ended = n > 0 and redis.call('exists', KEYS[7]) == 1
+  queue = n > (ended and 1 or 0)
+end
+if ended then
+  local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
+  return {0, c, redis.call('pttl', KEYS[1]), qleft, 0}
+end
 if queue then
   local dead = redis.call('zrangebyscore', KEYS[6], '-inf', now_ms)
   for _, a in ipairs(dead) do

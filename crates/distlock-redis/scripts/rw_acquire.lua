@@ -5,6 +5,8 @@
 -- KEYS[3] wait queue: zset ATTEMPT -> arrival ms
 -- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:SIDE:OWNER"
 -- KEYS[5] hold expiries: zset ATTEMPT -> expiry ms (each grant its own lease)
+-- KEYS[6] the attempt's end record (see acquire.lua): while it exists, the attempt neither gets
+--   the lock nor queues
 -- ARGV[1] attempt, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] waiter ttl ms (0: do not queue),
 -- ARGV[5] 'r' or 'w', ARGV[6] attempt of the caller's live write grant ('' if none; read side
 -- only: a downgrade), ARGV[7] that grant's token
@@ -19,6 +21,9 @@ local attempt, owner, lease, side = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[5]
 local cur = redis.call('hget', KEYS[1], attempt)
 if cur then
   return again(attempt, cur, lease)
+end
+if redis.call('exists', KEYS[6]) == 1 then
+  return held()
 end
 
 local writer, readers, my_read = false, 0, false

@@ -6,6 +6,8 @@
 -- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:PERMITS:OWNER"
 -- KEYS[5] hold expiries: zset ATTEMPT -> expiry ms (each grant its own lease)
 -- KEYS[6] permit count of the semaphore (set by its first user, changed only explicitly)
+-- KEYS[7] the attempt's end record (see acquire.lua): while it exists, the attempt neither gets
+--   permits nor queues
 -- ARGV[1] attempt, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] waiter ttl ms (0: do not queue),
 -- ARGV[5] permits wanted, ARGV[6] permit count to create the semaphore with, ARGV[7] channel
 -- Returns {1, token} granted (also to an attempt that held it already); {0, ttl_ms} not
@@ -26,6 +28,9 @@ end
 local cur = redis.call('hget', KEYS[1], attempt)
 if cur then
   return again(attempt, cur, lease)
+end
+if redis.call('exists', KEYS[7]) == 1 then
+  return held()
 end
 
 if want > limit then

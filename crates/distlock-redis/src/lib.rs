@@ -5,6 +5,7 @@ mod address;
 mod builder;
 mod cluster;
 mod conn;
+mod ended;
 mod error;
 mod inspect;
 mod ops;
@@ -36,6 +37,8 @@ pub struct RedisBackend {
     endpoint: String,
     namespace: String,
     wait_replicas: Option<(u32, Duration)>,
+    /// The attempts with a request that may still reach the server (see [`ended`]).
+    unanswered: ended::Unanswered,
 }
 
 pub use crate::address::redact;
@@ -301,6 +304,7 @@ impl RedisBackend {
             endpoint,
             namespace,
             wait_replicas,
+            unanswered: ended::Unanswered::new(ended::record_lifetime(opts.get_op_timeout())),
         })
     }
 
@@ -320,6 +324,12 @@ impl RedisBackend {
 
     fn fence_key(&self, name: &str) -> String {
         self.key(name, ":fence")
+    }
+
+    /// `NS:{NAME}:ended:ATTEMPT`: the end record of `attempt` on lock `name` (any kind:
+    /// attempt ids are unique), in the lock's slot (see [`ended`]).
+    fn ended_key(&self, name: &str, attempt: &AttemptId) -> String {
+        self.key(name, &format!(":ended:{}", attempt.as_str()))
     }
 
     fn channel(&self, name: &str) -> String {
@@ -402,13 +412,16 @@ impl RedisBackend {
 
     /// Runs the release-side script of `key`'s family for grant `attempt`/`token` in `mode`
     /// (`release` or `giveup`; a give-up names no token: any grant of the attempt goes back).
+    /// The attempt ends: if a request of it may still reach the server, its end record is
+    /// written first, in the same round trip (see [`ended`]).
     async fn run_release(
         &self,
         key: &HoldKey,
-        attempt: &str,
+        attempt_id: &AttemptId,
         token: &str,
         mode: &str,
     ) -> Result<(i64, i64)> {
+        let attempt = attempt_id.as_str();
         let channel = self.channel(&key.name);
         let args = [attempt, token, channel.as_str(), mode];
         let cmd = match family(key.kind)? {
@@ -439,8 +452,50 @@ impl RedisBackend {
                 self.scripts.sem_release.cmd(&keys, &args)
             }
         };
-        let v = self.eval(&cmd).await?;
+        let record = self.end_record(&key.name, attempt_id);
+        let v = self
+            .eval_ending(&self.scripts.all(), &cmd, record.as_ref())
+            .await?;
         pair(mode, &v)
+    }
+
+    /// The end record to write for `attempt` of lock `name` as it ends (its key and lifetime
+    /// in ms), if a request of it may still reach the server.
+    fn end_record(&self, name: &str, attempt: &AttemptId) -> Option<(String, String)> {
+        let keep = self.unanswered.end_record(attempt)?;
+        Some((self.ended_key(name, attempt), lease_ms(keep)))
+    }
+
+    /// Runs `cmd`, one of the scripts of `set`; with `record` (an end record's key and
+    /// lifetime in ms) the record is set first, in the same round trip: a late request of
+    /// the attempt that runs after it is refused, and one that ran before is undone by `cmd`.
+    async fn eval_ending(
+        &self,
+        set: &[&scripts::Script],
+        cmd: &redis::Cmd,
+        record: Option<&(String, String)>,
+    ) -> Result<Value> {
+        let Some((key, ms)) = record else {
+            let mut con = self.con.get();
+            let (v, _) = scripts::eval(&mut con, set, cmd)
+                .await
+                .map_err(|e| self.err(e))?;
+            return Ok(v);
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET").arg(key).arg("1").arg("PX").arg(ms).ignore();
+        pipe.add_command(cmd.clone());
+        let mut con = self.con.get();
+        let vals = scripts::eval_pipe(&mut con, set, &pipe)
+            .await
+            .map_err(|e| self.err(e))?;
+        match <[Value; 1]>::try_from(vals) {
+            Ok([v]) => Ok(v),
+            Err(vals) => Err(Error::unexpected(
+                KIND,
+                format!("end record and script: {} replies, not 1", vals.len()),
+            )),
+        }
     }
 
     fn err(&self, e: redis::RedisError) -> Error {
@@ -457,11 +512,7 @@ impl RedisBackend {
 
     /// Runs one of the lock scripts (reloading them on NOSCRIPT).
     async fn eval(&self, cmd: &redis::Cmd) -> Result<Value> {
-        let mut con = self.con.get();
-        let (v, _) = scripts::eval(&mut con, &self.scripts.all(), cmd)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(v)
+        self.eval_ending(&self.scripts.all(), cmd, None).await
     }
 
     /// Number of release channels this client is subscribed to right now. A channel is
@@ -638,13 +689,16 @@ impl Backend for RedisBackend {
         let lease = lease_ms(req.lease);
         let attempt = req.attempt.as_str();
         let owner: &str = &req.key.owner;
+        // Every acquire script refuses an attempt whose end record exists (see `ended`).
+        let ended = self.ended_key(&req.key.name, &req.attempt);
         let cmd = match family(req.key.kind)? {
             Family::Mutex {
                 fair,
                 election: false,
             } => {
                 let keys = self.keys(&req.key.name);
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                keys.push(&ended);
                 let fair = if fair { "1" } else { "0" };
                 self.scripts.acquire.cmd(
                     &keys,
@@ -653,7 +707,8 @@ impl Backend for RedisBackend {
             }
             Family::Mutex { election: true, .. } => {
                 let keys = self.mutex_keys(&req.key.name, true);
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                keys.push(&ended);
                 let value = req.value.as_deref().unwrap_or_default();
                 let observe = self.observe_channel(&req.key.name);
                 self.scripts.acquire.cmd(
@@ -672,7 +727,8 @@ impl Backend for RedisBackend {
             }
             Family::Rw { side } => {
                 let keys = self.rw_keys(&req.key.name);
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                keys.push(&ended);
                 // The downgrade is addressed by the write grant itself, not by owner equality.
                 let (w_attempt, w_token) = match (&req.write_grant, side) {
                     (Some(g), "r") => (g.attempt.as_str(), g.token.to_string()),
@@ -693,7 +749,8 @@ impl Backend for RedisBackend {
             }
             Family::Sem { permits, limit } => {
                 let keys = self.sem_keys(&req.key.name);
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                keys.push(&ended);
                 self.scripts.sem_acquire.cmd(
                     &keys,
                     &[
@@ -708,7 +765,9 @@ impl Backend for RedisBackend {
                 )
             }
         };
+        let sent = self.unanswered.sent(&req.attempt);
         let (v, acked) = self.eval_acquire(&cmd).await?;
+        sent.answered();
         match pair("acquire", &v)? {
             (1, token) if token > 0 => {
                 let token = token as u64;
@@ -760,7 +819,7 @@ impl Backend for RedisBackend {
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        self.run_release(&req.key, req.attempt.as_str(), "", "giveup")
+        self.run_release(&req.key, &req.attempt, "", "giveup")
             .await
             .map(|_| ())
     }
@@ -768,7 +827,7 @@ impl Backend for RedisBackend {
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let token = grant.token.to_string();
         let v = self
-            .run_release(&grant.key, grant.attempt.as_str(), &token, "release")
+            .run_release(&grant.key, &grant.attempt, &token, "release")
             .await?;
         Ok(match v {
             (1, _) => ReleaseOutcome::Released,

@@ -67,7 +67,15 @@ pub(crate) struct Subscriber {
     confirm_handoffs: bool,
     /// This client's wake channel (see the module docs), subscribed with every connection.
     wake: String,
+    /// Tests: run once between a live connection's `alive` check and the subscription that
+    /// relies on it (the window where its reader may die and drain the table).
+    #[cfg(test)]
+    race: std::sync::Mutex<Option<RaceHook>>,
 }
+
+/// Tests: see `Subscriber::race`.
+#[cfg(test)]
+type RaceHook = Box<dyn FnOnce(&Conn) + Send>;
 
 /// A new wake channel name for a client in `namespace`: unique per backend.
 pub(crate) fn wake_channel(namespace: &str) -> String {
@@ -125,6 +133,8 @@ impl Subscriber {
             generations: AtomicU64::new(0),
             confirm_handoffs,
             wake,
+            #[cfg(test)]
+            race: std::sync::Mutex::new(None),
         })
     }
 
@@ -245,18 +255,64 @@ impl Subscriber {
         attempt: &AttemptId,
     ) -> Result<Box<dyn ReleaseWatch>> {
         let mut guard = self.conn.lock().await;
-        let conn = self.live(&mut guard).await?;
-        Ok(Box::new(conn.subs.subscribe(self.wake.clone(), attempt).0))
+        // A connection that dies right after `live` looked is replaced (once).
+        for _ in 0..2 {
+            let conn = self.live(&mut guard).await?;
+            if let Some((watch, _)) = self.subscribe_live(conn, self.wake.clone(), attempt) {
+                return Ok(Box::new(watch));
+            }
+            *guard = None;
+        }
+        Err(self.closed())
     }
 
     /// The same watch if it can be made now, without a round trip or waiting for a lock: the
     /// connection is up, so its wake channel is subscribed (`connect` pins it, and a table
     /// loses it only with the connection, after `alive` is cleared). `None` before the first
-    /// wait of this client, after the connection broke, or while another call holds it.
+    /// wait of this client, after the connection broke (also while the watch was being
+    /// made: see [`subscribe_live`](Self::subscribe_live)), or while another call holds it.
     pub(crate) fn ready(&self, attempt: &AttemptId) -> Option<Box<dyn ReleaseWatch>> {
         let guard = self.conn.try_lock().ok()?;
         let conn = guard.as_ref().filter(|c| c.alive.load(Ordering::SeqCst))?;
-        Some(Box::new(conn.subs.subscribe(self.wake.clone(), attempt).0))
+        let (watch, _) = self.subscribe_live(conn, self.wake.clone(), attempt)?;
+        Some(Box::new(watch))
+    }
+
+    /// `conn.subs.subscribe(key, attempt)`, or `None` if the connection died meanwhile. Its
+    /// reader clears `alive`, then fails (and drains) the table: a watch that went into the
+    /// table before the drain is failed by it, and one that went in after it finds `alive`
+    /// cleared here — so no watch sits in a table nothing will ever wake or fail.
+    fn subscribe_live(
+        &self,
+        conn: &Conn,
+        key: String,
+        attempt: &AttemptId,
+    ) -> Option<(Subscription<String>, bool)> {
+        #[cfg(test)]
+        self.race_point(conn);
+        let (watch, first) = conn.subs.subscribe(key, attempt);
+        conn.alive.load(Ordering::SeqCst).then_some((watch, first))
+    }
+
+    fn closed(&self) -> Error {
+        Error::connection(
+            KIND,
+            self.endpoint(),
+            "the subscriber connection closed while subscribing",
+        )
+    }
+
+    /// Tests: runs the hook set in `race`, if any.
+    #[cfg(test)]
+    fn race_point(&self, conn: &Conn) {
+        let hook = self
+            .race
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(hook) = hook {
+            hook(conn);
+        }
     }
 
     /// The live connection in `guard`, connecting first if there is none (or it died).
@@ -287,39 +343,54 @@ impl Subscriber {
         attempt: &AttemptId,
     ) -> Result<Box<dyn ReleaseWatch>> {
         let mut guard = self.conn.lock().await;
-        let conn = self.live(&mut guard).await?;
-        let mut new = Vec::with_capacity(2);
-        let (watch, first) = conn.subs.subscribe(channel.clone(), attempt);
-        if first {
-            new.push(channel);
-        }
-        let direct = direct.map(|d| {
-            let (w, first) = conn.subs.subscribe(d.clone(), attempt);
-            if first {
-                new.push(d);
-            }
-            w
-        });
-        if !new.is_empty() {
-            let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&new)).await;
-            let failed = match sub {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(map(&self.endpoint(), e)),
-                Err(_) => Some(self.timeout_error("SUBSCRIBE")),
-            };
-            if let Some(e) = failed {
-                for c in &new {
-                    conn.subs.fail(c, &e.to_string());
-                }
-                // The connection is in an unknown state; start over next time.
+        // A connection that dies right after `live` looked is replaced (once).
+        for _ in 0..2 {
+            let conn = self.live(&mut guard).await?;
+            let mut new = Vec::with_capacity(2);
+            let Some((watch, first)) = self.subscribe_live(conn, channel.clone(), attempt) else {
                 *guard = None;
-                return Err(e);
+                continue;
+            };
+            if first {
+                new.push(channel.clone());
             }
+            let direct = match &direct {
+                Some(d) => match self.subscribe_live(conn, d.clone(), attempt) {
+                    Some((w, first)) => {
+                        if first {
+                            new.push(d.clone());
+                        }
+                        Some(w)
+                    }
+                    None => {
+                        *guard = None;
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            if !new.is_empty() {
+                let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&new)).await;
+                let failed = match sub {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(map(&self.endpoint(), e)),
+                    Err(_) => Some(self.timeout_error("SUBSCRIBE")),
+                };
+                if let Some(e) = failed {
+                    for c in &new {
+                        conn.subs.fail(c, &e.to_string());
+                    }
+                    // The connection is in an unknown state; start over next time.
+                    *guard = None;
+                    return Err(e);
+                }
+            }
+            return Ok(match direct {
+                Some(direct) => Box::new(Both(watch, direct)),
+                None => Box::new(watch),
+            });
         }
-        Ok(match direct {
-            Some(direct) => Box::new(Both(watch, direct)),
-            None => Box::new(watch),
-        })
+        Err(self.closed())
     }
 
     /// Unsubscribes the channels whose last watch went, if connection `generation` is still
@@ -373,5 +444,78 @@ fn unsubscribe_later(subscriber: &Weak<Subscriber>, generation: u64) {
     };
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(async move { sub.unsubscribe_unused(generation).await });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock_testkit::RedisServer;
+    use std::time::Instant;
+
+    /// A hook for `race` that kills the subscriber connection on `server` and returns once its
+    /// reader has cleared `alive` and drained the table (as a connection that dies at that
+    /// very moment would).
+    fn kill_and_drain(server: Arc<RedisServer>) -> RaceHook {
+        Box::new(move |conn: &Conn| {
+            server
+                .command(&["CLIENT", "KILL", "TYPE", "pubsub"])
+                .expect("CLIENT KILL");
+            let t = Instant::now();
+            while conn.alive.load(Ordering::SeqCst) || !conn.subs.is_empty() {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "the reader never ended"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    }
+
+    /// Issue 23 #5: the subscriber connection dies between the `alive` check and the
+    /// subscription (a deterministic interleaving through the `race` hook: on a real server
+    /// the window is a few instructions wide). The watch handed out must not sit in the drained
+    /// table, where nothing would ever wake or fail it: `ready` hands out none, and
+    /// `watch_wake` one on a fresh connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_watch_is_handed_out_on_a_table_the_dying_reader_drained() {
+        let server = Arc::new(RedisServer::start().expect("redis"));
+        let client = redis::Client::open(server.url()).expect("client");
+        let sub = Subscriber::new(
+            client,
+            "test".into(),
+            Duration::from_secs(2),
+            false,
+            wake_channel("test"),
+        );
+        // Connected, the wake channel subscribed.
+        drop(sub.watch_wake(&AttemptId::new()).await.expect("watch"));
+        let mut failures = Vec::new();
+        let attempt = AttemptId::new();
+        *sub.race.lock().expect("race") = Some(kill_and_drain(server.clone()));
+        if let Some(mut w) = sub.ready(&attempt) {
+            let r = tokio::time::timeout(Duration::from_secs(3), w.changed()).await;
+            if !matches!(r, Ok(Err(_))) {
+                failures.push(format!(
+                    "ready: a watch on a dead connection neither failed nor fired: {r:?}"
+                ));
+            }
+        }
+        // A live connection again, then the same race in watch_wake.
+        drop(sub.watch_wake(&AttemptId::new()).await.expect("watch"));
+        *sub.race.lock().expect("race") = Some(kill_and_drain(server.clone()));
+        let mut w = sub.watch_wake(&attempt).await.expect("watch");
+        // On a live connection a publish on the wake channel reaches it (a failed watch is
+        // fine too: the waiter subscribes again).
+        server
+            .command(&["PUBLISH", sub.wake(), "r"])
+            .expect("PUBLISH");
+        let r = tokio::time::timeout(Duration::from_secs(3), w.changed()).await;
+        if !matches!(r, Ok(Ok(Wake::Released) | Err(_))) {
+            failures.push(format!(
+                "watch_wake: the watch is on no live connection: {r:?}"
+            ));
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }

@@ -252,3 +252,66 @@ async fn lock_over_tls_cluster() {
         .expect("untrusted");
     assert!(err.is_connection(), "{err:?}");
 }
+
+/// Issue 23 #3 on a cluster: an attempt whose request timed out (its master paused) and that
+/// then gave up leaves its end record in the lock's own slot (the record rides with the
+/// give-up, routed to that master), and a late copy of its request after that neither queues
+/// nor takes the lock. (The proxied late-request cases cannot run here: the cluster client
+/// reaches each node at the address the cluster announces.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_attempt_stays_ended_in_its_slot() {
+    use distlock_core::backend::{AcquireReply, AcquireRequest};
+    let mut cluster = RedisCluster::start_with(3, 0).expect("cluster");
+    let opts = fast_opts();
+    let b = RedisBackend::connect(&cluster.url(), &opts)
+        .await
+        .expect("connect");
+    let name = suite::unique_name("ended-slot");
+    let lease = Duration::from_secs(20);
+    let request = |owner: &str| {
+        let key = HoldKey::new(name.as_str(), owner, LockKind::Mutex);
+        AcquireRequest::new(key, lease, distlock_core::LostSignal::new())
+    };
+    let holder = request("holder");
+    let token = match b.acquire(&holder).await.expect("acquire") {
+        AcquireReply::Granted { token } => token,
+        other => panic!("not granted: {other:?}"),
+    };
+    let mut late = request("late");
+    late.waiter_ttl = Some(Duration::from_secs(2));
+    let lock_key = format!("dlock:{{{name}}}");
+    let m = cluster.master_of(&lock_key).expect("master");
+    cluster.pause(m);
+    let r = b.acquire(&late).await;
+    cluster.resume(m);
+    assert!(r.is_err(), "answered by a paused master: {r:?}");
+    b.give_up(&late).await.expect("give up");
+    let record = format!("dlock:{{{name}}}:ended:{}", late.attempt.as_str());
+    let pttl: i64 = cluster.servers()[m]
+        .command(&["PTTL", &record])
+        .expect("PTTL")
+        .parse()
+        .expect("a number");
+    assert!(
+        pttl > 60_000,
+        "no end record on the lock's master: PTTL {pttl}"
+    );
+    // A late copy of the request: refused, not queued.
+    assert!(matches!(
+        b.acquire(&late).await.expect("acquire"),
+        AcquireReply::Held { .. }
+    ));
+    let queued = cluster
+        .command_at_key(&lock_key, &["ZCARD", &format!("dlock:{{{name}}}:queue")])
+        .expect("ZCARD");
+    assert_eq!(queued, "0", "the ended attempt was queued");
+    b.release(&holder.grant(token)).await.expect("release");
+    let other = request("other");
+    assert!(
+        matches!(
+            b.acquire(&other).await.expect("acquire"),
+            AcquireReply::Granted { .. }
+        ),
+        "not free after the holder released it"
+    );
+}

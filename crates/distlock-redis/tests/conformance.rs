@@ -19,4 +19,5 @@ fn redis() -> ServerHarness<RedisServer> {
 
 distlock_testkit::conformance_suite!(redis());
 distlock_testkit::adversarial_suite!(redis());
+distlock_testkit::late_request_suite!(redis());
 distlock_testkit::election_suite!(redis());

@@ -784,3 +784,223 @@ async fn a_handoff_is_one_message_to_the_head_waiter() {
     let r = tokio::time::timeout(Duration::from_millis(200), other.changed()).await;
     assert!(r.is_err(), "the other waiter woke: {r:?}");
 }
+
+/// Issue 23 #3, on every kind: a request of an attempt held in a proxy past the operation
+/// timeout reaches the server after the attempt ended over a fresh connection — it gave up
+/// while the lock was held, and the request comes while it is still held (it would queue, and
+/// the release hand the lock to it) or after the release (it would be granted); or its retry
+/// got the lock and released it (the late duplicate would be granted again). It must do none
+/// of these: another owner's try gets the lock at once, not after the ended attempt's 20 s
+/// lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_requests_of_ended_attempts_of_every_kind() {
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Case {
+        GaveUpLateWhileHeld,
+        GaveUpLateAfterRelease,
+        Released,
+    }
+    let server = RedisServer::start().expect("redis");
+    let direct = RedisBackend::connect(&server.url(), &fast_opts())
+        .await
+        .expect("connect");
+    let lease = Duration::from_secs(20);
+    let request = |name: &str, owner: &str, kind: LockKind, waiter_ttl: Option<Duration>| {
+        let mut r = AcquireRequest::new(HoldKey::new(name, owner, kind), lease, LostSignal::new());
+        r.waiter_ttl = waiter_ttl;
+        if kind == LockKind::Election {
+            r.value = Some(owner.into());
+        }
+        r
+    };
+    let granted = |kind: LockKind, r: AcquireReply| match r {
+        AcquireReply::Granted { token } => token,
+        other => panic!("{kind:?}: not granted: {other:?}"),
+    };
+    let sem = LockKind::Semaphore {
+        permits: 1,
+        limit: 1,
+    };
+    let kinds = [
+        LockKind::Mutex,
+        LockKind::Fair,
+        LockKind::Election,
+        LockKind::Read,
+        LockKind::Write,
+        sem,
+    ];
+    let mut failures = Vec::new();
+    for kind in kinds {
+        for case in [
+            Case::GaveUpLateWhileHeld,
+            Case::GaveUpLateAfterRelease,
+            Case::Released,
+        ] {
+            let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+            let late = RedisBackend::connect(&proxied(&proxy), &fast_opts())
+                .await
+                .expect("connect");
+            let name = unique_name("ended-kinds");
+            // A writer excludes the late reader (and another reader would share with it).
+            let exclusive = match kind {
+                LockKind::Read => LockKind::Write,
+                k => k,
+            };
+            let holder = request(&name, "holder", exclusive, None);
+            let held = match case {
+                Case::Released => None,
+                _ => Some(granted(
+                    kind,
+                    direct.acquire(&holder).await.expect("acquire"),
+                )),
+            };
+            // A waiter's request (it would queue while the lock is held), held in the proxy.
+            let req = request(&name, "late", kind, Some(Duration::from_secs(2)));
+            proxy.hold_next_request_with(name.as_bytes());
+            let r = late.acquire(&req).await;
+            assert!(r.is_err(), "{kind:?}: the held request was answered: {r:?}");
+            assert_eq!(proxy.held_connections(), 1, "{kind:?}: nothing held");
+            // The attempt ends over a fresh connection; then its request arrives.
+            match case {
+                Case::Released => {
+                    let token = granted(kind, late.acquire(&req).await.expect("retry"));
+                    assert_eq!(
+                        late.release(&req.grant(token)).await.expect("release"),
+                        ReleaseOutcome::Released
+                    );
+                }
+                _ => late.give_up(&req).await.expect("give up"),
+            }
+            let deliver = async {
+                proxy.release_held();
+                poll_until(
+                    "the held request answered",
+                    async || proxy.held_requests_answered(),
+                    |done| *done,
+                )
+                .await;
+            };
+            let release = async {
+                if let Some(token) = held {
+                    assert_eq!(
+                        direct.release(&holder.grant(token)).await.expect("release"),
+                        ReleaseOutcome::Released
+                    );
+                }
+            };
+            if case == Case::GaveUpLateWhileHeld {
+                deliver.await;
+                release.await;
+            } else {
+                release.await;
+                deliver.await;
+            }
+            let other = request(&name, "other", exclusive, None);
+            match direct.acquire(&other).await.expect("acquire") {
+                AcquireReply::Granted { token } => {
+                    direct.release(&other.grant(token)).await.expect("release");
+                }
+                held => {
+                    let info = direct.inspect(&name, kind).await;
+                    failures.push(format!("{kind:?} ({case:?}): {held:?}, {info:?}"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "not free after a late request of an ended attempt:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// Issue 23 #3 on a Redlock node: a vote held in a proxy past the operation timeout reaches
+/// the node after its attempt ended there over a fresh connection — given up (a plain vote
+/// and a waiter's vote, which would queue) or granted by a retry and released. The late vote
+/// must leave no hold and no queue entry of the ended attempt on the node: as a hold it would
+/// count toward a majority for nobody for the whole 20 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_votes_of_ended_attempts_on_a_redlock_node() {
+    use distlock_core::backend::AttemptId;
+    use distlock_redis::QuorumReply;
+    let server = RedisServer::start().expect("redis");
+    let direct = RedisBackend::connect(&server.url(), &fast_opts())
+        .await
+        .expect("connect");
+    let (info, _) = direct.node_epoch().await.expect("node epoch");
+    let epoch = direct
+        .create_epoch("test", &info.run_id, Duration::ZERO)
+        .await
+        .expect("create epoch")
+        .expect("same run id")
+        .0;
+    let lease = Duration::from_secs(20);
+    let mut failures = Vec::new();
+    for (queued, released) in [(false, false), (true, false), (false, true)] {
+        let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+        let late = RedisBackend::connect(&proxied(&proxy), &fast_opts())
+            .await
+            .expect("connect");
+        let name = unique_name("ended-vote");
+        let key = HoldKey::new(name.as_str(), "late", LockKind::Mutex);
+        let attempt = AttemptId::new();
+        let vote = || async {
+            match queued {
+                true => {
+                    let at = (Duration::from_secs(2), 1);
+                    late.quorum_enqueue_acquire(&key, &attempt, lease, &epoch, at, None)
+                        .await
+                }
+                false => {
+                    late.quorum_acquire(&key, &attempt, lease, &epoch, None)
+                        .await
+                }
+            }
+        };
+        proxy.hold_next_request_with(name.as_bytes());
+        let r = vote().await;
+        assert!(r.is_err(), "the held vote was answered: {r:?}");
+        assert_eq!(proxy.held_connections(), 1, "nothing held");
+        // Over a fresh connection: the attempt ends on this node.
+        if released {
+            let v = vote().await.expect("retry");
+            let QuorumReply::Granted { counter } = v.reply else {
+                panic!("the retry was not granted: {v:?}");
+            };
+            let out = late
+                .quorum_release(&name, LockKind::Mutex, &attempt, Some(counter))
+                .await
+                .expect("release");
+            assert_eq!(out, Ok(ReleaseOutcome::Released));
+        } else {
+            late.quorum_give_up(&name, LockKind::Mutex, &attempt)
+                .await
+                .expect("give up")
+                .expect("no other token");
+        }
+        proxy.release_held();
+        poll_until(
+            "the held vote answered",
+            async || proxy.held_requests_answered(),
+            |done| *done,
+        )
+        .await;
+        let (hold, _) = direct
+            .quorum_hold(&name, LockKind::Mutex)
+            .await
+            .expect("hold");
+        let queue = server
+            .command(&["ZCARD", &format!("dlock:{{{name}}}:rlq")])
+            .expect("ZCARD");
+        if hold.is_some() || queue != "0" {
+            failures.push(format!(
+                "queued vote: {queued}, released: {released}: hold {hold:?}, {queue} queued"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "a late vote of an ended attempt left state on the node:\n{}",
+        failures.join("\n")
+    );
+}

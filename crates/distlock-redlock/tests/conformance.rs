@@ -33,6 +33,7 @@ fn redlock(n: usize) -> ServerHarness<Cluster> {
 mod three_nodes {
     distlock_testkit::conformance_suite!(super::redlock(3));
     distlock_testkit::adversarial_suite!(super::redlock(3));
+    distlock_testkit::late_request_suite!(super::redlock(3));
     distlock_testkit::election_suite!(crate::redlock(3));
 }
 

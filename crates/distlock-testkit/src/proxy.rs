@@ -15,6 +15,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest single sleep of a writer, so it notices shutdown promptly.
 const SLEEP_SLICE: Duration = Duration::from_millis(50);
 const BUF_SIZE: usize = 16 * 1024;
+/// How often a writer whose connection is held looks whether it was released.
+const HOLD_POLL: Duration = Duration::from_millis(5);
 
 /// A TCP proxy on a free loopback port forwarding to `target`, adding a
 /// delay before forwarding each chunk in both directions; for fault tests
@@ -39,6 +41,10 @@ const BUF_SIZE: usize = 16 * 1024;
 /// shuts every open connection down, and
 /// [`reset_after_request_bytes`](Self::reset_after_request_bytes) does so
 /// right after a request reached the server, before its reply can come back.
+/// [`hold_next_request`](Self::hold_next_request) holds the next request and
+/// everything after it on that one connection until
+/// [`release_held`](Self::release_held) (a request *still on its way* while
+/// the client, past its operation timeout, goes on over a fresh connection).
 /// [`stats`](Self::stats) counts what was read and forwarded per direction,
 /// so a test can wait until a request has reached the server.
 ///
@@ -109,6 +115,17 @@ impl Direction {
     }
 }
 
+/// Where a connection caught by [`DelayProxy::hold_next_request`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HoldState {
+    /// Its requests stay in the proxy.
+    Held,
+    /// Forwarded; no reply read since.
+    Released,
+    /// A reply was read since the release: the server ran the first held request.
+    Answered,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dir {
     /// Client → server.
@@ -128,6 +145,14 @@ struct Shared {
     resetting: AtomicBool,
     /// Forwarded request bytes at which to reset all connections (0: off).
     reset_at_up_bytes: AtomicU64,
+    /// Armed by [`DelayProxy::hold_next_request`]: the connection the next request chunk
+    /// holding these bytes is read on is held.
+    hold_armed: Mutex<Option<Vec<u8>>>,
+    /// Whether `hold_armed` is set (read on every request chunk without the lock).
+    hold_pending: AtomicBool,
+    /// Every connection held so far: held now (`Held`), or released and waiting for the
+    /// server's first answer since (`Released`), or answered.
+    held: Mutex<HashMap<u64, HoldState>>,
     connections: AtomicU64,
     resets: AtomicU64,
     shutdown: AtomicBool,
@@ -165,6 +190,43 @@ impl Shared {
     fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, [TcpStream; 2]>> {
         self.conns.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, HoldState>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Request chunk `data` was read on connection `id`: held from now on if a hold is armed
+    /// for bytes it holds.
+    fn maybe_hold(&self, id: u64, data: &[u8]) {
+        if !self.hold_pending.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut armed = self
+            .hold_armed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let hit = armed.as_deref().is_some_and(|needle| {
+            needle.is_empty() || data.windows(needle.len()).any(|w| w == needle)
+        });
+        if hit {
+            *armed = None;
+            self.hold_pending.store(false, Ordering::SeqCst);
+            self.held().insert(id, HoldState::Held);
+        }
+    }
+
+    fn is_held(&self, id: u64) -> bool {
+        self.held().get(&id) == Some(&HoldState::Held)
+    }
+
+    /// A reply chunk was read on connection `id`.
+    fn replied(&self, id: u64) {
+        if let Some(s) = self.held().get_mut(&id) {
+            if *s == HoldState::Released {
+                *s = HoldState::Answered;
+            }
+        }
+    }
 }
 
 fn duration_nanos(d: Duration) -> u64 {
@@ -183,6 +245,9 @@ impl DelayProxy {
             down: Direction::default(),
             resetting: AtomicBool::new(false),
             reset_at_up_bytes: AtomicU64::new(0),
+            hold_armed: Mutex::new(None),
+            hold_pending: AtomicBool::new(false),
+            held: Mutex::new(HashMap::new()),
             connections: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
@@ -292,8 +357,64 @@ impl DelayProxy {
         self.shared.reset_at_up_bytes.load(Ordering::SeqCst) != 0
     }
 
-    /// Turns every fault off: no delay, no dropping, no armed reset.
+    /// Arms a one-shot hold: the connection the next request chunk is read on (whichever
+    /// it is) is held — that chunk and every later request on it stay in the proxy, in
+    /// order, until [`release_held`](Self::release_held) — while every other connection,
+    /// and every new one, passes as before. So a client whose request is held goes past its
+    /// operation timeout, moves to a fresh connection and retries there, and the first
+    /// request is *still on its way*: released, it reaches the server after everything the
+    /// client did meanwhile (and after the client closed that connection: its end of
+    /// stream follows the held data). Replies are not held.
+    pub fn hold_next_request(&self) {
+        self.hold_next_request_with(b"");
+    }
+
+    /// [`hold_next_request`](Self::hold_next_request) for the next request chunk that
+    /// contains `needle` (e.g. a lock's name: the client's other traffic, a health check or a
+    /// subscription, passes); an empty `needle` matches any chunk.
+    pub fn hold_next_request_with(&self, needle: &[u8]) {
+        *self
+            .shared
+            .hold_armed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(needle.to_vec());
+        self.shared.hold_pending.store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards what [`hold_next_request`](Self::hold_next_request) held, in order, and
+    /// holds nothing more (an armed hold that caught nothing is disarmed).
+    pub fn release_held(&self) {
+        *self
+            .shared
+            .hold_armed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.shared.hold_pending.store(false, Ordering::SeqCst);
+        for s in self.shared.held().values_mut() {
+            if *s == HoldState::Held {
+                *s = HoldState::Released;
+            }
+        }
+    }
+
+    /// Connections held since the proxy started (held now or released).
+    pub fn held_connections(&self) -> u64 {
+        self.shared.held().len() as u64
+    }
+
+    /// Whether every connection held so far was released and the server answered on it
+    /// since (a reply chunk was read: the server ran the first held request). Replies are
+    /// never held, so replies to requests sent before the hold arrived long before.
+    pub fn held_requests_answered(&self) -> bool {
+        self.shared
+            .held()
+            .values()
+            .all(|s| *s == HoldState::Answered)
+    }
+
+    /// Turns every fault off: no delay, no dropping, no armed reset, nothing held.
     pub fn heal(&self) {
+        self.release_held();
         self.shared.reset_at_up_bytes.store(0, Ordering::SeqCst);
         self.set_blackhole(false);
         self.set_delay(Duration::ZERO);
@@ -398,6 +519,33 @@ impl ProxyControl {
     /// its own connections once it forwarded `n` more request bytes).
     pub fn reset_after_request_bytes(&self, n: u64) {
         self.focused().for_each(|p| p.reset_after_request_bytes(n));
+    }
+
+    /// [`DelayProxy::hold_next_request`] on every focused proxy (each holds its own next
+    /// request's connection).
+    pub fn hold_next_request(&self) {
+        self.focused().for_each(DelayProxy::hold_next_request);
+    }
+
+    /// [`DelayProxy::hold_next_request_with`] on every focused proxy.
+    pub fn hold_next_request_with(&self, needle: &[u8]) {
+        self.focused()
+            .for_each(|p| p.hold_next_request_with(needle));
+    }
+
+    /// [`DelayProxy::release_held`] on every focused proxy.
+    pub fn release_held(&self) {
+        self.focused().for_each(DelayProxy::release_held);
+    }
+
+    /// [`DelayProxy::held_connections`] of the focused proxies added up.
+    pub fn held_connections(&self) -> u64 {
+        self.focused().map(DelayProxy::held_connections).sum()
+    }
+
+    /// [`DelayProxy::held_requests_answered`] on every focused proxy.
+    pub fn held_requests_answered(&self) -> bool {
+        self.focused().all(DelayProxy::held_requests_answered)
     }
 
     /// [`DelayProxy::heal`] on every focused proxy.
@@ -548,10 +696,11 @@ fn pump(mut src: TcpStream, dst: TcpStream, dir: Dir, shared: Arc<Shared>, guard
     let (tx, rx) = mpsc::channel::<Chunk>();
     let writer_src = src.try_clone();
     let s = Arc::clone(&shared);
+    let id = guard.id;
     let writer = thread::Builder::new()
         .name("dlock-proxy-writer".into())
         .spawn(move || {
-            write_loop(rx, dst, writer_src.ok(), dir, &s);
+            write_loop(rx, dst, writer_src.ok(), (dir, id), &s);
             guard.direction_done();
         });
     if writer.is_err() {
@@ -569,8 +718,14 @@ fn pump(mut src: TcpStream, dst: TcpStream, dir: Dir, shared: Arc<Shared>, guard
                 let d = shared.dir(dir);
                 d.chunks_read.fetch_add(1, Ordering::SeqCst);
                 d.bytes_read.fetch_add(n as u64, Ordering::SeqCst);
+                if dir == Dir::Down {
+                    shared.replied(id);
+                }
                 if shared.dropping(dir) {
                     continue;
+                }
+                if dir == Dir::Up {
+                    shared.maybe_hold(id, &buf[..n]);
                 }
                 let due = Instant::now() + d.delay();
                 if tx.send(Chunk::Data(due, buf[..n].to_vec())).is_err() {
@@ -588,7 +743,7 @@ fn write_loop(
     rx: mpsc::Receiver<Chunk>,
     mut dst: TcpStream,
     src: Option<TcpStream>,
-    dir: Dir,
+    (dir, id): (Dir, u64),
     shared: &Shared,
 ) {
     let close_all = |dst: &TcpStream| {
@@ -606,10 +761,13 @@ fn write_loop(
                         return;
                     }
                     let now = Instant::now();
-                    if now >= due {
+                    if now < due {
+                        thread::sleep((due - now).min(SLEEP_SLICE));
+                    } else if dir == Dir::Up && shared.is_held(id) {
+                        thread::sleep(HOLD_POLL);
+                    } else {
                         break;
                     }
-                    thread::sleep((due - now).min(SLEEP_SLICE));
                 }
                 if shared.dropping(dir) {
                     continue;

@@ -206,3 +206,48 @@ fn dropped_replies_and_reset_after_a_request() {
         Err(e) => assert_ne!(e.kind(), ErrorKind::WouldBlock, "{e:?}"),
     }
 }
+
+/// A held request stays in the proxy while the connection's client goes on over a fresh
+/// connection and even closes the held one; released, it reaches the server after all that.
+#[test]
+fn a_held_request_arrives_after_the_client_moved_on() {
+    let server = RedisServer::start().expect("start");
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let mut first = connect(&proxy, Duration::from_secs(5));
+    let mut other = connect(&proxy, Duration::from_secs(5));
+    proxy.hold_next_request_with(b"late");
+    // A request without the needle passes.
+    roundtrip(&mut other, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+    assert_eq!(proxy.held_connections(), 0);
+    first
+        .write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nh\r\n$4\r\nlate\r\n")
+        .expect("write");
+    wait_stats(&proxy, "the request read", |s| s.requests.chunks_read >= 2);
+    assert_eq!(proxy.held_connections(), 1);
+    assert!(!proxy.held_requests_answered());
+    // A fresh connection passes: its request executes first.
+    let mut fresh = connect(&proxy, Duration::from_secs(5));
+    roundtrip(
+        &mut fresh,
+        b"*3\r\n$3\r\nSET\r\n$1\r\nh\r\n$5\r\nfresh\r\n",
+        b"+OK\r\n",
+    );
+    assert_eq!(server.command(&["GET", "h"]).expect("get"), "fresh");
+    // The client gives the held connection up; its request is still on its way.
+    drop(first);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(server.command(&["GET", "h"]).expect("get"), "fresh");
+    proxy.release_held();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !proxy.held_requests_answered() {
+        assert!(
+            Instant::now() < deadline,
+            "the held request was never answered"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(server.command(&["GET", "h"]).expect("get"), "late");
+    // Nothing more is held.
+    roundtrip(&mut fresh, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+    assert_eq!(proxy.held_connections(), 1);
+}

@@ -219,7 +219,11 @@ impl RedisBackend {
     /// # Cancel safety
     /// A vote dropped after it was sent may still run on the node and grant the hold; it is
     /// addressed to `attempt`, so [`RedisBackend::quorum_give_back`] (or `quorum_give_up`) of
-    /// that attempt removes it, and a retry of the same attempt returns the same hold.
+    /// that attempt removes it, and a retry of the same attempt returns the same hold. A vote
+    /// without an answer (dropped, or timed out) makes that attempt's `quorum_give_up` and
+    /// `quorum_release` on this node set its end record first, so the vote, should it arrive
+    /// after them, is refused (answered as held by another: see the crate's `ended` module and
+    /// `docs/redlock.md`).
     pub async fn quorum_acquire(
         &self,
         key: &HoldKey,
@@ -291,13 +295,17 @@ impl RedisBackend {
         if let Some(observe) = &k.observe {
             args.extend([value.unwrap_or(""), observe]);
         }
+        // The vote is refused to an attempt whose end record exists (see `crate::ended`).
+        let ended = self.ended_key(&key.name, attempt);
+        let sent = self.unanswered.sent(attempt);
         let (v, reloaded) = self
             .run_quorum(
                 &s.acquire,
-                &[&k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl],
+                &[&k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl, &ended],
                 &args,
             )
             .await?;
+        sent.answered();
         let Value::Array(items) = &v else {
             return Err(shape("quorum acquire", &v));
         };
@@ -422,7 +430,9 @@ impl RedisBackend {
     }
 
     /// The attempt stops: it leaves this node's wait queue and gives back whatever it holds
-    /// here; the next waiter is woken if the lock is free here afterwards. Idempotent.
+    /// here; the next waiter is woken if the lock is free here afterwards. Idempotent. If a
+    /// vote of the attempt is still unanswered here, its end record is set first (same round
+    /// trip): no vote of it holds or queues here afterwards (as with `quorum_release`).
     /// Outcomes as [`RedisBackend::quorum_release`] with no token.
     ///
     /// # Errors
@@ -451,13 +461,14 @@ impl RedisBackend {
         let token = token.map(|t| t.to_string()).unwrap_or_default();
         let mut args = vec![attempt.as_str(), &token, &k.channel, mode];
         args.extend(k.observe.as_deref());
-        let (v, _) = self
-            .run_quorum(
-                &quorum_scripts().release,
-                &[&k.lock, &k.queue, &k.ttl],
-                &args,
-            )
-            .await?;
+        let s = quorum_scripts();
+        let cmd = s.release.cmd(&[&k.lock, &k.queue, &k.ttl], &args);
+        // A release or a give-up ends the attempt on this node: its end record first, if a
+        // vote of it may still arrive here (a give-back keeps the attempt going).
+        let record = (mode != "giveback")
+            .then(|| self.end_record(name, attempt))
+            .flatten();
+        let v = self.eval_ending(&s.all(), &cmd, record.as_ref()).await?;
         let pair = match &v {
             Value::Array(items) if items.len() == 2 => (int(&items[0]), int(&items[1])),
             _ => (None, None),

@@ -14,10 +14,12 @@
 //! the machine's timing makes miss (e.g. a reply that raced the fault being set) makes a case
 //! weaker for that run, never fail.
 
+mod ended;
 mod holds;
 mod replies;
 mod stress;
 
+pub use ended::*;
 pub use holds::*;
 pub use replies::*;
 pub use stress::*;
