@@ -111,7 +111,11 @@ impl Lock {
     ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped while the request is in flight and the server
-    /// grants it, the grant is given back in the background. Nothing is left behind.
+    /// grants it, the grant is given back in the background. A request of the attempt that
+    /// reaches the server later still (its reply timed out, the retry went to a fresh
+    /// connection) is refused where the backend keeps a record of ended attempts (Redis,
+    /// Redlock nodes, PostgreSQL lease mode, MySQL table mode; see `docs/core.md`), so it
+    /// cannot hold the lock for nobody.
     ///
     /// # Errors
     /// [`Error::Unsupported`] if the backend lacks this lock kind; [`Error::Connection`] if the
@@ -136,7 +140,9 @@ impl Lock {
     /// # Cancel safety
     /// Cancel safe: dropping the future stops the wait and loses the place in the queue;
     /// nothing is left behind on the server — a grant that raced with the drop (handed over,
-    /// or already on its way to this future) is given back in the background.
+    /// or already on its way to this future) is given back in the background, and a late copy
+    /// of one of its requests is refused where the backend records ended attempts (see
+    /// `docs/core.md`).
     ///
     /// # Errors
     /// As [`Lock::try_acquire`], except that connection errors are retried while waiting;
