@@ -57,7 +57,9 @@ The command runs only while the lock is held:
     guard finds them as its descendants (it is a child subreaper) and, where a cgroup v2 can
     be made (root, or a delegated cgroup), in a cgroup of the command's own. If dlock is
     killed (even with kill -9) the guard kills all of them; SIGTERM, SIGINT, SIGHUP and SIGQUIT
-    that dlock gets are forwarded to the command. When the command exits, whatever it left
+    that dlock gets are forwarded to the command (with SIGCONT; after SIGTERM or SIGINT it
+    is SIGKILLed --grace later if still running). In the foreground of a terminal the
+    command gets the terminal: it reads prompts; Ctrl-C reaches it, Ctrl-Z stops it and dlock. When the command exits, whatever it left
     running gets SIGTERM, then SIGKILL after --grace. The lock is released (or reported lost)
     only once none of them runs; on file:// the guard holds the lock file until then.
   - If renewals keep failing, the command is stopped (SIGTERM, SIGKILL --grace later) so that
