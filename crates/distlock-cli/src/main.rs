@@ -8,7 +8,7 @@ mod list;
 mod release;
 mod run;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Distributed locks from the command line.
@@ -78,7 +78,21 @@ fn main() -> ExitCode {
     if let Some(code) = distlock_run::dispatch_guard() {
         return ExitCode::from(code);
     }
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    // Neither --backend nor DLOCK_BACKEND: the per-host file:// default.
+    let default_backend =
+        matches.value_source("backend") == Some(clap::parser::ValueSource::DefaultValue);
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    if default_backend && matches!(cli.command, Command::Run(_) | Command::Elect(_)) {
+        eprintln!(
+            "dlock: no --backend or DLOCK_BACKEND: using {} (a lock directory on this host), \
+             so the lock covers this host only",
+            distlock::DEFAULT_BACKEND
+        );
+    }
     // Commands that need no lock runtime.
     let cli = match cli.command {
         Command::Completions { shell } => {

@@ -479,3 +479,25 @@ fn permanent_errors_end_at_once_with_exit_1_and_one_line() {
         }
     }
 }
+
+/// With neither --backend nor DLOCK_BACKEND, `run` says once that the lock (a file on this
+/// host) covers this host only: a cron job on several hosts gets no exclusion from it.
+#[test]
+fn the_default_backend_says_it_covers_this_host_only() {
+    let name = format!("default-backend-{}", std::process::id());
+    let out = Command::new(DLOCK)
+        .env_remove("DLOCK_BACKEND")
+        .args(["run", "-n", &name, "--", "true"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(err.matches("this host only").count(), 1, "{err}");
+    // Named explicitly: nothing to say.
+    let out = dlock("file://")
+        .args(["run", "-n", &name, "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+}
