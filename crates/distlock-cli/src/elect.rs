@@ -7,7 +7,7 @@
 //! several hosts: one leads and runs CMD, the others wait; when the leader (or its host) dies,
 //! another is elected with a higher fencing token and starts CMD.
 
-use crate::run::{fit_grace, obtain, supervise, Held, Job, Wanted};
+use crate::run::{fit_grace, obtain, supervise, Held, Job, Waiting, Wanted};
 use clap::Args;
 use std::time::Duration;
 
@@ -22,10 +22,8 @@ pub struct ElectArgs {
     /// tell operators who leads).
     #[arg(long)]
     owner: Option<String>,
-    /// How long to wait to lead (default: forever; 0 tries once). A bare number is seconds;
-    /// or e.g. 500ms, 10s, 2m.
-    #[arg(long, value_parser = crate::duration_arg)]
-    wait: Option<Duration>,
+    #[command(flatten)]
+    waiting: Waiting,
     /// Watchdog lease: leadership lives this long after dlock stops renewing it (e.g. if
     /// dlock is killed), on backends whose leases expire; renewed while the command runs.
     #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
@@ -56,7 +54,7 @@ The command's environment has DLOCK_NAME, DLOCK_OWNER, DLOCK_FENCING_TOKEN (stri
 than every earlier leader's: pass it with the writes CMD makes) and DLOCK_LEADER_VALUE.
 
 Exit status: the command's (128+N if it died of signal N); 75 if not elected within --wait;
-76 if leadership was lost before the command ended; 1 for other errors (bad URL, an empty
+69 if the lock service could not be reached; 76 if leadership was lost before the command ended; 1 for other errors (bad URL, an empty
 name, a value over 4096 bytes, a backend without elections); 126/127 if the command could
 not be started.";
 
@@ -73,10 +71,11 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
     let grace = fit_grace(args.grace, args.lease);
     let wanted = Wanted {
         what: format!("the leadership of election `{}`", args.name),
-        name: &args.name,
         lease: args.lease,
-        wait: args.wait,
+        wait: args.waiting.wait(),
+        connect_timeout: args.waiting.connect_timeout,
         others: "another candidate led the whole time",
+        busy: "another candidate leads",
     };
     let got = obtain(url, &wanted, |c, left| {
         let name = args.name.clone();

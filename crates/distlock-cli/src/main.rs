@@ -8,7 +8,7 @@ mod list;
 mod release;
 mod run;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Distributed locks from the command line.
@@ -26,7 +26,8 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a command while holding a lock; exit with its exit code
-    /// (75: not acquired within --wait, 76: lock lost while the command ran).
+    /// (75: not acquired within --wait, 69: server unreachable, 76: lock lost while the
+    /// command ran).
     Run(run::RunArgs),
     /// Run a command only while this process leads an election (a hot standby); exit with
     /// its exit code (75: not elected within --wait, 76: leadership lost while it ran).
@@ -62,6 +63,9 @@ enum Command {
 
 /// Exit code when the lock was not acquired within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
+/// Exit code when the lock service could not be reached (EX_UNAVAILABLE): while connecting
+/// (within --connect-timeout), or when --wait ran out on a connection error.
+pub const EXIT_UNREACHABLE: u8 = 69;
 /// Exit code when the lock was lost while the command ran.
 pub const EXIT_LOST: u8 = distlock_run::EXIT_LOST;
 /// Exit code for other errors (bad input, unreachable server…), and the command-line
@@ -74,7 +78,21 @@ fn main() -> ExitCode {
     if let Some(code) = distlock_run::dispatch_guard() {
         return ExitCode::from(code);
     }
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    // Neither --backend nor DLOCK_BACKEND: the per-host file:// default.
+    let default_backend =
+        matches.value_source("backend") == Some(clap::parser::ValueSource::DefaultValue);
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    if default_backend && matches!(cli.command, Command::Run(_) | Command::Elect(_)) {
+        eprintln!(
+            "dlock: no --backend or DLOCK_BACKEND: using {} (a lock directory on this host), \
+             so the lock covers this host only",
+            distlock::DEFAULT_BACKEND
+        );
+    }
     // Commands that need no lock runtime.
     let cli = match cli.command {
         Command::Completions { shell } => {

@@ -27,11 +27,8 @@ use tokio::sync::watch::Sender;
 #[derive(Args, Debug)]
 #[command(after_long_help = RUN_HELP)]
 pub struct RunArgs {
-    /// How long to wait for the lock (default: forever; 0 tries once). A bare number is
-    /// seconds; or e.g. 500ms, 10s, 2m. Connection errors and a lapsed place in the queue are
-    /// retried within it.
-    #[arg(long, value_parser = crate::duration_arg)]
-    wait: Option<Duration>,
+    #[command(flatten)]
+    waiting: Waiting,
     /// Watchdog lease: the lock lives this long after dlock stops renewing it (e.g. if dlock is
     /// killed); renewed while the command runs.
     #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
@@ -60,7 +57,9 @@ The command runs only while the lock is held:
     guard finds them as its descendants (it is a child subreaper) and, where a cgroup v2 can
     be made (root, or a delegated cgroup), in a cgroup of the command's own. If dlock is
     killed (even with kill -9) the guard kills all of them; SIGTERM, SIGINT, SIGHUP and SIGQUIT
-    that dlock gets are forwarded to the command. When the command exits, whatever it left
+    that dlock gets are forwarded to the command (with SIGCONT; after SIGTERM or SIGINT it
+    is SIGKILLed --grace later if still running). In the foreground of a terminal the
+    command gets the terminal: it reads prompts; Ctrl-C reaches it, Ctrl-Z stops it and dlock. When the command exits, whatever it left
     running gets SIGTERM, then SIGKILL after --grace. The lock is released (or reported lost)
     only once none of them runs; on file:// the guard holds the lock file until then.
   - If renewals keep failing, the command is stopped (SIGTERM, SIGKILL --grace later) so that
@@ -74,9 +73,39 @@ The command runs only while the lock is held:
     running tmux server, at, a container runtime). DLOCK_CGROUP=off: no cgroup.
 
 Exit status: the command's (128+N if it died of signal N); 75 if the lock was not acquired
-within --wait; 76 if the lock was lost, or the command had to be stopped because renewals
+within --wait (or on the one try of -n); 69 if the lock service could not be reached (within
+--connect-timeout, or on the last try of --wait); 76 if the lock was lost, or the command had to be stopped because renewals
 failed, before the command ended (even if it then exited by itself); 1 for other errors
 (bad URL, credentials, unsupported kind); 126/127 if the command could not be started.";
+
+/// `--wait`, `-n` and `--connect-timeout` of `dlock run` and `dlock elect`.
+#[derive(Args, Debug)]
+pub(crate) struct Waiting {
+    /// How long to wait once connected (default: forever; 0 makes one try). A bare number is
+    /// seconds; or e.g. 500ms, 10s, 2m. Lost connections and a lapsed place in the queue are
+    /// retried within it.
+    #[arg(long, value_parser = crate::duration_arg, conflicts_with = "nonblock")]
+    wait: Option<Duration>,
+    /// Make one try, once connected, and give up (exit 75) if another owner has it: the same
+    /// as --wait 0 (flock -n).
+    #[arg(short = 'n', long)]
+    nonblock: bool,
+    /// How long to try to reach the lock service before giving up (exit 69); not counted
+    /// against --wait. Without --wait, dlock keeps trying, one line per failure.
+    #[arg(long, value_parser = crate::duration_arg, default_value = "10s")]
+    pub(crate) connect_timeout: Duration,
+}
+
+impl Waiting {
+    /// The wait: `None` for forever, zero for one try.
+    pub(crate) fn wait(&self) -> Option<Duration> {
+        if self.nonblock {
+            Some(Duration::ZERO)
+        } else {
+            self.wait
+        }
+    }
+}
 
 /// `--grace` when not given.
 const DEFAULT_GRACE: Duration = Duration::from_secs(5);
@@ -372,10 +401,11 @@ pub(crate) fn is_permanent(e: &distlock::Error) -> bool {
 async fn acquire(url: &str, args: &RunArgs) -> Result<Got, u8> {
     let wanted = Wanted {
         what: format!("lock `{}`", args.name),
-        name: &args.name,
         lease: args.lease,
-        wait: args.wait,
+        wait: args.waiting.wait(),
+        connect_timeout: args.waiting.connect_timeout,
         others: "another owner held it the whole time",
+        busy: "another owner has it",
     };
     obtain(url, &wanted, |c, left| {
         let name = args.name.clone();
@@ -409,14 +439,17 @@ async fn acquire(url: &str, args: &RunArgs) -> Result<Got, u8> {
 }
 
 /// What [`obtain`] waits for.
-pub(crate) struct Wanted<'a> {
+pub(crate) struct Wanted {
     /// `lock `NAME``, for messages.
     pub(crate) what: String,
-    pub(crate) name: &'a str,
     pub(crate) lease: Duration,
     pub(crate) wait: Option<Duration>,
+    /// How long connecting may take (`--connect-timeout`), not counted against `wait`.
+    pub(crate) connect_timeout: Duration,
     /// Why nothing was got when no error came up: `another owner held it the whole time`.
     pub(crate) others: &'static str,
+    /// Why the one try of `--wait 0` got nothing: `another owner has it`.
+    pub(crate) busy: &'static str,
 }
 
 /// What [`obtain`] got.
@@ -476,11 +509,131 @@ async fn connect(
     Ok((distlock::connect_with(url, opts).await?, None))
 }
 
+/// The message of a connection try that ran out of time.
+const CUT_SHORT: &str = "no connection within";
+
+/// One connection attempt, given at most `limit`: a server that does not answer in time is
+/// a connection error, as one that refuses.
+async fn connect_within(
+    url: &str,
+    opts: &distlock::ClientOptions,
+    limit: Duration,
+) -> distlock::Result<(distlock::Client, Option<distlock::file::FileBackend>)> {
+    match tokio::time::timeout(limit, connect(url, opts.clone())).await {
+        Ok(r) => r,
+        Err(_) => Err(distlock::Error::connection(
+            "lock service",
+            distlock::conn::redact(url),
+            format!("{CUT_SHORT} {}", human(limit)),
+        )),
+    }
+}
+
+/// True for an error of connecting that waiting cannot heal: [`is_permanent`] ones; on
+/// `file://` every one (the lock directory is local: a path that is a file, not writable or on
+/// a network file system stays so); a server that answers something that is not its
+/// protocol (e.g. `redis://` at an HTTP server).
+fn is_permanent_at_connect(e: &distlock::Error) -> bool {
+    is_permanent(e) || e.backend() == Some("file") || e.is_unexpected_reply()
+}
+
+/// The lines dlock prints while it retries: a new error at once, the same one again at most
+/// every [`Retrying::EVERY`], with how long it has been failing.
+pub(crate) struct Retrying {
+    since: Option<tokio::time::Instant>,
+    printed: Option<(String, tokio::time::Instant)>,
+}
+
+impl Retrying {
+    /// At most one line per this long while the same error repeats.
+    pub(crate) const EVERY: Duration = Duration::from_secs(10);
+
+    pub(crate) fn new() -> Self {
+        Retrying {
+            since: None,
+            printed: None,
+        }
+    }
+
+    /// The error of the last failed try.
+    pub(crate) fn last(&self) -> Option<&str> {
+        self.printed.as_ref().map(|(m, _)| m.as_str())
+    }
+
+    /// Notes a failed try whose error is `msg`; prints a line when it is new or when the last
+    /// line is [`Self::EVERY`] old.
+    pub(crate) fn failed(&mut self, msg: &str) {
+        let now = tokio::time::Instant::now();
+        let since = *self.since.get_or_insert(now);
+        let line = match &self.printed {
+            Some((last, at)) if last == msg => {
+                if now.duration_since(*at) < Self::EVERY {
+                    return;
+                }
+                format!(
+                    "dlock: {msg}; still retrying (failing for {})",
+                    human(now.duration_since(since))
+                )
+            }
+            _ => format!("dlock: {msg}; retrying"),
+        };
+        eprintln!("{line}");
+        self.printed = Some((msg.to_owned(), now));
+    }
+}
+
+/// `e` on one line: a driver's multi-line message joined by spaces.
+pub(crate) fn one_line(e: &dyn std::fmt::Display) -> String {
+    e.to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A duration as a person writes it: `0s`, `250ms`, `1.5s`, `2m30s`, `1h30m`.
+pub(crate) fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 && !d.is_zero() {
+        return format!("{}µs", d.as_micros().max(1));
+    }
+    if ms < 1000 {
+        return if ms == 0 {
+            "0s".into()
+        } else {
+            format!("{ms}ms")
+        };
+    }
+    let secs = d.as_secs();
+    if secs < 60 {
+        let s = format!("{:.3}", d.as_secs_f64());
+        return format!("{}s", s.trim_end_matches('0').trim_end_matches('.'));
+    }
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out += &format!("{h}h");
+    }
+    if m > 0 {
+        out += &format!("{m}m");
+    }
+    if s > 0 {
+        out += &format!("{s}s");
+    }
+    out
+}
+
 /// Connects and runs `attempt` within `wanted.wait`, healing what can heal (a new client
 /// after a connection error, a backoff between tries).
+///
+/// Connecting comes first and is not counted against the wait: it is given
+/// `wanted.connect_timeout` (with a finite wait, a refused or silent server is tried again
+/// until then; without one, forever). `--wait 0` is then one attempt on a live connection.
+/// Exit codes: 1 for an error waiting cannot heal, [`crate::EXIT_UNREACHABLE`] when the
+/// server could not be reached (while connecting, or when the wait ran out with a connection
+/// error), [`crate::EXIT_NOT_ACQUIRED`] when it was held elsewhere for the whole wait.
 pub(crate) async fn obtain(
     url: &str,
-    wanted: &Wanted<'_>,
+    wanted: &Wanted,
     mut attempt: impl FnMut(
         distlock::Client,
         Option<Duration>,
@@ -488,51 +641,73 @@ pub(crate) async fn obtain(
         Box<dyn std::future::Future<Output = distlock::Result<Held>> + Send>,
     >,
 ) -> Result<Got, u8> {
-    let opts = distlock::ClientOptions::default().watchdog_lease(wanted.lease);
+    let opts = distlock::ClientOptions::default()
+        .watchdog_lease(wanted.lease)
+        .connect_timeout(wanted.connect_timeout);
     let opts = if wanted.lease / 3 <= opts.get_op_timeout() {
         opts.op_timeout((wanted.lease / 3).max(Duration::from_millis(50)))
     } else {
         opts
     };
+    let what = &wanted.what;
+    let mut retrying = Retrying::new();
+    let mut backoff = Backoff::new();
+    let permanent = |e: &distlock::Error| {
+        eprintln!("dlock: {}", one_line(e));
+        crate::EXIT_ERROR
+    };
+    let unreachable = |e: &str, why: String| {
+        eprintln!("dlock: cannot reach the lock service ({why}): {e}");
+        crate::EXIT_UNREACHABLE
+    };
+
+    // Connecting: its own time limit, not the wait's.
+    let started = tokio::time::Instant::now();
+    let (mut client, mut files) = loop {
+        let limit = match wanted.wait {
+            None => wanted.connect_timeout,
+            Some(_) => wanted.connect_timeout.saturating_sub(started.elapsed()),
+        };
+        match connect_within(url, &opts, limit).await {
+            Ok((c, f)) => break (Some(c), f),
+            Err(e) if is_permanent_at_connect(&e) => return Err(permanent(&e)),
+            Err(e) => {
+                let left = wanted.connect_timeout.saturating_sub(started.elapsed());
+                let msg = one_line(&e);
+                if wanted.wait.is_some() && left.is_zero() {
+                    let why = format!(
+                        "{what} was not tried; --connect-timeout {}",
+                        human(wanted.connect_timeout)
+                    );
+                    // A try cut short by the limit says less than the failure before it.
+                    let last = retrying.last().filter(|_| msg.contains(CUT_SHORT));
+                    return Err(unreachable(last.unwrap_or(&msg), why));
+                }
+                retrying.failed(&msg);
+                let pause = backoff.next();
+                match wanted.wait {
+                    // The last try gets what is left, at least a few milliseconds.
+                    Some(_) => tokio::time::sleep(pause.min(left.saturating_sub(MIN_TRY))).await,
+                    None => tokio::time::sleep(pause).await,
+                }
+            }
+        }
+    };
+
+    // Waiting: from the first live connection.
     let deadline = wanted.wait.map(|w| tokio::time::Instant::now() + w);
     let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-    let mut client: Option<distlock::Client> = None;
-    let mut files: Option<distlock::file::FileBackend> = None;
-    let mut last_err: Option<String> = None;
-    let mut backoff = Duration::from_millis(100);
-    let what = &wanted.what;
-    let timed_out = |last_err: &Option<String>| {
-        let waited = wanted.wait.unwrap_or_default();
-        match last_err {
-            Some(e) => {
-                eprintln!("dlock: {what} was not acquired within {waited:?}; last error: {e}")
-            }
-            None => eprintln!(
-                "dlock: {what} was not acquired within {waited:?}: {}",
-                wanted.others
-            ),
-        }
-        crate::EXIT_NOT_ACQUIRED
-    };
+    let waited = human(wanted.wait.unwrap_or_default());
+    // Until a try has come back from the server, a reply that makes no sense means a server
+    // of another kind, not a passing fault.
+    let mut answered = false;
     loop {
         let attempt_sent = boot_now();
         let result: distlock::Result<Held> = async {
             let c = match &client {
                 Some(c) => c.clone(),
                 None => {
-                    let connect = connect(url, opts.clone());
-                    let (c, f) = match left() {
-                        Some(l) => match tokio::time::timeout(l, connect).await {
-                            Ok(r) => r?,
-                            Err(_) => {
-                                return Err(distlock::Error::Timeout {
-                                    name: wanted.name.to_owned(),
-                                    waited: wanted.wait.unwrap_or_default(),
-                                })
-                            }
-                        },
-                        None => connect.await?,
-                    };
+                    let (c, f) = connect_within(url, &opts, wanted.connect_timeout).await?;
                     client = Some(c.clone());
                     files = f;
                     c
@@ -541,7 +716,7 @@ pub(crate) async fn obtain(
             attempt(c, left()).await
         }
         .await;
-        match result {
+        let e = match result {
             Ok(held) => {
                 return Ok(Got {
                     held,
@@ -549,32 +724,65 @@ pub(crate) async fn obtain(
                     files,
                 })
             }
-            Err(e) if e.is_timeout() => return Err(timed_out(&last_err)),
-            Err(e) if is_permanent(&e) => {
-                eprintln!("dlock: {e}");
-                return Err(crate::EXIT_ERROR);
+            Err(e) if e.is_timeout() => {
+                if wanted.wait.is_some_and(|w| w.is_zero()) {
+                    eprintln!(
+                        "dlock: {what} was not acquired on its one try (-n, --wait 0): {}",
+                        wanted.busy
+                    );
+                } else {
+                    eprintln!(
+                        "dlock: {what} was not acquired within {waited}: {}",
+                        wanted.others
+                    );
+                }
+                return Err(crate::EXIT_NOT_ACQUIRED);
             }
-            Err(e) => {
-                if e.is_connection() {
-                    // A fresh client heals a broken session (ZooKeeper, SQL) too.
-                    client = None;
-                }
-                let msg = e.to_string();
-                if last_err.as_deref() != Some(msg.as_str()) {
-                    eprintln!("dlock: {msg}; retrying");
-                }
-                last_err = Some(msg);
-                let pause = backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                match left() {
-                    Some(l) if l.is_zero() => return Err(timed_out(&last_err)),
-                    Some(l) => tokio::time::sleep(pause.min(l)).await,
-                    None => tokio::time::sleep(pause).await,
-                }
-                if left().is_some_and(|l| l.is_zero()) {
-                    return Err(timed_out(&last_err));
-                }
+            Err(e) if is_permanent(&e) || (!answered && e.is_unexpected_reply()) => {
+                return Err(permanent(&e))
             }
+            Err(e) => e,
+        };
+        if e.is_connection() {
+            // A fresh client heals a broken session (ZooKeeper, SQL) too.
+            client = None;
+        } else {
+            answered = true;
         }
+        if left().is_some_and(|l| l.is_zero()) {
+            if e.is_connection() {
+                let why = format!("{what} not acquired within {waited}");
+                return Err(unreachable(&one_line(&e), why));
+            }
+            eprintln!(
+                "dlock: {what} was not acquired within {waited}; last error: {}",
+                one_line(&e)
+            );
+            return Err(crate::EXIT_NOT_ACQUIRED);
+        }
+        retrying.failed(&one_line(&e));
+        let pause = backoff.next();
+        match left() {
+            Some(l) => tokio::time::sleep(pause.min(l)).await,
+            None => tokio::time::sleep(pause).await,
+        }
+    }
+}
+
+/// The least time a connection try is given when the pauses between tries leave less.
+const MIN_TRY: Duration = Duration::from_millis(200);
+
+/// Jittered exponential pauses between tries: 100 ms doubling up to 2 s.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff(Duration::from_millis(100))
+    }
+
+    fn next(&mut self) -> Duration {
+        let pause = self.0.mul_f64(0.5 + fastrand::f64() / 2.0);
+        self.0 = (self.0 * 2).min(Duration::from_secs(2));
+        pause
     }
 }

@@ -28,6 +28,33 @@ fn held(server: &RedisServer, name: &str) -> bool {
         == "1"
 }
 
+/// Runs `cmd` to its end, or kills it after `limit` and fails: a test of "ends at once" must
+/// not hang when it does not.
+fn output_within(cmd: &mut Command, limit: Duration) -> std::process::Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id() as libc::pid_t;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            // SAFETY: signalling a child we spawned (not yet reaped: its waiter still waits).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let out = rx.recv().expect("output").expect("wait");
+            panic!(
+                "still running after {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        }
+    }
+}
+
 fn kill(child: &std::process::Child, sig: i32) {
     // SAFETY: signalling a child we spawned.
     unsafe {
@@ -350,4 +377,127 @@ fn kinds_read_write_semaphore_fair() {
         .output()
         .expect("bad kind");
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// `--wait 0` and `-n` are one attempt *after* connecting: a free lock is acquired on a
+/// server, every time (the connection is not timed against the zero wait).
+#[test]
+fn wait_0_and_nonblock_acquire_free_locks_on_redis() {
+    let server = RedisServer::start().expect("redis");
+    let mut failed = Vec::new();
+    for i in 0..20 {
+        let try_once: &[&str] = if i % 2 == 0 {
+            &["--wait", "0"]
+        } else {
+            &["-n"]
+        };
+        let name = format!("free-{i}");
+        let out = dlock(&server.url())
+            .arg("run")
+            .args(try_once)
+            .args([name.as_str(), "--", "true"])
+            .output()
+            .expect("run");
+        if out.status.code() != Some(0) {
+            failed.push(format!(
+                "{try_once:?} {name}: {:?} {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 20 failed: {failed:#?}",
+        failed.len()
+    );
+}
+
+/// A server that cannot be reached is its own exit status (69) and message, with or without
+/// a wait; never 75 "another owner held it".
+#[test]
+fn an_unreachable_server_is_exit_69_never_another_owner() {
+    let url = format!("redis://127.0.0.1:{}", distlock_testkit::free_port());
+    for wait in [&["--wait", "0"][..], &["--wait", "100ms"], &["-n"]] {
+        let t = Instant::now();
+        let out = output_within(
+            dlock(&url).arg("run").args(wait).args([
+                "--connect-timeout",
+                "1s",
+                "down",
+                "--",
+                "true",
+            ]),
+            Duration::from_secs(30),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{wait:?}: {out:?}");
+        assert!(err.contains("cannot reach"), "{wait:?}: {err}");
+        assert!(!err.contains("another owner"), "{wait:?}: {err}");
+        // The connection is retried for --connect-timeout, not longer.
+        assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+}
+
+/// Errors that waiting cannot heal end at once with exit 1 and one line, never "retrying":
+/// a `file://` path that is not a directory, a server that does not speak the protocol.
+#[test]
+fn permanent_errors_end_at_once_with_exit_1_and_one_line() {
+    let dir = distlock_testkit::TempDir::with_prefix("dlock-run-permanent").expect("dir");
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, "x").expect("write");
+    // Not a redis server: answers every connection with an HTTP error and closes it.
+    let http = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let http_url = format!("redis://{}", http.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for conn in http.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0u8; 512];
+            let _ = std::io::Read::read(&mut conn, &mut buf);
+            let _ = std::io::Write::write_all(
+                &mut conn,
+                b"HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+            );
+        }
+    });
+    let file_url = format!("file://{}", file.display());
+    for url in [file_url.as_str(), http_url.as_str()] {
+        // No --wait (forever) and a long one: neither is spent on an error waiting cannot heal.
+        for wait in [&[][..], &["--wait", "60s"]] {
+            let out = output_within(
+                dlock(url)
+                    .arg("run")
+                    .args(wait)
+                    .args(["perm", "--", "true"])
+                    .stdin(Stdio::null()),
+                Duration::from_secs(30),
+            );
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{url} {wait:?}: {out:?}");
+            assert!(!err.contains("retrying"), "{url} {wait:?}: {err}");
+            assert_eq!(err.trim().lines().count(), 1, "{url} {wait:?}: {err}");
+        }
+    }
+}
+
+/// With neither --backend nor DLOCK_BACKEND, `run` says once that the lock (a file on this
+/// host) covers this host only: a cron job on several hosts gets no exclusion from it.
+#[test]
+fn the_default_backend_says_it_covers_this_host_only() {
+    let name = format!("default-backend-{}", std::process::id());
+    let out = Command::new(DLOCK)
+        .env_remove("DLOCK_BACKEND")
+        .args(["run", "-n", &name, "--", "true"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(err.matches("this host only").count(), 1, "{err}");
+    // Named explicitly: nothing to say.
+    let out = dlock("file://")
+        .args(["run", "-n", &name, "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
 }

@@ -350,17 +350,28 @@ fn connection_errors_are_retried_within_wait() {
     let mut server = RedisServer::start().expect("redis");
     let url = server.url();
     server.kill();
-    // Nothing listens: the wait ends with 75 and the last error.
+    // Nothing listens: connecting is retried for --connect-timeout, then exit 69 with the
+    // last error (not 75: nobody was found holding the lock).
     let t = Instant::now();
     let out = dlock(&url)
-        .args(["run", "--wait", "1", "x", "--", "true"])
+        .args([
+            "run",
+            "--wait",
+            "1",
+            "--connect-timeout",
+            "1",
+            "x",
+            "--",
+            "true",
+        ])
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
     assert!(t.elapsed() >= Duration::from_secs(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("last error"), "{err}");
-    // The server comes back during the wait: the run goes ahead.
+    assert!(err.contains("cannot reach"), "{err}");
+    assert!(err.contains("refused"), "{err}");
+    // The server comes back while dlock tries to connect: the run goes ahead.
     let mut waiter = dlock(&url)
         .args(["run", "--wait", "30", "x", "--", "true"])
         .stderr(Stdio::piped())

@@ -29,6 +29,10 @@ pub struct GuardArgs {
     /// A duplicate of the descriptor whose open file carries the lock (`file://`): kept open
     /// until every process of the command is gone.
     pub hold_fd: Option<i32>,
+    /// The host runs in the foreground of the terminal on standard input: the command gets
+    /// that terminal (its process group becomes the foreground one), and a Ctrl-Z that stops
+    /// the command stops the host too, as a shell expects of its job.
+    pub terminal: bool,
     /// The command and its arguments.
     pub command: Vec<String>,
 }
@@ -42,7 +46,7 @@ impl GuardArgs {
     pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<GuardArgs, String> {
         let mut it = args.into_iter();
         let (mut fd, mut parent, mut grace) = (None, None, None);
-        let (mut cgroup, mut hold_fd) = (None, None);
+        let (mut cgroup, mut hold_fd, mut terminal) = (None, None, None);
         loop {
             let Some(opt) = it.next() else {
                 return Err("no `-- COMMAND` given".into());
@@ -66,6 +70,7 @@ impl GuardArgs {
                     .replace(value.parse::<i32>().map_err(|_| bad())?)
                     .is_some(),
                 "--cgroup" => cgroup.replace(value).is_some(),
+                "--terminal" => terminal.replace(value == "1").is_some(),
                 _ => return Err(format!("unknown option {opt}")),
             };
             if twice {
@@ -81,6 +86,7 @@ impl GuardArgs {
                 grace: Duration::from_nanos(grace),
                 cgroup,
                 hold_fd,
+                terminal: terminal.unwrap_or(false),
                 command,
             }),
             _ => Err("--fd, --parent and --grace-ns are required".into()),
@@ -103,6 +109,9 @@ impl GuardArgs {
         if let Some(h) = self.hold_fd {
             v.extend(["--hold-fd".into(), h.to_string()]);
         }
+        if self.terminal {
+            v.extend(["--terminal".into(), "1".into()]);
+        }
         v.push("--".into());
         v.extend(self.command.iter().cloned());
         v
@@ -116,6 +125,9 @@ pub(crate) enum Order {
     Schedule(Schedule),
     /// `S <n>`: forward signal n (one the host forwards) to the command.
     Signal(libc::c_int),
+    /// `C`: the host was continued (after a Ctrl-Z stopped it with the command): the
+    /// command gets the terminal back if the host has it, and SIGCONT.
+    Continue,
 }
 
 impl Order {
@@ -123,12 +135,16 @@ impl Order {
         match self {
             Order::Schedule(s) => s.to_line(),
             Order::Signal(n) => format!("S {n}\n"),
+            Order::Continue => "C\n".into(),
         }
     }
 
     pub(crate) fn parse(line: &str) -> Option<Order> {
         if let Some(s) = Schedule::parse(line) {
             return Some(Order::Schedule(s));
+        }
+        if line == "C" {
+            return Some(Order::Continue);
         }
         let n: libc::c_int = line.strip_prefix("S ")?.parse().ok()?;
         // Only what a host forwards: never a SIGKILL or SIGSTOP from a confused peer.
@@ -229,6 +245,16 @@ async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, me: libc::
     // handled signals), and a signal someone sends to the group does not end the guard.
     let mut sigs = forwarded_signals();
     let mut sigchld = signal(SignalKind::child()).ok();
+    // Ctrl-Z at the terminal the command has: the command stops (its default), the guard
+    // hands the terminal back to the host's group and stops the host, so the shell sees its
+    // job stopped. Without a terminal, no handler: nobody types a Ctrl-Z at this group.
+    let mut sigtstp = if args.terminal {
+        signal(SignalKind::from_raw(libc::SIGTSTP)).ok()
+    } else {
+        None
+    };
+    // SAFETY: getpgid only reads state.
+    let host_pgrp = unsafe { libc::getpgid(args.parent as libc::pid_t) };
     let parent_gone = || {
         // SAFETY: getppid only reads process state.
         (unsafe { libc::getppid() }) as u32 != args.parent
@@ -260,6 +286,12 @@ async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, me: libc::
     let Some((program, rest)) = args.command.split_first() else {
         return EXIT_ERROR;
     };
+    // The host was in the foreground: the command's group (this one) takes the terminal, so
+    // that the command can read it and a Ctrl-C reaches it as under flock. Before the
+    // command starts: its first read must not find itself in the background.
+    if args.terminal && !crate::signals::give_terminal(me) {
+        eprintln!("dlock: __guard: cannot give the terminal to the command");
+    }
     let mut cmd = std::process::Command::new(program);
     cmd.args(rest);
     let procs_fd = procs.as_ref().map(AsRawFd::as_raw_fd);
@@ -320,7 +352,7 @@ async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, me: libc::
             if left {
                 // What the command left running stops too before the lock is released,
                 // whatever process group or session it moved to.
-                tree.signal(libc::SIGTERM);
+                tree.terminate();
                 leftovers_kill = Some((boot_now() + grace).min(sched.kill));
             }
         }
@@ -338,7 +370,7 @@ async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, me: libc::
             tree.kill("__guard");
         } else if now >= sched.term && !termed && ended.is_none() {
             termed = true;
-            tree.signal(libc::SIGTERM);
+            tree.terminate();
         }
         let mut next = sched.kill;
         if !termed {
@@ -356,7 +388,21 @@ async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, me: libc::
                     // its group (as a terminal signals its foreground job).
                     Some(Order::Signal(n)) => {
                         let command = if ended.is_none() { cmd_pid } else { -1 };
-                        tree::signal_descendants(me, n, |p| p.pgrp == me || p.pid == command);
+                        let pick = |p: &tree::Proc| p.pgrp == me || p.pid == command;
+                        tree::signal_descendants(me, n, pick);
+                        // A stopped command would keep the signal pending, and dlock waiting.
+                        tree::signal_descendants(me, libc::SIGCONT, pick);
+                        if n == libc::SIGTERM || n == libc::SIGINT {
+                            // dlock was told to end: the command gets --grace, then SIGKILL.
+                            let k = boot_now() + grace;
+                            leftovers_kill = Some(leftovers_kill.map_or(k, |l| l.min(k)));
+                        }
+                    }
+                    Some(Order::Continue) => {
+                        if args.terminal && crate::signals::terminal_owner() == Some(host_pgrp) {
+                            crate::signals::give_terminal(me);
+                        }
+                        tree.signal(libc::SIGCONT);
                     }
                     None => {}
                 },
@@ -372,6 +418,13 @@ async fn guard(args: GuardArgs, sock: std::os::unix::net::UnixStream, me: libc::
                 }
             }
             _ = recv(&mut sigchld) => {}
+            _ = recv(&mut sigtstp) => {
+                if crate::signals::terminal_owner() == Some(me) {
+                    crate::signals::give_terminal(host_pgrp);
+                }
+                // SAFETY: signalling the host, our parent (checked at the start).
+                unsafe { libc::kill(args.parent as libc::pid_t, libc::SIGTSTP) };
+            }
             // A safety net under SIGCHLD and the parent checks; while killing, the pace of
             // the kill rounds.
             _ = tokio::time::sleep(Duration::from_millis(tick)) => {
@@ -400,6 +453,7 @@ mod tests {
             grace: Duration::from_millis(1500),
             cgroup: None,
             hold_fd: None,
+            terminal: false,
             command: strings(&["sh", "-c", "echo --fd"]),
         };
         let argv = a.to_args();
@@ -408,6 +462,7 @@ mod tests {
         let b = GuardArgs {
             cgroup: Some("/sys/fs/cgroup/x/dlock-1-0".into()),
             hold_fd: Some(7),
+            terminal: true,
             ..a
         };
         assert_eq!(GuardArgs::parse(b.to_args().into_iter().skip(1)), Ok(b));
@@ -419,7 +474,11 @@ mod tests {
             term: Duration::from_secs(1),
             kill: Duration::from_secs(2),
         };
-        for o in [Order::Schedule(s), Order::Signal(libc::SIGINT)] {
+        for o in [
+            Order::Schedule(s),
+            Order::Signal(libc::SIGINT),
+            Order::Continue,
+        ] {
             assert_eq!(Order::parse(o.to_line().trim_end()), Some(o));
         }
         assert_eq!(Order::parse("S 9"), None);

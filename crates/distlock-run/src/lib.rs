@@ -33,7 +33,8 @@
 //! fork) is re-parented to it, and every process the command started is a descendant of the
 //! guard. Stopping the command means:
 //! - SIGTERM (at the stop schedule's `term`, or to what the command left running when it
-//!   ended): to every descendant of the guard, found by walking `/proc`;
+//!   ended): to every descendant of the guard, found by walking `/proc`, between two SIGCONTs
+//!   (a stopped process keeps a handled SIGTERM pending until continued);
 //! - SIGKILL (at `kill`, `grace` after a command's end, when the host dies): `cgroup.kill` if
 //!   there is a cgroup, and every descendant, round after round (what forked in between is
 //!   found next round), until the guard has no child left and the cgroup is empty; never the
@@ -46,7 +47,19 @@
 //! is a child subreaper too, so what a killed guard leaves comes to it and is killed and
 //! reaped before [`Supervisor::wait`] returns. SIGTERM, SIGINT, SIGHUP and SIGQUIT the host gets
 //! go to the guard, which forwards them to the command's own process (wherever it moved) and
-//! to the processes still in its process group, as a terminal signals its foreground job.
+//! to the processes still in its process group, as a terminal signals its foreground job,
+//! each followed by SIGCONT; after SIGTERM or SIGINT, every process of the command is
+//! SIGKILLed `grace` later.
+//!
+//! ## The terminal
+//!
+//! When the host is in the foreground process group of the terminal on its standard input,
+//! the guard makes its own group (the command's) the terminal's foreground group before it
+//! starts the command, so the command can read the terminal and gets Ctrl-C and Ctrl-\ as a
+//! foreground job does. A Ctrl-Z stops the command; the guard gives the terminal back to the
+//! host's group and sends the host SIGTSTP, so the shell sees its job stopped. When the host
+//! is continued (`fg`), it tells the guard (`C`), which takes the terminal again if the host
+//! has it and continues the command. The host takes the terminal back once the guard is gone.
 //!
 //! ## The cgroup
 //!

@@ -43,3 +43,31 @@ pub async fn recv_any(sigs: &mut [(libc::c_int, tokio::signal::unix::Signal)]) -
     })
     .await
 }
+
+/// True when standard input is a terminal and this process is in its foreground process
+/// group (a command typed at a shell prompt, not `&`).
+pub(crate) fn foreground_terminal() -> bool {
+    // SAFETY: isatty, tcgetpgrp and getpgrp only read state.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+/// The foreground process group of the terminal on standard input, if any.
+pub(crate) fn terminal_owner() -> Option<libc::pid_t> {
+    // SAFETY: tcgetpgrp only reads state.
+    let g = unsafe { libc::tcgetpgrp(0) };
+    (g > 0).then_some(g)
+}
+
+/// Makes `pgrp` the foreground process group of the terminal on standard input, also from a
+/// background group (SIGTTOU, which the kernel sends a background caller, is ignored for the
+/// call). False if the terminal refused.
+pub(crate) fn give_terminal(pgrp: libc::pid_t) -> bool {
+    // SAFETY: signal swaps a disposition (SIG_IGN and back, no handler code); tcsetpgrp only
+    // changes the terminal's state.
+    unsafe {
+        let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+        let ok = libc::tcsetpgrp(0, pgrp) == 0;
+        libc::signal(libc::SIGTTOU, old);
+        ok
+    }
+}

@@ -164,6 +164,8 @@ pub struct Supervisor {
     reaped: Option<Ended>,
     grace: Duration,
     margin: Duration,
+    /// The guard gave the command the terminal: taken back once the guard is gone.
+    terminal: bool,
     /// This process's descendants (the guard and, if it dies, what it leaves) and the cgroup.
     tree: Tree,
 }
@@ -222,6 +224,8 @@ impl Supervisor {
         // fails, what a killed guard leaves goes to init (the cgroup, if any, still has it).
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) };
         let cgroup = if s.cgroup { Cgroup::create() } else { None };
+        // In the foreground of a terminal: the guard gives it to the command's group.
+        let terminal = crate::signals::foreground_terminal();
         let mut cmd = std::process::Command::new(exe);
         let args = GuardArgs {
             fd,
@@ -231,6 +235,7 @@ impl Supervisor {
                 .as_ref()
                 .and_then(|c| c.path().to_str().map(str::to_owned)),
             hold_fd,
+            terminal,
             command: s.command.to_vec(),
         };
         cmd.args(args.to_args()).process_group(0);
@@ -285,6 +290,7 @@ impl Supervisor {
             reaped: None,
             grace: s.grace,
             margin: s.margin,
+            terminal,
             // SAFETY: getpid only reads process state.
             tree: Tree::new(unsafe { libc::getpid() }, cgroup),
         })
@@ -407,6 +413,12 @@ impl Supervisor {
             }
         }
         self.tree.remove_cgroup();
+        // Back from the command's group (gone now) to this one, unless the shell has taken
+        // it meanwhile.
+        if self.terminal && crate::signals::terminal_owner() == Some(self.pid) {
+            // SAFETY: getpgrp only reads process state.
+            crate::signals::give_terminal(unsafe { libc::getpgrp() });
+        }
         let e = status.unwrap_or(Ended::Code(i32::from(EXIT_ERROR)));
         self.reaped = Some(e);
         e
@@ -456,6 +468,13 @@ impl Supervisor {
         let mut sigs = forwarded_signals();
         let mut sigchld =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).ok();
+        // Continued after a Ctrl-Z (see `GuardArgs::terminal`): so is the command.
+        let mut sigcont = if self.terminal {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(libc::SIGCONT))
+                .ok()
+        } else {
+            None
+        };
         let mut lost = std::pin::pin!(lost);
         let mut renewer_alive = true;
         let mut lost_seen: Option<(Duration, LostReason)> = None;
@@ -524,6 +543,10 @@ impl Supervisor {
                     lost_seen = Some((now, reason));
                 }
                 sig = recv_any(&mut sigs) => self.signal(sig),
+                _ = recv(&mut sigcont) => {
+                    self.pending.extend_from_slice(Order::Continue.to_line().as_bytes());
+                    self.flush();
+                }
                 _ = recv(&mut sigchld) => {}
                 // A safety net under SIGCHLD; while killing, the pace of the kill rounds.
                 _ = tokio::time::sleep(tick) => {}

@@ -41,6 +41,15 @@ impl Tree {
         signal_descendants(self.root, sig, |_| true);
     }
 
+    /// Asks everything to end: SIGCONT, SIGTERM, SIGCONT. A stopped process (Ctrl-Z, a read
+    /// of the terminal from the background) would keep a handled SIGTERM pending for ever;
+    /// the SIGCONT after it wakes whatever stopped again in between.
+    pub(crate) fn terminate(&self) {
+        for sig in [libc::SIGCONT, libc::SIGTERM, libc::SIGCONT] {
+            self.signal(sig);
+        }
+    }
+
     /// SIGKILLs everything: the cgroup at once, then every live descendant. Called again and
     /// again until nothing is left (what a process forked before it died is found next time).
     /// Says so on stderr, once, when that takes more than a few seconds (a process in
