@@ -128,6 +128,12 @@ struct Shared {
     resetting: AtomicBool,
     /// Forwarded request bytes at which to reset all connections (0: off).
     reset_at_up_bytes: AtomicU64,
+    /// The next client → server chunk read is held ([`DelayProxy::hold_next_request`]).
+    hold_next: AtomicBool,
+    /// Held chunks wait while this is set ([`DelayProxy::release_held`]).
+    holding: AtomicBool,
+    /// Chunks held so far.
+    held: AtomicU64,
     connections: AtomicU64,
     resets: AtomicU64,
     shutdown: AtomicBool,
@@ -183,6 +189,9 @@ impl DelayProxy {
             down: Direction::default(),
             resetting: AtomicBool::new(false),
             reset_at_up_bytes: AtomicU64::new(0),
+            hold_next: AtomicBool::new(false),
+            holding: AtomicBool::new(false),
+            held: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
@@ -292,8 +301,32 @@ impl DelayProxy {
         self.shared.reset_at_up_bytes.load(Ordering::SeqCst) != 0
     }
 
-    /// Turns every fault off: no delay, no dropping, no armed reset.
+    /// Holds the next request: the next chunk read from a client (on whichever connection)
+    /// waits in the proxy until [`release_held`](Self::release_held), and so does everything
+    /// after it on that connection (order is kept, a client's close included); other
+    /// connections, new ones too, pass as before. A request that is *late*, however late
+    /// the test needs: its client times out, moves on (a retry on a fresh connection, a
+    /// give-up), and the held copy reaches the server only when the test lets it go.
+    pub fn hold_next_request(&self) {
+        self.shared.holding.store(true, Ordering::SeqCst);
+        self.shared.hold_next.store(true, Ordering::SeqCst);
+    }
+
+    /// Chunks held by [`hold_next_request`](Self::hold_next_request) so far (a test waits
+    /// for it to grow: the request it meant is caught).
+    pub fn held_requests(&self) -> u64 {
+        self.shared.held.load(Ordering::SeqCst)
+    }
+
+    /// Lets the held requests go on to the server (and disarms a hold not used yet).
+    pub fn release_held(&self) {
+        self.shared.hold_next.store(false, Ordering::SeqCst);
+        self.shared.holding.store(false, Ordering::SeqCst);
+    }
+
+    /// Turns every fault off: no delay, no dropping, no armed reset, nothing held.
     pub fn heal(&self) {
+        self.release_held();
         self.shared.reset_at_up_bytes.store(0, Ordering::SeqCst);
         self.set_blackhole(false);
         self.set_delay(Duration::ZERO);
@@ -538,7 +571,8 @@ fn abort(a: &TcpStream, b: &TcpStream, guard: &ConnGuard) {
 }
 
 enum Chunk {
-    Data(Instant, Vec<u8>),
+    /// Due time, bytes, and whether it is held ([`DelayProxy::hold_next_request`]).
+    Data(Instant, Vec<u8>, bool),
     Eof,
 }
 
@@ -573,7 +607,11 @@ fn pump(mut src: TcpStream, dst: TcpStream, dir: Dir, shared: Arc<Shared>, guard
                     continue;
                 }
                 let due = Instant::now() + d.delay();
-                if tx.send(Chunk::Data(due, buf[..n].to_vec())).is_err() {
+                let held = dir == Dir::Up && shared.hold_next.swap(false, Ordering::SeqCst);
+                if held {
+                    shared.held.fetch_add(1, Ordering::SeqCst);
+                }
+                if tx.send(Chunk::Data(due, buf[..n].to_vec(), held)).is_err() {
                     break;
                 }
             }
@@ -599,17 +637,22 @@ fn write_loop(
     };
     loop {
         match rx.recv() {
-            Ok(Chunk::Data(due, data)) => {
+            Ok(Chunk::Data(due, data, held)) => {
                 loop {
                     if shared.stopping() {
                         close_all(&dst);
                         return;
                     }
                     let now = Instant::now();
-                    if now >= due {
+                    if now >= due && !(held && shared.holding.load(Ordering::SeqCst)) {
                         break;
                     }
-                    thread::sleep((due - now).min(SLEEP_SLICE));
+                    let left = due.saturating_duration_since(now);
+                    thread::sleep(if left.is_zero() {
+                        SLEEP_SLICE
+                    } else {
+                        left.min(SLEEP_SLICE)
+                    });
                 }
                 if shared.dropping(dir) {
                     continue;

@@ -206,3 +206,34 @@ fn dropped_replies_and_reset_after_a_request() {
         Err(e) => assert_ne!(e.kind(), ErrorKind::WouldBlock, "{e:?}"),
     }
 }
+
+/// A held request waits in the proxy, however long, until released, with what follows it on
+/// its connection (the client's close included); another connection passes meanwhile.
+#[test]
+fn held_request_waits_until_released() {
+    let server = RedisServer::start().expect("start");
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let mut held = connect(&proxy, Duration::from_secs(5));
+    roundtrip(&mut held, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+    proxy.hold_next_request();
+    held.write_all(b"*3\r\n$3\r\nSET\r\n$4\r\nlate\r\n$1\r\n1\r\n")
+        .expect("write");
+    let t = Instant::now();
+    while proxy.held_requests() == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "never held");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The client gives up on it and closes; another connection goes through at once.
+    drop(held);
+    let mut other = connect(&proxy, Duration::from_secs(5));
+    roundtrip(&mut other, b"*1\r\n$4\r\nPING\r\n", b"+PONG\r\n");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(server.command(&["EXISTS", "late"]).expect("exists"), "0");
+    proxy.release_held();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.command(&["EXISTS", "late"]).expect("exists") != "1" {
+        assert!(Instant::now() < deadline, "the held request never arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(proxy.held_requests(), 1);
+}
