@@ -7,6 +7,7 @@
 -- for that row lock, and a grant and release by another client meanwhile would have taken a
 -- later value (tokens would go backwards). `VALUES`' token is only used for a name's first
 -- row.
+-- An attempt in the row's `ended` is never granted (a late copy of a request of it).
 -- $1 ns, $2 name, $3 owner, $4 attempt, $5 lease ms.
 WITH up AS (
     INSERT INTO dlock_leases AS l (ns, name, owner, attempt, token, acquired_at, expires_at)
@@ -24,8 +25,9 @@ WITH up AS (
         expires_at = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
                           AND l.expires_at > now()
                      THEN GREATEST(l.expires_at, EXCLUDED.expires_at) ELSE EXCLUDED.expires_at END
-    WHERE l.attempt IS NULL OR l.owner IS NULL OR l.expires_at <= now()
-       OR l.attempt = EXCLUDED.attempt
+    WHERE (l.attempt IS NULL OR l.owner IS NULL OR l.expires_at <= now()
+           OR l.attempt = EXCLUDED.attempt)
+      AND l.ended -> EXCLUDED.attempt IS NULL
     RETURNING l.token
 )
 SELECT (SELECT token FROM up),

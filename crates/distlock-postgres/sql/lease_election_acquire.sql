@@ -1,7 +1,7 @@
 -- Campaign in lease mode: as lease_acquire.sql, on the election's row, storing the value
 -- with the grant (seq 0) in the same statement, and waking observers and waiting candidates
 -- (at commit) when granted. A retry of the leading attempt keeps its token, value and seq
--- and never shortens the lease.
+-- and never shortens the lease; an attempt recorded in `ended` is never granted.
 -- $1 ns, $2 name, $3 owner, $4 attempt, $5 lease ms, $6 value, $7 channel.
 WITH up AS (
     INSERT INTO dlock_lease_elections AS l
@@ -26,8 +26,9 @@ WITH up AS (
         seq = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
                         AND l.expires_at > now()
                    THEN l.seq ELSE 0 END
-    WHERE l.attempt IS NULL OR l.owner IS NULL OR l.expires_at <= now()
-       OR l.attempt = EXCLUDED.attempt
+    WHERE (l.attempt IS NULL OR l.owner IS NULL OR l.expires_at <= now()
+           OR l.attempt = EXCLUDED.attempt)
+      AND l.ended -> EXCLUDED.attempt IS NULL
     RETURNING l.token
 ), n AS (
     SELECT pg_notify($7, '') FROM up

@@ -12,10 +12,12 @@ use distlock_core::{
     AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostSignal,
 };
 mod election;
+mod late;
 
 pub use election::{
     election_cancelled_campaign, election_operator_commands, election_proclamations,
 };
+pub use late::{late_request_of_an_ended_attempt, Ended};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
