@@ -30,7 +30,7 @@
 //! [`crate::observe`]).
 
 use crate::common::{
-    close, col, key_of, last_row, query_sets, sql_str, wait_timeout_secs, Call, Common,
+    close, col, key_of, last_row, next_token, query_sets, sql_str, wait_timeout_secs, Call, Common,
 };
 use crate::error::{conn_dead, shape, timeout, KIND};
 use distlock_core::backend::Capabilities;
@@ -246,10 +246,11 @@ impl MyDialect {
             _ => ("", String::new()),
         };
         // Rows of earlier holders are stale: this connection holds `GET_LOCK` now.
+        let (first, next) = (next_token("0"), next_token("token"));
         let sql = format!(
             "{begin}INSERT INTO dlock_fence (lock_key, ns, name, token) \
-             VALUES ('{lk}', {ns}, {name}, LAST_INSERT_ID(1)) \
-             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1); \
+             VALUES ('{lk}', {ns}, {name}, LAST_INSERT_ID({first})) \
+             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID({next}); \
              SET @dlock_token = LAST_INSERT_ID(); \
              DELETE FROM dlock_holders WHERE lock_key = '{lk}'; \
              INSERT INTO dlock_holders \

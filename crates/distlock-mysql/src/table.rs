@@ -24,7 +24,9 @@
 //! conflict with the lock of the same name; a fresh grant stores the candidate's value with
 //! its token in `dlock_elections` (shared with session mode) in the grant's transaction.
 
-use crate::common::{check_kind, close, col, key_of, last_row, query_sets, sql_attempt, sql_str};
+use crate::common::{
+    check_kind, close, col, key_of, last_row, next_token, query_sets, sql_attempt, sql_str,
+};
 use crate::common::{Call, Common};
 use crate::error::shape;
 use distlock_core::async_trait;
@@ -198,6 +200,7 @@ impl ModeOps for TableMode {
         // The rows are created outside the transaction (autocommit), so that concurrent first
         // users of a name cannot deadlock on gap locks. Variables are reset first: the
         // connection is pooled, and a SELECT … INTO that finds no row leaves them as they were.
+        let next = next_token("token");
         let sql = format!(
             "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL, @dl_token = NULL, \
                  @dl_left = NULL, @dl_new = NULL; \
@@ -217,7 +220,7 @@ impl ModeOps for TableMode {
              UPDATE dlock_table_locks SET expires_at = \
                  GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND) \
                  WHERE lock_key = '{lk}' AND @dl_live AND @dl_mine; \
-             UPDATE dlock_fence SET token = LAST_INSERT_ID(token + 1) \
+             UPDATE dlock_fence SET token = LAST_INSERT_ID({next}) \
                  WHERE lock_key = '{lk}' AND NOT @dl_live AND NOT @dl_ended; \
              SET @dl_new = IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL); \
              UPDATE dlock_table_locks SET owner = {owner}, attempt = {a}, count = 1, \

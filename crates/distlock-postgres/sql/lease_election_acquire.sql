@@ -6,14 +6,18 @@
 WITH up AS (
     INSERT INTO dlock_lease_elections AS l
         (ns, name, owner, attempt, token, acquired_at, expires_at, value, seq)
-    VALUES ($1, $2, $3, $4, nextval('dlock_fence_seq'), now(),
+    VALUES ($1, $2, $3, $4,
+            GREATEST(nextval('dlock_fence_seq'), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint),
+            now(),
             now() + $5 * interval '1 millisecond', $6, 0)
     ON CONFLICT (ns, name) DO UPDATE SET
         owner = EXCLUDED.owner,
         attempt = EXCLUDED.attempt,
         token = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
                           AND l.expires_at > now()
-                     THEN l.token ELSE nextval('dlock_fence_seq') END,
+                     THEN l.token
+                     ELSE GREATEST(nextval('dlock_fence_seq'), l.token + 1,
+                                   (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) END,
         acquired_at = CASE WHEN l.attempt = EXCLUDED.attempt AND l.owner IS NOT NULL
                           AND l.expires_at > now()
                      THEN l.acquired_at ELSE now() END,

@@ -56,7 +56,11 @@ pub(crate) const COLUMNS: &[(&str, &str)] = &[
 /// latest version of the row: the value `VALUES` drew was taken before this statement waited
 /// for that row lock, and a grant and release by another client meanwhile would have taken a
 /// later value (tokens would go backwards). `VALUES`' token is only used for a name's first
-/// row.
+/// row. Every token drawn is at least the server clock in microseconds and above the row's
+/// last one: a sequence and a row set back (a restore from a backup, a failover to an
+/// asynchronous standby) never hand out a token again, as long as the clock of the server
+/// that draws it is not behind the one that drew the lost tokens by as much as the time
+/// between the two.
 ///
 /// An attempt recorded in the row's `ended` ([`END`]: it gave up or released after a request
 /// of it went unanswered) is never granted: this is a late copy of one of its requests. The

@@ -3,10 +3,11 @@
 //! connection, a give-up, a release), and the held copy reaches the server only afterwards.
 //! It must not grant the lock to the attempt nobody waits for any more.
 
+use super::grant::{try_grant, wait_grant};
 use super::{SqlMode, SqlServer};
 use crate::conformance::{fast_opts, unique_name, EVENTUALLY};
 use crate::DelayProxy;
-use distlock_core::{Backend, Client, LockKind, Result};
+use distlock_core::{Backend, Client, LockKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,44 +22,6 @@ pub enum Ended {
     /// A try whose retry is granted; it then releases, and another client takes the lock
     /// and releases it too.
     Released,
-}
-
-/// A grant of either kind.
-enum Grant {
-    Lock(distlock_core::LockGuard),
-    Lead(distlock_core::Leadership),
-}
-
-impl Grant {
-    async fn release(self) {
-        let r = match self {
-            Grant::Lock(g) => g.release().await,
-            Grant::Lead(l) => l.resign().await,
-        };
-        r.expect("release");
-    }
-}
-
-/// One try for `name` of `kind` (a mutex, or a campaign in an election).
-async fn try_grant(c: &Client, name: &str, kind: LockKind) -> Result<Option<Grant>> {
-    match kind {
-        LockKind::Election => Ok(c
-            .election(name)?
-            .try_campaign("late")
-            .await?
-            .map(Grant::Lead)),
-        _ => Ok(c.lock(name)?.try_acquire().await?.map(Grant::Lock)),
-    }
-}
-
-/// A wait of at most `d` for `name` of `kind`.
-async fn wait_grant(c: &Client, name: &str, kind: LockKind, d: Duration) -> Result<Grant> {
-    match kind {
-        LockKind::Election => Ok(Grant::Lead(
-            c.election(name)?.campaign_timeout("late", d).await?,
-        )),
-        _ => Ok(Grant::Lock(c.lock(name)?.acquire_timeout(d).await?)),
-    }
 }
 
 /// Waits (at most [`EVENTUALLY`]) until `probe` is true.
