@@ -23,7 +23,7 @@
 //! frees whatever `GET_LOCK` it held.
 //!
 //! Tables: `dlock_fence` (last fencing token per lock key, bumped with
-//! `LAST_INSERT_ID(token + 1)` while the lock is held) and `dlock_holders` (holder, connection
+//! `LAST_INSERT_ID(GREATEST(token + 1, the server clock in µs))` while the lock is held) and `dlock_holders` (holder, connection
 //! id, lease end — for `inspect` and the `Held` ttl; a row counts only while its connection id
 //! holds the key), `dlock_elections` (an election's value and proclamation number, under its
 //! leader's token) and `dlock_election_observers` (the connections observing an election, see

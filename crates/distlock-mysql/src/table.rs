@@ -12,8 +12,9 @@
 //! included — so a request whose reply is late or lost either happened entirely or not at
 //! all, and its retry (same attempt id, same token) finds that out from the row:
 //! - acquire by the attempt that holds the row extends its lease (never shortening it) and
-//!   answers the same token; an attempt that already ended (its `last_released`) is never
-//!   granted again by a late duplicate of its request;
+//!   answers the same token; an attempt that already ended (the row's `last_released`, or, for
+//!   an attempt that had a request without an answer, `dlock_ended_attempts`: see
+//!   [`distlock_sql::ended`]) is never granted again by a late duplicate of its request;
 //! - release and renew name the grant (attempt *and* token); a repeated release finds the row
 //!   free, or its attempt in `last_released`, and answers `Expired`.
 //!

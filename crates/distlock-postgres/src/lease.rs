@@ -4,8 +4,14 @@
 //! session state, so it works behind PgBouncer in transaction-pooling mode. The row is never
 //! deleted by dlock: a free lock has `attempt IS NULL` (an operator freeing it by hand may
 //! set `owner = NULL` instead, which counts as free too), and the row keeps the name's last
-//! fencing token (drawn from the sequence `dlock_fence_seq`, so tokens keep increasing even if
-//! an operator deletes rows).
+//! fencing token. A new token is `GREATEST(nextval('dlock_fence_seq'), the row's token + 1,
+//! the server clock in µs)`: tokens keep increasing even if an operator deletes rows, or a
+//! restore or a failover to an asynchronous standby sets the sequence and the rows back.
+//!
+//! An attempt that had a request without an answer (the backend then moves to a fresh control
+//! connection, and the request may still run later) is recorded in its row's `ended` when it
+//! gives up or releases ([`END`]): a late copy of its acquire then never grants it. See
+//! [`distlock_sql::ended`].
 //!
 //! A grant is the row's (`attempt`, `token`): the attempt id the core made for the acquisition
 //! and the token drawn for it. Acquiring again with the attempt that holds the row (a retry
