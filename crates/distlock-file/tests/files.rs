@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use distlock_core::{AcquireReply, Backend, Client, Error, LockKind, ReleaseOutcome, RenewOutcome};
 use distlock_file::FileBackend;
+use distlock_testkit::grant::try_grant;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -281,44 +282,10 @@ async fn deleted_rw_file_is_detected_at_renewal() {
 
 /// One grant of `name` of `kind` through `c`, released at once; its token.
 async fn grant_once(c: &Client, name: &str, kind: LockKind) -> u64 {
-    match kind {
-        LockKind::Election => {
-            let l = c
-                .election(name)
-                .expect("election")
-                .try_campaign("v")
-                .await
-                .expect("try")
-                .expect("free");
-            let t = l.fencing_token();
-            l.resign().await.expect("resign");
-            t
-        }
-        LockKind::Read | LockKind::Write => {
-            let rw = c.rw_lock(name).expect("rw");
-            let side = if kind == LockKind::Read {
-                rw.read()
-            } else {
-                rw.write()
-            };
-            let g = side.try_acquire().await.expect("try").expect("free");
-            let t = g.fencing_token();
-            released(g).await;
-            t
-        }
-        _ => {
-            let g = c
-                .lock(name)
-                .expect("lock")
-                .try_acquire()
-                .await
-                .expect("try")
-                .expect("free");
-            let t = g.fencing_token();
-            released(g).await;
-            t
-        }
-    }
+    let g = try_grant(c, name, kind).await.expect("try").expect("free");
+    let t = g.token();
+    g.release().await;
+    t
 }
 
 /// An older lock-file record restored (a backup copied back over it, a directory restored or

@@ -3,9 +3,9 @@
 //! connection, a give-up, a release), and the held copy reaches the server only afterwards.
 //! It must not grant the lock to the attempt nobody waits for any more.
 
-use super::grant::{try_grant, wait_grant};
 use super::{SqlMode, SqlServer};
 use crate::conformance::{fast_opts, unique_name, EVENTUALLY};
+use crate::grant::{try_grant, wait_grant};
 use crate::DelayProxy;
 use distlock_core::{Backend, Client, LockKind};
 use std::sync::Arc;

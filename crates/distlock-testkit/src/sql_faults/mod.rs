@@ -12,7 +12,6 @@ use distlock_core::{
     AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostSignal,
 };
 mod election;
-mod grant;
 mod late;
 mod tokens;
 

@@ -2,9 +2,9 @@
 //! lost the last commits, an asynchronous failover to a replica that missed them. Set back by
 //! hand here (the deterministic stand-in for all of them).
 
-use super::grant::try_grant;
 use super::{SqlMode, SqlServer};
 use crate::conformance::{fast_opts, unique_name};
+use crate::grant::try_grant;
 use distlock_core::{Backend, LockKind};
 
 /// Three grants of `name` of `kind` one after another (tokens t1 < t2 < t3); after the first,
