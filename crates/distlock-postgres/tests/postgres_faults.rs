@@ -740,9 +740,8 @@ fn pg_counters(server: &PostgresServer, name: &str, kind: LockKind, lease: bool)
 
 /// The fencing counters set back by hand to an older value (the deterministic stand-in for a
 /// restore from a backup or a failover to an asynchronous standby): the next token is above
-/// every token handed out before, in both modes and for every way they issue tokens (a
-/// session-mode grant and its read side, a session-mode leadership, a lease row, a lease
-/// election). On a server of its own: the sequence is shared by every name, and setting it
+/// every token handed out before, in both modes and for every kind (session mode: mutex,
+/// fair, both sides of a read-write lock, election; lease mode: mutex, election). On a server of its own: the sequence is shared by every name, and setting it
 /// back would hand other tests' names old tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_rise_after_the_counters_are_set_back() {
@@ -753,7 +752,13 @@ async fn tokens_rise_after_the_counters_are_set_back() {
         support::connect,
         support::delete_holder_row,
     );
-    for kind in [LockKind::Mutex, LockKind::Read, LockKind::Election] {
+    for kind in [
+        LockKind::Mutex,
+        LockKind::Fair,
+        LockKind::Read,
+        LockKind::Write,
+        LockKind::Election,
+    ] {
         sql_faults::tokens_rise_after_a_rollback(&session, kind, |s, n, k| {
             pg_counters(s, n, k, false)
         })

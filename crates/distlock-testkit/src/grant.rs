@@ -34,8 +34,8 @@ impl Grant {
     }
 }
 
-/// One try for `name` of `kind` (a mutex, a side of a read-write lock, or a campaign in an
-/// election, with the value `v`).
+/// One try for `name` of `kind` (a mutex, a fair lock, a side of a read-write lock, or a
+/// campaign in an election, with the value `v`; any other kind: a mutex).
 ///
 /// # Errors
 /// The client's.
@@ -57,6 +57,7 @@ pub async fn try_grant(c: &Client, name: &str, kind: LockKind) -> Result<Option<
             .try_acquire()
             .await?
             .map(Grant::Lock)),
+        LockKind::Fair => Ok(c.fair_lock(name)?.try_acquire().await?.map(Grant::Lock)),
         _ => Ok(c.lock(name)?.try_acquire().await?.map(Grant::Lock)),
     }
 }
