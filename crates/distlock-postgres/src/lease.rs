@@ -239,47 +239,30 @@ impl ModeOps for LeaseMode {
         let owner: &str = &req.key.owner;
         let attempt: &str = req.attempt.as_str();
         let lease = millis_f64(req.lease);
-        let request = async {
-            match req.key.kind {
-                LockKind::Election => {
-                    let value: &str = req.value.as_deref().unwrap_or("");
-                    let chan = channel(election_key(ns, name));
-                    self.common
-                        .query(
-                            "campaigning",
-                            ELECTION_ACQUIRE,
-                            &[
-                                (&ns, Type::TEXT),
-                                (&name, Type::TEXT),
-                                (&owner, Type::TEXT),
-                                (&attempt, Type::TEXT),
-                                (&lease, Type::FLOAT8),
-                                (&value, Type::TEXT),
-                                (&chan, Type::TEXT),
-                            ],
-                        )
-                        .await
-                }
-                _ => {
-                    self.common
-                        .query(
-                            "acquiring",
-                            ACQUIRE,
-                            &[
-                                (&ns, Type::TEXT),
-                                (&name, Type::TEXT),
-                                (&owner, Type::TEXT),
-                                (&attempt, Type::TEXT),
-                                (&lease, Type::FLOAT8),
-                            ],
-                        )
-                        .await
-                }
+        let value: &str = req.value.as_deref().unwrap_or("");
+        let chan: String;
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&owner, Type::TEXT),
+            (&attempt, Type::TEXT),
+            (&lease, Type::FLOAT8),
+        ];
+        let (what, sql) = match req.key.kind {
+            LockKind::Election => {
+                chan = channel(election_key(ns, name));
+                params.push((&value, Type::TEXT));
+                params.push((&chan, Type::TEXT));
+                ("campaigning", ELECTION_ACQUIRE)
             }
+            _ => ("acquiring", ACQUIRE),
         };
         // A request without an answer may still reach the server after the attempt ended:
         // remembered, so that its end is recorded (see `free`).
-        let rows = self.unanswered.track(&req.attempt, request).await?;
+        let rows = self
+            .unanswered
+            .track(&req.attempt, self.common.query(what, sql, &params))
+            .await?;
         let row = rows.first().ok_or_else(|| shape("acquire", "no row"))?;
         let token: Option<i64> = row.try_get(0).map_err(|e| shape("acquire", e))?;
         if let Some(t) = token {
