@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use distlock_core::{AcquireReply, Backend, Client, Error, LockKind, ReleaseOutcome, RenewOutcome};
 use distlock_file::FileBackend;
+use distlock_testkit::grant::try_grant;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -277,4 +278,51 @@ async fn deleted_rw_file_is_detected_at_renewal() {
     assert_eq!(release(&a, &gw).await, ReleaseOutcome::TakenByOther);
     assert_eq!(release(&b, &gx).await, ReleaseOutcome::Released);
     assert_eq!(release(&a, &gr).await, ReleaseOutcome::Expired);
+}
+
+/// One grant of `name` of `kind` through `c`, released at once; its token.
+async fn grant_once(c: &Client, name: &str, kind: LockKind) -> u64 {
+    let g = try_grant(c, name, kind).await.expect("try").expect("free");
+    let t = g.token();
+    g.release().await;
+    t
+}
+
+/// An older lock-file record restored (a backup copied back over it, a directory restored or
+/// copied from before): the counter in it is behind, and the next token must still be above
+/// every token handed out — the clock floor (at least CLOCK_REALTIME in µs) covers it. For
+/// every file that keeps a counter: a mutex's, a read-write lock's record (both sides draw
+/// from it), an election's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restored_lock_file_never_gives_a_token_again() {
+    let dir = TempDir::new("restored");
+    let b = backend(dir.path());
+    let c = client(dir.path());
+    for (kind, name) in [
+        (LockKind::Mutex, "restored mutex"),
+        (LockKind::Read, "restored rw"),
+        (LockKind::Write, "restored rw"),
+        (LockKind::Election, "restored election"),
+    ] {
+        let file = match kind {
+            LockKind::Mutex => b.lock_file(name),
+            LockKind::Election => b.election_file(name),
+            _ => {
+                let [_, _, record] = b.rw_lock_files(name);
+                record
+            }
+        };
+        let mut tokens = vec![grant_once(&c, name, kind).await];
+        let backup = dir.path().join("backup");
+        std::fs::copy(&file, &backup).expect("back up");
+        for _ in 0..2 {
+            tokens.push(grant_once(&c, name, kind).await);
+        }
+        std::fs::copy(&backup, &file).expect("restore");
+        let next = grant_once(&c, name, kind).await;
+        assert!(
+            next > tokens[2],
+            "{kind:?}: token {next} after {tokens:?} and the record of the first restored"
+        );
+    }
 }

@@ -15,6 +15,20 @@ use std::time::Duration;
 /// Idle connections kept for control statements and the next holder.
 const POOL_MAX: usize = 8;
 
+/// The server clock in microseconds since the Unix epoch (UTC, so no time zone or daylight
+/// saving change moves it), as SQL: the floor of every fencing token.
+pub(crate) const CLOCK_US: &str =
+    "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
+
+/// The next fencing token after the counter `last` (an SQL expression), as SQL: above it,
+/// and at least the server clock in microseconds. A counter set back (a restore, a crash that
+/// lost the last commits, a failover to a replica that missed them) so never hands out a token
+/// again, as long as the clock of the server that draws it is not behind the one that drew
+/// the lost tokens by as much as the time between the two.
+pub(crate) fn next_token(last: &str) -> String {
+    format!("GREATEST({last} + 1, {CLOCK_US})")
+}
+
 /// How one driver call ended.
 pub(crate) enum Call<T> {
     Ok(T),

@@ -87,6 +87,7 @@ pub(crate) async fn force_release(
 async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceReleased> {
     let ns = sql_str(&b.common.namespace);
     let n = sql_str(name);
+    let next = crate::common::next_token("token");
     let sql = format!(
         "SET @dl_owner = NULL, @dl_left = NULL; \
          INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) VALUES ('{lk}', {ns}, {n}, 0); \
@@ -98,7 +99,7 @@ async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceRele
          UPDATE dlock_table_locks SET owner = NULL, count = 0, acquired_at = NULL, \
              expires_at = '1970-01-02 00:00:00', last_released = attempt \
              WHERE lock_key = '{lk}' AND owner IS NOT NULL; \
-         UPDATE dlock_fence SET token = LAST_INSERT_ID(token + 1) WHERE lock_key = '{lk}'; \
+         UPDATE dlock_fence SET token = LAST_INSERT_ID({next}) WHERE lock_key = '{lk}'; \
          SELECT @dl_owner, @dl_left, LAST_INSERT_ID(); \
          COMMIT"
     );
@@ -239,7 +240,10 @@ async fn force_session(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceRe
                 )
                 .await?;
                 c.exec_drop(
-                    "UPDATE dlock_fence SET token = LAST_INSERT_ID(token + 1) WHERE lock_key = ?",
+                    format!(
+                        "UPDATE dlock_fence SET token = LAST_INSERT_ID({}) WHERE lock_key = ?",
+                        crate::common::next_token("token")
+                    ),
                     (k.as_str(),),
                 )
                 .await?;

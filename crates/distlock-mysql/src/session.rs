@@ -23,14 +23,14 @@
 //! frees whatever `GET_LOCK` it held.
 //!
 //! Tables: `dlock_fence` (last fencing token per lock key, bumped with
-//! `LAST_INSERT_ID(token + 1)` while the lock is held) and `dlock_holders` (holder, connection
+//! `LAST_INSERT_ID(GREATEST(token + 1, the server clock in µs))` while the lock is held) and `dlock_holders` (holder, connection
 //! id, lease end — for `inspect` and the `Held` ttl; a row counts only while its connection id
 //! holds the key), `dlock_elections` (an election's value and proclamation number, under its
 //! leader's token) and `dlock_election_observers` (the connections observing an election, see
 //! [`crate::observe`]).
 
 use crate::common::{
-    close, col, key_of, last_row, query_sets, sql_str, wait_timeout_secs, Call, Common,
+    close, col, key_of, last_row, next_token, query_sets, sql_str, wait_timeout_secs, Call, Common,
 };
 use crate::error::{conn_dead, shape, timeout, KIND};
 use distlock_core::backend::Capabilities;
@@ -246,10 +246,11 @@ impl MyDialect {
             _ => ("", String::new()),
         };
         // Rows of earlier holders are stale: this connection holds `GET_LOCK` now.
+        let (first, next) = (next_token("0"), next_token("token"));
         let sql = format!(
             "{begin}INSERT INTO dlock_fence (lock_key, ns, name, token) \
-             VALUES ('{lk}', {ns}, {name}, LAST_INSERT_ID(1)) \
-             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1); \
+             VALUES ('{lk}', {ns}, {name}, LAST_INSERT_ID({first})) \
+             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID({next}); \
              SET @dlock_token = LAST_INSERT_ID(); \
              DELETE FROM dlock_holders WHERE lock_key = '{lk}'; \
              INSERT INTO dlock_holders \

@@ -12,8 +12,9 @@
 //! included — so a request whose reply is late or lost either happened entirely or not at
 //! all, and its retry (same attempt id, same token) finds that out from the row:
 //! - acquire by the attempt that holds the row extends its lease (never shortening it) and
-//!   answers the same token; an attempt that already ended (its `last_released`) is never
-//!   granted again by a late duplicate of its request;
+//!   answers the same token; an attempt that already ended (the row's `last_released`, or, for
+//!   an attempt that had a request without an answer, `dlock_ended_attempts`: see
+//!   [`distlock_sql::ended`]) is never granted again by a late duplicate of its request;
 //! - release and renew name the grant (attempt *and* token); a repeated release finds the row
 //!   free, or its attempt in `last_released`, and answers `Expired`.
 //!
@@ -24,7 +25,9 @@
 //! conflict with the lock of the same name; a fresh grant stores the candidate's value with
 //! its token in `dlock_elections` (shared with session mode) in the grant's transaction.
 
-use crate::common::{check_kind, close, col, key_of, last_row, query_sets, sql_attempt, sql_str};
+use crate::common::{
+    check_kind, close, col, key_of, last_row, next_token, query_sets, sql_attempt, sql_str,
+};
 use crate::common::{Call, Common};
 use crate::error::shape;
 use distlock_core::async_trait;
@@ -32,6 +35,7 @@ use distlock_core::{
     AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
+use distlock_sql::ended::{Unanswered, ENDED_KEEP};
 use distlock_sql::lease::micros;
 use distlock_sql::ModeOps;
 use mysql_async::prelude::Queryable;
@@ -39,7 +43,13 @@ use mysql_async::Row;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) const DDL: &[&str] = &[include_str!("../sql/table_schema.sql")];
+pub(crate) const DDL: &[&str] = &[
+    include_str!("../sql/table_schema.sql"),
+    include_str!("../sql/table_ended.sql"),
+];
+
+/// Expired records of ended attempts deleted by each write of a new one.
+const TRIM: usize = 100;
 
 /// Columns added since the table's first version (made by older dlock versions without them).
 const ADDED_COLUMNS: &[(&str, &str)] = &[
@@ -63,6 +73,9 @@ const RENEW_CHUNK: usize = 200;
 
 pub(crate) struct TableMode {
     common: Arc<Common>,
+    /// Attempts with a request that got no answer: their end is recorded in
+    /// `dlock_ended_attempts`.
+    unanswered: Unanswered,
 }
 
 /// Whether an SQL truth value read back is true (`None`: NULL, i.e. no row was read).
@@ -72,7 +85,10 @@ fn truth(v: Option<i64>) -> Option<bool> {
 
 impl TableMode {
     pub(crate) fn new(common: Arc<Common>) -> Self {
-        TableMode { common }
+        TableMode {
+            common,
+            unanswered: Unanswered::default(),
+        }
     }
 
     /// Adds the columns a table made by an older version lacks. Concurrent clients may race
@@ -131,6 +147,28 @@ impl TableMode {
     }
 }
 
+/// Statements of a give-up or release transaction (after the lock's row was locked) that
+/// record attempt `a` (quoted) of lock `lk` as ended, if `record`: a late copy of one of its
+/// requests then never grants it. And what trims expired records after the `COMMIT` (a few
+/// at a time, so a write never does unbounded work).
+fn record_ended(record: bool, lk: &str, a: &str) -> (String, String) {
+    if !record {
+        return (String::new(), String::new());
+    }
+    let keep = ENDED_KEEP.as_secs();
+    (
+        format!(
+            "INSERT INTO dlock_ended_attempts (attempt, lock_key, expires_at) \
+                 VALUES ({a}, '{lk}', UTC_TIMESTAMP(6) + INTERVAL {keep} SECOND) \
+                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at); "
+        ),
+        format!(
+            "DELETE FROM dlock_ended_attempts WHERE expires_at < UTC_TIMESTAMP(6) \
+                 ORDER BY expires_at LIMIT {TRIM}; "
+        ),
+    )
+}
+
 #[async_trait]
 impl ModeOps for TableMode {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
@@ -163,6 +201,7 @@ impl ModeOps for TableMode {
         // The rows are created outside the transaction (autocommit), so that concurrent first
         // users of a name cannot deadlock on gap locks. Variables are reset first: the
         // connection is pooled, and a SELECT … INTO that finds no row leaves them as they were.
+        let next = next_token("token");
         let sql = format!(
             "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL, @dl_token = NULL, \
                  @dl_left = NULL, @dl_new = NULL; \
@@ -177,10 +216,12 @@ impl ModeOps for TableMode {
                  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
                  INTO @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left \
                  FROM dlock_table_locks WHERE lock_key = '{lk}' FOR UPDATE; \
+             SELECT @dl_ended OR COUNT(*) > 0 INTO @dl_ended FROM dlock_ended_attempts \
+                 WHERE attempt = {a} LOCK IN SHARE MODE; \
              UPDATE dlock_table_locks SET expires_at = \
                  GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND) \
                  WHERE lock_key = '{lk}' AND @dl_live AND @dl_mine; \
-             UPDATE dlock_fence SET token = LAST_INSERT_ID(token + 1) \
+             UPDATE dlock_fence SET token = LAST_INSERT_ID({next}) \
                  WHERE lock_key = '{lk}' AND NOT @dl_live AND NOT @dl_ended; \
              SET @dl_new = IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL); \
              UPDATE dlock_table_locks SET owner = {owner}, attempt = {a}, count = 1, \
@@ -190,7 +231,12 @@ impl ModeOps for TableMode {
              {election}COMMIT; \
              SELECT @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left, @dl_new{observed}"
         );
-        let sets = self.one_trip("acquiring", sql).await?;
+        // A request without an answer may still reach the server after the attempt ended:
+        // remembered, so that its end is recorded (see `release` and `give_up`).
+        let sets = self
+            .unanswered
+            .track(&req.attempt, self.one_trip("acquiring", sql))
+            .await?;
         let what = "acquiring";
         let row = last_row(what, &sets)?;
         let live = truth(col(what, row, 0)?);
@@ -231,6 +277,10 @@ impl ModeOps for TableMode {
         } else {
             String::new()
         };
+        // An attempt that had a request without an answer is ended for good: recorded in
+        // `dlock_ended_attempts`, so that a late copy of that request never grants it.
+        let record = self.unanswered.pending(&grant.attempt);
+        let (ended, trim) = record_ended(record, &lk, &a);
         let sql = format!(
             "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL; \
              START TRANSACTION; \
@@ -241,10 +291,13 @@ impl ModeOps for TableMode {
              UPDATE dlock_table_locks SET owner = NULL, count = 0, acquired_at = NULL, \
                  expires_at = {FREE}, last_released = attempt \
                  WHERE lock_key = '{lk}' AND @dl_live AND @dl_mine; \
-             COMMIT; \
+             {ended}COMMIT; {trim}\
              SELECT @dl_live, @dl_mine, @dl_ended{observed}"
         );
         let sets = self.one_trip("releasing", sql).await?;
+        if record {
+            self.unanswered.recorded(&grant.attempt);
+        }
         let what = "releasing";
         let row = last_row(what, &sets)?;
         let live = truth(col(what, row, 0)?);
@@ -269,18 +322,28 @@ impl ModeOps for TableMode {
         let lk = key_of(&self.common.namespace, &req.key.name, req.key.kind);
         let a = sql_attempt(&req.attempt)?;
         // Frees the row only if this attempt holds it, and marks the attempt as ended either
-        // way, so that a late duplicate of its last acquire cannot take the lock afterwards.
+        // way, so that a late duplicate of its last acquire cannot take the lock afterwards:
+        // in the row's `last_released` (until another attempt ends), and, for an attempt
+        // that had a request without an answer, in `dlock_ended_attempts` (the row's update
+        // locks it first, so an acquire waiting for the row sees the record).
         // (MySQL applies the assignments left to right; `attempt` is not among them.)
+        let record = self.unanswered.pending(&req.attempt);
+        let (ended, trim) = record_ended(record, &lk, &a);
         let sql = format!(
-            "UPDATE dlock_table_locks SET \
+            "START TRANSACTION; \
+             UPDATE dlock_table_locks SET \
                  count = IF(attempt <=> {a}, 0, count), \
                  acquired_at = IF(attempt <=> {a}, NULL, acquired_at), \
                  expires_at = IF(attempt <=> {a}, {FREE}, expires_at), \
                  owner = IF(attempt <=> {a}, NULL, owner), \
                  last_released = {a} \
-                 WHERE lock_key = '{lk}'"
+                 WHERE lock_key = '{lk}'; \
+             {ended}COMMIT; {trim}"
         );
         self.one_trip("giving up", sql).await?;
+        if record {
+            self.unanswered.recorded(&req.attempt);
+        }
         if req.key.kind == LockKind::Election {
             // Rare (a stopped campaign): whether it held the row is not read back.
             crate::observe::wake(&self.common, &lk);

@@ -3,10 +3,11 @@
 
 mod support;
 
-use distlock_core::{Client, LostReason, ReleaseOutcome};
+use distlock_core::{Client, LockKind, LostReason, ReleaseOutcome};
 use distlock_mysql::lock_key;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
 use distlock_testkit::sql_faults;
+use distlock_testkit::sql_faults::{late_request_of_an_ended_attempt, Ended};
 use distlock_testkit::MariaDbServer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -191,4 +192,89 @@ async fn abandoned_waits_leave_no_server_waiters() {
     let mode = My::session();
     let (_a, g) = sql_faults::abandoned_waits_leave_no_server_waiters(&mode, server_waiters).await;
     g.release().await.expect("release");
+}
+
+/// The first request of an attempt is held in a proxy past the operation timeout; the client
+/// closes that connection and goes on with another (table mode: `one_trip`), its retry is
+/// answered "held" (a try, a wait that runs out) or granted and then released, and the
+/// attempt ends. The held request reaches the server only after the holder released: it must
+/// not grant the lock to the ended attempt (table mode did: nobody held it for a whole lease,
+/// a third client got nothing). Session mode is run too: there a late `GET_LOCK` dies with the
+/// connection the client closed.
+async fn late(my: My, kind: LockKind, ended: Ended) {
+    let at_once = !my.params.is_empty();
+    late_request_of_an_ended_attempt(&my, "", kind, ended, at_once).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_try_of_an_ended_attempt_table() {
+    late(My::table(), LockKind::Mutex, Ended::Try).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_try_of_a_released_attempt_table() {
+    late(My::table(), LockKind::Mutex, Ended::Released).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_wait_of_an_ended_attempt_table() {
+    late(My::table(), LockKind::Mutex, Ended::Wait).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_campaign_of_an_ended_attempt_table() {
+    late(My::table(), LockKind::Election, Ended::Try).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_try_of_an_ended_attempt_session() {
+    late(My::session(), LockKind::Mutex, Ended::Try).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_wait_of_an_ended_attempt_session() {
+    late(My::session(), LockKind::Mutex, Ended::Wait).await;
+}
+
+/// The SQL that puts `name`'s fencing counter (its `dlock_fence` row, and table mode's lock
+/// row) back where it is now. Run later, it is a rollback: a restore from a backup, a crash
+/// with `innodb_flush_log_at_trx_commit` other than 1 that lost the last commits, a failover
+/// to an asynchronous replica that missed them.
+fn my_counters(server: &MariaDbServer, name: &str, kind: LockKind, table: bool) -> String {
+    let lk = match kind {
+        LockKind::Election => distlock_mysql::election_key("dlock", name),
+        _ => lock_key("dlock", name),
+    };
+    let get = |table: &str| {
+        server
+            .sql(&format!(
+                "SELECT COALESCE(MAX(token), 0) FROM dlock.{table} WHERE lock_key = '{lk}'"
+            ))
+            .expect("token")
+    };
+    let fence = get("dlock_fence");
+    let mut sql = format!("UPDATE dlock.dlock_fence SET token = {fence} WHERE lock_key = '{lk}'");
+    if table {
+        let row = get("dlock_table_locks");
+        sql.push_str(&format!(
+            "; UPDATE dlock.dlock_table_locks SET token = {row} WHERE lock_key = '{lk}'"
+        ));
+    }
+    sql
+}
+
+/// The fencing counter set back by hand to an older value (the deterministic stand-in for a
+/// restore, a crash that lost the last commits, an asynchronous failover): the next token is
+/// above every token handed out before, in both modes, for locks and elections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_after_the_counter_is_set_back() {
+    for my in [My::session(), My::table()] {
+        for kind in [LockKind::Mutex, LockKind::Election] {
+            let table = !my.params.is_empty();
+            sql_faults::tokens_rise_after_a_rollback(&my, kind, |s, n, k| {
+                my_counters(s, n, k, table)
+            })
+            .await;
+        }
+    }
 }

@@ -11,5 +11,7 @@ CREATE TABLE IF NOT EXISTS dlock_lease_elections (
     expires_at timestamptz NOT NULL,
     value text NOT NULL,
     seq bigint NOT NULL,
+    ended jsonb,
     PRIMARY KEY (ns, name)
 );
+ALTER TABLE dlock_lease_elections ADD COLUMN IF NOT EXISTS ended jsonb;

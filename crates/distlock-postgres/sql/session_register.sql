@@ -1,7 +1,9 @@
 -- Records the grant of attempt $3 on this session and returns its fencing token; also sets
 -- the session's lease. Idempotent per attempt and session: if this session already recorded
 -- the attempt's grant (a retry after the answer was lost), it returns that token and only
--- extends the lease, drawing no new token. An exclusive grant removes rows of other sessions
+-- extends the lease, drawing no new token. A new token is at least the server clock in
+-- microseconds and above the name's last one (a sequence and a row set back by a restore or a
+-- failover never hand out a token again). An exclusive grant removes rows of other sessions
 -- (stale: nobody else can hold the key now).
 -- $1 ns, $2 name, $3 attempt, $4 owner, $5 kind, $6 lease ms, $7 idle timeout, $8 exclusive,
 -- $9 GUC.
@@ -10,8 +12,12 @@ WITH old AS (
     WHERE ns = $1 AND name = $2 AND attempt = $3 AND pid = pg_backend_pid()
 ), f AS (
     INSERT INTO dlock_fence AS f (ns, name, token)
-    SELECT $1, $2, nextval('dlock_fence_seq') WHERE NOT EXISTS (SELECT 1 FROM old)
-    ON CONFLICT (ns, name) DO UPDATE SET token = nextval('dlock_fence_seq')
+    SELECT $1, $2,
+           GREATEST(nextval('dlock_fence_seq'), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
+    WHERE NOT EXISTS (SELECT 1 FROM old)
+    ON CONFLICT (ns, name) DO UPDATE
+    SET token = GREATEST(nextval('dlock_fence_seq'), f.token + 1,
+                         (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
     RETURNING f.token
 ), d AS (
     DELETE FROM dlock_holders

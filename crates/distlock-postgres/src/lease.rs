@@ -4,8 +4,14 @@
 //! session state, so it works behind PgBouncer in transaction-pooling mode. The row is never
 //! deleted by dlock: a free lock has `attempt IS NULL` (an operator freeing it by hand may
 //! set `owner = NULL` instead, which counts as free too), and the row keeps the name's last
-//! fencing token (drawn from the sequence `dlock_fence_seq`, so tokens keep increasing even if
-//! an operator deletes rows).
+//! fencing token. A new token is `GREATEST(nextval('dlock_fence_seq'), the row's token + 1,
+//! the server clock in µs)`: tokens keep increasing even if an operator deletes rows, or a
+//! restore or a failover to an asynchronous standby sets the sequence and the rows back.
+//!
+//! An attempt that had a request without an answer (the backend then moves to a fresh control
+//! connection, and the request may still run later) is recorded in its row's `ended` when it
+//! gives up or releases ([`END`]): a late copy of its acquire then never grants it. See
+//! [`distlock_sql::ended`].
 //!
 //! A grant is the row's (`attempt`, `token`): the attempt id the core made for the acquisition
 //! and the token drawn for it. Acquiring again with the attempt that holds the row (a retry
@@ -23,15 +29,16 @@ use crate::error::{shape, KIND};
 use distlock_core::async_trait;
 use distlock_core::backend::Capabilities;
 use distlock_core::{
-    AcquireReply, AcquireRequest, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
-    RenewOutcome, Result,
+    AcquireReply, AcquireRequest, AttemptId, GrantRef, HolderInfo, LockInfo, LockKind,
+    ReleaseOutcome, RenewOutcome, Result,
 };
+use distlock_sql::ended::{Unanswered, ENDED_KEEP, ENDED_MAX_PER_LOCK};
 use distlock_sql::lease::millis_f64;
 use distlock_sql::ModeOps;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 pub(crate) const DDL: &str = concat!(
     include_str!("../sql/lease_schema.sql"),
@@ -41,7 +48,11 @@ pub(crate) const DDL: &str = concat!(
 pub(crate) const TABLES: &[&str] = &["dlock_fence_seq", "dlock_leases", "dlock_lease_elections"];
 
 /// Columns this version needs (a table of an older version lacks them: the DDL adds them).
-pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_leases", "attempt")];
+pub(crate) const COLUMNS: &[(&str, &str)] = &[
+    ("dlock_leases", "attempt"),
+    ("dlock_leases", "ended"),
+    ("dlock_lease_elections", "ended"),
+];
 
 /// Grant (fresh, or the same grant again for a retry of the attempt that holds it) in one
 /// statement; on contention the second column is the holder's remaining lease (from the
@@ -51,7 +62,16 @@ pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_leases", "attempt")];
 /// latest version of the row: the value `VALUES` drew was taken before this statement waited
 /// for that row lock, and a grant and release by another client meanwhile would have taken a
 /// later value (tokens would go backwards). `VALUES`' token is only used for a name's first
-/// row.
+/// row. Every token drawn is at least the server clock in microseconds and above the row's
+/// last one: a sequence and a row set back (a restore from a backup, a failover to an
+/// asynchronous standby) never hand out a token again, as long as the clock of the server
+/// that draws it is not behind the one that drew the lost tokens by as much as the time
+/// between the two.
+///
+/// An attempt recorded in the row's `ended` ([`END`]: it gave up or released after a request
+/// of it went unanswered) is never granted: this is a late copy of one of its requests. The
+/// check is in the `WHERE` of the `UPDATE`, which runs on the locked, latest row version, so
+/// an end recorded while this statement waited for the row is seen.
 /// $1 ns, $2 name, $3 owner, $4 attempt, $5 lease ms.
 const ACQUIRE: &str = include_str!("../sql/lease_acquire.sql");
 
@@ -62,6 +82,12 @@ const ACQUIRE: &str = include_str!("../sql/lease_acquire.sql");
 /// from before the update). $1 ns, $2 name, $3 attempt, $4 token, $5 channel.
 const RELEASE: &str = include_str!("../sql/lease_release.sql");
 
+/// Ends an attempt that had a request without an answer: frees its row if it holds it, and
+/// records the attempt in the row's `ended`, so a late copy of its acquire never grants it.
+/// $1 ns, $2 name, $3 attempt, $4 token (NULL: any), $5 channel, $6 seconds to keep the
+/// record, $7 most records kept.
+const END: &str = include_str!("../sql/lease_end.sql");
+
 /// Renews many grants at once, each to at least its lease from now (never shortening).
 /// $1 ns, $2 names, $3 attempts, $4 tokens, $5 leases (ms).
 const RENEW: &str = include_str!("../sql/lease_renew.sql");
@@ -71,12 +97,15 @@ const INSPECT: &str = include_str!("../sql/lease_inspect.sql");
 /// The election statements: as the lock's, on `dlock_lease_elections`.
 const ELECTION_ACQUIRE: &str = include_str!("../sql/lease_election_acquire.sql");
 const ELECTION_RELEASE: &str = include_str!("../sql/lease_election_release.sql");
+const ELECTION_END: &str = include_str!("../sql/lease_election_end.sql");
 const ELECTION_RENEW: &str = include_str!("../sql/lease_election_renew.sql");
 const ELECTION_INSPECT: &str = include_str!("../sql/lease_election_inspect.sql");
 const ELECTION_PROCLAIM: &str = include_str!("../sql/lease_election_proclaim.sql");
 
 pub(crate) struct LeaseMode {
     common: Arc<Common>,
+    /// Attempts with a request that got no answer: their end is recorded in their row.
+    unanswered: Unanswered,
 }
 
 /// Lease mode does mutexes and elections.
@@ -93,37 +122,49 @@ fn check_kind(kind: LockKind) -> Result<()> {
 
 impl LeaseMode {
     pub(crate) fn new(common: Arc<Common>) -> Self {
-        LeaseMode { common }
+        LeaseMode {
+            common,
+            unanswered: Unanswered::default(),
+        }
     }
 
-    /// Frees the row of `attempt`'s grant (with `token`, or any token of the attempt).
+    /// Frees the row of `attempt`'s grant (with `token`, or any token of the attempt). An
+    /// attempt that had a request without an answer is ended for good: recorded in its row,
+    /// so that a late copy of that request never grants it.
     async fn free(
         &self,
         name: &str,
         kind: LockKind,
-        attempt: &str,
+        attempt: &AttemptId,
         token: Option<i64>,
     ) -> Result<ReleaseOutcome> {
         let ns = self.common.namespace.as_str();
         let chan = channel(key_of(ns, name, kind));
-        let sql = match kind {
-            LockKind::Election => ELECTION_RELEASE,
-            _ => RELEASE,
+        let a = attempt.as_str();
+        let record = self.unanswered.pending(attempt);
+        let sql = match (kind, record) {
+            (LockKind::Election, false) => ELECTION_RELEASE,
+            (LockKind::Election, true) => ELECTION_END,
+            (_, false) => RELEASE,
+            (_, true) => END,
         };
-        let rows = self
-            .common
-            .query(
-                "releasing",
-                sql,
-                &[
-                    (&ns, Type::TEXT),
-                    (&name, Type::TEXT),
-                    (&attempt, Type::TEXT),
-                    (&token, Type::INT8),
-                    (&chan, Type::TEXT),
-                ],
-            )
-            .await?;
+        let keep = ENDED_KEEP.as_secs_f64();
+        let most = ENDED_MAX_PER_LOCK as i64;
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&a, Type::TEXT),
+            (&token, Type::INT8),
+            (&chan, Type::TEXT),
+        ];
+        if record {
+            params.push((&keep, Type::FLOAT8));
+            params.push((&most, Type::INT8));
+        }
+        let rows = self.common.query("releasing", sql, &params).await?;
+        if record {
+            self.unanswered.recorded(attempt);
+        }
         let row = rows.first().ok_or_else(|| shape("release", "no row"))?;
         let released: bool = row.try_get(0).map_err(|e| shape("release", e))?;
         if released {
@@ -198,42 +239,30 @@ impl ModeOps for LeaseMode {
         let owner: &str = &req.key.owner;
         let attempt: &str = req.attempt.as_str();
         let lease = millis_f64(req.lease);
-        let rows = match req.key.kind {
+        let value: &str = req.value.as_deref().unwrap_or("");
+        let chan: String;
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&owner, Type::TEXT),
+            (&attempt, Type::TEXT),
+            (&lease, Type::FLOAT8),
+        ];
+        let (what, sql) = match req.key.kind {
             LockKind::Election => {
-                let value: &str = req.value.as_deref().unwrap_or("");
-                let chan = channel(election_key(ns, name));
-                self.common
-                    .query(
-                        "campaigning",
-                        ELECTION_ACQUIRE,
-                        &[
-                            (&ns, Type::TEXT),
-                            (&name, Type::TEXT),
-                            (&owner, Type::TEXT),
-                            (&attempt, Type::TEXT),
-                            (&lease, Type::FLOAT8),
-                            (&value, Type::TEXT),
-                            (&chan, Type::TEXT),
-                        ],
-                    )
-                    .await?
+                chan = channel(election_key(ns, name));
+                params.push((&value, Type::TEXT));
+                params.push((&chan, Type::TEXT));
+                ("campaigning", ELECTION_ACQUIRE)
             }
-            _ => {
-                self.common
-                    .query(
-                        "acquiring",
-                        ACQUIRE,
-                        &[
-                            (&ns, Type::TEXT),
-                            (&name, Type::TEXT),
-                            (&owner, Type::TEXT),
-                            (&attempt, Type::TEXT),
-                            (&lease, Type::FLOAT8),
-                        ],
-                    )
-                    .await?
-            }
+            _ => ("acquiring", ACQUIRE),
         };
+        // A request without an answer may still reach the server after the attempt ended:
+        // remembered, so that its end is recorded (see `free`).
+        let rows = self
+            .unanswered
+            .track(&req.attempt, self.common.query(what, sql, &params))
+            .await?;
         let row = rows.first().ok_or_else(|| shape("acquire", "no row"))?;
         let token: Option<i64> = row.try_get(0).map_err(|e| shape("acquire", e))?;
         if let Some(t) = token {
@@ -254,20 +283,15 @@ impl ModeOps for LeaseMode {
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         check_kind(grant.key.kind)?;
         let token = i64::try_from(grant.token).map_err(|_| shape("fencing token", grant.token))?;
-        self.free(
-            &grant.key.name,
-            grant.key.kind,
-            grant.attempt.as_str(),
-            Some(token),
-        )
-        .await
+        self.free(&grant.key.name, grant.key.kind, &grant.attempt, Some(token))
+            .await
     }
 
     /// Gives back whatever grant the attempt holds (one whose reply was lost); there is no
     /// server-side queue to leave. The attempt id is unique, so nothing else is touched.
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
         check_kind(req.key.kind)?;
-        self.free(&req.key.name, req.key.kind, req.attempt.as_str(), None)
+        self.free(&req.key.name, req.key.kind, &req.attempt, None)
             .await
             .map(|_| ())
     }

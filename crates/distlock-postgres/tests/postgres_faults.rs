@@ -714,3 +714,66 @@ async fn lease_token_is_drawn_after_the_row_lock() {
         ReleaseOutcome::Released
     );
 }
+
+/// The SQL that puts `name`'s fencing counters back where they are now: the sequence
+/// `dlock_fence_seq` (shared by every name) and the row that keeps the name's last token (of
+/// the table `kind` and the mode's `lease` use). Run later, it is a rollback: a restore from a
+/// base backup, or an asynchronous standby promoted after it missed the last WAL.
+fn pg_counters(server: &PostgresServer, name: &str, kind: LockKind, lease: bool) -> String {
+    let table = match (lease, kind) {
+        (true, LockKind::Election) => "dlock_lease_elections",
+        (true, _) => "dlock_leases",
+        (false, LockKind::Election) => "dlock_elections",
+        (false, _) => "dlock_fence",
+    };
+    let row = format!("ns = 'dlock' AND name = '{}'", name.replace('\'', "''"));
+    let seq = server
+        .sql("SELECT last_value FROM dlock_fence_seq")
+        .expect("sequence");
+    let token = server
+        .sql(&format!("SELECT token FROM {table} WHERE {row}"))
+        .expect("token");
+    format!(
+        "SELECT setval('dlock_fence_seq', {seq}); UPDATE {table} SET token = {token} WHERE {row}"
+    )
+}
+
+/// The fencing counters set back by hand to an older value (the deterministic stand-in for a
+/// restore from a backup or a failover to an asynchronous standby): the next token is above
+/// every token handed out before, in both modes and for every kind (session mode: mutex,
+/// fair, both sides of a read-write lock, election; lease mode: mutex, election). On a server of its own: the sequence is shared by every name, and setting it
+/// back would hand other tests' names old tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_after_the_counters_are_set_back() {
+    let server = Arc::new(PostgresServer::start().expect("start postgres"));
+    let session = sql_faults::SqlMode::new(
+        server.clone(),
+        "",
+        support::connect,
+        support::delete_holder_row,
+    );
+    for kind in [
+        LockKind::Mutex,
+        LockKind::Fair,
+        LockKind::Read,
+        LockKind::Write,
+        LockKind::Election,
+    ] {
+        sql_faults::tokens_rise_after_a_rollback(&session, kind, |s, n, k| {
+            pg_counters(s, n, k, false)
+        })
+        .await;
+    }
+    let lease = sql_faults::SqlMode::new(
+        server.clone(),
+        "?mode=lease",
+        support::connect,
+        support::free_lease_row,
+    );
+    for kind in [LockKind::Mutex, LockKind::Election] {
+        sql_faults::tokens_rise_after_a_rollback(&lease, kind, |s, n, k| {
+            pg_counters(s, n, k, true)
+        })
+        .await;
+    }
+}

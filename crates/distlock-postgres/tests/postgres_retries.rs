@@ -15,6 +15,7 @@ use distlock_core::{
 };
 use distlock_postgres::PostgresBackend;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name, EVENTUALLY};
+use distlock_testkit::sql_faults::{late_request_of_an_ended_attempt, Ended};
 use distlock_testkit::DelayProxy;
 use std::future::Future;
 use std::sync::Arc;
@@ -677,4 +678,52 @@ async fn try_acquire_whose_reply_is_lost_with_the_connection() {
             ReleaseOutcome::Released
         );
     }
+}
+
+/// The first request of an attempt is held in a proxy past the operation timeout; the client
+/// moves to a fresh control connection (lease mode), its retry is answered "held" (a try, a
+/// wait that runs out) or granted and then released, and the attempt ends. The held request
+/// reaches the server only after the holder released: it must not grant the lock to the
+/// ended attempt (lease mode did: nobody held it for a whole lease, a third client got
+/// nothing). Session mode is run too: there a late grant dies with its session, which the
+/// client closes (or unlocks behind the late statement).
+async fn late(pg: Pg, extra: &str, kind: LockKind, ended: Ended) {
+    let at_once = mode_name(&pg) == "lease";
+    late_request_of_an_ended_attempt(&pg, extra, kind, ended, at_once).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_try_of_an_ended_attempt_lease() {
+    late(Pg::lease(), "", LockKind::Mutex, Ended::Try).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_try_of_a_released_attempt_lease() {
+    late(Pg::lease(), "", LockKind::Mutex, Ended::Released).await;
+}
+
+/// A waiter with `listen=off`: its only connection is the control connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_wait_of_an_ended_attempt_lease() {
+    late(Pg::lease(), "&listen=off", LockKind::Mutex, Ended::Wait).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_campaign_of_an_ended_attempt_lease() {
+    late(Pg::lease(), "", LockKind::Election, Ended::Try).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_campaign_wait_of_an_ended_attempt_lease() {
+    late(Pg::lease(), "&listen=off", LockKind::Election, Ended::Wait).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_try_of_an_ended_attempt_session() {
+    late(Pg::session(), "", LockKind::Mutex, Ended::Try).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_wait_of_an_ended_attempt_session() {
+    late(Pg::session(), "", LockKind::Mutex, Ended::Wait).await;
 }

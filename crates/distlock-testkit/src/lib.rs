@@ -53,6 +53,7 @@ pub mod conformance;
 mod error;
 mod etcd;
 mod fenced;
+pub mod grant;
 mod mariadb;
 mod postgres;
 mod process;

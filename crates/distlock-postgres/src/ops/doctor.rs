@@ -74,7 +74,7 @@ fn replication_finding(recovery: bool, standbys: i64, sync: i64, commit: &str) -
         Finding::new(
             Severity::Warning,
             "replication",
-            format!("{standbys} standbys replicate asynchronously (synchronous standbys: {sync}, synchronous_commit={commit}): a failover to one can lose the last lease rows and fencing tokens (a lock granted twice, tokens handed out again; session mode's advisory locks are never replicated, but their holders' sessions end with the old primary); set synchronous_standby_names and synchronous_commit=on (or remote_apply) if failovers happen"),
+            format!("{standbys} standbys replicate asynchronously (synchronous standbys: {sync}, synchronous_commit={commit}): a failover to one can lose the last lease rows (a lock granted twice; fencing tokens still increase, each at least the server clock in µs, as long as the new primary's clock is not behind the old one's by as much as the failover takes; session mode's advisory locks are never replicated, but their holders' sessions end with the old primary); set synchronous_standby_names and synchronous_commit=on (or remote_apply) if failovers happen"),
         )
     }
 }

@@ -210,9 +210,9 @@ pub(crate) async fn force_release(
 }
 
 /// Lease mode, one transaction on a connection of its own: make sure the row exists, lock
-/// it and remember its holder, then clear it with a token drawn after the row lock (higher
-/// than every token handed out: every token comes from the one sequence) and wake waiters
-/// at commit. A holder's renewal, which names its attempt and token, then matches no row.
+/// it and remember its holder, then clear it with a token drawn after the row lock (above the
+/// row's last one, and at least the server clock in microseconds, as every grant's) and wake
+/// waiters at commit. A holder's renewal, which names its attempt and token, then matches no row.
 async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
     let ns = b.common.namespace.as_str();
     let chan = channel(lock_key(ns, name));
@@ -225,7 +225,7 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
         let tx = client.transaction().await?;
         tx.query_typed(
             "INSERT INTO dlock_leases (ns, name, owner, attempt, token, acquired_at, expires_at) \
-             VALUES ($1, $2, NULL, NULL, nextval('dlock_fence_seq'), NULL, 'epoch') \
+             VALUES ($1, $2, NULL, NULL, 0, NULL, 'epoch') \
              ON CONFLICT (ns, name) DO NOTHING",
             &[(&ns, Type::TEXT), (&name, Type::TEXT)],
         )
@@ -241,7 +241,8 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
         let up = tx
             .query_typed(
                 "UPDATE dlock_leases SET owner = NULL, attempt = NULL, acquired_at = NULL, \
-                     expires_at = 'epoch', token = nextval('dlock_fence_seq') \
+                     expires_at = 'epoch', token = GREATEST(nextval('dlock_fence_seq'), \
+                         token + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
                  WHERE ns = $1 AND name = $2 RETURNING token, pg_notify($3, '') IS NULL",
                 &[(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)],
             )
@@ -360,8 +361,9 @@ async fn force_session(b: &PostgresBackend, name: &str) -> Result<ForceReleased>
                 "WITH d AS (DELETE FROM dlock_holders \
                             WHERE ns = $1 AND name = $2 AND attempt = ANY($3) AND pid = ANY($4)) \
                  INSERT INTO dlock_fence AS f (ns, name, token) \
-                 VALUES ($1, $2, nextval('dlock_fence_seq')) \
-                 ON CONFLICT (ns, name) DO UPDATE SET token = nextval('dlock_fence_seq') \
+                 VALUES ($1, $2, GREATEST(nextval('dlock_fence_seq'), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)) \
+                 ON CONFLICT (ns, name) DO UPDATE SET token = GREATEST( \
+                     nextval('dlock_fence_seq'), f.token + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
                  RETURNING f.token",
                 &[
                     (&ns, Type::TEXT),
@@ -419,9 +421,13 @@ async fn force_session_election(b: &PostgresBackend, name: &str) -> Result<Force
         .run(
             "advancing the fencing token",
             client.query_typed(
-                "WITH u AS (UPDATE dlock_elections SET pid = NULL, expires_at = now() \
-                            WHERE ns = $1 AND name = $2 AND pid = ANY($3)) \
-                 SELECT nextval('dlock_fence_seq')",
+                "WITH u AS (UPDATE dlock_elections SET pid = NULL, expires_at = now(), \
+                                token = GREATEST(nextval('dlock_fence_seq'), token + 1, \
+                                    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
+                            WHERE ns = $1 AND name = $2 AND pid = ANY($3) RETURNING token) \
+                 SELECT COALESCE((SELECT max(token) FROM u), GREATEST(nextval('dlock_fence_seq'), \
+                     (SELECT max(token) + 1 FROM dlock_elections WHERE ns = $1 AND name = $2), \
+                     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint))",
                 &[
                     (&ns, Type::TEXT),
                     (&name, Type::TEXT),
@@ -438,7 +444,7 @@ async fn force_session_election(b: &PostgresBackend, name: &str) -> Result<Force
 }
 
 /// Lease mode, an election: clear the election's row with a token drawn after its row lock
-/// (above every token handed out) and wake candidates and observers, in one statement.
+/// (above the row's last one, at least the server clock in microseconds) and wake candidates and observers, in one statement.
 async fn force_lease_election(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
     let ns = b.common.namespace.as_str();
     let chan = channel(election_key(ns, name));
@@ -449,10 +455,12 @@ async fn force_lease_election(b: &PostgresBackend, name: &str) -> Result<ForceRe
             "forced release",
             "WITH u AS (UPDATE dlock_lease_elections SET owner = NULL, attempt = NULL, \
                             acquired_at = NULL, expires_at = 'epoch', \
-                            token = nextval('dlock_fence_seq') \
+                            token = GREATEST(nextval('dlock_fence_seq'), token + 1, \
+                                (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
                         WHERE ns = $1 AND name = $2 RETURNING token), \
                   n AS (SELECT pg_notify($3, '') FROM u) \
-             SELECT COALESCE((SELECT token FROM u), nextval('dlock_fence_seq')), \
+             SELECT COALESCE((SELECT token FROM u), \
+                     GREATEST(nextval('dlock_fence_seq'), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)), \
                     (SELECT count(*) FROM n)",
             &[(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)],
         )

@@ -16,8 +16,8 @@
 //! that share a connection are a write grant and the read grant its owner takes beside it (a
 //! downgrade: the server must see one holder).
 //!
-//! Tables: `dlock_fence` (last fencing token per name, bumped from the sequence
-//! `dlock_fence_seq`) and `dlock_holders` (one row per grant, keyed by attempt: owner, kind,
+//! Tables: `dlock_fence` (last fencing token per name; a new one is above it, above the
+//! sequence `dlock_fence_seq`'s next value and at least the server clock in µs) and `dlock_holders` (one row per grant, keyed by attempt: owner, kind,
 //! token, backend pid, lease end — for `inspect`, for the `Held` ttl and for revocation; rows
 //! whose pid no longer holds the advisory lock are ignored and cleaned up by the next exclusive
 //! grant). The statements are in `sql/session_*.sql`.

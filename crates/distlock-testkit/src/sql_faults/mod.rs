@@ -12,15 +12,19 @@ use distlock_core::{
     AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostSignal,
 };
 mod election;
+mod late;
+mod tokens;
 
 pub use election::{
     election_cancelled_campaign, election_operator_commands, election_proclamations,
 };
+pub use late::{late_request_of_an_ended_attempt, Ended};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
+pub use tokens::tokens_rise_after_a_rollback;
 
 /// A real SQL server of the testkit.
 pub trait SqlServer: Send + Sync + 'static {
