@@ -196,18 +196,26 @@ pub(crate) async fn renew_on<C: redis::aio::ConnectionLike>(
             }
         }
         Err(e) => {
-            // The first keeps the error itself (returned if every grant failed); the others
-            // only have it logged.
-            let text = e.to_string();
-            let mut first = Some(e);
-            for i in idx {
-                out[i] = Err(first
-                    .take()
-                    .unwrap_or_else(|| Error::connection(KIND, b.endpoint.clone(), text.clone())));
+            for (i, r) in idx.zip(failed(b, e, grants.len())) {
+                out[i] = r;
             }
         }
     }
     Ok(out)
+}
+
+/// `n` grants whose renewal failed with `e`: the first keeps the error itself (the one
+/// [`RenewOutcome::each`] returns if every grant failed); the others carry its text, to log.
+pub(crate) fn failed(b: &RedisBackend, e: Error, n: usize) -> Vec<Result<RenewOutcome>> {
+    let text = e.to_string();
+    let mut first = Some(e);
+    (0..n)
+        .map(|_| {
+            Err(first
+                .take()
+                .unwrap_or_else(|| Error::connection(KIND, b.endpoint.clone(), text.clone())))
+        })
+        .collect()
 }
 
 /// Sends `cmds` (and a `WAIT` when `wait` is set) in one pipeline whose replies are read one
