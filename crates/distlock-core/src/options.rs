@@ -104,6 +104,14 @@ impl ClientOptions {
         self.watchdog_lease / 3
     }
 
+    /// How long the watchdog waits for one batched renewal (`Backend::renew`) before it drops
+    /// the call: the per-call timeout, at most one renewal interval. A backend that renews a
+    /// batch on several servers answers before it with the outcomes it has (a server that did
+    /// not answer in time leaves only its holds unconfirmed).
+    pub fn renew_timeout(&self) -> Duration {
+        self.op_timeout.min(self.renew_interval())
+    }
+
     /// Checks every option; [`Client::new`](crate::Client::new) calls it.
     pub fn validate(&self) -> Result<()> {
         if self.namespace.is_empty()

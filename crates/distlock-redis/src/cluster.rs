@@ -14,7 +14,6 @@ use crate::address;
 use crate::conn::Con;
 use crate::error::{map, shape, KIND};
 use crate::renew::{self, PER_SCRIPT};
-use crate::scripts;
 use crate::RedisBackend;
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::conn::{ConnectionString, Password};
@@ -143,13 +142,18 @@ impl Master {
 pub(crate) struct Cluster {
     con: ClusterConnection,
     masters: Mutex<Option<Arc<Vec<Master>>>>,
+    /// How long a batched renewal waits for one master ([`renew`]): within the watchdog's
+    /// bound for the whole call ([`ClientOptions::renew_timeout`]), so a master that does
+    /// not answer leaves the others' outcomes standing.
+    renew_budget: Duration,
 }
 
 impl Cluster {
-    pub(crate) fn new(con: ClusterConnection) -> Self {
+    pub(crate) fn new(con: ClusterConnection, opts: &ClientOptions) -> Self {
         Cluster {
             con,
             masters: Mutex::new(None),
+            renew_budget: opts.renew_timeout() * 3 / 4,
         }
     }
 
@@ -279,9 +283,12 @@ pub(crate) fn plan(slots: &[u16], masters: &[Master]) -> BTreeMap<Option<usize>,
 
 /// `Backend::renew` on a cluster: one script per slot (a script may not touch two slots),
 /// one pipeline per master, the masters' pipelines at once: a tick costs one round trip to
-/// each master that owns a held lock. A master's pipeline that fails (a failover or a
-/// resharding moved a slot, a new master lacks the script) is sent again script by script,
-/// routed by key (redis-rs follows `MOVED`), after the topology is read again.
+/// each master that owns a held lock. The grants a master's pipeline could not renew (a
+/// failover or a resharding moved a slot, a new master lacks the script, the master does not
+/// answer, a grant's own error) are sent again script by script, routed by key (redis-rs
+/// follows `MOVED`), after the topology is read again. Each grant gets its own outcome: a
+/// master that fails, or does not answer within the cluster's renewal budget, leaves only its
+/// grants `Unconfirmed` ([`RenewOutcome::each`]).
 pub(crate) async fn renew(
     b: &RedisBackend,
     cluster: &Cluster,
@@ -294,78 +301,104 @@ pub(crate) async fn renew(
     let masters = cluster.masters().await.map_err(|e| map(&b.endpoint, e))?;
     let plan = plan(&slots, &masters);
     let masters = &masters;
+    // One hold (an `extend`) has nothing to keep apart: it waits as any call does.
+    let budget = (holds.len() > 1).then_some(cluster.renew_budget);
     let sends = plan.iter().map(|(owner, scripts)| async move {
-        let cmds = scripts
+        let chunks: Vec<Vec<(GrantRef, Duration)>> = scripts
             .iter()
-            .map(|idx| {
-                let chunk: Vec<(GrantRef, Duration)> =
-                    idx.iter().map(|&i| holds[i].clone()).collect();
-                renew::command(b, &chunk)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let batch = match owner {
-            Some(m) => {
-                let mut pipe = redis::pipe();
-                for c in &cmds {
-                    pipe.add_command(c.clone());
+            .map(|idx| idx.iter().map(|&i| holds[i].clone()).collect())
+            .collect();
+        let n = chunks.iter().map(Vec::len).sum();
+        let part = renew_at_master(b, cluster, owner.map(|m| &masters[m]), &chunks);
+        let results = match budget {
+            Some(t) => match tokio::time::timeout(t, part).await {
+                Ok(r) => r,
+                Err(_) => {
+                    let at = owner.map_or_else(|| "a master".to_owned(), |m| masters[m].addr());
+                    let e = Error::connection(
+                        KIND,
+                        b.endpoint.clone(),
+                        format!("{at} did not answer the renewal of its locks within {t:?}"),
+                    );
+                    renew::failed(b, e, n)
                 }
-                // As on one server (`renew::renew`): with `?wait_replicas=N` a renewal counts
-                // once the master's replicas have it.
-                if let Some((n, timeout)) = b.wait_replicas {
-                    pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
-                }
-                let mut at = cluster.at(&masters[*m]);
-                let mut vals = scripts::eval_pipe(&mut at, &[renew::script()], &pipe).await;
-                if let (Some(wait), Ok(v)) = (b.wait_replicas, &mut vals) {
-                    let acked = v.pop().as_ref().and_then(crate::int);
-                    renew::check_replicas(b, acked, wait)?;
-                }
-                vals
-            }
-            None => Err(redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "no master known for the slot",
-            ))),
+            },
+            None => part.await,
         };
-        let vals = match batch {
-            Ok(v) if v.len() == cmds.len() => v,
-            other => {
-                if let Err(e) = &other {
-                    tracing::debug!(error = %e, "a master's renewals failed; sending them by key");
-                }
-                cluster.forget();
-                if let Some(wait) = b.wait_replicas {
-                    // Sent by key, the scripts could not share a WAIT on one master's
-                    // connection: the core renews again (the slot map is read anew).
-                    renew::check_replicas(b, None, wait)?;
-                }
-                let mut vals = Vec::with_capacity(cmds.len());
-                for c in &cmds {
-                    let mut con = cluster.link();
-                    let (v, _) = scripts::eval(&mut con, &[renew::script()], c)
-                        .await
-                        .map_err(|e| b.err(e))?;
-                    vals.push(v);
-                }
-                vals
-            }
-        };
-        let mut out = Vec::new();
-        for (v, idx) in vals.iter().zip(scripts) {
-            let flags = renew::flags(v, idx.len())?;
-            out.extend(idx.iter().copied().zip(flags));
-        }
-        Ok::<_, Error>(out)
+        scripts
+            .iter()
+            .flatten()
+            .copied()
+            .zip(results)
+            .collect::<Vec<_>>()
     });
-    let mut out: Vec<Option<RenewOutcome>> = vec![None; holds.len()];
+    let mut out: Vec<Option<Result<RenewOutcome>>> = (0..holds.len()).map(|_| None).collect();
     for part in join_all(sends).await {
-        for (i, o) in part? {
-            out[i] = Some(o);
+        for (i, r) in part {
+            out[i] = Some(r);
         }
     }
-    out.into_iter()
-        .map(|o| o.ok_or_else(|| shape("renew", &Value::Nil)))
-        .collect()
+    let results = out
+        .into_iter()
+        .map(|o| o.unwrap_or_else(|| Err(shape("renew", &Value::Nil))))
+        .collect();
+    RenewOutcome::each(KIND, holds, results)
+}
+
+/// The grants of `chunks` (one script each, all of one slot) renewed on `master` (`None`: no
+/// master known for their slots), those it could not renew sent again by key; one result
+/// per grant, in order.
+async fn renew_at_master(
+    b: &RedisBackend,
+    cluster: &Cluster,
+    master: Option<&Master>,
+    chunks: &[Vec<(GrantRef, Duration)>],
+) -> Vec<Result<RenewOutcome>> {
+    let n = chunks.iter().map(Vec::len).sum();
+    let scripts: Vec<&[(GrantRef, Duration)]> = chunks.iter().map(Vec::as_slice).collect();
+    // As on one server (`renew::renew`): with `?wait_replicas=N` a renewal counts once the
+    // master's replicas have it.
+    let mut out = match master {
+        Some(m) => renew::renew_on(b, &mut cluster.at(m), &scripts, b.wait_replicas)
+            .await
+            .unwrap_or_else(|e| renew::failed(b, e, n)),
+        None => renew::failed(
+            b,
+            Error::connection(KIND, b.endpoint.clone(), "no master known for the slot"),
+            n,
+        ),
+    };
+    let Some(Err(e)) = out.iter().find(|r| r.is_err()) else {
+        return out;
+    };
+    tracing::debug!(error = %e, "a master's renewals failed; sending them by key");
+    cluster.forget();
+    let mut start = 0;
+    for chunk in chunks {
+        let (again, idx): (Vec<(GrantRef, Duration)>, Vec<usize>) = (start..start + chunk.len())
+            .filter(|&i| out[i].is_err())
+            .map(|i| (chunk[i - start].clone(), i))
+            .unzip();
+        start += chunk.len();
+        if again.is_empty() {
+            continue;
+        }
+        let results = match b.wait_replicas {
+            // Sent by key, the scripts could not share a WAIT on one master's connection:
+            // the core renews again (the slot map is read anew).
+            Some(wait) => match renew::check_replicas(b, None, wait) {
+                Err(e) => renew::failed(b, e, again.len()),
+                Ok(()) => continue,
+            },
+            None => renew::renew_on(b, &mut cluster.link(), &[&again], None)
+                .await
+                .unwrap_or_else(|e| renew::failed(b, e, again.len())),
+        };
+        for (i, r) in idx.into_iter().zip(results) {
+            out[i] = r;
+        }
+    }
+    out
 }
 
 /// Whether the server behind `con` is a Redis Cluster node (`INFO cluster` says
@@ -474,7 +507,7 @@ pub(crate) async fn open(
         opts,
     )
     .await?;
-    let cluster = Cluster::new(con);
+    let cluster = Cluster::new(con, opts);
     let masters = cluster.masters().await.map_err(|e| map(endpoint, e))?;
     let known: Vec<String> = nodes
         .iter()

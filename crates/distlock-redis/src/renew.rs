@@ -118,7 +118,8 @@ pub(crate) fn command(b: &RedisBackend, holds: &[(GrantRef, Duration)]) -> Resul
     Ok(cmd)
 }
 
-/// `Backend::renew` of the Redis backend: every grant of `holds` in one round trip.
+/// `Backend::renew` of the Redis backend: every grant of `holds` in one round trip (two when
+/// a script failed on the server: see [`renew_on`]).
 pub(crate) async fn renew(
     b: &RedisBackend,
     holds: &[(GrantRef, Duration)],
@@ -129,31 +130,123 @@ pub(crate) async fn renew(
     if let Some(cluster) = b.con.cluster() {
         return crate::cluster::renew(b, cluster, holds).await;
     }
+    let scripts: Vec<&[(GrantRef, Duration)]> = holds.chunks(PER_SCRIPT).collect();
+    let mut con = b.con.get();
+    let results = renew_on(b, &mut con, &scripts, b.wait_replicas).await?;
+    RenewOutcome::each(KIND, holds, results)
+}
+
+/// Renews `scripts` (each at most [`PER_SCRIPT`] grants, one `renew_many.lua`) on `con` in one
+/// pipeline, with `WAIT` at its end when `wait` is set (`?wait_replicas=N`). Each script's
+/// reply is read on its own: a script the server failed (Redis stops a script at its first
+/// error, e.g. WRONGTYPE on a lock key an operator overwrote with another type) is sent again
+/// one script per grant, in one more round trip, so only a grant whose own renewal fails gets
+/// an error. Returns one result per grant, in the order of `scripts`.
+///
+/// # Errors
+/// The whole batch's: the connection failed, too few replicas confirmed the first pipeline.
+pub(crate) async fn renew_on<C: redis::aio::ConnectionLike>(
+    b: &RedisBackend,
+    con: &mut C,
+    scripts: &[&[(GrantRef, Duration)]],
+    wait: Option<(u32, Duration)>,
+) -> Result<Vec<Result<RenewOutcome>>> {
+    let cmds = scripts
+        .iter()
+        .map(|chunk| command(b, chunk))
+        .collect::<Result<Vec<_>>>()?;
+    let vals = send(b, con, &cmds, wait).await?;
+    let mut out = Vec::new();
+    let mut again = Vec::new();
+    for (v, chunk) in vals.iter().zip(scripts) {
+        match v {
+            Value::ServerError(e) => {
+                tracing::debug!(error = %e, grants = chunk.len(), "a renewal script failed; renewing its grants one by one");
+                again.push(out.len()..out.len() + chunk.len());
+                out.extend(chunk.iter().map(|_| Ok(RenewOutcome::Unconfirmed)));
+            }
+            v => match flags(v, chunk.len()) {
+                Ok(f) => out.extend(f.into_iter().map(Ok)),
+                Err(_) => out.extend(chunk.iter().map(|_| Err(shape("renew", v)))),
+            },
+        }
+    }
+    if again.is_empty() {
+        return Ok(out);
+    }
+    let grants: Vec<&(GrantRef, Duration)> = scripts
+        .iter()
+        .flat_map(|c| c.iter())
+        .enumerate()
+        .filter(|(i, _)| again.iter().any(|r| r.contains(i)))
+        .map(|(_, g)| g)
+        .collect();
+    let one_by_one = grants
+        .iter()
+        .map(|g| command(b, std::slice::from_ref(*g)))
+        .collect::<Result<Vec<_>>>()?;
+    let idx = again.into_iter().flatten();
+    match send(b, con, &one_by_one, wait).await {
+        Ok(vals) => {
+            for (i, v) in idx.zip(vals) {
+                out[i] = match v {
+                    Value::ServerError(e) => Err(b.err(e.into())),
+                    v => flags(&v, 1).map(|f| f[0]),
+                };
+            }
+        }
+        Err(e) => {
+            for (i, r) in idx.zip(failed(b, e, grants.len())) {
+                out[i] = r;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `n` grants whose renewal failed with `e`: the first keeps the error itself (the one
+/// [`RenewOutcome::each`] returns if every grant failed); the others carry its text, to log.
+pub(crate) fn failed(b: &RedisBackend, e: Error, n: usize) -> Vec<Result<RenewOutcome>> {
+    let text = e.to_string();
+    let mut first = Some(e);
+    (0..n)
+        .map(|_| {
+            Err(first
+                .take()
+                .unwrap_or_else(|| Error::connection(KIND, b.endpoint.clone(), text.clone())))
+        })
+        .collect()
+}
+
+/// Sends `cmds` (and a `WAIT` when `wait` is set) in one pipeline whose replies are read one
+/// by one (a script's error is its `Value::ServerError`), one per command.
+async fn send<C: redis::aio::ConnectionLike>(
+    b: &RedisBackend,
+    con: &mut C,
+    cmds: &[redis::Cmd],
+    wait: Option<(u32, Duration)>,
+) -> Result<Vec<Value>> {
     let mut pipe = redis::pipe();
-    for chunk in holds.chunks(PER_SCRIPT) {
-        pipe.add_command(command(b, chunk)?);
+    pipe.ignore_errors();
+    for c in cmds {
+        pipe.add_command(c.clone());
     }
     // With `?wait_replicas=N` a renewal counts only once N replicas have it, as a grant: the
     // replica a failover promotes then never holds an older expiry than the holder believes.
-    if let Some((n, timeout)) = b.wait_replicas {
+    if let Some((n, timeout)) = wait {
         pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
     }
-    let mut con = b.con.get();
-    let mut vals = scripts::eval_pipe(&mut con, &[&RENEW_MANY.script], &pipe)
+    let mut vals = scripts::eval_pipe_each(con, &[&RENEW_MANY.script], &pipe)
         .await
         .map_err(|e| b.err(e))?;
-    if let Some(wait) = b.wait_replicas {
+    if let Some(wait) = wait {
         let acked = vals.pop().as_ref().and_then(crate::int);
         check_replicas(b, acked, wait)?;
     }
-    let mut out = Vec::with_capacity(holds.len());
-    if vals.len() != holds.len().div_ceil(PER_SCRIPT) {
+    if vals.len() != cmds.len() {
         return Err(shape("renew", &Value::Array(vals)));
     }
-    for (v, chunk) in vals.iter().zip(holds.chunks(PER_SCRIPT)) {
-        out.extend(flags(v, chunk.len())?);
-    }
-    Ok(out)
+    Ok(vals)
 }
 
 /// A renewal's `WAIT` answered `acked` replicas (`None`: no answer) of the `n` required

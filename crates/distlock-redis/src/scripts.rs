@@ -130,3 +130,21 @@ pub(crate) async fn eval_pipe<C: ConnectionLike>(
         other => other,
     }
 }
+
+/// Runs a pipeline of EVALSHAs set to [`Pipeline::ignore_errors`], whose error replies are
+/// that command's `Value::ServerError`, reloading `set` once when one of them is NOSCRIPT.
+pub(crate) async fn eval_pipe_each<C: ConnectionLike>(
+    con: &mut C,
+    set: &[&Script],
+    pipe: &Pipeline,
+) -> RedisResult<Vec<Value>> {
+    let noscript = |v: &Value| matches!(v, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript));
+    match pipe.query_async::<Vec<Value>>(con).await {
+        Ok(v) if !v.iter().any(noscript) => Ok(v),
+        Err(e) if !is_noscript(&e) => Err(e),
+        _ => {
+            load(con, set).await?;
+            pipe.query_async(con).await
+        }
+    }
+}

@@ -241,7 +241,23 @@ impl Shared {
         let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
             views.iter().map(|v| (v.counts, None)).collect();
         let mut problems: Vec<String> = Vec::new();
-        while let Some((i, r)) = answers.next().await {
+        // A batch answers before the watchdog drops the call, with what the nodes decided by
+        // then: a silent node must not leave the holds the others decided unconfirmed. (One
+        // hold, an `extend`, has nothing to keep apart: it waits for its nodes as any call.)
+        let budget = (holds.len() > 1).then(|| self.health.opts.renew_timeout() * 3 / 4);
+        let until = tokio::time::Instant::now() + budget.unwrap_or(t);
+        loop {
+            let next = match budget {
+                Some(b) => match tokio::time::timeout_at(until, answers.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        problems.push(format!("the other nodes: no answer within {b:?}"));
+                        break;
+                    }
+                },
+                None => answers.next().await,
+            };
+            let Some((i, r)) = next else { break };
             let node = &self.health.nodes[i];
             match r {
                 Some(Ok(o)) if o.len() == holds.len() => per_node[i].1 = Some(o),
@@ -278,27 +294,36 @@ impl Shared {
             .filter(|(_, o)| o.is_none())
             .map(|((g, _), _)| &*g.key.name)
             .collect();
-        if !undecided.is_empty() {
-            problems.extend(views.iter().zip(&self.health.nodes).filter_map(|(v, n)| {
-                v.why_not
-                    .as_ref()
-                    .filter(|_| v.backend.is_some())
-                    .map(|w| format!("{}: {w}", n.endpoint))
-            }));
-            return Err(Error::connection(KIND, self.endpoint.clone(), format!(
-                    "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
-                    undecided
-                        .iter()
-                        .map(|n| format!("`{n}`"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    self.q(),
-                    self.n(),
-                    problems.join("; ")
-                )
-                ));
+        if undecided.is_empty() {
+            return Ok(outcomes.into_iter().flatten().collect());
         }
-        Ok(outcomes.into_iter().flatten().collect())
+        problems.extend(views.iter().zip(&self.health.nodes).filter_map(|(v, n)| {
+            v.why_not
+                .as_ref()
+                .filter(|_| v.backend.is_some())
+                .map(|w| format!("{}: {w}", n.endpoint))
+        }));
+        let err = Error::connection(KIND, self.endpoint.clone(), format!(
+                "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
+                undecided
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.q(),
+                self.n(),
+                problems.join("; ")
+            ));
+        if undecided.len() == holds.len() {
+            return Err(err);
+        }
+        // The holds a majority decided get their outcomes; only the undecided ones are
+        // unconfirmed (retried by the watchdog, lost at their lease end if never confirmed).
+        tracing::warn!(backend = KIND, error = %err, "some renewals of the batch were not decided; the others went on; retrying soon, a lock is lost if its lease runs out first");
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or(RenewOutcome::Unconfirmed))
+            .collect())
     }
 
     /// The lock or election as a majority of nodes sees it (the core checked the kind).

@@ -188,7 +188,7 @@ async fn renew_chunk(
         }
         // Only what was not confirmed is sent again: the whole chunk after a failed call,
         // the holds whose renewal failed on their own otherwise.
-        holds = renew(&shared, holds, &mut items, interval).await;
+        holds = renew(&shared, holds, &mut items).await;
         if holds.is_empty() {
             return;
         }
@@ -232,13 +232,12 @@ async fn renew(
     shared: &Shared,
     batch: Vec<Arc<Hold>>,
     items: &mut Vec<(GrantRef, Duration)>,
-    interval: Duration,
 ) -> Vec<Arc<Hold>> {
     let lease = shared.opts.watchdog_lease;
     items.clear();
     items.extend(batch.iter().map(|h| (h.grant.clone(), lease)));
     let started = Instant::now();
-    let timeout = shared.opts.op_timeout.min(interval);
+    let timeout = shared.opts.renew_timeout();
     let backend = shared.backend.kind();
     let span = tracing::debug_span!("dlock.renew", backend, holds = items.len());
     let res = tokio::time::timeout(timeout, shared.backend.renew(items))
