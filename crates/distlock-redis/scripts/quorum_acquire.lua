@@ -7,7 +7,8 @@
 -- a round, never a second holder. Waiters carry their place (SCORE, the same on every node),
 -- so every node orders the waiters it has the same way.
 -- KEYS[1] lock hash {attempt, token, owner}, PEXPIRE = lease
--- KEYS[2] fencing counter (never expires, never lowered)
+-- KEYS[2] fencing counter (fence.lua: a fresh grant's token is max(counter + 1, TIME in µs);
+--   it expires FENCE_MARGIN_MS after the end of the last lease granted; never lowered)
 -- KEYS[3] node epoch "RANDOM:UNTIL_MS:RUN_ID" (exists while the node's counters are complete;
 --   UNTIL_MS is the end of the node's restart quarantine, by this server's clock)
 -- KEYS[4] lease horizon: PX = the longest lease granted or renewed here that may still run
@@ -19,7 +20,7 @@
 -- Returns {-1, 0, 0, 0, 0} the epoch differs: the node lost its data or was re-seeded since the
 --   client looked, so its vote must not count (nothing was changed); otherwise
 --   {status, counter, x, quarantine_left_ms, first}:
---   status 1 granted afresh (counter incremented; x = token stored = counter),
+--   status 1 granted afresh (the counter moved on, fence.lua; x = token stored = counter),
 --   status 2 this attempt already holds it here (x = the token stored with the hold; the
 --     lease now runs at least ARGV[2] from now, never shortened),
 --   status 0 another attempt holds it (x = its pttl),
@@ -87,15 +88,11 @@ if redis.call('exists', KEYS[1]) == 0 then
     local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
     return {3, c, 0, qleft, 0}
   end
-  -- INCR first: if the counter holds foreign data the script fails before writing anything.
-  -- A counter that INCR had to create (a new name, or a node whose data is gone) starts from
-  -- the server's clock in microseconds (+1), above any token this name could have had before.
-  local c = redis.call('incr', KEYS[2])
-  if c == 1 then
-    c = redis.call('incrby', KEYS[2],
-      string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]) - 1))
-  end
-  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', c, 'owner', ARGV[4])
+  -- The token first: if the counter holds foreign data the script fails before writing
+  -- anything.
+  local c = next_token(KEYS[2], t, lease)
+  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', c), 'owner',
+    ARGV[4])
   if ARGV[8] then
     redis.call('hset', KEYS[1], 'value', ARGV[8], 'seq', '0')
   end

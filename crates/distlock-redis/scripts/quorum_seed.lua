@@ -6,7 +6,7 @@ for i = 1, #KEYS do
   local c = tonumber(redis.call('get', KEYS[i]) or '0')
   local v = tonumber(ARGV[i])
   if c and v and c < v then
-    redis.call('set', KEYS[i], ARGV[i])
+    keep_fence(KEYS[i], v, 0)
     raised = raised + 1
   end
 end

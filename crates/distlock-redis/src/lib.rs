@@ -42,6 +42,13 @@ pub use crate::address::redact;
 pub use crate::builder::{
     RedisBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, SENTINEL_PASSWORD_ENV, USER_ENV,
 };
+/// How long a fencing counter (`NS:{NAME}:fence`) outlives the lease of the last grant made
+/// from it: one hour. After that the key expires, and the next grant's token comes from the
+/// server clock alone (every token is at least the server's `TIME` in µs when it is granted),
+/// which is above every token issued before as long as the clocks of the servers that issued
+/// them agree within this margin (see docs/redis-family.md, "Fencing tokens").
+pub const FENCE_MARGIN: Duration = Duration::from_millis(scripts::fence_margin_ms!());
+
 /// The TLS error of `rediss://` (the core's, shared by every backend): the source of an
 /// [`Error::Connection`].
 pub use distlock_core::conn::{TlsError, TlsErrorKind};

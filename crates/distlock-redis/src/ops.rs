@@ -13,7 +13,7 @@ use redis::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const FORCE_RELEASE: &str = include_str!("../scripts/force_release.lua");
+const FORCE_RELEASE: &str = crate::scripts::fenced!("force_release.lua");
 
 /// The reply of force_release.lua: grants, PTTL, expiries, server ms, new counter.
 type ForceReply = (Vec<(String, String)>, i64, Vec<(String, f64)>, u64, String);

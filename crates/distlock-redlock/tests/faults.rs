@@ -488,3 +488,94 @@ async fn queued_waiters_are_served_in_turn_past_a_paused_node() {
     }
     let _ = &mut c;
 }
+
+/// One uncontended leadership of election `name`; its token.
+async fn grab_election(c: &Client, name: &str) -> u64 {
+    let e = c.election(name).expect("election");
+    let l = e
+        .campaign_timeout("v", Duration::from_secs(10))
+        .await
+        .expect("campaign");
+    let t = l.fencing_token();
+    assert_eq!(l.resign().await.expect("resign"), ReleaseOutcome::Released);
+    t
+}
+
+/// The fencing counters of a name set back by hand on every node (a majority and more: the
+/// deterministic stand-in for nodes rolled back to older snapshots that nobody re-seeded): the
+/// next token of a lock and of an election is still above every token issued before. Every
+/// node that has a counter has it with an expiry (a bounded lifetime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_after_counters_are_set_back_on_every_node() {
+    let c = Cluster::start(3);
+    c.settle().await;
+    let a = c.client("quarantine=500ms", opts(1000)).await;
+    let mut failures = Vec::new();
+    for election in [false, true] {
+        let (name, fence) = match election {
+            false => ("set-back", "dlock:{set-back}:fence"),
+            true => ("set-back-el", "dlock:{set-back-el}:election:fence"),
+        };
+        let grab_one = || async {
+            match election {
+                false => grab(&a, name).await,
+                true => grab_election(&a, name).await,
+            }
+        };
+        let mut tokens = Vec::new();
+        for _ in 0..3 {
+            tokens.push(grab_one().await);
+        }
+        let pttls: Vec<i64> = c
+            .servers
+            .iter()
+            .map(|s| {
+                s.command(&["PTTL", fence])
+                    .expect("PTTL")
+                    .parse()
+                    .expect("a number")
+            })
+            .collect();
+        // -2: that node's (background) vote has not landed yet; -1: no expiry.
+        if pttls.contains(&-1) || pttls.iter().filter(|p| **p > 0).count() < 2 {
+            failures.push(format!("{name}: the nodes' counters' PTTLs are {pttls:?}"));
+        }
+        for s in &c.servers {
+            let reply = s.command(&["SET", fence, &tokens[0].to_string()]);
+            assert_eq!(reply.expect("SET"), "OK");
+        }
+        let next = grab_one().await;
+        if next <= tokens[2] {
+            failures.push(format!(
+                "{name}: token {next} after {tokens:?} (every node's counter set back to {})",
+                tokens[0]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every node crashes and comes back from an RDB snapshot taken before the last grants (the
+/// whole cluster rolled back: no node has the latest counters, none can seed the others): once
+/// the nodes count again, the next token is still above every token issued before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_after_every_node_restarts_from_an_older_snapshot() {
+    let mut c = Cluster::start(3);
+    c.settle().await;
+    let p = "quarantine=500ms&check_interval=100ms";
+    let (a, ab) = c.client_and_backend(p, opts(1000)).await;
+    let name = "snapshot";
+    let mut tokens = vec![grab(&a, name).await];
+    for s in &c.servers {
+        assert_eq!(s.command(&["SAVE"]).expect("SAVE"), "OK");
+    }
+    for _ in 0..3 {
+        tokens.push(grab(&a, name).await);
+    }
+    for s in &mut c.servers {
+        s.crash_restart().expect("restart");
+    }
+    wait_recounted(&ab, &c, &[0, 1, 2], Duration::from_secs(10)).await;
+    tokens.push(grab(&a, name).await);
+    assert_increasing(&tokens);
+}

@@ -75,15 +75,15 @@ struct QuorumScripts {
 fn quorum_scripts() -> &'static QuorumScripts {
     static SCRIPTS: OnceLock<QuorumScripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| QuorumScripts {
-        acquire: Script::new(include_str!("../../scripts/quorum_acquire.lua")),
-        raise: Script::new(include_str!("../../scripts/quorum_raise.lua")),
+        acquire: Script::new(scripts::fenced!("quorum_acquire.lua")),
+        raise: Script::new(scripts::fenced!("quorum_raise.lua")),
         release: Script::new(include_str!("../../scripts/quorum_release.lua")),
         renew: Script::new(concat!(
             include_str!("../../scripts/quorum_renew.lua"),
             include_str!("../../scripts/quorum_renew_many.lua")
         )),
         epoch: Script::new(include_str!("../../scripts/quorum_epoch.lua")),
-        seed: Script::new(include_str!("../../scripts/quorum_seed.lua")),
+        seed: Script::new(scripts::fenced!("quorum_seed.lua")),
         proclaim: Script::new(include_str!("../../scripts/quorum_proclaim.lua")),
     })
 }
