@@ -9,16 +9,16 @@
 -- KEYS[1] lock hash {attempt, token, owner}, PEXPIRE = lease
 -- KEYS[2] fencing counter (fence.lua: a fresh grant's token is max(counter + 1, TIME in µs);
 --   it expires FENCE_MARGIN_MS after the end of the last lease granted; never lowered)
--- KEYS[3] node epoch "RANDOM:UNTIL_MS:RUN_ID" (exists while the node's counters are complete;
---   UNTIL_MS is the end of the node's restart quarantine, by this server's clock)
+-- KEYS[3] node epoch "RANDOM:UNTIL_MS:RUN_ID" (exists while the node has not lost its data
+--   since it was initialised; UNTIL_MS is the end of its restart quarantine, by its clock)
 -- KEYS[4] lease horizon: PX = the longest lease granted or renewed here that may still run
 -- KEYS[5] wait queue: zset ATTEMPT -> SCORE (the waiter's place)
 -- KEYS[6] waiter expiries: zset ATTEMPT -> expiry ms (server clock)
 -- ARGV[1] attempt id, ARGV[2] lease ms, ARGV[3] the epoch the client knows, ARGV[4] owner id,
 -- ARGV[5] waiter ttl ms ('0': do not queue), ARGV[6] SCORE, ARGV[7] the lock's channel (a
 --   waiter's own channel is CHANNEL:ATTEMPT)
--- Returns {-1, 0, 0, 0, 0} the epoch differs: the node lost its data or was re-seeded since the
---   client looked, so its vote must not count (nothing was changed); otherwise
+-- Returns {-1, 0, 0, 0, 0} the epoch differs: the node lost its data or was initialised again
+--   since the client looked, so its vote must not count (nothing was changed); otherwise
 --   {status, counter, x, quarantine_left_ms, first}:
 --   status 1 granted afresh (the counter moved on, fence.lua; x = token stored = counter),
 --   status 2 this attempt already holds it here (x = the token stored with the hold; the
@@ -39,7 +39,7 @@ local lease = tonumber(ARGV[2])
 local wttl = tonumber(ARGV[5])
 
 -- Whoever loses this node's data later must stay out of majorities until every lease it may
--- have held has run out: the horizon remembers how long that is (read when seeding).
+-- have held has run out: the horizon remembers how long that is (read when initialising it).
 local function horizon()
   if redis.call('pttl', KEYS[4]) < lease then
     redis.call('set', KEYS[4], ARGV[2], 'PX', lease)

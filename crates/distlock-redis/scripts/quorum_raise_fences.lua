@@ -1,6 +1,6 @@
--- Redlock: seed fencing counters of a node that lost them: raise each counter KEYS[i] to at
--- least ARGV[i] (the largest value a majority of the other nodes has), never lower one.
--- Returns how many counters were raised.
+-- Redlock: raise each fencing counter KEYS[i] to at least ARGV[i], never lower one (a forced
+-- release: past every token any node saw), each living FENCE_MARGIN_MS from now. Runs after
+-- fence.lua. Returns how many counters were raised.
 local raised = 0
 for i = 1, #KEYS do
   local c = tonumber(redis.call('get', KEYS[i]) or '0')

@@ -231,7 +231,7 @@ async fn doctor_reports_each_node() {
     assert_eq!(f.severity, Severity::Unsafe, "{f:?}");
     assert!(f.message.contains("noeviction"), "{f:?}");
 
-    // Node 0 loses its data; the client re-seeds it with a quarantine stored on the node.
+    // Node 0 loses its data; the client initialises it again with a quarantine stored on the node.
     let (seeder, sb) = c
         .client_and_backend("check_interval=100ms&quarantine=20s", opts(2000))
         .await;

@@ -11,7 +11,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum QuorumReply {
-    /// The node's epoch is not the one the caller knows: it lost its data or was re-seeded
+    /// The node's epoch is not the one the caller knows: it lost its data or was initialised again
     /// since the caller looked. Nothing was changed; the vote must not count.
     EpochMismatch,
     /// Granted afresh to this attempt; the node's fencing counter was incremented to `counter`.
