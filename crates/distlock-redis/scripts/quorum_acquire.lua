@@ -22,7 +22,9 @@
 --   {status, counter, x, quarantine_left_ms, first}:
 --   status 1 granted afresh (the counter moved on, fence.lua; x = token stored = counter),
 --   status 2 this attempt already holds it here (x = the token stored with the hold; the
---     lease now runs at least ARGV[2] from now, never shortened),
+--     lease now runs at least ARGV[2] from now, never shortened; counter = the stored one
+--     floored by TIME in µs, as for a grant: a fresh token the client derives from it,
+--     counter + 1, stays above every earlier one, fence.lua),
 --   status 0 another attempt holds it (x = its pttl),
 --   status 3 free here, but another waiter is first in this node's queue (x = 0);
 --   first = 1 when this attempt is the first live waiter here.
@@ -55,6 +57,7 @@ if redis.call('hget', KEYS[1], 'attempt') == attempt then
   end
   horizon()
   local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
+  c = math.max(c, tonumber(t[1]) * 1000000 + tonumber(t[2]))
   return {2, c, tonumber(redis.call('hget', KEYS[1], 'token') or '0') or 0, qleft, 0}
 end
 

@@ -633,3 +633,63 @@ async fn a_queued_waiter_listens_where_the_nodes_wake_it() {
         ReleaseOutcome::Released
     );
 }
+
+/// A retried attempt that finds its own holds of an earlier round on a majority, each under a
+/// token of its own node (so no grant stands), and those nodes' counters set back by hand: the
+/// fresh token it is given (from the kept holds alone: node 2 is down) is still above every
+/// token issued before. A kept hold reports its node's counter floored by the node's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_token_from_kept_holds_rises_past_counters_set_back() {
+    let mut c = Cluster::start(3);
+    c.settle().await;
+    let (client, rb) = c.client_and_backend("quarantine=500ms", opts(3000)).await;
+    wait_counting(&rb, 3, Duration::from_secs(10)).await;
+    let name = "kept-holds";
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let g = acquired(&client, name).await;
+        tokens.push(g.fencing_token());
+        assert_eq!(g.release().await.expect("r"), ReleaseOutcome::Released);
+    }
+    // The releases reach every node (the slowest in the background).
+    eventually(Duration::from_secs(5), "a release never landed", || {
+        (0..3).all(|i| !c.has_lock(i, name))
+    })
+    .await;
+    // An earlier round of attempt X, voted on nodes 0 and 1 only, one after the other (each
+    // stores its own counter as the hold's token), never raised.
+    let req = AcquireRequest::new(key(name, "x"), Duration::from_secs(3), LostSignal::new());
+    for i in 0..2 {
+        let node = distlock_redis::RedisBackend::connect(&c.servers[i].url(), &opts(3000))
+            .await
+            .expect("node");
+        let epoch = c.servers[i]
+            .command(&["GET", "dlock:redlock:epoch"])
+            .expect("epoch");
+        node.quorum_acquire(&req.key, &req.attempt, req.lease, &epoch, None)
+            .await
+            .expect("vote");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let stored: Vec<String> = (0..2)
+        .map(|i| {
+            c.servers[i]
+                .command(&["HGET", "dlock:{kept-holds}", "token"])
+                .expect("HGET")
+        })
+        .collect();
+    assert_ne!(stored[0], stored[1], "the two holds share a token");
+    for i in 0..2 {
+        let fence = "dlock:{kept-holds}:fence";
+        let reply = c.servers[i].command(&["SET", fence, &tokens[0].to_string()]);
+        assert_eq!(reply.expect("SET"), "OK");
+    }
+    c.servers[2].kill();
+    let b = client.backend().clone();
+    let token = granted(&b, &req).await;
+    assert!(
+        token > tokens[2],
+        "token {token} from the kept holds after {tokens:?} (counters set back to {})",
+        tokens[0]
+    );
+}
