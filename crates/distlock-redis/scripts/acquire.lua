@@ -88,7 +88,7 @@ if queued and ARGV[5] == '1' then
 end
 if free then
   -- The token first: foreign data in the counter fails before any write.
-  local token = next_token(KEYS[2], clock(), lease)
+  local token = next_token(KEYS[2], clock(), lease, 1)
   redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', token),
     'owner', ARGV[2])
   if value then

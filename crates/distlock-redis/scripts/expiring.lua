@@ -37,7 +37,7 @@ end
 -- A fresh grant to attempt m with its own lease ms: the next fencing token, stored as
 -- "TOKEN:X:WHO"; m leaves the queue. Returns the token.
 local function grant(m, ms, x, who)
-  local token = next_token(KEYS[2], t, ms)
+  local token = next_token(KEYS[2], t, ms, 1)
   redis.call('hset', KEYS[1], m, string.format('%d:', token) .. x .. ':' .. who)
   redis.call('zadd', KEYS[5], now + ms, m)
   keep(ms)

@@ -24,7 +24,7 @@ end
 redis.call('del', KEYS[1])
 -- The counter moves on as for a grant (fence.lua: above every token issued, also when the
 -- counter was rolled back or lost), with no lease of its own to outlive.
-local token = string.format('%d', next_token(KEYS[2], t, 0))
+local token = string.format('%d', next_token(KEYS[2], t, 0, 1))
 redis.call('publish', ARGV[1], 'r')
 if KEYS[4] then
   local told = {}

@@ -7,7 +7,8 @@
 -- a round, never a second holder. Waiters carry their place (SCORE, the same on every node),
 -- so every node orders the waiters it has the same way.
 -- KEYS[1] lock hash {attempt, token, owner}, PEXPIRE = lease
--- KEYS[2] fencing counter (fence.lua: a fresh grant's token is max(counter + 1, TIME in µs);
+-- KEYS[2] fencing counter (fence.lua: a fresh grant's token is max(counter + 1, TIME in µs
+--   rounded down to QUORUM_FLOOR_STEP_US, set in front of this script by src/quorum/mod.rs);
 --   it expires FENCE_MARGIN_MS after the end of the last lease granted; never lowered)
 -- KEYS[3] node epoch "RANDOM:UNTIL_MS:RUN_ID" (exists while the node has not lost its data
 --   since it was initialised; UNTIL_MS is the end of its restart quarantine, by its clock)
@@ -23,7 +24,7 @@
 --   status 1 granted afresh (the counter moved on, fence.lua; x = token stored = counter),
 --   status 2 this attempt already holds it here (x = the token stored with the hold; the
 --     lease now runs at least ARGV[2] from now, never shortened; counter = the stored one
---     floored by TIME in µs, as for a grant: a fresh token the client derives from it,
+--     floored by the clock as for a grant: a fresh token the client derives from it,
 --     counter + 1, stays above every earlier one, fence.lua),
 --   status 0 another attempt holds it (x = its pttl),
 --   status 3 free here, but another waiter is first in this node's queue (x = 0);
@@ -56,8 +57,9 @@ if redis.call('hget', KEYS[1], 'attempt') == attempt then
     redis.call('pexpire', KEYS[1], lease)
   end
   horizon()
-  local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
-  c = math.max(c, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  local stored = redis.call('get', KEYS[2])
+  local c = math.max(tonumber(stored or '0') or 0,
+    clock_floor(t, stored and QUORUM_FLOOR_STEP_US or 1))
   return {2, c, tonumber(redis.call('hget', KEYS[1], 'token') or '0') or 0, qleft, 0}
 end
 
@@ -93,7 +95,7 @@ if redis.call('exists', KEYS[1]) == 0 then
   end
   -- The token first: if the counter holds foreign data the script fails before writing
   -- anything.
-  local c = next_token(KEYS[2], t, lease)
+  local c = next_token(KEYS[2], t, lease, QUORUM_FLOOR_STEP_US)
   redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', c), 'owner',
     ARGV[4])
   if ARGV[8] then

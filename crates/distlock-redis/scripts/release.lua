@@ -48,7 +48,7 @@ local function hand_over()
       end
     end
     if expiry and tonumber(expiry) > now then
-      local token = string.format('%d', next_token(KEYS[2], t, lease))
+      local token = string.format('%d', next_token(KEYS[2], t, lease, 1))
       redis.call('hset', KEYS[1], 'attempt', head, 'token', token, 'owner', owner)
       if observe then
         redis.call('hset', KEYS[1], 'value', value, 'seq', '0')

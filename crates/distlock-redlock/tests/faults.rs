@@ -491,9 +491,10 @@ async fn grab_election(c: &Client, name: &str) -> u64 {
 }
 
 /// The fencing counters of a name set back by hand on every node (a majority and more: the
-/// deterministic stand-in for nodes rolled back to older snapshots that nobody re-seeded): the
-/// next token of a lock and of an election is still above every token issued before. Every
-/// node that has a counter has it with an expiry (a bounded lifetime).
+/// deterministic stand-in for nodes rolled back to older snapshots), the rollback a floor step
+/// old (as a node's quarantine makes every loss of its data): the next token of a lock and of
+/// an election is still above every token issued before. Every node that has a counter has it
+/// with an expiry (a bounded lifetime).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_rise_after_counters_are_set_back_on_every_node() {
     let c = Cluster::start(3);
@@ -533,6 +534,7 @@ async fn tokens_rise_after_counters_are_set_back_on_every_node() {
             let reply = s.command(&["SET", fence, &tokens[0].to_string()]);
             assert_eq!(reply.expect("SET"), "OK");
         }
+        c.wait_past_floor_step(tokens[2]).await;
         let next = grab_one().await;
         if next <= tokens[2] {
             failures.push(format!(

@@ -573,6 +573,16 @@ async fn uncontended_votes_and_releases_skip_the_queue_work() {
         }
         assert!(calls(&c, i, "set") >= 1, "node {i} granted nothing");
     }
+    // A name in use gets its token without a raise round: the nodes floor their votes by the
+    // same 100 ms step of their clocks, so their counters agree. A vote writes the hold (one
+    // `HSET` per node and grant), a raise writes its token again; allowed: two votes that
+    // straddle a step. (With the µs clock as the floor: a raise on 2 of 3 nodes per grant.)
+    let hsets: u64 = (0..3).map(|i| calls(&c, i, "hset")).sum();
+    let grants = rounds as u64;
+    assert!(
+        hsets <= 3 * grants + 4,
+        "{hsets} HSETs for {grants} grants on 3 nodes: raise rounds"
+    );
 }
 
 /// A queued waiter listens on every node where the nodes wake it: its attempt's own channel
@@ -635,9 +645,10 @@ async fn a_queued_waiter_listens_where_the_nodes_wake_it() {
 }
 
 /// A retried attempt that finds its own holds of an earlier round on a majority, each under a
-/// token of its own node (so no grant stands), and those nodes' counters set back by hand: the
-/// fresh token it is given (from the kept holds alone: node 2 is down) is still above every
-/// token issued before. A kept hold reports its node's counter floored by the node's clock.
+/// token of its own node (so no grant stands), and those nodes' counters set back by hand (a
+/// floor step before the retry): the fresh token it is given (from the kept holds alone: node 2
+/// is down) is still above every token issued before. A kept hold reports its node's counter
+/// floored by the node's clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_token_from_kept_holds_rises_past_counters_set_back() {
     let mut c = Cluster::start(3);
@@ -656,10 +667,12 @@ async fn a_fresh_token_from_kept_holds_rises_past_counters_set_back() {
         (0..3).all(|i| !c.has_lock(i, name))
     })
     .await;
-    // An earlier round of attempt X, voted on nodes 0 and 1 only, one after the other (each
+    // An earlier round of attempt X, voted on nodes 0 and 1 only, a floor step apart (each
     // stores its own counter as the hold's token), never raised.
     let req = AcquireRequest::new(key(name, "x"), Duration::from_secs(3), LostSignal::new());
     for i in 0..2 {
+        let last = c.fence(0, name).max(c.fence(1, name));
+        c.wait_past_floor_step(last).await;
         let node = distlock_redis::RedisBackend::connect(&c.servers[i].url(), &opts(3000))
             .await
             .expect("node");
@@ -669,7 +682,6 @@ async fn a_fresh_token_from_kept_holds_rises_past_counters_set_back() {
         node.quorum_acquire(&req.key, &req.attempt, req.lease, &epoch, None)
             .await
             .expect("vote");
-        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let stored: Vec<String> = (0..2)
         .map(|i| {
@@ -685,6 +697,8 @@ async fn a_fresh_token_from_kept_holds_rises_past_counters_set_back() {
         assert_eq!(reply.expect("SET"), "OK");
     }
     c.servers[2].kill();
+    let last = stored.iter().filter_map(|s| s.parse::<u64>().ok()).max();
+    c.wait_past_floor_step(last.expect("tokens")).await;
     let b = client.backend().clone();
     let token = granted(&b, &req).await;
     assert!(

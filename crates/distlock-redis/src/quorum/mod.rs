@@ -59,6 +59,22 @@ const ATTEMPT_FIELD: &str = "attempt";
 /// The lock-hash field that keeps the owner id of the hold (for inspect only).
 const OWNER_FIELD: &str = "owner";
 
+/// The step of a Redlock vote's clock floor, in µs: 100 ms ([`QUORUM_FLOOR_STEP`]). A literal,
+/// so that it can go into the vote script too.
+macro_rules! quorum_floor_step_us {
+    () => {
+        100000
+    };
+}
+
+/// A Redlock vote floors its token by the node's clock rounded down to this step (100 ms), not
+/// by the µs: nodes whose counters agree then hand out the same token (no raise round), as
+/// they did before the clock floor; the µs of five clocks never agree. A token is therefore
+/// above every earlier one across a node's rollback once the rollback is a step old — which a
+/// node that lost its data or restarted is, by its restart quarantine (docs/redlock.md,
+/// "Fencing tokens strictly increase").
+pub const QUORUM_FLOOR_STEP: Duration = Duration::from_micros(quorum_floor_step_us!());
+
 /// Counters raised per script call ([`RedisBackend::raise_fences`]).
 const SEED_BATCH: usize = 256;
 
@@ -75,7 +91,12 @@ struct QuorumScripts {
 fn quorum_scripts() -> &'static QuorumScripts {
     static SCRIPTS: OnceLock<QuorumScripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| QuorumScripts {
-        acquire: Script::new(scripts::fenced!("quorum_acquire.lua")),
+        acquire: Script::new(concat!(
+            "local QUORUM_FLOOR_STEP_US = ",
+            quorum_floor_step_us!(),
+            "\n",
+            scripts::fenced!("quorum_acquire.lua")
+        )),
         raise: Script::new(scripts::fenced!("quorum_raise.lua")),
         release: Script::new(include_str!("../../scripts/quorum_release.lua")),
         renew: Script::new(concat!(
