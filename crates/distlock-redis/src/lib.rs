@@ -46,9 +46,10 @@ pub use crate::builder::{
 };
 /// How long a fencing counter (`NS:{NAME}:fence`) outlives the lease of the last grant made
 /// from it: one hour. After that the key expires, and the next grant's token comes from the
-/// server clock alone (every token is at least the server's `TIME` in µs when it is granted),
-/// which is above every token issued before as long as the clocks of the servers that issued
-/// them agree within this margin (see docs/redis-lock.md, "Fencing tokens").
+/// server clock alone (every token is at least the server's `TIME` in µs when it is granted; a
+/// Redlock vote's in [`QUORUM_FLOOR_STEP`]s), which is above every token issued before as long
+/// as the clocks of the servers that issued them agree within this margin (see
+/// docs/redis-lock.md, "Fencing tokens").
 pub const FENCE_MARGIN: Duration = Duration::from_millis(scripts::fence_margin_ms!());
 
 /// The TLS error of `rediss://` (the core's, shared by every backend): the source of an

@@ -272,7 +272,7 @@ fn clock_spread(readings: &[(&str, Clock)], lease: Duration) -> Finding {
             Severity::Warning,
             "clock spread",
             format!(
-                "the node clocks are {spread} ms apart ({} is {} ms and {} is {} ms off the local clock), more than the {margin:?} drift margin of the {lease:?} watchdog lease: Redlock's safety assumes the nodes' clocks run at about the same rate (and fencing tokens, each at least its node's clock in µs, that they agree within half the restart quarantine), and nodes whose clocks are set apart like this are likely to drift or jump (each node's lease expiry and restart quarantine run on its own clock); run NTP (chrony) on every node and slew, never step, the clocks",
+                "the node clocks are {spread} ms apart ({} is {} ms and {} is {} ms off the local clock), more than the {margin:?} drift margin of the {lease:?} watchdog lease: Redlock's safety assumes the nodes' clocks run at about the same rate (and fencing tokens, each at least its node's clock in 100 ms steps, that they agree within half the restart quarantine less 100 ms), and nodes whose clocks are set apart like this are likely to drift or jump (each node's lease expiry and restart quarantine run on its own clock); run NTP (chrony) on every node and slew, never step, the clocks",
                 hi.0, hi.1.offset_ms, lo.0, lo.1.offset_ms
             ),
         )
@@ -281,7 +281,7 @@ fn clock_spread(readings: &[(&str, Clock)], lease: Duration) -> Finding {
             Severity::Ok,
             "clock spread",
             format!(
-                "the node clocks are within {spread} ms of each other (drift margin {margin:?} of the {lease:?} watchdog lease; fencing tokens need them within half the restart quarantine)"
+                "the node clocks are within {spread} ms of each other (drift margin {margin:?} of the {lease:?} watchdog lease; fencing tokens need them within half the restart quarantine less 100 ms)"
             ),
         )
     }
