@@ -187,8 +187,8 @@ async fn force_release_needs_a_majority_and_names_unreached_nodes() {
 
 /// doctor on a healthy cluster: node count, each node's Redis checks and quarantine, and the
 /// clock spread are reported, none unsafe; then one node with an evicting policy is unsafe
-/// (named by its endpoint), a flushed node initialised again shows its quarantine, and a node that
-/// does not answer is reported.
+/// (named by its endpoint), a flushed node initialised again shows its quarantine, and a node
+/// that does not answer is reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_reports_each_node() {
     let (mut c, client) = cluster_and_client(2000).await;

@@ -327,10 +327,11 @@ async fn late_votes_are_released_with_their_attempt() {
 }
 
 /// Issue 12: the restart quarantine lives on the node. A node restarts without its data while
-/// A holds a lock; A's client initialises it again (quarantine: A's lease). A *fresh* client that starts
-/// afterwards — a short-lived CLI whose own quarantine would be 200 ms — must not count the
-/// node before the node's own clock passes the end A stored: otherwise the restarted node plus
-/// the one node where A's hold is gone are a majority while A's lease still runs on the third.
+/// A holds a lock; A's client initialises it again (quarantine: A's lease). A *fresh* client
+/// that starts afterwards — a short-lived CLI whose own quarantine would be 200 ms — must not
+/// count the node before the node's own clock passes the end A stored: otherwise the restarted
+/// node plus the one node where A's hold is gone are a majority while A's lease still runs on
+/// the third.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_client_honours_the_quarantine_of_a_restarted_node() {
     let mut c = Cluster::start(3);
