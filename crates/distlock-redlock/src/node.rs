@@ -3,9 +3,9 @@
 //! restart quarantine was set), and the quarantine the epoch carries.
 //!
 //! The quarantine is stored **on the node**, in its epoch, as an end time by the node's own
-//! clock: whoever initialises a node that lost its data sets it, and every client — one that starts
-//! later, a short-lived CLI — reads it and refuses to count the node before it ends (the vote
-//! script also reports it, by the node's clock, in every vote). This client only keeps an
+//! clock: whoever initialises a node that lost its data sets it, and every client — one that
+//! starts later, a short-lived CLI — reads it and refuses to count the node before it ends (the
+//! vote script also reports it, by the node's clock, in every vote). This client only keeps an
 //! estimate of it for its own views and messages.
 //!
 //! A background task per node checks it every `check_interval` (one pipelined `INFO server` +
@@ -399,9 +399,9 @@ impl Health {
     /// be initialised (a new cluster), one until its process is the quarantine old.
     ///
     /// Its fencing counters are not copied from the others: a vote's token is never below the
-    /// node's clock in µs (scripts/fence.lua), and the quarantine keeps the node out until its
-    /// clock is past every token issued before it lost them (docs/redlock.md, "Fencing tokens
-    /// strictly increase").
+    /// node's clock (in 100 ms steps, the µs where it has no counter: scripts/fence.lua), and
+    /// the quarantine keeps the node out until its clock is past every token issued before it
+    /// lost them (docs/redlock.md, "Fencing tokens strictly increase").
     pub(crate) async fn init_node(&self, i: usize, info: &ServerInfo) {
         let node = &self.nodes[i];
         let _one = node.init.lock().await;
