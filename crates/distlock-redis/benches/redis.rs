@@ -229,8 +229,14 @@ async fn run() {
     let unlock = redis::Script::new(
         "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
     );
-    let acquire_lua = redis::Script::new(include_str!("../scripts/acquire.lua"));
-    let release_lua = redis::Script::new(include_str!("../scripts/release.lua"));
+    // As src/scripts.rs builds them: the fencing-token prelude, then the script.
+    let fenced = |script: &str| {
+        let margin = distlock_redis::FENCE_MARGIN.as_millis();
+        let prelude = include_str!("../scripts/fence.lua");
+        format!("local FENCE_MARGIN_MS = {margin}\n{prelude}{script}")
+    };
+    let acquire_lua = redis::Script::new(&fenced(include_str!("../scripts/acquire.lua")));
+    let release_lua = redis::Script::new(&fenced(include_str!("../scripts/release.lua")));
     // The four keys of the lock and the attempt's end record (one attempt id: never ended).
     let keys =
         ["", ":fence", ":queue", ":waiters", ":ended:warm"].map(|s| format!("dlock:{{floor}}{s}"));

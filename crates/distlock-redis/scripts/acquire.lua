@@ -3,7 +3,8 @@
 -- in the client), so a retried request has the effect of one.
 -- KEYS[1] lock hash {attempt, token, owner} of the one grant, PEXPIRE = lease (the layout
 --   of a Redlock node's hold too)
--- KEYS[2] fencing counter (no expiry; seeded from the server clock when missing)
+-- KEYS[2] fencing counter (fence.lua: a token is max(counter + 1, TIME in µs); it expires
+--   FENCE_MARGIN_MS after the end of the last lease granted)
 -- KEYS[3] wait queue: zset ATTEMPT -> arrival ms (server clock)
 -- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:OWNER"
 -- KEYS[5] the attempt's end record NS:{NAME}:ended:ATTEMPT, written by its give-up or release
@@ -24,9 +25,15 @@
 local attempt, lease = ARGV[1], tonumber(ARGV[3])
 local value = ARGV[7]
 local queues = tonumber(ARGV[4]) > 0
+-- The server clock, read once per script (on first use): the queue's times and the token.
+local t
+local function clock()
+  t = t or redis.call('time')
+  return t
+end
 local function now_ms()
-  local t = redis.call('time')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local c = clock()
+  return tonumber(c[1]) * 1000 + math.floor(tonumber(c[2]) / 1000)
 end
 -- Its waiter data is written with the queue entry and removed with it: no entry, no data.
 local function dequeue()
@@ -91,16 +98,8 @@ if queued and ARGV[5] == '1' then
   end
 end
 if free then
-  -- INCR first: foreign data fails before any write. A counter that INCR had to create was
-  -- lost (FLUSHALL, eviction, restart without persistence): it restarts above every token
-  -- issued before, at the server clock in microseconds (assuming the clock never goes back
-  -- and fewer than a million grants per second).
-  local token = redis.call('incr', KEYS[2])
-  if token == 1 then
-    local t = redis.call('time')
-    token = redis.call('incrby', KEYS[2],
-      string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]) - 1))
-  end
+  -- The token first: foreign data in the counter fails before any write.
+  local token = next_token(KEYS[2], clock(), lease, 1)
   redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', token),
     'owner', ARGV[2])
   if value then

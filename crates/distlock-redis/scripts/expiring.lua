@@ -1,7 +1,8 @@
 -- Prelude of the read-write lock and semaphore scripts (rw_*.lua, sem_*.lua): put in front of
--- each one when it is built (src/scripts.rs), so that they share one copy of what they do alike.
+-- each one when it is built (src/scripts.rs, after fence.lua), so that they share one copy of
+-- what they do alike.
 -- KEYS[1] holds: hash ATTEMPT -> "TOKEN:X:OWNER" (X: the side 'r'/'w', or the permits)
--- KEYS[2] fencing counter (shared with the name's other kinds; seeded from the server clock)
+-- KEYS[2] fencing counter (shared with the name's other kinds; its tokens: fence.lua)
 -- KEYS[3] wait queue: zset ATTEMPT -> arrival ms
 -- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:X:OWNER"
 -- KEYS[5] hold expiries: zset ATTEMPT -> expiry ms (each grant its own lease)
@@ -36,10 +37,7 @@ end
 -- A fresh grant to attempt m with its own lease ms: the next fencing token, stored as
 -- "TOKEN:X:WHO"; m leaves the queue. Returns the token.
 local function grant(m, ms, x, who)
-  if redis.call('exists', KEYS[2]) == 0 then
-    redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-  local token = redis.call('incr', KEYS[2])
+  local token = next_token(KEYS[2], t, ms, 1)
   redis.call('hset', KEYS[1], m, string.format('%d:', token) .. x .. ':' .. who)
   redis.call('zadd', KEYS[5], now + ms, m)
   keep(ms)

@@ -1,6 +1,7 @@
 -- Operator's forced release (`dlock release --force`): removes every grant of one lock family
 -- and advances the fencing counter past every token issued, in one atomic step, so that no
 -- grant can be made between the removal and the advance with a token a removed holder has.
+-- Runs after fence.lua.
 -- KEYS[1] the grants (mutex hash {attempt, token, owner}, or rw/sem hash ATTEMPT -> grant)
 -- KEYS[2] fencing counter
 -- KEYS[3] per-grant expiries zset (rw, sem; for the mutex a name that is never written)
@@ -21,16 +22,9 @@ if ARGV[2] == '1' then
   redis.call('del', KEYS[3])
 end
 redis.call('del', KEYS[1])
--- max(current, clock seed) + 1: above every token issued, also when the counter was lost
--- (the same clock seed acquire.lua uses; µs since the epoch fits a Lua double exactly).
-local seed = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local current = tonumber(redis.call('get', KEYS[2]) or '0')
-if current == nil then
-  return redis.error_reply('fencing counter ' .. KEYS[2] .. ' is not a number')
-end
-local next = math.max(current, seed) + 1
-local token = string.format('%d', next)
-redis.call('set', KEYS[2], token)
+-- The counter moves on as for a grant (fence.lua: above every token issued, also when the
+-- counter was rolled back or lost), with no lease of its own to outlive.
+local token = string.format('%d', next_token(KEYS[2], t, 0, 1))
 redis.call('publish', ARGV[1], 'r')
 if KEYS[4] then
   local told = {}

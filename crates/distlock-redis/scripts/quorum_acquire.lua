@@ -7,9 +7,11 @@
 -- a round, never a second holder. Waiters carry their place (SCORE, the same on every node),
 -- so every node orders the waiters it has the same way.
 -- KEYS[1] lock hash {attempt, token, owner}, PEXPIRE = lease
--- KEYS[2] fencing counter (never expires, never lowered)
--- KEYS[3] node epoch "RANDOM:UNTIL_MS:RUN_ID" (exists while the node's counters are complete;
---   UNTIL_MS is the end of the node's restart quarantine, by this server's clock)
+-- KEYS[2] fencing counter (fence.lua: a fresh grant's token is max(counter + 1, TIME in µs
+--   rounded down to QUORUM_FLOOR_STEP_US, set in front of this script by src/quorum/mod.rs);
+--   it expires FENCE_MARGIN_MS after the end of the last lease granted; never lowered)
+-- KEYS[3] node epoch "RANDOM:UNTIL_MS:RUN_ID" (exists while the node has not lost its data
+--   since it was initialised; UNTIL_MS is the end of its restart quarantine, by its clock)
 -- KEYS[4] lease horizon: PX = the longest lease granted or renewed here that may still run
 -- KEYS[5] wait queue: zset ATTEMPT -> SCORE (the waiter's place)
 -- KEYS[6] waiter expiries: zset ATTEMPT -> expiry ms (server clock)
@@ -20,12 +22,14 @@
 -- ARGV[1] attempt id, ARGV[2] lease ms, ARGV[3] the epoch the client knows, ARGV[4] owner id,
 -- ARGV[5] waiter ttl ms ('0': do not queue), ARGV[6] SCORE, ARGV[7] the lock's channel (a
 --   waiter's own channel is CHANNEL:ATTEMPT)
--- Returns {-1, 0, 0, 0, 0} the epoch differs: the node lost its data or was re-seeded since the
---   client looked, so its vote must not count (nothing was changed); otherwise
+-- Returns {-1, 0, 0, 0, 0} the epoch differs: the node lost its data or was initialised again
+--   since the client looked, so its vote must not count (nothing was changed); otherwise
 --   {status, counter, x, quarantine_left_ms, first}:
---   status 1 granted afresh (counter incremented; x = token stored = counter),
+--   status 1 granted afresh (the counter moved on, fence.lua; x = token stored = counter),
 --   status 2 this attempt already holds it here (x = the token stored with the hold; the
---     lease now runs at least ARGV[2] from now, never shortened),
+--     lease now runs at least ARGV[2] from now, never shortened; counter = the stored one
+--     floored by the clock as for a grant: a fresh token the client derives from it,
+--     counter + 1, stays above every earlier one, fence.lua),
 --   status 0 another attempt holds it (x = its pttl),
 --   status 3 free here, but another waiter is first in this node's queue (x = 0);
 --   first = 1 when this attempt is the first live waiter here.
@@ -42,7 +46,7 @@ local lease = tonumber(ARGV[2])
 local wttl = tonumber(ARGV[5])
 
 -- Whoever loses this node's data later must stay out of majorities until every lease it may
--- have held has run out: the horizon remembers how long that is (read when seeding).
+-- have held has run out: the horizon remembers how long that is (read when initialising it).
 local function horizon()
   if redis.call('pttl', KEYS[4]) < lease then
     redis.call('set', KEYS[4], ARGV[2], 'PX', lease)
@@ -57,7 +61,9 @@ if redis.call('hget', KEYS[1], 'attempt') == attempt then
     redis.call('pexpire', KEYS[1], lease)
   end
   horizon()
-  local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
+  local stored = redis.call('get', KEYS[2])
+  local c = math.max(tonumber(stored or '0') or 0,
+    clock_floor(t, stored and QUORUM_FLOOR_STEP_US or 1))
   return {2, c, tonumber(redis.call('hget', KEYS[1], 'token') or '0') or 0, qleft, 0}
 end
 
@@ -103,15 +109,11 @@ if redis.call('exists', KEYS[1]) == 0 then
     local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
     return {3, c, 0, qleft, 0}
   end
-  -- INCR first: if the counter holds foreign data the script fails before writing anything.
-  -- A counter that INCR had to create (a new name, or a node whose data is gone) starts from
-  -- the server's clock in microseconds (+1), above any token this name could have had before.
-  local c = redis.call('incr', KEYS[2])
-  if c == 1 then
-    c = redis.call('incrby', KEYS[2],
-      string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]) - 1))
-  end
-  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', c, 'owner', ARGV[4])
+  -- The token first: if the counter holds foreign data the script fails before writing
+  -- anything.
+  local c = next_token(KEYS[2], t, lease, QUORUM_FLOOR_STEP_US)
+  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', c), 'owner',
+    ARGV[4])
   if ARGV[8] then
     redis.call('hset', KEYS[1], 'value', ARGV[8], 'seq', '0')
   end

@@ -48,13 +48,7 @@ local function hand_over()
       end
     end
     if expiry and tonumber(expiry) > now then
-      -- As in acquire.lua: INCR first, a counter it had to create restarts at the clock.
-      local token = redis.call('incr', KEYS[2])
-      if token == 1 then
-        token = redis.call('incrby', KEYS[2],
-          string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]) - 1))
-      end
-      token = string.format('%d', token)
+      local token = string.format('%d', next_token(KEYS[2], t, lease, 1))
       redis.call('hset', KEYS[1], 'attempt', head, 'token', token, 'owner', owner)
       if observe then
         redis.call('hset', KEYS[1], 'value', value, 'seq', '0')

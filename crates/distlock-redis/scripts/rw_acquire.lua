@@ -1,7 +1,7 @@
 -- Read-write lock: acquire one side for one attempt, or queue the attempt. One round trip.
 -- Runs after expiring.lua (the keys' shape, the shared steps).
 -- KEYS[1] holds: hash ATTEMPT -> "TOKEN:SIDE:OWNER" (SIDE 'r' or 'w')
--- KEYS[2] fencing counter (shared with the name's other kinds; seeded from the server clock)
+-- KEYS[2] fencing counter (shared with the name's other kinds; its tokens: fence.lua)
 -- KEYS[3] wait queue: zset ATTEMPT -> arrival ms
 -- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:SIDE:OWNER"
 -- KEYS[5] hold expiries: zset ATTEMPT -> expiry ms (each grant its own lease)

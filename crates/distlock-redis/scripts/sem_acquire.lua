@@ -1,7 +1,7 @@
 -- Semaphore: take permits for one attempt, or queue the attempt. One round trip. Runs after
 -- expiring.lua (the keys' shape, the shared steps).
 -- KEYS[1] holds: hash ATTEMPT -> "TOKEN:PERMITS:OWNER"
--- KEYS[2] fencing counter (seeded from the server clock when missing)
+-- KEYS[2] fencing counter (shared with the name's other kinds; its tokens: fence.lua)
 -- KEYS[3] wait queue: zset ATTEMPT -> arrival ms
 -- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:PERMITS:OWNER"
 -- KEYS[5] hold expiries: zset ATTEMPT -> expiry ms (each grant its own lease)

@@ -16,7 +16,9 @@ mod scripts;
 mod sentinel;
 
 use crate::error::{map, shape, KIND};
-pub use crate::quorum::{NodeHold, QuorumReply, QuorumVote, ServerInfo, TOKEN_FIELD};
+pub use crate::quorum::{
+    NodeHold, QuorumReply, QuorumVote, ServerInfo, QUORUM_FLOOR_STEP, TOKEN_FIELD,
+};
 use distlock_core::backend::{
     async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey,
     ReleaseWatch, RenewOutcome,
@@ -45,6 +47,14 @@ pub use crate::address::redact;
 pub use crate::builder::{
     RedisBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, SENTINEL_PASSWORD_ENV, USER_ENV,
 };
+/// How long a fencing counter (`NS:{NAME}:fence`) outlives the lease of the last grant made
+/// from it: one hour. After that the key expires, and the next grant's token comes from the
+/// server clock alone (every token is at least the server's `TIME` in µs when it is granted; a
+/// Redlock vote's in [`QUORUM_FLOOR_STEP`]s), which is above every token issued before as long
+/// as the clocks of the servers that issued them agree within this margin (see
+/// docs/redis-lock.md, "Fencing tokens").
+pub const FENCE_MARGIN: Duration = Duration::from_millis(scripts::fence_margin_ms!());
+
 /// The TLS error of `rediss://` (the core's, shared by every backend): the source of an
 /// [`Error::Connection`].
 pub use distlock_core::conn::{TlsError, TlsErrorKind};

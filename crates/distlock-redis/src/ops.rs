@@ -13,7 +13,7 @@ use redis::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const FORCE_RELEASE: &str = include_str!("../scripts/force_release.lua");
+const FORCE_RELEASE: &str = crate::scripts::fenced!("force_release.lua");
 
 /// The reply of force_release.lua: grants, PTTL, expiries, server ms, new counter.
 type ForceReply = (Vec<(String, String)>, i64, Vec<(String, f64)>, u64, String);
@@ -263,7 +263,8 @@ pub(crate) async fn force_release(
 }
 
 /// Reads `maxmemory-policy` and warns unless it is `noeviction`: an evicting server may drop a
-/// held lock (a second holder) or a fencing counter (re-seeded from the clock, see the docs).
+/// held lock (a second holder). (An evicted fencing counter is as harmless as an expired one:
+/// a token is never below the server clock, see `scripts/fence.lua`.)
 /// A server where CONFIG is disabled or renamed only gets a debug line.
 pub(crate) async fn check_eviction(con: &mut redis::aio::ConnectionManager, endpoint: &str) {
     let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
@@ -311,7 +312,7 @@ pub(crate) fn clock_finding(offset_ms: i64, what: &str) -> Finding {
             Severity::Warning,
             "clock",
             format!(
-                "the {what} clock is {offset_ms} ms {} the local clock: leases are measured on the server, so they stay correct, but lease times in logs and `dlock list` do not match local time, and fencing counters seeded from the clock after a lost counter assume the {what} clock never goes back; run NTP (chrony) on both",
+                "the {what} clock is {offset_ms} ms {} the local clock: leases are measured on the server, so they stay correct, but lease times in logs and `dlock list` do not match local time; a clock set by hand like this may also be stepped back later, and fencing tokens are floored by the {what} clock (see `fencing`); run NTP (chrony) on both, slewing, never stepping",
                 if offset_ms > 0 { "ahead of" } else { "behind" }
             ),
         )
@@ -322,6 +323,19 @@ pub(crate) fn clock_finding(offset_ms: i64, what: &str) -> Finding {
             format!("the {what} clock is within {offset_ms} ms of the local clock"),
         )
     }
+}
+
+/// The fencing rule, for every server (the assumption it rests on is not something one look
+/// at a server can check).
+fn fencing_finding() -> Finding {
+    Finding::new(
+        Severity::Ok,
+        "fencing",
+        format!(
+            "every grant's token is max(counter + 1, the server clock in µs), so a token for a name is above every token issued for it before — across a restart from any snapshot, the appendfsync window and failovers — as long as the server clock does not step back and the clocks of a master and the replicas that may replace it agree within the time a failover takes (keep them on NTP); a name's counter expires {} min after its last grant's lease",
+            crate::FENCE_MARGIN.as_secs() / 60
+        ),
+    )
 }
 
 fn unix_ms(t: SystemTime) -> i64 {
@@ -414,12 +428,12 @@ async fn diagnose_on(
     // Eviction.
     let policy = info.get("maxmemory_policy").copied().unwrap_or("unknown");
     out.push(if policy == "noeviction" {
-        Finding::new(Severity::Ok, "maxmemory-policy", "noeviction: lock keys and fencing counters are never evicted")
+        Finding::new(Severity::Ok, "maxmemory-policy", "noeviction: held locks are never evicted")
     } else {
         Finding::new(
             Severity::Unsafe,
             "maxmemory-policy",
-            format!("maxmemory-policy is `{policy}`: under memory pressure Redis may evict a held lock (a second holder gets it) or a fencing counter; set `maxmemory-policy noeviction` in redis.conf (and CONFIG SET maxmemory-policy noeviction)"),
+            format!("maxmemory-policy is `{policy}`: under memory pressure Redis may evict a held lock (a second holder gets it); set `maxmemory-policy noeviction` in redis.conf (and CONFIG SET maxmemory-policy noeviction)"),
         )
     });
 
@@ -437,17 +451,17 @@ async fn diagnose_on(
         (true, _) => Finding::new(
             Severity::Ok,
             "persistence",
-            "appendonly yes: grants and fencing counters survive a restart (up to the appendfsync window)",
+            "appendonly yes: grants survive a restart (up to the appendfsync window; fencing tokens go up across it too, see `fencing`)",
         ),
         (false, Some(s)) if !s.trim().is_empty() => Finding::new(
             Severity::Warning,
             "persistence",
-            format!("only RDB snapshots (save {s}): grants made since the last snapshot are lost on a restart, so a restarted server can grant a held lock again (fencing tokens still go up: a lost counter restarts from the server clock); set `appendonly yes` if locks must survive restarts"),
+            format!("only RDB snapshots (save {s}): grants made since the last snapshot are lost on a restart, so a restarted server can grant a held lock again (fencing tokens still go up, see `fencing`); set `appendonly yes` if locks must survive restarts"),
         ),
         (false, Some(_)) => Finding::new(
             Severity::Warning,
             "persistence",
-            "no persistence (appendonly no, no save points): every grant is lost on a restart, so a restarted server can grant a held lock again (fencing tokens still go up: a lost counter restarts from the server clock); set `appendonly yes` if locks must survive restarts",
+            "no persistence (appendonly no, no save points): every grant is lost on a restart, so a restarted server can grant a held lock again (fencing tokens still go up, see `fencing`); set `appendonly yes` if locks must survive restarts",
         ),
         (false, None) => Finding::new(
             Severity::Warning,
@@ -500,6 +514,7 @@ async fn diagnose_on(
     let after = SystemTime::now();
     let local = (unix_ms(before) + unix_ms(after)) / 2;
     out.push(clock_finding(secs * 1000 + micros / 1000 - local, "server"));
+    out.push(fencing_finding());
     Ok(out)
 }
 

@@ -1,11 +1,22 @@
 //! The Lua scripts, loaded once, run by EVALSHA (reloaded on NOSCRIPT).
 //!
-//! The read-write lock and semaphore scripts share one prelude (`scripts/expiring.lua`: the
-//! keys' shape, pruning, grants, the queue, the release side), put in front of each at compile
+//! Every script that grants shares one prelude, `scripts/fence.lua` (the fencing token of a
+//! grant, and the counter's lifetime: see [`fenced!`]); the read-write lock and semaphore
+//! scripts share a second one after it (`scripts/expiring.lua`: the keys' shape, pruning,
+//! grants, the queue, the release side). They are put in front of each script at compile
 //! time, so each script Redis runs is still one self-contained source.
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisResult, Value};
+
+/// How long, in ms, a fencing counter outlives the lease of the last grant made from it: one
+/// hour ([`crate::FENCE_MARGIN`]). A literal, so that it can go into the Lua prelude too.
+macro_rules! fence_margin_ms {
+    () => {
+        3600000
+    };
+}
+pub(crate) use fence_margin_ms;
 
 /// A script and its SHA-1.
 pub(crate) struct Script {
@@ -13,15 +24,21 @@ pub(crate) struct Script {
     sha: String,
 }
 
-/// A read-write lock or semaphore script: the shared prelude, then the script itself.
-macro_rules! expiring {
-    ($file:literal) => {
+/// A script that grants (or writes a fencing counter): the fencing-token prelude
+/// (`scripts/fence.lua`, after its margin), then the script's files in order (paths under
+/// `scripts/`). Every token of every kind comes from this one copy.
+macro_rules! fenced {
+    ($($file:literal),+) => {
         concat!(
-            include_str!("../scripts/expiring.lua"),
-            include_str!(concat!("../scripts/", $file))
+            "local FENCE_MARGIN_MS = ",
+            $crate::scripts::fence_margin_ms!(),
+            "\n",
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/fence.lua")),
+            $(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/", $file))),+
         )
     };
 }
+pub(crate) use fenced;
 
 impl Script {
     pub(crate) fn new(source: &'static str) -> Self {
@@ -61,12 +78,12 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            acquire: Script::new(include_str!("../scripts/acquire.lua")),
-            release: Script::new(include_str!("../scripts/release.lua")),
-            rw_acquire: Script::new(expiring!("rw_acquire.lua")),
-            rw_release: Script::new(expiring!("rw_release.lua")),
-            sem_acquire: Script::new(expiring!("sem_acquire.lua")),
-            sem_release: Script::new(expiring!("sem_release.lua")),
+            acquire: Script::new(fenced!("acquire.lua")),
+            release: Script::new(fenced!("release.lua")),
+            rw_acquire: Script::new(fenced!("expiring.lua", "rw_acquire.lua")),
+            rw_release: Script::new(fenced!("expiring.lua", "rw_release.lua")),
+            sem_acquire: Script::new(fenced!("expiring.lua", "sem_acquire.lua")),
+            sem_release: Script::new(fenced!("expiring.lua", "sem_release.lua")),
             proclaim: Script::new(include_str!("../scripts/proclaim.lua")),
         }
     }

@@ -105,6 +105,16 @@ async fn unreplicated_grant_is_lost_by_a_failover() {
     let name = name_on(&cluster, m, "lost");
     let (a, _) = client_for(&cluster.url(), opts()).await;
     let (b, _) = client_for(&cluster.url(), opts()).await;
+    // An earlier grant the replica confirmed: the fencing counter it will be promoted with.
+    let url = format!("{}?wait_replicas=1&wait_timeout=500ms", cluster.url());
+    let (w, _) = client_for(&url, opts()).await;
+    let earlier = w
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    earlier.release().await.expect("release");
     cluster.pause(r);
     let cut = cluster.servers()[m].command(&["CLIENT", "KILL", "TYPE", "replica"]);
     assert_eq!(cut.expect("CLIENT KILL"), "1", "the replica's link");
@@ -130,9 +140,14 @@ async fn unreplicated_grant_is_lost_by_a_failover() {
         guard.is_lost(),
         g.fencing_token()
     );
-    // The fencing counter was lost with the grant, and re-seeded from the clock: B's token
-    // is still above A's, so a fenced store refuses A's late writes.
-    assert!(g.fencing_token() > guard.fencing_token());
+    // The promoted replica's fencing counter missed A's grant (it has the earlier one's),
+    // yet B's token is above A's: a fenced store refuses A's late writes.
+    assert!(
+        g.fencing_token() > guard.fencing_token(),
+        "the promoted replica granted token {} after the old master's {}",
+        g.fencing_token(),
+        guard.fencing_token()
+    );
     // A's watchdog finds the grant gone and signals the loss.
     let t = Instant::now();
     while !guard.is_lost() {

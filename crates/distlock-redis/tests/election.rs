@@ -332,7 +332,7 @@ async fn paused_server_with_a_leader() {
 
 /// redis-server killed with a leader and restarted without persistence: the leader's lost
 /// signal fires at its lease end, and the next leader's token is still higher (the lost
-/// counter restarts from the server clock).
+/// counter is overruled by the server clock: every token is at least its TIME in µs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_server_loses_the_leader_and_tokens_still_rise() {
     let mut server = RedisServer::start().expect("redis");

@@ -4,7 +4,7 @@ mod common;
 
 use common::{acquire_within, acquired, client_for, released};
 
-use distlock_core::{Error, LostReason, ReleaseOutcome};
+use distlock_core::{Error, LockKind, LostReason, ReleaseOutcome};
 use distlock_redis::RedisBackend;
 use distlock_testkit::conformance::{fast_opts, unique_name};
 use distlock_testkit::{RedisOptions, RedisServer};
@@ -693,19 +693,20 @@ async fn a_forced_release_wakes_a_queued_waiter() {
     released(got).await;
 }
 
-/// An uncontended acquire+release runs the fewest calls the hash layout allows: the acquire
-/// `HMGET`, one `EXISTS` of the hash and the queue, `INCR`, `HSET`, `PEXPIRE`; the release
-/// `HMGET`, `DEL` and an empty `ZPOPMIN`. No `ZREM` of a queue that does not exist (before: one
-/// per blocking acquire), no `TIME`, no `PUBLISH`.
+/// An uncontended acquire+release runs the fewest calls the hash layout and the fencing rule
+/// allow: the acquire `HMGET`, one `EXISTS` of the hash and the queue, the token's one `TIME`
+/// and the counter's `GET` and `SET` (scripts/fence.lua), `HSET`, `PEXPIRE`; the release
+/// `HMGET`, `DEL` and an empty `ZPOPMIN`. No `ZREM` of a queue that does not exist (before:
+/// one per blocking acquire), no `PUBLISH`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_uncontended_pair_is_eight_calls() {
+async fn an_uncontended_pair_is_ten_calls() {
     let server = RedisServer::start().expect("redis");
     // No renewal and no timed-out request within the test: only the pairs' own calls count.
     let opts = fast_opts()
         .watchdog_lease(Duration::from_secs(30))
         .op_timeout(Duration::from_secs(5));
     let (client, _) = client_for(&server.url(), opts).await;
-    let name = unique_name("eight-calls");
+    let name = unique_name("ten-calls");
     let lock = client.lock(&name).expect("lock");
     // Scripts loaded, connection warm.
     released(lock.acquire().await.expect("acquire")).await;
@@ -725,13 +726,16 @@ async fn an_uncontended_pair_is_eight_calls() {
         ("evalsha", 2),
         ("hmget", 2),
         ("exists", 1),
-        ("incr", 1),
+        ("time", 1),
+        ("get", 1),
+        ("pttl", 0),
+        ("set", 1),
+        ("incr", 0),
         ("hset", 1),
         ("pexpire", 1),
         ("del", 1),
         ("zpopmin", 1),
         ("zrem", 0),
-        ("time", 0),
         ("publish", 0),
     ] {
         assert_eq!(
@@ -740,4 +744,241 @@ async fn an_uncontended_pair_is_eight_calls() {
             "{command} per acquire+release"
         );
     }
+}
+
+/// A grant of any kind, through the Client API: a guard, or an election's leadership.
+enum Taken {
+    Guard(distlock_core::LockGuard),
+    Leader(distlock_core::Leadership),
+}
+
+impl Taken {
+    fn token(&self) -> u64 {
+        match self {
+            Taken::Guard(g) => g.fencing_token(),
+            Taken::Leader(l) => l.fencing_token(),
+        }
+    }
+
+    async fn release(self) {
+        let out = match self {
+            Taken::Guard(g) => g.release().await,
+            Taken::Leader(l) => l.resign().await,
+        };
+        assert_eq!(out.expect("release"), ReleaseOutcome::Released);
+    }
+}
+
+/// Takes `name` as `kind` (a semaphore: one permit of one) through `c`, waiting up to 10 s.
+async fn take(c: &distlock_core::Client, kind: LockKind, name: &str) -> Taken {
+    let wait = Duration::from_secs(10);
+    let got = match kind {
+        LockKind::Mutex => c.lock(name).expect("lock").acquire_timeout(wait).await,
+        LockKind::Fair => c.fair_lock(name).expect("lock").acquire_timeout(wait).await,
+        LockKind::Read => {
+            c.rw_lock(name)
+                .expect("rw")
+                .read()
+                .acquire_timeout(wait)
+                .await
+        }
+        LockKind::Write => {
+            c.rw_lock(name)
+                .expect("rw")
+                .write()
+                .acquire_timeout(wait)
+                .await
+        }
+        LockKind::Semaphore { .. } => {
+            let sem = c.semaphore(name, 1).expect("semaphore");
+            sem.acquire_timeout(1, wait).await
+        }
+        LockKind::Election => {
+            let e = c.election(name).expect("election");
+            let l = e.campaign_timeout("v", wait).await.expect("campaign");
+            return Taken::Leader(l);
+        }
+        other => panic!("no such kind here: {other:?}"),
+    };
+    Taken::Guard(got.expect("acquire"))
+}
+
+/// `name`'s fencing counter as `kind` keeps it (an election's apart from the lock's).
+fn fence_key(kind: LockKind, name: &str) -> String {
+    match kind {
+        LockKind::Election => format!("dlock:{{{name}}}:election:fence"),
+        _ => format!("dlock:{{{name}}}:fence"),
+    }
+}
+
+/// The kinds of grant, each with its own scripts' token path (a semaphore of one permit).
+const KINDS: [LockKind; 6] = [
+    LockKind::Mutex,
+    LockKind::Fair,
+    LockKind::Read,
+    LockKind::Write,
+    LockKind::Semaphore {
+        permits: 1,
+        limit: 1,
+    },
+    LockKind::Election,
+];
+
+/// A fencing counter left behind by a rollback (set back by hand to a value it had before,
+/// the deterministic stand-in for a restart from an older snapshot, a lost `appendfsync`
+/// window or a failover to a replica that missed the last grants): the next token of every
+/// kind is still above every token issued before, on a direct grant and on a handoff (the
+/// release hands the lock to a queued waiter), and every grant leaves the counter with an
+/// expiry (a bounded lifetime, not a key per name forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_after_the_counter_is_set_back_by_hand() {
+    let server = RedisServer::start().expect("redis");
+    let (a, _) = client_for(&server.url(), fast_opts()).await;
+    let (b, _) = client_for(&server.url(), fast_opts()).await;
+    let mut failures = Vec::new();
+    for kind in KINDS {
+        let name = unique_name("set-back");
+        let fence = fence_key(kind, &name);
+        let expiry = |what: &str, failures: &mut Vec<String>| {
+            let pttl: i64 = server
+                .command(&["PTTL", &fence])
+                .expect("PTTL")
+                .parse()
+                .expect("a number");
+            if pttl <= 0 {
+                failures.push(format!(
+                    "{kind:?}: the counter has no expiry after {what} (PTTL {pttl})"
+                ));
+            }
+        };
+        let mut tokens = Vec::new();
+        for _ in 0..2 {
+            let t = take(&a, kind, &name).await;
+            tokens.push(t.token());
+            t.release().await;
+        }
+        expiry("a grant", &mut failures);
+        let set_back = |to: u64| {
+            let reply = server.command(&["SET", &fence, &to.to_string()]);
+            assert_eq!(reply.expect("SET"), "OK");
+        };
+        // A direct grant.
+        set_back(tokens[0]);
+        let direct = take(&a, kind, &name).await;
+        let (top, got) = (tokens[1], direct.token());
+        if got <= top {
+            failures.push(format!(
+                "{kind:?}: granted token {got} after {top} (counter set back to {})",
+                tokens[0]
+            ));
+        }
+        direct.release().await;
+        // A handoff: b waits in the queue (a reader behind a writer), the counter goes back,
+        // a's release hands it over.
+        let top = top.max(got);
+        let holder = match kind {
+            LockKind::Read => LockKind::Write,
+            k => k,
+        };
+        let held = take(&a, holder, &name).await;
+        let top = top.max(held.token());
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move { take(&b, kind, &name).await })
+        };
+        distlock_testkit::conformance::wait_for_waiters(&b, &name, kind, 1).await;
+        set_back(tokens[0]);
+        held.release().await;
+        let next = waiter.await.expect("join");
+        if next.token() <= top {
+            failures.push(format!(
+                "{kind:?}: handed over token {} after {top} (counter set back to {})",
+                next.token(),
+                tokens[0]
+            ));
+        }
+        expiry("a handoff", &mut failures);
+        next.release().await;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Restarted from an RDB snapshot taken before the last grants (the default persistence of a
+/// stock redis-server; `SIGKILL`, so no shutdown save): the counter comes back older than the
+/// tokens issued since, and the next holder's token is still above all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_after_a_restart_from_an_older_snapshot() {
+    let mut server = RedisServer::start().expect("redis");
+    let (a, _) = client_for(&server.url(), fast_opts()).await;
+    let name = unique_name("snapshot");
+    let first = take(&a, LockKind::Mutex, &name).await;
+    let mut issued = vec![first.token()];
+    first.release().await;
+    assert_eq!(server.command(&["SAVE"]).expect("SAVE"), "OK");
+    for _ in 0..2 {
+        let t = take(&a, LockKind::Mutex, &name).await;
+        issued.push(t.token());
+        t.release().await;
+    }
+    // The last one is held at the crash.
+    let held = take(&a, LockKind::Mutex, &name).await;
+    issued.push(held.token());
+    server.crash_restart().expect("restart");
+    let (b, _) = client_for(&server.url(), fast_opts()).await;
+    let next = acquire_within(&b, &name, 10)
+        .await
+        .expect("after the restart");
+    let top = *issued.iter().max().expect("tokens");
+    assert!(
+        next.fencing_token() > top,
+        "token {} after the restart from the snapshot, not above {top} (issued {issued:?})",
+        next.fencing_token()
+    );
+    drop(held);
+    released(next).await;
+}
+
+/// A fencing counter lives a bounded time after its last grant (it expires, so a name locked
+/// once does not leave a key forever), and the tokens of a name whose counter expired are
+/// still above every token issued before (the expiry is brought forward by hand here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_counters_expire_and_tokens_still_rise() {
+    let server = RedisServer::start().expect("redis");
+    let lease = Duration::from_secs(1);
+    let (a, _) = client_for(&server.url(), fast_opts().watchdog_lease(lease)).await;
+    let name = unique_name("expiring-fence");
+    let fence = fence_key(LockKind::Mutex, &name);
+    let t = take(&a, LockKind::Mutex, &name).await;
+    let first = t.token();
+    t.release().await;
+    let pttl: i64 = server
+        .command(&["PTTL", &fence])
+        .expect("PTTL")
+        .parse()
+        .expect("a number");
+    let bound = lease + distlock_redis::FENCE_MARGIN;
+    assert!(
+        pttl > 0 && pttl as u128 <= bound.as_millis(),
+        "the fencing counter's PTTL is {pttl} ms, not within (0, {bound:?}]"
+    );
+    // As if the margin had passed.
+    assert_eq!(
+        server.command(&["PEXPIRE", &fence, "1"]).expect("PEXPIRE"),
+        "1"
+    );
+    let t0 = Instant::now();
+    while server.command(&["EXISTS", &fence]).expect("EXISTS") != "0" {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the counter never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t = take(&a, LockKind::Mutex, &name).await;
+    assert!(
+        t.token() > first,
+        "token {} after the counter expired, not above {first}",
+        t.token()
+    );
+    t.release().await;
 }

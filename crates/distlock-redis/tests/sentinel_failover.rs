@@ -154,6 +154,9 @@ async fn killed_master_unreplicated_grant_is_lost_and_signalled() {
     let (c, b) = backend(&url).await;
     let (other, _) = backend(&url).await;
     let name = unique_name("lost");
+    // An earlier grant the replica confirmed: the fencing counter it will be promoted with.
+    let (w, _) = backend(&format!("{url}?wait_replicas=1&wait_timeout=300ms")).await;
+    released(held(&w, &name).await).await;
     // Cut the replica off before the grant: paused, and its link killed by the master, so
     // the grant (acknowledged: no wait_replicas) never reaches it.
     setup.replica_mut().pause();
@@ -173,6 +176,14 @@ async fn killed_master_unreplicated_grant_is_lost_and_signalled() {
         .acquire_timeout(Duration::from_secs(20))
         .await
         .expect("the lost lock is free on the new master");
+    // ... with a token above the one the old master issued last, although the promoted
+    // replica's counter missed that grant: a fenced store refuses the deposed holder.
+    assert!(
+        g2.fencing_token() > g.fencing_token(),
+        "the promoted replica granted token {} after the old master's {}",
+        g2.fencing_token(),
+        g.fencing_token()
+    );
     // ... and the first holder is told: its renewal finds no grant.
     let reason = tokio::time::timeout(Duration::from_secs(20), g.lost())
         .await

@@ -141,11 +141,11 @@ impl Shared {
             Some(Err(e)) => (Ballot::default(), Some(format!("{ep}: {e}")), Some(e)),
             Some(Ok(v)) => match v.reply {
                 QuorumReply::EpochMismatch => {
-                    node.suspect("an epoch change (lost data or re-seeded)");
+                    node.suspect("an epoch change (lost data or initialised again)");
                     (
                         Ballot::default(),
                         Some(format!(
-                            "{ep}: lost its data or was re-seeded since the last check; re-checking"
+                            "{ep}: lost its data or was initialised again since the last check; re-checking"
                         )),
                         None,
                     )
@@ -156,7 +156,7 @@ impl Shared {
                     }
                     if let Some(left) = v.quarantine {
                         // The node's own record, by its own clock, whatever this client
-                        // thought: it lost its data and whoever seeded it set the end.
+                        // thought: it lost its data and whoever initialised it set the end.
                         node.note_quarantine(left);
                     }
                     let counted = view.counts && !v.scripts_reloaded && v.quarantine.is_none();

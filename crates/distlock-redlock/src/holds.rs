@@ -336,7 +336,7 @@ impl Shared {
         if views.len() < q {
             return Err(self.no_quorum(views.len(), &problems));
         }
-        Ok(merge_infos(name, &views, q))
+        Ok(merge_infos(name, &views, self.n()))
     }
 
     /// An election leader's numbered proclamation on every node: `Renewed` once a majority
@@ -440,14 +440,15 @@ impl Shared {
 /// One node's view of a lock, as [`RedisBackend::quorum_hold`] returns it.
 type NodeView = (Option<NodeHold>, u64);
 
-/// One view of a lock from the nodes' views: a holder is an attempt seen on at least `q`
-/// nodes, with the lease a majority still has; the token is the largest counter (an upper
-/// bound of the last token handed out: failed attempts also count). An election's leader
+/// One view of a lock from the views of the nodes that answered (of `n`): a holder is an
+/// attempt seen on a majority of nodes, with the lease a majority still has; the token is the
+/// last one handed out as the counters tell ([`tally::last_token`]). An election's leader
 /// (holds that carry a value) advertises the value of the highest proclamation number among
 /// its majority, and the token is the leader's own: the one its holds store on a majority
 /// (at most one token can be), else the largest they store (the quorum's token has not
 /// reached every node yet; the largest is the grant's).
-fn merge_infos(name: &str, infos: &[NodeView], q: usize) -> LockInfo {
+fn merge_infos(name: &str, infos: &[NodeView], n: usize) -> LockInfo {
+    let q = tally::quorum(n);
     let mut seen: HashMap<&str, Vec<&NodeHold>> = HashMap::new();
     for hold in infos.iter().filter_map(|(h, _)| h.as_ref()) {
         // Foreign data (no attempt) is no holder of ours.
@@ -480,10 +481,10 @@ fn merge_infos(name: &str, infos: &[NodeView], q: usize) -> LockInfo {
         })
         .collect();
     holders.sort_by(|a, b| a.owner.cmp(&b.owner));
-    let top = infos.iter().map(|i| i.1).max().unwrap_or(0);
+    let counters: Vec<u64> = infos.iter().map(|i| i.1).collect();
     LockInfo::new(name)
         .with_holders(holders)
-        .with_fencing_token(leader_token.unwrap_or(top))
+        .with_fencing_token(leader_token.unwrap_or_else(|| tally::last_token(&counters, n)))
 }
 
 #[cfg(test)]
@@ -509,10 +510,11 @@ mod tests {
             node(Some(("a1", "x", 300)), 9),
             node(None, 3),
         ];
-        let m = merge_infos("n", &infos, 3);
+        let m = merge_infos("n", &infos, 5);
         assert_eq!(m.holders, vec![holder("x", 300)]);
-        assert_eq!(m.fencing_token, 11);
-        let m = merge_infos("n", &infos[2..], 2);
+        // The majority's 9, not the 11 of a minority's failed vote.
+        assert_eq!(m.fencing_token, 9);
+        let m = merge_infos("n", &infos[2..], 3);
         assert!(!m.held());
         // Two attempts of one owner, each on a minority: nobody holds the lock.
         let infos = [
@@ -522,6 +524,6 @@ mod tests {
             node(Some(("a2", "x", 900)), 9),
             node(Some(("", "", 900)), 9),
         ];
-        assert!(!merge_infos("n", &infos, 3).held());
+        assert!(!merge_infos("n", &infos, 5).held());
     }
 }

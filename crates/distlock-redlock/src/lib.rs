@@ -54,8 +54,8 @@ impl RedlockBackend {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the connections made so far, and the node checks
-    /// start only once it returns. A node it was seeding keeps what was written: raised
-    /// counters only raise, and a node epoch is written last, once its counters are complete.
+    /// start only once it returns. A node it was initialising keeps no epoch or the whole one
+    /// (its quarantine set): the epoch is its one write.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         opts.validate()?;
         let cfg = config::parse(url, opts)?;

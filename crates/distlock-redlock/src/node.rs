@@ -1,11 +1,11 @@
 //! The nodes and what this client knows about each: its connection, its process (run id), its
-//! epoch (the marker that its fencing counters are complete), and the restart quarantine the
-//! epoch carries.
+//! epoch (the marker that the node is *initialised*: its data has not been lost since its
+//! restart quarantine was set), and the quarantine the epoch carries.
 //!
 //! The quarantine is stored **on the node**, in its epoch, as an end time by the node's own
-//! clock: whoever seeds a node that lost its data sets it, and every client — one that starts
-//! later, a short-lived CLI — reads it and refuses to count the node before it ends (the vote
-//! script also reports it, by the node's clock, in every vote). This client only keeps an
+//! clock: whoever initialises a node that lost its data sets it, and every client — one that
+//! starts later, a short-lived CLI — reads it and refuses to count the node before it ends (the
+//! vote script also reports it, by the node's clock, in every vote). This client only keeps an
 //! estimate of it for its own views and messages.
 //!
 //! A background task per node checks it every `check_interval` (one pipelined `INFO server` +
@@ -15,7 +15,7 @@
 
 use crate::config::{Config, NodeAddr};
 use crate::tally::quorum;
-use distlock_core::{ClientOptions, Error, LockKind, Result};
+use distlock_core::{ClientOptions, Error, Result};
 use distlock_redis::{RedisBackend, ServerInfo};
 use futures_util::future::join_all;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -33,7 +33,7 @@ pub(crate) struct Node {
     backend: RwLock<Option<Arc<RedisBackend>>>,
     state: Mutex<NodeState>,
     check_now: Notify,
-    /// One seeding of this node at a time (per client).
+    /// One initialisation of this node at a time (per client).
     init: tokio::sync::Mutex<()>,
 }
 
@@ -41,8 +41,8 @@ pub(crate) struct Node {
 struct NodeState {
     /// Run id of the process seen by the last good check.
     run_id: Option<String>,
-    /// The node epoch this client trusts (valid for `run_id`); `None`: its counters are not
-    /// known to be complete, its votes do not count.
+    /// The node epoch this client trusts (valid for `run_id`); `None`: the node is new or lost
+    /// its data and is not initialised again yet (no quarantine set): its votes do not count.
     epoch: Option<String>,
     /// When the node's quarantine ends, as estimated from its epoch and its clock (the node
     /// decides: its votes say how much is left by its own clock).
@@ -173,14 +173,14 @@ impl Node {
             Some(format!("re-checking the node after {why}"))
         } else if st.epoch.is_none() {
             Some(match &st.last_error {
-                Some(e) => format!("fencing counters not seeded yet ({e})"),
-                None => "fencing counters not seeded yet".to_owned(),
+                Some(e) => format!("not initialised yet ({e})"),
+                None => "not initialised yet (new, or it lost its data)".to_owned(),
             })
         } else {
             match st.quarantine_until {
                 Some(u) if u > now => Some(format!(
                     "in restart quarantine for {:?} more (it lost its data; set on the node by \
-                     whoever seeded it, by the node's clock)",
+                     whoever initialised it, by the node's clock)",
                     u - now,
                 )),
                 _ => None,
@@ -240,11 +240,6 @@ impl Health {
         self.opts.get_op_timeout()
     }
 
-    /// Seeding scans every counter of the namespace: give it more time than one call.
-    fn seed_timeout(&self) -> Duration {
-        self.opts.get_op_timeout() * 10
-    }
-
     /// How long a restarted node stays out: the quarantine from the URL, or else the longest
     /// lease in use; plus the clock-drift allowance.
     pub(crate) fn quarantine_len(&self) -> Duration {
@@ -286,9 +281,9 @@ impl Health {
         Ok(b)
     }
 
-    /// Checks node `i`: its process (a restart means its counters must be seeded again), its
-    /// epoch (missing or stale: the same) and the quarantine the epoch carries, then seeds or
-    /// initialises it if `init` is set.
+    /// Checks node `i`: its process (a restart means it must be initialised again: it may have
+    /// lost recent writes), its epoch (missing or stale: the same) and the quarantine the epoch
+    /// carries, then initialises it if `init` is set.
     pub(crate) async fn check(&self, i: usize, init: bool) {
         let node = &self.nodes[i];
         let gen = node.state().suspect_gen;
@@ -311,23 +306,23 @@ impl Health {
         let needs_init = {
             let mut st = node.state();
             if st.run_id.as_ref().is_some_and(|old| *old != info.run_id) {
-                tracing::warn!(node = %node.endpoint, "redlock node restarted; not counted until re-seeded and out of quarantine");
+                tracing::warn!(node = %node.endpoint, "redlock node restarted; not counted until initialised again and out of quarantine");
                 st.epoch = None;
             }
             st.run_id = Some(info.run_id.clone());
             match (st.epoch.clone(), valid.clone()) {
                 (Some(known), Some(v)) if known != v => {
-                    tracing::warn!(node = %node.endpoint, "redlock node lost its data and was re-seeded");
+                    tracing::warn!(node = %node.endpoint, "redlock node lost its data and was initialised again");
                     st.epoch = Some(v);
                 }
                 (Some(_), None) => {
-                    tracing::warn!(node = %node.endpoint, "redlock node lost its data; not counted until re-seeded and out of quarantine");
+                    tracing::warn!(node = %node.endpoint, "redlock node lost its data; not counted until initialised again and out of quarantine");
                     st.epoch = None;
                 }
                 (None, Some(v)) => st.epoch = Some(v),
                 _ => {}
             }
-            // The node's own record decides (whoever seeded it set it, by its clock).
+            // The node's own record decides (whoever initialised it set it, by its clock).
             st.quarantine_until = st
                 .epoch
                 .as_deref()
@@ -343,8 +338,8 @@ impl Health {
             st.epoch.is_none()
         };
         if let Some(s) = stale {
-            // Made for an earlier process of this node: its counters may be older than what
-            // that process confirmed. Remove it so every client stops counting the node.
+            // Made for an earlier process of this node: its holds may be older than what that
+            // process confirmed. Remove it so every client stops counting the node.
             let _ = tokio::time::timeout(t, backend.drop_epoch(&s)).await;
         }
         if needs_init && init {
@@ -352,8 +347,8 @@ impl Health {
         }
     }
 
-    /// A fresh look at every node: its connection, process, and whether its counters are
-    /// complete (a valid epoch). `None` for nodes that cannot be reached now.
+    /// A fresh look at every node: its connection, process, and whether it is initialised (a
+    /// valid epoch). `None` for nodes that cannot be reached now.
     async fn look(&self) -> Vec<Option<(Arc<RedisBackend>, ServerInfo, bool)>> {
         let t = self.check_timeout();
         join_all(self.nodes.iter().map(|n| async move {
@@ -365,10 +360,10 @@ impl Health {
         .await
     }
 
-    /// At connect, once every node was checked: a new cluster (no node has complete counters
-    /// and fewer than a majority could) is initialised as a whole, so none of its nodes waits
-    /// in quarantine for nothing; nodes still without complete counters are then seeded (or
-    /// initialised from the complete ones, see [`Health::init_node`]).
+    /// At connect, once every node was checked: a new cluster (no node is initialised and
+    /// fewer than a majority could be) is initialised as a whole, so none of its nodes waits
+    /// in quarantine for nothing; nodes still not initialised are then initialised one by one
+    /// (see [`Health::init_node`]).
     ///
     /// A node of a new cluster is quarantined only until its process is the quarantine old:
     /// if the whole cluster just restarted without its data, leases granted before may still
@@ -377,9 +372,9 @@ impl Health {
     pub(crate) async fn initialize(&self) {
         join_all((0..self.nodes.len()).map(|i| self.check(i, false))).await;
         let looks = self.look().await;
-        let complete = looks.iter().flatten().filter(|l| l.2).count();
+        let initialised = looks.iter().flatten().filter(|l| l.2).count();
         let unreachable = looks.iter().filter(|l| l.is_none()).count();
-        if complete == 0 && unreachable < self.q() {
+        if initialised == 0 && unreachable < self.q() {
             join_all(looks.iter().enumerate().filter_map(|(i, l)| {
                 let (b, info, ok) = l.as_ref()?;
                 (!ok).then(|| self.adopt_new_epoch(i, b, info, self.fresh_quarantine(info)))
@@ -397,9 +392,16 @@ impl Health {
         .await;
     }
 
-    /// Gives node `i` (reachable, without a valid epoch) complete counters: seeds them from a
-    /// majority of other nodes whose counters are complete, or, if fewer than a majority of
-    /// nodes can have complete counters (a new cluster), declares them complete.
+    /// Initialises node `i` (reachable, without a valid epoch): creates its epoch with a
+    /// quarantine that outlasts every lease it may have voted for before it lost its data — the
+    /// longest lease horizon of a majority of other initialised nodes (every such lease was
+    /// confirmed by a majority, which meets them) — or, if fewer than a majority of nodes can
+    /// be initialised (a new cluster), one until its process is the quarantine old.
+    ///
+    /// Its fencing counters are not copied from the others: a vote's token is never below the
+    /// node's clock (in 100 ms steps, the µs where it has no counter: scripts/fence.lua), and
+    /// the quarantine keeps the node out until its clock is past every token issued before it
+    /// lost them (docs/redlock.md, "Fencing tokens strictly increase").
     pub(crate) async fn init_node(&self, i: usize, info: &ServerInfo) {
         let node = &self.nodes[i];
         let _one = node.init.lock().await;
@@ -424,36 +426,36 @@ impl Health {
         let unreachable = looks.iter().filter(|l| l.is_none()).count();
         let q = self.q();
         let quarantine = if sources.len() >= q {
-            match self.seed(&me, &sources, q).await {
-                Ok((n, horizon)) => {
+            match self.horizon(&sources, q).await {
+                Ok(horizon) => {
                     let quarantine = self.lost_data_quarantine(horizon);
-                    tracing::info!(node = %node.endpoint, counters = n, ?quarantine, "redlock node seeded from a majority; quarantined");
+                    tracing::info!(node = %node.endpoint, ?quarantine, "redlock node initialised from a majority's lease horizons; quarantined");
                     quarantine
                 }
                 Err(e) => {
-                    node.state().last_error = Some(format!("seeding failed: {e}"));
+                    node.state().last_error = Some(format!("initialising failed: {e}"));
                     return;
                 }
             }
         } else if sources.len() + unreachable < q {
-            // Fewer than a majority of nodes can have complete counters: no grant was ever
-            // confirmed by a majority (a new cluster, or one whose start was interrupted), or a
-            // majority lost its data, which no scheme survives. Start from whatever the
-            // complete nodes have (nothing, in a new cluster).
+            // Fewer than a majority of nodes can be initialised: no grant was ever confirmed by
+            // a majority (a new cluster, or one whose start was interrupted), or a majority
+            // lost its data, which no scheme survives for locks held at that moment. The
+            // horizons of the initialised nodes, if any; else until the process is old enough.
             if sources.is_empty() {
                 self.fresh_quarantine(info)
             } else {
-                match self.seed(&me, &sources, sources.len()).await {
-                    Ok((_, horizon)) => self.lost_data_quarantine(horizon),
+                match self.horizon(&sources, sources.len()).await {
+                    Ok(horizon) => self.lost_data_quarantine(horizon),
                     Err(e) => {
-                        node.state().last_error = Some(format!("seeding failed: {e}"));
+                        node.state().last_error = Some(format!("initialising failed: {e}"));
                         return;
                     }
                 }
             }
         } else {
             node.state().last_error = Some(format!(
-                "{} of the other nodes have complete counters, {q} needed to seed this one; {unreachable} unreachable",
+                "{} of the other nodes are initialised, {q} needed to initialise this one; {unreachable} unreachable",
                 sources.len()
             ));
             return;
@@ -512,41 +514,28 @@ impl Health {
         }
     }
 
-    /// Raises `me`'s counters to the largest value any of `sources` has; at least `need` of
-    /// them must list their counters (and their lease horizons). Returns how many counters
-    /// there were and the longest horizon (how long a lease granted through the sources may
-    /// still run).
-    async fn seed(
+    /// The longest lease horizon of `sources` (how long a lease granted through them may still
+    /// run; `None`: none may); at least `need` of them must answer.
+    async fn horizon(
         &self,
-        me: &RedisBackend,
         sources: &[Arc<RedisBackend>],
         need: usize,
-    ) -> Result<(usize, Option<Duration>)> {
-        let t = self.seed_timeout();
-        let lists = join_all(sources.iter().map(|s| async move {
-            tokio::time::timeout(t, async {
-                // The horizon first: read before the counters, it is if anything longer
-                // than needed by the time the quarantine starts.
-                let h = s.lease_horizon().await?;
-                Ok::<_, Error>((h, s.fence_counters().await?))
-            })
-            .await
-        }))
+    ) -> Result<Option<Duration>> {
+        let t = self.check_timeout();
+        let reads = join_all(
+            sources
+                .iter()
+                .map(|s| async move { tokio::time::timeout(t, s.lease_horizon()).await }),
+        )
         .await;
-        let mut max: std::collections::HashMap<(String, LockKind), u64> =
-            std::collections::HashMap::new();
         let mut horizon: Option<Duration> = None;
         let mut ok = 0;
         let mut last_err = None;
-        for l in lists {
-            match l {
-                Ok(Ok((h, list))) => {
+        for r in reads {
+            match r {
+                Ok(Ok(h)) => {
                     ok += 1;
                     horizon = horizon.max(h);
-                    for (name, kind, v) in list {
-                        let e = max.entry((name, kind)).or_default();
-                        *e = (*e).max(v);
-                    }
                 }
                 Ok(Err(e)) => last_err = Some(e.to_string()),
                 Err(_) => last_err = Some(format!("no answer within {t:?}")),
@@ -557,23 +546,12 @@ impl Health {
                 crate::KIND,
                 String::new(),
                 format!(
-                    "only {ok} nodes listed their counters, {need} needed{}",
+                    "only {ok} nodes told their lease horizon, {need} needed{}",
                     last_err.map(|e| format!(": {e}")).unwrap_or_default()
                 ),
             ));
         }
-        let counters: Vec<(String, LockKind, u64)> =
-            max.into_iter().map(|((n, k), v)| (n, k, v)).collect();
-        tokio::time::timeout(t, me.seed_fences(&counters))
-            .await
-            .map_err(|_| {
-                Error::connection(
-                    crate::KIND,
-                    String::new(),
-                    format!("seeding took longer than {t:?}"),
-                )
-            })??;
-        Ok((counters.len(), horizon))
+        Ok(horizon)
     }
 }
 

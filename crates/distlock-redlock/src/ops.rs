@@ -8,6 +8,7 @@
 //! half-applied grant or release instead of a clean answer that hides it.
 
 use crate::node::epoch_quarantine_end;
+use crate::tally;
 use crate::{Shared, KIND};
 use distlock_core::{
     Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Result,
@@ -99,7 +100,7 @@ pub(crate) fn majority_lease(mut leases: Vec<Option<Duration>>, q: usize) -> Opt
 /// One view of a lock from the nodes' holds (`n` nodes, majority `q`): holders are the
 /// attempts a majority has, each with its agreement; the token is the one a majority of those
 /// nodes stored with the hold, else (a free lock, or a hold whose token did not reach a
-/// majority) the largest counter — an upper bound of the last token handed out.
+/// majority) the last one handed out as the counters tell ([`tally::last_token`]).
 fn merge(name: &str, views: &[(Option<NodeHold>, u64)], n: usize, q: usize) -> LockInfo {
     let mut by_attempt: BTreeMap<&str, Vec<&NodeHold>> = BTreeMap::new();
     for h in views.iter().filter_map(|(h, _)| h.as_ref()) {
@@ -124,7 +125,10 @@ fn merge(name: &str, views: &[(Option<NodeHold>, u64)], n: usize, q: usize) -> L
     // Redlock keeps no server-side queue (waiters poll and watch): no waiter count.
     LockInfo::new(name)
         .with_holders(holders)
-        .with_fencing_token(token.unwrap_or_else(|| views.iter().map(|v| v.1).max().unwrap_or(0)))
+        .with_fencing_token(token.unwrap_or_else(|| {
+            let counters: Vec<u64> = views.iter().map(|v| v.1).collect();
+            tally::last_token(&counters, n)
+        }))
 }
 
 pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
@@ -194,7 +198,7 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
     // Only where the removal was done: a node that did not answer it is not waited for twice.
     let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
     let raised = per_node_of(s, t, &reached, |b| async move {
-        b.seed_fences(&[(name.to_owned(), kind, top)]).await
+        b.raise_fences(&[(name.to_owned(), kind, top)]).await
     })
     .await;
     let mut holds: BTreeMap<String, Vec<Option<Duration>>> = BTreeMap::new();
@@ -268,7 +272,7 @@ fn clock_spread(readings: &[(&str, Clock)], lease: Duration) -> Finding {
             Severity::Warning,
             "clock spread",
             format!(
-                "the node clocks are {spread} ms apart ({} is {} ms and {} is {} ms off the local clock), more than the {margin:?} drift margin of the {lease:?} watchdog lease: Redlock's safety assumes the nodes' clocks run at about the same rate, and nodes whose clocks are set apart like this are likely to drift or jump (each node's lease expiry and restart quarantine run on its own clock); run NTP (chrony) on every node and slew, never step, the clocks",
+                "the node clocks are {spread} ms apart ({} is {} ms and {} is {} ms off the local clock), more than the {margin:?} drift margin of the {lease:?} watchdog lease: Redlock's safety assumes the nodes' clocks run at about the same rate (and fencing tokens, each at least its node's clock in 100 ms steps, that they agree within half the restart quarantine less 100 ms), and nodes whose clocks are set apart like this are likely to drift or jump (each node's lease expiry and restart quarantine run on its own clock); run NTP (chrony) on every node and slew, never step, the clocks",
                 hi.0, hi.1.offset_ms, lo.0, lo.1.offset_ms
             ),
         )
@@ -277,7 +281,7 @@ fn clock_spread(readings: &[(&str, Clock)], lease: Duration) -> Finding {
             Severity::Ok,
             "clock spread",
             format!(
-                "the node clocks are within {spread} ms of each other (drift margin {margin:?} of the {lease:?} watchdog lease)"
+                "the node clocks are within {spread} ms of each other (drift margin {margin:?} of the {lease:?} watchdog lease; fencing tokens need them within half the restart quarantine less 100 ms)"
             ),
         )
     }
@@ -290,12 +294,12 @@ fn quarantine(ep: &str, epoch: Option<&str>, run_id: &str, node_now_ms: u64) -> 
         None => Finding::new(
             Severity::Warning,
             check,
-            "no node epoch: this node's fencing counters are not known to be complete (a new node, or it lost its data), so its votes do not count until a client seeds it (every client does at connect and in its node checks); if it stays this way, check that a majority of the other nodes is reachable from the clients",
+            "no node epoch: a new node, or it lost its data, so its votes do not count until a client initialises it with a restart quarantine (every client does at connect and in its node checks); if it stays this way, check that a majority of the other nodes is reachable from the clients",
         ),
         Some(e) if e.rsplit_once(':').is_none_or(|(_, r)| r != run_id) => Finding::new(
             Severity::Warning,
             check,
-            "the node epoch was made for an earlier process of this node (it restarted): its votes do not count until a client re-seeds it; if it keeps restarting, find out why (OOM killer, supervisor)",
+            "the node epoch was made for an earlier process of this node (it restarted): its votes do not count until a client initialises it again; if it keeps restarting, find out why (OOM killer, supervisor)",
         ),
         Some(e) => match epoch_quarantine_end(e).checked_sub(node_now_ms) {
             Some(left) if left > 0 => Finding::new(
@@ -309,7 +313,7 @@ fn quarantine(ep: &str, epoch: Option<&str>, run_id: &str, node_now_ms: u64) -> 
             _ => Finding::new(
                 Severity::Ok,
                 check,
-                "counters complete, not in restart quarantine",
+                "initialised for its current process, not in restart quarantine",
             ),
         },
     }
@@ -413,11 +417,12 @@ mod tests {
         assert_eq!(m.holders[0].owner, "x (on 2 of 3 nodes)");
         // No majority agrees on a token: the largest counter.
         assert_eq!(m.fencing_token, 9);
-        // A minority hold is no holder.
+        // A minority hold is no holder, and its 7 was never handed out (a grant leaves a
+        // majority at or above its token).
         let views = [(hold("a1", "x", 7, 900), 7), (None, 3), (None, 4)];
         let m = merge("n", &views, 3, 2);
         assert!(!m.held());
-        assert_eq!(m.fencing_token, 7);
+        assert_eq!(m.fencing_token, 4);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The quorum and token arithmetic, free of I/O (unit-tested below).
 //!
 //! `n` nodes, majority `q = n/2 + 1`. A node *counts* when this client trusts it right now
-//! (reachable, its counters seeded, out of restart quarantine) and it answered in time; the
+//! (reachable, initialised, out of restart quarantine) and it answered in time; the
 //! answers of other nodes are still used to give grants back, never to decide.
 
 use distlock_core::backend::RenewOutcome;
@@ -273,6 +273,24 @@ pub fn renew_outcomes(
         .collect()
 }
 
+/// The last token handed out for a name, as far as the `counters` of the nodes that answered
+/// (of `n`) tell: every grant leaves a majority at or above its token, so at least
+/// `q - (n - answered)` of them are — the value that many reach. Late votes (each a node's own
+/// clock floor, above the grant's token) and failed attempts move single nodes beyond it; the
+/// largest counter alone would report those. 0 when nothing is known (or the counters expired).
+pub fn last_token(counters: &[u64], n: usize) -> u64 {
+    let mut sorted = counters.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let reach = quorum(n)
+        .saturating_sub(n.saturating_sub(sorted.len()))
+        .max(1);
+    sorted
+        .get(reach - 1)
+        .or(sorted.last())
+        .copied()
+        .unwrap_or(0)
+}
+
 /// Minimum number of nodes whose release message wakes a waiter watching `watched` of `n`
 /// nodes: a majority holder's release reaches at least `q - (n - watched)` of them.
 pub fn wake_threshold(n: usize, watched: usize) -> usize {
@@ -512,6 +530,18 @@ mod tests {
             renew_outcomes(&per_node, 3),
             vec![Some(Renewed), None, Some(NotHeld)]
         );
+    }
+
+    #[test]
+    fn last_tokens() {
+        // All 3 answered: two at the grant's token, one late vote above it.
+        assert_eq!(last_token(&[10, 12, 10], 3), 10);
+        // 2 of 3 answered: only one of them must be at or above it.
+        assert_eq!(last_token(&[10, 12], 3), 12);
+        // 5 of 5: the third largest; 4 of 5: the second.
+        assert_eq!(last_token(&[1, 9, 7, 8, 3], 5), 7);
+        assert_eq!(last_token(&[1, 9, 7, 8], 5), 8);
+        assert_eq!(last_token(&[], 3), 0);
     }
 
     #[test]

@@ -187,8 +187,8 @@ async fn force_release_needs_a_majority_and_names_unreached_nodes() {
 
 /// doctor on a healthy cluster: node count, each node's Redis checks and quarantine, and the
 /// clock spread are reported, none unsafe; then one node with an evicting policy is unsafe
-/// (named by its endpoint), a flushed-and-reseeded node shows its quarantine, and a node that
-/// does not answer is reported.
+/// (named by its endpoint), a flushed node initialised again shows its quarantine, and a node
+/// that does not answer is reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_reports_each_node() {
     let (mut c, client) = cluster_and_client(2000).await;
@@ -231,7 +231,7 @@ async fn doctor_reports_each_node() {
     assert_eq!(f.severity, Severity::Unsafe, "{f:?}");
     assert!(f.message.contains("noeviction"), "{f:?}");
 
-    // Node 0 loses its data; the client re-seeds it with a quarantine stored on the node.
+    // Node 0 loses its data; the client initialises it again with a quarantine stored on the node.
     let (seeder, sb) = c
         .client_and_backend("check_interval=100ms&quarantine=20s", opts(2000))
         .await;

@@ -230,6 +230,17 @@ impl RedisServer {
         self.process.restart()
     }
 
+    /// Kills the server (`SIGKILL`: a crash, no shutdown save) and starts it again on the
+    /// **same port** in the **same directory**: it comes back with the last snapshot a `SAVE`
+    /// (or `BGSAVE`) wrote there, and without every write made after it — a stock
+    /// redis-server with RDB persistence after a crash. Without a snapshot it comes back
+    /// empty. Retries a few times if the port is briefly busy.
+    ///
+    /// On error the server is left stopped.
+    pub fn crash_restart(&mut self) -> Result<()> {
+        self.process.restart()
+    }
+
     /// The server's `run_id` (from `INFO server`); changes on every
     /// (re)start.
     pub fn run_id(&self) -> Result<String> {

@@ -3,9 +3,10 @@
 //! The quorum logic lives in `distlock-redlock`; these are the single-node steps it is built from,
 //! each one round trip: a vote on an acquisition attempt (with the node's epoch check, its
 //! restart quarantine and its fencing counter), raising the counter to the token a majority
-//! chose, releasing or renewing one attempt's hold, the node epoch (the marker that this node's
-//! counters are complete, carrying the end of its quarantine), and seeding counters of a node
-//! that lost them, and a wait queue per node ([`RedisBackend::quorum_enqueue_acquire`]): a free
+//! chose, releasing or renewing one attempt's hold, the node epoch (the marker that this node
+//! has not lost its data since its restart quarantine was set, carrying the end of it), raising
+//! counters past a forced release, and a wait queue per node
+//! ([`RedisBackend::quorum_enqueue_acquire`]): a free
 //! lock goes to the node's first live waiter, and a release wakes that waiter alone. The
 //! scripts are in `scripts/quorum_*.lua`.
 //!
@@ -19,13 +20,13 @@
 //! | name | type | what |
 //! |---|---|---|
 //! | `NS:{NAME}` | hash `attempt`, `token`, `owner`; PEXPIRE = lease | one attempt's hold |
-//! | `NS:{NAME}:fence` | integer, no expiry | the node's fencing counter (starts at TIME in µs) |
+//! | `NS:{NAME}:fence` | integer, PX = lease + [`FENCE_MARGIN`](crate::FENCE_MARGIN) at each grant | the node's fencing counter: a grant's token is max(counter + 1, TIME in µs) (`scripts/fence.lua`) |
 //! | `NS:{NAME}:released` | pub/sub channel | `r` when a hold is released and nobody is queued here |
 //! | `NS:{NAME}:released:ATTEMPT` | pub/sub channel | `r` to the first waiter when the lock is free here |
 //! | `NS:{NAME}:rlq` | zset `ATTEMPT -> place`; PEXPIRE ≥ waiter ttl | the node's wait queue (the place is the waiter's, the same on every node) |
 //! | `NS:{NAME}:rlq:ttl` | zset `ATTEMPT -> expiry ms` (server clock) | when each waiter leaves the queue unless it refreshes |
-//! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node's counters are complete; UNTIL_MS ends its quarantine (server clock) |
-//! | `NS:redlock:horizon` | string, PX = longest lease that may still run | how long a quarantine must last if this node's data is lost |
+//! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node has not lost its data since it was (re)initialised; UNTIL_MS ends its quarantine (server clock) |
+//! | `NS:redlock:horizon` | string, PX = longest lease that may still run | how long a quarantine must last if another node's data is lost |
 //!
 //! An election (`LockKind::Election`) has the same layout under `NS:{NAME}:election` (the
 //! hold, with the leader's `value` and its proclamation number `seq` as extra fields),
@@ -36,7 +37,6 @@
 //! addresses a hold takes the kind; a lock's requests are exactly what they were.
 
 use crate::error::shape;
-use crate::ops::glob_escape;
 use crate::scripts::{self, Script};
 use crate::RedisBackend;
 use crate::{family, int, lease_ms, Family};
@@ -59,7 +59,23 @@ const ATTEMPT_FIELD: &str = "attempt";
 /// The lock-hash field that keeps the owner id of the hold (for inspect only).
 const OWNER_FIELD: &str = "owner";
 
-/// Counters seeded per script call.
+/// The step of a Redlock vote's clock floor, in µs: 100 ms ([`QUORUM_FLOOR_STEP`]). A literal,
+/// so that it can go into the vote script too.
+macro_rules! quorum_floor_step_us {
+    () => {
+        100000
+    };
+}
+
+/// A Redlock vote floors its token by the node's clock rounded down to this step (100 ms), not
+/// by the µs: nodes whose counters agree then hand out the same token (no raise round), as
+/// they did before the clock floor; the µs of five clocks never agree. A token is therefore
+/// above every earlier one across a node's rollback once the rollback is a step old — which a
+/// node that lost its data or restarted is, by its restart quarantine (docs/redlock.md,
+/// "Fencing tokens strictly increase").
+pub const QUORUM_FLOOR_STEP: Duration = Duration::from_micros(quorum_floor_step_us!());
+
+/// Counters raised per script call ([`RedisBackend::raise_fences`]).
 const SEED_BATCH: usize = 256;
 
 struct QuorumScripts {
@@ -68,22 +84,27 @@ struct QuorumScripts {
     release: Script,
     renew: Script,
     epoch: Script,
-    seed: Script,
+    raise_fences: Script,
     proclaim: Script,
 }
 
 fn quorum_scripts() -> &'static QuorumScripts {
     static SCRIPTS: OnceLock<QuorumScripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| QuorumScripts {
-        acquire: Script::new(include_str!("../../scripts/quorum_acquire.lua")),
-        raise: Script::new(include_str!("../../scripts/quorum_raise.lua")),
+        acquire: Script::new(concat!(
+            "local QUORUM_FLOOR_STEP_US = ",
+            quorum_floor_step_us!(),
+            "\n",
+            scripts::fenced!("quorum_acquire.lua")
+        )),
+        raise: Script::new(scripts::fenced!("quorum_raise.lua")),
         release: Script::new(include_str!("../../scripts/quorum_release.lua")),
         renew: Script::new(concat!(
             include_str!("../../scripts/quorum_renew.lua"),
             include_str!("../../scripts/quorum_renew_many.lua")
         )),
         epoch: Script::new(include_str!("../../scripts/quorum_epoch.lua")),
-        seed: Script::new(include_str!("../../scripts/quorum_seed.lua")),
+        raise_fences: Script::new(scripts::fenced!("quorum_raise_fences.lua")),
         proclaim: Script::new(include_str!("../../scripts/quorum_proclaim.lua")),
     })
 }
@@ -96,7 +117,7 @@ impl QuorumScripts {
             &self.release,
             &self.renew,
             &self.epoch,
-            &self.seed,
+            &self.raise_fences,
             &self.proclaim,
         ]
     }
@@ -692,7 +713,8 @@ impl RedisBackend {
 
     /// Creates the node epoch `PREFIX:UNTIL_MS:RUN_ID` unless it exists, with its quarantine
     /// ending `quarantine` after now by the server's clock, provided the server process still
-    /// has run id `run_id` (so counters seeded into an earlier process are not vouched for).
+    /// has run id `run_id` (so a process restarted since the initialisation began, which may
+    /// have lost writes since, is not vouched for).
     /// Returns `Ok((epoch, server time in ms))` with the epoch now in place (ours or an earlier
     /// one), or `Err(run_id)` with the run id the server has now.
     ///
@@ -741,7 +763,7 @@ impl RedisBackend {
     }
 
     /// Deletes the node epoch if it still has `value` (its process restarted since it was
-    /// created, so its counters must be seeded again).
+    /// created, so it must be initialised again).
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
@@ -757,52 +779,10 @@ impl RedisBackend {
             .map(|_| ())
     }
 
-    /// Every fencing counter of this namespace on this node: `(name, kind, counter)`, the
-    /// kind a Redlock lock's (`Mutex`, `NS:{NAME}:fence`) or an election's (`Election`,
-    /// `NS:{NAME}:election:fence`). One SCAN over the keyspace; counters that do not hold a
-    /// number are skipped.
-    ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads (SCAN).
-    pub async fn fence_counters(&self) -> Result<Vec<(String, LockKind, u64)>> {
-        let prefix = format!("{}:{{", self.namespace);
-        let pattern = format!("{}*:fence", glob_escape(&prefix));
-        let mut batches = Vec::new();
-        crate::ops::scan(self, &pattern, |keys| batches.push(keys)).await?;
-        let mut con = self.con.get();
-        let mut out = Vec::new();
-        let election_suffix = format!("}}{}:fence", Self::base(true));
-        for keys in batches {
-            let vals: Vec<Option<String>> = redis::cmd("MGET")
-                .arg(&keys)
-                .query_async(&mut con)
-                .await
-                .map_err(|e| self.err(e))?;
-            for (k, v) in keys.iter().zip(vals) {
-                let Some(rest) = k.strip_prefix(&prefix) else {
-                    continue;
-                };
-                let named = match rest.strip_suffix(election_suffix.as_str()) {
-                    Some(name) => Some((name, LockKind::Election)),
-                    None => rest.strip_suffix("}:fence").map(|n| (n, LockKind::Mutex)),
-                };
-                if let (Some((name, kind)), Some(v)) =
-                    (named, v.and_then(|v| v.parse::<u64>().ok()))
-                {
-                    out.push((name.to_owned(), kind, v));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Raises this node's fencing counters (`(name, kind, value)`, as
-    /// [`RedisBackend::fence_counters`] lists them) to at least the given values (never lowers
-    /// one). Returns how many were raised.
+    /// Raises this node's fencing counters (`(name, kind, value)`: a Redlock lock's or an
+    /// election's counter of `name`) to at least the given values (never lowers one), each
+    /// living [`FENCE_MARGIN`](crate::FENCE_MARGIN) from now; a forced release raises every
+    /// node past every token it saw. Returns how many were raised.
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
@@ -811,9 +791,9 @@ impl RedisBackend {
     /// of another shape.
     ///
     /// # Cancel safety
-    /// Dropping it may leave some batches seeded; seeding only ever raises a counter, so
-    /// calling it again has the effect of one call.
-    pub async fn seed_fences(&self, counters: &[(String, LockKind, u64)]) -> Result<u64> {
+    /// Dropping it may leave some batches raised; it only ever raises a counter, so calling it
+    /// again has the effect of one call.
+    pub async fn raise_fences(&self, counters: &[(String, LockKind, u64)]) -> Result<u64> {
         let mut raised = 0;
         for batch in counters.chunks(SEED_BATCH) {
             let keys: Vec<String> = batch
@@ -824,9 +804,9 @@ impl RedisBackend {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             let vals: Vec<&str> = vals.iter().map(String::as_str).collect();
             let (v, _) = self
-                .run_quorum(&quorum_scripts().seed, &keys, &vals)
+                .run_quorum(&quorum_scripts().raise_fences, &keys, &vals)
                 .await?;
-            raised += uint("seed fences", &v)?;
+            raised += uint("raise fences", &v)?;
         }
         Ok(raised)
     }
@@ -835,6 +815,7 @@ impl RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::glob_escape;
 
     #[test]
     fn info_and_glob() {

@@ -11,18 +11,20 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum QuorumReply {
-    /// The node's epoch is not the one the caller knows: it lost its data or was re-seeded
-    /// since the caller looked. Nothing was changed; the vote must not count.
+    /// The node's epoch is not the one the caller knows: it lost its data or was initialised
+    /// again since the caller looked. Nothing was changed; the vote must not count.
     EpochMismatch,
-    /// Granted afresh to this attempt; the node's fencing counter was incremented to `counter`.
+    /// Granted afresh to this attempt; the node's fencing counter moved on to `counter`: its
+    /// old value + 1, or the node's clock in µs if that is higher (`scripts/fence.lua`).
     Granted {
-        /// The node's counter after the increment.
+        /// The node's counter after the grant (the token stored with the hold).
         counter: u64,
     },
     /// This attempt already held the lock on this node (a retry, or a vote of an earlier round
     /// of the same attempt): the same hold, its lease made to run at least the asked lease.
     Holds {
-        /// The node's counter.
+        /// The node's counter, or its clock in µs if that is higher (so a fresh token above
+        /// it is above every token issued before, as a grant's).
         counter: u64,
         /// The token stored with the hold on this node.
         token: u64,

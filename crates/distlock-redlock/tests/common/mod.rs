@@ -175,6 +175,30 @@ pub fn assert_increasing(tokens: &[u64]) {
 }
 
 impl Cluster {
+    /// Waits until every running node's clock is in a later step of a vote's clock floor
+    /// ([`distlock_redis::QUORUM_FLOOR_STEP`]) than `token`: a counter rolled back now is then
+    /// a step old, as a node's restart quarantine makes every loss of its data.
+    pub async fn wait_past_floor_step(&self, token: u64) {
+        let step = distlock_redis::QUORUM_FLOOR_STEP.as_micros() as u64;
+        let t = Instant::now();
+        for s in self.servers.iter().filter(|s| s.is_running()) {
+            loop {
+                let time = s.command(&["TIME"]).expect("TIME");
+                let (secs, micros) = time.split_once('\n').expect("TIME: two numbers");
+                let secs: u64 = secs.trim().parse().expect("seconds");
+                let micros: u64 = micros.trim().parse().expect("microseconds");
+                if (secs * 1_000_000 + micros) / step > token / step {
+                    break;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(5),
+                    "the clock stood still"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+
     /// Deletes the lock's hash on every running node; how many had it.
     pub fn break_lock(&self, name: &str) -> usize {
         self.servers
