@@ -31,8 +31,10 @@
 //! 2. treat an acquire by an attempt that already holds the lock as a retry of the same
 //!    request: return the *same* fencing token, never count it twice, and make the lease run at
 //!    least [`AcquireRequest::lease`] from now (never shortening it);
-//! 3. return fencing tokens that strictly increase across all grants of one name, forever
-//!    (a restart of the lock service must not reset them, or the backend documents where it does);
+//! 3. return fencing tokens that strictly increase across all grants of one name, forever:
+//!    a restart from an older snapshot, a failover to a replica that missed the last grants or
+//!    a counter set back must not make one repeat or go back (the Redis, SQL and file backends
+//!    floor every token by a clock; each backend documents the assumption it rests on);
 //! 4. renew and release only the grant a [`GrantRef`] names (attempt *and* token), and report
 //!    the other cases exactly ([`ReleaseOutcome::Expired`], [`ReleaseOutcome::TakenByOther`],
 //!    [`RenewOutcome::NotHeld`]); a renewal makes the lease run at least the given duration from
