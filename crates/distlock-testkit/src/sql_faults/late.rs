@@ -114,7 +114,11 @@ pub async fn late_request_of_an_ended_attempt<S: SqlServer, B: Backend + 'static
             g.release().await;
         }
     }
-    assert_eq!(proxy.held_connections(), 1, "the first request was not held");
+    assert_eq!(
+        proxy.held_connections(),
+        1,
+        "the first request was not held"
+    );
     if let Some(g) = held {
         g.release().await;
     }
