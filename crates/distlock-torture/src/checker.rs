@@ -248,13 +248,9 @@ fn sections(h: &History, out: &mut Analysis) -> Vec<Section> {
                 }
             }
             EventKind::ReleaseStart => a.release_start = Some(e.t),
-            EventKind::Released { outcome } => {
-                // A release that found the grant gone: the holder was told.
-                if outcome != "released" && !outcome.starts_with("error") {
-                    a.lost = true;
-                }
-            }
-            EventKind::Register { .. } => {}
+            // A release that finds the grant gone tells the holder only after its section:
+            // not a lost signal.
+            EventKind::Released { .. } | EventKind::Register { .. } => {}
         }
     }
     late.sort_unstable();

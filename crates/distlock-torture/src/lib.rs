@@ -5,5 +5,13 @@
 //! cut off workers; the [`checker`] then looks at the whole [`history`] for overlapping
 //! critical sections, bad fencing tokens and lost updates. See docs/torture.md.
 
+pub mod broken;
 pub mod checker;
 pub mod history;
+pub mod register;
+pub mod run;
+pub mod selftest;
+pub mod worker;
+
+pub use run::{Config, Nemesis, Report, WorkerCommand};
+pub use worker::{Target, WorkerConfig};
