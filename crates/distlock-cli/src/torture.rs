@@ -35,11 +35,15 @@ pub struct TortureArgs {
     names: u16,
     /// Nemeses, comma-separated: pause, kill, delay, drop, reset. Default: pause,kill, plus
     /// delay,drop,reset when the URL has a single host the proxy can stand in front of.
-    #[arg(long, value_parser = Nemesis::parse_list)]
-    nemesis: Option<Vec<Nemesis>>,
+    #[arg(long, value_name = "LIST")]
+    nemesis: Option<String>,
     /// Seed of the nemesis schedule and work times (default: from the clock; printed).
     #[arg(long)]
     seed: Option<u64>,
+    /// Also write the whole recorded history (every event, register operation and nemesis)
+    /// as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    history: Option<std::path::PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -127,8 +131,12 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
         return EXIT_BAD_INPUT;
     }
     let target = Target::Url(backend.to_string());
-    let nemeses = match args.nemesis {
-        Some(n) => n,
+    let nemeses = match args.nemesis.as_deref().map(Nemesis::parse_list) {
+        Some(Ok(n)) => n,
+        Some(Err(e)) => {
+            eprintln!("dlock: {e}");
+            return EXIT_BAD_INPUT;
+        }
         None => match run::proxyable(&target) {
             Ok(p) => Nemesis::ALL
                 .into_iter()
@@ -150,6 +158,7 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
         seed,
         worker,
         name: format!("torture-{seed}"),
+        history_out: args.history,
     };
     if !args.json {
         eprintln!(

@@ -107,6 +107,8 @@ pub struct Config {
     pub worker: WorkerCommand,
     /// The lock name.
     pub name: String,
+    /// Where to write the whole history as JSON, if anywhere.
+    pub history_out: Option<PathBuf>,
 }
 
 /// What a run found.
@@ -279,6 +281,11 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
         nemeses: c.nemeses,
         killed: c.killed,
     };
+    if let Some(path) = &cfg.history_out {
+        let json = serde_json::to_vec(&history).map_err(|e| e.to_string())?;
+        std::fs::write(path, json)
+            .map_err(|e| format!("cannot write the history to {}: {e}", path.display()))?;
+    }
     if let Some(e) = history.events.iter().find_map(|e| match &e.kind {
         crate::history::EventKind::AttemptFailed { error } if error.starts_with("cannot") => {
             Some(error.clone())
@@ -305,13 +312,19 @@ impl Coordinator<'_> {
         }
         let end = Instant::now() + self.cfg.duration;
         let lease = self.cfg.lease;
+        let mut round: Vec<Nemesis> = Vec::new();
         while Instant::now() < end {
             // A quiet gap of 0.5–1 lease, then the next nemesis.
             thread::sleep(lease.mul_f64(0.5 + self.rng.f64() * 0.5));
             if self.cfg.nemeses.is_empty() || Instant::now() >= end {
                 continue;
             }
-            let n = self.cfg.nemeses[self.rng.usize(..self.cfg.nemeses.len())];
+            // Rounds: every nemesis once per round, in an order drawn from the seed.
+            if round.is_empty() {
+                round = self.cfg.nemeses.clone();
+                self.rng.shuffle(&mut round);
+            }
+            let n = round.remove(0);
             self.apply(n)?;
             // A worker that ended on its own (an error) ends the run.
             for s in &mut self.slots {
@@ -431,9 +444,11 @@ impl Coordinator<'_> {
                 unsafe { libc::kill(pid, libc::SIGCONT) };
             }
             Nemesis::Kill => {
+                // The section of the killed worker ends at the latest when it dies, which is
+                // after this reading: the earliest possible end, so no overlap is invented.
+                self.killed.push((worker.clone(), now_us()));
                 let _ = self.slots[i].child.kill();
                 let _ = self.slots[i].child.wait();
-                self.killed.push((worker.clone(), now_us()));
                 let generation = self.slots[i].generation + 1;
                 let proxy = self.slots[i].proxy.take();
                 let new = self.spawn(i, generation, proxy)?;
@@ -487,10 +502,10 @@ impl Coordinator<'_> {
                 match s.child.try_wait() {
                     Ok(Some(_)) | Err(_) => break,
                     Ok(None) if Instant::now() >= grace => {
-                        let _ = s.child.kill();
-                        let _ = s.child.wait();
                         self.killed
                             .push((Self::worker_id(i, s.generation), now_us()));
+                        let _ = s.child.kill();
+                        let _ = s.child.wait();
                         break;
                     }
                     Ok(None) => thread::sleep(Duration::from_millis(20)),

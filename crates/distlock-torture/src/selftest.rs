@@ -64,6 +64,7 @@ pub fn config(v: Variant, dir: std::path::PathBuf, worker: WorkerCommand, seed: 
         seed,
         worker,
         name: "self-test".into(),
+        history_out: None,
     }
 }
 
