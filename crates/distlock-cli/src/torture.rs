@@ -89,9 +89,7 @@ fn print(json: Option<serde_json::Result<String>>, human: impl FnOnce()) {
 
 /// Runs `dlock torture` (no async runtime needed: the coordinator uses threads); the exit code.
 pub fn torture(backend: &str, args: TortureArgs) -> u8 {
-    let seed = args
-        .seed
-        .unwrap_or_else(|| distlock_torture::history::now_us());
+    let seed = args.seed.unwrap_or_else(distlock_torture::history::now_us);
     let worker = match worker_command() {
         Ok(w) => w,
         Err(e) => {
