@@ -7,6 +7,7 @@ mod kind;
 mod list;
 mod release;
 mod run;
+mod torture;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
@@ -45,6 +46,13 @@ enum Command {
     /// Check the deployment behind the URL for settings that break locks; exits 1 when
     /// anything is unsafe.
     Doctor(doctor::DoctorArgs),
+    /// Check the deployment behind the URL for double grants: worker processes take the lock
+    /// and update a fenced register while nemeses pause, kill and cut them off; exits 1 on any
+    /// violation, 2 on bad input. `--self-test` checks the checker on broken locks.
+    Torture(torture::TortureArgs),
+    /// One worker process of `dlock torture` (started by it; not for direct use).
+    #[command(name = "__torture-worker", hide = true)]
+    TortureWorker(torture::WorkerArgs),
     // `seckill`, `bench` and the hidden `__seckill-worker`: crate distlock-lab.
     #[command(flatten)]
     Lab(distlock_lab::Command),
@@ -105,6 +113,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Command::Man { subcommand } => return ExitCode::from(man(subcommand.as_deref())),
+        Command::Torture(args) => return ExitCode::from(torture::torture(&cli.backend, args)),
         command => Cli { command, ..cli },
     };
     let backend = cli.backend;
@@ -118,8 +127,9 @@ fn main() -> ExitCode {
             Command::Release(args) => release::release(&backend, args).await,
             Command::Doctor(args) => doctor::doctor(&backend, args).await,
             Command::Lab(command) => distlock_lab::run(&backend, command).await,
+            Command::TortureWorker(args) => torture::worker(args).await,
             // Handled above, before the runtime.
-            Command::Completions { .. } | Command::Man { .. } => EXIT_ERROR,
+            Command::Completions { .. } | Command::Man { .. } | Command::Torture(_) => EXIT_ERROR,
         }
     }))
 }

@@ -57,7 +57,6 @@ pub mod grant;
 mod mariadb;
 mod postgres;
 mod process;
-mod proxy;
 mod redis;
 mod redis_cluster;
 mod resp;
@@ -75,7 +74,9 @@ pub use fenced::{FencedRegister, FencedWrite, Interval, OverlapRecorder, Visit};
 pub use mariadb::{MariaDbServer, MARIADB_SERVER_ENV};
 pub use postgres::{PostgresServer, POSTGRES_BIN_DIR_ENV};
 pub use process::{Ready, ReadyCheck, ServerProcess, ServerSpec};
-pub use proxy::{DelayProxy, DirectionStats, ProxyControl, ProxyStats};
+// The proxy lives in crate distlock-proxy so that `dlock torture` can ship it; re-exported here
+// for the tests that always took it from the testkit.
+pub use distlock_proxy::{DelayProxy, DirectionStats, ProxyControl, ProxyStats};
 pub use redis::{RedisOptions, RedisServer, REDIS_SERVER_ENV};
 pub use redis_cluster::{ClusterNode, ClusterRole, RedisCluster, CLUSTER_NODE_TIMEOUT_MS};
 pub use resp::Reply;

@@ -1,4 +1,5 @@
-//! A delaying / blackholing / resetting TCP proxy for fault tests.
+//! A delaying / blackholing / resetting TCP proxy on loopback, for fault tests and for the
+//! network nemeses of `dlock torture`. Standard library only.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -9,7 +10,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::Result;
+/// Result of starting a proxy.
+pub type Result<T> = std::io::Result<T>;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest single sleep of a writer, so it notices shutdown promptly.

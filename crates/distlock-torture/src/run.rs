@@ -1,0 +1,531 @@
+//! The coordinator of a run: the register, the worker processes and their proxies, the
+//! nemesis schedule, then the checker.
+
+use crate::checker::{self, Analysis};
+use crate::history::{now_us, Event, History, NemesisEvent};
+use crate::register::Register;
+use crate::worker::{Target, WorkerConfig};
+use distlock_proxy::DelayProxy;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// A fault the coordinator applies to one worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Nemesis {
+    /// SIGSTOP a worker (a holder when there is one) for 1.5–2.5 leases, then SIGCONT: the
+    /// GC pause of Kleppmann's argument.
+    Pause,
+    /// SIGKILL a worker (a holder when there is one) and start a new one in its place.
+    Kill,
+    /// Delay the worker's traffic to the lock service by 0.3–1.2 leases each way for two
+    /// leases.
+    Delay,
+    /// Drop all the worker's traffic to the lock service for 1.5–2.5 leases.
+    Drop,
+    /// Reset every connection of the worker to the lock service.
+    Reset,
+}
+
+impl Nemesis {
+    /// Every nemesis.
+    pub const ALL: [Nemesis; 5] = [
+        Nemesis::Pause,
+        Nemesis::Kill,
+        Nemesis::Delay,
+        Nemesis::Drop,
+        Nemesis::Reset,
+    ];
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Nemesis::Pause => "pause",
+            Nemesis::Kill => "kill",
+            Nemesis::Delay => "delay",
+            Nemesis::Drop => "drop",
+            Nemesis::Reset => "reset",
+        }
+    }
+
+    /// Whether it works through the proxy.
+    pub fn needs_proxy(self) -> bool {
+        matches!(self, Nemesis::Delay | Nemesis::Drop | Nemesis::Reset)
+    }
+
+    /// Parses a comma-separated list (`pause,kill,delay`).
+    pub fn parse_list(s: &str) -> Result<Vec<Nemesis>, String> {
+        let mut v = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let n = Nemesis::ALL
+                .into_iter()
+                .find(|n| n.name() == part)
+                .ok_or_else(|| {
+                    format!("unknown nemesis `{part}`; choose from pause, kill, delay, drop, reset")
+                })?;
+            if !v.contains(&n) {
+                v.push(n);
+            }
+        }
+        Ok(v)
+    }
+}
+
+/// How to start a worker: this program with these leading arguments (the worker's own follow).
+#[derive(Debug, Clone)]
+pub struct WorkerCommand {
+    /// The program (usually the running `dlock`).
+    pub program: PathBuf,
+    /// Arguments before the worker's (e.g. the hidden subcommand).
+    pub args: Vec<String>,
+}
+
+/// A run's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// What the workers lock.
+    pub target: Target,
+    /// Worker processes at any time.
+    pub clients: usize,
+    /// How long the workers loop.
+    pub duration: Duration,
+    /// Lease.
+    pub lease: Duration,
+    /// Mean work between a section's read and write.
+    pub work: Duration,
+    /// Nemeses to apply (none: a quiet run).
+    pub nemeses: Vec<Nemesis>,
+    /// Seed of the schedule and the workers' work times.
+    pub seed: u64,
+    /// How to start a worker.
+    pub worker: WorkerCommand,
+    /// The lock name.
+    pub name: String,
+    /// Where to write the whole history as JSON, if anywhere.
+    pub history_out: Option<PathBuf>,
+}
+
+/// What a run found.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// One line: PASS or FAIL and why.
+    pub verdict: String,
+    /// No violation.
+    pub ok: bool,
+    /// The backend URL (or the broken lock's name).
+    pub target: String,
+    /// Seed.
+    pub seed: u64,
+    /// Worker processes.
+    pub clients: usize,
+    /// Run time, ms.
+    pub duration_ms: u64,
+    /// Lease, ms.
+    pub lease_ms: u64,
+    /// The checker's findings.
+    #[serde(flatten)]
+    pub analysis: Analysis,
+}
+
+impl Report {
+    /// Builds the report of a checked history.
+    pub fn new(cfg: &Config, analysis: Analysis) -> Report {
+        let ok = analysis.ok();
+        let nem: Vec<String> = analysis
+            .nemeses
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let nem = if nem.is_empty() {
+            "no nemesis".to_string()
+        } else {
+            nem.join(", ")
+        };
+        let verdict = if ok {
+            format!(
+                "PASS: no violation in {} grants, {} writes ({nem})",
+                analysis.stats.grants, analysis.stats.writes
+            )
+        } else {
+            let kinds: Vec<String> = analysis
+                .violation_counts
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            format!(
+                "FAIL: {} in {} grants ({nem})",
+                kinds.join(", "),
+                analysis.stats.grants
+            )
+        };
+        Report {
+            verdict,
+            ok,
+            target: match &cfg.target {
+                Target::Url(u) => u.clone(),
+                Target::Broken(v, _) => format!("broken lock {}", v.name()),
+            },
+            seed: cfg.seed,
+            clients: cfg.clients,
+            duration_ms: cfg.duration.as_millis() as u64,
+            lease_ms: cfg.lease.as_millis() as u64,
+            analysis,
+        }
+    }
+}
+
+/// Where the workers' proxies forward to, and the URL rewritten to a proxy.
+#[derive(Debug, Clone)]
+struct Upstream {
+    target: SocketAddr,
+    url: url::Url,
+}
+
+/// The address a single-host URL points at, for the proxy; `None` for a URL the proxy cannot
+/// stand in front of (file://, several hosts, TLS, unix sockets).
+fn upstream(u: &str) -> Result<Option<Upstream>, String> {
+    let url = url::Url::parse(u).map_err(|e| format!("bad backend URL `{u}`: {e}"))?;
+    let port = match url.scheme() {
+        "redis" => 6379,
+        "postgres" | "postgresql" => 5432,
+        "mysql" => 3306,
+        "etcd" => 2379,
+        "zk" => 2181,
+        _ => return Ok(None),
+    };
+    let Some(host) = url.host_str() else {
+        return Ok(None);
+    };
+    if host.contains(',') || url.path().contains(',') {
+        return Ok(None);
+    }
+    let port = url.port().unwrap_or(port);
+    let target = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host}:{port}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host}:{port} has no address"))?;
+    Ok(Some(Upstream { target, url }))
+}
+
+/// Whether `target` lets the network nemeses run.
+pub fn proxyable(target: &Target) -> Result<bool, String> {
+    match target {
+        Target::Url(u) => Ok(upstream(u)?.is_some()),
+        Target::Broken(..) => Ok(false),
+    }
+}
+
+/// One worker slot: its process now, its proxy.
+struct Slot {
+    generation: u64,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    reader: Option<JoinHandle<()>>,
+    proxy: Option<DelayProxy>,
+}
+
+struct Coordinator<'a> {
+    cfg: &'a Config,
+    register: Register,
+    events: Arc<Mutex<Vec<Event>>>,
+    slots: Vec<Slot>,
+    nemeses: Vec<NemesisEvent>,
+    killed: Vec<(String, u64)>,
+    upstream: Option<Upstream>,
+    rng: fastrand::Rng,
+}
+
+/// Runs a torture run and checks it.
+///
+/// # Errors
+///
+/// A message when the run could not be made (bad URL, a nemesis that needs a proxy on a URL
+/// that cannot have one, a worker that could not start or reported an error).
+pub fn run(cfg: &Config) -> Result<Report, String> {
+    let upstream = match &cfg.target {
+        Target::Url(u) => upstream(u)?,
+        Target::Broken(..) => None,
+    };
+    if upstream.is_none() {
+        if let Some(n) = cfg.nemeses.iter().find(|n| n.needs_proxy()) {
+            return Err(format!(
+                "nemesis `{}` needs a single-host redis://, postgres://, mysql://, etcd:// or zk:// URL (the proxy stands in front of it)",
+                n.name()
+            ));
+        }
+    }
+    let register = Register::start().map_err(|e| format!("cannot start the register: {e}"))?;
+    let mut c = Coordinator {
+        cfg,
+        register,
+        events: Arc::new(Mutex::new(Vec::new())),
+        slots: Vec::new(),
+        nemeses: Vec::new(),
+        killed: Vec::new(),
+        upstream,
+        rng: fastrand::Rng::with_seed(cfg.seed),
+    };
+    let result = c.drive();
+    c.stop_all();
+    result?;
+    let history = History {
+        events: std::mem::take(&mut *c.events.lock().unwrap_or_else(PoisonError::into_inner)),
+        register: c.register.ops(),
+        nemeses: c.nemeses,
+        killed: c.killed,
+    };
+    if let Some(path) = &cfg.history_out {
+        let json = serde_json::to_vec(&history).map_err(|e| e.to_string())?;
+        std::fs::write(path, json)
+            .map_err(|e| format!("cannot write the history to {}: {e}", path.display()))?;
+    }
+    if let Some(e) = history.events.iter().find_map(|e| match &e.kind {
+        crate::history::EventKind::AttemptFailed { error } if error.starts_with("cannot") => {
+            Some(error.clone())
+        }
+        _ => None,
+    }) {
+        return Err(e);
+    }
+    Ok(Report::new(cfg, checker::check(&history)))
+}
+
+impl Coordinator<'_> {
+    fn drive(&mut self) -> Result<(), String> {
+        for i in 0..self.cfg.clients {
+            let proxy = match &self.upstream {
+                Some(u) => Some(
+                    DelayProxy::start(u.target, Duration::ZERO)
+                        .map_err(|e| format!("cannot start a proxy: {e}"))?,
+                ),
+                None => None,
+            };
+            let slot = self.spawn(i, 0, proxy)?;
+            self.slots.push(slot);
+        }
+        let end = Instant::now() + self.cfg.duration;
+        let lease = self.cfg.lease;
+        let mut round: Vec<Nemesis> = Vec::new();
+        while Instant::now() < end {
+            // A quiet gap of 0.5–1 lease, then the next nemesis.
+            thread::sleep(lease.mul_f64(0.5 + self.rng.f64() * 0.5));
+            if self.cfg.nemeses.is_empty() || Instant::now() >= end {
+                continue;
+            }
+            // Rounds: every nemesis once per round, in an order drawn from the seed.
+            if round.is_empty() {
+                round = self.cfg.nemeses.clone();
+                self.rng.shuffle(&mut round);
+            }
+            let n = round.remove(0);
+            self.apply(n)?;
+            // A worker that ended on its own (an error) ends the run.
+            for s in &mut self.slots {
+                if let Ok(Some(status)) = s.child.try_wait() {
+                    return Err(format!("a worker exited early ({status})"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn worker_id(slot: usize, generation: u64) -> String {
+        format!("w{slot}.{generation}")
+    }
+
+    fn spawn(
+        &self,
+        slot: usize,
+        generation: u64,
+        proxy: Option<DelayProxy>,
+    ) -> Result<Slot, String> {
+        let id = Self::worker_id(slot, generation);
+        let target = match (&self.cfg.target, &proxy, &self.upstream) {
+            (Target::Url(_), Some(p), Some(u)) => {
+                let mut url = u.url.clone();
+                url.set_ip_host(p.addr().ip())
+                    .map_err(|()| "cannot point the URL at the proxy".to_string())?;
+                url.set_port(Some(p.port()))
+                    .map_err(|()| "cannot point the URL at the proxy".to_string())?;
+                Target::Url(url.to_string())
+            }
+            (t, _, _) => t.clone(),
+        };
+        let wc = WorkerConfig {
+            id: id.clone(),
+            target,
+            name: self.cfg.name.clone(),
+            lease: self.cfg.lease,
+            work: self.cfg.work,
+            wait: self.cfg.lease * 3 + Duration::from_secs(1),
+            register: self.register.addr(),
+            seed: self.cfg.seed ^ ((slot as u64) << 32) ^ generation,
+        };
+        let mut child = Command::new(&self.cfg.worker.program)
+            .args(&self.cfg.worker.args)
+            .args(wc.to_args())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start a worker: {e}"))?;
+        let stdout = child.stdout.take().ok_or("worker without stdout")?;
+        let events = Arc::clone(&self.events);
+        let reader = thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(mut e) = serde_json::from_str::<Event>(&line) {
+                    e.t_coord = now_us();
+                    events
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(e);
+                }
+            }
+        });
+        Ok(Slot {
+            generation,
+            stdin: child.stdin.take(),
+            child,
+            reader: Some(reader),
+            proxy,
+        })
+    }
+
+    /// A slot whose worker holds the lock now, if any (by the events so far), else any.
+    fn victim(&mut self) -> usize {
+        let holders: Vec<usize> = {
+            let ev = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut open = std::collections::BTreeMap::new();
+            for e in ev.iter() {
+                match e.kind {
+                    crate::history::EventKind::Grant { .. } => {
+                        open.insert(e.id.worker.clone(), true);
+                    }
+                    crate::history::EventKind::ReleaseStart => {
+                        open.insert(e.id.worker.clone(), false);
+                    }
+                    _ => {}
+                }
+            }
+            (0..self.slots.len())
+                .filter(|&i| {
+                    let id = Self::worker_id(i, self.slots[i].generation);
+                    open.get(&id).copied().unwrap_or(false)
+                })
+                .collect()
+        };
+        if holders.is_empty() {
+            self.rng.usize(..self.slots.len())
+        } else {
+            holders[self.rng.usize(..holders.len())]
+        }
+    }
+
+    fn apply(&mut self, n: Nemesis) -> Result<(), String> {
+        let i = self.victim();
+        let lease = self.cfg.lease;
+        let worker = Self::worker_id(i, self.slots[i].generation);
+        let t = now_us();
+        match n {
+            Nemesis::Pause => {
+                let pid = self.slots[i].child.id() as libc::pid_t;
+                // SAFETY: signals to a child this coordinator started and has not reaped.
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                thread::sleep(lease.mul_f64(1.5 + self.rng.f64()));
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+            }
+            Nemesis::Kill => {
+                // The section of the killed worker ends at the latest when it dies, which is
+                // after this reading: the earliest possible end, so no overlap is invented.
+                self.killed.push((worker.clone(), now_us()));
+                let _ = self.slots[i].child.kill();
+                let _ = self.slots[i].child.wait();
+                let generation = self.slots[i].generation + 1;
+                let proxy = self.slots[i].proxy.take();
+                let new = self.spawn(i, generation, proxy)?;
+                let old = std::mem::replace(&mut self.slots[i], new);
+                if let Some(r) = old.reader {
+                    let _ = r.join();
+                }
+            }
+            Nemesis::Delay => {
+                if let Some(p) = &self.slots[i].proxy {
+                    p.set_delay(lease.mul_f64(0.3 + self.rng.f64() * 0.9));
+                    thread::sleep(lease * 2);
+                    p.heal();
+                }
+            }
+            Nemesis::Drop => {
+                if let Some(p) = &self.slots[i].proxy {
+                    p.set_blackhole(true);
+                    thread::sleep(lease.mul_f64(1.5 + self.rng.f64()));
+                    p.heal();
+                }
+            }
+            Nemesis::Reset => {
+                if let Some(p) = &self.slots[i].proxy {
+                    p.reset_all();
+                }
+            }
+        }
+        self.nemeses.push(NemesisEvent {
+            nemesis: n.name().to_string(),
+            worker,
+            t,
+            until: now_us(),
+        });
+        Ok(())
+    }
+
+    /// Closes every worker's stdin (it stops after its attempt), waits for them, kills the
+    /// ones still running after a grace period.
+    fn stop_all(&mut self) {
+        for s in &mut self.slots {
+            if let Some(p) = &s.proxy {
+                p.heal();
+            }
+            s.stdin = None;
+        }
+        let grace =
+            Instant::now() + self.cfg.lease * 4 + self.cfg.work * 2 + Duration::from_secs(3);
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            loop {
+                match s.child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() >= grace => {
+                        self.killed
+                            .push((Self::worker_id(i, s.generation), now_us()));
+                        let _ = s.child.kill();
+                        let _ = s.child.wait();
+                        break;
+                    }
+                    Ok(None) => thread::sleep(Duration::from_millis(20)),
+                }
+            }
+            if let Some(r) = s.reader.take() {
+                let _ = r.join();
+            }
+        }
+    }
+}
+
+impl Report {
+    /// A line of counts: grants, writes accepted and refused, lost signals and their lateness.
+    pub fn analysis_line(&self) -> String {
+        let s = &self.analysis.stats;
+        let l = &self.analysis.lost_lateness;
+        format!(
+            "{} attempts, {} grants, {} writes (register {} accepted, {} refused), final value {}, {} lost signals (late after lease end: p50 {} µs, p99 {} µs, max {} µs)",
+            s.attempts, s.grants, s.writes, s.register_accepted, s.register_rejected, s.final_value, s.lost, l.p50_us, l.p99_us, l.max_us
+        )
+    }
+}

@@ -1,0 +1,340 @@
+//! One worker process: acquire → read-modify-write on the register → release, in a loop,
+//! every event a JSON line on stdout. It stops after its current attempt when stdin closes.
+
+use crate::broken::{self, BrokenLock};
+use crate::history::{now_us, to_us, AttemptId, Event, EventKind, RegisterOpKind};
+use crate::register::RegisterClient;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a worker locks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A dlock backend URL (already pointed at the worker's proxy, if any).
+    Url(String),
+    /// A broken lock of the self-test over the store in a directory.
+    Broken(broken::Variant, PathBuf),
+}
+
+/// A worker's settings, passed on its command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// Its id (`w<slot>.<generation>`).
+    pub id: String,
+    /// What it locks.
+    pub target: Target,
+    /// The lock name.
+    pub name: String,
+    /// Lease (the watchdog lease for dlock; the fixed lease of a broken lock).
+    pub lease: Duration,
+    /// Mean time between the read and the write of a section.
+    pub work: Duration,
+    /// Longest wait of one acquire.
+    pub wait: Duration,
+    /// The register.
+    pub register: SocketAddr,
+    /// Seed of its work times.
+    pub seed: u64,
+}
+
+impl WorkerConfig {
+    /// As command-line arguments (`key=value`), for [`WorkerConfig::from_args`].
+    pub fn to_args(&self) -> Vec<String> {
+        let target = match &self.target {
+            Target::Url(u) => format!("url={u}"),
+            Target::Broken(v, d) => format!("broken={}:{}", v.name(), d.display()),
+        };
+        vec![
+            format!("id={}", self.id),
+            target,
+            format!("name={}", self.name),
+            format!("lease-us={}", to_us(self.lease)),
+            format!("work-us={}", to_us(self.work)),
+            format!("wait-us={}", to_us(self.wait)),
+            format!("register={}", self.register),
+            format!("seed={}", self.seed),
+        ]
+    }
+
+    /// Parses [`WorkerConfig::to_args`]'s output.
+    pub fn from_args(args: &[String]) -> Result<WorkerConfig, String> {
+        let get = |k: &str| {
+            args.iter()
+                .find_map(|a| a.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
+                .ok_or_else(|| format!("worker: missing {k}="))
+        };
+        let num = |k: &str| -> Result<u64, String> {
+            get(k)?.parse().map_err(|_| format!("worker: bad {k}="))
+        };
+        let target = match get("url") {
+            Ok(u) => Target::Url(u.to_string()),
+            Err(_) => {
+                let b = get("broken")?;
+                let (v, d) = b.split_once(':').ok_or("worker: bad broken=")?;
+                Target::Broken(v.parse()?, PathBuf::from(d))
+            }
+        };
+        Ok(WorkerConfig {
+            id: get("id")?.to_string(),
+            target,
+            name: get("name")?.to_string(),
+            lease: Duration::from_micros(num("lease-us")?),
+            work: Duration::from_micros(num("work-us")?),
+            wait: Duration::from_micros(num("wait-us")?),
+            register: get("register")?
+                .parse()
+                .map_err(|_| "worker: bad register=".to_string())?,
+            seed: num("seed")?,
+        })
+    }
+}
+
+enum Locker {
+    Dlock(distlock::Lock),
+    Broken(BrokenLock),
+}
+
+enum Held {
+    Dlock(distlock::LockGuard),
+    Broken(broken::Held),
+}
+
+impl Held {
+    fn token(&self) -> u64 {
+        match self {
+            Held::Dlock(g) => g.fencing_token(),
+            Held::Broken(h) => h.token,
+        }
+    }
+
+    fn lease_end(&self) -> u64 {
+        match self {
+            Held::Dlock(g) => to_us(g.lease_deadline().as_boottime()),
+            Held::Broken(h) => h.lease_end,
+        }
+    }
+
+    /// `Some(last confirmed lease end)` when the lock says the grant is lost.
+    fn is_lost(&self) -> Option<Option<u64>> {
+        match self {
+            Held::Dlock(g) => g
+                .is_lost()
+                .then(|| Some(to_us(g.lease_deadline().as_boottime()))),
+            Held::Broken(h) => h.is_lost().map(Some),
+        }
+    }
+}
+
+/// Writes one event line to stdout.
+fn emit(id: &AttemptId, kind: EventKind) {
+    let e = Event {
+        id: id.clone(),
+        t: now_us(),
+        t_coord: 0,
+        kind,
+    };
+    if let Ok(line) = serde_json::to_string(&e) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+    }
+}
+
+/// Emits `Lost` once per attempt.
+#[derive(Clone)]
+struct LostOnce(Arc<AtomicBool>, AttemptId);
+
+impl LostOnce {
+    fn fire(&self, lease_end: Option<u64>, reason: &str) {
+        if !self.0.swap(true, Ordering::SeqCst) {
+            emit(
+                &self.1,
+                EventKind::Lost {
+                    lease_end,
+                    reason: reason.to_string(),
+                },
+            );
+        }
+    }
+}
+
+/// Runs a worker until its stdin closes; the exit code (0, or 1 after printing an error).
+pub async fn run(cfg: WorkerConfig) -> u8 {
+    match work(cfg).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("dlock torture worker: {e}");
+            1
+        }
+    }
+}
+
+async fn work(cfg: WorkerConfig) -> Result<(), String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = Arc::clone(&stop);
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 64];
+        let mut stdin = tokio::io::stdin();
+        while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+        s.store(true, Ordering::SeqCst);
+    });
+    let locker = match &cfg.target {
+        Target::Url(url) => {
+            let opts = distlock::ClientOptions::default().watchdog_lease(cfg.lease);
+            let client = distlock::connect_with(url, opts)
+                .await
+                .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+            Locker::Dlock(
+                client
+                    .lock(&cfg.name)
+                    .and_then(|l| l.with_owner(cfg.id.clone()))
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+        Target::Broken(v, dir) => {
+            Locker::Broken(BrokenLock::new(*v, dir.clone(), cfg.lease).map_err(|e| e.to_string())?)
+        }
+    };
+    let mut reg = RegisterClient::connect(cfg.register)
+        .await
+        .map_err(|e| format!("cannot reach the register: {e}"))?;
+    let mut rng = fastrand::Rng::with_seed(cfg.seed);
+    let mut attempt = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let id = AttemptId {
+            worker: cfg.id.clone(),
+            attempt,
+        };
+        attempt += 1;
+        emit(&id, EventKind::AttemptStart);
+        let held = match &locker {
+            Locker::Dlock(l) => match l.acquire_timeout(cfg.wait).await {
+                Ok(g) => Ok(Some(Held::Dlock(g))),
+                Err(e) => Err(e.to_string()),
+            },
+            Locker::Broken(b) => {
+                let (b, owner, wait) = (b.clone(), id.to_string(), cfg.wait);
+                match tokio::task::spawn_blocking(move || b.acquire(&owner, wait)).await {
+                    Ok(Ok(h)) => Ok(h.map(Held::Broken)),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        };
+        let held = match held {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                emit(
+                    &id,
+                    EventKind::AttemptFailed {
+                        error: "deadline".into(),
+                    },
+                );
+                continue;
+            }
+            Err(error) => {
+                emit(&id, EventKind::AttemptFailed { error });
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let token = held.token();
+        emit(
+            &id,
+            EventKind::Grant {
+                token,
+                lease_end: Some(held.lease_end()),
+            },
+        );
+        let lost = LostOnce(Arc::new(AtomicBool::new(false)), id.clone());
+        let check = |held: &Held| {
+            if let Some(end) = held.is_lost() {
+                lost.fire(end, "lease-expired");
+            }
+        };
+        let read = register_call(&mut reg, &id, RegisterOpKind::Read, token, 0).await?;
+        let work = to_us(cfg.work);
+        let pause = Duration::from_micros(rng.u64(work / 2..=work * 3 / 2));
+        sleep_watching(&held, pause, &lost).await;
+        check(&held);
+        if let Some(v) = read {
+            register_call(&mut reg, &id, RegisterOpKind::Write, token, v + 1).await?;
+        }
+        check(&held);
+        emit(&id, EventKind::ReleaseStart);
+        let outcome = match held {
+            Held::Dlock(g) => match g.release().await {
+                Ok(distlock::ReleaseOutcome::Released) => "released".to_string(),
+                Ok(distlock::ReleaseOutcome::Expired) => "expired".to_string(),
+                Ok(distlock::ReleaseOutcome::TakenByOther) => "taken".to_string(),
+                Ok(o) => format!("{o:?}"),
+                Err(e) => format!("error: {e}"),
+            },
+            Held::Broken(h) => match tokio::task::spawn_blocking(move || h.release()).await {
+                Ok(Ok(o)) => o,
+                Ok(Err(e)) => format!("error: {e}"),
+                Err(e) => format!("error: {e}"),
+            },
+        };
+        emit(&id, EventKind::Released { outcome });
+    }
+    Ok(())
+}
+
+/// Sleeps `d`; fires `lost` the moment the lock's lost signal does.
+async fn sleep_watching(held: &Held, d: Duration, lost: &LostOnce) {
+    let sleep = tokio::time::sleep(d);
+    tokio::pin!(sleep);
+    match held {
+        Held::Dlock(g) => {
+            tokio::select! {
+                () = &mut sleep => return,
+                reason = g.lost() => {
+                    lost.fire(Some(to_us(g.lease_deadline().as_boottime())), &format!("{reason:?}"));
+                }
+            }
+        }
+        Held::Broken(h) => {
+            let mut rx = h.lost.clone();
+            tokio::select! {
+                () = &mut sleep => return,
+                v = rx.wait_for(|v| v.is_some()) => {
+                    if let Ok(v) = v {
+                        lost.fire(*v, "not-held");
+                    }
+                }
+            }
+        }
+    }
+    sleep.await;
+}
+
+/// One register call, recorded; `Some(value)` when accepted.
+async fn register_call(
+    reg: &mut RegisterClient,
+    id: &AttemptId,
+    op: RegisterOpKind,
+    token: u64,
+    value: u64,
+) -> Result<Option<u64>, String> {
+    let sent = now_us();
+    let (accepted, value) = reg
+        .call(id, op, token, value)
+        .await
+        .map_err(|e| format!("register: {e}"))?;
+    emit(
+        id,
+        EventKind::Register {
+            sent,
+            op,
+            token,
+            value,
+            accepted,
+        },
+    );
+    Ok(accepted.then_some(value))
+}
