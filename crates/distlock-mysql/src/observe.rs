@@ -298,24 +298,34 @@ impl Watcher {
         };
         // The statement in flight (if any) is abandoned: the connection is never reused.
         close(conn);
-        // Stop the server-side SLEEP and forget the row (best effort).
-        let lk = self.lk.clone();
-        let r = self
-            .common
-            .with_conn("deregistering the observer", move |c| {
-                Box::pin(async move {
-                    c.query_drop(format!(
-                        "DELETE FROM dlock_election_observers \
-                         WHERE lock_key = '{lk}' AND conn_id = {id}"
-                    ))
-                    .await?;
-                    match c.query_drop(format!("KILL {id}")).await {
-                        Err(mysql_async::Error::Server(s)) if s.code == NO_SUCH_THREAD => Ok(()),
-                        other => other,
-                    }
+        // Stop the server-side SLEEP and forget the row (best effort, retried a few times: a
+        // statement that timed out on a loaded server would leave the row to the stale-observer
+        // sweep). Both statements are idempotent.
+        let retry = distlock_core::RetryPolicy::new(
+            3,
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(1),
+        );
+        let r = distlock_core::backoff::retry(retry, || {
+            let lk = self.lk.clone();
+            self.common
+                .with_conn("deregistering the observer", move |c| {
+                    Box::pin(async move {
+                        c.query_drop(format!(
+                            "DELETE FROM dlock_election_observers \
+                             WHERE lock_key = '{lk}' AND conn_id = {id}"
+                        ))
+                        .await?;
+                        match c.query_drop(format!("KILL {id}")).await {
+                            Err(mysql_async::Error::Server(s)) if s.code == NO_SUCH_THREAD => {
+                                Ok(())
+                            }
+                            other => other,
+                        }
+                    })
                 })
-            })
-            .await;
+        })
+        .await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "deregistering an election observer failed");
         }

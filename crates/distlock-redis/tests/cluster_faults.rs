@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::client_for;
+use common::{client_for, name_on};
 use distlock_core::{ClientOptions, Error, LockKind};
 use distlock_testkit::RedisCluster;
 use std::time::{Duration, Instant};
@@ -19,19 +19,6 @@ fn opts() -> ClientOptions {
         .watchdog_lease(Duration::from_secs(3))
         .op_timeout(Duration::from_secs(1))
         .connect_timeout(Duration::from_secs(2))
-}
-
-/// A lock name of `prefix` whose keys live on master `m`.
-fn name_on(cluster: &RedisCluster, m: usize, prefix: &str) -> String {
-    (0..)
-        .map(|i| format!("{prefix}-{i}"))
-        .find(|n| {
-            cluster
-                .master_of(&format!("dlock:{{{n}}}"))
-                .expect("master")
-                == m
-        })
-        .expect("some name")
 }
 
 fn start() -> RedisCluster {

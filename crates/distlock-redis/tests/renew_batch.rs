@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{acquired, client_for};
+use common::{acquired, client_for, name_on};
 use distlock_core::ClientOptions;
 use distlock_testkit::conformance::{others_renew_while_one_fails, unique_name};
 use distlock_testkit::{RedisCluster, RedisServer};
@@ -18,19 +18,6 @@ fn opts() -> ClientOptions {
         .watchdog_lease(LEASE)
         .op_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_secs(2))
-}
-
-/// A unique lock name of `prefix` whose keys live on master `m` of `cluster`.
-fn name_on(cluster: &RedisCluster, m: usize, prefix: &str) -> String {
-    (0..)
-        .map(|i| unique_name(&format!("{prefix}{i}")))
-        .find(|n| {
-            cluster
-                .master_of(&format!("dlock:{{{n}}}"))
-                .expect("master")
-                == m
-        })
-        .expect("some name")
 }
 
 /// An operator's `SET` over one holder's lock hash (a string where dlock keeps a hash) makes

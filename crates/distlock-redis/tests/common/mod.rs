@@ -38,3 +38,16 @@ pub async fn acquire_within(client: &Client, name: &str, secs: u64) -> Result<Lo
         .acquire_timeout(Duration::from_secs(secs))
         .await
 }
+
+/// A unique lock name of `prefix` whose keys live on master `m` of `cluster`.
+pub fn name_on(cluster: &distlock_testkit::RedisCluster, m: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| distlock_testkit::conformance::unique_name(&format!("{prefix}{i}")))
+        .find(|n| {
+            cluster
+                .master_of(&format!("dlock:{{{n}}}"))
+                .expect("master")
+                == m
+        })
+        .expect("some name")
+}
