@@ -190,6 +190,15 @@ struct Upstream {
 /// The address a single-host URL points at, for the proxy; `None` for a URL the proxy cannot
 /// stand in front of (file://, several hosts, TLS, unix sockets).
 fn upstream(u: &str) -> Result<Option<Upstream>, String> {
+    // Several hosts (`h1:p1,h2:p2`, Redlock, a cluster) are no URL `url` can parse, and one
+    // proxy cannot stand in front of them: no network nemeses (the backend parses the URL).
+    if u.split_once("://").is_some_and(|(_, rest)| {
+        rest.split(['/', '?'])
+            .next()
+            .is_some_and(|h| h.contains(','))
+    }) {
+        return Ok(None);
+    }
     let url = url::Url::parse(u).map_err(|e| format!("bad backend URL `{u}`: {e}"))?;
     let port = match url.scheme() {
         "redis" => 6379,
@@ -286,13 +295,23 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
         std::fs::write(path, json)
             .map_err(|e| format!("cannot write the history to {}: {e}", path.display()))?;
     }
-    if let Some(e) = history.events.iter().find_map(|e| match &e.kind {
-        crate::history::EventKind::AttemptFailed { error } if error.starts_with("cannot") => {
-            Some(error.clone())
+    // A run in which no worker ever got the lock and attempts failed with errors could not be
+    // made (the service unreachable, bad credentials): that is bad input, not a verdict. Once
+    // grants happen, a failed attempt is an event of the run like any other (a waiter paused
+    // or cut off by a nemesis loses its place: etcd says "cannot talk to etcd … gone").
+    let granted = history
+        .events
+        .iter()
+        .any(|e| matches!(e.kind, crate::history::EventKind::Grant { .. }));
+    if !granted {
+        if let Some(e) = history.events.iter().find_map(|e| match &e.kind {
+            crate::history::EventKind::AttemptFailed { error } if error.starts_with("cannot") => {
+                Some(error.clone())
+            }
+            _ => None,
+        }) {
+            return Err(e);
         }
-        _ => None,
-    }) {
-        return Err(e);
     }
     Ok(Report::new(cfg, checker::check(&history)))
 }
@@ -527,5 +546,24 @@ impl Report {
             "{} attempts, {} grants, {} writes (register {} accepted, {} refused), final value {}, {} lost signals (late after lease end: p50 {} µs, p99 {} µs, max {} µs)",
             s.attempts, s.grants, s.writes, s.register_accepted, s.register_rejected, s.final_value, s.lost, l.p50_us, l.p99_us, l.max_us
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::upstream;
+
+    #[test]
+    fn several_hosts_get_no_proxy_and_no_error() {
+        // Before: "bad backend URL `redlock://…`: invalid port number".
+        for u in [
+            "redlock://127.0.0.1:21380,127.0.0.1:21381,127.0.0.1:21382",
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+            "etcd://127.0.0.1:2379,127.0.0.1:2380/prefix",
+        ] {
+            assert!(matches!(upstream(u), Ok(None)), "{u}");
+        }
+        let one = upstream("redis://127.0.0.1:6390").expect("one host");
+        assert_eq!(one.map(|u| u.target.port()), Some(6390));
     }
 }
