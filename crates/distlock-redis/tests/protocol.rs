@@ -275,7 +275,16 @@ async fn sibling_waiters_of_one_owner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rw_read_grant_does_not_wake_the_handles_writer() {
     let server = RedisServer::start().expect("redis");
-    let [x, c, r] = trio(&server).await;
+    let [x, _, r] = trio(&server).await;
+    // The waiting handle's heartbeats must keep its queue places (2 s waiter ttl) on a loaded
+    // machine: with 500 ms op timeouts a few slow replies in a row let the reader's place
+    // lapse, w0's release then hands the lock to the writer queued behind it and the reader
+    // waits for a writer this test never releases (seen once under a loaded full run).
+    let (c, _) = client_for(
+        &server.url(),
+        long_opts().op_timeout(Duration::from_secs(2)),
+    )
+    .await;
     let name = unique_name("rwhandle");
     let w0 = x
         .rw_lock(&name)
