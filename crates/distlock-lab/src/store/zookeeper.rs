@@ -188,22 +188,14 @@ impl Store for ZkStore {
         // leader: without a `sync` first, a buyer that got the lock right after another's
         // write could read the stock from before it and write a lost update (the lab's
         // `zookeeper_store` bench saw one: `lost_updates: 1` with no overlap).
-        match tokio::time::timeout(OP_TIMEOUT, self.zk.sync(&self.stock)).await {
-            // A missing stock is reported by the read below, as before.
-            Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => {}
-            Ok(Err(e)) => {
-                return Err(StoreError(format!(
-                    "{}: syncing before reading the stock failed: {e}",
-                    self.endpoint
-                )))
+        // A missing stock is reported by the read below, as before.
+        let sync = async {
+            match self.zk.sync(&self.stock).await {
+                Err(zk::Error::NoNode) => Ok(()),
+                r => r,
             }
-            Err(_) => {
-                return Err(StoreError(format!(
-                    "{}: syncing before reading the stock: no answer within {OP_TIMEOUT:?}",
-                    self.endpoint
-                )))
-            }
-        }
+        };
+        timed(&self.endpoint, "syncing before reading the stock", sync).await?;
         let (data, stat) =
             match tokio::time::timeout(OP_TIMEOUT, self.zk.get_data(&self.stock)).await {
                 Ok(Ok(r)) => r,
