@@ -117,7 +117,7 @@ end
 if queues then
   local ttl = tonumber(ARGV[4])
   local now = now_ms()
-  redis.call('zadd', KEYS[3], 'NX', now, attempt)
+  arrive(KEYS[3], attempt, now)
   local data = string.format('%d:%d:', now + ttl, lease)
   if value then
     data = data .. string.format('%d:', #value) .. value

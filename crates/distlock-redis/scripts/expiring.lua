@@ -62,7 +62,7 @@ end
 -- Queues attempt m (kept if queued already) as a waiter alive for ttl ms that asks for a
 -- lease of ms, for X, as owner who.
 local function enqueue(m, ttl, ms, x, who)
-  redis.call('zadd', KEYS[3], 'NX', now, m)
+  arrive(KEYS[3], m, now)
   redis.call('hset', KEYS[4], m, string.format('%d:%d:', now + ttl, ms) .. x .. ':' .. who)
   for i = 3, 4 do
     if redis.call('pttl', KEYS[i]) < ttl then

@@ -3,7 +3,8 @@
 //! Every script that grants shares one prelude, `scripts/fence.lua` (the fencing token of a
 //! grant, and the counter's lifetime: see [`fenced!`]); the read-write lock and semaphore
 //! scripts share a second one after it (`scripts/expiring.lua`: the keys' shape, pruning,
-//! grants, the queue, the release side). They are put in front of each script at compile
+//! grants, the queue, the release side); the scripts that queue waiters share
+//! `scripts/queue.lua` (a waiter's place: arrival order, also within one millisecond). They are put in front of each script at compile
 //! time, so each script Redis runs is still one self-contained source.
 
 use redis::aio::ConnectionLike;
@@ -78,12 +79,12 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            acquire: Script::new(fenced!("acquire.lua")),
+            acquire: Script::new(fenced!("queue.lua", "acquire.lua")),
             release: Script::new(fenced!("release.lua")),
-            rw_acquire: Script::new(fenced!("expiring.lua", "rw_acquire.lua")),
-            rw_release: Script::new(fenced!("expiring.lua", "rw_release.lua")),
-            sem_acquire: Script::new(fenced!("expiring.lua", "sem_acquire.lua")),
-            sem_release: Script::new(fenced!("expiring.lua", "sem_release.lua")),
+            rw_acquire: Script::new(fenced!("queue.lua", "expiring.lua", "rw_acquire.lua")),
+            rw_release: Script::new(fenced!("queue.lua", "expiring.lua", "rw_release.lua")),
+            sem_acquire: Script::new(fenced!("queue.lua", "expiring.lua", "sem_acquire.lua")),
+            sem_release: Script::new(fenced!("queue.lua", "expiring.lua", "sem_release.lua")),
             proclaim: Script::new(include_str!("../scripts/proclaim.lua")),
         }
     }

@@ -273,21 +273,12 @@ async fn sibling_waiters_of_one_owner() {
 /// grant it gets must not wake its write waiter as if the write side had been handed over
 /// (handoffs used to name the owner only, with the side stripped).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open liveness bug, issue 23 closing note: with this binary's tests run 8 at a time the \
-            reader sometimes waits out its 15 s (3 of ~7 runs on this stop's main, 0 of 3 on \
-            e70b3ee); run with --run-ignored to investigate"]
 async fn rw_read_grant_does_not_wake_the_handles_writer() {
     let server = RedisServer::start().expect("redis");
-    let [x, _, r] = trio(&server).await;
-    // The waiting handle's heartbeats must keep its queue places (2 s waiter ttl) on a loaded
-    // machine: with 500 ms op timeouts a few slow replies in a row let the reader's place
-    // lapse, w0's release then hands the lock to the writer queued behind it and the reader
-    // waits for a writer this test never releases (seen once under a loaded full run).
-    let (c, _) = client_for(
-        &server.url(),
-        long_opts().op_timeout(Duration::from_secs(2)),
-    )
-    .await;
+    // The reader queues just before its handle's writer, often within the same millisecond:
+    // queue places are kept in arrival order (arrivals_within_one_millisecond_keep_their_order),
+    // or the writer could be let in first and the reader would wait for it (15 s, then Timeout).
+    let [x, c, r] = trio(&server).await;
     let name = unique_name("rwhandle");
     let w0 = x
         .rw_lock(&name)
@@ -330,6 +321,67 @@ async fn rw_read_grant_does_not_wake_the_handles_writer() {
     assert_eq!(info.holders[0].side, Some(LockKind::Write), "{info:?}");
     assert!(wg.fencing_token() > read_token);
     released(wg).await;
+}
+
+/// Issue 23 (the rw handle's 15 s wait): two requests that reach the server within one
+/// millisecond queue in the order they arrived, on every kind with a queue. A queue sorted by
+/// arrival ms alone ordered such a pair by attempt id (random), so a reader queued just before
+/// its own handle's writer could be passed by it and wait for a writer that waited for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arrivals_within_one_millisecond_keep_their_order() {
+    let server = RedisServer::start().expect("redis");
+    let opts = long_opts();
+    let url = server.url();
+    let (a, b) = (
+        RedisBackend::connect(&url, &opts).await.expect("a"),
+        RedisBackend::connect(&url, &opts).await.expect("b"),
+    );
+    let sem = LockKind::Semaphore {
+        permits: 1,
+        limit: 1,
+    };
+    let kinds = [
+        (LockKind::Mutex, LockKind::Mutex, LockKind::Mutex),
+        (LockKind::Fair, LockKind::Fair, LockKind::Fair),
+        (LockKind::Write, LockKind::Read, LockKind::Write),
+        (sem, sem, sem),
+    ];
+    for (holder_kind, first_kind, second_kind) in kinds {
+        for round in 0..12 {
+            let name = unique_name("samems");
+            let request = |owner: &str, kind: LockKind| {
+                let mut r = AcquireRequest::new(
+                    HoldKey::new(name.as_str(), owner, kind),
+                    Duration::from_secs(20),
+                    LostSignal::new(),
+                );
+                r.waiter_ttl = Some(Duration::from_secs(2));
+                r
+            };
+            let h = request("holder", holder_kind);
+            let AcquireReply::Granted { token } = a.acquire(&h).await.expect("acquire") else {
+                panic!("not granted");
+            };
+            // One connection, sent back to back: the server runs them one after the other,
+            // almost always within one millisecond.
+            let (w1, w2) = (request("first", first_kind), request("second", second_kind));
+            let (r1, r2) = tokio::join!(b.acquire(&w1), b.acquire(&w2));
+            for r in [r1, r2] {
+                assert!(
+                    matches!(r.expect("queue"), AcquireReply::Held { .. }),
+                    "queued"
+                );
+            }
+            a.release(&h.grant(token)).await.expect("release");
+            let info = b.inspect(&name, holder_kind).await.expect("inspect");
+            let owners: Vec<&str> = info.holders.iter().map(|h| h.owner.as_str()).collect();
+            assert_eq!(
+                owners,
+                ["first"],
+                "{holder_kind:?} round {round}: the second arrival was let in before the first"
+            );
+        }
+    }
 }
 
 /// Issue 11 #7: a request for more permits than the server's count is refused, naming both
@@ -768,15 +820,12 @@ async fn a_handoff_is_one_message_to_the_head_waiter() {
         a.release(&h.grant(token)).await.expect("release"),
         ReleaseOutcome::Released
     );
-    // The head: the older arrival (two arrivals in one millisecond are ordered by attempt id).
+    // The head: the older arrival.
     let info = b.inspect(&name, LockKind::Mutex).await.expect("inspect");
     assert_eq!(info.holders.len(), 1, "{info:?}");
-    let [first, second] = &mut watches;
-    let (head, watch, other) = if info.holders[0].owner == "first" {
-        (&w1, first, second)
-    } else {
-        (&w2, second, first)
-    };
+    assert_eq!(info.holders[0].owner, "first", "{info:?}");
+    let [watch, other] = &mut watches;
+    let head = &w1;
     let wake = tokio::time::timeout(EVENTUALLY, watch.changed())
         .await
         .expect("the head waiter heard nothing")
