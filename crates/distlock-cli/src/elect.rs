@@ -76,6 +76,10 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
         connect_timeout: args.waiting.connect_timeout,
         others: "another candidate led the whole time",
         busy: "another candidate leads",
+        target: Some(crate::holder::Target {
+            name: args.name.clone(),
+            kind: distlock::LockKind::Election,
+        }),
     };
     let got = obtain(url, &wanted, |c, left| {
         let name = args.name.clone();

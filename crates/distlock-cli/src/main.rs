@@ -2,6 +2,7 @@
 
 mod doctor;
 mod elect;
+mod holder;
 mod inspect;
 mod kind;
 mod list;

@@ -406,6 +406,10 @@ async fn acquire(url: &str, args: &RunArgs) -> Result<Got, u8> {
         connect_timeout: args.waiting.connect_timeout,
         others: "another owner held it the whole time",
         busy: "another owner has it",
+        target: Some(crate::holder::Target {
+            name: args.name.clone(),
+            kind: args.kind.lock_kind(),
+        }),
     };
     obtain(url, &wanted, |c, left| {
         let name = args.name.clone();
@@ -450,6 +454,9 @@ pub(crate) struct Wanted {
     pub(crate) others: &'static str,
     /// Why the one try of `--wait 0` got nothing: `another owner has it`.
     pub(crate) busy: &'static str,
+    /// The lock whose holders the "not acquired" message names, where the backend can
+    /// inspect it.
+    pub(crate) target: Option<crate::holder::Target>,
 }
 
 /// What [`obtain`] got.
@@ -696,6 +703,17 @@ pub(crate) async fn obtain(
 
     // Waiting: from the first live connection.
     let deadline = wanted.wait.map(|w| tokio::time::Instant::now() + w);
+    // Who holds it as the wait begins: a holder still there when it runs out has held the
+    // lock at least that long. (Not for the one try of `--wait 0`, nor without a limit.)
+    let mut first_look = match (&client, &wanted.target, wanted.wait) {
+        (Some(c), Some(t), Some(w)) if !w.is_zero() => {
+            let (c, t) = (c.clone(), t.clone());
+            Some(tokio::spawn(
+                async move { crate::holder::look(&c, &t).await },
+            ))
+        }
+        _ => None,
+    };
     let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
     let waited = human(wanted.wait.unwrap_or_default());
     // Until a try has come back from the server, a reply that makes no sense means a server
@@ -725,16 +743,15 @@ pub(crate) async fn obtain(
                 })
             }
             Err(e) if e.is_timeout() => {
+                let first = first_look.take();
                 if wanted.wait.is_some_and(|w| w.is_zero()) {
+                    let why = why_not(client.as_ref(), wanted, first, wanted.busy).await;
                     eprintln!(
-                        "dlock: {what} was not acquired on its one try (-n, --wait 0): {}",
-                        wanted.busy
+                        "dlock: {what} was not acquired on its one try (-n, --wait 0): {why}"
                     );
                 } else {
-                    eprintln!(
-                        "dlock: {what} was not acquired within {waited}: {}",
-                        wanted.others
-                    );
+                    let why = why_not(client.as_ref(), wanted, first, wanted.others).await;
+                    eprintln!("dlock: {what} was not acquired within {waited}: {why}");
                 }
                 return Err(crate::EXIT_NOT_ACQUIRED);
             }
@@ -767,6 +784,32 @@ pub(crate) async fn obtain(
             None => tokio::time::sleep(pause).await,
         }
     }
+}
+
+/// The words after "not acquired …: ": the holders of `wanted.target` as seen now, with how
+/// long each has held it at least when `first` (a look as the wait began) saw it too;
+/// `fallback` when the backend cannot say.
+async fn why_not(
+    client: Option<&distlock::Client>,
+    wanted: &Wanted,
+    first: Option<tokio::task::JoinHandle<Option<crate::holder::Seen>>>,
+    fallback: &str,
+) -> String {
+    let (Some(client), Some(target)) = (client, &wanted.target) else {
+        return fallback.to_owned();
+    };
+    let now = crate::holder::look(client, target).await;
+    let first = match first {
+        // Unfinished by now, it would tell nothing the look just made does not.
+        Some(h) if h.is_finished() => h.await.ok().flatten(),
+        Some(h) => {
+            h.abort();
+            None
+        }
+        None => None,
+    };
+    now.and_then(|n| crate::holder::describe(&n, first.as_ref()))
+        .unwrap_or_else(|| fallback.to_owned())
 }
 
 /// The least time a connection try is given when the pauses between tries leave less.

@@ -1,0 +1,110 @@
+//! `dlock` the way operators use flock(1): the holder named when a wait runs out, `-v` and
+//! `DLOCK_LOG`, `-c`, `-E`, `-s`/`-x`; real processes against a redis-server and `file://`.
+
+use distlock_testkit::RedisServer;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+fn dlock(url: &str) -> Command {
+    let mut c = Command::new(DLOCK);
+    c.env("DLOCK_BACKEND", url)
+        .env_remove("DLOCK_LOG")
+        .env_remove("RUST_LOG");
+    c
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Whether `dlock inspect NAME` (of `kind`) shows a holder.
+fn held(url: &str, name: &str, kind: &str) -> bool {
+    let out = dlock(url)
+        .args(["inspect", name, "--json", "--kind", kind])
+        .output()
+        .expect("inspect");
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .map(|v| v["held"] == true)
+        .unwrap_or(false)
+}
+
+/// A `dlock run NAME -- sleep 30` holding `name` (of `kind`) until killed.
+struct Holder(Child);
+
+impl Holder {
+    fn start(url: &str, name: &str, kind: &str) -> Holder {
+        let child = dlock(url)
+            .args(["run", "--kind", kind, name, "--", "sleep", "30"])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("holder");
+        wait_until("the holder", Duration::from_secs(10), || {
+            held(url, name, kind)
+        });
+        Holder(child)
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        // SAFETY: signalling a child we spawned; dlock forwards it and releases.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+/// The timeout message names the holder: owner, host, pid, how long it has held at least,
+/// and its lease. (Before: "lock `busy` was not acquired within 1s: another owner held it
+/// the whole time".)
+fn names_the_holder(url: &str, lease: bool) {
+    let holder = Holder::start(url, "busy", "mutex");
+    let pid = format!("pid {})", holder.0.id());
+    let out = dlock(url)
+        .args(["run", "--wait", "1s", "busy", "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("was not acquired within 1s: held by "),
+        "{err}"
+    );
+    assert!(err.contains(&pid), "{err}");
+    assert!(err.contains("for at least "), "{err}");
+    if lease {
+        assert!(err.contains(" left"), "{err}");
+    }
+    let out = dlock(url)
+        .args(["run", "-n", "busy", "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("on its one try (-n, --wait 0): held by "),
+        "{err}"
+    );
+    assert!(err.contains(&pid), "{err}");
+}
+
+#[test]
+fn the_timeout_names_the_holder_on_redis() {
+    let server = RedisServer::start().expect("redis");
+    names_the_holder(&server.url(), true);
+}
+
+#[test]
+fn the_timeout_names_the_holder_on_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    names_the_holder(&format!("file://{}", dir.path().display()), false);
+}
