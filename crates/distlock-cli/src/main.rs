@@ -6,6 +6,7 @@ mod holder;
 mod inspect;
 mod kind;
 mod list;
+mod log;
 mod release;
 mod run;
 mod torture;
@@ -20,6 +21,11 @@ struct Cli {
     /// Lock service URL: file://DIR (default, no server), redis://host:port, …
     #[arg(long, global = true, env = "DLOCK_BACKEND", default_value = distlock::DEFAULT_BACKEND)]
     backend: String,
+
+    /// Show what dlock and the library do on stderr: -v info, -vv debug, -vvv trace
+    /// (DLOCK_LOG or RUST_LOG: tracing filter directives, e.g. `distlock_redis=debug`).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
 
     #[command(subcommand)]
     command: Command,
@@ -70,6 +76,8 @@ enum Command {
     },
 }
 
+/// Exit code for a command line dlock cannot use (as clap's own usage errors).
+pub const EXIT_USAGE: u8 = 2;
 /// Exit code when the lock was not acquired within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
 /// Exit code when the lock service could not be reached (EX_UNAVAILABLE): while connecting
@@ -95,6 +103,10 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    if let Err(e) = log::init(cli.verbose) {
+        eprintln!("dlock: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     if default_backend && matches!(cli.command, Command::Run(_) | Command::Elect(_)) {
         eprintln!(
             "dlock: no --backend or DLOCK_BACKEND: using {} (a lock directory on this host), \

@@ -248,7 +248,10 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
     // The guard has its own duplicate now; ours must not outlive the release.
     drop(lock_file);
     let group = match group {
-        Ok(g) => g,
+        Ok(g) => {
+            tracing::info!(command = ?command, "command started under {what}");
+            g
+        }
         Err(e) => {
             eprintln!("dlock: cannot start the command's guard: {e}");
             release(guard).await;
@@ -303,6 +306,10 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
         _ => (outcome.guard_status, seen_end),
     };
     let release_sent = boot_now();
+    tracing::info!(
+        status = ended.exit_code(),
+        "command ended; releasing {what}"
+    );
     let released = release(guard).await;
     let mut facts = Facts::new(
         lease_end,
@@ -670,13 +677,22 @@ pub(crate) async fn obtain(
 
     // Connecting: its own time limit, not the wait's.
     let started = tokio::time::Instant::now();
+    tracing::info!(url = %distlock::conn::redact(url), "connecting");
     let (mut client, mut files) = loop {
         let limit = match wanted.wait {
             None => wanted.connect_timeout,
             Some(_) => wanted.connect_timeout.saturating_sub(started.elapsed()),
         };
         match connect_within(url, &opts, limit).await {
-            Ok((c, f)) => break (Some(c), f),
+            Ok((c, f)) => {
+                tracing::info!(
+                    backend = c.backend_kind(),
+                    endpoint = %c.endpoint(),
+                    took = %human(started.elapsed()),
+                    "connected"
+                );
+                break (Some(c), f);
+            }
             Err(e) if is_permanent_at_connect(&e) => return Err(permanent(&e)),
             Err(e) => {
                 let left = wanted.connect_timeout.saturating_sub(started.elapsed());
@@ -721,6 +737,7 @@ pub(crate) async fn obtain(
     let mut answered = false;
     loop {
         let attempt_sent = boot_now();
+        tracing::debug!(wait_left = ?left().map(human), "trying to acquire {what}");
         let result: distlock::Result<Held> = async {
             let c = match &client {
                 Some(c) => c.clone(),
@@ -736,11 +753,17 @@ pub(crate) async fn obtain(
         .await;
         let e = match result {
             Ok(held) => {
+                tracing::info!(
+                    fencing_token = held.guard().fencing_token(),
+                    owner = held.guard().owner(),
+                    waited = %human(boot_now().saturating_sub(attempt_sent)),
+                    "{what} acquired"
+                );
                 return Ok(Got {
                     held,
                     attempt_sent,
                     files,
-                })
+                });
             }
             Err(e) if e.is_timeout() => {
                 let first = first_look.take();

@@ -108,3 +108,57 @@ fn the_timeout_names_the_holder_on_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     names_the_holder(&format!("file://{}", dir.path().display()), false);
 }
+
+/// `-v` shows dlock's and the library's events on stderr; `DLOCK_LOG` and `RUST_LOG` filter
+/// them; nothing by default; a bad directive is a usage error naming the variable. (Before:
+/// `-v` was "unexpected argument '-v' found", exit 2, and RUST_LOG printed nothing.)
+#[test]
+fn verbose_and_log_filters() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("file://{}", dir.path().display());
+    let run = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut c = dlock(&url);
+        c.args(extra).args(["run", "logged", "--", "true"]);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().expect("run")
+    };
+    let quiet = run(&[], &[]);
+    assert_eq!(quiet.status.code(), Some(0), "{quiet:?}");
+    assert!(!stderr(&quiet).contains("INFO"), "{}", stderr(&quiet));
+
+    let out = run(&["-v"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("INFO") && err.contains("lock `logged` acquired"),
+        "{err}"
+    );
+    assert!(!err.contains("DEBUG"), "{err}");
+
+    // After the subcommand too (a global flag), and more of them is more detail.
+    let mut c = dlock(&url);
+    let out = c
+        .args(["run", "-vv", "logged", "--", "true"])
+        .output()
+        .expect("run");
+    assert!(stderr(&out).contains("DEBUG"), "{}", stderr(&out));
+
+    for var in ["DLOCK_LOG", "RUST_LOG"] {
+        let out = run(&[], &[(var, "dlock=info")]);
+        let err = stderr(&out);
+        assert!(err.contains("lock `logged` acquired"), "{var}: {err}");
+    }
+    // DLOCK_LOG wins over RUST_LOG.
+    let out = run(&[], &[("DLOCK_LOG", "error"), ("RUST_LOG", "info")]);
+    assert!(!stderr(&out).contains("INFO"), "{}", stderr(&out));
+
+    let out = run(&[], &[("DLOCK_LOG", "dlock=loud")]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("dlock: DLOCK_LOG: `dlock=loud` is not a log directive"),
+        "{err}"
+    );
+}
