@@ -76,6 +76,7 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
         connect_timeout: args.waiting.connect_timeout,
         others: "another candidate led the whole time",
         busy: "another candidate leads",
+        conflict_exit: args.waiting.conflict_exit_code,
         target: Some(crate::holder::Target {
             name: args.name.clone(),
             kind: distlock::LockKind::Election,

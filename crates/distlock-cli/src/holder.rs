@@ -18,6 +18,8 @@ pub(crate) struct Target {
 pub(crate) struct Seen {
     info: distlock::LockInfo,
     at: tokio::time::Instant,
+    /// An election's leader, not a lock's holder.
+    led: bool,
 }
 
 /// The holders of `target` now, or `None` when the backend cannot say in time (the message
@@ -25,7 +27,11 @@ pub(crate) struct Seen {
 pub(crate) async fn look(client: &distlock::Client, target: &Target) -> Option<Seen> {
     let at = tokio::time::Instant::now();
     match tokio::time::timeout(LOOK_LIMIT, client.inspect_kind(&target.name, target.kind)).await {
-        Ok(Ok(info)) => Some(Seen { info, at }),
+        Ok(Ok(info)) => Some(Seen {
+            info,
+            at,
+            led: matches!(target.kind, distlock::LockKind::Election),
+        }),
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "could not inspect the holders");
             None
@@ -37,7 +43,8 @@ pub(crate) async fn look(client: &distlock::Client, target: &Target) -> Option<S
     }
 }
 
-/// `held by web-1:4242:0a1b2c3d:1 (host web-1, pid 4242) for at least 5s, lease 25s left`:
+/// `held by web-1:4242:0a1b2c3d:1 (host web-1, pid 4242) for at least 5s, lease 25s left`
+/// (`led by …` for an election):
 /// the holders seen `now`; a holder already seen at `first` has held the lock at least since
 /// then. `None` when nobody holds it any more.
 pub(crate) fn describe(now: &Seen, first: Option<&Seen>) -> Option<String> {
@@ -68,10 +75,11 @@ pub(crate) fn describe(now: &Seen, first: Option<&Seen>) -> Option<String> {
     if holders.len() > SHOWN {
         parts.push(format!("{} more", holders.len() - SHOWN));
     }
+    let by = if now.led { "led by" } else { "held by" };
     let who = if holders.len() == 1 {
-        "held by".to_owned()
+        by.to_owned()
     } else {
-        format!("held by {} holders:", holders.len())
+        format!("{by} {} holders:", holders.len())
     };
     Some(format!("{who} {}", parts.join("; ")))
 }
@@ -85,6 +93,7 @@ mod tests {
         Seen {
             info: LockInfo::new("x").with_holders(holders),
             at,
+            led: false,
         }
     }
 

@@ -43,11 +43,55 @@ pub struct RunArgs {
     /// Kind of lock: mutex, fair, read, write, or semaphore=N (one of N permits).
     #[arg(long, default_value = "mutex", value_parser = crate::kind::parse)]
     kind: crate::kind::Kind,
+    /// A shared lock (flock -s): the read side of the read-write lock NAME, held by any number
+    /// of -s holders at once and never with an -x holder. Same as --kind read.
+    #[arg(short, long, conflicts_with_all = ["kind", "exclusive"])]
+    shared: bool,
+    /// An exclusive lock against -s holders (flock -x): the write side of the read-write lock
+    /// NAME. Same as --kind write. (The default kind, mutex, is a lock of its own: scripts
+    /// that mix shared and exclusive holders of NAME use -s and -x on every side.)
+    #[arg(short = 'x', short_alias = 'e', long, conflicts_with = "kind")]
+    exclusive: bool,
+    /// Run this shell command line (`sh -c CMD`, flock -c) instead of COMMAND.
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "CMD",
+        conflicts_with = "command"
+    )]
+    shell: Option<String>,
     /// Lock name.
     name: String,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
+    /// The command and its arguments (after `--`, or right after NAME: everything from the
+    /// first word after NAME on is the command's).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required_unless_present = "shell",
+        value_name = "COMMAND"
+    )]
     command: Vec<String>,
+}
+
+impl RunArgs {
+    /// The lock kind -s, -x or --kind ask for.
+    fn kind(&self) -> crate::kind::Kind {
+        if self.shared {
+            crate::kind::Kind::Read
+        } else if self.exclusive {
+            crate::kind::Kind::Write
+        } else {
+            self.kind
+        }
+    }
+
+    /// The program and arguments to run: COMMAND, or `sh -c CMD`.
+    fn argv(&self) -> Vec<String> {
+        match &self.shell {
+            Some(line) => vec!["sh".into(), "-c".into(), line.clone()],
+            None => self.command.clone(),
+        }
+    }
 }
 
 const RUN_HELP: &str = "\
@@ -72,8 +116,14 @@ The command runs only while the lock is held:
   - Out of reach: processes that a service outside the command starts for it (systemd-run, a
     running tmux server, at, a container runtime). DLOCK_CGROUP=off: no cgroup.
 
-Exit status: the command's (128+N if it died of signal N); 75 if the lock was not acquired
-within --wait (or on the one try of -n); 69 if the lock service could not be reached (within
+flock(1) users: -n, -w SECS, -E CODE, -c CMD, -s and -x mean what they mean there; the
+command may follow NAME without `--`. Unlike flock, -x is not the default: the default kind
+(mutex) is a lock of its own, and -s/-x are the two sides of the read-write lock NAME.
+Shared and exclusive holders of one NAME therefore all pass -s or -x. -c runs `sh -c CMD`
+(not $SHELL).
+
+Exit status: the command's (128+N if it died of signal N); 75 (or -E CODE) if the lock was not
+acquired within --wait (or on the one try of -n); 69 if the lock service could not be reached (within
 --connect-timeout, or on the last try of --wait); 76 if the lock was lost, or the command had to be stopped because renewals
 failed, before the command ended (even if it then exited by itself); 1 for other errors
 (bad URL, credentials, unsupported kind); 126/127 if the command could not be started.";
@@ -81,11 +131,27 @@ failed, before the command ended (even if it then exited by itself); 1 for other
 /// `--wait`, `-n` and `--connect-timeout` of `dlock run` and `dlock elect`.
 #[derive(Args, Debug)]
 pub(crate) struct Waiting {
-    /// How long to wait once connected (default: forever; 0 makes one try). A bare number is
-    /// seconds; or e.g. 500ms, 10s, 2m. Lost connections and a lapsed place in the queue are
-    /// retried within it.
-    #[arg(long, value_parser = crate::duration_arg, conflicts_with = "nonblock")]
+    /// How long to wait once connected (default: forever; 0 makes one try; flock -w). A bare
+    /// number is seconds (fractions too); or e.g. 500ms, 10s, 2m, 1h30m. Lost connections and
+    /// a lapsed place in the queue are retried within it.
+    #[arg(
+        short = 'w',
+        long,
+        visible_alias = "timeout",
+        value_name = "DURATION",
+        value_parser = crate::duration_arg,
+        conflicts_with = "nonblock"
+    )]
     wait: Option<Duration>,
+    /// The exit status when the lock was not acquired: on the one try of -n, or when --wait
+    /// ran out (flock -E).
+    #[arg(
+        short = 'E',
+        long,
+        value_name = "CODE",
+        default_value_t = crate::EXIT_NOT_ACQUIRED
+    )]
+    pub(crate) conflict_exit_code: u8,
     /// Make one try, once connected, and give up (exit 75) if another owner has it: the same
     /// as --wait 0 (flock -n).
     #[arg(short = 'n', long)]
@@ -134,11 +200,13 @@ pub(crate) fn fit_grace(grace: Option<Duration>, lease: Duration) -> Duration {
 }
 
 pub async fn run(url: &str, args: RunArgs) -> u8 {
-    if args.command.is_empty() {
+    if args.argv().is_empty() {
         eprintln!("dlock: no command given");
         return crate::EXIT_ERROR;
     }
     let grace = fit_grace(args.grace, args.lease);
+    let command = args.argv();
+    let kind = args.kind();
     let got = match acquire(url, &args).await {
         Ok(g) => g,
         Err(code) => return code,
@@ -148,9 +216,9 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         name: args.name.clone(),
         lease: args.lease,
         grace,
-        command: &args.command,
+        command: &command,
         env: Vec::new(),
-        lock_file: got.lock_file(args.kind.lock_kind()),
+        lock_file: got.lock_file(kind.lock_kind()),
     };
     supervise(got.held, got.attempt_sent, job).await
 }
@@ -413,14 +481,15 @@ async fn acquire(url: &str, args: &RunArgs) -> Result<Got, u8> {
         connect_timeout: args.waiting.connect_timeout,
         others: "another owner held it the whole time",
         busy: "another owner has it",
+        conflict_exit: args.waiting.conflict_exit_code,
         target: Some(crate::holder::Target {
             name: args.name.clone(),
-            kind: args.kind.lock_kind(),
+            kind: args.kind().lock_kind(),
         }),
     };
     obtain(url, &wanted, |c, left| {
         let name = args.name.clone();
-        let kind = args.kind;
+        let kind = args.kind();
         let owner = args.owner.clone();
         Box::pin(async move {
             match kind {
@@ -461,6 +530,8 @@ pub(crate) struct Wanted {
     pub(crate) others: &'static str,
     /// Why the one try of `--wait 0` got nothing: `another owner has it`.
     pub(crate) busy: &'static str,
+    /// The exit code when it was not got within the wait (`-E`, default 75).
+    pub(crate) conflict_exit: u8,
     /// The lock whose holders the "not acquired" message names, where the backend can
     /// inspect it.
     pub(crate) target: Option<crate::holder::Target>,
@@ -776,7 +847,7 @@ pub(crate) async fn obtain(
                     let why = why_not(client.as_ref(), wanted, first, wanted.others).await;
                     eprintln!("dlock: {what} was not acquired within {waited}: {why}");
                 }
-                return Err(crate::EXIT_NOT_ACQUIRED);
+                return Err(wanted.conflict_exit);
             }
             Err(e) if is_permanent(&e) || (!answered && e.is_unexpected_reply()) => {
                 return Err(permanent(&e))
@@ -798,7 +869,7 @@ pub(crate) async fn obtain(
                 "dlock: {what} was not acquired within {waited}; last error: {}",
                 one_line(&e)
             );
-            return Err(crate::EXIT_NOT_ACQUIRED);
+            return Err(wanted.conflict_exit);
         }
         retrying.failed(&one_line(&e));
         let pause = backoff.next();

@@ -162,3 +162,75 @@ fn verbose_and_log_filters() {
         "{err}"
     );
 }
+
+/// flock's flags: -s/-x (the two sides of a read-write lock), -n, -w, -E CODE, -c CMD, and the
+/// command without `--`. (Before: "error: unexpected argument '-s' found", exit 2, and
+/// "unexpected argument 'true' found" for a command without `--`.)
+fn flock_flags(url: &str) {
+    let shared = Holder::start(url, "db", "read");
+    // Another shared holder gets it at once, with the command right after the name.
+    let out = dlock(url)
+        .args(["run", "-s", "-n", "db", "sh", "-c", "exit 4"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    // An exclusive one does not: 75, or the -E code.
+    let out = dlock(url)
+        .args(["run", "-x", "-n", "db", "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let out = dlock(url)
+        .args(["run", "-x", "-w", "0.2", "-E", "9", "db", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(9), "{out:?}");
+    assert!(
+        stderr(&out).contains("not acquired within 200ms"),
+        "{out:?}"
+    );
+    drop(shared);
+    // Free now: -x gets it; -c runs a shell command line with the lock's environment.
+    let out = dlock(url)
+        .args([
+            "run",
+            "-x",
+            "-n",
+            "db",
+            "-c",
+            "echo \"$DLOCK_NAME\" | tr a-z A-Z; exit 3",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "DB\n");
+    // Flags after the command's first word are the command's.
+    let out = dlock(url)
+        .args(["run", "db", "echo", "-n", "-x"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "-x");
+    // Usage errors: both sides, -c with a command, no command.
+    for bad in [
+        &["run", "-s", "-x", "db", "true"][..],
+        &["run", "-c", "true", "db", "true"],
+        &["run", "db"],
+        &["run", "-s", "--kind", "write", "db", "true"],
+    ] {
+        let out = dlock(url).args(bad).output().expect("run");
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+    }
+}
+
+#[test]
+fn flock_flags_on_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    flock_flags(&format!("file://{}", dir.path().display()));
+}
+
+#[test]
+fn flock_flags_on_redis() {
+    let server = RedisServer::start().expect("redis");
+    flock_flags(&server.url());
+}
