@@ -2,6 +2,7 @@
 
 mod doctor;
 mod elect;
+mod hold;
 mod holder;
 mod inspect;
 mod kind;
@@ -37,6 +38,9 @@ enum Command {
     /// (75: not acquired within --wait, 69: server unreachable, 76: lock lost while the
     /// command ran).
     Run(run::RunArgs),
+    /// Hold a lock across several commands of a shell script: print its fencing token, hold
+    /// it until SIGTERM/SIGINT/SIGHUP or until stdin (a pipe) closes; exit 76 if it is lost.
+    Hold(hold::HoldArgs),
     /// Run a command only while this process leads an election (a hot standby); exit with
     /// its exit code (75: not elected within --wait, 76: leadership lost while it ran).
     Elect(elect::ElectArgs),
@@ -107,7 +111,12 @@ fn main() -> ExitCode {
         eprintln!("dlock: {e}");
         return ExitCode::from(EXIT_USAGE);
     }
-    if default_backend && matches!(cli.command, Command::Run(_) | Command::Elect(_)) {
+    if default_backend
+        && matches!(
+            cli.command,
+            Command::Run(_) | Command::Elect(_) | Command::Hold(_)
+        )
+    {
         eprintln!(
             "dlock: no --backend or DLOCK_BACKEND: using {} (a lock directory on this host), \
              so the lock covers this host only",
@@ -134,6 +143,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(&backend, args).await,
             Command::Elect(args) => elect::elect(&backend, args).await,
+            Command::Hold(args) => hold::hold(&backend, args).await,
             Command::Leader(args) => elect::leader(&backend, args).await,
             Command::Inspect(args) => inspect::inspect(&backend, args).await,
             Command::List(args) => list::list(&backend, args).await,

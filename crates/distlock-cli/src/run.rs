@@ -37,21 +37,8 @@ pub struct RunArgs {
     /// [default: 5s]. At most half the lease minus a margin: longer is shortened to fit.
     #[arg(long, value_parser = crate::duration_arg)]
     grace: Option<Duration>,
-    /// Owner id to hold the lock as (default: unique per run).
-    #[arg(long)]
-    owner: Option<String>,
-    /// Kind of lock: mutex, fair, read, write, or semaphore=N (one of N permits).
-    #[arg(long, default_value = "mutex", value_parser = crate::kind::parse)]
-    kind: crate::kind::Kind,
-    /// A shared lock (flock -s): the read side of the read-write lock NAME, held by any number
-    /// of -s holders at once and never with an -x holder. Same as --kind read.
-    #[arg(short, long, conflicts_with_all = ["kind", "exclusive"])]
-    shared: bool,
-    /// An exclusive lock against -s holders (flock -x): the write side of the read-write lock
-    /// NAME. Same as --kind write. (The default kind, mutex, is a lock of its own: scripts
-    /// that mix shared and exclusive holders of NAME use -s and -x on every side.)
-    #[arg(short = 'x', short_alias = 'e', long, conflicts_with = "kind")]
-    exclusive: bool,
+    #[command(flatten)]
+    which: Which,
     /// Run this shell command line (`sh -c CMD`, flock -c) instead of COMMAND.
     #[arg(
         short = 'c',
@@ -73,9 +60,29 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
-impl RunArgs {
+/// `--owner`, `--kind`, `-s` and `-x` of `dlock run` and `dlock hold`: which lock, held as whom.
+#[derive(Args, Debug)]
+pub(crate) struct Which {
+    /// Owner id to hold the lock as (default: unique per run).
+    #[arg(long)]
+    owner: Option<String>,
+    /// Kind of lock: mutex, fair, read, write, or semaphore=N (one of N permits).
+    #[arg(long, default_value = "mutex", value_parser = crate::kind::parse)]
+    kind: crate::kind::Kind,
+    /// A shared lock (flock -s): the read side of the read-write lock NAME, held by any number
+    /// of -s holders at once and never with an -x holder. Same as --kind read.
+    #[arg(short, long, conflicts_with_all = ["kind", "exclusive"])]
+    shared: bool,
+    /// An exclusive lock against -s holders (flock -x): the write side of the read-write lock
+    /// NAME. Same as --kind write. (The default kind, mutex, is a lock of its own: scripts
+    /// that mix shared and exclusive holders of NAME use -s and -x on every side.)
+    #[arg(short = 'x', short_alias = 'e', long, conflicts_with = "kind")]
+    exclusive: bool,
+}
+
+impl Which {
     /// The lock kind -s, -x or --kind ask for.
-    fn kind(&self) -> crate::kind::Kind {
+    pub(crate) fn kind(&self) -> crate::kind::Kind {
         if self.shared {
             crate::kind::Kind::Read
         } else if self.exclusive {
@@ -84,7 +91,9 @@ impl RunArgs {
             self.kind
         }
     }
+}
 
+impl RunArgs {
     /// The program and arguments to run: COMMAND, or `sh -c CMD`.
     fn argv(&self) -> Vec<String> {
         match &self.shell {
@@ -206,8 +215,8 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
     }
     let grace = fit_grace(args.grace, args.lease);
     let command = args.argv();
-    let kind = args.kind();
-    let got = match acquire(url, &args).await {
+    let kind = args.which.kind();
+    let got = match acquire(url, &args.name, &args.which, args.lease, &args.waiting).await {
         Ok(g) => g,
         Err(code) => return code,
     };
@@ -232,14 +241,14 @@ pub(crate) enum Held {
 }
 
 impl Held {
-    fn guard(&self) -> &distlock::LockGuard {
+    pub(crate) fn guard(&self) -> &distlock::LockGuard {
         match self {
             Held::Lock(g) => g,
             Held::Leader(l) => l.guard(),
         }
     }
 
-    async fn release(self) -> distlock::Result<distlock::ReleaseOutcome> {
+    pub(crate) async fn release(self) -> distlock::Result<distlock::ReleaseOutcome> {
         match self {
             Held::Lock(g) => g.release().await,
             Held::Leader(l) => l.resign().await,
@@ -473,24 +482,30 @@ pub(crate) fn is_permanent(e: &distlock::Error) -> bool {
 }
 
 /// Connects and acquires within `--wait`, healing what can heal.
-async fn acquire(url: &str, args: &RunArgs) -> Result<Got, u8> {
+pub(crate) async fn acquire(
+    url: &str,
+    name: &str,
+    which: &Which,
+    lease: Duration,
+    waiting: &Waiting,
+) -> Result<Got, u8> {
     let wanted = Wanted {
-        what: format!("lock `{}`", args.name),
-        lease: args.lease,
-        wait: args.waiting.wait(),
-        connect_timeout: args.waiting.connect_timeout,
+        what: format!("lock `{name}`"),
+        lease,
+        wait: waiting.wait(),
+        connect_timeout: waiting.connect_timeout,
         others: "another owner held it the whole time",
         busy: "another owner has it",
-        conflict_exit: args.waiting.conflict_exit_code,
+        conflict_exit: waiting.conflict_exit_code,
         target: Some(crate::holder::Target {
-            name: args.name.clone(),
-            kind: args.kind().lock_kind(),
+            name: name.to_owned(),
+            kind: which.kind().lock_kind(),
         }),
     };
     obtain(url, &wanted, |c, left| {
-        let name = args.name.clone();
-        let kind = args.kind();
-        let owner = args.owner.clone();
+        let name = name.to_owned();
+        let kind = which.kind();
+        let owner = which.owner.clone();
         Box::pin(async move {
             match kind {
                 crate::kind::Kind::Semaphore(permits) => {
