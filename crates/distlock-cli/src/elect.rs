@@ -77,6 +77,7 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
         others: "another candidate led the whole time",
         busy: "another candidate leads",
         conflict_exit: args.waiting.conflict_exit_code,
+        say_not_acquired: true,
         target: Some(crate::holder::Target {
             name: args.name.clone(),
             kind: distlock::LockKind::Election,
@@ -119,6 +120,7 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
         command: &args.command,
         env: vec![("DLOCK_LEADER_VALUE", args.value.clone())],
         lock_file: got.lock_file(distlock::LockKind::Election),
+        keep: None,
     };
     supervise(got.held, got.attempt_sent, job).await
 }

@@ -8,6 +8,7 @@ mod inspect;
 mod kind;
 mod list;
 mod log;
+mod once;
 mod release;
 mod run;
 mod torture;
@@ -38,6 +39,10 @@ enum Command {
     /// (75: not acquired within --wait, 69: server unreachable, 76: lock lost while the
     /// command ran).
     Run(run::RunArgs),
+    /// Run a command at most once per interval however many hosts fire it (cron on a fleet):
+    /// exit with its exit code, 75 if skipped because it runs elsewhere, 79 if it already ran
+    /// this interval.
+    Once(once::OnceArgs),
     /// Hold a lock across several commands of a shell script: print its fencing token, hold
     /// it until SIGTERM/SIGINT/SIGHUP or until stdin (a pipe) closes; exit 76 if it is lost.
     Hold(hold::HoldArgs),
@@ -114,7 +119,7 @@ fn main() -> ExitCode {
     if default_backend
         && matches!(
             cli.command,
-            Command::Run(_) | Command::Elect(_) | Command::Hold(_)
+            Command::Run(_) | Command::Elect(_) | Command::Hold(_) | Command::Once(_)
         )
     {
         eprintln!(
@@ -144,6 +149,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(&backend, args).await,
             Command::Elect(args) => elect::elect(&backend, args).await,
             Command::Hold(args) => hold::hold(&backend, args).await,
+            Command::Once(args) => once::once(&backend, args).await,
             Command::Leader(args) => elect::leader(&backend, args).await,
             Command::Inspect(args) => inspect::inspect(&backend, args).await,
             Command::List(args) => list::list(&backend, args).await,

@@ -228,6 +228,7 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         command: &command,
         env: Vec::new(),
         lock_file: got.lock_file(kind.lock_kind()),
+        keep: None,
     };
     supervise(got.held, got.attempt_sent, job).await
 }
@@ -270,6 +271,9 @@ pub(crate) struct Job<'a> {
     /// On `file://`: a duplicate of the held lock's descriptor, for the guard to keep until
     /// every process of the command is gone ([`Got::lock_file`]).
     pub(crate) lock_file: Option<std::fs::File>,
+    /// Another lock, given up when the command ends but no sooner than it has been held the
+    /// given time ([`distlock::LockGuard::release_after`]): `dlock once`'s interval lock.
+    pub(crate) keep: Option<(distlock::LockGuard, Duration)>,
 }
 
 /// Runs `job.command` while `held` lasts (acquired by an attempt sent at `attempt_sent`, boot
@@ -283,6 +287,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
         command,
         env: extra_env,
         lock_file,
+        keep,
     } = job;
     let margin = margin(lease);
     let acquired = boot_now();
@@ -388,6 +393,12 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
         "command ended; releasing {what}"
     );
     let released = release(guard).await;
+    if let Some((kept, at_least)) = keep {
+        let name = kept.name().to_owned();
+        if let Err(e) = kept.release_after(at_least).await {
+            eprintln!("dlock: giving up lock `{name}` failed ({e}); it frees when its lease ends");
+        }
+    }
     let mut facts = Facts::new(
         lease_end,
         distlock_run::Schedule::for_lease(lease_end, grace, margin).term,
@@ -497,6 +508,7 @@ pub(crate) async fn acquire(
         others: "another owner held it the whole time",
         busy: "another owner has it",
         conflict_exit: waiting.conflict_exit_code,
+        say_not_acquired: true,
         target: Some(crate::holder::Target {
             name: name.to_owned(),
             kind: which.kind().lock_kind(),
@@ -550,6 +562,8 @@ pub(crate) struct Wanted {
     /// The lock whose holders the "not acquired" message names, where the backend can
     /// inspect it.
     pub(crate) target: Option<crate::holder::Target>,
+    /// Whether [`obtain`] says "not acquired" itself (`dlock once` words its skips its own way).
+    pub(crate) say_not_acquired: bool,
 }
 
 /// What [`obtain`] got.
@@ -850,6 +864,9 @@ pub(crate) async fn obtain(
                     attempt_sent,
                     files,
                 });
+            }
+            Err(e) if e.is_timeout() && !wanted.say_not_acquired => {
+                return Err(wanted.conflict_exit);
             }
             Err(e) if e.is_timeout() => {
                 let first = first_look.take();
