@@ -204,6 +204,12 @@ fn flock_flags(url: &str) {
         .expect("run");
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "DB\n");
+    // Durations as people write them (before: "`1h30m` is not a duration", exit 2).
+    let out = dlock(url)
+        .args(["run", "-w", "1h30m", "--lease", "1m30s", "db", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
     // Flags after the command's first word are the command's.
     let out = dlock(url)
         .args(["run", "db", "echo", "-n", "-x"])
