@@ -76,6 +76,12 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
         connect_timeout: args.waiting.connect_timeout,
         others: "another candidate led the whole time",
         busy: "another candidate leads",
+        conflict_exit: args.waiting.conflict_exit_code,
+        say_not_acquired: true,
+        target: Some(crate::holder::Target {
+            name: args.name.clone(),
+            kind: distlock::LockKind::Election,
+        }),
     };
     let got = obtain(url, &wanted, |c, left| {
         let name = args.name.clone();
@@ -114,6 +120,7 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
         command: &args.command,
         env: vec![("DLOCK_LEADER_VALUE", args.value.clone())],
         lock_file: got.lock_file(distlock::LockKind::Election),
+        keep: None,
     };
     supervise(got.held, got.attempt_sent, job).await
 }

@@ -2,9 +2,13 @@
 
 mod doctor;
 mod elect;
+mod hold;
+mod holder;
 mod inspect;
 mod kind;
 mod list;
+mod log;
+mod once;
 mod release;
 mod run;
 mod torture;
@@ -20,6 +24,11 @@ struct Cli {
     #[arg(long, global = true, env = "DLOCK_BACKEND", default_value = distlock::DEFAULT_BACKEND)]
     backend: String,
 
+    /// Show what dlock and the library do on stderr: -v info, -vv debug, -vvv trace
+    /// (DLOCK_LOG or RUST_LOG: tracing filter directives, e.g. `distlock_redis=debug`).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -30,6 +39,13 @@ enum Command {
     /// (75: not acquired within --wait, 69: server unreachable, 76: lock lost while the
     /// command ran).
     Run(run::RunArgs),
+    /// Run a command at most once per interval however many hosts fire it (cron on a fleet):
+    /// exit with its exit code, 75 if skipped because it runs elsewhere, 79 if it already ran
+    /// this interval.
+    Once(once::OnceArgs),
+    /// Hold a lock across several commands of a shell script: print its fencing token, hold
+    /// it until SIGTERM/SIGINT/SIGHUP or until stdin (a pipe) closes; exit 76 if it is lost.
+    Hold(hold::HoldArgs),
     /// Run a command only while this process leads an election (a hot standby); exit with
     /// its exit code (75: not elected within --wait, 76: leadership lost while it ran).
     Elect(elect::ElectArgs),
@@ -69,6 +85,8 @@ enum Command {
     },
 }
 
+/// Exit code for a command line dlock cannot use (as clap's own usage errors).
+pub const EXIT_USAGE: u8 = 2;
 /// Exit code when the lock was not acquired within `--wait` (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: u8 = 75;
 /// Exit code when the lock service could not be reached (EX_UNAVAILABLE): while connecting
@@ -94,7 +112,16 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    if default_backend && matches!(cli.command, Command::Run(_) | Command::Elect(_)) {
+    if let Err(e) = log::init(cli.verbose) {
+        eprintln!("dlock: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    if default_backend
+        && matches!(
+            cli.command,
+            Command::Run(_) | Command::Elect(_) | Command::Hold(_) | Command::Once(_)
+        )
+    {
         eprintln!(
             "dlock: no --backend or DLOCK_BACKEND: using {} (a lock directory on this host), \
              so the lock covers this host only",
@@ -121,6 +148,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(&backend, args).await,
             Command::Elect(args) => elect::elect(&backend, args).await,
+            Command::Hold(args) => hold::hold(&backend, args).await,
+            Command::Once(args) => once::once(&backend, args).await,
             Command::Leader(args) => elect::leader(&backend, args).await,
             Command::Inspect(args) => inspect::inspect(&backend, args).await,
             Command::List(args) => list::list(&backend, args).await,

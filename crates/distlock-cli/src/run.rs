@@ -37,17 +37,70 @@ pub struct RunArgs {
     /// [default: 5s]. At most half the lease minus a margin: longer is shortened to fit.
     #[arg(long, value_parser = crate::duration_arg)]
     grace: Option<Duration>,
+    #[command(flatten)]
+    which: Which,
+    /// Run this shell command line (`sh -c CMD`, flock -c) instead of COMMAND.
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "CMD",
+        conflicts_with = "command"
+    )]
+    shell: Option<String>,
+    /// Lock name.
+    name: String,
+    /// The command and its arguments (after `--`, or right after NAME: everything from the
+    /// first word after NAME on is the command's).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required_unless_present = "shell",
+        value_name = "COMMAND"
+    )]
+    command: Vec<String>,
+}
+
+/// `--owner`, `--kind`, `-s` and `-x` of `dlock run` and `dlock hold`: which lock, held as whom.
+#[derive(Args, Debug)]
+pub(crate) struct Which {
     /// Owner id to hold the lock as (default: unique per run).
     #[arg(long)]
     owner: Option<String>,
     /// Kind of lock: mutex, fair, read, write, or semaphore=N (one of N permits).
     #[arg(long, default_value = "mutex", value_parser = crate::kind::parse)]
     kind: crate::kind::Kind,
-    /// Lock name.
-    name: String,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
-    command: Vec<String>,
+    /// A shared lock (flock -s): the read side of the read-write lock NAME, held by any number
+    /// of -s holders at once and never with an -x holder. Same as --kind read.
+    #[arg(short, long, conflicts_with_all = ["kind", "exclusive"])]
+    shared: bool,
+    /// An exclusive lock against -s holders (flock -x): the write side of the read-write lock
+    /// NAME. Same as --kind write. (The default kind, mutex, is a lock of its own: scripts
+    /// that mix shared and exclusive holders of NAME use -s and -x on every side.)
+    #[arg(short = 'x', short_alias = 'e', long, conflicts_with = "kind")]
+    exclusive: bool,
+}
+
+impl Which {
+    /// The lock kind -s, -x or --kind ask for.
+    pub(crate) fn kind(&self) -> crate::kind::Kind {
+        if self.shared {
+            crate::kind::Kind::Read
+        } else if self.exclusive {
+            crate::kind::Kind::Write
+        } else {
+            self.kind
+        }
+    }
+}
+
+impl RunArgs {
+    /// The program and arguments to run: COMMAND, or `sh -c CMD`.
+    fn argv(&self) -> Vec<String> {
+        match &self.shell {
+            Some(line) => vec!["sh".into(), "-c".into(), line.clone()],
+            None => self.command.clone(),
+        }
+    }
 }
 
 const RUN_HELP: &str = "\
@@ -72,8 +125,14 @@ The command runs only while the lock is held:
   - Out of reach: processes that a service outside the command starts for it (systemd-run, a
     running tmux server, at, a container runtime). DLOCK_CGROUP=off: no cgroup.
 
-Exit status: the command's (128+N if it died of signal N); 75 if the lock was not acquired
-within --wait (or on the one try of -n); 69 if the lock service could not be reached (within
+flock(1) users: -n, -w SECS, -E CODE, -c CMD, -s and -x mean what they mean there; the
+command may follow NAME without `--`. Unlike flock, -x is not the default: the default kind
+(mutex) is a lock of its own, and -s/-x are the two sides of the read-write lock NAME.
+Shared and exclusive holders of one NAME therefore all pass -s or -x. -c runs `sh -c CMD`
+(not $SHELL).
+
+Exit status: the command's (128+N if it died of signal N); 75 (or -E CODE) if the lock was not
+acquired within --wait (or on the one try of -n); 69 if the lock service could not be reached (within
 --connect-timeout, or on the last try of --wait); 76 if the lock was lost, or the command had to be stopped because renewals
 failed, before the command ended (even if it then exited by itself); 1 for other errors
 (bad URL, credentials, unsupported kind); 126/127 if the command could not be started.";
@@ -81,11 +140,27 @@ failed, before the command ended (even if it then exited by itself); 1 for other
 /// `--wait`, `-n` and `--connect-timeout` of `dlock run` and `dlock elect`.
 #[derive(Args, Debug)]
 pub(crate) struct Waiting {
-    /// How long to wait once connected (default: forever; 0 makes one try). A bare number is
-    /// seconds; or e.g. 500ms, 10s, 2m. Lost connections and a lapsed place in the queue are
-    /// retried within it.
-    #[arg(long, value_parser = crate::duration_arg, conflicts_with = "nonblock")]
+    /// How long to wait once connected (default: forever; 0 makes one try; flock -w). A bare
+    /// number is seconds (fractions too); or e.g. 500ms, 10s, 2m, 1h30m. Lost connections and
+    /// a lapsed place in the queue are retried within it.
+    #[arg(
+        short = 'w',
+        long,
+        visible_alias = "timeout",
+        value_name = "DURATION",
+        value_parser = crate::duration_arg,
+        conflicts_with = "nonblock"
+    )]
     wait: Option<Duration>,
+    /// The exit status when the lock was not acquired: on the one try of -n, or when --wait
+    /// ran out (flock -E).
+    #[arg(
+        short = 'E',
+        long,
+        value_name = "CODE",
+        default_value_t = crate::EXIT_NOT_ACQUIRED
+    )]
+    pub(crate) conflict_exit_code: u8,
     /// Make one try, once connected, and give up (exit 75) if another owner has it: the same
     /// as --wait 0 (flock -n).
     #[arg(short = 'n', long)]
@@ -134,12 +209,14 @@ pub(crate) fn fit_grace(grace: Option<Duration>, lease: Duration) -> Duration {
 }
 
 pub async fn run(url: &str, args: RunArgs) -> u8 {
-    if args.command.is_empty() {
+    if args.argv().is_empty() {
         eprintln!("dlock: no command given");
         return crate::EXIT_ERROR;
     }
     let grace = fit_grace(args.grace, args.lease);
-    let got = match acquire(url, &args).await {
+    let command = args.argv();
+    let kind = args.which.kind();
+    let got = match acquire(url, &args.name, &args.which, args.lease, &args.waiting).await {
         Ok(g) => g,
         Err(code) => return code,
     };
@@ -148,9 +225,10 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         name: args.name.clone(),
         lease: args.lease,
         grace,
-        command: &args.command,
+        command: &command,
         env: Vec::new(),
-        lock_file: got.lock_file(args.kind.lock_kind()),
+        lock_file: got.lock_file(kind.lock_kind()),
+        keep: None,
     };
     supervise(got.held, got.attempt_sent, job).await
 }
@@ -164,14 +242,14 @@ pub(crate) enum Held {
 }
 
 impl Held {
-    fn guard(&self) -> &distlock::LockGuard {
+    pub(crate) fn guard(&self) -> &distlock::LockGuard {
         match self {
             Held::Lock(g) => g,
             Held::Leader(l) => l.guard(),
         }
     }
 
-    async fn release(self) -> distlock::Result<distlock::ReleaseOutcome> {
+    pub(crate) async fn release(self) -> distlock::Result<distlock::ReleaseOutcome> {
         match self {
             Held::Lock(g) => g.release().await,
             Held::Leader(l) => l.resign().await,
@@ -193,6 +271,9 @@ pub(crate) struct Job<'a> {
     /// On `file://`: a duplicate of the held lock's descriptor, for the guard to keep until
     /// every process of the command is gone ([`Got::lock_file`]).
     pub(crate) lock_file: Option<std::fs::File>,
+    /// Another lock, given up when the command ends but no sooner than it has been held the
+    /// given time ([`distlock::LockGuard::release_after`]): `dlock once`'s interval lock.
+    pub(crate) keep: Option<(distlock::LockGuard, Duration)>,
 }
 
 /// Runs `job.command` while `held` lasts (acquired by an attempt sent at `attempt_sent`, boot
@@ -206,6 +287,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
         command,
         env: extra_env,
         lock_file,
+        keep,
     } = job;
     let margin = margin(lease);
     let acquired = boot_now();
@@ -248,7 +330,10 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
     // The guard has its own duplicate now; ours must not outlive the release.
     drop(lock_file);
     let group = match group {
-        Ok(g) => g,
+        Ok(g) => {
+            tracing::info!(command = ?command, "command started under {what}");
+            g
+        }
         Err(e) => {
             eprintln!("dlock: cannot start the command's guard: {e}");
             release(guard).await;
@@ -303,7 +388,17 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
         _ => (outcome.guard_status, seen_end),
     };
     let release_sent = boot_now();
+    tracing::info!(
+        status = ended.exit_code(),
+        "command ended; releasing {what}"
+    );
     let released = release(guard).await;
+    if let Some((kept, at_least)) = keep {
+        let name = kept.name().to_owned();
+        if let Err(e) = kept.release_after(at_least).await {
+            eprintln!("dlock: giving up lock `{name}` failed ({e}); it frees when its lease ends");
+        }
+    }
     let mut facts = Facts::new(
         lease_end,
         distlock_run::Schedule::for_lease(lease_end, grace, margin).term,
@@ -398,19 +493,31 @@ pub(crate) fn is_permanent(e: &distlock::Error) -> bool {
 }
 
 /// Connects and acquires within `--wait`, healing what can heal.
-async fn acquire(url: &str, args: &RunArgs) -> Result<Got, u8> {
+pub(crate) async fn acquire(
+    url: &str,
+    name: &str,
+    which: &Which,
+    lease: Duration,
+    waiting: &Waiting,
+) -> Result<Got, u8> {
     let wanted = Wanted {
-        what: format!("lock `{}`", args.name),
-        lease: args.lease,
-        wait: args.waiting.wait(),
-        connect_timeout: args.waiting.connect_timeout,
+        what: format!("lock `{name}`"),
+        lease,
+        wait: waiting.wait(),
+        connect_timeout: waiting.connect_timeout,
         others: "another owner held it the whole time",
         busy: "another owner has it",
+        conflict_exit: waiting.conflict_exit_code,
+        say_not_acquired: true,
+        target: Some(crate::holder::Target {
+            name: name.to_owned(),
+            kind: which.kind().lock_kind(),
+        }),
     };
     obtain(url, &wanted, |c, left| {
-        let name = args.name.clone();
-        let kind = args.kind;
-        let owner = args.owner.clone();
+        let name = name.to_owned();
+        let kind = which.kind();
+        let owner = which.owner.clone();
         Box::pin(async move {
             match kind {
                 crate::kind::Kind::Semaphore(permits) => {
@@ -450,6 +557,13 @@ pub(crate) struct Wanted {
     pub(crate) others: &'static str,
     /// Why the one try of `--wait 0` got nothing: `another owner has it`.
     pub(crate) busy: &'static str,
+    /// The exit code when it was not got within the wait (`-E`, default 75).
+    pub(crate) conflict_exit: u8,
+    /// The lock whose holders the "not acquired" message names, where the backend can
+    /// inspect it.
+    pub(crate) target: Option<crate::holder::Target>,
+    /// Whether [`obtain`] says "not acquired" itself (`dlock once` words its skips its own way).
+    pub(crate) say_not_acquired: bool,
 }
 
 /// What [`obtain`] got.
@@ -663,13 +777,22 @@ pub(crate) async fn obtain(
 
     // Connecting: its own time limit, not the wait's.
     let started = tokio::time::Instant::now();
+    tracing::info!(url = %distlock::conn::redact(url), "connecting");
     let (mut client, mut files) = loop {
         let limit = match wanted.wait {
             None => wanted.connect_timeout,
             Some(_) => wanted.connect_timeout.saturating_sub(started.elapsed()),
         };
         match connect_within(url, &opts, limit).await {
-            Ok((c, f)) => break (Some(c), f),
+            Ok((c, f)) => {
+                tracing::info!(
+                    backend = c.backend_kind(),
+                    endpoint = %c.endpoint(),
+                    took = %human(started.elapsed()),
+                    "connected"
+                );
+                break (Some(c), f);
+            }
             Err(e) if is_permanent_at_connect(&e) => return Err(permanent(&e)),
             Err(e) => {
                 let left = wanted.connect_timeout.saturating_sub(started.elapsed());
@@ -696,6 +819,17 @@ pub(crate) async fn obtain(
 
     // Waiting: from the first live connection.
     let deadline = wanted.wait.map(|w| tokio::time::Instant::now() + w);
+    // Who holds it as the wait begins: a holder still there when it runs out has held the
+    // lock at least that long. (Not for the one try of `--wait 0`, nor without a limit.)
+    let mut first_look = match (&client, &wanted.target, wanted.wait) {
+        (Some(c), Some(t), Some(w)) if !w.is_zero() => {
+            let (c, t) = (c.clone(), t.clone());
+            Some(tokio::spawn(
+                async move { crate::holder::look(&c, &t).await },
+            ))
+        }
+        _ => None,
+    };
     let left = || deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
     let waited = human(wanted.wait.unwrap_or_default());
     // Until a try has come back from the server, a reply that makes no sense means a server
@@ -703,6 +837,7 @@ pub(crate) async fn obtain(
     let mut answered = false;
     loop {
         let attempt_sent = boot_now();
+        tracing::debug!(wait_left = ?left().map(human), "trying to acquire {what}");
         let result: distlock::Result<Held> = async {
             let c = match &client {
                 Some(c) => c.clone(),
@@ -718,25 +853,33 @@ pub(crate) async fn obtain(
         .await;
         let e = match result {
             Ok(held) => {
+                tracing::info!(
+                    fencing_token = held.guard().fencing_token(),
+                    owner = held.guard().owner(),
+                    waited = %human(boot_now().saturating_sub(attempt_sent)),
+                    "{what} acquired"
+                );
                 return Ok(Got {
                     held,
                     attempt_sent,
                     files,
-                })
+                });
+            }
+            Err(e) if e.is_timeout() && !wanted.say_not_acquired => {
+                return Err(wanted.conflict_exit);
             }
             Err(e) if e.is_timeout() => {
+                let first = first_look.take();
                 if wanted.wait.is_some_and(|w| w.is_zero()) {
+                    let why = why_not(client.as_ref(), wanted, first, wanted.busy).await;
                     eprintln!(
-                        "dlock: {what} was not acquired on its one try (-n, --wait 0): {}",
-                        wanted.busy
+                        "dlock: {what} was not acquired on its one try (-n, --wait 0): {why}"
                     );
                 } else {
-                    eprintln!(
-                        "dlock: {what} was not acquired within {waited}: {}",
-                        wanted.others
-                    );
+                    let why = why_not(client.as_ref(), wanted, first, wanted.others).await;
+                    eprintln!("dlock: {what} was not acquired within {waited}: {why}");
                 }
-                return Err(crate::EXIT_NOT_ACQUIRED);
+                return Err(wanted.conflict_exit);
             }
             Err(e) if is_permanent(&e) || (!answered && e.is_unexpected_reply()) => {
                 return Err(permanent(&e))
@@ -758,7 +901,7 @@ pub(crate) async fn obtain(
                 "dlock: {what} was not acquired within {waited}; last error: {}",
                 one_line(&e)
             );
-            return Err(crate::EXIT_NOT_ACQUIRED);
+            return Err(wanted.conflict_exit);
         }
         retrying.failed(&one_line(&e));
         let pause = backoff.next();
@@ -767,6 +910,32 @@ pub(crate) async fn obtain(
             None => tokio::time::sleep(pause).await,
         }
     }
+}
+
+/// The words after "not acquired …: ": the holders of `wanted.target` as seen now, with how
+/// long each has held it at least when `first` (a look as the wait began) saw it too;
+/// `fallback` when the backend cannot say.
+async fn why_not(
+    client: Option<&distlock::Client>,
+    wanted: &Wanted,
+    first: Option<tokio::task::JoinHandle<Option<crate::holder::Seen>>>,
+    fallback: &str,
+) -> String {
+    let (Some(client), Some(target)) = (client, &wanted.target) else {
+        return fallback.to_owned();
+    };
+    let now = crate::holder::look(client, target).await;
+    let first = match first {
+        // Unfinished by now, it would tell nothing the look just made does not.
+        Some(h) if h.is_finished() => h.await.ok().flatten(),
+        Some(h) => {
+            h.abort();
+            None
+        }
+        None => None,
+    };
+    now.and_then(|n| crate::holder::describe(&n, first.as_ref()))
+        .unwrap_or_else(|| fallback.to_owned())
 }
 
 /// The least time a connection try is given when the pauses between tries leave less.

@@ -175,7 +175,8 @@ fn leader_output_and_exit_codes() {
         .expect("elect");
     assert_eq!(out.status.code(), Some(75), "{out:?}");
     assert!(out.stdout.is_empty(), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("another candidate led"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("within 200ms: led by owner-a"), "{err}");
     // An election is not the lock of the same name.
     let out = dlock(&d)
         .args(["run", "--wait", "0", "job", "--", "true"])

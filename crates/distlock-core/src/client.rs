@@ -321,6 +321,8 @@ impl RwLock {
     }
 }
 
+/// `HOST:PID:RANDOM` (RANDOM: 8 hex digits); lock handles append `:SEQ`. The shape is read
+/// back by [`HolderInfo::origin`](crate::HolderInfo::origin).
 fn new_client_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()

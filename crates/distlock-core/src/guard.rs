@@ -249,6 +249,70 @@ impl LockGuard {
     }
 }
 
+impl LockGuard {
+    /// Gives the lock up, but not before it has been held `at_least` since it was acquired:
+    /// a job lock (ShedLock's "lock at least for"). A job that ran on one host keeps its name
+    /// locked for `at_least` even when it ends early, so a host whose clock or scheduler fires
+    /// the same job a little later finds it taken and skips it, instead of running it again.
+    ///
+    /// Held `at_least` already: the same as [`LockGuard::release`]. Otherwise, on a backend
+    /// whose leases expire, the lease is extended to end no sooner than the rest of
+    /// `at_least` from now ([`LockGuard::extend`], never shortened), renewals stop, and the
+    /// grant is left to expire on the server: the call returns at once with
+    /// [`ReleaseOutcome::Released`], and the process may exit. Where a hold lasts as long as
+    /// the process or session that holds it (`file://`, ZooKeeper) the call sleeps out the
+    /// rest of `at_least` and then releases; the process must live until it returns.
+    ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// use std::time::Duration;
+    /// let Ok(guard) = client.lock("nightly-report")?.acquire_timeout(Duration::ZERO).await
+    /// else {
+    ///     return Ok(()); // another host runs it, or ran it less than 5 minutes ago
+    /// };
+    /// // … the job …
+    /// guard.release_after(Duration::from_secs(300)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Dropping the future while it sleeps (backends without lease expiry) releases the lock
+    /// at once, as dropping the guard does.
+    ///
+    /// # Errors
+    /// As [`LockGuard::extend`] and [`LockGuard::release`]. If the extension fails, nothing
+    /// was left held past the lease already confirmed, and the lock is released as by
+    /// dropping the guard, except on [`Error::NotOwner`], which is reported as
+    /// [`ReleaseOutcome::Expired`].
+    pub async fn release_after(mut self, at_least: Duration) -> Result<ReleaseOutcome> {
+        let left = at_least.saturating_sub(self.acquired_at.elapsed());
+        if left.is_zero() {
+            return self.release().await;
+        }
+        if !self.client.shared.backend.capabilities().expires_leases() {
+            tokio::time::sleep_until((Instant::now() + left).to_tokio()).await;
+            return self.release().await;
+        }
+        match self.extend(left).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_owner() => {
+                self.done = true;
+                self.client.shared.detach(&self.hold, self.watchdog);
+                return Ok(ReleaseOutcome::Expired);
+            }
+            Err(e) => return Err(e),
+        }
+        // No release: the last guard of the hold leaves the client's map, so the keeper stops
+        // renewing it, and the server frees it when the extended lease ends.
+        self.done = true;
+        let others = self.client.shared.detach(&self.hold, self.watchdog);
+        Ok(match others {
+            0 => ReleaseOutcome::Released,
+            remaining => ReleaseOutcome::StillHeld { remaining },
+        })
+    }
+}
+
 /// A boxed future of this crate's per-operation path.
 pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 

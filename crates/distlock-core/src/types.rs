@@ -382,6 +382,40 @@ impl HolderInfo {
         self.value = value;
         self
     }
+
+    /// The host name and process id in the holder's owner id, when it is one the core made
+    /// (`HOST:PID:RANDOM:SEQ`, the default of every lock handle); `None` for an owner id the
+    /// application chose (`with_owner`), which names no process.
+    ///
+    /// ```
+    /// use distlock_core::HolderInfo;
+    /// let h = HolderInfo::new("web-1:4242:0a1b2c3d:7", 1);
+    /// assert_eq!(h.origin(), Some(("web-1", 4242)));
+    /// assert_eq!(HolderInfo::new("nightly-report", 1).origin(), None);
+    /// ```
+    pub fn origin(&self) -> Option<(&str, u32)> {
+        owner_origin(&self.owner)
+    }
+}
+
+/// The host and pid of an owner id of the core's making: `HOST:PID:RANDOM:SEQ`, with RANDOM
+/// 8 hex digits and PID and SEQ decimal (see `new_client_id` in client.rs).
+pub(crate) fn owner_origin(owner: &str) -> Option<(&str, u32)> {
+    let mut parts = owner.rsplitn(4, ':');
+    let seq = parts.next()?;
+    let random = parts.next()?;
+    let pid = parts.next()?;
+    let host = parts.next()?;
+    let decimal = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if host.is_empty()
+        || !decimal(seq)
+        || random.len() != 8
+        || !random.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return None;
+    }
+    let pid = pid.parse().ok().filter(|_| decimal(pid))?;
+    Some((host, pid))
 }
 
 impl LockInfo {
@@ -508,6 +542,32 @@ impl Finding {
             severity,
             check: check.into(),
             message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owner_origin;
+
+    #[test]
+    fn owner_origin_reads_only_the_cores_shape() {
+        assert_eq!(owner_origin("h:1:deadbeef:0"), Some(("h", 1)));
+        // The host is all before the last three fields.
+        assert_eq!(owner_origin("a:b:12:00ff00ff:3"), Some(("a:b", 12)));
+        for other in [
+            "",
+            "job",
+            "h:1:deadbeef",
+            ":1:deadbeef:0",
+            "h:x:deadbeef:0",
+            "h:1:deadbee:0",
+            "h:1:deadbeeg:0",
+            "h:1:deadbeef:",
+            "h:+1:deadbeef:0",
+            "h:99999999999:deadbeef:0",
+        ] {
+            assert_eq!(owner_origin(other), None, "{other}");
         }
     }
 }

@@ -1,0 +1,154 @@
+//! `dlock once`: five processes fired together at each of five intervals run the job exactly
+//! five times; skips say why (75 running elsewhere, 79 already ran); real processes against
+//! `file://` and a redis-server.
+
+use distlock_testkit::RedisServer;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+fn dlock(url: &str) -> Command {
+    let mut c = Command::new(DLOCK);
+    c.env("DLOCK_BACKEND", url);
+    c
+}
+
+/// Sleeps until `offset` past the next multiple of `every` in Unix time.
+fn sleep_to_boundary(every: Duration, offset: Duration) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
+    let every_ns = every.as_nanos();
+    let next = (now.as_nanos() / every_ns + 1) * every_ns;
+    let target = Duration::from_nanos(next as u64) + offset;
+    std::thread::sleep(target - now);
+}
+
+fn fire(url: &str, every: &str, log: &Path) -> Child {
+    dlock(url)
+        .args(["once", "--every", every, "job", "-c"])
+        .arg(format!("echo ran >> '{}'; sleep 0.3", log.display()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("once")
+}
+
+fn five_waves_five_runs(url: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("runs");
+    let every = Duration::from_secs(2);
+    let mut fired = Vec::new();
+    for _ in 0..5 {
+        sleep_to_boundary(every, Duration::from_millis(150));
+        fired.extend((0..5).map(|_| fire(url, "2s", &log)));
+    }
+    let mut codes = Vec::new();
+    for child in fired {
+        let out = child.wait_with_output().expect("wait");
+        let code = out.status.code();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        match code {
+            Some(0) => assert!(!err.contains("skipped"), "{err}"),
+            Some(75) => assert!(err.contains("skipped: it is running elsewhere"), "{err}"),
+            Some(79) => assert!(err.contains("skipped: it ran in this interval"), "{err}"),
+            other => panic!("exit {other:?}: {err}"),
+        }
+        codes.push(code);
+    }
+    let runs = std::fs::read_to_string(&log).expect("log").lines().count();
+    assert_eq!(runs, 5, "exit codes {codes:?}");
+    assert_eq!(
+        codes.iter().filter(|c| **c == Some(0)).count(),
+        5,
+        "{codes:?}"
+    );
+}
+
+#[test]
+fn five_hosts_five_intervals_five_runs_on_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    five_waves_five_runs(&format!("file://{}", dir.path().display()));
+}
+
+#[test]
+fn five_hosts_five_intervals_five_runs_on_redis() {
+    let server = RedisServer::start().expect("redis");
+    five_waves_five_runs(&server.url());
+}
+
+/// The time to live (ms) of job `name`'s interval lock (of the two names, the one held).
+fn interval_ttl(server: &RedisServer, name: &str) -> i64 {
+    (0..2)
+        .map(|slot| {
+            server
+                .command(&["PTTL", &format!("dlock:{{{name}@{slot}}}")])
+                .expect("pttl")
+                .trim()
+                .parse()
+                .expect("ttl")
+        })
+        .max()
+        .expect("two")
+}
+
+/// On a backend whose leases expire, dlock once exits when the command ends and the server
+/// keeps the name locked for the rest of the interval: a second firing is skipped with 79.
+#[test]
+fn a_finished_run_keeps_the_interval_on_the_server() {
+    let server = RedisServer::start().expect("redis");
+    let url = server.url();
+    // An interval far longer than the test: the next firing is in the same one.
+    let out = dlock(&url)
+        .args(["once", "--every", "1h", "report", "--", "true"])
+        .output()
+        .expect("once");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let ttl = interval_ttl(&server, "report");
+    assert!(ttl > 60_000, "the name stays locked past the run: {ttl} ms");
+    let out = dlock(&url)
+        .args(["once", "--every", "1h", "report", "--", "echo", "again"])
+        .output()
+        .expect("once");
+    assert_eq!(out.status.code(), Some(79), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    // --at-most caps the hold.
+    let out = dlock(&url)
+        .args([
+            "once",
+            "--every",
+            "1h",
+            "--at-most",
+            "2s",
+            "capped",
+            "--",
+            "true",
+        ])
+        .output()
+        .expect("once");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let ttl = interval_ttl(&server, "capped");
+    assert!(ttl > 0 && ttl <= 2_000, "{ttl}");
+}
+
+/// A run that outlasts its interval: the next interval's firing skips with 75 (running
+/// elsewhere) instead of running the job twice at once.
+#[test]
+fn a_run_still_going_at_the_next_interval_is_not_joined() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("file://{}", dir.path().display());
+    let every = Duration::from_secs(1);
+    sleep_to_boundary(every, Duration::from_millis(100));
+    let long = dlock(&url)
+        .args(["once", "--every", "1s", "long", "--", "sleep", "2.5"])
+        .spawn()
+        .expect("once");
+    sleep_to_boundary(every, Duration::from_millis(300));
+    let out = dlock(&url)
+        .args(["once", "--every", "1s", "long", "--", "echo", "twice"])
+        .output()
+        .expect("once");
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let st = long.wait_with_output().expect("wait").status;
+    assert_eq!(st.code(), Some(0), "{st:?}");
+}
