@@ -45,24 +45,8 @@ pub struct OnceArgs {
     /// How long to try to reach the lock service (exit 69 after).
     #[arg(long, value_parser = crate::duration_arg, default_value = "10s")]
     connect_timeout: Duration,
-    /// Run this shell command line (`sh -c CMD`) instead of COMMAND.
-    #[arg(
-        short = 'c',
-        long = "command",
-        value_name = "CMD",
-        conflicts_with = "command"
-    )]
-    shell: Option<String>,
-    /// Job name (the lock's).
-    name: String,
-    /// The command and its arguments (after `--`, or right after NAME).
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        required_unless_present = "shell",
-        value_name = "COMMAND"
-    )]
-    command: Vec<String>,
+    #[command(flatten)]
+    job: crate::run::JobArgs,
 }
 
 const ONCE_HELP: &str = "\
@@ -124,10 +108,7 @@ fn hold_for(
 }
 
 pub async fn once(url: &str, args: OnceArgs) -> u8 {
-    let command = match &args.shell {
-        Some(line) => vec!["sh".into(), "-c".into(), line.clone()],
-        None => args.command.clone(),
-    };
+    let command = args.job.argv();
     if args.every.is_zero() {
         eprintln!("dlock: --every must be longer than 0s");
         return crate::EXIT_USAGE;
@@ -163,9 +144,9 @@ pub async fn once(url: &str, args: OnceArgs) -> u8 {
         args.at_least,
         args.at_most,
     );
-    let slot = format!("{}@{}", args.name, interval_index(now, args.every) % 2);
+    let slot = format!("{}@{}", args.job.name, interval_index(now, args.every) % 2);
     let wanted = Wanted {
-        what: format!("job `{}`", args.name),
+        what: format!("job `{}`", args.job.name),
         lease,
         wait: Some(Duration::ZERO),
         connect_timeout: args.connect_timeout,
@@ -178,7 +159,7 @@ pub async fn once(url: &str, args: OnceArgs) -> u8 {
     // Filled by the attempt: the interval's lock, or which lock was taken.
     let state = Arc::new(Mutex::new(Attempt::default()));
     let got = obtain(url, &wanted, |c, _| {
-        let (name, slot, state) = (args.name.clone(), slot.clone(), state.clone());
+        let (name, slot, state) = (args.job.name.clone(), slot.clone(), state.clone());
         Box::pin(async move {
             // A fixed lease to the end of the hold: nothing renews it, and it ends then even
             // if this process dies.
@@ -227,14 +208,14 @@ pub async fn once(url: &str, args: OnceArgs) -> u8 {
         (Err(crate::EXIT_NOT_ACQUIRED), Attempt::Skipped { running: true }) => {
             eprintln!(
                 "dlock: job `{}` skipped: it is running elsewhere",
-                args.name
+                args.job.name
             );
             return crate::EXIT_NOT_ACQUIRED;
         }
         (Err(crate::EXIT_NOT_ACQUIRED), _) => {
             eprintln!(
                 "dlock: job `{}` skipped: it ran in this interval already (--every {})",
-                args.name,
+                args.job.name,
                 crate::run::human(args.every)
             );
             return EXIT_ALREADY_RAN;
@@ -243,15 +224,15 @@ pub async fn once(url: &str, args: OnceArgs) -> u8 {
         (Ok(_), _) => {
             eprintln!(
                 "dlock: job `{}`: the interval's lock went missing",
-                args.name
+                args.job.name
             );
             return crate::EXIT_ERROR;
         }
     };
-    tracing::info!(hold = %crate::run::human(hold), "job `{}` runs", args.name);
+    tracing::info!(hold = %crate::run::human(hold), "job `{}` runs", args.job.name);
     let job = Job {
-        what: format!("job `{}`", args.name),
-        name: args.name.clone(),
+        what: format!("job `{}`", args.job.name),
+        name: args.job.name.clone(),
         lease,
         grace,
         command: &command,

@@ -39,6 +39,13 @@ pub struct RunArgs {
     grace: Option<Duration>,
     #[command(flatten)]
     which: Which,
+    #[command(flatten)]
+    job: JobArgs,
+}
+
+/// NAME and what runs under it, shared by `dlock run` and `dlock once`: COMMAND, or `-c CMD`.
+#[derive(Args, Debug)]
+pub(crate) struct JobArgs {
     /// Run this shell command line (`sh -c CMD`, flock -c) instead of COMMAND.
     #[arg(
         short = 'c',
@@ -47,8 +54,8 @@ pub struct RunArgs {
         conflicts_with = "command"
     )]
     shell: Option<String>,
-    /// Lock name.
-    name: String,
+    /// Lock name (`dlock once`: the job's).
+    pub(crate) name: String,
     /// The command and its arguments (after `--`, or right after NAME: everything from the
     /// first word after NAME on is the command's).
     #[arg(
@@ -93,9 +100,9 @@ impl Which {
     }
 }
 
-impl RunArgs {
+impl JobArgs {
     /// The program and arguments to run: COMMAND, or `sh -c CMD`.
-    fn argv(&self) -> Vec<String> {
+    pub(crate) fn argv(&self) -> Vec<String> {
         match &self.shell {
             Some(line) => vec!["sh".into(), "-c".into(), line.clone()],
             None => self.command.clone(),
@@ -209,20 +216,20 @@ pub(crate) fn fit_grace(grace: Option<Duration>, lease: Duration) -> Duration {
 }
 
 pub async fn run(url: &str, args: RunArgs) -> u8 {
-    if args.argv().is_empty() {
+    if args.job.argv().is_empty() {
         eprintln!("dlock: no command given");
         return crate::EXIT_ERROR;
     }
     let grace = fit_grace(args.grace, args.lease);
-    let command = args.argv();
+    let command = args.job.argv();
     let kind = args.which.kind();
-    let got = match acquire(url, &args.name, &args.which, args.lease, &args.waiting).await {
+    let got = match acquire(url, &args.job.name, &args.which, args.lease, &args.waiting).await {
         Ok(g) => g,
         Err(code) => return code,
     };
     let job = Job {
-        what: format!("lock `{}`", args.name),
-        name: args.name.clone(),
+        what: format!("lock `{}`", args.job.name),
+        name: args.job.name.clone(),
         lease: args.lease,
         grace,
         command: &command,
