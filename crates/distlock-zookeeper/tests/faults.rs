@@ -258,6 +258,39 @@ async fn crashed_holder_and_waiter_free_the_lock_within_the_lease() {
     drop(g);
 }
 
+/// A release whose connection dies under it (its request swallowed, the connection silent
+/// until the driver gives it up after 2/5 of the session timeout and reconnects within the
+/// session) is retried on the new connection and frees the lock. The driver reports such a
+/// failure as a custom error ("no response from connection in …ms", or an I/O error), which
+/// was mapped to an unexpected reply: the core did not retry the release, the caller got an
+/// error, and the node stayed in the session, which lived on: the lock was held by nobody for
+/// as long as the process ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_a_connection_that_dies_is_retried() {
+    let ensemble = ZkEnsemble::shared();
+    let proxy = DelayProxy::start(ensemble.addr(0), Duration::ZERO).expect("proxy");
+    let cut_url = format!("zk://127.0.0.1:{}?session_timeout=6s", proxy.port());
+    // A per-call timeout longer than the driver's 2.4 s: the driver's own error decides.
+    let opts = opts()
+        .watchdog_lease(Duration::from_secs(6))
+        .op_timeout(Duration::from_secs(5));
+    let holder = client(&cut_url, opts.clone()).await;
+    let other = client(&ensemble.url(), opts).await;
+    let name = unique_name("deadconn");
+    let g = hold_within(&holder, &name, Duration::from_secs(5), "acquire").await;
+    // Only the release carries the token (the fence it records in the directory).
+    proxy.hold_next_request_with(g.fencing_token().to_string().as_bytes());
+    let r = g.release().await;
+    eprintln!("release on a connection that died under it: {r:?}");
+    assert_eq!(
+        r.expect("the release was not retried"),
+        ReleaseOutcome::Released
+    );
+    let g2 = hold_within(&other, &name, Duration::from_secs(5), "the released lock").await;
+    released(g2).await;
+    proxy.heal();
+}
+
 /// A holder whose backend goes away without releasing (the driver closes the session) frees
 /// the lock at once — its ephemeral node goes with the session — instead of after the session
 /// timeout.
