@@ -16,7 +16,13 @@ pub(crate) fn map(endpoint: &str, what: &str, e: zk::Error) -> Error {
         | Z::SessionExpired
         | Z::SessionMoved
         | Z::ClientClosed
-        | Z::Throttled => Error::connection(KIND, endpoint.to_owned(), format!("{what}: {e}")),
+        | Z::Throttled
+        // The driver's own failures of a connection (an I/O error, "no response from
+        // connection in …ms" after 2/5 of the session timeout of silence): it reconnects, and
+        // the call is to be retried on the new connection, as after a `ConnectionLoss`. A
+        // release taken for an unexpected reply was not retried, and its node stayed in the
+        // session that lived on.
+        | Z::Custom(_) => Error::connection(KIND, endpoint.to_owned(), format!("{what}: {e}")),
         Z::NoAuth | Z::AuthFailed => Error::auth(
             KIND,
             endpoint.to_owned(),
@@ -24,6 +30,11 @@ pub(crate) fn map(endpoint: &str, what: &str, e: zk::Error) -> Error {
         ),
         other => Error::unexpected(KIND, format!("{what}: {other}")),
     }
+}
+
+/// True when a request failed with its connection: it may or may not have reached the server.
+pub(crate) fn connection_died(e: &zk::Error) -> bool {
+    matches!(e, zk::Error::ConnectionLoss | zk::Error::Custom(_))
 }
 
 /// A call that got no answer in time (the connection may be down).

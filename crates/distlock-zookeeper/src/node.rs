@@ -1,6 +1,6 @@
 //! Lock nodes: created (or found again after a lost answer), listed, deleted.
 
-use crate::error::{session_gone, timed_out, KIND};
+use crate::error::{connection_died, session_gone, timed_out, KIND};
 use crate::layout::{self, NodeData, NodeKind};
 use crate::session::{Inner, Session};
 use distlock_core::backend::{AcquireRequest, AttemptId};
@@ -59,7 +59,7 @@ pub(crate) async fn delete_by_prefix(zk: &zk::Client, prefix: &str) {
                 }
                 return;
             }
-            Err(zk::Error::ConnectionLoss) => continue,
+            Err(e) if connection_died(&e) => continue,
             Err(_) => return,
         }
     }
@@ -169,7 +169,7 @@ impl Inner {
                         Err(e) => return Err(self.err("creating the lock directory", e)),
                     }
                 }
-                Err(zk::Error::ConnectionLoss) => {
+                Err(e) if connection_died(&e) => {
                     // The create may have happened: look for our attempt's node.
                     self.sync(sess, dir).await?;
                     if let Some(name) = self.find_child(sess, dir, prefix).await? {
@@ -224,7 +224,7 @@ impl Inner {
                 Ok((_, seq)) => {
                     let _ = zk.delete(&format!("{prefix}{seq}"), None).await;
                 }
-                Err(zk::Error::ConnectionLoss) => delete_by_prefix(&zk, &prefix).await,
+                Err(e) if connection_died(&e) => delete_by_prefix(&zk, &prefix).await,
                 Err(_) => {}
             }
         });

@@ -16,6 +16,7 @@ use crate::ZkBackend;
 use distlock_core::{
     Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
 };
+use std::time::Duration;
 use zookeeper_client as zk;
 
 pub(crate) async fn list(b: &ZkBackend, prefix: &str) -> Result<Vec<ListedLock>> {
@@ -290,6 +291,20 @@ fn loopback_only(hosts: &str) -> bool {
     })
 }
 
+/// What a session timeout the servers lengthened beyond the one asked for (their
+/// `minSessionTimeout`) means for the holders: a dead one keeps the lock for the session
+/// timeout, not for the lease.
+pub(crate) fn lengthened(timeout: Duration, requested: Duration, lease: Duration) -> String {
+    format!(
+        "the ZooKeeper servers raised the session timeout to {timeout:?} (asked for \
+         {requested:?}; their minSessionTimeout, default 2 × tickTime): safe, but a holder or \
+         queued waiter that crashes or is cut off keeps the lock or its place in the queue for \
+         up to {timeout:?}, not the {lease:?} watchdog lease; lower the servers' \
+         minSessionTimeout (or tickTime), or use a watchdog lease of at least {timeout:?} so \
+         that the two agree"
+    )
+}
+
 pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
     let inner = &b.inner;
     let sess = inner.session().await?;
@@ -311,11 +326,23 @@ pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
             "session-timeout",
             format!("the ensemble shortened the session timeout to {timeout:?} (asked for {:?}; the servers' maxSessionTimeout, default 20 × tickTime): it still covers the watchdog lease {lease:?}, but fixed leases and extensions longer than {timeout:?} are refused; raise maxSessionTimeout if you need them", inner.requested_timeout),
         )
+    } else if timeout > inner.requested_timeout {
+        Finding::new(
+            Severity::Warning,
+            "session-timeout",
+            lengthened(timeout, inner.requested_timeout, lease),
+        )
+    } else if timeout > lease {
+        Finding::new(
+            Severity::Ok,
+            "session-timeout",
+            format!("session timeout {timeout:?} (as the URL's session_timeout asks) covers the watchdog lease {lease:?}; a holder or waiter that dies keeps the lock or its place in the queue for up to {timeout:?}, not {lease:?}"),
+        )
     } else {
         Finding::new(
             Severity::Ok,
             "session-timeout",
-            format!("negotiated session timeout {timeout:?} covers the watchdog lease {lease:?}"),
+            format!("negotiated session timeout {timeout:?} equals the watchdog lease: a holder or waiter that dies frees the lock or its place in the queue {lease:?} after it fell silent"),
         )
     });
 

@@ -1,5 +1,6 @@
 //! Releasing a grant and giving up an attempt: deleting (or updating) its node, recording the fence.
 
+use crate::error::connection_died;
 use crate::grant::Grant;
 use crate::layout::{self, Family, NodeData, NodeKind};
 use crate::node::{busy, foreign_data, token_of, DATA_ATTEMPTS};
@@ -230,7 +231,7 @@ impl Inner {
                 self.absent(&sess, &dir, family).await
             }
             Ok(Err(e)) => {
-                self.release_failed(&grant.attempt, matches!(e, zk::Error::ConnectionLoss));
+                self.release_failed(&grant.attempt, connection_died(&e));
                 Err(self.err("releasing the lock node", e))
             }
             Err(e) => {

@@ -262,6 +262,12 @@ impl Inner {
             tracing::info!(requested = ?self.requested_timeout, negotiated = ?timeout,
                 "the ZooKeeper server shortened the session timeout (its maxSessionTimeout)");
         }
+        if timeout > self.requested_timeout {
+            tracing::warn!(
+                "{}",
+                crate::ops::lengthened(timeout, self.requested_timeout, self.watchdog_lease)
+            );
+        }
         let watcher = client.state_watcher();
         let ended = CancellationToken::new();
         let session = {

@@ -201,6 +201,96 @@ async fn session_expiry_fires_lost_and_fences() {
     g3.release().await.expect("release");
 }
 
+/// A holder and a queued waiter that crash (their traffic blackholed: to the ensemble they
+/// fall silent, as a SIGKILLed or frozen process does) with a 1 s watchdog lease and no
+/// `session_timeout` in the URL: a live waiter queued behind them gets the lock within its
+/// 6 s wait, as on a backend whose lease frees a dead holder's lock. The session is what a
+/// dead holder's node lives on, so it must be as short as the lease the user chose. (It was at
+/// least 10 s: every killed worker of a `dlock torture --lease 1s` run kept its node — held or
+/// queued — for 10 s, live waiters gave up after their 4 s waits and queued again behind newer
+/// dead nodes, and the lock was granted twice in 30 s.) Safety holds as before: the crashed
+/// holder's guard is lost by the time the lock is granted again, and the token is higher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_holder_and_waiter_free_the_lock_within_the_lease() {
+    let ensemble = ZkEnsemble::shared();
+    let proxy = DelayProxy::start(ensemble.addr(0), Duration::ZERO).expect("proxy");
+    let lease = Duration::from_secs(1);
+    let opts = opts().watchdog_lease(lease);
+    let cut_url = format!("zk://127.0.0.1:{}", proxy.port());
+    let name = unique_name("crashed");
+    let holder_backend = ZkBackend::connect(&cut_url, &opts).await.expect("connect");
+    let negotiated = holder_backend.session_timeout().expect("session");
+    eprintln!("watchdog lease {lease:?}: session timeout {negotiated:?}");
+    let holder = distlock_core::Client::new(std::sync::Arc::new(holder_backend), opts.clone())
+        .expect("client");
+    let doomed_waiter = client(&cut_url, opts.clone()).await;
+    let live = client(&ensemble.url(), opts).await;
+    let g = hold_within(&holder, &name, Duration::from_secs(5), "acquire").await;
+    let t1 = g.fencing_token();
+    let doomed_lock = doomed_waiter.lock(&name).expect("lock");
+    let doomed = tokio::spawn(async move {
+        let _ = doomed_lock.acquire_timeout(Duration::from_secs(30)).await;
+    });
+    wait_for_waiters(&live, &name, LockKind::Mutex, 1).await;
+    let live_lock = live.lock(&name).expect("lock");
+    let lost = g.lost_signal();
+    let waiter = tokio::spawn(async move {
+        let g = live_lock.acquire_timeout(Duration::from_secs(6)).await;
+        (g, Instant::now(), lost.is_lost())
+    });
+    wait_for_waiters(&live, &name, LockKind::Mutex, 2).await;
+
+    let cut_at = Instant::now();
+    proxy.set_blackhole(true);
+    let (g2, granted_at, lost_when_granted) = waiter.await.expect("waiter");
+    let g2 = g2.unwrap_or_else(|e| {
+        panic!("a crashed holder and waiter with a {lease:?} lease kept the lock: {e}")
+    });
+    eprintln!("crashed at 0, next grant at {:?}", granted_at - cut_at);
+    assert!(
+        lost_when_granted,
+        "the crashed holder's guard was not lost when the lock was granted again"
+    );
+    assert!(g2.fencing_token() > t1, "{} after {t1}", g2.fencing_token());
+    released(g2).await;
+    doomed.abort();
+    proxy.set_blackhole(false);
+    drop(g);
+}
+
+/// A release whose connection dies under it (its request swallowed, the connection silent
+/// until the driver gives it up after 2/5 of the session timeout and reconnects within the
+/// session) is retried on the new connection and frees the lock. The driver reports such a
+/// failure as a custom error ("no response from connection in …ms", or an I/O error), which
+/// was mapped to an unexpected reply: the core did not retry the release, the caller got an
+/// error, and the node stayed in the session, which lived on: the lock was held by nobody for
+/// as long as the process ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_a_connection_that_dies_is_retried() {
+    let ensemble = ZkEnsemble::shared();
+    let proxy = DelayProxy::start(ensemble.addr(0), Duration::ZERO).expect("proxy");
+    let cut_url = format!("zk://127.0.0.1:{}?session_timeout=6s", proxy.port());
+    // A per-call timeout longer than the driver's 2.4 s: the driver's own error decides.
+    let opts = opts()
+        .watchdog_lease(Duration::from_secs(6))
+        .op_timeout(Duration::from_secs(5));
+    let holder = client(&cut_url, opts.clone()).await;
+    let other = client(&ensemble.url(), opts).await;
+    let name = unique_name("deadconn");
+    let g = hold_within(&holder, &name, Duration::from_secs(5), "acquire").await;
+    // Only the release carries the token (the fence it records in the directory).
+    proxy.hold_next_request_with(g.fencing_token().to_string().as_bytes());
+    let r = g.release().await;
+    eprintln!("release on a connection that died under it: {r:?}");
+    assert_eq!(
+        r.expect("the release was not retried"),
+        ReleaseOutcome::Released
+    );
+    let g2 = hold_within(&other, &name, Duration::from_secs(5), "the released lock").await;
+    released(g2).await;
+    proxy.heal();
+}
+
 /// A holder whose backend goes away without releasing (the driver closes the session) frees
 /// the lock at once — its ephemeral node goes with the session — instead of after the session
 /// timeout.
