@@ -7,7 +7,7 @@
 //! URL and [`NodeAcl`] says who may touch dlock's nodes; [`ZkBackend::from_connector`] opens
 //! the backend's sessions with the application's own `zookeeper_client::Connector`
 //! (re-exported as [`zookeeper_client`]); [`lock_dir`] and [`encode_segment`] name a lock's directory for operators and
-//! tests.
+//! tests; [`MIN_SESSION_TIMEOUT`] is the shortest session asked for by default.
 #![warn(missing_docs)]
 
 mod builder;
@@ -44,6 +44,14 @@ use distlock_core::{Backend, ClientOptions, Error, LockInfo, LockKind, ReleaseOu
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// Shortest session timeout the backend asks for by default (the watchdog lease when longer).
+/// A session must outlast the window in which a deposed leader still answers its clients
+/// (`syncLimit × tickTime`, 10 s on a default ensemble: the crate README's *What is still
+/// assumed*), and it is also the longest fixed lease or `extend` a client may ask for. The
+/// price: a holder that dies with a shorter watchdog lease keeps the lock for this long, not
+/// for its lease; `?session_timeout=` asks for less, knowingly.
+pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Path of the directory that holds the lock nodes of `name` of `kind`, for a backend without
 /// chroot using namespace `namespace` (`/<ns>/<name>`, `/<ns>/<name>/rw` for read-write locks,
@@ -97,10 +105,10 @@ impl ZkBackend {
     /// [`USER_ENV`], [`PASSWORD_ENV`] and [`PASSWORD_FILE_ENV`].
     ///
     /// The session timeout is `session_timeout` from the URL, or else the client's watchdog
-    /// lease: the session is what a dead holder's lock nodes live on, so asking for the lease
-    /// makes a holder (or a queued waiter) that crashes or is cut off free the lock one lease
-    /// after it fell silent, as the lease-based backends do. The server negotiates it into its
-    /// own range (by default 2 to 20 ticks, i.e. 4 s to 40 s). A negotiated timeout shorter
+    /// lease but at least [`MIN_SESSION_TIMEOUT`]: the session is what a dead holder's lock
+    /// nodes live on, so a holder (or a queued waiter) that crashes or is cut off frees the
+    /// lock one session timeout after it fell silent. The server negotiates it into its own
+    /// range (by default 2 to 20 ticks, i.e. 4 s to 40 s). A negotiated timeout shorter
     /// than the watchdog lease is refused ([`Error::InvalidArgument`]): renewals promise the
     /// core a whole lease, and the session would not keep that promise. A longer one (a lease
     /// below the servers' `minSessionTimeout`) is logged as a warning and reported by
@@ -133,7 +141,7 @@ impl ZkBackend {
     /// driver's connect string, `h1:2181,h2:2181[/chroot]` (`tcp+tls://h:p` for a server
     /// reached over the connector's TLS); locks live under `/<chroot>/<namespace>` as with
     /// [`connect`](Self::connect). dlock sets the
-    /// session timeout (the watchdog lease) and `with_fail_eagerly` on its clone. Nodes get [`NodeAcl::Open`] unless `acl` says
+    /// session timeout (the watchdog lease, at least [`MIN_SESSION_TIMEOUT`]) and `with_fail_eagerly` on its clone. Nodes get [`NodeAcl::Open`] unless `acl` says
     /// otherwise.
     ///
     /// Why a connector and not a [`Client`](zookeeper_client::Client): a lock is held by a
@@ -231,7 +239,9 @@ impl ZkBackend {
                 "namespace `zookeeper` at the root is reserved by ZooKeeper; pick another or add a chroot",
             ));
         }
-        let requested_timeout = u.session_timeout.unwrap_or(opts.get_watchdog_lease());
+        let requested_timeout = u
+            .session_timeout
+            .unwrap_or_else(|| opts.get_watchdog_lease().max(MIN_SESSION_TIMEOUT));
         let tls = u.tls.as_ref().map(tls::Tls::load).transpose()?;
         let from_app = connector.is_some();
         let mut connector = connector.unwrap_or_else(zookeeper_client::Client::connector);

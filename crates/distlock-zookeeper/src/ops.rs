@@ -336,7 +336,7 @@ pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
         Finding::new(
             Severity::Ok,
             "session-timeout",
-            format!("session timeout {timeout:?} (as the URL's session_timeout asks) covers the watchdog lease {lease:?}; a holder or waiter that dies keeps the lock or its place in the queue for up to {timeout:?}, not {lease:?}"),
+            format!("session timeout {timeout:?} (the URL's session_timeout, or at least {:?} by default) covers the watchdog lease {lease:?}; a holder or waiter that dies keeps the lock or its place in the queue for up to {timeout:?}, not {lease:?} (`session_timeout` in the URL asks for less)", crate::MIN_SESSION_TIMEOUT),
         )
     } else {
         Finding::new(

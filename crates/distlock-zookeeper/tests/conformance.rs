@@ -10,9 +10,7 @@ use distlock_zookeeper::ZkBackend;
 use zookeeper_client as zk;
 
 fn zk() -> ServerHarness<&'static ZkEnsemble> {
-    // The session is the watchdog lease (1 s in the suite's options) unless asked for: the
-    // suite's fixed leases, extensions and watchdog leases (up to 20 s) must fit in it.
-    let url = |e: &&ZkEnsemble| format!("{}?session_timeout=20s", e.url());
+    let url = |e: &&ZkEnsemble| e.url();
     ServerHarness::new(ZkEnsemble::shared(), url, |url, o| async move {
         ZkBackend::connect(&url, &o).await
     })
