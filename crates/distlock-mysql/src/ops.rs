@@ -367,7 +367,14 @@ fn tls_finding(b: &MysqlBackend, version: Option<String>) -> Finding {
 
 pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
     let mode = b.mode();
-    type Probe = (String, Option<u64>, Option<String>, i64, Option<String>, bool);
+    type Probe = (
+        String,
+        Option<u64>,
+        Option<String>,
+        i64,
+        Option<String>,
+        bool,
+    );
     let before = SystemTime::now();
     let (version, session_wait, wsrep, server_us, tls_version, watchable): Probe = b
         .common

@@ -48,7 +48,11 @@ fn found(text: &str) -> Option<(SocketAddr, SocketAddr, RawFd)> {
     if digits.is_empty() || rest.len() == digits.len() {
         return None;
     }
-    Some((local.parse().ok()?, peer.parse().ok()?, digits.parse().ok()?))
+    Some((
+        local.parse().ok()?,
+        peer.parse().ok()?,
+        digits.parse().ok()?,
+    ))
 }
 
 /// The socket of `conn`, checked with the kernel; `None` if it cannot be told for sure.
@@ -108,7 +112,10 @@ mod tests {
         let v6 = "TlsStream { io: TcpStream { addr: [::1]:5, peer: [::1]:3306, fd: 3 }, session";
         assert_eq!(found(v6).map(|f| f.2), Some(3));
         // Not complete yet: the number may go on.
-        assert_eq!(found("TcpStream { addr: [::1]:5, peer: [::1]:3306, fd: 3"), None);
+        assert_eq!(
+            found("TcpStream { addr: [::1]:5, peer: [::1]:3306, fd: 3"),
+            None
+        );
         assert_eq!(found("Socket(UnixStream { fd: 3 })"), None);
     }
 }

@@ -85,7 +85,11 @@ async fn killed_connection_frees_the_lock() {
         matches!(reason, LostReason::SessionEnded(ref why) if why.contains(&format!("connection {id}"))),
         "{reason:?}"
     );
-    assert!(killed.elapsed() < Duration::from_secs(5), "{:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        killed.elapsed()
+    );
     assert_eq!(
         g.release().await.expect("release"),
         ReleaseOutcome::TakenByOther

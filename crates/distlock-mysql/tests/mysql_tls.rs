@@ -476,7 +476,12 @@ async fn killed_connection_over_tls_fires_lost_at_once() {
     .expect("connect");
     let c = distlock_core::Client::new(std::sync::Arc::new(b), opts).expect("client");
     let name = format!("tls-kill-{}", std::process::id());
-    let g = c.lock(&name).expect("lock").acquire().await.expect("acquire");
+    let g = c
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
     let killed = std::time::Instant::now();
     support::kill_holder(&server, &name);
     let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
@@ -486,5 +491,9 @@ async fn killed_connection_over_tls_fires_lost_at_once() {
         matches!(reason, distlock_core::LostReason::SessionEnded(_)),
         "{reason:?}"
     );
-    assert!(killed.elapsed() < Duration::from_secs(5), "{:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        killed.elapsed()
+    );
 }

@@ -78,7 +78,9 @@ pub async fn reset_holder_connection_fires_lost_at_once<S: SqlServer, B: Backend
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .map(|t| t - reset);
-    eprintln!("holder told {told:?} after the reset ({reason}); the waiter was granted {b_at:?} after it");
+    eprintln!(
+        "holder told {told:?} after the reset ({reason}); the waiter was granted {b_at:?} after it"
+    );
     assert!(
         g2.fencing_token() > g.fencing_token(),
         "{} after {}",

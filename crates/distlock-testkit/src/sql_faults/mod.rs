@@ -16,10 +16,10 @@ mod election;
 mod late;
 mod tokens;
 
+pub use closed::reset_holder_connection_fires_lost_at_once;
 pub use election::{
     election_cancelled_campaign, election_operator_commands, election_proclamations,
 };
-pub use closed::reset_holder_connection_fires_lost_at_once;
 pub use late::{late_request_of_an_ended_attempt, Ended};
 use std::future::Future;
 use std::net::SocketAddr;
