@@ -466,7 +466,7 @@ fn close_finding(mode: Mode, watchable: bool) -> Finding {
         (Mode::Session, true) => Finding::new(
             Severity::Ok,
             "connection-close",
-            "a holder's connection is watched: when the server or a proxy between closes or resets it (KILL, a timeout, a failover), the server frees the lock and the holder's lost signal fires at once. Assumed: nothing between closes the server's side of a holder's connection and leaves the client's side open (a pooling proxy can: ProxySQL, MaxScale); through one, use ?mode=table",
+            "a holder's connection is watched: when the server or a proxy between closes or resets it (KILL, a timeout, a failover), the server frees the lock and the holder's lost signal fires at once. Assumed: nothing between ends the server's side of a holder's connection and keeps the client's side open (a pooling proxy may, e.g. ProxySQL or MaxScale depending on its settings); through such a proxy use ?mode=table",
         ),
         (Mode::Session, false) => Finding::new(
             Severity::Warning,
