@@ -468,7 +468,13 @@ mod mysql {
         for url in urls(&db) {
             let (code, report) = doctor(&url);
             assert_eq!(code, Some(0), "{url}: {report}");
-            for check in ["version", "wait_timeout", "galera", "clock"] {
+            for check in [
+                "version",
+                "wait_timeout",
+                "connection-close",
+                "galera",
+                "clock",
+            ] {
                 assert!(line(&report, check).starts_with("OK"), "{check}: {report}");
             }
         }

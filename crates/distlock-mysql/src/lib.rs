@@ -6,6 +6,7 @@ mod error;
 mod observe;
 mod ops;
 mod session;
+mod socket;
 mod table;
 mod tls;
 

@@ -367,12 +367,21 @@ fn tls_finding(b: &MysqlBackend, version: Option<String>) -> Finding {
 
 pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
     let mode = b.mode();
-    type Probe = (String, Option<u64>, Option<String>, i64, Option<String>);
+    type Probe = (
+        String,
+        Option<u64>,
+        Option<String>,
+        i64,
+        Option<String>,
+        bool,
+    );
     let before = SystemTime::now();
-    let (version, session_wait, wsrep, server_us, tls_version): Probe = b
+    let (version, session_wait, wsrep, server_us, tls_version, watchable): Probe = b
         .common
         .with_conn("diagnosing", |c| {
             Box::pin(async move {
+                // Whether a holder's client can see its connection closed (as a grant's).
+                let watchable = crate::socket::socket_of(c).is_some();
                 let version: Option<String> = c.query_first("SELECT VERSION()").await?;
                 // Session mode enforces a holder's lease as its connection's wait_timeout:
                 // a proxy or a server cap that ignores SET SESSION would keep a dead
@@ -394,6 +403,7 @@ pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
                     wsrep.map(|(_, v)| v),
                     now.unwrap_or(0),
                     tls.map(|(_, v)| v),
+                    watchable,
                 ))
             })
         })
@@ -423,6 +433,7 @@ pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
             format!("SET SESSION wait_timeout = 31 read back as {other:?}: session mode enforces each holder's lease as its connection's wait_timeout, so a stalled holder would keep its lock far past its lease; connect to the server directly (not through a proxy that pins or rewrites session variables) or use ?mode=table"),
         ),
     });
+    out.push(close_finding(mode, watchable));
     let galera = wsrep
         .as_deref()
         .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
@@ -441,6 +452,28 @@ pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
     });
     out.push(clock_finding(server_us / 1000 - local_ms));
     Ok(out)
+}
+
+/// The `connection-close` check: whether a holder learns at once that its connection was
+/// closed from the other side (and what session mode assumes about that).
+fn close_finding(mode: Mode, watchable: bool) -> Finding {
+    match (mode, watchable) {
+        (Mode::Table, _) => Finding::new(
+            Severity::Ok,
+            "connection-close",
+            "table mode: a lock is its row's lease, not a connection; a closed connection frees nothing",
+        ),
+        (Mode::Session, true) => Finding::new(
+            Severity::Ok,
+            "connection-close",
+            "a holder's connection is watched: when the server or a proxy between closes or resets it (KILL, a timeout, a failover), the server frees the lock and the holder's lost signal fires at once. Assumed: nothing between ends the server's side of a holder's connection and keeps the client's side open (a pooling proxy may, e.g. ProxySQL or MaxScale depending on its settings); through such a proxy use ?mode=table",
+        ),
+        (Mode::Session, false) => Finding::new(
+            Severity::Warning,
+            "connection-close",
+            "a holder's connection cannot be watched here (not a TCP socket, or a driver whose connection text changed): when the server or a proxy closes it, the server frees the lock at once but the holder learns it only at its next renewal, a third of the lease later, while another client may hold the lock (fencing tokens still stop its writes to stores that check them); use ?mode=table for a lease the client can count on",
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 mod support;
 
 use distlock_testkit::sql_faults::SqlMode;
-use support::{connect_tls, free_lock_row, kill_holder, tls_server};
+use support::{connect_tls, delete_holder_row, free_lock_row, tls_server};
 
 mod session {
     use super::*;
@@ -13,7 +13,7 @@ mod session {
         tls_server(),
         "?ssl-mode=VERIFY_IDENTITY",
         connect_tls,
-        kill_holder
+        delete_holder_row
     ); mutual_exclusion, try_acquire_contended, reentrancy, fencing_tokens_increase,
        waiter_woken_by_release, drop_releases, crashed_holder_frees_at_lease_end,
        lost_when_broken, backend_contract);

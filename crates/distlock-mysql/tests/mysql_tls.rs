@@ -460,3 +460,40 @@ async fn doctor_reports_tls() {
         "{tls:?}"
     );
 }
+
+/// Over TLS too, a holder whose connection the server kills is told at once, not at its next
+/// renewal (20 s here): its client watches the socket under the TLS stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connection_over_tls_fires_lost_at_once() {
+    let server = tls_server();
+    let query = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", ca(&server));
+    let opts = client_options().watchdog_lease(Duration::from_secs(60));
+    let b = MysqlBackend::connect(
+        &url(&server, server.user(), Some(server.password()), &query),
+        &opts,
+    )
+    .await
+    .expect("connect");
+    let c = distlock_core::Client::new(std::sync::Arc::new(b), opts).expect("client");
+    let name = format!("tls-kill-{}", std::process::id());
+    let g = c
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let killed = std::time::Instant::now();
+    support::kill_holder(&server, &name);
+    let reason = tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("the holder was not told within 10 s that the server killed its connection");
+    assert!(
+        matches!(reason, distlock_core::LostReason::SessionEnded(_)),
+        "{reason:?}"
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        killed.elapsed()
+    );
+}

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+pub mod closewatch;
 pub mod ended;
 mod engine;
 pub mod errors;

@@ -9,13 +9,27 @@ use distlock_testkit::MariaDbServer;
 distlock_testkit::sql_test_support! {
     My = MariaDbServer, MysqlBackend;
     /// Session mode (`GET_LOCK`, the default).
-    session: "" => kill_holder,
+    session: "" => delete_holder_row,
     /// Table mode (`?mode=table`).
     table: "?mode=table" => free_lock_row,
 }
 
+/// Session mode: deletes the holder's row, as an operator revoking the lock would: the
+/// holder's next renewal finds it gone, reports the lock lost (`NotHeld`) and gives
+/// `GET_LOCK` up. (Killing the holder's connection instead, [`kill_holder`], fires its lost
+/// signal at once, with `SessionEnded`: tested in mysql_faults.rs and mysql_tls.rs.)
+pub fn delete_holder_row(server: &MariaDbServer, name: &str) {
+    let key = distlock_mysql::lock_key("dlock", name);
+    let n = server
+        .sql(&format!(
+            "DELETE FROM dlock.dlock_holders WHERE lock_key = '{key}'; SELECT ROW_COUNT()"
+        ))
+        .expect("delete the holder row");
+    assert_eq!(n, "1", "nobody holds {name}");
+}
+
 /// Session mode: kills the holder's connection, as an operator (or a failover) would: the
-/// server frees the lock, and the holder's next renewal finds its connection gone.
+/// server frees the lock, and the holder's client sees its connection close.
 pub fn kill_holder(server: &MariaDbServer, name: &str) {
     let key = distlock_mysql::lock_key("dlock", name);
     let id = server

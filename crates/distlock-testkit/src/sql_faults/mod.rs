@@ -1,7 +1,7 @@
 //! Test code both SQL backends (`distlock-postgres`, `distlock-mysql`) share: one server per
 //! test binary, the conformance harness of one mode of a backend, and the fault cases both
 //! run ([`sql_fault_cases!`](crate::sql_fault_cases): a dropped backend, a holder process
-//! killed with SIGKILL, connection errors).
+//! killed with SIGKILL, a holder's connection reset by a proxy, connection errors).
 //!
 //! The backends are not dependencies of this crate (they dev-depend on it): a test binary
 //! hands in how it connects ([`Connect`]) and how an operator breaks a lock ([`BreakLock`]).
@@ -11,10 +11,12 @@ use crate::{MariaDbServer, PostgresServer, ProxyControl};
 use distlock_core::{
     AcquireReply, AcquireRequest, Backend, Client, ClientOptions, HoldKey, LockKind, LostSignal,
 };
+mod closed;
 mod election;
 mod late;
 mod tokens;
 
+pub use closed::reset_holder_connection_fires_lost_at_once;
 pub use election::{
     election_cancelled_campaign, election_operator_commands, election_proclamations,
 };
@@ -479,6 +481,11 @@ macro_rules! sql_fault_cases {
         async fn killed_process_frees_its_lock() {
             $crate::sql_faults::killed_process_frees_its_lock(&$mode, "child_holder", $env, $waiters)
                 .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn reset_holder_connection_fires_lost_at_once() {
+            $crate::sql_faults::reset_holder_connection_fires_lost_at_once(&$mode).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

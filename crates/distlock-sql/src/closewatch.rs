@@ -1,0 +1,218 @@
+//! Watching a holder's socket for a close by the other side.
+//!
+//! In session mode the server frees a connection's locks the moment it reads that connection's
+//! end: a `KILL`, a server-side timeout, or a proxy between client and server that closes (or
+//! resets) its upstream side. A driver that reads its socket only while a statement runs learns
+//! of that at the holder's next statement, its renewal a third of a lease later, and another
+//! client may hold the lock meanwhile. [`CloseWatch`] reads the end of the socket as it comes
+//! (end-of-file, a reset, a hang-up) and calls back at once, so the holder's lost signal fires
+//! when the server frees the lock, not a renewal later.
+//!
+//! It watches a duplicate of the driver's descriptor for readiness only and never reads, so
+//! the driver's protocol is untouched. The duplicate keeps the socket open: a connection that
+//! is being closed is shut down through [`CloseWatch::shutdown`] first, so the server sees the
+//! close at once whatever the watch's task is doing.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio_util::sync::CancellationToken;
+
+/// A watch on one connection's socket: calls its callback once when the other side closes or
+/// resets the connection, unless stopped first. Dropping it stops it.
+#[derive(Debug)]
+pub struct CloseWatch {
+    fd: Arc<AsyncFd<OwnedFd>>,
+    stop: CancellationToken,
+    closed: Arc<AtomicBool>,
+}
+
+impl CloseWatch {
+    /// Watches the socket `fd` (a duplicate of it: the caller's descriptor is left alone) on
+    /// the current Tokio runtime; `on_close` runs once, on the runtime, when the other side
+    /// closes or resets the connection, and never after [`CloseWatch::stop`] or a drop.
+    ///
+    /// # Errors
+    /// No Tokio runtime with I/O here, or the descriptor could not be duplicated or registered
+    /// (then nothing is watched).
+    pub fn start(
+        fd: BorrowedFd<'_>,
+        on_close: impl FnOnce() + Send + 'static,
+    ) -> io::Result<CloseWatch> {
+        let rt = tokio::runtime::Handle::try_current()
+            .map_err(|e| io::Error::other(format!("no Tokio runtime to watch on: {e}")))?;
+        let fd = {
+            let _in_rt = rt.enter();
+            // Deprecated for descriptors the `AsyncFd` does not own (tokio 1.54); this one
+            // owns its duplicate, and the replacement is not in the tokio versions we allow.
+            #[allow(deprecated)]
+            let fd = AsyncFd::with_interest(fd.try_clone_to_owned()?, Interest::READABLE)?;
+            Arc::new(fd)
+        };
+        let stop = CancellationToken::new();
+        let closed = Arc::new(AtomicBool::new(false));
+        rt.spawn(watch(fd.clone(), stop.clone(), closed.clone(), on_close));
+        Ok(CloseWatch { fd, stop, closed })
+    }
+
+    /// Stops the watch: the callback does not run from now on (it may be running now).
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Whether the other side's close was seen (the callback ran or is running).
+    pub fn closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Stops the watch and shuts the socket down both ways, for the connection's owner that is
+    /// closing it: the server sees the close now, not when the watch's duplicate is dropped.
+    pub fn shutdown(&self) {
+        self.stop();
+        // SAFETY: `shutdown(2)` on a descriptor this watch owns (the `Arc` keeps it open); it
+        // touches no memory.
+        unsafe {
+            libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR);
+        }
+    }
+}
+
+impl Drop for CloseWatch {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Waits until `fd` reads closed (a FIN, a reset, a hang-up) and runs `on_close`, unless
+/// stopped first. Data arriving (the driver's replies) only re-arms the wait.
+async fn watch(
+    fd: Arc<AsyncFd<OwnedFd>>,
+    stop: CancellationToken,
+    closed: Arc<AtomicBool>,
+    on_close: impl FnOnce(),
+) {
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            ready = fd.readable() => match ready {
+                Ok(mut guard) => {
+                    if guard.ready().is_read_closed() {
+                        break;
+                    }
+                    // A reply for the driver: wait for the next change.
+                    guard.clear_ready();
+                }
+                // The registration failed: nothing is known about the connection.
+                Err(e) => {
+                    tracing::debug!(error = %e, "watching a holder's socket failed");
+                    return;
+                }
+            },
+        }
+    }
+    if !stop.is_cancelled() {
+        closed.store(true, Ordering::SeqCst);
+        on_close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+    use std::time::Duration;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let c = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        c.set_nonblocking(true).expect("nonblocking");
+        (c, s)
+    }
+
+    fn watched(c: &TcpStream) -> (CloseWatch, tokio::sync::oneshot::Receiver<()>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let w = CloseWatch::start(c.as_fd(), move || {
+            let _ = tx.send(());
+        })
+        .expect("watch");
+        (w, rx)
+    }
+
+    #[tokio::test]
+    async fn fires_on_close_and_reset_not_on_data() {
+        // The peer writes (a reply), then closes: only the close fires.
+        let (c, mut s) = pair();
+        let (w, mut rx) = watched(&c);
+        s.write_all(b"reply").expect("write");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(rx.try_recv().is_err(), "data alone fired the watch");
+        assert!(!w.closed());
+        s.shutdown(Shutdown::Both).expect("shutdown");
+        tokio::time::timeout(Duration::from_secs(10), &mut rx)
+            .await
+            .expect("no callback after the peer closed")
+            .expect("callback dropped");
+        assert!(w.closed());
+
+        // A reset (SO_LINGER 0 then close).
+        let (c, s) = pair();
+        let (_w, rx) = watched(&c);
+        let s = socket_with_linger_zero(s);
+        drop(s);
+        tokio::time::timeout(Duration::from_secs(10), rx)
+            .await
+            .expect("no callback after a reset")
+            .expect("callback dropped");
+    }
+
+    #[tokio::test]
+    async fn stopped_or_dropped_watches_stay_silent_and_shutdown_closes() {
+        let (c, s) = pair();
+        let (w, mut rx) = watched(&c);
+        w.stop();
+        s.shutdown(Shutdown::Both).expect("shutdown");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(rx.try_recv().is_err(), "a stopped watch fired");
+
+        // Our own shutdown reaches the peer although the watch's duplicate is still open.
+        let (c, mut s) = pair();
+        let (w, _rx) = watched(&c);
+        w.shutdown();
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut buf = [0u8; 1];
+        assert_eq!(
+            std::io::Read::read(&mut s, &mut buf).expect("read"),
+            0,
+            "the peer did not see the close"
+        );
+        drop(w);
+        drop(c);
+    }
+
+    fn socket_with_linger_zero(s: TcpStream) -> TcpStream {
+        let l = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: setsockopt with a valid `linger` on a descriptor `s` owns.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&l as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "SO_LINGER");
+        s
+    }
+}
