@@ -148,6 +148,8 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
     };
     let cfg = Config {
         target,
+        kind: distlock_torture::history::Kind::Mutex,
+        names: 1,
         clients: usize::from(args.clients),
         duration: args.duration,
         lease: args.lease,

@@ -2,7 +2,7 @@
 //! nemesis schedule, then the checker.
 
 use crate::checker::{self, Analysis};
-use crate::history::{now_us, Event, History, NemesisEvent};
+use crate::history::{now_us, Event, History, Kind, NemesisEvent};
 use crate::register::Register;
 use crate::worker::{Target, WorkerConfig};
 use distlock_proxy::DelayProxy;
@@ -91,6 +91,10 @@ pub struct WorkerCommand {
 pub struct Config {
     /// What the workers lock.
     pub target: Target,
+    /// The kind of lock, and so the rule the checker holds the grants to.
+    pub kind: Kind,
+    /// How many lock names the workers spread over (each attempt picks one).
+    pub names: u32,
     /// Worker processes at any time.
     pub clients: usize,
     /// How long the workers loop.
@@ -289,6 +293,8 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
         register: c.register.ops(),
         nemeses: c.nemeses,
         killed: c.killed,
+        kind: cfg.kind,
+        lease_us: crate::history::to_us(cfg.lease),
     };
     if let Some(path) = &cfg.history_out {
         let json = serde_json::to_vec(&history).map_err(|e| e.to_string())?;
@@ -538,14 +544,35 @@ impl Coordinator<'_> {
 }
 
 impl Report {
-    /// A line of counts: grants, writes accepted and refused, lost signals and their lateness.
+    /// A line of counts: grants, writes accepted and refused, lost signals and their lateness,
+    /// the liveness figures.
     pub fn analysis_line(&self) -> String {
         let s = &self.analysis.stats;
         let l = &self.analysis.lost_lateness;
-        format!(
-            "{} attempts, {} grants, {} writes (register {} accepted, {} refused), final value {}, {} lost signals (late after lease end: p50 {} µs, p99 {} µs, max {} µs)",
-            s.attempts, s.grants, s.writes, s.register_accepted, s.register_rejected, s.final_value, s.lost, l.p50_us, l.p99_us, l.max_us
-        )
+        let mut line = format!(
+            "{} attempts, {} grants, {} writes (register {} accepted, {} refused), final value {}, {} lost signals",
+            s.attempts, s.grants, s.writes, s.register_accepted, s.register_rejected, s.final_value, s.lost
+        );
+        if l.count > 0 {
+            line += &format!(
+                " ({} after the lease end: p50 {} µs, p99 {} µs, max {} µs",
+                l.count, l.p50_us, l.p99_us, l.max_us
+            );
+        } else {
+            line += " (none after the lease end";
+        }
+        if l.early > 0 {
+            line += &format!("; {} before it", l.early);
+        }
+        if l.unknown > 0 {
+            line += &format!("; {} with no known lease end", l.unknown);
+        }
+        line += &format!(
+            "), longest wait with the lock held by nobody {} ms, {} waiters passed over",
+            s.longest_unheld_wait_us / 1000,
+            s.starved
+        );
+        line
     }
 }
 

@@ -50,6 +50,8 @@ pub fn config(v: Variant, dir: std::path::PathBuf, worker: WorkerCommand, seed: 
     let lease = Duration::from_millis(300);
     Config {
         target: Target::Broken(v, dir),
+        kind: crate::history::Kind::Mutex,
+        names: 1,
         clients: 4,
         duration: Duration::from_secs(4),
         lease,

@@ -208,6 +208,7 @@ async fn work(cfg: WorkerConfig) -> Result<(), String> {
         let id = AttemptId {
             worker: cfg.id.clone(),
             attempt,
+            lock: 0,
         };
         attempt += 1;
         emit(&id, EventKind::AttemptStart);
@@ -248,6 +249,7 @@ async fn work(cfg: WorkerConfig) -> Result<(), String> {
             EventKind::Grant {
                 token,
                 lease_end: Some(held.lease_end()),
+                shared: false,
             },
         );
         let lost = LostOnce(Arc::new(AtomicBool::new(false)), id.clone());
