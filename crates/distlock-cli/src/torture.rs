@@ -33,8 +33,9 @@ pub struct TortureArgs {
     /// Lock names (only 1 in this version).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1))]
     names: u16,
-    /// Nemeses, comma-separated: pause, kill, delay, drop, reset. Default: pause,kill, plus
-    /// delay,drop,reset when the URL has a single host the proxy can stand in front of.
+    /// Nemeses, comma-separated: pause, kill, delay, drop, reset, duplicate. Default:
+    /// pause,kill, plus delay,drop,reset,duplicate when the URL has a single host the proxy
+    /// can stand in front of.
     #[arg(long, value_name = "LIST")]
     nemesis: Option<String>,
     /// Seed of the nemesis schedule and work times (default: from the clock; printed).

@@ -100,11 +100,15 @@ fn redis_passes_with_every_nemesis() {
         "--lease",
         "1s",
         "--nemesis",
-        "pause,kill,delay,drop,reset",
+        "pause,kill,delay,drop,reset,duplicate",
         "--seed",
         "12",
     ]);
-    assert_clean(code, &r, &["pause", "kill", "delay", "drop", "reset"]);
+    assert_clean(
+        code,
+        &r,
+        &["pause", "kill", "delay", "drop", "reset", "duplicate"],
+    );
 }
 
 #[test]

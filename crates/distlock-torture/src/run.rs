@@ -31,16 +31,21 @@ pub enum Nemesis {
     Drop,
     /// Reset every connection of the worker to the lock service.
     Reset,
+    /// Hold the worker's next request to the lock service in the proxy past the client's
+    /// per-call timeout, so that the client sends it again on a fresh connection, then let
+    /// the first copy through: the server gets the request twice, the first copy late.
+    Duplicate,
 }
 
 impl Nemesis {
     /// Every nemesis.
-    pub const ALL: [Nemesis; 5] = [
+    pub const ALL: [Nemesis; 6] = [
         Nemesis::Pause,
         Nemesis::Kill,
         Nemesis::Delay,
         Nemesis::Drop,
         Nemesis::Reset,
+        Nemesis::Duplicate,
     ];
 
     /// Its name.
@@ -51,12 +56,16 @@ impl Nemesis {
             Nemesis::Delay => "delay",
             Nemesis::Drop => "drop",
             Nemesis::Reset => "reset",
+            Nemesis::Duplicate => "duplicate",
         }
     }
 
     /// Whether it works through the proxy.
     pub fn needs_proxy(self) -> bool {
-        matches!(self, Nemesis::Delay | Nemesis::Drop | Nemesis::Reset)
+        matches!(
+            self,
+            Nemesis::Delay | Nemesis::Drop | Nemesis::Reset | Nemesis::Duplicate
+        )
     }
 
     /// Parses a comma-separated list (`pause,kill,delay`).
@@ -67,7 +76,8 @@ impl Nemesis {
                 .into_iter()
                 .find(|n| n.name() == part)
                 .ok_or_else(|| {
-                    format!("unknown nemesis `{part}`; choose from pause, kill, delay, drop, reset")
+                    let names: Vec<&str> = Nemesis::ALL.iter().map(|n| n.name()).collect();
+                    format!("unknown nemesis `{part}`; choose from {}", names.join(", "))
                 })?;
             if !v.contains(&n) {
                 v.push(n);
@@ -501,6 +511,26 @@ impl Coordinator<'_> {
                     p.reset_all();
                 }
             }
+            Nemesis::Duplicate => {
+                let Some(p) = &self.slots[i].proxy else {
+                    return Ok(());
+                };
+                let before = p.held_connections();
+                p.hold_next_request();
+                // The worker's next request (a holder's renewal or release, a waiter's try)
+                // comes within a renewal interval; a worker with nothing to say is left.
+                let caught = wait_until(lease, || p.held_connections() > before);
+                if caught {
+                    // Past the per-call timeout the client gives up on that connection and
+                    // sends the request again on another one; then the first copy arrives.
+                    thread::sleep(distlock::ClientOptions::default().get_op_timeout() + lease / 2);
+                }
+                p.release_held();
+                if !caught {
+                    return Ok(());
+                }
+                wait_until(lease, || p.held_requests_answered());
+            }
         }
         self.nemeses.push(NemesisEvent {
             nemesis: n.name().to_string(),
@@ -540,6 +570,20 @@ impl Coordinator<'_> {
                 let _ = r.join();
             }
         }
+    }
+}
+
+/// Polls `done` every 10 ms for at most `d`; whether it became true.
+fn wait_until(d: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + d;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(10));
     }
 }
 
