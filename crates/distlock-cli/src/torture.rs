@@ -1,6 +1,7 @@
 //! `dlock torture`: the thin command-line front of crate distlock-torture.
 
 use clap::Args;
+use distlock_torture::history::Kind;
 use distlock_torture::{run, selftest, Config, Nemesis, Target, WorkerCommand, WorkerConfig};
 use std::time::Duration;
 
@@ -18,9 +19,9 @@ pub struct TortureArgs {
     /// must be flagged, the correct control must pass).
     #[arg(long)]
     self_test: bool,
-    /// Lock kind (only `mutex` in this version).
-    #[arg(long, default_value = "mutex", value_parser = crate::kind::parse)]
-    kind: crate::kind::Kind,
+    /// Lock kind: mutex, fair, read-write (half the attempts read), semaphore=N, election.
+    #[arg(long, default_value = "mutex", value_parser = parse_kind)]
+    kind: Kind,
     /// Worker processes.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(2..=256))]
     clients: u16,
@@ -30,8 +31,9 @@ pub struct TortureArgs {
     /// Lease (the watchdog lease of every worker's client).
     #[arg(long, default_value = "2s", value_parser = crate::duration_arg)]
     lease: Duration,
-    /// Lock names (only 1 in this version).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1))]
+    /// Lock names the workers spread over (each attempt picks one; each name has its own
+    /// register value and is checked on its own).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
     names: u16,
     /// Nemeses, comma-separated: pause, kill, delay, drop, reset, duplicate. Default:
     /// pause,kill, plus delay,drop,reset,duplicate when the URL has a single host the proxy
@@ -48,6 +50,10 @@ pub struct TortureArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_kind(s: &str) -> Result<Kind, String> {
+    s.parse()
 }
 
 /// Arguments of the hidden worker subcommand (set by `dlock torture`).
@@ -125,10 +131,6 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
             }
         };
     }
-    if args.kind != crate::kind::Kind::Mutex {
-        eprintln!("dlock: torture: only --kind mutex is supported in this version");
-        return EXIT_BAD_INPUT;
-    }
     let target = Target::Url(backend.to_string());
     let nemeses = match args.nemesis.as_deref().map(Nemesis::parse_list) {
         Some(Ok(n)) => n,
@@ -149,8 +151,8 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
     };
     let cfg = Config {
         target,
-        kind: distlock_torture::history::Kind::Mutex,
-        names: 1,
+        kind: args.kind,
+        names: u32::from(args.names),
         clients: usize::from(args.clients),
         duration: args.duration,
         lease: args.lease,
@@ -163,8 +165,8 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
     };
     if !args.json {
         eprintln!(
-            "dlock: torture: {} clients for {:?} on {backend}, lease {:?}, seed {seed}",
-            cfg.clients, cfg.duration, cfg.lease
+            "dlock: torture: {} {} clients for {:?} on {backend}, lease {:?}, seed {seed}",
+            cfg.clients, cfg.kind, cfg.duration, cfg.lease
         );
     }
     match run::run(&cfg) {

@@ -112,6 +112,45 @@ fn redis_passes_with_every_nemesis() {
 }
 
 #[test]
+fn every_kind_on_two_names_passes_on_redis() {
+    let redis = RedisServer::start().expect("redis");
+    // (kind, fewest and most holders at once the kind's rule allows and a run shows).
+    for (kind, least, most) in [
+        ("fair", 1, 1),
+        ("read-write", 2, 5),
+        ("semaphore=2", 2, 2),
+        ("election", 1, 1),
+    ] {
+        let (code, r) = torture(&[
+            "--backend",
+            &redis.url(),
+            "torture",
+            "--kind",
+            kind,
+            "--names",
+            "2",
+            "--clients",
+            "5",
+            "--duration",
+            "7s",
+            "--lease",
+            "1s",
+            "--nemesis",
+            "pause,kill",
+            "--seed",
+            "13",
+        ]);
+        assert_eq!(code, 0, "{kind}: {r:#}");
+        assert!(r["stats"]["grants"].as_u64().unwrap() > 5, "{kind}: {r:#}");
+        let held = r["stats"]["max_holders"].as_u64().unwrap();
+        assert!((least..=most).contains(&held), "{kind}: {r:#}");
+        // A semaphore's holders use no register; the others write.
+        let writes = r["stats"]["writes"].as_u64().unwrap();
+        assert_eq!(writes > 0, !kind.starts_with("semaphore"), "{kind}: {r:#}");
+    }
+}
+
+#[test]
 fn bad_input_exits_2() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().display());
@@ -127,7 +166,9 @@ fn bad_input_exits_2() {
             "--duration",
             "1s",
         ],
-        vec!["torture", "--kind", "fair", "--duration", "1s"],
+        vec!["torture", "--kind", "semaphore=0", "--duration", "1s"],
+        vec!["torture", "--kind", "write", "--duration", "1s"],
+        vec!["torture", "--names", "0", "--duration", "1s"],
     ] {
         let out = Command::new(DLOCK).args(&args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");

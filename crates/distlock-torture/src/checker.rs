@@ -267,6 +267,10 @@ pub struct Stats {
     /// there are workers (a violation only for a first-come-first-served lock).
     #[serde(default)]
     pub starved: u64,
+    /// The most holders (not told their grant was lost) of one lock name at once: 1 for a
+    /// mutex that kept its promise, up to N for a semaphore of N permits, readers sharing.
+    #[serde(default)]
+    pub max_holders: u64,
     /// The longest time the lock was held by nobody alive while a waiter untouched by a
     /// nemesis waited, µs.
     #[serde(default)]
@@ -364,6 +368,8 @@ pub fn check(h: &History) -> Analysis {
             Kind::Semaphore(n) => over_limit(&s, n, &mut out),
             _ => overlaps(&s, &mut out),
         }
+        let most = most_at_once(&s).len() as u64;
+        out.stats.max_holders = out.stats.max_holders.max(most);
         tokens(&s, &mut out);
         if h.lease_us > 0 {
             held_by_nobody(h, lock, &s, &w, d.history_end, &mut out);
@@ -530,6 +536,28 @@ fn overlaps(s: &[Section], out: &mut Analysis) {
             });
         }
     }
+}
+
+/// The sections (not told lost) open at once at the busiest moment.
+fn most_at_once(s: &[Section]) -> Vec<usize> {
+    let mut points: Vec<(u64, bool, usize)> = Vec::new();
+    for (i, x) in s.iter().enumerate().filter(|(_, x)| !x.told_lost) {
+        points.push((x.grant, true, i));
+        points.push((x.end, false, i));
+    }
+    points.sort_unstable();
+    let (mut open, mut most) = (Vec::new(), Vec::new());
+    for (_, starts, i) in points {
+        if starts {
+            open.push(i);
+            if open.len() > most.len() {
+                most.clone_from(&open);
+            }
+        } else {
+            open.retain(|&j| j != i);
+        }
+    }
+    most
 }
 
 /// More holders of a semaphore at once than its permits (holders told lost left out).

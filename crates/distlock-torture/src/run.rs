@@ -397,6 +397,8 @@ impl Coordinator<'_> {
             id: id.clone(),
             target,
             name: self.cfg.name.clone(),
+            kind: self.cfg.kind,
+            names: self.cfg.names,
             lease: self.cfg.lease,
             work: self.cfg.work,
             wait: self.cfg.lease * 3 + Duration::from_secs(1),
@@ -612,7 +614,8 @@ impl Report {
             line += &format!("; {} with no known lease end", l.unknown);
         }
         line += &format!(
-            "), longest wait with the lock held by nobody {} ms, {} waiters passed over",
+            "), at most {} holders at once, longest wait with the lock held by nobody {} ms, {} waiters passed over",
+            s.max_holders,
             s.longest_unheld_wait_us / 1000,
             s.starved
         );

@@ -614,6 +614,7 @@ fn readers_share_and_writers_do_not() {
     section(&mut h, &attempt("w1.0", 0), 0, 20, 900, true);
     let r = check(&h);
     assert!(r.ok(), "two readers: {:?}", r.violations);
+    assert_eq!(r.stats.max_holders, 2);
     section(&mut h, &attempt("w2.0", 0), 0, 500, 2_000, false);
     let r = check(&h);
     assert_eq!(
