@@ -35,11 +35,17 @@ pub struct TortureArgs {
     /// register value and is checked on its own).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
     names: u16,
-    /// Nemeses, comma-separated: pause, kill, delay, drop, reset, duplicate. Default:
-    /// pause,kill, plus delay,drop,reset,duplicate when the URL has a single host the proxy
-    /// can stand in front of.
+    /// Nemeses, comma-separated: pause, kill, delay, drop, reset, duplicate, and on the server
+    /// pause-server, restart-server (with --server-pid) and failover (redis+sentinel://).
+    /// Default: pause,kill, plus delay,drop,reset,duplicate when the URL has a single host the
+    /// proxy can stand in front of; server nemeses only when asked.
     #[arg(long, value_name = "LIST")]
     nemesis: Option<String>,
+    /// Pid of a lock server the server nemeses (pause-server, restart-server) may stop and
+    /// crash; repeat for several (a Redlock's nodes). restart-server kills it and waits for its
+    /// supervisor to start it again on the same port.
+    #[arg(long = "server-pid", value_name = "PID")]
+    server_pids: Vec<u32>,
     /// Seed of the nemesis schedule and work times (default: from the clock; printed).
     #[arg(long)]
     seed: Option<u64>,
@@ -141,7 +147,7 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
         None => match run::proxyable(&target) {
             Ok(p) => Nemesis::ALL
                 .into_iter()
-                .filter(|n| p || !n.needs_proxy())
+                .filter(|n| !n.on_server() && (p || !n.needs_proxy()))
                 .collect(),
             Err(e) => {
                 eprintln!("dlock: {e}");
@@ -162,6 +168,7 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
         worker,
         name: format!("torture-{seed}"),
         history_out: args.history,
+        server_pids: args.server_pids,
     };
     if !args.json {
         eprintln!(

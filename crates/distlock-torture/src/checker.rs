@@ -15,8 +15,10 @@ pub const MAX_LISTED: usize = 20;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "violation", rename_all = "kebab-case")]
 pub enum Violation {
-    /// Two critical sections overlapped and neither holder was told its lock was lost: a
-    /// double grant.
+    /// Two holders held the lock at once, each by its own lease: a double grant. A holder
+    /// never told its grant was lost holds until its section ends; one told lost holds until
+    /// the lease end its lock had last confirmed (a holder frozen past its lease is not
+    /// counted: no lock can stop it, fencing does).
     Overlap {
         /// The earlier-granted holder.
         a: AttemptId,
@@ -70,7 +72,8 @@ pub enum Violation {
         /// When (register clock, µs).
         t: u64,
     },
-    /// More holders of a semaphore at once than it has permits, none told its grant was lost.
+    /// More holders of a semaphore at once, each by its own lease (as for
+    /// [`Violation::Overlap`]), than it has permits.
     OverLimit {
         /// The holders at that moment.
         holders: Vec<AttemptId>,
@@ -152,7 +155,7 @@ impl std::fmt::Display for Violation {
         match self {
             Violation::Overlap { a, b, from, to } => write!(
                 f,
-                "overlap: {a} and {b} both held the lock for {} µs (from t={from}), neither told it was lost",
+                "overlap: {a} and {b} both held the lock by their own leases for {} µs (from t={from})",
                 to - from
             ),
             Violation::DuplicateToken { token, a, b } => {
@@ -184,7 +187,7 @@ impl std::fmt::Display for Violation {
                 let names: Vec<String> = holders.iter().map(ToString::to_string).collect();
                 write!(
                     f,
-                    "over limit: {} holders of a {limit}-permit semaphore for {} µs (from t={from}), none told it was lost: {}",
+                    "over limit: {} holders of a {limit}-permit semaphore for {} µs (from t={from}), each by its own lease: {}",
                     holders.len(),
                     to - from,
                     names.join(", ")
@@ -267,7 +270,7 @@ pub struct Stats {
     /// there are workers (a violation only for a first-come-first-served lock).
     #[serde(default)]
     pub starved: u64,
-    /// The most holders (not told their grant was lost) of one lock name at once: 1 for a
+    /// The most holders of one lock name at once, each by its own lease: 1 for a
     /// mutex that kept its promise, up to N for a semaphore of N permits, readers sharing.
     #[serde(default)]
     pub max_holders: u64,
@@ -323,9 +326,14 @@ struct Section {
     lease: Option<u64>,
     /// The critical section's end: release started, or the kill.
     end: u64,
+    /// Until when its holder held the lock by its own lease: `end`, or for a holder told its
+    /// grant was lost, the lease end the lock last confirmed (if earlier).
+    valid_end: u64,
     /// When its worker stopped owning the grant: the release returned, the kill, or the lost
     /// signal.
     claim_end: u64,
+    /// Whether its holder was told the grant was lost (the tests pick sections by it).
+    #[cfg_attr(not(test), allow(dead_code))]
     told_lost: bool,
 }
 
@@ -416,6 +424,7 @@ fn sections(h: &History, out: &mut Analysis) -> Derived {
         grant: Option<(u64, u64, bool, Option<u64>)>,
         failed: Option<u64>,
         lost: Option<u64>,
+        lost_lease_end: Option<u64>,
         release_start: Option<u64>,
         released: Option<u64>,
     }
@@ -448,6 +457,7 @@ fn sections(h: &History, out: &mut Analysis) -> Derived {
             EventKind::Lost { lease_end, .. } => {
                 out.stats.lost += 1;
                 a.lost = Some(e.t);
+                a.lost_lease_end = *lease_end;
                 match lease_end {
                     Some(end) if e.t > *end => late.push(e.t - end),
                     Some(_) => out.lost_lateness.early += 1,
@@ -498,8 +508,14 @@ fn sections(h: &History, out: &mut Analysis) -> Derived {
             .min()
             .unwrap_or(history_end)
             .max(grant);
+        let valid_end = match a.lost {
+            // A lost signal without a lease end: nothing says it held by its lease.
+            Some(_) => a.lost_lease_end.unwrap_or(grant).min(end),
+            None => end,
+        };
         sections.push(Section {
             id: id.clone(),
+            valid_end,
             attempt_start: a.start.unwrap_or(grant).min(grant),
             grant,
             token,
@@ -518,34 +534,39 @@ fn sections(h: &History, out: &mut Analysis) -> Derived {
     }
 }
 
-/// Double grants: sections that overlap, neither told lost and not both shared.
+/// Double grants: holders that held by their own lease at once, not both shared.
 fn overlaps(s: &[Section], out: &mut Analysis) {
     for (i, a) in s.iter().enumerate() {
-        if a.told_lost {
-            continue;
-        }
-        for b in s[i + 1..].iter().take_while(|b| b.grant < a.end) {
-            if b.told_lost || b.id.worker == a.id.worker || (a.shared && b.shared) {
+        for b in s[i + 1..].iter().take_while(|b| b.grant < a.valid_end) {
+            if b.grant >= b.valid_end || b.id.worker == a.id.worker || (a.shared && b.shared) {
                 continue;
             }
             out.push(Violation::Overlap {
                 a: a.id.clone(),
                 b: b.id.clone(),
                 from: b.grant,
-                to: a.end.min(b.end),
+                to: a.valid_end.min(b.valid_end),
             });
         }
     }
 }
 
-/// The sections (not told lost) open at once at the busiest moment.
-fn most_at_once(s: &[Section]) -> Vec<usize> {
+/// Where each section held by its own lease, as (time, starts, index) points sorted with
+/// ends before starts at the same instant (a section that ends as another starts does not
+/// overlap it).
+fn valid_points(s: &[Section]) -> Vec<(u64, bool, usize)> {
     let mut points: Vec<(u64, bool, usize)> = Vec::new();
-    for (i, x) in s.iter().enumerate().filter(|(_, x)| !x.told_lost) {
+    for (i, x) in s.iter().enumerate().filter(|(_, x)| x.valid_end > x.grant) {
         points.push((x.grant, true, i));
-        points.push((x.end, false, i));
+        points.push((x.valid_end, false, i));
     }
     points.sort_unstable();
+    points
+}
+
+/// The sections that held by their own lease at once at the busiest moment.
+fn most_at_once(s: &[Section]) -> Vec<usize> {
+    let points = valid_points(s);
     let (mut open, mut most) = (Vec::new(), Vec::new());
     for (_, starts, i) in points {
         if starts {
@@ -560,16 +581,9 @@ fn most_at_once(s: &[Section]) -> Vec<usize> {
     most
 }
 
-/// More holders of a semaphore at once than its permits (holders told lost left out).
+/// More holders of a semaphore at once, each by its own lease, than it has permits.
 fn over_limit(s: &[Section], limit: u32, out: &mut Analysis) {
-    // Ends sort before starts at the same instant: a section that ends as another starts
-    // does not overlap it.
-    let mut points: Vec<(u64, bool, usize)> = Vec::new();
-    for (i, x) in s.iter().enumerate().filter(|(_, x)| !x.told_lost) {
-        points.push((x.grant, true, i));
-        points.push((x.end, false, i));
-    }
-    points.sort_unstable();
+    let points = valid_points(s);
     let mut open: Vec<usize> = Vec::new();
     let mut excess: Option<(u64, Vec<usize>)> = None;
     for (t, starts, i) in points {

@@ -11,6 +11,7 @@ pub mod history;
 pub mod register;
 pub mod run;
 pub mod selftest;
+pub mod server;
 pub mod worker;
 
 pub use run::{Config, Nemesis, Report, WorkerCommand};

@@ -4,6 +4,7 @@
 use crate::checker::{self, Analysis};
 use crate::history::{now_us, Event, History, Kind, NemesisEvent};
 use crate::register::Register;
+use crate::server::Server;
 use crate::worker::{Target, WorkerConfig};
 use distlock_proxy::DelayProxy;
 use serde::{Deserialize, Serialize};
@@ -35,17 +36,28 @@ pub enum Nemesis {
     /// per-call timeout, so that the client sends it again on a fresh connection, then let
     /// the first copy through: the server gets the request twice, the first copy late.
     Duplicate,
+    /// SIGSTOP a server named by `--server-pid` for 1.5–2.5 leases, then SIGCONT.
+    PauseServer,
+    /// SIGKILL a server named by `--server-pid` (a crash: no shutdown save) and wait until its
+    /// supervisor has it listening again on its port.
+    RestartServer,
+    /// Ask the sentinels of a `redis+sentinel://` URL for a failover and wait until they name
+    /// the new master.
+    Failover,
 }
 
 impl Nemesis {
     /// Every nemesis.
-    pub const ALL: [Nemesis; 6] = [
+    pub const ALL: [Nemesis; 9] = [
         Nemesis::Pause,
         Nemesis::Kill,
         Nemesis::Delay,
         Nemesis::Drop,
         Nemesis::Reset,
         Nemesis::Duplicate,
+        Nemesis::PauseServer,
+        Nemesis::RestartServer,
+        Nemesis::Failover,
     ];
 
     /// Its name.
@@ -57,7 +69,18 @@ impl Nemesis {
             Nemesis::Drop => "drop",
             Nemesis::Reset => "reset",
             Nemesis::Duplicate => "duplicate",
+            Nemesis::PauseServer => "pause-server",
+            Nemesis::RestartServer => "restart-server",
+            Nemesis::Failover => "failover",
         }
+    }
+
+    /// Whether it acts on the lock service rather than a worker: never applied unless asked.
+    pub fn on_server(self) -> bool {
+        matches!(
+            self,
+            Nemesis::PauseServer | Nemesis::RestartServer | Nemesis::Failover
+        )
     }
 
     /// Whether it works through the proxy.
@@ -123,6 +146,8 @@ pub struct Config {
     pub name: String,
     /// Where to write the whole history as JSON, if anywhere.
     pub history_out: Option<PathBuf>,
+    /// Pids of the lock servers the server nemeses may pause and crash (`--server-pid`).
+    pub server_pids: Vec<u32>,
 }
 
 /// What a run found.
@@ -142,6 +167,9 @@ pub struct Report {
     pub duration_ms: u64,
     /// Lease, ms.
     pub lease_ms: u64,
+    /// The pids of the named servers at the end (a restarted server has a new one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_pids: Vec<u32>,
     /// The checker's findings.
     #[serde(flatten)]
     pub analysis: Analysis,
@@ -189,6 +217,7 @@ impl Report {
             clients: cfg.clients,
             duration_ms: cfg.duration.as_millis() as u64,
             lease_ms: cfg.lease.as_millis() as u64,
+            server_pids: Vec::new(),
             analysis,
         }
     }
@@ -262,6 +291,7 @@ struct Coordinator<'a> {
     nemeses: Vec<NemesisEvent>,
     killed: Vec<(String, u64)>,
     upstream: Option<Upstream>,
+    servers: Vec<Server>,
     rng: fastrand::Rng,
 }
 
@@ -284,6 +314,28 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
             ));
         }
     }
+    let servers = cfg
+        .server_pids
+        .iter()
+        .map(|&p| Server::named(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    for n in &cfg.nemeses {
+        match n {
+            Nemesis::PauseServer | Nemesis::RestartServer if servers.is_empty() => {
+                return Err(format!(
+                    "nemesis `{}` needs the lock server's pid: --server-pid PID",
+                    n.name()
+                ))
+            }
+            Nemesis::Failover => match &cfg.target {
+                Target::Url(u) => {
+                    crate::server::sentinel_of(u)?;
+                }
+                Target::Broken(..) => return Err("failover needs a redis+sentinel:// URL".into()),
+            },
+            _ => {}
+        }
+    }
     let register = Register::start().map_err(|e| format!("cannot start the register: {e}"))?;
     let mut c = Coordinator {
         cfg,
@@ -293,6 +345,7 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
         nemeses: Vec::new(),
         killed: Vec::new(),
         upstream,
+        servers,
         rng: fastrand::Rng::with_seed(cfg.seed),
     };
     let result = c.drive();
@@ -329,7 +382,9 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
             return Err(e);
         }
     }
-    Ok(Report::new(cfg, checker::check(&history)))
+    let mut report = Report::new(cfg, checker::check(&history));
+    report.server_pids = c.servers.iter().map(|s| s.pid).collect();
+    Ok(report)
 }
 
 impl Coordinator<'_> {
@@ -466,7 +521,39 @@ impl Coordinator<'_> {
         }
     }
 
+    /// Applies a server nemesis.
+    fn apply_server(&mut self, n: Nemesis) -> Result<(), String> {
+        let lease = self.cfg.lease;
+        let t = now_us();
+        match n {
+            Nemesis::PauseServer => {
+                let s = &self.servers[self.rng.usize(..self.servers.len())];
+                s.pause(lease.mul_f64(1.5 + self.rng.f64()))?;
+            }
+            Nemesis::RestartServer => {
+                let i = self.rng.usize(..self.servers.len());
+                self.servers[i].crash_and_wait(crate::server::RESTART_TIMEOUT)?;
+            }
+            Nemesis::Failover => {
+                if let Target::Url(u) = &self.cfg.target {
+                    crate::server::sentinel_failover(u, crate::server::RESTART_TIMEOUT)?;
+                }
+            }
+            _ => return Ok(()),
+        }
+        self.nemeses.push(NemesisEvent {
+            nemesis: n.name().to_string(),
+            worker: crate::history::SERVER.to_string(),
+            t,
+            until: now_us(),
+        });
+        Ok(())
+    }
+
     fn apply(&mut self, n: Nemesis) -> Result<(), String> {
+        if n.on_server() {
+            return self.apply_server(n);
+        }
         let i = self.victim();
         let lease = self.cfg.lease;
         let worker = Self::worker_id(i, self.slots[i].generation);
@@ -513,6 +600,7 @@ impl Coordinator<'_> {
                     p.reset_all();
                 }
             }
+            Nemesis::PauseServer | Nemesis::RestartServer | Nemesis::Failover => {}
             Nemesis::Duplicate => {
                 let Some(p) = &self.slots[i].proxy else {
                     return Ok(());

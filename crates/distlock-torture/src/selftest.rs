@@ -67,6 +67,7 @@ pub fn config(v: Variant, dir: std::path::PathBuf, worker: WorkerCommand, seed: 
         worker,
         name: "self-test".into(),
         history_out: None,
+        server_pids: Vec::new(),
     }
 }
 

@@ -678,3 +678,60 @@ fn lateness_percentiles_are_over_the_late_signals_only() {
     assert_eq!((l.count, l.early, l.unknown), (3, 2, 0));
     assert_eq!((l.p50_us, l.p99_us, l.max_us), (1_000, 4_000, 4_000));
 }
+
+#[test]
+fn a_holder_told_lost_only_after_another_was_granted_within_its_lease_is_a_double_grant() {
+    // A server restarted without persistence: w0 holds, its lease confirmed until 2.5 s; the
+    // restarted server grants w1 at 1.2 s; w0 hears at its next renewal (1.4 s) that it lost.
+    let mut h = History::default();
+    let a = attempt("w0.0", 0);
+    push(&mut h, &a, 0, EventKind::AttemptStart);
+    push(
+        &mut h,
+        &a,
+        10,
+        EventKind::Grant {
+            token: 1,
+            lease_end: Some(1_000_000),
+            shared: false,
+        },
+    );
+    push(
+        &mut h,
+        &a,
+        1_400_000,
+        EventKind::Lost {
+            lease_end: Some(2_500_000),
+            reason: "NotHeld".into(),
+        },
+    );
+    push(&mut h, &a, 1_500_000, EventKind::ReleaseStart);
+    section(
+        &mut h,
+        &attempt("w1.0", 0),
+        100,
+        1_200_000,
+        1_300_000,
+        false,
+    );
+    let r = check(&h);
+    // Before: no violation (a holder told lost at any time was left out).
+    assert!(
+        matches!(
+            r.violations.as_slice(),
+            [Violation::Overlap {
+                from: 1_200_000,
+                to: 1_300_000,
+                ..
+            }]
+        ),
+        "{:?}",
+        r.violations
+    );
+    // A holder frozen past its lease (confirmed until 1 s) and told on resuming: no overlap.
+    if let EventKind::Lost { lease_end, .. } = &mut h.events[2].kind {
+        *lease_end = Some(1_000_000);
+    }
+    let r = check(&h);
+    assert!(r.ok(), "{:?}", r.violations);
+}
