@@ -53,6 +53,10 @@ pub struct TortureArgs {
     /// as JSON to this file.
     #[arg(long, value_name = "FILE")]
     history: Option<std::path::PathBuf>,
+    /// Also draw the run as an SVG timeline into this file: workers as lanes, waits and
+    /// holds as bars, nemeses and violations as bands.
+    #[arg(long, value_name = "FILE.svg")]
+    timeline: Option<std::path::PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -169,6 +173,7 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
         name: format!("torture-{seed}"),
         history_out: args.history,
         server_pids: args.server_pids,
+        timeline_out: args.timeline,
     };
     if !args.json {
         eprintln!(

@@ -68,6 +68,7 @@ fn self_test_flags_every_broken_lock() {
 fn file_backend_passes_with_pause_and_kill() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().display());
+    let svg_path = dir.path().join("run.svg");
     let (code, r) = torture(&[
         "--backend",
         &url,
@@ -82,8 +83,25 @@ fn file_backend_passes_with_pause_and_kill() {
         "pause,kill",
         "--seed",
         "11",
+        "--timeline",
+        svg_path.to_str().unwrap(),
     ]);
     assert_clean(code, &r, &["pause", "kill"]);
+    // The timeline: a lane per worker, a bar per grant, a band per nemesis, no violation.
+    let svg = std::fs::read_to_string(&svg_path).expect("timeline written");
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<g").count(), svg.matches("</g>").count());
+    assert_eq!(svg.matches(r#"class="lane""#).count(), 4);
+    assert_eq!(
+        svg.matches(r#"class="hold""#).count() as u64,
+        r["stats"]["grants"].as_u64().unwrap()
+    );
+    let nemeses: u64 = ["pause", "kill"]
+        .iter()
+        .map(|n| r["nemeses"][n].as_u64().unwrap())
+        .sum();
+    assert_eq!(svg.matches(r#"class="nemesis""#).count() as u64, nemeses);
+    assert_eq!(svg.matches(r#"class="violation""#).count(), 0);
 }
 
 #[test]

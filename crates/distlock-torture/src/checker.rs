@@ -315,20 +315,20 @@ impl Analysis {
 
 /// A grant and what became of it.
 #[derive(Debug, Clone)]
-struct Section {
-    id: AttemptId,
-    attempt_start: u64,
-    grant: u64,
-    token: u64,
+pub(crate) struct Section {
+    pub(crate) id: AttemptId,
+    pub(crate) attempt_start: u64,
+    pub(crate) grant: u64,
+    pub(crate) token: u64,
     /// A shared grant (a reader).
     shared: bool,
     /// The lease the lock stated at the grant, µs.
     lease: Option<u64>,
     /// The critical section's end: release started, or the kill.
-    end: u64,
+    pub(crate) end: u64,
     /// Until when its holder held the lock by its own lease: `end`, or for a holder told its
     /// grant was lost, the lease end the lock last confirmed (if earlier).
-    valid_end: u64,
+    pub(crate) valid_end: u64,
     /// When its worker stopped owning the grant: the release returned, the kill, or the lost
     /// signal.
     claim_end: u64,
@@ -339,17 +339,17 @@ struct Section {
 
 /// One attempt that waited: when, and how it ended.
 #[derive(Debug, Clone)]
-struct Wait {
-    id: AttemptId,
-    start: u64,
-    end: u64,
-    granted: bool,
+pub(crate) struct Wait {
+    pub(crate) id: AttemptId,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) granted: bool,
 }
 
 /// What [`sections`] derives from the events.
-struct Derived {
-    sections: Vec<Section>,
-    waits: Vec<Wait>,
+pub(crate) struct Derived {
+    pub(crate) sections: Vec<Section>,
+    pub(crate) waits: Vec<Wait>,
     history_end: u64,
 }
 
@@ -408,7 +408,7 @@ fn nemesis_windows(h: &History) -> (HashMap<&str, Windows>, Windows) {
 }
 
 /// Builds the sections and waits from the events, and the lock counts and lateness.
-fn sections(h: &History, out: &mut Analysis) -> Derived {
+pub(crate) fn sections(h: &History, out: &mut Analysis) -> Derived {
     let history_end = h
         .events
         .iter()

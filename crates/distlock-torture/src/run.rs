@@ -148,6 +148,8 @@ pub struct Config {
     pub history_out: Option<PathBuf>,
     /// Pids of the lock servers the server nemeses may pause and crash (`--server-pid`).
     pub server_pids: Vec<u32>,
+    /// Where to draw the run as an SVG timeline, if anywhere.
+    pub timeline_out: Option<PathBuf>,
 }
 
 /// What a run found.
@@ -384,6 +386,14 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
     }
     let mut report = Report::new(cfg, checker::check(&history));
     report.server_pids = c.servers.iter().map(|s| s.pid).collect();
+    if let Some(path) = &cfg.timeline_out {
+        let title = format!("{} — {}", report.target, report.verdict);
+        std::fs::write(
+            path,
+            crate::draw::render(&history, &report.analysis, &title),
+        )
+        .map_err(|e| format!("cannot write the timeline to {}: {e}", path.display()))?;
+    }
     Ok(report)
 }
 

@@ -68,6 +68,7 @@ pub fn config(v: Variant, dir: std::path::PathBuf, worker: WorkerCommand, seed: 
         name: "self-test".into(),
         history_out: None,
         server_pids: Vec::new(),
+        timeline_out: None,
     }
 }
 
