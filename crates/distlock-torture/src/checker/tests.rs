@@ -481,9 +481,9 @@ fn a_lock_left_held_by_nobody_is_always_found() {
             })
             .collect();
         let s = normal[rng.usize(..normal.len())].clone();
-        // The release frees nothing for 3 leases and a second: the next grant comes that
-        // much later, while a waiter waits through it.
-        let stall = 3 * LEASE + 1_000_000;
+        // The release frees nothing for a lease, the margin and a second: the next grant
+        // comes that much later, while a waiter waits through it.
+        let stall = LEASE + unheld_margin(LEASE) + 1_000_000;
         shift_after(&mut h, s.claim_end, stall);
         let w = attempt("waiter.0", 0);
         push(&mut h, &w, s.end - 1, EventKind::AttemptStart);
