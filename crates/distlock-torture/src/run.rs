@@ -545,8 +545,12 @@ impl Coordinator<'_> {
                 self.servers[i].crash_and_wait(crate::server::RESTART_TIMEOUT)?;
             }
             Nemesis::Failover => {
-                if let Target::Url(u) = &self.cfg.target {
-                    crate::server::sentinel_failover(u, crate::server::RESTART_TIMEOUT)?;
+                let Target::Url(u) = &self.cfg.target else {
+                    return Ok(());
+                };
+                if !crate::server::sentinel_failover(u, crate::server::FAILOVER_TIMEOUT)? {
+                    // Not now (the last one still settling): not counted.
+                    return Ok(());
                 }
             }
             _ => return Ok(()),
