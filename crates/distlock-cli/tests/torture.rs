@@ -52,6 +52,7 @@ fn self_test_flags_every_broken_lock() {
         ("no-owner-check", Some("overlap")),
         ("no-renewal", Some("overlap")),
         ("token-reset", Some("duplicate-token")),
+        ("no-expiry", Some("held-by-nobody")),
     ];
     assert_eq!(cases.len(), expect.len());
     for (lock, want) in expect {

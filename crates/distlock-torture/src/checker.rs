@@ -17,8 +17,8 @@ pub const MAX_LISTED: usize = 20;
 pub enum Violation {
     /// Two holders held the lock at once, each by its own lease: a double grant. A holder
     /// never told its grant was lost holds until its section ends; one told lost holds until
-    /// the lease end its lock had last confirmed (a holder frozen past its lease is not
-    /// counted: no lock can stop it, fencing does).
+    /// it was told or the lease end its lock had last confirmed, whichever came first (a
+    /// holder frozen past its lease is not counted: no lock can stop it, fencing does).
     Overlap {
         /// The earlier-granted holder.
         a: AttemptId,
@@ -327,7 +327,8 @@ pub(crate) struct Section {
     /// The critical section's end: release started, or the kill.
     pub(crate) end: u64,
     /// Until when its holder held the lock by its own lease: `end`, or for a holder told its
-    /// grant was lost, the lease end the lock last confirmed (if earlier).
+    /// grant was lost, when it was told or the lease end the lock last confirmed, whichever
+    /// came first.
     pub(crate) valid_end: u64,
     /// When its worker stopped owning the grant: the release returned, the kill, or the lost
     /// signal.
@@ -509,8 +510,10 @@ pub(crate) fn sections(h: &History, out: &mut Analysis) -> Derived {
             .unwrap_or(history_end)
             .max(grant);
         let valid_end = match a.lost {
-            // A lost signal without a lease end: nothing says it held by its lease.
-            Some(_) => a.lost_lease_end.unwrap_or(grant).min(end),
+            // Told lost, it holds no longer than it was told, nor past the lease its lock
+            // last confirmed (a frozen holder told on resuming); a lost signal without a lease
+            // end says nothing of the lease.
+            Some(told) => a.lost_lease_end.unwrap_or(grant).min(told).min(end),
             None => end,
         };
         sections.push(Section {
