@@ -99,18 +99,26 @@ impl std::str::FromStr for Kind {
             "read-write" | "rw" => Ok(Kind::ReadWrite),
             "election" => Ok(Kind::Election),
             _ => match s.strip_prefix("semaphore=") {
-                Some(n) => match n.parse::<u32>() {
-                    Ok(n) if (1..=distlock::MAX_PERMITS).contains(&n) => Ok(Kind::Semaphore(n)),
-                    _ => Err(format!(
-                        "`{n}` is not a number of permits (1 to {})",
-                        distlock::MAX_PERMITS
-                    )),
-                },
+                Some(n) => permits(n).map(Kind::Semaphore),
                 None => Err(format!(
                     "unknown kind `{s}`; choose mutex, fair, read-write, semaphore=N or election"
                 )),
             },
         }
+    }
+}
+
+/// The `N` of a `semaphore=N` kind: a number of permits from 1 to [`distlock::MAX_PERMITS`].
+///
+/// # Errors
+/// A message naming the range.
+pub fn permits(n: &str) -> Result<u32, String> {
+    match n.parse::<u32>() {
+        Ok(n) if (1..=distlock::MAX_PERMITS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{n}` is not a number of permits (1 to {})",
+            distlock::MAX_PERMITS
+        )),
     }
 }
 
