@@ -38,13 +38,7 @@ pub fn parse(s: &str) -> Result<Kind, String> {
         "read" => Ok(Kind::Read),
         "write" => Ok(Kind::Write),
         _ => match s.strip_prefix("semaphore=") {
-            Some(n) => match n.parse::<u32>() {
-                Ok(n) if (1..=distlock::MAX_PERMITS).contains(&n) => Ok(Kind::Semaphore(n)),
-                _ => Err(format!(
-                    "`{n}` is not a number of permits (1 to {})",
-                    distlock::MAX_PERMITS
-                )),
-            },
+            Some(n) => distlock_torture::history::permits(n).map(Kind::Semaphore),
             None => Err(format!(
                 "unknown kind `{s}`; choose mutex, fair, read, write or semaphore=N"
             )),

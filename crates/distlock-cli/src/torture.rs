@@ -1,6 +1,7 @@
 //! `dlock torture`: the thin command-line front of crate distlock-torture.
 
 use clap::Args;
+use distlock_torture::history::Kind;
 use distlock_torture::{run, selftest, Config, Nemesis, Target, WorkerCommand, WorkerConfig};
 use std::time::Duration;
 
@@ -18,9 +19,9 @@ pub struct TortureArgs {
     /// must be flagged, the correct control must pass).
     #[arg(long)]
     self_test: bool,
-    /// Lock kind (only `mutex` in this version).
-    #[arg(long, default_value = "mutex", value_parser = crate::kind::parse)]
-    kind: crate::kind::Kind,
+    /// Lock kind: mutex, fair, read-write (half the attempts read), semaphore=N, election.
+    #[arg(long, default_value = "mutex", value_parser = parse_kind)]
+    kind: Kind,
     /// Worker processes.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(2..=256))]
     clients: u16,
@@ -30,13 +31,21 @@ pub struct TortureArgs {
     /// Lease (the watchdog lease of every worker's client).
     #[arg(long, default_value = "2s", value_parser = crate::duration_arg)]
     lease: Duration,
-    /// Lock names (only 1 in this version).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1))]
+    /// Lock names the workers spread over (each attempt picks one; each name has its own
+    /// register value and is checked on its own).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
     names: u16,
-    /// Nemeses, comma-separated: pause, kill, delay, drop, reset. Default: pause,kill, plus
-    /// delay,drop,reset when the URL has a single host the proxy can stand in front of.
+    /// Nemeses, comma-separated: pause, kill, delay, drop, reset, duplicate, and on the server
+    /// pause-server, restart-server (with --server-pid) and failover (redis+sentinel://).
+    /// Default: pause,kill, plus delay,drop,reset,duplicate when the URL has a single host the
+    /// proxy can stand in front of; server nemeses only when asked.
     #[arg(long, value_name = "LIST")]
     nemesis: Option<String>,
+    /// Pid of a lock server the server nemeses (pause-server, restart-server) may stop and
+    /// crash; repeat for several (a Redlock's nodes). restart-server kills it and waits for its
+    /// supervisor to start it again on the same port.
+    #[arg(long = "server-pid", value_name = "PID")]
+    server_pids: Vec<u32>,
     /// Seed of the nemesis schedule and work times (default: from the clock; printed).
     #[arg(long)]
     seed: Option<u64>,
@@ -44,9 +53,17 @@ pub struct TortureArgs {
     /// as JSON to this file.
     #[arg(long, value_name = "FILE")]
     history: Option<std::path::PathBuf>,
+    /// Also draw the run as an SVG timeline into this file: workers as lanes, waits and
+    /// holds as bars, nemeses and violations as bands.
+    #[arg(long, value_name = "FILE.svg")]
+    timeline: Option<std::path::PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_kind(s: &str) -> Result<Kind, String> {
+    s.parse()
 }
 
 /// Arguments of the hidden worker subcommand (set by `dlock torture`).
@@ -124,10 +141,6 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
             }
         };
     }
-    if args.kind != crate::kind::Kind::Mutex {
-        eprintln!("dlock: torture: only --kind mutex is supported in this version");
-        return EXIT_BAD_INPUT;
-    }
     let target = Target::Url(backend.to_string());
     let nemeses = match args.nemesis.as_deref().map(Nemesis::parse_list) {
         Some(Ok(n)) => n,
@@ -138,7 +151,7 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
         None => match run::proxyable(&target) {
             Ok(p) => Nemesis::ALL
                 .into_iter()
-                .filter(|n| p || !n.needs_proxy())
+                .filter(|n| !n.on_server() && (p || !n.needs_proxy()))
                 .collect(),
             Err(e) => {
                 eprintln!("dlock: {e}");
@@ -148,6 +161,8 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
     };
     let cfg = Config {
         target,
+        kind: args.kind,
+        names: u32::from(args.names),
         clients: usize::from(args.clients),
         duration: args.duration,
         lease: args.lease,
@@ -157,11 +172,13 @@ pub fn torture(backend: &str, args: TortureArgs) -> u8 {
         worker,
         name: format!("torture-{seed}"),
         history_out: args.history,
+        server_pids: args.server_pids,
+        timeline_out: args.timeline,
     };
     if !args.json {
         eprintln!(
-            "dlock: torture: {} clients for {:?} on {backend}, lease {:?}, seed {seed}",
-            cfg.clients, cfg.duration, cfg.lease
+            "dlock: torture: {} {} clients for {:?} on {backend}, lease {:?}, seed {seed}",
+            cfg.clients, cfg.kind, cfg.duration, cfg.lease
         );
     }
     match run::run(&cfg) {

@@ -177,7 +177,6 @@ async fn run_loop<S: WaitStrategy + ?Sized>(
         if deadline.passed() {
             return last_err.map_or(Ok(None), Err);
         }
-        let sent = crate::clock::Instant::now();
         // A failed attempt is why the lock was not got; a failed wake-up after a "held" answer
         // is not (the holder was), so only the former is reported at the deadline.
         let (failed, by_attempt) = match strategy.attempt(deadline, cancel).await {
@@ -208,14 +207,17 @@ async fn run_loop<S: WaitStrategy + ?Sized>(
                     _ = cancel.cancelled() => return Ok(None),
                 };
                 match woke {
-                    Ok(Some(Wake::HandedOver { token })) => {
-                        // The grant happened after the last attempt reached the server.
-                        return Ok(Some(Granted {
-                            token,
-                            requested_at: sent,
-                        }));
-                    }
-                    Ok(Some(Wake::Released) | None) => continue,
+                    // A handoff is not a grant until an attempt confirms it. Its notice comes
+                    // on another connection than the attempts, so it may be older than the
+                    // last attempt: a waiter stopped (SIGSTOP, a GC pause) or slow to read its
+                    // notices hears, after its last attempt was answered "held", of a handoff
+                    // whose lease ran out meanwhile, with another holder since. Measuring that
+                    // lease from the last attempt made two holders (`dlock torture`, redis,
+                    // seed 12: a waiter paused 2.4 s held the lock 290 ms beside three others,
+                    // never told). The next attempt names the same attempt: the server answers
+                    // with the same grant, its lease made to run from that request, or finds
+                    // it gone.
+                    Ok(Some(Wake::HandedOver { .. } | Wake::Released) | None) => continue,
                     Err(e) => (e, false),
                 }
             }

@@ -28,15 +28,19 @@ pub enum Variant {
     NoRenewal,
     /// The token counter lives in the lock record and restarts when the record is deleted.
     TokenReset,
+    /// The record never expires (`SETNX` without `EXPIRE`): a holder that dies keeps the
+    /// lock forever, though its client promised a lease.
+    NoExpiry,
 }
 
 impl Variant {
     /// Every variant, the control first.
-    pub const ALL: [Variant; 4] = [
+    pub const ALL: [Variant; 5] = [
         Variant::Correct,
         Variant::NoOwnerCheck,
         Variant::NoRenewal,
         Variant::TokenReset,
+        Variant::NoExpiry,
     ];
 
     /// Its name on the command line.
@@ -46,11 +50,21 @@ impl Variant {
             Variant::NoOwnerCheck => "no-owner-check",
             Variant::NoRenewal => "no-renewal",
             Variant::TokenReset => "token-reset",
+            Variant::NoExpiry => "no-expiry",
         }
     }
 
     fn renews(self) -> bool {
         self != Variant::NoRenewal
+    }
+
+    /// The expiry the store records for a lease ending at `end`.
+    fn stored_expiry(self, end: u64) -> u64 {
+        if self == Variant::NoExpiry {
+            u64::MAX
+        } else {
+            end
+        }
     }
 }
 
@@ -203,7 +217,10 @@ impl BrokenLock {
             token,
             expiry: now + self.lease_us(),
         };
-        s.put(&rec)?;
+        s.put(&Record {
+            expiry: self.variant.stored_expiry(rec.expiry),
+            ..rec.clone()
+        })?;
         drop(s);
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::watch::channel(None);
@@ -245,7 +262,11 @@ impl BrokenLock {
             match s.record() {
                 Ok(Some(r)) if r.owner == rec.owner && r.token == rec.token => {
                     rec.expiry = now_us() + self.lease_us();
-                    if s.put(&rec).is_err() {
+                    let stored = Record {
+                        expiry: self.variant.stored_expiry(rec.expiry),
+                        ..rec.clone()
+                    };
+                    if s.put(&stored).is_err() {
                         continue;
                     }
                     confirmed.store(rec.expiry, Ordering::SeqCst);

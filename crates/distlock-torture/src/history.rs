@@ -24,11 +24,101 @@ pub struct AttemptId {
     pub worker: String,
     /// The attempt's number within the worker, from 0.
     pub attempt: u64,
+    /// Which of the run's lock names it is for (`--names`), from 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lock: u32,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl std::fmt::Display for AttemptId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}#{}", self.worker, self.attempt)
+        write!(f, "{}#{}", self.worker, self.attempt)?;
+        if self.lock != 0 {
+            write!(f, "@{}", self.lock)?;
+        }
+        Ok(())
+    }
+}
+
+/// The kind of lock a run tortures, and so the rule its holders must keep.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind", content = "permits")]
+pub enum Kind {
+    /// A mutex: one holder at a time.
+    #[default]
+    Mutex,
+    /// A first-come-first-served mutex: one holder at a time, and waiters are not passed
+    /// over by later arrivals.
+    Fair,
+    /// A read-write lock: a writer holds alone; readers may share.
+    ReadWrite,
+    /// A semaphore of this many permits: at most that many holders at once.
+    Semaphore(u32),
+    /// A leader election: one leader at a time.
+    Election,
+}
+
+impl Kind {
+    /// How many holders may hold at once (readers of a read-write lock aside).
+    pub fn capacity(self) -> usize {
+        match self {
+            Kind::Semaphore(n) => n as usize,
+            _ => 1,
+        }
+    }
+
+    /// Whether every holder works on the fenced register (a semaphore's holders hold at
+    /// once, so one register cannot tell a stale holder from a concurrent one).
+    pub fn uses_register(self) -> bool {
+        !matches!(self, Kind::Semaphore(_))
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kind::Mutex => f.write_str("mutex"),
+            Kind::Fair => f.write_str("fair"),
+            Kind::ReadWrite => f.write_str("read-write"),
+            Kind::Semaphore(n) => write!(f, "semaphore={n}"),
+            Kind::Election => f.write_str("election"),
+        }
+    }
+}
+
+impl std::str::FromStr for Kind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Kind, String> {
+        match s {
+            "mutex" => Ok(Kind::Mutex),
+            "fair" => Ok(Kind::Fair),
+            "read-write" | "rw" => Ok(Kind::ReadWrite),
+            "election" => Ok(Kind::Election),
+            _ => match s.strip_prefix("semaphore=") {
+                Some(n) => permits(n).map(Kind::Semaphore),
+                None => Err(format!(
+                    "unknown kind `{s}`; choose mutex, fair, read-write, semaphore=N or election"
+                )),
+            },
+        }
+    }
+}
+
+/// The `N` of a `semaphore=N` kind: a number of permits from 1 to [`distlock::MAX_PERMITS`].
+///
+/// # Errors
+/// A message naming the range.
+pub fn permits(n: &str) -> Result<u32, String> {
+    match n.parse::<u32>() {
+        Ok(n) if (1..=distlock::MAX_PERMITS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{n}` is not a number of permits (1 to {})",
+            distlock::MAX_PERMITS
+        )),
     }
 }
 
@@ -44,6 +134,9 @@ pub enum EventKind {
         token: u64,
         /// When the lease the worker was granted ends, if the lock says.
         lease_end: Option<u64>,
+        /// A shared grant (a reader of a read-write lock): it may overlap other shared ones.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        shared: bool,
     },
     /// The acquire call ended without a grant (deadline, error).
     AttemptFailed {
@@ -101,6 +194,9 @@ pub struct Event {
 pub enum RegisterOpKind {
     /// Read the value.
     Read,
+    /// Read the value as a shared holder (a reader of a read-write lock): never refused, as
+    /// a reader cannot harm the value, but its token counts as seen.
+    SharedRead,
     /// Write a value.
     Write,
 }
@@ -123,12 +219,15 @@ pub struct RegisterOp {
     pub accepted: bool,
 }
 
+/// The name a server nemesis's event carries in [`NemesisEvent::worker`].
+pub const SERVER: &str = "server";
+
 /// A nemesis the coordinator applied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NemesisEvent {
-    /// `pause`, `kill`, `delay`, `drop` or `reset`.
+    /// `pause`, `kill`, `delay`, `drop`, `reset`, `duplicate`, `restart-server` or `failover`.
     pub nemesis: String,
-    /// The worker it hit.
+    /// The worker it hit ([`SERVER`] for a server nemesis: every worker).
     pub worker: String,
     /// When it started (coordinator clock), µs.
     pub t: u64,
@@ -147,4 +246,10 @@ pub struct History {
     pub nemeses: Vec<NemesisEvent>,
     /// Workers killed, with the time of the kill: their open section ends there.
     pub killed: Vec<(String, u64)>,
+    /// What was tortured: the rule the checker holds the grants to.
+    #[serde(default)]
+    pub kind: Kind,
+    /// The lease the workers asked for, µs (0: unknown; the liveness checks are then off).
+    #[serde(default)]
+    pub lease_us: u64,
 }

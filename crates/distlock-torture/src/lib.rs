@@ -7,10 +7,13 @@
 
 pub mod broken;
 pub mod checker;
+pub mod draw;
 pub mod history;
 pub mod register;
 pub mod run;
 pub mod selftest;
+pub mod server;
+pub mod timeline;
 pub mod worker;
 
 pub use run::{Config, Nemesis, Report, WorkerCommand};

@@ -1,12 +1,13 @@
 //! The fenced register the coordinator serves on loopback.
 //!
-//! One integer value. Every operation carries a fencing token; the register keeps the highest
-//! token it has seen and refuses any operation with a lower one (the rule dlock's docs teach for
-//! a store). Every operation, accepted or not, is recorded with the register's clock.
+//! One integer value per lock name. Every operation carries a fencing token; the register
+//! keeps the highest token it has seen per name and refuses any operation with a lower one (the
+//! rule dlock's docs teach for a store), except a shared read (a reader of a read-write lock
+//! cannot harm the value; its token still counts as seen). Every operation, accepted or not, is
+//! recorded with the register's clock.
 //!
-//! Protocol, one line each way per call:
-//! `read <worker> <attempt> <token>` / `write <worker> <attempt> <token> <value>` →
-//! `ok <value>` or `rej <highest token>`.
+//! Protocol, one line each way per call: `read|sread <worker> <attempt> <lock> <token>` /
+//! `write <worker> <attempt> <lock> <token> <value>` → `ok <value>` or `rej <highest token>`.
 
 use crate::history::{now_us, AttemptId, RegisterOp, RegisterOpKind};
 use std::io::{self, BufRead, BufReader, Write};
@@ -18,8 +19,8 @@ use std::time::Duration;
 
 #[derive(Debug, Default)]
 struct State {
-    value: u64,
-    max_token: Option<u64>,
+    /// Per lock name: the value and the highest token seen.
+    values: std::collections::HashMap<u32, (u64, Option<u64>)>,
     ops: Vec<RegisterOp>,
 }
 
@@ -104,17 +105,28 @@ fn parse(line: &str) -> Option<(AttemptId, RegisterOpKind, u64, u64)> {
     let mut f = line.split_whitespace();
     let op = match f.next()? {
         "read" => RegisterOpKind::Read,
+        "sread" => RegisterOpKind::SharedRead,
         "write" => RegisterOpKind::Write,
         _ => return None,
     };
     let worker = f.next()?.to_string();
     let attempt = f.next()?.parse().ok()?;
+    let lock = f.next()?.parse().ok()?;
     let token = f.next()?.parse().ok()?;
     let value = match op {
-        RegisterOpKind::Read => 0,
+        RegisterOpKind::Read | RegisterOpKind::SharedRead => 0,
         RegisterOpKind::Write => f.next()?.parse().ok()?,
     };
-    Some((AttemptId { worker, attempt }, op, token, value))
+    Some((
+        AttemptId {
+            worker,
+            attempt,
+            lock,
+        },
+        op,
+        token,
+        value,
+    ))
 }
 
 fn apply(
@@ -125,18 +137,20 @@ fn apply(
     value: u64,
 ) -> String {
     let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
-    let accepted = s.max_token.is_none_or(|m| token >= m);
+    let (current, max_token) = s.values.entry(id.lock).or_default();
+    let accepted = op == RegisterOpKind::SharedRead || max_token.is_none_or(|m| token >= m);
     if accepted {
-        s.max_token = Some(token);
+        *max_token = Some(max_token.map_or(token, |m| m.max(token)));
         if op == RegisterOpKind::Write {
-            s.value = value;
+            *current = value;
         }
     }
-    let value = if op == RegisterOpKind::Read {
-        s.value
-    } else {
+    let value = if op == RegisterOpKind::Write {
         value
+    } else {
+        *current
     };
+    let highest = max_token.unwrap_or(0);
     s.ops.push(RegisterOp {
         id,
         t: now_us(),
@@ -148,7 +162,7 @@ fn apply(
     if accepted {
         format!("ok {value}")
     } else {
-        format!("rej {}", s.max_token.unwrap_or(0))
+        format!("rej {highest}")
     }
 }
 
@@ -180,11 +194,11 @@ impl RegisterClient {
         value: u64,
     ) -> io::Result<(bool, u64)> {
         use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let (w, a, l) = (&id.worker, id.attempt, id.lock);
         let req = match op {
-            RegisterOpKind::Read => format!("read {} {} {token}\n", id.worker, id.attempt),
-            RegisterOpKind::Write => {
-                format!("write {} {} {token} {value}\n", id.worker, id.attempt)
-            }
+            RegisterOpKind::Read => format!("read {w} {a} {l} {token}\n"),
+            RegisterOpKind::SharedRead => format!("sread {w} {a} {l} {token}\n"),
+            RegisterOpKind::Write => format!("write {w} {a} {l} {token} {value}\n"),
         };
         self.w.write_all(req.as_bytes()).await?;
         let mut line = String::new();

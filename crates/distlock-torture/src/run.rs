@@ -2,8 +2,9 @@
 //! nemesis schedule, then the checker.
 
 use crate::checker::{self, Analysis};
-use crate::history::{now_us, Event, History, NemesisEvent};
+use crate::history::{now_us, Event, History, Kind, NemesisEvent};
 use crate::register::Register;
+use crate::server::Server;
 use crate::worker::{Target, WorkerConfig};
 use distlock_proxy::DelayProxy;
 use serde::{Deserialize, Serialize};
@@ -31,16 +32,32 @@ pub enum Nemesis {
     Drop,
     /// Reset every connection of the worker to the lock service.
     Reset,
+    /// Hold the worker's next request to the lock service in the proxy past the client's
+    /// per-call timeout, so that the client sends it again on a fresh connection, then let
+    /// the first copy through: the server gets the request twice, the first copy late.
+    Duplicate,
+    /// SIGSTOP a server named by `--server-pid` for 1.5–2.5 leases, then SIGCONT.
+    PauseServer,
+    /// SIGKILL a server named by `--server-pid` (a crash: no shutdown save) and wait until its
+    /// supervisor has it listening again on its port.
+    RestartServer,
+    /// Ask the sentinels of a `redis+sentinel://` URL for a failover and wait until they name
+    /// the new master.
+    Failover,
 }
 
 impl Nemesis {
     /// Every nemesis.
-    pub const ALL: [Nemesis; 5] = [
+    pub const ALL: [Nemesis; 9] = [
         Nemesis::Pause,
         Nemesis::Kill,
         Nemesis::Delay,
         Nemesis::Drop,
         Nemesis::Reset,
+        Nemesis::Duplicate,
+        Nemesis::PauseServer,
+        Nemesis::RestartServer,
+        Nemesis::Failover,
     ];
 
     /// Its name.
@@ -51,12 +68,27 @@ impl Nemesis {
             Nemesis::Delay => "delay",
             Nemesis::Drop => "drop",
             Nemesis::Reset => "reset",
+            Nemesis::Duplicate => "duplicate",
+            Nemesis::PauseServer => "pause-server",
+            Nemesis::RestartServer => "restart-server",
+            Nemesis::Failover => "failover",
         }
+    }
+
+    /// Whether it acts on the lock service rather than a worker: never applied unless asked.
+    pub fn on_server(self) -> bool {
+        matches!(
+            self,
+            Nemesis::PauseServer | Nemesis::RestartServer | Nemesis::Failover
+        )
     }
 
     /// Whether it works through the proxy.
     pub fn needs_proxy(self) -> bool {
-        matches!(self, Nemesis::Delay | Nemesis::Drop | Nemesis::Reset)
+        matches!(
+            self,
+            Nemesis::Delay | Nemesis::Drop | Nemesis::Reset | Nemesis::Duplicate
+        )
     }
 
     /// Parses a comma-separated list (`pause,kill,delay`).
@@ -67,7 +99,8 @@ impl Nemesis {
                 .into_iter()
                 .find(|n| n.name() == part)
                 .ok_or_else(|| {
-                    format!("unknown nemesis `{part}`; choose from pause, kill, delay, drop, reset")
+                    let names: Vec<&str> = Nemesis::ALL.iter().map(|n| n.name()).collect();
+                    format!("unknown nemesis `{part}`; choose from {}", names.join(", "))
                 })?;
             if !v.contains(&n) {
                 v.push(n);
@@ -91,6 +124,10 @@ pub struct WorkerCommand {
 pub struct Config {
     /// What the workers lock.
     pub target: Target,
+    /// The kind of lock, and so the rule the checker holds the grants to.
+    pub kind: Kind,
+    /// How many lock names the workers spread over (each attempt picks one).
+    pub names: u32,
     /// Worker processes at any time.
     pub clients: usize,
     /// How long the workers loop.
@@ -109,6 +146,10 @@ pub struct Config {
     pub name: String,
     /// Where to write the whole history as JSON, if anywhere.
     pub history_out: Option<PathBuf>,
+    /// Pids of the lock servers the server nemeses may pause and crash (`--server-pid`).
+    pub server_pids: Vec<u32>,
+    /// Where to draw the run as an SVG timeline, if anywhere.
+    pub timeline_out: Option<PathBuf>,
 }
 
 /// What a run found.
@@ -128,6 +169,9 @@ pub struct Report {
     pub duration_ms: u64,
     /// Lease, ms.
     pub lease_ms: u64,
+    /// The pids of the named servers at the end (a restarted server has a new one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_pids: Vec<u32>,
     /// The checker's findings.
     #[serde(flatten)]
     pub analysis: Analysis,
@@ -175,6 +219,7 @@ impl Report {
             clients: cfg.clients,
             duration_ms: cfg.duration.as_millis() as u64,
             lease_ms: cfg.lease.as_millis() as u64,
+            server_pids: Vec::new(),
             analysis,
         }
     }
@@ -248,6 +293,7 @@ struct Coordinator<'a> {
     nemeses: Vec<NemesisEvent>,
     killed: Vec<(String, u64)>,
     upstream: Option<Upstream>,
+    servers: Vec<Server>,
     rng: fastrand::Rng,
 }
 
@@ -270,6 +316,28 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
             ));
         }
     }
+    let servers = cfg
+        .server_pids
+        .iter()
+        .map(|&p| Server::named(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    for n in &cfg.nemeses {
+        match n {
+            Nemesis::PauseServer | Nemesis::RestartServer if servers.is_empty() => {
+                return Err(format!(
+                    "nemesis `{}` needs the lock server's pid: --server-pid PID",
+                    n.name()
+                ))
+            }
+            Nemesis::Failover => match &cfg.target {
+                Target::Url(u) => {
+                    crate::server::sentinel_of(u)?;
+                }
+                Target::Broken(..) => return Err("failover needs a redis+sentinel:// URL".into()),
+            },
+            _ => {}
+        }
+    }
     let register = Register::start().map_err(|e| format!("cannot start the register: {e}"))?;
     let mut c = Coordinator {
         cfg,
@@ -279,6 +347,7 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
         nemeses: Vec::new(),
         killed: Vec::new(),
         upstream,
+        servers,
         rng: fastrand::Rng::with_seed(cfg.seed),
     };
     let result = c.drive();
@@ -289,6 +358,8 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
         register: c.register.ops(),
         nemeses: c.nemeses,
         killed: c.killed,
+        kind: cfg.kind,
+        lease_us: crate::history::to_us(cfg.lease),
     };
     if let Some(path) = &cfg.history_out {
         let json = serde_json::to_vec(&history).map_err(|e| e.to_string())?;
@@ -313,7 +384,17 @@ pub fn run(cfg: &Config) -> Result<Report, String> {
             return Err(e);
         }
     }
-    Ok(Report::new(cfg, checker::check(&history)))
+    let mut report = Report::new(cfg, checker::check(&history));
+    report.server_pids = c.servers.iter().map(|s| s.pid).collect();
+    if let Some(path) = &cfg.timeline_out {
+        let title = format!("{} — {}", report.target, report.verdict);
+        std::fs::write(
+            path,
+            crate::draw::render(&history, &report.analysis, &title),
+        )
+        .map_err(|e| format!("cannot write the timeline to {}: {e}", path.display()))?;
+    }
+    Ok(report)
 }
 
 impl Coordinator<'_> {
@@ -381,6 +462,8 @@ impl Coordinator<'_> {
             id: id.clone(),
             target,
             name: self.cfg.name.clone(),
+            kind: self.cfg.kind,
+            names: self.cfg.names,
             lease: self.cfg.lease,
             work: self.cfg.work,
             wait: self.cfg.lease * 3 + Duration::from_secs(1),
@@ -448,7 +531,43 @@ impl Coordinator<'_> {
         }
     }
 
+    /// Applies a server nemesis.
+    fn apply_server(&mut self, n: Nemesis) -> Result<(), String> {
+        let lease = self.cfg.lease;
+        let t = now_us();
+        match n {
+            Nemesis::PauseServer => {
+                let s = &self.servers[self.rng.usize(..self.servers.len())];
+                s.pause(lease.mul_f64(1.5 + self.rng.f64()))?;
+            }
+            Nemesis::RestartServer => {
+                let i = self.rng.usize(..self.servers.len());
+                self.servers[i].crash_and_wait(crate::server::RESTART_TIMEOUT)?;
+            }
+            Nemesis::Failover => {
+                let Target::Url(u) = &self.cfg.target else {
+                    return Ok(());
+                };
+                if !crate::server::sentinel_failover(u, crate::server::FAILOVER_TIMEOUT)? {
+                    // Not now (the last one still settling): not counted.
+                    return Ok(());
+                }
+            }
+            _ => return Ok(()),
+        }
+        self.nemeses.push(NemesisEvent {
+            nemesis: n.name().to_string(),
+            worker: crate::history::SERVER.to_string(),
+            t,
+            until: now_us(),
+        });
+        Ok(())
+    }
+
     fn apply(&mut self, n: Nemesis) -> Result<(), String> {
+        if n.on_server() {
+            return self.apply_server(n);
+        }
         let i = self.victim();
         let lease = self.cfg.lease;
         let worker = Self::worker_id(i, self.slots[i].generation);
@@ -495,6 +614,27 @@ impl Coordinator<'_> {
                     p.reset_all();
                 }
             }
+            Nemesis::PauseServer | Nemesis::RestartServer | Nemesis::Failover => {}
+            Nemesis::Duplicate => {
+                let Some(p) = &self.slots[i].proxy else {
+                    return Ok(());
+                };
+                let before = p.held_connections();
+                p.hold_next_request();
+                // The worker's next request (a holder's renewal or release, a waiter's try)
+                // comes within a renewal interval; a worker with nothing to say is left.
+                let caught = wait_until(lease, || p.held_connections() > before);
+                if caught {
+                    // Past the per-call timeout the client gives up on that connection and
+                    // sends the request again on another one; then the first copy arrives.
+                    thread::sleep(distlock::ClientOptions::default().get_op_timeout() + lease / 2);
+                }
+                p.release_held();
+                if !caught {
+                    return Ok(());
+                }
+                wait_until(lease, || p.held_requests_answered());
+            }
         }
         self.nemeses.push(NemesisEvent {
             nemesis: n.name().to_string(),
@@ -537,15 +677,51 @@ impl Coordinator<'_> {
     }
 }
 
+/// Polls `done` every 10 ms for at most `d`; whether it became true.
+fn wait_until(d: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + d;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl Report {
-    /// A line of counts: grants, writes accepted and refused, lost signals and their lateness.
+    /// A line of counts: grants, writes accepted and refused, lost signals and their lateness,
+    /// the liveness figures.
     pub fn analysis_line(&self) -> String {
         let s = &self.analysis.stats;
         let l = &self.analysis.lost_lateness;
-        format!(
-            "{} attempts, {} grants, {} writes (register {} accepted, {} refused), final value {}, {} lost signals (late after lease end: p50 {} µs, p99 {} µs, max {} µs)",
-            s.attempts, s.grants, s.writes, s.register_accepted, s.register_rejected, s.final_value, s.lost, l.p50_us, l.p99_us, l.max_us
-        )
+        let mut line = format!(
+            "{} attempts, {} grants, {} writes (register {} accepted, {} refused), final value {}, {} lost signals",
+            s.attempts, s.grants, s.writes, s.register_accepted, s.register_rejected, s.final_value, s.lost
+        );
+        if l.count > 0 {
+            line += &format!(
+                " ({} after the lease end: p50 {} µs, p99 {} µs, max {} µs",
+                l.count, l.p50_us, l.p99_us, l.max_us
+            );
+        } else {
+            line += " (none after the lease end";
+        }
+        if l.early > 0 {
+            line += &format!("; {} before it", l.early);
+        }
+        if l.unknown > 0 {
+            line += &format!("; {} with no known lease end", l.unknown);
+        }
+        line += &format!(
+            "), at most {} holders at once, longest wait with the lock held by nobody {} ms, {} waiters passed over",
+            s.max_holders,
+            s.longest_unheld_wait_us / 1000,
+            s.starved
+        );
+        line
     }
 }
 

@@ -42,14 +42,19 @@ pub fn expected(v: Variant) -> Option<&'static str> {
         Variant::NoRenewal => Some("overlap"),
         // Every grant after a release gets token 1 again.
         Variant::TokenReset => Some("duplicate-token"),
+        // A killed holder's record stays: the waiters wait for nobody.
+        Variant::NoExpiry => Some("held-by-nobody"),
     }
 }
 
-/// The run of one variant: 4 workers for 4 s, lease 300 ms, holders paused past the lease.
+/// The run of one variant: 4 workers for 4 s, lease 300 ms, holders paused past the lease (or
+/// killed, for the lock that never expires).
 pub fn config(v: Variant, dir: std::path::PathBuf, worker: WorkerCommand, seed: u64) -> Config {
     let lease = Duration::from_millis(300);
     Config {
         target: Target::Broken(v, dir),
+        kind: crate::history::Kind::Mutex,
+        names: 1,
         clients: 4,
         duration: Duration::from_secs(4),
         lease,
@@ -60,11 +65,19 @@ pub fn config(v: Variant, dir: std::path::PathBuf, worker: WorkerCommand, seed: 
         } else {
             lease / 5
         },
-        nemeses: vec![Nemesis::Pause],
+        // A lock that never expires shows under kill (a paused holder comes back and
+        // releases); the others under pause.
+        nemeses: vec![if v == Variant::NoExpiry {
+            Nemesis::Kill
+        } else {
+            Nemesis::Pause
+        }],
         seed,
         worker,
         name: "self-test".into(),
         history_out: None,
+        server_pids: Vec::new(),
+        timeline_out: None,
     }
 }
 

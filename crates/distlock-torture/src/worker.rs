@@ -2,7 +2,7 @@
 //! every event a JSON line on stdout. It stops after its current attempt when stdin closes.
 
 use crate::broken::{self, BrokenLock};
-use crate::history::{now_us, to_us, AttemptId, Event, EventKind, RegisterOpKind};
+use crate::history::{now_us, to_us, AttemptId, Event, EventKind, Kind, RegisterOpKind};
 use crate::register::RegisterClient;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -27,8 +27,12 @@ pub struct WorkerConfig {
     pub id: String,
     /// What it locks.
     pub target: Target,
-    /// The lock name.
+    /// The lock name (with `-<i>` appended when there are several).
     pub name: String,
+    /// The kind of lock.
+    pub kind: Kind,
+    /// How many lock names; each attempt picks one.
+    pub names: u32,
     /// Lease (the watchdog lease for dlock; the fixed lease of a broken lock).
     pub lease: Duration,
     /// Mean time between the read and the write of a section.
@@ -52,6 +56,8 @@ impl WorkerConfig {
             format!("id={}", self.id),
             target,
             format!("name={}", self.name),
+            format!("kind={}", self.kind),
+            format!("names={}", self.names),
             format!("lease-us={}", to_us(self.lease)),
             format!("work-us={}", to_us(self.work)),
             format!("wait-us={}", to_us(self.wait)),
@@ -82,6 +88,11 @@ impl WorkerConfig {
             id: get("id")?.to_string(),
             target,
             name: get("name")?.to_string(),
+            kind: get("kind")?.parse()?,
+            names: u32::try_from(num("names")?)
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or("worker: bad names=")?,
             lease: Duration::from_micros(num("lease-us")?),
             work: Duration::from_micros(num("work-us")?),
             wait: Duration::from_micros(num("wait-us")?),
@@ -94,39 +105,113 @@ impl WorkerConfig {
 }
 
 enum Locker {
-    Dlock(distlock::Lock),
+    Dlock(distlock::Client),
     Broken(BrokenLock),
 }
 
 enum Held {
     Dlock(distlock::LockGuard),
+    Leader(distlock::Leadership),
     Broken(broken::Held),
 }
 
 impl Held {
-    fn token(&self) -> u64 {
+    /// The dlock guard under a grant (a leadership's too).
+    fn guard(&self) -> Option<&distlock::LockGuard> {
         match self {
-            Held::Dlock(g) => g.fencing_token(),
-            Held::Broken(h) => h.token,
+            Held::Dlock(g) => Some(g),
+            Held::Leader(l) => Some(l.guard()),
+            Held::Broken(_) => None,
+        }
+    }
+
+    fn token(&self) -> u64 {
+        match (self, self.guard()) {
+            (_, Some(g)) => g.fencing_token(),
+            (Held::Broken(h), None) => h.token,
+            _ => 0,
         }
     }
 
     fn lease_end(&self) -> u64 {
-        match self {
-            Held::Dlock(g) => to_us(g.lease_deadline().as_boottime()),
-            Held::Broken(h) => h.lease_end,
+        match (self, self.guard()) {
+            (_, Some(g)) => to_us(g.lease_deadline().as_boottime()),
+            (Held::Broken(h), None) => h.lease_end,
+            _ => 0,
         }
     }
 
     /// `Some(last confirmed lease end)` when the lock says the grant is lost.
     fn is_lost(&self) -> Option<Option<u64>> {
-        match self {
-            Held::Dlock(g) => g
+        match (self, self.guard()) {
+            (_, Some(g)) => g
                 .is_lost()
                 .then(|| Some(to_us(g.lease_deadline().as_boottime()))),
-            Held::Broken(h) => h.is_lost().map(Some),
+            (Held::Broken(h), None) => h.is_lost().map(Some),
+            _ => None,
         }
     }
+
+    /// Releases (resigns); the outcome as the worker reports it.
+    async fn release(self) -> String {
+        let outcome = match self {
+            Held::Dlock(g) => g.release().await,
+            Held::Leader(l) => l.resign().await,
+            Held::Broken(h) => {
+                return match tokio::task::spawn_blocking(move || h.release()).await {
+                    Ok(Ok(o)) => o,
+                    Ok(Err(e)) => format!("error: {e}"),
+                    Err(e) => format!("error: {e}"),
+                }
+            }
+        };
+        match outcome {
+            Ok(distlock::ReleaseOutcome::Released) => "released".to_string(),
+            Ok(distlock::ReleaseOutcome::Expired) => "expired".to_string(),
+            Ok(distlock::ReleaseOutcome::TakenByOther) => "taken".to_string(),
+            Ok(o) => format!("{o:?}"),
+            Err(e) => format!("error: {e}"),
+        }
+    }
+}
+
+/// One acquire of `kind` on `name` through `client`, waiting at most `wait`; `shared` asks
+/// for the read side of a read-write lock.
+async fn acquire(
+    client: &distlock::Client,
+    kind: Kind,
+    name: &str,
+    owner: &str,
+    shared: bool,
+    wait: Duration,
+) -> distlock::Result<Held> {
+    let lock = match kind {
+        Kind::Mutex => client.lock(name)?.with_owner(owner)?,
+        Kind::Fair => client.fair_lock(name)?.with_owner(owner)?,
+        Kind::ReadWrite => {
+            let rw = client.rw_lock(name)?.with_owner(owner)?;
+            if shared {
+                rw.read()
+            } else {
+                rw.write()
+            }
+        }
+        Kind::Semaphore(n) => {
+            return Ok(Held::Dlock(
+                client.semaphore(name, n)?.acquire_timeout(1, wait).await?,
+            ))
+        }
+        Kind::Election => {
+            return Ok(Held::Leader(
+                client
+                    .election(name)?
+                    .with_owner(owner)?
+                    .campaign_timeout(owner, wait)
+                    .await?,
+            ))
+        }
+    };
+    Ok(Held::Dlock(lock.acquire_timeout(wait).await?))
 }
 
 /// Writes one event line to stdout.
@@ -188,12 +273,7 @@ async fn work(cfg: WorkerConfig) -> Result<(), String> {
             let client = distlock::connect_with(url, opts)
                 .await
                 .map_err(|e| format!("cannot connect to {url}: {e}"))?;
-            Locker::Dlock(
-                client
-                    .lock(&cfg.name)
-                    .and_then(|l| l.with_owner(cfg.id.clone()))
-                    .map_err(|e| e.to_string())?,
-            )
+            Locker::Dlock(client)
         }
         Target::Broken(v, dir) => {
             Locker::Broken(BrokenLock::new(*v, dir.clone(), cfg.lease).map_err(|e| e.to_string())?)
@@ -205,17 +285,28 @@ async fn work(cfg: WorkerConfig) -> Result<(), String> {
     let mut rng = fastrand::Rng::with_seed(cfg.seed);
     let mut attempt = 0;
     while !stop.load(Ordering::SeqCst) {
+        let lock = rng.u32(..cfg.names);
         let id = AttemptId {
             worker: cfg.id.clone(),
             attempt,
+            lock,
         };
+        let name = if cfg.names > 1 {
+            format!("{}-{lock}", cfg.name)
+        } else {
+            cfg.name.clone()
+        };
+        // Half the attempts on a read-write lock read.
+        let shared = cfg.kind == Kind::ReadWrite && rng.bool();
         attempt += 1;
         emit(&id, EventKind::AttemptStart);
         let held = match &locker {
-            Locker::Dlock(l) => match l.acquire_timeout(cfg.wait).await {
-                Ok(g) => Ok(Some(Held::Dlock(g))),
-                Err(e) => Err(e.to_string()),
-            },
+            Locker::Dlock(c) => {
+                match acquire(c, cfg.kind, &name, &cfg.id, shared, cfg.wait).await {
+                    Ok(h) => Ok(Some(h)),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
             Locker::Broken(b) => {
                 let (b, owner, wait) = (b.clone(), id.to_string(), cfg.wait);
                 match tokio::task::spawn_blocking(move || b.acquire(&owner, wait)).await {
@@ -248,6 +339,7 @@ async fn work(cfg: WorkerConfig) -> Result<(), String> {
             EventKind::Grant {
                 token,
                 lease_end: Some(held.lease_end()),
+                shared,
             },
         );
         let lost = LostOnce(Arc::new(AtomicBool::new(false)), id.clone());
@@ -256,7 +348,16 @@ async fn work(cfg: WorkerConfig) -> Result<(), String> {
                 lost.fire(end, "lease-expired");
             }
         };
-        let read = register_call(&mut reg, &id, RegisterOpKind::Read, token, 0).await?;
+        // A semaphore's holders hold at once: no register (see Kind::uses_register); a
+        // reader only reads.
+        let read = match (cfg.kind.uses_register(), shared) {
+            (false, _) => None,
+            (true, true) => {
+                register_call(&mut reg, &id, RegisterOpKind::SharedRead, token, 0).await?;
+                None
+            }
+            (true, false) => register_call(&mut reg, &id, RegisterOpKind::Read, token, 0).await?,
+        };
         let work = to_us(cfg.work);
         let pause = Duration::from_micros(rng.u64(work / 2..=work * 3 / 2));
         sleep_watching(&held, pause, &lost).await;
@@ -266,20 +367,7 @@ async fn work(cfg: WorkerConfig) -> Result<(), String> {
         }
         check(&held);
         emit(&id, EventKind::ReleaseStart);
-        let outcome = match held {
-            Held::Dlock(g) => match g.release().await {
-                Ok(distlock::ReleaseOutcome::Released) => "released".to_string(),
-                Ok(distlock::ReleaseOutcome::Expired) => "expired".to_string(),
-                Ok(distlock::ReleaseOutcome::TakenByOther) => "taken".to_string(),
-                Ok(o) => format!("{o:?}"),
-                Err(e) => format!("error: {e}"),
-            },
-            Held::Broken(h) => match tokio::task::spawn_blocking(move || h.release()).await {
-                Ok(Ok(o)) => o,
-                Ok(Err(e)) => format!("error: {e}"),
-                Err(e) => format!("error: {e}"),
-            },
-        };
+        let outcome = held.release().await;
         emit(&id, EventKind::Released { outcome });
     }
     Ok(())
@@ -289,8 +377,8 @@ async fn work(cfg: WorkerConfig) -> Result<(), String> {
 async fn sleep_watching(held: &Held, d: Duration, lost: &LostOnce) {
     let sleep = tokio::time::sleep(d);
     tokio::pin!(sleep);
-    match held {
-        Held::Dlock(g) => {
+    match (held, held.guard()) {
+        (_, Some(g)) => {
             tokio::select! {
                 () = &mut sleep => return,
                 reason = g.lost() => {
@@ -298,7 +386,7 @@ async fn sleep_watching(held: &Held, d: Duration, lost: &LostOnce) {
                 }
             }
         }
-        Held::Broken(h) => {
+        (Held::Broken(h), None) => {
             let mut rx = h.lost.clone();
             tokio::select! {
                 () = &mut sleep => return,
@@ -309,6 +397,8 @@ async fn sleep_watching(held: &Held, d: Duration, lost: &LostOnce) {
                 }
             }
         }
+        // Every dlock grant has a guard.
+        (Held::Dlock(_) | Held::Leader(_), None) => {}
     }
     sleep.await;
 }

@@ -165,15 +165,24 @@ async fn cancel_stops_a_sleeping_wait_at_once() {
 }
 
 #[tokio::test]
-async fn a_handoff_is_a_grant_from_the_last_attempt() {
+async fn a_handoff_is_confirmed_by_the_next_attempt() {
+    // Before: the handoff was taken as a grant measured from the attempt before it (tried 2),
+    // though its notice may be older than that attempt.
+    let confirmed_at = crate::clock::Instant::now();
     let mut s = Script::with(
-        vec![Ok(Attempt::Held { retry_in: None })],
+        vec![
+            Ok(Attempt::Held { retry_in: None }),
+            Ok(Attempt::Held { retry_in: None }),
+            Ok(Attempt::Granted(Granted {
+                token: 77,
+                requested_at: confirmed_at,
+            })),
+        ],
         vec![
             Ok(Some(Wake::Released)),
             Ok(Some(Wake::HandedOver { token: 77 })),
         ],
     );
-    let before = crate::clock::Instant::now();
     let g = run(
         &mut s,
         Deadline::never(),
@@ -184,9 +193,35 @@ async fn a_handoff_is_a_grant_from_the_last_attempt() {
     .expect("wait")
     .expect("granted");
     assert_eq!(g.token, 77);
-    assert!(g.requested_at >= before && g.requested_at <= crate::clock::Instant::now());
-    assert_eq!(s.tried, 2, "a release is followed by an attempt");
+    assert_eq!(
+        g.requested_at, confirmed_at,
+        "measured from the confirming attempt"
+    );
+    assert_eq!(
+        s.tried, 3,
+        "a release and a handoff are each followed by an attempt"
+    );
     assert_eq!(s.gave_up, 0, "a grant was given up");
+}
+
+#[tokio::test]
+async fn a_stale_handoff_is_not_a_grant() {
+    // The handoff's notice came after the lock had gone to another: the confirming attempt
+    // is answered "held" and the wait goes on to its deadline.
+    let mut s = Script::with(
+        vec![Ok(Attempt::Held { retry_in: None })],
+        vec![Ok(Some(Wake::HandedOver { token: 5 }))],
+    );
+    let r = run(
+        &mut s,
+        Deadline::after(Duration::from_millis(60)),
+        &CancellationToken::new(),
+        quick(),
+    )
+    .await;
+    assert!(matches!(r, Ok(None)), "{r:?}");
+    assert!(s.tried >= 2);
+    assert_eq!(s.gave_up, 1);
 }
 
 #[tokio::test]
