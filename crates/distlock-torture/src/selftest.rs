@@ -56,7 +56,14 @@ pub fn config(v: Variant, dir: std::path::PathBuf, worker: WorkerCommand, seed: 
         kind: crate::history::Kind::Mutex,
         names: 1,
         clients: 4,
-        duration: Duration::from_secs(4),
+        // A lock that never expires is found once a waiter has waited past the checker's
+        // bound (lease + at least 3 s) after the kill: twice that, so that a loaded machine
+        // that starts the workers or the kill late still shows it.
+        duration: if v == Variant::NoExpiry {
+            Duration::from_secs(8)
+        } else {
+            Duration::from_secs(4)
+        },
         lease,
         // Work well inside the renewal interval, except for the lock without renewal, whose
         // work often outlasts its lease.
