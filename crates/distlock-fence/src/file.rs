@@ -210,11 +210,7 @@ impl FencedFile {
     }
 
     fn err(&self, what: &str, path: &Path, e: io::Error) -> Error {
-        Error::store(
-            "file",
-            format!("cannot {what} {}: {e}", path.display()),
-            e,
-        )
+        Error::store("file", format!("cannot {what} {}: {e}", path.display()), e)
     }
 
     /// `flock(2)` on the lock file, held until the returned file is dropped. A lock file
@@ -232,9 +228,7 @@ impl FencedFile {
                 .open(&self.lock)
                 .map_err(|e| self.err("open the lock file", &self.lock, e))?;
             flock(&f, exclusive).map_err(|e| self.err("lock", &self.lock, e))?;
-            let held = f
-                .metadata()
-                .map_err(|e| self.err("stat", &self.lock, e))?;
+            let held = f.metadata().map_err(|e| self.err("stat", &self.lock, e))?;
             match std::fs::metadata(&self.lock) {
                 Ok(m) if m.ino() == held.ino() && m.dev() == held.dev() => return Ok(f),
                 Ok(_) => continue,
@@ -356,10 +350,8 @@ mod tests {
     use super::*;
 
     fn temp(name: &str) -> (PathBuf, FencedFile) {
-        let dir = std::env::temp_dir().join(format!(
-            "distlock-fence-unit-{}-{name}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("distlock-fence-unit-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let f = FencedFile::new(dir.join("data")).durable(false);
         (dir, f)
@@ -372,7 +364,10 @@ mod tests {
             f.remove().expect("remove");
             f.write_unfenced(b"before").expect("seed");
             if let Some(r) = recorded {
-                f.write(r, b"before").expect("record").applied().expect("applied");
+                f.write(r, b"before")
+                    .expect("record")
+                    .applied()
+                    .expect("applied");
             }
             let got = match f.write(stamp, b"after") {
                 Ok(Outcome::Applied(())) => Ok(true),
@@ -382,7 +377,11 @@ mod tests {
             };
             assert_eq!(got, expected, "{recorded:?} then {stamp:?}");
             let data = f.peek().expect("peek").expect("exists");
-            assert_eq!(data == b"after", expected == Ok(true), "{recorded:?} then {stamp:?}");
+            assert_eq!(
+                data == b"after",
+                expected == Ok(true),
+                "{recorded:?} then {stamp:?}"
+            );
         }
         std::fs::remove_dir_all(dir).expect("cleanup");
     }
@@ -397,7 +396,10 @@ mod tests {
         assert_eq!(std::fs::read(f.path()).expect("read"), b"plain data\n");
         assert!(parse(b"distlock-fence 1\n").is_none());
         assert!(parse(b"distlock-fence -").is_none());
-        assert_eq!(parse(b"distlock-fence 3 4\nab\n").map(|c| c.data), Some(b"ab\n".to_vec()));
+        assert_eq!(
+            parse(b"distlock-fence 3 4\nab\n").map(|c| c.data),
+            Some(b"ab\n".to_vec())
+        );
         std::fs::remove_dir_all(dir).expect("cleanup");
     }
 }

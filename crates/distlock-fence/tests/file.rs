@@ -20,7 +20,12 @@ async fn a_stale_holder_is_rejected_after_the_next_holder_wrote() {
     stock.write_unfenced(b"10").expect("seed");
 
     // The first holder reads under the fence, then stalls; its lock goes to the next holder.
-    let first = client.lock("stock").expect("lock").acquire().await.expect("acquire");
+    let first = client
+        .lock("stock")
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
     let old = first.fencing_token();
     let read = stock.read(Stamp::new(old)).expect("fenced read");
     assert_eq!(read.as_deref(), Some(&b"10"[..]));
@@ -36,7 +41,9 @@ async fn a_stale_holder_is_rejected_after_the_next_holder_wrote() {
     assert!(new > old);
     let out = stock
         .update(Stamp::new(new), |d| {
-            let n: i64 = String::from_utf8_lossy(d.unwrap_or_default()).parse().unwrap_or(0);
+            let n: i64 = String::from_utf8_lossy(d.unwrap_or_default())
+                .parse()
+                .unwrap_or(0);
             Ok::<_, Error>(((n - 1).to_string().into_bytes(), n - 1))
         })
         .expect("the new holder writes");
@@ -44,7 +51,13 @@ async fn a_stale_holder_is_rejected_after_the_next_holder_wrote() {
 
     // The first holder wakes up and writes what it computed from its read: rejected.
     let late = stock.write(Stamp::new(old), b"9");
-    assert_eq!(late.unwrap_err(), Error::Stale { token: old, newer: new });
+    assert_eq!(
+        late.unwrap_err(),
+        Error::Stale {
+            token: old,
+            newer: new
+        }
+    );
     // Its fenced reads too.
     assert!(stock.read(Stamp::new(old)).unwrap_err().is_stale());
     assert_eq!(number(&stock), 9);
@@ -61,18 +74,35 @@ fn a_retried_write_of_the_holder_is_applied_once() {
     counter.write_unfenced(b"0").expect("seed");
     let add = |stamp: Stamp| {
         counter.update(stamp, |d| {
-            let n: i64 = String::from_utf8_lossy(d.unwrap_or_default()).parse().unwrap_or(0);
+            let n: i64 = String::from_utf8_lossy(d.unwrap_or_default())
+                .parse()
+                .unwrap_or(0);
             Ok::<_, Error>(((n + 1).to_string().into_bytes(), n + 1))
         })
     };
-    assert_eq!(add(Stamp::new(5).seq(1)).expect("first"), Outcome::Applied(1));
+    assert_eq!(
+        add(Stamp::new(5).seq(1)).expect("first"),
+        Outcome::Applied(1)
+    );
     // The same write again (a retry after an unknown outcome): not applied twice.
-    assert_eq!(add(Stamp::new(5).seq(1)).expect("retry"), Outcome::Duplicate);
+    assert_eq!(
+        add(Stamp::new(5).seq(1)).expect("retry"),
+        Outcome::Duplicate
+    );
     // The holder's next write, and a late copy of its first one.
-    assert_eq!(add(Stamp::new(5).seq(2)).expect("second"), Outcome::Applied(2));
-    assert_eq!(add(Stamp::new(5).seq(1)).expect("late copy"), Outcome::Duplicate);
+    assert_eq!(
+        add(Stamp::new(5).seq(2)).expect("second"),
+        Outcome::Applied(2)
+    );
+    assert_eq!(
+        add(Stamp::new(5).seq(1)).expect("late copy"),
+        Outcome::Duplicate
+    );
     // Unsequenced writes of the same grant are applied (for writes that may repeat).
-    assert_eq!(counter.write(Stamp::new(5), b"7").expect("set"), Outcome::Applied(()));
+    assert_eq!(
+        counter.write(Stamp::new(5), b"7").expect("set"),
+        Outcome::Applied(())
+    );
     assert_eq!(number(&counter), 7);
 }
 
@@ -93,8 +123,9 @@ fn concurrent_holders_lose_no_update() {
                     let token = 1 + i * 8 + (t * 5) % 8;
                     let stamp = Stamp::new(token).seq(t * 1000 + i + 1);
                     match counter.update(stamp, |d| {
-                        let n: u64 =
-                            String::from_utf8_lossy(d.unwrap_or_default()).parse().unwrap_or(0);
+                        let n: u64 = String::from_utf8_lossy(d.unwrap_or_default())
+                            .parse()
+                            .unwrap_or(0);
                         Ok::<_, Error>(((n + 1).to_string().into_bytes(), ()))
                     }) {
                         Ok(Outcome::Applied(())) => applied += 1,
