@@ -1,6 +1,8 @@
 //! The `seckill --timeline FILE.svg` picture: per strategy a block with one lane per worker
 //! process, a bar per lock hold (or unprotected read → write window, or optimistic attempt),
-//! a dot per order — red for the orders beyond the initial stock — and a legend on top.
+//! a dot per order — red for the orders beyond the initial stock —, the pause of a stopped
+//! buyer (`--pause`) with the end of its lease and its late write (landed or rejected by the
+//! fence), and a legend on top.
 //!
 //! Buyers whose bars overlap in time (`none`: all of them) get their own row inside the lane,
 //! so a lane is as tall as its largest number of simultaneous buyers: a lane of one row is a
@@ -19,6 +21,59 @@ pub enum BarKind {
     Attempt,
     /// An optimistic attempt that lost.
     Conflict,
+    /// The buyer's process stopped (`--pause`).
+    Pause,
+}
+
+/// A moment of a buyer's life marked with a symbol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarkKind {
+    /// Its lease ended (the lock service may hand the lock on).
+    LeaseLost,
+    /// It wrote after its lease ended, and the write landed.
+    LateWrite,
+    /// The store's fence rejected its read or write.
+    Rejected,
+}
+
+impl MarkKind {
+    fn label(self) -> &'static str {
+        match self {
+            MarkKind::LeaseLost => "lease lost",
+            MarkKind::LateWrite => "late write landed",
+            MarkKind::Rejected => "write rejected by the fence",
+        }
+    }
+
+    fn class(self) -> &'static str {
+        match self {
+            MarkKind::LeaseLost => "lease-lost",
+            MarkKind::LateWrite => "late-write",
+            MarkKind::Rejected => "rejected",
+        }
+    }
+
+    /// The symbol, centred on (`x`, `y`).
+    fn shape(self, x: f64, y: f64) -> String {
+        match self {
+            MarkKind::LeaseLost => format!(
+                r#"<path d="M{:.1},{:.1} v{:.1}" stroke="{RED}" stroke-width="2""#,
+                x,
+                y - 5.0,
+                10.0
+            ),
+            MarkKind::LateWrite => format!(
+                r#"<path d="M{:.1},{:.1} l4,7 h-8 z" fill="{RED}""#,
+                x,
+                y - 4.0
+            ),
+            MarkKind::Rejected => format!(
+                r#"<path d="M{:.1},{:.1} l7,7 m0,-7 l-7,7" stroke="{GREEN}" stroke-width="2""#,
+                x - 3.5,
+                y - 3.5
+            ),
+        }
+    }
 }
 
 impl BarKind {
@@ -28,6 +83,7 @@ impl BarKind {
             BarKind::Window => "#ff9f40",
             BarKind::Attempt => "#9467bd",
             BarKind::Conflict => "#c7c7c7",
+            BarKind::Pause => "#444444",
         }
     }
 
@@ -37,6 +93,7 @@ impl BarKind {
             BarKind::Window => "unprotected read → write",
             BarKind::Attempt => "optimistic attempt (won)",
             BarKind::Conflict => "optimistic attempt (lost)",
+            BarKind::Pause => "process stopped (--pause)",
         }
     }
 
@@ -46,6 +103,7 @@ impl BarKind {
             BarKind::Window => "window",
             BarKind::Attempt => "attempt",
             BarKind::Conflict => "conflict",
+            BarKind::Pause => "pause",
         }
     }
 }
@@ -70,6 +128,8 @@ pub struct Track {
     pub buyer: u64,
     /// Its bars.
     pub bars: Vec<Bar>,
+    /// Its marked moments, µs.
+    pub marks: Vec<(MarkKind, u64)>,
     /// When its order was created (µs) and whether that order was beyond the stock.
     pub order: Option<(u64, bool)>,
 }
@@ -135,12 +195,19 @@ fn tick_step(span_us: u64) -> u64 {
 
 /// Extent of a track in µs.
 fn extent(t: &Track) -> Option<(u64, u64)> {
+    let marks = || t.marks.iter().map(|m| m.1);
     let starts = t
         .bars
         .iter()
         .map(|b| b.start_us)
-        .chain(t.order.map(|o| o.0));
-    let ends = t.bars.iter().map(|b| b.end_us).chain(t.order.map(|o| o.0));
+        .chain(t.order.map(|o| o.0))
+        .chain(marks());
+    let ends = t
+        .bars
+        .iter()
+        .map(|b| b.end_us)
+        .chain(t.order.map(|o| o.0))
+        .chain(marks());
     Some((starts.min()?, ends.max()?))
 }
 
@@ -177,6 +244,7 @@ fn legend(s: &mut String) {
         BarKind::Window,
         BarKind::Attempt,
         BarKind::Conflict,
+        BarKind::Pause,
     ] {
         let _ = writeln!(
             s,
@@ -200,6 +268,17 @@ fn legend(s: &mut String) {
         x + 4.0,
         x + 12.0
     );
+    x += 200.0;
+    for kind in [MarkKind::LeaseLost, MarkKind::LateWrite, MarkKind::Rejected] {
+        let _ = writeln!(
+            s,
+            r#"{}/><text x="{}" y="6">{}</text>"#,
+            kind.shape(x + 4.0, 3.0),
+            x + 12.0,
+            esc(kind.label())
+        );
+        x += 24.0 + kind.label().chars().count() as f64 * 5.6;
+    }
     let _ = writeln!(
         s,
         r##"<text x="0" y="22" fill="#555">time since the common start →  one lane per worker process; overlapping buyers of a process get their own rows</text>"##
@@ -309,6 +388,17 @@ fn render_block(s: &mut String, block: &Block, y0: f64, plot: f64) -> f64 {
                     ms(b.end_us)
                 );
             }
+            for &(kind, at) in &tr.marks {
+                let _ = writeln!(
+                    s,
+                    r#"<g class="mark {}">{}><title>buyer {}: {} at {}</title></path></g>"#,
+                    kind.class(),
+                    kind.shape(x(at), ry + BAR / 2.0),
+                    tr.buyer,
+                    esc(kind.label()),
+                    ms(at)
+                );
+            }
             if let Some((at, oversold)) = tr.order {
                 let (class, r, fill) = if oversold {
                     ("order oversold", 3.5, RED)
@@ -368,12 +458,14 @@ mod tests {
                     process: 0,
                     buyer: 0,
                     bars: vec![bar(0, 5000)],
+                    marks: vec![],
                     order: Some((5100, false)),
                 },
                 Track {
                     process: 0,
                     buyer: 1,
                     bars: vec![bar(10, 5000)],
+                    marks: vec![(MarkKind::Rejected, 5150)],
                     order: Some((5200, true)),
                 },
             ],
@@ -383,6 +475,7 @@ mod tests {
         assert!(svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches(r#"class="lane""#).count(), 2);
         assert_eq!(svg.matches("order oversold").count(), 1);
+        assert_eq!(svg.matches(r#"class="mark rejected""#).count(), 1);
         assert!(svg.contains("none &lt;&amp;&gt;"));
     }
 }

@@ -49,6 +49,29 @@ impl std::error::Error for StoreError {}
 /// Result of a store operation.
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// The answer of a fenced operation of a [`Store`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced<T> {
+    /// Done, with its result.
+    Done(T),
+    /// Rejected: the store had seen the newer token `newer`; nothing was changed.
+    Stale {
+        /// The newer token.
+        newer: u64,
+    },
+}
+
+impl<T> Fenced<T> {
+    /// A fenced helper's result as a store's: a stale token is an answer, not an error.
+    pub(crate) fn from_fence(r: distlock_fence::Result<T>) -> StoreResult<Fenced<T>> {
+        match r {
+            Ok(v) => Ok(Fenced::Done(v)),
+            Err(distlock_fence::Error::Stale { newer, .. }) => Ok(Fenced::Stale { newer }),
+            Err(e) => Err(StoreError(e.to_string())),
+        }
+    }
+}
+
 /// The data of one run. Each method is one atomic operation; no method is atomic *with*
 /// another.
 #[async_trait]
@@ -82,12 +105,42 @@ pub trait Store: Send + Sync {
         Ok(())
     }
 
+    /// `fenced` strategy: reads the stock through the store's fence with the holder's fencing
+    /// `token`, which it records (so that from now on the writes of older tokens are
+    /// rejected).
+    async fn fenced_read(&self, token: u64) -> StoreResult<Fenced<i64>> {
+        let _ = token;
+        Err(no_fence())
+    }
+
+    /// `fenced` strategy: overwrites the stock through the store's fence (checked and
+    /// recorded in the same atomic step), incrementing the version.
+    async fn fenced_write(&self, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+        let _ = (token, stock);
+        Err(no_fence())
+    }
+
+    /// What the lock service does when the lease of the holder of the lock `name` in the
+    /// stopped process `pid` has run out (`--pause`): where the server keeps leases (every
+    /// backend but `file://`), nothing is left to do: it hands the lock on by itself.
+    async fn expire_stopped_holder(&self, pid: u32, name: &str) -> StoreResult<()> {
+        let _ = (pid, name);
+        Ok(())
+    }
+
     /// Removes what the lock backend keeps for the lock `name` (the `file://` backend keeps one
     /// file per name, forever). Call only when no process uses that lock any more.
     async fn forget_lock(&self, name: &str) -> StoreResult<()> {
         let _ = name;
         Ok(())
     }
+}
+
+fn no_fence() -> StoreError {
+    StoreError(
+        "the `fenced` strategy has no fenced store on this backend yet; use file:// or redis://"
+            .into(),
+    )
 }
 
 /// The lower-case scheme of a backend URL (`file`, `redis`, …), or `None` without `://`.
