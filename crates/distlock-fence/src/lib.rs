@@ -10,6 +10,8 @@
 //! |---|---|---|
 //! | files | `file` | [`file::FencedFile`]: the token in the file's first line, checked under `flock(2)`, the file replaced by `rename(2)` |
 //! | Redis | `redis` | [`redis::RedisFence`]: one Lua script per command (SET, HSET, INCRBY, DECRBY, DEL, GET, your own Lua) over your connection |
+//! | PostgreSQL | `postgres` | [`postgres::PgFence`]: a fence row per resource, checked and raised by one upsert in your transaction (tokio-postgres) |
+//! | MySQL, MariaDB | `mysql` | [`mysql::MySqlFence`]: a fence row per resource, locked, checked and raised in your transaction (mysql_async) |
 //! | your own | — | implement [`FenceRecord`] for what your store keeps and call [`FenceRecord::admit`] inside its transaction |
 //!
 //! # The rule
@@ -58,6 +60,10 @@
 
 #[cfg(feature = "file")]
 pub mod file;
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 
@@ -321,6 +327,28 @@ impl FenceRecord for Option<Stamp> {
 
     fn record(&mut self, stamp: Stamp) {
         *self = Some(stamp);
+    }
+}
+
+/// Checks a SQL table name: `name` or `schema.name`, each part a plain identifier (ASCII
+/// letters, digits and `_`, not starting with a digit, 1 to 63 bytes), so it can be written
+/// into statements as it is.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn sql_table_name(table: &str) -> Result<()> {
+    let ok = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 63
+            && !part.starts_with(|c: char| c.is_ascii_digit())
+            && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    };
+    let parts: Vec<&str> = table.split('.').collect();
+    if parts.len() <= 2 && parts.iter().all(|p| ok(p)) {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "fence table `{}` must be `name` or `schema.name`, each of ASCII letters, digits and `_`, not starting with a digit, at most 63 bytes",
+            table.escape_debug()
+        )))
     }
 }
 
