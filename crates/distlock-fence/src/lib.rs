@@ -12,6 +12,8 @@
 //! | Redis | `redis` | [`redis::RedisFence`]: one Lua script per command (SET, HSET, INCRBY, DECRBY, DEL, GET, your own Lua) over your connection |
 //! | PostgreSQL | `postgres` | [`postgres::PgFence`]: a fence row per resource, checked and raised by one upsert in your transaction (tokio-postgres) |
 //! | MySQL, MariaDB | `mysql` | [`mysql::MySqlFence`]: a fence row per resource, locked, checked and raised in your transaction (mysql_async) |
+//! | etcd | `etcd` | [`etcd::EtcdHolder::txn`]: a transaction guarded on the holder's lock key (exists with the grant's create revision) |
+//! | ZooKeeper | `zookeeper` | [`zookeeper::ZkHolder::multi`]: a multi-op whose first operation checks the holder's lock node |
 //! | your own | — | implement [`FenceRecord`] for what your store keeps and call [`FenceRecord::admit`] inside its transaction |
 //!
 //! # The rule
@@ -58,6 +60,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(feature = "file")]
 pub mod file;
 #[cfg(feature = "mysql")]
@@ -66,6 +70,8 @@ pub mod mysql;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 use std::fmt;
 

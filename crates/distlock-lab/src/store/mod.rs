@@ -316,6 +316,31 @@ pub(crate) async fn timed<T, E: fmt::Display>(
     }
 }
 
+/// Runs a fenced operation with the time limit of [`timed`]: a stale token is an answer
+/// ([`Fenced::Stale`]), other errors name `what` and `endpoint`.
+#[cfg_attr(
+    not(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "etcd",
+        feature = "zookeeper"
+    )),
+    allow(dead_code)
+)]
+pub(crate) async fn timed_fenced<T>(
+    endpoint: &str,
+    what: &str,
+    fut: impl std::future::Future<Output = distlock_fence::Result<T>>,
+) -> StoreResult<Fenced<T>> {
+    match tokio::time::timeout(OP_TIMEOUT, fut).await {
+        Ok(Err(e)) if !e.is_stale() => Err(StoreError(format!("{endpoint}: {what} failed: {e}"))),
+        Ok(r) => Fenced::from_fence(r),
+        Err(_) => Err(StoreError(format!(
+            "{endpoint}: {what}: no answer within {OP_TIMEOUT:?}"
+        ))),
+    }
+}
+
 /// Time limit of one store operation (connecting included).
 #[cfg_attr(
     not(any(
