@@ -11,19 +11,20 @@
 //! the fence.
 //!
 //! ```no_run
-//! # async fn f(client: &mut etcd_client::Client, guard: &distlock_core::LockGuard) -> distlock_fence::Result<()> {
+//! # async fn f(client: &etcd_client::Client, guard: &distlock_core::LockGuard) -> distlock_fence::Result<()> {
 //! use distlock_fence::etcd::EtcdFence;
 //! use etcd_client::TxnOp;
 //!
+//! let mut kv = client.kv_client();
 //! // The lock `stock:42` of a backend with key prefix `dlock` (the URL's path, else the namespace).
-//! let holder = EtcdFence::new("dlock", "stock:42").holder(client, guard.fencing_token()).await?;
-//! holder.txn(client, vec![TxnOp::put("stock/42", "9", None)]).await?;
+//! let holder = EtcdFence::new("dlock", "stock:42").holder(&mut kv, guard.fencing_token()).await?;
+//! holder.txn(&mut kv, vec![TxnOp::put("stock/42", "9", None)]).await?;
 //! # Ok(()) }
 //! ```
 
 use crate::{Error, Result};
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, GetOptions, KvClient, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
 };
 
@@ -55,7 +56,7 @@ impl EtcdFence {
     /// # Errors
     /// [`Error::Stale`] when that grant's key is gone already (its lease ended, or it was
     /// released); [`Error::Store`] when etcd fails.
-    pub async fn holder(&self, client: &mut Client, token: u64) -> Result<EtcdHolder> {
+    pub async fn holder(&self, client: &mut KvClient, token: u64) -> Result<EtcdHolder> {
         let resp = client
             .get(
                 self.queue.clone(),
@@ -108,7 +109,7 @@ impl EtcdHolder {
     /// [`Error::Stale`] when the grant's key is gone (nothing applied): `newer` is the current
     /// holder's token, or, when nobody holds the lock, the revision at which the key was found
     /// gone (above the grant's); [`Error::Store`] when etcd fails.
-    pub async fn txn(&self, client: &mut Client, ops: Vec<TxnOp>) -> Result<TxnResponse> {
+    pub async fn txn(&self, client: &mut KvClient, ops: Vec<TxnOp>) -> Result<TxnResponse> {
         let token = i64::try_from(self.token).map_err(|_| {
             Error::InvalidArgument(format!("token {} is not an etcd revision", self.token))
         })?;

@@ -49,6 +49,17 @@ impl ZkFence {
         Ok(ZkFence { dir })
     }
 
+    /// The same lock for a client that is not on the backend's chroot: `chroot` (`/app`, as
+    /// in the backend's URL `zk://host:port/app`) put before the directory.
+    #[must_use]
+    pub fn in_chroot(mut self, chroot: &str) -> ZkFence {
+        let chroot = chroot.trim_end_matches('/');
+        if !chroot.is_empty() {
+            self.dir = format!("{chroot}{}", self.dir);
+        }
+        self
+    }
+
     /// The lock's directory.
     pub fn dir(&self) -> &str {
         &self.dir

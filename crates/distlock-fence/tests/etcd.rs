@@ -4,10 +4,10 @@
 use distlock_fence::etcd::EtcdFence;
 use distlock_fence::Error;
 use distlock_testkit::{DelayProxy, EtcdCluster};
-use etcd_client::{Client, TxnOp};
+use etcd_client::{Client, KvClient, TxnOp};
 use std::time::Duration;
 
-async fn value(client: &mut Client) -> i64 {
+async fn value(client: &mut KvClient) -> i64 {
     let resp = client.get("fence-test/v", None).await.expect("get");
     resp.kvs().first().map_or(0, |kv| {
         kv.value_str().expect("utf-8").parse().expect("a number")
@@ -103,7 +103,8 @@ async fn concurrent_holders_behind_a_delay_proxy_lose_no_update() {
             tokio::spawn(async move {
                 let mut client = Client::connect([format!("http://{via}")], None)
                     .await
-                    .expect("client");
+                    .expect("client")
+                    .kv_client();
                 let (mut applied, mut rejected, mut late) = (0u64, 0u64, 0u64);
                 for i in 0..5u64 {
                     let guard = locks
@@ -152,7 +153,8 @@ async fn concurrent_holders_behind_a_delay_proxy_lose_no_update() {
     }
     let mut client = Client::connect(cluster.endpoints(), None)
         .await
-        .expect("client");
+        .expect("client")
+        .kv_client();
     let n = value(&mut client).await;
     eprintln!(
         "{applied} writes applied, {rejected} rejected ({late} after the grant ended), value {n}"

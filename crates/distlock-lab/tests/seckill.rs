@@ -38,7 +38,7 @@ fn check_all(rows: &[Value], backend: &str) {
         assert!(r["elapsed_ms"].as_f64().is_some_and(|e| e > 0.0), "{r}");
     }
     // Waits are reported exactly for the strategies with a lock.
-    for s in ["local", "trylock", "lock"] {
+    for s in ["local", "trylock", "lock", "fenced"] {
         let r = row(rows, s);
         assert!(
             r["p50_wait_us"].is_u64() && r["p99_wait_us"].is_u64(),
@@ -218,7 +218,7 @@ fn zero_stock_sells_nothing() {
     let (_dir, url) = file_backend("distlock-lab-zero");
     let args = ["seckill", "--json", "--stock", "0", "--buyers", "6"];
     let rows = common::json_lines(&url, &[&args[..], &["--work-ms", "1"]].concat());
-    assert_eq!(rows.len(), 5);
+    assert_eq!(rows.len(), 6);
     for r in &rows {
         assert_eq!(
             (n(r, "sold"), n(r, "oversold"), n(r, "failed")),

@@ -73,7 +73,7 @@ pub struct SeckillArgs {
     #[arg(long = "work-ms", default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     work_ms: u64,
     /// Strategies to run, comma-separated: none, local, optimistic, trylock, lock, fenced, or
-    /// all (the first five).
+    /// all.
     #[arg(long, default_value = "all", value_parser = protocol::parse_strategies)]
     strategy: Strategies,
     /// Print one JSON object per strategy and line instead of the table.

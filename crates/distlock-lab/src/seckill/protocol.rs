@@ -33,16 +33,7 @@ pub enum Strategy {
 
 impl Strategy {
     /// Every strategy, in the order `all` runs them.
-    pub const ALL: [Strategy; 5] = [
-        Strategy::NoLock,
-        Strategy::Local,
-        Strategy::Optimistic,
-        Strategy::Trylock,
-        Strategy::Lock,
-    ];
-
-    /// Every strategy `--strategy` knows.
-    pub const KNOWN: [Strategy; 6] = [
+    pub const ALL: [Strategy; 6] = [
         Strategy::NoLock,
         Strategy::Local,
         Strategy::Optimistic,
@@ -65,7 +56,7 @@ impl Strategy {
 
     /// Parses one strategy name.
     pub fn parse(s: &str) -> Option<Strategy> {
-        Strategy::KNOWN
+        Strategy::ALL
             .into_iter()
             .find(|k| k.as_str().eq_ignore_ascii_case(s.trim()))
     }
@@ -243,7 +234,7 @@ mod tests {
 
     #[test]
     fn strategy_lists() {
-        assert_eq!(parse_strategies("all").map(|s| s.0.len()), Ok(5));
+        assert_eq!(parse_strategies("all").map(|s| s.0.len()), Ok(6));
         assert_eq!(
             parse_strategies("lock, none,lock").map(|s| s.0),
             Ok(vec![Strategy::Lock, Strategy::NoLock])

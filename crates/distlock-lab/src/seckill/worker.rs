@@ -410,7 +410,7 @@ async fn fenced_sale(
     let token = guard.fencing_token();
     let stock = match ctx
         .store
-        .fenced_read(token)
+        .fenced_read(&ctx.lock_name, token)
         .await
         .map_err(|e| e.to_string())?
     {
@@ -429,7 +429,7 @@ async fn fenced_sale(
     r.late_write = guard.is_lost();
     match ctx
         .store
-        .fenced_write(token, stock - 1)
+        .fenced_write(&ctx.lock_name, token, stock - 1)
         .await
         .map_err(|e| e.to_string())?
     {

@@ -242,14 +242,14 @@ impl Store for FileStore {
             .map_err(Error::into_store)
     }
 
-    async fn fenced_read(&self, token: u64) -> StoreResult<Fenced<i64>> {
+    async fn fenced_read(&self, _lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
         match Fenced::from_fence(self.state.read(Stamp::new(token)))? {
             Fenced::Done(data) => Ok(Fenced::Done(self.parse(data.as_deref())?.0)),
             Fenced::Stale { newer } => Ok(Fenced::Stale { newer }),
         }
     }
 
-    async fn fenced_write(&self, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+    async fn fenced_write(&self, _lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
         self.write_stock(Some(Stamp::new(token)), stock)
     }
 
@@ -341,19 +341,19 @@ mod tests {
         assert_eq!(s.read().await.expect("read"), (1, 2));
         // Fenced: a read records the token, an older token is rejected afterwards.
         assert_eq!(
-            s.fenced_read(5).await.expect("fenced read"),
+            s.fenced_read("l", 5).await.expect("fenced read"),
             Fenced::Done(1)
         );
         assert_eq!(
-            s.fenced_write(5, 0).await.expect("fenced write"),
+            s.fenced_write("l", 5, 0).await.expect("fenced write"),
             Fenced::Done(())
         );
         assert_eq!(
-            s.fenced_write(4, 7).await.expect("stale write"),
+            s.fenced_write("l", 4, 7).await.expect("stale write"),
             Fenced::Stale { newer: 5 }
         );
         assert_eq!(
-            s.fenced_read(4).await.expect("stale read"),
+            s.fenced_read("l", 4).await.expect("stale read"),
             Fenced::Stale { newer: 5 }
         );
         assert_eq!(s.read().await.expect("read"), (0, 3));

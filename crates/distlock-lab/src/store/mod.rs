@@ -105,20 +105,15 @@ pub trait Store: Send + Sync {
         Ok(())
     }
 
-    /// `fenced` strategy: reads the stock through the store's fence with the holder's fencing
-    /// `token`, which it records (so that from now on the writes of older tokens are
-    /// rejected).
-    async fn fenced_read(&self, token: u64) -> StoreResult<Fenced<i64>> {
-        let _ = token;
-        Err(no_fence())
-    }
+    /// `fenced` strategy: reads the stock through the store's fence with the fencing `token`
+    /// of the holder of the lock `lock`: stores that keep a fence beside the data record the
+    /// token (so that from now on the writes of older tokens are rejected); etcd and ZooKeeper
+    /// check that the grant's key or node still exists.
+    async fn fenced_read(&self, lock: &str, token: u64) -> StoreResult<Fenced<i64>>;
 
-    /// `fenced` strategy: overwrites the stock through the store's fence (checked and
-    /// recorded in the same atomic step), incrementing the version.
-    async fn fenced_write(&self, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
-        let _ = (token, stock);
-        Err(no_fence())
-    }
+    /// `fenced` strategy: overwrites the stock through the store's fence (checked in the same
+    /// atomic step as the write), incrementing the version.
+    async fn fenced_write(&self, lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>>;
 
     /// What the lock service does when the lease of the holder of the lock `name` in the
     /// stopped process `pid` has run out (`--pause`): where the server keeps leases (every
@@ -134,13 +129,6 @@ pub trait Store: Send + Sync {
         let _ = name;
         Ok(())
     }
-}
-
-fn no_fence() -> StoreError {
-    StoreError(
-        "the `fenced` strategy has no fenced store on this backend yet; use file:// or redis://"
-            .into(),
-    )
 }
 
 /// The lower-case scheme of a backend URL (`file`, `redis`, …), or `None` without `://`.

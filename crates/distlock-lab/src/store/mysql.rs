@@ -228,14 +228,19 @@ impl Store for MySqlStore {
         rows.into_iter().map(|b| to_u64(b, "buyer id")).collect()
     }
 
-    async fn fenced_read(&self, token: u64) -> StoreResult<Fenced<i64>> {
+    async fn fenced_read(&self, _lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
         let mut conn = self.conn().await?;
         let resource = self.resource();
         let sql = format!("SELECT stock FROM {} WHERE run = ?", self.stock);
         let read = timed_fenced(&self.endpoint, "a fenced read of the stock", async {
             let store = |e| distlock_fence::Error::store("mysql", "reading the stock", e);
-            let mut tx = conn.start_transaction(TxOpts::default()).await.map_err(store)?;
-            self.fence.admit(&mut tx, &resource, Stamp::new(token)).await?;
+            let mut tx = conn
+                .start_transaction(TxOpts::default())
+                .await
+                .map_err(store)?;
+            self.fence
+                .admit(&mut tx, &resource, Stamp::new(token))
+                .await?;
             let stock: Option<i64> = tx.exec_first(sql, (&self.run,)).await.map_err(store)?;
             tx.commit().await.map_err(store)?;
             Ok(stock)
@@ -248,7 +253,7 @@ impl Store for MySqlStore {
         }
     }
 
-    async fn fenced_write(&self, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+    async fn fenced_write(&self, _lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
         let mut conn = self.conn().await?;
         let sql = format!(
             "UPDATE {} SET stock = ?, version = version + 1 WHERE run = ?",
@@ -258,8 +263,13 @@ impl Store for MySqlStore {
         let written = timed_fenced(
             &self.endpoint,
             "a fenced write of the stock",
-            self.fence
-                .execute(&mut conn, &resource, Stamp::new(token), &sql, (stock, &self.run)),
+            self.fence.execute(
+                &mut conn,
+                &resource,
+                Stamp::new(token),
+                &sql,
+                (stock, &self.run),
+            ),
         )
         .await?;
         Ok(match written {

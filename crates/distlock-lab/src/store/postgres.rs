@@ -220,7 +220,7 @@ impl Store for PgStore {
         Ok(n == 1)
     }
 
-    async fn fenced_read(&self, token: u64) -> StoreResult<Fenced<i64>> {
+    async fn fenced_read(&self, _lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
         let mut guard = self.fenced_client().await?;
         let client = guard.as_mut().ok_or_else(|| self.missing())?;
         let (resource, sql) = (
@@ -243,7 +243,7 @@ impl Store for PgStore {
         }
     }
 
-    async fn fenced_write(&self, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+    async fn fenced_write(&self, _lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
         let mut guard = self.fenced_client().await?;
         let client = guard.as_mut().ok_or_else(|| self.missing())?;
         let sql = format!(
@@ -254,8 +254,13 @@ impl Store for PgStore {
         let written = timed_fenced(
             &self.endpoint,
             "a fenced write of the stock",
-            self.fence
-                .execute(client, &resource, Stamp::new(token), &sql, &[&stock, &self.run]),
+            self.fence.execute(
+                client,
+                &resource,
+                Stamp::new(token),
+                &sql,
+                &[&stock, &self.run],
+            ),
         )
         .await?;
         Ok(match written {

@@ -130,7 +130,7 @@ impl Store for RedisStore {
         Ok(done == 1)
     }
 
-    async fn fenced_read(&self, token: u64) -> StoreResult<Fenced<i64>> {
+    async fn fenced_read(&self, _lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
         let mut con = self.con.clone();
         match Fenced::from_fence(self.fence.get::<_, i64>(&mut con, token, &self.stock).await)? {
             Fenced::Done(Some(stock)) => Ok(Fenced::Done(stock)),
@@ -142,7 +142,7 @@ impl Store for RedisStore {
         }
     }
 
-    async fn fenced_write(&self, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+    async fn fenced_write(&self, _lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
         let mut con = self.con.clone();
         let r = self
             .fence

@@ -85,12 +85,12 @@ impl Store for RedlockStore {
         self.first.cas(expected_version, new_stock).await
     }
 
-    async fn fenced_read(&self, token: u64) -> StoreResult<Fenced<i64>> {
-        self.first.fenced_read(token).await
+    async fn fenced_read(&self, lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
+        self.first.fenced_read(lock, token).await
     }
 
-    async fn fenced_write(&self, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
-        self.first.fenced_write(token, stock).await
+    async fn fenced_write(&self, lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+        self.first.fenced_write(lock, token, stock).await
     }
 
     async fn add_order(&self, buyer: u64) -> StoreResult<()> {
