@@ -23,7 +23,8 @@ async fn a_holder_whose_grant_ended_is_rejected() {
     let locks = distlock::connect(&cluster.url()).await.expect("dlock");
     let mut client = Client::connect(cluster.endpoints(), None)
         .await
-        .expect("etcd client");
+        .expect("etcd client")
+        .kv_client();
     let fence = EtcdFence::new("dlock", "v");
 
     let first = locks
