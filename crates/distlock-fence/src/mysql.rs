@@ -13,7 +13,7 @@
 //! [`MySqlFence::admit`], inside your transaction: the resource's row is created if missing
 //! and locked (`INSERT … ON DUPLICATE KEY UPDATE`, which takes the row's exclusive lock — not
 //! `INSERT IGNORE`, whose shared lock would deadlock two fenced writers), read, judged by
-//! [the rule](crate#the-rule) ([`FenceRecord::admit`](crate::FenceRecord::admit), the same
+//! [the rule](crate#the-rule) ([`FenceRecord::admit`], the same
 //! code as every store here) and raised. The lock is held until your transaction ends, so the
 //! check, the fence and your writes commit together. [`MySqlFence::execute`] wraps one
 //! statement so: `BEGIN`, three fence statements, yours, `COMMIT`.
