@@ -79,7 +79,7 @@ impl EtcdFence {
                 key: kv.key().to_vec(),
                 token,
             }),
-            None => Err(stale(
+            None => Err(crate::grant_gone(
                 token,
                 keys.first().map(|kv| kv.create_revision()),
                 revision,
@@ -141,21 +141,7 @@ impl EtcdHolder {
             TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
             _ => None,
         });
-        Err(stale(self.token, head, revision))
-    }
-}
-
-/// The grant of `token` is gone: the newer token is the current holder's, else the revision
-/// the store was read at.
-fn stale(token: u64, head: Option<i64>, revision: i64) -> Error {
-    let newer = head
-        .filter(|h| u64::try_from(*h).is_ok_and(|h| h > token))
-        .unwrap_or(revision);
-    Error::Stale {
-        token,
-        newer: u64::try_from(newer)
-            .unwrap_or(0)
-            .max(token.saturating_add(1)),
+        Err(crate::grant_gone(self.token, head, revision))
     }
 }
 

@@ -182,6 +182,30 @@ impl<T> Outcome<T> {
     pub fn is_duplicate(&self) -> bool {
         matches!(self, Outcome::Duplicate)
     }
+
+    /// Maps the applied answer.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        match self {
+            Outcome::Applied(v) => Outcome::Applied(f(v)),
+            Outcome::Duplicate => Outcome::Duplicate,
+        }
+    }
+}
+
+/// The error of a grant whose key (etcd) or node (ZooKeeper) is gone: `newer` is the current
+/// holder's token (`head`) when it is above `token`, else `changed`, the revision or zxid at
+/// which the grant was found gone — in any case above `token`.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+fn grant_gone(token: u64, head: Option<i64>, changed: i64) -> Error {
+    let newer = head
+        .filter(|h| u64::try_from(*h).is_ok_and(|h| h > token))
+        .unwrap_or(changed);
+    Error::Stale {
+        token,
+        newer: u64::try_from(newer)
+            .unwrap_or(0)
+            .max(token.saturating_add(1)),
+    }
 }
 
 /// An error of a fenced write.

@@ -203,8 +203,7 @@ impl RedisFence {
         key: &str,
         delta: i64,
     ) -> Result<Outcome<i64>> {
-        self.command(con, stamp, "INCRBY", &[key], &delta.to_redis_args())
-            .await
+        self.by(con, stamp, "INCRBY", key, delta).await
     }
 
     /// `DECRBY key delta`, fenced; the new value. Give it a sequence number
@@ -219,7 +218,18 @@ impl RedisFence {
         key: &str,
         delta: i64,
     ) -> Result<Outcome<i64>> {
-        self.command(con, stamp, "DECRBY", &[key], &delta.to_redis_args())
+        self.by(con, stamp, "DECRBY", key, delta).await
+    }
+
+    async fn by<C: ConnectionLike>(
+        &self,
+        con: &mut C,
+        stamp: Stamp,
+        command: &str,
+        key: &str,
+        delta: i64,
+    ) -> Result<Outcome<i64>> {
+        self.command(con, stamp, command, &[key], &delta.to_redis_args())
             .await
     }
 
@@ -307,16 +317,6 @@ pub trait ToRedisArgsDyn: Sync {
 impl<T: ToRedisArgs + Sync> ToRedisArgsDyn for T {
     fn redis_args(&self) -> Vec<Vec<u8>> {
         self.to_redis_args()
-    }
-}
-
-impl<T> Outcome<T> {
-    /// Maps the applied answer.
-    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
-        match self {
-            Outcome::Applied(v) => Outcome::Applied(f(v)),
-            Outcome::Duplicate => Outcome::Duplicate,
-        }
     }
 }
 

@@ -101,7 +101,7 @@ impl ZkFence {
             }
             head = Some(head.map_or(stat.czxid, |h| h.min(stat.czxid)));
         }
-        Err(stale(token, head, dir_stat.pzxid))
+        Err(crate::grant_gone(token, head, dir_stat.pzxid))
     }
 }
 
@@ -156,7 +156,7 @@ impl ZkHolder {
                         head = Some(head.map_or(stat.czxid, |h: i64| h.min(stat.czxid)));
                     }
                 }
-                Err(stale(self.token, head, dir_stat.pzxid))
+                Err(crate::grant_gone(self.token, head, dir_stat.pzxid))
             }
             Err(e) => Err(Error::store(
                 "zookeeper",
@@ -164,20 +164,6 @@ impl ZkHolder {
                 e,
             )),
         }
-    }
-}
-
-/// The grant of `token` is gone: the newer token is the current holder's, else the zxid of
-/// the directory's last change.
-fn stale(token: u64, head: Option<i64>, changed: i64) -> Error {
-    let newer = head
-        .filter(|h| u64::try_from(*h).is_ok_and(|h| h > token))
-        .unwrap_or(changed);
-    Error::Stale {
-        token,
-        newer: u64::try_from(newer)
-            .unwrap_or(0)
-            .max(token.saturating_add(1)),
     }
 }
 

@@ -1,6 +1,9 @@
 //! etcd transactions guarded on the holder's lock key, on a real etcd, with real dlock locks.
 #![cfg(feature = "etcd")]
 
+mod common;
+
+use common::Tally;
 use distlock_fence::etcd::EtcdFence;
 use distlock_fence::Error;
 use distlock_testkit::{DelayProxy, EtcdCluster};
@@ -106,7 +109,7 @@ async fn concurrent_holders_behind_a_delay_proxy_lose_no_update() {
                     .await
                     .expect("client")
                     .kv_client();
-                let (mut applied, mut rejected, mut late) = (0u64, 0u64, 0u64);
+                let mut tally = Tally::default();
                 for i in 0..5u64 {
                     let guard = locks
                         .lock("v")
@@ -123,35 +126,27 @@ async fn concurrent_holders_behind_a_delay_proxy_lose_no_update() {
                     if ended {
                         // The grant ends before the write; the next holder may run now.
                         guard.release().await.expect("release");
-                        late += 1;
+                        tally.late += 1;
                         tokio::time::sleep(Duration::from_millis(30)).await;
                     }
-                    match holder
-                        .txn(
-                            &mut client,
-                            vec![TxnOp::put("fence-test/v", (n + 1).to_string(), None)],
-                        )
-                        .await
-                    {
-                        Ok(_) => applied += 1,
-                        Err(Error::Stale { token, newer }) => {
-                            assert!(newer > token);
-                            rejected += 1;
-                        }
-                        Err(e) => panic!("{e}"),
-                    }
+                    tally.record(
+                        holder
+                            .txn(
+                                &mut client,
+                                vec![TxnOp::put("fence-test/v", (n + 1).to_string(), None)],
+                            )
+                            .await,
+                    );
                 }
-                (applied, rejected, late)
+                tally
             })
         })
         .collect();
-    let (mut applied, mut rejected, mut late) = (0, 0, 0);
-    for t in tasks {
-        let (a, r, l) = t.await.expect("task");
-        applied += a;
-        rejected += r;
-        late += l;
-    }
+    let Tally {
+        applied,
+        stale: rejected,
+        late,
+    } = Tally::sum(tasks).await;
     let mut client = Client::connect(cluster.endpoints(), None)
         .await
         .expect("client")

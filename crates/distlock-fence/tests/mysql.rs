@@ -1,6 +1,9 @@
 //! Fenced MySQL/MariaDB transactions on a real MariaDB, with tokens from real dlock locks on it.
 #![cfg(feature = "mysql")]
 
+mod common;
+
+use common::Tally;
 use distlock_fence::mysql::MySqlFence;
 use distlock_fence::{Decision, Error, Outcome, Stamp};
 use distlock_testkit::{DelayProxy, MariaDbServer};
@@ -243,7 +246,7 @@ async fn concurrent_holders_behind_a_delay_proxy_lose_no_update() {
             let (locks, fence, url) = (locks.clone(), fence.clone(), url.clone());
             tokio::spawn(async move {
                 let mut conn = connect(&url).await;
-                let (mut applied, mut stale) = (0u64, 0u64);
+                let mut tally = Tally::default();
                 for i in 0..4u64 {
                     let guard = locks
                         .lock("v")
@@ -281,26 +284,14 @@ async fn concurrent_holders_behind_a_delay_proxy_lose_no_update() {
                         Ok(())
                     }
                     .await;
-                    match r {
-                        Ok(()) => applied += 1,
-                        Err(Error::Stale { token: t2, newer }) => {
-                            assert!(t2 < newer);
-                            stale += 1;
-                        }
-                        Err(e) => panic!("{e}"),
-                    }
+                    tally.record(r);
                     drop(guard);
                 }
-                (applied, stale)
+                tally
             })
         })
         .collect();
-    let (mut applied, mut stale) = (0, 0);
-    for t in tasks {
-        let (a, s) = t.await.expect("task");
-        applied += a;
-        stale += s;
-    }
+    let Tally { applied, stale, .. } = Tally::sum(tasks).await;
     let n = x(&mut setup_conn).await.1;
     eprintln!("{applied} increments accepted, {stale} rejected as stale, value {n}");
     assert_eq!(n as u64, applied);

@@ -1,6 +1,9 @@
 //! Fenced Redis commands on a real redis-server, with tokens from real dlock locks.
 #![cfg(feature = "redis")]
 
+mod common;
+
+use common::Tally;
 use distlock_fence::redis::{FencedScript, RedisFence};
 use distlock_fence::{Error, Outcome, Stamp};
 use distlock_testkit::{DelayProxy, RedisServer};
@@ -298,7 +301,7 @@ async fn concurrent_holders_behind_a_delay_proxy_lose_no_update() {
             let url = via_proxy.clone();
             tokio::spawn(async move {
                 let mut con = connect(&url, Duration::from_secs(10)).await;
-                let (mut applied, mut stale) = (0u64, 0u64);
+                let mut tally = Tally::default();
                 for _ in 0..4 {
                     let lock = client
                         .lock("v")
@@ -317,29 +320,18 @@ async fn concurrent_holders_behind_a_delay_proxy_lose_no_update() {
                         fence.set(&mut con, Stamp::new(token), "{v}:n", n + 1).await
                     }
                     .await;
-                    match r {
-                        Ok(Outcome::Applied(())) => applied += 1,
-                        Ok(Outcome::Duplicate) => {
-                            panic!("an unsequenced write is never a duplicate")
-                        }
-                        Err(Error::Stale { token: t, newer }) => {
-                            assert!(t < newer);
-                            stale += 1;
-                        }
-                        Err(e) => panic!("{e}"),
-                    }
+                    assert!(
+                        !matches!(r, Ok(Outcome::Duplicate)),
+                        "an unsequenced write is never a duplicate"
+                    );
+                    tally.record(r);
                     drop(guard);
                 }
-                (applied, stale)
+                tally
             })
         })
         .collect();
-    let (mut applied, mut stale) = (0, 0);
-    for t in tasks {
-        let (a, s) = t.await.expect("task");
-        applied += a;
-        stale += s;
-    }
+    let Tally { applied, stale, .. } = Tally::sum(tasks).await;
     let n: i64 = get(&mut setup, "{v}:n")
         .await
         .expect("n")

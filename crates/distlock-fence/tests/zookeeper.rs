@@ -1,6 +1,9 @@
 //! ZooKeeper multi-ops checking the holder's lock node, on a real ensemble, with real dlock locks.
 #![cfg(feature = "zookeeper")]
 
+mod common;
+
+use common::Tally;
 use distlock_fence::zookeeper::ZkFence;
 use distlock_fence::Error;
 use distlock_testkit::{DelayProxy, ZkEnsemble};
@@ -114,7 +117,7 @@ async fn concurrent_holders_behind_a_delay_proxy_lose_no_update() {
             let (locks, fence, via) = (locks.clone(), fence.clone(), via.clone());
             tokio::spawn(async move {
                 let client = zk::Client::connect(&via).await.expect("client");
-                let (mut applied, mut rejected, mut late) = (0u64, 0u64, 0u64);
+                let mut tally = Tally::default();
                 for i in 0..5u64 {
                     let guard = locks
                         .lock("v")
@@ -130,33 +133,25 @@ async fn concurrent_holders_behind_a_delay_proxy_lose_no_update() {
                     let n = value(&client).await;
                     if (t + i) % 3 == 0 {
                         guard.release().await.expect("release");
-                        late += 1;
+                        tally.late += 1;
                         tokio::time::sleep(Duration::from_millis(30)).await;
                     }
                     let next = (n + 1).to_string();
-                    match holder
-                        .multi(&client, |w| w.add_set_data(PATH, next.as_bytes(), None))
-                        .await
-                    {
-                        Ok(_) => applied += 1,
-                        Err(Error::Stale { token, newer }) => {
-                            assert!(newer > token);
-                            rejected += 1;
-                        }
-                        Err(e) => panic!("{e}"),
-                    }
+                    tally.record(
+                        holder
+                            .multi(&client, |w| w.add_set_data(PATH, next.as_bytes(), None))
+                            .await,
+                    );
                 }
-                (applied, rejected, late)
+                tally
             })
         })
         .collect();
-    let (mut applied, mut rejected, mut late) = (0, 0, 0);
-    for t in tasks {
-        let (a, r, l) = t.await.expect("task");
-        applied += a;
-        rejected += r;
-        late += l;
-    }
+    let Tally {
+        applied,
+        stale: rejected,
+        late,
+    } = Tally::sum(tasks).await;
     admin.sync(PATH).await.expect("sync");
     let n = value(&admin).await;
     eprintln!(

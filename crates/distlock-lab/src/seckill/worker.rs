@@ -309,12 +309,7 @@ async fn sequence(
             end_us: ctx.clock.us(),
         });
     }
-    ctx.store
-        .add_order(buyer)
-        .await
-        .map_err(|e| e.to_string())?;
-    r.order_us = Some(ctx.clock.us());
-    Ok(Outcome::Bought)
+    order(ctx, buyer, r).await
 }
 
 async fn optimistic(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcome, String> {
@@ -340,12 +335,7 @@ async fn optimistic(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcom
             end_us: ctx.clock.us(),
         });
         if won {
-            ctx.store
-                .add_order(buyer)
-                .await
-                .map_err(|e| e.to_string())?;
-            r.order_us = Some(ctx.clock.us());
-            return Ok(Outcome::Bought);
+            return order(ctx, buyer, r).await;
         }
     }
     Ok(Outcome::Conflicts)
@@ -399,6 +389,16 @@ async fn locked(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcome, S
     res
 }
 
+/// Creates the buyer's order.
+async fn order(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcome, String> {
+    ctx.store
+        .add_order(buyer)
+        .await
+        .map_err(|e| e.to_string())?;
+    r.order_us = Some(ctx.clock.us());
+    Ok(Outcome::Bought)
+}
+
 /// The `fenced` sale: the stock read and written through the store's fence with the grant's
 /// token, so that a holder whose lease ended is rejected once a newer holder used the store.
 async fn fenced_sale(
@@ -439,10 +439,5 @@ async fn fenced_sale(
             return Ok(Outcome::Rejected);
         }
     }
-    ctx.store
-        .add_order(buyer)
-        .await
-        .map_err(|e| e.to_string())?;
-    r.order_us = Some(ctx.clock.us());
-    Ok(Outcome::Bought)
+    order(ctx, buyer, r).await
 }

@@ -265,10 +265,7 @@ impl Store for EtcdStore {
             holder.txn(&mut kv, vec![put]),
         )
         .await?;
-        Ok(match written {
-            Fenced::Done(_) => Fenced::Done(()),
-            Fenced::Stale { newer } => Fenced::Stale { newer },
-        })
+        Ok(written.map(drop))
     }
 
     async fn add_order(&self, buyer: u64) -> StoreResult<()> {

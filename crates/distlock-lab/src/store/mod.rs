@@ -61,7 +61,26 @@ pub enum Fenced<T> {
     },
 }
 
+impl<T> Fenced<Option<T>> {
+    /// A done read that found nothing is the error `missing`.
+    pub(crate) fn found(self, missing: impl FnOnce() -> StoreError) -> StoreResult<Fenced<T>> {
+        match self {
+            Fenced::Done(Some(v)) => Ok(Fenced::Done(v)),
+            Fenced::Done(None) => Err(missing()),
+            Fenced::Stale { newer } => Ok(Fenced::Stale { newer }),
+        }
+    }
+}
+
 impl<T> Fenced<T> {
+    /// Maps the result of a done operation.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Fenced<U> {
+        match self {
+            Fenced::Done(v) => Fenced::Done(f(v)),
+            Fenced::Stale { newer } => Fenced::Stale { newer },
+        }
+    }
+
     /// A fenced helper's result as a store's: a stale token is an answer, not an error.
     pub(crate) fn from_fence(r: distlock_fence::Result<T>) -> StoreResult<Fenced<T>> {
         match r {
@@ -320,13 +339,15 @@ pub(crate) async fn timed_fenced<T>(
     what: &str,
     fut: impl std::future::Future<Output = distlock_fence::Result<T>>,
 ) -> StoreResult<Fenced<T>> {
-    match tokio::time::timeout(OP_TIMEOUT, fut).await {
-        Ok(Err(e)) if !e.is_stale() => Err(StoreError(format!("{endpoint}: {what} failed: {e}"))),
-        Ok(r) => Fenced::from_fence(r),
-        Err(_) => Err(StoreError(format!(
-            "{endpoint}: {what}: no answer within {OP_TIMEOUT:?}"
-        ))),
-    }
+    // A stale token passes through `timed` as a value.
+    let r = timed(endpoint, what, async {
+        match fut.await {
+            Err(e) if !e.is_stale() => Err(e),
+            r => Ok(r),
+        }
+    })
+    .await?;
+    Fenced::from_fence(r)
 }
 
 /// Time limit of one store operation (connecting included).

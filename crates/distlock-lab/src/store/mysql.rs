@@ -246,11 +246,7 @@ impl Store for MySqlStore {
             Ok(stock)
         })
         .await?;
-        match read {
-            Fenced::Done(Some(stock)) => Ok(Fenced::Done(stock)),
-            Fenced::Done(None) => Err(self.missing()),
-            Fenced::Stale { newer } => Ok(Fenced::Stale { newer }),
-        }
+        read.found(|| self.missing())
     }
 
     async fn fenced_write(&self, _lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
@@ -272,10 +268,7 @@ impl Store for MySqlStore {
             ),
         )
         .await?;
-        Ok(match written {
-            Fenced::Done(_) => Fenced::Done(()),
-            Fenced::Stale { newer } => Fenced::Stale { newer },
-        })
+        Ok(written.map(drop))
     }
 
     async fn cleanup(&self) -> StoreResult<()> {

@@ -236,11 +236,7 @@ impl Store for PgStore {
             Ok(row.and_then(|r| r.try_get::<_, i64>(0).ok()))
         })
         .await?;
-        match read {
-            Fenced::Done(Some(stock)) => Ok(Fenced::Done(stock)),
-            Fenced::Done(None) => Err(self.missing()),
-            Fenced::Stale { newer } => Ok(Fenced::Stale { newer }),
-        }
+        read.found(|| self.missing())
     }
 
     async fn fenced_write(&self, _lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
@@ -263,10 +259,7 @@ impl Store for PgStore {
             ),
         )
         .await?;
-        Ok(match written {
-            Fenced::Done(_) => Fenced::Done(()),
-            Fenced::Stale { newer } => Fenced::Stale { newer },
-        })
+        Ok(written.map(drop))
     }
 
     async fn add_order(&self, buyer: u64) -> StoreResult<()> {

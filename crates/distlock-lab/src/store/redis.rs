@@ -132,14 +132,14 @@ impl Store for RedisStore {
 
     async fn fenced_read(&self, _lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
         let mut con = self.con.clone();
-        match Fenced::from_fence(self.fence.get::<_, i64>(&mut con, token, &self.stock).await)? {
-            Fenced::Done(Some(stock)) => Ok(Fenced::Done(stock)),
-            Fenced::Done(None) => Err(StoreError(format!(
-                "Redis at {}: `{}` is missing (was the run cleaned up?)",
-                self.endpoint, self.stock
-            ))),
-            Fenced::Stale { newer } => Ok(Fenced::Stale { newer }),
-        }
+        Fenced::from_fence(self.fence.get::<_, i64>(&mut con, token, &self.stock).await)?.found(
+            || {
+                StoreError(format!(
+                    "Redis at {}: `{}` is missing (was the run cleaned up?)",
+                    self.endpoint, self.stock
+                ))
+            },
+        )
     }
 
     async fn fenced_write(&self, _lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
@@ -154,10 +154,7 @@ impl Store for RedisStore {
                 &[&stock],
             )
             .await;
-        Ok(match Fenced::from_fence(r)? {
-            Fenced::Done(_) => Fenced::Done(()),
-            Fenced::Stale { newer } => Fenced::Stale { newer },
-        })
+        Ok(Fenced::from_fence(r)?.map(drop))
     }
 
     async fn add_order(&self, buyer: u64) -> StoreResult<()> {

@@ -290,10 +290,7 @@ impl Store for ZkStore {
             }),
         )
         .await?;
-        Ok(match written {
-            Fenced::Done(_) => Fenced::Done(()),
-            Fenced::Stale { newer } => Fenced::Stale { newer },
-        })
+        Ok(written.map(drop))
     }
 
     async fn cas(&self, expected_version: u64, new_stock: i64) -> StoreResult<bool> {
