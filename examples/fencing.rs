@@ -1,71 +1,68 @@
-//! Why fencing tokens: a store that rejects writes carrying a lower token than one it has
-//! accepted stays consistent even when a holder stalls past its lease.
+//! Why fencing tokens: a store that checks them rejects the write of a holder whose lease
+//! ended, so a holder that stalled (a GC pause, a stopped process) cannot undo the next
+//! holder's work.
 //!
-//! The rule (the same on every backend): a token issued for a lock name is above every token
-//! issued for that name before. So the store keeps the highest token it accepted, rejects a
-//! write with a **lower** token and accepts an **equal** one — no two grants share a token, so
-//! an equal token is the same holder writing again. Compare tokens of one lock name only.
+//! The store here is a fenced file of crate `distlock-fence` (the token beside the data,
+//! checked under `flock(2)`, the file replaced atomically); its Redis, PostgreSQL, MySQL, etcd
+//! and ZooKeeper helpers work the same way (docs/fencing.md).
 //!
 //! `cargo run -p distlock --example fencing`
 
-use std::sync::Mutex;
+use distlock_fence::file::FencedFile;
+use distlock_fence::{Error, Outcome, Stamp};
 use std::time::Duration;
 
-/// A toy store that remembers the highest token it accepted, checked and recorded with the
-/// write under one lock (a real store does it in one conditional update or transaction).
-#[derive(Default)]
-struct Storage {
-    state: Mutex<Fenced>,
-}
-
-#[derive(Default)]
-struct Fenced {
-    highest_token: u64,
-    value: String,
-}
-
-impl Storage {
-    fn write(&self, token: u64, value: &str) -> Result<(), String> {
-        let mut st = self.state.lock().map_err(|e| e.to_string())?;
-        if token < st.highest_token {
-            return Err(format!(
-                "rejected write with stale token {token} (seen {})",
-                st.highest_token
-            ));
-        }
-        // Equal: the same grant (the holder writing again, or one of its re-entrant guards).
-        st.highest_token = token;
-        st.value = value.to_owned();
-        Ok(())
-    }
+/// The stock as a number.
+fn parse(data: Option<&[u8]>) -> Result<i64, Error> {
+    let text = String::from_utf8_lossy(data.unwrap_or_default()).into_owned();
+    text.trim()
+        .parse()
+        .map_err(|_| Error::InvalidArgument(format!("the stock file holds `{text}`")))
 }
 
 #[tokio::main]
-async fn main() -> distlock::Result<()> {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DLOCK_BACKEND").unwrap_or_else(|_| distlock::DEFAULT_BACKEND.into());
     let client = distlock::connect(&url).await?;
-    let storage = Storage::default();
+    let dir = std::env::temp_dir().join(format!("dlock-fencing-example-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let stock = FencedFile::new(dir.join("stock"));
+    stock.write_unfenced(b"10")?;
 
+    // The first holder reads the stock under the fence (recording its token) …
     let first = client.lock("example:fencing")?.acquire().await?;
-    let old_token = first.fencing_token();
+    let old = first.fencing_token();
+    let seen = parse(stock.read(Stamp::new(old))?.as_deref())?;
+    // … and stalls past its lease: the lock goes on to the next holder.
     first.release().await?;
 
-    // Someone else takes the lock and writes, twice with the same token: both are accepted.
     let second = client
         .lock("example:fencing")?
         .acquire_timeout(Duration::from_secs(5))
         .await?;
-    for value in ["written by the current holder", "and again, same holder"] {
-        storage
-            .write(second.fencing_token(), value)
-            .map_err(distlock::Error::invalid)?;
+    let new = second.fencing_token();
+    let sell = |stamp: Stamp| {
+        stock.update(stamp, |data| {
+            let left = parse(data)? - 1;
+            Ok::<_, Error>((left.to_string().into_bytes(), left))
+        })
+    };
+    // One sale (write 1 of this grant), and its retry after a lost reply: applied once.
+    if let Outcome::Applied(left) = sell(Stamp::new(new).seq(1))? {
+        println!("token {new} sold one: {left} left");
     }
+    assert_eq!(sell(Stamp::new(new).seq(1))?, Outcome::Duplicate);
 
-    // The first holder, waking from a long pause, tries to write with its old token.
-    match storage.write(old_token, "written by a stale holder") {
-        Ok(()) => println!("stale write accepted?!"),
-        Err(e) => println!("{e}"),
+    // The first holder wakes up and writes what it computed from its read.
+    match stock.write(Stamp::new(old), (seen - 1).to_string().as_bytes()) {
+        Err(Error::Stale { token, newer }) => {
+            println!("token {token} rejected: the store has seen token {newer}")
+        }
+        other => println!("stale write accepted?! {other:?}"),
     }
+    println!("stock: {}", parse(stock.peek()?.as_deref())?);
     second.release().await?;
+    stock.remove()?;
+    std::fs::remove_dir(&dir)?;
     Ok(())
 }

@@ -206,6 +206,14 @@ impl EtcdBackend {
     }
 }
 
+/// The prefix of every queue key of lock `name` (`PREFIX/NAME/`, escaped) for a backend whose
+/// key prefix is `prefix` (the URL's path, else the client's namespace, `dlock` by default):
+/// what [`EtcdBackend::queue_prefix`] returns, without a backend (distlock-fence finds a
+/// holder's key under it).
+pub fn lock_queue_prefix(prefix: &str, name: &str) -> Vec<u8> {
+    Keys::new(prefix, name).queue
+}
+
 #[async_trait]
 impl Backend for EtcdBackend {
     fn kind(&self) -> &'static str {

@@ -1,6 +1,8 @@
 //! The `seckill --timeline FILE.svg` picture: per strategy a block with one lane per worker
 //! process, a bar per lock hold (or unprotected read → write window, or optimistic attempt),
-//! a dot per order — red for the orders beyond the initial stock — and a legend on top.
+//! a dot per order — red for the orders beyond the initial stock —, the pause of a stopped
+//! buyer (`--pause`) with the end of its lease and its late write (landed or rejected by the
+//! fence), and a legend on top.
 //! Drawn by [`distlock_torture::timeline`] (shared with `dlock torture --timeline`).
 //!
 //! Buyers whose bars overlap in time (`none`: all of them) get their own row inside the lane,
@@ -20,6 +22,47 @@ pub enum BarKind {
     Attempt,
     /// An optimistic attempt that lost.
     Conflict,
+    /// The buyer's process stopped (`--pause`).
+    Pause,
+}
+
+/// A moment of a buyer's life marked with a dot of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarkKind {
+    /// Its lease ended (the lock service may hand the lock on).
+    LeaseLost,
+    /// It wrote after its lease ended, and the write landed.
+    LateWrite,
+    /// The store's fence rejected its read or write.
+    Rejected,
+}
+
+impl MarkKind {
+    const ALL: [MarkKind; 3] = [MarkKind::LeaseLost, MarkKind::LateWrite, MarkKind::Rejected];
+
+    fn label(self) -> &'static str {
+        match self {
+            MarkKind::LeaseLost => "lease lost",
+            MarkKind::LateWrite => "late write landed",
+            MarkKind::Rejected => "write rejected by the fence",
+        }
+    }
+
+    fn class(self) -> &'static str {
+        match self {
+            MarkKind::LeaseLost => "mark lease-lost",
+            MarkKind::LateWrite => "mark late-write",
+            MarkKind::Rejected => "mark rejected",
+        }
+    }
+
+    fn color(self) -> &'static str {
+        match self {
+            MarkKind::LeaseLost => "#8c564b",
+            MarkKind::LateWrite => RED,
+            MarkKind::Rejected => GREEN,
+        }
+    }
 }
 
 impl BarKind {
@@ -29,6 +72,7 @@ impl BarKind {
             BarKind::Window => "#ff9f40",
             BarKind::Attempt => "#9467bd",
             BarKind::Conflict => "#c7c7c7",
+            BarKind::Pause => "#444444",
         }
     }
 
@@ -38,6 +82,7 @@ impl BarKind {
             BarKind::Window => "unprotected read → write",
             BarKind::Attempt => "optimistic attempt (won)",
             BarKind::Conflict => "optimistic attempt (lost)",
+            BarKind::Pause => "process stopped (--pause)",
         }
     }
 
@@ -47,6 +92,7 @@ impl BarKind {
             BarKind::Window => "window",
             BarKind::Attempt => "attempt",
             BarKind::Conflict => "conflict",
+            BarKind::Pause => "pause",
         }
     }
 }
@@ -71,6 +117,8 @@ pub struct Track {
     pub buyer: u64,
     /// Its bars.
     pub bars: Vec<Bar>,
+    /// Its marked moments, µs.
+    pub marks: Vec<(MarkKind, u64)>,
     /// When its order was created (µs) and whether that order was beyond the stock.
     pub order: Option<(u64, bool)>,
 }
@@ -90,12 +138,15 @@ pub struct Block {
 
 const RED: &str = "#d62728";
 const GREEN: &str = "#2ca02c";
-const KINDS: [BarKind; 4] = [
+const KINDS: [BarKind; 5] = [
     BarKind::Hold,
     BarKind::Window,
     BarKind::Attempt,
     BarKind::Conflict,
+    BarKind::Pause,
 ];
+/// Radius of a mark's dot.
+const MARK: f64 = 4.0;
 
 /// Renders the blocks as a standalone SVG document (starts with `<svg`).
 pub fn render(blocks: &[Block]) -> String {
@@ -105,6 +156,11 @@ pub fn render(blocks: &[Block]) -> String {
         .collect();
     keys.push(svg::Key::Dot(GREEN, 2.5, "order"));
     keys.push(svg::Key::Dot(RED, 3.5, "oversold order (beyond the stock)"));
+    keys.extend(
+        MarkKind::ALL
+            .into_iter()
+            .map(|m| svg::Key::Dot(m.color(), MARK, m.label())),
+    );
     let legend = svg::Legend {
         keys,
         note: "time since the common start →  one lane per worker process; overlapping buyers of a process get their own rows".into(),
@@ -157,6 +213,13 @@ fn block(b: &Block) -> svg::Block {
                         ),
                     })
                     .into_iter()
+                    .chain(t.marks.iter().map(|&(kind, at)| svg::Dot {
+                        class: kind.class(),
+                        color: kind.color(),
+                        radius: MARK,
+                        at_us: at,
+                        title: format!("buyer {}: {} at {}", t.buyer, kind.label(), svg::ms(at)),
+                    }))
                     .collect(),
             })
             .collect(),
@@ -184,12 +247,14 @@ mod tests {
                     process: 0,
                     buyer: 0,
                     bars: vec![bar(0, 5000)],
+                    marks: vec![],
                     order: Some((5100, false)),
                 },
                 Track {
                     process: 0,
                     buyer: 1,
                     bars: vec![bar(10, 5000)],
+                    marks: vec![(MarkKind::Rejected, 5150)],
                     order: Some((5200, true)),
                 },
             ],
@@ -199,6 +264,7 @@ mod tests {
         assert!(svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches(r#"class="lane""#).count(), 2);
         assert_eq!(svg.matches("order oversold").count(), 1);
+        assert_eq!(svg.matches(r#"class="mark rejected""#).count(), 1);
         assert!(svg.contains("none &lt;&amp;&gt;"));
     }
 }

@@ -7,7 +7,7 @@ use common::{check_strategies, dlock, file_backend, left_in, n, row, seckill_jso
 use distlock_testkit::RedisServer;
 use serde_json::Value;
 
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 15] = [
     "strategy",
     "backend",
     "stock",
@@ -19,6 +19,10 @@ const KEYS: [&str; 11] = [
     "elapsed_ms",
     "p50_wait_us",
     "p99_wait_us",
+    "lost_updates",
+    "late_writes",
+    "fenced_rejections",
+    "paused_buyer",
 ];
 
 /// What every strategy guarantees, whatever the timing, and the shape of the rows.
@@ -34,7 +38,7 @@ fn check_all(rows: &[Value], backend: &str) {
         assert!(r["elapsed_ms"].as_f64().is_some_and(|e| e > 0.0), "{r}");
     }
     // Waits are reported exactly for the strategies with a lock.
-    for s in ["local", "trylock", "lock"] {
+    for s in ["local", "trylock", "lock", "fenced"] {
         let r = row(rows, s);
         assert!(
             r["p50_wait_us"].is_u64() && r["p99_wait_us"].is_u64(),
@@ -67,6 +71,78 @@ fn redis_backend_all_strategies() {
     let rows = seckill_json(&redis.url(), &["--strategy", "all"]);
     check_all(&rows, "redis");
     // Stock, version, orders and the locks' fencing counters are gone afterwards.
+    assert_eq!(redis.command(&["DBSIZE"]).expect("DBSIZE"), "0");
+}
+
+/// `--strategy lock,fenced --pause 2500ms --lease 1s`: a buyer holding the lock is stopped past
+/// its lease; the lock goes on to the others; it comes back and writes the stock it read.
+/// `lock` lets that write land, `fenced` rejects it and sells exactly the stock.
+fn paused_holder(url: &str, backend: &str, extra: &[&str]) {
+    let mut args = vec![
+        "--strategy",
+        "lock,fenced",
+        "--pause",
+        "2500ms",
+        "--lease",
+        "1s",
+    ];
+    args.extend_from_slice(extra);
+    let rows = seckill_json(url, &args);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["backend"], backend, "{r}");
+        assert!(r["paused_buyer"].is_u64(), "a buyer was paused: {r}");
+        assert!(
+            n(r, "late_writes") >= 1,
+            "the paused buyer wrote after its lease: {r}"
+        );
+    }
+    let lock = row(&rows, "lock");
+    assert!(
+        n(lock, "lost_updates") > 0,
+        "the late write of `lock` overwrote the others' decrements: {lock}"
+    );
+    assert!(n(lock, "oversold") > 0, "and so oversold: {lock}");
+    assert_eq!(n(lock, "fenced_rejections"), 0, "{lock}");
+    let fenced = row(&rows, "fenced");
+    assert!(n(fenced, "fenced_rejections") >= 1, "{fenced}");
+    assert_eq!(
+        (
+            n(fenced, "sold"),
+            n(fenced, "oversold"),
+            n(fenced, "lost_updates")
+        ),
+        (10, 0, 0),
+        "{fenced}"
+    );
+}
+
+#[test]
+fn file_backend_pause_lock_and_fenced() {
+    let (dir, url) = file_backend("distlock-lab-pause");
+    let svg_path = dir.path().join("pause.svg");
+    let svg_arg = svg_path.to_str().expect("utf-8 path").to_owned();
+    paused_holder(&url, "file", &["--timeline", svg_arg.as_str()]);
+    // The timeline shows the pause, the lost lease, the late write that landed (`lock`) and
+    // the one the fence rejected (`fenced`).
+    let svg = std::fs::read_to_string(&svg_path).expect("timeline written");
+    assert_eq!(
+        svg.matches(r#"class="pause""#).count(),
+        2,
+        "one pause per strategy"
+    );
+    assert_eq!(svg.matches(r#"class="mark lease-lost""#).count(), 2);
+    assert!(svg.matches(r#"class="mark late-write""#).count() >= 1);
+    assert!(svg.matches(r#"class="mark rejected""#).count() >= 1);
+    std::fs::remove_file(&svg_path).expect("remove the timeline");
+    let left = left_in(&dir);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn redis_backend_pause_lock_and_fenced() {
+    let redis = RedisServer::start().expect("redis-server");
+    paused_holder(&redis.url(), "redis", &[]);
     assert_eq!(redis.command(&["DBSIZE"]).expect("DBSIZE"), "0");
 }
 
@@ -142,7 +218,7 @@ fn zero_stock_sells_nothing() {
     let (_dir, url) = file_backend("distlock-lab-zero");
     let args = ["seckill", "--json", "--stock", "0", "--buyers", "6"];
     let rows = common::json_lines(&url, &[&args[..], &["--work-ms", "1"]].concat());
-    assert_eq!(rows.len(), 5);
+    assert_eq!(rows.len(), 6);
     for r in &rows {
         assert_eq!(
             (n(r, "sold"), n(r, "oversold"), n(r, "failed")),
@@ -182,6 +258,23 @@ fn bad_input() {
 
     let out = dlock(&url, &["seckill", "--buyers", "0"]);
     assert_eq!(out.status.code(), Some(2));
+
+    // A lease the watchdog cannot keep, a pause of nothing: refused before any worker starts.
+    let out = dlock(&url, &["seckill", "--lease", "10ms"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--lease") && err.contains("too short"),
+        "{err}"
+    );
+    let out = dlock(&url, &["seckill", "--pause", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--pause must be above zero"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
 
     // A scheme without a store (postgres:// etc. have one with their feature: tests/stores.rs).
     let out = dlock("nope://db.invalid/shop", &["seckill"]);

@@ -14,10 +14,21 @@
 //! | `local` | an in-process tokio mutex | oversells (each process sells the whole stock) |
 //! | `optimistic` | version compare-and-set, retried from the read (at most [`worker::MAX_CAS_ATTEMPTS`] attempts) | never oversells, may undersell |
 //! | `trylock` | `try_acquire` of the lock `seckill:<run>`; a buyer who misses gives up | never oversells, undersells |
-//! | `lock` | `acquire_timeout(--wait)` of the same lock | never oversells, sells out |
+//! | `lock` | `acquire_timeout(--wait)` of the same lock | never oversells, sells out — unless a holder stalls past its lease (`--pause`) |
+//! | `fenced` | the lock, and the stock read and written through the store's fence with the grant's fencing token (crate distlock-fence) | never oversells, even with `--pause` |
 //!
-//! sold = orders created; oversold = max(0, orders − stock, −final stock); failed = buyers
-//! without an order.
+//! sold = orders created; oversold = max(0, orders − stock, −final stock); lost updates =
+//! decrements overwritten (final stock − (stock − orders), when above zero); failed = buyers
+//! without an order; late writes = writes of the stock by a buyer whose lease had ended;
+//! rejected = buyers whose read or write the store's fence rejected.
+//!
+//! `--pause D` stops (SIGSTOP) the process of one buyer of `trylock`, `lock` and `fenced` for
+//! `D` while that buyer holds the lock, after it read the stock and before it writes: with `D`
+//! above the lease (`--lease`), the lock service hands the lock on meanwhile, and the buyer
+//! writes after its lease ended (`late_writes`). `lock` lets that write land (a lost update and
+//! an oversell); `fenced` rejects it (`fenced_rejections`). A `file://` lock has no lease (the
+//! kernel keeps a stopped process's `flock`): at the lease end the lab takes the lock away from
+//! the stopped process (`pidfd_getfd(2)` and `LOCK_UN`, Linux), as a lease server would.
 
 mod protocol;
 pub mod worker;
@@ -26,13 +37,14 @@ use crate::progress::Progress;
 use crate::store::{self, Store};
 use crate::timeline;
 use clap::Args;
-use protocol::{BuyerReport, Outcome, SpanKind, Strategies, Strategy, WorkerMsg};
+use protocol::{BuyerReport, Outcome, PausePoint, SpanKind, Strategies, Strategy, WorkerMsg};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::mpsc;
 
 /// Name of the hidden worker subcommand.
@@ -60,7 +72,8 @@ pub struct SeckillArgs {
     /// Simulated work between reading and writing the stock, in milliseconds.
     #[arg(long = "work-ms", default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     work_ms: u64,
-    /// Strategies to run, comma-separated: none, local, optimistic, trylock, lock, or all.
+    /// Strategies to run, comma-separated: none, local, optimistic, trylock, lock, fenced, or
+    /// all.
     #[arg(long, default_value = "all", value_parser = protocol::parse_strategies)]
     strategy: Strategies,
     /// Print one JSON object per strategy and line instead of the table.
@@ -72,6 +85,27 @@ pub struct SeckillArgs {
     /// `lock` strategy: how long a buyer waits for the lock, e.g. 500ms, 30s.
     #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
     wait: Duration,
+    /// Lease of the lock (`trylock`, `lock`, `fenced`), renewed by the watchdog while the buyer
+    /// runs, e.g. 1s (default: the client's, 30 s).
+    #[arg(long, value_parser = crate::duration_arg)]
+    lease: Option<Duration>,
+    /// Stop one buyer's process (SIGSTOP) for this long while it holds the lock, after it read
+    /// the stock and before it writes (`trylock`, `lock`, `fenced`); longer than `--lease`, the
+    /// lock is handed on meanwhile, e.g. `--pause 2s --lease 1s`.
+    #[arg(long, value_parser = crate::duration_arg)]
+    pause: Option<Duration>,
+}
+
+/// What happened to the buyer stopped by `--pause`; times in µs since the common start.
+#[derive(Debug, Clone)]
+struct PauseRecord {
+    /// Its worker process (0-based).
+    process: usize,
+    buyer: u64,
+    stopped_us: u64,
+    /// When its lease ended (as its client computed it), if before the resume.
+    lease_end_us: Option<u64>,
+    resumed_us: u64,
 }
 
 /// The result of one strategy.
@@ -87,6 +121,10 @@ struct Row {
     elapsed_us: u64,
     p50_wait_us: Option<u64>,
     p99_wait_us: Option<u64>,
+    final_stock: i64,
+    late_writes: u64,
+    fenced_rejections: u64,
+    pause: Option<PauseRecord>,
     errors: Vec<String>,
     tracks: Vec<timeline::Track>,
 }
@@ -103,11 +141,20 @@ impl Row {
     fn verdict(&self) -> &'static str {
         if self.oversold > 0 {
             "OVERSOLD"
+        } else if self.lost_updates() > 0 {
+            "LOST UPDATE"
         } else if self.sold == self.stock {
             "sold out"
         } else {
             "undersold"
         }
+    }
+
+    /// Decrements of the stock that a later write overwrote: the final stock above what the
+    /// orders left (stock − sold).
+    fn lost_updates(&self) -> u64 {
+        let left = i128::from(self.stock) - i128::from(self.sold);
+        u64::try_from(i128::from(self.final_stock) - left).unwrap_or(0)
     }
 
     fn json(&self, backend: &str) -> serde_json::Value {
@@ -123,6 +170,10 @@ impl Row {
             "elapsed_ms": self.elapsed_us as f64 / 1000.0,
             "p50_wait_us": self.p50_wait_us,
             "p99_wait_us": self.p99_wait_us,
+            "lost_updates": self.lost_updates(),
+            "late_writes": self.late_writes,
+            "fenced_rejections": self.fenced_rejections,
+            "paused_buyer": self.pause.as_ref().map(|p| p.buyer),
         })
     }
 }
@@ -152,12 +203,38 @@ pub async fn seckill(url: &str, args: SeckillArgs) -> u8 {
             return crate::EXIT_ERROR;
         }
     };
+    if let Some(lease) = args.lease {
+        if let Err(e) = distlock::ClientOptions::default()
+            .watchdog_lease(lease)
+            .validate()
+        {
+            eprintln!("dlock: seckill: --lease: {e}");
+            return crate::EXIT_ERROR;
+        }
+    }
+    if args.pause.is_some_and(|p| p.is_zero()) {
+        eprintln!("dlock: seckill: --pause must be above zero, e.g. --pause 2s");
+        return crate::EXIT_ERROR;
+    }
     let processes = args.processes.min(args.buyers).max(1);
     if !args.json {
         println!(
             "seckill on {url}: stock {}, {} buyers in {processes} processes, {} ms of work per sale",
             args.stock, args.buyers, args.work_ms
         );
+        if let Some(pause) = args.pause {
+            let lease = args
+                .lease
+                .unwrap_or(distlock::ClientOptions::default().get_watchdog_lease());
+            println!(
+                "--pause {pause:?}: one buyer of trylock, lock and fenced is stopped while it holds the lock (lease {lease:?}){}",
+                if backend == "file" {
+                    "; file:// has no lease, so the lab takes the lock away from it at the lease end"
+                } else {
+                    ""
+                }
+            );
+        }
         println!();
     }
     let mut code = 0;
@@ -203,13 +280,15 @@ pub async fn seckill(url: &str, args: SeckillArgs) -> u8 {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<11} {:>6} {:>7} {:>6} {:>9} {:>7} {:>11} {:>9} {:>13} {:>13}  result",
+        "{:<11} {:>6} {:>7} {:>6} {:>9} {:>7} {:>5} {:>8} {:>11} {:>9} {:>13} {:>13}  result",
         "strategy",
         "stock",
         "buyers",
         "sold",
         "oversold",
         "failed",
+        "late",
+        "rejected",
         "elapsed",
         "orders/s",
         "wait p50 µs",
@@ -218,13 +297,15 @@ fn print_table(rows: &[Row]) {
     let opt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
     for r in rows {
         println!(
-            "{:<11} {:>6} {:>7} {:>6} {:>9} {:>7} {:>11} {:>9.1} {:>13} {:>13}  {}",
+            "{:<11} {:>6} {:>7} {:>6} {:>9} {:>7} {:>5} {:>8} {:>11} {:>9.1} {:>13} {:>13}  {}",
             r.strategy.as_str(),
             r.stock,
             r.buyers,
             r.sold,
             r.oversold,
             r.failed,
+            r.late_writes,
+            r.fenced_rejections,
             format!("{:.1} ms", r.elapsed_us as f64 / 1000.0),
             r.throughput(),
             opt(r.p50_wait_us),
@@ -232,6 +313,35 @@ fn print_table(rows: &[Row]) {
             r.verdict()
         );
     }
+    for r in rows {
+        if let Some(p) = &r.pause {
+            println!("{}", pause_line(r, p));
+        }
+    }
+}
+
+/// What `--pause` did in one strategy, in a sentence.
+fn pause_line(r: &Row, p: &PauseRecord) -> String {
+    let ms = |us: u64| format!("{:.1} ms", us as f64 / 1000.0);
+    let lease = match p.lease_end_us {
+        Some(end) => format!("its lease ended at {}", ms(end)),
+        None => "its lease did not end".to_owned(),
+    };
+    let write = if r.fenced_rejections > 0 {
+        "its late write was rejected by the fence"
+    } else if r.late_writes > 0 {
+        "its late write landed"
+    } else {
+        "it did not write late"
+    };
+    format!(
+        "{}: buyer {} (process {}) stopped at {} for {}; {lease}; {write}",
+        r.strategy,
+        p.buyer,
+        p.process + 1,
+        ms(p.stopped_us),
+        ms(p.resumed_us.saturating_sub(p.stopped_us)),
+    )
 }
 
 fn write_timeline(path: &Path, rows: &[Row]) -> Result<(), String> {
@@ -240,12 +350,14 @@ fn write_timeline(path: &Path, rows: &[Row]) -> Result<(), String> {
         .map(|r| timeline::Block {
             strategy: r.strategy.as_str().to_owned(),
             title: format!(
-                "{} — sold {} of {}, oversold {}, failed {} ({} processes, {} buyers, {:.1} ms)",
+                "{} — sold {} of {}, oversold {}, failed {}, late writes {}, rejected {} ({} processes, {} buyers, {:.1} ms)",
                 r.strategy,
                 r.sold,
                 r.stock,
                 r.oversold,
                 r.failed,
+                r.late_writes,
+                r.fenced_rejections,
                 r.processes,
                 r.buyers,
                 r.elapsed_us as f64 / 1000.0
@@ -282,18 +394,30 @@ async fn run_one(
     processes: u32,
 ) -> Result<Row, String> {
     let run = new_run_id(strategy);
-    let store = store::open(url, "seckill", &run)
-        .await
-        .map_err(|e| e.to_string())?;
+    let store: Arc<dyn Store> = Arc::from(
+        store::open(url, "seckill", &run)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
     store
         .setup(i64::from(args.stock))
         .await
         .map_err(|e| e.to_string())?;
     let mut progress = Progress::new(!args.json, strategy.as_str(), u64::from(args.buyers));
-    let driven = drive(exe, url, args, strategy, &run, processes, &mut progress).await;
+    let driven = drive(
+        exe,
+        url,
+        args,
+        strategy,
+        &run,
+        processes,
+        &mut progress,
+        &store,
+    )
+    .await;
     progress.finish();
     let row = match driven {
-        Ok(reports) => summarize(&*store, args, strategy, processes, reports).await,
+        Ok((reports, pause)) => summarize(&*store, args, strategy, processes, reports, pause).await,
         Err(e) => Err(e),
     };
     let cleaned = store.cleanup().await;
@@ -312,6 +436,7 @@ async fn summarize(
     strategy: Strategy,
     processes: u32,
     reports: Vec<(usize, BuyerReport)>,
+    pause: Option<PauseRecord>,
 ) -> Result<Row, String> {
     // The buyers wrote through other clients: see all of their writes.
     store.sync().await.map_err(|e| e.to_string())?;
@@ -348,10 +473,8 @@ async fn summarize(
     }
     let tracks = reports
         .iter()
-        .map(|(p, r)| timeline::Track {
-            process: *p,
-            buyer: r.buyer,
-            bars: r
+        .map(|(p, r)| {
+            let mut bars: Vec<timeline::Bar> = r
                 .spans
                 .iter()
                 .map(|s| timeline::Bar {
@@ -360,12 +483,35 @@ async fn summarize(
                         SpanKind::Window => timeline::BarKind::Window,
                         SpanKind::Attempt => timeline::BarKind::Attempt,
                         SpanKind::Conflict => timeline::BarKind::Conflict,
+                        SpanKind::Pause => timeline::BarKind::Pause,
                     },
                     start_us: s.start_us,
                     end_us: s.end_us,
                 })
-                .collect(),
-            order: r.order_us.map(|t| (t, beyond.contains(&r.buyer))),
+                .collect();
+            let mut marks = Vec::new();
+            if let Some(pz) = pause.as_ref().filter(|pz| pz.buyer == r.buyer) {
+                bars.push(timeline::Bar {
+                    kind: timeline::BarKind::Pause,
+                    start_us: pz.stopped_us,
+                    end_us: pz.resumed_us,
+                });
+                if let Some(end) = pz.lease_end_us {
+                    marks.push((timeline::MarkKind::LeaseLost, end));
+                }
+            }
+            if let Some(at) = r.rejected_us {
+                marks.push((timeline::MarkKind::Rejected, at));
+            } else if let Some(at) = r.write_us.filter(|_| r.late_write) {
+                marks.push((timeline::MarkKind::LateWrite, at));
+            }
+            timeline::Track {
+                process: *p,
+                buyer: r.buyer,
+                bars,
+                marks,
+                order: r.order_us.map(|t| (t, beyond.contains(&r.buyer))),
+            }
         })
         .collect();
     Ok(Row {
@@ -379,6 +525,13 @@ async fn summarize(
         elapsed_us: reports.iter().map(|(_, r)| r.done_us).max().unwrap_or(0),
         p50_wait_us: p50,
         p99_wait_us: p99,
+        final_stock,
+        late_writes: reports.iter().filter(|(_, r)| r.late_write).count() as u64,
+        fenced_rejections: reports
+            .iter()
+            .filter(|(_, r)| r.outcome == Outcome::Rejected)
+            .count() as u64,
+        pause,
         errors,
         tracks,
     })
@@ -424,7 +577,9 @@ async fn exit_status(i: usize, child: &mut Child) -> String {
     }
 }
 
-/// Starts the workers, waits until all are ready, starts them together, collects the reports.
+/// Starts the workers, waits until all are ready, starts them together, collects the reports
+/// (and, with `--pause`, stops the first buyer that reaches the pause point).
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     exe: &Path,
     url: &str,
@@ -433,7 +588,9 @@ async fn drive(
     run: &str,
     processes: u32,
     progress: &mut Progress,
-) -> Result<Vec<(usize, BuyerReport)>, String> {
+    store: &Arc<dyn Store>,
+) -> Result<(Vec<(usize, BuyerReport)>, Option<PauseRecord>), String> {
+    let pause = args.pause.filter(|_| strategy.uses_dlock());
     progress.set(0, "starting the workers");
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut children = Vec::new();
@@ -454,6 +611,12 @@ async fn drive(
             .arg(args.work_ms.to_string())
             .arg("--wait-us")
             .arg(args.wait.as_micros().to_string())
+            .args(
+                args.lease
+                    .into_iter()
+                    .flat_map(|l| ["--lease-us".to_owned(), l.as_micros().to_string()]),
+            )
+            .args(pause.map(|_| "--pause"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -464,7 +627,7 @@ async fn drive(
             return Err("a worker process has no stdin or stdout pipe".into());
         };
         tokio::spawn(read_worker(children.len(), out, tx.clone()));
-        stdins.push(stdin);
+        stdins.push(Some(stdin));
         children.push(child);
         first += u64::from(n);
     }
@@ -482,7 +645,7 @@ async fn drive(
             Some((i, Event::Msg(WorkerMsg::Error { message }))) => {
                 return Err(format!("worker process {}: {message}", i + 1))
             }
-            Some((i, Event::Msg(WorkerMsg::Buyer(_)))) => {
+            Some((i, Event::Msg(WorkerMsg::Buyer(_) | WorkerMsg::PausePoint(_)))) => {
                 return Err(format!(
                     "worker process {} started before the signal",
                     i + 1
@@ -506,18 +669,18 @@ async fn drive(
     let start = unix_us() + u64::try_from(START_MARGIN.as_micros()).unwrap_or(0);
     let go = format!("go {start}\n");
     for (i, stdin) in stdins.iter_mut().enumerate() {
-        stdin
-            .write_all(go.as_bytes())
-            .await
-            .map_err(|e| format!("cannot start worker process {}: {e}", i + 1))?;
-        stdin
-            .flush()
-            .await
-            .map_err(|e| format!("cannot start worker process {}: {e}", i + 1))?;
+        if let Some(stdin) = stdin {
+            say(stdin, &go)
+                .await
+                .map_err(|e| format!("cannot start worker process {}: {e}", i + 1))?;
+        }
     }
-    drop(stdins);
+    if pause.is_none() {
+        stdins.clear();
+    }
 
     let started = Instant::now();
+    let mut pausing: Option<tokio::task::JoinHandle<Result<PauseRecord, String>>> = None;
     let mut reports = Vec::with_capacity(args.buyers as usize);
     let mut fatal: Option<String> = None;
     while let Some((i, ev)) = rx.recv().await {
@@ -529,6 +692,36 @@ async fn drive(
                     &format!("{:.1} s", started.elapsed().as_secs_f64()),
                 );
             }
+            Event::Msg(WorkerMsg::PausePoint(point)) => {
+                let stdin = stdins.get_mut(i).and_then(Option::take);
+                let pid = children.get(i).and_then(Child::id);
+                match (stdin, pid, pause) {
+                    (Some(stdin), Some(pid), Some(pause)) if pausing.is_none() => {
+                        let stop = Stop {
+                            process: i,
+                            pid,
+                            point,
+                            pause,
+                            start,
+                            store: store.clone(),
+                            lock_name: format!("seckill:{run}"),
+                        };
+                        pausing = Some(tokio::spawn(stop.run(stdin)));
+                    }
+                    // Another process's buyer: it goes on at once.
+                    (Some(mut stdin), _, _) => {
+                        if let Err(e) = say(&mut stdin, "continue\n").await {
+                            fatal.get_or_insert(format!("worker process {}: {e}", i + 1));
+                        }
+                    }
+                    (None, _, _) => {
+                        fatal.get_or_insert(format!(
+                            "worker process {} reached the pause point twice",
+                            i + 1
+                        ));
+                    }
+                }
+            }
             Event::Msg(WorkerMsg::Error { message }) => {
                 fatal.get_or_insert(format!("worker process {}: {message}", i + 1));
             }
@@ -538,6 +731,21 @@ async fn drive(
             }
         }
     }
+    let paused = match pausing {
+        Some(task) => match task.await {
+            Ok(Ok(record)) => Some(record),
+            Ok(Err(e)) => {
+                fatal.get_or_insert(e);
+                None
+            }
+            Err(e) => {
+                fatal.get_or_insert(format!("the pause task failed: {e}"));
+                None
+            }
+        },
+        None => None,
+    };
+    drop(stdins);
     for (i, child) in children.iter_mut().enumerate() {
         match tokio::time::timeout(EXIT_TIMEOUT, child.wait()).await {
             Ok(Ok(st)) if st.success() => {}
@@ -563,7 +771,110 @@ async fn drive(
             args.buyers
         ));
     }
-    Ok(reports)
+    Ok((reports, paused))
+}
+
+/// Writes `line` to a worker's stdin.
+async fn say(stdin: &mut ChildStdin, line: &str) -> std::io::Result<()> {
+    stdin.write_all(line.as_bytes()).await?;
+    stdin.flush().await
+}
+
+/// `--pause`: stopping the worker process of the buyer at the pause point.
+struct Stop {
+    process: usize,
+    pid: u32,
+    point: PausePoint,
+    pause: Duration,
+    /// The common start, µs since the Unix epoch.
+    start: u64,
+    store: Arc<dyn Store>,
+    lock_name: String,
+}
+
+impl Stop {
+    /// µs since the common start.
+    fn now_us(&self) -> u64 {
+        unix_us().saturating_sub(self.start)
+    }
+
+    /// SIGSTOP, the lease end (on `file://` the lock taken away then), SIGCONT after the pause,
+    /// and `continue` to the buyer. The process is continued whatever fails.
+    async fn run(self, mut stdin: ChildStdin) -> Result<PauseRecord, String> {
+        signal(self.pid, libc::SIGSTOP)?;
+        let stopped = self.stopped().await;
+        let resumed_at = tokio::time::Instant::now() + self.pause;
+        let stopped_us = self.now_us();
+        let lease_end = match stopped {
+            Ok(()) => self.at_lease_end(resumed_at).await,
+            Err(e) => Err(e),
+        };
+        tokio::time::sleep_until(resumed_at).await;
+        let continued = signal(self.pid, libc::SIGCONT);
+        let resumed_us = self.now_us();
+        let lease_end_us = lease_end?;
+        continued?;
+        say(&mut stdin, "continue\n")
+            .await
+            .map_err(|e| format!("worker process {}: {e}", self.process + 1))?;
+        Ok(PauseRecord {
+            process: self.process,
+            buyer: self.point.buyer,
+            stopped_us,
+            lease_end_us,
+            resumed_us,
+        })
+    }
+
+    /// Waits until the process is stopped (`T` in `/proc/PID/stat`).
+    async fn stopped(&self) -> Result<(), String> {
+        let path = format!("/proc/{}/stat", self.pid);
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        loop {
+            let stat =
+                std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.trim_start().chars().next());
+            if matches!(state, Some('T' | 't')) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!("worker process {} did not stop", self.process + 1));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Sleeps until the stopped buyer's lease ends, if that is before `resumed_at`, and has the
+    /// store do what the lock service does then; the lease end, µs.
+    async fn at_lease_end(&self, resumed_at: tokio::time::Instant) -> Result<Option<u64>, String> {
+        let left = Duration::from_micros(self.point.lease_end_us.saturating_sub(self.now_us()));
+        let at = tokio::time::Instant::now() + left;
+        if at >= resumed_at {
+            return Ok(None);
+        }
+        tokio::time::sleep_until(at).await;
+        self.store
+            .expire_stopped_holder(self.pid, &self.lock_name)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Some(self.point.lease_end_us))
+    }
+}
+
+/// `kill(2)`.
+fn signal(pid: u32, sig: libc::c_int) -> Result<(), String> {
+    let p = libc::pid_t::try_from(pid).map_err(|_| format!("pid {pid} out of range"))?;
+    // SAFETY: kill(2) on a child process of ours; no memory is passed.
+    if unsafe { libc::kill(p, sig) } != 0 {
+        return Err(format!(
+            "cannot signal worker process {pid}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

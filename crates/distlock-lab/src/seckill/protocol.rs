@@ -26,16 +26,20 @@ pub enum Strategy {
     Trylock,
     /// `acquire_timeout(--wait)` of the distributed lock.
     Lock,
+    /// The lock, and the stock read and written through the store's fence with the grant's
+    /// fencing token (crate distlock-fence): a holder whose lease ended is rejected.
+    Fenced,
 }
 
 impl Strategy {
     /// Every strategy, in the order `all` runs them.
-    pub const ALL: [Strategy; 5] = [
+    pub const ALL: [Strategy; 6] = [
         Strategy::NoLock,
         Strategy::Local,
         Strategy::Optimistic,
         Strategy::Trylock,
         Strategy::Lock,
+        Strategy::Fenced,
     ];
 
     /// The name used on the command line and in JSON.
@@ -46,6 +50,7 @@ impl Strategy {
             Strategy::Optimistic => "optimistic",
             Strategy::Trylock => "trylock",
             Strategy::Lock => "lock",
+            Strategy::Fenced => "fenced",
         }
     }
 
@@ -58,12 +63,15 @@ impl Strategy {
 
     /// True when buyers wait for a lock (and so have a lock wait to report).
     pub fn has_lock(self) -> bool {
-        matches!(self, Strategy::Local | Strategy::Trylock | Strategy::Lock)
+        matches!(
+            self,
+            Strategy::Local | Strategy::Trylock | Strategy::Lock | Strategy::Fenced
+        )
     }
 
     /// True when buyers use the distributed lock.
     pub fn uses_dlock(self) -> bool {
-        matches!(self, Strategy::Trylock | Strategy::Lock)
+        matches!(self, Strategy::Trylock | Strategy::Lock | Strategy::Fenced)
     }
 }
 
@@ -77,7 +85,7 @@ impl fmt::Display for Strategy {
 pub fn parse_strategy(s: &str) -> Result<Strategy, String> {
     Strategy::parse(s).ok_or_else(|| {
         format!(
-            "unknown strategy `{s}`; choose from none, local, optimistic, trylock, lock (or all)"
+            "unknown strategy `{s}`; choose from none, local, optimistic, trylock, lock, fenced (or all)"
         )
     })
 }
@@ -109,7 +117,7 @@ pub fn parse_strategies(s: &str) -> Result<Strategies, String> {
     }
     if out.is_empty() {
         return Err(
-            "no strategy given; choose from none, local, optimistic, trylock, lock (or all)".into(),
+            "no strategy given; choose from none, local, optimistic, trylock, lock, fenced (or all)".into(),
         );
     }
     Ok(Strategies(out))
@@ -129,6 +137,8 @@ pub enum Outcome {
     TimedOut,
     /// `optimistic`: every compare-and-set attempt lost.
     Conflicts,
+    /// `fenced`: the store rejected the buyer's read or write: a newer holder had used it.
+    Rejected,
     /// A store or lock error.
     Error,
 }
@@ -145,6 +155,8 @@ pub enum SpanKind {
     Attempt,
     /// An optimistic attempt that lost its compare-and-set.
     Conflict,
+    /// The buyer's process stopped (`--pause`) while the buyer held the lock.
+    Pause,
 }
 
 /// One interval of a buyer's life.
@@ -173,8 +185,30 @@ pub struct BuyerReport {
     pub order_us: Option<u64>,
     /// When the buyer was done, µs.
     pub done_us: u64,
+    /// When it wrote the stock, µs (also a write the store rejected).
+    #[serde(default)]
+    pub write_us: Option<u64>,
+    /// It wrote after its lease had ended (it held a lock whose lease ran out first).
+    #[serde(default)]
+    pub late_write: bool,
+    /// When the store rejected its read or write (`fenced`), µs.
+    #[serde(default)]
+    pub rejected_us: Option<u64>,
     /// Errors met on the way (also a release that failed after a sale).
     pub errors: Vec<String>,
+}
+
+/// A buyer holding the lock has read the stock and waits for the parent's word (one line,
+/// `continue`, on its stdin) before it goes on; the parent stops its process first if it is
+/// the one to pause (`--pause`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PausePoint {
+    /// The buyer.
+    pub buyer: u64,
+    /// When it asked, µs.
+    pub at_us: u64,
+    /// When its lease ends unless it is renewed, µs.
+    pub lease_end_us: u64,
 }
 
 /// One line of a worker's stdout.
@@ -185,6 +219,8 @@ pub enum WorkerMsg {
     Ready,
     /// A buyer is done.
     Buyer(BuyerReport),
+    /// A buyer is at the pause point.
+    PausePoint(PausePoint),
     /// The worker cannot go on.
     Error {
         /// Why.
@@ -198,7 +234,7 @@ mod tests {
 
     #[test]
     fn strategy_lists() {
-        assert_eq!(parse_strategies("all").map(|s| s.0.len()), Ok(5));
+        assert_eq!(parse_strategies("all").map(|s| s.0.len()), Ok(6));
         assert_eq!(
             parse_strategies("lock, none,lock").map(|s| s.0),
             Ok(vec![Strategy::Lock, Strategy::NoLock])
@@ -221,6 +257,9 @@ mod tests {
             }],
             order_us: None,
             done_us: 5,
+            write_us: None,
+            late_write: false,
+            rejected_us: None,
             errors: vec![],
         });
         let line = serde_json::to_string(&m).expect("serialize");

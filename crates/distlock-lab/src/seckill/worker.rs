@@ -5,10 +5,12 @@
 //! all its buyers concurrently as tokio tasks, reporting each on stdout (see
 //! `protocol.rs`).
 
-use super::protocol::{BuyerReport, Outcome, Span, SpanKind, Strategy, WorkerMsg};
-use crate::store::{self, Store};
+use super::protocol::{BuyerReport, Outcome, PausePoint, Span, SpanKind, Strategy, WorkerMsg};
+use crate::store::{self, Fenced, Store};
 use clap::Args;
-use std::io::Write;
+use distlock::LockGuard;
+use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::task::JoinSet;
@@ -37,6 +39,13 @@ pub struct WorkerArgs {
     /// Longest wait for the lock (`lock` strategy), µs.
     #[arg(long)]
     wait_us: u64,
+    /// Watchdog lease of the lock client, µs (default: the client's).
+    #[arg(long)]
+    lease_us: Option<u64>,
+    /// The first buyer that holds the lock and read a stock above zero reports the pause point
+    /// and waits for `continue` on stdin (`seckill --pause`).
+    #[arg(long)]
+    pause: bool,
 }
 
 /// Runs the worker; the exit code.
@@ -100,6 +109,10 @@ struct Ctx {
     work: Duration,
     wait: Duration,
     clock: Clock,
+    /// With `--pause`: the parent's lines after `go`.
+    resume: Option<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<String>>>,
+    /// A buyer of this process reached the pause point already.
+    pause_asked: AtomicBool,
 }
 
 impl Ctx {
@@ -108,6 +121,42 @@ impl Ctx {
             tokio::time::sleep(self.work).await;
         }
     }
+
+    /// `--pause`: the first buyer here to hold the lock with a stock read tells the parent and
+    /// waits for its `continue` (the parent may stop this process meanwhile).
+    async fn pause_point(&self, buyer: u64, guard: &LockGuard) -> Result<(), String> {
+        let Some(resume) = &self.resume else {
+            return Ok(());
+        };
+        if self.pause_asked.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let at_us = self.clock.us();
+        emit(&WorkerMsg::PausePoint(PausePoint {
+            buyer,
+            at_us,
+            lease_end_us: at_us.saturating_add(micros(guard.lease_left())),
+        }))?;
+        match resume.lock().await.recv().await.as_deref().map(str::trim) {
+            Some("continue") => Ok(()),
+            Some(other) => Err(format!("expected `continue` on stdin, got `{other}`")),
+            None => Err("the parent closed stdin at the pause point".into()),
+        }
+    }
+}
+
+/// The lines the parent sends after `go`, read by a thread of their own.
+fn read_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 async fn run(url: &str, args: WorkerArgs) -> Result<(), String> {
@@ -117,7 +166,15 @@ async fn run(url: &str, args: WorkerArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?,
     );
     let client = if args.strategy.uses_dlock() {
-        Some(distlock::connect(url).await.map_err(|e| e.to_string())?)
+        let mut opts = distlock::ClientOptions::default();
+        if let Some(us) = args.lease_us {
+            opts = opts.watchdog_lease(Duration::from_micros(us));
+        }
+        Some(
+            distlock::connect_with(url, opts)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
     } else {
         None
     };
@@ -134,6 +191,8 @@ async fn run(url: &str, args: WorkerArgs) -> Result<(), String> {
         work: Duration::from_millis(args.work_ms),
         wait: Duration::from_micros(args.wait_us),
         clock: Clock { anchor },
+        resume: args.pause.then(|| tokio::sync::Mutex::new(read_lines())),
+        pause_asked: AtomicBool::new(false),
     });
     let mut set = JoinSet::new();
     let last = args.first_buyer.saturating_add(args.buyers);
@@ -192,18 +251,21 @@ async fn buy(ctx: &Ctx, buyer: u64) -> BuyerReport {
         spans: Vec::new(),
         order_us: None,
         done_us: 0,
+        write_us: None,
+        late_write: false,
+        rejected_us: None,
         errors: Vec::new(),
     };
     let res = match ctx.strategy {
-        Strategy::NoLock => sequence(ctx, buyer, &mut r, Some(SpanKind::Window)).await,
+        Strategy::NoLock => sequence(ctx, buyer, &mut r, Some(SpanKind::Window), None).await,
         Strategy::Local => {
             let t = Instant::now();
             let _held = ctx.local.lock().await;
             r.wait_us = Some(micros(t.elapsed()));
-            sequence(ctx, buyer, &mut r, Some(SpanKind::Window)).await
+            sequence(ctx, buyer, &mut r, Some(SpanKind::Window), None).await
         }
         Strategy::Optimistic => optimistic(ctx, buyer, &mut r).await,
-        Strategy::Trylock | Strategy::Lock => locked(ctx, buyer, &mut r).await,
+        Strategy::Trylock | Strategy::Lock | Strategy::Fenced => locked(ctx, buyer, &mut r).await,
     };
     r.outcome = match res {
         Ok(o) => o,
@@ -216,19 +278,26 @@ async fn buy(ctx: &Ctx, buyer: u64) -> BuyerReport {
     r
 }
 
-/// The deliberately non-atomic sale: read → check → work → write → order.
+/// The deliberately non-atomic sale: read → check → work → write → order; under `guard`
+/// (`trylock`, `lock`), with the pause point after the read.
 async fn sequence(
     ctx: &Ctx,
     buyer: u64,
     r: &mut BuyerReport,
     window: Option<SpanKind>,
+    guard: Option<&LockGuard>,
 ) -> Result<Outcome, String> {
     let start = ctx.clock.us();
     let (stock, _) = ctx.store.read().await.map_err(|e| e.to_string())?;
     if stock <= 0 {
         return Ok(Outcome::SoldOut);
     }
+    if let Some(guard) = guard {
+        ctx.pause_point(buyer, guard).await?;
+    }
     ctx.work().await;
+    r.write_us = Some(ctx.clock.us());
+    r.late_write = guard.is_some_and(LockGuard::is_lost);
     ctx.store
         .write(stock - 1)
         .await
@@ -240,12 +309,7 @@ async fn sequence(
             end_us: ctx.clock.us(),
         });
     }
-    ctx.store
-        .add_order(buyer)
-        .await
-        .map_err(|e| e.to_string())?;
-    r.order_us = Some(ctx.clock.us());
-    Ok(Outcome::Bought)
+    order(ctx, buyer, r).await
 }
 
 async fn optimistic(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcome, String> {
@@ -271,12 +335,7 @@ async fn optimistic(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcom
             end_us: ctx.clock.us(),
         });
         if won {
-            ctx.store
-                .add_order(buyer)
-                .await
-                .map_err(|e| e.to_string())?;
-            r.order_us = Some(ctx.clock.us());
-            return Ok(Outcome::Bought);
+            return order(ctx, buyer, r).await;
         }
     }
     Ok(Outcome::Conflicts)
@@ -305,7 +364,12 @@ async fn locked(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcome, S
         None => return Ok(Outcome::TimedOut),
     };
     let held = ctx.clock.us();
-    let res = sequence(ctx, buyer, r, None).await;
+    let res = if ctx.strategy == Strategy::Fenced {
+        fenced_sale(ctx, buyer, r, &guard).await
+    } else {
+        sequence(ctx, buyer, r, None, Some(&guard)).await
+    };
+    let lost = guard.is_lost();
     let released = guard.release().await;
     r.spans.push(Span {
         kind: SpanKind::Hold,
@@ -314,10 +378,66 @@ async fn locked(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcome, S
     });
     match released {
         Ok(outcome) if outcome.was_held() => {}
+        // The lease ran out under the holder (`--pause`) and the lock was handed on, as its
+        // lost signal says: what the run shows, not an error of the run.
+        Ok(_) if lost => {}
         Ok(outcome) => r.errors.push(format!(
             "the lock was no longer held at release ({outcome:?}): mutual exclusion may have been lost"
         )),
         Err(e) => r.errors.push(format!("release failed: {e}")),
     }
     res
+}
+
+/// Creates the buyer's order.
+async fn order(ctx: &Ctx, buyer: u64, r: &mut BuyerReport) -> Result<Outcome, String> {
+    ctx.store
+        .add_order(buyer)
+        .await
+        .map_err(|e| e.to_string())?;
+    r.order_us = Some(ctx.clock.us());
+    Ok(Outcome::Bought)
+}
+
+/// The `fenced` sale: the stock read and written through the store's fence with the grant's
+/// token, so that a holder whose lease ended is rejected once a newer holder used the store.
+async fn fenced_sale(
+    ctx: &Ctx,
+    buyer: u64,
+    r: &mut BuyerReport,
+    guard: &LockGuard,
+) -> Result<Outcome, String> {
+    let token = guard.fencing_token();
+    let stock = match ctx
+        .store
+        .fenced_read(&ctx.lock_name, token)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Fenced::Done(stock) => stock,
+        Fenced::Stale { .. } => {
+            r.rejected_us = Some(ctx.clock.us());
+            return Ok(Outcome::Rejected);
+        }
+    };
+    if stock <= 0 {
+        return Ok(Outcome::SoldOut);
+    }
+    ctx.pause_point(buyer, guard).await?;
+    ctx.work().await;
+    r.write_us = Some(ctx.clock.us());
+    r.late_write = guard.is_lost();
+    match ctx
+        .store
+        .fenced_write(&ctx.lock_name, token, stock - 1)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Fenced::Done(()) => {}
+        Fenced::Stale { .. } => {
+            r.rejected_us = Some(ctx.clock.us());
+            return Ok(Outcome::Rejected);
+        }
+    }
+    order(ctx, buyer, r).await
 }

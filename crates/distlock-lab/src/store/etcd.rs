@@ -4,9 +4,13 @@
 //!
 //! `write` and `cas` read the stock key and put it back in a transaction that compares its mod
 //! revision (retrying when another writer came in between), so each is atomic.
+//!
+//! The `fenced` strategy reads and writes the stock in transactions guarded on the holder's
+//! lock key (distlock-fence's `EtcdFence`): they do nothing once the grant's key is gone.
 
-use super::{timed, Store, StoreError, StoreResult, OP_TIMEOUT};
+use super::{timed, timed_fenced, Fenced, Store, StoreError, StoreResult, OP_TIMEOUT};
 use distlock::async_trait;
+use distlock_fence::etcd::{EtcdFence, EtcdHolder};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient, SortOrder,
     SortTarget, Txn, TxnOp,
@@ -135,6 +139,17 @@ impl EtcdStore {
         Ok((stock, version, kv.mod_revision()))
     }
 
+    /// The key of the grant of `lock` with `token`, as a fenced transaction needs it.
+    async fn holder(&self, lock: &str, token: u64) -> StoreResult<Fenced<EtcdHolder>> {
+        let mut kv = self.kv.clone();
+        timed_fenced(
+            &self.endpoint,
+            "finding the holder's lock key",
+            EtcdFence::new(&self.prefix, lock).holder(&mut kv, token),
+        )
+        .await
+    }
+
     /// Puts `"<stock> <version>"` if the key's mod revision is still `rev`; whether it did.
     async fn put_if(&self, rev: i64, stock: i64, version: u64) -> StoreResult<bool> {
         let mut kv = self.kv.clone();
@@ -192,6 +207,65 @@ impl Store for EtcdStore {
                 return Ok(true);
             }
         }
+    }
+
+    async fn fenced_read(&self, lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
+        let holder = match self.holder(lock, token).await? {
+            Fenced::Done(h) => h,
+            Fenced::Stale { newer } => return Ok(Fenced::Stale { newer }),
+        };
+        let mut kv = self.kv.clone();
+        let read = timed_fenced(
+            &self.endpoint,
+            "a fenced read of the stock",
+            holder.txn(&mut kv, vec![TxnOp::get(self.stock.as_str(), None)]),
+        )
+        .await?;
+        let resp = match read {
+            Fenced::Done(r) => r,
+            Fenced::Stale { newer } => return Ok(Fenced::Stale { newer }),
+        };
+        let value = resp.op_responses().into_iter().find_map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+            _ => None,
+        });
+        let value = value.ok_or_else(|| {
+            StoreError(format!(
+                "{}: `{}` is missing (was the run cleaned up?)",
+                self.endpoint, self.stock
+            ))
+        })?;
+        parse_state(&value)
+            .map(|(stock, _)| Fenced::Done(stock))
+            .ok_or_else(|| {
+                StoreError(format!(
+                    "{}: `{}` holds `{}`, not `<stock> <version>`",
+                    self.endpoint,
+                    self.stock,
+                    String::from_utf8_lossy(&value).escape_debug()
+                ))
+            })
+    }
+
+    async fn fenced_write(&self, lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+        let holder = match self.holder(lock, token).await? {
+            Fenced::Done(h) => h,
+            Fenced::Stale { newer } => return Ok(Fenced::Stale { newer }),
+        };
+        let (_, version, _) = self.get_stock().await?;
+        let mut kv = self.kv.clone();
+        let put = TxnOp::put(
+            self.stock.as_str(),
+            format!("{stock} {}", version.wrapping_add(1)),
+            None,
+        );
+        let written = timed_fenced(
+            &self.endpoint,
+            "a fenced write of the stock",
+            holder.txn(&mut kv, vec![put]),
+        )
+        .await?;
+        Ok(written.map(drop))
     }
 
     async fn add_order(&self, buyer: u64) -> StoreResult<()> {

@@ -49,6 +49,48 @@ impl std::error::Error for StoreError {}
 /// Result of a store operation.
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// The answer of a fenced operation of a [`Store`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced<T> {
+    /// Done, with its result.
+    Done(T),
+    /// Rejected: the store had seen the newer token `newer`; nothing was changed.
+    Stale {
+        /// The newer token.
+        newer: u64,
+    },
+}
+
+impl<T> Fenced<Option<T>> {
+    /// A done read that found nothing is the error `missing`.
+    pub(crate) fn found(self, missing: impl FnOnce() -> StoreError) -> StoreResult<Fenced<T>> {
+        match self {
+            Fenced::Done(Some(v)) => Ok(Fenced::Done(v)),
+            Fenced::Done(None) => Err(missing()),
+            Fenced::Stale { newer } => Ok(Fenced::Stale { newer }),
+        }
+    }
+}
+
+impl<T> Fenced<T> {
+    /// Maps the result of a done operation.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Fenced<U> {
+        match self {
+            Fenced::Done(v) => Fenced::Done(f(v)),
+            Fenced::Stale { newer } => Fenced::Stale { newer },
+        }
+    }
+
+    /// A fenced helper's result as a store's: a stale token is an answer, not an error.
+    pub(crate) fn from_fence(r: distlock_fence::Result<T>) -> StoreResult<Fenced<T>> {
+        match r {
+            Ok(v) => Ok(Fenced::Done(v)),
+            Err(distlock_fence::Error::Stale { newer, .. }) => Ok(Fenced::Stale { newer }),
+            Err(e) => Err(StoreError(e.to_string())),
+        }
+    }
+}
+
 /// The data of one run. Each method is one atomic operation; no method is atomic *with*
 /// another.
 #[async_trait]
@@ -79,6 +121,24 @@ pub trait Store: Send + Sync {
     /// any client. Needed before a final check from another client than the writers' where
     /// reads may be served by a lagging replica (ZooKeeper followers); a no-op elsewhere.
     async fn sync(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
+    /// `fenced` strategy: reads the stock through the store's fence with the fencing `token`
+    /// of the holder of the lock `lock`: stores that keep a fence beside the data record the
+    /// token (so that from now on the writes of older tokens are rejected); etcd and ZooKeeper
+    /// check that the grant's key or node still exists.
+    async fn fenced_read(&self, lock: &str, token: u64) -> StoreResult<Fenced<i64>>;
+
+    /// `fenced` strategy: overwrites the stock through the store's fence (checked in the same
+    /// atomic step as the write), incrementing the version.
+    async fn fenced_write(&self, lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>>;
+
+    /// What the lock service does when the lease of the holder of the lock `name` in the
+    /// stopped process `pid` has run out (`--pause`): where the server keeps leases (every
+    /// backend but `file://`), nothing is left to do: it hands the lock on by itself.
+    async fn expire_stopped_holder(&self, pid: u32, name: &str) -> StoreResult<()> {
+        let _ = (pid, name);
         Ok(())
     }
 
@@ -261,6 +321,33 @@ pub(crate) async fn timed<T, E: fmt::Display>(
             "{endpoint}: {what}: no answer within {OP_TIMEOUT:?}"
         ))),
     }
+}
+
+/// Runs a fenced operation with the time limit of [`timed`]: a stale token is an answer
+/// ([`Fenced::Stale`]), other errors name `what` and `endpoint`.
+#[cfg_attr(
+    not(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "etcd",
+        feature = "zookeeper"
+    )),
+    allow(dead_code)
+)]
+pub(crate) async fn timed_fenced<T>(
+    endpoint: &str,
+    what: &str,
+    fut: impl std::future::Future<Output = distlock_fence::Result<T>>,
+) -> StoreResult<Fenced<T>> {
+    // A stale token passes through `timed` as a value.
+    let r = timed(endpoint, what, async {
+        match fut.await {
+            Err(e) if !e.is_stale() => Err(e),
+            r => Ok(r),
+        }
+    })
+    .await?;
+    Fenced::from_fence(r)
 }
 
 /// Time limit of one store operation (connecting included).

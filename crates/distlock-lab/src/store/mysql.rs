@@ -9,9 +9,14 @@
 //!
 //! The compare-and-set is the classic optimistic lock:
 //! `UPDATE … SET stock = ?, version = version + 1 WHERE run = ? AND version = ?`.
+//!
+//! The `fenced` strategy fences the stock with distlock-fence's `MySqlFence` (resource
+//! `dlock_<prefix>_stock:<run>` in `dlock_write_fences`).
 
-use super::{timed, Store, StoreError, StoreResult};
+use super::{timed, timed_fenced, Fenced, Store, StoreError, StoreResult};
 use distlock::async_trait;
+use distlock_fence::mysql::MySqlFence;
+use distlock_fence::Stamp;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, TxOpts};
 
@@ -23,6 +28,7 @@ pub struct MySqlStore {
     run: String,
     stock: String,
     orders: String,
+    fence: MySqlFence,
 }
 
 /// The driver's options of a dlock MySQL URL (dlock's own parameters removed), `host:port`
@@ -48,8 +54,15 @@ impl MySqlStore {
             run: run.to_owned(),
             stock: format!("dlock_{prefix}_stock"),
             orders: format!("dlock_{prefix}_orders"),
+            fence: MySqlFence::new(),
         };
         let mut conn = store.conn().await?;
+        timed(
+            &store.endpoint,
+            "creating the fence table",
+            store.fence.create_table(&mut conn),
+        )
+        .await?;
         for ddl in [
             format!(
                 "CREATE TABLE IF NOT EXISTS {} (
@@ -81,6 +94,11 @@ impl MySqlStore {
 
     async fn conn(&self) -> StoreResult<Conn> {
         timed(&self.endpoint, "connecting", self.pool.get_conn()).await
+    }
+
+    /// The fence's resource: this run's stock row.
+    fn resource(&self) -> String {
+        format!("{}:{}", self.stock, self.run)
     }
 
     fn missing(&self) -> StoreError {
@@ -210,6 +228,49 @@ impl Store for MySqlStore {
         rows.into_iter().map(|b| to_u64(b, "buyer id")).collect()
     }
 
+    async fn fenced_read(&self, _lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
+        let mut conn = self.conn().await?;
+        let resource = self.resource();
+        let sql = format!("SELECT stock FROM {} WHERE run = ?", self.stock);
+        let read = timed_fenced(&self.endpoint, "a fenced read of the stock", async {
+            let store = |e| distlock_fence::Error::store("mysql", "reading the stock", e);
+            let mut tx = conn
+                .start_transaction(TxOpts::default())
+                .await
+                .map_err(store)?;
+            self.fence
+                .admit(&mut tx, &resource, Stamp::new(token))
+                .await?;
+            let stock: Option<i64> = tx.exec_first(sql, (&self.run,)).await.map_err(store)?;
+            tx.commit().await.map_err(store)?;
+            Ok(stock)
+        })
+        .await?;
+        read.found(|| self.missing())
+    }
+
+    async fn fenced_write(&self, _lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+        let mut conn = self.conn().await?;
+        let sql = format!(
+            "UPDATE {} SET stock = ?, version = version + 1 WHERE run = ?",
+            self.stock
+        );
+        let resource = self.resource();
+        let written = timed_fenced(
+            &self.endpoint,
+            "a fenced write of the stock",
+            self.fence.execute(
+                &mut conn,
+                &resource,
+                Stamp::new(token),
+                &sql,
+                (stock, &self.run),
+            ),
+        )
+        .await?;
+        Ok(written.map(drop))
+    }
+
     async fn cleanup(&self) -> StoreResult<()> {
         for t in [&self.orders, &self.stock] {
             self.exec(
@@ -219,7 +280,13 @@ impl Store for MySqlStore {
             )
             .await?;
         }
-        Ok(())
+        self.exec(
+            "deleting the run's fence",
+            format!("DELETE FROM {} WHERE resource = ?", self.fence.table()),
+            (self.resource(),),
+        )
+        .await
+        .map(drop)
     }
 
     /// Deletes the lock's rows in distlock-mysql's tables (`dlock_fence`, `dlock_holders` in

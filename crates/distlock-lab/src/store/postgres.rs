@@ -8,9 +8,14 @@
 //!
 //! The compare-and-set is the classic optimistic lock:
 //! `UPDATE … SET stock = $1, version = version + 1 WHERE run = $2 AND version = $3`.
+//!
+//! The `fenced` strategy fences the stock with distlock-fence's `PgFence` (resource
+//! `dlock_<prefix>_stock:<run>` in `dlock_write_fences`), on a connection of its own.
 
-use super::{timed, Store, StoreError, StoreResult, OP_TIMEOUT};
+use super::{timed, timed_fenced, Fenced, Store, StoreError, StoreResult, OP_TIMEOUT};
 use distlock::async_trait;
+use distlock_fence::postgres::PgFence;
+use distlock_fence::Stamp;
 use std::str::FromStr;
 use tokio_postgres::{Client, NoTls};
 
@@ -26,6 +31,21 @@ pub struct PgStore {
     run: String,
     stock: String,
     orders: String,
+    config: tokio_postgres::Config,
+    fence: PgFence,
+    /// The `fenced` strategy's connection (a transaction needs one of its own), opened on
+    /// first use.
+    fenced: tokio::sync::Mutex<Option<Client>>,
+}
+
+/// Connects with `config`; the connection task ends with the client.
+async fn connect(config: &tokio_postgres::Config, endpoint: &str) -> StoreResult<Client> {
+    let (client, connection) = timed(endpoint, "connecting", config.connect(NoTls)).await?;
+    tokio::spawn(async move {
+        // Ends with the client; errors surface on the client's next query.
+        let _ = connection.await;
+    });
+    Ok(client)
 }
 
 /// What the store needs of a dlock PostgreSQL URL: the driver's config (dlock's own
@@ -53,11 +73,7 @@ impl PgStore {
     /// Connects to the server of `url` and creates the store's tables if they are missing.
     pub async fn open(url: &str, prefix: &str, run: &str) -> StoreResult<Self> {
         let (config, endpoint, namespace) = parse_url(url)?;
-        let (client, connection) = timed(&endpoint, "connecting", config.connect(NoTls)).await?;
-        tokio::spawn(async move {
-            // Ends with the client; errors surface on the client's next query.
-            let _ = connection.await;
-        });
+        let client = connect(&config, &endpoint).await?;
         let stock = format!("dlock_{prefix}_stock");
         let orders = format!("dlock_{prefix}_orders");
         let ddl = format!(
@@ -82,6 +98,13 @@ impl PgStore {
             client.batch_execute(&ddl),
         )
         .await?;
+        let fence = PgFence::new();
+        timed(
+            &endpoint,
+            "creating the fence table",
+            fence.create_table(&client),
+        )
+        .await?;
         Ok(PgStore {
             client,
             endpoint,
@@ -89,7 +112,24 @@ impl PgStore {
             run: run.to_owned(),
             stock,
             orders,
+            config,
+            fence,
+            fenced: tokio::sync::Mutex::new(None),
         })
+    }
+
+    /// The fence's resource: this run's stock row.
+    fn resource(&self) -> String {
+        format!("{}:{}", self.stock, self.run)
+    }
+
+    /// The `fenced` strategy's connection.
+    async fn fenced_client(&self) -> StoreResult<tokio::sync::MutexGuard<'_, Option<Client>>> {
+        let mut guard = self.fenced.lock().await;
+        if guard.as_ref().is_none_or(Client::is_closed) {
+            *guard = Some(connect(&self.config, &self.endpoint).await?);
+        }
+        Ok(guard)
     }
 
     fn missing(&self) -> StoreError {
@@ -180,6 +220,48 @@ impl Store for PgStore {
         Ok(n == 1)
     }
 
+    async fn fenced_read(&self, _lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
+        let mut guard = self.fenced_client().await?;
+        let client = guard.as_mut().ok_or_else(|| self.missing())?;
+        let (resource, sql) = (
+            self.resource(),
+            format!("SELECT stock FROM {} WHERE run = $1", self.stock),
+        );
+        let read = timed_fenced(&self.endpoint, "a fenced read of the stock", async {
+            let store = |e| distlock_fence::Error::store("postgres", "reading the stock", e);
+            let tx = client.transaction().await.map_err(store)?;
+            self.fence.admit(&tx, &resource, Stamp::new(token)).await?;
+            let row = tx.query_opt(&sql, &[&self.run]).await.map_err(store)?;
+            tx.commit().await.map_err(store)?;
+            Ok(row.and_then(|r| r.try_get::<_, i64>(0).ok()))
+        })
+        .await?;
+        read.found(|| self.missing())
+    }
+
+    async fn fenced_write(&self, _lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+        let mut guard = self.fenced_client().await?;
+        let client = guard.as_mut().ok_or_else(|| self.missing())?;
+        let sql = format!(
+            "UPDATE {} SET stock = $1, version = version + 1 WHERE run = $2",
+            self.stock
+        );
+        let resource = self.resource();
+        let written = timed_fenced(
+            &self.endpoint,
+            "a fenced write of the stock",
+            self.fence.execute(
+                client,
+                &resource,
+                Stamp::new(token),
+                &sql,
+                &[&stock, &self.run],
+            ),
+        )
+        .await?;
+        Ok(written.map(drop))
+    }
+
     async fn add_order(&self, buyer: u64) -> StoreResult<()> {
         let buyer = to_i64(buyer, "buyer id")?;
         let sql = format!("INSERT INTO {} (run, buyer) VALUES ($1, $2)", self.orders);
@@ -223,6 +305,13 @@ impl Store for PgStore {
             &self.endpoint,
             "deleting the run's rows",
             self.client.execute(&sql, &[&self.run]),
+        )
+        .await?;
+        let sql = format!("DELETE FROM {} WHERE resource = $1", self.fence.table());
+        timed(
+            &self.endpoint,
+            "deleting the run's fence",
+            self.client.execute(&sql, &[&self.resource()]),
         )
         .await
         .map(drop)

@@ -1,8 +1,10 @@
 //! The `redis://` store: three keys sharing the hash tag `{<run>}`; writes are MULTI/EXEC
 //! transactions, the compare-and-set a Lua script.
 
-use super::{Store, StoreError, StoreResult};
+use super::{Fenced, Store, StoreError, StoreResult};
 use distlock::async_trait;
+use distlock_fence::redis::{FencedScript, RedisFence};
+use distlock_fence::Stamp;
 use redis::aio::MultiplexedConnection;
 use std::time::Duration;
 
@@ -15,7 +17,14 @@ end
 return 0
 ";
 
-/// Stock, version and orders in Redis.
+/// The `fenced` strategy's write, after the fence check (distlock-fence): the stock and its
+/// version together.
+const FENCED_WRITE: &str = r"
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('INCR', KEYS[2])
+";
+
+/// Stock, version and orders in Redis; the fence of the stock in `<prefix>:{<run>}:fence`.
 pub struct RedisStore {
     con: MultiplexedConnection,
     endpoint: String,
@@ -24,6 +33,8 @@ pub struct RedisStore {
     version: String,
     orders: String,
     cas: redis::Script,
+    fence: RedisFence,
+    fenced_write: FencedScript,
 }
 
 impl RedisStore {
@@ -48,6 +59,8 @@ impl RedisStore {
             version: format!("{prefix}:{{{run}}}:version"),
             orders: format!("{prefix}:{{{run}}}:orders"),
             cas: redis::Script::new(CAS),
+            fence: RedisFence::new(format!("{prefix}:{{{run}}}:fence")),
+            fenced_write: FencedScript::new(FENCED_WRITE),
         })
     }
 
@@ -62,7 +75,7 @@ impl Store for RedisStore {
         let mut con = self.con.clone();
         redis::pipe()
             .atomic()
-            .del(&[&self.stock, &self.version, &self.orders])
+            .del(&[&self.stock, &self.version, &self.orders, self.fence.key()])
             .ignore()
             .set(&self.stock, stock)
             .ignore()
@@ -117,6 +130,33 @@ impl Store for RedisStore {
         Ok(done == 1)
     }
 
+    async fn fenced_read(&self, _lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
+        let mut con = self.con.clone();
+        Fenced::from_fence(self.fence.get::<_, i64>(&mut con, token, &self.stock).await)?.found(
+            || {
+                StoreError(format!(
+                    "Redis at {}: `{}` is missing (was the run cleaned up?)",
+                    self.endpoint, self.stock
+                ))
+            },
+        )
+    }
+
+    async fn fenced_write(&self, _lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+        let mut con = self.con.clone();
+        let r = self
+            .fence
+            .eval::<_, ()>(
+                &mut con,
+                Stamp::new(token),
+                &self.fenced_write,
+                &[&self.stock, &self.version],
+                &[&stock],
+            )
+            .await;
+        Ok(Fenced::from_fence(r)?.map(drop))
+    }
+
     async fn add_order(&self, buyer: u64) -> StoreResult<()> {
         let mut con = self.con.clone();
         redis::cmd("RPUSH")
@@ -144,6 +184,7 @@ impl Store for RedisStore {
             .arg(&self.stock)
             .arg(&self.version)
             .arg(&self.orders)
+            .arg(self.fence.key())
             .query_async::<()>(&mut con)
             .await
             .map_err(|e| self.err("DEL of the run's keys", e))

@@ -3,7 +3,7 @@
 //! [`Store::forget_lock`] deletes the lock's fencing counter on every node.
 
 use super::redis::RedisStore;
-use super::{Store, StoreError, StoreResult};
+use super::{Fenced, Store, StoreError, StoreResult};
 use distlock::async_trait;
 use distlock::conn::Host;
 
@@ -83,6 +83,14 @@ impl Store for RedlockStore {
 
     async fn cas(&self, expected_version: u64, new_stock: i64) -> StoreResult<bool> {
         self.first.cas(expected_version, new_stock).await
+    }
+
+    async fn fenced_read(&self, lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
+        self.first.fenced_read(lock, token).await
+    }
+
+    async fn fenced_write(&self, lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+        self.first.fenced_write(lock, token, stock).await
     }
 
     async fn add_order(&self, buyer: u64) -> StoreResult<()> {

@@ -3,8 +3,9 @@
 //! expected version; `orders` has one persistent sequential child `order-<seq>` per order
 //! (data: the buyer id).
 
-use super::{timed, Store, StoreError, StoreResult, OP_TIMEOUT};
+use super::{timed, timed_fenced, Fenced, Store, StoreError, StoreResult, OP_TIMEOUT};
 use distlock::async_trait;
+use distlock_fence::zookeeper::{ZkFence, ZkHolder};
 use std::time::Duration;
 use zookeeper_client as zk;
 
@@ -112,6 +113,19 @@ impl ZkStore {
             "{}: `{}` is missing (was the run cleaned up?)",
             self.endpoint, self.stock
         ))
+    }
+
+    /// The node of the grant of `lock` with `token`, as a fenced multi needs it.
+    async fn holder(&self, lock: &str, token: u64) -> StoreResult<Fenced<ZkHolder>> {
+        let fence = ZkFence::new(&self.namespace, lock)
+            .map_err(|e| StoreError(e.to_string()))?
+            .in_chroot(&self.chroot);
+        timed_fenced(
+            &self.endpoint,
+            "finding the holder's lock node",
+            fence.holder(&self.zk, token),
+        )
+        .await
     }
 
     /// Deletes `path` if it exists.
@@ -252,6 +266,31 @@ impl Store for ZkStore {
                 self.endpoint
             ))),
         }
+    }
+
+    async fn fenced_read(&self, lock: &str, token: u64) -> StoreResult<Fenced<i64>> {
+        // The grant's node exists now: what follows is read under the grant.
+        if let Fenced::Stale { newer } = self.holder(lock, token).await? {
+            return Ok(Fenced::Stale { newer });
+        }
+        Ok(Fenced::Done(self.read().await?.0))
+    }
+
+    async fn fenced_write(&self, lock: &str, token: u64, stock: i64) -> StoreResult<Fenced<()>> {
+        let holder = match self.holder(lock, token).await? {
+            Fenced::Done(h) => h,
+            Fenced::Stale { newer } => return Ok(Fenced::Stale { newer }),
+        };
+        let data = stock.to_string();
+        let written = timed_fenced(
+            &self.endpoint,
+            "a fenced write of the stock",
+            holder.multi(&self.zk, |w| {
+                w.add_set_data(&self.stock, data.as_bytes(), None)
+            }),
+        )
+        .await?;
+        Ok(written.map(drop))
     }
 
     async fn cas(&self, expected_version: u64, new_stock: i64) -> StoreResult<bool> {

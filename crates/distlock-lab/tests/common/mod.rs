@@ -90,7 +90,7 @@ pub fn seckill_json(backend: &str, extra: &[&str]) -> Vec<Value> {
 /// the timing: the unlocked ones oversell across processes, the others never do, and `lock`
 /// sells out.
 pub fn check_strategies(rows: &[Value], backend: &str) {
-    assert_eq!(rows.len(), 5, "{rows:?}");
+    assert_eq!(rows.len(), 6, "{rows:?}");
     for r in rows {
         assert_eq!(r["backend"], backend, "{r}");
         assert_eq!(n(r, "sold") + n(r, "failed"), 30, "{r}");
@@ -103,14 +103,20 @@ pub fn check_strategies(rows: &[Value], backend: &str) {
         );
         assert_eq!(n(r, "oversold"), n(r, "sold").saturating_sub(10), "{r}");
     }
-    for s in ["optimistic", "trylock", "lock"] {
+    for s in ["optimistic", "trylock", "lock", "fenced"] {
         let r = row(rows, s);
         assert_eq!(n(r, "oversold"), 0, "{s} must never oversell: {r}");
         assert!(n(r, "sold") <= 10, "{r}");
     }
-    let lock = row(rows, "lock");
-    assert_eq!(n(lock, "sold"), 10, "lock sells out: {lock}");
-    assert_eq!(n(lock, "failed"), 20, "{lock}");
+    for s in ["lock", "fenced"] {
+        let r = row(rows, s);
+        assert_eq!(n(r, "sold"), 10, "{s} sells out: {r}");
+        assert_eq!(n(r, "failed"), 20, "{r}");
+        // Nobody stalled past a lease: nothing late, nothing rejected, nothing lost.
+        for key in ["late_writes", "fenced_rejections", "lost_updates"] {
+            assert_eq!(n(r, key), 0, "{s}: {key}: {r}");
+        }
+    }
 }
 
 /// `bench --duration 1s --json ARGS…`: the one JSON object it prints.
