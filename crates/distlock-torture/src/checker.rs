@@ -739,7 +739,7 @@ fn held_by_nobody(
     }
 }
 
-/// What [`held_by_nobody`] allows past the stated lease: two leases, at least 3 s.
+/// What the held-by-nobody check allows past the stated lease: two leases, at least 3 s.
 pub fn unheld_margin(lease_us: u64) -> u64 {
     (2 * lease_us).max(3_000_000)
 }
