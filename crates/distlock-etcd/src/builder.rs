@@ -185,10 +185,10 @@ impl EtcdBuilder {
                 ));
             };
             if let Some(ca) = &self.cacert {
-                tls.cacert = Some(ca.clone());
+                *tls = tls.clone().with_ca(ca);
             }
-            if let Some(c) = &self.client_cert {
-                tls.client = Some(c.clone());
+            if let Some((cert, key)) = &self.client_cert {
+                *tls = tls.clone().with_client(cert, key);
             }
         }
         Ok(t)
@@ -300,8 +300,11 @@ mod tests {
             .resolve_with(&none)
             .unwrap();
         let tls = t.tls.unwrap();
-        assert_eq!(tls.cacert, Some("/b.pem".into()));
-        assert_eq!(tls.client, Some(("/c".into(), "/k".into())));
+        assert_eq!(tls.ca(), Some(std::path::Path::new("/b.pem")));
+        assert_eq!(
+            tls.client(),
+            Some((std::path::Path::new("/c"), std::path::Path::new("/k")))
+        );
     }
 
     #[test]

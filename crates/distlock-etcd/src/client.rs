@@ -40,10 +40,7 @@ impl EtcdBackend {
         let scheme = match &target.tls {
             None => "http",
             Some(files) => {
-                let tls = files
-                    .options()
-                    .map_err(|m| Error::invalid(format!("etcd TLS: {m}")))?;
-                co = co.with_tls(tls);
+                co = co.with_tls(crate::tls::options(files)?);
                 "https"
             }
         };
@@ -61,7 +58,7 @@ impl EtcdBackend {
                 etcd_client::Error::InvalidUri(m) => Error::invalid_url(redact(url), m.to_string()),
                 e => map(&endpoint, e),
             })?;
-        let tls_client = target.tls.as_ref().map(|t| t.client.is_some());
+        let tls_client = target.tls.as_ref().map(|t| t.client().is_some());
         let mut backend = Self::probed(
             client,
             endpoint,

@@ -2,54 +2,27 @@
 //! apart in the errors etcd-client passes on.
 
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
+use distlock_core::conn::{TlsFiles, TlsNames};
 use etcd_client::{Certificate, Identity, TlsOptions};
-use std::path::{Path, PathBuf};
 
-/// The TLS files of a connection: from `etcds://…?cacert=&cert=&key=` or the builder.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct TlsFiles {
-    /// The CA certificates (PEM) to trust instead of the system's.
-    pub(crate) cacert: Option<PathBuf>,
-    /// The client certificate (PEM) and its private key (PEM).
-    pub(crate) client: Option<(PathBuf, PathBuf)>,
-}
+/// How `etcds://` names its TLS files (`ca_file` is `cacert` as `rediss://` spells it).
+pub(crate) const NAMES: TlsNames = TlsNames {
+    ca: &["cacert", "ca_file"],
+    ..TlsNames::CACERT
+};
 
-/// Reads a PEM file, checking that it holds what `what` says (`CERTIFICATE`, `PRIVATE KEY`).
-/// The error says which file and why, never what is in it.
-fn read_pem(param: &str, path: &Path, marker: &str) -> Result<Vec<u8>, String> {
-    let bytes =
-        std::fs::read(path).map_err(|e| format!("cannot read {param}={}: {e}", path.display()))?;
-    let text = String::from_utf8_lossy(&bytes);
-    if !text.contains("-----BEGIN ") || !text.contains(&format!("{marker}-----")) {
-        return Err(format!(
-            "{param}={} is not a PEM file with a {marker} (`-----BEGIN …{marker}-----`)",
-            path.display()
-        ));
-    }
-    Ok(bytes)
-}
-
-impl TlsFiles {
-    /// The TLS options for etcd-client: the CA from `cacert` (else the system's roots) and
-    /// the client certificate. Fails with a message naming the file for a file that cannot
-    /// be read or does not look like PEM.
-    pub(crate) fn options(&self) -> Result<TlsOptions, String> {
-        let mut tls = TlsOptions::new();
-        tls = match &self.cacert {
-            Some(ca) => tls.ca_certificate(Certificate::from_pem(read_pem(
-                "cacert",
-                ca,
-                "CERTIFICATE",
-            )?)),
-            None => tls.with_native_roots(),
-        };
-        if let Some((cert, key)) = &self.client {
-            let cert = read_pem("cert", cert, "CERTIFICATE")?;
-            let key = read_pem("key", key, "PRIVATE KEY")?;
-            tls = tls.identity(Identity::from_pem(cert, key));
-        }
-        Ok(tls)
-    }
+/// The TLS options for etcd-client: the CA from `cacert` (else the system's roots) and the
+/// client certificate. Fails with a message naming the file for a file that cannot be read
+/// or does not look like PEM.
+pub(crate) fn options(files: &TlsFiles) -> distlock_core::Result<TlsOptions> {
+    let tls = match files.read_ca()? {
+        Some(ca) => TlsOptions::new().ca_certificate(Certificate::from_pem(ca)),
+        None => TlsOptions::new().with_native_roots(),
+    };
+    Ok(match files.read_client()? {
+        Some((cert, key)) => tls.identity(Identity::from_pem(cert, key)),
+        None => tls,
+    })
 }
 
 /// How the backend's connection is protected, for `doctor`.
@@ -68,21 +41,14 @@ impl Transport {
     pub(crate) fn of(hosts: &[String], tls: Option<&TlsFiles>) -> Self {
         match tls {
             Some(t) => Transport::Tls {
-                ca: match &t.cacert {
+                ca: match t.ca() {
                     Some(p) => format!("the CA in {}", p.display()),
                     None => "the system's CA certificates".into(),
                 },
-                client_cert: t.client.is_some(),
+                client_cert: t.client().is_some(),
             },
             None => Transport::Plain {
-                loopback_only: hosts.iter().all(|h| {
-                    let host = h.rsplit_once(':').map_or(h.as_str(), |(h, _)| h);
-                    let host = host.trim_start_matches('[').trim_end_matches(']');
-                    host == "localhost"
-                        || host
-                            .parse::<std::net::IpAddr>()
-                            .is_ok_and(|ip| ip.is_loopback())
-                }),
+                loopback_only: hosts.iter().all(|h| distlock_core::conn::is_loopback(h)),
             },
         }
     }
@@ -340,27 +306,24 @@ mod tests {
         let f = remote.finding();
         assert_eq!(f.severity, Severity::Warning);
         assert!(f.message.contains("etcds://"), "{f:?}");
-        let tls = Transport::of(&hosts(&["10.0.0.1:2379"]), Some(&TlsFiles::default()));
+        let tls = Transport::of(&hosts(&["10.0.0.1:2379"]), Some(&TlsFiles::new(NAMES)));
         assert!(tls.finding().message.contains("system's CA"));
     }
 
     #[test]
     fn unreadable_and_non_pem_files_are_named() {
-        let missing = TlsFiles {
-            cacert: Some("/nonexistent/ca.pem".into()),
-            client: None,
-        };
-        let e = missing.options().expect_err("missing");
-        assert!(e.contains("cannot read cacert=/nonexistent/ca.pem"), "{e}");
+        let missing = TlsFiles::new(NAMES).with_ca("/nonexistent/ca.pem");
+        let e = options(&missing).expect_err("missing").to_string();
+        assert!(
+            e.contains("cannot read `cacert=/nonexistent/ca.pem`"),
+            "{e}"
+        );
         let dir = std::env::temp_dir().join(format!("dlock-etcd-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let junk = dir.join("junk.pem");
         std::fs::write(&junk, "not a certificate").expect("write");
-        let bad = TlsFiles {
-            cacert: None,
-            client: Some((junk.clone(), junk.clone())),
-        };
-        let e = bad.options().expect_err("junk");
+        let bad = TlsFiles::new(NAMES).with_client(&junk, &junk);
+        let e = options(&bad).expect_err("junk").to_string();
         assert!(e.contains("is not a PEM file with a CERTIFICATE"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

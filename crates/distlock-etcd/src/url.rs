@@ -1,8 +1,7 @@
 //! `etcd://[user[:password]@]host:port[,host:port…][/prefix]`, and
 //! `etcds://…[?cacert=PATH][&cert=PATH&key=PATH]` for TLS.
 
-use crate::tls::TlsFiles;
-use distlock_core::conn::{self, ConnectionString, Password};
+use distlock_core::conn::{self, ConnectionString, Password, TlsFiles};
 use distlock_core::Result;
 
 /// Default client port of etcd.
@@ -63,23 +62,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
         )));
     }
     let tls = if tls {
-        let file = |k: &str| {
-            cs.param(k)
-                .filter(|v| !v.is_empty())
-                .map(std::path::PathBuf::from)
-        };
-        let client = match (file("cert"), file("key")) {
-            (None, None) => None,
-            (Some(c), Some(k)) => Some((c, k)),
-            _ => {
-                return Err(cs
-                    .invalid("a client certificate needs both cert=PATH and key=PATH (PEM files)"))
-            }
-        };
-        Some(TlsFiles {
-            cacert: file("cacert").or_else(|| file("ca_file")),
-            client,
-        })
+        Some(TlsFiles::from_url(&cs, crate::tls::NAMES)?)
     } else {
         if let Some((k, _)) = cs.params().first() {
             return Err(cs.invalid(format!(
@@ -141,18 +124,25 @@ mod tests {
         assert_eq!(t.hosts, ["[::1]:5", "[::1]:2379"]);
         let t = parse_url("etcds://h/p?cacert=/ca.pem&cert=/c.pem&key=/c.key").unwrap();
         let tls = t.tls.expect("tls");
-        assert_eq!(tls.cacert.as_deref(), Some(std::path::Path::new("/ca.pem")));
-        assert_eq!(tls.client, Some(("/c.pem".into(), "/c.key".into())));
+        assert_eq!(tls.ca(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(
+            tls.client(),
+            Some((
+                std::path::Path::new("/c.pem"),
+                std::path::Path::new("/c.key")
+            ))
+        );
         assert_eq!(t.prefix.as_deref(), Some("p"));
         let t = parse_url("etcds://h?ca_file=/ca.pem").unwrap();
-        assert_eq!(t.tls.and_then(|t| t.cacert), Some("/ca.pem".into()));
+        let tls = t.tls.expect("tls");
+        assert_eq!(tls.ca(), Some(std::path::Path::new("/ca.pem")));
         assert_eq!(
             parse_url("etcds://h").unwrap().tls,
-            Some(TlsFiles::default())
+            Some(TlsFiles::new(crate::tls::NAMES))
         );
         for (bad, says) in [
             ("etcd://h?cacert=/x", "etcds://"),
-            ("etcds://h?cert=/x", "both cert=PATH and key=PATH"),
+            ("etcds://h?cert=/x", "add `&key=PATH`"),
             ("etcds://h?sslmode=require", "unknown parameter `sslmode`"),
         ] {
             let e = parse_url(bad).unwrap_err().to_string();

@@ -316,10 +316,7 @@ fn clock_finding(offset_ms: i64) -> Finding {
 /// checking its certificate.
 fn tls_finding(b: &MysqlBackend, version: Option<String>) -> Finding {
     let host = b.common.host();
-    let loopback = host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|a| a.is_loopback());
+    let loopback = distlock_core::conn::is_loopback(&host);
     let mode = b.common.tls_mode();
     let checks = match mode {
         crate::SslMode::VerifyCa | crate::SslMode::VerifyIdentity => {

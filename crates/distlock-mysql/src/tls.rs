@@ -13,7 +13,7 @@
 //! checks the name too: connect by a name the certificate has, or give the name it was made
 //! for with [`TlsOptions::server_name`].
 
-use distlock_core::conn::ConnectionString;
+use distlock_core::conn::{ConnectionString, TlsFiles, TlsNames};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};
 use std::fmt;
@@ -86,12 +86,24 @@ impl fmt::Display for SslMode {
 ///     .client_cert("/etc/ssl/mysql/app.pem", "/etc/ssl/mysql/app.key");
 /// assert_eq!(tls.mode(), SslMode::VerifyIdentity);
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsOptions {
     mode: SslMode,
-    ca: Option<PathBuf>,
-    client: Option<(PathBuf, PathBuf)>,
+    files: TlsFiles,
     server_name: Option<String>,
+}
+
+/// How the mysql client names its TLS files (PEM, or DER for certificates).
+const NAMES: TlsNames = TlsNames {
+    ca: &["ssl-ca", "ssl_ca"],
+    cert: &["ssl-cert", "ssl_cert"],
+    key: &["ssl-key", "ssl_key"],
+};
+
+impl Default for TlsOptions {
+    fn default() -> Self {
+        TlsOptions::new(SslMode::default())
+    }
 }
 
 impl TlsOptions {
@@ -99,13 +111,14 @@ impl TlsOptions {
     pub fn new(mode: SslMode) -> Self {
         TlsOptions {
             mode,
-            ..TlsOptions::default()
+            files: TlsFiles::new(NAMES).der_too(),
+            server_name: None,
         }
     }
 
     /// Trust the CA certificates in `path` (`ssl-ca=PATH`), and only them.
     pub fn ca(mut self, path: impl Into<PathBuf>) -> Self {
-        self.ca = Some(path.into());
+        self.files = self.files.with_ca(path);
         self
     }
 
@@ -113,7 +126,7 @@ impl TlsOptions {
     /// (`ssl-cert=PATH&ssl-key=PATH`), for accounts that `REQUIRE X509` (or `SUBJECT`,
     /// `ISSUER`).
     pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.client = Some((cert.into(), key.into()));
+        self.files = self.files.with_client(cert, key);
         self
     }
 
@@ -133,13 +146,9 @@ impl TlsOptions {
     /// `VERIFY_CA` when `ssl-ca` is given, as the mysql client does).
     pub(crate) fn from_url(cs: &ConnectionString) -> Result<Self> {
         let get = |name: &str| cs.param(name).or_else(|| cs.param(&name.replace('-', "_")));
-        let ca = match get("ssl-ca") {
-            None => None,
-            Some("") => return Err(cs.invalid("ssl-ca= is empty; give a PEM file")),
-            Some(p) => Some(PathBuf::from(p)),
-        };
+        let files = TlsFiles::from_url(cs, NAMES)?.der_too();
         let mode = match get("ssl-mode") {
-            None if ca.is_some() => SslMode::VerifyCa,
+            None if files.ca().is_some() => SslMode::VerifyCa,
             None => SslMode::Preferred,
             Some(v) => SslMode::parse(v).ok_or_else(|| {
                 cs.invalid(format!(
@@ -148,31 +157,26 @@ impl TlsOptions {
                 ))
             })?,
         };
-        let mut tls = TlsOptions::new(mode);
-        tls.ca = ca;
-        match (get("ssl-cert"), get("ssl-key")) {
-            (None, None) => {}
-            (Some(c), Some(k)) if !c.is_empty() && !k.is_empty() => tls = tls.client_cert(c, k),
-            _ => {
-                return Err(cs.invalid(
-                    "a client certificate needs both ssl-cert=PATH and ssl-key=PATH (PEM files)",
-                ))
-            }
-        }
+        let tls = TlsOptions {
+            files,
+            ..TlsOptions::new(mode)
+        };
         tls.check().map_err(|reason| cs.invalid(reason))?;
         Ok(tls)
     }
 
     /// The combinations that make no sense, and those this build cannot do.
     fn check(&self) -> std::result::Result<(), String> {
-        if self.mode == SslMode::VerifyCa && self.ca.is_none() {
+        if self.mode == SslMode::VerifyCa && self.files.ca().is_none() {
             return Err(
                 "ssl-mode=VERIFY_CA checks the server's certificate against a CA: give \
                         ssl-ca=PATH (PEM)"
                     .into(),
             );
         }
-        if self.mode == SslMode::Disabled && (self.ca.is_some() || self.client.is_some()) {
+        if self.mode == SslMode::Disabled
+            && (self.files.ca().is_some() || self.files.client().is_some())
+        {
             return Err(
                 "ssl-mode=DISABLED with ssl-ca/ssl-cert: nothing would use them; \
                         drop them or choose REQUIRED, VERIFY_CA or VERIFY_IDENTITY"
@@ -181,8 +185,8 @@ impl TlsOptions {
         }
         if !cfg!(feature = "tls")
             && (!matches!(self.mode, SslMode::Disabled | SslMode::Preferred)
-                || self.ca.is_some()
-                || self.client.is_some())
+                || self.files.ca().is_some()
+                || self.files.client().is_some())
         {
             return Err(format!(
                 "ssl-mode={} needs TLS, and distlock-mysql is built without its `tls` feature; \
@@ -204,15 +208,15 @@ impl TlsOptions {
 
     /// Whether a client certificate is given.
     pub(crate) fn has_client_cert(&self) -> bool {
-        self.client.is_some()
+        self.files.client().is_some()
     }
 
     /// What messages say about the settings.
     pub(crate) fn context(&self) -> Context {
         Context {
             mode: self.mode,
-            ca: self.ca.clone(),
-            client_cert: self.client.as_ref().map(|(c, _)| c.clone()),
+            ca: self.files.ca().map(Path::to_path_buf),
+            client_cert: self.files.client().map(|(c, _)| c.to_path_buf()),
         }
     }
 }
@@ -254,14 +258,6 @@ impl Context {
     }
 }
 
-#[cfg_attr(not(feature = "tls"), allow(dead_code))]
-fn file_error(what: &str, path: &Path, detail: impl fmt::Display) -> Error {
-    Error::InvalidArgument(format!(
-        "{what}={}: {detail}; give a readable PEM file",
-        path.display()
-    ))
-}
-
 #[cfg(not(feature = "tls"))]
 mod imp {
     use super::*;
@@ -279,27 +275,7 @@ mod imp {
 mod imp {
     use super::*;
     use mysql_async::{ClientIdentity, SslOpts};
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     use rustls::AlertDescription;
-
-    fn read(what: &str, path: &Path) -> Result<Vec<u8>> {
-        std::fs::read(path).map_err(|e| file_error(what, path, e))
-    }
-
-    fn certs(what: &str, path: &Path) -> Result<Vec<u8>> {
-        let data = read(what, path)?;
-        if std::str::from_utf8(&data).is_ok() {
-            let n = CertificateDer::pem_slice_iter(&data)
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| file_error(what, path, e))?
-                .len();
-            if n == 0 {
-                return Err(file_error(what, path, "no certificate in it"));
-            }
-        }
-        Ok(data)
-    }
 
     pub(super) fn ssl_opts(opts: &TlsOptions, mode: SslMode) -> Result<Option<SslOpts>> {
         // One crypto provider for the process, whichever crates enable which.
@@ -313,25 +289,18 @@ mod imp {
                 let ssl = SslOpts::default().with_danger_tls_hostname_override(
                     opts.server_name.clone().map(std::borrow::Cow::Owned),
                 );
-                match &opts.ca {
+                match opts.files.read_ca()? {
                     Some(ca) => ssl
-                        .with_root_certs(vec![certs("ssl-ca", ca)?.into()])
+                        .with_root_certs(vec![ca.into()])
                         .with_disable_built_in_roots(true),
                     None => ssl,
                 }
             }
         };
-        if let Some((cert, key)) = &opts.client {
-            let chain = certs("ssl-cert", cert)?;
-            let key_data = read("ssl-key", key)?;
-            if std::str::from_utf8(&key_data).is_ok() {
-                PrivateKeyDer::from_pem_slice(&key_data)
-                    .map_err(|e| file_error("ssl-key", key, format!("no private key: {e}")))?;
-            }
-            ssl =
-                ssl.with_client_identity(Some(ClientIdentity::new(chain.into(), key_data.into())));
+        if let Some((chain, key)) = opts.files.read_client()? {
+            ssl = ssl.with_client_identity(Some(ClientIdentity::new(chain.into(), key.into())));
         }
-        if mode == SslMode::Required && opts.ca.is_some() {
+        if mode == SslMode::Required && opts.files.ca().is_some() {
             tracing::warn!(
                 "ssl-mode=REQUIRED does not check the server's certificate: ssl-ca is unused \
                  (use VERIFY_CA or VERIFY_IDENTITY to check it)"
@@ -427,11 +396,8 @@ mod tests {
         }
         let t = tls("mysql://u@h/d?ssl_ca=/ca.pem&ssl-cert=/c&ssl-key=/k").expect("ca");
         assert_eq!(t.mode(), SslMode::VerifyCa);
-        assert_eq!(t.ca.as_deref(), Some(Path::new("/ca.pem")));
-        assert_eq!(
-            t.client.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
-            Some((Path::new("/c"), Path::new("/k")))
-        );
+        assert_eq!(t.files.ca(), Some(Path::new("/ca.pem")));
+        assert_eq!(t.files.client(), Some((Path::new("/c"), Path::new("/k"))));
         for bad in [
             "mysql://u@h/d?ssl-mode=maybe",
             "mysql://u@h/d?ssl-mode=VERIFY_CA",

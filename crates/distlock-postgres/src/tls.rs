@@ -8,7 +8,7 @@
 //! | `verify-ca` | yes | yes, against `sslrootcert` | no |
 //! | `verify-full` | yes | yes, against `sslrootcert` | yes (subject alternative names) |
 
-use distlock_core::conn::ConnectionString;
+use distlock_core::conn::{ConnectionString, TlsFiles, TlsNames};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};
 use std::fmt;
@@ -87,6 +87,13 @@ impl fmt::Display for RootCert {
         }
     }
 }
+
+/// How libpq names its TLS files.
+const NAMES: TlsNames = TlsNames {
+    ca: &["sslrootcert"],
+    cert: &["sslcert"],
+    key: &["sslkey"],
+};
 
 /// How to talk TLS to the server: the URL's `sslmode=`, `sslrootcert=`, `sslcert=` and
 /// `sslkey=`, or the same given in code ([`PostgresBuilder::tls`](crate::PostgresBuilder::tls)).
@@ -167,21 +174,15 @@ impl TlsOptions {
                 ))
             })?,
         };
+        let files = TlsFiles::from_url(cs, NAMES)?;
         let mut tls = TlsOptions::new(mode);
-        match cs.param("sslrootcert") {
+        match files.ca() {
             None => {}
-            Some("") => return Err(cs.invalid("sslrootcert= is empty; give a PEM file")),
-            Some("system") => tls = tls.system_roots(),
+            Some(p) if p.as_os_str() == "system" => tls = tls.system_roots(),
             Some(p) => tls = tls.root_cert(p),
         }
-        match (cs.param("sslcert"), cs.param("sslkey")) {
-            (None, None) => {}
-            (Some(c), Some(k)) if !c.is_empty() && !k.is_empty() => tls = tls.client_cert(c, k),
-            _ => {
-                return Err(cs.invalid(
-                    "a client certificate needs both sslcert=PATH and sslkey=PATH (PEM files)",
-                ))
-            }
+        if let Some((cert, key)) = files.client() {
+            tls = tls.client_cert(cert, key);
         }
         tls.check().map_err(|reason| cs.invalid(reason))?;
         Ok(tls)
@@ -355,13 +356,12 @@ mod imp {
     use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
     use rustls::client::{verify_server_cert_signed_by_trust_anchor, verify_server_name};
     use rustls::crypto::{verify_tls12_signature, verify_tls13_signature};
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
     use rustls::server::ParsedCertificate;
     use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
     use std::future::Future;
     use std::io;
-    use std::path::Path;
     use std::pin::Pin;
     use std::sync::Arc;
     use std::task::{Context as TaskContext, Poll};
@@ -372,32 +372,24 @@ mod imp {
     /// An encrypted connection to the server.
     pub(crate) struct Stream(tokio_rustls::client::TlsStream<Socket>);
 
-    fn file_error(what: &str, path: &Path, detail: impl fmt::Display) -> Error {
-        Error::InvalidArgument(format!(
-            "{what}={}: {detail}; give a readable PEM file",
-            path.display()
-        ))
-    }
-
-    fn read_certs(what: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>> {
-        let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| file_error(what, path, e))?
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| file_error(what, path, e))?;
-        if certs.is_empty() {
-            return Err(file_error(what, path, "no certificate in it"));
+    /// The files `opts` names (the roots only when they are a file).
+    fn files(opts: &TlsOptions) -> TlsFiles {
+        let mut files = TlsFiles::new(NAMES);
+        if let Some(RootCert::File(p)) = &opts.root {
+            files = files.with_ca(p);
         }
-        Ok(certs)
+        if let Some((cert, key)) = &opts.client {
+            files = files.with_client(cert, key);
+        }
+        files
     }
 
-    fn roots(root: &RootCert) -> Result<RootCertStore> {
+    fn roots(root: &RootCert, files: &TlsFiles) -> Result<RootCertStore> {
         let mut store = RootCertStore::empty();
         match root {
-            RootCert::File(path) => {
-                for c in read_certs("sslrootcert", path)? {
-                    store
-                        .add(c)
-                        .map_err(|e| file_error("sslrootcert", path, e))?;
+            RootCert::File(_) => {
+                if let Some(found) = files.roots()? {
+                    store = found;
                 }
             }
             RootCert::System => {
@@ -423,10 +415,11 @@ mod imp {
     impl Tls {
         pub(super) fn new(opts: &TlsOptions) -> Result<Self> {
             let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let files = files(opts);
             let roots = match (&opts.root, opts.mode) {
                 // Nothing to check against: libpq's prefer/require encrypt without checking.
                 (None, _) | (_, SslMode::Disable) => None,
-                (Some(root), _) => Some(Arc::new(roots(root)?)),
+                (Some(root), _) => Some(Arc::new(roots(root, &files)?)),
             };
             let verifier = Arc::new(Verifier {
                 roots,
@@ -438,20 +431,17 @@ mod imp {
                 .map_err(|e| Error::InvalidArgument(format!("TLS setup: {e}")))?
                 .dangerous()
                 .with_custom_certificate_verifier(verifier);
-            let mut config = match &opts.client {
-                None => builder.with_no_client_auth(),
-                Some((cert, key)) => {
-                    let chain = read_certs("sslcert", cert)?;
-                    let key_der = PrivateKeyDer::from_pem_file(key)
-                        .map_err(|e| file_error("sslkey", key, e))?;
+            let mut config = match (&opts.client, files.identity()?) {
+                (Some((cert, key)), Some((chain, key_der))) => {
                     builder.with_client_auth_cert(chain, key_der).map_err(|e| {
-                        file_error(
+                        TlsFiles::file_error(
                             "sslkey",
                             key,
                             format!("does not go with sslcert={}: {e}", cert.display()),
                         )
                     })?
                 }
+                _ => builder.with_no_client_auth(),
             };
             // PostgreSQL 17's direct TLS (sslnegotiation=direct) needs it; older servers
             // ignore it.

@@ -1,7 +1,7 @@
 //! The `redis://` URL, read with the core's [`ConnectionString`]: what redis-rs should see,
 //! the endpoint for messages, and the settings that are ours.
 
-use distlock_core::conn::{ConnectionString, Password};
+use distlock_core::conn::{ConnectionString, Password, TlsFiles, TlsNames};
 use distlock_core::{Error, Result};
 use std::time::Duration;
 
@@ -16,9 +16,9 @@ pub(crate) struct Address {
     pub(crate) endpoint: String,
     pub(crate) namespace: Option<String>,
     pub(crate) wait_replicas: Option<(u32, Duration)>,
-    pub(crate) ca_file: Option<String>,
-    /// `cert=` and `key=`: the client certificate and its key (PEM files).
-    pub(crate) client_cert: Option<(String, String)>,
+    /// `ca_file=` (or `cacert=`), `cert=` and `key=`: the CA to trust and the client
+    /// certificate with its key (PEM files).
+    pub(crate) tls: TlsFiles,
     /// `redis+sentinel://`: the sentinels (`host:port`) and the master's name.
     pub(crate) sentinel: Option<(Vec<String>, String)>,
     /// `?sentinel_password=`: the sentinels' own password.
@@ -91,7 +91,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
         }
     }
     let wait_replicas = wait_replicas(&cs)?;
-    let (ca_file, client_cert) = tls_files(&cs)?;
+    let tls = TlsFiles::from_url(&cs, TLS_NAMES)?;
     let mut driver = cs.clone();
     driver.retain_params(|k, _| k == "protocol");
     Ok(Address {
@@ -99,8 +99,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
         endpoint,
         namespace: cs.param("namespace").map(str::to_owned),
         wait_replicas,
-        ca_file,
-        client_cert,
+        tls,
         sentinel: None,
         sentinel_password: None,
         cluster: None,
@@ -145,7 +144,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
             }
         }
     }
-    let (ca_file, client_cert) = tls_files(&cs)?;
+    let tls_files = TlsFiles::from_url(&cs, TLS_NAMES)?;
     let seed_urls: Vec<String> = seeds
         .iter()
         .map(|s| format!("{}://{s}", if tls { "rediss" } else { "redis" }))
@@ -155,8 +154,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
         endpoint: format!("cluster {}", seeds.join(",")),
         namespace: cs.param("namespace").map(str::to_owned),
         wait_replicas: wait_replicas(&cs)?,
-        ca_file,
-        client_cert,
+        tls: tls_files,
         sentinel: None,
         sentinel_password: None,
         cluster: Some(seed_urls),
@@ -164,29 +162,32 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
     })
 }
 
-/// `ca_file=` (or `cacert=`), and `cert=` with `key=`.
-type TlsFiles = (Option<String>, Option<(String, String)>);
+/// How `rediss://` names its TLS files.
+pub(crate) const TLS_NAMES: TlsNames = TlsNames {
+    ca: &["ca_file", "cacert"],
+    ..TlsNames::CACERT
+};
 
-fn tls_files(cs: &ConnectionString) -> Result<TlsFiles> {
-    let ca_file = match (cs.param("ca_file"), cs.param("cacert")) {
-        (Some(_), Some(_)) => {
-            return Err(cs.invalid("give the CA once: `ca_file=` or `cacert=` (the same setting)"))
-        }
-        (a, b) => a.or(b).map(str::to_owned),
-    };
-    let client_cert = match (cs.param("cert"), cs.param("key")) {
-        (Some(c), Some(k)) => Some((c.to_owned(), k.to_owned())),
-        (None, None) => None,
-        (Some(_), None) => {
-            return Err(
-                cs.invalid("`cert=` needs the client certificate's key too: add `&key=PATH`")
-            )
-        }
-        (None, Some(_)) => {
-            return Err(cs.invalid("`key=` needs its client certificate too: add `&cert=PATH`"))
-        }
-    };
-    Ok((ca_file, client_cert))
+/// The CA and client certificate of `tls` for redis-rs, read now (an unreadable file is a
+/// bad URL, named).
+#[cfg(feature = "tls")]
+pub(crate) fn tls_certificates(
+    cs: &ConnectionString,
+    tls: &TlsFiles,
+) -> Result<redis::TlsCertificates> {
+    let bad = |e: Error| cs.scrub_error(cs.invalid(e.to_string()));
+    let root_cert = tls.read_ca().map_err(bad)?;
+    let client_tls = tls
+        .read_client()
+        .map_err(bad)?
+        .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+            client_cert,
+            client_key,
+        });
+    Ok(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    })
 }
 
 /// `?wait_replicas=N&wait_timeout=DUR` (`None`: no replicas to wait for).
@@ -239,8 +240,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
         endpoint: format!("master `{master}` of sentinels {}", sentinels.join(",")),
         namespace: cs.param("namespace").map(str::to_owned),
         wait_replicas,
-        ca_file: None,
-        client_cert: None,
+        tls: TlsFiles::new(TLS_NAMES),
         sentinel: Some((sentinels, master)),
         sentinel_password: cs
             .param("sentinel_password")
@@ -251,14 +251,13 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
     })
 }
 
-/// The redis-rs client for `driver_url` (with TLS: trusting only `ca_file` when given, and
-/// showing the client certificate `client_cert` = (cert, key) when given).
-/// `user` and `password` (when given) replace the URL's.
+/// The redis-rs client for `driver_url` (with TLS: trusting only the CA of `tls` when given,
+/// and showing its client certificate when given). `user` and `password` (when given)
+/// replace the URL's.
 pub(crate) fn open_client(
     cs: &ConnectionString,
     driver_url: &str,
-    ca_file: Option<&str>,
-    client_cert: Option<&(String, String)>,
+    tls: &TlsFiles,
     user: Option<&str>,
     password: Option<&Password>,
 ) -> Result<redis::Client> {
@@ -277,27 +276,10 @@ pub(crate) fn open_client(
     if driver_url.starts_with("rediss:") {
         // Several rustls providers may be compiled in; pick ring unless the program chose.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let read = |what: &str, path: &str| {
-            std::fs::read(path)
-                .map_err(|e| invalid(format!("cannot read the {what} `{path}`: {e}")))
-        };
-        let root_cert = match ca_file {
-            Some(path) => Some(read("CA file (ca_file=)", path)?),
-            None => None,
-        };
-        let client_tls = match client_cert {
-            Some((cert, key)) => Some(redis::ClientTlsConfig {
-                client_cert: read("client certificate (cert=)", cert)?,
-                client_key: read("client key (key=)", key)?,
-            }),
-            None => None,
-        };
+        let certs = tls_certificates(cs, tls)?;
         return redis::Client::build_with_tls(
             info,
-            redis::TlsCertificates {
-                client_tls,
-                root_cert,
-            },
+            certs,
         )
         .map_err(|e| {
             invalid(format!(
@@ -305,7 +287,7 @@ pub(crate) fn open_client(
             ))
         });
     }
-    let _ = (ca_file, client_cert);
+    let _ = tls;
     redis::Client::open(info).map_err(|e| invalid(e.to_string()))
 }
 

@@ -220,12 +220,11 @@ impl RedisBuilder {
                     "a CA or client certificate needs TLS: write rediss://… (redis:// is plain text)",
                 ));
             }
-            let text = |p: &PathBuf| p.display().to_string();
             if let Some(ca) = &self.ca_file {
-                address.ca_file = Some(text(ca));
+                address.tls = address.tls.clone().with_ca(ca);
             }
             if let Some((c, k)) = &self.client_cert {
-                address.client_cert = Some((text(c), text(k)));
+                address.tls = address.tls.clone().with_client(c, k);
             }
         }
         Ok(Resolved {

@@ -16,7 +16,7 @@ use crate::error::{map, shape, KIND};
 use crate::renew::{self, PER_SCRIPT};
 use crate::RedisBackend;
 use distlock_core::backend::{GrantRef, RenewOutcome};
-use distlock_core::conn::{ConnectionString, Password};
+use distlock_core::conn::{ConnectionString, Password, TlsFiles};
 use distlock_core::ClientOptions;
 use distlock_core::{Error, Result};
 use futures_util::future::{join_all, FutureExt};
@@ -473,7 +473,7 @@ pub(crate) async fn connect(
 pub(crate) async fn open(
     cs: &ConnectionString,
     seeds: &[String],
-    (ca_file, client_cert): (Option<String>, Option<(String, String)>),
+    tls: &TlsFiles,
     (user, password): (Option<String>, Option<Password>),
     endpoint: &str,
     opts: &ClientOptions,
@@ -486,8 +486,7 @@ pub(crate) async fn open(
         address::open_client(
             cs,
             &format!("{scheme}://{addr}"),
-            ca_file.as_deref(),
-            client_cert.as_ref(),
+            tls,
             user.as_deref(),
             password.as_ref(),
         )
@@ -497,7 +496,7 @@ pub(crate) async fn open(
         .iter()
         .map(|s| node(s.split_once("://").map_or(s.as_str(), |(_, a)| a)))
         .collect::<Result<Vec<_>>>()?;
-    let certs = tls_certificates(cs, scheme, ca_file.as_deref(), client_cert.as_ref())?;
+    let certs = tls_certificates(cs, scheme, tls)?;
     let con = connect(
         seeds,
         user.as_deref(),
@@ -529,36 +528,16 @@ pub(crate) async fn open(
 fn tls_certificates(
     cs: &ConnectionString,
     scheme: &str,
-    ca_file: Option<&str>,
-    client_cert: Option<&(String, String)>,
+    tls: &TlsFiles,
 ) -> Result<Option<redis::TlsCertificates>> {
     if scheme != "rediss" {
         return Ok(None);
     }
-    let read = |what: &str, path: &str| {
-        std::fs::read(path).map_err(|e| cs.invalid(format!("cannot read the {what} `{path}`: {e}")))
-    };
-    let root_cert = ca_file.map(|p| read("CA file (ca_file=)", p)).transpose()?;
-    let client_tls = match client_cert {
-        Some((c, k)) => Some(redis::ClientTlsConfig {
-            client_cert: read("client certificate (cert=)", c)?,
-            client_key: read("client key (key=)", k)?,
-        }),
-        None => None,
-    };
-    Ok(Some(redis::TlsCertificates {
-        client_tls,
-        root_cert,
-    }))
+    address::tls_certificates(cs, tls).map(Some)
 }
 
 #[cfg(not(feature = "tls"))]
-fn tls_certificates(
-    _: &ConnectionString,
-    _: &str,
-    _: Option<&str>,
-    _: Option<&(String, String)>,
-) -> Result<Option<()>> {
+fn tls_certificates(_: &ConnectionString, _: &str, _: &TlsFiles) -> Result<Option<()>> {
     Ok(None)
 }
 

@@ -111,8 +111,7 @@ impl RedisBackend {
             endpoint,
             namespace,
             wait_replicas,
-            ca_file,
-            client_cert,
+            tls,
             sentinel,
             sentinel_password,
             cluster,
@@ -123,8 +122,8 @@ impl RedisBackend {
             return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
         }
         if let Some(seeds) = cluster {
-            let (files, cred) = ((ca_file, client_cert), (user, password));
-            let (con, nodes) = cluster::open(&conn, &seeds, files, cred, &endpoint, opts).await?;
+            let cred = (user, password);
+            let (con, nodes) = cluster::open(&conn, &seeds, &tls, cred, &endpoint, opts).await?;
             return Self::finish(con, nodes, endpoint, namespace, wait_replicas, opts, None).await;
         }
         let sentinels = sentinel.map(|(hosts, master)| {
@@ -137,15 +136,9 @@ impl RedisBackend {
             }
             None => (driver_url, endpoint, None),
         };
-        let client = address::open_client(
-            &conn,
-            &driver_url,
-            ca_file.as_deref(),
-            client_cert.as_ref(),
-            user.as_deref(),
-            password.as_ref(),
-        )?;
-        let cert_given = Some(client_cert.is_some());
+        let client =
+            address::open_client(&conn, &driver_url, &tls, user.as_deref(), password.as_ref())?;
+        let cert_given = Some(tls.client().is_some());
         if let Some(at) = &at {
             sentinel::confirm_master(&client, at, &endpoint, opts.get_connect_timeout()).await?;
         }

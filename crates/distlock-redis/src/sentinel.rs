@@ -18,7 +18,7 @@
 use crate::conn::Con;
 use crate::error::KIND;
 use crate::pubsub::Subscriber;
-use distlock_core::conn::{ConnectionString, Password};
+use distlock_core::conn::{ConnectionString, Password, TlsFiles};
 use distlock_core::{Error, Result};
 use futures_util::StreamExt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,8 +79,7 @@ impl Sentinels {
         crate::address::open_client(
             &self.conn,
             &format!("redis://{host}"),
-            None,
-            None,
+            &TlsFiles::new(crate::address::TLS_NAMES),
             None,
             self.password.as_ref(),
         )
@@ -386,8 +385,7 @@ impl Follower {
         let client = crate::address::open_client(
             &self.sentinels.conn,
             &format!("redis://{at}"),
-            None,
-            None,
+            &TlsFiles::new(crate::address::TLS_NAMES),
             self.creds.0.as_deref(),
             self.creds.1.as_ref(),
         )?;

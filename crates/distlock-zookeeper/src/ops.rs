@@ -281,14 +281,7 @@ fn access(inner: &crate::session::Inner) -> Finding {
 
 /// Whether every host of `h:p,h:p` is a loopback name or address.
 fn loopback_only(hosts: &str) -> bool {
-    hosts.split(',').all(|hp| {
-        let host = hp.rsplit_once(':').map_or(hp, |(h, _)| h);
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        host == "localhost"
-            || host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
-    })
+    hosts.split(',').all(distlock_core::conn::is_loopback)
 }
 
 /// What a session timeout the servers lengthened beyond the one asked for (their

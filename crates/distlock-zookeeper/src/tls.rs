@@ -13,8 +13,7 @@ pub(crate) use off::Tls;
 
 #[cfg(not(feature = "tls"))]
 mod off {
-    use crate::url::TlsFiles;
-    use distlock_core::conn::TlsError;
+    use distlock_core::conn::{TlsError, TlsFiles};
     use distlock_core::{Error, Result};
     use std::time::Duration;
     use zookeeper_client as zk;
@@ -54,11 +53,9 @@ mod off {
 
 #[cfg(feature = "tls")]
 mod imp {
-    use crate::url::TlsFiles;
-    use distlock_core::conn::{TlsError, TlsErrorKind};
+    use distlock_core::conn::{TlsError, TlsErrorKind, TlsFiles};
     use distlock_core::{Error, Result};
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use rustls::pki_types::ServerName;
     use std::sync::Arc;
     use std::time::Duration;
     use tokio::io::AsyncReadExt;
@@ -81,13 +78,9 @@ mod imp {
         }
     }
 
-    fn read(param: &str, path: &str) -> Result<String> {
-        std::fs::read_to_string(path)
-            .map_err(|e| Error::invalid(format!("cannot read `{param}={path}` (a PEM file): {e}")))
-    }
-
-    fn bad(param: &str, path: &str, what: impl std::fmt::Display) -> Error {
-        Error::invalid(format!("`{param}={path}` is not a usable PEM file: {what}"))
+    /// PEM bytes as the driver takes them.
+    fn text(pem: &[u8]) -> String {
+        String::from_utf8_lossy(pem).into_owned()
     }
 
     impl Tls {
@@ -97,51 +90,39 @@ mod imp {
         /// [`Error::InvalidArgument`] naming the parameter for a file that cannot be read or
         /// holds no certificate (or key).
         pub(crate) fn load(files: &TlsFiles) -> Result<Tls> {
-            let ca_pem = read("cacert", &files.cacert)?;
-            let mut roots = rustls::RootCertStore::empty();
-            for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-                let c = c.map_err(|e| bad("cacert", &files.cacert, e))?;
-                roots.add(c).map_err(|e| bad("cacert", &files.cacert, e))?;
-            }
-            if roots.is_empty() {
-                return Err(bad("cacert", &files.cacert, "no certificate in it"));
-            }
+            let (Some(ca), Some(ca_pem), Some(roots)) =
+                (files.ca(), files.read_ca()?, files.roots()?)
+            else {
+                return Err(Error::invalid("zks:// needs `cacert=PATH`"));
+            };
             let mut options = zk::TlsOptions::new()
-                .with_pem_ca(&ca_pem)
-                .map_err(|e| bad("cacert", &files.cacert, e))?;
+                .with_pem_ca(&text(&ca_pem))
+                .map_err(|e| TlsFiles::file_error("cacert", ca, e))?;
             let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
                 rustls::crypto::ring::default_provider(),
             ))
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::invalid(format!("TLS setup: {e}")))?
             .with_root_certificates(roots);
-            let probe = match &files.identity {
-                None => builder.with_no_client_auth(),
-                Some((cert, key)) => {
-                    let cert_pem = read("cert", cert)?;
-                    let key_pem = read("key", key)?;
-                    let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-                        .collect::<std::result::Result<Vec<_>, _>>()
-                        .map_err(|e| bad("cert", cert, e))?;
-                    if chain.is_empty() {
-                        return Err(bad("cert", cert, "no certificate in it"));
-                    }
-                    let pkey = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-                        .map_err(|e| bad("key", key, e))?;
+            let probe = match (files.client(), files.identity()?, files.read_client()?) {
+                (Some((cert, key)), Some((chain, pkey)), Some((cert_pem, key_pem))) => {
                     options = options
-                        .with_pem_identity(&cert_pem, &key_pem)
-                        .map_err(|e| bad("cert", cert, e))?;
+                        .with_pem_identity(&text(&cert_pem), &text(&key_pem))
+                        .map_err(|e| TlsFiles::file_error("cert", cert, e))?;
                     builder.with_client_auth_cert(chain, pkey).map_err(|e| {
                         Error::invalid(format!(
-                            "`cert={cert}` and `key={key}` do not make a client identity: {e}"
+                            "`cert={}` and `key={}` do not make a client identity: {e}",
+                            cert.display(),
+                            key.display()
                         ))
                     })?
                 }
+                _ => builder.with_no_client_auth(),
             };
             Ok(Tls {
                 options,
                 probe: Arc::new(probe),
-                client_cert: files.identity.is_some(),
+                client_cert: files.client().is_some(),
             })
         }
 

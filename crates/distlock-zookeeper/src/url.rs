@@ -2,7 +2,7 @@
 //! and `zks://…?cacert=PATH[&cert=PATH&key=PATH]` for TLS.
 
 use crate::NodeAcl;
-use distlock_core::conn::{ConnectionString, Password};
+use distlock_core::conn::{ConnectionString, Password, TlsFiles, TlsNames};
 use distlock_core::Result;
 use std::time::Duration;
 
@@ -26,15 +26,6 @@ pub(crate) struct ZkUrl {
     pub(crate) password: Option<Password>,
     /// `acl=`: the ACL of the nodes dlock creates (`None`: not in the URL).
     pub(crate) acl: Option<NodeAcl>,
-}
-
-/// The files a `zks://` URL names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TlsFiles {
-    /// `cacert=`: the CA certificates that sign the servers' certificates.
-    pub(crate) cacert: String,
-    /// `cert=` and `key=`: the client certificate and its key, for `ssl.clientAuth=need`.
-    pub(crate) identity: Option<(String, String)>,
 }
 
 impl ZkUrl {
@@ -91,26 +82,14 @@ pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
             "cert",
             "key",
         ])?;
-        let file = |name: &str| match cs.param(name) {
-            Some("") => Err(cs.invalid(format!("`{name}=` needs a path"))),
-            other => Ok(other.map(str::to_owned)),
-        };
-        let Some(cacert) = file("cacert")? else {
+        let files = TlsFiles::from_url(&cs, TlsNames::CACERT)?;
+        if files.ca().is_none() {
             return Err(cs.invalid(
                 "zks:// needs `?cacert=PATH`, the PEM file of the CA that signed the servers' \
                  certificates (the driver has no system roots)",
             ));
-        };
-        let identity = match (file("cert")?, file("key")?) {
-            (Some(c), Some(k)) => Some((c, k)),
-            (None, None) => None,
-            _ => {
-                return Err(cs.invalid(
-                    "a client certificate needs both `cert=PATH` and `key=PATH` (PEM files)",
-                ))
-            }
-        };
-        Some(TlsFiles { cacert, identity })
+        }
+        Some(files)
     } else {
         for p in ["cacert", "cert", "key"] {
             if cs.param(p).is_some() {
@@ -169,8 +148,14 @@ mod tests {
         assert_eq!(u.hosts, "a:1,b:2181");
         assert_eq!(u.chroot, "/app");
         let tls = u.tls.unwrap();
-        assert_eq!(tls.cacert, "/c.pem");
-        assert_eq!(tls.identity, Some(("/u.pem".into(), "/u.key".into())));
+        assert_eq!(tls.ca(), Some(std::path::Path::new("/c.pem")));
+        assert_eq!(
+            tls.client(),
+            Some((
+                std::path::Path::new("/u.pem"),
+                std::path::Path::new("/u.key")
+            ))
+        );
         let u = parse("zk://shop:s%40cret@a/app?acl=creator").unwrap();
         assert_eq!(u.user.as_deref(), Some("shop"));
         assert_eq!(u.password.as_ref().map(|p| p.expose()), Some("s@cret"));
@@ -178,7 +163,7 @@ mod tests {
         assert!(!format!("{u:?}").contains("cret"));
         assert_eq!(parse("zk://a?acl=open").unwrap().acl, Some(NodeAcl::Open));
         let u = parse("zks://a?cacert=/c.pem&namespace=n").unwrap();
-        assert_eq!(u.tls.unwrap().identity, None);
+        assert_eq!(u.tls.unwrap().client(), None);
     }
 
     #[test]
@@ -187,9 +172,9 @@ mod tests {
             ("redis://h", "zk://"),
             ("zk://a?cacert=/c.pem", "zks://"),
             ("zks://a", "cacert"),
-            ("zks://a?cacert=", "needs a path"),
-            ("zks://a?cacert=/c&cert=/u.pem", "both"),
-            ("zks://a?cacert=/c&key=/u.key", "both"),
+            ("zks://a?cacert=", "is empty"),
+            ("zks://a?cacert=/c&cert=/u.pem", "add `&key=PATH`"),
+            ("zks://a?cacert=/c&key=/u.key", "add `&cert=PATH`"),
             ("zks://a?cacert=/c&sslmode=x", "unknown parameter"),
             ("zk://", "no host"),
             ("zk://a:1,,b:2", "empty entry"),

@@ -39,6 +39,7 @@
 //! Parsing never panics, whatever the input; [`redact`] masks the password of any text, even
 //! one that does not parse.
 
+mod files;
 mod params;
 mod redact;
 mod scrub;
@@ -47,6 +48,7 @@ mod secret;
 mod tests;
 mod tls;
 
+pub use files::{TlsFiles, TlsNames};
 pub use redact::redact;
 pub use scrub::MIN_SCRUBBED_LEN;
 pub use secret::{read_password_file, resolve_password, PasswordSource};
@@ -54,6 +56,26 @@ pub use tls::{TlsError, TlsErrorKind};
 
 use crate::error::{Error, Result};
 use std::fmt;
+
+/// Whether `host` — a name, an address, or `host:port` (IPv6 in brackets) — is this
+/// machine's loopback (`localhost`, `127.0.0.0/8`, `::1`): what `doctor` checks before it
+/// warns about a clear-text connection.
+///
+/// ```
+/// use distlock_core::conn::is_loopback;
+///
+/// assert!(is_loopback("localhost") && is_loopback("127.0.0.2:6379") && is_loopback("[::1]:1"));
+/// assert!(!is_loopback("10.0.0.1") && !is_loopback("db.example:5432"));
+/// ```
+pub fn is_loopback(host: &str) -> bool {
+    let bare = |h: &str| {
+        let h = h.trim_start_matches('[').trim_end_matches(']');
+        h.eq_ignore_ascii_case("localhost")
+            || h.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
+    bare(host) || host.rsplit_once(':').is_some_and(|(h, _)| bare(h))
+}
 
 /// A password from a connection string. `Debug` and `Display` print `***`; the text is only
 /// reachable through [`Password::expose`].

@@ -138,13 +138,10 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
         Some(Host::Tcp(h)) => h.clone(),
         _ => return Finding::new(Severity::Ok, "tls", "unix socket: no TLS needed"),
     };
-    let loopback = host == "localhost"
-        || config
-            .get_hostaddrs()
-            .first()
-            .copied()
-            .or_else(|| host.parse().ok())
-            .is_some_and(|a: std::net::IpAddr| a.is_loopback());
+    let loopback = match config.get_hostaddrs().first() {
+        Some(addr) => addr.is_loopback(),
+        None => distlock_core::conn::is_loopback(&host),
+    };
     let row = b
         .common
         .query(
