@@ -240,7 +240,7 @@ pub async fn once(url: &str, args: OnceArgs) -> u8 {
         lock_file: got.lock_file(distlock::LockKind::Mutex),
         keep: Some((interval, hold)),
     };
-    supervise(got.held, got.attempt_sent, job).await
+    supervise(got.held, got.attempt_sent, job).await.code
 }
 
 #[cfg(test)]

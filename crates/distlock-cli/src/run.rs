@@ -39,6 +39,11 @@ pub struct RunArgs {
     grace: Option<Duration>,
     #[command(flatten)]
     which: Which,
+    /// When dlock ends, print one JSON object on the last line of stdout: name, kind,
+    /// outcome (ran, lost, not_acquired, unreachable, error), exit_code, command_status,
+    /// owner, fencing_token, waited_ms, held_ms.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     job: JobArgs,
 }
@@ -54,7 +59,7 @@ pub(crate) struct JobArgs {
         conflicts_with = "command"
     )]
     shell: Option<String>,
-    /// Lock name (`dlock once`: the job's).
+    /// Lock name (`dlock once`: the job's; `dlock elect`: the election's).
     pub(crate) name: String,
     /// The command and its arguments (after `--`, or right after NAME: everything from the
     /// first word after NAME on is the command's).
@@ -223,10 +228,17 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
     let grace = fit_grace(args.grace, args.lease);
     let command = args.job.argv();
     let kind = args.which.kind();
+    let mut report = crate::report::JsonReport::new(
+        args.json,
+        &args.job.name,
+        kind.lock_kind().as_str(),
+        args.waiting.conflict_exit_code,
+    );
     let got = match acquire(url, &args.job.name, &args.which, args.lease, &args.waiting).await {
         Ok(g) => g,
-        Err(code) => return code,
+        Err(code) => return report.gave_up(code),
     };
+    report.acquired(got.held.guard().owner(), got.held.guard().fencing_token());
     let job = Job {
         what: format!("lock `{}`", args.job.name),
         name: args.job.name.clone(),
@@ -237,7 +249,7 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         lock_file: got.lock_file(kind.lock_kind()),
         keep: None,
     };
-    supervise(got.held, got.attempt_sent, job).await
+    report.ran(supervise(got.held, got.attempt_sent, job).await)
 }
 
 /// What a supervised command runs under: a lock's guard, or an election's leadership.
@@ -283,9 +295,32 @@ pub(crate) struct Job<'a> {
     pub(crate) keep: Option<(distlock::LockGuard, Duration)>,
 }
 
+/// How a supervised command went: dlock's exit code (see `RUN_HELP`), and what it is made of.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ran {
+    /// dlock's exit code.
+    pub(crate) code: u8,
+    /// The command's own exit status (128+N for signal N), if it was started and ended.
+    pub(crate) status: Option<u8>,
+    /// The lock (or leadership) was lost, or the command had to be stopped for it, before
+    /// the command ended.
+    pub(crate) lost: bool,
+}
+
+impl Ran {
+    /// dlock gave up without a command status: `lost` or not.
+    fn without_status(code: u8, lost: bool) -> Ran {
+        Ran {
+            code,
+            status: None,
+            lost,
+        }
+    }
+}
+
 /// Runs `job.command` while `held` lasts (acquired by an attempt sent at `attempt_sent`, boot
-/// clock) and releases it when the command ends; the exit code (see `RUN_HELP`).
-pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) -> u8 {
+/// clock) and releases it when the command ends; how it went.
+pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) -> Ran {
     let Job {
         what,
         name,
@@ -318,7 +353,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
             at(boot_now())
         );
         release(guard).await;
-        return crate::EXIT_LOST;
+        return Ran::without_status(crate::EXIT_LOST, true);
     }
     let mut env = vec![
         ("DLOCK_NAME", name.clone()),
@@ -344,7 +379,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
         Err(e) => {
             eprintln!("dlock: cannot start the command's guard: {e}");
             release(guard).await;
-            return crate::EXIT_ERROR;
+            return Ran::without_status(crate::EXIT_ERROR, false);
         }
     };
     let (end_tx, mut end_rx) = tokio::sync::watch::channel(lease_end);
@@ -380,7 +415,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
             let program = command.first().map_or("", String::as_str);
             eprintln!("dlock: cannot run `{program}`: {msg}");
             release(guard).await;
-            return code;
+            return Ran::without_status(code, false);
         }
         Some(Report::LeaseTooShort) => {
             eprintln!(
@@ -389,7 +424,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
                 at(lease_end)
             );
             release(guard).await;
-            return crate::EXIT_LOST;
+            return Ran::without_status(crate::EXIT_LOST, true);
         }
         // The guard died without a word (killed from outside, or by the stop schedule).
         _ => (outcome.guard_status, seen_end),
@@ -415,6 +450,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
     facts.lost_seen = lost_seen;
     facts.release_not_held = released == Some(false);
     facts.release_sent = release_sent;
+    let status = Some(ended.exit_code());
     match verdict(&facts) {
         Some(why) => {
             eprintln!(
@@ -425,9 +461,17 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
                 at(cmd_end),
                 ended.exit_code()
             );
-            crate::EXIT_LOST
+            Ran {
+                code: crate::EXIT_LOST,
+                status,
+                lost: true,
+            }
         }
-        None => ended.exit_code(),
+        None => Ran {
+            code: ended.exit_code(),
+            status,
+            lost: false,
+        },
     }
 }
 
