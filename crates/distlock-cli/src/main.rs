@@ -24,6 +24,7 @@ mod pipe;
 mod release;
 mod report;
 mod run;
+mod status;
 mod torture;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

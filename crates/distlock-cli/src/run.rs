@@ -886,6 +886,7 @@ pub(crate) async fn obtain(
     // Until a try has come back from the server, a reply that makes no sense means a server
     // of another kind, not a passing fault.
     let mut answered = false;
+    let wait_began = tokio::time::Instant::now();
     loop {
         let attempt_sent = boot_now();
         tracing::debug!(wait_left = ?left().map(human), "trying to acquire {what}");
@@ -899,7 +900,17 @@ pub(crate) async fn obtain(
                     c
                 }
             };
-            attempt(c, left()).await
+            // What the wait is at, on a terminal (not for the one try of --wait 0).
+            let status = match (&wanted.target, wanted.wait) {
+                (Some(_), Some(w)) if w.is_zero() => None,
+                (Some(t), _) => Some(crate::status::Status::start(&c, t, what, wait_began)),
+                (None, _) => None,
+            };
+            let held = attempt(c, left()).await;
+            if let Some(s) = status {
+                s.stop();
+            }
+            held
         }
         .await;
         let e = match result {
