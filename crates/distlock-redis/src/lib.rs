@@ -944,4 +944,8 @@ impl Backend for RedisBackend {
     async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
         ops::diagnose(self).await
     }
+
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        ops::server_time(self).await.map(Some)
+    }
 }
