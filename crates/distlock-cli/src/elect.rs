@@ -26,11 +26,11 @@ pub struct ElectArgs {
     waiting: Waiting,
     /// Watchdog lease: leadership lives this long after dlock stops renewing it (e.g. if
     /// dlock is killed), on backends whose leases expire; renewed while the command runs.
-    #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "30s")]
     lease: Duration,
     /// How long the command gets between SIGTERM and SIGKILL when it has to be stopped
     /// [default: 5s]. At most half the lease minus a margin: longer is shortened to fit.
-    #[arg(long, value_parser = crate::duration_arg)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
     grace: Option<Duration>,
     /// When dlock ends, print one JSON object on the last line of stdout (as `dlock run
     /// --json`; kind `election`).
@@ -54,10 +54,13 @@ others wait; when the leader dies, another takes over with a higher fencing toke
 The command's environment has DLOCK_NAME, DLOCK_OWNER, DLOCK_FENCING_TOKEN (strictly greater
 than every earlier leader's: pass it with the writes CMD makes) and DLOCK_LEADER_VALUE.
 
-Exit status: the command's (128+N if it died of signal N); 75 if not elected within --wait;
-69 if the lock service could not be reached; 76 if leadership was lost before the command ended; 1 for other errors (bad URL, an empty
-name, a value over 4096 bytes, a backend without elections); 126/127 if the command could
-not be started.";
+The command may follow NAME without `--` (as for `dlock run`), or be a shell command line
+given with -c CMD.
+
+Exit status: the command's (128+N if it died of signal N); 75 (or -E CODE) if not elected
+within --wait; 69 if the lock service could not be reached; 76 if leadership was lost before
+the command ended; 1 for other errors (bad URL, an empty name, a value over 4096 bytes, a
+backend without elections); 126/127 if the command could not be started.";
 
 pub async fn elect(url: &str, args: ElectArgs) -> u8 {
     let command = args.job.argv();

@@ -19,6 +19,7 @@ mod inspect;
 mod kind;
 mod list;
 mod log;
+mod man;
 mod once;
 mod pipe;
 mod release;
@@ -200,26 +201,13 @@ fn visible_command() -> clap::Command {
 
 /// Writes the man page of dlock, or of one of its subcommands, to stdout.
 fn man(subcommand: Option<&str>) -> u8 {
-    let mut cmd = Cli::command();
+    let mut cmd = visible_command();
     // Built, so that a subcommand's page lists the global options too.
     cmd.build();
-    let page = match subcommand {
-        None => clap_mangen::Man::new(cmd),
-        Some(name) => match cmd.find_subcommand(name) {
-            Some(sub) if !sub.is_hide_set() => {
-                clap_mangen::Man::new(sub.clone()).title(format!("dlock-{name}"))
-            }
-            _ => {
-                eprintln!("dlock: no subcommand `{name}`");
-                return EXIT_ERROR;
-            }
-        },
-    };
-    let mut roff = Vec::new();
-    match page.render(&mut roff) {
-        Ok(()) => pipe::write_stdout(&roff),
+    match man::page(&cmd, subcommand) {
+        Ok(roff) => pipe::write_stdout(&roff),
         Err(e) => {
-            eprintln!("dlock: writing the man page failed: {e}");
+            eprintln!("dlock: cannot write the man page: {e}");
             EXIT_ERROR
         }
     }

@@ -39,13 +39,13 @@ pub struct OnceArgs {
     #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
     at_most: Option<Duration>,
     /// Watchdog lease while the command runs (see `dlock run --help`).
-    #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "30s")]
     lease: Duration,
     /// How long the command gets between SIGTERM and SIGKILL when it has to be stopped.
-    #[arg(long, value_parser = crate::duration_arg)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
     grace: Option<Duration>,
     /// How long to try to reach the lock service (exit 69 after).
-    #[arg(long, value_parser = crate::duration_arg, default_value = "10s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
     connect_timeout: Duration,
     #[command(flatten)]
     job: crate::run::JobArgs,

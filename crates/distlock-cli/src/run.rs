@@ -31,11 +31,11 @@ pub struct RunArgs {
     waiting: Waiting,
     /// Watchdog lease: the lock lives this long after dlock stops renewing it (e.g. if dlock is
     /// killed); renewed while the command runs.
-    #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "30s")]
     lease: Duration,
     /// How long the command gets between SIGTERM and SIGKILL when it has to be stopped
     /// [default: 5s]. At most half the lease minus a margin: longer is shortened to fit.
-    #[arg(long, value_parser = crate::duration_arg)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
     grace: Option<Duration>,
     #[command(flatten)]
     which: Which,
@@ -124,9 +124,10 @@ The command runs only while the lock is held:
     killed (even with kill -9) the guard kills all of them; SIGTERM, SIGINT, SIGHUP and SIGQUIT
     that dlock gets are forwarded to the command (with SIGCONT; after SIGTERM or SIGINT it
     is SIGKILLed --grace later if still running). In the foreground of a terminal the
-    command gets the terminal: it reads prompts; Ctrl-C reaches it, Ctrl-Z stops it and dlock. When the command exits, whatever it left
-    running gets SIGTERM, then SIGKILL after --grace. The lock is released (or reported lost)
-    only once none of them runs; on file:// the guard holds the lock file until then.
+    command gets the terminal: it reads prompts; Ctrl-C reaches it, Ctrl-Z stops it and
+    dlock (fg resumes both). When the command exits, whatever it left running gets SIGTERM,
+    then SIGKILL after --grace. The lock is released (or reported lost) only once none of
+    them runs; on file:// the guard holds the lock file until then.
   - If renewals keep failing, the command is stopped (SIGTERM, SIGKILL --grace later) so that
     it is dead before the last confirmed lease ends, i.e. before the server could give the
     lock to anyone else. Once the lock is known lost it is SIGKILLed at once.
@@ -143,11 +144,16 @@ command may follow NAME without `--`. Unlike flock, -x is not the default: the d
 Shared and exclusive holders of one NAME therefore all pass -s or -x. -c runs `sh -c CMD`
 (not $SHELL).
 
-Exit status: the command's (128+N if it died of signal N); 75 (or -E CODE) if the lock was not
-acquired within --wait (or on the one try of -n); 69 if the lock service could not be reached (within
---connect-timeout, or on the last try of --wait); 76 if the lock was lost, or the command had to be stopped because renewals
-failed, before the command ended (even if it then exited by itself); 1 for other errors
-(bad URL, credentials, unsupported kind); 126/127 if the command could not be started.";
+Waiting on a terminal shows one status line on stderr after about a second (time waited,
+the holder's pid and host, how long it has held the lock, its lease, the queue), erased when
+the lock is granted; off a terminal nothing (-v: a line every ten seconds).
+
+Exit status: the command's (128+N if it died of signal N); 75 (or -E CODE) if the lock was
+not acquired within --wait (or on the one try of -n); 69 if the lock service could not be
+reached (within --connect-timeout, or on the last try of --wait); 76 if the lock was lost,
+or the command had to be stopped because renewals failed, before the command ended (even if
+it then exited by itself); 1 for other errors (bad URL, credentials, unsupported kind);
+126/127 if the command could not be started.";
 
 /// `--wait`, `-n` and `--connect-timeout` of `dlock run` and `dlock elect`.
 #[derive(Args, Debug)]
@@ -179,7 +185,7 @@ pub(crate) struct Waiting {
     nonblock: bool,
     /// How long to try to reach the lock service before giving up (exit 69); not counted
     /// against --wait. Without --wait, dlock keeps trying, one line per failure.
-    #[arg(long, value_parser = crate::duration_arg, default_value = "10s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
     pub(crate) connect_timeout: Duration,
 }
 

@@ -327,3 +327,54 @@ fn doctor_on_the_default_backend_says_this_host_only() {
     let err = text(&out.stderr);
     assert_eq!(err.matches("this host only").count(), 1, "{out:?}");
 }
+
+/// The man pages: a SYNOPSIS with each option's value, EXIT STATUS, ENVIRONMENT and
+/// EXAMPLES sections, and no text lines that start with a space (roff breaks the line there:
+/// the long help re-filled into ragged lines).
+#[test]
+fn man_pages_have_exit_status_environment_examples_and_placeholders() {
+    for (page, synopsis) in [
+        (None, "[\\fB\\-\\-backend\\fR \\fIBACKEND\\fR]"),
+        (
+            Some("run"),
+            "[\\fB\\-w\\fR|\\fB\\-\\-wait\\fR \\fIDURATION\\fR]",
+        ),
+        (Some("once"), "[\\fB\\-\\-every\\fR \\fIDURATION\\fR]"),
+        (
+            Some("hold"),
+            "[\\fB\\-E\\fR|\\fB\\-\\-conflict\\-exit\\-code\\fR \\fICODE\\fR]",
+        ),
+    ] {
+        let mut args = vec!["man"];
+        args.extend(page);
+        let out = run("file:///nonexistent", &args);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let roff = text(&out.stdout);
+        for section in [
+            ".SH SYNOPSIS",
+            ".SH \"EXIT STATUS\"",
+            ".SH ENVIRONMENT",
+            ".SH EXAMPLES",
+        ] {
+            assert!(roff.contains(section), "{page:?}: no {section}");
+        }
+        let synopsis_line = roff
+            .lines()
+            .skip_while(|l| *l != ".SH SYNOPSIS")
+            .nth(1)
+            .unwrap_or_default();
+        assert!(
+            synopsis_line.contains(synopsis),
+            "{page:?}: {synopsis_line}"
+        );
+        let ragged: Vec<&str> = roff.lines().filter(|l| l.starts_with(' ')).collect();
+        assert!(
+            ragged.is_empty(),
+            "{page:?}: lines that break early: {ragged:?}"
+        );
+        assert!(
+            roff.is_ascii(),
+            "{page:?}: troff reads non-ASCII bytes as Latin-1"
+        );
+    }
+}

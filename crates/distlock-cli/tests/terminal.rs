@@ -204,7 +204,7 @@ fn ctrl_z_and_fg_under_a_job_control_shell() {
     let mut shell = shell.spawn().expect("bash");
     let mut seen = String::new();
     // Types `line`; true once the terminal shows `want` after it.
-    let mut step = |master: &mut std::fs::File, seen: &mut String, line: &str, want: &str| {
+    let step = |master: &mut std::fs::File, seen: &mut String, line: &str, want: &str| {
         let mark = seen.len();
         master.write_all(line.as_bytes()).expect("type");
         read_until_from(master, seen, mark, want)
