@@ -104,7 +104,8 @@ pub async fn resolve(
     };
     let mut kinds: Vec<distlock::LockKind> = listed
         .iter()
-        .filter(|l| l.info.name == name)
+        // An election of the same name is another namespace (`dlock leader` shows it).
+        .filter(|l| l.info.name == name && l.kind != distlock::LockKind::Election)
         .map(|l| l.kind)
         .collect();
     kinds.dedup();
