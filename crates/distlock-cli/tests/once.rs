@@ -126,8 +126,8 @@ fn five_hosts_five_intervals_five_runs_on_mysql() {
     five_waves_five_runs(&db.url());
 }
 
-/// Hosts whose clocks are off (the `DLOCK_TEST_CLOCK_SKEW_MS` hook: 1.5 s behind, 1.9 s
-/// ahead, with 2 s intervals) fire just after one host ran the job: on a backend with a clock
+/// Hosts whose clocks are off (the `DLOCK_TEST_CLOCK_SKEW_MS` hook: 3 s behind, 3.9 s
+/// ahead, with 4 s intervals: by their own clocks the previous and the next interval) fire just after one host ran the job: on a backend with a clock
 /// (Redis), they read the interval on it and skip (79) instead of running the job for the
 /// interval their own clock shows.
 #[test]
@@ -136,16 +136,16 @@ fn hosts_with_skewed_clocks_do_not_run_the_job_twice() {
     let url = server.url();
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("runs");
-    let every = Duration::from_secs(2);
+    let every = Duration::from_secs(4);
     sleep_to_boundary(every, Duration::from_millis(150));
-    let first = fire(&url, "2s", &log).wait_with_output().expect("once");
+    let first = fire(&url, "4s", &log).wait_with_output().expect("once");
     assert_eq!(first.status.code(), Some(0), "{first:?}");
-    let skewed: Vec<Child> = ["-1500", "1900"]
+    let skewed: Vec<Child> = ["-3000", "3900"]
         .iter()
         .map(|skew| {
             dlock(&url)
                 .env("DLOCK_TEST_CLOCK_SKEW_MS", skew)
-                .args(["once", "--every", "2s", "job", "-c"])
+                .args(["once", "--every", "4s", "job", "-c"])
                 .arg(format!("echo skewed >> '{}'", log.display()))
                 .stderr(Stdio::piped())
                 .spawn()
