@@ -180,6 +180,28 @@ fn a_wait_off_a_terminal_is_silent() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+/// Off a terminal with -v, the wait is reported as a log line (no line to redraw).
+#[test]
+fn a_wait_off_a_terminal_with_v_is_logged() {
+    let dir = TempDir::with_prefix("dlock-status-v").expect("dir");
+    let mut held = holder(&dir, "busy");
+    let out = dlock(&dir)
+        .args(["-v", "run", "-w", "2.5", "busy", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    drop(held.stdin.take());
+    assert_eq!(wait_exit(&mut held), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    let pid = format!("pid {}", held.id());
+    let logged = err
+        .lines()
+        .any(|l| l.contains("still waiting") && l.contains("for lock `busy`") && l.contains(&pid));
+    assert!(logged, "{err}");
+    assert!(!err.contains(ERASE), "{err:?}");
+}
+
 /// Ctrl-Z and `fg` under a job-control shell (bash as the session leader of the terminal, as
 /// in a terminal emulator): Ctrl-Z stops dlock's job (the shell reports it stopped), `fg`
 /// resumes it with the command in the foreground again, so it reads the line typed next;
