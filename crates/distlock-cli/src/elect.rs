@@ -66,7 +66,7 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
     let command = args.job.argv();
     if command.is_empty() {
         eprintln!("dlock: no command given");
-        return crate::EXIT_ERROR;
+        return crate::EXIT_USAGE;
     }
     // Bad input is refused before connecting, with the core's own checks.
     if let Err(e) = check_input(&args) {

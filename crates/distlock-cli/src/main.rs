@@ -204,6 +204,10 @@ fn man(subcommand: Option<&str>) -> u8 {
     let mut cmd = visible_command();
     // Built, so that a subcommand's page lists the global options too.
     cmd.build();
+    if let Some(name) = subcommand.filter(|n| cmd.find_subcommand(n).is_none()) {
+        eprintln!("dlock: no subcommand `{name}` (`dlock --help` lists them)");
+        return EXIT_USAGE;
+    }
     match man::page(&cmd, subcommand) {
         Ok(roff) => pipe::write_stdout(&roff),
         Err(e) => {

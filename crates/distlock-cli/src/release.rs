@@ -40,7 +40,7 @@ pub async fn release(url: &str, args: ReleaseArgs) -> u8 {
             "dlock: `release` only removes another process's hold: add --force \
              (a holder releases its own lock when its command ends)"
         );
-        return crate::EXIT_ERROR;
+        return crate::EXIT_USAGE;
     }
     let client = match crate::connect(url, distlock::ClientOptions::default()).await {
         Ok(c) => c,

@@ -229,7 +229,7 @@ pub(crate) fn fit_grace(grace: Option<Duration>, lease: Duration) -> Duration {
 pub async fn run(url: &str, args: RunArgs) -> u8 {
     if args.job.argv().is_empty() {
         eprintln!("dlock: no command given");
-        return crate::EXIT_ERROR;
+        return crate::EXIT_USAGE;
     }
     let grace = fit_grace(args.grace, args.lease);
     let command = args.job.argv();

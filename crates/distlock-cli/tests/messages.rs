@@ -378,3 +378,23 @@ fn man_pages_have_exit_status_environment_examples_and_placeholders() {
         );
     }
 }
+
+/// A command line dlock cannot use exits 2, as clap's own usage errors do: release without
+/// --force and a man page of no subcommand as much as no command to run or a bad duration.
+#[test]
+fn usage_errors_exit_2() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = file_url(&dir);
+    for args in [
+        &["release", "x", "--yes"][..],
+        &["run", "x"],
+        &["elect", "x"],
+        &["man", "nosuch"],
+        &["run", "--wait", "soon", "x", "--", "true"],
+    ] {
+        let out = run(&url, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "dlock {args:?}: {err}");
+        assert!(!err.trim().is_empty(), "dlock {args:?}: says nothing");
+    }
+}
