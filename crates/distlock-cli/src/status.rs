@@ -53,9 +53,10 @@ impl Status {
         let (client, target, what) = (client.clone(), target.clone(), what.to_owned());
         let shared = screen.clone();
         let task = tokio::spawn(async move {
-            // A first look at once: a holder still there later has held it at least since.
-            let mut first: Option<Seen> = look(&client, &target).await;
+            // Nothing before the first second: a lock granted by then costs no extra request.
             tokio::time::sleep_until(since + FIRST_AFTER).await;
+            // The first look: a holder still there later has held it at least since.
+            let mut first: Option<Seen> = None;
             loop {
                 let now = look(&client, &target).await;
                 if first.is_none() {
