@@ -25,10 +25,10 @@ pub struct TortureArgs {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(2..=256))]
     clients: u16,
     /// How long the workers run (e.g. 60s, 2m; a bare number is seconds).
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::duration_arg)]
+    #[arg(long, default_value = "60s", value_parser = crate::duration_arg)]
     duration: Duration,
     /// Lease (the watchdog lease of every worker's client).
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = crate::duration_arg)]
+    #[arg(long, default_value = "2s", value_parser = crate::duration_arg)]
     lease: Duration,
     /// Lock names (only 1 in this version).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1))]
