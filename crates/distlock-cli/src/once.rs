@@ -65,9 +65,11 @@ dlock run's supervision) and keeps the interval's lock until the interval ends, 
 next interval (within --at-least of the boundary) skip. --at-most caps all of it. While the
 command runs, lock NAME is held too (it tells skipped hosts why they skipped).
 
-On backends whose leases expire (Redis, etcd, SQL), dlock once exits when the command ends:
-the server keeps the interval's lock for the rest of the time. On file:// and zk://, whose locks last
-as long as their holder, it stays (sleeping, holding it) until that time is over.
+Where holds are kept by their lease on the server (Redis, Redlock, etcd, PostgreSQL's lease
+mode, MySQL's table mode), dlock once exits when the command ends: the server keeps the
+interval's lock for the rest of the time. Where a lock lasts as long as its holder (file://,
+zk://, the session modes of PostgreSQL and MySQL), it stays (sleeping, holding it) until
+that time is over.
 
 Exit status: the command's when it ran (76 if the lock was lost meanwhile); 75 skipped, it is
 running elsewhere; 79 skipped, it ran in this interval already (or less than --at-least ago);

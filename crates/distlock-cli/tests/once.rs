@@ -126,6 +126,59 @@ fn five_hosts_five_intervals_five_runs_on_mysql() {
     five_waves_five_runs(&db.url());
 }
 
+/// On a backend whose locks end with the holder's connection (PostgreSQL and MySQL in their
+/// default session mode), a finished run stays, holding the interval's lock, until its hold
+/// is over: a firing after the run ended (same interval) skips with 79 instead of running
+/// the job again; the first run then exits 0.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn a_finished_run_holds_the_interval_until_its_end(url: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("runs");
+    let once = |tag: &str| {
+        dlock(url)
+            .args(["once", "--every", "1h", "--at-most", "4s", "report", "-c"])
+            .arg(format!("echo {tag} >> '{}'", log.display()))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("once")
+    };
+    let first = once("first");
+    let t = std::time::Instant::now();
+    while std::fs::read_to_string(&log).unwrap_or_default().is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the first run never ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Past the command's end (the first process may have exited by now).
+    std::thread::sleep(Duration::from_millis(500));
+    let second = once("second").wait_with_output().expect("second");
+    let first = first.wait_with_output().expect("first");
+    let runs = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(
+        runs.lines().collect::<Vec<_>>(),
+        ["first"],
+        "{url}: {second:?}"
+    );
+    assert_eq!(second.status.code(), Some(79), "{url}: {second:?}");
+    assert_eq!(first.status.code(), Some(0), "{url}: {first:?}");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_finished_run_holds_the_interval_on_postgres_sessions() {
+    let pg = distlock_testkit::PostgresServer::start().expect("postgres");
+    a_finished_run_holds_the_interval_until_its_end(&pg.url());
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn a_finished_run_holds_the_interval_on_mysql_sessions() {
+    let db = distlock_testkit::MariaDbServer::start().expect("mariadb");
+    a_finished_run_holds_the_interval_until_its_end(&db.url());
+}
+
 /// Hosts whose clocks are off (the `DLOCK_TEST_CLOCK_SKEW_MS` hook: 3 s behind, 3.9 s
 /// ahead, with 4 s intervals: by their own clocks the previous and the next interval) fire just after one host ran the job: on a backend with a clock
 /// (Redis), they read the interval on it and skip (79) instead of running the job for the
