@@ -26,17 +26,18 @@ pub struct ElectArgs {
     waiting: Waiting,
     /// Watchdog lease: leadership lives this long after dlock stops renewing it (e.g. if
     /// dlock is killed), on backends whose leases expire; renewed while the command runs.
-    #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "30s")]
     lease: Duration,
     /// How long the command gets between SIGTERM and SIGKILL when it has to be stopped
     /// [default: 5s]. At most half the lease minus a margin: longer is shortened to fit.
-    #[arg(long, value_parser = crate::duration_arg)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
     grace: Option<Duration>,
-    /// Election name.
-    name: String,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
-    command: Vec<String>,
+    /// When dlock ends, print one JSON object on the last line of stdout (as `dlock run
+    /// --json`; kind `election`).
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    job: crate::run::JobArgs,
 }
 
 const ELECT_HELP: &str = "\
@@ -53,15 +54,19 @@ others wait; when the leader dies, another takes over with a higher fencing toke
 The command's environment has DLOCK_NAME, DLOCK_OWNER, DLOCK_FENCING_TOKEN (strictly greater
 than every earlier leader's: pass it with the writes CMD makes) and DLOCK_LEADER_VALUE.
 
-Exit status: the command's (128+N if it died of signal N); 75 if not elected within --wait;
-69 if the lock service could not be reached; 76 if leadership was lost before the command ended; 1 for other errors (bad URL, an empty
-name, a value over 4096 bytes, a backend without elections); 126/127 if the command could
-not be started.";
+The command may follow NAME without `--` (as for `dlock run`), or be a shell command line
+given with -c CMD.
+
+Exit status: the command's (128+N if it died of signal N); 75 (or -E CODE) if not elected
+within --wait; 69 if the lock service could not be reached; 76 if leadership was lost before
+the command ended; 1 for other errors (bad URL, an empty name, a value over 4096 bytes, a
+backend without elections); 126/127 if the command could not be started.";
 
 pub async fn elect(url: &str, args: ElectArgs) -> u8 {
-    if args.command.is_empty() {
+    let command = args.job.argv();
+    if command.is_empty() {
         eprintln!("dlock: no command given");
-        return crate::EXIT_ERROR;
+        return crate::EXIT_USAGE;
     }
     // Bad input is refused before connecting, with the core's own checks.
     if let Err(e) = check_input(&args) {
@@ -69,8 +74,14 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
         return crate::EXIT_ERROR;
     }
     let grace = fit_grace(args.grace, args.lease);
+    let mut report = crate::report::JsonReport::new(
+        args.json,
+        &args.job.name,
+        distlock::LockKind::Election.as_str(),
+        args.waiting.conflict_exit_code,
+    );
     let wanted = Wanted {
-        what: format!("the leadership of election `{}`", args.name),
+        what: format!("the leadership of election `{}`", args.job.name),
         lease: args.lease,
         wait: args.waiting.wait(),
         connect_timeout: args.waiting.connect_timeout,
@@ -79,12 +90,12 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
         conflict_exit: args.waiting.conflict_exit_code,
         say_not_acquired: true,
         target: Some(crate::holder::Target {
-            name: args.name.clone(),
+            name: args.job.name.clone(),
             kind: distlock::LockKind::Election,
         }),
     };
     let got = obtain(url, &wanted, |c, left| {
-        let name = args.name.clone();
+        let name = args.job.name.clone();
         let owner = args.owner.clone();
         let value = args.value.clone();
         Box::pin(async move {
@@ -102,32 +113,33 @@ pub async fn elect(url: &str, args: ElectArgs) -> u8 {
     .await;
     let got = match got {
         Ok(g) => g,
-        Err(code) => return code,
+        Err(code) => return report.gave_up(code),
     };
+    report.acquired(got.held.guard().owner(), got.held.guard().fencing_token());
     if let Held::Leader(l) = &got.held {
         eprintln!(
             "dlock: leading election `{}` as {} (fencing token {})",
-            args.name,
+            args.job.name,
             l.owner(),
             l.fencing_token()
         );
     }
     let job = Job {
-        what: format!("the leadership of election `{}`", args.name),
-        name: args.name.clone(),
+        what: format!("the leadership of election `{}`", args.job.name),
+        name: args.job.name.clone(),
         lease: args.lease,
         grace,
-        command: &args.command,
+        command: &command,
         env: vec![("DLOCK_LEADER_VALUE", args.value.clone())],
         lock_file: got.lock_file(distlock::LockKind::Election),
         keep: None,
     };
-    supervise(got.held, got.attempt_sent, job).await
+    report.ran(supervise(got.held, got.attempt_sent, job).await)
 }
 
 /// The name, owner and value, checked as the core checks them.
 fn check_input(args: &ElectArgs) -> distlock::Result<()> {
-    distlock::validate_name(&args.name)?;
+    distlock::validate_name(&args.job.name)?;
     if let Some(o) = &args.owner {
         distlock::validate_owner(o)?;
     }

@@ -17,7 +17,7 @@ pub struct HoldArgs {
     waiting: Waiting,
     /// Watchdog lease: the lock lives this long after dlock stops renewing it (e.g. if dlock is
     /// killed); renewed while dlock holds it.
-    #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "30s")]
     lease: Duration,
     #[command(flatten)]
     which: Which,

@@ -6,6 +6,13 @@ use std::time::Duration;
 /// How long a look at the holders may take before the message goes out without them.
 const LOOK_LIMIT: Duration = Duration::from_secs(2);
 
+impl Seen {
+    /// How many wait in the lock's queue, where the backend keeps one.
+    pub(crate) fn waiters(&self) -> Option<u32> {
+        self.info.waiters
+    }
+}
+
 /// What to look at: a lock name and its kind (an election's is [`distlock::LockKind::Election`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Target {
@@ -58,11 +65,7 @@ pub(crate) fn describe(now: &Seen, first: Option<&Seen>) -> Option<String> {
         if let Some((host, pid)) = h.origin() {
             s += &format!(" (host {host}, pid {pid})");
         }
-        let since = first
-            .filter(|f| f.info.holders.iter().any(|o| o.owner == h.owner))
-            .map(|f| now.at.saturating_duration_since(f.at))
-            .filter(|d| !d.is_zero());
-        if let Some(d) = since {
+        if let Some(d) = held_since(h, now, first) {
             s += &format!(" for at least {}", human(d));
         }
         match h.lease_left {
@@ -82,6 +85,36 @@ pub(crate) fn describe(now: &Seen, first: Option<&Seen>) -> Option<String> {
         format!("{by} {} holders:", holders.len())
     };
     Some(format!("{who} {}", parts.join("; ")))
+}
+
+/// How long `h`, seen `now`, has held the lock at least: since `first` if it was a holder
+/// then too.
+fn held_since(h: &distlock::HolderInfo, now: &Seen, first: Option<&Seen>) -> Option<Duration> {
+    first
+        .filter(|f| f.info.holders.iter().any(|o| o.owner == h.owner))
+        .map(|f| now.at.saturating_duration_since(f.at))
+        .filter(|d| !d.is_zero())
+}
+
+/// [`describe`] in a few words, for a status line: `held by pid 4242 on web-1 for 5s+,
+/// lease 25s left` (the owner id when it names no host and pid; `and 2 more` for several).
+pub(crate) fn brief(now: &Seen, first: Option<&Seen>) -> Option<String> {
+    let h = now.info.holders.first()?;
+    let by = if now.led { "led by" } else { "held by" };
+    let mut s = match h.origin() {
+        Some((host, pid)) => format!("{by} pid {pid} on {host}"),
+        None => format!("{by} {}", h.owner),
+    };
+    if let Some(d) = held_since(h, now, first) {
+        s += &format!(" for {}+", human(Duration::from_secs(d.as_secs())));
+    }
+    if let Some(l) = h.lease_left {
+        s += &format!(", lease {} left", human(Duration::from_secs(l.as_secs())));
+    }
+    if now.info.holders.len() > 1 {
+        s += &format!(" and {} more", now.info.holders.len() - 1);
+    }
+    Some(s)
 }
 
 #[cfg(test)]
@@ -127,5 +160,18 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("; 2 more"), "{text}");
+        let h = HolderInfo::new("web-1:4242:0a1b2c3d:1", 1)
+            .with_lease_left(Some(Duration::from_millis(25_400)));
+        let (first, now) = (
+            seen(vec![h.clone()], t0),
+            seen(
+                vec![h, HolderInfo::new("r", 1)],
+                t0 + Duration::from_millis(5_300),
+            ),
+        );
+        assert_eq!(
+            brief(&now, Some(&first)).as_deref(),
+            Some("held by pid 4242 on web-1 for 5s+, lease 25s left and 1 more")
+        );
     }
 }

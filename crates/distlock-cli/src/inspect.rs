@@ -11,9 +11,10 @@ pub struct InspectArgs {
     /// permits_in_use for semaphores).
     #[arg(long)]
     json: bool,
-    /// Kind of lock: mutex, fair, read or write (both show the read-write lock), semaphore=N.
-    #[arg(long, default_value = "mutex", value_parser = crate::kind::parse)]
-    kind: crate::kind::Kind,
+    /// Kind of lock: mutex, fair, read or write (both show the read-write lock), semaphore=N
+    /// [default: the kind the backend has state for under NAME, else mutex].
+    #[arg(long, value_parser = crate::kind::parse)]
+    kind: Option<crate::kind::Kind>,
 }
 
 pub async fn inspect(url: &str, args: InspectArgs) -> u8 {
@@ -21,7 +22,10 @@ pub async fn inspect(url: &str, args: InspectArgs) -> u8 {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let kind = args.kind.lock_kind();
+    let kind = match crate::kind::resolve(&client, &args.name, args.kind).await {
+        Ok(k) => k,
+        Err(code) => return code,
+    };
     let info = match client.inspect_kind(&args.name, kind).await {
         Ok(i) => i,
         Err(e) => {
@@ -67,7 +71,7 @@ pub async fn inspect(url: &str, args: InspectArgs) -> u8 {
         client.backend_kind(),
         client.endpoint()
     );
-    println!("kind:          {}", kind.as_str());
+    println!("kind:          {}", crate::kind::describe(kind));
     println!("held:          {}", if info.held() { "yes" } else { "no" });
     if let Some(permits) = info.permits {
         println!(

@@ -75,6 +75,63 @@ impl Kind {
     }
 }
 
+/// The kind of lock `name` is, for `inspect` and `release` without `--kind`: `given` when
+/// the user gave one; else the one kind the backend has state for under `name` (its listing,
+/// exact name); [`distlock::LockKind::Mutex`] when it has none, or cannot list. Prints the
+/// error and returns the exit code when the name has state of several kinds (which one is
+/// meant is the user's to say) or the listing fails.
+pub async fn resolve(
+    client: &distlock::Client,
+    name: &str,
+    given: Option<Kind>,
+) -> Result<distlock::LockKind, u8> {
+    if let Some(k) = given {
+        return Ok(k.lock_kind());
+    }
+    let listed = match client.list(name).await {
+        Ok(l) => l,
+        Err(distlock::Error::Unsupported { .. }) => return Ok(distlock::LockKind::Mutex),
+        Err(e) => {
+            eprintln!("dlock: cannot look up the kind of lock `{name}`: {e}");
+            return Err(crate::EXIT_ERROR);
+        }
+    };
+    let mut kinds: Vec<distlock::LockKind> = listed
+        .iter()
+        // An election of the same name is another namespace (`dlock leader` shows it).
+        .filter(|l| l.info.name == name && l.kind != distlock::LockKind::Election)
+        .map(|l| l.kind)
+        .collect();
+    kinds.dedup();
+    match kinds.as_slice() {
+        [] => Ok(distlock::LockKind::Mutex),
+        [one] => Ok(*one),
+        many => {
+            let names: Vec<&str> = many.iter().map(|k| k.as_str()).collect();
+            eprintln!(
+                "dlock: `{name}` names locks of several kinds ({}); say which with --kind",
+                names.join(", ")
+            );
+            Err(crate::EXIT_USAGE)
+        }
+    }
+}
+
+/// The name of `kind` for people: `read-write` for either side of a read-write lock (whose
+/// holders of both sides are shown together), else the kind's own name.
+pub fn describe(kind: distlock::LockKind) -> &'static str {
+    match kind {
+        distlock::LockKind::Read | distlock::LockKind::Write => "read-write",
+        k => k.as_str(),
+    }
+}
+
+/// True when the backend has no state at all for a lock: no holder, no waiter, and no
+/// fencing token ever issued (a name never used, a typo, or one whose state expired).
+pub fn is_unknown(info: &distlock::LockInfo) -> bool {
+    info.holders.is_empty() && info.fencing_token == 0 && info.waiters.unwrap_or(0) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

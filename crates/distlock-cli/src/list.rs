@@ -60,8 +60,12 @@ pub async fn list(url: &str, args: ListArgs) -> u8 {
         return 0;
     }
     println!(
-        "{:<32} {:<10} {:<40} {:>7} {:>20}",
-        "NAME", "KIND", "HOLDERS (owner×count, lease left)", "WAITING", "FENCING TOKEN"
+        "{} {} {} {:>7} {:>20}",
+        pad("NAME", 32),
+        pad("KIND", 10),
+        pad("HOLDERS (owner×count, lease left)", 40),
+        "WAITING",
+        "FENCING TOKEN"
     );
     for l in &locks {
         let holders = if l.info.holders.is_empty() {
@@ -86,13 +90,36 @@ pub async fn list(url: &str, args: ListArgs) -> u8 {
             .waiters
             .map_or_else(|| "?".to_owned(), |w| w.to_string());
         println!(
-            "{:<32} {:<10} {:<40} {:>7} {:>20}",
-            l.info.name,
-            l.kind.as_str(),
-            holders,
+            "{} {} {} {:>7} {:>20}",
+            pad(&l.info.name, 32),
+            pad(l.kind.as_str(), 10),
+            pad(&holders, 40),
             waiting,
             l.info.fencing_token
         );
     }
     0
+}
+
+/// `s` followed by spaces up to `width` terminal columns (at least none): padded by the
+/// columns its characters take (two for a CJK character, none for a combining mark), not by
+/// their count, so that the next column starts at the same place on every line.
+fn pad(s: &str, width: usize) -> String {
+    let shown = unicode_width::UnicodeWidthStr::width(s);
+    format!("{s}{}", " ".repeat(width.saturating_sub(shown)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pad;
+
+    #[test]
+    fn pads_by_display_width() {
+        assert_eq!(pad("ab", 4), "ab  ");
+        // Two CJK characters take four columns.
+        assert_eq!(pad("注文", 6), "注文  ");
+        // A combining accent takes none.
+        assert_eq!(pad("e\u{301}", 3), "e\u{301}  ");
+        assert_eq!(pad("longer", 3), "longer");
+    }
 }

@@ -1,5 +1,16 @@
 //! `dlock`: run a command under a distributed lock, inspect locks.
 
+/// `eprintln!` that ignores write errors: a closed standard error (a log pipe that went
+/// away) must not abort dlock in the middle of holding a lock or supervising a command, as
+/// std's `eprintln!` would with a panic. (Standard output going away ends dlock: see
+/// [`pipe`].)
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod doctor;
 mod elect;
 mod hold;
@@ -8,9 +19,13 @@ mod inspect;
 mod kind;
 mod list;
 mod log;
+mod man;
 mod once;
+mod pipe;
 mod release;
+mod report;
 mod run;
+mod status;
 mod torture;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -104,6 +119,11 @@ fn main() -> ExitCode {
     if let Some(code) = distlock_run::dispatch_guard() {
         return ExitCode::from(code);
     }
+    ExitCode::from(pipe::catch(dlock))
+}
+
+/// `dlock` itself: parses the command line, runs the subcommand, returns the exit code.
+fn dlock() -> u8 {
     let matches = Cli::command().get_matches();
     // Neither --backend nor DLOCK_BACKEND: the per-host file:// default.
     let default_backend =
@@ -114,12 +134,16 @@ fn main() -> ExitCode {
     };
     if let Err(e) = log::init(cli.verbose) {
         eprintln!("dlock: {e}");
-        return ExitCode::from(EXIT_USAGE);
+        return EXIT_USAGE;
     }
     if default_backend
         && matches!(
             cli.command,
-            Command::Run(_) | Command::Elect(_) | Command::Hold(_) | Command::Once(_)
+            Command::Run(_)
+                | Command::Elect(_)
+                | Command::Hold(_)
+                | Command::Once(_)
+                | Command::Doctor(_)
         )
     {
         eprintln!(
@@ -131,20 +155,16 @@ fn main() -> ExitCode {
     // Commands that need no lock runtime.
     let cli = match cli.command {
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut visible_command(),
-                "dlock",
-                &mut std::io::stdout(),
-            );
-            return ExitCode::SUCCESS;
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut visible_command(), "dlock", &mut script);
+            return pipe::write_stdout(&script);
         }
-        Command::Man { subcommand } => return ExitCode::from(man(subcommand.as_deref())),
-        Command::Torture(args) => return ExitCode::from(torture::torture(&cli.backend, args)),
+        Command::Man { subcommand } => return man(subcommand.as_deref()),
+        Command::Torture(args) => return torture::torture(&cli.backend, args),
         command => Cli { command, ..cli },
     };
     let backend = cli.backend;
-    ExitCode::from(distlock_lab::block_on(async move {
+    distlock_lab::block_on(async move {
         match cli.command {
             Command::Run(args) => run::run(&backend, args).await,
             Command::Elect(args) => elect::elect(&backend, args).await,
@@ -160,7 +180,7 @@ fn main() -> ExitCode {
             // Handled above, before the runtime.
             Command::Completions { .. } | Command::Man { .. } | Command::Torture(_) => EXIT_ERROR,
         }
-    }))
+    })
 }
 
 /// The command-line definition without the hidden subcommands (the seckill
@@ -181,25 +201,17 @@ fn visible_command() -> clap::Command {
 
 /// Writes the man page of dlock, or of one of its subcommands, to stdout.
 fn man(subcommand: Option<&str>) -> u8 {
-    let mut cmd = Cli::command();
+    let mut cmd = visible_command();
     // Built, so that a subcommand's page lists the global options too.
     cmd.build();
-    let page = match subcommand {
-        None => clap_mangen::Man::new(cmd),
-        Some(name) => match cmd.find_subcommand(name) {
-            Some(sub) if !sub.is_hide_set() => {
-                clap_mangen::Man::new(sub.clone()).title(format!("dlock-{name}"))
-            }
-            _ => {
-                eprintln!("dlock: no subcommand `{name}`");
-                return EXIT_ERROR;
-            }
-        },
-    };
-    match page.render(&mut std::io::stdout()) {
-        Ok(()) => 0,
+    if let Some(name) = subcommand.filter(|n| cmd.find_subcommand(n).is_none()) {
+        eprintln!("dlock: no subcommand `{name}` (`dlock --help` lists them)");
+        return EXIT_USAGE;
+    }
+    match man::page(&cmd, subcommand) {
+        Ok(roff) => pipe::write_stdout(&roff),
         Err(e) => {
-            eprintln!("dlock: writing the man page failed: {e}");
+            eprintln!("dlock: cannot write the man page: {e}");
             EXIT_ERROR
         }
     }

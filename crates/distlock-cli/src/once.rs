@@ -1,8 +1,10 @@
 //! `dlock once --every DUR [--at-least DUR] [--at-most DUR] NAME -- CMD`: run a command at
 //! most once per interval, however many hosts fire it.
 //!
-//! Intervals are `every`-long slices of Unix time ([k·every, (k+1)·every) on this host's
-//! clock, the one its cron or timer fires by). Two locks make the promise:
+//! Intervals are `every`-long slices of Unix time ([k·every, (k+1)·every)), read on the lock
+//! service's clock where the backend has one (`Client::server_time`: Redis, PostgreSQL,
+//! MySQL), so that hosts whose clocks disagree still agree on the interval; on this host's
+//! clock otherwise (file://, etcd, ZooKeeper, Redlock). Two locks make the promise:
 //! - `NAME@k%2`, the interval's lock: one try; the run that gets it keeps it until its
 //!   interval ends, and at least `--at-least` after it started, never longer than `--at-most`
 //!   ([`distlock::LockGuard::release_after`]), so any later firing of the same interval finds it
@@ -37,13 +39,13 @@ pub struct OnceArgs {
     #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
     at_most: Option<Duration>,
     /// Watchdog lease while the command runs (see `dlock run --help`).
-    #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "30s")]
     lease: Duration,
     /// How long the command gets between SIGTERM and SIGKILL when it has to be stopped.
-    #[arg(long, value_parser = crate::duration_arg)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
     grace: Option<Duration>,
     /// How long to try to reach the lock service (exit 69 after).
-    #[arg(long, value_parser = crate::duration_arg, default_value = "10s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
     connect_timeout: Duration,
     #[command(flatten)]
     job: crate::run::JobArgs,
@@ -54,16 +56,20 @@ Fire it from cron or a timer on every host; the job runs once per interval:
 
   */15 * * * *  dlock once --every 15m --at-least 1m nightly-sync -- /usr/local/bin/sync
 
-Intervals are slices of Unix time on this host's clock (--every 1h: each hour, UTC). One try
-at lock NAME: the host that gets it runs the command (with dlock run's supervision) and
-keeps NAME locked until its interval ends, and at least --at-least after the run started, so
-hosts firing late (a slow clock, a delayed cron) or early for the next interval (a fast
-clock, within --at-least of the boundary) skip. --at-most caps all of it. While the command
-runs, NAME.running is held too (it tells skipped hosts why they skipped).
+Intervals are slices of Unix time (--every 1h: each hour, UTC) on the lock service's clock
+where it has one (Redis, PostgreSQL, MySQL), so hosts whose clocks are off still agree on the
+interval; on this host's clock otherwise (file://, etcd, ZooKeeper, Redlock). One try at
+the interval's lock (NAME@0 and NAME@1 in turn): the host that gets it runs the command (with
+dlock run's supervision) and keeps the interval's lock until the interval ends, and at least
+--at-least after the run started, so hosts firing late (a delayed cron) or early for the
+next interval (within --at-least of the boundary) skip. --at-most caps all of it. While the
+command runs, lock NAME is held too (it tells skipped hosts why they skipped).
 
-On backends whose leases expire (Redis, etcd, SQL), dlock once exits when the command ends:
-the server keeps NAME locked for the rest of the time. On file:// and zk://, whose locks last
-as long as their holder, it stays (sleeping, holding NAME) until that time is over.
+Where holds are kept by their lease on the server (Redis, Redlock, etcd, PostgreSQL's lease
+mode, MySQL's table mode), dlock once exits when the command ends: the server keeps the
+interval's lock for the rest of the time. Where a lock lasts as long as its holder (file://,
+zk://, the session modes of PostgreSQL and MySQL), it stays (sleeping, holding it) until
+that time is over.
 
 Exit status: the command's when it ran (76 if the lock was lost meanwhile); 75 skipped, it is
 running elsewhere; 79 skipped, it ran in this interval already (or less than --at-least ago);
@@ -77,8 +83,9 @@ const MIN_HOLD: Duration = Duration::from_millis(100);
 enum Attempt {
     #[default]
     Nothing,
-    /// Both locks: the interval's (kept after the command) and the running one (returned).
-    Got(distlock::LockGuard),
+    /// Both locks: the interval's (kept after the command, for the given time since the run
+    /// started) and the running one (returned).
+    Got(distlock::LockGuard, Duration),
     /// Skipped; `running`: because a run holds the running lock.
     Skipped { running: bool },
 }
@@ -93,6 +100,39 @@ fn left_in_interval(now: Duration, every: Duration) -> Duration {
     let (now, every) = (now.as_nanos(), every.as_nanos().max(1));
     let end = (now / every + 1) * every;
     Duration::from_nanos(u64::try_from(end - now).unwrap_or(u64::MAX))
+}
+
+/// The test hook `DLOCK_TEST_CLOCK_SKEW_MS`: milliseconds (negative: behind) added to this
+/// host's clock where `dlock once` reads it, to test a host whose clock is off.
+const CLOCK_SKEW_ENV: &str = "DLOCK_TEST_CLOCK_SKEW_MS";
+
+/// The skew [`CLOCK_SKEW_ENV`] asks for (none when unset).
+fn clock_skew() -> Result<i64, String> {
+    match std::env::var(CLOCK_SKEW_ENV) {
+        Err(_) => Ok(0),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| format!("{CLOCK_SKEW_ENV}=`{v}` is not a number of milliseconds")),
+    }
+}
+
+/// Unix time now on the lock service's clock, where the backend has one (so that hosts whose
+/// clocks disagree agree on the interval); else on this host's clock, shifted by `skew_ms`.
+async fn unix_now(client: &distlock::Client, skew_ms: i64) -> distlock::Result<Duration> {
+    let now = match client.server_time().await? {
+        Some(t) => t,
+        None => {
+            let local = SystemTime::now();
+            let skew = Duration::from_millis(skew_ms.unsigned_abs());
+            if skew_ms >= 0 {
+                local + skew
+            } else {
+                local - skew
+            }
+        }
+    };
+    Ok(now.duration_since(UNIX_EPOCH).unwrap_or_default())
 }
 
 /// How long NAME stays locked after a run starts, given the time left in its interval.
@@ -135,16 +175,13 @@ pub async fn once(url: &str, args: OnceArgs) -> u8 {
         return crate::EXIT_USAGE;
     }
     let grace = fit_grace(args.grace, lease);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let hold = hold_for(
-        left_in_interval(now, args.every),
-        args.every,
-        args.at_least,
-        args.at_most,
-    );
-    let slot = format!("{}@{}", args.job.name, interval_index(now, args.every) % 2);
+    let skew = match clock_skew() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dlock: {e}");
+            return crate::EXIT_USAGE;
+        }
+    };
     let wanted = Wanted {
         what: format!("job `{}`", args.job.name),
         lease,
@@ -158,9 +195,14 @@ pub async fn once(url: &str, args: OnceArgs) -> u8 {
     };
     // Filled by the attempt: the interval's lock, or which lock was taken.
     let state = Arc::new(Mutex::new(Attempt::default()));
+    let (every, at_least, at_most) = (args.every, args.at_least, args.at_most);
     let got = obtain(url, &wanted, |c, _| {
-        let (name, slot, state) = (args.job.name.clone(), slot.clone(), state.clone());
+        let (name, state) = (args.job.name.clone(), state.clone());
         Box::pin(async move {
+            let now = unix_now(&c, skew).await?;
+            let hold = hold_for(left_in_interval(now, every), every, at_least, at_most);
+            let slot = format!("{name}@{}", interval_index(now, every) % 2);
+            tracing::debug!(interval = %slot, hold = %crate::run::human(hold), "interval");
             // A fixed lease to the end of the hold: nothing renews it, and it ends then even
             // if this process dies.
             let interval = c.lock(&slot)?.lease(hold.max(MIN_HOLD))?;
@@ -180,7 +222,7 @@ pub async fn once(url: &str, args: OnceArgs) -> u8 {
             match c.lock(&name)?.acquire_timeout(Duration::ZERO).await {
                 Ok(g) => {
                     if let Ok(mut st) = state.lock() {
-                        *st = Attempt::Got(interval);
+                        *st = Attempt::Got(interval, hold);
                     }
                     Ok(Held::Lock(g))
                 }
@@ -203,8 +245,8 @@ pub async fn once(url: &str, args: OnceArgs) -> u8 {
         Ok(mut st) => std::mem::take(&mut *st),
         Err(_) => Attempt::default(),
     };
-    let (got, interval) = match (got, state) {
-        (Ok(g), Attempt::Got(interval)) => (g, interval),
+    let (got, interval, hold) = match (got, state) {
+        (Ok(g), Attempt::Got(interval, hold)) => (g, interval, hold),
         (Err(crate::EXIT_NOT_ACQUIRED), Attempt::Skipped { running: true }) => {
             eprintln!(
                 "dlock: job `{}` skipped: it is running elsewhere",
@@ -240,7 +282,7 @@ pub async fn once(url: &str, args: OnceArgs) -> u8 {
         lock_file: got.lock_file(distlock::LockKind::Mutex),
         keep: Some((interval, hold)),
     };
-    supervise(got.held, got.attempt_sent, job).await
+    supervise(got.held, got.attempt_sent, job).await.code
 }
 
 #[cfg(test)]

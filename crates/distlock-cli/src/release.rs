@@ -1,4 +1,5 @@
-//! `dlock release --force NAME [--kind K] [--yes]`: the operator's way out of a stuck lock.
+//! `dlock release --force NAME [--kind K] [--yes] [--json]`: the operator's way out of a
+//! stuck lock.
 
 use clap::Args;
 use std::io::{BufRead, IsTerminal, Write};
@@ -13,12 +14,24 @@ pub struct ReleaseArgs {
     /// next renewal.
     #[arg(long)]
     force: bool,
-    /// Kind of lock: mutex, fair, read or write (both: the read-write lock), semaphore=N.
-    #[arg(long, default_value = "mutex", value_parser = crate::kind::parse)]
-    kind: crate::kind::Kind,
+    /// Kind of lock: mutex, fair, read or write (both: the read-write lock), semaphore=N
+    /// [default: the kind the backend has state for under NAME, else mutex].
+    #[arg(long, value_parser = crate::kind::parse)]
+    kind: Option<crate::kind::Kind>,
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     yes: bool,
+    /// Go ahead even when the backend has no state for NAME (no holder, no waiter, no
+    /// fencing token ever issued): the release then only records NAME's fencing counter
+    /// (e.g. after the server lost its data, to fence off holders it forgot). Without it, an
+    /// unknown name (often a typo) is reported and nothing changes (exit 1).
+    #[arg(long)]
+    allow_unknown: bool,
+    /// Print one JSON object on stdout: name, kind, unknown (true: the backend had no state
+    /// for NAME and nothing was changed), removed [{owner, count}], fencing_token (after the
+    /// release).
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn release(url: &str, args: ReleaseArgs) -> u8 {
@@ -27,34 +40,73 @@ pub async fn release(url: &str, args: ReleaseArgs) -> u8 {
             "dlock: `release` only removes another process's hold: add --force \
              (a holder releases its own lock when its command ends)"
         );
-        return crate::EXIT_ERROR;
+        return crate::EXIT_USAGE;
     }
     let client = match crate::connect(url, distlock::ClientOptions::default()).await {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let kind = args.kind.lock_kind();
+    let kind = match crate::kind::resolve(&client, &args.name, args.kind).await {
+        Ok(k) => k,
+        Err(code) => return code,
+    };
+    let info = match client.inspect_kind(&args.name, kind).await {
+        Ok(info) => info,
+        Err(e) => {
+            eprintln!("dlock: cannot inspect lock `{}`: {e}", args.name);
+            return crate::EXIT_ERROR;
+        }
+    };
+    let report = |unknown: bool, removed: &[distlock::HolderInfo], token: u64| {
+        let removed: Vec<_> = removed
+            .iter()
+            .map(|h| serde_json::json!({"owner": h.owner, "count": h.count}))
+            .collect();
+        let v = serde_json::json!({
+            "name": args.name,
+            "kind": crate::kind::describe(kind),
+            "unknown": unknown,
+            "removed": removed,
+            "fencing_token": token,
+        });
+        println!("{v}");
+    };
+    if crate::kind::is_unknown(&info) && !args.allow_unknown {
+        eprintln!(
+            "dlock: lock `{}` ({}) is unknown to {} at {}: no holder, no waiter, no fencing \
+             token ever issued; nothing changed (check the name with `dlock list`, the kind \
+             with --kind; --allow-unknown to record its fencing counter anyway)",
+            args.name,
+            crate::kind::describe(kind),
+            client.backend_kind(),
+            client.endpoint()
+        );
+        if args.json {
+            report(true, &[], info.fencing_token);
+        }
+        return crate::EXIT_ERROR;
+    }
     if !args.yes {
         // Show what would be removed, then ask.
-        match client.inspect_kind(&args.name, kind).await {
-            Ok(info) => {
-                let holders: Vec<_> = info.holders.iter().map(|h| h.owner.as_str()).collect();
-                eprintln!(
-                    "lock `{}` ({}): holders: {}; fencing token {}",
-                    args.name,
-                    kind.as_str(),
-                    if holders.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        holders.join(", ")
-                    },
-                    info.fencing_token
-                );
-            }
-            Err(e) => eprintln!("dlock: cannot inspect `{}`: {e}", args.name),
-        }
-        eprint!("Remove every holder of `{}` by force? [y/N] ", args.name);
-        let _ = std::io::stderr().flush();
+        let holders: Vec<_> = info.holders.iter().map(|h| h.owner.as_str()).collect();
+        eprintln!(
+            "lock `{}` ({}): holders: {}; fencing token {}",
+            args.name,
+            crate::kind::describe(kind),
+            if holders.is_empty() {
+                "none".to_owned()
+            } else {
+                holders.join(", ")
+            },
+            info.fencing_token
+        );
+        let mut err = std::io::stderr();
+        let _ = write!(
+            err,
+            "Remove every holder of `{}` by force? [y/N] ",
+            args.name
+        )
+        .and_then(|()| err.flush());
         let stdin = std::io::stdin();
         if !stdin.is_terminal() {
             // Piped input is fine (`echo y | dlock release --force`), but say so.
@@ -72,6 +124,10 @@ pub async fn release(url: &str, args: ReleaseArgs) -> u8 {
     }
     match client.force_release(&args.name, kind).await {
         Ok(r) => {
+            if args.json {
+                report(false, &r.removed, r.fencing_token);
+                return 0;
+            }
             if r.removed.is_empty() {
                 println!(
                     "lock `{}` had no holder; fencing token now {}",

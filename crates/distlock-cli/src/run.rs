@@ -31,14 +31,19 @@ pub struct RunArgs {
     waiting: Waiting,
     /// Watchdog lease: the lock lives this long after dlock stops renewing it (e.g. if dlock is
     /// killed); renewed while the command runs.
-    #[arg(long, value_parser = crate::duration_arg, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "30s")]
     lease: Duration,
     /// How long the command gets between SIGTERM and SIGKILL when it has to be stopped
     /// [default: 5s]. At most half the lease minus a margin: longer is shortened to fit.
-    #[arg(long, value_parser = crate::duration_arg)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
     grace: Option<Duration>,
     #[command(flatten)]
     which: Which,
+    /// When dlock ends, print one JSON object on the last line of stdout: name, kind,
+    /// outcome (ran, lost, not_acquired, unreachable, error), exit_code, command_status,
+    /// owner, fencing_token, waited_ms, held_ms.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     job: JobArgs,
 }
@@ -54,7 +59,7 @@ pub(crate) struct JobArgs {
         conflicts_with = "command"
     )]
     shell: Option<String>,
-    /// Lock name (`dlock once`: the job's).
+    /// Lock name (`dlock once`: the job's; `dlock elect`: the election's).
     pub(crate) name: String,
     /// The command and its arguments (after `--`, or right after NAME: everything from the
     /// first word after NAME on is the command's).
@@ -119,9 +124,10 @@ The command runs only while the lock is held:
     killed (even with kill -9) the guard kills all of them; SIGTERM, SIGINT, SIGHUP and SIGQUIT
     that dlock gets are forwarded to the command (with SIGCONT; after SIGTERM or SIGINT it
     is SIGKILLed --grace later if still running). In the foreground of a terminal the
-    command gets the terminal: it reads prompts; Ctrl-C reaches it, Ctrl-Z stops it and dlock. When the command exits, whatever it left
-    running gets SIGTERM, then SIGKILL after --grace. The lock is released (or reported lost)
-    only once none of them runs; on file:// the guard holds the lock file until then.
+    command gets the terminal: it reads prompts; Ctrl-C reaches it, Ctrl-Z stops it and
+    dlock (fg resumes both). When the command exits, whatever it left running gets SIGTERM,
+    then SIGKILL after --grace. The lock is released (or reported lost) only once none of
+    them runs; on file:// the guard holds the lock file until then.
   - If renewals keep failing, the command is stopped (SIGTERM, SIGKILL --grace later) so that
     it is dead before the last confirmed lease ends, i.e. before the server could give the
     lock to anyone else. Once the lock is known lost it is SIGKILLed at once.
@@ -138,11 +144,16 @@ command may follow NAME without `--`. Unlike flock, -x is not the default: the d
 Shared and exclusive holders of one NAME therefore all pass -s or -x. -c runs `sh -c CMD`
 (not $SHELL).
 
-Exit status: the command's (128+N if it died of signal N); 75 (or -E CODE) if the lock was not
-acquired within --wait (or on the one try of -n); 69 if the lock service could not be reached (within
---connect-timeout, or on the last try of --wait); 76 if the lock was lost, or the command had to be stopped because renewals
-failed, before the command ended (even if it then exited by itself); 1 for other errors
-(bad URL, credentials, unsupported kind); 126/127 if the command could not be started.";
+Waiting on a terminal shows one status line on stderr after about a second (time waited,
+the holder's pid and host, how long it has held the lock, its lease, the queue), erased when
+the lock is granted; off a terminal nothing (-v: a line every ten seconds).
+
+Exit status: the command's (128+N if it died of signal N); 75 (or -E CODE) if the lock was
+not acquired within --wait (or on the one try of -n); 69 if the lock service could not be
+reached (within --connect-timeout, or on the last try of --wait); 76 if the lock was lost,
+or the command had to be stopped because renewals failed, before the command ended (even if
+it then exited by itself); 1 for other errors (bad URL, credentials, unsupported kind);
+126/127 if the command could not be started.";
 
 /// `--wait`, `-n` and `--connect-timeout` of `dlock run` and `dlock elect`.
 #[derive(Args, Debug)]
@@ -174,7 +185,7 @@ pub(crate) struct Waiting {
     nonblock: bool,
     /// How long to try to reach the lock service before giving up (exit 69); not counted
     /// against --wait. Without --wait, dlock keeps trying, one line per failure.
-    #[arg(long, value_parser = crate::duration_arg, default_value = "10s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
     pub(crate) connect_timeout: Duration,
 }
 
@@ -218,15 +229,22 @@ pub(crate) fn fit_grace(grace: Option<Duration>, lease: Duration) -> Duration {
 pub async fn run(url: &str, args: RunArgs) -> u8 {
     if args.job.argv().is_empty() {
         eprintln!("dlock: no command given");
-        return crate::EXIT_ERROR;
+        return crate::EXIT_USAGE;
     }
     let grace = fit_grace(args.grace, args.lease);
     let command = args.job.argv();
     let kind = args.which.kind();
+    let mut report = crate::report::JsonReport::new(
+        args.json,
+        &args.job.name,
+        kind.lock_kind().as_str(),
+        args.waiting.conflict_exit_code,
+    );
     let got = match acquire(url, &args.job.name, &args.which, args.lease, &args.waiting).await {
         Ok(g) => g,
-        Err(code) => return code,
+        Err(code) => return report.gave_up(code),
     };
+    report.acquired(got.held.guard().owner(), got.held.guard().fencing_token());
     let job = Job {
         what: format!("lock `{}`", args.job.name),
         name: args.job.name.clone(),
@@ -237,7 +255,7 @@ pub async fn run(url: &str, args: RunArgs) -> u8 {
         lock_file: got.lock_file(kind.lock_kind()),
         keep: None,
     };
-    supervise(got.held, got.attempt_sent, job).await
+    report.ran(supervise(got.held, got.attempt_sent, job).await)
 }
 
 /// What a supervised command runs under: a lock's guard, or an election's leadership.
@@ -283,9 +301,32 @@ pub(crate) struct Job<'a> {
     pub(crate) keep: Option<(distlock::LockGuard, Duration)>,
 }
 
+/// How a supervised command went: dlock's exit code (see `RUN_HELP`), and what it is made of.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ran {
+    /// dlock's exit code.
+    pub(crate) code: u8,
+    /// The command's own exit status (128+N for signal N), if it was started and ended.
+    pub(crate) status: Option<u8>,
+    /// The lock (or leadership) was lost, or the command had to be stopped for it, before
+    /// the command ended.
+    pub(crate) lost: bool,
+}
+
+impl Ran {
+    /// dlock gave up without a command status: `lost` or not.
+    fn without_status(code: u8, lost: bool) -> Ran {
+        Ran {
+            code,
+            status: None,
+            lost,
+        }
+    }
+}
+
 /// Runs `job.command` while `held` lasts (acquired by an attempt sent at `attempt_sent`, boot
-/// clock) and releases it when the command ends; the exit code (see `RUN_HELP`).
-pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) -> u8 {
+/// clock) and releases it when the command ends; how it went.
+pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) -> Ran {
     let Job {
         what,
         name,
@@ -318,7 +359,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
             at(boot_now())
         );
         release(guard).await;
-        return crate::EXIT_LOST;
+        return Ran::without_status(crate::EXIT_LOST, true);
     }
     let mut env = vec![
         ("DLOCK_NAME", name.clone()),
@@ -344,7 +385,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
         Err(e) => {
             eprintln!("dlock: cannot start the command's guard: {e}");
             release(guard).await;
-            return crate::EXIT_ERROR;
+            return Ran::without_status(crate::EXIT_ERROR, false);
         }
     };
     let (end_tx, mut end_rx) = tokio::sync::watch::channel(lease_end);
@@ -380,7 +421,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
             let program = command.first().map_or("", String::as_str);
             eprintln!("dlock: cannot run `{program}`: {msg}");
             release(guard).await;
-            return code;
+            return Ran::without_status(code, false);
         }
         Some(Report::LeaseTooShort) => {
             eprintln!(
@@ -389,7 +430,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
                 at(lease_end)
             );
             release(guard).await;
-            return crate::EXIT_LOST;
+            return Ran::without_status(crate::EXIT_LOST, true);
         }
         // The guard died without a word (killed from outside, or by the stop schedule).
         _ => (outcome.guard_status, seen_end),
@@ -415,6 +456,7 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
     facts.lost_seen = lost_seen;
     facts.release_not_held = released == Some(false);
     facts.release_sent = release_sent;
+    let status = Some(ended.exit_code());
     match verdict(&facts) {
         Some(why) => {
             eprintln!(
@@ -425,9 +467,17 @@ pub(crate) async fn supervise(held: Held, attempt_sent: Duration, job: Job<'_>) 
                 at(cmd_end),
                 ended.exit_code()
             );
-            crate::EXIT_LOST
+            Ran {
+                code: crate::EXIT_LOST,
+                status,
+                lost: true,
+            }
         }
-        None => ended.exit_code(),
+        None => Ran {
+            code: ended.exit_code(),
+            status,
+            lost: false,
+        },
     }
 }
 
@@ -842,6 +892,7 @@ pub(crate) async fn obtain(
     // Until a try has come back from the server, a reply that makes no sense means a server
     // of another kind, not a passing fault.
     let mut answered = false;
+    let wait_began = tokio::time::Instant::now();
     loop {
         let attempt_sent = boot_now();
         tracing::debug!(wait_left = ?left().map(human), "trying to acquire {what}");
@@ -855,7 +906,17 @@ pub(crate) async fn obtain(
                     c
                 }
             };
-            attempt(c, left()).await
+            // What the wait is at, on a terminal (not for the one try of --wait 0).
+            let status = match (&wanted.target, wanted.wait) {
+                (Some(_), Some(w)) if w.is_zero() => None,
+                (Some(t), _) => Some(crate::status::Status::start(&c, t, what, wait_began)),
+                (None, _) => None,
+            };
+            let held = attempt(c, left()).await;
+            if let Some(s) = status {
+                s.stop();
+            }
+            held
         }
         .await;
         let e = match result {

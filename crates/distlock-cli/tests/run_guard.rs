@@ -419,7 +419,8 @@ fn completions_and_man_page() {
         .args(["man", "__guard"])
         .output()
         .expect("man");
-    assert_eq!(out.status.code(), Some(1));
+    // No such (visible) subcommand: a usage error.
+    assert_eq!(out.status.code(), Some(2));
 }
 
 #[test]

@@ -403,4 +403,19 @@ pub trait Backend: Send + Sync + 'static {
     async fn diagnose(&self) -> Result<Vec<Finding>> {
         Err(crate::Error::unsupported(self.kind(), "diagnosis"))
     }
+
+    /// The lock service's clock now (wall-clock time, as its server reads it), for schedules
+    /// that every client must read alike, such as `dlock once`'s intervals: clients whose
+    /// own clocks disagree still agree on it. `None` when the service has no clock to ask
+    /// (the file backend's clock is the host's own; etcd and ZooKeeper have no API for
+    /// theirs): callers then use the local clock. The default answers `None`.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe (it only reads).
+    ///
+    /// # Errors
+    /// Connection errors and unexpected replies.
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        Ok(None)
+    }
 }

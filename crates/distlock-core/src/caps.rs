@@ -97,8 +97,12 @@ impl Capabilities {
         }
     }
 
-    /// Whether a holder that stops renewing loses the lock when its lease ends (default
-    /// true; false for `file://`, where a hold lasts as long as the holding process).
+    /// Whether a hold is kept by its lease on the server, so that a holder that stops
+    /// renewing loses it when the lease ends and a hold left to run out outlives its
+    /// process until then ([`LockGuard::release_after`](crate::LockGuard::release_after)
+    /// relies on it). Default true; false where a hold lasts as long as the holding process
+    /// or its session or connection (`file://`, ZooKeeper, the session modes of PostgreSQL
+    /// and MySQL).
     pub const fn lease_expiry(self, yes: bool) -> Self {
         Capabilities {
             lease_expiry: yes,

@@ -257,6 +257,26 @@ impl Client {
         backend.diagnose().await
     }
 
+    /// The lock service's clock now, or `None` when the backend has none to ask (see
+    /// [`Backend::server_time`]): what to measure schedules shared by several hosts by.
+    ///
+    /// ```no_run
+    /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
+    /// let now = client.server_time().await?.unwrap_or_else(std::time::SystemTime::now);
+    /// # let _ = now; Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the server cannot be reached (after the client's retries);
+    /// [`Error::UnexpectedReply`].
+    pub async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        let backend = &self.shared.backend;
+        crate::backoff::retry(self.shared.opts.retry, || backend.server_time()).await
+    }
+
     pub(crate) fn next_seq(&self) -> u64 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }

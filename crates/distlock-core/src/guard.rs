@@ -260,7 +260,9 @@ impl LockGuard {
     /// `at_least` from now ([`LockGuard::extend`], never shortened), renewals stop, and the
     /// grant is left to expire on the server: the call returns at once with
     /// [`ReleaseOutcome::Released`], and the process may exit. Where a hold lasts as long as
-    /// the process or session that holds it (`file://`, ZooKeeper) the call sleeps out the
+    /// the process or session that holds it (`file://`, ZooKeeper, the session modes of
+    /// PostgreSQL and MySQL: [`Capabilities::expires_leases`](crate::backend::Capabilities::expires_leases)
+    /// is false) the call sleeps out the
     /// rest of `at_least` and then releases; the process must live until it returns.
     ///
     /// ```no_run

@@ -485,7 +485,9 @@ distlock_sql::sql_backend!(MysqlBackend,
     operator: ops,
 {
     fn capabilities(&self) -> distlock_core::backend::Capabilities {
-        common::capabilities()
+        // Session mode: GET_LOCK belongs to the holder's connection, which ends with its
+        // process (a hold cannot be left to run out on the server after the process exits).
+        common::capabilities().lease_expiry(self.mode() == Mode::Table)
     }
 
     /// MySQL has no notifications: the watch never fires, and waiters (table mode) wake at

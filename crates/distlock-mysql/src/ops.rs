@@ -362,6 +362,23 @@ fn tls_finding(b: &MysqlBackend, version: Option<String>) -> Finding {
     }
 }
 
+/// The server's clock (UTC, microseconds), for `Backend::server_time`.
+pub(crate) async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
+    let us: Option<i64> = b
+        .common
+        .with_conn("reading the server clock", |c| {
+            Box::pin(async move {
+                c.query_first(format!("SELECT {}", crate::common::CLOCK_US))
+                    .await
+            })
+        })
+        .await?;
+    let us = us.and_then(|us| u64::try_from(us).ok()).ok_or_else(|| {
+        Error::unexpected(KIND, format!("the server clock reads {us:?} µs since 1970"))
+    })?;
+    Ok(UNIX_EPOCH + Duration::from_micros(us))
+}
+
 pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
     let mode = b.mode();
     type Probe = (

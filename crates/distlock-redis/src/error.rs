@@ -17,12 +17,29 @@ pub(crate) fn map_tls(endpoint: &str, e: RedisError, client_cert: Option<bool>) 
         return Error::connection(KIND, endpoint.to_owned(), t);
     }
     let _ = client_cert;
+    if e.kind() == ErrorKind::Parse {
+        // Bytes that are not RESP at all: another kind of server on this port.
+        return Error::unexpected(KIND, not_redis(endpoint));
+    }
     let text = e.to_string();
+    if text.contains("NOAUTH") {
+        // Every command of a pipeline answers NOAUTH: one line instead of redis-rs's dump.
+        return Error::auth(
+            KIND,
+            endpoint.to_owned(),
+            "the server requires a password and none was given (NOAUTH; e.g. \
+             redis://:PASSWORD@HOST:PORT, or DLOCK_REDIS_PASSWORD)",
+        );
+    }
     if e.kind() == ErrorKind::AuthenticationFailed
         || text.contains("WRONGPASS")
-        || text.contains("NOAUTH")
         || text.contains("invalid password")
     {
+        let text = if e.kind() == ErrorKind::AuthenticationFailed {
+            "it refused the user name or password given".to_owned()
+        } else {
+            text
+        };
         return Error::auth(KIND, endpoint.to_owned(), text);
     }
     if text.contains("WRONGTYPE") {
@@ -54,6 +71,25 @@ pub(crate) fn map_tls(endpoint: &str, e: RedisError, client_cert: Option<bool>) 
         return Error::connection(KIND, endpoint.to_owned(), e);
     }
     Error::unexpected(KIND, text)
+}
+
+/// The message for a server at `endpoint` whose replies are not the Redis protocol.
+pub(crate) fn not_redis(endpoint: &str) -> String {
+    format!(
+        "the server at {endpoint} does not answer in the Redis protocol (is this port an HTTP \
+         server or another service? give the port of a Redis server, 6379 by default)"
+    )
+}
+
+/// The error for a password the server refused although it lets clients in without one:
+/// most likely a server with no password set (no `requirepass`, a `nopass` default user).
+pub(crate) fn superfluous_password(endpoint: &str) -> Error {
+    Error::invalid(format!(
+        "redis at {endpoint} refused the password given, but lets clients in without one (it \
+         has no requirepass, or its default user is nopass): drop the password from the URL, \
+         DLOCK_REDIS_PASSWORD and DLOCK_REDIS_PASSWORD_FILE, or set one on the server; if an \
+         ACL user needs this password, check the user name and the password"
+    ))
 }
 
 pub(crate) fn shape(what: &str, got: &redis::Value) -> Error {

@@ -74,6 +74,28 @@ fn check_wait(wait_replicas: Option<(u32, Duration)>, opts: &ClientOptions) -> R
     Ok(())
 }
 
+/// True when the server behind `client` (whose credentials it refused) answers `PING` on a
+/// connection without any: the password given is one it does not need.
+async fn needs_no_password(client: &redis::Client, limit: Duration) -> bool {
+    let info = client.get_connection_info();
+    if info.redis_settings().password().is_none() {
+        return false;
+    }
+    let bare = info.clone().set_redis_settings(
+        redis::RedisConnectionInfo::default()
+            .set_db(info.redis_settings().db())
+            .set_protocol(info.redis_settings().protocol()),
+    );
+    let Ok(bare) = redis::Client::open(bare) else {
+        return false;
+    };
+    let ping = async {
+        let mut con = bare.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut con).await
+    };
+    matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(_)))
+}
+
 impl RedisBackend {
     /// Connects to the Redis server at `url`, checks credentials and loads the scripts.
     ///
@@ -143,7 +165,7 @@ impl RedisBackend {
             sentinel::confirm_master(&client, at, &endpoint, opts.get_connect_timeout()).await?;
         }
         let config = conn::config(opts);
-        let mut con = tokio::time::timeout(
+        let con = tokio::time::timeout(
             opts.get_connect_timeout() * 2,
             ConnectionManager::new_with_config(client.clone(), config),
         )
@@ -157,8 +179,17 @@ impl RedisBackend {
                     opts.get_connect_timeout() * 2
                 ),
             )
-        })?
-        .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
+        })?;
+        let mut con = match con {
+            Ok(c) => c,
+            Err(e) if e.kind() == redis::ErrorKind::AuthenticationFailed => {
+                if needs_no_password(&client, opts.get_connect_timeout()).await {
+                    return Err(error::superfluous_password(&endpoint));
+                }
+                return Err(error::map_tls(&endpoint, e, cert_given));
+            }
+            Err(e) => return Err(error::map_tls(&endpoint, e, cert_given)),
+        };
         if cluster::is_cluster_node(&mut con).await {
             return Err(conn.invalid(cluster::NOT_STANDALONE));
         }
@@ -905,5 +936,9 @@ impl Backend for RedisBackend {
 
     async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
         ops::diagnose(self).await
+    }
+
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        ops::server_time(self).await.map(Some)
     }
 }

@@ -372,6 +372,16 @@ pub(crate) async fn diagnose(b: &RedisBackend) -> Result<Vec<Finding>> {
 }
 
 /// The findings of one server (`cluster`: a master of the `redis+cluster://` cluster).
+/// The server's clock (`TIME`; on a cluster, one master's).
+pub(crate) async fn server_time(b: &RedisBackend) -> Result<SystemTime> {
+    let mut con = b.con.get();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut con)
+        .await
+        .map_err(|e| b.err(e))?;
+    Ok(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
+}
+
 async fn diagnose_on(
     b: &RedisBackend,
     mut con: crate::cluster::Link,

@@ -130,8 +130,8 @@ impl<D: Dialect> ModeOps for Sessions<D> {
 /// Implements `distlock_core::Backend` for an SQL backend type whose private
 /// `fn ops(&self) -> &dyn ModeOps` returns the mode in use: the lock operations forward to
 /// the mode, `kind` is `$kind`, `endpoint` the field path `$endpoint` of `self`, and the
-/// operator commands are the functions `list`, `force_release` and `diagnose` of the module
-/// `$ops` (each taking the backend first), `proclaim` forwards to the mode too; the items in
+/// operator commands are the functions `list`, `force_release`, `diagnose` and
+/// `server_time` of the module `$ops` (each taking the backend first), `proclaim` forwards to the mode too; the items in
 /// braces (`capabilities`, `watch`, `observe`) are the backend's own.
 #[macro_export]
 macro_rules! sql_backend {
@@ -171,6 +171,12 @@ macro_rules! sql_backend {
                 &self,
             ) -> $crate::__private::Result<::std::vec::Vec<$crate::__private::Finding>> {
                 $ops::diagnose(self).await
+            }
+
+            async fn server_time(
+                &self,
+            ) -> $crate::__private::Result<::std::option::Option<::std::time::SystemTime>> {
+                $ops::server_time(self).await.map(::std::option::Option::Some)
             }
 
             async fn acquire(

@@ -169,3 +169,9 @@ pub mod blocking {
         Client::new(move || async move { crate::connect_with(&url, opts).await })
     }
 }
+
+/// The code of the repository's README (its "Ten lines"), compiled by `cargo test --doc` so
+/// that it cannot drift from the API. Not part of the API; only built for doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

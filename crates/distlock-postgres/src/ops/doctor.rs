@@ -2,7 +2,7 @@
 //! timeouts take effect, synchronous replication, TLS, and the server clock against the local one.
 
 use super::CLOCK_WARN;
-use crate::error::{is_code, shape};
+use crate::error::{is_code, shape, KIND};
 use crate::{Mode, PostgresBackend};
 use distlock_core::{Finding, Result, Severity};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -77,6 +77,29 @@ fn replication_finding(recovery: bool, standbys: i64, sync: i64, commit: &str) -
             format!("{standbys} standbys replicate asynchronously (synchronous standbys: {sync}, synchronous_commit={commit}): a failover to one can lose the last lease rows (a lock granted twice; fencing tokens still increase, each at least the server clock in µs, as long as the new primary's clock is not behind the old one's by as much as the failover takes; session mode's advisory locks are never replicated, but their holders' sessions end with the old primary); set synchronous_standby_names and synchronous_commit=on (or remote_apply) if failovers happen"),
         )
     }
+}
+
+/// The server's clock (`clock_timestamp()`), for `Backend::server_time`.
+pub(crate) async fn server_time(b: &PostgresBackend) -> Result<SystemTime> {
+    let client = b.common.control().await?;
+    let row = b
+        .common
+        .run(
+            "reading the server clock",
+            client.query_one(
+                "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::int8",
+                &[],
+            ),
+        )
+        .await?;
+    let us: i64 = row.try_get(0).map_err(|e| shape("server_time", e))?;
+    let us = u64::try_from(us).map_err(|_| {
+        distlock_core::Error::unexpected(
+            KIND,
+            format!("the server clock reads {us} µs, before 1970"),
+        )
+    })?;
+    Ok(UNIX_EPOCH + Duration::from_micros(us))
 }
 
 pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {

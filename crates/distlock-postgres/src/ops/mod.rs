@@ -29,7 +29,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 mod doctor;
-pub(crate) use doctor::diagnose;
+pub(crate) use doctor::{diagnose, server_time};
 
 /// Server/local clock offset above which `diagnose` warns.
 const CLOCK_WARN: Duration = Duration::from_secs(1);

@@ -77,6 +77,9 @@ pub(crate) fn capabilities() -> Capabilities {
         LockKind::Write,
         LockKind::Election,
     ])
+    // An advisory lock belongs to the holder's session, which ends with its process (a hold
+    // cannot be left to run out on the server after the process exits).
+    .lease_expiry(false)
 }
 
 fn exclusive(kind: LockKind) -> bool {
