@@ -313,6 +313,29 @@ fn peer_holds_and_dlock_times_out(peer: Peer) {
     assert_eq!(out.status.code(), Some(75), "{out:?}");
     let shown = inspect(&url, "orders");
     assert!(shown.contains(&peer.foreign()), "{shown}");
+    // `dlock list` finds the peer's lock (and not an unrelated key of the same type);
+    // `dlock doctor` says which dialect the URL speaks.
+    server
+        .command(&["HSET", "user:1", "name", "alice"])
+        .expect("hset");
+    server.command(&["SET", "lock-free", "x"]).expect("set");
+    let out = dlock(&url).args(["list", "--json"]).output().expect("list");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        listed.contains("\"orders\"") && listed.contains(&peer.foreign()),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains("user:1") && !listed.contains("lock-free"),
+        "{listed}"
+    );
+    let out = dlock(&url).arg("doctor").output().expect("doctor");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("dialect={}", peer.dialect())),
+        "{said}"
+    );
     // The lock is the peer's own key, with its value: nothing of dlock's was written there.
     match peer {
         Peer::Redisson => assert_eq!(server.command(&["TYPE", "orders"]).unwrap(), "hash"),

@@ -557,9 +557,18 @@ pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<
         .with_fencing_token(fencing_token))
 }
 
+/// Whether the fields of a hash look like a Redisson lock's: holder ids `CLIENT:THREAD` with
+/// a re-entry count each (node-redisson's thread part is a UUID, Redisson's a number).
+fn redisson_like(fields: &[(String, String)]) -> bool {
+    !fields.is_empty()
+        && fields
+            .iter()
+            .all(|(f, c)| f.contains(':') && c.parse::<u32>().is_ok_and(|n| n > 0))
+}
+
 /// `Backend::list` in a dialect: the peer's locks whose names start with `prefix` (held
-/// ones: the peers leave nothing behind a release). Redisson's are the hashes whose fields
-/// all look like `UUID:THREAD_ID` with a count.
+/// ones: the peers leave nothing behind a release). Redisson's are the hashes that look like
+/// its locks ([`redisson_like`]); python-redis-lock's the strings `lock:…`.
 pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<Vec<ListedLock>> {
     let escaped = crate::ops::glob_escape(prefix);
     let (pattern, kind) = match l.dialect {
@@ -578,21 +587,23 @@ pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<V
                 None => continue,
             },
         };
-        if !name.starts_with(prefix) || beside("x", &l.lock_key(name)).is_err() {
+        // Names no key of dlock's can sit beside (see `beside`) are not dlock's to show.
+        if !name.starts_with(prefix) || beside("x", &key).is_err() {
             continue;
         }
-        let info = inspect(b, l, name).await?;
-        let looks_like_lock = match l.dialect {
-            Dialect::Redisson => {
-                !info.holders.is_empty()
-                    && info.holders.iter().all(|h| {
-                        let field = h.owner.strip_suffix(" (redisson)").unwrap_or("");
-                        field.is_empty() || redisson_field(field).is_some()
-                    })
+        if l.dialect == Dialect::Redisson {
+            let mut con = b.con.get();
+            let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+                .arg(&key)
+                .query_async(&mut con)
+                .await
+                .map_err(|e| b.err(e))?;
+            if !redisson_like(&fields) {
+                continue;
             }
-            Dialect::PythonRedisLock => true,
-        };
-        if looks_like_lock {
+        }
+        let info = inspect(b, l, name).await?;
+        if info.held() {
             out.push(ListedLock::new(LockKind::Mutex, info));
         }
     }
@@ -685,5 +696,15 @@ mod tests {
         assert_eq!(redisson_field("nothread"), None);
         assert_eq!(pyrl_owner("dlock:ab:17:host:1:x"), Some((17, "host:1:x")));
         assert_eq!(pyrl_owner("b64randomid=="), None);
+        let f = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        assert!(redisson_like(&f(&[("6f1e-uuid:77", "2")])));
+        assert!(!redisson_like(&f(&[("name", "alice")])));
+        assert!(!redisson_like(&f(&[("a:b", "0")])));
+        assert!(!redisson_like(&[]));
     }
 }
