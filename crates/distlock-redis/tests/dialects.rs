@@ -83,6 +83,23 @@ async fn other_kinds_and_unknown_dialects_are_refused() {
         assert!(e.to_string().contains(&format!("dialect={dialect}")), "{e}");
         let e = c.inspect_kind("x", LockKind::Fair).await.unwrap_err();
         assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+        // The lock key is the name itself: other data under it is a typed error saying so.
+        let key = match dialect {
+            "redisson" => "taken".to_owned(),
+            _ => "lock:taken".to_owned(),
+        };
+        match dialect {
+            "redisson" => server.command(&["SET", &key, "x"]).expect("set"),
+            _ => server.command(&["HSET", &key, "f", "v"]).expect("hset"),
+        };
+        let e = c
+            .lock("taken")
+            .expect("lock")
+            .try_acquire()
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::UnexpectedReply { .. }), "{e:?}");
+        assert!(e.to_string().contains(&format!("key `{key}`")), "{e}");
     }
     let e = RedisBackend::connect(&format!("{}?dialect=jedis", server.url()), &fast_opts())
         .await

@@ -39,7 +39,7 @@ use std::time::Duration;
 /// How long python-redis-lock's release signal (`lock-signal:NAME`) lives, in ms: its own
 /// default `signal_expire`. A waiter that starts its `BLPOP` later than this after a release
 /// misses it and wakes at the holder's lease end instead.
-pub const SIGNAL_EXPIRE_MS: u64 = 1000;
+pub(crate) const SIGNAL_EXPIRE_MS: u64 = 1000;
 
 /// Another library's layout of the keys of a lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,6 +319,28 @@ impl Layout {
     }
 }
 
+/// An error of a script on lock `name`: a `WRONGTYPE` (the peer's key holds other data) is
+/// said in the dialect's words — the lock key is the name itself, not under dlock's namespace.
+fn on_key(l: &Layout, name: &str, e: Error) -> Error {
+    match &e {
+        Error::UnexpectedReply { message, .. } if message.contains("WRONGTYPE") => {
+            Error::unexpected(
+                KIND,
+                format!(
+                    "key `{}` holds data of another type, not {} ({message}); with dialect={} the lock is that key itself, so another application's data under the same name gets in the way: choose a lock name no other data uses",
+                    l.lock_key(name),
+                    match l.dialect {
+                        Dialect::Redisson => "a Redisson lock hash",
+                        Dialect::PythonRedisLock => "a python-redis-lock string",
+                    },
+                    l.dialect.as_str()
+                ),
+            )
+        }
+        _ => e,
+    }
+}
+
 /// `Backend::acquire` in a dialect.
 pub(crate) async fn acquire(
     b: &RedisBackend,
@@ -347,7 +369,10 @@ pub(crate) async fn acquire(
         }
     };
     let sent = b.unanswered.sent(&req.attempt);
-    let (v, acked) = b.eval_acquire_in(&SCRIPTS.all(), &cmd).await?;
+    let (v, acked) = b
+        .eval_acquire_in(&SCRIPTS.all(), &cmd)
+        .await
+        .map_err(|e| on_key(l, name, e))?;
     sent.answered();
     match crate::pair("acquire", &v)? {
         (1, token) if token > 0 => {
@@ -389,7 +414,10 @@ pub(crate) async fn run_release(
         Some(keep) => Some((l.ended_key(name, attempt)?, crate::lease_ms(keep))),
         None => None,
     };
-    let v = b.eval_ending(&SCRIPTS.all(), &cmd, record.as_ref()).await?;
+    let v = b
+        .eval_ending(&SCRIPTS.all(), &cmd, record.as_ref())
+        .await
+        .map_err(|e| on_key(l, name, e))?;
     crate::pair(mode, &v)
 }
 
