@@ -639,3 +639,27 @@ fn mixed_fleet_with_redisson_loses_no_update() {
 fn mixed_fleet_with_python_redis_lock_loses_no_update() {
     mixed_fleet(Peer::PythonRedisLock);
 }
+
+/// With the defaults on both sides (dlock's watchdog lease and Redisson's are both 30 s),
+/// a lock `dlock run` holds past that lease stays dlock's: its watchdog renewed it, and a
+/// Redisson client still cannot take it. (The one slow test here: it waits out the lease.)
+#[test]
+fn dlock_keeps_the_lock_past_redissons_default_lease() {
+    let server = RedisServer::start().expect("redis");
+    let url = url(&server, Peer::Redisson);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(mut p) = PeerProcess::start(Peer::Redisson, port(&server), "orders", None) else {
+        return;
+    };
+    let mut run = dlock_holds(&url, "orders", dir.path(), &[]);
+    std::thread::sleep(Duration::from_secs(31));
+    assert!(!p.try_lock(), "the peer got the lock after 31 s");
+    let pttl: u64 = server
+        .command(&["PTTL", "orders"])
+        .expect("pttl")
+        .parse()
+        .expect("number");
+    assert!(pttl > 15_000, "not renewed: PTTL {pttl}");
+    std::fs::write(dir.path().join("stop"), "").expect("stop");
+    assert!(run.wait().expect("run").success());
+}

@@ -697,6 +697,21 @@ fn pair(what: &str, v: &Value) -> Result<(i64, i64)> {
     }
 }
 
+/// A release script's reply: `{1, 0}` released, `{0, 0}` no lock, `{3, 0}` another grant.
+fn release_outcome(v: (i64, i64)) -> Result<ReleaseOutcome> {
+    Ok(match v {
+        (1, _) => ReleaseOutcome::Released,
+        (0, _) => ReleaseOutcome::Expired,
+        (3, _) => ReleaseOutcome::TakenByOther,
+        (a, b) => {
+            return Err(Error::unexpected(
+                KIND,
+                format!("release: unexpected reply [{a}, {b}]"),
+            ))
+        }
+    })
+}
+
 fn lease_ms(d: Duration) -> String {
     d.as_millis().max(1).to_string()
 }
@@ -881,17 +896,7 @@ impl Backend for RedisBackend {
         let v = self
             .run_release(&grant.key, &grant.attempt, &token, "release")
             .await?;
-        Ok(match v {
-            (1, _) => ReleaseOutcome::Released,
-            (0, _) => ReleaseOutcome::Expired,
-            (3, _) => ReleaseOutcome::TakenByOther,
-            (a, b) => {
-                return Err(Error::unexpected(
-                    KIND,
-                    format!("release: unexpected reply [{a}, {b}]"),
-                ))
-            }
-        })
+        release_outcome(v)
     }
 
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {

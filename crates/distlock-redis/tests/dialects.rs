@@ -31,34 +31,31 @@ fn harness(dialect: &'static str) -> ServerHarness<RedisServer> {
     })
 }
 
+/// The conformance cases that apply to a plain mutex without a server-side queue, on the
+/// keys of `$dialect`.
+macro_rules! mutex_cases {
+    ($dialect:literal) => {
+        use super::*;
+        distlock_testkit::conformance_suite!(@cases harness($dialect);
+            mutual_exclusion, try_acquire_contended, reentrancy, non_owner_cannot_release,
+            fencing_tokens_increase, acquire_timeout_deadline, waiter_woken_by_release,
+            cancelled_acquire_leaves_nothing, watchdog_renews, drop_releases,
+            fixed_lease_expires, crashed_holder_frees_at_lease_end, extend_lease,
+            lost_when_broken);
+        distlock_testkit::adversarial_suite!(@cases harness($dialect);
+            late_reply_on_release, retried_acquire_is_one, late_reply_on_renew,
+            extend_shorter_than_watchdog, fixed_and_watchdog_guards, cancel_at_every_await,
+            data_loss_tokens_increase, contended_soak,
+            late_request_of_a_try, late_request_of_a_released_attempt, late_request_of_a_wait);
+    };
+}
+
 mod redisson {
-    use super::*;
-    distlock_testkit::conformance_suite!(@cases harness("redisson");
-        mutual_exclusion, try_acquire_contended, reentrancy, non_owner_cannot_release,
-        fencing_tokens_increase, acquire_timeout_deadline, waiter_woken_by_release,
-        cancelled_acquire_leaves_nothing, watchdog_renews, drop_releases,
-        fixed_lease_expires, crashed_holder_frees_at_lease_end, extend_lease,
-        lost_when_broken);
-    distlock_testkit::adversarial_suite!(@cases harness("redisson");
-        late_reply_on_release, retried_acquire_is_one, late_reply_on_renew,
-        extend_shorter_than_watchdog, fixed_and_watchdog_guards, cancel_at_every_await,
-        data_loss_tokens_increase, contended_soak,
-        late_request_of_a_try, late_request_of_a_released_attempt, late_request_of_a_wait);
+    mutex_cases!("redisson");
 }
 
 mod python_redis_lock {
-    use super::*;
-    distlock_testkit::conformance_suite!(@cases harness("python-redis-lock");
-        mutual_exclusion, try_acquire_contended, reentrancy, non_owner_cannot_release,
-        fencing_tokens_increase, acquire_timeout_deadline, waiter_woken_by_release,
-        cancelled_acquire_leaves_nothing, watchdog_renews, drop_releases,
-        fixed_lease_expires, crashed_holder_frees_at_lease_end, extend_lease,
-        lost_when_broken);
-    distlock_testkit::adversarial_suite!(@cases harness("python-redis-lock");
-        late_reply_on_release, retried_acquire_is_one, late_reply_on_renew,
-        extend_shorter_than_watchdog, fixed_and_watchdog_guards, cancel_at_every_await,
-        data_loss_tokens_increase, contended_soak,
-        late_request_of_a_try, late_request_of_a_released_attempt, late_request_of_a_wait);
+    mutex_cases!("python-redis-lock");
 }
 
 /// The kinds a dialect does not speak are refused, saying what to do instead; so are a

@@ -443,17 +443,7 @@ pub(crate) async fn release(
         Dialect::PythonRedisLock => Layout::pyrl_id(grant),
     };
     let v = run_release(b, l, &grant.key, &grant.attempt, &held_by, "release").await?;
-    Ok(match v {
-        (1, _) => ReleaseOutcome::Released,
-        (0, _) => ReleaseOutcome::Expired,
-        (3, _) => ReleaseOutcome::TakenByOther,
-        (a, c) => {
-            return Err(Error::unexpected(
-                KIND,
-                format!("release: unexpected reply [{a}, {c}]"),
-            ))
-        }
-    })
+    crate::release_outcome(v)
 }
 
 /// `Backend::watch` in a dialect: Redisson's unlock channel (every release of either library
