@@ -164,3 +164,50 @@ async fn redisson_dialect_on_a_cluster() {
     .expect("refused");
     assert!(e.to_string().contains("python-redis-lock"), "{e}");
 }
+
+/// Through Sentinel: both dialects lock the peer's keys on the master the sentinels name,
+/// and exclude each other; a waiter gets the lock after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dialects_through_sentinel() {
+    use distlock_testkit::SentinelSetup;
+    use std::time::Duration;
+    let setup = SentinelSetup::start().expect("sentinel setup");
+    for (dialect, key) in [("redisson", "orders"), ("python-redis-lock", "lock:orders")] {
+        let url = format!("{}?dialect={dialect}", setup.url());
+        let make = || async {
+            let b = RedisBackend::connect(&url, &fast_opts())
+                .await
+                .expect("connect");
+            Client::new(std::sync::Arc::new(b), fast_opts()).expect("client")
+        };
+        let (a, b) = (make().await, make().await);
+        let g = a
+            .lock("orders")
+            .expect("lock")
+            .try_acquire()
+            .await
+            .expect("try")
+            .expect("free");
+        assert_eq!(
+            setup.master().command(&["EXISTS", key]).expect("exists"),
+            "1"
+        );
+        assert!(b
+            .lock("orders")
+            .expect("lock")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_none());
+        let waiter = tokio::spawn(async move {
+            b.lock("orders")
+                .expect("lock")
+                .acquire_timeout(Duration::from_secs(20))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        g.release().await.expect("release");
+        let g2 = waiter.await.expect("join").expect("woken");
+        g2.release().await.expect("release");
+    }
+}
