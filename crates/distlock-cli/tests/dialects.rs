@@ -670,3 +670,40 @@ fn dlock_keeps_the_lock_past_redissons_default_lease() {
     std::fs::write(dir.path().join("stop"), "").expect("stop");
     assert!(run.wait().expect("run").success());
 }
+
+/// `dlock release --force` removes a peer's hold as the peer's own forced unlock does
+/// (Redisson's `forceUnlock`, python-redis-lock's `reset`): dlock gets the lock at once, and
+/// the peer's own unlock then finds it is no longer the holder.
+fn forced_release_of_a_peer_hold(peer: Peer) {
+    let server = RedisServer::start().expect("redis");
+    let url = url(&server, peer);
+    let Some(mut p) = PeerProcess::start(peer, port(&server), "orders", peer_extra(peer)) else {
+        return;
+    };
+    p.ask("lock", "LOCKED");
+    let out = dlock(&url)
+        .args(["release", "--force", "--yes", "orders"])
+        .output()
+        .expect("release");
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains(&peer.foreign()), "{said}");
+    let out = dlock(&url)
+        .args(["run", "--wait", "1s", "orders", "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    p.send("unlock");
+    let answer = p.next(Duration::from_secs(30));
+    assert!(answer.starts_with("ERROR"), "{answer}");
+}
+
+#[test]
+fn forced_release_of_a_redisson_hold() {
+    forced_release_of_a_peer_hold(Peer::Redisson);
+}
+
+#[test]
+fn forced_release_of_a_python_redis_lock_hold() {
+    forced_release_of_a_peer_hold(Peer::PythonRedisLock);
+}
