@@ -3,8 +3,10 @@
 -- front of this at compile time: each grant is checked (attempt id and token) and renewed
 -- exactly as a lone renewal would be, and a stale grant is answered 0, never renewed.
 -- ARGV: 4 values per grant: family ('m' a mutex grant: 1 key, the lock hash; 'e' a read-write
--- lock or semaphore grant: 2 keys, the holds hash and the expiries zset), attempt id, token,
--- lease ms. KEYS: the grants' keys, in the same order.
+-- lock or semaphore grant: 2 keys, the holds hash and the expiries zset; a dialect's grant
+-- (scripts/dialect/renew.lua): 'r' Redisson's, 2 keys, the lock hash and dlock's holder
+-- names, 'p' python-redis-lock's, 1 key, with the grant's field or id in the attempt id's
+-- place), attempt id, token, lease ms. KEYS: the grants' keys, in the same order.
 -- Returns a string of one character per grant, in order: '1' renewed, '0' not held.
 local out = {}
 local k = 1
@@ -14,6 +16,12 @@ for i = 1, #ARGV, 4 do
   local r
   if ARGV[i] == 'm' then
     r = renew_mutex(KEYS[k], attempt, token, lease)
+    k = k + 1
+  elseif ARGV[i] == 'r' then
+    r = renew_redisson(KEYS[k], KEYS[k + 1], attempt, lease)
+    k = k + 2
+  elseif ARGV[i] == 'p' then
+    r = renew_pyrl(KEYS[k], attempt, lease)
     k = k + 1
   else
     if not now then

@@ -1,6 +1,7 @@
 //! The `redis://` URL, read with the core's [`ConnectionString`]: what redis-rs should see,
 //! the endpoint for messages, and the settings that are ours.
 
+use crate::dialect::Dialect;
 use distlock_core::conn::{ConnectionString, Password, TlsFiles, TlsNames};
 use distlock_core::{Error, Result};
 use std::time::Duration;
@@ -25,6 +26,8 @@ pub(crate) struct Address {
     pub(crate) sentinel_password: Option<Password>,
     /// `redis+cluster://`: the seed nodes, as driver URLs (`redis://h:p` or `rediss://h:p`).
     pub(crate) cluster: Option<Vec<String>>,
+    /// `?dialect=`: another library's key layout to speak (`None`: dlock's own).
+    pub(crate) dialect: Option<Dialect>,
 }
 
 /// How long a grant waits for its replicas when the URL does not say.
@@ -76,7 +79,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
     }
     for (k, _) in cs.params() {
         match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "protocol" => {}
+            "namespace" | "wait_replicas" | "wait_timeout" | "protocol" | "dialect" => {}
             "ca_file" | "cacert" | "cert" | "key" if tls => {}
             "ca_file" | "cacert" | "cert" | "key" => {
                 return Err(cs.invalid(format!(
@@ -85,7 +88,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
             }
             other => {
                 return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol; ca_file (or cacert), cert, key with rediss://)"
+                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol, dialect; ca_file (or cacert), cert, key with rediss://)"
                 )))
             }
         }
@@ -103,6 +106,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
         sentinel: None,
         sentinel_password: None,
         cluster: None,
+        dialect: Dialect::from_url(&cs)?,
         conn: cs,
     })
 }
@@ -130,7 +134,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
     }
     for (k, _) in cs.params() {
         match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" => {}
+            "namespace" | "wait_replicas" | "wait_timeout" | "dialect" => {}
             "ca_file" | "cacert" | "cert" | "key" if tls => {}
             "ca_file" | "cacert" | "cert" | "key" => {
                 return Err(cs.invalid(format!(
@@ -139,7 +143,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
             }
             other => {
                 return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` for redis+cluster:// (known: namespace, wait_replicas, wait_timeout; ca_file (or cacert), cert, key with rediss+cluster://)"
+                    "unknown parameter `{other}` for redis+cluster:// (known: namespace, wait_replicas, wait_timeout, dialect; ca_file (or cacert), cert, key with rediss+cluster://)"
                 )))
             }
         }
@@ -158,6 +162,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
         sentinel: None,
         sentinel_password: None,
         cluster: Some(seed_urls),
+        dialect: Dialect::from_url(&cs)?,
         conn: cs,
     })
 }
@@ -221,7 +226,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
     }
     for (k, _) in cs.params() {
         match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "sentinel_password" => {}
+            "namespace" | "wait_replicas" | "wait_timeout" | "sentinel_password" | "dialect" => {}
             "ca_file" | "cacert" | "cert" | "key" => {
                 return Err(cs.invalid(format!(
                     "`{k}` is a TLS parameter: redis+sentinel:// has no TLS yet (rediss+sentinel:// is not built)"
@@ -229,7 +234,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
             }
             _ => {
                 return Err(cs.invalid(format!(
-                    "unknown parameter `{k}` for redis+sentinel:// (known: namespace, wait_replicas, wait_timeout, sentinel_password; no TLS yet)"
+                    "unknown parameter `{k}` for redis+sentinel:// (known: namespace, wait_replicas, wait_timeout, sentinel_password, dialect; no TLS yet)"
                 )))
             }
         }
@@ -247,6 +252,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
             .filter(|p| !p.is_empty())
             .map(Password::new),
         cluster: None,
+        dialect: Dialect::from_url(&cs)?,
         conn: cs,
     })
 }
@@ -321,6 +327,23 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert_eq!(parse("rediss://h").is_ok(), cfg!(feature = "tls"));
+        assert_eq!(parse("redis://h").unwrap().dialect, None);
+        assert_eq!(
+            parse("redis://h?dialect=redisson").unwrap().dialect,
+            Some(Dialect::Redisson)
+        );
+        assert_eq!(
+            parse("redis+sentinel://s/m?dialect=python-redis-lock")
+                .unwrap()
+                .dialect,
+            Some(Dialect::PythonRedisLock)
+        );
+        assert_eq!(
+            parse("redis+cluster://h?dialect=redisson").unwrap().dialect,
+            Some(Dialect::Redisson)
+        );
+        let e = parse("redis://h?dialect=jedis").unwrap_err().to_string();
+        assert!(e.contains("redisson, python-redis-lock"), "{e}");
         let a = parse("redis+sentinel://:pw@s1,s2:7/mymaster?namespace=n").unwrap();
         assert_eq!(
             a.sentinel,

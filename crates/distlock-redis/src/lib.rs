@@ -5,6 +5,7 @@ mod address;
 mod builder;
 mod cluster;
 mod conn;
+mod dialect;
 mod ended;
 mod error;
 mod inspect;
@@ -41,6 +42,8 @@ pub struct RedisBackend {
     wait_replicas: Option<(u32, Duration)>,
     /// The attempts with a request that may still reach the server (see [`ended`]).
     unanswered: ended::Unanswered,
+    /// `?dialect=`: the locks are another library's keys (see [`dialect`]); `None`: dlock's.
+    dialect: Option<dialect::Layout>,
 }
 
 pub use crate::address::redact;
@@ -137,16 +140,26 @@ impl RedisBackend {
             sentinel,
             sentinel_password,
             cluster,
+            dialect,
         } = address;
         check_wait(wait_replicas, opts)?;
         let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
         if namespace.is_empty() || namespace.contains(['{', '}']) {
             return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
         }
+        let layout = dialect.map(|d| dialect::Layout::new(d, &namespace));
         if let Some(seeds) = cluster {
+            if dialect == Some(dialect::Dialect::PythonRedisLock) {
+                return Err(conn.invalid(
+                    "dialect=python-redis-lock is not built for redis+cluster://: python-redis-lock's own scripts touch lock:NAME and lock-signal:NAME, which a cluster keeps in different slots; use one server (redis:// or redis+sentinel://)",
+                ));
+            }
             let cred = (user, password);
             let (con, nodes) = cluster::open(&conn, &seeds, &tls, cred, &endpoint, opts).await?;
-            return Self::finish(con, nodes, endpoint, namespace, wait_replicas, opts, None).await;
+            let mut backend =
+                Self::finish(con, nodes, endpoint, namespace, wait_replicas, opts, None).await?;
+            backend.dialect = layout;
+            return Ok(backend);
         }
         let sentinels = sentinel.map(|(hosts, master)| {
             sentinel::Sentinels::new(&conn, hosts, master, sentinel_password, opts)
@@ -203,6 +216,7 @@ impl RedisBackend {
             cert_given,
         )
         .await?;
+        backend.dialect = layout;
         if let (Some(sentinels), Some(at)) = (sentinels, at) {
             let (con, sub) = (backend.con.clone(), backend.subscriber.clone());
             let creds = (user, password);
@@ -339,6 +353,7 @@ impl RedisBackend {
             namespace,
             wait_replicas,
             unanswered: ended::Unanswered::new(ended::record_lifetime(opts.get_op_timeout())),
+            dialect: None,
         })
     }
 
@@ -590,14 +605,23 @@ impl RedisBackend {
     /// confirmed. An error of either (the grant, if one was made, is then not reported: the
     /// core retries the same attempt, which finds it, or gives the attempt up) is an error.
     async fn eval_acquire(&self, cmd: &redis::Cmd) -> Result<(Value, Option<i64>)> {
+        self.eval_acquire_in(&self.scripts.all(), cmd).await
+    }
+
+    /// [`eval_acquire`](Self::eval_acquire) of `cmd`, one of the scripts of `set`.
+    async fn eval_acquire_in(
+        &self,
+        set: &[&scripts::Script],
+        cmd: &redis::Cmd,
+    ) -> Result<(Value, Option<i64>)> {
         let Some((n, timeout)) = self.wait_replicas else {
-            return Ok((self.eval(cmd).await?, None));
+            return Ok((self.eval_ending(set, cmd, None).await?, None));
         };
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone());
         pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
         let mut con = self.con.get();
-        let vals = scripts::eval_pipe(&mut con, &self.scripts.all(), &pipe)
+        let vals = scripts::eval_pipe(&mut con, set, &pipe)
             .await
             .map_err(|e| self.err(e))?;
         match vals.as_slice() {
@@ -697,6 +721,21 @@ fn pair(what: &str, v: &Value) -> Result<(i64, i64)> {
     }
 }
 
+/// A release script's reply: `{1, 0}` released, `{0, 0}` no lock, `{3, 0}` another grant.
+fn release_outcome(v: (i64, i64)) -> Result<ReleaseOutcome> {
+    Ok(match v {
+        (1, _) => ReleaseOutcome::Released,
+        (0, _) => ReleaseOutcome::Expired,
+        (3, _) => ReleaseOutcome::TakenByOther,
+        (a, b) => {
+            return Err(Error::unexpected(
+                KIND,
+                format!("release: unexpected reply [{a}, {b}]"),
+            ))
+        }
+    })
+}
+
 fn lease_ms(d: Duration) -> String {
     d.as_millis().max(1).to_string()
 }
@@ -712,10 +751,16 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::all().with(LockKind::Election)
+        match &self.dialect {
+            Some(l) => l.dialect.capabilities(),
+            None => Capabilities::all().with(LockKind::Election),
+        }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        if let Some(l) = &self.dialect {
+            return dialect::acquire(self, l, req).await;
+        }
         let waiter_ttl = req
             .waiter_ttl
             .map_or(0, |t| t.as_millis().max(1) as u64)
@@ -833,6 +878,9 @@ impl Backend for RedisBackend {
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        if let Some(l) = &self.dialect {
+            return dialect::watch(self, l, req).await;
+        }
         // A mutex waiter hears everything for it (its handoff, the wake-up of its dead queue
         // entry, a forced release) on its client's wake channel; the read-write and semaphore
         // scripts publish on the lock's channel.
@@ -846,6 +894,9 @@ impl Backend for RedisBackend {
     }
 
     fn watch_ready(&self, req: &AcquireRequest) -> Option<Box<dyn ReleaseWatch>> {
+        if self.dialect.is_some() {
+            return None;
+        }
         match family(req.key.kind).ok()? {
             Family::Mutex { .. } => self.subscriber.ready(&req.attempt),
             _ => None,
@@ -853,27 +904,23 @@ impl Backend for RedisBackend {
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        if let Some(l) = &self.dialect {
+            return dialect::give_up(self, l, req).await;
+        }
         self.run_release(&req.key, &req.attempt, "", "giveup")
             .await
             .map(|_| ())
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        if let Some(l) = &self.dialect {
+            return dialect::release(self, l, grant).await;
+        }
         let token = grant.token.to_string();
         let v = self
             .run_release(&grant.key, &grant.attempt, &token, "release")
             .await?;
-        Ok(match v {
-            (1, _) => ReleaseOutcome::Released,
-            (0, _) => ReleaseOutcome::Expired,
-            (3, _) => ReleaseOutcome::TakenByOther,
-            (a, b) => {
-                return Err(Error::unexpected(
-                    KIND,
-                    format!("release: unexpected reply [{a}, {b}]"),
-                ))
-            }
-        })
+        release_outcome(v)
     }
 
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
@@ -909,6 +956,10 @@ impl Backend for RedisBackend {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        if let Some(l) = &self.dialect {
+            l.dialect.capabilities().check(KIND, kind)?;
+            return dialect::inspect(self, l, name).await;
+        }
         inspect::inspect(self, name, kind).await
     }
 
@@ -923,6 +974,9 @@ impl Backend for RedisBackend {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
+        if let Some(l) = &self.dialect {
+            return dialect::list(self, l, prefix).await;
+        }
         ops::list(self, prefix).await
     }
 
@@ -931,6 +985,10 @@ impl Backend for RedisBackend {
         name: &str,
         kind: LockKind,
     ) -> Result<distlock_core::ForceReleased> {
+        if let Some(l) = &self.dialect {
+            l.dialect.capabilities().check(KIND, kind)?;
+            return dialect::force_release(self, l, name).await;
+        }
         ops::force_release(self, name, kind).await
     }
 

@@ -87,6 +87,17 @@ pub(crate) fn glob_escape(s: &str) -> String {
 pub(crate) async fn scan(
     b: &RedisBackend,
     pattern: &str,
+    batch: impl FnMut(Vec<String>),
+) -> Result<()> {
+    scan_typed(b, pattern, None, batch).await
+}
+
+/// [`scan`] of the keys of one type only (`SCAN … TYPE`, Redis 6.0 and later) when `of` is
+/// given.
+pub(crate) async fn scan_typed(
+    b: &RedisBackend,
+    pattern: &str,
+    of: Option<&str>,
     mut batch: impl FnMut(Vec<String>),
 ) -> Result<()> {
     // On a cluster every master holds its own slots' keys: SCAN each (the topology read now).
@@ -99,7 +110,7 @@ pub(crate) async fn scan(
         None => vec![b.con.get()],
     };
     for mut con in links {
-        scan_one(b, &mut con, pattern, &mut batch).await?;
+        scan_one(b, &mut con, pattern, of, &mut batch).await?;
     }
     Ok(())
 }
@@ -108,19 +119,21 @@ async fn scan_one(
     b: &RedisBackend,
     con: &mut crate::cluster::Link,
     pattern: &str,
+    of: Option<&str>,
     batch: &mut impl FnMut(Vec<String>),
 ) -> Result<()> {
     let mut cursor = 0u64;
     loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
             .arg("MATCH")
             .arg(pattern)
             .arg("COUNT")
-            .arg(1000)
-            .query_async(con)
-            .await
-            .map_err(|e| b.err(e))?;
+            .arg(1000);
+        if let Some(of) = of {
+            cmd.arg("TYPE").arg(of);
+        }
+        let (next, keys): (u64, Vec<String>) = cmd.query_async(con).await.map_err(|e| b.err(e))?;
         if !keys.is_empty() {
             batch(keys);
         }
@@ -344,6 +357,13 @@ fn unix_ms(t: SystemTime) -> i64 {
 }
 
 pub(crate) async fn diagnose(b: &RedisBackend) -> Result<Vec<Finding>> {
+    let mut out = vec![crate::dialect::Layout::finding(b.dialect.as_ref())];
+    out.extend(diagnose_server(b).await?);
+    Ok(out)
+}
+
+/// The findings of the server, or of the cluster and each of its masters.
+async fn diagnose_server(b: &RedisBackend) -> Result<Vec<Finding>> {
     let Some(c) = b.con.cluster() else {
         return diagnose_on(b, b.con.get(), false).await;
     };

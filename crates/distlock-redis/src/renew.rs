@@ -37,6 +37,7 @@ struct RenewMany {
 const SOURCE: &str = concat!(
     include_str!("../scripts/renew.lua"),
     include_str!("../scripts/expiring_renew.lua"),
+    include_str!("../scripts/dialect/renew.lua"),
     include_str!("../scripts/renew_many.lua")
 );
 
@@ -51,15 +52,20 @@ pub(crate) fn script() -> &'static Script {
 }
 
 /// One grant's keys: the lock hash of a mutex; the holds hash and the expiries zset of a
-/// read-write lock or semaphore.
+/// read-write lock or semaphore; a dialect's keys and the grant's field or id
+/// ([`crate::dialect::RenewKeys`]).
 enum Keys {
     Mutex(String),
     Expiring(String, String),
+    Dialect(crate::dialect::RenewKeys),
 }
 
 impl Keys {
     fn of(b: &RedisBackend, grant: &GrantRef) -> Result<Keys> {
         let name = &grant.key.name;
+        if let Some(d) = &b.dialect {
+            return Ok(Keys::Dialect(d.renew_keys(grant)?));
+        }
         Ok(match family(grant.key.kind)? {
             Family::Mutex { election, .. } => {
                 let [hash, _, _, _] = b.mutex_keys(name, election);
@@ -81,6 +87,7 @@ impl Keys {
 pub(crate) fn first_key(b: &RedisBackend, grant: &GrantRef) -> Result<String> {
     Ok(match Keys::of(b, grant)? {
         Keys::Mutex(k) | Keys::Expiring(k, _) => k,
+        Keys::Dialect(d) => d.keys[0].clone(),
     })
 }
 
@@ -95,6 +102,7 @@ pub(crate) fn command(b: &RedisBackend, holds: &[(GrantRef, Duration)]) -> Resul
         .map(|k| match k {
             Keys::Mutex(_) => 1,
             Keys::Expiring(..) => 2,
+            Keys::Dialect(d) => d.keys.len(),
         })
         .sum();
     let mut cmd = redis::Cmd::with_capacity(3 + count + 4 * holds.len(), 128 * holds.len());
@@ -103,15 +111,17 @@ pub(crate) fn command(b: &RedisBackend, holds: &[(GrantRef, Duration)]) -> Resul
         match k {
             Keys::Mutex(key) => cmd.arg(key),
             Keys::Expiring(holds, exp) => cmd.arg(holds).arg(exp),
+            Keys::Dialect(d) => cmd.arg(&d.keys),
         };
     }
     for ((grant, lease), k) in holds.iter().zip(&keys) {
-        let family = match k {
-            Keys::Mutex(_) => "m",
-            Keys::Expiring(..) => "e",
+        let (family, held_by) = match k {
+            Keys::Mutex(_) => ("m", grant.attempt.as_str()),
+            Keys::Expiring(..) => ("e", grant.attempt.as_str()),
+            Keys::Dialect(d) => (d.family, d.held_by.as_str()),
         };
         cmd.arg(family)
-            .arg(grant.attempt.as_str())
+            .arg(held_by)
             .arg(grant.token)
             .arg(lease.as_millis().max(1) as u64);
     }

@@ -1,0 +1,728 @@
+//! `?dialect=`: locks on another library's keys, so that dlock and that library's clients
+//! exclude each other on the same lock names (docs/redis-dialects.md).
+//!
+//! - `dialect=redisson`: Redisson's `RLock` (the plain mutex). The lock is the hash `NAME`
+//!   itself (no namespace), field `CLIENT_UUID:THREAD_ID` → re-entry count, PEXPIRE = the
+//!   lease; a release publishes `0` on `redisson_lock__channel:{NAME}`, which wakes the
+//!   waiters of both libraries. A dlock grant's field is `ATTEMPT_UUID:TOKEN`.
+//! - `dialect=python-redis-lock`: its `Lock`. The lock is the string `lock:NAME` holding the
+//!   holder's id; a release leaves one element in the list `lock-signal:NAME` (for
+//!   [`SIGNAL_EXPIRE_MS`]), which one waiter blocked in `BLPOP` takes. A dlock grant's id is
+//!   `dlock:ATTEMPT:TOKEN:OWNER`.
+//!
+//! dlock keeps its own promises where the layout has room for them: a fencing token per grant
+//! (a counter under a key of dlock's, `NS:…`, in the lock's Cluster slot, which the other
+//! library never reads), renewals by the watchdog (the lost signal when a renewal finds the
+//! grant gone), retried requests that count once, ended attempts that never grant late. There
+//! is no server-side queue: waiters retry on every wake-up (no FIFO, no handoff).
+//!
+//! Only the plain mutex: every other lock kind is refused with [`Error::Unsupported`] by the
+//! core, through the backend's [`Capabilities`].
+
+mod signal;
+
+use crate::error::{shape, KIND};
+use crate::scripts::Script;
+use crate::RedisBackend;
+use distlock_core::backend::{
+    AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey, ReleaseWatch,
+};
+use distlock_core::conn::ConnectionString;
+use distlock_core::{
+    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome,
+    Result, Severity,
+};
+use redis::Value;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+/// How long python-redis-lock's release signal (`lock-signal:NAME`) lives, in ms: its own
+/// default `signal_expire`. A waiter that starts its `BLPOP` later than this after a release
+/// misses it and wakes at the holder's lease end instead.
+pub(crate) const SIGNAL_EXPIRE_MS: u64 = 1000;
+
+/// Another library's layout of the keys of a lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// Redisson's `RLock` (Java), and its ports that share its keys (node-redisson).
+    Redisson,
+    /// python-redis-lock's `Lock`.
+    PythonRedisLock,
+}
+
+impl Dialect {
+    /// The `dialect=` parameter of `cs`, if any.
+    pub(crate) fn from_url(cs: &ConnectionString) -> Result<Option<Dialect>> {
+        match cs.param("dialect") {
+            None | Some("") | Some("dlock") => Ok(None),
+            Some("redisson") => Ok(Some(Dialect::Redisson)),
+            Some("python-redis-lock") => Ok(Some(Dialect::PythonRedisLock)),
+            Some(other) => Err(cs.invalid(format!(
+                "unknown dialect `{other}` (known: redisson, python-redis-lock; leave it out for dlock's own layout)"
+            ))),
+        }
+    }
+
+    /// The parameter's value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Redisson => "redisson",
+            Dialect::PythonRedisLock => "python-redis-lock",
+        }
+    }
+
+    /// What the dialect's lock is, in the peer's words.
+    fn peer(self) -> &'static str {
+        match self {
+            Dialect::Redisson => "Redisson's RLock",
+            Dialect::PythonRedisLock => "python-redis-lock's Lock",
+        }
+    }
+
+    /// The lock kinds the dialect speaks: the plain mutex.
+    pub(crate) fn capabilities(self) -> Capabilities {
+        Capabilities::kinds(&[LockKind::Mutex]).note(match self {
+            Dialect::Redisson => {
+                "dialect=redisson speaks Redisson's plain RLock only: use a mutex, or dlock's own layout (no dialect=) for other kinds"
+            }
+            Dialect::PythonRedisLock => {
+                "dialect=python-redis-lock speaks its plain Lock only: use a mutex, or dlock's own layout (no dialect=) for other kinds"
+            }
+        })
+    }
+}
+
+/// The dialect's scripts (loaded on first use, reloaded on NOSCRIPT).
+struct Scripts {
+    redisson_acquire: Script,
+    redisson_release: Script,
+    pyrl_acquire: Script,
+    pyrl_release: Script,
+    force_release: Script,
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    redisson_acquire: Script::new(crate::scripts::fenced!("dialect/redisson_acquire.lua")),
+    redisson_release: Script::new(include_str!("../../scripts/dialect/redisson_release.lua")),
+    pyrl_acquire: Script::new(crate::scripts::fenced!("dialect/pyrl_acquire.lua")),
+    pyrl_release: Script::new(include_str!("../../scripts/dialect/pyrl_release.lua")),
+    force_release: Script::new(include_str!("../../scripts/dialect/force_release.lua")),
+});
+
+impl Scripts {
+    fn all(&self) -> [&Script; 5] {
+        [
+            &self.redisson_acquire,
+            &self.redisson_release,
+            &self.pyrl_acquire,
+            &self.pyrl_release,
+            &self.force_release,
+        ]
+    }
+}
+
+/// The Redis Cluster hash tag of `key` (the part between its first `{` and the next `}`, when
+/// not empty), as Redis reads it.
+fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')?;
+    (close > 0).then(|| &key[open + 1..open + 1 + close])
+}
+
+/// A key of dlock's own for the lock stored at `key` (another library's key): `prefix`, then
+/// a hash tag that puts it in `key`'s Cluster slot, then `key` itself when it is not the tag.
+fn beside(prefix: &str, key: &str) -> Result<String> {
+    match hash_tag(key) {
+        Some(tag) => Ok(format!("{prefix}:{{{tag}}}:{key}")),
+        None if !key.contains('}') => Ok(format!("{prefix}:{{{key}}}")),
+        None => Err(Error::invalid(format!(
+            "lock key `{key}` has a `}}` but no hash tag: no key of dlock's (its fencing counter) can share its Redis Cluster slot; \
+             rename the lock, or give it a tag such as `{{{}}}`",
+            key.replace(['{', '}'], "")
+        ))),
+    }
+}
+
+/// Redisson's `prefixName`: `PREFIX:{NAME}`, or `PREFIX:NAME` when the name has a `{` (the
+/// name's own tag then keeps both in one slot).
+fn redisson_prefixed(prefix: &str, name: &str) -> String {
+    if name.contains('{') {
+        format!("{prefix}:{name}")
+    } else {
+        format!("{prefix}:{{{name}}}")
+    }
+}
+
+/// The attempt as a Redisson client id: its 128 bits written as a UUID (8-4-4-4-12 hex);
+/// an id of another shape (never made by the core) as it is.
+fn client_uuid(attempt: &AttemptId) -> String {
+    let a = attempt.as_str();
+    if a.len() == 32 && a.bytes().all(|c| c.is_ascii_hexdigit()) {
+        format!(
+            "{}-{}-{}-{}-{}",
+            &a[..8],
+            &a[8..12],
+            &a[12..16],
+            &a[16..20],
+            &a[20..]
+        )
+    } else {
+        a.to_owned()
+    }
+}
+
+/// A Redisson holder field `UUID:THREAD_ID`: the two parts, if it has that shape.
+fn redisson_field(field: &str) -> Option<(&str, u64)> {
+    let (id, thread) = field.rsplit_once(':')?;
+    Some((id, thread.parse().ok()?))
+}
+
+/// The keys and arguments of one dialect grant in `renew_many.lua`.
+pub(crate) struct RenewKeys {
+    /// The lock key first (its slot is the grant's).
+    pub(crate) keys: Vec<String>,
+    /// `r` or `p` (scripts/dialect/renew.lua).
+    pub(crate) family: &'static str,
+    /// The grant's Redisson field or python-redis-lock id.
+    pub(crate) held_by: String,
+}
+
+/// The dialect of a backend and the namespace of dlock's own keys beside the peer's.
+pub(crate) struct Layout {
+    pub(crate) dialect: Dialect,
+    namespace: String,
+}
+
+/// A python-redis-lock id of a dlock grant: its prefix `dlock:ATTEMPT:`.
+fn pyrl_prefix(attempt: &AttemptId) -> String {
+    format!("dlock:{}:", attempt.as_str())
+}
+
+/// `dlock:ATTEMPT:TOKEN:OWNER`: the owner of a dlock grant's python-redis-lock id, if it is
+/// one.
+fn pyrl_owner(id: &str) -> Option<(u64, &str)> {
+    let rest = id.strip_prefix("dlock:")?;
+    let (_, rest) = rest.split_once(':')?;
+    let (token, owner) = rest.split_once(':')?;
+    Some((token.parse().ok()?, owner))
+}
+
+/// The replies of [`force_release`]'s script.
+type ForceReply = (Vec<String>, i64, Vec<(String, String)>, Option<String>);
+
+impl Layout {
+    pub(crate) fn new(dialect: Dialect, namespace: &str) -> Self {
+        Layout {
+            dialect,
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    /// The peer's lock key of `name`: `NAME` (Redisson) or `lock:NAME` (python-redis-lock).
+    pub(crate) fn lock_key(&self, name: &str) -> String {
+        match self.dialect {
+            Dialect::Redisson => name.to_owned(),
+            Dialect::PythonRedisLock => format!("lock:{name}"),
+        }
+    }
+
+    /// Redisson's unlock channel of `name`.
+    fn channel(name: &str) -> String {
+        redisson_prefixed("redisson_lock__channel", name)
+    }
+
+    /// python-redis-lock's release signal of `name`.
+    fn signal(name: &str) -> String {
+        format!("lock-signal:{name}")
+    }
+
+    /// dlock's key `what` for lock `name`, in the lock key's slot.
+    fn own(&self, what: &str, name: &str) -> Result<String> {
+        let prefix = match self.dialect {
+            Dialect::Redisson => format!("{}:redisson:{what}", self.namespace),
+            Dialect::PythonRedisLock => format!("{}:pyrl:{what}", self.namespace),
+        };
+        beside(&prefix, &self.lock_key(name))
+    }
+
+    fn fence_key(&self, name: &str) -> Result<String> {
+        self.own("fence", name)
+    }
+
+    /// Redisson: dlock's holder names (field → dlock owner) beside the hash.
+    fn names_key(&self, name: &str) -> Result<String> {
+        self.own("owners", name)
+    }
+
+    fn ended_key(&self, name: &str, attempt: &AttemptId) -> Result<String> {
+        Ok(format!("{}:{}", self.own("ended", name)?, attempt.as_str()))
+    }
+
+    /// The Redisson field of a dlock grant.
+    fn field(grant: &GrantRef) -> String {
+        format!("{}:{}", client_uuid(&grant.attempt), grant.token)
+    }
+
+    /// The python-redis-lock id of a dlock grant.
+    fn pyrl_id(grant: &GrantRef) -> String {
+        format!(
+            "{}{}:{}",
+            pyrl_prefix(&grant.attempt),
+            grant.token,
+            grant.key.owner
+        )
+    }
+
+    pub(crate) fn renew_keys(&self, grant: &GrantRef) -> Result<RenewKeys> {
+        let name = &grant.key.name;
+        Ok(match self.dialect {
+            Dialect::Redisson => RenewKeys {
+                keys: vec![self.lock_key(name), self.names_key(name)?],
+                family: "r",
+                held_by: Self::field(grant),
+            },
+            Dialect::PythonRedisLock => RenewKeys {
+                keys: vec![self.lock_key(name)],
+                family: "p",
+                held_by: Self::pyrl_id(grant),
+            },
+        })
+    }
+
+    /// A finding for `dlock doctor`: which dialect this URL speaks.
+    pub(crate) fn finding(layout: Option<&Layout>) -> Finding {
+        match layout {
+            None => Finding::new(
+                Severity::Ok,
+                "dialect",
+                "dlock's own layout (NS:{NAME}…): shared with dlock clients only; add ?dialect=redisson or ?dialect=python-redis-lock to lock the keys of those libraries",
+            ),
+            Some(l) => Finding::new(
+                Severity::Ok,
+                "dialect",
+                format!(
+                    "dialect={}: mutexes on {} keys ({}), shared with its clients; dlock's fencing counters under `{}:{}:…`; no FIFO queue or handoff (docs/redis-dialects.md)",
+                    l.dialect.as_str(),
+                    l.dialect.peer(),
+                    match l.dialect {
+                        Dialect::Redisson => "hash NAME, channel redisson_lock__channel:{NAME}",
+                        Dialect::PythonRedisLock => "lock:NAME, signal list lock-signal:NAME",
+                    },
+                    l.namespace,
+                    match l.dialect {
+                        Dialect::Redisson => "redisson",
+                        Dialect::PythonRedisLock => "pyrl",
+                    }
+                ),
+            ),
+        }
+    }
+}
+
+/// An error of a script on lock `name`: a `WRONGTYPE` (the peer's key holds other data) is
+/// said in the dialect's words — the lock key is the name itself, not under dlock's namespace.
+fn on_key(l: &Layout, name: &str, e: Error) -> Error {
+    match &e {
+        Error::UnexpectedReply { message, .. } if message.contains("WRONGTYPE") => {
+            Error::unexpected(
+                KIND,
+                format!(
+                    "key `{}` holds data of another type, not {} ({message}); with dialect={} the lock is that key itself, so another application's data under the same name gets in the way: choose a lock name no other data uses",
+                    l.lock_key(name),
+                    match l.dialect {
+                        Dialect::Redisson => "a Redisson lock hash",
+                        Dialect::PythonRedisLock => "a python-redis-lock string",
+                    },
+                    l.dialect.as_str()
+                ),
+            )
+        }
+        _ => e,
+    }
+}
+
+/// `Backend::acquire` in a dialect.
+pub(crate) async fn acquire(
+    b: &RedisBackend,
+    l: &Layout,
+    req: &AcquireRequest,
+) -> Result<AcquireReply> {
+    let name = &req.key.name;
+    let lease = crate::lease_ms(req.lease);
+    let owner: &str = &req.key.owner;
+    let ended = l.ended_key(name, &req.attempt)?;
+    let lock = l.lock_key(name);
+    let fence = l.fence_key(name)?;
+    let cmd = match l.dialect {
+        Dialect::Redisson => {
+            let names = l.names_key(name)?;
+            let id = client_uuid(&req.attempt);
+            SCRIPTS
+                .redisson_acquire
+                .cmd(&[&lock, &fence, &names, &ended], &[&id, owner, &lease])
+        }
+        Dialect::PythonRedisLock => {
+            let prefix = pyrl_prefix(&req.attempt);
+            SCRIPTS
+                .pyrl_acquire
+                .cmd(&[&lock, &fence, &ended], &[&prefix, owner, &lease])
+        }
+    };
+    let sent = b.unanswered.sent(&req.attempt);
+    let (v, acked) = b
+        .eval_acquire_in(&SCRIPTS.all(), &cmd)
+        .await
+        .map_err(|e| on_key(l, name, e))?;
+    sent.answered();
+    match crate::pair("acquire", &v)? {
+        (1, token) if token > 0 => {
+            let token = token as u64;
+            b.confirm_replicas(&req.grant(token), acked).await?;
+            Ok(AcquireReply::Granted { token })
+        }
+        (0, pttl) => Ok(AcquireReply::Held {
+            ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+        }),
+        _ => Err(shape("acquire", &v)),
+    }
+}
+
+/// The release side (`release` or `giveup`) of `key` for `attempt` (`held_by`: the grant's
+/// field or id, or its prefix for a give-up), with the attempt's end record when a request
+/// of it may still reach the server.
+pub(crate) async fn run_release(
+    b: &RedisBackend,
+    l: &Layout,
+    key: &HoldKey,
+    attempt: &AttemptId,
+    held_by: &str,
+    mode: &str,
+) -> Result<(i64, i64)> {
+    let name = &key.name;
+    let lock = l.lock_key(name);
+    let cmd = match l.dialect {
+        Dialect::Redisson => SCRIPTS.redisson_release.cmd(
+            &[&lock, &l.names_key(name)?],
+            &[held_by, &Layout::channel(name), mode],
+        ),
+        Dialect::PythonRedisLock => SCRIPTS.pyrl_release.cmd(
+            &[&lock, &Layout::signal(name)],
+            &[held_by, mode, &SIGNAL_EXPIRE_MS.to_string()],
+        ),
+    };
+    let record = match b.unanswered.end_record(attempt) {
+        Some(keep) => Some((l.ended_key(name, attempt)?, crate::lease_ms(keep))),
+        None => None,
+    };
+    let v = b
+        .eval_ending(&SCRIPTS.all(), &cmd, record.as_ref())
+        .await
+        .map_err(|e| on_key(l, name, e))?;
+    crate::pair(mode, &v)
+}
+
+/// `Backend::give_up` in a dialect.
+pub(crate) async fn give_up(b: &RedisBackend, l: &Layout, req: &AcquireRequest) -> Result<()> {
+    let prefix = match l.dialect {
+        Dialect::Redisson => format!("{}:", client_uuid(&req.attempt)),
+        Dialect::PythonRedisLock => pyrl_prefix(&req.attempt),
+    };
+    run_release(b, l, &req.key, &req.attempt, &prefix, "giveup")
+        .await
+        .map(|_| ())
+}
+
+/// `Backend::release` in a dialect.
+pub(crate) async fn release(
+    b: &RedisBackend,
+    l: &Layout,
+    grant: &GrantRef,
+) -> Result<ReleaseOutcome> {
+    let held_by = match l.dialect {
+        Dialect::Redisson => Layout::field(grant),
+        Dialect::PythonRedisLock => Layout::pyrl_id(grant),
+    };
+    let v = run_release(b, l, &grant.key, &grant.attempt, &held_by, "release").await?;
+    crate::release_outcome(v)
+}
+
+/// `Backend::watch` in a dialect: Redisson's unlock channel (every release of either library
+/// publishes there), or one `BLPOP` on python-redis-lock's signal list at a time.
+pub(crate) async fn watch(
+    b: &RedisBackend,
+    l: &Layout,
+    req: &AcquireRequest,
+) -> Result<Box<dyn ReleaseWatch>> {
+    match l.dialect {
+        Dialect::Redisson => {
+            b.subscriber
+                .watch(Layout::channel(&req.key.name), None, &req.attempt)
+                .await
+        }
+        Dialect::PythonRedisLock => Ok(Box::new(signal::SignalWatch::start(
+            b.subscriber.client(),
+            Layout::signal(&req.key.name),
+            b.endpoint.clone(),
+        ))),
+    }
+}
+
+/// The holders of Redisson hash fields: a dlock grant by its owner (from `names`), another
+/// client as `UUID:THREAD_ID (redisson)`. The fencing token of a dlock grant is its field's
+/// thread id.
+fn redisson_holders(
+    fields: &[(String, String)],
+    names: &[(String, String)],
+    left: Option<Duration>,
+) -> (Vec<HolderInfo>, Option<u64>) {
+    let mut token = None;
+    let holders = fields
+        .iter()
+        .map(|(field, count)| {
+            let count = count.parse().unwrap_or(1);
+            let owner = match names.iter().find(|(f, _)| f == field) {
+                Some((_, owner)) => {
+                    token = redisson_field(field).map(|(_, t)| t);
+                    owner.clone()
+                }
+                None => format!("{field} (redisson)"),
+            };
+            HolderInfo::new(owner, count).with_lease_left(left)
+        })
+        .collect();
+    (holders, token)
+}
+
+/// The holder of a python-redis-lock id: a dlock grant by its owner, another as
+/// `ID (python-redis-lock)`.
+fn pyrl_holder(id: &str, left: Option<Duration>) -> (HolderInfo, Option<u64>) {
+    match pyrl_owner(id) {
+        Some((token, owner)) => (HolderInfo::new(owner, 1).with_lease_left(left), Some(token)),
+        None => (
+            HolderInfo::new(format!("{id} (python-redis-lock)"), 1).with_lease_left(left),
+            None,
+        ),
+    }
+}
+
+fn ms(pttl: i64) -> Option<Duration> {
+    u64::try_from(pttl).ok().map(Duration::from_millis)
+}
+
+/// The fencing counter's stored value as a number (0: none).
+fn counter(what: &str, stored: Option<String>) -> Result<u64> {
+    match stored {
+        None => Ok(0),
+        Some(s) => s.parse().map_err(|_| {
+            Error::unexpected(
+                KIND,
+                format!("fencing counter of `{what}` holds `{s}`, not a number"),
+            )
+        }),
+    }
+}
+
+/// `Backend::inspect` in a dialect (a mutex; the peers keep no waiter count on the server).
+pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<LockInfo> {
+    let lock = l.lock_key(name);
+    let mut pipe = redis::pipe();
+    match l.dialect {
+        Dialect::Redisson => pipe.cmd("HGETALL").arg(&lock),
+        Dialect::PythonRedisLock => pipe.cmd("GET").arg(&lock),
+    };
+    pipe.cmd("PTTL").arg(&lock);
+    pipe.cmd("GET").arg(l.fence_key(name)?);
+    if l.dialect == Dialect::Redisson {
+        pipe.cmd("HGETALL").arg(l.names_key(name)?);
+    }
+    let mut con = b.con.get();
+    let mut vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| b.err(e))?;
+    if vals.len() == 3 {
+        vals.push(Value::Array(Vec::new()));
+    }
+    let bad = |what: &str| -> Error {
+        Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
+    };
+    let [held, pttl, fence, names]: [Value; 4] =
+        vals.try_into().map_err(|_| bad("number of replies"))?;
+    let left = ms(redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?);
+    let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
+    let mut fencing_token = counter(name, fence)?;
+    let holders = match l.dialect {
+        Dialect::Redisson => {
+            let fields: Vec<(String, String)> =
+                redis::from_redis_value(held).map_err(|_| bad("holders"))?;
+            let names: Vec<(String, String)> =
+                redis::from_redis_value(names).map_err(|_| bad("holder names"))?;
+            let (holders, token) = redisson_holders(&fields, &names, left);
+            fencing_token = token.unwrap_or(fencing_token);
+            holders
+        }
+        Dialect::PythonRedisLock => {
+            let id: Option<String> = redis::from_redis_value(held).map_err(|_| bad("holder"))?;
+            match id {
+                Some(id) => {
+                    let (h, token) = pyrl_holder(&id, left);
+                    fencing_token = token.unwrap_or(fencing_token);
+                    vec![h]
+                }
+                None => Vec::new(),
+            }
+        }
+    };
+    Ok(LockInfo::new(name)
+        .with_holders(holders)
+        .with_fencing_token(fencing_token))
+}
+
+/// Whether the fields of a hash look like a Redisson lock's: holder ids `CLIENT:THREAD` with
+/// a re-entry count each (node-redisson's thread part is a UUID, Redisson's a number).
+fn redisson_like(fields: &[(String, String)]) -> bool {
+    !fields.is_empty()
+        && fields
+            .iter()
+            .all(|(f, c)| f.contains(':') && c.parse::<u32>().is_ok_and(|n| n > 0))
+}
+
+/// `Backend::list` in a dialect: the peer's locks whose names start with `prefix` (held
+/// ones: the peers leave nothing behind a release). Redisson's are the hashes that look like
+/// its locks ([`redisson_like`]); python-redis-lock's the strings `lock:…`.
+pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<Vec<ListedLock>> {
+    let escaped = crate::ops::glob_escape(prefix);
+    let (pattern, kind) = match l.dialect {
+        Dialect::Redisson => (format!("{escaped}*"), "hash"),
+        Dialect::PythonRedisLock => (format!("lock:{escaped}*"), "string"),
+    };
+    let mut keys = Vec::new();
+    crate::ops::scan_typed(b, &pattern, Some(kind), |batch| keys.extend(batch)).await?;
+    keys.sort();
+    let mut out = Vec::new();
+    for key in keys {
+        let name = match l.dialect {
+            Dialect::Redisson => key.as_str(),
+            Dialect::PythonRedisLock => match key.strip_prefix("lock:") {
+                Some(n) => n,
+                None => continue,
+            },
+        };
+        // Names no key of dlock's can sit beside (see `beside`) are not dlock's to show.
+        if !name.starts_with(prefix) || beside("x", &key).is_err() {
+            continue;
+        }
+        if l.dialect == Dialect::Redisson {
+            let mut con = b.con.get();
+            let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+                .arg(&key)
+                .query_async(&mut con)
+                .await
+                .map_err(|e| b.err(e))?;
+            if !redisson_like(&fields) {
+                continue;
+            }
+        }
+        let info = inspect(b, l, name).await?;
+        if info.held() {
+            out.push(ListedLock::new(LockKind::Mutex, info));
+        }
+    }
+    Ok(out)
+}
+
+/// `Backend::force_release` in a dialect: as the peer's own forced unlock (Redisson's
+/// `forceUnlock`, python-redis-lock's `reset`), waking the waiters the same way.
+pub(crate) async fn force_release(
+    b: &RedisBackend,
+    l: &Layout,
+    name: &str,
+) -> Result<ForceReleased> {
+    let lock = l.lock_key(name);
+    let fence = l.fence_key(name)?;
+    let cmd = match l.dialect {
+        Dialect::Redisson => SCRIPTS.force_release.cmd(
+            &[&lock, &l.names_key(name)?, &fence],
+            &["redisson", &Layout::channel(name)],
+        ),
+        Dialect::PythonRedisLock => SCRIPTS.force_release.cmd(
+            &[&lock, &Layout::signal(name), &fence],
+            &["python-redis-lock", "", &SIGNAL_EXPIRE_MS.to_string()],
+        ),
+    };
+    let v = b.eval_ending(&SCRIPTS.all(), &cmd, None).await?;
+    let bad = || {
+        Error::unexpected(
+            KIND,
+            format!("forced release of `{name}`: unexpected reply"),
+        )
+    };
+    let (held, pttl, names, fence): ForceReply = redis::from_redis_value(v).map_err(|_| bad())?;
+    let left = ms(pttl);
+    let removed = match l.dialect {
+        Dialect::Redisson => {
+            let fields: Vec<(String, String)> = held
+                .chunks(2)
+                .filter_map(|p| match p {
+                    [f, c] => Some((f.clone(), c.clone())),
+                    _ => None,
+                })
+                .collect();
+            redisson_holders(&fields, &names, left).0
+        }
+        Dialect::PythonRedisLock => held.iter().map(|id| pyrl_holder(id, left).0).collect(),
+    };
+    Ok(ForceReleased::new(removed, counter(name, fence)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_keys_share_the_lock_keys_slot() {
+        use crate::cluster::slot;
+        for name in ["orders", "a{b}c", "{x}", "with space", "é"] {
+            for d in [Dialect::Redisson, Dialect::PythonRedisLock] {
+                let l = Layout::new(d, "dlock");
+                let lock = l.lock_key(name);
+                for own in [
+                    l.fence_key(name).unwrap(),
+                    l.names_key(name).unwrap(),
+                    l.ended_key(name, &AttemptId::new()).unwrap(),
+                ] {
+                    assert_eq!(slot(&own), slot(&lock), "{own} beside {lock}");
+                }
+            }
+            // Redisson's own channel shares the slot too (its prefixName rule).
+            assert_eq!(slot(&Layout::channel(name)), slot(name), "{name}");
+        }
+        assert_eq!(Layout::channel("orders"), "redisson_lock__channel:{orders}");
+        assert_eq!(Layout::channel("a{b}c"), "redisson_lock__channel:a{b}c");
+        let e = Layout::new(Dialect::Redisson, "dlock")
+            .fence_key("a}b")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hash tag"), "{e}");
+    }
+
+    #[test]
+    fn ids() {
+        let a = AttemptId::from_server("0123456789abcdef0123456789abcdef");
+        assert_eq!(client_uuid(&a), "01234567-89ab-cdef-0123-456789abcdef");
+        assert_eq!(
+            redisson_field("01234567-89ab-cdef-0123-456789abcdef:42"),
+            Some(("01234567-89ab-cdef-0123-456789abcdef", 42))
+        );
+        assert_eq!(redisson_field("nothread"), None);
+        assert_eq!(pyrl_owner("dlock:ab:17:host:1:x"), Some((17, "host:1:x")));
+        assert_eq!(pyrl_owner("b64randomid=="), None);
+        let f = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        assert!(redisson_like(&f(&[("6f1e-uuid:77", "2")])));
+        assert!(!redisson_like(&f(&[("name", "alice")])));
+        assert!(!redisson_like(&f(&[("a:b", "0")])));
+        assert!(!redisson_like(&[]));
+    }
+}
