@@ -27,6 +27,8 @@ pub fn short(d: Duration) -> String {
 fn ms_cell(ms: Option<u64>, at_least: bool) -> String {
     match ms {
         None => "-".to_owned(),
+        // Already there at the first look, and seen once: how long is unknown.
+        Some(0) if at_least => "?".to_owned(),
         Some(ms) => {
             let d = short(Duration::from_millis(ms));
             if at_least {
