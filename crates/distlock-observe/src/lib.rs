@@ -27,7 +27,8 @@
 //!         .with_waiters(Some(2))
 //!         .with_fencing_token(17),
 //! )];
-//! let (locks, _events) = Tracker::new().observe(Instant::now(), SystemTime::now(), &listed);
+//! let now = Instant::now();
+//! let (locks, _events) = Tracker::new().observe(now, now, SystemTime::now(), &listed);
 //! let snap = Snapshot { backend: "redis".into(), endpoint: "127.0.0.1:6379".into(), taken_at_ms: 0, locks };
 //! let text = frame(&snap, 200);
 //! assert!(text.contains("orders:42"));

@@ -345,11 +345,16 @@ impl Tracker {
         Tracker::default()
     }
 
-    /// The rows of `listed`, seen at `now` (`wall`: the same moment on the wall clock), and
-    /// the changes since the last look (none at the first: everything there then was there
-    /// before, and its times are lower bounds).
+    /// The rows of `listed`, from a look that started at `started` and ended at `now`
+    /// (`wall`: the end on the wall clock), and the changes since the last look (none at
+    /// the first: everything there then was there before, and its times are lower bounds).
+    ///
+    /// A holder gone since the last look is [`Change::Lost`] when its lease (as that look
+    /// read it) could have run out in between — from the start of that look to the end of
+    /// this one — else [`Change::Released`].
     pub fn observe(
         &mut self,
+        started: Instant,
         now: Instant,
         wall: SystemTime,
         listed: &[ListedLock],
@@ -366,6 +371,7 @@ impl Tracker {
             current.insert((r.name.clone(), r.kind), r.clone());
         }
         if let Some((then, before)) = &self.last {
+            // From the start of the last look (its reads came after) to the end of this one.
             let elapsed = now.saturating_duration_since(*then);
             for (key, old) in before {
                 let new = current.get(key);
@@ -432,7 +438,7 @@ impl Tracker {
         });
         self.waiting
             .retain(|key, _| current.get(key).is_some_and(|r| r.waiters.unwrap_or(0) > 0));
-        self.last = Some((now, current));
+        self.last = Some((started, current));
         (rows, events)
     }
 
@@ -539,13 +545,13 @@ mod tests {
         let mut t = Tracker::new();
         let t0 = Instant::now();
         let wall = SystemTime::now();
-        let (rows, events) = t.observe(t0, wall, &[listed("a", &[("h1", 10_000)], 0)]);
+        let (rows, events) = t.observe(t0, t0, wall, &[listed("a", &[("h1", 10_000)], 0)]);
         assert!(events.is_empty(), "the first look is the baseline");
         assert!(rows[0].holders[0].held_for_at_least);
 
         // h1 releases early; h2 gets it; two wait.
         let t1 = t0 + Duration::from_secs(1);
-        let (rows, events) = t.observe(t1, wall, &[listed("a", &[("h2", 200)], 2)]);
+        let (rows, events) = t.observe(t1, t1, wall, &[listed("a", &[("h2", 200)], 2)]);
         let kinds: Vec<_> = events.iter().map(|e| e.event).collect();
         assert_eq!(
             kinds,
@@ -558,7 +564,7 @@ mod tests {
 
         // h2's 200 ms lease runs out unreleased.
         let t2 = t1 + Duration::from_secs(1);
-        let (rows, events) = t.observe(t2, wall, &[listed("a", &[], 2)]);
+        let (rows, events) = t.observe(t2, t2, wall, &[listed("a", &[], 2)]);
         assert_eq!(events.len(), 1, "{events:?}");
         assert_eq!(events[0].event, Change::Lost);
         assert_eq!(rows[0].oldest_wait_ms, Some(1000), "waiting since t1");
@@ -569,6 +575,7 @@ mod tests {
         let mut t = Tracker::new();
         let now = Instant::now();
         let (mut rows, _) = t.observe(
+            now,
             now,
             SystemTime::now(),
             &[

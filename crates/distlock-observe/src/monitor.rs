@@ -111,7 +111,7 @@ impl Monitor {
         };
         let took = started.elapsed();
         let wall = SystemTime::now();
-        let (locks, events) = tracker.observe(Instant::now(), wall, &listed);
+        let (locks, events) = tracker.observe(started, Instant::now(), wall, &listed);
         drop(tracker);
         {
             let mut s = self.stats();
