@@ -56,9 +56,42 @@ pub fn request(
         req += b;
     }
     s.write_all(req.as_bytes())?;
+    // Read until the reply is whole (by its length, or its last chunk), not until the
+    // server closes: some (chromedriver) keep the connection open.
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if complete(&raw) {
+            break;
+        }
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
     parse(&raw)
+}
+
+/// Whether `raw` holds a whole reply: its head, and the body its Content-Length or its
+/// chunked encoding says.
+fn complete(raw: &[u8]) -> bool {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    let body = &raw[end + 4..];
+    if let Some(len) = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        return body.len() >= len;
+    }
+    if head.contains("transfer-encoding: chunked") {
+        return body.ends_with(b"0\r\n\r\n");
+    }
+    false
 }
 
 fn bad(what: &str) -> io::Error {

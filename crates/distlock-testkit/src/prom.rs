@@ -90,9 +90,7 @@ pub fn parse(text: &str) -> Result<Vec<Sample>, String> {
             }
             continue;
         }
-        let name_end = line
-            .find(['{', ' '])
-            .ok_or_else(|| err("no value"))?;
+        let name_end = line.find(['{', ' ']).ok_or_else(|| err("no value"))?;
         let name = &line[..name_end];
         if !valid_name(name) {
             return Err(err("bad metric name"));
