@@ -26,17 +26,30 @@ pub struct ServeArgs {
     /// requests that carry the release token (`Authorization: Bearer TOKEN`).
     #[arg(long)]
     allow_release: bool,
-    /// The release token (default: a random one, printed on stderr at start).
-    #[arg(
-        long,
-        env = "DLOCK_RELEASE_TOKEN",
-        hide_env_values = true,
-        requires = "allow_release"
-    )]
+    /// With --allow-release: the release token, 16 characters at least (default: a random
+    /// one, printed on stderr at start).
+    #[arg(long, env = "DLOCK_RELEASE_TOKEN", hide_env_values = true)]
     release_token: Option<String>,
 }
 
 pub async fn serve(url: &str, args: ServeArgs) -> u8 {
+    // Bad input first, before any connection.
+    let token = if args.allow_release {
+        match args.release_token {
+            Some(t) if t.trim().len() >= 16 => Some(t.trim().to_owned()),
+            Some(_) => {
+                eprintln!("dlock: --release-token must be at least 16 characters");
+                return crate::EXIT_USAGE;
+            }
+            None => {
+                let t = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+                eprintln!("dlock serve: release token {t}");
+                Some(t)
+            }
+        }
+    } else {
+        None
+    };
     // The process's own client metrics (the library's series) for /metrics.
     let prometheus = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()
     {
@@ -56,20 +69,8 @@ pub async fn serve(url: &str, args: ServeArgs) -> u8 {
     if let Some(h) = prometheus {
         opts = opts.prometheus(h);
     }
-    if args.allow_release {
-        let token = match args.release_token {
-            Some(t) if t.trim().len() >= 16 => t.trim().to_owned(),
-            Some(_) => {
-                eprintln!("dlock: --release-token must be at least 16 characters");
-                return crate::EXIT_USAGE;
-            }
-            None => {
-                let t = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-                eprintln!("dlock serve: release token {t}");
-                t
-            }
-        };
-        opts = opts.allow_release(token);
+    if let Some(t) = token {
+        opts = opts.allow_release(t);
     }
     let listener = match distlock_observe::server::bind(args.listen).await {
         Ok(l) => l,

@@ -162,3 +162,17 @@ fn an_unknown_sort_order_names_the_orders() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(text(&out.stderr).contains("contention"), "{out:?}");
 }
+
+/// `dlock serve` refuses a short release token before it listens (exit 2, saying why).
+#[test]
+fn serve_refuses_a_short_release_token() {
+    let out = std::process::Command::new(DLOCK)
+        .env("DLOCK_BACKEND", "file:///nonexistent-dlock-serve")
+        .env("DLOCK_RELEASE_TOKEN", "short")
+        .args(["serve", "--listen", "127.0.0.1:0", "--allow-release"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run dlock");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(text(&out.stderr).contains("16 characters"), "{out:?}");
+}
