@@ -87,10 +87,27 @@ async fn top_once_shows_holder_and_two_waiters(url: &str, name: &str, queues: bo
     })
     .await;
     assert_ne!(cols[7], "0", "{frame}");
-    for w in [first, second] {
-        let g = waited(w, Duration::from_secs(20)).await;
-        g.release().await.expect("release");
-    }
+    // Whichever waiter got it (not every backend is first come first served) lets go, then
+    // the other.
+    let (mut first, mut second) = (first, second);
+    let (got, other) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::select! {
+            g = &mut first => (g, second),
+            g = &mut second => (g, first),
+        }
+    })
+    .await
+    .expect("a waiter gets the lock");
+    got.expect("join")
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    waited(other, Duration::from_secs(60))
+        .await
+        .release()
+        .await
+        .expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
