@@ -3,12 +3,11 @@
 //! needed: what is tested is the process and terminal handling).
 
 mod descendants;
+mod pty;
 
 use descendants::{wait_exit, wait_until, PATIENCE};
 use distlock_testkit::TempDir;
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -21,31 +20,6 @@ fn dlock(dir: &TempDir) -> Command {
         format!("file://{}", dir.path().join("locks").display()),
     );
     c
-}
-
-/// A pseudo terminal: (master, slave).
-fn openpty() -> (std::fs::File, OwnedFd) {
-    let (mut master, mut slave) = (-1, -1);
-    // SAFETY: openpty writes the two descriptors; the name, termios and winsize are null.
-    let rc = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
-    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
-    // SAFETY: both descriptors were just opened and are owned here alone.
-    unsafe {
-        let flags = libc::fcntl(master, libc::F_GETFL);
-        libc::fcntl(master, libc::F_SETFL, flags | libc::O_NONBLOCK);
-        (
-            std::fs::File::from_raw_fd(master),
-            OwnedFd::from_raw_fd(slave),
-        )
-    }
 }
 
 /// Reads what the terminal shows until it contains `want`; everything read so far is
@@ -91,7 +65,7 @@ fn states_of(tag: &str) -> Vec<String> {
 #[test]
 fn a_command_in_the_foreground_of_a_terminal_reads_it() {
     let dir = TempDir::with_prefix("dlock-terminal").expect("dir");
-    let (mut master, slave) = openpty();
+    let (mut master, slave) = pty::openpty(None);
     let tag = format!("dlock-tty-{}", std::process::id());
     let script = format!("printf 'name? '; read l; echo \"got:$l\" # {tag}");
     let mut cmd = dlock(&dir);
@@ -99,17 +73,7 @@ fn a_command_in_the_foreground_of_a_terminal_reads_it() {
         .stdin(Stdio::from(slave.try_clone().expect("dup")))
         .stdout(Stdio::from(slave.try_clone().expect("dup")))
         .stderr(Stdio::from(slave));
-    // SAFETY: between fork and exec, only setsid and ioctl: a session of its own whose
-    // controlling terminal is the pty (standard input by then), with dlock's process group
-    // in its foreground, as a shell runs a command typed at its prompt.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    pty::controlling_terminal(&mut cmd);
     let mut child = cmd.spawn().expect("spawn");
     drop(cmd);
     let mut seen = String::new();

@@ -4,48 +4,15 @@
 //! terminal restored).
 
 mod ops_common;
+mod pty;
 use distlock_testkit::RedisServer;
 use ops_common::*;
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long the screen may take to show something (a loaded machine draws slowly).
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// A pseudo terminal of 160×40: (master, slave).
-fn openpty() -> (std::fs::File, OwnedFd) {
-    let (mut master, mut slave) = (-1, -1);
-    let size = libc::winsize {
-        ws_row: 40,
-        ws_col: 160,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: openpty writes the two descriptors; the name and termios are null, the size is
-    // read from a value we own.
-    let rc = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            &size,
-        )
-    };
-    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
-    // SAFETY: both descriptors were just opened and are owned here alone.
-    unsafe {
-        let flags = libc::fcntl(master, libc::F_GETFL);
-        libc::fcntl(master, libc::F_SETFL, flags | libc::O_NONBLOCK);
-        (
-            std::fs::File::from_raw_fd(master),
-            OwnedFd::from_raw_fd(slave),
-        )
-    }
-}
 
 /// The terminal's output, read as it comes.
 struct Screen {
@@ -115,7 +82,7 @@ async fn the_live_view_sorts_filters_and_opens_a_lock_with_its_queue_in_order() 
     }
     let second = waiter("second-in-line");
 
-    let (master, slave) = openpty();
+    let (master, slave) = pty::openpty(Some((160, 40)));
     let mut cmd = Command::new(DLOCK);
     cmd.env("DLOCK_BACKEND", &url)
         .env("TERM", "xterm")
@@ -123,16 +90,7 @@ async fn the_live_view_sorts_filters_and_opens_a_lock_with_its_queue_in_order() 
         .stdin(Stdio::from(slave.try_clone().expect("dup")))
         .stdout(Stdio::from(slave.try_clone().expect("dup")))
         .stderr(Stdio::from(slave));
-    // SAFETY: between fork and exec, only setsid and ioctl: a session of its own with the
-    // pty as its controlling terminal, as a shell runs a command typed at its prompt.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    pty::controlling_terminal(&mut cmd);
     let child = cmd.spawn().expect("spawn");
     drop(cmd);
     let mut s = Screen {
