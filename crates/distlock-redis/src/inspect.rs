@@ -5,7 +5,7 @@ use crate::error::KIND;
 use crate::{family, Family, RedisBackend};
 use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result, WaiterInfo};
 use redis::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 /// One grant of a read-write lock or semaphore as the scripts store it: `TOKEN:X:OWNER`, where
@@ -248,27 +248,67 @@ pub(crate) async fn inspect(b: &RedisBackend, name: &str, kind: LockKind) -> Res
 const PER_PIPELINE: usize = 500;
 
 /// [`inspect`] of many locks (`dlock list`, `dlock top`): one pipeline per
-/// [`PER_PIPELINE`] locks on one server, not a round trip per lock. On a cluster the locks
-/// are read one pipeline each (the keys of one lock share a slot; those of two need not).
+/// [`PER_PIPELINE`] locks, not a round trip per lock. On a cluster, one series of pipelines
+/// per master, each with the locks of its slots (the keys of one lock share a slot); the
+/// locks of a master whose pipeline fails (a slot moved) are read one by one, routed by key.
 pub(crate) async fn inspect_many(
     b: &RedisBackend,
     locks: &[(String, LockKind)],
 ) -> Result<Vec<LockInfo>> {
-    let mut out = Vec::with_capacity(locks.len());
-    if b.con.cluster().is_some() {
-        for (name, kind) in locks {
-            out.push(inspect(b, name, *kind).await?);
-        }
-        return Ok(out);
+    let Some(cluster) = b.con.cluster() else {
+        return pipelined(b, &mut b.con.get(), locks).await;
+    };
+    let masters = cluster.masters().await.map_err(|e| b.err(e))?;
+    let mut by_master: BTreeMap<Option<usize>, Vec<usize>> = BTreeMap::new();
+    for (i, (name, _)) in locks.iter().enumerate() {
+        let slot = crate::cluster::slot(&b.fence_key(name));
+        let owner = masters.iter().position(|m| m.owns(slot));
+        by_master.entry(owner).or_default().push(i);
     }
-    let mut con = b.con.get();
+    let mut out: Vec<Option<LockInfo>> = vec![None; locks.len()];
+    for (owner, idx) in by_master {
+        let part: Vec<(String, LockKind)> = idx.iter().map(|&i| locks[i].clone()).collect();
+        let read = match owner {
+            Some(m) => pipelined(b, &mut cluster.at(&masters[m]), &part).await,
+            None => Err(Error::connection(
+                KIND,
+                b.endpoint.clone(),
+                "no master known for the slot",
+            )),
+        };
+        let infos = match read {
+            Ok(infos) => infos,
+            Err(e) => {
+                tracing::debug!(error = %e, "a master's pipelined reads failed; reading its locks by key");
+                cluster.forget();
+                let mut one_by_one = Vec::with_capacity(part.len());
+                for (name, kind) in &part {
+                    one_by_one.push(inspect(b, name, *kind).await?);
+                }
+                one_by_one
+            }
+        };
+        for (i, info) in idx.into_iter().zip(infos) {
+            out[i] = Some(info);
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// The locks `locks` read over `con`, [`PER_PIPELINE`] a round trip.
+async fn pipelined(
+    b: &RedisBackend,
+    con: &mut crate::cluster::Link,
+    locks: &[(String, LockKind)],
+) -> Result<Vec<LockInfo>> {
+    let mut out = Vec::with_capacity(locks.len());
     for chunk in locks.chunks(PER_PIPELINE) {
         let mut pipe = redis::pipe();
         let readings = chunk
             .iter()
             .map(|(name, kind)| Reading::add(b, &mut pipe, name, *kind))
             .collect::<Result<Vec<_>>>()?;
-        let vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| b.err(e))?;
+        let vals: Vec<Value> = pipe.query_async(con).await.map_err(|e| b.err(e))?;
         let expected: usize = readings.iter().map(|r| r.replies).sum();
         if vals.len() != expected {
             return Err(Error::unexpected(
