@@ -25,6 +25,8 @@ mod pipe;
 mod release;
 mod report;
 mod run;
+mod serve;
+mod top;
 mod status;
 mod torture;
 
@@ -71,6 +73,12 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// List every lock the backend has state for: holders, waiters, last fencing token.
     List(list::ListArgs),
+    /// Who holds what and who waits, live (a terminal view; --once prints one frame):
+    /// holder, host, pid, held for, lease left, token, waiters, oldest wait.
+    Top(top::TopArgs),
+    /// Serve a JSON API, server-sent events, Prometheus /metrics and a live page of the
+    /// locks (loopback by default; read-only unless --allow-release).
+    Serve(serve::ServeArgs),
     /// Remove a stuck lock's holder(s) by force (`release --force NAME`) and advance its
     /// fencing token past every token issued; asks for confirmation unless --yes.
     Release(release::ReleaseArgs),
@@ -174,6 +182,8 @@ fn dlock() -> u8 {
             Command::Inspect(args) => inspect::inspect(&backend, args).await,
             Command::List(args) => list::list(&backend, args).await,
             Command::Release(args) => release::release(&backend, args).await,
+            Command::Top(args) => top::top(&backend, args).await,
+            Command::Serve(args) => serve::serve(&backend, args).await,
             Command::Doctor(args) => doctor::doctor(&backend, args).await,
             Command::Lab(command) => distlock_lab::run(&backend, command).await,
             Command::TortureWorker(args) => torture::worker(args).await,

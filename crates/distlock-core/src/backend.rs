@@ -86,7 +86,8 @@ pub use crate::lost_registry::LostRegistry;
 pub use crate::subscriptions::{NoWatch, Subscription, Subscriptions};
 pub use crate::types::{
     AcquireReply, AcquireRequest, AttemptId, Finding, ForceReleased, GrantRef, Granted, HoldKey,
-    HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Severity, Wake,
+    HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Severity, WaiterInfo,
+    Wake,
 };
 pub use crate::wait::{self, Attempt, WaitStrategy};
 pub use async_trait::async_trait;

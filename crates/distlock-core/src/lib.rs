@@ -59,6 +59,7 @@ pub use options::{
 pub use semaphore::{MultiGuard, MultiLock, Semaphore, MAX_PERMITS};
 pub use types::{
     Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, ReleaseOutcome, Severity,
+    WaiterInfo,
 };
 
 /// `async_trait`, re-exported for backend implementations (also in [`backend`]).

@@ -340,6 +340,58 @@ pub struct LockInfo {
     pub waiters: Option<u32>,
     /// For a semaphore: its permit count.
     pub permits: Option<u32>,
+    /// The live waiters queued on the server, first in line first, when the backend can
+    /// name them (empty when nobody waits or the backend reports only a count: see
+    /// [`LockInfo::waiters`]).
+    pub queue: Vec<WaiterInfo>,
+}
+
+/// One waiter queued on a lock, as reported by [`Backend::inspect`] in [`LockInfo::queue`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct WaiterInfo {
+    /// Owner id of the waiting attempt.
+    pub owner: String,
+    /// How long it has waited, by the server's clock, when the server records arrivals.
+    pub waited: Option<Duration>,
+    /// For a read-write lock: the side it waits for; `None` otherwise.
+    pub side: Option<LockKind>,
+}
+
+impl WaiterInfo {
+    /// A waiter `owner`, its wait and side unknown (backends build waiters with this and the
+    /// `with_` methods: the struct may gain fields).
+    ///
+    /// ```
+    /// use distlock_core::WaiterInfo;
+    /// use std::time::Duration;
+    /// let w = WaiterInfo::new("web-2:77:0a1b2c3d:1").with_waited(Some(Duration::from_secs(2)));
+    /// assert_eq!(w.origin(), Some(("web-2", 77)));
+    /// ```
+    pub fn new(owner: impl Into<String>) -> Self {
+        WaiterInfo {
+            owner: owner.into(),
+            waited: None,
+            side: None,
+        }
+    }
+
+    /// The same, having waited `waited`.
+    pub fn with_waited(mut self, waited: Option<Duration>) -> Self {
+        self.waited = waited;
+        self
+    }
+
+    /// The same, waiting for side `side` of a read-write lock.
+    pub fn with_side(mut self, side: Option<LockKind>) -> Self {
+        self.side = side;
+        self
+    }
+
+    /// The host name and process id in the waiter's owner id (see [`HolderInfo::origin`]).
+    pub fn origin(&self) -> Option<(&str, u32)> {
+        owner_origin(&self.owner)
+    }
 }
 
 impl HolderInfo {
@@ -461,6 +513,27 @@ impl LockInfo {
     pub fn with_permits(mut self, permits: Option<u32>) -> Self {
         self.permits = permits;
         self
+    }
+
+    /// The same, with `queue` as the waiters in line, first first.
+    pub fn with_queue(mut self, queue: Vec<WaiterInfo>) -> Self {
+        self.queue = queue;
+        self
+    }
+
+    /// The longest wait among the queued waiters the server reported a wait for.
+    ///
+    /// ```
+    /// use distlock_core::{LockInfo, WaiterInfo};
+    /// use std::time::Duration;
+    /// let info = LockInfo::new("jobs").with_queue(vec![
+    ///     WaiterInfo::new("a").with_waited(Some(Duration::from_secs(3))),
+    ///     WaiterInfo::new("b").with_waited(Some(Duration::from_secs(1))),
+    /// ]);
+    /// assert_eq!(info.oldest_wait(), Some(Duration::from_secs(3)));
+    /// ```
+    pub fn oldest_wait(&self) -> Option<Duration> {
+        self.queue.iter().filter_map(|w| w.waited).max()
     }
 
     /// True when someone holds the lock.

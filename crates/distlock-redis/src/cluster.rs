@@ -130,7 +130,7 @@ impl Master {
         }
     }
 
-    fn owns(&self, slot: u16) -> bool {
+    pub(crate) fn owns(&self, slot: u16) -> bool {
         self.slots
             .iter()
             .any(|(lo, hi)| (*lo..=*hi).contains(&slot))

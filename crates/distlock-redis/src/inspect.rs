@@ -3,9 +3,9 @@
 
 use crate::error::KIND;
 use crate::{family, Family, RedisBackend};
-use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result};
+use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result, WaiterInfo};
 use redis::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 /// One grant of a read-write lock or semaphore as the scripts store it: `TOKEN:X:OWNER`, where
@@ -75,96 +75,255 @@ pub(crate) fn holders(
     out
 }
 
+/// The waiter in one field of a waiter data hash: `EXPIRY_MS:LEASE_MS:OWNER` (a mutex),
+/// `EXPIRY_MS:LEASE_MS:LEN:VALUE` then OWNER (an election's candidate), or
+/// `EXPIRY_MS:LEASE_MS:X:OWNER` with X the side or the permits (read-write lock, semaphore):
+/// its expiry (server ms), owner and side. `None` for data of another layout.
+fn parse_waiter<'a>(fam: &Family, data: &'a str) -> Option<(u64, &'a str, Option<LockKind>)> {
+    let (expiry, rest) = data.split_once(':')?;
+    let (_lease, rest) = rest.split_once(':')?;
+    let (owner, side) = match fam {
+        Family::Mutex { election: true, .. } => {
+            let (len, rest) = rest.split_once(':')?;
+            (rest.get(len.parse::<usize>().ok()?..)?, None)
+        }
+        Family::Mutex { .. } => (rest, None),
+        Family::Rw { .. } => match rest.split_once(':')? {
+            ("r", o) => (o, Some(LockKind::Read)),
+            ("w", o) => (o, Some(LockKind::Write)),
+            _ => return None,
+        },
+        Family::Sem { .. } => rest.split_once(':').map(|(_, o)| (o, None))?,
+    };
+    Some((expiry.parse().ok()?, owner, side))
+}
+
+/// The commands of one lock's reading, appended to a pipeline, and what is needed to read
+/// their replies ([`Reading::parse`]).
+struct Reading<'a> {
+    name: &'a str,
+    fam: Family,
+    /// Replies this lock's commands produce.
+    replies: usize,
+}
+
+/// The number of replies a [`Reading`] turns into a [`LockInfo`]: holds, PTTL, fence, waiter
+/// data, queue, TIME, expiries, limit.
+const SHAPE: usize = 8;
+
+impl<'a> Reading<'a> {
+    /// Appends to `pipe` the commands that read lock `name` of `kind`: holds, their
+    /// expiries (or the hash's PTTL), the fence, the queue and the server clock.
+    fn add(
+        b: &RedisBackend,
+        pipe: &mut redis::Pipeline,
+        name: &'a str,
+        kind: LockKind,
+    ) -> Result<Self> {
+        let fam = family(kind)?;
+        let (holds_key, exp_key, queue_key, waiters_key, limit_key) = match fam {
+            Family::Mutex { election, .. } => {
+                let [h, _, q, w] = b.mutex_keys(name, election);
+                (h, None, q, w, None)
+            }
+            Family::Rw { .. } => {
+                let [h, _, q, w, e] = b.rw_keys(name);
+                (h, Some(e), q, w, None)
+            }
+            Family::Sem { .. } => {
+                let [h, _, q, w, e, l] = b.sem_keys(name);
+                (h, Some(e), q, w, Some(l))
+            }
+        };
+        pipe.cmd("HGETALL").arg(&holds_key);
+        pipe.cmd("PTTL").arg(&holds_key);
+        let fence_key = match fam {
+            Family::Mutex { election, .. } => b.mutex_fence_key(name, election),
+            _ => b.fence_key(name),
+        };
+        pipe.cmd("GET").arg(&fence_key);
+        pipe.cmd("HGETALL").arg(&waiters_key);
+        pipe.cmd("ZRANGE")
+            .arg(&queue_key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES");
+        pipe.cmd("TIME");
+        let mut replies = 6;
+        if let Some(e) = &exp_key {
+            pipe.cmd("ZRANGE").arg(e).arg(0).arg(-1).arg("WITHSCORES");
+            replies += 1;
+        }
+        if let Some(l) = &limit_key {
+            pipe.cmd("GET").arg(l);
+            replies += 1;
+        }
+        Ok(Reading { name, fam, replies })
+    }
+
+    /// The lock's state from its replies (`vals`, as many as [`Reading::replies`]).
+    fn parse(&self, b: &RedisBackend, mut vals: Vec<Value>) -> Result<LockInfo> {
+        let (name, fam) = (self.name, &self.fam);
+        // Same shape for every family: no expiries (the hash's PTTL counts) and no limit.
+        if let Family::Mutex { .. } = fam {
+            vals.push(Value::Array(Vec::new()));
+        }
+        if !matches!(fam, Family::Sem { .. }) {
+            vals.push(Value::Nil);
+        }
+        let bad = |what: &str| -> Error {
+            Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
+        };
+        let [fields, pttl, fence, waiters, queue, time, exps, limit]: [Value; SHAPE] =
+            vals.try_into().map_err(|_| bad("number of replies"))?;
+        let fields: Vec<(String, String)> =
+            redis::from_redis_value(fields).map_err(|_| bad("holders"))?;
+        let pttl: i64 = redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?;
+        let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
+        let exps: Vec<(String, f64)> =
+            redis::from_redis_value(exps).map_err(|_| bad("expiries"))?;
+        let waiters: Vec<(String, String)> =
+            redis::from_redis_value(waiters).map_err(|_| bad("waiters"))?;
+        let queue: Vec<(String, f64)> = redis::from_redis_value(queue).map_err(|_| bad("queue"))?;
+        let limit: Option<u32> = redis::from_redis_value(limit).map_err(|_| bad("permits"))?;
+        let (secs, micros): (String, String) =
+            redis::from_redis_value(time).map_err(|_| bad("TIME"))?;
+        let now_ms =
+            secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
+        let data: HashMap<&str, &str> = waiters
+            .iter()
+            .map(|(m, d)| (m.as_str(), d.as_str()))
+            .collect();
+        // The live waiters in queue order (arrival ms as the score): a waiter whose data
+        // expired is dead, whether or not a script has pruned it yet.
+        let line: Vec<WaiterInfo> = queue
+            .iter()
+            .filter_map(|(m, arrived)| {
+                let (expiry, owner, side) = parse_waiter(fam, data.get(m.as_str())?)?;
+                (expiry > now_ms).then(|| {
+                    let waited = (now_ms as f64 - arrived).max(0.0);
+                    WaiterInfo::new(owner)
+                        .with_waited(Some(Duration::from_millis(waited as u64)))
+                        .with_side(side)
+                })
+            })
+            .collect();
+        let permits = match fam {
+            Family::Sem { limit: l, .. } => Some(limit.unwrap_or(*l)),
+            _ => None,
+        };
+        let mut fencing_token = b.counter(name, fence)?;
+        if let Family::Mutex { election: true, .. } = fam {
+            // The leader's own token (the counter is above it after a forced release).
+            let leader = fields.iter().find(|(f, _)| f == "token");
+            if let Some((_, t)) = leader.filter(|_| pttl != -2) {
+                fencing_token = t.parse().map_err(|_| {
+                    Error::unexpected(
+                        KIND,
+                        format!("election `{name}`: the leader's token is `{t}`, not a number"),
+                    )
+                })?;
+            }
+        }
+        Ok(LockInfo::new(name)
+            .with_holders(holders(fam, &fields, pttl, &exps, now_ms))
+            .with_fencing_token(fencing_token)
+            .with_waiters(Some(u32::try_from(line.len()).unwrap_or(u32::MAX)))
+            .with_queue(line)
+            .with_permits(permits))
+    }
+}
+
 /// `Backend::inspect`: holds, their expiries (or the hash's PTTL), the fence, the queue and
 /// the server clock, in one pipeline.
 pub(crate) async fn inspect(b: &RedisBackend, name: &str, kind: LockKind) -> Result<LockInfo> {
-    let fam = family(kind)?;
-    let (holds_key, exp_key, queue_key, waiters_key, limit_key) = match fam {
-        Family::Mutex { election, .. } => {
-            let [h, _, q, w] = b.mutex_keys(name, election);
-            (h, None, q, w, None)
-        }
-        Family::Rw { .. } => {
-            let [h, _, q, w, e] = b.rw_keys(name);
-            (h, Some(e), q, w, None)
-        }
-        Family::Sem { .. } => {
-            let [h, _, q, w, e, l] = b.sem_keys(name);
-            (h, Some(e), q, w, Some(l))
-        }
-    };
     let mut pipe = redis::pipe();
-    pipe.cmd("HGETALL").arg(&holds_key);
-    pipe.cmd("PTTL").arg(&holds_key);
-    let fence_key = match fam {
-        Family::Mutex { election, .. } => b.mutex_fence_key(name, election),
-        _ => b.fence_key(name),
-    };
-    pipe.cmd("GET").arg(&fence_key);
-    pipe.cmd("HGETALL").arg(&waiters_key);
-    pipe.cmd("ZRANGE").arg(&queue_key).arg(0).arg(-1);
-    pipe.cmd("TIME");
-    if let Some(e) = &exp_key {
-        pipe.cmd("ZRANGE").arg(e).arg(0).arg(-1).arg("WITHSCORES");
-    }
-    if let Some(l) = &limit_key {
-        pipe.cmd("GET").arg(l);
-    }
+    let reading = Reading::add(b, &mut pipe, name, kind)?;
     let mut con = b.con.get();
-    let mut vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| b.err(e))?;
-    // Same shape for every family: no expiries (the hash's PTTL counts) and no limit.
-    if exp_key.is_none() {
-        vals.push(Value::Array(Vec::new()));
-    }
-    if limit_key.is_none() {
-        vals.push(Value::Nil);
-    }
-    let bad = |what: &str| -> Error {
-        Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
+    let vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| b.err(e))?;
+    reading.parse(b, vals)
+}
+
+/// Locks read per pipeline by [`inspect_many`]: a few thousand commands a round trip.
+const PER_PIPELINE: usize = 500;
+
+/// [`inspect`] of many locks (`dlock list`, `dlock top`): one pipeline per
+/// [`PER_PIPELINE`] locks, not a round trip per lock. On a cluster, one series of pipelines
+/// per master, each with the locks of its slots (the keys of one lock share a slot); the
+/// locks of a master whose pipeline fails (a slot moved) are read one by one, routed by key.
+pub(crate) async fn inspect_many(
+    b: &RedisBackend,
+    locks: &[(String, LockKind)],
+) -> Result<Vec<LockInfo>> {
+    let Some(cluster) = b.con.cluster() else {
+        return pipelined(b, &mut b.con.get(), locks).await;
     };
-    let [fields, pttl, fence, waiters, queue, time, exps, limit]: [Value; 8] =
-        vals.try_into().map_err(|_| bad("number of replies"))?;
-    let fields: Vec<(String, String)> =
-        redis::from_redis_value(fields).map_err(|_| bad("holders"))?;
-    let pttl: i64 = redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?;
-    let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
-    let exps: Vec<(String, f64)> = redis::from_redis_value(exps).map_err(|_| bad("expiries"))?;
-    let waiters: Vec<(String, String)> =
-        redis::from_redis_value(waiters).map_err(|_| bad("waiters"))?;
-    let queue: Vec<String> = redis::from_redis_value(queue).map_err(|_| bad("queue"))?;
-    let limit: Option<u32> = redis::from_redis_value(limit).map_err(|_| bad("permits"))?;
-    let (secs, micros): (String, String) =
-        redis::from_redis_value(time).map_err(|_| bad("TIME"))?;
-    let now_ms =
-        secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
-    let live: HashMap<&str, u64> = waiters
-        .iter()
-        .filter_map(|(m, d)| Some((m.as_str(), d.split(':').next()?.parse().ok()?)))
-        .collect();
-    let waiting = queue
-        .iter()
-        .filter(|m| live.get(m.as_str()).is_some_and(|&e| e > now_ms))
-        .count();
-    let permits = match fam {
-        Family::Sem { limit: l, .. } => Some(limit.unwrap_or(l)),
-        _ => None,
-    };
-    let mut fencing_token = b.counter(name, fence)?;
-    if let Family::Mutex { election: true, .. } = fam {
-        // The leader's own token (the counter is above it after a forced release).
-        let leader = fields.iter().find(|(f, _)| f == "token");
-        if let Some((_, t)) = leader.filter(|_| pttl != -2) {
-            fencing_token = t.parse().map_err(|_| {
-                Error::unexpected(
-                    KIND,
-                    format!("election `{name}`: the leader's token is `{t}`, not a number"),
-                )
-            })?;
+    let masters = cluster.masters().await.map_err(|e| b.err(e))?;
+    let mut by_master: BTreeMap<Option<usize>, Vec<usize>> = BTreeMap::new();
+    for (i, (name, _)) in locks.iter().enumerate() {
+        let slot = crate::cluster::slot(&b.fence_key(name));
+        let owner = masters.iter().position(|m| m.owns(slot));
+        by_master.entry(owner).or_default().push(i);
+    }
+    let mut out: Vec<Option<LockInfo>> = vec![None; locks.len()];
+    for (owner, idx) in by_master {
+        let part: Vec<(String, LockKind)> = idx.iter().map(|&i| locks[i].clone()).collect();
+        let read = match owner {
+            Some(m) => pipelined(b, &mut cluster.at(&masters[m]), &part).await,
+            None => Err(Error::connection(
+                KIND,
+                b.endpoint.clone(),
+                "no master known for the slot",
+            )),
+        };
+        let infos = match read {
+            Ok(infos) => infos,
+            Err(e) => {
+                tracing::debug!(error = %e, "a master's pipelined reads failed; reading its locks by key");
+                cluster.forget();
+                let mut one_by_one = Vec::with_capacity(part.len());
+                for (name, kind) in &part {
+                    one_by_one.push(inspect(b, name, *kind).await?);
+                }
+                one_by_one
+            }
+        };
+        for (i, info) in idx.into_iter().zip(infos) {
+            out[i] = Some(info);
         }
     }
-    Ok(LockInfo::new(name)
-        .with_holders(holders(&fam, &fields, pttl, &exps, now_ms))
-        .with_fencing_token(fencing_token)
-        .with_waiters(Some(u32::try_from(waiting).unwrap_or(u32::MAX)))
-        .with_permits(permits))
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// The locks `locks` read over `con`, [`PER_PIPELINE`] a round trip.
+async fn pipelined(
+    b: &RedisBackend,
+    con: &mut crate::cluster::Link,
+    locks: &[(String, LockKind)],
+) -> Result<Vec<LockInfo>> {
+    let mut out = Vec::with_capacity(locks.len());
+    for chunk in locks.chunks(PER_PIPELINE) {
+        let mut pipe = redis::pipe();
+        let readings = chunk
+            .iter()
+            .map(|(name, kind)| Reading::add(b, &mut pipe, name, *kind))
+            .collect::<Result<Vec<_>>>()?;
+        let vals: Vec<Value> = pipe.query_async(con).await.map_err(|e| b.err(e))?;
+        let expected: usize = readings.iter().map(|r| r.replies).sum();
+        if vals.len() != expected {
+            return Err(Error::unexpected(
+                KIND,
+                format!(
+                    "inspect of {} locks: {} replies, not {expected}",
+                    readings.len(),
+                    vals.len()
+                ),
+            ));
+        }
+        let mut rest = vals.into_iter();
+        for r in readings {
+            out.push(r.parse(b, rest.by_ref().take(r.replies).collect())?);
+        }
+    }
+    Ok(out)
 }

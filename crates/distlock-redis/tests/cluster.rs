@@ -180,6 +180,11 @@ async fn operator_commands_span_the_masters() {
     let gs = grants(&b, "ops", 30, Duration::from_secs(20)).await;
     let listed = b.list("ops-").await.expect("list");
     assert_eq!(listed.len(), 30, "{listed:?}");
+    // Read in a pipeline per master: each lock with its holder, whichever master has it.
+    assert!(
+        listed.iter().all(|l| l.info.holders.len() == 1),
+        "{listed:?}"
+    );
     let info = b.inspect("ops-3", LockKind::Mutex).await.expect("inspect");
     assert_eq!(info.holders.len(), 1);
     let forced = b
