@@ -328,6 +328,13 @@ pub(crate) fn close(conn: Conn) {
 
 /// Runs a text query of several statements and returns the rows of each result set that has
 /// columns (statements without a result set, like `SET` or `UPDATE`, give none).
+///
+/// A statement after the first that fails (a deadlock, a lock wait timeout, a `KILL QUERY`)
+/// ends the query with its error, like a failing first statement: the server runs none of the
+/// statements after it. The driver keeps such an error as the query's next "result" and
+/// reports the query as exhausted (`is_empty`) before it, so it is read out explicitly here;
+/// otherwise the caller would get the result sets before the failure as a success, and the
+/// error would surface on whatever statement the connection runs next.
 pub(crate) async fn query_sets(
     conn: &mut Conn,
     sql: String,
@@ -345,6 +352,8 @@ pub(crate) async fn query_sets(
             out.push(rows);
         }
     }
+    // The error of a failed later statement, if any (and anything left unread).
+    r.drop_result().await?;
     Ok(out)
 }
 

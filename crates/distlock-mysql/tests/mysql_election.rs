@@ -388,3 +388,108 @@ async fn operator_commands_tell_the_election_apart() {
         distlock_testkit::sql_faults::election_operator_commands(&my).await;
     }
 }
+
+/// Transactions of `server` waiting for a row lock in a statement on `table` that names `key`.
+fn lock_waits(server: &MariaDbServer, table: &str, key: &str) -> String {
+    server
+        .sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
+             WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE '%{table}%{key}%'"
+        ))
+        .expect("INNODB_TRX")
+}
+
+/// A grant whose transaction the server rolls back as a deadlock's victim — the error comes
+/// from a statement in the middle of the grant's multi-statement query — is retried and
+/// granted, never answered as a reply without a token. (The driver hands a later statement's
+/// error over as the end of the results: it was read as "fencing token: no row", and the
+/// error stayed on the connection for its next statement.) The deadlock is a real one: a
+/// transaction holds the election's row, the grant waits for it holding the counter's row,
+/// then that transaction asks for the counter's row; being the heavier of the two, it is not
+/// the one the server rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_rolled_back_by_a_deadlock_is_retried() {
+    use mysql_async::prelude::Queryable;
+    for my in [My::session(), My::table()] {
+        let name = unique_name("el-deadlock");
+        let key = distlock_mysql::election_key("dlock", &name);
+        // Nothing here may be explained by a call running out of time.
+        let opts = long_opts().op_timeout(Duration::from_secs(5));
+        let c = my.client_with(opts).await;
+        let e = c
+            .election(&name)
+            .expect("election")
+            .with_owner("a")
+            .expect("owner");
+        // The election's rows exist (the counter's and the value's).
+        let first = e.campaign("v0").await.expect("a leads");
+        let t0 = first.fencing_token();
+        first.resign().await.expect("resign");
+
+        let mut other = mysql_async::Conn::from_url(my.server.url())
+            .await
+            .expect("connect");
+        other
+            .query_drop(
+                "CREATE TABLE IF NOT EXISTS deadlock_ballast (n INT PRIMARY KEY) ENGINE=InnoDB",
+            )
+            .await
+            .expect("ballast table");
+        other.query_drop("START TRANSACTION").await.expect("begin");
+        let rows: Vec<String> = (0..200).map(|n| format!("({n})")).collect();
+        other
+            .query_drop(format!(
+                "INSERT INTO deadlock_ballast VALUES {}",
+                rows.join(",")
+            ))
+            .await
+            .expect("ballast");
+        let held: Option<u64> = other
+            .query_first(format!(
+                "SELECT seq FROM dlock_elections WHERE lock_key = '{key}' FOR UPDATE"
+            ))
+            .await
+            .expect("lock the election's row");
+        assert!(held.is_some(), "the election has no row");
+        let campaign = tokio::spawn(async move { e.campaign("v1").await });
+        poll_until(
+            "the grant waiting for the election's row",
+            async || lock_waits(&my.server, "dlock_elections", &key),
+            |n| n == "1",
+        )
+        .await;
+        let r: Result<Option<u64>, _> = other
+            .query_first(format!(
+                "SELECT token FROM dlock_fence WHERE lock_key = '{key}' FOR UPDATE"
+            ))
+            .await;
+        assert!(
+            r.is_ok(),
+            "the server rolled back the other transaction, not the grant's: {r:?}"
+        );
+        other.query_drop("ROLLBACK").await.expect("rollback");
+        drop(other);
+        let l = campaign
+            .await
+            .expect("join")
+            .expect("the grant rolled back by the deadlock is retried");
+        assert!(l.fencing_token() > t0);
+        let leader = c
+            .election(&name)
+            .expect("election")
+            .leader()
+            .await
+            .expect("leader")
+            .expect("someone leads");
+        assert_eq!(
+            (
+                leader.owner.as_str(),
+                leader.value.as_str(),
+                leader.fencing_token
+            ),
+            ("a", "v1", l.fencing_token())
+        );
+        assert_eq!(stored(&my.server, &name), "v1#0");
+        assert_eq!(l.resign().await.expect("resign"), ReleaseOutcome::Released);
+    }
+}
