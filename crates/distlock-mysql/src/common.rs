@@ -267,6 +267,20 @@ impl Common {
         }
     }
 
+    /// Disposes of a connection after call `c` of a transaction on it: kept only if it
+    /// succeeded. A statement that failed may leave the transaction open (a lock wait timeout
+    /// rolls back only itself) with its row locks: closing the connection rolls it back.
+    pub(crate) fn put_if_ok<T>(&self, conn: Conn, c: &Call<T>) {
+        if matches!(c, Call::Ok(_)) {
+            self.put(conn);
+        } else {
+            if matches!(c, Call::Err(e) if conn_dead(e)) {
+                self.forget_idle();
+            }
+            close(conn);
+        }
+    }
+
     /// Drops every idle connection.
     pub(crate) fn forget_idle(&self) {
         self.idle.clear();
