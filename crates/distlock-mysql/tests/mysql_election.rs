@@ -9,7 +9,7 @@ use distlock_core::{Backend, ClientOptions, ReleaseOutcome};
 use distlock_mysql::MysqlBackend;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
 use distlock_testkit::sql_faults::{election_cancelled_campaign, election_proclamations};
-use distlock_testkit::MariaDbServer;
+use distlock_testkit::{DelayProxy, MariaDbServer};
 use std::time::{Duration, Instant};
 use support::{Modes, My};
 
@@ -264,6 +264,92 @@ async fn observer_is_woken_by_the_server() {
             |v| v == "0",
         )
         .await;
+    }
+}
+
+/// Connections of `server` with id `id`, and of those, the ones running `info` (a prefix).
+fn session_of(server: &MariaDbServer, id: &str, info: &str) -> String {
+    server
+        .sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE ID = {id} AND COALESCE(INFO, '') LIKE '{info}%'"
+        ))
+        .expect("processlist")
+}
+
+/// Dropping an observer removes its registration even when its connection had a statement on
+/// its way that registers it again (the reset of its flag after a wake-up, in flight when the
+/// watch is dropped). The server runs what a connection sent before it reads that the
+/// connection closed: a deregistration that deletes the row before the observer's session has
+/// ended sees the row come back, naming a dead connection (until some later change's sweep).
+/// Here the proxy delays that registration, and holds the deregistration's `KILL` of the
+/// observer's connection until the registration has run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_observer_with_a_registration_in_flight_leaves_no_row() {
+    for my in [My::session(), My::table()] {
+        let name = unique_name("el-obsflight");
+        let key = distlock_mysql::election_key("dlock", &name);
+        let proxy = DelayProxy::start(my.server.addr(), Duration::ZERO).expect("proxy");
+        // Nothing may time out while the proxy holds a request back.
+        let opts = long_opts().op_timeout(Duration::from_secs(5));
+        let ob = my.backend_via(&proxy.addr().to_string(), &opts).await;
+        let w = Backend::observe(&ob, &name).await.expect("observe");
+        let id = my
+            .server
+            .sql(&format!(
+                "SELECT conn_id FROM dlock.dlock_election_observers WHERE lock_key = '{key}'"
+            ))
+            .expect("sql");
+        poll_until(
+            "the observer waiting in its round",
+            async || session_of(&my.server, &id, "SELECT ''dlock-observe"),
+            |n| n == "1",
+        )
+        .await;
+        // A change made by a client of its own (not through the proxy) interrupts the round;
+        // the observer then registers again, and that statement is delayed.
+        let before = proxy.stats().requests.chunks_read;
+        proxy.set_request_delay(Duration::from_secs(2));
+        let a = my.client_with(long_opts()).await;
+        let l = a
+            .election(&name)
+            .expect("election")
+            .campaign("v")
+            .await
+            .expect("leads");
+        let t = Instant::now();
+        while proxy.stats().requests.chunks_read == before {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no registration sent"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        proxy.set_request_delay(Duration::ZERO);
+        proxy.hold_next_request_with(format!("KILL {id}").as_bytes());
+        drop(w);
+        poll_until(
+            "the deregistration's KILL held",
+            async || proxy.held_connections(),
+            |n| *n == 1,
+        )
+        .await;
+        // The observer's end of stream follows the delayed registration: once its session is
+        // gone, the registration has run.
+        poll_until(
+            "the observer's session ended",
+            async || session_of(&my.server, &id, ""),
+            |n| n == "0",
+        )
+        .await;
+        proxy.release_held();
+        poll_until(
+            "the observer's registration removed",
+            async || observer_rows(&my.server, &name),
+            |v| v == "0",
+        )
+        .await;
+        l.resign().await.expect("resign");
     }
 }
 
