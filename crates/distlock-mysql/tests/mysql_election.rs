@@ -8,7 +8,9 @@ mod support;
 use distlock_core::{Backend, ClientOptions, ReleaseOutcome};
 use distlock_mysql::MysqlBackend;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
-use distlock_testkit::sql_faults::{election_cancelled_campaign, election_proclamations};
+use distlock_testkit::sql_faults::{
+    election_cancelled_campaign, election_proclamations, BreakLock,
+};
 use distlock_testkit::{DelayProxy, MariaDbServer};
 use std::time::{Duration, Instant};
 use support::{Modes, My};
@@ -498,7 +500,7 @@ fn lock_waits(server: &MariaDbServer, table: &str, key: &str) -> String {
 async fn a_grant_rolled_back_by_a_deadlock_is_retried() {
     use mysql_async::prelude::Queryable;
     let server = std::sync::Arc::new(MariaDbServer::start().expect("start mariadbd"));
-    let modes: [(&'static str, fn(&MariaDbServer, &str)); 2] = [
+    let modes: [(&str, BreakLock<MariaDbServer>); 2] = [
         ("", support::delete_holder_row),
         ("?mode=table", support::free_lock_row),
     ];
