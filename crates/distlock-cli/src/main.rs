@@ -26,8 +26,8 @@ mod release;
 mod report;
 mod run;
 mod serve;
-mod top;
 mod status;
+mod top;
 mod torture;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
