@@ -267,6 +267,20 @@ impl Common {
         }
     }
 
+    /// Disposes of a connection after call `c` of a transaction on it: kept only if it
+    /// succeeded. A statement that failed may leave the transaction open (a lock wait timeout
+    /// rolls back only itself) with its row locks: closing the connection rolls it back.
+    pub(crate) fn put_if_ok<T>(&self, conn: Conn, c: &Call<T>) {
+        if matches!(c, Call::Ok(_)) {
+            self.put(conn);
+        } else {
+            if matches!(c, Call::Err(e) if conn_dead(e)) {
+                self.forget_idle();
+            }
+            close(conn);
+        }
+    }
+
     /// Drops every idle connection.
     pub(crate) fn forget_idle(&self) {
         self.idle.clear();
@@ -328,6 +342,13 @@ pub(crate) fn close(conn: Conn) {
 
 /// Runs a text query of several statements and returns the rows of each result set that has
 /// columns (statements without a result set, like `SET` or `UPDATE`, give none).
+///
+/// A statement after the first that fails (a deadlock, a lock wait timeout, a `KILL QUERY`)
+/// ends the query with its error, like a failing first statement: the server runs none of the
+/// statements after it. The driver keeps such an error as the query's next "result" and
+/// reports the query as exhausted (`is_empty`) before it, so it is read out explicitly here;
+/// otherwise the caller would get the result sets before the failure as a success, and the
+/// error would surface on whatever statement the connection runs next.
 pub(crate) async fn query_sets(
     conn: &mut Conn,
     sql: String,
@@ -345,6 +366,8 @@ pub(crate) async fn query_sets(
             out.push(rows);
         }
     }
+    // The error of a failed later statement, if any (and anything left unread).
+    r.drop_result().await?;
     Ok(out)
 }
 

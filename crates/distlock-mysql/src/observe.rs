@@ -298,40 +298,78 @@ impl Watcher {
         };
         // The statement in flight (if any) is abandoned: the connection is never reused.
         close(conn);
-        // Stop the server-side SLEEP and forget the row (best effort, retried a few times: a
-        // statement that timed out on a loaded server would leave the row to the stale-observer
-        // sweep). Both statements are idempotent.
+        // Best effort, retried a few times (every step is idempotent): a statement that timed
+        // out on a loaded server leaves the row to the stale-observer sweep.
         let retry = distlock_core::RetryPolicy::new(
             3,
             std::time::Duration::from_millis(100),
             std::time::Duration::from_secs(1),
         );
-        let r = distlock_core::backoff::retry(retry, || {
-            let lk = self.lk.clone();
-            self.common
-                .with_conn("deregistering the observer", move |c| {
-                    Box::pin(async move {
-                        c.query_drop(format!(
-                            "DELETE FROM dlock_election_observers \
-                             WHERE lock_key = '{lk}' AND conn_id = {id}"
-                        ))
-                        .await?;
-                        match c.query_drop(format!("KILL {id}")).await {
-                            Err(mysql_async::Error::Server(s)) if s.code == NO_SUCH_THREAD => {
-                                Ok(())
-                            }
-                            other => other,
-                        }
-                    })
-                })
-        })
-        .await;
+        let r = distlock_core::backoff::retry(retry, || self.deregister(id)).await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "deregistering an election observer failed");
         }
         if let Some(e) = end {
             let _ = self.tx.send(Err(e)).await;
         }
+    }
+
+    /// Forgets the observer of connection `id` (closed by the caller): ends its session on
+    /// the server (which stops its SLEEP), waits until the session is gone, and only then
+    /// deletes its row. A statement the connection sent before it was closed — a registration
+    /// after a wake-up, in flight when the watch was dropped — still runs until the session
+    /// ends: deleted earlier, the row would come back, naming a dead connection.
+    async fn deregister(&self, id: u32) -> Result<()> {
+        self.common
+            .with_conn("ending the observer's session", move |c| {
+                Box::pin(async move {
+                    match c.query_drop(format!("KILL {id}")).await {
+                        Err(mysql_async::Error::Server(s)) if s.code == NO_SUCH_THREAD => Ok(()),
+                        other => other,
+                    }
+                })
+            })
+            .await?;
+        // A killed session ends at its next check for the kill (a statement in flight stops
+        // or completes first): moments, bounded by the slow limit.
+        let limit = self.common.slow_limit();
+        let started = tokio::time::Instant::now();
+        loop {
+            let alive: Option<i64> = self
+                .common
+                .with_conn("ending the observer's session", move |c| {
+                    Box::pin(async move {
+                        c.query_first(format!(
+                            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id}"
+                        ))
+                        .await
+                    })
+                })
+                .await?;
+            if alive.unwrap_or(0) == 0 {
+                break;
+            }
+            if started.elapsed() >= limit {
+                return Err(timeout(
+                    &self.common.endpoint,
+                    "ending the observer's session",
+                    limit,
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let lk = self.lk.clone();
+        self.common
+            .with_conn("deregistering the observer", move |c| {
+                Box::pin(async move {
+                    c.query_drop(format!(
+                        "DELETE FROM dlock_election_observers \
+                         WHERE lock_key = '{lk}' AND conn_id = {id}"
+                    ))
+                    .await
+                })
+            })
+            .await
     }
 
     /// One server-side wait.

@@ -108,7 +108,8 @@ async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceRele
         .common
         .call(crate::common::query_sets(&mut conn, sql))
         .await;
-    b.common.after_failure_or_put(conn, &c);
+    // Even a refused statement may leave the transaction open, holding the lock's row.
+    b.common.put_if_ok(conn, &c);
     let sets = b.common.result("forced release", c)?;
     let what = "forced release";
     let row = sets

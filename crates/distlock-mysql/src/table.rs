@@ -26,7 +26,7 @@
 //! its token in `dlock_elections` (shared with session mode) in the grant's transaction.
 
 use crate::common::{
-    check_kind, close, col, key_of, last_row, next_token, query_sets, sql_attempt, sql_str,
+    check_kind, col, key_of, last_row, next_token, query_sets, sql_attempt, sql_str,
 };
 use crate::common::{Call, Common};
 use crate::error::shape;
@@ -131,18 +131,10 @@ impl TableMode {
     async fn one_trip(&self, what: &str, sql: String) -> Result<Vec<Vec<Row>>> {
         let mut conn = self.common.take().await?;
         let c = self.common.call(query_sets(&mut conn, sql)).await;
+        self.common.put_if_ok(conn, &c);
         match c {
-            Call::Ok(sets) => {
-                self.common.put(conn);
-                Ok(sets)
-            }
-            other => {
-                if matches!(&other, Call::Err(e) if crate::error::conn_dead(e)) {
-                    self.common.forget_idle();
-                }
-                close(conn);
-                Err(self.common.error(what, other))
-            }
+            Call::Ok(sets) => Ok(sets),
+            other => Err(self.common.error(what, other)),
         }
     }
 }

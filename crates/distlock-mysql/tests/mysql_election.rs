@@ -8,8 +8,10 @@ mod support;
 use distlock_core::{Backend, ClientOptions, ReleaseOutcome};
 use distlock_mysql::MysqlBackend;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
-use distlock_testkit::sql_faults::{election_cancelled_campaign, election_proclamations};
-use distlock_testkit::MariaDbServer;
+use distlock_testkit::sql_faults::{
+    election_cancelled_campaign, election_proclamations, BreakLock,
+};
+use distlock_testkit::{DelayProxy, MariaDbServer};
 use std::time::{Duration, Instant};
 use support::{Modes, My};
 
@@ -267,6 +269,92 @@ async fn observer_is_woken_by_the_server() {
     }
 }
 
+/// Connections of `server` with id `id`, and of those, the ones running `info` (a prefix).
+fn session_of(server: &MariaDbServer, id: &str, info: &str) -> String {
+    server
+        .sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE ID = {id} AND COALESCE(INFO, '') LIKE '{info}%'"
+        ))
+        .expect("processlist")
+}
+
+/// Dropping an observer removes its registration even when its connection had a statement on
+/// its way that registers it again (the reset of its flag after a wake-up, in flight when the
+/// watch is dropped). The server runs what a connection sent before it reads that the
+/// connection closed: a deregistration that deletes the row before the observer's session has
+/// ended sees the row come back, naming a dead connection (until some later change's sweep).
+/// Here the proxy delays that registration, and holds the deregistration's `KILL` of the
+/// observer's connection until the registration has run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_observer_with_a_registration_in_flight_leaves_no_row() {
+    for my in [My::session(), My::table()] {
+        let name = unique_name("el-obsflight");
+        let key = distlock_mysql::election_key("dlock", &name);
+        let proxy = DelayProxy::start(my.server.addr(), Duration::ZERO).expect("proxy");
+        // Nothing may time out while the proxy holds a request back.
+        let opts = long_opts().op_timeout(Duration::from_secs(5));
+        let ob = my.backend_via(&proxy.addr().to_string(), &opts).await;
+        let w = Backend::observe(&ob, &name).await.expect("observe");
+        let id = my
+            .server
+            .sql(&format!(
+                "SELECT conn_id FROM dlock.dlock_election_observers WHERE lock_key = '{key}'"
+            ))
+            .expect("sql");
+        poll_until(
+            "the observer waiting in its round",
+            async || session_of(&my.server, &id, "SELECT ''dlock-observe"),
+            |n| n == "1",
+        )
+        .await;
+        // A change made by a client of its own (not through the proxy) interrupts the round;
+        // the observer then registers again, and that statement is delayed.
+        let before = proxy.stats().requests.chunks_read;
+        proxy.set_request_delay(Duration::from_secs(2));
+        let a = my.client_with(long_opts()).await;
+        let l = a
+            .election(&name)
+            .expect("election")
+            .campaign("v")
+            .await
+            .expect("leads");
+        let t = Instant::now();
+        while proxy.stats().requests.chunks_read == before {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no registration sent"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        proxy.set_request_delay(Duration::ZERO);
+        proxy.hold_next_request_with(format!("KILL {id}").as_bytes());
+        drop(w);
+        poll_until(
+            "the deregistration's KILL held",
+            async || proxy.held_connections(),
+            |n| *n == 1,
+        )
+        .await;
+        // The observer's end of stream follows the delayed registration: once its session is
+        // gone, the registration has run.
+        poll_until(
+            "the observer's session ended",
+            async || session_of(&my.server, &id, ""),
+            |n| n == "0",
+        )
+        .await;
+        proxy.release_held();
+        poll_until(
+            "the observer's registration removed",
+            async || observer_rows(&my.server, &name),
+            |v| v == "0",
+        )
+        .await;
+        l.resign().await.expect("resign");
+    }
+}
+
 /// A broken observer connection (killed by an operator) ends the watch with an error, and the
 /// core's `Observer` subscribes again and goes on seeing changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -386,5 +474,117 @@ async fn stale_observer_rows_never_kill_unrelated_queries() {
 async fn operator_commands_tell_the_election_apart() {
     for my in [My::session(), My::table()] {
         distlock_testkit::sql_faults::election_operator_commands(&my).await;
+    }
+}
+
+/// Transactions of `server` waiting for a row lock in a statement on `table` that names `key`.
+fn lock_waits(server: &MariaDbServer, table: &str, key: &str) -> String {
+    server
+        .sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
+             WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE '%{table}%{key}%'"
+        ))
+        .expect("INNODB_TRX")
+}
+
+/// A grant whose transaction the server rolls back as a deadlock's victim — the error comes
+/// from a statement in the middle of the grant's multi-statement query — is retried and
+/// granted, never answered as a reply without a token. (The driver hands a later statement's
+/// error over as the end of the results: it was read as "fencing token: no row", and the
+/// error stayed on the connection for its next statement.) The deadlock is a real one: a
+/// transaction holds the election's row, the grant waits for it holding the counter's row,
+/// then that transaction asks for the counter's row; being the heavier of the two, it is not
+/// the one the server rolls back. On a server of its own: while the grant waits, its
+/// transaction holds gap locks of `dlock_holders` that stall other cases' grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_rolled_back_by_a_deadlock_is_retried() {
+    use mysql_async::prelude::Queryable;
+    let server = std::sync::Arc::new(MariaDbServer::start().expect("start mariadbd"));
+    let modes: [(&str, BreakLock<MariaDbServer>); 2] = [
+        ("", support::delete_holder_row),
+        ("?mode=table", support::free_lock_row),
+    ];
+    for (params, break_lock) in modes {
+        let my = My::new(server.clone(), params, support::connect, break_lock);
+        let name = unique_name("el-deadlock");
+        let key = distlock_mysql::election_key("dlock", &name);
+        // Nothing here may be explained by a call running out of time.
+        let opts = long_opts().op_timeout(Duration::from_secs(5));
+        let c = my.client_with(opts).await;
+        let e = c
+            .election(&name)
+            .expect("election")
+            .with_owner("a")
+            .expect("owner");
+        // The election's rows exist (the counter's and the value's).
+        let first = e.campaign("v0").await.expect("a leads");
+        let t0 = first.fencing_token();
+        first.resign().await.expect("resign");
+
+        let mut other = mysql_async::Conn::from_url(my.server.url())
+            .await
+            .expect("connect");
+        other
+            .query_drop(
+                "CREATE TABLE IF NOT EXISTS deadlock_ballast (n INT PRIMARY KEY) ENGINE=InnoDB",
+            )
+            .await
+            .expect("ballast table");
+        other.query_drop("START TRANSACTION").await.expect("begin");
+        let rows: Vec<String> = (0..200).map(|n| format!("({n})")).collect();
+        other
+            .query_drop(format!(
+                "INSERT INTO deadlock_ballast VALUES {}",
+                rows.join(",")
+            ))
+            .await
+            .expect("ballast");
+        let held: Option<u64> = other
+            .query_first(format!(
+                "SELECT seq FROM dlock_elections WHERE lock_key = '{key}' FOR UPDATE"
+            ))
+            .await
+            .expect("lock the election's row");
+        assert!(held.is_some(), "the election has no row");
+        let campaign = tokio::spawn(async move { e.campaign("v1").await });
+        poll_until(
+            "the grant waiting for the election's row",
+            async || lock_waits(&my.server, "dlock_elections", &key),
+            |n| n == "1",
+        )
+        .await;
+        let r: Result<Option<u64>, _> = other
+            .query_first(format!(
+                "SELECT token FROM dlock_fence WHERE lock_key = '{key}' FOR UPDATE"
+            ))
+            .await;
+        assert!(
+            r.is_ok(),
+            "the server rolled back the other transaction, not the grant's: {r:?}"
+        );
+        other.query_drop("ROLLBACK").await.expect("rollback");
+        drop(other);
+        let l = campaign
+            .await
+            .expect("join")
+            .expect("the grant rolled back by the deadlock is retried");
+        assert!(l.fencing_token() > t0);
+        let leader = c
+            .election(&name)
+            .expect("election")
+            .leader()
+            .await
+            .expect("leader")
+            .expect("someone leads");
+        assert_eq!(
+            (
+                leader.owner.as_str(),
+                leader.value.as_str(),
+                leader.fencing_token
+            ),
+            ("a", "v1", l.fencing_token())
+        );
+        assert_eq!(stored(&my.server, &name), "v1#0");
+        assert_eq!(l.resign().await.expect("resign"), ReleaseOutcome::Released);
     }
 }
