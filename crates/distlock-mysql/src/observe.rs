@@ -320,18 +320,45 @@ impl Watcher {
     /// after a wake-up, in flight when the watch was dropped — still runs until the session
     /// ends: deleted earlier, the row would come back, naming a dead connection.
     async fn deregister(&self, id: u32) -> Result<()> {
-        self.common
+        let killed = self
+            .common
             .with_conn("ending the observer's session", move |c| {
                 Box::pin(async move {
                     match c.query_drop(format!("KILL {id}")).await {
-                        Err(mysql_async::Error::Server(s)) if s.code == NO_SUCH_THREAD => Ok(()),
-                        other => other,
+                        Ok(()) => Ok(true),
+                        // Gone already; or the id is another user's session now (ids start
+                        // over when the server restarts), so this one is gone too.
+                        Err(mysql_async::Error::Server(s))
+                            if s.code == NO_SUCH_THREAD || s.code == NOT_OWNER =>
+                        {
+                            Ok(false)
+                        }
+                        Err(e) => Err(e),
                     }
                 })
             })
             .await?;
-        // A killed session ends at its next check for the kill (a statement in flight stops
-        // or completes first): moments, bounded by the slow limit.
+        if killed {
+            self.until_gone(id).await?;
+        }
+        let lk = self.lk.clone();
+        self.common
+            .with_conn("deregistering the observer", move |c| {
+                Box::pin(async move {
+                    c.query_drop(format!(
+                        "DELETE FROM dlock_election_observers \
+                         WHERE lock_key = '{lk}' AND conn_id = {id}"
+                    ))
+                    .await
+                })
+            })
+            .await
+    }
+
+    /// Waits until session `id`, just killed, is gone from the server: it ends at its next
+    /// check for the kill (a statement in flight stops or completes first), moments later;
+    /// bounded by the slow limit.
+    async fn until_gone(&self, id: u32) -> Result<()> {
         let limit = self.common.slow_limit();
         let started = tokio::time::Instant::now();
         loop {
@@ -347,7 +374,7 @@ impl Watcher {
                 })
                 .await?;
             if alive.unwrap_or(0) == 0 {
-                break;
+                return Ok(());
             }
             if started.elapsed() >= limit {
                 return Err(timeout(
@@ -358,18 +385,6 @@ impl Watcher {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let lk = self.lk.clone();
-        self.common
-            .with_conn("deregistering the observer", move |c| {
-                Box::pin(async move {
-                    c.query_drop(format!(
-                        "DELETE FROM dlock_election_observers \
-                         WHERE lock_key = '{lk}' AND conn_id = {id}"
-                    ))
-                    .await
-                })
-            })
-            .await
     }
 
     /// One server-side wait.

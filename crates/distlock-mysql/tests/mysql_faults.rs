@@ -289,3 +289,69 @@ async fn tokens_rise_after_the_counter_is_set_back() {
         }
     }
 }
+
+/// A forced release (table mode) whose transaction fails halfway — its counter update runs
+/// out of the server's lock wait timeout behind another transaction's shared lock on the
+/// counter's row — changes nothing and
+/// leaves nothing behind. Its connection, inside the open transaction that holds the lock's
+/// row, is closed (the server rolls the transaction back), never given back to the pool, where
+/// it kept the row locked: the holder could then neither renew nor release. On a server of
+/// its own, whose lock wait timeout is 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_forced_release_leaves_no_open_transaction() {
+    use mysql_async::prelude::Queryable;
+    let server = Arc::new(MariaDbServer::start().expect("start mariadbd"));
+    server
+        .sql("SET GLOBAL innodb_lock_wait_timeout = 1")
+        .expect("lock wait timeout");
+    let my = My::new(
+        server.clone(),
+        "?mode=table",
+        support::connect,
+        support::free_lock_row,
+    );
+    // Calls wait longer than the server's lock wait timeout: the server's error comes first.
+    let opts = fast_opts()
+        .watchdog_lease(Duration::from_secs(60))
+        .op_timeout(Duration::from_secs(5));
+    let holder = my.client_with(opts.clone()).await;
+    let name = unique_name("force-fails");
+    let key = lock_key("dlock", &name);
+    let g = holder
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let mut other = mysql_async::Conn::from_url(server.url())
+        .await
+        .expect("connect");
+    other.query_drop("START TRANSACTION").await.expect("begin");
+    let token: Option<u64> = other
+        .query_first(format!(
+            "SELECT token FROM dlock_fence WHERE lock_key = '{key}' LOCK IN SHARE MODE"
+        ))
+        .await
+        .expect("lock the counter's row");
+    assert!(token.is_some(), "the lock has no counter");
+    let operator = my.client_with(opts.clone()).await;
+    let r = operator.force_release(&name, LockKind::Mutex).await;
+    assert!(r.is_err(), "the forced release went through: {r:?}");
+    other.query_drop("ROLLBACK").await.expect("rollback");
+    drop(other);
+    // Nothing of the forced release stayed: the holder renews and releases as before.
+    g.extend(Duration::from_secs(60)).await.expect("renew");
+    assert!(!g.is_lost());
+    assert_eq!(
+        g.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let again = operator
+        .lock(&name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free");
+    again.release().await.expect("release");
+}

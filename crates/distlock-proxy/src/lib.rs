@@ -718,18 +718,22 @@ fn pump(mut src: TcpStream, dst: TcpStream, dir: Dir, shared: Arc<Shared>, guard
             }
             Ok(n) => {
                 let d = shared.dir(dir);
+                // What happens to the chunk is fixed before it is counted: a test that lifts a
+                // delay or a drop once it sees the count move (to catch just this chunk) must
+                // not change this chunk's fate.
+                let due = Instant::now() + d.delay();
+                let dropped = shared.dropping(dir);
                 d.chunks_read.fetch_add(1, Ordering::SeqCst);
                 d.bytes_read.fetch_add(n as u64, Ordering::SeqCst);
                 if dir == Dir::Down {
                     shared.replied(id);
                 }
-                if shared.dropping(dir) {
+                if dropped {
                     continue;
                 }
                 if dir == Dir::Up {
                     shared.maybe_hold(id, &buf[..n]);
                 }
-                let due = Instant::now() + d.delay();
                 if tx.send(Chunk::Data(due, buf[..n].to_vec())).is_err() {
                     break;
                 }
