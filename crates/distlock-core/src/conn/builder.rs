@@ -21,8 +21,15 @@ pub struct CredentialRule {
     /// is fine (Redis' `default` user).
     pub password_needs_user: bool,
     /// Tried when nothing else gave a password: the URL and the user found so far.
-    pub ecosystem: Option<fn(&ConnectionString, Option<&str>) -> Result<Option<Password>>>,
+    pub ecosystem: Option<EcosystemRule>,
 }
+
+/// An ecosystem's own password rule (`.pgpass`, `MYSQL_PWD`): given the URL and the user found
+/// so far, the password, if it has one.
+pub type EcosystemRule = fn(&ConnectionString, Option<&str>) -> Result<Option<Password>>;
+
+/// How [`Env`] reads a variable.
+type ReadVar = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 impl CredentialRule {
     /// `{env_prefix}_{suffix}`, e.g. `var("PASSWORD_FILE")`.
@@ -112,7 +119,7 @@ impl Credentials {
 /// Where the environment variables of a connection's settings are read: the process's,
 /// none (a builder's `ignore_env`), or a function (for tests).
 #[derive(Clone)]
-pub struct Env(Option<Arc<dyn Fn(&str) -> Option<String> + Send + Sync>>);
+pub struct Env(Option<ReadVar>);
 
 impl fmt::Debug for Env {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
