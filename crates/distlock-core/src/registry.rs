@@ -110,6 +110,22 @@ impl Registry {
         Ok(self)
     }
 
+    /// Makes `scheme://…` URLs open the backend of settings type `X` (see
+    /// [`Connect`](crate::conn::Connect)): the parsed URL goes to
+    /// [`Builder::parsed`](crate::conn::Builder::parsed), credentials come from it and the
+    /// environment, and the backend connects with one [`Settings`](crate::conn::Settings).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when `scheme` is not a URL scheme.
+    pub fn register_connect<X: crate::conn::Connect>(&mut self, scheme: &str) -> Result<&mut Self> {
+        self.register(scheme, |url, opts| {
+            crate::conn::Builder::<X>::parsed(url)
+                .options(opts)
+                .connect()
+        })
+    }
+
     /// Records `scheme` as a backend this program was built without: opening it fails with
     /// a message that names the cargo `feature` of `distlock` that builds it. Replaces a
     /// built backend of that scheme.

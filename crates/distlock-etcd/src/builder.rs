@@ -1,12 +1,10 @@
 //! [`EtcdBuilder`]: the URL plus what should not be in it (the password, TLS files), and
 //! where each setting comes from.
 
-use crate::url::{parse_url, redact, Target};
+use crate::url::{self, Target};
 use crate::EtcdBackend;
-use distlock_core::conn::{resolve_password, Password, PasswordSource};
-use distlock_core::{ClientOptions, Error, Result};
-use std::fmt;
-use std::path::PathBuf;
+use distlock_core::conn::{Builder, Connect, CredentialRule, Settings};
+use distlock_core::Result;
 
 /// Environment variable with the etcd user name, used when neither the builder nor the URL
 /// names a user.
@@ -19,18 +17,19 @@ pub const PASSWORD_ENV: &str = "DLOCK_ETCD_PASSWORD";
 /// files (Kubernetes, systemd credentials).
 pub const PASSWORD_FILE_ENV: &str = "DLOCK_ETCD_PASSWORD_FILE";
 
-/// Builds an [`EtcdBackend`] from a URL and settings that do not belong in it.
+/// Builds an [`EtcdBackend`] from a URL and settings that do not belong in it: the core's
+/// [`Builder`] with [`EtcdSettings`].
 ///
 /// Each setting is taken from the first place that has it:
 ///
 /// | setting | 1. builder | 2. URL | 3. environment |
 /// |---|---|---|---|
-/// | user | [`user`](Self::user) / [`credentials`](Self::credentials) | `etcd://USER@…` | `DLOCK_ETCD_USER` |
-/// | password | [`password`](Self::password) / [`password_file`](Self::password_file) | `etcd://user:PASSWORD@…` | `DLOCK_ETCD_PASSWORD`, then the file named by `DLOCK_ETCD_PASSWORD_FILE` |
-/// | CA to trust | [`cacert`](Self::cacert) | `etcds://…?cacert=PATH` | — (the system's CAs) |
-/// | client certificate | [`client_cert`](Self::client_cert) | `etcds://…?cert=PATH&key=PATH` | — |
+/// | user | [`user`](Builder::user) / [`credentials`](Builder::credentials) | `etcd://USER@…` | `DLOCK_ETCD_USER` |
+/// | password | [`password`](Builder::password) / [`password_file`](Builder::password_file) | `etcd://user:PASSWORD@…` | `DLOCK_ETCD_PASSWORD`, then the file named by `DLOCK_ETCD_PASSWORD_FILE` |
+/// | CA to trust | [`ca_file`](Builder::ca_file) | `etcds://…?cacert=PATH` | — (the system's CAs) |
+/// | client certificate | [`client_cert`](Builder::client_cert) | `etcds://…?cert=PATH&key=PATH` | — |
 ///
-/// [`ignore_env`](Self::ignore_env) turns the environment off. A password is only sent with
+/// [`ignore_env`](Builder::ignore_env) turns the environment off. A password is only sent with
 /// a user; a password without one is an error. The password never appears in a message, an
 /// error or `Debug` output.
 ///
@@ -40,186 +39,81 @@ pub const PASSWORD_FILE_ENV: &str = "DLOCK_ETCD_PASSWORD_FILE";
 /// let backend = EtcdBackend::builder("etcds://10.0.0.1:2379,10.0.0.2:2379/shop")
 ///     .user("shop")
 ///     .password_file("/run/secrets/etcd-password")
-///     .cacert("/etc/etcd/ca.pem")
+///     .ca_file("/etc/etcd/ca.pem")
 ///     .client_cert("/etc/etcd/client.pem", "/etc/etcd/client.key")
 ///     .connect()
 ///     .await?;
 /// let client = distlock_core::Client::new(std::sync::Arc::new(backend), Default::default())?;
 /// # let _ = client; Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct EtcdBuilder {
-    url: String,
-    opts: ClientOptions,
-    user: Option<String>,
-    password: Option<PasswordSource>,
-    cacert: Option<PathBuf>,
-    client_cert: Option<(PathBuf, PathBuf)>,
-    env: bool,
-}
+pub type EtcdBuilder = Builder<EtcdSettings>;
 
-impl fmt::Debug for EtcdBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdBuilder")
-            .field("url", &redact(&self.url))
-            .field("user", &self.user)
-            .field("password", &self.password)
-            .field("cacert", &self.cacert)
-            .field("client_cert", &self.client_cert)
-            .field("env", &self.env)
-            .finish_non_exhaustive()
-    }
-}
+/// etcd's part of [`EtcdBuilder`]: none beside the core [`Builder`]'s settings.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdSettings;
 
-impl EtcdBuilder {
-    /// A builder for the cluster at `url` (`etcd://…` or `etcds://…`), with default
-    /// [`ClientOptions`].
-    pub fn new(url: impl Into<String>) -> Self {
-        EtcdBuilder {
-            url: url.into(),
-            opts: ClientOptions::default(),
-            user: None,
-            password: None,
-            cacert: None,
-            client_cert: None,
-            env: true,
-        }
-    }
-
-    /// The client options (namespace = default prefix, timeouts, watchdog lease).
-    pub fn options(mut self, opts: ClientOptions) -> Self {
-        self.opts = opts;
-        self
-    }
-
-    /// The etcd user (overrides the URL's and `DLOCK_ETCD_USER`).
-    pub fn user(mut self, user: impl Into<String>) -> Self {
-        self.user = Some(user.into());
-        self
-    }
-
-    /// The password (overrides the URL's and the environment's).
-    pub fn password(mut self, password: impl Into<String>) -> Self {
-        self.password = Some(PasswordSource::Text(Password::new(password)));
-        self
-    }
-
-    /// Read the password from this file when connecting (its first line).
-    pub fn password_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.password = Some(PasswordSource::File(path.into()));
-        self
-    }
-
-    /// User and password at once.
-    pub fn credentials(self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.user(user).password(password)
-    }
-
-    /// Trust the CA certificates in this PEM file (instead of the system's). Needs an
-    /// `etcds://` URL.
-    pub fn cacert(mut self, path: impl Into<PathBuf>) -> Self {
-        self.cacert = Some(path.into());
-        self
-    }
-
-    /// Show this client certificate and key (PEM files) to servers that ask for one
-    /// (`--client-cert-auth`). Needs an `etcds://` URL.
-    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.client_cert = Some((cert.into(), key.into()));
-        self
-    }
-
-    /// Do not read `DLOCK_ETCD_USER`, `DLOCK_ETCD_PASSWORD` and `DLOCK_ETCD_PASSWORD_FILE`.
-    pub fn ignore_env(mut self) -> Self {
-        self.env = false;
-        self
-    }
+impl EtcdSettings {
+    const RULE: CredentialRule = CredentialRule {
+        service: "etcd",
+        env_prefix: "DLOCK_ETCD",
+        password_needs_user: true,
+        ecosystem: None,
+    };
 
     /// The URL and every setting, resolved: the target with the user, password and TLS files
     /// it will use.
-    pub(crate) fn resolve(&self) -> Result<Target> {
-        self.resolve_with(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-    }
-
-    fn resolve_with(&self, env: impl Fn(&str) -> Option<String>) -> Result<Target> {
-        let mut t = parse_url(&self.url)?;
-        let env = |k: &str| if self.env { env(k) } else { None };
-        if let Some(u) = &self.user {
-            if u.is_empty() {
-                return Err(Error::invalid("the etcd user name is empty"));
-            }
-            t.user = Some(u.clone());
-        }
-        let from_url = t.password.take();
-        t.password = resolve_password(
-            self.password.as_ref(),
-            from_url,
-            env,
-            (PASSWORD_ENV, PASSWORD_FILE_ENV),
-            "etcd",
-        )?;
-        if t.user.is_none() {
-            t.user = env(USER_ENV);
-        }
-        match (&t.user, &t.password) {
-            (Some(u), None) => {
-                return Err(Error::invalid(format!(
-                    "etcd user `{u}` has no password: give it in the URL \
-                     (etcd://{u}:PASSWORD@…), with EtcdBuilder::password or password_file, or \
-                     in {PASSWORD_ENV} or a file named by {PASSWORD_FILE_ENV}"
-                )))
-            }
-            (None, Some(_)) => {
-                return Err(Error::invalid(format!(
-                    "an etcd password but no user: name the user in the URL \
-                     (etcd://USER:…@…), with EtcdBuilder::user, or in {USER_ENV}"
-                )))
-            }
-            _ => {}
-        }
-        if self.cacert.is_some() || self.client_cert.is_some() {
+    fn resolve(s: &Settings<Self>) -> Result<Target> {
+        let mut t = url::from_parsed(s.url.clone())?;
+        t.user = s.credentials.user.clone();
+        t.password = s.credentials.password.clone();
+        if s.ca_file.is_some() || s.client_cert.is_some() {
             let Some(tls) = t.tls.as_mut() else {
-                return Err(Error::invalid_url(
-                    redact(&self.url),
+                return Err(s.url.invalid(
                     "a CA or client certificate needs TLS: write etcds://… (etcd:// is plain http)",
                 ));
             };
-            if let Some(ca) = &self.cacert {
+            if let Some(ca) = &s.ca_file {
                 *tls = tls.clone().with_ca(ca);
             }
-            if let Some((cert, key)) = &self.client_cert {
+            if let Some((cert, key)) = &s.client_cert {
                 *tls = tls.clone().with_client(cert, key);
             }
         }
         Ok(t)
     }
+}
 
-    /// Connects (see [`EtcdBackend::connect`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`EtcdBackend::connect`]; and [`Error::InvalidArgument`] for a user without a
-    /// password (or the other way round), or a password file that cannot be read.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`EtcdBackend::connect`].
-    pub async fn connect(self) -> Result<EtcdBackend> {
-        let target = self.resolve()?;
-        EtcdBackend::open(&self.url, target, &self.opts).await
+impl Connect for EtcdSettings {
+    type Backend = EtcdBackend;
+    const CREDENTIALS: CredentialRule = EtcdSettings::RULE;
+
+    async fn connect(settings: Settings<Self>) -> Result<EtcdBackend> {
+        let target = EtcdSettings::resolve(&settings)?;
+        EtcdBackend::open(settings.url.redacted(), target, &settings.opts).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_core::conn::Env;
 
-    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    fn env_of(vars: &[(&str, &str)]) -> Env {
         let vars: Vec<(String, String)> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        Env::from_fn(move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    trait ResolveWith {
+        fn resolve_with(&self, env: &Env) -> Result<Target>;
+    }
+
+    impl ResolveWith for EtcdBuilder {
+        fn resolve_with(&self, env: &Env) -> Result<Target> {
+            EtcdSettings::resolve(&self.settings_with(&EtcdSettings::RULE, env)?)
+        }
     }
 
     fn creds(t: &Target) -> (Option<&str>, Option<&str>) {
@@ -290,12 +184,12 @@ mod tests {
         assert_eq!(creds(&t), (Some("x"), Some("from-file")));
         let _ = std::fs::remove_dir_all(&dir);
         let e = EtcdBuilder::new("etcd://h")
-            .cacert("/ca.pem")
+            .ca_file("/ca.pem")
             .resolve_with(&none)
             .unwrap_err();
         assert!(e.to_string().contains("etcds://"), "{e}");
         let t = EtcdBuilder::new("etcds://h?cacert=/url.pem")
-            .cacert("/b.pem")
+            .ca_file("/b.pem")
             .client_cert("/c", "/k")
             .resolve_with(&none)
             .unwrap();

@@ -24,7 +24,7 @@ mod tls;
 mod url;
 mod wait;
 
-pub use builder::{EtcdBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
+pub use builder::{EtcdBuilder, EtcdSettings, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
 pub use tls::{TlsError, TlsErrorKind};
 pub use url::{percent_decode, redact};
 

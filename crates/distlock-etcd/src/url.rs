@@ -41,8 +41,13 @@ pub fn percent_decode(s: &str) -> Option<String> {
 /// parameters and only with `etcds://`, a non-empty user name, and a prefix without control
 /// characters. A user without a password is accepted: the password may come from the builder
 /// or the environment.
+#[cfg(test)]
 pub(crate) fn parse_url(url: &str) -> Result<Target> {
-    let cs = ConnectionString::parse(url)?;
+    from_parsed(ConnectionString::parse(url)?)
+}
+
+/// As [`parse_url`], for a URL parsed already.
+pub(crate) fn from_parsed(cs: ConnectionString) -> Result<Target> {
     let tls = match cs.scheme() {
         "etcd" => false,
         "etcds" => true,

@@ -116,7 +116,7 @@ async fn no_error_shows_the_password() {
     let e = connect_err(
         EtcdBackend::builder(&url)
             .credentials("root", PASSWORD)
-            .cacert(other.ca()),
+            .ca_file(other.ca()),
     )
     .await;
     assert!(e.is_connection(), "{e:?}");

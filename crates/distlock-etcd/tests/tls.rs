@@ -64,7 +64,7 @@ async fn trusted_ca_and_client_certificate() {
     let certs = cluster.certs().expect("certs");
     let (cert, key) = cluster.client_cert().expect("client cert");
     let backend = EtcdBackend::builder(bare(&cluster.url()))
-        .cacert(certs.ca())
+        .ca_file(certs.ca())
         .client_cert(cert, key)
         .connect()
         .await

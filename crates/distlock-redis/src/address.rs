@@ -38,8 +38,13 @@ pub fn redact(url: &str) -> String {
     distlock_core::conn::redact(url)
 }
 
+#[cfg(test)]
 pub(crate) fn parse(url: &str) -> Result<Address> {
-    let cs = ConnectionString::parse(url)?;
+    from_parsed(ConnectionString::parse(url)?)
+}
+
+/// As [`parse`], for a URL parsed already.
+pub(crate) fn from_parsed(cs: ConnectionString) -> Result<Address> {
     if cs.scheme() == "redis+sentinel" {
         return parse_sentinel(cs);
     }

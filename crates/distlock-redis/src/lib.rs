@@ -48,7 +48,8 @@ pub struct RedisBackend {
 
 pub use crate::address::redact;
 pub use crate::builder::{
-    RedisBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, SENTINEL_PASSWORD_ENV, USER_ENV,
+    RedisBuilder, RedisBuilderExt, RedisSettings, PASSWORD_ENV, PASSWORD_FILE_ENV,
+    SENTINEL_PASSWORD_ENV, USER_ENV,
 };
 /// How long a fencing counter (`NS:{NAME}:fence`) outlives the lease of the last grant made
 /// from it: one hour. After that the key expires, and the next grant's token comes from the

@@ -7,7 +7,7 @@ mod common;
 
 use common::released;
 use distlock_core::{Client, ClientOptions, LockGuard, LostReason, ReleaseOutcome};
-use distlock_redis::RedisBackend;
+use distlock_redis::{RedisBackend, RedisBuilderExt};
 use distlock_testkit::conformance::unique_name;
 use distlock_testkit::{RedisServer, SentinelOptions, SentinelSetup};
 use std::sync::Arc;

@@ -3,10 +3,8 @@
 
 use crate::url::{self, ZkUrl};
 use crate::{NodeAcl, ZkBackend};
-use distlock_core::conn::{redact, resolve_password, Password, PasswordSource};
-use distlock_core::{ClientOptions, Error, Result};
-use std::fmt;
-use std::path::PathBuf;
+use distlock_core::conn::{Builder, Connect, CredentialRule, Settings};
+use distlock_core::{Error, Result};
 
 /// Environment variable with the ZooKeeper digest user, used when neither the builder nor the
 /// URL names one.
@@ -18,29 +16,30 @@ pub const PASSWORD_ENV: &str = "DLOCK_ZK_PASSWORD";
 /// used when nothing else gives one. Suits secrets mounted as files.
 pub const PASSWORD_FILE_ENV: &str = "DLOCK_ZK_PASSWORD_FILE";
 
-/// Builds a [`ZkBackend`] from a URL and settings that do not belong in it.
+/// Builds a [`ZkBackend`] from a URL and settings that do not belong in it: the core's
+/// [`Builder`] with [`ZkSettings`] (its own setter is in [`ZkBuilderExt`]).
 ///
 /// Each setting is taken from the first place that has it:
 ///
 /// | setting | 1. builder | 2. URL | 3. environment |
 /// |---|---|---|---|
-/// | digest user | [`user`](Self::user) / [`credentials`](Self::credentials) | `zk://USER@…` | `DLOCK_ZK_USER` |
-/// | password | [`password`](Self::password) / [`password_file`](Self::password_file) | `zk://user:PASSWORD@…` | `DLOCK_ZK_PASSWORD`, then the file named by `DLOCK_ZK_PASSWORD_FILE` |
-/// | ACL of dlock's nodes | [`acl`](Self::acl) | `?acl=open` / `?acl=creator` | — (`open`) |
+/// | digest user | [`user`](Builder::user) / [`credentials`](Builder::credentials) | `zk://USER@…` | `DLOCK_ZK_USER` |
+/// | password | [`password`](Builder::password) / [`password_file`](Builder::password_file) | `zk://user:PASSWORD@…` | `DLOCK_ZK_PASSWORD`, then the file named by `DLOCK_ZK_PASSWORD_FILE` |
+/// | ACL of dlock's nodes | [`acl`](ZkBuilderExt::acl) | `?acl=open` / `?acl=creator` | — (`open`) |
 ///
-/// [`ignore_env`](Self::ignore_env) turns the environment off. The session authenticates with
+/// [`ignore_env`](Builder::ignore_env) turns the environment off. The session authenticates with
 /// the `digest` scheme (`addauth digest user:password`, as `zkCli.sh` and Curator's
 /// `authorization("digest", …)` do). The password never appears in a message, an error or
 /// `Debug` output.
 ///
 /// ZooKeeper does not check a digest password when the session authenticates: a wrong one
 /// is simply another identity, refused ([`Error::Auth`]) by the first node whose ACL does not
-/// let it in. [`connect`](Self::connect) reads the nearest existing node of the backend's
+/// let it in. [`connect`](Builder::connect) reads the nearest existing node of the backend's
 /// path, so a protected chroot refuses a wrong or missing credential there and then.
 ///
 /// ```no_run
 /// # async fn demo() -> distlock_core::Result<()> {
-/// use distlock_zookeeper::{NodeAcl, ZkBackend};
+/// use distlock_zookeeper::{NodeAcl, ZkBackend, ZkBuilderExt};
 /// let backend = ZkBackend::builder("zk://10.0.0.1:2181,10.0.0.2:2181/shop")
 ///     .user("shop")
 ///     .password_file("/run/secrets/zk-password")
@@ -50,127 +49,46 @@ pub const PASSWORD_FILE_ENV: &str = "DLOCK_ZK_PASSWORD_FILE";
 /// let client = distlock_core::Client::new(std::sync::Arc::new(backend), Default::default())?;
 /// # let _ = client; Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct ZkBuilder {
-    url: String,
-    opts: ClientOptions,
-    user: Option<String>,
-    password: Option<PasswordSource>,
+pub type ZkBuilder = Builder<ZkSettings>;
+
+/// What only ZooKeeper takes beside the core [`Builder`]'s settings.
+#[derive(Debug, Clone, Default)]
+pub struct ZkSettings {
     acl: Option<NodeAcl>,
-    env: bool,
 }
 
-impl fmt::Debug for ZkBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkBuilder")
-            .field("url", &redact(&self.url))
-            .field("user", &self.user)
-            .field("password", &self.password)
-            .field("acl", &self.acl)
-            .field("env", &self.env)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ZkBuilder {
-    /// A builder for the ensemble at `url` (`zk://…` or `zks://…`), with default
-    /// [`ClientOptions`].
-    pub fn new(url: impl Into<String>) -> Self {
-        ZkBuilder {
-            url: url.into(),
-            opts: ClientOptions::default(),
-            user: None,
-            password: None,
-            acl: None,
-            env: true,
-        }
-    }
-
-    /// The client options (namespace, timeouts, watchdog lease).
-    pub fn options(mut self, opts: ClientOptions) -> Self {
-        self.opts = opts;
-        self
-    }
-
-    /// The digest user (overrides the URL's and `DLOCK_ZK_USER`).
-    pub fn user(mut self, user: impl Into<String>) -> Self {
-        self.user = Some(user.into());
-        self
-    }
-
-    /// The digest password (overrides the URL's and the environment's).
-    pub fn password(mut self, password: impl Into<String>) -> Self {
-        self.password = Some(PasswordSource::Text(Password::new(password)));
-        self
-    }
-
-    /// Read the digest password from this file when connecting (its first line).
-    pub fn password_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.password = Some(PasswordSource::File(path.into()));
-        self
-    }
-
-    /// User and password at once.
-    pub fn credentials(self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.user(user).password(password)
-    }
-
+/// The setter of [`ZkBuilder`] that only ZooKeeper has.
+pub trait ZkBuilderExt {
     /// The ACL of the nodes dlock creates (overrides the URL's `acl=`); see [`NodeAcl`].
-    pub fn acl(mut self, acl: NodeAcl) -> Self {
-        self.acl = Some(acl);
-        self
-    }
+    #[must_use]
+    fn acl(self, acl: NodeAcl) -> Self;
+}
 
-    /// Do not read `DLOCK_ZK_USER`, `DLOCK_ZK_PASSWORD` and `DLOCK_ZK_PASSWORD_FILE`.
-    pub fn ignore_env(mut self) -> Self {
-        self.env = false;
-        self
+impl ZkBuilderExt for ZkBuilder {
+    fn acl(self, acl: NodeAcl) -> Self {
+        self.map_settings(|s| s.acl = Some(acl))
     }
+}
 
-    pub(crate) fn resolve(&self) -> Result<ZkUrl> {
-        self.resolve_with(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-    }
+impl ZkSettings {
+    const RULE: CredentialRule = CredentialRule {
+        service: "ZooKeeper digest",
+        env_prefix: "DLOCK_ZK",
+        password_needs_user: true,
+        ecosystem: None,
+    };
 
-    fn resolve_with(&self, env: impl Fn(&str) -> Option<String>) -> Result<ZkUrl> {
-        let mut u = url::parse(&self.url)?;
-        let env = |k: &str| if self.env { env(k) } else { None };
-        if let Some(user) = &self.user {
-            u.user = Some(user.clone());
-        }
-        let from_url = u.password.take();
-        u.password = resolve_password(
-            self.password.as_ref(),
-            from_url,
-            env,
-            (PASSWORD_ENV, PASSWORD_FILE_ENV),
-            "ZooKeeper",
-        )?;
-        if u.user.is_none() {
-            u.user = env(USER_ENV);
-        }
-        if let Some(a) = self.acl {
+    fn resolve(s: &Settings<Self>) -> Result<ZkUrl> {
+        let mut u = url::from_parsed(s.url.clone())?;
+        u.user = s.credentials.user.clone();
+        u.password = s.credentials.password.clone();
+        if let Some(a) = s.settings.acl {
             u.acl = Some(a);
         }
-        match (&u.user, &u.password) {
-            (Some(user), _) if user.is_empty() || user.contains(':') => {
-                return Err(Error::invalid(format!(
-                    "the ZooKeeper digest user `{user}` must be non-empty and have no `:`"
-                )))
-            }
-            (Some(user), None) => {
-                return Err(Error::invalid(format!(
-                    "ZooKeeper digest user `{user}` has no password: give it in the URL \
-                     (zk://{user}:PASSWORD@…), with ZkBuilder::password or password_file, or in \
-                     {PASSWORD_ENV} or a file named by {PASSWORD_FILE_ENV}"
-                )))
-            }
-            (None, Some(_)) => {
-                return Err(Error::invalid(format!(
-                    "a ZooKeeper password but no digest user: name the user in the URL \
-                     (zk://USER:…@…), with ZkBuilder::user, or in {USER_ENV}"
-                )))
-            }
-            _ => {}
+        if let Some(user) = u.user.as_deref().filter(|u| u.contains(':')) {
+            return Err(Error::invalid(format!(
+                "the ZooKeeper digest user `{user}` must be non-empty and have no `:`"
+            )));
         }
         if u.acl == Some(NodeAcl::Creator) && u.user.is_none() {
             return Err(Error::invalid(format!(
@@ -181,34 +99,39 @@ impl ZkBuilder {
         }
         Ok(u)
     }
+}
 
-    /// Connects (see [`ZkBackend::connect`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`ZkBackend::connect`]; and [`Error::InvalidArgument`] for a user without a
-    /// password (or the other way round), a password file that cannot be read, or
-    /// `acl=creator` without credentials.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe, as [`ZkBackend::connect`].
-    pub async fn connect(self) -> Result<ZkBackend> {
-        let u = self.resolve()?;
-        ZkBackend::open(&self.url, u, None, &self.opts).await
+impl Connect for ZkSettings {
+    type Backend = ZkBackend;
+    const CREDENTIALS: CredentialRule = ZkSettings::RULE;
+
+    async fn connect(settings: Settings<Self>) -> Result<ZkBackend> {
+        let u = ZkSettings::resolve(&settings)?;
+        ZkBackend::open(settings.url.redacted(), u, None, &settings.opts).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_core::conn::Env;
 
-    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    fn env_of(vars: &[(&str, &str)]) -> Env {
         let vars: Vec<(String, String)> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        Env::from_fn(move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    trait ResolveWith {
+        fn resolve_with(&self, env: &Env) -> Result<ZkUrl>;
+    }
+
+    impl ResolveWith for ZkBuilder {
+        fn resolve_with(&self, env: &Env) -> Result<ZkUrl> {
+            ZkSettings::resolve(&self.settings_with(&ZkSettings::RULE, env)?)
+        }
     }
 
     fn creds(u: &ZkUrl) -> (Option<&str>, Option<&str>) {
@@ -256,7 +179,7 @@ mod tests {
             .password("secret-pw")
             .resolve_with(&none)
             .unwrap_err();
-        assert!(e.to_string().contains("but no digest user"), "{e}");
+        assert!(e.to_string().contains("but no user"), "{e}");
         assert!(!e.to_string().contains("secret-pw"), "{e}");
         let e = ZkBuilder::new("zk://h")
             .credentials("a:b", "secret-pw")

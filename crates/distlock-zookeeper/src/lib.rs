@@ -25,7 +25,7 @@ mod tls;
 mod url;
 mod wait;
 
-pub use builder::{ZkBuilder, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
+pub use builder::{ZkBuilder, ZkBuilderExt, ZkSettings, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 pub use layout::encode_segment;
 /// The ZooKeeper driver this crate is built on, for [`ZkBackend::from_connector`].
@@ -63,7 +63,7 @@ pub fn lock_dir(namespace: &str, name: &str, kind: LockKind) -> Result<String> {
 }
 
 /// Who may touch the nodes dlock creates (lock directories and lock nodes): `?acl=` in the
-/// URL, or [`ZkBuilder::acl`].
+/// URL, or [`ZkBuilderExt::acl`].
 ///
 /// The ACL of a lock directory is set when dlock creates it; an existing directory keeps the
 /// one it has (change it with `setAcl`). ZooKeeper checks a delete against the ACL of the

@@ -40,7 +40,11 @@ impl ZkUrl {
 /// plain segments outside `/zookeeper`, and the known parameters (the TLS ones only with
 /// `zks://`).
 pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
-    let cs = ConnectionString::parse(url)?;
+    from_parsed(ConnectionString::parse(url)?)
+}
+
+/// As [`parse`], for a URL parsed already.
+pub(crate) fn from_parsed(cs: ConnectionString) -> Result<ZkUrl> {
     let secure = match cs.scheme() {
         "zk" => false,
         "zks" => true,

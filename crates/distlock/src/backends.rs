@@ -21,6 +21,19 @@ macro_rules! backend {
     };
 }
 
+/// Registers `$scheme`s to open the backend of settings type `$settings` (its
+/// [`Connect`](distlock_core::conn::Connect)) with the parsed URL, when `$feature` is on.
+macro_rules! connect {
+    ($r:ident, $feature:literal, [$($scheme:literal),+], $settings:ty) => {
+        $(
+            #[cfg(feature = $feature)]
+            let _ = $r.register_connect::<$settings>($scheme);
+            #[cfg(not(feature = $feature))]
+            let _ = $r.register_not_built($scheme, $feature);
+        )+
+    };
+}
+
 /// A fresh registry with the backends of the enabled cargo features, and the schemes of the
 /// others recorded as not built (opening them names the feature to enable).
 ///
@@ -48,7 +61,7 @@ pub fn default_registry() -> Registry {
     backend!(r, "file", ["file"], |url, opts| {
         distlock_file::FileBackend::from_url(url.expose_url(), &opts)
     });
-    backend!(
+    connect!(
         r,
         "redis",
         [
@@ -58,26 +71,24 @@ pub fn default_registry() -> Registry {
             "redis+cluster",
             "rediss+cluster"
         ],
-        |url, opts| {
-            let url = url.expose_url();
-            distlock_redis::RedisBackend::connect(url, &opts).await
-        }
+        distlock_redis::RedisSettings
     );
     backend!(r, "redlock", ["redlock", "redlocks"], |url, opts| {
         distlock_redlock::RedlockBackend::connect(url.expose_url(), &opts).await
     });
-    backend!(r, "etcd", ["etcd", "etcds"], |url, opts| {
-        distlock_etcd::EtcdBackend::connect(url.expose_url(), &opts).await
-    });
+    connect!(r, "etcd", ["etcd", "etcds"], distlock_etcd::EtcdSettings);
     backend!(r, "postgres", ["postgres", "postgresql"], |url, opts| {
         distlock_postgres::PostgresBackend::connect(url.expose_url(), &opts).await
     });
     backend!(r, "mysql", ["mysql"], |url, opts| {
         distlock_mysql::MysqlBackend::connect(url.expose_url(), &opts).await
     });
-    backend!(r, "zookeeper", ["zk", "zks"], |url, opts| {
-        distlock_zookeeper::ZkBackend::connect(url.expose_url(), &opts).await
-    });
+    connect!(
+        r,
+        "zookeeper",
+        ["zk", "zks"],
+        distlock_zookeeper::ZkSettings
+    );
     r
 }
 

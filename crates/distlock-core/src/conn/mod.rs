@@ -39,6 +39,7 @@
 //! Parsing never panics, whatever the input; [`redact`] masks the password of any text, even
 //! one that does not parse.
 
+mod builder;
 mod files;
 mod params;
 mod redact;
@@ -48,6 +49,7 @@ mod secret;
 mod tests;
 mod tls;
 
+pub use builder::{Builder, Connect, CredentialRule, Credentials, EcosystemRule, Env, Settings};
 pub use files::{TlsFiles, TlsNames};
 pub use redact::redact;
 pub use scrub::MIN_SCRUBBED_LEN;
