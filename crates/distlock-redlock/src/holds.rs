@@ -51,29 +51,45 @@ impl Shared {
     }
 
     pub(crate) async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.quorum_watch(req, true)
+        self.quorum_watch(req)
             .await
             .map(|w| Box::new(w) as Box<dyn ReleaseWatch>)
     }
 
-    /// Subscribes to the lock's channel and the attempt's own on every reachable node, merged;
-    /// with `spread`, wake-ups are spread by a random pause (waiters that do not queue).
-    pub(crate) async fn quorum_watch(
+    /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
+    /// random pause (waiters that do not queue: `wait=retry`).
+    pub(crate) async fn quorum_watch(&self, req: &AcquireRequest) -> Result<watch::QuorumWatch> {
+        self.merged_watch(self.nt(), |b| async move { b.quorum_watch(req).await })
+            .await
+    }
+
+    /// The queued waiter `req`'s watch on every reachable node: its client's wake channel there,
+    /// where the node tells the attempt alone that it is first and the lock is free (armed
+    /// before the attempt's first vote; no SUBSCRIBE once the node's subscriber is connected).
+    pub(crate) async fn wake_watch(&self, req: &AcquireRequest) -> Result<watch::QuorumWatch> {
+        let attempt = &req.attempt;
+        self.merged_watch(Duration::ZERO, |b| async move {
+            b.quorum_wake_watch(attempt).await
+        })
+        .await
+    }
+
+    /// `watch` on every reachable node, each bounded by the watch timeout, merged (see
+    /// [`watch::QuorumWatch`]); wake-ups spread by up to `max_spread`.
+    async fn merged_watch<F, Fut>(
         &self,
-        req: &AcquireRequest,
-        spread: bool,
-    ) -> Result<watch::QuorumWatch> {
+        max_spread: Duration,
+        watch: F,
+    ) -> Result<watch::QuorumWatch>
+    where
+        F: Fn(Arc<RedisBackend>) -> Fut,
+        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
+    {
         let views = self.health.views();
         let t = self.watch_timeout();
-        let got = join_all(views.iter().map(|v| {
-            let b = v.backend.clone();
-            async move {
-                let b = b?;
-                tokio::time::timeout(t, b.quorum_watch(req))
-                    .await
-                    .ok()?
-                    .ok()
-            }
+        let got = join_all(views.iter().filter_map(|v| {
+            let w = watch(v.backend.clone()?);
+            Some(async move { tokio::time::timeout(t, w).await.ok()?.ok() })
         }))
         .await;
         let watches: Vec<Box<dyn ReleaseWatch>> = got.into_iter().flatten().collect();
@@ -84,7 +100,6 @@ impl Shared {
                 "could not subscribe to release messages on any redlock node",
             ));
         }
-        let max_spread = if spread { self.nt() } else { Duration::ZERO };
         Ok(watch::QuorumWatch::new(self.n(), watches, max_spread))
     }
 

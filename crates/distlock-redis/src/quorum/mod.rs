@@ -22,16 +22,16 @@
 //! | `NS:{NAME}` | hash `attempt`, `token`, `owner`; PEXPIRE = lease | one attempt's hold |
 //! | `NS:{NAME}:fence` | integer, PX = lease + [`FENCE_MARGIN`](crate::FENCE_MARGIN) at each grant | the node's fencing counter: a grant's token is max(counter + 1, TIME in µs) (`scripts/fence.lua`) |
 //! | `NS:{NAME}:released` | pub/sub channel | `r` when a hold is released and nobody is queued here |
-//! | `NS:{NAME}:released:ATTEMPT` | pub/sub channel | `r` to the first waiter when the lock is free here |
 //! | `NS:{NAME}:rlq` | zset `ATTEMPT -> place`; PEXPIRE ≥ waiter ttl | the node's wait queue (the place is the waiter's, the same on every node) |
 //! | `NS:{NAME}:rlq:ttl` | zset `ATTEMPT -> expiry ms` (server clock) | when each waiter leaves the queue unless it refreshes |
+//! | `NS:{NAME}:waiters` | hash `>ATTEMPT -> wake channel`; PEXPIRE ≥ waiter ttl | where each queued waiter's client listens: its turn is told there as `h 0 ATTEMPT` (token 0: no grant), to it alone |
 //! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node has not lost its data since it was (re)initialised; UNTIL_MS ends its quarantine (server clock) |
 //! | `NS:redlock:horizon` | string, PX = longest lease that may still run | how long a quarantine must last if another node's data is lost |
 //!
 //! An election (`LockKind::Election`) has the same layout under `NS:{NAME}:election` (the
 //! hold, with the leader's `value` and its proclamation number `seq` as extra fields),
-//! `NS:{NAME}:election:fence`, `NS:{NAME}:election:released`, `NS:{NAME}:election:rlq` and
-//! `NS:{NAME}:election:rlq:ttl`, apart from the lock of the same name; every change of its hold
+//! `NS:{NAME}:election:fence`, `NS:{NAME}:election:released`, `NS:{NAME}:election:rlq`,
+//! `NS:{NAME}:election:rlq:ttl` and `NS:{NAME}:election:waiters`, apart from the lock of the same name; every change of its hold
 //! (a grant `g`, a token raised `g`, a release `r`, a proclamation `p`) is published on
 //! `NS:{NAME}:election:observe`, the single-node election's observe channel. Every method that
 //! addresses a hold takes the kind; a lock's requests are exactly what they were.
@@ -129,6 +129,8 @@ struct QuorumKeys {
     fence: String,
     queue: String,
     ttl: String,
+    /// Waiter data: `>ATTEMPT` -> the waiter's wake channel.
+    waiters: String,
     channel: String,
     /// An election's observe channel (`None`: a lock).
     observe: Option<String>,
@@ -140,23 +142,36 @@ impl RedisBackend {
         &self.namespace
     }
 
-    /// A watch for a Redlock waiter on this node: the lock's channel and the attempt's own
-    /// (`CHANNEL:ATTEMPT`, where the quorum scripts wake it), in one SUBSCRIBE, unsubscribed
-    /// when the last waiter of this client on them goes. (A single-server waiter listens on
-    /// its client's wake channel instead: see [`Backend::watch`](distlock_core::Backend::watch).)
+    /// A watch for a Redlock waiter that does not queue (`wait=retry`) on this node: the
+    /// lock's channel, where a release with nobody queued says `r`; unsubscribed when the last
+    /// waiter of this client on it goes.
     ///
     /// # Errors
     /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
     pub async fn quorum_watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let (channel, direct) = match family(req.key.kind)? {
-            Family::Mutex { election, .. } => {
-                let channel = self.mutex_channel(&req.key.name, election);
-                let direct = format!("{channel}:{}", req.attempt.as_str());
-                (channel, Some(direct))
-            }
-            _ => (self.channel(&req.key.name), None),
+        let channel = match family(req.key.kind)? {
+            Family::Mutex { election, .. } => self.mutex_channel(&req.key.name, election),
+            _ => self.channel(&req.key.name),
         };
-        self.subscriber.watch(channel, direct, &req.attempt).await
+        self.subscriber.watch(channel, None, &req.attempt).await
+    }
+
+    /// A watch for the queued Redlock waiter `attempt` on this node: its client's wake channel,
+    /// which every queue entry of the attempt names ([`quorum_enqueue_acquire`]), where the
+    /// node tells the attempt alone that it is its turn. The channel is subscribed once per
+    /// subscriber connection and kept: with the connection up this is a table entry, made
+    /// before the attempt's first vote, with no round trip; it connects (and subscribes the
+    /// channel) first otherwise.
+    ///
+    /// [`quorum_enqueue_acquire`]: RedisBackend::quorum_enqueue_acquire
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
+    pub async fn quorum_wake_watch(&self, attempt: &AttemptId) -> Result<Box<dyn ReleaseWatch>> {
+        match self.subscriber.ready(attempt) {
+            Some(w) => Ok(w),
+            None => self.subscriber.watch_wake(attempt).await,
+        }
     }
 
     /// `NS:redlock:epoch`: see the module docs.
@@ -187,6 +202,7 @@ impl RedisBackend {
             fence: self.mutex_fence_key(name, election),
             queue: self.key(name, &format!("{base}:rlq")),
             ttl: self.key(name, &format!("{base}:rlq:ttl")),
+            waiters: self.key(name, &format!("{base}:waiters")),
             channel: self.mutex_channel(name, election),
             observe: election.then(|| self.observe_channel(name)),
         })
@@ -257,12 +273,16 @@ impl RedisBackend {
             .await
     }
 
-    /// [`RedisBackend::quorum_acquire`] by a waiter: first it enters (or stays in) the node's
-    /// wait queue at `place` — the waiter's place, the same on every node, so that all nodes
-    /// order the waiters they have alike (ties by attempt id) — alive for `waiter_ttl` from
-    /// now (each vote refreshes it; a waiter that stops refreshing drops out). The entry is
-    /// removed by the attempt's release or give-up, never by its grant (a round that fails
+    /// [`RedisBackend::quorum_acquire`] by a waiter: unless the lock is free here with nobody
+    /// ahead (then it is granted as a try is), it enters (or stays in) the node's wait queue
+    /// at `place` — the waiter's place, the same on every node, so that all nodes order the
+    /// waiters they have alike (ties by attempt id) — alive for `waiter_ttl` from now (each
+    /// vote refreshes it; a waiter that stops refreshing drops out), naming this client's wake
+    /// channel, where the node tells it its turn (arm [`quorum_wake_watch`] first). The entry
+    /// is removed by the attempt's release or give-up, never by its grant (a round that fails
     /// keeps the place).
+    ///
+    /// [`quorum_wake_watch`]: RedisBackend::quorum_wake_watch
     ///
     /// # Errors
     /// As [`RedisBackend::quorum_acquire`].
@@ -295,12 +315,13 @@ impl RedisBackend {
         let k = self.quorum_keys(&key.name, key.kind)?;
         let s = quorum_scripts();
         let (ek, hk) = (self.epoch_key(), self.horizon_key());
-        let (wttl, place) = match queue {
+        let (wttl, place, wake) = match queue {
             Some((ttl, place)) => (
                 lease_ms(ttl.max(Duration::from_millis(1))),
                 place.to_string(),
+                self.subscriber.wake(),
             ),
-            None => ("0".to_owned(), "0".to_owned()),
+            None => ("0".to_owned(), "0".to_owned(), ""),
         };
         let lease = lease_ms(lease);
         let mut args = vec![
@@ -311,6 +332,7 @@ impl RedisBackend {
             &wttl,
             &place,
             &k.channel,
+            wake,
         ];
         // An election's value and observe channel; a lock passes neither.
         if let Some(observe) = &k.observe {
@@ -322,7 +344,9 @@ impl RedisBackend {
         let (v, reloaded) = self
             .run_quorum(
                 &s.acquire,
-                &[&k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl, &ended],
+                &[
+                    &k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl, &ended, &k.waiters,
+                ],
                 &args,
             )
             .await?;
@@ -483,7 +507,9 @@ impl RedisBackend {
         let mut args = vec![attempt.as_str(), &token, &k.channel, mode];
         args.extend(k.observe.as_deref());
         let s = quorum_scripts();
-        let cmd = s.release.cmd(&[&k.lock, &k.queue, &k.ttl], &args);
+        let cmd = s
+            .release
+            .cmd(&[&k.lock, &k.queue, &k.ttl, &k.waiters], &args);
         // A release or a give-up ends the attempt on this node: its end record first, if a
         // vote of it may still arrive here (a give-back keeps the attempt going).
         let record = (mode != "giveback")
