@@ -699,13 +699,13 @@ async fn a_fresh_token_from_kept_holds_rises_past_counters_set_back() {
     for i in 0..2 {
         let last = c.fence(0, name).max(c.fence(1, name));
         c.wait_past_floor_step(last).await;
-        let node = distlock_redis::RedisBackend::connect(&c.servers[i].url(), &opts(3000))
+        let node = distlock_redis::RedisNode::connect(&c.servers[i].url(), &opts(3000))
             .await
             .expect("node");
         let epoch = c.servers[i]
             .command(&["GET", "dlock:redlock:epoch"])
             .expect("epoch");
-        node.quorum_acquire(&req.key, &req.attempt, req.lease, &epoch, None)
+        node.vote(&req.key, &req.attempt, req.lease, &epoch, None, None)
             .await
             .expect("vote");
     }
