@@ -611,10 +611,20 @@ async fn a_queued_waiter_is_armed_before_its_first_vote_and_never_subscribes_per
         let g = acquired(&a, name).await;
         c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
             .await;
-        // The holder's raise rounds, if any, are over.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        for s in &c.servers {
-            s.command(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+        // The holder's late votes and raises, if any, are over: the counts start on quiet nodes.
+        let t = Instant::now();
+        loop {
+            for s in &c.servers {
+                s.command(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if (0..3).all(|i| calls(&c, i, "evalsha") == 0) {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the nodes never went quiet"
+            );
         }
         let waiter = tokio::spawn({
             let b = b.clone();
