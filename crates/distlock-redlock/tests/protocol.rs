@@ -636,9 +636,10 @@ async fn a_queued_waiter_is_armed_before_its_first_vote_and_never_subscribes_per
             || (0..3).all(|i| c.queued_on(i, name) == 1),
         )
         .await;
-        // Each vote reads the node's clock once (`TIME`; a give-back of a round that lost,
-        // with the lock held, does not), and each vote that queues runs two `ZADD`s.
-        let (votes, zadds) = (calls(&c, 0, "time"), calls(&c, 0, "zadd"));
+        // Each vote looks for its own hold once (`HGET`; a give-back of a round that lost uses
+        // `HMGET`, the clients' node checks neither), and each vote that queues runs two
+        // `ZADD`s.
+        let (votes, zadds) = (calls(&c, 0, "hget"), calls(&c, 0, "zadd"));
         assert_eq!(
             2 * votes,
             zadds,
