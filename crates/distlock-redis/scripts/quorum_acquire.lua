@@ -19,9 +19,13 @@
 --   on this node when a vote of it may still be on its way: while it exists, a vote of the
 --   attempt is a late one of an attempt that ended, and neither holds nor queues here
 --   (answered as status 0)
+-- KEYS[8] waiter data: hash '>ATTEMPT' -> the wake channel of the waiter's client (where its
+--   turn is told, 'h 0 ATTEMPT'; the single-server layout, so a forced release wakes them too)
 -- ARGV[1] attempt id, ARGV[2] lease ms, ARGV[3] the epoch the client knows, ARGV[4] owner id,
 -- ARGV[5] waiter ttl ms ('0': do not queue), ARGV[6] SCORE, ARGV[7] the lock's channel (a
---   waiter's own channel is CHANNEL:ATTEMPT)
+--   waiter without a wake channel, of an older client, listens on CHANNEL:ATTEMPT),
+-- ARGV[8] the waiter's wake channel ('' if none), ARGV[9], ARGV[10] (an election only) its
+--   value and its observe channel
 -- Returns {-1, 0, 0, 0, 0} the epoch differs: the node lost its data or was initialised again
 --   since the client looked, so its vote must not count (nothing was changed); otherwise
 --   {status, counter, x, quarantine_left_ms, first}:
@@ -33,6 +37,8 @@
 --   status 0 another attempt holds it (x = its pttl),
 --   status 3 free here, but another waiter is first in this node's queue (x = 0);
 --   first = 1 when this attempt is the first live waiter here.
+-- A waiter is queued only where it has to wait: a free lock with nobody ahead is granted
+-- without touching the queue (the uncontended vote of a waiter is a try's).
 local epoch = redis.call('get', KEYS[3])
 if epoch ~= ARGV[3] then
   return {-1, 0, 0, 0, 0}
@@ -68,16 +74,11 @@ if redis.call('hget', KEYS[1], 'attempt') == attempt then
 end
 
 -- An ended attempt (its end record exists) neither holds nor queues: status 0. Dead waiters
--- (no refresh within their ttl) leave the queue. (No queue here, none to join and no end
--- record, the uncontended case: one EXISTS instead of the scan and the look at its head.)
-local ended, queue
-if wttl > 0 then
-  ended, queue = redis.call('exists', KEYS[7]) == 1, true
-else
-  local n = redis.call('exists', KEYS[5], KEYS[7])
-  ended = n > 0 and redis.call('exists', KEYS[7]) == 1
-  queue = n > (ended and 1 or 0)
-end
+-- (no refresh within their ttl) leave the queue. (No queue here and no end record, the
+-- uncontended case: one EXISTS instead of the scan and the look at its head.)
+local n = redis.call('exists', KEYS[5], KEYS[7])
+local ended = n > 0 and redis.call('exists', KEYS[7]) == 1
+local queue = n > (ended and 1 or 0)
 if ended then
   local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
   return {0, c, redis.call('pttl', KEYS[1]), qleft, 0}
@@ -87,42 +88,63 @@ if queue then
   for _, a in ipairs(dead) do
     redis.call('zrem', KEYS[5], a)
     redis.call('zrem', KEYS[6], a)
-  end
-end
-if wttl > 0 then
-  -- Enqueued (or refreshed) at its place, which is the same on every node and never changes.
-  redis.call('zadd', KEYS[5], 'NX', ARGV[6], attempt)
-  redis.call('zadd', KEYS[6], now_ms + wttl, attempt)
-  for i = 5, 6 do
-    if redis.call('pttl', KEYS[i]) < wttl then
-      redis.call('pexpire', KEYS[i], wttl)
-    end
+    redis.call('hdel', KEYS[8], '>' .. a)
   end
 end
 local head = queue and redis.call('zrange', KEYS[5], 0, 0)[1] or nil
-local first = (head == attempt) and 1 or 0
+local free = redis.call('exists', KEYS[1]) == 0
 
-if redis.call('exists', KEYS[1]) == 0 then
-  if head and head ~= attempt then
-    -- Free, but it is the first waiter's turn: remind it (its wake-up may have been lost).
-    redis.call('publish', ARGV[7] .. ':' .. head, 'r')
-    local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
-    return {3, c, 0, qleft, 0}
-  end
+local function grant(first)
   -- The token first: if the counter holds foreign data the script fails before writing
   -- anything.
   local c = next_token(KEYS[2], t, lease, QUORUM_FLOOR_STEP_US)
   redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', c), 'owner',
     ARGV[4])
-  if ARGV[8] then
-    redis.call('hset', KEYS[1], 'value', ARGV[8], 'seq', '0')
+  if ARGV[9] then
+    redis.call('hset', KEYS[1], 'value', ARGV[9], 'seq', '0')
   end
   redis.call('pexpire', KEYS[1], lease)
   horizon()
-  if ARGV[9] then
-    redis.call('publish', ARGV[9], 'g')
+  if ARGV[10] then
+    redis.call('publish', ARGV[10], 'g')
   end
   return {1, c, c, qleft, first}
+end
+
+if free and (not head or head == attempt) then
+  return grant(head == attempt and 1 or 0)
+end
+if wttl > 0 then
+  -- Enqueued (or refreshed) at its place, which is the same on every node and never changes;
+  -- the entry names the wake channel its turn is told on.
+  redis.call('zadd', KEYS[5], 'NX', ARGV[6], attempt)
+  if ARGV[8] ~= '' then
+    redis.call('hset', KEYS[8], '>' .. attempt, ARGV[8])
+  end
+  redis.call('zadd', KEYS[6], now_ms + wttl, attempt)
+  for _, k in ipairs({KEYS[5], KEYS[6], KEYS[8]}) do
+    if redis.call('pttl', k) < wttl then
+      redis.call('pexpire', k, wttl)
+    end
+  end
+  head = redis.call('zrange', KEYS[5], 0, 0)[1]
+end
+local first = (head == attempt) and 1 or 0
+
+if free then
+  if first == 1 then
+    -- Its place is ahead of the waiter that was first.
+    return grant(1)
+  end
+  -- Free, but it is the first waiter's turn: remind it (its wake-up may have been lost).
+  local wake = redis.call('hget', KEYS[8], '>' .. head)
+  if wake then
+    redis.call('publish', wake, 'h 0 ' .. head)
+  else
+    redis.call('publish', ARGV[7] .. ':' .. head, 'r')
+  end
+  local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
+  return {3, c, 0, qleft, 0}
 end
 local c = tonumber(redis.call('get', KEYS[2]) or '0')
 if not c then

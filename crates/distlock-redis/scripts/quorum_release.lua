@@ -2,7 +2,8 @@
 -- queue, and wake the first live waiter if the lock is free here afterwards — on its own
 -- channel only, so a release wakes one waiter, not all. Idempotent: a repeated call finds no
 -- such hold and changes nothing (but may remind the first waiter again).
--- KEYS[1] lock hash, KEYS[2] wait queue (zset ATTEMPT -> SCORE), KEYS[3] waiter expiries
+-- KEYS[1] lock hash, KEYS[2] wait queue (zset ATTEMPT -> SCORE), KEYS[3] waiter expiries,
+-- KEYS[4] waiter data (hash '>ATTEMPT' -> the waiter's wake channel, see quorum_acquire.lua)
 -- ARGV[1] attempt id; ARGV[2] the grant's token, or '' for whatever this attempt holds (a
 --   give-up, the give-back of a failed attempt, or a node that holds the attempt under its own
 --   counter because the quorum's token never reached it, once a majority released the grant);
@@ -40,6 +41,7 @@ end
 if mode ~= 'giveback' then
   redis.call('zrem', KEYS[2], attempt)
   redis.call('zrem', KEYS[3], attempt)
+  redis.call('hdel', KEYS[4], '>' .. attempt)
 end
 if out[1] == 3 then
   return out
@@ -51,11 +53,19 @@ local dead = redis.call('zrangebyscore', KEYS[3], '-inf', now_ms)
 for _, a in ipairs(dead) do
   redis.call('zrem', KEYS[2], a)
   redis.call('zrem', KEYS[3], a)
+  redis.call('hdel', KEYS[4], '>' .. a)
 end
 local head = redis.call('zrange', KEYS[2], 0, 0)[1]
 if head then
   if head ~= attempt then
-    redis.call('publish', ARGV[3] .. ':' .. head, 'r')
+    -- On the wake channel its entry names, addressed to it alone ('h 0 ATTEMPT': token 0 is
+    -- no grant, only its turn); an entry of an older client listens on CHANNEL:ATTEMPT.
+    local wake = redis.call('hget', KEYS[4], '>' .. head)
+    if wake then
+      redis.call('publish', wake, 'h 0 ' .. head)
+    else
+      redis.call('publish', ARGV[3] .. ':' .. head, 'r')
+    end
   end
 elseif out[1] == 1 and mode ~= 'giveback' then
   redis.call('publish', ARGV[3], 'r')

@@ -18,7 +18,7 @@ mod sentinel;
 
 use crate::error::{map, shape, KIND};
 pub use crate::quorum::{
-    NodeHold, QuorumReply, QuorumVote, ServerInfo, QUORUM_FLOOR_STEP, TOKEN_FIELD,
+    NodeHold, QuorumReply, QuorumVote, RedisNode, ServerInfo, QUORUM_FLOOR_STEP, TOKEN_FIELD,
 };
 use distlock_core::backend::{
     async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey,

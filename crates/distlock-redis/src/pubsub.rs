@@ -19,6 +19,10 @@
 //! connection breaks, every watch ends with a connection error and the waiter subscribes again
 //! on a new connection.
 //!
+//! A Redlock node tells a queued waiter its turn on the same wake channel as `h 0 ATTEMPT`:
+//! token 0 is never a grant's, and the merged watch of `distlock-redlock` reads any wake-up as
+//! "vote again"; addressed like a handoff, it wakes that attempt alone.
+//!
 //! On `redis+cluster://` the subscriber has several nodes to choose from: classic PUBLISH is
 //! broadcast to every node of a cluster, so a connection to any one of them hears every lock.
 //! It stays on the node it reached until that connection breaks, then tries the next.

@@ -983,9 +983,9 @@ async fn late_requests_of_ended_attempts_of_every_kind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_votes_of_ended_attempts_on_a_redlock_node() {
     use distlock_core::backend::AttemptId;
-    use distlock_redis::QuorumReply;
+    use distlock_redis::{QuorumReply, RedisNode};
     let server = RedisServer::start().expect("redis");
-    let direct = RedisBackend::connect(&server.url(), &fast_opts())
+    let direct = RedisNode::connect(&server.url(), &fast_opts())
         .await
         .expect("connect");
     let (info, _) = direct.node_epoch().await.expect("node epoch");
@@ -999,7 +999,7 @@ async fn late_votes_of_ended_attempts_on_a_redlock_node() {
     let mut failures = Vec::new();
     for (queued, released) in [(false, false), (true, false), (false, true)] {
         let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
-        let late = RedisBackend::connect(&proxied(&proxy), &fast_opts())
+        let late = RedisNode::connect(&proxied(&proxy), &fast_opts())
             .await
             .expect("connect");
         let name = unique_name("ended-vote");
@@ -1009,13 +1009,10 @@ async fn late_votes_of_ended_attempts_on_a_redlock_node() {
             match queued {
                 true => {
                     let at = (Duration::from_secs(2), 1);
-                    late.quorum_enqueue_acquire(&key, &attempt, lease, &epoch, at, None)
+                    late.vote(&key, &attempt, lease, &epoch, None, Some(at))
                         .await
                 }
-                false => {
-                    late.quorum_acquire(&key, &attempt, lease, &epoch, None)
-                        .await
-                }
+                false => late.vote(&key, &attempt, lease, &epoch, None, None).await,
             }
         };
         proxy.hold_next_request_with(name.as_bytes());
@@ -1029,12 +1026,12 @@ async fn late_votes_of_ended_attempts_on_a_redlock_node() {
                 panic!("the retry was not granted: {v:?}");
             };
             let out = late
-                .quorum_release(&name, LockKind::Mutex, &attempt, Some(counter))
+                .release(&name, LockKind::Mutex, &attempt, Some(counter))
                 .await
                 .expect("release");
             assert_eq!(out, Ok(ReleaseOutcome::Released));
         } else {
-            late.quorum_give_up(&name, LockKind::Mutex, &attempt)
+            late.give_up(&name, LockKind::Mutex, &attempt)
                 .await
                 .expect("give up")
                 .expect("no other token");
@@ -1046,10 +1043,7 @@ async fn late_votes_of_ended_attempts_on_a_redlock_node() {
             |done| *done,
         )
         .await;
-        let (hold, _) = direct
-            .quorum_hold(&name, LockKind::Mutex)
-            .await
-            .expect("hold");
+        let (hold, _) = direct.hold(&name, LockKind::Mutex).await.expect("hold");
         let queue = server
             .command(&["ZCARD", &format!("dlock:{{{name}}}:rlq")])
             .expect("ZCARD");

@@ -243,7 +243,7 @@ impl Shared {
                 .filter(|(_, b)| b.granted() || b.maybe_granted)
                 .filter_map(|(i, _)| views[i].backend.clone())
                 .map(|b| async move {
-                    let give_back = b.quorum_give_back(name, kind, attempt);
+                    let give_back = b.give_back(name, kind, attempt);
                     let _ = tokio::time::timeout(nt, give_back).await;
                 }),
         )
@@ -296,13 +296,7 @@ impl Shared {
             asked[i] = true;
             votes.push(Box::pin(async move {
                 let value = value.as_deref();
-                let vote = match queue {
-                    None => b.quorum_acquire(&key, &attempt, lease, &epoch, value).await,
-                    Some((ttl, place)) => {
-                        b.quorum_enqueue_acquire(&key, &attempt, lease, &epoch, (ttl, place), value)
-                            .await
-                    }
-                };
+                let vote = b.vote(&key, &attempt, lease, &epoch, value, queue).await;
                 (i, vote)
             }));
         }

@@ -13,7 +13,7 @@ pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// Fewest nodes Redlock is useful with.
 pub const MIN_NODES: usize = 3;
 
-/// One node: the URL its `RedisBackend` connects with, and `host:port` for messages.
+/// One node: the URL its `RedisNode` connects with, and `host:port` for messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NodeAddr {
     pub(crate) url: String,

@@ -6,7 +6,7 @@ use crate::node::View;
 use crate::{ops, tally, watch, Shared, KIND};
 use distlock_core::backend::{AcquireRequest, GrantRef, ReleaseWatch, RenewOutcome};
 use distlock_core::{Backend, Error, HolderInfo, LockInfo, LockKind, ReleaseOutcome, Result};
-use distlock_redis::{NodeHold, RedisBackend};
+use distlock_redis::{NodeHold, RedisNode};
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashMap;
@@ -34,7 +34,7 @@ impl Shared {
     fn fan_out<T, F, Fut>(&self, views: &[View], t: Duration, op: F) -> Answers<T>
     where
         T: Send + 'static,
-        F: Fn(Arc<RedisBackend>) -> Fut,
+        F: Fn(Arc<RedisNode>) -> Fut,
         Fut: std::future::Future<Output = Result<T>> + Send + 'static,
     {
         views
@@ -51,29 +51,46 @@ impl Shared {
     }
 
     pub(crate) async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.quorum_watch(req, true)
+        self.quorum_watch(req)
             .await
             .map(|w| Box::new(w) as Box<dyn ReleaseWatch>)
     }
 
-    /// Subscribes to the lock's channel and the attempt's own on every reachable node, merged;
-    /// with `spread`, wake-ups are spread by a random pause (waiters that do not queue).
-    pub(crate) async fn quorum_watch(
+    /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
+    /// random pause (waiters that do not queue: `wait=retry`).
+    pub(crate) async fn quorum_watch(&self, req: &AcquireRequest) -> Result<watch::QuorumWatch> {
+        self.merged_watch(self.nt(), |b| async move { b.watch(req).await })
+            .await
+    }
+
+    /// The queued waiter `req`'s watch on every reachable node: its client's wake channel there,
+    /// where the node tells the attempt alone that it is first and the lock is free (armed
+    /// before the attempt's first vote; no SUBSCRIBE once the node's subscriber is connected).
+    pub(crate) async fn wake_watch(&self, req: &AcquireRequest) -> Result<watch::QuorumWatch> {
+        let attempt = &req.attempt;
+        self.merged_watch(
+            Duration::ZERO,
+            |b| async move { b.wake_watch(attempt).await },
+        )
+        .await
+    }
+
+    /// `watch` on every reachable node, each bounded by the watch timeout, merged (see
+    /// [`watch::QuorumWatch`]); wake-ups spread by up to `max_spread`.
+    async fn merged_watch<F, Fut>(
         &self,
-        req: &AcquireRequest,
-        spread: bool,
-    ) -> Result<watch::QuorumWatch> {
+        max_spread: Duration,
+        watch: F,
+    ) -> Result<watch::QuorumWatch>
+    where
+        F: Fn(Arc<RedisNode>) -> Fut,
+        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
+    {
         let views = self.health.views();
         let t = self.watch_timeout();
-        let got = join_all(views.iter().map(|v| {
-            let b = v.backend.clone();
-            async move {
-                let b = b?;
-                tokio::time::timeout(t, b.quorum_watch(req))
-                    .await
-                    .ok()?
-                    .ok()
-            }
+        let got = join_all(views.iter().filter_map(|v| {
+            let w = watch(v.backend.clone()?);
+            Some(async move { tokio::time::timeout(t, w).await.ok()?.ok() })
         }))
         .await;
         let watches: Vec<Box<dyn ReleaseWatch>> = got.into_iter().flatten().collect();
@@ -84,7 +101,6 @@ impl Shared {
                 "could not subscribe to release messages on any redlock node",
             ));
         }
-        let max_spread = if spread { self.nt() } else { Duration::ZERO };
         Ok(watch::QuorumWatch::new(self.n(), watches, max_spread))
     }
 
@@ -98,7 +114,7 @@ impl Shared {
         let (name, kind, attempt) = (req.key.name.clone(), req.key.kind, req.attempt.clone());
         let mut answers = self.fan_out(&views, t, |b| {
             let (name, attempt) = (name.clone(), attempt.clone());
-            async move { b.quorum_give_up(&name, kind, &attempt).await }
+            async move { b.give_up(&name, kind, &attempt).await }
         });
         let mut answered = 0;
         let mut problems = Vec::new();
@@ -130,7 +146,7 @@ impl Shared {
         let mut answers = self.fan_out(&views, t, |b| {
             let (name, attempt, mut rx) = (name.clone(), attempt.clone(), decided.clone());
             async move {
-                match b.quorum_release(&name, kind, &attempt, Some(token)).await? {
+                match b.release(&name, kind, &attempt, Some(token)).await? {
                     Ok(o) => Ok(o),
                     Err(_other_token) => {
                         tokio::spawn(async move {
@@ -141,11 +157,9 @@ impl Shared {
                                 Ok(Ok(_))
                             );
                             if released {
-                                let _ = tokio::time::timeout(
-                                    t,
-                                    b.quorum_release(&name, kind, &attempt, None),
-                                )
-                                .await;
+                                let _ =
+                                    tokio::time::timeout(t, b.release(&name, kind, &attempt, None))
+                                        .await;
                             }
                         });
                         // Not this grant's address here (yet): as far as the majority goes,
@@ -203,7 +217,7 @@ impl Shared {
         let mut answers = self.fan_out(&views, t, |b| {
             let (holds, mut rx) = (holds.to_vec(), decided.clone());
             async move {
-                let outs = b.quorum_renew(&holds).await?;
+                let outs = b.renew(&holds).await?;
                 let behind: Vec<usize> = (0..outs.len()).filter(|&h| outs[h].is_err()).collect();
                 if !behind.is_empty() {
                     tokio::spawn(async move {
@@ -226,7 +240,7 @@ impl Shared {
                         }
                         // The grants that rejoin, renewed together (one script).
                         if !rejoin.is_empty() {
-                            let _ = tokio::time::timeout(t, b.quorum_renew(&rejoin)).await;
+                            let _ = tokio::time::timeout(t, b.renew(&rejoin)).await;
                         }
                     });
                 }
@@ -329,9 +343,8 @@ impl Shared {
     /// The lock or election as a majority of nodes sees it (the core checked the kind).
     pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         let t = self.watch_timeout();
-        let (views, problems) = ops::split(
-            ops::per_node(self, t, |b| async move { b.quorum_hold(name, kind).await }).await,
-        );
+        let (views, problems) =
+            ops::split(ops::per_node(self, t, |b| async move { b.hold(name, kind).await }).await);
         let q = self.q();
         if views.len() < q {
             return Err(self.no_quorum(views.len(), &problems));
@@ -353,7 +366,7 @@ impl Shared {
         let (grant2, value2): (GrantRef, Arc<str>) = (grant.clone(), Arc::from(value));
         let mut answers = self.fan_out(&views, t, |b| {
             let (grant, value) = (grant2.clone(), value2.clone());
-            async move { b.quorum_proclaim(&grant, seq, &value).await }
+            async move { b.proclaim(&grant, seq, &value).await }
         });
         let q = self.q();
         let (mut renewed, mut gone) = (0, 0);
@@ -413,7 +426,7 @@ impl Shared {
             let b = v.backend.clone();
             async move {
                 let b = b?;
-                tokio::time::timeout(t, Backend::observe(&*b, name))
+                tokio::time::timeout(t, Backend::observe(b.backend(), name))
                     .await
                     .ok()?
                     .ok()
@@ -437,7 +450,7 @@ impl Shared {
     }
 }
 
-/// One node's view of a lock, as [`RedisBackend::quorum_hold`] returns it.
+/// One node's view of a lock, as [`RedisNode::quorum_hold`] returns it.
 type NodeView = (Option<NodeHold>, u64);
 
 /// One view of a lock from the views of the nodes that answered (of `n`): a holder is an

@@ -19,7 +19,7 @@ use distlock_core::backend::{
     RenewOutcome,
 };
 use distlock_core::{ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, Result};
-use distlock_redis::RedisBackend;
+use distlock_redis::RedisNode;
 use futures_util::future::join_all;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,7 +61,7 @@ impl RedlockBackend {
         let cfg = config::parse(url, opts)?;
         let t = opts.get_connect_timeout();
         let conns = join_all(cfg.nodes.iter().map(|n| async move {
-            tokio::time::timeout(t, RedisBackend::connect(&n.url, opts)).await
+            tokio::time::timeout(t, RedisNode::connect(&n.url, opts)).await
         }))
         .await;
         let mut nodes = Vec::new();
@@ -105,7 +105,7 @@ impl RedlockBackend {
                 .iter()
                 .filter_map(|x| x.backend())
                 .map(|b| async move {
-                    let _ = tokio::time::timeout(t, b.load_quorum_scripts()).await;
+                    let _ = tokio::time::timeout(t, b.load_scripts()).await;
                 }),
         )
         .await;

@@ -16,7 +16,7 @@
 use crate::config::{Config, NodeAddr};
 use crate::tally::quorum;
 use distlock_core::{ClientOptions, Error, Result};
-use distlock_redis::{RedisBackend, ServerInfo};
+use distlock_redis::{RedisNode, ServerInfo};
 use futures_util::future::join_all;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ const MIN_CHECK_GAP: Duration = Duration::from_millis(25);
 pub(crate) struct Node {
     pub(crate) endpoint: String,
     url: String,
-    backend: RwLock<Option<Arc<RedisBackend>>>,
+    backend: RwLock<Option<Arc<RedisNode>>>,
     state: Mutex<NodeState>,
     check_now: Notify,
     /// One initialisation of this node at a time (per client).
@@ -59,7 +59,7 @@ struct NodeState {
 /// A node as one operation sees it.
 #[derive(Clone)]
 pub(crate) struct View {
-    pub(crate) backend: Option<Arc<RedisBackend>>,
+    pub(crate) backend: Option<Arc<RedisNode>>,
     pub(crate) epoch: Option<String>,
     /// The node's answers count toward a majority.
     pub(crate) counts: bool,
@@ -100,7 +100,7 @@ fn quarantine_left(epoch: &str, node_now_ms: u64) -> Option<Duration> {
 }
 
 impl Node {
-    pub(crate) fn new(addr: &NodeAddr, backend: Option<Arc<RedisBackend>>) -> Node {
+    pub(crate) fn new(addr: &NodeAddr, backend: Option<Arc<RedisNode>>) -> Node {
         Node {
             endpoint: addr.endpoint.clone(),
             url: addr.url.clone(),
@@ -115,14 +115,14 @@ impl Node {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn backend(&self) -> Option<Arc<RedisBackend>> {
+    pub(crate) fn backend(&self) -> Option<Arc<RedisNode>> {
         self.backend
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
 
-    fn set_backend(&self, b: Arc<RedisBackend>) {
+    fn set_backend(&self, b: Arc<RedisNode>) {
         *self.backend.write().unwrap_or_else(|p| p.into_inner()) = Some(b);
     }
 
@@ -262,10 +262,10 @@ impl Health {
         self.nodes.iter().map(|n| n.view(now)).collect()
     }
 
-    async fn connect_node(&self, i: usize) -> Result<Arc<RedisBackend>> {
+    async fn connect_node(&self, i: usize) -> Result<Arc<RedisNode>> {
         let node = &self.nodes[i];
         let t = self.opts.get_connect_timeout();
-        let b = tokio::time::timeout(t, RedisBackend::connect(&node.url, &self.opts))
+        let b = tokio::time::timeout(t, RedisNode::connect(&node.url, &self.opts))
             .await
             .map_err(|_| {
                 Error::connection(
@@ -276,7 +276,7 @@ impl Health {
             })??;
         let b = Arc::new(b);
         // Best effort: they load on demand too.
-        let _ = tokio::time::timeout(t, b.load_quorum_scripts()).await;
+        let _ = tokio::time::timeout(t, b.load_scripts()).await;
         node.set_backend(b.clone());
         Ok(b)
     }
@@ -349,7 +349,7 @@ impl Health {
 
     /// A fresh look at every node: its connection, process, and whether it is initialised (a
     /// valid epoch). `None` for nodes that cannot be reached now.
-    async fn look(&self) -> Vec<Option<(Arc<RedisBackend>, ServerInfo, bool)>> {
+    async fn look(&self) -> Vec<Option<(Arc<RedisNode>, ServerInfo, bool)>> {
         let t = self.check_timeout();
         join_all(self.nodes.iter().map(|n| async move {
             let b = n.backend()?;
@@ -417,7 +417,7 @@ impl Health {
             node.check_now.notify_one();
             return;
         }
-        let sources: Vec<Arc<RedisBackend>> = looks
+        let sources: Vec<Arc<RedisNode>> = looks
             .iter()
             .enumerate()
             .filter(|(j, _)| *j != i)
@@ -483,7 +483,7 @@ impl Health {
     async fn adopt_new_epoch(
         &self,
         i: usize,
-        me: &RedisBackend,
+        me: &RedisNode,
         info: &ServerInfo,
         quarantine: Duration,
     ) {
@@ -516,11 +516,7 @@ impl Health {
 
     /// The longest lease horizon of `sources` (how long a lease granted through them may still
     /// run; `None`: none may); at least `need` of them must answer.
-    async fn horizon(
-        &self,
-        sources: &[Arc<RedisBackend>],
-        need: usize,
-    ) -> Result<Option<Duration>> {
+    async fn horizon(&self, sources: &[Arc<RedisNode>], need: usize) -> Result<Option<Duration>> {
         let t = self.check_timeout();
         let reads = join_all(
             sources

@@ -14,7 +14,7 @@ use distlock_core::{
     Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Result,
     Severity,
 };
-use distlock_redis::{NodeHold, RedisBackend};
+use distlock_redis::{NodeHold, RedisNode};
 use futures_util::future::join_all;
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,7 +31,7 @@ type NodeAnswer<T> = std::result::Result<T, String>;
 /// Runs `op` on every connected node in parallel, each bounded by `t`, in node order.
 pub(crate) async fn per_node<T, F, Fut>(s: &Shared, t: Duration, op: F) -> Vec<NodeAnswer<T>>
 where
-    F: Fn(Arc<RedisBackend>) -> Fut,
+    F: Fn(Arc<RedisNode>) -> Fut,
     Fut: Future<Output = Result<T>>,
 {
     per_node_of(s, t, &vec![true; s.n()], op).await
@@ -45,7 +45,7 @@ async fn per_node_of<T, F, Fut>(
     op: F,
 ) -> Vec<NodeAnswer<T>>
 where
-    F: Fn(Arc<RedisBackend>) -> Fut,
+    F: Fn(Arc<RedisNode>) -> Fut,
     Fut: Future<Output = Result<T>>,
 {
     join_all(s.health.nodes.iter().zip(which).map(|(node, &on)| {
@@ -136,11 +136,9 @@ pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
     // A SCAN of a large namespace takes more than one call's time.
     let scan_t = s.health.opts.get_op_timeout() * 10;
     let (lists, problems) = split(
-        per_node(
-            s,
-            scan_t,
-            |b| async move { Backend::list(&*b, prefix).await },
-        )
+        per_node(s, scan_t, |b| async move {
+            Backend::list(b.backend(), prefix).await
+        })
         .await,
     );
     if lists.len() < q {
@@ -165,7 +163,7 @@ pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
                 LockKind::Mutex
             };
             let (views, problems) =
-                split(per_node(s, t, |b| async move { b.quorum_hold(name, kind).await }).await);
+                split(per_node(s, t, |b| async move { b.hold(name, kind).await }).await);
             if views.len() < q {
                 return Err(s.no_quorum(views.len(), &problems));
             }
@@ -184,7 +182,7 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
     // majority with the others later. Per node, distlock-redis's script removes the hold and
     // advances the node's counter past its own tokens in one atomic step.
     let removed = per_node(s, t, |b| async move {
-        Backend::force_release(&*b, name, kind).await
+        Backend::force_release(b.backend(), name, kind).await
     })
     .await;
     // Then past every token seen: a node that missed the grant's raise has a lower counter
@@ -343,7 +341,7 @@ pub(crate) async fn diagnose(s: &Shared) -> Result<Vec<Finding>> {
         )
     });
     let answers = per_node(s, t, |b| async move {
-        let findings = Backend::diagnose(&*b).await?;
+        let findings = Backend::diagnose(b.backend()).await?;
         let sent = SystemTime::now();
         let (info, epoch) = b.node_epoch().await?;
         let back = SystemTime::now();

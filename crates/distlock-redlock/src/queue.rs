@@ -1,7 +1,9 @@
-//! Waiting in the nodes' queues (see `docs/redlock.md`, "Waiting"): the waiter subscribes on
-//! every node, then votes as a waiter (entering each node's queue at its place), and sleeps
-//! until the nodes where it is first wake it — a release wakes the first waiter alone — or
-//! its heartbeat, which refreshes its entries and is the backstop for a lost message.
+//! Waiting in the nodes' queues (see `docs/redlock.md`, "Waiting"): the waiter arms its watch
+//! on every node (its client's wake channel there: a table entry, subscribed once per
+//! connection), then votes as a waiter (where it must wait, entering each node's queue at its
+//! place, its entry naming that channel), and sleeps until the nodes where it is first wake
+//! it — a release tells the first waiter alone — or its heartbeat, which refreshes its entries
+//! and is the backstop for a lost message.
 
 use crate::watch::QuorumWatch;
 use crate::Shared;
@@ -31,10 +33,8 @@ struct Queued<'a> {
     ttl: Duration,
     place: u64,
     beat: Duration,
+    /// Armed before every vote that may queue, so no wake-up can come before it.
     watch: Option<QuorumWatch>,
-    /// Subscribed once (or tried to): from now on every vote enqueues. The first vote does
-    /// not: it would be a place whose wake-up could come before the subscription.
-    subscribed: bool,
     /// A request was sent: the attempt must be given up if the wait ends without a grant.
     sent: bool,
 }
@@ -42,31 +42,27 @@ struct Queued<'a> {
 #[async_trait::async_trait]
 impl WaitStrategy for Queued<'_> {
     async fn attempt(&mut self, deadline: Deadline, cancel: &CancellationToken) -> Result<Attempt> {
-        self.sent = true;
-        let sent = distlock_core::clock::Instant::now();
-        let queue = self.subscribed.then_some((self.ttl, self.place));
-        let round = self.shared.round(&self.req, queue).await?;
-        let ttl = match round.reply {
-            AcquireReply::Granted { token } => {
-                return Ok(Attempt::Granted(Granted::new(token, sent)))
-            }
-            AcquireReply::Held { ttl } => ttl,
-        };
         if self.watch.is_none() && !cancel.is_cancelled() && !deadline.passed() {
-            let first = !self.subscribed;
-            self.subscribed = true;
-            match self.shared.quorum_watch(&self.req, false).await {
+            match self.shared.wake_watch(&self.req).await {
                 Ok(w) => self.watch = Some(w),
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, "cannot subscribe; queued, waking at the heartbeat");
                 }
                 Err(e) => return Err(e),
             }
-            if first {
-                // Subscribed: now take a place (and look again: the lock may be free).
-                return Ok(Attempt::Again);
-            }
         }
+        self.sent = true;
+        let sent = distlock_core::clock::Instant::now();
+        let round = self
+            .shared
+            .round(&self.req, Some((self.ttl, self.place)))
+            .await?;
+        let ttl = match round.reply {
+            AcquireReply::Granted { token } => {
+                return Ok(Attempt::Granted(Granted::new(token, sent)))
+            }
+            AcquireReply::Held { ttl } => ttl,
+        };
         // First on a majority: the holder's lease end is this waiter's cue too (a holder that
         // crashed publishes nothing). Otherwise only a wake-up or the heartbeat.
         let retry_in = (round.first >= self.shared.q())
@@ -129,7 +125,6 @@ impl Shared {
             place: place_now(),
             beat: wait::heartbeat(req.lease),
             watch: None,
-            subscribed: false,
             sent: false,
         };
         wait::run(&mut q, deadline.into(), cancel, Default::default()).await

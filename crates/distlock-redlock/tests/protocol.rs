@@ -586,63 +586,99 @@ async fn uncontended_votes_and_releases_skip_the_queue_work() {
     );
 }
 
-/// A queued waiter listens on every node where the nodes wake it: its attempt's own channel
-/// (`NS:{NAME}:released:ATTEMPT`, where a release wakes the first waiter) is subscribed on each
-/// node while it waits, and a release wakes it there. (A Redlock waiter that listened on the
-/// single-server wake channel instead heard nothing and waited for its heartbeat: the peer
-/// bench fell to 2 critical sections/s with 19 give-ups.)
+/// A queued waiter arms its watch before its first vote, on its client's wake channel on each
+/// node (subscribed once per subscriber connection and kept), and its entries name that
+/// channel: its very first vote queues it (every vote of it while the lock is held enqueues:
+/// two `ZADD`s per vote on each node), a release tells it its turn there, and waits after
+/// the first make no `SUBSCRIBE` or `UNSUBSCRIBE` on any node. (Before: each wait voted once
+/// unqueued, then subscribed the lock's channel and the attempt's own on every node, voted
+/// again to queue, and unsubscribed both when it ended: node 0 counted 1 vote more than its
+/// `ZADD`s / 2, and a `SUBSCRIBE` and an `UNSUBSCRIBE` per wait on every node.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queued_waiter_listens_where_the_nodes_wake_it() {
+async fn a_queued_waiter_is_armed_before_its_first_vote_and_never_subscribes_per_wait() {
     let c = Cluster::start(3);
     c.settle().await;
     let p = "quarantine=500ms";
-    // Long leases: neither the holder's lease end nor a heartbeat hides a missed wake-up.
+    // Long leases: neither the holder's lease end nor a lease-bound retry hides a missed
+    // wake-up (the waiter's heartbeat still refreshes its entries every second).
     let (a, ab) = c.client_and_backend(p, opts(60_000)).await;
     let (b, bb) = c.client_and_backend(p, opts(60_000)).await;
     wait_counting(&ab, 3, Duration::from_secs(10)).await;
     wait_counting(&bb, 3, Duration::from_secs(10)).await;
     let name = "woken-by-nodes";
-    let g = acquired(&a, name).await;
-    let waiter = tokio::spawn({
-        let b = b.clone();
-        async move { acquire_within(&b, name, 20).await }
-    });
-    eventually(
-        Duration::from_secs(5),
-        "the waiter never queued on every node",
-        || (0..3).all(|i| c.queued_on(i, name) == 1),
-    )
-    .await;
-    // Subscribed on a majority at least (a node whose SUBSCRIBE timed out on a loaded
-    // machine is left to the heartbeat).
-    let pattern = format!("dlock:{{{name}}}:released:*");
-    let listening = c
-        .servers
-        .iter()
-        .filter(|s| {
-            let channels = s
-                .command(&["PUBSUB", "CHANNELS", &pattern])
-                .expect("PUBSUB CHANNELS");
-            channels.lines().filter(|l| !l.trim().is_empty()).count() == 1
-        })
-        .count();
-    assert!(
-        listening >= 2,
-        "the waiter's own channel is subscribed on {listening} of 3 nodes"
-    );
-    assert_eq!(
-        g.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
-    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the waiter was not granted")
-        .expect("join")
-        .expect("acquired");
-    assert_eq!(
-        got.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    // A first wait connects b's subscribers (one SUBSCRIBE of its wake channel per node).
+    for round in 0..3 {
+        let g = acquired(&a, name).await;
+        c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
+            .await;
+        // The holder's late votes and raises, if any, are over: the counts start on quiet nodes.
+        let t = Instant::now();
+        loop {
+            for s in &c.servers {
+                s.command(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if (0..3).all(|i| calls(&c, i, "evalsha") == 0) {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the nodes never went quiet"
+            );
+        }
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            async move { acquire_within(&b, name, 20).await }
+        });
+        eventually(
+            Duration::from_secs(5),
+            "the waiter never queued on every node",
+            || (0..3).all(|i| c.queued_on(i, name) == 1),
+        )
+        .await;
+        // Each vote looks for its own hold once (`HGET`; a give-back of a round that lost uses
+        // `HMGET`, the clients' node checks neither), and each vote that queues runs two
+        // `ZADD`s.
+        let (votes, zadds) = (calls(&c, 0, "hget"), calls(&c, 0, "zadd"));
+        assert_eq!(
+            2 * votes,
+            zadds,
+            "round {round}: node 0 ran {votes} votes of the waiter and {zadds} ZADDs: a vote \
+             that did not queue"
+        );
+        let wake = c.servers[0]
+            .command(&["HVALS", &format!("dlock:{{{name}}}:waiters")])
+            .expect("HVALS");
+        assert!(
+            wake.starts_with("dlock:wake:"),
+            "round {round}: the entry names no wake channel: {wake:?}"
+        );
+        assert_eq!(
+            g.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter was not granted")
+            .expect("join")
+            .expect("acquired");
+        assert_eq!(
+            got.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        if round == 0 {
+            continue;
+        }
+        for i in 0..3 {
+            for command in ["subscribe", "unsubscribe"] {
+                assert_eq!(
+                    calls(&c, i, command),
+                    0,
+                    "round {round}: node {i} ran {command} for one wait"
+                );
+            }
+        }
+    }
 }
 
 /// A retried attempt that finds its own holds of an earlier round on a majority, each under a
@@ -674,13 +710,13 @@ async fn a_fresh_token_from_kept_holds_rises_past_counters_set_back() {
     for i in 0..2 {
         let last = c.fence(0, name).max(c.fence(1, name));
         c.wait_past_floor_step(last).await;
-        let node = distlock_redis::RedisBackend::connect(&c.servers[i].url(), &opts(3000))
+        let node = distlock_redis::RedisNode::connect(&c.servers[i].url(), &opts(3000))
             .await
             .expect("node");
         let epoch = c.servers[i]
             .command(&["GET", "dlock:redlock:epoch"])
             .expect("epoch");
-        node.quorum_acquire(&req.key, &req.attempt, req.lease, &epoch, None)
+        node.vote(&req.key, &req.attempt, req.lease, &epoch, None, None)
             .await
             .expect("vote");
     }

@@ -6,7 +6,7 @@
 //! chose, releasing or renewing one attempt's hold, the node epoch (the marker that this node
 //! has not lost its data since its restart quarantine was set, carrying the end of it), raising
 //! counters past a forced release, and a wait queue per node
-//! ([`RedisBackend::quorum_enqueue_acquire`]): a free
+//! ([`RedisNode::vote`]): a free
 //! lock goes to the node's first live waiter, and a release wakes that waiter alone. The
 //! scripts are in `scripts/quorum_*.lua`.
 //!
@@ -22,16 +22,16 @@
 //! | `NS:{NAME}` | hash `attempt`, `token`, `owner`; PEXPIRE = lease | one attempt's hold |
 //! | `NS:{NAME}:fence` | integer, PX = lease + [`FENCE_MARGIN`](crate::FENCE_MARGIN) at each grant | the node's fencing counter: a grant's token is max(counter + 1, TIME in µs) (`scripts/fence.lua`) |
 //! | `NS:{NAME}:released` | pub/sub channel | `r` when a hold is released and nobody is queued here |
-//! | `NS:{NAME}:released:ATTEMPT` | pub/sub channel | `r` to the first waiter when the lock is free here |
 //! | `NS:{NAME}:rlq` | zset `ATTEMPT -> place`; PEXPIRE ≥ waiter ttl | the node's wait queue (the place is the waiter's, the same on every node) |
 //! | `NS:{NAME}:rlq:ttl` | zset `ATTEMPT -> expiry ms` (server clock) | when each waiter leaves the queue unless it refreshes |
+//! | `NS:{NAME}:waiters` | hash `>ATTEMPT -> wake channel`; PEXPIRE ≥ waiter ttl | where each queued waiter's client listens: its turn is told there as `h 0 ATTEMPT` (token 0: no grant), to it alone |
 //! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node has not lost its data since it was (re)initialised; UNTIL_MS ends its quarantine (server clock) |
 //! | `NS:redlock:horizon` | string, PX = longest lease that may still run | how long a quarantine must last if another node's data is lost |
 //!
 //! An election (`LockKind::Election`) has the same layout under `NS:{NAME}:election` (the
 //! hold, with the leader's `value` and its proclamation number `seq` as extra fields),
-//! `NS:{NAME}:election:fence`, `NS:{NAME}:election:released`, `NS:{NAME}:election:rlq` and
-//! `NS:{NAME}:election:rlq:ttl`, apart from the lock of the same name; every change of its hold
+//! `NS:{NAME}:election:fence`, `NS:{NAME}:election:released`, `NS:{NAME}:election:rlq`,
+//! `NS:{NAME}:election:rlq:ttl` and `NS:{NAME}:election:waiters`, apart from the lock of the same name; every change of its hold
 //! (a grant `g`, a token raised `g`, a release `r`, a proclamation `p`) is published on
 //! `NS:{NAME}:election:observe`, the single-node election's observe channel. Every method that
 //! addresses a hold takes the kind; a lock's requests are exactly what they were.
@@ -43,7 +43,7 @@ use crate::{family, int, lease_ms, Family};
 use distlock_core::backend::{
     AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey, ReleaseWatch, RenewOutcome,
 };
-use distlock_core::{Error, LockKind, ReleaseOutcome, Result};
+use distlock_core::{ClientOptions, Error, LockKind, ReleaseOutcome, Result};
 use redis::Value;
 use std::sync::OnceLock;
 
@@ -75,7 +75,7 @@ macro_rules! quorum_floor_step_us {
 /// "Fencing tokens strictly increase").
 pub const QUORUM_FLOOR_STEP: Duration = Duration::from_micros(quorum_floor_step_us!());
 
-/// Counters raised per script call ([`RedisBackend::raise_fences`]).
+/// Counters raised per script call ([`RedisNode::raise_fences`]).
 const SEED_BATCH: usize = 256;
 
 struct QuorumScripts {
@@ -129,44 +129,86 @@ struct QuorumKeys {
     fence: String,
     queue: String,
     ttl: String,
+    /// Waiter data: `>ATTEMPT` -> the waiter's wake channel.
+    waiters: String,
     channel: String,
     /// An election's observe channel (`None`: a lock).
     observe: Option<String>,
 }
 
-impl RedisBackend {
-    /// The key prefix of this node's locks.
-    pub fn namespace(&self) -> &str {
-        &self.namespace
+/// One Redis server as a Redlock node: its connection, scripts and subscriber (those of a
+/// [`RedisBackend`], whose operator commands it shares) and the per-node lock protocol above,
+/// each step one round trip. `distlock-redlock` is built from these; the quorum logic is there.
+pub struct RedisNode {
+    b: RedisBackend,
+}
+
+impl RedisNode {
+    /// Connects to the Redis server at `url` as [`RedisBackend::connect`] does (the Redlock
+    /// scripts load on demand, or with [`load_scripts`](Self::load_scripts)).
+    ///
+    /// # Errors
+    /// As [`RedisBackend::connect`].
+    ///
+    /// # Cancel safety
+    /// As [`RedisBackend::connect`].
+    pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
+        Ok(RedisNode {
+            b: RedisBackend::connect(url, opts).await?,
+        })
     }
 
-    /// A watch for a Redlock waiter on this node: the lock's channel and the attempt's own
-    /// (`CHANNEL:ATTEMPT`, where the quorum scripts wake it), in one SUBSCRIBE, unsubscribed
-    /// when the last waiter of this client on them goes. (A single-server waiter listens on
-    /// its client's wake channel instead: see [`Backend::watch`](distlock_core::Backend::watch).)
+    /// The single-server backend on this node's connection: the operator commands (`list`,
+    /// forced release, `doctor`) and the election's `observe`, which a node shares with it.
+    pub fn backend(&self) -> &RedisBackend {
+        &self.b
+    }
+
+    /// The key prefix of this node's locks.
+    pub fn namespace(&self) -> &str {
+        &self.b.namespace
+    }
+
+    /// A watch for a Redlock waiter that does not queue (`wait=retry`) on this node: the
+    /// lock's channel, where a release with nobody queued says `r`; unsubscribed when the last
+    /// waiter of this client on it goes.
     ///
     /// # Errors
     /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
-    pub async fn quorum_watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let (channel, direct) = match family(req.key.kind)? {
-            Family::Mutex { election, .. } => {
-                let channel = self.mutex_channel(&req.key.name, election);
-                let direct = format!("{channel}:{}", req.attempt.as_str());
-                (channel, Some(direct))
-            }
-            _ => (self.channel(&req.key.name), None),
+    pub async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        let channel = match family(req.key.kind)? {
+            Family::Mutex { election, .. } => self.b.mutex_channel(&req.key.name, election),
+            _ => self.b.channel(&req.key.name),
         };
-        self.subscriber.watch(channel, direct, &req.attempt).await
+        self.b.subscriber.watch(channel, None, &req.attempt).await
+    }
+
+    /// A watch for the queued Redlock waiter `attempt` on this node: its client's wake channel,
+    /// which every queue entry of the attempt names ([`vote`]), where the
+    /// node tells the attempt alone that it is its turn. The channel is subscribed once per
+    /// subscriber connection and kept: with the connection up this is a table entry, made
+    /// before the attempt's first vote, with no round trip; it connects (and subscribes the
+    /// channel) first otherwise.
+    ///
+    /// [`vote`]: RedisNode::vote
+    ///
+    /// # Errors
+    /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
+    pub async fn wake_watch(&self, attempt: &AttemptId) -> Result<Box<dyn ReleaseWatch>> {
+        match self.b.subscriber.ready(attempt) {
+            Some(w) => Ok(w),
+            None => self.b.subscriber.watch_wake(attempt).await,
+        }
     }
 
     /// `NS:redlock:epoch`: see the module docs.
     fn epoch_key(&self) -> String {
-        format!("{}:redlock:epoch", self.namespace)
+        format!("{}:redlock:epoch", self.b.namespace)
     }
 
     /// `NS:redlock:horizon`: see the module docs.
     fn horizon_key(&self) -> String {
-        format!("{}:redlock:horizon", self.namespace)
+        format!("{}:redlock:horizon", self.b.namespace)
     }
 
     /// Redlock's kinds: the mutex and the election (the same message as the core's check of
@@ -181,14 +223,15 @@ impl RedisBackend {
     fn quorum_keys(&self, name: &str, kind: LockKind) -> Result<QuorumKeys> {
         Self::check_kind(kind)?;
         let election = kind == LockKind::Election;
-        let base = Self::base(election);
+        let base = RedisBackend::base(election);
         Ok(QuorumKeys {
-            lock: self.key(name, base),
-            fence: self.mutex_fence_key(name, election),
-            queue: self.key(name, &format!("{base}:rlq")),
-            ttl: self.key(name, &format!("{base}:rlq:ttl")),
-            channel: self.mutex_channel(name, election),
-            observe: election.then(|| self.observe_channel(name)),
+            lock: self.b.key(name, base),
+            fence: self.b.mutex_fence_key(name, election),
+            queue: self.b.key(name, &format!("{base}:rlq")),
+            ttl: self.b.key(name, &format!("{base}:rlq:ttl")),
+            waiters: self.b.key(name, &format!("{base}:waiters")),
+            channel: self.b.mutex_channel(name, election),
+            observe: election.then(|| self.b.observe_channel(name)),
         })
     }
 
@@ -200,11 +243,11 @@ impl RedisBackend {
     ///
     /// # Cancel safety
     /// Cancel safe: loading a script twice does no harm.
-    pub async fn load_quorum_scripts(&self) -> Result<()> {
-        let mut con = self.con.get();
+    pub async fn load_scripts(&self) -> Result<()> {
+        let mut con = self.b.con.get();
         scripts::load(&mut con, &quorum_scripts().all())
             .await
-            .map_err(|e| self.err(e))
+            .map_err(|e| self.b.err(e))
     }
 
     /// Runs one quorum script; on NOSCRIPT loads them and retries once. Also says whether it
@@ -215,21 +258,29 @@ impl RedisBackend {
         keys: &[&str],
         args: &[&str],
     ) -> Result<(Value, bool)> {
-        let mut con = self.con.get();
+        let mut con = self.b.con.get();
         scripts::eval(&mut con, &quorum_scripts().all(), &script.cmd(keys, args))
             .await
-            .map_err(|e| self.err(e))
+            .map_err(|e| self.b.err(e))
     }
 
     /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
     /// `epoch`: a fresh grant (incrementing the fencing counter), "this attempt holds it
     /// already" (the same hold, lease made to run at least `lease` from now), "held by
     /// another attempt", or "free, but another waiter is first in this node's queue" (a
-    /// free lock goes to the first live waiter of the node's queue). Does not queue the
-    /// caller (see [`RedisBackend::quorum_enqueue_acquire`]). Every answer carries the node's
-    /// fencing counter and its restart quarantine. An election's `value` (an election's key
-    /// kind; `None` is the empty value) is stored with a fresh grant, and the grant is told on
-    /// the election's observe channel; a lock ignores `value`.
+    /// free lock goes to the first live waiter of the node's queue). Every answer carries the
+    /// node's fencing counter and its restart quarantine. An election's `value` (an election's
+    /// key kind; `None` is the empty value) is stored with a fresh grant, and the grant is told
+    /// on the election's observe channel; a lock ignores `value`.
+    ///
+    /// `queue`: `None` votes without queueing (a try). `Some((waiter_ttl, place))` votes as a
+    /// waiter: unless the lock is free here with nobody ahead (then it is granted as a try is),
+    /// it enters (or stays in) the node's wait queue at `place` — the waiter's place, the same
+    /// on every node, so that all nodes order the waiters they have alike (ties by attempt id)
+    /// — alive for `waiter_ttl` from now (each vote refreshes it; a waiter that stops
+    /// refreshing drops out), naming this client's wake channel, where the node tells it its
+    /// turn (arm [`wake_watch`](Self::wake_watch) first). The entry is removed by the
+    /// attempt's release or give-up, never by its grant (a round that fails keeps the place).
     ///
     /// # Errors
     /// [`Error::Connection`] if the node cannot be reached or does not answer within the
@@ -239,51 +290,13 @@ impl RedisBackend {
     ///
     /// # Cancel safety
     /// A vote dropped after it was sent may still run on the node and grant the hold; it is
-    /// addressed to `attempt`, so [`RedisBackend::quorum_give_back`] (or `quorum_give_up`) of
-    /// that attempt removes it, and a retry of the same attempt returns the same hold. A vote
-    /// without an answer (dropped, or timed out) makes that attempt's `quorum_give_up` and
-    /// `quorum_release` on this node set its end record first, so the vote, should it arrive
-    /// after them, is refused (answered as held by another: see the crate's `ended` module and
-    /// `docs/redlock.md`).
-    pub async fn quorum_acquire(
-        &self,
-        key: &HoldKey,
-        attempt: &AttemptId,
-        lease: Duration,
-        epoch: &str,
-        value: Option<&str>,
-    ) -> Result<QuorumVote> {
-        self.quorum_vote(key, attempt, lease, epoch, value, None)
-            .await
-    }
-
-    /// [`RedisBackend::quorum_acquire`] by a waiter: first it enters (or stays in) the node's
-    /// wait queue at `place` — the waiter's place, the same on every node, so that all nodes
-    /// order the waiters they have alike (ties by attempt id) — alive for `waiter_ttl` from
-    /// now (each vote refreshes it; a waiter that stops refreshing drops out). The entry is
-    /// removed by the attempt's release or give-up, never by its grant (a round that fails
-    /// keeps the place).
-    ///
-    /// # Errors
-    /// As [`RedisBackend::quorum_acquire`].
-    ///
-    /// # Cancel safety
-    /// As [`RedisBackend::quorum_acquire`]; an entry left behind drops out after `waiter_ttl`,
-    /// and `quorum_give_up` removes it.
-    pub async fn quorum_enqueue_acquire(
-        &self,
-        key: &HoldKey,
-        attempt: &AttemptId,
-        lease: Duration,
-        epoch: &str,
-        (waiter_ttl, place): (Duration, u64),
-        value: Option<&str>,
-    ) -> Result<QuorumVote> {
-        self.quorum_vote(key, attempt, lease, epoch, value, Some((waiter_ttl, place)))
-            .await
-    }
-
-    async fn quorum_vote(
+    /// addressed to `attempt`, so [`give_back`](Self::give_back) (or `give_up`) of that attempt
+    /// removes it, and a retry of the same attempt returns the same hold. A vote without an
+    /// answer (dropped, or timed out) makes that attempt's `give_up` and `release` on this node
+    /// set its end record first, so the vote, should it arrive after them, is refused
+    /// (answered as held by another: see the crate's `ended` module and `docs/redlock.md`). A
+    /// queue entry left behind drops out after `waiter_ttl`, and `give_up` removes it.
+    pub async fn vote(
         &self,
         key: &HoldKey,
         attempt: &AttemptId,
@@ -295,12 +308,13 @@ impl RedisBackend {
         let k = self.quorum_keys(&key.name, key.kind)?;
         let s = quorum_scripts();
         let (ek, hk) = (self.epoch_key(), self.horizon_key());
-        let (wttl, place) = match queue {
+        let (wttl, place, wake) = match queue {
             Some((ttl, place)) => (
                 lease_ms(ttl.max(Duration::from_millis(1))),
                 place.to_string(),
+                self.b.subscriber.wake(),
             ),
-            None => ("0".to_owned(), "0".to_owned()),
+            None => ("0".to_owned(), "0".to_owned(), ""),
         };
         let lease = lease_ms(lease);
         let mut args = vec![
@@ -311,18 +325,21 @@ impl RedisBackend {
             &wttl,
             &place,
             &k.channel,
+            wake,
         ];
         // An election's value and observe channel; a lock passes neither.
         if let Some(observe) = &k.observe {
             args.extend([value.unwrap_or(""), observe]);
         }
         // The vote is refused to an attempt whose end record exists (see `crate::ended`).
-        let ended = self.ended_key(&key.name, attempt);
-        let sent = self.unanswered.sent(attempt);
+        let ended = self.b.ended_key(&key.name, attempt);
+        let sent = self.b.unanswered.sent(attempt);
         let (v, reloaded) = self
             .run_quorum(
                 &s.acquire,
-                &[&k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl, &ended],
+                &[
+                    &k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl, &ended, &k.waiters,
+                ],
                 &args,
             )
             .await?;
@@ -419,58 +436,56 @@ impl RedisBackend {
     /// # Cancel safety
     /// Dropping it may leave the hold removed or not; calling it again has the effect of one
     /// call (it touches only `attempt`'s hold and queue entry).
-    pub async fn quorum_release(
+    pub async fn release(
         &self,
         name: &str,
         kind: LockKind,
         attempt: &AttemptId,
         token: Option<u64>,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        self.quorum_drop(name, kind, attempt, token, "release")
-            .await
+        self.drop_hold(name, kind, attempt, token, "release").await
     }
 
     /// Gives back whatever `attempt` holds on this node, quietly for the queue: the attempt
     /// keeps its place (the minority grants of a round that failed). The first live waiter is
     /// woken if it is another attempt and the lock is free here afterwards. Outcomes as
-    /// [`RedisBackend::quorum_release`] with no token.
+    /// [`RedisNode::release`] with no token.
     ///
     /// # Errors
-    /// As [`RedisBackend::quorum_release`].
+    /// As [`RedisNode::release`].
     ///
     /// # Cancel safety
-    /// As [`RedisBackend::quorum_release`].
-    pub async fn quorum_give_back(
+    /// As [`RedisNode::release`].
+    pub async fn give_back(
         &self,
         name: &str,
         kind: LockKind,
         attempt: &AttemptId,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        self.quorum_drop(name, kind, attempt, None, "giveback")
-            .await
+        self.drop_hold(name, kind, attempt, None, "giveback").await
     }
 
     /// The attempt stops: it leaves this node's wait queue and gives back whatever it holds
     /// here; the next waiter is woken if the lock is free here afterwards. Idempotent. If a
     /// vote of the attempt is still unanswered here, its end record is set first (same round
-    /// trip): no vote of it holds or queues here afterwards (as with `quorum_release`).
-    /// Outcomes as [`RedisBackend::quorum_release`] with no token.
+    /// trip): no vote of it holds or queues here afterwards (as with `release`).
+    /// Outcomes as [`RedisNode::release`] with no token.
     ///
     /// # Errors
-    /// As [`RedisBackend::quorum_release`].
+    /// As [`RedisNode::release`].
     ///
     /// # Cancel safety
-    /// As [`RedisBackend::quorum_release`].
-    pub async fn quorum_give_up(
+    /// As [`RedisNode::release`].
+    pub async fn give_up(
         &self,
         name: &str,
         kind: LockKind,
         attempt: &AttemptId,
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
-        self.quorum_drop(name, kind, attempt, None, "giveup").await
+        self.drop_hold(name, kind, attempt, None, "giveup").await
     }
 
-    async fn quorum_drop(
+    async fn drop_hold(
         &self,
         name: &str,
         kind: LockKind,
@@ -483,13 +498,15 @@ impl RedisBackend {
         let mut args = vec![attempt.as_str(), &token, &k.channel, mode];
         args.extend(k.observe.as_deref());
         let s = quorum_scripts();
-        let cmd = s.release.cmd(&[&k.lock, &k.queue, &k.ttl], &args);
+        let cmd = s
+            .release
+            .cmd(&[&k.lock, &k.queue, &k.ttl, &k.waiters], &args);
         // A release or a give-up ends the attempt on this node: its end record first, if a
         // vote of it may still arrive here (a give-back keeps the attempt going).
         let record = (mode != "giveback")
-            .then(|| self.end_record(name, attempt))
+            .then(|| self.b.end_record(name, attempt))
             .flatten();
-        let v = self.eval_ending(&s.all(), &cmd, record.as_ref()).await?;
+        let v = self.b.eval_ending(&s.all(), &cmd, record.as_ref()).await?;
         let pair = match &v {
             Value::Array(items) if items.len() == 2 => (int(&items[0]), int(&items[1])),
             _ => (None, None),
@@ -518,12 +535,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Dropping it may leave the value stored or not; a retry with the same `seq` has the
     /// effect of one call.
-    pub async fn quorum_proclaim(
-        &self,
-        grant: &GrantRef,
-        seq: u64,
-        value: &str,
-    ) -> Result<RenewOutcome> {
+    pub async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         if grant.key.kind != LockKind::Election {
             return Err(Error::unsupported("redlock", "proclaim on a lock"));
         }
@@ -560,7 +572,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Dropping it may leave some leases extended; a renewal never shortens a lease, so
     /// calling it again has the effect of one call.
-    pub async fn quorum_renew(
+    pub async fn renew(
         &self,
         holds: &[(GrantRef, Duration)],
     ) -> Result<Vec<std::result::Result<RenewOutcome, u64>>> {
@@ -577,7 +589,7 @@ impl RedisBackend {
             for (g, lease) in chunk {
                 Self::check_kind(g.key.kind)?;
                 let election = g.key.kind == LockKind::Election;
-                keys.push(self.key(&g.key.name, Self::base(election)));
+                keys.push(self.b.key(&g.key.name, RedisBackend::base(election)));
                 args.push(g.attempt.as_str().to_owned());
                 args.push(g.token.to_string());
                 args.push(lease_ms(*lease));
@@ -586,10 +598,10 @@ impl RedisBackend {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             pipe.add_command(s.renew.cmd(&keys, &args));
         }
-        let mut con = self.con.get();
+        let mut con = self.b.con.get();
         let vals = scripts::eval_pipe(&mut con, &s.all(), &pipe)
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.b.err(e))?;
         if vals.len() != holds.len().div_ceil(crate::renew::PER_SCRIPT) {
             return Err(unexpected(format!(
                 "quorum renew: {} replies to {} scripts",
@@ -616,10 +628,10 @@ impl RedisBackend {
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
-    pub async fn quorum_hold(&self, name: &str, kind: LockKind) -> Result<(Option<NodeHold>, u64)> {
+    pub async fn hold(&self, name: &str, kind: LockKind) -> Result<(Option<NodeHold>, u64)> {
         let k = self.quorum_keys(name, kind)?;
         let (lock, election) = (k.lock, k.observe.is_some());
-        let mut con = self.con.get();
+        let mut con = self.b.con.get();
         let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
             .cmd("HGETALL")
             .arg(&lock)
@@ -629,7 +641,7 @@ impl RedisBackend {
             .arg(&k.fence)
             .query_async(&mut con)
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.b.err(e))?;
         let fields: Vec<(String, String)> = redis::from_redis_value(fields.clone())
             .map_err(|_| shape("inspect holders", &fields))?;
         let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
@@ -644,7 +656,7 @@ impl RedisBackend {
                 (get("value").unwrap_or_default(), seq)
             }),
         });
-        Ok((hold, self.counter(name, fence)?))
+        Ok((hold, self.b.counter(name, fence)?))
     }
 
     /// This node's fencing counter of `name` (0 if none was ever issued).
@@ -656,13 +668,13 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn read_fence(&self, name: &str) -> Result<u64> {
-        let mut con = self.con.get();
+        let mut con = self.b.con.get();
         let v: Option<String> = redis::cmd("GET")
-            .arg(self.fence_key(name))
+            .arg(self.b.fence_key(name))
             .query_async(&mut con)
             .await
-            .map_err(|e| self.err(e))?;
-        self.counter(name, v)
+            .map_err(|e| self.b.err(e))?;
+        self.b.counter(name, v)
     }
 
     /// The server's run id, uptime and clock, and the node epoch if it exists, in one round
@@ -676,7 +688,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn node_epoch(&self) -> Result<(ServerInfo, Option<String>)> {
-        let mut con = self.con.get();
+        let mut con = self.b.con.get();
         let (text, epoch, (secs, micros)): (String, Option<String>, (String, String)) =
             redis::pipe()
                 .cmd("INFO")
@@ -686,7 +698,7 @@ impl RedisBackend {
                 .cmd("TIME")
                 .query_async(&mut con)
                 .await
-                .map_err(|e| self.err(e))?;
+                .map_err(|e| self.b.err(e))?;
         let now_ms = time_ms(&secs, &micros)
             .ok_or_else(|| unexpected(format!("TIME answered `{secs} {micros}`")))?;
         Ok((parse_info(&text, now_ms)?, epoch))
@@ -702,12 +714,12 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn lease_horizon(&self) -> Result<Option<Duration>> {
-        let mut con = self.con.get();
+        let mut con = self.b.con.get();
         let pttl: i64 = redis::cmd("PTTL")
             .arg(self.horizon_key())
             .query_async(&mut con)
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.b.err(e))?;
         Ok(positive_ms(pttl))
     }
 

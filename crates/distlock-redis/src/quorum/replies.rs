@@ -7,7 +7,7 @@ use distlock_core::{Error, Result};
 use redis::Value;
 use std::time::Duration;
 
-/// One node's answer to [`RedisBackend::quorum_acquire`](crate::RedisBackend::quorum_acquire).
+/// One node's answer to [`RedisNode::vote`](crate::RedisNode::vote).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum QuorumReply {
@@ -59,7 +59,7 @@ pub struct QuorumVote {
     pub first: bool,
 }
 
-/// One node's hold of a Redlock lock, as [`RedisBackend::quorum_hold`](crate::RedisBackend::quorum_hold) reads it.
+/// One node's hold of a Redlock lock, as [`RedisNode::hold`](crate::RedisNode::hold) reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NodeHold {
