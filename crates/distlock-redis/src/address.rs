@@ -28,6 +28,8 @@ pub(crate) struct Address {
     pub(crate) cluster: Option<Vec<String>>,
     /// `?dialect=`: another library's key layout to speak (`None`: dlock's own).
     pub(crate) dialect: Option<Dialect>,
+    /// `?handoff_after=DUR`: the plain mutex's contended mode (see [`crate::contended`]).
+    pub(crate) handoff_after: Duration,
 }
 
 /// How long a grant waits for its replicas when the URL does not say.
@@ -79,7 +81,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
     }
     for (k, _) in cs.params() {
         match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "protocol" | "dialect" => {}
+            "namespace" | "wait_replicas" | "wait_timeout" | "protocol" | "dialect" | "handoff_after" => {}
             "ca_file" | "cacert" | "cert" | "key" if tls => {}
             "ca_file" | "cacert" | "cert" | "key" => {
                 return Err(cs.invalid(format!(
@@ -88,7 +90,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
             }
             other => {
                 return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol, dialect; ca_file (or cacert), cert, key with rediss://)"
+                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol, dialect, handoff_after; ca_file (or cacert), cert, key with rediss://)"
                 )))
             }
         }
@@ -107,6 +109,7 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
         sentinel_password: None,
         cluster: None,
         dialect: Dialect::from_url(&cs)?,
+        handoff_after: crate::contended::handoff_after(&cs)?,
         conn: cs,
     })
 }
@@ -134,7 +137,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
     }
     for (k, _) in cs.params() {
         match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "dialect" => {}
+            "namespace" | "wait_replicas" | "wait_timeout" | "dialect" | "handoff_after" => {}
             "ca_file" | "cacert" | "cert" | "key" if tls => {}
             "ca_file" | "cacert" | "cert" | "key" => {
                 return Err(cs.invalid(format!(
@@ -143,7 +146,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
             }
             other => {
                 return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` for redis+cluster:// (known: namespace, wait_replicas, wait_timeout, dialect; ca_file (or cacert), cert, key with rediss+cluster://)"
+                    "unknown parameter `{other}` for redis+cluster:// (known: namespace, wait_replicas, wait_timeout, dialect, handoff_after; ca_file (or cacert), cert, key with rediss+cluster://)"
                 )))
             }
         }
@@ -163,6 +166,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
         sentinel_password: None,
         cluster: Some(seed_urls),
         dialect: Dialect::from_url(&cs)?,
+        handoff_after: crate::contended::handoff_after(&cs)?,
         conn: cs,
     })
 }
@@ -226,7 +230,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
     }
     for (k, _) in cs.params() {
         match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "sentinel_password" | "dialect" => {}
+            "namespace" | "wait_replicas" | "wait_timeout" | "sentinel_password" | "dialect" | "handoff_after" => {}
             "ca_file" | "cacert" | "cert" | "key" => {
                 return Err(cs.invalid(format!(
                     "`{k}` is a TLS parameter: redis+sentinel:// has no TLS yet (rediss+sentinel:// is not built)"
@@ -234,7 +238,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
             }
             _ => {
                 return Err(cs.invalid(format!(
-                    "unknown parameter `{k}` for redis+sentinel:// (known: namespace, wait_replicas, wait_timeout, sentinel_password, dialect; no TLS yet)"
+                    "unknown parameter `{k}` for redis+sentinel:// (known: namespace, wait_replicas, wait_timeout, sentinel_password, dialect, handoff_after; no TLS yet)"
                 )))
             }
         }
@@ -253,6 +257,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
             .map(Password::new),
         cluster: None,
         dialect: Dialect::from_url(&cs)?,
+        handoff_after: crate::contended::handoff_after(&cs)?,
         conn: cs,
     })
 }
