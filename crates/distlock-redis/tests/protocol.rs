@@ -332,8 +332,13 @@ async fn arrivals_within_one_millisecond_keep_their_order() {
     let server = RedisServer::start().expect("redis");
     let opts = long_opts();
     let url = server.url();
+    // The holder's releases hand over (strict FIFO, `handoff_after=0`): the plain mutex's
+    // contended mode would free the lock for the young first waiter instead (and wake it), and
+    // this case checks the queue's order, which decides both.
     let (a, b) = (
-        RedisBackend::connect(&url, &opts).await.expect("a"),
+        RedisBackend::connect(&format!("{url}?handoff_after=0"), &opts)
+            .await
+            .expect("a"),
         RedisBackend::connect(&url, &opts).await.expect("b"),
     );
     let sem = LockKind::Semaphore {
