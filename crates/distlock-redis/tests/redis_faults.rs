@@ -596,7 +596,10 @@ async fn a_contended_wait_is_one_request_and_no_subscription() {
     let opts = fast_opts()
         .watchdog_lease(Duration::from_secs(30))
         .op_timeout(Duration::from_secs(5));
-    let (holder, _) = client_for(&server.url(), opts.clone()).await;
+    // The holder's releases hand over (the contended mode frees the lock for a young waiter:
+    // one DEL, and the waiter's grant is a fresh one; tests/contended.rs).
+    let url = format!("{}?handoff_after=0", server.url());
+    let (holder, _) = client_for(&url, opts.clone()).await;
     let (waiter, _) = client_for(&server.url(), opts).await;
     let name = unique_name("one-request");
     for round in 0..4 {
