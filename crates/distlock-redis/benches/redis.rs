@@ -248,15 +248,15 @@ async fn run() {
             .await
             .map(|_: i64| ())
             .expect("unlock");
-        let _: (i64, i64) = acquire_lua
+        let _: i64 = acquire_lua
             .key(&keys[..])
-            .arg(&["warm", "bench", "30000", "2000", "0", ""])
+            .arg(&["warm", "bench", "30000", "2000", "0", "", "3630000"])
             .invoke_async(&mut con)
             .await
             .expect("acquire.lua");
-        let _: (i64, i64) = release_lua
+        let _: i64 = release_lua
             .key(&keys[..])
-            .arg(&["warm", "0", "dlock:{floor}:released", "giveup"])
+            .arg(&["warm", "0", "dlock:{floor}:released", "giveup", "5"])
             .invoke_async(&mut con)
             .await
             .expect("release.lua");
@@ -291,21 +291,31 @@ async fn run() {
     for i in 0..n {
         let attempt = format!("{i:032x}");
         let t = Instant::now();
-        let (granted, token): (i64, i64) = acquire_lua
+        // acquire.lua answers the token (> 0) of a grant; release.lua 1 for released.
+        let token: i64 = acquire_lua
             .key(&keys[..])
-            .arg(&[attempt.as_str(), "bench", "30000", "2000", "0", ""])
+            .arg(&[
+                attempt.as_str(),
+                "bench",
+                "30000",
+                "2000",
+                "0",
+                "",
+                "3630000",
+            ])
             .invoke_async(&mut con)
             .await
             .expect("acquire.lua");
-        assert_eq!(granted, 1);
+        assert!(token > 0, "not granted: {token}");
         let token = token.to_string();
-        let (released, _): (i64, i64) = release_lua
+        let released: i64 = release_lua
             .key(&keys[..])
             .arg(&[
                 attempt.as_str(),
                 token.as_str(),
                 "dlock:{floor}:released",
                 "release",
+                "5",
             ])
             .invoke_async(&mut con)
             .await

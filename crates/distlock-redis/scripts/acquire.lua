@@ -16,15 +16,38 @@
 -- ARGV[6] the waiter's wake channel ('' for none): kept beside its waiter data, in field
 -- '>ATTEMPT' of KEYS[4] (written and removed with the data, in the same calls), so that the
 -- release that hands it the lock tells it there; without one, on CHANNEL:ATTEMPT.
--- An election (keys NS:{NAME}:election...) adds ARGV[7] the candidate's value, stored with
+-- ARGV[7] the fencing counter's lifetime for this grant, lease + FENCE_MARGIN_MS, in ms (made
+-- by the client, so that the script formats no number but the token).
+-- An election (keys NS:{NAME}:election...) adds ARGV[8] the candidate's value, stored with
 -- the grant (fields value, seq = 0) or in its waiter data ("EXPIRY_MS:LEASE_MS:LEN:VALUE"
--- then OWNER, LEN the value's length in bytes), and ARGV[8] the election's observe channel,
+-- then OWNER, LEN the value's length in bytes), and ARGV[9] the election's observe channel,
 -- told of every new leader ('g'). A mutex passes neither.
--- Returns {1, token} granted to this attempt (also when it held it already: a retry after a
--- lost reply, or a handoff it has not heard of); {0, pttl} held by another grant.
-local attempt, lease = ARGV[1], tonumber(ARGV[3])
-local value = ARGV[7]
-local queues = tonumber(ARGV[4]) > 0
+-- Returns one integer (a table reply costs the server more than a call): the token (> 0) when
+-- granted to this attempt (also when it held it already: a retry after a lost reply, or a
+-- handoff it has not heard of); held by another grant: -2 - PTTL (so 0 and -1 are PTTL's
+-- -2 and -1, and -2 - p a remaining lease of p ms).
+local attempt = ARGV[1]
+local value = ARGV[8]
+
+-- The uncontended case first: no grant, no queue, no end record (one EXISTS of the three).
+-- There is nobody to defer to and nothing to take out of a queue: grant, in as few calls and
+-- Lua steps as the promises allow (the token: TIME, GET and SET of the counter; the grant:
+-- HSET and PEXPIRE of the hash).
+if redis.call('exists', KEYS[1], KEYS[3], KEYS[5]) == 0 then
+  local token, s = grant_token(KEYS[2], redis.call('time'), ARGV[7])
+  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', s, 'owner', ARGV[2])
+  if value then
+    redis.call('hset', KEYS[1], 'value', value, 'seq', '0')
+  end
+  redis.call('pexpire', KEYS[1], ARGV[3])
+  if value then
+    redis.call('publish', ARGV[9], 'g')
+  end
+  return token
+end
+
+local lease = tonumber(ARGV[3])
+local queues = ARGV[4] ~= '0'
 -- The server clock, read once per script (on first use): the queue's times and the token.
 local t
 local function clock()
@@ -33,7 +56,7 @@ local function clock()
 end
 local function now_ms()
   local c = clock()
-  return tonumber(c[1]) * 1000 + math.floor(tonumber(c[2]) / 1000)
+  return c[1] * 1000 + math.floor(c[2] / 1000)
 end
 -- Its waiter data is written with the queue entry and removed with it: no entry, no data.
 local function dequeue()
@@ -52,7 +75,7 @@ if held[1] == attempt then
     redis.call('pexpire', KEYS[1], lease)
   end
   dequeue()
-  return {1, tonumber(held[2])}
+  return tonumber(held[2])
 end
 
 -- The oldest waiter whose liveness deadline has not passed (dropping dead ones), or nil.
@@ -72,24 +95,21 @@ local function live_head(now)
   end
 end
 
--- Held by another grant: no EXISTS needed (a hash without an attempt is foreign: not free).
--- Else one EXISTS of the hash, the queue and the end record: with none there (the uncontended
--- case) there is no waiter to defer to, no queue entry of this attempt to take out, and the
--- attempt has not ended.
+-- Held by another grant, or one of the queue and the end record exists (the fast path above
+-- took the case of none). A hash without an attempt is foreign: not free.
+local function held_reply()
+  return -2 - redis.call('pttl', KEYS[1])
+end
 local free, queued = false, false
-if not held[1] then
-  local n = redis.call('exists', KEYS[1], KEYS[3], KEYS[5])
-  if n > 0 and redis.call('exists', KEYS[5]) == 1 then
-    return {0, redis.call('pttl', KEYS[1])}
-  end
-  if n == 0 then
-    free = true
-  elseif n == 1 and redis.call('exists', KEYS[1]) == 0 then
-    free, queued = true, true
-  end
-elseif queues and redis.call('exists', KEYS[5]) == 1 then
-  -- An ended attempt must not queue: the next release would hand the lock to nobody.
-  return {0, redis.call('pttl', KEYS[1])}
+if redis.call('exists', KEYS[5]) == 1 then
+  -- An ended attempt neither gets the lock nor queues: the next release would hand the lock
+  -- to nobody.
+  return held_reply()
+end
+if not held[1] and redis.call('exists', KEYS[1]) == 0 then
+  -- Free, with a queue (the fast path found one of the three keys, and it is not the hash or
+  -- the end record).
+  free, queued = true, true
 end
 if queued and ARGV[5] == '1' then
   local head = live_head(now_ms())
@@ -99,9 +119,8 @@ if queued and ARGV[5] == '1' then
 end
 if free then
   -- The token first: foreign data in the counter fails before any write.
-  local token = next_token(KEYS[2], clock(), lease, 1)
-  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', token),
-    'owner', ARGV[2])
+  local token, s = grant_token(KEYS[2], clock(), ARGV[7])
+  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', s, 'owner', ARGV[2])
   if value then
     redis.call('hset', KEYS[1], 'value', value, 'seq', '0')
   end
@@ -110,9 +129,9 @@ if free then
     dequeue()
   end
   if value then
-    redis.call('publish', ARGV[8], 'g')
+    redis.call('publish', ARGV[9], 'g')
   end
-  return {1, token}
+  return token
 end
 if queues then
   local ttl = tonumber(ARGV[4])
@@ -133,4 +152,4 @@ if queues then
     end
   end
 end
-return {0, redis.call('pttl', KEYS[1])}
+return held_reply()

@@ -25,23 +25,43 @@ local function clock_floor(t, step)
   return now - now % step
 end
 
--- The next fencing token of counter `key` for a grant of `lease` ms, at server time `t`, floored
--- in steps of `step` µs (clock_floor) — by the µs itself where there is no counter (a name's
--- first grant, or a counter expired or lost with the data: nothing is left to agree on); the
--- counter is left at it. A counter that does not hold a number (another application's key)
--- fails the script before this writes anything.
-local function next_token(key, t, lease, step)
+-- The next fencing token of counter `key` at server time `t`, floored in steps of `step` µs
+-- (clock_floor) — by the µs itself where there is no counter (a name's first grant, or a
+-- counter expired or lost with the data: nothing is left to agree on). Writes nothing. A
+-- counter that does not hold a number (another application's key) fails the script before
+-- anything is written. Lua's arithmetic reads TIME's strings itself (no tonumber calls: each
+-- C call is a measurable share of an uncontended grant's server time).
+local function fence_token(key, t, step)
   local stored = redis.call('get', key)
-  local counter = 0
-  if stored then
-    counter = string.match(stored, '^%d+$') and tonumber(stored)
-    if not counter then
-      error('dlock: the fencing counter ' .. key .. ' does not hold a number')
-    end
-  else
-    step = 1
+  local now = t[1] * 1000000 + t[2]
+  if not stored then
+    return now
   end
-  local token = math.max(counter + 1, clock_floor(t, step))
+  local counter = tonumber(stored)
+  if not counter or counter < 0 or counter % 1 ~= 0 then
+    error('dlock: the fencing counter ' .. key .. ' does not hold a number')
+  end
+  local floor = now - now % step
+  if counter + 1 > floor then
+    return counter + 1
+  end
+  return floor
+end
+
+-- The next fencing token of counter `key` (fence_token, step 1 µs: a single server's), the
+-- counter left at it for `px` ms (a string: the grant's lease + FENCE_MARGIN_MS, made by the
+-- client). Returns the token and its decimal string.
+local function grant_token(key, t, px)
+  local token = fence_token(key, t, 1)
+  local s = string.format('%d', token)
+  redis.call('set', key, s, 'PX', px)
+  return token, s
+end
+
+-- The next fencing token of counter `key` for a grant of `lease` ms, at server time `t`, floored
+-- in steps of `step` µs (fence_token); the counter is left at it.
+local function next_token(key, t, lease, step)
+  local token = fence_token(key, t, step)
   keep_fence(key, token, lease)
   return token
 end

@@ -28,6 +28,8 @@ pub(crate) struct Address {
     pub(crate) cluster: Option<Vec<String>>,
     /// `?dialect=`: another library's key layout to speak (`None`: dlock's own).
     pub(crate) dialect: Option<Dialect>,
+    /// `?handoff_after=DUR`: the plain mutex's contended mode (see [`crate::contended`]).
+    pub(crate) handoff_after: Duration,
 }
 
 /// How long a grant waits for its replicas when the URL does not say.
@@ -84,7 +86,7 @@ pub(crate) fn from_parsed(cs: ConnectionString) -> Result<Address> {
     }
     for (k, _) in cs.params() {
         match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "protocol" | "dialect" => {}
+            "namespace" | "wait_replicas" | "wait_timeout" | "protocol" | "dialect" | "handoff_after" => {}
             "ca_file" | "cacert" | "cert" | "key" if tls => {}
             "ca_file" | "cacert" | "cert" | "key" => {
                 return Err(cs.invalid(format!(
@@ -93,7 +95,7 @@ pub(crate) fn from_parsed(cs: ConnectionString) -> Result<Address> {
             }
             other => {
                 return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol, dialect; ca_file (or cacert), cert, key with rediss://)"
+                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol, dialect, handoff_after; ca_file (or cacert), cert, key with rediss://)"
                 )))
             }
         }
@@ -112,6 +114,7 @@ pub(crate) fn from_parsed(cs: ConnectionString) -> Result<Address> {
         sentinel_password: None,
         cluster: None,
         dialect: Dialect::from_url(&cs)?,
+        handoff_after: crate::contended::handoff_after(&cs)?,
         conn: cs,
     })
 }
@@ -139,7 +142,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
     }
     for (k, _) in cs.params() {
         match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "dialect" => {}
+            "namespace" | "wait_replicas" | "wait_timeout" | "dialect" | "handoff_after" => {}
             "ca_file" | "cacert" | "cert" | "key" if tls => {}
             "ca_file" | "cacert" | "cert" | "key" => {
                 return Err(cs.invalid(format!(
@@ -148,7 +151,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
             }
             other => {
                 return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` for redis+cluster:// (known: namespace, wait_replicas, wait_timeout, dialect; ca_file (or cacert), cert, key with rediss+cluster://)"
+                    "unknown parameter `{other}` for redis+cluster:// (known: namespace, wait_replicas, wait_timeout, dialect, handoff_after; ca_file (or cacert), cert, key with rediss+cluster://)"
                 )))
             }
         }
@@ -168,6 +171,7 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
         sentinel_password: None,
         cluster: Some(seed_urls),
         dialect: Dialect::from_url(&cs)?,
+        handoff_after: crate::contended::handoff_after(&cs)?,
         conn: cs,
     })
 }
@@ -231,7 +235,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
     }
     for (k, _) in cs.params() {
         match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "sentinel_password" | "dialect" => {}
+            "namespace" | "wait_replicas" | "wait_timeout" | "sentinel_password" | "dialect" | "handoff_after" => {}
             "ca_file" | "cacert" | "cert" | "key" => {
                 return Err(cs.invalid(format!(
                     "`{k}` is a TLS parameter: redis+sentinel:// has no TLS yet (rediss+sentinel:// is not built)"
@@ -239,7 +243,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
             }
             _ => {
                 return Err(cs.invalid(format!(
-                    "unknown parameter `{k}` for redis+sentinel:// (known: namespace, wait_replicas, wait_timeout, sentinel_password, dialect; no TLS yet)"
+                    "unknown parameter `{k}` for redis+sentinel:// (known: namespace, wait_replicas, wait_timeout, sentinel_password, dialect, handoff_after; no TLS yet)"
                 )))
             }
         }
@@ -258,6 +262,7 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
             .map(Password::new),
         cluster: None,
         dialect: Dialect::from_url(&cs)?,
+        handoff_after: crate::contended::handoff_after(&cs)?,
         conn: cs,
     })
 }

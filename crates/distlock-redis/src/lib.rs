@@ -5,6 +5,7 @@ mod address;
 mod builder;
 mod cluster;
 mod conn;
+mod contended;
 mod dialect;
 mod ended;
 mod error;
@@ -44,6 +45,8 @@ pub struct RedisBackend {
     unanswered: ended::Unanswered,
     /// `?dialect=`: the locks are another library's keys (see [`dialect`]); `None`: dlock's.
     dialect: Option<dialect::Layout>,
+    /// `?handoff_after=`: the plain mutex's contended mode (see [`contended`]).
+    handoff_after: Duration,
 }
 
 pub use crate::address::redact;
@@ -51,6 +54,7 @@ pub use crate::builder::{
     RedisBuilder, RedisBuilderExt, RedisSettings, PASSWORD_ENV, PASSWORD_FILE_ENV,
     SENTINEL_PASSWORD_ENV, USER_ENV,
 };
+pub use crate::contended::DEFAULT_HANDOFF_AFTER;
 /// How long a fencing counter (`NS:{NAME}:fence`) outlives the lease of the last grant made
 /// from it: one hour. After that the key expires, and the next grant's token comes from the
 /// server clock alone (every token is at least the server's `TIME` in µs when it is granted; a
@@ -142,6 +146,7 @@ impl RedisBackend {
             sentinel_password,
             cluster,
             dialect,
+            handoff_after,
         } = address;
         check_wait(wait_replicas, opts)?;
         let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
@@ -160,6 +165,7 @@ impl RedisBackend {
             let mut backend =
                 Self::finish(con, nodes, endpoint, namespace, wait_replicas, opts, None).await?;
             backend.dialect = layout;
+            backend.handoff_after = handoff_after;
             return Ok(backend);
         }
         let sentinels = sentinel.map(|(hosts, master)| {
@@ -218,6 +224,7 @@ impl RedisBackend {
         )
         .await?;
         backend.dialect = layout;
+        backend.handoff_after = handoff_after;
         if let (Some(sentinels), Some(at)) = (sentinels, at) {
             let (con, sub) = (backend.con.clone(), backend.subscriber.clone());
             let creds = (user, password);
@@ -355,6 +362,7 @@ impl RedisBackend {
             wait_replicas,
             unanswered: ended::Unanswered::new(ended::record_lifetime(opts.get_op_timeout())),
             dialect: None,
+            handoff_after: contended::DEFAULT_HANDOFF_AFTER,
         })
     }
 
@@ -474,13 +482,18 @@ impl RedisBackend {
         let attempt = attempt_id.as_str();
         let channel = self.channel(&key.name);
         let args = [attempt, token, channel.as_str(), mode];
+        let mut mutex = true;
         let cmd = match family(key.kind)? {
             Family::Mutex {
-                election: false, ..
+                election: false,
+                fair,
             } => {
                 let keys = self.keys(&key.name);
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                self.scripts.release.cmd(&keys, &args)
+                let barge = contended::barge_arg(fair, false, self.handoff_after);
+                self.scripts
+                    .release
+                    .cmd(&keys, &[attempt, token, &channel, mode, &barge])
             }
             Family::Mutex { election: true, .. } => {
                 let keys = self.mutex_keys(&key.name, true);
@@ -489,14 +502,16 @@ impl RedisBackend {
                 let observe = self.observe_channel(&key.name);
                 self.scripts
                     .release
-                    .cmd(&keys, &[attempt, token, &channel, mode, &observe])
+                    .cmd(&keys, &[attempt, token, &channel, mode, "", &observe])
             }
             Family::Rw { .. } => {
+                mutex = false;
                 let keys = self.rw_keys(&key.name);
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 self.scripts.rw_release.cmd(&keys, &args)
             }
             Family::Sem { .. } => {
+                mutex = false;
                 let keys = self.sem_keys(&key.name);
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 self.scripts.sem_release.cmd(&keys, &args)
@@ -506,6 +521,9 @@ impl RedisBackend {
         let v = self
             .eval_ending(&self.scripts.all(), &cmd, record.as_ref())
             .await?;
+        if mutex {
+            return contended::release_reply(mode, &v);
+        }
         pair(mode, &v)
     }
 
@@ -780,9 +798,18 @@ impl Backend for RedisBackend {
                 let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 keys.push(&ended);
                 let fair = if fair { "1" } else { "0" };
+                let px = contended::fence_px(&lease);
                 self.scripts.acquire.cmd(
                     &keys,
-                    &[attempt, owner, &lease, &waiter_ttl, fair, self.wake(req)],
+                    &[
+                        attempt,
+                        owner,
+                        &lease,
+                        &waiter_ttl,
+                        fair,
+                        self.wake(req),
+                        &px,
+                    ],
                 )
             }
             Family::Mutex { election: true, .. } => {
@@ -800,6 +827,7 @@ impl Backend for RedisBackend {
                         &waiter_ttl,
                         "0",
                         self.wake(req),
+                        &contended::fence_px(&lease),
                         value,
                         &observe,
                     ],
@@ -848,7 +876,11 @@ impl Backend for RedisBackend {
         let sent = self.unanswered.sent(&req.attempt);
         let (v, acked) = self.eval_acquire(&cmd).await?;
         sent.answered();
-        match pair("acquire", &v)? {
+        let reply = match req.key.kind {
+            LockKind::Mutex | LockKind::Fair | LockKind::Election => contended::acquire_reply(&v)?,
+            _ => pair("acquire", &v)?,
+        };
+        match reply {
             (1, token) if token > 0 => {
                 let token = token as u64;
                 self.confirm_replicas(&req.grant(token), acked).await?;

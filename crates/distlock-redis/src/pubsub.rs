@@ -104,6 +104,13 @@ fn deliver(subs: &Subscriptions<String>, channel: &str, payload: &[u8]) {
                 subs.notify_released(&key);
             }
         },
+        // A wake-up for one waiting attempt (the contended mode's release freed the lock and
+        // names the oldest waiter, see `crate::contended`): the core's table wakes one attempt
+        // only through a handoff, so it is passed as one of token 0 — no grant: every wake-up
+        // is confirmed by an attempt, which asks for the free lock like anyone else.
+        (Some("w"), Some(attempt), None) => {
+            subs.notify_handoff(&key, attempt, 0);
+        }
         _ => {
             subs.notify_released(&key);
         }

@@ -332,8 +332,13 @@ async fn arrivals_within_one_millisecond_keep_their_order() {
     let server = RedisServer::start().expect("redis");
     let opts = long_opts();
     let url = server.url();
+    // The holder's releases hand over (strict FIFO, `handoff_after=0`): the plain mutex's
+    // contended mode would free the lock for the young first waiter instead (and wake it), and
+    // this case checks the queue's order, which decides both.
     let (a, b) = (
-        RedisBackend::connect(&url, &opts).await.expect("a"),
+        RedisBackend::connect(&format!("{url}?handoff_after=0"), &opts)
+            .await
+            .expect("a"),
         RedisBackend::connect(&url, &opts).await.expect("b"),
     );
     let sem = LockKind::Semaphore {
@@ -683,12 +688,11 @@ async fn dropped_operation_futures_leave_nothing_held() {
 async fn handoff_between_queueing_and_subscribing_is_not_lost() {
     let server = RedisServer::start().expect("redis");
     let opts = long_opts();
-    let a = RedisBackend::connect(&server.url(), &opts)
-        .await
-        .expect("connect");
-    let b = RedisBackend::connect(&server.url(), &opts)
-        .await
-        .expect("connect");
+    // Releases hand over (the contended mode would free the lock for a young waiter instead:
+    // tests/contended.rs).
+    let url = format!("{}?handoff_after=0", server.url());
+    let a = RedisBackend::connect(&url, &opts).await.expect("connect");
+    let b = RedisBackend::connect(&url, &opts).await.expect("connect");
     let publishes = || {
         let stats = server
             .command(&["INFO", "commandstats"])
@@ -782,7 +786,9 @@ async fn handoff_between_queueing_and_subscribing_is_not_lost() {
 async fn a_handoff_is_one_message_to_the_head_waiter() {
     let server = RedisServer::start().expect("redis");
     let opts = long_opts();
-    let url = server.url();
+    // Releases hand over (the contended mode's wake-up of a young waiter is one message to it
+    // too, `w ATTEMPT`: tests/contended.rs).
+    let url = format!("{}?handoff_after=0", server.url());
     let connect = || RedisBackend::connect(&url, &opts);
     let (a, b, c) = (
         connect().await.expect("a"),

@@ -1,0 +1,254 @@
+//! The plain mutex's contended mode (`?handoff_after=`, src/contended.rs): a release frees the
+//! lock for whoever asks first while the oldest waiter is young, and hands it over, oldest
+//! first, once that waiter has waited `handoff_after`. On real redis-servers, with a slow
+//! waiter behind a delaying proxy.
+
+mod common;
+
+use common::{acquired, client_for, released};
+
+use distlock_core::{Client, ClientOptions};
+use distlock_testkit::conformance::{fast_opts, unique_name};
+use distlock_testkit::{DelayProxy, RedisServer};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Long leases: no lease end or heartbeat wakes anybody within a case unless it says so.
+fn opts() -> ClientOptions {
+    fast_opts()
+        .watchdog_lease(Duration::from_secs(30))
+        .op_timeout(Duration::from_secs(5))
+}
+
+fn with_handoff_after(url: &str, after: &str) -> String {
+    format!("{url}?handoff_after={after}")
+}
+
+/// Waits until `n` attempts are queued for mutex `name`.
+async fn queued(server: &RedisServer, name: &str, n: usize) {
+    let t = Instant::now();
+    loop {
+        let card = server
+            .command(&["ZCARD", &format!("dlock:{{{name}}}:queue")])
+            .expect("ZCARD");
+        if card.parse::<usize>().unwrap_or(0) >= n {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "never queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The attempt id the grant hash of mutex `name` names ("" when free).
+fn holder(server: &RedisServer, name: &str) -> String {
+    server
+        .command(&["HGET", &format!("dlock:{{{name}}}"), "attempt"])
+        .expect("HGET")
+}
+
+/// The oldest waiter has waited less than `handoff_after`: the release frees the lock and
+/// wakes that waiter alone (`w ATTEMPT`, no handoff), and a barger that asks first gets it
+/// while the waiter — slowed by a proxy — stays queued in its place; it gets the lock at the
+/// barger's release. (Before the contended mode the release handed the lock to the waiter and
+/// the barger's try was refused: 'the barger did not get the free lock'.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_young_waiter_is_woken_and_a_barger_takes_the_free_lock() {
+    let server = RedisServer::start().expect("redis");
+    let url = with_handoff_after(&server.url(), "10s");
+    let (holder_c, _) = client_for(&url, opts()).await;
+    let (barger, _) = client_for(&url, opts()).await;
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let slow_url = with_handoff_after(&format!("redis://127.0.0.1:{}", proxy.port()), "10s");
+    let (waiter, _) = client_for(&slow_url, opts()).await;
+    let name = unique_name("barge");
+    let g = acquired(&holder_c, &name).await;
+    let lock = waiter.lock(&name).expect("lock");
+    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    queued(&server, &name, 1).await;
+    // The waiter's next request (after its wake-up) comes 300 ms late.
+    proxy.set_request_delay(Duration::from_millis(300));
+    let mut spy = server.spy("dlock:wake:*").expect("spy");
+    released(g).await;
+    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
+    assert_eq!(
+        seen.len(),
+        1,
+        "one wake-up, for the oldest waiter: {seen:?}"
+    );
+    assert!(
+        seen[0].1.starts_with("w "),
+        "the young waiter was woken, not handed the lock: {seen:?}"
+    );
+    let got = barger
+        .lock(&name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try");
+    let got = got.expect("the barger did not get the free lock");
+    // The woken waiter asked too late: still queued, not holding.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !wait.is_finished(),
+        "the waiter got a lock the barger holds"
+    );
+    assert_eq!(
+        server
+            .command(&["ZCARD", &format!("dlock:{{{name}}}:queue")])
+            .expect("ZCARD"),
+        "1",
+        "the waiter lost its place"
+    );
+    proxy.set_request_delay(Duration::ZERO);
+    released(got).await;
+    let w = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("the waiter was never served")
+        .expect("join")
+        .expect("acquired");
+    released(w).await;
+}
+
+/// Once the oldest waiter has waited `handoff_after`, the release hands the lock to it (`h
+/// TOKEN ATTEMPT`) and a barger asking right after is refused: it never overlaps the holder
+/// the lock was handed to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_waiter_is_handed_the_lock_and_no_barger_overlaps_it() {
+    let server = RedisServer::start().expect("redis");
+    let url = with_handoff_after(&server.url(), "100ms");
+    let (holder_c, _) = client_for(&url, opts()).await;
+    let (barger, _) = client_for(&url, opts()).await;
+    let (waiter, _) = client_for(&url, opts()).await;
+    let name = unique_name("handoff");
+    let g = acquired(&holder_c, &name).await;
+    let lock = waiter.lock(&name).expect("lock");
+    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    queued(&server, &name, 1).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut spy = server.spy("dlock:wake:*").expect("spy");
+    released(g).await;
+    // The hash names the waiter's attempt at once (the release wrote it).
+    let handed_to = holder(&server, &name);
+    assert!(!handed_to.is_empty(), "the lock was not handed over");
+    let barged = barger
+        .lock(&name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(barged.is_none(), "a barger got a lock handed to a waiter");
+    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0].1.starts_with("h ") && seen[0].1.ends_with(&handed_to),
+        "{seen:?}"
+    );
+    let w = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("never acquired")
+        .expect("join")
+        .expect("acquired");
+    assert_eq!(holder(&server, &name), handed_to);
+    released(w).await;
+}
+
+/// A hot releaser (acquire, release, acquire again, with no pause) does not starve a waiter
+/// whose every request comes late (20 ms through a proxy): the waiter is served within
+/// `handoff_after` and a few of its round trips, and the two never hold at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_releaser_does_not_starve_a_slow_waiter() {
+    let server = RedisServer::start().expect("redis");
+    let after = Duration::from_millis(50);
+    let url = with_handoff_after(&server.url(), "50ms");
+    let (hot, _) = client_for(&url, opts()).await;
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let slow_url = with_handoff_after(&format!("redis://127.0.0.1:{}", proxy.port()), "50ms");
+    let (slow, _) = client_for(&slow_url, opts()).await;
+    let name = unique_name("hot");
+    let inside = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let hot_sections = Arc::new(AtomicUsize::new(0));
+    let looping = {
+        let (lock, inside, stop, sections) = (
+            hot.lock(&name).expect("lock"),
+            inside.clone(),
+            stop.clone(),
+            hot_sections.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let g = lock
+                    .acquire_timeout(Duration::from_secs(10))
+                    .await
+                    .expect("hot acquire");
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
+                tokio::task::yield_now().await;
+                inside.store(false, Ordering::SeqCst);
+                sections.fetch_add(1, Ordering::SeqCst);
+                released(g).await;
+            }
+        })
+    };
+    // The hot loop runs.
+    let t = Instant::now();
+    while hot_sections.load(Ordering::SeqCst) < 20 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the hot loop is stuck"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.set_delay(Duration::from_millis(10));
+    let lock = slow.lock(&name).expect("lock");
+    for round in 0..3 {
+        let t = Instant::now();
+        let g = lock
+            .acquire_timeout(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the slow waiter starved: {e}"));
+        let waited = t.elapsed();
+        assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        inside.store(false, Ordering::SeqCst);
+        released(g).await;
+        // handoff_after, then the handoff's delivery and the confirming attempt (a round trip
+        // of 20 ms through the proxy each), and room for a loaded machine.
+        assert!(
+            waited < after + Duration::from_secs(2),
+            "round {round}: the slow waiter waited {waited:?}"
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    looping.await.expect("hot loop");
+    assert!(hot_sections.load(Ordering::SeqCst) > 20);
+}
+
+/// A fair lock keeps strict FIFO: even a waiter that has waited no time at all is handed the
+/// lock, and a barger is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_lock_always_hands_over() {
+    let server = RedisServer::start().expect("redis");
+    let url = with_handoff_after(&server.url(), "10s");
+    let (holder_c, _) = client_for(&url, opts()).await;
+    let (barger, _) = client_for(&url, opts()).await;
+    let (waiter, _) = client_for(&url, opts()).await;
+    let name = unique_name("fair");
+    let g = fair(&holder_c, &name).acquire().await.expect("acquire");
+    let lock = fair(&waiter, &name);
+    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    queued(&server, &name, 1).await;
+    released(g).await;
+    let barged = fair(&barger, &name).try_acquire().await.expect("try");
+    assert!(barged.is_none(), "a barger passed a fair lock's waiter");
+    let w = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("never acquired")
+        .expect("join")
+        .expect("acquired");
+    released(w).await;
+}
+
+fn fair(c: &Client, name: &str) -> distlock_core::Lock {
+    c.fair_lock(name).expect("fair lock")
+}
