@@ -30,14 +30,15 @@ use crate::common::{
 };
 use crate::common::{Call, Common};
 use crate::error::shape;
-use distlock_core::async_trait;
+use crate::error::KIND;
+use distlock_core::backend::{Backend, Capabilities, NoWatch};
+use distlock_core::{async_trait, ReleaseWatch};
 use distlock_core::{
     AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
 use distlock_sql::ended::{Unanswered, ENDED_KEEP};
 use distlock_sql::lease::micros;
-use distlock_sql::ModeOps;
 use mysql_async::prelude::Queryable;
 use mysql_async::Row;
 use std::sync::Arc;
@@ -161,8 +162,32 @@ fn record_ended(record: bool, lk: &str, a: &str) -> (String, String) {
     )
 }
 
+/// Waiters wake at the holder's lease end or their heartbeat (the core's `watch_and_retry`,
+/// with a watch that never fires: MySQL has no notifications).
 #[async_trait]
-impl ModeOps for TableMode {
+impl Backend for TableMode {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn endpoint(&self) -> String {
+        self.common.endpoint.clone()
+    }
+
+    /// Rows expire by lease on the server, with or without their holder.
+    fn capabilities(&self) -> Capabilities {
+        crate::common::capabilities().lease_expiry(true)
+    }
+
+    async fn watch(&self, _req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        Ok(Box::new(NoWatch))
+    }
+
+    /// See [`crate::observe`].
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        crate::observe::observe(&self.common, name).await
+    }
+
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         check_kind(req.key.kind)?;
         let lk = key_of(&self.common.namespace, &req.key.name, req.key.kind);
