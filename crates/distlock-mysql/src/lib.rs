@@ -15,10 +15,16 @@ pub use tls::{SslMode, TlsError, TlsErrorKind, TlsOptions};
 
 use crate::common::{Common, Connector};
 use crate::error::KIND;
+use distlock_core::backend::{Backend, Capabilities, GrantRef, Granted};
 use distlock_core::conn::{ConnectionString, Password};
-use distlock_core::{AcquireRequest, ClientOptions, Error, ReleaseWatch, Result};
+use distlock_core::{
+    async_trait, AcquireReply, AcquireRequest, ClientOptions, Error, Finding, ForceReleased,
+    ListedLock, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// The environment variable holding the password when neither the code, the URL nor a
 /// password file gives one (the mysql client's).
@@ -440,8 +446,8 @@ impl MysqlBackend {
         Ok(MysqlBackend { common, inner })
     }
 
-    /// The operations of the mode in use.
-    fn ops(&self) -> &dyn distlock_sql::ModeOps {
+    /// The mode in use, which does the lock operations.
+    fn current(&self) -> &dyn Backend {
         match &self.inner {
             Inner::Session(s) => s,
             Inner::Table(t) => t,
@@ -479,35 +485,81 @@ impl MysqlBackend {
     }
 }
 
-distlock_sql::sql_backend!(MysqlBackend,
-    kind: KIND,
-    endpoint: common.endpoint,
-    operator: ops,
-{
-    fn capabilities(&self) -> distlock_core::backend::Capabilities {
-        // Session mode: GET_LOCK belongs to the holder's connection, which ends with its
-        // process (a hold cannot be left to run out on the server after the process exits).
-        common::capabilities().lease_expiry(self.mode() == Mode::Table)
+/// The lock operations (and `watch`, `observe`) are the mode's; the operator commands are in
+/// `ops`. MySQL has no notifications: table mode's waiters wake at the holder's lease end or
+/// their heartbeat, session mode waits on the server. Observers are woken by the server,
+/// without polling (see `observe`).
+#[async_trait]
+impl Backend for MysqlBackend {
+    fn kind(&self) -> &'static str {
+        KIND
     }
 
-    /// MySQL has no notifications: the watch never fires, and waiters (table mode) wake at
-    /// the holder's lease end or their heartbeat. Session mode waits on the server instead.
-    async fn watch(&self, _req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        Ok(Box::new(distlock_core::backend::NoWatch))
+    fn endpoint(&self) -> String {
+        self.common.endpoint.clone()
     }
 
-    /// Woken by the server, without polling: the observer waits in a `SLEEP` on a
-    /// connection of its own, registered in `dlock_election_observers`, and every change of
-    /// the election made through dlock interrupts it (`KILL QUERY`, after checking in the
-    /// processlist that the connection runs that election's observer statement). A leader
-    /// whose connection dies is seen at its lease end or at the next grant. Observers run by
-    /// another database user than the changer's are woken only if the changer may `KILL`
-    /// their queries (`CONNECTION_ADMIN`); otherwise at lease ends.
+    fn capabilities(&self) -> Capabilities {
+        self.current().capabilities()
+    }
+
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        self.current().watch(req).await
+    }
+
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        observe::observe(&self.common, name).await
+        self.current().observe(name).await
     }
 
-});
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        self.current().acquire(req).await
+    }
+
+    async fn acquire_wait(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<std::time::Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        self.current().acquire_wait(req, deadline, cancel).await
+    }
+
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        self.current().give_up(req).await
+    }
+
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        self.current().release(grant).await
+    }
+
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        self.current().inspect(name, kind).await
+    }
+
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        self.current().renew(holds).await
+    }
+
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        self.current().proclaim(grant, seq, value).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        ops::list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        ops::force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        ops::diagnose(self).await
+    }
+
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        ops::server_time(self).await.map(Some)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -37,7 +37,7 @@ use distlock_core::backend::Capabilities;
 use distlock_core::clock;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, Granted, HolderInfo,
-    LockInfo, LockKind, LostReason, LostSignal, ReleaseOutcome, RenewOutcome, Result,
+    LockInfo, LockKind, LostReason, LostSignal, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use distlock_sql::closewatch::CloseWatch;
 use distlock_sql::lease::{micros, wait_millis, wait_or_stop};
@@ -217,53 +217,6 @@ impl MyDialect {
     fn was_released(&self, attempt: &AttemptId, token: u64) -> bool {
         let r = self.released.lock().unwrap_or_else(|p| p.into_inner());
         r.iter().any(|(a, t, _)| a == attempt && *t == token)
-    }
-
-    /// One try: a retry of the attempt that holds its grant answers that grant again (the
-    /// lease extended, never shortened) with the same token; otherwise `GET_LOCK(key, 0)` on
-    /// a connection of its own.
-    async fn acquire(
-        &self,
-        slot: &Slot,
-        st: &mut State,
-        req: &AcquireRequest,
-    ) -> Result<AcquireReply> {
-        if let Some(token) = self.again(slot, st, req.lease).await? {
-            return Ok(AcquireReply::Granted { token });
-        }
-        let lk = self.lk(&slot.name, slot.kind);
-        let mut conn = self.common.take().await?;
-        let sent = clock::Instant::now();
-        // The lease is on the connection before the lock is: a connection this process loses
-        // track of frees the lock when the lease ends, not after the server's default hours.
-        let sql = format!(
-            "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', 0)",
-            wait_timeout_secs(req.lease)
-        );
-        let got = match self.common.slow_call(query_sets(&mut conn, sql)).await {
-            Call::Ok(sets) => lock_reply(&sets),
-            other => {
-                if matches!(&other, Call::Err(e) if conn_dead(e)) {
-                    self.common.forget_idle();
-                }
-                // Whatever the connection holds goes with it.
-                close(conn);
-                return Err(self.common.slow_error("GET_LOCK", other));
-            }
-        };
-        match got {
-            Some(1) => {
-                let token = self.hold(slot, st, conn, req, sent + req.lease).await?;
-                Ok(AcquireReply::Granted { token })
-            }
-            Some(0) => Ok(AcquireReply::Held {
-                ttl: self.held_ttl(conn, &lk).await,
-            }),
-            other => {
-                close(conn);
-                Err(shape("GET_LOCK", format!("{other:?}")))
-            }
-        }
     }
 
     /// A retry of a granted attempt: its token again, the lease extended to at least `lease`
@@ -453,23 +406,6 @@ impl MyDialect {
         }
     }
 
-    async fn release(
-        &self,
-        slot: &Slot,
-        st: &mut State,
-        attempt: &AttemptId,
-        token: u64,
-    ) -> Result<ReleaseOutcome> {
-        match st {
-            State::Held(g) if g.token == token => self.release_held(slot, st, attempt).await,
-            // A stale address: this attempt's grant now is another one (its old connection
-            // died and a retry took the lock again). Never release that one.
-            State::Held(_) => Ok(ReleaseOutcome::TakenByOther),
-            State::Free if self.was_released(attempt, token) => Ok(ReleaseOutcome::Expired),
-            State::Free => self.not_held_outcome(&slot.name, slot.kind).await,
-        }
-    }
-
     /// Releases the slot's grant; the slot holds nothing afterwards.
     async fn release_held(
         &self,
@@ -551,50 +487,6 @@ impl MyDialect {
         })
     }
 
-    /// One server-side wait of the attempt (the slot locked by the caller for all of it):
-    /// `GET_LOCK(key, seconds left)` on a connection of its own.
-    async fn wait_in(
-        &self,
-        slot: &Slot,
-        st: &mut State,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        let granted = |token, requested_at| {
-            Ok(Some(Granted {
-                token,
-                requested_at,
-            }))
-        };
-        let sent = clock::Instant::now();
-        if let Some(token) = self.again(slot, st, req.lease).await? {
-            return granted(token, sent);
-        }
-        let lk = self.lk(&slot.name, slot.kind);
-        let mut conn = self.common.take().await?;
-        let Some(left) = waited::budget(deadline, cancel) else {
-            self.common.put(conn);
-            return Ok(None);
-        };
-        let sql = wait_sql(&lk, req.lease, left);
-        let end = self.wait_on(&mut conn, sql, deadline, cancel).await;
-        let (step, answer) = waited::after(end);
-        match step {
-            Step::Register => {
-                // The lease counts from after the grant: every statement from here on resets
-                // the connection's idle time.
-                let sent = clock::Instant::now();
-                let token = self.hold(slot, st, conn, req, sent + req.lease).await?;
-                return granted(token, sent);
-            }
-            Step::Reuse { unlock } => self.give_back(conn, unlock.then_some(&*lk)).await,
-            // The wait's outcome is unknown: the connection goes, and any lock with it.
-            Step::Close => close(conn),
-        }
-        answer.map(|()| None)
-    }
-
     /// Runs the wait `sql` on `conn`, stopped here (`KILL QUERY`) by `cancel` or the safety
     /// net after `deadline`; how it ended.
     async fn wait_on(
@@ -661,8 +553,19 @@ impl Dialect for MyDialect {
         KIND
     }
 
+    fn endpoint(&self) -> String {
+        self.common.endpoint.clone()
+    }
+
+    /// `GET_LOCK` belongs to the holder's connection, which ends with its process (a hold
+    /// cannot be left to run out on the server after the process exits).
     fn capabilities(&self) -> Capabilities {
-        crate::common::capabilities()
+        crate::common::capabilities().lease_expiry(false)
+    }
+
+    /// See [`crate::observe`].
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        crate::observe::observe(&self.common, name).await
     }
 
     /// Every request runs to its end in a task of its own (see the module docs); the caller
@@ -675,6 +578,9 @@ impl Dialect for MyDialect {
         timeout(&self.common.endpoint, what, limit)
     }
 
+    /// One try: a retry of the attempt that holds its grant answers that grant again (the
+    /// lease extended, never shortened) with the same token; otherwise `GET_LOCK(key, 0)` on
+    /// a connection of its own.
     async fn try_lock(
         &self,
         _holds: &HoldMap<State>,
@@ -682,9 +588,46 @@ impl Dialect for MyDialect {
         st: &mut State,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        self.acquire(slot, st, req).await
+        if let Some(token) = self.again(slot, st, req.lease).await? {
+            return Ok(AcquireReply::Granted { token });
+        }
+        let lk = self.lk(&slot.name, slot.kind);
+        let mut conn = self.common.take().await?;
+        let sent = clock::Instant::now();
+        // The lease is on the connection before the lock is: a connection this process loses
+        // track of frees the lock when the lease ends, not after the server's default hours.
+        let sql = format!(
+            "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', 0)",
+            wait_timeout_secs(req.lease)
+        );
+        let got = match self.common.slow_call(query_sets(&mut conn, sql)).await {
+            Call::Ok(sets) => lock_reply(&sets),
+            other => {
+                if matches!(&other, Call::Err(e) if conn_dead(e)) {
+                    self.common.forget_idle();
+                }
+                // Whatever the connection holds goes with it.
+                close(conn);
+                return Err(self.common.slow_error("GET_LOCK", other));
+            }
+        };
+        match got {
+            Some(1) => {
+                let token = self.hold(slot, st, conn, req, sent + req.lease).await?;
+                Ok(AcquireReply::Granted { token })
+            }
+            Some(0) => Ok(AcquireReply::Held {
+                ttl: self.held_ttl(conn, &lk).await,
+            }),
+            other => {
+                close(conn);
+                Err(shape("GET_LOCK", format!("{other:?}")))
+            }
+        }
     }
 
+    /// One server-side wait of the attempt (the slot locked by the caller for all of it):
+    /// `GET_LOCK(key, seconds left)` on a connection of its own.
     async fn wait(
         &self,
         _holds: &HoldMap<State>,
@@ -694,16 +637,56 @@ impl Dialect for MyDialect {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        self.wait_in(slot, st, req, deadline, cancel).await
+        let granted = |token, requested_at| {
+            Ok(Some(Granted {
+                token,
+                requested_at,
+            }))
+        };
+        let sent = clock::Instant::now();
+        if let Some(token) = self.again(slot, st, req.lease).await? {
+            return granted(token, sent);
+        }
+        let lk = self.lk(&slot.name, slot.kind);
+        let mut conn = self.common.take().await?;
+        let Some(left) = waited::budget(deadline, cancel) else {
+            self.common.put(conn);
+            return Ok(None);
+        };
+        let sql = wait_sql(&lk, req.lease, left);
+        let end = self.wait_on(&mut conn, sql, deadline, cancel).await;
+        let (step, answer) = waited::after(end);
+        match step {
+            Step::Register => {
+                // The lease counts from after the grant: every statement from here on resets
+                // the connection's idle time.
+                let sent = clock::Instant::now();
+                let token = self.hold(slot, st, conn, req, sent + req.lease).await?;
+                return granted(token, sent);
+            }
+            Step::Reuse { unlock } => self.give_back(conn, unlock.then_some(&*lk)).await,
+            // The wait's outcome is unknown: the connection goes, and any lock with it.
+            Step::Close => close(conn),
+        }
+        answer.map(|()| None)
     }
 
+    /// Releases exactly the grant `grant` names: a stale address (this attempt's grant now is
+    /// another one: its old connection died and a retry took the lock again) never releases
+    /// that one.
     async fn unlock(
         &self,
         slot: &Slot,
         st: &mut State,
         grant: &GrantRef,
     ) -> Result<ReleaseOutcome> {
-        self.release(slot, st, &grant.attempt, grant.token).await
+        let (attempt, token) = (&grant.attempt, grant.token);
+        match st {
+            State::Held(g) if g.token == token => self.release_held(slot, st, attempt).await,
+            State::Held(_) => Ok(ReleaseOutcome::TakenByOther),
+            State::Free if self.was_released(attempt, token) => Ok(ReleaseOutcome::Expired),
+            State::Free => self.not_held_outcome(&slot.name, slot.kind).await,
+        }
     }
 
     async fn keepalive(

@@ -30,14 +30,15 @@ use crate::common::{
 };
 use crate::common::{Call, Common};
 use crate::error::shape;
-use distlock_core::async_trait;
+use crate::error::KIND;
+use distlock_core::backend::{Backend, Capabilities, NoWatch};
+use distlock_core::{async_trait, ReleaseWatch};
 use distlock_core::{
     AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
 use distlock_sql::ended::{Unanswered, ENDED_KEEP};
 use distlock_sql::lease::micros;
-use distlock_sql::ModeOps;
 use mysql_async::prelude::Queryable;
 use mysql_async::Row;
 use std::sync::Arc;
@@ -161,68 +162,127 @@ fn record_ended(record: bool, lk: &str, a: &str) -> (String, String) {
     )
 }
 
+/// What an acquire's transaction saw and did (the variables it reads back).
+#[derive(Debug, Default)]
+struct Seen {
+    /// The row was held, its lease not over (`None`: no row was read).
+    live: Option<bool>,
+    /// By this attempt.
+    mine: Option<bool>,
+    /// This attempt has ended (released, or given up after an unanswered request).
+    ended: Option<bool>,
+    /// The row's token.
+    token: Option<u64>,
+    /// The holder's lease left, µs.
+    left: Option<i64>,
+    /// The token of the grant this transaction made.
+    new: Option<u64>,
+}
+
+/// What an acquire answers for what its transaction saw.
+fn acquired(seen: &Seen) -> Result<AcquireReply> {
+    match (seen.live, seen.mine, seen.new) {
+        // A retry of the attempt that holds the lock: same grant, lease extended.
+        (Some(true), Some(true), _) => match seen.token {
+            Some(t) if t > 0 => Ok(AcquireReply::Granted { token: t }),
+            other => Err(shape("fencing token", format!("{other:?}"))),
+        },
+        (Some(true), _, _) => Ok(AcquireReply::Held {
+            ttl: Some(Duration::from_micros(seen.left.unwrap_or(0).max(0) as u64)),
+        }),
+        (Some(false), _, Some(t)) if t > 0 => Ok(AcquireReply::Granted { token: t }),
+        // A late duplicate of a request of an attempt that has ended (released or given up):
+        // it must not take the lock nobody would use. Its caller is long gone.
+        (Some(false), _, None) if seen.ended == Some(true) => Ok(AcquireReply::Held { ttl: None }),
+        other => Err(shape("acquiring", format!("{other:?}"))),
+    }
+}
+
+/// The one round trip of an acquire of `req` on lock key `lk` in namespace `ns`. The rows are
+/// created outside the transaction (autocommit), so that concurrent first users of a name
+/// cannot deadlock on gap locks. Variables are reset first: the connection is pooled, and a
+/// `SELECT … INTO` that finds no row leaves them as they were. An election's fresh grant
+/// stores its value with its token, in the transaction.
+fn acquire_sql(ns: &str, lk: &str, req: &AcquireRequest) -> Result<String> {
+    let (ns, name) = (sql_str(ns), sql_str(&req.key.name));
+    let owner = sql_str(&req.key.owner);
+    let a = sql_attempt(&req.attempt)?;
+    let us = micros(req.lease);
+    let (election, observed) = match req.key.kind {
+        LockKind::Election => {
+            let value = sql_str(req.value.as_deref().unwrap_or(""));
+            let insert = format!(
+                "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
+                     SELECT '{lk}', {ns}, {name}, @dl_new, {value}, 0 FROM DUAL \
+                     WHERE @dl_new IS NOT NULL \
+                     ON DUPLICATE KEY UPDATE token = @dl_new, value = {value}, seq = 0; "
+            );
+            (insert, format!(", {}", crate::observe::observed_sql(lk)))
+        }
+        _ => (String::new(), String::new()),
+    };
+    let next = next_token("token");
+    Ok(format!(
+        "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL, @dl_token = NULL, \
+             @dl_left = NULL, @dl_new = NULL; \
+         INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) \
+             VALUES ('{lk}', {ns}, {name}, 0); \
+         INSERT IGNORE INTO dlock_table_locks \
+             (lock_key, ns, name, owner, count, token, acquired_at, expires_at) \
+             VALUES ('{lk}', {ns}, {name}, NULL, 0, 0, NULL, {FREE}); \
+         START TRANSACTION; \
+         SELECT owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6), attempt <=> {a}, \
+             last_released <=> {a}, token, \
+             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+             INTO @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left \
+             FROM dlock_table_locks WHERE lock_key = '{lk}' FOR UPDATE; \
+         SELECT @dl_ended OR COUNT(*) > 0 INTO @dl_ended FROM dlock_ended_attempts \
+             WHERE attempt = {a} LOCK IN SHARE MODE; \
+         UPDATE dlock_table_locks SET expires_at = \
+             GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND) \
+             WHERE lock_key = '{lk}' AND @dl_live AND @dl_mine; \
+         UPDATE dlock_fence SET token = LAST_INSERT_ID({next}) \
+             WHERE lock_key = '{lk}' AND NOT @dl_live AND NOT @dl_ended; \
+         SET @dl_new = IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL); \
+         UPDATE dlock_table_locks SET owner = {owner}, attempt = {a}, count = 1, \
+             token = @dl_new, acquired_at = UTC_TIMESTAMP(6), \
+             expires_at = UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND \
+             WHERE lock_key = '{lk}' AND @dl_new IS NOT NULL; \
+         {election}COMMIT; \
+         SELECT @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left, @dl_new{observed}"
+    ))
+}
+
+/// Waiters wake at the holder's lease end or their heartbeat (the core's `watch_and_retry`,
+/// with a watch that never fires: MySQL has no notifications).
 #[async_trait]
-impl ModeOps for TableMode {
+impl Backend for TableMode {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn endpoint(&self) -> String {
+        self.common.endpoint.clone()
+    }
+
+    /// Rows expire by lease on the server, with or without their holder.
+    fn capabilities(&self) -> Capabilities {
+        crate::common::capabilities().lease_expiry(true)
+    }
+
+    async fn watch(&self, _req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        Ok(Box::new(NoWatch))
+    }
+
+    /// See [`crate::observe`].
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        crate::observe::observe(&self.common, name).await
+    }
+
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         check_kind(req.key.kind)?;
         let lk = key_of(&self.common.namespace, &req.key.name, req.key.kind);
-        let ns = sql_str(&self.common.namespace);
-        let name = sql_str(&req.key.name);
-        let owner = sql_str(&req.key.owner);
-        let a = sql_attempt(&req.attempt)?;
-        let us = micros(req.lease);
-        // An election's fresh grant stores its value with its token, in the transaction.
-        let election = match req.key.kind {
-            LockKind::Election => {
-                let value = sql_str(req.value.as_deref().unwrap_or(""));
-                format!(
-                    "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
-                         SELECT '{lk}', {ns}, {name}, @dl_new, {value}, 0 FROM DUAL \
-                         WHERE @dl_new IS NOT NULL \
-                         ON DUPLICATE KEY UPDATE token = @dl_new, value = {value}, seq = 0; "
-                )
-            }
-            _ => String::new(),
-        };
-        let is_election = req.key.kind == LockKind::Election;
-        let observed = if is_election {
-            format!(", {}", crate::observe::observed_sql(&lk))
-        } else {
-            String::new()
-        };
-        // The rows are created outside the transaction (autocommit), so that concurrent first
-        // users of a name cannot deadlock on gap locks. Variables are reset first: the
-        // connection is pooled, and a SELECT … INTO that finds no row leaves them as they were.
-        let next = next_token("token");
-        let sql = format!(
-            "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL, @dl_token = NULL, \
-                 @dl_left = NULL, @dl_new = NULL; \
-             INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) \
-                 VALUES ('{lk}', {ns}, {name}, 0); \
-             INSERT IGNORE INTO dlock_table_locks \
-                 (lock_key, ns, name, owner, count, token, acquired_at, expires_at) \
-                 VALUES ('{lk}', {ns}, {name}, NULL, 0, 0, NULL, {FREE}); \
-             START TRANSACTION; \
-             SELECT owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6), attempt <=> {a}, \
-                 last_released <=> {a}, token, \
-                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
-                 INTO @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left \
-                 FROM dlock_table_locks WHERE lock_key = '{lk}' FOR UPDATE; \
-             SELECT @dl_ended OR COUNT(*) > 0 INTO @dl_ended FROM dlock_ended_attempts \
-                 WHERE attempt = {a} LOCK IN SHARE MODE; \
-             UPDATE dlock_table_locks SET expires_at = \
-                 GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND) \
-                 WHERE lock_key = '{lk}' AND @dl_live AND @dl_mine; \
-             UPDATE dlock_fence SET token = LAST_INSERT_ID({next}) \
-                 WHERE lock_key = '{lk}' AND NOT @dl_live AND NOT @dl_ended; \
-             SET @dl_new = IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL); \
-             UPDATE dlock_table_locks SET owner = {owner}, attempt = {a}, count = 1, \
-                 token = @dl_new, acquired_at = UTC_TIMESTAMP(6), \
-                 expires_at = UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND \
-                 WHERE lock_key = '{lk}' AND @dl_new IS NOT NULL; \
-             {election}COMMIT; \
-             SELECT @dl_live, @dl_mine, @dl_ended, @dl_token, @dl_left, @dl_new{observed}"
-        );
+        let sql = acquire_sql(&self.common.namespace, &lk, req)?;
         // A request without an answer may still reach the server after the attempt ended:
         // remembered, so that its end is recorded (see `release` and `give_up`).
         let sets = self
@@ -231,31 +291,19 @@ impl ModeOps for TableMode {
             .await?;
         let what = "acquiring";
         let row = last_row(what, &sets)?;
-        let live = truth(col(what, row, 0)?);
-        let mine = truth(col(what, row, 1)?);
-        let ended = truth(col(what, row, 2)?);
-        let token: Option<u64> = col(what, row, 3)?;
-        let left: Option<i64> = col(what, row, 4)?;
-        let new: Option<u64> = col(what, row, 5)?;
-        if is_election && new.is_some() {
+        let seen = Seen {
+            live: truth(col(what, row, 0)?),
+            mine: truth(col(what, row, 1)?),
+            ended: truth(col(what, row, 2)?),
+            token: col(what, row, 3)?,
+            left: col(what, row, 4)?,
+            new: col(what, row, 5)?,
+        };
+        if req.key.kind == LockKind::Election && seen.new.is_some() {
             let watched: Option<i64> = col(what, row, 6)?;
             crate::observe::wake_if(&self.common, &lk, watched.unwrap_or(0) > 0);
         }
-        match (live, mine, new) {
-            // A retry of the attempt that holds the lock: same grant, lease extended.
-            (Some(true), Some(true), _) => match token {
-                Some(t) if t > 0 => Ok(AcquireReply::Granted { token: t }),
-                other => Err(shape("fencing token", format!("{other:?}"))),
-            },
-            (Some(true), _, _) => Ok(AcquireReply::Held {
-                ttl: Some(Duration::from_micros(left.unwrap_or(0).max(0) as u64)),
-            }),
-            (Some(false), _, Some(t)) if t > 0 => Ok(AcquireReply::Granted { token: t }),
-            // A late duplicate of a request of an attempt that has ended (released or given
-            // up): it must not take the lock nobody would use. Its caller is long gone.
-            (Some(false), _, None) if ended == Some(true) => Ok(AcquireReply::Held { ttl: None }),
-            other => Err(shape("acquiring", format!("{other:?}"))),
-        }
+        acquired(&seen)
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
@@ -473,5 +521,69 @@ impl ModeOps for TableMode {
             }
         }
         Ok(info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_decisions() {
+        let seen = |live, mine, ended, token, left, new| Seen {
+            live,
+            mine,
+            ended,
+            token,
+            left,
+            new,
+        };
+        // A retry of the holding attempt: its token again.
+        let r = acquired(&seen(
+            Some(true),
+            Some(true),
+            Some(false),
+            Some(7),
+            Some(5),
+            None,
+        ));
+        assert_eq!(r.ok(), Some(AcquireReply::Granted { token: 7 }));
+        let r = acquired(&seen(Some(true), Some(true), None, Some(0), None, None));
+        assert!(matches!(r, Err(Error::UnexpectedReply { .. })));
+        // Held by another: its lease left.
+        let r = acquired(&seen(
+            Some(true),
+            Some(false),
+            None,
+            Some(7),
+            Some(1500),
+            None,
+        ));
+        assert_eq!(
+            r.ok(),
+            Some(AcquireReply::Held {
+                ttl: Some(Duration::from_micros(1500))
+            })
+        );
+        // Free: granted with the new token.
+        let r = acquired(&seen(
+            Some(false),
+            Some(false),
+            Some(false),
+            Some(7),
+            None,
+            Some(8),
+        ));
+        assert_eq!(r.ok(), Some(AcquireReply::Granted { token: 8 }));
+        // A late copy of an ended attempt's request: never granted.
+        let r = acquired(&seen(Some(false), None, Some(true), Some(7), None, None));
+        assert_eq!(r.ok(), Some(AcquireReply::Held { ttl: None }));
+        // No row read at all, or free and nothing granted for no reason: a wrong reply.
+        for odd in [
+            seen(None, None, None, None, None, None),
+            seen(Some(false), None, Some(false), None, None, None),
+        ] {
+            assert!(acquired(&odd).is_err(), "{odd:?}");
+        }
     }
 }

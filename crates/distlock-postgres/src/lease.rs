@@ -26,15 +26,15 @@
 
 use crate::common::{channel, election_key, key_of, Common};
 use crate::error::{shape, KIND};
+use crate::listen::Listener;
 use distlock_core::async_trait;
-use distlock_core::backend::Capabilities;
+use distlock_core::backend::{Backend, Capabilities};
 use distlock_core::{
     AcquireReply, AcquireRequest, AttemptId, GrantRef, HolderInfo, LockInfo, LockKind,
-    ReleaseOutcome, RenewOutcome, Result,
+    ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use distlock_sql::ended::{Unanswered, ENDED_KEEP, ENDED_MAX_PER_LOCK};
 use distlock_sql::lease::millis_f64;
-use distlock_sql::ModeOps;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,6 +104,7 @@ const ELECTION_PROCLAIM: &str = include_str!("../sql/lease_election_proclaim.sql
 
 pub(crate) struct LeaseMode {
     common: Arc<Common>,
+    listener: Arc<Listener>,
     /// Attempts with a request that got no answer: their end is recorded in their row.
     unanswered: Unanswered,
 }
@@ -121,9 +122,10 @@ fn check_kind(kind: LockKind) -> Result<()> {
 }
 
 impl LeaseMode {
-    pub(crate) fn new(common: Arc<Common>) -> Self {
+    pub(crate) fn new(common: Arc<Common>, listener: Arc<Listener>) -> Self {
         LeaseMode {
             common,
+            listener,
             unanswered: Unanswered::default(),
         }
     }
@@ -231,7 +233,27 @@ impl LeaseMode {
 }
 
 #[async_trait]
-impl ModeOps for LeaseMode {
+impl Backend for LeaseMode {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn endpoint(&self) -> String {
+        self.common.endpoint.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
+    }
+
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        self.listener.lock_watch(req).await
+    }
+
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        self.listener.election_watch(name).await
+    }
+
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         check_kind(req.key.kind)?;
         let ns = self.common.namespace.as_str();

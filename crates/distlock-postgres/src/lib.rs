@@ -16,11 +16,17 @@ pub use tls::{RootCert, SslMode, TlsError, TlsErrorKind, TlsOptions};
 
 use crate::common::Common;
 use crate::error::KIND;
+use distlock_core::backend::{Backend, Capabilities, GrantRef, Granted};
 use distlock_core::conn::{ConnectionString, Password};
-use distlock_core::{AcquireRequest, ClientOptions, ReleaseWatch, Result};
+use distlock_core::{
+    async_trait, AcquireReply, AcquireRequest, ClientOptions, Finding, ForceReleased, ListedLock,
+    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// How locks are kept on the server (`?mode=` in the URL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,19 +299,19 @@ impl PostgresBuilder {
             opts.get_op_timeout(),
         )
         .await?;
-        let listener = listen::Listener::new(common.clone());
+        let listener = listen::Listener::new(common.clone(), listen);
         let inner = match mode {
             Mode::Session => {
                 common
                     .ensure_schema(session::TABLES, session::COLUMNS, session::DDL)
                     .await?;
-                Inner::Session(session::new_mode(common.clone()))
+                Inner::Session(session::new_mode(common.clone(), listener.clone()))
             }
             Mode::Lease => {
                 common
                     .ensure_schema(lease::TABLES, lease::COLUMNS, lease::DDL)
                     .await?;
-                Inner::Lease(lease::LeaseMode::new(common.clone()))
+                Inner::Lease(lease::LeaseMode::new(common.clone(), listener.clone()))
             }
         };
         Ok(PostgresBackend {
@@ -388,8 +394,8 @@ impl PostgresBackend {
         PostgresBuilder::new(Target::Config(Box::new(config))).tls(tls)
     }
 
-    /// The operations of the mode in use.
-    fn ops(&self) -> &dyn distlock_sql::ModeOps {
+    /// The mode in use, which does the lock operations.
+    fn current(&self) -> &dyn Backend {
         match &self.inner {
             Inner::Session(s) => s,
             Inner::Lease(l) => l,
@@ -454,51 +460,78 @@ impl PostgresBackend {
     }
 }
 
-distlock_sql::sql_backend!(PostgresBackend,
-    kind: KIND,
-    endpoint: common.endpoint,
-    operator: ops,
-{
-    fn capabilities(&self) -> distlock_core::backend::Capabilities {
-        match self.inner {
-            Inner::Session(_) => session::capabilities(),
-            Inner::Lease(_) => lease::capabilities(),
-        }
+/// The lock operations are the mode's; the operator commands are in `ops`.
+#[async_trait]
+impl Backend for PostgresBackend {
+    fn kind(&self) -> &'static str {
+        KIND
     }
 
-    /// Notifications are plain wake-ups (no grant travels in them: a woken waiter tries again
-    /// with its own attempt), so one subscription per lock serves every waiting attempt.
+    fn endpoint(&self) -> String {
+        self.common.endpoint.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.current().capabilities()
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        self.current().acquire(req).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        ops::list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        ops::force_release(self, name, kind).await
+    }
+
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        if !self.listen {
-            return Ok(Box::new(distlock_core::backend::NoWatch));
-        }
-        let chan = channel(common::key_of(
-            &self.common.namespace,
-            &req.key.name,
-            req.key.kind,
-        ));
-        self.listener.watch(chan, &req.attempt).await
+        self.current().watch(req).await
     }
 
-    /// `LISTEN` on the election's channel, which its grants, resignations and proclamations
-    /// `NOTIFY`. A leader whose session ends (session mode) or whose lease runs out (lease
-    /// mode) without a resignation sends nothing: the next candidate's grant does, and
-    /// observers look again at the leader's lease end. Lease mode with `listen=off` cannot
-    /// observe (`Unsupported`): nothing would wake an observer while nobody leads.
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        self.current().give_up(req).await
+    }
+
+    async fn acquire_wait(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<std::time::Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        self.current().acquire_wait(req, deadline, cancel).await
+    }
+
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+        self.current().release(grant).await
+    }
+
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        self.current().renew(holds).await
+    }
+
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        self.current().inspect(name, kind).await
+    }
+
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+        self.current().proclaim(grant, seq, value).await
+    }
+
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        if !self.listen {
-            return Err(distlock_core::Error::unsupported(
-                KIND,
-                "observing elections with listen=off (nothing would wake the observer)",
-            ));
-        }
-        let chan = channel(election_key(&self.common.namespace, name));
-        self.listener
-            .watch(chan, &distlock_core::AttemptId::new())
-            .await
+        self.current().observe(name).await
     }
 
-});
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        ops::diagnose(self).await
+    }
+
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        ops::server_time(self).await.map(Some)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -8,10 +8,10 @@
 //! lost (the watch counts them). If the connection breaks, every watch fails and its waiter
 //! subscribes again on a new connection.
 
-use crate::common::Common;
+use crate::common::{channel, election_key, key_of, Common};
 use crate::error::KIND;
-use distlock_core::backend::{AttemptId, Subscriptions};
-use distlock_core::{ReleaseWatch, Result};
+use distlock_core::backend::{AttemptId, NoWatch, Subscriptions};
+use distlock_core::{AcquireRequest, Error, ReleaseWatch, Result};
 use futures_util::StreamExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,6 +28,8 @@ struct Conn {
 
 pub(crate) struct Listener {
     common: Arc<Common>,
+    /// Waiters listen for notifications (`listen=off`: they wake at their heartbeat).
+    listen: bool,
     conn: Mutex<Option<Conn>>,
     subs: Subscriptions<String>,
     /// The generation of the current connection: a reader task of an older one that ends
@@ -36,10 +38,11 @@ pub(crate) struct Listener {
 }
 
 impl Listener {
-    pub(crate) fn new(common: Arc<Common>) -> Arc<Self> {
+    pub(crate) fn new(common: Arc<Common>, listen: bool) -> Arc<Self> {
         let subs = Subscriptions::new(KIND, common.endpoint.clone());
         let listener = Arc::new(Listener {
             common,
+            listen,
             conn: Mutex::new(None),
             subs,
             current: Arc::new(AtomicU64::new(0)),
@@ -85,6 +88,34 @@ impl Listener {
             self.current.fetch_add(1, Ordering::SeqCst);
             self.subs.fail_all(CLOSED);
         }
+    }
+
+    /// Wake-ups for the waiters of `req`'s lock (none with `listen=off`). Notifications are
+    /// plain wake-ups (no grant travels in them: a woken waiter tries again with its own
+    /// attempt), so one subscription per lock serves every waiting attempt.
+    pub(crate) async fn lock_watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        if !self.listen {
+            return Ok(Box::new(NoWatch));
+        }
+        let ns = &self.common.namespace;
+        let chan = channel(key_of(ns, &req.key.name, req.key.kind));
+        self.watch(chan, &req.attempt).await
+    }
+
+    /// `LISTEN` on the election's channel, which its grants, resignations and proclamations
+    /// `NOTIFY`. A leader whose session ends (session mode) or whose lease runs out (lease
+    /// mode) without a resignation sends nothing: the next candidate's grant does, and
+    /// observers look again at the leader's lease end. With `listen=off` nothing would wake
+    /// an observer while nobody leads: `Unsupported`.
+    pub(crate) async fn election_watch(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        if !self.listen {
+            return Err(Error::unsupported(
+                KIND,
+                "observing elections with listen=off (nothing would wake the observer)",
+            ));
+        }
+        let chan = channel(election_key(&self.common.namespace, name));
+        self.watch(chan, &AttemptId::new()).await
     }
 
     /// Listens (if needed) on `channel` and returns a watch whose `changed()` fires on

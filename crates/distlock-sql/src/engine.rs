@@ -3,12 +3,13 @@
 
 use crate::holds::{Hold, HoldMap, HoldState};
 use distlock_core::backend::{
-    AcquireReply, AcquireRequest, Backend, Capabilities, Deadline, GrantRef, Granted,
+    AcquireReply, AcquireRequest, Backend, Capabilities, Deadline, GrantRef, Granted, NoWatch,
 };
-use distlock_core::{async_trait, Error, LockInfo, LockKind, ReleaseOutcome, RenewOutcome, Result};
+use distlock_core::{
+    async_trait, Error, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 /// The operations of one SQL dialect on the state of one attempt (its dedicated connection).
@@ -31,6 +32,20 @@ pub trait Dialect: Send + Sync + 'static {
 
     /// The backend's name (`postgres`, `mysql`), for messages.
     fn backend(&self) -> &'static str;
+
+    /// The server's `host:port`, for messages ([`Backend::endpoint`]).
+    fn endpoint(&self) -> String;
+
+    /// As [`Backend::watch`], for attempts that wait for wake-ups rather than on the server
+    /// ([`Dialect::waits_on_server`]). The default never fires.
+    async fn watch(&self, _req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        Ok(Box::new(NoWatch))
+    }
+
+    /// As [`Backend::observe`]. The default: observing is not supported.
+    async fn observe(&self, _name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        Err(Error::unsupported(self.backend(), "observing elections"))
+    }
 
     /// What the dialect does (the kinds it locks): the backend's
     /// [`Backend::capabilities`], checked again here for callers of the backend itself.
@@ -225,73 +240,32 @@ impl<D: Dialect> Sessions<D> {
         };
         let (dialect, holds, id) = (self.dialect.clone(), self.holds.clone(), attempt.clone());
         let what = op.what();
-        let (tx, rx) = oneshot::channel();
-        tokio::spawn(async move {
+        self.detach(what, limit, async move {
             let mut st = hold.state.lock().await;
             let r = apply(&*dialect, &holds, &hold, &mut st, &op).await;
             drop(st);
             holds.tidy(&id, hold);
-            let _ = tx.send(r);
-        });
-        match tokio::time::timeout(limit, rx).await {
+            r
+        })
+        .await
+    }
+
+    /// Runs `work` in a task of its own, to its end, and waits for its answer at most `limit`
+    /// (see [`Dialect::detached`]).
+    async fn detach<T: Send + 'static>(
+        &self,
+        what: &str,
+        limit: Duration,
+        work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        match tokio::time::timeout(limit, tokio::spawn(work)).await {
             Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(Error::Runtime(format!(
-                "the {} task {what} ended without an answer",
+            Ok(Err(e)) => Err(Error::Runtime(format!(
+                "the {} task {what} ended without an answer: {e}",
                 self.dialect.backend()
             ))),
             Err(_) => Err(self.dialect.timeout(what, limit)),
         }
-    }
-
-    /// One try for `req`'s attempt, without waiting.
-    ///
-    /// # Errors
-    /// The kind is not supported, or the server failed or did not answer (the attempt keeps
-    /// what the request may have taken: a retry finds it, a give-up returns it).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a dropped request leaves the attempt's state for its retry or give-up.
-    pub async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.check_kind(req.key.kind)?;
-        let hold = self.holds.entry(&req.attempt, &req.key);
-        match self
-            .run(&req.attempt, hold, Op::TryLock(req.clone()))
-            .await?
-        {
-            Done::TryLock(r) => Ok(r),
-            _ => Err(another("acquiring")),
-        }
-    }
-
-    /// Waits for `req`'s lock on the server until granted, `deadline` or `cancel` (`outer`:
-    /// the backend, for attempts the dialect does not wait for on the server). A wait stopped
-    /// after a request whose answer was lost gives back whatever that request took.
-    ///
-    /// # Errors
-    /// The kind is not supported, or a failure that retrying does not cure.
-    ///
-    /// # Cancel safety
-    /// Cancel safe at every await: the attempt's state stays for its give-up.
-    pub async fn acquire_wait(
-        &self,
-        outer: &dyn Backend,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        self.check_kind(req.key.kind)?;
-        if !self.dialect.waits_on_server(&self.holds, req).await {
-            return distlock_core::wait::watch_and_retry(outer, req, deadline, cancel).await;
-        }
-        let r = self.wait_loop(req, deadline, cancel).await;
-        if matches!(r, Ok(None)) && self.holds.existing(&req.attempt).is_some() {
-            // Stopped after a request whose answer was lost: whatever it took goes back (the
-            // core only gives up attempts that end in an error).
-            if let Err(e) = self.give_up(req).await {
-                tracing::debug!(error = %e, name = %req.key.name, "could not give up a stopped wait; its connection's lease frees the lock");
-            }
-        }
-        r
     }
 
     /// The retrying wait loop of the core, one server-side wait per round.
@@ -332,16 +306,75 @@ impl<D: Dialect> Sessions<D> {
         self.holds.tidy(&req.attempt, hold);
         r
     }
+}
 
-    /// Releases exactly the grant `grant` names.
-    ///
-    /// # Errors
-    /// The kind is not supported, or the server failed or did not answer (a retry of the
-    /// release runs it again, after the first).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the attempt's state says what a retry must do.
-    pub async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+/// Session mode as a backend: every lock operation on the attempt's own connection, through
+/// the dialect. A dropped request leaves the attempt's state for its retry or give-up; a
+/// request that failed keeps what it may have taken (a retry finds it, a give-up returns it).
+#[async_trait]
+impl<D: Dialect> Backend for Sessions<D> {
+    fn kind(&self) -> &'static str {
+        self.dialect.backend()
+    }
+
+    fn endpoint(&self) -> String {
+        self.dialect.endpoint()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.dialect.capabilities()
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        self.check_kind(req.key.kind)?;
+        let hold = self.holds.entry(&req.attempt, &req.key);
+        match self
+            .run(&req.attempt, hold, Op::TryLock(req.clone()))
+            .await?
+        {
+            Done::TryLock(r) => Ok(r),
+            _ => Err(another("acquiring")),
+        }
+    }
+
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        self.dialect.watch(req).await
+    }
+
+    /// Waits on the server ([`Dialect::wait`]) unless the dialect says this attempt waits for
+    /// wake-ups. A wait stopped after a request whose answer was lost gives back whatever
+    /// that request took (the core only gives up attempts that end in an error).
+    async fn acquire_wait(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        self.check_kind(req.key.kind)?;
+        if !self.dialect.waits_on_server(&self.holds, req).await {
+            return distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await;
+        }
+        let r = self.wait_loop(req, deadline, cancel).await;
+        if matches!(r, Ok(None)) && self.holds.existing(&req.attempt).is_some() {
+            if let Err(e) = self.give_up(req).await {
+                tracing::debug!(error = %e, name = %req.key.name, "could not give up a stopped wait; its connection's lease frees the lock");
+            }
+        }
+        r
+    }
+
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+        self.check_kind(req.key.kind)?;
+        let Some(hold) = self.holds.existing(&req.attempt) else {
+            return Ok(());
+        };
+        self.run(&req.attempt, hold, Op::GiveUp(req.clone()))
+            .await
+            .map(|_| ())
+    }
+
+    /// A retry of a release whose answer was lost runs it again, after the first.
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         self.check_kind(grant.key.kind)?;
         let Some(hold) = self.holds.existing(&grant.attempt) else {
             return self.dialect.not_held(grant).await;
@@ -355,48 +388,38 @@ impl<D: Dialect> Sessions<D> {
         }
     }
 
-    /// Gives back whatever `req`'s attempt holds or may hold, and only that. Idempotent.
-    ///
-    /// # Errors
-    /// The kind is not supported, or the server failed (the lease frees the lock then).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a dropped give-up can be run again.
-    pub async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        self.check_kind(req.key.kind)?;
-        let Some(hold) = self.holds.existing(&req.attempt) else {
-            return Ok(());
-        };
-        self.run(&req.attempt, hold, Op::GiveUp(req.clone()))
-            .await
-            .map(|_| ())
+    /// Every grant at once, each on its connection.
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+        for (g, _) in holds {
+            self.check_kind(g.key.kind)?;
+        }
+        let all = futures_util::future::join_all(holds.iter().map(|(g, lease)| async move {
+            let Some(hold) = self.holds.existing(&g.attempt) else {
+                return Ok(RenewOutcome::NotHeld);
+            };
+            match self
+                .run(&g.attempt, hold, Op::Keepalive(g.clone(), *lease))
+                .await?
+            {
+                Done::Keepalive(r) => Ok(r),
+                _ => Err(another("renewing")),
+            }
+        }))
+        .await;
+        all.into_iter().collect()
     }
 
-    /// What the server says about `name`'s lock of `kind`.
-    ///
-    /// # Errors
-    /// The kind is not supported, or the server failed or did not answer.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         self.check_kind(kind)?;
         self.dialect.inspect(name, kind).await
     }
 
-    /// Replaces the value of the election grant `grant` (see [`Dialect::proclaim`]): `NotHeld`
-    /// at once if this client keeps no live grant of that attempt and token (released, given
-    /// up, or its connection gone), otherwise the dialect's answer. Runs beside the attempt's
-    /// other requests (it takes no lock on the attempt's state: a proclamation must not wait
-    /// behind a renewal, nor hold one up), detached like them if the dialect says so.
-    ///
-    /// # Errors
-    /// The kind is not an election, or the server failed or did not answer (a retry with the
-    /// same `seq` has the effect of one).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: one statement, applied or not.
-    pub async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
+    /// `NotHeld` at once if this client keeps no live grant of that attempt and token
+    /// (released, given up, or its connection gone), otherwise the dialect's answer
+    /// ([`Dialect::proclaim`]). Runs beside the attempt's other requests (it takes no lock on
+    /// the attempt's state: a proclamation must not wait behind a renewal, nor hold one up),
+    /// detached like them if the dialect says so.
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         self.check_kind(grant.key.kind)?;
         if grant.key.kind != LockKind::Election {
             return Err(Error::invalid(format!(
@@ -416,42 +439,14 @@ impl<D: Dialect> Sessions<D> {
             return self.dialect.proclaim(grant, seq, value).await;
         };
         let (dialect, g, v) = (self.dialect.clone(), grant.clone(), value.to_owned());
-        let task = tokio::spawn(async move { dialect.proclaim(&g, seq, &v).await });
-        match tokio::time::timeout(limit, task).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => Err(Error::Runtime(format!(
-                "the {} task proclaiming ended without an answer: {e}",
-                self.dialect.backend()
-            ))),
-            Err(_) => Err(self.dialect.timeout("proclaiming", limit)),
-        }
+        self.detach("proclaiming", limit, async move {
+            dialect.proclaim(&g, seq, &v).await
+        })
+        .await
     }
 
-    /// Renews every grant of `holds` (at once, each on its connection).
-    ///
-    /// # Errors
-    /// A kind is not supported, or a renewal failed without telling whether the grant is held.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a renewal only ever extends a lease.
-    pub async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        for (g, _) in holds {
-            self.check_kind(g.key.kind)?;
-        }
-        let all = futures_util::future::join_all(holds.iter().map(|(g, lease)| async move {
-            let Some(hold) = self.holds.existing(&g.attempt) else {
-                return Ok(RenewOutcome::NotHeld);
-            };
-            match self
-                .run(&g.attempt, hold, Op::Keepalive(g.clone(), *lease))
-                .await?
-            {
-                Done::Keepalive(r) => Ok(r),
-                _ => Err(another("renewing")),
-            }
-        }))
-        .await;
-        all.into_iter().collect()
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        self.dialect.observe(name).await
     }
 }
 

@@ -8,7 +8,6 @@ pub mod errors;
 mod grants;
 mod holds;
 pub mod lease;
-mod modes;
 mod pool;
 pub mod url;
 pub mod waited;
@@ -16,16 +15,4 @@ pub mod waited;
 pub use engine::{Dialect, Sessions};
 pub use grants::ConnGrants;
 pub use holds::{Hold, HoldMap, HoldState};
-pub use modes::ModeOps;
-
-/// What [`sql_backend!`] expands to refers to (not an API).
-#[doc(hidden)]
-pub mod __private {
-    pub use distlock_core::backend::{AcquireReply, AcquireRequest, Backend, GrantRef, Granted};
-    pub use distlock_core::{
-        async_trait, Finding, ForceReleased, ListedLock, LockInfo, LockKind, ReleaseOutcome,
-        RenewOutcome, Result,
-    };
-    pub use tokio_util::sync::CancellationToken;
-}
 pub use pool::IdlePool;

@@ -27,15 +27,16 @@ mod sql;
 mod state;
 mod wait;
 
-use crate::common::{channel, election_key, key_oids, kind_name, lock_key, Common};
+use crate::common::{channel, election_key, key_of, key_oids, kind_name, lock_key, Common};
 use crate::error::{shape, KIND};
+use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, Error, GrantRef, Granted, HolderInfo, LockInfo,
-    LockKind, ReleaseOutcome, RenewOutcome, Result,
+    LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
-use distlock_sql::{Dialect, Hold, HoldMap, IdlePool, Sessions};
-use state::State;
+use distlock_sql::{Dialect, Hold, HoldMap, HoldState, IdlePool, Sessions};
+use state::{Entry, Start, State};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::types::{ToSql, Type};
@@ -98,6 +99,7 @@ fn lock_mode(kind: LockKind) -> &'static str {
 /// The PostgreSQL dialect of session mode: advisory locks on dedicated sessions.
 pub(crate) struct PgDialect {
     common: Arc<Common>,
+    listener: Arc<Listener>,
     pool: IdlePool<Arc<conn::Session>>,
 }
 
@@ -115,6 +117,19 @@ impl Dialect for PgDialect {
         KIND
     }
 
+    fn endpoint(&self) -> String {
+        self.common.endpoint.clone()
+    }
+
+    /// A downgrade's wake-ups (it waits for them, beside the write side's session).
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        self.listener.lock_watch(req).await
+    }
+
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+        self.listener.election_watch(name).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         capabilities()
     }
@@ -123,14 +138,28 @@ impl Dialect for PgDialect {
         crate::error::timeout(self.endpoint(), what, limit)
     }
 
+    /// One try for `req`'s attempt, without waiting.
     async fn try_lock(
         &self,
         holds: &HoldMap<State>,
-        hold: &Hold<State>,
+        entry: &Entry,
         st: &mut State,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        self.attempt(holds, hold, st, req).await
+        let s = match self.prepare(holds, entry, st, req, true).await? {
+            Start::Held(token) => return Ok(AcquireReply::Granted { token }),
+            Start::On(s) => s,
+        };
+        if let Some(token) = self.try_on(entry, st, &s, req).await? {
+            return Ok(AcquireReply::Granted { token });
+        }
+        s.grants.remove(&req.attempt);
+        entry.set(st, State::Idle);
+        self.put_session(s);
+        let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
+        Ok(AcquireReply::Held {
+            ttl: self.holder_ttl(&req.key.name, req.key.kind, key).await,
+        })
     }
 
     /// A downgrade is granted beside the write side, on its session: never a blocking wait
@@ -151,32 +180,122 @@ impl Dialect for PgDialect {
         self.wait_in(holds, hold, st, req, deadline, cancel).await
     }
 
+    /// Releases exactly the grant `grant` names. A release whose answer was lost leaves the
+    /// attempt `Releasing`: its retry runs the release again on the same session, after the
+    /// first (which then finds it released: `Expired`, which the core reports as released).
     async fn unlock(
         &self,
-        hold: &Hold<State>,
+        entry: &Entry,
         st: &mut State,
         grant: &GrantRef,
     ) -> Result<ReleaseOutcome> {
-        self.release_in(hold, st, grant).await
+        Self::settle(entry, st);
+        let (again, s) = match &*st {
+            State::Granted(g) if g.token == grant.token => (false, g.session.clone()),
+            State::Releasing(g) if g.token == grant.token => (true, g.session.clone()),
+            _ => return self.not_held_outcome(&grant.key.name, grant.key.kind).await,
+        };
+        let name: &str = &grant.key.name;
+        match self
+            .unlock_on(&s, name, &grant.attempt, grant.key.kind, false)
+            .await
+        {
+            Ok(unlocked) => {
+                s.grants.remove(&grant.attempt);
+                entry.set(st, State::Idle);
+                self.put_session(s);
+                match (unlocked, again) {
+                    (true, _) => Ok(ReleaseOutcome::Released),
+                    (false, true) => Ok(ReleaseOutcome::Expired),
+                    // The session did not hold it (an operator unlocked it there).
+                    (false, false) => self.not_held_outcome(name, grant.key.kind).await,
+                }
+            }
+            Err(e) => {
+                Self::settle(entry, st);
+                if st.is_idle() {
+                    // The session ended: the lock went with it.
+                    s.grants.remove(&grant.attempt);
+                    return if again {
+                        Ok(ReleaseOutcome::Expired)
+                    } else {
+                        self.not_held_outcome(name, grant.key.kind).await
+                    };
+                }
+                if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
+                    entry.set(st, State::Releasing(g));
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn keepalive(
         &self,
-        hold: &Hold<State>,
+        entry: &Entry,
         st: &mut State,
         grant: &GrantRef,
         lease: Duration,
     ) -> Result<RenewOutcome> {
-        self.renew_in(hold, st, grant, lease).await
+        Self::settle(entry, st);
+        // `Releasing`: the grant is, or is about to be, given back.
+        let State::Granted(g) = &*st else {
+            return Ok(RenewOutcome::NotHeld);
+        };
+        if g.token != grant.token {
+            return Ok(RenewOutcome::NotHeld);
+        }
+        let s = g.session.clone();
+        match self
+            .extend(entry, st, &grant.key, &grant.attempt, lease)
+            .await
+        {
+            Ok(true) => Ok(RenewOutcome::Renewed),
+            Ok(false) => Ok(RenewOutcome::NotHeld),
+            Err(e) => {
+                if st.is_idle() {
+                    s.grants.remove(&grant.attempt);
+                    return Ok(RenewOutcome::NotHeld);
+                }
+                Err(e)
+            }
+        }
     }
 
-    async fn give_up(
-        &self,
-        hold: &Hold<State>,
-        st: &mut State,
-        req: &AcquireRequest,
-    ) -> Result<()> {
-        self.give_up_in(hold, st, req).await
+    /// Gives back whatever `req`'s attempt holds or may hold (a grant whose answer was lost,
+    /// or one it never heard of), and only that. Idempotent.
+    async fn give_up(&self, entry: &Entry, st: &mut State, req: &AcquireRequest) -> Result<()> {
+        Self::settle(entry, st);
+        match &*st {
+            State::Idle => Ok(()),
+            State::Granted(g) | State::Releasing(g) => {
+                let grant = req.grant(g.token);
+                self.unlock(entry, st, &grant).await.map(|_| ())
+            }
+            State::Unknown(s) => {
+                let s = s.clone();
+                let all = s.grants.others(&req.attempt) == 0;
+                match self
+                    .unlock_on(&s, &req.key.name, &req.attempt, req.key.kind, all)
+                    .await
+                {
+                    Ok(_) => {
+                        self.forget_on(entry, st, s, &req.attempt, true);
+                        Ok(())
+                    }
+                    Err(_) if all => {
+                        // Closing the session (this drops the last handle) frees whatever
+                        // it holds.
+                        self.forget_on(entry, st, s, &req.attempt, false);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        Self::settle(entry, st);
+                        Err(e)
+                    }
+                }
+            }
+        }
     }
 
     async fn not_held(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
@@ -351,9 +470,10 @@ impl PgDialect {
 pub(crate) type SessionMode = Sessions<PgDialect>;
 
 /// Session mode on `common`'s server.
-pub(crate) fn new_mode(common: Arc<Common>) -> SessionMode {
+pub(crate) fn new_mode(common: Arc<Common>, listener: Arc<Listener>) -> SessionMode {
     Sessions::new(PgDialect {
         common,
+        listener,
         pool: IdlePool::new(POOL_MAX),
     })
 }

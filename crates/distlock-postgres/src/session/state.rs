@@ -6,10 +6,7 @@ use super::PgDialect;
 use crate::common::key_of;
 use crate::error::shape;
 use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{
-    AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, LockKind, ReleaseOutcome,
-    RenewOutcome, Result,
-};
+use distlock_core::{AcquireRequest, AttemptId, Error, LockKind, Result};
 use distlock_sql::{Hold, HoldMap, HoldState};
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,30 +108,6 @@ impl PgDialect {
             }
             _ => None,
         }
-    }
-
-    /// One try for `req`'s attempt, without waiting.
-    pub(crate) async fn attempt(
-        &self,
-        holds: &HoldMap<State>,
-        entry: &Entry,
-        st: &mut State,
-        req: &AcquireRequest,
-    ) -> Result<AcquireReply> {
-        let s = match self.prepare(holds, entry, st, req, true).await? {
-            Start::Held(token) => return Ok(AcquireReply::Granted { token }),
-            Start::On(s) => s,
-        };
-        if let Some(token) = self.try_on(entry, st, &s, req).await? {
-            return Ok(AcquireReply::Granted { token });
-        }
-        s.grants.remove(&req.attempt);
-        entry.set(st, State::Idle);
-        self.put_session(s);
-        let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
-        Ok(AcquireReply::Held {
-            ttl: self.holder_ttl(&req.key.name, req.key.kind, key).await,
-        })
     }
 
     /// Where a try (or a wait) of `req` starts: the grant an earlier request of the attempt
@@ -252,7 +225,7 @@ impl PgDialect {
     /// Makes the granted lease run at least `lease` from now (never shorter than what the
     /// session already promises). `Ok(false)`: the grant's row is gone (revoked), and the lock
     /// was given up.
-    async fn extend(
+    pub(crate) async fn extend(
         &self,
         entry: &Entry,
         st: &mut State,
@@ -373,129 +346,6 @@ impl PgDialect {
         entry.set(st, State::Idle);
         if reuse {
             self.put_session(s);
-        }
-    }
-
-    /// Releases exactly the grant `grant` names. A release whose answer was lost leaves the
-    /// attempt `Releasing`: its retry runs the release again on the same session, after the
-    /// first (which then finds it released: `Expired`, which the core reports as released).
-    pub(crate) async fn release_in(
-        &self,
-        entry: &Entry,
-        st: &mut State,
-        grant: &GrantRef,
-    ) -> Result<ReleaseOutcome> {
-        Self::settle(entry, st);
-        let (again, s) = match &*st {
-            State::Granted(g) if g.token == grant.token => (false, g.session.clone()),
-            State::Releasing(g) if g.token == grant.token => (true, g.session.clone()),
-            _ => return self.not_held_outcome(&grant.key.name, grant.key.kind).await,
-        };
-        let name: &str = &grant.key.name;
-        match self
-            .unlock_on(&s, name, &grant.attempt, grant.key.kind, false)
-            .await
-        {
-            Ok(unlocked) => {
-                s.grants.remove(&grant.attempt);
-                entry.set(st, State::Idle);
-                self.put_session(s);
-                match (unlocked, again) {
-                    (true, _) => Ok(ReleaseOutcome::Released),
-                    (false, true) => Ok(ReleaseOutcome::Expired),
-                    // The session did not hold it (an operator unlocked it there).
-                    (false, false) => self.not_held_outcome(name, grant.key.kind).await,
-                }
-            }
-            Err(e) => {
-                Self::settle(entry, st);
-                if st.is_idle() {
-                    // The session ended: the lock went with it.
-                    s.grants.remove(&grant.attempt);
-                    return if again {
-                        Ok(ReleaseOutcome::Expired)
-                    } else {
-                        self.not_held_outcome(name, grant.key.kind).await
-                    };
-                }
-                if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
-                    entry.set(st, State::Releasing(g));
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// Gives back whatever `req`'s attempt holds or may hold (a grant whose answer was lost,
-    /// or one it never heard of), and only that. Idempotent.
-    pub(crate) async fn give_up_in(
-        &self,
-        entry: &Entry,
-        st: &mut State,
-        req: &AcquireRequest,
-    ) -> Result<()> {
-        Self::settle(entry, st);
-        match &*st {
-            State::Idle => Ok(()),
-            State::Granted(g) | State::Releasing(g) => {
-                let grant = req.grant(g.token);
-                self.release_in(entry, st, &grant).await.map(|_| ())
-            }
-            State::Unknown(s) => {
-                let s = s.clone();
-                let all = s.grants.others(&req.attempt) == 0;
-                match self
-                    .unlock_on(&s, &req.key.name, &req.attempt, req.key.kind, all)
-                    .await
-                {
-                    Ok(_) => {
-                        self.forget_on(entry, st, s, &req.attempt, true);
-                        Ok(())
-                    }
-                    Err(_) if all => {
-                        // Closing the session (this drops the last handle) frees whatever
-                        // it holds.
-                        self.forget_on(entry, st, s, &req.attempt, false);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        Self::settle(entry, st);
-                        Err(e)
-                    }
-                }
-            }
-        }
-    }
-
-    pub(crate) async fn renew_in(
-        &self,
-        entry: &Entry,
-        st: &mut State,
-        grant: &GrantRef,
-        lease: Duration,
-    ) -> Result<RenewOutcome> {
-        Self::settle(entry, st);
-        // `Releasing`: the grant is, or is about to be, given back.
-        let State::Granted(g) = &*st else {
-            return Ok(RenewOutcome::NotHeld);
-        };
-        if g.token != grant.token {
-            return Ok(RenewOutcome::NotHeld);
-        }
-        let s = g.session.clone();
-        match self
-            .extend(entry, st, &grant.key, &grant.attempt, lease)
-            .await
-        {
-            Ok(true) => Ok(RenewOutcome::Renewed),
-            Ok(false) => Ok(RenewOutcome::NotHeld),
-            Err(e) => {
-                if st.is_idle() {
-                    s.grants.remove(&grant.attempt);
-                    return Ok(RenewOutcome::NotHeld);
-                }
-                Err(e)
-            }
         }
     }
 }
