@@ -43,16 +43,58 @@ impl Inner {
         let mut paths: Vec<&str> = wanted.iter().map(|(_, g)| g.path.as_str()).collect();
         paths.sort_unstable();
         paths.dedup();
-        // The sync goes to the leader, and the read is answered only after it: a server cut
-        // off from the leader (which may have expired our session already) cannot confirm.
-        // Both are sent at once (the server answers a session's requests in order).
-        let mut reader = sess.zk.new_multi_reader();
-        for p in &paths {
+        let answers = self.read_through_leader(&sess.zk, &paths).await?;
+        // Election candidates' nodes hold their value, not dlock's node data.
+        let latches: std::collections::HashSet<&str> = wanted
+            .iter()
+            .filter(|(_, g)| g.node == NodeKind::Latch)
+            .map(|(_, g)| g.path.as_str())
+            .collect();
+        // A node that cannot be read (data dlock did not write, an error for that node alone)
+        // leaves the holds on it unconfirmed, not the others of the batch.
+        let mut nodes: HashMap<&str, Read> = HashMap::new();
+        for (p, r) in paths.iter().zip(answers) {
+            let node = read_of(r, sess.id, latches.contains(p));
+            if matches!(node, Ok(None)) {
+                self.node_gone(p, sess.gen);
+            }
+            nodes.insert(p, node);
+        }
+        let mut results: Vec<Result<RenewOutcome>> = out.into_iter().map(Ok).collect();
+        for (i, g) in &wanted {
+            let held = match nodes.get(g.path.as_str()) {
+                Some(Ok(Some((nd, stat)))) => still_held(g, nd, stat, &holds[*i].0.attempt),
+                Some(Err(unread)) => {
+                    results[*i] = Err(unread.error(self, &g.path));
+                    continue;
+                }
+                _ => false,
+            };
+            if held {
+                results[*i] = Ok(RenewOutcome::Renewed);
+            } else {
+                self.forget_grant(&holds[*i].0.attempt);
+            }
+        }
+        RenewOutcome::each(KIND, holds, results)
+    }
+
+    /// Reads `paths` (sorted, deduplicated, at least one) through the leader: the sync goes to
+    /// the leader, and the read is answered only after it, so a server cut off from the leader
+    /// (which may have expired our session already) cannot confirm. Both are sent at once (the
+    /// server answers a session's requests in order). One answer per path, in order.
+    async fn read_through_leader(
+        &self,
+        zk: &zk::Client,
+        paths: &[&str],
+    ) -> Result<Vec<zk::MultiReadResult>> {
+        let mut reader = zk.new_multi_reader();
+        for p in paths {
             reader
                 .add_get_data(p)
                 .map_err(|e| self.err("renewing", e))?;
         }
-        let sync = sess.zk.sync(paths[0]);
+        let sync = zk.sync(paths[0]);
         let read = reader.commit();
         let (synced, results) =
             tokio::time::timeout(self.op_timeout, async { tokio::join!(sync, read) })
@@ -79,67 +121,43 @@ impl Inner {
                 ),
             ));
         }
-        // Election candidates' nodes hold their value, not dlock's node data.
-        let latches: std::collections::HashSet<&str> = wanted
-            .iter()
-            .filter(|(_, g)| g.node == NodeKind::Latch)
-            .map(|(_, g)| g.path.as_str())
-            .collect();
-        // A node that cannot be read (data dlock did not write, an error for that node alone)
-        // leaves the holds on it unconfirmed, not the others of the batch.
-        let mut nodes: HashMap<&str, Read> = HashMap::new();
-        for (p, r) in paths.iter().zip(results) {
-            let node = match r {
-                zk::MultiReadResult::Data { stat, .. }
-                    if stat.ephemeral_owner == sess.id && latches.contains(p) =>
-                {
-                    Ok(Some((NodeData::default(), stat)))
-                }
-                zk::MultiReadResult::Data { data, stat } if stat.ephemeral_owner == sess.id => {
-                    match NodeData::parse(&data) {
-                        Some(nd) => Ok(Some((nd, stat))),
-                        None => Err(Unread::Foreign(data)),
-                    }
-                }
-                zk::MultiReadResult::Data { .. } => Ok(None),
-                zk::MultiReadResult::Error {
-                    err: zk::Error::NoNode,
-                } => Ok(None),
-                zk::MultiReadResult::Error { err } => Err(Unread::Refused(err)),
-                other => Err(Unread::Answer(format!("{other:?}"))),
-            };
-            if matches!(node, Ok(None)) {
-                self.node_gone(p, sess.gen);
-            }
-            nodes.insert(p, node);
-        }
-        let mut results: Vec<Result<RenewOutcome>> = out.into_iter().map(Ok).collect();
-        for (i, g) in &wanted {
-            let held = match nodes.get(g.path.as_str()) {
-                Some(Ok(Some((nd, stat)))) => {
-                    token_of(stat) == Some(g.token)
-                        && if g.joined {
-                            nd.readers
-                                .iter()
-                                .any(|r| *r == holds[*i].0.attempt.as_str())
-                        } else {
-                            g.node != NodeKind::Write || !nd.downgraded
-                        }
-                }
-                Some(Err(unread)) => {
-                    results[*i] = Err(unread.error(self, &g.path));
-                    continue;
-                }
-                _ => false,
-            };
-            if held {
-                results[*i] = Ok(RenewOutcome::Renewed);
-            } else {
-                self.forget_grant(&holds[*i].0.attempt);
-            }
-        }
-        RenewOutcome::each(KIND, holds, results)
+        Ok(results)
     }
+}
+
+/// What the renewal read `answer` of one node says, for session `session`: the node's data
+/// and stat if the session still owns it (a latch node's data is the candidate's value, not
+/// dlock's node data), `None` if it is gone or another session's.
+fn read_of(answer: zk::MultiReadResult, session: i64, latch: bool) -> Read {
+    match answer {
+        zk::MultiReadResult::Data { stat, .. } if stat.ephemeral_owner == session && latch => {
+            Ok(Some((NodeData::default(), stat)))
+        }
+        zk::MultiReadResult::Data { data, stat } if stat.ephemeral_owner == session => {
+            match NodeData::parse(&data) {
+                Some(nd) => Ok(Some((nd, stat))),
+                None => Err(Unread::Foreign(data)),
+            }
+        }
+        zk::MultiReadResult::Data { .. } => Ok(None),
+        zk::MultiReadResult::Error {
+            err: zk::Error::NoNode,
+        } => Ok(None),
+        zk::MultiReadResult::Error { err } => Err(Unread::Refused(err)),
+        other => Err(Unread::Answer(format!("{other:?}"))),
+    }
+}
+
+/// Whether grant `g` of attempt `attempt` still holds, its node read as `nd` with `stat`: the
+/// node has the grant's token, and a reader joined to a shared node is still listed in it,
+/// or a write grant's node was not downgraded.
+fn still_held(g: &Grant, nd: &NodeData, stat: &zk::Stat, attempt: &str) -> bool {
+    token_of(stat) == Some(g.token)
+        && if g.joined {
+            nd.readers.iter().any(|r| *r == attempt)
+        } else {
+            g.node != NodeKind::Write || !nd.downgraded
+        }
 }
 
 /// What the renewal read of one node found: the node if it is still this session's.
