@@ -184,3 +184,120 @@ impl Unread {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock_core::backend::HoldKey;
+    use distlock_core::LockKind;
+
+    fn stat(czxid: i64, owner: i64) -> zk::Stat {
+        zk::Stat {
+            czxid,
+            mzxid: czxid,
+            pzxid: czxid,
+            ctime: 0,
+            mtime: 0,
+            version: 0,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner: owner,
+            data_length: 0,
+            num_children: 0,
+        }
+    }
+
+    fn grant(node: NodeKind, joined: bool) -> Grant {
+        Grant {
+            key: HoldKey::new("n", "o", LockKind::Mutex),
+            path: "/d/n/x".into(),
+            dir: "/d/n".into(),
+            node,
+            token: 7,
+            gen: 1,
+            joined,
+            releasing: false,
+            delete_sent: false,
+        }
+    }
+
+    #[test]
+    fn a_grant_holds_while_its_node_has_its_token_and_lists_it() {
+        let nd = NodeData::new("o");
+        assert!(still_held(
+            &grant(NodeKind::Mutex, false),
+            &nd,
+            &stat(7, 1),
+            "a"
+        ));
+        assert!(!still_held(
+            &grant(NodeKind::Mutex, false),
+            &nd,
+            &stat(8, 1),
+            "a"
+        ));
+        let down = NodeData {
+            downgraded: true,
+            ..nd.clone()
+        };
+        assert!(!still_held(
+            &grant(NodeKind::Write, false),
+            &down,
+            &stat(7, 1),
+            "a"
+        ));
+        let shared = NodeData {
+            readers: vec!["a".into()],
+            ..nd
+        };
+        assert!(still_held(
+            &grant(NodeKind::Write, true),
+            &shared,
+            &stat(7, 1),
+            "a"
+        ));
+        assert!(!still_held(
+            &grant(NodeKind::Write, true),
+            &shared,
+            &stat(7, 1),
+            "b"
+        ));
+    }
+
+    #[test]
+    fn a_node_read_is_ours_gone_or_unreadable() {
+        let data = NodeData::new("o").encode();
+        let ours = |data: &[u8], latch| {
+            read_of(
+                zk::MultiReadResult::Data {
+                    data: data.to_vec(),
+                    stat: stat(7, 1),
+                },
+                1,
+                latch,
+            )
+        };
+        assert!(matches!(ours(&data, false), Ok(Some((nd, _))) if nd.owner == "o"));
+        assert!(matches!(
+            ours(b"not dlock's", false),
+            Err(Unread::Foreign(_))
+        ));
+        assert!(matches!(ours(b"a candidate's value", true), Ok(Some(_))));
+        let other_session = zk::MultiReadResult::Data {
+            data,
+            stat: stat(7, 2),
+        };
+        assert!(matches!(read_of(other_session, 1, false), Ok(None)));
+        let gone = zk::MultiReadResult::Error {
+            err: zk::Error::NoNode,
+        };
+        assert!(matches!(read_of(gone, 1, false), Ok(None)));
+        let refused = zk::MultiReadResult::Error {
+            err: zk::Error::NoAuth,
+        };
+        assert!(matches!(
+            read_of(refused, 1, false),
+            Err(Unread::Refused(_))
+        ));
+    }
+}
