@@ -225,13 +225,13 @@ mod tests {
     fn a_grant_holds_while_its_node_has_its_token_and_lists_it() {
         let nd = NodeData::new("o");
         assert!(still_held(
-            &grant(NodeKind::Mutex, false),
+            &grant(NodeKind::Lock, false),
             &nd,
             &stat(7, 1),
             "a"
         ));
         assert!(!still_held(
-            &grant(NodeKind::Mutex, false),
+            &grant(NodeKind::Lock, false),
             &nd,
             &stat(8, 1),
             "a"
@@ -279,7 +279,7 @@ mod tests {
         };
         assert!(matches!(ours(&data, false), Ok(Some((nd, _))) if nd.owner == "o"));
         assert!(matches!(
-            ours(b"not dlock's", false),
+            ours(b"\xff not dlock's data", false),
             Err(Unread::Foreign(_))
         ));
         assert!(matches!(ours(b"a candidate's value", true), Ok(Some(_))));
