@@ -117,9 +117,10 @@ pub const EXIT_NOT_ACQUIRED: u8 = 75;
 pub const EXIT_UNREACHABLE: u8 = 69;
 /// Exit code when the lock was lost while the command ran.
 pub const EXIT_LOST: u8 = distlock_run::EXIT_LOST;
-/// Exit code for other errors (bad input, unreachable server…), and the command-line
-/// duration parser (a bare number is seconds): shared with the lab subcommands.
-pub use distlock_lab::{duration_arg, EXIT_ERROR};
+/// Exit code for other errors (bad input, unreachable server…), the command-line duration
+/// parser (a bare number is seconds) and the runtime: every dlock program's
+/// (`distlock::program`), the lab subcommands plugged in below included.
+pub use distlock::program::{block_on, duration_arg, EXIT_ERROR};
 
 fn main() -> ExitCode {
     // `dlock __guard …`: the process that runs the command of `dlock run` (which re-executes
@@ -172,7 +173,7 @@ fn dlock() -> u8 {
         command => Cli { command, ..cli },
     };
     let backend = cli.backend;
-    distlock_lab::block_on(async move {
+    block_on(async move {
         match cli.command {
             Command::Run(args) => run::run(&backend, args).await,
             Command::Elect(args) => elect::elect(&backend, args).await,

@@ -55,8 +55,12 @@
 //!    not holders), with [`HolderInfo::value`] and the leader's token as
 //!    [`LockInfo::fencing_token`]; implement [`Backend::proclaim`] and [`Backend::observe`].
 //!
-//! The conformance suite in `distlock-testkit` checks each of these against a real server,
-//! including with replies delayed, dropped and duplicated by a proxy.
+//! The conformance suite in `distlock-testkit` checks 1–5 and 7 against a real server,
+//! including with replies delayed, dropped and duplicated by a proxy. Invariant 6 is each
+//! backend's own test, since only the backend knows what foreign data at its keys looks like
+//! (`foreign_data_is_an_unexpected_reply` in distlock-redis, `corrupt_lock_file_is_reported`
+//! in distlock-file). The testkit's in-memory backend (`distlock_testkit::memory`) keeps them
+//! all in the fewest lines, as a template.
 //!
 //! # Who does what
 //! - **Timeouts of one call** are the backend's: every method bounds each server round trip by

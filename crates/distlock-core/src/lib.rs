@@ -30,6 +30,7 @@ mod lost;
 mod lost_registry;
 mod name;
 mod options;
+pub mod program;
 pub mod registry;
 mod semaphore;
 mod subscriptions;

@@ -1,123 +1,15 @@
 //! Taking the lock in one transaction (etcd's `concurrency.Mutex` try-lock), and `inspect`.
 
 use crate::error::{shape, KIND};
-use crate::keys::{Entry, Keys, Meta};
-use crate::lease::*;
-use crate::renew::*;
+use crate::kv::{
+    first_of, gets, header_revision, nth_first, put_hold, token_of, value_of, Keys, CAS_ATTEMPTS,
+};
+use crate::lease::Lease;
+use crate::renew::Cover;
 use crate::EtcdBackend;
 use distlock_core::backend::{AcquireReply, AcquireRequest};
 use distlock_core::{Error, HolderInfo, LockInfo, Result};
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
-};
-
-/// Compare-and-swap retries before giving up on a key that keeps changing under us.
-pub(crate) const CAS_ATTEMPTS: usize = 8;
-
-pub(crate) fn token_of(rev: i64) -> Result<u64> {
-    u64::try_from(rev)
-        .ok()
-        .filter(|t| *t > 0)
-        .ok_or_else(|| shape(format!("revision {rev} is not a valid fencing token")))
-}
-
-/// The create revision a grant's token stands for; `None` for a token no key can have.
-pub(crate) fn revision_of(token: u64) -> Option<i64> {
-    i64::try_from(token).ok().filter(|r| *r > 0)
-}
-
-/// The key-values of every Get in a transaction response, in order.
-pub(crate) fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
-    resp.op_responses()
-        .into_iter()
-        .filter_map(|r| match r {
-            TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
-            _ => None,
-        })
-        .collect()
-}
-
-pub(crate) fn nth_first(all: &mut [Vec<KeyValue>], i: usize) -> Result<Option<KeyValue>> {
-    let v = all
-        .get_mut(i)
-        .ok_or_else(|| shape("a transaction returned fewer reads than it made"))?;
-    Ok(if v.is_empty() {
-        None
-    } else {
-        Some(v.swap_remove(0))
-    })
-}
-
-pub(crate) fn header_revision(resp: &TxnResponse) -> Result<i64> {
-    resp.header()
-        .map(|h| h.revision())
-        .ok_or_else(|| shape("a transaction reply without a header"))
-}
-
-/// The first key of a queue: the holder.
-pub(crate) fn first_of(queue: &[u8]) -> TxnOp {
-    TxnOp::get(
-        queue.to_vec(),
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1),
-        ),
-    )
-}
-
-/// Puts the attempt's key `mine` for `owner` on `lease` (a lock's).
-pub(crate) fn put_mine(mine: &[u8], owner: &str, lease: Lease) -> TxnOp {
-    TxnOp::put(
-        mine.to_vec(),
-        Entry {
-            ttl: lease.ttl,
-            owner: owner.to_owned(),
-        }
-        .encode(),
-        Some(PutOptions::new().with_lease(lease.id)),
-    )
-}
-
-/// Puts the keys of the attempt whose key is `mine` on `lease`: for a lock its key (`TTL
-/// OWNER`); for an election its key holding just `value` and its metadata key (with
-/// proclamation number `seq`).
-pub(crate) fn put_hold(
-    keys: &Keys,
-    mine: &[u8],
-    owner: &str,
-    value: &[u8],
-    lease: Lease,
-    seq: u64,
-) -> Vec<TxnOp> {
-    match keys.meta_of(mine) {
-        None => vec![put_mine(mine, owner, lease)],
-        Some(meta) => vec![
-            TxnOp::put(
-                mine.to_vec(),
-                value.to_vec(),
-                Some(PutOptions::new().with_lease(lease.id)),
-            ),
-            TxnOp::put(
-                meta,
-                Meta {
-                    ttl: lease.ttl,
-                    seq,
-                    owner: owner.to_owned(),
-                }
-                .encode(),
-                Some(PutOptions::new().with_lease(lease.id)),
-            ),
-        ],
-    }
-}
-
-/// The value `req` campaigns with (empty for a lock).
-pub(crate) fn value_of(req: &AcquireRequest) -> &[u8] {
-    req.value.as_deref().unwrap_or_default().as_bytes()
-}
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 
 impl EtcdBackend {
     pub(crate) fn contended(&self, key: &[u8]) -> Error {

@@ -7,9 +7,9 @@
 //! waiting candidate watches the key created just before its own — the rules of etcd's own
 //! recipe, so `etcdctl elect PREFIX-election/NAME` candidates take part in the same queue.
 
-use crate::acquire::{gets, nth_first, revision_of, token_of, CAS_ATTEMPTS};
 use crate::error::shape;
-use crate::keys::{Keys, Meta};
+use crate::kv::{gets, nth_first, revision_of, token_of, CAS_ATTEMPTS};
+use crate::kv::{Keys, Meta};
 use crate::EtcdBackend;
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::{HolderInfo, LockInfo, Result};
@@ -156,7 +156,7 @@ impl EtcdBackend {
 
 #[cfg(test)]
 mod tests {
-    use crate::keys::Keys;
+    use crate::kv::Keys;
 
     #[test]
     fn a_foreign_leader_is_named_by_its_key() {

@@ -16,7 +16,7 @@ mod builder;
 mod client;
 mod election;
 mod error;
-mod keys;
+mod kv;
 mod lease;
 mod ops;
 mod renew;
@@ -29,7 +29,7 @@ pub use tls::{TlsError, TlsErrorKind};
 pub use url::{percent_decode, redact};
 
 use crate::error::KIND;
-use crate::keys::Keys;
+use crate::kv::Keys;
 use crate::lease::{Doubt, Lease};
 use distlock_core::backend::{
     async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, Granted,

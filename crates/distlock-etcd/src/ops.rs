@@ -17,9 +17,9 @@
 //!   watchdog lease. etcd has no clock API, so the server/local clock offset is not checked
 //!   (locks do not depend on it: see the finding).
 
-use crate::acquire::{first_of, gets, header_revision, nth_first, token_of, CAS_ATTEMPTS};
 use crate::error::{is_lease_not_found, map};
-use crate::keys::{Entry, Keys, Meta};
+use crate::kv::{first_of, gets, header_revision, nth_first, token_of, CAS_ATTEMPTS};
+use crate::kv::{Entry, Keys, Meta};
 use crate::url::percent_decode;
 use crate::EtcdBackend;
 use distlock_core::{
@@ -76,7 +76,7 @@ fn parse_key(root: &[u8], key: &[u8]) -> Option<(String, bool)> {
 pub(crate) async fn list(b: &EtcdBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let root = format!("{}/", b.prefix).into_bytes();
     let mut from = root.clone();
-    from.extend_from_slice(crate::keys::escape(prefix).as_bytes());
+    from.extend_from_slice(crate::kv::escape(prefix).as_bytes());
     let end = prefix_end(&from);
     let mut names: BTreeMap<String, Gathered> = BTreeMap::new();
     let mut at: Option<i64> = None;

@@ -1,9 +1,10 @@
 //! Renewing grants (keep-alives, moving a key to a longer lease), releasing them, giving attempts up.
 
-use crate::acquire::*;
 use crate::error::{shape, KIND};
-use crate::keys::{Entry, Keys, Meta};
-use crate::lease::*;
+use crate::kv::{
+    first_of, gets, nth_first, put_hold, revision_of, Entry, Keys, Meta, CAS_ATTEMPTS,
+};
+use crate::lease::{ttl_secs, Lease};
 use crate::EtcdBackend;
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, RenewOutcome};
 use distlock_core::{Error, ReleaseOutcome, Result};

@@ -14,9 +14,9 @@
 //! deleted, whatever state it is in — and only its own, never a key of another attempt of the
 //! same owner.
 
-use crate::acquire::{first_of, gets, header_revision, nth_first, put_hold, token_of, value_of};
 use crate::error::{map, timed_out, KIND};
-use crate::keys::Keys;
+use crate::kv::Keys;
+use crate::kv::{first_of, gets, header_revision, nth_first, put_hold, token_of, value_of};
 use crate::lease::Lease;
 use crate::EtcdBackend;
 use distlock_core::backend::{

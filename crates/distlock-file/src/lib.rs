@@ -1,4 +1,4 @@
-#![doc = include_str!("doc.md")]
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 mod election;
@@ -33,7 +33,7 @@ pub const KIND: &str = "file";
 /// Locks shared by the processes of one host through `flock` on files in one directory.
 ///
 /// Cheap to clone; clones share the in-process table (and so exclude each other as one
-/// process). See the [crate documentation](crate) for the guarantees and the file layout.
+/// process). See `docs/file-backend.md` for the guarantees and the file layout.
 #[derive(Clone)]
 pub struct FileBackend {
     inner: Arc<Inner>,
@@ -57,7 +57,7 @@ impl FileBackend {
     /// - [`Error::Connection`] when the directory cannot be created, is not a directory or
     ///   cannot be examined;
     /// - [`Error::Unsupported`] when it is on a network file system (NFS, SMB/CIFS, AFS,
-    ///   CephFS: see the [crate documentation](crate#why-this-is-a-mutex-the-safety-argument)).
+    ///   CephFS: see the [user page](https://github.com/distlock-rs/distlock/blob/main/docs/file-backend.md#why-this-is-a-mutex-the-safety-argument)).
     pub fn open(dir: impl AsRef<Path>, opts: &ClientOptions) -> Result<Self> {
         let dir = dir.as_ref();
         let base = std::path::absolute(dir).map_err(|e| {
@@ -104,14 +104,14 @@ impl FileBackend {
 
     /// The file of election `name`: `<hash>.election` (its `flock(LOCK_EX)` is the
     /// leadership; the record carries the fencing counter, the leader and its value). See the
-    /// [crate documentation](crate#elections).
+    /// [user page](https://github.com/distlock-rs/distlock/blob/main/docs/file-backend.md#elections).
     pub fn election_file(&self, name: &str) -> PathBuf {
         self.inner.fpath(mutex::Flavor::Election, name)
     }
 
     /// The files of read-write lock `name`: the lock itself (`<hash>.rw`), the turnstile
     /// (`<hash>.rw-turnstile`) and the record (`<hash>.rw-record`: fencing counter, name,
-    /// holders). See the [crate documentation](crate#read-write-locks).
+    /// holders). See the [user page](https://github.com/distlock-rs/distlock/blob/main/docs/file-backend.md#read-write-locks).
     pub fn rw_lock_files(&self, name: &str) -> [PathBuf; 3] {
         [rw::MAIN, rw::TURNSTILE, rw::RECORD].map(|suffix| self.inner.rw_path(name, suffix))
     }
@@ -251,7 +251,7 @@ impl Backend for FileBackend {
         Ok(Box::new(self.inner.watch(f, &key.name)?))
     }
 
-    /// Waits without polling: see the crate documentation. Every release wakes the waiters.
+    /// Waits without polling: see docs/file-backend.md. Every release wakes the waiters.
     async fn acquire_wait(
         &self,
         req: &AcquireRequest,
@@ -313,7 +313,7 @@ impl Backend for FileBackend {
     }
 
     /// Rewrites the election record with `value` if `grant` still leads and `seq` is above
-    /// the last proclamation's: see the crate documentation, section *Elections*.
+    /// the last proclamation's: see docs/file-backend.md, section *Elections*.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         check_key(&grant.key)?;
         if grant.key.kind != LockKind::Election {

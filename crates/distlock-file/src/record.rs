@@ -1,6 +1,6 @@
 //! Lock file names and the record stored in each lock file.
 //!
-//! See the crate documentation for the format.
+//! See docs/file-backend.md for the format.
 
 use std::fs::File;
 use std::io;

@@ -1,6 +1,6 @@
 //! What the mutex and the read-write lock share in waiting: the loop of `acquire_wait`, the
 //! release watch over a name's generation, and the start of a thread that blocks in `flock`.
-//! See the crate documentation, section *Waiting without polling*.
+//! See docs/file-backend.md, section *Waiting without polling*.
 
 use crate::Inner;
 use distlock_core::backend::{

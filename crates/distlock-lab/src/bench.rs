@@ -168,7 +168,7 @@ fn progress_ticker(
 ///
 /// None returned: a backend that cannot be reached or a store that cannot be opened is
 /// printed to stderr, and so is a run that broke mutual exclusion (violations in the report);
-/// the exit code is then [`EXIT_ERROR`](crate::EXIT_ERROR). Operations that failed during the
+/// the exit code is then [`EXIT_ERROR`](distlock::program::EXIT_ERROR). Operations that failed during the
 /// measurement are counted in the report (`errors`).
 ///
 /// # Cancel safety

@@ -17,7 +17,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    ExitCode::from(distlock_lab::block_on(distlock_lab::run(
+    ExitCode::from(distlock::program::block_on(distlock_lab::run(
         &cli.backend,
         cli.command,
     )))

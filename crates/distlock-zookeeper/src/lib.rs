@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Shortest session timeout the backend asks for by default (the watchdog lease when longer).
 /// A session must outlast the window in which a deposed leader still answers its clients
-/// (`syncLimit × tickTime`, 10 s on a default ensemble: the crate README's *What is still
+/// (`syncLimit × tickTime`, 10 s on a default ensemble: docs/zookeeper.md's *What is still
 /// assumed*), and it is also the longest fixed lease or `extend` a client may ask for. The
 /// price: a holder that dies with a shorter watchdog lease keeps the lock for this long, not
 /// for its lease; `?session_timeout=` asks for less, knowingly.

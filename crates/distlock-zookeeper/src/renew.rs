@@ -43,16 +43,58 @@ impl Inner {
         let mut paths: Vec<&str> = wanted.iter().map(|(_, g)| g.path.as_str()).collect();
         paths.sort_unstable();
         paths.dedup();
-        // The sync goes to the leader, and the read is answered only after it: a server cut
-        // off from the leader (which may have expired our session already) cannot confirm.
-        // Both are sent at once (the server answers a session's requests in order).
-        let mut reader = sess.zk.new_multi_reader();
-        for p in &paths {
+        let answers = self.read_through_leader(&sess.zk, &paths).await?;
+        // Election candidates' nodes hold their value, not dlock's node data.
+        let latches: std::collections::HashSet<&str> = wanted
+            .iter()
+            .filter(|(_, g)| g.node == NodeKind::Latch)
+            .map(|(_, g)| g.path.as_str())
+            .collect();
+        // A node that cannot be read (data dlock did not write, an error for that node alone)
+        // leaves the holds on it unconfirmed, not the others of the batch.
+        let mut nodes: HashMap<&str, Read> = HashMap::new();
+        for (p, r) in paths.iter().zip(answers) {
+            let node = read_of(r, sess.id, latches.contains(p));
+            if matches!(node, Ok(None)) {
+                self.node_gone(p, sess.gen);
+            }
+            nodes.insert(p, node);
+        }
+        let mut results: Vec<Result<RenewOutcome>> = out.into_iter().map(Ok).collect();
+        for (i, g) in &wanted {
+            let held = match nodes.get(g.path.as_str()) {
+                Some(Ok(Some((nd, stat)))) => still_held(g, nd, stat, &holds[*i].0.attempt),
+                Some(Err(unread)) => {
+                    results[*i] = Err(unread.error(self, &g.path));
+                    continue;
+                }
+                _ => false,
+            };
+            if held {
+                results[*i] = Ok(RenewOutcome::Renewed);
+            } else {
+                self.forget_grant(&holds[*i].0.attempt);
+            }
+        }
+        RenewOutcome::each(KIND, holds, results)
+    }
+
+    /// Reads `paths` (sorted, deduplicated, at least one) through the leader: the sync goes to
+    /// the leader, and the read is answered only after it, so a server cut off from the leader
+    /// (which may have expired our session already) cannot confirm. Both are sent at once (the
+    /// server answers a session's requests in order). One answer per path, in order.
+    async fn read_through_leader(
+        &self,
+        zk: &zk::Client,
+        paths: &[&str],
+    ) -> Result<Vec<zk::MultiReadResult>> {
+        let mut reader = zk.new_multi_reader();
+        for p in paths {
             reader
                 .add_get_data(p)
                 .map_err(|e| self.err("renewing", e))?;
         }
-        let sync = sess.zk.sync(paths[0]);
+        let sync = zk.sync(paths[0]);
         let read = reader.commit();
         let (synced, results) =
             tokio::time::timeout(self.op_timeout, async { tokio::join!(sync, read) })
@@ -79,67 +121,43 @@ impl Inner {
                 ),
             ));
         }
-        // Election candidates' nodes hold their value, not dlock's node data.
-        let latches: std::collections::HashSet<&str> = wanted
-            .iter()
-            .filter(|(_, g)| g.node == NodeKind::Latch)
-            .map(|(_, g)| g.path.as_str())
-            .collect();
-        // A node that cannot be read (data dlock did not write, an error for that node alone)
-        // leaves the holds on it unconfirmed, not the others of the batch.
-        let mut nodes: HashMap<&str, Read> = HashMap::new();
-        for (p, r) in paths.iter().zip(results) {
-            let node = match r {
-                zk::MultiReadResult::Data { stat, .. }
-                    if stat.ephemeral_owner == sess.id && latches.contains(p) =>
-                {
-                    Ok(Some((NodeData::default(), stat)))
-                }
-                zk::MultiReadResult::Data { data, stat } if stat.ephemeral_owner == sess.id => {
-                    match NodeData::parse(&data) {
-                        Some(nd) => Ok(Some((nd, stat))),
-                        None => Err(Unread::Foreign(data)),
-                    }
-                }
-                zk::MultiReadResult::Data { .. } => Ok(None),
-                zk::MultiReadResult::Error {
-                    err: zk::Error::NoNode,
-                } => Ok(None),
-                zk::MultiReadResult::Error { err } => Err(Unread::Refused(err)),
-                other => Err(Unread::Answer(format!("{other:?}"))),
-            };
-            if matches!(node, Ok(None)) {
-                self.node_gone(p, sess.gen);
-            }
-            nodes.insert(p, node);
-        }
-        let mut results: Vec<Result<RenewOutcome>> = out.into_iter().map(Ok).collect();
-        for (i, g) in &wanted {
-            let held = match nodes.get(g.path.as_str()) {
-                Some(Ok(Some((nd, stat)))) => {
-                    token_of(stat) == Some(g.token)
-                        && if g.joined {
-                            nd.readers
-                                .iter()
-                                .any(|r| *r == holds[*i].0.attempt.as_str())
-                        } else {
-                            g.node != NodeKind::Write || !nd.downgraded
-                        }
-                }
-                Some(Err(unread)) => {
-                    results[*i] = Err(unread.error(self, &g.path));
-                    continue;
-                }
-                _ => false,
-            };
-            if held {
-                results[*i] = Ok(RenewOutcome::Renewed);
-            } else {
-                self.forget_grant(&holds[*i].0.attempt);
-            }
-        }
-        RenewOutcome::each(KIND, holds, results)
+        Ok(results)
     }
+}
+
+/// What the renewal read `answer` of one node says, for session `session`: the node's data
+/// and stat if the session still owns it (a latch node's data is the candidate's value, not
+/// dlock's node data), `None` if it is gone or another session's.
+fn read_of(answer: zk::MultiReadResult, session: i64, latch: bool) -> Read {
+    match answer {
+        zk::MultiReadResult::Data { stat, .. } if stat.ephemeral_owner == session && latch => {
+            Ok(Some((NodeData::default(), stat)))
+        }
+        zk::MultiReadResult::Data { data, stat } if stat.ephemeral_owner == session => {
+            match NodeData::parse(&data) {
+                Some(nd) => Ok(Some((nd, stat))),
+                None => Err(Unread::Foreign(data)),
+            }
+        }
+        zk::MultiReadResult::Data { .. } => Ok(None),
+        zk::MultiReadResult::Error {
+            err: zk::Error::NoNode,
+        } => Ok(None),
+        zk::MultiReadResult::Error { err } => Err(Unread::Refused(err)),
+        other => Err(Unread::Answer(format!("{other:?}"))),
+    }
+}
+
+/// Whether grant `g` of attempt `attempt` still holds, its node read as `nd` with `stat`: the
+/// node has the grant's token, and a reader joined to a shared node is still listed in it,
+/// or a write grant's node was not downgraded.
+fn still_held(g: &Grant, nd: &NodeData, stat: &zk::Stat, attempt: &str) -> bool {
+    token_of(stat) == Some(g.token)
+        && if g.joined {
+            nd.readers.iter().any(|r| *r == attempt)
+        } else {
+            g.node != NodeKind::Write || !nd.downgraded
+        }
 }
 
 /// What the renewal read of one node found: the node if it is still this session's.
@@ -164,5 +182,122 @@ impl Unread {
                 Error::unexpected(KIND, format!("renewal of {path}: unexpected answer {a}"))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock_core::backend::HoldKey;
+    use distlock_core::LockKind;
+
+    fn stat(czxid: i64, owner: i64) -> zk::Stat {
+        zk::Stat {
+            czxid,
+            mzxid: czxid,
+            pzxid: czxid,
+            ctime: 0,
+            mtime: 0,
+            version: 0,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner: owner,
+            data_length: 0,
+            num_children: 0,
+        }
+    }
+
+    fn grant(node: NodeKind, joined: bool) -> Grant {
+        Grant {
+            key: HoldKey::new("n", "o", LockKind::Mutex),
+            path: "/d/n/x".into(),
+            dir: "/d/n".into(),
+            node,
+            token: 7,
+            gen: 1,
+            joined,
+            releasing: false,
+            delete_sent: false,
+        }
+    }
+
+    #[test]
+    fn a_grant_holds_while_its_node_has_its_token_and_lists_it() {
+        let nd = NodeData::new("o");
+        assert!(still_held(
+            &grant(NodeKind::Lock, false),
+            &nd,
+            &stat(7, 1),
+            "a"
+        ));
+        assert!(!still_held(
+            &grant(NodeKind::Lock, false),
+            &nd,
+            &stat(8, 1),
+            "a"
+        ));
+        let down = NodeData {
+            downgraded: true,
+            ..nd.clone()
+        };
+        assert!(!still_held(
+            &grant(NodeKind::Write, false),
+            &down,
+            &stat(7, 1),
+            "a"
+        ));
+        let shared = NodeData {
+            readers: vec!["a".into()],
+            ..nd
+        };
+        assert!(still_held(
+            &grant(NodeKind::Write, true),
+            &shared,
+            &stat(7, 1),
+            "a"
+        ));
+        assert!(!still_held(
+            &grant(NodeKind::Write, true),
+            &shared,
+            &stat(7, 1),
+            "b"
+        ));
+    }
+
+    #[test]
+    fn a_node_read_is_ours_gone_or_unreadable() {
+        let data = NodeData::new("o").encode();
+        let ours = |data: &[u8], latch| {
+            read_of(
+                zk::MultiReadResult::Data {
+                    data: data.to_vec(),
+                    stat: stat(7, 1),
+                },
+                1,
+                latch,
+            )
+        };
+        assert!(matches!(ours(&data, false), Ok(Some((nd, _))) if nd.owner == "o"));
+        assert!(matches!(
+            ours(b"\xff not dlock's data", false),
+            Err(Unread::Foreign(_))
+        ));
+        assert!(matches!(ours(b"a candidate's value", true), Ok(Some(_))));
+        let other_session = zk::MultiReadResult::Data {
+            data,
+            stat: stat(7, 2),
+        };
+        assert!(matches!(read_of(other_session, 1, false), Ok(None)));
+        let gone = zk::MultiReadResult::Error {
+            err: zk::Error::NoNode,
+        };
+        assert!(matches!(read_of(gone, 1, false), Ok(None)));
+        let refused = zk::MultiReadResult::Error {
+            err: zk::Error::NoAuth,
+        };
+        assert!(matches!(
+            read_of(refused, 1, false),
+            Err(Unread::Refused(_))
+        ));
     }
 }

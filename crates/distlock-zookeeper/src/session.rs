@@ -246,28 +246,7 @@ impl Inner {
             }
         };
         let timeout = client.session_timeout();
-        if timeout < self.watchdog_lease {
-            // Renewals promise the core a whole watchdog lease from their send time; a session
-            // the server may expire sooner would let a hold look alive after its node is gone.
-            return Err(Error::invalid(format!(
-                "the ZooKeeper ensemble at {} negotiated a session timeout of {timeout:?} \
-                 (asked for {:?}), shorter than the watchdog lease {:?}: a lock would outlive \
-                 its session in the holder's view; lower the client's watchdog_lease to at most \
-                 {timeout:?}, or ask for a longer session (`session_timeout` in the URL) within \
-                 the servers' maxSessionTimeout (default 20 × tickTime)",
-                self.endpoint, self.requested_timeout, self.watchdog_lease
-            )));
-        }
-        if timeout < self.requested_timeout {
-            tracing::info!(requested = ?self.requested_timeout, negotiated = ?timeout,
-                "the ZooKeeper server shortened the session timeout (its maxSessionTimeout)");
-        }
-        if timeout > self.requested_timeout {
-            tracing::warn!(
-                "{}",
-                crate::ops::lengthened(timeout, self.requested_timeout, self.watchdog_lease)
-            );
-        }
+        self.check_negotiated(timeout)?;
         let watcher = client.state_watcher();
         let ended = CancellationToken::new();
         let session = {
@@ -299,6 +278,34 @@ impl Inner {
             self.shutdown.clone(),
         ));
         Ok(session)
+    }
+
+    /// Whether a session whose servers negotiated `timeout` may be used: refused when shorter
+    /// than the watchdog lease (renewals promise the core a whole watchdog lease from their
+    /// send time; a session the server may expire sooner would let a hold look alive after
+    /// its node is gone); logged when it differs from the one asked for.
+    fn check_negotiated(&self, timeout: Duration) -> Result<()> {
+        if timeout < self.watchdog_lease {
+            return Err(Error::invalid(format!(
+                "the ZooKeeper ensemble at {} negotiated a session timeout of {timeout:?} \
+                 (asked for {:?}), shorter than the watchdog lease {:?}: a lock would outlive \
+                 its session in the holder's view; lower the client's watchdog_lease to at most \
+                 {timeout:?}, or ask for a longer session (`session_timeout` in the URL) within \
+                 the servers' maxSessionTimeout (default 20 × tickTime)",
+                self.endpoint, self.requested_timeout, self.watchdog_lease
+            )));
+        }
+        if timeout < self.requested_timeout {
+            tracing::info!(requested = ?self.requested_timeout, negotiated = ?timeout,
+                "the ZooKeeper server shortened the session timeout (its maxSessionTimeout)");
+        }
+        if timeout > self.requested_timeout {
+            tracing::warn!(
+                "{}",
+                crate::ops::lengthened(timeout, self.requested_timeout, self.watchdog_lease)
+            );
+        }
+        Ok(())
     }
 
     /// A lease the core would measure from a request's send time must fit in the session:

@@ -207,7 +207,7 @@ async fn session_expiry_fires_lost_and_fences() {
 /// its 6 s wait. The session is what a dead holder's node lives on. Safety holds: the crashed
 /// holder's guard is lost by the time the lock is granted again, and the token is higher.
 /// (By default the session is at least MIN_SESSION_TIMEOUT, 10 s, whatever the lease: see
-/// the crate README's *Session = lease*.)
+/// docs/zookeeper.md's *Session = lease*.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashed_holder_and_waiter_free_the_lock_within_a_short_session() {
     let ensemble = ZkEnsemble::shared();
@@ -215,7 +215,7 @@ async fn crashed_holder_and_waiter_free_the_lock_within_a_short_session() {
     let lease = Duration::from_secs(1);
     let opts = opts().watchdog_lease(lease);
     // A session as short as the lease (asked for: by default it is at least
-    // MIN_SESSION_TIMEOUT, 10 s, see the crate README's *What is still assumed*).
+    // MIN_SESSION_TIMEOUT, 10 s, see docs/zookeeper.md's *What is still assumed*).
     let cut_url = format!("zk://127.0.0.1:{}?session_timeout=1s", proxy.port());
     let name = unique_name("crashed");
     let holder_backend = ZkBackend::connect(&cut_url, &opts).await.expect("connect");

@@ -12,13 +12,16 @@
 //! | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3` | Redlock over N independent Redis masters | `redlock` (default) |
 //! | `postgres://user:pass@host:port/db[?mode=lease]` | PostgreSQL advisory locks (or a lease table) | `postgres` |
 //! | `mysql://user:pass@host:port/db[?mode=table]` | MySQL/MariaDB `GET_LOCK` (or lock rows) | `mysql` |
+//! | `etcd://h1:p1[,h2:p2…][/prefix]` | an etcd cluster, etcd's own mutex and election recipes | `etcd` |
+//! | `etcds://h1:p1[,h2:p2…][/prefix]?cacert=PATH` | the same over TLS | `etcd` |
 //! | `zk://h1:p1[,h2:p2…][/chroot]` | ZooKeeper ensemble, Curator-style lock nodes | `zookeeper` |
 //! | `zks://h1:p1[,h2:p2…][/chroot]?cacert=PATH` | the same over TLS | `zookeeper` + `tls` |
 //!
 //! Every lock hands its holder a **fencing token** (strictly increasing per lock name) and a
 //! **lost signal** (fires as soon as the lease is known to be gone). By default a lock is kept
 //! alive by a watchdog while its guard lives; locks are re-entrant per owner; waiters are woken
-//! by the server, not by a polling loop.
+//! by the server, not by a polling loop (except in MySQL's table mode: MySQL has no
+//! notifications, so its waiters wake at the holder's lease end or at their heartbeat).
 //!
 //! ```no_run
 //! # async fn demo() -> distlock::Result<()> {

@@ -1,5 +1,5 @@
 //! Mutexes ([`LockKind::Mutex`]): one file per name, `<hash>.lock`, whose `flock(LOCK_EX)` is
-//! the lock and whose record carries the fencing counter. See the crate documentation,
+//! the lock and whose record carries the fencing counter. See docs/file-backend.md,
 //! sections *The hold protocol* and *Why this is a mutex*.
 //!
 //! Elections ([`LockKind::Election`]) are mutexes of their own ([`Flavor::Election`]): one

@@ -1,5 +1,5 @@
 //! Waiting for a mutex held by another process: one thread per name and backend blocks in
-//! `flock(LOCK_EX)` and parks the lock it gets for the waiters (see the crate documentation,
+//! `flock(LOCK_EX)` and parks the lock it gets for the waiters (see docs/file-backend.md,
 //! section *Waiting without polling*).
 
 use super::{remove_if_idle, Entry, Flavor};

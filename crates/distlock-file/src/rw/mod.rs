@@ -1,4 +1,4 @@
-//! Read-write locks ([`LockKind::Read`] / [`LockKind::Write`]): see the crate documentation,
+//! Read-write locks ([`LockKind::Read`] / [`LockKind::Write`]): see docs/file-backend.md,
 //! section *Read-write locks*, for the files, the turnstile and the safety argument.
 //!
 //! Three files per name, next to the mutex's `<hash>.lock` (which they never touch):

@@ -1,6 +1,6 @@
 //! Waiting for a read-write lock without polling: up to three threads per name and backend
 //! (read, write, turnstile) block in `flock` and park what they get for the waiters of their
-//! side (see the crate documentation, section *Waiting without polling*).
+//! side (see docs/file-backend.md, section *Waiting without polling*).
 
 use super::{remove_if_idle, RwEntry, MAIN, TURNSTILE};
 use crate::record::Side;

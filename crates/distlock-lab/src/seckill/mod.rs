@@ -184,7 +184,7 @@ impl Row {
 ///
 /// None returned: a backend without a store, workers that cannot start or fail, and an
 /// unwritable timeline are printed to stderr and make the exit code
-/// [`EXIT_ERROR`](crate::EXIT_ERROR).
+/// [`EXIT_ERROR`](distlock::program::EXIT_ERROR).
 ///
 /// # Cancel safety
 ///

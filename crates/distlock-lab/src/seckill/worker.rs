@@ -54,7 +54,7 @@ pub struct WorkerArgs {
 ///
 /// None returned: a failure is sent to the parent as an `error` message on stdout (or
 /// printed to stderr if stdout is gone) and makes the exit code
-/// [`EXIT_ERROR`](crate::EXIT_ERROR).
+/// [`EXIT_ERROR`](distlock::program::EXIT_ERROR).
 ///
 /// # Cancel safety
 ///
