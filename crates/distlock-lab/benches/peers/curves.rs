@@ -163,8 +163,8 @@ pub(super) struct Curves {
     pub(super) fair: Vec<Point>,
     pub(super) rslock: Vec<Point>,
     /// dlock, rslock.
-    pub(super) names: (Contended, Contended),
-    pub(super) queues: [Queue; 2],
+    pub(super) names: Option<(Contended, Contended)>,
+    pub(super) queues: Vec<Queue>,
     pub(super) held: Vec<Watchdog>,
 }
 
@@ -186,16 +186,17 @@ pub(super) fn print_curves(c: &Curves) {
             x(us(d.c.p99), us(r.c.p99))
         );
     }
-    let (d, r) = &c.names;
-    println!(
-        "| {NAMES} names × {PER_NAME} clients | {:.0}/s, p99 {:.1} ms | | {:.0}/s, p99 {:.1} ms | {:.2}× ops, {:.3}× p99 |",
-        d.per_sec,
-        ms(d.p99),
-        r.per_sec,
-        ms(r.p99),
-        x(d.per_sec, r.per_sec),
-        x(us(d.p99), us(r.p99))
-    );
+    if let Some((d, r)) = &c.names {
+        println!(
+            "| {NAMES} names × {PER_NAME} clients | {:.0}/s, p99 {:.1} ms | | {:.0}/s, p99 {:.1} ms | {:.2}× ops, {:.3}× p99 |",
+            d.per_sec,
+            ms(d.p99),
+            r.per_sec,
+            ms(r.p99),
+            x(d.per_sec, r.per_sec),
+            x(us(d.p99), us(r.p99))
+        );
+    }
     println!();
     println!("| dlock, locks held by one client | RSS | round trips per renewal tick | EVALSHA per tick |");
     println!("|---|---|---|---|");
@@ -289,16 +290,16 @@ pub(super) fn curves_svg(c: &Curves, run: Duration) -> String {
             series: vec![held(|w| w.round_trips(), "dlock")],
         },
     ];
-    let (d, r) = &c.names;
-    let mut notes = vec![
-        format!(
+    let mut notes = Vec::new();
+    if let Some((d, r)) = &c.names {
+        notes.push(format!(
             "{NAMES} names × {PER_NAME} clients: dlock {:.0}/s p99 {:.1} ms, rslock {:.0}/s p99 {:.1} ms.",
             d.per_sec,
             ms(d.p99),
             r.per_sec,
             ms(r.p99)
-        ),
-    ];
+        ));
+    }
     for q in &c.queues {
         notes.push(format!(
             "dlock {}, {WAITERS} waiters on one name: {:.0} bytes of server memory each; head wake-up p50 {:.0} µs, p99 {:.0} µs.",
