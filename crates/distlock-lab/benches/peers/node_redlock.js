@@ -118,8 +118,8 @@ async function contended() {
 
 (cfg.scenario === "uncontended" ? uncontended() : contended())
   .then((r) => {
-    process.stdout.write(JSON.stringify(r) + "\n");
-    process.exit(0);
+    // Exit once the whole reply is written (a pipe takes it in 64 KiB pieces).
+    process.stdout.write(JSON.stringify(r) + "\n", () => process.exit(0));
   })
   .catch((e) => {
     process.stderr.write(String((e && e.stack) || e) + "\n");
