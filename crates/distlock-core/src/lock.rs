@@ -226,18 +226,24 @@ impl Lock {
                 req.write_grant = shared.live_hold(&write).map(|h| h.grant.clone());
             }
             let mut pending = PendingGrant::start(&self.client, req.clone(), mode);
-            let granted = loop {
-                // A sibling task of this owner may get the lock while this one waits on the
-                // server: then this attempt is given up and the sibling's hold joined.
-                let attached = shared.attached.notified();
-                tokio::pin!(attached);
-                attached.as_mut().enable();
-                if matches!(mode, Mode::Wait(_)) && shared.live_hold(&self.key).is_some() {
-                    break None;
-                }
-                tokio::select! {
-                    r = &mut pending => break Some(r?),
-                    _ = attached => {}
+            let granted = if matches!(mode, Mode::Try) {
+                // One request, no wait on the server: nothing for a sibling's grant to cut
+                // short, so no sibling watch (a Notify registration per attempt).
+                Some((&mut pending).await?)
+            } else {
+                loop {
+                    // A sibling task of this owner may get the lock while this one waits on the
+                    // server: then this attempt is given up and the sibling's hold joined.
+                    let attached = shared.attached.notified();
+                    tokio::pin!(attached);
+                    attached.as_mut().enable();
+                    if shared.live_hold(&self.key).is_some() {
+                        break None;
+                    }
+                    tokio::select! {
+                        r = &mut pending => break Some(r?),
+                        _ = attached => {}
+                    }
                 }
             };
             let Some(granted) = granted else {

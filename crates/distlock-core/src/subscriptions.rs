@@ -287,10 +287,10 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
         let Some(ch) = table.get_mut(key) else {
             return false;
         };
-        let Some(a) = ch.attempts.keys().find(|a| a.as_str() == attempt).cloned() else {
+        let Some((a, _)) = ch.attempts.get_key_value(attempt) else {
             return false;
         };
-        ch.handed.insert(a, token);
+        ch.handed.insert(a.clone(), token);
         ch.bump();
         true
     }

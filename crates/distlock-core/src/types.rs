@@ -83,7 +83,16 @@ pub struct AttemptId(Arc<str>);
 impl AttemptId {
     /// A new id, unique forever.
     pub fn new() -> Self {
-        AttemptId(format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)).into())
+        // Hex digits written straight into a buffer: no formatting machinery, one allocation.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let bits = fastrand::u128(..);
+        let mut text = [0u8; 32];
+        for (i, digit) in text.iter_mut().enumerate() {
+            *digit = HEX[((bits >> (124 - 4 * i)) & 0xf) as usize];
+        }
+        // Every byte is an ASCII hex digit.
+        let text = std::str::from_utf8(&text).unwrap_or_default();
+        AttemptId(Arc::from(text))
     }
 
     /// An id read back from a server (e.g. in a handoff message or an inspect).
@@ -106,6 +115,14 @@ impl Default for AttemptId {
 impl std::fmt::Display for AttemptId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// Maps keyed by attempt look up by the id's text (the hash and order of the id are its
+/// text's).
+impl std::borrow::Borrow<str> for AttemptId {
+    fn borrow(&self) -> &str {
+        &self.0
     }
 }
 
@@ -621,7 +638,27 @@ impl Finding {
 
 #[cfg(test)]
 mod tests {
-    use super::owner_origin;
+    use super::{owner_origin, AttemptId};
+
+    #[test]
+    fn attempt_ids_are_32_lower_hex_digits_and_differ() {
+        let ids: Vec<AttemptId> = (0..1000).map(|_| AttemptId::new()).collect();
+        for id in &ids {
+            assert_eq!(id.len(), 32, "{id}");
+            assert!(
+                id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+                "{id}"
+            );
+        }
+        let distinct: std::collections::HashSet<&str> = ids.iter().map(|i| i.as_str()).collect();
+        assert_eq!(distinct.len(), ids.len());
+        // All 128 bits are used: over 1,000 ids every digit position takes more than one value.
+        for pos in 0..32 {
+            let seen: std::collections::HashSet<u8> =
+                ids.iter().map(|i| i.as_bytes()[pos]).collect();
+            assert!(seen.len() > 1, "digit {pos} never changes");
+        }
+    }
 
     #[test]
     fn owner_origin_reads_only_the_cores_shape() {

@@ -1,7 +1,9 @@
-//! `cargo bench -p distlock-lab --bench peers [-- --quick]`: dlock next to rslock (the Redlock
-//! crate on crates.io), through the same scenarios in one run, on redis-servers this bench
-//! starts itself (distlock-testkit). The goals of issue 14 are printed as ratios with "goal met"
-//! or "goal not met", then as a markdown table for the README.
+//! `cargo bench -p distlock-lab --bench peers [-- --quick] [--svg FILE]`: dlock next to rslock (the
+//! Redlock crate on crates.io) and, when installed, node-redlock (`node.rs`), through the same
+//! scenarios in one run, on redis-servers this bench starts itself (distlock-testkit). The goals
+//! of issue 28 are printed as ratios with "goal met" or "goal not met", then as markdown tables
+//! for the README; `--svg FILE` draws the curves (`curves.rs`); `--profile LIB [PAIRS]` runs one
+//! library's acquire+release loop alone, for callgrind (`cpu.rs`).
 //!
 //! Same rules for both libraries: each client has its own connection(s) (its own dlock client,
 //! its own rslock `LockManager`, its own connection for the critical section); the critical
@@ -35,7 +37,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod cpu;
+mod curves;
+mod node;
+mod server;
+mod svg;
 mod watchdog;
+use cpu::*;
+use curves::*;
+use node::*;
+use server::*;
 use watchdog::*;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -77,26 +88,54 @@ trait Locker: Send + Sync + 'static {
 }
 
 /// A library under test: how it connects a client to `nodes` (one URL: a single Redis; five:
-/// Redlock) for the lock `name`.
+/// Redlock), and a client's handle on the lock `name`.
 trait Peer: Sync {
     const NAME: &'static str;
+    /// Commands it sends besides scripts on the acquire/release path (server time per pair).
+    const DIRECT: &'static [&'static str] = &[];
+    /// One client: its own connection(s), shared by its handles.
+    type Client: Send + Sync + 'static;
     type Locker: Locker;
-    fn connect(
-        &self,
-        nodes: &[String],
-        name: &str,
-    ) -> impl Future<Output = Res<Self::Locker>> + Send;
+    fn client(&self, nodes: &[String]) -> impl Future<Output = Res<Self::Client>> + Send;
+    fn locker(&self, client: &Self::Client, name: &str) -> Res<Self::Locker>;
+}
+
+/// A client of its own with one handle on `name`.
+async fn connect<P: Peer>(peer: &P, nodes: &[String], name: &str) -> Res<P::Locker> {
+    let client = peer.client(nodes).await?;
+    peer.locker(&client, name)
 }
 
 struct Dlock;
 
 impl Peer for Dlock {
     const NAME: &'static str = "dlock";
+    type Client = Client;
     type Locker = distlock::Lock;
 
-    async fn connect(&self, nodes: &[String], name: &str) -> Res<distlock::Lock> {
-        let client = dlock_client(nodes, ClientOptions::default()).await?;
+    async fn client(&self, nodes: &[String]) -> Res<Client> {
+        dlock_client(nodes, ClientOptions::default()).await
+    }
+
+    fn locker(&self, client: &Client, name: &str) -> Res<distlock::Lock> {
         Ok(client.lock(name)?)
+    }
+}
+
+/// dlock's `fair` kind: strict FIFO, reported beside the plain mutex.
+struct DlockFair;
+
+impl Peer for DlockFair {
+    const NAME: &'static str = "dlock fair";
+    type Client = Client;
+    type Locker = distlock::Lock;
+
+    async fn client(&self, nodes: &[String]) -> Res<Client> {
+        dlock_client(nodes, ClientOptions::default()).await
+    }
+
+    fn locker(&self, client: &Client, name: &str) -> Res<distlock::Lock> {
+        Ok(client.fair_lock(name)?)
     }
 }
 
@@ -146,15 +185,21 @@ struct RsLocker {
 
 impl Peer for Rslock {
     const NAME: &'static str = "rslock";
+    const DIRECT: &'static [&'static str] = &["set"];
+    type Client = rslock::LockManager;
     type Locker = RsLocker;
 
-    async fn connect(&self, nodes: &[String], name: &str) -> Res<RsLocker> {
+    async fn client(&self, nodes: &[String]) -> Res<rslock::LockManager> {
         let clients = nodes
             .iter()
             .map(|u| redis::Client::open(u.as_str()))
             .collect::<Result<Vec<_>, _>>()?;
+        Ok(rslock::LockManager::from_clients(clients))
+    }
+
+    fn locker(&self, manager: &rslock::LockManager, name: &str) -> Res<RsLocker> {
         Ok(RsLocker {
-            manager: rslock::LockManager::from_clients(clients),
+            manager: manager.clone(),
             name: name.to_owned(),
         })
     }
@@ -205,30 +250,45 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Operations per second, p50 of each.
+/// Operations per second, p50 of each, and this process's CPU time per operation; for
+/// acquire+release pairs, what they cost the server(s).
 struct Rate {
     per_sec: f64,
     p50: Duration,
+    cpu: Duration,
+    /// µs of command time per pair (commandstats), and of server main-thread CPU.
+    server_us: f64,
+    server_cpu_us: f64,
 }
 
 impl Rate {
     fn of(mut t: Timed) -> Rate {
+        let n = t.samples.len().max(1) as u32;
         Rate {
             per_sec: t.samples.len() as f64 / t.elapsed.as_secs_f64().max(f64::MIN_POSITIVE),
             p50: pct(&mut t.samples, 0.5),
+            cpu: t.cpu / n,
+            server_us: 0.0,
+            server_cpu_us: 0.0,
         }
     }
 
     fn cell(&self) -> String {
-        format!("{:.0}/s, p50 {:.0} µs", self.per_sec, us(self.p50))
+        format!(
+            "{:.0}/s, p50 {:.0} µs, client CPU {:.1} µs",
+            self.per_sec,
+            us(self.p50),
+            us(self.cpu)
+        )
     }
 }
 
-/// The time of each call, and of them all.
+/// The time of each call, and of them all; the process's CPU time over them all.
 #[derive(Default)]
 struct Timed {
     samples: Vec<Duration>,
     elapsed: Duration,
+    cpu: Duration,
 }
 
 /// Runs `op` back to back for `run`, adding to `into`.
@@ -237,13 +297,14 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Res<()>>,
 {
-    let start = Instant::now();
+    let (start, cpu) = (Instant::now(), cpu_time());
     while start.elapsed() < run {
         let t = Instant::now();
         op().await?;
         into.samples.push(t.elapsed());
     }
     into.elapsed += start.elapsed();
+    into.cpu += cpu_time().saturating_sub(cpu);
     Ok(())
 }
 
@@ -280,10 +341,14 @@ async fn ping_rate(nodes: &[String], run: Duration) -> Res<Rate> {
     .await?
 }
 
+/// A connection of the bench's own (baselines, counters, INFO), with a 30 s reply timeout: a
+/// thousand tasks share a client's counter connection on a loaded machine.
 async fn connection(url: &str) -> Res<redis::aio::MultiplexedConnection> {
-    Ok(redis::Client::open(url)?
+    let mut con = redis::Client::open(url)?
         .get_multiplexed_async_connection()
-        .await?)
+        .await?;
+    con.set_response_timeout(Duration::from_secs(30));
+    Ok(con)
 }
 
 async fn pair<L: Locker>(l: &L) -> Res<()> {
@@ -307,7 +372,7 @@ async fn pairs_in_task<L: Locker>(l: L, run: Duration, mut t: Timed) -> Res<(L, 
 
 /// A warmed-up client of `peer` for the uncontended runs.
 async fn solo<P: Peer>(peer: &P, nodes: &[String]) -> Res<P::Locker> {
-    let l = peer.connect(nodes, "peers-uncontended").await?;
+    let l = connect(peer, nodes, "peers-uncontended").await?;
     for _ in 0..WARM_UP {
         pair(&l).await?;
     }
@@ -321,13 +386,6 @@ struct Counter {
 }
 
 impl Counter {
-    async fn open(url: &str, key: &str) -> Res<Counter> {
-        Ok(Counter {
-            con: connection(url).await?,
-            key: key.to_owned(),
-        })
-    }
-
     async fn read(&mut self) -> Res<u64> {
         let v: Option<u64> = redis::cmd("GET")
             .arg(&self.key)
@@ -373,7 +431,8 @@ struct Contended {
     failures: usize,
     last_error: Option<String>,
     sections: usize,
-    counter: u64,
+    /// Critical sections the counters miss (lost updates), summed over the names.
+    lost: u64,
     /// Times a client entered while another was inside.
     overlaps: usize,
 }
@@ -384,7 +443,7 @@ impl Contended {
     }
 
     fn exclusive(&self) -> bool {
-        self.overlaps == 0 && self.counter == self.sections as u64
+        self.overlaps == 0 && self.lost == 0
     }
 
     fn cell(&self) -> String {
@@ -406,54 +465,100 @@ impl Contended {
     }
 }
 
-/// What the clients share: the end of the run and the mutual-exclusion probe.
+/// What the clients share: the end of the run, and per name the mutual-exclusion probe and the
+/// critical sections done.
 struct Arena {
     start: Instant,
     end: Instant,
-    inside: AtomicUsize,
+    inside: Vec<AtomicUsize>,
+    sections: Vec<AtomicUsize>,
+    /// Critical sections whose SET failed without an answer (applied or not).
+    uncertain: Vec<AtomicUsize>,
     overlaps: AtomicUsize,
 }
 
-/// `CLIENTS` clients of `peer` on one name: acquire, critical section, release, until the run
-/// ends (an acquire started before the end still completes).
-async fn contended<P: Peer>(
+/// A crowd: `names` lock names, and `clients` clients of `peer` taking part on every one of
+/// them (a task per client and name, the client's handles sharing its connection(s); a
+/// connection of its own per client for the critical sections): acquire, critical section,
+/// release, until the run ends (an acquire started before the end still completes). One name:
+/// `clients` clients contend for it; `names` names: each sees `clients` contenders.
+async fn crowd<P: Peer>(
     peer: &P,
     nodes: &[String],
+    names: usize,
+    clients: usize,
     run: Duration,
     tag: &str,
 ) -> Res<Contended> {
-    let (name, key) = (format!("peers-{tag}"), format!("peers-counter-{tag}"));
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let l = peer.connect(nodes, &name).await?;
-        pair(&l).await?;
-        clients.push((l, Counter::open(&nodes[0], &key).await?));
+    let name = |i: usize| format!("peers-{tag}-{i}");
+    let key = |i: usize| format!("peers-counter-{tag}-{i}");
+    let mut lockers = Vec::new();
+    for _ in 0..clients {
+        let client = peer.client(nodes).await?;
+        let con = connection(&nodes[0]).await?;
+        for i in 0..names {
+            let l = peer.locker(&client, &name(i))?;
+            if names == 1 {
+                // Connections and scripts warmed up (many names: the first pairs do it).
+                pair(&l).await?;
+            }
+            let counter = Counter {
+                con: con.clone(),
+                key: key(i),
+            };
+            lockers.push((i, l, counter));
+        }
+        // The handles keep what they need of the client (dlock: a clone; rslock: its manager).
+        drop(client);
     }
-    let start = Instant::now() + Duration::from_millis(100);
+    let start = Instant::now() + Duration::from_millis(100 + names as u64 / 10);
     let arena = Arc::new(Arena {
         start,
         end: start + run,
-        inside: AtomicUsize::new(0),
+        inside: (0..names).map(|_| AtomicUsize::new(0)).collect(),
+        sections: (0..names).map(|_| AtomicUsize::new(0)).collect(),
+        uncertain: (0..names).map(|_| AtomicUsize::new(0)).collect(),
         overlaps: AtomicUsize::new(0),
     });
-    let tasks: Vec<_> = clients
+    let tasks: Vec<_> = lockers
         .into_iter()
-        .map(|(l, c)| tokio::spawn(contend(l, c, arena.clone())))
+        .map(|(i, l, c)| tokio::spawn(contend(i, l, c, arena.clone())))
         .collect();
     let mut runs = Vec::new();
     for t in tasks {
         runs.push(t.await??);
     }
-    let counter = Counter::open(&nodes[0], &key).await?.read().await?;
+    let mut reader = connection(&nodes[0]).await?;
+    let mut lost = 0;
+    for i in 0..names {
+        let v: Option<u64> = redis::cmd("GET")
+            .arg(key(i))
+            .query_async(&mut reader)
+            .await?;
+        let done = arena.sections[i].load(Ordering::SeqCst) as u64;
+        let doubt = arena.uncertain[i].load(Ordering::SeqCst) as u64;
+        // A failed SET may have landed: the counter may be ahead by up to `doubt`.
+        let v = v.unwrap_or(0);
+        lost += if v >= done {
+            (v - done).saturating_sub(doubt)
+        } else {
+            done - v
+        };
+    }
     Ok(summarize(
         runs,
         run,
-        counter,
+        lost,
         arena.overlaps.load(Ordering::SeqCst),
     ))
 }
 
-async fn contend<L: Locker>(l: L, mut counter: Counter, arena: Arc<Arena>) -> Res<ClientRun> {
+async fn contend<L: Locker>(
+    i: usize,
+    l: L,
+    mut counter: Counter,
+    arena: Arc<Arena>,
+) -> Res<ClientRun> {
     tokio::time::sleep_until(arena.start.into()).await;
     let mut me = ClientRun::default();
     while Instant::now() < arena.end {
@@ -471,15 +576,25 @@ async fn contend<L: Locker>(l: L, mut counter: Counter, arena: Arc<Arena>) -> Re
             }
         };
         me.waits.push(t.elapsed());
-        if arena.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+        if arena.inside[i].fetch_add(1, Ordering::SeqCst) != 0 {
             arena.overlaps.fetch_add(1, Ordering::SeqCst);
         }
         let section = counter.bump().await;
-        arena.inside.fetch_sub(1, Ordering::SeqCst);
-        section?;
-        me.sections += 1;
-        if Instant::now() <= arena.end {
-            me.in_run += 1;
+        arena.inside[i].fetch_sub(1, Ordering::SeqCst);
+        match section {
+            Ok(()) => {
+                arena.sections[i].fetch_add(1, Ordering::SeqCst);
+                me.sections += 1;
+                if Instant::now() <= arena.end {
+                    me.in_run += 1;
+                }
+            }
+            Err(e) => {
+                // The SET may or may not have landed: this name's count is in doubt by one.
+                arena.uncertain[i].fetch_add(1, Ordering::SeqCst);
+                me.failures += 1;
+                me.last_error = Some(format!("critical section: {e}"));
+            }
         }
         if let Err(e) = l.release(held).await {
             me.failures += 1;
@@ -489,7 +604,7 @@ async fn contend<L: Locker>(l: L, mut counter: Counter, arena: Arc<Arena>) -> Re
     Ok(me)
 }
 
-fn summarize(runs: Vec<ClientRun>, run: Duration, counter: u64, overlaps: usize) -> Contended {
+fn summarize(runs: Vec<ClientRun>, run: Duration, lost: u64, overlaps: usize) -> Contended {
     let per_client: Vec<usize> = runs.iter().map(|r| r.in_run).collect();
     let mut waits: Vec<Duration> = runs.iter().flat_map(|r| r.waits.iter().copied()).collect();
     Contended {
@@ -503,7 +618,7 @@ fn summarize(runs: Vec<ClientRun>, run: Duration, counter: u64, overlaps: usize)
         failures: runs.iter().map(|r| r.failures).sum(),
         last_error: runs.iter().find_map(|r| r.last_error.clone()),
         sections: runs.iter().map(|r| r.sections).sum(),
-        counter,
+        lost,
         overlaps,
     }
 }
@@ -545,7 +660,7 @@ fn x(a: f64, b: f64) -> f64 {
 
 fn print_contended(label: &str, lib: &str, c: &Contended) {
     println!(
-        "{label} {lib:6}: {:.0} critical sections/s, wait p50 {:.0} µs p99 {:.1} ms max {:.1} ms, per-client ops {}–{} (min/max {:.2}), give-ups {}, errors {}, counter {} of {} sections",
+        "{label} {lib:6}: {:.0} critical sections/s, wait p50 {:.0} µs p99 {:.1} ms max {:.1} ms, per-client ops {}–{} (min/max {:.2}), give-ups {}, errors {}, {} sections, {} missing from the counters",
         c.per_sec,
         us(c.p50),
         ms(c.p99),
@@ -555,8 +670,8 @@ fn print_contended(label: &str, lib: &str, c: &Contended) {
         c.fairness(),
         c.give_ups,
         c.failures,
-        c.counter,
-        c.sections
+        c.sections,
+        c.lost
     );
     if let Some(e) = &c.last_error {
         println!("  {lib} last error: {e}");
@@ -564,8 +679,7 @@ fn print_contended(label: &str, lib: &str, c: &Contended) {
     if !c.exclusive() {
         println!(
             "!!! MUTUAL EXCLUSION VIOLATED ({lib}, {label}): {} overlapping entries, {} lost updates",
-            c.overlaps,
-            c.sections as u64 - c.counter.min(c.sections as u64)
+            c.overlaps, c.lost
         );
     }
 }
@@ -577,35 +691,113 @@ async fn contended_pair(
     run: Duration,
     tag: &str,
 ) -> Res<(Contended, Contended)> {
-    let d = contended(&Dlock, nodes, run, &format!("{tag}-dlock")).await?;
+    let d = crowd(&Dlock, nodes, 1, CLIENTS, run, &format!("{tag}-dlock")).await?;
     print_contended(label, Dlock::NAME, &d);
-    let r = contended(&Rslock, nodes, run, &format!("{tag}-rslock")).await?;
+    let r = crowd(&Rslock, nodes, 1, CLIENTS, run, &format!("{tag}-rslock")).await?;
     print_contended(label, Rslock::NAME, &r);
     Ok((d, r))
 }
 
 /// One client of each library, acquire + release in a loop, the two runs interleaved in
-/// blocks (so that both see the same machine) adding up to `run` each.
+/// blocks (so that both see the same machine) adding up to `run` each; the servers' counters
+/// read around each block.
 async fn uncontended_pair(label: &str, nodes: &[String], run: Duration) -> Res<(Rate, Rate)> {
     let (mut dl, mut rl) = (solo(&Dlock, nodes).await?, solo(&Rslock, nodes).await?);
     let (mut td, mut tr) = (Timed::default(), Timed::default());
-    for _ in 0..BLOCKS {
-        (dl, td) = pairs_in_task(dl, run / BLOCKS, td).await?;
-        (rl, tr) = pairs_in_task(rl, run / BLOCKS, tr).await?;
+    let (mut sd, mut sr) = (ServerCost::default(), ServerCost::default());
+    let mut cons = Vec::new();
+    for url in nodes {
+        cons.push(connection(url).await?);
     }
-    let (d, r) = (Rate::of(td), Rate::of(tr));
-    for (lib, x) in [(Dlock::NAME, &d), (Rslock::NAME, &r)] {
-        println!("{label} {lib:6}: {}", x.cell());
+    for _ in 0..BLOCKS {
+        let before = all_stats(&mut cons).await?;
+        (dl, td) = pairs_in_task(dl, run / BLOCKS, td).await?;
+        let after = all_stats(&mut cons).await?;
+        for (b, a) in before.iter().zip(&after) {
+            sd.add(b, a);
+        }
+        (rl, tr) = pairs_in_task(rl, run / BLOCKS, tr).await?;
+        let last = all_stats(&mut cons).await?;
+        for (b, a) in after.iter().zip(&last) {
+            sr.add(b, a);
+        }
+    }
+    let (nd, nr) = (td.samples.len(), tr.samples.len());
+    let (mut d, mut r) = (Rate::of(td), Rate::of(tr));
+    (d.server_us, d.server_cpu_us) = (sd.usec_per_pair(nd, Dlock::DIRECT), sd.cpu_per_pair(nd));
+    (r.server_us, r.server_cpu_us) = (sr.usec_per_pair(nr, Rslock::DIRECT), sr.cpu_per_pair(nr));
+    for (lib, x, cost, n) in [(Dlock::NAME, &d, &sd, nd), (Rslock::NAME, &r, &sr, nr)] {
+        println!(
+            "{label} {lib:6}: {}; server time per pair {:.1} µs (commandstats), server CPU per pair {:.1} µs; {}",
+            x.cell(),
+            x.server_us,
+            x.server_cpu_us,
+            cost.detail(n)
+        );
     }
     Ok((d, r))
 }
 
-/// A table row: scenario, rslock, dlock, ratio, goal, verdict.
-type Row = [String; 6];
+async fn all_stats(cons: &mut [redis::aio::MultiplexedConnection]) -> Res<Vec<ServerStats>> {
+    let mut out = Vec::new();
+    for c in cons {
+        out.push(server_stats(c).await?);
+    }
+    Ok(out)
+}
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() -> Res<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
+/// A table row: scenario, rslock, node-redlock, dlock, ratio, goal, verdict.
+type Row = [String; 7];
+
+/// The command line: `[--quick] [--svg FILE] | --profile dlock|rslock [PAIRS]` (cargo's own
+/// `--bench` is ignored).
+#[derive(Default)]
+struct Args {
+    quick: bool,
+    svg: Option<std::path::PathBuf>,
+    profile: Option<(String, usize)>,
+}
+
+impl Args {
+    fn parse() -> Res<Args> {
+        let mut args = Args::default();
+        let mut it = std::env::args().skip(1).peekable();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--quick" => args.quick = true,
+                "--svg" => args.svg = Some(it.next().ok_or("--svg FILE")?.into()),
+                "--profile" => {
+                    let lib = it.next().ok_or("--profile dlock|rslock [PAIRS]")?;
+                    let pairs = match it.peek().map(|n| n.parse::<usize>()) {
+                        Some(Ok(n)) => {
+                            it.next();
+                            n
+                        }
+                        _ => 1000,
+                    };
+                    args.profile = Some((lib, pairs));
+                }
+                "--bench" => {}
+                other => return Err(format!("unknown argument {other:?}").into()),
+            }
+        }
+        Ok(args)
+    }
+}
+
+fn main() -> Res<()> {
+    let args = Args::parse()?;
+    if let Some((lib, pairs)) = &args.profile {
+        return profile(lib, *pairs);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(bench(args))
+}
+
+async fn bench(args: Args) -> Res<()> {
+    let quick = args.quick;
     let run = Duration::from_secs(if quick { 1 } else { 5 });
     let observe = if quick {
         Duration::from_millis(2500)
@@ -632,32 +824,108 @@ async fn main() -> Res<()> {
     println!("baseline PING, 5 in parallel : {}", fan.cell());
     let (u_d, u_r) = uncontended_pair("uncontended, 1 client  ", &one, run).await?;
     let (c_d, c_r) = contended_pair("contended, 32 clients  ", &one, run, "one").await?;
+    let c_f = crowd(&DlockFair, &one, 1, CLIENTS, run, "one-fair").await?;
+    print_contended("contended, 32 clients  ", DlockFair::NAME, &c_f);
     let (rl_d, rl_r) = uncontended_pair("redlock 5 nodes, 1 client", &five, run).await?;
     let (rc_d, rc_r) = contended_pair("redlock 5 nodes, 32    ", &five, run, "five").await?;
-    let w = watchdog_alone(held_server.url(), observe).await?;
+    let node = match node_modules() {
+        Some(m) => Some(node_runs(&m, &one, &five, run).await?),
+        None => {
+            println!("node-redlock: not installed (scripts/test installs it under target/peers, or set DLOCK_PEERS): left out");
+            None
+        }
+    };
+
+    // The curves: one server each, so that one scenario's leftovers cannot slow the next.
+    let curve_server = RedisServer::start()?;
+    let curve = [curve_server.url()];
+    let curve_d = one_name_curve(&Dlock, &curve, run).await?;
+    let curve_f = one_name_curve(&DlockFair, &curve, run).await?;
+    let curve_r = one_name_curve(&Rslock, &curve, run).await?;
+    // A scenario of the curves that fails is reported and left out, not the end of the run.
+    let names = match (
+        many_names(&Dlock, &curve, run).await,
+        many_names(&Rslock, &curve, run).await,
+    ) {
+        (Ok(d), Ok(r)) => Some((d, r)),
+        (d, r) => {
+            for e in [d.err(), r.err()].into_iter().flatten() {
+                println!("{NAMES} names × {PER_NAME} clients: failed: {e}");
+            }
+            None
+        }
+    };
+    let queue_server = RedisServer::start()?;
+    let mut queues = Vec::new();
+    for (kind, q) in [
+        ("mutex", queue(&Dlock, &queue_server.url(), "mutex").await),
+        ("fair", queue(&DlockFair, &queue_server.url(), "fair").await),
+    ] {
+        match q {
+            Ok(q) => {
+                print_queue(&q);
+                queues.push(q);
+            }
+            Err(e) => println!("{WAITERS} waiters on one name, dlock {kind}: failed: {e}"),
+        }
+    }
+    let sizes: &[usize] = if quick {
+        &[1_000, HELD]
+    } else {
+        &[1_000, HELD, 100_000]
+    };
+    let mut held = Vec::new();
+    for &n in sizes {
+        match watchdog_alone(held_server.url(), observe, n).await {
+            Ok(w) => {
+                print_watchdog(&w);
+                held.push(w);
+            }
+            Err(e) => println!("watchdog, {n} locks: failed: {e}"),
+        }
+    }
     let ping_after = ping_rate(&one, run / 2).await?;
     println!(
         "baseline PING again at the end: {} ({:.2}x the first: the machine's drift)",
         ping_after.cell(),
         ping_after.per_sec / ping.per_sec
     );
-    print_watchdog(&w);
 
-    println!("goals (issue 14), ratios of this run:");
-    let rows = [
+    println!("goals (issue 28), ratios of this run:");
+    let mut rows = vec![
         solo_row(
             "uncontended acquire+release, 1 client",
             &u_d,
             &u_r,
             1.0,
-            "≥ 1.0×",
+            "≥ 1.0×, server time ≤ 15 µs/pair, client CPU ≤ rslock's",
+            node.as_ref().map(|n| &n.solo),
+            false,
+            |g, d, r| {
+                g.check(
+                    "uncontended: dlock server time per pair, commandstats (≤ 15 µs)",
+                    format!("{:.1} µs (rslock {:.1} µs)", d.server_us, r.server_us),
+                    d.server_us <= 15.0,
+                )
+                .check(
+                    "uncontended: client CPU per pair dlock/rslock (≤ 1.0×)",
+                    format!(
+                        "{:.2}× ({:.1} µs vs {:.1} µs)",
+                        x(us(d.cpu), us(r.cpu)),
+                        us(d.cpu),
+                        us(r.cpu)
+                    ),
+                    d.cpu <= r.cpu,
+                );
+            },
         ),
         crowd_row(
             "contended, 32 clients, one name",
             &c_d,
             &c_r,
-            1.0,
-            "≥ 1.0× ops, p99 ≤ 0.1×, min/max ≥ 0.5",
+            node.as_ref().map(|n| &n.crowd),
+            1.2,
+            "≥ 1.2× ops, p99 ≤ 0.1×, min/max ≥ 0.5",
             |g, d| {
                 g.check(
                     "contended, 32 clients, one name: dlock per-client min/max (≥ 0.5)",
@@ -666,18 +934,35 @@ async fn main() -> Res<()> {
                 );
             },
         ),
-        // node-redlock, the other peer of the issue, is not run here: rslock is the best peer.
+        [
+            "contended, 32 clients, one name, dlock `fair` (strict FIFO, no goal)".into(),
+            c_r.cell(),
+            node.as_ref().map_or("—".into(), |n| n.crowd.cell()),
+            c_f.cell(),
+            format!(
+                "{:.2}× ops, {:.3}× p99",
+                x(c_f.per_sec, c_r.per_sec),
+                x(us(c_f.p99), us(c_r.p99))
+            ),
+            "reported".into(),
+            String::new(),
+        ],
+        // node-redlock is not run here (see the README): rslock is the best peer measured.
         solo_row(
             "Redlock 5 nodes, 1 client",
             &rl_d,
             &rl_r,
             1.2,
             "≥ 1.2× best peer",
+            node.as_ref().map(|n| &n.redlock_solo),
+            true,
+            |_, _, _| {},
         ),
         crowd_row(
             "Redlock 5 nodes, 32 clients",
             &rc_d,
             &rc_r,
+            node.as_ref().map(|n| &n.redlock_crowd),
             2.0,
             "≥ 2× ops, no give-ups, p99 ≤ 0.1×",
             |g, d| {
@@ -688,30 +973,115 @@ async fn main() -> Res<()> {
                 );
             },
         ),
-        watchdog_row(&w),
     ];
+    if let Some(w) = held.iter().find(|w| w.held == HELD) {
+        rows.push(watchdog_row(w));
+    }
     print_table(&ping, &fan, &rows, run);
+    let curves = Curves {
+        dlock: curve_d,
+        fair: curve_f,
+        rslock: curve_r,
+        names,
+        queues,
+        held,
+    };
+    print_curves(&curves);
+    if let Some(path) = &args.svg {
+        std::fs::write(path, curves_svg(&curves, run))?;
+        println!("curves drawn in {}", path.display());
+    }
     Ok(())
 }
 
-/// One client: dlock's ops/s at least `min` times rslock's.
-fn solo_row(scenario: &str, d: &Rate, r: &Rate, min: f64, goal: &str) -> Row {
+/// One client: dlock's ops/s at least `min` times rslock's (or the best peer's, node-redlock
+/// too when it ran), and `extra`.
+#[allow(clippy::too_many_arguments)]
+fn solo_row(
+    scenario: &str,
+    d: &Rate,
+    r: &Rate,
+    min: f64,
+    goal: &str,
+    node: Option<&Rate>,
+    best_peer: bool,
+    extra: impl FnOnce(&mut Goals, &Rate, &Rate),
+) -> Row {
     let ratio = x(d.per_sec, r.per_sec);
+    let best = match node {
+        Some(n) if best_peer => r.per_sec.max(n.per_sec),
+        _ => r.per_sec,
+    };
+    let judged = x(d.per_sec, best);
     let mut g = Goals::default();
+    let against = if best_peer { "best peer" } else { "rslock" };
     g.check(
-        &format!("{scenario}: ops/s dlock/rslock ({goal})"),
-        format!("{ratio:.2}×"),
-        ratio >= min,
+        &format!("{scenario}: ops/s dlock/{against} (≥ {min:.1}×)"),
+        format!("{judged:.2}×"),
+        judged >= min,
     );
+    if let Some(n) = node {
+        println!(
+            "  {scenario}: ops/s dlock/node-redlock {:.2}×, client CPU dlock/node-redlock {:.2}×",
+            x(d.per_sec, n.per_sec),
+            x(us(d.cpu), us(n.cpu))
+        );
+    }
+    extra(&mut g, d, r);
     let verdict = g.verdict();
+    let cell = |x: &Rate| {
+        format!(
+            "{}, server {:.1} µs/pair (CPU {:.1} µs)",
+            x.cell(),
+            x.server_us,
+            x.server_cpu_us
+        )
+    };
     [
         scenario.into(),
-        r.cell(),
-        d.cell(),
-        format!("{ratio:.2}×"),
+        cell(r),
+        node.map_or("—".into(), |n| n.cell()),
+        cell(d),
+        format!(
+            "{ratio:.2}× ops ({judged:.2}× the best peer), {:.2}× client CPU",
+            x(us(d.cpu), us(r.cpu))
+        ),
         goal.into(),
         verdict,
     ]
+}
+
+/// node-redlock's runs.
+struct NodeRuns {
+    solo: Rate,
+    crowd: Contended,
+    redlock_solo: Rate,
+    redlock_crowd: Contended,
+}
+
+async fn node_runs(
+    m: &std::path::Path,
+    one: &[String],
+    five: &[String],
+    run: Duration,
+) -> Res<NodeRuns> {
+    let solo = node_uncontended(m, one, run).await?;
+    println!("uncontended, 1 client   node-redlock: {}", solo.cell());
+    let crowd = node_contended(m, one, CLIENTS, run, "one").await?;
+    print_contended("contended, 32 clients  ", "node-redlock", &crowd);
+    let redlock_solo = node_uncontended(m, five, run).await?;
+    println!(
+        "redlock 5 nodes, 1 client node-redlock: {}",
+        redlock_solo.cell()
+    );
+    let redlock_crowd = node_contended(m, five, CLIENTS, run, "five").await?;
+    print_contended("redlock 5 nodes, 32    ", "node-redlock", &redlock_crowd);
+    Ok(NodeRuns {
+        solo,
+        crowd,
+        redlock_solo,
+        redlock_crowd,
+    })
 }
 
 /// 32 clients: dlock's critical sections/s at least `min` times rslock's, wait p99 at most
@@ -720,6 +1090,7 @@ fn crowd_row(
     scenario: &str,
     d: &Contended,
     r: &Contended,
+    node: Option<&Contended>,
     min: f64,
     goal: &str,
     extra: impl FnOnce(&mut Goals, &Contended),
@@ -742,11 +1113,19 @@ fn crowd_row(
         d.exclusive(),
     );
     extra(&mut g, d);
+    if let Some(n) = node {
+        println!(
+            "  {scenario}: dlock/node-redlock {:.2}× critical sections/s, {:.3}× wait p99",
+            x(d.per_sec, n.per_sec),
+            x(us(d.p99), us(n.p99))
+        );
+    }
     let ratio = format!("{ops:.2}× ops, {p99:.3}× p99");
     let verdict = g.verdict();
     [
         scenario.into(),
         r.cell(),
+        node.map_or("—".into(), |n| n.cell()),
         d.cell(),
         ratio,
         goal.into(),
@@ -756,10 +1135,10 @@ fn crowd_row(
 
 fn print_table(ping: &Rate, fan: &Rate, rows: &[Row], run: Duration) {
     println!();
-    println!("| scenario | rslock 0.10 | dlock | dlock/rslock | goal | |");
-    println!("|---|---|---|---|---|---|");
+    println!("| scenario | rslock 0.10 | node-redlock 4.2 | dlock | dlock/rslock | goal | |");
+    println!("|---|---|---|---|---|---|---|");
     println!(
-        "| baseline, no lock: PING round trip | 1 node {}; 5 nodes in parallel {} | (same servers) | | | |",
+        "| baseline, no lock: PING round trip | 1 node {}; 5 nodes in parallel {} | (same servers) | (same servers) | | | |",
         ping.cell(),
         fan.cell()
     );

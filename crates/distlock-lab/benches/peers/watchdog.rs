@@ -1,5 +1,6 @@
-//! The watchdog scenario of the peer bench: 10,000 locks held by one client, measured on the
-//! server (INFO sampled every millisecond) and in this process (write syscalls, RSS).
+//! The watchdog scenario of the peer bench: 1,000, 10,000 and 100,000 locks held by one client,
+//! measured on the server (INFO sampled every millisecond) and in this process (write syscalls,
+//! RSS).
 
 use super::*;
 
@@ -75,7 +76,7 @@ pub(super) struct Tick {
     /// server saw (flights less than a sample apart count as one).
     flights: u64,
     commands: u64,
-    evalsha: u64,
+    pub(super) evalsha: u64,
     client_writes: u64,
 }
 
@@ -117,24 +118,24 @@ pub(super) fn ticks(samples: &[Sample]) -> Vec<Tick> {
 }
 
 pub(super) struct Watchdog {
-    held: usize,
+    pub(super) held: usize,
     lost: usize,
     ticks: Vec<Tick>,
-    rss_before: f64,
-    rss_held: f64,
+    pub(super) rss_before: f64,
+    pub(super) rss_held: f64,
 }
 
 impl Watchdog {
-    fn mean(&self, f: impl Fn(&Tick) -> f64) -> f64 {
+    pub(super) fn mean(&self, f: impl Fn(&Tick) -> f64) -> f64 {
         self.ticks.iter().map(f).sum::<f64>() / self.ticks.len().max(1) as f64
     }
 
     /// Round trips per tick: the request flights the server saw apart (1 ms sampling).
-    fn round_trips(&self) -> f64 {
+    pub(super) fn round_trips(&self) -> f64 {
         self.mean(|t| t.flights as f64)
     }
 
-    fn worst_tick(&self) -> Duration {
+    pub(super) fn worst_tick(&self) -> Duration {
         self.ticks
             .iter()
             .map(|t| t.took)
@@ -145,22 +146,22 @@ impl Watchdog {
 
 /// [`watchdog`] on a current-thread runtime of its own, so that the client's write syscalls are
 /// its requests (no wake-ups of other worker threads, which also count as writes).
-pub(super) async fn watchdog_alone(url: String, observe: Duration) -> Res<Watchdog> {
+pub(super) async fn watchdog_alone(url: String, observe: Duration, held: usize) -> Res<Watchdog> {
     tokio::task::spawn_blocking(move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?
-            .block_on(watchdog(url, observe))
+            .block_on(watchdog(url, observe, held))
     })
     .await?
 }
 
-/// One dlock client holds `HELD` locks in watchdog mode for `observe`, on a server of its own.
-pub(super) async fn watchdog(url: String, observe: Duration) -> Res<Watchdog> {
+/// One dlock client holds `held` locks in watchdog mode for `observe`, on a server of its own.
+pub(super) async fn watchdog(url: String, observe: Duration, held: usize) -> Res<Watchdog> {
     let rss_before = rss_mb();
     let opts = ClientOptions::default().watchdog_lease(WATCHDOG_LEASE);
     let client = dlock_client(std::slice::from_ref(&url), opts).await?;
-    let guards: Vec<LockGuard> = stream::iter(0..HELD)
+    let guards: Vec<LockGuard> = stream::iter(0..held)
         .map(|i| {
             let client = &client;
             async move {
@@ -186,7 +187,7 @@ pub(super) async fn watchdog(url: String, observe: Duration) -> Res<Watchdog> {
         .try_collect::<Vec<()>>()
         .await?;
     Ok(Watchdog {
-        held: HELD,
+        held,
         lost,
         ticks: ticks(&samples),
         rss_before,
@@ -254,6 +255,7 @@ pub(super) fn watchdog_row(w: &Watchdog) -> Row {
     );
     [
         "watchdog, 10,000 locks, 1 client".into(),
+        "— (no watchdog)".into(),
         "— (no watchdog)".into(),
         dlock,
         format!("{:.1} / {budget} round trips", w.round_trips()),
