@@ -23,7 +23,7 @@ use crate::keys::{Entry, Keys, Meta};
 use crate::url::percent_decode;
 use crate::EtcdBackend;
 use distlock_core::{
-    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Result, Severity,
+    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result, Severity,
 };
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, StatusResponse, Txn,
@@ -71,6 +71,21 @@ fn parse_key(root: &[u8], key: &[u8]) -> Option<(String, bool)> {
         percent_decode(&raw).unwrap_or_else(|| raw.into_owned()),
         queued,
     ))
+}
+
+#[distlock_core::async_trait]
+impl Operator for EtcdBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        diagnose(self).await
+    }
 }
 
 pub(crate) async fn list(b: &EtcdBackend, prefix: &str) -> Result<Vec<ListedLock>> {

@@ -482,7 +482,6 @@ impl MysqlBackend {
 distlock_sql::sql_backend!(MysqlBackend,
     kind: KIND,
     endpoint: common.endpoint,
-    operator: ops,
 {
     fn capabilities(&self) -> distlock_core::backend::Capabilities {
         // Session mode: GET_LOCK belongs to the holder's connection, which ends with its

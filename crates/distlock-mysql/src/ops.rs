@@ -18,7 +18,7 @@ use crate::common::{check_kind, election_key, key_of, sql_str};
 use crate::error::KIND;
 use crate::{Mode, MysqlBackend};
 use distlock_core::{
-    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
+    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Operator, Result, Severity,
 };
 use mysql_async::prelude::Queryable;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -26,7 +26,26 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// Server/local clock offset above which `diagnose` warns.
 const CLOCK_WARN: Duration = Duration::from_secs(1);
 
-pub(crate) async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLock>> {
+#[distlock_core::async_trait]
+impl Operator for MysqlBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        diagnose(self).await
+    }
+
+    async fn server_time(&self) -> Result<Option<SystemTime>> {
+        server_time(self).await.map(Some)
+    }
+}
+
+async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let ns = b.common.namespace.clone();
     let table = match b.mode() {
         Mode::Session => "dlock_holders",
@@ -65,11 +84,7 @@ pub(crate) async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLoc
     Ok(out)
 }
 
-pub(crate) async fn force_release(
-    b: &MysqlBackend,
-    name: &str,
-    kind: LockKind,
-) -> Result<ForceReleased> {
+async fn force_release(b: &MysqlBackend, name: &str, kind: LockKind) -> Result<ForceReleased> {
     check_kind(kind)?;
     let lk = key_of(&b.common.namespace, name, kind);
     let done = match b.mode() {
@@ -363,8 +378,8 @@ fn tls_finding(b: &MysqlBackend, version: Option<String>) -> Finding {
     }
 }
 
-/// The server's clock (UTC, microseconds), for `Backend::server_time`.
-pub(crate) async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
+/// The server's clock (UTC, microseconds), for `Operator::server_time`.
+async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
     let us: Option<i64> = b
         .common
         .with_conn("reading the server clock", |c| {
@@ -380,7 +395,7 @@ pub(crate) async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
     Ok(UNIX_EPOCH + Duration::from_micros(us))
 }
 
-pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
+async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
     let mode = b.mode();
     type Probe = (
         String,

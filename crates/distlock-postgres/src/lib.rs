@@ -457,7 +457,6 @@ impl PostgresBackend {
 distlock_sql::sql_backend!(PostgresBackend,
     kind: KIND,
     endpoint: common.endpoint,
-    operator: ops,
 {
     fn capabilities(&self) -> distlock_core::backend::Capabilities {
         match self.inner {

@@ -8,7 +8,9 @@
 use super::{family, Family, RedisBackend};
 use crate::error::KIND;
 use crate::inspect::holders;
-use distlock_core::{Error, Finding, ForceReleased, ListedLock, LockKind, Result, Severity};
+use distlock_core::{
+    Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
+};
 use redis::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -141,6 +143,43 @@ async fn scan_one(
             return Ok(());
         }
         cursor = next;
+    }
+}
+
+#[distlock_core::async_trait]
+impl Operator for RedisBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        match &self.dialect {
+            Some(l) => crate::dialect::list(self, l, prefix).await,
+            None => list(self, prefix).await,
+        }
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        match &self.dialect {
+            Some(l) => {
+                l.dialect.capabilities().check(KIND, kind)?;
+                crate::dialect::force_release(self, l, name).await
+            }
+            None => force_release(self, name, kind).await,
+        }
+    }
+
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        let mut out = vec![crate::dialect::Layout::finding(self.dialect.as_ref())];
+        out.extend(diagnose_server(self).await?);
+        Ok(out)
+    }
+
+    async fn server_time(&self) -> Result<Option<SystemTime>> {
+        let mut con = self.con.get();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut con)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(Some(
+            UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros),
+        ))
     }
 }
 
@@ -362,12 +401,6 @@ fn unix_ms(t: SystemTime) -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-pub(crate) async fn diagnose(b: &RedisBackend) -> Result<Vec<Finding>> {
-    let mut out = vec![crate::dialect::Layout::finding(b.dialect.as_ref())];
-    out.extend(diagnose_server(b).await?);
-    Ok(out)
-}
-
 /// The findings of the server, or of the cluster and each of its masters.
 async fn diagnose_server(b: &RedisBackend) -> Result<Vec<Finding>> {
     let Some(c) = b.con.cluster() else {
@@ -398,16 +431,6 @@ async fn diagnose_server(b: &RedisBackend) -> Result<Vec<Finding>> {
 }
 
 /// The findings of one server (`cluster`: a master of the `redis+cluster://` cluster).
-/// The server's clock (`TIME`; on a cluster, one master's).
-pub(crate) async fn server_time(b: &RedisBackend) -> Result<SystemTime> {
-    let mut con = b.con.get();
-    let (secs, micros): (u64, u64) = redis::cmd("TIME")
-        .query_async(&mut con)
-        .await
-        .map_err(|e| b.err(e))?;
-    Ok(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
-}
-
 async fn diagnose_on(
     b: &RedisBackend,
     mut con: crate::cluster::Link,

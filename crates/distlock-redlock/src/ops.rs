@@ -11,7 +11,7 @@ use crate::node::epoch_quarantine_end;
 use crate::tally;
 use crate::{Shared, KIND};
 use distlock_core::{
-    Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Result,
+    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result,
     Severity,
 };
 use distlock_redis::{NodeHold, RedisBackend};
@@ -131,6 +131,26 @@ fn merge(name: &str, views: &[(Option<NodeHold>, u64)], n: usize, q: usize) -> L
         }))
 }
 
+#[distlock_core::async_trait]
+impl Operator for crate::RedlockBackend {
+    /// Every mutex and election a node has state for, merged by name and kind: a holder is an
+    /// attempt on a majority of nodes (see `docs/redlock.md`, "Operator commands").
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(&self.shared, prefix).await
+    }
+
+    /// Removes the hold (a lock's or an election's) on every reachable node and raises every
+    /// counter past every token seen; done only when a majority of nodes did both.
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(&self.shared, name, kind).await
+    }
+
+    /// Each node's Redis checks, its quarantine, the node count and the clock spread.
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        diagnose(&self.shared).await
+    }
+}
+
 pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
     let (n, q) = (s.n(), s.q());
     // A SCAN of a large namespace takes more than one call's time.
@@ -139,7 +159,7 @@ pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
         per_node(
             s,
             scan_t,
-            |b| async move { Backend::list(&*b, prefix).await },
+            |b| async move { Operator::list(&*b, prefix).await },
         )
         .await,
     );
@@ -184,7 +204,7 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
     // majority with the others later. Per node, distlock-redis's script removes the hold and
     // advances the node's counter past its own tokens in one atomic step.
     let removed = per_node(s, t, |b| async move {
-        Backend::force_release(&*b, name, kind).await
+        Operator::force_release(&*b, name, kind).await
     })
     .await;
     // Then past every token seen: a node that missed the grant's raise has a lower counter
@@ -343,7 +363,7 @@ pub(crate) async fn diagnose(s: &Shared) -> Result<Vec<Finding>> {
         )
     });
     let answers = per_node(s, t, |b| async move {
-        let findings = Backend::diagnose(&*b).await?;
+        let findings = Operator::diagnose(&*b).await?;
         let sent = SystemTime::now();
         let (info, epoch) = b.node_epoch().await?;
         let back = SystemTime::now();

@@ -22,8 +22,7 @@ pub use modes::ModeOps;
 pub mod __private {
     pub use distlock_core::backend::{AcquireReply, AcquireRequest, Backend, GrantRef, Granted};
     pub use distlock_core::{
-        async_trait, Finding, ForceReleased, ListedLock, LockInfo, LockKind, ReleaseOutcome,
-        RenewOutcome, Result,
+        async_trait, LockInfo, LockKind, Operator, ReleaseOutcome, RenewOutcome, Result,
     };
     pub use tokio_util::sync::CancellationToken;
 }

@@ -129,9 +129,8 @@ impl<D: Dialect> ModeOps for Sessions<D> {
 
 /// Implements `distlock_core::Backend` for an SQL backend type whose private
 /// `fn ops(&self) -> &dyn ModeOps` returns the mode in use: the lock operations forward to
-/// the mode, `kind` is `$kind`, `endpoint` the field path `$endpoint` of `self`, and the
-/// operator commands are the functions `list`, `force_release`, `diagnose` and
-/// `server_time` of the module `$ops` (each taking the backend first), `proclaim` forwards to the mode too; the items in
+/// the mode, `kind` is `$kind`, `endpoint` the field path `$endpoint` of `self`, the operator
+/// commands are the type's own `Operator` impl, `proclaim` forwards to the mode too; the items in
 /// braces (`capabilities`, `watch`, `observe`) are the backend's own.
 #[macro_export]
 macro_rules! sql_backend {
@@ -139,7 +138,6 @@ macro_rules! sql_backend {
         $ty:ty,
         kind: $kind:expr,
         endpoint: $($endpoint:ident).+,
-        operator: $ops:ident,
         { $($own:tt)* }
     ) => {
         #[$crate::__private::async_trait]
@@ -152,31 +150,8 @@ macro_rules! sql_backend {
                 self.$($endpoint).+.clone()
             }
 
-            async fn list(
-                &self,
-                prefix: &str,
-            ) -> $crate::__private::Result<::std::vec::Vec<$crate::__private::ListedLock>> {
-                $ops::list(self, prefix).await
-            }
-
-            async fn force_release(
-                &self,
-                name: &str,
-                kind: $crate::__private::LockKind,
-            ) -> $crate::__private::Result<$crate::__private::ForceReleased> {
-                $ops::force_release(self, name, kind).await
-            }
-
-            async fn diagnose(
-                &self,
-            ) -> $crate::__private::Result<::std::vec::Vec<$crate::__private::Finding>> {
-                $ops::diagnose(self).await
-            }
-
-            async fn server_time(
-                &self,
-            ) -> $crate::__private::Result<::std::option::Option<::std::time::SystemTime>> {
-                $ops::server_time(self).await.map(::std::option::Option::Some)
+            fn operator(&self) -> ::std::option::Option<&dyn $crate::__private::Operator> {
+                ::std::option::Option::Some(self)
             }
 
             async fn acquire(

@@ -14,10 +14,26 @@ use crate::node::{foreign_data, token_of, DATA_ATTEMPTS};
 use crate::release::parse_fence;
 use crate::ZkBackend;
 use distlock_core::{
-    Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
+    Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Operator, Result,
+    Severity,
 };
 use std::time::Duration;
 use zookeeper_client as zk;
+
+#[distlock_core::async_trait]
+impl Operator for ZkBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        diagnose(self).await
+    }
+}
 
 pub(crate) async fn list(b: &ZkBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let inner = &b.inner;

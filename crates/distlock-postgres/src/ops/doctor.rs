@@ -79,7 +79,7 @@ fn replication_finding(recovery: bool, standbys: i64, sync: i64, commit: &str) -
     }
 }
 
-/// The server's clock (`clock_timestamp()`), for `Backend::server_time`.
+/// The server's clock (`clock_timestamp()`), for `Operator::server_time`.
 pub(crate) async fn server_time(b: &PostgresBackend) -> Result<SystemTime> {
     let client = b.common.control().await?;
     let row = b

@@ -22,14 +22,15 @@
 use crate::common::{channel, election_key, key_oids, lock_key};
 use crate::error::{is_code, map, shape, KIND};
 use crate::{Inner, Mode, PostgresBackend};
-use distlock_core::{Backend, Error, ForceReleased, HolderInfo, ListedLock, LockKind, Result};
+use distlock_core::{
+    Backend, Error, ForceReleased, HolderInfo, ListedLock, LockKind, Operator, Result,
+};
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 mod doctor;
-pub(crate) use doctor::{diagnose, server_time};
 
 /// Server/local clock offset above which `diagnose` warns.
 const CLOCK_WARN: Duration = Duration::from_secs(1);
@@ -45,6 +46,25 @@ fn left_of(ms: Option<f64>) -> Option<Duration> {
         .map(|m| Duration::from_secs_f64(m.max(0.0) / 1000.0))
 }
 
+#[distlock_core::async_trait]
+impl Operator for PostgresBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
+        doctor::diagnose(self).await
+    }
+
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        doctor::server_time(self).await.map(Some)
+    }
+}
+
 /// The kind a session-mode lock is listed as, from the kinds of its rows: a read-write
 /// lock is listed as `Write` (inspect then shows both sides).
 fn listed_kind(kinds: &[String]) -> LockKind {
@@ -57,7 +77,7 @@ fn listed_kind(kinds: &[String]) -> LockKind {
     }
 }
 
-pub(crate) async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
+async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let client = b.common.control().await?;
     let ns = b.common.namespace.as_str();
     // LIKE would need escaping of the prefix; a prefix comparison on the text is exact.
@@ -177,11 +197,7 @@ async fn unnamed_holders(b: &PostgresBackend, name: &str) -> Result<Vec<HolderIn
         .collect()
 }
 
-pub(crate) async fn force_release(
-    b: &PostgresBackend,
-    name: &str,
-    kind: LockKind,
-) -> Result<ForceReleased> {
+async fn force_release(b: &PostgresBackend, name: &str, kind: LockKind) -> Result<ForceReleased> {
     match &b.inner {
         Inner::Lease(_) if kind == LockKind::Election => force_lease_election(b, name).await,
         Inner::Session(_) if kind == LockKind::Election => force_session_election(b, name).await,
