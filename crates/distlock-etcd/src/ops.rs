@@ -22,6 +22,7 @@ use crate::error::{is_lease_not_found, map};
 use crate::keys::{Entry, Keys, Meta};
 use crate::url::percent_decode;
 use crate::EtcdBackend;
+use distlock_core::operator::{clock_not_checked, parse_version};
 use distlock_core::{
     Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result, Severity,
 };
@@ -43,7 +44,7 @@ const RAFT_SPREAD_WARN: u64 = 5000;
 /// "nobody queued under PREFIX/NAME/" is such a comparison (`range_end`, etcd 3.3). An older
 /// server ignores the unknown field and compares the single key `PREFIX/NAME/`, which never
 /// exists: every acquire would succeed — two holders.
-const MIN_VERSION: (u32, u32) = (3, 3);
+const MIN_VERSION: (u32, u32, u32) = (3, 3, 0);
 
 /// One lock's keys, gathered by `list`.
 #[derive(Default)]
@@ -263,12 +264,6 @@ struct MemberStatus {
     status: std::result::Result<StatusResponse, String>,
 }
 
-/// `major.minor` of a version string such as `3.5.16`.
-fn parse_version(v: &str) -> Option<(u32, u32)> {
-    let mut it = v.split('.');
-    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-}
-
 async fn member_status(
     b: &EtcdBackend,
     urls: Vec<String>,
@@ -460,11 +455,7 @@ pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
     out.push(lease_finding(b).await?);
     out.push(b.transport.finding());
 
-    out.push(Finding::new(
-        Severity::Ok,
-        "clock",
-        "not checked: etcd has no API that tells its clock; locks do not depend on it (etcd counts a lease on the leader's monotonic clock from when it applied the request, dlock on the local CLOCK_BOOTTIME from before sending it; only clock rates matter); run NTP anyway so that logs agree",
-    ));
+    out.push(clock_not_checked("etcd has no API that tells its clock; locks do not depend on it (etcd counts a lease on the leader's monotonic clock from when it applied the request, dlock on the local CLOCK_BOOTTIME from before sending it; only clock rates matter); run NTP anyway so that logs agree"));
     Ok(out)
 }
 
@@ -537,8 +528,6 @@ mod tests {
         assert_eq!(prefix_end(b"ab"), b"ac");
         assert_eq!(prefix_end(b"a\xff"), b"b");
         assert_eq!(prefix_end(b"\xff"), b"\0");
-        assert_eq!(parse_version("3.5.16"), Some((3, 5)));
         assert!(parse_version("3.2.32").is_some_and(|v| v < MIN_VERSION));
-        assert_eq!(parse_version("x"), None);
     }
 }

@@ -20,7 +20,7 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// Locks inspected at once by `list` (each is one round trip per node).
 const LIST_CONCURRENCY: usize = 16;
@@ -261,11 +261,6 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
     Ok(ForceReleased::new(removed, top))
 }
 
-fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// One node's clock reading: its offset from the local clock and how uncertain it is (half
 /// the round trip, plus the millisecond resolution on both sides), in ms.
 struct Clock {
@@ -367,7 +362,10 @@ pub(crate) async fn diagnose(s: &Shared) -> Result<Vec<Finding>> {
         let sent = SystemTime::now();
         let (info, epoch) = b.node_epoch().await?;
         let back = SystemTime::now();
-        let (sent, back) = (unix_ms(sent), unix_ms(back));
+        let (sent, back) = (
+            distlock_core::operator::unix_ms(sent),
+            distlock_core::operator::unix_ms(back),
+        );
         let clock = Clock {
             offset_ms: i64::try_from(info.now_ms).unwrap_or(i64::MAX) - (sent + back) / 2,
             error_ms: (back - sent) / 2 + 2,

@@ -417,12 +417,7 @@ pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
     out.push(transport(inner).await);
     out.push(access(inner));
 
-    // Clock.
-    out.push(Finding::new(
-        Severity::Ok,
-        "clock",
-        "the offset between the servers' clocks and the local one is not measured: ZooKeeper offers clients no clock reading, and nothing here depends on it (sessions expire on the leader's ticks, tokens are zxids, not times)",
-    ));
+    out.push(distlock_core::operator::clock_not_checked("ZooKeeper offers clients no clock reading, and nothing here depends on it (sessions expire on the leader's ticks, tokens are zxids, not times)"));
     Ok(out)
 }
 
