@@ -397,18 +397,15 @@ async fn diagnose_server(b: &RedisBackend) -> Result<Vec<Finding>> {
 }
 
 /// The findings of one server (`cluster`: a master of the `redis+cluster://` cluster).
-async fn diagnose_on(
-    b: &RedisBackend,
-    mut con: crate::cluster::Link,
+/// The findings an INFO reply (and `CONFIG GET save`, when allowed) tells: version, cluster,
+/// eviction, persistence, replication (`cluster`: a master of the `redis+cluster://` cluster).
+fn info_findings(
+    info: &HashMap<&str, &str>,
+    save: Option<&str>,
     cluster: bool,
-) -> Result<Vec<Finding>> {
-    let info: String = redis::cmd("INFO")
-        .query_async(&mut con)
-        .await
-        .map_err(|e| b.err(e))?;
-    let info = parse_info(&info);
+    wait_replicas: Option<(u32, Duration)>,
+) -> Vec<Finding> {
     let mut out = Vec::new();
-
     // Version.
     let version = info.get("redis_version").copied().unwrap_or("unknown");
     out.push(version_finding(
@@ -454,15 +451,7 @@ async fn diagnose_on(
 
     // Persistence.
     let aof = info.get("aof_enabled") == Some(&"1");
-    // CONFIG may be renamed or forbidden by ACL: then only AOF is known.
-    let save: Option<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("save")
-        .query_async::<Vec<String>>(&mut con)
-        .await
-        .ok()
-        .and_then(|v| v.get(1).cloned());
-    out.push(match (aof, save.as_deref()) {
+    out.push(match (aof, save) {
         (true, _) => Finding::new(
             Severity::Ok,
             "persistence",
@@ -491,7 +480,7 @@ async fn diagnose_on(
         .get("connected_slaves")
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
-    out.push(match (role, replicas, b.wait_replicas) {
+    out.push(match (role, replicas, wait_replicas) {
         ("slave", _, _) => Finding::new(
             Severity::Unsafe,
             "replication",
@@ -519,6 +508,30 @@ async fn diagnose_on(
             format!("{r} replica(s); every grant waits for {n} of them"),
         ),
     });
+
+    out
+}
+
+async fn diagnose_on(
+    b: &RedisBackend,
+    mut con: crate::cluster::Link,
+    cluster: bool,
+) -> Result<Vec<Finding>> {
+    let info: String = redis::cmd("INFO")
+        .query_async(&mut con)
+        .await
+        .map_err(|e| b.err(e))?;
+    let info = parse_info(&info);
+
+    // CONFIG may be renamed or forbidden by ACL: then only AOF is known.
+    let save: Option<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("save")
+        .query_async::<Vec<String>>(&mut con)
+        .await
+        .ok()
+        .and_then(|v| v.get(1).cloned());
+    let mut out = info_findings(&info, save.as_deref(), cluster, b.wait_replicas);
 
     // Clock: the server's TIME against the local clock at the middle of the round trip.
     let offset_ms = measure_clock(async {
