@@ -202,11 +202,11 @@ pub async fn leader(url: &str, args: LeaderArgs) -> u8 {
         };
     }
     let mut changes = election.observe();
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = crate::run::backoff();
     loop {
         match changes.next().await {
             Ok(l) => {
-                backoff = Duration::from_millis(100);
+                backoff.reset();
                 print_leader(&client, &args, l.as_ref(), true);
             }
             Err(e) if crate::run::is_permanent(&e) => {
@@ -216,8 +216,7 @@ pub async fn leader(url: &str, args: LeaderArgs) -> u8 {
             Err(e) => {
                 // Connection trouble: say so and go on watching.
                 eprintln!("dlock: {e}; watching again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         }
     }

@@ -822,7 +822,7 @@ pub(crate) async fn obtain(
     };
     let what = &wanted.what;
     let mut retrying = Retrying::new();
-    let mut backoff = Backoff::new();
+    let mut backoff = backoff();
     let permanent = |e: &distlock::Error| {
         eprintln!("dlock: {}", one_line(e));
         crate::EXIT_ERROR
@@ -864,7 +864,7 @@ pub(crate) async fn obtain(
                     return Err(unreachable(last.unwrap_or(&msg), why));
                 }
                 retrying.failed(&msg);
-                let pause = backoff.next();
+                let pause = backoff.next_delay();
                 match wanted.wait {
                     // The last try gets what is left, at least a few milliseconds.
                     Some(_) => tokio::time::sleep(pause.min(left.saturating_sub(MIN_TRY))).await,
@@ -972,7 +972,7 @@ pub(crate) async fn obtain(
             return Err(wanted.conflict_exit);
         }
         retrying.failed(&one_line(&e));
-        let pause = backoff.next();
+        let pause = backoff.next_delay();
         match left() {
             Some(l) => tokio::time::sleep(pause.min(l)).await,
             None => tokio::time::sleep(pause).await,
@@ -1009,17 +1009,9 @@ async fn why_not(
 /// The least time a connection try is given when the pauses between tries leave less.
 const MIN_TRY: Duration = Duration::from_millis(200);
 
-/// Jittered exponential pauses between tries: 100 ms doubling up to 2 s.
-struct Backoff(Duration);
-
-impl Backoff {
-    fn new() -> Self {
-        Backoff(Duration::from_millis(100))
-    }
-
-    fn next(&mut self) -> Duration {
-        let pause = self.0.mul_f64(0.5 + fastrand::f64() / 2.0);
-        self.0 = (self.0 * 2).min(Duration::from_secs(2));
-        pause
-    }
+/// Jittered exponential pauses between tries (the core's backoff): 100 ms doubling up to 2 s.
+pub(crate) fn backoff() -> distlock::backoff::Backoff {
+    let policy =
+        distlock::RetryPolicy::new(u32::MAX, Duration::from_millis(100), Duration::from_secs(2));
+    distlock::backoff::Backoff::new(policy)
 }

@@ -3,8 +3,8 @@
 use crate::error::{Error, Result};
 use std::time::Duration;
 
-/// Parses `250ms`, `10s`, `1.5s`, `2m`, `1h`, compounds such as `1h30m` or `2m 30s`, or a
-/// bare number of milliseconds.
+/// Parses `250ms`, `10s`, `1.5s`, `2m`, `1h`, `1d`, compounds such as `1h30m` or `2m 30s`
+/// (the grammar of the `humantime` crate), or a bare number of milliseconds.
 ///
 /// ```
 /// use std::time::Duration;
@@ -19,41 +19,26 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
             "`{s}` is not a duration; write e.g. `500ms`, `10s`, `2m`, `1h` or `1h30m`"
         ))
     };
-    let mut rest = s.trim();
-    if rest.is_empty() {
+    let t = s.trim();
+    // humantime reads `30 1h` as 301 hours: a number is one run of digits.
+    let words: Vec<&str> = t.split_whitespace().collect();
+    if words.windows(2).any(|w| {
+        w[0].ends_with(|c: char| c.is_ascii_digit())
+            && w[1].starts_with(|c: char| c.is_ascii_digit())
+    }) {
         return Err(bad());
     }
-    let mut ms = 0.0;
-    let mut parts = 0;
-    while !rest.is_empty() {
-        let split = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let (num, tail) = rest.split_at(split);
-        let tail = tail.trim_start();
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.' || c.is_whitespace())
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let n: f64 = num.parse().map_err(|_| bad())?;
-        ms += match unit {
-            // A bare number stands alone.
-            "" if parts == 0 && tail.trim().is_empty() => n,
-            "ms" => n,
-            "us" | "µs" => n / 1000.0,
-            "s" => n * 1000.0,
-            "m" | "min" => n * 60_000.0,
-            "h" => n * 3_600_000.0,
-            _ => return Err(bad()),
-        };
-        parts += 1;
-        rest = tail.trim_start();
-    }
-    if !ms.is_finite() || !(0.0..=1e15).contains(&ms) {
-        return Err(bad());
-    }
-    Ok(Duration::from_micros((ms * 1000.0).round() as u64))
+    let d = if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        // A bare number: milliseconds.
+        humantime::parse_duration(&format!("{t}ms"))
+    } else {
+        humantime::parse_duration(t)
+    };
+    d.ok().filter(|d| d.as_secs() <= MAX_SECS).ok_or_else(bad)
 }
+
+/// About 31,000 years: longer is a typo (and would overflow deadlines).
+const MAX_SECS: u64 = 1_000_000_000_000;
 
 #[cfg(test)]
 mod tests {
@@ -69,6 +54,7 @@ mod tests {
             Duration::from_secs(3 * 3600)
         );
         assert_eq!(parse_duration("20us").unwrap(), Duration::from_micros(20));
+        assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86_400));
         assert_eq!(
             parse_duration("1h30m").unwrap(),
             Duration::from_secs(90 * 60)
@@ -82,7 +68,7 @@ mod tests {
             Duration::from_millis(1500)
         );
         for bad in [
-            "", "s", "-1s", "1d", "1..2s", "ms5", "1h30", "30 1h", "1h-30m", "1 2",
+            "", "s", "-1s", "1x", "1..2s", "ms5", "1h30", "30 1h", "1h-30m", "1 2",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }

@@ -112,7 +112,8 @@ mod tests {
         assert_eq!(duration_arg("1.5"), Ok(Duration::from_millis(1500)));
         assert_eq!(duration_arg("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(duration_arg("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["", "soon", "1..2", "-1", "1d"] {
+        assert_eq!(duration_arg("1h30m"), Ok(Duration::from_secs(5400)));
+        for bad in ["", "soon", "1..2", "-1", "1x"] {
             assert!(duration_arg(bad).is_err(), "{bad}");
         }
     }

@@ -416,10 +416,10 @@ impl MysqlBackend {
         opts: &ClientOptions,
     ) -> Result<Self> {
         // mysql_async builds its rustls config with the process default provider, which rustls
-        // cannot pick when both ring and aws-lc-rs are compiled in: set one for every way in
+        // may not pick one by itself: set dlock's one (aws-lc-rs) for every way in
         // (URL, builder, the application's own Opts) unless the program already did.
         #[cfg(feature = "tls")]
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        distlock_core::conn::install_crypto_provider();
         let common = Arc::new(Common::new(
             connector,
             endpoint,

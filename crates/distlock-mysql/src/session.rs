@@ -41,6 +41,7 @@ use distlock_core::{
 };
 use distlock_sql::closewatch::CloseWatch;
 use distlock_sql::lease::{micros, wait_millis, wait_or_stop};
+use distlock_sql::waited::{self, Step, WaitEnd};
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, Sessions};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
@@ -57,6 +58,7 @@ pub(crate) const DDL: &[&str] = &[
     include_str!("../sql/session_observers.sql"),
 ];
 
+/// How long a released grant is remembered: a retry of its release (whose first reply came
 /// late) is reported as such ([`ReleaseOutcome::Expired`]) even after another client took the
 /// lock. A retry comes within the core's retry policy, far sooner.
 const RELEASED_KEEP: Duration = Duration::from_secs(60);
@@ -127,12 +129,27 @@ pub(crate) struct MyDialect {
     released: StdMutex<VecDeque<(AttemptId, u64, Instant)>>,
 }
 
-/// How a server-side wait ended.
-enum WaitEnd {
-    Got(Option<i64>),
-    Failed(mysql_async::Error),
-    /// Stopped (cancel or deadline); whether the lock was granted before the stop landed.
-    Stopped(Option<bool>),
+/// The statement of one wait for `lk`: the lease on the connection before the lock is (it
+/// counts from the grant: the connection is busy, not idle, while it waits), then
+/// `GET_LOCK(lk, seconds)` for `left` rounded up to the millisecond (the server must not give
+/// up before the deadline), or an hour without a deadline (the engine waits again). The key is
+/// `dlock:` and hex digits, safe to inline; inlined, it shows in `SHOW PROCESSLIST`, so
+/// operators see which lock a connection waits for.
+fn wait_sql(lk: &str, lease: Duration, left: Option<Duration>) -> String {
+    let secs = left.map_or(3600.0, |r| wait_millis(r) as f64 / 1000.0);
+    format!(
+        "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', {secs:.3})",
+        wait_timeout_secs(lease)
+    )
+}
+
+/// How a wait that answered `reply` (its `GET_LOCK`'s value) ended.
+fn reply_end(reply: Option<i64>) -> WaitEnd {
+    match reply {
+        Some(1) => WaitEnd::Granted,
+        Some(0) => WaitEnd::TimedOut { may_hold: false },
+        other => WaitEnd::Failed(shape("GET_LOCK", format!("{other:?}"))),
+    }
 }
 
 /// The observers flag (second column) of the row that ends a query.
@@ -202,20 +219,17 @@ impl MyDialect {
         r.iter().any(|(a, t, _)| a == attempt && *t == token)
     }
 
-    /// token; otherwise `GET_LOCK(key, 0)` on a connection of its own.
+    /// One try: a retry of the attempt that holds its grant answers that grant again (the
+    /// lease extended, never shortened) with the same token; otherwise `GET_LOCK(key, 0)` on
+    /// a connection of its own.
     async fn acquire(
         &self,
         slot: &Slot,
         st: &mut State,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        let lease = req.lease;
-        if let State::Held(g) = st {
-            let token = g.token;
-            if self.extend(slot, st, lease).await? {
-                return Ok(AcquireReply::Granted { token });
-            }
-            // That grant is gone (its connection died): this try is a fresh one.
+        if let Some(token) = self.again(slot, st, req.lease).await? {
+            return Ok(AcquireReply::Granted { token });
         }
         let lk = self.lk(&slot.name, slot.kind);
         let mut conn = self.common.take().await?;
@@ -224,10 +238,9 @@ impl MyDialect {
         // track of frees the lock when the lease ends, not after the server's default hours.
         let sql = format!(
             "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', 0)",
-            wait_timeout_secs(lease)
+            wait_timeout_secs(req.lease)
         );
-        let c = self.common.slow_call(query_sets(&mut conn, sql)).await;
-        let got = match c {
+        let got = match self.common.slow_call(query_sets(&mut conn, sql)).await {
             Call::Ok(sets) => lock_reply(&sets),
             other => {
                 if matches!(&other, Call::Err(e) if conn_dead(e)) {
@@ -240,21 +253,7 @@ impl MyDialect {
         };
         match got {
             Some(1) => {
-                let token = match self.register(&mut conn, slot, req).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        // Closing the connection frees the lock nobody will be told of.
-                        close(conn);
-                        return Err(e);
-                    }
-                };
-                let watch = self.watch(&conn, &req.lost);
-                *st = State::Held(Grant {
-                    conn,
-                    token,
-                    lease_end: sent + lease,
-                    watch,
-                });
+                let token = self.hold(slot, st, conn, req, sent + req.lease).await?;
                 Ok(AcquireReply::Granted { token })
             }
             Some(0) => Ok(AcquireReply::Held {
@@ -265,6 +264,44 @@ impl MyDialect {
                 Err(shape("GET_LOCK", format!("{other:?}")))
             }
         }
+    }
+
+    /// A retry of a granted attempt: its token again, the lease extended to at least `lease`
+    /// from now. `None`: the slot holds nothing (any grant it had is gone).
+    async fn again(&self, slot: &Slot, st: &mut State, lease: Duration) -> Result<Option<u64>> {
+        let State::Held(g) = st else {
+            return Ok(None);
+        };
+        let token = g.token;
+        Ok(self.extend(slot, st, lease).await?.then_some(token))
+    }
+
+    /// Records the grant `conn` holds for `req` (lease promised until `lease_end`) and makes
+    /// it the slot's state, watched for a close. If recording fails, `conn` is closed, which
+    /// frees the lock nobody will be told of.
+    async fn hold(
+        &self,
+        slot: &Slot,
+        st: &mut State,
+        mut conn: Conn,
+        req: &AcquireRequest,
+        lease_end: clock::Instant,
+    ) -> Result<u64> {
+        let token = match self.register(&mut conn, slot, req).await {
+            Ok(t) => t,
+            Err(e) => {
+                close(conn);
+                return Err(e);
+            }
+        };
+        let watch = self.watch(&conn, &req.lost);
+        *st = State::Held(Grant {
+            conn,
+            token,
+            lease_end,
+            watch,
+        });
+        Ok(token)
     }
 
     /// Records the grant `conn` holds (new fencing token, holder row) and returns its token,
@@ -514,7 +551,8 @@ impl MyDialect {
         })
     }
 
-    /// One server-side wait of the attempt (the slot locked by the caller for all of it).
+    /// One server-side wait of the attempt (the slot locked by the caller for all of it):
+    /// `GET_LOCK(key, seconds left)` on a connection of its own.
     async fn wait_in(
         &self,
         slot: &Slot,
@@ -523,111 +561,76 @@ impl MyDialect {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
+        let granted = |token, requested_at| {
+            Ok(Some(Granted {
+                token,
+                requested_at,
+            }))
+        };
         let sent = clock::Instant::now();
-        if let State::Held(g) = st {
-            let token = g.token;
-            if self.extend(slot, st, req.lease).await? {
-                return Ok(Some(Granted {
-                    token,
-                    requested_at: sent,
-                }));
-            }
+        if let Some(token) = self.again(slot, st, req.lease).await? {
+            return granted(token, sent);
         }
         let lk = self.lk(&slot.name, slot.kind);
         let mut conn = self.common.take().await?;
-        let id = conn.id();
-        let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        if remaining.is_some_and(|r| r.is_zero()) || cancel.is_cancelled() {
+        let Some(left) = waited::budget(deadline, cancel) else {
             self.common.put(conn);
             return Ok(None);
-        }
-        // Without a deadline, wait in bounded rounds of an hour.
-        // Rounded up to the millisecond: the server must not give up before the deadline.
-        let secs = remaining.map_or(3600.0, |r| wait_millis(r) as f64 / 1000.0);
-        // The key is `dlock:` and hex digits, safe to inline; inlined, it shows in
-        // SHOW PROCESSLIST, so operators see which lock a connection waits for. The lease is
-        // on the connection before the lock is (it counts from the grant: the connection is
-        // busy, not idle, while it waits).
-        let sql = format!(
-            "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', {secs:.3})",
-            wait_timeout_secs(req.lease)
-        );
-        let end = {
-            let wait = query_sets(&mut conn, sql);
-            tokio::pin!(wait);
-            match wait_or_stop(&mut wait, cancel, deadline).await {
-                // Granted as the caller went away: give it straight back.
-                Some(Ok(sets)) if cancel.is_cancelled() && lock_reply(&sets) == Some(1) => {
-                    WaitEnd::Stopped(Some(true))
-                }
-                Some(Ok(sets)) => WaitEnd::Got(lock_reply(&sets)),
-                Some(Err(e)) => WaitEnd::Failed(e),
-                None => {
-                    // Stop the server-side wait, then see how it ended.
-                    if let Err(e) = self.common.kill_query(id).await {
-                        tracing::debug!(error = %e, "KILL QUERY failed");
-                    }
-                    match tokio::time::timeout(self.common.op_timeout, &mut wait).await {
-                        Ok(Ok(sets)) => WaitEnd::Stopped(Some(lock_reply(&sets) == Some(1))),
-                        Ok(Err(mysql_async::Error::Server(s))) if s.code == 1317 => {
-                            WaitEnd::Stopped(Some(false))
-                        }
-                        _ => WaitEnd::Stopped(None),
-                    }
-                }
-            }
         };
-        match end {
-            WaitEnd::Got(Some(1)) => {
+        let sql = wait_sql(&lk, req.lease, left);
+        let end = self.wait_on(&mut conn, sql, deadline, cancel).await;
+        let (step, answer) = waited::after(end);
+        match step {
+            Step::Register => {
                 // The lease counts from after the grant: every statement from here on resets
                 // the connection's idle time.
                 let sent = clock::Instant::now();
-                let token = match self.register(&mut conn, slot, req).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        close(conn);
-                        return Err(e);
-                    }
-                };
-                let watch = self.watch(&conn, &req.lost);
-                *st = State::Held(Grant {
-                    conn,
-                    token,
-                    lease_end: sent + req.lease,
-                    watch,
-                });
-                Ok(Some(Granted {
-                    token,
-                    requested_at: sent,
-                }))
+                let token = self.hold(slot, st, conn, req, sent + req.lease).await?;
+                return granted(token, sent);
             }
-            WaitEnd::Got(Some(0)) => {
-                self.give_back(conn, None).await;
-                Ok(None)
+            Step::Reuse { unlock } => self.give_back(conn, unlock.then_some(&*lk)).await,
+            // The wait's outcome is unknown: the connection goes, and any lock with it.
+            Step::Close => close(conn),
+        }
+        answer.map(|()| None)
+    }
+
+    /// Runs the wait `sql` on `conn`, stopped here (`KILL QUERY`) by `cancel` or the safety
+    /// net after `deadline`; how it ended.
+    async fn wait_on(
+        &self,
+        conn: &mut Conn,
+        sql: String,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> WaitEnd {
+        let id = conn.id();
+        let wait = query_sets(conn, sql);
+        tokio::pin!(wait);
+        match wait_or_stop(&mut wait, cancel, deadline).await {
+            // Granted as the caller went away: given straight back.
+            Some(Ok(sets)) if cancel.is_cancelled() && lock_reply(&sets) == Some(1) => {
+                WaitEnd::Stopped(Some(true))
             }
-            WaitEnd::Got(other) => {
-                close(conn);
-                Err(shape("GET_LOCK", format!("{other:?}")))
-            }
-            WaitEnd::Failed(e) => {
+            Some(Ok(sets)) => reply_end(lock_reply(&sets)),
+            Some(Err(e)) => {
                 if conn_dead(&e) {
                     self.common.forget_idle();
                 }
-                close(conn);
-                Err(crate::error::map(&self.common.endpoint, e))
+                WaitEnd::Failed(crate::error::map(&self.common.endpoint, e))
             }
-            WaitEnd::Stopped(Some(true)) => {
-                self.give_back(conn, Some(&lk)).await;
-                Ok(None)
-            }
-            WaitEnd::Stopped(Some(false)) => {
-                self.give_back(conn, None).await;
-                Ok(None)
-            }
-            WaitEnd::Stopped(None) => {
-                // The wait's outcome is unknown: the connection goes, and any lock with it.
-                close(conn);
-                Ok(None)
+            None => {
+                // Stop the server-side wait, then see how it ended.
+                if let Err(e) = self.common.kill_query(id).await {
+                    tracing::debug!(error = %e, "KILL QUERY failed");
+                }
+                match tokio::time::timeout(self.common.op_timeout, &mut wait).await {
+                    Ok(Ok(sets)) => WaitEnd::Stopped(Some(lock_reply(&sets) == Some(1))),
+                    Ok(Err(mysql_async::Error::Server(s))) if s.code == 1317 => {
+                        WaitEnd::Stopped(Some(false))
+                    }
+                    _ => WaitEnd::Stopped(None),
+                }
             }
         }
     }
@@ -891,4 +894,42 @@ pub(crate) async fn holder_connection(mode: &SessionMode, name: &str, owner: &st
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_statements_and_replies() {
+        let lk = "dlock:00ff";
+        assert_eq!(
+            wait_sql(lk, Duration::from_secs(30), None),
+            "SET SESSION wait_timeout = 35; SELECT GET_LOCK('dlock:00ff', 3600.000)"
+        );
+        // Rounded up and one more millisecond: the server never gives up before the deadline.
+        let sql = wait_sql(
+            lk,
+            Duration::from_secs(2),
+            Some(Duration::from_micros(1500)),
+        );
+        assert_eq!(
+            sql,
+            "SET SESSION wait_timeout = 3; SELECT GET_LOCK('dlock:00ff', 0.003)"
+        );
+        assert!(matches!(reply_end(Some(1)), WaitEnd::Granted));
+        assert!(matches!(
+            reply_end(Some(0)),
+            WaitEnd::TimedOut { may_hold: false }
+        ));
+        for odd in [None, Some(2), Some(-1)] {
+            assert!(
+                matches!(
+                    reply_end(odd),
+                    WaitEnd::Failed(Error::UnexpectedReply { .. })
+                ),
+                "{odd:?}"
+            );
+        }
+    }
 }

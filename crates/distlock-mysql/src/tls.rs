@@ -279,7 +279,7 @@ mod imp {
 
     pub(super) fn ssl_opts(opts: &TlsOptions, mode: SslMode) -> Result<Option<SslOpts>> {
         // One crypto provider for the process, whichever crates enable which.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        distlock_core::conn::install_crypto_provider();
         let mut ssl = match mode {
             SslMode::Disabled => return Ok(None),
             SslMode::Preferred | SslMode::Required => SslOpts::default()

@@ -393,20 +393,12 @@ mod imp {
                 }
             }
             RootCert::System => {
-                let found = rustls_native_certs::load_native_certs();
-                let (added, _) = store.add_parsable_certificates(found.certs);
-                if added == 0 {
-                    return Err(Error::InvalidArgument(format!(
-                        "sslrootcert=system: no trusted root certificate found on this system{}; \
-                         install the CA certificates (Debian: ca-certificates) or give \
-                         sslrootcert=PATH",
-                        found
-                            .errors
-                            .first()
-                            .map(|e| format!(" ({e})"))
-                            .unwrap_or_default()
-                    )));
-                }
+                store = distlock_core::conn::system_roots().map_err(|e| match e {
+                    Error::InvalidArgument(m) => Error::InvalidArgument(format!(
+                        "sslrootcert=system: {m} (sslrootcert=PATH)"
+                    )),
+                    other => other,
+                })?;
             }
         }
         Ok(store)
@@ -414,7 +406,7 @@ mod imp {
 
     impl Tls {
         pub(super) fn new(opts: &TlsOptions) -> Result<Self> {
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let provider = distlock_core::conn::crypto_provider();
             let files = files(opts);
             let roots = match (&opts.root, opts.mode) {
                 // Nothing to check against: libpq's prefer/require encrypt without checking.

@@ -280,8 +280,8 @@ pub(crate) fn open_client(
     let info = info.set_redis_settings(settings);
     #[cfg(feature = "tls")]
     if driver_url.starts_with("rediss:") {
-        // Several rustls providers may be compiled in; pick ring unless the program chose.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // The process-wide rustls provider: dlock's one unless the program chose.
+        distlock_core::conn::install_crypto_provider();
         let certs = tls_certificates(cs, tls)?;
         return redis::Client::build_with_tls(
             info,

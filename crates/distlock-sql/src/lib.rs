@@ -11,6 +11,7 @@ pub mod lease;
 mod modes;
 mod pool;
 pub mod url;
+pub mod waited;
 
 pub use engine::{Dialect, Sessions};
 pub use grants::ConnGrants;

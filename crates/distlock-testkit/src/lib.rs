@@ -24,6 +24,8 @@
 //!   loopback port, readiness probe, kill, pause, resume, restart on the same port and
 //!   directory, log capture, kill on drop), for starting other servers the same way.
 //! - [`free_port`] and [`TempDir`]: small building blocks.
+//! - [`memory`]: an in-memory reference backend, the conformance suite's executable
+//!   specification and the template a new backend copies.
 //!
 //! ```
 //! use std::time::Duration;
@@ -56,6 +58,7 @@ mod fenced;
 pub mod grant;
 pub mod http;
 mod mariadb;
+pub mod memory;
 mod postgres;
 mod process;
 pub mod prom;

@@ -6,6 +6,7 @@ use crate::history::{now_us, Event, History, Kind, NemesisEvent};
 use crate::register::Register;
 use crate::server::Server;
 use crate::worker::{Target, WorkerConfig};
+use distlock::conn::{ConnectionString, Host};
 use distlock_proxy::DelayProxy;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader};
@@ -225,26 +226,17 @@ impl Report {
     }
 }
 
-/// Where the workers' proxies forward to, and the URL rewritten to a proxy.
+/// Where the workers' proxies forward to, and the URL to rewrite to a proxy.
 #[derive(Debug, Clone)]
 struct Upstream {
     target: SocketAddr,
-    url: url::Url,
+    url: ConnectionString,
 }
 
 /// The address a single-host URL points at, for the proxy; `None` for a URL the proxy cannot
 /// stand in front of (file://, several hosts, TLS, unix sockets).
 fn upstream(u: &str) -> Result<Option<Upstream>, String> {
-    // Several hosts (`h1:p1,h2:p2`, Redlock, a cluster) are no URL `url` can parse, and one
-    // proxy cannot stand in front of them: no network nemeses (the backend parses the URL).
-    if u.split_once("://").is_some_and(|(_, rest)| {
-        rest.split(['/', '?'])
-            .next()
-            .is_some_and(|h| h.contains(','))
-    }) {
-        return Ok(None);
-    }
-    let url = url::Url::parse(u).map_err(|e| format!("bad backend URL `{u}`: {e}"))?;
+    let url = ConnectionString::parse(u).map_err(|e| format!("bad backend URL: {e}"))?;
     let port = match url.scheme() {
         "redis" => 6379,
         "postgres" | "postgresql" => 5432,
@@ -253,18 +245,19 @@ fn upstream(u: &str) -> Result<Option<Upstream>, String> {
         "zk" => 2181,
         _ => return Ok(None),
     };
-    let Some(host) = url.host_str() else {
+    // Several hosts (`h1:p1,h2:p2`, a cluster): one proxy cannot stand in front of them.
+    let [host] = url.hosts() else {
         return Ok(None);
     };
-    if host.contains(',') || url.path().contains(',') {
+    if url.raw_path().contains(',') {
         return Ok(None);
     }
-    let port = url.port().unwrap_or(port);
-    let target = (host, port)
+    let (name, port) = (host.host.clone(), host.port_or(port));
+    let target = (name.as_str(), port)
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {host}:{port}: {e}"))?
+        .map_err(|e| format!("cannot resolve {host}: {e}"))?
         .next()
-        .ok_or_else(|| format!("{host}:{port} has no address"))?;
+        .ok_or_else(|| format!("{host} has no address"))?;
     Ok(Some(Upstream { target, url }))
 }
 
@@ -450,11 +443,9 @@ impl Coordinator<'_> {
         let target = match (&self.cfg.target, &proxy, &self.upstream) {
             (Target::Url(_), Some(p), Some(u)) => {
                 let mut url = u.url.clone();
-                url.set_ip_host(p.addr().ip())
-                    .map_err(|()| "cannot point the URL at the proxy".to_string())?;
-                url.set_port(Some(p.port()))
-                    .map_err(|()| "cannot point the URL at the proxy".to_string())?;
-                Target::Url(url.to_string())
+                let addr = p.addr();
+                url.set_hosts(vec![Host::new(addr.ip().to_string(), Some(addr.port()))]);
+                Target::Url(url.expose_url().to_owned())
             }
             (t, _, _) => t.clone(),
         };

@@ -98,12 +98,11 @@ mod imp {
             let mut options = zk::TlsOptions::new()
                 .with_pem_ca(&text(&ca_pem))
                 .map_err(|e| TlsFiles::file_error("cacert", ca, e))?;
-            let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::invalid(format!("TLS setup: {e}")))?
-            .with_root_certificates(roots);
+            let builder =
+                rustls::ClientConfig::builder_with_provider(distlock_core::conn::crypto_provider())
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| Error::invalid(format!("TLS setup: {e}")))?
+                    .with_root_certificates(roots);
             let probe = match (files.client(), files.identity()?, files.read_client()?) {
                 (Some((cert, key)), Some((chain, pkey)), Some((cert_pem, key_pem))) => {
                     options = options
@@ -133,9 +132,9 @@ mod imp {
             hosts: &str,
         ) -> std::result::Result<zk::Client, zk::Error> {
             // The driver builds its rustls config on the process-wide provider; with more than
-            // one provider compiled in there is none by default, so ring (as every dlock
+            // one provider compiled in there may be none by default, so dlock's (as every
             // backend uses) is installed unless the program installed one already.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            distlock_core::conn::install_crypto_provider();
             connector
                 .with_tls(self.options.clone())
                 .secure_connect(hosts)

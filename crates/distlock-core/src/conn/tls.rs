@@ -126,3 +126,43 @@ impl TlsErrorKind {
         }
     }
 }
+
+/// The crypto provider of every TLS connection dlock makes (feature `rustls`): aws-lc-rs,
+/// the one provider compiled in.
+#[cfg(feature = "rustls")]
+pub fn crypto_provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
+    std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// Installs [`crypto_provider`] as the process-wide default, for drivers that build their
+/// rustls configuration on it (feature `rustls`); a provider the program installed first
+/// stays.
+#[cfg(feature = "rustls")]
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
+/// The one trust-store rule (feature `rustls`): with no CA file, the system's CA certificates
+/// (as `rustls-native-certs` finds them); certificates it cannot parse are skipped.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the system has no usable CA
+/// certificate at all (then name a CA file).
+#[cfg(feature = "rustls")]
+pub fn system_roots() -> crate::Result<rustls::RootCertStore> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut store = rustls::RootCertStore::empty();
+    let (_added, _skipped) = store.add_parsable_certificates(found.certs);
+    if store.is_empty() {
+        let why = found
+            .errors
+            .first()
+            .map(|e| format!(" ({e})"))
+            .unwrap_or_default();
+        return Err(crate::Error::InvalidArgument(format!(
+            "no trusted root certificate found on this system{why}; install the CA \
+             certificates (Debian: ca-certificates) or name a CA file"
+        )));
+    }
+    Ok(store)
+}

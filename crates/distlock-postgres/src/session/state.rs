@@ -57,6 +57,14 @@ impl HoldState for State {
 
 pub(crate) type Entry = Hold<State>;
 
+/// Where a try or a wait starts ([`PgDialect::prepare`]).
+pub(crate) enum Start {
+    /// The attempt holds this grant already (a retry).
+    Held(u64),
+    /// Try on this session.
+    On(Arc<Session>),
+}
+
 impl PgDialect {
     /// Moves an attempt whose session ended to `Idle` (its locks went with the session, whose
     /// end already fired the lost signals).
@@ -113,13 +121,44 @@ impl PgDialect {
         st: &mut State,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
+        let s = match self.prepare(holds, entry, st, req, true).await? {
+            Start::Held(token) => return Ok(AcquireReply::Granted { token }),
+            Start::On(s) => s,
+        };
+        if let Some(token) = self.try_on(entry, st, &s, req).await? {
+            return Ok(AcquireReply::Granted { token });
+        }
+        s.grants.remove(&req.attempt);
+        entry.set(st, State::Idle);
+        self.put_session(s);
         let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
+        Ok(AcquireReply::Held {
+            ttl: self.holder_ttl(&req.key.name, req.key.kind, key).await,
+        })
+    }
+
+    /// Where a try (or a wait) of `req` starts: the grant an earlier request of the attempt
+    /// left, or the session to try on, the attempt `Unknown` on it (a new session — the write
+    /// grant's own for a downgrade, if `downgrade` — or the one an unanswered request left,
+    /// which holds nothing).
+    pub(crate) async fn prepare(
+        &self,
+        holds: &HoldMap<State>,
+        entry: &Entry,
+        st: &mut State,
+        req: &AcquireRequest,
+        downgrade: bool,
+    ) -> Result<Start> {
         match self.resume(entry, st, req).await? {
-            Some(token) => return Ok(AcquireReply::Granted { token }),
+            Some(token) => return Ok(Start::Held(token)),
             None if matches!(st, State::Unknown(_)) => {}
             None => {
                 Self::check_upgrade(holds, req)?;
-                let s = match Self::downgrade_session(holds, req).await {
+                let beside = match downgrade {
+                    true => Self::downgrade_session(holds, req).await,
+                    false => None,
+                };
+                let s = match beside {
                     Some(s) => s,
                     None => self.take_session().await?,
                 };
@@ -129,36 +168,40 @@ impl PgDialect {
                 entry.set(st, State::Unknown(s));
             }
         }
-        let State::Unknown(s) = &*st else {
-            return Err(shape("acquire", "attempt state"));
-        };
-        let s = s.clone();
+        match &*st {
+            State::Unknown(s) => Ok(Start::On(s.clone())),
+            _ => Err(shape("acquire", "attempt state")),
+        }
+    }
+
+    /// One `pg_try_advisory_lock` for `req` on `s` (the attempt `Unknown` on it): the grant's
+    /// token, or `None` (the attempt still `Unknown` on `s`, which holds nothing). After an
+    /// error the attempt stays unknown on a live `s`: a retry asks `s`, a give-up unlocks it.
+    pub(crate) async fn try_on(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        s: &Arc<Session>,
+        req: &AcquireRequest,
+    ) -> Result<Option<u64>> {
+        let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
         let end = LeaseInstant::now() + req.lease;
         let idle_held = s.idle_value(&req.attempt, Some(end));
         let idle_free = s.idle_value(&req.attempt, None);
         match self
-            .try_lock_on(&s, req.key.kind, key, &idle_held, &idle_free)
+            .try_lock_on(s, req.key.kind, key, &idle_held, &idle_free)
             .await
         {
             Ok(true) => self
-                .grant_on(entry, st, s, req, &idle_held)
+                .grant_on(entry, st, s.clone(), req, &idle_held)
                 .await
-                .map(|token| AcquireReply::Granted { token }),
-            Ok(false) => {
-                s.grants.remove(&req.attempt);
-                entry.set(st, State::Idle);
-                self.put_session(s);
-                Ok(AcquireReply::Held {
-                    ttl: self.holder_ttl(&req.key.name, req.key.kind, key).await,
-                })
-            }
+                .map(Some),
+            Ok(false) => Ok(None),
             Err(e) => {
-                if s.is_dead() {
+                Self::settle(entry, st);
+                if st.is_idle() {
                     s.grants.remove(&req.attempt);
-                    entry.set(st, State::Idle);
                 }
-                // Otherwise the attempt stays unknown on `s`: a retry asks `s`, a give-up
-                // unlocks it.
                 Err(e)
             }
         }

@@ -1,0 +1,112 @@
+//! What a server-side wait's end means for its attempt, decided once for every dialect.
+//!
+//! A dialect runs the blocking statement (`pg_advisory_lock`, `GET_LOCK(name, seconds)`) and
+//! reads how it ended into a [`WaitEnd`]; [`after`] says what to do with the connection and
+//! what to answer. The dialect only carries that out with its statements.
+
+use distlock_core::{Error, Result};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// How one server-side wait ended, as the dialect read its reply.
+#[derive(Debug)]
+pub enum WaitEnd {
+    /// The server granted the lock to the waiting connection.
+    Granted,
+    /// The server's own timer (the deadline) ran out. `may_hold`: the connection may hold
+    /// the lock all the same (PostgreSQL keeps a grant that lands as its `lock_timeout`
+    /// fires), so it must be given back before the connection is reused.
+    TimedOut {
+        /// The connection may hold the lock.
+        may_hold: bool,
+    },
+    /// The client stopped the wait (its caller cancelled, or the safety net after the
+    /// deadline passed). `Some(held)`: whether the connection holds the lock is known;
+    /// `None`: unknown, or the connection must not be reused (a stop signal may still be on
+    /// its way to it).
+    Stopped(Option<bool>),
+    /// The wait failed: the error to answer (retryable ones make the engine wait again).
+    Failed(Error),
+}
+
+/// What becomes of the waiting connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Record the grant on the connection and answer it.
+    Register,
+    /// Give the connection back to the pool; `unlock`: release the lock on it first (closing
+    /// the connection instead if that fails, which frees the lock all the same).
+    Reuse {
+        /// Release the lock first.
+        unlock: bool,
+    },
+    /// Close the connection (whatever it holds goes with it).
+    Close,
+}
+
+/// The step for `end`, and what the wait answers when the step is not [`Step::Register`]:
+/// `Ok(())` (not granted; the engine waits again while the deadline allows) or the error.
+pub fn after(end: WaitEnd) -> (Step, Result<()>) {
+    match end {
+        WaitEnd::Granted => (Step::Register, Ok(())),
+        WaitEnd::TimedOut { may_hold } => (Step::Reuse { unlock: may_hold }, Ok(())),
+        WaitEnd::Stopped(Some(held)) => (Step::Reuse { unlock: held }, Ok(())),
+        WaitEnd::Stopped(None) => (Step::Close, Ok(())),
+        WaitEnd::Failed(e) => (Step::Close, Err(e)),
+    }
+}
+
+/// The time a wait may take (`Some(None)`: no deadline), or `None` when it must not start:
+/// the deadline has passed or the caller cancelled.
+pub fn budget(deadline: Option<Instant>, cancel: &CancellationToken) -> Option<Option<Duration>> {
+    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+    if left.is_some_and(|r| r.is_zero()) || cancel.is_cancelled() {
+        return None;
+    }
+    Some(left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps() {
+        assert_eq!(after(WaitEnd::Granted).0, Step::Register);
+        let (s, r) = after(WaitEnd::TimedOut { may_hold: true });
+        assert_eq!(s, Step::Reuse { unlock: true });
+        assert!(r.is_ok());
+        assert_eq!(
+            after(WaitEnd::TimedOut { may_hold: false }).0,
+            Step::Reuse { unlock: false }
+        );
+        // Granted as the caller went away: given straight back.
+        assert_eq!(
+            after(WaitEnd::Stopped(Some(true))).0,
+            Step::Reuse { unlock: true }
+        );
+        assert_eq!(
+            after(WaitEnd::Stopped(Some(false))).0,
+            Step::Reuse { unlock: false }
+        );
+        let (s, r) = after(WaitEnd::Stopped(None));
+        assert_eq!(s, Step::Close);
+        assert!(r.is_ok());
+        let (s, r) = after(WaitEnd::Failed(Error::Runtime("broken".into())));
+        assert_eq!(s, Step::Close);
+        assert!(matches!(r, Err(Error::Runtime(_))));
+    }
+
+    #[test]
+    fn budgets() {
+        let go = CancellationToken::new();
+        assert_eq!(budget(None, &go), Some(None));
+        let later = Instant::now() + Duration::from_secs(60);
+        assert!(matches!(budget(Some(later), &go), Some(Some(d)) if d > Duration::from_secs(50)));
+        assert_eq!(budget(Some(Instant::now()), &go), None);
+        let stop = CancellationToken::new();
+        stop.cancel();
+        assert_eq!(budget(Some(later), &stop), None);
+        assert_eq!(budget(None, &stop), None);
+    }
+}
