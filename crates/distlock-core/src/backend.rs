@@ -76,8 +76,7 @@
 //! - **Lock kinds** are checked by the core against [`Backend::capabilities`].
 //! - **Cancellation**: the core runs `acquire`, `acquire_wait`, `watch`, `give_up` and `release`
 //!   in tasks of its own and never drops them half-way (a wait is stopped with its
-//!   cancellation token); `renew`, `inspect`, `list`, `force_release`, `diagnose` and
-//!   `set_permits` run in the caller's future or under a timeout and may be dropped at any
+//!   cancellation token); `renew`, `inspect`, `set_permits` and the [`Operator`] commands run in the caller's future or under a timeout and may be dropped at any
 //!   await point, so they must leave nothing half-done that a later call would trip over.
 
 use crate::error::Result;
@@ -87,6 +86,7 @@ pub use crate::caps::Capabilities;
 pub use crate::deadline::Deadline;
 pub use crate::lost::{LostReason, LostSignal};
 pub use crate::lost_registry::LostRegistry;
+pub use crate::operator::{self, Operator};
 pub use crate::subscriptions::{NoWatch, Subscription, Subscriptions};
 pub use crate::types::{
     AcquireReply, AcquireRequest, AttemptId, Finding, ForceReleased, GrantRef, Granted, HoldKey,
@@ -362,65 +362,12 @@ pub trait Backend: Send + Sync + 'static {
         Err(crate::Error::unsupported(self.kind(), "semaphores"))
     }
 
-    /// Every lock this backend has state for (held, waited for, or with a fencing counter)
-    /// whose name starts with `prefix`, for operators (`dlock list`). Read-only; the order is
-    /// by name, then kind. The default answers [`Error::Unsupported`](crate::Error::Unsupported)
-    /// (declare [`Capabilities::listing`]`(false)` too, so the core says so without a call).
-    ///
-    /// # Cancel safety
-    /// Must be cancel safe (it only reads).
-    ///
-    /// # Errors
-    /// Connection errors (retried by the core) and unexpected replies.
-    async fn list(&self, _prefix: &str) -> Result<Vec<ListedLock>> {
-        Err(crate::Error::unsupported(self.kind(), "listing locks"))
-    }
-
-    /// The operator's way out of a stuck lock (`dlock release --force`): removes every
-    /// holder of `name` of `kind` (for a read-write lock, both sides), and advances the fencing
-    /// counter past every token handed out, so that writes of a removed holder carrying its
-    /// old token are rejected by a fenced store. A removed holder's lost signal fires at its
-    /// next renewal (its grant is gone). Waiters stay queued. Returns what was removed.
-    /// The default answers [`Error::Unsupported`](crate::Error::Unsupported).
-    ///
-    /// # Cancel safety
-    /// Must be cancel safe in the sense that a drop leaves a consistent state: the release
-    /// happened or it did not (the core never retries it).
-    ///
-    /// # Errors
-    /// Connection errors (the outcome is unknown; the operator inspects) and unexpected
-    /// replies; an error that says what to grant when the server refuses to remove a holder
-    /// (postgres answers [`Error::Unsupported`](crate::Error::Unsupported) for another role's
-    /// backend).
-    async fn force_release(&self, _name: &str, _kind: LockKind) -> Result<ForceReleased> {
-        Err(crate::Error::unsupported(self.kind(), "forced release"))
-    }
-
-    /// Checks the deployment behind this backend for settings that break locks
-    /// (`dlock doctor`): one finding per check, each saying what to change. Read-only.
-    /// The default answers [`Error::Unsupported`](crate::Error::Unsupported).
-    ///
-    /// # Cancel safety
-    /// Must be cancel safe (it only reads).
-    ///
-    /// # Errors
-    /// Connection errors; a check that cannot be made is a [`Finding`], not an error.
-    async fn diagnose(&self) -> Result<Vec<Finding>> {
-        Err(crate::Error::unsupported(self.kind(), "diagnosis"))
-    }
-
-    /// The lock service's clock now (wall-clock time, as its server reads it), for schedules
-    /// that every client must read alike, such as `dlock once`'s intervals: clients whose
-    /// own clocks disagree still agree on it. `None` when the service has no clock to ask
-    /// (the file backend's clock is the host's own; etcd and ZooKeeper have no API for
-    /// theirs): callers then use the local clock. The default answers `None`.
-    ///
-    /// # Cancel safety
-    /// Must be cancel safe (it only reads).
-    ///
-    /// # Errors
-    /// Connection errors and unexpected replies.
-    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
-        Ok(None)
+    /// The operator commands (`dlock list`, `dlock release --force`, `dlock doctor`, the
+    /// service's clock) of this backend, if it has them: usually `Some(self)` with an
+    /// [`Operator`] impl beside this one. The default is `None`: the client answers
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for them, and the local clock for
+    /// [`Client::server_time`](crate::Client::server_time). Cheap and without I/O.
+    fn operator(&self) -> Option<&dyn Operator> {
+        None
     }
 }

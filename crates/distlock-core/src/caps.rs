@@ -110,7 +110,7 @@ impl Capabilities {
         }
     }
 
-    /// Whether [`Backend::list`](crate::Backend::list) is implemented (default true).
+    /// Whether [`Operator::list`](crate::Operator::list) is implemented (default true).
     pub const fn listing(self, yes: bool) -> Self {
         Capabilities {
             listing: yes,
@@ -118,7 +118,7 @@ impl Capabilities {
         }
     }
 
-    /// Whether [`Backend::force_release`](crate::Backend::force_release) is implemented
+    /// Whether [`Operator::force_release`](crate::Operator::force_release) is implemented
     /// (default true).
     pub const fn forced_release(self, yes: bool) -> Self {
         Capabilities {
@@ -127,7 +127,7 @@ impl Capabilities {
         }
     }
 
-    /// Whether [`Backend::diagnose`](crate::Backend::diagnose) is implemented (default true).
+    /// Whether [`Operator::diagnose`](crate::Operator::diagnose) is implemented (default true).
     pub const fn diagnosis(self, yes: bool) -> Self {
         Capabilities {
             diagnosis: yes,
@@ -295,8 +295,21 @@ mod tests {
             self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok(crate::LockInfo::new(name))
         }
+        fn operator(&self) -> Option<&dyn crate::Operator> {
+            Some(self)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::Operator for MutexOnly {
         async fn list(&self, _: &str) -> Result<Vec<crate::ListedLock>> {
             panic!("the core called list on a backend that cannot list");
+        }
+        async fn force_release(&self, _: &str, _: LockKind) -> Result<crate::ForceReleased> {
+            panic!("the core called force_release with an undeclared kind");
+        }
+        async fn diagnose(&self) -> Result<Vec<crate::Finding>> {
+            Ok(Vec::new())
         }
     }
 

@@ -177,7 +177,7 @@ impl Client {
     }
 
     /// Every lock the server has state for whose name starts with `prefix` (see
-    /// [`Backend::list`]). Backends that cannot list return [`Error::Unsupported`].
+    /// [`Operator::list`](crate::Operator::list)). Backends that cannot list return [`Error::Unsupported`].
     ///
     /// ```no_run
     /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
@@ -194,14 +194,12 @@ impl Client {
     /// [`Error::Unsupported`] if the backend cannot list; [`Error::Connection`] (after the
     /// client's retries); [`Error::UnexpectedReply`].
     pub async fn list(&self, prefix: &str) -> Result<Vec<crate::ListedLock>> {
-        let backend = &self.shared.backend;
-        let caps = backend.capabilities();
-        caps.check_op(backend.kind(), caps.can_list(), "listing locks")?;
-        crate::backoff::retry(self.shared.opts.retry, || backend.list(prefix)).await
+        let op = self.operator(|c| c.can_list(), "listing locks")?;
+        crate::backoff::retry(self.shared.opts.retry, || op.list(prefix)).await
     }
 
     /// Removes every holder of lock `name` of `kind` and advances its fencing counter past
-    /// every token handed out (see [`Backend::force_release`]): the operator's way out of a
+    /// every token handed out (see [`Operator::force_release`](crate::Operator::force_release)): the operator's way out of a
     /// stuck lock. The removed holders learn it at their next renewal.
     ///
     /// ```no_run
@@ -223,15 +221,13 @@ impl Client {
     pub async fn force_release(&self, name: &str, kind: LockKind) -> Result<crate::ForceReleased> {
         crate::name::validate_name(name)?;
         self.shared.check_kind(kind)?;
-        let backend = &self.shared.backend;
-        let caps = backend.capabilities();
-        caps.check_op(backend.kind(), caps.can_force_release(), "forced release")?;
+        let op = self.operator(|c| c.can_force_release(), "forced release")?;
         // Not retried: a retry after a lost reply would remove a holder that came after it.
-        backend.force_release(name, kind).await
+        op.force_release(name, kind).await
     }
 
     /// Checks the deployment behind this client for settings that break locks (see
-    /// [`Backend::diagnose`]).
+    /// [`Operator::diagnose`](crate::Operator::diagnose)).
     ///
     /// ```no_run
     /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
@@ -251,14 +247,13 @@ impl Client {
     /// [`Error::Unsupported`] if the backend has no checks; [`Error::Connection`] if the
     /// server cannot be reached (a check that cannot be made is a finding, not an error).
     pub async fn diagnose(&self) -> Result<Vec<crate::Finding>> {
-        let backend = &self.shared.backend;
-        let caps = backend.capabilities();
-        caps.check_op(backend.kind(), caps.can_diagnose(), "diagnosis")?;
-        backend.diagnose().await
+        self.operator(|c| c.can_diagnose(), "diagnosis")?
+            .diagnose()
+            .await
     }
 
     /// The lock service's clock now, or `None` when the backend has none to ask (see
-    /// [`Backend::server_time`]): what to measure schedules shared by several hosts by.
+    /// [`Operator::server_time`](crate::Operator::server_time)): what to measure schedules shared by several hosts by.
     ///
     /// ```no_run
     /// # async fn f(client: distlock_core::Client) -> distlock_core::Result<()> {
@@ -273,8 +268,24 @@ impl Client {
     /// [`Error::Connection`] if the server cannot be reached (after the client's retries);
     /// [`Error::UnexpectedReply`].
     pub async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        match self.shared.backend.operator() {
+            Some(op) => crate::backoff::retry(self.shared.opts.retry, || op.server_time()).await,
+            None => Ok(None),
+        }
+    }
+
+    /// The backend's operator commands, if its capabilities declare `what` (`can`) and it has
+    /// them; else the standard [`Error::Unsupported`].
+    fn operator(
+        &self,
+        can: impl FnOnce(&crate::backend::Capabilities) -> bool,
+        what: &str,
+    ) -> Result<&dyn crate::Operator> {
         let backend = &self.shared.backend;
-        crate::backoff::retry(self.shared.opts.retry, || backend.server_time()).await
+        let caps = backend.capabilities();
+        let op = backend.operator();
+        caps.check_op(backend.kind(), can(&caps) && op.is_some(), what)?;
+        op.ok_or_else(|| Error::unsupported(backend.kind(), what.to_owned()))
     }
 
     pub(crate) fn next_seq(&self) -> u64 {

@@ -29,6 +29,7 @@ mod lock;
 mod lost;
 mod lost_registry;
 mod name;
+pub mod operator;
 mod options;
 pub mod program;
 pub mod registry;
@@ -54,6 +55,7 @@ pub use hold::drift;
 pub use lock::Lock;
 pub use lost::{LostReason, LostSignal};
 pub use name::{validate_name, validate_owner, MAX_NAME_LEN, MAX_OWNER_LEN};
+pub use operator::Operator;
 pub use options::{
     check_lease, check_watchdog_lease, ClientOptions, MAX_LEASE, MIN_WATCHDOG_LEASE,
 };

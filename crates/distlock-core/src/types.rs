@@ -564,7 +564,7 @@ impl LockInfo {
     }
 }
 
-/// One lock in a [`Backend::list`] answer.
+/// One lock in a [`Operator::list`](crate::Operator::list) answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ListedLock {
@@ -581,7 +581,7 @@ impl ListedLock {
     }
 }
 
-/// What [`Backend::force_release`] removed.
+/// What [`Operator::force_release`](crate::Operator::force_release) removed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ForceReleased {
@@ -613,7 +613,7 @@ pub enum Severity {
     Unsafe,
 }
 
-/// One result of [`Backend::diagnose`].
+/// One result of [`Operator::diagnose`](crate::Operator::diagnose).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Finding {

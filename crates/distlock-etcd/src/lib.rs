@@ -117,7 +117,7 @@ impl EtcdBackend {
     /// more often than every 5 s (etcd's default limit). Not a namespaced client: the
     /// backend's keys are the full keys.
     ///
-    /// `dlock doctor` ([`Backend::diagnose`]) connects to each member on its own with plain
+    /// `dlock doctor` ([`Operator::diagnose`](distlock_core::Operator::diagnose)) connects to each member on its own with plain
     /// connect options; give the ones your client was built with through
     /// [`with_member_options`](Self::with_member_options) for a cluster with TLS or
     /// authentication.
@@ -259,20 +259,8 @@ impl Backend for EtcdBackend {
         self.renew_holds(holds).await
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
-        ops::list(self, prefix).await
-    }
-
-    async fn force_release(
-        &self,
-        name: &str,
-        kind: LockKind,
-    ) -> Result<distlock_core::ForceReleased> {
-        ops::force_release(self, name, kind).await
-    }
-
-    async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
-        ops::diagnose(self).await
+    fn operator(&self) -> Option<&dyn distlock_core::Operator> {
+        Some(self)
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {

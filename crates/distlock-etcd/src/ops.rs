@@ -22,8 +22,9 @@ use crate::kv::{first_of, gets, header_revision, nth_first, token_of, CAS_ATTEMP
 use crate::kv::{Entry, Keys, Meta};
 use crate::url::percent_decode;
 use crate::EtcdBackend;
+use distlock_core::operator::{clock_not_checked, parse_version};
 use distlock_core::{
-    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Result, Severity,
+    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result, Severity,
 };
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, StatusResponse, Txn,
@@ -43,7 +44,7 @@ const RAFT_SPREAD_WARN: u64 = 5000;
 /// "nobody queued under PREFIX/NAME/" is such a comparison (`range_end`, etcd 3.3). An older
 /// server ignores the unknown field and compares the single key `PREFIX/NAME/`, which never
 /// exists: every acquire would succeed — two holders.
-const MIN_VERSION: (u32, u32) = (3, 3);
+const MIN_VERSION: (u32, u32, u32) = (3, 3, 0);
 
 /// One lock's keys, gathered by `list`.
 #[derive(Default)]
@@ -71,6 +72,21 @@ fn parse_key(root: &[u8], key: &[u8]) -> Option<(String, bool)> {
         percent_decode(&raw).unwrap_or_else(|| raw.into_owned()),
         queued,
     ))
+}
+
+#[distlock_core::async_trait]
+impl Operator for EtcdBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        diagnose(self).await
+    }
 }
 
 pub(crate) async fn list(b: &EtcdBackend, prefix: &str) -> Result<Vec<ListedLock>> {
@@ -248,12 +264,6 @@ struct MemberStatus {
     status: std::result::Result<StatusResponse, String>,
 }
 
-/// `major.minor` of a version string such as `3.5.16`.
-fn parse_version(v: &str) -> Option<(u32, u32)> {
-    let mut it = v.split('.');
-    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-}
-
 async fn member_status(
     b: &EtcdBackend,
     urls: Vec<String>,
@@ -311,20 +321,36 @@ pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
             }
         }))
         .await;
-    let label = |s: &MemberStatus| {
-        if s.name.is_empty() {
-            format!("{:x}", s.id)
-        } else {
-            s.name.clone()
-        }
-    };
-    let mut out = Vec::new();
+    let mut out = vec![
+        health_finding(&statuses, voters),
+        version_finding(&statuses),
+        leader_finding(&statuses),
+    ];
+    out.extend(raft_finding(&statuses));
+    out.push(lease_finding(b).await?);
+    out.push(b.transport.finding());
 
+    out.push(clock_not_checked("etcd has no API that tells its clock; locks do not depend on it (etcd counts a lease on the leader's monotonic clock from when it applied the request, dlock on the local CLOCK_BOOTTIME from before sending it; only clock rates matter); run NTP anyway so that logs agree"));
+    Ok(out)
+}
+
+/// A member's name, or its id when it has none.
+fn label(s: &MemberStatus) -> String {
+    if s.name.is_empty() {
+        format!("{:x}", s.id)
+    } else {
+        s.name.clone()
+    }
+}
+
+/// Health: every member answers, without errors (alarms are reported here: NOSPACE makes
+/// the cluster refuse writes, CORRUPT means members disagree on the data).
+fn health_finding(statuses: &[MemberStatus], voters: usize) -> Finding {
     // Health: every member answers, without errors (alarms are reported here: NOSPACE makes
     // the cluster refuse writes, CORRUPT means members disagree on the data).
     let mut down = Vec::new();
     let mut errors = Vec::new();
-    for s in &statuses {
+    for s in statuses {
         match &s.status {
             Err(e) => down.push(format!("{} ({e})", label(s))),
             Ok(st) if !st.errors().is_empty() => {
@@ -334,7 +360,7 @@ pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
         }
     }
     let up = statuses.len() - down.len();
-    out.push(if !errors.is_empty() {
+    if !errors.is_empty() {
         Finding::new(
             Severity::Unsafe,
             "members",
@@ -358,12 +384,15 @@ pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
             "members",
             format!("only {up} of {} members answer ({}): without a quorum no lock can be taken, renewed or released, and every holder loses its lock at its lease's end; bring members back", statuses.len(), down.join(", ")),
         )
-    });
+    }
+}
 
+/// Version: every member runs an etcd whose transactions compare key ranges.
+fn version_finding(statuses: &[MemberStatus]) -> Finding {
     // Version: every member runs an etcd whose transactions compare key ranges.
     let mut old = Vec::new();
     let mut versions = Vec::new();
-    for s in &statuses {
+    for s in statuses {
         if let Ok(st) = &s.status {
             versions.push(st.version().to_owned());
             if parse_version(st.version()).is_none_or(|v| v < MIN_VERSION) {
@@ -373,11 +402,14 @@ pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
     }
     versions.sort();
     versions.dedup();
-    out.push(if old.is_empty() {
+    if old.is_empty() {
         Finding::new(
             Severity::Ok,
             "version",
-            format!("etcd {} (range comparisons in transactions need 3.3 or later)", versions.join(", ")),
+            format!(
+                "etcd {} (range comparisons in transactions need 3.3 or later)",
+                versions.join(", ")
+            ),
         )
     } else {
         Finding::new(
@@ -385,8 +417,11 @@ pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
             "version",
             format!("{}: etcd before 3.3 ignores the key-range comparison of the acquire transaction (\"nobody queued\"), so every acquire would succeed and a lock be granted twice; upgrade to a maintained etcd (3.5 or later)", old.join(", ")),
         )
-    });
+    }
+}
 
+/// Leader: the answering members agree on one leader, which is a member.
+fn leader_finding(statuses: &[MemberStatus]) -> Finding {
     // Leader: the answering members agree on one leader, which is a member.
     let mut leaders: Vec<u64> = statuses
         .iter()
@@ -400,7 +435,7 @@ pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
             .find(|s| s.id == id)
             .map_or_else(|| format!("{id:x} (not a listed member)"), label)
     };
-    out.push(match leaders.as_slice() {
+    match leaders.as_slice() {
         [] => Finding::new(Severity::Unsafe, "leader", "no member answered, so no leader is known; no lock can be taken or renewed"),
         [0] => Finding::new(Severity::Unsafe, "leader", "the members have no leader: no lock can be taken, renewed or released until one is elected; check the members' logs and the network between them (peer URLs)"),
         [l] if statuses.iter().any(|s| s.id == *l) => Finding::new(
@@ -414,43 +449,38 @@ pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
             "leader",
             format!("the members do not agree on the leader ({}): an election in progress or a partitioned member; etcd keeps this safe (writes need a quorum), but run `doctor` again and check the network if it persists", many.iter().map(|l| if *l == 0 { "none".to_owned() } else { name_of(*l) }).collect::<Vec<_>>().join(", ")),
         ),
-    });
+    }
+}
 
+/// Raft index spread: a member far behind the others serves stale reads of nothing dlock
+/// uses (its reads are linearizable), but is one failure from a lost quorum.
+fn raft_finding(statuses: &[MemberStatus]) -> Option<Finding> {
     // Raft index spread: a member far behind the others serves stale reads of nothing dlock
     // uses (its reads are linearizable), but is one failure from a lost quorum.
     let indexes: Vec<(String, u64)> = statuses
         .iter()
         .filter_map(|s| s.status.as_ref().ok().map(|st| (label(s), st.raft_index())))
         .collect();
-    if let (Some(lo), Some(hi)) = (
+    let (Some(lo), Some(hi)) = (
         indexes.iter().min_by_key(|i| i.1),
         indexes.iter().max_by_key(|i| i.1),
-    ) {
-        let spread = hi.1 - lo.1;
-        out.push(if spread > RAFT_SPREAD_WARN {
-            Finding::new(
+    ) else {
+        return None;
+    };
+    let spread = hi.1 - lo.1;
+    Some(if spread > RAFT_SPREAD_WARN {
+        Finding::new(
                 Severity::Warning,
                 "raft-index",
                 format!("member {} is {spread} raft entries behind {} (more than {RAFT_SPREAD_WARN}): a slow disk or network; it does not count towards a quorum until it catches up, so one more failure can stop every lock; check its disk (fsync latency) and network", lo.0, hi.0),
             )
-        } else {
-            Finding::new(
-                Severity::Ok,
-                "raft-index",
-                format!("raft indexes within {spread} of each other"),
-            )
-        });
-    }
-
-    out.push(lease_finding(b).await?);
-    out.push(b.transport.finding());
-
-    out.push(Finding::new(
-        Severity::Ok,
-        "clock",
-        "not checked: etcd has no API that tells its clock; locks do not depend on it (etcd counts a lease on the leader's monotonic clock from when it applied the request, dlock on the local CLOCK_BOOTTIME from before sending it; only clock rates matter); run NTP anyway so that logs agree",
-    ));
-    Ok(out)
+    } else {
+        Finding::new(
+            Severity::Ok,
+            "raft-index",
+            format!("raft indexes within {spread} of each other"),
+        )
+    })
 }
 
 /// etcd's minimum lease TTL (1.5 × election timeout, rounded up to seconds), probed by
@@ -522,8 +552,6 @@ mod tests {
         assert_eq!(prefix_end(b"ab"), b"ac");
         assert_eq!(prefix_end(b"a\xff"), b"b");
         assert_eq!(prefix_end(b"\xff"), b"\0");
-        assert_eq!(parse_version("3.5.16"), Some((3, 5)));
         assert!(parse_version("3.2.32").is_some_and(|v| v < MIN_VERSION));
-        assert_eq!(parse_version("x"), None);
     }
 }

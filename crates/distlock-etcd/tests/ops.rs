@@ -6,7 +6,7 @@
 //! lease TTL.
 
 use distlock_core::{
-    Backend, Client, ClientOptions, Error, Finding, LockKind, LostReason, Severity,
+    Client, ClientOptions, Error, Finding, LockKind, LostReason, Operator, Severity,
 };
 use distlock_etcd::EtcdBackend;
 

@@ -334,19 +334,7 @@ impl Backend for FileBackend {
         Ok(Box::new(election::ObserveWatch::new(&self.inner, name)?))
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
-        ops::list(self, prefix).await
-    }
-
-    async fn force_release(
-        &self,
-        name: &str,
-        kind: LockKind,
-    ) -> Result<distlock_core::ForceReleased> {
-        ops::force_release(&self.inner, name, kind)
-    }
-
-    async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
-        Ok(ops::diagnose(&self.inner))
+    fn operator(&self) -> Option<&dyn distlock_core::Operator> {
+        Some(self)
     }
 }

@@ -10,7 +10,9 @@
 
 use super::{check_kind, rw, sys, FileBackend, Inner, KIND};
 use crate::record::{self, Record};
-use distlock_core::{Error, Finding, ForceReleased, ListedLock, LockKind, Result, Severity};
+use distlock_core::{
+    Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
+};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
@@ -32,6 +34,21 @@ fn peek_record(path: &Path) -> Option<Record> {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     None
+}
+
+#[distlock_core::async_trait]
+impl Operator for FileBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(&self.inner, name, kind)
+    }
+
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        Ok(diagnose(&self.inner))
+    }
 }
 
 pub(crate) async fn list(b: &FileBackend, prefix: &str) -> Result<Vec<ListedLock>> {

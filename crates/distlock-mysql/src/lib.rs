@@ -18,8 +18,8 @@ use crate::error::KIND;
 use distlock_core::backend::{Backend, Capabilities, GrantRef, Granted};
 use distlock_core::conn::{ConnectionString, Password};
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, ClientOptions, Error, Finding, ForceReleased,
-    ListedLock, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, ClientOptions, Error, LockInfo, LockKind,
+    ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -491,6 +491,10 @@ impl MysqlBackend {
 /// without polling (see `observe`).
 #[async_trait]
 impl Backend for MysqlBackend {
+    fn operator(&self) -> Option<&dyn distlock_core::Operator> {
+        Some(self)
+    }
+
     fn kind(&self) -> &'static str {
         KIND
     }
@@ -542,22 +546,6 @@ impl Backend for MysqlBackend {
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         self.current().proclaim(grant, seq, value).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
-        ops::list(self, prefix).await
-    }
-
-    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        ops::force_release(self, name, kind).await
-    }
-
-    async fn diagnose(&self) -> Result<Vec<Finding>> {
-        ops::diagnose(self).await
-    }
-
-    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
-        ops::server_time(self).await.map(Some)
     }
 }
 

@@ -17,16 +17,33 @@
 use crate::common::{check_kind, election_key, key_of, sql_str};
 use crate::error::KIND;
 use crate::{Mode, MysqlBackend};
+use distlock_core::operator::{clock_finding, evict, measure_clock, Eviction, TlsSession};
 use distlock_core::{
-    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
+    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Operator, Result, Severity,
 };
 use mysql_async::prelude::Queryable;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Server/local clock offset above which `diagnose` warns.
-const CLOCK_WARN: Duration = Duration::from_secs(1);
+#[distlock_core::async_trait]
+impl Operator for MysqlBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(self, prefix).await
+    }
 
-pub(crate) async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLock>> {
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        diagnose(self).await
+    }
+
+    async fn server_time(&self) -> Result<Option<SystemTime>> {
+        server_time(self).await.map(Some)
+    }
+}
+
+async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let ns = b.common.namespace.clone();
     let table = match b.mode() {
         Mode::Session => "dlock_holders",
@@ -65,16 +82,19 @@ pub(crate) async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLoc
     Ok(out)
 }
 
-pub(crate) async fn force_release(
-    b: &MysqlBackend,
-    name: &str,
-    kind: LockKind,
-) -> Result<ForceReleased> {
+async fn force_release(b: &MysqlBackend, name: &str, kind: LockKind) -> Result<ForceReleased> {
     check_kind(kind)?;
     let lk = key_of(&b.common.namespace, name, kind);
     let done = match b.mode() {
         Mode::Table => force_table(b, name, &lk).await?,
-        Mode::Session => force_session(b, name, &lk).await?,
+        Mode::Session => {
+            let steps = Sessions {
+                b,
+                name,
+                lk: lk.clone(),
+            };
+            evict(&steps, KIND, name, b.common.op_timeout).await?
+        }
     };
     if kind == LockKind::Election {
         crate::observe::wake(&b.common, &lk);
@@ -130,42 +150,61 @@ async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceRele
     Ok(ForceReleased::new(removed, token))
 }
 
-/// Session mode: KILL the holder's connection, wait until the server has freed its lock,
-/// advance the counter.
-async fn force_session(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceReleased> {
-    let lk = lk.to_owned();
-    let k = lk.clone();
-    type Found = (Option<u64>, Vec<(String, Option<i64>)>);
-    let (conn_id, rows): Found = b
-        .common
-        .with_conn("finding the holder", move |c| {
-            Box::pin(async move {
-                let id: Option<Option<u64>> =
-                    c.exec_first("SELECT IS_USED_LOCK(?)", (k.as_str(),)).await?;
-                let id = id.flatten();
-                let rows: Vec<(String, Option<i64>)> = match id {
-                    Some(id) => {
-                        c.exec(
-                            "SELECT owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
-                             FROM dlock_holders WHERE lock_key = ? AND conn_id = ?",
-                            (k.as_str(), id),
-                        )
-                        .await?
-                    }
-                    None => Vec::new(),
-                };
-                Ok((id, rows))
+/// Session mode: the connection `IS_USED_LOCK` names, ended by
+/// [`distlock_core::operator::evict`]: `KILL`ed, waited for until the server freed its
+/// `GET_LOCK`, its holder row deleted and the counter advanced.
+struct Sessions<'a> {
+    b: &'a MysqlBackend,
+    name: &'a str,
+    lk: String,
+}
+
+impl Sessions<'_> {
+    /// The connection holding the lock now.
+    async fn holder(&self) -> Result<Option<u64>> {
+        let k = self.lk.clone();
+        let id: Option<Option<u64>> = self
+            .b
+            .common
+            .with_conn("finding the holder", move |c| {
+                Box::pin(async move { c.exec_first("SELECT IS_USED_LOCK(?)", (k.as_str(),)).await })
             })
-        })
-        .await?;
-    let mut removed: Vec<HolderInfo> = rows
-        .into_iter()
-        .map(|(owner, us)| {
-            HolderInfo::new(owner, 1)
-                .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
-        })
-        .collect();
-    if let Some(id) = conn_id {
+            .await?;
+        Ok(id.flatten())
+    }
+}
+
+#[distlock_core::async_trait]
+impl Eviction for Sessions<'_> {
+    type Session = u64;
+    const SESSIONS: &'static str = "connections";
+
+    async fn holders(&self) -> Result<(Vec<u64>, Vec<HolderInfo>)> {
+        let Some(id) = self.holder().await? else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let k = self.lk.clone();
+        let rows: Vec<(String, Option<i64>)> = self
+            .b
+            .common
+            .with_conn("finding the holder", move |c| {
+                Box::pin(async move {
+                    c.exec(
+                        "SELECT owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+                         FROM dlock_holders WHERE lock_key = ? AND conn_id = ?",
+                        (k.as_str(), id),
+                    )
+                    .await
+                })
+            })
+            .await?;
+        let mut removed: Vec<HolderInfo> = rows
+            .into_iter()
+            .map(|(owner, us)| {
+                HolderInfo::new(owner, 1)
+                    .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
+            })
+            .collect();
         if removed.is_empty() {
             // GET_LOCK held by a connection without a holder row: a holder between its
             // GET_LOCK and its row, or a foreign user of the same lock key.
@@ -174,96 +213,76 @@ async fn force_session(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceRe
                 1,
             ));
         }
-        let killed = b
+        Ok((vec![id], removed))
+    }
+
+    async fn end(&self, id: u64) -> Result<()> {
+        let killed = self
+            .b
             .common
             .with_conn("KILL", move |c| {
                 Box::pin(async move { c.query_drop(format!("KILL CONNECTION {id}")).await })
             })
             .await;
         match killed {
-            Ok(()) => {}
             // 1094: unknown thread (it ended meanwhile): the lock is free anyway.
-            Err(Error::UnexpectedReply { message, .. }) if message.contains("1094") => {}
+            Err(Error::UnexpectedReply { message, .. }) if message.contains("1094") => Ok(()),
             Err(Error::UnexpectedReply { message, .. }) if message.contains("1095") => {
-                return Err(Error::unsupported(
+                Err(Error::unsupported(
                     KIND,
                     format!(
-                        "forced release of `{name}`: the lock is held by connection {id} of another user, and this user may not KILL it ({message}); grant CONNECTION_ADMIN (MySQL) or CONNECTION ADMIN / SUPER (MariaDB), run it as that user, or stop the holder process"
+                        "forced release of `{}`: the lock is held by connection {id} of another user, and this user may not KILL it ({message}); grant CONNECTION_ADMIN (MySQL) or CONNECTION ADMIN / SUPER (MariaDB), run it as that user, or stop the holder process",
+                        self.name
                     ),
                 ))
             }
-            Err(e) => return Err(e),
-        }
-        // KILL returns before the session has ended; the lock is free once IS_USED_LOCK no
-        // longer names that connection.
-        let limit = Instant::now() + b.common.op_timeout.max(Duration::from_secs(5));
-        loop {
-            let k = lk.clone();
-            let now: Option<Option<u64>> = b
-                .common
-                .with_conn("waiting for the kill", move |c| {
-                    Box::pin(
-                        async move { c.exec_first("SELECT IS_USED_LOCK(?)", (k.as_str(),)).await },
-                    )
-                })
-                .await?;
-            if now.flatten() != Some(id) {
-                break;
-            }
-            if Instant::now() >= limit {
-                return Err(Error::UnexpectedReply {
-                    backend: KIND,
-                    message: format!(
-                        "forced release of `{name}`: connection {id} was killed but still holds the lock; try again"
-                    ),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            other => other,
         }
     }
-    let k = lk.clone();
-    let ns = b.common.namespace.clone();
-    let n = name.to_owned();
-    let token: Option<u64> = b
-        .common
-        .with_conn("advancing the fencing token", move |c| {
-            Box::pin(async move {
-                if let Some(id) = conn_id {
+
+    async fn still_held(&self, ids: &[u64]) -> Result<bool> {
+        // KILL returns before the session has ended.
+        Ok(self.holder().await?.is_some_and(|id| ids.contains(&id)))
+    }
+
+    async fn advance(&self, ended: &[u64]) -> Result<u64> {
+        let (k, ns, n) = (
+            self.lk.clone(),
+            self.b.common.namespace.clone(),
+            self.name.to_owned(),
+        );
+        let ended = ended.to_vec();
+        let token: Option<u64> = self
+            .b
+            .common
+            .with_conn("advancing the fencing token", move |c| {
+                Box::pin(async move {
+                    for id in ended {
+                        c.exec_drop(
+                            "DELETE FROM dlock_holders WHERE lock_key = ? AND conn_id = ?",
+                            (k.as_str(), id),
+                        )
+                        .await?;
+                    }
                     c.exec_drop(
-                        "DELETE FROM dlock_holders WHERE lock_key = ? AND conn_id = ?",
-                        (k.as_str(), id),
+                        "INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) VALUES (?, ?, ?, 0)",
+                        (k.as_str(), ns.as_str(), n.as_str()),
                     )
                     .await?;
-                }
-                c.exec_drop(
-                    "INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) VALUES (?, ?, ?, 0)",
-                    (k.as_str(), ns.as_str(), n.as_str()),
-                )
-                .await?;
-                c.exec_drop(
-                    format!(
-                        "UPDATE dlock_fence SET token = LAST_INSERT_ID({}) WHERE lock_key = ?",
-                        crate::common::next_token("token")
-                    ),
-                    (k.as_str(),),
-                )
-                .await?;
-                c.query_first("SELECT LAST_INSERT_ID()").await
+                    c.exec_drop(
+                        format!(
+                            "UPDATE dlock_fence SET token = LAST_INSERT_ID({}) WHERE lock_key = ?",
+                            crate::common::next_token("token")
+                        ),
+                        (k.as_str(),),
+                    )
+                    .await?;
+                    c.query_first("SELECT LAST_INSERT_ID()").await
+                })
             })
-        })
-        .await?;
-    Ok(ForceReleased::new(removed, token.unwrap_or(0)))
-}
-
-/// `(major, minor, patch)` of a `VERSION()` string, and whether it is MariaDB.
-fn parse_version(v: &str) -> Option<((u32, u32, u32), bool)> {
-    let maria = v.to_ascii_lowercase().contains("mariadb");
-    let num = v.split(['-', '+']).next()?;
-    let mut it = num.split('.').map(|p| p.parse::<u32>().ok());
-    Some((
-        (it.next()??, it.next()??, it.next().flatten().unwrap_or(0)),
-        maria,
-    ))
+            .await?;
+        Ok(token.unwrap_or(0))
+    }
 }
 
 /// The version finding: session mode needs several `GET_LOCK`s per server (one per
@@ -271,45 +290,18 @@ fn parse_version(v: &str) -> Option<((u32, u32, u32), bool)> {
 /// multi-statement transactions. MySQL 5.7.5 and MariaDB 10.0.2 made `GET_LOCK` names up to
 /// 64 characters and several locks per connection; older servers are out of support.
 fn version_finding(v: &str) -> Finding {
-    match parse_version(v) {
-        Some((ver, maria)) => {
-            let min = if maria { (10, 0, 2) } else { (5, 7, 5) };
-            if ver >= min {
-                Finding::new(Severity::Ok, "version", format!("server {v}"))
-            } else {
-                Finding::new(
-                    Severity::Unsafe,
-                    "version",
-                    format!(
-                        "server {v} is older than {}.{}.{} ({}): its GET_LOCK keeps one lock per connection and has other known limits; upgrade to a supported release",
-                        min.0, min.1, min.2,
-                        if maria { "MariaDB" } else { "MySQL" }
-                    ),
-                )
-            }
-        }
-        None => Finding::new(
-            Severity::Warning,
-            "version",
-            format!("cannot read the server version `{v}`"),
-        ),
-    }
-}
-
-fn clock_finding(offset_ms: i64) -> Finding {
-    if Duration::from_millis(offset_ms.unsigned_abs()) > CLOCK_WARN {
-        Finding::new(
-            Severity::Warning,
-            "clock",
-            format!("the server clock is {offset_ms} ms off the local clock: leases are measured on the server (table mode: its UTC_TIMESTAMP), so they stay correct, but lease times shown locally are off; run NTP (chrony) on both"),
-        )
+    let (product, min) = if v.to_ascii_lowercase().contains("mariadb") {
+        ("MariaDB", (10, 0, 2))
     } else {
-        Finding::new(
-            Severity::Ok,
-            "clock",
-            format!("the server clock is within {offset_ms} ms of the local clock"),
-        )
-    }
+        ("MySQL", (5, 7, 5))
+    };
+    distlock_core::operator::version_finding(
+        product,
+        v,
+        min,
+        "a GET_LOCK with several locks per connection",
+        "its GET_LOCK keeps one lock per connection and has other known limits",
+    )
 }
 
 /// Whether the control connection is encrypted (`Ssl_version`, empty when not) and what was
@@ -317,54 +309,33 @@ fn clock_finding(offset_ms: i64) -> Finding {
 /// checking its certificate.
 fn tls_finding(b: &MysqlBackend, version: Option<String>) -> Finding {
     let host = b.common.host();
-    let loopback = distlock_core::conn::is_loopback(&host);
     let mode = b.common.tls_mode();
-    let checks = match mode {
-        crate::SslMode::VerifyCa | crate::SslMode::VerifyIdentity => {
+    let verified = matches!(
+        mode,
+        crate::SslMode::VerifyCa | crate::SslMode::VerifyIdentity
+    );
+    let t = TlsSession {
+        host: &host,
+        loopback: distlock_core::conn::is_loopback(&host),
+        setting: format!("ssl-mode={mode}"),
+        checks: if verified {
             "certificate chain and host name checked"
-        }
-        _ => "certificate not checked",
+        } else {
+            "certificate not checked"
+        },
+        verified,
+        fix_unchecked: "use ssl-mode=VERIFY_IDENTITY with ssl-ca",
+        fix_plain: "lock names and tokens travel in clear; give the server ssl_cert/ssl_key and use ssl-mode=VERIFY_IDENTITY",
     };
-    match version.as_deref() {
-        Some(v) if !v.is_empty() => {
-            let text = format!("encrypted ({v}), ssl-mode={mode}: {checks}");
-            if checks == "certificate not checked" && !loopback {
-                Finding::new(
-                    Severity::Warning,
-                    "tls",
-                    format!(
-                        "{text}: a machine in the middle can read and change the traffic; use \
-                         ssl-mode=VERIFY_IDENTITY with ssl-ca"
-                    ),
-                )
-            } else {
-                Finding::new(Severity::Ok, "tls", text)
-            }
-        }
-        Some(_) if !loopback => Finding::new(
-            Severity::Warning,
-            "tls",
-            format!(
-                "not encrypted (ssl-mode={mode}) to {host}, off this machine: lock names and \
-                 tokens travel in clear; give the server ssl_cert/ssl_key and use \
-                 ssl-mode=VERIFY_IDENTITY"
-            ),
-        ),
-        Some(_) => Finding::new(
-            Severity::Ok,
-            "tls",
-            format!("not encrypted (ssl-mode={mode}), to this machine"),
-        ),
-        None => Finding::new(
-            Severity::Ok,
-            "tls",
-            format!("ssl-mode={mode}; the server does not say whether this session is encrypted"),
-        ),
-    }
+    t.finding(
+        version
+            .as_deref()
+            .map(|v| Some(v).filter(|v| !v.is_empty())),
+    )
 }
 
-/// The server's clock (UTC, microseconds), for `Backend::server_time`.
-pub(crate) async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
+/// The server's clock (UTC, microseconds), for `Operator::server_time`.
+async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
     let us: Option<i64> = b
         .common
         .with_conn("reading the server clock", |c| {
@@ -380,18 +351,10 @@ pub(crate) async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
     Ok(UNIX_EPOCH + Duration::from_micros(us))
 }
 
-pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
+async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
     let mode = b.mode();
-    type Probe = (
-        String,
-        Option<u64>,
-        Option<String>,
-        i64,
-        Option<String>,
-        bool,
-    );
-    let before = SystemTime::now();
-    let (version, session_wait, wsrep, server_us, tls_version, watchable): Probe = b
+    type Probe = (String, Option<u64>, Option<String>, Option<String>, bool);
+    let (version, session_wait, wsrep, tls_version, watchable): Probe = b
         .common
         .with_conn("diagnosing", |c| {
             Box::pin(async move {
@@ -406,9 +369,6 @@ pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
                 c.query_drop("SET SESSION wait_timeout = DEFAULT").await?;
                 let wsrep: Option<(String, String)> =
                     c.query_first("SHOW VARIABLES LIKE 'wsrep_on'").await?;
-                let now: Option<i64> = c
-                    .query_first("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)")
-                    .await?;
                 let tls: Option<(String, String)> = c
                     .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
                     .await?;
@@ -416,19 +376,13 @@ pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
                     version.unwrap_or_default(),
                     wait,
                     wsrep.map(|(_, v)| v),
-                    now.unwrap_or(0),
                     tls.map(|(_, v)| v),
                     watchable,
                 ))
             })
         })
         .await?;
-    let after = SystemTime::now();
-    let ms = |t: SystemTime| {
-        t.duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-    };
-    let local_ms = (ms(before) + ms(after)) / 2;
+    let offset_ms = measure_clock(server_time(b)).await?;
     let mut out = vec![version_finding(&version)];
     out.push(tls_finding(b, tls_version));
     out.push(match (mode, session_wait) {
@@ -465,7 +419,11 @@ pub(crate) async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
             "wsrep_on=ON: table mode measures leases with the clock of the node that runs each statement, so the clock spread between nodes shortens or lengthens leases by that much (dlock cannot read other nodes' clocks from here); keep every node on NTP and leases far above the spread",
         ),
     });
-    out.push(clock_finding(server_us / 1000 - local_ms));
+    out.push(clock_finding(
+        offset_ms,
+        "server",
+        "on the server (table mode: its UTC_TIMESTAMP)",
+    ));
     Ok(out)
 }
 
@@ -505,7 +463,5 @@ mod tests {
         assert_eq!(version_finding("5.6.51-log").severity, Severity::Unsafe);
         assert_eq!(version_finding("5.5.68-MariaDB").severity, Severity::Unsafe);
         assert_eq!(version_finding("weird").severity, Severity::Warning);
-        assert_eq!(clock_finding(2000).severity, Severity::Warning);
-        assert_eq!(clock_finding(-10).severity, Severity::Ok);
     }
 }

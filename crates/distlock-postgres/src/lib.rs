@@ -19,8 +19,8 @@ use crate::error::KIND;
 use distlock_core::backend::{Backend, Capabilities, GrantRef, Granted};
 use distlock_core::conn::{ConnectionString, Password};
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, ClientOptions, Finding, ForceReleased, ListedLock,
-    LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, ClientOptions, LockInfo, LockKind, ReleaseOutcome,
+    ReleaseWatch, RenewOutcome, Result,
 };
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -463,6 +463,10 @@ impl PostgresBackend {
 /// The lock operations are the mode's; the operator commands are in `ops`.
 #[async_trait]
 impl Backend for PostgresBackend {
+    fn operator(&self) -> Option<&dyn distlock_core::Operator> {
+        Some(self)
+    }
+
     fn kind(&self) -> &'static str {
         KIND
     }
@@ -477,14 +481,6 @@ impl Backend for PostgresBackend {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         self.current().acquire(req).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
-        ops::list(self, prefix).await
-    }
-
-    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        ops::force_release(self, name, kind).await
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
@@ -522,14 +518,6 @@ impl Backend for PostgresBackend {
 
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         self.current().observe(name).await
-    }
-
-    async fn diagnose(&self) -> Result<Vec<Finding>> {
-        ops::diagnose(self).await
-    }
-
-    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
-        ops::server_time(self).await.map(Some)
     }
 }
 

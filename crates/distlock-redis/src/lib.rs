@@ -1022,30 +1022,7 @@ impl Backend for RedisBackend {
         self.eval(&cmd).await.map(|_| ())
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
-        if let Some(l) = &self.dialect {
-            return dialect::list(self, l, prefix).await;
-        }
-        ops::list(self, prefix).await
-    }
-
-    async fn force_release(
-        &self,
-        name: &str,
-        kind: LockKind,
-    ) -> Result<distlock_core::ForceReleased> {
-        if let Some(l) = &self.dialect {
-            l.dialect.capabilities().check(KIND, kind)?;
-            return dialect::force_release(self, l, name).await;
-        }
-        ops::force_release(self, name, kind).await
-    }
-
-    async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
-        ops::diagnose(self).await
-    }
-
-    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
-        ops::server_time(self).await.map(Some)
+    fn operator(&self) -> Option<&dyn distlock_core::Operator> {
+        Some(self)
     }
 }

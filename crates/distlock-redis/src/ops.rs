@@ -8,7 +8,10 @@
 use super::{family, Family, RedisBackend};
 use crate::error::KIND;
 use crate::inspect::holders;
-use distlock_core::{Error, Finding, ForceReleased, ListedLock, LockKind, Result, Severity};
+use distlock_core::operator::{clock_finding, measure_clock, version_finding};
+use distlock_core::{
+    Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
+};
 use redis::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,10 +23,7 @@ type ForceReply = (Vec<(String, String)>, i64, Vec<(String, f64)>, u64, String);
 
 /// The lowest Redis version the scripts run on: they read TIME before writing, which needs
 /// script effects replication, the default from Redis 5.0 (earlier servers refuse the write).
-const MIN_VERSION: (u32, u32) = (5, 0);
-
-/// Server/local clock offset above which `diagnose` warns.
-const CLOCK_WARN: Duration = Duration::from_secs(1);
+const MIN_VERSION: (u32, u32, u32) = (5, 0, 0);
 
 /// Which family of keys a name of the namespace belongs to (the order `list` reports them in).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -141,6 +141,43 @@ async fn scan_one(
             return Ok(());
         }
         cursor = next;
+    }
+}
+
+#[distlock_core::async_trait]
+impl Operator for RedisBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        match &self.dialect {
+            Some(l) => crate::dialect::list(self, l, prefix).await,
+            None => list(self, prefix).await,
+        }
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        match &self.dialect {
+            Some(l) => {
+                l.dialect.capabilities().check(KIND, kind)?;
+                crate::dialect::force_release(self, l, name).await
+            }
+            None => force_release(self, name, kind).await,
+        }
+    }
+
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        let mut out = vec![crate::dialect::Layout::finding(self.dialect.as_ref())];
+        out.extend(diagnose_server(self).await?);
+        Ok(out)
+    }
+
+    async fn server_time(&self) -> Result<Option<SystemTime>> {
+        let mut con = self.con.get();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut con)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(Some(
+            UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros),
+        ))
     }
 }
 
@@ -317,33 +354,6 @@ fn parse_info(info: &str) -> HashMap<&str, &str> {
         .collect()
 }
 
-/// `major.minor` of a version string such as `7.0.15`.
-fn parse_version(v: &str) -> Option<(u32, u32)> {
-    let mut it = v.split('.');
-    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-}
-
-/// The finding for a server clock `offset_ms` ahead (positive) of the local one.
-pub(crate) fn clock_finding(offset_ms: i64, what: &str) -> Finding {
-    let abs = Duration::from_millis(offset_ms.unsigned_abs());
-    if abs > CLOCK_WARN {
-        Finding::new(
-            Severity::Warning,
-            "clock",
-            format!(
-                "the {what} clock is {offset_ms} ms {} the local clock: leases are measured on the server, so they stay correct, but lease times in logs and `dlock list` do not match local time; a clock set by hand like this may also be stepped back later, and fencing tokens are floored by the {what} clock (see `fencing`); run NTP (chrony) on both, slewing, never stepping",
-                if offset_ms > 0 { "ahead of" } else { "behind" }
-            ),
-        )
-    } else {
-        Finding::new(
-            Severity::Ok,
-            "clock",
-            format!("the {what} clock is within {offset_ms} ms of the local clock"),
-        )
-    }
-}
-
 /// The fencing rule, for every server (the assumption it rests on is not something one look
 /// at a server can check).
 fn fencing_finding() -> Finding {
@@ -355,17 +365,6 @@ fn fencing_finding() -> Finding {
             crate::FENCE_MARGIN.as_secs() / 60
         ),
     )
-}
-
-fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-pub(crate) async fn diagnose(b: &RedisBackend) -> Result<Vec<Finding>> {
-    let mut out = vec![crate::dialect::Layout::finding(b.dialect.as_ref())];
-    out.extend(diagnose_server(b).await?);
-    Ok(out)
 }
 
 /// The findings of the server, or of the cluster and each of its masters.
@@ -398,47 +397,24 @@ async fn diagnose_server(b: &RedisBackend) -> Result<Vec<Finding>> {
 }
 
 /// The findings of one server (`cluster`: a master of the `redis+cluster://` cluster).
-/// The server's clock (`TIME`; on a cluster, one master's).
-pub(crate) async fn server_time(b: &RedisBackend) -> Result<SystemTime> {
-    let mut con = b.con.get();
-    let (secs, micros): (u64, u64) = redis::cmd("TIME")
-        .query_async(&mut con)
-        .await
-        .map_err(|e| b.err(e))?;
-    Ok(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
-}
-
-async fn diagnose_on(
-    b: &RedisBackend,
-    mut con: crate::cluster::Link,
+/// The findings an INFO reply (and `CONFIG GET save`, when allowed) tells: version, cluster,
+/// eviction, persistence, replication (`cluster`: a master of the `redis+cluster://` cluster).
+fn info_findings(
+    info: &HashMap<&str, &str>,
+    save: Option<&str>,
     cluster: bool,
-) -> Result<Vec<Finding>> {
-    let info: String = redis::cmd("INFO")
-        .query_async(&mut con)
-        .await
-        .map_err(|e| b.err(e))?;
-    let info = parse_info(&info);
+    wait_replicas: Option<(u32, Duration)>,
+) -> Vec<Finding> {
     let mut out = Vec::new();
-
     // Version.
     let version = info.get("redis_version").copied().unwrap_or("unknown");
-    out.push(match parse_version(version) {
-        Some(v) if v >= MIN_VERSION => Finding::new(
-            Severity::Ok,
-            "version",
-            format!("Redis {version} runs the lock scripts (they need 5.0 or later)"),
-        ),
-        Some(_) => Finding::new(
-            Severity::Unsafe,
-            "version",
-            format!("Redis {version} is too old: the lock scripts read the server clock (TIME) before writing, which needs script effects replication (Redis 5.0 or later); upgrade to a maintained Redis (7.x)"),
-        ),
-        None => Finding::new(
-            Severity::Warning,
-            "version",
-            format!("cannot read the server version (`{version}`); the lock scripts need Redis 5.0 or later"),
-        ),
-    });
+    out.push(version_finding(
+        "Redis",
+        version,
+        MIN_VERSION,
+        "the lock scripts' reading of the server clock (TIME) before writing, which needs script effects replication,",
+        "the server refuses the scripts' writes",
+    ));
 
     // Cluster.
     if cluster {
@@ -475,15 +451,7 @@ async fn diagnose_on(
 
     // Persistence.
     let aof = info.get("aof_enabled") == Some(&"1");
-    // CONFIG may be renamed or forbidden by ACL: then only AOF is known.
-    let save: Option<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("save")
-        .query_async::<Vec<String>>(&mut con)
-        .await
-        .ok()
-        .and_then(|v| v.get(1).cloned());
-    out.push(match (aof, save.as_deref()) {
+    out.push(match (aof, save) {
         (true, _) => Finding::new(
             Severity::Ok,
             "persistence",
@@ -512,7 +480,7 @@ async fn diagnose_on(
         .get("connected_slaves")
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
-    out.push(match (role, replicas, b.wait_replicas) {
+    out.push(match (role, replicas, wait_replicas) {
         ("slave", _, _) => Finding::new(
             Severity::Unsafe,
             "replication",
@@ -541,15 +509,40 @@ async fn diagnose_on(
         ),
     });
 
-    // Clock: the server's TIME against the local clock at the middle of the round trip.
-    let before = SystemTime::now();
-    let (secs, micros): (i64, i64) = redis::cmd("TIME")
+    out
+}
+
+async fn diagnose_on(
+    b: &RedisBackend,
+    mut con: crate::cluster::Link,
+    cluster: bool,
+) -> Result<Vec<Finding>> {
+    let info: String = redis::cmd("INFO")
         .query_async(&mut con)
         .await
         .map_err(|e| b.err(e))?;
-    let after = SystemTime::now();
-    let local = (unix_ms(before) + unix_ms(after)) / 2;
-    out.push(clock_finding(secs * 1000 + micros / 1000 - local, "server"));
+    let info = parse_info(&info);
+
+    // CONFIG may be renamed or forbidden by ACL: then only AOF is known.
+    let save: Option<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("save")
+        .query_async::<Vec<String>>(&mut con)
+        .await
+        .ok()
+        .and_then(|v| v.get(1).cloned());
+    let mut out = info_findings(&info, save.as_deref(), cluster, b.wait_replicas);
+
+    // Clock: the server's TIME against the local clock at the middle of the round trip.
+    let offset_ms = measure_clock(async {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut con)
+            .await
+            .map_err(|e| b.err(e))?;
+        Ok(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
+    })
+    .await?;
+    out.push(clock_finding(offset_ms, "server", "on the server"));
     out.push(fencing_finding());
     Ok(out)
 }
@@ -596,13 +589,10 @@ mod tests {
     }
 
     #[test]
-    fn versions_and_clock() {
-        assert_eq!(parse_version("7.0.15"), Some((7, 0)));
-        assert!(parse_version("4.0.14").is_some_and(|v| v < MIN_VERSION));
-        assert!(parse_version("5.0.0").is_some_and(|v| v >= MIN_VERSION));
-        assert_eq!(parse_version("x"), None);
-        assert_eq!(clock_finding(1500, "server").severity, Severity::Warning);
-        assert_eq!(clock_finding(-1500, "server").severity, Severity::Warning);
-        assert_eq!(clock_finding(20, "server").severity, Severity::Ok);
+    fn versions() {
+        let f = |v| version_finding("Redis", v, MIN_VERSION, "", "").severity;
+        assert_eq!(f("7.0.15"), Severity::Ok);
+        assert_eq!(f("5.0.0"), Severity::Ok);
+        assert_eq!(f("4.0.14"), Severity::Unsafe);
     }
 }

@@ -12,7 +12,7 @@ mod common;
 
 use common::{acquired, client_for, released};
 use distlock_core::backend::{GrantRef, HoldKey, RenewOutcome};
-use distlock_core::{Backend, Error, LockKind};
+use distlock_core::{Backend, Error, LockKind, Operator};
 use distlock_redis::RedisBackend;
 use distlock_testkit::conformance::{self as suite, adversarial, fast_opts, ServerHarness};
 use distlock_testkit::RedisCluster;

@@ -679,7 +679,7 @@ async fn a_forced_release_wakes_a_queued_waiter() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let mut spy = server.spy("dlock:wake:*").expect("spy");
-    distlock_core::Backend::force_release(&*backend, &name, distlock_core::LockKind::Mutex)
+    distlock_core::Operator::force_release(&*backend, &name, distlock_core::LockKind::Mutex)
         .await
         .expect("force release");
     let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");

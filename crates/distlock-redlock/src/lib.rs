@@ -274,24 +274,7 @@ impl Backend for RedlockBackend {
         self.shared.observe(name).await
     }
 
-    /// Every mutex and election a node has state for, merged by name and kind: a holder is an
-    /// attempt on a majority of nodes (see `docs/redlock.md`, "Operator commands").
-    async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
-        ops::list(&self.shared, prefix).await
-    }
-
-    /// Removes the hold (a lock's or an election's) on every reachable node and raises every
-    /// counter past every token seen; done only when a majority of nodes did both.
-    async fn force_release(
-        &self,
-        name: &str,
-        kind: LockKind,
-    ) -> Result<distlock_core::ForceReleased> {
-        ops::force_release(&self.shared, name, kind).await
-    }
-
-    /// Each node's Redis checks, its quarantine, the node count and the clock spread.
-    async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
-        ops::diagnose(&self.shared).await
+    fn operator(&self) -> Option<&dyn distlock_core::Operator> {
+        Some(self)
     }
 }

@@ -11,7 +11,7 @@ use crate::node::epoch_quarantine_end;
 use crate::tally;
 use crate::{Shared, KIND};
 use distlock_core::{
-    Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Result,
+    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result,
     Severity,
 };
 use distlock_redis::{NodeHold, RedisNode};
@@ -20,7 +20,7 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// Locks inspected at once by `list` (each is one round trip per node).
 const LIST_CONCURRENCY: usize = 16;
@@ -131,13 +131,33 @@ fn merge(name: &str, views: &[(Option<NodeHold>, u64)], n: usize, q: usize) -> L
         }))
 }
 
+#[distlock_core::async_trait]
+impl Operator for crate::RedlockBackend {
+    /// Every mutex and election a node has state for, merged by name and kind: a holder is an
+    /// attempt on a majority of nodes (see `docs/redlock.md`, "Operator commands").
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(&self.shared, prefix).await
+    }
+
+    /// Removes the hold (a lock's or an election's) on every reachable node and raises every
+    /// counter past every token seen; done only when a majority of nodes did both.
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(&self.shared, name, kind).await
+    }
+
+    /// Each node's Redis checks, its quarantine, the node count and the clock spread.
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        diagnose(&self.shared).await
+    }
+}
+
 pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
     let (n, q) = (s.n(), s.q());
     // A SCAN of a large namespace takes more than one call's time.
     let scan_t = s.health.opts.get_op_timeout() * 10;
     let (lists, problems) = split(
         per_node(s, scan_t, |b| async move {
-            Backend::list(b.backend(), prefix).await
+            Operator::list(b.backend(), prefix).await
         })
         .await,
     );
@@ -182,7 +202,7 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
     // majority with the others later. Per node, distlock-redis's script removes the hold and
     // advances the node's counter past its own tokens in one atomic step.
     let removed = per_node(s, t, |b| async move {
-        Backend::force_release(b.backend(), name, kind).await
+        Operator::force_release(b.backend(), name, kind).await
     })
     .await;
     // Then past every token seen: a node that missed the grant's raise has a lower counter
@@ -237,11 +257,6 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
         })
         .collect();
     Ok(ForceReleased::new(removed, top))
-}
-
-fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// One node's clock reading: its offset from the local clock and how uncertain it is (half
@@ -341,11 +356,14 @@ pub(crate) async fn diagnose(s: &Shared) -> Result<Vec<Finding>> {
         )
     });
     let answers = per_node(s, t, |b| async move {
-        let findings = Backend::diagnose(b.backend()).await?;
+        let findings = Operator::diagnose(b.backend()).await?;
         let sent = SystemTime::now();
         let (info, epoch) = b.node_epoch().await?;
         let back = SystemTime::now();
-        let (sent, back) = (unix_ms(sent), unix_ms(back));
+        let (sent, back) = (
+            distlock_core::operator::unix_ms(sent),
+            distlock_core::operator::unix_ms(back),
+        );
         let clock = Clock {
             offset_ms: i64::try_from(info.now_ms).unwrap_or(i64::MAX) - (sent + back) / 2,
             error_ms: (back - sent) / 2 + 2,

@@ -179,7 +179,7 @@ async fn operators_list_and_force_release_an_election() {
     // The lock of the same name, held by someone else, is listed and left alone.
     let g = common::acquired(&a, name).await;
     wait_elected_on(&c, &[0, 1, 2], name).await;
-    let listed = distlock_core::Backend::list(&*ab, name)
+    let listed = distlock_core::Operator::list(&*ab, name)
         .await
         .expect("list");
     let kinds: Vec<_> = listed.iter().map(|l| (l.kind, l.info.held())).collect();
@@ -192,7 +192,7 @@ async fn operators_list_and_force_release_an_election() {
         "{listed:?}"
     );
     let forced =
-        distlock_core::Backend::force_release(&*ab, name, distlock_core::LockKind::Election)
+        distlock_core::Operator::force_release(&*ab, name, distlock_core::LockKind::Election)
             .await
             .expect("force release");
     assert_eq!(forced.removed.len(), 1, "{forced:?}");

@@ -380,19 +380,7 @@ impl Backend for ZkBackend {
         Ok(Box::new(w))
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<distlock_core::ListedLock>> {
-        ops::list(self, prefix).await
-    }
-
-    async fn force_release(
-        &self,
-        name: &str,
-        kind: LockKind,
-    ) -> Result<distlock_core::ForceReleased> {
-        ops::force_release(self, name, kind).await
-    }
-
-    async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
-        ops::diagnose(self).await
+    fn operator(&self) -> Option<&dyn distlock_core::Operator> {
+        Some(self)
     }
 }

@@ -14,10 +14,26 @@ use crate::node::{foreign_data, token_of, DATA_ATTEMPTS};
 use crate::release::parse_fence;
 use crate::ZkBackend;
 use distlock_core::{
-    Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Result, Severity,
+    Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Operator, Result,
+    Severity,
 };
 use std::time::Duration;
 use zookeeper_client as zk;
+
+#[distlock_core::async_trait]
+impl Operator for ZkBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<Finding>> {
+        diagnose(self).await
+    }
+}
 
 pub(crate) async fn list(b: &ZkBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let inner = &b.inner;
@@ -71,6 +87,71 @@ struct Read {
     stat: zk::Stat,
 }
 
+/// What a forced release found in a lock directory.
+enum Looked {
+    /// The directory does not exist: no token was ever handed out, nothing to remove.
+    Never,
+    /// A holder went away while they were read: look again.
+    Changed,
+    /// The directory's stat, the fence (its stored token raised by every holder's), and the
+    /// holders' nodes as read.
+    Holders(zk::Stat, u64, Vec<Read>),
+}
+
+/// Reads the holders of lock directory `dir` (a writer at the head that did not downgrade
+/// holds alone) and the fence to record.
+async fn read_holders(
+    inner: &crate::session::Inner,
+    sess: &crate::session::Session,
+    dir: &str,
+    family: Family,
+) -> Result<Looked> {
+    let what = "forcing the release";
+    inner.sync(sess, dir).await?;
+    let (dir_data, dir_stat) = match inner.timed(what, sess.zk.get_data(dir)).await? {
+        Ok(r) => r,
+        // Never used: no token was ever handed out, nothing to remove.
+        Err(zk::Error::NoNode) => return Ok(Looked::Never),
+        Err(e) => return Err(inner.err(what, e)),
+    };
+    let stored = parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
+            "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
+            String::from_utf8_lossy(&dir_data)
+        )))?;
+    let children = inner.list(sess, dir).await?;
+    let queue = layout::queue(&children, family);
+    let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
+    let mut read = Vec::new();
+    for c in layout::holders(&queue, head_is_writer) {
+        let path = format!("{dir}/{}", c.name);
+        match inner.timed(what, sess.zk.get_data(&path)).await? {
+            Ok((data, stat)) => {
+                let nd = NodeData::parse(&data).ok_or_else(|| foreign_data(&path, &data))?;
+                read.push(Read {
+                    child: c.clone(),
+                    data: nd,
+                    stat,
+                });
+            }
+            // Released meanwhile: the holders may be others now; look again.
+            Err(zk::Error::NoNode) => return Ok(Looked::Changed),
+            Err(e) => return Err(inner.err(what, e)),
+        }
+    }
+    // A writer at the head that did not downgrade holds alone (readers behind it wait).
+    if read
+        .first()
+        .is_some_and(|r| r.child.kind == NodeKind::Write && !r.data.downgraded)
+    {
+        read.truncate(1);
+    }
+    let fence = read
+        .iter()
+        .filter_map(|r| token_of(&r.stat))
+        .fold(stored, u64::max);
+    Ok(Looked::Holders(dir_stat, fence, read))
+}
+
 pub(crate) async fn force_release(
     b: &ZkBackend,
     name: &str,
@@ -85,55 +166,11 @@ pub(crate) async fn force_release(
     let sess = inner.session().await?;
     let what = "forcing the release";
     for _ in 0..DATA_ATTEMPTS {
-        inner.sync(&sess, &dir).await?;
-        let (dir_data, dir_stat) = match inner.timed(what, sess.zk.get_data(&dir)).await? {
-            Ok(r) => r,
-            // Never used: no token was ever handed out, nothing to remove.
-            Err(zk::Error::NoNode) => return Ok(ForceReleased::new(Vec::new(), 0)),
-            Err(e) => return Err(inner.err(what, e)),
+        let (dir_stat, fence, read) = match read_holders(inner, &sess, &dir, family).await? {
+            Looked::Never => return Ok(ForceReleased::new(Vec::new(), 0)),
+            Looked::Changed => continue,
+            Looked::Holders(dir_stat, fence, read) => (dir_stat, fence, read),
         };
-        let stored = parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
-                "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
-                String::from_utf8_lossy(&dir_data)
-            )))?;
-        let children = inner.list(&sess, &dir).await?;
-        let queue = layout::queue(&children, family);
-        let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
-        let mut read = Vec::new();
-        let mut changed = false;
-        for c in layout::holders(&queue, head_is_writer) {
-            let path = format!("{dir}/{}", c.name);
-            match inner.timed(what, sess.zk.get_data(&path)).await? {
-                Ok((data, stat)) => {
-                    let nd = NodeData::parse(&data).ok_or_else(|| foreign_data(&path, &data))?;
-                    read.push(Read {
-                        child: c.clone(),
-                        data: nd,
-                        stat,
-                    });
-                }
-                // Released meanwhile: the holders may be others now; look again.
-                Err(zk::Error::NoNode) => {
-                    changed = true;
-                    break;
-                }
-                Err(e) => return Err(inner.err(what, e)),
-            }
-        }
-        if changed {
-            continue;
-        }
-        // A writer at the head that did not downgrade holds alone (readers behind it wait).
-        if read
-            .first()
-            .is_some_and(|r| r.child.kind == NodeKind::Write && !r.data.downgraded)
-        {
-            read.truncate(1);
-        }
-        let fence = read
-            .iter()
-            .filter_map(|r| token_of(&r.stat))
-            .fold(stored, u64::max);
         // One transaction: the fence recorded in the directory (so `list` keeps the last
         // token) and every holder's node deleted at the version we read — a node whose data
         // changed meanwhile (a reader joined or left a write node, a downgrade) fails the
@@ -298,32 +335,27 @@ pub(crate) fn lengthened(timeout: Duration, requested: Duration, lease: Duration
     )
 }
 
-pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
-    let inner = &b.inner;
-    let sess = inner.session().await?;
-    let mut out = Vec::new();
-
-    // Session timeout against the watchdog lease.
-    let lease = inner.watchdog_lease;
-    let timeout = sess.timeout;
-    out.push(if timeout < lease {
+/// The session timeout the ensemble negotiated (`timeout`, asked for `requested`) against
+/// the watchdog lease.
+fn session_finding(timeout: Duration, requested: Duration, lease: Duration) -> Finding {
+    if timeout < lease {
         // `connect` refuses such a session; reported in case the server's range changed.
         Finding::new(
             Severity::Unsafe,
             "session-timeout",
             format!("the ensemble negotiated a session timeout of {timeout:?}, shorter than the watchdog lease {lease:?}: the server may expire the session (and delete the lock nodes) while the holder still counts on its lease; lower the client's watchdog_lease to at most {timeout:?}, or raise the servers' maxSessionTimeout and ask for a longer session (`session_timeout` in the URL)"),
         )
-    } else if timeout < inner.requested_timeout {
+    } else if timeout < requested {
         Finding::new(
             Severity::Warning,
             "session-timeout",
-            format!("the ensemble shortened the session timeout to {timeout:?} (asked for {:?}; the servers' maxSessionTimeout, default 20 × tickTime): it still covers the watchdog lease {lease:?}, but fixed leases and extensions longer than {timeout:?} are refused; raise maxSessionTimeout if you need them", inner.requested_timeout),
+            format!("the ensemble shortened the session timeout to {timeout:?} (asked for {:?}; the servers' maxSessionTimeout, default 20 × tickTime): it still covers the watchdog lease {lease:?}, but fixed leases and extensions longer than {timeout:?} are refused; raise maxSessionTimeout if you need them", requested),
         )
-    } else if timeout > inner.requested_timeout {
+    } else if timeout > requested {
         Finding::new(
             Severity::Warning,
             "session-timeout",
-            lengthened(timeout, inner.requested_timeout, lease),
+            lengthened(timeout, requested, lease),
         )
     } else if timeout > lease {
         Finding::new(
@@ -337,7 +369,19 @@ pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
             "session-timeout",
             format!("negotiated session timeout {timeout:?} equals the watchdog lease: a holder or waiter that dies frees the lock or its place in the queue {lease:?} after it fell silent"),
         )
-    });
+    }
+}
+
+pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
+    let inner = &b.inner;
+    let sess = inner.session().await?;
+    let mut out = Vec::new();
+
+    out.push(session_finding(
+        sess.timeout,
+        inner.requested_timeout,
+        inner.watchdog_lease,
+    ));
 
     // A leader: a sync only comes back through a server that follows a leader which still
     // has our session (a quorum is up).
@@ -401,12 +445,7 @@ pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
     out.push(transport(inner).await);
     out.push(access(inner));
 
-    // Clock.
-    out.push(Finding::new(
-        Severity::Ok,
-        "clock",
-        "the offset between the servers' clocks and the local one is not measured: ZooKeeper offers clients no clock reading, and nothing here depends on it (sessions expire on the leader's ticks, tokens are zxids, not times)",
-    ));
+    out.push(distlock_core::operator::clock_not_checked("ZooKeeper offers clients no clock reading, and nothing here depends on it (sessions expire on the leader's ticks, tokens are zxids, not times)"));
     Ok(out)
 }
 

@@ -1,9 +1,9 @@
 //! `dlock doctor` on PostgreSQL: version, a pooler in front (PgBouncer), whether the session's
 //! timeouts take effect, synchronous replication, TLS, and the server clock against the local one.
 
-use super::CLOCK_WARN;
 use crate::error::{is_code, shape, KIND};
 use crate::{Mode, PostgresBackend};
+use distlock_core::operator::{clock_finding, measure_clock, TlsSession};
 use distlock_core::{Finding, Result, Severity};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_postgres::error::SqlState;
@@ -27,22 +27,6 @@ fn version_finding(num: i32, version: &str, mode: Mode) -> Finding {
         )
     } else {
         Finding::new(Severity::Ok, "version", format!("server {version}"))
-    }
-}
-
-fn clock_finding(offset_ms: i64) -> Finding {
-    if Duration::from_millis(offset_ms.unsigned_abs()) > CLOCK_WARN {
-        Finding::new(
-            Severity::Warning,
-            "clock",
-            format!("the server clock is {offset_ms} ms off the local clock: leases are measured on the server (lease mode: its now(); session mode: its idle_session_timeout) and by the client's own clock, so they stay correct, but times shown locally are off; run NTP (chrony) on both"),
-        )
-    } else {
-        Finding::new(
-            Severity::Ok,
-            "clock",
-            format!("the server clock is within {offset_ms} ms of the local clock"),
-        )
     }
 }
 
@@ -79,7 +63,7 @@ fn replication_finding(recovery: bool, standbys: i64, sync: i64, commit: &str) -
     }
 }
 
-/// The server's clock (`clock_timestamp()`), for `Backend::server_time`.
+/// The server's clock (`clock_timestamp()`), for `Operator::server_time`.
 pub(crate) async fn server_time(b: &PostgresBackend) -> Result<SystemTime> {
     let client = b.common.control().await?;
     let row = b
@@ -105,7 +89,6 @@ pub(crate) async fn server_time(b: &PostgresBackend) -> Result<SystemTime> {
 pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
     let mode = b.mode();
     let client = b.common.control().await?;
-    let before = SystemTime::now();
     let row = b
         .common
         .run(
@@ -113,7 +96,6 @@ pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
             client.query_one(
                 "SELECT current_setting('server_version'), \
                         current_setting('server_version_num')::int4, \
-                        (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::int8, \
                         pg_is_in_recovery(), \
                         (SELECT count(*) FROM pg_stat_replication), \
                         (SELECT count(*) FROM pg_stat_replication \
@@ -124,31 +106,25 @@ pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
             ),
         )
         .await?;
-    let after = SystemTime::now();
-    let get = |what: &str, e| shape(what, e);
-    let version: String = row.try_get(0).map_err(|e| get("diagnose", e))?;
-    let num: i32 = row.try_get(1).map_err(|e| get("diagnose", e))?;
-    let server_ms: i64 = row.try_get(2).map_err(|e| get("diagnose", e))?;
-    let recovery: bool = row.try_get(3).map_err(|e| get("diagnose", e))?;
-    let standbys: i64 = row.try_get(4).map_err(|e| get("diagnose", e))?;
-    let mut sync: i64 = row.try_get(5).map_err(|e| get("diagnose", e))?;
-    let commit: String = row.try_get(6).map_err(|e| get("diagnose", e))?;
-    let names: String = row.try_get(7).map_err(|e| get("diagnose", e))?;
+    let get = |e| shape("diagnose", e);
+    let version: String = row.try_get(0).map_err(get)?;
+    let num: i32 = row.try_get(1).map_err(get)?;
+    let recovery: bool = row.try_get(2).map_err(get)?;
+    let standbys: i64 = row.try_get(3).map_err(get)?;
+    let mut sync: i64 = row.try_get(4).map_err(get)?;
+    let commit: String = row.try_get(5).map_err(get)?;
+    let names: String = row.try_get(6).map_err(get)?;
     // sync_state is hidden from roles without pg_monitor: then only the setting tells.
     if sync == 0 && standbys > 0 && !names.trim().is_empty() {
         sync = 1;
     }
-    let ms = |t: SystemTime| {
-        t.duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-    };
-    let local_ms = (ms(before) + ms(after)) / 2;
+    let offset_ms = measure_clock(server_time(b)).await?;
     let mut out = vec![version_finding(num, &version, mode)];
     out.push(tls_finding(b).await);
     out.push(pooler_finding(b, mode).await);
     out.push(timeout_finding(b, mode, num).await);
     out.push(replication_finding(recovery, standbys, sync, &commit));
-    out.push(clock_finding(server_ms - local_ms));
+    out.push(clock_finding(offset_ms, "server", "on the server (lease mode: its now(); session mode: its idle_session_timeout) and by the client's own clock"));
     Ok(out)
 }
 
@@ -178,43 +154,21 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
         Some(r) => r.try_get(0).unwrap_or_else(|_| "unknown".into()),
         None => "unknown".into(),
     };
-    let mode = b.common.tls.mode();
     let checks = b.common.tls.checks();
-    match seen.split_once(' ') {
-        Some(("true", version)) => {
-            let text = format!("encrypted ({version}), sslmode={mode}: {checks}");
-            match (checks, loopback) {
-                ("certificate not checked", false) => Finding::new(
-                    Severity::Warning,
-                    "tls",
-                    format!(
-                        "{text}: a machine in the middle can read and change the traffic; use \
-                         sslmode=verify-full with sslrootcert"
-                    ),
-                ),
-                _ => Finding::new(Severity::Ok, "tls", text),
-            }
-        }
-        Some(("false", _)) if !loopback => Finding::new(
-            Severity::Warning,
-            "tls",
-            format!(
-                "not encrypted (sslmode={mode}) to {host}, off this machine: lock names, tokens \
-                 and an md5 password exchange travel in clear; turn on ssl in the server and use \
-                 sslmode=verify-full"
-            ),
-        ),
-        Some(("false", _)) => Finding::new(
-            Severity::Ok,
-            "tls",
-            format!("not encrypted (sslmode={mode}), to this machine"),
-        ),
-        _ => Finding::new(
-            Severity::Ok,
-            "tls",
-            format!("sslmode={mode}; the server does not say whether this session is encrypted"),
-        ),
-    }
+    let t = TlsSession {
+        host: &host,
+        loopback,
+        setting: format!("sslmode={}", b.common.tls.mode()),
+        checks,
+        verified: checks != "certificate not checked",
+        fix_unchecked: "use sslmode=verify-full with sslrootcert",
+        fix_plain: "lock names, tokens and an md5 password exchange travel in clear; turn on ssl in the server and use sslmode=verify-full",
+    };
+    t.finding(match seen.split_once(' ') {
+        Some(("true", version)) => Some(Some(version)),
+        Some(("false", _)) => Some(None),
+        _ => None,
+    })
 }
 
 /// What the probe connection saw of the server session behind it.
@@ -438,8 +392,6 @@ mod tests {
             version_finding(90_400, "9.4", Mode::Lease).severity,
             Severity::Unsafe
         );
-        assert_eq!(clock_finding(2000).severity, Severity::Warning);
-        assert_eq!(clock_finding(-10).severity, Severity::Ok);
         assert_eq!(
             replication_finding(false, 0, 0, "on").severity,
             Severity::Ok

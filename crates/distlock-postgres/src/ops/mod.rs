@@ -22,17 +22,17 @@
 use crate::common::{channel, election_key, key_oids, lock_key};
 use crate::error::{is_code, map, shape, KIND};
 use crate::{Inner, Mode, PostgresBackend};
-use distlock_core::{Backend, Error, ForceReleased, HolderInfo, ListedLock, LockKind, Result};
+use distlock_core::operator::{evict, Eviction};
+use distlock_core::{
+    Backend, Error, ForceReleased, HolderInfo, ListedLock, LockKind, Operator, Result,
+};
 use std::collections::{BTreeMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::types::Type;
 
 mod doctor;
-pub(crate) use doctor::{diagnose, server_time};
-
-/// Server/local clock offset above which `diagnose` warns.
-const CLOCK_WARN: Duration = Duration::from_secs(1);
 
 const CURRENT_DB: &str = "(SELECT oid FROM pg_database WHERE datname = current_database())";
 
@@ -43,6 +43,25 @@ fn u64_token(t: i64) -> Result<u64> {
 fn left_of(ms: Option<f64>) -> Option<Duration> {
     ms.filter(|m| m.is_finite())
         .map(|m| Duration::from_secs_f64(m.max(0.0) / 1000.0))
+}
+
+#[distlock_core::async_trait]
+impl Operator for PostgresBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
+        list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        force_release(self, name, kind).await
+    }
+
+    async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
+        doctor::diagnose(self).await
+    }
+
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        doctor::server_time(self).await.map(Some)
+    }
 }
 
 /// The kind a session-mode lock is listed as, from the kinds of its rows: a read-write
@@ -57,7 +76,7 @@ fn listed_kind(kinds: &[String]) -> LockKind {
     }
 }
 
-pub(crate) async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
+async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let client = b.common.control().await?;
     let ns = b.common.namespace.as_str();
     // LIKE would need escaping of the prefix; a prefix comparison on the text is exact.
@@ -177,14 +196,18 @@ async fn unnamed_holders(b: &PostgresBackend, name: &str) -> Result<Vec<HolderIn
         .collect()
 }
 
-pub(crate) async fn force_release(
-    b: &PostgresBackend,
-    name: &str,
-    kind: LockKind,
-) -> Result<ForceReleased> {
+async fn force_release(b: &PostgresBackend, name: &str, kind: LockKind) -> Result<ForceReleased> {
     match &b.inner {
         Inner::Lease(_) if kind == LockKind::Election => force_lease_election(b, name).await,
-        Inner::Session(_) if kind == LockKind::Election => force_session_election(b, name).await,
+        Inner::Session(_) if kind == LockKind::Election => {
+            evict(
+                &Sessions::new(b, name, true),
+                KIND,
+                name,
+                b.common.op_timeout,
+            )
+            .await
+        }
         Inner::Lease(_) => {
             if kind != LockKind::Mutex {
                 return Err(Error::unsupported(
@@ -199,7 +222,13 @@ pub(crate) async fn force_release(
         }
         Inner::Session(_) => match kind {
             LockKind::Mutex | LockKind::Fair | LockKind::Read | LockKind::Write => {
-                force_session(b, name).await
+                evict(
+                    &Sessions::new(b, name, false),
+                    KIND,
+                    name,
+                    b.common.op_timeout,
+                )
+                .await
             }
             other => Err(Error::unsupported(
                 KIND,
@@ -260,187 +289,222 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
             removed.push(HolderInfo::new(owner, 1).with_lease_left(left_of(Some(left))));
         }
     }
-    let token: i64 = up
-        .first()
-        .and_then(|r| r.try_get(0).ok())
-        .ok_or_else(|| shape(what, "no token"))?;
-    Ok(ForceReleased::new(removed, u64_token(token)?))
+    Ok(ForceReleased::new(removed, token_of(&up)?))
 }
 
-/// Session mode: terminate the backends holding the key, wait until the server freed it,
-/// delete their rows and advance the counter.
-async fn force_session(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
-    let ns = b.common.namespace.as_str();
-    let (classid, objid) = key_oids(lock_key(ns, name));
-    let client = b.common.control().await?;
-    let sql = format!(
-        "SELECT l.pid, l.mode, a.application_name, h.owner, h.kind, h.attempt, \
-                (EXTRACT(EPOCH FROM (h.expires_at - now())) * 1000)::float8 \
-         FROM pg_locks l \
-         LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-         LEFT JOIN dlock_holders h ON h.ns = $3 AND h.name = $4 AND h.pid = l.pid \
-         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
-           AND l.objsubid = 1 AND l.database = {CURRENT_DB} \
-         ORDER BY l.pid, h.acquired_at"
-    );
-    let rows = b
-        .common
-        .run(
-            "finding the holders",
-            client.query_typed(
-                &sql,
-                &[
-                    (&classid, Type::OID),
-                    (&objid, Type::OID),
-                    (&ns, Type::TEXT),
-                    (&name, Type::TEXT),
-                ],
-            ),
-        )
-        .await?;
-    let mut pids: Vec<i32> = Vec::new();
-    let mut attempts: Vec<String> = Vec::new();
-    let mut removed = Vec::new();
-    let mut seen: HashSet<(i32, Option<String>)> = HashSet::new();
-    for r in &rows {
-        let pid: i32 = r.try_get(0).map_err(|e| shape("forced release", e))?;
-        let app: Option<String> = r.try_get(2).map_err(|e| shape("forced release", e))?;
-        let owner: Option<String> = r.try_get(3).map_err(|e| shape("forced release", e))?;
-        let kind: Option<String> = r.try_get(4).map_err(|e| shape("forced release", e))?;
-        let attempt: Option<String> = r.try_get(5).map_err(|e| shape("forced release", e))?;
-        let left: Option<f64> = r.try_get(6).map_err(|e| shape("forced release", e))?;
-        if !pids.contains(&pid) {
-            pids.push(pid);
-        }
-        // A downgraded holder's session holds the key twice (both modes): one row each.
-        if !seen.insert((pid, attempt.clone())) {
-            continue;
-        }
-        if let Some(a) = attempt {
-            attempts.push(a);
-        }
-        let owner = owner.unwrap_or_else(|| {
-            format!(
-                "pid {pid} (application_name {:?}, no dlock_holders row)",
-                app.unwrap_or_default()
-            )
-        });
-        removed.push(
-            HolderInfo::new(owner, 1)
-                .with_lease_left(left_of(left))
-                .with_side(match kind.as_deref() {
-                    Some("read") => Some(LockKind::Read),
-                    Some("write") => Some(LockKind::Write),
-                    _ => None,
-                }),
-        );
-    }
-    // Every backend is tried, and the ones terminated are waited for and their grants
-    // fenced, before a refusal is reported: a half-done release still advances the counter.
-    let mut refused = None;
-    let mut terminated = Vec::with_capacity(pids.len());
-    for &pid in &pids {
-        match terminate(b, name, pid).await {
-            Ok(()) => terminated.push(pid),
-            Err(e @ Error::Unsupported { .. }) => {
-                refused.get_or_insert(e);
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let pids = terminated;
-    wait_freed(b, name, classid, objid, &pids).await?;
-    // The removed grants' rows (by attempt and pid: a next holder that got the key meanwhile
-    // has another attempt and pid), then a token drawn now: above every token handed out.
-    let client = b.common.control().await?;
-    let rows = b
-        .common
-        .run(
-            "advancing the fencing token",
-            client.query_typed(
-                "WITH d AS (DELETE FROM dlock_holders \
-                            WHERE ns = $1 AND name = $2 AND attempt = ANY($3) AND pid = ANY($4)) \
-                 INSERT INTO dlock_fence AS f (ns, name, token) \
-                 VALUES ($1, $2, GREATEST(nextval('dlock_fence_seq'), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)) \
-                 ON CONFLICT (ns, name) DO UPDATE SET token = GREATEST( \
-                     nextval('dlock_fence_seq'), f.token + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
-                 RETURNING f.token",
-                &[
-                    (&ns, Type::TEXT),
-                    (&name, Type::TEXT),
-                    (&attempts, Type::TEXT_ARRAY),
-                    (&pids, Type::INT4_ARRAY),
-                ],
-            ),
-        )
-        .await?;
+/// The fencing token a statement returned in its first row, first column.
+fn token_of(rows: &[tokio_postgres::Row]) -> Result<u64> {
     let token: i64 = rows
         .first()
         .and_then(|r| r.try_get(0).ok())
         .ok_or_else(|| shape("forced release", "no token"))?;
-    if let Some(e) = refused {
-        return Err(e);
-    }
-    Ok(ForceReleased::new(removed, u64_token(token)?))
+    u64_token(token)
 }
 
-/// Session mode, an election: terminate the backends holding the election's key, wait until
-/// the server freed it, mark the leader's row a past leader, and draw a token (above every
-/// token handed out, the revoked leader's included).
-async fn force_session_election(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
-    let ns = b.common.namespace.as_str();
-    let (classid, objid) = key_oids(election_key(ns, name));
-    let leader = b.inspect(name, LockKind::Election).await?;
-    let client = b.common.control().await?;
-    let sql = format!(
-        "SELECT l.pid FROM pg_locks l \
-         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
-           AND l.objsubid = 1 AND l.database = {CURRENT_DB} ORDER BY l.pid"
-    );
-    let rows = b
-        .common
-        .run(
-            "finding the leader",
-            client.query_typed(&sql, &[(&classid, Type::OID), (&objid, Type::OID)]),
-        )
-        .await?;
-    let mut pids = Vec::with_capacity(rows.len());
-    for r in &rows {
-        pids.push(
-            r.try_get::<_, i32>(0)
-                .map_err(|e| shape("forced release", e))?,
+/// Session mode: the backends holding the advisory key of lock `name` (both sides of a
+/// read-write lock; waiters are not touched) or of election `name`, ended by
+/// [`distlock_core::operator::evict`]: terminated, waited for until `pg_locks` shows none of
+/// them holding the key, their rows deleted (a lock's) or marked a past leader (an
+/// election's), and a token drawn above every token handed out.
+struct Sessions<'a> {
+    b: &'a PostgresBackend,
+    name: &'a str,
+    key: (u32, u32),
+    election: bool,
+    /// The removed grants' attempts (a next holder that got the key meanwhile has another).
+    attempts: std::sync::Mutex<Vec<String>>,
+}
+
+impl<'a> Sessions<'a> {
+    fn new(b: &'a PostgresBackend, name: &'a str, election: bool) -> Self {
+        let ns = b.common.namespace.as_str();
+        let key = if election {
+            election_key(ns, name)
+        } else {
+            lock_key(ns, name)
+        };
+        Sessions {
+            b,
+            name,
+            key: key_oids(key),
+            election,
+            attempts: Default::default(),
+        }
+    }
+
+    /// The leader's backends and the leader as `inspect` reports it.
+    async fn leader(&self) -> Result<(Vec<i32>, Vec<HolderInfo>)> {
+        let leader = self.b.inspect(self.name, LockKind::Election).await?;
+        let sql = format!(
+            "SELECT l.pid FROM pg_locks l \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
+               AND l.objsubid = 1 AND l.database = {CURRENT_DB} ORDER BY l.pid"
         );
+        let (classid, objid) = self.key;
+        let rows = self
+            .b
+            .common
+            .query(
+                "finding the leader",
+                &sql,
+                &[(&classid, Type::OID), (&objid, Type::OID)],
+            )
+            .await?;
+        let pids = rows
+            .iter()
+            .map(|r| r.try_get(0).map_err(|e| shape("forced release", e)))
+            .collect::<Result<_>>()?;
+        Ok((pids, leader.holders))
     }
-    for &pid in &pids {
-        terminate(b, name, pid).await?;
+}
+
+#[distlock_core::async_trait]
+impl Eviction for Sessions<'_> {
+    type Session = i32;
+    const SESSIONS: &'static str = "backends";
+
+    async fn holders(&self) -> Result<(Vec<i32>, Vec<HolderInfo>)> {
+        if self.election {
+            return self.leader().await;
+        }
+        let (ns, name) = (self.b.common.namespace.as_str(), self.name);
+        let sql = format!(
+            "SELECT l.pid, l.mode, a.application_name, h.owner, h.kind, h.attempt, \
+                    (EXTRACT(EPOCH FROM (h.expires_at - now())) * 1000)::float8 \
+             FROM pg_locks l \
+             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             LEFT JOIN dlock_holders h ON h.ns = $3 AND h.name = $4 AND h.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
+               AND l.objsubid = 1 AND l.database = {CURRENT_DB} \
+             ORDER BY l.pid, h.acquired_at"
+        );
+        let (classid, objid) = self.key;
+        let params: [(&(dyn ToSql + Sync), Type); 4] = [
+            (&classid, Type::OID),
+            (&objid, Type::OID),
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+        ];
+        let rows = self
+            .b
+            .common
+            .query("finding the holders", &sql, &params)
+            .await?;
+        let (mut pids, mut removed, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
+        let mut seen: HashSet<(i32, Option<String>)> = HashSet::new();
+        let get = |e| shape("forced release", e);
+        for r in &rows {
+            let pid: i32 = r.try_get(0).map_err(get)?;
+            let app: Option<String> = r.try_get(2).map_err(get)?;
+            let owner: Option<String> = r.try_get(3).map_err(get)?;
+            let kind: Option<String> = r.try_get(4).map_err(get)?;
+            let attempt: Option<String> = r.try_get(5).map_err(get)?;
+            let left: Option<f64> = r.try_get(6).map_err(get)?;
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
+            // A downgraded holder's session holds the key twice (both modes): one row each.
+            if !seen.insert((pid, attempt.clone())) {
+                continue;
+            }
+            attempts.extend(attempt);
+            let owner = owner.unwrap_or_else(|| {
+                format!(
+                    "pid {pid} (application_name {:?}, no dlock_holders row)",
+                    app.unwrap_or_default()
+                )
+            });
+            let side = match kind.as_deref() {
+                Some("read") => Some(LockKind::Read),
+                Some("write") => Some(LockKind::Write),
+                _ => None,
+            };
+            removed.push(
+                HolderInfo::new(owner, 1)
+                    .with_lease_left(left_of(left))
+                    .with_side(side),
+            );
+        }
+        if let Ok(mut a) = self.attempts.lock() {
+            *a = attempts;
+        }
+        Ok((pids, removed))
     }
-    wait_freed(b, name, classid, objid, &pids).await?;
-    let client = b.common.control().await?;
-    let rows = b
-        .common
-        .run(
-            "advancing the fencing token",
-            client.query_typed(
-                "WITH u AS (UPDATE dlock_elections SET pid = NULL, expires_at = now(), \
+
+    async fn end(&self, pid: i32) -> Result<()> {
+        terminate(self.b, self.name, pid).await
+    }
+
+    async fn still_held(&self, pids: &[i32]) -> Result<bool> {
+        let sql = format!(
+            "SELECT count(*) FROM pg_locks l \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
+               AND l.objsubid = 1 AND l.database = {CURRENT_DB} AND l.pid = ANY($3)"
+        );
+        let (classid, objid, pids) = (self.key.0, self.key.1, pids.to_vec());
+        let rows = self
+            .b
+            .common
+            .query(
+                "waiting for the terminated holders",
+                &sql,
+                &[
+                    (&classid, Type::OID),
+                    (&objid, Type::OID),
+                    (&pids, Type::INT4_ARRAY),
+                ],
+            )
+            .await?;
+        let n: i64 = rows
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .ok_or_else(|| shape("forced release", "no count"))?;
+        Ok(n > 0)
+    }
+
+    async fn advance(&self, ended: &[i32]) -> Result<u64> {
+        let (ns, name, pids) = (self.b.common.namespace.as_str(), self.name, ended.to_vec());
+        if self.election {
+            let rows = self
+                .b
+                .common
+                .query(
+                    "advancing the fencing token",
+                    "WITH u AS (UPDATE dlock_elections SET pid = NULL, expires_at = now(), \
                                 token = GREATEST(nextval('dlock_fence_seq'), token + 1, \
                                     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
                             WHERE ns = $1 AND name = $2 AND pid = ANY($3) RETURNING token) \
                  SELECT COALESCE((SELECT max(token) FROM u), GREATEST(nextval('dlock_fence_seq'), \
                      (SELECT max(token) + 1 FROM dlock_elections WHERE ns = $1 AND name = $2), \
                      (extract(epoch FROM clock_timestamp()) * 1000000)::bigint))",
-                &[
-                    (&ns, Type::TEXT),
-                    (&name, Type::TEXT),
-                    (&pids, Type::INT4_ARRAY),
-                ],
-            ),
-        )
-        .await?;
-    let token: i64 = rows
-        .first()
-        .and_then(|r| r.try_get(0).ok())
-        .ok_or_else(|| shape("forced release", "no token"))?;
-    Ok(ForceReleased::new(leader.holders, u64_token(token)?))
+                    &[
+                        (&ns, Type::TEXT),
+                        (&name, Type::TEXT),
+                        (&pids, Type::INT4_ARRAY),
+                    ],
+                )
+                .await?;
+            return token_of(&rows);
+        }
+        let attempts = self.attempts.lock().map(|a| a.clone()).unwrap_or_default();
+        let rows = self.b.common.query(
+            "advancing the fencing token",
+            "WITH d AS (DELETE FROM dlock_holders \
+                        WHERE ns = $1 AND name = $2 AND attempt = ANY($3) AND pid = ANY($4)) \
+             INSERT INTO dlock_fence AS f (ns, name, token) \
+             VALUES ($1, $2, GREATEST(nextval('dlock_fence_seq'), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)) \
+             ON CONFLICT (ns, name) DO UPDATE SET token = GREATEST( \
+                 nextval('dlock_fence_seq'), f.token + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
+             RETURNING f.token",
+            &[
+                (&ns, Type::TEXT),
+                (&name, Type::TEXT),
+                (&attempts, Type::TEXT_ARRAY),
+                (&pids, Type::INT4_ARRAY),
+            ],
+        ).await?;
+        token_of(&rows)
+    }
 }
 
 /// Lease mode, an election: clear the election's row with a token drawn after its row lock
@@ -465,65 +529,7 @@ async fn force_lease_election(b: &PostgresBackend, name: &str) -> Result<ForceRe
             &[(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)],
         )
         .await?;
-    let token: i64 = rows
-        .first()
-        .and_then(|r| r.try_get(0).ok())
-        .ok_or_else(|| shape("forced release", "no token"))?;
-    Ok(ForceReleased::new(leader.holders, u64_token(token)?))
-}
-
-/// `pg_terminate_backend` only signals: the key is free once `pg_locks` no longer shows any
-/// of `pids` holding it.
-async fn wait_freed(
-    b: &PostgresBackend,
-    name: &str,
-    classid: u32,
-    objid: u32,
-    pids: &[i32],
-) -> Result<()> {
-    if !pids.is_empty() {
-        let pids = pids.to_vec();
-        let limit = Instant::now() + b.common.op_timeout.max(Duration::from_secs(5));
-        let still = format!(
-            "SELECT count(*) FROM pg_locks l \
-             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
-               AND l.objsubid = 1 AND l.database = {CURRENT_DB} AND l.pid = ANY($3)"
-        );
-        loop {
-            let client = b.common.control().await?;
-            let rows = b
-                .common
-                .run(
-                    "waiting for the terminated holders",
-                    client.query_typed(
-                        &still,
-                        &[
-                            (&classid, Type::OID),
-                            (&objid, Type::OID),
-                            (&pids, Type::INT4_ARRAY),
-                        ],
-                    ),
-                )
-                .await?;
-            let n: i64 = rows
-                .first()
-                .and_then(|r| r.try_get(0).ok())
-                .ok_or_else(|| shape("forced release", "no count"))?;
-            if n == 0 {
-                break;
-            }
-            if Instant::now() >= limit {
-                return Err(Error::UnexpectedReply {
-                    backend: KIND,
-                    message: format!(
-                        "forced release of `{name}`: backends {pids:?} were terminated but still hold the lock; try again"
-                    ),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    Ok(())
+    Ok(ForceReleased::new(leader.holders, token_of(&rows)?))
 }
 
 /// `pg_terminate_backend(pid)`, with the privilege error spelled out.

@@ -584,7 +584,7 @@ fn redisson_like(fields: &[(String, String)]) -> bool {
             .all(|(f, c)| f.contains(':') && c.parse::<u32>().is_ok_and(|n| n > 0))
 }
 
-/// `Backend::list` in a dialect: the peer's locks whose names start with `prefix` (held
+/// `Operator::list` in a dialect: the peer's locks whose names start with `prefix` (held
 /// ones: the peers leave nothing behind a release). Redisson's are the hashes that look like
 /// its locks ([`redisson_like`]); python-redis-lock's the strings `lock:…`.
 pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<Vec<ListedLock>> {
@@ -628,7 +628,7 @@ pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<V
     Ok(out)
 }
 
-/// `Backend::force_release` in a dialect: as the peer's own forced unlock (Redisson's
+/// `Operator::force_release` in a dialect: as the peer's own forced unlock (Redisson's
 /// `forceUnlock`, python-redis-lock's `reset`), waking the waiters the same way.
 pub(crate) async fn force_release(
     b: &RedisBackend,

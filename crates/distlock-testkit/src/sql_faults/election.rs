@@ -188,7 +188,7 @@ pub async fn election_operator_commands<S: SqlServer, B: Backend + 'static>(mode
         .campaign("v")
         .await
         .expect("leads");
-    let listed = a.backend().list(&name).await.expect("list");
+    let listed = a.list(&name).await.expect("list");
     let mut kinds: Vec<(LockKind, Vec<String>, Option<String>)> = listed
         .iter()
         .map(|l| {
@@ -215,7 +215,6 @@ pub async fn election_operator_commands<S: SqlServer, B: Backend + 'static>(mode
         mode.params
     );
     let forced = a
-        .backend()
         .force_release(&name, LockKind::Election)
         .await
         .expect("force");
