@@ -45,7 +45,7 @@ pub enum Command {
 /// # Errors
 ///
 /// None returned: every failure is printed to stderr (`dlock: …`) and makes the exit code
-/// non-zero ([`EXIT_ERROR`](distlock::program::EXIT_ERROR)).
+/// non-zero ([`EXIT_ERROR`]).
 ///
 /// # Cancel safety
 ///
