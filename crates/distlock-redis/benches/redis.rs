@@ -237,9 +237,9 @@ async fn run() {
     };
     let acquire_lua = redis::Script::new(&fenced(include_str!("../scripts/acquire.lua")));
     let release_lua = redis::Script::new(&fenced(include_str!("../scripts/release.lua")));
-    // The four keys of the lock and the attempt's end record (one attempt id: never ended).
-    let keys =
-        ["", ":fence", ":queue", ":waiters", ":ended:warm"].map(|s| format!("dlock:{{floor}}{s}"));
+    // acquire.lua's keys: the lock and the attempt's end record (one attempt id: never
+    // ended); release.lua's: the lock.
+    let keys = ["", ":ended:warm"].map(|s| format!("dlock:{{floor}}{s}"));
     for _ in 0..100 {
         let _: () = unlock
             .key("warm")
@@ -250,13 +250,13 @@ async fn run() {
             .expect("unlock");
         let _: i64 = acquire_lua
             .key(&keys[..])
-            .arg(&["warm", "bench", "30000", "2000", "0", "", "3630000"])
+            .arg(&["warm", "bench", "30000", "2000:0:"])
             .invoke_async(&mut con)
             .await
             .expect("acquire.lua");
         let _: i64 = release_lua
-            .key(&keys[..])
-            .arg(&["warm", "0", "dlock:{floor}:released", "giveup", "5"])
+            .key(&keys[0])
+            .arg(&["warm", "", "5"])
             .invoke_async(&mut con)
             .await
             .expect("release.lua");
@@ -294,29 +294,15 @@ async fn run() {
         // acquire.lua answers the token (> 0) of a grant; release.lua 1 for released.
         let token: i64 = acquire_lua
             .key(&keys[..])
-            .arg(&[
-                attempt.as_str(),
-                "bench",
-                "30000",
-                "2000",
-                "0",
-                "",
-                "3630000",
-            ])
+            .arg(&[attempt.as_str(), "bench", "30000", "2000:0:"])
             .invoke_async(&mut con)
             .await
             .expect("acquire.lua");
         assert!(token > 0, "not granted: {token}");
         let token = token.to_string();
         let released: i64 = release_lua
-            .key(&keys[..])
-            .arg(&[
-                attempt.as_str(),
-                token.as_str(),
-                "dlock:{floor}:released",
-                "release",
-                "5",
-            ])
+            .key(&keys[0])
+            .arg(&[attempt.as_str(), token.as_str(), "5"])
             .invoke_async(&mut con)
             .await
             .expect("release.lua");

@@ -1,53 +1,63 @@
 -- Mutex (plain or fair): acquire for one attempt, or queue the attempt if it will wait.
 -- One round trip. Holds are per attempt: no owner counts on the server (re-entry is counted
 -- in the client), so a retried request has the effect of one.
--- KEYS[1] lock hash {attempt, token, owner} of the one grant, PEXPIRE = lease (the layout
---   of a Redlock node's hold too)
--- KEYS[2] fencing counter (fence.lua: a token is max(counter + 1, TIME in µs); it expires
---   FENCE_MARGIN_MS after the end of the last lease granted)
--- KEYS[3] wait queue: zset ATTEMPT -> arrival ms (server clock)
--- KEYS[4] waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:OWNER"
--- KEYS[5] the attempt's end record NS:{NAME}:ended:ATTEMPT, written by its give-up or release
+-- Lean on purpose: on Redis 7.0 each KEYS or ARGV element costs the server ~1,500
+-- instructions and each redis.call ~8,000, against ~25,000 for a whole acquire+release of a
+-- plain SET NX and compare-and-delete (docs/redis-lock.md, "Server cost"). So the uncontended
+-- grant takes two keys and four arguments, the keys only the other paths touch are named after
+-- KEYS[1] (same hash tag, so the same slot), and the queueing paths' arguments ride in one.
+-- KEYS[1] lock hash {attempt, token, owner[, q]} of the one grant, PEXPIRE = lease (the
+--   layout of a Redlock node's hold too). Field q ('1') is set while the grant may have
+--   waiters behind it (every path that queues behind a grant, or grants with a queue there,
+--   sets it), so that the uncontended release needs no look at the queue.
+-- KEYS[2] the attempt's end record NS:{NAME}:ended:ATTEMPT, written by its give-up or release
 --   when a request of it may still be on its way (src/ended.rs): while it exists, a request of
 --   the attempt is a late one of an attempt nobody waits for any more, and neither gets the
 --   lock nor queues (it is answered "held")
--- ARGV[1] attempt id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] waiter ttl ms (0: do not
--- queue), ARGV[5] '1' for a fair lock (a free lock goes to the oldest live waiter),
--- ARGV[6] the waiter's wake channel ('' for none): kept beside its waiter data, in field
--- '>ATTEMPT' of KEYS[4] (written and removed with the data, in the same calls), so that the
--- release that hands it the lock tells it there; without one, on CHANNEL:ATTEMPT.
--- ARGV[7] the fencing counter's lifetime for this grant, lease + FENCE_MARGIN_MS, in ms (made
--- by the client, so that the script formats no number but the token).
--- An election (keys NS:{NAME}:election...) adds ARGV[8] the candidate's value, stored with
+-- KEYS[1] .. ':fence' fencing counter (fence.lua: a token is max(counter + 1, TIME in µs); it
+--   expires FENCE_MARGIN_MS after the end of the last lease granted)
+-- KEYS[1] .. ':queue' wait queue: zset ATTEMPT -> arrival ms (server clock)
+-- KEYS[1] .. ':waiters' waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:OWNER"
+-- ARGV[1] attempt id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] 'TTL:FAIR:WAKE': the waiter
+-- ttl in ms (0: do not queue), '1' for a fair lock (a free lock goes to the oldest live
+-- waiter), and the waiter's wake channel ('' for none): kept beside its waiter data, in field
+-- '>ATTEMPT' of the waiter data (written and removed with the data, in the same calls), so
+-- that the release that hands it the lock tells it there; without one, on
+-- KEYS[1]:released:ATTEMPT.
+-- An election (keys NS:{NAME}:election...) adds ARGV[5] the candidate's value, stored with
 -- the grant (fields value, seq = 0) or in its waiter data ("EXPIRY_MS:LEASE_MS:LEN:VALUE"
--- then OWNER, LEN the value's length in bytes), and ARGV[9] the election's observe channel,
+-- then OWNER, LEN the value's length in bytes), and ARGV[6] the election's observe channel,
 -- told of every new leader ('g'). A mutex passes neither.
 -- Returns one integer (a table reply costs the server more than a call): the token (> 0) when
 -- granted to this attempt (also when it held it already: a retry after a lost reply, or a
 -- handoff it has not heard of); held by another grant: -2 - PTTL (so 0 and -1 are PTTL's
 -- -2 and -1, and -2 - p a remaining lease of p ms).
 local attempt = ARGV[1]
-local value = ARGV[8]
+local value = ARGV[5]
+local fence, queue = KEYS[1] .. ':fence', KEYS[1] .. ':queue'
 
 -- The uncontended case first: no grant, no queue, no end record (one EXISTS of the three).
 -- There is nobody to defer to and nothing to take out of a queue: grant, in as few calls and
 -- Lua steps as the promises allow (the token: TIME, GET and SET of the counter; the grant:
--- HSET and PEXPIRE of the hash).
-if redis.call('exists', KEYS[1], KEYS[3], KEYS[5]) == 0 then
-  local token, s = grant_token(KEYS[2], redis.call('time'), ARGV[7])
+-- HSET and PEXPIRE of the hash; no q: there is no queue).
+if redis.call('exists', KEYS[1], queue, KEYS[2]) == 0 then
+  local token, s = grant_token(fence, redis.call('time'), ARGV[3])
   redis.call('hset', KEYS[1], 'attempt', attempt, 'token', s, 'owner', ARGV[2])
   if value then
     redis.call('hset', KEYS[1], 'value', value, 'seq', '0')
   end
   redis.call('pexpire', KEYS[1], ARGV[3])
   if value then
-    redis.call('publish', ARGV[9], 'g')
+    redis.call('publish', ARGV[6], 'g')
   end
   return token
 end
 
 local lease = tonumber(ARGV[3])
-local queues = ARGV[4] ~= '0'
+local ttl, fair, wake = string.match(ARGV[4], '^(%d+):(%d):(.*)$')
+ttl = tonumber(ttl)
+local queues = ttl ~= nil and ttl > 0
+local waiters = KEYS[1] .. ':waiters'
 -- The server clock, read once per script (on first use): the queue's times and the token.
 local t
 local function clock()
@@ -60,12 +70,12 @@ local function now_ms()
 end
 -- Its waiter data is written with the queue entry and removed with it: no entry, no data.
 local function dequeue()
-  if queues and redis.call('zrem', KEYS[3], attempt) == 1 then
-    redis.call('hdel', KEYS[4], attempt, '>' .. attempt)
+  if queues and redis.call('zrem', queue, attempt) == 1 then
+    redis.call('hdel', waiters, attempt, '>' .. attempt)
   end
 end
 
-local held = redis.call('hmget', KEYS[1], 'attempt', 'token')
+local held = redis.call('hmget', KEYS[1], 'attempt', 'token', 'q')
 if held[1] == attempt then
   -- Rewritten as it is: a write of this connection, so that a WAIT after it also covers a
   -- grant made by another connection (a handoff).
@@ -81,17 +91,17 @@ end
 -- The oldest waiter whose liveness deadline has not passed (dropping dead ones), or nil.
 local function live_head(now)
   while true do
-    local head = redis.call('zrange', KEYS[3], 0, 0)[1]
+    local head = redis.call('zrange', queue, 0, 0)[1]
     if not head then
       return nil
     end
-    local data = redis.call('hget', KEYS[4], head)
+    local data = redis.call('hget', waiters, head)
     local expiry = data and tonumber(string.match(data, '^(%d+):'))
     if expiry and expiry > now then
       return head
     end
-    redis.call('zrem', KEYS[3], head)
-    redis.call('hdel', KEYS[4], head, '>' .. head)
+    redis.call('zrem', queue, head)
+    redis.call('hdel', waiters, head, '>' .. head)
   end
 end
 
@@ -101,7 +111,7 @@ local function held_reply()
   return -2 - redis.call('pttl', KEYS[1])
 end
 local free, queued = false, false
-if redis.call('exists', KEYS[5]) == 1 then
+if redis.call('exists', KEYS[2]) == 1 then
   -- An ended attempt neither gets the lock nor queues: the next release would hand the lock
   -- to nobody.
   return held_reply()
@@ -111,7 +121,7 @@ if not held[1] and redis.call('exists', KEYS[1]) == 0 then
   -- the end record).
   free, queued = true, true
 end
-if queued and ARGV[5] == '1' then
+if queued and fair == '1' then
   local head = live_head(now_ms())
   if head and head ~= attempt then
     free = false
@@ -119,37 +129,39 @@ if queued and ARGV[5] == '1' then
 end
 if free then
   -- The token first: foreign data in the counter fails before any write.
-  local token, s = grant_token(KEYS[2], clock(), ARGV[7])
-  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', s, 'owner', ARGV[2])
+  local token, s = grant_token(fence, clock(), ARGV[3])
+  -- Granted with a queue there: the grant may have waiters behind it (q).
+  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', s, 'owner', ARGV[2], 'q', '1')
   if value then
     redis.call('hset', KEYS[1], 'value', value, 'seq', '0')
   end
   redis.call('pexpire', KEYS[1], lease)
-  if queued then
-    dequeue()
-  end
+  dequeue()
   if value then
-    redis.call('publish', ARGV[9], 'g')
+    redis.call('publish', ARGV[6], 'g')
   end
   return token
 end
 if queues then
-  local ttl = tonumber(ARGV[4])
   local now = now_ms()
-  arrive(KEYS[3], attempt, now)
+  arrive(queue, attempt, now)
   local data = string.format('%d:%d:', now + ttl, lease)
   if value then
     data = data .. string.format('%d:', #value) .. value
   end
-  if ARGV[6] ~= '' then
-    redis.call('hset', KEYS[4], attempt, data .. ARGV[2], '>' .. attempt, ARGV[6])
+  if wake ~= '' then
+    redis.call('hset', waiters, attempt, data .. ARGV[2], '>' .. attempt, wake)
   else
-    redis.call('hset', KEYS[4], attempt, data .. ARGV[2])
+    redis.call('hset', waiters, attempt, data .. ARGV[2])
   end
-  for i = 3, 4 do
-    if redis.call('pttl', KEYS[i]) < ttl then
-      redis.call('pexpire', KEYS[i], ttl)
+  for _, key in ipairs({queue, waiters}) do
+    if redis.call('pttl', key) < ttl then
+      redis.call('pexpire', key, ttl)
     end
+  end
+  if held[1] and not held[3] then
+    -- Queued behind a grant: its release must look at the queue.
+    redis.call('hset', KEYS[1], 'q', '1')
   end
 end
 return held_reply()

@@ -26,7 +26,7 @@ pub(crate) fn handoff_after(cs: &ConnectionString) -> Result<Duration> {
         .unwrap_or(DEFAULT_HANDOFF_AFTER))
 }
 
-/// The release script's ARGV[5] for a lock: the wait in ms after which a release hands over,
+/// The release script's ARGV[3] for a lock: the wait in ms after which a release hands over,
 /// `""` for strict FIFO (a fair lock, an election, or `handoff_after=0`).
 pub(crate) fn barge_arg(fair: bool, election: bool, after: Duration) -> String {
     if fair || election || after.is_zero() {
@@ -34,13 +34,6 @@ pub(crate) fn barge_arg(fair: bool, election: bool, after: Duration) -> String {
     } else {
         after.as_millis().max(1).to_string()
     }
-}
-
-/// The fencing counter's lifetime for a grant of `lease_ms` (acquire.lua's ARGV[7]): the
-/// lease + [`crate::FENCE_MARGIN`], in ms.
-pub(crate) fn fence_px(lease_ms: &str) -> String {
-    let lease: u64 = lease_ms.parse().unwrap_or(1);
-    (lease + crate::FENCE_MARGIN.as_millis() as u64).to_string()
 }
 
 /// The mutex acquire script's reply, as the other families' `{granted, token or PTTL}`: a
@@ -89,6 +82,5 @@ mod tests {
         assert_eq!(barge_arg(true, false, ms), "");
         assert_eq!(barge_arg(false, true, ms), "");
         assert_eq!(barge_arg(false, false, Duration::ZERO), "");
-        assert_eq!(fence_px("30000"), "3630000");
     }
 }

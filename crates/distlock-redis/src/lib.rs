@@ -454,11 +454,6 @@ impl RedisBackend {
         }
     }
 
-    /// The four keys the mutex scripts touch, in their KEYS order.
-    fn keys(&self, name: &str) -> [String; 4] {
-        self.mutex_keys(name, false)
-    }
-
     /// The four keys of a mutex-family lock (a mutex, or an election), in KEYS order:
     /// grant hash, fencing counter, queue, waiter data.
     fn mutex_keys(&self, name: &str, election: bool) -> [String; 4] {
@@ -500,25 +495,18 @@ impl RedisBackend {
         let args = [attempt, token, channel.as_str(), mode];
         let mut mutex = true;
         let cmd = match family(key.kind)? {
-            Family::Mutex {
-                election: false,
-                fair,
-            } => {
-                let keys = self.keys(&key.name);
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                let barge = contended::barge_arg(fair, false, self.handoff_after);
-                self.scripts
-                    .release
-                    .cmd(&keys, &[attempt, token, &channel, mode, &barge])
-            }
-            Family::Mutex { election: true, .. } => {
-                let keys = self.mutex_keys(&key.name, true);
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                let channel = self.mutex_channel(&key.name, true);
-                let observe = self.observe_channel(&key.name);
-                self.scripts
-                    .release
-                    .cmd(&keys, &[attempt, token, &channel, mode, "", &observe])
+            Family::Mutex { fair, election } => {
+                // release.lua: the lock hash (its counter, queue, waiter data and channel are
+                // named after it in the script); a give-up names no token.
+                let hash = self.key_of(&key.name, &[Self::base(election)]);
+                let barge = contended::barge_arg(fair, election, self.handoff_after);
+                let observe;
+                let mut args = vec![attempt, token, &barge];
+                if election {
+                    observe = self.observe_channel(&key.name);
+                    args.push(&observe);
+                }
+                self.scripts.release.cmd(&[&hash], &args)
             }
             Family::Rw { .. } => {
                 mutex = false;
@@ -806,48 +794,24 @@ impl Backend for RedisBackend {
         // Every acquire script refuses an attempt whose end record exists (see `ended`).
         let ended = self.ended_key(&req.key.name, &req.attempt);
         let cmd = match family(req.key.kind)? {
-            Family::Mutex {
-                fair,
-                election: false,
-            } => {
-                let keys = self.keys(&req.key.name);
-                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                keys.push(&ended);
-                let fair = if fair { "1" } else { "0" };
-                let px = contended::fence_px(&lease);
-                self.scripts.acquire.cmd(
-                    &keys,
-                    &[
-                        attempt,
-                        owner,
-                        &lease,
-                        &waiter_ttl,
-                        fair,
-                        self.wake(req),
-                        &px,
-                    ],
-                )
-            }
-            Family::Mutex { election: true, .. } => {
-                let keys = self.mutex_keys(&req.key.name, true);
-                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                keys.push(&ended);
-                let value = req.value.as_deref().unwrap_or_default();
-                let observe = self.observe_channel(&req.key.name);
-                self.scripts.acquire.cmd(
-                    &keys,
-                    &[
-                        attempt,
-                        owner,
-                        &lease,
-                        &waiter_ttl,
-                        "0",
-                        self.wake(req),
-                        &contended::fence_px(&lease),
-                        value,
-                        &observe,
-                    ],
-                )
+            Family::Mutex { fair, election } => {
+                // acquire.lua: the lock hash and the attempt's end record (its counter, queue
+                // and waiter data are named after the hash in the script); the queueing paths'
+                // arguments packed as TTL:FAIR:WAKE.
+                let hash = self.key_of(&req.key.name, &[Self::base(election)]);
+                let waits = [
+                    waiter_ttl.as_str(),
+                    if fair { ":1:" } else { ":0:" },
+                    self.wake(req),
+                ]
+                .concat();
+                let mut args = vec![attempt, owner, &lease, &waits];
+                let observe;
+                if election {
+                    observe = self.observe_channel(&req.key.name);
+                    args.extend([req.value.as_deref().unwrap_or_default(), &observe]);
+                }
+                self.scripts.acquire.cmd(&[&hash, &ended], &args)
             }
             Family::Rw { side } => {
                 let keys = self.rw_keys(&req.key.name);
