@@ -852,6 +852,92 @@ async fn a_handoff_is_one_message_to_the_head_waiter() {
     assert!(r.is_err(), "the other waiter woke: {r:?}");
 }
 
+/// Issue 28's lean release skips the queue when the grant's hash has no `q` field, so every
+/// grant that may have waiters behind it must carry one — also a grant made while the lock was
+/// free and waiters were queued (here: the contended mode freed it and woke the head waiter,
+/// which stays queued, and a barging try took it first; then the head waiter's own). Each of
+/// their releases or give-ups must wake the queue: one `w` message to the head waiter's wake
+/// channel, seen by a spy. (With the slow path's grant written without `q`, the barger's
+/// release deleted the lock in silence and the spy saw nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_with_a_queue_behind_them_wake_it_on_release() {
+    let server = RedisServer::start().expect("redis");
+    let opts = long_opts();
+    // Releases free the lock and wake the head waiter for the next 60 s: nothing is handed over.
+    let url = format!("{}?handoff_after=60s", server.url());
+    let connect = || RedisBackend::connect(&url, &opts);
+    let (a, b, c) = (
+        connect().await.expect("a"),
+        connect().await.expect("b"),
+        connect().await.expect("c"),
+    );
+    let name = unique_name("q-marker");
+    let request = |owner: &str, waits: bool| {
+        let mut r = AcquireRequest::new(
+            HoldKey::new(name.as_str(), owner, LockKind::Mutex),
+            Duration::from_secs(20),
+            LostSignal::new(),
+        );
+        r.waiter_ttl = waits.then_some(Duration::from_secs(10));
+        r
+    };
+    let granted = |r: AcquireReply| match r {
+        AcquireReply::Granted { token } => token,
+        other => panic!("not granted: {other:?}"),
+    };
+    let holder = request("holder", false);
+    let token = granted(a.acquire(&holder).await.expect("acquire"));
+    let (w1, w2) = (request("first", true), request("second", true));
+    for w in [&w1, &w2] {
+        assert!(matches!(
+            b.acquire(w).await.expect("queue"),
+            AcquireReply::Held { .. }
+        ));
+    }
+    let mut spy = server.spy("dlock:*").expect("spy");
+    let mut woken = |what: &str| {
+        let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
+        assert_eq!(
+            seen.len(),
+            1,
+            "{what}: one message to the head waiter: {seen:?}"
+        );
+        assert!(
+            seen[0].0.starts_with("dlock:wake:") && seen[0].1.ends_with(w1.attempt.as_str()),
+            "{what}: {seen:?}"
+        );
+    };
+    a.release(&holder.grant(token)).await.expect("release");
+    woken("the fast-path grant's release");
+    // The lock is free, both waiters still queued: a barging try takes it (the slow path).
+    let barger = request("barger", false);
+    let token = granted(c.acquire(&barger).await.expect("barge"));
+    assert_eq!(
+        c.release(&barger.grant(token)).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    woken("the barger's release");
+    // Free again: the head waiter asks and gets it (granted with a queue behind it) ...
+    let token = granted(b.acquire(&w1).await.expect("head asks"));
+    // ... and gives the attempt up: nobody else holds, so the release side hands over or wakes
+    // the next (w2): its grant, too, must wake whoever queues behind it.
+    b.give_up(&w1).await.expect("give up");
+    let _ = token;
+    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
+    assert_eq!(seen.len(), 1, "the give-up wakes the next waiter: {seen:?}");
+    assert!(seen[0].1.ends_with(w2.attempt.as_str()), "{seen:?}");
+    let w3 = request("third", true);
+    let token = granted(b.acquire(&w2).await.expect("next asks"));
+    assert!(matches!(
+        c.acquire(&w3).await.expect("queue"),
+        AcquireReply::Held { .. }
+    ));
+    b.release(&w2.grant(token)).await.expect("release");
+    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
+    assert_eq!(seen.len(), 1, "a release with a waiter queued: {seen:?}");
+    assert!(seen[0].1.ends_with(w3.attempt.as_str()), "{seen:?}");
+}
+
 /// Issue 23 #3, on every kind: a request of an attempt held in a proxy past the operation
 /// timeout reaches the server after the attempt ended over a fresh connection — it gave up
 /// while the lock was held, and the request comes while it is still held (it would queue, and
