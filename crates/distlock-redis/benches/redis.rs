@@ -229,14 +229,32 @@ async fn run() {
     let unlock = redis::Script::new(
         "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
     );
-    // As src/scripts.rs builds them: the fencing-token prelude, then the script.
-    let fenced = |script: &str| {
-        let margin = distlock_redis::FENCE_MARGIN.as_millis();
-        let prelude = include_str!("../scripts/fence.lua");
-        format!("local FENCE_MARGIN_MS = {margin}\n{prelude}{script}")
-    };
-    let acquire_lua = redis::Script::new(&fenced(include_str!("../scripts/acquire.lua")));
-    let release_lua = redis::Script::new(&fenced(include_str!("../scripts/release.lua")));
+    // As src/scripts.rs builds them: the uncontended paths around the fencing-token prelude.
+    let margin = format!(
+        "local FENCE_MARGIN_MS = {}\n",
+        distlock_redis::FENCE_MARGIN.as_millis()
+    );
+    let acquire_lua = redis::Script::new(
+        &[
+            margin.as_str(),
+            include_str!("../scripts/fence.lua"),
+            include_str!("../scripts/acquire.lua"),
+            include_str!("../scripts/fence_next.lua"),
+            include_str!("../scripts/queue.lua"),
+            include_str!("../scripts/acquire_wait.lua"),
+        ]
+        .concat(),
+    );
+    let release_lua = redis::Script::new(
+        &[
+            include_str!("../scripts/release.lua"),
+            margin.as_str(),
+            include_str!("../scripts/fence.lua"),
+            include_str!("../scripts/fence_next.lua"),
+            include_str!("../scripts/release_handoff.lua"),
+        ]
+        .concat(),
+    );
     // acquire.lua's keys: the lock and the attempt's end record (one attempt id: never
     // ended); release.lua's: the lock.
     let keys = ["", ":ended:warm"].map(|s| format!("dlock:{{floor}}{s}"));

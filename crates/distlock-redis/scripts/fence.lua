@@ -1,6 +1,10 @@
 -- Fencing tokens: put in front of every script that grants or writes a fencing counter
--- (src/scripts.rs, after the line that sets FENCE_MARGIN_MS), so that one copy decides every
--- token of every kind, single server and Redlock node alike.
+-- (src/scripts.rs, after the line that sets FENCE_MARGIN_MS), with fence_next.lua after it,
+-- so that one copy decides every token of every kind, single server and Redlock node alike.
+-- This file holds what an uncontended mutex grant calls (fence_token, grant_token): the mutex
+-- acquire runs its uncontended grant between the two files, and its release before both, so
+-- that the common path makes no Lua closure it does not call (each is a measurable share of
+-- the server's cost of a script; docs/redis-lock.md, "Costs").
 -- The rule: a grant's token is max(counter + 1, the server's TIME in µs). Above every token
 -- the counter saw; and when the counter was rolled back (a restart from an older snapshot, the
 -- AOF fsync window, a failover to a replica that missed the last grants, a counter set back by
@@ -9,21 +13,6 @@
 -- tokens": the clock assumption). Each write gives the counter FENCE_MARGIN_MS past the end of
 -- the lease of the grant that made it (as granted; renewals do not touch it), then it expires:
 -- by then the clock is above every token it handed out.
-
--- Sets counter `key` to `value`, living `lease` ms + the margin from now.
-local function keep_fence(key, value, lease)
-  redis.call('set', key, string.format('%d', value), 'PX', tonumber(lease) + FENCE_MARGIN_MS)
-end
-
--- The clock floor of a token at server time `t` (TIME's reply, read once per script): the clock
--- in µs, rounded down to a multiple of `step` µs. A single server floors by the µs itself
--- (step 1); Redlock's vote in steps (quorum_acquire.lua), so that nodes whose counters agree
--- hand out one token without a raise round, which the µs of different nodes' clocks never
--- would. Tokens of a step stay below the next step's floor (fewer grants than µs in a step).
-local function clock_floor(t, step)
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  return now - now % step
-end
 
 -- The next fencing token of counter `key` at server time `t`, floored in steps of `step` µs
 -- (clock_floor) — by the µs itself where there is no counter (a name's first grant, or a
@@ -86,12 +75,4 @@ local function grant_token(key, t, lease)
     return counter + 1, s
   end
   return now, s
-end
-
--- The next fencing token of counter `key` for a grant of `lease` ms, at server time `t`, floored
--- in steps of `step` µs (fence_token); the counter is left at it.
-local function next_token(key, t, lease, step)
-  local token = fence_token(key, t, step)
-  keep_fence(key, token, lease)
-  return token
 end

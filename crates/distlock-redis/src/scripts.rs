@@ -1,7 +1,7 @@
 //! The Lua scripts, loaded once, run by EVALSHA (reloaded on NOSCRIPT).
 //!
-//! Every script that grants shares one prelude, `scripts/fence.lua` (the fencing token of a
-//! grant, and the counter's lifetime: see [`fenced!`]); the read-write lock and semaphore
+//! Every script that grants shares one prelude, `scripts/fence.lua` and `scripts/fence_next.lua`
+//! (the fencing token of a grant, and the counter's lifetime: see [`fenced!`]); the read-write lock and semaphore
 //! scripts share a second one after it (`scripts/expiring.lua`: the keys' shape, pruning,
 //! grants, the queue, the release side); the scripts that queue waiters share
 //! `scripts/queue.lua` (a waiter's place: arrival order, also within one millisecond). They are put in front of each script at compile
@@ -25,17 +25,35 @@ pub(crate) struct Script {
     sha: String,
 }
 
-/// A script that grants (or writes a fencing counter): the fencing-token prelude
-/// (`scripts/fence.lua`, after its margin), then the script's files in order (paths under
-/// `scripts/`). Every token of every kind comes from this one copy.
-macro_rules! fenced {
+/// The files of `scripts/` named, concatenated into one Lua source.
+macro_rules! lua {
     ($($file:literal),+) => {
+        concat!($(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/", $file))),+)
+    };
+}
+pub(crate) use lua;
+
+/// The first line of the fencing prelude: `local FENCE_MARGIN_MS = …`.
+macro_rules! fence_margin_line {
+    () => {
         concat!(
             "local FENCE_MARGIN_MS = ",
             $crate::scripts::fence_margin_ms!(),
-            "\n",
-            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/fence.lua")),
-            $(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/", $file))),+
+            "\n"
+        )
+    };
+}
+pub(crate) use fence_margin_line;
+
+/// A script that grants (or writes a fencing counter): the fencing-token prelude
+/// (`scripts/fence.lua` and `scripts/fence_next.lua`, after its margin), then the script's
+/// files in order (paths under `scripts/`). Every token of every kind comes from this one copy.
+/// (The mutex scripts put their uncontended path before part of it: [`Scripts::new`].)
+macro_rules! fenced {
+    ($($file:literal),+) => {
+        concat!(
+            $crate::scripts::fence_margin_line!(),
+            $crate::scripts::lua!("fence.lua", "fence_next.lua", $($file),+)
         )
     };
 }
@@ -79,8 +97,24 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            acquire: Script::new(fenced!("queue.lua", "acquire.lua")),
-            release: Script::new(fenced!("release.lua")),
+            // The uncontended path of each runs before the prelude functions it does not call
+            // are made (a Lua closure per function per call: measured, docs/redis-lock.md,
+            // "Costs"): the acquire's after fence.lua (its token), the release's first.
+            acquire: Script::new(concat!(
+                fence_margin_line!(),
+                lua!(
+                    "fence.lua",
+                    "acquire.lua",
+                    "fence_next.lua",
+                    "queue.lua",
+                    "acquire_wait.lua"
+                )
+            )),
+            release: Script::new(concat!(
+                lua!("release.lua"),
+                fence_margin_line!(),
+                lua!("fence.lua", "fence_next.lua", "release_handoff.lua")
+            )),
             rw_acquire: Script::new(fenced!("queue.lua", "expiring.lua", "rw_acquire.lua")),
             rw_release: Script::new(fenced!("queue.lua", "expiring.lua", "rw_release.lua")),
             sem_acquire: Script::new(fenced!("queue.lua", "expiring.lua", "sem_acquire.lua")),
