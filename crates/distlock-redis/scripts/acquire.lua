@@ -1,11 +1,13 @@
 -- Mutex (plain or fair): acquire for one attempt, or queue the attempt if it will wait.
 -- One round trip. Holds are per attempt: no owner counts on the server (re-entry is counted
 -- in the client), so a retried request has the effect of one.
--- Lean on purpose: on Redis 7.0 each KEYS or ARGV element costs the server ~1,500
--- instructions and each redis.call ~8,000, against ~25,000 for a whole acquire+release of a
--- plain SET NX and compare-and-delete (docs/redis-lock.md, "Server cost"). So the uncontended
+-- Lean on purpose: on Redis 7.0 each KEYS or ARGV element costs the server ~1,400
+-- instructions and each redis.call ~6,000-8,000, against ~30,000 for a whole acquire+release
+-- of a plain SET NX and compare-and-delete (docs/redis-lock.md, "Costs"). So the uncontended
 -- grant takes two keys and four arguments, the keys only the other paths touch are named after
--- KEYS[1] (same hash tag, so the same slot), and the queueing paths' arguments ride in one.
+-- KEYS[1] (same hash tag, so the same slot), the queueing paths' arguments ride in one, and
+-- this file is the uncontended grant alone: src/scripts.rs puts the rest of the prelude and
+-- the other paths (acquire_wait.lua) after it.
 -- KEYS[1] lock hash {attempt, token, owner[, q]} of the one grant, PEXPIRE = lease (the
 --   layout of a Redlock node's hold too). Field q ('1') is set while the grant may have
 --   waiters behind it (every path that queues behind a grant, or grants with a queue there,

@@ -7,7 +7,7 @@
     script_cost.py time OLD_DIR NEW_DIR
                                       server time per pair (INFO commandstats usec), OLD_DIR's
                                       scripts, NEW_DIR's and rslock's in alternating blocks on one
-                                      redis-server (6 blocks of 2,000 pairs each)
+                                      redis-server (30 blocks of 500 pairs each)
 
 DIR is a copy of crates/distlock-redis/scripts (for the old layout: `git show
 main:crates/distlock-redis/scripts/X.lua` of fence, queue, acquire, release into a directory).
@@ -137,7 +137,7 @@ def count(d, layout):
     print(f"{layout}: {(total[1200] - total[200]) // 1000} instructions per pair")
 
 
-def server_time(old, new, blocks=6, per=2000):
+def server_time(old, new, blocks=30, per=500):
     port = random.randint(20000, 40000)
     p, cmd = server(port)
     usec = {"old": 0, "new": 0, "rslock": 0}
