@@ -40,7 +40,7 @@ local fence, queue = KEYS[1] .. ':fence', KEYS[1] .. ':queue'
 
 -- The uncontended case first: no grant, no queue, no end record (one EXISTS of the three).
 -- There is nobody to defer to and nothing to take out of a queue: grant, in as few calls and
--- Lua steps as the promises allow (the token: TIME, GET and SET of the counter; the grant:
+-- Lua steps as the promises allow (the token: TIME and one SET ... GET of the counter; the grant:
 -- HSET and PEXPIRE of the hash; no q: there is no queue).
 if redis.call('exists', KEYS[1], queue, KEYS[2]) == 0 then
   local token, s = grant_token(fence, redis.call('time'), ARGV[3])

@@ -1,6 +1,6 @@
--- release.lua's paths past the uncontended release: a handoff, a wake-up, a give-up; src/scripts.rs
--- puts the fencing prelude (fence.lua, fence_next.lua) between the two files, so that the
--- uncontended release makes no closure.
+-- release.lua's paths past the uncontended release: a handoff, a wake-up, a give-up;
+-- src/scripts.rs puts the fencing prelude (fence.lua, fence_next.lua) between the two files,
+-- so that the uncontended release makes no closure.
 local fence, queue, waiters = KEYS[1] .. ':fence', KEYS[1] .. ':queue', KEYS[1] .. ':waiters'
 
 -- Nobody takes the lock over: the hash goes.
