@@ -474,7 +474,7 @@ pub(crate) async fn open(
     cs: &ConnectionString,
     seeds: &[String],
     tls: &TlsFiles,
-    (user, password): (Option<String>, Option<Password>),
+    (user, password): (Option<&str>, Option<&Password>),
     endpoint: &str,
     opts: &ClientOptions,
 ) -> Result<(Con, Vec<redis::Client>)> {
@@ -482,15 +482,8 @@ pub(crate) async fn open(
         .first()
         .and_then(|s| s.split_once("://"))
         .map_or("redis", |(s, _)| s);
-    let node = |addr: &str| {
-        address::open_client(
-            cs,
-            &format!("{scheme}://{addr}"),
-            tls,
-            user.as_deref(),
-            password.as_ref(),
-        )
-    };
+    let node =
+        |addr: &str| address::open_client(cs, &format!("{scheme}://{addr}"), tls, user, password);
     // The seeds' clients first: this also checks the TLS files (and picks the TLS provider).
     let mut nodes = seeds
         .iter()
@@ -499,8 +492,8 @@ pub(crate) async fn open(
     let certs = tls_certificates(cs, scheme, tls)?;
     let con = connect(
         seeds,
-        user.as_deref(),
-        password.as_ref().map(Password::expose),
+        user,
+        password.map(Password::expose),
         certs,
         endpoint,
         opts,
