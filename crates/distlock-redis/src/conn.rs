@@ -195,6 +195,18 @@ impl Con {
         }
     }
 
+    /// A connection to every master, with its address (`None`: the one server); a cluster's
+    /// masters as read now.
+    pub(crate) async fn masters(&self) -> redis::RedisResult<Vec<(Link, Option<String>)>> {
+        let c = match self {
+            Con::Single(s) => return Ok(vec![(Link::Single(s.get()), None)]),
+            Con::Cluster(c) => c,
+        };
+        c.forget();
+        let masters = c.masters().await?;
+        Ok(masters.iter().map(|m| (c.at(m), Some(m.addr()))).collect())
+    }
+
     /// The cluster, for `redis+cluster://`.
     pub(crate) fn cluster(&self) -> Option<&Cluster> {
         match self {

@@ -360,18 +360,7 @@ impl RedisBackend {
 
     /// The fencing counter of `name` from its stored value (`None`: never issued, 0).
     fn counter(&self, name: &str, stored: Option<String>) -> Result<u64> {
-        match stored {
-            None => Ok(0),
-            Some(s) => s.parse().map_err(|_| {
-                Error::unexpected(
-                    KIND,
-                    format!(
-                        "fencing counter `{}` holds `{s}`, not a number",
-                        self.fence_key(name)
-                    ),
-                )
-            }),
-        }
+        counter(&self.fence_key(name), stored)
     }
 
     /// The four keys the mutex scripts touch, in their KEYS order.
@@ -655,6 +644,17 @@ fn family(kind: LockKind) -> Result<Family> {
             ))
         }
     })
+}
+
+/// The fencing counter at `key` from its stored value (`None`: never issued, 0).
+fn counter(key: &str, stored: Option<String>) -> Result<u64> {
+    match stored {
+        None => Ok(0),
+        Some(s) => s.parse().map_err(|_| {
+            let msg = format!("fencing counter `{key}` holds `{s}`, not a number");
+            Error::unexpected(KIND, msg)
+        }),
+    }
 }
 
 fn int(v: &Value) -> Option<i64> {

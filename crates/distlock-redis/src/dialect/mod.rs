@@ -22,6 +22,7 @@
 mod signal;
 
 use crate::error::{shape, KIND};
+use crate::inspect::ms;
 use crate::scripts::Script;
 use crate::RedisBackend;
 use distlock_core::backend::{
@@ -505,23 +506,6 @@ fn pyrl_holder(id: &str, left: Option<Duration>) -> (HolderInfo, Option<u64>) {
     }
 }
 
-fn ms(pttl: i64) -> Option<Duration> {
-    u64::try_from(pttl).ok().map(Duration::from_millis)
-}
-
-/// The fencing counter's stored value as a number (0: none).
-fn counter(what: &str, stored: Option<String>) -> Result<u64> {
-    match stored {
-        None => Ok(0),
-        Some(s) => s.parse().map_err(|_| {
-            Error::unexpected(
-                KIND,
-                format!("fencing counter of `{what}` holds `{s}`, not a number"),
-            )
-        }),
-    }
-}
-
 /// `Backend::inspect` in a dialect (a mutex; the peers keep no waiter count on the server).
 pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<LockInfo> {
     let lock = l.lock_key(name);
@@ -547,7 +531,7 @@ pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<
         vals.try_into().map_err(|_| bad("number of replies"))?;
     let left = ms(redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?);
     let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
-    let mut fencing_token = counter(name, fence)?;
+    let mut fencing_token = crate::counter(&l.fence_key(name)?, fence)?;
     let holders = match l.dialect {
         Dialect::Redisson => {
             let fields: Vec<(String, String)> =
@@ -669,7 +653,10 @@ pub(crate) async fn force_release(
         }
         Dialect::PythonRedisLock => held.iter().map(|id| pyrl_holder(id, left).0).collect(),
     };
-    Ok(ForceReleased::new(removed, counter(name, fence)?))
+    Ok(ForceReleased::new(
+        removed,
+        crate::counter(&l.fence_key(name)?, fence)?,
+    ))
 }
 
 #[cfg(test)]
