@@ -237,16 +237,19 @@ fn parse_slots(v: &Value) -> Option<Vec<Master>> {
     Some(out)
 }
 
+/// The Redis Cluster hash tag of `key` (the part between its first `{` and the next `}`, when
+/// not empty), as Redis reads it.
+pub(crate) fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')?;
+    (close > 0).then(|| &key[open + 1..open + 1 + close])
+}
+
 /// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first `{`
 /// and the next `}`, when not empty) or of the whole key, modulo 16384, as Redis computes it.
 pub(crate) fn slot(key: &str) -> u16 {
-    let k = key.as_bytes();
-    let tagged = k.iter().position(|&c| c == b'{').and_then(|open| {
-        let close = k[open + 1..].iter().position(|&c| c == b'}')?;
-        (close > 0).then(|| &k[open + 1..open + 1 + close])
-    });
     let mut crc: u16 = 0;
-    for &byte in tagged.unwrap_or(k) {
+    for &byte in hash_tag(key).unwrap_or(key).as_bytes() {
         crc ^= u16::from(byte) << 8;
         for _ in 0..8 {
             crc = if crc & 0x8000 != 0 {

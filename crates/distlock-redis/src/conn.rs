@@ -69,15 +69,14 @@ pub(crate) async fn open(
         Route::Sentinel {
             hosts,
             master,
-            password: sentinel_password,
+            password: sentinels_password,
         } => {
-            let sentinels = Sentinels::new(
-                &a.conn,
-                hosts.clone(),
-                master.clone(),
-                sentinel_password.clone(),
-                opts,
+            let named = (
+                hosts.as_slice(),
+                master.as_str(),
+                sentinels_password.as_ref(),
             );
+            let sentinels = Sentinels::new(&a.conn, named, opts);
             let at = sentinels.discover().await?;
             let endpoint = sentinels.endpoint();
             let url = format!("redis://{at}");

@@ -231,8 +231,8 @@ impl RedisBackend {
         }
         check_wait(Some((n, timeout)), opts)?;
         self.wait_replicas = Some((n, timeout));
-        self.subscriber = pubsub::Subscriber::new(
-            self.subscriber.client(),
+        self.subscriber = pubsub::Subscriber::over(
+            vec![self.subscriber.client()],
             self.endpoint.clone(),
             opts.get_connect_timeout(),
             true,

@@ -56,16 +56,14 @@ impl Sentinels {
     /// the connect timeout of `opts`.
     pub(crate) fn new(
         conn: &ConnectionString,
-        hosts: Vec<String>,
-        master: String,
-        password: Option<Password>,
+        (hosts, master, password): (&[String], &str, Option<&Password>),
         opts: &distlock_core::ClientOptions,
     ) -> Self {
         Sentinels {
             conn: conn.clone(),
-            hosts,
-            master,
-            password,
+            hosts: hosts.to_vec(),
+            master: master.to_owned(),
+            password: password.cloned(),
             timeout: opts.get_connect_timeout(),
         }
     }

@@ -122,18 +122,10 @@ impl Scripts {
     }
 }
 
-/// The Redis Cluster hash tag of `key` (the part between its first `{` and the next `}`, when
-/// not empty), as Redis reads it.
-fn hash_tag(key: &str) -> Option<&str> {
-    let open = key.find('{')?;
-    let close = key[open + 1..].find('}')?;
-    (close > 0).then(|| &key[open + 1..open + 1 + close])
-}
-
 /// A key of dlock's own for the lock stored at `key` (another library's key): `prefix`, then
 /// a hash tag that puts it in `key`'s Cluster slot, then `key` itself when it is not the tag.
 fn beside(prefix: &str, key: &str) -> Result<String> {
-    match hash_tag(key) {
+    match crate::cluster::hash_tag(key) {
         Some(tag) => Ok(format!("{prefix}:{{{tag}}}:{key}")),
         None if !key.contains('}') => Ok(format!("{prefix}:{{{key}}}")),
         None => Err(Error::invalid(format!(
