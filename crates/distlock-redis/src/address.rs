@@ -47,10 +47,8 @@ pub(crate) enum Route {
 /// How long a grant waits for its replicas when the URL does not say.
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// The URL with its password (and any secret parameter) replaced by `***`.
-pub fn redact(url: &str) -> String {
-    distlock_core::conn::redact(url)
-}
+/// The URL with its password (and any secret parameter) replaced by `***` (the core's).
+pub use distlock_core::conn::redact;
 
 #[cfg(test)]
 pub(crate) fn parse(url: &str) -> Result<Address> {
