@@ -113,6 +113,8 @@ impl RedisBackend {
         RedisBuilder::new(url)
     }
 
+    /// Connects as the builder resolved: the deployment by the connection layer
+    /// ([`conn::open`]: one server, Sentinel or Cluster), then the lock protocol's state on it.
     async fn open(resolved: builder::Resolved, opts: &ClientOptions) -> Result<Self> {
         let builder::Resolved {
             address: a,
