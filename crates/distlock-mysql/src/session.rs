@@ -637,15 +637,9 @@ impl Dialect for MyDialect {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let granted = |token, requested_at| {
-            Ok(Some(Granted {
-                token,
-                requested_at,
-            }))
-        };
         let sent = clock::Instant::now();
         if let Some(token) = self.again(slot, st, req.lease).await? {
-            return granted(token, sent);
+            return Ok(Some(Granted::new(token, sent)));
         }
         let lk = self.lk(&slot.name, slot.kind);
         let mut conn = self.common.take().await?;
@@ -662,7 +656,7 @@ impl Dialect for MyDialect {
                 // the connection's idle time.
                 let sent = clock::Instant::now();
                 let token = self.hold(slot, st, conn, req, sent + req.lease).await?;
-                return granted(token, sent);
+                return Ok(Some(Granted::new(token, sent)));
             }
             Step::Reuse { unlock } => self.give_back(conn, unlock.then_some(&*lk)).await,
             // The wait's outcome is unknown: the connection goes, and any lock with it.
@@ -719,38 +713,12 @@ impl Dialect for MyDialect {
         self.not_held_outcome(&grant.key.name, grant.key.kind).await
     }
 
+    /// See [`crate::observe::proclaim`]: the leader is the holder row whose connection holds
+    /// the election's key.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let lk = self.lk(&grant.key.name, LockKind::Election);
-        let (token, value) = (grant.token, value.to_owned());
-        // On a pooled connection, never the leader's: a statement there would restart its
-        // `wait_timeout`, which is the lease.
-        let observed = crate::observe::observed_sql(&lk);
-        let wake_lk = lk.clone();
-        let leads: Option<(i64, i64)> = self
-            .common
-            .with_conn("proclaiming", move |c| {
-                Box::pin(async move {
-                    c.exec_drop(
-                        "UPDATE dlock_elections e JOIN dlock_holders h \
-                         ON h.lock_key = e.lock_key AND h.token = e.token \
-                         SET e.value = ?, e.seq = ? \
-                         WHERE e.lock_key = ? AND e.token = ? AND e.seq < ? \
-                           AND h.conn_id = IS_USED_LOCK(?)",
-                        (value.as_str(), seq, lk.as_str(), token, seq, lk.as_str()),
-                    )
-                    .await?;
-                    c.exec_first(
-                        format!(
-                            "SELECT COUNT(*), {observed} FROM dlock_holders \
-                             WHERE lock_key = ? AND token = ? AND conn_id = IS_USED_LOCK(?)"
-                        ),
-                        (lk.as_str(), token, lk.as_str()),
-                    )
-                    .await
-                })
-            })
-            .await?;
-        crate::observe::proclaimed(&self.common, &wake_lk, leads)
+        let leads = ("dlock_holders", "h.conn_id = IS_USED_LOCK(?)", lk.clone());
+        crate::observe::proclaim(&self.common, lk, (grant.token, seq, value), leads).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {

@@ -326,6 +326,66 @@ async fn session_force_release_without_privilege_says_what_to_grant() {
     drop(raw);
 }
 
+/// A forced release that may end one holder but not another (a dlock reader, and a
+/// superuser's plain session holding the read side beside it) ends the one it may, advances
+/// the fencing counter, and only then reports the refusal: the dlock reader learns at once
+/// that its lock is gone, the counter is above its token, and the superuser's session keeps
+/// its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_refused_force_release_still_ends_and_fences_the_others() {
+    let pg = Pg::session();
+    let a = client(&pg, Duration::from_secs(5)).await;
+    let r = a
+        .rw_lock("sf-half")
+        .expect("rw")
+        .read()
+        .acquire()
+        .await
+        .expect("read");
+    let config: tokio_postgres::Config = pg.server.admin_url().parse().expect("config");
+    let (raw, conn) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let conn = tokio::spawn(conn);
+    let key = distlock_postgres::lock_key("dlock", "sf-half");
+    raw.execute("SELECT pg_advisory_lock_shared($1)", &[&key])
+        .await
+        .expect("lock");
+    let op = client(&pg, Duration::from_secs(5)).await;
+    let e = op
+        .force_release("sf-half", LockKind::Write)
+        .await
+        .expect_err("refused");
+    let text = e.to_string();
+    eprintln!("{text}");
+    assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+    assert!(text.contains("pg_signal_backend"), "{text}");
+    tokio::time::timeout(Duration::from_secs(5), r.lost())
+        .await
+        .expect("the dlock reader's session was ended");
+    let info = op
+        .inspect_kind("sf-half", LockKind::Write)
+        .await
+        .expect("inspect");
+    assert!(
+        info.fencing_token > r.fencing_token(),
+        "the counter did not advance: {} after {}",
+        info.fencing_token,
+        r.fencing_token()
+    );
+    assert!(!conn.is_finished());
+    let w = op
+        .rw_lock("sf-half")
+        .expect("rw")
+        .write()
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(w.is_none(), "the superuser's session still holds its share");
+    drop(raw);
+}
+
 fn check<'a>(f: &'a [distlock_core::Finding], name: &str) -> &'a distlock_core::Finding {
     f.iter()
         .find(|x| x.check == name)
