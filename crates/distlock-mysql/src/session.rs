@@ -152,20 +152,20 @@ fn reply_end(reply: Option<i64>) -> WaitEnd {
     }
 }
 
+/// Column `i` of the row that ends a query, as an integer (`None`: NULL, or no such row).
+fn last_int(sets: &[Vec<Row>], i: usize) -> Option<i64> {
+    let row = sets.last()?.first()?;
+    row.get_opt::<Option<i64>, usize>(i)?.ok()?
+}
+
 /// The observers flag (second column) of the row that ends a query.
 fn observed_flag(sets: &[Vec<Row>]) -> bool {
-    sets.last()
-        .and_then(|rows| rows.first())
-        .and_then(|row| row.get_opt::<Option<i64>, usize>(1))
-        .and_then(|v| v.ok())
-        .flatten()
-        .is_some_and(|n| n > 0)
+    last_int(sets, 1).is_some_and(|n| n > 0)
 }
 
 /// The value of the `GET_LOCK` that ends a query (`None`: NULL, or no such row).
 fn lock_reply(sets: &[Vec<Row>]) -> Option<i64> {
-    let row = sets.last()?.first()?;
-    row.get_opt::<Option<i64>, usize>(0)?.ok()?
+    last_int(sets, 0)
 }
 
 impl MyDialect {
@@ -325,19 +325,10 @@ impl MyDialect {
         );
         let c = self.common.call(query_sets(&mut conn, sql)).await;
         let us = match &c {
-            Call::Ok(sets) => sets
-                .last()
-                .and_then(|rows| rows.first())
-                .and_then(|row| row.get_opt::<Option<i64>, usize>(0))
-                .and_then(|v| v.ok())
-                .flatten(),
+            Call::Ok(sets) => last_int(sets, 0),
             _ => None,
         };
-        if matches!(c, Call::Ok(_)) {
-            self.common.put(conn);
-        } else {
-            close(conn);
-        }
+        self.common.put_or_close(conn, &c);
         us.filter(|us| *us > 0)
             .map(|us| Duration::from_micros(us as u64))
     }
@@ -537,11 +528,7 @@ impl MyDialect {
                 "{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
             )))
             .await;
-        if matches!(c, Call::Ok(_)) {
-            self.common.put(conn);
-        } else {
-            close(conn);
-        }
+        self.common.put_or_close(conn, &c);
     }
 }
 
@@ -759,11 +746,7 @@ impl Dialect for MyDialect {
             .await?;
         let mut holders: Vec<HolderInfo> = rows
             .into_iter()
-            .map(|(owner, us)| {
-                // One grant per holder: re-entry is counted in the holder's client.
-                HolderInfo::new(owner, 1)
-                    .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
-            })
+            .map(|(owner, us)| crate::common::holder(owner, us))
             .collect();
         if let Some(conn) = unnamed {
             holders.push(HolderInfo::new(
@@ -812,11 +795,10 @@ impl MyDialect {
             .await?;
         let mut info = LockInfo::new(name).with_fencing_token(token.unwrap_or(0));
         if let Some((owner, us, value, token)) = leader {
-            info = info
-                .with_fencing_token(token)
-                .with_holders(vec![HolderInfo::new(owner, 1)
-                    .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
-                    .with_value(Some(value.unwrap_or_default()))]);
+            info =
+                info.with_fencing_token(token)
+                    .with_holders(vec![crate::common::holder(owner, us)
+                        .with_value(Some(value.unwrap_or_default()))]);
         }
         Ok(info)
     }
