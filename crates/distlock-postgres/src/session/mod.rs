@@ -368,10 +368,6 @@ impl Dialect for PgDialect {
                 )
             })
             .await?;
-        let waiters: i64 = waiting
-            .first()
-            .and_then(|r| r.try_get(0).ok())
-            .ok_or_else(|| shape("inspect", "no waiter count"))?;
         let lease_note = common.has_session_timeouts();
         let mut holders = Vec::with_capacity(rows.len());
         for r in &rows {
@@ -395,7 +391,7 @@ impl Dialect for PgDialect {
         Ok(LockInfo::new(name)
             .with_holders(holders)
             .with_fencing_token(fencing_token)
-            .with_waiters(Some(u32::try_from(waiters).unwrap_or(u32::MAX))))
+            .with_waiters(Some(waiter_count(&waiting)?)))
     }
 }
 
@@ -424,10 +420,6 @@ impl PgDialect {
                 )
             })
             .await?;
-        let waiters: i64 = waiting
-            .first()
-            .and_then(|r| r.try_get(0).ok())
-            .ok_or_else(|| shape("inspect", "no waiter count"))?;
         let mut info = LockInfo::new(name);
         if let Some(r) = rows.first() {
             let what = "inspecting the election";
@@ -444,8 +436,17 @@ impl PgDialect {
                     .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))]);
             }
         }
-        Ok(info.with_waiters(Some(u32::try_from(waiters).unwrap_or(u32::MAX))))
+        Ok(info.with_waiters(Some(waiter_count(&waiting)?)))
     }
+}
+
+/// The waiters [`WAITERS`] counted.
+fn waiter_count(rows: &[tokio_postgres::Row]) -> Result<u32> {
+    let waiters: i64 = rows
+        .first()
+        .and_then(|r| r.try_get(0).ok())
+        .ok_or_else(|| shape("inspect", "no waiter count"))?;
+    Ok(u32::try_from(waiters).unwrap_or(u32::MAX))
 }
 
 /// Session mode: the shared engine with the PostgreSQL dialect. Its wait is server-side: a
