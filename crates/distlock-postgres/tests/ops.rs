@@ -287,6 +287,30 @@ async fn session_foreign_advisory_holder_is_listed_and_released() {
     g.release().await.expect("release");
 }
 
+/// A superuser's plain session (a role dlock's may not terminate) holding lock `name`'s
+/// advisory key through `func` (`pg_advisory_lock` or `pg_advisory_lock_shared`), and the
+/// task driving its connection.
+async fn superuser_holds(
+    pg: &Pg,
+    name: &str,
+    func: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
+    let config: tokio_postgres::Config = pg.server.admin_url().parse().expect("config");
+    let (raw, conn) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let conn = tokio::spawn(conn);
+    let key = distlock_postgres::lock_key("dlock", name);
+    raw.execute(&format!("SELECT {func}($1)"), &[&key])
+        .await
+        .expect("lock");
+    (raw, conn)
+}
+
 /// Terminating another role's (here a superuser's) backend is refused with what to grant,
 /// and that backend keeps the lock. (The superuser holds the key with a plain connection: a
 /// dlock client of another role would create or need dlock's tables as that role.)
@@ -297,16 +321,7 @@ async fn session_force_release_without_privilege_says_what_to_grant() {
     op.force_release("sf-priv", LockKind::Mutex)
         .await
         .expect("force a free lock");
-    let config: tokio_postgres::Config = pg.server.admin_url().parse().expect("config");
-    let (raw, conn) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    let conn = tokio::spawn(conn);
-    let key = distlock_postgres::lock_key("dlock", "sf-priv");
-    raw.execute("SELECT pg_advisory_lock($1)", &[&key])
-        .await
-        .expect("lock");
+    let (raw, conn) = superuser_holds(&pg, "sf-priv", "pg_advisory_lock").await;
     let e = op
         .force_release("sf-priv", LockKind::Mutex)
         .await
@@ -342,16 +357,7 @@ async fn session_refused_force_release_still_ends_and_fences_the_others() {
         .acquire()
         .await
         .expect("read");
-    let config: tokio_postgres::Config = pg.server.admin_url().parse().expect("config");
-    let (raw, conn) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    let conn = tokio::spawn(conn);
-    let key = distlock_postgres::lock_key("dlock", "sf-half");
-    raw.execute("SELECT pg_advisory_lock_shared($1)", &[&key])
-        .await
-        .expect("lock");
+    let (raw, conn) = superuser_holds(&pg, "sf-half", "pg_advisory_lock_shared").await;
     let op = client(&pg, Duration::from_secs(5)).await;
     let e = op
         .force_release("sf-half", LockKind::Write)
