@@ -19,13 +19,11 @@
 
 use crate::error::{is_lease_not_found, map};
 use crate::kv::{first_of, gets, header_revision, nth_first, token_of, CAS_ATTEMPTS};
-use crate::kv::{Entry, Keys, Meta};
+use crate::kv::{Entry, Keys};
 use crate::url::percent_decode;
 use crate::EtcdBackend;
 use distlock_core::operator::{clock_not_checked, parse_version};
-use distlock_core::{
-    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result, Severity,
-};
+use distlock_core::{Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity};
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, StatusResponse, Txn,
     TxnOp,
@@ -129,27 +127,10 @@ impl Operator for EtcdBackend {
         for (name, g) in names {
             let keys = self.keys(&name);
             let holder = g.queue.iter().min_by_key(|kv| kv.create_revision());
-            let (holders, fencing_token) = match holder {
-                Some(h) => (
-                    vec![HolderInfo::new(keys.holder_of(h.key(), h.value()), 1)
-                        .with_lease_left(self.lease_left(h.lease()).await?)],
-                    token_of(h.create_revision())?,
-                ),
-                None => (
-                    Vec::new(),
-                    g.fence
-                        .as_ref()
-                        .map_or(0, |f| u64::try_from(f.mod_revision()).unwrap_or(0)),
-                ),
-            };
-            let waiters = u32::try_from(g.queue.len().saturating_sub(1)).unwrap_or(u32::MAX);
-            out.push(ListedLock::new(
-                LockKind::Mutex,
-                LockInfo::new(name)
-                    .with_holders(holders)
-                    .with_fencing_token(fencing_token)
-                    .with_waiters(Some(waiters)),
-            ));
+            let queued = i64::try_from(g.queue.len()).unwrap_or(i64::MAX);
+            let info =
+                (self.lock_info(&keys, &name, queued, holder, g.fence.as_ref(), None)).await?;
+            out.push(ListedLock::new(LockKind::Mutex, info));
         }
         Ok(out)
     }
@@ -188,18 +169,10 @@ impl Operator for EtcdBackend {
                     // An election candidate's metadata key goes with it.
                     .chain(keys.meta_of(h.key()).map(|m| TxnOp::delete(m, None)))
                     .collect(),
-                    Some(if keys.meta.is_some() {
-                        let owner = match &meta {
-                            Some(m) => Meta::decode(m.key(), m.value())?.owner,
-                            None => format!("(not dlock) {}", keys.segment(h.key())),
-                        };
-                        HolderInfo::new(owner, 1)
-                            .with_value(Some(String::from_utf8_lossy(h.value()).into_owned()))
-                            .with_lease_left(self.lease_left(h.lease()).await?)
-                    } else {
-                        HolderInfo::new(keys.holder_of(h.key(), h.value()), 1)
-                            .with_lease_left(self.lease_left(h.lease()).await?)
-                    }),
+                    Some(
+                        (keys.holder_info(h, meta.as_ref())?)
+                            .with_lease_left(self.lease_left(h.lease()).await?),
+                    ),
                 ),
                 // Free: nothing to remove; the counter still moves (the operator asked for it),
                 // if nobody queued meanwhile.
