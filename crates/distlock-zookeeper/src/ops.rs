@@ -97,28 +97,8 @@ impl Operator for ZkBackend {
                 w.add_delete(&format!("{dir}/{}", r.child.name), Some(r.stat.version))
                     .map_err(|e| inner.err(what, e))?;
             }
-            let results = match inner.timed(what, w.commit()).await? {
-                Ok(r) => r,
-                Err(zk::MultiWriteError::OperationFailed {
-                    source: zk::Error::BadVersion | zk::Error::NoNode,
-                    ..
-                }) => continue,
-                Err(zk::MultiWriteError::OperationFailed { source, .. })
-                | Err(zk::MultiWriteError::RequestFailed { source }) => {
-                    return Err(inner.err(what, source))
-                }
-            };
-            let fencing_token = match results.first() {
-                Some(zk::MultiWriteResult::SetData { stat }) => u64::try_from(stat.mzxid)
-                    .ok()
-                    .filter(|t| *t > 0)
-                    .map_or(fence, |z| z.max(fence)),
-                other => {
-                    return Err(Error::unexpected(
-                        KIND,
-                        format!("forced release of `{name}`: unexpected answer {other:?}"),
-                    ))
-                }
+            let Some(fencing_token) = inner.commit_forced(what, w, 0, fence).await? else {
+                continue;
             };
             let removed = read.iter().map(Read::info).collect();
             return Ok(ForceReleased::new(removed, fencing_token));
