@@ -8,7 +8,7 @@ use crate::lease::Lease;
 use crate::renew::Cover;
 use crate::EtcdBackend;
 use distlock_core::backend::{AcquireReply, AcquireRequest};
-use distlock_core::{Error, HolderInfo, LockInfo, Result};
+use distlock_core::{Error, LockInfo, Result};
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 
 impl EtcdBackend {
@@ -140,10 +140,26 @@ impl EtcdBackend {
     pub(crate) async fn inspect_lock(&self, name: &str) -> Result<LockInfo> {
         let keys = self.keys(name);
         let (queued, first, fence) = self.queue_state(&keys).await?;
+        (self.lock_info(&keys, name, queued, first.as_ref(), fence.as_ref(), None)).await
+    }
+
+    /// What `inspect` and `list` report of lock or election `name` (keys `keys`): `queued`
+    /// keys in its queue, the `first` of them (the holder, with an election candidate's
+    /// metadata key `meta`; its create revision is the token) and the fence key (a free lock's
+    /// token is its mod revision).
+    pub(crate) async fn lock_info(
+        &self,
+        keys: &Keys,
+        name: &str,
+        queued: i64,
+        first: Option<&KeyValue>,
+        fence: Option<&KeyValue>,
+        meta: Option<&KeyValue>,
+    ) -> Result<LockInfo> {
         let (holders, fencing_token) = match first {
             Some(f) => {
-                let holder = HolderInfo::new(keys.holder_of(f.key(), f.value()), 1)
-                    .with_lease_left(self.lease_left(f.lease()).await?);
+                let holder =
+                    (keys.holder_info(f, meta)?).with_lease_left(self.lease_left(f.lease()).await?);
                 (vec![holder], token_of(f.create_revision())?)
             }
             None => (

@@ -5,7 +5,7 @@ use crate::tls;
 use crate::url::{redact, Target};
 use crate::EtcdBackend;
 use distlock_core::{ClientOptions, Error, Result};
-use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, Txn, TxnResponse};
+use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, KeyValue, Txn, TxnResponse};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
@@ -103,20 +103,27 @@ impl EtcdBackend {
             closed: closed.clone(),
             _closing: closed.drop_guard(),
         };
-        let mut kv = backend.client.kv_client();
-        let probe = backend.prefix.clone().into_bytes();
-        // An election in progress ("leader changed", "no leader") is retried until the limit:
-        // it takes about one election timeout.
+        if let Err(e) = backend.probe(limit).await? {
+            let timeout = opts.get_connect_timeout();
+            return Err(probe_error(e, &endpoint, tls_client, own, hosts, timeout).await);
+        }
+        Ok(backend)
+    }
+
+    /// Reads a key (a linearizable read) within `limit`; an election in progress ("leader
+    /// changed", "no leader") is retried until then: it takes about one election timeout. The
+    /// outer error is the limit; the inner one etcd's.
+    async fn probe(
+        &self,
+        limit: Duration,
+    ) -> Result<std::result::Result<GetResponse, etcd_client::Error>> {
+        let mut kv = self.client.kv_client();
+        let key = self.prefix.clone().into_bytes();
         let deadline = tokio::time::Instant::now() + limit;
         let probe = async {
             loop {
-                let r = kv
-                    .get(
-                        probe.clone(),
-                        Some(GetOptions::new().with_keys_only().with_limit(1)),
-                    )
-                    .await;
-                match r {
+                let opts = GetOptions::new().with_keys_only().with_limit(1);
+                match kv.get(key.clone(), Some(opts)).await {
                     Err(e)
                         if electing(&e)
                             && tokio::time::Instant::now() + ELECTION_POLL < deadline =>
@@ -127,45 +134,57 @@ impl EtcdBackend {
                 }
             }
         };
-        let answer = tokio::time::timeout(limit, probe)
+        tokio::time::timeout(limit, probe)
             .await
-            .map_err(|_| no_answer(&endpoint, limit))?;
-        // A TLS connection the server closed: a member that refused the client's certificate
-        // after the handshake, or (when the hello's EOF surfaces only as a closed connection)
-        // a plain-http member. The second answers HTTP/2 in the clear.
-        let plain = match (&answer, tls_client, hosts.first()) {
-            (Err(e), Some(_), Some(host))
-                if tls::classify(e, tls_client).is_none() && tls::closed_under_request(e) =>
-            {
-                tls::speaks_plain_http2(host, opts.get_connect_timeout()).await
-            }
-            _ => false,
-        };
-        answer.map_err(|e| match (tls_client, tls::classify(&e, tls_client)) {
-            (_, Some(t)) => Error::connection(KIND, endpoint.clone(), t),
-            (Some(has_cert), None) if plain => Error::connection(
-                KIND,
-                endpoint.clone(),
-                tls::error(
-                    distlock_core::conn::TlsErrorKind::NotSupportedByServer,
-                    "the server closed the TLS connection and answers plain HTTP/2",
-                    Some(has_cert),
-                ),
+            .map_err(|_| no_answer(&self.endpoint, limit))
+    }
+}
+
+/// The error of a connect probe that failed with `e` (`tls_client`, `own`, `hosts`: as
+/// [`EtcdBackend::probed`] got them).
+async fn probe_error(
+    e: etcd_client::Error,
+    endpoint: &str,
+    tls_client: Option<bool>,
+    own: bool,
+    hosts: &[String],
+    connect_timeout: Duration,
+) -> Error {
+    let endpoint = endpoint.to_owned();
+    // A TLS connection the server closed: a member that refused the client's certificate
+    // after the handshake, or (when the hello's EOF surfaces only as a closed connection)
+    // a plain-http member. The second answers HTTP/2 in the clear.
+    let plain = match (tls_client, hosts.first()) {
+        (Some(_), Some(host))
+            if tls::classify(&e, tls_client).is_none() && tls::closed_under_request(&e) =>
+        {
+            tls::speaks_plain_http2(host, connect_timeout).await
+        }
+        _ => false,
+    };
+    match (tls_client, tls::classify(&e, tls_client)) {
+        (_, Some(t)) => Error::connection(KIND, endpoint, t),
+        (Some(has_cert), None) if plain => Error::connection(
+            KIND,
+            endpoint,
+            tls::error(
+                distlock_core::conn::TlsErrorKind::NotSupportedByServer,
+                "the server closed the TLS connection and answers plain HTTP/2",
+                Some(has_cert),
             ),
-            (Some(has_cert), None) if tls::closed_under_request(&e) => {
-                Error::connection(KIND, endpoint.clone(), tls::closed_by_server(has_cert))
-            }
-            (None, None) if own && tls::closed_under_request(&e) => Error::connection(
-                KIND,
-                endpoint.clone(),
-                format!(
-                    "{e} (the server closed the connection: if its members serve https, \
-                     connect with etcds://)"
-                ),
+        ),
+        (Some(has_cert), None) if tls::closed_under_request(&e) => {
+            Error::connection(KIND, endpoint, tls::closed_by_server(has_cert))
+        }
+        (None, None) if own && tls::closed_under_request(&e) => Error::connection(
+            KIND,
+            endpoint,
+            format!(
+                "{e} (the server closed the connection: if its members serve https, \
+                 connect with etcds://)"
             ),
-            _ => map(&endpoint, e),
-        })?;
-        Ok(backend)
+        ),
+        _ => map(&endpoint, e),
     }
 }
 

@@ -8,11 +8,11 @@
 //! recipe, so `etcdctl elect PREFIX-election/NAME` candidates take part in the same queue.
 
 use crate::error::shape;
-use crate::kv::{gets, nth_first, revision_of, token_of, CAS_ATTEMPTS};
+use crate::kv::{gets, nth_first, revision_of, CAS_ATTEMPTS};
 use crate::kv::{Keys, Meta};
 use crate::EtcdBackend;
 use distlock_core::backend::{GrantRef, RenewOutcome};
-use distlock_core::{HolderInfo, LockInfo, Result};
+use distlock_core::{LockInfo, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 impl EtcdBackend {
@@ -25,15 +25,8 @@ impl EtcdBackend {
         let keys = Keys::election(&self.prefix, name);
         for _ in 0..CAS_ATTEMPTS {
             let (queued, first, fence) = self.queue_state(&keys).await?;
-            let waiting = |leaders: i64| {
-                u32::try_from(queued.saturating_sub(leaders).max(0)).unwrap_or(u32::MAX)
-            };
             let Some(leader) = first else {
-                return Ok(LockInfo::new(name)
-                    .with_fencing_token(
-                        fence.map_or(0, |f| u64::try_from(f.mod_revision()).unwrap_or(0)),
-                    )
-                    .with_waiters(Some(waiting(0))));
+                return (self.lock_info(&keys, name, queued, None, fence.as_ref(), None)).await;
             };
             // Its metadata, if it is still the same key (else the leader changed: look again).
             let meta_key = keys
@@ -50,18 +43,9 @@ impl EtcdBackend {
             if !resp.succeeded() {
                 continue;
             }
-            let owner = match nth_first(&mut gets(&resp), 0)? {
-                Some(m) => Meta::decode(m.key(), m.value())?.owner,
-                None => format!("(not dlock) {}", keys.segment(leader.key())),
-            };
-            let value = String::from_utf8_lossy(leader.value()).into_owned();
-            let holder = HolderInfo::new(owner, 1)
-                .with_value(Some(value))
-                .with_lease_left(self.lease_left(leader.lease()).await?);
-            return Ok(LockInfo::new(name)
-                .with_holders(vec![holder])
-                .with_fencing_token(token_of(leader.create_revision())?)
-                .with_waiters(Some(waiting(1))));
+            let meta = nth_first(&mut gets(&resp), 0)?;
+            let (leader, fence) = (Some(&leader), fence.as_ref());
+            return (self.lock_info(&keys, name, queued, leader, fence, meta.as_ref())).await;
         }
         Err(self.contended(&keys.queue))
     }

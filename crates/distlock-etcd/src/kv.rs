@@ -34,7 +34,7 @@
 use crate::error::shape;
 use crate::lease::Lease;
 use distlock_core::backend::AcquireRequest;
-use distlock_core::{LockKind, Result};
+use distlock_core::{HolderInfo, LockKind, Result};
 use etcd_client::{
     GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, TxnOp, TxnOpResponse, TxnResponse,
 };
@@ -100,16 +100,30 @@ impl Keys {
         k
     }
 
-    /// Who holds `key` (a key of this lock's queue with value `value`), for `inspect`: the
-    /// owner id for a key dlock wrote; for a key another program queued under the same prefix
-    /// (`etcdctl lock`, Go's `concurrency.Mutex`, whose keys are lease ids with empty values)
-    /// its name, marked as foreign.
+    /// Who holds `key` (a key of this lock's queue with value `value`): the owner id for a key
+    /// dlock wrote; for a key another program queued under the same prefix (`etcdctl lock`,
+    /// Go's `concurrency.Mutex`, whose keys are lease ids with empty values) its name, marked
+    /// as foreign.
     pub(crate) fn holder_of(&self, key: &[u8], value: &[u8]) -> String {
         if let Ok(e) = Entry::decode(key, value) {
             return e.owner;
         }
-        let rest = key.strip_prefix(self.queue.as_slice()).unwrap_or(key);
-        format!("(not dlock) {}", String::from_utf8_lossy(rest))
+        format!("(not dlock) {}", self.segment(key))
+    }
+
+    /// Who holds queue key `kv`, for `inspect`, `list` and the forced release (its lease
+    /// aside): for a lock, [`holder_of`](Self::holder_of); for an election candidate its value,
+    /// and its owner from its metadata key `meta` (none: not dlock's, shown by its name).
+    pub(crate) fn holder_info(&self, kv: &KeyValue, meta: Option<&KeyValue>) -> Result<HolderInfo> {
+        if self.meta.is_none() {
+            return Ok(HolderInfo::new(self.holder_of(kv.key(), kv.value()), 1));
+        }
+        let owner = match meta {
+            Some(m) => Meta::decode(m.key(), m.value())?.owner,
+            None => format!("(not dlock) {}", self.segment(kv.key())),
+        };
+        let value = String::from_utf8_lossy(kv.value()).into_owned();
+        Ok(HolderInfo::new(owner, 1).with_value(Some(value)))
     }
 }
 

@@ -19,13 +19,11 @@
 
 use crate::error::{is_lease_not_found, map};
 use crate::kv::{first_of, gets, header_revision, nth_first, token_of, CAS_ATTEMPTS};
-use crate::kv::{Entry, Keys, Meta};
+use crate::kv::{Entry, Keys};
 use crate::url::percent_decode;
 use crate::EtcdBackend;
 use distlock_core::operator::{clock_not_checked, parse_version};
-use distlock_core::{
-    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result, Severity,
-};
+use distlock_core::{Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity};
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, StatusResponse, Txn,
     TxnOp,
@@ -77,94 +75,176 @@ fn parse_key(root: &[u8], key: &[u8]) -> Option<(String, bool)> {
 #[distlock_core::async_trait]
 impl Operator for EtcdBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
-        list(self, prefix).await
+        let root = format!("{}/", self.prefix).into_bytes();
+        let mut from = root.clone();
+        from.extend_from_slice(crate::kv::escape(prefix).as_bytes());
+        let end = prefix_end(&from);
+        let mut names: BTreeMap<String, Gathered> = BTreeMap::new();
+        let mut at: Option<i64> = None;
+        loop {
+            let mut opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_sort(SortTarget::Key, SortOrder::Ascend)
+                .with_limit(PAGE);
+            if let Some(rev) = at {
+                opts = opts.with_revision(rev);
+            }
+            let mut resp = self
+                .call("list", |c| {
+                    let (key, opts) = (from.clone(), opts.clone());
+                    async move { c.kv_client().get(key, Some(opts)).await }
+                })
+                .await?;
+            if at.is_none() {
+                at = resp.header().map(|h| h.revision());
+            }
+            let more = resp.more();
+            let kvs = resp.take_kvs();
+            let Some(last) = kvs.last().map(|kv| kv.key().to_vec()) else {
+                break;
+            };
+            for kv in kvs {
+                if let Some((name, queued)) = parse_key(&root, kv.key()) {
+                    if !name.starts_with(prefix) {
+                        continue;
+                    }
+                    let g = names.entry(name).or_default();
+                    if queued {
+                        g.queue.push(kv);
+                    } else {
+                        g.fence = Some(kv);
+                    }
+                }
+            }
+            if !more {
+                break;
+            }
+            // The next page starts just after the last key of this one.
+            from = last;
+            from.push(0);
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for (name, g) in names {
+            let keys = self.keys(&name);
+            let holder = g.queue.iter().min_by_key(|kv| kv.create_revision());
+            let queued = i64::try_from(g.queue.len()).unwrap_or(i64::MAX);
+            let info =
+                (self.lock_info(&keys, &name, queued, holder, g.fence.as_ref(), None)).await?;
+            out.push(ListedLock::new(LockKind::Mutex, info));
+        }
+        Ok(out)
     }
 
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        force_release(self, name, kind).await
+        let keys = Keys::of_kind(&self.prefix, name, kind);
+        for _ in 0..CAS_ATTEMPTS {
+            let resp = self
+                .txn(
+                    "forced release",
+                    Txn::new().and_then([first_of(&keys.queue)]),
+                )
+                .await?;
+            let first = nth_first(&mut gets(&resp), 0)?;
+            // An election candidate is dlock's if its metadata key is there (then its lease is
+            // its alone); its owner is in the metadata, its value in its key.
+            let meta = match first.as_ref().and_then(|h| keys.meta_of(h.key())) {
+                Some(m) => self.get("forced release", &m).await?,
+                None => None,
+            };
+            let (guard, ops, removed) = match &first {
+                // The holder is the key read: delete exactly it, if it is still that key (same
+                // create revision); rewriting PREFIX/NAME makes `inspect` of the then free lock
+                // report this transaction's revision, above every token handed out.
+                Some(h) => (
+                    Compare::create_revision(
+                        h.key().to_vec(),
+                        CompareOp::Equal,
+                        h.create_revision(),
+                    ),
+                    [
+                        TxnOp::delete(h.key().to_vec(), None),
+                        TxnOp::put(keys.fence.clone(), "", None),
+                    ]
+                    .into_iter()
+                    // An election candidate's metadata key goes with it.
+                    .chain(keys.meta_of(h.key()).map(|m| TxnOp::delete(m, None)))
+                    .collect(),
+                    Some(
+                        (keys.holder_info(h, meta.as_ref())?)
+                            .with_lease_left(self.lease_left(h.lease()).await?),
+                    ),
+                ),
+                // Free: nothing to remove; the counter still moves (the operator asked for it),
+                // if nobody queued meanwhile.
+                None => (
+                    Compare::create_revision(keys.queue.clone(), CompareOp::Equal, 0).with_prefix(),
+                    vec![TxnOp::put(keys.fence.clone(), "", None)],
+                    None,
+                ),
+            };
+            let resp = self
+                .txn("forced release", Txn::new().when([guard]).and_then(ops))
+                .await?;
+            if !resp.succeeded() {
+                // The holder changed between the read and the transaction: look again.
+                continue;
+            }
+            let token = token_of(header_revision(&resp)?)?;
+            if let Some(h) = &first {
+                // A dlock key is alone on its attempt's lease: revoke it (it carries nothing now).
+                // A foreign key (`etcdctl lock`, Go's session) may share its session's lease with
+                // other keys of that program: leave the lease alone.
+                // (An election candidate's value is the application's: never read as a lock's.)
+                if keys.meta.is_none()
+                    && Entry::decode(h.key(), h.value()).is_ok()
+                    && h.lease() != 0
+                {
+                    self.revoke_in_background(h.lease());
+                }
+            }
+            return Ok(ForceReleased::new(removed.into_iter().collect(), token));
+        }
+        Err(self.contended(&keys.queue))
     }
 
     async fn diagnose(&self) -> Result<Vec<Finding>> {
-        diagnose(self).await
-    }
-}
-
-pub(crate) async fn list(b: &EtcdBackend, prefix: &str) -> Result<Vec<ListedLock>> {
-    let root = format!("{}/", b.prefix).into_bytes();
-    let mut from = root.clone();
-    from.extend_from_slice(crate::kv::escape(prefix).as_bytes());
-    let end = prefix_end(&from);
-    let mut names: BTreeMap<String, Gathered> = BTreeMap::new();
-    let mut at: Option<i64> = None;
-    loop {
-        let mut opts = GetOptions::new()
-            .with_range(end.clone())
-            .with_sort(SortTarget::Key, SortOrder::Ascend)
-            .with_limit(PAGE);
-        if let Some(rev) = at {
-            opts = opts.with_revision(rev);
-        }
-        let mut resp = b
-            .call("list", |c| {
-                let (key, opts) = (from.clone(), opts.clone());
-                async move { c.kv_client().get(key, Some(opts)).await }
-            })
+        let members = self
+            .call("member list", |mut c| async move { c.member_list().await })
             .await?;
-        if at.is_none() {
-            at = resp.header().map(|h| h.revision());
-        }
-        let more = resp.more();
-        let kvs = resp.take_kvs();
-        let Some(last) = kvs.last().map(|kv| kv.key().to_vec()) else {
-            break;
-        };
-        for kv in kvs {
-            if let Some((name, queued)) = parse_key(&root, kv.key()) {
-                if !name.starts_with(prefix) {
-                    continue;
+        let members: Vec<(String, u64, Vec<String>, bool)> = members
+            .members()
+            .iter()
+            .map(|m| {
+                (
+                    m.name().to_owned(),
+                    m.id(),
+                    m.client_urls().to_vec(),
+                    m.is_learner(),
+                )
+            })
+            .collect();
+        let voters = members.iter().filter(|m| !m.3).count();
+        let statuses: Vec<MemberStatus> =
+            futures_util::future::join_all(members.iter().map(|(name, id, urls, _)| async move {
+                MemberStatus {
+                    name: name.clone(),
+                    id: *id,
+                    status: member_status(self, urls.clone()).await,
                 }
-                let g = names.entry(name).or_default();
-                if queued {
-                    g.queue.push(kv);
-                } else {
-                    g.fence = Some(kv);
-                }
-            }
-        }
-        if !more {
-            break;
-        }
-        // The next page starts just after the last key of this one.
-        from = last;
-        from.push(0);
+            }))
+            .await;
+        let mut out = vec![
+            health_finding(&statuses, voters),
+            version_finding(&statuses),
+            leader_finding(&statuses),
+        ];
+        out.extend(raft_finding(&statuses));
+        out.push(lease_finding(self).await?);
+        out.push(self.transport.finding());
+
+        out.push(clock_not_checked("etcd has no API that tells its clock; locks do not depend on it (etcd counts a lease on the leader's monotonic clock from when it applied the request, dlock on the local CLOCK_BOOTTIME from before sending it; only clock rates matter); run NTP anyway so that logs agree"));
+        Ok(out)
     }
-    let mut out = Vec::with_capacity(names.len());
-    for (name, g) in names {
-        let keys = b.keys(&name);
-        let holder = g.queue.iter().min_by_key(|kv| kv.create_revision());
-        let (holders, fencing_token) = match holder {
-            Some(h) => (
-                vec![HolderInfo::new(keys.holder_of(h.key(), h.value()), 1)
-                    .with_lease_left(b.lease_left(h.lease()).await?)],
-                token_of(h.create_revision())?,
-            ),
-            None => (
-                Vec::new(),
-                g.fence
-                    .as_ref()
-                    .map_or(0, |f| u64::try_from(f.mod_revision()).unwrap_or(0)),
-            ),
-        };
-        let waiters = u32::try_from(g.queue.len().saturating_sub(1)).unwrap_or(u32::MAX);
-        out.push(ListedLock::new(
-            LockKind::Mutex,
-            LockInfo::new(name)
-                .with_holders(holders)
-                .with_fencing_token(fencing_token)
-                .with_waiters(Some(waiters)),
-        ));
-    }
-    Ok(out)
 }
 
 /// The end of the range of every key starting with `p` (etcd's `GetPrefixRangeEnd`).
@@ -178,83 +258,6 @@ fn prefix_end(p: &[u8]) -> Vec<u8> {
     }
     // All 0xff (or empty): to the end of the key space.
     vec![0]
-}
-
-pub(crate) async fn force_release(
-    b: &EtcdBackend,
-    name: &str,
-    kind: LockKind,
-) -> Result<ForceReleased> {
-    let keys = Keys::of_kind(&b.prefix, name, kind);
-    for _ in 0..CAS_ATTEMPTS {
-        let resp = b
-            .txn(
-                "forced release",
-                Txn::new().and_then([first_of(&keys.queue)]),
-            )
-            .await?;
-        let first = nth_first(&mut gets(&resp), 0)?;
-        // An election candidate is dlock's if its metadata key is there (then its lease is
-        // its alone); its owner is in the metadata, its value in its key.
-        let meta = match first.as_ref().and_then(|h| keys.meta_of(h.key())) {
-            Some(m) => b.get("forced release", &m).await?,
-            None => None,
-        };
-        let (guard, ops, removed) = match &first {
-            // The holder is the key read: delete exactly it, if it is still that key (same
-            // create revision); rewriting PREFIX/NAME makes `inspect` of the then free lock
-            // report this transaction's revision, above every token handed out.
-            Some(h) => (
-                Compare::create_revision(h.key().to_vec(), CompareOp::Equal, h.create_revision()),
-                [
-                    TxnOp::delete(h.key().to_vec(), None),
-                    TxnOp::put(keys.fence.clone(), "", None),
-                ]
-                .into_iter()
-                // An election candidate's metadata key goes with it.
-                .chain(keys.meta_of(h.key()).map(|m| TxnOp::delete(m, None)))
-                .collect(),
-                Some(if keys.meta.is_some() {
-                    let owner = match &meta {
-                        Some(m) => Meta::decode(m.key(), m.value())?.owner,
-                        None => format!("(not dlock) {}", keys.segment(h.key())),
-                    };
-                    HolderInfo::new(owner, 1)
-                        .with_value(Some(String::from_utf8_lossy(h.value()).into_owned()))
-                        .with_lease_left(b.lease_left(h.lease()).await?)
-                } else {
-                    HolderInfo::new(keys.holder_of(h.key(), h.value()), 1)
-                        .with_lease_left(b.lease_left(h.lease()).await?)
-                }),
-            ),
-            // Free: nothing to remove; the counter still moves (the operator asked for it),
-            // if nobody queued meanwhile.
-            None => (
-                Compare::create_revision(keys.queue.clone(), CompareOp::Equal, 0).with_prefix(),
-                vec![TxnOp::put(keys.fence.clone(), "", None)],
-                None,
-            ),
-        };
-        let resp = b
-            .txn("forced release", Txn::new().when([guard]).and_then(ops))
-            .await?;
-        if !resp.succeeded() {
-            // The holder changed between the read and the transaction: look again.
-            continue;
-        }
-        let token = token_of(header_revision(&resp)?)?;
-        if let Some(h) = &first {
-            // A dlock key is alone on its attempt's lease: revoke it (it carries nothing now).
-            // A foreign key (`etcdctl lock`, Go's session) may share its session's lease with
-            // other keys of that program: leave the lease alone.
-            // (An election candidate's value is the application's: never read as a lock's.)
-            if keys.meta.is_none() && Entry::decode(h.key(), h.value()).is_ok() && h.lease() != 0 {
-                b.revoke_in_background(h.lease());
-            }
-        }
-        return Ok(ForceReleased::new(removed.into_iter().collect(), token));
-    }
-    Err(b.contended(&keys.queue))
 }
 
 /// One member's answer to `Status`.
@@ -295,45 +298,6 @@ async fn member_status(
     }
 }
 
-pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
-    let members = b
-        .call("member list", |mut c| async move { c.member_list().await })
-        .await?;
-    let members: Vec<(String, u64, Vec<String>, bool)> = members
-        .members()
-        .iter()
-        .map(|m| {
-            (
-                m.name().to_owned(),
-                m.id(),
-                m.client_urls().to_vec(),
-                m.is_learner(),
-            )
-        })
-        .collect();
-    let voters = members.iter().filter(|m| !m.3).count();
-    let statuses: Vec<MemberStatus> =
-        futures_util::future::join_all(members.iter().map(|(name, id, urls, _)| async move {
-            MemberStatus {
-                name: name.clone(),
-                id: *id,
-                status: member_status(b, urls.clone()).await,
-            }
-        }))
-        .await;
-    let mut out = vec![
-        health_finding(&statuses, voters),
-        version_finding(&statuses),
-        leader_finding(&statuses),
-    ];
-    out.extend(raft_finding(&statuses));
-    out.push(lease_finding(b).await?);
-    out.push(b.transport.finding());
-
-    out.push(clock_not_checked("etcd has no API that tells its clock; locks do not depend on it (etcd counts a lease on the leader's monotonic clock from when it applied the request, dlock on the local CLOCK_BOOTTIME from before sending it; only clock rates matter); run NTP anyway so that logs agree"));
-    Ok(out)
-}
-
 /// A member's name, or its id when it has none.
 fn label(s: &MemberStatus) -> String {
     if s.name.is_empty() {
@@ -346,8 +310,6 @@ fn label(s: &MemberStatus) -> String {
 /// Health: every member answers, without errors (alarms are reported here: NOSPACE makes
 /// the cluster refuse writes, CORRUPT means members disagree on the data).
 fn health_finding(statuses: &[MemberStatus], voters: usize) -> Finding {
-    // Health: every member answers, without errors (alarms are reported here: NOSPACE makes
-    // the cluster refuse writes, CORRUPT means members disagree on the data).
     let mut down = Vec::new();
     let mut errors = Vec::new();
     for s in statuses {
@@ -389,7 +351,6 @@ fn health_finding(statuses: &[MemberStatus], voters: usize) -> Finding {
 
 /// Version: every member runs an etcd whose transactions compare key ranges.
 fn version_finding(statuses: &[MemberStatus]) -> Finding {
-    // Version: every member runs an etcd whose transactions compare key ranges.
     let mut old = Vec::new();
     let mut versions = Vec::new();
     for s in statuses {
@@ -422,7 +383,6 @@ fn version_finding(statuses: &[MemberStatus]) -> Finding {
 
 /// Leader: the answering members agree on one leader, which is a member.
 fn leader_finding(statuses: &[MemberStatus]) -> Finding {
-    // Leader: the answering members agree on one leader, which is a member.
     let mut leaders: Vec<u64> = statuses
         .iter()
         .filter_map(|s| s.status.as_ref().ok().map(StatusResponse::leader))
@@ -455,8 +415,6 @@ fn leader_finding(statuses: &[MemberStatus]) -> Finding {
 /// Raft index spread: a member far behind the others serves stale reads of nothing dlock
 /// uses (its reads are linearizable), but is one failure from a lost quorum.
 fn raft_finding(statuses: &[MemberStatus]) -> Option<Finding> {
-    // Raft index spread: a member far behind the others serves stale reads of nothing dlock
-    // uses (its reads are linearizable), but is one failure from a lost quorum.
     let indexes: Vec<(String, u64)> = statuses
         .iter()
         .filter_map(|s| s.status.as_ref().ok().map(|st| (label(s), st.raft_index())))

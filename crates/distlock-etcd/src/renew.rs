@@ -127,57 +127,76 @@ impl EtcdBackend {
                 }
                 // etcd no longer knows the lease ("lease not found", TTL 0): the key went
                 // with it — unless a concurrent renewal moved it to a new lease meanwhile.
-            } else {
-                let (new, ours) = match fresh {
-                    Some(l) if l.ttl >= ttl_secs(want) => (l, false),
-                    _ => (self.grant(want).await?, true),
-                };
-                let mut when = vec![
-                    Compare::create_revision(mine.to_vec(), CompareOp::Equal, rev),
-                    Compare::lease(mine.to_vec(), CompareOp::Equal, lease),
-                ];
-                let seq = match &h.meta {
-                    Some((m, meta)) => {
-                        when.push(Compare::mod_revision(
-                            mine.to_vec(),
-                            CompareOp::Equal,
-                            h.kv.mod_revision(),
-                        ));
-                        when.push(Compare::mod_revision(
-                            m.key().to_vec(),
-                            CompareOp::Equal,
-                            m.mod_revision(),
-                        ));
-                        meta.seq
-                    }
-                    None => 0,
-                };
-                let ops = put_hold(keys, mine, &h.owner, h.kv.value(), new, seq);
-                let txn = Txn::new().when(when).and_then(ops);
-                match self.txn("renew", txn).await {
-                    Ok(r) if r.succeeded() => {
-                        self.remember(attempt, new);
-                        if lease != 0 {
-                            self.revoke_in_background(lease);
-                        }
-                        return Ok(Cover::Done {
-                            moved_to: Some(new.id),
-                        });
-                    }
-                    // Not applied (the key changed or is gone): the new lease carries nothing.
-                    Ok(_) if ours => self.revoke_in_background(new.id),
-                    Ok(_) => {}
-                    Err(err) => {
-                        // Perhaps applied: the key may be on the new lease now.
-                        if ours {
-                            self.doubt(attempt, new);
-                        }
-                        return Err(err);
-                    }
-                }
+            } else if let Some(done) = self.move_hold(keys, attempt, mine, &h, want, fresh).await? {
+                return Ok(done);
             }
         }
         Err(self.contended(mine))
+    }
+
+    /// [`cover`](Self::cover)'s move of hold `h` (key `mine` of `attempt`) to a new lease of
+    /// `want`: `None` if the transaction found the key changed (look again).
+    async fn move_hold(
+        &self,
+        keys: &Keys,
+        attempt: &AttemptId,
+        mine: &[u8],
+        h: &HoldState,
+        want: Duration,
+        fresh: Option<Lease>,
+    ) -> Result<Option<Cover>> {
+        let (rev, lease) = (h.kv.create_revision(), h.kv.lease());
+        let (new, ours) = match fresh {
+            Some(l) if l.ttl >= ttl_secs(want) => (l, false),
+            _ => (self.grant(want).await?, true),
+        };
+        let mut when = vec![
+            Compare::create_revision(mine.to_vec(), CompareOp::Equal, rev),
+            Compare::lease(mine.to_vec(), CompareOp::Equal, lease),
+        ];
+        let seq = match &h.meta {
+            Some((m, meta)) => {
+                when.push(Compare::mod_revision(
+                    mine.to_vec(),
+                    CompareOp::Equal,
+                    h.kv.mod_revision(),
+                ));
+                when.push(Compare::mod_revision(
+                    m.key().to_vec(),
+                    CompareOp::Equal,
+                    m.mod_revision(),
+                ));
+                meta.seq
+            }
+            None => 0,
+        };
+        let ops = put_hold(keys, mine, &h.owner, h.kv.value(), new, seq);
+        let txn = Txn::new().when(when).and_then(ops);
+        match self.txn("renew", txn).await {
+            Ok(r) if r.succeeded() => {
+                self.remember(attempt, new);
+                if lease != 0 {
+                    self.revoke_in_background(lease);
+                }
+                Ok(Some(Cover::Done {
+                    moved_to: Some(new.id),
+                }))
+            }
+            // Not applied (the key changed or is gone): the new lease carries nothing.
+            Ok(_) => {
+                if ours {
+                    self.revoke_in_background(new.id);
+                }
+                Ok(None)
+            }
+            Err(err) => {
+                // Perhaps applied: the key may be on the new lease now.
+                if ours {
+                    self.doubt(attempt, new);
+                }
+                Err(err)
+            }
+        }
     }
 
     /// `early`: a keep-alive sent alongside the read, of the lease the key was known to be on,

@@ -35,10 +35,10 @@
 //! ```
 
 use crate::{decide, recorded_after, Decision, Error, Outcome, Result, Stamp};
+use distlock_file::sys::{self, Mode};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The first word of a fenced file's first line.
@@ -97,7 +97,7 @@ impl FencedFile {
     /// # Errors
     /// [`Error::Store`] when the file cannot be read or is not a fenced file.
     pub fn fence(&self) -> Result<Option<Stamp>> {
-        let _lock = self.lock(false)?;
+        let _lock = self.lock(Mode::Shared)?;
         Ok(self.load()?.and_then(|c| c.fence))
     }
 
@@ -107,7 +107,7 @@ impl FencedFile {
     /// # Errors
     /// [`Error::Store`] when the file cannot be read or is not a fenced file.
     pub fn peek(&self) -> Result<Option<Vec<u8>>> {
-        let _lock = self.lock(false)?;
+        let _lock = self.lock(Mode::Shared)?;
         Ok(self.load()?.map(|c| c.data))
     }
 
@@ -119,7 +119,7 @@ impl FencedFile {
     /// [`Error::Stale`] when a newer grant wrote or read already; [`Error::Store`] on I/O
     /// errors or a file that is not a fenced file.
     pub fn read(&self, stamp: Stamp) -> Result<Option<Vec<u8>>> {
-        let _lock = self.lock(true)?;
+        let _lock = self.lock(Mode::Exclusive)?;
         let content = self.load()?;
         let fence = content.as_ref().and_then(|c| c.fence);
         if decide(stamp, fence)? == Decision::Apply {
@@ -156,7 +156,7 @@ impl FencedFile {
     where
         E: From<Error>,
     {
-        let _lock = self.lock(true)?;
+        let _lock = self.lock(Mode::Exclusive)?;
         let content = self.load()?;
         let fence = content.as_ref().and_then(|c| c.fence);
         if decide(stamp, fence)? == Decision::Duplicate {
@@ -188,7 +188,7 @@ impl FencedFile {
     where
         E: From<Error>,
     {
-        let _lock = self.lock(true)?;
+        let _lock = self.lock(Mode::Exclusive)?;
         let content = self.load()?;
         let fence = content.as_ref().and_then(|c| c.fence);
         let (data, out) = f(content.as_ref().map(|c| &c.data[..]))?;
@@ -203,7 +203,7 @@ impl FencedFile {
     /// [`Error::Store`] when a file exists and cannot be removed.
     pub fn remove(&self) -> Result<()> {
         {
-            let _lock = self.lock(true)?;
+            let _lock = self.lock(Mode::Exclusive)?;
             remove_if_present(&self.path).map_err(|e| self.err("remove", &self.path, e))?;
         }
         remove_if_present(&self.lock).map_err(|e| self.err("remove", &self.lock, e))
@@ -216,7 +216,7 @@ impl FencedFile {
     /// `flock(2)` on the lock file, held until the returned file is dropped. A lock file
     /// removed and created again while we waited is locked again, so that everybody locks the
     /// file the path names.
-    fn lock(&self, exclusive: bool) -> Result<File> {
+    fn lock(&self, mode: Mode) -> Result<File> {
         loop {
             let f = OpenOptions::new()
                 .read(true)
@@ -227,13 +227,9 @@ impl FencedFile {
                 .custom_flags(libc::O_CLOEXEC)
                 .open(&self.lock)
                 .map_err(|e| self.err("open the lock file", &self.lock, e))?;
-            flock(&f, exclusive).map_err(|e| self.err("lock", &self.lock, e))?;
-            let held = f.metadata().map_err(|e| self.err("stat", &self.lock, e))?;
-            match std::fs::metadata(&self.lock) {
-                Ok(m) if m.ino() == held.ino() && m.dev() == held.dev() => return Ok(f),
-                Ok(_) => continue,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(self.err("stat", &self.lock, e)),
+            sys::lock_blocking(&f, mode).map_err(|e| self.err("lock", &self.lock, e))?;
+            if sys::same_file(&f, &self.lock).map_err(|e| self.err("stat", &self.lock, e))? {
+                return Ok(f);
             }
         }
     }
@@ -317,25 +313,6 @@ fn parse(bytes: &[u8]) -> Option<Content> {
         fence,
         data: bytes[end + 1..].to_vec(),
     })
-}
-
-/// `flock(2)`, retried on EINTR.
-fn flock(f: &File, exclusive: bool) -> io::Result<()> {
-    let op = if exclusive {
-        libc::LOCK_EX
-    } else {
-        libc::LOCK_SH
-    };
-    loop {
-        // SAFETY: flock(2) on a descriptor we own; no memory is passed.
-        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
 }
 
 fn remove_if_present(path: &Path) -> io::Result<()> {

@@ -8,7 +8,7 @@ mod mutex;
 mod ops;
 mod record;
 mod rw;
-mod sys;
+pub mod sys;
 mod waiting;
 
 use distlock_core::backend::{

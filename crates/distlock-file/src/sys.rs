@@ -1,4 +1,6 @@
-//! Thin, safe wrappers around the few system calls the backend needs.
+//! Thin, safe wrappers around the few system calls the backend needs. [`lock_blocking`],
+//! [`Mode`] and [`same_file`] are public: distlock-fence's fenced files and the lab's file
+//! store lock their files with them.
 
 use std::fs::File;
 use std::io;
@@ -8,7 +10,7 @@ use std::path::Path;
 
 /// Kind of `flock` lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
+pub enum Mode {
     /// `LOCK_SH`: a read hold, a pass through the turnstile, a consistent read of a record,
     /// or a probe whether anyone holds a lock.
     Shared,
@@ -54,9 +56,14 @@ pub(crate) fn lock_wait(file: &File) -> io::Result<()> {
     flock(file, libc::LOCK_EX)
 }
 
-/// `flock(mode)`: blocks the calling thread until the lock is ours. On a descriptor that
-/// already holds a lock, converts it (an exclusive lock becomes shared, or the reverse).
-pub(crate) fn lock_blocking(file: &File, mode: Mode) -> io::Result<()> {
+/// `flock(mode)`, retried on `EINTR`: blocks the calling thread until the lock is ours. On a
+/// descriptor that already holds a lock, converts it (an exclusive lock becomes shared, or the
+/// reverse). The lock goes with the open file description when its last descriptor closes.
+///
+/// # Errors
+///
+/// `flock(2)`'s error other than `EINTR` (e.g. `ENOLCK`, `EBADF`).
+pub fn lock_blocking(file: &File, mode: Mode) -> io::Result<()> {
     flock(file, op(mode))
 }
 
@@ -85,7 +92,11 @@ pub(crate) fn unlock_and_close(file: File) {
 }
 
 /// True if `path` still names the file `file` is open on (it was not deleted or replaced).
-pub(crate) fn same_file(file: &File, path: &Path) -> io::Result<bool> {
+///
+/// # Errors
+///
+/// `fstat` of `file` or `stat` of `path` failed (other than `path` not existing).
+pub fn same_file(file: &File, path: &Path) -> io::Result<bool> {
     let ours = file.metadata()?;
     match std::fs::metadata(path) {
         Ok(now) => Ok(ours.dev() == now.dev() && ours.ino() == now.ino()),

@@ -243,29 +243,10 @@ impl Inner {
             w.add_delete(&path, Some(l.stat.version))
                 .and_then(|()| w.add_set_data(&dir, &data, Some(dir_stat.version)))
                 .map_err(|e| self.err(what, e))?;
-            let results = match self.timed(what, w.commit()).await? {
-                Ok(r) => r,
-                // Resigned, proclaimed or recreated meanwhile: look again.
-                Err(zk::MultiWriteError::OperationFailed {
-                    source: zk::Error::NoNode | zk::Error::BadVersion,
-                    ..
-                }) => continue,
-                Err(zk::MultiWriteError::OperationFailed { source, .. })
-                | Err(zk::MultiWriteError::RequestFailed { source }) => {
-                    return Err(self.err(what, source))
-                }
-            };
+            // Resigned, proclaimed or recreated meanwhile: look again.
             let token = token_of(&l.stat).unwrap_or(0);
-            let counter = match results.get(1) {
-                Some(zk::MultiWriteResult::SetData { stat }) => u64::try_from(stat.mzxid)
-                    .ok()
-                    .map_or(token, |z| z.max(token)),
-                other => {
-                    return Err(Error::unexpected(
-                        KIND,
-                        format!("forced resignation in `{name}`: unexpected answer {other:?}"),
-                    ))
-                }
+            let Some(counter) = self.commit_forced(what, w, 1, token).await? else {
+                continue;
             };
             let owner = owner_of(&l.name);
             return Ok(ForceReleased::new(vec![HolderInfo::new(owner, 1)], counter));

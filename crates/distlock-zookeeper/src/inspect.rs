@@ -1,119 +1,161 @@
-//! `inspect`: the lock's holders, waiters and last fencing token, read through the leader.
+//! Reading a lock directory's holders through the leader: for `inspect` (and `list`) and for
+//! the forced release.
 
 use crate::error::KIND;
-use crate::layout::{self, Child, NodeData, NodeKind};
+use crate::layout::{self, Child, Family, NodeData, NodeKind};
 use crate::node::{foreign_data, token_of};
 use crate::release::parse_fence;
-use crate::session::Inner;
+use crate::session::{Inner, Session};
 use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result};
 use std::sync::Arc;
 use zookeeper_client as zk;
 
+/// One holder's node as read.
+pub(crate) struct Read {
+    pub(crate) child: Child,
+    pub(crate) data: NodeData,
+    pub(crate) stat: zk::Stat,
+}
+
+impl Read {
+    /// The holder as `inspect` reports it: one grant per node (re-entry is counted by the
+    /// holder's client).
+    pub(crate) fn info(&self) -> HolderInfo {
+        HolderInfo::new(self.data.owner.clone(), 1)
+            .with_side(layout::side(self.child.kind, self.data.downgraded))
+    }
+}
+
+/// A lock directory's holders, as read through the leader.
+pub(crate) struct Holders {
+    /// The directory's stat (its version guards the forced release's write of the fence).
+    pub(crate) dir_stat: zk::Stat,
+    /// The fence: the token stored in the directory, raised by every holder's.
+    pub(crate) fence: u64,
+    /// The holders' nodes in queue order (a writer at the head that did not downgrade holds
+    /// alone: readers behind it wait).
+    pub(crate) read: Vec<Read>,
+    /// A holder's node went away between the two reads (released meanwhile).
+    pub(crate) changed: bool,
+    /// How many nodes are queued, holders included.
+    pub(crate) queued: usize,
+}
+
+/// An answer of a multi-read that is not the one asked for.
+fn unexpected(what: &str, answer: &impl std::fmt::Debug) -> Error {
+    Error::unexpected(KIND, format!("{what}: unexpected answer {answer:?}"))
+}
+
 impl Inner {
     /// What `inspect` reports for lock `name` of `kind`.
     pub(crate) async fn inspect(self: &Arc<Self>, name: &str, kind: LockKind) -> Result<LockInfo> {
-        let inner = self;
         let family = NodeKind::of(kind)?.family();
-        let dir = inner.dir(name, family);
-        let sess = inner.session().await?;
-        inner.sync(&sess, &dir).await?;
+        let sess = self.session().await?;
+        let dir = self.dir(name, family);
+        let Some(held) = self.holders(&sess, &dir, family, "inspecting").await? else {
+            return Ok(LockInfo::new(name).with_waiters(Some(0)));
+        };
+        let infos: Vec<HolderInfo> = held.read.iter().map(Read::info).collect();
+        let waiters = u32::try_from(held.queued.saturating_sub(infos.len())).unwrap_or(u32::MAX);
+        Ok(LockInfo::new(name)
+            .with_holders(infos)
+            .with_fencing_token(held.fence)
+            .with_waiters(Some(waiters)))
+    }
+
+    /// The holders of lock directory `dir`, read after a sync with the leader in two round
+    /// trips (the directory's fence and children; then the holders' nodes, whose data tells a
+    /// downgraded writer apart); `None` if the directory does not exist (no token was ever
+    /// handed out). `what` names the operation in errors.
+    pub(crate) async fn holders(
+        &self,
+        sess: &Session,
+        dir: &str,
+        family: Family,
+        what: &str,
+    ) -> Result<Option<Holders>> {
+        self.sync(sess, dir).await?;
         let mut reader = sess.zk.new_multi_reader();
         reader
-            .add_get_data(&dir)
-            .and_then(|()| reader.add_get_children(&dir))
-            .map_err(|e| inner.err("inspecting", e))?;
-        let results = match inner.timed("inspecting", reader.commit()).await? {
-            Ok(r) => r,
-            Err(e) => return Err(inner.err("inspecting", e)),
-        };
-        let mut it = results.into_iter();
-        let (fence_data, children) = match (it.next(), it.next()) {
+            .add_get_data(dir)
+            .and_then(|()| reader.add_get_children(dir))
+            .map_err(|e| self.err(what, e))?;
+        let mut it = self.commit_reads(what, reader).await?.into_iter();
+        let (dir_data, dir_stat, children) = match (it.next(), it.next()) {
             (
-                Some(zk::MultiReadResult::Data { data, .. }),
+                Some(zk::MultiReadResult::Data { data, stat }),
                 Some(zk::MultiReadResult::Children { children }),
-            ) => (data, children),
+            ) => (data, stat, children),
             (
                 Some(zk::MultiReadResult::Error {
                     err: zk::Error::NoNode,
                 }),
                 _,
-            ) => return Ok(LockInfo::new(name).with_waiters(Some(0))),
-            (Some(zk::MultiReadResult::Error { err }), _) => {
-                return Err(inner.err("inspecting", err))
-            }
-            other => {
-                return Err(Error::unexpected(
-                    KIND,
-                    format!("inspect: unexpected answer {other:?}"),
-                ))
-            }
+            ) => return Ok(None),
+            (Some(zk::MultiReadResult::Error { err }), _) => return Err(self.err(what, err)),
+            other => return Err(unexpected(what, &other)),
         };
-        let mut fencing_token = parse_fence(&fence_data).ok_or_else(|| Error::unexpected(KIND, format!(
+        let stored = parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
                 "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
-                String::from_utf8_lossy(&fence_data)
+                String::from_utf8_lossy(&dir_data)
             )))?;
         let queue = layout::queue(&children, family);
-        // The head's data tells a downgraded writer apart; read it with the holders' data.
         let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
-        let candidates: Vec<&Child> = layout::holders(&queue, head_is_writer);
-        let mut read = Vec::new();
-        if !candidates.is_empty() {
-            let mut reader = sess.zk.new_multi_reader();
-            for h in &candidates {
-                reader
-                    .add_get_data(&format!("{dir}/{}", h.name))
-                    .map_err(|e| inner.err("inspecting", e))?;
-            }
-            let results = match inner.timed("inspecting", reader.commit()).await? {
-                Ok(r) => r,
-                Err(e) => return Err(inner.err("inspecting", e)),
-            };
-            for (h, r) in candidates.iter().zip(results) {
-                match r {
-                    zk::MultiReadResult::Data { data, stat } => {
-                        let nd = NodeData::parse(&data)
-                            .ok_or_else(|| foreign_data(&format!("{dir}/{}", h.name), &data))?;
-                        read.push((*h, nd, stat));
-                    }
-                    // Released between the two reads.
-                    zk::MultiReadResult::Error {
-                        err: zk::Error::NoNode,
-                    } => {}
-                    zk::MultiReadResult::Error { err } => return Err(inner.err("inspecting", err)),
-                    other => {
-                        return Err(Error::unexpected(
-                            KIND,
-                            format!("inspect: unexpected answer {other:?}"),
-                        ))
-                    }
-                }
-            }
+        let candidates = layout::holders(&queue, head_is_writer);
+        let mut held = Holders {
+            dir_stat,
+            fence: stored,
+            read: Vec::new(),
+            changed: false,
+            queued: queue.len(),
+        };
+        if candidates.is_empty() {
+            return Ok(Some(held));
         }
-        // A writer at the head that did not downgrade holds alone.
-        if head_is_writer
-            && read
-                .first()
-                .is_some_and(|(h, nd, _)| h.kind == NodeKind::Write && !nd.downgraded)
+        let mut reader = sess.zk.new_multi_reader();
+        for h in &candidates {
+            reader
+                .add_get_data(&format!("{dir}/{}", h.name))
+                .map_err(|e| self.err(what, e))?;
+        }
+        for (h, r) in candidates
+            .iter()
+            .zip(self.commit_reads(what, reader).await?)
         {
-            read.truncate(1);
-        }
-        let mut infos = Vec::new();
-        for (h, nd, stat) in &read {
-            if let Some(t) = token_of(stat) {
-                fencing_token = fencing_token.max(t);
+            match r {
+                zk::MultiReadResult::Data { data, stat } => {
+                    let path = format!("{dir}/{}", h.name);
+                    let data = NodeData::parse(&data).ok_or_else(|| foreign_data(&path, &data))?;
+                    let child = (*h).clone();
+                    held.read.push(Read { child, data, stat });
+                }
+                zk::MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                } => held.changed = true,
+                zk::MultiReadResult::Error { err } => return Err(self.err(what, err)),
+                other => return Err(unexpected(what, &other)),
             }
-            let side = match h.kind {
-                NodeKind::Lock => None,
-                NodeKind::Write if !nd.downgraded => Some(LockKind::Write),
-                _ => Some(LockKind::Read),
-            };
-            // One grant per node (re-entry is counted by the holder's client).
-            infos.push(HolderInfo::new(nd.owner.clone(), 1).with_side(side));
         }
-        let waiters = u32::try_from(queue.len().saturating_sub(infos.len())).unwrap_or(u32::MAX);
-        Ok(LockInfo::new(name)
-            .with_holders(infos)
-            .with_fencing_token(fencing_token)
-            .with_waiters(Some(waiters)))
+        if head_is_writer
+            && (held.read.first())
+                .is_some_and(|r| r.child.kind == NodeKind::Write && !r.data.downgraded)
+        {
+            held.read.truncate(1);
+        }
+        held.fence = (held.read.iter())
+            .filter_map(|r| token_of(&r.stat))
+            .fold(stored, u64::max);
+        Ok(Some(held))
+    }
+
+    /// Sends the reads of `reader` with the per-call timeout.
+    async fn commit_reads(
+        &self,
+        what: &str,
+        mut reader: zk::MultiReader<'_>,
+    ) -> Result<Vec<zk::MultiReadResult>> {
+        self.timed(what, reader.commit())
+            .await?
+            .map_err(|e| self.err(what, e))
     }
 }

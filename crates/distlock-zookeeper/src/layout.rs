@@ -214,6 +214,16 @@ pub(crate) fn holders(queue: &[Child], head_downgraded: bool) -> Vec<&Child> {
     }
 }
 
+/// The side a holder's node of `kind` holds: none for a mutex, the write side for a `write-`
+/// node whose write grant was not released (`downgraded`), the read side otherwise.
+pub(crate) fn side(kind: NodeKind, downgraded: bool) -> Option<LockKind> {
+    match kind {
+        NodeKind::Lock => None,
+        NodeKind::Write if !downgraded => Some(LockKind::Write),
+        _ => Some(LockKind::Read),
+    }
+}
+
 /// The name prefix of the node acquisition attempt `attempt` of `owner` creates
 /// (`_c_<attempt>-<word>-`; the server appends the sequence number). The attempt id plays the
 /// part of Curator's "protection" id: a retry finds the node of a create whose answer was lost
@@ -476,6 +486,10 @@ mod tests {
             [3, 4]
         );
         assert!(holders(&[], false).is_empty());
+        assert_eq!(side(NodeKind::Lock, false), None);
+        assert_eq!(side(NodeKind::Write, false), Some(LockKind::Write));
+        assert_eq!(side(NodeKind::Write, true), Some(LockKind::Read));
+        assert_eq!(side(NodeKind::Read, false), Some(LockKind::Read));
     }
 
     #[test]

@@ -25,6 +25,19 @@ pub(crate) struct Created {
     pub(crate) token: u64,
 }
 
+impl Created {
+    /// Node `name` of kind `node` in directory `dir`, whose czxid is `token`.
+    fn new(dir: &str, name: String, node: NodeKind, token: u64) -> Self {
+        Created {
+            dir: dir.to_owned(),
+            path: format!("{dir}/{name}"),
+            name,
+            node,
+            token,
+        }
+    }
+}
+
 pub(crate) fn token_of(stat: &zk::Stat) -> Option<u64> {
     u64::try_from(stat.czxid).ok().filter(|t| *t > 0)
 }
@@ -94,16 +107,7 @@ impl Inner {
                 {
                     Ok(Some(st)) if st.ephemeral_owner == sess.id => {
                         if let Some(token) = token_of(&st) {
-                            return Ok((
-                                Created {
-                                    dir,
-                                    path,
-                                    name,
-                                    node: kind,
-                                    token,
-                                },
-                                at,
-                            ));
+                            return Ok((Created::new(&dir, name, kind, token), at));
                         }
                     }
                     // This attempt's node of a session we stopped using (its holds were
@@ -150,13 +154,7 @@ impl Inner {
                         Some(t) => t,
                         None => self.czxid(sess, &path).await?,
                     };
-                    return Ok(Created {
-                        dir: dir.to_owned(),
-                        path,
-                        name,
-                        node: kind,
-                        token,
-                    });
+                    return Ok(Created::new(dir, name, kind, token));
                 }
                 Err(zk::Error::NoNode) if !made_dir => {
                     made_dir = true;
@@ -173,15 +171,8 @@ impl Inner {
                     // The create may have happened: look for our attempt's node.
                     self.sync(sess, dir).await?;
                     if let Some(name) = self.find_child(sess, dir, prefix).await? {
-                        let path = format!("{dir}/{name}");
-                        let token = self.czxid(sess, &path).await?;
-                        return Ok(Created {
-                            dir: dir.to_owned(),
-                            path,
-                            name,
-                            node: kind,
-                            token,
-                        });
+                        let token = self.czxid(sess, &format!("{dir}/{name}")).await?;
+                        return Ok(Created::new(dir, name, kind, token));
                     }
                 }
                 Err(e) => return Err(self.err("creating the lock node", e)),
@@ -278,6 +269,41 @@ impl Inner {
             Ok(c) => Ok(c),
             Err(zk::Error::NoNode) => Ok(Vec::new()),
             Err(e) => Err(self.err("listing the lock queue", e)),
+        }
+    }
+
+    /// Commits `w`, a forced release's multi-op: `None` if a node it checks changed or went
+    /// away meanwhile (look again); else the counter to report, the zxid of its `SetData` (at
+    /// `set_at`), which is above every token handed out before it, raised to `floor`.
+    pub(crate) async fn commit_forced(
+        &self,
+        what: &str,
+        mut w: zk::MultiWriter<'_>,
+        set_at: usize,
+        floor: u64,
+    ) -> Result<Option<u64>> {
+        let results = match self.timed(what, w.commit()).await? {
+            Ok(r) => r,
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::BadVersion | zk::Error::NoNode,
+                ..
+            }) => return Ok(None),
+            Err(zk::MultiWriteError::OperationFailed { source, .. })
+            | Err(zk::MultiWriteError::RequestFailed { source }) => {
+                return Err(self.err(what, source))
+            }
+        };
+        match results.get(set_at) {
+            Some(zk::MultiWriteResult::SetData { stat }) => Ok(Some(
+                u64::try_from(stat.mzxid)
+                    .ok()
+                    .filter(|t| *t > 0)
+                    .map_or(floor, |z| z.max(floor)),
+            )),
+            other => Err(Error::unexpected(
+                KIND,
+                format!("{what}: unexpected answer {other:?}"),
+            )),
         }
     }
 

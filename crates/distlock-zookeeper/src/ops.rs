@@ -9,13 +9,12 @@
 //! this node).
 
 use crate::error::KIND;
-use crate::layout::{self, decode_segment, Child, Family, NodeData, NodeKind};
-use crate::node::{foreign_data, token_of, DATA_ATTEMPTS};
-use crate::release::parse_fence;
+use crate::inspect::Read;
+use crate::layout::{self, decode_segment, Family, NodeKind};
+use crate::node::DATA_ATTEMPTS;
 use crate::ZkBackend;
 use distlock_core::{
-    Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockKind, Operator, Result,
-    Severity,
+    Backend, Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
 };
 use std::time::Duration;
 use zookeeper_client as zk;
@@ -23,204 +22,113 @@ use zookeeper_client as zk;
 #[distlock_core::async_trait]
 impl Operator for ZkBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
-        list(self, prefix).await
+        let inner = &self.inner;
+        let sess = inner.session().await?;
+        inner.sync(&sess, &inner.base).await?;
+        let mut names: Vec<(String, String)> = inner
+            .list(&sess, &inner.base)
+            .await?
+            .into_iter()
+            .filter_map(|seg| decode_segment(&seg).map(|name| (name, seg)))
+            .filter(|(name, _)| name.starts_with(prefix))
+            .collect();
+        names.sort();
+        let mut out = Vec::new();
+        for (name, _) in names {
+            let children = inner.list(&sess, &inner.dir(&name, Family::Mutex)).await?;
+            let has_rw = children.iter().any(|c| c == "rw");
+            let mutex_nodes = !layout::queue(&children, Family::Mutex).is_empty();
+            // A name directory is mutex state unless it only carries the `rw` directory: then it
+            // is the parent the rw recipe created, and its own fence stays 0.
+            let mutex = Backend::inspect(self, &name, LockKind::Mutex).await?;
+            if mutex_nodes || mutex.fencing_token > 0 || !has_rw {
+                out.push(ListedLock::new(LockKind::Mutex, mutex));
+            }
+            if has_rw {
+                let rw = Backend::inspect(self, &name, LockKind::Write).await?;
+                out.push(ListedLock::new(LockKind::Write, rw));
+            }
+        }
+        // Elections, in their own root beside the namespace.
+        let root = format!("{}{}", inner.base, layout::ELECTION_SUFFIX);
+        let mut elections: Vec<String> = inner
+            .list(&sess, &root)
+            .await?
+            .into_iter()
+            .filter_map(|seg| decode_segment(&seg))
+            .filter(|name| name.starts_with(prefix))
+            .collect();
+        elections.sort();
+        for name in elections {
+            let info = Backend::inspect(self, &name, LockKind::Election).await?;
+            out.push(ListedLock::new(LockKind::Election, info));
+        }
+        Ok(out)
     }
 
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        force_release(self, name, kind).await
+        let inner = &self.inner;
+        let family = NodeKind::of(kind)?.family();
+        if family == Family::Election {
+            return inner.force_resign(name).await;
+        }
+        let dir = inner.dir(name, family);
+        let sess = inner.session().await?;
+        let what = "forcing the release";
+        for _ in 0..DATA_ATTEMPTS {
+            let Some(held) = inner.holders(&sess, &dir, family, what).await? else {
+                // Never used: no token was ever handed out, nothing to remove.
+                return Ok(ForceReleased::new(Vec::new(), 0));
+            };
+            if held.changed {
+                // Released meanwhile: the holders may be others now; look again.
+                continue;
+            }
+            let (dir_stat, fence, read) = (held.dir_stat, held.fence, held.read);
+            // One transaction: the fence recorded in the directory (so `list` keeps the last
+            // token) and every holder's node deleted at the version we read — a node whose data
+            // changed meanwhile (a reader joined or left a write node, a downgrade) fails the
+            // whole op and we look again. The transaction's zxid is above every czxid handed out
+            // before it, and every later node's czxid is above it: that is the counter we report.
+            let mut w = sess.zk.new_multi_writer();
+            w.add_set_data(&dir, fence.to_string().as_bytes(), Some(dir_stat.version))
+                .map_err(|e| inner.err(what, e))?;
+            for r in &read {
+                w.add_delete(&format!("{dir}/{}", r.child.name), Some(r.stat.version))
+                    .map_err(|e| inner.err(what, e))?;
+            }
+            let Some(fencing_token) = inner.commit_forced(what, w, 0, fence).await? else {
+                continue;
+            };
+            let removed = read.iter().map(Read::info).collect();
+            return Ok(ForceReleased::new(removed, fencing_token));
+        }
+        Err(Error::unexpected(KIND, format!(
+                "forced release of `{name}`: the holders kept changing ({DATA_ATTEMPTS} tries); run it again"
+            )))
     }
 
     async fn diagnose(&self) -> Result<Vec<Finding>> {
-        diagnose(self).await
+        let inner = &self.inner;
+        let sess = inner.session().await?;
+        let synced = inner
+            .timed("syncing with the leader", sess.zk.sync(&inner.base))
+            .await;
+        // Ensemble membership, from the config node (readable by every client, unlike the
+        // four-letter words, which are often disabled).
+        let config = inner
+            .timed("reading /zookeeper/config", sess.zk.get_config())
+            .await?
+            .map(|(data, _)| String::from_utf8_lossy(&data).into_owned());
+        Ok(vec![
+            session_finding(sess.timeout, inner.requested_timeout, inner.watchdog_lease),
+            leader_finding(synced),
+            ensemble_finding(config),
+            transport(inner).await,
+            access(inner),
+            distlock_core::operator::clock_not_checked("ZooKeeper offers clients no clock reading, and nothing here depends on it (sessions expire on the leader's ticks, tokens are zxids, not times)"),
+        ])
     }
-}
-
-pub(crate) async fn list(b: &ZkBackend, prefix: &str) -> Result<Vec<ListedLock>> {
-    let inner = &b.inner;
-    let sess = inner.session().await?;
-    inner.sync(&sess, &inner.base).await?;
-    let mut names: Vec<(String, String)> = inner
-        .list(&sess, &inner.base)
-        .await?
-        .into_iter()
-        .filter_map(|seg| decode_segment(&seg).map(|name| (name, seg)))
-        .filter(|(name, _)| name.starts_with(prefix))
-        .collect();
-    names.sort();
-    let mut out = Vec::new();
-    for (name, _) in names {
-        let children = inner.list(&sess, &inner.dir(&name, Family::Mutex)).await?;
-        let has_rw = children.iter().any(|c| c == "rw");
-        let mutex_nodes = !layout::queue(&children, Family::Mutex).is_empty();
-        // A name directory is mutex state unless it only carries the `rw` directory: then it
-        // is the parent the rw recipe created, and its own fence stays 0.
-        let mutex = Backend::inspect(b, &name, LockKind::Mutex).await?;
-        if mutex_nodes || mutex.fencing_token > 0 || !has_rw {
-            out.push(ListedLock::new(LockKind::Mutex, mutex));
-        }
-        if has_rw {
-            let rw = Backend::inspect(b, &name, LockKind::Write).await?;
-            out.push(ListedLock::new(LockKind::Write, rw));
-        }
-    }
-    // Elections, in their own root beside the namespace.
-    let root = format!("{}{}", inner.base, layout::ELECTION_SUFFIX);
-    let mut elections: Vec<String> = inner
-        .list(&sess, &root)
-        .await?
-        .into_iter()
-        .filter_map(|seg| decode_segment(&seg))
-        .filter(|name| name.starts_with(prefix))
-        .collect();
-    elections.sort();
-    for name in elections {
-        let info = Backend::inspect(b, &name, LockKind::Election).await?;
-        out.push(ListedLock::new(LockKind::Election, info));
-    }
-    Ok(out)
-}
-
-/// One holder's node as read for a forced release.
-struct Read {
-    child: Child,
-    data: NodeData,
-    stat: zk::Stat,
-}
-
-/// What a forced release found in a lock directory.
-enum Looked {
-    /// The directory does not exist: no token was ever handed out, nothing to remove.
-    Never,
-    /// A holder went away while they were read: look again.
-    Changed,
-    /// The directory's stat, the fence (its stored token raised by every holder's), and the
-    /// holders' nodes as read.
-    Holders(zk::Stat, u64, Vec<Read>),
-}
-
-/// Reads the holders of lock directory `dir` (a writer at the head that did not downgrade
-/// holds alone) and the fence to record.
-async fn read_holders(
-    inner: &crate::session::Inner,
-    sess: &crate::session::Session,
-    dir: &str,
-    family: Family,
-) -> Result<Looked> {
-    let what = "forcing the release";
-    inner.sync(sess, dir).await?;
-    let (dir_data, dir_stat) = match inner.timed(what, sess.zk.get_data(dir)).await? {
-        Ok(r) => r,
-        // Never used: no token was ever handed out, nothing to remove.
-        Err(zk::Error::NoNode) => return Ok(Looked::Never),
-        Err(e) => return Err(inner.err(what, e)),
-    };
-    let stored = parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
-            "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
-            String::from_utf8_lossy(&dir_data)
-        )))?;
-    let children = inner.list(sess, dir).await?;
-    let queue = layout::queue(&children, family);
-    let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
-    let mut read = Vec::new();
-    for c in layout::holders(&queue, head_is_writer) {
-        let path = format!("{dir}/{}", c.name);
-        match inner.timed(what, sess.zk.get_data(&path)).await? {
-            Ok((data, stat)) => {
-                let nd = NodeData::parse(&data).ok_or_else(|| foreign_data(&path, &data))?;
-                read.push(Read {
-                    child: c.clone(),
-                    data: nd,
-                    stat,
-                });
-            }
-            // Released meanwhile: the holders may be others now; look again.
-            Err(zk::Error::NoNode) => return Ok(Looked::Changed),
-            Err(e) => return Err(inner.err(what, e)),
-        }
-    }
-    // A writer at the head that did not downgrade holds alone (readers behind it wait).
-    if read
-        .first()
-        .is_some_and(|r| r.child.kind == NodeKind::Write && !r.data.downgraded)
-    {
-        read.truncate(1);
-    }
-    let fence = read
-        .iter()
-        .filter_map(|r| token_of(&r.stat))
-        .fold(stored, u64::max);
-    Ok(Looked::Holders(dir_stat, fence, read))
-}
-
-pub(crate) async fn force_release(
-    b: &ZkBackend,
-    name: &str,
-    kind: LockKind,
-) -> Result<ForceReleased> {
-    let inner = &b.inner;
-    let family = NodeKind::of(kind)?.family();
-    if family == Family::Election {
-        return inner.force_resign(name).await;
-    }
-    let dir = inner.dir(name, family);
-    let sess = inner.session().await?;
-    let what = "forcing the release";
-    for _ in 0..DATA_ATTEMPTS {
-        let (dir_stat, fence, read) = match read_holders(inner, &sess, &dir, family).await? {
-            Looked::Never => return Ok(ForceReleased::new(Vec::new(), 0)),
-            Looked::Changed => continue,
-            Looked::Holders(dir_stat, fence, read) => (dir_stat, fence, read),
-        };
-        // One transaction: the fence recorded in the directory (so `list` keeps the last
-        // token) and every holder's node deleted at the version we read — a node whose data
-        // changed meanwhile (a reader joined or left a write node, a downgrade) fails the
-        // whole op and we look again. The transaction's zxid is above every czxid handed out
-        // before it, and every later node's czxid is above it: that is the counter we report.
-        let mut w = sess.zk.new_multi_writer();
-        w.add_set_data(&dir, fence.to_string().as_bytes(), Some(dir_stat.version))
-            .map_err(|e| inner.err(what, e))?;
-        for r in &read {
-            w.add_delete(&format!("{dir}/{}", r.child.name), Some(r.stat.version))
-                .map_err(|e| inner.err(what, e))?;
-        }
-        let results = match inner.timed(what, w.commit()).await? {
-            Ok(r) => r,
-            Err(zk::MultiWriteError::OperationFailed {
-                source: zk::Error::BadVersion | zk::Error::NoNode,
-                ..
-            }) => continue,
-            Err(zk::MultiWriteError::OperationFailed { source, .. })
-            | Err(zk::MultiWriteError::RequestFailed { source }) => {
-                return Err(inner.err(what, source))
-            }
-        };
-        let fencing_token = match results.first() {
-            Some(zk::MultiWriteResult::SetData { stat }) => u64::try_from(stat.mzxid)
-                .ok()
-                .filter(|t| *t > 0)
-                .map_or(fence, |z| z.max(fence)),
-            other => {
-                return Err(Error::unexpected(
-                    KIND,
-                    format!("forced release of `{name}`: unexpected answer {other:?}"),
-                ))
-            }
-        };
-        let removed = read
-            .iter()
-            .map(|r| {
-                HolderInfo::new(r.data.owner.clone(), 1).with_side(match r.child.kind {
-                    NodeKind::Lock => None,
-                    NodeKind::Write if !r.data.downgraded => Some(LockKind::Write),
-                    _ => Some(LockKind::Read),
-                })
-            })
-            .collect();
-        return Ok(ForceReleased::new(removed, fencing_token));
-    }
-    Err(Error::unexpected(KIND, format!(
-            "forced release of `{name}`: the holders kept changing ({DATA_ATTEMPTS} tries); run it again"
-        )))
 }
 
 /// The voting members and observers listed in `/zookeeper/config` (`server.N=host:…:participant;…`).
@@ -372,81 +280,58 @@ fn session_finding(timeout: Duration, requested: Duration, lease: Duration) -> F
     }
 }
 
-pub(crate) async fn diagnose(b: &ZkBackend) -> Result<Vec<Finding>> {
-    let inner = &b.inner;
-    let sess = inner.session().await?;
-    let mut out = Vec::new();
+/// The `leader` finding from a sync through the leader: `synced` is its answer (the outer
+/// error: no answer in time). A sync only comes back through a server that follows a leader
+/// which still has our session (a quorum is up).
+fn leader_finding(synced: Result<std::result::Result<(), zk::Error>>) -> Finding {
+    match synced {
+        Ok(Ok(()) | Err(zk::Error::NoNode)) => Finding::new(
+            Severity::Ok,
+            "leader",
+            "a sync through the leader went through: the server we talk to follows a leader and a quorum is up",
+        ),
+        Ok(Err(e)) => Finding::new(
+            Severity::Unsafe,
+            "leader",
+            format!("a sync through the leader failed ({e}): no leader or no quorum, so locks can be neither taken nor checked; bring a majority of the voting members up"),
+        ),
+        Err(e) => Finding::new(
+            Severity::Unsafe,
+            "leader",
+            format!("a sync through the leader got no answer ({e}): no leader or no quorum; bring a majority of the voting members up"),
+        ),
+    }
+}
 
-    out.push(session_finding(
-        sess.timeout,
-        inner.requested_timeout,
-        inner.watchdog_lease,
-    ));
-
-    // A leader: a sync only comes back through a server that follows a leader which still
-    // has our session (a quorum is up).
-    let what = "syncing with the leader";
-    out.push(
-        match inner.timed(what, sess.zk.sync(&inner.base)).await {
-            Ok(Ok(()) | Err(zk::Error::NoNode)) => Finding::new(
-                Severity::Ok,
-                "leader",
-                "a sync through the leader went through: the server we talk to follows a leader and a quorum is up",
-            ),
-            Ok(Err(e)) => Finding::new(
-                Severity::Unsafe,
-                "leader",
-                format!("a sync through the leader failed ({e}): no leader or no quorum, so locks can be neither taken nor checked; bring a majority of the voting members up"),
-            ),
-            Err(e) => Finding::new(
-                Severity::Unsafe,
-                "leader",
-                format!("a sync through the leader got no answer ({e}): no leader or no quorum; bring a majority of the voting members up"),
-            ),
-        },
-    );
-
-    // Ensemble membership, from the config node (readable by every client, unlike the
-    // four-letter words, which are often disabled).
-    let what = "reading /zookeeper/config";
-    out.push(match inner.timed(what, sess.zk.get_config()).await? {
-        Ok((data, _)) => {
-            let config = String::from_utf8_lossy(&data);
-            match members(&config) {
-                (0, _) => Finding::new(
-                    Severity::Warning,
-                    "ensemble",
-                    "/zookeeper/config lists no servers (a standalone server, or dynamic configuration off): a single server has no failover; run three or five voting members for locks that survive a server failure",
-                ),
-                (1, obs) => Finding::new(
-                    Severity::Warning,
-                    "ensemble",
-                    format!("one voting member ({obs} observer(s)): locks are safe, but stop when it is down; run three or five voting members"),
-                ),
-                (n, obs) if n % 2 == 0 => Finding::new(
-                    Severity::Warning,
-                    "ensemble",
-                    format!("{n} voting members ({obs} observer(s)): an even count tolerates no more failures than {} members; use an odd number", n - 1),
-                ),
-                (n, obs) => Finding::new(
-                    Severity::Ok,
-                    "ensemble",
-                    format!("{n} voting members ({obs} observer(s)): the ensemble survives {} failure(s)", (n - 1) / 2),
-                ),
-            }
-        }
+/// The `ensemble` finding from `/zookeeper/config` as read (`Err`: the server refused it).
+fn ensemble_finding(config: std::result::Result<String, zk::Error>) -> Finding {
+    match config.as_deref().map(members) {
+        Ok((0, _)) => Finding::new(
+            Severity::Warning,
+            "ensemble",
+            "/zookeeper/config lists no servers (a standalone server, or dynamic configuration off): a single server has no failover; run three or five voting members for locks that survive a server failure",
+        ),
+        Ok((1, obs)) => Finding::new(
+            Severity::Warning,
+            "ensemble",
+            format!("one voting member ({obs} observer(s)): locks are safe, but stop when it is down; run three or five voting members"),
+        ),
+        Ok((n, obs)) if n % 2 == 0 => Finding::new(
+            Severity::Warning,
+            "ensemble",
+            format!("{n} voting members ({obs} observer(s)): an even count tolerates no more failures than {} members; use an odd number", n - 1),
+        ),
+        Ok((n, obs)) => Finding::new(
+            Severity::Ok,
+            "ensemble",
+            format!("{n} voting members ({obs} observer(s)): the ensemble survives {} failure(s)", (n - 1) / 2),
+        ),
         Err(e) => Finding::new(
             Severity::Warning,
             "ensemble",
             format!("cannot read /zookeeper/config ({e}): the ensemble's size is unknown; allow reading it (or check with `srvr` on each server) and run three or five voting members"),
         ),
-    });
-
-    out.push(transport(inner).await);
-    out.push(access(inner));
-
-    out.push(distlock_core::operator::clock_not_checked("ZooKeeper offers clients no clock reading, and nothing here depends on it (sessions expire on the leader's ticks, tokens are zxids, not times)"));
-    Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -484,5 +369,23 @@ mod tests {
         assert_eq!(members(cfg), (2, 1));
         assert_eq!(members("server.1=h:1:2;3"), (1, 0));
         assert_eq!(members(""), (0, 0));
+        let severity = |cfg: &str| ensemble_finding(Ok(cfg.to_owned())).severity;
+        assert_eq!(severity(cfg), Severity::Warning, "two voters: even");
+        assert_eq!(severity("server.1=h:1:2;3"), Severity::Warning, "one voter");
+        assert_eq!(severity(""), Severity::Warning, "standalone");
+        let three = "server.1=a:1:2;3\nserver.2=b:1:2;3\nserver.3=c:1:2;3";
+        assert_eq!(severity(three), Severity::Ok);
+        assert_eq!(
+            ensemble_finding(Err(zk::Error::NoAuth)).severity,
+            Severity::Warning
+        );
+        assert_eq!(
+            leader_finding(Ok(Err(zk::Error::NoNode))).severity,
+            Severity::Ok
+        );
+        assert_eq!(
+            leader_finding(Ok(Err(zk::Error::ConnectionLoss))).severity,
+            Severity::Unsafe
+        );
     }
 }

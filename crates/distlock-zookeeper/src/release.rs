@@ -27,6 +27,54 @@ pub(crate) fn parse_fence(data: &[u8]) -> Option<u64> {
     std::str::from_utf8(data).ok()?.trim().parse().ok()
 }
 
+/// What releasing a grant does to its `read-`/`write-` node.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The grant is not in the node any more: nothing to do.
+    NotThere,
+    /// Write this data (the node stays: others hold it).
+    Update(NodeData),
+    /// Delete the node (recording the fence).
+    Delete,
+}
+
+/// What releasing `role` of a grant whose node is of kind `node` (`Read` or `Write`) and
+/// holds `nd` does to that node.
+pub(crate) fn step(node: NodeKind, role: Role<'_>, mut nd: NodeData) -> Step {
+    match role {
+        Role::Own if node == NodeKind::Write && nd.downgraded => Step::NotThere,
+        // Readers joined the write side: the node stays theirs (a downgrade).
+        Role::Own if node == NodeKind::Write && !nd.readers.is_empty() => {
+            nd.downgraded = true;
+            Step::Update(nd)
+        }
+        Role::Own => Step::Delete,
+        Role::Joined(attempt) => {
+            let before = nd.readers.len();
+            nd.readers.retain(|r| r != attempt);
+            if nd.readers.len() == before {
+                Step::NotThere
+            } else if nd.downgraded && nd.readers.is_empty() {
+                // The last reader of a downgraded node: nobody holds it any more.
+                Step::Delete
+            } else {
+                Step::Update(nd)
+            }
+        }
+    }
+}
+
+/// A delete or update's answer, with the node gone read as "the grant was not there".
+fn gone_is_none(
+    r: std::result::Result<(), zk::Error>,
+) -> std::result::Result<Option<()>, zk::Error> {
+    match r {
+        Ok(()) => Ok(Some(())),
+        Err(zk::Error::NoNode) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 impl Inner {
     /// Deletes the node of a released grant and records its token as the lock's last one (the
     /// directory's data), in one atomic multi-op. Readers overlap, so a reader writes the
@@ -94,25 +142,14 @@ impl Inner {
         if g.node == NodeKind::Latch {
             // No fence to record: an election's tokens are its leaders' creation zxids, and its
             // directory may be a container node of Curator's (deleted by the server when empty).
-            return Ok(
-                match self
-                    .timed("resigning", sess.zk.delete(&g.path, None))
-                    .await?
-                {
-                    Ok(()) => Ok(Some(())),
-                    Err(zk::Error::NoNode) => Ok(None),
-                    Err(e) => Err(e),
-                },
-            );
+            let r = self
+                .timed("resigning", sess.zk.delete(&g.path, None))
+                .await?;
+            return Ok(gone_is_none(r));
         }
         if g.node == NodeKind::Lock {
-            return Ok(
-                match self.delete_recording_fence(sess, g, false, None).await? {
-                    Ok(()) => Ok(Some(())),
-                    Err(zk::Error::NoNode) => Ok(None),
-                    Err(e) => Err(e),
-                },
-            );
+            let r = self.delete_recording_fence(sess, g, false, None).await?;
+            return Ok(gone_is_none(r));
         }
         for _ in 0..DATA_ATTEMPTS {
             let (data, stat) = match self
@@ -126,44 +163,25 @@ impl Inner {
             if token_of(&stat) != Some(g.token) {
                 return Ok(Ok(None));
             }
-            let mut nd = NodeData::parse(&data).ok_or_else(|| foreign_data(&g.path, &data))?;
+            let nd = NodeData::parse(&data).ok_or_else(|| foreign_data(&g.path, &data))?;
             let reads_only = g.node == NodeKind::Read || nd.downgraded;
-            let change = match role {
-                Role::Own if g.node == NodeKind::Write && nd.downgraded => return Ok(Ok(None)),
-                // Readers joined the write side: the node stays theirs (a downgrade).
-                Role::Own if g.node == NodeKind::Write && !nd.readers.is_empty() => {
-                    nd.downgraded = true;
-                    Some(nd)
-                }
-                Role::Own => None,
-                Role::Joined(attempt) => {
-                    let before = nd.readers.len();
-                    nd.readers.retain(|r| r != attempt);
-                    if nd.readers.len() == before {
-                        return Ok(Ok(None));
-                    }
-                    // The last reader of a downgraded node: nobody holds it any more.
-                    (!nd.downgraded || !nd.readers.is_empty()).then_some(nd)
-                }
-            };
-            let r = match change {
-                Some(nd) => self
+            let r = match step(g.node, role, nd) {
+                Step::NotThere => return Ok(Ok(None)),
+                Step::Update(nd) => self
                     .timed(
                         "updating the lock node",
                         sess.zk.set_data(&g.path, &nd.encode(), Some(stat.version)),
                     )
                     .await?
                     .map(|_| ()),
-                None => {
+                Step::Delete => {
                     self.delete_recording_fence(sess, g, reads_only, Some(stat.version))
                         .await?
                 }
             };
             match r {
-                Ok(()) => return Ok(Ok(Some(()))),
                 Err(zk::Error::BadVersion) => continue,
-                Err(zk::Error::NoNode) => return Ok(Ok(None)),
-                Err(e) => return Ok(Err(e)),
+                r => return Ok(gone_is_none(r)),
             }
         }
         Err(busy(&self.endpoint, &g.path))
@@ -350,5 +368,49 @@ impl Inner {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(downgraded: bool, readers: &[&str]) -> NodeData {
+        NodeData {
+            owner: "o".into(),
+            downgraded,
+            readers: readers.iter().map(|r| (*r).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn what_a_release_does_to_its_node() {
+        use NodeKind::{Read, Write};
+        assert_eq!(step(Read, Role::Own, data(false, &[])), Step::Delete);
+        assert_eq!(step(Write, Role::Own, data(false, &[])), Step::Delete);
+        // The write side released while its owner's read grants share the node: a downgrade.
+        assert_eq!(
+            step(Write, Role::Own, data(false, &["r1"])),
+            Step::Update(data(true, &["r1"]))
+        );
+        // Released already (a retry after a lost reply).
+        assert_eq!(step(Write, Role::Own, data(true, &["r1"])), Step::NotThere);
+        assert_eq!(
+            step(Write, Role::Joined("r1"), data(false, &["r1", "r2"])),
+            Step::Update(data(false, &["r2"]))
+        );
+        assert_eq!(
+            step(Write, Role::Joined("r1"), data(false, &["r1"])),
+            Step::Update(data(false, &[]))
+        );
+        // The last reader of a downgraded node: nobody holds it.
+        assert_eq!(
+            step(Write, Role::Joined("r1"), data(true, &["r1"])),
+            Step::Delete
+        );
+        assert_eq!(
+            step(Write, Role::Joined("r3"), data(true, &["r1"])),
+            Step::NotThere
+        );
     }
 }

@@ -4,13 +4,13 @@
 
 use super::{Fenced, Store, StoreError, StoreResult};
 use distlock::async_trait;
+use distlock::file::sys::{lock_blocking, Mode};
 use distlock::file::FileBackend;
 use distlock_fence::file::FencedFile;
 use distlock_fence::Stamp;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// Stock and orders in the directory of a `file://` lock backend.
@@ -120,26 +120,6 @@ fn parse_state(s: &str) -> Option<(i64, u64)> {
     it.next().is_none().then_some((stock, version))
 }
 
-/// `flock(2)` on `f`, retried on EINTR. The lock goes with the descriptor when `f` closes.
-fn flock(f: &File, exclusive: bool) -> io::Result<()> {
-    let op = if exclusive {
-        libc::LOCK_EX
-    } else {
-        libc::LOCK_SH
-    };
-    loop {
-        // SAFETY: flock(2) on a descriptor we own; no memory is passed.
-        let r = unsafe { libc::flock(f.as_raw_fd(), op) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
 fn remove(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -216,7 +196,7 @@ impl Store for FileStore {
             .custom_flags(libc::O_CLOEXEC)
             .open(&self.orders)
             .map_err(|e| self.err(&self.orders, "create", e))?;
-        flock(&o, true).map_err(|e| self.err(&self.orders, "lock", e))?;
+        lock_blocking(&o, Mode::Exclusive).map_err(|e| self.err(&self.orders, "lock", e))?;
         o.set_len(0)
             .map_err(|e| self.err(&self.orders, "truncate", e))
     }
@@ -259,14 +239,14 @@ impl Store for FileStore {
             .custom_flags(libc::O_CLOEXEC)
             .open(&self.orders)
             .map_err(|e| self.err(&self.orders, "open", e))?;
-        flock(&o, true).map_err(|e| self.err(&self.orders, "lock", e))?;
+        lock_blocking(&o, Mode::Exclusive).map_err(|e| self.err(&self.orders, "lock", e))?;
         o.write_all(format!("{buyer}\n").as_bytes())
             .map_err(|e| self.err(&self.orders, "append to", e))
     }
 
     async fn orders(&self) -> StoreResult<Vec<u64>> {
         let mut o = File::open(&self.orders).map_err(|e| self.err(&self.orders, "open", e))?;
-        flock(&o, false).map_err(|e| self.err(&self.orders, "lock", e))?;
+        lock_blocking(&o, Mode::Shared).map_err(|e| self.err(&self.orders, "lock", e))?;
         let mut s = String::new();
         o.read_to_string(&mut s)
             .map_err(|e| self.err(&self.orders, "read", e))?;
