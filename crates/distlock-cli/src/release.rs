@@ -130,7 +130,8 @@ fn confirm(name: &str, kind: distlock::LockKind, info: &distlock::LockInfo) -> b
         info.fencing_token
     );
     let mut err = std::io::stderr();
-    let _ = write!(err, "Remove every holder of `{name}` by force? [y/N] ").and_then(|()| err.flush());
+    let _ =
+        write!(err, "Remove every holder of `{name}` by force? [y/N] ").and_then(|()| err.flush());
     let stdin = std::io::stdin();
     if !stdin.is_terminal() {
         // Piped input is fine (`echo y | dlock release --force`), but say so.
