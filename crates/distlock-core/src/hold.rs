@@ -18,9 +18,9 @@ pub(crate) use keeper::RENEW_CHUNK;
 
 use crate::backend::{Backend, GrantRef, HoldKey};
 use crate::clock::Instant;
+use crate::fasthash::FastMap;
 use crate::lost::{LostReason, LostSignal};
 use crate::options::ClientOptions;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -121,7 +121,7 @@ pub(crate) enum KeeperMsg {
 pub(crate) struct Shared {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) opts: ClientOptions,
-    pub(crate) holds: Mutex<HashMap<HoldKey, Arc<Hold>>>,
+    pub(crate) holds: Mutex<FastMap<HoldKey, Arc<Hold>>>,
     /// Wakes the keeper when a hold with an earlier deadline arrives.
     pub(crate) wake: Notify,
     /// Wakes waiting acquisitions when a hold is attached, so that a task waiting on the
@@ -136,7 +136,7 @@ impl Shared {
         self.backend.capabilities().check(self.backend.kind(), kind)
     }
 
-    pub(crate) fn holds(&self) -> MutexGuard<'_, HashMap<HoldKey, Arc<Hold>>> {
+    pub(crate) fn holds(&self) -> MutexGuard<'_, FastMap<HoldKey, Arc<Hold>>> {
         self.holds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
