@@ -53,6 +53,7 @@ impl Client {
             )
         })?;
         let shared = Arc::new(Shared {
+            timings: crate::hold::Timings::new(backend.kind()),
             backend,
             opts,
             holds: Mutex::new(crate::fasthash::FastMap::default()),

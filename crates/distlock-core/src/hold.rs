@@ -127,6 +127,47 @@ pub(crate) struct Shared {
     /// Wakes waiting acquisitions when a hold is attached, so that a task waiting on the
     /// server for a lock its own owner now holds in this client joins that hold instead.
     pub(crate) attached: Notify,
+    /// The per-pair histograms' keys, made once (see [`Timings`]).
+    pub(crate) timings: Timings,
+}
+
+/// The keys of the histograms every acquire + release records, labelled with the backend:
+/// made once per client instead of per record (the metrics macros build a label vector and
+/// hash the key each time). Recorded through the recorder installed at the time of each record,
+/// as the macros do.
+pub(crate) struct Timings {
+    acquire_wait: metrics::Key,
+    hold: metrics::Key,
+}
+
+/// The metadata the macros give a metric of this crate.
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+impl Timings {
+    pub(crate) fn new(backend: &'static str) -> Self {
+        let key = |name: &'static str| {
+            metrics::Key::from_parts(name, vec![metrics::Label::new("backend", backend)])
+        };
+        Timings {
+            acquire_wait: key("dlock_acquire_wait_seconds"),
+            hold: key("dlock_hold_seconds"),
+        }
+    }
+
+    /// `dlock_acquire_wait_seconds`: how long an acquisition waited for its grant.
+    pub(crate) fn acquire_wait(&self, d: Duration) {
+        Self::record(&self.acquire_wait, d);
+    }
+
+    /// `dlock_hold_seconds`: how long a guard held its lock before its release.
+    pub(crate) fn hold(&self, d: Duration) {
+        Self::record(&self.hold, d);
+    }
+
+    fn record(key: &metrics::Key, d: Duration) {
+        metrics::with_recorder(|r| r.register_histogram(key, &METADATA)).record(d.as_secs_f64());
+    }
 }
 
 impl Shared {
