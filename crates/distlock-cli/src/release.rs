@@ -57,20 +57,6 @@ pub async fn release(url: &str, args: ReleaseArgs) -> u8 {
             return crate::EXIT_ERROR;
         }
     };
-    let report = |unknown: bool, removed: &[distlock::HolderInfo], token: u64| {
-        let removed: Vec<_> = removed
-            .iter()
-            .map(|h| serde_json::json!({"owner": h.owner, "count": h.count}))
-            .collect();
-        let v = serde_json::json!({
-            "name": args.name,
-            "kind": crate::kind::describe(kind),
-            "unknown": unknown,
-            "removed": removed,
-            "fencing_token": token,
-        });
-        println!("{v}");
-    };
     if crate::kind::is_unknown(&info) && !args.allow_unknown {
         eprintln!(
             "dlock: lock `{}` ({}) is unknown to {} at {}: no holder, no waiter, no fencing \
@@ -82,72 +68,98 @@ pub async fn release(url: &str, args: ReleaseArgs) -> u8 {
             client.endpoint()
         );
         if args.json {
-            report(true, &[], info.fencing_token);
+            report(&args.name, kind, true, &[], info.fencing_token);
         }
         return crate::EXIT_ERROR;
     }
-    if !args.yes {
-        // Show what would be removed, then ask.
-        let holders: Vec<_> = info.holders.iter().map(|h| h.owner.as_str()).collect();
-        eprintln!(
-            "lock `{}` ({}): holders: {}; fencing token {}",
-            args.name,
-            crate::kind::describe(kind),
-            if holders.is_empty() {
-                "none".to_owned()
-            } else {
-                holders.join(", ")
-            },
-            info.fencing_token
-        );
-        let mut err = std::io::stderr();
-        let _ = write!(
-            err,
-            "Remove every holder of `{}` by force? [y/N] ",
-            args.name
-        )
-        .and_then(|()| err.flush());
-        let stdin = std::io::stdin();
-        if !stdin.is_terminal() {
-            // Piped input is fine (`echo y | dlock release --force`), but say so.
-            eprintln!();
-        }
-        let mut line = String::new();
-        let answer = match stdin.lock().read_line(&mut line) {
-            Ok(_) => line.trim().to_ascii_lowercase(),
-            Err(_) => String::new(),
-        };
-        if answer != "y" && answer != "yes" {
-            eprintln!("dlock: not released");
-            return crate::EXIT_ERROR;
-        }
+    if !args.yes && !confirm(&args.name, kind, &info) {
+        eprintln!("dlock: not released");
+        return crate::EXIT_ERROR;
     }
     match client.force_release(&args.name, kind).await {
+        Ok(r) if args.json => {
+            report(&args.name, kind, false, &r.removed, r.fencing_token);
+            0
+        }
         Ok(r) => {
-            if args.json {
-                report(false, &r.removed, r.fencing_token);
-                return 0;
-            }
-            if r.removed.is_empty() {
-                println!(
-                    "lock `{}` had no holder; fencing token now {}",
-                    args.name, r.fencing_token
-                );
-            }
-            for h in &r.removed {
-                println!("removed holder {} (holds: {})", h.owner, h.count);
-            }
-            if !r.removed.is_empty() {
-                println!(
-                    "fencing token advanced to {}: writes with older tokens are rejected by fenced stores",
-                    r.fencing_token
-                );
-            }
+            print_released(&args.name, &r);
             0
         }
         Err(e) => {
             eprintln!("dlock: {e}");
             crate::EXIT_ERROR
         }
+    }
+}
+
+/// `--json`: one object with the name, the kind, whether NAME was unknown, the holders removed
+/// and the fencing token after the release.
+fn report(
+    name: &str,
+    kind: distlock::LockKind,
+    unknown: bool,
+    removed: &[distlock::HolderInfo],
+    token: u64,
+) {
+    let removed: Vec<_> = removed
+        .iter()
+        .map(|h| serde_json::json!({"owner": h.owner, "count": h.count}))
+        .collect();
+    let v = serde_json::json!({
+        "name": name,
+        "kind": crate::kind::describe(kind),
+        "unknown": unknown,
+        "removed": removed,
+        "fencing_token": token,
+    });
+    println!("{v}");
+}
+
+/// Shows what would be removed and asks on stderr; true on `y` or `yes` from stdin.
+fn confirm(name: &str, kind: distlock::LockKind, info: &distlock::LockInfo) -> bool {
+    let holders: Vec<_> = info.holders.iter().map(|h| h.owner.as_str()).collect();
+    eprintln!(
+        "lock `{}` ({}): holders: {}; fencing token {}",
+        name,
+        crate::kind::describe(kind),
+        if holders.is_empty() {
+            "none".to_owned()
+        } else {
+            holders.join(", ")
+        },
+        info.fencing_token
+    );
+    let mut err = std::io::stderr();
+    let _ =
+        write!(err, "Remove every holder of `{name}` by force? [y/N] ").and_then(|()| err.flush());
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        // Piped input is fine (`echo y | dlock release --force`), but say so.
+        eprintln!();
+    }
+    let mut line = String::new();
+    let answer = match stdin.lock().read_line(&mut line) {
+        Ok(_) => line.trim().to_ascii_lowercase(),
+        Err(_) => String::new(),
+    };
+    answer == "y" || answer == "yes"
+}
+
+/// The human-readable outcome of a forced release.
+fn print_released(name: &str, r: &distlock::ForceReleased) {
+    if r.removed.is_empty() {
+        println!(
+            "lock `{}` had no holder; fencing token now {}",
+            name, r.fencing_token
+        );
+    }
+    for h in &r.removed {
+        println!("removed holder {} (holds: {})", h.owner, h.count);
+    }
+    if !r.removed.is_empty() {
+        println!(
+            "fencing token advanced to {}: writes with older tokens are rejected by fenced stores",
+            r.fencing_token
+        );
     }
 }

@@ -6,7 +6,6 @@ use crate::hold::{KeeperMsg, Shared};
 use crate::lock::Lock;
 use crate::options::ClientOptions;
 use crate::semaphore::{MultiLock, Semaphore};
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,9 +53,10 @@ impl Client {
             )
         })?;
         let shared = Arc::new(Shared {
+            timings: crate::hold::Timings::new(backend.kind()),
             backend,
             opts,
-            holds: Mutex::new(HashMap::new()),
+            holds: Mutex::new(crate::fasthash::FastMap::default()),
             wake: Notify::new(),
             attached: Notify::new(),
         });

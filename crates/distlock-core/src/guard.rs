@@ -223,8 +223,7 @@ impl LockGuard {
         let hold = self.hold.clone();
         let shared = self.client.shared.clone();
         let watchdog = self.watchdog;
-        metrics::histogram!("dlock_hold_seconds", "backend" => shared.backend.kind())
-            .record(self.acquired_at.elapsed().as_secs_f64());
+        shared.timings.hold(self.acquired_at.elapsed());
         // Run in this task (no spawn, no wake-up of another thread), but finished in the
         // background if this future is dropped: cancelling it cannot leave the lock behind.
         let keeper = self.client.keeper_tx.clone();

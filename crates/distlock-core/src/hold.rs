@@ -18,9 +18,9 @@ pub(crate) use keeper::RENEW_CHUNK;
 
 use crate::backend::{Backend, GrantRef, HoldKey};
 use crate::clock::Instant;
+use crate::fasthash::FastMap;
 use crate::lost::{LostReason, LostSignal};
 use crate::options::ClientOptions;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -121,12 +121,53 @@ pub(crate) enum KeeperMsg {
 pub(crate) struct Shared {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) opts: ClientOptions,
-    pub(crate) holds: Mutex<HashMap<HoldKey, Arc<Hold>>>,
+    pub(crate) holds: Mutex<FastMap<HoldKey, Arc<Hold>>>,
     /// Wakes the keeper when a hold with an earlier deadline arrives.
     pub(crate) wake: Notify,
     /// Wakes waiting acquisitions when a hold is attached, so that a task waiting on the
     /// server for a lock its own owner now holds in this client joins that hold instead.
     pub(crate) attached: Notify,
+    /// The per-pair histograms' keys, made once (see [`Timings`]).
+    pub(crate) timings: Timings,
+}
+
+/// The keys of the histograms every acquire + release records, labelled with the backend:
+/// made once per client instead of per record (the metrics macros build a label vector and
+/// hash the key each time). Recorded through the recorder installed at the time of each record,
+/// as the macros do.
+pub(crate) struct Timings {
+    acquire_wait: metrics::Key,
+    hold: metrics::Key,
+}
+
+/// The metadata the macros give a metric of this crate.
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+impl Timings {
+    pub(crate) fn new(backend: &'static str) -> Self {
+        let key = |name: &'static str| {
+            metrics::Key::from_parts(name, vec![metrics::Label::new("backend", backend)])
+        };
+        Timings {
+            acquire_wait: key("dlock_acquire_wait_seconds"),
+            hold: key("dlock_hold_seconds"),
+        }
+    }
+
+    /// `dlock_acquire_wait_seconds`: how long an acquisition waited for its grant.
+    pub(crate) fn acquire_wait(&self, d: Duration) {
+        Self::record(&self.acquire_wait, d);
+    }
+
+    /// `dlock_hold_seconds`: how long a guard held its lock before its release.
+    pub(crate) fn hold(&self, d: Duration) {
+        Self::record(&self.hold, d);
+    }
+
+    fn record(key: &metrics::Key, d: Duration) {
+        metrics::with_recorder(|r| r.register_histogram(key, &METADATA)).record(d.as_secs_f64());
+    }
 }
 
 impl Shared {
@@ -136,7 +177,7 @@ impl Shared {
         self.backend.capabilities().check(self.backend.kind(), kind)
     }
 
-    pub(crate) fn holds(&self) -> MutexGuard<'_, HashMap<HoldKey, Arc<Hold>>> {
+    pub(crate) fn holds(&self) -> MutexGuard<'_, FastMap<HoldKey, Arc<Hold>>> {
         self.holds.lock().unwrap_or_else(|p| p.into_inner())
     }
 

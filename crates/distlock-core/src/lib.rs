@@ -23,6 +23,7 @@ mod deadline;
 mod duration;
 mod election;
 mod error;
+mod fasthash;
 mod guard;
 mod hold;
 mod lock;

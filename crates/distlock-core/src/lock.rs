@@ -225,7 +225,7 @@ impl Lock {
                 };
                 req.write_grant = shared.live_hold(&write).map(|h| h.grant.clone());
             }
-            let mut pending = PendingGrant::start(&self.client, req.clone(), mode);
+            let mut pending = pending_grant(&self.client, req.clone(), mode);
             let granted = if matches!(mode, Mode::Try) {
                 // One request, no wait on the server: nothing for a sibling's grant to cut
                 // short, so no sibling watch (a Notify registration per attempt).
@@ -257,8 +257,7 @@ impl Lock {
                 }
                 return Ok(None);
             };
-            metrics::histogram!("dlock_acquire_wait_seconds", "backend" => shared.backend.kind())
-                .record(started.elapsed().as_secs_f64());
+            shared.timings.acquire_wait(started.elapsed());
             let grant = req.grant(granted.token);
             match shared.attach(
                 grant.clone(),
@@ -314,84 +313,85 @@ enum Mode {
 
 type GrantResult = Result<Option<Granted>>;
 
-/// What a dropped acquisition does with the rest of its future.
-type OnDrop = Box<dyn FnOnce(Option<BoxFuture<GrantResult>>) + Send>;
-
 /// An acquisition, run in the caller's task, that dropping the caller's future cannot strand:
-/// a drop cancels the wait and hands the rest to a background task that gives back any grant
-/// it gets (in flight as the future was dropped, or granted as the wait was cancelled).
-struct PendingGrant {
-    inner: Finish<GrantResult, OnDrop>,
+/// a drop cancels the wait and hands the rest (`D`, what a dropped acquisition does with the
+/// rest of its future) to a background task that gives back any grant it gets (in flight as
+/// the future was dropped, or granted as the wait was cancelled).
+struct PendingGrant<D: FnOnce(Option<BoxFuture<GrantResult>>)> {
+    inner: Finish<GrantResult, D>,
     _cancel: tokio_util::sync::DropGuard,
 }
 
-impl PendingGrant {
-    fn start(client: &Client, req: AcquireRequest, mode: Mode) -> Self {
-        let shared = client.shared.clone();
-        let cancel = CancellationToken::new();
-        let task_cancel = cancel.clone();
-        let (back, back_req) = (shared.clone(), req.clone());
-        let fut: BoxFuture<GrantResult> = Box::pin(async move {
-            let backend = &shared.backend;
-            // Whether a request of this attempt failed without an answer (a timeout, a reset):
-            // it may still reach the server after the attempt ends.
-            let ambiguous = std::sync::atomic::AtomicBool::new(false);
-            let res = match mode {
-                Mode::Try => {
-                    // Every retry carries the same attempt id: a grant whose reply was lost is
-                    // returned again, not taken twice.
-                    crate::backoff::retry(shared.opts.retry, || async {
-                        let requested_at = crate::clock::Instant::now();
-                        let reply = backend.acquire(&req).await.inspect_err(|_| {
-                            ambiguous.store(true, std::sync::atomic::Ordering::Relaxed)
-                        })?;
-                        Ok(match reply {
-                            AcquireReply::Granted { token } => Some(Granted {
-                                token,
-                                requested_at,
-                            }),
-                            AcquireReply::Held { .. } => None,
-                        })
+/// Starts an acquisition of `req` in `mode` as a [`PendingGrant`].
+fn pending_grant(
+    client: &Client,
+    req: AcquireRequest,
+    mode: Mode,
+) -> PendingGrant<impl FnOnce(Option<BoxFuture<GrantResult>>) + Send + Unpin> {
+    let shared = client.shared.clone();
+    let cancel = CancellationToken::new();
+    let task_cancel = cancel.clone();
+    let (back, back_req) = (shared.clone(), req.clone());
+    let fut: BoxFuture<GrantResult> = Box::pin(async move {
+        let backend = &shared.backend;
+        // Whether a request of this attempt failed without an answer (a timeout, a reset):
+        // it may still reach the server after the attempt ends.
+        let ambiguous = std::sync::atomic::AtomicBool::new(false);
+        let res = match mode {
+            Mode::Try => {
+                // Every retry carries the same attempt id: a grant whose reply was lost is
+                // returned again, not taken twice.
+                crate::backoff::retry(shared.opts.retry, || async {
+                    let requested_at = crate::clock::Instant::now();
+                    let reply = backend.acquire(&req).await.inspect_err(|_| {
+                        ambiguous.store(true, std::sync::atomic::Ordering::Relaxed)
+                    })?;
+                    Ok(match reply {
+                        AcquireReply::Granted { token } => Some(Granted {
+                            token,
+                            requested_at,
+                        }),
+                        AcquireReply::Held { .. } => None,
                     })
-                    .await
-                }
-                Mode::Wait(deadline) => backend.acquire_wait(&req, deadline, &task_cancel).await,
-            };
-            let ended_unsure =
-                matches!(res, Ok(None)) && ambiguous.load(std::sync::atomic::Ordering::Relaxed);
-            if res.is_err() || ended_unsure {
-                // The last request may have been granted with its reply lost, or an unanswered
-                // earlier one may still be on its way (a retry on a fresh connection was
-                // answered "held"): give up the attempt, which gives back whatever it holds
-                // and (on backends that keep a record of ended attempts) keeps a late request
-                // from granting or queueing it. The request names the attempt; nothing else
-                // is touched.
-                if let Err(e) = backend.give_up(&req).await {
-                    tracing::debug!(error = %e, name = %req.key.name, "could not give up a failed attempt; any grant frees at lease end");
-                }
+                })
+                .await
             }
-            res
-        });
-        let on_drop: OnDrop = Box::new(move |rest| {
-            // Never polled: no request was sent, nothing to give back.
-            let Some(rest) = rest else { return };
-            spawn_or_drop(async move {
-                // Nobody is waiting for this grant any more.
-                if let Ok(Some(g)) = rest.await {
-                    crate::guard::give_back(&back, &back_req.grant(g.token)).await;
-                }
-            });
-        });
-        PendingGrant {
-            inner: Finish::new(fut, on_drop),
-            // Dropped after `inner` (field order): the wait sees the cancellation when the
-            // background task polls it next.
-            _cancel: cancel.drop_guard(),
+            Mode::Wait(deadline) => backend.acquire_wait(&req, deadline, &task_cancel).await,
+        };
+        let ended_unsure =
+            matches!(res, Ok(None)) && ambiguous.load(std::sync::atomic::Ordering::Relaxed);
+        if res.is_err() || ended_unsure {
+            // The last request may have been granted with its reply lost, or an unanswered
+            // earlier one may still be on its way (a retry on a fresh connection was
+            // answered "held"): give up the attempt, which gives back whatever it holds
+            // and (on backends that keep a record of ended attempts) keeps a late request
+            // from granting or queueing it. The request names the attempt; nothing else
+            // is touched.
+            if let Err(e) = backend.give_up(&req).await {
+                tracing::debug!(error = %e, name = %req.key.name, "could not give up a failed attempt; any grant frees at lease end");
+            }
         }
+        res
+    });
+    let on_drop = move |rest: Option<BoxFuture<GrantResult>>| {
+        // Never polled: no request was sent, nothing to give back.
+        let Some(rest) = rest else { return };
+        spawn_or_drop(async move {
+            // Nobody is waiting for this grant any more.
+            if let Ok(Some(g)) = rest.await {
+                crate::guard::give_back(&back, &back_req.grant(g.token)).await;
+            }
+        });
+    };
+    PendingGrant {
+        inner: Finish::new(fut, on_drop),
+        // Dropped after `inner` (field order): the wait sees the cancellation when the
+        // background task polls it next.
+        _cancel: cancel.drop_guard(),
     }
 }
 
-impl Future for PendingGrant {
+impl<D: FnOnce(Option<BoxFuture<GrantResult>>) + Unpin> Future for PendingGrant<D> {
     type Output = GrantResult;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<GrantResult> {

@@ -2,6 +2,7 @@
 
 use crate::backend::{AttemptId, ReleaseWatch, Wake};
 use crate::error::{Error, Result};
+use crate::fasthash::FastMap;
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -91,9 +92,9 @@ struct Channel {
     /// Kept subscribed with no watch (see [`Subscriptions::pin`]).
     pinned: bool,
     /// Waiting attempts, with how many watches each has.
-    attempts: HashMap<AttemptId, usize>,
+    attempts: FastMap<AttemptId, usize>,
     /// Handoffs not yet picked up: attempt → token.
-    handed: HashMap<AttemptId, u64>,
+    handed: FastMap<AttemptId, u64>,
     /// Bumped on every notice; dropped (after saying why) when the key's watches fail.
     beat: watch::Sender<Beat>,
 }
@@ -381,8 +382,8 @@ impl<K> Shared<K> {
             watches: 0,
             released: 0,
             pinned: false,
-            attempts: HashMap::new(),
-            handed: HashMap::new(),
+            attempts: FastMap::default(),
+            handed: FastMap::default(),
             beat: watch::channel(Beat::default()).0,
         }
     }

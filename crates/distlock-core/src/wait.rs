@@ -155,7 +155,18 @@ pub async fn run<S: WaitStrategy + ?Sized>(
     cancel: &CancellationToken,
     policy: RetryPolicy,
 ) -> Result<Option<Granted>> {
-    let res = run_loop(strategy, deadline, cancel, policy).await;
+    run_after(strategy, None, deadline, cancel, policy).await
+}
+
+/// [`run`], with the outcome of a first attempt the caller already made (`None`: none).
+async fn run_after<S: WaitStrategy + ?Sized>(
+    strategy: &mut S,
+    first: Option<Result<Attempt>>,
+    deadline: Deadline,
+    cancel: &CancellationToken,
+    policy: RetryPolicy,
+) -> Result<Option<Granted>> {
+    let res = run_loop(strategy, first, deadline, cancel, policy).await;
     if !matches!(res, Ok(Some(_))) {
         strategy.give_up().await;
     }
@@ -164,6 +175,7 @@ pub async fn run<S: WaitStrategy + ?Sized>(
 
 async fn run_loop<S: WaitStrategy + ?Sized>(
     strategy: &mut S,
+    mut first: Option<Result<Attempt>>,
     deadline: Deadline,
     cancel: &CancellationToken,
     policy: RetryPolicy,
@@ -171,15 +183,22 @@ async fn run_loop<S: WaitStrategy + ?Sized>(
     let mut backoff = Backoff::new(policy);
     let mut last_err: Option<Error> = None;
     loop {
-        if cancel.is_cancelled() {
-            return Ok(None);
-        }
-        if deadline.passed() {
-            return last_err.map_or(Ok(None), Err);
-        }
+        let outcome = match first.take() {
+            // Made by the caller after the same checks.
+            Some(outcome) => outcome,
+            None => {
+                if cancel.is_cancelled() {
+                    return Ok(None);
+                }
+                if deadline.passed() {
+                    return last_err.map_or(Ok(None), Err);
+                }
+                strategy.attempt(deadline, cancel).await
+            }
+        };
         // A failed attempt is why the lock was not got; a failed wake-up after a "held" answer
         // is not (the holder was), so only the former is reported at the deadline.
-        let (failed, by_attempt) = match strategy.attempt(deadline, cancel).await {
+        let (failed, by_attempt) = match outcome {
             Ok(Attempt::Granted(g)) => return Ok(Some(g)),
             Ok(Attempt::Again) => {
                 backoff.reset();
@@ -331,7 +350,18 @@ pub async fn watch_and_retry<B: Backend + ?Sized>(
         watch: None,
         queued: false,
     };
-    run(&mut w, deadline.into(), cancel, RetryPolicy::default()).await
+    let deadline = Deadline::from(deadline);
+    // The first attempt called directly (the loop's calls go through a boxed future): an
+    // uncontended wait ends here. The loop's own checks come first, as it would make them.
+    let mut first = None;
+    if !cancel.is_cancelled() && !deadline.passed() {
+        let outcome = w.try_once(deadline, cancel).await;
+        if let Ok(Attempt::Granted(g)) = outcome {
+            return Ok(Some(g));
+        }
+        first = Some(outcome);
+    }
+    run_after(&mut w, first, deadline, cancel, RetryPolicy::default()).await
 }
 
 /// [`watch_and_retry`]'s strategy.
@@ -347,40 +377,7 @@ struct Watching<'a, B: ?Sized> {
 #[async_trait]
 impl<B: Backend + ?Sized> WaitStrategy for Watching<'_, B> {
     async fn attempt(&mut self, deadline: Deadline, cancel: &CancellationToken) -> Result<Attempt> {
-        // The attempt may reach the server (and queue, or even be granted) however it ends:
-        // every retry names the same attempt, so it has the effect of one.
-        self.queued = true;
-        if self.watch.is_none() {
-            // In place before the request is sent: a handoff right after it is not missed.
-            self.watch = self.backend.watch_ready(&self.req);
-        }
-        let sent = crate::clock::Instant::now();
-        let ttl = match self.backend.acquire(&self.req).await? {
-            AcquireReply::Granted { token } => {
-                return Ok(Attempt::Granted(Granted {
-                    token,
-                    requested_at: sent,
-                }))
-            }
-            AcquireReply::Held { ttl } => ttl,
-        };
-        if self.watch.is_none() && !cancel.is_cancelled() && !deadline.passed() {
-            match self.backend.watch(&self.req).await {
-                Ok(w) => {
-                    self.watch = Some(w);
-                    // Try again at once: the release may have come before we subscribed.
-                    return Ok(Attempt::Again);
-                }
-                Err(e) if e.is_retryable() => {
-                    tracing::debug!(error = %e, "cannot subscribe; waiting for the lease instead");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        // Wake a hair after the holder's lease ends, not before.
-        Ok(Attempt::Held {
-            retry_in: ttl.map(|t| t + Duration::from_millis(1)),
-        })
+        self.try_once(deadline, cancel).await
     }
 
     async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
@@ -423,6 +420,50 @@ impl<B: Backend + ?Sized> WaitStrategy for Watching<'_, B> {
         if let Err(e) = self.backend.give_up(&self.req).await {
             tracing::debug!(error = %e, name = %self.req.key.name, "could not leave the wait queue; it expires by itself");
         }
+    }
+}
+
+impl<B: Backend + ?Sized> Watching<'_, B> {
+    /// One attempt ([`WaitStrategy::attempt`]).
+    async fn try_once(
+        &mut self,
+        deadline: Deadline,
+        cancel: &CancellationToken,
+    ) -> Result<Attempt> {
+        // The attempt may reach the server (and queue, or even be granted) however it ends:
+        // every retry names the same attempt, so it has the effect of one.
+        self.queued = true;
+        if self.watch.is_none() {
+            // In place before the request is sent: a handoff right after it is not missed.
+            self.watch = self.backend.watch_ready(&self.req);
+        }
+        let sent = crate::clock::Instant::now();
+        let ttl = match self.backend.acquire(&self.req).await? {
+            AcquireReply::Granted { token } => {
+                return Ok(Attempt::Granted(Granted {
+                    token,
+                    requested_at: sent,
+                }))
+            }
+            AcquireReply::Held { ttl } => ttl,
+        };
+        if self.watch.is_none() && !cancel.is_cancelled() && !deadline.passed() {
+            match self.backend.watch(&self.req).await {
+                Ok(w) => {
+                    self.watch = Some(w);
+                    // Try again at once: the release may have come before we subscribed.
+                    return Ok(Attempt::Again);
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(error = %e, "cannot subscribe; waiting for the lease instead");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        // Wake a hair after the holder's lease ends, not before.
+        Ok(Attempt::Held {
+            retry_in: ttl.map(|t| t + Duration::from_millis(1)),
+        })
     }
 }
 

@@ -25,7 +25,7 @@ pub(crate) struct Address {
     /// `?dialect=`: another library's key layout to speak (`None`: dlock's own).
     pub(crate) dialect: Option<Dialect>,
     /// `?handoff_after=DUR`: the plain mutex's contended mode (see [`crate::contended`]).
-    pub(crate) handoff_after: Duration,
+    pub(crate) handoff_after: crate::contended::HandoffAfter,
 }
 
 /// The deployment a URL names: the connection layer's business, not the lock protocol's.

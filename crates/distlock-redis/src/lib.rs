@@ -45,8 +45,9 @@ pub struct RedisBackend {
     unanswered: ended::Unanswered,
     /// `?dialect=`: the locks are another library's keys (see [`dialect`]); `None`: dlock's.
     dialect: Option<dialect::Layout>,
-    /// `?handoff_after=`: the plain mutex's contended mode (see [`contended`]).
-    handoff_after: Duration,
+    /// `?handoff_after=`, or the adaptive default: the plain mutex's contended mode (see
+    /// [`contended`]).
+    handoff_after: contended::HandoffAfter,
 }
 
 pub use crate::address::redact;
@@ -54,7 +55,9 @@ pub use crate::builder::{
     RedisBuilder, RedisBuilderExt, RedisSettings, PASSWORD_ENV, PASSWORD_FILE_ENV,
     SENTINEL_PASSWORD_ENV, USER_ENV,
 };
-pub use crate::contended::DEFAULT_HANDOFF_AFTER;
+pub use crate::contended::{
+    DEFAULT_HANDOFF_AFTER, HOLD_MULTIPLE, MAX_HANDOFF_AFTER, MIN_HANDOFF_AFTER,
+};
 /// How long a fencing counter (`NS:{NAME}:fence`) outlives the lease of the last grant made
 /// from it: one hour. After that the key expires, and the next grant's token comes from the
 /// server clock alone (every token is at least the server's `TIME` in µs when it is granted; a
@@ -284,7 +287,7 @@ impl RedisBackend {
             wait_replicas,
             unanswered: ended::Unanswered::new(ended::record_lifetime(opts.get_op_timeout())),
             dialect: None,
-            handoff_after: contended::DEFAULT_HANDOFF_AFTER,
+            handoff_after: contended::HandoffAfter::default(),
         })
     }
 
@@ -410,7 +413,7 @@ impl RedisBackend {
                 // release.lua: the lock hash (its counter, queue, waiter data and channel are
                 // named after it in the script); a give-up names no token.
                 let hash = self.key_of(&key.name, &[Self::base(election)]);
-                let barge = contended::barge_arg(fair, election, self.handoff_after);
+                let barge = self.handoff_after.barge_arg(fair, election);
                 let observe;
                 let mut args = vec![attempt, token, &barge];
                 if election {
@@ -786,6 +789,7 @@ impl Backend for RedisBackend {
             (1, token) if token > 0 => {
                 let token = token as u64;
                 self.confirm_replicas(&req.grant(token), acked).await?;
+                self.handoff_after.granted(req.key.kind, &req.attempt);
                 Ok(AcquireReply::Granted { token })
             }
             (0, pttl) => Ok(AcquireReply::Held {
@@ -851,6 +855,7 @@ impl Backend for RedisBackend {
         if let Some(l) = &self.dialect {
             return dialect::release(self, l, grant).await;
         }
+        self.handoff_after.released(grant.key.kind, &grant.attempt);
         let token = grant.token.to_string();
         let v = self
             .run_release(&grant.key, &grant.attempt, &token, "release")

@@ -1,13 +1,14 @@
 //! The plain mutex's contended mode (`?handoff_after=`, src/contended.rs): a release frees the
 //! lock for whoever asks first while the oldest waiter is young, and hands it over, oldest
-//! first, once that waiter has waited `handoff_after`. On real redis-servers, with a slow
-//! waiter behind a delaying proxy.
+//! first, once that waiter has waited `handoff_after` (by default a multiple of the client's
+//! recent holds, bounded). On real redis-servers, with a slow waiter behind a delaying proxy.
 
 mod common;
 
 use common::{acquired, client_for, released};
 
 use distlock_core::{Client, ClientOptions};
+use distlock_redis::{DEFAULT_HANDOFF_AFTER, MAX_HANDOFF_AFTER};
 use distlock_testkit::conformance::{fast_opts, unique_name};
 use distlock_testkit::{DelayProxy, RedisServer};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -158,12 +159,28 @@ async fn an_old_waiter_is_handed_the_lock_and_no_barger_overlaps_it() {
 /// `handoff_after` and a few of its round trips, and the two never hold at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_releaser_does_not_starve_a_slow_waiter() {
+    hot_releaser_and_slow_waiter(Some("50ms"), Duration::ZERO, Duration::from_millis(50)).await;
+}
+
+/// The same with the adaptive threshold (no `handoff_after`): the hot releaser's holds of a
+/// few ms put it at its ceiling, [`MAX_HANDOFF_AFTER`], and the slow waiter is still served
+/// within that and a few of its round trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adaptive_threshold_does_not_starve_a_slow_waiter() {
+    hot_releaser_and_slow_waiter(None, Duration::from_millis(2), MAX_HANDOFF_AFTER).await;
+}
+
+/// A hot loop on one client holding `hold` per section, and a waiter on another whose
+/// requests all come 20 ms late; `after`: the threshold the releases use at most.
+async fn hot_releaser_and_slow_waiter(param: Option<&str>, hold: Duration, after: Duration) {
     let server = RedisServer::start().expect("redis");
-    let after = Duration::from_millis(50);
-    let url = with_handoff_after(&server.url(), "50ms");
-    let (hot, _) = client_for(&url, opts()).await;
+    let url_of = |url: String| match param {
+        Some(p) => with_handoff_after(&url, p),
+        None => url,
+    };
+    let (hot, _) = client_for(&url_of(server.url()), opts()).await;
     let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
-    let slow_url = with_handoff_after(&format!("redis://127.0.0.1:{}", proxy.port()), "50ms");
+    let slow_url = url_of(format!("redis://127.0.0.1:{}", proxy.port()));
     let (slow, _) = client_for(&slow_url, opts()).await;
     let name = unique_name("hot");
     let inside = Arc::new(AtomicBool::new(false));
@@ -184,6 +201,9 @@ async fn a_hot_releaser_does_not_starve_a_slow_waiter() {
                     .expect("hot acquire");
                 assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
                 tokio::task::yield_now().await;
+                if !hold.is_zero() {
+                    tokio::time::sleep(hold).await;
+                }
                 inside.store(false, Ordering::SeqCst);
                 sections.fetch_add(1, Ordering::SeqCst);
                 released(g).await;
@@ -222,6 +242,104 @@ async fn a_hot_releaser_does_not_starve_a_slow_waiter() {
     stop.store(true, Ordering::SeqCst);
     looping.await.expect("hot loop");
     assert!(hot_sections.load(Ordering::SeqCst) > 20);
+}
+
+/// `n` acquire + hold `held` + release cycles of a lock of `c`'s own: the client's recent
+/// holds, which the adaptive threshold follows.
+async fn hold_a_while(c: &Client, held: Duration, n: usize) {
+    let lock = c.lock(&unique_name("warm")).expect("lock");
+    for _ in 0..n {
+        let g = lock.acquire().await.expect("acquire");
+        tokio::time::sleep(held).await;
+        released(g).await;
+    }
+}
+
+/// Without `handoff_after`, the threshold follows the client's recent holds: after holds of
+/// 10 ms it is at its ceiling ([`MAX_HANDOFF_AFTER`], 20 ms), so a waiter queued about 10 ms
+/// ago — older than the old fixed default of 5 ms — is woken, not handed the lock, and a
+/// barger takes the free lock while the waiter (slowed by a proxy) stays queued. (Before the
+/// threshold followed the holds: the lock was handed over, 'the waiter was handed the lock'.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adaptive_threshold_lets_a_barger_pass_a_waiter_younger_than_the_recent_holds() {
+    let server = RedisServer::start().expect("redis");
+    let (holder_c, _) = client_for(&server.url(), opts()).await;
+    let (barger, _) = client_for(&server.url(), opts()).await;
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let (waiter, _) = client_for(&format!("redis://127.0.0.1:{}", proxy.port()), opts()).await;
+    hold_a_while(&holder_c, Duration::from_millis(10), 4).await;
+    let name = unique_name("adaptive");
+    let g = acquired(&holder_c, &name).await;
+    let lock = waiter.lock(&name).expect("lock");
+    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    queued(&server, &name, 1).await;
+    proxy.set_request_delay(Duration::from_millis(300));
+    // Older than the old default, younger than the adaptive threshold.
+    tokio::time::sleep(DEFAULT_HANDOFF_AFTER * 2).await;
+    let mut spy = server.spy("dlock:wake:*").expect("spy");
+    released(g).await;
+    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
+    assert_eq!(
+        seen.len(),
+        1,
+        "one wake-up, for the oldest waiter: {seen:?}"
+    );
+    assert!(
+        seen[0].1.starts_with("w "),
+        "the waiter was handed the lock: {seen:?}"
+    );
+    let got = barger
+        .lock(&name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("the barger did not get the free lock");
+    proxy.set_request_delay(Duration::ZERO);
+    released(got).await;
+    let w = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("the waiter was never served")
+        .expect("join")
+        .expect("acquired");
+    released(w).await;
+}
+
+/// The adaptive threshold never passes its ceiling: after holds far longer than it (so
+/// `HOLD_MULTIPLE` × the mean is seconds), a waiter older than [`MAX_HANDOFF_AFTER`] is
+/// handed the lock and a barger right after is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adaptive_threshold_still_hands_an_old_waiter_the_lock() {
+    let server = RedisServer::start().expect("redis");
+    let (holder_c, _) = client_for(&server.url(), opts()).await;
+    let (barger, _) = client_for(&server.url(), opts()).await;
+    let (waiter, _) = client_for(&server.url(), opts()).await;
+    hold_a_while(&holder_c, Duration::from_millis(100), 2).await;
+    let name = unique_name("adaptive-old");
+    let g = acquired(&holder_c, &name).await;
+    let lock = waiter.lock(&name).expect("lock");
+    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    queued(&server, &name, 1).await;
+    tokio::time::sleep(MAX_HANDOFF_AFTER * 2).await;
+    let mut spy = server.spy("dlock:wake:*").expect("spy");
+    released(g).await;
+    let handed_to = holder(&server, &name);
+    assert!(!handed_to.is_empty(), "the lock was not handed over");
+    let barged = barger
+        .lock(&name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(barged.is_none(), "a barger got a lock handed to a waiter");
+    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
+    assert!(seen.len() == 1 && seen[0].1.starts_with("h "), "{seen:?}");
+    let w = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("never acquired")
+        .expect("join")
+        .expect("acquired");
+    released(w).await;
 }
 
 /// A fair lock keeps strict FIFO: even a waiter that has waited no time at all is handed the
