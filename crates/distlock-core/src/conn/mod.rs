@@ -49,7 +49,9 @@ mod secret;
 mod tests;
 mod tls;
 
-pub use builder::{Builder, Connect, CredentialRule, Credentials, EcosystemRule, Env, Settings};
+pub use builder::{
+    Builder, Connect, CredentialRule, Credentials, EcosystemQuery, EcosystemRule, Env, Settings,
+};
 pub use files::{TlsFiles, TlsNames};
 pub use redact::redact;
 pub use scrub::MIN_SCRUBBED_LEN;
