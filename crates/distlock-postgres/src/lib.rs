@@ -139,7 +139,11 @@ impl PostgresBackend {
             listen,
             ..
         } = p;
-        let connector = tls.connector()?;
+        let host = match config.get_hosts() {
+            [tokio_postgres::config::Host::Tcp(h)] => Some(h.clone()),
+            _ => None,
+        };
+        let connector = tls.connector(host)?;
         // libpq ignores sslmode on unix sockets, and the server offers no TLS there.
         let unix_only = config
             .get_hosts()

@@ -57,7 +57,7 @@ pub use redact::redact;
 pub use scrub::MIN_SCRUBBED_LEN;
 pub use secret::{read_password_file, resolve_password, PasswordSource};
 #[cfg(feature = "rustls")]
-pub use tls::{crypto_provider, install_crypto_provider, system_roots};
+pub use tls::{crypto_provider, install_crypto_provider, rustls_error, system_roots};
 pub use tls::{TlsError, TlsErrorKind};
 
 use crate::error::{Error, Result};

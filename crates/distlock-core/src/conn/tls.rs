@@ -127,6 +127,36 @@ impl TlsErrorKind {
     }
 }
 
+/// The rustls error in `e` or its chain of sources (feature `rustls`), when there is one:
+/// tokio-rustls hands it over wrapped in an [`std::io::Error`], whose `source()` skips it, so
+/// those are opened too.
+///
+/// ```
+/// use distlock_core::conn::rustls_error;
+///
+/// let alert = rustls::Error::AlertReceived(rustls::AlertDescription::UnknownCA);
+/// let io = std::io::Error::new(std::io::ErrorKind::InvalidData, alert.clone());
+/// assert_eq!(rustls_error(&io), Some(alert));
+/// assert_eq!(rustls_error(&std::io::Error::other("no TLS here")), None);
+/// ```
+#[cfg(feature = "rustls")]
+pub fn rustls_error(e: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
+    let mut cur = Some(e);
+    // A bound, should a chain ever loop.
+    for _ in 0..16 {
+        let err = cur?;
+        let wrapped = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|i| i.downcast_ref::<rustls::Error>());
+        if let Some(r) = err.downcast_ref::<rustls::Error>().or(wrapped) {
+            return Some(r.clone());
+        }
+        cur = err.source();
+    }
+    None
+}
+
 /// The crypto provider of every TLS connection dlock makes (feature `rustls`): aws-lc-rs,
 /// the one provider compiled in.
 #[cfg(feature = "rustls")]
