@@ -88,6 +88,15 @@ impl fmt::Display for RootCert {
     }
 }
 
+/// How libpq and PostgreSQL name the TLS settings, for messages.
+#[cfg(feature = "tls")]
+const WORDS: distlock_core::conn::TlsWords = distlock_core::conn::TlsWords {
+    ca: "sslrootcert=PATH",
+    client_cert: "sslcert=PATH and sslkey=PATH",
+    server_ca: "ssl_ca_file",
+    plain: "turn `ssl = on` in the server's postgresql.conf, or use sslmode=prefer or disable",
+};
+
 /// How libpq names its TLS files.
 const NAMES: TlsNames = TlsNames {
     ca: &["sslrootcert"],
@@ -284,14 +293,6 @@ impl Context {
             .map(|h| format!("`{h}`"))
             .unwrap_or_else(|| "connected to".into())
     }
-
-    #[cfg(feature = "tls")]
-    fn handshake(&self, detail: impl fmt::Display) -> TlsError {
-        TlsError::new(
-            TlsErrorKind::Handshake,
-            format!("the TLS handshake failed: {detail}"),
-        )
-    }
 }
 
 impl Tls {
@@ -364,6 +365,7 @@ mod imp {
 #[cfg(feature = "tls")]
 mod imp {
     use super::*;
+    use distlock_core::conn::ClientCert;
     use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
     use rustls::client::{verify_server_cert_signed_by_trust_anchor, verify_server_name};
     use rustls::crypto::{verify_tls12_signature, verify_tls13_signature};
@@ -480,10 +482,6 @@ mod imp {
                     ctx.host_name()
                 ),
             ),
-            K::Expired => TlsError::new(
-                K::Expired,
-                format!("the server's certificate is outside its validity period ({e})"),
-            ),
             K::Untrusted => TlsError::new(
                 K::Untrusted,
                 format!(
@@ -492,8 +490,17 @@ mod imp {
                      sslrootcert to encrypt without checking"
                 ),
             ),
-            K::ClientCertRejected => client_cert_rejected(ctx, e),
-            _ => ctx.handshake(e),
+            kind => {
+                let cert = ctx
+                    .client_cert
+                    .as_ref()
+                    .map(|c| format!(" sslcert={}", c.display()));
+                let cert = match &cert {
+                    Some(c) => ClientCert::Given(c),
+                    None => ClientCert::None,
+                };
+                TlsError::worded(kind, &e.to_string(), &WORDS, cert)
+            }
         }
     }
 
@@ -510,24 +517,6 @@ mod imp {
                 ctx.mode
             ),
         ))
-    }
-
-    fn client_cert_rejected(ctx: &Context, e: &rustls::Error) -> TlsError {
-        use TlsErrorKind as K;
-        TlsError::new(
-            K::ClientCertRejected,
-            match &ctx.client_cert {
-                None => format!(
-                    "the server wants a client certificate ({e}): give sslcert=PATH and \
-                         sslkey=PATH, signed by a CA in the server's ssl_ca_file"
-                ),
-                Some(c) => format!(
-                    "the server refused the client certificate sslcert={} ({e}): it must be \
-                         signed by a CA in the server's ssl_ca_file and be valid now",
-                    c.display()
-                ),
-            },
-        )
     }
 
     /// The server certificate check of every mode: none without roots (libpq's

@@ -117,11 +117,7 @@ mod tests {
     use distlock_core::conn::Env;
 
     fn env_of(vars: &[(&str, &str)]) -> Env {
-        let vars: Vec<(String, String)> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Env::from_fn(move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+        Env::from_pairs(vars)
     }
 
     trait ResolveWith {

@@ -58,7 +58,7 @@ pub use scrub::MIN_SCRUBBED_LEN;
 pub use secret::{read_password_file, resolve_password, PasswordSource};
 #[cfg(feature = "rustls")]
 pub use tls::{crypto_provider, install_crypto_provider, rustls_error, system_roots};
-pub use tls::{TlsError, TlsErrorKind};
+pub use tls::{ClientCert, TlsError, TlsErrorKind, TlsWords};
 
 use crate::error::{Error, Result};
 use std::fmt;
