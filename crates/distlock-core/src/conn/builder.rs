@@ -1,7 +1,7 @@
 //! The one builder of every server backend, the one credentials rule, and the [`Connect`]
 //! trait the registry calls with the parsed URL.
 
-use super::{ConnectionString, Password, PasswordSource};
+use super::{ConnectionString, Password, PasswordSource, TlsFiles};
 use crate::{Backend, ClientOptions, Error, Result};
 use std::fmt;
 use std::future::Future;
@@ -389,6 +389,32 @@ pub struct Settings<X> {
     pub settings: X,
     /// The environment, for a backend's own variables (off after `ignore_env`).
     pub env: Env,
+}
+
+impl<X> Settings<X> {
+    /// The TLS files of the URL (`url_files`; `None` for a plain scheme) with the builder's CA
+    /// and client certificate over them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] when the builder names a TLS file for a plain URL (`hint` says
+    /// what to write, e.g. "write etcds://… (etcd:// is plain http)").
+    pub fn tls_files(&self, url_files: Option<TlsFiles>, hint: &str) -> Result<Option<TlsFiles>> {
+        if self.ca_file.is_none() && self.client_cert.is_none() {
+            return Ok(url_files);
+        }
+        let Some(mut files) = url_files else {
+            return Err(self
+                .url
+                .invalid(format!("a CA or client certificate needs TLS: {hint}")));
+        };
+        if let Some(ca) = &self.ca_file {
+            files = files.with_ca(ca);
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            files = files.with_client(cert, key);
+        }
+        Ok(Some(files))
+    }
 }
 
 /// How a backend connects: implemented by its settings type `X`, so that
