@@ -265,11 +265,7 @@ struct Context {
 
 impl fmt::Debug for Tls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tls")
-            .field("mode", &self.context.mode)
-            .field("root", &self.context.root)
-            .field("client_cert", &self.context.client_cert)
-            .finish()
+        f.debug_tuple("Tls").field(&self.context).finish()
     }
 }
 
