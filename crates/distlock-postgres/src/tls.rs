@@ -255,6 +255,7 @@ pub(crate) struct Tls {
 
 /// What messages say about the settings.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
 struct Context {
     mode: SslMode,
     root: Option<RootCert>,
