@@ -2,7 +2,7 @@
 
 use crate::error::{conn_dead, map, timeout, KIND};
 use distlock_core::backend::Capabilities;
-use distlock_core::{LockKind, Result};
+use distlock_core::{HolderInfo, LockKind, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
 use mysql_async::prelude::{FromValue, Queryable};
@@ -271,12 +271,17 @@ impl Common {
     /// succeeded. A statement that failed may leave the transaction open (a lock wait timeout
     /// rolls back only itself) with its row locks: closing the connection rolls it back.
     pub(crate) fn put_if_ok<T>(&self, conn: Conn, c: &Call<T>) {
+        if matches!(c, Call::Err(e) if conn_dead(e)) {
+            self.forget_idle();
+        }
+        self.put_or_close(conn, c);
+    }
+
+    /// Keeps a connection for later if call `c` on it succeeded, closes it otherwise.
+    pub(crate) fn put_or_close<T>(&self, conn: Conn, c: &Call<T>) {
         if matches!(c, Call::Ok(_)) {
             self.put(conn);
         } else {
-            if matches!(c, Call::Err(e) if conn_dead(e)) {
-                self.forget_idle();
-            }
             close(conn);
         }
     }
@@ -459,6 +464,13 @@ pub(crate) fn key_of(namespace: &str, name: &str, kind: LockKind) -> String {
 /// `Ok` for the kinds of [`capabilities`]; the standard `Unsupported` error otherwise.
 pub(crate) fn check_kind(kind: LockKind) -> Result<()> {
     capabilities().check(KIND, kind)
+}
+
+/// A holder of one grant (re-entry is counted in the holder's client) whose lease has
+/// `left_us` microseconds left (`None`: unknown; a past end: zero).
+pub(crate) fn holder(owner: String, left_us: Option<i64>) -> HolderInfo {
+    HolderInfo::new(owner, 1)
+        .with_lease_left(left_us.map(|us| Duration::from_micros(us.max(0) as u64)))
 }
 
 /// `wait_timeout` (whole seconds, rounded up, 1 s to 365 days) for a lease of `d`, plus its

@@ -64,19 +64,44 @@ pub(crate) fn wake_if(common: &Arc<Common>, lk: &str, observed: bool) {
     }
 }
 
-/// What a proclamation's last statement answered — `(grants of this attempt and token that
-/// still lead, observers registered)` — as the proclaim's outcome, waking the observers of
-/// election key `lk` if there are any.
-pub(crate) fn proclaimed(
+/// Proclaims `value` (number `seq`) for the grant of token `token` of election key `lk`, on a
+/// pooled connection (never the leader's: a statement there would restart its
+/// `wait_timeout`, which is the lease), in both modes: the value changes only if the grant
+/// still leads and `seq` is new; `Renewed` while it leads, `NotHeld` otherwise; wakes the
+/// election's observers if there are any. `holders` is the mode's table of grants (alias `h`)
+/// and `leads` the condition that a row of it leads, with one `?` bound to `arg`.
+pub(crate) async fn proclaim(
     common: &Arc<Common>,
-    lk: &str,
-    leads: Option<(i64, i64)>,
+    lk: String,
+    (token, seq, value): (u64, u64, &str),
+    (holders, leads, arg): (&str, &str, String),
 ) -> distlock_core::Result<distlock_core::RenewOutcome> {
     use distlock_core::RenewOutcome;
+    let update = format!(
+        "UPDATE dlock_elections e JOIN {holders} h \
+         ON h.lock_key = e.lock_key AND h.token = e.token \
+         SET e.value = ?, e.seq = ? \
+         WHERE e.lock_key = ? AND e.token = ? AND e.seq < ? AND {leads}"
+    );
+    let check = format!(
+        "SELECT COUNT(*), {} FROM {holders} h WHERE h.lock_key = ? AND h.token = ? AND {leads}",
+        observed_sql(&lk)
+    );
+    let (value, key) = (value.to_owned(), lk.clone());
+    let leads: Option<(i64, i64)> = common
+        .with_conn("proclaiming", move |c| {
+            Box::pin(async move {
+                let params = (value, seq, key.as_str(), token, seq, arg.as_str());
+                c.exec_drop(update, params).await?;
+                c.exec_first(check, (key.as_str(), token, arg.as_str()))
+                    .await
+            })
+        })
+        .await?;
     let Some((n, watched)) = leads else {
         return Err(crate::error::shape("proclaiming", "no row"));
     };
-    wake_if(common, lk, watched > 0);
+    wake_if(common, &lk, watched > 0);
     Ok(if n > 0 {
         RenewOutcome::Renewed
     } else {

@@ -141,10 +141,7 @@ async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceRele
     let left: Option<i64> = crate::common::col(what, row, 1)?;
     let token: u64 = crate::common::col(what, row, 2)?;
     let removed = owner
-        .map(|owner| {
-            HolderInfo::new(owner, 1)
-                .with_lease_left(left.map(|us| Duration::from_micros(us.max(0) as u64)))
-        })
+        .map(|owner| crate::common::holder(owner, left))
         .into_iter()
         .collect();
     Ok(ForceReleased::new(removed, token))
@@ -200,10 +197,7 @@ impl Eviction for Sessions<'_> {
             .await?;
         let mut removed: Vec<HolderInfo> = rows
             .into_iter()
-            .map(|(owner, us)| {
-                HolderInfo::new(owner, 1)
-                    .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
-            })
+            .map(|(owner, us)| crate::common::holder(owner, us))
             .collect();
         if removed.is_empty() {
             // GET_LOCK held by a connection without a holder row: a holder between its

@@ -152,20 +152,20 @@ fn reply_end(reply: Option<i64>) -> WaitEnd {
     }
 }
 
+/// Column `i` of the row that ends a query, as an integer (`None`: NULL, or no such row).
+fn last_int(sets: &[Vec<Row>], i: usize) -> Option<i64> {
+    let row = sets.last()?.first()?;
+    row.get_opt::<Option<i64>, usize>(i)?.ok()?
+}
+
 /// The observers flag (second column) of the row that ends a query.
 fn observed_flag(sets: &[Vec<Row>]) -> bool {
-    sets.last()
-        .and_then(|rows| rows.first())
-        .and_then(|row| row.get_opt::<Option<i64>, usize>(1))
-        .and_then(|v| v.ok())
-        .flatten()
-        .is_some_and(|n| n > 0)
+    last_int(sets, 1).is_some_and(|n| n > 0)
 }
 
 /// The value of the `GET_LOCK` that ends a query (`None`: NULL, or no such row).
 fn lock_reply(sets: &[Vec<Row>]) -> Option<i64> {
-    let row = sets.last()?.first()?;
-    row.get_opt::<Option<i64>, usize>(0)?.ok()?
+    last_int(sets, 0)
 }
 
 impl MyDialect {
@@ -325,19 +325,10 @@ impl MyDialect {
         );
         let c = self.common.call(query_sets(&mut conn, sql)).await;
         let us = match &c {
-            Call::Ok(sets) => sets
-                .last()
-                .and_then(|rows| rows.first())
-                .and_then(|row| row.get_opt::<Option<i64>, usize>(0))
-                .and_then(|v| v.ok())
-                .flatten(),
+            Call::Ok(sets) => last_int(sets, 0),
             _ => None,
         };
-        if matches!(c, Call::Ok(_)) {
-            self.common.put(conn);
-        } else {
-            close(conn);
-        }
+        self.common.put_or_close(conn, &c);
         us.filter(|us| *us > 0)
             .map(|us| Duration::from_micros(us as u64))
     }
@@ -537,11 +528,7 @@ impl MyDialect {
                 "{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
             )))
             .await;
-        if matches!(c, Call::Ok(_)) {
-            self.common.put(conn);
-        } else {
-            close(conn);
-        }
+        self.common.put_or_close(conn, &c);
     }
 }
 
@@ -637,15 +624,9 @@ impl Dialect for MyDialect {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let granted = |token, requested_at| {
-            Ok(Some(Granted {
-                token,
-                requested_at,
-            }))
-        };
         let sent = clock::Instant::now();
         if let Some(token) = self.again(slot, st, req.lease).await? {
-            return granted(token, sent);
+            return Ok(Some(Granted::new(token, sent)));
         }
         let lk = self.lk(&slot.name, slot.kind);
         let mut conn = self.common.take().await?;
@@ -662,7 +643,7 @@ impl Dialect for MyDialect {
                 // the connection's idle time.
                 let sent = clock::Instant::now();
                 let token = self.hold(slot, st, conn, req, sent + req.lease).await?;
-                return granted(token, sent);
+                return Ok(Some(Granted::new(token, sent)));
             }
             Step::Reuse { unlock } => self.give_back(conn, unlock.then_some(&*lk)).await,
             // The wait's outcome is unknown: the connection goes, and any lock with it.
@@ -719,38 +700,12 @@ impl Dialect for MyDialect {
         self.not_held_outcome(&grant.key.name, grant.key.kind).await
     }
 
+    /// See [`crate::observe::proclaim`]: the leader is the holder row whose connection holds
+    /// the election's key.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let lk = self.lk(&grant.key.name, LockKind::Election);
-        let (token, value) = (grant.token, value.to_owned());
-        // On a pooled connection, never the leader's: a statement there would restart its
-        // `wait_timeout`, which is the lease.
-        let observed = crate::observe::observed_sql(&lk);
-        let wake_lk = lk.clone();
-        let leads: Option<(i64, i64)> = self
-            .common
-            .with_conn("proclaiming", move |c| {
-                Box::pin(async move {
-                    c.exec_drop(
-                        "UPDATE dlock_elections e JOIN dlock_holders h \
-                         ON h.lock_key = e.lock_key AND h.token = e.token \
-                         SET e.value = ?, e.seq = ? \
-                         WHERE e.lock_key = ? AND e.token = ? AND e.seq < ? \
-                           AND h.conn_id = IS_USED_LOCK(?)",
-                        (value.as_str(), seq, lk.as_str(), token, seq, lk.as_str()),
-                    )
-                    .await?;
-                    c.exec_first(
-                        format!(
-                            "SELECT COUNT(*), {observed} FROM dlock_holders \
-                             WHERE lock_key = ? AND token = ? AND conn_id = IS_USED_LOCK(?)"
-                        ),
-                        (lk.as_str(), token, lk.as_str()),
-                    )
-                    .await
-                })
-            })
-            .await?;
-        crate::observe::proclaimed(&self.common, &wake_lk, leads)
+        let leads = ("dlock_holders", "h.conn_id = IS_USED_LOCK(?)", lk.clone());
+        crate::observe::proclaim(&self.common, lk, (grant.token, seq, value), leads).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
@@ -791,11 +746,7 @@ impl Dialect for MyDialect {
             .await?;
         let mut holders: Vec<HolderInfo> = rows
             .into_iter()
-            .map(|(owner, us)| {
-                // One grant per holder: re-entry is counted in the holder's client.
-                HolderInfo::new(owner, 1)
-                    .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
-            })
+            .map(|(owner, us)| crate::common::holder(owner, us))
             .collect();
         if let Some(conn) = unnamed {
             holders.push(HolderInfo::new(
@@ -844,11 +795,10 @@ impl MyDialect {
             .await?;
         let mut info = LockInfo::new(name).with_fencing_token(token.unwrap_or(0));
         if let Some((owner, us, value, token)) = leader {
-            info = info
-                .with_fencing_token(token)
-                .with_holders(vec![HolderInfo::new(owner, 1)
-                    .with_lease_left(us.map(|us| Duration::from_micros(us.max(0) as u64)))
-                    .with_value(Some(value.unwrap_or_default()))]);
+            info =
+                info.with_fencing_token(token)
+                    .with_holders(vec![crate::common::holder(owner, us)
+                        .with_value(Some(value.unwrap_or_default()))]);
         }
         Ok(info)
     }

@@ -435,47 +435,16 @@ impl Backend for TableMode {
         Ok(out)
     }
 
+    /// See [`crate::observe::proclaim`]: the leader is the attempt whose lock row is live.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         check_kind(grant.key.kind)?;
         let lk = key_of(&self.common.namespace, &grant.key.name, LockKind::Election);
-        let (token, value) = (grant.token, value.to_owned());
-        let attempt = grant.attempt.as_str().to_owned();
-        let observed = crate::observe::observed_sql(&lk);
-        let wake_lk = lk.clone();
-        let leads: Option<(i64, i64)> = self
-            .common
-            .with_conn("proclaiming", move |c| {
-                Box::pin(async move {
-                    c.exec_drop(
-                        "UPDATE dlock_elections e JOIN dlock_table_locks l \
-                         ON l.lock_key = e.lock_key AND l.token = e.token \
-                         SET e.value = ?, e.seq = ? \
-                         WHERE e.lock_key = ? AND e.token = ? AND e.seq < ? \
-                           AND l.attempt = ? AND l.owner IS NOT NULL \
-                           AND l.expires_at > UTC_TIMESTAMP(6)",
-                        (
-                            value.as_str(),
-                            seq,
-                            lk.as_str(),
-                            token,
-                            seq,
-                            attempt.as_str(),
-                        ),
-                    )
-                    .await?;
-                    c.exec_first(
-                        format!(
-                            "SELECT COUNT(*), {observed} FROM dlock_table_locks \
-                             WHERE lock_key = ? AND token = ? AND attempt = ? \
-                               AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
-                        ),
-                        (lk.as_str(), token, attempt.as_str()),
-                    )
-                    .await
-                })
-            })
-            .await?;
-        crate::observe::proclaimed(&self.common, &wake_lk, leads)
+        let leads = (
+            "dlock_table_locks",
+            "h.attempt = ? AND h.owner IS NOT NULL AND h.expires_at > UTC_TIMESTAMP(6)",
+            grant.attempt.as_str().to_owned(),
+        );
+        crate::observe::proclaim(&self.common, lk, (grant.token, seq, value), leads).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {

@@ -355,3 +355,72 @@ async fn failed_forced_release_leaves_no_open_transaction() {
         .expect("free");
     again.release().await.expect("release");
 }
+
+/// Session mode: a forced release whose `KILL` the server refuses (the holder is a connection
+/// of another user, which this user may not end) advances the fencing counter all the same,
+/// then reports the refusal with what to grant; the other user's connection keeps the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_kill_still_advances_the_counter_and_says_what_to_grant() {
+    use mysql_async::prelude::Queryable;
+    let my = My::session();
+    let name = unique_name("kill-refused");
+    let key = lock_key("dlock", &name);
+    let operator = my.client_with(fast_opts()).await;
+    let g = operator
+        .lock(&name)
+        .expect("lock")
+        .acquire()
+        .await
+        .expect("acquire");
+    let before = g.fencing_token();
+    g.release().await.expect("release");
+    // Another user (no CONNECTION ADMIN / SUPER) holds the lock's key on a plain connection.
+    let user = format!("other_{}", std::process::id());
+    my.server
+        .sql(&format!(
+            "CREATE USER IF NOT EXISTS '{user}'@'%' IDENTIFIED BY 'pw'; \
+             GRANT SELECT ON dlock.* TO '{user}'@'%'"
+        ))
+        .expect("create the other user");
+    let url = format!("mysql://{user}:pw@127.0.0.1:{}/dlock", my.server.port());
+    let mut foreign = mysql_async::Conn::from_url(url).await.expect("connect");
+    let got: Option<i64> = foreign
+        .query_first(format!("SELECT GET_LOCK('{key}', 0)"))
+        .await
+        .expect("GET_LOCK");
+    assert_eq!(got, Some(1));
+    let e = operator
+        .force_release(&name, LockKind::Mutex)
+        .await
+        .expect_err("KILL refused");
+    let text = e.to_string();
+    eprintln!("{text}");
+    assert!(
+        matches!(e, distlock_core::Error::Unsupported { .. }),
+        "{e:?}"
+    );
+    assert!(text.contains("CONNECTION"), "{text}");
+    let info = operator.inspect(&name).await.expect("inspect");
+    assert!(
+        info.fencing_token > before,
+        "the counter did not advance: {} after {before}",
+        info.fencing_token
+    );
+    // The other user's connection still holds the key.
+    let still: Option<i64> = foreign
+        .query_first(format!("SELECT IS_USED_LOCK('{key}') = CONNECTION_ID()"))
+        .await
+        .expect("IS_USED_LOCK");
+    assert_eq!(still, Some(1));
+    let again = operator
+        .lock(&name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(
+        again.is_none(),
+        "the other user's connection holds the lock"
+    );
+    foreign.disconnect().await.expect("disconnect");
+}

@@ -1,7 +1,7 @@
 //! What both modes share: connecting, the control connection, the schema, lock keys.
 
 use crate::error::{map, timeout, KIND};
-use distlock_core::{Error, LockKind, Result};
+use distlock_core::{Error, LockKind, RenewOutcome, Result};
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -290,6 +290,36 @@ impl Common {
             })?;
         Ok(())
     }
+}
+
+/// A lease's time left from milliseconds as the server computes them (`NULL` or not finite:
+/// none; a past end: zero).
+pub(crate) fn lease_left(ms: Option<f64>) -> Option<Duration> {
+    ms.filter(|m| m.is_finite())
+        .map(|m| Duration::from_secs_f64(m.max(0.0) / 1000.0))
+}
+
+/// The side of a read-write lock a holder row of kind `kind` holds (`None`: another kind).
+pub(crate) fn side(kind: &str) -> Option<LockKind> {
+    match kind {
+        "read" => Some(LockKind::Read),
+        "write" => Some(LockKind::Write),
+        _ => None,
+    }
+}
+
+/// A proclamation's outcome from its rows: the first row's first column says whether the
+/// grant still leads (`Renewed`) or not (`NotHeld`).
+pub(crate) fn proclaimed(rows: &[Row]) -> Result<RenewOutcome> {
+    let leads: bool = rows
+        .first()
+        .and_then(|r| r.try_get(0).ok())
+        .ok_or_else(|| crate::error::shape("proclaiming", format!("{} rows", rows.len())))?;
+    Ok(if leads {
+        RenewOutcome::Renewed
+    } else {
+        RenewOutcome::NotHeld
+    })
 }
 
 /// Advisory key taken (in a transaction) while creating the schema.

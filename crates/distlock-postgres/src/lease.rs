@@ -294,9 +294,7 @@ impl Backend for LeaseMode {
         }
         let left: Option<f64> = row.try_get(1).map_err(|e| shape("acquire", e))?;
         Ok(AcquireReply::Held {
-            ttl: left
-                .filter(|l| l.is_finite())
-                .map(|l| Duration::from_secs_f64(l.max(0.0) / 1000.0)),
+            ttl: crate::common::lease_left(left),
         })
     }
 
@@ -365,15 +363,7 @@ impl Backend for LeaseMode {
                 ],
             )
             .await?;
-        let leads: bool = rows
-            .first()
-            .and_then(|r| r.try_get(0).ok())
-            .ok_or_else(|| shape("proclaiming", format!("{} rows", rows.len())))?;
-        Ok(if leads {
-            RenewOutcome::Renewed
-        } else {
-            RenewOutcome::NotHeld
-        })
+        crate::common::proclaimed(&rows)
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {

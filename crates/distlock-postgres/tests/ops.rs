@@ -287,6 +287,30 @@ async fn session_foreign_advisory_holder_is_listed_and_released() {
     g.release().await.expect("release");
 }
 
+/// A superuser's plain session (a role dlock's may not terminate) holding lock `name`'s
+/// advisory key through `func` (`pg_advisory_lock` or `pg_advisory_lock_shared`), and the
+/// task driving its connection.
+async fn superuser_holds(
+    pg: &Pg,
+    name: &str,
+    func: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
+    let config: tokio_postgres::Config = pg.server.admin_url().parse().expect("config");
+    let (raw, conn) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let conn = tokio::spawn(conn);
+    let key = distlock_postgres::lock_key("dlock", name);
+    raw.execute(&format!("SELECT {func}($1)"), &[&key])
+        .await
+        .expect("lock");
+    (raw, conn)
+}
+
 /// Terminating another role's (here a superuser's) backend is refused with what to grant,
 /// and that backend keeps the lock. (The superuser holds the key with a plain connection: a
 /// dlock client of another role would create or need dlock's tables as that role.)
@@ -297,16 +321,7 @@ async fn session_force_release_without_privilege_says_what_to_grant() {
     op.force_release("sf-priv", LockKind::Mutex)
         .await
         .expect("force a free lock");
-    let config: tokio_postgres::Config = pg.server.admin_url().parse().expect("config");
-    let (raw, conn) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    let conn = tokio::spawn(conn);
-    let key = distlock_postgres::lock_key("dlock", "sf-priv");
-    raw.execute("SELECT pg_advisory_lock($1)", &[&key])
-        .await
-        .expect("lock");
+    let (raw, conn) = superuser_holds(&pg, "sf-priv", "pg_advisory_lock").await;
     let e = op
         .force_release("sf-priv", LockKind::Mutex)
         .await
@@ -323,6 +338,57 @@ async fn session_force_release_without_privilege_says_what_to_grant() {
         .await
         .expect("try");
     assert!(g.is_none(), "the superuser's session still holds the key");
+    drop(raw);
+}
+
+/// A forced release that may end one holder but not another (a dlock reader, and a
+/// superuser's plain session holding the read side beside it) ends the one it may, advances
+/// the fencing counter, and only then reports the refusal: the dlock reader learns at once
+/// that its lock is gone, the counter is above its token, and the superuser's session keeps
+/// its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_refused_force_release_still_ends_and_fences_the_others() {
+    let pg = Pg::session();
+    let a = client(&pg, Duration::from_secs(5)).await;
+    let r = a
+        .rw_lock("sf-half")
+        .expect("rw")
+        .read()
+        .acquire()
+        .await
+        .expect("read");
+    let (raw, conn) = superuser_holds(&pg, "sf-half", "pg_advisory_lock_shared").await;
+    let op = client(&pg, Duration::from_secs(5)).await;
+    let e = op
+        .force_release("sf-half", LockKind::Write)
+        .await
+        .expect_err("refused");
+    let text = e.to_string();
+    eprintln!("{text}");
+    assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+    assert!(text.contains("pg_signal_backend"), "{text}");
+    tokio::time::timeout(Duration::from_secs(5), r.lost())
+        .await
+        .expect("the dlock reader's session was ended");
+    let info = op
+        .inspect_kind("sf-half", LockKind::Write)
+        .await
+        .expect("inspect");
+    assert!(
+        info.fencing_token > r.fencing_token(),
+        "the counter did not advance: {} after {}",
+        info.fencing_token,
+        r.fencing_token()
+    );
+    assert!(!conn.is_finished());
+    let w = op
+        .rw_lock("sf-half")
+        .expect("rw")
+        .write()
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(w.is_none(), "the superuser's session still holds its share");
     drop(raw);
 }
 

@@ -11,34 +11,44 @@ use std::time::Duration;
 pub(crate) struct Address {
     /// The URL as parsed, for errors (they show it redacted).
     pub(crate) conn: ConnectionString,
-    /// The URL for redis-rs: our parameters taken out.
-    pub(crate) driver_url: String,
-    /// `host:port`, for messages.
+    /// Where the calls go: one server, the master the sentinels name, or a cluster.
+    pub(crate) route: Route,
+    /// `host:port` (or what stands for the deployment), for messages.
     pub(crate) endpoint: String,
     pub(crate) namespace: Option<String>,
     pub(crate) wait_replicas: Option<(u32, Duration)>,
+    /// `rediss://`, `rediss+cluster://`: the connections are TLS.
+    pub(crate) tls_on: bool,
     /// `ca_file=` (or `cacert=`), `cert=` and `key=`: the CA to trust and the client
     /// certificate with its key (PEM files).
     pub(crate) tls: TlsFiles,
-    /// `redis+sentinel://`: the sentinels (`host:port`) and the master's name.
-    pub(crate) sentinel: Option<(Vec<String>, String)>,
-    /// `?sentinel_password=`: the sentinels' own password.
-    pub(crate) sentinel_password: Option<Password>,
-    /// `redis+cluster://`: the seed nodes, as driver URLs (`redis://h:p` or `rediss://h:p`).
-    pub(crate) cluster: Option<Vec<String>>,
     /// `?dialect=`: another library's key layout to speak (`None`: dlock's own).
     pub(crate) dialect: Option<Dialect>,
     /// `?handoff_after=DUR`: the plain mutex's contended mode (see [`crate::contended`]).
     pub(crate) handoff_after: Duration,
 }
 
+/// The deployment a URL names: the connection layer's business, not the lock protocol's.
+#[derive(Debug)]
+pub(crate) enum Route {
+    /// `redis://`, `rediss://`: the URL for redis-rs (our parameters taken out).
+    Single(String),
+    /// `redis+sentinel://`: the sentinels (`host:port`), the master's name, and the
+    /// sentinels' own password (`?sentinel_password=`).
+    Sentinel {
+        hosts: Vec<String>,
+        master: String,
+        password: Option<Password>,
+    },
+    /// `redis+cluster://`: the seed nodes, as driver URLs (`redis://h:p` or `rediss://h:p`).
+    Cluster(Vec<String>),
+}
+
 /// How long a grant waits for its replicas when the URL does not say.
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// The URL with its password (and any secret parameter) replaced by `***`.
-pub fn redact(url: &str) -> String {
-    distlock_core::conn::redact(url)
-}
+/// The URL with its password (and any secret parameter) replaced by `***` (the core's).
+pub use distlock_core::conn::redact;
 
 #[cfg(test)]
 pub(crate) fn parse(url: &str) -> Result<Address> {
@@ -47,27 +57,85 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
 
 /// As [`parse`], for a URL parsed already.
 pub(crate) fn from_parsed(cs: ConnectionString) -> Result<Address> {
-    if cs.scheme() == "redis+sentinel" {
-        return parse_sentinel(cs);
-    }
-    if cs.scheme() == "rediss+sentinel" {
-        return Err(cs.invalid(
+    let (route, endpoint, tls_on) = match cs.scheme() {
+        "redis+sentinel" => sentinel_route(&cs)?,
+        "rediss+sentinel" => return Err(cs.invalid(
             "rediss+sentinel:// (TLS to the sentinels and the master) is not built yet; use redis+sentinel:// on a trusted network, or rediss://MASTER (no failover following)",
-        ));
-    }
-    if let Some(scheme) = cs.scheme().strip_suffix("+cluster") {
-        return parse_cluster(cs.clone(), scheme);
-    }
-    let tls = match cs.scheme() {
-        "redis" => false,
-        "rediss" if cfg!(feature = "tls") => true,
-        "rediss" => {
-            return Err(cs.invalid(
-                "rediss:// (TLS) needs distlock built with the `tls` feature (distlock = { features = [\"tls\"] })",
-            ))
-        }
-        s => return Err(cs.invalid(format!("scheme `{s}` is not redis://"))),
+        )),
+        s => match s.strip_suffix("+cluster") {
+            Some(scheme) => cluster_route(&cs, tls_wanted(&cs, scheme, "+cluster")?)?,
+            None => single_route(&cs, tls_wanted(&cs, s, "")?)?,
+        },
     };
+    Ok(Address {
+        route,
+        endpoint,
+        namespace: cs.param("namespace").map(str::to_owned),
+        wait_replicas: wait_replicas(&cs)?,
+        tls_on,
+        tls: TlsFiles::from_url(&cs, TLS_NAMES)?,
+        dialect: Dialect::from_url(&cs)?,
+        handoff_after: crate::contended::handoff_after(&cs)?,
+        conn: cs,
+    })
+}
+
+/// Whether `scheme` (`redis` or `rediss`, before `suffix`) asks for TLS.
+fn tls_wanted(cs: &ConnectionString, scheme: &str, suffix: &str) -> Result<bool> {
+    match scheme {
+        "redis" => Ok(false),
+        "rediss" if cfg!(feature = "tls") => Ok(true),
+        "rediss" => Err(cs.invalid(format!(
+            "rediss{suffix}:// (TLS) needs distlock built with the `tls` feature (distlock = {{ features = [\"tls\"] }})"
+        ))),
+        s => Err(cs.invalid(format!("scheme `{s}{suffix}` is not redis{suffix}://"))),
+    }
+}
+
+/// Refuses a parameter that `url` (`redis://`, `redis+cluster://`, …) does not take: it takes
+/// the common ones, `extra`, and the TLS files with `tls` = `Some(true)` (`Some(false)`: with
+/// the TLS scheme only; `None`: the scheme has no TLS yet).
+fn check_params(
+    cs: &ConnectionString,
+    url: &str,
+    extra: Option<&str>,
+    tls: Option<bool>,
+) -> Result<()> {
+    let tls_url = format!("rediss{}", url.trim_start_matches("redis"));
+    for (k, _) in cs.params() {
+        match k.as_str() {
+            "namespace" | "wait_replicas" | "wait_timeout" | "dialect" | "handoff_after" => {}
+            k if Some(k) == extra => {}
+            "ca_file" | "cacert" | "cert" | "key" => match tls {
+                Some(true) => {}
+                Some(false) => {
+                    return Err(cs.invalid(format!(
+                        "`{k}` is a TLS parameter: use {tls_url} instead of {url}"
+                    )))
+                }
+                None => {
+                    return Err(cs.invalid(format!(
+                        "`{k}` is a TLS parameter: {url} has no TLS yet ({tls_url} is not built)"
+                    )))
+                }
+            },
+            other => {
+                let extra = extra.map(|e| format!("{e}, ")).unwrap_or_default();
+                let tls = match tls {
+                    Some(_) => format!("ca_file (or cacert), cert, key with {tls_url}"),
+                    None => "no TLS yet".to_owned(),
+                };
+                return Err(cs.invalid(format!(
+                    "unknown parameter `{other}` for {url} (known: namespace, wait_replicas, wait_timeout, {extra}dialect, handoff_after; {tls})"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `redis://host:port[/DB]` (`rediss://` with `tls`): one server.
+fn single_route(cs: &ConnectionString, tls: bool) -> Result<(Route, String, bool)> {
     let endpoint = match cs.hosts() {
         [host] if !host.host.is_empty() => host.endpoint(6379),
         [] | [_] => return Err(cs.invalid("no host; write redis://host:port")),
@@ -84,54 +152,15 @@ pub(crate) fn from_parsed(cs: ConnectionString) -> Result<Address> {
             "`/{db}` is not a database number; write redis://host:port/0"
         )));
     }
-    for (k, _) in cs.params() {
-        match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "protocol" | "dialect" | "handoff_after" => {}
-            "ca_file" | "cacert" | "cert" | "key" if tls => {}
-            "ca_file" | "cacert" | "cert" | "key" => {
-                return Err(cs.invalid(format!(
-                    "`{k}` is a TLS parameter: use rediss:// instead of redis://"
-                )))
-            }
-            other => {
-                return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` (known: namespace, wait_replicas, wait_timeout, protocol, dialect, handoff_after; ca_file (or cacert), cert, key with rediss://)"
-                )))
-            }
-        }
-    }
-    let wait_replicas = wait_replicas(&cs)?;
-    let tls = TlsFiles::from_url(&cs, TLS_NAMES)?;
+    check_params(cs, "redis://", Some("protocol"), Some(tls))?;
     let mut driver = cs.clone();
     driver.retain_params(|k, _| k == "protocol");
-    Ok(Address {
-        driver_url: driver.expose_url().to_owned(),
-        endpoint,
-        namespace: cs.param("namespace").map(str::to_owned),
-        wait_replicas,
-        tls,
-        sentinel: None,
-        sentinel_password: None,
-        cluster: None,
-        dialect: Dialect::from_url(&cs)?,
-        handoff_after: crate::contended::handoff_after(&cs)?,
-        conn: cs,
-    })
+    Ok((Route::Single(driver.expose_url().to_owned()), endpoint, tls))
 }
 
 /// `redis+cluster://[user:password@]h1:p1[,h2:p2…][?namespace=…]` (`rediss+cluster://` with
 /// TLS): any nodes of the cluster, as seeds (the client learns the rest from them).
-fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
-    let tls = match scheme {
-        "redis" => false,
-        "rediss" if cfg!(feature = "tls") => true,
-        "rediss" => {
-            return Err(cs.invalid(
-                "rediss+cluster:// (TLS) needs distlock built with the `tls` feature (distlock = { features = [\"tls\"] })",
-            ))
-        }
-        s => return Err(cs.invalid(format!("scheme `{s}+cluster` is not redis+cluster://"))),
-    };
+fn cluster_route(cs: &ConnectionString, tls: bool) -> Result<(Route, String, bool)> {
     if cs.hosts().is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
         return Err(cs.invalid("no node; write redis+cluster://h1:6379,h2:6379"));
     }
@@ -140,40 +169,20 @@ fn parse_cluster(cs: ConnectionString, scheme: &str) -> Result<Address> {
     if !matches!(path.trim_start_matches('/'), "" | "0") {
         return Err(cs.invalid("a Redis Cluster has database 0 only: drop the `/DB` path"));
     }
-    for (k, _) in cs.params() {
-        match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "dialect" | "handoff_after" => {}
-            "ca_file" | "cacert" | "cert" | "key" if tls => {}
-            "ca_file" | "cacert" | "cert" | "key" => {
-                return Err(cs.invalid(format!(
-                    "`{k}` is a TLS parameter: use rediss+cluster:// instead of redis+cluster://"
-                )))
-            }
-            other => {
-                return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` for redis+cluster:// (known: namespace, wait_replicas, wait_timeout, dialect, handoff_after; ca_file (or cacert), cert, key with rediss+cluster://)"
-                )))
-            }
-        }
+    check_params(cs, "redis+cluster://", None, Some(tls))?;
+    let scheme = if tls { "rediss" } else { "redis" };
+    let seed_urls = seeds.iter().map(|s| format!("{scheme}://{s}")).collect();
+    let endpoint = format!("cluster {}", seeds.join(","));
+    Ok((Route::Cluster(seed_urls), endpoint, tls))
+}
+
+/// `host:port`, an IPv6 host in brackets.
+pub(crate) fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
-    let tls_files = TlsFiles::from_url(&cs, TLS_NAMES)?;
-    let seed_urls: Vec<String> = seeds
-        .iter()
-        .map(|s| format!("{}://{s}", if tls { "rediss" } else { "redis" }))
-        .collect();
-    Ok(Address {
-        driver_url: seed_urls[0].clone(),
-        endpoint: format!("cluster {}", seeds.join(",")),
-        namespace: cs.param("namespace").map(str::to_owned),
-        wait_replicas: wait_replicas(&cs)?,
-        tls: tls_files,
-        sentinel: None,
-        sentinel_password: None,
-        cluster: Some(seed_urls),
-        dialect: Dialect::from_url(&cs)?,
-        handoff_after: crate::contended::handoff_after(&cs)?,
-        conn: cs,
-    })
 }
 
 /// How `rediss://` names its TLS files.
@@ -221,9 +230,9 @@ fn wait_replicas(cs: &ConnectionString) -> Result<Option<(u32, Duration)>> {
 
 /// `redis+sentinel://[user:password@]s1:p1[,s2:p2…]/MASTER[?namespace=…]`: the password is
 /// the master's (and its replicas'); the sentinels' own is `?sentinel_password=`.
-fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
-    let sentinels: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(26379)).collect();
-    if sentinels.is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
+fn sentinel_route(cs: &ConnectionString) -> Result<(Route, String, bool)> {
+    let hosts: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(26379)).collect();
+    if hosts.is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
         return Err(cs.invalid("no sentinel; write redis+sentinel://s1:26379,s2:26379/MASTER"));
     }
     let path = cs.path()?;
@@ -233,38 +242,18 @@ fn parse_sentinel(cs: ConnectionString) -> Result<Address> {
             "name the master after the sentinels: redis+sentinel://s1:26379,s2:26379/MASTER",
         ));
     }
-    for (k, _) in cs.params() {
-        match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "sentinel_password" | "dialect" | "handoff_after" => {}
-            "ca_file" | "cacert" | "cert" | "key" => {
-                return Err(cs.invalid(format!(
-                    "`{k}` is a TLS parameter: redis+sentinel:// has no TLS yet (rediss+sentinel:// is not built)"
-                )))
-            }
-            _ => {
-                return Err(cs.invalid(format!(
-                    "unknown parameter `{k}` for redis+sentinel:// (known: namespace, wait_replicas, wait_timeout, sentinel_password, dialect, handoff_after; no TLS yet)"
-                )))
-            }
-        }
-    }
-    let wait_replicas = wait_replicas(&cs)?;
-    Ok(Address {
-        driver_url: String::new(),
-        endpoint: format!("master `{master}` of sentinels {}", sentinels.join(",")),
-        namespace: cs.param("namespace").map(str::to_owned),
-        wait_replicas,
-        tls: TlsFiles::new(TLS_NAMES),
-        sentinel: Some((sentinels, master)),
-        sentinel_password: cs
-            .param("sentinel_password")
-            .filter(|p| !p.is_empty())
-            .map(Password::new),
-        cluster: None,
-        dialect: Dialect::from_url(&cs)?,
-        handoff_after: crate::contended::handoff_after(&cs)?,
-        conn: cs,
-    })
+    check_params(cs, "redis+sentinel://", Some("sentinel_password"), None)?;
+    let endpoint = format!("master `{master}` of sentinels {}", hosts.join(","));
+    let password = cs
+        .param("sentinel_password")
+        .filter(|p| !p.is_empty())
+        .map(Password::new);
+    let route = Route::Sentinel {
+        hosts,
+        master,
+        password,
+    };
+    Ok((route, endpoint, false))
 }
 
 /// The redis-rs client for `driver_url` (with TLS: trusting only the CA of `tls` when given,
@@ -311,10 +300,17 @@ pub(crate) fn open_client(
 mod tests {
     use super::*;
 
+    fn driver_url(a: &Address) -> &str {
+        match &a.route {
+            Route::Single(url) => url,
+            other => panic!("not one server: {other:?}"),
+        }
+    }
+
     #[test]
     fn urls() {
         let a = parse("redis://127.0.0.1:7000/2?namespace=shop").unwrap();
-        assert_eq!(a.driver_url, "redis://127.0.0.1:7000/2");
+        assert_eq!(driver_url(&a), "redis://127.0.0.1:7000/2");
         assert_eq!(a.endpoint, "127.0.0.1:7000");
         assert_eq!(a.namespace.as_deref(), Some("shop"));
         assert_eq!(parse("redis://h").unwrap().endpoint, "h:6379");
@@ -322,7 +318,7 @@ mod tests {
         let a = parse("redis://h?wait_replicas=1&wait_timeout=50ms").unwrap();
         assert_eq!(a.wait_replicas, Some((1, Duration::from_millis(50))));
         let a = parse("redis://u:p%40ss@h:1/0?protocol=resp3&namespace=x").unwrap();
-        assert_eq!(a.driver_url, "redis://u:p%40ss@h:1/0?protocol=resp3");
+        assert_eq!(driver_url(&a), "redis://u:p%40ss@h:1/0?protocol=resp3");
         for bad in [
             "redis://",
             "http://h:1",
@@ -355,19 +351,17 @@ mod tests {
         let e = parse("redis://h?dialect=jedis").unwrap_err().to_string();
         assert!(e.contains("redisson, python-redis-lock"), "{e}");
         let a = parse("redis+sentinel://:pw@s1,s2:7/mymaster?namespace=n").unwrap();
-        assert_eq!(
-            a.sentinel,
-            Some((
-                vec!["s1:26379".to_owned(), "s2:7".to_owned()],
-                "mymaster".to_owned()
-            ))
-        );
+        let Route::Sentinel { hosts, master, .. } = &a.route else {
+            panic!("{a:?}")
+        };
+        assert_eq!(hosts, &["s1:26379", "s2:7"]);
+        assert_eq!(master, "mymaster");
         assert_eq!(a.namespace.as_deref(), Some("n"));
         let a = parse("redis+sentinel://s1/m?sentinel_password=sp%40ss").unwrap();
-        assert_eq!(
-            a.sentinel_password.as_ref().map(Password::expose),
-            Some("sp@ss")
-        );
+        let Route::Sentinel { password, .. } = &a.route else {
+            panic!("{a:?}")
+        };
+        assert_eq!(password.as_ref().map(Password::expose), Some("sp@ss"));
         assert_eq!(
             redact("redis+sentinel://s1/m?sentinel_password=hidden"),
             "redis+sentinel://s1/m?sentinel_password=***"
@@ -386,13 +380,10 @@ mod tests {
     #[test]
     fn cluster_urls() {
         let a = parse("redis+cluster://:pw@h1:7000,h2:7001?namespace=n&wait_replicas=1").unwrap();
-        assert_eq!(
-            a.cluster,
-            Some(vec![
-                "redis://h1:7000".to_owned(),
-                "redis://h2:7001".to_owned()
-            ])
-        );
+        let Route::Cluster(seeds) = &a.route else {
+            panic!("{a:?}")
+        };
+        assert_eq!(seeds, &["redis://h1:7000", "redis://h2:7001"]);
         assert_eq!(a.namespace.as_deref(), Some("n"));
         assert_eq!(a.wait_replicas, Some((1, DEFAULT_WAIT_TIMEOUT)));
         for bad in [

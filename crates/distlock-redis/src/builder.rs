@@ -1,7 +1,7 @@
 //! [`RedisBuilder`]: the URL plus what should not be in it (the password, TLS files), and
 //! where each setting comes from.
 
-use crate::address::{self, Address};
+use crate::address::{self, Address, Route};
 use crate::RedisBackend;
 use distlock_core::conn::{Builder, Connect, CredentialRule, Password, Settings};
 use distlock_core::Result;
@@ -115,11 +115,11 @@ impl RedisSettings {
 
     fn resolve(s: Settings<Self>) -> Result<Resolved> {
         let mut address = address::from_parsed(s.url.clone())?;
-        if address.sentinel.is_some() {
+        if let Route::Sentinel { password, .. } = &mut address.route {
             if let Some(p) = &s.settings.sentinel_password {
-                address.sentinel_password = Some(p.clone());
-            } else if address.sentinel_password.is_none() {
-                address.sentinel_password = s.env.var(SENTINEL_PASSWORD_ENV).map(Password::new);
+                *password = Some(p.clone());
+            } else if password.is_none() {
+                *password = s.env.var(SENTINEL_PASSWORD_ENV).map(Password::new);
             }
         } else if s.settings.sentinel_password.is_some() {
             return Err(s
@@ -127,7 +127,7 @@ impl RedisSettings {
                 .invalid("a sentinel password is for redis+sentinel:// URLs only"));
         }
         if s.ca_file.is_some() || s.client_cert.is_some() {
-            if !address.driver_url.starts_with("rediss:") {
+            if !address.tls_on {
                 return Err(s.url.invalid(
                     "a CA or client certificate needs TLS: write rediss://… (redis:// is plain text)",
                 ));
@@ -227,12 +227,9 @@ mod tests {
     #[test]
     fn sentinel_password_builder_beats_url_beats_env() {
         let env = env_of(&[(SENTINEL_PASSWORD_ENV, "envsp")]);
-        let sp = |b: RedisBuilder| {
-            resolve(&b, &env)
-                .expect("resolve")
-                .address
-                .sentinel_password
-                .map(|p| p.expose().to_owned())
+        let sp = |b: RedisBuilder| match resolve(&b, &env).expect("resolve").address.route {
+            Route::Sentinel { password, .. } => password.map(|p| p.expose().to_owned()),
+            other => panic!("not sentinel: {other:?}"),
         };
         let url = "redis+sentinel://:master@s1/m";
         assert_eq!(sp(RedisBuilder::new(url)), s("envsp"));

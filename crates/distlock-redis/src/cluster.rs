@@ -123,11 +123,7 @@ pub(crate) struct Master {
 
 impl Master {
     pub(crate) fn addr(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+        address::host_port(&self.host, self.port)
     }
 
     pub(crate) fn owns(&self, slot: u16) -> bool {
@@ -241,16 +237,19 @@ fn parse_slots(v: &Value) -> Option<Vec<Master>> {
     Some(out)
 }
 
+/// The Redis Cluster hash tag of `key` (the part between its first `{` and the next `}`, when
+/// not empty), as Redis reads it.
+pub(crate) fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')?;
+    (close > 0).then(|| &key[open + 1..open + 1 + close])
+}
+
 /// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first `{`
 /// and the next `}`, when not empty) or of the whole key, modulo 16384, as Redis computes it.
 pub(crate) fn slot(key: &str) -> u16 {
-    let k = key.as_bytes();
-    let tagged = k.iter().position(|&c| c == b'{').and_then(|open| {
-        let close = k[open + 1..].iter().position(|&c| c == b'}')?;
-        (close > 0).then(|| &k[open + 1..open + 1 + close])
-    });
     let mut crc: u16 = 0;
-    for &byte in tagged.unwrap_or(k) {
+    for &byte in hash_tag(key).unwrap_or(key).as_bytes() {
         crc ^= u16::from(byte) << 8;
         for _ in 0..8 {
             crc = if crc & 0x8000 != 0 {
@@ -417,17 +416,20 @@ pub(crate) async fn is_cluster_node(con: &mut ConnectionManager) -> bool {
 /// The error for a `redis://` URL that names a cluster node.
 pub(crate) const NOT_STANDALONE: &str = "this server is a Redis Cluster node (cluster_enabled:1): redis:// talks to one server, and locks whose slot lives on another node would fail with MOVED; write redis+cluster://host:port[,host:port…] (rediss+cluster:// with TLS)";
 
-/// The cluster client for `seeds` (driver URLs, `redis://h:p` or `rediss://h:p`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn connect(
+/// The command connection of `redis+cluster://` at `seeds` (driver URLs, `redis://h:p` or
+/// `rediss://h:p`), and a client for every node the subscriber may use: the seeds first, then
+/// the masters and replicas the cluster names.
+pub(crate) async fn open(
+    cs: &ConnectionString,
     seeds: &[String],
-    user: Option<&str>,
-    password: Option<&str>,
-    #[cfg(feature = "tls")] certs: Option<redis::TlsCertificates>,
-    #[cfg(not(feature = "tls"))] _certs: Option<()>,
+    tls: &TlsFiles,
+    (user, password): (Option<&str>, Option<&Password>),
     endpoint: &str,
     opts: &ClientOptions,
-) -> Result<ClusterConnection> {
+) -> Result<(Con, Vec<redis::Client>)> {
+    let node = |url: &str| address::open_client(cs, url, tls, user, password);
+    // The seeds' clients first: this also checks the TLS files (and picks the TLS provider).
+    let mut nodes = seeds.iter().map(|s| node(s)).collect::<Result<Vec<_>>>()?;
     let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
         .connection_timeout(opts.get_connect_timeout())
         .response_timeout(opts.get_op_timeout())
@@ -440,105 +442,42 @@ pub(crate) async fn connect(
         builder = builder.username(u);
     }
     if let Some(p) = password {
-        builder = builder.password(p);
+        builder = builder.password(p.expose());
     }
+    let tls_on = seeds.iter().any(|s| s.starts_with("rediss:"));
     #[cfg(feature = "tls")]
-    if let Some(c) = certs {
-        builder = builder.certs(c);
+    if tls_on {
+        builder = builder.certs(address::tls_certificates(cs, tls)?);
     }
     let client = builder
         .build()
         .map_err(|e| Error::invalid(format!("redis+cluster seeds: {e}")))?;
-    tokio::time::timeout(
-        opts.get_connect_timeout() * 2,
-        client.get_async_connection(),
-    )
-    .await
-    .map_err(|_| {
-        Error::connection(
-            KIND,
-            endpoint.to_owned(),
-            format!(
-                "no seed answered within {:?} (are the nodes paused or behind a firewall?)",
-                opts.get_connect_timeout() * 2
-            ),
-        )
-    })?
-    .map_err(|e| map(endpoint, e))
-}
-
-/// The command connection of `redis+cluster://` at `seeds` (driver URLs), and a client for
-/// every node the subscriber may use: the seeds first, then the masters and replicas the
-/// cluster names.
-pub(crate) async fn open(
-    cs: &ConnectionString,
-    seeds: &[String],
-    tls: &TlsFiles,
-    (user, password): (Option<String>, Option<Password>),
-    endpoint: &str,
-    opts: &ClientOptions,
-) -> Result<(Con, Vec<redis::Client>)> {
-    let scheme = seeds
-        .first()
-        .and_then(|s| s.split_once("://"))
-        .map_or("redis", |(s, _)| s);
-    let node = |addr: &str| {
-        address::open_client(
-            cs,
-            &format!("{scheme}://{addr}"),
-            tls,
-            user.as_deref(),
-            password.as_ref(),
-        )
-    };
-    // The seeds' clients first: this also checks the TLS files (and picks the TLS provider).
-    let mut nodes = seeds
-        .iter()
-        .map(|s| node(s.split_once("://").map_or(s.as_str(), |(_, a)| a)))
-        .collect::<Result<Vec<_>>>()?;
-    let certs = tls_certificates(cs, scheme, tls)?;
-    let con = connect(
-        seeds,
-        user.as_deref(),
-        password.as_ref().map(Password::expose),
-        certs,
-        endpoint,
-        opts,
-    )
-    .await?;
+    let limit = opts.get_connect_timeout() * 2;
+    let con = tokio::time::timeout(limit, client.get_async_connection())
+        .await
+        .map_err(|_| {
+            let why = format!(
+                "no seed answered within {limit:?} (are the nodes paused or behind a firewall?)"
+            );
+            Error::connection(KIND, endpoint.to_owned(), why)
+        })?
+        .map_err(|e| map(endpoint, e))?;
     let cluster = Cluster::new(con, opts);
     let masters = cluster.masters().await.map_err(|e| map(endpoint, e))?;
     let known: Vec<String> = nodes
         .iter()
         .map(|c| c.get_connection_info().addr().to_string())
         .collect();
+    let scheme = if tls_on { "rediss" } else { "redis" };
     for addr in masters
         .iter()
         .flat_map(|m| std::iter::once(m.addr()).chain(m.replicas.iter().cloned()))
     {
         if !known.contains(&addr) {
-            nodes.push(node(&addr)?);
+            nodes.push(node(&format!("{scheme}://{addr}"))?);
         }
     }
     Ok((Con::Cluster(cluster), nodes))
-}
-
-/// The CA and client certificate of `rediss+cluster://`, for the cluster client.
-#[cfg(feature = "tls")]
-fn tls_certificates(
-    cs: &ConnectionString,
-    scheme: &str,
-    tls: &TlsFiles,
-) -> Result<Option<redis::TlsCertificates>> {
-    if scheme != "rediss" {
-        return Ok(None);
-    }
-    address::tls_certificates(cs, tls).map(Some)
-}
-
-#[cfg(not(feature = "tls"))]
-fn tls_certificates(_: &ConnectionString, _: &str, _: &TlsFiles) -> Result<Option<()>> {
-    Ok(None)
 }
 
 #[cfg(test)]

@@ -1,4 +1,6 @@
-//! The command connection, replaced after a reply that never came.
+//! The connection layer: opening the deployment a URL names (one server, the master the
+//! sentinels name, a cluster: [`open`]) and the command connection the lock protocol sends
+//! its calls on, replaced after a reply that never came.
 //!
 //! A `ConnectionManager` multiplexes requests on one connection and matches replies to
 //! requests in order. If a request or a reply is lost inside the stream (a middlebox that
@@ -8,11 +10,148 @@
 //! response timeout this backend moves on to a fresh connection (opened lazily, at the next
 //! call); calls already in flight finish on the old one.
 
-use crate::cluster::{Cluster, Link};
-use distlock_core::ClientOptions;
+use crate::address::{self, Address, Route};
+use crate::cluster::{self, Cluster, Link};
+use crate::error::{self, KIND};
+use crate::sentinel::{self, Sentinels};
+use distlock_core::conn::Password;
+use distlock_core::{ClientOptions, Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
+
+/// A deployment connected, as the lock protocol needs it.
+pub(crate) struct Opened {
+    pub(crate) con: Con,
+    /// A client for every node the subscriber may use.
+    pub(crate) nodes: Vec<redis::Client>,
+    /// What messages call the deployment (stable across failovers).
+    pub(crate) endpoint: String,
+    /// Whether a client certificate was given (`None`: not known here), for the words of a
+    /// refused one.
+    pub(crate) cert_given: Option<bool>,
+    /// `redis+sentinel://`: the sentinels, and the master's `host:port` now (for the
+    /// [`Follower`](sentinel::Follower)).
+    pub(crate) sentinel: Option<(Sentinels, String)>,
+}
+
+/// Connects to the deployment of `a` as `user` with `password`.
+///
+/// # Errors
+/// As [`RedisBackend::connect`](crate::RedisBackend::connect).
+pub(crate) async fn open(
+    a: &Address,
+    user: Option<&str>,
+    password: Option<&Password>,
+    opts: &ClientOptions,
+) -> Result<Opened> {
+    let opened = |con, nodes, endpoint, sentinel| Opened {
+        con,
+        nodes,
+        endpoint,
+        cert_given: Some(a.tls.client().is_some()),
+        sentinel,
+    };
+    match &a.route {
+        Route::Cluster(seeds) => {
+            let creds = (user, password);
+            let (con, nodes) =
+                cluster::open(&a.conn, seeds, &a.tls, creds, &a.endpoint, opts).await?;
+            Ok(Opened {
+                cert_given: None,
+                ..opened(con, nodes, a.endpoint.clone(), None)
+            })
+        }
+        Route::Single(url) => {
+            let (con, client) = single(a, url, &a.endpoint, None, (user, password), opts).await?;
+            Ok(opened(con, vec![client], a.endpoint.clone(), None))
+        }
+        Route::Sentinel {
+            hosts,
+            master,
+            password: sentinels_password,
+        } => {
+            let named = (
+                hosts.as_slice(),
+                master.as_str(),
+                sentinels_password.as_ref(),
+            );
+            let sentinels = Sentinels::new(&a.conn, named, opts);
+            let at = sentinels.discover().await?;
+            let endpoint = sentinels.endpoint();
+            let url = format!("redis://{at}");
+            let creds = (user, password);
+            let (con, client) = single(a, &url, &endpoint, Some(&at), creds, opts).await?;
+            Ok(opened(con, vec![client], endpoint, Some((sentinels, at))))
+        }
+    }
+}
+
+/// The connection to the one server at `driver_url` (`at`: the master the sentinels named
+/// there, which must say it is one), with the URL's TLS files.
+async fn single(
+    a: &Address,
+    driver_url: &str,
+    endpoint: &str,
+    at: Option<&str>,
+    (user, password): (Option<&str>, Option<&Password>),
+    opts: &ClientOptions,
+) -> Result<(Con, redis::Client)> {
+    let client = address::open_client(&a.conn, driver_url, &a.tls, user, password)?;
+    let cert_given = Some(a.tls.client().is_some());
+    if let Some(at) = at {
+        sentinel::confirm_master(&client, at, endpoint, opts.get_connect_timeout()).await?;
+    }
+    let limit = opts.get_connect_timeout() * 2;
+    let con = tokio::time::timeout(
+        limit,
+        ConnectionManager::new_with_config(client.clone(), config(opts)),
+    )
+    .await
+    .map_err(|_| {
+        Error::connection(
+            KIND,
+            endpoint.to_owned(),
+            format!("no answer within {limit:?} (is the server paused or behind a firewall?)"),
+        )
+    })?;
+    let mut con = match con {
+        Ok(c) => c,
+        Err(e)
+            if e.kind() == redis::ErrorKind::AuthenticationFailed
+                && needs_no_password(&client, opts.get_connect_timeout()).await =>
+        {
+            return Err(error::superfluous_password(endpoint));
+        }
+        Err(e) => return Err(error::map_tls(endpoint, e, cert_given)),
+    };
+    if cluster::is_cluster_node(&mut con).await {
+        return Err(a.conn.invalid(cluster::NOT_STANDALONE));
+    }
+    Ok((Con::single(con, client.clone(), opts), client))
+}
+
+/// True when the server behind `client` (whose credentials it refused) answers `PING` on a
+/// connection without any: the password given is one it does not need.
+async fn needs_no_password(client: &redis::Client, limit: Duration) -> bool {
+    let info = client.get_connection_info();
+    if info.redis_settings().password().is_none() {
+        return false;
+    }
+    let bare = info.clone().set_redis_settings(
+        redis::RedisConnectionInfo::default()
+            .set_db(info.redis_settings().db())
+            .set_protocol(info.redis_settings().protocol()),
+    );
+    let Ok(bare) = redis::Client::open(bare) else {
+        return false;
+    };
+    let ping = async {
+        let mut con = bare.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut con).await
+    };
+    matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(_)))
+}
 
 /// The command connection: one server's (replaced after a timeout), or a cluster's.
 pub(crate) enum Con {
@@ -53,6 +192,18 @@ impl Con {
         if let Con::Single(s) = self {
             s.switch(client);
         }
+    }
+
+    /// A connection to every master, with its address (`None`: the one server); a cluster's
+    /// masters as read now.
+    pub(crate) async fn masters(&self) -> redis::RedisResult<Vec<(Link, Option<String>)>> {
+        let c = match self {
+            Con::Single(s) => return Ok(vec![(Link::Single(s.get()), None)]),
+            Con::Cluster(c) => c,
+        };
+        c.forget();
+        let masters = c.masters().await?;
+        Ok(masters.iter().map(|m| (c.at(m), Some(m.addr()))).collect())
     }
 
     /// The cluster, for `redis+cluster://`.

@@ -16,7 +16,8 @@ fn parse_grant(value: &str) -> Option<(u64, &str, &str)> {
     Some((token.parse().ok()?, x, owner))
 }
 
-fn ms(ms: i64) -> Option<Duration> {
+/// A PTTL (or any ms count) as a duration; `None` for Redis's negative "no expiry" / "no key".
+pub(crate) fn ms(ms: i64) -> Option<Duration> {
     u64::try_from(ms).ok().map(Duration::from_millis)
 }
 

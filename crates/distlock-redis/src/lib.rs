@@ -67,6 +67,13 @@ pub const FENCE_MARGIN: Duration = Duration::from_millis(scripts::fence_margin_m
 /// [`Error::Connection`].
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 
+/// Keys are `NS:{NAME}…`: the namespace may not hold the hash tag's braces.
+fn namespace_ok(namespace: &str) -> bool {
+    !namespace.is_empty() && !namespace.contains(['{', '}'])
+}
+
+const BAD_NAMESPACE: &str = "namespace must be non-empty and free of `{` and `}`";
+
 /// `WAIT` blocks for up to the replica wait on a connection whose replies are bounded by the
 /// operation timeout: a longer wait would be cut off and the grant retried.
 fn check_wait(wait_replicas: Option<(u32, Duration)>, opts: &ClientOptions) -> Result<()> {
@@ -80,28 +87,6 @@ fn check_wait(wait_replicas: Option<(u32, Duration)>, opts: &ClientOptions) -> R
         }
     }
     Ok(())
-}
-
-/// True when the server behind `client` (whose credentials it refused) answers `PING` on a
-/// connection without any: the password given is one it does not need.
-async fn needs_no_password(client: &redis::Client, limit: Duration) -> bool {
-    let info = client.get_connection_info();
-    if info.redis_settings().password().is_none() {
-        return false;
-    }
-    let bare = info.clone().set_redis_settings(
-        redis::RedisConnectionInfo::default()
-            .set_db(info.redis_settings().db())
-            .set_protocol(info.redis_settings().protocol()),
-    );
-    let Ok(bare) = redis::Client::open(bare) else {
-        return false;
-    };
-    let ping = async {
-        let mut con = bare.get_multiplexed_async_connection().await?;
-        redis::cmd("PING").query_async::<String>(&mut con).await
-    };
-    matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(_)))
 }
 
 impl RedisBackend {
@@ -128,111 +113,41 @@ impl RedisBackend {
         RedisBuilder::new(url)
     }
 
+    /// Connects as the builder resolved: the deployment by the connection layer
+    /// ([`conn::open`]: one server, Sentinel or Cluster), then the lock protocol's state on it.
     async fn open(resolved: builder::Resolved, opts: &ClientOptions) -> Result<Self> {
         let builder::Resolved {
-            address,
+            address: a,
             user,
             password,
             follow_switches,
         } = resolved;
-        let address::Address {
-            conn,
-            driver_url,
-            endpoint,
-            namespace,
-            wait_replicas,
-            tls,
-            sentinel,
-            sentinel_password,
-            cluster,
-            dialect,
-            handoff_after,
-        } = address;
-        check_wait(wait_replicas, opts)?;
-        let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
-        if namespace.is_empty() || namespace.contains(['{', '}']) {
-            return Err(conn.invalid("namespace must be non-empty and free of `{` and `}`"));
+        check_wait(a.wait_replicas, opts)?;
+        let namespace = (a.namespace.clone()).unwrap_or_else(|| opts.get_namespace().to_owned());
+        if !namespace_ok(&namespace) {
+            return Err(a.conn.invalid(BAD_NAMESPACE));
         }
-        let layout = dialect.map(|d| dialect::Layout::new(d, &namespace));
-        if let Some(seeds) = cluster {
-            if dialect == Some(dialect::Dialect::PythonRedisLock) {
-                return Err(conn.invalid(
-                    "dialect=python-redis-lock is not built for redis+cluster://: python-redis-lock's own scripts touch lock:NAME and lock-signal:NAME, which a cluster keeps in different slots; use one server (redis:// or redis+sentinel://)",
-                ));
-            }
-            let cred = (user, password);
-            let (con, nodes) = cluster::open(&conn, &seeds, &tls, cred, &endpoint, opts).await?;
-            let mut backend =
-                Self::finish(con, nodes, endpoint, namespace, wait_replicas, opts, None).await?;
-            backend.dialect = layout;
-            backend.handoff_after = handoff_after;
-            return Ok(backend);
+        let cluster = matches!(a.route, address::Route::Cluster(_));
+        if cluster && a.dialect == Some(dialect::Dialect::PythonRedisLock) {
+            return Err(a.conn.invalid(
+                "dialect=python-redis-lock is not built for redis+cluster://: python-redis-lock's own scripts touch lock:NAME and lock-signal:NAME, which a cluster keeps in different slots; use one server (redis:// or redis+sentinel://)",
+            ));
         }
-        let sentinels = sentinel.map(|(hosts, master)| {
-            sentinel::Sentinels::new(&conn, hosts, master, sentinel_password, opts)
-        });
-        let (driver_url, endpoint, at) = match &sentinels {
-            Some(s) => {
-                let at = s.discover().await?;
-                (format!("redis://{at}"), s.endpoint(), Some(at))
-            }
-            None => (driver_url, endpoint, None),
-        };
-        let client =
-            address::open_client(&conn, &driver_url, &tls, user.as_deref(), password.as_ref())?;
-        let cert_given = Some(tls.client().is_some());
-        if let Some(at) = &at {
-            sentinel::confirm_master(&client, at, &endpoint, opts.get_connect_timeout()).await?;
-        }
-        let config = conn::config(opts);
-        let con = tokio::time::timeout(
-            opts.get_connect_timeout() * 2,
-            ConnectionManager::new_with_config(client.clone(), config),
-        )
-        .await
-        .map_err(|_| {
-            Error::connection(
-                KIND,
-                endpoint.clone(),
-                format!(
-                    "no answer within {:?} (is the server paused or behind a firewall?)",
-                    opts.get_connect_timeout() * 2
-                ),
-            )
-        })?;
-        let mut con = match con {
-            Ok(c) => c,
-            Err(e) if e.kind() == redis::ErrorKind::AuthenticationFailed => {
-                if needs_no_password(&client, opts.get_connect_timeout()).await {
-                    return Err(error::superfluous_password(&endpoint));
-                }
-                return Err(error::map_tls(&endpoint, e, cert_given));
-            }
-            Err(e) => return Err(error::map_tls(&endpoint, e, cert_given)),
-        };
-        if cluster::is_cluster_node(&mut con).await {
-            return Err(conn.invalid(cluster::NOT_STANDALONE));
-        }
-        let mut backend = Self::finish(
-            conn::Con::single(con, client.clone(), opts),
-            vec![client],
-            endpoint,
-            namespace,
-            wait_replicas,
-            opts,
-            cert_given,
-        )
-        .await?;
-        backend.dialect = layout;
-        backend.handoff_after = handoff_after;
-        if let (Some(sentinels), Some(at)) = (sentinels, at) {
-            let (con, sub) = (backend.con.clone(), backend.subscriber.clone());
+        let mut opened = conn::open(&a, user.as_deref(), password.as_ref(), opts).await?;
+        let sentinel = opened.sentinel.take();
+        let mut backend = Self::finish(opened, namespace, a.wait_replicas, opts).await?;
+        backend.dialect = a
+            .dialect
+            .map(|d| dialect::Layout::new(d, &backend.namespace));
+        backend.handoff_after = a.handoff_after;
+        if let Some((sentinels, at)) = sentinel {
+            let moved = (backend.con.clone(), backend.subscriber.clone());
             let creds = (user, password);
             backend.follower = Some(sentinel::Follower::start(
                 sentinels,
                 creds,
                 at,
-                (con, sub),
+                moved,
                 follow_switches,
             ));
         }
@@ -277,18 +192,21 @@ impl RedisBackend {
         pubsub: redis::Client,
         opts: &ClientOptions,
     ) -> Result<Self> {
-        let endpoint = pubsub.get_connection_info().addr().to_string();
         let namespace = opts.get_namespace().to_owned();
-        if namespace.is_empty() || namespace.contains(['{', '}']) {
-            return Err(Error::InvalidArgument(
-                "namespace must be non-empty and free of `{` and `}`".into(),
-            ));
+        if !namespace_ok(&namespace) {
+            return Err(Error::invalid(BAD_NAMESPACE));
         }
         if cluster::is_cluster_node(&mut con).await {
             return Err(Error::invalid(cluster::NOT_STANDALONE));
         }
-        let con = conn::Con::single(con, pubsub.clone(), opts);
-        Self::finish(con, vec![pubsub], endpoint, namespace, None, opts, None).await
+        let opened = conn::Opened {
+            con: conn::Con::single(con, pubsub.clone(), opts),
+            endpoint: pubsub.get_connection_info().addr().to_string(),
+            nodes: vec![pubsub],
+            cert_given: None,
+            sentinel: None,
+        };
+        Self::finish(opened, namespace, None, opts).await
     }
 
     /// Waits for `n` replicas to confirm each grant (within `timeout`), as `?wait_replicas=N&
@@ -315,8 +233,8 @@ impl RedisBackend {
         }
         check_wait(Some((n, timeout)), opts)?;
         self.wait_replicas = Some((n, timeout));
-        self.subscriber = pubsub::Subscriber::new(
-            self.subscriber.client(),
+        self.subscriber = pubsub::Subscriber::over(
+            vec![self.subscriber.client()],
             self.endpoint.clone(),
             opts.get_connect_timeout(),
             true,
@@ -328,14 +246,18 @@ impl RedisBackend {
     /// The part of connecting common to [`open`](Self::open) and
     /// [`from_connection_manager`](Self::from_connection_manager).
     async fn finish(
-        con: conn::Con,
-        nodes: Vec<redis::Client>,
-        endpoint: String,
+        opened: conn::Opened,
         namespace: String,
         wait_replicas: Option<(u32, Duration)>,
         opts: &ClientOptions,
-        cert_given: Option<bool>,
     ) -> Result<Self> {
+        let conn::Opened {
+            con,
+            nodes,
+            endpoint,
+            cert_given,
+            ..
+        } = opened;
         let scripts = scripts::Scripts::new();
         let mut link = con.get();
         scripts::load(&mut link, &scripts.all())
@@ -440,18 +362,7 @@ impl RedisBackend {
 
     /// The fencing counter of `name` from its stored value (`None`: never issued, 0).
     fn counter(&self, name: &str, stored: Option<String>) -> Result<u64> {
-        match stored {
-            None => Ok(0),
-            Some(s) => s.parse().map_err(|_| {
-                Error::unexpected(
-                    KIND,
-                    format!(
-                        "fencing counter `{}` holds `{s}`, not a number",
-                        self.fence_key(name)
-                    ),
-                )
-            }),
-        }
+        counter(&self.fence_key(name), stored)
     }
 
     /// The four keys the mutex scripts touch, in their KEYS order.
@@ -735,6 +646,17 @@ fn family(kind: LockKind) -> Result<Family> {
             ))
         }
     })
+}
+
+/// The fencing counter at `key` from its stored value (`None`: never issued, 0).
+fn counter(key: &str, stored: Option<String>) -> Result<u64> {
+    match stored {
+        None => Ok(0),
+        Some(s) => s.parse().map_err(|_| {
+            let msg = format!("fencing counter `{key}` holds `{s}`, not a number");
+            Error::unexpected(KIND, msg)
+        }),
+    }
 }
 
 fn int(v: &Value) -> Option<i64> {

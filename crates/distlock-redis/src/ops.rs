@@ -6,6 +6,7 @@
 //! CONFIG where allowed) and the server clock.
 
 use super::{family, Family, RedisBackend};
+use crate::cluster::Link;
 use crate::error::KIND;
 use crate::inspect::holders;
 use distlock_core::operator::{clock_finding, measure_clock, version_finding};
@@ -100,16 +101,8 @@ pub(crate) async fn scan_typed(
     of: Option<&str>,
     mut batch: impl FnMut(Vec<String>),
 ) -> Result<()> {
-    // On a cluster every master holds its own slots' keys: SCAN each (the topology read now).
-    let links = match b.con.cluster() {
-        Some(c) => {
-            c.forget();
-            let masters = c.masters().await.map_err(|e| b.err(e))?;
-            masters.iter().map(|m| c.at(m)).collect()
-        }
-        None => vec![b.con.get()],
-    };
-    for mut con in links {
+    // On a cluster every master holds its own slots' keys: SCAN each.
+    for (mut con, _) in b.con.masters().await.map_err(|e| b.err(e))? {
         scan_one(b, &mut con, pattern, of, &mut batch).await?;
     }
     Ok(())
@@ -117,7 +110,7 @@ pub(crate) async fn scan_typed(
 
 async fn scan_one(
     b: &RedisBackend,
-    con: &mut crate::cluster::Link,
+    con: &mut Link,
     pattern: &str,
     of: Option<&str>,
     batch: &mut impl FnMut(Vec<String>),
@@ -170,15 +163,17 @@ impl Operator for RedisBackend {
     }
 
     async fn server_time(&self) -> Result<Option<SystemTime>> {
-        let mut con = self.con.get();
-        let (secs, micros): (u64, u64) = redis::cmd("TIME")
-            .query_async(&mut con)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(Some(
-            UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros),
-        ))
+        time(self, &mut self.con.get()).await.map(Some)
     }
+}
+
+/// The server's clock (`TIME`), asked over `con`.
+async fn time(b: &RedisBackend, con: &mut Link) -> Result<SystemTime> {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME")
+        .query_async(con)
+        .await
+        .map_err(|e| b.err(e))?;
+    Ok(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
 }
 
 pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLock>> {
@@ -369,10 +364,24 @@ fn fencing_finding() -> Finding {
 
 /// The findings of the server, or of the cluster and each of its masters.
 async fn diagnose_server(b: &RedisBackend) -> Result<Vec<Finding>> {
-    let Some(c) = b.con.cluster() else {
-        return diagnose_on(b, b.con.get(), false).await;
-    };
-    // A cluster: its state, then every master's findings, each saying which master.
+    let mut out = Vec::new();
+    if let Some(c) = b.con.cluster() {
+        out.push(cluster_state(b, c).await?);
+    }
+    // Every master's findings (a cluster's each saying which master).
+    for (con, addr) in b.con.masters().await.map_err(|e| b.err(e))? {
+        for mut f in diagnose_on(b, con, addr.is_some()).await? {
+            if let Some(addr) = &addr {
+                f.message = format!("master {addr}: {}", f.message);
+            }
+            out.push(f);
+        }
+    }
+    Ok(out)
+}
+
+/// The `cluster` finding of `CLUSTER INFO`.
+async fn cluster_state(b: &RedisBackend, c: &crate::cluster::Cluster) -> Result<Finding> {
     let mut con = c.link();
     let info: String = redis::cmd("CLUSTER")
         .arg("INFO")
@@ -381,22 +390,12 @@ async fn diagnose_server(b: &RedisBackend) -> Result<Vec<Finding>> {
         .map_err(|e| b.err(e))?;
     let info = parse_info(&info);
     let state = info.get("cluster_state").copied().unwrap_or("unknown");
-    let mut out = vec![match state {
+    Ok(match state {
         "ok" => Finding::new(Severity::Ok, "cluster", format!("cluster_state:ok, {} slots served", info.get("cluster_slots_ok").copied().unwrap_or("?"))),
         _ => Finding::new(Severity::Warning, "cluster", format!("cluster_state:{state}: some slots have no live master, and locks in them fail until a replica takes over")),
-    }];
-    c.forget();
-    let masters = c.masters().await.map_err(|e| b.err(e))?;
-    for m in masters.iter() {
-        for mut f in diagnose_on(b, c.at(m), true).await? {
-            f.message = format!("master {}: {}", m.addr(), f.message);
-            out.push(f);
-        }
-    }
-    Ok(out)
+    })
 }
 
-/// The findings of one server (`cluster`: a master of the `redis+cluster://` cluster).
 /// The findings an INFO reply (and `CONFIG GET save`, when allowed) tells: version, cluster,
 /// eviction, persistence, replication (`cluster`: a master of the `redis+cluster://` cluster).
 fn info_findings(
@@ -416,26 +415,7 @@ fn info_findings(
         "the server refuses the scripts' writes",
     ));
 
-    // Cluster.
-    if cluster {
-        out.push(Finding::new(
-            Severity::Ok,
-            "cluster",
-            "a master of the cluster, reached by redis+cluster://",
-        ));
-    } else if info.get("cluster_enabled") == Some(&"1") {
-        out.push(Finding::new(
-            Severity::Unsafe,
-            "cluster",
-            "this is a Redis Cluster node: a redis:// URL talks to this one node only (locks whose slot lives elsewhere fail with MOVED, and a failover of this node's shard loses its grants); point dlock at a standalone or Sentinel-managed primary, or write redis+cluster://host:port,… for the whole cluster",
-        ));
-    } else {
-        out.push(Finding::new(
-            Severity::Ok,
-            "cluster",
-            "standalone server (not a cluster node)",
-        ));
-    }
+    out.push(cluster_finding(info, cluster));
 
     // Eviction.
     let policy = info.get("maxmemory_policy").copied().unwrap_or("unknown");
@@ -449,9 +429,42 @@ fn info_findings(
         )
     });
 
-    // Persistence.
-    let aof = info.get("aof_enabled") == Some(&"1");
-    out.push(match (aof, save) {
+    out.push(persistence_finding(
+        info.get("aof_enabled") == Some(&"1"),
+        save,
+    ));
+    out.push(replication_finding(info, wait_replicas));
+    out
+}
+
+/// Whether this is a standalone server, a master of the `redis+cluster://` cluster
+/// (`cluster`), or a cluster node reached by `redis://`.
+fn cluster_finding(info: &HashMap<&str, &str>, cluster: bool) -> Finding {
+    if cluster {
+        Finding::new(
+            Severity::Ok,
+            "cluster",
+            "a master of the cluster, reached by redis+cluster://",
+        )
+    } else if info.get("cluster_enabled") == Some(&"1") {
+        Finding::new(
+            Severity::Unsafe,
+            "cluster",
+            "this is a Redis Cluster node: a redis:// URL talks to this one node only (locks whose slot lives elsewhere fail with MOVED, and a failover of this node's shard loses its grants); point dlock at a standalone or Sentinel-managed primary, or write redis+cluster://host:port,… for the whole cluster",
+        )
+    } else {
+        Finding::new(
+            Severity::Ok,
+            "cluster",
+            "standalone server (not a cluster node)",
+        )
+    }
+}
+
+/// Whether grants survive a restart: `aof` (appendonly), or the RDB `save` points (`None`:
+/// CONFIG not allowed).
+fn persistence_finding(aof: bool, save: Option<&str>) -> Finding {
+    match (aof, save) {
         (true, _) => Finding::new(
             Severity::Ok,
             "persistence",
@@ -472,15 +485,20 @@ fn info_findings(
             "persistence",
             "appendonly no, and CONFIG GET save is not allowed: grants since the last snapshot (or all, without snapshots) are lost on a restart; set `appendonly yes` if locks must survive restarts",
         ),
-    });
+    }
+}
 
-    // Replication.
+/// Whether a failover can lose a grant: the replicas against `?wait_replicas`.
+fn replication_finding(
+    info: &HashMap<&str, &str>,
+    wait_replicas: Option<(u32, Duration)>,
+) -> Finding {
     let role = info.get("role").copied().unwrap_or("unknown");
     let replicas: u32 = info
         .get("connected_slaves")
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
-    out.push(match (role, replicas, wait_replicas) {
+    match (role, replicas, wait_replicas) {
         ("slave", _, _) => Finding::new(
             Severity::Unsafe,
             "replication",
@@ -507,16 +525,11 @@ fn info_findings(
             "replication",
             format!("{r} replica(s); every grant waits for {n} of them"),
         ),
-    });
-
-    out
+    }
 }
 
-async fn diagnose_on(
-    b: &RedisBackend,
-    mut con: crate::cluster::Link,
-    cluster: bool,
-) -> Result<Vec<Finding>> {
+/// The findings of one server (`cluster`: a master of the `redis+cluster://` cluster).
+async fn diagnose_on(b: &RedisBackend, mut con: Link, cluster: bool) -> Result<Vec<Finding>> {
     let info: String = redis::cmd("INFO")
         .query_async(&mut con)
         .await
@@ -534,14 +547,7 @@ async fn diagnose_on(
     let mut out = info_findings(&info, save.as_deref(), cluster, b.wait_replicas);
 
     // Clock: the server's TIME against the local clock at the middle of the round trip.
-    let offset_ms = measure_clock(async {
-        let (secs, micros): (u64, u64) = redis::cmd("TIME")
-            .query_async(&mut con)
-            .await
-            .map_err(|e| b.err(e))?;
-        Ok(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
-    })
-    .await?;
+    let offset_ms = measure_clock(time(b, &mut con)).await?;
     out.push(clock_finding(offset_ms, "server", "on the server"));
     out.push(fencing_finding());
     Ok(out)

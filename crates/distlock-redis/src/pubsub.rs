@@ -118,16 +118,6 @@ fn deliver(subs: &Subscriptions<String>, channel: &str, payload: &[u8]) {
 }
 
 impl Subscriber {
-    pub(crate) fn new(
-        client: redis::Client,
-        endpoint: String,
-        timeout: Duration,
-        confirm_handoffs: bool,
-        wake: String,
-    ) -> Arc<Self> {
-        Self::over(vec![client], endpoint, timeout, confirm_handoffs, wake)
-    }
-
     /// A subscriber at the first of `clients` that answers (at least one; a cluster's nodes).
     pub(crate) fn over(
         clients: Vec<redis::Client>,
@@ -492,8 +482,8 @@ mod tests {
     async fn no_watch_is_handed_out_on_a_table_the_dying_reader_drained() {
         let server = Arc::new(RedisServer::start().expect("redis"));
         let client = redis::Client::open(server.url()).expect("client");
-        let sub = Subscriber::new(
-            client,
+        let sub = Subscriber::over(
+            vec![client],
             "test".into(),
             Duration::from_secs(2),
             false,

@@ -56,16 +56,14 @@ impl Sentinels {
     /// the connect timeout of `opts`.
     pub(crate) fn new(
         conn: &ConnectionString,
-        hosts: Vec<String>,
-        master: String,
-        password: Option<Password>,
+        (hosts, master, password): (&[String], &str, Option<&Password>),
         opts: &distlock_core::ClientOptions,
     ) -> Self {
         Sentinels {
             conn: conn.clone(),
-            hosts,
-            master,
-            password,
+            hosts: hosts.to_vec(),
+            master: master.to_owned(),
+            password: password.cloned(),
             timeout: opts.get_connect_timeout(),
         }
     }
@@ -75,14 +73,20 @@ impl Sentinels {
         format!("master `{}` of {}", self.master, self.describe())
     }
 
+    /// A client for the sentinel at `host`, with the sentinels' password.
     fn client(&self, host: &str) -> Result<redis::Client> {
-        crate::address::open_client(
-            &self.conn,
-            &format!("redis://{host}"),
-            &TlsFiles::new(crate::address::TLS_NAMES),
-            None,
-            self.password.as_ref(),
-        )
+        self.node(host, None, self.password.as_ref())
+    }
+
+    /// A client for the node at `at` (`redis://`: no TLS yet) as `user` with `password`.
+    fn node(
+        &self,
+        at: &str,
+        user: Option<&str>,
+        password: Option<&Password>,
+    ) -> Result<redis::Client> {
+        let tls = TlsFiles::new(crate::address::TLS_NAMES);
+        crate::address::open_client(&self.conn, &format!("redis://{at}"), &tls, user, password)
     }
 
     /// For messages: `sentinels s1,s2,s3`.
@@ -113,7 +117,7 @@ impl Sentinels {
                     .map_err(|e| crate::error::map(s, e))
             };
             match tokio::time::timeout(self.timeout, ask).await {
-                Ok(Ok(Some((host, port)))) => return Ok(host_port(&host, port)),
+                Ok(Ok(Some((host, port)))) => return Ok(crate::address::host_port(&host, port)),
                 Ok(Ok(None)) => why.push(format!("{s}: does not know master `{}`", self.master)),
                 Ok(Err(e)) => {
                     if matches!(e, Error::Auth { .. }) {
@@ -144,14 +148,6 @@ impl Sentinels {
                 self.master
             ),
         ))
-    }
-}
-
-fn host_port(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
     }
 }
 
@@ -382,13 +378,10 @@ impl Follower {
         if at == self.current() {
             return Ok(true);
         }
-        let client = crate::address::open_client(
-            &self.sentinels.conn,
-            &format!("redis://{at}"),
-            &TlsFiles::new(crate::address::TLS_NAMES),
-            self.creds.0.as_deref(),
-            self.creds.1.as_ref(),
-        )?;
+        let (user, password) = &self.creds;
+        let client = self
+            .sentinels
+            .node(&at, user.as_deref(), password.as_ref())?;
         if !is_master(&client, &at, self.sentinels.timeout).await? {
             tracing::debug!(candidate = %at, "the sentinels name a node that is not a master yet");
             return Ok(false);

@@ -19,7 +19,7 @@
 //! - `diagnose`: version, a pooler in front (PgBouncer), whether the session's timeouts take
 //!   effect, synchronous replication, and the server clock against the local one.
 
-use crate::common::{channel, election_key, key_oids, lock_key};
+use crate::common::{channel, election_key, key_oids, lease_left, lock_key, side};
 use crate::error::{is_code, map, shape, KIND};
 use crate::{Inner, Mode, PostgresBackend};
 use distlock_core::operator::{evict, Eviction};
@@ -27,7 +27,6 @@ use distlock_core::{
     Backend, Error, ForceReleased, HolderInfo, ListedLock, LockKind, Operator, Result,
 };
 use std::collections::{BTreeMap, HashSet};
-use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::types::Type;
@@ -38,11 +37,6 @@ const CURRENT_DB: &str = "(SELECT oid FROM pg_database WHERE datname = current_d
 
 fn u64_token(t: i64) -> Result<u64> {
     u64::try_from(t).map_err(|_| shape("fencing token", t))
-}
-
-fn left_of(ms: Option<f64>) -> Option<Duration> {
-    ms.filter(|m| m.is_finite())
-        .map(|m| Duration::from_secs_f64(m.max(0.0) / 1000.0))
 }
 
 #[distlock_core::async_trait]
@@ -286,7 +280,7 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
         let held: bool = r.try_get(1).map_err(|e| shape(what, e))?;
         let left: f64 = r.try_get(2).map_err(|e| shape(what, e))?;
         if let Some(owner) = owner.filter(|_| held) {
-            removed.push(HolderInfo::new(owner, 1).with_lease_left(left_of(Some(left))));
+            removed.push(HolderInfo::new(owner, 1).with_lease_left(lease_left(Some(left))));
         }
     }
     Ok(ForceReleased::new(removed, token_of(&up)?))
@@ -414,15 +408,10 @@ impl Eviction for Sessions<'_> {
                     app.unwrap_or_default()
                 )
             });
-            let side = match kind.as_deref() {
-                Some("read") => Some(LockKind::Read),
-                Some("write") => Some(LockKind::Write),
-                _ => None,
-            };
             removed.push(
                 HolderInfo::new(owner, 1)
-                    .with_lease_left(left_of(left))
-                    .with_side(side),
+                    .with_lease_left(lease_left(left))
+                    .with_side(kind.as_deref().and_then(side)),
             );
         }
         if let Ok(mut a) = self.attempts.lock() {

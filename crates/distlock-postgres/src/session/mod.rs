@@ -27,7 +27,9 @@ mod sql;
 mod state;
 mod wait;
 
-use crate::common::{channel, election_key, key_of, key_oids, kind_name, lock_key, Common};
+use crate::common::{
+    channel, election_key, key_of, key_oids, kind_name, lease_left, lock_key, side, Common,
+};
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
@@ -330,15 +332,7 @@ impl Dialect for PgDialect {
         let rows = common
             .query("proclaiming", ELECTION_PROCLAIM, &params)
             .await?;
-        let leads: bool = rows
-            .first()
-            .and_then(|r| r.try_get(0).ok())
-            .ok_or_else(|| shape("proclaiming", format!("{} rows", rows.len())))?;
-        Ok(if leads {
-            RenewOutcome::Renewed
-        } else {
-            RenewOutcome::NotHeld
-        })
+        crate::common::proclaimed(&rows)
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
@@ -374,28 +368,17 @@ impl Dialect for PgDialect {
                 )
             })
             .await?;
-        let waiters: i64 = waiting
-            .first()
-            .and_then(|r| r.try_get(0).ok())
-            .ok_or_else(|| shape("inspect", "no waiter count"))?;
         let lease_note = common.has_session_timeouts();
         let mut holders = Vec::with_capacity(rows.len());
         for r in &rows {
             let owner: String = r.try_get(0).map_err(|e| shape("inspect", e))?;
             let count: i32 = r.try_get(1).map_err(|e| shape("inspect", e))?;
             let left: f64 = r.try_get(2).map_err(|e| shape("inspect", e))?;
-            let side = match r.try_get::<_, &str>(3).map_err(|e| shape("inspect", e))? {
-                "read" => Some(LockKind::Read),
-                "write" => Some(LockKind::Write),
-                _ => None,
-            };
+            let row_kind: &str = r.try_get(3).map_err(|e| shape("inspect", e))?;
             holders.push(
                 HolderInfo::new(owner, u32::try_from(count).unwrap_or(0))
-                    .with_lease_left(
-                        (lease_note && left.is_finite())
-                            .then(|| Duration::from_secs_f64(left.max(0.0) / 1000.0)),
-                    )
-                    .with_side(side),
+                    .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))
+                    .with_side(side(row_kind)),
             );
         }
         let fencing_token = match fence.first() {
@@ -408,7 +391,7 @@ impl Dialect for PgDialect {
         Ok(LockInfo::new(name)
             .with_holders(holders)
             .with_fencing_token(fencing_token)
-            .with_waiters(Some(u32::try_from(waiters).unwrap_or(u32::MAX))))
+            .with_waiters(Some(waiter_count(&waiting)?)))
     }
 }
 
@@ -437,10 +420,6 @@ impl PgDialect {
                 )
             })
             .await?;
-        let waiters: i64 = waiting
-            .first()
-            .and_then(|r| r.try_get(0).ok())
-            .ok_or_else(|| shape("inspect", "no waiter count"))?;
         let mut info = LockInfo::new(name);
         if let Some(r) = rows.first() {
             let what = "inspecting the election";
@@ -451,16 +430,23 @@ impl PgDialect {
             let leads: bool = r.try_get(4).map_err(|e| shape(what, e))?;
             info = info.with_fencing_token(u64::try_from(token).map_err(|_| shape(what, token))?);
             if leads {
-                let lease_note = common.has_session_timeouts() && left.is_finite();
+                let lease_note = common.has_session_timeouts();
                 info = info.with_holders(vec![HolderInfo::new(owner, 1)
                     .with_value(Some(value))
-                    .with_lease_left(
-                        lease_note.then(|| Duration::from_secs_f64(left.max(0.0) / 1000.0)),
-                    )]);
+                    .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))]);
             }
         }
-        Ok(info.with_waiters(Some(u32::try_from(waiters).unwrap_or(u32::MAX))))
+        Ok(info.with_waiters(Some(waiter_count(&waiting)?)))
     }
+}
+
+/// The waiters [`WAITERS`] counted.
+fn waiter_count(rows: &[tokio_postgres::Row]) -> Result<u32> {
+    let waiters: i64 = rows
+        .first()
+        .and_then(|r| r.try_get(0).ok())
+        .ok_or_else(|| shape("inspect", "no waiter count"))?;
+    Ok(u32::try_from(waiters).unwrap_or(u32::MAX))
 }
 
 /// Session mode: the shared engine with the PostgreSQL dialect. Its wait is server-side: a

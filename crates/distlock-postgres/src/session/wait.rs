@@ -83,20 +83,14 @@ impl PgDialect {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let granted = |token, requested_at| {
-            Ok(Some(Granted {
-                token,
-                requested_at,
-            }))
-        };
         let sent = LeaseInstant::now();
         let s = match self.prepare(holds, entry, st, req, false).await? {
-            Start::Held(token) => return granted(token, sent),
+            Start::Held(token) => return Ok(Some(Granted::new(token, sent))),
             Start::On(s) => s,
         };
         let sent = LeaseInstant::now();
         if let Some(token) = self.try_on(entry, st, &s, req).await? {
-            return granted(token, sent);
+            return Ok(Some(Granted::new(token, sent)));
         }
         let Some(left) = waited::budget(deadline, cancel) else {
             self.forget_on(entry, st, s, &req.attempt, true);
@@ -109,7 +103,7 @@ impl PgDialect {
                 let sent = LeaseInstant::now();
                 let idle = s.idle_value(&req.attempt, Some(sent + req.lease));
                 let token = self.grant_on(entry, st, s, req, &idle).await?;
-                return granted(token, sent);
+                return Ok(Some(Granted::new(token, sent)));
             }
             Step::Reuse { unlock: true } => self.give_back(entry, st, s, req).await,
             Step::Reuse { unlock: false } => self.forget_on(entry, st, s, &req.attempt, true),

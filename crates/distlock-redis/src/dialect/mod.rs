@@ -22,6 +22,7 @@
 mod signal;
 
 use crate::error::{shape, KIND};
+use crate::inspect::ms;
 use crate::scripts::Script;
 use crate::RedisBackend;
 use distlock_core::backend::{
@@ -121,18 +122,10 @@ impl Scripts {
     }
 }
 
-/// The Redis Cluster hash tag of `key` (the part between its first `{` and the next `}`, when
-/// not empty), as Redis reads it.
-fn hash_tag(key: &str) -> Option<&str> {
-    let open = key.find('{')?;
-    let close = key[open + 1..].find('}')?;
-    (close > 0).then(|| &key[open + 1..open + 1 + close])
-}
-
 /// A key of dlock's own for the lock stored at `key` (another library's key): `prefix`, then
 /// a hash tag that puts it in `key`'s Cluster slot, then `key` itself when it is not the tag.
 fn beside(prefix: &str, key: &str) -> Result<String> {
-    match hash_tag(key) {
+    match crate::cluster::hash_tag(key) {
         Some(tag) => Ok(format!("{prefix}:{{{tag}}}:{key}")),
         None if !key.contains('}') => Ok(format!("{prefix}:{{{key}}}")),
         None => Err(Error::invalid(format!(
@@ -505,23 +498,6 @@ fn pyrl_holder(id: &str, left: Option<Duration>) -> (HolderInfo, Option<u64>) {
     }
 }
 
-fn ms(pttl: i64) -> Option<Duration> {
-    u64::try_from(pttl).ok().map(Duration::from_millis)
-}
-
-/// The fencing counter's stored value as a number (0: none).
-fn counter(what: &str, stored: Option<String>) -> Result<u64> {
-    match stored {
-        None => Ok(0),
-        Some(s) => s.parse().map_err(|_| {
-            Error::unexpected(
-                KIND,
-                format!("fencing counter of `{what}` holds `{s}`, not a number"),
-            )
-        }),
-    }
-}
-
 /// `Backend::inspect` in a dialect (a mutex; the peers keep no waiter count on the server).
 pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<LockInfo> {
     let lock = l.lock_key(name);
@@ -547,7 +523,7 @@ pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<
         vals.try_into().map_err(|_| bad("number of replies"))?;
     let left = ms(redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?);
     let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
-    let mut fencing_token = counter(name, fence)?;
+    let mut fencing_token = crate::counter(&l.fence_key(name)?, fence)?;
     let holders = match l.dialect {
         Dialect::Redisson => {
             let fields: Vec<(String, String)> =
@@ -669,7 +645,10 @@ pub(crate) async fn force_release(
         }
         Dialect::PythonRedisLock => held.iter().map(|id| pyrl_holder(id, left).0).collect(),
     };
-    Ok(ForceReleased::new(removed, counter(name, fence)?))
+    Ok(ForceReleased::new(
+        removed,
+        crate::counter(&l.fence_key(name)?, fence)?,
+    ))
 }
 
 #[cfg(test)]
