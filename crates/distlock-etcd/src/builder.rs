@@ -66,19 +66,7 @@ impl EtcdSettings {
         let mut t = url::from_parsed(s.url.clone())?;
         t.user = s.credentials.user.clone();
         t.password = s.credentials.password.clone();
-        if s.ca_file.is_some() || s.client_cert.is_some() {
-            let Some(tls) = t.tls.as_mut() else {
-                return Err(s.url.invalid(
-                    "a CA or client certificate needs TLS: write etcds://… (etcd:// is plain http)",
-                ));
-            };
-            if let Some(ca) = &s.ca_file {
-                *tls = tls.clone().with_ca(ca);
-            }
-            if let Some((cert, key)) = &s.client_cert {
-                *tls = tls.clone().with_client(cert, key);
-            }
-        }
+        t.tls = s.tls_files(t.tls.take(), "write etcds://… (etcd:// is plain http)")?;
         Ok(t)
     }
 }
@@ -99,11 +87,7 @@ mod tests {
     use distlock_core::conn::Env;
 
     fn env_of(vars: &[(&str, &str)]) -> Env {
-        let vars: Vec<(String, String)> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Env::from_fn(move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+        Env::from_pairs(vars)
     }
 
     trait ResolveWith {

@@ -1,8 +1,8 @@
 //! TLS (`etcds://`): the CA to trust and the client certificate, and telling TLS failures
 //! apart in the errors etcd-client passes on.
 
+use distlock_core::conn::{ClientCert, TlsFiles, TlsNames, TlsWords};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
-use distlock_core::conn::{TlsFiles, TlsNames};
 use etcd_client::{Certificate, Identity, TlsOptions};
 
 /// How `etcds://` names its TLS files (`ca_file` is `cacert` as `rediss://` spells it).
@@ -95,68 +95,24 @@ impl Transport {
     }
 }
 
+/// How `etcds://` and etcd name the TLS settings, for messages.
+const WORDS: TlsWords = TlsWords {
+    ca: "`?cacert=PATH` (a PEM file)",
+    client_cert: "`?cert=PATH&key=PATH`",
+    server_ca: "--trusted-ca-file",
+    plain: "is it a plain-http member? Then use etcd:// instead of etcds://",
+};
+
 /// The TLS error for `kind`, worded in this backend's settings (`detail`: rustls's reason or
 /// what the connection did). `client_cert`: whether a client certificate was given, when
 /// known.
 pub(crate) fn error(kind: TlsErrorKind, detail: &str, client_cert: Option<bool>) -> TlsError {
-    let message = match kind {
-        TlsErrorKind::Untrusted => format!(
-            "the server's certificate is not trusted ({detail}); name the CA that signed it \
-             with `?cacert=PATH` (a PEM file)"
-        ),
-        TlsErrorKind::WrongHost => format!(
-            "the server's certificate is not valid for the host or address in the URL \
-             ({detail}); connect by a name or address its certificate lists"
-        ),
-        TlsErrorKind::Expired => format!(
-            "the server's certificate has expired or is not valid yet ({detail}); renew it, or \
-             check the clocks"
-        ),
-        TlsErrorKind::ClientCertRejected => match client_cert {
-            Some(false) => format!(
-                "the server requires a client certificate ({detail}); give one with \
-                 `?cert=PATH&key=PATH` (PEM files)"
-            ),
-            Some(true) => format!(
-                "the server refused the client certificate ({detail}); it must be signed by a \
-                 CA in the server's --trusted-ca-file and not be expired"
-            ),
-            None => format!(
-                "the server refused the client certificate, or wanted one and got none \
-                 ({detail}); give one signed by a CA in the server's --trusted-ca-file with \
-                 `?cert=PATH&key=PATH`"
-            ),
-        },
-        TlsErrorKind::NotSupportedByServer => format!(
-            "the server did not answer with TLS ({detail}); is it a plain-http member? Then \
-             use etcd:// instead of etcds://"
-        ),
-        _ => detail.to_owned(),
+    let cert = match client_cert {
+        Some(true) => ClientCert::Given(""),
+        Some(false) => ClientCert::None,
+        None => ClientCert::Unknown,
     };
-    TlsError::new(kind, message)
-}
-
-/// The rustls error somewhere in `e`'s chain of sources (tokio-rustls wraps it in an
-/// `io::Error`, whose `source()` skips it, so those are opened by hand).
-fn find_rustls(e: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
-    let mut cur = Some(e);
-    let mut depth = 0;
-    while let Some(err) = cur {
-        if let Some(r) = err.downcast_ref::<rustls::Error>() {
-            return Some(r.clone());
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if let Some(r) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                return Some(r.clone());
-            }
-        }
-        depth += 1;
-        if depth > 16 {
-            break;
-        }
-        cur = err.source();
-    }
-    None
+    TlsError::worded(kind, detail, &WORDS, cert)
 }
 
 /// A TLS alert from the server that reached the client only as text (hyper passes the
@@ -214,7 +170,7 @@ pub(crate) fn classify(e: &etcd_client::Error, client_cert: Option<bool>) -> Opt
         etcd_client::Error::IoError(i) => i,
         _ => return None,
     };
-    let (kind, detail) = match find_rustls(inner) {
+    let (kind, detail) = match distlock_core::conn::rustls_error(inner) {
         Some(r) => (
             TlsErrorKind::of_rustls(&r, client_cert.unwrap_or(false)),
             r.to_string(),

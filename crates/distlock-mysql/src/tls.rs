@@ -274,6 +274,7 @@ mod imp {
 #[cfg(feature = "tls")]
 mod imp {
     use super::*;
+    use distlock_core::conn::{ClientCert, TlsWords};
     use mysql_async::{ClientIdentity, SslOpts};
     use rustls::AlertDescription;
 
@@ -346,28 +347,33 @@ mod imp {
                     ""
                 }
             ),
-            K::Expired => {
-                format!("the server's certificate is out of its validity period ({r})")
-            }
             K::Untrusted => format!(
                 "the server's certificate is not trusted ({r}): it must chain to {}",
                 ctx.ca_name()
             ),
-            K::ClientCertRejected => match &ctx.client_cert {
-                Some(c) => format!(
-                    "the server refused the client certificate ssl-cert={} ({r}): it must be \
-                     signed by a CA the server's ssl_ca trusts",
-                    c.display()
-                ),
-                None => format!(
-                    "the server refused the handshake ({r}); if it checks client \
-                     certificates, give ssl-cert=PATH&ssl-key=PATH"
-                ),
-            },
-            _ => format!("the TLS handshake failed: {r}"),
+            kind => {
+                let cert = ctx
+                    .client_cert
+                    .as_ref()
+                    .map(|c| format!(" ssl-cert={}", c.display()));
+                let cert = match &cert {
+                    Some(c) => ClientCert::Given(c),
+                    // A refused handshake may be about something else: the message hedges.
+                    None => ClientCert::Unknown,
+                };
+                return TlsError::worded(kind, &r.to_string(), &WORDS, cert);
+            }
         };
         TlsError::new(kind, message)
     }
+
+    /// How the mysql client and the server name the TLS settings, for messages.
+    const WORDS: TlsWords = TlsWords {
+        ca: "ssl-ca=PATH",
+        client_cert: "ssl-cert=PATH&ssl-key=PATH",
+        server_ca: "ssl_ca",
+        plain: "give the server ssl_cert and ssl_key, or use ssl-mode=PREFERRED or DISABLED",
+    };
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 mod support;
 
 use distlock_core::{ClientOptions, Error};
-use distlock_mysql::{MysqlBackend, SslMode, TlsErrorKind, TlsOptions};
+use distlock_mysql::{MysqlBackend, MysqlBuilderExt, SslMode, TlsErrorKind, TlsOptions};
 use distlock_testkit::tls_cases::{
     assert_encrypted, assert_hides, client_options, fails, tls_error, tls_finding, works,
 };
@@ -124,12 +124,19 @@ async fn verify_modes_check_the_chain_and_the_name() {
     ] {
         let e = fails(
             named(mode, "db.example.com")
-                .connect(&client_options())
+                .options(client_options())
+                .connect()
                 .await,
         );
         assert_eq!(tls_error(&e).kind(), TlsErrorKind::WrongHost, "{mode}: {e}");
         assert!(e.to_string().contains(says), "{mode}: {e}");
-        works(named(mode, "localhost").connect(&client_options()).await).await;
+        works(
+            named(mode, "localhost")
+                .options(client_options())
+                .connect()
+                .await,
+        )
+        .await;
     }
     // VERIFY_CA without a CA is refused before connecting.
     let e = fails(
@@ -161,7 +168,8 @@ async fn client_certificates_for_require_x509() {
     works(
         MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
             .tls(TlsOptions::new(SslMode::Required).client_cert(&cert, &key))
-            .connect(&client_options())
+            .options(client_options())
+            .connect()
             .await,
     )
     .await;
@@ -178,7 +186,8 @@ async fn client_certificates_for_require_x509() {
     let e = fails(
         MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
             .tls(TlsOptions::new(SslMode::Required).client_cert(&c2, &k2))
-            .connect(&client_options())
+            .options(client_options())
+            .connect()
             .await,
     );
     match &e {
@@ -196,7 +205,8 @@ async fn client_certificates_for_require_x509() {
     let e = fails(
         MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
             .tls(TlsOptions::new(SslMode::Required).client_cert(&cert, "/nonexistent/k.pem"))
-            .connect(&client_options())
+            .options(client_options())
+            .connect()
             .await,
     );
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
@@ -224,7 +234,8 @@ async fn the_applications_own_opts() {
     // Its own SslOpts, as they are.
     works(
         MysqlBackend::with_opts(opts_of(Some(ssl)))
-            .connect(&client_options())
+            .options(client_options())
+            .connect()
             .await,
     )
     .await;
@@ -233,7 +244,8 @@ async fn the_applications_own_opts() {
         .tls(TlsOptions::new(SslMode::VerifyIdentity).ca(&ca))
         .mode(distlock_mysql::Mode::Table)
         .namespace("byo")
-        .connect(&client_options())
+        .options(client_options())
+        .connect()
         .await
         .expect("connect");
     assert_eq!(b.mode(), distlock_mysql::Mode::Table);
@@ -242,7 +254,8 @@ async fn the_applications_own_opts() {
     // No TLS at all: the server refuses it.
     let e = fails(
         MysqlBackend::with_opts(opts_of(None))
-            .connect(&client_options())
+            .options(client_options())
+            .connect()
             .await,
     );
     assert!(matches!(e, Error::Auth { .. }), "{e}");
@@ -256,7 +269,8 @@ async fn passwords_from_the_builder_and_a_file() {
     works(
         MysqlBackend::builder(&bare)
             .password(server.password())
-            .connect(&client_options())
+            .options(client_options())
+            .connect()
             .await,
     )
     .await;
@@ -264,7 +278,8 @@ async fn passwords_from_the_builder_and_a_file() {
     works(
         MysqlBackend::builder(&url(&server, server.user(), Some("wrong"), &q))
             .password(server.password())
-            .connect(&client_options())
+            .options(client_options())
+            .connect()
             .await,
     )
     .await;
@@ -274,7 +289,8 @@ async fn passwords_from_the_builder_and_a_file() {
     works(
         MysqlBackend::builder(&bare)
             .password_file(&file)
-            .connect(&client_options())
+            .options(client_options())
+            .connect()
             .await,
     )
     .await;
@@ -284,7 +300,8 @@ async fn passwords_from_the_builder_and_a_file() {
     let e = fails(
         MysqlBackend::builder(&bare)
             .password_file(dir.path().join("missing"))
-            .connect(&client_options())
+            .options(client_options())
+            .connect()
             .await,
     );
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
@@ -415,7 +432,7 @@ async fn no_error_shows_the_password() {
     for (what, builder) in cases {
         let shown = format!("{builder:?}");
         assert!(!shown.contains(SECRET), "{what}: builder Debug: {shown}");
-        let e = fails(builder.connect(&fast).await);
+        let e = fails(builder.options(fast.clone()).connect().await);
         assert_hides(what, &e, SECRET);
     }
 }

@@ -1,10 +1,11 @@
-//! Where the password comes from, first found wins: the builder
-//! ([`PostgresBuilder::password`](crate::PostgresBuilder::password)), the URL, the
+//! libpq's password rule, the ecosystem rule of [`PostgresBuilder`](crate::PostgresBuilder):
+//! when neither the builder, the URL nor dlock's own variables give a password, the
 //! environment variable [`PASSWORD_ENV`], then a password file in libpq's `.pgpass` format:
-//! the builder's [`password_file`](crate::PostgresBuilder::password_file), the URL's
-//! `passfile=`, the environment variable [`PASSFILE_ENV`], or `~/.pgpass`.
+//! the builder's [`passfile`](crate::PostgresBuilderExt::passfile), the URL's `passfile=`, the
+//! environment variable [`PASSFILE_ENV`], or `~/.pgpass`.
 
-use distlock_core::conn::Password;
+use crate::builder::{parsed, PgSettings};
+use distlock_core::conn::{EcosystemQuery, Password};
 use distlock_core::{Error, Result};
 use std::path::{Path, PathBuf};
 use tokio_postgres::config::Host;
@@ -16,43 +17,38 @@ pub const PASSWORD_ENV: &str = "PGPASSWORD";
 /// (libpq's). Unset: `~/.pgpass`, if it exists.
 pub const PASSFILE_ENV: &str = "PGPASSFILE";
 
-/// Sets `config`'s password from the first source that has one.
+/// The password by libpq's rule, for the target `q` describes; `None` when the URL's
+/// `password=` (or the application's config) has one, which then stands.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a password file that was named (not the default
-/// `~/.pgpass`) but does not exist, cannot be read or is readable by others.
-pub(crate) fn resolve(
-    config: &mut tokio_postgres::Config,
-    given: Option<&Password>,
-    passfile: Option<&Path>,
-) -> Result<()> {
-    if let Some(p) = given {
-        config.password(p.expose());
-        return Ok(());
-    }
+/// `~/.pgpass`) but does not exist, cannot be read or is readable by others; as the URL.
+pub(crate) fn libpq(q: &EcosystemQuery<'_>) -> Result<Option<Password>> {
+    let default = PgSettings::default();
+    let x = q.settings.downcast_ref::<PgSettings>().unwrap_or(&default);
+    let p = parsed(q.url, x)?;
+    let config = &p.config;
     if config.get_password().is_some() {
-        return Ok(());
+        return Ok(None);
     }
-    if let Some(p) = std::env::var_os(PASSWORD_ENV).filter(|p| !p.is_empty()) {
-        use std::os::unix::ffi::OsStrExt;
-        config.password(p.as_bytes());
-        return Ok(());
+    if let Some(pw) = q.env.var(PASSWORD_ENV) {
+        return Ok(Some(Password::new(pw)));
     }
-    let named = passfile.map(Path::to_path_buf).or_else(|| {
-        std::env::var_os(PASSFILE_ENV)
-            .filter(|p| !p.is_empty())
-            .map(PathBuf::from)
-    });
+    let named = x
+        .passfile
+        .clone()
+        .or(p.passfile)
+        .or_else(|| q.env.var(PASSFILE_ENV).map(PathBuf::from));
     let (file, named) = match named {
         Some(f) => (f, true),
-        None => match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        None => match q.env.var("HOME") {
             Some(home) => (PathBuf::from(home).join(".pgpass"), false),
-            None => return Ok(()),
+            None => return Ok(None),
         },
     };
     let text = match read_private(&file, named) {
         Ok(Some(t)) => t,
-        Ok(None) => return Ok(()),
+        Ok(None) => return Ok(None),
         Err(why) if named => {
             return Err(Error::InvalidArgument(format!(
                 "password file {}: {why}",
@@ -61,7 +57,7 @@ pub(crate) fn resolve(
         }
         Err(why) => {
             tracing::warn!(file = %file.display(), "ignoring the password file: {why}");
-            return Ok(());
+            return Ok(None);
         }
     };
     let host = match config.get_hosts().first() {
@@ -76,13 +72,10 @@ pub(crate) fn resolve(
         .copied()
         .unwrap_or(5432)
         .to_string();
-    let user = config.get_user().unwrap_or_default();
+    let user = q.user.or(config.get_user()).unwrap_or_default();
     let db = config.get_dbname().unwrap_or(user);
     let want = [host.as_str(), port.as_str(), db, user];
-    if let Some(pw) = lookup(&text, &want, unix) {
-        config.password(pw);
-    }
-    Ok(())
+    Ok(lookup(&text, &want, unix).map(Password::new))
 }
 
 /// The file's text; `None` if it does not exist and was not `named`; an error if it cannot be

@@ -88,6 +88,15 @@ impl fmt::Display for RootCert {
     }
 }
 
+/// How libpq and PostgreSQL name the TLS settings, for messages.
+#[cfg(feature = "tls")]
+const WORDS: distlock_core::conn::TlsWords = distlock_core::conn::TlsWords {
+    ca: "sslrootcert=PATH",
+    client_cert: "sslcert=PATH and sslkey=PATH",
+    server_ca: "ssl_ca_file",
+    plain: "turn `ssl = on` in the server's postgresql.conf, or use sslmode=prefer or disable",
+};
+
 /// How libpq names its TLS files.
 const NAMES: TlsNames = TlsNames {
     ca: &["sslrootcert"],
@@ -228,10 +237,11 @@ impl TlsOptions {
         }
     }
 
-    /// Checks the options and reads the files: the connector every connection uses.
-    pub(crate) fn connector(&self) -> Result<Tls> {
+    /// Checks the options and reads the files: the connector every connection uses (`host`:
+    /// the one host connected to, if there is one, for messages).
+    pub(crate) fn connector(&self, host: Option<String>) -> Result<Tls> {
         self.check().map_err(Error::InvalidArgument)?;
-        Tls::new(self)
+        Tls::new(self, host)
     }
 }
 
@@ -240,24 +250,23 @@ impl TlsOptions {
 pub(crate) struct Tls {
     context: std::sync::Arc<Context>,
     #[cfg(feature = "tls")]
-    config: std::sync::Arc<rustls::ClientConfig>,
+    config: tokio_postgres_rustls::MakeRustlsConnect,
 }
 
 /// What messages say about the settings.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
 struct Context {
     mode: SslMode,
     root: Option<RootCert>,
     client_cert: Option<PathBuf>,
+    /// The one host connected to, when there is one (for messages).
+    host: Option<String>,
 }
 
 impl fmt::Debug for Tls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tls")
-            .field("mode", &self.context.mode)
-            .field("root", &self.context.root)
-            .field("client_cert", &self.context.client_cert)
-            .finish()
+        f.debug_tuple("Tls").field(&self.context).finish()
     }
 }
 
@@ -275,11 +284,11 @@ impl Context {
     }
 
     #[cfg(feature = "tls")]
-    fn handshake(&self, detail: impl fmt::Display) -> TlsError {
-        TlsError::new(
-            TlsErrorKind::Handshake,
-            format!("the TLS handshake failed: {detail}"),
-        )
+    fn host_name(&self) -> String {
+        self.host
+            .as_ref()
+            .map(|h| format!("`{h}`"))
+            .unwrap_or_else(|| "connected to".into())
     }
 }
 
@@ -302,22 +311,21 @@ impl Tls {
     pub(crate) fn explain(&self, e: &tokio_postgres::Error) -> Option<TlsError> {
         let mut source = std::error::Error::source(e);
         while let Some(s) = source {
-            if let Some(t) = s.downcast_ref::<TlsError>() {
-                return Some(t.clone());
-            }
             if s.to_string() == "server does not support TLS" {
                 return Some(self.context.not_supported());
             }
             #[cfg(feature = "tls")]
             {
-                // An alert after the handshake (TLS 1.3 servers check the client's certificate
-                // then) comes as an I/O error, whose `source` skips the rustls error it wraps.
-                let wrapped = s
+                // The handshake's error, and an alert after it (TLS 1.3 servers check the
+                // client's certificate then), come as I/O errors wrapping the rustls error.
+                if let Some(r) = distlock_core::conn::rustls_error(s) {
+                    return Some(imp::classify(&self.context, &r));
+                }
+                if let Some(t) = s
                     .downcast_ref::<std::io::Error>()
-                    .and_then(|io| io.get_ref())
-                    .and_then(|i| i.downcast_ref::<rustls::Error>());
-                if let Some(r) = s.downcast_ref::<rustls::Error>().or(wrapped) {
-                    return Some(imp::classify(&self.context, r, None));
+                    .and_then(|io| imp::bad_name(&self.context, io))
+                {
+                    return Some(t);
                 }
             }
             source = s.source();
@@ -333,12 +341,13 @@ mod imp {
     pub(crate) type Stream = tokio_postgres::tls::NoTlsStream;
 
     impl Tls {
-        pub(super) fn new(opts: &TlsOptions) -> Result<Self> {
+        pub(super) fn new(opts: &TlsOptions, host: Option<String>) -> Result<Self> {
             Ok(Tls {
                 context: std::sync::Arc::new(Context {
                     mode: opts.mode,
                     root: None,
                     client_cert: None,
+                    host,
                 }),
             })
         }
@@ -353,24 +362,21 @@ mod imp {
 #[cfg(feature = "tls")]
 mod imp {
     use super::*;
+    use distlock_core::conn::ClientCert;
     use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
     use rustls::client::{verify_server_cert_signed_by_trust_anchor, verify_server_name};
     use rustls::crypto::{verify_tls12_signature, verify_tls13_signature};
-
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
     use rustls::server::ParsedCertificate;
     use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
-    use std::future::Future;
-    use std::io;
-    use std::pin::Pin;
     use std::sync::Arc;
-    use std::task::{Context as TaskContext, Poll};
-    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-    use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
+    use tokio_postgres::tls::MakeTlsConnect;
     use tokio_postgres::Socket;
+    use tokio_postgres_rustls::MakeRustlsConnect;
 
-    /// An encrypted connection to the server.
-    pub(crate) struct Stream(tokio_rustls::client::TlsStream<Socket>);
+    /// An encrypted connection to the server (tokio-postgres-rustls's, with SCRAM's
+    /// `tls-server-end-point` channel binding).
+    pub(crate) type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 
     /// The files `opts` names (the roots only when they are a file).
     fn files(opts: &TlsOptions) -> TlsFiles {
@@ -405,7 +411,7 @@ mod imp {
     }
 
     impl Tls {
-        pub(super) fn new(opts: &TlsOptions) -> Result<Self> {
+        pub(super) fn new(opts: &TlsOptions, host: Option<String>) -> Result<Self> {
             let provider = distlock_core::conn::crypto_provider();
             let files = files(opts);
             let roots = match (&opts.root, opts.mode) {
@@ -443,19 +449,20 @@ mod imp {
                     mode: opts.mode,
                     root: opts.root.clone(),
                     client_cert: opts.client.as_ref().map(|(c, _)| c.clone()),
+                    host,
                 }),
-                config: Arc::new(config),
+                config: MakeRustlsConnect::new(config),
             })
         }
 
         /// The connector handed to tokio-postgres.
-        pub(crate) fn connector(&self) -> Self {
-            self.clone()
+        pub(crate) fn connector(&self) -> MakeRustlsConnect {
+            self.config.clone()
         }
     }
 
     /// The rustls error of a handshake, in the words of the settings.
-    pub(super) fn classify(ctx: &Context, e: &rustls::Error, host: Option<&str>) -> TlsError {
+    pub(super) fn classify(ctx: &Context, e: &rustls::Error) -> TlsError {
         use TlsErrorKind as K;
         let root = ctx
             .root
@@ -469,13 +476,8 @@ mod imp {
                     "the server's certificate is not valid for the host name {} ({e}); \
                      sslmode=verify-full checks it: connect by a name (or address) the \
                      certificate lists, or use sslmode=verify-ca to check the chain only",
-                    host.map(|h| format!("`{h}`"))
-                        .unwrap_or_else(|| "connected to".into())
+                    ctx.host_name()
                 ),
-            ),
-            K::Expired => TlsError::new(
-                K::Expired,
-                format!("the server's certificate is outside its validity period ({e})"),
             ),
             K::Untrusted => TlsError::new(
                 K::Untrusted,
@@ -485,34 +487,33 @@ mod imp {
                      sslrootcert to encrypt without checking"
                 ),
             ),
-            K::ClientCertRejected => client_cert_rejected(ctx, e),
-            _ => ctx.handshake(e),
+            kind => {
+                let cert = ctx
+                    .client_cert
+                    .as_ref()
+                    .map(|c| format!(" sslcert={}", c.display()));
+                let cert = match &cert {
+                    Some(c) => ClientCert::Given(c),
+                    None => ClientCert::None,
+                };
+                TlsError::worded(kind, &e.to_string(), &WORDS, cert)
+            }
         }
     }
 
-    fn client_cert_rejected(ctx: &Context, e: &rustls::Error) -> TlsError {
-        use TlsErrorKind as K;
-        TlsError::new(
-            K::ClientCertRejected,
-            match &ctx.client_cert {
-                None => format!(
-                    "the server wants a client certificate ({e}): give sslcert=PATH and \
-                         sslkey=PATH, signed by a CA in the server's ssl_ca_file"
-                ),
-                Some(c) => format!(
-                    "the server refused the client certificate sslcert={} ({e}): it must be \
-                         signed by a CA in the server's ssl_ca_file and be valid now",
-                    c.display()
-                ),
-            },
-        )
-    }
-
-    fn classify_io(ctx: &Context, e: io::Error, host: &str) -> TlsError {
-        match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-            Some(r) => classify(ctx, r, Some(host)),
-            None => ctx.handshake(e),
-        }
+    /// A host name tokio-postgres-rustls could not make a TLS server name of.
+    pub(super) fn bad_name(ctx: &Context, io: &std::io::Error) -> Option<TlsError> {
+        io.get_ref()?
+            .downcast_ref::<rustls::pki_types::InvalidDnsNameError>()?;
+        Some(TlsError::new(
+            TlsErrorKind::WrongHost,
+            format!(
+                "{} is not a host name or IP address a certificate can be checked against \
+                 (sslmode={})",
+                ctx.host_name(),
+                ctx.mode
+            ),
+        ))
     }
 
     /// The server certificate check of every mode: none without roots (libpq's
@@ -574,172 +575,6 @@ mod imp {
             self.algorithms.supported_schemes()
         }
     }
-
-    impl MakeTlsConnect<Socket> for Tls {
-        type Stream = Stream;
-        type TlsConnect = Connect;
-        type Error = TlsError;
-
-        fn make_tls_connect(&mut self, domain: &str) -> std::result::Result<Connect, TlsError> {
-            let name = match ServerName::try_from(domain.to_owned()) {
-                Ok(n) => n,
-                Err(_) if self.context.mode == SslMode::VerifyFull => {
-                    return Err(TlsError::new(
-                        TlsErrorKind::WrongHost,
-                        format!(
-                            "`{domain}` is not a host name or IP address a certificate can be \
-                             checked against (sslmode=verify-full)"
-                        ),
-                    ))
-                }
-                // No name to check: any valid name will do for SNI.
-                Err(_) => {
-                    ServerName::try_from("localhost").map_err(|e| self.context.handshake(e))?
-                }
-            };
-            Ok(Connect {
-                tls: self.clone(),
-                name,
-                host: domain.to_owned(),
-            })
-        }
-    }
-
-    /// One connection's handshake.
-    pub(crate) struct Connect {
-        tls: Tls,
-        name: ServerName<'static>,
-        host: String,
-    }
-
-    impl TlsConnect<Socket> for Connect {
-        type Stream = Stream;
-        type Error = TlsError;
-        type Future = Pin<Box<dyn Future<Output = std::result::Result<Stream, TlsError>> + Send>>;
-
-        fn connect(self, stream: Socket) -> Self::Future {
-            Box::pin(async move {
-                let connector = tokio_rustls::TlsConnector::from(self.tls.config.clone());
-                connector
-                    .connect(self.name, stream)
-                    .await
-                    .map(Stream)
-                    .map_err(|e| classify_io(&self.tls.context, e, &self.host))
-            })
-        }
-    }
-
-    impl AsyncRead for Stream {
-        fn poll_read(
-            self: Pin<&mut Self>,
-            cx: &mut TaskContext<'_>,
-            buf: &mut ReadBuf<'_>,
-        ) -> Poll<io::Result<()>> {
-            Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
-        }
-    }
-
-    impl AsyncWrite for Stream {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            cx: &mut TaskContext<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-            Pin::new(&mut self.get_mut().0).poll_flush(cx)
-        }
-
-        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-            Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
-        }
-
-        fn poll_write_vectored(
-            self: Pin<&mut Self>,
-            cx: &mut TaskContext<'_>,
-            bufs: &[io::IoSlice<'_>],
-        ) -> Poll<io::Result<usize>> {
-            Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
-        }
-
-        fn is_write_vectored(&self) -> bool {
-            self.0.is_write_vectored()
-        }
-    }
-
-    impl tokio_postgres::tls::TlsStream for Stream {
-        /// SCRAM's `tls-server-end-point` binding (RFC 5929): the hash of the server's
-        /// certificate, so a SCRAM login cannot be relayed through a machine in the middle even
-        /// when the certificate is not checked (`require`). None for a certificate signed with
-        /// an algorithm without a defined hash (Ed25519, RSA-PSS): SCRAM then runs unbound.
-        fn channel_binding(&self) -> ChannelBinding {
-            let cert = self
-                .0
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first());
-            match cert.and_then(|c| server_end_point(c)) {
-                Some(hash) => ChannelBinding::tls_server_end_point(hash),
-                None => ChannelBinding::none(),
-            }
-        }
-    }
-
-    /// The `tls-server-end-point` of a DER certificate: its hash with the hash function of its
-    /// signature algorithm, SHA-256 for MD5 and SHA-1 (RFC 5929, section 4.1).
-    pub(super) fn server_end_point(cert: &[u8]) -> Option<Vec<u8>> {
-        use sha2::Digest;
-        // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE, signatureAlgorithm SEQUENCE
-        // { algorithm OBJECT IDENTIFIER, … }, … }
-        let (body, _) = der(cert, 0x30)?;
-        let (_, rest) = der(body, 0x30)?;
-        let (algorithm, _) = der(rest, 0x30)?;
-        let (oid, _) = der(algorithm, 0x06)?;
-        const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
-        const ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04];
-        let bits = match oid {
-            // md5, sha1, sha256, sha384, sha512 WithRSAEncryption
-            [p @ .., 0x04 | 0x05 | 0x0b] if p == RSA => 256,
-            [p @ .., 0x0c] if p == RSA => 384,
-            [p @ .., 0x0d] if p == RSA => 512,
-            // ecdsa-with-SHA1, ecdsa-with-SHA256/384/512
-            [p @ .., 0x01] if p == ECDSA => 256,
-            [p @ .., 0x03, 0x02] if p == ECDSA => 256,
-            [p @ .., 0x03, 0x03] if p == ECDSA => 384,
-            [p @ .., 0x03, 0x04] if p == ECDSA => 512,
-            _ => return None,
-        };
-        Some(match bits {
-            256 => sha2::Sha256::digest(cert).to_vec(),
-            384 => sha2::Sha384::digest(cert).to_vec(),
-            _ => sha2::Sha512::digest(cert).to_vec(),
-        })
-    }
-
-    /// The content of the DER element with `tag` at the start of `input`, and what follows it.
-    fn der(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-        let (&t, rest) = input.split_first()?;
-        let (&first, rest) = rest.split_first()?;
-        if t != tag {
-            return None;
-        }
-        let (len, rest) = match first {
-            n if n < 0x80 => (usize::from(n), rest),
-            n => {
-                let count = usize::from(n & 0x7f);
-                if count == 0 || count > 4 || rest.len() < count {
-                    return None;
-                }
-                let (bytes, rest) = rest.split_at(count);
-                let len = bytes.iter().fold(0usize, |a, &b| (a << 8) | usize::from(b));
-                (len, rest)
-            }
-        };
-        (rest.len() >= len).then(|| rest.split_at(len))
-    }
 }
 
 pub(crate) use imp::Stream;
@@ -792,7 +627,7 @@ mod tests {
     fn unreadable_files_are_named() {
         let e = TlsOptions::new(SslMode::VerifyCa)
             .root_cert("/nonexistent/ca.pem")
-            .connector()
+            .connector(None)
             .unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
         assert!(

@@ -7,7 +7,7 @@
 mod support;
 
 use distlock_core::{ClientOptions, Error};
-use distlock_postgres::{PostgresBackend, SslMode, TlsErrorKind, TlsOptions};
+use distlock_postgres::{PostgresBackend, PostgresBuilderExt, SslMode, TlsErrorKind, TlsOptions};
 use distlock_testkit::tls_cases::{self, assert_encrypted, client_options, tls_error, works};
 use distlock_testkit::{PostgresServer, TempDir, TestCerts};
 use std::path::Path;
@@ -175,7 +175,8 @@ async fn client_certificates_log_in_without_a_password() {
         .client_cert(&cert, &key);
     let b = PostgresBackend::builder(&url(&server, None, "127.0.0.1", ""))
         .tls(tls)
-        .connect(&client_options())
+        .options(client_options())
+        .connect()
         .await;
     works(b).await;
     // No client certificate: the server's cert method refuses the login.
@@ -220,7 +221,8 @@ async fn the_applications_own_config() {
     let tls = TlsOptions::new(SslMode::VerifyFull).root_cert(server.tls_ca().expect("CA"));
     works(
         PostgresBackend::with_config(config.clone(), tls)
-            .connect(&client_options())
+            .options(client_options())
+            .connect()
             .await,
     )
     .await;
@@ -235,7 +237,8 @@ async fn the_applications_own_config() {
     let b = PostgresBackend::with_config(no_pw.clone(), tls.clone())
         .password(server.password())
         .mode(distlock_postgres::Mode::Lease)
-        .connect(&client_options())
+        .options(client_options())
+        .connect()
         .await;
     assert_eq!(
         b.as_ref().map(|b| b.mode()).ok(),
@@ -244,8 +247,9 @@ async fn the_applications_own_config() {
     works(b).await;
     // No password anywhere: the message says where one can go.
     let e = PostgresBackend::with_config(no_pw, tls)
-        .password_file("/nonexistent/pgpass")
-        .connect(&client_options())
+        .passfile("/nonexistent/pgpass")
+        .options(client_options())
+        .connect()
         .await
         .err()
         .expect("no password");
@@ -283,16 +287,18 @@ async fn passwords_from_a_password_file() {
     let u = url(&server, None, "127.0.0.1", "sslmode=require");
     works(
         PostgresBackend::builder(&u)
-            .password_file(&file)
-            .connect(&client_options())
+            .passfile(&file)
+            .options(client_options())
+            .connect()
             .await,
     )
     .await;
     // A file others may read is refused, as libpq ignores it.
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let e = PostgresBackend::builder(&u)
-        .password_file(&file)
-        .connect(&client_options())
+        .passfile(&file)
+        .options(client_options())
+        .connect()
         .await
         .err()
         .expect("refused");
@@ -302,8 +308,9 @@ async fn passwords_from_a_password_file() {
     std::fs::write(&file, "other:1:*:*:nope\n").expect("write");
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let e = PostgresBackend::builder(&u)
-        .password_file(&file)
-        .connect(&client_options())
+        .passfile(&file)
+        .options(client_options())
+        .connect()
         .await
         .err()
         .expect("no password");
@@ -346,8 +353,7 @@ async fn no_error_shows_the_password() {
         ),
         (
             "wrong password from a file",
-            PostgresBackend::builder(&url(&server, None, "127.0.0.1", &good))
-                .password_file(&passfile),
+            PostgresBackend::builder(&url(&server, None, "127.0.0.1", &good)).passfile(&passfile),
         ),
         (
             "server down, password in the URL",
@@ -393,7 +399,7 @@ async fn no_error_shows_the_password() {
     for (what, builder) in cases.drain(..) {
         let shown = format!("{builder:?}");
         assert!(!shown.contains(SECRET), "{what}: builder Debug {shown}");
-        let e = tls_cases::fails(builder.connect(&fast).await);
+        let e = tls_cases::fails(builder.options(fast.clone()).connect().await);
         tls_cases::assert_hides(what, &e, SECRET);
         eprintln!("{what}: {e}");
     }

@@ -52,6 +52,20 @@ pub fn driver_url(cs: &ConnectionString, ours: &[&str]) -> String {
     d.expose_url().to_owned()
 }
 
+/// `user:password@` for the URL of a builder made on an application's own driver settings,
+/// so that they stand as a URL's would (`""` without a user; the password only when UTF-8:
+/// the driver's settings keep any other).
+pub fn userinfo(user: Option<&str>, password: Option<&[u8]>) -> String {
+    use distlock_core::conn::percent_encode;
+    let Some(user) = user else {
+        return String::new();
+    };
+    match password.and_then(|p| std::str::from_utf8(p).ok()) {
+        Some(p) => format!("{}:{}@", percent_encode(user), percent_encode(p)),
+        None => format!("{}@", percent_encode(user)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +77,9 @@ mod tests {
         assert_eq!(p.mode, 2);
         assert_eq!(p.namespace.as_deref(), Some("n"));
         assert_eq!(driver_url(&cs, &["mode", "namespace"]), "x://u@h/d?k=v%20w");
+        assert_eq!(userinfo(Some("a b"), Some(b"p@ss")), "a%20b:p%40ss@");
+        assert_eq!(userinfo(Some("a"), Some(&[0xff])), "a@");
+        assert_eq!(userinfo(None, Some(b"p")), "");
         for bad in ["x://u@h/d?mode=c", "x://u@h/d?namespace="] {
             let cs = ConnectionString::parse(bad).expect("parse");
             assert!(params(&cs, &[("a", 1)], "a").is_err(), "{bad}");

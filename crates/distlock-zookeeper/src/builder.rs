@@ -26,6 +26,8 @@ pub const PASSWORD_FILE_ENV: &str = "DLOCK_ZK_PASSWORD_FILE";
 /// | digest user | [`user`](Builder::user) / [`credentials`](Builder::credentials) | `zk://USER@…` | `DLOCK_ZK_USER` |
 /// | password | [`password`](Builder::password) / [`password_file`](Builder::password_file) | `zk://user:PASSWORD@…` | `DLOCK_ZK_PASSWORD`, then the file named by `DLOCK_ZK_PASSWORD_FILE` |
 /// | ACL of dlock's nodes | [`acl`](ZkBuilderExt::acl) | `?acl=open` / `?acl=creator` | — (`open`) |
+/// | CA to trust (`zks://`) | [`ca_file`](Builder::ca_file) | `zks://…?cacert=PATH` | — (required) |
+/// | client certificate (`zks://`) | [`client_cert`](Builder::client_cert) | `zks://…?cert=PATH&key=PATH` | — |
 ///
 /// [`ignore_env`](Builder::ignore_env) turns the environment off. The session authenticates with
 /// the `digest` scheme (`addauth digest user:password`, as `zkCli.sh` and Curator's
@@ -85,6 +87,13 @@ impl ZkSettings {
         if let Some(a) = s.settings.acl {
             u.acl = Some(a);
         }
+        u.tls = s.tls_files(u.tls.take(), "write zks://… (zk:// is plain)")?;
+        if u.tls.as_ref().is_some_and(|t| t.ca().is_none()) {
+            return Err(s.url.invalid(
+                "zks:// needs `?cacert=PATH` (or the builder's ca_file), the PEM file of the CA \
+                 that signed the servers' certificates (the driver has no system roots)",
+            ));
+        }
         if let Some(user) = u.user.as_deref().filter(|u| u.contains(':')) {
             return Err(Error::invalid(format!(
                 "the ZooKeeper digest user `{user}` must be non-empty and have no `:`"
@@ -117,11 +126,7 @@ mod tests {
     use distlock_core::conn::Env;
 
     fn env_of(vars: &[(&str, &str)]) -> Env {
-        let vars: Vec<(String, String)> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Env::from_fn(move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+        Env::from_pairs(vars)
     }
 
     trait ResolveWith {
@@ -203,6 +208,29 @@ mod tests {
         let u = ZkBuilder::new("zk://h").resolve_with(&env).unwrap();
         assert_eq!(creds(&u), (Some("u"), Some("from-file")));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tls_files_from_the_builder() {
+        let none = env_of(&[]);
+        let e = ZkBuilder::new("zks://h").resolve_with(&none).unwrap_err();
+        assert!(e.to_string().contains("`?cacert=PATH`"), "{e}");
+        let e = ZkBuilder::new("zk://h")
+            .ca_file("/ca.pem")
+            .resolve_with(&none)
+            .unwrap_err();
+        assert!(e.to_string().contains("zks://"), "{e}");
+        let u = ZkBuilder::new("zks://h?cacert=/url.pem")
+            .ca_file("/b.pem")
+            .client_cert("/c", "/k")
+            .resolve_with(&none)
+            .unwrap();
+        let tls = u.tls.unwrap();
+        assert_eq!(tls.ca(), Some(std::path::Path::new("/b.pem")));
+        assert_eq!(
+            tls.client(),
+            Some((std::path::Path::new("/c"), std::path::Path::new("/k")))
+        );
     }
 
     #[test]

@@ -53,7 +53,7 @@ mod off {
 
 #[cfg(feature = "tls")]
 mod imp {
-    use distlock_core::conn::{TlsError, TlsErrorKind, TlsFiles};
+    use distlock_core::conn::{ClientCert, TlsError, TlsErrorKind, TlsFiles, TlsWords};
     use distlock_core::{Error, Result};
     use rustls::pki_types::ServerName;
     use std::sync::Arc;
@@ -200,11 +200,7 @@ mod imp {
         }
 
         fn classify(&self, e: &std::io::Error) -> TlsError {
-            let rustls = e
-                .get_ref()
-                .and_then(|i| i.downcast_ref::<rustls::Error>())
-                .cloned();
-            let (kind, detail) = match rustls {
+            let (kind, detail) = match distlock_core::conn::rustls_error(e) {
                 Some(r) => (TlsErrorKind::of_rustls(&r, self.client_cert), r.to_string()),
                 None if e.kind() == std::io::ErrorKind::UnexpectedEof => (
                     TlsErrorKind::NotSupportedByServer,
@@ -212,7 +208,11 @@ mod imp {
                 ),
                 None => (TlsErrorKind::Handshake, e.to_string()),
             };
-            error(kind, &detail, self.client_cert)
+            let cert = match self.client_cert {
+                true => ClientCert::Given(""),
+                false => ClientCert::None,
+            };
+            TlsError::worded(kind, &detail, &WORDS, cert)
         }
     }
 
@@ -225,35 +225,12 @@ mod imp {
         })
     }
 
-    /// A [`TlsError`] worded in `zks://`'s settings and ZooKeeper's.
-    fn error(kind: TlsErrorKind, detail: &str, client_cert: bool) -> TlsError {
-        let message = match kind {
-            TlsErrorKind::Untrusted => format!(
-                "the server's certificate is not trusted ({detail}); name the CA that signed it \
-                 with `?cacert=PATH`"
-            ),
-            TlsErrorKind::WrongHost => format!(
-                "the server's certificate is not valid for the host or address in the URL \
-                 ({detail}); connect by a name or address its certificate lists"
-            ),
-            TlsErrorKind::Expired => format!(
-                "the server's certificate has expired or is not valid yet ({detail}); renew it, \
-                 or check the clocks"
-            ),
-            TlsErrorKind::ClientCertRejected if client_cert => format!(
-                "the server refused the client certificate ({detail}); it must be signed by a \
-                 CA in the servers' ssl.trustStore and not be expired"
-            ),
-            TlsErrorKind::ClientCertRejected => format!(
-                "the server requires a client certificate (ssl.clientAuth=need; {detail}); give \
-                 one with `?cert=PATH&key=PATH` (PEM files)"
-            ),
-            TlsErrorKind::NotSupportedByServer => format!(
-                "the server did not answer with TLS ({detail}); is this its plain clientPort? \
-                 Then use its secureClientPort, or zk:// instead of zks://"
-            ),
-            _ => format!("the TLS handshake failed ({detail})"),
-        };
-        TlsError::new(kind, message)
-    }
+    /// How `zks://` and ZooKeeper name the TLS settings, for messages.
+    const WORDS: TlsWords = TlsWords {
+        ca: "`?cacert=PATH`",
+        client_cert: "`?cert=PATH&key=PATH`",
+        server_ca: "ssl.trustStore",
+        plain: "is this its plain clientPort? Then use its secureClientPort, or zk:// instead \
+                of zks://",
+    };
 }

@@ -86,14 +86,7 @@ pub(crate) fn from_parsed(cs: ConnectionString) -> Result<ZkUrl> {
             "cert",
             "key",
         ])?;
-        let files = TlsFiles::from_url(&cs, TlsNames::CACERT)?;
-        if files.ca().is_none() {
-            return Err(cs.invalid(
-                "zks:// needs `?cacert=PATH`, the PEM file of the CA that signed the servers' \
-                 certificates (the driver has no system roots)",
-            ));
-        }
-        Some(files)
+        Some(TlsFiles::from_url(&cs, TlsNames::CACERT)?)
     } else {
         for p in ["cacert", "cert", "key"] {
             if cs.param(p).is_some() {
@@ -175,7 +168,6 @@ mod tests {
         for (url, want) in [
             ("redis://h", "zk://"),
             ("zk://a?cacert=/c.pem", "zks://"),
-            ("zks://a", "cacert"),
             ("zks://a?cacert=", "is empty"),
             ("zks://a?cacert=/c&cert=/u.pem", "add `&key=PATH`"),
             ("zks://a?cacert=/c&key=/u.key", "add `&cert=PATH`"),

@@ -77,12 +77,13 @@ pub fn default_registry() -> Registry {
         distlock_redlock::RedlockBackend::connect(url.expose_url(), &opts).await
     });
     connect!(r, "etcd", ["etcd", "etcds"], distlock_etcd::EtcdSettings);
-    backend!(r, "postgres", ["postgres", "postgresql"], |url, opts| {
-        distlock_postgres::PostgresBackend::connect(url.expose_url(), &opts).await
-    });
-    backend!(r, "mysql", ["mysql"], |url, opts| {
-        distlock_mysql::MysqlBackend::connect(url.expose_url(), &opts).await
-    });
+    connect!(
+        r,
+        "postgres",
+        ["postgres", "postgresql"],
+        distlock_postgres::PgSettings
+    );
+    connect!(r, "mysql", ["mysql"], distlock_mysql::MysqlSettings);
     connect!(
         r,
         "zookeeper",

@@ -1,7 +1,7 @@
 //! The one builder of every server backend, the one credentials rule, and the [`Connect`]
 //! trait the registry calls with the parsed URL.
 
-use super::{ConnectionString, Password, PasswordSource};
+use super::{ConnectionString, Password, PasswordSource, TlsFiles};
 use crate::{Backend, ClientOptions, Error, Result};
 use std::fmt;
 use std::future::Future;
@@ -20,13 +20,30 @@ pub struct CredentialRule {
     /// True when a password needs a user (etcd, ZooKeeper digest); false when a password alone
     /// is fine (Redis' `default` user).
     pub password_needs_user: bool,
-    /// Tried when nothing else gave a password: the URL and the user found so far.
+    /// Tried when nothing else gave a password (see [`EcosystemRule`]). A backend with one
+    /// lets a user go without a password when the rule finds none: its servers may want none
+    /// (PostgreSQL's `trust`, a MySQL account without a password).
     pub ecosystem: Option<EcosystemRule>,
 }
 
-/// An ecosystem's own password rule (`.pgpass`, `MYSQL_PWD`): given the URL and the user found
-/// so far, the password, if it has one.
-pub type EcosystemRule = fn(&ConnectionString, Option<&str>) -> Result<Option<Password>>;
+/// An ecosystem's own password rule (`.pgpass`, `MYSQL_PWD`): given what the query holds, the
+/// password, if it has one.
+pub type EcosystemRule = fn(&EcosystemQuery<'_>) -> Result<Option<Password>>;
+
+/// What an [`EcosystemRule`] is given.
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub struct EcosystemQuery<'a> {
+    /// The parsed URL.
+    pub url: &'a ConnectionString,
+    /// The user found so far (builder, URL, environment).
+    pub user: Option<&'a str>,
+    /// The environment (no variable after `ignore_env`).
+    pub env: &'a Env,
+    /// The backend's own settings (its `X` of [`Builder<X>`]): downcast them to read a setting
+    /// of the rule's (e.g. a `.pgpass` file named in code).
+    pub settings: &'a dyn std::any::Any,
+}
 
 /// How [`Env`] reads a variable.
 type ReadVar = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
@@ -59,19 +76,21 @@ impl fmt::Debug for Credentials {
 
 impl Credentials {
     /// The credentials by the one rule: each of user and password from the builder, else the
-    /// URL, else the environment (`env` reads a variable; `None` when unset), the password
-    /// last from the file named by `{prefix}_PASSWORD_FILE` and then the ecosystem's rule.
+    /// URL, else the environment `env`, the password last from the file named by
+    /// `{prefix}_PASSWORD_FILE` and then the ecosystem's rule (given `settings`, the backend's
+    /// own).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for an empty user, a user without a password, a password
-    /// without a user when the rule wants one, or a password file that cannot be read.
+    /// [`Error::InvalidArgument`] for an empty user, a user without a password (unless the rule
+    /// has an ecosystem rule), a password without a user when the rule wants one, or a
+    /// password file that cannot be read; as the ecosystem's rule.
     pub fn resolve(
         user: Option<&str>,
         password: Option<&PasswordSource>,
         url: &ConnectionString,
         rule: &CredentialRule,
-        env: impl Fn(&str) -> Option<String>,
+        (env, settings): (&Env, &dyn std::any::Any),
     ) -> Result<Credentials> {
         let service = rule.service;
         let user = match user {
@@ -81,24 +100,27 @@ impl Credentials {
                 .user()
                 .filter(|u| !u.is_empty())
                 .map(str::to_owned)
-                .or_else(|| env(&rule.var("USER"))),
+                .or_else(|| env.var(&rule.var("USER"))),
         };
         let (pw_var, file_var) = (rule.var("PASSWORD"), rule.var("PASSWORD_FILE"));
         let mut found = super::resolve_password(
             password,
             url.password().cloned(),
-            &env,
+            |k| env.var(k),
             (&pw_var, &file_var),
             service,
         )?;
-        if found.is_none() {
-            if let Some(hook) = rule.ecosystem {
-                found = hook(url, user.as_deref())?;
-            }
+        if let (None, Some(hook)) = (&found, rule.ecosystem) {
+            found = hook(&EcosystemQuery {
+                url,
+                user: user.as_deref(),
+                env,
+                settings,
+            })?;
         }
         let scheme = url.scheme();
         match (&user, &found) {
-            (Some(u), None) => Err(Error::invalid(format!(
+            (Some(u), None) if rule.ecosystem.is_none() => Err(Error::invalid(format!(
                 "{service} user `{u}` has no password: give it in the URL \
                  ({scheme}://{u}:PASSWORD@…), with the builder's password or password_file, or \
                  in {pw_var} or a file named by {file_var}"
@@ -140,6 +162,15 @@ impl Env {
     /// No variable is ever set.
     pub fn none() -> Env {
         Env(None)
+    }
+
+    /// Exactly the variables `vars` (name, value), for tests.
+    pub fn from_pairs(vars: &[(&str, &str)]) -> Env {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Env::from_fn(move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
     }
 
     /// Variables as `f` gives them.
@@ -297,7 +328,7 @@ impl<X> Builder<X> {
     /// [`Error::InvalidUrl`] for a URL that does not parse; as [`Credentials::resolve`].
     pub fn settings_with(&self, rule: &CredentialRule, env: &Env) -> Result<Settings<X>>
     where
-        X: Clone,
+        X: Clone + 'static,
     {
         let url = match &self.url {
             Url::Text(t) => ConnectionString::parse(t)?,
@@ -309,7 +340,7 @@ impl<X> Builder<X> {
             self.password.as_ref(),
             &url,
             rule,
-            |k| env.var(k),
+            (&env, &self.extra),
         )?;
         Ok(Settings {
             url,
@@ -360,6 +391,32 @@ pub struct Settings<X> {
     pub env: Env,
 }
 
+impl<X> Settings<X> {
+    /// The TLS files of the URL (`url_files`; `None` for a plain scheme) with the builder's CA
+    /// and client certificate over them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] when the builder names a TLS file for a plain URL (`hint` says
+    /// what to write, e.g. "write etcds://… (etcd:// is plain http)").
+    pub fn tls_files(&self, url_files: Option<TlsFiles>, hint: &str) -> Result<Option<TlsFiles>> {
+        if self.ca_file.is_none() && self.client_cert.is_none() {
+            return Ok(url_files);
+        }
+        let Some(mut files) = url_files else {
+            return Err(self
+                .url
+                .invalid(format!("a CA or client certificate needs TLS: {hint}")));
+        };
+        if let Some(ca) = &self.ca_file {
+            files = files.with_ca(ca);
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            files = files.with_client(cert, key);
+        }
+        Ok(Some(files))
+    }
+}
+
 /// How a backend connects: implemented by its settings type `X`, so that
 /// [`Builder<X>::connect`](Builder::connect) and the [registry](crate::registry::Registry::register_connect)
 /// open it from the parsed URL and one [`Settings`] value.
@@ -383,12 +440,8 @@ mod tests {
         ecosystem: None,
     };
 
-    fn env_of(vars: &'static [(&'static str, &'static str)]) -> Env {
-        Env::from_fn(move |k| {
-            vars.iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| (*v).to_owned())
-        })
+    fn env_of(vars: &[(&str, &str)]) -> Env {
+        Env::from_pairs(vars)
     }
 
     fn creds(b: &Builder<()>, env: &Env) -> Result<(Option<String>, Option<String>)> {
@@ -456,11 +509,12 @@ mod tests {
             .map(|s| s.credentials.user);
         assert_eq!(c.ok(), Some(None));
         let hooked = CredentialRule {
-            ecosystem: Some(|url, user| {
+            ecosystem: Some(|q| {
+                let extra = q.settings.downcast_ref::<()>().map_or("?", |()| "unit");
                 Ok(Some(Password::new(format!(
-                    "{}-{}",
-                    url.scheme(),
-                    user.unwrap_or("-")
+                    "{}-{}-{extra}",
+                    q.url.scheme(),
+                    q.user.unwrap_or("-")
                 ))))
             }),
             ..RULE
@@ -468,7 +522,16 @@ mod tests {
         let c = Builder::<()>::new("x://u@h")
             .settings_with(&hooked, &none)
             .map(|s| s.credentials.password);
-        assert_eq!(c.ok().flatten().map(|p| p.expose().to_owned()), s("x-u"));
+        assert_eq!(
+            c.ok().flatten().map(|p| p.expose().to_owned()),
+            s("x-u-unit")
+        );
+        let quiet = CredentialRule {
+            ecosystem: Some(|_| Ok(None)),
+            ..RULE
+        };
+        let c = Builder::<()>::new("x://u@h").settings_with(&quiet, &none);
+        assert_eq!(c.ok().map(|s| s.credentials.user), Some(s("u")));
     }
 
     #[test]

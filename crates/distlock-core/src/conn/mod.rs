@@ -49,14 +49,16 @@ mod secret;
 mod tests;
 mod tls;
 
-pub use builder::{Builder, Connect, CredentialRule, Credentials, EcosystemRule, Env, Settings};
+pub use builder::{
+    Builder, Connect, CredentialRule, Credentials, EcosystemQuery, EcosystemRule, Env, Settings,
+};
 pub use files::{TlsFiles, TlsNames};
 pub use redact::redact;
 pub use scrub::MIN_SCRUBBED_LEN;
 pub use secret::{read_password_file, resolve_password, PasswordSource};
 #[cfg(feature = "rustls")]
-pub use tls::{crypto_provider, install_crypto_provider, system_roots};
-pub use tls::{TlsError, TlsErrorKind};
+pub use tls::{crypto_provider, install_crypto_provider, rustls_error, system_roots};
+pub use tls::{ClientCert, TlsError, TlsErrorKind, TlsWords};
 
 use crate::error::{Error, Result};
 use std::fmt;

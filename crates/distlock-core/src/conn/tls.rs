@@ -71,6 +71,101 @@ impl TlsError {
     }
 }
 
+/// How a backend names its TLS settings and its server's, for [`TlsError::worded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TlsWords {
+    /// How the user names the CA to trust, e.g. "`?cacert=PATH`" or "ssl-ca=PATH".
+    pub ca: &'static str,
+    /// How the user gives a client certificate, e.g. "`?cert=PATH&key=PATH`".
+    pub client_cert: &'static str,
+    /// The server's setting of the CAs it takes client certificates from, e.g.
+    /// "--trusted-ca-file".
+    pub server_ca: &'static str,
+    /// What to do about a server that did not answer with TLS, e.g. "is it a plain-http
+    /// member? Then use etcd:// instead of etcds://".
+    pub plain: &'static str,
+}
+
+/// The client certificate of a failed handshake, for [`TlsError::worded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCert<'a> {
+    /// Not known (an application's own driver settings).
+    Unknown,
+    /// None was given.
+    None,
+    /// This one, as the user gave it (e.g. `sslcert=/etc/app.pem`; empty when there is
+    /// nothing to name).
+    Given(&'a str),
+}
+
+impl TlsError {
+    /// The error of `kind` in the words of a backend's settings: `detail` is what failed
+    /// (rustls's reason, or what the connection did).
+    ///
+    /// ```
+    /// use distlock_core::conn::{ClientCert, TlsError, TlsErrorKind, TlsWords};
+    ///
+    /// const WORDS: TlsWords = TlsWords {
+    ///     ca: "`?cacert=PATH`",
+    ///     client_cert: "`?cert=PATH&key=PATH`",
+    ///     server_ca: "--trusted-ca-file",
+    ///     plain: "use etcd:// instead",
+    /// };
+    /// let e = TlsError::worded(TlsErrorKind::Untrusted, "UnknownIssuer", &WORDS, ClientCert::None);
+    /// assert!(e.message().contains("name the CA that signed it with `?cacert=PATH`"));
+    /// let e = TlsError::worded(
+    ///     TlsErrorKind::ClientCertRejected, "BadCertificate", &WORDS, ClientCert::Given(" cert=/c.pem"),
+    /// );
+    /// assert!(e.message().contains("refused the client certificate cert=/c.pem"));
+    /// ```
+    pub fn worded(
+        kind: TlsErrorKind,
+        detail: &str,
+        words: &TlsWords,
+        cert: ClientCert<'_>,
+    ) -> TlsError {
+        let TlsWords {
+            ca,
+            client_cert,
+            server_ca,
+            plain,
+        } = words;
+        use TlsErrorKind as K;
+        let message = match (kind, cert) {
+            (K::Untrusted, _) => format!(
+                "the server's certificate is not trusted ({detail}); name the CA that signed it \
+                 with {ca}"
+            ),
+            (K::WrongHost, _) => format!(
+                "the server's certificate is not valid for the host or address in the URL \
+                 ({detail}); connect by a name or address its certificate lists"
+            ),
+            (K::Expired, _) => format!(
+                "the server's certificate has expired or is not valid yet ({detail}); renew it, \
+                 or check the clocks"
+            ),
+            (K::ClientCertRejected, ClientCert::Given(c)) => format!(
+                "the server refused the client certificate{c} ({detail}); it must be signed by \
+                 a CA in the server's {server_ca} and not be expired"
+            ),
+            (K::ClientCertRejected, ClientCert::None) => format!(
+                "the server requires a client certificate ({detail}); give one with \
+                 {client_cert} (PEM files)"
+            ),
+            (K::ClientCertRejected, ClientCert::Unknown) => format!(
+                "the server refused the client certificate, or wanted one and got none \
+                 ({detail}); give one signed by a CA in the server's {server_ca} with \
+                 {client_cert}"
+            ),
+            (K::NotSupportedByServer, _) => {
+                format!("the server did not answer with TLS ({detail}); {plain}")
+            }
+            _ => format!("the TLS handshake failed ({detail})"),
+        };
+        TlsError::new(kind, message)
+    }
+}
+
 impl fmt::Display for TlsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "TLS: {}", self.message)
@@ -125,6 +220,36 @@ impl TlsErrorKind {
             _ => TlsErrorKind::Handshake,
         }
     }
+}
+
+/// The rustls error in `e` or its chain of sources (feature `rustls`), when there is one:
+/// tokio-rustls hands it over wrapped in an [`std::io::Error`], whose `source()` skips it, so
+/// those are opened too.
+///
+/// ```
+/// use distlock_core::conn::rustls_error;
+///
+/// let alert = rustls::Error::AlertReceived(rustls::AlertDescription::UnknownCA);
+/// let io = std::io::Error::new(std::io::ErrorKind::InvalidData, alert.clone());
+/// assert_eq!(rustls_error(&io), Some(alert));
+/// assert_eq!(rustls_error(&std::io::Error::other("no TLS here")), None);
+/// ```
+#[cfg(feature = "rustls")]
+pub fn rustls_error(e: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
+    let mut cur = Some(e);
+    // A bound, should a chain ever loop.
+    for _ in 0..16 {
+        let err = cur?;
+        let wrapped = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|i| i.downcast_ref::<rustls::Error>());
+        if let Some(r) = err.downcast_ref::<rustls::Error>().or(wrapped) {
+            return Some(r.clone());
+        }
+        cur = err.source();
+    }
+    None
 }
 
 /// The crypto provider of every TLS connection dlock makes (feature `rustls`): aws-lc-rs,

@@ -1,0 +1,441 @@
+//! [`MysqlBuilder`]: the URL (or the application's own `mysql_async::Opts`) plus what should
+//! not be in it, resolved by the core's one rule with the mysql client's (`MYSQL_PWD`) as the
+//! ecosystem's.
+
+use crate::common::Connector;
+use crate::tls::{SslMode, TlsOptions};
+use crate::{Mode, MysqlBackend};
+use distlock_core::conn::{
+    read_password_file, Builder, Connect, ConnectionString, CredentialRule, EcosystemQuery,
+    Password, Settings,
+};
+use distlock_core::{Error, Result};
+use std::path::PathBuf;
+
+/// The environment variable holding the password when nothing else gives one (the mysql
+/// client's).
+pub const PASSWORD_ENV: &str = "MYSQL_PWD";
+
+/// Builds a [`MysqlBackend`]: the core's [`Builder`] with [`MysqlSettings`] (its own setters
+/// are in [`MysqlBuilderExt`]). Made by [`MysqlBackend::builder`] or
+/// [`MysqlBackend::with_opts`].
+///
+/// What is set here replaces what the URL says. Each credential is taken from the first place
+/// that has it:
+///
+/// | setting | 1. builder | 2. URL (or options) | 3. environment | 4. the mysql client's rule |
+/// |---|---|---|---|---|
+/// | user | [`user`](Builder::user) | `mysql://USER@…` | `DLOCK_MYSQL_USER` | — |
+/// | password | [`password`](Builder::password) / [`password_file`](Builder::password_file) (its first line) | `mysql://user:PASSWORD@…` | `DLOCK_MYSQL_PASSWORD`, then the file named by `DLOCK_MYSQL_PASSWORD_FILE` | the file of `?password-file=`, then [`PASSWORD_ENV`] (`MYSQL_PWD`) |
+///
+/// [`ignore_env`](Builder::ignore_env) turns the environment off (`MYSQL_PWD` too). A user
+/// without a password is fine (an account may have none). Its `Debug` shows no password.
+pub type MysqlBuilder = Builder<MysqlSettings>;
+
+/// MySQL's part of [`MysqlBuilder`].
+#[derive(Clone, Default)]
+pub struct MysqlSettings {
+    /// The application's own driver options, instead of the URL's.
+    opts: Option<mysql_async::Opts>,
+    tls: Option<TlsOptions>,
+    mode: Option<Mode>,
+    namespace: Option<String>,
+}
+
+impl std::fmt::Debug for MysqlSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the driver's options: their Debug shows the password.
+        let opts = self.opts.as_ref().map(|o| {
+            format!(
+                "mysql_async::Opts for {}@{}:{}",
+                o.user().unwrap_or_default(),
+                o.ip_or_hostname(),
+                o.tcp_port()
+            )
+        });
+        f.debug_struct("MysqlSettings")
+            .field("opts", &opts)
+            .field("tls", &self.tls)
+            .field("mode", &self.mode)
+            .field("namespace", &self.namespace)
+            .finish()
+    }
+}
+
+/// The setters of [`MysqlBuilder`] that only MySQL has.
+pub trait MysqlBuilderExt {
+    /// TLS settings (instead of the URL's `ssl-mode=`…, or the application's `SslOpts`); the
+    /// builder's [`ca_file`](Builder::ca_file) and [`client_cert`](Builder::client_cert) go
+    /// over them.
+    #[must_use]
+    fn tls(self, tls: TlsOptions) -> Self;
+    /// The mode (instead of the URL's `mode=`; default [`Mode::Session`]).
+    #[must_use]
+    fn mode(self, mode: Mode) -> Self;
+    /// The namespace (instead of the URL's `namespace=` and the client options').
+    #[must_use]
+    fn namespace(self, namespace: impl Into<String>) -> Self;
+}
+
+impl MysqlBuilderExt for MysqlBuilder {
+    fn tls(self, tls: TlsOptions) -> Self {
+        self.map_settings(|s| s.tls = Some(tls))
+    }
+    fn mode(self, mode: Mode) -> Self {
+        self.map_settings(|s| s.mode = Some(mode))
+    }
+    fn namespace(self, namespace: impl Into<String>) -> Self {
+        let namespace = namespace.into();
+        self.map_settings(|s| s.namespace = Some(namespace))
+    }
+}
+
+/// A builder on the application's options: their user and password stand as the URL's would.
+pub(crate) fn with_opts(opts: mysql_async::Opts) -> MysqlBuilder {
+    let userinfo = distlock_sql::url::userinfo(opts.user(), opts.pass().map(str::as_bytes));
+    MysqlBuilder::new(format!("mysql://{userinfo}")).map_settings(|s| s.opts = Some(opts))
+}
+
+/// The URL parameters dlock reads itself (the driver gets the others).
+const OUR_PARAMS: &[&str] = &[
+    "mode",
+    "namespace",
+    "ssl-mode",
+    "ssl_mode",
+    "ssl-ca",
+    "ssl_ca",
+    "ssl-cert",
+    "ssl_cert",
+    "ssl-key",
+    "ssl_key",
+    "password-file",
+    "password_file",
+];
+
+/// What the URL (or the application's options) says.
+pub(crate) struct Parsed {
+    pub(crate) opts: mysql_async::Opts,
+    pub(crate) endpoint: String,
+    pub(crate) mode: Mode,
+    pub(crate) namespace: Option<String>,
+    /// `None`: the application's options, their TLS settings as they are.
+    pub(crate) tls: Option<TlsOptions>,
+    pub(crate) password_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Parsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the driver's options: their Debug shows the password.
+        f.debug_struct("Parsed")
+            .field("endpoint", &self.endpoint)
+            .field("mode", &self.mode)
+            .field("namespace", &self.namespace)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
+}
+
+fn endpoint(opts: &mysql_async::Opts) -> String {
+    format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port())
+}
+
+/// The URL's settings, checked, and the driver's options from the rest.
+pub(crate) fn parse_url(cs: &ConnectionString) -> Result<Parsed> {
+    if cs.scheme() != "mysql" {
+        return Err(cs.invalid(format!("scheme `{}` is not mysql://", cs.scheme())));
+    }
+    if cs.hosts().is_empty() {
+        return Err(cs.invalid("no host; write mysql://user:password@host:port/database"));
+    }
+    let distlock_sql::url::Params {
+        mode, namespace, ..
+    } = distlock_sql::url::params(
+        cs,
+        &[("session", Mode::Session), ("table", Mode::Table)],
+        "mode=session (GET_LOCK, the default) or mode=table (lock rows, for clusters)",
+    )?;
+    for theirs in [
+        "require_ssl",
+        "verify_ca",
+        "verify_identity",
+        "built_in_roots",
+    ] {
+        if cs.param(theirs).is_some() {
+            return Err(cs.invalid(format!(
+                "{theirs}= is not read here; use ssl-mode=DISABLED|PREFERRED|REQUIRED|VERIFY_CA|\
+                 VERIFY_IDENTITY (with ssl-ca=PATH), as the mysql client does"
+            )));
+        }
+    }
+    let tls = TlsOptions::from_url(cs)?;
+    let password_file = match cs.param("password-file").or(cs.param("password_file")) {
+        None => None,
+        Some("") => return Err(cs.invalid("password-file= is empty; give a file")),
+        Some(p) => Some(PathBuf::from(p)),
+    };
+    let prefer_socket = cs.bool("prefer_socket")?.unwrap_or(false);
+    let driver = distlock_sql::url::driver_url(cs, OUR_PARAMS);
+    let opts = mysql_async::Opts::from_url(&driver).map_err(|e| cs.invalid(e.to_string()))?;
+    let opts: mysql_async::Opts = mysql_async::OptsBuilder::from_opts(opts)
+        .prefer_socket(prefer_socket)
+        .into();
+    Ok(Parsed {
+        endpoint: endpoint(&opts),
+        opts,
+        mode,
+        namespace,
+        tls: Some(tls),
+        password_file,
+    })
+}
+
+/// The settings of `url`, or of the application's options in `x`.
+fn parsed(url: &ConnectionString, x: &MysqlSettings) -> Result<Parsed> {
+    match &x.opts {
+        None => parse_url(url),
+        Some(o) => Ok(Parsed {
+            endpoint: endpoint(o),
+            opts: o.clone(),
+            mode: Mode::Session,
+            namespace: None,
+            tls: None,
+            password_file: None,
+        }),
+    }
+}
+
+/// The mysql client's password rule: the file of `?password-file=`, then [`PASSWORD_ENV`];
+/// `None` when the application's options have a password, which then stands.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a password file that cannot be read; as the URL.
+fn mysql_client(q: &EcosystemQuery<'_>) -> Result<Option<Password>> {
+    let default = MysqlSettings::default();
+    let x = q
+        .settings
+        .downcast_ref::<MysqlSettings>()
+        .unwrap_or(&default);
+    let p = parsed(q.url, x)?;
+    if p.opts.pass().is_some() {
+        return Ok(None);
+    }
+    if let Some(f) = &p.password_file {
+        return read_password_file(f, "MySQL", "password-file=").map(Some);
+    }
+    Ok(q.env.var(PASSWORD_ENV).map(Password::new))
+}
+
+impl MysqlSettings {
+    const RULE: CredentialRule = CredentialRule {
+        service: "MySQL",
+        env_prefix: "DLOCK_MYSQL",
+        // The application's options name their user outside the URL: `resolve` checks.
+        password_needs_user: false,
+        ecosystem: Some(mysql_client),
+    };
+
+    /// Every setting resolved: the driver's options with the credentials and the TLS settings
+    /// (as the connector), the endpoint, the mode and the namespace.
+    pub(crate) fn resolve(s: &Settings<Self>) -> Result<(Connector, Parsed)> {
+        let x = &s.settings;
+        let mut p = parsed(&s.url, x)?;
+        let mut base = mysql_async::OptsBuilder::from_opts(p.opts.clone());
+        if let Some(u) = &s.credentials.user {
+            base = base.user(Some(u));
+        }
+        if let Some(pw) = &s.credentials.password {
+            base = base.pass(Some(pw.expose()));
+        }
+        // Renewals count matched rows, not changed ones.
+        let base = base.client_found_rows(true);
+        if mysql_async::Opts::from(base.clone())
+            .user()
+            .is_none_or(str::is_empty)
+        {
+            let reason = "no user; write mysql://user:password@host:port/database";
+            return Err(match x.opts {
+                None => s.url.invalid(reason),
+                Some(_) => Error::InvalidArgument(reason.into()),
+            });
+        }
+        let mut tls = x.tls.clone().or(p.tls.take());
+        if s.ca_file.is_some() || s.client_cert.is_some() {
+            let mut t = tls.unwrap_or_default();
+            if let Some(ca) = &s.ca_file {
+                t = t.ca(ca);
+            }
+            if let Some((cert, key)) = &s.client_cert {
+                t = t.client_cert(cert, key);
+            }
+            tls = Some(t);
+        }
+        p.mode = x.mode.unwrap_or(p.mode);
+        p.namespace = Some(
+            x.namespace
+                .clone()
+                .or(p.namespace)
+                .unwrap_or_else(|| s.opts.get_namespace().to_owned()),
+        );
+        Ok((connector(base, tls)?, p))
+    }
+}
+
+/// The connector of `base` with `tls` (`None`: the application's options, their TLS settings
+/// as they are).
+fn connector(base: mysql_async::OptsBuilder, tls: Option<TlsOptions>) -> Result<Connector> {
+    Ok(match tls {
+        Some(tls) => {
+            let ssl = tls.ssl_opts(tls.mode())?;
+            let plain_fallback = (tls.mode() == SslMode::Preferred && ssl.is_some())
+                .then(|| base.clone().ssl_opts(None).into());
+            Connector {
+                opts: base.ssl_opts(ssl).into(),
+                plain_fallback,
+                client_cert: tls.has_client_cert(),
+                tls: tls.context(),
+            }
+        }
+        None => {
+            let opts: mysql_async::Opts = base.into();
+            let tls = TlsOptions::new(match opts.ssl_opts() {
+                Some(s) if s.accept_invalid_certs() => SslMode::Required,
+                Some(_) => SslMode::VerifyIdentity,
+                None => SslMode::Disabled,
+            });
+            Connector {
+                client_cert: opts.ssl_opts().is_some_and(has_identity),
+                opts,
+                plain_fallback: None,
+                tls: tls.context(),
+            }
+        }
+    })
+}
+
+#[cfg(feature = "tls")]
+fn has_identity(s: &mysql_async::SslOpts) -> bool {
+    s.client_identity().is_some()
+}
+
+#[cfg(not(feature = "tls"))]
+fn has_identity(_: &mysql_async::SslOpts) -> bool {
+    false
+}
+
+impl Connect for MysqlSettings {
+    type Backend = MysqlBackend;
+    const CREDENTIALS: CredentialRule = MysqlSettings::RULE;
+
+    /// Connects as [`MysqlBackend::connect`] does.
+    async fn connect(settings: Settings<Self>) -> Result<MysqlBackend> {
+        let (connector, p) = MysqlSettings::resolve(&settings)?;
+        let namespace = p.namespace.unwrap_or_default();
+        MysqlBackend::start(connector, p.endpoint, p.mode, namespace, &settings.opts).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock_core::conn::Env;
+
+    fn parse(url: &str) -> Result<Parsed> {
+        parse_url(&ConnectionString::parse(url)?)
+    }
+
+    fn resolve(b: &MysqlBuilder, env: &[(&str, &str)]) -> Result<(Connector, Parsed)> {
+        MysqlSettings::resolve(&b.settings_with(&MysqlSettings::RULE, &Env::from_pairs(env))?)
+    }
+
+    fn error(b: &MysqlBuilder) -> Error {
+        match resolve(b, &[]) {
+            Ok(_) => panic!("{b:?} resolved"),
+            Err(e) => e,
+        }
+    }
+
+    fn pass(b: &MysqlBuilder, env: &[(&str, &str)]) -> Option<String> {
+        let (c, _) = resolve(b, env).expect("resolve");
+        c.opts.pass().map(str::to_owned)
+    }
+
+    #[test]
+    fn urls() {
+        let p = parse("mysql://u:pw@127.0.0.1:7000/db?namespace=shop&mode=table").unwrap();
+        assert_eq!(p.endpoint, "127.0.0.1:7000");
+        assert_eq!(p.mode, Mode::Table);
+        assert_eq!(p.namespace.as_deref(), Some("shop"));
+        assert_eq!(p.opts.user(), Some("u"));
+        assert_eq!(p.opts.db_name(), Some("db"));
+        assert!(!p.opts.prefer_socket());
+        let p = parse("mysql://u@h/db?tcp_keepalive=1000").unwrap();
+        assert_eq!(p.endpoint, "h:3306");
+        assert_eq!(p.mode, Mode::Session);
+        for bad in [
+            "mysql://",
+            "postgres://u@h/db",
+            "mysql://u@h/db?mode=x",
+            "mysql://u@h/db?nope=1",
+            "mysql://u@h:notaport/db",
+            "mysql://u@h/db?namespace=",
+            "not a url",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        let e = parse("mysql://u:secret@h/db?nope=1")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("secret"), "{e}");
+        assert_eq!(
+            crate::redact("mysql://u:secret@h:1/d"),
+            "mysql://u:***@h:1/d"
+        );
+        assert_eq!(
+            crate::redact("mysql://u:secret@h:x/d"),
+            "mysql://u:***@h:x/d"
+        );
+    }
+
+    #[test]
+    fn builder_settings() {
+        let e = error(&MysqlBuilder::new("mysql://h/db"));
+        assert!(matches!(&e, Error::InvalidUrl { reason, .. } if reason.contains("no user")));
+        let env = [("DLOCK_MYSQL_USER", "eu"), ("MYSQL_PWD", "client")];
+        let (c, p) = resolve(&MysqlBuilder::new("mysql://h/db"), &env).unwrap();
+        assert_eq!(
+            (c.opts.user(), c.opts.pass(), p.endpoint.as_str()),
+            (Some("eu"), Some("client"), "h:3306")
+        );
+        let b = MysqlBuilder::new("mysql://u:url@h/db");
+        assert_eq!(pass(&b, &env).as_deref(), Some("url"));
+        let b = MysqlBuilder::new("mysql://u@h/db");
+        assert_eq!(pass(&b.clone().ignore_env(), &env), None);
+        assert_eq!(
+            pass(
+                &b.clone(),
+                &[("DLOCK_MYSQL_PASSWORD", "ours"), ("MYSQL_PWD", "c")]
+            )
+            .as_deref(),
+            Some("ours")
+        );
+        let e = error(&MysqlBuilder::new(
+            "mysql://u@h/db?password-file=/nonexistent/pw",
+        ));
+        assert!(e.to_string().contains("/nonexistent/pw"), "{e}");
+        let (c, p) = resolve(&b.password("code").mode(Mode::Table).namespace("ns"), &env).unwrap();
+        assert_eq!(c.opts.pass(), Some("code"));
+        assert_eq!((p.mode, p.namespace.as_deref()), (Mode::Table, Some("ns")));
+        assert!(!format!("{:?}", MysqlBuilder::new("mysql://u:hush@h/d")).contains("hush"));
+    }
+
+    #[test]
+    fn application_options() {
+        let opts = mysql_async::Opts::from_url("mysql://app:mine@db/d").expect("opts");
+        let b = with_opts(opts);
+        assert!(!format!("{b:?}").contains("mine"), "{b:?}");
+        let (c, p) = resolve(&b, &[("DLOCK_MYSQL_USER", "other"), ("MYSQL_PWD", "x")]).unwrap();
+        assert_eq!((c.opts.user(), c.opts.pass()), (Some("app"), Some("mine")));
+        assert_eq!(p.endpoint, "db:3306");
+        assert!(c.opts.client_found_rows());
+    }
+}
