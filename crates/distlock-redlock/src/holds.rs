@@ -86,14 +86,7 @@ impl Shared {
         F: Fn(Arc<RedisNode>) -> Fut,
         Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
     {
-        let views = self.health.views();
-        let t = self.watch_timeout();
-        let got = join_all(views.iter().filter_map(|v| {
-            let w = watch(v.backend.clone()?);
-            Some(async move { tokio::time::timeout(t, w).await.ok()?.ok() })
-        }))
-        .await;
-        let watches: Vec<Box<dyn ReleaseWatch>> = got.into_iter().flatten().collect();
+        let watches = self.watches(watch).await;
         if watches.is_empty() {
             return Err(Error::connection(
                 KIND,
@@ -102,6 +95,22 @@ impl Shared {
             ));
         }
         Ok(watch::QuorumWatch::new(self.n(), watches, max_spread))
+    }
+
+    /// `watch` on every reachable node, each bounded by the watch timeout: the watches made.
+    async fn watches<F, Fut>(&self, watch: F) -> Vec<Box<dyn ReleaseWatch>>
+    where
+        F: Fn(Arc<RedisNode>) -> Fut,
+        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
+    {
+        let views = self.health.views();
+        let t = self.watch_timeout();
+        let got = join_all(views.iter().filter_map(|v| {
+            let w = watch(v.backend.clone()?);
+            Some(async move { tokio::time::timeout(t, w).await.ok()?.ok() })
+        }))
+        .await;
+        got.into_iter().flatten().collect()
     }
 
     /// Node `i`'s answer in a fan-out: the value, or `None` with its problem noted (`r` is
@@ -353,20 +362,9 @@ impl Shared {
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
     /// majority, else a retryable error); see [`watch::ObserveWatch`].
     pub(crate) async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        let views = self.health.views();
-        let t = self.watch_timeout();
-        let got = join_all(views.iter().map(|v| {
-            let b = v.backend.clone();
-            async move {
-                let b = b?;
-                tokio::time::timeout(t, Backend::observe(b.backend(), name))
-                    .await
-                    .ok()?
-                    .ok()
-            }
-        }))
-        .await;
-        let watches: Vec<Box<dyn ReleaseWatch>> = got.into_iter().flatten().collect();
+        let watches = self
+            .watches(|b| async move { Backend::observe(b.backend(), name).await })
+            .await;
         let q = self.q();
         if watches.len() < q {
             return Err(Error::connection(
