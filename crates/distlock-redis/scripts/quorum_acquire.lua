@@ -12,7 +12,7 @@
 --   it expires FENCE_MARGIN_MS after the end of the last lease granted; never lowered)
 -- KEYS[3] node epoch "RANDOM:UNTIL_MS:RUN_ID" (exists while the node has not lost its data
 --   since it was initialised; UNTIL_MS is the end of its restart quarantine, by its clock)
--- KEYS[4] lease horizon: PX = the longest lease granted or renewed here that may still run
+-- KEYS[4] lease horizon: PX >= the longest lease granted or renewed here that may still run
 -- KEYS[5] wait queue: zset ATTEMPT -> SCORE (the waiter's place)
 -- KEYS[6] waiter expiries: zset ATTEMPT -> expiry ms (server clock)
 -- KEYS[7] the attempt's end record NS:{NAME}:ended:ATTEMPT, written by its give-up or release
@@ -53,46 +53,14 @@ local wttl = tonumber(ARGV[5])
 
 -- Whoever loses this node's data later must stay out of majorities until every lease it may
 -- have held has run out: the horizon remembers how long that is (read when initialising it).
+-- It is set an eighth longer than the lease, so that the votes of the next eighth of a lease
+-- find it long enough and leave it alone (a quarantine that long is only ever longer than
+-- needed, never shorter).
 local function horizon()
   if redis.call('pttl', KEYS[4]) < lease then
-    redis.call('set', KEYS[4], ARGV[2], 'PX', lease)
+    redis.call('set', KEYS[4], ARGV[2], 'PX', lease + math.floor(lease / 8))
   end
 end
-
-if redis.call('hget', KEYS[1], 'attempt') == attempt then
-  -- A retry (its earlier reply was lost) or a vote of an earlier round of this attempt: the
-  -- same hold, its lease made to run at least `lease` from now, never shortened. Its queue
-  -- entry stays until the release (a round that fails keeps its place).
-  if redis.call('pttl', KEYS[1]) < lease then
-    redis.call('pexpire', KEYS[1], lease)
-  end
-  horizon()
-  local stored = redis.call('get', KEYS[2])
-  local c = math.max(tonumber(stored or '0') or 0,
-    clock_floor(t, stored and QUORUM_FLOOR_STEP_US or 1))
-  return {2, c, tonumber(redis.call('hget', KEYS[1], 'token') or '0') or 0, qleft, 0}
-end
-
--- An ended attempt (its end record exists) neither holds nor queues: status 0. Dead waiters
--- (no refresh within their ttl) leave the queue. (No queue here and no end record, the
--- uncontended case: one EXISTS instead of the scan and the look at its head.)
-local n = redis.call('exists', KEYS[5], KEYS[7])
-local ended = n > 0 and redis.call('exists', KEYS[7]) == 1
-local queue = n > (ended and 1 or 0)
-if ended then
-  local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
-  return {0, c, redis.call('pttl', KEYS[1]), qleft, 0}
-end
-if queue then
-  local dead = redis.call('zrangebyscore', KEYS[6], '-inf', now_ms)
-  for _, a in ipairs(dead) do
-    redis.call('zrem', KEYS[5], a)
-    redis.call('zrem', KEYS[6], a)
-    redis.call('hdel', KEYS[8], '>' .. a)
-  end
-end
-local head = queue and redis.call('zrange', KEYS[5], 0, 0)[1] or nil
-local free = redis.call('exists', KEYS[1]) == 0
 
 local function grant(first)
   -- The token first: if the counter holds foreign data the script fails before writing
@@ -110,6 +78,50 @@ local function grant(first)
   end
   return {1, c, c, qleft, first}
 end
+
+-- One EXISTS for the lock, the queue and the end record: none of them (the uncontended case)
+-- means free, with nobody queued and no end record: granted at once.
+local present = redis.call('exists', KEYS[1], KEYS[5], KEYS[7])
+if present == 0 then
+  return grant(0)
+end
+
+if redis.call('hget', KEYS[1], 'attempt') == attempt then
+  -- A retry (its earlier reply was lost) or a vote of an earlier round of this attempt: the
+  -- same hold, its lease made to run at least `lease` from now, never shortened. Its queue
+  -- entry stays until the release (a round that fails keeps its place).
+  if redis.call('pttl', KEYS[1]) < lease then
+    redis.call('pexpire', KEYS[1], lease)
+  end
+  horizon()
+  local stored = redis.call('get', KEYS[2])
+  local c = math.max(tonumber(stored or '0') or 0,
+    clock_floor(t, stored and QUORUM_FLOOR_STEP_US or 1))
+  return {2, c, tonumber(redis.call('hget', KEYS[1], 'token') or '0') or 0, qleft, 0}
+end
+
+-- An ended attempt (its end record exists) neither holds nor queues: status 0. Dead waiters
+-- (no refresh within their ttl) leave the queue. (No queue here and no end record: one
+-- EXISTS instead of the scan and the look at its head.)
+local n = redis.call('exists', KEYS[5], KEYS[7])
+local ended = n > 0 and redis.call('exists', KEYS[7]) == 1
+local queue = n > (ended and 1 or 0)
+-- The lock exists when the first EXISTS counted more than these two.
+local free = present == n
+if ended then
+  local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
+  return {0, c, redis.call('pttl', KEYS[1]), qleft, 0}
+end
+if queue then
+  local dead = redis.call('zrangebyscore', KEYS[6], '-inf', now_ms)
+  for _, a in ipairs(dead) do
+    redis.call('zrem', KEYS[5], a)
+    redis.call('zrem', KEYS[6], a)
+    redis.call('hdel', KEYS[8], '>' .. a)
+  end
+end
+local head = queue and redis.call('zrange', KEYS[5], 0, 0)[1] or nil
+
 
 if free and (not head or head == attempt) then
   return grant(head == attempt and 1 or 0)

@@ -18,6 +18,10 @@
 //!   default) on the 5 nodes with a 3 s watchdog lease; per node and tick, from the server's
 //!   `INFO commandstats` after `CONFIG RESETSTAT`: `EVALSHA` calls (the goal: at most
 //!   ceil(N/1000), one script per chunk), µs per script, and all commands processed.
+//! - `-- --profile [PAIRS]` (only this): PAIRS (default 1,000) uncontended acquire+release pairs
+//!   on the 5 nodes, then this process's CPU per pair and, per node, every command's calls and
+//!   µs per call (`INFO commandstats`); run it under callgrind to count the client's
+//!   instructions (two runs of different PAIRS, the difference per pair).
 
 use distlock_core::{Client, ClientOptions, ReleaseOutcome};
 use distlock_redis::RedisBackend;
@@ -207,6 +211,61 @@ fn script_stats(s: &RedisServer) -> (u64, f64, u64) {
     (calls, per, total)
 }
 
+/// CPU time (user + system) of this process so far, from `/proc/self/stat` (clock ticks).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // utime and stime are fields 14 and 15 of the line (11 and 12 after the state).
+    let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// `pairs` uncontended acquire+release pairs on the nodes, then the client's CPU per pair
+/// and each node's commands (calls, µs per call) over them.
+async fn profile(nodes: &[RedisServer], url: &str, pairs: usize) {
+    let c = redlock(url).await;
+    for _ in 0..100 {
+        pair(&c, "profile").await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for s in nodes {
+        s.command(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+    }
+    let (t, cpu) = (Instant::now(), cpu_time());
+    for _ in 0..pairs {
+        pair(&c, "profile").await;
+    }
+    let (took, cpu) = (t.elapsed(), cpu_time().saturating_sub(cpu));
+    println!(
+        "profile: {pairs} pairs, {:.1} us per pair, client CPU {:.1} us per pair",
+        us(took) / pairs as f64,
+        us(cpu) / pairs as f64
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for (i, s) in nodes.iter().enumerate() {
+        let stats = s.command(&["INFO", "commandstats"]).expect("INFO");
+        let mut line = format!("  node {i}:");
+        for l in stats
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("cmdstat_"))
+        {
+            let (name, rest) = l.split_once(':').unwrap_or((l, ""));
+            let get = |k: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(k))
+                    .unwrap_or("?")
+                    .to_owned()
+            };
+            line += &format!(" {name} {}x{}us", get("calls="), get("usec_per_call="));
+        }
+        println!("{line}");
+    }
+}
+
 /// One client holding `n` locks on the nodes with a 3 s watchdog lease: what a tick of
 /// renewals costs each node.
 async fn renewals(nodes: &[RedisServer], url: &str, n: usize) {
@@ -278,6 +337,14 @@ async fn main() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
     let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--profile") {
+        let n = args
+            .get(at + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        profile(&nodes, &rl_url, n).await;
+        return;
+    }
     if let Some(at) = args.iter().position(|a| a == "--renew") {
         let n = args
             .get(at + 1)

@@ -75,6 +75,19 @@ impl Round {
     }
 }
 
+/// The votes of one round as they come in.
+struct Count {
+    /// Per node (a vote not in yet: unknown, may have granted).
+    ballots: Vec<Ballot>,
+    /// Nodes asked whose vote is not in yet.
+    asked: Vec<bool>,
+    problems: Vec<String>,
+    /// The first non-retryable error.
+    hard: Option<Error>,
+    /// Counted nodes on which the attempt is the first waiter.
+    first: usize,
+}
+
 impl Shared {
     /// The random pause before the next attempt after a split vote (0 to the node timeout), so
     /// that clients that split the nodes do not collide again.
@@ -107,8 +120,9 @@ impl Shared {
         )
     }
 
-    /// Node `i`'s vote from its answer (`None`: none within the node timeout); also a problem
-    /// to report and a non-retryable error, if any.
+    /// Node `i`'s ballot from its answer (`None`: none within the node timeout), with what the
+    /// answer tells about the node (suspect, its quarantine); also a problem to report and a
+    /// non-retryable error, if any.
     fn vote(
         &self,
         i: usize,
@@ -117,73 +131,47 @@ impl Shared {
     ) -> (Ballot, Option<String>, Option<Error>) {
         let node = &self.health.nodes[i];
         let ep = &node.endpoint;
-        let nt = self.nt();
-        match answer {
-            None => (
-                Ballot {
-                    maybe_granted: true,
-                    ..Ballot::default()
-                },
-                Some(format!("{ep}: no answer within {nt:?}")),
-                None,
-            ),
+        let v = match answer {
+            None => {
+                let nt = self.nt();
+                return (
+                    Ballot::unknown(),
+                    Some(format!("{ep}: no answer within {nt:?}")),
+                    None,
+                );
+            }
             Some(Err(e)) if e.is_retryable() => {
                 node.suspect(format!("an error ({e})"));
-                (
-                    Ballot {
-                        maybe_granted: true,
-                        ..Ballot::default()
-                    },
-                    Some(format!("{ep}: {e}")),
-                    None,
-                )
+                return (Ballot::unknown(), Some(format!("{ep}: {e}")), None);
             }
-            Some(Err(e)) => (Ballot::default(), Some(format!("{ep}: {e}")), Some(e)),
-            Some(Ok(v)) => match v.reply {
-                QuorumReply::EpochMismatch => {
-                    node.suspect("an epoch change (lost data or initialised again)");
-                    (
-                        Ballot::default(),
-                        Some(format!(
-                            "{ep}: lost its data or was initialised again since the last check; re-checking"
-                        )),
-                        None,
-                    )
-                }
-                reply => {
-                    if v.scripts_reloaded {
-                        node.suspect("it had forgotten its scripts (restarted?)");
-                    }
-                    if let Some(left) = v.quarantine {
-                        // The node's own record, by its own clock, whatever this client
-                        // thought: it lost its data and whoever initialised it set the end.
-                        node.note_quarantine(left);
-                    }
-                    let counted = view.counts && !v.scripts_reloaded && v.quarantine.is_none();
-                    let problem = (!counted).then(|| {
-                        let why = match (&view.why_not, v.quarantine) {
-                            (Some(w), _) => w.clone(),
-                            (None, Some(left)) => {
-                                format!("in restart quarantine for {left:?} more by its own clock")
-                            }
-                            (None, None) => {
-                                "had forgotten its scripts (restarted?); re-checking".to_owned()
-                            }
-                        };
-                        format!("{ep}: {why}")
-                    });
-                    (
-                        Ballot {
-                            reply: Some(reply),
-                            counted,
-                            maybe_granted: false,
-                        },
-                        problem,
-                        None,
-                    )
-                }
-            },
+            Some(Err(e)) => return (Ballot::default(), Some(format!("{ep}: {e}")), Some(e)),
+            Some(Ok(v)) => v,
+        };
+        if v.reply == QuorumReply::EpochMismatch {
+            node.suspect("an epoch change (lost data or initialised again)");
+            let why = "lost its data or was initialised again since the last check; re-checking";
+            return (Ballot::default(), Some(format!("{ep}: {why}")), None);
         }
+        if v.scripts_reloaded {
+            node.suspect("it had forgotten its scripts (restarted?)");
+        }
+        if let Some(left) = v.quarantine {
+            // The node's own record, by its own clock, whatever this client thought: it lost
+            // its data and whoever initialised it set the end.
+            node.note_quarantine(left);
+        }
+        let ballot = Ballot::of(&v, view.counts);
+        let problem = (!ballot.counted).then(|| {
+            let why = match (&view.why_not, v.quarantine) {
+                (Some(w), _) => w.clone(),
+                (None, Some(left)) => {
+                    format!("in restart quarantine for {left:?} more by its own clock")
+                }
+                (None, None) => "had forgotten its scripts (restarted?); re-checking".to_owned(),
+            };
+            format!("{ep}: {why}")
+        });
+        (ballot, problem, None)
     }
 
     /// Raises the counter to `token` and records it with the attempt's hold on the listed
@@ -264,133 +252,158 @@ impl Shared {
         queue: Option<(Duration, u64)>,
     ) -> Result<Round> {
         self.health.note_lease(req.lease);
-        let key = &req.key;
         let start = Instant::now();
         let views = self.health.views();
-        // A vote not in yet may still run on its node: counted as unknown (given back on
-        // failure).
-        let mut ballots = vec![
-            Ballot {
-                maybe_granted: true,
-                ..Ballot::default()
-            };
-            views.len()
-        ];
-        let mut problems = Vec::new();
-        let mut hard = None;
-        let nt = self.nt();
-        // Nodes asked whose vote is not in yet.
-        let mut asked = vec![false; views.len()];
-        let mut votes: Votes = FuturesUnordered::new();
-        // Counted nodes where this attempt is the first waiter.
-        let mut first = 0;
-        for (i, v) in views.iter().enumerate() {
-            let (Some(b), Some(epoch)) = (v.backend.clone(), v.epoch.clone()) else {
-                let why = v.why_not.clone().unwrap_or_default();
-                ballots[i] = Ballot::default();
-                problems.push(format!("{}: {why}", self.health.nodes[i].endpoint));
-                continue;
-            };
-            let (key, attempt, lease) = (key.clone(), req.attempt.clone(), req.lease);
-            let value = req.value.clone();
-            asked[i] = true;
-            votes.push(Box::pin(async move {
-                let value = value.as_deref();
-                let vote = b.vote(&key, &attempt, lease, &epoch, value, queue).await;
-                (i, vote)
-            }));
-        }
-        // One deadline for all votes, and no vote future is ever dropped before it is done: a
-        // request whose caller is gone before it is written is never sent, and a vote that
-        // runs late must still run — before anything sent after it on its connection (the
-        // give-back of a failed attempt, a release), and so that it can be given the token.
-        let deadline = tokio::time::Instant::now() + nt;
-        loop {
-            let (i, answer) = match tokio::time::timeout_at(deadline, votes.next()).await {
-                Ok(Some((i, r))) => (i, Some(r)),
-                Ok(None) => break,
-                Err(_) => {
-                    // The votes still out count as unknown (their ballots say "may have
-                    // granted" already).
-                    for (i, _) in asked.iter().enumerate().filter(|(_, a)| **a) {
-                        let (_, p, _) = self.vote(i, &views[i], None);
-                        problems.extend(p);
-                    }
-                    break;
-                }
-            };
-            asked[i] = false;
-            if let Some(Ok(v)) = &answer {
-                first += usize::from(v.first && views[i].counts);
-            }
-            let (b, p, e) = self.vote(i, &views[i], answer);
-            ballots[i] = b;
-            problems.extend(p);
-            if hard.is_none() {
-                hard = e;
-            }
-            if tally::settled(&ballots, votes.len()) {
-                // The rest cannot change the outcome: they finish in the background, so the
-                // slower nodes still get the hold — this attempt's, by its id — and anything
-                // given back or released later is queued behind them.
-                break;
-            }
-        }
+        let (mut votes, mut count) = self.send_votes(&views, req, queue);
+        self.count_votes(&views, &mut votes, &mut count).await;
         // Votes still out finish in the background; if this attempt wins, those that voted
         // for it get its token too (they were not there to be raised).
         let (won, token_rx) = tokio::sync::oneshot::channel();
         finish_votes(
             votes,
             views.clone(),
-            key.name.clone(),
-            key.kind,
+            req.key.name.clone(),
+            req.key.kind,
             req.attempt.clone(),
             self.call_timeout(),
             token_rx,
         );
-        let (name, attempt) = ((&*key.name, key.kind), &req.attempt);
-        let q = self.q();
-        match tally::decide(&ballots) {
-            Decision::Again { token } => {
-                // A retry of an attempt whose grant stands on a majority (its reply was lost):
-                // the same token; the votes made every lease run at least `lease` from now.
-                // Nodes of the attempt that store another token get this one (best effort:
-                // a majority has it already).
-                let fixes = tally::raises(&ballots, token);
-                if !fixes.is_empty() {
-                    self.raise(&views, name, attempt, token, &fixes).await;
+        let round = self.conclude(req, &views, count, start).await?;
+        if let AcquireReply::Granted { token } = round.reply {
+            let _ = won.send(token);
+        }
+        Ok(round)
+    }
+
+    /// Sends the attempt's vote to every node that has a connection and an epoch; the others
+    /// count as not granted, with their problem.
+    fn send_votes(
+        &self,
+        views: &[View],
+        req: &AcquireRequest,
+        queue: Option<(Duration, u64)>,
+    ) -> (Votes, Count) {
+        let mut count = Count {
+            // A vote not in yet may still run on its node: counted as unknown (given back on
+            // failure).
+            ballots: vec![Ballot::unknown(); views.len()],
+            asked: vec![false; views.len()],
+            problems: Vec::new(),
+            hard: None,
+            first: 0,
+        };
+        let votes: Votes = FuturesUnordered::new();
+        for (i, v) in views.iter().enumerate() {
+            let (Some(b), Some(epoch)) = (v.backend.clone(), v.epoch.clone()) else {
+                let why = v.why_not.clone().unwrap_or_default();
+                count.ballots[i] = Ballot::default();
+                count
+                    .problems
+                    .push(format!("{}: {why}", self.health.nodes[i].endpoint));
+                continue;
+            };
+            let (key, attempt, lease) = (req.key.clone(), req.attempt.clone(), req.lease);
+            let value = req.value.clone();
+            count.asked[i] = true;
+            votes.push(Box::pin(async move {
+                let value = value.as_deref();
+                let vote = b.vote(&key, &attempt, lease, &epoch, value, queue).await;
+                (i, vote)
+            }));
+        }
+        (votes, count)
+    }
+
+    /// Counts the votes as they come in, until the tally is settled, every vote is in, or
+    /// the node timeout passed (the votes still out then count as unknown: their ballots say
+    /// "may have granted" already).
+    ///
+    /// No vote future is ever dropped before it is done: a request whose caller is gone
+    /// before it is written is never sent, and a vote that runs late must still run — before
+    /// anything sent after it on its connection (the give-back of a failed attempt, a
+    /// release), and so that it can be given the token. The caller lets the rest finish.
+    async fn count_votes(&self, views: &[View], votes: &mut Votes, count: &mut Count) {
+        let deadline = tokio::time::Instant::now() + self.nt();
+        loop {
+            let (i, answer) = match tokio::time::timeout_at(deadline, votes.next()).await {
+                Ok(Some((i, r))) => (i, Some(r)),
+                Ok(None) => return,
+                Err(_) => {
+                    for i in (0..views.len()).filter(|&i| count.asked[i]) {
+                        let (_, p, _) = self.vote(i, &views[i], None);
+                        count.problems.extend(p);
+                    }
+                    return;
                 }
-                if tally::validity(req.lease, start.elapsed()).is_some() {
-                    let _ = won.send(token);
-                    return Ok(Round::new(AcquireReply::Granted { token }, first));
-                }
-                Err(self.unconfirmed(name.0, q, q, start.elapsed()))
+            };
+            count.asked[i] = false;
+            if let Some(Ok(v)) = &answer {
+                count.first += usize::from(v.first && views[i].counts);
             }
-            Decision::Fresh { token } => {
+            let (b, p, e) = self.vote(i, &views[i], answer);
+            count.ballots[i] = b;
+            count.problems.extend(p);
+            if count.hard.is_none() {
+                count.hard = e;
+            }
+            if tally::settled(&count.ballots, votes.len()) {
+                // The rest cannot change the outcome: they finish in the background, so the
+                // slower nodes still get the hold — this attempt's, by its id — and anything
+                // given back or released later is queued behind them.
+                return;
+            }
+        }
+    }
+
+    /// The round's outcome from its tally: a grant once a majority confirms its token with
+    /// validity left (raising the nodes that voted for the attempt under another counter),
+    /// or, after what the attempt may hold was given back, `Held` or an error.
+    async fn conclude(
+        &self,
+        req: &AcquireRequest,
+        views: &[View],
+        count: Count,
+        start: Instant,
+    ) -> Result<Round> {
+        let Count {
+            ballots,
+            problems,
+            hard,
+            first,
+            ..
+        } = count;
+        let (name, attempt) = ((&*req.key.name, req.key.kind), &req.attempt);
+        let decision = tally::decide(&ballots);
+        let held = |ttl| Ok(Round::new(AcquireReply::Held { ttl }, first));
+        match decision {
+            Decision::Again { token } | Decision::Fresh { token } => {
+                // Again: a retry of an attempt whose grant stands on a majority (its reply was
+                // lost): the same token; the votes made every lease run at least `lease` from
+                // now. Nodes of the attempt that store another token get this one (for a grant
+                // that stands, best effort: a majority has it already).
                 let fixes = tally::raises(&ballots, token);
                 let raised = if fixes.is_empty() {
                     Vec::new()
                 } else {
-                    self.raise(&views, name, attempt, token, &fixes).await
+                    self.raise(views, name, attempt, token, &fixes).await
                 };
-                let confirmed = tally::confirmations(&ballots, token, &raised);
+                let confirmed = tally::confirmed(decision, &ballots, &raised);
+                let q = self.q();
                 if confirmed >= q && tally::validity(req.lease, start.elapsed()).is_some() {
-                    let _ = won.send(token);
                     return Ok(Round::new(AcquireReply::Granted { token }, first));
                 }
                 Err(self.unconfirmed(name.0, confirmed, q, start.elapsed()))
             }
             Decision::Held { ttl } => {
-                self.abort(&views, name, attempt, &ballots).await;
-                Ok(Round::new(AcquireReply::Held { ttl }, first))
+                self.abort(views, name, attempt, &ballots).await;
+                held(ttl)
             }
             Decision::Split => {
-                self.abort(&views, name, attempt, &ballots).await;
-                let ttl = Some(self.jitter());
-                Ok(Round::new(AcquireReply::Held { ttl }, first))
+                self.abort(views, name, attempt, &ballots).await;
+                held(Some(self.jitter()))
             }
             Decision::NoQuorum { answered } => {
-                self.abort(&views, name, attempt, &ballots).await;
+                self.abort(views, name, attempt, &ballots).await;
                 Err(hard.unwrap_or_else(|| self.no_quorum(answered, &problems)))
             }
         }

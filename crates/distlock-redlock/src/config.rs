@@ -69,6 +69,45 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
             "`/{db}` is not a database number; write redlock://h1:p1,h2:p2,h3:p3/0"
         )));
     }
+    let nodes = node_addrs(&cs, node_scheme)?;
+    for (k, _) in cs.params() {
+        match k.as_str() {
+            "node_timeout" | "quarantine" | "check_interval" | "namespace" | "protocol"
+            | "wait" => {}
+            "ca_file" if node_scheme == "rediss" => {}
+            other => {
+                return Err(cs.invalid(format!(
+                    "unknown parameter `{other}` (known: namespace, node_timeout, quarantine, \
+                     check_interval, wait, protocol; ca_file with redlocks://)"
+                )))
+            }
+        }
+    }
+
+    let (node_timeout, quarantine, check_interval) = timing(&cs, opts)?;
+    let wait = match cs.param("wait") {
+        None | Some("queue") => WaitMode::Queue,
+        Some("retry") => WaitMode::Retry,
+        Some(other) => {
+            return Err(cs.invalid(format!(
+                "wait={other} is not `queue` (the default: waiters queue on the nodes) or \
+                 `retry` (no queue: every release wakes every waiter)"
+            )))
+        }
+    };
+
+    Ok(Config {
+        nodes,
+        node_timeout,
+        quarantine,
+        check_interval,
+        wait,
+    })
+}
+
+/// The nodes of `cs` (each listed once, at least [`MIN_NODES`]), each with its own URL: the
+/// node scheme `node_scheme`, its host, and the parameters a node takes.
+fn node_addrs(cs: &ConnectionString, node_scheme: &str) -> Result<Vec<NodeAddr>> {
     let mut endpoints: Vec<String> = Vec::new();
     for h in cs.hosts() {
         let ep = h.endpoint(6379);
@@ -86,20 +125,29 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
             endpoints.len()
         )));
     }
-    for (k, _) in cs.params() {
-        match k.as_str() {
-            "node_timeout" | "quarantine" | "check_interval" | "namespace" | "protocol"
-            | "wait" => {}
-            "ca_file" if node_scheme == "rediss" => {}
-            other => {
-                return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` (known: namespace, node_timeout, quarantine, \
-                     check_interval, wait, protocol; ca_file with redlocks://)"
-                )))
+    let nodes = cs
+        .hosts()
+        .iter()
+        .map(|h| {
+            let mut node = cs.clone();
+            node.set_scheme(node_scheme);
+            node.set_hosts(vec![Host::new(h.host.clone(), Some(h.port_or(6379)))]);
+            node.retain_params(|k, _| matches!(k, "namespace" | "protocol" | "ca_file"));
+            NodeAddr {
+                url: node.expose_url().to_owned(),
+                endpoint: h.endpoint(6379),
             }
-        }
-    }
+        })
+        .collect();
+    Ok(nodes)
+}
 
+/// `node_timeout` (default: [`DEFAULT_NODE_TIMEOUT`], at most a tenth of the watchdog lease),
+/// `quarantine` and `check_interval` of `cs`, checked.
+fn timing(
+    cs: &ConnectionString,
+    opts: &ClientOptions,
+) -> Result<(Duration, Option<Duration>, Duration)> {
     let lease = opts.get_watchdog_lease();
     let node_timeout = match cs.duration("node_timeout")? {
         None => DEFAULT_NODE_TIMEOUT.min(lease / 10),
@@ -132,38 +180,7 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
         )));
     }
 
-    let wait = match cs.param("wait") {
-        None | Some("queue") => WaitMode::Queue,
-        Some("retry") => WaitMode::Retry,
-        Some(other) => {
-            return Err(cs.invalid(format!(
-                "wait={other} is not `queue` (the default: waiters queue on the nodes) or \
-                 `retry` (no queue: every release wakes every waiter)"
-            )))
-        }
-    };
-
-    let nodes = cs
-        .hosts()
-        .iter()
-        .map(|h| {
-            let mut node = cs.clone();
-            node.set_scheme(node_scheme);
-            node.set_hosts(vec![Host::new(h.host.clone(), Some(h.port_or(6379)))]);
-            node.retain_params(|k, _| matches!(k, "namespace" | "protocol" | "ca_file"));
-            NodeAddr {
-                url: node.expose_url().to_owned(),
-                endpoint: h.endpoint(6379),
-            }
-        })
-        .collect();
-    Ok(Config {
-        nodes,
-        node_timeout,
-        quarantine,
-        check_interval,
-        wait,
-    })
+    Ok((node_timeout, quarantine, check_interval))
 }
 
 #[cfg(test)]

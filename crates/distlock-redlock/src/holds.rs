@@ -86,14 +86,7 @@ impl Shared {
         F: Fn(Arc<RedisNode>) -> Fut,
         Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
     {
-        let views = self.health.views();
-        let t = self.watch_timeout();
-        let got = join_all(views.iter().filter_map(|v| {
-            let w = watch(v.backend.clone()?);
-            Some(async move { tokio::time::timeout(t, w).await.ok()?.ok() })
-        }))
-        .await;
-        let watches: Vec<Box<dyn ReleaseWatch>> = got.into_iter().flatten().collect();
+        let watches = self.watches(watch).await;
         if watches.is_empty() {
             return Err(Error::connection(
                 KIND,
@@ -102,6 +95,46 @@ impl Shared {
             ));
         }
         Ok(watch::QuorumWatch::new(self.n(), watches, max_spread))
+    }
+
+    /// `watch` on every reachable node, each bounded by the watch timeout: the watches made.
+    async fn watches<F, Fut>(&self, watch: F) -> Vec<Box<dyn ReleaseWatch>>
+    where
+        F: Fn(Arc<RedisNode>) -> Fut,
+        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
+    {
+        let views = self.health.views();
+        let t = self.watch_timeout();
+        let got = join_all(views.iter().filter_map(|v| {
+            let w = watch(v.backend.clone()?);
+            Some(async move { tokio::time::timeout(t, w).await.ok()?.ok() })
+        }))
+        .await;
+        got.into_iter().flatten().collect()
+    }
+
+    /// Node `i`'s answer in a fan-out: the value, or `None` with its problem noted (`r` is
+    /// `None` for no answer within `t`; a retryable error also makes the node suspect).
+    fn answer<T>(
+        &self,
+        i: usize,
+        r: Option<Result<T>>,
+        t: Duration,
+        problems: &mut Vec<String>,
+    ) -> Option<T> {
+        let node = &self.health.nodes[i];
+        let problem = match r {
+            Some(Ok(v)) => return Some(v),
+            Some(Err(e)) => {
+                if e.is_retryable() {
+                    node.suspect(format!("an error ({e})"));
+                }
+                e.to_string()
+            }
+            None => format!("no answer within {t:?}"),
+        };
+        problems.push(format!("{}: {problem}", node.endpoint));
+        None
     }
 
     /// Takes the attempt out of every node's wait queue and releases whatever it holds on any
@@ -119,12 +152,7 @@ impl Shared {
         let mut answered = 0;
         let mut problems = Vec::new();
         while let Some((i, r)) = answers.next().await {
-            let node = &self.health.nodes[i];
-            match r {
-                Some(Ok(_)) => answered += 1,
-                Some(Err(e)) => problems.push(format!("{}: {e}", node.endpoint)),
-                None => problems.push(format!("{}: no answer within {t:?}", node.endpoint)),
-            }
+            answered += usize::from(self.answer(i, r, t, &mut problems).is_some());
         }
         // Fewer than a majority reached: a grant this attempt may have got could still stand
         // (until its lease ends); say so.
@@ -137,64 +165,24 @@ impl Shared {
     pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let views = self.health.views();
         let t = self.call_timeout();
-        let (name, attempt, token) = (grant.key.name.clone(), grant.attempt.clone(), grant.token);
-        let kind = grant.key.kind;
         // Set once a majority released this grant: then a node that holds the attempt under
         // another token (its vote came in after the decision, before the raise reached it)
         // holds part of this very grant — attempt ids are unique — and is released too.
         let (verdict, decided) = tokio::sync::watch::channel(false);
         let mut answers = self.fan_out(&views, t, |b| {
-            let (name, attempt, mut rx) = (name.clone(), attempt.clone(), decided.clone());
-            async move {
-                match b.release(&name, kind, &attempt, Some(token)).await? {
-                    Ok(o) => Ok(o),
-                    Err(_other_token) => {
-                        tokio::spawn(async move {
-                            // Ends as soon as the release is decided either way (the sender
-                            // goes away with the call).
-                            let released = matches!(
-                                tokio::time::timeout(t, rx.wait_for(|v| *v)).await,
-                                Ok(Ok(_))
-                            );
-                            if released {
-                                let _ =
-                                    tokio::time::timeout(t, b.release(&name, kind, &attempt, None))
-                                        .await;
-                            }
-                        });
-                        // Not this grant's address here (yet): as far as the majority goes,
-                        // nothing to release on this node.
-                        Ok(ReleaseOutcome::Expired)
-                    }
-                }
-            }
+            release_node(b, grant.clone(), t, decided.clone())
         });
+        drop(decided);
         let q = self.q();
         let mut outcomes: Vec<Option<ReleaseOutcome>> = vec![None; self.n()];
         let mut problems = Vec::new();
         while let Some((i, r)) = answers.next().await {
-            let node = &self.health.nodes[i];
-            match r {
-                Some(Ok(o)) => outcomes[i] = Some(o),
-                Some(Err(e)) => {
-                    if e.is_retryable() {
-                        node.suspect(format!("an error ({e})"));
-                    }
-                    problems.push(format!("{}: {e}", node.endpoint));
-                }
-                None => problems.push(format!("{}: no answer within {t:?}", node.endpoint)),
-            }
-            if outcomes
-                .iter()
-                .filter(|o| **o == Some(ReleaseOutcome::Released))
-                .count()
-                >= q
-            {
+            outcomes[i] = self.answer(i, r, t, &mut problems);
+            if tally::released(&outcomes) >= q {
                 verdict.send_replace(true);
                 break;
             }
         }
-        drop(decided);
         // The slower nodes' releases are on their connections already: they finish in order.
         finish_in_background(answers);
         tally::release_outcome(&outcomes).map_err(|answered| self.no_quorum(answered, &problems))
@@ -209,55 +197,66 @@ impl Shared {
         }
         let views = self.health.views();
         let t = self.call_timeout();
-        // Set to which grants a majority renewed: a node that holds one of those attempts
-        // under another token (its vote came in after the decision, and the raise did not
-        // reach it) holds part of that very grant — attempt ids are unique — and is given the
-        // token and renewed too, so it rejoins the grant.
+        // Set to which grants a majority renewed: see `renew_node`.
         let (verdict, decided) = tokio::sync::watch::channel(None::<Vec<bool>>);
         let mut answers = self.fan_out(&views, t, |b| {
-            let (holds, mut rx) = (holds.to_vec(), decided.clone());
-            async move {
-                let outs = b.renew(&holds).await?;
-                let behind: Vec<usize> = (0..outs.len()).filter(|&h| outs[h].is_err()).collect();
-                if !behind.is_empty() {
-                    tokio::spawn(async move {
-                        let renewed =
-                            match tokio::time::timeout(t, rx.wait_for(Option::is_some)).await {
-                                Ok(Ok(v)) => v.clone().unwrap_or_default(),
-                                _ => return,
-                            };
-                        let mut rejoin = Vec::new();
-                        for h in behind
-                            .into_iter()
-                            .filter(|&h| renewed.get(h) == Some(&true))
-                        {
-                            let (g, _) = &holds[h];
-                            let raised =
-                                b.raise_fence(&g.key.name, g.key.kind, &g.attempt, g.token);
-                            if let Ok(Ok(Some(_))) = tokio::time::timeout(t, raised).await {
-                                rejoin.push(holds[h].clone());
-                            }
-                        }
-                        // The grants that rejoin, renewed together (one script).
-                        if !rejoin.is_empty() {
-                            let _ = tokio::time::timeout(t, b.renew(&rejoin)).await;
-                        }
-                    });
-                }
-                // Not this grant's address here (yet): as far as the majority goes, not held.
-                Ok(outs
-                    .into_iter()
-                    .map(|o| o.unwrap_or(RenewOutcome::NotHeld))
-                    .collect::<Vec<_>>())
-            }
+            renew_node(b, holds.to_vec(), t, decided.clone())
         });
         drop(decided);
+        let (per_node, mut problems) = self.count_renewals(&views, &mut answers, holds, t).await;
+        let outcomes = tally::renew_outcomes(&per_node, holds.len());
+        verdict.send_replace(Some(
+            outcomes
+                .iter()
+                .map(|o| *o == Some(RenewOutcome::Renewed))
+                .collect(),
+        ));
+        finish_in_background(answers);
+        let (outcomes, undecided) = tally::renew_batch(&outcomes);
+        if undecided.is_empty() {
+            return Ok(outcomes);
+        }
+        problems.extend(views.iter().zip(&self.health.nodes).filter_map(|(v, n)| {
+            v.why_not
+                .as_ref()
+                .filter(|_| v.backend.is_some())
+                .map(|w| format!("{}: {w}", n.endpoint))
+        }));
+        let names: Vec<String> = undecided
+            .iter()
+            .map(|&h| format!("`{}`", holds[h].0.key.name))
+            .collect();
+        let err = Error::connection(KIND, self.endpoint.clone(), format!(
+                "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
+                names.join(", "),
+                self.q(),
+                self.n(),
+                problems.join("; ")
+            ));
+        if undecided.len() == holds.len() {
+            return Err(err);
+        }
+        // The holds a majority decided get their outcomes; only the undecided ones are
+        // unconfirmed (retried by the watchdog, lost at their lease end if never confirmed).
+        tracing::warn!(backend = KIND, error = %err, "some renewals of the batch were not decided; the others went on; retrying soon, a lock is lost if its lease runs out first");
+        Ok(outcomes)
+    }
+
+    /// The nodes' renewals of `holds` as they come in (per node: whether it counts, and its
+    /// outcomes), until every hold is decided or every node answered. A batch stops waiting
+    /// before the watchdog drops the call, with what the nodes decided by then: a silent node
+    /// must not leave the holds the others decided unconfirmed. (One hold, an `extend`, has
+    /// nothing to keep apart: it waits for its nodes as any call.)
+    async fn count_renewals(
+        &self,
+        views: &[View],
+        answers: &mut Answers<Vec<RenewOutcome>>,
+        holds: &[(GrantRef, Duration)],
+        t: Duration,
+    ) -> (Vec<(bool, Option<Vec<RenewOutcome>>)>, Vec<String>) {
         let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
             views.iter().map(|v| (v.counts, None)).collect();
         let mut problems: Vec<String> = Vec::new();
-        // A batch answers before the watchdog drops the call, with what the nodes decided by
-        // then: a silent node must not leave the holds the others decided unconfirmed. (One
-        // hold, an `extend`, has nothing to keep apart: it waits for its nodes as any call.)
         let budget = (holds.len() > 1).then(|| self.health.opts.renew_timeout() * 3 / 4);
         let until = tokio::time::Instant::now() + budget.unwrap_or(t);
         loop {
@@ -272,20 +271,13 @@ impl Shared {
                 None => answers.next().await,
             };
             let Some((i, r)) = next else { break };
-            let node = &self.health.nodes[i];
-            match r {
-                Some(Ok(o)) if o.len() == holds.len() => per_node[i].1 = Some(o),
-                Some(Ok(_)) => problems.push(format!(
+            match self.answer(i, r, t, &mut problems) {
+                Some(o) if o.len() == holds.len() => per_node[i].1 = Some(o),
+                Some(_) => problems.push(format!(
                     "{}: renewed a batch of the wrong size",
-                    node.endpoint
+                    self.health.nodes[i].endpoint
                 )),
-                Some(Err(e)) => {
-                    if e.is_retryable() {
-                        node.suspect(format!("an error ({e})"));
-                    }
-                    problems.push(format!("{}: {e}", node.endpoint));
-                }
-                None => problems.push(format!("{}: no answer within {t:?}", node.endpoint)),
+                None => {}
             }
             if tally::renew_outcomes(&per_node, holds.len())
                 .iter()
@@ -294,50 +286,7 @@ impl Shared {
                 break;
             }
         }
-        let outcomes = tally::renew_outcomes(&per_node, holds.len());
-        verdict.send_replace(Some(
-            outcomes
-                .iter()
-                .map(|o| *o == Some(RenewOutcome::Renewed))
-                .collect(),
-        ));
-        finish_in_background(answers);
-        let undecided: Vec<&str> = holds
-            .iter()
-            .zip(&outcomes)
-            .filter(|(_, o)| o.is_none())
-            .map(|((g, _), _)| &*g.key.name)
-            .collect();
-        if undecided.is_empty() {
-            return Ok(outcomes.into_iter().flatten().collect());
-        }
-        problems.extend(views.iter().zip(&self.health.nodes).filter_map(|(v, n)| {
-            v.why_not
-                .as_ref()
-                .filter(|_| v.backend.is_some())
-                .map(|w| format!("{}: {w}", n.endpoint))
-        }));
-        let err = Error::connection(KIND, self.endpoint.clone(), format!(
-                "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
-                undecided
-                    .iter()
-                    .map(|n| format!("`{n}`"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                self.q(),
-                self.n(),
-                problems.join("; ")
-            ));
-        if undecided.len() == holds.len() {
-            return Err(err);
-        }
-        // The holds a majority decided get their outcomes; only the undecided ones are
-        // unconfirmed (retried by the watchdog, lost at their lease end if never confirmed).
-        tracing::warn!(backend = KIND, error = %err, "some renewals of the batch were not decided; the others went on; retrying soon, a lock is lost if its lease runs out first");
-        Ok(outcomes
-            .into_iter()
-            .map(|o| o.unwrap_or(RenewOutcome::Unconfirmed))
-            .collect())
+        (per_node, problems)
     }
 
     /// The lock or election as a majority of nodes sees it (the core checked the kind).
@@ -373,24 +322,17 @@ impl Shared {
         let mut problems = Vec::new();
         let mut outcome = None;
         while let Some((i, r)) = answers.next().await {
-            let node = &self.health.nodes[i];
-            match r {
-                Some(Ok(o)) if views[i].counts => match o {
+            match self.answer(i, r, t, &mut problems) {
+                Some(o) if views[i].counts => match o {
                     RenewOutcome::Renewed => renewed += 1,
                     _ => gone += 1,
                 },
-                Some(Ok(_)) => problems.push(format!(
+                Some(_) => problems.push(format!(
                     "{}: {}",
-                    node.endpoint,
+                    self.health.nodes[i].endpoint,
                     views[i].why_not.clone().unwrap_or_default()
                 )),
-                Some(Err(e)) => {
-                    if e.is_retryable() {
-                        node.suspect(format!("an error ({e})"));
-                    }
-                    problems.push(format!("{}: {e}", node.endpoint));
-                }
-                None => problems.push(format!("{}: no answer within {t:?}", node.endpoint)),
+                None => {}
             }
             if renewed >= q {
                 outcome = Some(RenewOutcome::Renewed);
@@ -420,20 +362,9 @@ impl Shared {
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
     /// majority, else a retryable error); see [`watch::ObserveWatch`].
     pub(crate) async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        let views = self.health.views();
-        let t = self.watch_timeout();
-        let got = join_all(views.iter().map(|v| {
-            let b = v.backend.clone();
-            async move {
-                let b = b?;
-                tokio::time::timeout(t, Backend::observe(b.backend(), name))
-                    .await
-                    .ok()?
-                    .ok()
-            }
-        }))
-        .await;
-        let watches: Vec<Box<dyn ReleaseWatch>> = got.into_iter().flatten().collect();
+        let watches = self
+            .watches(|b| async move { Backend::observe(b.backend(), name).await })
+            .await;
         let q = self.q();
         if watches.len() < q {
             return Err(Error::connection(
@@ -447,6 +378,87 @@ impl Shared {
             ));
         }
         Ok(Box::new(watch::ObserveWatch::new(watches, q)))
+    }
+}
+
+/// Node `b`'s release of `grant`. A hold of the grant's attempt under another token here (its
+/// vote came in after the decision, before the raise reached it) is part of this very grant —
+/// attempt ids are unique —: it counts as nothing to release for the majority, and is
+/// released too once `decided` says a majority released the grant.
+async fn release_node(
+    b: Arc<RedisNode>,
+    grant: GrantRef,
+    t: Duration,
+    mut decided: tokio::sync::watch::Receiver<bool>,
+) -> Result<ReleaseOutcome> {
+    let (name, kind, attempt) = (&grant.key.name, grant.key.kind, &grant.attempt);
+    if let Ok(o) = b.release(name, kind, attempt, Some(grant.token)).await? {
+        return Ok(o);
+    }
+    tokio::spawn(async move {
+        // Ends as soon as the release is decided either way (the sender goes away with the
+        // call).
+        let released = matches!(
+            tokio::time::timeout(t, decided.wait_for(|v| *v)).await,
+            Ok(Ok(_))
+        );
+        if released {
+            let (name, kind, attempt) = (&grant.key.name, grant.key.kind, &grant.attempt);
+            let _ = tokio::time::timeout(t, b.release(name, kind, attempt, None)).await;
+        }
+    });
+    // Not this grant's address here (yet): as far as the majority goes, nothing to release.
+    Ok(ReleaseOutcome::Expired)
+}
+
+/// Node `b`'s renewal of `holds`, as the majority counts it. A hold of a grant's attempt under
+/// another token here (its vote came in after the decision, and the raise did not reach it) is
+/// `NotHeld` for the majority; it holds part of that very grant — attempt ids are unique — so
+/// once `decided` says which grants a majority renewed, those rejoin their grant here: raised
+/// to the grant's token and renewed (see [`rejoin`]).
+async fn renew_node(
+    b: Arc<RedisNode>,
+    holds: Vec<(GrantRef, Duration)>,
+    t: Duration,
+    decided: tokio::sync::watch::Receiver<Option<Vec<bool>>>,
+) -> Result<Vec<RenewOutcome>> {
+    let outs = b.renew(&holds).await?;
+    let behind: Vec<usize> = (0..outs.len()).filter(|&h| outs[h].is_err()).collect();
+    if !behind.is_empty() {
+        tokio::spawn(rejoin(b, holds, behind, t, decided));
+    }
+    Ok(outs
+        .into_iter()
+        .map(|o| o.unwrap_or(RenewOutcome::NotHeld))
+        .collect())
+}
+
+/// The holds `behind` (indexes into `holds`) of node `b` that a majority renewed: raised to
+/// their grant's token, then renewed together (one script).
+async fn rejoin(
+    b: Arc<RedisNode>,
+    holds: Vec<(GrantRef, Duration)>,
+    behind: Vec<usize>,
+    t: Duration,
+    mut decided: tokio::sync::watch::Receiver<Option<Vec<bool>>>,
+) {
+    let renewed = match tokio::time::timeout(t, decided.wait_for(Option::is_some)).await {
+        Ok(Ok(v)) => v.clone().unwrap_or_default(),
+        _ => return,
+    };
+    let mut rejoined = Vec::new();
+    for h in behind
+        .into_iter()
+        .filter(|&h| renewed.get(h) == Some(&true))
+    {
+        let (g, _) = &holds[h];
+        let raised = b.raise_fence(&g.key.name, g.key.kind, &g.attempt, g.token);
+        if let Ok(Ok(Some(_))) = tokio::time::timeout(t, raised).await {
+            rejoined.push(holds[h].clone());
+        }
+    }
+    if !rejoined.is_empty() {
+        let _ = tokio::time::timeout(t, b.renew(&rejoined)).await;
     }
 }
 

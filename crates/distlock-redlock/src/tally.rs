@@ -6,7 +6,7 @@
 
 use distlock_core::backend::RenewOutcome;
 use distlock_core::ReleaseOutcome;
-use distlock_redis::QuorumReply;
+use distlock_redis::{QuorumReply, QuorumVote};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -36,6 +36,29 @@ pub struct Ballot {
 }
 
 impl Ballot {
+    /// A node asked whose vote is not in (or that failed in a way that may have run): it may
+    /// have granted (given back if the attempt does not win), and does not count.
+    pub fn unknown() -> Ballot {
+        Ballot {
+            maybe_granted: true,
+            ..Ballot::default()
+        }
+    }
+
+    /// The ballot of vote `v` from a node that `counts` in this client's view: it counts when
+    /// the node does and the vote itself shows nothing suspicious (scripts loaded again, a
+    /// restart quarantine by the node's own clock). An epoch mismatch is no ballot.
+    pub fn of(v: &QuorumVote, counts: bool) -> Ballot {
+        if v.reply == QuorumReply::EpochMismatch {
+            return Ballot::default();
+        }
+        Ballot {
+            reply: Some(v.reply),
+            counted: counts && !v.scripts_reloaded && v.quarantine.is_none(),
+            maybe_granted: false,
+        }
+    }
+
     fn counted_reply(&self) -> Option<QuorumReply> {
         self.reply.filter(|_| self.counted)
     }
@@ -218,6 +241,24 @@ pub fn confirmations(ballots: &[Ballot], token: u64, raised: &[Option<bool>]) ->
         .count()
 }
 
+/// How many counted nodes confirm the grant `decision` gives (after the raises, `raised`, see
+/// [`confirmations`]): a grant that stands was confirmed by a majority when it was made (its
+/// token is on a majority: [`Decision::Again`]); a fresh one is confirmed now; 0 for no grant.
+pub fn confirmed(decision: Decision, ballots: &[Ballot], raised: &[Option<bool>]) -> usize {
+    match decision {
+        Decision::Again { .. } => quorum(ballots.len()),
+        Decision::Fresh { token } => confirmations(ballots, token, raised),
+        _ => 0,
+    }
+}
+
+/// How many nodes released the grant.
+pub fn released(outs: &[Option<ReleaseOutcome>]) -> usize {
+    outs.iter()
+        .filter(|o| **o == Some(ReleaseOutcome::Released))
+        .count()
+}
+
 /// Combines the nodes' release outcomes (`None`: no answer). `Err(answered)` when neither a
 /// majority answered nor a majority released.
 pub fn release_outcome(outs: &[Option<ReleaseOutcome>]) -> Result<ReleaseOutcome, usize> {
@@ -271,6 +312,19 @@ pub fn renew_outcomes(
             }
         })
         .collect()
+}
+
+/// A batch's outcomes from the per-hold decisions ([`renew_outcomes`]): the undecided holds are
+/// `Unconfirmed` (retried by the watchdog); also their indexes.
+pub fn renew_batch(outcomes: &[Option<RenewOutcome>]) -> (Vec<RenewOutcome>, Vec<usize>) {
+    let undecided = (0..outcomes.len())
+        .filter(|&h| outcomes[h].is_none())
+        .collect();
+    let outs = outcomes
+        .iter()
+        .map(|o| o.unwrap_or(RenewOutcome::Unconfirmed))
+        .collect();
+    (outs, undecided)
 }
 
 /// The last token handed out for a name, as far as the `counters` of the nodes that answered
@@ -491,6 +545,41 @@ mod tests {
     }
 
     #[test]
+    fn ballots_of_votes() {
+        let g = Granted { counter: 4 };
+        assert_eq!(Ballot::of(&QuorumVote::new(g), true), b(g));
+        assert!(!Ballot::of(&QuorumVote::new(g), false).counted);
+        // A node in quarantine by its own clock, or one that had forgotten its scripts
+        // (restarted?), does not count, whatever this client thought of it.
+        let mut v = QuorumVote::new(g);
+        v.quarantine = Some(Duration::from_secs(1));
+        assert!(!Ballot::of(&v, true).counted);
+        let mut v = QuorumVote::new(g);
+        v.scripts_reloaded = true;
+        let ballot = Ballot::of(&v, true);
+        assert!(!ballot.counted && ballot.granted() && !ballot.maybe_granted);
+        // An epoch mismatch changed nothing on the node: no ballot at all.
+        assert_eq!(Ballot::of(&QuorumVote::new(EpochMismatch), true), none());
+        let u = Ballot::unknown();
+        assert!(u.maybe_granted && !u.counted && u.reply.is_none());
+    }
+
+    #[test]
+    fn confirmed_grants() {
+        let g = b(Granted { counter: 9 });
+        let ballots = [g, b(Granted { counter: 7 }), g, none(), none()];
+        let fresh = Decision::Fresh { token: 9 };
+        assert_eq!(confirmed(fresh, &ballots, &[]), 2);
+        let raised = [None, Some(true), None, None, None];
+        assert_eq!(confirmed(fresh, &ballots, &raised), 3);
+        // A grant that stands was confirmed by a majority when it was made.
+        let h = holds(9, 9);
+        let ballots = [h, h, h, none(), none()];
+        assert_eq!(confirmed(Decision::Again { token: 9 }, &ballots, &[]), 3);
+        assert_eq!(confirmed(Decision::Split, &ballots, &[]), 0);
+    }
+
+    #[test]
     fn release_majorities() {
         use ReleaseOutcome::*;
         assert_eq!(
@@ -510,10 +599,9 @@ mod tests {
             release_outcome(&[Some(TakenByOther), Some(TakenByOther), None]),
             Ok(TakenByOther)
         );
-        assert_eq!(
-            release_outcome(&[Some(Released), None, None, None, Some(Released)]),
-            Err(2)
-        );
+        let two = [Some(Released), None, None, None, Some(Released)];
+        assert_eq!(release_outcome(&two), Err(2));
+        assert_eq!(released(&two), 2);
     }
 
     #[test]
@@ -526,9 +614,11 @@ mod tests {
             (true, None),
             (true, Some(vec![Renewed, Renewed, NotHeld])),
         ];
+        let outcomes = renew_outcomes(&per_node, 3);
+        assert_eq!(outcomes, vec![Some(Renewed), None, Some(NotHeld)]);
         assert_eq!(
-            renew_outcomes(&per_node, 3),
-            vec![Some(Renewed), None, Some(NotHeld)]
+            renew_batch(&outcomes),
+            (vec![Renewed, Unconfirmed, NotHeld], vec![1])
         );
     }
 

@@ -26,7 +26,7 @@
 //! | `NS:{NAME}:rlq:ttl` | zset `ATTEMPT -> expiry ms` (server clock) | when each waiter leaves the queue unless it refreshes |
 //! | `NS:{NAME}:waiters` | hash `>ATTEMPT -> wake channel`; PEXPIRE ≥ waiter ttl | where each queued waiter's client listens: its turn is told there as `h 0 ATTEMPT` (token 0: no grant), to it alone |
 //! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node has not lost its data since it was (re)initialised; UNTIL_MS ends its quarantine (server clock) |
-//! | `NS:redlock:horizon` | string, PX = longest lease that may still run | how long a quarantine must last if another node's data is lost |
+//! | `NS:redlock:horizon` | string, PX ≥ longest lease that may still run (a vote sets an eighth more) | how long a quarantine must last if another node's data is lost |
 //!
 //! An election (`LockKind::Election`) has the same layout under `NS:{NAME}:election` (the
 //! hold, with the leader's `value` and its proclamation number `seq` as extra fields),
@@ -141,6 +141,9 @@ struct QuorumKeys {
 /// each step one round trip. `distlock-redlock` is built from these; the quorum logic is there.
 pub struct RedisNode {
     b: RedisBackend,
+    /// `NS:redlock:epoch` and `NS:redlock:horizon`: see the module docs.
+    epoch_key: String,
+    horizon_key: String,
 }
 
 impl RedisNode {
@@ -153,8 +156,11 @@ impl RedisNode {
     /// # Cancel safety
     /// As [`RedisBackend::connect`].
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
+        let b = RedisBackend::connect(url, opts).await?;
         Ok(RedisNode {
-            b: RedisBackend::connect(url, opts).await?,
+            epoch_key: format!("{}:redlock:epoch", b.namespace),
+            horizon_key: format!("{}:redlock:horizon", b.namespace),
+            b,
         })
     }
 
@@ -201,16 +207,6 @@ impl RedisNode {
         }
     }
 
-    /// `NS:redlock:epoch`: see the module docs.
-    fn epoch_key(&self) -> String {
-        format!("{}:redlock:epoch", self.b.namespace)
-    }
-
-    /// `NS:redlock:horizon`: see the module docs.
-    fn horizon_key(&self) -> String {
-        format!("{}:redlock:horizon", self.b.namespace)
-    }
-
     /// Redlock's kinds: the mutex and the election (the same message as the core's check of
     /// Redlock's capabilities).
     fn check_kind(kind: LockKind) -> Result<()> {
@@ -224,14 +220,16 @@ impl RedisNode {
         Self::check_kind(kind)?;
         let election = kind == LockKind::Election;
         let base = RedisBackend::base(election);
+        // Each key in one allocation (built on every request; see `RedisBackend::key_of`).
+        let key = |suffix: &str| self.b.key_of(name, &[base, suffix]);
         Ok(QuorumKeys {
-            lock: self.b.key(name, base),
-            fence: self.b.mutex_fence_key(name, election),
-            queue: self.b.key(name, &format!("{base}:rlq")),
-            ttl: self.b.key(name, &format!("{base}:rlq:ttl")),
-            waiters: self.b.key(name, &format!("{base}:waiters")),
-            channel: self.b.mutex_channel(name, election),
-            observe: election.then(|| self.b.observe_channel(name)),
+            lock: key(""),
+            fence: key(":fence"),
+            queue: key(":rlq"),
+            ttl: key(":rlq:ttl"),
+            waiters: key(":waiters"),
+            channel: key(":released"),
+            observe: election.then(|| key(":observe")),
         })
     }
 
@@ -307,7 +305,7 @@ impl RedisNode {
     ) -> Result<QuorumVote> {
         let k = self.quorum_keys(&key.name, key.kind)?;
         let s = quorum_scripts();
-        let (ek, hk) = (self.epoch_key(), self.horizon_key());
+        let (ek, hk) = (&self.epoch_key, &self.horizon_key);
         let (wttl, place, wake) = match queue {
             Some((ttl, place)) => (
                 lease_ms(ttl.max(Duration::from_millis(1))),
@@ -338,7 +336,7 @@ impl RedisNode {
             .run_quorum(
                 &s.acquire,
                 &[
-                    &k.lock, &k.fence, &ek, &hk, &k.queue, &k.ttl, &ended, &k.waiters,
+                    &k.lock, &k.fence, ek, hk, &k.queue, &k.ttl, &ended, &k.waiters,
                 ],
                 &args,
             )
@@ -580,7 +578,7 @@ impl RedisNode {
             return Ok(Vec::new());
         }
         let s = quorum_scripts();
-        let hk = self.horizon_key();
+        let hk = &self.horizon_key;
         let mut pipe = redis::pipe();
         for chunk in holds.chunks(crate::renew::PER_SCRIPT) {
             let mut keys = Vec::with_capacity(1 + chunk.len());
@@ -694,7 +692,7 @@ impl RedisNode {
                 .cmd("INFO")
                 .arg("server")
                 .cmd("GET")
-                .arg(self.epoch_key())
+                .arg(&self.epoch_key)
                 .cmd("TIME")
                 .query_async(&mut con)
                 .await
@@ -716,7 +714,7 @@ impl RedisNode {
     pub async fn lease_horizon(&self) -> Result<Option<Duration>> {
         let mut con = self.b.con.get();
         let pttl: i64 = redis::cmd("PTTL")
-            .arg(self.horizon_key())
+            .arg(&self.horizon_key)
             .query_async(&mut con)
             .await
             .map_err(|e| self.b.err(e))?;
@@ -743,12 +741,12 @@ impl RedisNode {
         run_id: &str,
         quarantine: Duration,
     ) -> Result<std::result::Result<(String, u64), String>> {
-        let ek = self.epoch_key();
+        let ek = &self.epoch_key;
         let q = quarantine.as_millis().to_string();
         let (v, _) = self
             .run_quorum(
                 &quorum_scripts().epoch,
-                &[&ek],
+                &[ek],
                 &["create", prefix, run_id, &q],
             )
             .await?;
@@ -785,8 +783,8 @@ impl RedisNode {
     /// Dropping it may leave the epoch deleted or not; calling it again has the effect of
     /// one call (it deletes only the epoch with `value`).
     pub async fn drop_epoch(&self, value: &str) -> Result<()> {
-        let ek = self.epoch_key();
-        self.run_quorum(&quorum_scripts().epoch, &[&ek], &["drop", value, "", "0"])
+        let ek = &self.epoch_key;
+        self.run_quorum(&quorum_scripts().epoch, &[ek], &["drop", value, "", "0"])
             .await
             .map(|_| ())
     }

@@ -59,6 +59,19 @@ pub struct QuorumVote {
     pub first: bool,
 }
 
+impl QuorumVote {
+    /// A vote with `reply` and nothing else to tell: no quarantine, scripts in place, not
+    /// first in a queue (for tests and tools that tally votes).
+    pub fn new(reply: QuorumReply) -> Self {
+        QuorumVote {
+            reply,
+            quarantine: None,
+            scripts_reloaded: false,
+            first: false,
+        }
+    }
+}
+
 /// One node's hold of a Redlock lock, as [`RedisNode::hold`](crate::RedisNode::hold) reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
