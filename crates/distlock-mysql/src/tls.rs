@@ -72,7 +72,7 @@ impl fmt::Display for SslMode {
 
 /// How to talk TLS to the server: the URL's `ssl-mode=`, `ssl-ca=`, `ssl-cert=` and
 /// `ssl-key=` (MySQL's option names; `ssl_mode` etc. work too), or the same in code
-/// ([`MysqlBuilder::tls`](crate::MysqlBuilder::tls)).
+/// ([`MysqlBuilderExt::tls`](crate::MysqlBuilderExt::tls)).
 ///
 /// Files are read when the backend connects: PEM (or DER) certificates; the key PEM in
 /// PKCS#8, PKCS#1 or SEC1. No PKCS#12 bundles, no `ssl-capath`, `ssl-crl` or `ssl-cipher`
