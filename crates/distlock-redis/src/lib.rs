@@ -533,6 +533,79 @@ impl RedisBackend {
             .map_err(|e| self.err(e))
     }
 
+    /// The native acquire script of `req`'s family, with its keys and arguments.
+    fn acquire_cmd(&self, req: &AcquireRequest) -> Result<redis::Cmd> {
+        let waiter_ttl = req
+            .waiter_ttl
+            .map_or(0, |t| t.as_millis().max(1) as u64)
+            .to_string();
+        let lease = lease_ms(req.lease);
+        let attempt = req.attempt.as_str();
+        let owner: &str = &req.key.owner;
+        // Every acquire script refuses an attempt whose end record exists (see `ended`).
+        let ended = self.ended_key(&req.key.name, &req.attempt);
+        Ok(match family(req.key.kind)? {
+            Family::Mutex { fair, election } => {
+                // acquire.lua: the lock hash and the attempt's end record (its counter, queue
+                // and waiter data are named after the hash in the script); the queueing paths'
+                // arguments packed as TTL:FAIR:WAKE.
+                let hash = self.key_of(&req.key.name, &[Self::base(election)]);
+                let waits = [
+                    waiter_ttl.as_str(),
+                    if fair { ":1:" } else { ":0:" },
+                    self.wake(req),
+                ]
+                .concat();
+                let mut args = vec![attempt, owner, &lease, &waits];
+                let observe;
+                if election {
+                    observe = self.observe_channel(&req.key.name);
+                    args.extend([req.value.as_deref().unwrap_or_default(), &observe]);
+                }
+                self.scripts.acquire.cmd(&[&hash, &ended], &args)
+            }
+            Family::Rw { side } => {
+                let keys = self.rw_keys(&req.key.name);
+                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                keys.push(&ended);
+                // The downgrade is addressed by the write grant itself, not by owner equality.
+                let (w_attempt, w_token) = match (&req.write_grant, side) {
+                    (Some(g), "r") => (g.attempt.as_str(), g.token.to_string()),
+                    _ => ("", String::new()),
+                };
+                self.scripts.rw_acquire.cmd(
+                    &keys,
+                    &[
+                        attempt,
+                        owner,
+                        &lease,
+                        &waiter_ttl,
+                        side,
+                        w_attempt,
+                        &w_token,
+                    ],
+                )
+            }
+            Family::Sem { permits, limit } => {
+                let keys = self.sem_keys(&req.key.name);
+                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                keys.push(&ended);
+                self.scripts.sem_acquire.cmd(
+                    &keys,
+                    &[
+                        attempt,
+                        owner,
+                        &lease,
+                        &waiter_ttl,
+                        &permits.to_string(),
+                        &limit.to_string(),
+                        &self.channel(&req.key.name),
+                    ],
+                )
+            }
+        })
+    }
+
     /// Runs an acquire script. With `?wait_replicas=N` the `WAIT` rides in the same round trip:
     /// pipelined right behind the script on this connection, it waits until N replicas have
     /// every write this connection made up to it, which includes the grant (a fresh grant, or
@@ -659,6 +732,41 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
+/// What a native acquire script's reply `v` says about `req`: granted (the token), held, or
+/// refused (an upgrade of a read grant, a permit count changed by `set_permits`).
+fn acquire_outcome(req: &AcquireRequest, v: &Value) -> Result<AcquireReply> {
+    let reply = match req.key.kind {
+        LockKind::Mutex | LockKind::Fair | LockKind::Election => contended::acquire_reply(v)?,
+        _ => pair("acquire", v)?,
+    };
+    match reply {
+        (1, token) if token > 0 => Ok(AcquireReply::Granted {
+            token: token as u64,
+        }),
+        (0, pttl) => Ok(AcquireReply::Held {
+            ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+        }),
+        (-1, _) => Err(Error::invalid(format!(
+            "owner `{}` holds the read side of `{}` and asked for the write side: an upgrade \
+             would deadlock with other readers doing the same; release the read lock first",
+            req.key.owner, req.key.name
+        ))),
+        (-2, server) => {
+            let (permits, limit) = match req.key.kind {
+                LockKind::Semaphore { permits, limit } => (permits, limit),
+                _ => (0, 0),
+            };
+            Err(Error::invalid(format!(
+                "cannot take {permits} permits of semaphore `{}`: the server's permit count \
+                 is {server} (this handle was made with {limit}; the count was changed with \
+                 set_permits)",
+                req.key.name
+            )))
+        }
+        _ => Err(shape("acquire", v)),
+    }
+}
+
 fn pair(what: &str, v: &Value) -> Result<(i64, i64)> {
     match v {
         Value::Array(items) if items.len() == 2 => match (int(&items[0]), int(&items[1])) {
@@ -709,111 +817,16 @@ impl Backend for RedisBackend {
         if let Some(l) = &self.dialect {
             return dialect::acquire(self, l, req).await;
         }
-        let waiter_ttl = req
-            .waiter_ttl
-            .map_or(0, |t| t.as_millis().max(1) as u64)
-            .to_string();
-        let lease = lease_ms(req.lease);
-        let attempt = req.attempt.as_str();
-        let owner: &str = &req.key.owner;
-        // Every acquire script refuses an attempt whose end record exists (see `ended`).
-        let ended = self.ended_key(&req.key.name, &req.attempt);
-        let cmd = match family(req.key.kind)? {
-            Family::Mutex { fair, election } => {
-                // acquire.lua: the lock hash and the attempt's end record (its counter, queue
-                // and waiter data are named after the hash in the script); the queueing paths'
-                // arguments packed as TTL:FAIR:WAKE.
-                let hash = self.key_of(&req.key.name, &[Self::base(election)]);
-                let waits = [
-                    waiter_ttl.as_str(),
-                    if fair { ":1:" } else { ":0:" },
-                    self.wake(req),
-                ]
-                .concat();
-                let mut args = vec![attempt, owner, &lease, &waits];
-                let observe;
-                if election {
-                    observe = self.observe_channel(&req.key.name);
-                    args.extend([req.value.as_deref().unwrap_or_default(), &observe]);
-                }
-                self.scripts.acquire.cmd(&[&hash, &ended], &args)
-            }
-            Family::Rw { side } => {
-                let keys = self.rw_keys(&req.key.name);
-                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                keys.push(&ended);
-                // The downgrade is addressed by the write grant itself, not by owner equality.
-                let (w_attempt, w_token) = match (&req.write_grant, side) {
-                    (Some(g), "r") => (g.attempt.as_str(), g.token.to_string()),
-                    _ => ("", String::new()),
-                };
-                self.scripts.rw_acquire.cmd(
-                    &keys,
-                    &[
-                        attempt,
-                        owner,
-                        &lease,
-                        &waiter_ttl,
-                        side,
-                        w_attempt,
-                        &w_token,
-                    ],
-                )
-            }
-            Family::Sem { permits, limit } => {
-                let keys = self.sem_keys(&req.key.name);
-                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                keys.push(&ended);
-                self.scripts.sem_acquire.cmd(
-                    &keys,
-                    &[
-                        attempt,
-                        owner,
-                        &lease,
-                        &waiter_ttl,
-                        &permits.to_string(),
-                        &limit.to_string(),
-                        &self.channel(&req.key.name),
-                    ],
-                )
-            }
-        };
+        let cmd = self.acquire_cmd(req)?;
         let sent = self.unanswered.sent(&req.attempt);
         let (v, acked) = self.eval_acquire(&cmd).await?;
         sent.answered();
-        let reply = match req.key.kind {
-            LockKind::Mutex | LockKind::Fair | LockKind::Election => contended::acquire_reply(&v)?,
-            _ => pair("acquire", &v)?,
-        };
-        match reply {
-            (1, token) if token > 0 => {
-                let token = token as u64;
-                self.confirm_replicas(&req.grant(token), acked).await?;
-                self.handoff_after.granted(req.key.kind, &req.attempt);
-                Ok(AcquireReply::Granted { token })
-            }
-            (0, pttl) => Ok(AcquireReply::Held {
-                ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
-            }),
-            (-1, _) => Err(Error::invalid(format!(
-                "owner `{}` holds the read side of `{}` and asked for the write side: an upgrade \
-                 would deadlock with other readers doing the same; release the read lock first",
-                req.key.owner, req.key.name
-            ))),
-            (-2, server) => {
-                let (permits, limit) = match req.key.kind {
-                    LockKind::Semaphore { permits, limit } => (permits, limit),
-                    _ => (0, 0),
-                };
-                Err(Error::invalid(format!(
-                    "cannot take {permits} permits of semaphore `{}`: the server's permit count \
-                     is {server} (this handle was made with {limit}; the count was changed with \
-                     set_permits)",
-                    req.key.name
-                )))
-            }
-            _ => Err(shape("acquire", &v)),
+        let reply = acquire_outcome(req, &v)?;
+        if let AcquireReply::Granted { token } = &reply {
+            self.confirm_replicas(&req.grant(*token), acked).await?;
+            self.handoff_after.granted(req.key.kind, &req.attempt);
         }
+        Ok(reply)
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
