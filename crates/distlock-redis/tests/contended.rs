@@ -7,7 +7,7 @@ mod common;
 
 use common::{acquired, client_for, released};
 
-use distlock_core::{Client, ClientOptions};
+use distlock_core::{Client, ClientOptions, LockGuard};
 use distlock_redis::{DEFAULT_HANDOFF_AFTER, MAX_HANDOFF_AFTER};
 use distlock_testkit::conformance::{fast_opts, unique_name};
 use distlock_testkit::{DelayProxy, RedisServer};
@@ -48,6 +48,34 @@ fn holder(server: &RedisServer, name: &str) -> String {
         .expect("HGET")
 }
 
+/// Releases `g` while one waiter is queued and checks the release sent one wake-up, `w
+/// ATTEMPT` (the lock freed for whoever asks first; `handed` is the failure otherwise); then
+/// `barger` takes the free lock and holds it.
+async fn woken_and_barged(
+    server: &RedisServer,
+    g: LockGuard,
+    barger: &Client,
+    name: &str,
+    handed: &str,
+) -> LockGuard {
+    let mut spy = server.spy("dlock:wake:*").expect("spy");
+    released(g).await;
+    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
+    assert_eq!(
+        seen.len(),
+        1,
+        "one wake-up, for the oldest waiter: {seen:?}"
+    );
+    assert!(seen[0].1.starts_with("w "), "{handed}: {seen:?}");
+    barger
+        .lock(name)
+        .expect("lock")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("the barger did not get the free lock")
+}
+
 /// The oldest waiter has waited less than `handoff_after`: the release frees the lock and
 /// wakes that waiter alone (`w ATTEMPT`, no handoff), and a barger that asks first gets it
 /// while the waiter — slowed by a proxy — stays queued in its place; it gets the lock at the
@@ -69,25 +97,14 @@ async fn a_young_waiter_is_woken_and_a_barger_takes_the_free_lock() {
     queued(&server, &name, 1).await;
     // The waiter's next request (after its wake-up) comes 300 ms late.
     proxy.set_request_delay(Duration::from_millis(300));
-    let mut spy = server.spy("dlock:wake:*").expect("spy");
-    released(g).await;
-    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
-    assert_eq!(
-        seen.len(),
-        1,
-        "one wake-up, for the oldest waiter: {seen:?}"
-    );
-    assert!(
-        seen[0].1.starts_with("w "),
-        "the young waiter was woken, not handed the lock: {seen:?}"
-    );
-    let got = barger
-        .lock(&name)
-        .expect("lock")
-        .try_acquire()
-        .await
-        .expect("try");
-    let got = got.expect("the barger did not get the free lock");
+    let got = woken_and_barged(
+        &server,
+        g,
+        &barger,
+        &name,
+        "the young waiter was woken, not handed the lock",
+    )
+    .await;
     // The woken waiter asked too late: still queued, not holding.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
@@ -276,25 +293,7 @@ async fn the_adaptive_threshold_lets_a_barger_pass_a_waiter_younger_than_the_rec
     proxy.set_request_delay(Duration::from_millis(300));
     // Older than the old default, younger than the adaptive threshold.
     tokio::time::sleep(DEFAULT_HANDOFF_AFTER * 2).await;
-    let mut spy = server.spy("dlock:wake:*").expect("spy");
-    released(g).await;
-    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
-    assert_eq!(
-        seen.len(),
-        1,
-        "one wake-up, for the oldest waiter: {seen:?}"
-    );
-    assert!(
-        seen[0].1.starts_with("w "),
-        "the waiter was handed the lock: {seen:?}"
-    );
-    let got = barger
-        .lock(&name)
-        .expect("lock")
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("the barger did not get the free lock");
+    let got = woken_and_barged(&server, g, &barger, &name, "the waiter was handed the lock").await;
     proxy.set_request_delay(Duration::ZERO);
     released(got).await;
     let w = tokio::time::timeout(Duration::from_secs(10), wait)
