@@ -797,6 +797,22 @@ fn main() -> Res<()> {
 }
 
 async fn bench(args: Args) -> Res<()> {
+    if let Some(path) = &args.svg {
+        // Checked before the run, not after it: cargo runs a bench in its crate's directory, so
+        // a relative FILE is taken from crates/distlock-lab.
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| {
+                format!(
+                    "--svg {}: cannot write it ({e}); a relative path is taken from {} (cargo \
+                     runs benches in the crate's directory): give an absolute path",
+                    path.display(),
+                    std::env::current_dir().unwrap_or_default().display()
+                )
+            })?;
+    }
     let quick = args.quick;
     let run = Duration::from_secs(if quick { 1 } else { 5 });
     let observe = if quick {
