@@ -48,6 +48,16 @@ fn holder(server: &RedisServer, name: &str) -> String {
         .expect("HGET")
 }
 
+/// The queued waiter's acquisition ends with the lock within 10 s; it is released.
+async fn served(wait: tokio::task::JoinHandle<distlock_core::Result<LockGuard>>) {
+    let w = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("the waiter was never served")
+        .expect("join")
+        .expect("acquired");
+    released(w).await;
+}
+
 /// Releases `g` while one waiter is queued and checks the release sent one wake-up, `w
 /// ATTEMPT` (the lock freed for whoever asks first; `handed` is the failure otherwise); then
 /// `barger` takes the free lock and holds it.
@@ -120,12 +130,7 @@ async fn a_young_waiter_is_woken_and_a_barger_takes_the_free_lock() {
     );
     proxy.set_request_delay(Duration::ZERO);
     released(got).await;
-    let w = tokio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .expect("the waiter was never served")
-        .expect("join")
-        .expect("acquired");
-    released(w).await;
+    served(wait).await;
 }
 
 /// Once the oldest waiter has waited `handoff_after`, the release hands the lock to it (`h
@@ -296,12 +301,7 @@ async fn the_adaptive_threshold_lets_a_barger_pass_a_waiter_younger_than_the_rec
     let got = woken_and_barged(&server, g, &barger, &name, "the waiter was handed the lock").await;
     proxy.set_request_delay(Duration::ZERO);
     released(got).await;
-    let w = tokio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .expect("the waiter was never served")
-        .expect("join")
-        .expect("acquired");
-    released(w).await;
+    served(wait).await;
 }
 
 /// The adaptive threshold never passes its ceiling: after holds far longer than it (so
