@@ -17,7 +17,13 @@ local function now_ms()
   return c[1] * 1000 + math.floor(c[2] / 1000)
 end
 -- Its waiter data is written with the queue entry and removed with it: no entry, no data.
+-- `rank` (the attempt's ZRANK, when the script read it) spares the ZREM of an attempt that is
+-- not queued.
+local rank
 local function dequeue()
+  if rank == false then
+    return
+  end
   if queues and redis.call('zrem', queue, attempt) == 1 then
     redis.call('hdel', waiters, attempt, '>' .. attempt)
   end
@@ -69,10 +75,21 @@ if not held[1] and redis.call('exists', KEYS[1]) == 0 then
   -- the end record).
   free, queued = true, true
 end
-if queued and fair == '1' then
-  local head = live_head(now_ms())
-  if head and head ~= attempt then
-    free = false
+if queued then
+  -- A fair lock's free lock goes to its oldest live waiter. A plain mutex's goes to whoever
+  -- asks first (the contended mode, see release.lua), but a queued waiter keeps its place: it
+  -- does not pass the live waiters queued before it (the release woke the oldest; a heartbeat
+  -- of one behind it must not take the lock from under it). Only a newcomer barges.
+  local behind = fair == '1'
+  if not behind and queues then
+    rank = redis.call('zrank', queue, attempt)
+    behind = rank and rank > 0
+  end
+  if behind then
+    local head = live_head(now_ms())
+    if head and head ~= attempt then
+      free = false
+    end
   end
 end
 if free then

@@ -43,9 +43,14 @@ async fn queued(server: &RedisServer, name: &str, n: usize) {
 
 /// The attempt id the grant hash of mutex `name` names ("" when free).
 fn holder(server: &RedisServer, name: &str) -> String {
-    server
+    let attempt = server
         .command(&["HGET", &format!("dlock:{{{name}}}"), "attempt"])
-        .expect("HGET")
+        .expect("HGET");
+    if attempt == "(nil)" {
+        String::new()
+    } else {
+        attempt
+    }
 }
 
 /// The queued waiter's acquisition ends with the lock within 10 s; it is released.
@@ -131,6 +136,59 @@ async fn a_young_waiter_is_woken_and_a_barger_takes_the_free_lock() {
     proxy.set_request_delay(Duration::ZERO);
     released(got).await;
     served(wait).await;
+}
+
+/// A queued waiter keeps its place: the release wakes the oldest waiter alone, and while that
+/// one's next request is on its way (600 ms late through a proxy) the heartbeats of a waiter
+/// queued behind it (every 100 ms: its lease is 400 ms) find the lock free and leave it — only
+/// a newcomer barges. The oldest is served first, then the other. (Before, the second waiter's
+/// heartbeat took the lock the release had freed: 'a waiter queued behind the oldest took the
+/// free lock'; a test that then waited for the oldest while the second held on hung.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiter_does_not_pass_the_one_queued_before_it() {
+    let server = RedisServer::start().expect("redis");
+    let url = with_handoff_after(&server.url(), "10s");
+    let (holder_c, _) = client_for(&url, opts()).await;
+    let (second_c, _) = client_for(&url, opts()).await;
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let slow_url = with_handoff_after(&format!("redis://127.0.0.1:{}", proxy.port()), "10s");
+    let (first_c, _) = client_for(&slow_url, opts()).await;
+    let name = unique_name("keeps-place");
+    let g = acquired(&holder_c, &name).await;
+    let lock = first_c.lock(&name).expect("lock");
+    let first = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    queued(&server, &name, 1).await;
+    let lock = second_c
+        .lock(&name)
+        .expect("lock")
+        .lease(Duration::from_millis(400))
+        .expect("lease");
+    let second = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    queued(&server, &name, 2).await;
+    proxy.set_request_delay(Duration::from_millis(600));
+    let mut spy = server.spy("dlock:wake:*").expect("spy");
+    released(g).await;
+    let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
+    assert!(
+        seen.len() == 1 && seen[0].1.starts_with("w "),
+        "the release frees the lock and wakes the oldest: {seen:?}"
+    );
+    // Several heartbeats of the second waiter while the first's request is delayed.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let now = holder(&server, &name);
+    assert!(
+        !second.is_finished() && now.is_empty(),
+        "a waiter queued behind the oldest took the free lock: held by {now:?}"
+    );
+    proxy.set_request_delay(Duration::ZERO);
+    let w = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the oldest waiter was never served")
+        .expect("join")
+        .expect("acquired");
+    assert!(!second.is_finished(), "two holders");
+    released(w).await;
+    served(second).await;
 }
 
 /// Once the oldest waiter has waited `handoff_after`, the release hands the lock to it (`h
