@@ -6,28 +6,46 @@
 -- still decided by the majority in the client, so a queue that differs between nodes can cost
 -- a round, never a second holder. Waiters carry their place (SCORE, the same on every node),
 -- so every node orders the waiters it has the same way.
+-- Lean on purpose, as the single server's acquire.lua (docs/redis-lock.md, "Costs": each KEYS
+-- or ARGV element ~1,400 instructions, each redis.call ~6,000-8,000, a table reply more than a
+-- call): three keys and four arguments for a try, the keys only the other paths touch named
+-- after KEYS[1] (same hash tag), the waiter's arguments in one, and this file is the
+-- uncontended vote alone: src/quorum/mod.rs puts the rest of the fencing prelude and the other
+-- paths (quorum_acquire_wait.lua) after it.
 -- KEYS[1] lock hash {attempt, token, owner}, PEXPIRE = lease
--- KEYS[2] fencing counter (fence.lua: a fresh grant's token is max(counter + 1, TIME in µs
---   rounded down to QUORUM_FLOOR_STEP_US, set in front of this script by src/quorum/mod.rs);
---   it expires FENCE_MARGIN_MS after the end of the last lease granted; never lowered)
--- KEYS[3] node epoch "RANDOM:UNTIL_MS:RUN_ID" (exists while the node has not lost its data
---   since it was initialised; UNTIL_MS is the end of its restart quarantine, by its clock)
--- KEYS[4] lease horizon: PX >= the longest lease granted or renewed here that may still run
--- KEYS[5] wait queue: zset ATTEMPT -> SCORE (the waiter's place)
--- KEYS[6] waiter expiries: zset ATTEMPT -> expiry ms (server clock)
--- KEYS[7] the attempt's end record NS:{NAME}:ended:ATTEMPT, written by its give-up or release
+-- KEYS[2] the attempt's end record NS:{NAME}:ended:ATTEMPT, written by its give-up or release
 --   on this node when a vote of it may still be on its way: while it exists, a vote of the
 --   attempt is a late one of an attempt that ended, and neither holds nor queues here
 --   (answered as status 0)
--- KEYS[8] waiter data: hash '>ATTEMPT' -> the wake channel of the waiter's client (where its
---   turn is told, 'h 0 ATTEMPT'; the single-server layout, so a forced release wakes them too)
+-- KEYS[3] node epoch NS:redlock:epoch, "RANDOM:UNTIL_MS:RUN_ID" (exists while the node has not
+--   lost its data since it was initialised; UNTIL_MS is the end of its restart quarantine, by
+--   its clock)
+-- Named after KEYS[1] (a Redlock node is a plain master, never a Cluster: the epoch is in
+-- another slot anyway):
+-- KEYS[1] .. ':fence' fencing counter (fence.lua: a fresh grant's token is max(counter + 1,
+--   TIME in µs rounded down to QUORUM_FLOOR_STEP_US, set in front of this script by
+--   src/quorum/mod.rs); it expires FENCE_MARGIN_MS after the end of the last lease granted;
+--   never lowered)
+-- KEYS[1] .. ':rlq' wait queue: zset ATTEMPT -> SCORE (the waiter's place)
+-- KEYS[1] .. ':rlq:ttl' waiter expiries: zset ATTEMPT -> expiry ms (server clock)
+-- KEYS[1] .. ':waiters' waiter data: hash '>ATTEMPT' -> the wake channel of the waiter's client
+--   (where its turn is told, 'h 0 ATTEMPT'; the single-server layout, so a forced release
+--   wakes them too)
+-- KEYS[1] .. ':released' the lock's channel (a waiter without a wake channel, of an older
+--   client, listens on CHANNEL:ATTEMPT); KEYS[1] .. ':observe' an election's observe channel
+-- KEYS[3] with 'horizon' for 'epoch' (NS:redlock:horizon): the lease horizon, PX >= the
+--   longest lease granted or renewed here that may still run; its value, when a vote wrote it,
+--   is the node's time in ms when it expires (so that one MGET with the epoch tells whether
+--   it must be lengthened; other writers' values are smaller, and only make the next vote
+--   lengthen it)
 -- ARGV[1] attempt id, ARGV[2] lease ms, ARGV[3] the epoch the client knows, ARGV[4] owner id,
--- ARGV[5] waiter ttl ms ('0': do not queue), ARGV[6] SCORE, ARGV[7] the lock's channel (a
---   waiter without a wake channel, of an older client, listens on CHANNEL:ATTEMPT),
--- ARGV[8] the waiter's wake channel ('' if none), ARGV[9], ARGV[10] (an election only) its
---   value and its observe channel
--- Returns {-1, 0, 0, 0, 0} the epoch differs: the node lost its data or was initialised again
---   since the client looked, so its vote must not count (nothing was changed); otherwise
+-- ARGV[5] (a waiter's vote) 'TTL:SCORE:WAKE': the waiter ttl ms, its place and its wake
+--   channel ('' if none); absent or '' for a try (do not queue); ARGV[6] (an election only)
+--   its value.
+-- Returns -1 when the epoch differs: the node lost its data or was initialised again since
+--   the client looked, so its vote must not count (nothing was changed). The uncontended
+--   grant with no quarantine left (the common answer) returns the counter alone, an integer
+--   > 0 (= status 1, x = counter, quarantine 0, first 0). Otherwise
 --   {status, counter, x, quarantine_left_ms, first}:
 --   status 1 granted afresh (the counter moved on, fence.lua; x = token stored = counter),
 --   status 2 this attempt already holds it here (x = the token stored with the hold; the
@@ -39,127 +57,54 @@
 --   first = 1 when this attempt is the first live waiter here.
 -- A waiter is queued only where it has to wait: a free lock with nobody ahead is granted
 -- without touching the queue (the uncontended vote of a waiter is a try's).
-local epoch = redis.call('get', KEYS[3])
+local horizon_key = string.sub(KEYS[3], 1, -6) .. 'horizon'
+local node = redis.call('mget', KEYS[3], horizon_key)
+local epoch = node[1]
 if epoch ~= ARGV[3] then
-  return {-1, 0, 0, 0, 0}
+  return -1
 end
 local t = redis.call('time')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local until_ms = tonumber(string.match(epoch, '^[^:]*:(%d+):')) or 0
-local qleft = math.max(0, until_ms - now_ms)
+local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+local qleft = (tonumber(string.match(epoch, '^[^:]*:(%d+):')) or 0) - now_ms
+if qleft < 0 then
+  qleft = 0
+end
 local attempt = ARGV[1]
 local lease = tonumber(ARGV[2])
-local wttl = tonumber(ARGV[5])
+local fence, queue = KEYS[1] .. ':fence', KEYS[1] .. ':rlq'
 
 -- Whoever loses this node's data later must stay out of majorities until every lease it may
 -- have held has run out: the horizon remembers how long that is (read when initialising it).
--- It is set an eighth longer than the lease, so that the votes of the next eighth of a lease
--- find it long enough and leave it alone (a quarantine that long is only ever longer than
--- needed, never shorter).
-local function horizon()
-  if redis.call('pttl', KEYS[4]) < lease then
-    redis.call('set', KEYS[4], ARGV[2], 'PX', lease + math.floor(lease / 8))
-  end
-end
+-- A vote that holds sets it an eighth longer than its lease, so that the votes of the next
+-- eighth of a lease find it long enough and leave it alone (a quarantine that long is only ever
+-- longer than needed, never shorter). Its value is the node's time when it expires (rounded
+-- down; a margin of 2 ms for the rounding and the script's own time), so that the check costs
+-- no call of its own (the MGET with the epoch).
+local horizon_at = tonumber(node[2])
+local horizon_short = not horizon_at or horizon_at - 2 < now_ms + lease
 
-local function grant(first)
-  -- The token first: if the counter holds foreign data the script fails before writing
-  -- anything.
-  local c = next_token(KEYS[2], t, lease, QUORUM_FLOOR_STEP_US)
-  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', string.format('%d', c), 'owner',
-    ARGV[4])
-  if ARGV[9] then
-    redis.call('hset', KEYS[1], 'value', ARGV[9], 'seq', '0')
+-- The uncontended case first: no hold, no queue, no end record (one EXISTS of the three):
+-- free, with nobody queued and no end record: granted at once (the token: GET and SET of the
+-- counter, fence.lua; the hold: HSET and PEXPIRE).
+local present = redis.call('exists', KEYS[1], queue, KEYS[2])
+if present == 0 then
+  local c = fence_token(fence, t, QUORUM_FLOOR_STEP_US)
+  local s = string.format('%d', c)
+  redis.call('set', fence, s, 'PX', lease + FENCE_MARGIN_MS)
+  redis.call('hset', KEYS[1], 'attempt', attempt, 'token', s, 'owner', ARGV[4])
+  if ARGV[6] then
+    redis.call('hset', KEYS[1], 'value', ARGV[6], 'seq', '0')
   end
   redis.call('pexpire', KEYS[1], lease)
-  horizon()
-  if ARGV[10] then
-    redis.call('publish', ARGV[10], 'g')
+  if horizon_short then
+    local px = lease + math.floor(lease / 8)
+    redis.call('set', horizon_key, string.format('%d', now_ms + px), 'PX', px)
   end
-  return {1, c, c, qleft, first}
-end
-
--- One EXISTS for the lock, the queue and the end record: none of them (the uncontended case)
--- means free, with nobody queued and no end record: granted at once.
-local present = redis.call('exists', KEYS[1], KEYS[5], KEYS[7])
-if present == 0 then
-  return grant(0)
-end
-
-if redis.call('hget', KEYS[1], 'attempt') == attempt then
-  -- A retry (its earlier reply was lost) or a vote of an earlier round of this attempt: the
-  -- same hold, its lease made to run at least `lease` from now, never shortened. Its queue
-  -- entry stays until the release (a round that fails keeps its place).
-  if redis.call('pttl', KEYS[1]) < lease then
-    redis.call('pexpire', KEYS[1], lease)
+  if ARGV[6] then
+    redis.call('publish', KEYS[1] .. ':observe', 'g')
   end
-  horizon()
-  local stored = redis.call('get', KEYS[2])
-  local c = math.max(tonumber(stored or '0') or 0,
-    clock_floor(t, stored and QUORUM_FLOOR_STEP_US or 1))
-  return {2, c, tonumber(redis.call('hget', KEYS[1], 'token') or '0') or 0, qleft, 0}
-end
-
--- An ended attempt (its end record exists) neither holds nor queues: status 0. Dead waiters
--- (no refresh within their ttl) leave the queue. (No queue here and no end record: one
--- EXISTS instead of the scan and the look at its head.)
-local n = redis.call('exists', KEYS[5], KEYS[7])
-local ended = n > 0 and redis.call('exists', KEYS[7]) == 1
-local queue = n > (ended and 1 or 0)
--- The lock exists when the first EXISTS counted more than these two.
-local free = present == n
-if ended then
-  local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
-  return {0, c, redis.call('pttl', KEYS[1]), qleft, 0}
-end
-if queue then
-  local dead = redis.call('zrangebyscore', KEYS[6], '-inf', now_ms)
-  for _, a in ipairs(dead) do
-    redis.call('zrem', KEYS[5], a)
-    redis.call('zrem', KEYS[6], a)
-    redis.call('hdel', KEYS[8], '>' .. a)
+  if qleft > 0 then
+    return {1, c, c, qleft, 0}
   end
+  return c
 end
-local head = queue and redis.call('zrange', KEYS[5], 0, 0)[1] or nil
-
-
-if free and (not head or head == attempt) then
-  return grant(head == attempt and 1 or 0)
-end
-if wttl > 0 then
-  -- Enqueued (or refreshed) at its place, which is the same on every node and never changes;
-  -- the entry names the wake channel its turn is told on.
-  redis.call('zadd', KEYS[5], 'NX', ARGV[6], attempt)
-  if ARGV[8] ~= '' then
-    redis.call('hset', KEYS[8], '>' .. attempt, ARGV[8])
-  end
-  redis.call('zadd', KEYS[6], now_ms + wttl, attempt)
-  for _, k in ipairs({KEYS[5], KEYS[6], KEYS[8]}) do
-    if redis.call('pttl', k) < wttl then
-      redis.call('pexpire', k, wttl)
-    end
-  end
-  head = redis.call('zrange', KEYS[5], 0, 0)[1]
-end
-local first = (head == attempt) and 1 or 0
-
-if free then
-  if first == 1 then
-    -- Its place is ahead of the waiter that was first.
-    return grant(1)
-  end
-  -- Free, but it is the first waiter's turn: remind it (its wake-up may have been lost).
-  local wake = redis.call('hget', KEYS[8], '>' .. head)
-  if wake then
-    redis.call('publish', wake, 'h 0 ' .. head)
-  else
-    redis.call('publish', ARGV[7] .. ':' .. head, 'r')
-  end
-  local c = tonumber(redis.call('get', KEYS[2]) or '0') or 0
-  return {3, c, 0, qleft, 0}
-end
-local c = tonumber(redis.call('get', KEYS[2]) or '0')
-if not c then
-  return redis.error_reply('dlock: the fencing counter ' .. KEYS[2] .. ' does not hold a number')
-end
-return {0, c, redis.call('pttl', KEYS[1]), qleft, first}

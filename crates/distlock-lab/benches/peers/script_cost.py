@@ -18,7 +18,20 @@ the hash; attempt, token, threshold), `rslock` (SET NX PX + compare-and-delete),
 and DIR/rel.lua with new's arguments: for stripped-down experiments), `min` (the same with one
 key and one argument). The client is a plain RESP socket, one command at a time, as dlock sends
 them (EVALSHA, the token of the acquire's reply in the release). Needs valgrind and redis-server
-on PATH; a bench, not a test."""
+on PATH; a bench, not a test.
+
+The same for one Redlock node (crates/distlock-redis/scripts/quorum_*.lua: a vote and a
+release per pair, the uncontended path, as src/quorum/mod.rs sends them; rslock's per-node
+protocol is `rslock` above):
+
+    script_cost.py count DIR qold|qnew    instructions per vote+release pair on one node
+    script_cost.py qtime OLD_DIR NEW_DIR  server time per pair: OLD_DIR's quorum scripts with
+                                          `qold` arguments, NEW_DIR's with `qnew`, and rslock's
+
+`qold`: the layout before issue 28's lean vote (8 KEYS, 8 ARGV, a 5-element table reply;
+release 4 KEYS, 4 ARGV, a pair); `qnew`: the lock hash, the end record and the node epoch as
+KEYS, attempt, lease, epoch, owner and ARGV (a try: no waiter argument), an integer reply;
+release the hash, attempt, token (no mode: a grant's release), an integer."""
 import os, random, socket, subprocess, sys, time
 
 OWNER, BASE = "host-1234-abcd", "dlock:{bench}"
@@ -73,7 +86,44 @@ def scripts(d):
             source(d, "release.lua", "@", "fence.lua", "fence_next.lua", "release_handoff.lua"))
 
 
+EPOCH = "0123456789abcdef:0:runid"
+
+
+def quorum_scripts(d):
+    """The Redlock vote and release as src/quorum/mod.rs builds them (a directory with
+    quorum_acquire_wait.lua: the vote's uncontended path before the rest of the prelude)."""
+    step = "local QUORUM_FLOOR_STEP_US = 100000\n"
+    if os.path.exists(os.path.join(d, "quorum_acquire_wait.lua")):
+        return (step + source(d, "@", "fence.lua", "quorum_acquire.lua", "fence_next.lua", "quorum_acquire_wait.lua"),
+                source(d, "quorum_release.lua"))
+    return step + source(d, "@", "fence.lua", "fence_next.lua", "quorum_acquire.lua"), source(d, "quorum_release.lua")
+
+
+def quorum_pairs(cmd, d, layout, n):
+    acquire, release = quorum_scripts(d)
+    sa, sr = cmd("SCRIPT", "LOAD", acquire), cmd("SCRIPT", "LOAD", release)
+    ns = "dlock"
+    cmd("SET", ns + ":redlock:epoch", EPOCH)
+    for i in range(n):
+        a = f"{i + 1:016x}"
+        if layout == "qold":
+            v = cmd("EVALSHA", sa, 8, BASE, BASE + ":fence", ns + ":redlock:epoch", ns + ":redlock:horizon",
+                    BASE + ":rlq", BASE + ":rlq:ttl", BASE + ":ended:" + a, BASE + ":waiters",
+                    a, 30000, EPOCH, OWNER, "0", "0", BASE + ":released", "")
+            assert v[0] == 1 and v[3] == 0, v
+            r = cmd("EVALSHA", sr, 4, BASE, BASE + ":rlq", BASE + ":rlq:ttl", BASE + ":waiters",
+                    a, v[1], BASE + ":released", "release")
+            assert r[0] == 1, r
+        else:
+            t = cmd("EVALSHA", sa, 3, BASE, BASE + ":ended:" + a, ns + ":redlock:epoch", a, 30000, EPOCH, OWNER)
+            assert isinstance(t, int) and t > 0, t
+            r = cmd("EVALSHA", sr, 1, BASE, a, t)
+            assert r == 1, r
+
+
 def pairs(cmd, d, layout, n):
+    if layout in ("qold", "qnew"):
+        return quorum_pairs(cmd, d, layout, n)
     if layout == "rslock":
         sha = cmd("SCRIPT", "LOAD", RSLOCK_UNLOCK)
         for i in range(n):
@@ -137,14 +187,16 @@ def count(d, layout):
     print(f"{layout}: {(total[1200] - total[200]) // 1000} instructions per pair")
 
 
-def server_time(old, new, blocks=30, per=500):
+def server_time(old, new, blocks=30, per=500, quorum=False):
     port = random.randint(20000, 40000)
     p, cmd = server(port)
     usec = {"old": 0, "new": 0, "rslock": 0}
+    names = {"old": "qold", "new": "qnew", "rslock": "rslock"} if quorum else {}
     for _ in range(blocks):
         for layout, d in (("old", old), ("new", new), ("rslock", old)):
+            layout_of = names.get(layout, layout)
             cmd("CONFIG", "RESETSTAT")
-            pairs(cmd, d, layout, per)
+            pairs(cmd, d, layout_of, per)
             info = cmd("INFO", "commandstats")
             for line in info.splitlines():
                 name, _, rest = line.partition(":")
@@ -165,5 +217,7 @@ if __name__ == "__main__":
         count(sys.argv[2], sys.argv[3])
     elif sys.argv[1:2] == ["time"] and len(sys.argv) == 4:
         server_time(sys.argv[2], sys.argv[3])
+    elif sys.argv[1:2] == ["qtime"] and len(sys.argv) == 4:
+        server_time(sys.argv[2], sys.argv[3], quorum=True)
     else:
         sys.exit(__doc__)

@@ -91,11 +91,19 @@ struct QuorumScripts {
 fn quorum_scripts() -> &'static QuorumScripts {
     static SCRIPTS: OnceLock<QuorumScripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| QuorumScripts {
+        // The uncontended vote runs before the prelude functions it does not call are made
+        // (a Lua closure per function per call: docs/redis-lock.md, "Costs").
         acquire: Script::new(concat!(
             "local QUORUM_FLOOR_STEP_US = ",
             quorum_floor_step_us!(),
             "\n",
-            scripts::fenced!("quorum_acquire.lua")
+            scripts::fence_margin_line!(),
+            scripts::lua!(
+                "fence.lua",
+                "quorum_acquire.lua",
+                "fence_next.lua",
+                "quorum_acquire_wait.lua"
+            )
         )),
         raise: Script::new(scripts::fenced!("quorum_raise.lua")),
         release: Script::new(include_str!("../../scripts/quorum_release.lua")),
@@ -124,14 +132,11 @@ impl QuorumScripts {
 }
 
 /// The keys and channels of one Redlock lock or election on a node (see the module docs).
+/// (The scripts name the queue, the waiter expiries, the waiter data and the lock's channel
+/// after the hold's key themselves.)
 struct QuorumKeys {
     lock: String,
     fence: String,
-    queue: String,
-    ttl: String,
-    /// Waiter data: `>ATTEMPT` -> the waiter's wake channel.
-    waiters: String,
-    channel: String,
     /// An election's observe channel (`None`: a lock).
     observe: Option<String>,
 }
@@ -225,10 +230,6 @@ impl RedisNode {
         Ok(QuorumKeys {
             lock: key(""),
             fence: key(":fence"),
-            queue: key(":rlq"),
-            ttl: key(":rlq:ttl"),
-            waiters: key(":waiters"),
-            channel: key(":released"),
             observe: election.then(|| key(":observe")),
         })
     }
@@ -305,74 +306,41 @@ impl RedisNode {
     ) -> Result<QuorumVote> {
         let k = self.quorum_keys(&key.name, key.kind)?;
         let s = quorum_scripts();
-        let (ek, hk) = (&self.epoch_key, &self.horizon_key);
-        let (wttl, place, wake) = match queue {
-            Some((ttl, place)) => (
-                lease_ms(ttl.max(Duration::from_millis(1))),
-                place.to_string(),
-                self.b.subscriber.wake(),
-            ),
-            None => ("0".to_owned(), "0".to_owned(), ""),
-        };
+        // A waiter's ttl, place and wake channel in one argument (`TTL:PLACE:WAKE`); a try
+        // passes none (an election passes it empty, before its value).
+        let waiter = queue.map(|(ttl, place)| {
+            let wake = self.b.subscriber.wake();
+            let ttl = lease_ms(ttl.max(Duration::from_millis(1)));
+            let mut w = String::with_capacity(ttl.len() + wake.len() + 22);
+            w.push_str(&ttl);
+            w.push(':');
+            w.push_str(&place.to_string());
+            w.push(':');
+            w.push_str(wake);
+            w
+        });
         let lease = lease_ms(lease);
-        let mut args = vec![
-            attempt.as_str(),
-            &lease,
-            epoch,
-            &key.owner,
-            &wttl,
-            &place,
-            &k.channel,
-            wake,
-        ];
-        // An election's value and observe channel; a lock passes neither.
-        if let Some(observe) = &k.observe {
-            args.extend([value.unwrap_or(""), observe]);
+        let mut args = vec![attempt.as_str(), &lease, epoch, &key.owner];
+        if let Some(w) = &waiter {
+            args.push(w);
+        }
+        // An election's value; a lock passes none.
+        if k.observe.is_some() {
+            if waiter.is_none() {
+                args.push("");
+            }
+            args.push(value.unwrap_or(""));
         }
         // The vote is refused to an attempt whose end record exists (see `crate::ended`).
         let ended = self.b.ended_key(&key.name, attempt);
         let sent = self.b.unanswered.sent(attempt);
         let (v, reloaded) = self
-            .run_quorum(
-                &s.acquire,
-                &[
-                    &k.lock, &k.fence, ek, hk, &k.queue, &k.ttl, &ended, &k.waiters,
-                ],
-                &args,
-            )
+            .run_quorum(&s.acquire, &[&k.lock, &ended, &self.epoch_key], &args)
             .await?;
         sent.answered();
-        let Value::Array(items) = &v else {
-            return Err(shape("quorum acquire", &v));
-        };
-        let nums: Vec<i64> = items.iter().filter_map(int).collect();
-        let (reply, qleft, first) = match nums.as_slice() {
-            [-1, ..] => (QuorumReply::EpochMismatch, 0, 0),
-            [1, c, _, q, f] if *c > 0 => (QuorumReply::Granted { counter: *c as u64 }, *q, *f),
-            [2, c, t, q, f] if *c >= 0 && *t >= 0 => (
-                QuorumReply::Holds {
-                    counter: *c as u64,
-                    token: *t as u64,
-                },
-                *q,
-                *f,
-            ),
-            [0, c, pttl, q, f] if *c >= 0 => (
-                QuorumReply::Held {
-                    counter: *c as u64,
-                    ttl: (*pttl >= 0).then(|| Duration::from_millis(*pttl as u64)),
-                },
-                *q,
-                *f,
-            ),
-            [3, c, _, q, f] if *c >= 0 => (QuorumReply::Behind { counter: *c as u64 }, *q, *f),
-            _ => return Err(shape("quorum acquire", &v)),
-        };
         Ok(QuorumVote {
-            reply,
-            quarantine: positive_ms(qleft),
             scripts_reloaded: reloaded,
-            first: first == 1,
+            ..vote_reply(&v)?
         })
     }
 
@@ -493,29 +461,22 @@ impl RedisNode {
     ) -> Result<std::result::Result<ReleaseOutcome, u64>> {
         let k = self.quorum_keys(name, kind)?;
         let token = token.map(|t| t.to_string()).unwrap_or_default();
-        let mut args = vec![attempt.as_str(), &token, &k.channel, mode];
+        let mut args = vec![attempt.as_str(), &token];
+        // A grant's release passes no mode (the script's default); an election's observe
+        // channel comes after the mode.
+        if mode != "release" || k.observe.is_some() {
+            args.push(mode);
+        }
         args.extend(k.observe.as_deref());
         let s = quorum_scripts();
-        let cmd = s
-            .release
-            .cmd(&[&k.lock, &k.queue, &k.ttl, &k.waiters], &args);
+        let cmd = s.release.cmd(&[&k.lock], &args);
         // A release or a give-up ends the attempt on this node: its end record first, if a
         // vote of it may still arrive here (a give-back keeps the attempt going).
         let record = (mode != "giveback")
             .then(|| self.b.end_record(name, attempt))
             .flatten();
         let v = self.b.eval_ending(&s.all(), &cmd, record.as_ref()).await?;
-        let pair = match &v {
-            Value::Array(items) if items.len() == 2 => (int(&items[0]), int(&items[1])),
-            _ => (None, None),
-        };
-        match pair {
-            (Some(1), _) => Ok(Ok(ReleaseOutcome::Released)),
-            (Some(0), _) => Ok(Ok(ReleaseOutcome::Expired)),
-            (Some(3), _) => Ok(Ok(ReleaseOutcome::TakenByOther)),
-            (Some(4), Some(t)) => Ok(Err(u64::try_from(t).unwrap_or(0))),
-            _ => Err(shape("quorum release", &v)),
-        }
+        release_reply(&v)
     }
 
     /// An election leader's numbered proclamation on this node (`quorum_proclaim.lua`):
@@ -838,6 +799,80 @@ mod tests {
         assert_eq!(time_ms("1700000000", "123456"), Some(1_700_000_000_123));
         assert_eq!(positive_ms(0), None);
         assert_eq!(positive_ms(-2), None);
+    }
+
+    #[test]
+    fn vote_and_release_replies() {
+        let arr = |n: &[i64]| Value::Array(n.iter().map(|i| Value::Int(*i)).collect());
+        // The uncontended grant: the counter alone.
+        let v = vote_reply(&Value::Int(1_700_000_000_100_000)).unwrap();
+        assert_eq!(
+            v.reply,
+            QuorumReply::Granted {
+                counter: 1_700_000_000_100_000
+            }
+        );
+        assert_eq!((v.quarantine, v.first), (None, false));
+        assert_eq!(
+            vote_reply(&Value::Int(-1)).unwrap().reply,
+            QuorumReply::EpochMismatch
+        );
+        // A grant in quarantine, first in the queue: the table.
+        let v = vote_reply(&arr(&[1, 9, 9, 250, 1])).unwrap();
+        assert_eq!(v.reply, QuorumReply::Granted { counter: 9 });
+        assert_eq!(v.quarantine, Some(Duration::from_millis(250)));
+        assert!(v.first);
+        assert_eq!(
+            vote_reply(&arr(&[2, 9, 7, 0, 0])).unwrap().reply,
+            QuorumReply::Holds {
+                counter: 9,
+                token: 7
+            }
+        );
+        assert_eq!(
+            vote_reply(&arr(&[0, 9, -1, 0, 0])).unwrap().reply,
+            QuorumReply::Held {
+                counter: 9,
+                ttl: None
+            }
+        );
+        assert_eq!(
+            vote_reply(&arr(&[3, 9, 0, 0, 0])).unwrap().reply,
+            QuorumReply::Behind { counter: 9 }
+        );
+        // Nothing else: a zero, other integers, short or foreign tables.
+        for bad in [
+            Value::Int(0),
+            Value::Int(-2),
+            arr(&[1, 0, 0, 0, 0]),
+            arr(&[0, 9, 1]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Nil,
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+            Value::Nil,
+        ] {
+            assert!(vote_reply(&bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            release_reply(&Value::Int(1)).unwrap(),
+            Ok(ReleaseOutcome::Released)
+        );
+        assert_eq!(
+            release_reply(&Value::Int(0)).unwrap(),
+            Ok(ReleaseOutcome::Expired)
+        );
+        assert_eq!(
+            release_reply(&Value::Int(3)).unwrap(),
+            Ok(ReleaseOutcome::TakenByOther)
+        );
+        assert_eq!(release_reply(&Value::Int(-8)).unwrap(), Err(7));
+        assert_eq!(release_reply(&Value::Int(-1)).unwrap(), Err(0));
+        assert!(release_reply(&Value::Int(2)).is_err());
+        assert!(release_reply(&arr(&[1, 0])).is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use crate::error::{shape, KIND};
 use crate::int;
 use distlock_core::backend::RenewOutcome;
-use distlock_core::{Error, Result};
+use distlock_core::{Error, ReleaseOutcome, Result};
 use redis::Value;
 use std::time::Duration;
 
@@ -163,6 +163,63 @@ pub(super) fn parse_info(text: &str, now_ms: u64) -> Result<ServerInfo> {
         uptime: Duration::from_secs(uptime),
         now_ms,
     })
+}
+
+/// A vote's reply (`quorum_acquire.lua`): `-1` the epoch differs; an integer > 0 the
+/// uncontended grant (the counter; no quarantine left, not first in a queue); otherwise
+/// `{status, counter, x, quarantine_left_ms, first}`. `scripts_reloaded` is left false.
+pub(super) fn vote_reply(v: &Value) -> Result<QuorumVote> {
+    let bad = || shape("quorum acquire", v);
+    let (reply, qleft, first) = match v {
+        Value::Int(-1) => (QuorumReply::EpochMismatch, 0, 0),
+        Value::Int(c) if *c > 0 => (QuorumReply::Granted { counter: *c as u64 }, 0, 0),
+        Value::Array(items) => {
+            let nums: Vec<i64> = items.iter().filter_map(int).collect();
+            if nums.len() != items.len() {
+                return Err(bad());
+            }
+            match nums.as_slice() {
+                [1, c, _, q, f] if *c > 0 => (QuorumReply::Granted { counter: *c as u64 }, *q, *f),
+                [2, c, t, q, f] if *c >= 0 && *t >= 0 => (
+                    QuorumReply::Holds {
+                        counter: *c as u64,
+                        token: *t as u64,
+                    },
+                    *q,
+                    *f,
+                ),
+                [0, c, pttl, q, f] if *c >= 0 => (
+                    QuorumReply::Held {
+                        counter: *c as u64,
+                        ttl: (*pttl >= 0).then(|| Duration::from_millis(*pttl as u64)),
+                    },
+                    *q,
+                    *f,
+                ),
+                [3, c, _, q, f] if *c >= 0 => (QuorumReply::Behind { counter: *c as u64 }, *q, *f),
+                _ => return Err(bad()),
+            }
+        }
+        _ => return Err(bad()),
+    };
+    Ok(QuorumVote {
+        reply,
+        quarantine: positive_ms(qleft),
+        scripts_reloaded: false,
+        first: first == 1,
+    })
+}
+
+/// A release's reply (`quorum_release.lua`): `1` released, `0` nothing here, `3` another
+/// attempt holds it, `-1 - TOKEN` this attempt holds it here under another token.
+pub(super) fn release_reply(v: &Value) -> Result<std::result::Result<ReleaseOutcome, u64>> {
+    match int(v) {
+        Some(1) => Ok(Ok(ReleaseOutcome::Released)),
+        Some(0) => Ok(Ok(ReleaseOutcome::Expired)),
+        Some(3) => Ok(Ok(ReleaseOutcome::TakenByOther)),
+        Some(n) if n < 0 => Ok(Err(u64::try_from(-1 - n).unwrap_or(0))),
+        _ => Err(shape("quorum release", v)),
+    }
 }
 
 /// One `quorum_renew_many.lua` reply for `n` grants: `{flags, tokens...}`, a flag per grant
