@@ -34,10 +34,10 @@
 -- KEYS[1] .. ':released' the lock's channel (a waiter without a wake channel, of an older
 --   client, listens on CHANNEL:ATTEMPT); KEYS[1] .. ':observe' an election's observe channel
 -- KEYS[3] with 'horizon' for 'epoch' (NS:redlock:horizon): the lease horizon, PX >= the
---   longest lease granted or renewed here that may still run; its value, when a vote wrote it,
---   is the node's time in ms when it expires (so that one MGET with the epoch tells whether
---   it must be lengthened; other writers' values are smaller, and only make the next vote
---   lengthen it)
+--   longest lease granted or renewed here that may still run, never shortened; the value a
+--   vote or a renewal writes is the node's time in ms when it expires (read with the epoch in
+--   one MGET: a value that says "long enough" spares the PTTL; an older client's value, its
+--   lease, says nothing)
 -- ARGV[1] attempt id, ARGV[2] lease ms, ARGV[3] the epoch the client knows, ARGV[4] owner id,
 -- ARGV[5] (a waiter's vote) 'TTL:SCORE:WAKE': the waiter ttl ms, its place and its wake
 --   channel ('' if none); absent or '' for a try (do not queue); ARGV[6] (an election only)
@@ -77,9 +77,11 @@ local fence, queue = KEYS[1] .. ':fence', KEYS[1] .. ':rlq'
 -- have held has run out: the horizon remembers how long that is (read when initialising it).
 -- A vote that holds sets it an eighth longer than its lease, so that the votes of the next
 -- eighth of a lease find it long enough and leave it alone (a quarantine that long is only ever
--- longer than needed, never shorter). Its value is the node's time when it expires (rounded
--- down; a margin of 2 ms for the rounding and the script's own time), so that the check costs
--- no call of its own (the MGET with the epoch).
+-- longer than needed, never shorter), and never shortens it. The value a vote (or a renewal)
+-- writes is the node's time when it expires, never later than it does (TIME is read before
+-- the SET; a margin of 2 ms for the rounding): one that says "long enough" spares the check
+-- any call of its own (it came with the epoch's MGET). Any other value (an older client's: its
+-- lease) says nothing, and its PTTL decides, as it always did.
 local horizon_at = tonumber(node[2])
 local horizon_short = not horizon_at or horizon_at - 2 < now_ms + lease
 
@@ -96,7 +98,7 @@ if present == 0 then
     redis.call('hset', KEYS[1], 'value', ARGV[6], 'seq', '0')
   end
   redis.call('pexpire', KEYS[1], lease)
-  if horizon_short then
+  if horizon_short and redis.call('pttl', horizon_key) < lease then
     local px = lease + math.floor(lease / 8)
     redis.call('set', horizon_key, string.format('%d', now_ms + px), 'PX', px)
   end

@@ -6,7 +6,7 @@ local wttl, score, wake = string.match(ARGV[5] or '', '^(%d+):(%d+):(.*)$')
 wttl = tonumber(wttl) or 0
 
 local function horizon()
-  if horizon_short then
+  if horizon_short and redis.call('pttl', horizon_key) < lease then
     local px = lease + math.floor(lease / 8)
     redis.call('set', horizon_key, string.format('%d', now_ms + px), 'PX', px)
   end

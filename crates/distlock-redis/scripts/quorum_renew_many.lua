@@ -27,9 +27,12 @@ for i = 1, #ARGV, 3 do
   end
 end
 -- The horizon runs at least as long as the longest lease renewed here (as after one renewal
--- per grant: each raised it to its own lease).
+-- per grant: each raised it to its own lease). Its value: the node's time when it expires, as
+-- a vote writes it (quorum_acquire.lua), so that votes need not look at its PTTL.
 if longest > 0 and redis.call('pttl', KEYS[1]) < longest then
-  redis.call('set', KEYS[1], tostring(longest), 'PX', longest)
+  local t = redis.call('time')
+  local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+  redis.call('set', KEYS[1], string.format('%d', now_ms + longest), 'PX', longest)
 end
 out[1] = table.concat(flags)
 return out

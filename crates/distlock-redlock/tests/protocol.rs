@@ -744,3 +744,78 @@ async fn a_fresh_token_from_kept_holds_rises_past_counters_set_back() {
         tokens[0]
     );
 }
+
+/// The lease horizon (`NS:redlock:horizon`, read by PTTL when another node is initialised)
+/// runs at least as long as every lease a vote granted and is never shortened, whatever its
+/// value: a vote now writes the end time and reads it with the epoch in one MGET, but an older
+/// client's votes and renewals write their lease there, which must not read as "over" (the
+/// first version of the lean vote took it so and wrote the horizon anew, shortening a longer
+/// one: this test's first step printed "node 0: horizon shortened to 8999 ms"). A vote writes
+/// it only when it is too short: the votes of the next eighth of a lease leave it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn votes_keep_the_lease_horizon_and_write_it_only_when_short() {
+    let c = Cluster::start(3);
+    c.settle().await;
+    let lease = 8000;
+    let (client, b) = c.client_and_backend("", opts(lease)).await;
+    wait_counting(&b, 3, Duration::from_secs(10)).await;
+    let horizon = |i: usize| {
+        let s = &c.servers[i];
+        let v = s.command(&["GET", "dlock:redlock:horizon"]).expect("GET");
+        let p: i64 = s
+            .command(&["PTTL", "dlock:redlock:horizon"])
+            .expect("PTTL")
+            .parse()
+            .expect("PTTL is a number");
+        (v, p)
+    };
+    let set_all = |value: &str, px: &str| {
+        for s in &c.servers {
+            s.command(&["SET", "dlock:redlock:horizon", value, "PX", px])
+                .expect("SET");
+        }
+    };
+    let name = "horizon";
+    let lock = client.lock(name).expect("lock");
+    let round = || async {
+        let g = lock.try_acquire().await.expect("try").expect("free");
+        c.wait_held_on(&[0, 1, 2], name, Duration::from_secs(5))
+            .await;
+        g.release().await.expect("release");
+        eventually(Duration::from_secs(5), "every node's release", || {
+            (0..3).all(|i| !c.has_lock(i, name))
+        })
+        .await;
+    };
+    // An older client's horizon of a longer lease (100 s), its lease as the value: kept.
+    set_all("100000", "100000");
+    round().await;
+    for i in 0..3 {
+        let (_, p) = horizon(i);
+        assert!(p > 90_000, "node {i}: horizon shortened to {p} ms");
+    }
+    // An older client's horizon about to run out: lengthened, to an eighth more than the lease.
+    set_all("300", "300");
+    round().await;
+    let first: Vec<_> = (0..3).map(horizon).collect();
+    for (i, (v, p)) in first.iter().enumerate() {
+        assert_ne!(v, "300", "node {i}: the older horizon was left");
+        assert!(
+            *p >= lease as i64 - 1000 && *p <= (lease + lease / 8) as i64,
+            "node {i}: horizon {p} ms for a lease of {lease} ms"
+        );
+    }
+    // At once: long enough, the next vote leaves it alone.
+    round().await;
+    for (i, (v, _)) in first.iter().enumerate() {
+        assert_eq!(&horizon(i).0, v, "node {i}: written again while long enough");
+    }
+    // An eighth of a lease later it is too short for a lease from now: lengthened again.
+    tokio::time::sleep(Duration::from_millis(lease / 8 + 100)).await;
+    round().await;
+    for (i, (v, _)) in first.iter().enumerate() {
+        let (now, p) = horizon(i);
+        assert_ne!(&now, v, "node {i}: not lengthened");
+        assert!(p >= lease as i64 - 1000, "node {i}: horizon {p} ms");
+    }
+}

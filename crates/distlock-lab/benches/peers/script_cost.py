@@ -28,10 +28,13 @@ protocol is `rslock` above):
     script_cost.py qtime OLD_DIR NEW_DIR  server time per pair: OLD_DIR's quorum scripts with
                                           `qold` arguments, NEW_DIR's with `qnew`, and rslock's
 
-`qold`: the layout before issue 28's lean vote (8 KEYS, 8 ARGV, a 5-element table reply;
-release 4 KEYS, 4 ARGV, a pair); `qnew`: the lock hash, the end record and the node epoch as
-KEYS, attempt, lease, epoch, owner and ARGV (a try: no waiter argument), an integer reply;
-release the hash, attempt, token (no mode: a grant's release), an integer."""
+DIR holds fence.lua, fence_next.lua and the quorum scripts (for the old layout: `git show
+main:crates/distlock-redis/scripts/X.lua` of those into a directory). `qold`: the layout before
+issue 28's lean vote (8 KEYS, 8 ARGV, a 5-element table reply; release 4 KEYS, 4 ARGV, a pair);
+`qnew`: KEYS the hold, the end record and the node epoch, ARGV attempt, lease, epoch, owner (a
+try: no waiter argument), an integer reply; release KEYS the hold, ARGV attempt and token (no
+mode: a grant's release), an integer. The node's epoch is set (quarantine over) before the
+pairs, whose lease is 30 s."""
 import os, random, socket, subprocess, sys, time
 
 OWNER, BASE = "host-1234-abcd", "dlock:{bench}"

@@ -26,7 +26,14 @@
 //! | `NS:{NAME}:rlq:ttl` | zset `ATTEMPT -> expiry ms` (server clock) | when each waiter leaves the queue unless it refreshes |
 //! | `NS:{NAME}:waiters` | hash `>ATTEMPT -> wake channel`; PEXPIRE ≥ waiter ttl | where each queued waiter's client listens: its turn is told there as `h 0 ATTEMPT` (token 0: no grant), to it alone |
 //! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node has not lost its data since it was (re)initialised; UNTIL_MS ends its quarantine (server clock) |
-//! | `NS:redlock:horizon` | string, PX ≥ longest lease that may still run (a vote sets an eighth more) | how long a quarantine must last if another node's data is lost |
+//! | `NS:redlock:horizon` | string, PX ≥ longest lease that may still run (a vote sets an eighth more); a vote's value: the node's time in ms when it expires | how long a quarantine must last if another node's data is lost |
+//!
+//! A vote is given three keys (the hold, the attempt's end record, the epoch) and four
+//! arguments for a try (a waiter's ttl, place and wake channel in one more): the scripts name
+//! the counter, queue, expiries, waiter data and channels after the hold's key, and the horizon
+//! after the epoch's. Its uncontended answer is one integer (see `scripts/quorum_acquire.lua`,
+//! and `docs/redlock.md`, "Costs").
+
 //!
 //! An election (`LockKind::Election`) has the same layout under `NS:{NAME}:election` (the
 //! hold, with the leader's `value` and its proclamation number `seq` as extra fields),
