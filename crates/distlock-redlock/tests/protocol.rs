@@ -750,7 +750,7 @@ async fn a_fresh_token_from_kept_holds_rises_past_counters_set_back() {
 /// value: a vote now writes the end time and reads it with the epoch in one MGET, but an older
 /// client's votes and renewals write their lease there, which must not read as "over" (the
 /// first version of the lean vote took it so and wrote the horizon anew, shortening a longer
-/// one: this test's first step printed "node 0: horizon shortened to 8999 ms"). A vote writes
+/// one: this test's first step printed "node 0: horizon shortened to 8996 ms"). A vote writes
 /// it only when it is too short: the votes of the next eighth of a lease leave it alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn votes_keep_the_lease_horizon_and_write_it_only_when_short() {
@@ -808,7 +808,11 @@ async fn votes_keep_the_lease_horizon_and_write_it_only_when_short() {
     // At once: long enough, the next vote leaves it alone.
     round().await;
     for (i, (v, _)) in first.iter().enumerate() {
-        assert_eq!(&horizon(i).0, v, "node {i}: written again while long enough");
+        assert_eq!(
+            &horizon(i).0,
+            v,
+            "node {i}: written again while long enough"
+        );
     }
     // An eighth of a lease later it is too short for a lease from now: lengthened again.
     tokio::time::sleep(Duration::from_millis(lease / 8 + 100)).await;

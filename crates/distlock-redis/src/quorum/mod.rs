@@ -33,7 +33,6 @@
 //! the counter, queue, expiries, waiter data and channels after the hold's key, and the horizon
 //! after the epoch's. Its uncontended answer is one integer (see `scripts/quorum_acquire.lua`,
 //! and `docs/redlock.md`, "Costs").
-
 //!
 //! An election (`LockKind::Election`) has the same layout under `NS:{NAME}:election` (the
 //! hold, with the leader's `value` and its proclamation number `seq` as extra fields),
