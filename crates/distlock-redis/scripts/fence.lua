@@ -2,9 +2,10 @@
 -- (src/scripts.rs, after the line that sets FENCE_MARGIN_MS), with fence_next.lua after it,
 -- so that one copy decides every token of every kind, single server and Redlock node alike.
 -- This file holds what an uncontended mutex grant calls (fence_token, grant_token): the mutex
--- acquire runs its uncontended grant between the two files, and its release before both, so
--- that the common path makes no Lua closure it does not call (each is a measurable share of
--- the server's cost of a script; docs/redis-lock.md, "Costs").
+-- acquire and the Redlock node's vote (quorum_acquire.lua) run their uncontended grant between
+-- the two files, and the mutex release before both, so that the common path makes no Lua
+-- closure it does not call (each is a measurable share of the server's cost of a script;
+-- docs/redis-lock.md, "Costs").
 -- The rule: a grant's token is max(counter + 1, the server's TIME in µs). Above every token
 -- the counter saw; and when the counter was rolled back (a restart from an older snapshot, the
 -- AOF fsync window, a failover to a replica that missed the last grants, a counter set back by
