@@ -29,9 +29,7 @@ pub(crate) struct Target {
 }
 
 /// The URL with its password replaced by `***` (the core's [`conn::redact`]).
-pub fn redact(url: &str) -> String {
-    conn::redact(url)
-}
+pub use distlock_core::conn::redact;
 
 /// Decodes `%XX` escapes (as in the user, password and prefix of an `etcd://` URL); `None` for
 /// a bad escape or bytes that are not UTF-8. Other characters pass through unchanged.

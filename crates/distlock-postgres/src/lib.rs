@@ -42,9 +42,7 @@ impl Mode {
 }
 
 /// The URL with its password (in the user info or a `password=` parameter) replaced by `***`.
-pub fn redact(url: &str) -> String {
-    distlock_core::conn::redact(url)
-}
+pub use distlock_core::conn::redact;
 
 enum Inner {
     Session(session::SessionMode),
