@@ -133,10 +133,7 @@ impl ObserveWatch {
             self.inner
                 .io_error(format!("cannot open {}", path.display()), e)
         })?;
-        let free = sys::try_lock(&file, sys::Mode::Shared).map_err(|e| {
-            self.inner
-                .io_error(format!("cannot probe {}", path.display()), e)
-        })?;
+        let free = self.inner.probe(&file, sys::Mode::Shared, path)?;
         if free {
             // Nobody leads: the next leader's grant writes the record, which inotify reports.
             sys::unlock_and_close(file);
