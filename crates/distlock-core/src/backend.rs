@@ -12,6 +12,7 @@
 //! | [`wait::run`] + [`WaitStrategy`], [`wait::retrying`] | a hand-written retrying wait loop per backend |
 //! | [`LostRegistry`] | the map of lost signals a session fires when it ends |
 //! | [`Subscriptions`] | the per-connection table of waiters behind `SUBSCRIBE` / `LISTEN` |
+//! | [`Delegate`] | an `impl Backend` per backend with modes, every method forwarding to the mode in use |
 //! | [`Error::connection`](crate::Error::connection), [`Error::unexpected`](crate::Error::unexpected), … | error structs built by hand |
 //!
 //! # The hold protocol: addressed by grant, idempotent by construction
@@ -84,6 +85,7 @@ use std::time::{Duration, Instant};
 
 pub use crate::caps::Capabilities;
 pub use crate::deadline::Deadline;
+pub use crate::delegate::Delegate;
 pub use crate::lost::{LostReason, LostSignal};
 pub use crate::lost_registry::LostRegistry;
 pub use crate::operator::{self, Operator};

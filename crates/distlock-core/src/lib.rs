@@ -20,6 +20,7 @@ mod client;
 pub mod clock;
 pub mod conn;
 mod deadline;
+mod delegate;
 mod duration;
 mod election;
 mod error;

@@ -66,7 +66,7 @@ impl EtcdSettings {
         let mut t = url::from_parsed(s.url.clone())?;
         t.user = s.credentials.user.clone();
         t.password = s.credentials.password.clone();
-        t.tls = s.tls_files(t.tls.take(), "write etcds://… (etcd:// is plain http)")?;
+        t.tls = s.tls_files(t.tls.take(), url::NEEDS_TLS)?;
         Ok(t)
     }
 }

@@ -10,6 +10,9 @@ pub(crate) const DEFAULT_PORT: u16 = 2379;
 /// The TLS parameters of `etcds://` (`ca_file` is `cacert` as `rediss://` spells it).
 const TLS_PARAMS: &[&str] = &["cacert", "ca_file", "cert", "key"];
 
+/// What to write for TLS settings with a plain URL.
+pub(crate) const NEEDS_TLS: &str = "write etcds://… (etcd:// is plain http)";
+
 /// What the URL says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Target {
@@ -26,9 +29,7 @@ pub(crate) struct Target {
 }
 
 /// The URL with its password replaced by `***` (the core's [`conn::redact`]).
-pub fn redact(url: &str) -> String {
-    conn::redact(url)
-}
+pub use distlock_core::conn::redact;
 
 /// Decodes `%XX` escapes (as in the user, password and prefix of an `etcd://` URL); `None` for
 /// a bad escape or bytes that are not UTF-8. Other characters pass through unchanged.
@@ -48,11 +49,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
 
 /// As [`parse_url`], for a URL parsed already.
 pub(crate) fn from_parsed(cs: ConnectionString) -> Result<Target> {
-    let tls = match cs.scheme() {
-        "etcd" => false,
-        "etcds" => true,
-        s => return Err(cs.invalid(format!("scheme `{s}` is not etcd:// or etcds://"))),
-    };
+    let tls = TlsFiles::of_scheme(&cs, ["etcd", "etcds"], crate::tls::NAMES, NEEDS_TLS)?;
     if cs.fragment().is_some() {
         return Err(cs.invalid("the etcd URL has no #fragment"));
     }
@@ -66,16 +63,6 @@ pub(crate) fn from_parsed(cs: ConnectionString) -> Result<Target> {
              (cacert, cert, key); write etcd[s]://host:port[,host:port…][/prefix]"
         )));
     }
-    let tls = if tls {
-        Some(TlsFiles::from_url(&cs, crate::tls::NAMES)?)
-    } else {
-        if let Some((k, _)) = cs.params().first() {
-            return Err(cs.invalid(format!(
-                "`{k}` is a TLS parameter: write etcds://… for TLS (etcd:// is plain http)"
-            )));
-        }
-        None
-    };
     if cs.user() == Some("") {
         return Err(cs.invalid("empty user name"));
     }

@@ -16,7 +16,7 @@
 //! Threads, not tokio's reactor: the watch works on any tokio runtime, I/O driver or not.
 
 use crate::mutex::Flavor;
-use crate::{sys, Inner};
+use crate::{sys, waiting, Inner};
 use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
 use distlock_core::Result;
 use std::ffi::CString;
@@ -106,13 +106,12 @@ impl ObserveWatch {
         let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
         let signals = Arc::new(Signals::default());
         let (theirs, their_stop, their_path) = (signals.clone(), stop.clone(), path.clone());
-        std::thread::Builder::new()
-            .name("distlock-file-inotify".into())
-            .stack_size(256 * 1024)
-            .spawn(move || inotify_thread(inotify, &their_stop, &theirs, &their_path))
-            .map_err(|e| {
-                inner.io_error("cannot start a thread to watch the election".to_owned(), e)
-            })?;
+        waiting::spawn(
+            inner,
+            "distlock-file-inotify",
+            "watch the election",
+            move || inotify_thread(inotify, &their_stop, &theirs, &their_path),
+        )?;
         let mut w = ObserveWatch {
             inner: inner.clone(),
             path,
@@ -134,10 +133,7 @@ impl ObserveWatch {
             self.inner
                 .io_error(format!("cannot open {}", path.display()), e)
         })?;
-        let free = sys::try_lock(&file, sys::Mode::Shared).map_err(|e| {
-            self.inner
-                .io_error(format!("cannot probe {}", path.display()), e)
-        })?;
+        let free = self.inner.probe(&file, sys::Mode::Shared, path)?;
         if free {
             // Nobody leads: the next leader's grant writes the record, which inotify reports.
             sys::unlock_and_close(file);
@@ -145,25 +141,15 @@ impl ObserveWatch {
         }
         let died: Died = Arc::new(AtomicBool::new(false));
         let (their_died, signals) = (died.clone(), self.signals.clone());
-        std::thread::Builder::new()
-            .name("distlock-file-observe".into())
-            .stack_size(256 * 1024)
-            .spawn(move || {
-                match sys::lock_blocking(&file, sys::Mode::Shared) {
-                    Ok(()) => sys::unlock_and_close(file),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "waiting for the election's leader failed")
-                    }
-                }
-                their_died.store(true, Ordering::SeqCst);
-                signals.ring();
-            })
-            .map_err(|e| {
-                self.inner.io_error(
-                    "cannot start a thread to watch the election's leader".to_owned(),
-                    e,
-                )
-            })?;
+        let what = "watch the election's leader";
+        waiting::spawn(&self.inner, "distlock-file-observe", what, move || {
+            match sys::lock_blocking(&file, sys::Mode::Shared) {
+                Ok(()) => sys::unlock_and_close(file),
+                Err(e) => tracing::warn!(error = %e, "waiting for the election's leader failed"),
+            }
+            their_died.store(true, Ordering::SeqCst);
+            signals.ring();
+        })?;
         self.death = Some(died);
         Ok(())
     }

@@ -140,6 +140,25 @@ impl Inner {
         io_error(&self.endpoint, what, e)
     }
 
+    /// Locks `file` (at `path`) in `mode` if that needs no wait: whether it did.
+    pub(crate) fn probe(&self, file: &File, mode: sys::Mode, path: &Path) -> Result<bool> {
+        sys::try_lock(file, mode)
+            .map_err(|e| self.io_error(format!("cannot probe {}", path.display()), e))
+    }
+
+    /// True if a process (or backend) other than this one holds the lock of `path`
+    /// exclusively (a non-blocking `LOCK_SH` probe); false when there is no such file.
+    pub(crate) fn locked_elsewhere(&self, path: &Path) -> Result<bool> {
+        let Some(file) = self.open_existing(path)? else {
+            return Ok(false);
+        };
+        let free = self.probe(&file, sys::Mode::Shared, path)?;
+        if free {
+            sys::unlock_and_close(file);
+        }
+        Ok(!free)
+    }
+
     pub(crate) fn corrupt(&self, path: &Path, why: &str) -> Error {
         Error::unexpected(
             KIND,

@@ -141,8 +141,7 @@ pub(crate) fn force_release(inner: &Inner, name: &str, kind: LockKind) -> Result
             return Err(inner.io_error(format!("cannot open lock file {}", path.display()), e))
         }
     };
-    let free = sys::try_lock(&file, sys::Mode::Exclusive)
-        .map_err(|e| inner.io_error(format!("cannot probe {}", path.display()), e))?;
+    let free = inner.probe(&file, sys::Mode::Exclusive, &path)?;
     if !free {
         let holders = peek_record(&path)
             .and_then(|r| r.holder)

@@ -2,13 +2,15 @@
 //! release watch over a name's generation, and the start of a thread that blocks in `flock`.
 //! See docs/file-backend.md, section *Waiting without polling*.
 
-use crate::Inner;
+use crate::{sys, Inner};
 use distlock_core::backend::{
     async_trait, wait, AcquireReply, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
 };
 use distlock_core::backoff::RetryPolicy;
 use distlock_core::Result;
-use std::sync::{Arc, Weak};
+use std::fs::File;
+use std::io;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -127,20 +129,43 @@ impl<R: Registration> ReleaseWatch for Watch<R> {
     }
 }
 
-/// Starts a thread named `thread` that runs `body` (which blocks in `flock`) with a weak
-/// reference to the backend, so that a blocked thread does not keep a dropped backend alive.
-/// `what` says what it waits for, in the error when the thread cannot be started.
+/// Starts a thread named `thread` that runs `body`; `what` says what it does, in the error
+/// when it cannot be started ("cannot start a thread to {what}").
+pub(crate) fn spawn(
+    inner: &Inner,
+    thread: &str,
+    what: &str,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<()> {
+    std::thread::Builder::new()
+        .name(thread.into())
+        .stack_size(256 * 1024)
+        .spawn(body)
+        .map(drop)
+        .map_err(|e| inner.io_error(format!("cannot start a thread to {what}"), e))
+}
+
+/// Starts a waiting thread (see [`spawn`]; it waits for `what`): `block` blocks in `flock` and
+/// returns the descriptor it locked, then `then` gets the backend and that outcome. The thread
+/// keeps only a weak reference to the backend while it blocks, so that it does not keep a
+/// dropped backend alive; if the backend is gone, the lock it got is given back at once.
 pub(crate) fn spawn_waiter(
     inner: &Arc<Inner>,
     thread: &str,
     what: &str,
-    body: impl FnOnce(Weak<Inner>) + Send + 'static,
+    block: impl FnOnce() -> io::Result<File> + Send + 'static,
+    then: impl FnOnce(&Inner, io::Result<File>) + Send + 'static,
 ) -> Result<()> {
     let weak = Arc::downgrade(inner);
-    std::thread::Builder::new()
-        .name(thread.into())
-        .stack_size(256 * 1024)
-        .spawn(move || body(weak))
-        .map(drop)
-        .map_err(|e| inner.io_error(format!("cannot start a thread to wait for {what}"), e))
+    spawn(inner, thread, &format!("wait for {what}"), move || {
+        let res = block();
+        match weak.upgrade() {
+            Some(inner) => then(&inner, res),
+            None => {
+                if let Ok(file) = res {
+                    sys::unlock_and_close(file);
+                }
+            }
+        }
+    })
 }

@@ -126,11 +126,7 @@ impl Common {
     /// accounts that require TLS on refused credentials.
     fn open_error(&self, e: mysql_async::Error) -> distlock_core::Error {
         if let Some(t) = self.connector.tls.explain(&e) {
-            return distlock_core::Error::Connection {
-                backend: KIND,
-                endpoint: self.endpoint.clone(),
-                source: Box::new(t),
-            };
+            return distlock_core::Error::connection(KIND, self.endpoint.clone(), t);
         }
         match map(&self.endpoint, e) {
             distlock_core::Error::Auth {

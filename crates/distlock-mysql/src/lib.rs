@@ -16,15 +16,9 @@ pub use common::{election_key, lock_key};
 pub use tls::{SslMode, TlsError, TlsErrorKind, TlsOptions};
 
 use crate::common::{Common, Connector};
-use crate::error::KIND;
-use distlock_core::backend::{Backend, Capabilities, GrantRef, Granted};
-use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, ClientOptions, LockInfo, LockKind, ReleaseOutcome,
-    ReleaseWatch, RenewOutcome, Result,
-};
+use distlock_core::backend::{Backend, Delegate};
+use distlock_core::{ClientOptions, Result};
 use std::sync::Arc;
-use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// How locks are kept on the server (`?mode=` in the URL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,9 +41,7 @@ impl Mode {
 }
 
 /// The URL with its password (in the user info or a `password=` parameter) replaced by `***`.
-pub fn redact(url: &str) -> String {
-    distlock_core::conn::redact(url)
-}
+pub use distlock_core::conn::redact;
 
 enum Inner {
     Session(session::SessionMode),
@@ -158,14 +150,6 @@ impl MysqlBackend {
         Ok(MysqlBackend { common, inner })
     }
 
-    /// The mode in use, which does the lock operations.
-    fn current(&self) -> &dyn Backend {
-        match &self.inner {
-            Inner::Session(s) => s,
-            Inner::Table(t) => t,
-        }
-    }
-
     /// The mode this backend runs in.
     pub fn mode(&self) -> Mode {
         match self.inner {
@@ -201,62 +185,15 @@ impl MysqlBackend {
 /// `ops`. MySQL has no notifications: table mode's waiters wake at the holder's lease end or
 /// their heartbeat, session mode waits on the server. Observers are woken by the server,
 /// without polling (see `observe`).
-#[async_trait]
-impl Backend for MysqlBackend {
-    fn operator(&self) -> Option<&dyn distlock_core::Operator> {
+impl Delegate for MysqlBackend {
+    fn target(&self) -> &dyn Backend {
+        match &self.inner {
+            Inner::Session(s) => s,
+            Inner::Table(t) => t,
+        }
+    }
+
+    fn delegate_operator(&self) -> Option<&dyn distlock_core::Operator> {
         Some(self)
-    }
-
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
-    fn endpoint(&self) -> String {
-        self.common.endpoint.clone()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.current().capabilities()
-    }
-
-    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.current().watch(req).await
-    }
-
-    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        self.current().observe(name).await
-    }
-
-    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.current().acquire(req).await
-    }
-
-    async fn acquire_wait(
-        &self,
-        req: &AcquireRequest,
-        deadline: Option<std::time::Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        self.current().acquire_wait(req, deadline, cancel).await
-    }
-
-    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        self.current().give_up(req).await
-    }
-
-    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        self.current().release(grant).await
-    }
-
-    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.current().inspect(name, kind).await
-    }
-
-    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        self.current().renew(holds).await
-    }
-
-    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        self.current().proclaim(grant, seq, value).await
     }
 }

@@ -263,11 +263,11 @@ impl ReleaseWatch for ObserveWatch {
         match self.rx.recv().await {
             Some(Ok(())) => Ok(Wake::Released),
             Some(Err(e)) => Err(e),
-            None => Err(Error::Connection {
-                backend: KIND,
-                endpoint: self.endpoint.clone(),
-                source: "the election observer's connection ended".into(),
-            }),
+            None => Err(Error::connection(
+                KIND,
+                self.endpoint.clone(),
+                "the election observer's connection ended",
+            )),
         }
     }
 }

@@ -100,11 +100,7 @@ impl Common {
     /// as every driver error.
     fn connect_error(&self, e: tokio_postgres::Error) -> Error {
         if let Some(t) = self.tls.explain(&e) {
-            return Error::Connection {
-                backend: KIND,
-                endpoint: self.endpoint.clone(),
-                source: Box::new(t),
-            };
+            return Error::connection(KIND, self.endpoint.clone(), t);
         }
         let mut chain = e.to_string();
         let mut source = std::error::Error::source(&e);
@@ -113,14 +109,13 @@ impl Common {
             source = s.source();
         }
         if e.as_db_error().is_none() && chain.contains("password missing") {
-            return Error::Auth {
-                backend: KIND,
-                endpoint: self.endpoint.clone(),
-                message: "the server asks for a password and none was given: put it in the URL, \
+            return Error::auth(
+                KIND,
+                self.endpoint.clone(),
+                "the server asks for a password and none was given: put it in the URL, \
                           in PostgresBuilder::password, in PGPASSWORD or in a password file \
-                          (passfile=, PGPASSFILE or ~/.pgpass)"
-                    .into(),
-            };
+                          (passfile=, PGPASSFILE or ~/.pgpass)",
+            );
         }
         map(&self.endpoint, e)
     }
@@ -278,13 +273,13 @@ impl Common {
             .map_err(|e| {
                 let err = map(&self.endpoint, e);
                 match err {
-                    Error::UnexpectedReply { message, .. } => Error::UnexpectedReply {
-                        backend: KIND,
-                        message: format!(
+                    Error::UnexpectedReply { message, .. } => Error::unexpected(
+                        KIND,
+                        format!(
                             "creating dlock's tables failed: {message}; create them beforehand \
                              with the SQL in docs/postgres.md"
                         ),
-                    },
+                    ),
                     other => other,
                 }
             })?;

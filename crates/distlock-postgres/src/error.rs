@@ -10,11 +10,7 @@ pub(crate) const KIND: &str = "postgres";
 /// closed connection, a protocol error) is a connection error.
 pub(crate) fn map(endpoint: &str, e: tokio_postgres::Error) -> Error {
     let Some(db) = e.as_db_error() else {
-        return Error::Connection {
-            backend: KIND,
-            endpoint: endpoint.to_owned(),
-            source: Box::new(e),
-        };
+        return Error::connection(KIND, endpoint, e);
     };
     let code = db.code();
     let text = format!("{} (SQLSTATE {})", db.message(), code.code());
@@ -28,27 +24,19 @@ pub(crate) fn map(endpoint: &str, e: tokio_postgres::Error) -> Error {
             ),
             false => text,
         };
-        return Error::Auth {
-            backend: KIND,
-            endpoint: endpoint.to_owned(),
-            message,
-        };
+        return Error::auth(KIND, endpoint, message);
     }
     if *code == SqlState::INSUFFICIENT_PRIVILEGE {
-        return Error::Auth {
-            backend: KIND,
-            endpoint: endpoint.to_owned(),
-            message: format!(
+        return Error::auth(KIND, endpoint, format!(
                 "{text}; the role needs CREATE on the schema (once, to create dlock's tables) and \
                  SELECT/INSERT/UPDATE/DELETE on them, or create them beforehand (see docs/postgres.md)"
-            ),
-        };
+            ));
     }
     if *code == SqlState::INVALID_CATALOG_NAME {
-        return Error::UnexpectedReply {
-            backend: KIND,
-            message: format!("{text}; create the database or fix the path of the URL"),
-        };
+        return Error::unexpected(
+            KIND,
+            format!("{text}; create the database or fix the path of the URL"),
+        );
     }
     // Class 08 (connection exception), 53300 too many connections, 57P0x shutdown/termination.
     let c = code.code();
@@ -59,16 +47,9 @@ pub(crate) fn map(endpoint: &str, e: tokio_postgres::Error) -> Error {
         || *code == SqlState::CANNOT_CONNECT_NOW
         || *code == SqlState::IDLE_SESSION_TIMEOUT
     {
-        return Error::Connection {
-            backend: KIND,
-            endpoint: endpoint.to_owned(),
-            source: text.into(),
-        };
+        return Error::connection(KIND, endpoint, text);
     }
-    Error::UnexpectedReply {
-        backend: KIND,
-        message: text,
-    }
+    Error::unexpected(KIND, text)
 }
 
 /// A call that got no answer in time.

@@ -17,15 +17,9 @@ pub use password::{PASSFILE_ENV, PASSWORD_ENV};
 pub use tls::{RootCert, SslMode, TlsError, TlsErrorKind, TlsOptions};
 
 use crate::common::Common;
-use crate::error::KIND;
-use distlock_core::backend::{Backend, Capabilities, GrantRef, Granted};
-use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, ClientOptions, LockInfo, LockKind, ReleaseOutcome,
-    ReleaseWatch, RenewOutcome, Result,
-};
+use distlock_core::backend::{Backend, Delegate};
+use distlock_core::{ClientOptions, Result};
 use std::sync::Arc;
-use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// How locks are kept on the server (`?mode=` in the URL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,9 +42,7 @@ impl Mode {
 }
 
 /// The URL with its password (in the user info or a `password=` parameter) replaced by `***`.
-pub fn redact(url: &str) -> String {
-    distlock_core::conn::redact(url)
-}
+pub use distlock_core::conn::redact;
 
 enum Inner {
     Session(session::SessionMode),
@@ -190,14 +182,6 @@ impl PostgresBackend {
         })
     }
 
-    /// The mode in use, which does the lock operations.
-    fn current(&self) -> &dyn Backend {
-        match &self.inner {
-            Inner::Session(s) => s,
-            Inner::Lease(l) => l,
-        }
-    }
-
     /// The mode this backend runs in.
     pub fn mode(&self) -> Mode {
         match self.inner {
@@ -257,62 +241,15 @@ impl PostgresBackend {
 }
 
 /// The lock operations are the mode's; the operator commands are in `ops`.
-#[async_trait]
-impl Backend for PostgresBackend {
-    fn operator(&self) -> Option<&dyn distlock_core::Operator> {
+impl Delegate for PostgresBackend {
+    fn target(&self) -> &dyn Backend {
+        match &self.inner {
+            Inner::Session(s) => s,
+            Inner::Lease(l) => l,
+        }
+    }
+
+    fn delegate_operator(&self) -> Option<&dyn distlock_core::Operator> {
         Some(self)
-    }
-
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
-    fn endpoint(&self) -> String {
-        self.common.endpoint.clone()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.current().capabilities()
-    }
-
-    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.current().acquire(req).await
-    }
-
-    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.current().watch(req).await
-    }
-
-    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        self.current().give_up(req).await
-    }
-
-    async fn acquire_wait(
-        &self,
-        req: &AcquireRequest,
-        deadline: Option<std::time::Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        self.current().acquire_wait(req, deadline, cancel).await
-    }
-
-    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        self.current().release(grant).await
-    }
-
-    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        self.current().renew(holds).await
-    }
-
-    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.current().inspect(name, kind).await
-    }
-
-    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        self.current().proclaim(grant, seq, value).await
-    }
-
-    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        self.current().observe(name).await
     }
 }

@@ -126,18 +126,10 @@ impl RedisSettings {
                 .url
                 .invalid("a sentinel password is for redis+sentinel:// URLs only"));
         }
-        if s.ca_file.is_some() || s.client_cert.is_some() {
-            if !address.tls_on {
-                return Err(s.url.invalid(
-                    "a CA or client certificate needs TLS: write rediss://… (redis:// is plain text)",
-                ));
-            }
-            if let Some(ca) = &s.ca_file {
-                address.tls = address.tls.clone().with_ca(ca);
-            }
-            if let Some((c, k)) = &s.client_cert {
-                address.tls = address.tls.clone().with_client(c, k);
-            }
+        let url_files = address.tls_on.then(|| address.tls.clone());
+        if let Some(files) = s.tls_files(url_files, "write rediss://… (redis:// is plain text)")?
+        {
+            address.tls = files;
         }
         Ok(Resolved {
             address,

@@ -87,7 +87,7 @@ impl ZkSettings {
         if let Some(a) = s.settings.acl {
             u.acl = Some(a);
         }
-        u.tls = s.tls_files(u.tls.take(), "write zks://… (zk:// is plain)")?;
+        u.tls = s.tls_files(u.tls.take(), url::NEEDS_TLS)?;
         if u.tls.as_ref().is_some_and(|t| t.ca().is_none()) {
             return Err(s.url.invalid(
                 "zks:// needs `?cacert=PATH` (or the builder's ca_file), the PEM file of the CA \

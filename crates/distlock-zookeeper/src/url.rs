@@ -9,6 +9,9 @@ use std::time::Duration;
 /// Default client port of ZooKeeper.
 pub(crate) const DEFAULT_PORT: u16 = 2181;
 
+/// What to write for TLS settings with a plain URL.
+pub(crate) const NEEDS_TLS: &str = "write zks://… (zk:// is plain)";
+
 /// What the URL says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ZkUrl {
@@ -45,11 +48,7 @@ pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
 
 /// As [`parse`], for a URL parsed already.
 pub(crate) fn from_parsed(cs: ConnectionString) -> Result<ZkUrl> {
-    let secure = match cs.scheme() {
-        "zk" => false,
-        "zks" => true,
-        _ => return Err(cs.invalid("the scheme must be zk:// (or zks:// for TLS)")),
-    };
+    let tls = TlsFiles::of_scheme(&cs, ["zk", "zks"], TlsNames::CACERT, NEEDS_TLS)?;
     let user = cs.user().map(str::to_owned);
     if user.as_deref() == Some("") {
         return Err(cs.invalid("the digest user name before `@` is empty"));
@@ -77,27 +76,14 @@ pub(crate) fn from_parsed(cs: ConnectionString) -> Result<ZkUrl> {
             return Err(cs.invalid("/zookeeper is reserved by ZooKeeper itself"));
         }
     }
-    let tls = if secure {
-        cs.check_params(&[
-            "namespace",
-            "session_timeout",
-            "acl",
-            "cacert",
-            "cert",
-            "key",
-        ])?;
-        Some(TlsFiles::from_url(&cs, TlsNames::CACERT)?)
-    } else {
-        for p in ["cacert", "cert", "key"] {
-            if cs.param(p).is_some() {
-                return Err(cs.invalid(format!(
-                    "`{p}=` is a TLS setting: write zks:// instead of zk://"
-                )));
-            }
-        }
-        cs.check_params(&["namespace", "session_timeout", "acl"])?;
-        None
-    };
+    cs.check_params(&[
+        "namespace",
+        "session_timeout",
+        "acl",
+        "cacert",
+        "cert",
+        "key",
+    ])?;
     let namespace = match cs.param("namespace") {
         Some("") => return Err(cs.invalid("namespace must not be empty")),
         other => other.map(str::to_owned),

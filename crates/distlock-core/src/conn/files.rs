@@ -123,6 +123,48 @@ impl TlsFiles {
         })
     }
 
+    /// The TLS files of a URL of a backend with a plain scheme and a TLS one (`etcd://` and
+    /// `etcds://`, `zk://` and `zks://`): `None` for `plain`, where a TLS setting is refused;
+    /// `Some` for `secure`, the files `names` names read as [`TlsFiles::from_url`] does.
+    ///
+    /// ```
+    /// use distlock_core::conn::{ConnectionString, TlsFiles, TlsNames};
+    ///
+    /// let of = |url| {
+    ///     let cs = ConnectionString::parse(url)?;
+    ///     TlsFiles::of_scheme(&cs, ["zk", "zks"], TlsNames::CACERT, "write zks://…")
+    /// };
+    /// assert_eq!(of("zk://h")?, None);
+    /// assert_eq!(of("zks://h?cacert=/ca.pem")?.and_then(|f| f.ca().map(|p| p.to_owned())),
+    ///            Some("/ca.pem".into()));
+    /// assert!(of("zk://h?cacert=/ca.pem").is_err());
+    /// assert!(of("http://h").is_err());
+    /// # Ok::<(), distlock_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] (redacted) for another scheme; for a TLS setting with `plain`
+    /// (`hint` says what to write, as for
+    /// [`Settings::tls_files`](super::Settings::tls_files)); and as [`TlsFiles::from_url`].
+    pub fn of_scheme(
+        cs: &ConnectionString,
+        [plain, secure]: [&str; 2],
+        names: TlsNames,
+        hint: &str,
+    ) -> Result<Option<Self>> {
+        match cs.scheme() {
+            s if s == secure => TlsFiles::from_url(cs, names).map(Some),
+            s if s == plain => {
+                let mut all = names.ca.iter().chain(names.cert).chain(names.key);
+                match all.find(|n| cs.param(n).is_some()) {
+                    Some(n) => Err(cs.invalid(format!("`{n}=` is a TLS setting: {hint}"))),
+                    None => Ok(None),
+                }
+            }
+            s => Err(cs.invalid(format!("scheme `{s}` is not {plain}:// or {secure}://"))),
+        }
+    }
+
     /// Trust the CA certificates in `path` (PEM).
     #[must_use]
     pub fn with_ca(mut self, path: impl Into<PathBuf>) -> Self {
@@ -310,6 +352,29 @@ mod tests {
         ] {
             let cs = ConnectionString::parse(bad).expect("url");
             let e = TlsFiles::from_url(&cs, names).expect_err(bad).to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_scheme_says_whether_tls_files_may_be_given() {
+        let of = |url: &str| {
+            let cs = ConnectionString::parse(url).expect("url");
+            TlsFiles::of_scheme(&cs, ["x", "xs"], PG, "write xs://… (x:// is plain)")
+        };
+        assert_eq!(of("x://h?other=1").expect("plain"), None);
+        assert_eq!(of("xs://h").expect("tls"), Some(TlsFiles::new(PG)));
+        let f = of("xs://h?sslrootcert=/ca").expect("tls").expect("files");
+        assert_eq!(f.ca(), Some(Path::new("/ca")));
+        for (bad, want) in [
+            (
+                "x://h?sslkey=/k",
+                "`sslkey=` is a TLS setting: write xs://… (x:// is plain)",
+            ),
+            ("y://h", "scheme `y` is not x:// or xs://"),
+            ("xs://h?sslcert=/c", "add `&sslkey=PATH`"),
+        ] {
+            let e = of(bad).expect_err(bad).to_string();
             assert!(e.contains(want), "{bad}: {e}");
         }
     }

@@ -312,7 +312,7 @@ impl Inner {
             }
         }
         // Not held here: held by another process, or by nobody.
-        Ok(if self.probe_held(f, name)? {
+        Ok(if self.locked_elsewhere(&self.fpath(f, name))? {
             ReleaseOutcome::TakenByOther
         } else {
             ReleaseOutcome::Expired
@@ -346,20 +346,6 @@ impl Inner {
             self.unlock_holder(entry, name);
             remove_if_idle(&mut table, name);
         }
-    }
-
-    /// True if someone outside this backend's table holds the lock (non-blocking probe).
-    pub(crate) fn probe_held(&self, f: Flavor, name: &str) -> Result<bool> {
-        let path = self.fpath(f, name);
-        let Some(file) = self.open_existing(&path)? else {
-            return Ok(false);
-        };
-        let free = sys::try_lock(&file, sys::Mode::Shared)
-            .map_err(|e| self.io_error(format!("cannot probe {}", path.display()), e))?;
-        if free {
-            sys::unlock_and_close(file);
-        }
-        Ok(!free)
     }
 
     /// A duplicate of the descriptor whose `flock` is this backend's grant of `name` (flavor
@@ -450,8 +436,7 @@ impl Inner {
         let Some(file) = self.open_existing(&path)? else {
             return Ok(Some(LockInfo::new(name)));
         };
-        let free = sys::try_lock(&file, sys::Mode::Shared)
-            .map_err(|e| self.io_error(format!("cannot probe {}", path.display()), e))?;
+        let free = self.probe(&file, sys::Mode::Shared, &path)?;
         let rec = self.read_record(&file, &path);
         if free {
             // Writers hold the exclusive lock, so under our shared lock the record is whole.

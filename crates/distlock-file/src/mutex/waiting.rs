@@ -8,7 +8,7 @@ use crate::{sys, Inner};
 use distlock_core::{AcquireRequest, Error, Granted, Result};
 use std::fs::File;
 use std::io;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -24,9 +24,13 @@ impl Inner {
         file: File,
     ) -> Result<()> {
         let name = name.clone();
-        waiting::spawn_waiter(self, "distlock-file-wait", "the lock", move |inner| {
-            kernel_wait(inner, f, name, file)
-        })?;
+        waiting::spawn_waiter(
+            self,
+            "distlock-file-wait",
+            "the lock",
+            move || sys::lock_wait(&file).map(|()| file),
+            move |inner, res| kernel_wait(inner, f, &name, res),
+        )?;
         // The thread reports under the table lock, which we hold: it sees this flag set.
         entry.kernel_waiting = true;
         Ok(())
@@ -66,28 +70,17 @@ impl Inner {
     }
 }
 
-/// Body of the waiting thread of one lock name: blocks in `flock(LOCK_EX)`, then hands the lock
-/// to a waiter (parks it) or, if nobody waits any more, unlocks it at once.
-fn kernel_wait(inner: Weak<Inner>, f: Flavor, name: Arc<str>, file: File) {
-    let res = sys::lock_wait(&file);
-    let Some(inner) = inner.upgrade() else {
-        // The backend is gone.
-        if res.is_ok() {
-            sys::unlock_and_close(file);
-        }
-        return;
-    };
+/// End of the waiting thread of one lock name, after its `flock(LOCK_EX)` returned: hands
+/// the lock to a waiter (parks it) or, if nobody waits any more, unlocks it at once.
+fn kernel_wait(inner: &Inner, f: Flavor, name: &Arc<str>, res: io::Result<File>) {
     let mut table = inner.table(f);
     let entry = table.entry(name.clone()).or_default();
     entry.kernel_waiting = false;
     match res {
-        Ok(()) => {
-            if entry.waiters > 0 && entry.holder.is_none() && entry.parked.is_none() {
-                entry.parked = Some(file);
-            } else {
-                sys::unlock_and_close(file);
-            }
+        Ok(file) if entry.waiters > 0 && entry.holder.is_none() && entry.parked.is_none() => {
+            entry.parked = Some(file);
         }
+        Ok(file) => sys::unlock_and_close(file),
         Err(e) => {
             tracing::warn!(name = %name, error = %e, "waiting for the lock file failed");
             if entry.waiters + entry.watchers > 0 {
@@ -96,7 +89,7 @@ fn kernel_wait(inner: Weak<Inner>, f: Flavor, name: Arc<str>, file: File) {
         }
     }
     entry.bump();
-    remove_if_idle(&mut table, &name);
+    remove_if_idle(&mut table, name);
 }
 
 /// A registered waiter or watch of one name; unregisters on drop.

@@ -20,18 +20,9 @@ impl Inner {
         rec.map(Some)
     }
 
-    /// True if a process (or backend) other than this one holds `<hash>.rw` exclusively
-    /// (non-blocking `LOCK_SH` probe).
+    /// True if a process (or backend) other than this one holds `<hash>.rw` exclusively.
     pub(super) fn rw_write_locked(&self, name: &str) -> Result<bool> {
-        let path = self.rw_path(name, MAIN);
-        let Some(file) = self.open_existing(&path)? else {
-            return Ok(false);
-        };
-        let free = self.try_flock(&file, sys::Mode::Shared, &path)?;
-        if free {
-            sys::unlock_and_close(file);
-        }
-        Ok(!free)
+        self.locked_elsewhere(&self.rw_path(name, MAIN))
     }
 
     /// The holds of other processes and backends, from the record: lines of live processes;

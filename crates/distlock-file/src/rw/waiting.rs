@@ -9,7 +9,7 @@ use crate::{sys, Inner};
 use distlock_core::{AcquireRequest, Error, Granted, HoldKey, Result};
 use std::fs::File;
 use std::io;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -40,8 +40,9 @@ impl Inner {
                 entry.turnstile = Some(ts);
             } else {
                 // Another writer waits (or a reader is passing): queue behind it.
-                let name = name.clone();
-                self.spawn_waiter(move |inner| turnstile_wait(inner, name, ts))?;
+                self.spawn_waiter(Thread::Turnstile, name, move || {
+                    sys::lock_blocking(&ts, sys::Mode::Exclusive).map(|()| ts)
+                })?;
                 entry.turnstile_thread = true;
             }
         }
@@ -63,8 +64,9 @@ impl Inner {
             Some(f) => f,
             None => self.open_rw(&self.rw_path(name, MAIN))?,
         };
-        let name = name.clone();
-        self.spawn_waiter(move |inner| write_wait(inner, name, f))?;
+        self.spawn_waiter(Thread::Write, name, move || {
+            sys::lock_blocking(&f, sys::Mode::Exclusive).map(|()| f)
+        })?;
         entry.write_thread = true;
         Ok(())
     }
@@ -88,17 +90,34 @@ impl Inner {
                 self.open_rw(&self.rw_path(name, MAIN))?,
             ),
         };
-        let name = name.clone();
-        self.spawn_waiter(move |inner| read_wait(inner, name, ts, main))?;
+        // Passes the turnstile first (if `ts` is given).
+        self.spawn_waiter(Thread::Read, name, move || {
+            if let Some(ts) = ts {
+                sys::lock_blocking(&ts, sys::Mode::Shared)?;
+                sys::unlock_and_close(ts);
+            }
+            sys::lock_blocking(&main, sys::Mode::Shared).map(|()| main)
+        })?;
         entry.read_thread = true;
         Ok(())
     }
 
+    /// Starts waiting thread `thread` of `name`, which blocks in `block`.
     fn spawn_waiter(
         self: &Arc<Self>,
-        body: impl FnOnce(Weak<Inner>) + Send + 'static,
+        thread: Thread,
+        name: &Arc<str>,
+        block: impl FnOnce() -> io::Result<File> + Send + 'static,
     ) -> Result<()> {
-        waiting::spawn_waiter(self, "distlock-file-rw-wait", "the read-write lock", body)
+        let name = name.clone();
+        let then = move |inner: &Inner, res| waited(inner, &name, thread, res);
+        waiting::spawn_waiter(
+            self,
+            "distlock-file-rw-wait",
+            "the read-write lock",
+            block,
+            then,
+        )
     }
 
     pub(crate) fn rw_watch(
@@ -138,84 +157,41 @@ fn fail(entry: &mut RwEntry, name: &str, e: io::Error) {
     }
 }
 
-/// Body of the turnstile thread: blocks for `LOCK_EX` on the turnstile, then keeps it for the
-/// backend's waiting writers (or unlocks it if none waits any more).
-fn turnstile_wait(inner: Weak<Inner>, name: Arc<str>, ts: File) {
-    let res = sys::lock_blocking(&ts, sys::Mode::Exclusive);
-    let Some(inner) = inner.upgrade() else {
-        if res.is_ok() {
-            sys::unlock_and_close(ts);
-        }
-        return;
-    };
-    let mut table = inner.rw_table();
-    let entry = table.entry(name.clone()).or_default();
-    entry.turnstile_thread = false;
-    match res {
-        Ok(()) if entry.write_waiters > 0 && entry.turnstile.is_none() => {
-            entry.turnstile = Some(ts);
-        }
-        Ok(()) => sys::unlock_and_close(ts),
-        Err(e) => fail(entry, &name, e),
-    }
-    entry.bump();
-    remove_if_idle(&mut table, &name);
+/// The waiting threads of a read-write lock name.
+#[derive(Debug, Clone, Copy)]
+enum Thread {
+    /// Blocks for `LOCK_EX` on the turnstile, then keeps it for the backend's waiting writers.
+    Turnstile,
+    /// Blocks for `LOCK_EX` on `<hash>.rw`, then parks the lock for a waiting writer.
+    Write,
+    /// Passes the turnstile (unless its caller did), blocks for `LOCK_SH` on `<hash>.rw`,
+    /// then parks the lock for a waiting reader.
+    Read,
 }
 
-/// Body of the write thread: blocks for `LOCK_EX` on `<hash>.rw`, then parks the lock for a
-/// waiting writer (or unlocks it at once if none waits any more).
-fn write_wait(inner: Weak<Inner>, name: Arc<str>, main: File) {
-    let res = sys::lock_blocking(&main, sys::Mode::Exclusive);
-    let Some(inner) = inner.upgrade() else {
-        if res.is_ok() {
-            sys::unlock_and_close(main);
-        }
-        return;
-    };
+/// End of waiting thread `thread` of `name`, after its `flock` returned: keeps the lock it
+/// got for the waiters of its side, or unlocks it at once if none waits for it any more.
+fn waited(inner: &Inner, name: &Arc<str>, thread: Thread, res: io::Result<File>) {
     let mut table = inner.rw_table();
     let entry = table.entry(name.clone()).or_default();
-    entry.write_thread = false;
-    match res {
-        Ok(()) if entry.write_waiters > 0 && !entry.held() && entry.parked_write.is_none() => {
-            entry.parked_write = Some(main);
-        }
-        Ok(()) => sys::unlock_and_close(main),
-        Err(e) => fail(entry, &name, e),
-    }
-    entry.bump();
-    remove_if_idle(&mut table, &name);
-}
-
-/// Body of the read thread: passes the turnstile (if `ts` is given), blocks for `LOCK_SH` on
-/// `<hash>.rw`, then parks the lock for a waiting reader (or unlocks it at once).
-fn read_wait(inner: Weak<Inner>, name: Arc<str>, ts: Option<File>, main: File) {
-    let res = (|| {
-        if let Some(ts) = ts {
-            sys::lock_blocking(&ts, sys::Mode::Shared)?;
-            sys::unlock_and_close(ts);
-        }
-        sys::lock_blocking(&main, sys::Mode::Shared)
-    })();
-    let Some(inner) = inner.upgrade() else {
-        if res.is_ok() {
-            sys::unlock_and_close(main);
-        }
-        return;
+    let wanted = match thread {
+        Thread::Turnstile => entry.write_waiters > 0,
+        Thread::Write => entry.write_waiters > 0 && !entry.held(),
+        Thread::Read => entry.read_waiters > 0 && entry.writer.is_none(),
     };
-    let mut table = inner.rw_table();
-    let entry = table.entry(name.clone()).or_default();
-    entry.read_thread = false;
+    let (running, slot) = match thread {
+        Thread::Turnstile => (&mut entry.turnstile_thread, &mut entry.turnstile),
+        Thread::Write => (&mut entry.write_thread, &mut entry.parked_write),
+        Thread::Read => (&mut entry.read_thread, &mut entry.parked_read),
+    };
+    *running = false;
     match res {
-        Ok(())
-            if entry.read_waiters > 0 && entry.writer.is_none() && entry.parked_read.is_none() =>
-        {
-            entry.parked_read = Some(main);
-        }
-        Ok(()) => sys::unlock_and_close(main),
-        Err(e) => fail(entry, &name, e),
+        Ok(file) if wanted && slot.is_none() => *slot = Some(file),
+        Ok(file) => sys::unlock_and_close(file),
+        Err(e) => fail(entry, name, e),
     }
     entry.bump();
-    remove_if_idle(&mut table, &name);
+    remove_if_idle(&mut table, name);
 }
 
 /// A registered waiter or watch of one side of one name; unregisters on drop (and gives back

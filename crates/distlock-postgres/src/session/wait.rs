@@ -61,11 +61,7 @@ fn failed(endpoint: &str, e: tokio_postgres::Error) -> WaitEnd {
     WaitEnd::Failed(if is_code(&e, &SqlState::QUERY_CANCELED) {
         // Cancelled by someone else (an operator), or by a late signal of ours: wait again,
         // on another session.
-        Error::Connection {
-            backend: KIND,
-            endpoint: endpoint.to_owned(),
-            source: "the wait was cancelled on the server".into(),
-        }
+        Error::connection(KIND, endpoint, "the wait was cancelled on the server")
     } else {
         map(endpoint, e)
     })
