@@ -63,6 +63,51 @@ async fn served(wait: tokio::task::JoinHandle<distlock_core::Result<LockGuard>>)
     released(w).await;
 }
 
+/// A server and three clients, with `?handoff_after=AFTER` if given (else the adaptive
+/// threshold): two straight to it and a slow one through a proxy (no delay until a case sets
+/// one).
+struct Slowed {
+    server: RedisServer,
+    direct: [Client; 2],
+    proxy: DelayProxy,
+    slow: Client,
+}
+
+async fn slowed(after: Option<&str>) -> Slowed {
+    let server = RedisServer::start().expect("redis");
+    let url_of = |url: String| match after {
+        Some(a) => with_handoff_after(&url, a),
+        None => url,
+    };
+    let url = url_of(server.url());
+    let (a, _) = client_for(&url, opts()).await;
+    let (b, _) = client_for(&url, opts()).await;
+    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
+    let (slow, _) = client_for(
+        &url_of(format!("redis://127.0.0.1:{}", proxy.port())),
+        opts(),
+    )
+    .await;
+    Slowed {
+        server,
+        direct: [a, b],
+        proxy,
+        slow,
+    }
+}
+
+/// `lock` waits (20 s at most) in a task, returned once the server counts `n` queued.
+async fn in_line(
+    server: &RedisServer,
+    lock: distlock_core::Lock,
+    name: &str,
+    n: usize,
+) -> tokio::task::JoinHandle<distlock_core::Result<LockGuard>> {
+    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    queued(server, name, n).await;
+    wait
+}
+
 /// Releases `g` while one waiter is queued and checks the release sent one wake-up, `w
 /// ATTEMPT` (the lock freed for whoever asks first; `handed` is the failure otherwise); then
 /// `barger` takes the free lock and holds it.
@@ -98,18 +143,15 @@ async fn woken_and_barged(
 /// the barger's try was refused: 'the barger did not get the free lock'.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_young_waiter_is_woken_and_a_barger_takes_the_free_lock() {
-    let server = RedisServer::start().expect("redis");
-    let url = with_handoff_after(&server.url(), "10s");
-    let (holder_c, _) = client_for(&url, opts()).await;
-    let (barger, _) = client_for(&url, opts()).await;
-    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
-    let slow_url = with_handoff_after(&format!("redis://127.0.0.1:{}", proxy.port()), "10s");
-    let (waiter, _) = client_for(&slow_url, opts()).await;
+    let Slowed {
+        server,
+        direct: [holder_c, barger],
+        proxy,
+        slow: waiter,
+    } = slowed(Some("10s")).await;
     let name = unique_name("barge");
     let g = acquired(&holder_c, &name).await;
-    let lock = waiter.lock(&name).expect("lock");
-    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
-    queued(&server, &name, 1).await;
+    let wait = in_line(&server, waiter.lock(&name).expect("lock"), &name, 1).await;
     // The waiter's next request (after its wake-up) comes 300 ms late.
     proxy.set_request_delay(Duration::from_millis(300));
     let got = woken_and_barged(
@@ -146,25 +188,21 @@ async fn a_young_waiter_is_woken_and_a_barger_takes_the_free_lock() {
 /// free lock'; a test that then waited for the oldest while the second held on hung.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_waiter_does_not_pass_the_one_queued_before_it() {
-    let server = RedisServer::start().expect("redis");
-    let url = with_handoff_after(&server.url(), "10s");
-    let (holder_c, _) = client_for(&url, opts()).await;
-    let (second_c, _) = client_for(&url, opts()).await;
-    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
-    let slow_url = with_handoff_after(&format!("redis://127.0.0.1:{}", proxy.port()), "10s");
-    let (first_c, _) = client_for(&slow_url, opts()).await;
+    let Slowed {
+        server,
+        direct: [holder_c, second_c],
+        proxy,
+        slow: first_c,
+    } = slowed(Some("10s")).await;
     let name = unique_name("keeps-place");
     let g = acquired(&holder_c, &name).await;
-    let lock = first_c.lock(&name).expect("lock");
-    let first = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
-    queued(&server, &name, 1).await;
+    let first = in_line(&server, first_c.lock(&name).expect("lock"), &name, 1).await;
     let lock = second_c
         .lock(&name)
         .expect("lock")
         .lease(Duration::from_millis(400))
         .expect("lease");
-    let second = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
-    queued(&server, &name, 2).await;
+    let second = in_line(&server, lock, &name, 2).await;
     proxy.set_request_delay(Duration::from_millis(600));
     let mut spy = server.spy("dlock:wake:*").expect("spy");
     released(g).await;
@@ -203,9 +241,7 @@ async fn an_old_waiter_is_handed_the_lock_and_no_barger_overlaps_it() {
     let (waiter, _) = client_for(&url, opts()).await;
     let name = unique_name("handoff");
     let g = acquired(&holder_c, &name).await;
-    let lock = waiter.lock(&name).expect("lock");
-    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
-    queued(&server, &name, 1).await;
+    let wait = in_line(&server, waiter.lock(&name).expect("lock"), &name, 1).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     let mut spy = server.spy("dlock:wake:*").expect("spy");
     released(g).await;
@@ -342,17 +378,16 @@ async fn hold_a_while(c: &Client, held: Duration, n: usize) {
 /// threshold followed the holds: the lock was handed over, 'the waiter was handed the lock'.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_adaptive_threshold_lets_a_barger_pass_a_waiter_younger_than_the_recent_holds() {
-    let server = RedisServer::start().expect("redis");
-    let (holder_c, _) = client_for(&server.url(), opts()).await;
-    let (barger, _) = client_for(&server.url(), opts()).await;
-    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
-    let (waiter, _) = client_for(&format!("redis://127.0.0.1:{}", proxy.port()), opts()).await;
+    let Slowed {
+        server,
+        direct: [holder_c, barger],
+        proxy,
+        slow: waiter,
+    } = slowed(None).await;
     hold_a_while(&holder_c, Duration::from_millis(10), 4).await;
     let name = unique_name("adaptive");
     let g = acquired(&holder_c, &name).await;
-    let lock = waiter.lock(&name).expect("lock");
-    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
-    queued(&server, &name, 1).await;
+    let wait = in_line(&server, waiter.lock(&name).expect("lock"), &name, 1).await;
     proxy.set_request_delay(Duration::from_millis(300));
     // Older than the old default, younger than the adaptive threshold.
     tokio::time::sleep(DEFAULT_HANDOFF_AFTER * 2).await;
@@ -374,9 +409,7 @@ async fn the_adaptive_threshold_still_hands_an_old_waiter_the_lock() {
     hold_a_while(&holder_c, Duration::from_millis(100), 2).await;
     let name = unique_name("adaptive-old");
     let g = acquired(&holder_c, &name).await;
-    let lock = waiter.lock(&name).expect("lock");
-    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
-    queued(&server, &name, 1).await;
+    let wait = in_line(&server, waiter.lock(&name).expect("lock"), &name, 1).await;
     tokio::time::sleep(MAX_HANDOFF_AFTER * 2).await;
     let mut spy = server.spy("dlock:wake:*").expect("spy");
     released(g).await;
@@ -410,9 +443,7 @@ async fn a_fair_lock_always_hands_over() {
     let (waiter, _) = client_for(&url, opts()).await;
     let name = unique_name("fair");
     let g = fair(&holder_c, &name).acquire().await.expect("acquire");
-    let lock = fair(&waiter, &name);
-    let wait = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
-    queued(&server, &name, 1).await;
+    let wait = in_line(&server, fair(&waiter, &name), &name, 1).await;
     released(g).await;
     let barged = fair(&barger, &name).try_acquire().await.expect("try");
     assert!(barged.is_none(), "a barger passed a fair lock's waiter");
