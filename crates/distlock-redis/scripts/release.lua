@@ -5,7 +5,8 @@
 -- ATTEMPT'), on the wake channel its queue entry names (field '>ATTEMPT' of the waiter data,
 -- see acquire.lua; an entry without one: KEYS[1]:released:ATTEMPT) — or, in the plain mutex's
 -- contended mode, **frees it and wakes** that waiter alone ('w ATTEMPT'), which then asks like
--- anyone else: whoever asks first gets it (the releaser included), as Go's sync.Mutex does.
+-- a newcomer: whoever asks first of it and the clients not queued gets it (the releaser
+-- included), as Go's sync.Mutex does; a waiter queued behind it waits (acquire_wait.lua).
 -- The lock is handed over (strict FIFO) when the oldest live waiter has waited at least
 -- ARGV[3] ms (its arrival is its queue score, on the server clock), so no waiter waits much
 -- longer than that before the queue serves it (docs/redis-lock.md, "Contended mode"). A fair

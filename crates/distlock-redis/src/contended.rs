@@ -3,8 +3,9 @@
 //! A release with waiters either hands the lock to the oldest live waiter (strict FIFO, the
 //! fair lock's and an election's only way) or — for a plain mutex whose oldest waiter has
 //! waited less than the *handoff threshold* — frees it and wakes that waiter alone (`w
-//! ATTEMPT` on its wake channel): whoever asks first gets it, the releaser included, as Go's
-//! `sync.Mutex` lets a running goroutine take a free lock. Once the oldest waiter has waited
+//! ATTEMPT` on its wake channel): whoever asks first of that waiter and the clients not queued
+//! gets it, the releaser included, as Go's `sync.Mutex` lets a running goroutine take a free
+//! lock; a waiter queued behind a live one keeps its place (scripts/acquire_wait.lua). Once the oldest waiter has waited
 //! that long, releases hand over again, oldest first, until the oldest has not
 //! (scripts/release.lua; docs/redis-lock.md, "Contended mode", argues why the tails stay
 //! bounded).

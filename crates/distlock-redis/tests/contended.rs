@@ -26,14 +26,20 @@ fn with_handoff_after(url: &str, after: &str) -> String {
     format!("{url}?handoff_after={after}")
 }
 
+/// How many attempts are queued for mutex `name`.
+fn queue_len(server: &RedisServer, name: &str) -> usize {
+    let card = server
+        .command(&["ZCARD", &format!("dlock:{{{name}}}:queue")])
+        .expect("ZCARD");
+    card.parse()
+        .unwrap_or_else(|_| panic!("ZCARD answered {card:?}"))
+}
+
 /// Waits until `n` attempts are queued for mutex `name`.
 async fn queued(server: &RedisServer, name: &str, n: usize) {
     let t = Instant::now();
     loop {
-        let card = server
-            .command(&["ZCARD", &format!("dlock:{{{name}}}:queue")])
-            .expect("ZCARD");
-        if card.parse::<usize>().unwrap_or(0) >= n {
+        if queue_len(server, name) >= n {
             return;
         }
         assert!(t.elapsed() < Duration::from_secs(10), "never queued");
@@ -168,13 +174,7 @@ async fn a_young_waiter_is_woken_and_a_barger_takes_the_free_lock() {
         !wait.is_finished(),
         "the waiter got a lock the barger holds"
     );
-    assert_eq!(
-        server
-            .command(&["ZCARD", &format!("dlock:{{{name}}}:queue")])
-            .expect("ZCARD"),
-        "1",
-        "the waiter lost its place"
-    );
+    assert_eq!(queue_len(&server, &name), 1, "the waiter lost its place");
     proxy.set_request_delay(Duration::ZERO);
     released(got).await;
     served(wait).await;
@@ -211,8 +211,16 @@ async fn a_queued_waiter_does_not_pass_the_one_queued_before_it() {
         seen.len() == 1 && seen[0].1.starts_with("w "),
         "the release frees the lock and wakes the oldest: {seen:?}"
     );
-    // Several heartbeats of the second waiter while the first's request is delayed.
+    // Several heartbeats of the second waiter while the first's request is delayed (the only
+    // scripts run meanwhile: nobody holds a lock to renew): counted, so that the case cannot
+    // pass because none came.
+    let before = server.calls("evalsha").expect("INFO");
     tokio::time::sleep(Duration::from_millis(400)).await;
+    let asked = server.calls("evalsha").expect("INFO") - before;
+    assert!(
+        asked >= 2,
+        "the second waiter asked {asked} times in 400 ms"
+    );
     let now = holder(&server, &name);
     assert!(
         !second.is_finished() && now.is_empty(),
@@ -289,15 +297,12 @@ async fn the_adaptive_threshold_does_not_starve_a_slow_waiter() {
 /// A hot loop on one client holding `hold` per section, and a waiter on another whose
 /// requests all come 20 ms late; `after`: the threshold the releases use at most.
 async fn hot_releaser_and_slow_waiter(param: Option<&str>, hold: Duration, after: Duration) {
-    let server = RedisServer::start().expect("redis");
-    let url_of = |url: String| match param {
-        Some(p) => with_handoff_after(&url, p),
-        None => url,
-    };
-    let (hot, _) = client_for(&url_of(server.url()), opts()).await;
-    let proxy = DelayProxy::start(server.addr(), Duration::ZERO).expect("proxy");
-    let slow_url = url_of(format!("redis://127.0.0.1:{}", proxy.port()));
-    let (slow, _) = client_for(&slow_url, opts()).await;
+    let Slowed {
+        server: _server,
+        direct: [hot, _],
+        proxy,
+        slow,
+    } = slowed(param).await;
     let name = unique_name("hot");
     let inside = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
