@@ -122,40 +122,23 @@ impl<'a> Reading<'a> {
         kind: LockKind,
     ) -> Result<Self> {
         let fam = family(kind)?;
-        let (holds_key, exp_key, queue_key, waiters_key, limit_key) = match fam {
-            Family::Mutex { election, .. } => {
-                let [h, _, q, w] = b.mutex_keys(name, election);
-                (h, None, q, w, None)
-            }
-            Family::Rw { .. } => {
-                let [h, _, q, w, e] = b.rw_keys(name);
-                (h, Some(e), q, w, None)
-            }
-            Family::Sem { .. } => {
-                let [h, _, q, w, e, l] = b.sem_keys(name);
-                (h, Some(e), q, w, Some(l))
-            }
-        };
-        pipe.cmd("HGETALL").arg(&holds_key);
-        pipe.cmd("PTTL").arg(&holds_key);
-        let fence_key = match fam {
-            Family::Mutex { election, .. } => b.mutex_fence_key(name, election),
-            _ => b.fence_key(name),
-        };
-        pipe.cmd("GET").arg(&fence_key);
-        pipe.cmd("HGETALL").arg(&waiters_key);
+        let k = b.keys(name, &fam);
+        pipe.cmd("HGETALL").arg(&k.holds);
+        pipe.cmd("PTTL").arg(&k.holds);
+        pipe.cmd("GET").arg(&k.fence);
+        pipe.cmd("HGETALL").arg(&k.waiters);
         pipe.cmd("ZRANGE")
-            .arg(&queue_key)
+            .arg(&k.queue)
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES");
         pipe.cmd("TIME");
         let mut replies = 6;
-        if let Some(e) = &exp_key {
+        if let Some(e) = &k.exp {
             pipe.cmd("ZRANGE").arg(e).arg(0).arg(-1).arg("WITHSCORES");
             replies += 1;
         }
-        if let Some(l) = &limit_key {
+        if let Some(l) = &k.limit {
             pipe.cmd("GET").arg(l);
             replies += 1;
         }

@@ -346,10 +346,15 @@ impl RedisBackend {
         }
     }
 
-    /// The release channel of a mutex-family lock (waiters' wake-ups; handoffs go to
-    /// `CHANNEL:ATTEMPT`).
-    fn mutex_channel(&self, name: &str, election: bool) -> String {
-        self.key(name, &format!("{}:released", Self::base(election)))
+    /// The release channel of a lock of family `fam`: a mutex-family lock's (waiters'
+    /// wake-ups; handoffs go to `CHANNEL:ATTEMPT`), or the name's for the other families.
+    fn release_channel(&self, name: &str, fam: &Family) -> String {
+        match fam {
+            Family::Mutex { election, .. } => {
+                self.key_of(name, &[Self::base(*election), ":released"])
+            }
+            _ => self.channel(name),
+        }
     }
 
     /// The channel every change of election `name` is published on (grant, handoff,
@@ -358,39 +363,30 @@ impl RedisBackend {
         self.key(name, &format!("{ELECTION}:observe"))
     }
 
-    /// The fencing counter of a mutex-family lock.
-    fn mutex_fence_key(&self, name: &str, election: bool) -> String {
-        self.key(name, &format!("{}:fence", Self::base(election)))
-    }
-
     /// The fencing counter of `name` from its stored value (`None`: never issued, 0).
     fn counter(&self, name: &str, stored: Option<String>) -> Result<u64> {
         counter(&self.fence_key(name), stored)
     }
 
-    /// The four keys of a mutex-family lock (a mutex, or an election), in KEYS order:
-    /// grant hash, fencing counter, queue, waiter data.
-    fn mutex_keys(&self, name: &str, election: bool) -> [String; 4] {
-        let base = Self::base(election);
-        ["", ":fence", ":queue", ":waiters"].map(|s| self.key_of(name, &[base, s]))
-    }
-
-    /// Keys of a read-write lock: holds, fence, queue, waiter data, hold expiries.
-    fn rw_keys(&self, name: &str) -> [String; 5] {
-        [":rw", ":fence", ":rw:queue", ":rw:waiters", ":rw:exp"].map(|s| self.key(name, s))
-    }
-
-    /// Keys of a semaphore: holds, fence, queue, waiter data, hold expiries, permit count.
-    fn sem_keys(&self, name: &str) -> [String; 6] {
-        [
-            ":sem",
-            ":fence",
-            ":sem:queue",
-            ":sem:waiters",
-            ":sem:exp",
-            ":sem:limit",
-        ]
-        .map(|s| self.key(name, s))
+    /// The keys of lock `name` of family `fam` (see [`LockKeys`]).
+    fn keys(&self, name: &str, fam: &Family) -> LockKeys {
+        let base = fam.base();
+        let key = |suffix: &str| self.key_of(name, &[base, suffix]);
+        let mutex = matches!(fam, Family::Mutex { .. });
+        LockKeys {
+            holds: key(""),
+            // A mutex-family lock's counter goes with its grant hash (an election's is its
+            // own); a read-write lock and a semaphore count on the name's (`NS:{NAME}:fence`).
+            fence: if mutex {
+                key(":fence")
+            } else {
+                self.fence_key(name)
+            },
+            queue: key(":queue"),
+            waiters: key(":waiters"),
+            exp: (!mutex).then(|| key(":exp")),
+            limit: matches!(fam, Family::Sem { .. }).then(|| key(":limit")),
+        }
     }
 
     /// Runs the release-side script of `key`'s family for grant `attempt`/`token` in `mode`
@@ -422,17 +418,14 @@ impl RedisBackend {
                 }
                 self.scripts.release.cmd(&[&hash], &args)
             }
-            Family::Rw { .. } => {
+            fam => {
                 mutex = false;
-                let keys = self.rw_keys(&key.name);
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                self.scripts.rw_release.cmd(&keys, &args)
-            }
-            Family::Sem { .. } => {
-                mutex = false;
-                let keys = self.sem_keys(&key.name);
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                self.scripts.sem_release.cmd(&keys, &args)
+                let keys = self.keys(&key.name, &fam);
+                let script = match fam {
+                    Family::Rw { .. } => &self.scripts.rw_release,
+                    _ => &self.scripts.sem_release,
+                };
+                script.cmd(&keys.list(), &args)
             }
         };
         let record = self.end_record(&key.name, attempt_id);
@@ -544,7 +537,8 @@ impl RedisBackend {
         let owner: &str = &req.key.owner;
         // Every acquire script refuses an attempt whose end record exists (see `ended`).
         let ended = self.ended_key(&req.key.name, &req.attempt);
-        Ok(match family(req.key.kind)? {
+        let fam = family(req.key.kind)?;
+        let (script, x, y, z) = match fam {
             Family::Mutex { fair, election } => {
                 // acquire.lua: the lock hash and the attempt's end record (its counter, queue
                 // and waiter data are named after the hash in the script); the queueing paths'
@@ -562,48 +556,32 @@ impl RedisBackend {
                     observe = self.observe_channel(&req.key.name);
                     args.extend([req.value.as_deref().unwrap_or_default(), &observe]);
                 }
-                self.scripts.acquire.cmd(&[&hash, &ended], &args)
+                return Ok(self.scripts.acquire.cmd(&[&hash, &ended], &args));
             }
             Family::Rw { side } => {
-                let keys = self.rw_keys(&req.key.name);
-                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                keys.push(&ended);
                 // The downgrade is addressed by the write grant itself, not by owner equality.
                 let (w_attempt, w_token) = match (&req.write_grant, side) {
-                    (Some(g), "r") => (g.attempt.as_str(), g.token.to_string()),
-                    _ => ("", String::new()),
+                    (Some(g), "r") => (g.attempt.as_str().to_owned(), g.token.to_string()),
+                    _ => Default::default(),
                 };
-                self.scripts.rw_acquire.cmd(
-                    &keys,
-                    &[
-                        attempt,
-                        owner,
-                        &lease,
-                        &waiter_ttl,
-                        side,
-                        w_attempt,
-                        &w_token,
-                    ],
+                (
+                    &self.scripts.rw_acquire,
+                    side.to_owned(),
+                    w_attempt,
+                    w_token,
                 )
             }
-            Family::Sem { permits, limit } => {
-                let keys = self.sem_keys(&req.key.name);
-                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                keys.push(&ended);
-                self.scripts.sem_acquire.cmd(
-                    &keys,
-                    &[
-                        attempt,
-                        owner,
-                        &lease,
-                        &waiter_ttl,
-                        &permits.to_string(),
-                        &limit.to_string(),
-                        &self.channel(&req.key.name),
-                    ],
-                )
-            }
-        })
+            Family::Sem { permits, limit } => (
+                &self.scripts.sem_acquire,
+                permits.to_string(),
+                limit.to_string(),
+                self.channel(&req.key.name),
+            ),
+        };
+        let keys = self.keys(&req.key.name, &fam);
+        let mut keys = keys.list();
+        keys.push(&ended);
+        Ok(script.cmd(&keys, &[attempt, owner, &lease, &waiter_ttl, &x, &y, &z]))
     }
 
     /// Runs an acquire script. With `?wait_replicas=N` the `WAIT` rides in the same round trip:
@@ -669,6 +647,7 @@ impl RedisBackend {
 const ELECTION: &str = ":election";
 
 /// Which scripts and keys a lock kind uses.
+#[derive(Clone, Copy)]
 enum Family {
     /// A mutex, plain or fair, or an election (a mutex under its own keys whose grant
     /// carries the leader's value).
@@ -683,6 +662,41 @@ enum Family {
         permits: u32,
         limit: u32,
     },
+}
+
+impl Family {
+    /// The suffix of the family's hash after `NS:{NAME}`, which its other keys extend: ``
+    /// (a mutex), `:election`, `:rw`, `:sem`.
+    fn base(&self) -> &'static str {
+        match self {
+            Family::Mutex { election, .. } => RedisBackend::base(*election),
+            Family::Rw { .. } => ":rw",
+            Family::Sem { .. } => ":sem",
+        }
+    }
+}
+
+/// The keys of one lock of dlock's layout ([`RedisBackend::keys`]).
+struct LockKeys {
+    /// The grant hash of a mutex-family lock, the holds of a read-write lock or semaphore.
+    holds: String,
+    fence: String,
+    queue: String,
+    waiters: String,
+    /// The hold expiries of a read-write lock or semaphore.
+    exp: Option<String>,
+    /// A semaphore's permit count.
+    limit: Option<String>,
+}
+
+impl LockKeys {
+    /// The keys in the scripts' KEYS order: holds, fence, queue, waiter data, expiries, limit.
+    fn list(&self) -> Vec<&str> {
+        let mut keys = vec![&*self.holds, &self.fence, &self.queue, &self.waiters];
+        keys.extend(self.exp.as_deref());
+        keys.extend(self.limit.as_deref());
+        keys
+    }
 }
 
 fn family(kind: LockKind) -> Result<Family> {
@@ -883,7 +897,7 @@ impl Backend for RedisBackend {
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let name = &grant.key.name;
         let cmd = self.scripts.proclaim.cmd(
-            &[&self.mutex_keys(name, true)[0]],
+            &[&self.key_of(name, &[ELECTION])],
             &[
                 grant.attempt.as_str(),
                 &grant.token.to_string(),
@@ -917,10 +931,15 @@ impl Backend for RedisBackend {
     }
 
     async fn set_permits(&self, name: &str, permits: u32) -> Result<()> {
-        let keys = self.sem_keys(name);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let keys = self.keys(
+            name,
+            &Family::Sem {
+                permits: 0,
+                limit: permits,
+            },
+        );
         let cmd = self.scripts.sem_release.cmd(
-            &keys,
+            &keys.list(),
             &["", "", &self.channel(name), "set", &permits.to_string()],
         );
         self.eval(&cmd).await.map(|_| ())

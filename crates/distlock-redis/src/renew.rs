@@ -66,19 +66,11 @@ impl Keys {
         if let Some(d) = &b.dialect {
             return Ok(Keys::Dialect(d.renew_keys(grant)?));
         }
-        Ok(match family(grant.key.kind)? {
-            Family::Mutex { election, .. } => {
-                let [hash, _, _, _] = b.mutex_keys(name, election);
-                Keys::Mutex(hash)
-            }
-            Family::Rw { .. } => {
-                let [holds, _, _, _, exp] = b.rw_keys(name);
-                Keys::Expiring(holds, exp)
-            }
-            Family::Sem { .. } => {
-                let [holds, _, _, _, exp, _] = b.sem_keys(name);
-                Keys::Expiring(holds, exp)
-            }
+        let fam = family(grant.key.kind)?;
+        let holds = b.key_of(name, &[fam.base()]);
+        Ok(match fam {
+            Family::Mutex { .. } => Keys::Mutex(holds),
+            _ => Keys::Expiring(holds, b.key_of(name, &[fam.base(), ":exp"])),
         })
     }
 }

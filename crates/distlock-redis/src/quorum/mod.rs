@@ -45,7 +45,7 @@
 use crate::error::shape;
 use crate::scripts::{self, Script};
 use crate::RedisBackend;
-use crate::{family, int, lease_ms, Family};
+use crate::{family, int, lease_ms};
 use distlock_core::backend::{
     AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey, ReleaseWatch, RenewOutcome,
 };
@@ -193,10 +193,9 @@ impl RedisNode {
     /// # Errors
     /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
     pub async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let channel = match family(req.key.kind)? {
-            Family::Mutex { election, .. } => self.b.mutex_channel(&req.key.name, election),
-            _ => self.b.channel(&req.key.name),
-        };
+        let channel = self
+            .b
+            .release_channel(&req.key.name, &family(req.key.kind)?);
         self.b.subscriber.watch(channel, None, &req.attempt).await
     }
 
