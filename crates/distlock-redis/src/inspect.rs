@@ -223,9 +223,7 @@ impl<'a> Reading<'a> {
 pub(crate) async fn inspect(b: &RedisBackend, name: &str, kind: LockKind) -> Result<LockInfo> {
     let mut pipe = redis::pipe();
     let reading = Reading::add(b, &mut pipe, name, kind)?;
-    let mut con = b.con.get();
-    let vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| b.err(e))?;
-    reading.parse(b, vals)
+    reading.parse(b, b.query_pipe(&pipe).await?)
 }
 
 /// Locks read per pipeline by [`inspect_many`]: a few thousand commands a round trip.

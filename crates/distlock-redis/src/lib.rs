@@ -489,6 +489,18 @@ impl RedisBackend {
         map(&self.endpoint, e)
     }
 
+    /// Sends `cmd` on this backend's connection, its error mapped as every call's.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        let mut con = self.con.get();
+        cmd.query_async(&mut con).await.map_err(|e| self.err(e))
+    }
+
+    /// [`query`](Self::query) of a pipeline.
+    async fn query_pipe<T: redis::FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T> {
+        let mut con = self.con.get();
+        pipe.query_async(&mut con).await.map_err(|e| self.err(e))
+    }
+
     /// Runs one of the lock scripts (reloading them on NOSCRIPT).
     async fn eval(&self, cmd: &redis::Cmd) -> Result<Value> {
         self.eval_ending(&self.scripts.all(), cmd, None).await
@@ -519,11 +531,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: PING changes nothing.
     pub async fn ping(&self) -> Result<()> {
-        let mut con = self.con.get();
-        redis::cmd("PING")
-            .query_async::<()>(&mut con)
-            .await
-            .map_err(|e| self.err(e))
+        self.query(&redis::cmd("PING")).await
     }
 
     /// The native acquire script of `req`'s family, with its keys and arguments.

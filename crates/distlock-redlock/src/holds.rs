@@ -5,11 +5,10 @@
 use crate::node::View;
 use crate::{ops, tally, watch, Shared, KIND};
 use distlock_core::backend::{AcquireRequest, GrantRef, ReleaseWatch, RenewOutcome};
-use distlock_core::{Backend, Error, HolderInfo, LockInfo, LockKind, ReleaseOutcome, Result};
-use distlock_redis::{NodeHold, RedisNode};
+use distlock_core::{Backend, Error, LockInfo, LockKind, ReleaseOutcome, Result};
+use distlock_redis::RedisNode;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -298,7 +297,7 @@ impl Shared {
         if views.len() < q {
             return Err(self.no_quorum(views.len(), &problems));
         }
-        Ok(merge_infos(name, &views, self.n()))
+        Ok(ops::merge(name, &views, self.n(), false))
     }
 
     /// An election leader's numbered proclamation on every node: `Renewed` once a majority
@@ -462,59 +461,11 @@ async fn rejoin(
     }
 }
 
-/// One node's view of a lock, as [`RedisNode::quorum_hold`] returns it.
-type NodeView = (Option<NodeHold>, u64);
-
-/// One view of a lock from the views of the nodes that answered (of `n`): a holder is an
-/// attempt seen on a majority of nodes, with the lease a majority still has; the token is the
-/// last one handed out as the counters tell ([`tally::last_token`]). An election's leader
-/// (holds that carry a value) advertises the value of the highest proclamation number among
-/// its majority, and the token is the leader's own: the one its holds store on a majority
-/// (at most one token can be), else the largest they store (the quorum's token has not
-/// reached every node yet; the largest is the grant's).
-fn merge_infos(name: &str, infos: &[NodeView], n: usize) -> LockInfo {
-    let q = tally::quorum(n);
-    let mut seen: HashMap<&str, Vec<&NodeHold>> = HashMap::new();
-    for hold in infos.iter().filter_map(|(h, _)| h.as_ref()) {
-        // Foreign data (no attempt) is no holder of ours.
-        if !hold.attempt.is_empty() {
-            seen.entry(&hold.attempt).or_default().push(hold);
-        }
-    }
-    let mut leader_token = None;
-    let mut holders: Vec<HolderInfo> = seen
-        .into_values()
-        .filter(|hs| hs.len() >= q)
-        .map(|hs| {
-            let lease_left = ops::majority_lease(hs.iter().map(|h| h.lease_left).collect(), q);
-            let h = HolderInfo::new(hs[0].owner.clone(), 1).with_lease_left(lease_left);
-            let newest = hs
-                .iter()
-                .filter_map(|h| h.value.as_ref())
-                .max_by_key(|(_, seq)| *seq);
-            match newest {
-                Some((value, _)) => {
-                    let tokens = hs.iter().filter_map(|h| h.token);
-                    leader_token = match tally::plurality(tokens.clone()) {
-                        Some((t, k)) if k >= q => Some(t),
-                        _ => tokens.max(),
-                    };
-                    h.with_value(Some(value.clone()))
-                }
-                None => h,
-            }
-        })
-        .collect();
-    holders.sort_by(|a, b| a.owner.cmp(&b.owner));
-    let counters: Vec<u64> = infos.iter().map(|i| i.1).collect();
-    LockInfo::new(name)
-        .with_holders(holders)
-        .with_fencing_token(leader_token.unwrap_or_else(|| tally::last_token(&counters, n)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_core::HolderInfo;
+    use distlock_redis::NodeHold;
 
     fn holder(owner: &str, ms: u64) -> HolderInfo {
         HolderInfo::new(owner, 1).with_lease_left(Some(Duration::from_millis(ms)))
@@ -522,7 +473,7 @@ mod tests {
 
     #[test]
     fn merged_inspect() {
-        let node = |hold: Option<(&str, &str, u64)>, fence| -> NodeView {
+        let node = |hold: Option<(&str, &str, u64)>, fence| -> (Option<NodeHold>, u64) {
             let hold = hold.map(|(a, o, ms)| {
                 NodeHold::new(a, o, Some(fence), Some(Duration::from_millis(ms)))
             });
@@ -535,11 +486,11 @@ mod tests {
             node(Some(("a1", "x", 300)), 9),
             node(None, 3),
         ];
-        let m = merge_infos("n", &infos, 5);
+        let m = ops::merge("n", &infos, 5, false);
         assert_eq!(m.holders, vec![holder("x", 300)]);
         // The majority's 9, not the 11 of a minority's failed vote.
         assert_eq!(m.fencing_token, 9);
-        let m = merge_infos("n", &infos[2..], 3);
+        let m = ops::merge("n", &infos[2..], 3, false);
         assert!(!m.held());
         // Two attempts of one owner, each on a minority: nobody holds the lock.
         let infos = [
@@ -549,6 +500,6 @@ mod tests {
             node(Some(("a2", "x", 900)), 9),
             node(Some(("", "", 900)), 9),
         ];
-        assert!(!merge_infos("n", &infos, 5).held());
+        assert!(!ops::merge("n", &infos, 5, false).held());
     }
 }

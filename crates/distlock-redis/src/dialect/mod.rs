@@ -511,8 +511,7 @@ pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<
     if l.dialect == Dialect::Redisson {
         pipe.cmd("HGETALL").arg(l.names_key(name)?);
     }
-    let mut con = b.con.get();
-    let mut vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| b.err(e))?;
+    let mut vals: Vec<Value> = b.query_pipe(&pipe).await?;
     if vals.len() == 3 {
         vals.push(Value::Array(Vec::new()));
     }
@@ -586,12 +585,7 @@ pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<V
             continue;
         }
         if l.dialect == Dialect::Redisson {
-            let mut con = b.con.get();
-            let fields: Vec<(String, String)> = redis::cmd("HGETALL")
-                .arg(&key)
-                .query_async(&mut con)
-                .await
-                .map_err(|e| b.err(e))?;
+            let fields: Vec<(String, String)> = b.query(redis::cmd("HGETALL").arg(&key)).await?;
             if !redisson_like(&fields) {
                 continue;
             }

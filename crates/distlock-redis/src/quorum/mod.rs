@@ -150,6 +150,13 @@ struct QuorumKeys {
 /// One Redis server as a Redlock node: its connection, scripts and subscriber (those of a
 /// [`RedisBackend`], whose operator commands it shares) and the per-node lock protocol above,
 /// each step one round trip. `distlock-redlock` is built from these; the quorum logic is there.
+///
+/// # Errors
+/// Every step that reaches the node: [`Error::Connection`] if the node cannot be reached or
+/// does not answer within the operation timeout; [`Error::Auth`] if the ACL user may not run
+/// it; [`Error::Unsupported`] for a lock kind other than the mutex and the election (other
+/// than the election, for [`proclaim`](Self::proclaim)); [`Error::UnexpectedReply`] for a reply
+/// of another shape, or the lock's keys (a counter) holding data of another shape.
 pub struct RedisNode {
     b: RedisBackend,
     /// `NS:redlock:epoch` and `NS:redlock:horizon`: see the module docs.
@@ -286,12 +293,6 @@ impl RedisNode {
     /// turn (arm [`wake_watch`](Self::wake_watch) first). The entry is removed by the
     /// attempt's release or give-up, never by its grant (a round that fails keeps the place).
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
-    /// [`Error::Unsupported`] for a lock kind other than the mutex and the election;
-    /// [`Error::UnexpectedReply`] if the lock's keys hold data of another shape.
-    ///
     /// # Cancel safety
     /// A vote dropped after it was sent may still run on the node and grant the hold; it is
     /// addressed to `attempt`, so [`give_back`](Self::give_back) (or `give_up`) of that attempt
@@ -355,12 +356,6 @@ impl RedisNode {
     /// attempt does not hold the lock here (nothing changed). An election's observers are told
     /// when the hold's token changed.
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
-    /// [`Error::Unsupported`] for a kind other than the mutex and the election;
-    /// [`Error::UnexpectedReply`] for a reply of another shape.
-    ///
     /// # Cancel safety
     /// Dropping it may leave the counter raised or not; it only ever raises, so calling it
     /// again has the effect of one call.
@@ -398,12 +393,6 @@ impl RedisNode {
     /// another attempt holds it; `Err(stored)` if this attempt holds it here with another
     /// token (nothing changed).
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
-    /// [`Error::Unsupported`] for a kind other than the mutex and the election;
-    /// [`Error::UnexpectedReply`] for a reply of another shape.
-    ///
     /// # Cancel safety
     /// Dropping it may leave the hold removed or not; calling it again has the effect of one
     /// call (it touches only `attempt`'s hold and queue entry).
@@ -422,9 +411,6 @@ impl RedisNode {
     /// woken if it is another attempt and the lock is free here afterwards. Outcomes as
     /// [`RedisNode::release`] with no token.
     ///
-    /// # Errors
-    /// As [`RedisNode::release`].
-    ///
     /// # Cancel safety
     /// As [`RedisNode::release`].
     pub async fn give_back(
@@ -441,9 +427,6 @@ impl RedisNode {
     /// vote of the attempt is still unanswered here, its end record is set first (same round
     /// trip): no vote of it holds or queues here afterwards (as with `release`).
     /// Outcomes as [`RedisNode::release`] with no token.
-    ///
-    /// # Errors
-    /// As [`RedisNode::release`].
     ///
     /// # Cancel safety
     /// As [`RedisNode::release`].
@@ -491,11 +474,6 @@ impl RedisNode {
     /// hold of the attempt under another token: the quorum's token has not reached this node
     /// yet; nothing is changed there).
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Unsupported`] for a kind other than the election;
-    /// [`Error::UnexpectedReply`] for a reply of another shape.
-    ///
     /// # Cancel safety
     /// Dropping it may leave the value stored or not; a retry with the same `seq` has the
     /// effect of one call.
@@ -526,12 +504,6 @@ impl RedisNode {
     /// `Ok(NotHeld)` if its attempt does not hold the lock here, or `Err(stored)` if its
     /// attempt holds it here with another token (nothing changed). Each grant is checked on
     /// its own: a stale one is answered and left untouched, the others are renewed.
-    ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
-    /// [`Error::Unsupported`] for a lock kind other than the mutex and the election;
-    /// [`Error::UnexpectedReply`] for a reply of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave some leases extended; a renewal never shortens a lease, so
@@ -585,27 +557,15 @@ impl RedisNode {
     /// token stored with it (and an election's value and proclamation number), and the node's
     /// fencing counter. One round trip.
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached, [`Error::Unsupported`] for a kind
-    /// other than the mutex and the election, [`Error::UnexpectedReply`] if the lock's keys
-    /// hold data of another type.
-    ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn hold(&self, name: &str, kind: LockKind) -> Result<(Option<NodeHold>, u64)> {
         let k = self.quorum_keys(name, kind)?;
         let (lock, election) = (k.lock, k.observe.is_some());
-        let mut con = self.b.con.get();
-        let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
-            .cmd("HGETALL")
-            .arg(&lock)
-            .cmd("PTTL")
-            .arg(&lock)
-            .cmd("GET")
-            .arg(&k.fence)
-            .query_async(&mut con)
-            .await
-            .map_err(|e| self.b.err(e))?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL").arg(&lock).cmd("PTTL").arg(&lock);
+        let (fields, pttl, fence): (Value, i64, Option<String>) =
+            self.b.query_pipe(pipe.cmd("GET").arg(&k.fence)).await?;
         let fields: Vec<(String, String)> = redis::from_redis_value(fields.clone())
             .map_err(|_| shape("inspect holders", &fields))?;
         let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
@@ -625,44 +585,29 @@ impl RedisNode {
 
     /// This node's fencing counter of `name` (0 if none was ever issued).
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] if the counter is not a number.
-    ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn read_fence(&self, name: &str) -> Result<u64> {
-        let mut con = self.b.con.get();
-        let v: Option<String> = redis::cmd("GET")
-            .arg(self.b.fence_key(name))
-            .query_async(&mut con)
-            .await
-            .map_err(|e| self.b.err(e))?;
+        let v = self
+            .b
+            .query(redis::cmd("GET").arg(self.b.fence_key(name)))
+            .await?;
         self.b.counter(name, v)
     }
 
     /// The server's run id, uptime and clock, and the node epoch if it exists, in one round
     /// trip.
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] if `INFO server` or `TIME` is
-    /// not as expected.
-    ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn node_epoch(&self) -> Result<(ServerInfo, Option<String>)> {
-        let mut con = self.b.con.get();
+        let mut pipe = redis::pipe();
+        pipe.cmd("INFO")
+            .arg("server")
+            .cmd("GET")
+            .arg(&self.epoch_key);
         let (text, epoch, (secs, micros)): (String, Option<String>, (String, String)) =
-            redis::pipe()
-                .cmd("INFO")
-                .arg("server")
-                .cmd("GET")
-                .arg(&self.epoch_key)
-                .cmd("TIME")
-                .query_async(&mut con)
-                .await
-                .map_err(|e| self.b.err(e))?;
+            self.b.query_pipe(pipe.cmd("TIME")).await?;
         let now_ms = time_ms(&secs, &micros)
             .ok_or_else(|| unexpected(format!("TIME answered `{secs} {micros}`")))?;
         Ok((parse_info(&text, now_ms)?, epoch))
@@ -671,19 +616,13 @@ impl RedisNode {
     /// How much longer the longest lease granted or renewed on this node may still run
     /// (`None`: none may).
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it.
-    ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn lease_horizon(&self) -> Result<Option<Duration>> {
-        let mut con = self.b.con.get();
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&self.horizon_key)
-            .query_async(&mut con)
-            .await
-            .map_err(|e| self.b.err(e))?;
+        let pttl = self
+            .b
+            .query(redis::cmd("PTTL").arg(&self.horizon_key))
+            .await?;
         Ok(positive_ms(pttl))
     }
 
@@ -693,10 +632,6 @@ impl RedisNode {
     /// have lost writes since, is not vouched for).
     /// Returns `Ok((epoch, server time in ms))` with the epoch now in place (ours or an earlier
     /// one), or `Err(run_id)` with the run id the server has now.
-    ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave the epoch created; calling it again returns the epoch in place
@@ -741,10 +676,6 @@ impl RedisNode {
     /// Deletes the node epoch if it still has `value` (its process restarted since it was
     /// created, so it must be initialised again).
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it.
-    ///
     /// # Cancel safety
     /// Dropping it may leave the epoch deleted or not; calling it again has the effect of
     /// one call (it deletes only the epoch with `value`).
@@ -759,12 +690,6 @@ impl RedisNode {
     /// election's counter of `name`) to at least the given values (never lowers one), each
     /// living [`FENCE_MARGIN`](crate::FENCE_MARGIN) from now; a forced release raises every
     /// node past every token it saw. Returns how many were raised.
-    ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::Unsupported`]
-    /// for a kind other than the mutex and the election; [`Error::UnexpectedReply`] for a reply
-    /// of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave some batches raised; it only ever raises a counter, so calling it
