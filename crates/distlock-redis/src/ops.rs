@@ -83,19 +83,10 @@ pub(crate) fn glob_escape(s: &str) -> String {
     out
 }
 
-/// Every key matching `pattern`, by SCAN (never KEYS: it does not block the server), one
-/// batch of up to 1000 at a time given to `batch`.
+/// Every key matching `pattern` (of type `of` only when given: `SCAN … TYPE`, Redis 6.0 and
+/// later), by SCAN (never KEYS: it does not block the server), one batch of up to 1000 at a
+/// time given to `batch`.
 pub(crate) async fn scan(
-    b: &RedisBackend,
-    pattern: &str,
-    batch: impl FnMut(Vec<String>),
-) -> Result<()> {
-    scan_typed(b, pattern, None, batch).await
-}
-
-/// [`scan`] of the keys of one type only (`SCAN … TYPE`, Redis 6.0 and later) when `of` is
-/// given.
-pub(crate) async fn scan_typed(
     b: &RedisBackend,
     pattern: &str,
     of: Option<&str>,
@@ -179,7 +170,7 @@ async fn time(b: &RedisBackend, con: &mut Link) -> Result<SystemTime> {
 pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let pattern = format!("{}:{{{}*", glob_escape(&b.namespace), glob_escape(prefix));
     let mut names: BTreeMap<String, BTreeSet<Fam>> = BTreeMap::new();
-    scan(b, &pattern, |keys| {
+    scan(b, &pattern, None, |keys| {
         for key in &keys {
             if let Some((name, fam)) = parse_key(&b.namespace, key) {
                 if name.starts_with(prefix) {

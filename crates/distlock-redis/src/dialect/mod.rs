@@ -569,7 +569,7 @@ pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<V
         Dialect::PythonRedisLock => (format!("lock:{escaped}*"), "string"),
     };
     let mut keys = Vec::new();
-    crate::ops::scan_typed(b, &pattern, Some(kind), |batch| keys.extend(batch)).await?;
+    crate::ops::scan(b, &pattern, Some(kind), |batch| keys.extend(batch)).await?;
     keys.sort();
     let mut out = Vec::new();
     for key in keys {
