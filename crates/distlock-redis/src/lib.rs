@@ -862,7 +862,7 @@ impl Backend for RedisBackend {
             Family::Mutex { .. } => self.subscriber.watch_wake(&req.attempt).await,
             _ => {
                 let channel = self.channel(&req.key.name);
-                self.subscriber.watch(channel, None, &req.attempt).await
+                self.subscriber.watch(channel, &req.attempt).await
             }
         }
     }
@@ -925,9 +925,7 @@ impl Backend for RedisBackend {
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         // An attempt of its own: the channel carries no handoffs, every message wakes it.
         let me = AttemptId::new();
-        self.subscriber
-            .watch(self.observe_channel(name), None, &me)
-            .await
+        self.subscriber.watch(self.observe_channel(name), &me).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {

@@ -449,7 +449,7 @@ pub(crate) async fn watch(
     match l.dialect {
         Dialect::Redisson => {
             b.subscriber
-                .watch(Layout::channel(&req.key.name), None, &req.attempt)
+                .watch(Layout::channel(&req.key.name), &req.attempt)
                 .await
         }
         Dialect::PythonRedisLock => Ok(Box::new(signal::SignalWatch::start(

@@ -203,7 +203,7 @@ impl RedisNode {
         let channel = self
             .b
             .release_channel(&req.key.name, &family(req.key.kind)?);
-        self.b.subscriber.watch(channel, None, &req.attempt).await
+        self.b.subscriber.watch(channel, &req.attempt).await
     }
 
     /// A watch for the queued Redlock waiter `attempt` on this node: its client's wake channel,
