@@ -188,11 +188,6 @@ impl RedisNode {
         &self.b
     }
 
-    /// The key prefix of this node's locks.
-    pub fn namespace(&self) -> &str {
-        &self.b.namespace
-    }
-
     /// A watch for a Redlock waiter that does not queue (`wait=retry`) on this node: the
     /// lock's channel, where a release with nobody queued says `r`; unsubscribed when the last
     /// waiter of this client on it goes.
@@ -581,18 +576,6 @@ impl RedisNode {
             }),
         });
         Ok((hold, self.b.counter(name, fence)?))
-    }
-
-    /// This node's fencing counter of `name` (0 if none was ever issued).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn read_fence(&self, name: &str) -> Result<u64> {
-        let v = self
-            .b
-            .query(redis::cmd("GET").arg(self.b.fence_key(name)))
-            .await?;
-        self.b.counter(name, v)
     }
 
     /// The server's run id, uptime and clock, and the node epoch if it exists, in one round
