@@ -5,7 +5,7 @@ use crate::error::KIND;
 use crate::{family, Family, RedisBackend};
 use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result, WaiterInfo};
 use redis::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// One grant of a read-write lock or semaphore as the scripts store it: `TOKEN:X:OWNER`, where
@@ -241,14 +241,12 @@ pub(crate) async fn inspect_many(
         return pipelined(b, &mut b.con.get(), locks).await;
     };
     let masters = cluster.masters().await.map_err(|e| b.err(e))?;
-    let mut by_master: BTreeMap<Option<usize>, Vec<usize>> = BTreeMap::new();
-    for (i, (name, _)) in locks.iter().enumerate() {
-        let slot = crate::cluster::slot(&b.fence_key(name));
-        let owner = masters.iter().position(|m| m.owns(slot));
-        by_master.entry(owner).or_default().push(i);
-    }
+    let slots: Vec<u16> = (locks.iter())
+        .map(|(name, _)| crate::cluster::slot(&b.fence_key(name)))
+        .collect();
     let mut out: Vec<Option<LockInfo>> = vec![None; locks.len()];
-    for (owner, idx) in by_master {
+    for (owner, groups) in crate::cluster::plan(&slots, &masters) {
+        let idx = groups.concat();
         let part: Vec<(String, LockKind)> = idx.iter().map(|&i| locks[i].clone()).collect();
         let read = match owner {
             Some(m) => pipelined(b, &mut cluster.at(&masters[m]), &part).await,

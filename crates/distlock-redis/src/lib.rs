@@ -300,13 +300,9 @@ impl RedisBackend {
         }
     }
 
-    /// `NS:{NAME}SUFFIX`: every key of lock `name` (the hash tag keeps them in one slot).
-    fn key(&self, name: &str, suffix: &str) -> String {
-        self.key_of(name, &[suffix])
-    }
-
-    /// `NS:{NAME}` and `parts` after it, concatenated without the formatting machinery (keys
-    /// are built on every request: profiled at ~1,000 instructions per `format!`).
+    /// `NS:{NAME}` and `parts` after it: every key of lock `name` (the hash tag keeps them in
+    /// one slot), concatenated without the formatting machinery (keys are built on every
+    /// request: profiled at ~1,000 instructions per `format!`).
     fn key_of(&self, name: &str, parts: &[&str]) -> String {
         let len =
             self.namespace.len() + name.len() + 3 + parts.iter().map(|p| p.len()).sum::<usize>();
@@ -322,7 +318,7 @@ impl RedisBackend {
     }
 
     fn fence_key(&self, name: &str) -> String {
-        self.key(name, ":fence")
+        self.key_of(name, &[":fence"])
     }
 
     /// `NS:{NAME}:ended:ATTEMPT`: the end record of `attempt` on lock `name` (any kind:
@@ -332,7 +328,7 @@ impl RedisBackend {
     }
 
     fn channel(&self, name: &str) -> String {
-        self.key(name, ":released")
+        self.key_of(name, &[":released"])
     }
 
     /// Key suffix of a mutex-family lock: a mutex (plain or fair) at `NS:{NAME}`, an election
@@ -360,7 +356,7 @@ impl RedisBackend {
     /// The channel every change of election `name` is published on (grant, handoff,
     /// release, proclamation): what `observe` subscribes to. Locks never publish there.
     fn observe_channel(&self, name: &str) -> String {
-        self.key(name, &format!("{ELECTION}:observe"))
+        self.key_of(name, &[ELECTION, ":observe"])
     }
 
     /// The fencing counter of `name` from its stored value (`None`: never issued, 0).
@@ -455,20 +451,12 @@ impl RedisBackend {
         record: Option<&(String, String)>,
     ) -> Result<Value> {
         let Some((key, ms)) = record else {
-            let mut con = self.con.get();
-            let (v, _) = scripts::eval(&mut con, set, cmd)
-                .await
-                .map_err(|e| self.err(e))?;
-            return Ok(v);
+            return Ok(self.eval_in(set, cmd).await?.0);
         };
         let mut pipe = redis::pipe();
         pipe.cmd("SET").arg(key).arg("1").arg("PX").arg(ms).ignore();
         pipe.add_command(cmd.clone());
-        let mut con = self.con.get();
-        let vals = scripts::eval_pipe(&mut con, set, &pipe)
-            .await
-            .map_err(|e| self.err(e))?;
-        match <[Value; 1]>::try_from(vals) {
+        match <[Value; 1]>::try_from(self.eval_pipe(set, &pipe).await?) {
             Ok([v]) => Ok(v),
             Err(vals) => Err(Error::unexpected(
                 KIND,
@@ -487,6 +475,27 @@ impl RedisBackend {
             }
         }
         map(&self.endpoint, e)
+    }
+
+    /// Runs `cmd`, one of the scripts of `set` ([`scripts::eval`]: reloading them on
+    /// NOSCRIPT); also says whether it had to reload.
+    async fn eval_in(&self, set: &[&scripts::Script], cmd: &redis::Cmd) -> Result<(Value, bool)> {
+        let mut con = self.con.get();
+        scripts::eval(&mut con, set, cmd)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// A pipeline of the scripts of `set` ([`scripts::eval_pipe`]).
+    async fn eval_pipe(
+        &self,
+        set: &[&scripts::Script],
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<Value>> {
+        let mut con = self.con.get();
+        scripts::eval_pipe(&mut con, set, pipe)
+            .await
+            .map_err(|e| self.err(e))
     }
 
     /// Sends `cmd` on this backend's connection, its error mapped as every call's.
@@ -616,10 +625,7 @@ impl RedisBackend {
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone());
         pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
-        let mut con = self.con.get();
-        let vals = scripts::eval_pipe(&mut con, set, &pipe)
-            .await
-            .map_err(|e| self.err(e))?;
+        let vals = self.eval_pipe(set, &pipe).await?;
         match vals.as_slice() {
             [v, acked] => match int(acked) {
                 Some(acked) => Ok((v.clone(), Some(acked))),

@@ -250,21 +250,13 @@ impl Subscriber {
     }
 
     /// A watch for the waiting mutex `attempt` on this client's wake channel, connecting (and
-    /// subscribing the channel) first if needed.
+    /// subscribing the channel) first if needed: [`watch`](Self::watch), which finds the
+    /// channel subscribed with the connection (pinned in its table: no SUBSCRIBE).
     pub(crate) async fn watch_wake(
         self: &Arc<Self>,
         attempt: &AttemptId,
     ) -> Result<Box<dyn ReleaseWatch>> {
-        let mut guard = self.conn.lock().await;
-        // A connection that dies right after `live` looked is replaced (once).
-        for _ in 0..2 {
-            let conn = self.live(&mut guard).await?;
-            if let Some((watch, _)) = self.subscribe_live(conn, self.wake.clone(), attempt) {
-                return Ok(Box::new(watch));
-            }
-            *guard = None;
-        }
-        Err(self.closed())
+        self.watch(self.wake.clone(), attempt).await
     }
 
     /// The same watch if it can be made now, without a round trip or waiting for a lock: the

@@ -18,7 +18,7 @@
 use crate::conn::Con;
 use crate::error::KIND;
 use crate::pubsub::Subscriber;
-use distlock_core::conn::{ConnectionString, Password, TlsFiles};
+use distlock_core::conn::{ConnectionString, Host, Password, TlsFiles};
 use distlock_core::{Error, Result};
 use futures_util::StreamExt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -117,7 +117,7 @@ impl Sentinels {
                     .map_err(|e| crate::error::map(s, e))
             };
             match tokio::time::timeout(self.timeout, ask).await {
-                Ok(Ok(Some((host, port)))) => return Ok(crate::address::host_port(&host, port)),
+                Ok(Ok(Some((host, port)))) => return Ok(Host::new(host, Some(port)).to_string()),
                 Ok(Ok(None)) => why.push(format!("{s}: does not know master `{}`", self.master)),
                 Ok(Err(e)) => {
                     if matches!(e, Error::Auth { .. }) {

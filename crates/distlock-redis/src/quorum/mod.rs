@@ -264,10 +264,8 @@ impl RedisNode {
         keys: &[&str],
         args: &[&str],
     ) -> Result<(Value, bool)> {
-        let mut con = self.b.con.get();
-        scripts::eval(&mut con, &quorum_scripts().all(), &script.cmd(keys, args))
-            .await
-            .map_err(|e| self.b.err(e))
+        let cmd = script.cmd(keys, args);
+        self.b.eval_in(&quorum_scripts().all(), &cmd).await
     }
 
     /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
@@ -520,7 +518,7 @@ impl RedisNode {
             for (g, lease) in chunk {
                 Self::check_kind(g.key.kind)?;
                 let election = g.key.kind == LockKind::Election;
-                keys.push(self.b.key(&g.key.name, RedisBackend::base(election)));
+                keys.push(self.b.key_of(&g.key.name, &[RedisBackend::base(election)]));
                 args.push(g.attempt.as_str().to_owned());
                 args.push(g.token.to_string());
                 args.push(lease_ms(*lease));
@@ -529,10 +527,7 @@ impl RedisNode {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             pipe.add_command(s.renew.cmd(&keys, &args));
         }
-        let mut con = self.b.con.get();
-        let vals = scripts::eval_pipe(&mut con, &s.all(), &pipe)
-            .await
-            .map_err(|e| self.b.err(e))?;
+        let vals = self.b.eval_pipe(&s.all(), &pipe).await?;
         if vals.len() != holds.len().div_ceil(crate::renew::PER_SCRIPT) {
             return Err(unexpected(format!(
                 "quorum renew: {} replies to {} scripts",
