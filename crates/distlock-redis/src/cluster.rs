@@ -136,7 +136,7 @@ impl Master {
 pub(crate) struct Cluster {
     con: ClusterConnection,
     masters: Mutex<Option<Arc<Vec<Master>>>>,
-    /// How long a batched renewal waits for one master ([`renew`]): within the watchdog's
+    /// How long a batched renewal waits for one master (`crate::renew`): within the watchdog's
     /// bound for the whole call ([`ClientOptions::renew_timeout`]), so a master that does
     /// not answer leaves the others' outcomes standing.
     pub(crate) renew_budget: Duration,

@@ -49,17 +49,12 @@ impl Shared {
             .collect()
     }
 
-    pub(crate) async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.quorum_watch(req)
-            .await
-            .map(|w| Box::new(w) as Box<dyn ReleaseWatch>)
-    }
-
     /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
     /// random pause (waiters that do not queue: `wait=retry`).
-    pub(crate) async fn quorum_watch(&self, req: &AcquireRequest) -> Result<watch::QuorumWatch> {
-        self.merged_watch(self.nt(), |b| async move { b.watch(req).await })
-            .await
+    pub(crate) async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        let nt = self.nt();
+        let w = self.merged_watch(nt, |b| async move { b.watch(req).await });
+        Ok(Box::new(w.await?))
     }
 
     /// The queued waiter `req`'s watch on every reachable node: its client's wake channel there,
