@@ -23,7 +23,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The connection a call goes out on: one server, the cluster (routed by key), or one node of
@@ -197,7 +197,7 @@ impl Cluster {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<Vec<Master>>>> {
-        self.masters.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.masters)
     }
 }
 

@@ -657,6 +657,12 @@ impl RedisBackend {
     }
 }
 
+/// Locks `m`, going on after a panic elsewhere: every mutex of this crate guards data that a
+/// panicking holder leaves whole (a value replaced at once, a few map operations).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Key suffix of an election, after `NS:{NAME}`.
 const ELECTION: &str = ":election";
 

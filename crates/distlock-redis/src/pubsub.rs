@@ -150,10 +150,7 @@ impl Subscriber {
     }
 
     fn targets(&self) -> Targets {
-        self.targets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        crate::lock(&self.targets).clone()
     }
 
     fn endpoint(&self) -> String {
@@ -164,10 +161,7 @@ impl Subscriber {
     /// waiters of the old connection are woken with a connection error and subscribe again,
     /// there: none keeps sleeping on a connection to the old master.
     pub(crate) async fn switch(&self, client: redis::Client, endpoint: String) {
-        *self
-            .targets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Targets {
+        *crate::lock(&self.targets) = Targets {
             clients: vec![client],
             endpoint,
         };
@@ -298,11 +292,7 @@ impl Subscriber {
     /// Tests: runs the hook set in `race`, if any.
     #[cfg(test)]
     fn race_point(&self, conn: &Conn) {
-        let hook = self
-            .race
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        let hook = crate::lock(&self.race).take();
         if let Some(hook) = hook {
             hook(conn);
         }
