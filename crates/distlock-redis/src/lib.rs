@@ -601,20 +601,15 @@ impl RedisBackend {
         Ok(script.cmd(&keys, &[attempt, owner, &lease, &waiter_ttl, &x, &y, &z]))
     }
 
-    /// Runs an acquire script. With `?wait_replicas=N` the `WAIT` rides in the same round trip:
-    /// pipelined right behind the script on this connection, it waits until N replicas have
-    /// every write this connection made up to it, which includes the grant (a fresh grant, or
-    /// the rewrite of a retried or handed-over grant that the acquire script makes for this
-    /// purpose; replication is in order, so it covers the handoff written by another client
-    /// before it). Returns the script's reply and, with replicas to wait for, how many
+    /// Runs an acquire script (`cmd`, one of the scripts of `set`). With `?wait_replicas=N` the
+    /// `WAIT` rides in the same round trip: pipelined right behind the script on this
+    /// connection, it waits until N replicas have every write this connection made up to it,
+    /// which includes the grant (a fresh grant, or the rewrite of a retried or handed-over
+    /// grant that the acquire script makes for this purpose; replication is in order, so it
+    /// covers the handoff written by another client before it). Returns the script's reply and, with replicas to wait for, how many
     /// confirmed. An error of either (the grant, if one was made, is then not reported: the
     /// core retries the same attempt, which finds it, or gives the attempt up) is an error.
-    async fn eval_acquire(&self, cmd: &redis::Cmd) -> Result<(Value, Option<i64>)> {
-        self.eval_acquire_in(&self.scripts.all(), cmd).await
-    }
-
-    /// [`eval_acquire`](Self::eval_acquire) of `cmd`, one of the scripts of `set`.
-    async fn eval_acquire_in(
+    async fn eval_acquire(
         &self,
         set: &[&scripts::Script],
         cmd: &redis::Cmd,
@@ -853,7 +848,7 @@ impl Backend for RedisBackend {
         }
         let cmd = self.acquire_cmd(req)?;
         let sent = self.unanswered.sent(&req.attempt);
-        let (v, acked) = self.eval_acquire(&cmd).await?;
+        let (v, acked) = self.eval_acquire(&self.scripts.all(), &cmd).await?;
         sent.answered();
         let reply = acquire_outcome(req, &v)?;
         if let AcquireReply::Granted { token } = &reply {

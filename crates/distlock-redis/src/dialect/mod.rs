@@ -363,7 +363,7 @@ pub(crate) async fn acquire(
     };
     let sent = b.unanswered.sent(&req.attempt);
     let (v, acked) = b
-        .eval_acquire_in(&SCRIPTS.all(), &cmd)
+        .eval_acquire(&SCRIPTS.all(), &cmd)
         .await
         .map_err(|e| on_key(l, name, e))?;
     sent.answered();
