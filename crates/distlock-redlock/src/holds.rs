@@ -5,7 +5,7 @@
 use crate::node::View;
 use crate::{ops, tally, watch, Shared, KIND};
 use distlock_core::backend::{AcquireRequest, GrantRef, ReleaseWatch, RenewOutcome};
-use distlock_core::{Backend, Error, LockInfo, LockKind, ReleaseOutcome, Result};
+use distlock_core::{Backend, LockInfo, LockKind, ReleaseOutcome, Result};
 use distlock_redis::RedisNode;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -82,11 +82,9 @@ impl Shared {
     {
         let watches = self.watches(watch).await;
         if watches.is_empty() {
-            return Err(Error::connection(
-                KIND,
-                self.endpoint.clone(),
-                "could not subscribe to release messages on any redlock node",
-            ));
+            return Err(
+                self.unavailable("could not subscribe to release messages on any redlock node")
+            );
         }
         Ok(watch::QuorumWatch::new(self.n(), watches, max_spread))
     }
@@ -220,7 +218,7 @@ impl Shared {
             .iter()
             .map(|&h| format!("`{}`", holds[h].0.key.name))
             .collect();
-        let err = Error::connection(KIND, self.endpoint.clone(), format!(
+        let err = self.unavailable(format!(
                 "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
                 names.join(", "),
                 self.q(),
@@ -339,17 +337,13 @@ impl Shared {
         }
         finish_in_background(answers);
         outcome.ok_or_else(|| {
-            Error::connection(
-                KIND,
-                self.endpoint.clone(),
-                format!(
-                    "the proclamation on `{}` was neither confirmed nor refused by a majority \
+            self.unavailable(format!(
+                "the proclamation on `{}` was neither confirmed nor refused by a majority \
                      ({renewed} confirmed, {gone} refused, {q} of {} nodes needed): {}",
-                    grant.key.name,
-                    self.n(),
-                    problems.join("; ")
-                ),
-            )
+                grant.key.name,
+                self.n(),
+                problems.join("; ")
+            ))
         })
     }
 
@@ -361,15 +355,11 @@ impl Shared {
             .await;
         let q = self.q();
         if watches.len() < q {
-            return Err(Error::connection(
-                KIND,
-                self.endpoint.clone(),
-                format!(
-                    "could subscribe to election `{name}` on only {} of {} redlock nodes (need {q})",
-                    watches.len(),
-                    self.n()
-                ),
-            ));
+            return Err(self.unavailable(format!(
+                "could subscribe to election `{name}` on only {} of {} redlock nodes (need {q})",
+                watches.len(),
+                self.n()
+            )));
         }
         Ok(Box::new(watch::ObserveWatch::new(watches, q)))
     }

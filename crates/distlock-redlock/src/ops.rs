@@ -9,10 +9,9 @@
 
 use crate::node::epoch_quarantine_end;
 use crate::tally;
-use crate::{Shared, KIND};
+use crate::Shared;
 use distlock_core::{
-    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result,
-    Severity,
+    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result, Severity,
 };
 use distlock_redis::{NodeHold, RedisNode};
 use futures_util::future::join_all;
@@ -249,7 +248,7 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
         }
     }
     if done < q {
-        return Err(Error::connection(KIND, s.endpoint.clone(), format!(
+        return Err(s.unavailable(format!(
                 "forced release of `{name}` done on only {done} of {n} nodes (need {q}): {}; the holds removed there stay removed, run it again when a majority answers",
                 problems.join("; ")
             )
