@@ -5,8 +5,8 @@ use distlock_core::backend::Capabilities;
 use distlock_core::{HolderInfo, LockKind, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
-use mysql_async::prelude::{FromValue, Queryable};
-use mysql_async::{Conn, Row};
+use mysql_async::prelude::{FromRow, FromValue, Queryable, StatementLike};
+use mysql_async::{Conn, Params, Row};
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -172,27 +172,17 @@ impl Common {
         &self,
         f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
     ) -> Call<T> {
-        match tokio::time::timeout(self.slow_limit(), f).await {
-            Ok(Ok(v)) => Call::Ok(v),
-            Ok(Err(e)) => Call::Err(e),
-            Err(_) => Call::Timeout,
-        }
+        within(self.slow_limit(), f).await
     }
 
     /// Turns a slow call's end into a result.
     pub(crate) fn slow_result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
-        match c {
-            Call::Timeout => Err(timeout(&self.endpoint, what, self.slow_limit())),
-            other => self.result(what, other),
-        }
+        self.ended(what, c, self.slow_limit())
     }
 
     /// The error of a slow call that did not succeed.
     pub(crate) fn slow_error<T>(&self, what: &str, c: Call<T>) -> distlock_core::Error {
-        match c {
-            Call::Timeout => timeout(&self.endpoint, what, self.slow_limit()),
-            other => self.error(what, other),
-        }
+        self.failed(what, c, self.slow_limit())
     }
 
     /// Runs one driver call with the per-call timeout.
@@ -200,28 +190,33 @@ impl Common {
         &self,
         f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
     ) -> Call<T> {
-        match tokio::time::timeout(self.op_timeout, f).await {
-            Ok(Ok(v)) => Call::Ok(v),
-            Ok(Err(e)) => Call::Err(e),
-            Err(_) => Call::Timeout,
-        }
+        within(self.op_timeout, f).await
     }
 
     /// Turns a call's end into a result.
     pub(crate) fn result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
-        match c {
-            Call::Ok(v) => Ok(v),
-            Call::Err(e) => Err(map(&self.endpoint, e)),
-            Call::Timeout => Err(timeout(&self.endpoint, what, self.op_timeout)),
-        }
+        self.ended(what, c, self.op_timeout)
     }
 
     /// The error of a call that did not succeed.
     pub(crate) fn error<T>(&self, what: &str, c: Call<T>) -> distlock_core::Error {
+        self.failed(what, c, self.op_timeout)
+    }
+
+    /// A call's end as a result (`limit`: the timeout it had).
+    fn ended<T>(&self, what: &str, c: Call<T>, limit: Duration) -> Result<T> {
+        match c {
+            Call::Ok(v) => Ok(v),
+            other => Err(self.failed(what, other, limit)),
+        }
+    }
+
+    /// The error of a call that did not succeed (`limit`: the timeout it had).
+    fn failed<T>(&self, what: &str, c: Call<T>, limit: Duration) -> distlock_core::Error {
         match c {
             Call::Ok(_) => crate::error::shape(what, "a success where a failure was expected"),
             Call::Err(e) => map(&self.endpoint, e),
-            Call::Timeout => timeout(&self.endpoint, what, self.op_timeout),
+            Call::Timeout => timeout(&self.endpoint, what, limit),
         }
     }
 
@@ -246,6 +241,40 @@ impl Common {
         let mut conn = self.take().await?;
         let c = self.call(f(&mut conn)).await;
         // A dead server (restart, failover) takes the other idle connections with it.
+        self.after_failure_or_put(conn, &c);
+        self.result(what, c)
+    }
+
+    /// Runs one statement with `params` on a pooled connection: its first row.
+    pub(crate) async fn first<T, S, P>(&self, what: &str, sql: S, params: P) -> Result<Option<T>>
+    where
+        T: FromRow + Send + 'static,
+        S: StatementLike,
+        P: Into<Params> + Send,
+    {
+        let mut conn = self.take().await?;
+        let c = self.call(conn.exec_first(sql, params)).await;
+        self.after_failure_or_put(conn, &c);
+        self.result(what, c)
+    }
+
+    /// Runs one statement with `params` on a pooled connection: its rows.
+    pub(crate) async fn rows<T, S, P>(&self, what: &str, sql: S, params: P) -> Result<Vec<T>>
+    where
+        T: FromRow + Send + 'static,
+        S: StatementLike,
+        P: Into<Params> + Send,
+    {
+        let mut conn = self.take().await?;
+        let c = self.call(conn.exec(sql, params)).await;
+        self.after_failure_or_put(conn, &c);
+        self.result(what, c)
+    }
+
+    /// Runs one text statement without a result on a pooled connection.
+    pub(crate) async fn run(&self, what: &str, sql: String) -> Result<()> {
+        let mut conn = self.take().await?;
+        let c = self.call(conn.query_drop(sql)).await;
         self.after_failure_or_put(conn, &c);
         self.result(what, c)
     }
@@ -322,10 +351,19 @@ impl Common {
 
     /// Asks the server to stop the statement running on connection `id` (`KILL QUERY`).
     pub(crate) async fn kill_query(&self, id: u32) -> Result<()> {
-        self.with_conn("KILL QUERY", move |c| {
-            Box::pin(async move { c.query_drop(format!("KILL QUERY {id}")).await })
-        })
-        .await
+        self.run("KILL QUERY", format!("KILL QUERY {id}")).await
+    }
+}
+
+/// Runs one driver call with the timeout `limit`.
+async fn within<T>(
+    limit: Duration,
+    f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
+) -> Call<T> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(Ok(v)) => Call::Ok(v),
+        Ok(Err(e)) => Call::Err(e),
+        Err(_) => Call::Timeout,
     }
 }
 

@@ -467,9 +467,7 @@ impl MyDialect {
         let lk = self.lk(name, kind);
         let used: Option<Option<u64>> = self
             .common
-            .with_conn("checking the lock", move |c| {
-                Box::pin(async move { c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await })
-            })
+            .first("checking the lock", "SELECT IS_USED_LOCK(?)", (lk,))
             .await?;
         Ok(if used.flatten().is_some() {
             ReleaseOutcome::TakenByOther
