@@ -33,7 +33,8 @@ pub(crate) fn next_token(last: &str) -> String {
 pub(crate) enum Call<T> {
     Ok(T),
     Err(mysql_async::Error),
-    Timeout,
+    /// No answer within this limit.
+    Timeout(Duration),
 }
 
 /// How connections are opened: the driver's options, and for `ssl-mode=PREFERRED` the same
@@ -175,16 +176,6 @@ impl Common {
         within(self.slow_limit(), f).await
     }
 
-    /// Turns a slow call's end into a result.
-    pub(crate) fn slow_result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
-        self.ended(what, c, self.slow_limit())
-    }
-
-    /// The error of a slow call that did not succeed.
-    pub(crate) fn slow_error<T>(&self, what: &str, c: Call<T>) -> distlock_core::Error {
-        self.failed(what, c, self.slow_limit())
-    }
-
     /// Runs one driver call with the per-call timeout.
     pub(crate) async fn call<T>(
         &self,
@@ -195,28 +186,18 @@ impl Common {
 
     /// Turns a call's end into a result.
     pub(crate) fn result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
-        self.ended(what, c, self.op_timeout)
+        match c {
+            Call::Ok(v) => Ok(v),
+            other => Err(self.error(what, other)),
+        }
     }
 
     /// The error of a call that did not succeed.
     pub(crate) fn error<T>(&self, what: &str, c: Call<T>) -> distlock_core::Error {
-        self.failed(what, c, self.op_timeout)
-    }
-
-    /// A call's end as a result (`limit`: the timeout it had).
-    fn ended<T>(&self, what: &str, c: Call<T>, limit: Duration) -> Result<T> {
-        match c {
-            Call::Ok(v) => Ok(v),
-            other => Err(self.failed(what, other, limit)),
-        }
-    }
-
-    /// The error of a call that did not succeed (`limit`: the timeout it had).
-    fn failed<T>(&self, what: &str, c: Call<T>, limit: Duration) -> distlock_core::Error {
         match c {
             Call::Ok(_) => crate::error::shape(what, "a success where a failure was expected"),
             Call::Err(e) => map(&self.endpoint, e),
-            Call::Timeout => timeout(&self.endpoint, what, limit),
+            Call::Timeout(limit) => timeout(&self.endpoint, what, limit),
         }
     }
 
@@ -225,7 +206,7 @@ impl Common {
         match c {
             Call::Ok(_) => true,
             Call::Err(e) => !conn_dead(e) && matches!(e, mysql_async::Error::Server(_)),
-            Call::Timeout => false,
+            Call::Timeout(_) => false,
         }
     }
 
@@ -363,7 +344,7 @@ async fn within<T>(
     match tokio::time::timeout(limit, f).await {
         Ok(Ok(v)) => Call::Ok(v),
         Ok(Err(e)) => Call::Err(e),
-        Err(_) => Call::Timeout,
+        Err(_) => Call::Timeout(limit),
     }
 }
 

@@ -433,13 +433,7 @@ impl Watcher {
                 Call::Ok(()) => return Ok(()),
                 Call::Err(mysql_async::Error::Server(s)) if s.code == INTERRUPTED => continue,
                 Call::Err(e) => return Err(self.broken(e)),
-                Call::Timeout => {
-                    return Err(timeout(
-                        &self.common.endpoint,
-                        "observing",
-                        self.common.op_timeout,
-                    ))
-                }
+                Call::Timeout(_) => return Err(self.common.error("observing", c)),
             }
         }
         Err(crate::error::shape(

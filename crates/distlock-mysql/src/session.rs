@@ -303,7 +303,7 @@ impl MyDialect {
              {election}SELECT @dlock_token{observed}"
         );
         let c = self.common.slow_call(query_sets(conn, sql)).await;
-        let sets = self.common.slow_result("recording the grant", c)?;
+        let sets = self.common.result("recording the grant", c)?;
         let row = last_row("fencing token", &sets)?;
         if is_election {
             let watched: Option<i64> = col("observers", row, 1)?;
@@ -392,7 +392,7 @@ impl MyDialect {
                         g.close();
                     }
                 }
-                Err(self.common.slow_error("renewing", other))
+                Err(self.common.error("renewing", other))
             }
         }
     }
@@ -452,11 +452,7 @@ impl MyDialect {
                 }
                 self.record_released(attempt, token);
                 match other {
-                    Call::Timeout => Err(timeout(
-                        &self.common.endpoint,
-                        "releasing",
-                        self.common.slow_limit(),
-                    )),
+                    Call::Timeout(_) => Err(self.common.error("releasing", other)),
                     _ => Ok(ReleaseOutcome::Released),
                 }
             }
@@ -593,7 +589,7 @@ impl Dialect for MyDialect {
                 }
                 // Whatever the connection holds goes with it.
                 close(conn);
-                return Err(self.common.slow_error("GET_LOCK", other));
+                return Err(self.common.error("GET_LOCK", other));
             }
         };
         match got {
