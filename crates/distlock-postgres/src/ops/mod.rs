@@ -71,8 +71,8 @@ fn listed_kind(kinds: &[String]) -> LockKind {
 }
 
 async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
-    let client = b.common.control().await?;
     let ns = b.common.namespace.as_str();
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&ns, Type::TEXT), (&prefix, Type::TEXT)];
     // LIKE would need escaping of the prefix; a prefix comparison on the text is exact.
     let sql = match b.mode() {
         Mode::Lease => {
@@ -90,13 +90,7 @@ async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
              FROM dlock_holders h WHERE h.ns = $1 AND left(h.name, length($2)) = $2"
         }
     };
-    let rows = b
-        .common
-        .run(
-            "listing locks",
-            client.query_typed(sql, &[(&ns, Type::TEXT), (&prefix, Type::TEXT)]),
-        )
-        .await?;
+    let rows = b.common.query("listing locks", sql, &params).await?;
     // name -> (kinds of live rows, kinds of any row)
     let mut names: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
     for r in &rows {
@@ -131,13 +125,7 @@ async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let sql = format!(
         "SELECT name FROM {table} WHERE ns = $1 AND left(name, length($2)) = $2 ORDER BY name"
     );
-    let rows = b
-        .common
-        .run(
-            "listing elections",
-            client.query_typed(&sql, &[(&ns, Type::TEXT), (&prefix, Type::TEXT)]),
-        )
-        .await?;
+    let rows = b.common.query("listing elections", &sql, &params).await?;
     for r in &rows {
         let name: String = r.try_get(0).map_err(|e| shape("list", e))?;
         let info = b.inspect(&name, LockKind::Election).await?;
@@ -159,21 +147,15 @@ async fn unnamed_holders(b: &PostgresBackend, name: &str) -> Result<Vec<HolderIn
                            WHERE h.ns = $3 AND h.name = $4 AND h.pid = l.pid) \
          ORDER BY l.pid"
     );
-    let client = b.common.control().await?;
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&classid, Type::OID),
+        (&objid, Type::OID),
+        (&ns, Type::TEXT),
+        (&name, Type::TEXT),
+    ];
     let rows = b
         .common
-        .run(
-            "listing lock holders",
-            client.query_typed(
-                &sql,
-                &[
-                    (&classid, Type::OID),
-                    (&objid, Type::OID),
-                    (&ns, Type::TEXT),
-                    (&name, Type::TEXT),
-                ],
-            ),
-        )
+        .query("listing lock holders", &sql, &params)
         .await?;
     rows.iter()
         .map(|r| {

@@ -255,7 +255,6 @@ impl PgDialect {
         key: i64,
     ) -> Option<Duration> {
         let (classid, objid) = key_oids(key);
-        let client = self.common.control().await.ok()?;
         let ns = self.common.namespace.as_str();
         let params: [Param; 4] = [
             (&ns, Type::TEXT),
@@ -267,14 +266,8 @@ impl PgDialect {
             LockKind::Election => ELECTION_HOLDER_TTL,
             _ => HOLDER_TTL,
         };
-        let rows = self
-            .common
-            .run(
-                "reading the holder's lease",
-                client.query_typed(sql, &params),
-            )
-            .await
-            .ok()?;
+        let what = "reading the holder's lease";
+        let rows = self.common.query(what, sql, &params).await.ok()?;
         let left: f64 = rows.first()?.try_get::<_, Option<f64>>(0).ok()??;
         (left.is_finite() && left > 0.0).then(|| Duration::from_secs_f64(left / 1000.0))
     }
@@ -288,11 +281,10 @@ impl PgDialect {
     ) -> Result<ReleaseOutcome> {
         let key = key_of(&self.common.namespace, name, kind);
         let (classid, objid) = key_oids(key);
-        let client = self.common.control().await?;
         let params: [Param; 2] = [(&classid, Type::OID), (&objid, Type::OID)];
         let rows = self
             .common
-            .run("checking the lock", client.query_typed(ANY_HOLDER, &params))
+            .query("checking the lock", ANY_HOLDER, &params)
             .await?;
         let held: bool = first("checking the lock", &rows)?;
         Ok(if held {
@@ -304,15 +296,10 @@ impl PgDialect {
 
     /// `pg_cancel_backend(pid)` through the control connection; false if that failed.
     pub(crate) async fn cancel_backend(&self, pid: i32) -> bool {
-        let Ok(client) = self.common.control().await else {
-            return false;
-        };
+        let sql = "SELECT pg_cancel_backend($1)";
         let rows = self
             .common
-            .run(
-                "cancelling a wait",
-                client.query_typed("SELECT pg_cancel_backend($1)", &[(&pid, Type::INT4)]),
-            )
+            .query("cancelling a wait", sql, &[(&pid, Type::INT4)])
             .await;
         matches!(
             rows.as_deref()
