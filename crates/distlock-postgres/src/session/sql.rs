@@ -101,56 +101,24 @@ impl PgDialect {
     }
 
     /// Records the grant `s` holds for `req` and returns its fencing token (the recorded one
-    /// if this session recorded it before).
+    /// if this session recorded it before). An election's leadership is recorded with its
+    /// value (`dlock_elections`), and the election's observers are woken.
     pub(crate) async fn register(
         &self,
         s: &Session,
         req: &AcquireRequest,
         idle: &str,
     ) -> Result<u64> {
-        if req.key.kind == LockKind::Election {
-            return self.register_leader(s, req, idle).await;
-        }
-        let ns = self.common.namespace.as_str();
-        let name: &str = &req.key.name;
-        let attempt = req.attempt.as_str();
-        let owner: &str = &req.key.owner;
-        let kind = kind_name(req.key.kind);
-        let lease_ms = millis_f64(req.lease);
-        let excl = exclusive(req.key.kind);
-        let guc = self.lease_guc();
-        let params: [Param; 9] = [
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&attempt, Type::TEXT),
-            (&owner, Type::TEXT),
-            (&kind, Type::TEXT),
-            (&lease_ms, Type::FLOAT8),
-            (&idle, Type::TEXT),
-            (&excl, Type::BOOL),
-            (&guc, Type::TEXT),
-        ];
-        let rows = self
-            .query(s, "recording the grant", REGISTER, &params)
-            .await?;
-        let token: Option<i64> = first("recording the grant", &rows)?;
-        let token = token.ok_or_else(|| shape("recording the grant", "no token"))?;
-        u64::try_from(token).map_err(|_| shape("fencing token", token))
-    }
-
-    /// Records the leadership `s` holds for `req` with its value (`dlock_elections`), wakes
-    /// the election's observers, and returns its fencing token (the recorded one if this
-    /// session recorded it before).
-    async fn register_leader(&self, s: &Session, req: &AcquireRequest, idle: &str) -> Result<u64> {
         let ns = self.common.namespace.as_str();
         let name: &str = &req.key.name;
         let attempt = req.attempt.as_str();
         let owner: &str = &req.key.owner;
         let lease_ms = millis_f64(req.lease);
         let guc = self.lease_guc();
+        let (kind, excl) = (kind_name(req.key.kind), exclusive(req.key.kind));
         let value: &str = req.value.as_deref().unwrap_or("");
         let chan = channel(key_of(ns, name, LockKind::Election));
-        let params: [Param; 9] = [
+        let mut params: Vec<Param> = vec![
             (&ns, Type::TEXT),
             (&name, Type::TEXT),
             (&attempt, Type::TEXT),
@@ -158,14 +126,17 @@ impl PgDialect {
             (&lease_ms, Type::FLOAT8),
             (&idle, Type::TEXT),
             (&guc, Type::TEXT),
-            (&value, Type::TEXT),
-            (&chan, Type::TEXT),
         ];
-        let rows = self
-            .query(s, "recording the leadership", ELECTION_REGISTER, &params)
-            .await?;
-        let token: Option<i64> = first("recording the leadership", &rows)?;
-        let token = token.ok_or_else(|| shape("recording the leadership", "no token"))?;
+        let (what, sql) = if req.key.kind == LockKind::Election {
+            params.extend([(&value as _, Type::TEXT), (&chan as _, Type::TEXT)]);
+            ("recording the leadership", ELECTION_REGISTER)
+        } else {
+            params.extend([(&kind as _, Type::TEXT), (&excl as _, Type::BOOL)]);
+            ("recording the grant", REGISTER)
+        };
+        let rows = self.query(s, what, sql, &params).await?;
+        let token: Option<i64> = first(what, &rows)?;
+        let token = token.ok_or_else(|| shape(what, "no token"))?;
         u64::try_from(token).map_err(|_| shape("fencing token", token))
     }
 
