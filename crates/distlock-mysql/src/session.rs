@@ -702,72 +702,20 @@ impl Dialect for MyDialect {
         crate::observe::proclaim(&self.common, lk, (grant.token, seq, value), leads).await
     }
 
+    /// The holder rows whose connection holds the key, with the value stored with the token
+    /// (an election's leader; NULL for a lock). A connection holding an election's key
+    /// without a row yet (between its grant and its registration) is not reported: its token
+    /// and value are not known yet.
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        if kind == LockKind::Election {
-            return self.inspect_election(name).await;
-        }
-        let d = self;
-        let lk = d.lk(name, kind);
-        let (rows, token, unnamed) = d
+        let lk = self.lk(name, kind);
+        let election = kind == LockKind::Election;
+        type Holder = (String, Option<i64>, Option<String>, u64);
+        let (mut rows, token, unnamed) = self
             .common
             .with_conn("inspecting", move |c| {
                 Box::pin(async move {
-                    let rows: Vec<(String, Option<i64>)> = c
+                    let rows: Vec<Holder> = c
                         .exec(
-                            "SELECT owner, \
-                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
-                             FROM dlock_holders WHERE lock_key = ? AND conn_id = IS_USED_LOCK(?)",
-                            (lk.as_str(), lk.as_str()),
-                        )
-                        .await?;
-                    let token: Option<u64> = c
-                        .exec_first(
-                            "SELECT token FROM dlock_fence WHERE lock_key = ?",
-                            (lk.as_str(),),
-                        )
-                        .await?;
-                    // The server lock without a holder row: a grant between its `GET_LOCK`
-                    // and its row, or one being given back (a cancelled waiter's that raced
-                    // with the release). Held all the same.
-                    let used: Option<Option<u64>> = if rows.is_empty() {
-                        c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await?
-                    } else {
-                        None
-                    };
-                    Ok((rows, token, used.flatten()))
-                })
-            })
-            .await?;
-        let mut holders: Vec<HolderInfo> = rows
-            .into_iter()
-            .map(|(owner, us)| crate::common::holder(owner, us))
-            .collect();
-        if let Some(conn) = unnamed {
-            holders.push(HolderInfo::new(
-                format!("(connection {conn}, being granted or given back)"),
-                1,
-            ));
-        }
-        Ok(LockInfo::new(name)
-            .with_holders(holders)
-            .with_fencing_token(token.unwrap_or(0)))
-    }
-}
-
-impl MyDialect {
-    /// An election's state: its leader (the holder row whose connection holds the election's
-    /// `GET_LOCK` key) with the value stored with its token. A connection holding the key
-    /// without a row yet (between its grant and its registration) is not reported: its token
-    /// and value are not known yet.
-    async fn inspect_election(&self, name: &str) -> Result<LockInfo> {
-        let lk = self.lk(name, LockKind::Election);
-        type Leader = (String, Option<i64>, Option<String>, u64);
-        let (leader, token) = self
-            .common
-            .with_conn("inspecting the election", move |c| {
-                Box::pin(async move {
-                    let leader: Option<Leader> = c
-                        .exec_first(
                             "SELECT h.owner, \
                              TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), h.expires_at), \
                              e.value, h.token \
@@ -783,16 +731,36 @@ impl MyDialect {
                             (lk.as_str(),),
                         )
                         .await?;
-                    Ok((leader, token))
+                    // A lock's server lock without a holder row: a grant between its
+                    // `GET_LOCK` and its row, or one being given back (a cancelled waiter's
+                    // that raced with the release). Held all the same.
+                    let used: Option<Option<u64>> = if rows.is_empty() && !election {
+                        c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await?
+                    } else {
+                        None
+                    };
+                    Ok((rows, token, used.flatten()))
                 })
             })
             .await?;
         let mut info = LockInfo::new(name).with_fencing_token(token.unwrap_or(0));
-        if let Some((owner, us, value, token)) = leader {
-            info =
-                info.with_fencing_token(token)
-                    .with_holders(vec![crate::common::holder(owner, us)
-                        .with_value(Some(value.unwrap_or_default()))]);
+        if election {
+            // The leader, with the token its value is stored under.
+            rows.truncate(1);
+        }
+        for (owner, us, value, token) in rows {
+            let holder = crate::common::holder(owner, us);
+            info.holders.push(match election {
+                true => {
+                    info.fencing_token = token;
+                    holder.with_value(Some(value.unwrap_or_default()))
+                }
+                false => holder,
+            });
+        }
+        if let Some(conn) = unnamed {
+            let what = format!("(connection {conn}, being granted or given back)");
+            info.holders.push(HolderInfo::new(what, 1));
         }
         Ok(info)
     }
