@@ -129,15 +129,21 @@ impl Common {
         token.cancel_query(self.tls.connector()).await
     }
 
-    async fn open_control(&self) -> Result<Arc<Client>> {
-        let (client, conn) = self.open().await?;
+    /// Opens a new connection with `config` (the backend's if `None`) whose connection
+    /// future runs in a task of its own until the client is dropped.
+    pub(crate) async fn client(&self, config: Option<&tokio_postgres::Config>) -> Result<Client> {
+        let (client, conn) = self.open_with(config.unwrap_or(&self.config)).await?;
         let endpoint = self.endpoint.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
-                tracing::debug!(%endpoint, error = %e, "postgres control connection ended");
+                tracing::debug!(%endpoint, error = %e, "postgres connection ended");
             }
         });
-        Ok(Arc::new(client))
+        Ok(client)
+    }
+
+    async fn open_control(&self) -> Result<Arc<Client>> {
+        self.client(None).await.map(Arc::new)
     }
 
     /// The shared control connection (for inspect, lease-mode statements, checks), reconnected

@@ -221,10 +221,7 @@ async fn force_release(b: &PostgresBackend, name: &str, kind: LockKind) -> Resul
 async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
     let ns = b.common.namespace.as_str();
     let chan = channel(lock_key(ns, name));
-    let (mut client, conn) = b.common.open().await?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let mut client = b.common.client(None).await?;
     let what = "forced release";
     let run = async {
         let tx = client.transaction().await?;
