@@ -27,21 +27,9 @@ impl Cgroup {
     /// Makes a cgroup for one command under this process's own; `None` where none can or may
     /// be made (see the module docs).
     pub(crate) fn create() -> Option<Cgroup> {
-        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-        let own = own_path(&own)?;
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-        let parent = mounts.lines().find_map(|l| cgroup2_dir(l, &own))?;
-        if !parent.is_dir() || (systemd_manages() && !delegated(&parent)) {
-            return None;
-        }
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = parent.join(format!(
-            "dlock-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir(&dir).ok()?;
-        let cg = Cgroup { dir };
+        let cg = Cgroup {
+            dir: make_dir(&parent()?)?,
+        };
         // cgroup.kill came with Linux 5.14; without it only the walk could stop the command,
         // and the cgroup would add nothing.
         if !cg.dir.join("cgroup.kill").exists() || cg.open_procs().is_err() {
@@ -89,6 +77,40 @@ impl Cgroup {
     pub(crate) fn remove(&self) {
         let _ = std::fs::remove_dir(&self.dir);
     }
+}
+
+/// The next `N` of this process's cgroups (`dlock-PID-N`).
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// This process's own cgroup v2 directory, where dlock may make one below it (see the module
+/// docs); `None` elsewhere.
+fn parent() -> Option<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let own = own_path(&own)?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let parent = mounts.lines().find_map(|l| cgroup2_dir(l, &own))?;
+    (parent.is_dir() && !(systemd_manages() && !delegated(&parent))).then_some(parent)
+}
+
+/// Makes `PARENT/dlock-PID-N` for this process's next `N`. A directory of that name already
+/// there was left by an earlier process with this PID (PIDs are reused; it is dead, the PID is
+/// ours), killed before it could remove it: it is removed if empty and passed over if not, so
+/// a leftover never keeps a command out of a cgroup.
+fn make_dir(parent: &Path) -> Option<PathBuf> {
+    for _ in 0..64 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = parent.join(format!("dlock-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Some(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                if std::fs::remove_dir(&dir).is_ok() && std::fs::create_dir(&dir).is_ok() {
+                    return Some(dir);
+                }
+            }
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 /// The cgroup v2 path in a `/proc/PID/cgroup` text (the `0::PATH` line); `None` without one
@@ -199,6 +221,38 @@ mod tests {
         assert_eq!(cgroup2_dir(sub, "/c"), None);
         let v1 = "30 25 0:26 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids";
         assert_eq!(cgroup2_dir(v1, "/"), None);
+    }
+
+    /// A cgroup left by an earlier process that had this PID (killed with its guard, so
+    /// neither removed it) does not keep the next command out of one: the name is taken
+    /// over when empty and passed over when not.
+    #[test]
+    fn a_leftover_of_an_earlier_process_with_this_pid_is_no_obstacle() {
+        let Some(parent) = parent() else {
+            eprintln!("no cgroup v2 can be made here");
+            return;
+        };
+        let next = NEXT.load(Ordering::Relaxed);
+        let leftovers: Vec<PathBuf> = (next..next + 3)
+            .map(|n| parent.join(format!("dlock-{}-{n}", std::process::id())))
+            .collect();
+        if leftovers.iter().any(|d| std::fs::create_dir(d).is_err()) {
+            eprintln!("no cgroup v2 can be made here");
+            return;
+        }
+        let cg = Cgroup::create();
+        let made = cg.as_ref().map(|c| c.path().to_owned());
+        if let Some(c) = &cg {
+            c.remove();
+        }
+        for d in &leftovers {
+            let _ = std::fs::remove_dir(d);
+        }
+        assert!(
+            made.is_some(),
+            "a leftover dlock-{}-{next} kept dlock from making a cgroup",
+            std::process::id()
+        );
     }
 
     /// Where this machine allows a cgroup (as the CI machine does), one is made, takes a

@@ -23,6 +23,10 @@
 //! process (write syscalls from `/proc/self/io`, an upper bound of round trips; RSS from
 //! `/proc/self/status`).
 //!
+//! `DLOCK_BENCH_HANDOFF_AFTER=DUR` runs dlock's single-node scenarios with `?handoff_after=DUR`
+//! (the plain mutex's contended mode: `0` hands over always, a long one barges always; see
+//! docs/redis-lock.md, "Contended mode"), to see the two ends of the trade-off.
+//!
 //! A bench, not a test: nothing here asserts on speed. Ratios from one run travel; absolute
 //! figures on a shared machine do not.
 
@@ -142,7 +146,13 @@ impl Peer for DlockFair {
 /// A dlock client of its own: the Redis backend on one node, Redlock on several.
 async fn dlock_client(nodes: &[String], opts: ClientOptions) -> Res<Client> {
     let backend: Arc<dyn Backend> = match nodes {
-        [one] => Arc::new(RedisBackend::connect(one, &opts).await?),
+        [one] => {
+            let url = match std::env::var("DLOCK_BENCH_HANDOFF_AFTER") {
+                Ok(after) => format!("{one}?handoff_after={after}"),
+                Err(_) => one.clone(),
+            };
+            Arc::new(RedisBackend::connect(&url, &opts).await?)
+        }
         many => {
             let hosts: Vec<&str> = many
                 .iter()
