@@ -309,14 +309,20 @@ pub(crate) fn side(kind: &str) -> Option<LockKind> {
     }
 }
 
+/// The first column of the first row, or an error naming `what`.
+pub(crate) fn first<'a, T: tokio_postgres::types::FromSql<'a>>(
+    what: &str,
+    rows: &'a [Row],
+) -> Result<T> {
+    rows.first()
+        .and_then(|r| r.try_get::<_, T>(0).ok())
+        .ok_or_else(|| crate::error::shape(what, format!("{} rows", rows.len())))
+}
+
 /// A proclamation's outcome from its rows: the first row's first column says whether the
 /// grant still leads (`Renewed`) or not (`NotHeld`).
 pub(crate) fn proclaimed(rows: &[Row]) -> Result<RenewOutcome> {
-    let leads: bool = rows
-        .first()
-        .and_then(|r| r.try_get(0).ok())
-        .ok_or_else(|| crate::error::shape("proclaiming", format!("{} rows", rows.len())))?;
-    Ok(if leads {
+    Ok(if first("proclaiming", rows)? {
         RenewOutcome::Renewed
     } else {
         RenewOutcome::NotHeld

@@ -19,7 +19,7 @@
 //! - `diagnose`: version, a pooler in front (PgBouncer), whether the session's timeouts take
 //!   effect, synchronous replication, and the server clock against the local one.
 
-use crate::common::{channel, election_key, key_oids, lease_left, lock_key, side};
+use crate::common::{channel, election_key, first, key_oids, lease_left, lock_key, side};
 use crate::error::{is_code, map, shape, KIND};
 use crate::{Inner, Mode, PostgresBackend};
 use distlock_core::operator::{evict, Eviction};
@@ -267,11 +267,7 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
 
 /// The fencing token a statement returned in its first row, first column.
 fn token_of(rows: &[tokio_postgres::Row]) -> Result<u64> {
-    let token: i64 = rows
-        .first()
-        .and_then(|r| r.try_get(0).ok())
-        .ok_or_else(|| shape("forced release", "no token"))?;
-    u64_token(token)
+    u64_token(first("forced release", rows)?)
 }
 
 /// Session mode: the backends holding the advisory key of lock `name` (both sides of a
@@ -423,11 +419,7 @@ impl Eviction for Sessions<'_> {
                 ],
             )
             .await?;
-        let n: i64 = rows
-            .first()
-            .and_then(|r| r.try_get(0).ok())
-            .ok_or_else(|| shape("forced release", "no count"))?;
-        Ok(n > 0)
+        Ok(first::<i64>("forced release", &rows)? > 0)
     }
 
     async fn advance(&self, ended: &[i32]) -> Result<u64> {

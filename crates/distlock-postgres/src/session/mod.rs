@@ -442,10 +442,7 @@ impl PgDialect {
 
 /// The waiters [`WAITERS`] counted.
 fn waiter_count(rows: &[tokio_postgres::Row]) -> Result<u32> {
-    let waiters: i64 = rows
-        .first()
-        .and_then(|r| r.try_get(0).ok())
-        .ok_or_else(|| shape("inspect", "no waiter count"))?;
+    let waiters: i64 = crate::common::first("inspect", rows)?;
     Ok(u32::try_from(waiters).unwrap_or(u32::MAX))
 }
 

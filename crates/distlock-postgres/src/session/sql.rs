@@ -2,7 +2,7 @@
 
 use super::conn::Session;
 use super::{exclusive, lock_mode, PgDialect};
-use crate::common::{channel, key_of, key_oids, kind_name};
+use crate::common::{channel, first, key_of, key_oids, kind_name};
 use crate::error::shape;
 use distlock_core::{AcquireRequest, AttemptId, LockKind, ReleaseOutcome, Result};
 use distlock_sql::lease::millis_f64;
@@ -27,13 +27,6 @@ const ELECTION_RELEASE_ALL: &str = include_str!("../../sql/election_release_all.
 const ELECTION_HOLDER_TTL: &str = include_str!("../../sql/election_holder_ttl.sql");
 
 type Param<'a> = (&'a (dyn ToSql + Sync), Type);
-
-/// The first column of the first row, or an error naming `what`.
-fn first<'a, T: tokio_postgres::types::FromSql<'a>>(what: &str, rows: &'a [Row]) -> Result<T> {
-    rows.first()
-        .and_then(|r| r.try_get::<_, T>(0).ok())
-        .ok_or_else(|| shape(what, format!("{} rows", rows.len())))
-}
 
 impl PgDialect {
     /// The setting that carries the lease: `idle_session_timeout`, or a harmless custom
