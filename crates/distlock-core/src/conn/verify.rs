@@ -119,3 +119,26 @@ impl ServerCertVerifier for Verifier {
         self.algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_and_file_errors() {
+        let files = TlsFiles::new(TlsNames::CACERT);
+        for check in [
+            ServerCheck::None,
+            ServerCheck::Chain(RootCertStore::empty()),
+            ServerCheck::ChainAndName(RootCertStore::empty()),
+        ] {
+            let config = files.client_config(check).expect("a config without files");
+            assert!(!config.client_auth_cert_resolver.has_certs());
+        }
+        let e = files
+            .with_client("/nonexistent/c.pem", "/nonexistent/k.pem")
+            .client_config(ServerCheck::None)
+            .expect_err("no such file");
+        assert!(e.to_string().contains("`cert=/nonexistent/c.pem`"), "{e}");
+    }
+}
