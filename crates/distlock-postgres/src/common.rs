@@ -319,14 +319,43 @@ pub(crate) fn first<'a, T: tokio_postgres::types::FromSql<'a>>(
         .ok_or_else(|| crate::error::shape(what, format!("{} rows", rows.len())))
 }
 
-/// A proclamation's outcome from its rows: the first row's first column says whether the
-/// grant still leads (`Renewed`) or not (`NotHeld`).
-pub(crate) fn proclaimed(rows: &[Row]) -> Result<RenewOutcome> {
-    Ok(if first("proclaiming", rows)? {
-        RenewOutcome::Renewed
-    } else {
-        RenewOutcome::NotHeld
-    })
+impl Common {
+    /// Proclaims `value` (number `seq`) for election grant `grant` with a mode's statement
+    /// `sql` ($1 ns, $2 name, $3 attempt, $4 token, $5 seq, $6 value, $7 the election's
+    /// channel, then `extra`), on the control connection: a statement on the leader's
+    /// session would restart its idle timer, which is the lease. `Renewed` while the grant
+    /// leads (the first column), `NotHeld` otherwise.
+    pub(crate) async fn proclaim(
+        self: &Arc<Self>,
+        sql: &str,
+        grant: &distlock_core::GrantRef,
+        (seq, value): (u64, &str),
+        extra: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<RenewOutcome> {
+        let (ns, name) = (self.namespace.as_str(), &*grant.key.name);
+        let attempt = grant.attempt.as_str();
+        let token = i64::try_from(grant.token)
+            .map_err(|_| Error::invalid(format!("fencing token {} out of range", grant.token)))?;
+        let seq = i64::try_from(seq)
+            .map_err(|_| Error::invalid(format!("proclamation number {seq} out of range")))?;
+        let chan = channel(election_key(ns, name));
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&attempt, Type::TEXT),
+            (&token, Type::INT8),
+            (&seq, Type::INT8),
+            (&value, Type::TEXT),
+            (&chan, Type::TEXT),
+        ];
+        params.extend_from_slice(extra);
+        let rows = self.query("proclaiming", sql, &params).await?;
+        Ok(if first("proclaiming", &rows)? {
+            RenewOutcome::Renewed
+        } else {
+            RenewOutcome::NotHeld
+        })
+    }
 }
 
 /// Advisory key taken (in a transaction) while creating the schema.

@@ -28,7 +28,7 @@ mod state;
 mod wait;
 
 use crate::common::{
-    channel, election_key, key_of, key_oids, kind_name, lease_left, lock_key, side, Common,
+    election_key, key_of, key_oids, kind_name, lease_left, lock_key, side, Common,
 };
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
@@ -305,34 +305,10 @@ impl Dialect for PgDialect {
     }
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        let common = &self.common;
-        let ns = common.namespace.as_str();
-        let name: &str = &grant.key.name;
-        let key = election_key(ns, name);
-        let (classid, objid) = key_oids(key);
-        let chan = channel(key);
-        let attempt = grant.attempt.as_str();
-        let token = i64::try_from(grant.token)
-            .map_err(|_| Error::invalid(format!("fencing token {} out of range", grant.token)))?;
-        let seq = i64::try_from(seq)
-            .map_err(|_| Error::invalid(format!("proclamation number {seq} out of range")))?;
-        let params: [(&(dyn ToSql + Sync), Type); 9] = [
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&attempt, Type::TEXT),
-            (&token, Type::INT8),
-            (&seq, Type::INT8),
-            (&value, Type::TEXT),
-            (&classid, Type::OID),
-            (&objid, Type::OID),
-            (&chan, Type::TEXT),
-        ];
-        // On the control connection: a statement on the leader's session would restart its
-        // idle timer, which is the lease.
-        let rows = common
-            .query("proclaiming", ELECTION_PROCLAIM, &params)
-            .await?;
-        crate::common::proclaimed(&rows)
+        let (classid, objid) = key_oids(election_key(&self.common.namespace, &grant.key.name));
+        let leads: [(&(dyn ToSql + Sync), Type); 2] = [(&classid, Type::OID), (&objid, Type::OID)];
+        let sql = ELECTION_PROCLAIM;
+        self.common.proclaim(sql, grant, (seq, value), &leads).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
