@@ -32,12 +32,12 @@
 use crate::common::{
     close, col, key_of, last_row, next_token, query_sets, sql_str, wait_timeout_secs, Call, Common,
 };
-use crate::error::{conn_dead, shape, timeout, KIND};
+use crate::error::{conn_dead, shape, KIND};
 use distlock_core::backend::Capabilities;
 use distlock_core::clock;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, Granted, HolderInfo,
-    LockInfo, LockKind, LostReason, LostSignal, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, GrantRef, Granted, HolderInfo, LockInfo,
+    LockKind, LostReason, LostSignal, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use distlock_sql::closewatch::CloseWatch;
 use distlock_sql::lease::{micros, wait_millis, wait_or_stop};
@@ -555,10 +555,6 @@ impl Dialect for MyDialect {
         Some(self.common.op_timeout)
     }
 
-    fn timeout(&self, what: &str, limit: Duration) -> Error {
-        timeout(&self.common.endpoint, what, limit)
-    }
-
     /// One try: a retry of the attempt that holds its grant answers that grant again (the
     /// lease extended, never shortened) with the same token; otherwise `GET_LOCK(key, 0)` on
     /// a connection of its own.
@@ -794,6 +790,7 @@ pub(crate) async fn holder_connection(mode: &SessionMode, name: &str, owner: &st
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_core::Error;
 
     #[test]
     fn wait_statements_and_replies() {

@@ -59,9 +59,6 @@ pub trait Dialect: Send + Sync + 'static {
         None
     }
 
-    /// The error of a detached request whose answer did not come within `limit`.
-    fn timeout(&self, what: &str, limit: Duration) -> Error;
-
     /// One try without waiting (a retry of a granted attempt answers its grant again, the
     /// lease never shortened).
     async fn try_lock(
@@ -259,7 +256,12 @@ impl<D: Dialect> Sessions<D> {
                 "the {} task {what} ended without an answer: {e}",
                 self.dialect.backend()
             ))),
-            Err(_) => Err(self.dialect.timeout(what, limit)),
+            Err(_) => Err(crate::errors::no_answer(
+                self.dialect.backend(),
+                &self.dialect.endpoint(),
+                what,
+                limit,
+            )),
         }
     }
 

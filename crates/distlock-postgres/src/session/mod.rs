@@ -34,8 +34,8 @@ use crate::error::{shape, KIND};
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Error, GrantRef, Granted, HolderInfo, LockInfo,
-    LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, GrantRef, Granted, HolderInfo, LockInfo, LockKind,
+    ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, IdlePool, Sessions};
 use state::{Entry, Start, State};
@@ -134,10 +134,6 @@ impl Dialect for PgDialect {
 
     fn capabilities(&self) -> Capabilities {
         capabilities()
-    }
-
-    fn timeout(&self, what: &str, limit: Duration) -> Error {
-        crate::error::timeout(self.endpoint(), what, limit)
     }
 
     /// One try for `req`'s attempt, without waiting.
