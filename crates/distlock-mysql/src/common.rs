@@ -263,32 +263,25 @@ impl Common {
     /// Disposes of a connection after call `c` on it: kept if it succeeded or the server merely
     /// refused the statement, closed otherwise (and the idle ones too if the server went away).
     pub(crate) fn after_failure_or_put<T>(&self, conn: Conn, c: &Call<T>) {
-        if Self::reusable(c) {
-            self.put(conn);
-        } else {
-            if matches!(c, Call::Err(e) if conn_dead(e)) {
-                self.forget_idle();
-            }
-            close(conn);
+        match Self::reusable(c) {
+            true => self.put(conn),
+            false => self.put_if_ok(conn, c),
         }
     }
 
-    /// Disposes of a connection after call `c` of a transaction on it: kept only if it
-    /// succeeded. A statement that failed may leave the transaction open (a lock wait timeout
-    /// rolls back only itself) with its row locks: closing the connection rolls it back.
+    /// Disposes of a connection after call `c` on it: kept only if it succeeded (a failed
+    /// statement may leave a transaction open with its row locks, or a session setting
+    /// half-reset: closing the connection undoes both), and the idle ones dropped too if the
+    /// server went away.
     pub(crate) fn put_if_ok<T>(&self, conn: Conn, c: &Call<T>) {
-        if matches!(c, Call::Err(e) if conn_dead(e)) {
-            self.forget_idle();
-        }
-        self.put_or_close(conn, c);
-    }
-
-    /// Keeps a connection for later if call `c` on it succeeded, closes it otherwise.
-    pub(crate) fn put_or_close<T>(&self, conn: Conn, c: &Call<T>) {
-        if matches!(c, Call::Ok(_)) {
-            self.put(conn);
-        } else {
-            close(conn);
+        match c {
+            Call::Ok(_) => self.put(conn),
+            other => {
+                if matches!(other, Call::Err(e) if conn_dead(e)) {
+                    self.forget_idle();
+                }
+                close(conn);
+            }
         }
     }
 

@@ -328,7 +328,7 @@ impl MyDialect {
             Call::Ok(sets) => last_int(sets, 0),
             _ => None,
         };
-        self.common.put_or_close(conn, &c);
+        self.common.put_if_ok(conn, &c);
         us.filter(|us| *us > 0)
             .map(|us| Duration::from_micros(us as u64))
     }
@@ -522,7 +522,7 @@ impl MyDialect {
                 "{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
             )))
             .await;
-        self.common.put_or_close(conn, &c);
+        self.common.put_if_ok(conn, &c);
     }
 }
 
