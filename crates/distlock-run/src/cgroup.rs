@@ -89,7 +89,7 @@ fn parent() -> Option<PathBuf> {
     let own = own_path(&own)?;
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let parent = mounts.lines().find_map(|l| cgroup2_dir(l, &own))?;
-    (parent.is_dir() && !(systemd_manages() && !delegated(&parent))).then_some(parent)
+    (parent.is_dir() && (!systemd_manages() || delegated(&parent))).then_some(parent)
 }
 
 /// Makes `PARENT/dlock-PID-N` for this process's next `N`. A directory of that name already
