@@ -94,7 +94,7 @@ struct Channel {
     /// Waiting attempts, with how many watches each has.
     attempts: FastMap<AttemptId, usize>,
     /// Handoffs not yet picked up: attempt → token.
-    handed: FastMap<AttemptId, u64>,
+    handed: FastMap<AttemptId, (u64, u64)>,
     /// Bumped on every notice; dropped (after saying why) when the key's watches fail.
     beat: watch::Sender<Beat>,
 }
@@ -284,6 +284,13 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
     /// that attempt's watches only. False (and nobody is woken) if that attempt does not
     /// wait here: a handoff to another client's or another attempt's waiter is not ours.
     pub fn notify_handoff(&self, key: &K, attempt: &str, token: u64) -> bool {
+        self.notify_handoff_after(key, attempt, token, 0)
+    }
+
+    /// As [`notify_handoff`](Subscriptions::notify_handoff), for a handoff made after the
+    /// server answered the attempt's request number `request` (0: not known): the watch
+    /// reports it as [`Wake::HandedOverAfter`].
+    pub fn notify_handoff_after(&self, key: &K, attempt: &str, token: u64, request: u64) -> bool {
         let mut table = self.table();
         let Some(ch) = table.get_mut(key) else {
             return false;
@@ -291,7 +298,7 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
         let Some((a, _)) = ch.attempts.get_key_value(attempt) else {
             return false;
         };
-        ch.handed.insert(a.clone(), token);
+        ch.handed.insert(a.clone(), (token, request));
         ch.bump();
         true
     }
@@ -302,7 +309,12 @@ impl<K: Eq + Hash + Clone + Send + Sync + 'static> Subscriptions<K> {
     pub fn notify(&self, key: &K, attempt: &str, wake: Wake) -> bool {
         match wake {
             Wake::Released => self.notify_released(key),
-            Wake::HandedOver { token } => self.notify_handoff(key, attempt, token),
+            Wake::HandedOver { token } | Wake::Granted { token, .. } => {
+                self.notify_handoff(key, attempt, token)
+            }
+            Wake::HandedOverAfter { token, request } => {
+                self.notify_handoff_after(key, attempt, token, request)
+            }
         }
     }
 
@@ -438,11 +450,11 @@ impl<K: Eq + Hash> Subscription<K> {
         };
         // Seen under the table lock: a notice after this moves the beat on again.
         self.rx.borrow_and_update();
-        if let Some(token) = ch.handed.remove(&self.attempt) {
-            return Ok(Some(if as_release {
-                Wake::Released
-            } else {
-                Wake::HandedOver { token }
+        if let Some((token, request)) = ch.handed.remove(&self.attempt) {
+            return Ok(Some(match (as_release, request) {
+                (true, _) => Wake::Released,
+                (false, 0) => Wake::HandedOver { token },
+                (false, request) => Wake::HandedOverAfter { token, request },
             }));
         }
         if ch.released != self.seen {

@@ -229,6 +229,25 @@ pub enum Wake {
         /// Fencing token of the grant.
         token: u64,
     },
+    /// A handoff as [`Wake::HandedOver`], made after the server had answered the attempt's
+    /// request number `request` (the backend's own numbering of its requests). A backend that
+    /// knows when that request was sent may vouch for it as [`Wake::Granted`]; the wait loop
+    /// confirms any other handoff with one more attempt.
+    HandedOverAfter {
+        /// Fencing token of the grant.
+        token: u64,
+        /// The number of the attempt's request the server had answered before the handoff.
+        request: u64,
+    },
+    /// A handoff the backend vouches for as a grant: the server handed the lock to this
+    /// attempt after answering a request sent at `requested_at` (its latest, answered "held"),
+    /// and the lease it asked for, measured from then, has not run out. The wait ends with it.
+    Granted {
+        /// Fencing token of the grant.
+        token: u64,
+        /// Send time of the request the handoff followed: the lease runs from no earlier.
+        requested_at: crate::clock::Instant,
+    },
 }
 
 /// Answer to one acquisition attempt.

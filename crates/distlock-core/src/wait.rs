@@ -75,8 +75,9 @@ pub trait WaitStrategy: Send {
 
     /// Sleeps until the next reason to try again — a release notification — or until `until`
     /// (the earliest of the deadline, the heartbeat and the attempt's `retry_in`), whichever
-    /// is first. `Ok(Some(Wake::HandedOver { .. }))` ends the wait with that grant (measured
-    /// from the last attempt's send time); `Ok(None)` or `Released` tries again. An error is
+    /// is first. `Ok(Some(Wake::Granted { .. }))` ends the wait with that grant (measured
+    /// from the `requested_at` the backend vouches for); `Ok(None)`, `Released` or any other
+    /// handoff tries again (an attempt confirms a handoff). An error is
     /// retried as an attempt's error is (after [`retry`](WaitStrategy::retry) and a backoff
     /// pause), but is not reported at the deadline: the holder, not the notifications, kept
     /// the lock. The default sleeps until `until`.
@@ -235,8 +236,22 @@ async fn run_loop<S: WaitStrategy + ?Sized>(
                     // seed 12: a waiter paused 2.4 s held the lock 290 ms beside three others,
                     // never told). The next attempt names the same attempt: the server answers
                     // with the same grant, its lease made to run from that request, or finds
-                    // it gone.
-                    Ok(Some(Wake::HandedOver { .. } | Wake::Released) | None) => continue,
+                    // it gone. Unless the backend vouches for it (`Wake::Granted`): the notice
+                    // names the request it followed, that request is the attempt's last, and
+                    // its send time plus the lease is still ahead.
+                    // A handoff the backend vouches for (it knows the handoff followed the
+                    // attempt's last request, answered "held", and when that was sent): the
+                    // grant, measured from that request (see `Wake::Granted`).
+                    Ok(Some(Wake::Granted {
+                        token,
+                        requested_at,
+                    })) => return Ok(Some(Granted::new(token, requested_at))),
+                    Ok(
+                        Some(
+                            Wake::HandedOver { .. } | Wake::HandedOverAfter { .. } | Wake::Released,
+                        )
+                        | None,
+                    ) => continue,
                     Err(e) => (e, false),
                 }
             }
@@ -311,8 +326,9 @@ where
 /// Try (registering as a waiter); if held, subscribe to the lock's notifications and try once
 /// more (a release may have come before the subscription was in place); then sleep until a
 /// notification, the holder's lease end, or the waiter's heartbeat, whichever is first. A
-/// backend with a server-side queue may hand the lock over in the notification itself
-/// ([`Wake::HandedOver`]), saving the waiter a round trip. There is no fixed polling interval:
+/// backend with a server-side queue may hand the lock over in the notification itself; the
+/// waiter confirms a handoff with one more attempt ([`Wake::HandedOver`]) unless the backend
+/// vouches for it ([`Wake::Granted`]), which saves that round trip. There is no fixed polling interval:
 /// the heartbeat only keeps the waiter's place in the queue alive (so a crashed waiter drops
 /// out), and it is a quarter of the lease or longer. A wait that ends at its deadline right
 /// after failed attempts returns the last error (see [`run`]).

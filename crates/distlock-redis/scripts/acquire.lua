@@ -20,12 +20,14 @@
 --   expires FENCE_MARGIN_MS after the end of the last lease granted)
 -- KEYS[1] .. ':queue' wait queue: zset ATTEMPT -> arrival ms (server clock)
 -- KEYS[1] .. ':waiters' waiter data: hash ATTEMPT -> "EXPIRY_MS:LEASE_MS:OWNER"
--- ARGV[1] attempt id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] 'TTL:FAIR:WAKE': the waiter
+-- ARGV[1] attempt id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] 'TTL:FAIR:SEQ:WAKE': the waiter
 -- ttl in ms (0: do not queue), '1' for a fair lock (a free lock goes to the oldest live
--- waiter), and the waiter's wake channel ('' for none): kept beside its waiter data, in field
--- '>ATTEMPT' of the waiter data (written and removed with the data, in the same calls), so
--- that the release that hands it the lock tells it there; without one, on
--- KEYS[1]:released:ATTEMPT.
+-- waiter), the request's number (the client's, increasing per client), and the waiter's wake
+-- channel ('' for none): the channel is kept beside its waiter data in field '>ATTEMPT' and
+-- the number of the waiter's latest request the server answered in field '#ATTEMPT' (both
+-- written and removed with the data, in the same calls), so that the release that hands it
+-- the lock tells it there, naming that request ('h TOKEN ATTEMPT SEQ': the handoff came after
+-- the server answered it); without a channel, on KEYS[1]:released:ATTEMPT.
 -- An election (keys NS:{NAME}:election...) adds ARGV[5] the candidate's value, stored with
 -- the grant (fields value, seq = 0) or in its waiter data ("EXPIRY_MS:LEASE_MS:LEN:VALUE"
 -- then OWNER, LEN the value's length in bytes), and ARGV[6] the election's observe channel,

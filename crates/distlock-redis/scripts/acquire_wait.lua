@@ -2,7 +2,7 @@
 -- end record; src/scripts.rs puts fence_next.lua and queue.lua between the two files, so that
 -- the uncontended grant makes no closure it does not call.
 local lease = tonumber(ARGV[3])
-local ttl, fair, wake = string.match(ARGV[4], '^(%d+):(%d):(.*)$')
+local ttl, fair, seq, wake = string.match(ARGV[4], '^(%d+):(%d):(%d+):(.*)$')
 ttl = tonumber(ttl)
 local queues = ttl ~= nil and ttl > 0
 local waiters = KEYS[1] .. ':waiters'
@@ -25,7 +25,7 @@ local function dequeue()
     return
   end
   if queues and redis.call('zrem', queue, attempt) == 1 then
-    redis.call('hdel', waiters, attempt, '>' .. attempt)
+    redis.call('hdel', waiters, attempt, '>' .. attempt, '#' .. attempt)
   end
 end
 
@@ -55,7 +55,7 @@ local function live_head(now)
       return head
     end
     redis.call('zrem', queue, head)
-    redis.call('hdel', waiters, head, '>' .. head)
+    redis.call('hdel', waiters, head, '>' .. head, '#' .. head)
   end
 end
 
@@ -115,7 +115,7 @@ if queues then
     data = data .. string.format('%d:', #value) .. value
   end
   if wake ~= '' then
-    redis.call('hset', waiters, attempt, data .. ARGV[2], '>' .. attempt, wake)
+    redis.call('hset', waiters, attempt, data .. ARGV[2], '>' .. attempt, wake, '#' .. attempt, seq)
   else
     redis.call('hset', waiters, attempt, data .. ARGV[2])
   end

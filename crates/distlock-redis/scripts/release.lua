@@ -2,7 +2,8 @@
 -- and give back a grant made to it. One round trip.
 -- With waiters, a release either **hands the lock over** to the oldest live waiter (fresh
 -- fencing token, the waiter's own lease) and tells that attempt, and only it ('h TOKEN
--- ATTEMPT'), on the wake channel its queue entry names (field '>ATTEMPT' of the waiter data,
+-- ATTEMPT SEQ', SEQ the number of the waiter's latest request the server answered, field
+-- '#ATTEMPT' of the waiter data), on the wake channel its queue entry names (field '>ATTEMPT' of the waiter data,
 -- see acquire.lua; an entry without one: KEYS[1]:released:ATTEMPT) — or, in the plain mutex's
 -- contended mode, **frees it and wakes** that waiter alone ('w ATTEMPT'), which then asks like
 -- a newcomer: whoever asks first of it and the clients not queued gets it (the releaser

@@ -30,7 +30,7 @@ local function hand_over()
     if not head then
       break
     end
-    local entry = redis.call('hmget', waiters, head, '>' .. head)
+    local entry = redis.call('hmget', waiters, head, '>' .. head, '#' .. head)
     local data = entry[1]
     local wake = entry[2] or (KEYS[1] .. ':released:' .. head)
     local expiry, lease, owner, value
@@ -56,14 +56,18 @@ local function hand_over()
         return
       end
       redis.call('zrem', queue, head)
-      redis.call('hdel', waiters, head, '>' .. head)
+      redis.call('hdel', waiters, head, '>' .. head, '#' .. head)
       local token = string.format('%d', next_token(fence, t, lease, 1))
       redis.call('hset', KEYS[1], 'attempt', head, 'token', token, 'owner', owner, 'q', '1')
       if observe then
         redis.call('hset', KEYS[1], 'value', value, 'seq', '0')
       end
       redis.call('pexpire', KEYS[1], lease)
-      redis.call('publish', wake, 'h ' .. token .. ' ' .. head)
+      if entry[3] then
+        redis.call('publish', wake, 'h ' .. token .. ' ' .. head .. ' ' .. entry[3])
+      else
+        redis.call('publish', wake, 'h ' .. token .. ' ' .. head)
+      end
       if observe then
         redis.call('publish', observe, 'g')
       end
@@ -71,7 +75,7 @@ local function hand_over()
     end
     -- A dead entry: its waiter may still be watching (one late heartbeat); wake it to retry.
     redis.call('zrem', queue, head)
-    redis.call('hdel', waiters, head, '>' .. head)
+    redis.call('hdel', waiters, head, '>' .. head, '#' .. head)
     redis.call('publish', wake, 'r')
   end
   free()
@@ -79,7 +83,7 @@ end
 
 if not release then
   local queued = redis.call('zrem', queue, attempt) == 1
-  redis.call('hdel', waiters, attempt, '>' .. attempt)
+  redis.call('hdel', waiters, attempt, '>' .. attempt, '#' .. attempt)
   if redis.call('hget', KEYS[1], 'attempt') == attempt then
     hand_over()
     return 1

@@ -14,6 +14,7 @@ mod ops;
 mod pubsub;
 mod quorum;
 mod renew;
+mod requests;
 mod scripts;
 mod sentinel;
 
@@ -48,6 +49,9 @@ pub struct RedisBackend {
     /// `?handoff_after=`, or the adaptive default: the plain mutex's contended mode (see
     /// [`contended`]).
     handoff_after: contended::HandoffAfter,
+    /// The waiting mutex attempts' latest requests, which make a handoff notice a grant
+    /// (see `requests`).
+    requests: Arc<requests::Requests>,
 }
 
 pub use crate::address::redact;
@@ -288,11 +292,29 @@ impl RedisBackend {
             unanswered: ended::Unanswered::new(ended::record_lifetime(opts.get_op_timeout())),
             dialect: None,
             handoff_after: contended::HandoffAfter::default(),
+            requests: Arc::default(),
         })
     }
 
     /// The wake channel `req`'s queue entry names, if it may queue: where the release that
     /// hands it the lock tells it ('' for a single try, which never queues).
+    /// A mutex waiter's watch `inner`, with the handoffs this client vouches for as grants
+    /// (see `requests`).
+    fn vouching(
+        &self,
+        req: &AcquireRequest,
+        inner: Box<dyn ReleaseWatch>,
+    ) -> Box<dyn ReleaseWatch> {
+        Box::new(requests::Vouching {
+            inner,
+            requests: self.requests.clone(),
+            attempt: req.attempt.clone(),
+            lease: req.lease,
+            kind: req.key.kind,
+            handoff_after: self.handoff_after.clone(),
+        })
+    }
+
     fn wake(&self, req: &AcquireRequest) -> &str {
         match req.waiter_ttl {
             Some(_) => self.subscriber.wake(),
@@ -544,7 +566,8 @@ impl RedisBackend {
     }
 
     /// The native acquire script of `req`'s family, with its keys and arguments.
-    fn acquire_cmd(&self, req: &AcquireRequest) -> Result<redis::Cmd> {
+    /// `seq`: the request's number (see `requests`), for a mutex-family attempt that queues.
+    fn acquire_cmd(&self, req: &AcquireRequest, seq: u64) -> Result<redis::Cmd> {
         let waiter_ttl = req
             .waiter_ttl
             .map_or(0, |t| t.as_millis().max(1) as u64)
@@ -559,11 +582,14 @@ impl RedisBackend {
             Family::Mutex { fair, election } => {
                 // acquire.lua: the lock hash and the attempt's end record (its counter, queue
                 // and waiter data are named after the hash in the script); the queueing paths'
-                // arguments packed as TTL:FAIR:WAKE.
+                // arguments packed as TTL:FAIR:SEQ:WAKE.
                 let hash = self.key_of(&req.key.name, &[Self::base(election)]);
+                let seq = seq.to_string();
                 let waits = [
                     waiter_ttl.as_str(),
                     if fair { ":1:" } else { ":0:" },
+                    &seq,
+                    ":",
                     self.wake(req),
                 ]
                 .concat();
@@ -846,14 +872,30 @@ impl Backend for RedisBackend {
         if let Some(l) = &self.dialect {
             return dialect::acquire(self, l, req).await;
         }
-        let cmd = self.acquire_cmd(req)?;
+        // A queueing mutex attempt's requests are numbered (a handoff names the one it
+        // followed); the others' are 0.
+        let numbered =
+            req.waiter_ttl.is_some() && matches!(family(req.key.kind)?, Family::Mutex { .. });
+        let seq = if numbered {
+            self.requests.sent(&req.attempt)
+        } else {
+            0
+        };
+        let cmd = self.acquire_cmd(req, seq)?;
         let sent = self.unanswered.sent(&req.attempt);
         let (v, acked) = self.eval_acquire(&self.scripts.all(), &cmd).await?;
         sent.answered();
         let reply = acquire_outcome(req, &v)?;
-        if let AcquireReply::Granted { token } = &reply {
-            self.confirm_replicas(&req.grant(*token), acked).await?;
-            self.handoff_after.granted(req.key.kind, &req.attempt);
+        match &reply {
+            AcquireReply::Granted { token } => {
+                if numbered {
+                    self.requests.forget(&req.attempt);
+                }
+                self.confirm_replicas(&req.grant(*token), acked).await?;
+                self.handoff_after.granted(req.key.kind, &req.attempt);
+            }
+            AcquireReply::Held { .. } if numbered => self.requests.held(&req.attempt, seq),
+            AcquireReply::Held { .. } => {}
         }
         Ok(reply)
     }
@@ -866,7 +908,9 @@ impl Backend for RedisBackend {
         // entry, a forced release) on its client's wake channel; the read-write and semaphore
         // scripts publish on the lock's channel.
         match family(req.key.kind)? {
-            Family::Mutex { .. } => self.subscriber.watch_wake(&req.attempt).await,
+            Family::Mutex { .. } => {
+                Ok(self.vouching(req, self.subscriber.watch_wake(&req.attempt).await?))
+            }
             _ => {
                 let channel = self.channel(&req.key.name);
                 self.subscriber.watch(channel, &req.attempt).await
@@ -879,7 +923,7 @@ impl Backend for RedisBackend {
             return None;
         }
         match family(req.key.kind).ok()? {
-            Family::Mutex { .. } => self.subscriber.ready(&req.attempt),
+            Family::Mutex { .. } => Some(self.vouching(req, self.subscriber.ready(&req.attempt)?)),
             _ => None,
         }
     }
@@ -888,6 +932,7 @@ impl Backend for RedisBackend {
         if let Some(l) = &self.dialect {
             return dialect::give_up(self, l, req).await;
         }
+        self.requests.forget(&req.attempt);
         self.run_release(&req.key, &req.attempt, "", "giveup")
             .await
             .map(|_| ())

@@ -91,12 +91,15 @@ pub(crate) fn wake_channel(namespace: &str) -> String {
 fn deliver(subs: &Subscriptions<String>, channel: &str, payload: &[u8]) {
     let key = channel.to_owned();
     let text = String::from_utf8_lossy(payload);
-    let mut parts = text.splitn(3, ' ');
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some("h"), Some(token), Some(attempt)) => match token.parse() {
-            // A handoff to another attempt (of this client or another) wakes nobody here.
+    let mut parts = text.splitn(4, ' ');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("h"), Some(token), Some(attempt), request) => match token.parse() {
+            // A handoff to another attempt (of this client or another) wakes nobody here. It
+            // names the waiter's request it followed (`crate::requests`); an older script's
+            // does not (0: confirmed by an attempt).
             Ok(t) => {
-                subs.notify_handoff(&key, attempt, t);
+                let request = request.and_then(|r| r.parse().ok()).unwrap_or(0);
+                subs.notify_handoff_after(&key, attempt, t, request);
             }
             // Cannot happen with our scripts; waking the waiters makes them try, and the
             // attempt it names claims the handoff.
@@ -108,7 +111,7 @@ fn deliver(subs: &Subscriptions<String>, channel: &str, payload: &[u8]) {
         // names the oldest waiter, see `crate::contended`): the core's table wakes one attempt
         // only through a handoff, so it is passed as one of token 0 — no grant: every wake-up
         // is confirmed by an attempt, which asks for the free lock like anyone else.
-        (Some("w"), Some(attempt), None) => {
+        (Some("w"), Some(attempt), None, None) => {
             subs.notify_handoff(&key, attempt, 0);
         }
         _ => {

@@ -764,8 +764,10 @@ async fn handoff_between_queueing_and_subscribing_is_not_lost() {
         .await
         .expect("no handoff message")
         .expect("watch");
+    // The notice follows the waiter's latest request, answered "held": the client vouches
+    // for it as the grant (src/requests.rs).
     let t4 = match wake {
-        distlock_core::backend::Wake::HandedOver { token } => token,
+        distlock_core::backend::Wake::Granted { token, .. } => token,
         other => panic!("expected a handoff, got {other:?}"),
     };
     assert!(t4 > t3);
@@ -775,6 +777,76 @@ async fn handoff_between_queueing_and_subscribing_is_not_lost() {
         a.release(&w2.grant(t4)).await.expect("release"),
         ReleaseOutcome::Released
     );
+}
+
+/// A handoff notice is a grant only when it follows the waiter's latest request, answered
+/// "held", and a lease from that request's send time is still mostly ahead. Here the notice
+/// is read late (as by a waiter stopped past the lease: `dlock torture` seed 12): the grant it
+/// announced ran out, another client took the lock, and the waiter's next request was
+/// answered "held". The old notice must be confirmed, not taken: taken as a grant it would
+/// make two holders (the check fails with a notice taken as the grant, as a spike of this
+/// change that skipped it did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_notice_older_than_the_waiters_latest_request_is_confirmed_not_taken() {
+    use distlock_core::backend::Wake;
+    let server = RedisServer::start().expect("redis");
+    let opts = long_opts();
+    let url = format!("{}?handoff_after=0", server.url());
+    let a = RedisBackend::connect(&url, &opts).await.expect("connect");
+    let b = RedisBackend::connect(&url, &opts).await.expect("connect");
+    let c = RedisBackend::connect(&url, &opts).await.expect("connect");
+    let name = unique_name("stale-notice");
+    let request = |owner: &str, lease: Duration| {
+        let mut r = AcquireRequest::new(
+            HoldKey::new(name.as_str(), owner, LockKind::Mutex),
+            lease,
+            LostSignal::new(),
+        );
+        r.waiter_ttl = Some(Duration::from_secs(5));
+        r
+    };
+    let granted = |reply: AcquireReply| match reply {
+        AcquireReply::Granted { token } => token,
+        other => panic!("not granted: {other:?}"),
+    };
+    let holder = request("holder", Duration::from_secs(20));
+    let t1 = granted(a.acquire(&holder).await.expect("acquire"));
+    // The waiter's grant, when it comes by handoff, lasts 300 ms.
+    let waiter = request("waiter", Duration::from_millis(300));
+    let mut watch = b.watch(&waiter).await.expect("watch");
+    assert!(matches!(
+        b.acquire(&waiter).await.expect("queue"),
+        AcquireReply::Held { .. }
+    ));
+    a.release(&holder.grant(t1)).await.expect("release");
+    // The waiter does not read its notice; its handed grant runs out, and another takes it.
+    let other = request("other", Duration::from_secs(20));
+    let t3 = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let AcquireReply::Granted { token } = c.acquire(&other).await.expect("other") {
+            break token;
+        }
+    };
+    // The waiter asks again: held (by the other), and it queues again.
+    assert!(matches!(
+        b.acquire(&waiter).await.expect("again"),
+        AcquireReply::Held { .. }
+    ));
+    let wake = tokio::time::timeout(EVENTUALLY, watch.changed())
+        .await
+        .expect("no notice")
+        .expect("watch");
+    assert!(
+        matches!(wake, Wake::HandedOver { token } if token > t1 && token < t3),
+        "a notice older than the waiter's latest request was not confirmed: {wake:?}"
+    );
+    // The confirmation finds the lock the other's.
+    assert!(matches!(
+        b.acquire(&waiter).await.expect("confirm"),
+        AcquireReply::Held { .. }
+    ));
+    b.give_up(&waiter).await.expect("give up");
+    c.release(&other.grant(t3)).await.expect("release");
 }
 
 /// A handoff wakes exactly the waiter it names: with two waiters of two clients subscribed, the
@@ -837,14 +909,14 @@ async fn a_handoff_is_one_message_to_the_head_waiter() {
         .expect("the head waiter heard nothing")
         .expect("watch");
     assert!(
-        matches!(wake, distlock_core::backend::Wake::HandedOver { token: t } if t > token),
+        matches!(wake, distlock_core::backend::Wake::Granted { token: t, .. } if t > token),
         "{wake:?}"
     );
     let seen = tokio::task::block_in_place(|| spy.drain()).expect("spy");
     assert_eq!(seen.len(), 1, "one handoff, one message: {seen:?}");
     assert!(seen[0].0.starts_with("dlock:wake:"), "{seen:?}");
     assert!(
-        seen[0].1.starts_with("h ") && seen[0].1.ends_with(head.attempt.as_str()),
+        seen[0].1.starts_with("h ") && seen[0].1.split(' ').nth(2) == Some(head.attempt.as_str()),
         "{seen:?}"
     );
     // The other client's waiter is not woken.

@@ -224,6 +224,52 @@ async fn a_stale_handoff_is_not_a_grant() {
     assert_eq!(s.gave_up, 1);
 }
 
+/// A handoff the backend vouches for ends the wait at once, measured from the request the
+/// backend names; one that only names the request it followed is confirmed like any other.
+#[tokio::test]
+async fn a_vouched_handoff_is_the_grant_and_a_numbered_one_is_confirmed() {
+    let sent = crate::clock::Instant::now();
+    let mut s = Script::with(
+        vec![Ok(Attempt::Held { retry_in: None })],
+        vec![Ok(Some(Wake::Granted {
+            token: 9,
+            requested_at: sent,
+        }))],
+    );
+    let g = run(
+        &mut s,
+        Deadline::never(),
+        &CancellationToken::new(),
+        quick(),
+    )
+    .await
+    .expect("wait")
+    .expect("granted");
+    assert_eq!((g.token, g.requested_at), (9, sent));
+    assert_eq!(s.tried, 1, "no confirming attempt");
+    assert_eq!(s.gave_up, 0);
+
+    let mut s = Script::with(
+        vec![Ok(Attempt::Held { retry_in: None })],
+        vec![Ok(Some(Wake::HandedOverAfter {
+            token: 5,
+            request: 3,
+        }))],
+    );
+    let r = run(
+        &mut s,
+        Deadline::after(Duration::from_millis(60)),
+        &CancellationToken::new(),
+        quick(),
+    )
+    .await;
+    assert!(matches!(r, Ok(None)), "{r:?}");
+    assert!(
+        s.tried >= 2,
+        "a numbered handoff is confirmed by an attempt"
+    );
+}
+
 #[tokio::test]
 async fn a_permanent_error_ends_the_wait_and_gives_up() {
     let mut s = Script::with(vec![Ok(Attempt::Again), Err(Error::invalid("bad"))], vec![]);

@@ -1,0 +1,194 @@
+//! Handoff notices as grants: the number and send time of each waiting attempt's latest request.
+//!
+//! A release that hands a mutex over tells the waiter `h TOKEN ATTEMPT SEQ`, SEQ the number of
+//! the waiter's latest request the server had answered (`scripts/release_handoff.lua`; each
+//! request of a queued waiter stores its number with its queue entry). The notice comes on the
+//! subscriber connection, so it may be older than the waiter's latest request: a waiter
+//! stopped past a lease hears, after its next request was answered "held", of a handoff whose
+//! lease ran out meanwhile (`dlock torture` seed 12). So a notice is the grant only when
+//!
+//! - it names the attempt's latest request, and that request was answered "held": the server
+//!   made the grant after answering it, with the lease the attempt asked for, so the lease
+//!   runs from no earlier than that request's send time;
+//! - that send time plus half the lease is still ahead (a grant with less left is confirmed,
+//!   which also restarts its lease).
+//!
+//! Any other notice is confirmed by one more attempt of the same attempt, as every handoff was
+//! before (`distlock_core::wait`). A vouched handoff saves the new holder that round trip: the
+//! lock passes from one holder to the next in one release and one pub/sub delivery.
+
+use distlock_core::backend::{async_trait, AttemptId, ReleaseWatch, Wake};
+use distlock_core::clock::Instant;
+use distlock_core::{LockKind, Result};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// How many attempts the table keeps before it drops those whose latest request is older
+/// than [`STALE`] (an attempt is forgotten when granted or given up; this bounds the rest).
+const KEEP: usize = 4096;
+const STALE: Duration = Duration::from_secs(600);
+
+/// The latest request of one waiting attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Last {
+    seq: u64,
+    sent: Instant,
+    /// Answered "held" (a request without an answer, or that failed, vouches for nothing).
+    held: bool,
+}
+
+/// This client's waiting attempts' latest requests (one per backend, shared by its clones).
+#[derive(Debug, Default)]
+pub(crate) struct Requests {
+    next: AtomicU64,
+    last: Mutex<HashMap<AttemptId, Last>>,
+}
+
+impl Requests {
+    fn table(&self) -> MutexGuard<'_, HashMap<AttemptId, Last>> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Numbers a request of `attempt` about to be sent and records its send time.
+    pub(crate) fn sent(&self, attempt: &AttemptId) -> u64 {
+        let seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = Instant::now();
+        let mut t = self.table();
+        if t.len() >= KEEP {
+            t.retain(|_, l| now.saturating_duration_since(l.sent) < STALE);
+        }
+        t.insert(
+            attempt.clone(),
+            Last {
+                seq,
+                sent: now,
+                held: false,
+            },
+        );
+        seq
+    }
+
+    /// Request `seq` of `attempt` was answered "held".
+    pub(crate) fn held(&self, attempt: &AttemptId, seq: u64) {
+        if let Some(l) = self.table().get_mut(attempt).filter(|l| l.seq == seq) {
+            l.held = true;
+        }
+    }
+
+    /// `attempt` is granted or gave up: nothing of it is vouched for any more.
+    pub(crate) fn forget(&self, attempt: &AttemptId) {
+        self.table().remove(attempt);
+    }
+
+    /// The send time a handoff to `attempt` after its request `request` is measured from, if
+    /// this client vouches for it as the grant (see the module docs); the attempt is then
+    /// forgotten.
+    fn vouch(&self, attempt: &AttemptId, request: u64, lease: Duration) -> Option<Instant> {
+        let mut t = self.table();
+        let at = vouched(t.get(attempt)?, request, lease, Instant::now())?;
+        t.remove(attempt);
+        Some(at)
+    }
+}
+
+/// The decision: `Some(send time)` when `request` is the attempt's latest (`last`), answered
+/// "held", and at least half of `lease` measured from its send time is left at `now`.
+fn vouched(last: &Last, request: u64, lease: Duration, now: Instant) -> Option<Instant> {
+    (request != 0 && request == last.seq && last.held && now < last.sent + lease / 2)
+        .then_some(last.sent)
+}
+
+/// A waiting mutex attempt's watch that turns the handoffs this client vouches for into
+/// [`Wake::Granted`].
+pub(crate) struct Vouching {
+    pub(crate) inner: Box<dyn ReleaseWatch>,
+    pub(crate) requests: Arc<Requests>,
+    pub(crate) attempt: AttemptId,
+    pub(crate) lease: Duration,
+    pub(crate) kind: LockKind,
+    pub(crate) handoff_after: crate::contended::HandoffAfter,
+}
+
+#[async_trait]
+impl ReleaseWatch for Vouching {
+    /// # Cancel safety
+    /// Cancel safe: the inner watch is, and what follows it does not await.
+    async fn changed(&mut self) -> Result<Wake> {
+        Ok(match self.inner.changed().await? {
+            Wake::HandedOverAfter { token, request } if token > 0 => {
+                match self.requests.vouch(&self.attempt, request, self.lease) {
+                    Some(requested_at) => {
+                        self.handoff_after.granted(self.kind, &self.attempt);
+                        Wake::Granted {
+                            token,
+                            requested_at,
+                        }
+                    }
+                    None => Wake::HandedOver { token },
+                }
+            }
+            w => w,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(10);
+
+    fn last(held: bool) -> (Last, Instant) {
+        let sent = Instant::now();
+        (Last { seq: 7, sent, held }, sent)
+    }
+
+    #[test]
+    fn a_handoff_after_the_latest_answered_request_is_measured_from_its_send_time() {
+        let (l, sent) = last(true);
+        assert_eq!(vouched(&l, 7, LEASE, sent), Some(sent));
+        assert_eq!(
+            vouched(&l, 7, LEASE, sent + Duration::from_secs(4)),
+            Some(sent)
+        );
+    }
+
+    #[test]
+    fn anything_else_is_confirmed() {
+        let (l, sent) = last(true);
+        // Older than the latest request: the seed-12 notice, heard after a later "held".
+        assert_eq!(vouched(&l, 6, LEASE, sent), None);
+        // Not numbered (an older client's script), or a number never sent.
+        assert_eq!(vouched(&l, 0, LEASE, sent), None);
+        assert_eq!(vouched(&l, 8, LEASE, sent), None);
+        // Half the lease or more gone since the request (a waiter stopped, a slow delivery).
+        assert_eq!(vouched(&l, 7, LEASE, sent + LEASE / 2), None);
+        assert_eq!(vouched(&l, 7, LEASE, sent + LEASE * 3), None);
+        // The request was never answered "held" (no answer, an error).
+        let (unanswered, sent) = last(false);
+        assert_eq!(vouched(&unanswered, 7, LEASE, sent), None);
+    }
+
+    #[test]
+    fn the_table_vouches_once_for_the_latest_request_of_an_attempt() {
+        let r = Requests::default();
+        let a = AttemptId::new();
+        let first = r.sent(&a);
+        r.held(&a, first);
+        let second = r.sent(&a);
+        // The first request's answer is not the second's.
+        r.held(&a, first);
+        assert_eq!(r.vouch(&a, second, LEASE), None, "second not answered yet");
+        r.held(&a, second);
+        assert_eq!(r.vouch(&a, first, LEASE), None, "older than the latest");
+        assert!(r.vouch(&a, second, LEASE).is_some());
+        assert_eq!(r.vouch(&a, second, LEASE), None, "vouched once");
+        let b = AttemptId::new();
+        let s = r.sent(&b);
+        r.held(&b, s);
+        r.forget(&b);
+        assert_eq!(r.vouch(&b, s, LEASE), None, "forgotten");
+    }
+}
