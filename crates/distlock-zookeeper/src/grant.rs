@@ -92,18 +92,13 @@ impl Inner {
         }
         let at = LeaseInstant::now();
         self.sync(sess, &g.path).await?;
-        let read = self
-            .timed("reading the lock node", sess.zk.get_data(&g.path))
-            .await?;
-        let still = match read {
-            Ok((data, stat)) => {
-                stat.ephemeral_owner == sess.id
-                    && token_of(&stat) == Some(g.token)
-                    && grant_in_data(&g, &req.attempt, &data)
-            }
-            Err(zk::Error::NoNode) => false,
-            Err(e) => return Err(self.err("reading the lock node", e)),
-        };
+        let read = sess.zk.get_data(&g.path);
+        let read = self.call_unless("reading the lock node", zk::Error::NoNode, read);
+        let still = read.await?.is_some_and(|(data, stat)| {
+            stat.ephemeral_owner == sess.id
+                && token_of(&stat) == Some(g.token)
+                && grant_in_data(&g, &req.attempt, &data)
+        });
         if still {
             return Ok(Some((g.token, at)));
         }
@@ -130,13 +125,10 @@ impl Inner {
         let at = LeaseInstant::now();
         self.sync(sess, &w.path).await?;
         for _ in 0..DATA_ATTEMPTS {
-            let (data, stat) = match self
-                .timed("reading the write node", sess.zk.get_data(&w.path))
-                .await?
-            {
-                Ok(v) => v,
-                Err(zk::Error::NoNode) => return Ok(None),
-                Err(e) => return Err(self.err("reading the write node", e)),
+            let read = sess.zk.get_data(&w.path);
+            let what = "reading the write node";
+            let Some((data, stat)) = self.call_unless(what, zk::Error::NoNode, read).await? else {
+                return Ok(None);
             };
             if stat.ephemeral_owner != sess.id || token_of(&stat) != Some(w.token) {
                 return Ok(None);

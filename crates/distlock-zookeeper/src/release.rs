@@ -157,8 +157,7 @@ impl Inner {
                 .await?
             {
                 Ok(v) => v,
-                Err(zk::Error::NoNode) => return Ok(Ok(None)),
-                Err(e) => return Ok(Err(e)),
+                Err(e) => return Ok(gone_is_none(Err(e))),
             };
             if token_of(&stat) != Some(g.token) {
                 return Ok(Ok(None));
@@ -283,15 +282,13 @@ impl Inner {
         if let Some(name) = self.find_child(sess, dir, &prefix).await? {
             let path = format!("{dir}/{name}");
             // The attempt's node, but is it this grant? (A stale address names an older token.)
+            let read = sess.zk.check_stat(&path);
             match self
-                .timed("reading the lock node", sess.zk.check_stat(&path))
+                .call_unless("reading the lock node", zk::Error::NoNode, read)
                 .await?
             {
-                Ok(Some(st)) if token_of(&st) == Some(grant.token) => {}
-                Ok(_) | Err(zk::Error::NoNode) => {
-                    return self.absent(sess, dir, kind.family()).await
-                }
-                Err(e) => return Err(self.err("reading the lock node", e)),
+                Some(Some(st)) if token_of(&st) == Some(grant.token) => {}
+                _ => return self.absent(sess, dir, kind.family()).await,
             }
             let g = Grant {
                 key: grant.key.clone(),
@@ -338,16 +335,8 @@ impl Inner {
         self.sync(&sess, &dir).await?;
         for name in self.list(&sess, &dir).await? {
             if name.starts_with(&prefix) {
-                match self
-                    .timed(
-                        "deleting a lock node",
-                        sess.zk.delete(&format!("{dir}/{name}"), None),
-                    )
-                    .await?
-                {
-                    Ok(()) | Err(zk::Error::NoNode) => {}
-                    Err(e) => return Err(self.err("deleting a lock node", e)),
-                }
+                let delete = sess.zk.delete(&format!("{dir}/{name}"), None);
+                (self.call_unless("deleting a lock node", zk::Error::NoNode, delete)).await?;
             }
         }
         if let Some(wg) = req.write_grant.as_ref().filter(|_| kind == NodeKind::Read) {
