@@ -277,11 +277,6 @@ impl EtcdBackend {
                 async move { c.kv_client().get(key, None).await }
             })
             .await?;
-        let mut kvs = r.take_kvs();
-        Ok(if kvs.is_empty() {
-            None
-        } else {
-            Some(kvs.swap_remove(0))
-        })
+        Ok(r.take_kvs().into_iter().next())
     }
 }
