@@ -183,22 +183,15 @@ impl Inner {
             w.add_check_version(&g.path, node.version)
                 .and_then(|()| w.add_set_data(&g.dir, &record.encode(), Some(dir.version)))
                 .map_err(|e| self.err(what, e))?;
-            match self.timed(what, w.commit()).await? {
+            match self.commit(what, w).await? {
                 Ok(_) => return Ok(RenewOutcome::Renewed),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::NoNode,
-                }) => return Ok(self.not_leading(grant, &g.path, g.gen)),
+                Err((Some(0), zk::Error::NoNode)) => {
+                    return Ok(self.not_leading(grant, &g.path, g.gen))
+                }
                 // Another write got there first (our own earlier one whose answer was lost, a
                 // Curator container's recreation): look again.
-                Err(zk::MultiWriteError::OperationFailed {
-                    source: zk::Error::BadVersion | zk::Error::NoNode,
-                    ..
-                }) => continue,
-                Err(zk::MultiWriteError::OperationFailed { source, .. })
-                | Err(zk::MultiWriteError::RequestFailed { source }) => {
-                    return Err(self.err(what, source))
-                }
+                Err((Some(_), zk::Error::BadVersion | zk::Error::NoNode)) => continue,
+                Err((_, e)) => return Err(self.err(what, e)),
             }
         }
         Err(crate::node::busy(&self.endpoint, &g.dir))

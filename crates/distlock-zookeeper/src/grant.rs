@@ -28,17 +28,17 @@ pub(crate) struct Grant {
     pub(crate) delete_sent: bool,
 }
 
-/// True when the node data `data` still lists grant `g` of attempt `attempt`.
-pub(crate) fn grant_in_data(g: &Grant, attempt: &str, data: &[u8]) -> bool {
-    if g.node == NodeKind::Latch {
-        // A candidate's node holds its value; the node itself is the grant.
-        return true;
-    }
-    match NodeData::parse(data) {
-        Some(nd) if g.joined => nd.readers.iter().any(|r| r == attempt),
-        Some(nd) => g.node != NodeKind::Write || !nd.downgraded,
-        None => false,
-    }
+/// Whether grant `g` of attempt `attempt` still holds, its node read as `nd` with `stat`: the
+/// node has the grant's token, and a reader joined to a shared node is still listed in it,
+/// or a write grant's node was not downgraded. (A candidate's node holds its value, not
+/// dlock's data: the node itself is the grant, read as the default data.)
+pub(crate) fn still_held(g: &Grant, nd: &NodeData, stat: &zk::Stat, attempt: &str) -> bool {
+    token_of(stat) == Some(g.token)
+        && if g.joined {
+            nd.readers.iter().any(|r| *r == attempt)
+        } else {
+            g.node != NodeKind::Write || !nd.downgraded
+        }
 }
 
 impl Inner {
@@ -95,9 +95,12 @@ impl Inner {
         let read = sess.zk.get_data(&g.path);
         let read = self.call_unless("reading the lock node", zk::Error::NoNode, read);
         let still = read.await?.is_some_and(|(data, stat)| {
+            let nd = match g.node {
+                NodeKind::Latch => Some(NodeData::default()),
+                _ => NodeData::parse(&data),
+            };
             stat.ephemeral_owner == sess.id
-                && token_of(&stat) == Some(g.token)
-                && grant_in_data(&g, &req.attempt, &data)
+                && nd.is_some_and(|nd| still_held(&g, &nd, &stat, &req.attempt))
         });
         if still {
             return Ok(Some((g.token, at)));

@@ -265,20 +265,14 @@ impl Inner {
     pub(crate) async fn commit_forced(
         &self,
         what: &str,
-        mut w: zk::MultiWriter<'_>,
+        w: zk::MultiWriter<'_>,
         set_at: usize,
         floor: u64,
     ) -> Result<Option<u64>> {
-        let results = match self.timed(what, w.commit()).await? {
+        let results = match self.commit(what, w).await? {
             Ok(r) => r,
-            Err(zk::MultiWriteError::OperationFailed {
-                source: zk::Error::BadVersion | zk::Error::NoNode,
-                ..
-            }) => return Ok(None),
-            Err(zk::MultiWriteError::OperationFailed { source, .. })
-            | Err(zk::MultiWriteError::RequestFailed { source }) => {
-                return Err(self.err(what, source))
-            }
+            Err((Some(_), zk::Error::BadVersion | zk::Error::NoNode)) => return Ok(None),
+            Err((_, e)) => return Err(self.err(what, e)),
         };
         match results.get(set_at) {
             Some(zk::MultiWriteResult::SetData { stat }) => Ok(Some(

@@ -112,18 +112,11 @@ impl Inner {
             if let Err(err) = w.add_delete(&g.path, version) {
                 return Ok(Err(err));
             }
-            match self.timed("releasing the lock node", w.commit()).await? {
+            match self.commit("releasing the lock node", w).await? {
                 Ok(_) => return Ok(Ok(())),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::BadVersion,
-                }) => continue,
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::NoNode,
-                }) => break,
-                Err(zk::MultiWriteError::OperationFailed { source, .. }) => return Ok(Err(source)),
-                Err(zk::MultiWriteError::RequestFailed { source }) => return Ok(Err(source)),
+                Err((Some(0), zk::Error::BadVersion)) => continue,
+                Err((Some(0), zk::Error::NoNode)) => break,
+                Err((_, e)) => return Ok(Err(e)),
             }
         }
         // Busy readers (or no directory data): delete without recording.

@@ -206,6 +206,19 @@ impl Inner {
         }
     }
 
+    /// Commits multi-op `w` within the per-call timeout. A failure is the index of the
+    /// operation that failed (`None`: the request as a whole) and the server's error.
+    pub(crate) async fn commit(
+        &self,
+        what: &str,
+        mut w: zk::MultiWriter<'_>,
+    ) -> Result<std::result::Result<Vec<zk::MultiWriteResult>, (Option<usize>, zk::Error)>> {
+        Ok(self.timed(what, w.commit()).await?.map_err(|e| match e {
+            zk::MultiWriteError::OperationFailed { index, source } => (Some(index), source),
+            zk::MultiWriteError::RequestFailed { source } => (None, source),
+        }))
+    }
+
     /// Creates the persistent directory `dir` (and its parents) unless it exists.
     pub(crate) async fn make_dir(&self, sess: &Session, dir: &str, what: &str) -> Result<()> {
         let opts = zk::CreateMode::Persistent.with_acls(self.acl.acls());
@@ -238,15 +251,13 @@ impl Inner {
             .clone()
             .with_session_timeout(self.requested_timeout)
             .with_fail_eagerly();
-        let connected = match &self.tls {
-            None => {
-                tokio::time::timeout(self.connect_timeout, connector.connect(&self.hosts)).await
-            }
-            Some(tls) => {
-                tokio::time::timeout(self.connect_timeout, tls.connect(connector, &self.hosts))
-                    .await
+        let connecting = async {
+            match &self.tls {
+                None => connector.connect(&self.hosts).await,
+                Some(tls) => tls.connect(connector, &self.hosts).await,
             }
         };
+        let connected = tokio::time::timeout(self.connect_timeout, connecting).await;
         let client = match connected {
             Ok(Ok(c)) => c,
             failed => {
