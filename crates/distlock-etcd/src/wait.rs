@@ -40,9 +40,8 @@ const MAX_TICK: Duration = Duration::from_secs(1);
 struct Place {
     /// Create revision of our key: the fencing token once we hold the lock.
     rev: i64,
-    /// The lease our key is attached to, and its TTL in seconds.
-    lease: i64,
-    ttl: i64,
+    /// The lease our key is attached to.
+    lease: Lease,
     /// A time no later than the start of the lease's current TTL: the send time of the last
     /// keep-alive etcd confirmed, or of a request that preceded the lease's grant. On the
     /// lease clock, which counts while the machine is suspended, as etcd's lease does.
@@ -149,8 +148,7 @@ impl Waiter<'_> {
             }
             return Ok(Enqueued::Waiting(Place {
                 rev,
-                lease: lease.id,
-                ttl: lease.ttl,
+                lease,
                 confirmed_at: sent,
             }));
         }
@@ -168,8 +166,10 @@ impl Waiter<'_> {
         };
         let mut place = Place {
             rev,
-            lease: h.kv.lease(),
-            ttl: h.ttl,
+            lease: Lease {
+                id: h.kv.lease(),
+                ttl: h.ttl,
+            },
             // That lease was granted during this wait.
             confirmed_at: self.started,
         };
@@ -186,20 +186,14 @@ impl Waiter<'_> {
     async fn take_turn(&mut self, place: &mut Place) -> Result<Granted> {
         let (b, req) = (self.b, self.req);
         let sent = LeaseInstant::now();
-        match b.keep_alive(place.lease).await {
+        match b.keep_alive(place.lease.id).await {
             Ok(true) => place.confirmed_at = sent,
             Ok(false) => return Err(self.lost("its lease expired as it got the lock")),
             Err(e) => {
                 tracing::debug!(error = %e, "keep-alive at grant failed; the lease runs from the last one")
             }
         }
-        b.remember(
-            &req.attempt,
-            Lease {
-                id: place.lease,
-                ttl: place.ttl,
-            },
-        );
+        b.remember(&req.attempt, place.lease);
         Ok(Granted {
             token: token_of(place.rev)?,
             requested_at: place.confirmed_at,
@@ -209,7 +203,7 @@ impl Waiter<'_> {
     /// One look at the queue from our place: keeps the lease alive when a third of it has
     /// gone, takes the lock if our key is first, else watches the key before ours.
     async fn look(&mut self, mut place: Place) -> Result<Attempt> {
-        let lease_len = Duration::from_secs(place.ttl.unsigned_abs());
+        let lease_len = Duration::from_secs(place.lease.ttl.unsigned_abs());
         if place.confirmed_at.elapsed() >= lease_len {
             return Err(self.lost(&format!(
                 "no keep-alive of its lease reached etcd for {lease_len:?}"
@@ -217,7 +211,7 @@ impl Waiter<'_> {
         }
         if place.confirmed_at.elapsed() >= lease_len / 3 {
             let sent = LeaseInstant::now();
-            match self.b.keep_alive(place.lease).await {
+            match self.b.keep_alive(place.lease.id).await {
                 Ok(true) => place.confirmed_at = sent,
                 Ok(false) => return Err(self.lost("its lease expired")),
                 Err(e) if e.is_retryable() => {
@@ -281,7 +275,7 @@ impl WaitStrategy for Waiter<'_> {
             None => match self.enqueue().await? {
                 Enqueued::Granted(g) => return Ok(Attempt::Granted(g)),
                 Enqueued::Waiting(p) => {
-                    let lease_len = Duration::from_secs(p.ttl.unsigned_abs());
+                    let lease_len = Duration::from_secs(p.lease.ttl.unsigned_abs());
                     self.tick = (lease_len / 3).min(MAX_TICK);
                     p
                 }
@@ -326,10 +320,7 @@ impl WaitStrategy for Waiter<'_> {
     /// got meanwhile (its key became first as the deadline passed). The request names this
     /// attempt's key and nothing else.
     async fn give_up(&mut self) {
-        let place = self.place.as_ref().map(|p| Lease {
-            id: p.lease,
-            ttl: p.ttl,
-        });
+        let place = self.place.as_ref().map(|p| p.lease);
         if let Err(e) = self.b.leave(self.req, place).await {
             tracing::debug!(error = %e, "could not leave the queue; the key's lease is revoked once etcd answers");
         }
@@ -376,6 +367,11 @@ fn place_lost(b: &EtcdBackend, mine: &[u8], why: &str) -> Error {
     )
 }
 
+/// A watch that failed (`why`), as etcd-client's own watch errors are mapped.
+fn watch_error(endpoint: &str, why: String) -> Error {
+    map(endpoint, etcd_client::Error::WatchError(why))
+}
+
 /// A subscription to the deletions under one lock's queue (and with `puts`, to every change
 /// under it: an election's observers see new candidates and proclamations too).
 pub(crate) struct QueueWatch {
@@ -391,13 +387,8 @@ impl ReleaseWatch for QueueWatch {
             match self.stream.message().await {
                 Ok(Some(resp)) => {
                     if resp.canceled() {
-                        return Err(map(
-                            &self.endpoint,
-                            etcd_client::Error::WatchError(format!(
-                                "watch canceled: {}",
-                                resp.cancel_reason()
-                            )),
-                        ));
+                        let why = format!("watch canceled: {}", resp.cancel_reason());
+                        return Err(watch_error(&self.endpoint, why));
                     }
                     if resp
                         .events()
@@ -407,12 +398,7 @@ impl ReleaseWatch for QueueWatch {
                         return Ok(Wake::Released);
                     }
                 }
-                Ok(None) => {
-                    return Err(map(
-                        &self.endpoint,
-                        etcd_client::Error::WatchError("watch stream ended".into()),
-                    ))
-                }
+                Ok(None) => return Err(watch_error(&self.endpoint, "watch stream ended".into())),
                 Err(e) => return Err(map(&self.endpoint, e)),
             }
         }
@@ -454,10 +440,8 @@ impl EtcdBackend {
         match first {
             Some(r) if r.created() && !r.canceled() => {}
             _ => {
-                return Err(map(
-                    &self.endpoint,
-                    etcd_client::Error::WatchError("the watch was not created".into()),
-                ))
+                let why = "the watch was not created".into();
+                return Err(watch_error(&self.endpoint, why));
             }
         }
         Ok(Box::new(QueueWatch {
