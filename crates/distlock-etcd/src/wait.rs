@@ -141,10 +141,7 @@ impl Waiter<'_> {
             let first = nth_first(&mut all, 0)?;
             if first.is_none_or(|f| f.create_revision() == rev) {
                 b.remember(&req.attempt, lease);
-                return Ok(Enqueued::Granted(Granted {
-                    token: token_of(rev)?,
-                    requested_at: sent,
-                }));
+                return Ok(Enqueued::Granted(Granted::new(token_of(rev)?, sent)));
             }
             return Ok(Enqueued::Waiting(Place {
                 rev,
@@ -194,10 +191,7 @@ impl Waiter<'_> {
             }
         }
         b.remember(&req.attempt, place.lease);
-        Ok(Granted {
-            token: token_of(place.rev)?,
-            requested_at: place.confirmed_at,
-        })
+        Ok(Granted::new(token_of(place.rev)?, place.confirmed_at))
     }
 
     /// One look at the queue from our place: keeps the lease alive when a third of it has

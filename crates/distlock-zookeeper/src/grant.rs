@@ -4,7 +4,7 @@ use crate::error::session_gone;
 use crate::layout::{NodeData, NodeKind};
 use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
 use crate::session::{watch_node, Inner, Session};
-use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, HoldKey};
+use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, Granted, HoldKey};
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{LockKind, Result};
 use std::sync::Arc;
@@ -75,7 +75,7 @@ impl Inner {
         &self,
         sess: &Session,
         req: &AcquireRequest,
-    ) -> Result<Option<(u64, LeaseInstant)>> {
+    ) -> Result<Option<Granted>> {
         let Some(g) = self
             .state()
             .grants
@@ -103,7 +103,7 @@ impl Inner {
                 && nd.is_some_and(|nd| still_held(&g, &nd, &stat, &req.attempt))
         });
         if still {
-            return Ok(Some((g.token, at)));
+            return Ok(Some(Granted::new(g.token, at)));
         }
         self.forget_grant(&req.attempt);
         self.node_gone(&g.path, g.gen);
@@ -118,7 +118,7 @@ impl Inner {
         sess: &Arc<Session>,
         req: &AcquireRequest,
         wg: &GrantRef,
-    ) -> Result<Option<(u64, LeaseInstant)>> {
+    ) -> Result<Option<Granted>> {
         let Some(w) = self
             .local_grant(wg)
             .filter(|w| w.gen == sess.gen && w.key.kind == LockKind::Write && !w.releasing)
@@ -169,7 +169,7 @@ impl Inner {
                 delete_sent: false,
             };
             self.insert_grant(sess, req, grant)?;
-            return Ok(Some((w.token, at)));
+            return Ok(Some(Granted::new(w.token, at)));
         }
         Err(busy(&self.endpoint, &w.path))
     }

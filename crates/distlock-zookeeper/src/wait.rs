@@ -243,18 +243,12 @@ impl Inner {
         }
         let sess = self.session().await?;
         self.check_lease(&sess, req.lease, "a lease")?;
-        if let Some((token, at)) = self.regrant(&sess, req).await? {
-            return Ok(Some(Granted {
-                token,
-                requested_at: at,
-            }));
+        if let Some(g) = self.regrant(&sess, req).await? {
+            return Ok(Some(g));
         }
         if let Some(wg) = req.write_grant.as_ref().filter(|_| kind == NodeKind::Read) {
-            if let Some((token, at)) = self.join_write(&sess, req, wg).await? {
-                return Ok(Some(Granted {
-                    token,
-                    requested_at: at,
-                }));
+            if let Some(g) = self.join_write(&sess, req, wg).await? {
+                return Ok(Some(g));
             }
         }
         // If this future is dropped midway (a caller that gave up on it), the attempt gives up
@@ -284,10 +278,7 @@ impl Inner {
                     self.drop_attempt_node(&sess, req, &node.path).await;
                     return Err(e);
                 }
-                Ok(Some(Granted {
-                    token: node.token,
-                    requested_at: at,
-                }))
+                Ok(Some(Granted::new(node.token, at)))
             }
             WaitEnd::GaveUp => {
                 self.drop_attempt_node(&sess, req, &node.path).await;
