@@ -266,23 +266,8 @@ impl ElectionWatch {
         let inner = &self.inner;
         let sess = inner.session().await?;
         let what = "watching the election";
-        let mut made_dir = false;
-        let (_, cw) = loop {
-            match inner
-                .timed(what, sess.zk.list_and_watch_children(&self.dir))
-                .await?
-            {
-                Ok(v) => break v,
-                Err(zk::Error::NoNode) if !made_dir => {
-                    made_dir = true;
-                    let dir = &self.dir;
-                    inner
-                        .make_dir(&sess, dir, "creating the election directory")
-                        .await?;
-                }
-                Err(e) => return Err(inner.err(what, e)),
-            }
-        };
+        let making = "creating the election directory";
+        let cw = inner.watch_children(&sess, &self.dir, what, making).await?;
         // Proclamations change the directory's data; `None`: deleted meanwhile (a Curator
         // container), and the child watch fired for it.
         let lw = match inner

@@ -96,22 +96,10 @@ pub(crate) struct ChildWatch {
 impl ChildWatch {
     pub(crate) async fn arm(&mut self) -> Result<()> {
         let sess = self.inner.session().await?;
-        let what = "watching the lock queue";
-        for _ in 0..2 {
-            let watch = sess.zk.list_and_watch_children(&self.dir);
-            if let Some((_, w)) = self
-                .inner
-                .call_unless(what, zk::Error::NoNode, watch)
-                .await?
-            {
-                self.armed = Some((w, sess.ended.clone()));
-                return Ok(());
-            }
-            (self.inner)
-                .make_dir(&sess, &self.dir, "creating the lock directory")
-                .await?;
-        }
-        Err(self.inner.err(what, zk::Error::NoNode))
+        let (what, making) = ("watching the lock queue", "creating the lock directory");
+        let w = self.inner.watch_children(&sess, &self.dir, what, making);
+        self.armed = Some((w.await?, sess.ended.clone()));
+        Ok(())
     }
 }
 
