@@ -64,7 +64,7 @@ pub struct EtcdBackend {
     /// that goes with every renewal decides). Dropped when the attempt ends.
     leases: Mutex<HashMap<AttemptId, Lease>>,
     /// How the connection is protected (`doctor`'s `tls` check).
-    transport: tls::Transport,
+    transport: distlock_core::Finding,
     /// Fires when the backend is dropped: background revokes of ended attempts' leases stop.
     closed: CancellationToken,
     _closing: tokio_util::sync::DropGuard,
