@@ -176,15 +176,6 @@ fn cluster_route(cs: &ConnectionString, tls: bool) -> Result<(Route, String, boo
     Ok((Route::Cluster(seed_urls), endpoint, tls))
 }
 
-/// `host:port`, an IPv6 host in brackets.
-pub(crate) fn host_port(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
 /// How `rediss://` names its TLS files.
 pub(crate) const TLS_NAMES: TlsNames = TlsNames {
     ca: &["ca_file", "cacert"],

@@ -5,27 +5,25 @@
 //! sends each script to the master of its first key's slot (following `MOVED` and `ASK`), and
 //! a pipeline (a script with its `WAIT`, `inspect`'s reads) to that one master. What spans
 //! locks is routed here: the watchdog's batched renewal groups its grants by slot (one script
-//! per slot) and sends one pipeline per master ([`renew`]); `list` scans every master;
+//! per slot) and sends one pipeline per master (`crate::renew`); `list` scans every master;
 //! `doctor` checks every master. Release notifications use classic pub/sub, which a cluster
 //! broadcasts to every node, so one subscriber connection to any node hears every lock (see
 //! the crate docs and `docs/redis-cluster.md`).
 
 use crate::address;
 use crate::conn::Con;
-use crate::error::{map, shape, KIND};
-use crate::renew::{self, PER_SCRIPT};
-use crate::RedisBackend;
-use distlock_core::backend::{GrantRef, RenewOutcome};
-use distlock_core::conn::{ConnectionString, Password, TlsFiles};
+use crate::error::{map, KIND};
+use crate::renew::PER_SCRIPT;
+use distlock_core::conn::{ConnectionString, Host, Password, TlsFiles};
 use distlock_core::ClientOptions;
 use distlock_core::{Error, Result};
-use futures_util::future::{join_all, FutureExt};
+use futures_util::future::FutureExt;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The connection a call goes out on: one server, the cluster (routed by key), or one node of
@@ -123,7 +121,7 @@ pub(crate) struct Master {
 
 impl Master {
     pub(crate) fn addr(&self) -> String {
-        address::host_port(&self.host, self.port)
+        Host::new(self.host.clone(), Some(self.port)).to_string()
     }
 
     pub(crate) fn owns(&self, slot: u16) -> bool {
@@ -138,10 +136,10 @@ impl Master {
 pub(crate) struct Cluster {
     con: ClusterConnection,
     masters: Mutex<Option<Arc<Vec<Master>>>>,
-    /// How long a batched renewal waits for one master ([`renew`]): within the watchdog's
+    /// How long a batched renewal waits for one master (`crate::renew`): within the watchdog's
     /// bound for the whole call ([`ClientOptions::renew_timeout`]), so a master that does
     /// not answer leaves the others' outcomes standing.
-    renew_budget: Duration,
+    pub(crate) renew_budget: Duration,
 }
 
 impl Cluster {
@@ -199,7 +197,7 @@ impl Cluster {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<Vec<Master>>>> {
-        self.masters.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.masters)
     }
 }
 
@@ -275,126 +273,6 @@ pub(crate) fn plan(slots: &[u16], masters: &[Master]) -> BTreeMap<Option<usize>,
         let owner = masters.iter().position(|m| m.owns(slot));
         for chunk in idx.chunks(PER_SCRIPT) {
             out.entry(owner).or_default().push(chunk.to_vec());
-        }
-    }
-    out
-}
-
-/// `Backend::renew` on a cluster: one script per slot (a script may not touch two slots),
-/// one pipeline per master, the masters' pipelines at once: a tick costs one round trip to
-/// each master that owns a held lock. The grants a master's pipeline could not renew (a
-/// failover or a resharding moved a slot, a new master lacks the script, the master does not
-/// answer, a grant's own error) are sent again script by script, routed by key (redis-rs
-/// follows `MOVED`), after the topology is read again. Each grant gets its own outcome: a
-/// master that fails, or does not answer within the cluster's renewal budget, leaves only its
-/// grants `Unconfirmed` ([`RenewOutcome::each`]).
-pub(crate) async fn renew(
-    b: &RedisBackend,
-    cluster: &Cluster,
-    holds: &[(GrantRef, Duration)],
-) -> Result<Vec<RenewOutcome>> {
-    let slots = holds
-        .iter()
-        .map(|(g, _)| renew::first_key(b, g).map(|k| slot(&k)))
-        .collect::<Result<Vec<_>>>()?;
-    let masters = cluster.masters().await.map_err(|e| map(&b.endpoint, e))?;
-    let plan = plan(&slots, &masters);
-    let masters = &masters;
-    // One hold (an `extend`) has nothing to keep apart: it waits as any call does.
-    let budget = (holds.len() > 1).then_some(cluster.renew_budget);
-    let sends = plan.iter().map(|(owner, scripts)| async move {
-        let chunks: Vec<Vec<(GrantRef, Duration)>> = scripts
-            .iter()
-            .map(|idx| idx.iter().map(|&i| holds[i].clone()).collect())
-            .collect();
-        let n = chunks.iter().map(Vec::len).sum();
-        let part = renew_at_master(b, cluster, owner.map(|m| &masters[m]), &chunks);
-        let results = match budget {
-            Some(t) => match tokio::time::timeout(t, part).await {
-                Ok(r) => r,
-                Err(_) => {
-                    let at = owner.map_or_else(|| "a master".to_owned(), |m| masters[m].addr());
-                    let e = Error::connection(
-                        KIND,
-                        b.endpoint.clone(),
-                        format!("{at} did not answer the renewal of its locks within {t:?}"),
-                    );
-                    renew::failed(b, e, n)
-                }
-            },
-            None => part.await,
-        };
-        scripts
-            .iter()
-            .flatten()
-            .copied()
-            .zip(results)
-            .collect::<Vec<_>>()
-    });
-    let mut out: Vec<Option<Result<RenewOutcome>>> = (0..holds.len()).map(|_| None).collect();
-    for part in join_all(sends).await {
-        for (i, r) in part {
-            out[i] = Some(r);
-        }
-    }
-    let results = out
-        .into_iter()
-        .map(|o| o.unwrap_or_else(|| Err(shape("renew", &Value::Nil))))
-        .collect();
-    RenewOutcome::each(KIND, holds, results)
-}
-
-/// The grants of `chunks` (one script each, all of one slot) renewed on `master` (`None`: no
-/// master known for their slots), those it could not renew sent again by key; one result
-/// per grant, in order.
-async fn renew_at_master(
-    b: &RedisBackend,
-    cluster: &Cluster,
-    master: Option<&Master>,
-    chunks: &[Vec<(GrantRef, Duration)>],
-) -> Vec<Result<RenewOutcome>> {
-    let n = chunks.iter().map(Vec::len).sum();
-    let scripts: Vec<&[(GrantRef, Duration)]> = chunks.iter().map(Vec::as_slice).collect();
-    // As on one server (`renew::renew`): with `?wait_replicas=N` a renewal counts once the
-    // master's replicas have it.
-    let mut out = match master {
-        Some(m) => renew::renew_on(b, &mut cluster.at(m), &scripts, b.wait_replicas)
-            .await
-            .unwrap_or_else(|e| renew::failed(b, e, n)),
-        None => renew::failed(
-            b,
-            Error::connection(KIND, b.endpoint.clone(), "no master known for the slot"),
-            n,
-        ),
-    };
-    let Some(Err(e)) = out.iter().find(|r| r.is_err()) else {
-        return out;
-    };
-    tracing::debug!(error = %e, "a master's renewals failed; sending them by key");
-    cluster.forget();
-    let mut start = 0;
-    for chunk in chunks {
-        let (again, idx): (Vec<(GrantRef, Duration)>, Vec<usize>) = (start..start + chunk.len())
-            .filter(|&i| out[i].is_err())
-            .map(|i| (chunk[i - start].clone(), i))
-            .unzip();
-        start += chunk.len();
-        if again.is_empty() {
-            continue;
-        }
-        let results = match b.wait_replicas {
-            // Sent by key, the scripts could not share a WAIT on one master's connection:
-            // the core renews again (the slot map is read anew).
-            Some(wait) => match renew::check_replicas(b, None, wait) {
-                Err(e) => renew::failed(b, e, again.len()),
-                Ok(()) => continue,
-            },
-            None => renew::renew_on(b, &mut cluster.link(), &[&again], None)
-                .await
-                .unwrap_or_else(|e| renew::failed(b, e, again.len())),
-        };
-        for (i, r) in idx.into_iter().zip(results) {
-            out[i] = r;
         }
     }
     out

@@ -264,7 +264,7 @@ impl Single {
     /// A call on the connection timed out: go on with a fresh one.
     pub(crate) fn timed_out(&self) {
         {
-            let mut last = self.replaced.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut last = crate::lock(&self.replaced);
             if last.is_some_and(|t| t.elapsed() < self.gap) {
                 return;
             }

@@ -18,7 +18,7 @@
 
 use distlock_core::backend::AttemptId;
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long an end record lives at least: longer than any plausible late delivery of a
@@ -70,7 +70,7 @@ impl Unanswered {
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
         // A few map operations on plain data: a poisoned lock holds whole data.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.inner)
     }
 
     /// A request of `attempt` is sent now; call [`Sent::answered`] when its reply came. A

@@ -99,67 +99,33 @@ pub(crate) fn shape(what: &str, got: &redis::Value) -> Error {
 /// TLS failures of `rediss://` as the core's [`TlsError`](distlock_core::conn::TlsError).
 #[cfg(feature = "tls")]
 pub(crate) mod tls {
-    use distlock_core::conn::{TlsError, TlsErrorKind};
+    use distlock_core::conn::{rustls_error, ClientCert, TlsError, TlsErrorKind, TlsWords};
     use redis::RedisError;
 
-    /// The rustls error under `e` (redis-rs wraps the `io::Error` tokio-rustls gives).
-    fn find_rustls(e: &RedisError) -> Option<rustls::Error> {
-        let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-        for _ in 0..16 {
-            let err = cur?;
-            if let Some(r) = err.downcast_ref::<rustls::Error>() {
-                return Some(r.clone());
-            }
-            // redis-rs keeps the `io::Error` in an `Arc`, whose `source()` skips what the
-            // `io::Error` wraps: look inside the `Arc`.
-            let inner: &(dyn std::error::Error + 'static) =
-                match err.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>() {
-                    Some(arc) => arc.as_ref(),
-                    None => err,
-                };
-            if let Some(r) = inner
-                .downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|i| i.downcast_ref::<rustls::Error>())
-            {
-                return Some(r.clone());
-            }
-            cur = err.source();
-        }
-        None
-    }
+    /// How `rediss://` and a Redis server name their TLS settings.
+    const WORDS: TlsWords = TlsWords {
+        ca: "`?ca_file=PATH`",
+        client_cert: "`?cert=PATH&key=PATH`",
+        server_ca: "tls-ca-cert-file",
+        plain: "is this a plain-text port? use redis:// for it, or the server's tls-port with rediss://",
+    };
 
     /// What went wrong, if `e` is a TLS failure (`client_cert`: whether a client certificate
     /// was given, when known).
     pub(crate) fn classify(e: &RedisError, client_cert: Option<bool>) -> Option<TlsError> {
-        let r = find_rustls(e)?;
-        let kind = TlsErrorKind::of_rustls(&r, client_cert.unwrap_or(false));
-        let message = match kind {
-            TlsErrorKind::Untrusted => format!(
-                "the server's certificate is not trusted ({r}); name the CA that signed it with `?ca_file=PATH`"
-            ),
-            TlsErrorKind::WrongHost => format!(
-                "the server's certificate is not valid for the host name in the URL ({r}); connect by a name or address the certificate lists"
-            ),
-            TlsErrorKind::Expired => format!(
-                "the server's certificate is expired or not valid yet ({r}); renew it (or check the clocks)"
-            ),
-            TlsErrorKind::ClientCertRejected => match client_cert {
-                Some(false) => format!(
-                    "the server requires a client certificate ({r}); give one with `?cert=PATH&key=PATH`"
-                ),
-                Some(true) => format!(
-                    "the server refused the client certificate ({r}); give one signed by a CA the server trusts (its tls-ca-cert-file)"
-                ),
-                None => format!(
-                    "the server refused the client certificate, or wanted one and got none ({r}); check `?cert=PATH&key=PATH`"
-                ),
-            },
-            _ if matches!(r, rustls::Error::InvalidMessage(_)) => format!(
-                "the handshake failed ({r}); is this a plain-text port? use redis:// for it, or the server's tls-port with rediss://"
-            ),
-            _ => format!("the handshake failed ({r})"),
+        let r = rustls_error(e)?;
+        let kind = match TlsErrorKind::of_rustls(&r, client_cert.unwrap_or(false)) {
+            // A plain-text server answers the handshake with bytes that are no TLS record.
+            TlsErrorKind::Handshake if matches!(r, rustls::Error::InvalidMessage(_)) => {
+                TlsErrorKind::NotSupportedByServer
+            }
+            kind => kind,
         };
-        Some(TlsError::new(kind, message))
+        let cert = match client_cert {
+            Some(true) => ClientCert::Given(""),
+            Some(false) => ClientCert::None,
+            None => ClientCert::Unknown,
+        };
+        Some(TlsError::worded(kind, &r.to_string(), &WORDS, cert))
     }
 }

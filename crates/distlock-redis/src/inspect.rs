@@ -5,7 +5,7 @@ use crate::error::KIND;
 use crate::{family, Family, RedisBackend};
 use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result, WaiterInfo};
 use redis::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// One grant of a read-write lock or semaphore as the scripts store it: `TOKEN:X:OWNER`, where
@@ -122,40 +122,23 @@ impl<'a> Reading<'a> {
         kind: LockKind,
     ) -> Result<Self> {
         let fam = family(kind)?;
-        let (holds_key, exp_key, queue_key, waiters_key, limit_key) = match fam {
-            Family::Mutex { election, .. } => {
-                let [h, _, q, w] = b.mutex_keys(name, election);
-                (h, None, q, w, None)
-            }
-            Family::Rw { .. } => {
-                let [h, _, q, w, e] = b.rw_keys(name);
-                (h, Some(e), q, w, None)
-            }
-            Family::Sem { .. } => {
-                let [h, _, q, w, e, l] = b.sem_keys(name);
-                (h, Some(e), q, w, Some(l))
-            }
-        };
-        pipe.cmd("HGETALL").arg(&holds_key);
-        pipe.cmd("PTTL").arg(&holds_key);
-        let fence_key = match fam {
-            Family::Mutex { election, .. } => b.mutex_fence_key(name, election),
-            _ => b.fence_key(name),
-        };
-        pipe.cmd("GET").arg(&fence_key);
-        pipe.cmd("HGETALL").arg(&waiters_key);
+        let k = b.keys(name, &fam);
+        pipe.cmd("HGETALL").arg(&k.holds);
+        pipe.cmd("PTTL").arg(&k.holds);
+        pipe.cmd("GET").arg(&k.fence);
+        pipe.cmd("HGETALL").arg(&k.waiters);
         pipe.cmd("ZRANGE")
-            .arg(&queue_key)
+            .arg(&k.queue)
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES");
         pipe.cmd("TIME");
         let mut replies = 6;
-        if let Some(e) = &exp_key {
+        if let Some(e) = &k.exp {
             pipe.cmd("ZRANGE").arg(e).arg(0).arg(-1).arg("WITHSCORES");
             replies += 1;
         }
-        if let Some(l) = &limit_key {
+        if let Some(l) = &k.limit {
             pipe.cmd("GET").arg(l);
             replies += 1;
         }
@@ -240,9 +223,7 @@ impl<'a> Reading<'a> {
 pub(crate) async fn inspect(b: &RedisBackend, name: &str, kind: LockKind) -> Result<LockInfo> {
     let mut pipe = redis::pipe();
     let reading = Reading::add(b, &mut pipe, name, kind)?;
-    let mut con = b.con.get();
-    let vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| b.err(e))?;
-    reading.parse(b, vals)
+    reading.parse(b, b.query_pipe(&pipe).await?)
 }
 
 /// Locks read per pipeline by [`inspect_many`]: a few thousand commands a round trip.
@@ -260,14 +241,12 @@ pub(crate) async fn inspect_many(
         return pipelined(b, &mut b.con.get(), locks).await;
     };
     let masters = cluster.masters().await.map_err(|e| b.err(e))?;
-    let mut by_master: BTreeMap<Option<usize>, Vec<usize>> = BTreeMap::new();
-    for (i, (name, _)) in locks.iter().enumerate() {
-        let slot = crate::cluster::slot(&b.fence_key(name));
-        let owner = masters.iter().position(|m| m.owns(slot));
-        by_master.entry(owner).or_default().push(i);
-    }
+    let slots: Vec<u16> = (locks.iter())
+        .map(|(name, _)| crate::cluster::slot(&b.fence_key(name)))
+        .collect();
     let mut out: Vec<Option<LockInfo>> = vec![None; locks.len()];
-    for (owner, idx) in by_master {
+    for (owner, groups) in crate::cluster::plan(&slots, &masters) {
+        let idx = groups.concat();
         let part: Vec<(String, LockKind)> = idx.iter().map(|&i| locks[i].clone()).collect();
         let read = match owner {
             Some(m) => pipelined(b, &mut cluster.at(&masters[m]), &part).await,

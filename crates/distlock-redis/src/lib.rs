@@ -300,13 +300,9 @@ impl RedisBackend {
         }
     }
 
-    /// `NS:{NAME}SUFFIX`: every key of lock `name` (the hash tag keeps them in one slot).
-    fn key(&self, name: &str, suffix: &str) -> String {
-        self.key_of(name, &[suffix])
-    }
-
-    /// `NS:{NAME}` and `parts` after it, concatenated without the formatting machinery (keys
-    /// are built on every request: profiled at ~1,000 instructions per `format!`).
+    /// `NS:{NAME}` and `parts` after it: every key of lock `name` (the hash tag keeps them in
+    /// one slot), concatenated without the formatting machinery (keys are built on every
+    /// request: profiled at ~1,000 instructions per `format!`).
     fn key_of(&self, name: &str, parts: &[&str]) -> String {
         let len =
             self.namespace.len() + name.len() + 3 + parts.iter().map(|p| p.len()).sum::<usize>();
@@ -322,7 +318,7 @@ impl RedisBackend {
     }
 
     fn fence_key(&self, name: &str) -> String {
-        self.key(name, ":fence")
+        self.key_of(name, &[":fence"])
     }
 
     /// `NS:{NAME}:ended:ATTEMPT`: the end record of `attempt` on lock `name` (any kind:
@@ -332,7 +328,7 @@ impl RedisBackend {
     }
 
     fn channel(&self, name: &str) -> String {
-        self.key(name, ":released")
+        self.key_of(name, &[":released"])
     }
 
     /// Key suffix of a mutex-family lock: a mutex (plain or fair) at `NS:{NAME}`, an election
@@ -346,21 +342,21 @@ impl RedisBackend {
         }
     }
 
-    /// The release channel of a mutex-family lock (waiters' wake-ups; handoffs go to
-    /// `CHANNEL:ATTEMPT`).
-    fn mutex_channel(&self, name: &str, election: bool) -> String {
-        self.key(name, &format!("{}:released", Self::base(election)))
+    /// The release channel of a lock of family `fam`: a mutex-family lock's (waiters'
+    /// wake-ups; handoffs go to `CHANNEL:ATTEMPT`), or the name's for the other families.
+    fn release_channel(&self, name: &str, fam: &Family) -> String {
+        match fam {
+            Family::Mutex { election, .. } => {
+                self.key_of(name, &[Self::base(*election), ":released"])
+            }
+            _ => self.channel(name),
+        }
     }
 
     /// The channel every change of election `name` is published on (grant, handoff,
     /// release, proclamation): what `observe` subscribes to. Locks never publish there.
     fn observe_channel(&self, name: &str) -> String {
-        self.key(name, &format!("{ELECTION}:observe"))
-    }
-
-    /// The fencing counter of a mutex-family lock.
-    fn mutex_fence_key(&self, name: &str, election: bool) -> String {
-        self.key(name, &format!("{}:fence", Self::base(election)))
+        self.key_of(name, &[ELECTION, ":observe"])
     }
 
     /// The fencing counter of `name` from its stored value (`None`: never issued, 0).
@@ -368,29 +364,25 @@ impl RedisBackend {
         counter(&self.fence_key(name), stored)
     }
 
-    /// The four keys of a mutex-family lock (a mutex, or an election), in KEYS order:
-    /// grant hash, fencing counter, queue, waiter data.
-    fn mutex_keys(&self, name: &str, election: bool) -> [String; 4] {
-        let base = Self::base(election);
-        ["", ":fence", ":queue", ":waiters"].map(|s| self.key_of(name, &[base, s]))
-    }
-
-    /// Keys of a read-write lock: holds, fence, queue, waiter data, hold expiries.
-    fn rw_keys(&self, name: &str) -> [String; 5] {
-        [":rw", ":fence", ":rw:queue", ":rw:waiters", ":rw:exp"].map(|s| self.key(name, s))
-    }
-
-    /// Keys of a semaphore: holds, fence, queue, waiter data, hold expiries, permit count.
-    fn sem_keys(&self, name: &str) -> [String; 6] {
-        [
-            ":sem",
-            ":fence",
-            ":sem:queue",
-            ":sem:waiters",
-            ":sem:exp",
-            ":sem:limit",
-        ]
-        .map(|s| self.key(name, s))
+    /// The keys of lock `name` of family `fam` (see [`LockKeys`]).
+    fn keys(&self, name: &str, fam: &Family) -> LockKeys {
+        let base = fam.base();
+        let key = |suffix: &str| self.key_of(name, &[base, suffix]);
+        let mutex = matches!(fam, Family::Mutex { .. });
+        LockKeys {
+            holds: key(""),
+            // A mutex-family lock's counter goes with its grant hash (an election's is its
+            // own); a read-write lock and a semaphore count on the name's (`NS:{NAME}:fence`).
+            fence: if mutex {
+                key(":fence")
+            } else {
+                self.fence_key(name)
+            },
+            queue: key(":queue"),
+            waiters: key(":waiters"),
+            exp: (!mutex).then(|| key(":exp")),
+            limit: matches!(fam, Family::Sem { .. }).then(|| key(":limit")),
+        }
     }
 
     /// Runs the release-side script of `key`'s family for grant `attempt`/`token` in `mode`
@@ -422,17 +414,14 @@ impl RedisBackend {
                 }
                 self.scripts.release.cmd(&[&hash], &args)
             }
-            Family::Rw { .. } => {
+            fam => {
                 mutex = false;
-                let keys = self.rw_keys(&key.name);
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                self.scripts.rw_release.cmd(&keys, &args)
-            }
-            Family::Sem { .. } => {
-                mutex = false;
-                let keys = self.sem_keys(&key.name);
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                self.scripts.sem_release.cmd(&keys, &args)
+                let keys = self.keys(&key.name, &fam);
+                let script = match fam {
+                    Family::Rw { .. } => &self.scripts.rw_release,
+                    _ => &self.scripts.sem_release,
+                };
+                script.cmd(&keys.list(), &args)
             }
         };
         let record = self.end_record(&key.name, attempt_id);
@@ -462,20 +451,12 @@ impl RedisBackend {
         record: Option<&(String, String)>,
     ) -> Result<Value> {
         let Some((key, ms)) = record else {
-            let mut con = self.con.get();
-            let (v, _) = scripts::eval(&mut con, set, cmd)
-                .await
-                .map_err(|e| self.err(e))?;
-            return Ok(v);
+            return Ok(self.eval_in(set, cmd).await?.0);
         };
         let mut pipe = redis::pipe();
         pipe.cmd("SET").arg(key).arg("1").arg("PX").arg(ms).ignore();
         pipe.add_command(cmd.clone());
-        let mut con = self.con.get();
-        let vals = scripts::eval_pipe(&mut con, set, &pipe)
-            .await
-            .map_err(|e| self.err(e))?;
-        match <[Value; 1]>::try_from(vals) {
+        match <[Value; 1]>::try_from(self.eval_pipe(set, &pipe).await?) {
             Ok([v]) => Ok(v),
             Err(vals) => Err(Error::unexpected(
                 KIND,
@@ -494,6 +475,39 @@ impl RedisBackend {
             }
         }
         map(&self.endpoint, e)
+    }
+
+    /// Runs `cmd`, one of the scripts of `set` ([`scripts::eval`]: reloading them on
+    /// NOSCRIPT); also says whether it had to reload.
+    async fn eval_in(&self, set: &[&scripts::Script], cmd: &redis::Cmd) -> Result<(Value, bool)> {
+        let mut con = self.con.get();
+        scripts::eval(&mut con, set, cmd)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// A pipeline of the scripts of `set` ([`scripts::eval_pipe`]).
+    async fn eval_pipe(
+        &self,
+        set: &[&scripts::Script],
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<Value>> {
+        let mut con = self.con.get();
+        scripts::eval_pipe(&mut con, set, pipe)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// Sends `cmd` on this backend's connection, its error mapped as every call's.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        let mut con = self.con.get();
+        cmd.query_async(&mut con).await.map_err(|e| self.err(e))
+    }
+
+    /// [`query`](Self::query) of a pipeline.
+    async fn query_pipe<T: redis::FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T> {
+        let mut con = self.con.get();
+        pipe.query_async(&mut con).await.map_err(|e| self.err(e))
     }
 
     /// Runs one of the lock scripts (reloading them on NOSCRIPT).
@@ -526,11 +540,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: PING changes nothing.
     pub async fn ping(&self) -> Result<()> {
-        let mut con = self.con.get();
-        redis::cmd("PING")
-            .query_async::<()>(&mut con)
-            .await
-            .map_err(|e| self.err(e))
+        self.query(&redis::cmd("PING")).await
     }
 
     /// The native acquire script of `req`'s family, with its keys and arguments.
@@ -544,7 +554,8 @@ impl RedisBackend {
         let owner: &str = &req.key.owner;
         // Every acquire script refuses an attempt whose end record exists (see `ended`).
         let ended = self.ended_key(&req.key.name, &req.attempt);
-        Ok(match family(req.key.kind)? {
+        let fam = family(req.key.kind)?;
+        let (script, x, y, z) = match fam {
             Family::Mutex { fair, election } => {
                 // acquire.lua: the lock hash and the attempt's end record (its counter, queue
                 // and waiter data are named after the hash in the script); the queueing paths'
@@ -562,64 +573,43 @@ impl RedisBackend {
                     observe = self.observe_channel(&req.key.name);
                     args.extend([req.value.as_deref().unwrap_or_default(), &observe]);
                 }
-                self.scripts.acquire.cmd(&[&hash, &ended], &args)
+                return Ok(self.scripts.acquire.cmd(&[&hash, &ended], &args));
             }
             Family::Rw { side } => {
-                let keys = self.rw_keys(&req.key.name);
-                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                keys.push(&ended);
                 // The downgrade is addressed by the write grant itself, not by owner equality.
                 let (w_attempt, w_token) = match (&req.write_grant, side) {
-                    (Some(g), "r") => (g.attempt.as_str(), g.token.to_string()),
-                    _ => ("", String::new()),
+                    (Some(g), "r") => (g.attempt.as_str().to_owned(), g.token.to_string()),
+                    _ => Default::default(),
                 };
-                self.scripts.rw_acquire.cmd(
-                    &keys,
-                    &[
-                        attempt,
-                        owner,
-                        &lease,
-                        &waiter_ttl,
-                        side,
-                        w_attempt,
-                        &w_token,
-                    ],
+                (
+                    &self.scripts.rw_acquire,
+                    side.to_owned(),
+                    w_attempt,
+                    w_token,
                 )
             }
-            Family::Sem { permits, limit } => {
-                let keys = self.sem_keys(&req.key.name);
-                let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                keys.push(&ended);
-                self.scripts.sem_acquire.cmd(
-                    &keys,
-                    &[
-                        attempt,
-                        owner,
-                        &lease,
-                        &waiter_ttl,
-                        &permits.to_string(),
-                        &limit.to_string(),
-                        &self.channel(&req.key.name),
-                    ],
-                )
-            }
-        })
+            Family::Sem { permits, limit } => (
+                &self.scripts.sem_acquire,
+                permits.to_string(),
+                limit.to_string(),
+                self.channel(&req.key.name),
+            ),
+        };
+        let keys = self.keys(&req.key.name, &fam);
+        let mut keys = keys.list();
+        keys.push(&ended);
+        Ok(script.cmd(&keys, &[attempt, owner, &lease, &waiter_ttl, &x, &y, &z]))
     }
 
-    /// Runs an acquire script. With `?wait_replicas=N` the `WAIT` rides in the same round trip:
-    /// pipelined right behind the script on this connection, it waits until N replicas have
-    /// every write this connection made up to it, which includes the grant (a fresh grant, or
-    /// the rewrite of a retried or handed-over grant that the acquire script makes for this
-    /// purpose; replication is in order, so it covers the handoff written by another client
-    /// before it). Returns the script's reply and, with replicas to wait for, how many
+    /// Runs an acquire script (`cmd`, one of the scripts of `set`). With `?wait_replicas=N` the
+    /// `WAIT` rides in the same round trip: pipelined right behind the script on this
+    /// connection, it waits until N replicas have every write this connection made up to it,
+    /// which includes the grant (a fresh grant, or the rewrite of a retried or handed-over
+    /// grant that the acquire script makes for this purpose; replication is in order, so it
+    /// covers the handoff written by another client before it). Returns the script's reply and, with replicas to wait for, how many
     /// confirmed. An error of either (the grant, if one was made, is then not reported: the
     /// core retries the same attempt, which finds it, or gives the attempt up) is an error.
-    async fn eval_acquire(&self, cmd: &redis::Cmd) -> Result<(Value, Option<i64>)> {
-        self.eval_acquire_in(&self.scripts.all(), cmd).await
-    }
-
-    /// [`eval_acquire`](Self::eval_acquire) of `cmd`, one of the scripts of `set`.
-    async fn eval_acquire_in(
+    async fn eval_acquire(
         &self,
         set: &[&scripts::Script],
         cmd: &redis::Cmd,
@@ -630,10 +620,7 @@ impl RedisBackend {
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone());
         pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
-        let mut con = self.con.get();
-        let vals = scripts::eval_pipe(&mut con, set, &pipe)
-            .await
-            .map_err(|e| self.err(e))?;
+        let vals = self.eval_pipe(set, &pipe).await?;
         match vals.as_slice() {
             [v, acked] => match int(acked) {
                 Some(acked) => Ok((v.clone(), Some(acked))),
@@ -665,10 +652,17 @@ impl RedisBackend {
     }
 }
 
+/// Locks `m`, going on after a panic elsewhere: every mutex of this crate guards data that a
+/// panicking holder leaves whole (a value replaced at once, a few map operations).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Key suffix of an election, after `NS:{NAME}`.
 const ELECTION: &str = ":election";
 
 /// Which scripts and keys a lock kind uses.
+#[derive(Clone, Copy)]
 enum Family {
     /// A mutex, plain or fair, or an election (a mutex under its own keys whose grant
     /// carries the leader's value).
@@ -683,6 +677,41 @@ enum Family {
         permits: u32,
         limit: u32,
     },
+}
+
+impl Family {
+    /// The suffix of the family's hash after `NS:{NAME}`, which its other keys extend: ``
+    /// (a mutex), `:election`, `:rw`, `:sem`.
+    fn base(&self) -> &'static str {
+        match self {
+            Family::Mutex { election, .. } => RedisBackend::base(*election),
+            Family::Rw { .. } => ":rw",
+            Family::Sem { .. } => ":sem",
+        }
+    }
+}
+
+/// The keys of one lock of dlock's layout ([`RedisBackend::keys`]).
+struct LockKeys {
+    /// The grant hash of a mutex-family lock, the holds of a read-write lock or semaphore.
+    holds: String,
+    fence: String,
+    queue: String,
+    waiters: String,
+    /// The hold expiries of a read-write lock or semaphore.
+    exp: Option<String>,
+    /// A semaphore's permit count.
+    limit: Option<String>,
+}
+
+impl LockKeys {
+    /// The keys in the scripts' KEYS order: holds, fence, queue, waiter data, expiries, limit.
+    fn list(&self) -> Vec<&str> {
+        let mut keys = vec![&*self.holds, &self.fence, &self.queue, &self.waiters];
+        keys.extend(self.exp.as_deref());
+        keys.extend(self.limit.as_deref());
+        keys
+    }
 }
 
 fn family(kind: LockKind) -> Result<Family> {
@@ -819,7 +848,7 @@ impl Backend for RedisBackend {
         }
         let cmd = self.acquire_cmd(req)?;
         let sent = self.unanswered.sent(&req.attempt);
-        let (v, acked) = self.eval_acquire(&cmd).await?;
+        let (v, acked) = self.eval_acquire(&self.scripts.all(), &cmd).await?;
         sent.answered();
         let reply = acquire_outcome(req, &v)?;
         if let AcquireReply::Granted { token } = &reply {
@@ -840,7 +869,7 @@ impl Backend for RedisBackend {
             Family::Mutex { .. } => self.subscriber.watch_wake(&req.attempt).await,
             _ => {
                 let channel = self.channel(&req.key.name);
-                self.subscriber.watch(channel, None, &req.attempt).await
+                self.subscriber.watch(channel, &req.attempt).await
             }
         }
     }
@@ -883,7 +912,7 @@ impl Backend for RedisBackend {
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let name = &grant.key.name;
         let cmd = self.scripts.proclaim.cmd(
-            &[&self.mutex_keys(name, true)[0]],
+            &[&self.key_of(name, &[ELECTION])],
             &[
                 grant.attempt.as_str(),
                 &grant.token.to_string(),
@@ -903,9 +932,7 @@ impl Backend for RedisBackend {
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         // An attempt of its own: the channel carries no handoffs, every message wakes it.
         let me = AttemptId::new();
-        self.subscriber
-            .watch(self.observe_channel(name), None, &me)
-            .await
+        self.subscriber.watch(self.observe_channel(name), &me).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
@@ -917,10 +944,15 @@ impl Backend for RedisBackend {
     }
 
     async fn set_permits(&self, name: &str, permits: u32) -> Result<()> {
-        let keys = self.sem_keys(name);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let keys = self.keys(
+            name,
+            &Family::Sem {
+                permits: 0,
+                limit: permits,
+            },
+        );
         let cmd = self.scripts.sem_release.cmd(
-            &keys,
+            &keys.list(),
             &["", "", &self.channel(name), "set", &permits.to_string()],
         );
         self.eval(&cmd).await.map(|_| ())

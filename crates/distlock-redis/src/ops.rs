@@ -83,19 +83,10 @@ pub(crate) fn glob_escape(s: &str) -> String {
     out
 }
 
-/// Every key matching `pattern`, by SCAN (never KEYS: it does not block the server), one
-/// batch of up to 1000 at a time given to `batch`.
+/// Every key matching `pattern` (of type `of` only when given: `SCAN … TYPE`, Redis 6.0 and
+/// later), by SCAN (never KEYS: it does not block the server), one batch of up to 1000 at a
+/// time given to `batch`.
 pub(crate) async fn scan(
-    b: &RedisBackend,
-    pattern: &str,
-    batch: impl FnMut(Vec<String>),
-) -> Result<()> {
-    scan_typed(b, pattern, None, batch).await
-}
-
-/// [`scan`] of the keys of one type only (`SCAN … TYPE`, Redis 6.0 and later) when `of` is
-/// given.
-pub(crate) async fn scan_typed(
     b: &RedisBackend,
     pattern: &str,
     of: Option<&str>,
@@ -179,7 +170,7 @@ async fn time(b: &RedisBackend, con: &mut Link) -> Result<SystemTime> {
 pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let pattern = format!("{}:{{{}*", glob_escape(&b.namespace), glob_escape(prefix));
     let mut names: BTreeMap<String, BTreeSet<Fam>> = BTreeMap::new();
-    scan(b, &pattern, |keys| {
+    scan(b, &pattern, None, |keys| {
         for key in &keys {
             if let Some((name, fam)) = parse_key(&b.namespace, key) {
                 if name.starts_with(prefix) {
@@ -242,41 +233,24 @@ pub(crate) async fn force_release(
     kind: LockKind,
 ) -> Result<ForceReleased> {
     let fam = family(kind)?;
-    // KEYS[3] must be a name of the same slot; for the mutex it is only passed, never written.
-    let (holds, third, waiters, has_exp) = match fam {
-        Family::Mutex { election, .. } => {
-            let [h, _, q, w] = b.mutex_keys(name, election);
-            (h, q, Some(w), false)
-        }
-        Family::Rw { .. } => {
-            let [h, _, _, _, e] = b.rw_keys(name);
-            (h, e, None, true)
-        }
-        Family::Sem { .. } => {
-            let [h, _, _, _, e, _] = b.sem_keys(name);
-            (h, e, None, true)
-        }
-    };
-    let mut con = b.con.get();
+    let keys = b.keys(name, &fam);
     let election = matches!(fam, Family::Mutex { election: true, .. });
     let script = redis::Script::new(FORCE_RELEASE);
     let mut invocation = script.prepare_invoke();
+    // KEYS[3] must be a name of the same slot; for the mutex (its queue) it is only passed,
+    // never written. A mutex's waiter data is KEYS[4].
+    invocation.key(&keys.holds).key(&keys.fence);
+    match &keys.exp {
+        Some(exp) => invocation.key(exp),
+        None => invocation.key(&keys.queue).key(&keys.waiters),
+    };
     invocation
-        .key(&holds)
-        .key(match election {
-            true => b.mutex_fence_key(name, true),
-            false => b.fence_key(name),
-        })
-        .key(&third);
-    if let Some(w) = &waiters {
-        invocation.key(w);
-    }
-    invocation
-        .arg(b.mutex_channel(name, election))
-        .arg(if has_exp { "1" } else { "0" });
+        .arg(b.release_channel(name, &fam))
+        .arg(if keys.exp.is_some() { "1" } else { "0" });
     if election {
         invocation.arg(b.observe_channel(name));
     }
+    let mut con = b.con.get();
     let reply: Value = invocation
         .invoke_async(&mut con)
         .await
@@ -295,7 +269,7 @@ pub(crate) async fn force_release(
         // has the old holder (and a counter below its token). On a cluster, WAIT goes to the
         // master that ran the script (redis-rs would ask every node).
         if let Some(c) = b.con.cluster() {
-            con = c.at_key(&holds).await.map_err(|e| b.err(e))?;
+            con = c.at_key(&keys.holds).await.map_err(|e| b.err(e))?;
         }
         let acked: u64 = redis::cmd("WAIT")
             .arg(n)

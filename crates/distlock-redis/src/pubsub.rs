@@ -28,7 +28,7 @@
 //! It stays on the node it reached until that connection breaks, then tries the next.
 
 use crate::error::{map, KIND};
-use distlock_core::backend::{AttemptId, ReleaseWatch, Subscription, Subscriptions, Wake};
+use distlock_core::backend::{AttemptId, ReleaseWatch, Subscription, Subscriptions};
 use distlock_core::{Error, Result};
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
@@ -150,10 +150,7 @@ impl Subscriber {
     }
 
     fn targets(&self) -> Targets {
-        self.targets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        crate::lock(&self.targets).clone()
     }
 
     fn endpoint(&self) -> String {
@@ -164,10 +161,7 @@ impl Subscriber {
     /// waiters of the old connection are woken with a connection error and subscribe again,
     /// there: none keeps sleeping on a connection to the old master.
     pub(crate) async fn switch(&self, client: redis::Client, endpoint: String) {
-        *self
-            .targets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Targets {
+        *crate::lock(&self.targets) = Targets {
             clients: vec![client],
             endpoint,
         };
@@ -250,21 +244,13 @@ impl Subscriber {
     }
 
     /// A watch for the waiting mutex `attempt` on this client's wake channel, connecting (and
-    /// subscribing the channel) first if needed.
+    /// subscribing the channel) first if needed: [`watch`](Self::watch), which finds the
+    /// channel subscribed with the connection (pinned in its table: no SUBSCRIBE).
     pub(crate) async fn watch_wake(
         self: &Arc<Self>,
         attempt: &AttemptId,
     ) -> Result<Box<dyn ReleaseWatch>> {
-        let mut guard = self.conn.lock().await;
-        // A connection that dies right after `live` looked is replaced (once).
-        for _ in 0..2 {
-            let conn = self.live(&mut guard).await?;
-            if let Some((watch, _)) = self.subscribe_live(conn, self.wake.clone(), attempt) {
-                return Ok(Box::new(watch));
-            }
-            *guard = None;
-        }
-        Err(self.closed())
+        self.watch(self.wake.clone(), attempt).await
     }
 
     /// The same watch if it can be made now, without a round trip or waiting for a lock: the
@@ -306,11 +292,7 @@ impl Subscriber {
     /// Tests: runs the hook set in `race`, if any.
     #[cfg(test)]
     fn race_point(&self, conn: &Conn) {
-        let hook = self
-            .race
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        let hook = crate::lock(&self.race).take();
         if let Some(hook) = hook {
             hook(conn);
         }
@@ -335,61 +317,35 @@ impl Subscriber {
             .ok_or_else(|| self.timeout_error("connecting the subscriber"))
     }
 
-    /// Subscribes (if needed) and returns a watch for the waiting `attempt` on `channel` and,
-    /// if given, on the attempt's own channel `direct` (one SUBSCRIBE for both).
+    /// Subscribes (if needed) and returns a watch for the waiting `attempt` on `channel`.
     pub(crate) async fn watch(
         self: &Arc<Self>,
         channel: String,
-        direct: Option<String>,
         attempt: &AttemptId,
     ) -> Result<Box<dyn ReleaseWatch>> {
         let mut guard = self.conn.lock().await;
         // A connection that dies right after `live` looked is replaced (once).
         for _ in 0..2 {
             let conn = self.live(&mut guard).await?;
-            let mut new = Vec::with_capacity(2);
             let Some((watch, first)) = self.subscribe_live(conn, channel.clone(), attempt) else {
                 *guard = None;
                 continue;
             };
             if first {
-                new.push(channel.clone());
-            }
-            let direct = match &direct {
-                Some(d) => match self.subscribe_live(conn, d.clone(), attempt) {
-                    Some((w, first)) => {
-                        if first {
-                            new.push(d.clone());
-                        }
-                        Some(w)
-                    }
-                    None => {
-                        *guard = None;
-                        continue;
-                    }
-                },
-                None => None,
-            };
-            if !new.is_empty() {
-                let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&new)).await;
+                let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&channel)).await;
                 let failed = match sub {
                     Ok(Ok(())) => None,
                     Ok(Err(e)) => Some(map(&self.endpoint(), e)),
                     Err(_) => Some(self.timeout_error("SUBSCRIBE")),
                 };
                 if let Some(e) = failed {
-                    for c in &new {
-                        conn.subs.fail(c, &e.to_string());
-                    }
+                    conn.subs.fail(&channel, &e.to_string());
                     // The connection is in an unknown state; start over next time.
                     *guard = None;
                     return Err(e);
                 }
             }
-            return Ok(match direct {
-                Some(direct) => Box::new(Both(watch, direct)),
-                None => Box::new(watch),
-            });
+            return Ok(Box::new(watch));
         }
         Err(self.closed())
     }
@@ -423,20 +379,6 @@ impl Subscriber {
     }
 }
 
-/// A mutex waiter's watch: the lock's channel and the attempt's own (where its handoff comes).
-struct Both(Subscription<String>, Subscription<String>);
-
-#[distlock_core::backend::async_trait]
-impl ReleaseWatch for Both {
-    async fn changed(&mut self) -> Result<Wake> {
-        // Both are cancel safe, so is the select.
-        tokio::select! {
-            w = self.0.changed() => w,
-            w = self.1.changed() => w,
-        }
-    }
-}
-
 /// The table's hook when a channel loses its last watch (from the watch's `Drop`): the
 /// unsubscribe runs in a task, under the connection lock.
 fn unsubscribe_later(subscriber: &Weak<Subscriber>, generation: u64) {
@@ -451,6 +393,7 @@ fn unsubscribe_later(subscriber: &Weak<Subscriber>, generation: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_core::backend::Wake;
     use distlock_testkit::RedisServer;
     use std::time::Instant;
 

@@ -13,14 +13,16 @@
 //!
 //! The keys of one script belong to many locks, so to many Cluster slots: fine on the one
 //! standalone node `redis://` talks to; on `redis+cluster://` the grants are grouped by slot
-//! first, one pipeline per master (`crate::cluster::renew`).
+//! first, one pipeline per master ([`renew_cluster`]).
 
+use crate::cluster::{self, Cluster, Master};
 use crate::error::shape;
 use crate::error::KIND;
 use crate::scripts::{self, Script};
 use crate::{family, Family, RedisBackend};
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::{Error, Result};
+use futures_util::future::join_all;
 use redis::Value;
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -66,19 +68,11 @@ impl Keys {
         if let Some(d) = &b.dialect {
             return Ok(Keys::Dialect(d.renew_keys(grant)?));
         }
-        Ok(match family(grant.key.kind)? {
-            Family::Mutex { election, .. } => {
-                let [hash, _, _, _] = b.mutex_keys(name, election);
-                Keys::Mutex(hash)
-            }
-            Family::Rw { .. } => {
-                let [holds, _, _, _, exp] = b.rw_keys(name);
-                Keys::Expiring(holds, exp)
-            }
-            Family::Sem { .. } => {
-                let [holds, _, _, _, exp, _] = b.sem_keys(name);
-                Keys::Expiring(holds, exp)
-            }
+        let fam = family(grant.key.kind)?;
+        let holds = b.key_of(name, &[fam.base()]);
+        Ok(match fam {
+            Family::Mutex { .. } => Keys::Mutex(holds),
+            _ => Keys::Expiring(holds, b.key_of(name, &[fam.base(), ":exp"])),
         })
     }
 }
@@ -138,12 +132,135 @@ pub(crate) async fn renew(
         return Ok(Vec::new());
     }
     if let Some(cluster) = b.con.cluster() {
-        return crate::cluster::renew(b, cluster, holds).await;
+        return renew_cluster(b, cluster, holds).await;
     }
     let scripts: Vec<&[(GrantRef, Duration)]> = holds.chunks(PER_SCRIPT).collect();
     let mut con = b.con.get();
     let results = renew_on(b, &mut con, &scripts, b.wait_replicas).await?;
     RenewOutcome::each(KIND, holds, results)
+}
+
+/// `Backend::renew` on a cluster: one script per slot (a script may not touch two slots),
+/// one pipeline per master, the masters' pipelines at once: a tick costs one round trip to
+/// each master that owns a held lock. The grants a master's pipeline could not renew (a
+/// failover or a resharding moved a slot, a new master lacks the script, the master does not
+/// answer, a grant's own error) are sent again script by script, routed by key (redis-rs
+/// follows `MOVED`), after the topology is read again. Each grant gets its own outcome: a
+/// master that fails, or does not answer within the cluster's renewal budget, leaves only its
+/// grants `Unconfirmed` ([`RenewOutcome::each`]).
+async fn renew_cluster(
+    b: &RedisBackend,
+    cluster: &Cluster,
+    holds: &[(GrantRef, Duration)],
+) -> Result<Vec<RenewOutcome>> {
+    let slots = holds
+        .iter()
+        .map(|(g, _)| first_key(b, g).map(|k| cluster::slot(&k)))
+        .collect::<Result<Vec<_>>>()?;
+    let masters = cluster
+        .masters()
+        .await
+        .map_err(|e| crate::error::map(&b.endpoint, e))?;
+    let plan = cluster::plan(&slots, &masters);
+    let masters = &masters;
+    // One hold (an `extend`) has nothing to keep apart: it waits as any call does.
+    let budget = (holds.len() > 1).then_some(cluster.renew_budget);
+    let sends = plan.iter().map(|(owner, scripts)| async move {
+        let chunks: Vec<Vec<(GrantRef, Duration)>> = scripts
+            .iter()
+            .map(|idx| idx.iter().map(|&i| holds[i].clone()).collect())
+            .collect();
+        let n = chunks.iter().map(Vec::len).sum();
+        let part = renew_at_master(b, cluster, owner.map(|m| &masters[m]), &chunks);
+        let results = match budget {
+            Some(t) => match tokio::time::timeout(t, part).await {
+                Ok(r) => r,
+                Err(_) => {
+                    let at = owner.map_or_else(|| "a master".to_owned(), |m| masters[m].addr());
+                    let e = Error::connection(
+                        KIND,
+                        b.endpoint.clone(),
+                        format!("{at} did not answer the renewal of its locks within {t:?}"),
+                    );
+                    failed(b, e, n)
+                }
+            },
+            None => part.await,
+        };
+        scripts
+            .iter()
+            .flatten()
+            .copied()
+            .zip(results)
+            .collect::<Vec<_>>()
+    });
+    let mut out: Vec<Option<Result<RenewOutcome>>> = (0..holds.len()).map(|_| None).collect();
+    for part in join_all(sends).await {
+        for (i, r) in part {
+            out[i] = Some(r);
+        }
+    }
+    let results = out
+        .into_iter()
+        .map(|o| o.unwrap_or_else(|| Err(shape("renew", &Value::Nil))))
+        .collect();
+    RenewOutcome::each(KIND, holds, results)
+}
+
+/// The grants of `chunks` (one script each, all of one slot) renewed on `master` (`None`: no
+/// master known for their slots), those it could not renew sent again by key; one result
+/// per grant, in order.
+async fn renew_at_master(
+    b: &RedisBackend,
+    cluster: &Cluster,
+    master: Option<&Master>,
+    chunks: &[Vec<(GrantRef, Duration)>],
+) -> Vec<Result<RenewOutcome>> {
+    let n = chunks.iter().map(Vec::len).sum();
+    let scripts: Vec<&[(GrantRef, Duration)]> = chunks.iter().map(Vec::as_slice).collect();
+    // As on one server (`renew::renew`): with `?wait_replicas=N` a renewal counts once the
+    // master's replicas have it.
+    let mut out = match master {
+        Some(m) => renew_on(b, &mut cluster.at(m), &scripts, b.wait_replicas)
+            .await
+            .unwrap_or_else(|e| failed(b, e, n)),
+        None => failed(
+            b,
+            Error::connection(KIND, b.endpoint.clone(), "no master known for the slot"),
+            n,
+        ),
+    };
+    let Some(Err(e)) = out.iter().find(|r| r.is_err()) else {
+        return out;
+    };
+    tracing::debug!(error = %e, "a master's renewals failed; sending them by key");
+    cluster.forget();
+    let mut start = 0;
+    for chunk in chunks {
+        let (again, idx): (Vec<(GrantRef, Duration)>, Vec<usize>) = (start..start + chunk.len())
+            .filter(|&i| out[i].is_err())
+            .map(|i| (chunk[i - start].clone(), i))
+            .unzip();
+        start += chunk.len();
+        if again.is_empty() {
+            continue;
+        }
+        let results = match b.wait_replicas {
+            // Sent by key, the scripts could not share a WAIT on one master's connection:
+            // the core renews again (the slot map is read anew).
+            Some(wait) => match check_replicas(b, None, wait) {
+                Err(e) => failed(b, e, again.len()),
+                Ok(()) => continue,
+            },
+            None => renew_on(b, &mut cluster.link(), &[&again], None)
+                .await
+                .unwrap_or_else(|e| failed(b, e, again.len())),
+        };
+        for (i, r) in idx.into_iter().zip(results) {
+            out[i] = r;
+        }
+    }
+    out
 }
 
 /// Renews `scripts` (each at most [`PER_SCRIPT`] grants, one `renew_many.lua`) on `con` in one
@@ -246,7 +363,7 @@ async fn send<C: redis::aio::ConnectionLike>(
     if let Some((n, timeout)) = wait {
         pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
     }
-    let mut vals = scripts::eval_pipe_each(con, &[&RENEW_MANY.script], &pipe)
+    let mut vals = scripts::eval_pipe(con, &[&RENEW_MANY.script], &pipe)
         .await
         .map_err(|e| b.err(e))?;
     if let Some(wait) = wait {

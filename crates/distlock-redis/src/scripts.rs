@@ -168,24 +168,10 @@ pub(crate) async fn eval<C: ConnectionLike>(
     }
 }
 
-/// Runs a pipeline of EVALSHAs, reloading `set` once on NOSCRIPT.
+/// Runs a pipeline of EVALSHAs, reloading `set` once on NOSCRIPT: the pipeline's error, or,
+/// in a pipeline set to [`Pipeline::ignore_errors`] (whose error replies are that command's
+/// `Value::ServerError`), one of its replies.
 pub(crate) async fn eval_pipe<C: ConnectionLike>(
-    con: &mut C,
-    set: &[&Script],
-    pipe: &Pipeline,
-) -> RedisResult<Vec<Value>> {
-    match pipe.query_async::<Vec<Value>>(con).await {
-        Err(e) if is_noscript(&e) => {
-            load(con, set).await?;
-            pipe.query_async(con).await
-        }
-        other => other,
-    }
-}
-
-/// Runs a pipeline of EVALSHAs set to [`Pipeline::ignore_errors`], whose error replies are
-/// that command's `Value::ServerError`, reloading `set` once when one of them is NOSCRIPT.
-pub(crate) async fn eval_pipe_each<C: ConnectionLike>(
     con: &mut C,
     set: &[&Script],
     pipe: &Pipeline,

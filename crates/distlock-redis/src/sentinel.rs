@@ -18,11 +18,11 @@
 use crate::conn::Con;
 use crate::error::KIND;
 use crate::pubsub::Subscriber;
-use distlock_core::conn::{ConnectionString, Password, TlsFiles};
+use distlock_core::conn::{ConnectionString, Host, Password, TlsFiles};
 use distlock_core::{Error, Result};
 use futures_util::StreamExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::task::AbortHandle;
 
@@ -117,7 +117,7 @@ impl Sentinels {
                     .map_err(|e| crate::error::map(s, e))
             };
             match tokio::time::timeout(self.timeout, ask).await {
-                Ok(Ok(Some((host, port)))) => return Ok(crate::address::host_port(&host, port)),
+                Ok(Ok(Some((host, port)))) => return Ok(Host::new(host, Some(port)).to_string()),
                 Ok(Ok(None)) => why.push(format!("{s}: does not know master `{}`", self.master)),
                 Ok(Err(e)) => {
                     if matches!(e, Error::Auth { .. }) {
@@ -222,12 +222,7 @@ pub(crate) struct Follower {
 
 impl Drop for Follower {
     fn drop(&mut self) {
-        if let Some(h) = self
-            .listener
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        if let Some(h) = crate::lock(&self.listener).take() {
             h.abort();
         }
     }
@@ -257,17 +252,14 @@ impl Follower {
         });
         if listen {
             let task = tokio::spawn(listen_for_switches(Arc::downgrade(&me)));
-            *me.listener.lock().unwrap_or_else(PoisonError::into_inner) = Some(task.abort_handle());
+            *crate::lock(&me.listener) = Some(task.abort_handle());
         }
         me
     }
 
     /// The master's `host:port` the connections go to now.
     pub(crate) fn current(&self) -> String {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        crate::lock(&self.current).clone()
     }
 
     /// A call failed with `e`: start a check if it may mean a failover. Returns the error to
@@ -304,10 +296,7 @@ impl Follower {
     /// Starts a check in a task, unless one runs or one started within [`CHECK_GAP`].
     fn check_soon(self: &Arc<Self>) {
         {
-            let mut last = self
-                .last_check
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut last = crate::lock(&self.last_check);
             if last.is_some_and(|t| t.elapsed() < CHECK_GAP) {
                 return;
             }
@@ -325,29 +314,21 @@ impl Follower {
     /// running one may have asked the sentinels before they switched).
     async fn check(&self, confirm_for: Duration) {
         {
-            let mut p = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut p = crate::lock(&self.pending);
             *p = Some(p.map_or(confirm_for, |d| d.max(confirm_for)));
         }
         if self.checking.swap(true, Ordering::SeqCst) {
             return;
         }
         loop {
-            let next = self
-                .pending
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
+            let next = crate::lock(&self.pending).take();
             match next {
                 Some(confirm_for) => self.run_check(confirm_for).await,
                 None => {
                     self.checking.store(false, Ordering::SeqCst);
                     // A request that came between the take and the store: run it, unless
                     // another caller took over.
-                    let more = self
-                        .pending
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .is_some();
+                    let more = crate::lock(&self.pending).is_some();
                     if !more || self.checking.swap(true, Ordering::SeqCst) {
                         return;
                     }
@@ -386,10 +367,7 @@ impl Follower {
             tracing::debug!(candidate = %at, "the sentinels name a node that is not a master yet");
             return Ok(false);
         }
-        let old = std::mem::replace(
-            &mut *self.current.lock().unwrap_or_else(PoisonError::into_inner),
-            at.clone(),
-        );
+        let old = std::mem::replace(&mut *crate::lock(&self.current), at.clone());
         self.con.switch(client.clone());
         self.subscriber.switch(client, at.clone()).await;
         tracing::info!(master = %self.sentinels.master, from = %old, to = %at, "redis master failed over: following it");

@@ -3,7 +3,7 @@
 
 use crate::node::View;
 use crate::tally::{self, Ballot, Decision};
-use crate::{Shared, KIND};
+use crate::Shared;
 use distlock_core::backend::{AcquireReply, AcquireRequest, AttemptId};
 use distlock_core::{Error, LockKind, Result};
 use distlock_redis::{QuorumReply, QuorumVote};
@@ -109,15 +109,11 @@ impl Shared {
             ?took,
             "redlock grant not confirmed in time"
         );
-        Error::connection(
-            KIND,
-            self.endpoint.clone(),
-            format!(
-                "a majority voted for this attempt on `{name}` but only {confirmed} of the {q} \
+        self.unavailable(format!(
+            "a majority voted for this attempt on `{name}` but only {confirmed} of the {q} \
                  nodes needed confirmed its token with validity left (after {took:?}; slow \
                  nodes?)"
-            ),
-        )
+        ))
     }
 
     /// Node `i`'s ballot from its answer (`None`: none within the node timeout), with what the

@@ -5,11 +5,10 @@
 use crate::node::View;
 use crate::{ops, tally, watch, Shared, KIND};
 use distlock_core::backend::{AcquireRequest, GrantRef, ReleaseWatch, RenewOutcome};
-use distlock_core::{Backend, Error, HolderInfo, LockInfo, LockKind, ReleaseOutcome, Result};
-use distlock_redis::{NodeHold, RedisNode};
+use distlock_core::{Backend, LockInfo, LockKind, ReleaseOutcome, Result};
+use distlock_redis::RedisNode;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -50,17 +49,12 @@ impl Shared {
             .collect()
     }
 
-    pub(crate) async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.quorum_watch(req)
-            .await
-            .map(|w| Box::new(w) as Box<dyn ReleaseWatch>)
-    }
-
     /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
     /// random pause (waiters that do not queue: `wait=retry`).
-    pub(crate) async fn quorum_watch(&self, req: &AcquireRequest) -> Result<watch::QuorumWatch> {
-        self.merged_watch(self.nt(), |b| async move { b.watch(req).await })
-            .await
+    pub(crate) async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        let nt = self.nt();
+        let w = self.merged_watch(nt, |b| async move { b.watch(req).await });
+        Ok(Box::new(w.await?))
     }
 
     /// The queued waiter `req`'s watch on every reachable node: its client's wake channel there,
@@ -88,11 +82,9 @@ impl Shared {
     {
         let watches = self.watches(watch).await;
         if watches.is_empty() {
-            return Err(Error::connection(
-                KIND,
-                self.endpoint.clone(),
-                "could not subscribe to release messages on any redlock node",
-            ));
+            return Err(
+                self.unavailable("could not subscribe to release messages on any redlock node")
+            );
         }
         Ok(watch::QuorumWatch::new(self.n(), watches, max_spread))
     }
@@ -226,7 +218,7 @@ impl Shared {
             .iter()
             .map(|&h| format!("`{}`", holds[h].0.key.name))
             .collect();
-        let err = Error::connection(KIND, self.endpoint.clone(), format!(
+        let err = self.unavailable(format!(
                 "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
                 names.join(", "),
                 self.q(),
@@ -298,7 +290,7 @@ impl Shared {
         if views.len() < q {
             return Err(self.no_quorum(views.len(), &problems));
         }
-        Ok(merge_infos(name, &views, self.n()))
+        Ok(ops::merge(name, &views, self.n(), false))
     }
 
     /// An election leader's numbered proclamation on every node: `Renewed` once a majority
@@ -345,17 +337,13 @@ impl Shared {
         }
         finish_in_background(answers);
         outcome.ok_or_else(|| {
-            Error::connection(
-                KIND,
-                self.endpoint.clone(),
-                format!(
-                    "the proclamation on `{}` was neither confirmed nor refused by a majority \
+            self.unavailable(format!(
+                "the proclamation on `{}` was neither confirmed nor refused by a majority \
                      ({renewed} confirmed, {gone} refused, {q} of {} nodes needed): {}",
-                    grant.key.name,
-                    self.n(),
-                    problems.join("; ")
-                ),
-            )
+                grant.key.name,
+                self.n(),
+                problems.join("; ")
+            ))
         })
     }
 
@@ -367,15 +355,11 @@ impl Shared {
             .await;
         let q = self.q();
         if watches.len() < q {
-            return Err(Error::connection(
-                KIND,
-                self.endpoint.clone(),
-                format!(
-                    "could subscribe to election `{name}` on only {} of {} redlock nodes (need {q})",
-                    watches.len(),
-                    self.n()
-                ),
-            ));
+            return Err(self.unavailable(format!(
+                "could subscribe to election `{name}` on only {} of {} redlock nodes (need {q})",
+                watches.len(),
+                self.n()
+            )));
         }
         Ok(Box::new(watch::ObserveWatch::new(watches, q)))
     }
@@ -462,59 +446,11 @@ async fn rejoin(
     }
 }
 
-/// One node's view of a lock, as [`RedisNode::quorum_hold`] returns it.
-type NodeView = (Option<NodeHold>, u64);
-
-/// One view of a lock from the views of the nodes that answered (of `n`): a holder is an
-/// attempt seen on a majority of nodes, with the lease a majority still has; the token is the
-/// last one handed out as the counters tell ([`tally::last_token`]). An election's leader
-/// (holds that carry a value) advertises the value of the highest proclamation number among
-/// its majority, and the token is the leader's own: the one its holds store on a majority
-/// (at most one token can be), else the largest they store (the quorum's token has not
-/// reached every node yet; the largest is the grant's).
-fn merge_infos(name: &str, infos: &[NodeView], n: usize) -> LockInfo {
-    let q = tally::quorum(n);
-    let mut seen: HashMap<&str, Vec<&NodeHold>> = HashMap::new();
-    for hold in infos.iter().filter_map(|(h, _)| h.as_ref()) {
-        // Foreign data (no attempt) is no holder of ours.
-        if !hold.attempt.is_empty() {
-            seen.entry(&hold.attempt).or_default().push(hold);
-        }
-    }
-    let mut leader_token = None;
-    let mut holders: Vec<HolderInfo> = seen
-        .into_values()
-        .filter(|hs| hs.len() >= q)
-        .map(|hs| {
-            let lease_left = ops::majority_lease(hs.iter().map(|h| h.lease_left).collect(), q);
-            let h = HolderInfo::new(hs[0].owner.clone(), 1).with_lease_left(lease_left);
-            let newest = hs
-                .iter()
-                .filter_map(|h| h.value.as_ref())
-                .max_by_key(|(_, seq)| *seq);
-            match newest {
-                Some((value, _)) => {
-                    let tokens = hs.iter().filter_map(|h| h.token);
-                    leader_token = match tally::plurality(tokens.clone()) {
-                        Some((t, k)) if k >= q => Some(t),
-                        _ => tokens.max(),
-                    };
-                    h.with_value(Some(value.clone()))
-                }
-                None => h,
-            }
-        })
-        .collect();
-    holders.sort_by(|a, b| a.owner.cmp(&b.owner));
-    let counters: Vec<u64> = infos.iter().map(|i| i.1).collect();
-    LockInfo::new(name)
-        .with_holders(holders)
-        .with_fencing_token(leader_token.unwrap_or_else(|| tally::last_token(&counters, n)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_core::HolderInfo;
+    use distlock_redis::NodeHold;
 
     fn holder(owner: &str, ms: u64) -> HolderInfo {
         HolderInfo::new(owner, 1).with_lease_left(Some(Duration::from_millis(ms)))
@@ -522,7 +458,7 @@ mod tests {
 
     #[test]
     fn merged_inspect() {
-        let node = |hold: Option<(&str, &str, u64)>, fence| -> NodeView {
+        let node = |hold: Option<(&str, &str, u64)>, fence| -> (Option<NodeHold>, u64) {
             let hold = hold.map(|(a, o, ms)| {
                 NodeHold::new(a, o, Some(fence), Some(Duration::from_millis(ms)))
             });
@@ -535,11 +471,11 @@ mod tests {
             node(Some(("a1", "x", 300)), 9),
             node(None, 3),
         ];
-        let m = merge_infos("n", &infos, 5);
+        let m = ops::merge("n", &infos, 5, false);
         assert_eq!(m.holders, vec![holder("x", 300)]);
         // The majority's 9, not the 11 of a minority's failed vote.
         assert_eq!(m.fencing_token, 9);
-        let m = merge_infos("n", &infos[2..], 3);
+        let m = ops::merge("n", &infos[2..], 3, false);
         assert!(!m.held());
         // Two attempts of one owner, each on a minority: nobody holds the lock.
         let infos = [
@@ -549,6 +485,6 @@ mod tests {
             node(Some(("a2", "x", 900)), 9),
             node(Some(("", "", 900)), 9),
         ];
-        assert!(!merge_infos("n", &infos, 5).held());
+        assert!(!ops::merge("n", &infos, 5, false).held());
     }
 }

@@ -174,21 +174,22 @@ impl Shared {
         self.health.cfg.node_timeout
     }
 
+    /// A retryable [`Error::Connection`] of the whole Redlock (`message`: what failed).
+    fn unavailable(&self, message: impl Into<String>) -> Error {
+        Error::connection(KIND, self.endpoint.clone(), message.into())
+    }
+
     fn no_quorum(&self, answered: usize, problems: &[String]) -> Error {
-        Error::connection(
-            KIND,
-            self.endpoint.clone(),
-            format!(
-                "only {answered} of {} redlock nodes answered (need {}): {}",
-                self.n(),
-                self.q(),
-                if problems.is_empty() {
-                    "no details".to_owned()
-                } else {
-                    problems.join("; ")
-                }
-            ),
-        )
+        self.unavailable(format!(
+            "only {answered} of {} redlock nodes answered (need {}): {}",
+            self.n(),
+            self.q(),
+            if problems.is_empty() {
+                "no details".to_owned()
+            } else {
+                problems.join("; ")
+            }
+        ))
     }
 
     /// Per-node bound of releases and renewals: they need not fit the node timeout (a grant's

@@ -424,42 +424,23 @@ impl Health {
             .filter_map(|(_, l)| l.as_ref().filter(|l| l.2).map(|l| l.0.clone()))
             .collect();
         let unreachable = looks.iter().filter(|l| l.is_none()).count();
-        let q = self.q();
-        let quarantine = if sources.len() >= q {
-            match self.horizon(&sources, q).await {
-                Ok(horizon) => {
-                    let quarantine = self.lost_data_quarantine(horizon);
-                    tracing::info!(node = %node.endpoint, ?quarantine, "redlock node initialised from a majority's lease horizons; quarantined");
-                    quarantine
-                }
+        let need = match horizons_needed(sources.len(), unreachable, self.q()) {
+            Ok(need) => need,
+            Err(why) => return node.state().last_error = Some(why),
+        };
+        let quarantine = match need {
+            0 => self.fresh_quarantine(info),
+            _ => match self.horizon(&sources, need).await {
+                Ok(horizon) => self.lost_data_quarantine(horizon),
                 Err(e) => {
                     node.state().last_error = Some(format!("initialising failed: {e}"));
                     return;
                 }
-            }
-        } else if sources.len() + unreachable < q {
-            // Fewer than a majority of nodes can be initialised: no grant was ever confirmed by
-            // a majority (a new cluster, or one whose start was interrupted), or a majority
-            // lost its data, which no scheme survives for locks held at that moment. The
-            // horizons of the initialised nodes, if any; else until the process is old enough.
-            if sources.is_empty() {
-                self.fresh_quarantine(info)
-            } else {
-                match self.horizon(&sources, sources.len()).await {
-                    Ok(horizon) => self.lost_data_quarantine(horizon),
-                    Err(e) => {
-                        node.state().last_error = Some(format!("initialising failed: {e}"));
-                        return;
-                    }
-                }
-            }
-        } else {
-            node.state().last_error = Some(format!(
-                "{} of the other nodes are initialised, {q} needed to initialise this one; {unreachable} unreachable",
-                sources.len()
-            ));
-            return;
+            },
         };
+        if need >= self.q() {
+            tracing::info!(node = %node.endpoint, ?quarantine, "redlock node initialised from a majority's lease horizons; quarantined");
+        }
         self.adopt_new_epoch(i, &me, info, quarantine).await;
     }
 
@@ -551,6 +532,29 @@ impl Health {
     }
 }
 
+/// How many of the `sources` (the other nodes with a valid epoch; `unreachable` nodes could
+/// not be asked, majority `q`) must tell their lease horizon to initialise a node: a majority,
+/// when a majority of other nodes is initialised; all of them when fewer than a majority of
+/// nodes can be initialised — no grant was ever confirmed by a majority (a new cluster, or one
+/// whose start was interrupted), or a majority lost its data, which no scheme survives for
+/// locks held at that moment — and 0 (none: the node is quarantined until its process is old
+/// enough) when there are none. Else not now (the reason).
+fn horizons_needed(
+    sources: usize,
+    unreachable: usize,
+    q: usize,
+) -> std::result::Result<usize, String> {
+    if sources >= q {
+        Ok(q)
+    } else if sources + unreachable < q {
+        Ok(sources)
+    } else {
+        Err(format!(
+            "{sources} of the other nodes are initialised, {q} needed to initialise this one; {unreachable} unreachable"
+        ))
+    }
+}
+
 /// The per-node check loop; ends when `stop` fires (when the backend is dropped).
 pub(crate) async fn node_task(h: Arc<Health>, i: usize, stop: CancellationToken) {
     let interval = h.cfg.check_interval;
@@ -568,5 +572,24 @@ pub(crate) async fn node_task(h: Arc<Health>, i: usize, stop: CancellationToken)
             _ = tokio::time::sleep(interval.saturating_sub(MIN_CHECK_GAP)) => {}
             _ = h.nodes[i].check_now.notified() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn horizons_needed_to_initialise() {
+        // A majority of the others initialised: a majority of their horizons.
+        assert_eq!(horizons_needed(3, 0, 3), Ok(3));
+        assert_eq!(horizons_needed(4, 0, 3), Ok(3));
+        // Fewer than a majority can be initialised: all the initialised ones, or none.
+        assert_eq!(horizons_needed(1, 1, 3), Ok(1));
+        assert_eq!(horizons_needed(0, 0, 3), Ok(0));
+        // A majority may be initialised among the unreachable: not now.
+        assert!(horizons_needed(1, 2, 3)
+            .unwrap_err()
+            .contains("1 of the other nodes"));
     }
 }

@@ -9,10 +9,9 @@
 
 use crate::node::epoch_quarantine_end;
 use crate::tally;
-use crate::{Shared, KIND};
+use crate::Shared;
 use distlock_core::{
-    Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result,
-    Severity,
+    Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result, Severity,
 };
 use distlock_redis::{NodeHold, RedisNode};
 use futures_util::future::join_all;
@@ -97,11 +96,21 @@ pub(crate) fn majority_lease(mut leases: Vec<Option<Duration>>, q: usize) -> Opt
     leases.get(q.checked_sub(1)?).copied().flatten()
 }
 
-/// One view of a lock from the nodes' holds (`n` nodes, majority `q`): holders are the
-/// attempts a majority has, each with its agreement; the token is the one a majority of those
-/// nodes stored with the hold, else (a free lock, or a hold whose token did not reach a
+/// One view of a lock from the holds of the nodes that answered (of `n`): a holder is an
+/// attempt a majority has, with the lease a majority still has (`labelled`: its owner says how
+/// many nodes agree, see [`agreement`]). An election's leader (holds that carry a value)
+/// advertises the value of the highest proclamation number among its majority. The token is
+/// the one a majority of the holder's nodes stored with the hold (at most one token can be);
+/// else a leader's largest stored (the quorum's token has not reached every node yet; the
+/// largest is the grant's); else (a free lock, or a lock hold whose token did not reach a
 /// majority) the last one handed out as the counters tell ([`tally::last_token`]).
-fn merge(name: &str, views: &[(Option<NodeHold>, u64)], n: usize, q: usize) -> LockInfo {
+pub(crate) fn merge(
+    name: &str,
+    views: &[(Option<NodeHold>, u64)],
+    n: usize,
+    labelled: bool,
+) -> LockInfo {
+    let q = tally::quorum(n);
     let mut by_attempt: BTreeMap<&str, Vec<&NodeHold>> = BTreeMap::new();
     for h in views.iter().filter_map(|(h, _)| h.as_ref()) {
         // Foreign data (no attempt) is no holder of ours.
@@ -112,16 +121,21 @@ fn merge(name: &str, views: &[(Option<NodeHold>, u64)], n: usize, q: usize) -> L
     let mut token = None;
     let mut holders = Vec::new();
     for hs in by_attempt.values().filter(|hs| hs.len() >= q) {
-        let mut tokens: BTreeMap<u64, usize> = BTreeMap::new();
-        for t in hs.iter().filter_map(|h| h.token) {
-            *tokens.entry(t).or_default() += 1;
-        }
-        token = tokens.into_iter().find(|(_, k)| *k >= q).map(|(t, _)| t);
+        let tokens = hs.iter().filter_map(|h| h.token);
+        let newest = (hs.iter().filter_map(|h| h.value.as_ref())).max_by_key(|(_, seq)| *seq);
+        token = match tally::plurality(tokens.clone()) {
+            Some((t, k)) if k >= q => Some(t),
+            _ => newest.and(tokens.max()),
+        };
         let lease_left = majority_lease(hs.iter().map(|h| h.lease_left).collect(), q);
-        holders.push(
-            HolderInfo::new(agreement(&hs[0].owner, hs.len(), n), 1).with_lease_left(lease_left),
-        );
+        let owner = match labelled {
+            true => agreement(&hs[0].owner, hs.len(), n),
+            false => hs[0].owner.clone(),
+        };
+        let holder = HolderInfo::new(owner, 1).with_lease_left(lease_left);
+        holders.push(holder.with_value(newest.map(|(value, _)| value.clone())));
     }
+    holders.sort_by(|a, b| a.owner.cmp(&b.owner));
     // Redlock keeps no server-side queue (waiters poll and watch): no waiter count.
     LockInfo::new(name)
         .with_holders(holders)
@@ -187,7 +201,7 @@ pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
             if views.len() < q {
                 return Err(s.no_quorum(views.len(), &problems));
             }
-            Ok(ListedLock::new(kind, merge(name, &views, n, q)))
+            Ok(ListedLock::new(kind, merge(name, &views, n, true)))
         })
         .buffered(LIST_CONCURRENCY)
         .try_collect()
@@ -234,7 +248,7 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
         }
     }
     if done < q {
-        return Err(Error::connection(KIND, s.endpoint.clone(), format!(
+        return Err(s.unavailable(format!(
                 "forced release of `{name}` done on only {done} of {n} nodes (need {q}): {}; the holds removed there stay removed, run it again when a majority answers",
                 problems.join("; ")
             )
@@ -423,20 +437,20 @@ mod tests {
             (hold("a1", "x", 7, 500), 7),
             (hold("a1", "x", 5, 800), 9),
         ];
-        let m = merge("n", &views, 3, 2);
+        let m = merge("n", &views, 3, true);
         assert_eq!(m.holders.len(), 1);
         assert_eq!(m.holders[0].owner, "x");
         assert_eq!(m.holders[0].lease_left, Some(Duration::from_millis(800)));
         // The majority's token, not the largest counter.
         assert_eq!(m.fencing_token, 7);
-        let m = merge("n", &views[1..], 3, 2);
+        let m = merge("n", &views[1..], 3, true);
         assert_eq!(m.holders[0].owner, "x (on 2 of 3 nodes)");
         // No majority agrees on a token: the largest counter.
         assert_eq!(m.fencing_token, 9);
         // A minority hold is no holder, and its 7 was never handed out (a grant leaves a
         // majority at or above its token).
         let views = [(hold("a1", "x", 7, 900), 7), (None, 3), (None, 4)];
-        let m = merge("n", &views, 3, 2);
+        let m = merge("n", &views, 3, true);
         assert!(!m.held());
         assert_eq!(m.fencing_token, 4);
     }

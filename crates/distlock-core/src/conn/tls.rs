@@ -224,14 +224,17 @@ impl TlsErrorKind {
 
 /// The rustls error in `e` or its chain of sources (feature `rustls`), when there is one:
 /// tokio-rustls hands it over wrapped in an [`std::io::Error`], whose `source()` skips it, so
-/// those are opened too.
+/// those are opened too, also inside an `Arc<dyn Error + Send + Sync>` (as redis-rs keeps it).
 ///
 /// ```
 /// use distlock_core::conn::rustls_error;
+/// use std::sync::Arc;
 ///
 /// let alert = rustls::Error::AlertReceived(rustls::AlertDescription::UnknownCA);
-/// let io = std::io::Error::new(std::io::ErrorKind::InvalidData, alert.clone());
-/// assert_eq!(rustls_error(&io), Some(alert));
+/// let io = || std::io::Error::new(std::io::ErrorKind::InvalidData, alert.clone());
+/// assert_eq!(rustls_error(&io()), Some(alert.clone()));
+/// let kept: Arc<dyn std::error::Error + Send + Sync> = Arc::new(io());
+/// assert_eq!(rustls_error(&kept), Some(alert));
 /// assert_eq!(rustls_error(&std::io::Error::other("no TLS here")), None);
 /// ```
 #[cfg(feature = "rustls")]
@@ -240,11 +243,14 @@ pub fn rustls_error(e: &(dyn std::error::Error + 'static)) -> Option<rustls::Err
     // A bound, should a chain ever loop.
     for _ in 0..16 {
         let err = cur?;
-        let wrapped = err
+        let inner: &(dyn std::error::Error + 'static) = err
+            .downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>()
+            .map_or(err, |arc| arc.as_ref());
+        let wrapped = inner
             .downcast_ref::<std::io::Error>()
             .and_then(|io| io.get_ref())
             .and_then(|i| i.downcast_ref::<rustls::Error>());
-        if let Some(r) = err.downcast_ref::<rustls::Error>().or(wrapped) {
+        if let Some(r) = inner.downcast_ref::<rustls::Error>().or(wrapped) {
             return Some(r.clone());
         }
         cur = err.source();

@@ -363,7 +363,7 @@ pub(crate) async fn acquire(
     };
     let sent = b.unanswered.sent(&req.attempt);
     let (v, acked) = b
-        .eval_acquire_in(&SCRIPTS.all(), &cmd)
+        .eval_acquire(&SCRIPTS.all(), &cmd)
         .await
         .map_err(|e| on_key(l, name, e))?;
     sent.answered();
@@ -449,7 +449,7 @@ pub(crate) async fn watch(
     match l.dialect {
         Dialect::Redisson => {
             b.subscriber
-                .watch(Layout::channel(&req.key.name), None, &req.attempt)
+                .watch(Layout::channel(&req.key.name), &req.attempt)
                 .await
         }
         Dialect::PythonRedisLock => Ok(Box::new(signal::SignalWatch::start(
@@ -511,8 +511,7 @@ pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<
     if l.dialect == Dialect::Redisson {
         pipe.cmd("HGETALL").arg(l.names_key(name)?);
     }
-    let mut con = b.con.get();
-    let mut vals: Vec<Value> = pipe.query_async(&mut con).await.map_err(|e| b.err(e))?;
+    let mut vals: Vec<Value> = b.query_pipe(&pipe).await?;
     if vals.len() == 3 {
         vals.push(Value::Array(Vec::new()));
     }
@@ -570,7 +569,7 @@ pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<V
         Dialect::PythonRedisLock => (format!("lock:{escaped}*"), "string"),
     };
     let mut keys = Vec::new();
-    crate::ops::scan_typed(b, &pattern, Some(kind), |batch| keys.extend(batch)).await?;
+    crate::ops::scan(b, &pattern, Some(kind), |batch| keys.extend(batch)).await?;
     keys.sort();
     let mut out = Vec::new();
     for key in keys {
@@ -586,12 +585,7 @@ pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<V
             continue;
         }
         if l.dialect == Dialect::Redisson {
-            let mut con = b.con.get();
-            let fields: Vec<(String, String)> = redis::cmd("HGETALL")
-                .arg(&key)
-                .query_async(&mut con)
-                .await
-                .map_err(|e| b.err(e))?;
+            let fields: Vec<(String, String)> = b.query(redis::cmd("HGETALL").arg(&key)).await?;
             if !redisson_like(&fields) {
                 continue;
             }

@@ -45,7 +45,7 @@
 use crate::error::shape;
 use crate::scripts::{self, Script};
 use crate::RedisBackend;
-use crate::{family, int, lease_ms, Family};
+use crate::{family, int, lease_ms};
 use distlock_core::backend::{
     AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey, ReleaseWatch, RenewOutcome,
 };
@@ -150,6 +150,13 @@ struct QuorumKeys {
 /// One Redis server as a Redlock node: its connection, scripts and subscriber (those of a
 /// [`RedisBackend`], whose operator commands it shares) and the per-node lock protocol above,
 /// each step one round trip. `distlock-redlock` is built from these; the quorum logic is there.
+///
+/// # Errors
+/// Every step that reaches the node: [`Error::Connection`] if the node cannot be reached or
+/// does not answer within the operation timeout; [`Error::Auth`] if the ACL user may not run
+/// it; [`Error::Unsupported`] for a lock kind other than the mutex and the election (other
+/// than the election, for [`proclaim`](Self::proclaim)); [`Error::UnexpectedReply`] for a reply
+/// of another shape, or the lock's keys (a counter) holding data of another shape.
 pub struct RedisNode {
     b: RedisBackend,
     /// `NS:redlock:epoch` and `NS:redlock:horizon`: see the module docs.
@@ -181,11 +188,6 @@ impl RedisNode {
         &self.b
     }
 
-    /// The key prefix of this node's locks.
-    pub fn namespace(&self) -> &str {
-        &self.b.namespace
-    }
-
     /// A watch for a Redlock waiter that does not queue (`wait=retry`) on this node: the
     /// lock's channel, where a release with nobody queued says `r`; unsubscribed when the last
     /// waiter of this client on it goes.
@@ -193,11 +195,10 @@ impl RedisNode {
     /// # Errors
     /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
     pub async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let channel = match family(req.key.kind)? {
-            Family::Mutex { election, .. } => self.b.mutex_channel(&req.key.name, election),
-            _ => self.b.channel(&req.key.name),
-        };
-        self.b.subscriber.watch(channel, None, &req.attempt).await
+        let channel = self
+            .b
+            .release_channel(&req.key.name, &family(req.key.kind)?);
+        self.b.subscriber.watch(channel, &req.attempt).await
     }
 
     /// A watch for the queued Redlock waiter `attempt` on this node: its client's wake channel,
@@ -263,10 +264,8 @@ impl RedisNode {
         keys: &[&str],
         args: &[&str],
     ) -> Result<(Value, bool)> {
-        let mut con = self.b.con.get();
-        scripts::eval(&mut con, &quorum_scripts().all(), &script.cmd(keys, args))
-            .await
-            .map_err(|e| self.b.err(e))
+        let cmd = script.cmd(keys, args);
+        self.b.eval_in(&quorum_scripts().all(), &cmd).await
     }
 
     /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
@@ -286,12 +285,6 @@ impl RedisNode {
     /// refreshing drops out), naming this client's wake channel, where the node tells it its
     /// turn (arm [`wake_watch`](Self::wake_watch) first). The entry is removed by the
     /// attempt's release or give-up, never by its grant (a round that fails keeps the place).
-    ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
-    /// [`Error::Unsupported`] for a lock kind other than the mutex and the election;
-    /// [`Error::UnexpectedReply`] if the lock's keys hold data of another shape.
     ///
     /// # Cancel safety
     /// A vote dropped after it was sent may still run on the node and grant the hold; it is
@@ -356,12 +349,6 @@ impl RedisNode {
     /// attempt does not hold the lock here (nothing changed). An election's observers are told
     /// when the hold's token changed.
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
-    /// [`Error::Unsupported`] for a kind other than the mutex and the election;
-    /// [`Error::UnexpectedReply`] for a reply of another shape.
-    ///
     /// # Cancel safety
     /// Dropping it may leave the counter raised or not; it only ever raises, so calling it
     /// again has the effect of one call.
@@ -399,12 +386,6 @@ impl RedisNode {
     /// another attempt holds it; `Err(stored)` if this attempt holds it here with another
     /// token (nothing changed).
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
-    /// [`Error::Unsupported`] for a kind other than the mutex and the election;
-    /// [`Error::UnexpectedReply`] for a reply of another shape.
-    ///
     /// # Cancel safety
     /// Dropping it may leave the hold removed or not; calling it again has the effect of one
     /// call (it touches only `attempt`'s hold and queue entry).
@@ -423,9 +404,6 @@ impl RedisNode {
     /// woken if it is another attempt and the lock is free here afterwards. Outcomes as
     /// [`RedisNode::release`] with no token.
     ///
-    /// # Errors
-    /// As [`RedisNode::release`].
-    ///
     /// # Cancel safety
     /// As [`RedisNode::release`].
     pub async fn give_back(
@@ -442,9 +420,6 @@ impl RedisNode {
     /// vote of the attempt is still unanswered here, its end record is set first (same round
     /// trip): no vote of it holds or queues here afterwards (as with `release`).
     /// Outcomes as [`RedisNode::release`] with no token.
-    ///
-    /// # Errors
-    /// As [`RedisNode::release`].
     ///
     /// # Cancel safety
     /// As [`RedisNode::release`].
@@ -492,11 +467,6 @@ impl RedisNode {
     /// hold of the attempt under another token: the quorum's token has not reached this node
     /// yet; nothing is changed there).
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Unsupported`] for a kind other than the election;
-    /// [`Error::UnexpectedReply`] for a reply of another shape.
-    ///
     /// # Cancel safety
     /// Dropping it may leave the value stored or not; a retry with the same `seq` has the
     /// effect of one call.
@@ -528,12 +498,6 @@ impl RedisNode {
     /// attempt holds it here with another token (nothing changed). Each grant is checked on
     /// its own: a stale one is answered and left untouched, the others are renewed.
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it;
-    /// [`Error::Unsupported`] for a lock kind other than the mutex and the election;
-    /// [`Error::UnexpectedReply`] for a reply of another shape.
-    ///
     /// # Cancel safety
     /// Dropping it may leave some leases extended; a renewal never shortens a lease, so
     /// calling it again has the effect of one call.
@@ -554,7 +518,7 @@ impl RedisNode {
             for (g, lease) in chunk {
                 Self::check_kind(g.key.kind)?;
                 let election = g.key.kind == LockKind::Election;
-                keys.push(self.b.key(&g.key.name, RedisBackend::base(election)));
+                keys.push(self.b.key_of(&g.key.name, &[RedisBackend::base(election)]));
                 args.push(g.attempt.as_str().to_owned());
                 args.push(g.token.to_string());
                 args.push(lease_ms(*lease));
@@ -563,10 +527,7 @@ impl RedisNode {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             pipe.add_command(s.renew.cmd(&keys, &args));
         }
-        let mut con = self.b.con.get();
-        let vals = scripts::eval_pipe(&mut con, &s.all(), &pipe)
-            .await
-            .map_err(|e| self.b.err(e))?;
+        let vals = self.b.eval_pipe(&s.all(), &pipe).await?;
         if vals.len() != holds.len().div_ceil(crate::renew::PER_SCRIPT) {
             return Err(unexpected(format!(
                 "quorum renew: {} replies to {} scripts",
@@ -586,27 +547,15 @@ impl RedisNode {
     /// token stored with it (and an election's value and proclamation number), and the node's
     /// fencing counter. One round trip.
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached, [`Error::Unsupported`] for a kind
-    /// other than the mutex and the election, [`Error::UnexpectedReply`] if the lock's keys
-    /// hold data of another type.
-    ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn hold(&self, name: &str, kind: LockKind) -> Result<(Option<NodeHold>, u64)> {
         let k = self.quorum_keys(name, kind)?;
         let (lock, election) = (k.lock, k.observe.is_some());
-        let mut con = self.b.con.get();
-        let (fields, pttl, fence): (Value, i64, Option<String>) = redis::pipe()
-            .cmd("HGETALL")
-            .arg(&lock)
-            .cmd("PTTL")
-            .arg(&lock)
-            .cmd("GET")
-            .arg(&k.fence)
-            .query_async(&mut con)
-            .await
-            .map_err(|e| self.b.err(e))?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL").arg(&lock).cmd("PTTL").arg(&lock);
+        let (fields, pttl, fence): (Value, i64, Option<String>) =
+            self.b.query_pipe(pipe.cmd("GET").arg(&k.fence)).await?;
         let fields: Vec<(String, String)> = redis::from_redis_value(fields.clone())
             .map_err(|_| shape("inspect holders", &fields))?;
         let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
@@ -624,46 +573,19 @@ impl RedisNode {
         Ok((hold, self.b.counter(name, fence)?))
     }
 
-    /// This node's fencing counter of `name` (0 if none was ever issued).
-    ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] if the counter is not a number.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn read_fence(&self, name: &str) -> Result<u64> {
-        let mut con = self.b.con.get();
-        let v: Option<String> = redis::cmd("GET")
-            .arg(self.b.fence_key(name))
-            .query_async(&mut con)
-            .await
-            .map_err(|e| self.b.err(e))?;
-        self.b.counter(name, v)
-    }
-
     /// The server's run id, uptime and clock, and the node epoch if it exists, in one round
     /// trip.
-    ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] if `INFO server` or `TIME` is
-    /// not as expected.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn node_epoch(&self) -> Result<(ServerInfo, Option<String>)> {
-        let mut con = self.b.con.get();
+        let mut pipe = redis::pipe();
+        pipe.cmd("INFO")
+            .arg("server")
+            .cmd("GET")
+            .arg(&self.epoch_key);
         let (text, epoch, (secs, micros)): (String, Option<String>, (String, String)) =
-            redis::pipe()
-                .cmd("INFO")
-                .arg("server")
-                .cmd("GET")
-                .arg(&self.epoch_key)
-                .cmd("TIME")
-                .query_async(&mut con)
-                .await
-                .map_err(|e| self.b.err(e))?;
+            self.b.query_pipe(pipe.cmd("TIME")).await?;
         let now_ms = time_ms(&secs, &micros)
             .ok_or_else(|| unexpected(format!("TIME answered `{secs} {micros}`")))?;
         Ok((parse_info(&text, now_ms)?, epoch))
@@ -672,19 +594,13 @@ impl RedisNode {
     /// How much longer the longest lease granted or renewed on this node may still run
     /// (`None`: none may).
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it.
-    ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn lease_horizon(&self) -> Result<Option<Duration>> {
-        let mut con = self.b.con.get();
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&self.horizon_key)
-            .query_async(&mut con)
-            .await
-            .map_err(|e| self.b.err(e))?;
+        let pttl = self
+            .b
+            .query(redis::cmd("PTTL").arg(&self.horizon_key))
+            .await?;
         Ok(positive_ms(pttl))
     }
 
@@ -694,10 +610,6 @@ impl RedisNode {
     /// have lost writes since, is not vouched for).
     /// Returns `Ok((epoch, server time in ms))` with the epoch now in place (ours or an earlier
     /// one), or `Err(run_id)` with the run id the server has now.
-    ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::UnexpectedReply`] for a reply of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave the epoch created; calling it again returns the epoch in place
@@ -742,10 +654,6 @@ impl RedisNode {
     /// Deletes the node epoch if it still has `value` (its process restarted since it was
     /// created, so it must be initialised again).
     ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it.
-    ///
     /// # Cancel safety
     /// Dropping it may leave the epoch deleted or not; calling it again has the effect of
     /// one call (it deletes only the epoch with `value`).
@@ -760,12 +668,6 @@ impl RedisNode {
     /// election's counter of `name`) to at least the given values (never lowers one), each
     /// living [`FENCE_MARGIN`](crate::FENCE_MARGIN) from now; a forced release raises every
     /// node past every token it saw. Returns how many were raised.
-    ///
-    /// # Errors
-    /// [`Error::Connection`] if the node cannot be reached or does not answer within the
-    /// operation timeout; [`Error::Auth`] if the ACL user may not run it; [`Error::Unsupported`]
-    /// for a kind other than the mutex and the election; [`Error::UnexpectedReply`] for a reply
-    /// of another shape.
     ///
     /// # Cancel safety
     /// Dropping it may leave some batches raised; it only ever raises a counter, so calling it
