@@ -141,7 +141,7 @@ pub(crate) fn force_release(inner: &Inner, name: &str, kind: LockKind) -> Result
             return Err(inner.io_error(format!("cannot open lock file {}", path.display()), e))
         }
     };
-    let free = inner.probe(&file, sys::Mode::Exclusive, &path)?;
+    let free = inner.try_flock(&file, sys::Mode::Exclusive, &path)?;
     if !free {
         let holders = peek_record(&path)
             .and_then(|r| r.holder)

@@ -217,9 +217,7 @@ impl Inner {
                 Some(f) => f,
                 None => {
                     let file = self.open_rw(&path)?;
-                    let got = sys::try_lock(&file, sys::Mode::Exclusive)
-                        .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
-                    if !got {
+                    if !self.try_flock(&file, sys::Mode::Exclusive, &path)? {
                         if arm && !entry.kernel_waiting {
                             // Wait on this very descriptor.
                             self.arm(f, entry, &key.name, file)?;
@@ -266,12 +264,7 @@ impl Inner {
                 }
             };
         }
-        Err(self.io_error(
-            format!("cannot lock {}", path.display()),
-            io::Error::other(
-                "the lock file was deleted or replaced three times while locking it; is something removing files in the lock directory?",
-            ),
-        ))
+        Err(self.replaced_too_often(&path))
     }
 
     /// Under the exclusive lock: next fencing token, written with the holder line (and an
@@ -432,7 +425,7 @@ impl Inner {
         let Some(file) = self.open_existing(&path)? else {
             return Ok(Some(LockInfo::new(name)));
         };
-        let free = self.probe(&file, sys::Mode::Shared, &path)?;
+        let free = self.try_flock(&file, sys::Mode::Shared, &path)?;
         let rec = self.read_record(&file, &path);
         if free {
             // Writers hold the exclusive lock, so under our shared lock the record is whole.
