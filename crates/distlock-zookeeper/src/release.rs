@@ -106,10 +106,8 @@ impl Inner {
             };
             let mut w = sess.zk.new_multi_writer();
             let fence = fence.to_string();
-            if let Err(err) = w.add_set_data(&g.dir, fence.as_bytes(), dir_version) {
-                return Ok(Err(err));
-            }
-            if let Err(err) = w.add_delete(&g.path, version) {
+            let added = w.add_set_data(&g.dir, fence.as_bytes(), dir_version);
+            if let Err(err) = added.and_then(|()| w.add_delete(&g.path, version)) {
                 return Ok(Err(err));
             }
             match self.commit("releasing the lock node", w).await? {
