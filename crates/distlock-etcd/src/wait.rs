@@ -400,22 +400,16 @@ impl ReleaseWatch for QueueWatch {
 }
 
 impl EtcdBackend {
-    /// A subscription to the releases of `req`'s lock, confirmed by the server (`Backend::watch`).
-    pub(crate) async fn watch_queue(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.watch_prefix(self.keys_of(&req.key).queue, false).await
-    }
-
-    /// A subscription to the changes of election `name` (`Backend::observe`): every put and
-    /// delete under its candidate prefix — a new candidate, a proclamation, a lease move, a
-    /// resignation or expiry. Metadata keys change only together with their candidate key
-    /// (one transaction), so the prefix alone sees every change an observer reads.
-    pub(crate) async fn observe_election(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        self.watch_prefix(self.election_prefix(name), true).await
-    }
-
-    /// A watch on every key under `prefix`, confirmed by the server: deletions only, or with
-    /// `puts` every change.
-    async fn watch_prefix(&self, prefix: Vec<u8>, puts: bool) -> Result<Box<dyn ReleaseWatch>> {
+    /// A watch on every key under `prefix`, confirmed by the server: deletions only (a
+    /// lock's releases, `Backend::watch`), or with `puts` every change (`Backend::observe`:
+    /// a new candidate, a proclamation, a lease move, a resignation or expiry; metadata keys
+    /// change only together with their candidate key, in one transaction, so the candidate
+    /// prefix alone sees every change an observer reads).
+    pub(crate) async fn watch_prefix(
+        &self,
+        prefix: Vec<u8>,
+        puts: bool,
+    ) -> Result<Box<dyn ReleaseWatch>> {
         let mut opts = WatchOptions::new().with_prefix();
         if !puts {
             opts = opts.with_filters([WatchFilterType::NoPut]);
