@@ -134,8 +134,12 @@ impl LockGuard {
     /// the latest promise the server confirmed (send time of the request + its lease − drift),
     /// on the lease clock. It moves on with every confirmed renewal. Use it to stop work in
     /// time, e.g. to stop a child process before anyone else could be granted the lock.
+    ///
+    /// Once the session holding the lock ended ([`LostReason::SessionEnded`]), it is the send
+    /// time of the last request the server confirmed: the server frees a session's locks when
+    /// the session ends, which may be before the client hears of it.
     pub fn lease_deadline(&self) -> crate::clock::Instant {
-        self.hold.state().deadline
+        self.hold.state().deadline_after(&self.hold.lost)
     }
 
     /// How long the confirmed lease has left (zero once it ran out): see

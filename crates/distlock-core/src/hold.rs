@@ -58,12 +58,29 @@ pub(crate) struct HoldState {
     /// minus the drift margin. Backends never shorten a lease, so each confirmed request
     /// promises at least that much and the latest promise holds.
     pub(crate) deadline: Instant,
+    /// The send time of the latest request the server confirmed: the lock was held on the
+    /// server at least until then. What a hold whose session ended can still vouch for (see
+    /// [`HoldState::deadline_after`]).
+    pub(crate) confirmed_at: Instant,
 }
 
 impl HoldState {
     /// Records a request sent at `sent` that the server confirmed with lease `lease`.
     pub(crate) fn confirmed(&mut self, sent: Instant, lease: Duration) {
         self.deadline = self.deadline.max(lease_deadline(sent, lease));
+        self.confirmed_at = self.confirmed_at.max(sent);
+    }
+
+    /// The lease deadline once the lock's fate is `lost` says: unchanged while held, and for
+    /// a lock whose session ended the send time of the last confirmed request. A session
+    /// lock (an SQL connection's, a ZooKeeper session's) is freed by the server when the
+    /// session ends, which may be any time after that request and before the client hears
+    /// of it; its lease promised nothing past the session.
+    pub(crate) fn deadline_after(&self, lost: &LostSignal) -> Instant {
+        match lost.reason_fired() {
+            Some(LostReason::SessionEnded(_)) => self.deadline.min(self.confirmed_at),
+            _ => self.deadline,
+        }
     }
 }
 
@@ -214,6 +231,7 @@ impl Shared {
             guards: 1,
             watchdog_guards: u32::from(watchdog),
             deadline: lease_deadline(requested_at, lease),
+            confirmed_at: requested_at,
         };
         lost.set_deadline(Some(state.deadline));
         let hold = Arc::new(Hold {

@@ -79,6 +79,11 @@ impl LostSignal {
         *self.deadline_slot() = deadline;
     }
 
+    /// The reason it fired with, if it has (not checked against the lease's end).
+    pub(crate) fn reason_fired(&self) -> Option<&LostReason> {
+        self.inner.reason.get()
+    }
+
     fn deadline(&self) -> Option<Instant> {
         *self.deadline_slot()
     }

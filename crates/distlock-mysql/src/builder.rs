@@ -235,7 +235,8 @@ impl MysqlSettings {
     };
 
     /// Every setting resolved: the driver's options with the credentials and the TLS settings
-    /// (as the connector), the endpoint, the mode and the namespace.
+    /// (as the connector), the endpoint, the mode and the namespace (if the URL or the builder
+    /// sets one).
     pub(crate) fn resolve(s: &Settings<Self>) -> Result<(Connector, Parsed)> {
         let x = &s.settings;
         let mut p = parsed(&s.url, x)?;
@@ -270,12 +271,8 @@ impl MysqlSettings {
             tls = Some(t);
         }
         p.mode = x.mode.unwrap_or(p.mode);
-        p.namespace = Some(
-            x.namespace
-                .clone()
-                .or(p.namespace)
-                .unwrap_or_else(|| s.opts.get_namespace().to_owned()),
-        );
+        // Else the client options' (when the backend opens).
+        p.namespace = x.namespace.clone().or(p.namespace);
         Ok((connector(base, tls)?, p))
     }
 }
@@ -329,7 +326,7 @@ impl Connect for MysqlSettings {
     /// Connects as [`MysqlBackend::connect`] does.
     async fn connect(settings: Settings<Self>) -> Result<MysqlBackend> {
         let (connector, p) = MysqlSettings::resolve(&settings)?;
-        let namespace = p.namespace.unwrap_or_default();
+        let namespace = (p.namespace).unwrap_or_else(|| settings.opts.get_namespace().to_owned());
         MysqlBackend::start(connector, p.endpoint, p.mode, namespace, &settings.opts).await
     }
 }

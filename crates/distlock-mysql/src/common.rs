@@ -5,8 +5,8 @@ use distlock_core::backend::Capabilities;
 use distlock_core::{HolderInfo, LockKind, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
-use mysql_async::prelude::{FromValue, Queryable};
-use mysql_async::{Conn, Row};
+use mysql_async::prelude::{FromRow, FromValue, Queryable, StatementLike};
+use mysql_async::{Conn, Params, Row};
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,7 +33,8 @@ pub(crate) fn next_token(last: &str) -> String {
 pub(crate) enum Call<T> {
     Ok(T),
     Err(mysql_async::Error),
-    Timeout,
+    /// No answer within this limit.
+    Timeout(Duration),
 }
 
 /// How connections are opened: the driver's options, and for `ssl-mode=PREFERRED` the same
@@ -172,27 +173,7 @@ impl Common {
         &self,
         f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
     ) -> Call<T> {
-        match tokio::time::timeout(self.slow_limit(), f).await {
-            Ok(Ok(v)) => Call::Ok(v),
-            Ok(Err(e)) => Call::Err(e),
-            Err(_) => Call::Timeout,
-        }
-    }
-
-    /// Turns a slow call's end into a result.
-    pub(crate) fn slow_result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
-        match c {
-            Call::Timeout => Err(timeout(&self.endpoint, what, self.slow_limit())),
-            other => self.result(what, other),
-        }
-    }
-
-    /// The error of a slow call that did not succeed.
-    pub(crate) fn slow_error<T>(&self, what: &str, c: Call<T>) -> distlock_core::Error {
-        match c {
-            Call::Timeout => timeout(&self.endpoint, what, self.slow_limit()),
-            other => self.error(what, other),
-        }
+        within(self.slow_limit(), f).await
     }
 
     /// Runs one driver call with the per-call timeout.
@@ -200,19 +181,14 @@ impl Common {
         &self,
         f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
     ) -> Call<T> {
-        match tokio::time::timeout(self.op_timeout, f).await {
-            Ok(Ok(v)) => Call::Ok(v),
-            Ok(Err(e)) => Call::Err(e),
-            Err(_) => Call::Timeout,
-        }
+        within(self.op_timeout, f).await
     }
 
     /// Turns a call's end into a result.
     pub(crate) fn result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
         match c {
             Call::Ok(v) => Ok(v),
-            Call::Err(e) => Err(map(&self.endpoint, e)),
-            Call::Timeout => Err(timeout(&self.endpoint, what, self.op_timeout)),
+            other => Err(self.error(what, other)),
         }
     }
 
@@ -221,7 +197,7 @@ impl Common {
         match c {
             Call::Ok(_) => crate::error::shape(what, "a success where a failure was expected"),
             Call::Err(e) => map(&self.endpoint, e),
-            Call::Timeout => timeout(&self.endpoint, what, self.op_timeout),
+            Call::Timeout(limit) => timeout(&self.endpoint, what, limit),
         }
     }
 
@@ -230,7 +206,7 @@ impl Common {
         match c {
             Call::Ok(_) => true,
             Call::Err(e) => !conn_dead(e) && matches!(e, mysql_async::Error::Server(_)),
-            Call::Timeout => false,
+            Call::Timeout(_) => false,
         }
     }
 
@@ -250,35 +226,62 @@ impl Common {
         self.result(what, c)
     }
 
+    /// Runs one statement with `params` on a pooled connection: its first row.
+    pub(crate) async fn first<T, S, P>(&self, what: &str, sql: S, params: P) -> Result<Option<T>>
+    where
+        T: FromRow + Send + 'static,
+        S: StatementLike,
+        P: Into<Params> + Send,
+    {
+        let mut conn = self.take().await?;
+        let c = self.call(conn.exec_first(sql, params)).await;
+        self.after_failure_or_put(conn, &c);
+        self.result(what, c)
+    }
+
+    /// Runs one statement with `params` on a pooled connection: its rows.
+    pub(crate) async fn rows<T, S, P>(&self, what: &str, sql: S, params: P) -> Result<Vec<T>>
+    where
+        T: FromRow + Send + 'static,
+        S: StatementLike,
+        P: Into<Params> + Send,
+    {
+        let mut conn = self.take().await?;
+        let c = self.call(conn.exec(sql, params)).await;
+        self.after_failure_or_put(conn, &c);
+        self.result(what, c)
+    }
+
+    /// Runs one text statement without a result on a pooled connection.
+    pub(crate) async fn run(&self, what: &str, sql: String) -> Result<()> {
+        let mut conn = self.take().await?;
+        let c = self.call(conn.query_drop(sql)).await;
+        self.after_failure_or_put(conn, &c);
+        self.result(what, c)
+    }
+
     /// Disposes of a connection after call `c` on it: kept if it succeeded or the server merely
     /// refused the statement, closed otherwise (and the idle ones too if the server went away).
     pub(crate) fn after_failure_or_put<T>(&self, conn: Conn, c: &Call<T>) {
-        if Self::reusable(c) {
-            self.put(conn);
-        } else {
-            if matches!(c, Call::Err(e) if conn_dead(e)) {
-                self.forget_idle();
-            }
-            close(conn);
+        match Self::reusable(c) {
+            true => self.put(conn),
+            false => self.put_if_ok(conn, c),
         }
     }
 
-    /// Disposes of a connection after call `c` of a transaction on it: kept only if it
-    /// succeeded. A statement that failed may leave the transaction open (a lock wait timeout
-    /// rolls back only itself) with its row locks: closing the connection rolls it back.
+    /// Disposes of a connection after call `c` on it: kept only if it succeeded (a failed
+    /// statement may leave a transaction open with its row locks, or a session setting
+    /// half-reset: closing the connection undoes both), and the idle ones dropped too if the
+    /// server went away.
     pub(crate) fn put_if_ok<T>(&self, conn: Conn, c: &Call<T>) {
-        if matches!(c, Call::Err(e) if conn_dead(e)) {
-            self.forget_idle();
-        }
-        self.put_or_close(conn, c);
-    }
-
-    /// Keeps a connection for later if call `c` on it succeeded, closes it otherwise.
-    pub(crate) fn put_or_close<T>(&self, conn: Conn, c: &Call<T>) {
-        if matches!(c, Call::Ok(_)) {
-            self.put(conn);
-        } else {
-            close(conn);
+        match c {
+            Call::Ok(_) => self.put(conn),
+            other => {
+                if matches!(other, Call::Err(e) if conn_dead(e)) {
+                    self.forget_idle();
+                }
+                close(conn);
+            }
         }
     }
 
@@ -322,10 +325,19 @@ impl Common {
 
     /// Asks the server to stop the statement running on connection `id` (`KILL QUERY`).
     pub(crate) async fn kill_query(&self, id: u32) -> Result<()> {
-        self.with_conn("KILL QUERY", move |c| {
-            Box::pin(async move { c.query_drop(format!("KILL QUERY {id}")).await })
-        })
-        .await
+        self.run("KILL QUERY", format!("KILL QUERY {id}")).await
+    }
+}
+
+/// Runs one driver call with the timeout `limit`.
+async fn within<T>(
+    limit: Duration,
+    f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
+) -> Call<T> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(Ok(v)) => Call::Ok(v),
+        Ok(Err(e)) => Call::Err(e),
+        Err(_) => Call::Timeout(limit),
     }
 }
 

@@ -367,17 +367,10 @@ impl Watcher {
             self.until_gone(id).await?;
         }
         let lk = self.lk.clone();
-        self.common
-            .with_conn("deregistering the observer", move |c| {
-                Box::pin(async move {
-                    c.query_drop(format!(
-                        "DELETE FROM dlock_election_observers \
-                         WHERE lock_key = '{lk}' AND conn_id = {id}"
-                    ))
-                    .await
-                })
-            })
-            .await
+        let sql = format!(
+            "DELETE FROM dlock_election_observers WHERE lock_key = '{lk}' AND conn_id = {id}"
+        );
+        self.common.run("deregistering the observer", sql).await
     }
 
     /// Waits until session `id`, just killed, is gone from the server: it ends at its next
@@ -387,16 +380,10 @@ impl Watcher {
         let limit = self.common.slow_limit();
         let started = tokio::time::Instant::now();
         loop {
+            let sql = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?";
             let alive: Option<i64> = self
                 .common
-                .with_conn("ending the observer's session", move |c| {
-                    Box::pin(async move {
-                        c.query_first(format!(
-                            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id}"
-                        ))
-                        .await
-                    })
-                })
+                .first("ending the observer's session", sql, (id,))
                 .await?;
             if alive.unwrap_or(0) == 0 {
                 return Ok(());
@@ -446,13 +433,7 @@ impl Watcher {
                 Call::Ok(()) => return Ok(()),
                 Call::Err(mysql_async::Error::Server(s)) if s.code == INTERRUPTED => continue,
                 Call::Err(e) => return Err(self.broken(e)),
-                Call::Timeout => {
-                    return Err(timeout(
-                        &self.common.endpoint,
-                        "observing",
-                        self.common.op_timeout,
-                    ))
-                }
+                Call::Timeout(_) => return Err(self.common.error("observing", c)),
             }
         }
         Err(crate::error::shape(

@@ -55,9 +55,7 @@ async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     );
     let rows: Vec<(String, String)> = b
         .common
-        .with_conn("listing locks", move |c| {
-            Box::pin(async move { c.exec(sql, (ns.as_str(), ns.as_str())).await })
-        })
+        .rows("listing locks", sql, (ns.as_str(), ns.as_str()))
         .await?;
     // The key tells a lock from the election of the same name.
     let mut names: Vec<(String, LockKind)> = rows
@@ -159,13 +157,11 @@ struct Sessions<'a> {
 impl Sessions<'_> {
     /// The connection holding the lock now.
     async fn holder(&self) -> Result<Option<u64>> {
-        let k = self.lk.clone();
+        let sql = "SELECT IS_USED_LOCK(?)";
         let id: Option<Option<u64>> = self
             .b
             .common
-            .with_conn("finding the holder", move |c| {
-                Box::pin(async move { c.exec_first("SELECT IS_USED_LOCK(?)", (k.as_str(),)).await })
-            })
+            .first("finding the holder", sql, (self.lk.as_str(),))
             .await?;
         Ok(id.flatten())
     }
@@ -180,20 +176,12 @@ impl Eviction for Sessions<'_> {
         let Some(id) = self.holder().await? else {
             return Ok((Vec::new(), Vec::new()));
         };
-        let k = self.lk.clone();
+        let sql = "SELECT owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+                   FROM dlock_holders WHERE lock_key = ? AND conn_id = ?";
         let rows: Vec<(String, Option<i64>)> = self
             .b
             .common
-            .with_conn("finding the holder", move |c| {
-                Box::pin(async move {
-                    c.exec(
-                        "SELECT owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
-                         FROM dlock_holders WHERE lock_key = ? AND conn_id = ?",
-                        (k.as_str(), id),
-                    )
-                    .await
-                })
-            })
+            .rows("finding the holder", sql, (self.lk.as_str(), id))
             .await?;
         let mut removed: Vec<HolderInfo> = rows
             .into_iter()
@@ -214,9 +202,7 @@ impl Eviction for Sessions<'_> {
         let killed = self
             .b
             .common
-            .with_conn("KILL", move |c| {
-                Box::pin(async move { c.query_drop(format!("KILL CONNECTION {id}")).await })
-            })
+            .run("KILL", format!("KILL CONNECTION {id}"))
             .await;
         match killed {
             // 1094: unknown thread (it ended meanwhile): the lock is free anyway.

@@ -32,12 +32,12 @@
 use crate::common::{
     close, col, key_of, last_row, next_token, query_sets, sql_str, wait_timeout_secs, Call, Common,
 };
-use crate::error::{conn_dead, shape, timeout, KIND};
+use crate::error::{conn_dead, shape, KIND};
 use distlock_core::backend::Capabilities;
 use distlock_core::clock;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, Granted, HolderInfo,
-    LockInfo, LockKind, LostReason, LostSignal, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, GrantRef, Granted, HolderInfo, LockInfo,
+    LockKind, LostReason, LostSignal, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use distlock_sql::closewatch::CloseWatch;
 use distlock_sql::lease::{micros, wait_millis, wait_or_stop};
@@ -303,7 +303,7 @@ impl MyDialect {
              {election}SELECT @dlock_token{observed}"
         );
         let c = self.common.slow_call(query_sets(conn, sql)).await;
-        let sets = self.common.slow_result("recording the grant", c)?;
+        let sets = self.common.result("recording the grant", c)?;
         let row = last_row("fencing token", &sets)?;
         if is_election {
             let watched: Option<i64> = col("observers", row, 1)?;
@@ -328,7 +328,7 @@ impl MyDialect {
             Call::Ok(sets) => last_int(sets, 0),
             _ => None,
         };
-        self.common.put_or_close(conn, &c);
+        self.common.put_if_ok(conn, &c);
         us.filter(|us| *us > 0)
             .map(|us| Duration::from_micros(us as u64))
     }
@@ -392,7 +392,7 @@ impl MyDialect {
                         g.close();
                     }
                 }
-                Err(self.common.slow_error("renewing", other))
+                Err(self.common.error("renewing", other))
             }
         }
     }
@@ -452,11 +452,7 @@ impl MyDialect {
                 }
                 self.record_released(attempt, token);
                 match other {
-                    Call::Timeout => Err(timeout(
-                        &self.common.endpoint,
-                        "releasing",
-                        self.common.slow_limit(),
-                    )),
+                    Call::Timeout(_) => Err(self.common.error("releasing", other)),
                     _ => Ok(ReleaseOutcome::Released),
                 }
             }
@@ -467,9 +463,7 @@ impl MyDialect {
         let lk = self.lk(name, kind);
         let used: Option<Option<u64>> = self
             .common
-            .with_conn("checking the lock", move |c| {
-                Box::pin(async move { c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await })
-            })
+            .first("checking the lock", "SELECT IS_USED_LOCK(?)", (lk,))
             .await?;
         Ok(if used.flatten().is_some() {
             ReleaseOutcome::TakenByOther
@@ -528,7 +522,7 @@ impl MyDialect {
                 "{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
             )))
             .await;
-        self.common.put_or_close(conn, &c);
+        self.common.put_if_ok(conn, &c);
     }
 }
 
@@ -561,10 +555,6 @@ impl Dialect for MyDialect {
         Some(self.common.op_timeout)
     }
 
-    fn timeout(&self, what: &str, limit: Duration) -> Error {
-        timeout(&self.common.endpoint, what, limit)
-    }
-
     /// One try: a retry of the attempt that holds its grant answers that grant again (the
     /// lease extended, never shortened) with the same token; otherwise `GET_LOCK(key, 0)` on
     /// a connection of its own.
@@ -595,7 +585,7 @@ impl Dialect for MyDialect {
                 }
                 // Whatever the connection holds goes with it.
                 close(conn);
-                return Err(self.common.slow_error("GET_LOCK", other));
+                return Err(self.common.error("GET_LOCK", other));
             }
         };
         match got {
@@ -708,72 +698,20 @@ impl Dialect for MyDialect {
         crate::observe::proclaim(&self.common, lk, (grant.token, seq, value), leads).await
     }
 
+    /// The holder rows whose connection holds the key, with the value stored with the token
+    /// (an election's leader; NULL for a lock). A connection holding an election's key
+    /// without a row yet (between its grant and its registration) is not reported: its token
+    /// and value are not known yet.
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        if kind == LockKind::Election {
-            return self.inspect_election(name).await;
-        }
-        let d = self;
-        let lk = d.lk(name, kind);
-        let (rows, token, unnamed) = d
+        let lk = self.lk(name, kind);
+        let election = kind == LockKind::Election;
+        type Holder = (String, Option<i64>, Option<String>, u64);
+        let (mut rows, token, unnamed) = self
             .common
             .with_conn("inspecting", move |c| {
                 Box::pin(async move {
-                    let rows: Vec<(String, Option<i64>)> = c
+                    let rows: Vec<Holder> = c
                         .exec(
-                            "SELECT owner, \
-                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
-                             FROM dlock_holders WHERE lock_key = ? AND conn_id = IS_USED_LOCK(?)",
-                            (lk.as_str(), lk.as_str()),
-                        )
-                        .await?;
-                    let token: Option<u64> = c
-                        .exec_first(
-                            "SELECT token FROM dlock_fence WHERE lock_key = ?",
-                            (lk.as_str(),),
-                        )
-                        .await?;
-                    // The server lock without a holder row: a grant between its `GET_LOCK`
-                    // and its row, or one being given back (a cancelled waiter's that raced
-                    // with the release). Held all the same.
-                    let used: Option<Option<u64>> = if rows.is_empty() {
-                        c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await?
-                    } else {
-                        None
-                    };
-                    Ok((rows, token, used.flatten()))
-                })
-            })
-            .await?;
-        let mut holders: Vec<HolderInfo> = rows
-            .into_iter()
-            .map(|(owner, us)| crate::common::holder(owner, us))
-            .collect();
-        if let Some(conn) = unnamed {
-            holders.push(HolderInfo::new(
-                format!("(connection {conn}, being granted or given back)"),
-                1,
-            ));
-        }
-        Ok(LockInfo::new(name)
-            .with_holders(holders)
-            .with_fencing_token(token.unwrap_or(0)))
-    }
-}
-
-impl MyDialect {
-    /// An election's state: its leader (the holder row whose connection holds the election's
-    /// `GET_LOCK` key) with the value stored with its token. A connection holding the key
-    /// without a row yet (between its grant and its registration) is not reported: its token
-    /// and value are not known yet.
-    async fn inspect_election(&self, name: &str) -> Result<LockInfo> {
-        let lk = self.lk(name, LockKind::Election);
-        type Leader = (String, Option<i64>, Option<String>, u64);
-        let (leader, token) = self
-            .common
-            .with_conn("inspecting the election", move |c| {
-                Box::pin(async move {
-                    let leader: Option<Leader> = c
-                        .exec_first(
                             "SELECT h.owner, \
                              TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), h.expires_at), \
                              e.value, h.token \
@@ -789,16 +727,36 @@ impl MyDialect {
                             (lk.as_str(),),
                         )
                         .await?;
-                    Ok((leader, token))
+                    // A lock's server lock without a holder row: a grant between its
+                    // `GET_LOCK` and its row, or one being given back (a cancelled waiter's
+                    // that raced with the release). Held all the same.
+                    let used: Option<Option<u64>> = if rows.is_empty() && !election {
+                        c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await?
+                    } else {
+                        None
+                    };
+                    Ok((rows, token, used.flatten()))
                 })
             })
             .await?;
         let mut info = LockInfo::new(name).with_fencing_token(token.unwrap_or(0));
-        if let Some((owner, us, value, token)) = leader {
-            info =
-                info.with_fencing_token(token)
-                    .with_holders(vec![crate::common::holder(owner, us)
-                        .with_value(Some(value.unwrap_or_default()))]);
+        if election {
+            // The leader, with the token its value is stored under.
+            rows.truncate(1);
+        }
+        for (owner, us, value, token) in rows {
+            let holder = crate::common::holder(owner, us);
+            info.holders.push(match election {
+                true => {
+                    info.fencing_token = token;
+                    holder.with_value(Some(value.unwrap_or_default()))
+                }
+                false => holder,
+            });
+        }
+        if let Some(conn) = unnamed {
+            let what = format!("(connection {conn}, being granted or given back)");
+            info.holders.push(HolderInfo::new(what, 1));
         }
         Ok(info)
     }
@@ -832,6 +790,7 @@ pub(crate) async fn holder_connection(mode: &SessionMode, name: &str, owner: &st
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_core::Error;
 
     #[test]
     fn wait_statements_and_replies() {

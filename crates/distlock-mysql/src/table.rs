@@ -95,17 +95,11 @@ impl TableMode {
     /// Adds the columns a table made by an older version lacks. Concurrent clients may race
     /// to do it: a column that exists by then (error 1060) is fine.
     pub(crate) async fn migrate(&self) -> Result<()> {
+        let sql = "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dlock_table_locks'";
         let have: Vec<String> = self
             .common
-            .with_conn("checking dlock_table_locks", |c| {
-                Box::pin(async move {
-                    c.query(
-                        "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
-                         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dlock_table_locks'",
-                    )
-                    .await
-                })
-            })
+            .rows("checking dlock_table_locks", sql, ())
             .await?;
         for (column, ddl) in ADDED_COLUMNS {
             if have.iter().any(|h| h.eq_ignore_ascii_case(column)) {
@@ -113,9 +107,7 @@ impl TableMode {
             }
             let r = self
                 .common
-                .with_conn("upgrading dlock_table_locks", move |c| {
-                    Box::pin(async move { c.query_drop(*ddl).await })
-                })
+                .run("upgrading dlock_table_locks", ddl.to_string())
                 .await;
             match r {
                 Ok(()) => tracing::info!(column, "added a column to dlock_table_locks"),

@@ -5,8 +5,8 @@
 -- microseconds and above the name's last one (a sequence and a row set back by a restore or a
 -- failover never hand out a token again). An exclusive grant removes rows of other sessions
 -- (stale: nobody else can hold the key now).
--- $1 ns, $2 name, $3 attempt, $4 owner, $5 kind, $6 lease ms, $7 idle timeout, $8 exclusive,
--- $9 GUC.
+-- $1 ns, $2 name, $3 attempt, $4 owner, $5 lease ms, $6 idle timeout, $7 GUC, $8 kind,
+-- $9 exclusive (the parameters of election_register.sql up to $7).
 WITH old AS (
     SELECT token FROM dlock_holders
     WHERE ns = $1 AND name = $2 AND attempt = $3 AND pid = pg_backend_pid()
@@ -21,12 +21,12 @@ WITH old AS (
     RETURNING f.token
 ), d AS (
     DELETE FROM dlock_holders
-    WHERE ns = $1 AND name = $2 AND $8 AND pid <> pg_backend_pid() AND attempt <> $3
+    WHERE ns = $1 AND name = $2 AND $9 AND pid <> pg_backend_pid() AND attempt <> $3
 ), ins AS (
     INSERT INTO dlock_holders AS h
         (ns, name, attempt, owner, kind, token, pid, acquired_at, expires_at)
-    SELECT $1, $2, $3, $4, $5, f.token, pg_backend_pid(), now(),
-           now() + $6 * interval '1 millisecond'
+    SELECT $1, $2, $3, $4, $8, f.token, pg_backend_pid(), now(),
+           now() + $5 * interval '1 millisecond'
     FROM f
     ON CONFLICT (ns, name, attempt) DO UPDATE
     SET owner = EXCLUDED.owner, kind = EXCLUDED.kind, token = EXCLUDED.token, pid = EXCLUDED.pid,
@@ -34,8 +34,8 @@ WITH old AS (
     RETURNING h.token
 ), ext AS (
     UPDATE dlock_holders h
-    SET expires_at = GREATEST(h.expires_at, now() + $6 * interval '1 millisecond')
+    SET expires_at = GREATEST(h.expires_at, now() + $5 * interval '1 millisecond')
     WHERE h.ns = $1 AND h.name = $2 AND h.attempt = $3 AND h.pid = pg_backend_pid()
     RETURNING h.token
 )
-SELECT COALESCE((SELECT token FROM ins), (SELECT token FROM ext)), set_config($9, $7, false)
+SELECT COALESCE((SELECT token FROM ins), (SELECT token FROM ext)), set_config($7, $6, false)

@@ -199,7 +199,8 @@ impl PgSettings {
     };
 
     /// Every setting resolved: the driver's config with the credentials, the TLS options, the
-    /// mode, the namespace, whether lease waiters listen, and the endpoint.
+    /// mode, the namespace (if the URL or the builder sets one), whether lease waiters listen,
+    /// and the endpoint.
     pub(crate) fn resolve(s: &Settings<Self>) -> Result<(Parsed, String)> {
         let x = &s.settings;
         let mut p = parsed(&s.url, x)?;
@@ -232,12 +233,8 @@ impl PgSettings {
                 "listen=off applies to mode=lease only (session mode waits on the server)".into(),
             ));
         }
-        p.namespace = Some(
-            x.namespace
-                .clone()
-                .or(p.namespace)
-                .unwrap_or_else(|| s.opts.get_namespace().to_owned()),
-        );
+        // Else the client options' (when the backend opens).
+        p.namespace = x.namespace.clone().or(p.namespace);
         Ok((p, endpoint))
     }
 }

@@ -129,15 +129,21 @@ impl Common {
         token.cancel_query(self.tls.connector()).await
     }
 
-    async fn open_control(&self) -> Result<Arc<Client>> {
-        let (client, conn) = self.open().await?;
+    /// Opens a new connection with `config` (the backend's if `None`) whose connection
+    /// future runs in a task of its own until the client is dropped.
+    pub(crate) async fn client(&self, config: Option<&tokio_postgres::Config>) -> Result<Client> {
+        let (client, conn) = self.open_with(config.unwrap_or(&self.config)).await?;
         let endpoint = self.endpoint.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
-                tracing::debug!(%endpoint, error = %e, "postgres control connection ended");
+                tracing::debug!(%endpoint, error = %e, "postgres connection ended");
             }
         });
-        Ok(Arc::new(client))
+        Ok(client)
+    }
+
+    async fn open_control(&self) -> Result<Arc<Client>> {
+        self.client(None).await.map(Arc::new)
     }
 
     /// The shared control connection (for inspect, lease-mode statements, checks), reconnected
@@ -303,18 +309,53 @@ pub(crate) fn side(kind: &str) -> Option<LockKind> {
     }
 }
 
-/// A proclamation's outcome from its rows: the first row's first column says whether the
-/// grant still leads (`Renewed`) or not (`NotHeld`).
-pub(crate) fn proclaimed(rows: &[Row]) -> Result<RenewOutcome> {
-    let leads: bool = rows
-        .first()
-        .and_then(|r| r.try_get(0).ok())
-        .ok_or_else(|| crate::error::shape("proclaiming", format!("{} rows", rows.len())))?;
-    Ok(if leads {
-        RenewOutcome::Renewed
-    } else {
-        RenewOutcome::NotHeld
-    })
+/// The first column of the first row, or an error naming `what`.
+pub(crate) fn first<'a, T: tokio_postgres::types::FromSql<'a>>(
+    what: &str,
+    rows: &'a [Row],
+) -> Result<T> {
+    rows.first()
+        .and_then(|r| r.try_get::<_, T>(0).ok())
+        .ok_or_else(|| crate::error::shape(what, format!("{} rows", rows.len())))
+}
+
+impl Common {
+    /// Proclaims `value` (number `seq`) for election grant `grant` with a mode's statement
+    /// `sql` ($1 ns, $2 name, $3 attempt, $4 token, $5 seq, $6 value, $7 the election's
+    /// channel, then `extra`), on the control connection: a statement on the leader's
+    /// session would restart its idle timer, which is the lease. `Renewed` while the grant
+    /// leads (the first column), `NotHeld` otherwise.
+    pub(crate) async fn proclaim(
+        self: &Arc<Self>,
+        sql: &str,
+        grant: &distlock_core::GrantRef,
+        (seq, value): (u64, &str),
+        extra: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<RenewOutcome> {
+        let (ns, name) = (self.namespace.as_str(), &*grant.key.name);
+        let attempt = grant.attempt.as_str();
+        let token = i64::try_from(grant.token)
+            .map_err(|_| Error::invalid(format!("fencing token {} out of range", grant.token)))?;
+        let seq = i64::try_from(seq)
+            .map_err(|_| Error::invalid(format!("proclamation number {seq} out of range")))?;
+        let chan = channel(election_key(ns, name));
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&attempt, Type::TEXT),
+            (&token, Type::INT8),
+            (&seq, Type::INT8),
+            (&value, Type::TEXT),
+            (&chan, Type::TEXT),
+        ];
+        params.extend_from_slice(extra);
+        let rows = self.query("proclaiming", sql, &params).await?;
+        Ok(if first("proclaiming", &rows)? {
+            RenewOutcome::Renewed
+        } else {
+            RenewOutcome::NotHeld
+        })
+    }
 }
 
 /// Advisory key taken (in a transaction) while creating the schema.

@@ -341,29 +341,8 @@ impl Backend for LeaseMode {
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         check_kind(grant.key.kind)?;
-        let ns = self.common.namespace.as_str();
-        let name: &str = &grant.key.name;
-        let attempt = grant.attempt.as_str();
-        let token = i64::try_from(grant.token).map_err(|_| shape("fencing token", grant.token))?;
-        let seq = i64::try_from(seq).map_err(|_| shape("proclamation number", seq))?;
-        let chan = channel(election_key(ns, name));
-        let rows = self
-            .common
-            .query(
-                "proclaiming",
-                ELECTION_PROCLAIM,
-                &[
-                    (&ns, Type::TEXT),
-                    (&name, Type::TEXT),
-                    (&attempt, Type::TEXT),
-                    (&token, Type::INT8),
-                    (&seq, Type::INT8),
-                    (&value, Type::TEXT),
-                    (&chan, Type::TEXT),
-                ],
-            )
-            .await?;
-        crate::common::proclaimed(&rows)
+        let sql = ELECTION_PROCLAIM;
+        self.common.proclaim(sql, grant, (seq, value), &[]).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {

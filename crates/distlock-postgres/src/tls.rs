@@ -362,13 +362,7 @@ mod imp {
 #[cfg(feature = "tls")]
 mod imp {
     use super::*;
-    use distlock_core::conn::ClientCert;
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::client::{verify_server_cert_signed_by_trust_anchor, verify_server_name};
-    use rustls::crypto::{verify_tls12_signature, verify_tls13_signature};
-    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-    use rustls::server::ParsedCertificate;
-    use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+    use distlock_core::conn::{ClientCert, ServerCheck};
     use std::sync::Arc;
     use tokio_postgres::tls::MakeTlsConnect;
     use tokio_postgres::Socket;
@@ -390,57 +384,34 @@ mod imp {
         files
     }
 
-    fn roots(root: &RootCert, files: &TlsFiles) -> Result<RootCertStore> {
-        let mut store = RootCertStore::empty();
-        match root {
-            RootCert::File(_) => {
-                if let Some(found) = files.roots()? {
-                    store = found;
-                }
+    /// What of the server's certificate `opts` checks: nothing without roots (libpq's
+    /// prefer/require encrypt without checking), the chain with them, the name too for
+    /// verify-full.
+    fn check(opts: &TlsOptions, files: &TlsFiles) -> Result<ServerCheck> {
+        let roots = match (&opts.root, opts.mode) {
+            (None, _) | (_, SslMode::Disable) => return Ok(ServerCheck::None),
+            (Some(RootCert::File(_)), _) => {
+                files.roots()?.unwrap_or_else(rustls::RootCertStore::empty)
             }
-            RootCert::System => {
-                store = distlock_core::conn::system_roots().map_err(|e| match e {
+            (Some(RootCert::System), _) => {
+                distlock_core::conn::system_roots().map_err(|e| match e {
                     Error::InvalidArgument(m) => Error::InvalidArgument(format!(
                         "sslrootcert=system: {m} (sslrootcert=PATH)"
                     )),
                     other => other,
-                })?;
+                })?
             }
-        }
-        Ok(store)
+        };
+        Ok(match opts.mode {
+            SslMode::VerifyFull => ServerCheck::ChainAndName(roots),
+            _ => ServerCheck::Chain(roots),
+        })
     }
 
     impl Tls {
         pub(super) fn new(opts: &TlsOptions, host: Option<String>) -> Result<Self> {
-            let provider = distlock_core::conn::crypto_provider();
             let files = files(opts);
-            let roots = match (&opts.root, opts.mode) {
-                // Nothing to check against: libpq's prefer/require encrypt without checking.
-                (None, _) | (_, SslMode::Disable) => None,
-                (Some(root), _) => Some(Arc::new(roots(root, &files)?)),
-            };
-            let verifier = Arc::new(Verifier {
-                roots,
-                check_name: opts.mode == SslMode::VerifyFull,
-                algorithms: provider.signature_verification_algorithms,
-            });
-            let builder = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|e| Error::InvalidArgument(format!("TLS setup: {e}")))?
-                .dangerous()
-                .with_custom_certificate_verifier(verifier);
-            let mut config = match (&opts.client, files.identity()?) {
-                (Some((cert, key)), Some((chain, key_der))) => {
-                    builder.with_client_auth_cert(chain, key_der).map_err(|e| {
-                        TlsFiles::file_error(
-                            "sslkey",
-                            key,
-                            format!("does not go with sslcert={}: {e}", cert.display()),
-                        )
-                    })?
-                }
-                _ => builder.with_no_client_auth(),
-            };
+            let mut config = files.client_config(check(opts, &files)?)?;
             // PostgreSQL 17's direct TLS (sslnegotiation=direct) needs it; older servers
             // ignore it.
             config.alpn_protocols = vec![b"postgresql".to_vec()];
@@ -514,66 +485,6 @@ mod imp {
                 ctx.mode
             ),
         ))
-    }
-
-    /// The server certificate check of every mode: none without roots (libpq's
-    /// `prefer`/`require`), the chain with them, and the name too for `verify-full`. The
-    /// handshake's signatures are always checked, so the session key belongs to the
-    /// certificate's key.
-    #[derive(Debug)]
-    struct Verifier {
-        roots: Option<Arc<RootCertStore>>,
-        check_name: bool,
-        algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
-    }
-
-    impl ServerCertVerifier for Verifier {
-        fn verify_server_cert(
-            &self,
-            end_entity: &CertificateDer<'_>,
-            intermediates: &[CertificateDer<'_>],
-            server_name: &ServerName<'_>,
-            _ocsp_response: &[u8],
-            now: UnixTime,
-        ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-            let Some(roots) = &self.roots else {
-                return Ok(ServerCertVerified::assertion());
-            };
-            let cert = ParsedCertificate::try_from(end_entity)?;
-            verify_server_cert_signed_by_trust_anchor(
-                &cert,
-                roots,
-                intermediates,
-                now,
-                self.algorithms.all,
-            )?;
-            if self.check_name {
-                verify_server_name(&cert, server_name)?;
-            }
-            Ok(ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-            verify_tls12_signature(message, cert, dss, &self.algorithms)
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-            verify_tls13_signature(message, cert, dss, &self.algorithms)
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.algorithms.supported_schemes()
-        }
     }
 }
 

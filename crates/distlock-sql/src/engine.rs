@@ -59,9 +59,6 @@ pub trait Dialect: Send + Sync + 'static {
         None
     }
 
-    /// The error of a detached request whose answer did not come within `limit`.
-    fn timeout(&self, what: &str, limit: Duration) -> Error;
-
     /// One try without waiting (a retry of a granted attempt answers its grant again, the
     /// lease never shortened).
     async fn try_lock(
@@ -231,40 +228,40 @@ impl<D: Dialect> Sessions<D> {
         hold: Arc<Hold<D::State>>,
         op: Op,
     ) -> Result<Done> {
-        let Some(limit) = self.dialect.detached() else {
-            let mut st = hold.state.lock().await;
-            let r = apply(&*self.dialect, &self.holds, &hold, &mut st, &op).await;
-            drop(st);
-            self.holds.tidy(attempt, hold);
-            return r;
-        };
         let (dialect, holds, id) = (self.dialect.clone(), self.holds.clone(), attempt.clone());
         let what = op.what();
-        self.detach(what, limit, async move {
+        let work = async move {
             let mut st = hold.state.lock().await;
             let r = apply(&*dialect, &holds, &hold, &mut st, &op).await;
             drop(st);
             holds.tidy(&id, hold);
             r
-        })
-        .await
+        };
+        self.detach(what, work).await
     }
 
-    /// Runs `work` in a task of its own, to its end, and waits for its answer at most `limit`
-    /// (see [`Dialect::detached`]).
+    /// Runs `work` in the caller's task, or, if the dialect says so, in a task of its own, to
+    /// its end, waiting for its answer at most the dialect's limit (see [`Dialect::detached`]).
     async fn detach<T: Send + 'static>(
         &self,
         what: &str,
-        limit: Duration,
         work: impl std::future::Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
+        let Some(limit) = self.dialect.detached() else {
+            return work.await;
+        };
         match tokio::time::timeout(limit, tokio::spawn(work)).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => Err(Error::Runtime(format!(
                 "the {} task {what} ended without an answer: {e}",
                 self.dialect.backend()
             ))),
-            Err(_) => Err(self.dialect.timeout(what, limit)),
+            Err(_) => Err(crate::errors::no_answer(
+                self.dialect.backend(),
+                &self.dialect.endpoint(),
+                what,
+                limit,
+            )),
         }
     }
 
@@ -435,13 +432,11 @@ impl<D: Dialect> Backend for Sessions<D> {
         if !live {
             return Ok(RenewOutcome::NotHeld);
         }
-        let Some(limit) = self.dialect.detached() else {
-            return self.dialect.proclaim(grant, seq, value).await;
-        };
         let (dialect, g, v) = (self.dialect.clone(), grant.clone(), value.to_owned());
-        self.detach("proclaiming", limit, async move {
-            dialect.proclaim(&g, seq, &v).await
-        })
+        self.detach(
+            "proclaiming",
+            async move { dialect.proclaim(&g, seq, &v).await },
+        )
         .await
     }
 

@@ -26,7 +26,7 @@ impl TlsNames {
         key: &["key"],
     };
 
-    fn first(names: &'static [&'static str]) -> &'static str {
+    pub(crate) fn first(names: &'static [&'static str]) -> &'static str {
         names.first().copied().unwrap_or("tls")
     }
 }

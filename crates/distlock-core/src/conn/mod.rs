@@ -48,6 +48,8 @@ mod secret;
 #[cfg(test)]
 mod tests;
 mod tls;
+#[cfg(feature = "rustls")]
+mod verify;
 
 pub use builder::{
     Builder, Connect, CredentialRule, Credentials, EcosystemQuery, EcosystemRule, Env, Settings,
@@ -59,6 +61,8 @@ pub use secret::{read_password_file, resolve_password, PasswordSource};
 #[cfg(feature = "rustls")]
 pub use tls::{crypto_provider, install_crypto_provider, rustls_error, system_roots};
 pub use tls::{ClientCert, TlsError, TlsErrorKind, TlsWords};
+#[cfg(feature = "rustls")]
+pub use verify::ServerCheck;
 
 use crate::error::{Error, Result};
 use std::fmt;

@@ -268,3 +268,34 @@ async fn lost_fires_promptly_after_a_suspend() {
     assert_eq!(rf, LostReason::LeaseExpired);
     assert_eq!(client.held_count(), 0);
 }
+
+/// A lock whose session ended ([`LostReason::SessionEnded`]: an SQL connection or a ZooKeeper
+/// session gone) vouches for no more than its last confirmed request: the server frees a
+/// session's locks as the session ends, which may be before the client hears of it (`dlock
+/// torture`, PostgreSQL session-mode election with `reset`: the next leader was granted
+/// 389 µs before the old one heard, and the old one's lease deadline still ran a lease
+/// past its last renewal). Any other loss leaves the deadline as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_ended_vouches_only_for_its_last_confirmed_request() {
+    let (backend, _client, guards) = holding(2).await;
+    let before = crate::clock::Instant::now();
+    let calls = backend.calls().len();
+    // One renewal of both after `before`: their last confirmed request was sent after it.
+    renewed(&backend, calls, &tokens(&guards), 1).await;
+    let after = crate::clock::Instant::now();
+    let (ended, refused) = (&guards[0], &guards[1]);
+    let lease_end = ended.lease_deadline();
+    assert!(lease_end > after, "a held lock's deadline is a lease ahead");
+    ended
+        .lost_signal()
+        .fire(LostReason::SessionEnded("connection reset".into()));
+    let vouched = ended.lease_deadline();
+    assert!(
+        vouched >= before && vouched <= after,
+        "after its session ended the lock's deadline should be its last renewal's send time, \
+         between {before:?} and {after:?}; it is {vouched:?} (held: {lease_end:?})"
+    );
+    let kept = refused.lease_deadline();
+    refused.lost_signal().fire(LostReason::NotHeld);
+    assert_eq!(refused.lease_deadline(), kept);
+}

@@ -191,20 +191,12 @@ async fn probe_conn(b: &PostgresBackend) -> Result<tokio_postgres::Client> {
         _ => "-c dlock.doctor=on".to_owned(),
     };
     config.options(&opts);
-    let (client, conn) = b.common.open_with(&config).await?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(client)
+    b.common.client(Some(&config)).await
 }
 
 async fn probe(b: &PostgresBackend) -> Result<Probe> {
     let one = probe_conn(b).await?;
-    let two = b.common.open().await?;
-    let (two, conn) = two;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let two = b.common.client(None).await?;
     let first = b
         .common
         .run(

@@ -19,7 +19,7 @@
 //! - `diagnose`: version, a pooler in front (PgBouncer), whether the session's timeouts take
 //!   effect, synchronous replication, and the server clock against the local one.
 
-use crate::common::{channel, election_key, key_oids, lease_left, lock_key, side};
+use crate::common::{channel, election_key, first, key_oids, lease_left, lock_key, side};
 use crate::error::{is_code, map, shape, KIND};
 use crate::{Inner, Mode, PostgresBackend};
 use distlock_core::operator::{evict, Eviction};
@@ -71,8 +71,8 @@ fn listed_kind(kinds: &[String]) -> LockKind {
 }
 
 async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
-    let client = b.common.control().await?;
     let ns = b.common.namespace.as_str();
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&ns, Type::TEXT), (&prefix, Type::TEXT)];
     // LIKE would need escaping of the prefix; a prefix comparison on the text is exact.
     let sql = match b.mode() {
         Mode::Lease => {
@@ -90,13 +90,7 @@ async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
              FROM dlock_holders h WHERE h.ns = $1 AND left(h.name, length($2)) = $2"
         }
     };
-    let rows = b
-        .common
-        .run(
-            "listing locks",
-            client.query_typed(sql, &[(&ns, Type::TEXT), (&prefix, Type::TEXT)]),
-        )
-        .await?;
+    let rows = b.common.query("listing locks", sql, &params).await?;
     // name -> (kinds of live rows, kinds of any row)
     let mut names: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
     for r in &rows {
@@ -131,13 +125,7 @@ async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let sql = format!(
         "SELECT name FROM {table} WHERE ns = $1 AND left(name, length($2)) = $2 ORDER BY name"
     );
-    let rows = b
-        .common
-        .run(
-            "listing elections",
-            client.query_typed(&sql, &[(&ns, Type::TEXT), (&prefix, Type::TEXT)]),
-        )
-        .await?;
+    let rows = b.common.query("listing elections", &sql, &params).await?;
     for r in &rows {
         let name: String = r.try_get(0).map_err(|e| shape("list", e))?;
         let info = b.inspect(&name, LockKind::Election).await?;
@@ -159,21 +147,15 @@ async fn unnamed_holders(b: &PostgresBackend, name: &str) -> Result<Vec<HolderIn
                            WHERE h.ns = $3 AND h.name = $4 AND h.pid = l.pid) \
          ORDER BY l.pid"
     );
-    let client = b.common.control().await?;
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&classid, Type::OID),
+        (&objid, Type::OID),
+        (&ns, Type::TEXT),
+        (&name, Type::TEXT),
+    ];
     let rows = b
         .common
-        .run(
-            "listing lock holders",
-            client.query_typed(
-                &sql,
-                &[
-                    (&classid, Type::OID),
-                    (&objid, Type::OID),
-                    (&ns, Type::TEXT),
-                    (&name, Type::TEXT),
-                ],
-            ),
-        )
+        .query("listing lock holders", &sql, &params)
         .await?;
     rows.iter()
         .map(|r| {
@@ -239,10 +221,7 @@ async fn force_release(b: &PostgresBackend, name: &str, kind: LockKind) -> Resul
 async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
     let ns = b.common.namespace.as_str();
     let chan = channel(lock_key(ns, name));
-    let (mut client, conn) = b.common.open().await?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let mut client = b.common.client(None).await?;
     let what = "forced release";
     let run = async {
         let tx = client.transaction().await?;
@@ -288,11 +267,7 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
 
 /// The fencing token a statement returned in its first row, first column.
 fn token_of(rows: &[tokio_postgres::Row]) -> Result<u64> {
-    let token: i64 = rows
-        .first()
-        .and_then(|r| r.try_get(0).ok())
-        .ok_or_else(|| shape("forced release", "no token"))?;
-    u64_token(token)
+    u64_token(first("forced release", rows)?)
 }
 
 /// Session mode: the backends holding the advisory key of lock `name` (both sides of a
@@ -444,11 +419,7 @@ impl Eviction for Sessions<'_> {
                 ],
             )
             .await?;
-        let n: i64 = rows
-            .first()
-            .and_then(|r| r.try_get(0).ok())
-            .ok_or_else(|| shape("forced release", "no count"))?;
-        Ok(n > 0)
+        Ok(first::<i64>("forced release", &rows)? > 0)
     }
 
     async fn advance(&self, ended: &[i32]) -> Result<u64> {

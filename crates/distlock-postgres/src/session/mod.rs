@@ -28,14 +28,14 @@ mod state;
 mod wait;
 
 use crate::common::{
-    channel, election_key, key_of, key_oids, kind_name, lease_left, lock_key, side, Common,
+    election_key, key_of, key_oids, kind_name, lease_left, lock_key, side, Common,
 };
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, Error, GrantRef, Granted, HolderInfo, LockInfo,
-    LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, GrantRef, Granted, HolderInfo, LockInfo, LockKind,
+    ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, IdlePool, Sessions};
 use state::{Entry, Start, State};
@@ -134,10 +134,6 @@ impl Dialect for PgDialect {
 
     fn capabilities(&self) -> Capabilities {
         capabilities()
-    }
-
-    fn timeout(&self, what: &str, limit: Duration) -> Error {
-        crate::error::timeout(self.endpoint(), what, limit)
     }
 
     /// One try for `req`'s attempt, without waiting.
@@ -305,34 +301,10 @@ impl Dialect for PgDialect {
     }
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        let common = &self.common;
-        let ns = common.namespace.as_str();
-        let name: &str = &grant.key.name;
-        let key = election_key(ns, name);
-        let (classid, objid) = key_oids(key);
-        let chan = channel(key);
-        let attempt = grant.attempt.as_str();
-        let token = i64::try_from(grant.token)
-            .map_err(|_| Error::invalid(format!("fencing token {} out of range", grant.token)))?;
-        let seq = i64::try_from(seq)
-            .map_err(|_| Error::invalid(format!("proclamation number {seq} out of range")))?;
-        let params: [(&(dyn ToSql + Sync), Type); 9] = [
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&attempt, Type::TEXT),
-            (&token, Type::INT8),
-            (&seq, Type::INT8),
-            (&value, Type::TEXT),
-            (&classid, Type::OID),
-            (&objid, Type::OID),
-            (&chan, Type::TEXT),
-        ];
-        // On the control connection: a statement on the leader's session would restart its
-        // idle timer, which is the lease.
-        let rows = common
-            .query("proclaiming", ELECTION_PROCLAIM, &params)
-            .await?;
-        crate::common::proclaimed(&rows)
+        let (classid, objid) = key_oids(election_key(&self.common.namespace, &grant.key.name));
+        let leads: [(&(dyn ToSql + Sync), Type); 2] = [(&classid, Type::OID), (&objid, Type::OID)];
+        let sql = ELECTION_PROCLAIM;
+        self.common.proclaim(sql, grant, (seq, value), &leads).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
@@ -442,10 +414,7 @@ impl PgDialect {
 
 /// The waiters [`WAITERS`] counted.
 fn waiter_count(rows: &[tokio_postgres::Row]) -> Result<u32> {
-    let waiters: i64 = rows
-        .first()
-        .and_then(|r| r.try_get(0).ok())
-        .ok_or_else(|| shape("inspect", "no waiter count"))?;
+    let waiters: i64 = crate::common::first("inspect", rows)?;
     Ok(u32::try_from(waiters).unwrap_or(u32::MAX))
 }
 

@@ -2,7 +2,7 @@
 
 use super::conn::Session;
 use super::{exclusive, lock_mode, PgDialect};
-use crate::common::{channel, key_of, key_oids, kind_name};
+use crate::common::{channel, first, key_of, key_oids, kind_name};
 use crate::error::shape;
 use distlock_core::{AcquireRequest, AttemptId, LockKind, ReleaseOutcome, Result};
 use distlock_sql::lease::millis_f64;
@@ -27,13 +27,6 @@ const ELECTION_RELEASE_ALL: &str = include_str!("../../sql/election_release_all.
 const ELECTION_HOLDER_TTL: &str = include_str!("../../sql/election_holder_ttl.sql");
 
 type Param<'a> = (&'a (dyn ToSql + Sync), Type);
-
-/// The first column of the first row, or an error naming `what`.
-fn first<'a, T: tokio_postgres::types::FromSql<'a>>(what: &str, rows: &'a [Row]) -> Result<T> {
-    rows.first()
-        .and_then(|r| r.try_get::<_, T>(0).ok())
-        .ok_or_else(|| shape(what, format!("{} rows", rows.len())))
-}
 
 impl PgDialect {
     /// The setting that carries the lease: `idle_session_timeout`, or a harmless custom
@@ -101,56 +94,24 @@ impl PgDialect {
     }
 
     /// Records the grant `s` holds for `req` and returns its fencing token (the recorded one
-    /// if this session recorded it before).
+    /// if this session recorded it before). An election's leadership is recorded with its
+    /// value (`dlock_elections`), and the election's observers are woken.
     pub(crate) async fn register(
         &self,
         s: &Session,
         req: &AcquireRequest,
         idle: &str,
     ) -> Result<u64> {
-        if req.key.kind == LockKind::Election {
-            return self.register_leader(s, req, idle).await;
-        }
-        let ns = self.common.namespace.as_str();
-        let name: &str = &req.key.name;
-        let attempt = req.attempt.as_str();
-        let owner: &str = &req.key.owner;
-        let kind = kind_name(req.key.kind);
-        let lease_ms = millis_f64(req.lease);
-        let excl = exclusive(req.key.kind);
-        let guc = self.lease_guc();
-        let params: [Param; 9] = [
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&attempt, Type::TEXT),
-            (&owner, Type::TEXT),
-            (&kind, Type::TEXT),
-            (&lease_ms, Type::FLOAT8),
-            (&idle, Type::TEXT),
-            (&excl, Type::BOOL),
-            (&guc, Type::TEXT),
-        ];
-        let rows = self
-            .query(s, "recording the grant", REGISTER, &params)
-            .await?;
-        let token: Option<i64> = first("recording the grant", &rows)?;
-        let token = token.ok_or_else(|| shape("recording the grant", "no token"))?;
-        u64::try_from(token).map_err(|_| shape("fencing token", token))
-    }
-
-    /// Records the leadership `s` holds for `req` with its value (`dlock_elections`), wakes
-    /// the election's observers, and returns its fencing token (the recorded one if this
-    /// session recorded it before).
-    async fn register_leader(&self, s: &Session, req: &AcquireRequest, idle: &str) -> Result<u64> {
         let ns = self.common.namespace.as_str();
         let name: &str = &req.key.name;
         let attempt = req.attempt.as_str();
         let owner: &str = &req.key.owner;
         let lease_ms = millis_f64(req.lease);
         let guc = self.lease_guc();
+        let (kind, excl) = (kind_name(req.key.kind), exclusive(req.key.kind));
         let value: &str = req.value.as_deref().unwrap_or("");
         let chan = channel(key_of(ns, name, LockKind::Election));
-        let params: [Param; 9] = [
+        let mut params: Vec<Param> = vec![
             (&ns, Type::TEXT),
             (&name, Type::TEXT),
             (&attempt, Type::TEXT),
@@ -158,14 +119,17 @@ impl PgDialect {
             (&lease_ms, Type::FLOAT8),
             (&idle, Type::TEXT),
             (&guc, Type::TEXT),
-            (&value, Type::TEXT),
-            (&chan, Type::TEXT),
         ];
-        let rows = self
-            .query(s, "recording the leadership", ELECTION_REGISTER, &params)
-            .await?;
-        let token: Option<i64> = first("recording the leadership", &rows)?;
-        let token = token.ok_or_else(|| shape("recording the leadership", "no token"))?;
+        let (what, sql) = if req.key.kind == LockKind::Election {
+            params.extend([(&value as _, Type::TEXT), (&chan as _, Type::TEXT)]);
+            ("recording the leadership", ELECTION_REGISTER)
+        } else {
+            params.extend([(&kind as _, Type::TEXT), (&excl as _, Type::BOOL)]);
+            ("recording the grant", REGISTER)
+        };
+        let rows = self.query(s, what, sql, &params).await?;
+        let token: Option<i64> = first(what, &rows)?;
+        let token = token.ok_or_else(|| shape(what, "no token"))?;
         u64::try_from(token).map_err(|_| shape("fencing token", token))
     }
 
@@ -255,7 +219,6 @@ impl PgDialect {
         key: i64,
     ) -> Option<Duration> {
         let (classid, objid) = key_oids(key);
-        let client = self.common.control().await.ok()?;
         let ns = self.common.namespace.as_str();
         let params: [Param; 4] = [
             (&ns, Type::TEXT),
@@ -267,14 +230,8 @@ impl PgDialect {
             LockKind::Election => ELECTION_HOLDER_TTL,
             _ => HOLDER_TTL,
         };
-        let rows = self
-            .common
-            .run(
-                "reading the holder's lease",
-                client.query_typed(sql, &params),
-            )
-            .await
-            .ok()?;
+        let what = "reading the holder's lease";
+        let rows = self.common.query(what, sql, &params).await.ok()?;
         let left: f64 = rows.first()?.try_get::<_, Option<f64>>(0).ok()??;
         (left.is_finite() && left > 0.0).then(|| Duration::from_secs_f64(left / 1000.0))
     }
@@ -288,11 +245,10 @@ impl PgDialect {
     ) -> Result<ReleaseOutcome> {
         let key = key_of(&self.common.namespace, name, kind);
         let (classid, objid) = key_oids(key);
-        let client = self.common.control().await?;
         let params: [Param; 2] = [(&classid, Type::OID), (&objid, Type::OID)];
         let rows = self
             .common
-            .run("checking the lock", client.query_typed(ANY_HOLDER, &params))
+            .query("checking the lock", ANY_HOLDER, &params)
             .await?;
         let held: bool = first("checking the lock", &rows)?;
         Ok(if held {
@@ -304,15 +260,10 @@ impl PgDialect {
 
     /// `pg_cancel_backend(pid)` through the control connection; false if that failed.
     pub(crate) async fn cancel_backend(&self, pid: i32) -> bool {
-        let Ok(client) = self.common.control().await else {
-            return false;
-        };
+        let sql = "SELECT pg_cancel_backend($1)";
         let rows = self
             .common
-            .run(
-                "cancelling a wait",
-                client.query_typed("SELECT pg_cancel_backend($1)", &[(&pid, Type::INT4)]),
-            )
+            .query("cancelling a wait", sql, &[(&pid, Type::INT4)])
             .await;
         matches!(
             rows.as_deref()
