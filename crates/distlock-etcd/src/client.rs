@@ -69,7 +69,7 @@ impl EtcdBackend {
             opts,
         )
         .await?;
-        backend.transport = tls::Transport::of(&target.hosts, target.tls.as_ref());
+        backend.transport = tls::transport(&target.hosts, target.tls.as_ref());
         Ok(backend)
     }
 
@@ -99,7 +99,12 @@ impl EtcdBackend {
             watchdog_lease: opts.get_watchdog_lease(),
             doubtful: Mutex::new(HashMap::new()),
             leases: Mutex::new(HashMap::new()),
-            transport: tls::Transport::Unknown,
+            // Replaced by the connection's own unless on an application's client.
+            transport: distlock_core::Finding::new(
+                distlock_core::Severity::Ok,
+                "tls",
+                "not known: the backend runs on the application's etcd client",
+            ),
             closed: closed.clone(),
             _closing: closed.drop_guard(),
         };
@@ -277,11 +282,6 @@ impl EtcdBackend {
                 async move { c.kv_client().get(key, None).await }
             })
             .await?;
-        let mut kvs = r.take_kvs();
-        Ok(if kvs.is_empty() {
-            None
-        } else {
-            Some(kvs.swap_remove(0))
-        })
+        Ok(r.take_kvs().into_iter().next())
     }
 }

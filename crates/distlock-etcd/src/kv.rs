@@ -88,6 +88,14 @@ impl Keys {
         Some(m)
     }
 
+    /// Reads and deletes the attempt's key `mine`, an election candidate's metadata key with
+    /// it.
+    pub(crate) fn read_and_delete(&self, mine: &[u8]) -> Vec<TxnOp> {
+        let meta = self.meta_of(mine).map(|m| TxnOp::delete(m, None));
+        let (get, delete) = (TxnOp::get(mine, None), TxnOp::delete(mine, None));
+        [get, delete].into_iter().chain(meta).collect()
+    }
+
     /// The last segment of queue key `key`, for messages.
     pub(crate) fn segment<'k>(&self, key: &'k [u8]) -> std::borrow::Cow<'k, str> {
         String::from_utf8_lossy(key.strip_prefix(self.queue.as_slice()).unwrap_or(key))
@@ -156,25 +164,29 @@ impl Entry {
     }
 
     pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Entry> {
-        let bad = || {
-            shape(format!(
-                "key `{}` holds `{}`, not a dlock hold (`TTL OWNER`); \
-                 is another program writing under this prefix?",
-                String::from_utf8_lossy(key),
-                String::from_utf8_lossy(value)
-            ))
-        };
-        let s = std::str::from_utf8(value).map_err(|_| bad())?;
-        let (ttl, owner) = s.split_once(' ').ok_or_else(bad)?;
-        let ttl: i64 = ttl.parse().map_err(|_| bad())?;
-        if ttl <= 0 || owner.is_empty() {
-            return Err(bad());
-        }
+        let (ttl, owner) = ttl_and_rest(value)
+            .ok_or_else(|| not_ours(key, value, "a dlock hold (`TTL OWNER`)"))?;
         Ok(Entry {
             ttl,
             owner: owner.to_owned(),
         })
     }
+}
+
+/// `TTL REST` (the first field of both values of dlock): a TTL above 0, a non-empty rest.
+fn ttl_and_rest(value: &[u8]) -> Option<(i64, &str)> {
+    let (ttl, rest) = std::str::from_utf8(value).ok()?.split_once(' ')?;
+    let ttl = ttl.parse().ok().filter(|t| *t > 0)?;
+    (!rest.is_empty()).then_some((ttl, rest))
+}
+
+/// The error for key `key` holding `value`, which is not `what`.
+fn not_ours(key: &[u8], value: &[u8], what: &str) -> distlock_core::Error {
+    shape(format!(
+        "key `{}` holds `{}`, not {what}; is another program writing under this prefix?",
+        String::from_utf8_lossy(key),
+        String::from_utf8_lossy(value)
+    ))
 }
 
 /// What an election candidate's metadata key holds: the TTL of the lease (as
@@ -193,29 +205,16 @@ impl Meta {
     }
 
     pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Meta> {
-        let bad = || {
-            shape(format!(
-                "key `{}` holds `{}`, not a dlock candidate's metadata (`TTL SEQ OWNER`); \
-                 is another program writing under this prefix?",
-                String::from_utf8_lossy(key),
-                String::from_utf8_lossy(value)
-            ))
-        };
-        let s = std::str::from_utf8(value).map_err(|_| bad())?;
-        let mut it = s.splitn(3, ' ');
-        let (Some(ttl), Some(seq), Some(owner)) = (it.next(), it.next(), it.next()) else {
-            return Err(bad());
-        };
-        let ttl: i64 = ttl.parse().map_err(|_| bad())?;
-        let seq: u64 = seq.parse().map_err(|_| bad())?;
-        if ttl <= 0 || owner.is_empty() {
-            return Err(bad());
-        }
-        Ok(Meta {
-            ttl,
-            seq,
-            owner: owner.to_owned(),
-        })
+        let parsed = ttl_and_rest(value).and_then(|(ttl, rest)| {
+            let (seq, owner) = rest.split_once(' ')?;
+            let seq = seq.parse().ok()?;
+            (!owner.is_empty()).then(|| Meta {
+                ttl,
+                seq,
+                owner: owner.to_owned(),
+            })
+        });
+        parsed.ok_or_else(|| not_ours(key, value, "a dlock candidate's metadata (`TTL SEQ OWNER`)"))
     }
 }
 

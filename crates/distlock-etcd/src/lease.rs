@@ -4,6 +4,7 @@ use crate::error::{is_lease_not_found, map, shape};
 use crate::EtcdBackend;
 use distlock_core::backend::AttemptId;
 use distlock_core::Result;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long after its TTL a lease of unknown fate is still remembered: etcd extends every
@@ -14,6 +15,11 @@ pub(crate) const DOUBT_MARGIN: Duration = Duration::from_secs(60);
 /// Lease length in whole seconds, rounded up (etcd leases have a one-second granularity).
 pub(crate) fn ttl_secs(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis().div_ceil(1000).max(1)).unwrap_or(i64::MAX)
+}
+
+/// The lease bookkeeping is plain maps: a panic elsewhere mid-update leaves them usable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// One lease granted for an attempt.
@@ -60,21 +66,8 @@ impl EtcdBackend {
     /// one attempt, and one whose fate is unknown is kept until its attempt ends (see
     /// [`EtcdBackend::doubt`]).
     pub(crate) fn revoke_in_background(&self, id: i64) {
-        let client = self.client.clone();
-        let timeout = self.op_timeout;
-        tokio::spawn(async move {
-            let mut lc = client.lease_client();
-            match tokio::time::timeout(timeout, lc.revoke(id)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) if is_lease_not_found(&e) => {}
-                Ok(Err(e)) => {
-                    tracing::debug!(lease = id, error = %e, "lease revoke failed; it expires by itself")
-                }
-                Err(_) => {
-                    tracing::debug!(lease = id, "lease revoke timed out; it expires by itself")
-                }
-            }
-        });
+        let until = Instant::now();
+        self.revoke_until_answered(Doubt { lease: id, until });
     }
 
     /// One keep-alive of lease `id`: it runs its full TTL again from when etcd applies it.
@@ -124,7 +117,7 @@ impl EtcdBackend {
         // Leases are at most 30 days (the core's limit); the clamp keeps the sum in range.
         let ttl = Duration::from_secs(lease.ttl.clamp(0, 31 * 24 * 3600).unsigned_abs());
         let until = now + ttl + DOUBT_MARGIN;
-        let mut map = self.doubtful.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(&self.doubtful);
         // A lease etcd has expired can no longer carry anything: forget it, so that attempts
         // that never end (a crashed caller) leave nothing behind here.
         map.retain(|_, v| {
@@ -144,15 +137,8 @@ impl EtcdBackend {
     /// (see [`revoke_until_answered`](Self::revoke_until_answered)): a late create either
     /// came first, and the revoke deletes its key, or comes after and is refused.
     pub(crate) fn settle(&self, attempt: &AttemptId) {
-        self.leases
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(attempt);
-        let doubts = self
-            .doubtful
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(attempt);
+        lock(&self.leases).remove(attempt);
+        let doubts = lock(&self.doubtful).remove(attempt);
         for d in doubts.into_iter().flatten() {
             self.revoke_until_answered(d);
         }
@@ -172,19 +158,17 @@ impl EtcdBackend {
             let mut pause = Duration::from_millis(100);
             loop {
                 let mut lc = client.lease_client();
-                match tokio::time::timeout(timeout, lc.revoke(d.lease)).await {
+                let error = match tokio::time::timeout(timeout, lc.revoke(d.lease)).await {
                     Ok(Ok(_)) => return,
                     Ok(Err(e)) if is_lease_not_found(&e) => return,
-                    Ok(Err(e)) => {
-                        tracing::debug!(lease = d.lease, error = %e, "lease revoke failed; trying again")
-                    }
-                    Err(_) => {
-                        tracing::debug!(lease = d.lease, "lease revoke timed out; trying again")
-                    }
-                }
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "timed out".to_owned(),
+                };
                 if Instant::now() + pause >= d.until {
+                    tracing::debug!(lease = d.lease, %error, "lease revoke failed; it expires by itself");
                     return;
                 }
+                tracing::debug!(lease = d.lease, %error, "lease revoke failed; trying again");
                 tokio::select! {
                     _ = closed.cancelled() => return,
                     _ = tokio::time::sleep(pause) => {}
@@ -197,18 +181,11 @@ impl EtcdBackend {
     /// Notes that `attempt`'s key is on `lease` (so that renewals can keep it alive while they
     /// read the key, rather than after).
     pub(crate) fn remember(&self, attempt: &AttemptId, lease: Lease) {
-        self.leases
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(attempt.clone(), lease);
+        lock(&self.leases).insert(attempt.clone(), lease);
     }
 
     pub(crate) fn known_lease(&self, attempt: &AttemptId) -> Option<Lease> {
-        self.leases
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(attempt)
-            .copied()
+        lock(&self.leases).get(attempt).copied()
     }
 }
 

@@ -64,7 +64,7 @@ pub struct EtcdBackend {
     /// that goes with every renewal decides). Dropped when the attempt ends.
     leases: Mutex<HashMap<AttemptId, Lease>>,
     /// How the connection is protected (`doctor`'s `tls` check).
-    transport: tls::Transport,
+    transport: distlock_core::Finding,
     /// Fires when the backend is dropped: background revokes of ended attempts' leases stop.
     closed: CancellationToken,
     _closing: tokio_util::sync::DropGuard,
@@ -244,7 +244,7 @@ impl Backend for EtcdBackend {
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.watch_queue(req).await
+        self.watch_prefix(self.keys_of(&req.key).queue, false).await
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
@@ -275,6 +275,6 @@ impl Backend for EtcdBackend {
     }
 
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        self.observe_election(name).await
+        self.watch_prefix(self.election_prefix(name), true).await
     }
 }

@@ -240,7 +240,7 @@ impl Operator for EtcdBackend {
         ];
         out.extend(raft_finding(&statuses));
         out.push(lease_finding(self).await?);
-        out.push(self.transport.finding());
+        out.push(self.transport.clone());
 
         out.push(clock_not_checked("etcd has no API that tells its clock; locks do not depend on it (etcd counts a lease on the leader's monotonic clock from when it applied the request, dlock on the local CLOCK_BOOTTIME from before sending it; only clock rates matter); run NTP anyway so that logs agree"));
         Ok(out)

@@ -322,8 +322,6 @@ impl EtcdBackend {
         let Some(rev) = revision_of(grant.token) else {
             return Ok(ReleaseOutcome::Expired);
         };
-        // An election candidate's metadata key goes with its key.
-        let meta = keys.meta_of(&mine).map(|m| TxnOp::delete(m, None));
         // One compare-and-delete, addressed by attempt and token: a retry after a lost reply
         // finds nothing to delete and says so; it can never delete a newer grant.
         let txn = Txn::new()
@@ -332,15 +330,7 @@ impl EtcdBackend {
                 CompareOp::Equal,
                 rev,
             )])
-            .and_then(
-                [
-                    TxnOp::get(mine.clone(), None),
-                    TxnOp::delete(mine.clone(), None),
-                ]
-                .into_iter()
-                .chain(meta)
-                .collect::<Vec<_>>(),
-            )
+            .and_then(keys.read_and_delete(&mine))
             .or_else([first_of(&keys.queue)]);
         let resp = self.txn("release", txn).await?;
         let mut all = gets(&resp);
@@ -369,15 +359,9 @@ impl EtcdBackend {
     pub(crate) async fn leave(&self, req: &AcquireRequest, place: Option<Lease>) -> Result<()> {
         let keys = self.keys_of(&req.key);
         let mine = keys.attempt(&req.attempt);
-        let meta = keys.meta_of(&mine).map(|m| TxnOp::delete(m, None));
         // The key is this attempt's, whatever it is now (queued, or first: a grant whose
-        // reply was lost): delete it unconditionally (an election candidate's metadata key
-        // with it). No other attempt's key is named.
-        let ops: Vec<TxnOp> = [TxnOp::get(mine.clone(), None), TxnOp::delete(mine, None)]
-            .into_iter()
-            .chain(meta)
-            .collect();
-        let txn = Txn::new().and_then(ops);
+        // reply was lost): delete it unconditionally. No other attempt's key is named.
+        let txn = Txn::new().and_then(keys.read_and_delete(&mine));
         let r = self.txn("give up", txn).await;
         if let (Err(_), Some(place)) = (&r, place) {
             self.doubt(&req.attempt, place);

@@ -3,6 +3,7 @@
 
 use distlock_core::conn::{ClientCert, TlsFiles, TlsNames, TlsWords};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
+use distlock_core::{Finding, Severity};
 use etcd_client::{Certificate, Identity, TlsOptions};
 
 /// How `etcds://` names its TLS files (`ca_file` is `cacert` as `rediss://` spells it).
@@ -25,74 +26,38 @@ pub(crate) fn options(files: &TlsFiles) -> distlock_core::Result<TlsOptions> {
     })
 }
 
-/// How the backend's connection is protected, for `doctor`.
-#[derive(Debug, Clone)]
-pub(crate) enum Transport {
-    /// `etcd://` to these hosts.
-    Plain { loopback_only: bool },
-    /// `etcds://`: what the server's certificate is checked against, and whether a client
-    /// certificate is shown.
-    Tls { ca: String, client_cert: bool },
-    /// An application's client: not known.
-    Unknown,
-}
-
-impl Transport {
-    pub(crate) fn of(hosts: &[String], tls: Option<&TlsFiles>) -> Self {
-        match tls {
-            Some(t) => Transport::Tls {
-                ca: match t.ca() {
-                    Some(p) => format!("the CA in {}", p.display()),
-                    None => "the system's CA certificates".into(),
-                },
-                client_cert: t.client().is_some(),
-            },
-            None => Transport::Plain {
-                loopback_only: hosts.iter().all(|h| distlock_core::conn::is_loopback(h)),
-            },
+/// The `tls` finding of `doctor` for a connection to `hosts` (`host:port`), over TLS with
+/// `tls` (`etcds://`) or over plain http.
+pub(crate) fn transport(hosts: &[String], tls: Option<&TlsFiles>) -> Finding {
+    let (severity, message) = match tls {
+        Some(t) => {
+            let ca = match t.ca() {
+                Some(p) => format!("the CA in {}", p.display()),
+                None => "the system's CA certificates".into(),
+            };
+            let client = match t.client() {
+                Some(_) => "a client certificate is shown",
+                None => "no client certificate",
+            };
+            let message = format!(
+                "https: every member's certificate checked against {ca} (and its host name or \
+                 address); {client}"
+            );
+            (Severity::Ok, message)
         }
-    }
-
-    /// The `tls` finding of `doctor`.
-    pub(crate) fn finding(&self) -> distlock_core::Finding {
-        use distlock_core::{Finding, Severity};
-        match self {
-            Transport::Tls { ca, client_cert } => Finding::new(
-                Severity::Ok,
-                "tls",
-                format!(
-                    "https: every member's certificate checked against {ca} (and its host name or \
-                     address); {}",
-                    if *client_cert {
-                        "a client certificate is shown"
-                    } else {
-                        "no client certificate"
-                    }
-                ),
-            ),
-            Transport::Plain {
-                loopback_only: true,
-            } => Finding::new(
-                Severity::Ok,
-                "tls",
-                "plain http, on loopback only (nothing crosses a network)",
-            ),
-            Transport::Plain {
-                loopback_only: false,
-            } => Finding::new(
-                Severity::Warning,
-                "tls",
-                "plain http off loopback: lock keys, owner ids and any password travel \
-                 unencrypted and unauthenticated; start the members with --cert-file/--key-file \
-                 and connect with etcds://…?cacert=PATH",
-            ),
-            Transport::Unknown => Finding::new(
-                Severity::Ok,
-                "tls",
-                "not known: the backend runs on the application's etcd client",
-            ),
-        }
-    }
+        None if hosts.iter().all(|h| distlock_core::conn::is_loopback(h)) => (
+            Severity::Ok,
+            "plain http, on loopback only (nothing crosses a network)".into(),
+        ),
+        None => (
+            Severity::Warning,
+            "plain http off loopback: lock keys, owner ids and any password travel \
+             unencrypted and unauthenticated; start the members with --cert-file/--key-file \
+             and connect with etcds://…?cacert=PATH"
+                .into(),
+        ),
+    };
+    Finding::new(severity, "tls", message)
 }
 
 /// How `etcds://` and etcd name the TLS settings, for messages.
@@ -256,14 +221,13 @@ mod tests {
     fn doctor_says_how_the_connection_is_protected() {
         use distlock_core::Severity;
         let hosts = |h: &[&str]| h.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let local = Transport::of(&hosts(&["127.0.0.1:2379", "[::1]:1", "localhost:2"]), None);
-        assert_eq!(local.finding().severity, Severity::Ok);
-        let remote = Transport::of(&hosts(&["127.0.0.1:2379", "10.0.0.1:2379"]), None);
-        let f = remote.finding();
+        let local = transport(&hosts(&["127.0.0.1:2379", "[::1]:1", "localhost:2"]), None);
+        assert_eq!(local.severity, Severity::Ok);
+        let f = transport(&hosts(&["127.0.0.1:2379", "10.0.0.1:2379"]), None);
         assert_eq!(f.severity, Severity::Warning);
         assert!(f.message.contains("etcds://"), "{f:?}");
-        let tls = Transport::of(&hosts(&["10.0.0.1:2379"]), Some(&TlsFiles::new(NAMES)));
-        assert!(tls.finding().message.contains("system's CA"));
+        let tls = transport(&hosts(&["10.0.0.1:2379"]), Some(&TlsFiles::new(NAMES)));
+        assert!(tls.message.contains("system's CA"));
     }
 
     #[test]

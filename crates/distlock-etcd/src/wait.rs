@@ -40,9 +40,8 @@ const MAX_TICK: Duration = Duration::from_secs(1);
 struct Place {
     /// Create revision of our key: the fencing token once we hold the lock.
     rev: i64,
-    /// The lease our key is attached to, and its TTL in seconds.
-    lease: i64,
-    ttl: i64,
+    /// The lease our key is attached to.
+    lease: Lease,
     /// A time no later than the start of the lease's current TTL: the send time of the last
     /// keep-alive etcd confirmed, or of a request that preceded the lease's grant. On the
     /// lease clock, which counts while the machine is suspended, as etcd's lease does.
@@ -142,15 +141,11 @@ impl Waiter<'_> {
             let first = nth_first(&mut all, 0)?;
             if first.is_none_or(|f| f.create_revision() == rev) {
                 b.remember(&req.attempt, lease);
-                return Ok(Enqueued::Granted(Granted {
-                    token: token_of(rev)?,
-                    requested_at: sent,
-                }));
+                return Ok(Enqueued::Granted(Granted::new(token_of(rev)?, sent)));
             }
             return Ok(Enqueued::Waiting(Place {
                 rev,
-                lease: lease.id,
-                ttl: lease.ttl,
+                lease,
                 confirmed_at: sent,
             }));
         }
@@ -168,8 +163,10 @@ impl Waiter<'_> {
         };
         let mut place = Place {
             rev,
-            lease: h.kv.lease(),
-            ttl: h.ttl,
+            lease: Lease {
+                id: h.kv.lease(),
+                ttl: h.ttl,
+            },
             // That lease was granted during this wait.
             confirmed_at: self.started,
         };
@@ -186,30 +183,21 @@ impl Waiter<'_> {
     async fn take_turn(&mut self, place: &mut Place) -> Result<Granted> {
         let (b, req) = (self.b, self.req);
         let sent = LeaseInstant::now();
-        match b.keep_alive(place.lease).await {
+        match b.keep_alive(place.lease.id).await {
             Ok(true) => place.confirmed_at = sent,
             Ok(false) => return Err(self.lost("its lease expired as it got the lock")),
             Err(e) => {
                 tracing::debug!(error = %e, "keep-alive at grant failed; the lease runs from the last one")
             }
         }
-        b.remember(
-            &req.attempt,
-            Lease {
-                id: place.lease,
-                ttl: place.ttl,
-            },
-        );
-        Ok(Granted {
-            token: token_of(place.rev)?,
-            requested_at: place.confirmed_at,
-        })
+        b.remember(&req.attempt, place.lease);
+        Ok(Granted::new(token_of(place.rev)?, place.confirmed_at))
     }
 
     /// One look at the queue from our place: keeps the lease alive when a third of it has
     /// gone, takes the lock if our key is first, else watches the key before ours.
     async fn look(&mut self, mut place: Place) -> Result<Attempt> {
-        let lease_len = Duration::from_secs(place.ttl.unsigned_abs());
+        let lease_len = Duration::from_secs(place.lease.ttl.unsigned_abs());
         if place.confirmed_at.elapsed() >= lease_len {
             return Err(self.lost(&format!(
                 "no keep-alive of its lease reached etcd for {lease_len:?}"
@@ -217,7 +205,7 @@ impl Waiter<'_> {
         }
         if place.confirmed_at.elapsed() >= lease_len / 3 {
             let sent = LeaseInstant::now();
-            match self.b.keep_alive(place.lease).await {
+            match self.b.keep_alive(place.lease.id).await {
                 Ok(true) => place.confirmed_at = sent,
                 Ok(false) => return Err(self.lost("its lease expired")),
                 Err(e) if e.is_retryable() => {
@@ -281,7 +269,7 @@ impl WaitStrategy for Waiter<'_> {
             None => match self.enqueue().await? {
                 Enqueued::Granted(g) => return Ok(Attempt::Granted(g)),
                 Enqueued::Waiting(p) => {
-                    let lease_len = Duration::from_secs(p.ttl.unsigned_abs());
+                    let lease_len = Duration::from_secs(p.lease.ttl.unsigned_abs());
                     self.tick = (lease_len / 3).min(MAX_TICK);
                     p
                 }
@@ -326,10 +314,7 @@ impl WaitStrategy for Waiter<'_> {
     /// got meanwhile (its key became first as the deadline passed). The request names this
     /// attempt's key and nothing else.
     async fn give_up(&mut self) {
-        let place = self.place.as_ref().map(|p| Lease {
-            id: p.lease,
-            ttl: p.ttl,
-        });
+        let place = self.place.as_ref().map(|p| p.lease);
         if let Err(e) = self.b.leave(self.req, place).await {
             tracing::debug!(error = %e, "could not leave the queue; the key's lease is revoked once etcd answers");
         }
@@ -376,6 +361,11 @@ fn place_lost(b: &EtcdBackend, mine: &[u8], why: &str) -> Error {
     )
 }
 
+/// A watch that failed (`why`), as etcd-client's own watch errors are mapped.
+fn watch_error(endpoint: &str, why: String) -> Error {
+    map(endpoint, etcd_client::Error::WatchError(why))
+}
+
 /// A subscription to the deletions under one lock's queue (and with `puts`, to every change
 /// under it: an election's observers see new candidates and proclamations too).
 pub(crate) struct QueueWatch {
@@ -391,13 +381,8 @@ impl ReleaseWatch for QueueWatch {
             match self.stream.message().await {
                 Ok(Some(resp)) => {
                     if resp.canceled() {
-                        return Err(map(
-                            &self.endpoint,
-                            etcd_client::Error::WatchError(format!(
-                                "watch canceled: {}",
-                                resp.cancel_reason()
-                            )),
-                        ));
+                        let why = format!("watch canceled: {}", resp.cancel_reason());
+                        return Err(watch_error(&self.endpoint, why));
                     }
                     if resp
                         .events()
@@ -407,12 +392,7 @@ impl ReleaseWatch for QueueWatch {
                         return Ok(Wake::Released);
                     }
                 }
-                Ok(None) => {
-                    return Err(map(
-                        &self.endpoint,
-                        etcd_client::Error::WatchError("watch stream ended".into()),
-                    ))
-                }
+                Ok(None) => return Err(watch_error(&self.endpoint, "watch stream ended".into())),
                 Err(e) => return Err(map(&self.endpoint, e)),
             }
         }
@@ -420,22 +400,16 @@ impl ReleaseWatch for QueueWatch {
 }
 
 impl EtcdBackend {
-    /// A subscription to the releases of `req`'s lock, confirmed by the server (`Backend::watch`).
-    pub(crate) async fn watch_queue(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.watch_prefix(self.keys_of(&req.key).queue, false).await
-    }
-
-    /// A subscription to the changes of election `name` (`Backend::observe`): every put and
-    /// delete under its candidate prefix — a new candidate, a proclamation, a lease move, a
-    /// resignation or expiry. Metadata keys change only together with their candidate key
-    /// (one transaction), so the prefix alone sees every change an observer reads.
-    pub(crate) async fn observe_election(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        self.watch_prefix(self.election_prefix(name), true).await
-    }
-
-    /// A watch on every key under `prefix`, confirmed by the server: deletions only, or with
-    /// `puts` every change.
-    async fn watch_prefix(&self, prefix: Vec<u8>, puts: bool) -> Result<Box<dyn ReleaseWatch>> {
+    /// A watch on every key under `prefix`, confirmed by the server: deletions only (a
+    /// lock's releases, `Backend::watch`), or with `puts` every change (`Backend::observe`:
+    /// a new candidate, a proclamation, a lease move, a resignation or expiry; metadata keys
+    /// change only together with their candidate key, in one transaction, so the candidate
+    /// prefix alone sees every change an observer reads).
+    pub(crate) async fn watch_prefix(
+        &self,
+        prefix: Vec<u8>,
+        puts: bool,
+    ) -> Result<Box<dyn ReleaseWatch>> {
         let mut opts = WatchOptions::new().with_prefix();
         if !puts {
             opts = opts.with_filters([WatchFilterType::NoPut]);
@@ -454,10 +428,8 @@ impl EtcdBackend {
         match first {
             Some(r) if r.created() && !r.canceled() => {}
             _ => {
-                return Err(map(
-                    &self.endpoint,
-                    etcd_client::Error::WatchError("the watch was not created".into()),
-                ))
+                let why = "the watch was not created".into();
+                return Err(watch_error(&self.endpoint, why));
             }
         }
         Ok(Box::new(QueueWatch {

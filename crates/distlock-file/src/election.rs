@@ -133,7 +133,7 @@ impl ObserveWatch {
             self.inner
                 .io_error(format!("cannot open {}", path.display()), e)
         })?;
-        let free = self.inner.probe(&file, sys::Mode::Shared, path)?;
+        let free = self.inner.try_flock(&file, sys::Mode::Shared, path)?;
         if free {
             // Nobody leads: the next leader's grant writes the record, which inotify reports.
             sys::unlock_and_close(file);

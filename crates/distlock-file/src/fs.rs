@@ -140,10 +140,21 @@ impl Inner {
         io_error(&self.endpoint, what, e)
     }
 
-    /// Locks `file` (at `path`) in `mode` if that needs no wait: whether it did.
-    pub(crate) fn probe(&self, file: &File, mode: sys::Mode, path: &Path) -> Result<bool> {
+    /// Locks `file` (at `path`) in `mode` if that needs no wait (`flock(mode | LOCK_NB)`):
+    /// whether it did.
+    pub(crate) fn try_flock(&self, file: &File, mode: sys::Mode, path: &Path) -> Result<bool> {
         sys::try_lock(file, mode)
-            .map_err(|e| self.io_error(format!("cannot probe {}", path.display()), e))
+            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))
+    }
+
+    /// The error of a lock file at `path` that was deleted or replaced at every try to lock it.
+    pub(crate) fn replaced_too_often(&self, path: &Path) -> Error {
+        self.io_error(
+            format!("cannot lock {}", path.display()),
+            io::Error::other(
+                "the lock file was deleted or replaced three times while locking it; is something removing files in the lock directory?",
+            ),
+        )
     }
 
     /// True if a process (or backend) other than this one holds the lock of `path`
@@ -152,7 +163,7 @@ impl Inner {
         let Some(file) = self.open_existing(path)? else {
             return Ok(false);
         };
-        let free = self.probe(&file, sys::Mode::Shared, path)?;
+        let free = self.try_flock(&file, sys::Mode::Shared, path)?;
         if free {
             sys::unlock_and_close(file);
         }

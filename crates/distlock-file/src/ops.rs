@@ -8,7 +8,7 @@
 //! next holder in (the flock stays), so it would not help either. A free lock's counter is
 //! advanced under the exclusive lock, as a grant would.
 
-use super::{check_kind, rw, sys, FileBackend, Inner, KIND};
+use super::{check_kind, rw, sys, FileBackend, KIND};
 use crate::record::{self, Record};
 use distlock_core::{
     Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
@@ -39,55 +39,144 @@ fn peek_record(path: &Path) -> Option<Record> {
 #[distlock_core::async_trait]
 impl Operator for FileBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
-        list(self, prefix).await
+        let inner = &self.inner;
+        let entries = std::fs::read_dir(&inner.dir)
+            .map_err(|e| inner.io_error(format!("cannot read {}", inner.dir.display()), e))?;
+        let rw_suffix = format!(".{}", rw::RECORD);
+        let election_suffix = format!(".{}", crate::mutex::ELECTION);
+        let mut found: Vec<(String, LockKind)> = Vec::new();
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let Some(file_name) = file_name.to_str() else {
+                continue;
+            };
+            let kind = if file_name.ends_with(MUTEX_SUFFIX) {
+                LockKind::Mutex
+            } else if file_name.ends_with(&rw_suffix) {
+                LockKind::Write
+            } else if file_name.ends_with(&election_suffix) {
+                LockKind::Election
+            } else {
+                continue;
+            };
+            // The record keeps the name (the file name is its hash).
+            let Some(name) = peek_record(&entry.path()).and_then(|r| r.name) else {
+                continue;
+            };
+            if name.starts_with(prefix) {
+                found.push((name, kind));
+            }
+        }
+        found.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
+        found.dedup();
+        let mut out = Vec::with_capacity(found.len());
+        for (name, kind) in found {
+            let info = distlock_core::Backend::inspect(self, &name, kind).await?;
+            out.push(ListedLock::new(kind, info));
+        }
+        Ok(out)
     }
 
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        force_release(&self.inner, name, kind)
+        let inner = &self.inner;
+        check_kind(kind)?;
+        distlock_core::validate_name(name)?;
+        if rw::side_of(kind).is_some() {
+            let path = inner.rw_path(name, rw::RECORD);
+            let rec = peek_record(&path).unwrap_or_default();
+            let holders: Vec<(u32, String)> =
+                rec.holds.iter().map(|h| (h.pid, h.owner.clone())).collect();
+            if holders.is_empty() {
+                // Free (as far as the record says): nothing to remove. The counter of a
+                // read-write lock is advanced under its own protocol at the next grant.
+                return Ok(ForceReleased::new(Vec::new(), rec.token));
+            }
+            return Err(held_error(name, &holders));
+        }
+        let flavor = crate::mutex::Flavor::of(kind).unwrap_or(crate::mutex::Flavor::Mutex);
+        let path = inner.fpath(flavor, name);
+        let file = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(ForceReleased::new(Vec::new(), 0));
+            }
+            Err(e) => {
+                return Err(inner.io_error(format!("cannot open lock file {}", path.display()), e))
+            }
+        };
+        let free = inner.try_flock(&file, sys::Mode::Exclusive, &path)?;
+        if !free {
+            let holders = peek_record(&path)
+                .and_then(|r| r.holder)
+                .map(|h| vec![(h.pid, h.owner)])
+                .unwrap_or_default();
+            return Err(held_error(name, &holders));
+        }
+        // Under the exclusive lock, as a grant: advance the counter past every token issued.
+        let result = (|| {
+            let mut rec = inner.read_record(&file, &path)?;
+            inner.check_name(&rec, name, &path)?;
+            rec.token = record::next_token(rec.token).ok_or_else(|| {
+                inner.corrupt(&path, "its fencing token is at the largest possible value")
+            })?;
+            rec.name = Some(name.to_owned());
+            rec.holder = None;
+            rec.value = None;
+            record::write(&file, &rec).map_err(|e| {
+                inner.io_error(format!("cannot write lock file {}", path.display()), e)
+            })?;
+            Ok(ForceReleased::new(Vec::new(), rec.token))
+        })();
+        sys::unlock_and_close(file);
+        result
     }
 
     async fn diagnose(&self) -> Result<Vec<Finding>> {
-        Ok(diagnose(&self.inner))
+        let dir = &self.inner.dir;
+        let mut out = Vec::new();
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        out.push(match sys::fs_magic(dir) {
+            Ok(magic) => match crate::fs::network_fs(magic) {
+                Some(fs) => Finding::new(
+                    Severity::Unsafe,
+                    "file-system",
+                    format!("{} is on {fs} (statfs type {magic:#x}): flock there can be lost by the client or does not exclude other hosts; use a directory on a local file system, or a networked backend (redis://, etcd://) for locks between hosts", dir.display()),
+                ),
+                None if magic == crate::fs::FUSE_MAGIC => Finding::new(
+                    Severity::Warning,
+                    "file-system",
+                    format!("{} is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs does not); prefer a local directory", dir.display()),
+                ),
+                None => Finding::new(
+                    Severity::Ok,
+                    "file-system",
+                    format!("{} is on a local file system (statfs type {magic:#x}); locks exclude the processes of this host only", dir.display()),
+                ),
+            },
+            Err(e) => Finding::new(
+                Severity::Unsafe,
+                "file-system",
+                format!("cannot statfs {}: {e}", dir.display()),
+            ),
+        });
+        // Writable: a lock file must be creatable and writable (the record carries the counter).
+        let probe = dir.join(format!(".dlock-doctor-{}", std::process::id()));
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
+            .and_then(|mut f| f.write_all(b"probe\n"));
+        let _ = std::fs::remove_file(&probe);
+        out.push(match written {
+            Ok(()) => Finding::new(Severity::Ok, "writable", format!("{} is writable", dir.display())),
+            Err(e) => Finding::new(
+                Severity::Unsafe,
+                "writable",
+                format!("cannot create files in {}: {e}; locks cannot be taken: give the user write permission on the directory (for several users: a group-writable setgid directory and umask 002)", dir.display()),
+            ),
+        });
+        Ok(out)
     }
-}
-
-pub(crate) async fn list(b: &FileBackend, prefix: &str) -> Result<Vec<ListedLock>> {
-    let inner = &b.inner;
-    let entries = std::fs::read_dir(&inner.dir)
-        .map_err(|e| inner.io_error(format!("cannot read {}", inner.dir.display()), e))?;
-    let rw_suffix = format!(".{}", rw::RECORD);
-    let election_suffix = format!(".{}", crate::mutex::ELECTION);
-    let mut found: Vec<(String, LockKind)> = Vec::new();
-    for entry in entries.flatten() {
-        let file_name = entry.file_name();
-        let Some(file_name) = file_name.to_str() else {
-            continue;
-        };
-        let kind = if file_name.ends_with(MUTEX_SUFFIX) {
-            LockKind::Mutex
-        } else if file_name.ends_with(&rw_suffix) {
-            LockKind::Write
-        } else if file_name.ends_with(&election_suffix) {
-            LockKind::Election
-        } else {
-            continue;
-        };
-        // The record keeps the name (the file name is its hash).
-        let Some(name) = peek_record(&entry.path()).and_then(|r| r.name) else {
-            continue;
-        };
-        if name.starts_with(prefix) {
-            found.push((name, kind));
-        }
-    }
-    found.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
-    found.dedup();
-    let mut out = Vec::with_capacity(found.len());
-    for (name, kind) in found {
-        let info = distlock_core::Backend::inspect(b, &name, kind).await?;
-        out.push(ListedLock::new(kind, info));
-    }
-    Ok(out)
 }
 
 /// The refusal for a held lock: who holds it and what to do.
@@ -113,103 +202,4 @@ fn held_error(name: &str, holders: &[(u32, String)]) -> Error {
             "forced release of `{name}`: the lock is held by {who}. On file:// a lock is the holder process's flock(2), which no other process can take away; the kernel frees it the moment that process exits. Stop the holder (e.g. `kill <pid>`); the next holder then gets a higher fencing token"
         ),
     )
-}
-
-pub(crate) fn force_release(inner: &Inner, name: &str, kind: LockKind) -> Result<ForceReleased> {
-    check_kind(kind)?;
-    distlock_core::validate_name(name)?;
-    if rw::side_of(kind).is_some() {
-        let path = inner.rw_path(name, rw::RECORD);
-        let rec = peek_record(&path).unwrap_or_default();
-        let holders: Vec<(u32, String)> =
-            rec.holds.iter().map(|h| (h.pid, h.owner.clone())).collect();
-        if holders.is_empty() {
-            // Free (as far as the record says): nothing to remove. The counter of a
-            // read-write lock is advanced under its own protocol at the next grant.
-            return Ok(ForceReleased::new(Vec::new(), rec.token));
-        }
-        return Err(held_error(name, &holders));
-    }
-    let flavor = crate::mutex::Flavor::of(kind).unwrap_or(crate::mutex::Flavor::Mutex);
-    let path = inner.fpath(flavor, name);
-    let file = match OpenOptions::new().read(true).write(true).open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Ok(ForceReleased::new(Vec::new(), 0));
-        }
-        Err(e) => {
-            return Err(inner.io_error(format!("cannot open lock file {}", path.display()), e))
-        }
-    };
-    let free = inner.probe(&file, sys::Mode::Exclusive, &path)?;
-    if !free {
-        let holders = peek_record(&path)
-            .and_then(|r| r.holder)
-            .map(|h| vec![(h.pid, h.owner)])
-            .unwrap_or_default();
-        return Err(held_error(name, &holders));
-    }
-    // Under the exclusive lock, as a grant: advance the counter past every token issued.
-    let result = (|| {
-        let mut rec = inner.read_record(&file, &path)?;
-        inner.check_name(&rec, name, &path)?;
-        rec.token = record::next_token(rec.token).ok_or_else(|| {
-            inner.corrupt(&path, "its fencing token is at the largest possible value")
-        })?;
-        rec.name = Some(name.to_owned());
-        rec.holder = None;
-        rec.value = None;
-        record::write(&file, &rec)
-            .map_err(|e| inner.io_error(format!("cannot write lock file {}", path.display()), e))?;
-        Ok(ForceReleased::new(Vec::new(), rec.token))
-    })();
-    sys::unlock_and_close(file);
-    result
-}
-
-pub(crate) fn diagnose(inner: &Inner) -> Vec<Finding> {
-    let dir = &inner.dir;
-    let mut out = Vec::new();
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    out.push(match sys::fs_magic(dir) {
-        Ok(magic) => match crate::fs::network_fs(magic) {
-            Some(fs) => Finding::new(
-                Severity::Unsafe,
-                "file-system",
-                format!("{} is on {fs} (statfs type {magic:#x}): flock there can be lost by the client or does not exclude other hosts; use a directory on a local file system, or a networked backend (redis://, etcd://) for locks between hosts", dir.display()),
-            ),
-            None if magic == crate::fs::FUSE_MAGIC => Finding::new(
-                Severity::Warning,
-                "file-system",
-                format!("{} is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs does not); prefer a local directory", dir.display()),
-            ),
-            None => Finding::new(
-                Severity::Ok,
-                "file-system",
-                format!("{} is on a local file system (statfs type {magic:#x}); locks exclude the processes of this host only", dir.display()),
-            ),
-        },
-        Err(e) => Finding::new(
-            Severity::Unsafe,
-            "file-system",
-            format!("cannot statfs {}: {e}", dir.display()),
-        ),
-    });
-    // Writable: a lock file must be creatable and writable (the record carries the counter).
-    let probe = dir.join(format!(".dlock-doctor-{}", std::process::id()));
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-        .and_then(|mut f| f.write_all(b"probe\n"));
-    let _ = std::fs::remove_file(&probe);
-    out.push(match written {
-        Ok(()) => Finding::new(Severity::Ok, "writable", format!("{} is writable", dir.display())),
-        Err(e) => Finding::new(
-            Severity::Unsafe,
-            "writable",
-            format!("cannot create files in {}: {e}; locks cannot be taken: give the user write permission on the directory (for several users: a group-writable setgid directory and umask 002)", dir.display()),
-        ),
-    });
-    out
 }

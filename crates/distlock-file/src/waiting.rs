@@ -15,34 +15,7 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// Waits for one lock name without polling, with the core's retrying loop
-/// ([`wait::run`]): `attempt` (one non-blocking attempt under the table lock, which, when the
-/// lock is held, starts the waiting threads it needs), then sleep until the name's notifier
-/// fires, the deadline passes or `cancel` fires. The caller keeps its waiter registered for
-/// the whole wait; `generation` reads the name's generation (see [`Registration`]).
-pub(crate) async fn wait_for(
-    notify: &Notify,
-    generation: impl Fn() -> Option<u64> + Send + Sync,
-    attempt: impl FnMut() -> Result<AcquireReply> + Send,
-    deadline: Option<Instant>,
-    cancel: &CancellationToken,
-) -> Result<Option<Granted>> {
-    let mut strategy = NotifiedWait {
-        notify,
-        generation,
-        attempt,
-        seen: None,
-    };
-    wait::run(
-        &mut strategy,
-        Deadline::from(deadline),
-        cancel,
-        RetryPolicy::default(),
-    )
-    .await
-}
-
-/// [`wait_for`]'s strategy.
+/// [`Watch::wait`]'s strategy.
 struct NotifiedWait<'a, G, A> {
     notify: &'a Notify,
     generation: G,
@@ -102,13 +75,42 @@ pub(crate) struct Watch<R> {
 }
 
 impl<R: Registration> Watch<R> {
-    /// A watch that reports the first change after generation `seen`, woken by `notify`.
+    /// A registration that reports the first change after generation `seen`, woken by
+    /// `notify`: a watch once [`armed`](Self::armed), or a waiter's ([`wait`](Self::wait)).
     pub(crate) fn new(registration: R, notify: Arc<Notify>, seen: u64) -> Watch<R> {
         Watch {
             registration,
             notify,
             seen,
         }
+    }
+
+    /// The watch, catching releases by other processes from now on, not only from the
+    /// first `changed`.
+    pub(crate) fn armed(self) -> Result<Watch<R>> {
+        self.registration.rearm()?;
+        Ok(self)
+    }
+
+    /// Waits for the name without polling, with the core's retrying loop ([`wait::run`]):
+    /// `attempt` (one non-blocking attempt under the table lock, which, when the lock is
+    /// held, starts the waiting threads it needs), then sleep until the name's notifier
+    /// fires, the deadline passes or `cancel` fires. The waiter stays registered for the
+    /// whole wait.
+    pub(crate) async fn wait(
+        &self,
+        attempt: impl FnMut() -> Result<AcquireReply> + Send,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        let mut strategy = NotifiedWait {
+            notify: &self.notify,
+            generation: || self.registration.generation(),
+            attempt,
+            seen: None,
+        };
+        let deadline = Deadline::from(deadline);
+        wait::run(&mut strategy, deadline, cancel, RetryPolicy::default()).await
     }
 }
 

@@ -92,23 +92,12 @@ impl Inner {
                 return Ok((None, 0));
             };
             let path = format!("{dir}/{}", head.name);
-            match self
-                .timed("reading the leader's node", sess.zk.get_data(&path))
-                .await?
-            {
-                Ok((data, stat)) => {
-                    return Ok((
-                        Some(LeaderNode {
-                            name: head.name.clone(),
-                            data,
-                            stat,
-                        }),
-                        queue.len(),
-                    ))
-                }
-                // It resigned between the two reads: the next one leads.
-                Err(zk::Error::NoNode) => continue,
-                Err(e) => return Err(self.err("reading the leader's node", e)),
+            let read = sess.zk.get_data(&path);
+            // `None`: it resigned between the two reads, the next one leads.
+            let what = "reading the leader's node";
+            if let Some((data, stat)) = self.call_unless(what, zk::Error::NoNode, read).await? {
+                let name = head.name.clone();
+                return Ok((Some(LeaderNode { name, data, stat }), queue.len()));
             }
         }
         Err(crate::node::busy(&self.endpoint, dir))
@@ -130,10 +119,13 @@ impl Inner {
         })?;
         let owner = owner_of(&l.name);
         // What it proclaimed since its grant, if anything; else what it campaigned with.
-        let proclaimed = match self.timed("inspecting", sess.zk.get_data(&dir)).await? {
-            Ok((data, _)) => Proclaimed::parse(&dir, &data)?.filter(|p| p.token == token),
-            Err(zk::Error::NoNode) => None,
-            Err(e) => return Err(self.err("inspecting", e)),
+        let read = sess.zk.get_data(&dir);
+        let proclaimed = match self
+            .call_unless("inspecting", zk::Error::NoNode, read)
+            .await?
+        {
+            Some((data, _)) => Proclaimed::parse(&dir, &data)?.filter(|p| p.token == token),
+            None => None,
         };
         let value = match proclaimed {
             Some(p) => p.value,
@@ -166,18 +158,14 @@ impl Inner {
         // Read at the leader's state, so "still leads" is the leader's answer.
         self.sync(&sess, &g.path).await?;
         for _ in 0..DATA_ATTEMPTS {
-            let node = match self.timed(what, sess.zk.check_stat(&g.path)).await? {
-                Ok(Some(st)) if st.ephemeral_owner == sess.id && token_of(&st) == Some(g.token) => {
-                    st
-                }
-                Ok(_) => return Ok(self.not_leading(grant, &g.path, g.gen)),
-                Err(e) => return Err(self.err(what, e)),
+            let node = match self.call(what, sess.zk.check_stat(&g.path)).await? {
+                Some(st) if st.ephemeral_owner == sess.id && token_of(&st) == Some(g.token) => st,
+                _ => return Ok(self.not_leading(grant, &g.path, g.gen)),
             };
-            let (data, dir) = match self.timed(what, sess.zk.get_data(&g.dir)).await? {
-                Ok(v) => v,
-                // The node exists, so its directory does: a race with our own check.
-                Err(zk::Error::NoNode) => continue,
-                Err(e) => return Err(self.err(what, e)),
+            let read = sess.zk.get_data(&g.dir);
+            // The node exists, so its directory does: `None` is a race with our own check.
+            let Some((data, dir)) = self.call_unless(what, zk::Error::NoNode, read).await? else {
+                continue;
             };
             // A granted node leads as long as it exists: every node before it is gone, and
             // every later one has a higher sequence number.
@@ -195,22 +183,15 @@ impl Inner {
             w.add_check_version(&g.path, node.version)
                 .and_then(|()| w.add_set_data(&g.dir, &record.encode(), Some(dir.version)))
                 .map_err(|e| self.err(what, e))?;
-            match self.timed(what, w.commit()).await? {
+            match self.commit(what, w).await? {
                 Ok(_) => return Ok(RenewOutcome::Renewed),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::NoNode,
-                }) => return Ok(self.not_leading(grant, &g.path, g.gen)),
+                Err((Some(0), zk::Error::NoNode)) => {
+                    return Ok(self.not_leading(grant, &g.path, g.gen))
+                }
                 // Another write got there first (our own earlier one whose answer was lost, a
                 // Curator container's recreation): look again.
-                Err(zk::MultiWriteError::OperationFailed {
-                    source: zk::Error::BadVersion | zk::Error::NoNode,
-                    ..
-                }) => continue,
-                Err(zk::MultiWriteError::OperationFailed { source, .. })
-                | Err(zk::MultiWriteError::RequestFailed { source }) => {
-                    return Err(self.err(what, source))
-                }
+                Err((Some(_), zk::Error::BadVersion | zk::Error::NoNode)) => continue,
+                Err((_, e)) => return Err(self.err(what, e)),
             }
         }
         Err(crate::node::busy(&self.endpoint, &g.dir))
@@ -233,10 +214,10 @@ impl Inner {
             let (Some(l), _) = self.leader_node(&sess, &dir).await? else {
                 return Ok(ForceReleased::new(Vec::new(), 0));
             };
-            let (data, dir_stat) = match self.timed(what, sess.zk.get_data(&dir)).await? {
-                Ok(v) => v,
-                Err(zk::Error::NoNode) => continue,
-                Err(e) => return Err(self.err(what, e)),
+            let read = sess.zk.get_data(&dir);
+            let Some((data, dir_stat)) = self.call_unless(what, zk::Error::NoNode, read).await?
+            else {
+                continue;
             };
             let path = format!("{dir}/{}", l.name);
             let mut w = sess.zk.new_multi_writer();
@@ -285,39 +266,16 @@ impl ElectionWatch {
         let inner = &self.inner;
         let sess = inner.session().await?;
         let what = "watching the election";
-        let mut made_dir = false;
-        let (_, cw) = loop {
-            match inner
-                .timed(what, sess.zk.list_and_watch_children(&self.dir))
-                .await?
-            {
-                Ok(v) => break v,
-                Err(zk::Error::NoNode) if !made_dir => {
-                    made_dir = true;
-                    let opts = zk::CreateMode::Persistent.with_acls(inner.acl.acls());
-                    match inner
-                        .timed(
-                            "creating the election directory",
-                            sess.zk.mkdir(&self.dir, &opts),
-                        )
-                        .await?
-                    {
-                        Ok(()) | Err(zk::Error::NodeExists) => {}
-                        Err(e) => return Err(inner.err("creating the election directory", e)),
-                    }
-                }
-                Err(e) => return Err(inner.err(what, e)),
-            }
-        };
-        // Proclamations change the directory's data.
+        let making = "creating the election directory";
+        let cw = inner.watch_children(&sess, &self.dir, what, making).await?;
+        // Proclamations change the directory's data; `None`: deleted meanwhile (a Curator
+        // container), and the child watch fired for it.
         let lw = match inner
-            .timed(what, sess.zk.check_and_watch_stat(&self.dir))
+            .call(what, sess.zk.check_and_watch_stat(&self.dir))
             .await?
         {
-            Ok((Some(_), w)) => Some(w),
-            // Deleted meanwhile (a Curator container): the child watch fired for it.
-            Ok((None, _)) => None,
-            Err(e) => return Err(inner.err(what, e)),
+            (Some(_), w) => Some(w),
+            (None, _) => None,
         };
         let events: Event = Box::pin(async move {
             match lw {

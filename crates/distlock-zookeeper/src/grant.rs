@@ -4,7 +4,7 @@ use crate::error::session_gone;
 use crate::layout::{NodeData, NodeKind};
 use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
 use crate::session::{watch_node, Inner, Session};
-use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, HoldKey};
+use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, Granted, HoldKey};
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{LockKind, Result};
 use std::sync::Arc;
@@ -28,17 +28,17 @@ pub(crate) struct Grant {
     pub(crate) delete_sent: bool,
 }
 
-/// True when the node data `data` still lists grant `g` of attempt `attempt`.
-pub(crate) fn grant_in_data(g: &Grant, attempt: &str, data: &[u8]) -> bool {
-    if g.node == NodeKind::Latch {
-        // A candidate's node holds its value; the node itself is the grant.
-        return true;
-    }
-    match NodeData::parse(data) {
-        Some(nd) if g.joined => nd.readers.iter().any(|r| r == attempt),
-        Some(nd) => g.node != NodeKind::Write || !nd.downgraded,
-        None => false,
-    }
+/// Whether grant `g` of attempt `attempt` still holds, its node read as `nd` with `stat`: the
+/// node has the grant's token, and a reader joined to a shared node is still listed in it,
+/// or a write grant's node was not downgraded. (A candidate's node holds its value, not
+/// dlock's data: the node itself is the grant, read as the default data.)
+pub(crate) fn still_held(g: &Grant, nd: &NodeData, stat: &zk::Stat, attempt: &str) -> bool {
+    token_of(stat) == Some(g.token)
+        && if g.joined {
+            nd.readers.iter().any(|r| *r == attempt)
+        } else {
+            g.node != NodeKind::Write || !nd.downgraded
+        }
 }
 
 impl Inner {
@@ -75,7 +75,7 @@ impl Inner {
         &self,
         sess: &Session,
         req: &AcquireRequest,
-    ) -> Result<Option<(u64, LeaseInstant)>> {
+    ) -> Result<Option<Granted>> {
         let Some(g) = self
             .state()
             .grants
@@ -92,20 +92,18 @@ impl Inner {
         }
         let at = LeaseInstant::now();
         self.sync(sess, &g.path).await?;
-        let read = self
-            .timed("reading the lock node", sess.zk.get_data(&g.path))
-            .await?;
-        let still = match read {
-            Ok((data, stat)) => {
-                stat.ephemeral_owner == sess.id
-                    && token_of(&stat) == Some(g.token)
-                    && grant_in_data(&g, &req.attempt, &data)
-            }
-            Err(zk::Error::NoNode) => false,
-            Err(e) => return Err(self.err("reading the lock node", e)),
-        };
+        let read = sess.zk.get_data(&g.path);
+        let read = self.call_unless("reading the lock node", zk::Error::NoNode, read);
+        let still = read.await?.is_some_and(|(data, stat)| {
+            let nd = match g.node {
+                NodeKind::Latch => Some(NodeData::default()),
+                _ => NodeData::parse(&data),
+            };
+            stat.ephemeral_owner == sess.id
+                && nd.is_some_and(|nd| still_held(&g, &nd, &stat, &req.attempt))
+        });
         if still {
-            return Ok(Some((g.token, at)));
+            return Ok(Some(Granted::new(g.token, at)));
         }
         self.forget_grant(&req.attempt);
         self.node_gone(&g.path, g.gen);
@@ -120,7 +118,7 @@ impl Inner {
         sess: &Arc<Session>,
         req: &AcquireRequest,
         wg: &GrantRef,
-    ) -> Result<Option<(u64, LeaseInstant)>> {
+    ) -> Result<Option<Granted>> {
         let Some(w) = self
             .local_grant(wg)
             .filter(|w| w.gen == sess.gen && w.key.kind == LockKind::Write && !w.releasing)
@@ -130,13 +128,10 @@ impl Inner {
         let at = LeaseInstant::now();
         self.sync(sess, &w.path).await?;
         for _ in 0..DATA_ATTEMPTS {
-            let (data, stat) = match self
-                .timed("reading the write node", sess.zk.get_data(&w.path))
-                .await?
-            {
-                Ok(v) => v,
-                Err(zk::Error::NoNode) => return Ok(None),
-                Err(e) => return Err(self.err("reading the write node", e)),
+            let read = sess.zk.get_data(&w.path);
+            let what = "reading the write node";
+            let Some((data, stat)) = self.call_unless(what, zk::Error::NoNode, read).await? else {
+                return Ok(None);
             };
             if stat.ephemeral_owner != sess.id || token_of(&stat) != Some(w.token) {
                 return Ok(None);
@@ -174,7 +169,7 @@ impl Inner {
                 delete_sent: false,
             };
             self.insert_grant(sess, req, grant)?;
-            return Ok(Some((w.token, at)));
+            return Ok(Some(Granted::new(w.token, at)));
         }
         Err(busy(&self.endpoint, &w.path))
     }

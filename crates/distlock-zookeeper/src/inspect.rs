@@ -154,8 +154,6 @@ impl Inner {
         what: &str,
         mut reader: zk::MultiReader<'_>,
     ) -> Result<Vec<zk::MultiReadResult>> {
-        self.timed(what, reader.commit())
-            .await?
-            .map_err(|e| self.err(what, e))
+        self.call(what, reader.commit()).await
     }
 }

@@ -256,20 +256,7 @@ pub(crate) fn latch_owner(name: &str) -> Option<String> {
 /// Decodes a path segment written by [`encode_segment`]; `None` for a segment that is not one
 /// (no name maps to it).
 pub(crate) fn decode_segment(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    let name = String::from_utf8(out).ok()?;
+    let name = String::from_utf8(distlock_core::conn::percent_decode_strict(s).ok()?).ok()?;
     // Only the canonical encoding names anything (`%41` is not where `A` lives).
     (encode_segment(&name) == s).then_some(name)
 }

@@ -102,10 +102,10 @@ impl Inner {
                 }
                 let path = format!("{dir}/{name}");
                 match self
-                    .timed("reading the lock node", sess.zk.check_stat(&path))
+                    .call("reading the lock node", sess.zk.check_stat(&path))
                     .await?
                 {
-                    Ok(Some(st)) if st.ephemeral_owner == sess.id => {
+                    Some(st) if st.ephemeral_owner == sess.id => {
                         if let Some(token) = token_of(&st) {
                             return Ok((Created::new(&dir, name, kind, token), at));
                         }
@@ -113,9 +113,8 @@ impl Inner {
                     // This attempt's node of a session we stopped using (its holds were
                     // declared lost then): nobody relies on it, and it would block the queue
                     // until the server expires that session.
-                    Ok(Some(_)) => self.remove_node(sess, &path).await,
-                    Ok(None) => {}
-                    Err(e) => return Err(self.err("reading the lock node", e)),
+                    Some(_) => self.remove_node(sess, &path).await,
+                    None => {}
                 }
             }
         }
@@ -158,14 +157,8 @@ impl Inner {
                 }
                 Err(zk::Error::NoNode) if !made_dir => {
                     made_dir = true;
-                    let opts = zk::CreateMode::Persistent.with_acls(self.acl.acls());
-                    match self
-                        .timed("creating the lock directory", sess.zk.mkdir(dir, &opts))
-                        .await?
-                    {
-                        Ok(()) | Err(zk::Error::NodeExists) => {}
-                        Err(e) => return Err(self.err("creating the lock directory", e)),
-                    }
+                    self.make_dir(sess, dir, "creating the lock directory")
+                        .await?;
                 }
                 Err(e) if connection_died(&e) => {
                     // The create may have happened: look for our attempt's node.
@@ -234,17 +227,16 @@ impl Inner {
 
     pub(crate) async fn czxid(&self, sess: &Session, path: &str) -> Result<u64> {
         match self
-            .timed("reading the lock node", sess.zk.check_stat(path))
+            .call("reading the lock node", sess.zk.check_stat(path))
             .await?
         {
-            Ok(Some(st)) => token_of(&st).ok_or_else(|| {
+            Some(st) => token_of(&st).ok_or_else(|| {
                 Error::unexpected(KIND, format!("node {path} has czxid {}", st.czxid))
             }),
-            Ok(None) => Err(session_gone(
+            None => Err(session_gone(
                 &self.endpoint,
                 "our lock node vanished right after its creation",
             )),
-            Err(e) => Err(self.err("reading the lock node", e)),
         }
     }
 
@@ -262,14 +254,9 @@ impl Inner {
     }
 
     pub(crate) async fn list(&self, sess: &Session, dir: &str) -> Result<Vec<String>> {
-        match self
-            .timed("listing the lock queue", sess.zk.list_children(dir))
-            .await?
-        {
-            Ok(c) => Ok(c),
-            Err(zk::Error::NoNode) => Ok(Vec::new()),
-            Err(e) => Err(self.err("listing the lock queue", e)),
-        }
+        let what = "listing the lock queue";
+        let children = self.call_unless(what, zk::Error::NoNode, sess.zk.list_children(dir));
+        Ok(children.await?.unwrap_or_default())
     }
 
     /// Commits `w`, a forced release's multi-op: `None` if a node it checks changed or went
@@ -278,20 +265,14 @@ impl Inner {
     pub(crate) async fn commit_forced(
         &self,
         what: &str,
-        mut w: zk::MultiWriter<'_>,
+        w: zk::MultiWriter<'_>,
         set_at: usize,
         floor: u64,
     ) -> Result<Option<u64>> {
-        let results = match self.timed(what, w.commit()).await? {
+        let results = match self.commit(what, w).await? {
             Ok(r) => r,
-            Err(zk::MultiWriteError::OperationFailed {
-                source: zk::Error::BadVersion | zk::Error::NoNode,
-                ..
-            }) => return Ok(None),
-            Err(zk::MultiWriteError::OperationFailed { source, .. })
-            | Err(zk::MultiWriteError::RequestFailed { source }) => {
-                return Err(self.err(what, source))
-            }
+            Err((Some(_), zk::Error::BadVersion | zk::Error::NoNode)) => return Ok(None),
+            Err((_, e)) => return Err(self.err(what, e)),
         };
         match results.get(set_at) {
             Some(zk::MultiWriteResult::SetData { stat }) => Ok(Some(

@@ -12,6 +12,7 @@ use crate::error::KIND;
 use crate::inspect::Read;
 use crate::layout::{self, decode_segment, Family, NodeKind};
 use crate::node::DATA_ATTEMPTS;
+use crate::session::{Inner, Session};
 use crate::ZkBackend;
 use distlock_core::{
     Backend, Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
@@ -25,16 +26,8 @@ impl Operator for ZkBackend {
         let inner = &self.inner;
         let sess = inner.session().await?;
         inner.sync(&sess, &inner.base).await?;
-        let mut names: Vec<(String, String)> = inner
-            .list(&sess, &inner.base)
-            .await?
-            .into_iter()
-            .filter_map(|seg| decode_segment(&seg).map(|name| (name, seg)))
-            .filter(|(name, _)| name.starts_with(prefix))
-            .collect();
-        names.sort();
         let mut out = Vec::new();
-        for (name, _) in names {
+        for name in names(inner, &sess, &inner.base, prefix).await? {
             let children = inner.list(&sess, &inner.dir(&name, Family::Mutex)).await?;
             let has_rw = children.iter().any(|c| c == "rw");
             let mutex_nodes = !layout::queue(&children, Family::Mutex).is_empty();
@@ -51,15 +44,7 @@ impl Operator for ZkBackend {
         }
         // Elections, in their own root beside the namespace.
         let root = format!("{}{}", inner.base, layout::ELECTION_SUFFIX);
-        let mut elections: Vec<String> = inner
-            .list(&sess, &root)
-            .await?
-            .into_iter()
-            .filter_map(|seg| decode_segment(&seg))
-            .filter(|name| name.starts_with(prefix))
-            .collect();
-        elections.sort();
-        for name in elections {
+        for name in names(inner, &sess, &root, prefix).await? {
             let info = Backend::inspect(self, &name, LockKind::Election).await?;
             out.push(ListedLock::new(LockKind::Election, info));
         }
@@ -129,6 +114,18 @@ impl Operator for ZkBackend {
             distlock_core::operator::clock_not_checked("ZooKeeper offers clients no clock reading, and nothing here depends on it (sessions expire on the leader's ticks, tokens are zxids, not times)"),
         ])
     }
+}
+
+/// The lock names (sorted) that start with `prefix` among the children of `dir` (children
+/// that are no encoded name are no lock's).
+async fn names(inner: &Inner, sess: &Session, dir: &str, prefix: &str) -> Result<Vec<String>> {
+    let children = inner.list(sess, dir).await?.into_iter();
+    let mut names: Vec<String> = children
+        .filter_map(|seg| decode_segment(&seg))
+        .filter(|name| name.starts_with(prefix))
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 /// The voting members and observers listed in `/zookeeper/config` (`server.N=host:…:participant;…`).

@@ -106,24 +106,15 @@ impl Inner {
             };
             let mut w = sess.zk.new_multi_writer();
             let fence = fence.to_string();
-            if let Err(err) = w.add_set_data(&g.dir, fence.as_bytes(), dir_version) {
+            let added = w.add_set_data(&g.dir, fence.as_bytes(), dir_version);
+            if let Err(err) = added.and_then(|()| w.add_delete(&g.path, version)) {
                 return Ok(Err(err));
             }
-            if let Err(err) = w.add_delete(&g.path, version) {
-                return Ok(Err(err));
-            }
-            match self.timed("releasing the lock node", w.commit()).await? {
+            match self.commit("releasing the lock node", w).await? {
                 Ok(_) => return Ok(Ok(())),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::BadVersion,
-                }) => continue,
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::NoNode,
-                }) => break,
-                Err(zk::MultiWriteError::OperationFailed { source, .. }) => return Ok(Err(source)),
-                Err(zk::MultiWriteError::RequestFailed { source }) => return Ok(Err(source)),
+                Err((Some(0), zk::Error::BadVersion)) => continue,
+                Err((Some(0), zk::Error::NoNode)) => break,
+                Err((_, e)) => return Ok(Err(e)),
             }
         }
         // Busy readers (or no directory data): delete without recording.
@@ -157,8 +148,7 @@ impl Inner {
                 .await?
             {
                 Ok(v) => v,
-                Err(zk::Error::NoNode) => return Ok(Ok(None)),
-                Err(e) => return Ok(Err(e)),
+                Err(e) => return Ok(gone_is_none(Err(e))),
             };
             if token_of(&stat) != Some(g.token) {
                 return Ok(Ok(None));
@@ -283,15 +273,13 @@ impl Inner {
         if let Some(name) = self.find_child(sess, dir, &prefix).await? {
             let path = format!("{dir}/{name}");
             // The attempt's node, but is it this grant? (A stale address names an older token.)
+            let read = sess.zk.check_stat(&path);
             match self
-                .timed("reading the lock node", sess.zk.check_stat(&path))
+                .call_unless("reading the lock node", zk::Error::NoNode, read)
                 .await?
             {
-                Ok(Some(st)) if token_of(&st) == Some(grant.token) => {}
-                Ok(_) | Err(zk::Error::NoNode) => {
-                    return self.absent(sess, dir, kind.family()).await
-                }
-                Err(e) => return Err(self.err("reading the lock node", e)),
+                Some(Some(st)) if token_of(&st) == Some(grant.token) => {}
+                _ => return self.absent(sess, dir, kind.family()).await,
             }
             let g = Grant {
                 key: grant.key.clone(),
@@ -338,16 +326,8 @@ impl Inner {
         self.sync(&sess, &dir).await?;
         for name in self.list(&sess, &dir).await? {
             if name.starts_with(&prefix) {
-                match self
-                    .timed(
-                        "deleting a lock node",
-                        sess.zk.delete(&format!("{dir}/{name}"), None),
-                    )
-                    .await?
-                {
-                    Ok(()) | Err(zk::Error::NoNode) => {}
-                    Err(e) => return Err(self.err("deleting a lock node", e)),
-                }
+                let delete = sess.zk.delete(&format!("{dir}/{name}"), None);
+                (self.call_unless("deleting a lock node", zk::Error::NoNode, delete)).await?;
             }
         }
         if let Some(wg) = req.write_grant.as_ref().filter(|_| kind == NodeKind::Read) {

@@ -1,9 +1,9 @@
 //! Renewals: confirming many grants at once through the leader.
 
 use crate::error::{timed_out, KIND};
-use crate::grant::Grant;
+use crate::grant::{still_held, Grant};
 use crate::layout::{NodeData, NodeKind};
-use crate::node::{foreign_data, token_of};
+use crate::node::foreign_data;
 use crate::session::Inner;
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::{Error, Result};
@@ -146,18 +146,6 @@ fn read_of(answer: zk::MultiReadResult, session: i64, latch: bool) -> Read {
         zk::MultiReadResult::Error { err } => Err(Unread::Refused(err)),
         other => Err(Unread::Answer(format!("{other:?}"))),
     }
-}
-
-/// Whether grant `g` of attempt `attempt` still holds, its node read as `nd` with `stat`: the
-/// node has the grant's token, and a reader joined to a shared node is still listed in it,
-/// or a write grant's node was not downgraded.
-fn still_held(g: &Grant, nd: &NodeData, stat: &zk::Stat, attempt: &str) -> bool {
-    token_of(stat) == Some(g.token)
-        && if g.joined {
-            nd.readers.iter().any(|r| *r == attempt)
-        } else {
-            g.node != NodeKind::Write || !nd.downgraded
-        }
 }
 
 /// What the renewal read of one node found: the node if it is still this session's.

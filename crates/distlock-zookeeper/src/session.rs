@@ -155,15 +155,12 @@ impl Inner {
         let mut path = self.base.clone();
         loop {
             let what = format!("reading {path}");
-            match self.timed(&what, sess.zk.check_stat(&path)).await? {
-                Ok(Some(_)) => {
-                    return match self.timed(&what, sess.zk.list_children(&path)).await? {
-                        Ok(_) | Err(zk::Error::NoNode) => Ok(()),
-                        Err(e) => Err(self.err(&what, e)),
-                    };
-                }
-                Ok(None) => {}
-                Err(e) => return Err(self.err(&what, e)),
+            if self.call(&what, sess.zk.check_stat(&path)).await?.is_some() {
+                let children = sess.zk.list_children(&path);
+                return self
+                    .call_unless(&what, zk::Error::NoNode, children)
+                    .await
+                    .map(drop);
             }
             match path.rfind('/') {
                 Some(0) | None if path == "/" => return Ok(()),
@@ -185,17 +182,80 @@ impl Inner {
             .map_err(|_| timed_out(&self.endpoint, what, self.op_timeout))
     }
 
+    /// [`timed`](Self::timed) with the server's error mapped by [`err`](Self::err).
+    pub(crate) async fn call<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = std::result::Result<T, zk::Error>>,
+    ) -> Result<T> {
+        self.timed(what, fut).await?.map_err(|e| self.err(what, e))
+    }
+
+    /// [`call`](Self::call), with the answer `absent` (`NoNode`; `NodeExists` for a create)
+    /// as `None` rather than an error.
+    pub(crate) async fn call_unless<T>(
+        &self,
+        what: &str,
+        absent: zk::Error,
+        fut: impl Future<Output = std::result::Result<T, zk::Error>>,
+    ) -> Result<Option<T>> {
+        match self.timed(what, fut).await? {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e == absent => Ok(None),
+            Err(e) => Err(self.err(what, e)),
+        }
+    }
+
+    /// Commits multi-op `w` within the per-call timeout. A failure is the index of the
+    /// operation that failed (`None`: the request as a whole) and the server's error.
+    pub(crate) async fn commit(
+        &self,
+        what: &str,
+        mut w: zk::MultiWriter<'_>,
+    ) -> Result<std::result::Result<Vec<zk::MultiWriteResult>, (Option<usize>, zk::Error)>> {
+        Ok(self.timed(what, w.commit()).await?.map_err(|e| match e {
+            zk::MultiWriteError::OperationFailed { index, source } => (Some(index), source),
+            zk::MultiWriteError::RequestFailed { source } => (None, source),
+        }))
+    }
+
+    /// Creates the persistent directory `dir` (and its parents) unless it exists.
+    pub(crate) async fn make_dir(&self, sess: &Session, dir: &str, what: &str) -> Result<()> {
+        let opts = zk::CreateMode::Persistent.with_acls(self.acl.acls());
+        self.call_unless(what, zk::Error::NodeExists, sess.zk.mkdir(dir, &opts))
+            .await
+            .map(drop)
+    }
+
+    /// A watch of the children of directory `dir`, which is created (`making` in errors)
+    /// if missing.
+    pub(crate) async fn watch_children(
+        &self,
+        sess: &Session,
+        dir: &str,
+        what: &str,
+        making: &str,
+    ) -> Result<zk::OneshotWatcher> {
+        let mut made = false;
+        loop {
+            let watch = sess.zk.list_and_watch_children(dir);
+            match self.call_unless(what, zk::Error::NoNode, watch).await? {
+                Some((_, w)) => return Ok(w),
+                None if !made => self.make_dir(sess, dir, making).await?,
+                None => return Err(self.err(what, zk::Error::NoNode)),
+            }
+            made = true;
+        }
+    }
+
     /// Waits until the server we talk to has caught up with the leader: what we read next is
     /// at least as new as the leader's state when it processed the sync, and the sync only
     /// comes back if that server still follows a leader that still has our session.
     pub(crate) async fn sync(&self, sess: &Session, path: &str) -> Result<()> {
-        match self
-            .timed("syncing with the leader", sess.zk.sync(path))
-            .await?
-        {
-            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-            Err(e) => Err(self.err("syncing with the leader", e)),
-        }
+        let what = "syncing with the leader";
+        self.call_unless(what, zk::Error::NoNode, sess.zk.sync(path))
+            .await
+            .map(drop)
     }
 
     /// The current session, opening a new one if the last one ended.
@@ -212,15 +272,13 @@ impl Inner {
             .clone()
             .with_session_timeout(self.requested_timeout)
             .with_fail_eagerly();
-        let connected = match &self.tls {
-            None => {
-                tokio::time::timeout(self.connect_timeout, connector.connect(&self.hosts)).await
-            }
-            Some(tls) => {
-                tokio::time::timeout(self.connect_timeout, tls.connect(connector, &self.hosts))
-                    .await
+        let connecting = async {
+            match &self.tls {
+                None => connector.connect(&self.hosts).await,
+                Some(tls) => tls.connect(connector, &self.hosts).await,
             }
         };
+        let connected = tokio::time::timeout(self.connect_timeout, connecting).await;
         let client = match connected {
             Ok(Ok(c)) => c,
             failed => {

@@ -158,10 +158,7 @@ mod imp {
         pub(crate) async fn version(&self, hosts: &str, within: Duration) -> Option<String> {
             for (host, port) in split(hosts) {
                 let shake = async {
-                    let name = ServerName::try_from(host.to_owned()).ok()?;
-                    let tcp = tokio::net::TcpStream::connect((host, port)).await.ok()?;
-                    let connector = tokio_rustls::TlsConnector::from(self.probe.clone());
-                    let s = connector.connect(name, tcp).await.ok()?;
+                    let s = self.connect_tls(host, port).await?.ok()?;
                     s.get_ref().1.protocol_version()
                 };
                 if let Ok(Some(v)) = tokio::time::timeout(within, shake).await {
@@ -180,11 +177,22 @@ mod imp {
             self.client_cert
         }
 
-        async fn handshake(&self, host: &str, port: u16) -> Option<TlsError> {
+        /// A TLS connection of our own to `host`: `None` if the name is not one or the TCP
+        /// connection fails, else the handshake's outcome.
+        async fn connect_tls(
+            &self,
+            host: &str,
+            port: u16,
+        ) -> Option<std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>
+        {
             let name = ServerName::try_from(host.to_owned()).ok()?;
             let tcp = tokio::net::TcpStream::connect((host, port)).await.ok()?;
             let connector = tokio_rustls::TlsConnector::from(self.probe.clone());
-            match connector.connect(name, tcp).await {
+            Some(connector.connect(name, tcp).await)
+        }
+
+        async fn handshake(&self, host: &str, port: u16) -> Option<TlsError> {
+            match self.connect_tls(host, port).await? {
                 Err(e) => Some(self.classify(&e)),
                 Ok(mut s) => {
                     // TLS 1.3: a server that refuses the client's certificate (or its absence)

@@ -96,37 +96,10 @@ pub(crate) struct ChildWatch {
 impl ChildWatch {
     pub(crate) async fn arm(&mut self) -> Result<()> {
         let sess = self.inner.session().await?;
-        for _ in 0..2 {
-            match self
-                .inner
-                .timed(
-                    "watching the lock queue",
-                    sess.zk.list_and_watch_children(&self.dir),
-                )
-                .await?
-            {
-                Ok((_, w)) => {
-                    self.armed = Some((w, sess.ended.clone()));
-                    return Ok(());
-                }
-                Err(zk::Error::NoNode) => {
-                    let opts = zk::CreateMode::Persistent.with_acls(self.inner.acl.acls());
-                    match self
-                        .inner
-                        .timed(
-                            "creating the lock directory",
-                            sess.zk.mkdir(&self.dir, &opts),
-                        )
-                        .await?
-                    {
-                        Ok(()) | Err(zk::Error::NodeExists) => {}
-                        Err(e) => return Err(self.inner.err("creating the lock directory", e)),
-                    }
-                }
-                Err(e) => return Err(self.inner.err("watching the lock queue", e)),
-            }
-        }
-        Err(self.inner.err("watching the lock queue", zk::Error::NoNode))
+        let (what, making) = ("watching the lock queue", "creating the lock directory");
+        let w = self.inner.watch_children(&sess, &self.dir, what, making);
+        self.armed = Some((w.await?, sess.ended.clone()));
+        Ok(())
     }
 }
 
@@ -187,15 +160,12 @@ impl Inner {
         name: &str,
     ) -> Result<bool> {
         let path = format!("{dir}/{name}");
-        match self
-            .timed("reading the head of the queue", sess.zk.get_data(&path))
+        let what = "reading the head of the queue";
+        // Gone (`None`): the caller looks again when its watch fires.
+        let read = self.call_unless(what, zk::Error::NoNode, sess.zk.get_data(&path));
+        Ok(read
             .await?
-        {
-            Ok((data, _)) => Ok(NodeData::parse(&data).is_some_and(|d| d.downgraded)),
-            // Gone: the caller looks again when its watch fires.
-            Err(zk::Error::NoNode) => Ok(false),
-            Err(e) => Err(self.err("reading the head of the queue", e)),
-        }
+            .is_some_and(|(data, _)| NodeData::parse(&data).is_some_and(|d| d.downgraded)))
     }
 
     /// Waits until `node` holds the lock, watching only the node it waits for.
@@ -226,16 +196,8 @@ impl Inner {
             // From now on the grant is decided by a watch event; look at the leader's state
             // then, so the grant's time is one the leader confirmed our session at.
             via_leader = true;
-            let (stat, watcher) = match self
-                .timed(
-                    "watching the predecessor",
-                    sess.zk.check_and_watch_stat(&pred),
-                )
-                .await?
-            {
-                Ok(v) => v,
-                Err(e) => return Err(self.err("watching the predecessor", e)),
-            };
+            let watch = sess.zk.check_and_watch_stat(&pred);
+            let (stat, watcher) = self.call("watching the predecessor", watch).await?;
             if stat.is_none() {
                 continue;
             }
@@ -269,18 +231,12 @@ impl Inner {
         }
         let sess = self.session().await?;
         self.check_lease(&sess, req.lease, "a lease")?;
-        if let Some((token, at)) = self.regrant(&sess, req).await? {
-            return Ok(Some(Granted {
-                token,
-                requested_at: at,
-            }));
+        if let Some(g) = self.regrant(&sess, req).await? {
+            return Ok(Some(g));
         }
         if let Some(wg) = req.write_grant.as_ref().filter(|_| kind == NodeKind::Read) {
-            if let Some((token, at)) = self.join_write(&sess, req, wg).await? {
-                return Ok(Some(Granted {
-                    token,
-                    requested_at: at,
-                }));
+            if let Some(g) = self.join_write(&sess, req, wg).await? {
+                return Ok(Some(g));
             }
         }
         // If this future is dropped midway (a caller that gave up on it), the attempt gives up
@@ -310,10 +266,7 @@ impl Inner {
                     self.drop_attempt_node(&sess, req, &node.path).await;
                     return Err(e);
                 }
-                Ok(Some(Granted {
-                    token: node.token,
-                    requested_at: at,
-                }))
+                Ok(Some(Granted::new(node.token, at)))
             }
             WaitEnd::GaveUp => {
                 self.drop_attempt_node(&sess, req, &node.path).await;

@@ -84,18 +84,25 @@ impl Holder {
 
     /// The record of this grant.
     fn record(&self, name: &str) -> Record {
-        Record {
-            token: self.token,
-            name: Some(name.to_owned()),
-            holder: Some(HolderLine {
-                pid: std::process::id(),
-                count: 1,
-                owner: self.owner.to_string(),
-            }),
-            holds: Vec::new(),
-            value: self.value.as_deref().map(str::to_owned),
-            seq: self.seq,
-        }
+        let value = self.value.as_deref();
+        holder_record(name, &self.owner, self.token, value, self.seq)
+    }
+}
+
+/// The record of a grant of `name` to `owner` (this process) with `token`, and for an
+/// election leader its `value` as proclamation `seq`.
+fn holder_record(name: &str, owner: &str, token: u64, value: Option<&str>, seq: u64) -> Record {
+    Record {
+        token,
+        name: Some(name.to_owned()),
+        holder: Some(HolderLine {
+            pid: std::process::id(),
+            count: 1,
+            owner: owner.to_owned(),
+        }),
+        holds: Vec::new(),
+        value: value.map(str::to_owned),
+        seq,
     }
 }
 
@@ -210,9 +217,7 @@ impl Inner {
                 Some(f) => f,
                 None => {
                     let file = self.open_rw(&path)?;
-                    let got = sys::try_lock(&file, sys::Mode::Exclusive)
-                        .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
-                    if !got {
+                    if !self.try_flock(&file, sys::Mode::Exclusive, &path)? {
                         if arm && !entry.kernel_waiting {
                             // Wait on this very descriptor.
                             self.arm(f, entry, &key.name, file)?;
@@ -259,12 +264,7 @@ impl Inner {
                 }
             };
         }
-        Err(self.io_error(
-            format!("cannot lock {}", path.display()),
-            io::Error::other(
-                "the lock file was deleted or replaced three times while locking it; is something removing files in the lock directory?",
-            ),
-        ))
+        Err(self.replaced_too_often(&path))
     }
 
     /// Under the exclusive lock: next fencing token, written with the holder line (and an
@@ -275,18 +275,7 @@ impl Inner {
         let token = record::next_token(rec.token).ok_or_else(|| {
             self.corrupt(path, "its fencing token is at the largest possible value")
         })?;
-        let new = Record {
-            token,
-            name: Some(key.name.to_string()),
-            holder: Some(HolderLine {
-                pid: std::process::id(),
-                count: 1,
-                owner: key.owner.to_string(),
-            }),
-            holds: Vec::new(),
-            value: value.map(str::to_owned),
-            seq: 0,
-        };
+        let new = holder_record(&key.name, &key.owner, token, value, 0);
         record::write(file, &new)
             .map_err(|e| self.io_error(format!("cannot write lock file {}", path.display()), e))?;
         Ok(token)
@@ -436,7 +425,7 @@ impl Inner {
         let Some(file) = self.open_existing(&path)? else {
             return Ok(Some(LockInfo::new(name)));
         };
-        let free = self.probe(&file, sys::Mode::Shared, &path)?;
+        let free = self.try_flock(&file, sys::Mode::Shared, &path)?;
         let rec = self.read_record(&file, &path);
         if free {
             // Writers hold the exclusive lock, so under our shared lock the record is whole.

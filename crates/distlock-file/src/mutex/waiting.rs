@@ -10,7 +10,6 @@ use std::fs::File;
 use std::io;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 impl Inner {
@@ -50,9 +49,7 @@ impl Inner {
     /// A watch of mutex `name`, catching releases by other processes from now on, not only
     /// from the first `changed`.
     pub(crate) fn watch(self: &Arc<Self>, f: Flavor, name: &Arc<str>) -> Result<Watch<Interest>> {
-        let (interest, notify, seen) = Interest::new(self, f, name, true);
-        interest.rearm()?;
-        Ok(Watch::new(interest, notify, seen))
+        Interest::new(self, f, name, true).armed()
     }
 
     /// Waits for mutex `req.key.name` without polling: every release wakes the waiters.
@@ -62,11 +59,9 @@ impl Inner {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let f = super::flavor(&req.key);
-        let (_interest, notify, _) = Interest::new(self, f, &req.key.name, false);
-        let generation = || self.table(f).get(&req.key.name).map(|e| e.generation);
+        let waiter = Interest::new(self, super::flavor(&req.key), &req.key.name, false);
         let attempt = || self.try_acquire(req, true);
-        waiting::wait_for(&notify, generation, attempt, deadline, cancel).await
+        waiter.wait(attempt, deadline, cancel).await
     }
 }
 
@@ -101,13 +96,8 @@ pub(crate) struct Interest {
 }
 
 impl Interest {
-    /// Registers; returns the name's notifier and current generation.
-    fn new(
-        inner: &Arc<Inner>,
-        flavor: Flavor,
-        name: &Arc<str>,
-        watcher: bool,
-    ) -> (Interest, Arc<Notify>, u64) {
+    /// Registers, from the name's current generation on.
+    fn new(inner: &Arc<Inner>, flavor: Flavor, name: &Arc<str>, watcher: bool) -> Watch<Interest> {
         let mut table = inner.table(flavor);
         let entry = table.entry(name.clone()).or_default();
         if watcher {
@@ -121,7 +111,7 @@ impl Interest {
             name: name.clone(),
             watcher,
         };
-        (reg, entry.notify.clone(), entry.generation)
+        Watch::new(reg, entry.notify.clone(), entry.generation)
     }
 }
 

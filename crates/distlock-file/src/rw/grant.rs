@@ -109,7 +109,7 @@ impl Inner {
                 Checked::Replaced => continue,
             }
         }
-        Err(self.replaced_too_often(&key.name))
+        Err(self.replaced_too_often(&main_path))
     }
 
     /// Records a new read hold (taking `new_main` as the backend's lock if given), with the
@@ -195,7 +195,7 @@ impl Inner {
                 Checked::Replaced => continue,
             }
         }
-        Err(self.replaced_too_often(&key.name))
+        Err(self.replaced_too_often(&main_path))
     }
 
     /// Records the write hold on `main` (locked exclusively), with the next fencing token.

@@ -19,7 +19,7 @@ mod waiting;
 
 use crate::record::{self, HoldLine, Side};
 use crate::{sys, Inner};
-use distlock_core::{AcquireRequest, AttemptId, Error, GrantRef, LockKind, RenewOutcome, Result};
+use distlock_core::{AcquireRequest, AttemptId, GrantRef, LockKind, RenewOutcome, Result};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
@@ -224,12 +224,6 @@ impl Inner {
         self.dir.join(record::rw_file_name(name, suffix))
     }
 
-    /// `flock(mode | LOCK_NB)` with the path in the error.
-    fn try_flock(&self, file: &File, mode: sys::Mode, path: &Path) -> Result<bool> {
-        sys::try_lock(file, mode)
-            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))
-    }
-
     /// Checks that a descriptor we just locked is still the lock's file; unlocks it if not.
     fn check_main(&self, file: File, name: &str, entry: &mut RwEntry) -> Result<Checked> {
         let path = self.rw_path(name, MAIN);
@@ -245,15 +239,6 @@ impl Inner {
                 Err(self.io_error(format!("cannot stat {}", path.display()), e))
             }
         }
-    }
-
-    fn replaced_too_often(&self, name: &str) -> Error {
-        self.io_error(
-            format!("cannot lock {}", self.rw_path(name, MAIN).display()),
-            io::Error::other(
-                "the lock file was deleted or replaced three times while locking it; is something removing files in the lock directory?",
-            ),
-        )
     }
 
     /// Rewrites the record under its exclusive lock: this backend's `hold` lines are derived

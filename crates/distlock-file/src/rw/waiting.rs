@@ -11,7 +11,6 @@ use std::fs::File;
 use std::io;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 impl Inner {
@@ -125,9 +124,7 @@ impl Inner {
         key: &HoldKey,
         side: Side,
     ) -> Result<Watch<RwInterest>> {
-        let (interest, notify, seen) = RwInterest::new(self, &key.name, side, true);
-        interest.rearm()?;
-        Ok(Watch::new(interest, notify, seen))
+        RwInterest::new(self, &key.name, side, true).armed()
     }
 
     pub(crate) async fn rw_acquire_wait(
@@ -137,15 +134,14 @@ impl Inner {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let (_interest, notify, _) = RwInterest::new(self, &req.key.name, side, false);
+        let waiter = RwInterest::new(self, &req.key.name, side, false);
         let mut first = true;
         let attempt = || {
             let r = self.rw_try(req, side, true, first);
             first = false;
             r
         };
-        let generation = || self.rw_table().get(&req.key.name).map(|e| e.generation);
-        waiting::wait_for(&notify, generation, attempt, deadline, cancel).await
+        waiter.wait(attempt, deadline, cancel).await
     }
 }
 
@@ -204,12 +200,7 @@ pub(crate) struct RwInterest {
 }
 
 impl RwInterest {
-    fn new(
-        inner: &Arc<Inner>,
-        name: &Arc<str>,
-        side: Side,
-        watcher: bool,
-    ) -> (RwInterest, Arc<Notify>, u64) {
+    fn new(inner: &Arc<Inner>, name: &Arc<str>, side: Side, watcher: bool) -> Watch<RwInterest> {
         let mut table = inner.rw_table();
         let entry = table.entry(name.clone()).or_default();
         *Self::counter(entry, side, watcher) += 1;
@@ -219,7 +210,7 @@ impl RwInterest {
             side,
             watcher,
         };
-        (reg, entry.notify.clone(), entry.generation)
+        Watch::new(reg, entry.notify.clone(), entry.generation)
     }
 
     fn counter(entry: &mut RwEntry, side: Side, watcher: bool) -> &mut usize {
