@@ -38,6 +38,14 @@ fn quick() -> RetryPolicy {
     }
 }
 
+/// Runs `s` with no deadline until it returns a grant.
+async fn run_to_grant(s: &mut Script) -> Granted {
+    run(s, Deadline::never(), &CancellationToken::new(), quick())
+        .await
+        .expect("wait")
+        .expect("granted")
+}
+
 /// A strategy that plays a script of attempt results and counts what the loop does.
 #[derive(Default)]
 struct Script {
@@ -183,15 +191,7 @@ async fn a_handoff_is_confirmed_by_the_next_attempt() {
             Ok(Some(Wake::HandedOver { token: 77 })),
         ],
     );
-    let g = run(
-        &mut s,
-        Deadline::never(),
-        &CancellationToken::new(),
-        quick(),
-    )
-    .await
-    .expect("wait")
-    .expect("granted");
+    let g = run_to_grant(&mut s).await;
     assert_eq!(g.token, 77);
     assert_eq!(
         g.requested_at, confirmed_at,
@@ -236,15 +236,7 @@ async fn a_vouched_handoff_is_the_grant_and_a_numbered_one_is_confirmed() {
             requested_at: sent,
         }))],
     );
-    let g = run(
-        &mut s,
-        Deadline::never(),
-        &CancellationToken::new(),
-        quick(),
-    )
-    .await
-    .expect("wait")
-    .expect("granted");
+    let g = run_to_grant(&mut s).await;
     assert_eq!((g.token, g.requested_at), (9, sent));
     assert_eq!(s.tried, 1, "no confirming attempt");
     assert_eq!(s.gave_up, 0);
