@@ -45,7 +45,10 @@
 //!    connection, which must end the watch with an error); a backend that hands a released
 //!    lock straight to a queued waiter ([`Wake::HandedOver`]) must address the handoff to the
 //!    waiting *attempt* (never to the owner or the name), and [`Backend::give_up`] must give
-//!    back only a grant made to that attempt;
+//!    back only a grant made to that attempt. A watch reports a handoff as [`Wake::Granted`]
+//!    (the wait ends without another request) only when the backend knows the handoff came
+//!    after the server answered the attempt's latest request "held", and measures the lease
+//!    from that request's send time; any other handoff is confirmed by one more attempt;
 //! 6. report a key holding foreign data, a failed script or a reply of the wrong shape as
 //!    [`Error::UnexpectedReply`](crate::Error::UnexpectedReply), never by panicking;
 //! 7. if it declares [`LockKind::Election`]: keep elections apart from locks of the same name;

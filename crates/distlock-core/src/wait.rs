@@ -65,7 +65,8 @@ pub enum Attempt {
 pub trait WaitStrategy: Send {
     /// One attempt. A grant carries the send time of the request that was granted (taken
     /// just before it was sent, on the lease clock); a handoff found later by
-    /// [`wake`](WaitStrategy::wake) is measured from the moment the loop called this.
+    /// [`wake`](WaitStrategy::wake) is measured from the `requested_at` of its
+    /// [`Wake::Granted`], or confirmed by the next attempt.
     ///
     /// An attempt may wait on the server itself, bounded by `deadline`; it must then return
     /// promptly (with [`Attempt::Again`], or a grant that raced) when `cancel` fires. The loop

@@ -38,6 +38,17 @@ fn quick() -> RetryPolicy {
     }
 }
 
+/// Runs `s` for at most 60 ms.
+async fn run_briefly(s: &mut Script) -> Result<Option<Granted>> {
+    run(
+        s,
+        Deadline::after(Duration::from_millis(60)),
+        &CancellationToken::new(),
+        quick(),
+    )
+    .await
+}
+
 /// Runs `s` with no deadline until it returns a grant.
 async fn run_to_grant(s: &mut Script) -> Granted {
     run(s, Deadline::never(), &CancellationToken::new(), quick())
@@ -212,13 +223,7 @@ async fn a_stale_handoff_is_not_a_grant() {
         vec![Ok(Attempt::Held { retry_in: None })],
         vec![Ok(Some(Wake::HandedOver { token: 5 }))],
     );
-    let r = run(
-        &mut s,
-        Deadline::after(Duration::from_millis(60)),
-        &CancellationToken::new(),
-        quick(),
-    )
-    .await;
+    let r = run_briefly(&mut s).await;
     assert!(matches!(r, Ok(None)), "{r:?}");
     assert!(s.tried >= 2);
     assert_eq!(s.gave_up, 1);
@@ -248,13 +253,7 @@ async fn a_vouched_handoff_is_the_grant_and_a_numbered_one_is_confirmed() {
             request: 3,
         }))],
     );
-    let r = run(
-        &mut s,
-        Deadline::after(Duration::from_millis(60)),
-        &CancellationToken::new(),
-        quick(),
-    )
-    .await;
+    let r = run_briefly(&mut s).await;
     assert!(matches!(r, Ok(None)), "{r:?}");
     assert!(
         s.tried >= 2,
