@@ -876,26 +876,25 @@ impl Backend for RedisBackend {
         // followed); the others' are 0.
         let numbered =
             req.waiter_ttl.is_some() && matches!(family(req.key.kind)?, Family::Mutex { .. });
-        let seq = if numbered {
-            self.requests.sent(&req.attempt)
-        } else {
-            0
-        };
-        let cmd = self.acquire_cmd(req, seq)?;
+        let numbered = numbered.then(|| self.requests.sent(&req.attempt));
+        let cmd = self.acquire_cmd(req, numbered.map_or(0, |s| s.seq))?;
         let sent = self.unanswered.sent(&req.attempt);
         let (v, acked) = self.eval_acquire(&self.scripts.all(), &cmd).await?;
         sent.answered();
         let reply = acquire_outcome(req, &v)?;
         match &reply {
             AcquireReply::Granted { token } => {
-                if numbered {
+                if numbered.is_some() {
                     self.requests.forget(&req.attempt);
                 }
                 self.confirm_replicas(&req.grant(*token), acked).await?;
                 self.handoff_after.granted(req.key.kind, &req.attempt);
             }
-            AcquireReply::Held { .. } if numbered => self.requests.held(&req.attempt, seq),
-            AcquireReply::Held { .. } => {}
+            AcquireReply::Held { .. } => {
+                if let Some(sent) = numbered {
+                    self.requests.held(&req.attempt, sent);
+                }
+            }
         }
         Ok(reply)
     }

@@ -30,6 +30,13 @@ use std::time::Duration;
 const KEEP: usize = 4096;
 const STALE: Duration = Duration::from_secs(600);
 
+/// A request's number and send time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sent {
+    pub(crate) seq: u64,
+    at: Instant,
+}
+
 /// The latest request of one waiting attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Last {
@@ -51,30 +58,38 @@ impl Requests {
         self.last.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Numbers a request of `attempt` about to be sent and records its send time.
-    pub(crate) fn sent(&self, attempt: &AttemptId) -> u64 {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = Instant::now();
+    /// Numbers a request of `attempt` about to be sent, with its send time. An attempt the
+    /// table knows (it waited already) is marked as having this request in flight; an
+    /// attempt's first request (the uncontended acquire, usually granted) touches nothing.
+    pub(crate) fn sent(&self, attempt: &AttemptId) -> Sent {
+        let sent = Sent {
+            seq: self.next.fetch_add(1, Ordering::Relaxed) + 1,
+            at: Instant::now(),
+        };
+        if let Some(l) = self.table().get_mut(attempt) {
+            *l = Last {
+                seq: sent.seq,
+                sent: sent.at,
+                held: false,
+            };
+        }
+        sent
+    }
+
+    /// Request `sent` of `attempt` was answered "held": it is the attempt's latest.
+    pub(crate) fn held(&self, attempt: &AttemptId, sent: Sent) {
         let mut t = self.table();
         if t.len() >= KEEP {
-            t.retain(|_, l| now.saturating_duration_since(l.sent) < STALE);
+            t.retain(|_, l| sent.at.saturating_duration_since(l.sent) < STALE);
         }
         t.insert(
             attempt.clone(),
             Last {
-                seq,
-                sent: now,
-                held: false,
+                seq: sent.seq,
+                sent: sent.at,
+                held: true,
             },
         );
-        seq
-    }
-
-    /// Request `seq` of `attempt` was answered "held".
-    pub(crate) fn held(&self, attempt: &AttemptId, seq: u64) {
-        if let Some(l) = self.table().get_mut(attempt).filter(|l| l.seq == seq) {
-            l.held = true;
-        }
     }
 
     /// `attempt` is granted or gave up: nothing of it is vouched for any more.
@@ -178,17 +193,21 @@ mod tests {
         let first = r.sent(&a);
         r.held(&a, first);
         let second = r.sent(&a);
-        // The first request's answer is not the second's.
-        r.held(&a, first);
-        assert_eq!(r.vouch(&a, second, LEASE), None, "second not answered yet");
+        assert_eq!(
+            r.vouch(&a, second.seq, LEASE),
+            None,
+            "second not answered yet"
+        );
+        assert_eq!(r.vouch(&a, first.seq, LEASE), None, "older than the latest");
         r.held(&a, second);
-        assert_eq!(r.vouch(&a, first, LEASE), None, "older than the latest");
-        assert!(r.vouch(&a, second, LEASE).is_some());
-        assert_eq!(r.vouch(&a, second, LEASE), None, "vouched once");
+        assert_eq!(r.vouch(&a, first.seq, LEASE), None, "older than the latest");
+        assert!(r.vouch(&a, second.seq, LEASE).is_some());
+        assert_eq!(r.vouch(&a, second.seq, LEASE), None, "vouched once");
         let b = AttemptId::new();
         let s = r.sent(&b);
+        assert!(r.table().is_empty(), "a first request is not recorded");
         r.held(&b, s);
         r.forget(&b);
-        assert_eq!(r.vouch(&b, s, LEASE), None, "forgotten");
+        assert_eq!(r.vouch(&b, s.seq, LEASE), None, "forgotten");
     }
 }
