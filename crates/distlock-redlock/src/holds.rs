@@ -283,14 +283,7 @@ impl Shared {
 
     /// The lock or election as a majority of nodes sees it (the core checked the kind).
     pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        let t = self.watch_timeout();
-        let (views, problems) =
-            ops::split(ops::per_node(self, t, |b| async move { b.hold(name, kind).await }).await);
-        let q = self.q();
-        if views.len() < q {
-            return Err(self.no_quorum(views.len(), &problems));
-        }
-        Ok(ops::merge(name, &views, self.n(), false))
+        ops::merged(self, name, kind, self.watch_timeout(), false).await
     }
 
     /// An election leader's numbered proclamation on every node: `Renewed` once a majority

@@ -19,7 +19,6 @@ use distlock_core::backend::{
     RenewOutcome,
 };
 use distlock_core::{ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, Result};
-use distlock_redis::RedisNode;
 use futures_util::future::join_all;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,37 +58,32 @@ impl RedlockBackend {
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         opts.validate()?;
         let cfg = config::parse(url, opts)?;
-        let t = opts.get_connect_timeout();
-        let conns = join_all(cfg.nodes.iter().map(|n| async move {
-            tokio::time::timeout(t, RedisNode::connect(&n.url, opts)).await
-        }))
-        .await;
-        let mut nodes = Vec::new();
-        let mut problems = Vec::new();
-        for (addr, c) in cfg.nodes.iter().zip(conns) {
-            let problem = match c {
-                Ok(Ok(b)) => {
-                    nodes.push(node::Node::new(addr, Some(Arc::new(b))));
-                    continue;
-                }
-                Ok(Err(e @ (Error::Auth { .. } | Error::InvalidUrl { .. }))) => return Err(e),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no connection within {t:?}"),
-            };
-            let n = node::Node::new(addr, None);
-            n.set_error(problem.clone());
-            problems.push(format!("{}: {problem}", addr.endpoint));
-            nodes.push(n);
-        }
-        let n = nodes.len();
-        let q = tally::quorum(n);
         let endpoint = cfg
             .nodes
             .iter()
             .map(|a| a.endpoint.as_str())
             .collect::<Vec<_>>()
             .join(",");
-        let connected = nodes.iter().filter(|x| x.backend().is_some()).count();
+        let health = Arc::new(Health {
+            nodes: cfg.nodes.iter().map(node::Node::new).collect(),
+            cfg,
+            opts: opts.clone(),
+            max_lease_ms: Default::default(),
+        });
+        let (n, q) = (health.nodes.len(), health.q());
+        let conns = join_all((0..n).map(|i| health.connect_node(i))).await;
+        let mut problems = Vec::new();
+        for (node, c) in health.nodes.iter().zip(conns) {
+            match c {
+                Ok(_) => {}
+                Err(e @ (Error::Auth { .. } | Error::InvalidUrl { .. })) => return Err(e),
+                Err(e) => {
+                    node.set_error(e.to_string());
+                    problems.push(format!("{}: {e}", node.endpoint));
+                }
+            }
+        }
+        let connected = n - problems.len();
         if connected < q {
             return Err(Error::connection(
                 KIND,
@@ -100,21 +94,6 @@ impl RedlockBackend {
                 ),
             ));
         }
-        join_all(
-            nodes
-                .iter()
-                .filter_map(|x| x.backend())
-                .map(|b| async move {
-                    let _ = tokio::time::timeout(t, b.load_scripts()).await;
-                }),
-        )
-        .await;
-        let health = Arc::new(Health {
-            nodes,
-            cfg,
-            opts: opts.clone(),
-            max_lease_ms: Default::default(),
-        });
         health.initialize().await;
         let stop = CancellationToken::new();
         for i in 0..n {

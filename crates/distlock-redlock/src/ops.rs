@@ -27,27 +27,20 @@ const LIST_CONCURRENCY: usize = 16;
 /// One node's answer, or why there is none (`host:port: …`).
 type NodeAnswer<T> = std::result::Result<T, String>;
 
-/// Runs `op` on every connected node in parallel, each bounded by `t`, in node order.
-pub(crate) async fn per_node<T, F, Fut>(s: &Shared, t: Duration, op: F) -> Vec<NodeAnswer<T>>
-where
-    F: Fn(Arc<RedisNode>) -> Fut,
-    Fut: Future<Output = Result<T>>,
-{
-    per_node_of(s, t, &vec![true; s.n()], op).await
-}
-
-/// [`per_node`] on the nodes `which` selects; the others answer `Err("")` at once.
-async fn per_node_of<T, F, Fut>(
+/// Runs `op` on every connected node in parallel (only on those `which` selects, when given:
+/// the others answer `Err("")` at once), each bounded by `t`, in node order.
+pub(crate) async fn per_node<T, F, Fut>(
     s: &Shared,
     t: Duration,
-    which: &[bool],
+    which: Option<&[bool]>,
     op: F,
 ) -> Vec<NodeAnswer<T>>
 where
     F: Fn(Arc<RedisNode>) -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    join_all(s.health.nodes.iter().zip(which).map(|(node, &on)| {
+    join_all(s.health.nodes.iter().enumerate().map(|(i, node)| {
+        let on = which.is_none_or(|w| w[i]);
         let call = node.backend().filter(|_| on).map(&op);
         async move {
             let ep = &node.endpoint;
@@ -145,6 +138,23 @@ pub(crate) fn merge(
         }))
 }
 
+/// Lock or election `name` (by `kind`) as a majority of nodes sees it ([`merge`]), each
+/// node given `t`.
+pub(crate) async fn merged(
+    s: &Shared,
+    name: &str,
+    kind: LockKind,
+    t: Duration,
+    labelled: bool,
+) -> Result<LockInfo> {
+    let (views, problems) =
+        split(per_node(s, t, None, |b| async move { b.hold(name, kind).await }).await);
+    if views.len() < s.q() {
+        return Err(s.no_quorum(views.len(), &problems));
+    }
+    Ok(merge(name, &views, s.n(), labelled))
+}
+
 #[distlock_core::async_trait]
 impl Operator for crate::RedlockBackend {
     /// Every mutex and election a node has state for, merged by name and kind: a holder is an
@@ -166,11 +176,11 @@ impl Operator for crate::RedlockBackend {
 }
 
 pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
-    let (n, q) = (s.n(), s.q());
+    let q = s.q();
     // A SCAN of a large namespace takes more than one call's time.
     let scan_t = s.health.opts.get_op_timeout() * 10;
     let (lists, problems) = split(
-        per_node(s, scan_t, |b| async move {
+        per_node(s, scan_t, None, |b| async move {
             Operator::list(b.backend(), prefix).await
         })
         .await,
@@ -190,18 +200,11 @@ pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
     let t = s.call_timeout();
     stream::iter(names)
         .map(|(name, election)| async move {
-            let name = &name;
-            let kind = if election {
-                LockKind::Election
-            } else {
-                LockKind::Mutex
-            };
-            let (views, problems) =
-                split(per_node(s, t, |b| async move { b.hold(name, kind).await }).await);
-            if views.len() < q {
-                return Err(s.no_quorum(views.len(), &problems));
-            }
-            Ok(ListedLock::new(kind, merge(name, &views, n, true)))
+            let kind = [LockKind::Mutex, LockKind::Election][usize::from(election)];
+            Ok(ListedLock::new(
+                kind,
+                merged(s, &name, kind, t, true).await?,
+            ))
         })
         .buffered(LIST_CONCURRENCY)
         .try_collect()
@@ -215,7 +218,7 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
     // Every reachable node, quarantined or not: a hold left on any node could make a
     // majority with the others later. Per node, distlock-redis's script removes the hold and
     // advances the node's counter past its own tokens in one atomic step.
-    let removed = per_node(s, t, |b| async move {
+    let removed = per_node(s, t, None, |b| async move {
         Operator::force_release(b.backend(), name, kind).await
     })
     .await;
@@ -229,7 +232,7 @@ pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Res
         .unwrap_or(0);
     // Only where the removal was done: a node that did not answer it is not waited for twice.
     let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
-    let raised = per_node_of(s, t, &reached, |b| async move {
+    let raised = per_node(s, t, Some(&reached), |b| async move {
         b.raise_fences(&[(name.to_owned(), kind, top)]).await
     })
     .await;
@@ -369,7 +372,7 @@ pub(crate) async fn diagnose(s: &Shared) -> Result<Vec<Finding>> {
             format!("{n} nodes, majority {q}: tolerates {} down", n - q),
         )
     });
-    let answers = per_node(s, t, |b| async move {
+    let answers = per_node(s, t, None, |b| async move {
         let findings = Operator::diagnose(b.backend()).await?;
         let sent = SystemTime::now();
         let (info, epoch) = b.node_epoch().await?;
