@@ -295,8 +295,6 @@ impl RedisBackend {
         })
     }
 
-    /// The wake channel `req`'s queue entry names, if it may queue: where the release that
-    /// hands it the lock tells it ('' for a single try, which never queues).
     /// A mutex waiter's watch `inner`, with the handoffs this client vouches for as grants
     /// (see `requests`).
     fn vouching(
@@ -314,6 +312,8 @@ impl RedisBackend {
         })
     }
 
+    /// The wake channel `req`'s queue entry names, if it may queue: where the release that
+    /// hands it the lock tells it ('' for a single try, which never queues).
     fn wake(&self, req: &AcquireRequest) -> &str {
         match req.waiter_ttl {
             Some(_) => self.subscriber.wake(),
