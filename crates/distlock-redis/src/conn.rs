@@ -92,8 +92,16 @@ async fn single(
     let tls = a.tls.as_ref();
     let client = address::open_client(&a.conn, driver_url, tls, creds)?;
     let cert_given = Some(tls.is_some_and(|t| t.client().is_some()));
+    // Lock writes never go to a node that says it is a replica (the sentinels may name one
+    // that is still being promoted, or hold an old view): a retryable error.
     if let Some(at) = at {
-        sentinel::confirm_master(&client, at, endpoint, opts.get_connect_timeout()).await?;
+        if !sentinel::is_master(&client, at, opts.get_connect_timeout()).await? {
+            return Err(Error::connection(
+                KIND,
+                endpoint.to_owned(),
+                format!("the sentinels name {at}, but it says it is not a master (a failover in progress?); try again"),
+            ));
+        }
     }
     let limit = opts.get_connect_timeout() * 2;
     let con = tokio::time::timeout(

@@ -162,28 +162,6 @@ pub(crate) async fn is_master(
     })
 }
 
-/// At connect: an error unless the node of `client` (at `at`) says it is a master. Lock
-/// writes never go to a node that says it is a replica (the sentinels may name one that is
-/// still being promoted, or hold an old view).
-///
-/// # Errors
-/// A retryable [`Error::Connection`] for a replica; as [`is_master`] otherwise.
-pub(crate) async fn confirm_master(
-    client: &redis::Client,
-    at: &str,
-    endpoint: &str,
-    timeout: Duration,
-) -> Result<()> {
-    if is_master(client, at, timeout).await? {
-        return Ok(());
-    }
-    Err(Error::connection(
-        KIND,
-        endpoint.to_owned(),
-        format!("the sentinels name {at}, but it says it is not a master (a failover in progress?); try again"),
-    ))
-}
-
 /// Keeps a backend's connections on the master the sentinels name.
 pub(crate) struct Follower {
     sentinels: Sentinels,

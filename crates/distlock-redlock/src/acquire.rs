@@ -69,12 +69,6 @@ pub(crate) struct Round {
     pub(crate) first: usize,
 }
 
-impl Round {
-    fn new(reply: AcquireReply, first: usize) -> Self {
-        Round { reply, first }
-    }
-}
-
 /// The votes of one round as they come in.
 struct Count {
     /// Per node (a vote not in yet: unknown, may have granted).
@@ -370,7 +364,10 @@ impl Shared {
         } = count;
         let (name, attempt) = ((&*req.key.name, req.key.kind), &req.attempt);
         let decision = tally::decide(&ballots);
-        let held = |ttl| Ok(Round::new(AcquireReply::Held { ttl }, first));
+        let held = |ttl| {
+            let reply = AcquireReply::Held { ttl };
+            Ok(Round { reply, first })
+        };
         match decision {
             Decision::Again { token } | Decision::Fresh { token } => {
                 // Again: a retry of an attempt whose grant stands on a majority (its reply was
@@ -386,7 +383,8 @@ impl Shared {
                 let confirmed = tally::confirmed(decision, &ballots, &raised);
                 let q = self.q();
                 if confirmed >= q && tally::validity(req.lease, start.elapsed()).is_some() {
-                    return Ok(Round::new(AcquireReply::Granted { token }, first));
+                    let reply = AcquireReply::Granted { token };
+                    return Ok(Round { reply, first });
                 }
                 Err(self.unconfirmed(name.0, confirmed, q, start.elapsed()))
             }
