@@ -1,7 +1,7 @@
-//! Observing an election ([`Backend::observe`](distlock_core::Backend::observe)): see the
-//! crate documentation, section *Elections*.
+//! Proclaiming and observing an election ([`Backend::observe`](distlock_core::Backend::observe)):
+//! see the crate documentation, section *Elections*.
 //!
-//! An election is a mutex on `<hash>.election` (see [`crate::mutex::Flavor`]); every change of
+//! An election is a mutex on `<hash>.election` (see [`Family::Election`]); every change of
 //! its state but one rewrites its record: a grant (holder and value), a proclamation (value and
 //! seq), a resignation (the holder line removed). Those are seen through **inotify** on the
 //! file (`IN_MODIFY`, `IN_CLOSE_WRITE`), from this process and every other, by a thread that
@@ -15,7 +15,7 @@
 //!
 //! Threads, not tokio's reactor: the watch works on any tokio runtime, I/O driver or not.
 
-use crate::mutex::Flavor;
+use crate::table::{mutex_record, Entry, Family};
 use crate::{sys, waiting, Inner};
 use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
 use distlock_core::Result;
@@ -49,6 +49,32 @@ struct Signals {
 impl Signals {
     fn ring(&self) {
         self.notify.notify_one();
+    }
+}
+
+impl Inner {
+    /// Advertises `value` as proclamation `seq` of the leader of election `name`, whose
+    /// checked grant `entry` holds, if `seq` is above the last one applied.
+    pub(crate) fn proclaim(
+        &self,
+        entry: &mut Entry,
+        name: &str,
+        seq: u64,
+        value: &str,
+    ) -> Result<()> {
+        let (Some(h), Some(file)) = (entry.writer.as_mut(), &entry.main) else {
+            return Ok(());
+        };
+        if seq > h.seq {
+            // Written under our exclusive lock; the table changes only once it is.
+            let mut rec = mutex_record(name, h.token, Some(h));
+            rec.value = Some(value.to_owned());
+            rec.seq = seq;
+            self.write_record(file, &self.lock_path(Family::Election, name), &rec)?;
+            h.value = Some(Arc::from(value));
+            h.seq = seq;
+        }
+        Ok(())
     }
 }
 
@@ -87,7 +113,7 @@ impl ObserveWatch {
     /// Subscribes to election `name` from now on: inotify first, then the death thread if the
     /// election is led now (so a leader that dies right after this returns is seen).
     pub(crate) fn new(inner: &Arc<Inner>, name: &str) -> Result<ObserveWatch> {
-        let path = inner.fpath(Flavor::Election, name);
+        let path = inner.lock_path(Family::Election, name);
         // The file must exist to be watched: create it as a candidate would (empty: a fresh
         // election). Lock files are never deleted.
         drop(inner.open_rw(&path)?);

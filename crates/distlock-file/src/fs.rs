@@ -199,6 +199,24 @@ impl Inner {
         }
     }
 
+    /// Replaces the record in `file` (at `path`) with `rec`, under the lock on the record.
+    pub(crate) fn write_record(&self, file: &File, path: &Path, rec: &Record) -> Result<()> {
+        record::write(file, rec)
+            .map_err(|e| self.io_error(format!("cannot write lock file {}", path.display()), e))
+    }
+
+    /// The fencing token of the next grant after `rec`'s (see [`record::next_token`]).
+    pub(crate) fn next_token(&self, rec: &Record, path: &Path) -> Result<u64> {
+        record::next_token(rec.token)
+            .ok_or_else(|| self.corrupt(path, "its fencing token is at the largest possible value"))
+    }
+
+    /// True if `path` still names the file `file` is open on (see [`sys::same_file`]).
+    pub(crate) fn same_file(&self, file: &File, path: &Path) -> Result<bool> {
+        sys::same_file(file, path)
+            .map_err(|e| self.io_error(format!("cannot stat {}", path.display()), e))
+    }
+
     pub(crate) fn read_record(&self, file: &File, path: &Path) -> Result<Record> {
         let bytes = record::read(file)
             .map_err(|e| self.io_error(format!("cannot read lock file {}", path.display()), e))?;

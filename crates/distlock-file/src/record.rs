@@ -25,12 +25,12 @@ pub fn fnv1a_128(bytes: &[u8]) -> u128 {
 /// The lock file name of lock `name`: 32 lower-case hex digits of FNV-1a-128 of the name's
 /// UTF-8 bytes, then `.lock`.
 pub fn file_name(name: &str) -> String {
-    format!("{:032x}.lock", fnv1a_128(name.as_bytes()))
+    suffixed_name(name, "lock")
 }
 
-/// The file of lock `name` with suffix `suffix` (`rw`, `rw-turnstile`, `rw-record`,
+/// The file of lock `name` with suffix `suffix` (`lock`, `rw`, `rw-turnstile`, `rw-record`,
 /// `election`).
-pub(crate) fn rw_file_name(name: &str, suffix: &str) -> String {
+pub(crate) fn suffixed_name(name: &str, suffix: &str) -> String {
     format!("{:032x}.{suffix}", fnv1a_128(name.as_bytes()))
 }
 
@@ -395,7 +395,7 @@ mod tests {
             );
         }
         assert_eq!(
-            rw_file_name("a", "rw"),
+            suffixed_name("a", "rw"),
             "d228cb696f1a8caf78912b704e4a8964.rw"
         );
     }

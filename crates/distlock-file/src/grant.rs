@@ -1,39 +1,45 @@
-//! Granting, releasing and giving up either side of a read-write lock (one non-blocking
-//! attempt at a time, under the table lock).
+//! Granting, releasing, giving up and renewing either side of a lock (one non-blocking
+//! attempt at a time, under the table lock). A mutex or an election is the write side of a
+//! lock with no readers and no turnstile.
 
-use super::{downgrade_of, remove_if_idle, Checked, RwEntry, RwHold, MAIN, TURNSTILE};
 use crate::record::Side;
+use crate::table::{at, downgrade_of, remove_if_idle, Entry, Family, Hold, TURNSTILE};
 use crate::{sys, Inner};
 use distlock_core::{
-    AcquireReply, AcquireRequest, Error, GrantRef, HoldKey, ReleaseOutcome, Result,
+    AcquireReply, AcquireRequest, Error, GrantRef, HoldKey, ReleaseOutcome, RenewOutcome, Result,
 };
 use std::fs::File;
+use std::io;
 use std::sync::Arc;
+
+const HELD: AcquireReply = AcquireReply::Held { ttl: None };
 
 impl Inner {
     /// One non-blocking attempt, under the table lock. With `arm` (a waiter), a failed attempt
     /// queues: starts the waiting threads it needs. `first` is false for the later attempts
     /// of one wait (see [`Inner::try_write`] on upgrades).
-    pub(crate) fn rw_try(
+    pub(crate) fn try_acquire(
         self: &Arc<Self>,
-        req: &AcquireRequest,
+        family: Family,
         side: Side,
+        req: &AcquireRequest,
         arm: bool,
         first: bool,
     ) -> Result<AcquireReply> {
-        let mut table = self.rw_table();
+        let mut table = self.table(family);
         let entry = table.entry(req.key.name.clone()).or_default();
         let r = match side {
             Side::Read => self.try_read(entry, req, arm),
-            Side::Write => self.try_write(entry, req, arm, first),
+            Side::Write => self.try_write(family, entry, req, arm, first),
         };
         remove_if_idle(&mut table, &req.key.name);
         r
     }
 
-    pub(super) fn try_read(
+    /// The read side of a read-write lock.
+    fn try_read(
         self: &Arc<Self>,
-        entry: &mut RwEntry,
+        entry: &mut Entry,
         req: &AcquireRequest,
         arm: bool,
     ) -> Result<AcquireReply> {
@@ -44,7 +50,7 @@ impl Inner {
         }
         if arm {
             if let Some(e) = entry.kernel_error.take() {
-                return Err(self.wait_error(&key.name, e));
+                return Err(self.wait_error(Family::Rw, &key.name, e));
             }
         }
         if let Some(w) = &entry.writer {
@@ -57,30 +63,30 @@ impl Inner {
             if arm {
                 self.arm_read(entry, &key.name, None)?;
             }
-            return Ok(AcquireReply::Held { ttl: None });
+            return Ok(HELD);
         }
-        let main_path = self.rw_path(&key.name, MAIN);
+        let main_path = self.lock_path(Family::Rw, &key.name);
         for _ in 0..3 {
             // The read thread passed the turnstile before it blocked: its lock is ours to take.
-            if let Some(f) = entry.parked_read.take() {
+            if let Some(f) = entry.parked[at(Side::Read)].take() {
                 if entry.main.is_some() {
                     sys::unlock_and_close(f);
                     return self.add_reader(entry, req, None);
                 }
-                match self.check_main(f, &key.name, entry)? {
-                    Checked::Current(f) => return self.add_reader(entry, req, Some(f)),
-                    Checked::Replaced => continue,
+                match self.check_main(f, Family::Rw, &key.name, entry)? {
+                    Some(f) => return self.add_reader(entry, req, Some(f)),
+                    None => continue,
                 }
             }
             // A new reader passes the turnstile first: it cannot while a writer waits.
-            let ts_path = self.rw_path(&key.name, TURNSTILE);
+            let ts_path = self.file(&key.name, TURNSTILE);
             let ts = self.open_rw(&ts_path)?;
             if !self.try_flock(&ts, sys::Mode::Shared, &ts_path)? {
                 drop(ts);
                 if arm {
                     self.arm_read(entry, &key.name, None)?;
                 }
-                return Ok(AcquireReply::Held { ttl: None });
+                return Ok(HELD);
             }
             if entry.main.is_some() {
                 // Other owners of this backend read: join them.
@@ -102,11 +108,11 @@ impl Inner {
                 if arm {
                     self.arm_read(entry, &key.name, Some(f))?;
                 }
-                return Ok(AcquireReply::Held { ttl: None });
+                return Ok(HELD);
             }
-            match self.check_main(f, &key.name, entry)? {
-                Checked::Current(f) => return self.add_reader(entry, req, Some(f)),
-                Checked::Replaced => continue,
+            match self.check_main(f, Family::Rw, &key.name, entry)? {
+                Some(f) => return self.add_reader(entry, req, Some(f)),
+                None => continue,
             }
         }
         Err(self.replaced_too_often(&main_path))
@@ -114,17 +120,17 @@ impl Inner {
 
     /// Records a new read hold (taking `new_main` as the backend's lock if given), with the
     /// next fencing token.
-    pub(super) fn add_reader(
+    fn add_reader(
         &self,
-        entry: &mut RwEntry,
+        entry: &mut Entry,
         req: &AcquireRequest,
         new_main: Option<File>,
     ) -> Result<AcquireReply> {
         if let Some(f) = new_main {
             entry.main = Some(f);
         }
-        entry.readers.push(RwHold::new(req));
-        match self.rw_sync(&req.key.name, entry, true) {
+        entry.readers.push(Hold::new(req, Family::Rw));
+        match self.sync(Family::Rw, &req.key.name, entry, true) {
             Ok(token) => {
                 if let Some(h) = entry.readers.last_mut() {
                     h.token = token;
@@ -140,22 +146,32 @@ impl Inner {
         }
     }
 
-    /// An owner that reads (in this backend) and asks for the write side is refused at once:
-    /// two readers upgrading would wait for each other for ever. The check is by owner id (the
-    /// request names no read grant), which can only refuse, never grant; and only on the first
-    /// attempt of a wait: a writer that was already waiting when a read grant of its owner
-    /// came through (another task of the same handle) waits on for it, as for any reader.
-    pub(super) fn try_write(
+    /// The write side (a mutex, an election). An owner that reads (in this backend) and asks
+    /// for the write side is refused at once: two readers upgrading would wait for each other
+    /// for ever. The check is by owner id (the request names no read grant), which can only
+    /// refuse, never grant; and only on the first attempt of a wait: a writer that was already
+    /// waiting when a read grant of its owner came through (another task of the same handle)
+    /// waits on for it, as for any reader.
+    fn try_write(
         self: &Arc<Self>,
-        entry: &mut RwEntry,
+        family: Family,
+        entry: &mut Entry,
         req: &AcquireRequest,
         arm: bool,
         first: bool,
     ) -> Result<AcquireReply> {
         let key = &req.key;
-        if let Some(w) = entry.writer.as_ref().filter(|w| w.attempt == req.attempt) {
-            // A retry of the attempt that writes: the same grant.
-            return Ok(AcquireReply::Granted { token: w.token });
+        if let Some(w) = &entry.writer {
+            if w.attempt == req.attempt {
+                // A retry of the attempt that holds the lock: the same grant. The lease is the
+                // process's lifetime, so there is nothing to lengthen.
+                return Ok(AcquireReply::Granted { token: w.token });
+            }
+            if family != Family::Rw {
+                // Any other attempt, even of the same owner id, is another holder; its
+                // release wakes this backend's waiters.
+                return Ok(HELD);
+            }
         }
         if first && entry.readers.iter().any(|h| h.owner == key.owner) {
             return Err(Error::invalid(format!(
@@ -165,43 +181,48 @@ impl Inner {
         }
         if arm {
             if let Some(e) = entry.kernel_error.take() {
-                return Err(self.wait_error(&key.name, e));
+                return Err(self.wait_error(family, &key.name, e));
             }
         }
-        let main_path = self.rw_path(&key.name, MAIN);
+        let main_path = self.lock_path(family, &key.name);
+        // A few rounds in case the file is deleted or replaced while we lock it.
         for _ in 0..3 {
-            if let Some(f) = entry.parked_write.take() {
-                match self.check_main(f, &key.name, entry)? {
-                    Checked::Current(f) => return self.add_writer(entry, req, f),
-                    Checked::Replaced => continue,
+            if let Some(f) = entry.parked[at(Side::Write)].take() {
+                match self.check_main(f, family, &key.name, entry)? {
+                    Some(f) => return self.add_writer(family, entry, req, f),
+                    None => continue,
                 }
             }
             if entry.held() {
                 // Other owners of this backend hold a side.
                 if arm {
-                    self.queue_writer(entry, &key.name, None)?;
+                    self.queue_writer(family, entry, &key.name, None)?;
                 }
-                return Ok(AcquireReply::Held { ttl: None });
+                return Ok(HELD);
             }
             let f = self.open_rw(&main_path)?;
             if !self.try_flock(&f, sys::Mode::Exclusive, &main_path)? {
                 if arm {
-                    self.queue_writer(entry, &key.name, Some(f))?;
+                    // Wait on this very descriptor.
+                    self.queue_writer(family, entry, &key.name, Some(f))?;
                 }
-                return Ok(AcquireReply::Held { ttl: None });
+                return Ok(HELD);
             }
-            match self.check_main(f, &key.name, entry)? {
-                Checked::Current(f) => return self.add_writer(entry, req, f),
-                Checked::Replaced => continue,
+            match self.check_main(f, family, &key.name, entry)? {
+                Some(f) => return self.add_writer(family, entry, req, f),
+                None => continue,
             }
         }
         Err(self.replaced_too_often(&main_path))
     }
 
-    /// Records the write hold on `main` (locked exclusively), with the next fencing token.
-    pub(super) fn add_writer(
+    /// Records the write hold on `main` (locked exclusively), with the next fencing token,
+    /// written with the holder (and an election leader's value, at seq 0) before it is
+    /// returned.
+    fn add_writer(
         &self,
-        entry: &mut RwEntry,
+        family: Family,
+        entry: &mut Entry,
         req: &AcquireRequest,
         main: File,
     ) -> Result<AcquireReply> {
@@ -209,8 +230,8 @@ impl Inner {
             // Only possible after the old file was replaced: that descriptor locks nothing.
             sys::unlock_and_close(old);
         }
-        entry.writer = Some(RwHold::new(req));
-        match self.rw_sync(&req.key.name, entry, true) {
+        entry.writer = Some(Hold::new(req, family));
+        match self.sync(family, &req.key.name, entry, true) {
             Ok(token) => {
                 if let Some(w) = entry.writer.as_mut() {
                     w.token = token;
@@ -228,18 +249,47 @@ impl Inner {
             Err(e) => {
                 entry.writer = None;
                 entry.unlock_if_unheld();
+                // Other waiters may have been counting on the lock this process had.
                 entry.bump();
                 Err(e)
             }
         }
     }
 
-    pub(crate) fn rw_release(&self, grant: &GrantRef, side: Side) -> Result<ReleaseOutcome> {
+    /// Checks that a descriptor we just locked is still the lock's file; unlocks it if not
+    /// (`None`: deleted or replaced after we opened it, try again).
+    fn check_main(
+        &self,
+        file: File,
+        family: Family,
+        name: &str,
+        entry: &mut Entry,
+    ) -> Result<Option<File>> {
+        match self.same_file(&file, &self.lock_path(family, name)) {
+            Ok(true) => Ok(Some(file)),
+            Ok(false) => {
+                sys::unlock_and_close(file);
+                Ok(None)
+            }
+            Err(e) => {
+                sys::unlock_and_close(file);
+                entry.bump();
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn release(
+        &self,
+        family: Family,
+        side: Side,
+        grant: &GrantRef,
+    ) -> Result<ReleaseOutcome> {
         let name = &grant.key.name;
         {
-            let mut table = self.rw_table();
+            let mut table = self.table(family);
             if let Some(entry) = table.get_mut(name) {
-                if self.release_in(entry, &grant.key, side, |h| h.is(grant)) {
+                if self.release_in(family, entry, &grant.key, side, |h| h.is(grant)) {
                     remove_if_idle(&mut table, name);
                     return Ok(ReleaseOutcome::Released);
                 }
@@ -255,7 +305,7 @@ impl Inner {
                 if taken {
                     return Ok(ReleaseOutcome::TakenByOther);
                 }
-                if entry.parked_write.is_some() {
+                if entry.parked[at(Side::Write)].is_some() {
                     // Locked exclusively by this backend's waiting thread, for its waiting
                     // writers: nobody holds it.
                     return Ok(ReleaseOutcome::Expired);
@@ -263,9 +313,9 @@ impl Inner {
             }
         }
         // Not held here: held by another process (or backend), or by nobody.
-        let elsewhere = match side {
-            Side::Read => self.rw_write_locked(name)?,
-            Side::Write => self.rw_held_elsewhere(name)?,
+        let elsewhere = match (family, side) {
+            (Family::Rw, Side::Write) => self.rw_held_elsewhere(name)?,
+            _ => self.locked_elsewhere(&self.lock_path(family, name))?,
         };
         Ok(if elsewhere {
             ReleaseOutcome::TakenByOther
@@ -276,26 +326,28 @@ impl Inner {
 
     /// The attempt `req.attempt` stops: give back its grant of this side if it has one (a
     /// grant nobody received). Other attempts' grants, even of the same owner, stay.
-    pub(crate) fn rw_give_up(&self, req: &AcquireRequest, side: Side) {
+    pub(crate) fn give_up(&self, family: Family, side: Side, req: &AcquireRequest) {
         let name = &req.key.name;
-        let mut table = self.rw_table();
+        let mut table = self.table(family);
         let Some(entry) = table.get_mut(name) else {
             return;
         };
-        if self.release_in(entry, &req.key, side, |h| h.attempt == req.attempt) {
+        if self.release_in(family, entry, &req.key, side, |h| h.attempt == req.attempt) {
             tracing::debug!(name = %name, attempt = %req.attempt, "gave back the grant of an attempt that gave up");
             remove_if_idle(&mut table, name);
         }
     }
 
     /// Releases the grant of `side` that `which` picks, if there is one: the record first,
-    /// then the lock (a hold listed is never gone yet). True if it released one.
-    pub(super) fn release_in(
+    /// then the lock (a hold listed is never gone yet), then the waiters are woken. True if
+    /// it released one.
+    fn release_in(
         &self,
-        entry: &mut RwEntry,
+        family: Family,
+        entry: &mut Entry,
         key: &HoldKey,
         side: Side,
-        which: impl Fn(&RwHold) -> bool,
+        which: impl Fn(&Hold) -> bool,
     ) -> bool {
         let found = match side {
             Side::Read => match entry.readers.iter().position(&which) {
@@ -312,7 +364,7 @@ impl Inner {
             Side::Write => false,
         };
         if found {
-            self.rw_sync_best_effort(&key.name, entry);
+            self.sync_best_effort(family, &key.name, entry);
             entry.unlock_if_unheld();
             entry.bump();
         }
@@ -321,7 +373,7 @@ impl Inner {
 
     /// Drops the write grant; the read grants made beside it (downgrades) keep the lock, now
     /// shared.
-    pub(super) fn release_write(entry: &mut RwEntry, key: &HoldKey) {
+    fn release_write(entry: &mut Entry, key: &HoldKey) {
         entry.writer = None;
         if let (false, Some(main)) = (entry.readers.is_empty(), &entry.main) {
             // The writer keeps reading: convert the exclusive lock to a shared one. Linux
@@ -337,6 +389,72 @@ impl Inner {
                     entry.unlock_if_unheld();
                 }
             }
+        }
+    }
+
+    /// The lease is the process's lifetime: a renewal only confirms that the grant is still
+    /// ours and its file still the lock's file, whatever duration it asks for. With
+    /// `proclaim = Some((seq, value))` (an election), also advertises `value` if `seq` is
+    /// above the last proclamation's.
+    pub(crate) fn renew(
+        &self,
+        family: Family,
+        side: Side,
+        grant: &GrantRef,
+        proclaim: Option<(u64, &str)>,
+    ) -> Result<RenewOutcome> {
+        let key = &grant.key;
+        let mut table = self.table(family);
+        let Some(entry) = table.get_mut(&key.name) else {
+            return Ok(RenewOutcome::NotHeld);
+        };
+        let ours = match side {
+            Side::Read => entry.readers.iter().any(|h| h.is(grant)),
+            Side::Write => entry.writer.as_ref().is_some_and(|w| w.is(grant)),
+        };
+        if !ours {
+            return Ok(RenewOutcome::NotHeld);
+        }
+        let path = self.lock_path(family, &key.name);
+        let intact = match &entry.main {
+            Some(f) => self.same_file(f, &path)?,
+            None => false,
+        };
+        if intact {
+            if let Some((seq, value)) = proclaim {
+                self.proclaim(entry, &key.name, seq, value)?;
+            }
+            return Ok(RenewOutcome::Renewed);
+        }
+        tracing::warn!(name = %key.name, path = %path.display(),
+            "the lock file was deleted or replaced while held; every hold on it is lost");
+        entry.drop_all();
+        // A mutex's record went with its file; a read-write lock's loses our lines.
+        self.sync_best_effort(family, &key.name, entry);
+        remove_if_idle(&mut table, &key.name);
+        Ok(RenewOutcome::NotHeld)
+    }
+
+    /// A duplicate of the descriptor on the lock file whose `flock` carries this backend's
+    /// grant of side `side` of `name` with fencing token `token`; `None` without such a grant.
+    pub(crate) fn holder_file(
+        &self,
+        family: Family,
+        side: Side,
+        name: &str,
+        token: u64,
+    ) -> io::Result<Option<File>> {
+        let table = self.table(family);
+        let Some(e) = table.get(name) else {
+            return Ok(None);
+        };
+        let held = match side {
+            Side::Write => e.writer.iter().any(|h| h.token == token),
+            Side::Read => e.readers.iter().any(|h| h.token == token),
+        };
+        match &e.main {
+            Some(f) if held => f.try_clone().map(Some),
+            _ => Ok(None),
         }
     }
 }
