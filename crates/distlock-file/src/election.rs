@@ -5,8 +5,8 @@
 //! its state but one rewrites its record: a grant (holder and value), a proclamation (value and
 //! seq), a resignation (the holder line removed). Those are seen through **inotify** on the
 //! file (`IN_MODIFY`, `IN_CLOSE_WRITE`), from this process and every other, by a thread that
-//! blocks in `poll` on the inotify descriptor (and on an eventfd that ends it when the watch is
-//! dropped). The one change that writes nothing is the leader's death: the kernel drops its
+//! blocks reading the inotify descriptor (and ends when the watch is dropped: removing the
+//! inotify watch queues `IN_IGNORED`). The one change that writes nothing is the leader's death: the kernel drops its
 //! `flock` when its last descriptor closes. That is seen by a thread that blocks in
 //! `flock(LOCK_SH)` on a descriptor of its own while someone holds the lock, and returns the
 //! instant the lock goes (it then unlocks at once). inotify's close event is no substitute: the
@@ -22,6 +22,7 @@ use distlock_core::Result;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::raw::c_int;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -87,25 +88,19 @@ pub(crate) struct ObserveWatch {
     inner: Arc<Inner>,
     path: PathBuf,
     signals: Arc<Signals>,
-    /// Written to end the inotify thread when the watch is dropped.
-    stop: Arc<OwnedFd>,
+    /// The inotify descriptor the thread reads, and the watch on the file, removed (which
+    /// ends the thread) when the watch is dropped.
+    inotify: Arc<OwnedFd>,
+    wd: c_int,
     /// The death thread blocked in `flock(LOCK_SH)` while the lock is held, if one runs.
     death: Option<Died>,
 }
 
 impl Drop for ObserveWatch {
     fn drop(&mut self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd. A failure leaves the thread
-        // blocked until the next event on the file, which it then reports to nobody; it ends
-        // when the file is deleted or the process exits.
-        unsafe {
-            libc::write(
-                self.stop.as_raw_fd(),
-                std::ptr::from_ref(&one).cast(),
-                std::mem::size_of::<u64>(),
-            );
-        }
+        // SAFETY: no pointers; the descriptor is open (we share it). A failure means the watch
+        // is gone already (the file was deleted or replaced), and the thread with it.
+        unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), self.wd) };
     }
 }
 
@@ -117,32 +112,24 @@ impl ObserveWatch {
         // The file must exist to be watched: create it as a candidate would (empty: a fresh
         // election). Lock files are never deleted.
         drop(inner.open_rw(&path)?);
-        let inotify = watch_file(&path).map_err(|e| {
+        let (inotify, wd) = watch_file(&path).map_err(|e| {
             inner.io_error(format!("cannot watch {} with inotify", path.display()), e)
         })?;
-        // SAFETY: no pointers; the flags are valid.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd < 0 {
-            return Err(inner.io_error(
-                "cannot create an eventfd".to_owned(),
-                io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: `efd` is a new descriptor that nothing else owns.
-        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+        let inotify = Arc::new(inotify);
         let signals = Arc::new(Signals::default());
-        let (theirs, their_stop, their_path) = (signals.clone(), stop.clone(), path.clone());
+        let (theirs, their_fd, their_path) = (signals.clone(), inotify.clone(), path.clone());
         waiting::spawn(
             inner,
             "distlock-file-inotify",
             "watch the election",
-            move || inotify_thread(inotify, &their_stop, &theirs, &their_path),
+            move || inotify_thread(&their_fd, &theirs, &their_path),
         )?;
         let mut w = ObserveWatch {
             inner: inner.clone(),
             path,
             signals,
-            stop,
+            inotify,
+            wd,
             death: None,
         };
         w.arm_death()?;
@@ -216,106 +203,56 @@ impl ReleaseWatch for ObserveWatch {
     }
 }
 
-/// Body of the inotify thread: reports changes of the record until `stop` is written or the
-/// file is no longer watched.
-fn inotify_thread(inotify: OwnedFd, stop: &OwnedFd, signals: &Signals, path: &Path) {
-    let end = |e: io::Error| {
-        *signals
-            .broken
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(e);
-        signals.ring();
-    };
-    loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: inotify.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds; both descriptors are open.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return end(e);
-        }
-        if fds[1].revents != 0 {
-            // The watch was dropped.
-            return;
-        }
-        if fds[0].revents == 0 {
-            continue;
-        }
-        match drain(&inotify, path) {
-            Ok(true) => {
-                signals.changed.store(true, Ordering::SeqCst);
-                signals.ring();
-            }
-            Ok(false) => {}
-            Err(e) => return end(e),
-        }
-    }
-}
-
-/// Reads the pending inotify events: `Ok(true)` if any says the record may have changed,
-/// `Err` if the file is no longer watched (deleted or replaced).
-fn drain(inotify: &OwnedFd, path: &Path) -> io::Result<bool> {
-    let mut changed = false;
+/// Body of the inotify thread: reports changes of the record until the file is no longer
+/// watched (the watch was dropped, or the file deleted or replaced) or inotify fails.
+fn inotify_thread(inotify: &OwnedFd, signals: &Signals, path: &Path) {
     let mut buf = [0u8; 4096];
-    loop {
-        // SAFETY: reads at most `buf.len()` bytes into `buf`, from a descriptor we own.
+    let header = std::mem::size_of::<libc::inotify_event>();
+    let e = 'read: loop {
+        // SAFETY: reads at most `buf.len()` bytes into `buf`, from a descriptor we share.
         let n = unsafe { libc::read(inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock => Ok(changed),
-                io::ErrorKind::Interrupted => continue,
-                _ => Err(e),
-            };
-        }
-        let n = usize::try_from(n).unwrap_or(0);
-        if n == 0 {
-            return Ok(changed);
-        }
-        let mut at = 0;
-        let header = std::mem::size_of::<libc::inotify_event>();
+        let n = match usize::try_from(n) {
+            Ok(0) => break io::Error::from(io::ErrorKind::UnexpectedEof),
+            Ok(n) => n,
+            Err(_) => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => continue,
+                e => break e,
+            },
+        };
+        let (mut at, mut changed) = (0, false);
         while at + header <= n {
             // SAFETY: the kernel wrote whole events; `read_unaligned` copes with any alignment
             // of the buffer.
             let ev: libc::inotify_event =
                 unsafe { std::ptr::read_unaligned(buf.as_ptr().add(at).cast()) };
             if ev.mask & GONE != 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!(
-                        "the election file {} was deleted or replaced",
-                        path.display()
-                    ),
-                ));
+                let gone = format!(
+                    "the election file {} was deleted or replaced",
+                    path.display()
+                );
+                break 'read io::Error::new(io::ErrorKind::NotFound, gone);
             }
-            if ev.mask & (CHANGES | libc::IN_Q_OVERFLOW) != 0 {
-                changed = true;
-            }
+            changed |= ev.mask & (CHANGES | libc::IN_Q_OVERFLOW) != 0;
             at += header + ev.len as usize;
         }
-    }
+        if changed {
+            signals.changed.store(true, Ordering::SeqCst);
+            signals.ring();
+        }
+    };
+    *signals
+        .broken
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(e);
+    signals.ring();
 }
 
-/// A non-blocking inotify descriptor watching `path` for changes.
-fn watch_file(path: &Path) -> io::Result<OwnedFd> {
+/// An inotify descriptor watching `path` for changes, and the watch.
+fn watch_file(path: &Path) -> io::Result<(OwnedFd, c_int)> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte"))?;
     // SAFETY: no pointers; the flags are valid.
-    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -326,5 +263,5 @@ fn watch_file(path: &Path) -> io::Result<OwnedFd> {
     if wd < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(fd)
+    Ok((fd, wd))
 }

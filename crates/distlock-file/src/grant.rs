@@ -3,7 +3,7 @@
 //! lock with no readers and no turnstile.
 
 use crate::record::Side;
-use crate::table::{at, downgrade_of, remove_if_idle, Entry, Family, Hold, TURNSTILE};
+use crate::table::{downgrade_of, remove_if_idle, Entry, Family, Hold, TURNSTILE};
 use crate::{sys, Inner};
 use distlock_core::{
     AcquireReply, AcquireRequest, Error, GrantRef, HoldKey, ReleaseOutcome, RenewOutcome, Result,
@@ -61,55 +61,53 @@ impl Inner {
                 return self.add_reader(entry, req, None);
             }
             if arm {
-                self.arm_read(entry, &key.name, None)?;
+                self.arm(Family::Rw, Side::Read, entry, &key.name, None)?;
             }
             return Ok(HELD);
         }
         let main_path = self.lock_path(Family::Rw, &key.name);
         for _ in 0..3 {
-            // The read thread passed the turnstile before it blocked: its lock is ours to take.
-            if let Some(f) = entry.parked[at(Side::Read)].take() {
-                if entry.main.is_some() {
+            let f = match entry.parked[Side::Read as usize].take() {
+                // The read thread passed the turnstile before it blocked: its lock is ours.
+                Some(f) if entry.main.is_some() => {
                     sys::unlock_and_close(f);
                     return self.add_reader(entry, req, None);
                 }
-                match self.check_main(f, Family::Rw, &key.name, entry)? {
-                    Some(f) => return self.add_reader(entry, req, Some(f)),
-                    None => continue,
-                }
-            }
-            // A new reader passes the turnstile first: it cannot while a writer waits.
-            let ts_path = self.file(&key.name, TURNSTILE);
-            let ts = self.open_rw(&ts_path)?;
-            if !self.try_flock(&ts, sys::Mode::Shared, &ts_path)? {
-                drop(ts);
-                if arm {
-                    self.arm_read(entry, &key.name, None)?;
-                }
-                return Ok(HELD);
-            }
-            if entry.main.is_some() {
-                // Other owners of this backend read: join them.
-                sys::unlock_and_close(ts);
-                return self.add_reader(entry, req, None);
-            }
-            let f = match self.open_rw(&main_path) {
-                Ok(f) => f,
-                Err(e) => {
+                Some(f) => f,
+                None => {
+                    // A new reader passes the turnstile first: it cannot while a writer waits.
+                    let ts_path = self.file(&key.name, TURNSTILE);
+                    let ts = self.open_rw(&ts_path)?;
+                    if !self.try_flock(&ts, sys::Mode::Shared, &ts_path)? {
+                        drop(ts);
+                        if arm {
+                            self.arm(Family::Rw, Side::Read, entry, &key.name, None)?;
+                        }
+                        return Ok(HELD);
+                    }
+                    if entry.main.is_some() {
+                        // Other owners of this backend read: join them.
+                        sys::unlock_and_close(ts);
+                        return self.add_reader(entry, req, None);
+                    }
+                    let locked = self
+                        .open_rw(&main_path)
+                        .and_then(|f| Ok((self.try_flock(&f, sys::Mode::Shared, &main_path)?, f)));
                     sys::unlock_and_close(ts);
-                    return Err(e);
+                    match locked? {
+                        (true, f) => f,
+                        (false, f) => {
+                            // A writer holds the lock. We passed the turnstile, so we wait
+                            // ahead of any writer that starts waiting from now on: block on
+                            // the lock file directly.
+                            if arm {
+                                self.arm(Family::Rw, Side::Read, entry, &key.name, Some(f))?;
+                            }
+                            return Ok(HELD);
+                        }
+                    }
                 }
             };
-            let got = self.try_flock(&f, sys::Mode::Shared, &main_path);
-            sys::unlock_and_close(ts);
-            if !got? {
-                // A writer holds the lock. We passed the turnstile, so we wait ahead of any
-                // writer that starts waiting from now on: block on the lock file directly.
-                if arm {
-                    self.arm_read(entry, &key.name, Some(f))?;
-                }
-                return Ok(HELD);
-            }
             match self.check_main(f, Family::Rw, &key.name, entry)? {
                 Some(f) => return self.add_reader(entry, req, Some(f)),
                 None => continue,
@@ -187,27 +185,25 @@ impl Inner {
         let main_path = self.lock_path(family, &key.name);
         // A few rounds in case the file is deleted or replaced while we lock it.
         for _ in 0..3 {
-            if let Some(f) = entry.parked[at(Side::Write)].take() {
-                match self.check_main(f, family, &key.name, entry)? {
-                    Some(f) => return self.add_writer(family, entry, req, f),
-                    None => continue,
+            let f = match entry.parked[Side::Write as usize].take() {
+                Some(f) => f,
+                None => {
+                    // Unless other owners of this backend hold a side.
+                    let f = (!entry.held())
+                        .then(|| self.open_rw(&main_path))
+                        .transpose()?;
+                    match f {
+                        Some(f) if self.try_flock(&f, sys::Mode::Exclusive, &main_path)? => f,
+                        f => {
+                            if arm {
+                                // Wait on this very descriptor, if there is one.
+                                self.queue_writer(family, entry, &key.name, f)?;
+                            }
+                            return Ok(HELD);
+                        }
+                    }
                 }
-            }
-            if entry.held() {
-                // Other owners of this backend hold a side.
-                if arm {
-                    self.queue_writer(family, entry, &key.name, None)?;
-                }
-                return Ok(HELD);
-            }
-            let f = self.open_rw(&main_path)?;
-            if !self.try_flock(&f, sys::Mode::Exclusive, &main_path)? {
-                if arm {
-                    // Wait on this very descriptor.
-                    self.queue_writer(family, entry, &key.name, Some(f))?;
-                }
-                return Ok(HELD);
-            }
+            };
             match self.check_main(f, family, &key.name, entry)? {
                 Some(f) => return self.add_writer(family, entry, req, f),
                 None => continue,
@@ -305,7 +301,7 @@ impl Inner {
                 if taken {
                     return Ok(ReleaseOutcome::TakenByOther);
                 }
-                if entry.parked[at(Side::Write)].is_some() {
+                if entry.parked[Side::Write as usize].is_some() {
                     // Locked exclusively by this backend's waiting thread, for its waiting
                     // writers: nobody holds it.
                     return Ok(ReleaseOutcome::Expired);
@@ -408,11 +404,7 @@ impl Inner {
         let Some(entry) = table.get_mut(&key.name) else {
             return Ok(RenewOutcome::NotHeld);
         };
-        let ours = match side {
-            Side::Read => entry.readers.iter().any(|h| h.is(grant)),
-            Side::Write => entry.writer.as_ref().is_some_and(|w| w.is(grant)),
-        };
-        if !ours {
+        if !entry.holds(side).iter().any(|h| h.is(grant)) {
             return Ok(RenewOutcome::NotHeld);
         }
         let path = self.lock_path(family, &key.name);
@@ -448,12 +440,8 @@ impl Inner {
         let Some(e) = table.get(name) else {
             return Ok(None);
         };
-        let held = match side {
-            Side::Write => e.writer.iter().any(|h| h.token == token),
-            Side::Read => e.readers.iter().any(|h| h.token == token),
-        };
         match &e.main {
-            Some(f) if held => f.try_clone().map(Some),
+            Some(f) if e.holds(side).iter().any(|h| h.token == token) => f.try_clone().map(Some),
             _ => Ok(None),
         }
     }

@@ -123,7 +123,7 @@ pub(crate) struct Entry {
     /// The lock file locked by a waiting thread (`LOCK_SH` for the read side, after it passed
     /// the turnstile; `LOCK_EX` for the write side), not claimed by a waiter of that side yet.
     pub(crate) parked: [Option<File>; 2],
-    /// `acquire_wait` calls in progress, by side.
+    /// `acquire_wait` calls in progress, by side (`Side as usize`, as the arrays around).
     pub(crate) waiters: [usize; 2],
     /// Live watches, by side.
     pub(crate) watchers: [usize; 2],
@@ -139,15 +139,15 @@ pub(crate) struct Entry {
     pub(crate) notify: Arc<Notify>,
 }
 
-/// Index of side `side` in an [`Entry`]'s per-side arrays.
-pub(crate) fn at(side: Side) -> usize {
-    match side {
-        Side::Read => 0,
-        Side::Write => 1,
-    }
-}
-
 impl Entry {
+    /// This backend's grants of side `side`.
+    pub(crate) fn holds(&self, side: Side) -> &[Hold] {
+        match side {
+            Side::Read => &self.readers,
+            Side::Write => self.writer.as_slice(),
+        }
+    }
+
     pub(crate) fn held(&self) -> bool {
         self.writer.is_some() || !self.readers.is_empty()
     }
@@ -199,10 +199,9 @@ impl Entry {
             count: 1,
             owner: h.owner.to_string(),
         };
-        self.writer
-            .iter()
-            .map(|h| line(Side::Write, h))
-            .chain(self.readers.iter().map(|h| line(Side::Read, h)))
+        [Side::Write, Side::Read]
+            .into_iter()
+            .flat_map(|side| self.holds(side).iter().map(move |h| line(side, h)))
             .collect()
     }
 }

@@ -4,7 +4,7 @@
 //! read-write lock's turnstile — and park what they get for the waiters of their side.
 
 use crate::record::Side;
-use crate::table::{at, remove_if_idle, Entry, Family, TURNSTILE};
+use crate::table::{remove_if_idle, Entry, Family, TURNSTILE};
 use crate::{sys, Inner};
 use distlock_core::backend::{
     async_trait, wait, AcquireReply, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
@@ -32,7 +32,7 @@ where
     A: FnMut() -> Result<AcquireReply> + Send,
 {
     async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> Result<Attempt> {
-        self.seen = self.watch.interest.generation();
+        self.seen = self.watch.generation();
         // On the lease clock, as every grant's start.
         let requested_at = distlock_core::clock::Instant::now();
         Ok(match (self.attempt)()? {
@@ -47,7 +47,7 @@ where
         let notified = self.watch.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if self.watch.interest.generation() != self.seen {
+        if self.watch.generation() != self.seen {
             return Ok(Some(Wake::Released));
         }
         tokio::select! {
@@ -57,10 +57,16 @@ where
     }
 }
 
-/// Release notifications of one side of one name, from this backend and from other
-/// processes: a waiter's ([`Inner::acquire_wait`]) or a watch once [`armed`](Self::armed).
+/// A registered waiter or watch of one side of one name, with its release notifications
+/// from this backend and from other processes: a waiter's ([`Inner::acquire_wait`]) or a
+/// watch once [`armed`](Self::armed). Unregisters on drop (and gives back what was held for
+/// the waiters of that side if it was the last one).
 pub(crate) struct Watch {
-    interest: Interest,
+    inner: Arc<Inner>,
+    family: Family,
+    side: Side,
+    name: Arc<str>,
+    watcher: bool,
     notify: Arc<Notify>,
     seen: u64,
 }
@@ -78,15 +84,12 @@ impl Watch {
         let mut table = inner.table(family);
         let entry = table.entry(name.clone()).or_default();
         *counter(entry, side, watcher) += 1;
-        let interest = Interest {
+        Watch {
             inner: inner.clone(),
             family,
             side,
             name: name.clone(),
             watcher,
-        };
-        Watch {
-            interest,
             notify: entry.notify.clone(),
             seen: entry.generation,
         }
@@ -95,46 +98,10 @@ impl Watch {
     /// The watch, catching releases by other processes from now on, not only from the
     /// first `changed`.
     pub(crate) fn armed(self) -> Result<Watch> {
-        self.interest.rearm()?;
+        self.rearm()?;
         Ok(self)
     }
-}
 
-#[async_trait]
-impl ReleaseWatch for Watch {
-    async fn changed(&mut self) -> Result<Wake> {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            let generation = self.interest.generation().unwrap_or(self.seen);
-            if generation != self.seen {
-                self.seen = generation;
-                return Ok(Wake::Released);
-            }
-            self.interest.rearm()?;
-            notified.await;
-        }
-    }
-}
-
-fn counter(entry: &mut Entry, side: Side, watcher: bool) -> &mut usize {
-    match watcher {
-        false => &mut entry.waiters[at(side)],
-        true => &mut entry.watchers[at(side)],
-    }
-}
-
-/// A registered waiter or watch of one side of one name; unregisters on drop (and gives back
-/// what was held for the waiters of that side if it was the last one).
-struct Interest {
-    inner: Arc<Inner>,
-    family: Family,
-    side: Side,
-    name: Arc<str>,
-    watcher: bool,
-}
-
-impl Interest {
     /// The name's generation, bumped at every release, hand-over or waiting-thread event;
     /// `None` when the backend keeps nothing for the name.
     fn generation(&self) -> Option<u64> {
@@ -154,14 +121,36 @@ impl Interest {
             // This backend's own release will wake the watch.
             return Ok(());
         }
-        match self.side {
-            Side::Read => self.inner.arm_read(entry, &self.name, None),
-            Side::Write => self.inner.arm_write(self.family, entry, &self.name, None),
+        self.inner
+            .arm(self.family, self.side, entry, &self.name, None)
+    }
+}
+
+#[async_trait]
+impl ReleaseWatch for Watch {
+    async fn changed(&mut self) -> Result<Wake> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            let generation = self.generation().unwrap_or(self.seen);
+            if generation != self.seen {
+                self.seen = generation;
+                return Ok(Wake::Released);
+            }
+            self.rearm()?;
+            notified.await;
         }
     }
 }
 
-impl Drop for Interest {
+fn counter(entry: &mut Entry, side: Side, watcher: bool) -> &mut usize {
+    match watcher {
+        false => &mut entry.waiters[side as usize],
+        true => &mut entry.watchers[side as usize],
+    }
+}
+
+impl Drop for Watch {
     fn drop(&mut self) {
         let mut table = self.inner.table(self.family);
         let Some(entry) = table.get_mut(&self.name) else {
@@ -169,14 +158,14 @@ impl Drop for Interest {
         };
         let n = counter(entry, self.side, self.watcher);
         *n = n.saturating_sub(1);
-        if !self.watcher && entry.waiters[at(self.side)] == 0 {
+        if !self.watcher && entry.waiters[self.side as usize] == 0 {
             // The last waiter of this side gave up: nobody will claim the parked lock; for
             // the last writer, let new readers in again.
             let ts = match self.side {
                 Side::Read => None,
                 Side::Write => entry.turnstile.take(),
             };
-            let parked = entry.parked[at(self.side)].take();
+            let parked = entry.parked[self.side as usize].take();
             let any = ts.is_some() || parked.is_some();
             ts.into_iter().chain(parked).for_each(sys::unlock_and_close);
             if any {
@@ -188,18 +177,6 @@ impl Drop for Interest {
         }
         remove_if_idle(&mut table, &self.name);
     }
-}
-
-/// The waiting threads of a name.
-#[derive(Debug, Clone, Copy)]
-enum Thread {
-    /// Blocks for `LOCK_EX` on the turnstile, then keeps it for the backend's waiting writers.
-    Turnstile,
-    /// Blocks for `LOCK_EX` on the lock file, then parks the lock for a waiting writer.
-    Write,
-    /// Passes the turnstile (unless its caller did), blocks for `LOCK_SH` on `<hash>.rw`,
-    /// then parks the lock for a waiting reader.
-    Read,
 }
 
 impl Inner {
@@ -254,78 +231,64 @@ impl Inner {
                 entry.turnstile = Some(ts);
             } else {
                 // Another writer waits (or a reader is passing): queue behind it.
-                self.spawn_waiter(family, Thread::Turnstile, name, move || {
+                self.spawn_waiter(family, None, name, move || {
                     sys::lock_blocking(&ts, sys::Mode::Exclusive).map(|()| ts)
                 })?;
                 entry.turnstile_thread = true;
             }
         }
-        self.arm_write(family, entry, name, main)
+        self.arm(family, Side::Write, entry, name, main)
     }
 
-    /// Starts the thread that blocks for `LOCK_EX` on the lock file (for a waiting writer or a
-    /// write-side watch), unless it runs already. `main` is a descriptor on the lock file
-    /// (opened read-write, as the lock it gets may become a grant) to block on.
-    pub(crate) fn arm_write(
+    /// Starts the waiting thread of side `side` of `name` (for a waiter or a watch of that
+    /// side), unless it runs already: it blocks for the lock file, `LOCK_EX` for the write
+    /// side, `LOCK_SH` for the read side, passing the turnstile first unless `main` is given.
+    /// `main` is a descriptor on the lock file (opened read-write, as the lock it gets may
+    /// become a grant) to block on; a reader gives it after it passed the turnstile.
+    pub(crate) fn arm(
         self: &Arc<Self>,
         family: Family,
+        side: Side,
         entry: &mut Entry,
         name: &Arc<str>,
         main: Option<File>,
     ) -> Result<()> {
-        if entry.threads[at(Side::Write)] || entry.parked[at(Side::Write)].is_some() {
+        if entry.threads[side as usize] || entry.parked[side as usize].is_some() {
             return Ok(());
         }
+        let (ts, mode) = match side {
+            Side::Read if main.is_none() => (
+                Some(self.open_rw(&self.file(name, TURNSTILE))?),
+                sys::Mode::Shared,
+            ),
+            Side::Read => (None, sys::Mode::Shared),
+            Side::Write => (None, sys::Mode::Exclusive),
+        };
         let f = match main {
             Some(f) => f,
             None => self.open_rw(&self.lock_path(family, name))?,
         };
-        self.spawn_waiter(family, Thread::Write, name, move || {
-            sys::lock_blocking(&f, sys::Mode::Exclusive).map(|()| f)
-        })?;
-        // The thread reports under the table lock, which we hold: it sees this flag set.
-        entry.threads[at(Side::Write)] = true;
-        Ok(())
-    }
-
-    /// Starts the thread that blocks for `LOCK_SH` on a read-write lock, unless it runs
-    /// already. With `main` (a descriptor on `<hash>.rw`), the caller passed the turnstile
-    /// and the thread blocks on `main` directly; without, it passes the turnstile first.
-    pub(crate) fn arm_read(
-        self: &Arc<Self>,
-        entry: &mut Entry,
-        name: &Arc<str>,
-        main: Option<File>,
-    ) -> Result<()> {
-        if entry.threads[at(Side::Read)] || entry.parked[at(Side::Read)].is_some() {
-            return Ok(());
-        }
-        let (ts, main) = match main {
-            Some(f) => (None, f),
-            None => (
-                Some(self.open_rw(&self.file(name, TURNSTILE))?),
-                self.open_rw(&self.lock_path(Family::Rw, name))?,
-            ),
-        };
-        self.spawn_waiter(Family::Rw, Thread::Read, name, move || {
+        self.spawn_waiter(family, Some(side), name, move || {
             if let Some(ts) = ts {
                 sys::lock_blocking(&ts, sys::Mode::Shared)?;
                 sys::unlock_and_close(ts);
             }
-            sys::lock_blocking(&main, sys::Mode::Shared).map(|()| main)
+            sys::lock_blocking(&f, mode).map(|()| f)
         })?;
-        entry.threads[at(Side::Read)] = true;
+        // The thread reports under the table lock, which we hold: it sees this flag set.
+        entry.threads[side as usize] = true;
         Ok(())
     }
 
-    /// Starts waiting thread `thread` of `name`, which blocks in `block` and returns the
+    /// Starts the waiting thread of side `thread` of `name` (`None`: of the turnstile), which
+    /// blocks in `block` and returns the
     /// descriptor it locked; [`waited`] then gets the outcome. The thread keeps only a weak
     /// reference to the backend while it blocks, so that it does not keep a dropped backend
     /// alive; if the backend is gone, the lock it got is given back at once.
     fn spawn_waiter(
         self: &Arc<Self>,
         family: Family,
-        thread: Thread,
+        thread: Option<Side>,
         name: &Arc<str>,
         block: impl FnOnce() -> io::Result<File> + Send + 'static,
     ) -> Result<()> {
@@ -344,21 +307,30 @@ impl Inner {
     }
 }
 
-/// End of waiting thread `thread` of `name`, after its `flock` returned: keeps the lock it
-/// got for the waiters of its side, or unlocks it at once if none waits for it any more.
-fn waited(inner: &Inner, family: Family, name: &Arc<str>, thread: Thread, res: io::Result<File>) {
+/// End of the waiting thread of side `thread` of `name` (`None`: of the turnstile), after its
+/// `flock` returned: keeps the lock it got for the waiters of its side (the turnstile: for the
+/// writers), or unlocks it at once if none waits for it any more.
+fn waited(
+    inner: &Inner,
+    family: Family,
+    name: &Arc<str>,
+    thread: Option<Side>,
+    res: io::Result<File>,
+) {
     let mut table = inner.table(family);
     let entry = table.entry(name.clone()).or_default();
-    let (w, r) = (at(Side::Write), at(Side::Read));
+    let waiting = entry.waiters[thread.unwrap_or(Side::Write) as usize] > 0;
     let wanted = match thread {
-        Thread::Turnstile => entry.waiters[w] > 0,
-        Thread::Write => entry.waiters[w] > 0 && !entry.held(),
-        Thread::Read => entry.waiters[r] > 0 && entry.writer.is_none(),
+        None => waiting,
+        Some(Side::Write) => waiting && !entry.held(),
+        Some(Side::Read) => waiting && entry.writer.is_none(),
     };
     let (running, slot) = match thread {
-        Thread::Turnstile => (&mut entry.turnstile_thread, &mut entry.turnstile),
-        Thread::Write => (&mut entry.threads[w], &mut entry.parked[w]),
-        Thread::Read => (&mut entry.threads[r], &mut entry.parked[r]),
+        None => (&mut entry.turnstile_thread, &mut entry.turnstile),
+        Some(side) => (
+            &mut entry.threads[side as usize],
+            &mut entry.parked[side as usize],
+        ),
     };
     *running = false;
     match res {
