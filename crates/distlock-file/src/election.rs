@@ -47,12 +47,6 @@ struct Signals {
     notify: Notify,
 }
 
-impl Signals {
-    fn ring(&self) {
-        self.notify.notify_one();
-    }
-}
-
 impl Inner {
     /// Advertises `value` as proclamation `seq` of the leader of election `name`, whose
     /// checked grant `entry` holds, if `seq` is above the last one applied.
@@ -79,9 +73,6 @@ impl Inner {
     }
 }
 
-/// One death thread's flag: the lock it waited on was released (or its `flock` failed).
-type Died = Arc<AtomicBool>;
-
 /// One observer's subscription to an election: the inotify thread, and the thread that
 /// notices the leader's lock go.
 pub(crate) struct ObserveWatch {
@@ -92,8 +83,9 @@ pub(crate) struct ObserveWatch {
     /// ends the thread) when the watch is dropped.
     inotify: Arc<OwnedFd>,
     wd: c_int,
-    /// The death thread blocked in `flock(LOCK_SH)` while the lock is held, if one runs.
-    death: Option<Died>,
+    /// The flag of the death thread blocked in `flock(LOCK_SH)` while the lock is held, if
+    /// one runs: set once the lock was released (or its `flock` failed).
+    death: Option<Arc<AtomicBool>>,
 }
 
 impl Drop for ObserveWatch {
@@ -152,7 +144,7 @@ impl ObserveWatch {
             sys::unlock_and_close(file);
             return Ok(());
         }
-        let died: Died = Arc::new(AtomicBool::new(false));
+        let died = Arc::new(AtomicBool::new(false));
         let (their_died, signals) = (died.clone(), self.signals.clone());
         let what = "watch the election's leader";
         waiting::spawn(&self.inner, "distlock-file-observe", what, move || {
@@ -161,7 +153,7 @@ impl ObserveWatch {
                 Err(e) => tracing::warn!(error = %e, "waiting for the election's leader failed"),
             }
             their_died.store(true, Ordering::SeqCst);
-            signals.ring();
+            signals.notify.notify_one();
         })?;
         self.death = Some(died);
         Ok(())
@@ -237,14 +229,14 @@ fn inotify_thread(inotify: &OwnedFd, signals: &Signals, path: &Path) {
         }
         if changed {
             signals.changed.store(true, Ordering::SeqCst);
-            signals.ring();
+            signals.notify.notify_one();
         }
     };
     *signals
         .broken
         .lock()
         .unwrap_or_else(PoisonError::into_inner) = Some(e);
-    signals.ring();
+    signals.notify.notify_one();
 }
 
 /// An inotify descriptor watching `path` for changes, and the watch.

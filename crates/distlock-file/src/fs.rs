@@ -205,12 +205,6 @@ impl Inner {
             .map_err(|e| self.io_error(format!("cannot write lock file {}", path.display()), e))
     }
 
-    /// The fencing token of the next grant after `rec`'s (see [`record::next_token`]).
-    pub(crate) fn next_token(&self, rec: &Record, path: &Path) -> Result<u64> {
-        record::next_token(rec.token)
-            .ok_or_else(|| self.corrupt(path, "its fencing token is at the largest possible value"))
-    }
-
     /// True if `path` still names the file `file` is open on (see [`sys::same_file`]).
     pub(crate) fn same_file(&self, file: &File, path: &Path) -> Result<bool> {
         sys::same_file(file, path)
@@ -223,18 +217,32 @@ impl Inner {
         Record::parse(&bytes).map_err(|why| self.corrupt(path, &why))
     }
 
-    /// A record naming another lock: two names with the same hash.
-    pub(crate) fn check_name(&self, rec: &Record, name: &str, path: &Path) -> Result<()> {
-        match rec.name.as_deref() {
-            Some(other) if other != name => Err(Error::unexpected(
+    /// The record of lock `name` in `file` (at `path`), read under the lock on the record,
+    /// refused if it names another lock (two names with the same hash); with `grant`, its
+    /// counter advanced to the next grant's fencing token (see [`record::next_token`]).
+    pub(crate) fn read_own_record(
+        &self,
+        file: &File,
+        path: &Path,
+        name: &str,
+        grant: bool,
+    ) -> Result<Record> {
+        let mut rec = self.read_record(file, path)?;
+        if let Some(other) = rec.name.as_deref().filter(|other| *other != name) {
+            return Err(Error::unexpected(
                 KIND,
                 format!(
                     "lock file {} belongs to lock `{other}`, not `{name}`: the two names have the same FNV-1a-128 hash; rename one of the locks",
                     path.display(),
                 ),
-            )),
-            _ => Ok(()),
+            ));
         }
+        if grant {
+            rec.token = record::next_token(rec.token).ok_or_else(|| {
+                self.corrupt(path, "its fencing token is at the largest possible value")
+            })?;
+        }
+        Ok(rec)
     }
 }
 

@@ -58,7 +58,7 @@ impl Inner {
                 // A downgrade: the request names this very write grant, whose exclusive lock
                 // covers the read side. (Never for the owner id alone: another client with
                 // the same owner id is another holder.)
-                return self.add_reader(entry, req, None);
+                return self.add(Family::Rw, Side::Read, entry, req, None);
             }
             if arm {
                 self.arm(Family::Rw, Side::Read, entry, &key.name, None)?;
@@ -71,7 +71,7 @@ impl Inner {
                 // The read thread passed the turnstile before it blocked: its lock is ours.
                 Some(f) if entry.main.is_some() => {
                     sys::unlock_and_close(f);
-                    return self.add_reader(entry, req, None);
+                    return self.add(Family::Rw, Side::Read, entry, req, None);
                 }
                 Some(f) => f,
                 None => {
@@ -88,7 +88,7 @@ impl Inner {
                     if entry.main.is_some() {
                         // Other owners of this backend read: join them.
                         sys::unlock_and_close(ts);
-                        return self.add_reader(entry, req, None);
+                        return self.add(Family::Rw, Side::Read, entry, req, None);
                     }
                     let locked = self
                         .open_rw(&main_path)
@@ -109,39 +109,11 @@ impl Inner {
                 }
             };
             match self.check_main(f, Family::Rw, &key.name, entry)? {
-                Some(f) => return self.add_reader(entry, req, Some(f)),
+                Some(f) => return self.add(Family::Rw, Side::Read, entry, req, Some(f)),
                 None => continue,
             }
         }
         Err(self.replaced_too_often(&main_path))
-    }
-
-    /// Records a new read hold (taking `new_main` as the backend's lock if given), with the
-    /// next fencing token.
-    fn add_reader(
-        &self,
-        entry: &mut Entry,
-        req: &AcquireRequest,
-        new_main: Option<File>,
-    ) -> Result<AcquireReply> {
-        if let Some(f) = new_main {
-            entry.main = Some(f);
-        }
-        entry.readers.push(Hold::new(req, Family::Rw));
-        match self.sync(Family::Rw, &req.key.name, entry, true) {
-            Ok(token) => {
-                if let Some(h) = entry.readers.last_mut() {
-                    h.token = token;
-                }
-                Ok(AcquireReply::Granted { token })
-            }
-            Err(e) => {
-                entry.readers.pop();
-                entry.unlock_if_unheld();
-                entry.bump();
-                Err(e)
-            }
-        }
     }
 
     /// The write side (a mutex, an election). An owner that reads (in this backend) and asks
@@ -205,45 +177,57 @@ impl Inner {
                 }
             };
             match self.check_main(f, family, &key.name, entry)? {
-                Some(f) => return self.add_writer(family, entry, req, f),
+                Some(f) => return self.add(family, Side::Write, entry, req, Some(f)),
                 None => continue,
             }
         }
         Err(self.replaced_too_often(&main_path))
     }
 
-    /// Records the write hold on `main` (locked exclusively), with the next fencing token,
-    /// written with the holder (and an election leader's value, at seq 0) before it is
-    /// returned.
-    fn add_writer(
+    /// Records a new hold of `side` (taking `main` as the backend's lock if given: for the
+    /// write side, locked exclusively), with the next fencing token, written to the record
+    /// (with the holder, and an election leader's value at seq 0) before it is returned.
+    fn add(
         &self,
         family: Family,
+        side: Side,
         entry: &mut Entry,
         req: &AcquireRequest,
-        main: File,
+        main: Option<File>,
     ) -> Result<AcquireReply> {
-        if let Some(old) = entry.main.replace(main) {
+        if let Some(old) = main.and_then(|f| entry.main.replace(f)) {
             // Only possible after the old file was replaced: that descriptor locks nothing.
             sys::unlock_and_close(old);
         }
-        entry.writer = Some(Hold::new(req, family));
+        let hold = Hold::new(req, family);
+        match side {
+            Side::Read => entry.readers.push(hold),
+            Side::Write => entry.writer = Some(hold),
+        }
         match self.sync(family, &req.key.name, entry, true) {
             Ok(token) => {
-                if let Some(w) = entry.writer.as_mut() {
-                    w.token = token;
+                let hold = match side {
+                    Side::Read => entry.readers.last_mut(),
+                    Side::Write => entry.writer.as_mut(),
+                };
+                if let Some(h) = hold {
+                    h.token = token;
                 }
                 // The turnstile kept new readers out while our writers waited. Give it back
                 // even if other writers of this backend still wait: readers that arrive
                 // while this writer holds the lock may pass it (they wait for this writer
                 // on the lock itself); the other writers queue again when it releases. So a
                 // chain of writers cannot keep readers out for ever.
-                if let Some(ts) = entry.turnstile.take() {
+                if let Some(ts) = entry.turnstile.take_if(|_| side == Side::Write) {
                     sys::unlock_and_close(ts);
                 }
                 Ok(AcquireReply::Granted { token })
             }
             Err(e) => {
-                entry.writer = None;
+                match side {
+                    Side::Read => drop(entry.readers.pop()),
+                    Side::Write => entry.writer = None,
+                }
                 entry.unlock_if_unheld();
                 // Other waiters may have been counting on the lock this process had.
                 entry.bump();

@@ -114,16 +114,15 @@ impl Inner {
         if lines.iter().any(|h| h.side == Side::Write) {
             let main = self.lock_path(Family::Rw, name);
             if !reading_here && self.locked_elsewhere(&main)? {
-                let writers: Vec<(u32, u64, String)> = lines
+                let writers: Vec<HoldLine> = lines
                     .iter()
                     .filter(|h| h.side == Side::Write)
-                    .map(|h| (h.pid, h.instance, h.owner.clone()))
+                    .cloned()
                     .collect();
-                lines.retain(|h| {
-                    writers
-                        .iter()
-                        .any(|(p, i, o)| (*p, *i, o.as_str()) == (h.pid, h.instance, &*h.owner))
-                });
+                let same = |a: &HoldLine, b: &HoldLine| {
+                    (a.pid, a.instance, &a.owner) == (b.pid, b.instance, &b.owner)
+                };
+                lines.retain(|h| writers.iter().any(|w| same(w, h)));
             } else {
                 lines.retain(|h| h.side == Side::Read);
             }

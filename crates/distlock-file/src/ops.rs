@@ -46,22 +46,17 @@ impl Operator for FileBackend {
             (RECORD, LockKind::Write),
             (Family::Election.suffix(), LockKind::Election),
         ];
-        let mut found: Vec<(String, LockKind)> = Vec::new();
-        for entry in entries.flatten() {
-            let file_name = entry.file_name();
-            let suffix = file_name.to_str().and_then(|n| n.rsplit_once('.'));
-            let Some(&(_, kind)) = kinds.iter().find(|(s, _)| Some(*s) == suffix.map(|s| s.1))
-            else {
-                continue;
-            };
-            // The record keeps the name (the file name is its hash).
-            let Some(name) = peek_record(&entry.path()).and_then(|r| r.name) else {
-                continue;
-            };
-            if name.starts_with(prefix) {
-                found.push((name, kind));
-            }
-        }
+        let mut found: Vec<(String, LockKind)> = entries
+            .flatten()
+            .filter_map(|entry| {
+                let file_name = entry.file_name();
+                let suffix = file_name.to_str()?.rsplit_once('.')?.1;
+                let &(_, kind) = kinds.iter().find(|(s, _)| *s == suffix)?;
+                // The record keeps the name (the file name is its hash).
+                let name = peek_record(&entry.path())?.name?;
+                name.starts_with(prefix).then_some((name, kind))
+            })
+            .collect();
         found.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
         found.dedup();
         let mut out = Vec::with_capacity(found.len());
@@ -118,32 +113,18 @@ impl Operator for FileBackend {
     }
 
     async fn diagnose(&self) -> Result<Vec<Finding>> {
-        let dir = &self.inner.dir;
-        let mut out = Vec::new();
+        let (dir, mut out) = (&self.inner.dir, Vec::new());
         #[cfg(any(target_os = "linux", target_os = "android"))]
-        out.push(match sys::fs_magic(dir) {
-            Ok(magic) => match crate::fs::network_fs(magic) {
-                Some(fs) => Finding::new(
-                    Severity::Unsafe,
-                    "file-system",
-                    format!("{} is on {fs} (statfs type {magic:#x}): flock there can be lost by the client or does not exclude other hosts; use a directory on a local file system, or a networked backend (redis://, etcd://) for locks between hosts", dir.display()),
-                ),
-                None if magic == crate::fs::FUSE_MAGIC => Finding::new(
-                    Severity::Warning,
-                    "file-system",
-                    format!("{} is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs does not); prefer a local directory", dir.display()),
-                ),
-                None => Finding::new(
-                    Severity::Ok,
-                    "file-system",
-                    format!("{} is on a local file system (statfs type {magic:#x}); locks exclude the processes of this host only", dir.display()),
-                ),
-            },
-            Err(e) => Finding::new(
-                Severity::Unsafe,
-                "file-system",
-                format!("cannot statfs {}: {e}", dir.display()),
-            ),
+        out.push({
+            let (severity, text) = match sys::fs_magic(dir) {
+                Ok(magic) => match crate::fs::network_fs(magic) {
+                    Some(fs) => (Severity::Unsafe, format!("{} is on {fs} (statfs type {magic:#x}): flock there can be lost by the client or does not exclude other hosts; use a directory on a local file system, or a networked backend (redis://, etcd://) for locks between hosts", dir.display())),
+                    None if magic == crate::fs::FUSE_MAGIC => (Severity::Warning, format!("{} is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs does not); prefer a local directory", dir.display())),
+                    None => (Severity::Ok, format!("{} is on a local file system (statfs type {magic:#x}); locks exclude the processes of this host only", dir.display())),
+                },
+                Err(e) => (Severity::Unsafe, format!("cannot statfs {}: {e}", dir.display())),
+            };
+            Finding::new(severity, "file-system", text)
         });
         // Writable: a lock file must be creatable and writable (the record carries the counter).
         let probe = dir.join(format!(".dlock-doctor-{}", std::process::id()));
@@ -153,14 +134,11 @@ impl Operator for FileBackend {
             .open(&probe)
             .and_then(|mut f| f.write_all(b"probe\n"));
         let _ = std::fs::remove_file(&probe);
-        out.push(match written {
-            Ok(()) => Finding::new(Severity::Ok, "writable", format!("{} is writable", dir.display())),
-            Err(e) => Finding::new(
-                Severity::Unsafe,
-                "writable",
-                format!("cannot create files in {}: {e}; locks cannot be taken: give the user write permission on the directory (for several users: a group-writable setgid directory and umask 002)", dir.display()),
-            ),
-        });
+        let (severity, text) = match written {
+            Ok(()) => (Severity::Ok, format!("{} is writable", dir.display())),
+            Err(e) => (Severity::Unsafe, format!("cannot create files in {}: {e}; locks cannot be taken: give the user write permission on the directory (for several users: a group-writable setgid directory and umask 002)", dir.display())),
+        };
+        out.push(Finding::new(severity, "writable", text));
         Ok(out)
     }
 }

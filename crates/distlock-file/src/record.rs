@@ -250,27 +250,22 @@ fn parse_hold(value: &str) -> Option<HoldLine> {
 
 /// Reads the whole file from offset 0.
 pub(crate) fn read(file: &File) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; 4096];
-    let mut len = 0;
+    let mut buf = Vec::new();
     loop {
-        if len == buf.len() {
-            if buf.len() >= MAX_RECORD {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("lock file larger than {MAX_RECORD} bytes"),
-                ));
-            }
-            buf.resize(buf.len() * 2, 0);
+        let len = buf.len();
+        if len >= MAX_RECORD {
+            let e = format!("lock file larger than {MAX_RECORD} bytes");
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
         }
-        match file.read_at(&mut buf[len..], len as u64) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+        buf.resize(len + 4096, 0);
+        let read = file.read_at(&mut buf[len..], len as u64);
+        buf.truncate(len + read.as_ref().map_or(0, |n| *n));
+        match read {
+            Ok(0) => return Ok(buf),
+            Err(e) if e.kind() != io::ErrorKind::Interrupted => return Err(e),
+            _ => {}
         }
     }
-    buf.truncate(len);
-    Ok(buf)
 }
 
 /// Replaces the file's contents with `rec`. Only called under the exclusive lock.

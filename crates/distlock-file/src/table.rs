@@ -269,9 +269,7 @@ impl Inner {
             return Ok(entry.token);
         };
         if grant {
-            let rec = self.read_record(file, &path)?;
-            self.check_name(&rec, name, &path)?;
-            entry.token = self.next_token(&rec, &path)?;
+            entry.token = self.read_own_record(file, &path, name, true)?.token;
         }
         let rec = mutex_record(name, entry.token, entry.writer.as_ref());
         self.write_record(file, &path, &rec)?;
@@ -308,8 +306,7 @@ impl Inner {
         entry: &Entry,
         grant: bool,
     ) -> Result<u64> {
-        let mut rec = self.read_record(file, path)?;
-        self.check_name(&rec, name, path)?;
+        let mut rec = self.read_own_record(file, path, name, grant)?;
         let me = (std::process::id(), self.instance);
         let writing = entry.writer.is_some();
         let reading = !entry.readers.is_empty();
@@ -320,9 +317,6 @@ impl Inner {
                 && sys::pid_alive(h.pid)
         });
         rec.holds.extend(entry.lines(self.instance));
-        if grant {
-            rec.token = self.next_token(&rec, path)?;
-        }
         rec.name = Some(name.to_owned());
         rec.holder = None;
         self.write_record(file, path, &rec)?;
