@@ -15,7 +15,7 @@
 //!
 //! Threads, not tokio's reactor: the watch works on any tokio runtime, I/O driver or not.
 
-use crate::table::{mutex_record, Entry, Family};
+use crate::table::{Entry, Family};
 use crate::{sys, waiting, Inner};
 use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
 use distlock_core::Result;
@@ -57,19 +57,19 @@ impl Inner {
         seq: u64,
         value: &str,
     ) -> Result<()> {
-        let (Some(h), Some(file)) = (entry.writer.as_mut(), &entry.main) else {
+        let Some(h) = entry.writer.as_mut().filter(|h| seq > h.seq) else {
             return Ok(());
         };
-        if seq > h.seq {
-            // Written under our exclusive lock; the table changes only once it is.
-            let mut rec = mutex_record(name, h.token, Some(h));
-            rec.value = Some(value.to_owned());
-            rec.seq = seq;
-            self.write_record(file, &self.lock_path(Family::Election, name), &rec)?;
-            h.value = Some(Arc::from(value));
-            h.seq = seq;
+        let last = (
+            h.value.replace(Arc::from(value)),
+            std::mem::replace(&mut h.seq, seq),
+        );
+        // Written under our exclusive lock; the table keeps the last value written.
+        let written = self.sync(Family::Election, name, entry, false);
+        if let (Err(_), Some(h)) = (&written, entry.writer.as_mut()) {
+            (h.value, h.seq) = last;
         }
-        Ok(())
+        written.map(drop)
     }
 }
 
@@ -133,17 +133,10 @@ impl ObserveWatch {
         if self.death.is_some() {
             return Ok(());
         }
-        let path = &self.path;
-        let file = std::fs::File::open(path).map_err(|e| {
-            self.inner
-                .io_error(format!("cannot open {}", path.display()), e)
-        })?;
-        let free = self.inner.try_flock(&file, sys::Mode::Shared, path)?;
-        if free {
+        let Some(file) = self.inner.held_elsewhere(&self.path)? else {
             // Nobody leads: the next leader's grant writes the record, which inotify reports.
-            sys::unlock_and_close(file);
             return Ok(());
-        }
+        };
         let died = Arc::new(AtomicBool::new(false));
         let (their_died, signals) = (died.clone(), self.signals.clone());
         let what = "watch the election's leader";
@@ -164,13 +157,7 @@ impl ObserveWatch {
 impl ReleaseWatch for ObserveWatch {
     async fn changed(&mut self) -> Result<Wake> {
         loop {
-            let died = self
-                .death
-                .as_ref()
-                .is_some_and(|d| d.load(Ordering::SeqCst));
-            if died {
-                self.death = None;
-            }
+            let died = self.death.take_if(|d| d.load(Ordering::SeqCst)).is_some();
             if died || self.signals.changed.swap(false, Ordering::SeqCst) {
                 // Before the observer reads the state: a later leader's death is seen.
                 self.arm_death()?;

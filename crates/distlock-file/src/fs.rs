@@ -160,14 +160,19 @@ impl Inner {
     /// True if a process (or backend) other than this one holds the lock of `path`
     /// exclusively (a non-blocking `LOCK_SH` probe); false when there is no such file.
     pub(crate) fn locked_elsewhere(&self, path: &Path) -> Result<bool> {
+        Ok(self.held_elsewhere(path)?.is_some())
+    }
+
+    /// [`Inner::locked_elsewhere`], keeping the (unlocked) descriptor of a held lock.
+    pub(crate) fn held_elsewhere(&self, path: &Path) -> Result<Option<File>> {
         let Some(file) = self.open_existing(path)? else {
-            return Ok(false);
+            return Ok(None);
         };
-        let free = self.try_flock(&file, sys::Mode::Shared, path)?;
-        if free {
+        if self.try_flock(&file, sys::Mode::Shared, path)? {
             sys::unlock_and_close(file);
+            return Ok(None);
         }
-        Ok(!free)
+        Ok(Some(file))
     }
 
     pub(crate) fn corrupt(&self, path: &Path, why: &str) -> Error {

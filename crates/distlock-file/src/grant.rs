@@ -404,7 +404,10 @@ impl Inner {
         }
         tracing::warn!(name = %key.name, path = %path.display(),
             "the lock file was deleted or replaced while held; every hold on it is lost");
-        entry.drop_all();
+        // Every hold is dropped: renewals report them lost.
+        (entry.writer, entry.readers) = (None, Vec::new());
+        entry.unlock_if_unheld();
+        entry.bump();
         // A mutex's record went with its file; a read-write lock's loses our lines.
         self.sync_best_effort(family, &key.name, entry);
         remove_if_idle(&mut table, &key.name);

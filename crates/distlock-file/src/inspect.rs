@@ -8,13 +8,6 @@ use crate::{sys, Inner, KIND};
 use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result};
 use std::time::Duration;
 
-fn kind_of(side: Side) -> LockKind {
-    match side {
-        Side::Read => LockKind::Read,
-        Side::Write => LockKind::Write,
-    }
-}
-
 impl Inner {
     /// The state of lock `name` of `family`. A mutex's record is re-read a few times while
     /// another process is mid-write.
@@ -143,25 +136,25 @@ impl Inner {
     }
 
     fn rw_inspect(&self, name: &str) -> Result<LockInfo> {
-        let (mut holders, writing, reading) = match self.table(Family::Rw).get(name) {
-            Some(e) => {
-                let holders: Vec<HolderInfo> = (e.writer.iter().map(|h| (Side::Write, h)))
-                    .chain(e.readers.iter().map(|h| (Side::Read, h)))
-                    .map(|(side, h)| HolderInfo::new(&*h.owner, 1).with_side(Some(kind_of(side))))
-                    .collect();
-                (holders, e.writer.is_some(), !e.readers.is_empty())
-            }
+        let (mut holds, writing, reading) = match self.table(Family::Rw).get(name) {
+            Some(e) => (
+                e.lines(self.instance),
+                e.writer.is_some(),
+                !e.readers.is_empty(),
+            ),
             None => (Vec::new(), false, false),
         };
         let rec = self.read_rw_record(name)?.unwrap_or_default();
         if !writing {
             // While this backend writes, nobody else can hold either side.
-            for h in self.foreign_holds(name, &rec, reading)? {
-                holders.push(HolderInfo::new(h.owner, h.count).with_side(Some(kind_of(h.side))));
-            }
+            holds.extend(self.foreign_holds(name, &rec, reading)?);
         }
+        let holders = holds.into_iter().map(|h| {
+            let side = [LockKind::Read, LockKind::Write][h.side as usize];
+            HolderInfo::new(h.owner, h.count).with_side(Some(side))
+        });
         Ok(LockInfo::new(name)
-            .with_holders(holders)
+            .with_holders(holders.collect())
             .with_fencing_token(rec.token))
     }
 }

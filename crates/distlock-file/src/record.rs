@@ -67,15 +67,6 @@ pub(crate) enum Side {
     Write,
 }
 
-impl Side {
-    fn letter(self) -> char {
-        match self {
-            Side::Read => 'r',
-            Side::Write => 'w',
-        }
-    }
-}
-
 /// One hold of a read-write lock, in its record file (`hold` lines): written and removed
 /// under the record file's exclusive lock by the backend that holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +112,7 @@ impl Record {
             lines.push(format!("seq {}", self.seq));
         }
         lines.extend(self.holds.iter().map(|h| {
-            let side = h.side.letter();
+            let side = ['r', 'w'][h.side as usize];
             format!(
                 "hold {side} {} {} {} {}",
                 h.pid, h.instance, h.count, h.owner

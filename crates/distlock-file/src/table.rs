@@ -181,16 +181,8 @@ impl Entry {
         }
     }
 
-    /// Drops every hold (the lock file was deleted or replaced): renewals report them lost.
-    pub(crate) fn drop_all(&mut self) {
-        self.writer = None;
-        self.readers.clear();
-        self.unlock_if_unheld();
-        self.bump();
-    }
-
     /// This backend's `hold` lines (a read-write lock's record).
-    fn lines(&self, instance: u64) -> Vec<HoldLine> {
+    pub(crate) fn lines(&self, instance: u64) -> Vec<HoldLine> {
         let pid = std::process::id();
         let line = |side, h: &Hold| HoldLine {
             side,
@@ -203,23 +195,6 @@ impl Entry {
             .into_iter()
             .flat_map(|side| self.holds(side).iter().map(move |h| line(side, h)))
             .collect()
-    }
-}
-
-/// The record of a mutex or an election: its counter `token`, its name and, while `holder`
-/// (of this process) holds it, the holder line and an election leader's value.
-pub(crate) fn mutex_record(name: &str, token: u64, holder: Option<&Hold>) -> Record {
-    Record {
-        token,
-        name: Some(name.to_owned()),
-        holder: holder.map(|h| HolderLine {
-            pid: std::process::id(),
-            count: 1,
-            owner: h.owner.to_string(),
-        }),
-        holds: Vec::new(),
-        value: holder.and_then(|h| h.value.as_deref().map(str::to_owned)),
-        seq: holder.map_or(0, |h| h.seq),
     }
 }
 
@@ -268,12 +243,28 @@ impl Inner {
         let Some(file) = &entry.main else {
             return Ok(entry.token);
         };
-        if grant {
-            entry.token = self.read_own_record(file, &path, name, true)?.token;
-        }
-        let rec = mutex_record(name, entry.token, entry.writer.as_ref());
+        let token = match grant {
+            true => self.read_own_record(file, &path, name, true)?.token,
+            false => entry.token,
+        };
+        // A mutex's or an election's record: the counter, the name and, while this process
+        // holds it, the holder line and an election leader's value.
+        let holder = entry.writer.as_ref();
+        let rec = Record {
+            token,
+            name: Some(name.to_owned()),
+            holder: holder.map(|h| HolderLine {
+                pid: std::process::id(),
+                count: 1,
+                owner: h.owner.to_string(),
+            }),
+            holds: Vec::new(),
+            value: holder.and_then(|h| h.value.as_deref().map(str::to_owned)),
+            seq: holder.map_or(0, |h| h.seq),
+        };
         self.write_record(file, &path, &rec)?;
-        Ok(entry.token)
+        entry.token = token;
+        Ok(token)
     }
 
     /// [`Inner::sync`] for count changes and releases: the lines are informational, so a
