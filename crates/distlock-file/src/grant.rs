@@ -160,7 +160,8 @@ impl Inner {
             let f = match entry.parked[Side::Write as usize].take() {
                 Some(f) => f,
                 None => {
-                    // Unless other owners of this backend hold a side.
+                    // No descriptor to try (and none to wait on) while other owners of this
+                    // backend hold a side: their release wakes the waiters.
                     let f = (!entry.held())
                         .then(|| self.open_rw(&main_path))
                         .transpose()?;

@@ -281,10 +281,10 @@ impl Inner {
     }
 
     /// Starts the waiting thread of side `thread` of `name` (`None`: of the turnstile), which
-    /// blocks in `block` and returns the
-    /// descriptor it locked; [`waited`] then gets the outcome. The thread keeps only a weak
-    /// reference to the backend while it blocks, so that it does not keep a dropped backend
-    /// alive; if the backend is gone, the lock it got is given back at once.
+    /// blocks in `block` and returns the descriptor it locked; [`waited`] then gets the
+    /// outcome. The thread keeps only a weak reference to the backend while it blocks, so that
+    /// it does not keep a dropped backend alive; if the backend is gone, the lock it got is
+    /// given back at once.
     fn spawn_waiter(
         self: &Arc<Self>,
         family: Family,
