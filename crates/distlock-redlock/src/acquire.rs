@@ -3,7 +3,7 @@
 
 use crate::node::View;
 use crate::tally::{self, Ballot, Decision};
-use crate::Shared;
+use crate::RedlockBackend;
 use distlock_core::backend::{AcquireReply, AcquireRequest, AttemptId};
 use distlock_core::{Error, LockKind, Result};
 use distlock_redis::{QuorumReply, QuorumVote};
@@ -82,7 +82,7 @@ struct Count {
     first: usize,
 }
 
-impl Shared {
+impl RedlockBackend {
     /// The random pause before the next attempt after a split vote (0 to the node timeout), so
     /// that clients that split the nodes do not collide again.
     fn jitter(&self) -> Duration {
@@ -226,12 +226,6 @@ impl Shared {
                 }),
         )
         .await;
-    }
-
-    /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
-    /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`].
-    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.round(req, None).await.map(|r| r.reply)
     }
 
     /// One attempt on every node in parallel, as a waiter at `queue` (its waiter ttl and its
