@@ -85,7 +85,7 @@ impl Common {
     /// checking, `VERIFY_IDENTITY` if they check).
     pub(crate) fn tls_mode(&self) -> crate::SslMode {
         if self.plain_only.load(Ordering::Relaxed) {
-            return crate::SslMode::Preferred;
+            return crate::SslMode::Prefer;
         }
         self.connector.tls.mode
     }

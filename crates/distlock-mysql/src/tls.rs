@@ -13,62 +13,29 @@
 //! checks the name too: connect by a name the certificate has, or give the name it was made
 //! for with [`TlsOptions::server_name`].
 
+use distlock_core::conn::tlsmode::SslModeNames;
+pub use distlock_core::conn::tlsmode::SslMode;
 use distlock_core::conn::{ConnectionString, TlsFiles, TlsNames};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// MySQL's `--ssl-mode`: whether the connection is encrypted and what of the server's
-/// certificate is checked. See the [crate docs](crate#tls) for the table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum SslMode {
-    /// Never encrypt.
-    Disabled,
-    /// Encrypt if the server supports TLS, else go on unencrypted (the mysql client's
-    /// default). The certificate is not checked.
-    #[default]
-    Preferred,
-    /// Encrypt or fail. The certificate is not checked.
-    Required,
-    /// Encrypt, and the server's certificate must chain to `ssl-ca` (and, with this driver,
-    /// be valid for the host name: see the [crate docs](crate#tls)).
-    VerifyCa,
-    /// Encrypt; the certificate must chain to `ssl-ca` (without it: to the public roots
-    /// built in, Mozilla's) and be valid for the host name connected to.
-    VerifyIdentity,
-}
-
-impl SslMode {
-    /// The URL spelling: `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_CA` or `VERIFY_IDENTITY`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SslMode::Disabled => "DISABLED",
-            SslMode::Preferred => "PREFERRED",
-            SslMode::Required => "REQUIRED",
-            SslMode::VerifyCa => "VERIFY_CA",
-            SslMode::VerifyIdentity => "VERIFY_IDENTITY",
-        }
-    }
-
-    fn parse(v: &str) -> Option<SslMode> {
-        Some(match v.to_ascii_uppercase().replace('-', "_").as_str() {
-            "DISABLED" => SslMode::Disabled,
-            "PREFERRED" => SslMode::Preferred,
-            "REQUIRED" => SslMode::Required,
-            "VERIFY_CA" => SslMode::VerifyCa,
-            "VERIFY_IDENTITY" => SslMode::VerifyIdentity,
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for SslMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// MySQL's spellings of the modes (`VerifyFull` is `VERIFY_IDENTITY`; case and `-`/`_` do not
+/// matter when parsing, as for the mysql client).
+pub(crate) const MODES: SslModeNames = SslModeNames {
+    param: "ssl-mode",
+    modes: [
+        "DISABLED",
+        "PREFERRED",
+        "REQUIRED",
+        "VERIFY_CA",
+        "VERIFY_IDENTITY",
+    ],
+    loose: true,
+    ca_hint: "ssl-ca=PATH (PEM)",
+    builtin_roots: true,
+    krate: "distlock-mysql",
+};
 
 /// How to talk TLS to the server: the URL's `ssl-mode=`, `ssl-ca=`, `ssl-cert=` and
 /// `ssl-key=` (MySQL's option names; `ssl_mode` etc. work too), or the same in code
@@ -81,10 +48,10 @@ impl fmt::Display for SslMode {
 /// ```
 /// use distlock_mysql::{SslMode, TlsOptions};
 ///
-/// let tls = TlsOptions::new(SslMode::VerifyIdentity)
+/// let tls = TlsOptions::new(SslMode::VerifyFull)
 ///     .ca("/etc/ssl/mysql/ca.pem")
 ///     .client_cert("/etc/ssl/mysql/app.pem", "/etc/ssl/mysql/app.key");
-/// assert_eq!(tls.mode(), SslMode::VerifyIdentity);
+/// assert_eq!(tls.mode(), SslMode::VerifyFull);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsOptions {
@@ -147,15 +114,9 @@ impl TlsOptions {
     pub(crate) fn from_url(cs: &ConnectionString) -> Result<Self> {
         let get = |name: &str| cs.param(name).or_else(|| cs.param(&name.replace('-', "_")));
         let files = TlsFiles::from_url(cs, NAMES)?.der_too();
-        let mode = match get("ssl-mode") {
+        let mode = match MODES.from_url(cs, get("ssl-mode"))? {
             None if files.ca().is_some() => SslMode::VerifyCa,
-            None => SslMode::Preferred,
-            Some(v) => SslMode::parse(v).ok_or_else(|| {
-                cs.invalid(format!(
-                    "ssl-mode=`{v}` is unknown; use DISABLED, PREFERRED, REQUIRED, VERIFY_CA or \
-                     VERIFY_IDENTITY"
-                ))
-            })?,
+            m => m.unwrap_or_default(),
         };
         let tls = TlsOptions {
             files,
@@ -167,34 +128,15 @@ impl TlsOptions {
 
     /// The combinations that make no sense, and those this build cannot do.
     fn check(&self) -> std::result::Result<(), String> {
-        if self.mode == SslMode::VerifyCa && self.files.ca().is_none() {
-            return Err(
-                "ssl-mode=VERIFY_CA checks the server's certificate against a CA: give \
-                        ssl-ca=PATH (PEM)"
-                    .into(),
-            );
-        }
-        if self.mode == SslMode::Disabled
-            && (self.files.ca().is_some() || self.files.client().is_some())
-        {
+        let (ca, client) = (self.files.ca().is_some(), self.files.client().is_some());
+        if self.mode == SslMode::Disable && (ca || client) {
             return Err(
                 "ssl-mode=DISABLED with ssl-ca/ssl-cert: nothing would use them; \
                         drop them or choose REQUIRED, VERIFY_CA or VERIFY_IDENTITY"
                     .into(),
             );
         }
-        if !cfg!(feature = "tls")
-            && (!matches!(self.mode, SslMode::Disabled | SslMode::Preferred)
-                || self.files.ca().is_some()
-                || self.files.client().is_some())
-        {
-            return Err(format!(
-                "ssl-mode={} needs TLS, and distlock-mysql is built without its `tls` feature; \
-                 enable it, or use ssl-mode=DISABLED",
-                self.mode
-            ));
-        }
-        Ok(())
+        MODES.check(self.mode, ca, ca || client, cfg!(feature = "tls"))
     }
 
     /// The driver's TLS settings for `mode` (`None`: unencrypted), the files read now.
@@ -238,10 +180,10 @@ impl Context {
             E::Driver(DriverError::NoClientSslFlagFromServer) => Some(TlsError::new(
                 TlsErrorKind::NotSupportedByServer,
                 format!(
-                    "the server does not support TLS, and ssl-mode={} needs it: give the \
-                     server ssl_cert and ssl_key (have_ssl must be YES), or use \
-                     ssl-mode=PREFERRED or DISABLED",
-                    self.mode
+                    "the server does not support TLS, and {} needs it: give the server \
+                     ssl_cert and ssl_key (have_ssl must be YES), or use ssl-mode=PREFERRED or \
+                     DISABLED",
+                    MODES.setting(self.mode)
                 ),
             )),
             E::Io(io) => imp::classify_io(self, io),
@@ -282,11 +224,11 @@ mod imp {
         // One crypto provider for the process, whichever crates enable which.
         distlock_core::conn::install_crypto_provider();
         let mut ssl = match mode {
-            SslMode::Disabled => return Ok(None),
-            SslMode::Preferred | SslMode::Required => SslOpts::default()
+            SslMode::Disable => return Ok(None),
+            SslMode::Prefer | SslMode::Require => SslOpts::default()
                 .with_danger_accept_invalid_certs(true)
                 .with_danger_skip_domain_validation(true),
-            SslMode::VerifyCa | SslMode::VerifyIdentity => {
+            SslMode::VerifyCa | SslMode::VerifyFull => {
                 let ssl = SslOpts::default().with_danger_tls_hostname_override(
                     opts.server_name.clone().map(std::borrow::Cow::Owned),
                 );
@@ -301,7 +243,7 @@ mod imp {
         if let Some((chain, key)) = opts.files.read_client()? {
             ssl = ssl.with_client_identity(Some(ClientIdentity::new(chain.into(), key.into())));
         }
-        if mode == SslMode::Required && opts.files.ca().is_some() {
+        if mode == SslMode::Require && opts.files.ca().is_some() {
             tracing::warn!(
                 "ssl-mode=REQUIRED does not check the server's certificate: ssl-ca is unused \
                  (use VERIFY_CA or VERIFY_IDENTITY to check it)"
@@ -387,13 +329,13 @@ mod tests {
     #[test]
     #[cfg(feature = "tls")]
     fn url_options() {
-        assert_eq!(tls("mysql://u@h/d").expect("ok").mode(), SslMode::Preferred);
+        assert_eq!(tls("mysql://u@h/d").expect("ok").mode(), SslMode::Prefer);
         for (v, m) in [
-            ("disabled", SslMode::Disabled),
-            ("Preferred", SslMode::Preferred),
-            ("REQUIRED", SslMode::Required),
+            ("disabled", SslMode::Disable),
+            ("Preferred", SslMode::Prefer),
+            ("REQUIRED", SslMode::Require),
             ("verify_ca&ssl-ca=/x", SslMode::VerifyCa),
-            ("verify-identity", SslMode::VerifyIdentity),
+            ("verify-identity", SslMode::VerifyFull),
         ] {
             assert_eq!(
                 tls(&format!("mysql://u@h/d?ssl-mode={v}")).expect(v).mode(),
