@@ -13,8 +13,8 @@
 //! checks the name too: connect by a name the certificate has, or give the name it was made
 //! for with [`TlsOptions::server_name`].
 
-use distlock_core::conn::tlsmode::SslModeNames;
 pub use distlock_core::conn::tlsmode::SslMode;
+use distlock_core::conn::tlsmode::SslModeNames;
 use distlock_core::conn::{ConnectionString, TlsFiles, TlsNames};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};

@@ -128,7 +128,11 @@ async fn verify_modes_check_the_chain_and_the_name() {
                 .connect()
                 .await,
         );
-        assert_eq!(tls_error(&e).kind(), TlsErrorKind::WrongHost, "{mode:?}: {e}");
+        assert_eq!(
+            tls_error(&e).kind(),
+            TlsErrorKind::WrongHost,
+            "{mode:?}: {e}"
+        );
         assert!(e.to_string().contains(says), "{mode:?}: {e}");
         works(
             named(mode, "localhost")

@@ -8,8 +8,8 @@
 //! | `verify-ca` | yes | yes, against `sslrootcert` | no |
 //! | `verify-full` | yes | yes, against `sslrootcert` | yes (subject alternative names) |
 
-use distlock_core::conn::tlsmode::SslModeNames;
 pub use distlock_core::conn::tlsmode::SslMode;
+use distlock_core::conn::tlsmode::SslModeNames;
 use distlock_core::conn::{ConnectionString, TlsFiles, TlsNames};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};

@@ -168,12 +168,19 @@ mod tests {
         assert!(!e.contains("pw"), "{e}");
         assert_eq!(LOOSE.from_url(&cs, None).ok(), Some(None));
         assert!(LOOSE.check(SslMode::VerifyFull, false, false, true).is_ok());
-        assert!(strict.check(SslMode::VerifyFull, false, false, true).is_err());
+        assert!(strict
+            .check(SslMode::VerifyFull, false, false, true)
+            .is_err());
         assert!(LOOSE.check(SslMode::VerifyCa, false, false, true).is_err());
         assert!(LOOSE.check(SslMode::VerifyCa, true, true, true).is_ok());
         assert!(LOOSE.check(SslMode::Prefer, false, false, false).is_ok());
-        let e = LOOSE.check(SslMode::Prefer, false, true, false).unwrap_err();
-        assert!(e.contains("x is built without") && e.ends_with("ssl-mode=OFF"), "{e}");
+        let e = LOOSE
+            .check(SslMode::Prefer, false, true, false)
+            .unwrap_err();
+        assert!(
+            e.contains("x is built without") && e.ends_with("ssl-mode=OFF"),
+            "{e}"
+        );
         assert_eq!(
             SslMode::checked(true, false),
             "certificate chain checked, host name not"
