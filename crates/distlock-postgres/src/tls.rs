@@ -188,14 +188,12 @@ pub(crate) struct Tls {
     config: tokio_postgres_rustls::MakeRustlsConnect,
 }
 
-/// What messages say about the settings.
+/// What messages say about the settings: the options, and the one host connected to, when
+/// there is one.
 #[derive(Debug)]
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
 struct Context {
-    mode: SslMode,
-    root: Option<RootCert>,
-    client_cert: Option<PathBuf>,
-    /// The one host connected to, when there is one (for messages).
+    opts: TlsOptions,
     host: Option<String>,
 }
 
@@ -213,7 +211,7 @@ impl Context {
                 "the server does not support TLS (it refused the TLS request), and {} needs \
                  it: turn `ssl = on` in the server's postgresql.conf, or use sslmode=prefer or \
                  disable",
-                MODES.setting(self.mode)
+                MODES.setting(self.opts.mode)
             ),
         )
     }
@@ -230,13 +228,13 @@ impl Context {
 impl Tls {
     /// The mode.
     pub(crate) fn mode(&self) -> SslMode {
-        self.context.mode
+        self.context.opts.mode
     }
 
     /// What of the server's certificate is checked, in words.
     pub(crate) fn checks(&self) -> &'static str {
-        let mode = self.context.mode;
-        let chain = mode != SslMode::Disable && self.context.root.is_some();
+        let mode = self.context.opts.mode;
+        let chain = mode != SslMode::Disable && self.context.opts.root.is_some();
         SslMode::checked(chain, mode == SslMode::VerifyFull)
     }
 
@@ -275,13 +273,9 @@ mod imp {
 
     impl Tls {
         pub(super) fn new(opts: &TlsOptions, host: Option<String>) -> Result<Self> {
+            let opts = opts.clone();
             Ok(Tls {
-                context: std::sync::Arc::new(Context {
-                    mode: opts.mode,
-                    root: None,
-                    client_cert: None,
-                    host,
-                }),
+                context: std::sync::Arc::new(Context { opts, host }),
             })
         }
 
@@ -350,9 +344,7 @@ mod imp {
             config.alpn_protocols = vec![b"postgresql".to_vec()];
             Ok(Tls {
                 context: Arc::new(Context {
-                    mode: opts.mode,
-                    root: opts.root.clone(),
-                    client_cert: opts.client.as_ref().map(|(c, _)| c.clone()),
+                    opts: opts.clone(),
                     host,
                 }),
                 config: MakeRustlsConnect::new(config),
@@ -369,11 +361,12 @@ mod imp {
     pub(super) fn classify(ctx: &Context, e: &rustls::Error) -> TlsError {
         use TlsErrorKind as K;
         let root = ctx
+            .opts
             .root
             .as_ref()
             .map(ToString::to_string)
             .unwrap_or_else(|| "sslrootcert".into());
-        match TlsErrorKind::of_rustls(e, ctx.client_cert.is_some()) {
+        match TlsErrorKind::of_rustls(e, ctx.opts.client.is_some()) {
             K::WrongHost => TlsError::new(
                 K::WrongHost,
                 format!(
@@ -393,9 +386,10 @@ mod imp {
             ),
             kind => {
                 let cert = ctx
-                    .client_cert
+                    .opts
+                    .client
                     .as_ref()
-                    .map(|c| format!(" sslcert={}", c.display()));
+                    .map(|(c, _)| format!(" sslcert={}", c.display()));
                 let cert = match &cert {
                     Some(c) => ClientCert::Given(c),
                     None => ClientCert::None,
@@ -415,7 +409,7 @@ mod imp {
                 "{} is not a host name or IP address a certificate can be checked against \
                  ({})",
                 ctx.host_name(),
-                MODES.setting(ctx.mode)
+                MODES.setting(ctx.opts.mode)
             ),
         ))
     }
