@@ -289,7 +289,7 @@ fn connector(base: mysql_async::OptsBuilder, tls: Option<TlsOptions>) -> Result<
                 opts: base.ssl_opts(ssl).into(),
                 plain_fallback,
                 client_cert: tls.has_client_cert(),
-                tls: tls.context(),
+                tls,
             }
         }
         None => {
@@ -303,7 +303,7 @@ fn connector(base: mysql_async::OptsBuilder, tls: Option<TlsOptions>) -> Result<
                 client_cert: opts.ssl_opts().is_some_and(has_identity),
                 opts,
                 plain_fallback: None,
-                tls: tls.context(),
+                tls,
             }
         }
     })

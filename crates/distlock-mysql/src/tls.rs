@@ -18,7 +18,7 @@ use distlock_core::conn::tlsmode::SslModeNames;
 use distlock_core::conn::{ConnectionString, TlsFiles, TlsNames};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// MySQL's spellings of the modes (`VerifyFull` is `VERIFY_IDENTITY`; case and `-`/`_` do not
 /// matter when parsing, as for the mysql client).
@@ -153,26 +153,6 @@ impl TlsOptions {
         self.files.client().is_some()
     }
 
-    /// What messages say about the settings.
-    pub(crate) fn context(&self) -> Context {
-        Context {
-            mode: self.mode,
-            ca: self.files.ca().map(Path::to_path_buf),
-            client_cert: self.files.client().map(|(c, _)| c.to_path_buf()),
-        }
-    }
-}
-
-/// The settings a TLS error message names.
-#[derive(Debug, Clone)]
-#[cfg_attr(not(feature = "tls"), allow(dead_code))]
-pub(crate) struct Context {
-    pub(crate) mode: SslMode,
-    ca: Option<PathBuf>,
-    client_cert: Option<PathBuf>,
-}
-
-impl Context {
     /// What a driver error of connecting says about TLS, if it is about TLS.
     pub(crate) fn explain(&self, e: &mysql_async::Error) -> Option<TlsError> {
         use mysql_async::{DriverError, Error as E};
@@ -193,7 +173,7 @@ impl Context {
 
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     fn ca_name(&self) -> String {
-        match &self.ca {
+        match self.files.ca() {
             Some(p) => format!("ssl-ca={}", p.display()),
             None => "the built-in public roots (no ssl-ca given)".into(),
         }
@@ -208,7 +188,7 @@ mod imp {
         Ok(None)
     }
 
-    pub(super) fn classify_io(_: &Context, _: &mysql_async::IoError) -> Option<TlsError> {
+    pub(super) fn classify_io(_: &TlsOptions, _: &mysql_async::IoError) -> Option<TlsError> {
         None
     }
 }
@@ -252,7 +232,7 @@ mod imp {
         Ok(Some(ssl))
     }
 
-    pub(super) fn classify_io(ctx: &Context, e: &mysql_async::IoError) -> Option<TlsError> {
+    pub(super) fn classify_io(ctx: &TlsOptions, e: &mysql_async::IoError) -> Option<TlsError> {
         match e {
             mysql_async::IoError::Tls(mysql_async::TlsError::Tls(r)) => Some(classify(ctx, r)),
             mysql_async::IoError::Tls(other) => Some(TlsError::new(
@@ -269,7 +249,7 @@ mod imp {
     }
 
     /// The rustls error of a handshake, in the words of the settings.
-    fn classify(ctx: &Context, r: &rustls::Error) -> TlsError {
+    fn classify(ctx: &TlsOptions, r: &rustls::Error) -> TlsError {
         use TlsErrorKind as K;
         let kind = match r {
             // A server may answer a client certificate it refuses (or the lack of one) with
@@ -277,7 +257,7 @@ mod imp {
             rustls::Error::AlertReceived(AlertDescription::HandshakeFailure) => {
                 K::ClientCertRejected
             }
-            _ => TlsErrorKind::of_rustls(r, ctx.client_cert.is_some()),
+            _ => TlsErrorKind::of_rustls(r, ctx.has_client_cert()),
         };
         let message = match kind {
             K::WrongHost => format!(
@@ -295,9 +275,9 @@ mod imp {
             ),
             kind => {
                 let cert = ctx
-                    .client_cert
-                    .as_ref()
-                    .map(|c| format!(" ssl-cert={}", c.display()));
+                    .files
+                    .client()
+                    .map(|(c, _)| format!(" ssl-cert={}", c.display()));
                 let cert = match &cert {
                     Some(c) => ClientCert::Given(c),
                     // A refused handshake may be about something else: the message hedges.
@@ -318,16 +298,16 @@ mod imp {
     };
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "tls"))]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn tls(url: &str) -> Result<TlsOptions> {
         TlsOptions::from_url(&ConnectionString::parse(url).expect("parse"))
     }
 
     #[test]
-    #[cfg(feature = "tls")]
     fn url_options() {
         assert_eq!(tls("mysql://u@h/d").expect("ok").mode(), SslMode::Prefer);
         for (v, m) in [
