@@ -1,13 +1,5 @@
 //! TLS to the server with MySQL's `ssl-mode` semantics, through mysql_async's rustls support
-//! (feature `tls`).
-//!
-//! | `ssl-mode` | encrypted | chain checked | host name checked |
-//! |---|---|---|---|
-//! | `DISABLED` | no | – | – |
-//! | `PREFERRED` (default) | if the server supports TLS | no | no |
-//! | `REQUIRED` | yes, or the connection fails | no | no |
-//! | `VERIFY_CA` | yes | yes, against `ssl-ca` | yes (see below) |
-//! | `VERIFY_IDENTITY` | yes | yes, against `ssl-ca` (or the built-in public roots) | yes |
+//! (feature `tls`); the modes' table is in the [crate docs](crate#tls).
 //!
 //! mysql_async 0.37's rustls verifier cannot skip the host name check alone, so `VERIFY_CA`
 //! checks the name too: connect by a name the certificate has, or give the name it was made
