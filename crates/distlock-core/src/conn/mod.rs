@@ -48,6 +48,7 @@ mod secret;
 #[cfg(test)]
 mod tests;
 mod tls;
+pub mod tlsmode;
 #[cfg(feature = "rustls")]
 mod verify;
 
