@@ -27,7 +27,7 @@ pub(crate) struct Created {
 
 impl Created {
     /// Node `name` of kind `node` in directory `dir`, whose czxid is `token`.
-    fn new(dir: &str, name: String, node: NodeKind, token: u64) -> Self {
+    pub(crate) fn new(dir: &str, name: String, node: NodeKind, token: u64) -> Self {
         Created {
             dir: dir.to_owned(),
             path: format!("{dir}/{name}"),

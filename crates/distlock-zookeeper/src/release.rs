@@ -3,7 +3,7 @@
 use crate::error::connection_died;
 use crate::grant::Grant;
 use crate::layout::{self, Family, NodeData, NodeKind};
-use crate::node::{busy, foreign_data, token_of, DATA_ATTEMPTS};
+use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
 use crate::session::{Inner, Session};
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef};
 use distlock_core::{ReleaseOutcome, Result};
@@ -281,16 +281,10 @@ impl Inner {
                 Some(Some(st)) if token_of(&st) == Some(grant.token) => {}
                 _ => return self.absent(sess, dir, kind.family()).await,
             }
+            let node = Created::new(dir, name, kind, grant.token);
             let g = Grant {
-                key: grant.key.clone(),
-                path,
-                dir: dir.to_owned(),
-                node: kind,
-                token: grant.token,
-                gen: sess.gen,
-                joined: false,
                 releasing: true,
-                delete_sent: false,
+                ..Grant::new(grant.key.clone(), &node, sess.gen)
             };
             if let Some(()) = self
                 .retire(sess, &g, Role::Own)

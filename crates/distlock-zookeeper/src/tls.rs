@@ -193,34 +193,34 @@ mod imp {
 
         async fn handshake(&self, host: &str, port: u16) -> Option<TlsError> {
             match self.connect_tls(host, port).await? {
-                Err(e) => Some(self.classify(&e)),
+                Err(e) => self.classify(&e),
                 Ok(mut s) => {
                     // TLS 1.3: a server that refuses the client's certificate (or its absence)
                     // says so after the handshake; the client speaks first in ZooKeeper, so
                     // anything read here is that alert (or the server hanging up).
                     let mut b = [0u8; 1];
                     match tokio::time::timeout(Duration::from_millis(500), s.read(&mut b)).await {
-                        Ok(Err(e)) => Some(self.classify(&e)),
+                        Ok(Err(e)) => self.classify(&e),
                         _ => None,
                     }
                 }
             }
         }
 
-        fn classify(&self, e: &std::io::Error) -> TlsError {
-            let (kind, detail) = match distlock_core::conn::rustls_error(e) {
-                Some(r) => (TlsErrorKind::of_rustls(&r, self.client_cert), r.to_string()),
-                None if e.kind() == std::io::ErrorKind::UnexpectedEof => (
-                    TlsErrorKind::NotSupportedByServer,
-                    "the server closed the connection during the TLS handshake".to_owned(),
-                ),
-                None => (TlsErrorKind::Handshake, e.to_string()),
-            };
+        fn classify(&self, e: &std::io::Error) -> Option<TlsError> {
             let cert = match self.client_cert {
                 true => ClientCert::Given(""),
                 false => ClientCert::None,
             };
-            TlsError::worded(kind, &detail, &WORDS, cert)
+            WORDS.classify(e, cert, |_| {
+                Some(match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => (
+                        TlsErrorKind::NotSupportedByServer,
+                        "the server closed the connection during the TLS handshake".to_owned(),
+                    ),
+                    _ => (TlsErrorKind::Handshake, e.to_string()),
+                })
+            })
         }
     }
 
