@@ -274,19 +274,6 @@ pub(crate) fn first_of(queue: &[u8]) -> TxnOp {
     )
 }
 
-/// Puts the attempt's key `mine` for `owner` on `lease` (a lock's).
-pub(crate) fn put_mine(mine: &[u8], owner: &str, lease: Lease) -> TxnOp {
-    TxnOp::put(
-        mine.to_vec(),
-        Entry {
-            ttl: lease.ttl,
-            owner: owner.to_owned(),
-        }
-        .encode(),
-        Some(PutOptions::new().with_lease(lease.id)),
-    )
-}
-
 /// Puts the keys of the attempt whose key is `mine` on `lease`: for a lock its key (`TTL
 /// OWNER`); for an election its key holding just `value` and its metadata key (with
 /// proclamation number `seq`).
@@ -298,24 +285,18 @@ pub(crate) fn put_hold(
     lease: Lease,
     seq: u64,
 ) -> Vec<TxnOp> {
+    let put = |key: Vec<u8>, value: Vec<u8>| {
+        TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease.id)))
+    };
+    let (ttl, owner) = (lease.ttl, owner.to_owned());
     match keys.meta_of(mine) {
-        None => vec![put_mine(mine, owner, lease)],
+        None => vec![put(
+            mine.to_vec(),
+            Entry { ttl, owner }.encode().into_bytes(),
+        )],
         Some(meta) => vec![
-            TxnOp::put(
-                mine.to_vec(),
-                value.to_vec(),
-                Some(PutOptions::new().with_lease(lease.id)),
-            ),
-            TxnOp::put(
-                meta,
-                Meta {
-                    ttl: lease.ttl,
-                    seq,
-                    owner: owner.to_owned(),
-                }
-                .encode(),
-                Some(PutOptions::new().with_lease(lease.id)),
-            ),
+            put(mine.to_vec(), value.to_vec()),
+            put(meta, Meta { ttl, seq, owner }.encode().into_bytes()),
         ],
     }
 }
