@@ -286,21 +286,16 @@ impl EtcdBackend {
         let found = read
             .into_iter()
             .zip(mines.chunks(MAX_OPS_PER_TXN))
-            .flat_map(|(r, chunk)| {
-                let per_hold: Vec<Result<Option<KeyValue>>> = match r {
+            .flat_map(|(r, chunk)| -> Vec<Result<Option<KeyValue>>> {
+                match r {
                     Ok(found) => found.into_iter().map(Ok).collect(),
-                    Err(e) => chunk
-                        .iter()
-                        .map(|_| {
-                            Err(Error::connection(
-                                KIND,
-                                self.endpoint.clone(),
-                                format!("reading the keys of its renewal batch: {e}"),
-                            ))
-                        })
-                        .collect(),
-                };
-                per_hold
+                    Err(e) => {
+                        let why = format!("reading the keys of its renewal batch: {e}");
+                        let lost =
+                            |_| Err(Error::connection(KIND, self.endpoint.clone(), why.clone()));
+                        chunk.iter().map(lost).collect()
+                    }
+                }
             });
         let each = holds
             .iter()
