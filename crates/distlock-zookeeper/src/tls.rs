@@ -53,7 +53,9 @@ mod off {
 
 #[cfg(feature = "tls")]
 mod imp {
-    use distlock_core::conn::{ClientCert, TlsError, TlsErrorKind, TlsFiles, TlsWords};
+    use distlock_core::conn::{
+        ClientCert, ServerCheck, TlsError, TlsErrorKind, TlsFiles, TlsWords,
+    };
     use distlock_core::{Error, Result};
     use rustls::pki_types::ServerName;
     use std::sync::Arc;
@@ -98,26 +100,14 @@ mod imp {
             let mut options = zk::TlsOptions::new()
                 .with_pem_ca(&text(&ca_pem))
                 .map_err(|e| TlsFiles::file_error("cacert", ca, e))?;
-            let builder =
-                rustls::ClientConfig::builder_with_provider(distlock_core::conn::crypto_provider())
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| Error::invalid(format!("TLS setup: {e}")))?
-                    .with_root_certificates(roots);
-            let probe = match (files.client(), files.identity()?, files.read_client()?) {
-                (Some((cert, key)), Some((chain, pkey)), Some((cert_pem, key_pem))) => {
-                    options = options
-                        .with_pem_identity(&text(&cert_pem), &text(&key_pem))
-                        .map_err(|e| TlsFiles::file_error("cert", cert, e))?;
-                    builder.with_client_auth_cert(chain, pkey).map_err(|e| {
-                        Error::invalid(format!(
-                            "`cert={}` and `key={}` do not make a client identity: {e}",
-                            cert.display(),
-                            key.display()
-                        ))
-                    })?
-                }
-                _ => builder.with_no_client_auth(),
-            };
+            let probe = files.client_config(ServerCheck::ChainAndName(roots))?;
+            if let (Some((cert, _)), Some((cert_pem, key_pem))) =
+                (files.client(), files.read_client()?)
+            {
+                options = options
+                    .with_pem_identity(&text(&cert_pem), &text(&key_pem))
+                    .map_err(|e| TlsFiles::file_error("cert", cert, e))?;
+            }
             Ok(Tls {
                 options,
                 probe: Arc::new(probe),
