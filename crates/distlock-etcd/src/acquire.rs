@@ -2,7 +2,7 @@
 
 use crate::error::{shape, KIND};
 use crate::kv::{
-    first_of, gets, header_revision, nth_first, put_hold, token_of, value_of, Keys, CAS_ATTEMPTS,
+    first_of, header_revision, put_hold, reads, token_of, value_of, Keys, CAS_ATTEMPTS,
 };
 use crate::lease::Lease;
 use crate::renew::Cover;
@@ -52,9 +52,8 @@ impl EtcdBackend {
                 self.remember(&req.attempt, lease);
                 return Ok((AcquireReply::Granted { token }, true));
             }
-            let mut all = gets(&resp);
-            let m = nth_first(&mut all, 0)?;
-            let first = nth_first(&mut all, 1)?.ok_or_else(|| {
+            let [m, first] = reads(&resp)?;
+            let first = first.ok_or_else(|| {
                 shape("etcd said the queue was not empty but returned no key of it")
             })?;
             match m {
@@ -130,9 +129,7 @@ impl EtcdBackend {
             Some(TxnOpResponse::Get(g)) => g.count(),
             _ => return Err(shape("inspect: the transaction returned too few reads")),
         };
-        let mut all = gets(&resp);
-        let first = nth_first(&mut all, 0)?;
-        let fence = nth_first(&mut all, 1)?;
+        let [first, fence] = reads(&resp)?;
         Ok((queued, first, fence))
     }
 

@@ -8,7 +8,7 @@
 //! recipe, so `etcdctl elect PREFIX-election/NAME` candidates take part in the same queue.
 
 use crate::error::shape;
-use crate::kv::{gets, nth_first, revision_of, CAS_ATTEMPTS};
+use crate::kv::{reads, revision_of, CAS_ATTEMPTS};
 use crate::kv::{Keys, Meta};
 use crate::EtcdBackend;
 use distlock_core::backend::{GrantRef, RenewOutcome};
@@ -43,7 +43,7 @@ impl EtcdBackend {
             if !resp.succeeded() {
                 continue;
             }
-            let meta = nth_first(&mut gets(&resp), 0)?;
+            let [meta] = reads(&resp)?;
             let (leader, fence) = (Some(&leader), fence.as_ref());
             return (self.lock_info(&keys, name, queued, leader, fence, meta.as_ref())).await;
         }
@@ -117,11 +117,11 @@ impl EtcdBackend {
             if resp.succeeded() {
                 return Ok(RenewOutcome::Renewed);
             }
-            let mut all = gets(&resp);
-            if nth_first(&mut all, 0)?.is_none_or(|kv| kv.create_revision() != rev) {
+            let [kv, m] = reads(&resp)?;
+            if kv.is_none_or(|kv| kv.create_revision() != rev) {
                 return Ok(RenewOutcome::NotHeld);
             }
-            let m = nth_first(&mut all, 1)?.ok_or_else(|| {
+            let m = m.ok_or_else(|| {
                 shape(format!(
                     "election candidate `{}` has no metadata key",
                     String::from_utf8_lossy(&mine)

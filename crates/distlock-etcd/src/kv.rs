@@ -233,26 +233,20 @@ pub(crate) fn revision_of(token: u64) -> Option<i64> {
     i64::try_from(token).ok().filter(|r| *r > 0)
 }
 
-/// The key-values of every Get in a transaction response, in order.
-pub(crate) fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
-    resp.op_responses()
-        .into_iter()
-        .filter_map(|r| match r {
-            TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
-            _ => None,
-        })
-        .collect()
+/// The first key-value (if any) of every Get in a transaction response, in order.
+pub(crate) fn firsts(resp: &TxnResponse) -> Vec<Option<KeyValue>> {
+    let first = |r| match r {
+        TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
+        _ => None,
+    };
+    resp.op_responses().into_iter().filter_map(first).collect()
 }
 
-pub(crate) fn nth_first(all: &mut [Vec<KeyValue>], i: usize) -> Result<Option<KeyValue>> {
-    let v = all
-        .get_mut(i)
-        .ok_or_else(|| shape("a transaction returned fewer reads than it made"))?;
-    Ok(if v.is_empty() {
-        None
-    } else {
-        Some(v.swap_remove(0))
-    })
+/// [`firsts`] of the first `N` Gets of a transaction response.
+pub(crate) fn reads<const N: usize>(resp: &TxnResponse) -> Result<[Option<KeyValue>; N]> {
+    let mut all = firsts(resp);
+    all.truncate(N);
+    (all.try_into()).map_err(|_| shape("a transaction returned fewer reads than it made"))
 }
 
 pub(crate) fn header_revision(resp: &TxnResponse) -> Result<i64> {

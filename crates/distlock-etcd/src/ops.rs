@@ -15,7 +15,7 @@
 //! - `diagnose`: [`crate::doctor`].
 
 use crate::builder::percent_decode;
-use crate::kv::{first_of, gets, header_revision, nth_first, token_of, CAS_ATTEMPTS};
+use crate::kv::{first_of, header_revision, reads, token_of, CAS_ATTEMPTS};
 use crate::kv::{Entry, Keys};
 use crate::EtcdBackend;
 use distlock_core::{Finding, ForceReleased, ListedLock, LockKind, Operator, Result};
@@ -125,7 +125,7 @@ impl Operator for EtcdBackend {
                     Txn::new().and_then([first_of(&keys.queue)]),
                 )
                 .await?;
-            let first = nth_first(&mut gets(&resp), 0)?;
+            let [first] = reads(&resp)?;
             // An election candidate is dlock's if its metadata key is there (then its lease is
             // its alone); its owner is in the metadata, its value in its key.
             let meta = match first.as_ref().and_then(|h| keys.meta_of(h.key())) {
