@@ -267,10 +267,8 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        if kind == LockKind::Election {
-            return self.inspect_election(name).await;
-        }
-        self.inspect_lock(name).await
+        self.inspect_queue(&Keys::of_kind(&self.prefix, name, kind), name)
+            .await
     }
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
