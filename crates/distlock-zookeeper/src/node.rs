@@ -93,13 +93,7 @@ impl Inner {
         let sent_before = self.state().pending.contains(&req.attempt);
         if sent_before {
             let at = LeaseInstant::now();
-            // After the sync we see every create of ours the leader applied, even one whose
-            // answer was lost with the connection.
-            self.sync(sess, &dir).await?;
-            for name in self.list(sess, &dir).await? {
-                if !name.starts_with(&prefix) {
-                    continue;
-                }
+            for name in self.attempt_nodes(sess, &dir, &prefix).await? {
                 let path = format!("{dir}/{name}");
                 match self
                     .call("reading the lock node", sess.zk.check_stat(&path))
@@ -162,8 +156,8 @@ impl Inner {
                 }
                 Err(e) if connection_died(&e) => {
                     // The create may have happened: look for our attempt's node.
-                    self.sync(sess, dir).await?;
-                    if let Some(name) = self.find_child(sess, dir, prefix).await? {
+                    let found = self.attempt_nodes(sess, dir, prefix).await?;
+                    if let Some(name) = found.into_iter().next() {
                         let token = self.czxid(sess, &format!("{dir}/{name}")).await?;
                         return Ok(Created::new(dir, name, kind, token));
                     }
@@ -240,17 +234,19 @@ impl Inner {
         }
     }
 
-    pub(crate) async fn find_child(
+    /// The nodes in `dir` whose names start with `prefix` (an attempt's), read after a sync:
+    /// so every create of ours the leader applied is seen, even one whose answer was lost with
+    /// the connection.
+    pub(crate) async fn attempt_nodes(
         &self,
         sess: &Session,
         dir: &str,
         prefix: &str,
-    ) -> Result<Option<String>> {
-        Ok(self
-            .list(sess, dir)
-            .await?
-            .into_iter()
-            .find(|c| c.starts_with(prefix)))
+    ) -> Result<Vec<String>> {
+        self.sync(sess, dir).await?;
+        let mut names = self.list(sess, dir).await?;
+        names.retain(|c| c.starts_with(prefix));
+        Ok(names)
     }
 
     pub(crate) async fn list(&self, sess: &Session, dir: &str) -> Result<Vec<String>> {
