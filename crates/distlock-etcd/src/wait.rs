@@ -104,9 +104,14 @@ struct Waiter<'a> {
 }
 
 impl Waiter<'_> {
+    /// The place is gone (`why`): an error, and the wait is not retried.
     fn lost(&mut self, why: &str) -> Error {
         self.place_lost = true;
-        place_lost(self.b, &self.mine, why)
+        let mine = String::from_utf8_lossy(&self.mine);
+        let message = format!(
+            "stopped waiting for the lock: {why}, so the waiter's place `{mine}` in the queue is gone"
+        );
+        Error::connection(KIND, self.b.endpoint(), message)
     }
 
     /// Puts our key at the end of the queue (Go's `tryAcquire`), or finds it there; takes the
@@ -348,17 +353,6 @@ async fn position(b: &EtcdBackend, keys: &Keys, mine: &[u8], rev: i64) -> Result
         pred,
         revision,
     })
-}
-
-fn place_lost(b: &EtcdBackend, mine: &[u8], why: &str) -> Error {
-    Error::connection(
-        KIND,
-        b.endpoint(),
-        format!(
-            "stopped waiting for the lock: {why}, so the waiter's place `{}` in the queue is gone",
-            String::from_utf8_lossy(mine)
-        ),
-    )
 }
 
 /// A watch that failed (`why`), as etcd-client's own watch errors are mapped.
