@@ -4,6 +4,7 @@ use crate::builder::{redact, Target};
 use crate::error::{map, timed_out, KIND};
 use crate::tls;
 use crate::EtcdBackend;
+use distlock_core::conn::TlsErrorKind;
 use distlock_core::{ClientOptions, Error, Result};
 use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, KeyValue, Txn, TxnResponse};
 use std::collections::HashMap;
@@ -140,42 +141,39 @@ impl EtcdBackend {
         hosts: &[String],
     ) -> Error {
         let endpoint = self.endpoint.clone();
-        // A TLS connection the server closed: a member that refused the client's certificate
-        // after the handshake, or (when the hello's EOF surfaces only as a closed connection)
-        // a plain-http member. The second answers HTTP/2 in the clear.
-        let plain = match (tls_client, hosts.first()) {
-            (Some(_), Some(host))
-                if tls::classify(&e, tls_client).is_none() && tls::closed_under_request(&e) =>
-            {
-                tls::speaks_plain_http2(host, self.connect_timeout).await
-            }
-            _ => false,
-        };
-        match (tls_client, tls::classify(&e, tls_client)) {
-            (_, Some(t)) => Error::connection(KIND, endpoint, t),
-            (Some(has_cert), None) if plain => Error::connection(
-                KIND,
-                endpoint,
-                tls::error(
-                    distlock_core::conn::TlsErrorKind::NotSupportedByServer,
-                    "the server closed the TLS connection and answers plain HTTP/2",
+        let closed = tls::closed_under_request(&e);
+        let found = match (tls_client, tls::classify(&e, tls_client)) {
+            (_, Some(t)) => Some(t),
+            // A TLS connection the server closed: a member that refused the client's
+            // certificate after the handshake (with TLS 1.3, how etcd's `--client-cert-auth`
+            // refuses a client without one, or with one it does not trust), or (when the
+            // hello's EOF surfaces only as a closed connection) a plain-http member. The
+            // second answers HTTP/2 in the clear.
+            (Some(has_cert), None) if closed => Some(match hosts.first() {
+                Some(host) if tls::speaks_plain_http2(host, self.connect_timeout).await => {
+                    tls::error(
+                        TlsErrorKind::NotSupportedByServer,
+                        "the server closed the TLS connection and answers plain HTTP/2",
+                        Some(has_cert),
+                    )
+                }
+                _ => tls::error(
+                    TlsErrorKind::ClientCertRejected,
+                    "the server closed the connection right after the TLS handshake, as etcd \
+                     does with a client certificate it does not accept, or none",
                     Some(has_cert),
                 ),
-            ),
-            (Some(has_cert), None) if tls::closed_under_request(&e) => {
-                Error::connection(KIND, endpoint, tls::closed_by_server(has_cert))
+            }),
+            _ => None,
+        };
+        match found {
+            Some(t) => Error::connection(KIND, endpoint, t),
+            None if tls_client.is_none() && self.connect_opts.is_some() && closed => {
+                let hint = "the server closed the connection: if its members serve https, \
+                            connect with etcds://";
+                Error::connection(KIND, endpoint, format!("{e} ({hint})"))
             }
-            (None, None) if self.connect_opts.is_some() && tls::closed_under_request(&e) => {
-                Error::connection(
-                    KIND,
-                    endpoint,
-                    format!(
-                        "{e} (the server closed the connection: if its members serve https, \
-                         connect with etcds://)"
-                    ),
-                )
-            }
-            _ => map(&endpoint, e),
+            None => map(&endpoint, e),
         }
     }
 }

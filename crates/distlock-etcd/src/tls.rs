@@ -158,17 +158,6 @@ pub(crate) async fn speaks_plain_http2(host: &str, limit: std::time::Duration) -
     matches!(tokio::time::timeout(limit, ask).await, Ok(Some(true)))
 }
 
-/// The error for a server that closed the connection right after the TLS handshake
-/// ([`closed_under_request`]): with TLS 1.3 that is how etcd's `--client-cert-auth` refuses
-/// a client without a certificate, or with one it does not trust.
-pub(crate) fn closed_by_server(client_cert: bool) -> TlsError {
-    error(
-        TlsErrorKind::ClientCertRejected,
-        "the server closed the connection right after the TLS handshake, as etcd does with a \
-         client certificate it does not accept, or none",
-        Some(client_cert),
-    )
-}
 #[cfg(test)]
 mod tests {
     use super::*;
