@@ -1,12 +1,12 @@
-//! Observing an election ([`Backend::observe`](distlock_core::Backend::observe)): see the
-//! crate documentation, section *Elections*.
+//! Proclaiming and observing an election ([`Backend::observe`](distlock_core::Backend::observe)):
+//! see the crate documentation, section *Elections*.
 //!
-//! An election is a mutex on `<hash>.election` (see [`crate::mutex::Flavor`]); every change of
+//! An election is a mutex on `<hash>.election` (see [`Family::Election`]); every change of
 //! its state but one rewrites its record: a grant (holder and value), a proclamation (value and
 //! seq), a resignation (the holder line removed). Those are seen through **inotify** on the
 //! file (`IN_MODIFY`, `IN_CLOSE_WRITE`), from this process and every other, by a thread that
-//! blocks in `poll` on the inotify descriptor (and on an eventfd that ends it when the watch is
-//! dropped). The one change that writes nothing is the leader's death: the kernel drops its
+//! blocks reading the inotify descriptor (and ends when the watch is dropped: removing the
+//! inotify watch queues `IN_IGNORED`). The one change that writes nothing is the leader's death: the kernel drops its
 //! `flock` when its last descriptor closes. That is seen by a thread that blocks in
 //! `flock(LOCK_SH)` on a descriptor of its own while someone holds the lock, and returns the
 //! instant the lock goes (it then unlocks at once). inotify's close event is no substitute: the
@@ -15,13 +15,14 @@
 //!
 //! Threads, not tokio's reactor: the watch works on any tokio runtime, I/O driver or not.
 
-use crate::mutex::Flavor;
+use crate::table::{Entry, Family};
 use crate::{sys, waiting, Inner};
 use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
 use distlock_core::Result;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::raw::c_int;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,14 +47,31 @@ struct Signals {
     notify: Notify,
 }
 
-impl Signals {
-    fn ring(&self) {
-        self.notify.notify_one();
+impl Inner {
+    /// Advertises `value` as proclamation `seq` of the leader of election `name`, whose
+    /// checked grant `entry` holds, if `seq` is above the last one applied.
+    pub(crate) fn proclaim(
+        &self,
+        entry: &mut Entry,
+        name: &str,
+        seq: u64,
+        value: &str,
+    ) -> Result<()> {
+        let Some(h) = entry.writer.as_mut().filter(|h| seq > h.seq) else {
+            return Ok(());
+        };
+        let last = (
+            h.value.replace(Arc::from(value)),
+            std::mem::replace(&mut h.seq, seq),
+        );
+        // Written under our exclusive lock; the table keeps the last value written.
+        let written = self.sync(Family::Election, name, entry, false);
+        if let (Err(_), Some(h)) = (&written, entry.writer.as_mut()) {
+            (h.value, h.seq) = last;
+        }
+        written.map(drop)
     }
 }
-
-/// One death thread's flag: the lock it waited on was released (or its `flock` failed).
-type Died = Arc<AtomicBool>;
 
 /// One observer's subscription to an election: the inotify thread, and the thread that
 /// notices the leader's lock go.
@@ -61,25 +79,20 @@ pub(crate) struct ObserveWatch {
     inner: Arc<Inner>,
     path: PathBuf,
     signals: Arc<Signals>,
-    /// Written to end the inotify thread when the watch is dropped.
-    stop: Arc<OwnedFd>,
-    /// The death thread blocked in `flock(LOCK_SH)` while the lock is held, if one runs.
-    death: Option<Died>,
+    /// The inotify descriptor the thread reads, and the watch on the file, removed (which
+    /// ends the thread) when the watch is dropped.
+    inotify: Arc<OwnedFd>,
+    wd: c_int,
+    /// The flag of the death thread blocked in `flock(LOCK_SH)` while the lock is held, if
+    /// one runs: set once the lock was released (or its `flock` failed).
+    death: Option<Arc<AtomicBool>>,
 }
 
 impl Drop for ObserveWatch {
     fn drop(&mut self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd. A failure leaves the thread
-        // blocked until the next event on the file, which it then reports to nobody; it ends
-        // when the file is deleted or the process exits.
-        unsafe {
-            libc::write(
-                self.stop.as_raw_fd(),
-                std::ptr::from_ref(&one).cast(),
-                std::mem::size_of::<u64>(),
-            );
-        }
+        // SAFETY: no pointers; the descriptor is open (we share it). A failure means the watch
+        // is gone already (the file was deleted or replaced), and the thread with it.
+        unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), self.wd) };
     }
 }
 
@@ -87,36 +100,28 @@ impl ObserveWatch {
     /// Subscribes to election `name` from now on: inotify first, then the death thread if the
     /// election is led now (so a leader that dies right after this returns is seen).
     pub(crate) fn new(inner: &Arc<Inner>, name: &str) -> Result<ObserveWatch> {
-        let path = inner.fpath(Flavor::Election, name);
+        let path = inner.lock_path(Family::Election, name);
         // The file must exist to be watched: create it as a candidate would (empty: a fresh
         // election). Lock files are never deleted.
         drop(inner.open_rw(&path)?);
-        let inotify = watch_file(&path).map_err(|e| {
+        let (inotify, wd) = watch_file(&path).map_err(|e| {
             inner.io_error(format!("cannot watch {} with inotify", path.display()), e)
         })?;
-        // SAFETY: no pointers; the flags are valid.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd < 0 {
-            return Err(inner.io_error(
-                "cannot create an eventfd".to_owned(),
-                io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: `efd` is a new descriptor that nothing else owns.
-        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+        let inotify = Arc::new(inotify);
         let signals = Arc::new(Signals::default());
-        let (theirs, their_stop, their_path) = (signals.clone(), stop.clone(), path.clone());
+        let (theirs, their_fd, their_path) = (signals.clone(), inotify.clone(), path.clone());
         waiting::spawn(
             inner,
             "distlock-file-inotify",
             "watch the election",
-            move || inotify_thread(inotify, &their_stop, &theirs, &their_path),
+            move || inotify_thread(&their_fd, &theirs, &their_path),
         )?;
         let mut w = ObserveWatch {
             inner: inner.clone(),
             path,
             signals,
-            stop,
+            inotify,
+            wd,
             death: None,
         };
         w.arm_death()?;
@@ -128,18 +133,11 @@ impl ObserveWatch {
         if self.death.is_some() {
             return Ok(());
         }
-        let path = &self.path;
-        let file = std::fs::File::open(path).map_err(|e| {
-            self.inner
-                .io_error(format!("cannot open {}", path.display()), e)
-        })?;
-        let free = self.inner.try_flock(&file, sys::Mode::Shared, path)?;
-        if free {
+        let Some(file) = self.inner.held_elsewhere(&self.path)? else {
             // Nobody leads: the next leader's grant writes the record, which inotify reports.
-            sys::unlock_and_close(file);
             return Ok(());
-        }
-        let died: Died = Arc::new(AtomicBool::new(false));
+        };
+        let died = Arc::new(AtomicBool::new(false));
         let (their_died, signals) = (died.clone(), self.signals.clone());
         let what = "watch the election's leader";
         waiting::spawn(&self.inner, "distlock-file-observe", what, move || {
@@ -148,7 +146,7 @@ impl ObserveWatch {
                 Err(e) => tracing::warn!(error = %e, "waiting for the election's leader failed"),
             }
             their_died.store(true, Ordering::SeqCst);
-            signals.ring();
+            signals.notify.notify_one();
         })?;
         self.death = Some(died);
         Ok(())
@@ -159,13 +157,7 @@ impl ObserveWatch {
 impl ReleaseWatch for ObserveWatch {
     async fn changed(&mut self) -> Result<Wake> {
         loop {
-            let died = self
-                .death
-                .as_ref()
-                .is_some_and(|d| d.load(Ordering::SeqCst));
-            if died {
-                self.death = None;
-            }
+            let died = self.death.take_if(|d| d.load(Ordering::SeqCst)).is_some();
             if died || self.signals.changed.swap(false, Ordering::SeqCst) {
                 // Before the observer reads the state: a later leader's death is seen.
                 self.arm_death()?;
@@ -190,106 +182,56 @@ impl ReleaseWatch for ObserveWatch {
     }
 }
 
-/// Body of the inotify thread: reports changes of the record until `stop` is written or the
-/// file is no longer watched.
-fn inotify_thread(inotify: OwnedFd, stop: &OwnedFd, signals: &Signals, path: &Path) {
-    let end = |e: io::Error| {
-        *signals
-            .broken
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(e);
-        signals.ring();
-    };
-    loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: inotify.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds; both descriptors are open.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return end(e);
-        }
-        if fds[1].revents != 0 {
-            // The watch was dropped.
-            return;
-        }
-        if fds[0].revents == 0 {
-            continue;
-        }
-        match drain(&inotify, path) {
-            Ok(true) => {
-                signals.changed.store(true, Ordering::SeqCst);
-                signals.ring();
-            }
-            Ok(false) => {}
-            Err(e) => return end(e),
-        }
-    }
-}
-
-/// Reads the pending inotify events: `Ok(true)` if any says the record may have changed,
-/// `Err` if the file is no longer watched (deleted or replaced).
-fn drain(inotify: &OwnedFd, path: &Path) -> io::Result<bool> {
-    let mut changed = false;
+/// Body of the inotify thread: reports changes of the record until the file is no longer
+/// watched (the watch was dropped, or the file deleted or replaced) or inotify fails.
+fn inotify_thread(inotify: &OwnedFd, signals: &Signals, path: &Path) {
     let mut buf = [0u8; 4096];
-    loop {
-        // SAFETY: reads at most `buf.len()` bytes into `buf`, from a descriptor we own.
+    let header = std::mem::size_of::<libc::inotify_event>();
+    let e = 'read: loop {
+        // SAFETY: reads at most `buf.len()` bytes into `buf`, from a descriptor we share.
         let n = unsafe { libc::read(inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock => Ok(changed),
-                io::ErrorKind::Interrupted => continue,
-                _ => Err(e),
-            };
-        }
-        let n = usize::try_from(n).unwrap_or(0);
-        if n == 0 {
-            return Ok(changed);
-        }
-        let mut at = 0;
-        let header = std::mem::size_of::<libc::inotify_event>();
+        let n = match usize::try_from(n) {
+            Ok(0) => break io::Error::from(io::ErrorKind::UnexpectedEof),
+            Ok(n) => n,
+            Err(_) => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => continue,
+                e => break e,
+            },
+        };
+        let (mut at, mut changed) = (0, false);
         while at + header <= n {
             // SAFETY: the kernel wrote whole events; `read_unaligned` copes with any alignment
             // of the buffer.
             let ev: libc::inotify_event =
                 unsafe { std::ptr::read_unaligned(buf.as_ptr().add(at).cast()) };
             if ev.mask & GONE != 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!(
-                        "the election file {} was deleted or replaced",
-                        path.display()
-                    ),
-                ));
+                let gone = format!(
+                    "the election file {} was deleted or replaced",
+                    path.display()
+                );
+                break 'read io::Error::new(io::ErrorKind::NotFound, gone);
             }
-            if ev.mask & (CHANGES | libc::IN_Q_OVERFLOW) != 0 {
-                changed = true;
-            }
+            changed |= ev.mask & (CHANGES | libc::IN_Q_OVERFLOW) != 0;
             at += header + ev.len as usize;
         }
-    }
+        if changed {
+            signals.changed.store(true, Ordering::SeqCst);
+            signals.notify.notify_one();
+        }
+    };
+    *signals
+        .broken
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(e);
+    signals.notify.notify_one();
 }
 
-/// A non-blocking inotify descriptor watching `path` for changes.
-fn watch_file(path: &Path) -> io::Result<OwnedFd> {
+/// An inotify descriptor watching `path` for changes, and the watch.
+fn watch_file(path: &Path) -> io::Result<(OwnedFd, c_int)> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte"))?;
     // SAFETY: no pointers; the flags are valid.
-    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -300,5 +242,5 @@ fn watch_file(path: &Path) -> io::Result<OwnedFd> {
     if wd < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(fd)
+    Ok((fd, wd))
 }

@@ -160,14 +160,19 @@ impl Inner {
     /// True if a process (or backend) other than this one holds the lock of `path`
     /// exclusively (a non-blocking `LOCK_SH` probe); false when there is no such file.
     pub(crate) fn locked_elsewhere(&self, path: &Path) -> Result<bool> {
+        Ok(self.held_elsewhere(path)?.is_some())
+    }
+
+    /// [`Inner::locked_elsewhere`], keeping the (unlocked) descriptor of a held lock.
+    pub(crate) fn held_elsewhere(&self, path: &Path) -> Result<Option<File>> {
         let Some(file) = self.open_existing(path)? else {
-            return Ok(false);
+            return Ok(None);
         };
-        let free = self.try_flock(&file, sys::Mode::Shared, path)?;
-        if free {
+        if self.try_flock(&file, sys::Mode::Shared, path)? {
             sys::unlock_and_close(file);
+            return Ok(None);
         }
-        Ok(!free)
+        Ok(Some(file))
     }
 
     pub(crate) fn corrupt(&self, path: &Path, why: &str) -> Error {
@@ -199,24 +204,50 @@ impl Inner {
         }
     }
 
+    /// Replaces the record in `file` (at `path`) with `rec`, under the lock on the record.
+    pub(crate) fn write_record(&self, file: &File, path: &Path, rec: &Record) -> Result<()> {
+        record::write(file, rec)
+            .map_err(|e| self.io_error(format!("cannot write lock file {}", path.display()), e))
+    }
+
+    /// True if `path` still names the file `file` is open on (see [`sys::same_file`]).
+    pub(crate) fn same_file(&self, file: &File, path: &Path) -> Result<bool> {
+        sys::same_file(file, path)
+            .map_err(|e| self.io_error(format!("cannot stat {}", path.display()), e))
+    }
+
     pub(crate) fn read_record(&self, file: &File, path: &Path) -> Result<Record> {
         let bytes = record::read(file)
             .map_err(|e| self.io_error(format!("cannot read lock file {}", path.display()), e))?;
         Record::parse(&bytes).map_err(|why| self.corrupt(path, &why))
     }
 
-    /// A record naming another lock: two names with the same hash.
-    pub(crate) fn check_name(&self, rec: &Record, name: &str, path: &Path) -> Result<()> {
-        match rec.name.as_deref() {
-            Some(other) if other != name => Err(Error::unexpected(
+    /// The record of lock `name` in `file` (at `path`), read under the lock on the record,
+    /// refused if it names another lock (two names with the same hash); with `grant`, its
+    /// counter advanced to the next grant's fencing token (see [`record::next_token`]).
+    pub(crate) fn read_own_record(
+        &self,
+        file: &File,
+        path: &Path,
+        name: &str,
+        grant: bool,
+    ) -> Result<Record> {
+        let mut rec = self.read_record(file, path)?;
+        if let Some(other) = rec.name.as_deref().filter(|other| *other != name) {
+            return Err(Error::unexpected(
                 KIND,
                 format!(
                     "lock file {} belongs to lock `{other}`, not `{name}`: the two names have the same FNV-1a-128 hash; rename one of the locks",
                     path.display(),
                 ),
-            )),
-            _ => Ok(()),
+            ));
         }
+        if grant {
+            rec.token = record::next_token(rec.token).ok_or_else(|| {
+                self.corrupt(path, "its fencing token is at the largest possible value")
+            })?;
+        }
+        Ok(rec)
     }
 }
 

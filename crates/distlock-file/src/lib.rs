@@ -3,12 +3,13 @@
 
 mod election;
 mod fs;
+mod grant;
+mod inspect;
 mod location;
-mod mutex;
 mod ops;
 mod record;
-mod rw;
 pub mod sys;
+mod table;
 mod waiting;
 
 use distlock_core::backend::{
@@ -17,12 +18,13 @@ use distlock_core::backend::{
 };
 use distlock_core::{ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, Result};
 use location::Target;
-use std::collections::HashMap;
+use record::Side;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use table::{target, Family, Table};
 use tokio_util::sync::CancellationToken;
 
 pub use record::{file_name, fnv1a_128};
@@ -99,21 +101,21 @@ impl FileBackend {
 
     /// The lock file of mutex `name`.
     pub fn lock_file(&self, name: &str) -> PathBuf {
-        self.inner.path(name)
+        self.inner.lock_path(Family::Mutex, name)
     }
 
     /// The file of election `name`: `<hash>.election` (its `flock(LOCK_EX)` is the
     /// leadership; the record carries the fencing counter, the leader and its value). See the
     /// [user page](https://github.com/distlock-rs/distlock/blob/main/docs/file-backend.md#elections).
     pub fn election_file(&self, name: &str) -> PathBuf {
-        self.inner.fpath(mutex::Flavor::Election, name)
+        self.inner.lock_path(Family::Election, name)
     }
 
     /// The files of read-write lock `name`: the lock itself (`<hash>.rw`), the turnstile
     /// (`<hash>.rw-turnstile`) and the record (`<hash>.rw-record`: fencing counter, name,
     /// holders). See the [user page](https://github.com/distlock-rs/distlock/blob/main/docs/file-backend.md#read-write-locks).
     pub fn rw_lock_files(&self, name: &str) -> [PathBuf; 3] {
-        [rw::MAIN, rw::TURNSTILE, rw::RECORD].map(|suffix| self.inner.rw_path(name, suffix))
+        [Family::Rw.suffix(), table::TURNSTILE, table::RECORD].map(|s| self.inner.file(name, s))
     }
 
     /// A duplicate (`dup(2)`) of the descriptor whose `flock` is this backend's grant of lock
@@ -134,10 +136,9 @@ impl FileBackend {
         name: &str,
         fencing_token: u64,
     ) -> std::io::Result<Option<std::fs::File>> {
-        match (rw::side_of(kind), mutex::Flavor::of(kind)) {
-            (Some(side), _) => self.inner.rw_holder_file(name, side, fencing_token),
-            (None, Some(f)) => self.inner.holder_file(f, name, fencing_token),
-            (None, None) => Ok(None),
+        match target(kind) {
+            Some((family, side)) => self.inner.holder_file(family, side, name, fencing_token),
+            None => Ok(None),
         }
     }
 
@@ -149,9 +150,7 @@ impl FileBackend {
                 dir,
                 endpoint,
                 instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
-                table: Mutex::new(HashMap::new()),
-                elections: Mutex::new(HashMap::new()),
-                rw: Mutex::new(HashMap::new()),
+                tables: Default::default(),
             }),
         })
     }
@@ -166,32 +165,13 @@ struct Inner {
     endpoint: String,
     /// Tells this backend's `hold` lines from those of other backends of this process.
     instance: u64,
-    /// Mutexes.
-    table: Mutex<mutex::Table>,
-    /// Elections (mutexes on their own files).
-    elections: Mutex<mutex::Table>,
-    /// Read-write locks.
-    rw: Mutex<rw::RwTable>,
+    /// What it knows of each lock name, by [`Family`].
+    tables: [Mutex<Table>; 3],
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.rw_forget_all();
-    }
-}
-
-impl Inner {
-    /// The lease is the process's lifetime: a renewal only confirms that the grant is still
-    /// ours (and its file still the lock's file), whatever duration it asks for.
-    fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        holds
-            .iter()
-            .map(|(grant, _lease)| match rw::side_of(grant.key.kind) {
-                Some(side) => self.rw_renew(grant, side),
-                None if mutex::Flavor::of(grant.key.kind).is_some() => self.renew_mutex(grant),
-                None => Ok(RenewOutcome::NotHeld),
-            })
-            .collect()
     }
 }
 
@@ -208,15 +188,17 @@ fn capabilities() -> Capabilities {
 }
 
 /// The core checks the kind before it calls a backend; a direct caller of the [`Backend`]
-/// methods gets the same error here.
-fn check_kind(kind: LockKind) -> Result<()> {
-    capabilities().check(KIND, kind)
+/// methods gets the same error here. Returns the lock's family and the side it takes.
+fn check_kind(kind: LockKind) -> Result<(Family, Side)> {
+    capabilities().check(KIND, kind)?;
+    target(kind).ok_or_else(|| Error::unsupported(KIND, format!("lock kind {}", kind.as_str())))
 }
 
-fn check_key(key: &HoldKey) -> Result<()> {
-    check_kind(key.kind)?;
+fn check_key(key: &HoldKey) -> Result<(Family, Side)> {
+    let target = check_kind(key.kind)?;
     distlock_core::validate_name(&key.name)?;
-    distlock_core::validate_owner(&key.owner)
+    distlock_core::validate_owner(&key.owner)?;
+    Ok(target)
 }
 
 #[async_trait]
@@ -234,21 +216,14 @@ impl Backend for FileBackend {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        check_key(&req.key)?;
-        match rw::side_of(req.key.kind) {
-            Some(side) => self.inner.rw_try(req, side, false, true),
-            None => self.inner.try_acquire(req, false),
-        }
+        let (family, side) = check_key(&req.key)?;
+        self.inner.try_acquire(family, side, req, false, true)
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let key = &req.key;
-        check_key(key)?;
-        if let Some(side) = rw::side_of(key.kind) {
-            return Ok(Box::new(self.inner.rw_watch(key, side)?));
-        }
-        let f = mutex::Flavor::of(key.kind).unwrap_or(mutex::Flavor::Mutex);
-        Ok(Box::new(self.inner.watch(f, &key.name)?))
+        let (family, side) = check_key(&req.key)?;
+        let watch = waiting::Watch::new(&self.inner, family, side, &req.key.name, true);
+        Ok(Box::new(watch.armed()?))
     }
 
     /// Waits without polling: see docs/file-backend.md. Every release wakes the waiters.
@@ -258,71 +233,56 @@ impl Backend for FileBackend {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        check_key(&req.key)?;
-        if let Some(side) = rw::side_of(req.key.kind) {
-            return self
-                .inner
-                .rw_acquire_wait(req, side, deadline, cancel)
-                .await;
-        }
-        self.inner.acquire_wait(req, deadline, cancel).await
+        let (family, side) = check_key(&req.key)?;
+        let inner = &self.inner;
+        inner
+            .acquire_wait(family, side, req, deadline, cancel)
+            .await
     }
 
     /// Gives back the lock if `req.attempt` holds it (a grant nobody received). There is no
     /// queue to leave: a waiter's registration ends with its `acquire_wait`, and a lock the
     /// waiting thread gets after the last waiter left is unlocked at once.
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        check_key(&req.key)?;
-        match rw::side_of(req.key.kind) {
-            Some(side) => self.inner.rw_give_up(req, side),
-            None => self.inner.give_up(req),
-        }
+        let (family, side) = check_key(&req.key)?;
+        self.inner.give_up(family, side, req);
         Ok(())
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        check_key(&grant.key)?;
-        match rw::side_of(grant.key.kind) {
-            Some(side) => self.inner.rw_release(grant, side),
-            None => self.inner.release(grant),
-        }
+        let (family, side) = check_key(&grant.key)?;
+        self.inner.release(family, side, grant)
     }
 
+    /// The lease is the process's lifetime: a renewal only confirms that the grant is still
+    /// ours (and its file still the lock's file), whatever duration it asks for.
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        self.inner.renew(holds)
+        holds
+            .iter()
+            .map(|(grant, _lease)| match target(grant.key.kind) {
+                Some((family, side)) => self.inner.renew(family, side, grant, None),
+                None => Ok(RenewOutcome::NotHeld),
+            })
+            .collect()
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        check_kind(kind)?;
+        let (family, _) = check_kind(kind)?;
         distlock_core::validate_name(name)?;
-        if rw::side_of(kind).is_some() {
-            return self.inner.rw_inspect(name);
-        }
-        let f = mutex::Flavor::of(kind).unwrap_or(mutex::Flavor::Mutex);
-        const TRIES: u32 = 5;
-        for i in 1..=TRIES {
-            if let Some(info) = self.inner.inspect_once(f, name, i == TRIES)? {
-                return Ok(info);
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        Err(Error::unexpected(
-            KIND,
-            format!("could not read a consistent record for lock `{name}`"),
-        ))
+        self.inner.inspect(family, name).await
     }
 
     /// Rewrites the election record with `value` if `grant` still leads and `seq` is above
     /// the last proclamation's: see docs/file-backend.md, section *Elections*.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        check_key(&grant.key)?;
-        if grant.key.kind != LockKind::Election {
+        let (family, side) = check_key(&grant.key)?;
+        if family != Family::Election {
             return Err(Error::invalid(format!(
                 "proclaim is for elections, not {} locks",
                 grant.key.kind.as_str()
             )));
         }
-        self.inner.renew_or_proclaim(grant, Some((seq, value)))
+        self.inner.renew(family, side, grant, Some((seq, value)))
     }
 
     /// Woken through inotify by every change of the election's record (grants, proclamations,

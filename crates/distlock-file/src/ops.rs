@@ -8,17 +8,15 @@
 //! next holder in (the flock stays), so it would not help either. A free lock's counter is
 //! advanced under the exclusive lock, as a grant would.
 
-use super::{check_kind, rw, sys, FileBackend, KIND};
+use super::{check_kind, sys, FileBackend, KIND};
 use crate::record::{self, Record};
+use crate::table::{Entry, Family, RECORD};
 use distlock_core::{
     Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
 };
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
-
-/// Suffix of a mutex's lock file.
-const MUTEX_SUFFIX: &str = ".lock";
 
 /// Reads the record of `path` without locking (a writer may be mid-write: retried a few times;
 /// `None` when it stays unreadable or the file is gone).
@@ -42,31 +40,23 @@ impl Operator for FileBackend {
         let inner = &self.inner;
         let entries = std::fs::read_dir(&inner.dir)
             .map_err(|e| inner.io_error(format!("cannot read {}", inner.dir.display()), e))?;
-        let rw_suffix = format!(".{}", rw::RECORD);
-        let election_suffix = format!(".{}", crate::mutex::ELECTION);
-        let mut found: Vec<(String, LockKind)> = Vec::new();
-        for entry in entries.flatten() {
-            let file_name = entry.file_name();
-            let Some(file_name) = file_name.to_str() else {
-                continue;
-            };
-            let kind = if file_name.ends_with(MUTEX_SUFFIX) {
-                LockKind::Mutex
-            } else if file_name.ends_with(&rw_suffix) {
-                LockKind::Write
-            } else if file_name.ends_with(&election_suffix) {
-                LockKind::Election
-            } else {
-                continue;
-            };
-            // The record keeps the name (the file name is its hash).
-            let Some(name) = peek_record(&entry.path()).and_then(|r| r.name) else {
-                continue;
-            };
-            if name.starts_with(prefix) {
-                found.push((name, kind));
-            }
-        }
+        // The files that carry a lock's record (and so its name), by suffix.
+        let kinds = [
+            (Family::Mutex.suffix(), LockKind::Mutex),
+            (RECORD, LockKind::Write),
+            (Family::Election.suffix(), LockKind::Election),
+        ];
+        let mut found: Vec<(String, LockKind)> = entries
+            .flatten()
+            .filter_map(|entry| {
+                let file_name = entry.file_name();
+                let suffix = file_name.to_str()?.rsplit_once('.')?.1;
+                let &(_, kind) = kinds.iter().find(|(s, _)| *s == suffix)?;
+                // The record keeps the name (the file name is its hash).
+                let name = peek_record(&entry.path())?.name?;
+                name.starts_with(prefix).then_some((name, kind))
+            })
+            .collect();
         found.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
         found.dedup();
         let mut out = Vec::with_capacity(found.len());
@@ -79,11 +69,10 @@ impl Operator for FileBackend {
 
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
         let inner = &self.inner;
-        check_kind(kind)?;
+        let (family, _) = check_kind(kind)?;
         distlock_core::validate_name(name)?;
-        if rw::side_of(kind).is_some() {
-            let path = inner.rw_path(name, rw::RECORD);
-            let rec = peek_record(&path).unwrap_or_default();
+        if family == Family::Rw {
+            let rec = peek_record(&inner.file(name, RECORD)).unwrap_or_default();
             let holders: Vec<(u32, String)> =
                 rec.holds.iter().map(|h| (h.pid, h.owner.clone())).collect();
             if holders.is_empty() {
@@ -93,8 +82,7 @@ impl Operator for FileBackend {
             }
             return Err(held_error(name, &holders));
         }
-        let flavor = crate::mutex::Flavor::of(kind).unwrap_or(crate::mutex::Flavor::Mutex);
-        let path = inner.fpath(flavor, name);
+        let path = inner.lock_path(family, name);
         let file = match OpenOptions::new().read(true).write(true).open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -104,60 +92,39 @@ impl Operator for FileBackend {
                 return Err(inner.io_error(format!("cannot open lock file {}", path.display()), e))
             }
         };
-        let free = inner.try_flock(&file, sys::Mode::Exclusive, &path)?;
-        if !free {
+        if !inner.try_flock(&file, sys::Mode::Exclusive, &path)? {
             let holders = peek_record(&path)
                 .and_then(|r| r.holder)
                 .map(|h| vec![(h.pid, h.owner)])
                 .unwrap_or_default();
             return Err(held_error(name, &holders));
         }
-        // Under the exclusive lock, as a grant: advance the counter past every token issued.
-        let result = (|| {
-            let mut rec = inner.read_record(&file, &path)?;
-            inner.check_name(&rec, name, &path)?;
-            rec.token = record::next_token(rec.token).ok_or_else(|| {
-                inner.corrupt(&path, "its fencing token is at the largest possible value")
-            })?;
-            rec.name = Some(name.to_owned());
-            rec.holder = None;
-            rec.value = None;
-            record::write(&file, &rec).map_err(|e| {
-                inner.io_error(format!("cannot write lock file {}", path.display()), e)
-            })?;
-            Ok(ForceReleased::new(Vec::new(), rec.token))
-        })();
-        sys::unlock_and_close(file);
-        result
+        // Under the exclusive lock, as a grant to nobody: advance the counter past every
+        // token issued, and leave no holder line.
+        let mut entry = Entry {
+            main: Some(file),
+            ..Entry::default()
+        };
+        let token = inner.sync(family, name, &mut entry, true);
+        if let Some(file) = entry.main.take() {
+            sys::unlock_and_close(file);
+        }
+        Ok(ForceReleased::new(Vec::new(), token?))
     }
 
     async fn diagnose(&self) -> Result<Vec<Finding>> {
-        let dir = &self.inner.dir;
-        let mut out = Vec::new();
+        let (dir, mut out) = (&self.inner.dir, Vec::new());
         #[cfg(any(target_os = "linux", target_os = "android"))]
-        out.push(match sys::fs_magic(dir) {
-            Ok(magic) => match crate::fs::network_fs(magic) {
-                Some(fs) => Finding::new(
-                    Severity::Unsafe,
-                    "file-system",
-                    format!("{} is on {fs} (statfs type {magic:#x}): flock there can be lost by the client or does not exclude other hosts; use a directory on a local file system, or a networked backend (redis://, etcd://) for locks between hosts", dir.display()),
-                ),
-                None if magic == crate::fs::FUSE_MAGIC => Finding::new(
-                    Severity::Warning,
-                    "file-system",
-                    format!("{} is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs does not); prefer a local directory", dir.display()),
-                ),
-                None => Finding::new(
-                    Severity::Ok,
-                    "file-system",
-                    format!("{} is on a local file system (statfs type {magic:#x}); locks exclude the processes of this host only", dir.display()),
-                ),
-            },
-            Err(e) => Finding::new(
-                Severity::Unsafe,
-                "file-system",
-                format!("cannot statfs {}: {e}", dir.display()),
-            ),
+        out.push({
+            let (severity, text) = match sys::fs_magic(dir) {
+                Ok(magic) => match crate::fs::network_fs(magic) {
+                    Some(fs) => (Severity::Unsafe, format!("{} is on {fs} (statfs type {magic:#x}): flock there can be lost by the client or does not exclude other hosts; use a directory on a local file system, or a networked backend (redis://, etcd://) for locks between hosts", dir.display())),
+                    None if magic == crate::fs::FUSE_MAGIC => (Severity::Warning, format!("{} is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs does not); prefer a local directory", dir.display())),
+                    None => (Severity::Ok, format!("{} is on a local file system (statfs type {magic:#x}); locks exclude the processes of this host only", dir.display())),
+                },
+                Err(e) => (Severity::Unsafe, format!("cannot statfs {}: {e}", dir.display())),
+            };
+            Finding::new(severity, "file-system", text)
         });
         // Writable: a lock file must be creatable and writable (the record carries the counter).
         let probe = dir.join(format!(".dlock-doctor-{}", std::process::id()));
@@ -167,14 +134,11 @@ impl Operator for FileBackend {
             .open(&probe)
             .and_then(|mut f| f.write_all(b"probe\n"));
         let _ = std::fs::remove_file(&probe);
-        out.push(match written {
-            Ok(()) => Finding::new(Severity::Ok, "writable", format!("{} is writable", dir.display())),
-            Err(e) => Finding::new(
-                Severity::Unsafe,
-                "writable",
-                format!("cannot create files in {}: {e}; locks cannot be taken: give the user write permission on the directory (for several users: a group-writable setgid directory and umask 002)", dir.display()),
-            ),
-        });
+        let (severity, text) = match written {
+            Ok(()) => (Severity::Ok, format!("{} is writable", dir.display())),
+            Err(e) => (Severity::Unsafe, format!("cannot create files in {}: {e}; locks cannot be taken: give the user write permission on the directory (for several users: a group-writable setgid directory and umask 002)", dir.display())),
+        };
+        out.push(Finding::new(severity, "writable", text));
         Ok(out)
     }
 }

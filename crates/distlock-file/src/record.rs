@@ -25,12 +25,12 @@ pub fn fnv1a_128(bytes: &[u8]) -> u128 {
 /// The lock file name of lock `name`: 32 lower-case hex digits of FNV-1a-128 of the name's
 /// UTF-8 bytes, then `.lock`.
 pub fn file_name(name: &str) -> String {
-    format!("{:032x}.lock", fnv1a_128(name.as_bytes()))
+    suffixed_name(name, "lock")
 }
 
-/// The file of lock `name` with suffix `suffix` (`rw`, `rw-turnstile`, `rw-record`,
+/// The file of lock `name` with suffix `suffix` (`lock`, `rw`, `rw-turnstile`, `rw-record`,
 /// `election`).
-pub(crate) fn rw_file_name(name: &str, suffix: &str) -> String {
+pub(crate) fn suffixed_name(name: &str, suffix: &str) -> String {
     format!("{:032x}.{suffix}", fnv1a_128(name.as_bytes()))
 }
 
@@ -57,22 +57,14 @@ pub(crate) struct HolderLine {
     pub(crate) owner: String,
 }
 
-/// The side of a read-write lock a [`HoldLine`] holds.
+/// The side of a read-write lock a [`HoldLine`] holds (as `usize`, the index of the side in
+/// per-side arrays).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Side {
     /// `r`: the shared side.
     Read,
     /// `w`: the exclusive side.
     Write,
-}
-
-impl Side {
-    fn letter(self) -> char {
-        match self {
-            Side::Read => 'r',
-            Side::Write => 'w',
-        }
-    }
 }
 
 /// One hold of a read-write lock, in its record file (`hold` lines): written and removed
@@ -108,33 +100,26 @@ pub(crate) struct Record {
 impl Record {
     /// The bytes written to the file.
     pub(crate) fn encode(&self) -> String {
-        let mut s = format!("{MAGIC}\ntoken {}\n", self.token);
-        if let Some(name) = &self.name {
-            s.push_str("name ");
-            s.push_str(name);
-            s.push('\n');
-        }
-        if let Some(h) = &self.holder {
-            s.push_str(&format!("holder {} {} {}\n", h.pid, h.count, h.owner));
-        }
+        let mut lines = vec![MAGIC.to_owned(), format!("token {}", self.token)];
+        lines.extend(self.name.as_ref().map(|name| format!("name {name}")));
+        lines.extend(
+            self.holder
+                .as_ref()
+                .map(|h| format!("holder {} {} {}", h.pid, h.count, h.owner)),
+        );
         if let Some(v) = &self.value {
-            s.push_str("value ");
-            s.push_str(&escape(v));
-            s.push('\n');
-            s.push_str(&format!("seq {}\n", self.seq));
+            lines.push(format!("value {}", escape(v)));
+            lines.push(format!("seq {}", self.seq));
         }
-        for h in &self.holds {
-            s.push_str(&format!(
-                "hold {} {} {} {} {}\n",
-                h.side.letter(),
-                h.pid,
-                h.instance,
-                h.count,
-                h.owner
-            ));
-        }
-        s.push_str("end\n");
-        s
+        lines.extend(self.holds.iter().map(|h| {
+            let side = ['r', 'w'][h.side as usize];
+            format!(
+                "hold {side} {} {} {} {}",
+                h.pid, h.instance, h.count, h.owner
+            )
+        }));
+        lines.push("end\n".to_owned());
+        lines.join("\n")
     }
 
     /// Parses a file's bytes; an empty file is a fresh lock. `Err` says what is wrong.
@@ -166,20 +151,10 @@ impl Record {
                 }
                 "name" => rec.name = Some(value.to_owned()),
                 "holder" => {
-                    let mut parts = value.splitn(3, ' ');
-                    let pid = parts.next().and_then(|p| p.parse().ok());
-                    let count = parts.next().and_then(|c| c.parse().ok());
-                    let owner = parts.next().filter(|o| !o.is_empty());
-                    match (pid, count, owner) {
-                        (Some(pid), Some(count), Some(owner)) => {
-                            rec.holder = Some(HolderLine {
-                                pid,
-                                count,
-                                owner: owner.to_owned(),
-                            })
-                        }
-                        _ => return Err(format!("its holder line `{value}` is malformed")),
-                    }
+                    rec.holder = Some(
+                        parse_holder(value)
+                            .ok_or_else(|| format!("its holder line `{value}` is malformed"))?,
+                    )
                 }
                 "value" => rec.value = Some(unescape(value)),
                 "seq" => {
@@ -205,39 +180,42 @@ impl Record {
 
 /// An election value on one line: `\` as `\\`, line feed as `\n`, carriage return as `\r`.
 fn escape(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c => out.push(c),
-        }
-    }
-    out
+    v.replace('\\', "\\\\")
+        .replace('\n', "\\n")
+        .replace('\r', "\\r")
 }
 
 /// The reverse of [`escape`]; an unknown escape is kept as it is.
 fn unescape(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
-    let mut chars = v.chars();
+    let mut chars = v.chars().peekable();
     while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('n') => out.push('\n'),
-            Some('r') => out.push('\r'),
-            Some('\\') => out.push('\\'),
-            Some(other) => {
-                out.push('\\');
-                out.push(other);
+        let unescaped = match (c, chars.peek()) {
+            ('\\', Some('n')) => '\n',
+            ('\\', Some('r')) => '\r',
+            ('\\', Some('\\')) => '\\',
+            (c, _) => {
+                out.push(c);
+                continue;
             }
-            None => out.push('\\'),
-        }
+        };
+        chars.next();
+        out.push(unescaped);
     }
     out
+}
+
+/// `PID COUNT OWNER` (the owner may contain spaces).
+fn parse_holder(value: &str) -> Option<HolderLine> {
+    let mut parts = value.splitn(3, ' ');
+    let pid = parts.next()?.parse().ok()?;
+    let count = parts.next()?.parse().ok()?;
+    let owner = parts.next().filter(|o| !o.is_empty())?;
+    Some(HolderLine {
+        pid,
+        count,
+        owner: owner.to_owned(),
+    })
 }
 
 /// `r|w PID INSTANCE COUNT OWNER` (the owner may contain spaces).
@@ -263,27 +241,22 @@ fn parse_hold(value: &str) -> Option<HoldLine> {
 
 /// Reads the whole file from offset 0.
 pub(crate) fn read(file: &File) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; 4096];
-    let mut len = 0;
+    let mut buf = Vec::new();
     loop {
-        if len == buf.len() {
-            if buf.len() >= MAX_RECORD {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("lock file larger than {MAX_RECORD} bytes"),
-                ));
-            }
-            buf.resize(buf.len() * 2, 0);
+        let len = buf.len();
+        if len >= MAX_RECORD {
+            let e = format!("lock file larger than {MAX_RECORD} bytes");
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
         }
-        match file.read_at(&mut buf[len..], len as u64) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+        buf.resize(len + 4096, 0);
+        let read = file.read_at(&mut buf[len..], len as u64);
+        buf.truncate(len + read.as_ref().map_or(0, |n| *n));
+        match read {
+            Ok(0) => return Ok(buf),
+            Err(e) if e.kind() != io::ErrorKind::Interrupted => return Err(e),
+            _ => {}
         }
     }
-    buf.truncate(len);
-    Ok(buf)
 }
 
 /// Replaces the file's contents with `rec`. Only called under the exclusive lock.
@@ -395,7 +368,7 @@ mod tests {
             );
         }
         assert_eq!(
-            rw_file_name("a", "rw"),
+            suffixed_name("a", "rw"),
             "d228cb696f1a8caf78912b704e4a8964.rw"
         );
     }

@@ -51,11 +51,6 @@ pub(crate) fn try_lock(file: &File, mode: Mode) -> io::Result<bool> {
     }
 }
 
-/// `flock(LOCK_EX)`: blocks the calling thread until the lock is ours.
-pub(crate) fn lock_wait(file: &File) -> io::Result<()> {
-    flock(file, libc::LOCK_EX)
-}
-
 /// `flock(mode)`, retried on `EINTR`: blocks the calling thread until the lock is ours. On a
 /// descriptor that already holds a lock, converts it (an exclusive lock becomes shared, or the
 /// reverse). The lock goes with the open file description when its last descriptor closes.

@@ -1,13 +1,16 @@
-//! What the mutex and the read-write lock share in waiting: the loop of `acquire_wait`, the
-//! release watch over a name's generation, and the start of a thread that blocks in `flock`.
-//! See docs/file-backend.md, section *Waiting without polling*.
+//! Waiting without polling (see docs/file-backend.md, section *Waiting without polling*): the
+//! loop of `acquire_wait`, the release watch over a name's generation, and the threads that
+//! block in `flock` — per name and backend, one for each side (read, write) and one for a
+//! read-write lock's turnstile — and park what they get for the waiters of their side.
 
+use crate::record::Side;
+use crate::table::{remove_if_idle, Entry, Family, TURNSTILE};
 use crate::{sys, Inner};
 use distlock_core::backend::{
     async_trait, wait, AcquireReply, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
 };
 use distlock_core::backoff::RetryPolicy;
-use distlock_core::Result;
+use distlock_core::{AcquireRequest, Error, Result};
 use std::fs::File;
 use std::io;
 use std::sync::Arc;
@@ -16,22 +19,20 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// [`Watch::wait`]'s strategy.
-struct NotifiedWait<'a, G, A> {
-    notify: &'a Notify,
-    generation: G,
+struct NotifiedWait<'a, A> {
+    watch: &'a Watch,
     attempt: A,
     /// The generation before the last attempt: a release after that attempt changes it.
     seen: Option<u64>,
 }
 
 #[async_trait]
-impl<G, A> WaitStrategy for NotifiedWait<'_, G, A>
+impl<A> WaitStrategy for NotifiedWait<'_, A>
 where
-    G: Fn() -> Option<u64> + Send + Sync,
     A: FnMut() -> Result<AcquireReply> + Send,
 {
     async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> Result<Attempt> {
-        self.seen = (self.generation)();
+        self.seen = self.watch.generation();
         // On the lease clock, as every grant's start.
         let requested_at = distlock_core::clock::Instant::now();
         Ok(match (self.attempt)()? {
@@ -43,10 +44,10 @@ where
 
     async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
         // Registered before the generation is read: a release after the read wakes it.
-        let notified = self.notify.notified();
+        let notified = self.watch.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if (self.generation)() != self.seen {
+        if self.watch.generation() != self.seen {
             return Ok(Some(Wake::Released));
         }
         tokio::select! {
@@ -56,79 +57,294 @@ where
     }
 }
 
-/// A registered watch of one name (of the mutex or of one side of a read-write lock).
-pub(crate) trait Registration: Send + Sync + 'static {
-    /// The name's generation, bumped at every release, hand-over or waiting-thread event;
-    /// `None` when the backend keeps nothing for the name.
-    fn generation(&self) -> Option<u64>;
-
-    /// Takes the waiting threads' error, if any, and starts the thread that notices a release
-    /// by another process (or backend) if one is needed and none runs yet.
-    fn rearm(&self) -> Result<()>;
-}
-
-/// Release notifications of one name, from this backend and from other processes.
-pub(crate) struct Watch<R> {
-    registration: R,
+/// A registered waiter or watch of one side of one name, with its release notifications
+/// from this backend and from other processes: a waiter's ([`Inner::acquire_wait`]) or a
+/// watch once [`armed`](Self::armed). Unregisters on drop (and gives back what was held for
+/// the waiters of that side if it was the last one).
+pub(crate) struct Watch {
+    inner: Arc<Inner>,
+    family: Family,
+    side: Side,
+    name: Arc<str>,
+    watcher: bool,
     notify: Arc<Notify>,
     seen: u64,
 }
 
-impl<R: Registration> Watch<R> {
-    /// A registration that reports the first change after generation `seen`, woken by
-    /// `notify`: a watch once [`armed`](Self::armed), or a waiter's ([`wait`](Self::wait)).
-    pub(crate) fn new(registration: R, notify: Arc<Notify>, seen: u64) -> Watch<R> {
+impl Watch {
+    /// Registers a waiter (or, with `watcher`, a watch) of side `side` of lock `name` of
+    /// `family`, reporting the first change after the name's current generation.
+    pub(crate) fn new(
+        inner: &Arc<Inner>,
+        family: Family,
+        side: Side,
+        name: &Arc<str>,
+        watcher: bool,
+    ) -> Watch {
+        let mut table = inner.table(family);
+        let entry = table.entry(name.clone()).or_default();
+        *counter(entry, side, watcher) += 1;
         Watch {
-            registration,
-            notify,
-            seen,
+            inner: inner.clone(),
+            family,
+            side,
+            name: name.clone(),
+            watcher,
+            notify: entry.notify.clone(),
+            seen: entry.generation,
         }
     }
 
     /// The watch, catching releases by other processes from now on, not only from the
     /// first `changed`.
-    pub(crate) fn armed(self) -> Result<Watch<R>> {
-        self.registration.rearm()?;
+    pub(crate) fn armed(self) -> Result<Watch> {
+        self.rearm()?;
         Ok(self)
     }
 
-    /// Waits for the name without polling, with the core's retrying loop ([`wait::run`]):
-    /// `attempt` (one non-blocking attempt under the table lock, which, when the lock is
-    /// held, starts the waiting threads it needs), then sleep until the name's notifier
+    /// The name's generation, bumped at every release, hand-over or waiting-thread event;
+    /// `None` when the backend keeps nothing for the name.
+    fn generation(&self) -> Option<u64> {
+        let table = self.inner.table(self.family);
+        table.get(&self.name).map(|e| e.generation)
+    }
+
+    /// Takes the waiting threads' error, if any, and starts the thread that notices a release
+    /// by another process (or backend) if one is needed and none runs yet.
+    fn rearm(&self) -> Result<()> {
+        let mut table = self.inner.table(self.family);
+        let entry = table.entry(self.name.clone()).or_default();
+        if let Some(e) = entry.kernel_error.take() {
+            return Err(self.inner.wait_error(self.family, &self.name, e));
+        }
+        if entry.held() {
+            // This backend's own release will wake the watch.
+            return Ok(());
+        }
+        self.inner
+            .arm(self.family, self.side, entry, &self.name, None)
+    }
+}
+
+#[async_trait]
+impl ReleaseWatch for Watch {
+    async fn changed(&mut self) -> Result<Wake> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            let generation = self.generation().unwrap_or(self.seen);
+            if generation != self.seen {
+                self.seen = generation;
+                return Ok(Wake::Released);
+            }
+            self.rearm()?;
+            notified.await;
+        }
+    }
+}
+
+fn counter(entry: &mut Entry, side: Side, watcher: bool) -> &mut usize {
+    match watcher {
+        false => &mut entry.waiters[side as usize],
+        true => &mut entry.watchers[side as usize],
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let mut table = self.inner.table(self.family);
+        let Some(entry) = table.get_mut(&self.name) else {
+            return;
+        };
+        let n = counter(entry, self.side, self.watcher);
+        *n = n.saturating_sub(1);
+        if !self.watcher && entry.waiters[self.side as usize] == 0 {
+            // The last waiter of this side gave up: nobody will claim the parked lock; for
+            // the last writer, let new readers in again.
+            let ts = match self.side {
+                Side::Read => None,
+                Side::Write => entry.turnstile.take(),
+            };
+            let parked = entry.parked[self.side as usize].take();
+            let any = ts.is_some() || parked.is_some();
+            ts.into_iter().chain(parked).for_each(sys::unlock_and_close);
+            if any {
+                entry.bump();
+            }
+        }
+        if entry.interested() == 0 {
+            entry.kernel_error = None;
+        }
+        remove_if_idle(&mut table, &self.name);
+    }
+}
+
+impl Inner {
+    /// Waits for side `side` of `req.key.name` without polling, with the core's retrying loop
+    /// ([`wait::run`]): one non-blocking attempt under the table lock (which, when the lock
+    /// is held, starts the waiting threads it needs), then sleep until the name's notifier
     /// fires, the deadline passes or `cancel` fires. The waiter stays registered for the
     /// whole wait.
-    pub(crate) async fn wait(
-        &self,
-        attempt: impl FnMut() -> Result<AcquireReply> + Send,
+    pub(crate) async fn acquire_wait(
+        self: &Arc<Self>,
+        family: Family,
+        side: Side,
+        req: &AcquireRequest,
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
+        let watch = Watch::new(self, family, side, &req.key.name, false);
+        let mut first = true;
+        let attempt = || {
+            let r = self.try_acquire(family, side, req, true, first);
+            first = false;
+            r
+        };
         let mut strategy = NotifiedWait {
-            notify: &self.notify,
-            generation: || self.registration.generation(),
+            watch: &watch,
             attempt,
             seen: None,
         };
         let deadline = Deadline::from(deadline);
         wait::run(&mut strategy, deadline, cancel, RetryPolicy::default()).await
     }
+
+    /// The error of a waiting thread whose `flock` failed, for the next waiter or watch.
+    pub(crate) fn wait_error(&self, family: Family, name: &str, e: io::Error) -> Error {
+        let path = self.lock_path(family, name);
+        self.io_error(format!("cannot wait for lock file {}", path.display()), e)
+    }
+
+    /// A writer of this backend waits: for a read-write lock, hold the turnstile (keeping new
+    /// readers out); and have a thread block for the lock itself.
+    pub(crate) fn queue_writer(
+        self: &Arc<Self>,
+        family: Family,
+        entry: &mut Entry,
+        name: &Arc<str>,
+        main: Option<File>,
+    ) -> Result<()> {
+        if family == Family::Rw && entry.turnstile.is_none() && !entry.turnstile_thread {
+            let path = self.file(name, TURNSTILE);
+            let ts = self.open_rw(&path)?;
+            if self.try_flock(&ts, sys::Mode::Exclusive, &path)? {
+                entry.turnstile = Some(ts);
+            } else {
+                // Another writer waits (or a reader is passing): queue behind it.
+                self.spawn_waiter(family, None, name, move || {
+                    sys::lock_blocking(&ts, sys::Mode::Exclusive).map(|()| ts)
+                })?;
+                entry.turnstile_thread = true;
+            }
+        }
+        self.arm(family, Side::Write, entry, name, main)
+    }
+
+    /// Starts the waiting thread of side `side` of `name` (for a waiter or a watch of that
+    /// side), unless it runs already: it blocks for the lock file, `LOCK_EX` for the write
+    /// side, `LOCK_SH` for the read side, passing the turnstile first unless `main` is given.
+    /// `main` is a descriptor on the lock file (opened read-write, as the lock it gets may
+    /// become a grant) to block on; a reader gives it after it passed the turnstile.
+    pub(crate) fn arm(
+        self: &Arc<Self>,
+        family: Family,
+        side: Side,
+        entry: &mut Entry,
+        name: &Arc<str>,
+        main: Option<File>,
+    ) -> Result<()> {
+        if entry.threads[side as usize] || entry.parked[side as usize].is_some() {
+            return Ok(());
+        }
+        let (ts, mode) = match side {
+            Side::Read if main.is_none() => (
+                Some(self.open_rw(&self.file(name, TURNSTILE))?),
+                sys::Mode::Shared,
+            ),
+            Side::Read => (None, sys::Mode::Shared),
+            Side::Write => (None, sys::Mode::Exclusive),
+        };
+        let f = match main {
+            Some(f) => f,
+            None => self.open_rw(&self.lock_path(family, name))?,
+        };
+        self.spawn_waiter(family, Some(side), name, move || {
+            if let Some(ts) = ts {
+                sys::lock_blocking(&ts, sys::Mode::Shared)?;
+                sys::unlock_and_close(ts);
+            }
+            sys::lock_blocking(&f, mode).map(|()| f)
+        })?;
+        // The thread reports under the table lock, which we hold: it sees this flag set.
+        entry.threads[side as usize] = true;
+        Ok(())
+    }
+
+    /// Starts the waiting thread of side `thread` of `name` (`None`: of the turnstile), which
+    /// blocks in `block` and returns the descriptor it locked; [`waited`] then gets the
+    /// outcome. The thread keeps only a weak reference to the backend while it blocks, so that
+    /// it does not keep a dropped backend alive; if the backend is gone, the lock it got is
+    /// given back at once.
+    fn spawn_waiter(
+        self: &Arc<Self>,
+        family: Family,
+        thread: Option<Side>,
+        name: &Arc<str>,
+        block: impl FnOnce() -> io::Result<File> + Send + 'static,
+    ) -> Result<()> {
+        let (weak, name) = (Arc::downgrade(self), name.clone());
+        spawn(self, "distlock-file-wait", "wait for the lock", move || {
+            let res = block();
+            match weak.upgrade() {
+                Some(inner) => waited(&inner, family, &name, thread, res),
+                None => {
+                    if let Ok(file) = res {
+                        sys::unlock_and_close(file);
+                    }
+                }
+            }
+        })
+    }
 }
 
-#[async_trait]
-impl<R: Registration> ReleaseWatch for Watch<R> {
-    async fn changed(&mut self) -> Result<Wake> {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            let generation = self.registration.generation().unwrap_or(self.seen);
-            if generation != self.seen {
-                self.seen = generation;
-                return Ok(Wake::Released);
+/// End of the waiting thread of side `thread` of `name` (`None`: of the turnstile), after its
+/// `flock` returned: keeps the lock it got for the waiters of its side (the turnstile: for the
+/// writers), or unlocks it at once if none waits for it any more.
+fn waited(
+    inner: &Inner,
+    family: Family,
+    name: &Arc<str>,
+    thread: Option<Side>,
+    res: io::Result<File>,
+) {
+    let mut table = inner.table(family);
+    let entry = table.entry(name.clone()).or_default();
+    let waiting = entry.waiters[thread.unwrap_or(Side::Write) as usize] > 0;
+    let wanted = match thread {
+        None => waiting,
+        Some(Side::Write) => waiting && !entry.held(),
+        Some(Side::Read) => waiting && entry.writer.is_none(),
+    };
+    let (running, slot) = match thread {
+        None => (&mut entry.turnstile_thread, &mut entry.turnstile),
+        Some(side) => (
+            &mut entry.threads[side as usize],
+            &mut entry.parked[side as usize],
+        ),
+    };
+    *running = false;
+    match res {
+        Ok(file) if wanted && slot.is_none() => *slot = Some(file),
+        Ok(file) => sys::unlock_and_close(file),
+        Err(e) => {
+            tracing::warn!(name = %name, error = %e, "waiting for the lock file failed");
+            if entry.interested() > 0 {
+                entry.kernel_error = Some(e);
             }
-            self.registration.rearm()?;
-            notified.await;
         }
     }
+    entry.bump();
+    remove_if_idle(&mut table, name);
 }
 
 /// Starts a thread named `thread` that runs `body`; `what` says what it does, in the error
@@ -145,29 +361,4 @@ pub(crate) fn spawn(
         .spawn(body)
         .map(drop)
         .map_err(|e| inner.io_error(format!("cannot start a thread to {what}"), e))
-}
-
-/// Starts a waiting thread (see [`spawn`]; it waits for `what`): `block` blocks in `flock` and
-/// returns the descriptor it locked, then `then` gets the backend and that outcome. The thread
-/// keeps only a weak reference to the backend while it blocks, so that it does not keep a
-/// dropped backend alive; if the backend is gone, the lock it got is given back at once.
-pub(crate) fn spawn_waiter(
-    inner: &Arc<Inner>,
-    thread: &str,
-    what: &str,
-    block: impl FnOnce() -> io::Result<File> + Send + 'static,
-    then: impl FnOnce(&Inner, io::Result<File>) + Send + 'static,
-) -> Result<()> {
-    let weak = Arc::downgrade(inner);
-    spawn(inner, thread, &format!("wait for {what}"), move || {
-        let res = block();
-        match weak.upgrade() {
-            Some(inner) => then(&inner, res),
-            None => {
-                if let Ok(file) = res {
-                    sys::unlock_and_close(file);
-                }
-            }
-        }
-    })
 }

@@ -1,0 +1,436 @@
+//! Granting, releasing, giving up and renewing either side of a lock (one non-blocking
+//! attempt at a time, under the table lock). A mutex or an election is the write side of a
+//! lock with no readers and no turnstile.
+
+use crate::record::Side;
+use crate::table::{downgrade_of, remove_if_idle, Entry, Family, Hold, TURNSTILE};
+use crate::{sys, Inner};
+use distlock_core::{
+    AcquireReply, AcquireRequest, Error, GrantRef, HoldKey, ReleaseOutcome, RenewOutcome, Result,
+};
+use std::fs::File;
+use std::io;
+use std::sync::Arc;
+
+const HELD: AcquireReply = AcquireReply::Held { ttl: None };
+
+impl Inner {
+    /// One non-blocking attempt, under the table lock. With `arm` (a waiter), a failed attempt
+    /// queues: starts the waiting threads it needs. `first` is false for the later attempts
+    /// of one wait (see [`Inner::try_write`] on upgrades).
+    pub(crate) fn try_acquire(
+        self: &Arc<Self>,
+        family: Family,
+        side: Side,
+        req: &AcquireRequest,
+        arm: bool,
+        first: bool,
+    ) -> Result<AcquireReply> {
+        let mut table = self.table(family);
+        let entry = table.entry(req.key.name.clone()).or_default();
+        let r = match side {
+            Side::Read => self.try_read(entry, req, arm),
+            Side::Write => self.try_write(family, entry, req, arm, first),
+        };
+        remove_if_idle(&mut table, &req.key.name);
+        r
+    }
+
+    /// The read side of a read-write lock.
+    fn try_read(
+        self: &Arc<Self>,
+        entry: &mut Entry,
+        req: &AcquireRequest,
+        arm: bool,
+    ) -> Result<AcquireReply> {
+        let key = &req.key;
+        // A retry of an attempt that reads already: the same grant.
+        if let Some(h) = entry.readers.iter().find(|h| h.attempt == req.attempt) {
+            return Ok(AcquireReply::Granted { token: h.token });
+        }
+        if arm {
+            if let Some(e) = entry.kernel_error.take() {
+                return Err(self.wait_error(Family::Rw, &key.name, e));
+            }
+        }
+        if let Some(w) = &entry.writer {
+            if downgrade_of(req, w) {
+                // A downgrade: the request names this very write grant, whose exclusive lock
+                // covers the read side. (Never for the owner id alone: another client with
+                // the same owner id is another holder.)
+                return self.add(Family::Rw, Side::Read, entry, req, None);
+            }
+            if arm {
+                self.arm(Family::Rw, Side::Read, entry, &key.name, None)?;
+            }
+            return Ok(HELD);
+        }
+        let main_path = self.lock_path(Family::Rw, &key.name);
+        for _ in 0..3 {
+            let f = match entry.parked[Side::Read as usize].take() {
+                // The read thread passed the turnstile before it blocked: its lock is ours.
+                Some(f) if entry.main.is_some() => {
+                    sys::unlock_and_close(f);
+                    return self.add(Family::Rw, Side::Read, entry, req, None);
+                }
+                Some(f) => f,
+                None => {
+                    // A new reader passes the turnstile first: it cannot while a writer waits.
+                    let ts_path = self.file(&key.name, TURNSTILE);
+                    let ts = self.open_rw(&ts_path)?;
+                    if !self.try_flock(&ts, sys::Mode::Shared, &ts_path)? {
+                        drop(ts);
+                        if arm {
+                            self.arm(Family::Rw, Side::Read, entry, &key.name, None)?;
+                        }
+                        return Ok(HELD);
+                    }
+                    if entry.main.is_some() {
+                        // Other owners of this backend read: join them.
+                        sys::unlock_and_close(ts);
+                        return self.add(Family::Rw, Side::Read, entry, req, None);
+                    }
+                    let locked = self
+                        .open_rw(&main_path)
+                        .and_then(|f| Ok((self.try_flock(&f, sys::Mode::Shared, &main_path)?, f)));
+                    sys::unlock_and_close(ts);
+                    match locked? {
+                        (true, f) => f,
+                        (false, f) => {
+                            // A writer holds the lock. We passed the turnstile, so we wait
+                            // ahead of any writer that starts waiting from now on: block on
+                            // the lock file directly.
+                            if arm {
+                                self.arm(Family::Rw, Side::Read, entry, &key.name, Some(f))?;
+                            }
+                            return Ok(HELD);
+                        }
+                    }
+                }
+            };
+            match self.check_main(f, Family::Rw, &key.name, entry)? {
+                Some(f) => return self.add(Family::Rw, Side::Read, entry, req, Some(f)),
+                None => continue,
+            }
+        }
+        Err(self.replaced_too_often(&main_path))
+    }
+
+    /// The write side (a mutex, an election). An owner that reads (in this backend) and asks
+    /// for the write side is refused at once: two readers upgrading would wait for each other
+    /// for ever. The check is by owner id (the request names no read grant), which can only
+    /// refuse, never grant; and only on the first attempt of a wait: a writer that was already
+    /// waiting when a read grant of its owner came through (another task of the same handle)
+    /// waits on for it, as for any reader.
+    fn try_write(
+        self: &Arc<Self>,
+        family: Family,
+        entry: &mut Entry,
+        req: &AcquireRequest,
+        arm: bool,
+        first: bool,
+    ) -> Result<AcquireReply> {
+        let key = &req.key;
+        if let Some(w) = &entry.writer {
+            if w.attempt == req.attempt {
+                // A retry of the attempt that holds the lock: the same grant. The lease is the
+                // process's lifetime, so there is nothing to lengthen.
+                return Ok(AcquireReply::Granted { token: w.token });
+            }
+            if family != Family::Rw {
+                // Any other attempt, even of the same owner id, is another holder; its
+                // release wakes this backend's waiters.
+                return Ok(HELD);
+            }
+        }
+        if first && entry.readers.iter().any(|h| h.owner == key.owner) {
+            return Err(Error::invalid(format!(
+                "owner `{}` holds the read side of read-write lock `{}` and asked for the write side: upgrades are refused (two readers upgrading would wait for each other forever); release the read side first",
+                key.owner, key.name
+            )));
+        }
+        if arm {
+            if let Some(e) = entry.kernel_error.take() {
+                return Err(self.wait_error(family, &key.name, e));
+            }
+        }
+        let main_path = self.lock_path(family, &key.name);
+        // A few rounds in case the file is deleted or replaced while we lock it.
+        for _ in 0..3 {
+            let f = match entry.parked[Side::Write as usize].take() {
+                Some(f) => f,
+                None => {
+                    // No descriptor to try (and none to wait on) while other owners of this
+                    // backend hold a side: their release wakes the waiters.
+                    let f = (!entry.held())
+                        .then(|| self.open_rw(&main_path))
+                        .transpose()?;
+                    match f {
+                        Some(f) if self.try_flock(&f, sys::Mode::Exclusive, &main_path)? => f,
+                        f => {
+                            if arm {
+                                // Wait on this very descriptor, if there is one.
+                                self.queue_writer(family, entry, &key.name, f)?;
+                            }
+                            return Ok(HELD);
+                        }
+                    }
+                }
+            };
+            match self.check_main(f, family, &key.name, entry)? {
+                Some(f) => return self.add(family, Side::Write, entry, req, Some(f)),
+                None => continue,
+            }
+        }
+        Err(self.replaced_too_often(&main_path))
+    }
+
+    /// Records a new hold of `side` (taking `main` as the backend's lock if given: for the
+    /// write side, locked exclusively), with the next fencing token, written to the record
+    /// (with the holder, and an election leader's value at seq 0) before it is returned.
+    fn add(
+        &self,
+        family: Family,
+        side: Side,
+        entry: &mut Entry,
+        req: &AcquireRequest,
+        main: Option<File>,
+    ) -> Result<AcquireReply> {
+        if let Some(old) = main.and_then(|f| entry.main.replace(f)) {
+            // Only possible after the old file was replaced: that descriptor locks nothing.
+            sys::unlock_and_close(old);
+        }
+        let hold = Hold::new(req, family);
+        match side {
+            Side::Read => entry.readers.push(hold),
+            Side::Write => entry.writer = Some(hold),
+        }
+        match self.sync(family, &req.key.name, entry, true) {
+            Ok(token) => {
+                let hold = match side {
+                    Side::Read => entry.readers.last_mut(),
+                    Side::Write => entry.writer.as_mut(),
+                };
+                if let Some(h) = hold {
+                    h.token = token;
+                }
+                // The turnstile kept new readers out while our writers waited. Give it back
+                // even if other writers of this backend still wait: readers that arrive
+                // while this writer holds the lock may pass it (they wait for this writer
+                // on the lock itself); the other writers queue again when it releases. So a
+                // chain of writers cannot keep readers out for ever.
+                if let Some(ts) = entry.turnstile.take_if(|_| side == Side::Write) {
+                    sys::unlock_and_close(ts);
+                }
+                Ok(AcquireReply::Granted { token })
+            }
+            Err(e) => {
+                match side {
+                    Side::Read => drop(entry.readers.pop()),
+                    Side::Write => entry.writer = None,
+                }
+                entry.unlock_if_unheld();
+                // Other waiters may have been counting on the lock this process had.
+                entry.bump();
+                Err(e)
+            }
+        }
+    }
+
+    /// Checks that a descriptor we just locked is still the lock's file; unlocks it if not
+    /// (`None`: deleted or replaced after we opened it, try again).
+    fn check_main(
+        &self,
+        file: File,
+        family: Family,
+        name: &str,
+        entry: &mut Entry,
+    ) -> Result<Option<File>> {
+        match self.same_file(&file, &self.lock_path(family, name)) {
+            Ok(true) => Ok(Some(file)),
+            Ok(false) => {
+                sys::unlock_and_close(file);
+                Ok(None)
+            }
+            Err(e) => {
+                sys::unlock_and_close(file);
+                entry.bump();
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn release(
+        &self,
+        family: Family,
+        side: Side,
+        grant: &GrantRef,
+    ) -> Result<ReleaseOutcome> {
+        let name = &grant.key.name;
+        {
+            let mut table = self.table(family);
+            if let Some(entry) = table.get_mut(name) {
+                if self.release_in(family, entry, &grant.key, side, |h| h.is(grant)) {
+                    remove_if_idle(&mut table, name);
+                    return Ok(ReleaseOutcome::Released);
+                }
+                let taken = match side {
+                    // Other readers share the lock; only a writer takes it from a reader.
+                    Side::Read => entry.writer.is_some(),
+                    // The owner's own read grants (a downgrade it kept) took nothing from it.
+                    Side::Write => {
+                        entry.writer.is_some()
+                            || entry.readers.iter().any(|h| h.owner != grant.key.owner)
+                    }
+                };
+                if taken {
+                    return Ok(ReleaseOutcome::TakenByOther);
+                }
+                if entry.parked[Side::Write as usize].is_some() {
+                    // Locked exclusively by this backend's waiting thread, for its waiting
+                    // writers: nobody holds it.
+                    return Ok(ReleaseOutcome::Expired);
+                }
+            }
+        }
+        // Not held here: held by another process (or backend), or by nobody.
+        let elsewhere = match (family, side) {
+            (Family::Rw, Side::Write) => self.rw_held_elsewhere(name)?,
+            _ => self.locked_elsewhere(&self.lock_path(family, name))?,
+        };
+        Ok(if elsewhere {
+            ReleaseOutcome::TakenByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
+    }
+
+    /// The attempt `req.attempt` stops: give back its grant of this side if it has one (a
+    /// grant nobody received). Other attempts' grants, even of the same owner, stay.
+    pub(crate) fn give_up(&self, family: Family, side: Side, req: &AcquireRequest) {
+        let name = &req.key.name;
+        let mut table = self.table(family);
+        let Some(entry) = table.get_mut(name) else {
+            return;
+        };
+        if self.release_in(family, entry, &req.key, side, |h| h.attempt == req.attempt) {
+            tracing::debug!(name = %name, attempt = %req.attempt, "gave back the grant of an attempt that gave up");
+            remove_if_idle(&mut table, name);
+        }
+    }
+
+    /// Releases the grant of `side` that `which` picks, if there is one: the record first,
+    /// then the lock (a hold listed is never gone yet), then the waiters are woken. True if
+    /// it released one.
+    fn release_in(
+        &self,
+        family: Family,
+        entry: &mut Entry,
+        key: &HoldKey,
+        side: Side,
+        which: impl Fn(&Hold) -> bool,
+    ) -> bool {
+        let found = match side {
+            Side::Read => match entry.readers.iter().position(&which) {
+                Some(i) => {
+                    entry.readers.remove(i);
+                    true
+                }
+                None => false,
+            },
+            Side::Write if entry.writer.as_ref().is_some_and(&which) => {
+                Self::release_write(entry, key);
+                true
+            }
+            Side::Write => false,
+        };
+        if found {
+            self.sync_best_effort(family, &key.name, entry);
+            entry.unlock_if_unheld();
+            entry.bump();
+        }
+        found
+    }
+
+    /// Drops the write grant; the read grants made beside it (downgrades) keep the lock, now
+    /// shared.
+    fn release_write(entry: &mut Entry, key: &HoldKey) {
+        entry.writer = None;
+        if let (false, Some(main)) = (entry.readers.is_empty(), &entry.main) {
+            // The writer keeps reading: convert the exclusive lock to a shared one. Linux
+            // converts in place, under the file's lock list spinlock, so no waiting writer can
+            // slip in between; where the conversion fails, the read hold is given up and its
+            // next renewal reports it lost.
+            match sys::try_lock(main, sys::Mode::Shared) {
+                Ok(true) => {}
+                res => {
+                    tracing::warn!(name = %key.name, owner = %key.owner, result = ?res,
+                        "could not keep the read side after releasing the write side; the read hold is lost");
+                    entry.readers.clear();
+                    entry.unlock_if_unheld();
+                }
+            }
+        }
+    }
+
+    /// The lease is the process's lifetime: a renewal only confirms that the grant is still
+    /// ours and its file still the lock's file, whatever duration it asks for. With
+    /// `proclaim = Some((seq, value))` (an election), also advertises `value` if `seq` is
+    /// above the last proclamation's.
+    pub(crate) fn renew(
+        &self,
+        family: Family,
+        side: Side,
+        grant: &GrantRef,
+        proclaim: Option<(u64, &str)>,
+    ) -> Result<RenewOutcome> {
+        let key = &grant.key;
+        let mut table = self.table(family);
+        let Some(entry) = table.get_mut(&key.name) else {
+            return Ok(RenewOutcome::NotHeld);
+        };
+        if !entry.holds(side).iter().any(|h| h.is(grant)) {
+            return Ok(RenewOutcome::NotHeld);
+        }
+        let path = self.lock_path(family, &key.name);
+        let intact = match &entry.main {
+            Some(f) => self.same_file(f, &path)?,
+            None => false,
+        };
+        if intact {
+            if let Some((seq, value)) = proclaim {
+                self.proclaim(entry, &key.name, seq, value)?;
+            }
+            return Ok(RenewOutcome::Renewed);
+        }
+        tracing::warn!(name = %key.name, path = %path.display(),
+            "the lock file was deleted or replaced while held; every hold on it is lost");
+        // Every hold is dropped: renewals report them lost.
+        (entry.writer, entry.readers) = (None, Vec::new());
+        entry.unlock_if_unheld();
+        entry.bump();
+        // A mutex's record went with its file; a read-write lock's loses our lines.
+        self.sync_best_effort(family, &key.name, entry);
+        remove_if_idle(&mut table, &key.name);
+        Ok(RenewOutcome::NotHeld)
+    }
+
+    /// A duplicate of the descriptor on the lock file whose `flock` carries this backend's
+    /// grant of side `side` of `name` with fencing token `token`; `None` without such a grant.
+    pub(crate) fn holder_file(
+        &self,
+        family: Family,
+        side: Side,
+        name: &str,
+        token: u64,
+    ) -> io::Result<Option<File>> {
+        let table = self.table(family);
+        let Some(e) = table.get(name) else {
+            return Ok(None);
+        };
+        match &e.main {
+            Some(f) if e.holds(side).iter().any(|h| h.token == token) => f.try_clone().map(Some),
+            _ => Ok(None),
+        }
+    }
+}

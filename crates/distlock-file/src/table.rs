@@ -1,0 +1,331 @@
+//! What a backend knows about each lock name: one table per family of lock files, one
+//! [`Entry`] type for all of them. See docs/file-backend.md, sections *The hold protocol*,
+//! *Why this is a mutex* and *Read-write locks*.
+//!
+//! A mutex is one file, `<hash>.lock`, whose `flock(LOCK_EX)` is the lock and whose record
+//! carries the fencing counter; an election is the same on `<hash>.election`, its record also
+//! carrying the leader's value (see `crate::election`). Both are taken as the write side of
+//! a lock with no readers. A read-write lock has three files, next to the mutex's (which they
+//! never touch):
+//! - `<hash>.rw`: the lock. Readers hold `LOCK_SH` on it, a writer `LOCK_EX`. A backend keeps
+//!   one descriptor on it for all its holders ([`Entry::main`]): exclusive while one of its
+//!   owners writes, shared while its owners only read.
+//! - `<hash>.rw-turnstile`: a writer that has to wait holds `LOCK_EX` on it until it has the
+//!   lock; a reader that does not hold the read side yet must get `LOCK_SH` on it before it
+//!   may take `<hash>.rw` (and lets it go right after). So once a writer waits, new readers
+//!   wait behind it.
+//! - `<hash>.rw-record`: the fencing counter, the name and one `hold` line per holder;
+//!   changed only under its own `LOCK_EX`, which is held for one read and one write and never
+//!   while waiting for anything else, so it cannot take part in a deadlock.
+
+use crate::record::{self, HoldLine, HolderLine, Record, Side};
+use crate::{sys, Inner};
+use distlock_core::{AcquireRequest, AttemptId, GrantRef, LockKind, Result};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, MutexGuard, PoisonError};
+use tokio::sync::Notify;
+
+/// Suffix of a read-write lock's turnstile.
+pub(crate) const TURNSTILE: &str = "rw-turnstile";
+/// Suffix of a read-write lock's record (counter, name, holders).
+pub(crate) const RECORD: &str = "rw-record";
+
+/// The three sets of lock files, each with a table of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Family {
+    /// A mutex: `<hash>.lock`, the record in the lock file itself.
+    Mutex,
+    /// An election: `<hash>.election`, the record with the leader's value.
+    Election,
+    /// A read-write lock: `<hash>.rw`, its turnstile and its record.
+    Rw,
+}
+
+impl Family {
+    /// Suffix of the file whose `flock` is the lock.
+    pub(crate) fn suffix(self) -> &'static str {
+        match self {
+            Family::Mutex => "lock",
+            Family::Election => "election",
+            Family::Rw => "rw",
+        }
+    }
+}
+
+/// The family of lock kind `kind` and the side its grants take (a mutex or an election is
+/// taken exclusively: the write side); `None` for kinds this backend does not implement.
+pub(crate) fn target(kind: LockKind) -> Option<(Family, Side)> {
+    match kind {
+        LockKind::Mutex => Some((Family::Mutex, Side::Write)),
+        LockKind::Election => Some((Family::Election, Side::Write)),
+        LockKind::Read => Some((Family::Rw, Side::Read)),
+        LockKind::Write => Some((Family::Rw, Side::Write)),
+        _ => None,
+    }
+}
+
+/// One grant: the attempt that won it, its owner (for `inspect` and the record) and its
+/// fencing token. Re-entry is counted by the client, so every grant is one hold.
+pub(crate) struct Hold {
+    pub(crate) attempt: AttemptId,
+    pub(crate) owner: Arc<str>,
+    pub(crate) token: u64,
+    /// An election leader's value (`None` otherwise).
+    pub(crate) value: Option<Arc<str>>,
+    /// The number of the leader's last proclamation applied (0: none).
+    pub(crate) seq: u64,
+}
+
+impl Hold {
+    pub(crate) fn new(req: &AcquireRequest, family: Family) -> Hold {
+        let value = (family == Family::Election)
+            .then(|| req.value.clone().unwrap_or_else(|| Arc::from("")));
+        Hold {
+            attempt: req.attempt.clone(),
+            owner: req.key.owner.clone(),
+            token: 0,
+            value,
+            seq: 0,
+        }
+    }
+
+    pub(crate) fn is(&self, grant: &GrantRef) -> bool {
+        self.attempt == grant.attempt && self.token == grant.token
+    }
+}
+
+/// The grant `req` (a read request) asks to be made beside `writer`, its owner's write
+/// grant: the read side may then be granted (a downgrade).
+pub(crate) fn downgrade_of(req: &AcquireRequest, writer: &Hold) -> bool {
+    req.write_grant.as_ref().is_some_and(|g| {
+        g.key.kind == LockKind::Write && g.key.name == req.key.name && writer.is(g)
+    })
+}
+
+/// What this backend knows about one lock name. Removed when idle.
+#[derive(Default)]
+pub(crate) struct Entry {
+    /// This backend's grant of the write side (a mutex's or an election's holder).
+    pub(crate) writer: Option<Hold>,
+    /// This backend's grants of the read side (while `writer` is set, only grants made beside
+    /// it to requests that named it: downgrades).
+    pub(crate) readers: Vec<Hold>,
+    /// The backend's descriptor on the lock file while any of its owners holds a side:
+    /// `LOCK_EX` while `writer` is set, else `LOCK_SH`.
+    pub(crate) main: Option<File>,
+    /// The last fencing token this backend wrote (a mutex's record is rewritten with it).
+    pub(crate) token: u64,
+    /// `<hash>.rw-turnstile`, locked `LOCK_EX` on behalf of this backend's waiting writers.
+    pub(crate) turnstile: Option<File>,
+    /// The lock file locked by a waiting thread (`LOCK_SH` for the read side, after it passed
+    /// the turnstile; `LOCK_EX` for the write side), not claimed by a waiter of that side yet.
+    pub(crate) parked: [Option<File>; 2],
+    /// `acquire_wait` calls in progress, by side (`Side as usize`, as the arrays around).
+    pub(crate) waiters: [usize; 2],
+    /// Live watches, by side.
+    pub(crate) watchers: [usize; 2],
+    /// A thread blocks in `flock` for a side: `LOCK_SH` on the turnstile and/or the lock file
+    /// (read), `LOCK_EX` on the lock file (write).
+    pub(crate) threads: [bool; 2],
+    /// A thread blocks for `LOCK_EX` on the turnstile.
+    pub(crate) turnstile_thread: bool,
+    /// A waiting thread's `flock` failed; the next waiter or watch reports it.
+    pub(crate) kernel_error: Option<io::Error>,
+    /// Bumped (and `notify` woken) on every release, hand-over or waiting-thread event.
+    pub(crate) generation: u64,
+    pub(crate) notify: Arc<Notify>,
+}
+
+impl Entry {
+    /// This backend's grants of side `side`.
+    pub(crate) fn holds(&self, side: Side) -> &[Hold] {
+        match side {
+            Side::Read => &self.readers,
+            Side::Write => self.writer.as_slice(),
+        }
+    }
+
+    pub(crate) fn held(&self) -> bool {
+        self.writer.is_some() || !self.readers.is_empty()
+    }
+
+    fn idle(&self) -> bool {
+        !self.held()
+            && self.main.is_none()
+            && self.turnstile.is_none()
+            && self.parked.iter().all(Option::is_none)
+            && self.interested() == 0
+            && !self.threads.contains(&true)
+            && !self.turnstile_thread
+    }
+
+    pub(crate) fn interested(&self) -> usize {
+        self.waiters.iter().chain(&self.watchers).sum()
+    }
+
+    /// Wakes every waiter and watch of this name.
+    pub(crate) fn bump(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+        self.notify.notify_waiters();
+    }
+
+    /// Gives up the lock on the lock file once no owner of this backend holds a side.
+    pub(crate) fn unlock_if_unheld(&mut self) {
+        if !self.held() {
+            if let Some(f) = self.main.take() {
+                sys::unlock_and_close(f);
+            }
+        }
+    }
+
+    /// This backend's `hold` lines (a read-write lock's record).
+    pub(crate) fn lines(&self, instance: u64) -> Vec<HoldLine> {
+        let pid = std::process::id();
+        let line = |side, h: &Hold| HoldLine {
+            side,
+            pid,
+            instance,
+            count: 1,
+            owner: h.owner.to_string(),
+        };
+        [Side::Write, Side::Read]
+            .into_iter()
+            .flat_map(|side| self.holds(side).iter().map(move |h| line(side, h)))
+            .collect()
+    }
+}
+
+pub(crate) type Table = HashMap<Arc<str>, Entry>;
+
+pub(crate) fn remove_if_idle(table: &mut Table, name: &str) {
+    if table.get(name).is_some_and(Entry::idle) {
+        table.remove(name);
+    }
+}
+
+impl Inner {
+    pub(crate) fn table(&self, family: Family) -> MutexGuard<'_, Table> {
+        // The tables are only changed by short, non-panicking updates; a poisoned lock still
+        // holds consistent data.
+        self.tables[family as usize]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The file of lock `name` with suffix `suffix`.
+    pub(crate) fn file(&self, name: &str, suffix: &str) -> PathBuf {
+        self.dir.join(record::suffixed_name(name, suffix))
+    }
+
+    /// The file whose `flock` is lock `name` of `family`.
+    pub(crate) fn lock_path(&self, family: Family, name: &str) -> PathBuf {
+        self.file(name, family.suffix())
+    }
+
+    /// Writes `entry`, this backend's state of `name`, into the lock's record (under the lock
+    /// on the record: for a mutex or an election, the lock itself, so only while held); with
+    /// `grant`, the counter is advanced first. Returns the counter.
+    pub(crate) fn sync(
+        &self,
+        family: Family,
+        name: &str,
+        entry: &mut Entry,
+        grant: bool,
+    ) -> Result<u64> {
+        if family == Family::Rw {
+            entry.token = self.rw_sync(name, entry, grant)?;
+            return Ok(entry.token);
+        }
+        let path = self.lock_path(family, name);
+        let Some(file) = &entry.main else {
+            return Ok(entry.token);
+        };
+        let token = match grant {
+            true => self.read_own_record(file, &path, name, true)?.token,
+            false => entry.token,
+        };
+        // A mutex's or an election's record: the counter, the name and, while this process
+        // holds it, the holder line and an election leader's value.
+        let holder = entry.writer.as_ref();
+        let rec = Record {
+            token,
+            name: Some(name.to_owned()),
+            holder: holder.map(|h| HolderLine {
+                pid: std::process::id(),
+                count: 1,
+                owner: h.owner.to_string(),
+            }),
+            holds: Vec::new(),
+            value: holder.and_then(|h| h.value.as_deref().map(str::to_owned)),
+            seq: holder.map_or(0, |h| h.seq),
+        };
+        self.write_record(file, &path, &rec)?;
+        entry.token = token;
+        Ok(token)
+    }
+
+    /// [`Inner::sync`] for count changes and releases: the lines are informational, so a
+    /// failure is logged rather than failing the call.
+    pub(crate) fn sync_best_effort(&self, family: Family, name: &str, entry: &mut Entry) {
+        if let Err(e) = self.sync(family, name, entry, false) {
+            tracing::warn!(name, error = %e, "cannot update the holders in the lock's record");
+        }
+    }
+
+    /// A read-write lock's [`Inner::sync`]: this backend's `hold` lines are derived from
+    /// `entry`; lines that cannot be current are dropped (all others' while this backend
+    /// writes, others' write lines while it reads, lines of dead processes). The lock on the
+    /// record is held for this read and write only, never while waiting for another lock.
+    fn rw_sync(&self, name: &str, entry: &Entry, grant: bool) -> Result<u64> {
+        let path = self.file(name, RECORD);
+        let file = self.open_rw(&path)?;
+        sys::lock_blocking(&file, sys::Mode::Exclusive)
+            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
+        let res = self.rw_sync_locked(&file, &path, name, entry, grant);
+        sys::unlock_and_close(file);
+        res
+    }
+
+    fn rw_sync_locked(
+        &self,
+        file: &File,
+        path: &Path,
+        name: &str,
+        entry: &Entry,
+        grant: bool,
+    ) -> Result<u64> {
+        let mut rec = self.read_own_record(file, path, name, grant)?;
+        let me = (std::process::id(), self.instance);
+        let writing = entry.writer.is_some();
+        let reading = !entry.readers.is_empty();
+        rec.holds.retain(|h| {
+            (h.pid, h.instance) != me
+                && !writing
+                && !(reading && h.side == Side::Write)
+                && sys::pid_alive(h.pid)
+        });
+        rec.holds.extend(entry.lines(self.instance));
+        rec.name = Some(name.to_owned());
+        rec.holder = None;
+        self.write_record(file, path, &rec)?;
+        Ok(rec.token)
+    }
+
+    /// Removes this backend's lines from the records of the read-write locks it still holds
+    /// (the backend is being dropped; its descriptors close, and so its locks free, right
+    /// after).
+    pub(crate) fn rw_forget_all(&self) {
+        let names: Vec<Arc<str>> = self
+            .table(Family::Rw)
+            .iter()
+            .filter(|(_, e)| e.held())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            self.sync_best_effort(Family::Rw, &name, &mut Entry::default());
+        }
+    }
+}
