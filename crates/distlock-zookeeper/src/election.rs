@@ -15,7 +15,7 @@
 
 use crate::error::KIND;
 use crate::layout::{self, Family, NodeKind};
-use crate::node::{token_of, DATA_ATTEMPTS};
+use crate::node::{token_at, token_of, DATA_ATTEMPTS};
 use crate::session::Inner;
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::{Error, ForceReleased, HolderInfo, LockInfo, Result};
@@ -108,12 +108,7 @@ impl Inner {
         let Some(l) = leader else {
             return Ok(LockInfo::new(name).with_waiters(Some(0)));
         };
-        let token = token_of(&l.stat).ok_or_else(|| {
-            Error::unexpected(
-                KIND,
-                format!("node {dir}/{} has czxid {}", l.name, l.stat.czxid),
-            )
-        })?;
+        let token = token_at(&format!("{dir}/{}", l.name), &l.stat)?;
         let owner = owner_of(&l.name);
         // What it proclaimed since its grant, if anything; else what it campaigned with.
         let read = sess.zk.get_data(&dir);

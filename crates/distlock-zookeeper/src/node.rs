@@ -42,6 +42,17 @@ pub(crate) fn token_of(stat: &zk::Stat) -> Option<u64> {
     u64::try_from(stat.czxid).ok().filter(|t| *t > 0)
 }
 
+/// The token of node `path` as `stat` says, or the error for a czxid no token can be.
+pub(crate) fn token_at(path: &str, stat: &zk::Stat) -> Result<u64> {
+    token_of(stat)
+        .ok_or_else(|| Error::unexpected(KIND, format!("node {path} has czxid {}", stat.czxid)))
+}
+
+/// An answer of a multi-op that is not one of those asked for.
+pub(crate) fn unexpected_answer(what: &str, answer: &impl std::fmt::Debug) -> Error {
+    Error::unexpected(KIND, format!("{what}: unexpected answer {answer:?}"))
+}
+
 pub(crate) fn foreign_data(path: &str, data: &[u8]) -> Error {
     Error::unexpected(KIND, format!(
             "lock node {path} holds `{}`, not dlock's data; is the directory used by another program?",
@@ -224,9 +235,7 @@ impl Inner {
             .call("reading the lock node", sess.zk.check_stat(path))
             .await?
         {
-            Some(st) => token_of(&st).ok_or_else(|| {
-                Error::unexpected(KIND, format!("node {path} has czxid {}", st.czxid))
-            }),
+            Some(st) => token_at(path, &st),
             None => Err(session_gone(
                 &self.endpoint,
                 "our lock node vanished right after its creation",
@@ -277,10 +286,7 @@ impl Inner {
                     .filter(|t| *t > 0)
                     .map_or(floor, |z| z.max(floor)),
             )),
-            other => Err(Error::unexpected(
-                KIND,
-                format!("{what}: unexpected answer {other:?}"),
-            )),
+            other => Err(unexpected_answer(what, &other)),
         }
     }
 
