@@ -296,7 +296,9 @@ impl Inner {
         // Not held here: held by another process (or backend), or by nobody.
         let elsewhere = match (family, side) {
             (Family::Rw, Side::Write) => self.rw_held_elsewhere(name)?,
-            _ => self.locked_elsewhere(&self.lock_path(family, name))?,
+            _ => self
+                .held_elsewhere(&self.lock_path(family, name))?
+                .is_some(),
         };
         Ok(if elsewhere {
             ReleaseOutcome::TakenByOther
@@ -331,19 +333,14 @@ impl Inner {
         which: impl Fn(&Hold) -> bool,
     ) -> bool {
         let found = match side {
-            Side::Read => match entry.readers.iter().position(&which) {
-                Some(i) => {
-                    entry.readers.remove(i);
-                    true
-                }
-                None => false,
-            },
-            Side::Write if entry.writer.as_ref().is_some_and(&which) => {
-                Self::release_write(entry, key);
-                true
-            }
-            Side::Write => false,
+            Side::Read => (entry.readers.iter().position(&which))
+                .map(|i| entry.readers.remove(i))
+                .is_some(),
+            Side::Write => entry.writer.as_ref().is_some_and(&which),
         };
+        if found && side == Side::Write {
+            Self::release_write(entry, key);
+        }
         if found {
             self.sync_best_effort(family, &key.name, entry);
             entry.unlock_if_unheld();

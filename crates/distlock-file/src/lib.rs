@@ -91,7 +91,10 @@ impl FileBackend {
     /// The directory `file://` uses: `$XDG_RUNTIME_DIR/dlock` when `XDG_RUNTIME_DIR` is set
     /// to an absolute path, else `/tmp/dlock-$UID`.
     pub fn default_dir() -> PathBuf {
-        location::default_dir()
+        match std::env::var_os("XDG_RUNTIME_DIR") {
+            Some(d) if Path::new(&d).is_absolute() => PathBuf::from(d).join("dlock"),
+            _ => PathBuf::from(format!("/tmp/dlock-{}", sys::uid())),
+        }
     }
 
     /// The directory holding this backend's lock files (the namespace subdirectory).
@@ -234,8 +237,7 @@ impl Backend for FileBackend {
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
         let (family, side) = check_key(&req.key)?;
-        let inner = &self.inner;
-        inner
+        (self.inner)
             .acquire_wait(family, side, req, deadline, cancel)
             .await
     }

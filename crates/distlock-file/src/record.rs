@@ -259,16 +259,29 @@ pub(crate) fn read(file: &File) -> io::Result<Vec<u8>> {
     }
 }
 
-/// Replaces the file's contents with `rec`. Only called under the exclusive lock.
-pub(crate) fn write(file: &File, rec: &Record) -> io::Result<()> {
-    let bytes = rec.encode();
-    file.write_all_at(bytes.as_bytes(), 0)?;
-    file.set_len(bytes.len() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn holder(pid: u32, count: u32, owner: &str) -> Option<HolderLine> {
+        let owner = owner.into();
+        Some(HolderLine { pid, count, owner })
+    }
+
+    fn hold(side: Side, pid: u32, instance: u64, count: u32, owner: &str) -> HoldLine {
+        let owner = owner.into();
+        HoldLine {
+            side,
+            pid,
+            instance,
+            count,
+            owner,
+        }
+    }
+
+    fn reparsed(rec: &Record) -> Result<Record, String> {
+        Record::parse(rec.encode().as_bytes())
+    }
 
     #[test]
     fn tokens_increase_and_follow_the_clock() {
@@ -303,25 +316,27 @@ mod tests {
         let rec = Record {
             token: 42,
             name: Some("orders/{42} π with spaces".into()),
-            holder: Some(HolderLine {
-                pid: 7,
-                count: 3,
-                owner: "host:7:abc:1 odd owner".into(),
-            }),
-            holds: Vec::new(),
+            holder: holder(7, 3, "host:7:abc:1 odd owner"),
             ..Record::default()
         };
-        assert_eq!(Record::parse(rec.encode().as_bytes()), Ok(rec.clone()));
+        assert_eq!(reparsed(&rec), Ok(rec.clone()));
         let free = Record {
             holder: None,
             ..rec
         };
-        assert_eq!(Record::parse(free.encode().as_bytes()), Ok(free));
+        assert_eq!(reparsed(&free), Ok(free.clone()));
         assert_eq!(Record::parse(b""), Ok(Record::default()));
         // Trailing bytes after `end` (a longer old record being shortened) are ignored.
-        let mut torn = free_with_tail();
-        torn.extend_from_slice(b"er 1 1 x\n");
-        assert!(Record::parse(&torn).is_ok());
+        let torn = free.encode() + "er 1 1 x\n";
+        assert!(Record::parse(torn.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn records_of_the_previous_version_read_and_rewrite_unchanged() {
+        let text = "distlock-file 1\ntoken 7\nname n m\nholder 12 1 o w\nvalue a\\nb\nseq 2\nhold r 13 4 1 x y\nend\n";
+        let rec = Record::parse(text.as_bytes()).expect("a record");
+        assert_eq!((rec.value.as_deref(), rec.seq), (Some("a\nb"), 2));
+        assert_eq!(rec.encode(), text);
     }
 
     #[test]
@@ -329,22 +344,9 @@ mod tests {
         let rec = Record {
             token: 9,
             name: Some("rw name".into()),
-            holder: None,
             holds: vec![
-                HoldLine {
-                    side: Side::Write,
-                    pid: 12,
-                    instance: 3,
-                    count: 2,
-                    owner: "w owner".into(),
-                },
-                HoldLine {
-                    side: Side::Read,
-                    pid: 13,
-                    instance: 0,
-                    count: 1,
-                    owner: "r".into(),
-                },
+                hold(Side::Write, 12, 3, 2, "w owner"),
+                hold(Side::Read, 13, 0, 1, "r"),
             ],
             ..Record::default()
         };
@@ -373,18 +375,6 @@ mod tests {
         );
     }
 
-    fn free_with_tail() -> Vec<u8> {
-        Record {
-            token: 1,
-            name: Some("n".into()),
-            holder: None,
-            holds: Vec::new(),
-            ..Record::default()
-        }
-        .encode()
-        .into_bytes()
-    }
-
     #[test]
     fn election_values() {
         for v in [
@@ -397,18 +387,13 @@ mod tests {
             let rec = Record {
                 token: 5,
                 name: Some("e".into()),
-                holder: Some(HolderLine {
-                    pid: 1,
-                    count: 1,
-                    owner: "o".into(),
-                }),
-                holds: Vec::new(),
+                holder: holder(1, 1, "o"),
                 value: Some(v.into()),
                 seq: 3,
+                ..Record::default()
             };
-            let text = rec.encode();
-            assert_eq!(text.lines().count(), 7, "{text}");
-            assert_eq!(Record::parse(text.as_bytes()), Ok(rec), "{v:?}");
+            assert_eq!(rec.encode().lines().count(), 7, "{}", rec.encode());
+            assert_eq!(reparsed(&rec), Ok(rec), "{v:?}");
         }
         assert_eq!(unescape("a\\xb\\"), "a\\xb\\");
         assert!(Record::parse(b"distlock-file 1\ntoken 1\nseq x\nend\n")
