@@ -9,7 +9,7 @@
 //! advanced under the exclusive lock, as a grant would.
 
 use super::{check_kind, sys, FileBackend, KIND};
-use crate::record::{self, Record};
+use crate::record::{self, HoldLine, Record};
 use crate::table::{Entry, Family, RECORD};
 use distlock_core::{
     Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
@@ -70,25 +70,20 @@ impl Operator for FileBackend {
         distlock_core::validate_name(name)?;
         if family == Family::Rw {
             let rec = inner.read_rw_record(name)?.unwrap_or_default();
-            let holders: Vec<(u32, String)> =
-                rec.holds.iter().map(|h| (h.pid, h.owner.clone())).collect();
-            if holders.is_empty() {
+            if rec.holds.is_empty() {
                 // Free (as far as the record says): nothing to remove. The counter of a
                 // read-write lock is advanced under its own protocol at the next grant.
                 return Ok(ForceReleased::new(Vec::new(), rec.token));
             }
-            return Err(held_error(name, &holders));
+            return Err(held_error(name, &rec.holds));
         }
         let path = inner.lock_path(family, name);
         let Some(file) = inner.open_existing(&path, true)? else {
             return Ok(ForceReleased::new(Vec::new(), 0));
         };
         if !inner.try_flock(&file, sys::Mode::Exclusive, &path)? {
-            let holders = peek_record(&path)
-                .and_then(|r| r.holder)
-                .map(|h| vec![(h.pid, h.owner)])
-                .unwrap_or_default();
-            return Err(held_error(name, &holders));
+            let holder = peek_record(&path).and_then(|r| r.holder);
+            return Err(held_error(name, holder.as_slice()));
         }
         // Under the exclusive lock, as a grant to nobody: advance the counter past every
         // token issued, and leave no holder line.
@@ -132,10 +127,10 @@ impl Operator for FileBackend {
 }
 
 /// The refusal for a held lock: who holds it and what to do.
-fn held_error(name: &str, holders: &[(u32, String)]) -> Error {
+fn held_error(name: &str, holders: &[HoldLine]) -> Error {
     let who: Vec<String> = holders
         .iter()
-        .map(|(pid, owner)| {
+        .map(|HoldLine { pid, owner, .. }| {
             if sys::pid_alive(*pid) {
                 format!("pid {pid} (owner {owner})")
             } else {

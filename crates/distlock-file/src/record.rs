@@ -49,14 +49,6 @@ pub(crate) fn next_token(last: u64) -> Option<u64> {
     Some(last.checked_add(1)?.max(floor))
 }
 
-/// The holder line of a record: written while a process holds the lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HolderLine {
-    pub(crate) pid: u32,
-    pub(crate) count: u32,
-    pub(crate) owner: String,
-}
-
 /// The side of a read-write lock a [`HoldLine`] holds (as `usize`, the index of the side in
 /// per-side arrays).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,13 +59,14 @@ pub(crate) enum Side {
     Write,
 }
 
-/// One hold of a read-write lock, in its record file (`hold` lines): written and removed
-/// under the record file's exclusive lock by the backend that holds it.
+/// One hold of a lock: a read-write lock's `hold` lines, written and removed under the record
+/// file's exclusive lock by the backend that holds it; a mutex's or an election's `holder` line
+/// (the write side, with no instance), written while a process holds the lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HoldLine {
     pub(crate) side: Side,
     pub(crate) pid: u32,
-    /// Distinguishes the `FileBackend`s of one process.
+    /// Distinguishes the `FileBackend`s of one process (`hold` lines only).
     pub(crate) instance: u64,
     pub(crate) count: u32,
     pub(crate) owner: String,
@@ -86,8 +79,8 @@ pub(crate) struct Record {
     pub(crate) token: u64,
     /// The lock's name (absent only in a file never granted).
     pub(crate) name: Option<String>,
-    /// Who holds it, while held (mutex).
-    pub(crate) holder: Option<HolderLine>,
+    /// Who holds it, while held (mutex, election: the `holder` line).
+    pub(crate) holder: Option<HoldLine>,
     /// The holds of a read-write lock.
     pub(crate) holds: Vec<HoldLine>,
     /// The value an election's leader advertises (`value` line, escaped; only while held).
@@ -152,7 +145,7 @@ impl Record {
                 "name" => rec.name = Some(value.to_owned()),
                 "holder" => {
                     rec.holder = Some(
-                        parse_holder(value)
+                        parse_hold(Side::Write, value, false)
                             .ok_or_else(|| format!("its holder line `{value}` is malformed"))?,
                     )
                 }
@@ -163,7 +156,12 @@ impl Record {
                         .map_err(|_| format!("its seq `{value}` is not a number"))?
                 }
                 "hold" => rec.holds.push(
-                    parse_hold(value)
+                    (value.split_once(' '))
+                        .and_then(|(side, rest)| match side {
+                            "r" => parse_hold(Side::Read, rest, true),
+                            "w" => parse_hold(Side::Write, rest, true),
+                            _ => None,
+                        })
                         .ok_or_else(|| format!("its hold line `{value}` is malformed"))?,
                 ),
                 // Lines added by later versions are skipped.
@@ -205,37 +203,23 @@ fn unescape(v: &str) -> String {
     out
 }
 
-/// `PID COUNT OWNER` (the owner may contain spaces).
-fn parse_holder(value: &str) -> Option<HolderLine> {
-    let mut parts = value.splitn(3, ' ');
+/// A hold of `side` from `PID INSTANCE COUNT OWNER` (a `hold` line after its side) or, without
+/// `instance`, `PID COUNT OWNER` (a `holder` line); the owner may contain spaces.
+fn parse_hold(side: Side, value: &str, instance: bool) -> Option<HoldLine> {
+    let mut parts = value.splitn(3 + usize::from(instance), ' ');
     let pid = parts.next()?.parse().ok()?;
-    let count = parts.next()?.parse().ok()?;
-    let owner = parts.next().filter(|o| !o.is_empty())?;
-    Some(HolderLine {
-        pid,
-        count,
-        owner: owner.to_owned(),
-    })
-}
-
-/// `r|w PID INSTANCE COUNT OWNER` (the owner may contain spaces).
-fn parse_hold(value: &str) -> Option<HoldLine> {
-    let mut parts = value.splitn(5, ' ');
-    let side = match parts.next()? {
-        "r" => Side::Read,
-        "w" => Side::Write,
-        _ => return None,
+    let instance = match instance {
+        true => parts.next()?.parse().ok()?,
+        false => 0,
     };
-    let pid = parts.next()?.parse().ok()?;
-    let instance = parts.next()?.parse().ok()?;
     let count = parts.next()?.parse().ok()?;
-    let owner = parts.next().filter(|o| !o.is_empty())?;
+    let owner = parts.next().filter(|o| !o.is_empty())?.to_owned();
     Some(HoldLine {
         side,
         pid,
         instance,
         count,
-        owner: owner.to_owned(),
+        owner,
     })
 }
 
@@ -263,9 +247,8 @@ pub(crate) fn read(file: &File) -> io::Result<Vec<u8>> {
 mod tests {
     use super::*;
 
-    fn holder(pid: u32, count: u32, owner: &str) -> Option<HolderLine> {
-        let owner = owner.into();
-        Some(HolderLine { pid, count, owner })
+    fn holder(pid: u32, count: u32, owner: &str) -> Option<HoldLine> {
+        Some(hold(Side::Write, pid, 0, count, owner))
     }
 
     fn hold(side: Side, pid: u32, instance: u64, count: u32, owner: &str) -> HoldLine {

@@ -18,7 +18,7 @@
 //!   changed only under its own `LOCK_EX`, which is held for one read and one write and never
 //!   while waiting for anything else, so it cannot take part in a deadlock.
 
-use crate::record::{self, HoldLine, HolderLine, Record, Side};
+use crate::record::{self, HoldLine, Record, Side};
 use crate::{sys, Inner};
 use distlock_core::{AcquireRequest, AttemptId, GrantRef, LockKind, Result};
 use std::collections::HashMap;
@@ -253,11 +253,7 @@ impl Inner {
         let rec = Record {
             token,
             name: Some(name.to_owned()),
-            holder: holder.map(|h| HolderLine {
-                pid: std::process::id(),
-                count: 1,
-                owner: h.owner.to_string(),
-            }),
+            holder: entry.lines(0).into_iter().next(),
             holds: Vec::new(),
             value: holder.and_then(|h| h.value.as_deref().map(str::to_owned)),
             seq: holder.map_or(0, |h| h.seq),
