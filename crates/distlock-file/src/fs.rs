@@ -154,6 +154,22 @@ impl Inner {
             .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))
     }
 
+    /// Runs `f` on `file` (at `path`) under `flock(mode)`, waiting for it; unlocks and closes
+    /// the file after.
+    pub(crate) fn locked<T>(
+        &self,
+        file: File,
+        mode: sys::Mode,
+        path: &Path,
+        f: impl FnOnce(&File) -> Result<T>,
+    ) -> Result<T> {
+        sys::lock_blocking(&file, mode)
+            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
+        let res = f(&file);
+        sys::unlock_and_close(file);
+        res
+    }
+
     /// The error of a lock file at `path` that was deleted or replaced at every try to lock it.
     pub(crate) fn replaced_too_often(&self, path: &Path) -> Error {
         self.io_error(

@@ -86,11 +86,10 @@ impl Inner {
         let Some(file) = self.open_existing(&path, false)? else {
             return Ok(None);
         };
-        sys::lock_blocking(&file, sys::Mode::Shared)
-            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
-        let rec = self.read_record(&file, &path);
-        sys::unlock_and_close(file);
-        rec.map(Some)
+        (self.locked(file, sys::Mode::Shared, &path, |f| {
+            self.read_record(f, &path)
+        }))
+        .map(Some)
     }
 
     /// The holds of other processes and backends, from the record: lines of live processes;

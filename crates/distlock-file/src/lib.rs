@@ -226,7 +226,8 @@ impl Backend for FileBackend {
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         let (family, side) = check_key(&req.key)?;
         let watch = waiting::Watch::new(&self.inner, family, side, &req.key.name, true);
-        Ok(Box::new(watch.armed()?))
+        watch.rearm()?;
+        Ok(Box::new(watch))
     }
 
     /// Waits without polling: see docs/file-backend.md. Every release wakes the waiters.

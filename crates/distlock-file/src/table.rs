@@ -24,7 +24,7 @@ use distlock_core::{AcquireRequest, AttemptId, GrantRef, LockKind, Result};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use tokio::sync::Notify;
 
@@ -278,36 +278,23 @@ impl Inner {
     fn rw_sync(&self, name: &str, entry: &Entry, grant: bool) -> Result<u64> {
         let path = self.file(name, RECORD);
         let file = self.open_rw(&path)?;
-        sys::lock_blocking(&file, sys::Mode::Exclusive)
-            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
-        let res = self.rw_sync_locked(&file, &path, name, entry, grant);
-        sys::unlock_and_close(file);
-        res
-    }
-
-    fn rw_sync_locked(
-        &self,
-        file: &File,
-        path: &Path,
-        name: &str,
-        entry: &Entry,
-        grant: bool,
-    ) -> Result<u64> {
-        let mut rec = self.read_own_record(file, path, name, grant)?;
-        let me = (std::process::id(), self.instance);
-        let writing = entry.writer.is_some();
-        let reading = !entry.readers.is_empty();
-        rec.holds.retain(|h| {
-            (h.pid, h.instance) != me
-                && !writing
-                && !(reading && h.side == Side::Write)
-                && sys::pid_alive(h.pid)
-        });
-        rec.holds.extend(entry.lines(self.instance));
-        rec.name = Some(name.to_owned());
-        rec.holder = None;
-        self.write_record(file, path, &rec)?;
-        Ok(rec.token)
+        self.locked(file, sys::Mode::Exclusive, &path, |file| {
+            let mut rec = self.read_own_record(file, &path, name, grant)?;
+            let me = (std::process::id(), self.instance);
+            let writing = entry.writer.is_some();
+            let reading = !entry.readers.is_empty();
+            rec.holds.retain(|h| {
+                (h.pid, h.instance) != me
+                    && !writing
+                    && !(reading && h.side == Side::Write)
+                    && sys::pid_alive(h.pid)
+            });
+            rec.holds.extend(entry.lines(self.instance));
+            rec.name = Some(name.to_owned());
+            rec.holder = None;
+            self.write_record(file, &path, &rec)?;
+            Ok(rec.token)
+        })
     }
 
     /// Removes this backend's lines from the records of the read-write locks it still holds

@@ -59,7 +59,7 @@ where
 
 /// A registered waiter or watch of one side of one name, with its release notifications
 /// from this backend and from other processes: a waiter's ([`Inner::acquire_wait`]) or a
-/// watch once [`armed`](Self::armed). Unregisters on drop (and gives back what was held for
+/// watch once [`rearm`](Self::rearm)ed. Unregisters on drop (and gives back what was held for
 /// the waiters of that side if it was the last one).
 pub(crate) struct Watch {
     inner: Arc<Inner>,
@@ -95,13 +95,6 @@ impl Watch {
         }
     }
 
-    /// The watch, catching releases by other processes from now on, not only from the
-    /// first `changed`.
-    pub(crate) fn armed(self) -> Result<Watch> {
-        self.rearm()?;
-        Ok(self)
-    }
-
     /// The name's generation, bumped at every release, hand-over or waiting-thread event;
     /// `None` when the backend keeps nothing for the name.
     fn generation(&self) -> Option<u64> {
@@ -110,8 +103,9 @@ impl Watch {
     }
 
     /// Takes the waiting threads' error, if any, and starts the thread that notices a release
-    /// by another process (or backend) if one is needed and none runs yet.
-    fn rearm(&self) -> Result<()> {
+    /// by another process (or backend) if one is needed and none runs yet. A new watch is
+    /// armed at once, to catch releases from then on, not only from the first `changed`.
+    pub(crate) fn rearm(&self) -> Result<()> {
         let mut table = self.inner.table(self.family);
         let entry = table.entry(self.name.clone()).or_default();
         if let Some(e) = entry.kernel_error.take() {
