@@ -283,27 +283,27 @@ fn connector(base: mysql_async::OptsBuilder, tls: Option<TlsOptions>) -> Result<
     Ok(match tls {
         Some(tls) => {
             let ssl = tls.ssl_opts(tls.mode())?;
-            let plain_fallback = (tls.mode() == SslMode::Preferred && ssl.is_some())
+            let plain_fallback = (tls.mode() == SslMode::Prefer && ssl.is_some())
                 .then(|| base.clone().ssl_opts(None).into());
             Connector {
                 opts: base.ssl_opts(ssl).into(),
                 plain_fallback,
                 client_cert: tls.has_client_cert(),
-                tls: tls.context(),
+                tls,
             }
         }
         None => {
             let opts: mysql_async::Opts = base.into();
             let tls = TlsOptions::new(match opts.ssl_opts() {
-                Some(s) if s.accept_invalid_certs() => SslMode::Required,
-                Some(_) => SslMode::VerifyIdentity,
-                None => SslMode::Disabled,
+                Some(s) if s.accept_invalid_certs() => SslMode::Require,
+                Some(_) => SslMode::VerifyFull,
+                None => SslMode::Disable,
             });
             Connector {
                 client_cert: opts.ssl_opts().is_some_and(has_identity),
                 opts,
                 plain_fallback: None,
-                tls: tls.context(),
+                tls,
             }
         }
     })

@@ -42,7 +42,7 @@ pub(crate) enum Call<T> {
 pub(crate) struct Connector {
     pub(crate) opts: mysql_async::Opts,
     pub(crate) plain_fallback: Option<mysql_async::Opts>,
-    pub(crate) tls: crate::tls::Context,
+    pub(crate) tls: crate::TlsOptions,
     pub(crate) client_cert: bool,
 }
 
@@ -85,9 +85,9 @@ impl Common {
     /// checking, `VERIFY_IDENTITY` if they check).
     pub(crate) fn tls_mode(&self) -> crate::SslMode {
         if self.plain_only.load(Ordering::Relaxed) {
-            return crate::SslMode::Preferred;
+            return crate::SslMode::Prefer;
         }
-        self.connector.tls.mode
+        self.connector.tls.mode()
     }
 
     /// Opens a new connection.

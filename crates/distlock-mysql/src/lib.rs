@@ -82,7 +82,7 @@ impl MysqlBackend {
     ///
     /// let backend = MysqlBackend::builder("mysql://app@db.internal:3306/locks")
     ///     .password_file("/run/secrets/db-password")
-    ///     .tls(TlsOptions::new(SslMode::VerifyIdentity).ca("/etc/ssl/db-ca.pem"))
+    ///     .tls(TlsOptions::new(SslMode::VerifyFull).ca("/etc/ssl/db-ca.pem"))
     ///     .connect()
     ///     .await?;
     /// # let _ = backend; Ok(()) }

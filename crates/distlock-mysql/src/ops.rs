@@ -290,19 +290,13 @@ fn version_finding(v: &str) -> Finding {
 fn tls_finding(b: &MysqlBackend, version: Option<String>) -> Finding {
     let host = b.common.host();
     let mode = b.common.tls_mode();
-    let verified = matches!(
-        mode,
-        crate::SslMode::VerifyCa | crate::SslMode::VerifyIdentity
-    );
+    // With this driver VERIFY_CA checks the name too.
+    let verified = mode.verifies();
     let t = TlsSession {
         host: &host,
         loopback: distlock_core::conn::is_loopback(&host),
-        setting: format!("ssl-mode={mode}"),
-        checks: if verified {
-            "certificate chain and host name checked"
-        } else {
-            "certificate not checked"
-        },
+        setting: crate::tls::MODES.setting(mode),
+        checks: crate::SslMode::checked(verified, verified),
         verified,
         fix_unchecked: "use ssl-mode=VERIFY_IDENTITY with ssl-ca",
         fix_plain: "lock names and tokens travel in clear; give the server ssl_cert/ssl_key and use ssl-mode=VERIFY_IDENTITY",

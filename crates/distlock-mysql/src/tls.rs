@@ -1,74 +1,33 @@
 //! TLS to the server with MySQL's `ssl-mode` semantics, through mysql_async's rustls support
-//! (feature `tls`).
-//!
-//! | `ssl-mode` | encrypted | chain checked | host name checked |
-//! |---|---|---|---|
-//! | `DISABLED` | no | – | – |
-//! | `PREFERRED` (default) | if the server supports TLS | no | no |
-//! | `REQUIRED` | yes, or the connection fails | no | no |
-//! | `VERIFY_CA` | yes | yes, against `ssl-ca` | yes (see below) |
-//! | `VERIFY_IDENTITY` | yes | yes, against `ssl-ca` (or the built-in public roots) | yes |
+//! (feature `tls`); the modes' table is in the [crate docs](crate#tls).
 //!
 //! mysql_async 0.37's rustls verifier cannot skip the host name check alone, so `VERIFY_CA`
 //! checks the name too: connect by a name the certificate has, or give the name it was made
 //! for with [`TlsOptions::server_name`].
 
+pub use distlock_core::conn::tlsmode::SslMode;
+use distlock_core::conn::tlsmode::SslModeNames;
 use distlock_core::conn::{ConnectionString, TlsFiles, TlsNames};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};
-use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// MySQL's `--ssl-mode`: whether the connection is encrypted and what of the server's
-/// certificate is checked. See the [crate docs](crate#tls) for the table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum SslMode {
-    /// Never encrypt.
-    Disabled,
-    /// Encrypt if the server supports TLS, else go on unencrypted (the mysql client's
-    /// default). The certificate is not checked.
-    #[default]
-    Preferred,
-    /// Encrypt or fail. The certificate is not checked.
-    Required,
-    /// Encrypt, and the server's certificate must chain to `ssl-ca` (and, with this driver,
-    /// be valid for the host name: see the [crate docs](crate#tls)).
-    VerifyCa,
-    /// Encrypt; the certificate must chain to `ssl-ca` (without it: to the public roots
-    /// built in, Mozilla's) and be valid for the host name connected to.
-    VerifyIdentity,
-}
-
-impl SslMode {
-    /// The URL spelling: `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_CA` or `VERIFY_IDENTITY`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SslMode::Disabled => "DISABLED",
-            SslMode::Preferred => "PREFERRED",
-            SslMode::Required => "REQUIRED",
-            SslMode::VerifyCa => "VERIFY_CA",
-            SslMode::VerifyIdentity => "VERIFY_IDENTITY",
-        }
-    }
-
-    fn parse(v: &str) -> Option<SslMode> {
-        Some(match v.to_ascii_uppercase().replace('-', "_").as_str() {
-            "DISABLED" => SslMode::Disabled,
-            "PREFERRED" => SslMode::Preferred,
-            "REQUIRED" => SslMode::Required,
-            "VERIFY_CA" => SslMode::VerifyCa,
-            "VERIFY_IDENTITY" => SslMode::VerifyIdentity,
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for SslMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// MySQL's spellings of the modes (`VerifyFull` is `VERIFY_IDENTITY`; case and `-`/`_` do not
+/// matter when parsing, as for the mysql client).
+pub(crate) const MODES: SslModeNames = SslModeNames {
+    param: "ssl-mode",
+    modes: [
+        "DISABLED",
+        "PREFERRED",
+        "REQUIRED",
+        "VERIFY_CA",
+        "VERIFY_IDENTITY",
+    ],
+    loose: true,
+    ca_hint: "ssl-ca=PATH (PEM)",
+    builtin_roots: true,
+    krate: "distlock-mysql",
+};
 
 /// How to talk TLS to the server: the URL's `ssl-mode=`, `ssl-ca=`, `ssl-cert=` and
 /// `ssl-key=` (MySQL's option names; `ssl_mode` etc. work too), or the same in code
@@ -81,10 +40,10 @@ impl fmt::Display for SslMode {
 /// ```
 /// use distlock_mysql::{SslMode, TlsOptions};
 ///
-/// let tls = TlsOptions::new(SslMode::VerifyIdentity)
+/// let tls = TlsOptions::new(SslMode::VerifyFull)
 ///     .ca("/etc/ssl/mysql/ca.pem")
 ///     .client_cert("/etc/ssl/mysql/app.pem", "/etc/ssl/mysql/app.key");
-/// assert_eq!(tls.mode(), SslMode::VerifyIdentity);
+/// assert_eq!(tls.mode(), SslMode::VerifyFull);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsOptions {
@@ -147,15 +106,9 @@ impl TlsOptions {
     pub(crate) fn from_url(cs: &ConnectionString) -> Result<Self> {
         let get = |name: &str| cs.param(name).or_else(|| cs.param(&name.replace('-', "_")));
         let files = TlsFiles::from_url(cs, NAMES)?.der_too();
-        let mode = match get("ssl-mode") {
+        let mode = match MODES.from_url(cs, get("ssl-mode"))? {
             None if files.ca().is_some() => SslMode::VerifyCa,
-            None => SslMode::Preferred,
-            Some(v) => SslMode::parse(v).ok_or_else(|| {
-                cs.invalid(format!(
-                    "ssl-mode=`{v}` is unknown; use DISABLED, PREFERRED, REQUIRED, VERIFY_CA or \
-                     VERIFY_IDENTITY"
-                ))
-            })?,
+            m => m.unwrap_or_default(),
         };
         let tls = TlsOptions {
             files,
@@ -167,34 +120,15 @@ impl TlsOptions {
 
     /// The combinations that make no sense, and those this build cannot do.
     fn check(&self) -> std::result::Result<(), String> {
-        if self.mode == SslMode::VerifyCa && self.files.ca().is_none() {
-            return Err(
-                "ssl-mode=VERIFY_CA checks the server's certificate against a CA: give \
-                        ssl-ca=PATH (PEM)"
-                    .into(),
-            );
-        }
-        if self.mode == SslMode::Disabled
-            && (self.files.ca().is_some() || self.files.client().is_some())
-        {
+        let (ca, client) = (self.files.ca().is_some(), self.files.client().is_some());
+        if self.mode == SslMode::Disable && (ca || client) {
             return Err(
                 "ssl-mode=DISABLED with ssl-ca/ssl-cert: nothing would use them; \
                         drop them or choose REQUIRED, VERIFY_CA or VERIFY_IDENTITY"
                     .into(),
             );
         }
-        if !cfg!(feature = "tls")
-            && (!matches!(self.mode, SslMode::Disabled | SslMode::Preferred)
-                || self.files.ca().is_some()
-                || self.files.client().is_some())
-        {
-            return Err(format!(
-                "ssl-mode={} needs TLS, and distlock-mysql is built without its `tls` feature; \
-                 enable it, or use ssl-mode=DISABLED",
-                self.mode
-            ));
-        }
-        Ok(())
+        MODES.check(self.mode, ca, ca || client, cfg!(feature = "tls"))
     }
 
     /// The driver's TLS settings for `mode` (`None`: unencrypted), the files read now.
@@ -211,26 +145,6 @@ impl TlsOptions {
         self.files.client().is_some()
     }
 
-    /// What messages say about the settings.
-    pub(crate) fn context(&self) -> Context {
-        Context {
-            mode: self.mode,
-            ca: self.files.ca().map(Path::to_path_buf),
-            client_cert: self.files.client().map(|(c, _)| c.to_path_buf()),
-        }
-    }
-}
-
-/// The settings a TLS error message names.
-#[derive(Debug, Clone)]
-#[cfg_attr(not(feature = "tls"), allow(dead_code))]
-pub(crate) struct Context {
-    pub(crate) mode: SslMode,
-    ca: Option<PathBuf>,
-    client_cert: Option<PathBuf>,
-}
-
-impl Context {
     /// What a driver error of connecting says about TLS, if it is about TLS.
     pub(crate) fn explain(&self, e: &mysql_async::Error) -> Option<TlsError> {
         use mysql_async::{DriverError, Error as E};
@@ -238,10 +152,10 @@ impl Context {
             E::Driver(DriverError::NoClientSslFlagFromServer) => Some(TlsError::new(
                 TlsErrorKind::NotSupportedByServer,
                 format!(
-                    "the server does not support TLS, and ssl-mode={} needs it: give the \
-                     server ssl_cert and ssl_key (have_ssl must be YES), or use \
-                     ssl-mode=PREFERRED or DISABLED",
-                    self.mode
+                    "the server does not support TLS, and {} needs it: give the server \
+                     ssl_cert and ssl_key (have_ssl must be YES), or use ssl-mode=PREFERRED or \
+                     DISABLED",
+                    MODES.setting(self.mode)
                 ),
             )),
             E::Io(io) => imp::classify_io(self, io),
@@ -251,7 +165,7 @@ impl Context {
 
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     fn ca_name(&self) -> String {
-        match &self.ca {
+        match self.files.ca() {
             Some(p) => format!("ssl-ca={}", p.display()),
             None => "the built-in public roots (no ssl-ca given)".into(),
         }
@@ -266,7 +180,7 @@ mod imp {
         Ok(None)
     }
 
-    pub(super) fn classify_io(_: &Context, _: &mysql_async::IoError) -> Option<TlsError> {
+    pub(super) fn classify_io(_: &TlsOptions, _: &mysql_async::IoError) -> Option<TlsError> {
         None
     }
 }
@@ -282,11 +196,11 @@ mod imp {
         // One crypto provider for the process, whichever crates enable which.
         distlock_core::conn::install_crypto_provider();
         let mut ssl = match mode {
-            SslMode::Disabled => return Ok(None),
-            SslMode::Preferred | SslMode::Required => SslOpts::default()
+            SslMode::Disable => return Ok(None),
+            SslMode::Prefer | SslMode::Require => SslOpts::default()
                 .with_danger_accept_invalid_certs(true)
                 .with_danger_skip_domain_validation(true),
-            SslMode::VerifyCa | SslMode::VerifyIdentity => {
+            SslMode::VerifyCa | SslMode::VerifyFull => {
                 let ssl = SslOpts::default().with_danger_tls_hostname_override(
                     opts.server_name.clone().map(std::borrow::Cow::Owned),
                 );
@@ -301,7 +215,7 @@ mod imp {
         if let Some((chain, key)) = opts.files.read_client()? {
             ssl = ssl.with_client_identity(Some(ClientIdentity::new(chain.into(), key.into())));
         }
-        if mode == SslMode::Required && opts.files.ca().is_some() {
+        if mode == SslMode::Require && opts.files.ca().is_some() {
             tracing::warn!(
                 "ssl-mode=REQUIRED does not check the server's certificate: ssl-ca is unused \
                  (use VERIFY_CA or VERIFY_IDENTITY to check it)"
@@ -310,7 +224,7 @@ mod imp {
         Ok(Some(ssl))
     }
 
-    pub(super) fn classify_io(ctx: &Context, e: &mysql_async::IoError) -> Option<TlsError> {
+    pub(super) fn classify_io(ctx: &TlsOptions, e: &mysql_async::IoError) -> Option<TlsError> {
         match e {
             mysql_async::IoError::Tls(mysql_async::TlsError::Tls(r)) => Some(classify(ctx, r)),
             mysql_async::IoError::Tls(other) => Some(TlsError::new(
@@ -327,7 +241,7 @@ mod imp {
     }
 
     /// The rustls error of a handshake, in the words of the settings.
-    fn classify(ctx: &Context, r: &rustls::Error) -> TlsError {
+    fn classify(ctx: &TlsOptions, r: &rustls::Error) -> TlsError {
         use TlsErrorKind as K;
         let kind = match r {
             // A server may answer a client certificate it refuses (or the lack of one) with
@@ -335,7 +249,7 @@ mod imp {
             rustls::Error::AlertReceived(AlertDescription::HandshakeFailure) => {
                 K::ClientCertRejected
             }
-            _ => TlsErrorKind::of_rustls(r, ctx.client_cert.is_some()),
+            _ => TlsErrorKind::of_rustls(r, ctx.has_client_cert()),
         };
         let message = match kind {
             K::WrongHost => format!(
@@ -353,9 +267,9 @@ mod imp {
             ),
             kind => {
                 let cert = ctx
-                    .client_cert
-                    .as_ref()
-                    .map(|c| format!(" ssl-cert={}", c.display()));
+                    .files
+                    .client()
+                    .map(|(c, _)| format!(" ssl-cert={}", c.display()));
                 let cert = match &cert {
                     Some(c) => ClientCert::Given(c),
                     // A refused handshake may be about something else: the message hedges.
@@ -376,24 +290,24 @@ mod imp {
     };
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "tls"))]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn tls(url: &str) -> Result<TlsOptions> {
         TlsOptions::from_url(&ConnectionString::parse(url).expect("parse"))
     }
 
     #[test]
-    #[cfg(feature = "tls")]
     fn url_options() {
-        assert_eq!(tls("mysql://u@h/d").expect("ok").mode(), SslMode::Preferred);
+        assert_eq!(tls("mysql://u@h/d").expect("ok").mode(), SslMode::Prefer);
         for (v, m) in [
-            ("disabled", SslMode::Disabled),
-            ("Preferred", SslMode::Preferred),
-            ("REQUIRED", SslMode::Required),
+            ("disabled", SslMode::Disable),
+            ("Preferred", SslMode::Prefer),
+            ("REQUIRED", SslMode::Require),
             ("verify_ca&ssl-ca=/x", SslMode::VerifyCa),
-            ("verify-identity", SslMode::VerifyIdentity),
+            ("verify-identity", SslMode::VerifyFull),
         ] {
             assert_eq!(
                 tls(&format!("mysql://u@h/d?ssl-mode={v}")).expect(v).mode(),

@@ -119,7 +119,7 @@ async fn verify_modes_check_the_chain_and_the_name() {
             .tls(TlsOptions::new(mode).ca(&ca).server_name(name))
     };
     for (mode, says) in [
-        (SslMode::VerifyIdentity, "db.example.com"),
+        (SslMode::VerifyFull, "db.example.com"),
         (SslMode::VerifyCa, "VERIFY_CA checks the name too"),
     ] {
         let e = fails(
@@ -128,8 +128,12 @@ async fn verify_modes_check_the_chain_and_the_name() {
                 .connect()
                 .await,
         );
-        assert_eq!(tls_error(&e).kind(), TlsErrorKind::WrongHost, "{mode}: {e}");
-        assert!(e.to_string().contains(says), "{mode}: {e}");
+        assert_eq!(
+            tls_error(&e).kind(),
+            TlsErrorKind::WrongHost,
+            "{mode:?}: {e}"
+        );
+        assert!(e.to_string().contains(says), "{mode:?}: {e}");
         works(
             named(mode, "localhost")
                 .options(client_options())
@@ -167,7 +171,7 @@ async fn client_certificates_for_require_x509() {
     // The same in code.
     works(
         MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
-            .tls(TlsOptions::new(SslMode::Required).client_cert(&cert, &key))
+            .tls(TlsOptions::new(SslMode::Require).client_cert(&cert, &key))
             .options(client_options())
             .connect()
             .await,
@@ -185,7 +189,7 @@ async fn client_certificates_for_require_x509() {
     let (c2, k2) = other.client(server.x509_user()).expect("client cert");
     let e = fails(
         MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
-            .tls(TlsOptions::new(SslMode::Required).client_cert(&c2, &k2))
+            .tls(TlsOptions::new(SslMode::Require).client_cert(&c2, &k2))
             .options(client_options())
             .connect()
             .await,
@@ -204,7 +208,7 @@ async fn client_certificates_for_require_x509() {
     // A key file that does not exist is named.
     let e = fails(
         MysqlBackend::builder(&url(&server, server.x509_user(), pw, ""))
-            .tls(TlsOptions::new(SslMode::Required).client_cert(&cert, "/nonexistent/k.pem"))
+            .tls(TlsOptions::new(SslMode::Require).client_cert(&cert, "/nonexistent/k.pem"))
             .options(client_options())
             .connect()
             .await,
@@ -241,7 +245,7 @@ async fn the_applications_own_opts() {
     .await;
     // No TLS in them, TLS from the builder, table mode.
     let b = MysqlBackend::with_opts(opts_of(None))
-        .tls(TlsOptions::new(SslMode::VerifyIdentity).ca(&ca))
+        .tls(TlsOptions::new(SslMode::VerifyFull).ca(&ca))
         .mode(distlock_mysql::Mode::Table)
         .namespace("byo")
         .options(client_options())
@@ -377,7 +381,7 @@ async fn no_error_shows_the_password() {
         (
             "wrong password in the application's options",
             MysqlBackend::with_opts(app_opts(server.port()))
-                .tls(TlsOptions::new(SslMode::VerifyIdentity).ca(&ca)),
+                .tls(TlsOptions::new(SslMode::VerifyFull).ca(&ca)),
         ),
         (
             "unencrypted, refused by the server",
@@ -406,7 +410,7 @@ async fn no_error_shows_the_password() {
         (
             "wrong host name",
             MysqlBackend::builder(&url(&server, user, Some(SECRET), "")).tls(
-                TlsOptions::new(SslMode::VerifyIdentity)
+                TlsOptions::new(SslMode::VerifyFull)
                     .ca(&ca)
                     .server_name("db.example.com"),
             ),

@@ -8,65 +8,23 @@
 //! | `verify-ca` | yes | yes, against `sslrootcert` | no |
 //! | `verify-full` | yes | yes, against `sslrootcert` | yes (subject alternative names) |
 
+pub use distlock_core::conn::tlsmode::SslMode;
+use distlock_core::conn::tlsmode::SslModeNames;
 use distlock_core::conn::{ConnectionString, TlsFiles, TlsNames};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};
 use std::fmt;
 use std::path::PathBuf;
 
-/// libpq's `sslmode`: whether the connection is encrypted and what of the server's
-/// certificate is checked. See the [crate docs](crate#tls) for the table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum SslMode {
-    /// Never encrypt.
-    Disable,
-    /// Encrypt if the server supports TLS, else go on unencrypted (libpq's default). The
-    /// certificate is checked only when a root certificate is given.
-    #[default]
-    Prefer,
-    /// Encrypt or fail. The certificate is checked only when a root certificate is given (as
-    /// libpq does: then it behaves as `VerifyCa`).
-    Require,
-    /// Encrypt, and the server's certificate must chain to the root certificate.
-    VerifyCa,
-    /// As `VerifyCa`, and the certificate must be valid for the host name connected to.
-    VerifyFull,
-}
-
-impl SslMode {
-    /// The URL spelling: `disable`, `prefer`, `require`, `verify-ca` or `verify-full`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SslMode::Disable => "disable",
-            SslMode::Prefer => "prefer",
-            SslMode::Require => "require",
-            SslMode::VerifyCa => "verify-ca",
-            SslMode::VerifyFull => "verify-full",
-        }
-    }
-
-    fn parse(v: &str) -> Option<SslMode> {
-        Some(match v {
-            "disable" => SslMode::Disable,
-            "prefer" => SslMode::Prefer,
-            "require" => SslMode::Require,
-            "verify-ca" => SslMode::VerifyCa,
-            "verify-full" => SslMode::VerifyFull,
-            _ => return None,
-        })
-    }
-
-    fn verifies(self) -> bool {
-        matches!(self, SslMode::VerifyCa | SslMode::VerifyFull)
-    }
-}
-
-impl fmt::Display for SslMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// libpq's spellings of the modes.
+pub(crate) const MODES: SslModeNames = SslModeNames {
+    param: "sslmode",
+    modes: ["disable", "prefer", "require", "verify-ca", "verify-full"],
+    loose: false,
+    ca_hint: "sslrootcert=PATH (PEM), or sslrootcert=system with verify-full",
+    builtin_roots: false,
+    krate: "distlock-postgres",
+};
 
 /// The certificates a server's certificate is checked against (`sslrootcert=`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,19 +127,13 @@ impl TlsOptions {
     /// Reads `sslmode`, `sslrootcert`, `sslcert` and `sslkey` of a URL.
     pub(crate) fn from_url(cs: &ConnectionString) -> Result<Self> {
         let mode = match cs.param("sslmode") {
-            None => SslMode::Prefer,
             Some("allow") => {
                 return Err(cs.invalid(
                     "sslmode=allow (unencrypted first, TLS only if refused) is not supported; \
                      use sslmode=prefer (TLS first) or disable",
                 ))
             }
-            Some(v) => SslMode::parse(v).ok_or_else(|| {
-                cs.invalid(format!(
-                    "sslmode=`{v}` is unknown; use disable, prefer, require, verify-ca or \
-                     verify-full"
-                ))
-            })?,
+            v => MODES.from_url(cs, v)?.unwrap_or_default(),
         };
         let files = TlsFiles::from_url(cs, NAMES)?;
         let mut tls = TlsOptions::new(mode);
@@ -202,29 +154,12 @@ impl TlsOptions {
         if self.root == Some(RootCert::System) && self.mode != SslMode::VerifyFull {
             return Err(format!(
                 "sslrootcert=system needs sslmode=verify-full (a public CA signs certificates \
-                 for anyone's host, so only the host name check makes it safe), not sslmode={}",
-                self.mode
+                 for anyone's host, so only the host name check makes it safe), not {}",
+                MODES.setting(self.mode)
             ));
         }
-        if self.mode.verifies() && self.root.is_none() {
-            return Err(format!(
-                "sslmode={} checks the server's certificate against a CA: give \
-                 sslrootcert=PATH (PEM), or sslrootcert=system with verify-full",
-                self.mode
-            ));
-        }
-        if !cfg!(feature = "tls")
-            && (self.mode != SslMode::Disable && self.mode != SslMode::Prefer
-                || self.root.is_some()
-                || self.client.is_some())
-        {
-            return Err(format!(
-                "sslmode={} needs TLS, and distlock-postgres is built without its `tls` feature; \
-                 enable it, or use sslmode=disable",
-                self.mode
-            ));
-        }
-        Ok(())
+        let files = self.root.is_some() || self.client.is_some();
+        MODES.check(self.mode, self.root.is_some(), files, cfg!(feature = "tls"))
     }
 
     /// The tokio-postgres `sslmode` of this mode.
@@ -253,14 +188,12 @@ pub(crate) struct Tls {
     config: tokio_postgres_rustls::MakeRustlsConnect,
 }
 
-/// What messages say about the settings.
+/// What messages say about the settings: the options, and the one host connected to, when
+/// there is one.
 #[derive(Debug)]
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
 struct Context {
-    mode: SslMode,
-    root: Option<RootCert>,
-    client_cert: Option<PathBuf>,
-    /// The one host connected to, when there is one (for messages).
+    opts: TlsOptions,
     host: Option<String>,
 }
 
@@ -275,10 +208,10 @@ impl Context {
         TlsError::new(
             TlsErrorKind::NotSupportedByServer,
             format!(
-                "the server does not support TLS (it refused the TLS request), and \
-                 sslmode={} needs it: turn `ssl = on` in the server's postgresql.conf, or use \
-                 sslmode=prefer or disable",
-                self.mode
+                "the server does not support TLS (it refused the TLS request), and {} needs \
+                 it: turn `ssl = on` in the server's postgresql.conf, or use sslmode=prefer or \
+                 disable",
+                MODES.setting(self.opts.mode)
             ),
         )
     }
@@ -295,16 +228,14 @@ impl Context {
 impl Tls {
     /// The mode.
     pub(crate) fn mode(&self) -> SslMode {
-        self.context.mode
+        self.context.opts.mode
     }
 
     /// What of the server's certificate is checked, in words.
     pub(crate) fn checks(&self) -> &'static str {
-        match (self.context.mode, &self.context.root) {
-            (SslMode::VerifyFull, _) => "certificate chain and host name checked",
-            (SslMode::Disable, _) | (_, None) => "certificate not checked",
-            (_, Some(_)) => "certificate chain checked, host name not",
-        }
+        let mode = self.context.opts.mode;
+        let chain = mode != SslMode::Disable && self.context.opts.root.is_some();
+        SslMode::checked(chain, mode == SslMode::VerifyFull)
     }
 
     /// What a driver error of connecting says about TLS, if it is about TLS.
@@ -342,13 +273,9 @@ mod imp {
 
     impl Tls {
         pub(super) fn new(opts: &TlsOptions, host: Option<String>) -> Result<Self> {
+            let opts = opts.clone();
             Ok(Tls {
-                context: std::sync::Arc::new(Context {
-                    mode: opts.mode,
-                    root: None,
-                    client_cert: None,
-                    host,
-                }),
+                context: std::sync::Arc::new(Context { opts, host }),
             })
         }
 
@@ -417,9 +344,7 @@ mod imp {
             config.alpn_protocols = vec![b"postgresql".to_vec()];
             Ok(Tls {
                 context: Arc::new(Context {
-                    mode: opts.mode,
-                    root: opts.root.clone(),
-                    client_cert: opts.client.as_ref().map(|(c, _)| c.clone()),
+                    opts: opts.clone(),
                     host,
                 }),
                 config: MakeRustlsConnect::new(config),
@@ -436,11 +361,12 @@ mod imp {
     pub(super) fn classify(ctx: &Context, e: &rustls::Error) -> TlsError {
         use TlsErrorKind as K;
         let root = ctx
+            .opts
             .root
             .as_ref()
             .map(ToString::to_string)
             .unwrap_or_else(|| "sslrootcert".into());
-        match TlsErrorKind::of_rustls(e, ctx.client_cert.is_some()) {
+        match TlsErrorKind::of_rustls(e, ctx.opts.client.is_some()) {
             K::WrongHost => TlsError::new(
                 K::WrongHost,
                 format!(
@@ -460,9 +386,10 @@ mod imp {
             ),
             kind => {
                 let cert = ctx
-                    .client_cert
+                    .opts
+                    .client
                     .as_ref()
-                    .map(|c| format!(" sslcert={}", c.display()));
+                    .map(|(c, _)| format!(" sslcert={}", c.display()));
                 let cert = match &cert {
                     Some(c) => ClientCert::Given(c),
                     None => ClientCert::None,
@@ -480,9 +407,9 @@ mod imp {
             TlsErrorKind::WrongHost,
             format!(
                 "{} is not a host name or IP address a certificate can be checked against \
-                 (sslmode={})",
+                 ({})",
                 ctx.host_name(),
-                ctx.mode
+                MODES.setting(ctx.opts.mode)
             ),
         ))
     }

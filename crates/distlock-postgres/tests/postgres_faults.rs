@@ -498,14 +498,18 @@ async fn lease_mode_wakes_waiters_by_notify() {
 async fn sessions_are_reused() {
     let pg = Pg::session();
     let name = unique_name("reuse");
-    let backend = Arc::new(pg.backend(&fast_opts()).await);
+    // Its own application_name: the server is shared with the binary's other tests, whose
+    // connections come and go meanwhile (they counted when this test ran beside them).
+    let url = pg.url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let backend =
+        PostgresBackend::connect(&format!("{url}{sep}application_name={name}"), &fast_opts())
+            .await
+            .expect("connect");
+    let backend = Arc::new(backend);
     let c = Client::new(backend.clone(), fast_opts()).expect("client");
-    let before: i64 = pg
-        .server
-        .sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dlock'")
-        .expect("sql")
-        .parse()
-        .expect("count");
+    let count = format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'");
+    let before: i64 = pg.server.sql(&count).expect("sql").parse().expect("count");
     for _ in 0..30 {
         let g = c
             .lock(&name)
@@ -515,12 +519,7 @@ async fn sessions_are_reused() {
             .expect("acquire");
         g.release().await.expect("release");
     }
-    let after: i64 = pg
-        .server
-        .sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dlock'")
-        .expect("sql")
-        .parse()
-        .expect("count");
+    let after: i64 = pg.server.sql(&count).expect("sql").parse().expect("count");
     assert!(after - before <= 2, "{before} -> {after} connections");
     assert!(backend.idle_sessions() >= 1);
     // Waits that time out on the server give their session back too.

@@ -40,6 +40,7 @@
 //! one that does not parse.
 
 mod builder;
+mod classify;
 mod files;
 mod params;
 mod redact;
@@ -48,6 +49,7 @@ mod secret;
 #[cfg(test)]
 mod tests;
 mod tls;
+pub mod tlsmode;
 #[cfg(feature = "rustls")]
 mod verify;
 

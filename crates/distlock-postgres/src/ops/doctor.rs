@@ -158,7 +158,7 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
     let t = TlsSession {
         host: &host,
         loopback,
-        setting: format!("sslmode={}", b.common.tls.mode()),
+        setting: crate::tls::MODES.setting(b.common.tls.mode()),
         checks,
         verified: checks != "certificate not checked",
         fix_unchecked: "use sslmode=verify-full with sslrootcert",
