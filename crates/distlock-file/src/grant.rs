@@ -49,9 +49,7 @@ impl Inner {
             return Ok(AcquireReply::Granted { token: h.token });
         }
         if arm {
-            if let Some(e) = entry.kernel_error.take() {
-                return Err(self.wait_error(Family::Rw, &key.name, e));
-            }
+            self.kernel_error(Family::Rw, &key.name, entry)?;
         }
         if let Some(w) = &entry.writer {
             if downgrade_of(req, w) {
@@ -150,9 +148,7 @@ impl Inner {
             )));
         }
         if arm {
-            if let Some(e) = entry.kernel_error.take() {
-                return Err(self.wait_error(family, &key.name, e));
-            }
+            self.kernel_error(family, &key.name, entry)?;
         }
         let main_path = self.lock_path(family, &key.name);
         // A few rounds in case the file is deleted or replaced while we lock it.

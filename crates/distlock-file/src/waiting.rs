@@ -10,7 +10,7 @@ use distlock_core::backend::{
     async_trait, wait, AcquireReply, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
 };
 use distlock_core::backoff::RetryPolicy;
-use distlock_core::{AcquireRequest, Error, Result};
+use distlock_core::{AcquireRequest, Result};
 use std::fs::File;
 use std::io;
 use std::sync::Arc;
@@ -108,9 +108,7 @@ impl Watch {
     pub(crate) fn rearm(&self) -> Result<()> {
         let mut table = self.inner.table(self.family);
         let entry = table.entry(self.name.clone()).or_default();
-        if let Some(e) = entry.kernel_error.take() {
-            return Err(self.inner.wait_error(self.family, &self.name, e));
-        }
+        self.inner.kernel_error(self.family, &self.name, entry)?;
         if entry.held() {
             // This backend's own release will wake the watch.
             return Ok(());
@@ -203,10 +201,14 @@ impl Inner {
         wait::run(&mut strategy, deadline, cancel, RetryPolicy::default()).await
     }
 
-    /// The error of a waiting thread whose `flock` failed, for the next waiter or watch.
-    pub(crate) fn wait_error(&self, family: Family, name: &str, e: io::Error) -> Error {
+    /// The error of a waiting thread whose `flock` failed, if any: taken by the next waiter
+    /// or watch of `name`.
+    pub(crate) fn kernel_error(&self, family: Family, name: &str, entry: &mut Entry) -> Result<()> {
+        let Some(e) = entry.kernel_error.take() else {
+            return Ok(());
+        };
         let path = self.lock_path(family, name);
-        self.io_error(format!("cannot wait for lock file {}", path.display()), e)
+        Err(self.io_error(format!("cannot wait for lock file {}", path.display()), e))
     }
 
     /// A writer of this backend waits: for a read-write lock, hold the turnstile (keeping new
