@@ -153,10 +153,7 @@ impl Drop for Watch {
         if !self.watcher && entry.waiters[self.side as usize] == 0 {
             // The last waiter of this side gave up: nobody will claim the parked lock; for
             // the last writer, let new readers in again.
-            let ts = match self.side {
-                Side::Read => None,
-                Side::Write => entry.turnstile.take(),
-            };
+            let ts = entry.turnstile.take_if(|_| self.side == Side::Write);
             let parked = entry.parked[self.side as usize].take();
             let any = ts.is_some() || parked.is_some();
             ts.into_iter().chain(parked).for_each(sys::unlock_and_close);
