@@ -1,12 +1,13 @@
 //! What both modes share: connections (a small pool of idle ones), the schema, lock keys.
 
-use crate::error::{conn_dead, map, timeout, KIND};
+use crate::error::{conn_dead, map, timeout, KIND, NOT_OWNER, NO_SUCH_THREAD};
 use distlock_core::backend::Capabilities;
 use distlock_core::{HolderInfo, LockKind, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
-use mysql_async::prelude::{FromRow, FromValue, Queryable, StatementLike};
-use mysql_async::{Conn, Params, Row};
+use futures_util::future::BoxFuture;
+use mysql_async::prelude::{FromValue, Queryable};
+use mysql_async::{Conn, Row, ServerError};
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -210,14 +211,13 @@ impl Common {
         }
     }
 
-    /// Runs `f` on a pooled connection (control statements: no lock is left on it).
+    /// Runs `f` on a pooled connection (control statements: no lock is left on it), e.g.
+    /// `|c| c.exec_first(sql, params)`.
     pub(crate) async fn with_conn<T, F>(&self, what: &str, f: F) -> Result<T>
     where
         F: for<'c> FnOnce(
             &'c mut Conn,
-        ) -> std::pin::Pin<
-            Box<dyn Future<Output = std::result::Result<T, mysql_async::Error>> + Send + 'c>,
-        >,
+        ) -> BoxFuture<'c, std::result::Result<T, mysql_async::Error>>,
     {
         let mut conn = self.take().await?;
         let c = self.call(f(&mut conn)).await;
@@ -226,37 +226,13 @@ impl Common {
         self.result(what, c)
     }
 
-    /// Runs one statement with `params` on a pooled connection: its first row.
-    pub(crate) async fn first<T, S, P>(&self, what: &str, sql: S, params: P) -> Result<Option<T>>
-    where
-        T: FromRow + Send + 'static,
-        S: StatementLike,
-        P: Into<Params> + Send,
-    {
+    /// Runs one multi-statement query (see [`query_sets`]) on a pooled connection. A
+    /// connection whose query did not succeed is closed: it may be inside an open transaction,
+    /// or its reply still on the way; the server rolls back what it had not committed.
+    pub(crate) async fn query(&self, what: &str, sql: String) -> Result<Vec<Vec<Row>>> {
         let mut conn = self.take().await?;
-        let c = self.call(conn.exec_first(sql, params)).await;
-        self.after_failure_or_put(conn, &c);
-        self.result(what, c)
-    }
-
-    /// Runs one statement with `params` on a pooled connection: its rows.
-    pub(crate) async fn rows<T, S, P>(&self, what: &str, sql: S, params: P) -> Result<Vec<T>>
-    where
-        T: FromRow + Send + 'static,
-        S: StatementLike,
-        P: Into<Params> + Send,
-    {
-        let mut conn = self.take().await?;
-        let c = self.call(conn.exec(sql, params)).await;
-        self.after_failure_or_put(conn, &c);
-        self.result(what, c)
-    }
-
-    /// Runs one text statement without a result on a pooled connection.
-    pub(crate) async fn run(&self, what: &str, sql: String) -> Result<()> {
-        let mut conn = self.take().await?;
-        let c = self.call(conn.query_drop(sql)).await;
-        self.after_failure_or_put(conn, &c);
+        let c = self.call(query_sets(&mut conn, sql)).await;
+        self.put_if_ok(conn, &c);
         self.result(what, c)
     }
 
@@ -276,13 +252,17 @@ impl Common {
     pub(crate) fn put_if_ok<T>(&self, conn: Conn, c: &Call<T>) {
         match c {
             Call::Ok(_) => self.put(conn),
-            other => {
-                if matches!(other, Call::Err(e) if conn_dead(e)) {
-                    self.forget_idle();
-                }
-                close(conn);
-            }
+            other => self.discard(conn, other),
         }
+    }
+
+    /// Closes a connection whose call `c` failed (whatever lock it held goes with it), and
+    /// drops the idle ones too if the server went away.
+    pub(crate) fn discard<T>(&self, conn: Conn, c: &Call<T>) {
+        if matches!(c, Call::Err(e) if conn_dead(e)) {
+            self.forget_idle();
+        }
+        close(conn);
     }
 
     /// Drops every idle connection.
@@ -323,9 +303,31 @@ impl Common {
         Ok(())
     }
 
+    /// Ends session `id` (`KILL`). `Some` of the server's refusal when the session is gone
+    /// already (`NO_SUCH_THREAD`) or another user's that this one may not end (`NOT_OWNER`).
+    pub(crate) async fn kill(&self, what: &str, id: u64) -> Result<Option<ServerError>> {
+        let sql = format!("KILL {id}");
+        self.with_conn(what, move |c| {
+            Box::pin(async move {
+                match c.query_drop(sql).await {
+                    Ok(()) => Ok(None),
+                    Err(mysql_async::Error::Server(s))
+                        if s.code == NO_SUCH_THREAD || s.code == NOT_OWNER =>
+                    {
+                        Ok(Some(s))
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+        })
+        .await
+    }
+
     /// Asks the server to stop the statement running on connection `id` (`KILL QUERY`).
     pub(crate) async fn kill_query(&self, id: u32) -> Result<()> {
-        self.run("KILL QUERY", format!("KILL QUERY {id}")).await
+        let sql = format!("KILL QUERY {id}");
+        self.with_conn("KILL QUERY", move |c| c.query_drop(sql))
+            .await
     }
 }
 

@@ -15,7 +15,7 @@
 //!   and the server clock against the local one.
 
 use crate::common::{check_kind, election_key, key_of, sql_str};
-use crate::error::KIND;
+use crate::error::{KIND, NOT_OWNER};
 use crate::{Mode, MysqlBackend};
 use distlock_core::operator::{clock_finding, evict, measure_clock, Eviction, TlsSession};
 use distlock_core::{
@@ -55,7 +55,7 @@ async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     );
     let rows: Vec<(String, String)> = b
         .common
-        .rows("listing locks", sql, (ns.as_str(), ns.as_str()))
+        .with_conn("listing locks", |c| c.exec(sql, (ns.clone(), ns)))
         .await?;
     // The key tells a lock from the election of the same name.
     let mut names: Vec<(String, LockKind)> = rows
@@ -121,14 +121,9 @@ async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceRele
          SELECT @dl_owner, @dl_left, LAST_INSERT_ID(); \
          COMMIT"
     );
-    let mut conn = b.common.take().await?;
-    let c = b
-        .common
-        .call(crate::common::query_sets(&mut conn, sql))
-        .await;
-    // Even a refused statement may leave the transaction open, holding the lock's row.
-    b.common.put_if_ok(conn, &c);
-    let sets = b.common.result("forced release", c)?;
+    // Even a refused statement may leave the transaction open, holding the lock's row: the
+    // connection is closed then.
+    let sets = b.common.query("forced release", sql).await?;
     let what = "forced release";
     let row = sets
         .iter()
@@ -157,11 +152,11 @@ struct Sessions<'a> {
 impl Sessions<'_> {
     /// The connection holding the lock now.
     async fn holder(&self) -> Result<Option<u64>> {
-        let sql = "SELECT IS_USED_LOCK(?)";
+        let (sql, lk) = ("SELECT IS_USED_LOCK(?)", self.lk.clone());
         let id: Option<Option<u64>> = self
             .b
             .common
-            .first("finding the holder", sql, (self.lk.as_str(),))
+            .with_conn("finding the holder", |c| c.exec_first(sql, (lk,)))
             .await?;
         Ok(id.flatten())
     }
@@ -178,10 +173,11 @@ impl Eviction for Sessions<'_> {
         };
         let sql = "SELECT owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
                    FROM dlock_holders WHERE lock_key = ? AND conn_id = ?";
+        let lk = self.lk.clone();
         let rows: Vec<(String, Option<i64>)> = self
             .b
             .common
-            .rows("finding the holder", sql, (self.lk.as_str(), id))
+            .with_conn("finding the holder", |c| c.exec(sql, (lk, id)))
             .await?;
         let mut removed: Vec<HolderInfo> = rows
             .into_iter()
@@ -199,15 +195,9 @@ impl Eviction for Sessions<'_> {
     }
 
     async fn end(&self, id: u64) -> Result<()> {
-        let killed = self
-            .b
-            .common
-            .run("KILL", format!("KILL CONNECTION {id}"))
-            .await;
-        match killed {
-            // 1094: unknown thread (it ended meanwhile): the lock is free anyway.
-            Err(Error::UnexpectedReply { message, .. }) if message.contains("1094") => Ok(()),
-            Err(Error::UnexpectedReply { message, .. }) if message.contains("1095") => {
+        match self.b.common.kill("KILL", id).await? {
+            Some(s) if s.code == NOT_OWNER => {
+                let message = format!("{} (error {}, SQLSTATE {})", s.message, s.code, s.state);
                 Err(Error::unsupported(
                     KIND,
                     format!(
@@ -216,7 +206,8 @@ impl Eviction for Sessions<'_> {
                     ),
                 ))
             }
-            other => other,
+            // Killed, or unknown (it ended meanwhile): the lock is free anyway.
+            _ => Ok(()),
         }
     }
 

@@ -32,7 +32,7 @@
 use crate::common::{
     close, col, key_of, last_row, next_token, query_sets, sql_str, wait_timeout_secs, Call, Common,
 };
-use crate::error::{conn_dead, shape, KIND};
+use crate::error::{conn_dead, shape, INTERRUPTED, KIND};
 use distlock_core::backend::Capabilities;
 use distlock_core::clock;
 use distlock_core::{
@@ -158,11 +158,6 @@ fn last_int(sets: &[Vec<Row>], i: usize) -> Option<i64> {
     row.get_opt::<Option<i64>, usize>(i)?.ok()?
 }
 
-/// The observers flag (second column) of the row that ends a query.
-fn observed_flag(sets: &[Vec<Row>]) -> bool {
-    last_int(sets, 1).is_some_and(|n| n > 0)
-}
-
 /// The value of the `GET_LOCK` that ends a query (`None`: NULL, or no such row).
 fn lock_reply(sets: &[Vec<Row>]) -> Option<i64> {
     last_int(sets, 0)
@@ -267,12 +262,7 @@ impl MyDialect {
         let name = sql_str(&slot.name);
         let owner = sql_str(&slot.owner);
         let us = micros(req.lease);
-        let is_election = slot.kind == LockKind::Election;
-        let observed = if is_election {
-            format!(", {}", crate::observe::observed_sql(&lk))
-        } else {
-            String::new()
-        };
+        let observed = crate::observe::observed_col(slot.kind, &lk);
         let (begin, election) = match slot.kind {
             LockKind::Election => {
                 let value = sql_str(req.value.as_deref().unwrap_or(""));
@@ -305,9 +295,8 @@ impl MyDialect {
         let c = self.common.slow_call(query_sets(conn, sql)).await;
         let sets = self.common.result("recording the grant", c)?;
         let row = last_row("fencing token", &sets)?;
-        if is_election {
-            let watched: Option<i64> = col("observers", row, 1)?;
-            crate::observe::wake_if(&self.common, &lk, watched.unwrap_or(0) > 0);
+        if slot.kind == LockKind::Election {
+            crate::observe::wake_if(&self.common, &lk, row, 1);
         }
         match col::<Option<u64>>("fencing token", row, 0)? {
             Some(t) if t > 0 => Ok(t),
@@ -411,11 +400,7 @@ impl MyDialect {
         g.stop_watch();
         let lk = self.lk(&slot.name, slot.kind);
         let is_election = slot.kind == LockKind::Election;
-        let observed = if is_election {
-            format!(", {}", crate::observe::observed_sql(&lk))
-        } else {
-            String::new()
-        };
+        let observed = crate::observe::observed_col(slot.kind, &lk);
         let sql = format!(
             "DELETE FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID(); \
              SET SESSION wait_timeout = @@GLOBAL.wait_timeout; \
@@ -425,8 +410,8 @@ impl MyDialect {
         match c {
             Call::Ok(sets) => {
                 self.common.put(g.conn);
-                if is_election {
-                    crate::observe::wake_if(&self.common, &lk, observed_flag(&sets));
+                if let (true, Some(row)) = (is_election, sets.last().and_then(|r| r.first())) {
+                    crate::observe::wake_if(&self.common, &lk, row, 1);
                 }
                 if lock_reply(&sets) == Some(1) {
                     self.record_released(attempt, g.token);
@@ -463,7 +448,9 @@ impl MyDialect {
         let lk = self.lk(name, kind);
         let used: Option<Option<u64>> = self
             .common
-            .first("checking the lock", "SELECT IS_USED_LOCK(?)", (lk,))
+            .with_conn("checking the lock", |c| {
+                c.exec_first("SELECT IS_USED_LOCK(?)", (lk,))
+            })
             .await?;
         Ok(if used.flatten().is_some() {
             ReleaseOutcome::TakenByOther
@@ -503,7 +490,7 @@ impl MyDialect {
                 }
                 match tokio::time::timeout(self.common.op_timeout, &mut wait).await {
                     Ok(Ok(sets)) => WaitEnd::Stopped(Some(lock_reply(&sets) == Some(1))),
-                    Ok(Err(mysql_async::Error::Server(s))) if s.code == 1317 => {
+                    Ok(Err(mysql_async::Error::Server(s))) if s.code == INTERRUPTED => {
                         WaitEnd::Stopped(Some(false))
                     }
                     _ => WaitEnd::Stopped(None),
@@ -580,11 +567,7 @@ impl Dialect for MyDialect {
         let got = match self.common.slow_call(query_sets(&mut conn, sql)).await {
             Call::Ok(sets) => lock_reply(&sets),
             other => {
-                if matches!(&other, Call::Err(e) if conn_dead(e)) {
-                    self.common.forget_idle();
-                }
-                // Whatever the connection holds goes with it.
-                close(conn);
+                self.common.discard(conn, &other);
                 return Err(self.common.error("GET_LOCK", other));
             }
         };

@@ -25,12 +25,8 @@
 //! conflict with the lock of the same name; a fresh grant stores the candidate's value with
 //! its token in `dlock_elections` (shared with session mode) in the grant's transaction.
 
-use crate::common::{
-    check_kind, col, key_of, last_row, next_token, query_sets, sql_attempt, sql_str,
-};
-use crate::common::{Call, Common};
-use crate::error::shape;
-use crate::error::KIND;
+use crate::common::{check_kind, col, key_of, last_row, next_token, sql_attempt, sql_str, Common};
+use crate::error::{shape, KIND};
 use distlock_core::backend::{Backend, Capabilities, NoWatch};
 use distlock_core::{async_trait, ReleaseWatch};
 use distlock_core::{
@@ -40,7 +36,6 @@ use distlock_core::{
 use distlock_sql::ended::{Unanswered, ENDED_KEEP};
 use distlock_sql::lease::micros;
 use mysql_async::prelude::Queryable;
-use mysql_async::Row;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,7 +94,7 @@ impl TableMode {
                    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dlock_table_locks'";
         let have: Vec<String> = self
             .common
-            .rows("checking dlock_table_locks", sql, ())
+            .with_conn("checking dlock_table_locks", |c| c.query(sql))
             .await?;
         for (column, ddl) in ADDED_COLUMNS {
             if have.iter().any(|h| h.eq_ignore_ascii_case(column)) {
@@ -107,7 +102,7 @@ impl TableMode {
             }
             let r = self
                 .common
-                .run("upgrading dlock_table_locks", ddl.to_string())
+                .with_conn("upgrading dlock_table_locks", |c| c.query_drop(*ddl))
                 .await;
             match r {
                 Ok(()) => tracing::info!(column, "added a column to dlock_table_locks"),
@@ -118,17 +113,10 @@ impl TableMode {
         Ok(())
     }
 
-    /// Runs one multi-statement query on a pooled connection. A connection whose query did
-    /// not succeed is closed: it may be inside an open transaction, or its reply still on the
-    /// way; the server rolls back what it had not committed.
-    async fn one_trip(&self, what: &str, sql: String) -> Result<Vec<Vec<Row>>> {
-        let mut conn = self.common.take().await?;
-        let c = self.common.call(query_sets(&mut conn, sql)).await;
-        self.common.put_if_ok(conn, &c);
-        match c {
-            Call::Ok(sets) => Ok(sets),
-            other => Err(self.common.error(what, other)),
-        }
+    /// The key of `name`'s lock of `kind`, for the kinds this backend does.
+    fn key(&self, name: &str, kind: LockKind) -> Result<String> {
+        check_kind(kind)?;
+        Ok(key_of(&self.common.namespace, name, kind))
     }
 }
 
@@ -200,18 +188,18 @@ fn acquire_sql(ns: &str, lk: &str, req: &AcquireRequest) -> Result<String> {
     let owner = sql_str(&req.key.owner);
     let a = sql_attempt(&req.attempt)?;
     let us = micros(req.lease);
-    let (election, observed) = match req.key.kind {
+    let observed = crate::observe::observed_col(req.key.kind, lk);
+    let election = match req.key.kind {
         LockKind::Election => {
             let value = sql_str(req.value.as_deref().unwrap_or(""));
-            let insert = format!(
+            format!(
                 "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
                      SELECT '{lk}', {ns}, {name}, @dl_new, {value}, 0 FROM DUAL \
                      WHERE @dl_new IS NOT NULL \
                      ON DUPLICATE KEY UPDATE token = @dl_new, value = {value}, seq = 0; "
-            );
-            (insert, format!(", {}", crate::observe::observed_sql(lk)))
+            )
         }
-        _ => (String::new(), String::new()),
+        _ => String::new(),
     };
     let next = next_token("token");
     Ok(format!(
@@ -272,14 +260,13 @@ impl Backend for TableMode {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        check_kind(req.key.kind)?;
-        let lk = key_of(&self.common.namespace, &req.key.name, req.key.kind);
+        let lk = self.key(&req.key.name, req.key.kind)?;
         let sql = acquire_sql(&self.common.namespace, &lk, req)?;
         // A request without an answer may still reach the server after the attempt ended:
         // remembered, so that its end is recorded (see `release` and `give_up`).
         let sets = self
             .unanswered
-            .track(&req.attempt, self.one_trip("acquiring", sql))
+            .track(&req.attempt, self.common.query("acquiring", sql))
             .await?;
         let what = "acquiring";
         let row = last_row(what, &sets)?;
@@ -292,23 +279,17 @@ impl Backend for TableMode {
             new: col(what, row, 5)?,
         };
         if req.key.kind == LockKind::Election && seen.new.is_some() {
-            let watched: Option<i64> = col(what, row, 6)?;
-            crate::observe::wake_if(&self.common, &lk, watched.unwrap_or(0) > 0);
+            crate::observe::wake_if(&self.common, &lk, row, 6);
         }
         acquired(&seen)
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        check_kind(grant.key.kind)?;
-        let lk = key_of(&self.common.namespace, &grant.key.name, grant.key.kind);
+        let lk = self.key(&grant.key.name, grant.key.kind)?;
         let a = sql_attempt(&grant.attempt)?;
         let t = grant.token;
         let is_election = grant.key.kind == LockKind::Election;
-        let observed = if is_election {
-            format!(", {}", crate::observe::observed_sql(&lk))
-        } else {
-            String::new()
-        };
+        let observed = crate::observe::observed_col(grant.key.kind, &lk);
         // An attempt that had a request without an answer is ended for good: recorded in
         // `dlock_ended_attempts`, so that a late copy of that request never grants it.
         let record = self.unanswered.pending(&grant.attempt);
@@ -326,7 +307,7 @@ impl Backend for TableMode {
              {ended}COMMIT; {trim}\
              SELECT @dl_live, @dl_mine, @dl_ended{observed}"
         );
-        let sets = self.one_trip("releasing", sql).await?;
+        let sets = self.common.query("releasing", sql).await?;
         if record {
             self.unanswered.recorded(&grant.attempt);
         }
@@ -336,8 +317,7 @@ impl Backend for TableMode {
         let mine = truth(col(what, row, 1)?);
         let ended = truth(col(what, row, 2)?);
         if is_election && live == Some(true) && mine == Some(true) {
-            let watched: Option<i64> = col(what, row, 3)?;
-            crate::observe::wake_if(&self.common, &lk, watched.unwrap_or(0) > 0);
+            crate::observe::wake_if(&self.common, &lk, row, 3);
         }
         Ok(match (live, mine, ended) {
             (Some(true), Some(true), _) => ReleaseOutcome::Released,
@@ -350,8 +330,7 @@ impl Backend for TableMode {
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        check_kind(req.key.kind)?;
-        let lk = key_of(&self.common.namespace, &req.key.name, req.key.kind);
+        let lk = self.key(&req.key.name, req.key.kind)?;
         let a = sql_attempt(&req.attempt)?;
         // Frees the row only if this attempt holds it, and marks the attempt as ended either
         // way, so that a late duplicate of its last acquire cannot take the lock afterwards:
@@ -372,7 +351,7 @@ impl Backend for TableMode {
                  WHERE lock_key = '{lk}'; \
              {ended}COMMIT; {trim}"
         );
-        self.one_trip("giving up", sql).await?;
+        self.common.query("giving up", sql).await?;
         if record {
             self.unanswered.recorded(&req.attempt);
         }
@@ -405,7 +384,7 @@ impl Backend for TableMode {
                     t = g.token
                 ));
             }
-            let sets = self.one_trip("renewing", sql).await?;
+            let sets = self.common.query("renewing", sql).await?;
             if sets.len() != chunk.len() {
                 return Err(shape(
                     "renewing",
@@ -430,7 +409,7 @@ impl Backend for TableMode {
     /// See [`crate::observe::proclaim`]: the leader is the attempt whose lock row is live.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         check_kind(grant.key.kind)?;
-        let lk = key_of(&self.common.namespace, &grant.key.name, LockKind::Election);
+        let lk = self.key(&grant.key.name, LockKind::Election)?;
         let leads = (
             "dlock_table_locks",
             "h.attempt = ? AND h.owner IS NOT NULL AND h.expires_at > UTC_TIMESTAMP(6)",
@@ -440,8 +419,7 @@ impl Backend for TableMode {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        check_kind(kind)?;
-        let lk = key_of(&self.common.namespace, name, kind);
+        let lk = self.key(name, kind)?;
         type RowState = (Option<String>, i64, Option<String>);
         let (row, fence) = self
             .common
