@@ -2,7 +2,7 @@
 
 use crate::error::{conn_dead, map, timeout, KIND, NOT_OWNER, NO_SUCH_THREAD};
 use distlock_core::backend::Capabilities;
-use distlock_core::{HolderInfo, LockKind, Result};
+use distlock_core::{ClientOptions, HolderInfo, LockKind, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
 use futures_util::future::BoxFuture;
@@ -63,16 +63,15 @@ impl Common {
         connector: Connector,
         endpoint: String,
         namespace: String,
-        connect_timeout: Duration,
-        op_timeout: Duration,
+        opts: &ClientOptions,
     ) -> Self {
         Common {
             connector,
             plain_only: AtomicBool::new(false),
             endpoint,
             namespace,
-            connect_timeout,
-            op_timeout,
+            connect_timeout: opts.get_connect_timeout(),
+            op_timeout: opts.get_op_timeout(),
             idle: IdlePool::new(POOL_MAX),
         }
     }

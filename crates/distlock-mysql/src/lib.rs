@@ -130,13 +130,7 @@ impl MysqlBackend {
         // (URL, builder, the application's own Opts) unless the program already did.
         #[cfg(feature = "tls")]
         distlock_core::conn::install_crypto_provider();
-        let common = Arc::new(Common::new(
-            connector,
-            endpoint,
-            namespace,
-            opts.get_connect_timeout(),
-            opts.get_op_timeout(),
-        ));
+        let common = Arc::new(Common::new(connector, endpoint, namespace, opts));
         common.ensure_schema(session::DDL).await?;
         let inner = match mode {
             Mode::Session => Inner::Session(session::new_mode(common.clone())),

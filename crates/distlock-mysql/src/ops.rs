@@ -27,77 +27,141 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 #[distlock_core::async_trait]
 impl Operator for MysqlBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
-        list(self, prefix).await
+        let ns = self.common.namespace.clone();
+        let table = match self.mode() {
+            Mode::Session => "dlock_holders",
+            Mode::Table => "dlock_table_locks",
+        };
+        let sql = format!(
+            "SELECT lock_key, name FROM dlock_fence WHERE ns = ? \
+             UNION SELECT lock_key, name FROM {table} WHERE ns = ?"
+        );
+        let rows: Vec<(String, String)> = self
+            .common
+            .with_conn("listing locks", |c| c.exec(sql, (ns.clone(), ns)))
+            .await?;
+        // The key tells a lock from the election of the same name.
+        let mut names: Vec<(String, LockKind)> = rows
+            .into_iter()
+            .filter(|(_, n)| n.starts_with(prefix))
+            .map(|(key, name)| {
+                let kind = if key == election_key(&self.common.namespace, &name) {
+                    LockKind::Election
+                } else {
+                    LockKind::Mutex
+                };
+                (name, kind)
+            })
+            .collect();
+        names.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
+        names.dedup();
+        let mut out = Vec::with_capacity(names.len());
+        for (name, kind) in names {
+            let info = distlock_core::Backend::inspect(self, &name, kind).await?;
+            out.push(ListedLock::new(kind, info));
+        }
+        Ok(out)
     }
 
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        force_release(self, name, kind).await
+        check_kind(kind)?;
+        let lk = key_of(&self.common.namespace, name, kind);
+        let done = match self.mode() {
+            Mode::Table => force_table(self, name, &lk).await?,
+            Mode::Session => {
+                let steps = Sessions {
+                    b: self,
+                    name,
+                    lk: lk.clone(),
+                };
+                evict(&steps, KIND, name, self.common.op_timeout).await?
+            }
+        };
+        if kind == LockKind::Election {
+            crate::observe::wake(&self.common, &lk);
+        }
+        Ok(done)
     }
 
     async fn diagnose(&self) -> Result<Vec<Finding>> {
-        diagnose(self).await
+        let mode = self.mode();
+        type Probe = (String, Option<u64>, Option<String>, Option<String>, bool);
+        let (version, session_wait, wsrep, tls_version, watchable): Probe = self
+            .common
+            .with_conn("diagnosing", |c| {
+                Box::pin(async move {
+                    // Whether a holder's client can see its connection closed (as a grant's).
+                    let watchable = crate::socket::socket_of(c).is_some();
+                    let version: Option<String> = c.query_first("SELECT VERSION()").await?;
+                    // Session mode enforces a holder's lease as its connection's wait_timeout:
+                    // a proxy or a server cap that ignores SET SESSION would keep a dead
+                    // holder's lock for the global timeout (8 hours by default).
+                    c.query_drop("SET SESSION wait_timeout = 31").await?;
+                    let wait: Option<u64> = c.query_first("SELECT @@SESSION.wait_timeout").await?;
+                    c.query_drop("SET SESSION wait_timeout = DEFAULT").await?;
+                    let wsrep: Option<(String, String)> =
+                        c.query_first("SHOW VARIABLES LIKE 'wsrep_on'").await?;
+                    let tls: Option<(String, String)> = c
+                        .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
+                        .await?;
+                    Ok((
+                        version.unwrap_or_default(),
+                        wait,
+                        wsrep.map(|(_, v)| v),
+                        tls.map(|(_, v)| v),
+                        watchable,
+                    ))
+                })
+            })
+            .await?;
+        let offset_ms = measure_clock(server_time(self)).await?;
+        let mut out = vec![version_finding(&version)];
+        out.push(tls_finding(self, tls_version));
+        out.push(match (mode, session_wait) {
+            (Mode::Table, _) => Finding::new(
+                Severity::Ok,
+                "wait_timeout",
+                "table mode: leases are the rows' expires_at, wait_timeout does not end them",
+            ),
+            (Mode::Session, Some(31)) => Finding::new(
+                Severity::Ok,
+                "wait_timeout",
+                "SET SESSION wait_timeout takes effect: a holder that stops renewing is disconnected (and loses its lock) when its lease ends",
+            ),
+            (Mode::Session, other) => Finding::new(
+                Severity::Unsafe,
+                "wait_timeout",
+                format!("SET SESSION wait_timeout = 31 read back as {other:?}: session mode enforces each holder's lease as its connection's wait_timeout, so a stalled holder would keep its lock far past its lease; connect to the server directly (not through a proxy that pins or rewrites session variables) or use ?mode=table"),
+            ),
+        });
+        out.push(close_finding(mode, watchable));
+        let galera = wsrep
+            .as_deref()
+            .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
+        out.push(match (galera, mode) {
+            (false, _) => Finding::new(Severity::Ok, "galera", "not a Galera node"),
+            (true, Mode::Session) => Finding::new(
+                Severity::Unsafe,
+                "galera",
+                "wsrep_on=ON (Galera / MariaDB Cluster): GET_LOCK is local to one node, so clients on other nodes get the same lock; use ?mode=table (lock rows replicate)",
+            ),
+            (true, Mode::Table) => Finding::new(
+                Severity::Warning,
+                "galera",
+                "wsrep_on=ON: table mode measures leases with the clock of the node that runs each statement, so the clock spread between nodes shortens or lengthens leases by that much (dlock cannot read other nodes' clocks from here); keep every node on NTP and leases far above the spread",
+            ),
+        });
+        out.push(clock_finding(
+            offset_ms,
+            "server",
+            "on the server (table mode: its UTC_TIMESTAMP)",
+        ));
+        Ok(out)
     }
 
     async fn server_time(&self) -> Result<Option<SystemTime>> {
         server_time(self).await.map(Some)
     }
-}
-
-async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLock>> {
-    let ns = b.common.namespace.clone();
-    let table = match b.mode() {
-        Mode::Session => "dlock_holders",
-        Mode::Table => "dlock_table_locks",
-    };
-    let sql = format!(
-        "SELECT lock_key, name FROM dlock_fence WHERE ns = ? \
-         UNION SELECT lock_key, name FROM {table} WHERE ns = ?"
-    );
-    let rows: Vec<(String, String)> = b
-        .common
-        .with_conn("listing locks", |c| c.exec(sql, (ns.clone(), ns)))
-        .await?;
-    // The key tells a lock from the election of the same name.
-    let mut names: Vec<(String, LockKind)> = rows
-        .into_iter()
-        .filter(|(_, n)| n.starts_with(prefix))
-        .map(|(key, name)| {
-            let kind = if key == election_key(&b.common.namespace, &name) {
-                LockKind::Election
-            } else {
-                LockKind::Mutex
-            };
-            (name, kind)
-        })
-        .collect();
-    names.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
-    names.dedup();
-    let mut out = Vec::with_capacity(names.len());
-    for (name, kind) in names {
-        let info = distlock_core::Backend::inspect(b, &name, kind).await?;
-        out.push(ListedLock::new(kind, info));
-    }
-    Ok(out)
-}
-
-async fn force_release(b: &MysqlBackend, name: &str, kind: LockKind) -> Result<ForceReleased> {
-    check_kind(kind)?;
-    let lk = key_of(&b.common.namespace, name, kind);
-    let done = match b.mode() {
-        Mode::Table => force_table(b, name, &lk).await?,
-        Mode::Session => {
-            let steps = Sessions {
-                b,
-                name,
-                lk: lk.clone(),
-            };
-            evict(&steps, KIND, name, b.common.op_timeout).await?
-        }
-    };
-    if kind == LockKind::Election {
-        crate::observe::wake(&b.common, &lk);
-    }
-    Ok(done)
 }
 
 /// Table mode: one transaction clears the row (the holder's renewals then match no row) and
@@ -314,82 +378,6 @@ async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
         Error::unexpected(KIND, format!("the server clock reads {us:?} µs since 1970"))
     })?;
     Ok(UNIX_EPOCH + Duration::from_micros(us))
-}
-
-async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
-    let mode = b.mode();
-    type Probe = (String, Option<u64>, Option<String>, Option<String>, bool);
-    let (version, session_wait, wsrep, tls_version, watchable): Probe = b
-        .common
-        .with_conn("diagnosing", |c| {
-            Box::pin(async move {
-                // Whether a holder's client can see its connection closed (as a grant's).
-                let watchable = crate::socket::socket_of(c).is_some();
-                let version: Option<String> = c.query_first("SELECT VERSION()").await?;
-                // Session mode enforces a holder's lease as its connection's wait_timeout:
-                // a proxy or a server cap that ignores SET SESSION would keep a dead
-                // holder's lock for the global timeout (8 hours by default).
-                c.query_drop("SET SESSION wait_timeout = 31").await?;
-                let wait: Option<u64> = c.query_first("SELECT @@SESSION.wait_timeout").await?;
-                c.query_drop("SET SESSION wait_timeout = DEFAULT").await?;
-                let wsrep: Option<(String, String)> =
-                    c.query_first("SHOW VARIABLES LIKE 'wsrep_on'").await?;
-                let tls: Option<(String, String)> = c
-                    .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
-                    .await?;
-                Ok((
-                    version.unwrap_or_default(),
-                    wait,
-                    wsrep.map(|(_, v)| v),
-                    tls.map(|(_, v)| v),
-                    watchable,
-                ))
-            })
-        })
-        .await?;
-    let offset_ms = measure_clock(server_time(b)).await?;
-    let mut out = vec![version_finding(&version)];
-    out.push(tls_finding(b, tls_version));
-    out.push(match (mode, session_wait) {
-        (Mode::Table, _) => Finding::new(
-            Severity::Ok,
-            "wait_timeout",
-            "table mode: leases are the rows' expires_at, wait_timeout does not end them",
-        ),
-        (Mode::Session, Some(31)) => Finding::new(
-            Severity::Ok,
-            "wait_timeout",
-            "SET SESSION wait_timeout takes effect: a holder that stops renewing is disconnected (and loses its lock) when its lease ends",
-        ),
-        (Mode::Session, other) => Finding::new(
-            Severity::Unsafe,
-            "wait_timeout",
-            format!("SET SESSION wait_timeout = 31 read back as {other:?}: session mode enforces each holder's lease as its connection's wait_timeout, so a stalled holder would keep its lock far past its lease; connect to the server directly (not through a proxy that pins or rewrites session variables) or use ?mode=table"),
-        ),
-    });
-    out.push(close_finding(mode, watchable));
-    let galera = wsrep
-        .as_deref()
-        .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
-    out.push(match (galera, mode) {
-        (false, _) => Finding::new(Severity::Ok, "galera", "not a Galera node"),
-        (true, Mode::Session) => Finding::new(
-            Severity::Unsafe,
-            "galera",
-            "wsrep_on=ON (Galera / MariaDB Cluster): GET_LOCK is local to one node, so clients on other nodes get the same lock; use ?mode=table (lock rows replicate)",
-        ),
-        (true, Mode::Table) => Finding::new(
-            Severity::Warning,
-            "galera",
-            "wsrep_on=ON: table mode measures leases with the clock of the node that runs each statement, so the clock spread between nodes shortens or lengthens leases by that much (dlock cannot read other nodes' clocks from here); keep every node on NTP and leases far above the spread",
-        ),
-    });
-    out.push(clock_finding(
-        offset_ms,
-        "server",
-        "on the server (table mode: its UTC_TIMESTAMP)",
-    ));
-    Ok(out)
 }
 
 /// The `connection-close` check: whether a holder learns at once that its connection was
