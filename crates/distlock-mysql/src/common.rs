@@ -7,6 +7,7 @@ use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
 use futures_util::future::BoxFuture;
 use mysql_async::prelude::{FromValue, Queryable};
+use mysql_async::DriverError::NoClientSslFlagFromServer;
 use mysql_async::{Conn, Row, ServerError};
 use sha2::{Digest, Sha256};
 use std::future::Future;
@@ -98,28 +99,23 @@ impl Common {
     }
 
     async fn open_now(&self) -> Result<Conn> {
-        let c = &self.connector;
-        if let Some(plain) = &c.plain_fallback {
-            if self.plain_only.load(Ordering::Relaxed) {
-                return Conn::new(plain.clone())
-                    .await
-                    .map_err(|e| self.open_error(e));
-            }
-        }
-        match Conn::new(c.opts.clone()).await {
-            Ok(conn) => Ok(conn),
-            Err(mysql_async::Error::Driver(
-                mysql_async::DriverError::NoClientSslFlagFromServer,
-            )) if c.plain_fallback.is_some() => {
+        let plain = self.connector.plain_fallback.as_ref();
+        let opts = match plain {
+            Some(p) if self.plain_only.load(Ordering::Relaxed) => p,
+            _ => &self.connector.opts,
+        };
+        match (Conn::new(opts.clone()).await, plain) {
+            (Err(mysql_async::Error::Driver(NoClientSslFlagFromServer)), Some(plain)) => {
                 tracing::info!(
                     endpoint = %self.endpoint,
                     "the server has no TLS: ssl-mode=PREFERRED goes on unencrypted"
                 );
                 self.plain_only.store(true, Ordering::Relaxed);
-                let plain = c.plain_fallback.clone().unwrap_or_else(|| c.opts.clone());
-                Conn::new(plain).await.map_err(|e| self.open_error(e))
+                Conn::new(plain.clone())
+                    .await
+                    .map_err(|e| self.open_error(e))
             }
-            Err(e) => Err(self.open_error(e)),
+            (r, _) => r.map_err(|e| self.open_error(e)),
         }
     }
 

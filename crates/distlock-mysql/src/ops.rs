@@ -14,7 +14,7 @@
 //! - `diagnose`: version, the session `wait_timeout` the session mode relies on, Galera,
 //!   and the server clock against the local one.
 
-use crate::common::{check_kind, election_key, key_of, sql_str};
+use crate::common::{check_kind, col, election_key, key_of, last_row, sql_str};
 use crate::error::{KIND, NOT_OWNER};
 use crate::{Mode, MysqlBackend};
 use distlock_core::operator::{clock_finding, evict, measure_clock, Eviction, TlsSession};
@@ -169,7 +169,7 @@ impl Operator for MysqlBackend {
 async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceReleased> {
     let ns = sql_str(&b.common.namespace);
     let n = sql_str(name);
-    let next = crate::common::next_token("token");
+    let (next, free) = (crate::common::next_token("token"), crate::table::FREE);
     let sql = format!(
         "SET @dl_owner = NULL, @dl_left = NULL; \
          INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) VALUES ('{lk}', {ns}, {n}, 0); \
@@ -179,7 +179,7 @@ async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceRele
              FROM dlock_table_locks WHERE lock_key = '{lk}' AND owner IS NOT NULL \
              AND expires_at > UTC_TIMESTAMP(6) FOR UPDATE; \
          UPDATE dlock_table_locks SET owner = NULL, count = 0, acquired_at = NULL, \
-             expires_at = '1970-01-02 00:00:00', last_released = attempt \
+             expires_at = {free}, last_released = attempt \
              WHERE lock_key = '{lk}' AND owner IS NOT NULL; \
          UPDATE dlock_fence SET token = LAST_INSERT_ID({next}) WHERE lock_key = '{lk}'; \
          SELECT @dl_owner, @dl_left, LAST_INSERT_ID(); \
@@ -187,20 +187,15 @@ async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceRele
     );
     // Even a refused statement may leave the transaction open, holding the lock's row: the
     // connection is closed then.
-    let sets = b.common.query("forced release", sql).await?;
     let what = "forced release";
-    let row = sets
-        .iter()
-        .rev()
-        .find_map(|s| s.first())
-        .ok_or_else(|| crate::error::shape(what, "no result row"))?;
-    let owner: Option<String> = crate::common::col(what, row, 0)?;
-    let left: Option<i64> = crate::common::col(what, row, 1)?;
-    let token: u64 = crate::common::col(what, row, 2)?;
-    let removed = owner
-        .map(|owner| crate::common::holder(owner, left))
-        .into_iter()
-        .collect();
+    let sets = b.common.query(what, sql).await?;
+    let row = last_row(what, &sets)?;
+    let owner: Option<String> = col(what, row, 0)?;
+    let token: u64 = col(what, row, 2)?;
+    let removed = match owner {
+        Some(owner) => vec![crate::common::holder(owner, col(what, row, 1)?)],
+        None => Vec::new(),
+    };
     Ok(ForceReleased::new(removed, token))
 }
 
@@ -281,42 +276,21 @@ impl Eviction for Sessions<'_> {
     }
 
     async fn advance(&self, ended: &[u64]) -> Result<u64> {
-        let (k, ns, n) = (
-            self.lk.clone(),
-            self.b.common.namespace.clone(),
-            self.name.to_owned(),
+        let (lk, what) = (&self.lk, "advancing the fencing token");
+        let (ns, n) = (sql_str(&self.b.common.namespace), sql_str(self.name));
+        let next = crate::common::next_token("token");
+        let mut sql = String::new();
+        for id in ended {
+            sql +=
+                &format!("DELETE FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = {id}; ");
+        }
+        sql += &format!(
+            "INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) VALUES ('{lk}', {ns}, {n}, 0); \
+             UPDATE dlock_fence SET token = LAST_INSERT_ID({next}) WHERE lock_key = '{lk}'; \
+             SELECT LAST_INSERT_ID()"
         );
-        let ended = ended.to_vec();
-        let token: Option<u64> = self
-            .b
-            .common
-            .with_conn("advancing the fencing token", move |c| {
-                Box::pin(async move {
-                    for id in ended {
-                        c.exec_drop(
-                            "DELETE FROM dlock_holders WHERE lock_key = ? AND conn_id = ?",
-                            (k.as_str(), id),
-                        )
-                        .await?;
-                    }
-                    c.exec_drop(
-                        "INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) VALUES (?, ?, ?, 0)",
-                        (k.as_str(), ns.as_str(), n.as_str()),
-                    )
-                    .await?;
-                    c.exec_drop(
-                        format!(
-                            "UPDATE dlock_fence SET token = LAST_INSERT_ID({}) WHERE lock_key = ?",
-                            crate::common::next_token("token")
-                        ),
-                        (k.as_str(),),
-                    )
-                    .await?;
-                    c.query_first("SELECT LAST_INSERT_ID()").await
-                })
-            })
-            .await?;
-        Ok(token.unwrap_or(0))
+        let sets = self.b.common.query(what, sql).await?;
+        col(what, last_row(what, &sets)?, 0)
     }
 }
 

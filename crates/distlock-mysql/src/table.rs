@@ -62,7 +62,7 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
 ];
 
 /// What a free row's lease end is set to.
-const FREE: &str = "'1970-01-02 00:00:00'";
+pub(crate) const FREE: &str = "'1970-01-02 00:00:00'";
 
 /// Renewals per query (a batch of the watchdog may hold thousands).
 const RENEW_CHUNK: usize = 200;
