@@ -289,48 +289,40 @@ enum Round {
 impl Watcher {
     async fn run(self, mut conn: Conn) {
         let id = conn.id();
-        let end = loop {
-            let round = tokio::select! {
-                _ = self.cancel.cancelled() => break None,
-                r = self.round(&mut conn) => r,
-            };
-            let woke = match round {
-                Ok(Round::Slept) => false,
-                Ok(Round::Woken) | Ok(Round::Unregistered) => true,
-                Err(e) => break Some(e),
-            };
-            if !woke {
-                continue;
-            }
-            // Clear the flag (or register again) before reporting: see the module docs.
-            let reset = tokio::select! {
-                _ = self.cancel.cancelled() => break None,
-                r = self.reset(&mut conn, "observing") => r,
-            };
-            if let Err(e) = reset {
-                break Some(e);
-            }
-            match self.tx.try_send(Ok(())) {
-                // Full: a wake is already pending, which covers this one.
-                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
-                Err(mpsc::error::TrySendError::Closed(_)) => break None,
-            }
-        };
+        let end = self.cancel.run_until_cancelled(self.rounds(&mut conn));
+        let end = end.await.flatten();
         // The statement in flight (if any) is abandoned: the connection is never reused.
         close(conn);
         // Best effort, retried a few times (every step is idempotent): a statement that timed
         // out on a loaded server leaves the row to the stale-observer sweep.
-        let retry = distlock_core::RetryPolicy::new(
-            3,
-            std::time::Duration::from_millis(100),
-            std::time::Duration::from_secs(1),
-        );
+        let retry =
+            distlock_core::RetryPolicy::new(3, Duration::from_millis(100), Duration::from_secs(1));
         let r = distlock_core::backoff::retry(retry, || self.deregister(id)).await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "deregistering an election observer failed");
         }
         if let Some(e) = end {
             let _ = self.tx.send(Err(e)).await;
+        }
+    }
+
+    /// Rounds of waiting until the watch is dropped (`None`) or fails.
+    async fn rounds(&self, conn: &mut Conn) -> Option<Error> {
+        loop {
+            match self.round(conn).await {
+                Ok(Round::Slept) => continue,
+                Ok(Round::Woken | Round::Unregistered) => {}
+                Err(e) => return Some(e),
+            }
+            // Clear the flag (or register again) before reporting: see the module docs.
+            if let Err(e) = self.reset(conn, "observing").await {
+                return Some(e);
+            }
+            match self.tx.try_send(Ok(())) {
+                // Full: a wake is already pending, which covers this one.
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => return None,
+            }
         }
     }
 

@@ -352,19 +352,12 @@ impl MyDialect {
                 }
                 // The holder's row was deleted (an operator revoked the lock): give it up.
                 tracing::warn!(name, "dlock_holders row gone: the lock was revoked");
-                if let State::Held(mut g) = std::mem::take(st) {
+                if let State::Held(g) = std::mem::take(st) {
                     g.stop_watch();
-                    let c = self
-                        .common
-                        .call(g.conn.query_drop(format!(
-                            "DO RELEASE_LOCK('{lk}'); \
-                             SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
-                        )))
-                        .await;
-                    if matches!(c, Call::Ok(_)) {
-                        self.common.put(g.conn);
-                    } else {
-                        g.close();
+                    let Grant { conn, watch, .. } = g;
+                    if !self.give_back(conn, Some(&lk)).await {
+                        // Closed: its socket too (the watch's duplicate does not keep it open).
+                        watch.iter().for_each(CloseWatch::shutdown);
                     }
                 }
                 Ok(false)
@@ -500,16 +493,13 @@ impl MyDialect {
     }
 
     /// Hands a connection back to the pool with the default idle timeout, releasing `lock`
-    /// first if given; closes it if that fails (which frees the lock all the same).
-    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) {
+    /// first if given; closes it if that fails (which frees the lock all the same): `false`.
+    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) -> bool {
         let release = lock.map_or(String::new(), |lk| format!("DO RELEASE_LOCK('{lk}'); "));
-        let c = self
-            .common
-            .call(conn.query_drop(format!(
-                "{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
-            )))
-            .await;
+        let sql = format!("{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout");
+        let c = self.common.call(conn.query_drop(sql)).await;
         self.common.put_if_ok(conn, &c);
+        matches!(c, Call::Ok(()))
     }
 }
 
@@ -618,7 +608,9 @@ impl Dialect for MyDialect {
                 let token = self.hold(slot, st, conn, req, sent + req.lease).await?;
                 return Ok(Some(Granted::new(token, sent)));
             }
-            Step::Reuse { unlock } => self.give_back(conn, unlock.then_some(&*lk)).await,
+            Step::Reuse { unlock } => {
+                self.give_back(conn, unlock.then_some(&*lk)).await;
+            }
             // The wait's outcome is unknown: the connection goes, and any lock with it.
             Step::Close => close(conn),
         }

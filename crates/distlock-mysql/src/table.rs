@@ -30,7 +30,7 @@ use crate::error::{shape, KIND};
 use distlock_core::backend::{Backend, Capabilities, NoWatch};
 use distlock_core::{async_trait, ReleaseWatch};
 use distlock_core::{
-    AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
+    AcquireReply, AcquireRequest, Error, GrantRef, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
 use distlock_sql::ended::{Unanswered, ENDED_KEEP};
@@ -445,19 +445,10 @@ impl Backend for TableMode {
             })
             .await?;
         let mut info = LockInfo::new(name).with_fencing_token(fence.unwrap_or(0));
-        if let Some((Some(owner), left, value)) = row {
-            if left > 0 {
-                let value = match kind {
-                    LockKind::Election => Some(value.unwrap_or_default()),
-                    _ => None,
-                };
-                // One grant per holder: re-entry is counted in the holder's client.
-                info.holders.push(
-                    HolderInfo::new(owner, 1)
-                        .with_lease_left(Some(Duration::from_micros(left as u64)))
-                        .with_value(value),
-                );
-            }
+        if let Some((Some(owner), left, value)) = row.filter(|r| r.1 > 0) {
+            let value = (kind == LockKind::Election).then(|| value.unwrap_or_default());
+            info.holders
+                .push(crate::common::holder(owner, Some(left)).with_value(value));
         }
         Ok(info)
     }
