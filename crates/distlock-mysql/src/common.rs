@@ -2,7 +2,7 @@
 
 use crate::error::{conn_dead, map, timeout, KIND, NOT_OWNER, NO_SUCH_THREAD};
 use distlock_core::backend::Capabilities;
-use distlock_core::{ClientOptions, HolderInfo, LockKind, Result};
+use distlock_core::{ClientOptions, HolderInfo, LockInfo, LockKind, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
 use futures_util::future::BoxFuture;
@@ -296,6 +296,60 @@ impl Common {
         }
         self.put(conn);
         Ok(())
+    }
+
+    /// `inspect` of key `lk` (`name`'s lock of `kind`), in both modes: the live rows of the
+    /// mode's table of `holders` (alias `h`; `live` the condition that a row counts), each with
+    /// the value stored with its token (an election's leader: the first, its token the one
+    /// reported), and the fencing counter. If `used` and no row counts, the connection holding
+    /// the key's `GET_LOCK` is reported too.
+    pub(crate) async fn inspect(
+        &self,
+        (name, kind, lk): (&str, LockKind, String),
+        (holders, live): (&str, &str),
+        used: bool,
+    ) -> Result<LockInfo> {
+        let sql = format!(
+            "SELECT h.owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), h.expires_at), \
+             e.value, h.token FROM {holders} h LEFT JOIN dlock_elections e \
+             ON e.lock_key = h.lock_key AND e.token = h.token WHERE h.lock_key = ? AND {live}"
+        );
+        type Holder = (String, Option<i64>, Option<String>, u64);
+        let (mut rows, token, unnamed) = self
+            .with_conn("inspecting", move |c| {
+                Box::pin(async move {
+                    let rows: Vec<Holder> = c.exec(sql, (lk.as_str(),)).await?;
+                    let token: Option<u64> = c
+                        .exec_first("SELECT token FROM dlock_fence WHERE lock_key = ?", (&lk,))
+                        .await?;
+                    // A lock's server lock without a holder row: a grant between its
+                    // `GET_LOCK` and its row, or one being given back (a cancelled waiter's
+                    // that raced with the release). Held all the same.
+                    let by: Option<Option<u64>> = match rows.is_empty() && used {
+                        true => c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await?,
+                        false => None,
+                    };
+                    Ok((rows, token, by.flatten()))
+                })
+            })
+            .await?;
+        let mut info = LockInfo::new(name).with_fencing_token(token.unwrap_or(0));
+        let election = kind == LockKind::Election;
+        if election {
+            rows.truncate(1);
+        }
+        for (owner, us, value, token) in rows {
+            if election {
+                info.fencing_token = token;
+            }
+            let value = election.then(|| value.unwrap_or_default());
+            info.holders.push(holder(owner, us).with_value(value));
+        }
+        if let Some(conn) = unnamed {
+            let what = format!("(connection {conn}, being granted or given back)");
+            info.holders.push(HolderInfo::new(what, 1));
+        }
+        Ok(info)
     }
 
     /// Ends session `id` (`KILL`). `Some` of the server's refusal when the session is gone

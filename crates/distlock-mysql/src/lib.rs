@@ -134,12 +134,7 @@ impl MysqlBackend {
         common.ensure_schema(session::DDL).await?;
         let inner = match mode {
             Mode::Session => Inner::Session(session::new_mode(common.clone())),
-            Mode::Table => {
-                common.ensure_schema(table::DDL).await?;
-                let t = table::TableMode::new(common.clone());
-                t.migrate().await?;
-                Inner::Table(t)
-            }
+            Mode::Table => Inner::Table(table::TableMode::start(common.clone()).await?),
         };
         Ok(MysqlBackend { common, inner })
     }

@@ -36,8 +36,8 @@ use crate::error::{conn_dead, shape, INTERRUPTED, KIND};
 use distlock_core::backend::Capabilities;
 use distlock_core::clock;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, AttemptId, GrantRef, Granted, HolderInfo, LockInfo,
-    LockKind, LostReason, LostSignal, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, GrantRef, Granted, LockInfo, LockKind,
+    LostReason, LostSignal, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use distlock_sql::closewatch::CloseWatch;
 use distlock_sql::lease::{micros, wait_millis, wait_or_stop};
@@ -152,15 +152,11 @@ fn reply_end(reply: Option<i64>) -> WaitEnd {
     }
 }
 
-/// Column `i` of the row that ends a query, as an integer (`None`: NULL, or no such row).
-fn last_int(sets: &[Vec<Row>], i: usize) -> Option<i64> {
-    let row = sets.last()?.first()?;
-    row.get_opt::<Option<i64>, usize>(i)?.ok()?
-}
-
-/// The value of the `GET_LOCK` that ends a query (`None`: NULL, or no such row).
+/// The first column of the row that ends a query (the value of its `GET_LOCK`, say), as an
+/// integer (`None`: NULL, or no such row).
 fn lock_reply(sets: &[Vec<Row>]) -> Option<i64> {
-    last_int(sets, 0)
+    let row = sets.last()?.first()?;
+    row.get_opt::<Option<i64>, usize>(0)?.ok()?
 }
 
 impl MyDialect {
@@ -314,7 +310,7 @@ impl MyDialect {
         );
         let c = self.common.call(query_sets(&mut conn, sql)).await;
         let us = match &c {
-            Call::Ok(sets) => last_int(sets, 0),
+            Call::Ok(sets) => lock_reply(sets),
             _ => None,
         };
         self.common.put_if_ok(conn, &c);
@@ -679,61 +675,11 @@ impl Dialect for MyDialect {
     /// and value are not known yet.
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         let lk = self.lk(name, kind);
+        let holders = ("dlock_holders", "h.conn_id = IS_USED_LOCK(h.lock_key)");
         let election = kind == LockKind::Election;
-        type Holder = (String, Option<i64>, Option<String>, u64);
-        let (mut rows, token, unnamed) = self
-            .common
-            .with_conn("inspecting", move |c| {
-                Box::pin(async move {
-                    let rows: Vec<Holder> = c
-                        .exec(
-                            "SELECT h.owner, \
-                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), h.expires_at), \
-                             e.value, h.token \
-                             FROM dlock_holders h LEFT JOIN dlock_elections e \
-                             ON e.lock_key = h.lock_key AND e.token = h.token \
-                             WHERE h.lock_key = ? AND h.conn_id = IS_USED_LOCK(?)",
-                            (lk.as_str(), lk.as_str()),
-                        )
-                        .await?;
-                    let token: Option<u64> = c
-                        .exec_first(
-                            "SELECT token FROM dlock_fence WHERE lock_key = ?",
-                            (lk.as_str(),),
-                        )
-                        .await?;
-                    // A lock's server lock without a holder row: a grant between its
-                    // `GET_LOCK` and its row, or one being given back (a cancelled waiter's
-                    // that raced with the release). Held all the same.
-                    let used: Option<Option<u64>> = if rows.is_empty() && !election {
-                        c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await?
-                    } else {
-                        None
-                    };
-                    Ok((rows, token, used.flatten()))
-                })
-            })
-            .await?;
-        let mut info = LockInfo::new(name).with_fencing_token(token.unwrap_or(0));
-        if election {
-            // The leader, with the token its value is stored under.
-            rows.truncate(1);
-        }
-        for (owner, us, value, token) in rows {
-            let holder = crate::common::holder(owner, us);
-            info.holders.push(match election {
-                true => {
-                    info.fencing_token = token;
-                    holder.with_value(Some(value.unwrap_or_default()))
-                }
-                false => holder,
-            });
-        }
-        if let Some(conn) = unnamed {
-            let what = format!("(connection {conn}, being granted or given back)");
-            info.holders.push(HolderInfo::new(what, 1));
-        }
-        Ok(info)
+        self.common
+            .inspect((name, kind, lk), holders, !election)
+            .await
     }
 }
 

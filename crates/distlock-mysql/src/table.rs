@@ -80,28 +80,21 @@ fn truth(v: Option<i64>) -> Option<bool> {
 }
 
 impl TableMode {
-    pub(crate) fn new(common: Arc<Common>) -> Self {
-        TableMode {
-            common,
-            unanswered: Unanswered::default(),
-        }
-    }
-
-    /// Adds the columns a table made by an older version lacks. Concurrent clients may race
-    /// to do it: a column that exists by then (error 1060) is fine.
-    pub(crate) async fn migrate(&self) -> Result<()> {
+    /// Table mode on `common`'s server: creates its tables if they are missing, and adds the
+    /// columns a table made by an older version lacks. Concurrent clients may race to do it:
+    /// a column that exists by then (error 1060) is fine.
+    pub(crate) async fn start(common: Arc<Common>) -> Result<Self> {
+        common.ensure_schema(DDL).await?;
         let sql = "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
                    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dlock_table_locks'";
-        let have: Vec<String> = self
-            .common
+        let have: Vec<String> = common
             .with_conn("checking dlock_table_locks", |c| c.query(sql))
             .await?;
         for (column, ddl) in ADDED_COLUMNS {
             if have.iter().any(|h| h.eq_ignore_ascii_case(column)) {
                 continue;
             }
-            let r = self
-                .common
+            let r = common
                 .with_conn("upgrading dlock_table_locks", |c| c.query_drop(*ddl))
                 .await;
             match r {
@@ -110,7 +103,8 @@ impl TableMode {
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        let unanswered = Unanswered::default();
+        Ok(TableMode { common, unanswered })
     }
 
     /// The key of `name`'s lock of `kind`, for the kinds this backend does.
@@ -418,39 +412,13 @@ impl Backend for TableMode {
         crate::observe::proclaim(&self.common, lk, (grant.token, seq, value), leads).await
     }
 
+    /// The row, if its lease runs; an election's token is its row's (the counter's, as
+    /// both change in the grant's transaction).
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         let lk = self.key(name, kind)?;
-        type RowState = (Option<String>, i64, Option<String>);
-        let (row, fence) = self
-            .common
-            .with_conn("inspecting", move |c| {
-                Box::pin(async move {
-                    // The value stored with the row's token (elections; NULL for a lock).
-                    let row: Option<RowState> = c
-                        .exec_first(
-                            "SELECT l.owner, \
-                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), \
-                             e.value \
-                             FROM dlock_table_locks l LEFT JOIN dlock_elections e \
-                             ON e.lock_key = l.lock_key AND e.token = l.token \
-                             WHERE l.lock_key = ?",
-                            (lk.as_str(),),
-                        )
-                        .await?;
-                    let fence: Option<u64> = c
-                        .exec_first("SELECT token FROM dlock_fence WHERE lock_key = ?", (lk,))
-                        .await?;
-                    Ok((row, fence))
-                })
-            })
-            .await?;
-        let mut info = LockInfo::new(name).with_fencing_token(fence.unwrap_or(0));
-        if let Some((Some(owner), left, value)) = row.filter(|r| r.1 > 0) {
-            let value = (kind == LockKind::Election).then(|| value.unwrap_or_default());
-            info.holders
-                .push(crate::common::holder(owner, Some(left)).with_value(value));
-        }
-        Ok(info)
+        let live = "h.owner IS NOT NULL AND h.expires_at > UTC_TIMESTAMP(6)";
+        let holders = ("dlock_table_locks", live);
+        self.common.inspect((name, kind, lk), holders, false).await
     }
 }
 
