@@ -77,7 +77,6 @@ impl Common {
         }
     }
 
-    /// The host connections go to.
     pub(crate) fn host(&self) -> String {
         self.connector.opts.ip_or_hostname().to_owned()
     }
@@ -91,7 +90,6 @@ impl Common {
         self.connector.tls.mode()
     }
 
-    /// Opens a new connection.
     pub(crate) async fn open(&self) -> Result<Conn> {
         tokio::time::timeout(self.connect_timeout, self.open_now())
             .await
@@ -180,7 +178,6 @@ impl Common {
         within(self.op_timeout, f).await
     }
 
-    /// Turns a call's end into a result.
     pub(crate) fn result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
         match c {
             Call::Ok(v) => Ok(v),
@@ -260,7 +257,6 @@ impl Common {
         close(conn);
     }
 
-    /// Drops every idle connection.
     pub(crate) fn forget_idle(&self) {
         self.idle.clear();
     }

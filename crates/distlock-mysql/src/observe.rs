@@ -50,6 +50,26 @@ pub(crate) fn observed_sql(lk: &str) -> String {
     format!("EXISTS(SELECT 1 FROM dlock_election_observers WHERE lock_key = '{lk}')")
 }
 
+/// For a grant of `kind` on key `lk` (an election's): the statement storing the candidate's
+/// `value` under the token in SQL variable `token`, proclamation number 0, if that is not NULL
+/// (nothing for a lock). `ns` and `name` are SQL.
+pub(crate) fn election_row(
+    (kind, value): (LockKind, Option<&str>),
+    lk: &str,
+    (ns, name): (&str, &str),
+    token: &str,
+) -> String {
+    if kind != LockKind::Election {
+        return String::new();
+    }
+    let value = sql_str(value.unwrap_or(""));
+    format!(
+        "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
+         SELECT '{lk}', {ns}, {name}, {token}, {value}, 0 FROM DUAL WHERE {token} IS NOT NULL \
+         ON DUPLICATE KEY UPDATE token = {token}, value = {value}, seq = 0; "
+    )
+}
+
 /// For a change of key `lk` of `kind`: the column to read back after it telling whether
 /// anybody observes an election (`, EXISTS(…)`; nothing for a lock).
 pub(crate) fn observed_col(kind: LockKind, lk: &str) -> String {

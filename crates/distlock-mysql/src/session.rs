@@ -259,20 +259,12 @@ impl MyDialect {
         let owner = sql_str(&slot.owner);
         let us = micros(req.lease);
         let observed = crate::observe::observed_col(slot.kind, &lk);
-        let (begin, election) = match slot.kind {
-            LockKind::Election => {
-                let value = sql_str(req.value.as_deref().unwrap_or(""));
-                (
-                    "START TRANSACTION; ",
-                    format!(
-                        "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
-                         VALUES ('{lk}', {ns}, {name}, @dlock_token, {value}, 0) \
-                         ON DUPLICATE KEY UPDATE token = @dlock_token, value = {value}, \
-                         seq = 0; COMMIT; "
-                    ),
-                )
-            }
-            _ => ("", String::new()),
+        let election = (slot.kind, req.value.as_deref());
+        let election = crate::observe::election_row(election, &lk, (&ns, &name), "@dlock_token");
+        // An election's value appears with its leader, atomically.
+        let (begin, commit) = match election.is_empty() {
+            true => ("", ""),
+            false => ("START TRANSACTION; ", "COMMIT; "),
         };
         // Rows of earlier holders are stale: this connection holds `GET_LOCK` now.
         let (first, next) = (next_token("0"), next_token("token"));
@@ -286,7 +278,7 @@ impl MyDialect {
              (lock_key, owner, ns, name, token, count, conn_id, acquired_at, expires_at) \
              VALUES ('{lk}', {owner}, {ns}, {name}, @dlock_token, 1, CONNECTION_ID(), \
                      UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND); \
-             {election}SELECT @dlock_token{observed}"
+             {election}{commit}SELECT @dlock_token{observed}"
         );
         let c = self.common.slow_call(query_sets(conn, sql)).await;
         let sets = self.common.result("recording the grant", c)?;

@@ -183,18 +183,8 @@ fn acquire_sql(ns: &str, lk: &str, req: &AcquireRequest) -> Result<String> {
     let a = sql_attempt(&req.attempt)?;
     let us = micros(req.lease);
     let observed = crate::observe::observed_col(req.key.kind, lk);
-    let election = match req.key.kind {
-        LockKind::Election => {
-            let value = sql_str(req.value.as_deref().unwrap_or(""));
-            format!(
-                "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
-                     SELECT '{lk}', {ns}, {name}, @dl_new, {value}, 0 FROM DUAL \
-                     WHERE @dl_new IS NOT NULL \
-                     ON DUPLICATE KEY UPDATE token = @dl_new, value = {value}, seq = 0; "
-            )
-        }
-        _ => String::new(),
-    };
+    let election = (req.key.kind, req.value.as_deref());
+    let election = crate::observe::election_row(election, lk, (&ns, &name), "@dl_new");
     let next = next_token("token");
     Ok(format!(
         "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL, @dl_token = NULL, \
