@@ -270,25 +270,18 @@ impl Common {
             .max(Duration::from_secs(10));
         let mut conn = self.take().await?;
         for stmt in ddl {
-            match tokio::time::timeout(limit, conn.query_drop(*stmt)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    let err = map(&self.endpoint, e);
-                    return Err(match err {
-                        distlock_core::Error::UnexpectedReply { backend, message } => {
-                            distlock_core::Error::UnexpectedReply {
-                                backend,
-                                message: format!(
-                                    "creating dlock's tables failed: {message}; create them \
-                                     beforehand with the SQL in docs/mysql.md"
-                                ),
-                            }
-                        }
-                        other => other,
-                    });
-                }
-                Err(_) => return Err(timeout(&self.endpoint, "creating dlock's tables", limit)),
-            }
+            let c = within(limit, conn.query_drop(*stmt)).await;
+            self.result("creating dlock's tables", c)
+                .map_err(|e| match e {
+                    distlock_core::Error::UnexpectedReply { backend, message } => {
+                        let message = format!(
+                            "creating dlock's tables failed: {message}; create them beforehand \
+                             with the SQL in docs/mysql.md"
+                        );
+                        distlock_core::Error::UnexpectedReply { backend, message }
+                    }
+                    other => other,
+                })?;
         }
         self.put(conn);
         Ok(())

@@ -184,13 +184,9 @@ impl MyDialect {
             tracing::warn!(reason = %why, "mysql session holding a lock ended");
             lost.fire(LostReason::SessionEnded(why));
         };
-        match CloseWatch::start(fd, fire) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::debug!(error = %e, "the holder's socket cannot be watched");
-                None
-            }
-        }
+        CloseWatch::start(fd, fire)
+            .inspect_err(|e| tracing::debug!(error = %e, "the holder's socket cannot be watched"))
+            .ok()
     }
 
     fn record_released(&self, attempt: &AttemptId, token: u64) {
