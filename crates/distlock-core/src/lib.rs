@@ -24,6 +24,7 @@ mod delegate;
 pub mod doctor;
 mod duration;
 mod election;
+pub mod ended;
 mod error;
 mod fasthash;
 mod guard;
