@@ -27,9 +27,7 @@ mod sql;
 mod state;
 mod wait;
 
-use crate::common::{
-    election_key, key_of, key_oids, kind_name, lease_left, lock_key, side, Common,
-};
+use crate::common::{election_key, key_of, key_oids, lease_left, lock_key, side, Common};
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
@@ -316,7 +314,7 @@ impl Dialect for PgDialect {
         let (classid, objid) = key_oids(key);
         let kinds: Vec<&str> = match kind {
             LockKind::Read | LockKind::Write => vec!["read", "write"],
-            _ => vec![kind_name(kind)],
+            _ => vec![kind.as_str()],
         };
         let client = common.control().await?;
         let ns = common.namespace.as_str();

@@ -2,7 +2,7 @@
 
 use super::conn::Session;
 use super::{exclusive, lock_mode, PgDialect};
-use crate::common::{channel, first, key_of, key_oids, kind_name};
+use crate::common::{channel, first, key_of, key_oids, token_u64};
 use crate::error::shape;
 use distlock_core::{AcquireRequest, AttemptId, LockKind, ReleaseOutcome, Result};
 use distlock_sql::lease::millis_f64;
@@ -108,7 +108,7 @@ impl PgDialect {
         let owner: &str = &req.key.owner;
         let lease_ms = millis_f64(req.lease);
         let guc = self.lease_guc();
-        let (kind, excl) = (kind_name(req.key.kind), exclusive(req.key.kind));
+        let (kind, excl) = (req.key.kind.as_str(), exclusive(req.key.kind));
         let value: &str = req.value.as_deref().unwrap_or("");
         let chan = channel(key_of(ns, name, LockKind::Election));
         let mut params: Vec<Param> = vec![
