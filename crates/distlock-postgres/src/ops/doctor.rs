@@ -1,12 +1,14 @@
 //! `dlock doctor` on PostgreSQL: version, a pooler in front (PgBouncer), whether the session's
 //! timeouts take effect, synchronous replication, TLS, and the server clock against the local one.
 
-use crate::error::{is_code, shape, KIND};
+use crate::common::cols;
+use crate::error::{is_code, KIND};
 use crate::{Mode, PostgresBackend};
 use distlock_core::operator::{clock_finding, measure_clock, TlsSession};
 use distlock_core::{Finding, Result, Severity};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Row};
 
 /// The version finding. Both modes need `ON CONFLICT` (9.5). Session mode enforces each
 /// holder's lease as its session's `idle_session_timeout` (14): before 14 a holder that
@@ -63,20 +65,25 @@ fn replication_finding(recovery: bool, standbys: i64, sync: i64, commit: &str) -
     }
 }
 
+/// The one row `sql` returns on `client` (the control connection if `None`), with the
+/// per-call timeout.
+async fn row(b: &PostgresBackend, client: Option<&Client>, what: &str, sql: &str) -> Result<Row> {
+    let control;
+    let client = match client {
+        Some(c) => c,
+        None => {
+            control = b.common.control().await?;
+            &control
+        }
+    };
+    b.common.run(what, client.query_one(sql, &[])).await
+}
+
 /// The server's clock (`clock_timestamp()`), for `Operator::server_time`.
 pub(crate) async fn server_time(b: &PostgresBackend) -> Result<SystemTime> {
-    let client = b.common.control().await?;
-    let row = b
-        .common
-        .run(
-            "reading the server clock",
-            client.query_one(
-                "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::int8",
-                &[],
-            ),
-        )
-        .await?;
-    let us: i64 = row.try_get(0).map_err(|e| shape("server_time", e))?;
+    let sql = "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::int8";
+    let row = row(b, None, "reading the server clock", sql).await?;
+    let (us,): (i64,) = cols(&row, "server_time")?;
     let us = u64::try_from(us).map_err(|_| {
         distlock_core::Error::unexpected(
             KIND,
@@ -88,32 +95,24 @@ pub(crate) async fn server_time(b: &PostgresBackend) -> Result<SystemTime> {
 
 pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
     let mode = b.mode();
-    let client = b.common.control().await?;
-    let row = b
-        .common
-        .run(
-            "diagnosing",
-            client.query_one(
-                "SELECT current_setting('server_version'), \
-                        current_setting('server_version_num')::int4, \
-                        pg_is_in_recovery(), \
-                        (SELECT count(*) FROM pg_stat_replication), \
-                        (SELECT count(*) FROM pg_stat_replication \
-                         WHERE sync_state IN ('sync', 'quorum')), \
-                        current_setting('synchronous_commit'), \
-                        current_setting('synchronous_standby_names')",
-                &[],
-            ),
-        )
-        .await?;
-    let get = |e| shape("diagnose", e);
-    let version: String = row.try_get(0).map_err(get)?;
-    let num: i32 = row.try_get(1).map_err(get)?;
-    let recovery: bool = row.try_get(2).map_err(get)?;
-    let standbys: i64 = row.try_get(3).map_err(get)?;
-    let mut sync: i64 = row.try_get(4).map_err(get)?;
-    let commit: String = row.try_get(5).map_err(get)?;
-    let names: String = row.try_get(6).map_err(get)?;
+    let sql = "SELECT current_setting('server_version'), \
+                      current_setting('server_version_num')::int4, \
+                      pg_is_in_recovery(), \
+                      (SELECT count(*) FROM pg_stat_replication), \
+                      (SELECT count(*) FROM pg_stat_replication \
+                       WHERE sync_state IN ('sync', 'quorum')), \
+                      current_setting('synchronous_commit'), \
+                      current_setting('synchronous_standby_names')";
+    let row = row(b, None, "diagnosing", sql).await?;
+    let (version, num, recovery, standbys, mut sync, commit, names): (
+        String,
+        i32,
+        bool,
+        i64,
+        i64,
+        String,
+        String,
+    ) = cols(&row, "diagnose")?;
     // sync_state is hidden from roles without pg_monitor: then only the setting tells.
     if sync == 0 && standbys > 0 && !names.trim().is_empty() {
         sync = 1;
@@ -197,39 +196,16 @@ async fn probe_conn(b: &PostgresBackend) -> Result<tokio_postgres::Client> {
 async fn probe(b: &PostgresBackend) -> Result<Probe> {
     let one = probe_conn(b).await?;
     let two = b.common.client(None).await?;
-    let first = b
-        .common
-        .run(
-            "probing the session",
-            one.query_one(
-                "SELECT pg_backend_pid(), current_setting('dlock.doctor', true), \
-                        set_config('dlock.doctor_kept', 'yes', false)",
-                &[],
-            ),
-        )
-        .await?;
-    let other = b
-        .common
-        .run(
-            "probing the session",
-            two.query_one("SELECT pg_backend_pid()", &[]),
-        )
-        .await?;
-    let second = b
-        .common
-        .run(
-            "probing the session",
-            one.query_one(
-                "SELECT pg_backend_pid(), current_setting('dlock.doctor_kept', true)",
-                &[],
-            ),
-        )
-        .await?;
-    let pid1: i32 = first.try_get(0).map_err(|e| shape("probe", e))?;
-    let opt: Option<String> = first.try_get(1).map_err(|e| shape("probe", e))?;
-    let pid_other: i32 = other.try_get(0).map_err(|e| shape("probe", e))?;
-    let pid2: i32 = second.try_get(0).map_err(|e| shape("probe", e))?;
-    let kept: Option<String> = second.try_get(1).map_err(|e| shape("probe", e))?;
+    let what = "probing the session";
+    let first = "SELECT pg_backend_pid(), current_setting('dlock.doctor', true), \
+                        set_config('dlock.doctor_kept', 'yes', false)";
+    let (pid1, opt): (i32, Option<String>) =
+        cols(&row(b, Some(&one), what, first).await?, "probe")?;
+    let other = row(b, Some(&two), what, "SELECT pg_backend_pid()").await?;
+    let (pid_other,): (i32,) = cols(&other, "probe")?;
+    let second = "SELECT pg_backend_pid(), current_setting('dlock.doctor_kept', true)";
+    let (pid2, kept): (i32, Option<String>) =
+        cols(&row(b, Some(&one), what, second).await?, "probe")?;
     Ok(Probe {
         options_applied: opt.as_deref() == Some("on"),
         pid_stable: pid1 == pid2,
@@ -322,17 +298,9 @@ async fn timeout_finding(b: &PostgresBackend, mode: Mode, num: i32) -> Finding {
         }
     };
     let ended = tokio::spawn(async move { conn.await.err() });
-    let set = b
-        .common
-        .run(
-            "setting idle_session_timeout",
-            client.query_one(
-                "SELECT set_config('idle_session_timeout', '300', false), \
-                        current_setting('idle_session_timeout')",
-                &[],
-            ),
-        )
-        .await;
+    let sql = "SELECT set_config('idle_session_timeout', '300', false), \
+                      current_setting('idle_session_timeout')";
+    let set = row(b, Some(&client), "setting idle_session_timeout", sql).await;
     if let Err(e) = set {
         return Finding::new(
             Severity::Unsafe,

@@ -27,7 +27,9 @@ mod sql;
 mod state;
 mod wait;
 
-use crate::common::{election_key, key_of, key_oids, lease_left, lock_key, side, Common};
+use crate::common::{
+    cols, election_key, key_of, key_oids, lease_left, lock_key, side, token_u64, Common,
+};
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
@@ -310,41 +312,34 @@ impl Dialect for PgDialect {
             return self.inspect_election(name).await;
         }
         let common = &self.common;
-        let key = lock_key(&common.namespace, name);
-        let (classid, objid) = key_oids(key);
+        let (classid, objid) = key_oids(lock_key(&common.namespace, name));
         let kinds: Vec<&str> = match kind {
             LockKind::Read | LockKind::Write => vec!["read", "write"],
             _ => vec![kind.as_str()],
         };
         let client = common.control().await?;
         let ns = common.namespace.as_str();
-        let holder_params: [(&(dyn ToSql + Sync), Type); 5] = [
+        // The holders' ($1-$5), the fence's ($1, $2) and the waiters' ($1, $2 = classid, objid).
+        let params: [(&(dyn ToSql + Sync), Type); 5] = [
             (&ns, Type::TEXT),
             (&name, Type::TEXT),
             (&classid, Type::OID),
             (&objid, Type::OID),
             (&kinds, Type::TEXT_ARRAY),
         ];
-        let fence_params: [(&(dyn ToSql + Sync), Type); 2] =
-            [(&ns, Type::TEXT), (&name, Type::TEXT)];
-        let waiter_params: [(&(dyn ToSql + Sync), Type); 2] =
-            [(&classid, Type::OID), (&objid, Type::OID)];
         let (rows, fence, waiting) = common
             .run("inspecting", async {
                 tokio::try_join!(
-                    client.query_typed(INSPECT, &holder_params),
-                    client.query_typed(FENCE, &fence_params),
-                    client.query_typed(WAITERS, &waiter_params),
+                    client.query_typed(INSPECT, &params),
+                    client.query_typed(FENCE, &params[..2]),
+                    client.query_typed(WAITERS, &params[2..4]),
                 )
             })
             .await?;
         let lease_note = common.has_session_timeouts();
         let mut holders = Vec::with_capacity(rows.len());
         for r in &rows {
-            let owner: String = r.try_get(0).map_err(|e| shape("inspect", e))?;
-            let count: i32 = r.try_get(1).map_err(|e| shape("inspect", e))?;
-            let left: f64 = r.try_get(2).map_err(|e| shape("inspect", e))?;
-            let row_kind: &str = r.try_get(3).map_err(|e| shape("inspect", e))?;
+            let (owner, count, left, row_kind): (String, i32, f64, &str) = cols(r, "inspect")?;
             holders.push(
                 HolderInfo::new(owner, u32::try_from(count).unwrap_or(0))
                     .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))
@@ -353,10 +348,7 @@ impl Dialect for PgDialect {
         }
         let fencing_token = match fence.first() {
             None => 0,
-            Some(r) => {
-                let t: i64 = r.try_get(0).map_err(|e| shape("fencing token", e))?;
-                u64::try_from(t).map_err(|_| shape("fencing token", t))?
-            }
+            Some(r) => token_u64(cols::<(i64,)>(r, "fencing token")?.0)?,
         };
         Ok(LockInfo::new(name)
             .with_holders(holders)
@@ -374,30 +366,26 @@ impl PgDialect {
         let ns = common.namespace.as_str();
         let (classid, objid) = key_oids(election_key(ns, name));
         let client = common.control().await?;
-        let row_params: [(&(dyn ToSql + Sync), Type); 4] = [
+        // The leader's ($1-$4) and the waiters' ($1, $2 = classid, objid).
+        let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&ns, Type::TEXT),
             (&name, Type::TEXT),
             (&classid, Type::OID),
             (&objid, Type::OID),
         ];
-        let waiter_params: [(&(dyn ToSql + Sync), Type); 2] =
-            [(&classid, Type::OID), (&objid, Type::OID)];
+        let what = "inspecting the election";
         let (rows, waiting) = common
-            .run("inspecting the election", async {
+            .run(what, async {
                 tokio::try_join!(
-                    client.query_typed(ELECTION_INSPECT, &row_params),
-                    client.query_typed(WAITERS, &waiter_params),
+                    client.query_typed(ELECTION_INSPECT, &params),
+                    client.query_typed(WAITERS, &params[2..]),
                 )
             })
             .await?;
         let mut info = LockInfo::new(name);
         if let Some(r) = rows.first() {
-            let what = "inspecting the election";
-            let owner: String = r.try_get(0).map_err(|e| shape(what, e))?;
-            let value: String = r.try_get(1).map_err(|e| shape(what, e))?;
-            let token: i64 = r.try_get(2).map_err(|e| shape(what, e))?;
-            let left: f64 = r.try_get(3).map_err(|e| shape(what, e))?;
-            let leads: bool = r.try_get(4).map_err(|e| shape(what, e))?;
+            let (owner, value, token, left, leads): (String, String, i64, f64, bool) =
+                cols(r, what)?;
             info = info.with_fencing_token(u64::try_from(token).map_err(|_| shape(what, token))?);
             if leads {
                 let lease_note = common.has_session_timeouts();

@@ -129,8 +129,7 @@ impl PgDialect {
         };
         let rows = self.query(s, what, sql, &params).await?;
         let token: Option<i64> = first(what, &rows)?;
-        let token = token.ok_or_else(|| shape(what, "no token"))?;
-        u64::try_from(token).map_err(|_| shape("fencing token", token))
+        token_u64(token.ok_or_else(|| shape(what, "no token"))?)
     }
 
     /// Makes the grant's row and the session's lease run at least `lease` from now. False if
