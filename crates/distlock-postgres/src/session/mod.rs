@@ -199,9 +199,7 @@ impl Dialect for PgDialect {
             .await
         {
             Ok(unlocked) => {
-                s.grants.remove(&grant.attempt);
-                entry.set(st, State::Idle);
-                self.put_session(s);
+                self.forget_on(entry, st, s, &grant.attempt, true);
                 match (unlocked, again) {
                     (true, _) => Ok(ReleaseOutcome::Released),
                     (false, true) => Ok(ReleaseOutcome::Expired),
@@ -272,26 +270,7 @@ impl Dialect for PgDialect {
             }
             State::Unknown(s) => {
                 let s = s.clone();
-                let all = s.grants.others(&req.attempt) == 0;
-                match self
-                    .unlock_on(&s, &req.key.name, &req.attempt, req.key.kind, all)
-                    .await
-                {
-                    Ok(_) => {
-                        self.forget_on(entry, st, s, &req.attempt, true);
-                        Ok(())
-                    }
-                    Err(_) if all => {
-                        // Closing the session (this drops the last handle) frees whatever
-                        // it holds.
-                        self.forget_on(entry, st, s, &req.attempt, false);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        Self::settle(entry, st);
-                        Err(e)
-                    }
-                }
+                self.drop_on(entry, st, s, &req.key, &req.attempt).await
             }
         }
     }
