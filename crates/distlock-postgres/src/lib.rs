@@ -150,29 +150,17 @@ impl PostgresBackend {
             config.application_name("dlock");
         }
         let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
-        let common = Common::connect(
-            config,
-            connector,
-            endpoint,
-            namespace,
-            opts.get_connect_timeout(),
-            opts.get_op_timeout(),
-        )
-        .await?;
+        let common = Common::connect(config, connector, endpoint, namespace, opts).await?;
+        let (tables, columns, ddl) = match mode {
+            Mode::Session => (session::TABLES, session::COLUMNS, session::DDL),
+            Mode::Lease => (lease::TABLES, lease::COLUMNS, lease::DDL),
+        };
+        common.ensure_schema(tables, columns, ddl).await?;
         let listener = listen::Listener::new(common.clone(), listen);
+        let (c, l) = (common.clone(), listener.clone());
         let inner = match mode {
-            Mode::Session => {
-                common
-                    .ensure_schema(session::TABLES, session::COLUMNS, session::DDL)
-                    .await?;
-                Inner::Session(session::new_mode(common.clone(), listener.clone()))
-            }
-            Mode::Lease => {
-                common
-                    .ensure_schema(lease::TABLES, lease::COLUMNS, lease::DDL)
-                    .await?;
-                Inner::Lease(lease::LeaseMode::new(common.clone(), listener.clone()))
-            }
+            Mode::Session => Inner::Session(session::new_mode(c, l)),
+            Mode::Lease => Inner::Lease(lease::LeaseMode::new(c, l)),
         };
         Ok(PostgresBackend {
             common,

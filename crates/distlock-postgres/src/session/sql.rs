@@ -259,15 +259,8 @@ impl PgDialect {
 
     /// `pg_cancel_backend(pid)` through the control connection; false if that failed.
     pub(crate) async fn cancel_backend(&self, pid: i32) -> bool {
-        let sql = "SELECT pg_cancel_backend($1)";
-        let rows = self
-            .common
-            .query("cancelling a wait", sql, &[(&pid, Type::INT4)])
-            .await;
-        matches!(
-            rows.as_deref()
-                .map(|r| r.first().and_then(|r| r.try_get::<_, bool>(0).ok())),
-            Ok(Some(true))
-        )
+        let (what, sql) = ("cancelling a wait", "SELECT pg_cancel_backend($1)");
+        let rows = self.common.query(what, sql, &[(&pid, Type::INT4)]).await;
+        matches!(rows.map(|r| first(what, &r)), Ok(Ok(true)))
     }
 }

@@ -14,7 +14,6 @@ use distlock_sql::lease::{wait_millis, wait_or_stop};
 use distlock_sql::waited::{self, Step, WaitEnd};
 use distlock_sql::HoldMap;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
@@ -101,7 +100,11 @@ impl PgDialect {
                 let token = self.grant_on(entry, st, s, req, &idle).await?;
                 return Ok(Some(Granted::new(token, sent)));
             }
-            Step::Reuse { unlock: true } => self.give_back(entry, st, s, req).await,
+            // The attempt's dedicated wait session (a wait never shares its session): all of
+            // it is given back, and the session closed if that fails.
+            Step::Reuse { unlock: true } => {
+                let _ = self.drop_on(entry, st, s, &req.key, &req.attempt).await;
+            }
             Step::Reuse { unlock: false } => self.forget_on(entry, st, s, &req.attempt, true),
             // Never pooled after a stop: its `pg_cancel_backend` may still be on its way (its
             // call timed out on a loaded control connection, so the statement runs later). On
@@ -162,23 +165,6 @@ impl PgDialect {
             tokio::time::timeout(limit, unlock),
             stop
         );
-    }
-
-    /// Gives back everything the attempt's dedicated wait session `s` holds (a wait never
-    /// shares its session) and forgets the attempt: the session is pooled if that worked, and
-    /// closed otherwise (which frees whatever it holds).
-    async fn give_back(
-        &self,
-        entry: &Entry,
-        st: &mut State,
-        s: Arc<Session>,
-        req: &AcquireRequest,
-    ) {
-        let unlocked = self
-            .unlock_on(&s, &req.key.name, &req.attempt, req.key.kind, true)
-            .await
-            .is_ok();
-        self.forget_on(entry, st, s, &req.attempt, unlocked);
     }
 }
 
