@@ -19,8 +19,8 @@
 //! - `diagnose`: version, a pooler in front (PgBouncer), whether the session's timeouts take
 //!   effect, synchronous replication, and the server clock against the local one.
 
-use crate::common::{channel, cols, election_key, first, key_oids, lease_left, lock_key, side};
-use crate::common::{token_u64, Common};
+use crate::common::{channel, cols, election_key, first, key_of, key_oids, lease_left};
+use crate::common::{lock_key, side, token_u64, Common};
 use crate::error::{is_code, map, KIND};
 use crate::{Mode, PostgresBackend};
 use distlock_core::operator::{evict, Eviction};
@@ -56,8 +56,6 @@ impl Operator for PostgresBackend {
     }
 
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        let session = |election| Sessions::new(self, name, election);
-        let op = self.common.op_timeout;
         match (self.mode(), kind) {
             (Mode::Lease, LockKind::Election) => force_lease_election(self, name).await,
             (Mode::Lease, LockKind::Mutex) => force_lease(self, name).await,
@@ -68,11 +66,17 @@ impl Operator for PostgresBackend {
                     other.as_str()
                 ),
             )),
-            (Mode::Session, LockKind::Election) => evict(&session(true), KIND, name, op).await,
             (
                 Mode::Session,
-                LockKind::Mutex | LockKind::Fair | LockKind::Read | LockKind::Write,
-            ) => evict(&session(false), KIND, name, op).await,
+                LockKind::Election
+                | LockKind::Mutex
+                | LockKind::Fair
+                | LockKind::Read
+                | LockKind::Write,
+            ) => {
+                let op = self.common.op_timeout;
+                evict(&Sessions::new(self, name, kind), KIND, name, op).await
+            }
             (Mode::Session, other) => Err(Error::unsupported(
                 KIND,
                 format!("lock kind {}", other.as_str()),
@@ -299,18 +303,12 @@ struct Sessions<'a> {
 }
 
 impl<'a> Sessions<'a> {
-    fn new(b: &'a PostgresBackend, name: &'a str, election: bool) -> Self {
-        let ns = b.common.namespace.as_str();
-        let key = if election {
-            election_key(ns, name)
-        } else {
-            lock_key(ns, name)
-        };
+    fn new(b: &'a PostgresBackend, name: &'a str, kind: LockKind) -> Self {
         Sessions {
             b,
             name,
-            key: key_oids(key),
-            election,
+            key: key_oids(key_of(&b.common.namespace, name, kind)),
+            election: kind == LockKind::Election,
             attempts: Default::default(),
         }
     }

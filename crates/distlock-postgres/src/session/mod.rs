@@ -33,10 +33,12 @@ use crate::common::{
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
+use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, GrantRef, Granted, HolderInfo, LockInfo, LockKind,
     ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
+use distlock_sql::waited::{self, Step};
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, IdlePool, Sessions};
 use state::{Entry, Start, State};
 use std::sync::Arc;
@@ -105,12 +107,6 @@ pub(crate) struct PgDialect {
     pool: IdlePool<Arc<conn::Session>>,
 }
 
-impl PgDialect {
-    fn endpoint(&self) -> &str {
-        &self.common.endpoint
-    }
-}
-
 #[async_trait]
 impl Dialect for PgDialect {
     type State = State;
@@ -166,6 +162,8 @@ impl Dialect for PgDialect {
         Self::downgrade_session(holds, req).await.is_none()
     }
 
+    /// One server-side wait of the attempt (its state locked by the caller for all of it):
+    /// a try first, then the blocking wait on the attempt's own session ([`wait`]).
     async fn wait(
         &self,
         holds: &HoldMap<State>,
@@ -175,7 +173,41 @@ impl Dialect for PgDialect {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        self.wait_in(holds, hold, st, req, deadline, cancel).await
+        let sent = LeaseInstant::now();
+        let s = match self.prepare(holds, hold, st, req, false).await? {
+            Start::Held(token) => return Ok(Some(Granted::new(token, sent))),
+            Start::On(s) => s,
+        };
+        let sent = LeaseInstant::now();
+        if let Some(token) = self.try_on(hold, st, &s, req).await? {
+            return Ok(Some(Granted::new(token, sent)));
+        }
+        let Some(left) = waited::budget(deadline, cancel) else {
+            self.forget_on(hold, st, s, &req.attempt, true);
+            return Ok(None);
+        };
+        let (step, answer) = waited::after(self.wait_on(&s, req, left, deadline, cancel).await);
+        match step {
+            Step::Register => {
+                // The server's lease restarts with the registration, which starts now.
+                let sent = LeaseInstant::now();
+                let idle = s.idle_value(&req.attempt, Some(sent + req.lease));
+                let token = self.grant_on(hold, st, s, req, &idle).await?;
+                return Ok(Some(Granted::new(token, sent)));
+            }
+            // The attempt's dedicated wait session (a wait never shares its session): all of
+            // it is given back, and the session closed if that fails.
+            Step::Reuse { unlock: true } => {
+                let _ = self.drop_on(hold, st, s, &req.key, &req.attempt).await;
+            }
+            Step::Reuse { unlock: false } => self.forget_on(hold, st, s, &req.attempt, true),
+            // Never pooled after a stop: its `pg_cancel_backend` may still be on its way (its
+            // call timed out on a loaded control connection, so the statement runs later). On
+            // a reused session it would cancel another attempt's statement and fail a waiter
+            // that must not give up.
+            Step::Close => self.forget_on(hold, st, s, &req.attempt, false),
+        }
+        answer.map(|()| None)
     }
 
     /// Releases exactly the grant `grant` names. A release whose answer was lost leaves the
@@ -193,36 +225,30 @@ impl Dialect for PgDialect {
             State::Releasing(g) if g.token == grant.token => (true, g.session.clone()),
             _ => return self.not_held_outcome(&grant.key.name, grant.key.kind).await,
         };
-        let name: &str = &grant.key.name;
-        match self
-            .unlock_on(&s, name, &grant.attempt, grant.key.kind, false)
-            .await
-        {
+        let (name, kind) = (&grant.key.name, grant.key.kind);
+        let unlocked = match self.unlock_on(&s, name, &grant.attempt, kind, false).await {
             Ok(unlocked) => {
                 self.forget_on(entry, st, s, &grant.attempt, true);
-                match (unlocked, again) {
-                    (true, _) => Ok(ReleaseOutcome::Released),
-                    (false, true) => Ok(ReleaseOutcome::Expired),
-                    // The session did not hold it (an operator unlocked it there).
-                    (false, false) => self.not_held_outcome(name, grant.key.kind).await,
-                }
+                unlocked
             }
             Err(e) => {
                 Self::settle(entry, st);
-                if st.is_idle() {
-                    // The session ended: the lock went with it.
-                    s.grants.remove(&grant.attempt);
-                    return if again {
-                        Ok(ReleaseOutcome::Expired)
-                    } else {
-                        self.not_held_outcome(name, grant.key.kind).await
-                    };
+                if !st.is_idle() {
+                    if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
+                        entry.set(st, State::Releasing(g));
+                    }
+                    return Err(e);
                 }
-                if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
-                    entry.set(st, State::Releasing(g));
-                }
-                Err(e)
+                // The session ended: the lock went with it.
+                s.grants.remove(&grant.attempt);
+                false
             }
+        };
+        match (unlocked, again) {
+            (true, _) => Ok(ReleaseOutcome::Released),
+            (false, true) => Ok(ReleaseOutcome::Expired),
+            // The session did not hold it (an operator unlocked it there), or ended.
+            (false, false) => self.not_held_outcome(name, kind).await,
         }
     }
 

@@ -4,15 +4,13 @@
 //! wait's end means for the attempt is decided in [`distlock_sql::waited`].
 
 use super::conn::{idle_for, Session};
-use super::state::{Entry, Start, State};
+
 use super::{exclusive, PgDialect};
 use crate::common::key_of;
 use crate::error::{is_code, map, KIND};
-use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{AcquireRequest, Error, Granted, LockKind, Result};
+use distlock_core::{AcquireRequest, Error, LockKind};
 use distlock_sql::lease::{wait_millis, wait_or_stop};
-use distlock_sql::waited::{self, Step, WaitEnd};
-use distlock_sql::HoldMap;
+use distlock_sql::waited::WaitEnd;
 use std::future::Future;
 use std::time::{Duration, Instant};
 use tokio_postgres::error::SqlState;
@@ -67,57 +65,9 @@ fn failed(endpoint: &str, e: tokio_postgres::Error) -> WaitEnd {
 }
 
 impl PgDialect {
-    /// One server-side wait of the attempt (its state locked by the caller for all of it):
-    /// a try first, then the blocking wait on the attempt's own session.
-    pub(crate) async fn wait_in(
-        &self,
-        holds: &HoldMap<State>,
-        entry: &Entry,
-        st: &mut State,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        let sent = LeaseInstant::now();
-        let s = match self.prepare(holds, entry, st, req, false).await? {
-            Start::Held(token) => return Ok(Some(Granted::new(token, sent))),
-            Start::On(s) => s,
-        };
-        let sent = LeaseInstant::now();
-        if let Some(token) = self.try_on(entry, st, &s, req).await? {
-            return Ok(Some(Granted::new(token, sent)));
-        }
-        let Some(left) = waited::budget(deadline, cancel) else {
-            self.forget_on(entry, st, s, &req.attempt, true);
-            return Ok(None);
-        };
-        let (step, answer) = waited::after(self.wait_on(&s, req, left, deadline, cancel).await);
-        match step {
-            Step::Register => {
-                // The server's lease restarts with the registration, which starts now.
-                let sent = LeaseInstant::now();
-                let idle = s.idle_value(&req.attempt, Some(sent + req.lease));
-                let token = self.grant_on(entry, st, s, req, &idle).await?;
-                return Ok(Some(Granted::new(token, sent)));
-            }
-            // The attempt's dedicated wait session (a wait never shares its session): all of
-            // it is given back, and the session closed if that fails.
-            Step::Reuse { unlock: true } => {
-                let _ = self.drop_on(entry, st, s, &req.key, &req.attempt).await;
-            }
-            Step::Reuse { unlock: false } => self.forget_on(entry, st, s, &req.attempt, true),
-            // Never pooled after a stop: its `pg_cancel_backend` may still be on its way (its
-            // call timed out on a loaded control connection, so the statement runs later). On
-            // a reused session it would cancel another attempt's statement and fail a waiter
-            // that must not give up.
-            Step::Close => self.forget_on(entry, st, s, &req.attempt, false),
-        }
-        answer.map(|()| None)
-    }
-
     /// The blocking wait of `req` on `s` for at most `left` on the server, stopped here by
     /// `cancel` or the safety net after `deadline`; how it ended.
-    async fn wait_on(
+    pub(super) async fn wait_on(
         &self,
         s: &Session,
         req: &AcquireRequest,
@@ -134,7 +84,7 @@ impl PgDialect {
             // Granted as the caller went away: given straight back.
             Some(Ok(_)) if cancel.is_cancelled() => WaitEnd::Stopped(Some(true)),
             Some(Ok(_)) => WaitEnd::Granted,
-            Some(Err(e)) => failed(self.endpoint(), e),
+            Some(Err(e)) => failed(&self.common.endpoint, e),
             None => {
                 self.stop(s, guc, wait).await;
                 WaitEnd::Stopped(None)
