@@ -79,17 +79,13 @@ impl Common {
         self.server_version >= 140_000
     }
 
-    /// Opens a new connection; the caller drives the connection future.
-    pub(crate) async fn open(&self) -> Result<(Client, PgConnection)> {
-        self.open_with(&self.config).await
-    }
-
-    /// Opens a new connection with `config` (the backend's, or a variant of it) and the
-    /// backend's TLS settings; the caller drives the connection future.
-    pub(crate) async fn open_with(
+    /// Opens a new connection with `config` (the backend's if `None`, or a variant of it) and
+    /// the backend's TLS settings; the caller drives the connection future.
+    pub(crate) async fn open(
         &self,
-        config: &tokio_postgres::Config,
+        config: Option<&tokio_postgres::Config>,
     ) -> Result<(Client, PgConnection)> {
+        let config = config.unwrap_or(&self.config);
         tokio::time::timeout(self.connect_timeout, config.connect(self.tls.connector()))
             .await
             .map_err(|_| timeout(&self.endpoint, "connecting", self.connect_timeout))?
@@ -102,13 +98,8 @@ impl Common {
         if let Some(t) = self.tls.explain(&e) {
             return Error::connection(KIND, self.endpoint.clone(), t);
         }
-        let mut chain = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            chain = format!("{chain}: {s}");
-            source = s.source();
-        }
-        if e.as_db_error().is_none() && chain.contains("password missing") {
+        let mut chain = std::iter::successors(Some(&e as &dyn std::error::Error), |s| s.source());
+        if e.as_db_error().is_none() && chain.any(|s| s.to_string().contains("password missing")) {
             return Error::auth(
                 KIND,
                 self.endpoint.clone(),
@@ -132,7 +123,7 @@ impl Common {
     /// Opens a new connection with `config` (the backend's if `None`) whose connection
     /// future runs in a task of its own until the client is dropped.
     pub(crate) async fn client(&self, config: Option<&tokio_postgres::Config>) -> Result<Client> {
-        let (client, conn) = self.open_with(config.unwrap_or(&self.config)).await?;
+        let (client, conn) = self.open(config).await?;
         let endpoint = self.endpoint.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {

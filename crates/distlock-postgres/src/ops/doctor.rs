@@ -2,7 +2,7 @@
 //! timeouts take effect, synchronous replication, TLS, and the server clock against the local one.
 
 use crate::common::cols;
-use crate::error::{is_code, KIND};
+use crate::error::KIND;
 use crate::{Mode, PostgresBackend};
 use distlock_core::operator::{clock_finding, measure_clock, TlsSession};
 use distlock_core::{Finding, Result, Severity};
@@ -219,6 +219,7 @@ async fn probe(b: &PostgresBackend) -> Result<Probe> {
 /// advisory locks and lease live in the server session); `options` ignored is PgBouncer's
 /// `ignore_startup_parameters`.
 async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
+    let f = |sev, text: &str| Finding::new(sev, "pooler", text);
     let p = match probe(b).await {
         Ok(p) => p,
         Err(e) => {
@@ -228,10 +229,9 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
             } else {
                 Severity::Warning
             };
-            return Finding::new(
+            return f(
                 sev,
-                "pooler",
-                if text.contains("unsupported startup parameter") {
+                &if text.contains("unsupported startup parameter") {
                     format!("a pooler (PgBouncer) in front refuses the `options` startup parameter ({text}): session mode needs a direct connection to the server; lease mode works behind PgBouncer (add options to ignore_startup_parameters)")
                 } else {
                     format!("could not probe the session behind the URL: {text}")
@@ -241,29 +241,24 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
     };
     let pooled = !p.pid_stable || !p.setting_kept || p.shared_backend;
     match (pooled, mode) {
-        (true, Mode::Session) => Finding::new(
+        (true, Mode::Session) => f(
             Severity::Unsafe,
-            "pooler",
             "a transaction-pooling proxy (PgBouncer pool_mode=transaction/statement) is in front: one client connection was served by several server backends, or two by one, or a session setting was lost; session mode's advisory locks and leases live in the server session, so another client can be handed a session that holds a lock, and a dead holder's lock is never freed; connect to the server directly (or a session-pooling PgBouncer) or use ?mode=lease",
         ),
-        (true, Mode::Lease) if b.listen => Finding::new(
+        (true, Mode::Lease) if b.listen => f(
             Severity::Warning,
-            "pooler",
             "a transaction-pooling proxy is in front: lease mode works there, but LISTEN/NOTIFY does not, so waiters wake only at their heartbeat; add listen=off to the URL to say so (or connect directly for prompt wake-ups)",
         ),
-        (true, Mode::Lease) => Finding::new(
+        (true, Mode::Lease) => f(
             Severity::Ok,
-            "pooler",
             "a transaction-pooling proxy is in front: fine for lease mode with listen=off",
         ),
-        (false, _) if !p.options_applied => Finding::new(
+        (false, _) if !p.options_applied => f(
             Severity::Warning,
-            "pooler",
             "the `options` startup parameter (-c settings in the URL) is ignored: a pooler (PgBouncer with options in ignore_startup_parameters) is in front, so settings passed that way do not apply; dlock sets its own session settings with set_config, which worked",
         ),
-        (false, _) => Finding::new(
+        (false, _) => f(
             Severity::Ok,
-            "pooler",
             "one client connection is one server session (no transaction pooling in front), and startup options apply",
         ),
     }
@@ -273,27 +268,25 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
 /// really ends an idle session (a pooler keeping the client connection, or a server that
 /// ignores it, would let a hung holder keep its lock).
 async fn timeout_finding(b: &PostgresBackend, mode: Mode, num: i32) -> Finding {
+    let f = |sev, text: &str| Finding::new(sev, "session-timeout", text);
     if mode == Mode::Lease {
-        return Finding::new(
+        return f(
             Severity::Ok,
-            "session-timeout",
             "lease mode: leases are the rows' expires_at (server time), no session setting ends them",
         );
     }
     if num < 140_000 {
-        return Finding::new(
+        return f(
             Severity::Warning,
-            "session-timeout",
             "no idle_session_timeout before PostgreSQL 14: a holder that hangs with its connection open keeps its lock until the connection closes (see version)",
         );
     }
-    let (client, conn) = match b.common.open().await {
+    let (client, conn) = match b.common.open(None).await {
         Ok(c) => c,
         Err(e) => {
-            return Finding::new(
+            return f(
                 Severity::Warning,
-                "session-timeout",
-                format!("could not open a session to check idle_session_timeout: {e}"),
+                &format!("could not open a session to check idle_session_timeout: {e}"),
             )
         }
     };
@@ -302,29 +295,25 @@ async fn timeout_finding(b: &PostgresBackend, mode: Mode, num: i32) -> Finding {
                       current_setting('idle_session_timeout')";
     let set = row(b, Some(&client), "setting idle_session_timeout", sql).await;
     if let Err(e) = set {
-        return Finding::new(
+        return f(
             Severity::Unsafe,
-            "session-timeout",
-            format!("SET idle_session_timeout failed ({e}): session mode carries each holder's lease in it; connect to the server directly or use ?mode=lease"),
+            &format!("SET idle_session_timeout failed ({e}): session mode carries each holder's lease in it; connect to the server directly or use ?mode=lease"),
         );
     }
     // The server should end the session 300 ms after that statement; allow a loaded machine.
     match tokio::time::timeout(Duration::from_secs(5), ended).await {
-        Ok(Ok(Some(e))) if is_code(&e, &SqlState::IDLE_SESSION_TIMEOUT) || e.as_db_error().is_none() => {
-            Finding::new(
+        Ok(Ok(Some(e))) if e.code() == Some(&SqlState::IDLE_SESSION_TIMEOUT) || e.as_db_error().is_none() => {
+            f(
                 Severity::Ok,
-                "session-timeout",
                 "idle_session_timeout set by dlock ends an idle session: a holder that stops renewing loses its session (and lock) when its lease ends",
             )
         }
-        Ok(Ok(other)) => Finding::new(
+        Ok(Ok(other)) => f(
             Severity::Warning,
-            "session-timeout",
-            format!("the probe session ended otherwise than by idle_session_timeout: {other:?}"),
+            &format!("the probe session ended otherwise than by idle_session_timeout: {other:?}"),
         ),
-        Ok(Err(_)) | Err(_) => Finding::new(
+        Ok(Err(_)) | Err(_) => f(
             Severity::Unsafe,
-            "session-timeout",
             "idle_session_timeout = 300 ms did not end an idle session within 5 s: session mode enforces each holder's lease that way, so a hung holder would keep its lock; connect to the server directly (not through a pooler that keeps the client connection) or use ?mode=lease",
         ),
     }

@@ -21,7 +21,7 @@
 
 use crate::common::{channel, cols, election_key, first, key_of, key_oids, lease_left};
 use crate::common::{lock_key, side, token_u64, Common};
-use crate::error::{is_code, map, KIND};
+use crate::error::{map, KIND};
 use crate::{Mode, PostgresBackend};
 use distlock_core::operator::{evict, Eviction};
 use distlock_core::{
@@ -442,7 +442,7 @@ async fn terminate(b: &PostgresBackend, name: &str, pid: i32) -> Result<()> {
     match res {
         // false: the backend ended meanwhile; its lock is gone with it.
         Ok(_) => Ok(()),
-        Err(e) if is_code(&e, &SqlState::INSUFFICIENT_PRIVILEGE) => {
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
             let msg = e
                 .as_db_error()
                 .map(|d| d.message().to_owned())

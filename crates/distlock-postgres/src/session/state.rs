@@ -204,15 +204,9 @@ impl PgDialect {
             ))),
             State::Granted(g) => {
                 let token = g.token;
-                match self
-                    .extend(entry, st, &req.key, &req.attempt, req.lease)
-                    .await
-                {
-                    Ok(true) => Ok(Some(token)),
-                    // Revoked by an operator before this retry: given up; try anew.
-                    Ok(false) => Ok(None),
-                    Err(e) => Err(e),
-                }
+                // Not extended: revoked by an operator before this retry, given up; try anew.
+                let extended = self.extend(entry, st, &req.key, &req.attempt, req.lease);
+                Ok(extended.await?.then_some(token))
             }
             State::Unknown(s) => {
                 let s = s.clone();

@@ -7,7 +7,7 @@ use super::conn::{idle_for, Session};
 
 use super::{exclusive, PgDialect};
 use crate::common::key_of;
-use crate::error::{is_code, map, KIND};
+use crate::error::{map, KIND};
 use distlock_core::{AcquireRequest, Error, LockKind};
 use distlock_sql::lease::{wait_millis, wait_or_stop};
 use distlock_sql::waited::WaitEnd;
@@ -48,14 +48,14 @@ fn wait_sql(
 
 /// How a wait that returned an error ended.
 fn failed(endpoint: &str, e: tokio_postgres::Error) -> WaitEnd {
-    if is_code(&e, &SqlState::LOCK_NOT_AVAILABLE) {
+    if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
         // lock_timeout: the deadline passed (the transaction's rollback undid the lease
         // setting). The server may have granted the lock all the same: a grant that lands
         // while the timeout is being handled is kept (LockErrorCleanup), and a session-level
         // advisory lock outlives the aborted transaction.
         return WaitEnd::TimedOut { may_hold: true };
     }
-    WaitEnd::Failed(if is_code(&e, &SqlState::QUERY_CANCELED) {
+    WaitEnd::Failed(if e.code() == Some(&SqlState::QUERY_CANCELED) {
         // Cancelled by someone else (an operator), or by a late signal of ours: wait again,
         // on another session.
         Error::connection(KIND, endpoint, "the wait was cancelled on the server")
