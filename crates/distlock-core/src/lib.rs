@@ -21,6 +21,7 @@ pub mod clock;
 pub mod conn;
 mod deadline;
 mod delegate;
+pub mod doctor;
 mod duration;
 mod election;
 mod error;

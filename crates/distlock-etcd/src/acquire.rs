@@ -2,7 +2,7 @@
 
 use crate::error::{shape, KIND};
 use crate::kv::{
-    first_of, gets, header_revision, nth_first, put_hold, token_of, value_of, Keys, CAS_ATTEMPTS,
+    first_of, header_revision, put_hold, reads, token_of, value_of, Keys, CAS_ATTEMPTS,
 };
 use crate::lease::Lease;
 use crate::renew::Cover;
@@ -52,9 +52,8 @@ impl EtcdBackend {
                 self.remember(&req.attempt, lease);
                 return Ok((AcquireReply::Granted { token }, true));
             }
-            let mut all = gets(&resp);
-            let m = nth_first(&mut all, 0)?;
-            let first = nth_first(&mut all, 1)?.ok_or_else(|| {
+            let [m, first] = reads(&resp)?;
+            let first = first.ok_or_else(|| {
                 shape("etcd said the queue was not empty but returned no key of it")
             })?;
             match m {
@@ -130,17 +129,40 @@ impl EtcdBackend {
             Some(TxnOpResponse::Get(g)) => g.count(),
             _ => return Err(shape("inspect: the transaction returned too few reads")),
         };
-        let mut all = gets(&resp);
-        let first = nth_first(&mut all, 0)?;
-        let fence = nth_first(&mut all, 1)?;
+        let [first, fence] = reads(&resp)?;
         Ok((queued, first, fence))
     }
 
-    /// The holder, the waiters and the last fencing token of lock `name` (`Backend::inspect`).
-    pub(crate) async fn inspect_lock(&self, name: &str) -> Result<LockInfo> {
-        let keys = self.keys(name);
-        let (queued, first, fence) = self.queue_state(&keys).await?;
-        (self.lock_info(&keys, name, queued, first.as_ref(), fence.as_ref(), None)).await
+    /// The holder, the waiters and the last fencing token of lock or election `name` (keys
+    /// `keys`; `Backend::inspect`). An election's leader (the candidate key with the smallest
+    /// create revision) comes with its value, from its metadata key read only if the leader is
+    /// still the same key (else it changed: look again). A leader that is not dlock's
+    /// (`etcdctl elect`, Go's `concurrency.Election`: no metadata key) is reported with owner
+    /// `(not dlock) KEY` and its create revision as token, which is the token a dlock candidate
+    /// in its place would have had.
+    pub(crate) async fn inspect_queue(&self, keys: &Keys, name: &str) -> Result<LockInfo> {
+        for _ in 0..CAS_ATTEMPTS {
+            let (queued, first, fence) = self.queue_state(keys).await?;
+            let (first, fence) = (first.as_ref(), fence.as_ref());
+            let (Some(leader), Some(meta_key)) = (first, first.and_then(|f| keys.meta_of(f.key())))
+            else {
+                return (self.lock_info(keys, name, queued, first, fence, None)).await;
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    leader.key().to_vec(),
+                    CompareOp::Equal,
+                    leader.create_revision(),
+                )])
+                .and_then([TxnOp::get(meta_key, None)]);
+            let resp = self.txn("inspect", txn).await?;
+            if !resp.succeeded() {
+                continue;
+            }
+            let [meta] = reads(&resp)?;
+            return (self.lock_info(keys, name, queued, first, fence, meta.as_ref())).await;
+        }
+        Err(self.contended(&keys.queue))
     }
 
     /// What `inspect` and `list` report of lock or election `name` (keys `keys`): `queued`

@@ -1,10 +1,79 @@
-//! [`EtcdBuilder`]: the URL plus what should not be in it (the password, TLS files), and
-//! where each setting comes from.
+//! [`EtcdBuilder`]: the URL — `etcd://[user[:password]@]host:port[,host:port…][/prefix]`, and
+//! `etcds://…[?cacert=PATH][&cert=PATH&key=PATH]` for TLS — plus what should not be in it (the
+//! password, TLS files), and where each setting comes from.
 
-use crate::url::{self, Target};
 use crate::EtcdBackend;
-use distlock_core::conn::{Builder, Connect, CredentialRule, Settings};
+use distlock_core::conn::{
+    self, Builder, Connect, ConnectionString, CredentialRule, Password, Settings, TlsFiles,
+};
 use distlock_core::Result;
+
+/// Default client port of etcd.
+const DEFAULT_PORT: u16 = 2379;
+
+/// What to write for TLS settings with a plain URL.
+const NEEDS_TLS: &str = "write etcds://… (etcd:// is plain http)";
+
+/// What the URL says, and once resolved what the builder and the environment add.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    /// `host:port` for every member (the scheme is added by the connection: `http://`, or
+    /// `https://` with TLS).
+    pub(crate) hosts: Vec<String>,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<Password>,
+    pub(crate) prefix: Option<String>,
+    /// `Some` for `etcds://` (the files it names, if any).
+    pub(crate) tls: Option<TlsFiles>,
+}
+
+/// The URL with its password replaced by `***` (the core's [`conn::redact`]).
+pub use distlock_core::conn::redact;
+
+/// Decodes `%XX` escapes (as in the user, password and prefix of an `etcd://` URL); `None` for
+/// a bad escape or bytes that are not UTF-8. Other characters pass through unchanged.
+pub fn percent_decode(s: &str) -> Option<String> {
+    String::from_utf8(conn::percent_decode_strict(s).ok()?).ok()
+}
+
+/// Reads an `etcd://` or `etcds://` URL parsed by the core (which redacts it in every error):
+/// the scheme, only the TLS parameters and only with `etcds://`, a non-empty user name, and a
+/// prefix without control characters. A user without a password is accepted: the password may
+/// come from the builder or the environment.
+fn from_url(cs: &ConnectionString) -> Result<Target> {
+    let tls = TlsFiles::of_scheme(cs, ["etcd", "etcds"], crate::tls::NAMES, NEEDS_TLS)?;
+    if cs.fragment().is_some() {
+        return Err(cs.invalid("the etcd URL has no #fragment"));
+    }
+    cs.check_params(&["cacert", "ca_file", "cert", "key"])?;
+    if cs.user() == Some("") {
+        return Err(cs.invalid("empty user name"));
+    }
+    if cs.user().is_none() && cs.password().is_some() {
+        return Err(cs.invalid("a password without a user"));
+    }
+    if cs.hosts().is_empty() {
+        return Err(cs.invalid("empty host; write etcd://host:port[,host:port…]"));
+    }
+    let hosts = cs
+        .hosts()
+        .iter()
+        .map(|h| h.endpoint(DEFAULT_PORT))
+        .collect();
+    // Trimmed before decoding, so an escaped `/` (`%2F`) at either end stays in the prefix.
+    let prefix = percent_decode(cs.raw_path().trim_matches('/'))
+        .ok_or_else(|| cs.invalid("bad percent-encoding in the prefix"))?;
+    if prefix.chars().any(char::is_control) {
+        return Err(cs.invalid("the prefix must not contain control characters"));
+    }
+    Ok(Target {
+        hosts,
+        user: cs.user().map(str::to_owned),
+        password: cs.password().cloned(),
+        prefix: (!prefix.is_empty()).then_some(prefix),
+        tls,
+    })
+}
 
 /// Environment variable with the etcd user name, used when neither the builder nor the URL
 /// names a user.
@@ -63,10 +132,10 @@ impl EtcdSettings {
     /// The URL and every setting, resolved: the target with the user, password and TLS files
     /// it will use.
     fn resolve(s: &Settings<Self>) -> Result<Target> {
-        let mut t = url::from_parsed(s.url.clone())?;
+        let mut t = from_url(&s.url)?;
         t.user = s.credentials.user.clone();
         t.password = s.credentials.password.clone();
-        t.tls = s.tls_files(t.tls.take(), url::NEEDS_TLS)?;
+        t.tls = s.tls_files(t.tls.take(), NEEDS_TLS)?;
         Ok(t)
     }
 }
@@ -84,6 +153,72 @@ impl Connect for EtcdSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse_url(url: &str) -> Result<Target> {
+        from_url(&ConnectionString::parse(url)?)
+    }
+
+    #[test]
+    fn urls() {
+        let t = parse_url("etcd://127.0.0.1:1,127.0.0.1:2/shop/a").unwrap();
+        assert_eq!(t.hosts, ["127.0.0.1:1", "127.0.0.1:2"]);
+        assert_eq!(t.prefix.as_deref(), Some("shop/a"));
+        assert_eq!(t.user, None);
+        assert_eq!(t.tls, None);
+        let t = parse_url("etcd://u:p%40ss@h").unwrap();
+        assert_eq!(t.hosts, ["h:2379"]);
+        assert_eq!(t.user.as_deref(), Some("u"));
+        assert_eq!(t.password.as_ref().map(|p| p.expose()), Some("p@ss"));
+        assert_eq!(t.prefix, None);
+        let t = parse_url("etcd://u@h").unwrap();
+        assert_eq!((t.user.as_deref(), t.password), (Some("u"), None));
+        let t = parse_url("etcd://[::1]:5,[::1]/").unwrap();
+        assert_eq!(t.hosts, ["[::1]:5", "[::1]:2379"]);
+        let t = parse_url("etcds://h/p?cacert=/ca.pem&cert=/c.pem&key=/c.key").unwrap();
+        let tls = t.tls.expect("tls");
+        assert_eq!(tls.ca(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(
+            tls.client(),
+            Some((
+                std::path::Path::new("/c.pem"),
+                std::path::Path::new("/c.key")
+            ))
+        );
+        assert_eq!(t.prefix.as_deref(), Some("p"));
+        let t = parse_url("etcds://h?ca_file=/ca.pem").unwrap();
+        let tls = t.tls.expect("tls");
+        assert_eq!(tls.ca(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(
+            parse_url("etcds://h").unwrap().tls,
+            Some(TlsFiles::new(crate::tls::NAMES))
+        );
+        for (bad, says) in [
+            ("etcd://h?cacert=/x", "etcds://"),
+            ("etcds://h?cert=/x", "add `&key=PATH`"),
+            ("etcds://h?sslmode=require", "unknown parameter `sslmode`"),
+        ] {
+            let e = parse_url(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        for bad in [
+            "etcd://",
+            "etcd://h:1,",
+            "etcd://h:x",
+            "etcd://h:0",
+            "etcd://h?x=1",
+            "etcd://:p@h",
+            "etcd://h#f",
+            "http://h",
+            "nothing",
+            "etcd://[::1",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        let e = parse_url("etcd://u:secret@h:x").unwrap_err().to_string();
+        assert!(!e.contains("secret"), "{e}");
+        assert_eq!(redact("etcd://u:secret@h:1/p"), "etcd://u:***@h:1/p");
+        assert_eq!(redact("etcd://h:1/p"), "etcd://h:1/p");
+    }
     use distlock_core::conn::Env;
 
     fn env_of(vars: &[(&str, &str)]) -> Env {

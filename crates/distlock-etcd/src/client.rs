@@ -1,9 +1,10 @@
 //! Connecting to the cluster, and calling it: per-call timeouts, retries of requests that never left.
 
+use crate::builder::{redact, Target};
 use crate::error::{map, timed_out, KIND};
 use crate::tls;
-use crate::url::{redact, Target};
 use crate::EtcdBackend;
+use distlock_core::conn::TlsErrorKind;
 use distlock_core::{ClientOptions, Error, Result};
 use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, KeyValue, Txn, TxnResponse};
 use std::collections::HashMap;
@@ -28,11 +29,8 @@ impl EtcdBackend {
     /// Connects to the cluster `target` describes (`url` is only for messages, redacted) and
     /// checks that it answers (a linearizable read, so a cluster without a quorum fails here).
     pub(crate) async fn open(url: &str, target: Target, opts: &ClientOptions) -> Result<Self> {
-        let prefix = target
-            .prefix
-            .clone()
-            .unwrap_or_else(|| opts.get_namespace().to_owned());
-        let endpoint = target.display.clone();
+        let prefix = (target.prefix.clone()).unwrap_or_else(|| opts.get_namespace().to_owned());
+        let endpoint = target.hosts.join(",");
         let mut co = connect_options(opts);
         if let (Some(u), Some(p)) = (&target.user, &target.password) {
             co = co.with_user(u.clone(), p.expose().to_owned());
@@ -58,48 +56,32 @@ impl EtcdBackend {
                 etcd_client::Error::InvalidUri(m) => Error::invalid_url(redact(url), m.to_string()),
                 e => map(&endpoint, e),
             })?;
-        let tls_client = target.tls.as_ref().map(|t| t.client().is_some());
-        let mut backend = Self::probed(
-            client,
-            endpoint,
-            prefix,
-            Some(co),
-            tls_client,
-            &target.hosts,
-            opts,
-        )
-        .await?;
+        let mut backend = Self::new(client, endpoint, prefix, opts);
+        backend.connect_opts = Some(co);
         backend.transport = tls::transport(&target.hosts, target.tls.as_ref());
-        Ok(backend)
+        let tls_client = target.tls.as_ref().map(|t| t.client().is_some());
+        backend.probed(tls_client, &target.hosts).await
     }
 
-    /// The backend on `client`, once a linearizable read got through. `tls_client`: with
-    /// TLS, whether a client certificate was given (to explain a connection the server
-    /// closed right after the handshake); `hosts`: the members dialled (none for an
-    /// application's client), asked in plain HTTP/2 when a TLS connection was closed.
-    pub(crate) async fn probed(
+    /// The backend on `client`, not yet probed; `transport` says it runs on an application's
+    /// client until [`open`](Self::open) replaces it.
+    pub(crate) fn new(
         client: Client,
         endpoint: String,
         prefix: String,
-        connect_opts: Option<ConnectOptions>,
-        tls_client: Option<bool>,
-        hosts: &[String],
         opts: &ClientOptions,
-    ) -> Result<Self> {
-        let limit = opts.get_connect_timeout() * 2;
-        let own = connect_opts.is_some();
+    ) -> Self {
         let closed = tokio_util::sync::CancellationToken::new();
-        let backend = EtcdBackend {
+        EtcdBackend {
             client,
-            endpoint: endpoint.clone(),
+            endpoint,
             prefix,
             op_timeout: opts.get_op_timeout(),
-            connect_opts,
+            connect_opts: None,
             connect_timeout: opts.get_connect_timeout(),
             watchdog_lease: opts.get_watchdog_lease(),
             doubtful: Mutex::new(HashMap::new()),
             leases: Mutex::new(HashMap::new()),
-            // Replaced by the connection's own unless on an application's client.
             transport: distlock_core::Finding::new(
                 distlock_core::Severity::Ok,
                 "tls",
@@ -107,12 +89,18 @@ impl EtcdBackend {
             ),
             closed: closed.clone(),
             _closing: closed.drop_guard(),
-        };
-        if let Err(e) = backend.probe(limit).await? {
-            let timeout = opts.get_connect_timeout();
-            return Err(probe_error(e, &endpoint, tls_client, own, hosts, timeout).await);
         }
-        Ok(backend)
+    }
+
+    /// This backend, once a linearizable read got through. `tls_client`: with TLS, whether a
+    /// client certificate was given (to explain a connection the server closed right after
+    /// the handshake); `hosts`: the members dialled (none for an application's client), asked
+    /// in plain HTTP/2 when a TLS connection was closed.
+    pub(crate) async fn probed(self, tls_client: Option<bool>, hosts: &[String]) -> Result<Self> {
+        match self.probe(self.connect_timeout * 2).await? {
+            Ok(_) => Ok(self),
+            Err(e) => Err(self.probe_error(e, tls_client, hosts).await),
+        }
     }
 
     /// Reads a key (a linearizable read) within `limit`; an election in progress ("leader
@@ -143,53 +131,50 @@ impl EtcdBackend {
             .await
             .map_err(|_| no_answer(&self.endpoint, limit))
     }
-}
 
-/// The error of a connect probe that failed with `e` (`tls_client`, `own`, `hosts`: as
-/// [`EtcdBackend::probed`] got them).
-async fn probe_error(
-    e: etcd_client::Error,
-    endpoint: &str,
-    tls_client: Option<bool>,
-    own: bool,
-    hosts: &[String],
-    connect_timeout: Duration,
-) -> Error {
-    let endpoint = endpoint.to_owned();
-    // A TLS connection the server closed: a member that refused the client's certificate
-    // after the handshake, or (when the hello's EOF surfaces only as a closed connection)
-    // a plain-http member. The second answers HTTP/2 in the clear.
-    let plain = match (tls_client, hosts.first()) {
-        (Some(_), Some(host))
-            if tls::classify(&e, tls_client).is_none() && tls::closed_under_request(&e) =>
-        {
-            tls::speaks_plain_http2(host, connect_timeout).await
+    /// The error of a connect probe that failed with `e` (`tls_client`, `hosts`: as
+    /// [`probed`](Self::probed) got them).
+    async fn probe_error(
+        &self,
+        e: etcd_client::Error,
+        tls_client: Option<bool>,
+        hosts: &[String],
+    ) -> Error {
+        let endpoint = self.endpoint.clone();
+        let closed = tls::closed_under_request(&e);
+        let found = match (tls_client, tls::classify(&e, tls_client)) {
+            (_, Some(t)) => Some(t),
+            // A TLS connection the server closed: a member that refused the client's
+            // certificate after the handshake (with TLS 1.3, how etcd's `--client-cert-auth`
+            // refuses a client without one, or with one it does not trust), or (when the
+            // hello's EOF surfaces only as a closed connection) a plain-http member. The
+            // second answers HTTP/2 in the clear.
+            (Some(has_cert), None) if closed => Some(match hosts.first() {
+                Some(host) if tls::speaks_plain_http2(host, self.connect_timeout).await => {
+                    tls::error(
+                        TlsErrorKind::NotSupportedByServer,
+                        "the server closed the TLS connection and answers plain HTTP/2",
+                        Some(has_cert),
+                    )
+                }
+                _ => tls::error(
+                    TlsErrorKind::ClientCertRejected,
+                    "the server closed the connection right after the TLS handshake, as etcd \
+                     does with a client certificate it does not accept, or none",
+                    Some(has_cert),
+                ),
+            }),
+            _ => None,
+        };
+        match found {
+            Some(t) => Error::connection(KIND, endpoint, t),
+            None if tls_client.is_none() && self.connect_opts.is_some() && closed => {
+                let hint = "the server closed the connection: if its members serve https, \
+                            connect with etcds://";
+                Error::connection(KIND, endpoint, format!("{e} ({hint})"))
+            }
+            None => map(&endpoint, e),
         }
-        _ => false,
-    };
-    match (tls_client, tls::classify(&e, tls_client)) {
-        (_, Some(t)) => Error::connection(KIND, endpoint, t),
-        (Some(has_cert), None) if plain => Error::connection(
-            KIND,
-            endpoint,
-            tls::error(
-                distlock_core::conn::TlsErrorKind::NotSupportedByServer,
-                "the server closed the TLS connection and answers plain HTTP/2",
-                Some(has_cert),
-            ),
-        ),
-        (Some(has_cert), None) if tls::closed_under_request(&e) => {
-            Error::connection(KIND, endpoint, tls::closed_by_server(has_cert))
-        }
-        (None, None) if own && tls::closed_under_request(&e) => Error::connection(
-            KIND,
-            endpoint,
-            format!(
-                "{e} (the server closed the connection: if its members serve https, \
-                 connect with etcds://)"
-            ),
-        ),
-        _ => map(&endpoint, e),
     }
 }
 

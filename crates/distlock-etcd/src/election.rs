@@ -1,55 +1,20 @@
-//! Elections on etcd's `concurrency.Election` layout: who leads (`inspect`), proclaiming a
-//! new value, and watching an election for changes.
+//! Elections on etcd's `concurrency.Election` layout: proclaiming a new value.
 //!
-//! Campaigning, waiting, renewing and resigning are the mutex's code on the election's keys
-//! ([`Keys::election`]): a candidate's key is first in `PREFIX-election/NAME/` (smallest
-//! create revision) exactly when it leads, its create revision is its fencing token, and a
-//! waiting candidate watches the key created just before its own — the rules of etcd's own
-//! recipe, so `etcdctl elect PREFIX-election/NAME` candidates take part in the same queue.
+//! Campaigning, waiting, renewing, resigning, `inspect` and observing are the mutex's code on
+//! the election's keys ([`Keys::election`](crate::kv::Keys::election)): a candidate's key is
+//! first in `PREFIX-election/NAME/` (smallest create revision) exactly when it leads, its
+//! create revision is its fencing token, and a waiting candidate watches the key created just
+//! before its own — the rules of etcd's own recipe, so `etcdctl elect PREFIX-election/NAME`
+//! candidates take part in the same queue.
 
 use crate::error::shape;
-use crate::kv::{gets, nth_first, revision_of, CAS_ATTEMPTS};
-use crate::kv::{Keys, Meta};
+use crate::kv::{reads, revision_of, Meta, CAS_ATTEMPTS};
 use crate::EtcdBackend;
 use distlock_core::backend::{GrantRef, RenewOutcome};
-use distlock_core::{LockInfo, Result};
+use distlock_core::Result;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 impl EtcdBackend {
-    /// The leader of election `name` (the candidate key with the smallest create revision),
-    /// its value and token, and how many candidates wait (`Backend::inspect`). A leader that
-    /// is not dlock's (`etcdctl elect`, Go's `concurrency.Election`: no metadata key) is
-    /// reported with owner `(not dlock) KEY` and its create revision as token, which is the
-    /// token a dlock candidate in its place would have had.
-    pub(crate) async fn inspect_election(&self, name: &str) -> Result<LockInfo> {
-        let keys = Keys::election(&self.prefix, name);
-        for _ in 0..CAS_ATTEMPTS {
-            let (queued, first, fence) = self.queue_state(&keys).await?;
-            let Some(leader) = first else {
-                return (self.lock_info(&keys, name, queued, None, fence.as_ref(), None)).await;
-            };
-            // Its metadata, if it is still the same key (else the leader changed: look again).
-            let meta_key = keys
-                .meta_of(leader.key())
-                .ok_or_else(|| shape("an election key outside the election's prefix"))?;
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    leader.key().to_vec(),
-                    CompareOp::Equal,
-                    leader.create_revision(),
-                )])
-                .and_then([TxnOp::get(meta_key, None)]);
-            let resp = self.txn("inspect", txn).await?;
-            if !resp.succeeded() {
-                continue;
-            }
-            let meta = nth_first(&mut gets(&resp), 0)?;
-            let (leader, fence) = (Some(&leader), fence.as_ref());
-            return (self.lock_info(&keys, name, queued, leader, fence, meta.as_ref())).await;
-        }
-        Err(self.contended(&keys.queue))
-    }
-
     /// Replaces the value of the candidate key of `grant` with `value` if `seq` is newer than
     /// the proclamation its metadata records (`Backend::proclaim`).
     ///
@@ -117,11 +82,11 @@ impl EtcdBackend {
             if resp.succeeded() {
                 return Ok(RenewOutcome::Renewed);
             }
-            let mut all = gets(&resp);
-            if nth_first(&mut all, 0)?.is_none_or(|kv| kv.create_revision() != rev) {
+            let [kv, m] = reads(&resp)?;
+            if kv.is_none_or(|kv| kv.create_revision() != rev) {
                 return Ok(RenewOutcome::NotHeld);
             }
-            let m = nth_first(&mut all, 1)?.ok_or_else(|| {
+            let m = m.ok_or_else(|| {
                 shape(format!(
                     "election candidate `{}` has no metadata key",
                     String::from_utf8_lossy(&mine)

@@ -233,26 +233,20 @@ pub(crate) fn revision_of(token: u64) -> Option<i64> {
     i64::try_from(token).ok().filter(|r| *r > 0)
 }
 
-/// The key-values of every Get in a transaction response, in order.
-pub(crate) fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
-    resp.op_responses()
-        .into_iter()
-        .filter_map(|r| match r {
-            TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
-            _ => None,
-        })
-        .collect()
+/// The first key-value (if any) of every Get in a transaction response, in order.
+pub(crate) fn firsts(resp: &TxnResponse) -> Vec<Option<KeyValue>> {
+    let first = |r| match r {
+        TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
+        _ => None,
+    };
+    resp.op_responses().into_iter().filter_map(first).collect()
 }
 
-pub(crate) fn nth_first(all: &mut [Vec<KeyValue>], i: usize) -> Result<Option<KeyValue>> {
-    let v = all
-        .get_mut(i)
-        .ok_or_else(|| shape("a transaction returned fewer reads than it made"))?;
-    Ok(if v.is_empty() {
-        None
-    } else {
-        Some(v.swap_remove(0))
-    })
+/// [`firsts`] of the first `N` Gets of a transaction response.
+pub(crate) fn reads<const N: usize>(resp: &TxnResponse) -> Result<[Option<KeyValue>; N]> {
+    let mut all = firsts(resp);
+    all.truncate(N);
+    (all.try_into()).map_err(|_| shape("a transaction returned fewer reads than it made"))
 }
 
 pub(crate) fn header_revision(resp: &TxnResponse) -> Result<i64> {
@@ -274,19 +268,6 @@ pub(crate) fn first_of(queue: &[u8]) -> TxnOp {
     )
 }
 
-/// Puts the attempt's key `mine` for `owner` on `lease` (a lock's).
-pub(crate) fn put_mine(mine: &[u8], owner: &str, lease: Lease) -> TxnOp {
-    TxnOp::put(
-        mine.to_vec(),
-        Entry {
-            ttl: lease.ttl,
-            owner: owner.to_owned(),
-        }
-        .encode(),
-        Some(PutOptions::new().with_lease(lease.id)),
-    )
-}
-
 /// Puts the keys of the attempt whose key is `mine` on `lease`: for a lock its key (`TTL
 /// OWNER`); for an election its key holding just `value` and its metadata key (with
 /// proclamation number `seq`).
@@ -298,24 +279,18 @@ pub(crate) fn put_hold(
     lease: Lease,
     seq: u64,
 ) -> Vec<TxnOp> {
+    let put = |key: Vec<u8>, value: Vec<u8>| {
+        TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease.id)))
+    };
+    let (ttl, owner) = (lease.ttl, owner.to_owned());
     match keys.meta_of(mine) {
-        None => vec![put_mine(mine, owner, lease)],
+        None => vec![put(
+            mine.to_vec(),
+            Entry { ttl, owner }.encode().into_bytes(),
+        )],
         Some(meta) => vec![
-            TxnOp::put(
-                mine.to_vec(),
-                value.to_vec(),
-                Some(PutOptions::new().with_lease(lease.id)),
-            ),
-            TxnOp::put(
-                meta,
-                Meta {
-                    ttl: lease.ttl,
-                    seq,
-                    owner: owner.to_owned(),
-                }
-                .encode(),
-                Some(PutOptions::new().with_lease(lease.id)),
-            ),
+            put(mine.to_vec(), value.to_vec()),
+            put(meta, Meta { ttl, seq, owner }.encode().into_bytes()),
         ],
     }
 }

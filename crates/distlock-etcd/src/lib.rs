@@ -14,6 +14,7 @@
 mod acquire;
 mod builder;
 mod client;
+mod doctor;
 mod election;
 mod error;
 mod kv;
@@ -21,12 +22,12 @@ mod lease;
 mod ops;
 mod renew;
 mod tls;
-mod url;
 mod wait;
 
-pub use builder::{EtcdBuilder, EtcdSettings, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
+pub use builder::{
+    percent_decode, redact, EtcdBuilder, EtcdSettings, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV,
+};
 pub use tls::{TlsError, TlsErrorKind};
-pub use url::{percent_decode, redact};
 
 use crate::error::KIND;
 use crate::kv::Keys;
@@ -157,7 +158,9 @@ impl EtcdBackend {
     pub async fn from_client(client: Client, opts: &ClientOptions) -> Result<Self> {
         let endpoint = "etcd (the application's client)".to_owned();
         let prefix = opts.get_namespace().to_owned();
-        Self::probed(client, endpoint, prefix, None, None, &[], opts).await
+        (Self::new(client, endpoint, prefix, opts))
+            .probed(None, &[])
+            .await
     }
 
     /// The connect options `doctor` uses to reach each member on its own (for a backend made
@@ -264,10 +267,8 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        if kind == LockKind::Election {
-            return self.inspect_election(name).await;
-        }
-        self.inspect_lock(name).await
+        self.inspect_queue(&Keys::of_kind(&self.prefix, name, kind), name)
+            .await
     }
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {

@@ -1,9 +1,7 @@
 //! Renewing grants (keep-alives, moving a key to a longer lease), releasing them, giving attempts up.
 
 use crate::error::{shape, KIND};
-use crate::kv::{
-    first_of, gets, nth_first, put_hold, revision_of, Entry, Keys, Meta, CAS_ATTEMPTS,
-};
+use crate::kv::{first_of, firsts, put_hold, reads, revision_of, Entry, Keys, Meta, CAS_ATTEMPTS};
 use crate::lease::{ttl_secs, Lease};
 use crate::EtcdBackend;
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, RenewOutcome};
@@ -58,11 +56,11 @@ impl EtcdBackend {
             TxnOp::get(meta_key.clone(), None),
         ]);
         let resp = self.txn("read", txn).await?;
-        let mut all = gets(&resp);
-        let Some(kv) = nth_first(&mut all, 0)?.filter(|kv| kv.create_revision() == rev) else {
+        let [kv, m] = reads(&resp)?;
+        let Some(kv) = kv.filter(|kv| kv.create_revision() == rev) else {
             return Ok(None);
         };
-        let m = nth_first(&mut all, 1)?.ok_or_else(|| {
+        let m = m.ok_or_else(|| {
             shape(format!(
                 "election candidate `{}` has no metadata key `{}`; \
                  is another program writing under this prefix?",
@@ -253,17 +251,15 @@ impl EtcdBackend {
         let reads = mines.chunks(MAX_OPS_PER_TXN).map(|chunk| async move {
             let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
             let resp = self.txn("renew", Txn::new().and_then(ops)).await?;
-            let mut all = gets(&resp);
-            if all.len() != chunk.len() {
+            let found = firsts(&resp);
+            if found.len() != chunk.len() {
                 return Err(shape(format!(
                     "renewal read {} keys for {} holds",
-                    all.len(),
+                    found.len(),
                     chunk.len()
                 )));
             }
-            (0..chunk.len())
-                .map(|i| nth_first(&mut all, i))
-                .collect::<Result<Vec<_>>>()
+            Ok(found)
         });
         let early = holds.iter().map(|(g, want)| async move {
             match self.known_lease(&g.attempt) {
@@ -286,21 +282,16 @@ impl EtcdBackend {
         let found = read
             .into_iter()
             .zip(mines.chunks(MAX_OPS_PER_TXN))
-            .flat_map(|(r, chunk)| {
-                let per_hold: Vec<Result<Option<KeyValue>>> = match r {
+            .flat_map(|(r, chunk)| -> Vec<Result<Option<KeyValue>>> {
+                match r {
                     Ok(found) => found.into_iter().map(Ok).collect(),
-                    Err(e) => chunk
-                        .iter()
-                        .map(|_| {
-                            Err(Error::connection(
-                                KIND,
-                                self.endpoint.clone(),
-                                format!("reading the keys of its renewal batch: {e}"),
-                            ))
-                        })
-                        .collect(),
-                };
-                per_hold
+                    Err(e) => {
+                        let why = format!("reading the keys of its renewal batch: {e}");
+                        let lost =
+                            |_| Err(Error::connection(KIND, self.endpoint.clone(), why.clone()));
+                        chunk.iter().map(lost).collect()
+                    }
+                }
             });
         let each = holds
             .iter()
@@ -333,14 +324,14 @@ impl EtcdBackend {
             .and_then(keys.read_and_delete(&mine))
             .or_else([first_of(&keys.queue)]);
         let resp = self.txn("release", txn).await?;
-        let mut all = gets(&resp);
+        let [first] = reads(&resp)?;
         let out = if resp.succeeded() {
-            if let Some(kv) = nth_first(&mut all, 0)? {
+            if let Some(kv) = first {
                 self.revoke_in_background(kv.lease());
             }
             ReleaseOutcome::Released
         } else {
-            match nth_first(&mut all, 0)? {
+            match first {
                 Some(f) if f.key() != mine.as_slice() => ReleaseOutcome::TakenByOther,
                 _ => ReleaseOutcome::Expired,
             }
@@ -370,7 +361,7 @@ impl EtcdBackend {
         // this attempt's key).
         self.settle(&req.attempt);
         let resp = r?;
-        if let Some(kv) = nth_first(&mut gets(&resp), 0)? {
+        if let [Some(kv)] = reads(&resp)? {
             // Deleted: its lease carries nothing now.
             self.revoke_in_background(kv.lease());
         }

@@ -3,7 +3,7 @@
 
 use distlock_core::conn::{ClientCert, TlsFiles, TlsNames, TlsWords};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
-use distlock_core::{Finding, Severity};
+use distlock_core::{doctor, Finding, Severity};
 use etcd_client::{Certificate, Identity, TlsOptions};
 
 /// How `etcds://` names its TLS files (`ca_file` is `cacert` as `rediss://` spells it).
@@ -29,35 +29,22 @@ pub(crate) fn options(files: &TlsFiles) -> distlock_core::Result<TlsOptions> {
 /// The `tls` finding of `doctor` for a connection to `hosts` (`host:port`), over TLS with
 /// `tls` (`etcds://`) or over plain http.
 pub(crate) fn transport(hosts: &[String], tls: Option<&TlsFiles>) -> Finding {
-    let (severity, message) = match tls {
-        Some(t) => {
-            let ca = match t.ca() {
-                Some(p) => format!("the CA in {}", p.display()),
-                None => "the system's CA certificates".into(),
-            };
-            let client = match t.client() {
-                Some(_) => "a client certificate is shown",
-                None => "no client certificate",
-            };
-            let message = format!(
-                "https: every member's certificate checked against {ca} (and its host name or \
-                 address); {client}"
-            );
-            (Severity::Ok, message)
-        }
-        None if hosts.iter().all(|h| distlock_core::conn::is_loopback(h)) => (
-            Severity::Ok,
-            "plain http, on loopback only (nothing crosses a network)".into(),
-        ),
-        None => (
-            Severity::Warning,
-            "plain http off loopback: lock keys, owner ids and any password travel \
-             unencrypted and unauthenticated; start the members with --cert-file/--key-file \
-             and connect with etcds://…?cacert=PATH"
-                .into(),
-        ),
+    let Some(t) = tls else {
+        let fix = "lock keys, owner ids and any password travel unencrypted and \
+                   unauthenticated; start the members with --cert-file/--key-file and connect \
+                   with etcds://…?cacert=PATH";
+        return doctor::plain(hosts.iter().map(String::as_str), "http", fix);
     };
-    Finding::new(severity, "tls", message)
+    let ca = match t.ca() {
+        Some(p) => format!("the CA in {}", p.display()),
+        None => "the system's CA certificates".into(),
+    };
+    let client = doctor::client_cert_shown(t.client().is_some());
+    let message = format!(
+        "https: every member's certificate checked against {ca} (and its host name or \
+         address); {client}"
+    );
+    Finding::new(Severity::Ok, "tls", message)
 }
 
 /// How `etcds://` and etcd name the TLS settings, for messages.
@@ -68,16 +55,20 @@ const WORDS: TlsWords = TlsWords {
     plain: "is it a plain-http member? Then use etcd:// instead of etcds://",
 };
 
+/// How a client certificate was given (`Some(given)`, `None`: not known), for messages.
+fn cert(client_cert: Option<bool>) -> ClientCert<'static> {
+    match client_cert {
+        Some(true) => ClientCert::Given(""),
+        Some(false) => ClientCert::None,
+        None => ClientCert::Unknown,
+    }
+}
+
 /// The TLS error for `kind`, worded in this backend's settings (`detail`: rustls's reason or
 /// what the connection did). `client_cert`: whether a client certificate was given, when
 /// known.
 pub(crate) fn error(kind: TlsErrorKind, detail: &str, client_cert: Option<bool>) -> TlsError {
-    let cert = match client_cert {
-        Some(true) => ClientCert::Given(""),
-        Some(false) => ClientCert::None,
-        None => ClientCert::Unknown,
-    };
-    TlsError::worded(kind, detail, &WORDS, cert)
+    TlsError::worded(kind, detail, &WORDS, cert(client_cert))
 }
 
 /// A TLS alert from the server that reached the client only as text (hyper passes the
@@ -106,23 +97,14 @@ fn alert_text(e: &(dyn std::error::Error + 'static)) -> Option<(TlsErrorKind, St
 /// True if `e`'s chain holds tokio-rustls's "tls handshake eof": the server hung up on the
 /// client's hello (a plain-http etcd listener does that).
 fn handshake_eof(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    let mut depth = 0;
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::UnexpectedEof
+    // At most 17 errors deep, should a chain ever loop.
+    std::iter::successors(Some(e), |e| e.source())
+        .take(17)
+        .filter_map(|e| e.downcast_ref::<std::io::Error>())
+        .any(|io| {
+            io.kind() == std::io::ErrorKind::UnexpectedEof
                 && io.to_string().contains("tls handshake eof")
-            {
-                return true;
-            }
-        }
-        depth += 1;
-        if depth > 16 {
-            break;
-        }
-        cur = err.source();
-    }
-    false
+        })
 }
 
 /// What went wrong, if `e` is a TLS failure (`client_cert`: whether a client certificate was
@@ -135,21 +117,12 @@ pub(crate) fn classify(e: &etcd_client::Error, client_cert: Option<bool>) -> Opt
         etcd_client::Error::IoError(i) => i,
         _ => return None,
     };
-    let (kind, detail) = match distlock_core::conn::rustls_error(inner) {
-        Some(r) => (
-            TlsErrorKind::of_rustls(&r, client_cert.unwrap_or(false)),
-            r.to_string(),
-        ),
-        None => match alert_text(inner) {
-            Some(k) => k,
-            None if handshake_eof(inner) => (
-                TlsErrorKind::NotSupportedByServer,
-                "the server closed the connection during the TLS handshake".to_owned(),
-            ),
-            None => return None,
-        },
-    };
-    Some(error(kind, &detail, client_cert))
+    WORDS.classify(inner, cert(client_cert), |e| {
+        alert_text(e).or_else(|| {
+            let closed = "the server closed the connection during the TLS handshake";
+            handshake_eof(e).then(|| (TlsErrorKind::NotSupportedByServer, closed.to_owned()))
+        })
+    })
 }
 
 /// True if `e` says the connection broke under a request (closed, broken pipe, reset): what
@@ -185,17 +158,6 @@ pub(crate) async fn speaks_plain_http2(host: &str, limit: std::time::Duration) -
     matches!(tokio::time::timeout(limit, ask).await, Ok(Some(true)))
 }
 
-/// The error for a server that closed the connection right after the TLS handshake
-/// ([`closed_under_request`]): with TLS 1.3 that is how etcd's `--client-cert-auth` refuses
-/// a client without a certificate, or with one it does not trust.
-pub(crate) fn closed_by_server(client_cert: bool) -> TlsError {
-    error(
-        TlsErrorKind::ClientCertRejected,
-        "the server closed the connection right after the TLS handshake, as etcd does with a \
-         client certificate it does not accept, or none",
-        Some(client_cert),
-    )
-}
 #[cfg(test)]
 mod tests {
     use super::*;

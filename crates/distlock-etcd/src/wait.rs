@@ -16,7 +16,7 @@
 
 use crate::error::{map, timed_out, KIND};
 use crate::kv::Keys;
-use crate::kv::{first_of, gets, header_revision, nth_first, put_hold, token_of, value_of};
+use crate::kv::{first_of, header_revision, put_hold, reads, token_of, value_of};
 use crate::lease::Lease;
 use crate::EtcdBackend;
 use distlock_core::backend::{
@@ -104,9 +104,14 @@ struct Waiter<'a> {
 }
 
 impl Waiter<'_> {
+    /// The place is gone (`why`): an error, and the wait is not retried.
     fn lost(&mut self, why: &str) -> Error {
         self.place_lost = true;
-        place_lost(self.b, &self.mine, why)
+        let mine = String::from_utf8_lossy(&self.mine);
+        let message = format!(
+            "stopped waiting for the lock: {why}, so the waiter's place `{mine}` in the queue is gone"
+        );
+        Error::connection(KIND, self.b.endpoint(), message)
     }
 
     /// Puts our key at the end of the queue (Go's `tryAcquire`), or finds it there; takes the
@@ -135,10 +140,9 @@ impl Waiter<'_> {
                 return Err(e);
             }
         };
-        let mut all = gets(&resp);
         if resp.succeeded() {
             let rev = header_revision(&resp)?;
-            let first = nth_first(&mut all, 0)?;
+            let [first] = reads(&resp)?;
             if first.is_none_or(|f| f.create_revision() == rev) {
                 b.remember(&req.attempt, lease);
                 return Ok(Enqueued::Granted(Granted::new(token_of(rev)?, sent)));
@@ -152,10 +156,11 @@ impl Waiter<'_> {
         // Our key exists: an earlier request of this attempt put it and its reply was lost. This
         // request's lease carries nothing (etcd answered that it put nothing).
         b.revoke_in_background(lease.id);
-        let m = nth_first(&mut all, 0)?.ok_or_else(|| {
+        let [m, first] = reads(&resp)?;
+        let m = m.ok_or_else(|| {
             crate::error::shape("etcd said the attempt's key exists but returned no such key")
         })?;
-        let first_is_mine = nth_first(&mut all, 1)?.is_some_and(|f| f.key() == m.key());
+        let first_is_mine = first.is_some_and(|f| f.key() == m.key());
         let rev = m.create_revision();
         let state = b.hold_state(keys, mine, m, rev).await?;
         let Some(h) = state else {
@@ -342,23 +347,12 @@ async fn position(b: &EtcdBackend, keys: &Keys, mine: &[u8], rev: i64) -> Result
     let txn = Txn::new().and_then([TxnOp::get(mine.to_vec(), None), pred]);
     let resp = b.txn("wait", txn).await?;
     let revision = header_revision(&resp)?;
-    let mut all = gets(&resp);
+    let [mine, pred] = reads(&resp)?;
     Ok(Position {
-        mine: nth_first(&mut all, 0)?,
-        pred: nth_first(&mut all, 1)?,
+        mine,
+        pred,
         revision,
     })
-}
-
-fn place_lost(b: &EtcdBackend, mine: &[u8], why: &str) -> Error {
-    Error::connection(
-        KIND,
-        b.endpoint(),
-        format!(
-            "stopped waiting for the lock: {why}, so the waiter's place `{}` in the queue is gone",
-            String::from_utf8_lossy(mine)
-        ),
-    )
 }
 
 /// A watch that failed (`why`), as etcd-client's own watch errors are mapped.

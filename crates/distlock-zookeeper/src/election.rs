@@ -13,16 +13,13 @@
 //! not above the recorded one (a retry, a late duplicate) changes nothing. The token is the
 //! leader node's creation zxid.
 
-use crate::error::{session_gone, KIND};
+use crate::error::KIND;
 use crate::layout::{self, Family, NodeKind};
-use crate::node::{token_of, DATA_ATTEMPTS};
+use crate::node::{token_at, token_of, DATA_ATTEMPTS};
 use crate::session::Inner;
-use distlock_core::backend::{async_trait, GrantRef, ReleaseWatch, RenewOutcome, Wake};
+use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::{Error, ForceReleased, HolderInfo, LockInfo, Result};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 /// The owner `inspect` reports for the candidate node `name`: the owner id in a dlock node's
@@ -111,12 +108,7 @@ impl Inner {
         let Some(l) = leader else {
             return Ok(LockInfo::new(name).with_waiters(Some(0)));
         };
-        let token = token_of(&l.stat).ok_or_else(|| {
-            Error::unexpected(
-                KIND,
-                format!("node {dir}/{} has czxid {}", l.name, l.stat.czxid),
-            )
-        })?;
+        let token = token_at(&format!("{dir}/{}", l.name), &l.stat)?;
         let owner = owner_of(&l.name);
         // What it proclaimed since its grant, if anything; else what it campaigned with.
         let read = sess.zk.get_data(&dir);
@@ -233,96 +225,6 @@ impl Inner {
             return Ok(ForceReleased::new(vec![HolderInfo::new(owner, 1)], counter));
         }
         Err(crate::node::busy(&self.endpoint, &dir))
-    }
-}
-
-type Event = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
-
-/// The changes of one election: a child watch on its directory (candidates coming and going,
-/// so a new leader) and a data watch on the directory (a proclamation). Both are re-armed
-/// after each event before `changed` returns, so no change after `observe` returned is
-/// missed; a session event ends the watch with an error.
-pub(crate) struct ElectionWatch {
-    pub(crate) inner: Arc<Inner>,
-    pub(crate) dir: String,
-    armed: Option<(Event, CancellationToken)>,
-    /// An event arrived but the watch was not re-armed yet (`changed` was dropped midway).
-    fired: bool,
-}
-
-impl ElectionWatch {
-    pub(crate) async fn new(inner: Arc<Inner>, dir: String) -> Result<Self> {
-        let mut w = ElectionWatch {
-            inner,
-            dir,
-            armed: None,
-            fired: false,
-        };
-        w.arm().await?;
-        Ok(w)
-    }
-
-    async fn arm(&mut self) -> Result<()> {
-        let inner = &self.inner;
-        let sess = inner.session().await?;
-        let what = "watching the election";
-        let making = "creating the election directory";
-        let cw = inner.watch_children(&sess, &self.dir, what, making).await?;
-        // Proclamations change the directory's data; `None`: deleted meanwhile (a Curator
-        // container), and the child watch fired for it.
-        let lw = match inner
-            .call(what, sess.zk.check_and_watch_stat(&self.dir))
-            .await?
-        {
-            (Some(_), w) => Some(w),
-            (None, _) => None,
-        };
-        let events: Event = Box::pin(async move {
-            match lw {
-                Some(lw) => tokio::select! {
-                    ev = cw.changed() => ev,
-                    ev = lw.changed() => ev,
-                },
-                None => cw.changed().await,
-            }
-        });
-        self.armed = Some((events, sess.ended.clone()));
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl ReleaseWatch for ElectionWatch {
-    async fn changed(&mut self) -> Result<Wake> {
-        if self.fired {
-            self.arm().await?;
-            self.fired = false;
-            return Ok(Wake::Released);
-        }
-        if self.armed.is_none() {
-            self.arm().await?;
-        }
-        let Some((events, ended)) = self.armed.as_mut() else {
-            return Err(session_gone(&self.inner.endpoint, "no watch"));
-        };
-        let ev = tokio::select! {
-            ev = events => ev,
-            _ = ended.cancelled() => {
-                self.armed = None;
-                return Err(session_gone(&self.inner.endpoint, "the session ended"));
-            }
-        };
-        self.armed = None;
-        if ev.event_type == zk::EventType::Session {
-            return Err(session_gone(
-                &self.inner.endpoint,
-                &ev.session_state.to_string(),
-            ));
-        }
-        self.fired = true;
-        self.arm().await?;
-        self.fired = false;
-        Ok(Wake::Released)
     }
 }
 

@@ -28,6 +28,23 @@ pub(crate) struct Grant {
     pub(crate) delete_sent: bool,
 }
 
+impl Grant {
+    /// The grant of `node` to `key` in session `gen` (its own node, no release under way).
+    pub(crate) fn new(key: HoldKey, node: &Created, gen: u64) -> Self {
+        Grant {
+            key,
+            path: node.path.clone(),
+            dir: node.dir.clone(),
+            node: node.node,
+            token: node.token,
+            gen,
+            joined: false,
+            releasing: false,
+            delete_sent: false,
+        }
+    }
+}
+
 /// Whether grant `g` of attempt `attempt` still holds, its node read as `nd` with `stat`: the
 /// node has the grant's token, and a reader joined to a shared node is still listed in it,
 /// or a write grant's node was not downgraded. (A candidate's node holds its value, not
@@ -159,40 +176,14 @@ impl Inner {
             }
             let grant = Grant {
                 key: req.key.clone(),
-                path: w.path.clone(),
-                dir: w.dir.clone(),
-                node: NodeKind::Write,
-                token: w.token,
-                gen: sess.gen,
                 joined: true,
-                releasing: false,
                 delete_sent: false,
+                ..w
             };
             self.insert_grant(sess, req, grant)?;
             return Ok(Some(Granted::new(w.token, at)));
         }
         Err(busy(&self.endpoint, &w.path))
-    }
-
-    /// Records the grant of `node` to `req`.
-    pub(crate) fn register(
-        self: &Arc<Self>,
-        sess: &Arc<Session>,
-        node: &Created,
-        req: &AcquireRequest,
-    ) -> Result<()> {
-        let grant = Grant {
-            key: req.key.clone(),
-            path: node.path.clone(),
-            dir: node.dir.clone(),
-            node: node.node,
-            token: node.token,
-            gen: sess.gen,
-            joined: false,
-            releasing: false,
-            delete_sent: false,
-        };
-        self.insert_grant(sess, req, grant)
     }
 
     pub(crate) fn insert_grant(

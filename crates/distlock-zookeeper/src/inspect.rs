@@ -3,7 +3,7 @@
 
 use crate::error::KIND;
 use crate::layout::{self, Child, Family, NodeData, NodeKind};
-use crate::node::{foreign_data, token_of};
+use crate::node::{foreign_data, token_of, unexpected_answer};
 use crate::release::parse_fence;
 use crate::session::{Inner, Session};
 use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result};
@@ -39,11 +39,6 @@ pub(crate) struct Holders {
     pub(crate) changed: bool,
     /// How many nodes are queued, holders included.
     pub(crate) queued: usize,
-}
-
-/// An answer of a multi-read that is not the one asked for.
-fn unexpected(what: &str, answer: &impl std::fmt::Debug) -> Error {
-    Error::unexpected(KIND, format!("{what}: unexpected answer {answer:?}"))
 }
 
 impl Inner {
@@ -93,7 +88,7 @@ impl Inner {
                 _,
             ) => return Ok(None),
             (Some(zk::MultiReadResult::Error { err }), _) => return Err(self.err(what, err)),
-            other => return Err(unexpected(what, &other)),
+            other => return Err(unexpected_answer(what, &other)),
         };
         let stored = parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
                 "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
@@ -133,7 +128,7 @@ impl Inner {
                     err: zk::Error::NoNode,
                 } => held.changed = true,
                 zk::MultiReadResult::Error { err } => return Err(self.err(what, err)),
-                other => return Err(unexpected(what, &other)),
+                other => return Err(unexpected_answer(what, &other)),
             }
         }
         if head_is_writer

@@ -22,7 +22,6 @@ mod release;
 mod renew;
 mod session;
 mod tls;
-mod url;
 mod wait;
 
 pub use builder::{ZkBuilder, ZkBuilderExt, ZkSettings, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV};
@@ -34,7 +33,7 @@ pub use zookeeper_client;
 use crate::error::KIND;
 use crate::layout::NodeKind;
 use crate::session::{Inner, State};
-use crate::wait::ChildWatch;
+use crate::wait::DirWatch;
 use distlock_core::backend::{
     async_trait, AcquireReply, AcquireRequest, Capabilities, GrantRef, Granted, ReleaseWatch,
     RenewOutcome,
@@ -202,23 +201,19 @@ impl ZkBackend {
             ));
         }
         // The chroot's checks are the URL's.
-        let checked = url::parse(&format!("zk://localhost{chroot}"))?;
-        let u = url::ZkUrl {
+        let checked = builder::parse(&format!("zk://localhost{chroot}"))?;
+        let u = builder::ZkUrl {
             hosts: hosts.to_owned(),
             chroot: checked.chroot,
-            namespace: None,
-            session_timeout: None,
-            tls: None,
-            user: None,
-            password: None,
             acl: Some(acl),
+            ..Default::default()
         };
         Self::open(cluster, u, Some(connector), opts).await
     }
 
     pub(crate) async fn open(
         url: &str,
-        u: url::ZkUrl,
+        u: builder::ZkUrl,
         connector: Option<zookeeper_client::Connector>,
         opts: &ClientOptions,
     ) -> Result<Self> {
@@ -329,13 +324,10 @@ impl Backend for ZkBackend {
     /// own node gets the lock when the nodes before it go.
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         let family = NodeKind::of(req.key.kind)?.family();
-        let mut w = ChildWatch {
-            inner: self.inner.clone(),
-            dir: self.inner.dir(&req.key.name, family),
-            armed: None,
-        };
-        w.arm().await?;
-        Ok(Box::new(w))
+        let dir = self.inner.dir(&req.key.name, family);
+        Ok(Box::new(
+            DirWatch::new(self.inner.clone(), dir, false).await?,
+        ))
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
@@ -376,8 +368,9 @@ impl Backend for ZkBackend {
     /// A child watch on the election's directory and a data watch on the directory itself.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         let dir = self.inner.dir(name, layout::Family::Election);
-        let w = election::ElectionWatch::new(self.inner.clone(), dir).await?;
-        Ok(Box::new(w))
+        Ok(Box::new(
+            DirWatch::new(self.inner.clone(), dir, true).await?,
+        ))
     }
 
     fn operator(&self) -> Option<&dyn distlock_core::Operator> {

@@ -27,7 +27,7 @@ pub(crate) struct Created {
 
 impl Created {
     /// Node `name` of kind `node` in directory `dir`, whose czxid is `token`.
-    fn new(dir: &str, name: String, node: NodeKind, token: u64) -> Self {
+    pub(crate) fn new(dir: &str, name: String, node: NodeKind, token: u64) -> Self {
         Created {
             dir: dir.to_owned(),
             path: format!("{dir}/{name}"),
@@ -40,6 +40,17 @@ impl Created {
 
 pub(crate) fn token_of(stat: &zk::Stat) -> Option<u64> {
     u64::try_from(stat.czxid).ok().filter(|t| *t > 0)
+}
+
+/// The token of node `path` as `stat` says, or the error for a czxid no token can be.
+pub(crate) fn token_at(path: &str, stat: &zk::Stat) -> Result<u64> {
+    token_of(stat)
+        .ok_or_else(|| Error::unexpected(KIND, format!("node {path} has czxid {}", stat.czxid)))
+}
+
+/// An answer of a multi-op that is not one of those asked for.
+pub(crate) fn unexpected_answer(what: &str, answer: &impl std::fmt::Debug) -> Error {
+    Error::unexpected(KIND, format!("{what}: unexpected answer {answer:?}"))
 }
 
 pub(crate) fn foreign_data(path: &str, data: &[u8]) -> Error {
@@ -93,13 +104,7 @@ impl Inner {
         let sent_before = self.state().pending.contains(&req.attempt);
         if sent_before {
             let at = LeaseInstant::now();
-            // After the sync we see every create of ours the leader applied, even one whose
-            // answer was lost with the connection.
-            self.sync(sess, &dir).await?;
-            for name in self.list(sess, &dir).await? {
-                if !name.starts_with(&prefix) {
-                    continue;
-                }
+            for name in self.attempt_nodes(sess, &dir, &prefix).await? {
                 let path = format!("{dir}/{name}");
                 match self
                     .call("reading the lock node", sess.zk.check_stat(&path))
@@ -162,8 +167,8 @@ impl Inner {
                 }
                 Err(e) if connection_died(&e) => {
                     // The create may have happened: look for our attempt's node.
-                    self.sync(sess, dir).await?;
-                    if let Some(name) = self.find_child(sess, dir, prefix).await? {
+                    let found = self.attempt_nodes(sess, dir, prefix).await?;
+                    if let Some(name) = found.into_iter().next() {
                         let token = self.czxid(sess, &format!("{dir}/{name}")).await?;
                         return Ok(Created::new(dir, name, kind, token));
                     }
@@ -230,9 +235,7 @@ impl Inner {
             .call("reading the lock node", sess.zk.check_stat(path))
             .await?
         {
-            Some(st) => token_of(&st).ok_or_else(|| {
-                Error::unexpected(KIND, format!("node {path} has czxid {}", st.czxid))
-            }),
+            Some(st) => token_at(path, &st),
             None => Err(session_gone(
                 &self.endpoint,
                 "our lock node vanished right after its creation",
@@ -240,17 +243,19 @@ impl Inner {
         }
     }
 
-    pub(crate) async fn find_child(
+    /// The nodes in `dir` whose names start with `prefix` (an attempt's), read after a sync:
+    /// so every create of ours the leader applied is seen, even one whose answer was lost with
+    /// the connection.
+    pub(crate) async fn attempt_nodes(
         &self,
         sess: &Session,
         dir: &str,
         prefix: &str,
-    ) -> Result<Option<String>> {
-        Ok(self
-            .list(sess, dir)
-            .await?
-            .into_iter()
-            .find(|c| c.starts_with(prefix)))
+    ) -> Result<Vec<String>> {
+        self.sync(sess, dir).await?;
+        let mut names = self.list(sess, dir).await?;
+        names.retain(|c| c.starts_with(prefix));
+        Ok(names)
     }
 
     pub(crate) async fn list(&self, sess: &Session, dir: &str) -> Result<Vec<String>> {
@@ -281,10 +286,7 @@ impl Inner {
                     .filter(|t| *t > 0)
                     .map_or(floor, |z| z.max(floor)),
             )),
-            other => Err(Error::unexpected(
-                KIND,
-                format!("{what}: unexpected answer {other:?}"),
-            )),
+            other => Err(unexpected_answer(what, &other)),
         }
     }
 

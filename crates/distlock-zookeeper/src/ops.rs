@@ -14,8 +14,10 @@ use crate::layout::{self, decode_segment, Family, NodeKind};
 use crate::node::DATA_ATTEMPTS;
 use crate::session::{Inner, Session};
 use crate::ZkBackend;
+use distlock_core::conn::is_loopback;
 use distlock_core::{
-    Backend, Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
+    doctor, Backend, Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result,
+    Severity,
 };
 use std::time::Duration;
 use zookeeper_client as zk;
@@ -153,36 +155,22 @@ fn members(config: &str) -> (usize, usize) {
 /// How the connection is protected: TLS (with the version a handshake agrees on), or plain
 /// TCP, fine on loopback only.
 async fn transport(inner: &crate::session::Inner) -> Finding {
-    match &inner.tls {
-        Some(tls) => {
-            let within = inner.connect_timeout.min(std::time::Duration::from_secs(3));
-            let client = if tls.client_cert() {
-                "a client certificate is shown"
-            } else {
-                "no client certificate"
-            };
-            match tls.version(&inner.hosts, within).await {
-                Some(v) => Finding::new(
-                    Severity::Ok,
-                    "tls",
-                    format!("encrypted ({v}): every server's certificate checked against cacert= (and its host name or address); {client}"),
-                ),
-                None => Finding::new(
-                    Severity::Warning,
-                    "tls",
-                    format!("zks://, but no server completed a TLS handshake with this check just now (the session's own connection is encrypted); {client}"),
-                ),
-            }
-        }
-        None if loopback_only(&inner.hosts) => Finding::new(
+    let Some(tls) = &inner.tls else {
+        let fix = "lock paths and owner ids travel unencrypted and unauthenticated; give the servers a secureClientPort (Netty connection factory) and connect with zks://…?cacert=PATH";
+        return doctor::plain(inner.hosts.split(','), "TCP", fix);
+    };
+    let within = inner.connect_timeout.min(std::time::Duration::from_secs(3));
+    let client = doctor::client_cert_shown(tls.client_cert());
+    match tls.version(&inner.hosts, within).await {
+        Some(v) => Finding::new(
             Severity::Ok,
             "tls",
-            "plain TCP, on loopback only (nothing crosses a network)",
+            format!("encrypted ({v}): every server's certificate checked against cacert= (and its host name or address); {client}"),
         ),
         None => Finding::new(
             Severity::Warning,
             "tls",
-            "plain TCP off loopback: lock paths and owner ids travel unencrypted and unauthenticated; give the servers a secureClientPort (Netty connection factory) and connect with zks://…?cacert=PATH",
+            format!("zks://, but no server completed a TLS handshake with this check just now (the session's own connection is encrypted); {client}"),
         ),
     }
 }
@@ -191,7 +179,7 @@ async fn transport(inner: &crate::session::Inner) -> Finding {
 fn access(inner: &crate::session::Inner) -> Finding {
     use crate::session::Identity;
     use crate::NodeAcl;
-    let plain_off_loopback = inner.tls.is_none() && !loopback_only(&inner.hosts);
+    let plain_off_loopback = inner.tls.is_none() && !inner.hosts.split(',').all(is_loopback);
     match (&inner.identity, inner.acl) {
         (Identity::Digest(user), _) if plain_off_loopback => Finding::new(
             Severity::Warning,
@@ -219,11 +207,6 @@ fn access(inner: &crate::session::Inner) -> Finding {
             "authenticated, but dlock's nodes are world:anyone (acl=open, e.g. for Curator without credentials): any client that reaches the path may delete a holder's node; acl=creator keeps other identities off",
         ),
     }
-}
-
-/// Whether every host of `h:p,h:p` is a loopback name or address.
-fn loopback_only(hosts: &str) -> bool {
-    hosts.split(',').all(distlock_core::conn::is_loopback)
 }
 
 /// What a session timeout the servers lengthened beyond the one asked for (their
@@ -334,13 +317,6 @@ fn ensemble_finding(config: std::result::Result<String, zk::Error>) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_hosts() {
-        assert!(loopback_only("127.0.0.1:1,localhost:2,[::1]:3"));
-        assert!(!loopback_only("127.0.0.1:1,10.0.0.1:2"));
-        assert!(!loopback_only("zk.example:2181"));
-    }
 
     #[test]
     fn segments_round_trip() {

@@ -3,7 +3,7 @@
 use crate::error::connection_died;
 use crate::grant::Grant;
 use crate::layout::{self, Family, NodeData, NodeKind};
-use crate::node::{busy, foreign_data, token_of, DATA_ATTEMPTS};
+use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
 use crate::session::{Inner, Session};
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef};
 use distlock_core::{ReleaseOutcome, Result};
@@ -269,8 +269,8 @@ impl Inner {
     ) -> Result<ReleaseOutcome> {
         layout::check_attempt(&grant.attempt)?;
         let prefix = layout::name_prefix(&grant.attempt, kind, &grant.key.owner);
-        self.sync(sess, dir).await?;
-        if let Some(name) = self.find_child(sess, dir, &prefix).await? {
+        let found = self.attempt_nodes(sess, dir, &prefix).await?;
+        if let Some(name) = found.into_iter().next() {
             let path = format!("{dir}/{name}");
             // The attempt's node, but is it this grant? (A stale address names an older token.)
             let read = sess.zk.check_stat(&path);
@@ -281,16 +281,10 @@ impl Inner {
                 Some(Some(st)) if token_of(&st) == Some(grant.token) => {}
                 _ => return self.absent(sess, dir, kind.family()).await,
             }
+            let node = Created::new(dir, name, kind, grant.token);
             let g = Grant {
-                key: grant.key.clone(),
-                path,
-                dir: dir.to_owned(),
-                node: kind,
-                token: grant.token,
-                gen: sess.gen,
-                joined: false,
                 releasing: true,
-                delete_sent: false,
+                ..Grant::new(grant.key.clone(), &node, sess.gen)
             };
             if let Some(()) = self
                 .retire(sess, &g, Role::Own)
@@ -322,13 +316,9 @@ impl Inner {
         let sess = self.session().await?;
         let dir = self.dir(&req.key.name, kind.family());
         let prefix = layout::name_prefix(&req.attempt, kind, &req.key.owner);
-        // After the sync we see a create of this attempt whose answer was lost.
-        self.sync(&sess, &dir).await?;
-        for name in self.list(&sess, &dir).await? {
-            if name.starts_with(&prefix) {
-                let delete = sess.zk.delete(&format!("{dir}/{name}"), None);
-                (self.call_unless("deleting a lock node", zk::Error::NoNode, delete)).await?;
-            }
+        for name in self.attempt_nodes(&sess, &dir, &prefix).await? {
+            let delete = sess.zk.delete(&format!("{dir}/{name}"), None);
+            (self.call_unless("deleting a lock node", zk::Error::NoNode, delete)).await?;
         }
         if let Some(wg) = req.write_grant.as_ref().filter(|_| kind == NodeKind::Read) {
             // A join whose answer was lost: this attempt may be listed in the write node.

@@ -196,17 +196,13 @@ mod tests {
     }
 
     fn grant(node: NodeKind, joined: bool) -> Grant {
-        Grant {
-            key: HoldKey::new("n", "o", LockKind::Mutex),
-            path: "/d/n/x".into(),
-            dir: "/d/n".into(),
-            node,
-            token: 7,
-            gen: 1,
-            joined,
-            releasing: false,
-            delete_sent: false,
-        }
+        let key = HoldKey::new("n", "o", LockKind::Mutex);
+        let g = Grant::new(
+            key,
+            &crate::node::Created::new("/d/n", "x".into(), node, 7),
+            1,
+        );
+        Grant { joined, ..g }
     }
 
     #[test]

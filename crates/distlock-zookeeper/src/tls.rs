@@ -53,7 +53,9 @@ mod off {
 
 #[cfg(feature = "tls")]
 mod imp {
-    use distlock_core::conn::{ClientCert, TlsError, TlsErrorKind, TlsFiles, TlsWords};
+    use distlock_core::conn::{
+        ClientCert, ServerCheck, TlsError, TlsErrorKind, TlsFiles, TlsWords,
+    };
     use distlock_core::{Error, Result};
     use rustls::pki_types::ServerName;
     use std::sync::Arc;
@@ -98,26 +100,14 @@ mod imp {
             let mut options = zk::TlsOptions::new()
                 .with_pem_ca(&text(&ca_pem))
                 .map_err(|e| TlsFiles::file_error("cacert", ca, e))?;
-            let builder =
-                rustls::ClientConfig::builder_with_provider(distlock_core::conn::crypto_provider())
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| Error::invalid(format!("TLS setup: {e}")))?
-                    .with_root_certificates(roots);
-            let probe = match (files.client(), files.identity()?, files.read_client()?) {
-                (Some((cert, key)), Some((chain, pkey)), Some((cert_pem, key_pem))) => {
-                    options = options
-                        .with_pem_identity(&text(&cert_pem), &text(&key_pem))
-                        .map_err(|e| TlsFiles::file_error("cert", cert, e))?;
-                    builder.with_client_auth_cert(chain, pkey).map_err(|e| {
-                        Error::invalid(format!(
-                            "`cert={}` and `key={}` do not make a client identity: {e}",
-                            cert.display(),
-                            key.display()
-                        ))
-                    })?
-                }
-                _ => builder.with_no_client_auth(),
-            };
+            let probe = files.client_config(ServerCheck::ChainAndName(roots))?;
+            if let (Some((cert, _)), Some((cert_pem, key_pem))) =
+                (files.client(), files.read_client()?)
+            {
+                options = options
+                    .with_pem_identity(&text(&cert_pem), &text(&key_pem))
+                    .map_err(|e| TlsFiles::file_error("cert", cert, e))?;
+            }
             Ok(Tls {
                 options,
                 probe: Arc::new(probe),
@@ -193,34 +183,34 @@ mod imp {
 
         async fn handshake(&self, host: &str, port: u16) -> Option<TlsError> {
             match self.connect_tls(host, port).await? {
-                Err(e) => Some(self.classify(&e)),
+                Err(e) => self.classify(&e),
                 Ok(mut s) => {
                     // TLS 1.3: a server that refuses the client's certificate (or its absence)
                     // says so after the handshake; the client speaks first in ZooKeeper, so
                     // anything read here is that alert (or the server hanging up).
                     let mut b = [0u8; 1];
                     match tokio::time::timeout(Duration::from_millis(500), s.read(&mut b)).await {
-                        Ok(Err(e)) => Some(self.classify(&e)),
+                        Ok(Err(e)) => self.classify(&e),
                         _ => None,
                     }
                 }
             }
         }
 
-        fn classify(&self, e: &std::io::Error) -> TlsError {
-            let (kind, detail) = match distlock_core::conn::rustls_error(e) {
-                Some(r) => (TlsErrorKind::of_rustls(&r, self.client_cert), r.to_string()),
-                None if e.kind() == std::io::ErrorKind::UnexpectedEof => (
-                    TlsErrorKind::NotSupportedByServer,
-                    "the server closed the connection during the TLS handshake".to_owned(),
-                ),
-                None => (TlsErrorKind::Handshake, e.to_string()),
-            };
+        fn classify(&self, e: &std::io::Error) -> Option<TlsError> {
             let cert = match self.client_cert {
                 true => ClientCert::Given(""),
                 false => ClientCert::None,
             };
-            TlsError::worded(kind, &detail, &WORDS, cert)
+            WORDS.classify(e, cert, |_| {
+                Some(match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => (
+                        TlsErrorKind::NotSupportedByServer,
+                        "the server closed the connection during the TLS handshake".to_owned(),
+                    ),
+                    _ => (TlsErrorKind::Handshake, e.to_string()),
+                })
+            })
         }
     }
 

@@ -1,6 +1,7 @@
 //! Waiting for a node's turn (watching only its predecessor), and one attempt at the lock.
 
 use crate::error::session_gone;
+use crate::grant::Grant;
 use crate::layout::{self, NodeData, NodeKind, Turn};
 use crate::node::Created;
 use crate::session::{Inner, Session};
@@ -10,6 +11,8 @@ use distlock_core::backend::{
 use distlock_core::backoff::RetryPolicy;
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{Error, Result};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -85,44 +88,101 @@ pub(crate) fn upgrade_refused(key: &HoldKey) -> Error {
     ))
 }
 
-/// Release notifications of one lock: a child watch on its directory, re-armed after each
-/// event before returning, so no release after [`Backend::watch`] returned is missed.
-pub(crate) struct ChildWatch {
-    pub(crate) inner: Arc<Inner>,
-    pub(crate) dir: String,
-    pub(crate) armed: Option<(zk::OneshotWatcher, CancellationToken)>,
+type Event = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+
+/// The changes of one lock or election directory: a child watch on it (nodes coming and
+/// going: a release, a new leader) and for an election a data watch on the directory too (a
+/// proclamation). Both are re-armed after each event before `changed` returns, so no change
+/// after `watch` or `observe` returned is missed; a session event ends the watch with an
+/// error.
+pub(crate) struct DirWatch {
+    inner: Arc<Inner>,
+    dir: String,
+    /// An election's: its data too.
+    election: bool,
+    armed: Option<(Event, CancellationToken)>,
+    /// An event arrived but the watch was not re-armed yet (`changed` was dropped midway).
+    fired: bool,
 }
 
-impl ChildWatch {
-    pub(crate) async fn arm(&mut self) -> Result<()> {
-        let sess = self.inner.session().await?;
-        let (what, making) = ("watching the lock queue", "creating the lock directory");
-        let w = self.inner.watch_children(&sess, &self.dir, what, making);
-        self.armed = Some((w.await?, sess.ended.clone()));
+impl DirWatch {
+    pub(crate) async fn new(inner: Arc<Inner>, dir: String, election: bool) -> Result<Self> {
+        let mut w = DirWatch {
+            inner,
+            dir,
+            election,
+            armed: None,
+            fired: false,
+        };
+        w.arm().await?;
+        Ok(w)
+    }
+
+    async fn arm(&mut self) -> Result<()> {
+        let inner = &self.inner;
+        let sess = inner.session().await?;
+        let (what, making) = match self.election {
+            true => ("watching the election", "creating the election directory"),
+            false => ("watching the lock queue", "creating the lock directory"),
+        };
+        let cw = inner.watch_children(&sess, &self.dir, what, making).await?;
+        // Proclamations change an election directory's data; `None`: deleted meanwhile (a
+        // Curator container), and the child watch fired for it.
+        let lw = match self.election {
+            true => match inner
+                .call(what, sess.zk.check_and_watch_stat(&self.dir))
+                .await?
+            {
+                (Some(_), w) => Some(w),
+                (None, _) => None,
+            },
+            false => None,
+        };
+        let events: Event = Box::pin(async move {
+            match lw {
+                Some(lw) => tokio::select! {
+                    ev = cw.changed() => ev,
+                    ev = lw.changed() => ev,
+                },
+                None => cw.changed().await,
+            }
+        });
+        self.armed = Some((events, sess.ended.clone()));
         Ok(())
     }
 }
 
 #[async_trait]
-impl ReleaseWatch for ChildWatch {
+impl ReleaseWatch for DirWatch {
     async fn changed(&mut self) -> Result<Wake> {
+        if self.fired {
+            self.arm().await?;
+            self.fired = false;
+            return Ok(Wake::Released);
+        }
         if self.armed.is_none() {
             self.arm().await?;
         }
-        let Some((watcher, ended)) = self.armed.take() else {
+        let Some((events, ended)) = self.armed.as_mut() else {
             return Err(session_gone(&self.inner.endpoint, "no watch"));
         };
         let ev = tokio::select! {
-            ev = watcher.changed() => ev,
-            _ = ended.cancelled() => return Err(session_gone(&self.inner.endpoint, "the session ended")),
+            ev = events => ev,
+            _ = ended.cancelled() => {
+                self.armed = None;
+                return Err(session_gone(&self.inner.endpoint, "the session ended"));
+            }
         };
+        self.armed = None;
         if ev.event_type == zk::EventType::Session {
             return Err(session_gone(
                 &self.inner.endpoint,
                 &ev.session_state.to_string(),
             ));
         }
+        self.fired = true;
         self.arm().await?;
+        self.fired = false;
         Ok(Wake::Released)
     }
 }
@@ -262,7 +322,9 @@ impl Inner {
         let (node, end) = decided?;
         match end {
             WaitEnd::Granted(at) => {
-                if let Err(e) = self.register(&sess, &node, req) {
+                if let Err(e) =
+                    self.insert_grant(&sess, req, Grant::new(req.key.clone(), &node, sess.gen))
+                {
                     self.drop_attempt_node(&sess, req, &node.path).await;
                     return Err(e);
                 }

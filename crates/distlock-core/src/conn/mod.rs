@@ -40,6 +40,7 @@
 //! one that does not parse.
 
 mod builder;
+mod classify;
 mod files;
 mod params;
 mod redact;
