@@ -123,14 +123,7 @@ impl PostgresBackend {
 
     /// Opens the backend with every setting resolved.
     async fn open(p: builder::Parsed, endpoint: String, opts: &ClientOptions) -> Result<Self> {
-        let builder::Parsed {
-            mut config,
-            tls,
-            mode,
-            namespace,
-            listen,
-            ..
-        } = p;
+        let (mut config, tls, mode, listen) = (p.config, p.tls, p.mode, p.listen);
         let host = match config.get_hosts() {
             [tokio_postgres::config::Host::Tcp(h)] => Some(h.clone()),
             _ => None,
@@ -149,7 +142,9 @@ impl PostgresBackend {
         if config.get_application_name().is_none() {
             config.application_name("dlock");
         }
-        let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
+        let namespace = p
+            .namespace
+            .unwrap_or_else(|| opts.get_namespace().to_owned());
         let common = Common::connect(config, connector, endpoint, namespace, opts).await?;
         let (tables, columns, ddl) = match mode {
             Mode::Session => (session::TABLES, session::COLUMNS, session::DDL),

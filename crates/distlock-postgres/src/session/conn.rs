@@ -98,13 +98,12 @@ impl PgDialect {
     }
 
     pub(crate) async fn take_session(&self) -> Result<Arc<Session>> {
-        loop {
-            match self.pool.take() {
-                Some(s) if !s.is_dead() => return Ok(s),
-                Some(_) => continue,
-                None => return self.open_session().await,
+        while let Some(s) = self.pool.take() {
+            if !s.is_dead() {
+                return Ok(s);
             }
         }
+        self.open_session().await
     }
 
     /// Puts a session that holds nothing back into the pool (or closes it). A session another
