@@ -180,7 +180,7 @@ impl PgDialect {
                 .await
                 .map(Some),
             Ok(false) => Ok(None),
-            Err(e) => Err(Self::failed(entry, st, &s, &req.attempt, e)),
+            Err(e) => Err(Self::failed(entry, st, s, &req.attempt, e)),
         }
     }
 
