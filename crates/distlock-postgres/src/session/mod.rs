@@ -147,9 +147,7 @@ impl Dialect for PgDialect {
         if let Some(token) = self.try_on(entry, st, &s, req).await? {
             return Ok(AcquireReply::Granted { token });
         }
-        s.grants.remove(&req.attempt);
-        entry.set(st, State::Idle);
-        self.put_session(s);
+        self.forget_on(entry, st, s, &req.attempt, true);
         let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
         Ok(AcquireReply::Held {
             ttl: self.holder_ttl(&req.key.name, req.key.kind, key).await,
@@ -261,13 +259,10 @@ impl Dialect for PgDialect {
     ) -> Result<RenewOutcome> {
         Self::settle(entry, st);
         // `Releasing`: the grant is, or is about to be, given back.
-        let State::Granted(g) = &*st else {
-            return Ok(RenewOutcome::NotHeld);
+        let s = match &*st {
+            State::Granted(g) if g.token == grant.token => g.session.clone(),
+            _ => return Ok(RenewOutcome::NotHeld),
         };
-        if g.token != grant.token {
-            return Ok(RenewOutcome::NotHeld);
-        }
-        let s = g.session.clone();
         match self
             .extend(entry, st, &grant.key, &grant.attempt, lease)
             .await

@@ -181,18 +181,12 @@ impl PgDialect {
         let a = attempt.as_str();
         let idle = s.idle_value(attempt, None);
         let guc = self.lease_guc();
-        let sql = if kind == LockKind::Election {
-            if all {
-                ELECTION_RELEASE_ALL
-            } else {
-                ELECTION_RELEASE
-            }
-        } else if all {
-            RELEASE_ALL
-        } else if exclusive(kind) {
-            RELEASE_EXCL
-        } else {
-            RELEASE_SHARED
+        let sql = match (kind, all) {
+            (LockKind::Election, true) => ELECTION_RELEASE_ALL,
+            (LockKind::Election, false) => ELECTION_RELEASE,
+            (_, true) => RELEASE_ALL,
+            (kind, false) if exclusive(kind) => RELEASE_EXCL,
+            (_, false) => RELEASE_SHARED,
         };
         let params: [Param; 7] = [
             (&ns, Type::TEXT),
