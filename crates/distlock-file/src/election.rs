@@ -19,14 +19,12 @@ use crate::table::{Entry, Family};
 use crate::{sys, waiting, Inner};
 use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
 use distlock_core::Result;
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::raw::c_int;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::Notify;
 
 /// The inotify events that mean the record may have changed.
@@ -45,6 +43,12 @@ struct Signals {
     broken: Mutex<Option<io::Error>>,
     /// Woken (`notify_one`: the permit is stored) after each of the above and each death.
     notify: Notify,
+}
+
+impl Signals {
+    fn broken(&self) -> MutexGuard<'_, Option<io::Error>> {
+        self.broken.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl Inner {
@@ -163,13 +167,7 @@ impl ReleaseWatch for ObserveWatch {
                 self.arm_death()?;
                 return Ok(Wake::Released);
             }
-            let broken = self
-                .signals
-                .broken
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            if let Some(e) = broken {
+            if let Some(e) = self.signals.broken().take() {
                 return Err(self.inner.io_error(
                     format!("the watch of election file {} ended", self.path.display()),
                     e,
@@ -219,17 +217,13 @@ fn inotify_thread(inotify: &OwnedFd, signals: &Signals, path: &Path) {
             signals.notify.notify_one();
         }
     };
-    *signals
-        .broken
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner) = Some(e);
+    *signals.broken() = Some(e);
     signals.notify.notify_one();
 }
 
 /// An inotify descriptor watching `path` for changes, and the watch.
 fn watch_file(path: &Path) -> io::Result<(OwnedFd, c_int)> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte"))?;
+    let c = sys::c_path(path)?;
     // SAFETY: no pointers; the flags are valid.
     let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
     if fd < 0 {

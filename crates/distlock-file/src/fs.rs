@@ -3,10 +3,10 @@
 
 use crate::record::{self, Record};
 use crate::{sys, Inner, KIND};
-use distlock_core::{Error, Result};
+use distlock_core::{Error, Result, Severity};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub(crate) fn io_error(endpoint: &str, what: String, e: io::Error) -> Error {
@@ -72,7 +72,7 @@ fn create_dir(dir: &Path, endpoint: &str) -> Result<std::fs::Metadata> {
 /// whose lease or session lapses loses its locks without being told), or is local to one
 /// client, so it is no lock at all between the hosts that share the directory.
 #[cfg(any(target_os = "linux", target_os = "android"))]
-pub(crate) fn network_fs(magic: u64) -> Option<&'static str> {
+fn network_fs(magic: u64) -> Option<&'static str> {
     match magic {
         0x6969 => Some("NFS"),
         0x517B => Some("SMB"),
@@ -87,27 +87,34 @@ pub(crate) fn network_fs(magic: u64) -> Option<&'static str> {
 /// `FUSE_SUPER_MAGIC`: local (fuse-overlayfs in rootless containers) or remote (sshfs), which
 /// `statfs` cannot tell apart.
 #[cfg(any(target_os = "linux", target_os = "android"))]
-pub(crate) const FUSE_MAGIC: u64 = 0x6573_5546;
+const FUSE_MAGIC: u64 = 0x6573_5546;
 
-/// Refuses a lock directory on a network file system (see [`network_fs`]).
+/// What the file system of lock directory `dir`, of `statfs` type `magic`, means for its
+/// locks (for `open` and `doctor` alike): unsafe on a network file system (see
+/// [`network_fs`]), a warning on FUSE, else fine.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) fn fs_verdict(dir: &Path, magic: u64) -> (Severity, String) {
+    let dir = dir.display();
+    match network_fs(magic) {
+        Some(fs) => (Severity::Unsafe, format!("{dir} as a lock directory (it is on {fs}, statfs type {magic:#x}, a network file system whose flock locks can be lost by the client or do not exclude other hosts; use a directory on a local file system, e.g. `file://`, or a networked backend such as `redis://` or `etcd://` for locks between hosts)")),
+        None if magic == FUSE_MAGIC => (Severity::Warning, format!("{dir} is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs and other network file systems do not); prefer a local directory")),
+        None => (Severity::Ok, format!("{dir} is on a local file system (statfs type {magic:#x}); locks exclude the processes of this host only")),
+    }
+}
+
+/// Refuses a lock directory on a network file system, warns of one on FUSE.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn check_local(dir: &Path, endpoint: &str) -> Result<()> {
     let magic = sys::fs_magic(dir)
         .map_err(|e| io_error(endpoint, format!("cannot statfs {}", dir.display()), e))?;
-    if let Some(fs) = network_fs(magic) {
-        return Err(Error::unsupported(
-            KIND,
-            format!(
-                "{} as a lock directory (it is on {fs}, statfs type {magic:#x}, a network file system whose flock locks can be lost by the client or do not exclude other hosts; use a directory on a local file system, e.g. `file://`, or a networked backend such as `redis://` for locks between hosts)",
-                dir.display()
-            ),
-        ));
+    match fs_verdict(dir, magic) {
+        (Severity::Unsafe, text) => Err(Error::unsupported(KIND, text)),
+        (Severity::Warning, text) => {
+            tracing::warn!("{text}");
+            Ok(())
+        }
+        _ => Ok(()),
     }
-    if magic == FUSE_MAGIC {
-        tracing::warn!(dir = %dir.display(),
-            "the lock directory is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs and other network file systems do not)");
-    }
-    Ok(())
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
@@ -147,6 +154,22 @@ impl Inner {
             .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))
     }
 
+    /// Runs `f` on `file` (at `path`) under `flock(mode)`, waiting for it; unlocks and closes
+    /// the file after.
+    pub(crate) fn locked<T>(
+        &self,
+        file: File,
+        mode: sys::Mode,
+        path: &Path,
+        f: impl FnOnce(&File) -> Result<T>,
+    ) -> Result<T> {
+        sys::lock_blocking(&file, mode)
+            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
+        let res = f(&file);
+        sys::unlock_and_close(file);
+        res
+    }
+
     /// The error of a lock file at `path` that was deleted or replaced at every try to lock it.
     pub(crate) fn replaced_too_often(&self, path: &Path) -> Error {
         self.io_error(
@@ -157,15 +180,10 @@ impl Inner {
         )
     }
 
-    /// True if a process (or backend) other than this one holds the lock of `path`
-    /// exclusively (a non-blocking `LOCK_SH` probe); false when there is no such file.
-    pub(crate) fn locked_elsewhere(&self, path: &Path) -> Result<bool> {
-        Ok(self.held_elsewhere(path)?.is_some())
-    }
-
-    /// [`Inner::locked_elsewhere`], keeping the (unlocked) descriptor of a held lock.
+    /// The (unlocked) descriptor of `path` if a process (or backend) other than this one holds
+    /// its lock exclusively (a non-blocking `LOCK_SH` probe); `None` when there is no such file.
     pub(crate) fn held_elsewhere(&self, path: &Path) -> Result<Option<File>> {
-        let Some(file) = self.open_existing(path)? else {
+        let Some(file) = self.open_existing(path, false)? else {
             return Ok(None);
         };
         if self.try_flock(&file, sys::Mode::Shared, path)? {
@@ -195,9 +213,9 @@ impl Inner {
             .map_err(|e| self.io_error(format!("cannot open lock file {}", path.display()), e))
     }
 
-    /// Opens an existing lock file read-only; `None` if it does not exist.
-    pub(crate) fn open_existing(&self, path: &Path) -> Result<Option<File>> {
-        match File::open(path) {
+    /// Opens an existing lock file, read-only unless `write`; `None` if it does not exist.
+    pub(crate) fn open_existing(&self, path: &Path, write: bool) -> Result<Option<File>> {
+        match OpenOptions::new().read(true).write(write).open(path) {
             Ok(f) => Ok(Some(f)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(self.io_error(format!("cannot open lock file {}", path.display()), e)),
@@ -206,7 +224,9 @@ impl Inner {
 
     /// Replaces the record in `file` (at `path`) with `rec`, under the lock on the record.
     pub(crate) fn write_record(&self, file: &File, path: &Path, rec: &Record) -> Result<()> {
-        record::write(file, rec)
+        let bytes = rec.encode();
+        (file.write_all_at(bytes.as_bytes(), 0))
+            .and_then(|()| file.set_len(bytes.len() as u64))
             .map_err(|e| self.io_error(format!("cannot write lock file {}", path.display()), e))
     }
 
@@ -264,7 +284,15 @@ mod tests {
             (0xFE53_4D42, "SMB2"),
         ] {
             assert_eq!(network_fs(magic), Some(fs));
+            let (severity, text) = fs_verdict(Path::new("/d"), magic);
+            assert_eq!(severity, Severity::Unsafe);
+            assert!(
+                text.contains(&format!("/d as a lock directory (it is on {fs}")),
+                "{text}"
+            );
         }
+        assert_eq!(fs_verdict(Path::new("/d"), FUSE_MAGIC).0, Severity::Warning);
+        assert_eq!(fs_verdict(Path::new("/d"), 0xEF53).0, Severity::Ok);
         // ext4, tmpfs, btrfs, xfs, overlayfs, FUSE: not refused.
         for magic in [
             0xEF53,

@@ -49,9 +49,7 @@ impl Inner {
             return Ok(AcquireReply::Granted { token: h.token });
         }
         if arm {
-            if let Some(e) = entry.kernel_error.take() {
-                return Err(self.wait_error(Family::Rw, &key.name, e));
-            }
+            self.kernel_error(Family::Rw, &key.name, entry)?;
         }
         if let Some(w) = &entry.writer {
             if downgrade_of(req, w) {
@@ -150,9 +148,7 @@ impl Inner {
             )));
         }
         if arm {
-            if let Some(e) = entry.kernel_error.take() {
-                return Err(self.wait_error(family, &key.name, e));
-            }
+            self.kernel_error(family, &key.name, entry)?;
         }
         let main_path = self.lock_path(family, &key.name);
         // A few rounds in case the file is deleted or replaced while we lock it.
@@ -296,7 +292,9 @@ impl Inner {
         // Not held here: held by another process (or backend), or by nobody.
         let elsewhere = match (family, side) {
             (Family::Rw, Side::Write) => self.rw_held_elsewhere(name)?,
-            _ => self.locked_elsewhere(&self.lock_path(family, name))?,
+            _ => self
+                .held_elsewhere(&self.lock_path(family, name))?
+                .is_some(),
         };
         Ok(if elsewhere {
             ReleaseOutcome::TakenByOther
@@ -331,19 +329,14 @@ impl Inner {
         which: impl Fn(&Hold) -> bool,
     ) -> bool {
         let found = match side {
-            Side::Read => match entry.readers.iter().position(&which) {
-                Some(i) => {
-                    entry.readers.remove(i);
-                    true
-                }
-                None => false,
-            },
-            Side::Write if entry.writer.as_ref().is_some_and(&which) => {
-                Self::release_write(entry, key);
-                true
-            }
-            Side::Write => false,
+            Side::Read => (entry.readers.iter().position(&which))
+                .map(|i| entry.readers.remove(i))
+                .is_some(),
+            Side::Write => entry.writer.as_ref().is_some_and(&which),
         };
+        if found && side == Side::Write {
+            Self::release_write(entry, key);
+        }
         if found {
             self.sync_best_effort(family, &key.name, entry);
             entry.unlock_if_unheld();

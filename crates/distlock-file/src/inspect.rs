@@ -49,7 +49,7 @@ impl Inner {
             }
         }
         let path = self.lock_path(family, name);
-        let Some(file) = self.open_existing(&path)? else {
+        let Some(file) = self.open_existing(&path, false)? else {
             return Ok(Some(LockInfo::new(name)));
         };
         let free = self.try_flock(&file, sys::Mode::Shared, &path)?;
@@ -81,16 +81,15 @@ impl Inner {
 
     /// A read-write lock's record, read under a shared lock (`None` if the file does not
     /// exist).
-    fn read_rw_record(&self, name: &str) -> Result<Option<Record>> {
+    pub(crate) fn read_rw_record(&self, name: &str) -> Result<Option<Record>> {
         let path = self.file(name, RECORD);
-        let Some(file) = self.open_existing(&path)? else {
+        let Some(file) = self.open_existing(&path, false)? else {
             return Ok(None);
         };
-        sys::lock_blocking(&file, sys::Mode::Shared)
-            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
-        let rec = self.read_record(&file, &path);
-        sys::unlock_and_close(file);
-        rec.map(Some)
+        (self.locked(file, sys::Mode::Shared, &path, |f| {
+            self.read_record(f, &path)
+        }))
+        .map(Some)
     }
 
     /// The holds of other processes and backends, from the record: lines of live processes;
@@ -106,16 +105,14 @@ impl Inner {
             .collect();
         if lines.iter().any(|h| h.side == Side::Write) {
             let main = self.lock_path(Family::Rw, name);
-            if !reading_here && self.locked_elsewhere(&main)? {
-                let writers: Vec<HoldLine> = lines
+            if !reading_here && self.held_elsewhere(&main)?.is_some() {
+                let id = |h: &HoldLine| (h.pid, h.instance, h.owner.clone());
+                let writers: Vec<_> = lines
                     .iter()
                     .filter(|h| h.side == Side::Write)
-                    .cloned()
+                    .map(id)
                     .collect();
-                let same = |a: &HoldLine, b: &HoldLine| {
-                    (a.pid, a.instance, &a.owner) == (b.pid, b.instance, &b.owner)
-                };
-                lines.retain(|h| writers.iter().any(|w| same(w, h)));
+                lines.retain(|h| writers.contains(&id(h)));
             } else {
                 lines.retain(|h| h.side == Side::Read);
             }
@@ -126,7 +123,10 @@ impl Inner {
     /// True if a process (or backend) other than this one holds either side of read-write
     /// lock `name`.
     pub(crate) fn rw_held_elsewhere(&self, name: &str) -> Result<bool> {
-        if self.locked_elsewhere(&self.lock_path(Family::Rw, name))? {
+        if self
+            .held_elsewhere(&self.lock_path(Family::Rw, name))?
+            .is_some()
+        {
             return Ok(true);
         }
         let Some(rec) = self.read_rw_record(name)? else {

@@ -91,7 +91,10 @@ impl FileBackend {
     /// The directory `file://` uses: `$XDG_RUNTIME_DIR/dlock` when `XDG_RUNTIME_DIR` is set
     /// to an absolute path, else `/tmp/dlock-$UID`.
     pub fn default_dir() -> PathBuf {
-        location::default_dir()
+        match std::env::var_os("XDG_RUNTIME_DIR") {
+            Some(d) if Path::new(&d).is_absolute() => PathBuf::from(d).join("dlock"),
+            _ => PathBuf::from(format!("/tmp/dlock-{}", sys::uid())),
+        }
     }
 
     /// The directory holding this backend's lock files (the namespace subdirectory).
@@ -223,7 +226,8 @@ impl Backend for FileBackend {
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         let (family, side) = check_key(&req.key)?;
         let watch = waiting::Watch::new(&self.inner, family, side, &req.key.name, true);
-        Ok(Box::new(watch.armed()?))
+        watch.rearm()?;
+        Ok(Box::new(watch))
     }
 
     /// Waits without polling: see docs/file-backend.md. Every release wakes the waiters.
@@ -234,8 +238,7 @@ impl Backend for FileBackend {
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
         let (family, side) = check_key(&req.key)?;
-        let inner = &self.inner;
-        inner
+        (self.inner)
             .acquire_wait(family, side, req, deadline, cancel)
             .await
     }

@@ -71,15 +71,6 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
     Ok(Target::Dir(dir))
 }
 
-/// The directory `file://` uses: `$XDG_RUNTIME_DIR/dlock` when `XDG_RUNTIME_DIR` is set to an
-/// absolute path, else `/tmp/dlock-$UID`.
-pub(crate) fn default_dir() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if Path::new(&d).is_absolute() => PathBuf::from(d).join("dlock"),
-        _ => PathBuf::from(format!("/tmp/dlock-{}", crate::sys::uid())),
-    }
-}
-
 /// The subdirectory of namespace `ns`: the namespace itself, with every byte outside
 /// `[A-Za-z0-9._-]` (and a leading `.`) percent-encoded; `ns-<FNV-1a-128 hex>` when that is
 /// longer than 128 bytes.

@@ -9,24 +9,21 @@
 //! advanced under the exclusive lock, as a grant would.
 
 use super::{check_kind, sys, FileBackend, KIND};
-use crate::record::{self, Record};
+use crate::record::{self, HoldLine, Record};
 use crate::table::{Entry, Family, RECORD};
 use distlock_core::{
     Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
 };
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::Write;
 use std::path::Path;
 
 /// Reads the record of `path` without locking (a writer may be mid-write: retried a few times;
 /// `None` when it stays unreadable or the file is gone).
 fn peek_record(path: &Path) -> Option<Record> {
     for _ in 0..5 {
-        let file = File::open(path).ok()?;
-        if let Ok(rec) = record::read(&file)
-            .map_err(|e| e.to_string())
-            .and_then(|b| Record::parse(&b))
-        {
+        let bytes = record::read(&File::open(path).ok()?).ok();
+        if let Some(rec) = bytes.and_then(|b| Record::parse(&b).ok()) {
             return Some(rec);
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -72,32 +69,21 @@ impl Operator for FileBackend {
         let (family, _) = check_kind(kind)?;
         distlock_core::validate_name(name)?;
         if family == Family::Rw {
-            let rec = peek_record(&inner.file(name, RECORD)).unwrap_or_default();
-            let holders: Vec<(u32, String)> =
-                rec.holds.iter().map(|h| (h.pid, h.owner.clone())).collect();
-            if holders.is_empty() {
+            let rec = inner.read_rw_record(name)?.unwrap_or_default();
+            if rec.holds.is_empty() {
                 // Free (as far as the record says): nothing to remove. The counter of a
                 // read-write lock is advanced under its own protocol at the next grant.
                 return Ok(ForceReleased::new(Vec::new(), rec.token));
             }
-            return Err(held_error(name, &holders));
+            return Err(held_error(name, &rec.holds));
         }
         let path = inner.lock_path(family, name);
-        let file = match OpenOptions::new().read(true).write(true).open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok(ForceReleased::new(Vec::new(), 0));
-            }
-            Err(e) => {
-                return Err(inner.io_error(format!("cannot open lock file {}", path.display()), e))
-            }
+        let Some(file) = inner.open_existing(&path, true)? else {
+            return Ok(ForceReleased::new(Vec::new(), 0));
         };
         if !inner.try_flock(&file, sys::Mode::Exclusive, &path)? {
-            let holders = peek_record(&path)
-                .and_then(|r| r.holder)
-                .map(|h| vec![(h.pid, h.owner)])
-                .unwrap_or_default();
-            return Err(held_error(name, &holders));
+            let holder = peek_record(&path).and_then(|r| r.holder);
+            return Err(held_error(name, holder.as_slice()));
         }
         // Under the exclusive lock, as a grant to nobody: advance the counter past every
         // token issued, and leave no holder line.
@@ -106,9 +92,7 @@ impl Operator for FileBackend {
             ..Entry::default()
         };
         let token = inner.sync(family, name, &mut entry, true);
-        if let Some(file) = entry.main.take() {
-            sys::unlock_and_close(file);
-        }
+        entry.unlock_if_unheld();
         Ok(ForceReleased::new(Vec::new(), token?))
     }
 
@@ -117,12 +101,11 @@ impl Operator for FileBackend {
         #[cfg(any(target_os = "linux", target_os = "android"))]
         out.push({
             let (severity, text) = match sys::fs_magic(dir) {
-                Ok(magic) => match crate::fs::network_fs(magic) {
-                    Some(fs) => (Severity::Unsafe, format!("{} is on {fs} (statfs type {magic:#x}): flock there can be lost by the client or does not exclude other hosts; use a directory on a local file system, or a networked backend (redis://, etcd://) for locks between hosts", dir.display())),
-                    None if magic == crate::fs::FUSE_MAGIC => (Severity::Warning, format!("{} is on a FUSE file system: flock works there only if the file system implements it for this host (fuse-overlayfs does; sshfs does not); prefer a local directory", dir.display())),
-                    None => (Severity::Ok, format!("{} is on a local file system (statfs type {magic:#x}); locks exclude the processes of this host only", dir.display())),
-                },
-                Err(e) => (Severity::Unsafe, format!("cannot statfs {}: {e}", dir.display())),
+                Ok(magic) => crate::fs::fs_verdict(dir, magic),
+                Err(e) => (
+                    Severity::Unsafe,
+                    format!("cannot statfs {}: {e}", dir.display()),
+                ),
             };
             Finding::new(severity, "file-system", text)
         });
@@ -144,10 +127,10 @@ impl Operator for FileBackend {
 }
 
 /// The refusal for a held lock: who holds it and what to do.
-fn held_error(name: &str, holders: &[(u32, String)]) -> Error {
+fn held_error(name: &str, holders: &[HoldLine]) -> Error {
     let who: Vec<String> = holders
         .iter()
-        .map(|(pid, owner)| {
+        .map(|HoldLine { pid, owner, .. }| {
             if sys::pid_alive(*pid) {
                 format!("pid {pid} (owner {owner})")
             } else {

@@ -49,14 +49,6 @@ pub(crate) fn next_token(last: u64) -> Option<u64> {
     Some(last.checked_add(1)?.max(floor))
 }
 
-/// The holder line of a record: written while a process holds the lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HolderLine {
-    pub(crate) pid: u32,
-    pub(crate) count: u32,
-    pub(crate) owner: String,
-}
-
 /// The side of a read-write lock a [`HoldLine`] holds (as `usize`, the index of the side in
 /// per-side arrays).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,13 +59,14 @@ pub(crate) enum Side {
     Write,
 }
 
-/// One hold of a read-write lock, in its record file (`hold` lines): written and removed
-/// under the record file's exclusive lock by the backend that holds it.
+/// One hold of a lock: a read-write lock's `hold` lines, written and removed under the record
+/// file's exclusive lock by the backend that holds it; a mutex's or an election's `holder` line
+/// (the write side, with no instance), written while a process holds the lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HoldLine {
     pub(crate) side: Side,
     pub(crate) pid: u32,
-    /// Distinguishes the `FileBackend`s of one process.
+    /// Distinguishes the `FileBackend`s of one process (`hold` lines only).
     pub(crate) instance: u64,
     pub(crate) count: u32,
     pub(crate) owner: String,
@@ -86,8 +79,8 @@ pub(crate) struct Record {
     pub(crate) token: u64,
     /// The lock's name (absent only in a file never granted).
     pub(crate) name: Option<String>,
-    /// Who holds it, while held (mutex).
-    pub(crate) holder: Option<HolderLine>,
+    /// Who holds it, while held (mutex, election: the `holder` line).
+    pub(crate) holder: Option<HoldLine>,
     /// The holds of a read-write lock.
     pub(crate) holds: Vec<HoldLine>,
     /// The value an election's leader advertises (`value` line, escaped; only while held).
@@ -152,7 +145,7 @@ impl Record {
                 "name" => rec.name = Some(value.to_owned()),
                 "holder" => {
                     rec.holder = Some(
-                        parse_holder(value)
+                        parse_hold(Side::Write, value, false)
                             .ok_or_else(|| format!("its holder line `{value}` is malformed"))?,
                     )
                 }
@@ -163,7 +156,12 @@ impl Record {
                         .map_err(|_| format!("its seq `{value}` is not a number"))?
                 }
                 "hold" => rec.holds.push(
-                    parse_hold(value)
+                    (value.split_once(' '))
+                        .and_then(|(side, rest)| match side {
+                            "r" => parse_hold(Side::Read, rest, true),
+                            "w" => parse_hold(Side::Write, rest, true),
+                            _ => None,
+                        })
                         .ok_or_else(|| format!("its hold line `{value}` is malformed"))?,
                 ),
                 // Lines added by later versions are skipped.
@@ -205,37 +203,23 @@ fn unescape(v: &str) -> String {
     out
 }
 
-/// `PID COUNT OWNER` (the owner may contain spaces).
-fn parse_holder(value: &str) -> Option<HolderLine> {
-    let mut parts = value.splitn(3, ' ');
+/// A hold of `side` from `PID INSTANCE COUNT OWNER` (a `hold` line after its side) or, without
+/// `instance`, `PID COUNT OWNER` (a `holder` line); the owner may contain spaces.
+fn parse_hold(side: Side, value: &str, instance: bool) -> Option<HoldLine> {
+    let mut parts = value.splitn(3 + usize::from(instance), ' ');
     let pid = parts.next()?.parse().ok()?;
-    let count = parts.next()?.parse().ok()?;
-    let owner = parts.next().filter(|o| !o.is_empty())?;
-    Some(HolderLine {
-        pid,
-        count,
-        owner: owner.to_owned(),
-    })
-}
-
-/// `r|w PID INSTANCE COUNT OWNER` (the owner may contain spaces).
-fn parse_hold(value: &str) -> Option<HoldLine> {
-    let mut parts = value.splitn(5, ' ');
-    let side = match parts.next()? {
-        "r" => Side::Read,
-        "w" => Side::Write,
-        _ => return None,
+    let instance = match instance {
+        true => parts.next()?.parse().ok()?,
+        false => 0,
     };
-    let pid = parts.next()?.parse().ok()?;
-    let instance = parts.next()?.parse().ok()?;
     let count = parts.next()?.parse().ok()?;
-    let owner = parts.next().filter(|o| !o.is_empty())?;
+    let owner = parts.next().filter(|o| !o.is_empty())?.to_owned();
     Some(HoldLine {
         side,
         pid,
         instance,
         count,
-        owner: owner.to_owned(),
+        owner,
     })
 }
 
@@ -259,16 +243,28 @@ pub(crate) fn read(file: &File) -> io::Result<Vec<u8>> {
     }
 }
 
-/// Replaces the file's contents with `rec`. Only called under the exclusive lock.
-pub(crate) fn write(file: &File, rec: &Record) -> io::Result<()> {
-    let bytes = rec.encode();
-    file.write_all_at(bytes.as_bytes(), 0)?;
-    file.set_len(bytes.len() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn holder(pid: u32, count: u32, owner: &str) -> Option<HoldLine> {
+        Some(hold(Side::Write, pid, 0, count, owner))
+    }
+
+    fn hold(side: Side, pid: u32, instance: u64, count: u32, owner: &str) -> HoldLine {
+        let owner = owner.into();
+        HoldLine {
+            side,
+            pid,
+            instance,
+            count,
+            owner,
+        }
+    }
+
+    fn reparsed(rec: &Record) -> Result<Record, String> {
+        Record::parse(rec.encode().as_bytes())
+    }
 
     #[test]
     fn tokens_increase_and_follow_the_clock() {
@@ -303,25 +299,27 @@ mod tests {
         let rec = Record {
             token: 42,
             name: Some("orders/{42} π with spaces".into()),
-            holder: Some(HolderLine {
-                pid: 7,
-                count: 3,
-                owner: "host:7:abc:1 odd owner".into(),
-            }),
-            holds: Vec::new(),
+            holder: holder(7, 3, "host:7:abc:1 odd owner"),
             ..Record::default()
         };
-        assert_eq!(Record::parse(rec.encode().as_bytes()), Ok(rec.clone()));
+        assert_eq!(reparsed(&rec), Ok(rec.clone()));
         let free = Record {
             holder: None,
             ..rec
         };
-        assert_eq!(Record::parse(free.encode().as_bytes()), Ok(free));
+        assert_eq!(reparsed(&free), Ok(free.clone()));
         assert_eq!(Record::parse(b""), Ok(Record::default()));
         // Trailing bytes after `end` (a longer old record being shortened) are ignored.
-        let mut torn = free_with_tail();
-        torn.extend_from_slice(b"er 1 1 x\n");
-        assert!(Record::parse(&torn).is_ok());
+        let torn = free.encode() + "er 1 1 x\n";
+        assert!(Record::parse(torn.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn records_of_the_previous_version_read_and_rewrite_unchanged() {
+        let text = "distlock-file 1\ntoken 7\nname n m\nholder 12 1 o w\nvalue a\\nb\nseq 2\nhold r 13 4 1 x y\nend\n";
+        let rec = Record::parse(text.as_bytes()).expect("a record");
+        assert_eq!((rec.value.as_deref(), rec.seq), (Some("a\nb"), 2));
+        assert_eq!(rec.encode(), text);
     }
 
     #[test]
@@ -329,22 +327,9 @@ mod tests {
         let rec = Record {
             token: 9,
             name: Some("rw name".into()),
-            holder: None,
             holds: vec![
-                HoldLine {
-                    side: Side::Write,
-                    pid: 12,
-                    instance: 3,
-                    count: 2,
-                    owner: "w owner".into(),
-                },
-                HoldLine {
-                    side: Side::Read,
-                    pid: 13,
-                    instance: 0,
-                    count: 1,
-                    owner: "r".into(),
-                },
+                hold(Side::Write, 12, 3, 2, "w owner"),
+                hold(Side::Read, 13, 0, 1, "r"),
             ],
             ..Record::default()
         };
@@ -373,18 +358,6 @@ mod tests {
         );
     }
 
-    fn free_with_tail() -> Vec<u8> {
-        Record {
-            token: 1,
-            name: Some("n".into()),
-            holder: None,
-            holds: Vec::new(),
-            ..Record::default()
-        }
-        .encode()
-        .into_bytes()
-    }
-
     #[test]
     fn election_values() {
         for v in [
@@ -397,18 +370,13 @@ mod tests {
             let rec = Record {
                 token: 5,
                 name: Some("e".into()),
-                holder: Some(HolderLine {
-                    pid: 1,
-                    count: 1,
-                    owner: "o".into(),
-                }),
-                holds: Vec::new(),
+                holder: holder(1, 1, "o"),
                 value: Some(v.into()),
                 seq: 3,
+                ..Record::default()
             };
-            let text = rec.encode();
-            assert_eq!(text.lines().count(), 7, "{text}");
-            assert_eq!(Record::parse(text.as_bytes()), Ok(rec), "{v:?}");
+            assert_eq!(rec.encode().lines().count(), 7, "{}", rec.encode());
+            assert_eq!(reparsed(&rec), Ok(rec), "{v:?}");
         }
         assert_eq!(unescape("a\\xb\\"), "a\\xb\\");
         assert!(Record::parse(b"distlock-file 1\ntoken 1\nseq x\nend\n")

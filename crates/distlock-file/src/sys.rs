@@ -112,13 +112,18 @@ pub(crate) fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// `path` as a C string (refused if it contains a NUL byte).
+pub(crate) fn c_path(path: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte"))
+}
+
 /// The file-system type of the file system `path` is on (`statfs(2)`'s `f_type`, as the 32
 /// bits the kernel's magic numbers use).
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) fn fs_magic(path: &Path) -> io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte"))?;
+    let c = c_path(path)?;
     let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
     // SAFETY: `c` is a NUL-terminated path and `st` a writable buffer of the right type;
     // statfs only writes through the pointer.

@@ -18,13 +18,13 @@
 //!   changed only under its own `LOCK_EX`, which is held for one read and one write and never
 //!   while waiting for anything else, so it cannot take part in a deadlock.
 
-use crate::record::{self, HoldLine, HolderLine, Record, Side};
+use crate::record::{self, HoldLine, Record, Side};
 use crate::{sys, Inner};
 use distlock_core::{AcquireRequest, AttemptId, GrantRef, LockKind, Result};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use tokio::sync::Notify;
 
@@ -253,11 +253,7 @@ impl Inner {
         let rec = Record {
             token,
             name: Some(name.to_owned()),
-            holder: holder.map(|h| HolderLine {
-                pid: std::process::id(),
-                count: 1,
-                owner: h.owner.to_string(),
-            }),
+            holder: entry.lines(0).into_iter().next(),
             holds: Vec::new(),
             value: holder.and_then(|h| h.value.as_deref().map(str::to_owned)),
             seq: holder.map_or(0, |h| h.seq),
@@ -282,36 +278,23 @@ impl Inner {
     fn rw_sync(&self, name: &str, entry: &Entry, grant: bool) -> Result<u64> {
         let path = self.file(name, RECORD);
         let file = self.open_rw(&path)?;
-        sys::lock_blocking(&file, sys::Mode::Exclusive)
-            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
-        let res = self.rw_sync_locked(&file, &path, name, entry, grant);
-        sys::unlock_and_close(file);
-        res
-    }
-
-    fn rw_sync_locked(
-        &self,
-        file: &File,
-        path: &Path,
-        name: &str,
-        entry: &Entry,
-        grant: bool,
-    ) -> Result<u64> {
-        let mut rec = self.read_own_record(file, path, name, grant)?;
-        let me = (std::process::id(), self.instance);
-        let writing = entry.writer.is_some();
-        let reading = !entry.readers.is_empty();
-        rec.holds.retain(|h| {
-            (h.pid, h.instance) != me
-                && !writing
-                && !(reading && h.side == Side::Write)
-                && sys::pid_alive(h.pid)
-        });
-        rec.holds.extend(entry.lines(self.instance));
-        rec.name = Some(name.to_owned());
-        rec.holder = None;
-        self.write_record(file, path, &rec)?;
-        Ok(rec.token)
+        self.locked(file, sys::Mode::Exclusive, &path, |file| {
+            let mut rec = self.read_own_record(file, &path, name, grant)?;
+            let me = (std::process::id(), self.instance);
+            let writing = entry.writer.is_some();
+            let reading = !entry.readers.is_empty();
+            rec.holds.retain(|h| {
+                (h.pid, h.instance) != me
+                    && !writing
+                    && !(reading && h.side == Side::Write)
+                    && sys::pid_alive(h.pid)
+            });
+            rec.holds.extend(entry.lines(self.instance));
+            rec.name = Some(name.to_owned());
+            rec.holder = None;
+            self.write_record(file, &path, &rec)?;
+            Ok(rec.token)
+        })
     }
 
     /// Removes this backend's lines from the records of the read-write locks it still holds

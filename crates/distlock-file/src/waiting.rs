@@ -10,7 +10,7 @@ use distlock_core::backend::{
     async_trait, wait, AcquireReply, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
 };
 use distlock_core::backoff::RetryPolicy;
-use distlock_core::{AcquireRequest, Error, Result};
+use distlock_core::{AcquireRequest, Result};
 use std::fs::File;
 use std::io;
 use std::sync::Arc;
@@ -59,7 +59,7 @@ where
 
 /// A registered waiter or watch of one side of one name, with its release notifications
 /// from this backend and from other processes: a waiter's ([`Inner::acquire_wait`]) or a
-/// watch once [`armed`](Self::armed). Unregisters on drop (and gives back what was held for
+/// watch once [`rearm`](Self::rearm)ed. Unregisters on drop (and gives back what was held for
 /// the waiters of that side if it was the last one).
 pub(crate) struct Watch {
     inner: Arc<Inner>,
@@ -95,13 +95,6 @@ impl Watch {
         }
     }
 
-    /// The watch, catching releases by other processes from now on, not only from the
-    /// first `changed`.
-    pub(crate) fn armed(self) -> Result<Watch> {
-        self.rearm()?;
-        Ok(self)
-    }
-
     /// The name's generation, bumped at every release, hand-over or waiting-thread event;
     /// `None` when the backend keeps nothing for the name.
     fn generation(&self) -> Option<u64> {
@@ -110,13 +103,12 @@ impl Watch {
     }
 
     /// Takes the waiting threads' error, if any, and starts the thread that notices a release
-    /// by another process (or backend) if one is needed and none runs yet.
-    fn rearm(&self) -> Result<()> {
+    /// by another process (or backend) if one is needed and none runs yet. A new watch is
+    /// armed at once, to catch releases from then on, not only from the first `changed`.
+    pub(crate) fn rearm(&self) -> Result<()> {
         let mut table = self.inner.table(self.family);
         let entry = table.entry(self.name.clone()).or_default();
-        if let Some(e) = entry.kernel_error.take() {
-            return Err(self.inner.wait_error(self.family, &self.name, e));
-        }
+        self.inner.kernel_error(self.family, &self.name, entry)?;
         if entry.held() {
             // This backend's own release will wake the watch.
             return Ok(());
@@ -161,10 +153,7 @@ impl Drop for Watch {
         if !self.watcher && entry.waiters[self.side as usize] == 0 {
             // The last waiter of this side gave up: nobody will claim the parked lock; for
             // the last writer, let new readers in again.
-            let ts = match self.side {
-                Side::Read => None,
-                Side::Write => entry.turnstile.take(),
-            };
+            let ts = entry.turnstile.take_if(|_| self.side == Side::Write);
             let parked = entry.parked[self.side as usize].take();
             let any = ts.is_some() || parked.is_some();
             ts.into_iter().chain(parked).for_each(sys::unlock_and_close);
@@ -209,10 +198,14 @@ impl Inner {
         wait::run(&mut strategy, deadline, cancel, RetryPolicy::default()).await
     }
 
-    /// The error of a waiting thread whose `flock` failed, for the next waiter or watch.
-    pub(crate) fn wait_error(&self, family: Family, name: &str, e: io::Error) -> Error {
+    /// The error of a waiting thread whose `flock` failed, if any: taken by the next waiter
+    /// or watch of `name`.
+    pub(crate) fn kernel_error(&self, family: Family, name: &str, entry: &mut Entry) -> Result<()> {
+        let Some(e) = entry.kernel_error.take() else {
+            return Ok(());
+        };
         let path = self.lock_path(family, name);
-        self.io_error(format!("cannot wait for lock file {}", path.display()), e)
+        Err(self.io_error(format!("cannot wait for lock file {}", path.display()), e))
     }
 
     /// A writer of this backend waits: for a read-write lock, hold the turnstile (keeping new
