@@ -174,12 +174,10 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
 struct Probe {
     /// The `options` startup parameter took effect (`-c dlock.doctor=on`).
     options_applied: bool,
-    /// The backend pid stayed the same over statements of one connection.
-    pid_stable: bool,
-    /// A session setting survived to the next statement.
-    setting_kept: bool,
-    /// Two client connections were served by one backend.
-    shared_backend: bool,
+    /// A transaction pooler is in front: the backend pid changed over statements of one
+    /// connection, a session setting did not survive to the next statement, or two client
+    /// connections were served by one backend.
+    pooled: bool,
 }
 
 /// Opens a connection like the backend's, plus `-c dlock.doctor=on` in `options`.
@@ -208,9 +206,10 @@ async fn probe(b: &PostgresBackend) -> Result<Probe> {
         cols(&row(b, Some(&one), what, second).await?, "probe")?;
     Ok(Probe {
         options_applied: opt.as_deref() == Some("on"),
-        pid_stable: pid1 == pid2,
-        setting_kept: kept.as_deref() == Some("yes"),
-        shared_backend: pid_other == pid1 || pid_other == pid2,
+        pooled: pid1 != pid2
+            || kept.as_deref() != Some("yes")
+            || pid_other == pid1
+            || pid_other == pid2,
     })
 }
 
@@ -239,8 +238,7 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
             );
         }
     };
-    let pooled = !p.pid_stable || !p.setting_kept || p.shared_backend;
-    match (pooled, mode) {
+    match (p.pooled, mode) {
         (true, Mode::Session) => f(
             Severity::Unsafe,
             "a transaction-pooling proxy (PgBouncer pool_mode=transaction/statement) is in front: one client connection was served by several server backends, or two by one, or a session setting was lost; session mode's advisory locks and leases live in the server session, so another client can be handed a session that holds a lock, and a dead holder's lock is never freed; connect to the server directly (or a session-pooling PgBouncer) or use ?mode=lease",
