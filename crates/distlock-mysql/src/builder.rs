@@ -96,18 +96,12 @@ pub(crate) fn with_opts(opts: mysql_async::Opts) -> MysqlBuilder {
     MysqlBuilder::new(format!("mysql://{userinfo}")).map_settings(|s| s.opts = Some(opts))
 }
 
-/// The URL parameters dlock reads itself (the driver gets the others).
+/// The URL parameters dlock reads itself besides the TLS files' (the driver gets the others).
 const OUR_PARAMS: &[&str] = &[
     "mode",
     "namespace",
     "ssl-mode",
     "ssl_mode",
-    "ssl-ca",
-    "ssl_ca",
-    "ssl-cert",
-    "ssl_cert",
-    "ssl-key",
-    "ssl_key",
     "password-file",
     "password_file",
 ];
@@ -121,18 +115,6 @@ pub(crate) struct Parsed {
     /// `None`: the application's options, their TLS settings as they are.
     pub(crate) tls: Option<TlsOptions>,
     pub(crate) password_file: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for Parsed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Not the driver's options: their Debug shows the password.
-        f.debug_struct("Parsed")
-            .field("endpoint", &self.endpoint)
-            .field("mode", &self.mode)
-            .field("namespace", &self.namespace)
-            .field("tls", &self.tls)
-            .finish_non_exhaustive()
-    }
 }
 
 fn endpoint(opts: &mysql_async::Opts) -> String {
@@ -174,7 +156,9 @@ pub(crate) fn parse_url(cs: &ConnectionString) -> Result<Parsed> {
         Some(p) => Some(PathBuf::from(p)),
     };
     let prefer_socket = cs.bool("prefer_socket")?.unwrap_or(false);
-    let driver = distlock_sql::url::driver_url(cs, OUR_PARAMS);
+    let names = crate::tls::NAMES;
+    let ours = [OUR_PARAMS, names.ca, names.cert, names.key].concat();
+    let driver = distlock_sql::url::driver_url(cs, &ours);
     let opts = mysql_async::Opts::from_url(&driver).map_err(|e| cs.invalid(e.to_string()))?;
     let opts: mysql_async::Opts = mysql_async::OptsBuilder::from_opts(opts)
         .prefer_socket(prefer_socket)
@@ -380,8 +364,9 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad}");
         }
         let e = parse("mysql://u:secret@h/db?nope=1")
-            .unwrap_err()
-            .to_string();
+            .err()
+            .expect("refused");
+        let e = e.to_string();
         assert!(!e.contains("secret"), "{e}");
         assert_eq!(
             crate::redact("mysql://u:secret@h:1/d"),

@@ -1,12 +1,14 @@
 //! What both modes share: connections (a small pool of idle ones), the schema, lock keys.
 
-use crate::error::{conn_dead, map, timeout, KIND};
+use crate::error::{conn_dead, map, timeout, KIND, NOT_OWNER, NO_SUCH_THREAD};
 use distlock_core::backend::Capabilities;
-use distlock_core::{HolderInfo, LockKind, Result};
+use distlock_core::{ClientOptions, HolderInfo, LockInfo, LockKind, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
-use mysql_async::prelude::{FromRow, FromValue, Queryable, StatementLike};
-use mysql_async::{Conn, Params, Row};
+use futures_util::future::BoxFuture;
+use mysql_async::prelude::{FromValue, Queryable};
+use mysql_async::DriverError::NoClientSslFlagFromServer;
+use mysql_async::{Conn, Row, ServerError};
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,21 +64,19 @@ impl Common {
         connector: Connector,
         endpoint: String,
         namespace: String,
-        connect_timeout: Duration,
-        op_timeout: Duration,
+        opts: &ClientOptions,
     ) -> Self {
         Common {
             connector,
             plain_only: AtomicBool::new(false),
             endpoint,
             namespace,
-            connect_timeout,
-            op_timeout,
+            connect_timeout: opts.get_connect_timeout(),
+            op_timeout: opts.get_op_timeout(),
             idle: IdlePool::new(POOL_MAX),
         }
     }
 
-    /// The host connections go to.
     pub(crate) fn host(&self) -> String {
         self.connector.opts.ip_or_hostname().to_owned()
     }
@@ -90,7 +90,6 @@ impl Common {
         self.connector.tls.mode()
     }
 
-    /// Opens a new connection.
     pub(crate) async fn open(&self) -> Result<Conn> {
         tokio::time::timeout(self.connect_timeout, self.open_now())
             .await
@@ -98,28 +97,23 @@ impl Common {
     }
 
     async fn open_now(&self) -> Result<Conn> {
-        let c = &self.connector;
-        if let Some(plain) = &c.plain_fallback {
-            if self.plain_only.load(Ordering::Relaxed) {
-                return Conn::new(plain.clone())
-                    .await
-                    .map_err(|e| self.open_error(e));
-            }
-        }
-        match Conn::new(c.opts.clone()).await {
-            Ok(conn) => Ok(conn),
-            Err(mysql_async::Error::Driver(
-                mysql_async::DriverError::NoClientSslFlagFromServer,
-            )) if c.plain_fallback.is_some() => {
+        let plain = self.connector.plain_fallback.as_ref();
+        let opts = match plain {
+            Some(p) if self.plain_only.load(Ordering::Relaxed) => p,
+            _ => &self.connector.opts,
+        };
+        match (Conn::new(opts.clone()).await, plain) {
+            (Err(mysql_async::Error::Driver(NoClientSslFlagFromServer)), Some(plain)) => {
                 tracing::info!(
                     endpoint = %self.endpoint,
                     "the server has no TLS: ssl-mode=PREFERRED goes on unencrypted"
                 );
                 self.plain_only.store(true, Ordering::Relaxed);
-                let plain = c.plain_fallback.clone().unwrap_or_else(|| c.opts.clone());
-                Conn::new(plain).await.map_err(|e| self.open_error(e))
+                Conn::new(plain.clone())
+                    .await
+                    .map_err(|e| self.open_error(e))
             }
-            Err(e) => Err(self.open_error(e)),
+            (r, _) => r.map_err(|e| self.open_error(e)),
         }
     }
 
@@ -184,7 +178,6 @@ impl Common {
         within(self.op_timeout, f).await
     }
 
-    /// Turns a call's end into a result.
     pub(crate) fn result<T>(&self, what: &str, c: Call<T>) -> Result<T> {
         match c {
             Call::Ok(v) => Ok(v),
@@ -210,14 +203,13 @@ impl Common {
         }
     }
 
-    /// Runs `f` on a pooled connection (control statements: no lock is left on it).
+    /// Runs `f` on a pooled connection (control statements: no lock is left on it), e.g.
+    /// `|c| c.exec_first(sql, params)`.
     pub(crate) async fn with_conn<T, F>(&self, what: &str, f: F) -> Result<T>
     where
         F: for<'c> FnOnce(
             &'c mut Conn,
-        ) -> std::pin::Pin<
-            Box<dyn Future<Output = std::result::Result<T, mysql_async::Error>> + Send + 'c>,
-        >,
+        ) -> BoxFuture<'c, std::result::Result<T, mysql_async::Error>>,
     {
         let mut conn = self.take().await?;
         let c = self.call(f(&mut conn)).await;
@@ -226,37 +218,13 @@ impl Common {
         self.result(what, c)
     }
 
-    /// Runs one statement with `params` on a pooled connection: its first row.
-    pub(crate) async fn first<T, S, P>(&self, what: &str, sql: S, params: P) -> Result<Option<T>>
-    where
-        T: FromRow + Send + 'static,
-        S: StatementLike,
-        P: Into<Params> + Send,
-    {
+    /// Runs one multi-statement query (see [`query_sets`]) on a pooled connection. A
+    /// connection whose query did not succeed is closed: it may be inside an open transaction,
+    /// or its reply still on the way; the server rolls back what it had not committed.
+    pub(crate) async fn query(&self, what: &str, sql: String) -> Result<Vec<Vec<Row>>> {
         let mut conn = self.take().await?;
-        let c = self.call(conn.exec_first(sql, params)).await;
-        self.after_failure_or_put(conn, &c);
-        self.result(what, c)
-    }
-
-    /// Runs one statement with `params` on a pooled connection: its rows.
-    pub(crate) async fn rows<T, S, P>(&self, what: &str, sql: S, params: P) -> Result<Vec<T>>
-    where
-        T: FromRow + Send + 'static,
-        S: StatementLike,
-        P: Into<Params> + Send,
-    {
-        let mut conn = self.take().await?;
-        let c = self.call(conn.exec(sql, params)).await;
-        self.after_failure_or_put(conn, &c);
-        self.result(what, c)
-    }
-
-    /// Runs one text statement without a result on a pooled connection.
-    pub(crate) async fn run(&self, what: &str, sql: String) -> Result<()> {
-        let mut conn = self.take().await?;
-        let c = self.call(conn.query_drop(sql)).await;
-        self.after_failure_or_put(conn, &c);
+        let c = self.call(query_sets(&mut conn, sql)).await;
+        self.put_if_ok(conn, &c);
         self.result(what, c)
     }
 
@@ -276,16 +244,19 @@ impl Common {
     pub(crate) fn put_if_ok<T>(&self, conn: Conn, c: &Call<T>) {
         match c {
             Call::Ok(_) => self.put(conn),
-            other => {
-                if matches!(other, Call::Err(e) if conn_dead(e)) {
-                    self.forget_idle();
-                }
-                close(conn);
-            }
+            other => self.discard(conn, other),
         }
     }
 
-    /// Drops every idle connection.
+    /// Closes a connection whose call `c` failed (whatever lock it held goes with it), and
+    /// drops the idle ones too if the server went away.
+    pub(crate) fn discard<T>(&self, conn: Conn, c: &Call<T>) {
+        if matches!(c, Call::Err(e) if conn_dead(e)) {
+            self.forget_idle();
+        }
+        close(conn);
+    }
+
     pub(crate) fn forget_idle(&self) {
         self.idle.clear();
     }
@@ -299,33 +270,102 @@ impl Common {
             .max(Duration::from_secs(10));
         let mut conn = self.take().await?;
         for stmt in ddl {
-            match tokio::time::timeout(limit, conn.query_drop(*stmt)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    let err = map(&self.endpoint, e);
-                    return Err(match err {
-                        distlock_core::Error::UnexpectedReply { backend, message } => {
-                            distlock_core::Error::UnexpectedReply {
-                                backend,
-                                message: format!(
-                                    "creating dlock's tables failed: {message}; create them \
-                                     beforehand with the SQL in docs/mysql.md"
-                                ),
-                            }
-                        }
-                        other => other,
-                    });
-                }
-                Err(_) => return Err(timeout(&self.endpoint, "creating dlock's tables", limit)),
-            }
+            let c = within(limit, conn.query_drop(*stmt)).await;
+            self.result("creating dlock's tables", c)
+                .map_err(|e| match e {
+                    distlock_core::Error::UnexpectedReply { backend, message } => {
+                        let message = format!(
+                            "creating dlock's tables failed: {message}; create them beforehand \
+                             with the SQL in docs/mysql.md"
+                        );
+                        distlock_core::Error::UnexpectedReply { backend, message }
+                    }
+                    other => other,
+                })?;
         }
         self.put(conn);
         Ok(())
     }
 
+    /// `inspect` of key `lk` (`name`'s lock of `kind`), in both modes: the live rows of the
+    /// mode's table of `holders` (alias `h`; `live` the condition that a row counts), each with
+    /// the value stored with its token (an election's leader: the first, its token the one
+    /// reported), and the fencing counter. If `used` and no row counts, the connection holding
+    /// the key's `GET_LOCK` is reported too.
+    pub(crate) async fn inspect(
+        &self,
+        (name, kind, lk): (&str, LockKind, String),
+        (holders, live): (&str, &str),
+        used: bool,
+    ) -> Result<LockInfo> {
+        let sql = format!(
+            "SELECT h.owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), h.expires_at), \
+             e.value, h.token FROM {holders} h LEFT JOIN dlock_elections e \
+             ON e.lock_key = h.lock_key AND e.token = h.token WHERE h.lock_key = ? AND {live}"
+        );
+        type Holder = (String, Option<i64>, Option<String>, u64);
+        let (mut rows, token, unnamed) = self
+            .with_conn("inspecting", move |c| {
+                Box::pin(async move {
+                    let rows: Vec<Holder> = c.exec(sql, (lk.as_str(),)).await?;
+                    let token: Option<u64> = c
+                        .exec_first("SELECT token FROM dlock_fence WHERE lock_key = ?", (&lk,))
+                        .await?;
+                    // A lock's server lock without a holder row: a grant between its
+                    // `GET_LOCK` and its row, or one being given back (a cancelled waiter's
+                    // that raced with the release). Held all the same.
+                    let by: Option<Option<u64>> = match rows.is_empty() && used {
+                        true => c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await?,
+                        false => None,
+                    };
+                    Ok((rows, token, by.flatten()))
+                })
+            })
+            .await?;
+        let mut info = LockInfo::new(name).with_fencing_token(token.unwrap_or(0));
+        let election = kind == LockKind::Election;
+        if election {
+            rows.truncate(1);
+        }
+        for (owner, us, value, token) in rows {
+            if election {
+                info.fencing_token = token;
+            }
+            let value = election.then(|| value.unwrap_or_default());
+            info.holders.push(holder(owner, us).with_value(value));
+        }
+        if let Some(conn) = unnamed {
+            let what = format!("(connection {conn}, being granted or given back)");
+            info.holders.push(HolderInfo::new(what, 1));
+        }
+        Ok(info)
+    }
+
+    /// Ends session `id` (`KILL`). `Some` of the server's refusal when the session is gone
+    /// already (`NO_SUCH_THREAD`) or another user's that this one may not end (`NOT_OWNER`).
+    pub(crate) async fn kill(&self, what: &str, id: u64) -> Result<Option<ServerError>> {
+        let sql = format!("KILL {id}");
+        self.with_conn(what, move |c| {
+            Box::pin(async move {
+                match c.query_drop(sql).await {
+                    Ok(()) => Ok(None),
+                    Err(mysql_async::Error::Server(s))
+                        if s.code == NO_SUCH_THREAD || s.code == NOT_OWNER =>
+                    {
+                        Ok(Some(s))
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+        })
+        .await
+    }
+
     /// Asks the server to stop the statement running on connection `id` (`KILL QUERY`).
     pub(crate) async fn kill_query(&self, id: u32) -> Result<()> {
-        self.run("KILL QUERY", format!("KILL QUERY {id}")).await
+        let sql = format!("KILL QUERY {id}");
+        self.with_conn("KILL QUERY", move |c| c.query_drop(sql))
+            .await
     }
 }
 

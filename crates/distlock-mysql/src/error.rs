@@ -6,6 +6,13 @@ use std::time::Duration;
 
 pub(crate) const KIND: &str = "mysql";
 
+/// Server error: the statement was interrupted (`KILL QUERY`).
+pub(crate) const INTERRUPTED: u16 = 1317;
+/// Server error: unknown thread id (the connection is gone).
+pub(crate) const NO_SUCH_THREAD: u16 = 1094;
+/// Server error: not the owner of the thread (no privilege to kill it).
+pub(crate) const NOT_OWNER: u16 = 1095;
+
 /// Server error codes that mean the connection is gone.
 const CONNECTION_GONE: &[u16] = &[
     1053, // ER_SERVER_SHUTDOWN

@@ -130,22 +130,11 @@ impl MysqlBackend {
         // (URL, builder, the application's own Opts) unless the program already did.
         #[cfg(feature = "tls")]
         distlock_core::conn::install_crypto_provider();
-        let common = Arc::new(Common::new(
-            connector,
-            endpoint,
-            namespace,
-            opts.get_connect_timeout(),
-            opts.get_op_timeout(),
-        ));
+        let common = Arc::new(Common::new(connector, endpoint, namespace, opts));
         common.ensure_schema(session::DDL).await?;
         let inner = match mode {
             Mode::Session => Inner::Session(session::new_mode(common.clone())),
-            Mode::Table => {
-                common.ensure_schema(table::DDL).await?;
-                let t = table::TableMode::new(common.clone());
-                t.migrate().await?;
-                Inner::Table(t)
-            }
+            Mode::Table => Inner::Table(table::TableMode::start(common.clone()).await?),
         };
         Ok(MysqlBackend { common, inner })
     }

@@ -25,9 +25,9 @@
 //! lease end (the core's lease-end look) or at the next grant.
 
 use crate::common::{close, col, election_key, sql_str, Call, Common};
-use crate::error::{conn_dead, map, timeout, KIND};
+use crate::error::{conn_dead, map, timeout, INTERRUPTED, KIND, NOT_OWNER, NO_SUCH_THREAD};
 use distlock_core::backend::{ReleaseWatch, Wake};
-use distlock_core::{async_trait, Error, Result};
+use distlock_core::{async_trait, Error, LockKind, Result};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,13 +40,6 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 /// a round's reply later than this plus the slow limit ends the watch with an error).
 const ROUND: Duration = Duration::from_secs(120);
 
-/// Server error: the statement was interrupted (`KILL QUERY`).
-const INTERRUPTED: u16 = 1317;
-/// Server error: unknown thread id (the connection is gone).
-const NO_SUCH_THREAD: u16 = 1094;
-/// Server error: not the owner of the thread (no privilege to kill it).
-const NOT_OWNER: u16 = 1095;
-
 /// Warned once per process: KILL refused, observers only wake at lease ends.
 static KILL_REFUSED: AtomicBool = AtomicBool::new(false);
 /// Warned once per process: observers of another user cannot be seen, nor woken.
@@ -57,9 +50,40 @@ pub(crate) fn observed_sql(lk: &str) -> String {
     format!("EXISTS(SELECT 1 FROM dlock_election_observers WHERE lock_key = '{lk}')")
 }
 
-/// Wakes election key `lk`'s observers in the background if `observed` (see the module docs).
-pub(crate) fn wake_if(common: &Arc<Common>, lk: &str, observed: bool) {
-    if observed {
+/// For a grant of `kind` on key `lk` (an election's): the statement storing the candidate's
+/// `value` under the token in SQL variable `token`, proclamation number 0, if that is not NULL
+/// (nothing for a lock). `ns` and `name` are SQL.
+pub(crate) fn election_row(
+    (kind, value): (LockKind, Option<&str>),
+    lk: &str,
+    (ns, name): (&str, &str),
+    token: &str,
+) -> String {
+    if kind != LockKind::Election {
+        return String::new();
+    }
+    let value = sql_str(value.unwrap_or(""));
+    format!(
+        "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
+         SELECT '{lk}', {ns}, {name}, {token}, {value}, 0 FROM DUAL WHERE {token} IS NOT NULL \
+         ON DUPLICATE KEY UPDATE token = {token}, value = {value}, seq = 0; "
+    )
+}
+
+/// For a change of key `lk` of `kind`: the column to read back after it telling whether
+/// anybody observes an election (`, EXISTS(…)`; nothing for a lock).
+pub(crate) fn observed_col(kind: LockKind, lk: &str) -> String {
+    match kind {
+        LockKind::Election => format!(", {}", observed_sql(lk)),
+        _ => String::new(),
+    }
+}
+
+/// Wakes election key `lk`'s observers in the background if column `i` of `row` (the
+/// [`observed_col`] read back) says there are any (see the module docs).
+pub(crate) fn wake_if(common: &Arc<Common>, lk: &str, row: &Row, i: usize) {
+    let observed = row.get_opt::<Option<i64>, usize>(i).and_then(|v| v.ok());
+    if observed.flatten().unwrap_or(0) > 0 {
         wake(common, lk);
     }
 }
@@ -101,7 +125,9 @@ pub(crate) async fn proclaim(
     let Some((n, watched)) = leads else {
         return Err(crate::error::shape("proclaiming", "no row"));
     };
-    wake_if(common, &lk, watched > 0);
+    if watched > 0 {
+        wake(common, &lk);
+    }
     Ok(if n > 0 {
         RenewOutcome::Renewed
     } else {
@@ -149,24 +175,20 @@ pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
     );
     let mut conn = common.take().await?;
     let c = common.call(crate::common::query_sets(&mut conn, sql)).await;
-    let ids: Vec<u64> = match &c {
-        Call::Ok(sets) => match sets.first() {
-            Some(rows) => rows
-                .iter()
-                .map(|r| col::<u64>("observer connection", r, 0))
-                .collect::<Result<_>>()?,
-            None => Vec::new(),
-        },
-        _ => Vec::new(),
+    let Call::Ok(sets) = &c else {
+        common.after_failure_or_put(conn, &c);
+        return common.result("waking observers", c).map(|_| ());
     };
-    let hidden: i64 = match &c {
-        Call::Ok(sets) => sets
-            .get(1)
-            .and_then(|rows| rows.first())
-            .map(|r| col::<i64>("observers of other users", r, 0))
-            .transpose()?
-            .unwrap_or(0),
-        _ => 0,
+    let ids = match sets.first() {
+        Some(rows) => rows
+            .iter()
+            .map(|r| col::<u64>("observer connection", r, 0))
+            .collect::<Result<Vec<_>>>()?,
+        None => Vec::new(),
+    };
+    let hidden: i64 = match sets.get(1).and_then(|rows| rows.first()) {
+        Some(r) => col("observers of other users", r, 0)?,
+        None => 0,
     };
     if hidden > 0 && !HIDDEN_WARNED.swap(true, Ordering::Relaxed) {
         tracing::warn!(
@@ -175,10 +197,6 @@ pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
              only woken at lease ends; grant PROCESS and CONNECTION_ADMIN, or observe as the \
              same user"
         );
-    }
-    if !matches!(c, Call::Ok(_)) {
-        common.after_failure_or_put(conn, &c);
-        return common.result("waking observers", c).map(|_| ());
     }
     for id in ids {
         let c = common
@@ -211,22 +229,19 @@ pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
 pub(crate) async fn observe(common: &Arc<Common>, name: &str) -> Result<Box<dyn ReleaseWatch>> {
     let lk = election_key(&common.namespace, name);
     let mut conn = common.take().await?;
-    let register = register_sql(common, &lk, name);
-    let c = common.call(conn.query_drop(register.clone())).await;
-    if !matches!(c, Call::Ok(())) {
-        let e = common.error("registering the observer", c);
-        close(conn);
-        return Err(e);
-    }
     let cancel = CancellationToken::new();
     let (tx, rx) = mpsc::channel(1);
     let task = Watcher {
         common: common.clone(),
+        register: register_sql(common, &lk, name),
         lk,
-        register,
         tx,
         cancel: cancel.clone(),
     };
+    if let Err(e) = task.reset(&mut conn, "registering the observer").await {
+        close(conn);
+        return Err(e);
+    }
     tokio::spawn(task.run(conn));
     Ok(Box::new(ObserveWatch {
         rx,
@@ -294,42 +309,14 @@ enum Round {
 impl Watcher {
     async fn run(self, mut conn: Conn) {
         let id = conn.id();
-        let end = loop {
-            let round = tokio::select! {
-                _ = self.cancel.cancelled() => break None,
-                r = self.round(&mut conn) => r,
-            };
-            let woke = match round {
-                Ok(Round::Slept) => false,
-                Ok(Round::Woken) | Ok(Round::Unregistered) => true,
-                Err(e) => break Some(e),
-            };
-            if !woke {
-                continue;
-            }
-            // Clear the flag (or register again) before reporting: see the module docs.
-            let reset = tokio::select! {
-                _ = self.cancel.cancelled() => break None,
-                r = self.reset(&mut conn) => r,
-            };
-            if let Err(e) = reset {
-                break Some(e);
-            }
-            match self.tx.try_send(Ok(())) {
-                // Full: a wake is already pending, which covers this one.
-                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
-                Err(mpsc::error::TrySendError::Closed(_)) => break None,
-            }
-        };
+        let end = self.cancel.run_until_cancelled(self.rounds(&mut conn));
+        let end = end.await.flatten();
         // The statement in flight (if any) is abandoned: the connection is never reused.
         close(conn);
         // Best effort, retried a few times (every step is idempotent): a statement that timed
         // out on a loaded server leaves the row to the stale-observer sweep.
-        let retry = distlock_core::RetryPolicy::new(
-            3,
-            std::time::Duration::from_millis(100),
-            std::time::Duration::from_secs(1),
-        );
+        let retry =
+            distlock_core::RetryPolicy::new(3, Duration::from_millis(100), Duration::from_secs(1));
         let r = distlock_core::backoff::retry(retry, || self.deregister(id)).await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "deregistering an election observer failed");
@@ -339,30 +326,36 @@ impl Watcher {
         }
     }
 
+    /// Rounds of waiting until the watch is dropped (`None`) or fails.
+    async fn rounds(&self, conn: &mut Conn) -> Option<Error> {
+        loop {
+            match self.round(conn).await {
+                Ok(Round::Slept) => continue,
+                Ok(Round::Woken | Round::Unregistered) => {}
+                Err(e) => return Some(e),
+            }
+            // Clear the flag (or register again) before reporting: see the module docs.
+            if let Err(e) = self.reset(conn, "observing").await {
+                return Some(e);
+            }
+            match self.tx.try_send(Ok(())) {
+                // Full: a wake is already pending, which covers this one.
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => return None,
+            }
+        }
+    }
+
     /// Forgets the observer of connection `id` (closed by the caller): ends its session on
     /// the server (which stops its SLEEP), waits until the session is gone, and only then
     /// deletes its row. A statement the connection sent before it was closed — a registration
     /// after a wake-up, in flight when the watch was dropped — still runs until the session
     /// ends: deleted earlier, the row would come back, naming a dead connection.
     async fn deregister(&self, id: u32) -> Result<()> {
-        let killed = self
-            .common
-            .with_conn("ending the observer's session", move |c| {
-                Box::pin(async move {
-                    match c.query_drop(format!("KILL {id}")).await {
-                        Ok(()) => Ok(true),
-                        // Gone already; or the id is another user's session now (ids start
-                        // over when the server restarts), so this one is gone too.
-                        Err(mysql_async::Error::Server(s))
-                            if s.code == NO_SUCH_THREAD || s.code == NOT_OWNER =>
-                        {
-                            Ok(false)
-                        }
-                        Err(e) => Err(e),
-                    }
-                })
-            })
-            .await?;
+        // Gone already; or the id is another user's session now (ids start over when the
+        // server restarts), so this one is gone too.
+        let what = "ending the observer's session";
+        let killed = self.common.kill(what, id.into()).await?.is_none();
         if killed {
             self.until_gone(id).await?;
         }
@@ -370,7 +363,8 @@ impl Watcher {
         let sql = format!(
             "DELETE FROM dlock_election_observers WHERE lock_key = '{lk}' AND conn_id = {id}"
         );
-        self.common.run("deregistering the observer", sql).await
+        let what = "deregistering the observer";
+        self.common.with_conn(what, |c| c.query_drop(sql)).await
     }
 
     /// Waits until session `id`, just killed, is gone from the server: it ends at its next
@@ -383,7 +377,9 @@ impl Watcher {
             let sql = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?";
             let alive: Option<i64> = self
                 .common
-                .first("ending the observer's session", sql, (id,))
+                .with_conn("ending the observer's session", |c| {
+                    c.exec_first(sql, (id,))
+                })
                 .await?;
             if alive.unwrap_or(0) == 0 {
                 return Ok(());
@@ -421,9 +417,10 @@ impl Watcher {
         }
     }
 
-    /// Clears the connection's flag, registering it again if its row is gone. A `KILL QUERY`
-    /// meant for the round may land here: the statement is then run again.
-    async fn reset(&self, conn: &mut Conn) -> Result<()> {
+    /// Registers the connection, or clears its flag (registering it again if its row is
+    /// gone). A `KILL QUERY` meant for the round may land here: the statement is then run
+    /// again.
+    async fn reset(&self, conn: &mut Conn, what: &str) -> Result<()> {
         for _ in 0..8 {
             let c = self
                 .common
@@ -433,7 +430,7 @@ impl Watcher {
                 Call::Ok(()) => return Ok(()),
                 Call::Err(mysql_async::Error::Server(s)) if s.code == INTERRUPTED => continue,
                 Call::Err(e) => return Err(self.broken(e)),
-                Call::Timeout(_) => return Err(self.common.error("observing", c)),
+                Call::Timeout(_) => return Err(self.common.error(what, c)),
             }
         }
         Err(crate::error::shape(

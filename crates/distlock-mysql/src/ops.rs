@@ -14,8 +14,8 @@
 //! - `diagnose`: version, the session `wait_timeout` the session mode relies on, Galera,
 //!   and the server clock against the local one.
 
-use crate::common::{check_kind, election_key, key_of, sql_str};
-use crate::error::KIND;
+use crate::common::{check_kind, col, election_key, key_of, last_row, sql_str};
+use crate::error::{KIND, NOT_OWNER};
 use crate::{Mode, MysqlBackend};
 use distlock_core::operator::{clock_finding, evict, measure_clock, Eviction, TlsSession};
 use distlock_core::{
@@ -27,15 +27,136 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 #[distlock_core::async_trait]
 impl Operator for MysqlBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
-        list(self, prefix).await
+        let ns = self.common.namespace.clone();
+        let table = match self.mode() {
+            Mode::Session => "dlock_holders",
+            Mode::Table => "dlock_table_locks",
+        };
+        let sql = format!(
+            "SELECT lock_key, name FROM dlock_fence WHERE ns = ? \
+             UNION SELECT lock_key, name FROM {table} WHERE ns = ?"
+        );
+        let rows: Vec<(String, String)> = self
+            .common
+            .with_conn("listing locks", |c| c.exec(sql, (ns.clone(), ns)))
+            .await?;
+        // The key tells a lock from the election of the same name.
+        let mut names: Vec<(String, LockKind)> = rows
+            .into_iter()
+            .filter(|(_, n)| n.starts_with(prefix))
+            .map(|(key, name)| {
+                let kind = if key == election_key(&self.common.namespace, &name) {
+                    LockKind::Election
+                } else {
+                    LockKind::Mutex
+                };
+                (name, kind)
+            })
+            .collect();
+        names.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
+        names.dedup();
+        let mut out = Vec::with_capacity(names.len());
+        for (name, kind) in names {
+            let info = distlock_core::Backend::inspect(self, &name, kind).await?;
+            out.push(ListedLock::new(kind, info));
+        }
+        Ok(out)
     }
 
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        force_release(self, name, kind).await
+        check_kind(kind)?;
+        let lk = key_of(&self.common.namespace, name, kind);
+        let done = match self.mode() {
+            Mode::Table => force_table(self, name, &lk).await?,
+            Mode::Session => {
+                let steps = Sessions {
+                    b: self,
+                    name,
+                    lk: lk.clone(),
+                };
+                evict(&steps, KIND, name, self.common.op_timeout).await?
+            }
+        };
+        if kind == LockKind::Election {
+            crate::observe::wake(&self.common, &lk);
+        }
+        Ok(done)
     }
 
     async fn diagnose(&self) -> Result<Vec<Finding>> {
-        diagnose(self).await
+        let mode = self.mode();
+        type Probe = (String, Option<u64>, Option<String>, Option<String>, bool);
+        let (version, session_wait, wsrep, tls_version, watchable): Probe = self
+            .common
+            .with_conn("diagnosing", |c| {
+                Box::pin(async move {
+                    // Whether a holder's client can see its connection closed (as a grant's).
+                    let watchable = crate::socket::socket_of(c).is_some();
+                    let version: Option<String> = c.query_first("SELECT VERSION()").await?;
+                    // Session mode enforces a holder's lease as its connection's wait_timeout:
+                    // a proxy or a server cap that ignores SET SESSION would keep a dead
+                    // holder's lock for the global timeout (8 hours by default).
+                    c.query_drop("SET SESSION wait_timeout = 31").await?;
+                    let wait: Option<u64> = c.query_first("SELECT @@SESSION.wait_timeout").await?;
+                    c.query_drop("SET SESSION wait_timeout = DEFAULT").await?;
+                    let wsrep: Option<(String, String)> =
+                        c.query_first("SHOW VARIABLES LIKE 'wsrep_on'").await?;
+                    let tls: Option<(String, String)> = c
+                        .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
+                        .await?;
+                    Ok((
+                        version.unwrap_or_default(),
+                        wait,
+                        wsrep.map(|(_, v)| v),
+                        tls.map(|(_, v)| v),
+                        watchable,
+                    ))
+                })
+            })
+            .await?;
+        let offset_ms = measure_clock(server_time(self)).await?;
+        let mut out = vec![version_finding(&version)];
+        out.push(tls_finding(self, tls_version));
+        out.push(match (mode, session_wait) {
+            (Mode::Table, _) => Finding::new(
+                Severity::Ok,
+                "wait_timeout",
+                "table mode: leases are the rows' expires_at, wait_timeout does not end them",
+            ),
+            (Mode::Session, Some(31)) => Finding::new(
+                Severity::Ok,
+                "wait_timeout",
+                "SET SESSION wait_timeout takes effect: a holder that stops renewing is disconnected (and loses its lock) when its lease ends",
+            ),
+            (Mode::Session, other) => Finding::new(
+                Severity::Unsafe,
+                "wait_timeout",
+                format!("SET SESSION wait_timeout = 31 read back as {other:?}: session mode enforces each holder's lease as its connection's wait_timeout, so a stalled holder would keep its lock far past its lease; connect to the server directly (not through a proxy that pins or rewrites session variables) or use ?mode=table"),
+            ),
+        });
+        out.push(close_finding(mode, watchable));
+        let galera = wsrep
+            .as_deref()
+            .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
+        out.push(match (galera, mode) {
+            (false, _) => Finding::new(Severity::Ok, "galera", "not a Galera node"),
+            (true, Mode::Session) => Finding::new(
+                Severity::Unsafe,
+                "galera",
+                "wsrep_on=ON (Galera / MariaDB Cluster): GET_LOCK is local to one node, so clients on other nodes get the same lock; use ?mode=table (lock rows replicate)",
+            ),
+            (true, Mode::Table) => Finding::new(
+                Severity::Warning,
+                "galera",
+                "wsrep_on=ON: table mode measures leases with the clock of the node that runs each statement, so the clock spread between nodes shortens or lengthens leases by that much (dlock cannot read other nodes' clocks from here); keep every node on NTP and leases far above the spread",
+            ),
+        });
+        out.push(clock_finding(
+            offset_ms,
+            "server",
+            "on the server (table mode: its UTC_TIMESTAMP)",
+        ));
+        Ok(out)
     }
 
     async fn server_time(&self) -> Result<Option<SystemTime>> {
@@ -43,69 +164,12 @@ impl Operator for MysqlBackend {
     }
 }
 
-async fn list(b: &MysqlBackend, prefix: &str) -> Result<Vec<ListedLock>> {
-    let ns = b.common.namespace.clone();
-    let table = match b.mode() {
-        Mode::Session => "dlock_holders",
-        Mode::Table => "dlock_table_locks",
-    };
-    let sql = format!(
-        "SELECT lock_key, name FROM dlock_fence WHERE ns = ? \
-         UNION SELECT lock_key, name FROM {table} WHERE ns = ?"
-    );
-    let rows: Vec<(String, String)> = b
-        .common
-        .rows("listing locks", sql, (ns.as_str(), ns.as_str()))
-        .await?;
-    // The key tells a lock from the election of the same name.
-    let mut names: Vec<(String, LockKind)> = rows
-        .into_iter()
-        .filter(|(_, n)| n.starts_with(prefix))
-        .map(|(key, name)| {
-            let kind = if key == election_key(&b.common.namespace, &name) {
-                LockKind::Election
-            } else {
-                LockKind::Mutex
-            };
-            (name, kind)
-        })
-        .collect();
-    names.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
-    names.dedup();
-    let mut out = Vec::with_capacity(names.len());
-    for (name, kind) in names {
-        let info = distlock_core::Backend::inspect(b, &name, kind).await?;
-        out.push(ListedLock::new(kind, info));
-    }
-    Ok(out)
-}
-
-async fn force_release(b: &MysqlBackend, name: &str, kind: LockKind) -> Result<ForceReleased> {
-    check_kind(kind)?;
-    let lk = key_of(&b.common.namespace, name, kind);
-    let done = match b.mode() {
-        Mode::Table => force_table(b, name, &lk).await?,
-        Mode::Session => {
-            let steps = Sessions {
-                b,
-                name,
-                lk: lk.clone(),
-            };
-            evict(&steps, KIND, name, b.common.op_timeout).await?
-        }
-    };
-    if kind == LockKind::Election {
-        crate::observe::wake(&b.common, &lk);
-    }
-    Ok(done)
-}
-
 /// Table mode: one transaction clears the row (the holder's renewals then match no row) and
 /// advances the counter, so no grant falls between the two.
 async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceReleased> {
     let ns = sql_str(&b.common.namespace);
     let n = sql_str(name);
-    let next = crate::common::next_token("token");
+    let (next, free) = (crate::common::next_token("token"), crate::table::FREE);
     let sql = format!(
         "SET @dl_owner = NULL, @dl_left = NULL; \
          INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) VALUES ('{lk}', {ns}, {n}, 0); \
@@ -115,33 +179,23 @@ async fn force_table(b: &MysqlBackend, name: &str, lk: &str) -> Result<ForceRele
              FROM dlock_table_locks WHERE lock_key = '{lk}' AND owner IS NOT NULL \
              AND expires_at > UTC_TIMESTAMP(6) FOR UPDATE; \
          UPDATE dlock_table_locks SET owner = NULL, count = 0, acquired_at = NULL, \
-             expires_at = '1970-01-02 00:00:00', last_released = attempt \
+             expires_at = {free}, last_released = attempt \
              WHERE lock_key = '{lk}' AND owner IS NOT NULL; \
          UPDATE dlock_fence SET token = LAST_INSERT_ID({next}) WHERE lock_key = '{lk}'; \
          SELECT @dl_owner, @dl_left, LAST_INSERT_ID(); \
          COMMIT"
     );
-    let mut conn = b.common.take().await?;
-    let c = b
-        .common
-        .call(crate::common::query_sets(&mut conn, sql))
-        .await;
-    // Even a refused statement may leave the transaction open, holding the lock's row.
-    b.common.put_if_ok(conn, &c);
-    let sets = b.common.result("forced release", c)?;
+    // Even a refused statement may leave the transaction open, holding the lock's row: the
+    // connection is closed then.
     let what = "forced release";
-    let row = sets
-        .iter()
-        .rev()
-        .find_map(|s| s.first())
-        .ok_or_else(|| crate::error::shape(what, "no result row"))?;
-    let owner: Option<String> = crate::common::col(what, row, 0)?;
-    let left: Option<i64> = crate::common::col(what, row, 1)?;
-    let token: u64 = crate::common::col(what, row, 2)?;
-    let removed = owner
-        .map(|owner| crate::common::holder(owner, left))
-        .into_iter()
-        .collect();
+    let sets = b.common.query(what, sql).await?;
+    let row = last_row(what, &sets)?;
+    let owner: Option<String> = col(what, row, 0)?;
+    let token: u64 = col(what, row, 2)?;
+    let removed = match owner {
+        Some(owner) => vec![crate::common::holder(owner, col(what, row, 1)?)],
+        None => Vec::new(),
+    };
     Ok(ForceReleased::new(removed, token))
 }
 
@@ -157,11 +211,11 @@ struct Sessions<'a> {
 impl Sessions<'_> {
     /// The connection holding the lock now.
     async fn holder(&self) -> Result<Option<u64>> {
-        let sql = "SELECT IS_USED_LOCK(?)";
+        let (sql, lk) = ("SELECT IS_USED_LOCK(?)", self.lk.clone());
         let id: Option<Option<u64>> = self
             .b
             .common
-            .first("finding the holder", sql, (self.lk.as_str(),))
+            .with_conn("finding the holder", |c| c.exec_first(sql, (lk,)))
             .await?;
         Ok(id.flatten())
     }
@@ -178,10 +232,11 @@ impl Eviction for Sessions<'_> {
         };
         let sql = "SELECT owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
                    FROM dlock_holders WHERE lock_key = ? AND conn_id = ?";
+        let lk = self.lk.clone();
         let rows: Vec<(String, Option<i64>)> = self
             .b
             .common
-            .rows("finding the holder", sql, (self.lk.as_str(), id))
+            .with_conn("finding the holder", |c| c.exec(sql, (lk, id)))
             .await?;
         let mut removed: Vec<HolderInfo> = rows
             .into_iter()
@@ -199,15 +254,9 @@ impl Eviction for Sessions<'_> {
     }
 
     async fn end(&self, id: u64) -> Result<()> {
-        let killed = self
-            .b
-            .common
-            .run("KILL", format!("KILL CONNECTION {id}"))
-            .await;
-        match killed {
-            // 1094: unknown thread (it ended meanwhile): the lock is free anyway.
-            Err(Error::UnexpectedReply { message, .. }) if message.contains("1094") => Ok(()),
-            Err(Error::UnexpectedReply { message, .. }) if message.contains("1095") => {
+        match self.b.common.kill("KILL", id).await? {
+            Some(s) if s.code == NOT_OWNER => {
+                let message = format!("{} (error {}, SQLSTATE {})", s.message, s.code, s.state);
                 Err(Error::unsupported(
                     KIND,
                     format!(
@@ -216,7 +265,8 @@ impl Eviction for Sessions<'_> {
                     ),
                 ))
             }
-            other => other,
+            // Killed, or unknown (it ended meanwhile): the lock is free anyway.
+            _ => Ok(()),
         }
     }
 
@@ -226,42 +276,21 @@ impl Eviction for Sessions<'_> {
     }
 
     async fn advance(&self, ended: &[u64]) -> Result<u64> {
-        let (k, ns, n) = (
-            self.lk.clone(),
-            self.b.common.namespace.clone(),
-            self.name.to_owned(),
+        let (lk, what) = (&self.lk, "advancing the fencing token");
+        let (ns, n) = (sql_str(&self.b.common.namespace), sql_str(self.name));
+        let next = crate::common::next_token("token");
+        let mut sql = String::new();
+        for id in ended {
+            sql +=
+                &format!("DELETE FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = {id}; ");
+        }
+        sql += &format!(
+            "INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) VALUES ('{lk}', {ns}, {n}, 0); \
+             UPDATE dlock_fence SET token = LAST_INSERT_ID({next}) WHERE lock_key = '{lk}'; \
+             SELECT LAST_INSERT_ID()"
         );
-        let ended = ended.to_vec();
-        let token: Option<u64> = self
-            .b
-            .common
-            .with_conn("advancing the fencing token", move |c| {
-                Box::pin(async move {
-                    for id in ended {
-                        c.exec_drop(
-                            "DELETE FROM dlock_holders WHERE lock_key = ? AND conn_id = ?",
-                            (k.as_str(), id),
-                        )
-                        .await?;
-                    }
-                    c.exec_drop(
-                        "INSERT IGNORE INTO dlock_fence (lock_key, ns, name, token) VALUES (?, ?, ?, 0)",
-                        (k.as_str(), ns.as_str(), n.as_str()),
-                    )
-                    .await?;
-                    c.exec_drop(
-                        format!(
-                            "UPDATE dlock_fence SET token = LAST_INSERT_ID({}) WHERE lock_key = ?",
-                            crate::common::next_token("token")
-                        ),
-                        (k.as_str(),),
-                    )
-                    .await?;
-                    c.query_first("SELECT LAST_INSERT_ID()").await
-                })
-            })
-            .await?;
-        Ok(token.unwrap_or(0))
+        let sets = self.b.common.query(what, sql).await?;
+        col(what, last_row(what, &sets)?, 0)
     }
 }
 
@@ -323,82 +352,6 @@ async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
         Error::unexpected(KIND, format!("the server clock reads {us:?} µs since 1970"))
     })?;
     Ok(UNIX_EPOCH + Duration::from_micros(us))
-}
-
-async fn diagnose(b: &MysqlBackend) -> Result<Vec<Finding>> {
-    let mode = b.mode();
-    type Probe = (String, Option<u64>, Option<String>, Option<String>, bool);
-    let (version, session_wait, wsrep, tls_version, watchable): Probe = b
-        .common
-        .with_conn("diagnosing", |c| {
-            Box::pin(async move {
-                // Whether a holder's client can see its connection closed (as a grant's).
-                let watchable = crate::socket::socket_of(c).is_some();
-                let version: Option<String> = c.query_first("SELECT VERSION()").await?;
-                // Session mode enforces a holder's lease as its connection's wait_timeout:
-                // a proxy or a server cap that ignores SET SESSION would keep a dead
-                // holder's lock for the global timeout (8 hours by default).
-                c.query_drop("SET SESSION wait_timeout = 31").await?;
-                let wait: Option<u64> = c.query_first("SELECT @@SESSION.wait_timeout").await?;
-                c.query_drop("SET SESSION wait_timeout = DEFAULT").await?;
-                let wsrep: Option<(String, String)> =
-                    c.query_first("SHOW VARIABLES LIKE 'wsrep_on'").await?;
-                let tls: Option<(String, String)> = c
-                    .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
-                    .await?;
-                Ok((
-                    version.unwrap_or_default(),
-                    wait,
-                    wsrep.map(|(_, v)| v),
-                    tls.map(|(_, v)| v),
-                    watchable,
-                ))
-            })
-        })
-        .await?;
-    let offset_ms = measure_clock(server_time(b)).await?;
-    let mut out = vec![version_finding(&version)];
-    out.push(tls_finding(b, tls_version));
-    out.push(match (mode, session_wait) {
-        (Mode::Table, _) => Finding::new(
-            Severity::Ok,
-            "wait_timeout",
-            "table mode: leases are the rows' expires_at, wait_timeout does not end them",
-        ),
-        (Mode::Session, Some(31)) => Finding::new(
-            Severity::Ok,
-            "wait_timeout",
-            "SET SESSION wait_timeout takes effect: a holder that stops renewing is disconnected (and loses its lock) when its lease ends",
-        ),
-        (Mode::Session, other) => Finding::new(
-            Severity::Unsafe,
-            "wait_timeout",
-            format!("SET SESSION wait_timeout = 31 read back as {other:?}: session mode enforces each holder's lease as its connection's wait_timeout, so a stalled holder would keep its lock far past its lease; connect to the server directly (not through a proxy that pins or rewrites session variables) or use ?mode=table"),
-        ),
-    });
-    out.push(close_finding(mode, watchable));
-    let galera = wsrep
-        .as_deref()
-        .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
-    out.push(match (galera, mode) {
-        (false, _) => Finding::new(Severity::Ok, "galera", "not a Galera node"),
-        (true, Mode::Session) => Finding::new(
-            Severity::Unsafe,
-            "galera",
-            "wsrep_on=ON (Galera / MariaDB Cluster): GET_LOCK is local to one node, so clients on other nodes get the same lock; use ?mode=table (lock rows replicate)",
-        ),
-        (true, Mode::Table) => Finding::new(
-            Severity::Warning,
-            "galera",
-            "wsrep_on=ON: table mode measures leases with the clock of the node that runs each statement, so the clock spread between nodes shortens or lengthens leases by that much (dlock cannot read other nodes' clocks from here); keep every node on NTP and leases far above the spread",
-        ),
-    });
-    out.push(clock_finding(
-        offset_ms,
-        "server",
-        "on the server (table mode: its UTC_TIMESTAMP)",
-    ));
-    Ok(out)
 }
 
 /// The `connection-close` check: whether a holder learns at once that its connection was

@@ -32,12 +32,12 @@
 use crate::common::{
     close, col, key_of, last_row, next_token, query_sets, sql_str, wait_timeout_secs, Call, Common,
 };
-use crate::error::{conn_dead, shape, KIND};
+use crate::error::{conn_dead, shape, INTERRUPTED, KIND};
 use distlock_core::backend::Capabilities;
 use distlock_core::clock;
 use distlock_core::{
-    async_trait, AcquireReply, AcquireRequest, AttemptId, GrantRef, Granted, HolderInfo, LockInfo,
-    LockKind, LostReason, LostSignal, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, GrantRef, Granted, LockInfo, LockKind,
+    LostReason, LostSignal, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
 use distlock_sql::closewatch::CloseWatch;
 use distlock_sql::lease::{micros, wait_millis, wait_or_stop};
@@ -152,20 +152,11 @@ fn reply_end(reply: Option<i64>) -> WaitEnd {
     }
 }
 
-/// Column `i` of the row that ends a query, as an integer (`None`: NULL, or no such row).
-fn last_int(sets: &[Vec<Row>], i: usize) -> Option<i64> {
-    let row = sets.last()?.first()?;
-    row.get_opt::<Option<i64>, usize>(i)?.ok()?
-}
-
-/// The observers flag (second column) of the row that ends a query.
-fn observed_flag(sets: &[Vec<Row>]) -> bool {
-    last_int(sets, 1).is_some_and(|n| n > 0)
-}
-
-/// The value of the `GET_LOCK` that ends a query (`None`: NULL, or no such row).
+/// The first column of the row that ends a query (the value of its `GET_LOCK`, say), as an
+/// integer (`None`: NULL, or no such row).
 fn lock_reply(sets: &[Vec<Row>]) -> Option<i64> {
-    last_int(sets, 0)
+    let row = sets.last()?.first()?;
+    row.get_opt::<Option<i64>, usize>(0)?.ok()?
 }
 
 impl MyDialect {
@@ -193,13 +184,9 @@ impl MyDialect {
             tracing::warn!(reason = %why, "mysql session holding a lock ended");
             lost.fire(LostReason::SessionEnded(why));
         };
-        match CloseWatch::start(fd, fire) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::debug!(error = %e, "the holder's socket cannot be watched");
-                None
-            }
-        }
+        CloseWatch::start(fd, fire)
+            .inspect_err(|e| tracing::debug!(error = %e, "the holder's socket cannot be watched"))
+            .ok()
     }
 
     fn record_released(&self, attempt: &AttemptId, token: u64) {
@@ -267,26 +254,13 @@ impl MyDialect {
         let name = sql_str(&slot.name);
         let owner = sql_str(&slot.owner);
         let us = micros(req.lease);
-        let is_election = slot.kind == LockKind::Election;
-        let observed = if is_election {
-            format!(", {}", crate::observe::observed_sql(&lk))
-        } else {
-            String::new()
-        };
-        let (begin, election) = match slot.kind {
-            LockKind::Election => {
-                let value = sql_str(req.value.as_deref().unwrap_or(""));
-                (
-                    "START TRANSACTION; ",
-                    format!(
-                        "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
-                         VALUES ('{lk}', {ns}, {name}, @dlock_token, {value}, 0) \
-                         ON DUPLICATE KEY UPDATE token = @dlock_token, value = {value}, \
-                         seq = 0; COMMIT; "
-                    ),
-                )
-            }
-            _ => ("", String::new()),
+        let observed = crate::observe::observed_col(slot.kind, &lk);
+        let election = (slot.kind, req.value.as_deref());
+        let election = crate::observe::election_row(election, &lk, (&ns, &name), "@dlock_token");
+        // An election's value appears with its leader, atomically.
+        let (begin, commit) = match election.is_empty() {
+            true => ("", ""),
+            false => ("START TRANSACTION; ", "COMMIT; "),
         };
         // Rows of earlier holders are stale: this connection holds `GET_LOCK` now.
         let (first, next) = (next_token("0"), next_token("token"));
@@ -300,14 +274,13 @@ impl MyDialect {
              (lock_key, owner, ns, name, token, count, conn_id, acquired_at, expires_at) \
              VALUES ('{lk}', {owner}, {ns}, {name}, @dlock_token, 1, CONNECTION_ID(), \
                      UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND); \
-             {election}SELECT @dlock_token{observed}"
+             {election}{commit}SELECT @dlock_token{observed}"
         );
         let c = self.common.slow_call(query_sets(conn, sql)).await;
         let sets = self.common.result("recording the grant", c)?;
         let row = last_row("fencing token", &sets)?;
-        if is_election {
-            let watched: Option<i64> = col("observers", row, 1)?;
-            crate::observe::wake_if(&self.common, &lk, watched.unwrap_or(0) > 0);
+        if slot.kind == LockKind::Election {
+            crate::observe::wake_if(&self.common, &lk, row, 1);
         }
         match col::<Option<u64>>("fencing token", row, 0)? {
             Some(t) if t > 0 => Ok(t),
@@ -325,7 +298,7 @@ impl MyDialect {
         );
         let c = self.common.call(query_sets(&mut conn, sql)).await;
         let us = match &c {
-            Call::Ok(sets) => last_int(sets, 0),
+            Call::Ok(sets) => lock_reply(sets),
             _ => None,
         };
         self.common.put_if_ok(conn, &c);
@@ -363,19 +336,12 @@ impl MyDialect {
                 }
                 // The holder's row was deleted (an operator revoked the lock): give it up.
                 tracing::warn!(name, "dlock_holders row gone: the lock was revoked");
-                if let State::Held(mut g) = std::mem::take(st) {
+                if let State::Held(g) = std::mem::take(st) {
                     g.stop_watch();
-                    let c = self
-                        .common
-                        .call(g.conn.query_drop(format!(
-                            "DO RELEASE_LOCK('{lk}'); \
-                             SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
-                        )))
-                        .await;
-                    if matches!(c, Call::Ok(_)) {
-                        self.common.put(g.conn);
-                    } else {
-                        g.close();
+                    let Grant { conn, watch, .. } = g;
+                    if !self.give_back(conn, Some(&lk)).await {
+                        // Closed: its socket too (the watch's duplicate does not keep it open).
+                        watch.iter().for_each(CloseWatch::shutdown);
                     }
                 }
                 Ok(false)
@@ -411,11 +377,7 @@ impl MyDialect {
         g.stop_watch();
         let lk = self.lk(&slot.name, slot.kind);
         let is_election = slot.kind == LockKind::Election;
-        let observed = if is_election {
-            format!(", {}", crate::observe::observed_sql(&lk))
-        } else {
-            String::new()
-        };
+        let observed = crate::observe::observed_col(slot.kind, &lk);
         let sql = format!(
             "DELETE FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID(); \
              SET SESSION wait_timeout = @@GLOBAL.wait_timeout; \
@@ -425,8 +387,8 @@ impl MyDialect {
         match c {
             Call::Ok(sets) => {
                 self.common.put(g.conn);
-                if is_election {
-                    crate::observe::wake_if(&self.common, &lk, observed_flag(&sets));
+                if let (true, Some(row)) = (is_election, sets.last().and_then(|r| r.first())) {
+                    crate::observe::wake_if(&self.common, &lk, row, 1);
                 }
                 if lock_reply(&sets) == Some(1) {
                     self.record_released(attempt, g.token);
@@ -463,7 +425,9 @@ impl MyDialect {
         let lk = self.lk(name, kind);
         let used: Option<Option<u64>> = self
             .common
-            .first("checking the lock", "SELECT IS_USED_LOCK(?)", (lk,))
+            .with_conn("checking the lock", |c| {
+                c.exec_first("SELECT IS_USED_LOCK(?)", (lk,))
+            })
             .await?;
         Ok(if used.flatten().is_some() {
             ReleaseOutcome::TakenByOther
@@ -503,7 +467,7 @@ impl MyDialect {
                 }
                 match tokio::time::timeout(self.common.op_timeout, &mut wait).await {
                     Ok(Ok(sets)) => WaitEnd::Stopped(Some(lock_reply(&sets) == Some(1))),
-                    Ok(Err(mysql_async::Error::Server(s))) if s.code == 1317 => {
+                    Ok(Err(mysql_async::Error::Server(s))) if s.code == INTERRUPTED => {
                         WaitEnd::Stopped(Some(false))
                     }
                     _ => WaitEnd::Stopped(None),
@@ -513,16 +477,13 @@ impl MyDialect {
     }
 
     /// Hands a connection back to the pool with the default idle timeout, releasing `lock`
-    /// first if given; closes it if that fails (which frees the lock all the same).
-    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) {
+    /// first if given; closes it if that fails (which frees the lock all the same): `false`.
+    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) -> bool {
         let release = lock.map_or(String::new(), |lk| format!("DO RELEASE_LOCK('{lk}'); "));
-        let c = self
-            .common
-            .call(conn.query_drop(format!(
-                "{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout"
-            )))
-            .await;
+        let sql = format!("{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout");
+        let c = self.common.call(conn.query_drop(sql)).await;
         self.common.put_if_ok(conn, &c);
+        matches!(c, Call::Ok(()))
     }
 }
 
@@ -580,11 +541,7 @@ impl Dialect for MyDialect {
         let got = match self.common.slow_call(query_sets(&mut conn, sql)).await {
             Call::Ok(sets) => lock_reply(&sets),
             other => {
-                if matches!(&other, Call::Err(e) if conn_dead(e)) {
-                    self.common.forget_idle();
-                }
-                // Whatever the connection holds goes with it.
-                close(conn);
+                self.common.discard(conn, &other);
                 return Err(self.common.error("GET_LOCK", other));
             }
         };
@@ -635,7 +592,9 @@ impl Dialect for MyDialect {
                 let token = self.hold(slot, st, conn, req, sent + req.lease).await?;
                 return Ok(Some(Granted::new(token, sent)));
             }
-            Step::Reuse { unlock } => self.give_back(conn, unlock.then_some(&*lk)).await,
+            Step::Reuse { unlock } => {
+                self.give_back(conn, unlock.then_some(&*lk)).await;
+            }
             // The wait's outcome is unknown: the connection goes, and any lock with it.
             Step::Close => close(conn),
         }
@@ -704,61 +663,11 @@ impl Dialect for MyDialect {
     /// and value are not known yet.
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         let lk = self.lk(name, kind);
+        let holders = ("dlock_holders", "h.conn_id = IS_USED_LOCK(h.lock_key)");
         let election = kind == LockKind::Election;
-        type Holder = (String, Option<i64>, Option<String>, u64);
-        let (mut rows, token, unnamed) = self
-            .common
-            .with_conn("inspecting", move |c| {
-                Box::pin(async move {
-                    let rows: Vec<Holder> = c
-                        .exec(
-                            "SELECT h.owner, \
-                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), h.expires_at), \
-                             e.value, h.token \
-                             FROM dlock_holders h LEFT JOIN dlock_elections e \
-                             ON e.lock_key = h.lock_key AND e.token = h.token \
-                             WHERE h.lock_key = ? AND h.conn_id = IS_USED_LOCK(?)",
-                            (lk.as_str(), lk.as_str()),
-                        )
-                        .await?;
-                    let token: Option<u64> = c
-                        .exec_first(
-                            "SELECT token FROM dlock_fence WHERE lock_key = ?",
-                            (lk.as_str(),),
-                        )
-                        .await?;
-                    // A lock's server lock without a holder row: a grant between its
-                    // `GET_LOCK` and its row, or one being given back (a cancelled waiter's
-                    // that raced with the release). Held all the same.
-                    let used: Option<Option<u64>> = if rows.is_empty() && !election {
-                        c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await?
-                    } else {
-                        None
-                    };
-                    Ok((rows, token, used.flatten()))
-                })
-            })
-            .await?;
-        let mut info = LockInfo::new(name).with_fencing_token(token.unwrap_or(0));
-        if election {
-            // The leader, with the token its value is stored under.
-            rows.truncate(1);
-        }
-        for (owner, us, value, token) in rows {
-            let holder = crate::common::holder(owner, us);
-            info.holders.push(match election {
-                true => {
-                    info.fencing_token = token;
-                    holder.with_value(Some(value.unwrap_or_default()))
-                }
-                false => holder,
-            });
-        }
-        if let Some(conn) = unnamed {
-            let what = format!("(connection {conn}, being granted or given back)");
-            info.holders.push(HolderInfo::new(what, 1));
-        }
-        Ok(info)
+        self.common
+            .inspect((name, kind, lk), holders, !election)
+            .await
     }
 }
 

@@ -25,22 +25,17 @@
 //! conflict with the lock of the same name; a fresh grant stores the candidate's value with
 //! its token in `dlock_elections` (shared with session mode) in the grant's transaction.
 
-use crate::common::{
-    check_kind, col, key_of, last_row, next_token, query_sets, sql_attempt, sql_str,
-};
-use crate::common::{Call, Common};
-use crate::error::shape;
-use crate::error::KIND;
+use crate::common::{check_kind, col, key_of, last_row, next_token, sql_attempt, sql_str, Common};
+use crate::error::{shape, KIND};
 use distlock_core::backend::{Backend, Capabilities, NoWatch};
 use distlock_core::{async_trait, ReleaseWatch};
 use distlock_core::{
-    AcquireReply, AcquireRequest, Error, GrantRef, HolderInfo, LockInfo, LockKind, ReleaseOutcome,
+    AcquireReply, AcquireRequest, Error, GrantRef, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
 use distlock_sql::ended::{Unanswered, ENDED_KEEP};
 use distlock_sql::lease::micros;
 use mysql_async::prelude::Queryable;
-use mysql_async::Row;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,7 +62,7 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
 ];
 
 /// What a free row's lease end is set to.
-const FREE: &str = "'1970-01-02 00:00:00'";
+pub(crate) const FREE: &str = "'1970-01-02 00:00:00'";
 
 /// Renewals per query (a batch of the watchdog may hold thousands).
 const RENEW_CHUNK: usize = 200;
@@ -85,29 +80,22 @@ fn truth(v: Option<i64>) -> Option<bool> {
 }
 
 impl TableMode {
-    pub(crate) fn new(common: Arc<Common>) -> Self {
-        TableMode {
-            common,
-            unanswered: Unanswered::default(),
-        }
-    }
-
-    /// Adds the columns a table made by an older version lacks. Concurrent clients may race
-    /// to do it: a column that exists by then (error 1060) is fine.
-    pub(crate) async fn migrate(&self) -> Result<()> {
+    /// Table mode on `common`'s server: creates its tables if they are missing, and adds the
+    /// columns a table made by an older version lacks. Concurrent clients may race to do it:
+    /// a column that exists by then (error 1060) is fine.
+    pub(crate) async fn start(common: Arc<Common>) -> Result<Self> {
+        common.ensure_schema(DDL).await?;
         let sql = "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
                    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dlock_table_locks'";
-        let have: Vec<String> = self
-            .common
-            .rows("checking dlock_table_locks", sql, ())
+        let have: Vec<String> = common
+            .with_conn("checking dlock_table_locks", |c| c.query(sql))
             .await?;
         for (column, ddl) in ADDED_COLUMNS {
             if have.iter().any(|h| h.eq_ignore_ascii_case(column)) {
                 continue;
             }
-            let r = self
-                .common
-                .run("upgrading dlock_table_locks", ddl.to_string())
+            let r = common
+                .with_conn("upgrading dlock_table_locks", |c| c.query_drop(*ddl))
                 .await;
             match r {
                 Ok(()) => tracing::info!(column, "added a column to dlock_table_locks"),
@@ -115,20 +103,14 @@ impl TableMode {
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        let unanswered = Unanswered::default();
+        Ok(TableMode { common, unanswered })
     }
 
-    /// Runs one multi-statement query on a pooled connection. A connection whose query did
-    /// not succeed is closed: it may be inside an open transaction, or its reply still on the
-    /// way; the server rolls back what it had not committed.
-    async fn one_trip(&self, what: &str, sql: String) -> Result<Vec<Vec<Row>>> {
-        let mut conn = self.common.take().await?;
-        let c = self.common.call(query_sets(&mut conn, sql)).await;
-        self.common.put_if_ok(conn, &c);
-        match c {
-            Call::Ok(sets) => Ok(sets),
-            other => Err(self.common.error(what, other)),
-        }
+    /// The key of `name`'s lock of `kind`, for the kinds this backend does.
+    fn key(&self, name: &str, kind: LockKind) -> Result<String> {
+        check_kind(kind)?;
+        Ok(key_of(&self.common.namespace, name, kind))
     }
 }
 
@@ -200,19 +182,9 @@ fn acquire_sql(ns: &str, lk: &str, req: &AcquireRequest) -> Result<String> {
     let owner = sql_str(&req.key.owner);
     let a = sql_attempt(&req.attempt)?;
     let us = micros(req.lease);
-    let (election, observed) = match req.key.kind {
-        LockKind::Election => {
-            let value = sql_str(req.value.as_deref().unwrap_or(""));
-            let insert = format!(
-                "INSERT INTO dlock_elections (lock_key, ns, name, token, value, seq) \
-                     SELECT '{lk}', {ns}, {name}, @dl_new, {value}, 0 FROM DUAL \
-                     WHERE @dl_new IS NOT NULL \
-                     ON DUPLICATE KEY UPDATE token = @dl_new, value = {value}, seq = 0; "
-            );
-            (insert, format!(", {}", crate::observe::observed_sql(lk)))
-        }
-        _ => (String::new(), String::new()),
-    };
+    let observed = crate::observe::observed_col(req.key.kind, lk);
+    let election = (req.key.kind, req.value.as_deref());
+    let election = crate::observe::election_row(election, lk, (&ns, &name), "@dl_new");
     let next = next_token("token");
     Ok(format!(
         "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL, @dl_token = NULL, \
@@ -272,14 +244,13 @@ impl Backend for TableMode {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        check_kind(req.key.kind)?;
-        let lk = key_of(&self.common.namespace, &req.key.name, req.key.kind);
+        let lk = self.key(&req.key.name, req.key.kind)?;
         let sql = acquire_sql(&self.common.namespace, &lk, req)?;
         // A request without an answer may still reach the server after the attempt ended:
         // remembered, so that its end is recorded (see `release` and `give_up`).
         let sets = self
             .unanswered
-            .track(&req.attempt, self.one_trip("acquiring", sql))
+            .track(&req.attempt, self.common.query("acquiring", sql))
             .await?;
         let what = "acquiring";
         let row = last_row(what, &sets)?;
@@ -292,23 +263,17 @@ impl Backend for TableMode {
             new: col(what, row, 5)?,
         };
         if req.key.kind == LockKind::Election && seen.new.is_some() {
-            let watched: Option<i64> = col(what, row, 6)?;
-            crate::observe::wake_if(&self.common, &lk, watched.unwrap_or(0) > 0);
+            crate::observe::wake_if(&self.common, &lk, row, 6);
         }
         acquired(&seen)
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        check_kind(grant.key.kind)?;
-        let lk = key_of(&self.common.namespace, &grant.key.name, grant.key.kind);
+        let lk = self.key(&grant.key.name, grant.key.kind)?;
         let a = sql_attempt(&grant.attempt)?;
         let t = grant.token;
         let is_election = grant.key.kind == LockKind::Election;
-        let observed = if is_election {
-            format!(", {}", crate::observe::observed_sql(&lk))
-        } else {
-            String::new()
-        };
+        let observed = crate::observe::observed_col(grant.key.kind, &lk);
         // An attempt that had a request without an answer is ended for good: recorded in
         // `dlock_ended_attempts`, so that a late copy of that request never grants it.
         let record = self.unanswered.pending(&grant.attempt);
@@ -326,7 +291,7 @@ impl Backend for TableMode {
              {ended}COMMIT; {trim}\
              SELECT @dl_live, @dl_mine, @dl_ended{observed}"
         );
-        let sets = self.one_trip("releasing", sql).await?;
+        let sets = self.common.query("releasing", sql).await?;
         if record {
             self.unanswered.recorded(&grant.attempt);
         }
@@ -336,8 +301,7 @@ impl Backend for TableMode {
         let mine = truth(col(what, row, 1)?);
         let ended = truth(col(what, row, 2)?);
         if is_election && live == Some(true) && mine == Some(true) {
-            let watched: Option<i64> = col(what, row, 3)?;
-            crate::observe::wake_if(&self.common, &lk, watched.unwrap_or(0) > 0);
+            crate::observe::wake_if(&self.common, &lk, row, 3);
         }
         Ok(match (live, mine, ended) {
             (Some(true), Some(true), _) => ReleaseOutcome::Released,
@@ -350,8 +314,7 @@ impl Backend for TableMode {
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        check_kind(req.key.kind)?;
-        let lk = key_of(&self.common.namespace, &req.key.name, req.key.kind);
+        let lk = self.key(&req.key.name, req.key.kind)?;
         let a = sql_attempt(&req.attempt)?;
         // Frees the row only if this attempt holds it, and marks the attempt as ended either
         // way, so that a late duplicate of its last acquire cannot take the lock afterwards:
@@ -372,7 +335,7 @@ impl Backend for TableMode {
                  WHERE lock_key = '{lk}'; \
              {ended}COMMIT; {trim}"
         );
-        self.one_trip("giving up", sql).await?;
+        self.common.query("giving up", sql).await?;
         if record {
             self.unanswered.recorded(&req.attempt);
         }
@@ -405,7 +368,7 @@ impl Backend for TableMode {
                     t = g.token
                 ));
             }
-            let sets = self.one_trip("renewing", sql).await?;
+            let sets = self.common.query("renewing", sql).await?;
             if sets.len() != chunk.len() {
                 return Err(shape(
                     "renewing",
@@ -430,7 +393,7 @@ impl Backend for TableMode {
     /// See [`crate::observe::proclaim`]: the leader is the attempt whose lock row is live.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         check_kind(grant.key.kind)?;
-        let lk = key_of(&self.common.namespace, &grant.key.name, LockKind::Election);
+        let lk = self.key(&grant.key.name, LockKind::Election)?;
         let leads = (
             "dlock_table_locks",
             "h.attempt = ? AND h.owner IS NOT NULL AND h.expires_at > UTC_TIMESTAMP(6)",
@@ -439,49 +402,13 @@ impl Backend for TableMode {
         crate::observe::proclaim(&self.common, lk, (grant.token, seq, value), leads).await
     }
 
+    /// The row, if its lease runs; an election's token is its row's (the counter's, as
+    /// both change in the grant's transaction).
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        check_kind(kind)?;
-        let lk = key_of(&self.common.namespace, name, kind);
-        type RowState = (Option<String>, i64, Option<String>);
-        let (row, fence) = self
-            .common
-            .with_conn("inspecting", move |c| {
-                Box::pin(async move {
-                    // The value stored with the row's token (elections; NULL for a lock).
-                    let row: Option<RowState> = c
-                        .exec_first(
-                            "SELECT l.owner, \
-                             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), \
-                             e.value \
-                             FROM dlock_table_locks l LEFT JOIN dlock_elections e \
-                             ON e.lock_key = l.lock_key AND e.token = l.token \
-                             WHERE l.lock_key = ?",
-                            (lk.as_str(),),
-                        )
-                        .await?;
-                    let fence: Option<u64> = c
-                        .exec_first("SELECT token FROM dlock_fence WHERE lock_key = ?", (lk,))
-                        .await?;
-                    Ok((row, fence))
-                })
-            })
-            .await?;
-        let mut info = LockInfo::new(name).with_fencing_token(fence.unwrap_or(0));
-        if let Some((Some(owner), left, value)) = row {
-            if left > 0 {
-                let value = match kind {
-                    LockKind::Election => Some(value.unwrap_or_default()),
-                    _ => None,
-                };
-                // One grant per holder: re-entry is counted in the holder's client.
-                info.holders.push(
-                    HolderInfo::new(owner, 1)
-                        .with_lease_left(Some(Duration::from_micros(left as u64)))
-                        .with_value(value),
-                );
-            }
-        }
-        Ok(info)
+        let lk = self.key(name, kind)?;
+        let live = "h.owner IS NOT NULL AND h.expires_at > UTC_TIMESTAMP(6)";
+        let holders = ("dlock_table_locks", live);
+        self.common.inspect((name, kind, lk), holders, false).await
     }
 }
 

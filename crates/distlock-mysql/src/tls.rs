@@ -53,7 +53,7 @@ pub struct TlsOptions {
 }
 
 /// How the mysql client names its TLS files (PEM, or DER for certificates).
-const NAMES: TlsNames = TlsNames {
+pub(crate) const NAMES: TlsNames = TlsNames {
     ca: &["ssl-ca", "ssl_ca"],
     cert: &["ssl-cert", "ssl_cert"],
     key: &["ssl-key", "ssl_key"],

@@ -2,7 +2,8 @@
 //! the endpoint for messages, and the settings that are ours.
 
 use crate::dialect::Dialect;
-use distlock_core::conn::{ConnectionString, Password, TlsFiles, TlsNames};
+use crate::sentinel::Sentinels;
+use distlock_core::conn::{ConnectionString, Credentials, Password, TlsFiles, TlsNames};
 use distlock_core::{Error, Result};
 use std::time::Duration;
 
@@ -17,11 +18,9 @@ pub(crate) struct Address {
     pub(crate) endpoint: String,
     pub(crate) namespace: Option<String>,
     pub(crate) wait_replicas: Option<(u32, Duration)>,
-    /// `rediss://`, `rediss+cluster://`: the connections are TLS.
-    pub(crate) tls_on: bool,
-    /// `ca_file=` (or `cacert=`), `cert=` and `key=`: the CA to trust and the client
-    /// certificate with its key (PEM files).
-    pub(crate) tls: TlsFiles,
+    /// `rediss://`, `rediss+cluster://` (`None`: plain): `ca_file=` (or `cacert=`), `cert=`
+    /// and `key=`, the CA to trust and the client certificate with its key (PEM files).
+    pub(crate) tls: Option<TlsFiles>,
     /// `?dialect=`: another library's key layout to speak (`None`: dlock's own).
     pub(crate) dialect: Option<Dialect>,
     /// `?handoff_after=DUR`: the plain mutex's contended mode (see [`crate::contended`]).
@@ -33,22 +32,15 @@ pub(crate) struct Address {
 pub(crate) enum Route {
     /// `redis://`, `rediss://`: the URL for redis-rs (our parameters taken out).
     Single(String),
-    /// `redis+sentinel://`: the sentinels (`host:port`), the master's name, and the
-    /// sentinels' own password (`?sentinel_password=`).
-    Sentinel {
-        hosts: Vec<String>,
-        master: String,
-        password: Option<Password>,
-    },
+    /// `redis+sentinel://`: the sentinels, the master's name, and the sentinels' own
+    /// password (`?sentinel_password=`); the timeout is the connect timeout's, set at connect.
+    Sentinel(Box<Sentinels>),
     /// `redis+cluster://`: the seed nodes, as driver URLs (`redis://h:p` or `rediss://h:p`).
     Cluster(Vec<String>),
 }
 
 /// How long a grant waits for its replicas when the URL does not say.
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(200);
-
-/// The URL with its password (and any secret parameter) replaced by `***` (the core's).
-pub use distlock_core::conn::redact;
 
 #[cfg(test)]
 pub(crate) fn parse(url: &str) -> Result<Address> {
@@ -57,85 +49,63 @@ pub(crate) fn parse(url: &str) -> Result<Address> {
 
 /// As [`parse`], for a URL parsed already.
 pub(crate) fn from_parsed(cs: ConnectionString) -> Result<Address> {
-    let (route, endpoint, tls_on) = match cs.scheme() {
+    let (route, endpoint, tls) = match cs.scheme() {
         "redis+sentinel" => sentinel_route(&cs)?,
         "rediss+sentinel" => return Err(cs.invalid(
             "rediss+sentinel:// (TLS to the sentinels and the master) is not built yet; use redis+sentinel:// on a trusted network, or rediss://MASTER (no failover following)",
         )),
-        s => match s.strip_suffix("+cluster") {
-            Some(scheme) => cluster_route(&cs, tls_wanted(&cs, scheme, "+cluster")?)?,
-            None => single_route(&cs, tls_wanted(&cs, s, "")?)?,
-        },
+        s if s.ends_with("+cluster") => cluster_route(&cs)?,
+        _ => single_route(&cs)?,
     };
     Ok(Address {
         route,
         endpoint,
         namespace: cs.param("namespace").map(str::to_owned),
         wait_replicas: wait_replicas(&cs)?,
-        tls_on,
-        tls: TlsFiles::from_url(&cs, TLS_NAMES)?,
+        tls,
         dialect: Dialect::from_url(&cs)?,
         handoff_after: crate::contended::handoff_after(&cs)?,
         conn: cs,
     })
 }
 
-/// Whether `scheme` (`redis` or `rediss`, before `suffix`) asks for TLS.
-fn tls_wanted(cs: &ConnectionString, scheme: &str, suffix: &str) -> Result<bool> {
-    match scheme {
-        "redis" => Ok(false),
-        "rediss" if cfg!(feature = "tls") => Ok(true),
-        "rediss" => Err(cs.invalid(format!(
-            "rediss{suffix}:// (TLS) needs distlock built with the `tls` feature (distlock = {{ features = [\"tls\"] }})"
-        ))),
-        s => Err(cs.invalid(format!("scheme `{s}{suffix}` is not redis{suffix}://"))),
-    }
-}
-
-/// Refuses a parameter that `url` (`redis://`, `redis+cluster://`, …) does not take: it takes
-/// the common ones, `extra`, and the TLS files with `tls` = `Some(true)` (`Some(false)`: with
-/// the TLS scheme only; `None`: the scheme has no TLS yet).
+/// The TLS files of `cs`, a URL of `plain` (`redis`, `redis+cluster`, …) or its TLS scheme
+/// (`None` for the plain one), after refusing a parameter it does not take: the common ones,
+/// `extra`, and the TLS files with the TLS scheme only (`redis+sentinel` has none yet).
 fn check_params(
     cs: &ConnectionString,
-    url: &str,
+    plain: &str,
     extra: Option<&str>,
-    tls: Option<bool>,
-) -> Result<()> {
-    let tls_url = format!("rediss{}", url.trim_start_matches("redis"));
-    for (k, _) in cs.params() {
-        match k.as_str() {
-            "namespace" | "wait_replicas" | "wait_timeout" | "dialect" | "handoff_after" => {}
-            k if Some(k) == extra => {}
-            "ca_file" | "cacert" | "cert" | "key" => match tls {
-                Some(true) => {}
-                Some(false) => {
-                    return Err(cs.invalid(format!(
-                        "`{k}` is a TLS parameter: use {tls_url} instead of {url}"
-                    )))
-                }
-                None => {
-                    return Err(cs.invalid(format!(
-                        "`{k}` is a TLS parameter: {url} has no TLS yet ({tls_url} is not built)"
-                    )))
-                }
-            },
-            other => {
-                let extra = extra.map(|e| format!("{e}, ")).unwrap_or_default();
-                let tls = match tls {
-                    Some(_) => format!("ca_file (or cacert), cert, key with {tls_url}"),
-                    None => "no TLS yet".to_owned(),
-                };
-                return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` for {url} (known: namespace, wait_replicas, wait_timeout, {extra}dialect, handoff_after; {tls})"
-                )));
-            }
-        }
+) -> Result<Option<TlsFiles>> {
+    let secure = format!("rediss{}", &plain["redis".len()..]);
+    let hint = match plain {
+        "redis+sentinel" => format!("{plain}:// has no TLS yet ({secure}:// is not built)"),
+        _ => format!("use {secure}:// instead of {plain}://"),
+    };
+    if cs.scheme() == secure && !cfg!(feature = "tls") {
+        return Err(cs.invalid(format!(
+            "{secure}:// (TLS) needs distlock built with the `tls` feature (distlock = {{ features = [\"tls\"] }})"
+        )));
     }
-    Ok(())
+    let tls = TlsFiles::of_scheme(cs, [plain, &secure], TLS_NAMES, &hint)?;
+    let mut known = vec![
+        "namespace",
+        "wait_replicas",
+        "wait_timeout",
+        "dialect",
+        "handoff_after",
+    ];
+    known.extend(extra);
+    if tls.is_some() {
+        known.extend(["ca_file", "cacert", "cert", "key"]);
+    }
+    cs.check_params(&known)?;
+    Ok(tls)
 }
 
 /// `redis://host:port[/DB]` (`rediss://` with `tls`): one server.
-fn single_route(cs: &ConnectionString, tls: bool) -> Result<(Route, String, bool)> {
+fn single_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles>)> {
+    let tls = check_params(cs, "redis", Some("protocol"))?;
     let endpoint = match cs.hosts() {
         [host] if !host.host.is_empty() => host.endpoint(6379),
         [] | [_] => return Err(cs.invalid("no host; write redis://host:port")),
@@ -152,7 +122,6 @@ fn single_route(cs: &ConnectionString, tls: bool) -> Result<(Route, String, bool
             "`/{db}` is not a database number; write redis://host:port/0"
         )));
     }
-    check_params(cs, "redis://", Some("protocol"), Some(tls))?;
     let mut driver = cs.clone();
     driver.retain_params(|k, _| k == "protocol");
     Ok((Route::Single(driver.expose_url().to_owned()), endpoint, tls))
@@ -160,7 +129,8 @@ fn single_route(cs: &ConnectionString, tls: bool) -> Result<(Route, String, bool
 
 /// `redis+cluster://[user:password@]h1:p1[,h2:p2…][?namespace=…]` (`rediss+cluster://` with
 /// TLS): any nodes of the cluster, as seeds (the client learns the rest from them).
-fn cluster_route(cs: &ConnectionString, tls: bool) -> Result<(Route, String, bool)> {
+fn cluster_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles>)> {
+    let tls = check_params(cs, "redis+cluster", None)?;
     if cs.hosts().is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
         return Err(cs.invalid("no node; write redis+cluster://h1:6379,h2:6379"));
     }
@@ -169,8 +139,7 @@ fn cluster_route(cs: &ConnectionString, tls: bool) -> Result<(Route, String, boo
     if !matches!(path.trim_start_matches('/'), "" | "0") {
         return Err(cs.invalid("a Redis Cluster has database 0 only: drop the `/DB` path"));
     }
-    check_params(cs, "redis+cluster://", None, Some(tls))?;
-    let scheme = if tls { "rediss" } else { "redis" };
+    let scheme = if tls.is_some() { "rediss" } else { "redis" };
     let seed_urls = seeds.iter().map(|s| format!("{scheme}://{s}")).collect();
     let endpoint = format!("cluster {}", seeds.join(","));
     Ok((Route::Cluster(seed_urls), endpoint, tls))
@@ -221,7 +190,8 @@ fn wait_replicas(cs: &ConnectionString) -> Result<Option<(u32, Duration)>> {
 
 /// `redis+sentinel://[user:password@]s1:p1[,s2:p2…]/MASTER[?namespace=…]`: the password is
 /// the master's (and its replicas'); the sentinels' own is `?sentinel_password=`.
-fn sentinel_route(cs: &ConnectionString) -> Result<(Route, String, bool)> {
+fn sentinel_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles>)> {
+    check_params(cs, "redis+sentinel", Some("sentinel_password"))?;
     let hosts: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(26379)).collect();
     if hosts.is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
         return Err(cs.invalid("no sentinel; write redis+sentinel://s1:26379,s2:26379/MASTER"));
@@ -233,43 +203,43 @@ fn sentinel_route(cs: &ConnectionString) -> Result<(Route, String, bool)> {
             "name the master after the sentinels: redis+sentinel://s1:26379,s2:26379/MASTER",
         ));
     }
-    check_params(cs, "redis+sentinel://", Some("sentinel_password"), None)?;
     let endpoint = format!("master `{master}` of sentinels {}", hosts.join(","));
     let password = cs
         .param("sentinel_password")
         .filter(|p| !p.is_empty())
         .map(Password::new);
-    let route = Route::Sentinel {
+    let route = Route::Sentinel(Box::new(Sentinels {
+        conn: cs.clone(),
         hosts,
         master,
         password,
-    };
-    Ok((route, endpoint, false))
+        timeout: Duration::ZERO,
+    }));
+    Ok((route, endpoint, None))
 }
 
-/// The redis-rs client for `driver_url` (with TLS: trusting only the CA of `tls` when given,
-/// and showing its client certificate when given). `user` and `password` (when given)
-/// replace the URL's.
+/// The redis-rs client for `driver_url` (with `tls`, a `rediss://` URL's files: trusting only
+/// its CA when given, and showing its client certificate when given). The user and password
+/// of `creds` (when given) replace the URL's.
 pub(crate) fn open_client(
     cs: &ConnectionString,
     driver_url: &str,
-    tls: &TlsFiles,
-    user: Option<&str>,
-    password: Option<&Password>,
+    tls: Option<&TlsFiles>,
+    creds: &Credentials,
 ) -> Result<redis::Client> {
     let invalid = |reason: String| -> Error { cs.scrub_error(cs.invalid(reason)) };
     let info = redis::IntoConnectionInfo::into_connection_info(driver_url)
         .map_err(|e| invalid(e.to_string()))?;
     let mut settings = info.redis_settings().clone();
-    if let Some(u) = user {
+    if let Some(u) = &creds.user {
         settings = settings.set_username(u);
     }
-    if let Some(p) = password {
+    if let Some(p) = &creds.password {
         settings = settings.set_password(p.expose());
     }
     let info = info.set_redis_settings(settings);
     #[cfg(feature = "tls")]
-    if driver_url.starts_with("rediss:") {
+    if let Some(tls) = tls {
         // The process-wide rustls provider: dlock's one unless the program chose.
         distlock_core::conn::install_crypto_provider();
         let certs = tls_certificates(cs, tls)?;
@@ -290,6 +260,7 @@ pub(crate) fn open_client(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_core::conn::redact;
 
     fn driver_url(a: &Address) -> &str {
         match &a.route {
@@ -342,17 +313,17 @@ mod tests {
         let e = parse("redis://h?dialect=jedis").unwrap_err().to_string();
         assert!(e.contains("redisson, python-redis-lock"), "{e}");
         let a = parse("redis+sentinel://:pw@s1,s2:7/mymaster?namespace=n").unwrap();
-        let Route::Sentinel { hosts, master, .. } = &a.route else {
+        let Route::Sentinel(s) = &a.route else {
             panic!("{a:?}")
         };
-        assert_eq!(hosts, &["s1:26379", "s2:7"]);
-        assert_eq!(master, "mymaster");
+        assert_eq!(s.hosts, &["s1:26379", "s2:7"]);
+        assert_eq!(s.master, "mymaster");
         assert_eq!(a.namespace.as_deref(), Some("n"));
         let a = parse("redis+sentinel://s1/m?sentinel_password=sp%40ss").unwrap();
-        let Route::Sentinel { password, .. } = &a.route else {
+        let Route::Sentinel(s) = &a.route else {
             panic!("{a:?}")
         };
-        assert_eq!(password.as_ref().map(Password::expose), Some("sp@ss"));
+        assert_eq!(s.password.as_ref().map(Password::expose), Some("sp@ss"));
         assert_eq!(
             redact("redis+sentinel://s1/m?sentinel_password=hidden"),
             "redis+sentinel://s1/m?sentinel_password=***"

@@ -3,7 +3,7 @@
 
 use crate::address::{self, Address, Route};
 use crate::RedisBackend;
-use distlock_core::conn::{Builder, Connect, CredentialRule, Password, Settings};
+use distlock_core::conn::{Builder, Connect, CredentialRule, Credentials, Password, Settings};
 use distlock_core::Result;
 
 /// Environment variable with the Redis password, used when neither the builder nor the URL
@@ -99,8 +99,7 @@ impl RedisBuilderExt for RedisBuilder {
 /// The connection settings after the builder, the URL and the environment had their say.
 pub(crate) struct Resolved {
     pub(crate) address: Address,
-    pub(crate) user: Option<String>,
-    pub(crate) password: Option<Password>,
+    pub(crate) credentials: Credentials,
     /// Subscribe to the sentinels' `+switch-master` (else only failed calls find a failover).
     pub(crate) follow_switches: bool,
 }
@@ -115,7 +114,8 @@ impl RedisSettings {
 
     fn resolve(s: Settings<Self>) -> Result<Resolved> {
         let mut address = address::from_parsed(s.url.clone())?;
-        if let Route::Sentinel { password, .. } = &mut address.route {
+        if let Route::Sentinel(sentinels) = &mut address.route {
+            let password = &mut sentinels.password;
             if let Some(p) = &s.settings.sentinel_password {
                 *password = Some(p.clone());
             } else if password.is_none() {
@@ -126,15 +126,13 @@ impl RedisSettings {
                 .url
                 .invalid("a sentinel password is for redis+sentinel:// URLs only"));
         }
-        let url_files = address.tls_on.then(|| address.tls.clone());
-        if let Some(files) = s.tls_files(url_files, "write rediss://… (redis:// is plain text)")?
-        {
-            address.tls = files;
-        }
+        address.tls = s.tls_files(
+            address.tls.take(),
+            "write rediss://… (redis:// is plain text)",
+        )?;
         Ok(Resolved {
             address,
-            user: s.credentials.user,
-            password: s.credentials.password,
+            credentials: s.credentials,
             follow_switches: s.settings.follow_switches,
         })
     }
@@ -169,7 +167,8 @@ mod tests {
 
     fn creds(b: &RedisBuilder, env: &Env) -> (Option<String>, Option<String>) {
         let r = resolve(b, env).expect("resolve");
-        (r.user, r.password.map(|p| p.expose().to_owned()))
+        let c = r.credentials;
+        (c.user, c.password.map(|p| p.expose().to_owned()))
     }
 
     fn s(x: &str) -> Option<String> {
@@ -220,7 +219,7 @@ mod tests {
     fn sentinel_password_builder_beats_url_beats_env() {
         let env = env_of(&[(SENTINEL_PASSWORD_ENV, "envsp")]);
         let sp = |b: RedisBuilder| match resolve(&b, &env).expect("resolve").address.route {
-            Route::Sentinel { password, .. } => password.map(|p| p.expose().to_owned()),
+            Route::Sentinel(s) => s.password.map(|p| p.expose().to_owned()),
             other => panic!("not sentinel: {other:?}"),
         };
         let url = "redis+sentinel://:master@s1/m";

@@ -14,7 +14,7 @@ use crate::address;
 use crate::conn::Con;
 use crate::error::{map, KIND};
 use crate::renew::PER_SCRIPT;
-use distlock_core::conn::{ConnectionString, Host, Password, TlsFiles};
+use distlock_core::conn::{ConnectionString, Credentials, Host, TlsFiles};
 use distlock_core::ClientOptions;
 use distlock_core::{Error, Result};
 use futures_util::future::FutureExt;
@@ -300,12 +300,12 @@ pub(crate) const NOT_STANDALONE: &str = "this server is a Redis Cluster node (cl
 pub(crate) async fn open(
     cs: &ConnectionString,
     seeds: &[String],
-    tls: &TlsFiles,
-    (user, password): (Option<&str>, Option<&Password>),
+    tls: Option<&TlsFiles>,
+    creds: &Credentials,
     endpoint: &str,
     opts: &ClientOptions,
 ) -> Result<(Con, Vec<redis::Client>)> {
-    let node = |url: &str| address::open_client(cs, url, tls, user, password);
+    let node = |url: &str| address::open_client(cs, url, tls, creds);
     // The seeds' clients first: this also checks the TLS files (and picks the TLS provider).
     let mut nodes = seeds.iter().map(|s| node(s)).collect::<Result<Vec<_>>>()?;
     let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
@@ -316,15 +316,14 @@ pub(crate) async fn open(
         .retries(3)
         .min_retry_wait(20)
         .max_retry_wait(200);
-    if let Some(u) = user {
+    if let Some(u) = &creds.user {
         builder = builder.username(u);
     }
-    if let Some(p) = password {
+    if let Some(p) = &creds.password {
         builder = builder.password(p.expose());
     }
-    let tls_on = seeds.iter().any(|s| s.starts_with("rediss:"));
     #[cfg(feature = "tls")]
-    if tls_on {
+    if let Some(tls) = tls {
         builder = builder.certs(address::tls_certificates(cs, tls)?);
     }
     let client = builder
@@ -346,7 +345,7 @@ pub(crate) async fn open(
         .iter()
         .map(|c| c.get_connection_info().addr().to_string())
         .collect();
-    let scheme = if tls_on { "rediss" } else { "redis" };
+    let scheme = if tls.is_some() { "rediss" } else { "redis" };
     for addr in masters
         .iter()
         .flat_map(|m| std::iter::once(m.addr()).chain(m.replicas.iter().cloned()))

@@ -14,7 +14,7 @@ use crate::address::{self, Address, Route};
 use crate::cluster::{self, Cluster, Link};
 use crate::error::{self, KIND};
 use crate::sentinel::{self, Sentinels};
-use distlock_core::conn::Password;
+use distlock_core::conn::Credentials;
 use distlock_core::{ClientOptions, Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::sync::{Mutex, PoisonError, RwLock};
@@ -35,56 +35,48 @@ pub(crate) struct Opened {
     pub(crate) sentinel: Option<(Sentinels, String)>,
 }
 
-/// Connects to the deployment of `a` as `user` with `password`.
+/// Connects to the deployment of `a` with `creds`.
 ///
 /// # Errors
 /// As [`RedisBackend::connect`](crate::RedisBackend::connect).
-pub(crate) async fn open(
-    a: &Address,
-    user: Option<&str>,
-    password: Option<&Password>,
-    opts: &ClientOptions,
-) -> Result<Opened> {
-    let opened = |con, nodes, endpoint, sentinel| Opened {
-        con,
-        nodes,
-        endpoint,
-        cert_given: Some(a.tls.client().is_some()),
-        sentinel,
-    };
-    match &a.route {
+pub(crate) async fn open(a: &Address, creds: &Credentials, opts: &ClientOptions) -> Result<Opened> {
+    let tls = a.tls.as_ref();
+    let cert_given = Some(tls.is_some_and(|t| t.client().is_some()));
+    let (con, nodes, endpoint, sentinel) = match &a.route {
         Route::Cluster(seeds) => {
-            let creds = (user, password);
-            let (con, nodes) =
-                cluster::open(&a.conn, seeds, &a.tls, creds, &a.endpoint, opts).await?;
-            Ok(Opened {
+            let (con, nodes) = cluster::open(&a.conn, seeds, tls, creds, &a.endpoint, opts).await?;
+            let opened = Opened {
+                con,
+                nodes,
+                endpoint: a.endpoint.clone(),
                 cert_given: None,
-                ..opened(con, nodes, a.endpoint.clone(), None)
-            })
+                sentinel: None,
+            };
+            return Ok(opened);
         }
         Route::Single(url) => {
-            let (con, client) = single(a, url, &a.endpoint, None, (user, password), opts).await?;
-            Ok(opened(con, vec![client], a.endpoint.clone(), None))
+            let (con, client) = single(a, url, &a.endpoint, None, creds, opts).await?;
+            (con, client, a.endpoint.clone(), None)
         }
-        Route::Sentinel {
-            hosts,
-            master,
-            password: sentinels_password,
-        } => {
-            let named = (
-                hosts.as_slice(),
-                master.as_str(),
-                sentinels_password.as_ref(),
-            );
-            let sentinels = Sentinels::new(&a.conn, named, opts);
+        Route::Sentinel(named) => {
+            let sentinels = Sentinels {
+                timeout: opts.get_connect_timeout(),
+                ..(**named).clone()
+            };
             let at = sentinels.discover().await?;
             let endpoint = sentinels.endpoint();
             let url = format!("redis://{at}");
-            let creds = (user, password);
             let (con, client) = single(a, &url, &endpoint, Some(&at), creds, opts).await?;
-            Ok(opened(con, vec![client], endpoint, Some((sentinels, at))))
+            (con, client, endpoint, Some((sentinels, at)))
         }
-    }
+    };
+    Ok(Opened {
+        con,
+        nodes: vec![nodes],
+        endpoint,
+        cert_given,
+        sentinel,
+    })
 }
 
 /// The connection to the one server at `driver_url` (`at`: the master the sentinels named
@@ -94,13 +86,22 @@ async fn single(
     driver_url: &str,
     endpoint: &str,
     at: Option<&str>,
-    (user, password): (Option<&str>, Option<&Password>),
+    creds: &Credentials,
     opts: &ClientOptions,
 ) -> Result<(Con, redis::Client)> {
-    let client = address::open_client(&a.conn, driver_url, &a.tls, user, password)?;
-    let cert_given = Some(a.tls.client().is_some());
+    let tls = a.tls.as_ref();
+    let client = address::open_client(&a.conn, driver_url, tls, creds)?;
+    let cert_given = Some(tls.is_some_and(|t| t.client().is_some()));
+    // Lock writes never go to a node that says it is a replica (the sentinels may name one
+    // that is still being promoted, or hold an old view): a retryable error.
     if let Some(at) = at {
-        sentinel::confirm_master(&client, at, endpoint, opts.get_connect_timeout()).await?;
+        if !sentinel::is_master(&client, at, opts.get_connect_timeout()).await? {
+            return Err(Error::connection(
+                KIND,
+                endpoint.to_owned(),
+                format!("the sentinels name {at}, but it says it is not a master (a failover in progress?); try again"),
+            ));
+        }
     }
     let limit = opts.get_connect_timeout() * 2;
     let con = tokio::time::timeout(

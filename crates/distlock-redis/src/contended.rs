@@ -138,7 +138,12 @@ impl HandoffAfter {
     /// The release script's ARGV[3] for a lock: the wait in ms after which a release hands
     /// over, `""` for strict FIFO (a fair lock, an election, or `handoff_after=0`).
     pub(crate) fn barge_arg(&self, fair: bool, election: bool) -> String {
-        barge_arg(fair, election, self.now())
+        let after = self.now();
+        if fair || election || after.is_zero() {
+            String::new()
+        } else {
+            after.as_millis().max(1).to_string()
+        }
     }
 }
 
@@ -148,16 +153,6 @@ pub(crate) fn handoff_after(cs: &ConnectionString) -> Result<HandoffAfter> {
         Some(d) => HandoffAfter::Fixed(d),
         None => HandoffAfter::default(),
     })
-}
-
-/// The release script's ARGV[3]: the wait in ms after which a release hands over, `""` for
-/// strict FIFO (a fair lock, an election, or a zero threshold).
-fn barge_arg(fair: bool, election: bool, after: Duration) -> String {
-    if fair || election || after.is_zero() {
-        String::new()
-    } else {
-        after.as_millis().max(1).to_string()
-    }
 }
 
 /// The mutex acquire script's reply, as the other families' `{granted, token or PTTL}`: a
@@ -201,11 +196,14 @@ mod tests {
 
     #[test]
     fn only_the_plain_mutex_barges() {
-        let ms = Duration::from_millis(5);
-        assert_eq!(barge_arg(false, false, ms), "5");
-        assert_eq!(barge_arg(true, false, ms), "");
-        assert_eq!(barge_arg(false, true, ms), "");
-        assert_eq!(barge_arg(false, false, Duration::ZERO), "");
+        let ms = HandoffAfter::Fixed(Duration::from_millis(5));
+        assert_eq!(ms.barge_arg(false, false), "5");
+        assert_eq!(ms.barge_arg(true, false), "");
+        assert_eq!(ms.barge_arg(false, true), "");
+        assert_eq!(
+            HandoffAfter::Fixed(Duration::ZERO).barge_arg(false, false),
+            ""
+        );
     }
 
     #[test]

@@ -19,7 +19,13 @@ pub(crate) fn map_tls(endpoint: &str, e: RedisError, client_cert: Option<bool>) 
     let _ = client_cert;
     if e.kind() == ErrorKind::Parse {
         // Bytes that are not RESP at all: another kind of server on this port.
-        return Error::unexpected(KIND, not_redis(endpoint));
+        return Error::unexpected(
+            KIND,
+            format!(
+            "the server at {endpoint} does not answer in the Redis protocol (is this port an HTTP \
+             server or another service? give the port of a Redis server, 6379 by default)"
+        ),
+        );
     }
     let text = e.to_string();
     if text.contains("NOAUTH") {
@@ -71,14 +77,6 @@ pub(crate) fn map_tls(endpoint: &str, e: RedisError, client_cert: Option<bool>) 
         return Error::connection(KIND, endpoint.to_owned(), e);
     }
     Error::unexpected(KIND, text)
-}
-
-/// The message for a server at `endpoint` whose replies are not the Redis protocol.
-pub(crate) fn not_redis(endpoint: &str) -> String {
-    format!(
-        "the server at {endpoint} does not answer in the Redis protocol (is this port an HTTP \
-         server or another service? give the port of a Redis server, 6379 by default)"
-    )
 }
 
 /// The error for a password the server refused although it lets clients in without one:

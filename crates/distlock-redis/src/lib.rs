@@ -20,7 +20,7 @@ mod sentinel;
 
 use crate::error::{map, shape, KIND};
 pub use crate::quorum::{
-    NodeHold, QuorumReply, QuorumVote, RedisNode, ServerInfo, QUORUM_FLOOR_STEP, TOKEN_FIELD,
+    NodeHold, QuorumReply, QuorumVote, RedisNode, ServerInfo, QUORUM_FLOOR_STEP,
 };
 use distlock_core::backend::{
     async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey,
@@ -54,7 +54,6 @@ pub struct RedisBackend {
     requests: Arc<requests::Requests>,
 }
 
-pub use crate::address::redact;
 pub use crate::builder::{
     RedisBuilder, RedisBuilderExt, RedisSettings, PASSWORD_ENV, PASSWORD_FILE_ENV,
     SENTINEL_PASSWORD_ENV, USER_ENV,
@@ -62,6 +61,8 @@ pub use crate::builder::{
 pub use crate::contended::{
     DEFAULT_HANDOFF_AFTER, HOLD_MULTIPLE, MAX_HANDOFF_AFTER, MIN_HANDOFF_AFTER,
 };
+/// The URL with its password (and any secret parameter) replaced by `***` (the core's).
+pub use distlock_core::conn::redact;
 /// How long a fencing counter (`NS:{NAME}:fence`) outlives the lease of the last grant made
 /// from it: one hour. After that the key expires, and the next grant's token comes from the
 /// server clock alone (every token is at least the server's `TIME` in µs when it is granted; a
@@ -125,8 +126,7 @@ impl RedisBackend {
     async fn open(resolved: builder::Resolved, opts: &ClientOptions) -> Result<Self> {
         let builder::Resolved {
             address: a,
-            user,
-            password,
+            credentials,
             follow_switches,
         } = resolved;
         check_wait(a.wait_replicas, opts)?;
@@ -140,7 +140,7 @@ impl RedisBackend {
                 "dialect=python-redis-lock is not built for redis+cluster://: python-redis-lock's own scripts touch lock:NAME and lock-signal:NAME, which a cluster keeps in different slots; use one server (redis:// or redis+sentinel://)",
             ));
         }
-        let mut opened = conn::open(&a, user.as_deref(), password.as_ref(), opts).await?;
+        let mut opened = conn::open(&a, &credentials, opts).await?;
         let sentinel = opened.sentinel.take();
         let mut backend = Self::finish(opened, namespace, a.wait_replicas, opts).await?;
         backend.dialect = a
@@ -149,10 +149,9 @@ impl RedisBackend {
         backend.handoff_after = a.handoff_after;
         if let Some((sentinels, at)) = sentinel {
             let moved = (backend.con.clone(), backend.subscriber.clone());
-            let creds = (user, password);
             backend.follower = Some(sentinel::Follower::start(
                 sentinels,
-                creds,
+                credentials,
                 at,
                 moved,
                 follow_switches,
@@ -296,8 +295,6 @@ impl RedisBackend {
         })
     }
 
-    /// The wake channel `req`'s queue entry names, if it may queue: where the release that
-    /// hands it the lock tells it ('' for a single try, which never queues).
     /// A mutex waiter's watch `inner`, with the handoffs this client vouches for as grants
     /// (see `requests`).
     fn vouching(
@@ -315,6 +312,8 @@ impl RedisBackend {
         })
     }
 
+    /// The wake channel `req`'s queue entry names, if it may queue: where the release that
+    /// hands it the lock tells it ('' for a single try, which never queues).
     fn wake(&self, req: &AcquireRequest) -> &str {
         match req.waiter_ttl {
             Some(_) => self.subscriber.wake(),
@@ -353,24 +352,11 @@ impl RedisBackend {
         self.key_of(name, &[":released"])
     }
 
-    /// Key suffix of a mutex-family lock: a mutex (plain or fair) at `NS:{NAME}`, an election
-    /// at `NS:{NAME}:election` (apart from the lock of the same name: its own grant, counter,
-    /// queue and channels).
-    fn base(election: bool) -> &'static str {
-        if election {
-            ELECTION
-        } else {
-            ""
-        }
-    }
-
     /// The release channel of a lock of family `fam`: a mutex-family lock's (waiters'
     /// wake-ups; handoffs go to `CHANNEL:ATTEMPT`), or the name's for the other families.
     fn release_channel(&self, name: &str, fam: &Family) -> String {
         match fam {
-            Family::Mutex { election, .. } => {
-                self.key_of(name, &[Self::base(*election), ":released"])
-            }
+            Family::Mutex { .. } => self.key_of(name, &[fam.base(), ":released"]),
             _ => self.channel(name),
         }
     }
@@ -422,11 +408,12 @@ impl RedisBackend {
         let channel = self.channel(&key.name);
         let args = [attempt, token, channel.as_str(), mode];
         let mut mutex = true;
-        let cmd = match family(key.kind)? {
+        let fam = family(key.kind)?;
+        let cmd = match fam {
             Family::Mutex { fair, election } => {
                 // release.lua: the lock hash (its counter, queue, waiter data and channel are
                 // named after it in the script); a give-up names no token.
-                let hash = self.key_of(&key.name, &[Self::base(election)]);
+                let hash = self.key_of(&key.name, &[fam.base()]);
                 let barge = self.handoff_after.barge_arg(fair, election);
                 let observe;
                 let mut args = vec![attempt, token, &barge];
@@ -583,7 +570,7 @@ impl RedisBackend {
                 // acquire.lua: the lock hash and the attempt's end record (its counter, queue
                 // and waiter data are named after the hash in the script); the queueing paths'
                 // arguments packed as TTL:FAIR:SEQ:WAKE.
-                let hash = self.key_of(&req.key.name, &[Self::base(election)]);
+                let hash = self.key_of(&req.key.name, &[fam.base()]);
                 let seq = seq.to_string();
                 let waits = [
                     waiter_ttl.as_str(),
@@ -707,10 +694,12 @@ enum Family {
 
 impl Family {
     /// The suffix of the family's hash after `NS:{NAME}`, which its other keys extend: ``
-    /// (a mutex), `:election`, `:rw`, `:sem`.
+    /// (a mutex, plain or fair), `:election` (apart from the lock of the same name: its own
+    /// grant, counter, queue and channels), `:rw`, `:sem`.
     fn base(&self) -> &'static str {
         match self {
-            Family::Mutex { election, .. } => RedisBackend::base(*election),
+            Family::Mutex { election: true, .. } => ELECTION,
+            Family::Mutex { .. } => "",
             Family::Rw { .. } => ":rw",
             Family::Sem { .. } => ":sem",
         }
@@ -828,6 +817,15 @@ fn pair(what: &str, v: &Value) -> Result<(i64, i64)> {
             (Some(a), Some(b)) => Ok((a, b)),
             _ => Err(shape(what, v)),
         },
+        _ => Err(shape(what, v)),
+    }
+}
+
+/// A proclamation script's reply: `1` stored, `0` the grant does not hold the election.
+fn proclaimed(what: &str, v: &Value) -> Result<RenewOutcome> {
+    match int(v) {
+        Some(1) => Ok(RenewOutcome::Renewed),
+        Some(0) => Ok(RenewOutcome::NotHeld),
         _ => Err(shape(what, v)),
     }
 }
@@ -965,12 +963,7 @@ impl Backend for RedisBackend {
                 &self.observe_channel(name),
             ],
         );
-        let v = self.eval(&cmd).await?;
-        match int(&v) {
-            Some(1) => Ok(RenewOutcome::Renewed),
-            Some(0) => Ok(RenewOutcome::NotHeld),
-            _ => Err(shape("proclaim", &v)),
-        }
+        proclaimed("proclaim", &self.eval(&cmd).await?)
     }
 
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {

@@ -40,35 +40,22 @@ enum Fam {
     ElectionFence,
 }
 
-/// Key suffixes after `NS:{NAME`, longest first so that `}:rw:queue` wins over nothing shorter.
-const SUFFIXES: &[(&str, Fam)] = &[
-    ("}:election:waiters", Fam::Election),
-    ("}:election:queue", Fam::Election),
-    ("}:election:fence", Fam::ElectionFence),
-    ("}:election", Fam::Election),
-    ("}:sem:waiters", Fam::Sem),
-    ("}:rw:waiters", Fam::Rw),
-    ("}:sem:queue", Fam::Sem),
-    ("}:sem:limit", Fam::Sem),
-    ("}:rw:queue", Fam::Rw),
-    ("}:sem:exp", Fam::Sem),
-    ("}:waiters", Fam::Mutex),
-    ("}:rw:exp", Fam::Rw),
-    ("}:queue", Fam::Mutex),
-    ("}:fence", Fam::Fence),
-    ("}:sem", Fam::Sem),
-    ("}:rw", Fam::Rw),
-    ("}", Fam::Mutex),
-];
-
-/// The lock name and family of key `key` of namespace `ns`, or `None` for a key that is not
-/// part of a lock (Redlock's epoch keys, foreign data).
+/// The lock name and family of key `key` of namespace `ns` (`NS:{NAME}SUFFIX`, the name up to
+/// the last `}`), or `None` for a key that is not part of a lock (Redlock's epoch keys, an end
+/// record, foreign data).
 fn parse_key<'a>(ns: &str, key: &'a str) -> Option<(&'a str, Fam)> {
     let rest = key.strip_prefix(ns)?.strip_prefix(":{")?;
-    SUFFIXES.iter().find_map(|(suffix, fam)| {
-        let name = rest.strip_suffix(suffix)?;
-        (!name.is_empty()).then_some((name, *fam))
-    })
+    let (name, suffix) = rest.rsplit_once('}')?;
+    let fam = match suffix {
+        "" | ":queue" | ":waiters" => Fam::Mutex,
+        ":rw" | ":rw:queue" | ":rw:waiters" | ":rw:exp" => Fam::Rw,
+        ":sem" | ":sem:queue" | ":sem:waiters" | ":sem:exp" | ":sem:limit" => Fam::Sem,
+        ":fence" => Fam::Fence,
+        ":election" | ":election:queue" | ":election:waiters" => Fam::Election,
+        ":election:fence" => Fam::ElectionFence,
+        _ => return None,
+    };
+    (!name.is_empty()).then_some((name, fam))
 }
 
 /// Escapes the glob characters of SCAN MATCH.

@@ -30,12 +30,6 @@ use std::time::Duration;
 /// The most grants one script renews.
 pub(crate) const PER_SCRIPT: usize = 1000;
 
-/// The script and its SHA-1 (the command is built here, keys first, then the arguments).
-struct RenewMany {
-    script: Script,
-    sha: String,
-}
-
 const SOURCE: &str = concat!(
     include_str!("../scripts/renew.lua"),
     include_str!("../scripts/expiring_renew.lua"),
@@ -43,14 +37,12 @@ const SOURCE: &str = concat!(
     include_str!("../scripts/renew_many.lua")
 );
 
-static RENEW_MANY: LazyLock<RenewMany> = LazyLock::new(|| RenewMany {
-    script: Script::new(SOURCE),
-    sha: redis::Script::new(SOURCE).get_hash().to_owned(),
-});
+/// The script (its command is built here, keys first, then the arguments).
+static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
 /// The script `renew_many.lua` with the functions it calls, for loading at connect time.
 pub(crate) fn script() -> &'static Script {
-    &RENEW_MANY.script
+    &RENEW_MANY
 }
 
 /// One grant's keys: the lock hash of a mutex; the holds hash and the expiries zset of a
@@ -363,7 +355,7 @@ async fn send<C: redis::aio::ConnectionLike>(
     if let Some((n, timeout)) = wait {
         pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
     }
-    let mut vals = scripts::eval_pipe(con, &[&RENEW_MANY.script], &pipe)
+    let mut vals = scripts::eval_pipe(con, &[&*RENEW_MANY], &pipe)
         .await
         .map_err(|e| b.err(e))?;
     if let Some(wait) = wait {

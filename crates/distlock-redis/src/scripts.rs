@@ -22,7 +22,7 @@ pub(crate) use fence_margin_ms;
 /// A script and its SHA-1.
 pub(crate) struct Script {
     source: &'static str,
-    sha: String,
+    pub(crate) sha: String,
 }
 
 /// The files of `scripts/` named, concatenated into one Lua source.

@@ -18,7 +18,7 @@
 use crate::conn::Con;
 use crate::error::KIND;
 use crate::pubsub::Subscriber;
-use distlock_core::conn::{ConnectionString, Host, Password, TlsFiles};
+use distlock_core::conn::{ConnectionString, Credentials, Host, Password};
 use distlock_core::{Error, Result};
 use futures_util::StreamExt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,7 +37,7 @@ const CONFIRM_FOR: Duration = Duration::from_secs(5);
 const PING_EVERY: Duration = Duration::from_secs(5);
 
 /// The sentinels of one master, and how to reach them.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct Sentinels {
     /// The URL as parsed (for errors, with its secrets scrubbed).
     pub(crate) conn: ConnectionString,
@@ -52,22 +52,6 @@ pub(crate) struct Sentinels {
 }
 
 impl Sentinels {
-    /// The sentinels `hosts` of `master` in the URL `conn`, asked with `password`, each given
-    /// the connect timeout of `opts`.
-    pub(crate) fn new(
-        conn: &ConnectionString,
-        (hosts, master, password): (&[String], &str, Option<&Password>),
-        opts: &distlock_core::ClientOptions,
-    ) -> Self {
-        Sentinels {
-            conn: conn.clone(),
-            hosts: hosts.to_vec(),
-            master: master.to_owned(),
-            password: password.cloned(),
-            timeout: opts.get_connect_timeout(),
-        }
-    }
-
     /// The backend's endpoint in messages (stable across failovers).
     pub(crate) fn endpoint(&self) -> String {
         format!("master `{}` of {}", self.master, self.describe())
@@ -75,18 +59,16 @@ impl Sentinels {
 
     /// A client for the sentinel at `host`, with the sentinels' password.
     fn client(&self, host: &str) -> Result<redis::Client> {
-        self.node(host, None, self.password.as_ref())
+        let creds = Credentials {
+            user: None,
+            password: self.password.clone(),
+        };
+        self.node(host, &creds)
     }
 
-    /// A client for the node at `at` (`redis://`: no TLS yet) as `user` with `password`.
-    fn node(
-        &self,
-        at: &str,
-        user: Option<&str>,
-        password: Option<&Password>,
-    ) -> Result<redis::Client> {
-        let tls = TlsFiles::new(crate::address::TLS_NAMES);
-        crate::address::open_client(&self.conn, &format!("redis://{at}"), &tls, user, password)
+    /// A client for the node at `at` (`redis://`: no TLS yet) with `creds`.
+    fn node(&self, at: &str, creds: &Credentials) -> Result<redis::Client> {
+        crate::address::open_client(&self.conn, &format!("redis://{at}"), None, creds)
     }
 
     /// For messages: `sentinels s1,s2,s3`.
@@ -180,33 +162,11 @@ pub(crate) async fn is_master(
     })
 }
 
-/// At connect: an error unless the node of `client` (at `at`) says it is a master. Lock
-/// writes never go to a node that says it is a replica (the sentinels may name one that is
-/// still being promoted, or hold an old view).
-///
-/// # Errors
-/// A retryable [`Error::Connection`] for a replica; as [`is_master`] otherwise.
-pub(crate) async fn confirm_master(
-    client: &redis::Client,
-    at: &str,
-    endpoint: &str,
-    timeout: Duration,
-) -> Result<()> {
-    if is_master(client, at, timeout).await? {
-        return Ok(());
-    }
-    Err(Error::connection(
-        KIND,
-        endpoint.to_owned(),
-        format!("the sentinels name {at}, but it says it is not a master (a failover in progress?); try again"),
-    ))
-}
-
 /// Keeps a backend's connections on the master the sentinels name.
 pub(crate) struct Follower {
     sentinels: Sentinels,
     /// The master's ACL user and password.
-    creds: (Option<String>, Option<Password>),
+    creds: Credentials,
     con: Arc<Con>,
     subscriber: Arc<Subscriber>,
     /// The master's `host:port` the connections go to now.
@@ -234,7 +194,7 @@ impl Follower {
     /// (else only errors start a check).
     pub(crate) fn start(
         sentinels: Sentinels,
-        creds: (Option<String>, Option<Password>),
+        creds: Credentials,
         current: String,
         (con, subscriber): (Arc<Con>, Arc<Subscriber>),
         listen: bool,
@@ -359,10 +319,7 @@ impl Follower {
         if at == self.current() {
             return Ok(true);
         }
-        let (user, password) = &self.creds;
-        let client = self
-            .sentinels
-            .node(&at, user.as_deref(), password.as_ref())?;
+        let client = self.sentinels.node(&at, &self.creds)?;
         if !is_master(&client, &at, self.sentinels.timeout).await? {
             tracing::debug!(candidate = %at, "the sentinels name a node that is not a master yet");
             return Ok(false);

@@ -3,7 +3,7 @@
 
 use crate::node::View;
 use crate::tally::{self, Ballot, Decision};
-use crate::Shared;
+use crate::RedlockBackend;
 use distlock_core::backend::{AcquireReply, AcquireRequest, AttemptId};
 use distlock_core::{Error, LockKind, Result};
 use distlock_redis::{QuorumReply, QuorumVote};
@@ -69,12 +69,6 @@ pub(crate) struct Round {
     pub(crate) first: usize,
 }
 
-impl Round {
-    fn new(reply: AcquireReply, first: usize) -> Self {
-        Round { reply, first }
-    }
-}
-
 /// The votes of one round as they come in.
 struct Count {
     /// Per node (a vote not in yet: unknown, may have granted).
@@ -88,7 +82,7 @@ struct Count {
     first: usize,
 }
 
-impl Shared {
+impl RedlockBackend {
     /// The random pause before the next attempt after a split vote (0 to the node timeout), so
     /// that clients that split the nodes do not collide again.
     fn jitter(&self) -> Duration {
@@ -234,12 +228,6 @@ impl Shared {
         .await;
     }
 
-    /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
-    /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`].
-    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.round(req, None).await.map(|r| r.reply)
-    }
-
     /// One attempt on every node in parallel, as a waiter at `queue` (its waiter ttl and its
     /// place) or not queued (`None`).
     pub(crate) async fn round(
@@ -370,7 +358,10 @@ impl Shared {
         } = count;
         let (name, attempt) = ((&*req.key.name, req.key.kind), &req.attempt);
         let decision = tally::decide(&ballots);
-        let held = |ttl| Ok(Round::new(AcquireReply::Held { ttl }, first));
+        let held = |ttl| {
+            let reply = AcquireReply::Held { ttl };
+            Ok(Round { reply, first })
+        };
         match decision {
             Decision::Again { token } | Decision::Fresh { token } => {
                 // Again: a retry of an attempt whose grant stands on a majority (its reply was
@@ -386,7 +377,8 @@ impl Shared {
                 let confirmed = tally::confirmed(decision, &ballots, &raised);
                 let q = self.q();
                 if confirmed >= q && tally::validity(req.lease, start.elapsed()).is_some() {
-                    return Ok(Round::new(AcquireReply::Granted { token }, first));
+                    let reply = AcquireReply::Granted { token };
+                    return Ok(Round { reply, first });
                 }
                 Err(self.unconfirmed(name.0, confirmed, q, start.elapsed()))
             }

@@ -42,9 +42,7 @@ pub(crate) enum WaitMode {
 }
 
 /// The URL with any password (and any secret parameter) replaced by `***`.
-pub fn redact(url: &str) -> String {
-    distlock_core::conn::redact(url)
-}
+pub use distlock_core::conn::redact;
 
 pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
     if scheme_of(url).is_none() {

@@ -1,10 +1,14 @@
-//! Everything after a vote: waiting for a release, giving an attempt up, releasing and renewing
-//! a grant, and inspecting a lock; each asks every node and returns as soon as a majority
-//! decided.
+//! The backend's protocol methods: the vote (`crate::acquire`), waiting for a release, giving an
+//! attempt up, releasing and renewing a grant, and inspecting a lock; each asks every node and
+//! returns as soon as a majority decided.
 
+use crate::config::WaitMode;
 use crate::node::View;
-use crate::{ops, tally, watch, Shared, KIND};
-use distlock_core::backend::{AcquireRequest, GrantRef, ReleaseWatch, RenewOutcome};
+use crate::{ops, tally, watch, RedlockBackend, KIND};
+use distlock_core::backend::{
+    async_trait, AcquireReply, AcquireRequest, Capabilities, GrantRef, Granted, ReleaseWatch,
+    RenewOutcome,
+};
 use distlock_core::{Backend, LockInfo, LockKind, ReleaseOutcome, Result};
 use distlock_redis::RedisNode;
 use futures_util::future::join_all;
@@ -13,6 +17,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// One node's answer in a fan-out: `(node, None)` for a timeout, `(node, Some(result))`.
 type Answer<T> = Pin<Box<dyn Future<Output = (usize, Option<Result<T>>)> + Send>>;
@@ -25,7 +30,7 @@ fn finish_in_background<T: Send + 'static>(mut rest: Answers<T>) {
     }
 }
 
-impl Shared {
+impl RedlockBackend {
     /// Runs `op` on every connected node, each bounded by `t`, polled by the caller as they
     /// finish: `(node, None)` for a timeout, `(node, Some(result))` otherwise. A caller that has
     /// its majority hands the rest to [`finish_in_background`], so a slow node's request still
@@ -47,14 +52,6 @@ impl Shared {
                 )
             })
             .collect()
-    }
-
-    /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
-    /// random pause (waiters that do not queue: `wait=retry`).
-    pub(crate) async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let nt = self.nt();
-        let w = self.merged_watch(nt, |b| async move { b.watch(req).await });
-        Ok(Box::new(w.await?))
     }
 
     /// The queued waiter `req`'s watch on every reachable node: its client's wake channel there,
@@ -129,11 +126,106 @@ impl Shared {
         None
     }
 
+    /// The nodes' renewals of `holds` as they come in (per node: whether it counts, and its
+    /// outcomes), until every hold is decided or every node answered. A batch stops waiting
+    /// before the watchdog drops the call, with what the nodes decided by then: a silent node
+    /// must not leave the holds the others decided unconfirmed. (One hold, an `extend`, has
+    /// nothing to keep apart: it waits for its nodes as any call.)
+    async fn count_renewals(
+        &self,
+        views: &[View],
+        answers: &mut Answers<Vec<RenewOutcome>>,
+        holds: &[(GrantRef, Duration)],
+        t: Duration,
+    ) -> (Vec<(bool, Option<Vec<RenewOutcome>>)>, Vec<String>) {
+        let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
+            views.iter().map(|v| (v.counts, None)).collect();
+        let mut problems: Vec<String> = Vec::new();
+        let budget = (holds.len() > 1).then(|| self.health.opts.renew_timeout() * 3 / 4);
+        let until = tokio::time::Instant::now() + budget.unwrap_or(t);
+        loop {
+            let next = match budget {
+                Some(b) => match tokio::time::timeout_at(until, answers.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        problems.push(format!("the other nodes: no answer within {b:?}"));
+                        break;
+                    }
+                },
+                None => answers.next().await,
+            };
+            let Some((i, r)) = next else { break };
+            match self.answer(i, r, t, &mut problems) {
+                Some(o) if o.len() == holds.len() => per_node[i].1 = Some(o),
+                Some(_) => problems.push(format!(
+                    "{}: renewed a batch of the wrong size",
+                    self.health.nodes[i].endpoint
+                )),
+                None => {}
+            }
+            if tally::renew_outcomes(&per_node, holds.len())
+                .iter()
+                .all(Option::is_some)
+            {
+                break;
+            }
+        }
+        (per_node, problems)
+    }
+}
+
+#[async_trait]
+impl Backend for RedlockBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    /// The mutex and the election (`docs/election-redlock.md`): the core refuses every other
+    /// kind before it calls the backend.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::kinds(&[LockKind::Mutex]).with(LockKind::Election)
+    }
+
+    /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
+    /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`].
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
+        self.round(req, None).await.map(|r| r.reply)
+    }
+
+    /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
+    /// random pause (waiters that do not queue: `wait=retry`).
+    async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
+        let nt = self.nt();
+        let w = self.merged_watch(nt, |b| async move { b.watch(req).await });
+        Ok(Box::new(w.await?))
+    }
+
+    /// Waits in the nodes' wait queues, woken by the nodes where this waiter is first (see
+    /// `docs/redlock.md`, "Waiting"); with `wait=retry` in the URL, the core's retry loop
+    /// instead.
+    async fn acquire_wait(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<std::time::Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        match self.health.cfg.wait {
+            WaitMode::Queue => self.queued_wait(req, deadline, cancel).await,
+            WaitMode::Retry => {
+                distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await
+            }
+        }
+    }
+
     /// Takes the attempt out of every node's wait queue and releases whatever it holds on any
     /// node (a grant whose reply was lost, or votes that finished after the attempt stopped);
     /// a node left free wakes its next waiter. Idempotent; only that attempt's holds and queue
     /// entries are touched.
-    pub(crate) async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
+    async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
         let views = self.health.views();
         let t = self.call_timeout();
         let (name, kind, attempt) = (req.key.name.clone(), req.key.kind, req.attempt.clone());
@@ -154,7 +246,7 @@ impl Shared {
         Ok(())
     }
 
-    pub(crate) async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
+    async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let views = self.health.views();
         let t = self.call_timeout();
         // Set once a majority released this grant: then a node that holds the attempt under
@@ -180,7 +272,7 @@ impl Shared {
         tally::release_outcome(&outcomes).map_err(|answered| self.no_quorum(answered, &problems))
     }
 
-    pub(crate) async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
+    async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
@@ -234,74 +326,15 @@ impl Shared {
         Ok(outcomes)
     }
 
-    /// The nodes' renewals of `holds` as they come in (per node: whether it counts, and its
-    /// outcomes), until every hold is decided or every node answered. A batch stops waiting
-    /// before the watchdog drops the call, with what the nodes decided by then: a silent node
-    /// must not leave the holds the others decided unconfirmed. (One hold, an `extend`, has
-    /// nothing to keep apart: it waits for its nodes as any call.)
-    async fn count_renewals(
-        &self,
-        views: &[View],
-        answers: &mut Answers<Vec<RenewOutcome>>,
-        holds: &[(GrantRef, Duration)],
-        t: Duration,
-    ) -> (Vec<(bool, Option<Vec<RenewOutcome>>)>, Vec<String>) {
-        let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
-            views.iter().map(|v| (v.counts, None)).collect();
-        let mut problems: Vec<String> = Vec::new();
-        let budget = (holds.len() > 1).then(|| self.health.opts.renew_timeout() * 3 / 4);
-        let until = tokio::time::Instant::now() + budget.unwrap_or(t);
-        loop {
-            let next = match budget {
-                Some(b) => match tokio::time::timeout_at(until, answers.next()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        problems.push(format!("the other nodes: no answer within {b:?}"));
-                        break;
-                    }
-                },
-                None => answers.next().await,
-            };
-            let Some((i, r)) = next else { break };
-            match self.answer(i, r, t, &mut problems) {
-                Some(o) if o.len() == holds.len() => per_node[i].1 = Some(o),
-                Some(_) => problems.push(format!(
-                    "{}: renewed a batch of the wrong size",
-                    self.health.nodes[i].endpoint
-                )),
-                None => {}
-            }
-            if tally::renew_outcomes(&per_node, holds.len())
-                .iter()
-                .all(Option::is_some)
-            {
-                break;
-            }
-        }
-        (per_node, problems)
-    }
-
     /// The lock or election as a majority of nodes sees it (the core checked the kind).
-    pub(crate) async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        let t = self.watch_timeout();
-        let (views, problems) =
-            ops::split(ops::per_node(self, t, |b| async move { b.hold(name, kind).await }).await);
-        let q = self.q();
-        if views.len() < q {
-            return Err(self.no_quorum(views.len(), &problems));
-        }
-        Ok(ops::merge(name, &views, self.n(), false))
+    async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
+        ops::merged(self, name, kind, self.watch_timeout(), false).await
     }
 
     /// An election leader's numbered proclamation on every node: `Renewed` once a majority
     /// of counted nodes stored it (or had it: a retry), `NotHeld` once a majority says the
     /// grant is gone; a retryable error when neither is decided.
-    pub(crate) async fn proclaim(
-        &self,
-        grant: &GrantRef,
-        seq: u64,
-        value: &str,
-    ) -> Result<RenewOutcome> {
+    async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let views = self.health.views();
         let t = self.call_timeout();
         let (grant2, value2): (GrantRef, Arc<str>) = (grant.clone(), Arc::from(value));
@@ -349,7 +382,7 @@ impl Shared {
 
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
     /// majority, else a retryable error); see [`watch::ObserveWatch`].
-    pub(crate) async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
+    async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         let watches = self
             .watches(|b| async move { Backend::observe(b.backend(), name).await })
             .await;
@@ -362,6 +395,10 @@ impl Shared {
             )));
         }
         Ok(Box::new(watch::ObserveWatch::new(watches, q)))
+    }
+
+    fn operator(&self) -> Option<&dyn distlock_core::Operator> {
+        Some(self)
     }
 }
 

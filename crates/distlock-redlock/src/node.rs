@@ -100,11 +100,11 @@ fn quarantine_left(epoch: &str, node_now_ms: u64) -> Option<Duration> {
 }
 
 impl Node {
-    pub(crate) fn new(addr: &NodeAddr, backend: Option<Arc<RedisNode>>) -> Node {
+    pub(crate) fn new(addr: &NodeAddr) -> Node {
         Node {
             endpoint: addr.endpoint.clone(),
             url: addr.url.clone(),
-            backend: RwLock::new(backend),
+            backend: RwLock::new(None),
             state: Mutex::default(),
             check_now: Notify::new(),
             init: tokio::sync::Mutex::new(()),
@@ -262,7 +262,7 @@ impl Health {
         self.nodes.iter().map(|n| n.view(now)).collect()
     }
 
-    async fn connect_node(&self, i: usize) -> Result<Arc<RedisNode>> {
+    pub(crate) async fn connect_node(&self, i: usize) -> Result<Arc<RedisNode>> {
         let node = &self.nodes[i];
         let t = self.opts.get_connect_timeout();
         let b = tokio::time::timeout(t, RedisNode::connect(&node.url, &self.opts))

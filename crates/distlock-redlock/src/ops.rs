@@ -9,7 +9,7 @@
 
 use crate::node::epoch_quarantine_end;
 use crate::tally;
-use crate::Shared;
+use crate::RedlockBackend;
 use distlock_core::{
     Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result, Severity,
 };
@@ -27,27 +27,20 @@ const LIST_CONCURRENCY: usize = 16;
 /// One node's answer, or why there is none (`host:port: …`).
 type NodeAnswer<T> = std::result::Result<T, String>;
 
-/// Runs `op` on every connected node in parallel, each bounded by `t`, in node order.
-pub(crate) async fn per_node<T, F, Fut>(s: &Shared, t: Duration, op: F) -> Vec<NodeAnswer<T>>
-where
-    F: Fn(Arc<RedisNode>) -> Fut,
-    Fut: Future<Output = Result<T>>,
-{
-    per_node_of(s, t, &vec![true; s.n()], op).await
-}
-
-/// [`per_node`] on the nodes `which` selects; the others answer `Err("")` at once.
-async fn per_node_of<T, F, Fut>(
-    s: &Shared,
+/// Runs `op` on every connected node in parallel (only on those `which` selects, when given:
+/// the others answer `Err("")` at once), each bounded by `t`, in node order.
+pub(crate) async fn per_node<T, F, Fut>(
+    s: &RedlockBackend,
     t: Duration,
-    which: &[bool],
+    which: Option<&[bool]>,
     op: F,
 ) -> Vec<NodeAnswer<T>>
 where
     F: Fn(Arc<RedisNode>) -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    join_all(s.health.nodes.iter().zip(which).map(|(node, &on)| {
+    join_all(s.health.nodes.iter().enumerate().map(|(i, node)| {
+        let on = which.is_none_or(|w| w[i]);
         let call = node.backend().filter(|_| on).map(&op);
         async move {
             let ep = &node.endpoint;
@@ -145,132 +138,205 @@ pub(crate) fn merge(
         }))
 }
 
+/// Lock or election `name` (by `kind`) as a majority of nodes sees it ([`merge`]), each
+/// node given `t`.
+pub(crate) async fn merged(
+    s: &RedlockBackend,
+    name: &str,
+    kind: LockKind,
+    t: Duration,
+    labelled: bool,
+) -> Result<LockInfo> {
+    let (views, problems) =
+        split(per_node(s, t, None, |b| async move { b.hold(name, kind).await }).await);
+    if views.len() < s.q() {
+        return Err(s.no_quorum(views.len(), &problems));
+    }
+    Ok(merge(name, &views, s.n(), labelled))
+}
+
 #[distlock_core::async_trait]
-impl Operator for crate::RedlockBackend {
+impl Operator for RedlockBackend {
     /// Every mutex and election a node has state for, merged by name and kind: a holder is an
     /// attempt on a majority of nodes (see `docs/redlock.md`, "Operator commands").
     async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
-        list(&self.shared, prefix).await
+        let q = self.q();
+        // A SCAN of a large namespace takes more than one call's time.
+        let scan_t = self.health.opts.get_op_timeout() * 10;
+        let (lists, problems) = split(
+            per_node(self, scan_t, None, |b| async move {
+                Operator::list(b.backend(), prefix).await
+            })
+            .await,
+        );
+        if lists.len() < q {
+            return Err(self.no_quorum(lists.len(), &problems));
+        }
+        // Only mutexes and elections are Redlock's; another kind's keys (a redis:// client
+        // sharing the namespace) are not listed here.
+        // By name, the lock before the election of the same name.
+        let names: BTreeSet<(String, bool)> = lists
+            .into_iter()
+            .flatten()
+            .filter(|l| matches!(l.kind, LockKind::Mutex | LockKind::Election))
+            .map(|l| (l.info.name, l.kind == LockKind::Election))
+            .collect();
+        let t = self.call_timeout();
+        stream::iter(names)
+            .map(|(name, election)| async move {
+                let kind = [LockKind::Mutex, LockKind::Election][usize::from(election)];
+                Ok(ListedLock::new(
+                    kind,
+                    merged(self, &name, kind, t, true).await?,
+                ))
+            })
+            .buffered(LIST_CONCURRENCY)
+            .try_collect()
+            .await
     }
 
     /// Removes the hold (a lock's or an election's) on every reachable node and raises every
-    /// counter past every token seen; done only when a majority of nodes did both.
+    /// counter past every token seen; done only when a majority of nodes did both (the core
+    /// checked the kind).
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        force_release(&self.shared, name, kind).await
+        let (n, q) = (self.n(), self.q());
+        let t = self.call_timeout();
+        // Every reachable node, quarantined or not: a hold left on any node could make a
+        // majority with the others later. Per node, distlock-redis's script removes the hold and
+        // advances the node's counter past its own tokens in one atomic step.
+        let removed = per_node(self, t, None, |b| async move {
+            Operator::force_release(b.backend(), name, kind).await
+        })
+        .await;
+        // Then past every token seen: a node that missed the grant's raise has a lower counter
+        // than the token a majority agreed on, and must not hand out a token below it.
+        let top = removed
+            .iter()
+            .flatten()
+            .map(|r| r.fencing_token)
+            .max()
+            .unwrap_or(0);
+        // Only where the removal was done: a node that did not answer it is not waited for twice.
+        let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
+        let raised = per_node(self, t, Some(&reached), |b| async move {
+            b.raise_fences(&[(name.to_owned(), kind, top)]).await
+        })
+        .await;
+        let mut holds: BTreeMap<String, Vec<Option<Duration>>> = BTreeMap::new();
+        let mut done = 0;
+        let mut problems = Vec::new();
+        for (r, x) in removed.into_iter().zip(raised) {
+            match (r, x) {
+                (Ok(r), Ok(_)) => {
+                    done += 1;
+                    for h in r.removed {
+                        holds.entry(h.owner).or_default().push(h.lease_left);
+                    }
+                }
+                (Err(p), _) | (_, Err(p)) => problems.push(p),
+            }
+        }
+        if done < q {
+            return Err(self.unavailable(format!(
+                    "forced release of `{name}` done on only {done} of {n} nodes (need {q}): {}; the holds removed there stay removed, run it again when a majority answers",
+                    problems.join("; ")
+                )
+                ));
+        }
+        if !problems.is_empty() {
+            // A minority kept its hold: the old holder cannot renew on a majority any more, and
+            // the hold there expires with its lease.
+            tracing::warn!(
+                name,
+                unreached = %problems.join("; "),
+                "forced release done on {done} of {n} redlock nodes"
+            );
+        }
+        let removed = holds
+            .into_iter()
+            .map(|(owner, leases)| {
+                let k = leases.len();
+                HolderInfo::new(agreement(&owner, k, n), 1)
+                    .with_lease_left(majority_lease(leases, q))
+            })
+            .collect();
+        Ok(ForceReleased::new(removed, top))
     }
 
     /// Each node's Redis checks, its quarantine, the node count and the clock spread.
     async fn diagnose(&self) -> Result<Vec<Finding>> {
-        diagnose(&self.shared).await
-    }
-}
-
-pub(crate) async fn list(s: &Shared, prefix: &str) -> Result<Vec<ListedLock>> {
-    let (n, q) = (s.n(), s.q());
-    // A SCAN of a large namespace takes more than one call's time.
-    let scan_t = s.health.opts.get_op_timeout() * 10;
-    let (lists, problems) = split(
-        per_node(s, scan_t, |b| async move {
-            Operator::list(b.backend(), prefix).await
-        })
-        .await,
-    );
-    if lists.len() < q {
-        return Err(s.no_quorum(lists.len(), &problems));
-    }
-    // Only mutexes and elections are Redlock's; another kind's keys (a redis:// client
-    // sharing the namespace) are not listed here.
-    // By name, the lock before the election of the same name.
-    let names: BTreeSet<(String, bool)> = lists
-        .into_iter()
-        .flatten()
-        .filter(|l| matches!(l.kind, LockKind::Mutex | LockKind::Election))
-        .map(|l| (l.info.name, l.kind == LockKind::Election))
-        .collect();
-    let t = s.call_timeout();
-    stream::iter(names)
-        .map(|(name, election)| async move {
-            let name = &name;
-            let kind = if election {
-                LockKind::Election
-            } else {
-                LockKind::Mutex
-            };
-            let (views, problems) =
-                split(per_node(s, t, |b| async move { b.hold(name, kind).await }).await);
-            if views.len() < q {
-                return Err(s.no_quorum(views.len(), &problems));
-            }
-            Ok(ListedLock::new(kind, merge(name, &views, n, true)))
-        })
-        .buffered(LIST_CONCURRENCY)
-        .try_collect()
-        .await
-}
-
-/// The forced release of mutex or election `name` (the core checked the kind).
-pub(crate) async fn force_release(s: &Shared, name: &str, kind: LockKind) -> Result<ForceReleased> {
-    let (n, q) = (s.n(), s.q());
-    let t = s.call_timeout();
-    // Every reachable node, quarantined or not: a hold left on any node could make a
-    // majority with the others later. Per node, distlock-redis's script removes the hold and
-    // advances the node's counter past its own tokens in one atomic step.
-    let removed = per_node(s, t, |b| async move {
-        Operator::force_release(b.backend(), name, kind).await
-    })
-    .await;
-    // Then past every token seen: a node that missed the grant's raise has a lower counter
-    // than the token a majority agreed on, and must not hand out a token below it.
-    let top = removed
-        .iter()
-        .flatten()
-        .map(|r| r.fencing_token)
-        .max()
-        .unwrap_or(0);
-    // Only where the removal was done: a node that did not answer it is not waited for twice.
-    let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
-    let raised = per_node_of(s, t, &reached, |b| async move {
-        b.raise_fences(&[(name.to_owned(), kind, top)]).await
-    })
-    .await;
-    let mut holds: BTreeMap<String, Vec<Option<Duration>>> = BTreeMap::new();
-    let mut done = 0;
-    let mut problems = Vec::new();
-    for (r, x) in removed.into_iter().zip(raised) {
-        match (r, x) {
-            (Ok(r), Ok(_)) => {
-                done += 1;
-                for h in r.removed {
-                    holds.entry(h.owner).or_default().push(h.lease_left);
-                }
-            }
-            (Err(p), _) | (_, Err(p)) => problems.push(p),
-        }
-    }
-    if done < q {
-        return Err(s.unavailable(format!(
-                "forced release of `{name}` done on only {done} of {n} nodes (need {q}): {}; the holds removed there stay removed, run it again when a majority answers",
-                problems.join("; ")
+        let (n, q) = (self.n(), self.q());
+        let t = self.health.opts.get_op_timeout();
+        let mut out = Vec::new();
+        out.push(if n < 3 {
+            Finding::new(
+                Severity::Warning,
+                "nodes",
+                format!("{n} nodes, majority {q}: no fault tolerance (one node down stops every lock); use 3 or 5 independent nodes"),
             )
-            ));
-    }
-    if !problems.is_empty() {
-        // A minority kept its hold: the old holder cannot renew on a majority any more, and
-        // the hold there expires with its lease.
-        tracing::warn!(
-            name,
-            unreached = %problems.join("; "),
-            "forced release done on {done} of {n} redlock nodes"
-        );
-    }
-    let removed = holds
-        .into_iter()
-        .map(|(owner, leases)| {
-            let k = leases.len();
-            HolderInfo::new(agreement(&owner, k, n), 1).with_lease_left(majority_lease(leases, q))
+        } else if n % 2 == 0 {
+            Finding::new(
+                Severity::Warning,
+                "nodes",
+                format!("{n} nodes, majority {q}: tolerates {} down like {} nodes would, with one more to fail; use an odd number", n - q, n - 1),
+            )
+        } else {
+            Finding::new(
+                Severity::Ok,
+                "nodes",
+                format!("{n} nodes, majority {q}: tolerates {} down", n - q),
+            )
+        });
+        let answers = per_node(self, t, None, |b| async move {
+            let findings = Operator::diagnose(b.backend()).await?;
+            let sent = SystemTime::now();
+            let (info, epoch) = b.node_epoch().await?;
+            let back = SystemTime::now();
+            let (sent, back) = (
+                distlock_core::operator::unix_ms(sent),
+                distlock_core::operator::unix_ms(back),
+            );
+            let clock = Clock {
+                offset_ms: i64::try_from(info.now_ms).unwrap_or(i64::MAX) - (sent + back) / 2,
+                error_ms: (back - sent) / 2 + 2,
+            };
+            Ok((findings, info, epoch, clock))
         })
-        .collect();
-    Ok(ForceReleased::new(removed, top))
+        .await;
+        let mut readings = Vec::new();
+        for (node, a) in self.health.nodes.iter().zip(answers) {
+            let ep = node.endpoint.as_str();
+            match a {
+                Ok((findings, info, epoch, clock)) => {
+                    out.extend(findings.into_iter().map(|f| {
+                        Finding::new(f.severity, format!("{ep} {}", f.check), f.message)
+                    }));
+                    out.push(quarantine(ep, epoch.as_deref(), &info.run_id, info.now_ms));
+                    readings.push((ep, clock));
+                }
+                Err(p) => out.push(Finding::new(
+                    Severity::Warning,
+                    format!("{ep} reachable"),
+                    format!("{p}: this node counts toward no majority now, so the cluster tolerates one failure less; bring it back (its quarantine then keeps it out until leases granted without it ran out)"),
+                )),
+            }
+        }
+        if readings.len() < q {
+            out.push(Finding::new(
+                Severity::Warning,
+                "majority",
+                format!(
+                    "only {} of {n} nodes answered (need {q}): no lock can be granted now",
+                    readings.len()
+                ),
+            ));
+        }
+        out.push(clock_spread(
+            &readings,
+            self.health.opts.get_watchdog_lease(),
+        ));
+        Ok(out)
+    }
 }
 
 /// One node's clock reading: its offset from the local clock and how uncertain it is (half
@@ -344,77 +410,6 @@ fn quarantine(ep: &str, epoch: Option<&str>, run_id: &str, node_now_ms: u64) -> 
             ),
         },
     }
-}
-
-pub(crate) async fn diagnose(s: &Shared) -> Result<Vec<Finding>> {
-    let (n, q) = (s.n(), s.q());
-    let t = s.health.opts.get_op_timeout();
-    let mut out = Vec::new();
-    out.push(if n < 3 {
-        Finding::new(
-            Severity::Warning,
-            "nodes",
-            format!("{n} nodes, majority {q}: no fault tolerance (one node down stops every lock); use 3 or 5 independent nodes"),
-        )
-    } else if n % 2 == 0 {
-        Finding::new(
-            Severity::Warning,
-            "nodes",
-            format!("{n} nodes, majority {q}: tolerates {} down like {} nodes would, with one more to fail; use an odd number", n - q, n - 1),
-        )
-    } else {
-        Finding::new(
-            Severity::Ok,
-            "nodes",
-            format!("{n} nodes, majority {q}: tolerates {} down", n - q),
-        )
-    });
-    let answers = per_node(s, t, |b| async move {
-        let findings = Operator::diagnose(b.backend()).await?;
-        let sent = SystemTime::now();
-        let (info, epoch) = b.node_epoch().await?;
-        let back = SystemTime::now();
-        let (sent, back) = (
-            distlock_core::operator::unix_ms(sent),
-            distlock_core::operator::unix_ms(back),
-        );
-        let clock = Clock {
-            offset_ms: i64::try_from(info.now_ms).unwrap_or(i64::MAX) - (sent + back) / 2,
-            error_ms: (back - sent) / 2 + 2,
-        };
-        Ok((findings, info, epoch, clock))
-    })
-    .await;
-    let mut readings = Vec::new();
-    for (node, a) in s.health.nodes.iter().zip(answers) {
-        let ep = node.endpoint.as_str();
-        match a {
-            Ok((findings, info, epoch, clock)) => {
-                out.extend(findings.into_iter().map(|f| {
-                    Finding::new(f.severity, format!("{ep} {}", f.check), f.message)
-                }));
-                out.push(quarantine(ep, epoch.as_deref(), &info.run_id, info.now_ms));
-                readings.push((ep, clock));
-            }
-            Err(p) => out.push(Finding::new(
-                Severity::Warning,
-                format!("{ep} reachable"),
-                format!("{p}: this node counts toward no majority now, so the cluster tolerates one failure less; bring it back (its quarantine then keeps it out until leases granted without it ran out)"),
-            )),
-        }
-    }
-    if readings.len() < q {
-        out.push(Finding::new(
-            Severity::Warning,
-            "majority",
-            format!(
-                "only {} of {n} nodes answered (need {q}): no lock can be granted now",
-                readings.len()
-            ),
-        ));
-    }
-    out.push(clock_spread(&readings, s.health.opts.get_watchdog_lease()));
-    Ok(out)
 }
 
 #[cfg(test)]

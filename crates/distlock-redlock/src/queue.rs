@@ -6,12 +6,12 @@
 //! and is the backstop for a lost message.
 
 use crate::watch::QuorumWatch;
-use crate::Shared;
+use crate::RedlockBackend;
 use distlock_core::backend::{
     wait, AcquireReply, AcquireRequest, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy,
     Wake,
 };
-use distlock_core::{Error, Result};
+use distlock_core::{Backend, Error, Result};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
@@ -27,7 +27,7 @@ fn place_now() -> u64 {
 
 /// One queued wait.
 struct Queued<'a> {
-    shared: &'a Shared,
+    shared: &'a RedlockBackend,
     req: AcquireRequest,
     /// The waiter's entries live this long without a refresh.
     ttl: Duration,
@@ -103,13 +103,13 @@ impl WaitStrategy for Queued<'_> {
         if !self.sent {
             return;
         }
-        if let Err(e) = self.shared.give_up(&self.req).await {
+        if let Err(e) = Backend::give_up(self.shared, &self.req).await {
             tracing::debug!(error = %e, name = %self.req.key.name, "could not leave the redlock queues; the entries expire by themselves");
         }
     }
 }
 
-impl Shared {
+impl RedlockBackend {
     /// Waits in the nodes' queues; see the module docs.
     pub(crate) async fn queued_wait(
         &self,

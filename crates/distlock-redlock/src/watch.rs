@@ -7,6 +7,19 @@ use distlock_core::Result;
 use futures_util::future::select_all;
 use std::time::Duration;
 
+/// The first of `watches` (each with its index) to change, and how (`None`: no watch given).
+async fn first_change<'a>(
+    watches: impl Iterator<Item = (usize, &'a mut Box<dyn ReleaseWatch>)>,
+) -> Option<(usize, Result<Wake>)> {
+    let waiting: Vec<_> = watches
+        .map(|(i, w)| Box::pin(async move { (i, w.changed().await) }))
+        .collect();
+    if waiting.is_empty() {
+        return None;
+    }
+    Some(select_all(waiting).await.0)
+}
+
 /// The release channels of one lock on every node that could be subscribed. A holder releases
 /// on all its nodes (a majority at least), each publishing once, so the watch wakes when
 /// enough distinct nodes have published for that to be one full release — not once per node,
@@ -67,25 +80,12 @@ impl ReleaseWatch for QuorumWatch {
                 return Ok(Wake::Released);
             }
             let pending = &self.pending;
-            let waiting: Vec<_> = self
-                .watches
-                .iter_mut()
-                .enumerate()
-                .filter(|(i, _)| !pending[*i])
-                .map(|(i, w)| {
-                    Box::pin(async move {
-                        let r = w.changed().await;
-                        (i, r)
-                    })
-                })
-                .collect();
-            if waiting.is_empty() {
+            let watches = self.watches.iter_mut().enumerate();
+            let Some((i, r)) = first_change(watches.filter(|(i, _)| !pending[*i])).await else {
                 // Cannot happen (need <= number of watches); wake rather than spin.
                 self.pending.iter_mut().for_each(|p| *p = false);
                 return Ok(Wake::Released);
-            }
-            let ((i, r), _, rest) = select_all(waiting).await;
-            drop(rest);
+            };
             // A broken subscription may have missed a release: end the watch, the waiter
             // tries again and subscribes anew. A handoff cannot happen (a node never grants to
             // a waiter by itself); anything is a release as far as the quorum is concerned.
@@ -121,27 +121,15 @@ impl ReleaseWatch for ObserveWatch {
     /// Cancel safe: each node's watch is.
     async fn changed(&mut self) -> Result<Wake> {
         loop {
-            let live: Vec<_> = self
-                .watches
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, w)| w.as_mut().map(|w| (i, w)))
-                .map(|(i, w)| {
-                    Box::pin(async move {
-                        let r = w.changed().await;
-                        (i, r)
-                    })
-                })
-                .collect();
-            if live.is_empty() {
+            let live = self.watches.iter_mut().enumerate();
+            let live = live.filter_map(|(i, w)| w.as_mut().map(|w| (i, w)));
+            let Some((i, r)) = first_change(live).await else {
                 return Err(distlock_core::Error::connection(
                     crate::KIND,
                     String::new(),
                     "no election subscription left",
                 ));
-            }
-            let ((i, r), _, rest) = select_all(live).await;
-            drop(rest);
+            };
             match r {
                 Ok(_) => return Ok(Wake::Released),
                 Err(e) => {

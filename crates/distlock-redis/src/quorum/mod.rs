@@ -58,13 +58,6 @@ use replies::*;
 pub use replies::{NodeHold, QuorumReply, QuorumVote, ServerInfo};
 use std::time::Duration;
 
-/// The lock-hash field that keeps the token of the hold.
-pub const TOKEN_FIELD: &str = "token";
-/// The lock-hash field that keeps the attempt id of the hold.
-const ATTEMPT_FIELD: &str = "attempt";
-/// The lock-hash field that keeps the owner id of the hold (for inspect only).
-const OWNER_FIELD: &str = "owner";
-
 /// The step of a Redlock vote's clock floor, in µs: 100 ms ([`QUORUM_FLOOR_STEP`]). A literal,
 /// so that it can go into the vote script too.
 macro_rules! quorum_floor_step_us {
@@ -231,7 +224,7 @@ impl RedisNode {
     fn quorum_keys(&self, name: &str, kind: LockKind) -> Result<QuorumKeys> {
         Self::check_kind(kind)?;
         let election = kind == LockKind::Election;
-        let base = RedisBackend::base(election);
+        let base = family(kind)?.base();
         // Each key in one allocation (built on every request; see `RedisBackend::key_of`).
         let key = |suffix: &str| self.b.key_of(name, &[base, suffix]);
         Ok(QuorumKeys {
@@ -367,12 +360,9 @@ impl RedisNode {
         let (v, _) = self
             .run_quorum(&s.raise, &[&k.lock, &k.fence], &args)
             .await?;
-        match &v {
-            Value::Array(items) if items.len() == 2 => match (int(&items[0]), int(&items[1])) {
-                (Some(1), Some(c)) if c >= 0 => Ok(Some(c as u64)),
-                (Some(0), Some(_)) => Ok(None),
-                _ => Err(shape("raise fence", &v)),
-            },
+        match crate::pair("raise fence", &v)? {
+            (1, c) if c >= 0 => Ok(Some(c as u64)),
+            (0, _) => Ok(None),
             _ => Err(shape("raise fence", &v)),
         }
     }
@@ -484,11 +474,7 @@ impl RedisNode {
                 &[grant.attempt.as_str(), &token, &seq, value, &observe],
             )
             .await?;
-        match int(&v) {
-            Some(1) => Ok(RenewOutcome::Renewed),
-            Some(0) => Ok(RenewOutcome::NotHeld),
-            _ => Err(shape("quorum proclaim", &v)),
-        }
+        crate::proclaimed("quorum proclaim", &v)
     }
 
     /// Renews each grant's hold on this node so that its lease runs at least the given
@@ -517,8 +503,8 @@ impl RedisNode {
             keys.push(hk.clone());
             for (g, lease) in chunk {
                 Self::check_kind(g.key.kind)?;
-                let election = g.key.kind == LockKind::Election;
-                keys.push(self.b.key_of(&g.key.name, &[RedisBackend::base(election)]));
+                let base = family(g.key.kind)?.base();
+                keys.push(self.b.key_of(&g.key.name, &[base]));
                 args.push(g.attempt.as_str().to_owned());
                 args.push(g.token.to_string());
                 args.push(lease_ms(*lease));
@@ -560,9 +546,9 @@ impl RedisNode {
             .map_err(|_| shape("inspect holders", &fields))?;
         let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
         let hold = (!fields.is_empty()).then(|| NodeHold {
-            attempt: get(ATTEMPT_FIELD).unwrap_or_default(),
-            owner: get(OWNER_FIELD).unwrap_or_default(),
-            token: get(TOKEN_FIELD).and_then(|t| t.parse().ok()),
+            attempt: get("attempt").unwrap_or_default(),
+            owner: get("owner").unwrap_or_default(),
+            token: get("token").and_then(|t| t.parse().ok()),
             lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
             // An election's value (empty if none) and its number (0 if none or foreign).
             value: election.then(|| {

@@ -105,12 +105,6 @@ impl NodeHold {
             value: None,
         }
     }
-
-    /// The hold with an election's value and proclamation number.
-    pub fn with_value(mut self, value: &str, seq: u64) -> Self {
-        self.value = Some((value.to_owned(), seq));
-        self
-    }
 }
 
 /// What `INFO server` says about the process behind a node.
