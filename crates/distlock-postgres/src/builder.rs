@@ -180,13 +180,18 @@ pub(crate) fn parsed(url: &ConnectionString, x: &PgSettings) -> Result<Parsed> {
 pub(crate) fn endpoint_of(
     config: &tokio_postgres::Config,
 ) -> std::result::Result<String, &'static str> {
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
-        None => return Err("no host; write postgres://user:password@host:port/database"),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let (host, port, _) =
+        first_host(config).ok_or("no host; write postgres://user:password@host:port/database")?;
     Ok(format!("{host}:{port}"))
+}
+
+/// The first host (a unix socket's directory), its port, and whether it is a unix socket.
+pub(crate) fn first_host(config: &tokio_postgres::Config) -> Option<(String, u16, bool)> {
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    match config.get_hosts().first()? {
+        tokio_postgres::config::Host::Tcp(h) => Some((h.clone(), port, false)),
+        tokio_postgres::config::Host::Unix(p) => Some((p.display().to_string(), port, true)),
+    }
 }
 
 impl PgSettings {

@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::{Client, Connection, Row, Socket};
 
 pub(crate) type PgConnection = Connection<Socket, crate::tls::Stream>;
@@ -35,16 +35,15 @@ impl Common {
         tls: crate::tls::Tls,
         endpoint: String,
         namespace: String,
-        connect_timeout: Duration,
-        op_timeout: Duration,
+        opts: &distlock_core::ClientOptions,
     ) -> Result<Arc<Common>> {
         let mut common = Common {
             config,
             tls,
             endpoint,
             namespace,
-            connect_timeout,
-            op_timeout,
+            connect_timeout: opts.get_connect_timeout(),
+            op_timeout: opts.get_op_timeout(),
             server_version: 0,
             control: StdMutex::new(None),
             reconnect: tokio::sync::Mutex::new(()),
@@ -52,14 +51,15 @@ impl Common {
         };
         let client = common.open_control().await?;
         // Part of connecting: a cold server may need longer than one call's timeout.
-        let limit = common.setup_timeout();
-        let v: String =
-            tokio::time::timeout(limit, client.query_one("SHOW server_version_num", &[]))
-                .await
-                .map_err(|_| timeout(&common.endpoint, "reading the server version", limit))?
-                .map_err(|e| map(&common.endpoint, e))?
-                .try_get(0)
-                .map_err(|e| crate::error::shape("server_version_num", e))?;
+        let (limit, what) = (common.setup_timeout(), "reading the server version");
+        let row = common
+            .within(
+                limit,
+                what,
+                client.query_one("SHOW server_version_num", &[]),
+            )
+            .await?;
+        let (v,): (String,) = cols(&row, "server_version_num")?;
         common.server_version = v
             .trim()
             .parse()
@@ -79,17 +79,13 @@ impl Common {
         self.server_version >= 140_000
     }
 
-    /// Opens a new connection; the caller drives the connection future.
-    pub(crate) async fn open(&self) -> Result<(Client, PgConnection)> {
-        self.open_with(&self.config).await
-    }
-
-    /// Opens a new connection with `config` (the backend's, or a variant of it) and the
-    /// backend's TLS settings; the caller drives the connection future.
-    pub(crate) async fn open_with(
+    /// Opens a new connection with `config` (the backend's if `None`, or a variant of it) and
+    /// the backend's TLS settings; the caller drives the connection future.
+    pub(crate) async fn open(
         &self,
-        config: &tokio_postgres::Config,
+        config: Option<&tokio_postgres::Config>,
     ) -> Result<(Client, PgConnection)> {
+        let config = config.unwrap_or(&self.config);
         tokio::time::timeout(self.connect_timeout, config.connect(self.tls.connector()))
             .await
             .map_err(|_| timeout(&self.endpoint, "connecting", self.connect_timeout))?
@@ -102,13 +98,8 @@ impl Common {
         if let Some(t) = self.tls.explain(&e) {
             return Error::connection(KIND, self.endpoint.clone(), t);
         }
-        let mut chain = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            chain = format!("{chain}: {s}");
-            source = s.source();
-        }
-        if e.as_db_error().is_none() && chain.contains("password missing") {
+        let mut chain = std::iter::successors(Some(&e as &dyn std::error::Error), |s| s.source());
+        if e.as_db_error().is_none() && chain.any(|s| s.to_string().contains("password missing")) {
             return Error::auth(
                 KIND,
                 self.endpoint.clone(),
@@ -132,7 +123,7 @@ impl Common {
     /// Opens a new connection with `config` (the backend's if `None`) whose connection
     /// future runs in a task of its own until the client is dropped.
     pub(crate) async fn client(&self, config: Option<&tokio_postgres::Config>) -> Result<Client> {
-        let (client, conn) = self.open_with(config.unwrap_or(&self.config)).await?;
+        let (client, conn) = self.open(config).await?;
         let endpoint = self.endpoint.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -176,9 +167,19 @@ impl Common {
         what: &str,
         f: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
     ) -> Result<T> {
-        tokio::time::timeout(self.op_timeout, f)
+        self.within(self.op_timeout, what, f).await
+    }
+
+    /// Runs one driver call with the time limit `limit`, mapping its error.
+    pub(crate) async fn within<T>(
+        &self,
+        limit: Duration,
+        what: &str,
+        f: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+    ) -> Result<T> {
+        tokio::time::timeout(limit, f)
             .await
-            .map_err(|_| timeout(&self.endpoint, what, self.op_timeout))?
+            .map_err(|_| timeout(&self.endpoint, what, limit))?
             .map_err(|e| map(&self.endpoint, e))
     }
 
@@ -248,48 +249,44 @@ impl Common {
         let names: Vec<&str> = tables.to_vec();
         let col_tables: Vec<&str> = columns.iter().map(|(t, _)| *t).collect();
         let col_names: Vec<&str> = columns.iter().map(|(_, c)| *c).collect();
-        let limit = self.setup_timeout();
-        let present: bool = tokio::time::timeout(
-            limit,
-            client.query_one(
-                "SELECT (SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) AS t) \
-                    AND (SELECT coalesce(bool_and(EXISTS ( \
-                             SELECT 1 FROM pg_attribute a \
-                             WHERE a.attrelid = to_regclass(x.t) AND a.attname = x.c \
-                               AND NOT a.attisdropped)), true) \
-                         FROM unnest($2::text[], $3::text[]) AS x(t, c))",
-                &[&names, &col_tables, &col_names],
-            ),
-        )
-        .await
-        .map_err(|_| timeout(&self.endpoint, "checking dlock's tables", limit))?
-        .map_err(|e| map(&self.endpoint, e))?
-        .try_get::<_, Option<bool>>(0)
-        .map_err(|e| crate::error::shape("checking dlock's tables", e))?
-        .unwrap_or(false);
+        let what = "checking dlock's tables";
+        let row = self
+            .within(
+                self.setup_timeout(),
+                what,
+                client.query_one(
+                    "SELECT (SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) AS t) \
+                        AND (SELECT coalesce(bool_and(EXISTS ( \
+                                 SELECT 1 FROM pg_attribute a \
+                                 WHERE a.attrelid = to_regclass(x.t) AND a.attname = x.c \
+                                   AND NOT a.attisdropped)), true) \
+                             FROM unnest($2::text[], $3::text[]) AS x(t, c))",
+                    &[&names, &col_tables, &col_names],
+                ),
+            )
+            .await?;
+        let (present,): (Option<bool>,) = cols(&row, what)?;
+        let present = present.unwrap_or(false);
         if present {
             return Ok(());
         }
         let script =
             format!("BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY}); {ddl} COMMIT;");
         let limit = self.setup_timeout().max(Duration::from_secs(10));
-        tokio::time::timeout(limit, client.batch_execute(&script))
+        let what = "creating dlock's tables";
+        match self
+            .within(limit, what, client.batch_execute(&script))
             .await
-            .map_err(|_| timeout(&self.endpoint, "creating dlock's tables", limit))?
-            .map_err(|e| {
-                let err = map(&self.endpoint, e);
-                match err {
-                    Error::UnexpectedReply { message, .. } => Error::unexpected(
-                        KIND,
-                        format!(
-                            "creating dlock's tables failed: {message}; create them beforehand \
-                             with the SQL in docs/postgres.md"
-                        ),
-                    ),
-                    other => other,
-                }
-            })?;
-        Ok(())
+        {
+            Err(Error::UnexpectedReply { message, .. }) => Err(Error::unexpected(
+                KIND,
+                format!(
+                    "creating dlock's tables failed: {message}; create them beforehand \
+                     with the SQL in docs/postgres.md"
+                ),
+            )),
+            other => other,
+        }
     }
 }
 
@@ -310,13 +307,47 @@ pub(crate) fn side(kind: &str) -> Option<LockKind> {
 }
 
 /// The first column of the first row, or an error naming `what`.
-pub(crate) fn first<'a, T: tokio_postgres::types::FromSql<'a>>(
-    what: &str,
-    rows: &'a [Row],
-) -> Result<T> {
+pub(crate) fn first<'a, T: FromSql<'a>>(what: &str, rows: &'a [Row]) -> Result<T> {
     rows.first()
         .and_then(|r| r.try_get::<_, T>(0).ok())
         .ok_or_else(|| crate::error::shape(what, format!("{} rows", rows.len())))
+}
+
+/// The leading columns of a row as a tuple ([`cols`]).
+pub(crate) trait Cols<'a>: Sized {
+    fn from_row(r: &'a Row, what: &str) -> Result<Self>;
+}
+
+macro_rules! cols {
+    ($($t:ident $i:tt),+) => {
+        impl<'a, $($t: FromSql<'a>),+> Cols<'a> for ($($t,)+) {
+            fn from_row(r: &'a Row, what: &str) -> Result<Self> {
+                Ok(($(r.try_get::<_, $t>($i).map_err(|e| crate::error::shape(what, e))?,)+))
+            }
+        }
+    };
+}
+cols!(A 0);
+cols!(A 0, B 1);
+cols!(A 0, B 1, C 2);
+cols!(A 0, B 1, C 2, D 3);
+cols!(A 0, B 1, C 2, D 3, E 4);
+cols!(A 0, B 1, C 2, D 3, E 4, F 5);
+cols!(A 0, B 1, C 2, D 3, E 4, F 5, G 6);
+
+/// The leading columns of `r`, typed as the tuple `T`, or an error naming `what`.
+pub(crate) fn cols<'a, T: Cols<'a>>(r: &'a Row, what: &str) -> Result<T> {
+    T::from_row(r, what)
+}
+
+/// A fencing token the server returned.
+pub(crate) fn token_u64(t: i64) -> Result<u64> {
+    u64::try_from(t).map_err(|_| crate::error::shape("fencing token", t))
+}
+
+/// A fencing token as the server stores it.
+pub(crate) fn token_i64(t: u64) -> Result<i64> {
+    i64::try_from(t).map_err(|_| Error::invalid(format!("fencing token {t} out of range")))
 }
 
 impl Common {
@@ -334,8 +365,7 @@ impl Common {
     ) -> Result<RenewOutcome> {
         let (ns, name) = (self.namespace.as_str(), &*grant.key.name);
         let attempt = grant.attempt.as_str();
-        let token = i64::try_from(grant.token)
-            .map_err(|_| Error::invalid(format!("fencing token {} out of range", grant.token)))?;
+        let token = token_i64(grant.token)?;
         let seq = i64::try_from(seq)
             .map_err(|_| Error::invalid(format!("proclamation number {seq} out of range")))?;
         let chan = channel(election_key(ns, name));
@@ -399,11 +429,6 @@ pub(crate) fn key_oids(key: i64) -> (u32, u32) {
 /// The LISTEN/NOTIFY channel of a lock key (an identifier of 22 characters).
 pub fn channel(key: i64) -> String {
     format!("dlock_{:016x}", key as u64)
-}
-
-/// The name a lock kind has in dlock's tables.
-pub(crate) fn kind_name(kind: LockKind) -> &'static str {
-    kind.as_str()
 }
 
 #[cfg(test)]

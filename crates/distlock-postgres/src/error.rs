@@ -61,8 +61,3 @@ pub(crate) fn timeout(endpoint: &str, what: &str, limit: Duration) -> Error {
 pub(crate) fn shape(what: &str, detail: impl std::fmt::Display) -> Error {
     distlock_sql::errors::unexpected(KIND, what, detail)
 }
-
-/// True if the driver error carries SQLSTATE `code`.
-pub(crate) fn is_code(e: &tokio_postgres::Error, code: &SqlState) -> bool {
-    e.code() == Some(code)
-}

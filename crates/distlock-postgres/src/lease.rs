@@ -24,7 +24,9 @@
 //! conflicts with the lock of the same name; a grant stores the value in its statement and
 //! `NOTIFY`s the election's channel, as resignations and proclamations do.
 
-use crate::common::{channel, election_key, key_of, Common};
+use crate::common::{
+    channel, cols, election_key, key_of, lease_left, token_i64, token_u64, Common,
+};
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
 use distlock_core::async_trait;
@@ -168,20 +170,13 @@ impl LeaseMode {
             self.unanswered.recorded(attempt);
         }
         let row = rows.first().ok_or_else(|| shape("release", "no row"))?;
-        let released: bool = row.try_get(0).map_err(|e| shape("release", e))?;
-        if released {
-            return Ok(ReleaseOutcome::Released);
-        }
-        let other: Option<bool> = row.try_get(1).map_err(|e| shape("release", e))?;
-        Ok(if other == Some(true) {
-            ReleaseOutcome::TakenByOther
-        } else {
-            ReleaseOutcome::Expired
+        Ok(match cols(row, "release")? {
+            (true, _) => ReleaseOutcome::Released,
+            (false, Some(true)) => ReleaseOutcome::TakenByOther,
+            (false, _) => ReleaseOutcome::Expired,
         })
     }
-}
 
-impl LeaseMode {
     /// Renews `holds` (all locks, or all elections) with `sql`, one outcome per hold.
     async fn renew_batch(
         &self,
@@ -192,7 +187,7 @@ impl LeaseMode {
         let attempts: Vec<&str> = holds.iter().map(|(g, _)| g.attempt.as_str()).collect();
         let tokens = holds
             .iter()
-            .map(|(g, _)| i64::try_from(g.token).map_err(|_| shape("fencing token", g.token)))
+            .map(|(g, _)| token_i64(g.token))
             .collect::<Result<Vec<i64>>>()?;
         let leases: Vec<f64> = holds.iter().map(|(_, l)| millis_f64(*l)).collect();
         let ns = self.common.namespace.as_str();
@@ -212,10 +207,7 @@ impl LeaseMode {
             .await?;
         let mut renewed = HashSet::with_capacity(rows.len());
         for r in &rows {
-            let name: String = r.try_get(0).map_err(|e| shape("renew", e))?;
-            let attempt: String = r.try_get(1).map_err(|e| shape("renew", e))?;
-            let token: i64 = r.try_get(2).map_err(|e| shape("renew", e))?;
-            renewed.insert((name, attempt, token));
+            renewed.insert(cols::<(String, String, i64)>(r, "renew")?);
         }
         Ok(holds
             .iter()
@@ -286,15 +278,13 @@ impl Backend for LeaseMode {
             .track(&req.attempt, self.common.query(what, sql, &params))
             .await?;
         let row = rows.first().ok_or_else(|| shape("acquire", "no row"))?;
-        let token: Option<i64> = row.try_get(0).map_err(|e| shape("acquire", e))?;
-        if let Some(t) = token {
-            return Ok(AcquireReply::Granted {
-                token: u64::try_from(t).map_err(|_| shape("fencing token", t))?,
-            });
-        }
-        let left: Option<f64> = row.try_get(1).map_err(|e| shape("acquire", e))?;
-        Ok(AcquireReply::Held {
-            ttl: crate::common::lease_left(left),
+        Ok(match cols(row, "acquire")? {
+            (Some(t), _) => AcquireReply::Granted {
+                token: token_u64(t)?,
+            },
+            (None, left) => AcquireReply::Held {
+                ttl: lease_left(left),
+            },
         })
     }
 
@@ -302,7 +292,7 @@ impl Backend for LeaseMode {
     /// another grant's) and reports it, never freeing anything else.
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         check_kind(grant.key.kind)?;
-        let token = i64::try_from(grant.token).map_err(|_| shape("fencing token", grant.token))?;
+        let token = token_i64(grant.token)?;
         self.free(&grant.key.name, grant.key.kind, &grant.attempt, Some(token))
             .await
     }
@@ -356,15 +346,13 @@ impl Backend for LeaseMode {
             .await?;
         let mut info = LockInfo::new(name);
         if let Some(r) = rows.first() {
-            let owner: Option<String> = r.try_get(0).map_err(|e| shape("inspect", e))?;
-            let granted: bool = r.try_get(1).map_err(|e| shape("inspect", e))?;
-            let token: i64 = r.try_get(2).map_err(|e| shape("inspect", e))?;
-            let left: f64 = r.try_get(3).map_err(|e| shape("inspect", e))?;
-            info.fencing_token = u64::try_from(token).map_err(|_| shape("fencing token", token))?;
+            let (owner, granted, token, left): (Option<String>, bool, i64, f64) =
+                cols(r, "inspect")?;
+            info.fencing_token = token_u64(token)?;
             if let Some(owner) = owner.filter(|_| granted && left.is_finite() && left > 0.0) {
                 // One grant; re-entrant guards are counted in the holder's client.
-                let value: Option<String> = match election {
-                    true => Some(r.try_get(4).map_err(|e| shape("inspect", e))?),
+                let value = match election {
+                    true => Some(r.try_get::<_, String>(4).map_err(|e| shape("inspect", e))?),
                     false => None,
                 };
                 info.holders.push(

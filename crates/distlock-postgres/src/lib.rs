@@ -123,14 +123,7 @@ impl PostgresBackend {
 
     /// Opens the backend with every setting resolved.
     async fn open(p: builder::Parsed, endpoint: String, opts: &ClientOptions) -> Result<Self> {
-        let builder::Parsed {
-            mut config,
-            tls,
-            mode,
-            namespace,
-            listen,
-            ..
-        } = p;
+        let (mut config, tls, mode, listen) = (p.config, p.tls, p.mode, p.listen);
         let host = match config.get_hosts() {
             [tokio_postgres::config::Host::Tcp(h)] => Some(h.clone()),
             _ => None,
@@ -149,30 +142,20 @@ impl PostgresBackend {
         if config.get_application_name().is_none() {
             config.application_name("dlock");
         }
-        let namespace = namespace.unwrap_or_else(|| opts.get_namespace().to_owned());
-        let common = Common::connect(
-            config,
-            connector,
-            endpoint,
-            namespace,
-            opts.get_connect_timeout(),
-            opts.get_op_timeout(),
-        )
-        .await?;
+        let namespace = p
+            .namespace
+            .unwrap_or_else(|| opts.get_namespace().to_owned());
+        let common = Common::connect(config, connector, endpoint, namespace, opts).await?;
+        let (tables, columns, ddl) = match mode {
+            Mode::Session => (session::TABLES, session::COLUMNS, session::DDL),
+            Mode::Lease => (lease::TABLES, lease::COLUMNS, lease::DDL),
+        };
+        common.ensure_schema(tables, columns, ddl).await?;
         let listener = listen::Listener::new(common.clone(), listen);
+        let (c, l) = (common.clone(), listener.clone());
         let inner = match mode {
-            Mode::Session => {
-                common
-                    .ensure_schema(session::TABLES, session::COLUMNS, session::DDL)
-                    .await?;
-                Inner::Session(session::new_mode(common.clone(), listener.clone()))
-            }
-            Mode::Lease => {
-                common
-                    .ensure_schema(lease::TABLES, lease::COLUMNS, lease::DDL)
-                    .await?;
-                Inner::Lease(lease::LeaseMode::new(common.clone(), listener.clone()))
-            }
+            Mode::Session => Inner::Session(session::new_mode(c, l)),
+            Mode::Lease => Inner::Lease(lease::LeaseMode::new(c, l)),
         };
         Ok(PostgresBackend {
             common,

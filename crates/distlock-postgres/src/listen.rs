@@ -58,7 +58,7 @@ impl Listener {
     }
 
     async fn connect(&self) -> Result<Conn> {
-        let (client, mut connection) = self.common.open().await?;
+        let (client, mut connection) = self.common.open(None).await?;
         let generation = self.current.fetch_add(1, Ordering::SeqCst) + 1;
         let (subs, current) = (self.subs.clone(), self.current.clone());
         tokio::spawn(async move {

@@ -4,11 +4,10 @@
 //! the builder's [`passfile`](crate::PostgresBuilderExt::passfile), the URL's `passfile=`, the
 //! environment variable [`PASSFILE_ENV`], or `~/.pgpass`.
 
-use crate::builder::{parsed, PgSettings};
+use crate::builder::{first_host, parsed, PgSettings};
 use distlock_core::conn::{EcosystemQuery, Password};
 use distlock_core::{Error, Result};
 use std::path::{Path, PathBuf};
-use tokio_postgres::config::Host;
 
 /// The environment variable holding the password when neither the code nor the URL gives one
 /// (libpq's).
@@ -60,18 +59,8 @@ pub(crate) fn libpq(q: &EcosystemQuery<'_>) -> Result<Option<Password>> {
             return Ok(None);
         }
     };
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(h)) => h.clone(),
-        Some(Host::Unix(p)) => p.display().to_string(),
-        None => "localhost".into(),
-    };
-    let unix = matches!(config.get_hosts().first(), Some(Host::Unix(_)));
-    let port = config
-        .get_ports()
-        .first()
-        .copied()
-        .unwrap_or(5432)
-        .to_string();
+    let (host, port, unix) = first_host(config).unwrap_or(("localhost".into(), 5432, false));
+    let port = port.to_string();
     let user = q.user.or(config.get_user()).unwrap_or_default();
     let db = config.get_dbname().unwrap_or(user);
     let want = [host.as_str(), port.as_str(), db, user];

@@ -180,30 +180,27 @@ impl TlsOptions {
     }
 }
 
-/// The TLS connector every connection of a backend uses, with what its errors need to say.
-#[derive(Clone)]
+/// The TLS connector every connection of a backend uses, with what its errors need to say
+/// about the settings: the options, and the one host connected to, when there is one.
 pub(crate) struct Tls {
-    context: std::sync::Arc<Context>,
+    opts: TlsOptions,
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    host: Option<String>,
     #[cfg(feature = "tls")]
     config: tokio_postgres_rustls::MakeRustlsConnect,
 }
 
-/// What messages say about the settings: the options, and the one host connected to, when
-/// there is one.
-#[derive(Debug)]
-#[cfg_attr(not(feature = "tls"), allow(dead_code))]
-struct Context {
-    opts: TlsOptions,
-    host: Option<String>,
-}
-
 impl fmt::Debug for Tls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Tls").field(&self.context).finish()
+        let (opts, host) = (&self.opts, &self.host);
+        f.debug_struct("Tls")
+            .field("opts", opts)
+            .field("host", host)
+            .finish()
     }
 }
 
-impl Context {
+impl Tls {
     fn not_supported(&self) -> TlsError {
         TlsError::new(
             TlsErrorKind::NotSupportedByServer,
@@ -223,18 +220,16 @@ impl Context {
             .map(|h| format!("`{h}`"))
             .unwrap_or_else(|| "connected to".into())
     }
-}
 
-impl Tls {
     /// The mode.
     pub(crate) fn mode(&self) -> SslMode {
-        self.context.opts.mode
+        self.opts.mode
     }
 
     /// What of the server's certificate is checked, in words.
     pub(crate) fn checks(&self) -> &'static str {
-        let mode = self.context.opts.mode;
-        let chain = mode != SslMode::Disable && self.context.opts.root.is_some();
+        let mode = self.opts.mode;
+        let chain = mode != SslMode::Disable && self.opts.root.is_some();
         SslMode::checked(chain, mode == SslMode::VerifyFull)
     }
 
@@ -243,18 +238,18 @@ impl Tls {
         let mut source = std::error::Error::source(e);
         while let Some(s) = source {
             if s.to_string() == "server does not support TLS" {
-                return Some(self.context.not_supported());
+                return Some(self.not_supported());
             }
             #[cfg(feature = "tls")]
             {
                 // The handshake's error, and an alert after it (TLS 1.3 servers check the
                 // client's certificate then), come as I/O errors wrapping the rustls error.
                 if let Some(r) = distlock_core::conn::rustls_error(s) {
-                    return Some(imp::classify(&self.context, &r));
+                    return Some(imp::classify(self, &r));
                 }
                 if let Some(t) = s
                     .downcast_ref::<std::io::Error>()
-                    .and_then(|io| imp::bad_name(&self.context, io))
+                    .and_then(|io| imp::bad_name(self, io))
                 {
                     return Some(t);
                 }
@@ -274,9 +269,7 @@ mod imp {
     impl Tls {
         pub(super) fn new(opts: &TlsOptions, host: Option<String>) -> Result<Self> {
             let opts = opts.clone();
-            Ok(Tls {
-                context: std::sync::Arc::new(Context { opts, host }),
-            })
+            Ok(Tls { opts, host })
         }
 
         /// The connector handed to tokio-postgres.
@@ -290,7 +283,6 @@ mod imp {
 mod imp {
     use super::*;
     use distlock_core::conn::{ClientCert, ServerCheck};
-    use std::sync::Arc;
     use tokio_postgres::tls::MakeTlsConnect;
     use tokio_postgres::Socket;
     use tokio_postgres_rustls::MakeRustlsConnect;
@@ -343,10 +335,8 @@ mod imp {
             // ignore it.
             config.alpn_protocols = vec![b"postgresql".to_vec()];
             Ok(Tls {
-                context: Arc::new(Context {
-                    opts: opts.clone(),
-                    host,
-                }),
+                opts: opts.clone(),
+                host,
                 config: MakeRustlsConnect::new(config),
             })
         }
@@ -358,7 +348,7 @@ mod imp {
     }
 
     /// The rustls error of a handshake, in the words of the settings.
-    pub(super) fn classify(ctx: &Context, e: &rustls::Error) -> TlsError {
+    pub(super) fn classify(ctx: &Tls, e: &rustls::Error) -> TlsError {
         use TlsErrorKind as K;
         let root = ctx
             .opts
@@ -400,7 +390,7 @@ mod imp {
     }
 
     /// A host name tokio-postgres-rustls could not make a TLS server name of.
-    pub(super) fn bad_name(ctx: &Context, io: &std::io::Error) -> Option<TlsError> {
+    pub(super) fn bad_name(ctx: &Tls, io: &std::io::Error) -> Option<TlsError> {
         io.get_ref()?
             .downcast_ref::<rustls::pki_types::InvalidDnsNameError>()?;
         Some(TlsError::new(

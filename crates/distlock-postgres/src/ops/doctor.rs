@@ -1,12 +1,14 @@
 //! `dlock doctor` on PostgreSQL: version, a pooler in front (PgBouncer), whether the session's
 //! timeouts take effect, synchronous replication, TLS, and the server clock against the local one.
 
-use crate::error::{is_code, shape, KIND};
+use crate::common::cols;
+use crate::error::KIND;
 use crate::{Mode, PostgresBackend};
 use distlock_core::operator::{clock_finding, measure_clock, TlsSession};
 use distlock_core::{Finding, Result, Severity};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Row};
 
 /// The version finding. Both modes need `ON CONFLICT` (9.5). Session mode enforces each
 /// holder's lease as its session's `idle_session_timeout` (14): before 14 a holder that
@@ -63,20 +65,25 @@ fn replication_finding(recovery: bool, standbys: i64, sync: i64, commit: &str) -
     }
 }
 
+/// The one row `sql` returns on `client` (the control connection if `None`), with the
+/// per-call timeout.
+async fn row(b: &PostgresBackend, client: Option<&Client>, what: &str, sql: &str) -> Result<Row> {
+    let control;
+    let client = match client {
+        Some(c) => c,
+        None => {
+            control = b.common.control().await?;
+            &control
+        }
+    };
+    b.common.run(what, client.query_one(sql, &[])).await
+}
+
 /// The server's clock (`clock_timestamp()`), for `Operator::server_time`.
 pub(crate) async fn server_time(b: &PostgresBackend) -> Result<SystemTime> {
-    let client = b.common.control().await?;
-    let row = b
-        .common
-        .run(
-            "reading the server clock",
-            client.query_one(
-                "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::int8",
-                &[],
-            ),
-        )
-        .await?;
-    let us: i64 = row.try_get(0).map_err(|e| shape("server_time", e))?;
+    let sql = "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::int8";
+    let row = row(b, None, "reading the server clock", sql).await?;
+    let (us,): (i64,) = cols(&row, "server_time")?;
     let us = u64::try_from(us).map_err(|_| {
         distlock_core::Error::unexpected(
             KIND,
@@ -88,32 +95,24 @@ pub(crate) async fn server_time(b: &PostgresBackend) -> Result<SystemTime> {
 
 pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
     let mode = b.mode();
-    let client = b.common.control().await?;
-    let row = b
-        .common
-        .run(
-            "diagnosing",
-            client.query_one(
-                "SELECT current_setting('server_version'), \
-                        current_setting('server_version_num')::int4, \
-                        pg_is_in_recovery(), \
-                        (SELECT count(*) FROM pg_stat_replication), \
-                        (SELECT count(*) FROM pg_stat_replication \
-                         WHERE sync_state IN ('sync', 'quorum')), \
-                        current_setting('synchronous_commit'), \
-                        current_setting('synchronous_standby_names')",
-                &[],
-            ),
-        )
-        .await?;
-    let get = |e| shape("diagnose", e);
-    let version: String = row.try_get(0).map_err(get)?;
-    let num: i32 = row.try_get(1).map_err(get)?;
-    let recovery: bool = row.try_get(2).map_err(get)?;
-    let standbys: i64 = row.try_get(3).map_err(get)?;
-    let mut sync: i64 = row.try_get(4).map_err(get)?;
-    let commit: String = row.try_get(5).map_err(get)?;
-    let names: String = row.try_get(6).map_err(get)?;
+    let sql = "SELECT current_setting('server_version'), \
+                      current_setting('server_version_num')::int4, \
+                      pg_is_in_recovery(), \
+                      (SELECT count(*) FROM pg_stat_replication), \
+                      (SELECT count(*) FROM pg_stat_replication \
+                       WHERE sync_state IN ('sync', 'quorum')), \
+                      current_setting('synchronous_commit'), \
+                      current_setting('synchronous_standby_names')";
+    let row = row(b, None, "diagnosing", sql).await?;
+    let (version, num, recovery, standbys, mut sync, commit, names): (
+        String,
+        i32,
+        bool,
+        i64,
+        i64,
+        String,
+        String,
+    ) = cols(&row, "diagnose")?;
     // sync_state is hidden from roles without pg_monitor: then only the setting tells.
     if sync == 0 && standbys > 0 && !names.trim().is_empty() {
         sync = 1;
@@ -175,12 +174,10 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
 struct Probe {
     /// The `options` startup parameter took effect (`-c dlock.doctor=on`).
     options_applied: bool,
-    /// The backend pid stayed the same over statements of one connection.
-    pid_stable: bool,
-    /// A session setting survived to the next statement.
-    setting_kept: bool,
-    /// Two client connections were served by one backend.
-    shared_backend: bool,
+    /// A transaction pooler is in front: the backend pid changed over statements of one
+    /// connection, a session setting did not survive to the next statement, or two client
+    /// connections were served by one backend.
+    pooled: bool,
 }
 
 /// Opens a connection like the backend's, plus `-c dlock.doctor=on` in `options`.
@@ -197,44 +194,22 @@ async fn probe_conn(b: &PostgresBackend) -> Result<tokio_postgres::Client> {
 async fn probe(b: &PostgresBackend) -> Result<Probe> {
     let one = probe_conn(b).await?;
     let two = b.common.client(None).await?;
-    let first = b
-        .common
-        .run(
-            "probing the session",
-            one.query_one(
-                "SELECT pg_backend_pid(), current_setting('dlock.doctor', true), \
-                        set_config('dlock.doctor_kept', 'yes', false)",
-                &[],
-            ),
-        )
-        .await?;
-    let other = b
-        .common
-        .run(
-            "probing the session",
-            two.query_one("SELECT pg_backend_pid()", &[]),
-        )
-        .await?;
-    let second = b
-        .common
-        .run(
-            "probing the session",
-            one.query_one(
-                "SELECT pg_backend_pid(), current_setting('dlock.doctor_kept', true)",
-                &[],
-            ),
-        )
-        .await?;
-    let pid1: i32 = first.try_get(0).map_err(|e| shape("probe", e))?;
-    let opt: Option<String> = first.try_get(1).map_err(|e| shape("probe", e))?;
-    let pid_other: i32 = other.try_get(0).map_err(|e| shape("probe", e))?;
-    let pid2: i32 = second.try_get(0).map_err(|e| shape("probe", e))?;
-    let kept: Option<String> = second.try_get(1).map_err(|e| shape("probe", e))?;
+    let what = "probing the session";
+    let first = "SELECT pg_backend_pid(), current_setting('dlock.doctor', true), \
+                        set_config('dlock.doctor_kept', 'yes', false)";
+    let (pid1, opt): (i32, Option<String>) =
+        cols(&row(b, Some(&one), what, first).await?, "probe")?;
+    let other = row(b, Some(&two), what, "SELECT pg_backend_pid()").await?;
+    let (pid_other,): (i32,) = cols(&other, "probe")?;
+    let second = "SELECT pg_backend_pid(), current_setting('dlock.doctor_kept', true)";
+    let (pid2, kept): (i32, Option<String>) =
+        cols(&row(b, Some(&one), what, second).await?, "probe")?;
     Ok(Probe {
         options_applied: opt.as_deref() == Some("on"),
-        pid_stable: pid1 == pid2,
-        setting_kept: kept.as_deref() == Some("yes"),
-        shared_backend: pid_other == pid1 || pid_other == pid2,
+        pooled: pid1 != pid2
+            || kept.as_deref() != Some("yes")
+            || pid_other == pid1
+            || pid_other == pid2,
     })
 }
 
@@ -243,6 +218,7 @@ async fn probe(b: &PostgresBackend) -> Result<Probe> {
 /// advisory locks and lease live in the server session); `options` ignored is PgBouncer's
 /// `ignore_startup_parameters`.
 async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
+    let f = |sev, text: &str| Finding::new(sev, "pooler", text);
     let p = match probe(b).await {
         Ok(p) => p,
         Err(e) => {
@@ -252,10 +228,9 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
             } else {
                 Severity::Warning
             };
-            return Finding::new(
+            return f(
                 sev,
-                "pooler",
-                if text.contains("unsupported startup parameter") {
+                &if text.contains("unsupported startup parameter") {
                     format!("a pooler (PgBouncer) in front refuses the `options` startup parameter ({text}): session mode needs a direct connection to the server; lease mode works behind PgBouncer (add options to ignore_startup_parameters)")
                 } else {
                     format!("could not probe the session behind the URL: {text}")
@@ -263,31 +238,25 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
             );
         }
     };
-    let pooled = !p.pid_stable || !p.setting_kept || p.shared_backend;
-    match (pooled, mode) {
-        (true, Mode::Session) => Finding::new(
+    match (p.pooled, mode) {
+        (true, Mode::Session) => f(
             Severity::Unsafe,
-            "pooler",
             "a transaction-pooling proxy (PgBouncer pool_mode=transaction/statement) is in front: one client connection was served by several server backends, or two by one, or a session setting was lost; session mode's advisory locks and leases live in the server session, so another client can be handed a session that holds a lock, and a dead holder's lock is never freed; connect to the server directly (or a session-pooling PgBouncer) or use ?mode=lease",
         ),
-        (true, Mode::Lease) if b.listen => Finding::new(
+        (true, Mode::Lease) if b.listen => f(
             Severity::Warning,
-            "pooler",
             "a transaction-pooling proxy is in front: lease mode works there, but LISTEN/NOTIFY does not, so waiters wake only at their heartbeat; add listen=off to the URL to say so (or connect directly for prompt wake-ups)",
         ),
-        (true, Mode::Lease) => Finding::new(
+        (true, Mode::Lease) => f(
             Severity::Ok,
-            "pooler",
             "a transaction-pooling proxy is in front: fine for lease mode with listen=off",
         ),
-        (false, _) if !p.options_applied => Finding::new(
+        (false, _) if !p.options_applied => f(
             Severity::Warning,
-            "pooler",
             "the `options` startup parameter (-c settings in the URL) is ignored: a pooler (PgBouncer with options in ignore_startup_parameters) is in front, so settings passed that way do not apply; dlock sets its own session settings with set_config, which worked",
         ),
-        (false, _) => Finding::new(
+        (false, _) => f(
             Severity::Ok,
-            "pooler",
             "one client connection is one server session (no transaction pooling in front), and startup options apply",
         ),
     }
@@ -297,66 +266,52 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
 /// really ends an idle session (a pooler keeping the client connection, or a server that
 /// ignores it, would let a hung holder keep its lock).
 async fn timeout_finding(b: &PostgresBackend, mode: Mode, num: i32) -> Finding {
+    let f = |sev, text: &str| Finding::new(sev, "session-timeout", text);
     if mode == Mode::Lease {
-        return Finding::new(
+        return f(
             Severity::Ok,
-            "session-timeout",
             "lease mode: leases are the rows' expires_at (server time), no session setting ends them",
         );
     }
     if num < 140_000 {
-        return Finding::new(
+        return f(
             Severity::Warning,
-            "session-timeout",
             "no idle_session_timeout before PostgreSQL 14: a holder that hangs with its connection open keeps its lock until the connection closes (see version)",
         );
     }
-    let (client, conn) = match b.common.open().await {
+    let (client, conn) = match b.common.open(None).await {
         Ok(c) => c,
         Err(e) => {
-            return Finding::new(
+            return f(
                 Severity::Warning,
-                "session-timeout",
-                format!("could not open a session to check idle_session_timeout: {e}"),
+                &format!("could not open a session to check idle_session_timeout: {e}"),
             )
         }
     };
     let ended = tokio::spawn(async move { conn.await.err() });
-    let set = b
-        .common
-        .run(
-            "setting idle_session_timeout",
-            client.query_one(
-                "SELECT set_config('idle_session_timeout', '300', false), \
-                        current_setting('idle_session_timeout')",
-                &[],
-            ),
-        )
-        .await;
+    let sql = "SELECT set_config('idle_session_timeout', '300', false), \
+                      current_setting('idle_session_timeout')";
+    let set = row(b, Some(&client), "setting idle_session_timeout", sql).await;
     if let Err(e) = set {
-        return Finding::new(
+        return f(
             Severity::Unsafe,
-            "session-timeout",
-            format!("SET idle_session_timeout failed ({e}): session mode carries each holder's lease in it; connect to the server directly or use ?mode=lease"),
+            &format!("SET idle_session_timeout failed ({e}): session mode carries each holder's lease in it; connect to the server directly or use ?mode=lease"),
         );
     }
     // The server should end the session 300 ms after that statement; allow a loaded machine.
     match tokio::time::timeout(Duration::from_secs(5), ended).await {
-        Ok(Ok(Some(e))) if is_code(&e, &SqlState::IDLE_SESSION_TIMEOUT) || e.as_db_error().is_none() => {
-            Finding::new(
+        Ok(Ok(Some(e))) if e.code() == Some(&SqlState::IDLE_SESSION_TIMEOUT) || e.as_db_error().is_none() => {
+            f(
                 Severity::Ok,
-                "session-timeout",
                 "idle_session_timeout set by dlock ends an idle session: a holder that stops renewing loses its session (and lock) when its lease ends",
             )
         }
-        Ok(Ok(other)) => Finding::new(
+        Ok(Ok(other)) => f(
             Severity::Warning,
-            "session-timeout",
-            format!("the probe session ended otherwise than by idle_session_timeout: {other:?}"),
+            &format!("the probe session ended otherwise than by idle_session_timeout: {other:?}"),
         ),
-        Ok(Err(_)) | Err(_) => Finding::new(
+        Ok(Err(_)) | Err(_) => f(
             Severity::Unsafe,
-            "session-timeout",
             "idle_session_timeout = 300 ms did not end an idle session within 5 s: session mode enforces each holder's lease that way, so a hung holder would keep its lock; connect to the server directly (not through a pooler that keeps the client connection) or use ?mode=lease",
         ),
     }

@@ -19,14 +19,16 @@
 //! - `diagnose`: version, a pooler in front (PgBouncer), whether the session's timeouts take
 //!   effect, synchronous replication, and the server clock against the local one.
 
-use crate::common::{channel, election_key, first, key_oids, lease_left, lock_key, side};
-use crate::error::{is_code, map, shape, KIND};
-use crate::{Inner, Mode, PostgresBackend};
+use crate::common::{channel, cols, election_key, first, key_of, key_oids, lease_left};
+use crate::common::{lock_key, side, token_u64, Common};
+use crate::error::{map, KIND};
+use crate::{Mode, PostgresBackend};
 use distlock_core::operator::{evict, Eviction};
 use distlock_core::{
     Backend, Error, ForceReleased, HolderInfo, ListedLock, LockKind, Operator, Result,
 };
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::types::Type;
@@ -35,8 +37,16 @@ mod doctor;
 
 const CURRENT_DB: &str = "(SELECT oid FROM pg_database WHERE datname = current_database())";
 
-fn u64_token(t: i64) -> Result<u64> {
-    u64::try_from(t).map_err(|_| shape("fencing token", t))
+/// A new fencing token for a row whose last one is `token` (`1` with no row): above the
+/// sequence's next value, above the last token, and at least the server clock in µs.
+macro_rules! next_token {
+    ($last:literal) => {
+        concat!(
+            "GREATEST(nextval('dlock_fence_seq'), ",
+            $last,
+            ", (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)"
+        )
+    };
 }
 
 #[distlock_core::async_trait]
@@ -46,7 +56,32 @@ impl Operator for PostgresBackend {
     }
 
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        force_release(self, name, kind).await
+        match (self.mode(), kind) {
+            (Mode::Lease, LockKind::Election) => force_lease_election(self, name).await,
+            (Mode::Lease, LockKind::Mutex) => force_lease(self, name).await,
+            (Mode::Lease, other) => Err(Error::unsupported(
+                KIND,
+                format!(
+                    "forced release of lock kind {} in lease mode (mutexes only)",
+                    other.as_str()
+                ),
+            )),
+            (
+                Mode::Session,
+                LockKind::Election
+                | LockKind::Mutex
+                | LockKind::Fair
+                | LockKind::Read
+                | LockKind::Write,
+            ) => {
+                let op = self.common.op_timeout;
+                evict(&Sessions::new(self, name, kind), KIND, name, op).await
+            }
+            (Mode::Session, other) => Err(Error::unsupported(
+                KIND,
+                format!("lock kind {}", other.as_str()),
+            )),
+        }
     }
 
     async fn diagnose(&self) -> Result<Vec<distlock_core::Finding>> {
@@ -74,29 +109,31 @@ async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let ns = b.common.namespace.as_str();
     let params: [(&(dyn ToSql + Sync), Type); 2] = [(&ns, Type::TEXT), (&prefix, Type::TEXT)];
     // LIKE would need escaping of the prefix; a prefix comparison on the text is exact.
-    let sql = match b.mode() {
-        Mode::Lease => {
+    let (sql, elections) = match b.mode() {
+        Mode::Lease => (
             "SELECT name, NULL::text AS kind, true AS live FROM dlock_leases \
              WHERE ns = $1 AND left(name, length($2)) = $2"
-        }
-        Mode::Session => {
-            "SELECT name, NULL::text, true FROM dlock_fence \
-             WHERE ns = $1 AND left(name, length($2)) = $2 \
-             UNION ALL \
-             SELECT h.name, h.kind, EXISTS (SELECT 1 FROM pg_locks l \
-                 WHERE l.locktype = 'advisory' AND l.granted AND l.pid = h.pid \
-                   AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database \
-                                                        WHERE datname = current_database())) \
-             FROM dlock_holders h WHERE h.ns = $1 AND left(h.name, length($2)) = $2"
-        }
+                .to_owned(),
+            "dlock_lease_elections",
+        ),
+        Mode::Session => (
+            format!(
+                "SELECT name, NULL::text, true FROM dlock_fence \
+                 WHERE ns = $1 AND left(name, length($2)) = $2 \
+                 UNION ALL \
+                 SELECT h.name, h.kind, EXISTS (SELECT 1 FROM pg_locks l \
+                     WHERE l.locktype = 'advisory' AND l.granted AND l.pid = h.pid \
+                       AND l.objsubid = 1 AND l.database = {CURRENT_DB}) \
+                 FROM dlock_holders h WHERE h.ns = $1 AND left(h.name, length($2)) = $2"
+            ),
+            "dlock_elections",
+        ),
     };
-    let rows = b.common.query("listing locks", sql, &params).await?;
+    let rows = b.common.query("listing locks", &sql, &params).await?;
     // name -> (kinds of live rows, kinds of any row)
     let mut names: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
     for r in &rows {
-        let name: String = r.try_get(0).map_err(|e| shape("list", e))?;
-        let kind: Option<String> = r.try_get(1).map_err(|e| shape("list", e))?;
-        let live: bool = r.try_get(2).map_err(|e| shape("list", e))?;
+        let (name, kind, live): (String, Option<String>, bool) = cols(r, "list")?;
         let e = names.entry(name).or_default();
         if let Some(k) = kind {
             if live {
@@ -114,104 +151,85 @@ async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
         };
         let mut info = b.inspect(&name, kind).await?;
         if b.mode() == Mode::Session {
-            info.holders.extend(unnamed_holders(b, &name).await?);
+            // Backends holding the key without a holder row for it.
+            let key = key_oids(lock_key(ns, &name));
+            let held = held(&b.common, &name, key, "listing lock holders").await?;
+            let unnamed = held.iter().filter(|h| h.owner.is_none());
+            info.holders
+                .extend(unnamed.map(|h| HolderInfo::new(h.owner(), 1)));
         }
         out.push(ListedLock::new(kind, info));
     }
-    let table = match b.mode() {
-        Mode::Session => "dlock_elections",
-        Mode::Lease => "dlock_lease_elections",
-    };
     let sql = format!(
-        "SELECT name FROM {table} WHERE ns = $1 AND left(name, length($2)) = $2 ORDER BY name"
+        "SELECT name FROM {elections} WHERE ns = $1 AND left(name, length($2)) = $2 ORDER BY name"
     );
     let rows = b.common.query("listing elections", &sql, &params).await?;
     for r in &rows {
-        let name: String = r.try_get(0).map_err(|e| shape("list", e))?;
+        let (name,): (String,) = cols(r, "list")?;
         let info = b.inspect(&name, LockKind::Election).await?;
         out.push(ListedLock::new(LockKind::Election, info));
     }
     Ok(out)
 }
 
-/// Session mode: backends holding `name`'s advisory key that have no holder row for it.
-async fn unnamed_holders(b: &PostgresBackend, name: &str) -> Result<Vec<HolderInfo>> {
-    let (classid, objid) = key_oids(lock_key(&b.common.namespace, name));
-    let ns = b.common.namespace.as_str();
+/// A backend holding an advisory key (one row per mode it holds the key in), with its holder
+/// row for the name if it has one.
+struct Held {
+    pid: i32,
+    app: Option<String>,
+    owner: Option<String>,
+    kind: Option<String>,
+    attempt: Option<String>,
+    left: Option<f64>,
+}
+
+impl Held {
+    /// The holder's owner, or the backend described when it has no holder row.
+    fn owner(&self) -> String {
+        self.owner.clone().unwrap_or_else(|| {
+            let app = self.app.as_deref().unwrap_or_default();
+            format!(
+                "pid {} (application_name {app:?}, no dlock_holders row)",
+                self.pid
+            )
+        })
+    }
+}
+
+/// The backends holding the advisory key `(classid, objid)` of `name` in this database, each
+/// joined with its `dlock_holders` rows for `name`.
+async fn held(common: &Arc<Common>, name: &str, key: (u32, u32), what: &str) -> Result<Vec<Held>> {
     let sql = format!(
-        "SELECT l.pid, l.mode, a.application_name FROM pg_locks l \
+        "SELECT l.pid, a.application_name, h.owner, h.kind, h.attempt, \
+                (EXTRACT(EPOCH FROM (h.expires_at - now())) * 1000)::float8 \
+         FROM pg_locks l \
          LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+         LEFT JOIN dlock_holders h ON h.ns = $3 AND h.name = $4 AND h.pid = l.pid \
          WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
            AND l.objsubid = 1 AND l.database = {CURRENT_DB} \
-           AND NOT EXISTS (SELECT 1 FROM dlock_holders h \
-                           WHERE h.ns = $3 AND h.name = $4 AND h.pid = l.pid) \
-         ORDER BY l.pid"
+         ORDER BY l.pid, h.acquired_at"
     );
+    let (classid, objid, ns) = (key.0, key.1, common.namespace.as_str());
     let params: [(&(dyn ToSql + Sync), Type); 4] = [
         (&classid, Type::OID),
         (&objid, Type::OID),
         (&ns, Type::TEXT),
         (&name, Type::TEXT),
     ];
-    let rows = b
-        .common
-        .query("listing lock holders", &sql, &params)
-        .await?;
+    let rows = common.query(what, &sql, &params).await?;
     rows.iter()
         .map(|r| {
-            let pid: i32 = r.try_get(0).map_err(|e| shape("list", e))?;
-            let app: Option<String> = r.try_get(2).map_err(|e| shape("list", e))?;
-            Ok(HolderInfo::new(
-                format!(
-                    "pid {pid} (application_name {:?}, no dlock_holders row)",
-                    app.unwrap_or_default()
-                ),
-                1,
-            ))
+            let (pid, app, owner, kind, attempt, left) = cols(r, what)?;
+            Ok(Held {
+                pid,
+                app,
+                owner,
+                kind,
+                attempt,
+                left,
+            })
         })
         .collect()
-}
-
-async fn force_release(b: &PostgresBackend, name: &str, kind: LockKind) -> Result<ForceReleased> {
-    match &b.inner {
-        Inner::Lease(_) if kind == LockKind::Election => force_lease_election(b, name).await,
-        Inner::Session(_) if kind == LockKind::Election => {
-            evict(
-                &Sessions::new(b, name, true),
-                KIND,
-                name,
-                b.common.op_timeout,
-            )
-            .await
-        }
-        Inner::Lease(_) => {
-            if kind != LockKind::Mutex {
-                return Err(Error::unsupported(
-                    KIND,
-                    format!(
-                        "forced release of lock kind {} in lease mode (mutexes only)",
-                        kind.as_str()
-                    ),
-                ));
-            }
-            force_lease(b, name).await
-        }
-        Inner::Session(_) => match kind {
-            LockKind::Mutex | LockKind::Fair | LockKind::Read | LockKind::Write => {
-                evict(
-                    &Sessions::new(b, name, false),
-                    KIND,
-                    name,
-                    b.common.op_timeout,
-                )
-                .await
-            }
-            other => Err(Error::unsupported(
-                KIND,
-                format!("lock kind {}", other.as_str()),
-            )),
-        },
-    }
 }
 
 /// Lease mode, one transaction on a connection of its own: make sure the row exists, lock
@@ -242,10 +260,12 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
             .await?;
         let up = tx
             .query_typed(
-                "UPDATE dlock_leases SET owner = NULL, attempt = NULL, acquired_at = NULL, \
-                     expires_at = 'epoch', token = GREATEST(nextval('dlock_fence_seq'), \
-                         token + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
-                 WHERE ns = $1 AND name = $2 RETURNING token, pg_notify($3, '') IS NULL",
+                concat!(
+                    "UPDATE dlock_leases SET owner = NULL, attempt = NULL, acquired_at = NULL, \
+                     expires_at = 'epoch', token = ",
+                    next_token!("token + 1"),
+                    " WHERE ns = $1 AND name = $2 RETURNING token, pg_notify($3, '') IS NULL"
+                ),
                 &[(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)],
             )
             .await?;
@@ -255,9 +275,7 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
     let (old, up) = b.common.run(what, run).await?;
     let mut removed = Vec::new();
     if let Some(r) = old.first() {
-        let owner: Option<String> = r.try_get(0).map_err(|e| shape(what, e))?;
-        let held: bool = r.try_get(1).map_err(|e| shape(what, e))?;
-        let left: f64 = r.try_get(2).map_err(|e| shape(what, e))?;
+        let (owner, held, left): (Option<String>, bool, f64) = cols(r, what)?;
         if let Some(owner) = owner.filter(|_| held) {
             removed.push(HolderInfo::new(owner, 1).with_lease_left(lease_left(Some(left))));
         }
@@ -267,7 +285,7 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
 
 /// The fencing token a statement returned in its first row, first column.
 fn token_of(rows: &[tokio_postgres::Row]) -> Result<u64> {
-    u64_token(first("forced release", rows)?)
+    token_u64(first("forced release", rows)?)
 }
 
 /// Session mode: the backends holding the advisory key of lock `name` (both sides of a
@@ -285,45 +303,18 @@ struct Sessions<'a> {
 }
 
 impl<'a> Sessions<'a> {
-    fn new(b: &'a PostgresBackend, name: &'a str, election: bool) -> Self {
-        let ns = b.common.namespace.as_str();
-        let key = if election {
-            election_key(ns, name)
-        } else {
-            lock_key(ns, name)
-        };
+    fn new(b: &'a PostgresBackend, name: &'a str, kind: LockKind) -> Self {
         Sessions {
             b,
             name,
-            key: key_oids(key),
-            election,
+            key: key_oids(key_of(&b.common.namespace, name, kind)),
+            election: kind == LockKind::Election,
             attempts: Default::default(),
         }
     }
 
-    /// The leader's backends and the leader as `inspect` reports it.
-    async fn leader(&self) -> Result<(Vec<i32>, Vec<HolderInfo>)> {
-        let leader = self.b.inspect(self.name, LockKind::Election).await?;
-        let sql = format!(
-            "SELECT l.pid FROM pg_locks l \
-             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
-               AND l.objsubid = 1 AND l.database = {CURRENT_DB} ORDER BY l.pid"
-        );
-        let (classid, objid) = self.key;
-        let rows = self
-            .b
-            .common
-            .query(
-                "finding the leader",
-                &sql,
-                &[(&classid, Type::OID), (&objid, Type::OID)],
-            )
-            .await?;
-        let pids = rows
-            .iter()
-            .map(|r| r.try_get(0).map_err(|e| shape("forced release", e)))
-            .collect::<Result<_>>()?;
-        Ok((pids, leader.holders))
+    async fn held(&self, what: &str) -> Result<Vec<Held>> {
+        held(&self.b.common, self.name, self.key, what).await
     }
 }
 
@@ -332,67 +323,38 @@ impl Eviction for Sessions<'_> {
     type Session = i32;
     const SESSIONS: &'static str = "backends";
 
+    /// The holders' backends and the holders: an election's leader as `inspect` reports it,
+    /// a lock's from its rows.
     async fn holders(&self) -> Result<(Vec<i32>, Vec<HolderInfo>)> {
-        if self.election {
-            return self.leader().await;
-        }
-        let (ns, name) = (self.b.common.namespace.as_str(), self.name);
-        let sql = format!(
-            "SELECT l.pid, l.mode, a.application_name, h.owner, h.kind, h.attempt, \
-                    (EXTRACT(EPOCH FROM (h.expires_at - now())) * 1000)::float8 \
-             FROM pg_locks l \
-             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-             LEFT JOIN dlock_holders h ON h.ns = $3 AND h.name = $4 AND h.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
-               AND l.objsubid = 1 AND l.database = {CURRENT_DB} \
-             ORDER BY l.pid, h.acquired_at"
-        );
-        let (classid, objid) = self.key;
-        let params: [(&(dyn ToSql + Sync), Type); 4] = [
-            (&classid, Type::OID),
-            (&objid, Type::OID),
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-        ];
-        let rows = self
-            .b
-            .common
-            .query("finding the holders", &sql, &params)
-            .await?;
+        let leader = match self.election {
+            true => Some(self.b.inspect(self.name, LockKind::Election).await?),
+            false => None,
+        };
+        let what = match self.election {
+            true => "finding the leader",
+            false => "finding the holders",
+        };
         let (mut pids, mut removed, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
         let mut seen: HashSet<(i32, Option<String>)> = HashSet::new();
-        let get = |e| shape("forced release", e);
-        for r in &rows {
-            let pid: i32 = r.try_get(0).map_err(get)?;
-            let app: Option<String> = r.try_get(2).map_err(get)?;
-            let owner: Option<String> = r.try_get(3).map_err(get)?;
-            let kind: Option<String> = r.try_get(4).map_err(get)?;
-            let attempt: Option<String> = r.try_get(5).map_err(get)?;
-            let left: Option<f64> = r.try_get(6).map_err(get)?;
-            if !pids.contains(&pid) {
-                pids.push(pid);
+        for h in self.held(what).await? {
+            if !pids.contains(&h.pid) {
+                pids.push(h.pid);
             }
             // A downgraded holder's session holds the key twice (both modes): one row each.
-            if !seen.insert((pid, attempt.clone())) {
+            if leader.is_some() || !seen.insert((h.pid, h.attempt.clone())) {
                 continue;
             }
-            attempts.extend(attempt);
-            let owner = owner.unwrap_or_else(|| {
-                format!(
-                    "pid {pid} (application_name {:?}, no dlock_holders row)",
-                    app.unwrap_or_default()
-                )
-            });
             removed.push(
-                HolderInfo::new(owner, 1)
-                    .with_lease_left(lease_left(left))
-                    .with_side(kind.as_deref().and_then(side)),
+                HolderInfo::new(h.owner(), 1)
+                    .with_lease_left(lease_left(h.left))
+                    .with_side(h.kind.as_deref().and_then(side)),
             );
+            attempts.extend(h.attempt);
         }
         if let Ok(mut a) = self.attempts.lock() {
             *a = attempts;
         }
-        Ok((pids, removed))
+        Ok((pids, leader.map_or(removed, |l| l.holders)))
     }
 
     async fn end(&self, pid: i32) -> Result<()> {
@@ -400,70 +362,48 @@ impl Eviction for Sessions<'_> {
     }
 
     async fn still_held(&self, pids: &[i32]) -> Result<bool> {
-        let sql = format!(
-            "SELECT count(*) FROM pg_locks l \
-             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
-               AND l.objsubid = 1 AND l.database = {CURRENT_DB} AND l.pid = ANY($3)"
-        );
-        let (classid, objid, pids) = (self.key.0, self.key.1, pids.to_vec());
-        let rows = self
-            .b
-            .common
-            .query(
-                "waiting for the terminated holders",
-                &sql,
-                &[
-                    (&classid, Type::OID),
-                    (&objid, Type::OID),
-                    (&pids, Type::INT4_ARRAY),
-                ],
-            )
-            .await?;
-        Ok(first::<i64>("forced release", &rows)? > 0)
+        let held = self.held("waiting for the terminated holders").await?;
+        Ok(held.iter().any(|h| pids.contains(&h.pid)))
     }
 
     async fn advance(&self, ended: &[i32]) -> Result<u64> {
         let (ns, name, pids) = (self.b.common.namespace.as_str(), self.name, ended.to_vec());
+        let what = "advancing the fencing token";
         if self.election {
-            let rows = self
-                .b
-                .common
-                .query(
-                    "advancing the fencing token",
-                    "WITH u AS (UPDATE dlock_elections SET pid = NULL, expires_at = now(), \
-                                token = GREATEST(nextval('dlock_fence_seq'), token + 1, \
-                                    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
-                            WHERE ns = $1 AND name = $2 AND pid = ANY($3) RETURNING token) \
-                 SELECT COALESCE((SELECT max(token) FROM u), GREATEST(nextval('dlock_fence_seq'), \
-                     (SELECT max(token) + 1 FROM dlock_elections WHERE ns = $1 AND name = $2), \
-                     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint))",
-                    &[
-                        (&ns, Type::TEXT),
-                        (&name, Type::TEXT),
-                        (&pids, Type::INT4_ARRAY),
-                    ],
-                )
-                .await?;
-            return token_of(&rows);
-        }
-        let attempts = self.attempts.lock().map(|a| a.clone()).unwrap_or_default();
-        let rows = self.b.common.query(
-            "advancing the fencing token",
-            "WITH d AS (DELETE FROM dlock_holders \
-                        WHERE ns = $1 AND name = $2 AND attempt = ANY($3) AND pid = ANY($4)) \
-             INSERT INTO dlock_fence AS f (ns, name, token) \
-             VALUES ($1, $2, GREATEST(nextval('dlock_fence_seq'), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)) \
-             ON CONFLICT (ns, name) DO UPDATE SET token = GREATEST( \
-                 nextval('dlock_fence_seq'), f.token + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
-             RETURNING f.token",
-            &[
+            let sql = concat!(
+                "WITH u AS (UPDATE dlock_elections SET pid = NULL, expires_at = now(), token = ",
+                next_token!("token + 1"),
+                " WHERE ns = $1 AND name = $2 AND pid = ANY($3) RETURNING token) \
+                 SELECT COALESCE((SELECT max(token) FROM u), ",
+                next_token!(
+                    "(SELECT max(token) + 1 FROM dlock_elections WHERE ns = $1 AND name = $2)"
+                ),
+                ")"
+            );
+            let params: [(&(dyn ToSql + Sync), Type); 3] = [
                 (&ns, Type::TEXT),
                 (&name, Type::TEXT),
-                (&attempts, Type::TEXT_ARRAY),
                 (&pids, Type::INT4_ARRAY),
-            ],
-        ).await?;
-        token_of(&rows)
+            ];
+            return token_of(&self.b.common.query(what, sql, &params).await?);
+        }
+        let attempts = self.attempts.lock().map(|a| a.clone()).unwrap_or_default();
+        let sql = concat!(
+            "WITH d AS (DELETE FROM dlock_holders \
+                        WHERE ns = $1 AND name = $2 AND attempt = ANY($3) AND pid = ANY($4)) \
+             INSERT INTO dlock_fence AS f (ns, name, token) VALUES ($1, $2, ",
+            next_token!("1"),
+            ") ON CONFLICT (ns, name) DO UPDATE SET token = ",
+            next_token!("f.token + 1"),
+            " RETURNING f.token"
+        );
+        let params: [(&(dyn ToSql + Sync), Type); 4] = [
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&attempts, Type::TEXT_ARRAY),
+            (&pids, Type::INT4_ARRAY),
+        ];
+        token_of(&self.b.common.query(what, sql, &params).await?)
     }
 }
 
@@ -473,22 +413,19 @@ async fn force_lease_election(b: &PostgresBackend, name: &str) -> Result<ForceRe
     let ns = b.common.namespace.as_str();
     let chan = channel(election_key(ns, name));
     let leader = b.inspect(name, LockKind::Election).await?;
-    let rows = b
-        .common
-        .query(
-            "forced release",
-            "WITH u AS (UPDATE dlock_lease_elections SET owner = NULL, attempt = NULL, \
-                            acquired_at = NULL, expires_at = 'epoch', \
-                            token = GREATEST(nextval('dlock_fence_seq'), token + 1, \
-                                (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
-                        WHERE ns = $1 AND name = $2 RETURNING token), \
-                  n AS (SELECT pg_notify($3, '') FROM u) \
-             SELECT COALESCE((SELECT token FROM u), \
-                     GREATEST(nextval('dlock_fence_seq'), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)), \
-                    (SELECT count(*) FROM n)",
-            &[(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)],
-        )
-        .await?;
+    let sql = concat!(
+        "WITH u AS (UPDATE dlock_lease_elections SET owner = NULL, attempt = NULL, \
+                        acquired_at = NULL, expires_at = 'epoch', token = ",
+        next_token!("token + 1"),
+        " WHERE ns = $1 AND name = $2 RETURNING token), \
+              n AS (SELECT pg_notify($3, '') FROM u) \
+         SELECT COALESCE((SELECT token FROM u), ",
+        next_token!("1"),
+        "), (SELECT count(*) FROM n)"
+    );
+    let params: [(&(dyn ToSql + Sync), Type); 3] =
+        [(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)];
+    let rows = b.common.query("forced release", sql, &params).await?;
     Ok(ForceReleased::new(leader.holders, token_of(&rows)?))
 }
 
@@ -505,7 +442,7 @@ async fn terminate(b: &PostgresBackend, name: &str, pid: i32) -> Result<()> {
     match res {
         // false: the backend ended meanwhile; its lock is gone with it.
         Ok(_) => Ok(()),
-        Err(e) if is_code(&e, &SqlState::INSUFFICIENT_PRIVILEGE) => {
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
             let msg = e
                 .as_db_error()
                 .map(|d| d.message().to_owned())

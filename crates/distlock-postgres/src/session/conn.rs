@@ -1,7 +1,7 @@
 //! One dedicated session (connection) and the idle ones kept for the next grant.
 
 use super::PgDialect;
-use crate::error::{is_code, shape};
+use crate::error::shape;
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{AttemptId, LostReason, Result};
 use distlock_sql::lease::with_grace;
@@ -48,7 +48,7 @@ pub(crate) fn idle_for(left: Duration) -> String {
 impl PgDialect {
     /// Opens a session: its own connection, whose end fires the lost signals of its grants.
     async fn open_session(&self) -> Result<Arc<Session>> {
-        let (client, conn) = self.common.open().await?;
+        let (client, conn) = self.common.open(None).await?;
         let ended = CancellationToken::new();
         let grants: Arc<ConnGrants> = Arc::default();
         let (ended2, grants2) = (ended.clone(), grants.clone());
@@ -56,7 +56,9 @@ impl PgDialect {
         tokio::spawn(async move {
             let res = conn.await;
             let reason = match &res {
-                Err(e) if is_code(e, &SqlState::IDLE_SESSION_TIMEOUT) => LostReason::LeaseExpired,
+                Err(e) if e.code() == Some(&SqlState::IDLE_SESSION_TIMEOUT) => {
+                    LostReason::LeaseExpired
+                }
                 Err(e) => match e.as_db_error() {
                     Some(db) => LostReason::SessionEnded(format!(
                         "the server ended the session holding the lock: {} (SQLSTATE {})",
@@ -96,13 +98,12 @@ impl PgDialect {
     }
 
     pub(crate) async fn take_session(&self) -> Result<Arc<Session>> {
-        loop {
-            match self.pool.take() {
-                Some(s) if !s.is_dead() => return Ok(s),
-                Some(_) => continue,
-                None => return self.open_session().await,
+        while let Some(s) = self.pool.take() {
+            if !s.is_dead() {
+                return Ok(s);
             }
         }
+        self.open_session().await
     }
 
     /// Puts a session that holds nothing back into the pool (or closes it). A session another

@@ -28,15 +28,17 @@ mod state;
 mod wait;
 
 use crate::common::{
-    election_key, key_of, key_oids, kind_name, lease_left, lock_key, side, Common,
+    cols, election_key, key_of, key_oids, lease_left, lock_key, side, token_u64, Common,
 };
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
+use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{
     async_trait, AcquireReply, AcquireRequest, GrantRef, Granted, HolderInfo, LockInfo, LockKind,
     ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
+use distlock_sql::waited::{self, Step};
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, IdlePool, Sessions};
 use state::{Entry, Start, State};
 use std::sync::Arc;
@@ -105,12 +107,6 @@ pub(crate) struct PgDialect {
     pool: IdlePool<Arc<conn::Session>>,
 }
 
-impl PgDialect {
-    fn endpoint(&self) -> &str {
-        &self.common.endpoint
-    }
-}
-
 #[async_trait]
 impl Dialect for PgDialect {
     type State = State;
@@ -151,9 +147,7 @@ impl Dialect for PgDialect {
         if let Some(token) = self.try_on(entry, st, &s, req).await? {
             return Ok(AcquireReply::Granted { token });
         }
-        s.grants.remove(&req.attempt);
-        entry.set(st, State::Idle);
-        self.put_session(s);
+        self.forget_on(entry, st, s, &req.attempt, true);
         let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
         Ok(AcquireReply::Held {
             ttl: self.holder_ttl(&req.key.name, req.key.kind, key).await,
@@ -166,6 +160,8 @@ impl Dialect for PgDialect {
         Self::downgrade_session(holds, req).await.is_none()
     }
 
+    /// One server-side wait of the attempt (its state locked by the caller for all of it):
+    /// a try first, then the blocking wait on the attempt's own session ([`wait`]).
     async fn wait(
         &self,
         holds: &HoldMap<State>,
@@ -175,7 +171,41 @@ impl Dialect for PgDialect {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        self.wait_in(holds, hold, st, req, deadline, cancel).await
+        let sent = LeaseInstant::now();
+        let s = match self.prepare(holds, hold, st, req, false).await? {
+            Start::Held(token) => return Ok(Some(Granted::new(token, sent))),
+            Start::On(s) => s,
+        };
+        let sent = LeaseInstant::now();
+        if let Some(token) = self.try_on(hold, st, &s, req).await? {
+            return Ok(Some(Granted::new(token, sent)));
+        }
+        let Some(left) = waited::budget(deadline, cancel) else {
+            self.forget_on(hold, st, s, &req.attempt, true);
+            return Ok(None);
+        };
+        let (step, answer) = waited::after(self.wait_on(&s, req, left, deadline, cancel).await);
+        match step {
+            Step::Register => {
+                // The server's lease restarts with the registration, which starts now.
+                let sent = LeaseInstant::now();
+                let idle = s.idle_value(&req.attempt, Some(sent + req.lease));
+                let token = self.grant_on(hold, st, s, req, &idle).await?;
+                return Ok(Some(Granted::new(token, sent)));
+            }
+            // The attempt's dedicated wait session (a wait never shares its session): all of
+            // it is given back, and the session closed if that fails.
+            Step::Reuse { unlock: true } => {
+                let _ = self.drop_on(hold, st, s, &req.key, &req.attempt).await;
+            }
+            Step::Reuse { unlock: false } => self.forget_on(hold, st, s, &req.attempt, true),
+            // Never pooled after a stop: its `pg_cancel_backend` may still be on its way (its
+            // call timed out on a loaded control connection, so the statement runs later). On
+            // a reused session it would cancel another attempt's statement and fail a waiter
+            // that must not give up.
+            Step::Close => self.forget_on(hold, st, s, &req.attempt, false),
+        }
+        answer.map(|()| None)
     }
 
     /// Releases exactly the grant `grant` names. A release whose answer was lost leaves the
@@ -193,38 +223,30 @@ impl Dialect for PgDialect {
             State::Releasing(g) if g.token == grant.token => (true, g.session.clone()),
             _ => return self.not_held_outcome(&grant.key.name, grant.key.kind).await,
         };
-        let name: &str = &grant.key.name;
-        match self
-            .unlock_on(&s, name, &grant.attempt, grant.key.kind, false)
-            .await
-        {
+        let (name, kind) = (&grant.key.name, grant.key.kind);
+        let unlocked = match self.unlock_on(&s, name, &grant.attempt, kind, false).await {
             Ok(unlocked) => {
-                s.grants.remove(&grant.attempt);
-                entry.set(st, State::Idle);
-                self.put_session(s);
-                match (unlocked, again) {
-                    (true, _) => Ok(ReleaseOutcome::Released),
-                    (false, true) => Ok(ReleaseOutcome::Expired),
-                    // The session did not hold it (an operator unlocked it there).
-                    (false, false) => self.not_held_outcome(name, grant.key.kind).await,
-                }
+                self.forget_on(entry, st, s, &grant.attempt, true);
+                unlocked
             }
             Err(e) => {
                 Self::settle(entry, st);
-                if st.is_idle() {
-                    // The session ended: the lock went with it.
-                    s.grants.remove(&grant.attempt);
-                    return if again {
-                        Ok(ReleaseOutcome::Expired)
-                    } else {
-                        self.not_held_outcome(name, grant.key.kind).await
-                    };
+                if !st.is_idle() {
+                    if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
+                        entry.set(st, State::Releasing(g));
+                    }
+                    return Err(e);
                 }
-                if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
-                    entry.set(st, State::Releasing(g));
-                }
-                Err(e)
+                // The session ended: the lock went with it.
+                s.grants.remove(&grant.attempt);
+                false
             }
+        };
+        match (unlocked, again) {
+            (true, _) => Ok(ReleaseOutcome::Released),
+            (false, true) => Ok(ReleaseOutcome::Expired),
+            // The session did not hold it (an operator unlocked it there), or ended.
+            (false, false) => self.not_held_outcome(name, kind).await,
         }
     }
 
@@ -237,13 +259,10 @@ impl Dialect for PgDialect {
     ) -> Result<RenewOutcome> {
         Self::settle(entry, st);
         // `Releasing`: the grant is, or is about to be, given back.
-        let State::Granted(g) = &*st else {
-            return Ok(RenewOutcome::NotHeld);
+        let s = match &*st {
+            State::Granted(g) if g.token == grant.token => g.session.clone(),
+            _ => return Ok(RenewOutcome::NotHeld),
         };
-        if g.token != grant.token {
-            return Ok(RenewOutcome::NotHeld);
-        }
-        let s = g.session.clone();
         match self
             .extend(entry, st, &grant.key, &grant.attempt, lease)
             .await
@@ -272,26 +291,7 @@ impl Dialect for PgDialect {
             }
             State::Unknown(s) => {
                 let s = s.clone();
-                let all = s.grants.others(&req.attempt) == 0;
-                match self
-                    .unlock_on(&s, &req.key.name, &req.attempt, req.key.kind, all)
-                    .await
-                {
-                    Ok(_) => {
-                        self.forget_on(entry, st, s, &req.attempt, true);
-                        Ok(())
-                    }
-                    Err(_) if all => {
-                        // Closing the session (this drops the last handle) frees whatever
-                        // it holds.
-                        self.forget_on(entry, st, s, &req.attempt, false);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        Self::settle(entry, st);
-                        Err(e)
-                    }
-                }
+                self.drop_on(entry, st, s, &req.key, &req.attempt).await
             }
         }
     }
@@ -312,41 +312,34 @@ impl Dialect for PgDialect {
             return self.inspect_election(name).await;
         }
         let common = &self.common;
-        let key = lock_key(&common.namespace, name);
-        let (classid, objid) = key_oids(key);
+        let (classid, objid) = key_oids(lock_key(&common.namespace, name));
         let kinds: Vec<&str> = match kind {
             LockKind::Read | LockKind::Write => vec!["read", "write"],
-            _ => vec![kind_name(kind)],
+            _ => vec![kind.as_str()],
         };
         let client = common.control().await?;
         let ns = common.namespace.as_str();
-        let holder_params: [(&(dyn ToSql + Sync), Type); 5] = [
+        // The holders' ($1-$5), the fence's ($1, $2) and the waiters' ($1, $2 = classid, objid).
+        let params: [(&(dyn ToSql + Sync), Type); 5] = [
             (&ns, Type::TEXT),
             (&name, Type::TEXT),
             (&classid, Type::OID),
             (&objid, Type::OID),
             (&kinds, Type::TEXT_ARRAY),
         ];
-        let fence_params: [(&(dyn ToSql + Sync), Type); 2] =
-            [(&ns, Type::TEXT), (&name, Type::TEXT)];
-        let waiter_params: [(&(dyn ToSql + Sync), Type); 2] =
-            [(&classid, Type::OID), (&objid, Type::OID)];
         let (rows, fence, waiting) = common
             .run("inspecting", async {
                 tokio::try_join!(
-                    client.query_typed(INSPECT, &holder_params),
-                    client.query_typed(FENCE, &fence_params),
-                    client.query_typed(WAITERS, &waiter_params),
+                    client.query_typed(INSPECT, &params),
+                    client.query_typed(FENCE, &params[..2]),
+                    client.query_typed(WAITERS, &params[2..4]),
                 )
             })
             .await?;
         let lease_note = common.has_session_timeouts();
         let mut holders = Vec::with_capacity(rows.len());
         for r in &rows {
-            let owner: String = r.try_get(0).map_err(|e| shape("inspect", e))?;
-            let count: i32 = r.try_get(1).map_err(|e| shape("inspect", e))?;
-            let left: f64 = r.try_get(2).map_err(|e| shape("inspect", e))?;
-            let row_kind: &str = r.try_get(3).map_err(|e| shape("inspect", e))?;
+            let (owner, count, left, row_kind): (String, i32, f64, &str) = cols(r, "inspect")?;
             holders.push(
                 HolderInfo::new(owner, u32::try_from(count).unwrap_or(0))
                     .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))
@@ -355,10 +348,7 @@ impl Dialect for PgDialect {
         }
         let fencing_token = match fence.first() {
             None => 0,
-            Some(r) => {
-                let t: i64 = r.try_get(0).map_err(|e| shape("fencing token", e))?;
-                u64::try_from(t).map_err(|_| shape("fencing token", t))?
-            }
+            Some(r) => token_u64(cols::<(i64,)>(r, "fencing token")?.0)?,
         };
         Ok(LockInfo::new(name)
             .with_holders(holders)
@@ -376,30 +366,26 @@ impl PgDialect {
         let ns = common.namespace.as_str();
         let (classid, objid) = key_oids(election_key(ns, name));
         let client = common.control().await?;
-        let row_params: [(&(dyn ToSql + Sync), Type); 4] = [
+        // The leader's ($1-$4) and the waiters' ($1, $2 = classid, objid).
+        let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&ns, Type::TEXT),
             (&name, Type::TEXT),
             (&classid, Type::OID),
             (&objid, Type::OID),
         ];
-        let waiter_params: [(&(dyn ToSql + Sync), Type); 2] =
-            [(&classid, Type::OID), (&objid, Type::OID)];
+        let what = "inspecting the election";
         let (rows, waiting) = common
-            .run("inspecting the election", async {
+            .run(what, async {
                 tokio::try_join!(
-                    client.query_typed(ELECTION_INSPECT, &row_params),
-                    client.query_typed(WAITERS, &waiter_params),
+                    client.query_typed(ELECTION_INSPECT, &params),
+                    client.query_typed(WAITERS, &params[2..]),
                 )
             })
             .await?;
         let mut info = LockInfo::new(name);
         if let Some(r) = rows.first() {
-            let what = "inspecting the election";
-            let owner: String = r.try_get(0).map_err(|e| shape(what, e))?;
-            let value: String = r.try_get(1).map_err(|e| shape(what, e))?;
-            let token: i64 = r.try_get(2).map_err(|e| shape(what, e))?;
-            let left: f64 = r.try_get(3).map_err(|e| shape(what, e))?;
-            let leads: bool = r.try_get(4).map_err(|e| shape(what, e))?;
+            let (owner, value, token, left, leads): (String, String, i64, f64, bool) =
+                cols(r, what)?;
             info = info.with_fencing_token(u64::try_from(token).map_err(|_| shape(what, token))?);
             if leads {
                 let lease_note = common.has_session_timeouts();

@@ -2,7 +2,7 @@
 
 use super::conn::Session;
 use super::{exclusive, lock_mode, PgDialect};
-use crate::common::{channel, first, key_of, key_oids, kind_name};
+use crate::common::{channel, first, key_of, key_oids, token_u64};
 use crate::error::shape;
 use distlock_core::{AcquireRequest, AttemptId, LockKind, ReleaseOutcome, Result};
 use distlock_sql::lease::millis_f64;
@@ -108,7 +108,7 @@ impl PgDialect {
         let owner: &str = &req.key.owner;
         let lease_ms = millis_f64(req.lease);
         let guc = self.lease_guc();
-        let (kind, excl) = (kind_name(req.key.kind), exclusive(req.key.kind));
+        let (kind, excl) = (req.key.kind.as_str(), exclusive(req.key.kind));
         let value: &str = req.value.as_deref().unwrap_or("");
         let chan = channel(key_of(ns, name, LockKind::Election));
         let mut params: Vec<Param> = vec![
@@ -129,8 +129,7 @@ impl PgDialect {
         };
         let rows = self.query(s, what, sql, &params).await?;
         let token: Option<i64> = first(what, &rows)?;
-        let token = token.ok_or_else(|| shape(what, "no token"))?;
-        u64::try_from(token).map_err(|_| shape("fencing token", token))
+        token_u64(token.ok_or_else(|| shape(what, "no token"))?)
     }
 
     /// Makes the grant's row and the session's lease run at least `lease` from now. False if
@@ -182,18 +181,12 @@ impl PgDialect {
         let a = attempt.as_str();
         let idle = s.idle_value(attempt, None);
         let guc = self.lease_guc();
-        let sql = if kind == LockKind::Election {
-            if all {
-                ELECTION_RELEASE_ALL
-            } else {
-                ELECTION_RELEASE
-            }
-        } else if all {
-            RELEASE_ALL
-        } else if exclusive(kind) {
-            RELEASE_EXCL
-        } else {
-            RELEASE_SHARED
+        let sql = match (kind, all) {
+            (LockKind::Election, true) => ELECTION_RELEASE_ALL,
+            (LockKind::Election, false) => ELECTION_RELEASE,
+            (_, true) => RELEASE_ALL,
+            (kind, false) if exclusive(kind) => RELEASE_EXCL,
+            (_, false) => RELEASE_SHARED,
         };
         let params: [Param; 7] = [
             (&ns, Type::TEXT),
@@ -260,15 +253,8 @@ impl PgDialect {
 
     /// `pg_cancel_backend(pid)` through the control connection; false if that failed.
     pub(crate) async fn cancel_backend(&self, pid: i32) -> bool {
-        let sql = "SELECT pg_cancel_backend($1)";
-        let rows = self
-            .common
-            .query("cancelling a wait", sql, &[(&pid, Type::INT4)])
-            .await;
-        matches!(
-            rows.as_deref()
-                .map(|r| r.first().and_then(|r| r.try_get::<_, bool>(0).ok())),
-            Ok(Some(true))
-        )
+        let (what, sql) = ("cancelling a wait", "SELECT pg_cancel_backend($1)");
+        let rows = self.common.query(what, sql, &[(&pid, Type::INT4)]).await;
+        matches!(rows.map(|r| first(what, &r)), Ok(Ok(true)))
     }
 }

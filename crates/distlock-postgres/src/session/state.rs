@@ -71,6 +71,16 @@ impl PgDialect {
         }
     }
 
+    /// A request of `attempt` on `s` failed with `e`: if the session ended meanwhile, the
+    /// attempt is `Idle` and no longer counted on `s`.
+    fn failed(entry: &Entry, st: &mut State, s: &Session, attempt: &AttemptId, e: Error) -> Error {
+        Self::settle(entry, st);
+        if st.is_idle() {
+            s.grants.remove(attempt);
+        }
+        e
+    }
+
     /// A reader asking for the write side: refused (two readers doing it would deadlock).
     pub(crate) fn check_upgrade(holds: &HoldMap<State>, req: &AcquireRequest) -> Result<()> {
         if req.key.kind != LockKind::Write {
@@ -170,13 +180,7 @@ impl PgDialect {
                 .await
                 .map(Some),
             Ok(false) => Ok(None),
-            Err(e) => {
-                Self::settle(entry, st);
-                if st.is_idle() {
-                    s.grants.remove(&req.attempt);
-                }
-                Err(e)
-            }
+            Err(e) => Err(Self::failed(entry, st, s, &req.attempt, e)),
         }
     }
 
@@ -200,15 +204,9 @@ impl PgDialect {
             ))),
             State::Granted(g) => {
                 let token = g.token;
-                match self
-                    .extend(entry, st, &req.key, &req.attempt, req.lease)
-                    .await
-                {
-                    Ok(true) => Ok(Some(token)),
-                    // Revoked by an operator before this retry: given up; try anew.
-                    Ok(false) => Ok(None),
-                    Err(e) => Err(e),
-                }
+                // Not extended: revoked by an operator before this retry, given up; try anew.
+                let extended = self.extend(entry, st, &req.key, &req.attempt, req.lease);
+                Ok(extended.await?.then_some(token))
             }
             State::Unknown(s) => {
                 let s = s.clone();
@@ -251,7 +249,7 @@ impl PgDialect {
                 Ok(true)
             }
             Ok(false) => {
-                self.revoked(entry, st, key.kind, &key.name, attempt).await;
+                self.revoked(entry, st, key, attempt).await;
                 Ok(false)
             }
             Err(e) => {
@@ -287,13 +285,7 @@ impl PgDialect {
                 );
                 Ok(token)
             }
-            Err(e) => {
-                Self::settle(entry, st);
-                if st.is_idle() {
-                    s.grants.remove(&req.attempt);
-                }
-                Err(e)
-            }
+            Err(e) => Err(Self::failed(entry, st, &s, &req.attempt, e)),
         }
     }
 
@@ -302,32 +294,45 @@ impl PgDialect {
         &self,
         entry: &Entry,
         st: &mut State,
-        kind: LockKind,
-        name: &str,
+        key: &distlock_core::HoldKey,
         attempt: &AttemptId,
     ) {
         let (State::Granted(g) | State::Releasing(g)) = &*st else {
             return;
         };
         let s = g.session.clone();
+        let name = &key.name;
         tracing::warn!(%name, %attempt, "dlock_holders row gone: the lock was revoked");
         entry.set(st, State::Idle);
+        if let Err(e) = self.drop_on(entry, st, s, key, attempt).await {
+            tracing::warn!(error = %e, %name, "could not unlock a revoked grant");
+        }
+    }
+
+    /// Gives up what `attempt` holds or may hold on `s` (everything, when no other attempt
+    /// uses the session) and forgets the attempt, pooling the session. If the unlock fails
+    /// and the attempt is alone on the session, it is forgotten all the same: closing the
+    /// session (dropping the last handle) frees whatever it holds. Shared with a downgrade's
+    /// other side, the attempt stays counted on the session, which is then never pooled and
+    /// closes when that side is done: the error is returned.
+    pub(crate) async fn drop_on(
+        &self,
+        entry: &Entry,
+        st: &mut State,
+        s: Arc<Session>,
+        key: &distlock_core::HoldKey,
+        attempt: &AttemptId,
+    ) -> Result<()> {
         let all = s.grants.others(attempt) == 0;
-        match self.unlock_on(&s, name, attempt, kind, all).await {
-            Ok(_) => {
-                s.grants.remove(attempt);
-                self.put_session(s);
-            }
-            // Unknown state. Alone on the session: closing it (dropping the last handle)
-            // frees the lock. Shared with a downgrade's other side: the attempt stays counted
-            // on the session, which is then never pooled and closes when that side is done.
+        match self.unlock_on(&s, &key.name, attempt, key.kind, all).await {
+            Ok(_) => self.forget_on(entry, st, s, attempt, true),
+            Err(_) if all => self.forget_on(entry, st, s, attempt, false),
             Err(e) => {
-                if all {
-                    s.grants.remove(attempt);
-                }
-                tracing::warn!(error = %e, %name, "could not unlock a revoked grant");
+                Self::settle(entry, st);
+                return Err(e);
             }
         }
+        Ok(())
     }
 
     /// The attempt holds nothing on its dedicated session `s` (or `s` is closed): forget it,

@@ -4,17 +4,14 @@
 //! wait's end means for the attempt is decided in [`distlock_sql::waited`].
 
 use super::conn::{idle_for, Session};
-use super::state::{Entry, Start, State};
+
 use super::{exclusive, PgDialect};
 use crate::common::key_of;
-use crate::error::{is_code, map, KIND};
-use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{AcquireRequest, Error, Granted, LockKind, Result};
+use crate::error::{map, KIND};
+use distlock_core::{AcquireRequest, Error, LockKind};
 use distlock_sql::lease::{wait_millis, wait_or_stop};
-use distlock_sql::waited::{self, Step, WaitEnd};
-use distlock_sql::HoldMap;
+use distlock_sql::waited::WaitEnd;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
@@ -51,14 +48,14 @@ fn wait_sql(
 
 /// How a wait that returned an error ended.
 fn failed(endpoint: &str, e: tokio_postgres::Error) -> WaitEnd {
-    if is_code(&e, &SqlState::LOCK_NOT_AVAILABLE) {
+    if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
         // lock_timeout: the deadline passed (the transaction's rollback undid the lease
         // setting). The server may have granted the lock all the same: a grant that lands
         // while the timeout is being handled is kept (LockErrorCleanup), and a session-level
         // advisory lock outlives the aborted transaction.
         return WaitEnd::TimedOut { may_hold: true };
     }
-    WaitEnd::Failed(if is_code(&e, &SqlState::QUERY_CANCELED) {
+    WaitEnd::Failed(if e.code() == Some(&SqlState::QUERY_CANCELED) {
         // Cancelled by someone else (an operator), or by a late signal of ours: wait again,
         // on another session.
         Error::connection(KIND, endpoint, "the wait was cancelled on the server")
@@ -68,53 +65,9 @@ fn failed(endpoint: &str, e: tokio_postgres::Error) -> WaitEnd {
 }
 
 impl PgDialect {
-    /// One server-side wait of the attempt (its state locked by the caller for all of it):
-    /// a try first, then the blocking wait on the attempt's own session.
-    pub(crate) async fn wait_in(
-        &self,
-        holds: &HoldMap<State>,
-        entry: &Entry,
-        st: &mut State,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        let sent = LeaseInstant::now();
-        let s = match self.prepare(holds, entry, st, req, false).await? {
-            Start::Held(token) => return Ok(Some(Granted::new(token, sent))),
-            Start::On(s) => s,
-        };
-        let sent = LeaseInstant::now();
-        if let Some(token) = self.try_on(entry, st, &s, req).await? {
-            return Ok(Some(Granted::new(token, sent)));
-        }
-        let Some(left) = waited::budget(deadline, cancel) else {
-            self.forget_on(entry, st, s, &req.attempt, true);
-            return Ok(None);
-        };
-        let (step, answer) = waited::after(self.wait_on(&s, req, left, deadline, cancel).await);
-        match step {
-            Step::Register => {
-                // The server's lease restarts with the registration, which starts now.
-                let sent = LeaseInstant::now();
-                let idle = s.idle_value(&req.attempt, Some(sent + req.lease));
-                let token = self.grant_on(entry, st, s, req, &idle).await?;
-                return Ok(Some(Granted::new(token, sent)));
-            }
-            Step::Reuse { unlock: true } => self.give_back(entry, st, s, req).await,
-            Step::Reuse { unlock: false } => self.forget_on(entry, st, s, &req.attempt, true),
-            // Never pooled after a stop: its `pg_cancel_backend` may still be on its way (its
-            // call timed out on a loaded control connection, so the statement runs later). On
-            // a reused session it would cancel another attempt's statement and fail a waiter
-            // that must not give up.
-            Step::Close => self.forget_on(entry, st, s, &req.attempt, false),
-        }
-        answer.map(|()| None)
-    }
-
     /// The blocking wait of `req` on `s` for at most `left` on the server, stopped here by
     /// `cancel` or the safety net after `deadline`; how it ended.
-    async fn wait_on(
+    pub(super) async fn wait_on(
         &self,
         s: &Session,
         req: &AcquireRequest,
@@ -131,7 +84,7 @@ impl PgDialect {
             // Granted as the caller went away: given straight back.
             Some(Ok(_)) if cancel.is_cancelled() => WaitEnd::Stopped(Some(true)),
             Some(Ok(_)) => WaitEnd::Granted,
-            Some(Err(e)) => failed(self.endpoint(), e),
+            Some(Err(e)) => failed(&self.common.endpoint, e),
             None => {
                 self.stop(s, guc, wait).await;
                 WaitEnd::Stopped(None)
@@ -162,23 +115,6 @@ impl PgDialect {
             tokio::time::timeout(limit, unlock),
             stop
         );
-    }
-
-    /// Gives back everything the attempt's dedicated wait session `s` holds (a wait never
-    /// shares its session) and forgets the attempt: the session is pooled if that worked, and
-    /// closed otherwise (which frees whatever it holds).
-    async fn give_back(
-        &self,
-        entry: &Entry,
-        st: &mut State,
-        s: Arc<Session>,
-        req: &AcquireRequest,
-    ) {
-        let unlocked = self
-            .unlock_on(&s, &req.key.name, &req.attempt, req.key.kind, true)
-            .await
-            .is_ok();
-        self.forget_on(entry, st, s, &req.attempt, unlocked);
     }
 }
 
