@@ -191,7 +191,7 @@ impl Backend for RedlockBackend {
     }
 
     /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
-    /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`].
+    /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`](distlock_core::Error::Connection).
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         self.round(req, None).await.map(|r| r.reply)
     }
@@ -381,7 +381,7 @@ impl Backend for RedlockBackend {
     }
 
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
-    /// majority, else a retryable error); see [`watch::ObserveWatch`].
+    /// majority, else a retryable error); see `watch::ObserveWatch`.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         let watches = self
             .watches(|b| async move { Backend::observe(b.backend(), name).await })
