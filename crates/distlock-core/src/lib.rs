@@ -21,7 +21,6 @@ pub mod clock;
 pub mod conn;
 mod deadline;
 mod delegate;
-pub mod doctor;
 mod duration;
 mod election;
 pub mod ended;

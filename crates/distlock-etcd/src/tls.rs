@@ -3,7 +3,7 @@
 
 use distlock_core::conn::{ClientCert, TlsFiles, TlsNames, TlsWords};
 pub use distlock_core::conn::{TlsError, TlsErrorKind};
-use distlock_core::{doctor, Finding, Severity};
+use distlock_core::{operator, Finding, Severity};
 use etcd_client::{Certificate, Identity, TlsOptions};
 
 /// How `etcds://` names its TLS files (`ca_file` is `cacert` as `rediss://` spells it).
@@ -33,13 +33,13 @@ pub(crate) fn transport(hosts: &[String], tls: Option<&TlsFiles>) -> Finding {
         let fix = "lock keys, owner ids and any password travel unencrypted and \
                    unauthenticated; start the members with --cert-file/--key-file and connect \
                    with etcds://…?cacert=PATH";
-        return doctor::plain(hosts.iter().map(String::as_str), "http", fix);
+        return operator::plain(hosts.iter().map(String::as_str), "http", fix);
     };
     let ca = match t.ca() {
         Some(p) => format!("the CA in {}", p.display()),
         None => "the system's CA certificates".into(),
     };
-    let client = doctor::client_cert_shown(t.client().is_some());
+    let client = operator::client_cert_shown(t.client().is_some());
     let message = format!(
         "https: every member's certificate checked against {ca} (and its host name or \
          address); {client}"

@@ -16,7 +16,7 @@ use crate::session::{Inner, Session};
 use crate::ZkBackend;
 use distlock_core::conn::is_loopback;
 use distlock_core::{
-    doctor, Backend, Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result,
+    operator, Backend, Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result,
     Severity,
 };
 use std::time::Duration;
@@ -157,10 +157,10 @@ fn members(config: &str) -> (usize, usize) {
 async fn transport(inner: &crate::session::Inner) -> Finding {
     let Some(tls) = &inner.tls else {
         let fix = "lock paths and owner ids travel unencrypted and unauthenticated; give the servers a secureClientPort (Netty connection factory) and connect with zks://…?cacert=PATH";
-        return doctor::plain(inner.hosts.split(','), "TCP", fix);
+        return operator::plain(inner.hosts.split(','), "TCP", fix);
     };
     let within = inner.connect_timeout.min(std::time::Duration::from_secs(3));
-    let client = doctor::client_cert_shown(tls.client_cert());
+    let client = operator::client_cert_shown(tls.client_cert());
     match tls.version(&inner.hosts, within).await {
         Some(v) => Finding::new(
             Severity::Ok,
