@@ -297,18 +297,8 @@ mod tests {
 
     use distlock_core::conn::Env;
 
-    fn env_of(vars: &[(&str, &str)]) -> Env {
-        Env::from_pairs(vars)
-    }
-
-    trait ResolveWith {
-        fn resolve_with(&self, env: &Env) -> Result<ZkUrl>;
-    }
-
-    impl ResolveWith for ZkBuilder {
-        fn resolve_with(&self, env: &Env) -> Result<ZkUrl> {
-            ZkSettings::resolve(&self.settings_with(&ZkSettings::RULE, env)?)
-        }
+    fn resolve(b: &ZkBuilder, env: &Env) -> Result<ZkUrl> {
+        ZkSettings::resolve(&b.settings_with(&ZkSettings::RULE, env)?)
     }
 
     fn creds(u: &ZkUrl) -> (Option<&str>, Option<&str>) {
@@ -317,87 +307,63 @@ mod tests {
 
     #[test]
     fn builder_beats_url_beats_env() {
-        let none = env_of(&[]);
-        let env = env_of(&[(USER_ENV, "envuser"), (PASSWORD_ENV, "envpass")]);
-        let b = ZkBuilder::new("zk://h");
-        assert_eq!(creds(&b.resolve_with(&none).unwrap()), (None, None));
-        assert_eq!(
-            creds(&b.resolve_with(&env).unwrap()),
-            (Some("envuser"), Some("envpass"))
-        );
-        assert_eq!(
-            creds(&b.clone().ignore_env().resolve_with(&env).unwrap()),
-            (None, None)
-        );
-        let b = ZkBuilder::new("zk://u:p@h");
-        assert_eq!(
-            creds(&b.resolve_with(&env).unwrap()),
-            (Some("u"), Some("p"))
-        );
-        let b = ZkBuilder::new("zk://u@h");
-        assert_eq!(
-            creds(&b.resolve_with(&env).unwrap()),
-            (Some("u"), Some("envpass"))
-        );
-        let b = ZkBuilder::new("zk://u:p@h?acl=open")
-            .credentials("b", "bp")
-            .acl(NodeAcl::Creator);
-        let u = b.resolve_with(&env).unwrap();
-        assert_eq!(creds(&u), (Some("b"), Some("bp")));
+        let none = Env::from_pairs(&[]);
+        let env = Env::from_pairs(&[(USER_ENV, "envuser"), (PASSWORD_ENV, "envpass")]);
+        let b = ZkBuilder::new;
+        for (b, env, want) in [
+            (b("zk://h"), &none, (None, None)),
+            (b("zk://h"), &env, (Some("envuser"), Some("envpass"))),
+            (b("zk://h").ignore_env(), &env, (None, None)),
+            (b("zk://u:p@h"), &env, (Some("u"), Some("p"))),
+            (b("zk://u@h"), &env, (Some("u"), Some("envpass"))),
+            (
+                b("zk://u:p@h").credentials("b", "bp"),
+                &env,
+                (Some("b"), Some("bp")),
+            ),
+        ] {
+            assert_eq!(creds(&resolve(&b, env).unwrap()), want);
+        }
+        let b = b("zk://h?acl=open").acl(NodeAcl::Creator);
+        let u = resolve(&b, &env).unwrap();
         assert_eq!(u.acl, Some(NodeAcl::Creator));
     }
 
     #[test]
     fn missing_halves_files_and_acl() {
-        let none = env_of(&[]);
-        let e = ZkBuilder::new("zk://u@h").resolve_with(&none).unwrap_err();
-        assert!(e.to_string().contains("has no password"), "{e}");
-        let e = ZkBuilder::new("zk://h")
-            .password("secret-pw")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("but no user"), "{e}");
-        assert!(!e.to_string().contains("secret-pw"), "{e}");
-        let e = ZkBuilder::new("zk://h")
-            .credentials("a:b", "secret-pw")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("no `:`"), "{e}");
-        let e = ZkBuilder::new("zk://h?acl=creator")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("acl=creator"), "{e}");
-        let e = ZkBuilder::new("zk://u@h")
-            .password_file("/nonexistent/pw")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("/nonexistent/pw"), "{e}");
+        let none = Env::from_pairs(&[]);
+        let b = ZkBuilder::new;
+        for (b, want) in [
+            (b("zk://u@h"), "has no password"),
+            (b("zk://h").password("secret-pw"), "but no user"),
+            (b("zk://h").credentials("a:b", "secret-pw"), "no `:`"),
+            (b("zk://h?acl=creator"), "acl=creator"),
+            (
+                b("zk://u@h").password_file("/nonexistent/pw"),
+                "/nonexistent/pw",
+            ),
+            (b("zks://h"), "`?cacert=PATH`"),
+            (b("zk://h").ca_file("/ca.pem"), "zks://"),
+        ] {
+            let e = resolve(&b, &none).unwrap_err().to_string();
+            assert!(e.contains(want) && !e.contains("secret-pw"), "{e}");
+        }
         let dir = std::env::temp_dir().join(format!("dlock-zk-pw-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("pw");
         std::fs::write(&f, "from-file\n").unwrap();
-        let env = env_of(&[(USER_ENV, "u"), (PASSWORD_FILE_ENV, f.to_str().unwrap())]);
-        let u = ZkBuilder::new("zk://h").resolve_with(&env).unwrap();
+        let env = Env::from_pairs(&[(USER_ENV, "u"), (PASSWORD_FILE_ENV, f.to_str().unwrap())]);
+        let u = resolve(&ZkBuilder::new("zk://h"), &env).unwrap();
         assert_eq!(creds(&u), (Some("u"), Some("from-file")));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn tls_files_from_the_builder() {
-        let none = env_of(&[]);
-        let e = ZkBuilder::new("zks://h").resolve_with(&none).unwrap_err();
-        assert!(e.to_string().contains("`?cacert=PATH`"), "{e}");
-        let e = ZkBuilder::new("zk://h")
-            .ca_file("/ca.pem")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("zks://"), "{e}");
         let u = ZkBuilder::new("zks://h?cacert=/url.pem")
             .ca_file("/b.pem")
-            .client_cert("/c", "/k")
-            .resolve_with(&none)
-            .unwrap();
-        let tls = u.tls.unwrap();
+            .client_cert("/c", "/k");
+        let tls = resolve(&u, &Env::from_pairs(&[])).unwrap().tls.unwrap();
         assert_eq!(tls.ca(), Some(std::path::Path::new("/b.pem")));
         assert_eq!(
             tls.client(),

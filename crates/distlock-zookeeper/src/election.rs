@@ -14,11 +14,11 @@
 //! leader node's creation zxid.
 
 use crate::error::KIND;
-use crate::layout::{self, Family, NodeKind};
-use crate::node::{token_at, token_of, DATA_ATTEMPTS};
+use crate::layout::{self, NodeKind};
+use crate::node::{token_of, DATA_ATTEMPTS};
 use crate::session::Inner;
 use distlock_core::backend::{GrantRef, RenewOutcome};
-use distlock_core::{Error, ForceReleased, HolderInfo, LockInfo, Result};
+use distlock_core::{Error, Result};
 use std::sync::Arc;
 use zookeeper_client as zk;
 
@@ -68,68 +68,7 @@ impl Proclaimed {
     }
 }
 
-/// The leader's node as read: name, data, stat.
-struct LeaderNode {
-    name: String,
-    data: Vec<u8>,
-    stat: zk::Stat,
-}
-
 impl Inner {
-    /// The current leader of election `dir` (after a sync) and the number of candidates.
-    async fn leader_node(
-        &self,
-        sess: &crate::session::Session,
-        dir: &str,
-    ) -> Result<(Option<LeaderNode>, usize)> {
-        self.sync(sess, dir).await?;
-        for _ in 0..DATA_ATTEMPTS {
-            let queue = layout::queue(&self.list(sess, dir).await?, Family::Election);
-            let Some(head) = queue.first() else {
-                return Ok((None, 0));
-            };
-            let path = format!("{dir}/{}", head.name);
-            let read = sess.zk.get_data(&path);
-            // `None`: it resigned between the two reads, the next one leads.
-            let what = "reading the leader's node";
-            if let Some((data, stat)) = self.call_unless(what, zk::Error::NoNode, read).await? {
-                let name = head.name.clone();
-                return Ok((Some(LeaderNode { name, data, stat }), queue.len()));
-            }
-        }
-        Err(crate::node::busy(&self.endpoint, dir))
-    }
-
-    /// `inspect(name, Election)`: the leader only, with its value and token.
-    pub(crate) async fn inspect_election(self: &Arc<Self>, name: &str) -> Result<LockInfo> {
-        let dir = self.dir(name, Family::Election);
-        let sess = self.session().await?;
-        let (leader, candidates) = self.leader_node(&sess, &dir).await?;
-        let Some(l) = leader else {
-            return Ok(LockInfo::new(name).with_waiters(Some(0)));
-        };
-        let token = token_at(&format!("{dir}/{}", l.name), &l.stat)?;
-        let owner = owner_of(&l.name);
-        // What it proclaimed since its grant, if anything; else what it campaigned with.
-        let read = sess.zk.get_data(&dir);
-        let proclaimed = match self
-            .call_unless("inspecting", zk::Error::NoNode, read)
-            .await?
-        {
-            Some((data, _)) => Proclaimed::parse(&dir, &data)?.filter(|p| p.token == token),
-            None => None,
-        };
-        let value = match proclaimed {
-            Some(p) => p.value,
-            None => String::from_utf8_lossy(&l.data).into_owned(),
-        };
-        let waiters = u32::try_from(candidates.saturating_sub(1)).unwrap_or(u32::MAX);
-        Ok(LockInfo::new(name)
-            .with_holders(vec![HolderInfo::new(owner, 1).with_value(Some(value))])
-            .with_fencing_token(token)
-            .with_waiters(Some(waiters)))
-    }
-
     /// `proclaim`: records `value` as proclamation `seq` of the leader `grant` in the
     /// directory's data, unless a proclamation numbered `seq` or more is there already.
     pub(crate) async fn proclaim(
@@ -193,38 +132,6 @@ impl Inner {
         self.forget_grant(&grant.attempt);
         self.node_gone(path, gen);
         RenewOutcome::NotHeld
-    }
-
-    /// `force_release(name, Election)`: deletes the leader's node (at the version read), the
-    /// next candidate leads. The directory's data is rewritten (unchanged) in the same
-    /// multi-op: its zxid, above every token handed out before, is the counter reported.
-    pub(crate) async fn force_resign(self: &Arc<Self>, name: &str) -> Result<ForceReleased> {
-        let dir = self.dir(name, Family::Election);
-        let sess = self.session().await?;
-        let what = "forcing the leader out";
-        for _ in 0..DATA_ATTEMPTS {
-            let (Some(l), _) = self.leader_node(&sess, &dir).await? else {
-                return Ok(ForceReleased::new(Vec::new(), 0));
-            };
-            let read = sess.zk.get_data(&dir);
-            let Some((data, dir_stat)) = self.call_unless(what, zk::Error::NoNode, read).await?
-            else {
-                continue;
-            };
-            let path = format!("{dir}/{}", l.name);
-            let mut w = sess.zk.new_multi_writer();
-            w.add_delete(&path, Some(l.stat.version))
-                .and_then(|()| w.add_set_data(&dir, &data, Some(dir_stat.version)))
-                .map_err(|e| self.err(what, e))?;
-            // Resigned, proclaimed or recreated meanwhile: look again.
-            let token = token_of(&l.stat).unwrap_or(0);
-            let Some(counter) = self.commit_forced(what, w, 1, token).await? else {
-                continue;
-            };
-            let owner = owner_of(&l.name);
-            return Ok(ForceReleased::new(vec![HolderInfo::new(owner, 1)], counter));
-        }
-        Err(crate::node::busy(&self.endpoint, &dir))
     }
 }
 

@@ -1,9 +1,10 @@
-//! Reading a lock directory's holders through the leader: for `inspect` (and `list`) and for
-//! the forced release.
+//! Reading a lock or election directory's holders through the leader: for `inspect` (and
+//! `list`) and for the forced release.
 
+use crate::election::{owner_of, Proclaimed};
 use crate::error::KIND;
 use crate::layout::{self, Child, Family, NodeData, NodeKind};
-use crate::node::{foreign_data, token_of, unexpected_answer};
+use crate::node::{foreign_data, token_of, unexpected_answer, DATA_ATTEMPTS};
 use crate::release::parse_fence;
 use crate::session::{Inner, Session};
 use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result};
@@ -13,7 +14,10 @@ use zookeeper_client as zk;
 /// One holder's node as read.
 pub(crate) struct Read {
     pub(crate) child: Child,
+    /// dlock's node data (a candidate's: its owner, from the node's name).
     pub(crate) data: NodeData,
+    /// The node's data as stored (a candidate's: the value it campaigned with).
+    pub(crate) raw: Vec<u8>,
     pub(crate) stat: zk::Stat,
 }
 
@@ -28,12 +32,15 @@ impl Read {
 
 /// A lock directory's holders, as read through the leader.
 pub(crate) struct Holders {
-    /// The directory's stat (its version guards the forced release's write of the fence).
+    /// The directory's data (an election's proclamation record) and stat (its version guards
+    /// the forced release's rewrite of it).
+    pub(crate) dir_data: Vec<u8>,
     pub(crate) dir_stat: zk::Stat,
-    /// The fence: the token stored in the directory, raised by every holder's.
+    /// The fence: the token stored in the directory (none in an election's), raised by every
+    /// holder's.
     pub(crate) fence: u64,
     /// The holders' nodes in queue order (a writer at the head that did not downgrade holds
-    /// alone: readers behind it wait).
+    /// alone: readers behind it wait; an election's leader is its first candidate).
     pub(crate) read: Vec<Read>,
     /// A holder's node went away between the two reads (released meanwhile).
     pub(crate) changed: bool,
@@ -42,15 +49,29 @@ pub(crate) struct Holders {
 }
 
 impl Inner {
-    /// What `inspect` reports for lock `name` of `kind`.
+    /// What `inspect` reports for lock `name` of `kind` (for an election: the leader, with
+    /// its value).
     pub(crate) async fn inspect(self: &Arc<Self>, name: &str, kind: LockKind) -> Result<LockInfo> {
         let family = NodeKind::of(kind)?.family();
         let sess = self.session().await?;
         let dir = self.dir(name, family);
-        let Some(held) = self.holders(&sess, &dir, family, "inspecting").await? else {
-            return Ok(LockInfo::new(name).with_waiters(Some(0)));
+        let mut tries = 1;
+        let held = loop {
+            match self.holders(&sess, &dir, family, "inspecting").await? {
+                None => return Ok(LockInfo::new(name).with_waiters(Some(0))),
+                // A holder went between the two reads: the next ones hold now, look again.
+                Some(h) if h.changed && tries < DATA_ATTEMPTS => tries += 1,
+                Some(h) => break h,
+            }
         };
-        let infos: Vec<HolderInfo> = held.read.iter().map(Read::info).collect();
+        let mut infos: Vec<HolderInfo> = held.read.iter().map(Read::info).collect();
+        if let (Family::Election, Some(leader)) = (family, held.read.first()) {
+            // What it proclaimed since its grant, if anything; else what it campaigned with.
+            infos[0].value = Some(match Proclaimed::parse(&dir, &held.dir_data)? {
+                Some(p) if Some(p.token) == token_of(&leader.stat) => p.value,
+                _ => String::from_utf8_lossy(&leader.raw).into_owned(),
+            });
+        }
         let waiters = u32::try_from(held.queued.saturating_sub(infos.len())).unwrap_or(u32::MAX);
         Ok(LockInfo::new(name)
             .with_holders(infos)
@@ -90,14 +111,19 @@ impl Inner {
             (Some(zk::MultiReadResult::Error { err }), _) => return Err(self.err(what, err)),
             other => return Err(unexpected_answer(what, &other)),
         };
-        let stored = parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
+        let stored = match family {
+            // An election's directory records proclamations; its tokens are its leaders'.
+            Family::Election => 0,
+            _ => parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
                 "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
                 String::from_utf8_lossy(&dir_data)
-            )))?;
+            )))?,
+        };
         let queue = layout::queue(&children, family);
         let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
         let candidates = layout::holders(&queue, head_is_writer);
         let mut held = Holders {
+            dir_data,
             dir_stat,
             fence: stored,
             read: Vec::new(),
@@ -118,11 +144,19 @@ impl Inner {
             .zip(self.commit_reads(what, reader).await?)
         {
             match r {
-                zk::MultiReadResult::Data { data, stat } => {
-                    let path = format!("{dir}/{}", h.name);
-                    let data = NodeData::parse(&data).ok_or_else(|| foreign_data(&path, &data))?;
+                zk::MultiReadResult::Data { data: raw, stat } => {
+                    let data = match h.kind {
+                        NodeKind::Latch => NodeData::new(&owner_of(&h.name)),
+                        _ => NodeData::parse(&raw)
+                            .ok_or_else(|| foreign_data(&format!("{dir}/{}", h.name), &raw))?,
+                    };
                     let child = (*h).clone();
-                    held.read.push(Read { child, data, stat });
+                    held.read.push(Read {
+                        child,
+                        data,
+                        raw,
+                        stat,
+                    });
                 }
                 zk::MultiReadResult::Error {
                     err: zk::Error::NoNode,

@@ -214,11 +214,11 @@ pub(crate) fn holders(queue: &[Child], head_downgraded: bool) -> Vec<&Child> {
     }
 }
 
-/// The side a holder's node of `kind` holds: none for a mutex, the write side for a `write-`
+/// The side a holder's node of `kind` holds: none for a mutex or a candidate, the write side for a `write-`
 /// node whose write grant was not released (`downgraded`), the read side otherwise.
 pub(crate) fn side(kind: NodeKind, downgraded: bool) -> Option<LockKind> {
     match kind {
-        NodeKind::Lock => None,
+        NodeKind::Lock | NodeKind::Latch => None,
         NodeKind::Write if !downgraded => Some(LockKind::Write),
         _ => Some(LockKind::Read),
     }
@@ -474,6 +474,7 @@ mod tests {
         );
         assert!(holders(&[], false).is_empty());
         assert_eq!(side(NodeKind::Lock, false), None);
+        assert_eq!(side(NodeKind::Latch, false), None);
         assert_eq!(side(NodeKind::Write, false), Some(LockKind::Write));
         assert_eq!(side(NodeKind::Write, true), Some(LockKind::Read));
         assert_eq!(side(NodeKind::Read, false), Some(LockKind::Read));

@@ -264,32 +264,6 @@ impl Inner {
         Ok(children.await?.unwrap_or_default())
     }
 
-    /// Commits `w`, a forced release's multi-op: `None` if a node it checks changed or went
-    /// away meanwhile (look again); else the counter to report, the zxid of its `SetData` (at
-    /// `set_at`), which is above every token handed out before it, raised to `floor`.
-    pub(crate) async fn commit_forced(
-        &self,
-        what: &str,
-        w: zk::MultiWriter<'_>,
-        set_at: usize,
-        floor: u64,
-    ) -> Result<Option<u64>> {
-        let results = match self.commit(what, w).await? {
-            Ok(r) => r,
-            Err((Some(_), zk::Error::BadVersion | zk::Error::NoNode)) => return Ok(None),
-            Err((_, e)) => return Err(self.err(what, e)),
-        };
-        match results.get(set_at) {
-            Some(zk::MultiWriteResult::SetData { stat }) => Ok(Some(
-                u64::try_from(stat.mzxid)
-                    .ok()
-                    .filter(|t| *t > 0)
-                    .map_or(floor, |z| z.max(floor)),
-            )),
-            other => Err(unexpected_answer(what, &other)),
-        }
-    }
-
     /// Deletes a node we no longer want (a waiter that gives up, a try that found the lock
     /// held), retrying in the background if the connection is down; a node that cannot be
     /// deleted at all goes with its session.

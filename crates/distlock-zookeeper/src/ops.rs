@@ -11,7 +11,7 @@
 use crate::error::KIND;
 use crate::inspect::Read;
 use crate::layout::{self, decode_segment, Family, NodeKind};
-use crate::node::DATA_ATTEMPTS;
+use crate::node::{unexpected_answer, DATA_ATTEMPTS};
 use crate::session::{Inner, Session};
 use crate::ZkBackend;
 use distlock_core::conn::is_loopback;
@@ -56,38 +56,49 @@ impl Operator for ZkBackend {
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
         let inner = &self.inner;
         let family = NodeKind::of(kind)?.family();
-        if family == Family::Election {
-            return inner.force_resign(name).await;
-        }
         let dir = inner.dir(name, family);
         let sess = inner.session().await?;
         let what = "forcing the release";
         for _ in 0..DATA_ATTEMPTS {
-            let Some(held) = inner.holders(&sess, &dir, family, what).await? else {
+            let held = match inner.holders(&sess, &dir, family, what).await? {
                 // Never used: no token was ever handed out, nothing to remove.
-                return Ok(ForceReleased::new(Vec::new(), 0));
-            };
-            if held.changed {
+                None => return Ok(ForceReleased::new(Vec::new(), 0)),
                 // Released meanwhile: the holders may be others now; look again.
-                continue;
-            }
-            let (dir_stat, fence, read) = (held.dir_stat, held.fence, held.read);
-            // One transaction: the fence recorded in the directory (so `list` keeps the last
-            // token) and every holder's node deleted at the version we read — a node whose data
+                Some(h) if h.changed => continue,
+                // An election without a leader: nobody to put out.
+                Some(h) if family == Family::Election && h.read.is_empty() => {
+                    return Ok(ForceReleased::new(Vec::new(), 0))
+                }
+                Some(h) => h,
+            };
+            // One transaction: the directory's data rewritten at the version we read (the
+            // fence, so `list` keeps the last token; an election's proclamation record as it
+            // is) and every holder's node deleted at the version we read — a node whose data
             // changed meanwhile (a reader joined or left a write node, a downgrade) fails the
             // whole op and we look again. The transaction's zxid is above every czxid handed out
             // before it, and every later node's czxid is above it: that is the counter we report.
+            let record = match family {
+                Family::Election => held.dir_data.clone(),
+                _ => held.fence.to_string().into_bytes(),
+            };
             let mut w = sess.zk.new_multi_writer();
-            w.add_set_data(&dir, fence.to_string().as_bytes(), Some(dir_stat.version))
+            w.add_set_data(&dir, &record, Some(held.dir_stat.version))
                 .map_err(|e| inner.err(what, e))?;
-            for r in &read {
+            for r in &held.read {
                 w.add_delete(&format!("{dir}/{}", r.child.name), Some(r.stat.version))
                     .map_err(|e| inner.err(what, e))?;
             }
-            let Some(fencing_token) = inner.commit_forced(what, w, 0, fence).await? else {
-                continue;
+            let results = match inner.commit(what, w).await? {
+                Ok(r) => r,
+                Err((Some(_), zk::Error::BadVersion | zk::Error::NoNode)) => continue,
+                Err((_, e)) => return Err(inner.err(what, e)),
             };
-            let removed = read.iter().map(Read::info).collect();
+            let Some(zk::MultiWriteResult::SetData { stat }) = results.first() else {
+                return Err(unexpected_answer(what, &results.first()));
+            };
+            let mzxid = u64::try_from(stat.mzxid).unwrap_or(0);
+            let fencing_token = mzxid.max(held.fence);
+            let removed = held.read.iter().map(Read::info).collect();
             return Ok(ForceReleased::new(removed, fencing_token));
         }
         Err(Error::unexpected(KIND, format!(
@@ -209,29 +220,16 @@ fn access(inner: &crate::session::Inner) -> Finding {
     }
 }
 
-/// What a session timeout the servers lengthened beyond the one asked for (their
-/// `minSessionTimeout`) means for the holders: a dead one keeps the lock for the session
-/// timeout, not for the lease.
-pub(crate) fn lengthened(timeout: Duration, requested: Duration, lease: Duration) -> String {
-    format!(
-        "the ZooKeeper servers raised the session timeout to {timeout:?} (asked for \
-         {requested:?}; their minSessionTimeout, default 2 × tickTime): safe, but a holder or \
-         queued waiter that crashes or is cut off keeps the lock or its place in the queue for \
-         up to {timeout:?}, not the {lease:?} watchdog lease; lower the servers' \
-         minSessionTimeout (or tickTime), or use a watchdog lease of at least {timeout:?} so \
-         that the two agree"
-    )
-}
-
 /// The session timeout the ensemble negotiated (`timeout`, asked for `requested`) against
 /// the watchdog lease.
-fn session_finding(timeout: Duration, requested: Duration, lease: Duration) -> Finding {
+pub(crate) fn session_finding(timeout: Duration, requested: Duration, lease: Duration) -> Finding {
     if timeout < lease {
-        // `connect` refuses such a session; reported in case the server's range changed.
+        // `connect` refuses such a session (this message); reported in case the server's range
+        // changed.
         Finding::new(
             Severity::Unsafe,
             "session-timeout",
-            format!("the ensemble negotiated a session timeout of {timeout:?}, shorter than the watchdog lease {lease:?}: the server may expire the session (and delete the lock nodes) while the holder still counts on its lease; lower the client's watchdog_lease to at most {timeout:?}, or raise the servers' maxSessionTimeout and ask for a longer session (`session_timeout` in the URL)"),
+            format!("the ensemble negotiated a session timeout of {timeout:?} (asked for {requested:?}), shorter than the watchdog lease {lease:?}: the server may expire the session (and delete the lock nodes) while the holder still counts on its lease; lower the client's watchdog_lease to at most {timeout:?}, or raise the servers' maxSessionTimeout and ask for a longer session (`session_timeout` in the URL)"),
         )
     } else if timeout < requested {
         Finding::new(
@@ -243,7 +241,7 @@ fn session_finding(timeout: Duration, requested: Duration, lease: Duration) -> F
         Finding::new(
             Severity::Warning,
             "session-timeout",
-            lengthened(timeout, requested, lease),
+            format!("the ZooKeeper servers raised the session timeout to {timeout:?} (asked for {requested:?}; their minSessionTimeout, default 2 × tickTime): safe, but a holder or queued waiter that crashes or is cut off keeps the lock or its place in the queue for up to {timeout:?}, not the {lease:?} watchdog lease; lower the servers' minSessionTimeout (or tickTime), or use a watchdog lease of at least {timeout:?} so that the two agree"),
         )
     } else if timeout > lease {
         Finding::new(

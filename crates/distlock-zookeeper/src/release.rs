@@ -197,28 +197,26 @@ impl Inner {
     /// Releases grant `grant`.
     pub(crate) async fn release(self: &Arc<Self>, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let kind = NodeKind::of(grant.key.kind)?;
-        let family = kind.family();
-        let dir = self.dir(&grant.key.name, family);
+        let dir = self.dir(&grant.key.name, kind.family());
         let sess = self.session().await?;
-        let local = {
-            let mut st = self.state();
-            match st
-                .grants
-                .get_mut(&grant.attempt)
-                .filter(|g| g.token == grant.token && g.key.kind == grant.key.kind)
-            {
-                Some(g) if g.gen == sess.gen => {
-                    // The watch on the node will see our own delete: not a loss.
-                    g.releasing = true;
-                    Some(g.clone())
+        let local = (self.state().grants.get_mut(&grant.attempt))
+            .filter(|g| g.token == grant.token && g.key.kind == grant.key.kind)
+            .filter(|g| g.gen == sess.gen)
+            .map(|g| {
+                // The watch on the node will see our own delete: not a loss.
+                g.releasing = true;
+                g.clone()
+            });
+        let g = match local {
+            Some(g) => g,
+            None => {
+                // Not a grant of this session: find it on the server by its address.
+                self.forget_grant(&grant.attempt);
+                match self.find_grant(&sess, grant, kind, &dir).await? {
+                    Some(g) => g,
+                    None => return self.absent(&sess, &dir, kind.family()).await,
                 }
-                _ => None,
             }
-        };
-        let Some(g) = local else {
-            // Not a grant of this session: find it on the server by its address.
-            self.forget_grant(&grant.attempt);
-            return self.release_unknown(&sess, grant, kind, &dir).await;
         };
         let role = if g.joined {
             Role::Joined(grant.attempt.as_str())
@@ -236,7 +234,7 @@ impl Inner {
                     // An earlier attempt whose answer was lost did delete it.
                     return Ok(ReleaseOutcome::Released);
                 }
-                self.absent(&sess, &dir, family).await
+                self.absent(&sess, &dir, kind.family()).await
             }
             Ok(Err(e)) => {
                 self.release_failed(&grant.attempt, connection_died(&e));
@@ -258,43 +256,32 @@ impl Inner {
         }
     }
 
-    /// Releases a grant this backend has no record of (another session's, or one it already
-    /// released): its node is the attempt's node with the grant's token.
-    pub(crate) async fn release_unknown(
+    /// A grant this backend has no record of (another session's, or one it already released),
+    /// found on the server: the attempt's node, if it has the grant's token.
+    async fn find_grant(
         &self,
         sess: &Session,
         grant: &GrantRef,
         kind: NodeKind,
         dir: &str,
-    ) -> Result<ReleaseOutcome> {
+    ) -> Result<Option<Grant>> {
         layout::check_attempt(&grant.attempt)?;
         let prefix = layout::name_prefix(&grant.attempt, kind, &grant.key.owner);
         let found = self.attempt_nodes(sess, dir, &prefix).await?;
-        if let Some(name) = found.into_iter().next() {
-            let path = format!("{dir}/{name}");
-            // The attempt's node, but is it this grant? (A stale address names an older token.)
-            let read = sess.zk.check_stat(&path);
-            match self
-                .call_unless("reading the lock node", zk::Error::NoNode, read)
-                .await?
-            {
-                Some(Some(st)) if token_of(&st) == Some(grant.token) => {}
-                _ => return self.absent(sess, dir, kind.family()).await,
-            }
-            let node = Created::new(dir, name, kind, grant.token);
-            let g = Grant {
-                releasing: true,
-                ..Grant::new(grant.key.clone(), &node, sess.gen)
-            };
-            if let Some(()) = self
-                .retire(sess, &g, Role::Own)
-                .await?
-                .map_err(|e| self.err("releasing the lock node", e))?
-            {
-                return Ok(ReleaseOutcome::Released);
-            }
+        let Some(name) = found.into_iter().next() else {
+            return Ok(None);
+        };
+        // The attempt's node, but is it this grant? (A stale address names an older token.)
+        let read = sess.zk.check_stat(&format!("{dir}/{name}"));
+        let stat = self.call("reading the lock node", read).await?;
+        if stat.is_none_or(|st| token_of(&st) != Some(grant.token)) {
+            return Ok(None);
         }
-        self.absent(sess, dir, kind.family()).await
+        let node = Created::new(dir, name, kind, grant.token);
+        Ok(Some(Grant {
+            releasing: true,
+            ..Grant::new(grant.key.clone(), &node, sess.gen)
+        }))
     }
 
     /// Gives up attempt `req`: its grant (if it got one) is released, its waiting node (if it

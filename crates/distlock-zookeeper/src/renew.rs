@@ -208,44 +208,24 @@ mod tests {
     #[test]
     fn a_grant_holds_while_its_node_has_its_token_and_lists_it() {
         let nd = NodeData::new("o");
-        assert!(still_held(
-            &grant(NodeKind::Lock, false),
-            &nd,
-            &stat(7, 1),
-            "a"
-        ));
-        assert!(!still_held(
-            &grant(NodeKind::Lock, false),
-            &nd,
-            &stat(8, 1),
-            "a"
-        ));
         let down = NodeData {
             downgraded: true,
             ..nd.clone()
         };
-        assert!(!still_held(
-            &grant(NodeKind::Write, false),
-            &down,
-            &stat(7, 1),
-            "a"
-        ));
         let shared = NodeData {
             readers: vec!["a".into()],
-            ..nd
+            ..nd.clone()
         };
-        assert!(still_held(
-            &grant(NodeKind::Write, true),
-            &shared,
-            &stat(7, 1),
-            "a"
-        ));
-        assert!(!still_held(
-            &grant(NodeKind::Write, true),
-            &shared,
-            &stat(7, 1),
-            "b"
-        ));
+        for (node, joined, data, czxid, attempt, held) in [
+            (NodeKind::Lock, false, &nd, 7, "a", true),
+            (NodeKind::Lock, false, &nd, 8, "a", false),
+            (NodeKind::Write, false, &down, 7, "a", false),
+            (NodeKind::Write, true, &shared, 7, "a", true),
+            (NodeKind::Write, true, &shared, 7, "b", false),
+        ] {
+            let g = grant(node, joined);
+            assert_eq!(still_held(&g, data, &stat(czxid, 1), attempt), held);
+        }
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! Sessions: opening one, watching it (and each granted node), ending it.
 
-use crate::error::{map, timed_out};
+use crate::error::{timed_out, KIND};
 use crate::grant::Grant;
 use crate::layout::{self, Family};
 use crate::tls::Tls;
 use distlock_core::backend::{AttemptId, Deadline, LostRegistry};
-use distlock_core::{Error, LostReason, LostSignal, Result};
+use distlock_core::{Error, LostReason, LostSignal, Result, Severity};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -105,14 +105,26 @@ impl Inner {
         layout::dir(&self.base, name, family)
     }
 
+    /// A driver error during `what`.
     pub(crate) fn err(&self, what: &str, e: zk::Error) -> Error {
+        use zk::Error as Z;
+        let endpoint = self.endpoint.clone();
         match e {
-            zk::Error::NoAuth | zk::Error::AuthFailed => Error::auth(
-                crate::error::KIND,
-                self.endpoint.clone(),
-                self.refused(what, &e),
-            ),
-            e => map(&self.endpoint, what, e),
+            Z::ConnectionLoss
+            | Z::Timeout
+            | Z::NoHosts
+            | Z::SessionExpired
+            | Z::SessionMoved
+            | Z::ClientClosed
+            | Z::Throttled
+            // The driver's own failures of a connection (an I/O error, "no response from
+            // connection in …ms" after 2/5 of the session timeout of silence): it reconnects,
+            // and the call is to be retried on the new connection, as after a `ConnectionLoss`.
+            // A release taken for an unexpected reply was not retried, and its node stayed in
+            // the session that lived on.
+            | Z::Custom(_) => Error::connection(KIND, endpoint, format!("{what}: {e}")),
+            Z::NoAuth | Z::AuthFailed => Error::auth(KIND, endpoint, self.refused(what, &e)),
+            other => Error::unexpected(KIND, format!("{what}: {other}")),
         }
     }
 
@@ -286,11 +298,7 @@ impl Inner {
                     // The driver does not say why no server answered: ask each ourselves.
                     let within = self.connect_timeout.min(Duration::from_secs(3));
                     if let Some(e) = tls.diagnose(&self.hosts, within).await {
-                        return Err(Error::connection(
-                            crate::error::KIND,
-                            self.endpoint.clone(),
-                            e,
-                        ));
+                        return Err(Error::connection(KIND, self.endpoint.clone(), e));
                     }
                 }
                 return Err(match failed {
@@ -341,29 +349,20 @@ impl Inner {
     /// Whether a session whose servers negotiated `timeout` may be used: refused when shorter
     /// than the watchdog lease (renewals promise the core a whole watchdog lease from their
     /// send time; a session the server may expire sooner would let a hold look alive after
-    /// its node is gone); logged when it differs from the one asked for.
+    /// its node is gone); logged when it differs from the one asked for (doctor's finding).
     fn check_negotiated(&self, timeout: Duration) -> Result<()> {
-        if timeout < self.watchdog_lease {
-            return Err(Error::invalid(format!(
-                "the ZooKeeper ensemble at {} negotiated a session timeout of {timeout:?} \
-                 (asked for {:?}), shorter than the watchdog lease {:?}: a lock would outlive \
-                 its session in the holder's view; lower the client's watchdog_lease to at most \
-                 {timeout:?}, or ask for a longer session (`session_timeout` in the URL) within \
-                 the servers' maxSessionTimeout (default 20 × tickTime)",
-                self.endpoint, self.requested_timeout, self.watchdog_lease
-            )));
+        let f = crate::ops::session_finding(timeout, self.requested_timeout, self.watchdog_lease);
+        match f.severity {
+            Severity::Unsafe => Err(Error::invalid(format!(
+                "ZooKeeper at {}: {}",
+                self.endpoint, f.message
+            ))),
+            Severity::Warning => {
+                tracing::warn!("{}", f.message);
+                Ok(())
+            }
+            _ => Ok(()),
         }
-        if timeout < self.requested_timeout {
-            tracing::info!(requested = ?self.requested_timeout, negotiated = ?timeout,
-                "the ZooKeeper server shortened the session timeout (its maxSessionTimeout)");
-        }
-        if timeout > self.requested_timeout {
-            tracing::warn!(
-                "{}",
-                crate::ops::lengthened(timeout, self.requested_timeout, self.watchdog_lease)
-            );
-        }
-        Ok(())
     }
 
     /// A lease the core would measure from a request's send time must fit in the session:

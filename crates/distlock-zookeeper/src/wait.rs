@@ -128,15 +128,12 @@ impl DirWatch {
         let cw = inner.watch_children(&sess, &self.dir, what, making).await?;
         // Proclamations change an election directory's data; `None`: deleted meanwhile (a
         // Curator container), and the child watch fired for it.
-        let lw = match self.election {
-            true => match inner
-                .call(what, sess.zk.check_and_watch_stat(&self.dir))
-                .await?
-            {
-                (Some(_), w) => Some(w),
-                (None, _) => None,
-            },
-            false => None,
+        let lw = if self.election {
+            let watch = sess.zk.check_and_watch_stat(&self.dir);
+            let (stat, w) = inner.call(what, watch).await?;
+            stat.map(|_| w)
+        } else {
+            None
         };
         let events: Event = Box::pin(async move {
             match lw {
@@ -155,32 +152,27 @@ impl DirWatch {
 #[async_trait]
 impl ReleaseWatch for DirWatch {
     async fn changed(&mut self) -> Result<Wake> {
-        if self.fired {
-            self.arm().await?;
-            self.fired = false;
-            return Ok(Wake::Released);
-        }
-        if self.armed.is_none() {
-            self.arm().await?;
-        }
-        let Some((events, ended)) = self.armed.as_mut() else {
-            return Err(session_gone(&self.inner.endpoint, "no watch"));
-        };
-        let ev = tokio::select! {
-            ev = events => ev,
-            _ = ended.cancelled() => {
-                self.armed = None;
-                return Err(session_gone(&self.inner.endpoint, "the session ended"));
+        if !self.fired {
+            if self.armed.is_none() {
+                self.arm().await?;
             }
-        };
-        self.armed = None;
-        if ev.event_type == zk::EventType::Session {
-            return Err(session_gone(
-                &self.inner.endpoint,
-                &ev.session_state.to_string(),
-            ));
+            let Some((events, ended)) = self.armed.as_mut() else {
+                return Err(session_gone(&self.inner.endpoint, "no watch"));
+            };
+            let ev = tokio::select! {
+                ev = events => ev,
+                _ = ended.cancelled() => {
+                    self.armed = None;
+                    return Err(session_gone(&self.inner.endpoint, "the session ended"));
+                }
+            };
+            self.armed = None;
+            if ev.event_type == zk::EventType::Session {
+                let why = ev.session_state.to_string();
+                return Err(session_gone(&self.inner.endpoint, &why));
+            }
+            self.fired = true;
         }
-        self.fired = true;
         self.arm().await?;
         self.fired = false;
         Ok(Wake::Released)
