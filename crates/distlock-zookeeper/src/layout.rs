@@ -418,11 +418,8 @@ mod tests {
         assert_eq!(turn(&q, &n[1], false), Turn::Granted);
         assert_eq!(turn(&q, &n[0], false), Turn::WaitFor(n[1].clone()));
         assert_eq!(turn(&q, &n[3], false), Turn::WaitFor(n[0].clone()));
-        assert_eq!(
-            turn(&q, &n[2], false),
-            Turn::Gone,
-            "read nodes are another family"
-        );
+        let other_family = turn(&q, &n[2], false);
+        assert_eq!(other_family, Turn::Gone, "read nodes are another family");
         assert_eq!(holders(&q, false).len(), 1);
         assert!(!needs_head_check(&q, &n[0]));
     }
@@ -430,49 +427,36 @@ mod tests {
     #[test]
     fn read_write_rules() {
         // r1 r2 w3 r4 w5 r6
-        let n = names(&[
-            ("read", 1),
-            ("read", 2),
-            ("write", 3),
-            ("read", 4),
-            ("write", 5),
-            ("read", 6),
-        ]);
-        let q = queue(&n, Family::Rw);
-        assert_eq!(turn(&q, &n[0], false), Turn::Granted);
-        assert_eq!(turn(&q, &n[1], false), Turn::Granted, "readers overlap");
-        assert_eq!(turn(&q, &n[2], false), Turn::WaitFor(n[1].clone()));
-        assert_eq!(turn(&q, &n[3], false), Turn::WaitFor(n[2].clone()));
-        assert_eq!(turn(&q, &n[4], false), Turn::WaitFor(n[3].clone()));
-        assert_eq!(
-            turn(&q, &n[5], false),
-            Turn::WaitFor(n[4].clone()),
-            "closest writer"
-        );
-        assert_eq!(
-            holders(&q, false).iter().map(|c| c.seq).collect::<Vec<_>>(),
-            [1, 2]
-        );
-        assert!(!needs_head_check(&q, &n[3]), "the head is a reader");
-        // A writer first excludes everyone…
-        let q = queue(&n[2..], Family::Rw);
-        assert_eq!(turn(&q, &n[2], false), Turn::Granted);
-        assert_eq!(turn(&q, &n[3], false), Turn::WaitFor(n[2].clone()));
-        assert_eq!(
-            holders(&q, false).iter().map(|c| c.seq).collect::<Vec<_>>(),
-            [3]
-        );
-        assert!(needs_head_check(&q, &n[3]));
-        assert!(!needs_head_check(&q, &n[4]), "writers do not care");
-        // …until it downgrades: then readers up to the next writer join it, writers still wait.
-        assert_eq!(turn(&q, &n[3], true), Turn::Granted);
-        assert_eq!(turn(&q, &n[4], true), Turn::WaitFor(n[3].clone()));
-        assert_eq!(turn(&q, &n[5], true), Turn::WaitFor(n[4].clone()));
-        assert_eq!(
-            holders(&q, true).iter().map(|c| c.seq).collect::<Vec<_>>(),
-            [3, 4]
-        );
+        let (r, w) = ("read", "write");
+        let n = names(&[(r, 1), (r, 2), (w, 3), (r, 4), (w, 5), (r, 6)]);
+        let wait = |i: usize| Turn::WaitFor(n[i].clone());
+        let seqs = |h: Vec<&Child>| h.iter().map(|c| c.seq).collect::<Vec<_>>();
+        let all = queue(&n, Family::Rw);
+        // A writer first excludes everyone… until it downgrades: then readers up to the next
+        // writer join it, writers still wait.
+        let from_w3 = queue(&n[2..], Family::Rw);
+        for (q, i, head_downgraded, want) in [
+            (&all, 0, false, Turn::Granted),
+            (&all, 1, false, Turn::Granted), // readers overlap
+            (&all, 2, false, wait(1)),
+            (&all, 3, false, wait(2)),
+            (&all, 4, false, wait(3)),
+            (&all, 5, false, wait(4)), // the closest writer
+            (&from_w3, 2, false, Turn::Granted),
+            (&from_w3, 3, false, wait(2)),
+            (&from_w3, 3, true, Turn::Granted),
+            (&from_w3, 4, true, wait(3)),
+            (&from_w3, 5, true, wait(4)),
+        ] {
+            assert_eq!(turn(q, &n[i], head_downgraded), want, "node {i}");
+        }
+        assert_eq!(seqs(holders(&all, false)), [1, 2]);
+        assert_eq!(seqs(holders(&from_w3, false)), [3]);
+        assert_eq!(seqs(holders(&from_w3, true)), [3, 4]);
         assert!(holders(&[], false).is_empty());
+        assert!(!needs_head_check(&all, &n[3]), "the head is a reader");
+        assert!(needs_head_check(&from_w3, &n[3]));
+        assert!(!needs_head_check(&from_w3, &n[4]), "writers do not care");
         assert_eq!(side(NodeKind::Lock, false), None);
         assert_eq!(side(NodeKind::Latch, false), None);
         assert_eq!(side(NodeKind::Write, false), Some(LockKind::Write));

@@ -332,7 +332,7 @@ impl Inner {
 mod tests {
     use super::*;
 
-    fn data(downgraded: bool, readers: &[&str]) -> NodeData {
+    fn d(downgraded: bool, readers: &[&str]) -> NodeData {
         NodeData {
             owner: "o".into(),
             downgraded,
@@ -343,31 +343,22 @@ mod tests {
     #[test]
     fn what_a_release_does_to_its_node() {
         use NodeKind::{Read, Write};
-        assert_eq!(step(Read, Role::Own, data(false, &[])), Step::Delete);
-        assert_eq!(step(Write, Role::Own, data(false, &[])), Step::Delete);
-        // The write side released while its owner's read grants share the node: a downgrade.
-        assert_eq!(
-            step(Write, Role::Own, data(false, &["r1"])),
-            Step::Update(data(true, &["r1"]))
-        );
-        // Released already (a retry after a lost reply).
-        assert_eq!(step(Write, Role::Own, data(true, &["r1"])), Step::NotThere);
-        assert_eq!(
-            step(Write, Role::Joined("r1"), data(false, &["r1", "r2"])),
-            Step::Update(data(false, &["r2"]))
-        );
-        assert_eq!(
-            step(Write, Role::Joined("r1"), data(false, &["r1"])),
-            Step::Update(data(false, &[]))
-        );
-        // The last reader of a downgraded node: nobody holds it.
-        assert_eq!(
-            step(Write, Role::Joined("r1"), data(true, &["r1"])),
-            Step::Delete
-        );
-        assert_eq!(
-            step(Write, Role::Joined("r3"), data(true, &["r1"])),
-            Step::NotThere
-        );
+        let (own, r1, r3) = (Role::Own, Role::Joined("r1"), Role::Joined("r3"));
+        let up = |downgraded, readers| Step::Update(d(downgraded, readers));
+        for (node, role, before, after) in [
+            (Read, own, d(false, &[]), Step::Delete),
+            (Write, own, d(false, &[]), Step::Delete),
+            // The write side released while its owner's read grants share the node: a downgrade.
+            (Write, own, d(false, &["r1"]), up(true, &["r1"])),
+            // Released already (a retry after a lost reply).
+            (Write, own, d(true, &["r1"]), Step::NotThere),
+            (Write, r1, d(false, &["r1", "r2"]), up(false, &["r2"])),
+            (Write, r1, d(false, &["r1"]), up(false, &[])),
+            // The last reader of a downgraded node: nobody holds it.
+            (Write, r1, d(true, &["r1"]), Step::Delete),
+            (Write, r3, d(true, &["r1"]), Step::NotThere),
+        ] {
+            assert_eq!(step(node, role, before), after);
+        }
     }
 }

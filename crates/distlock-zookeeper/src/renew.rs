@@ -230,38 +230,28 @@ mod tests {
 
     #[test]
     fn a_node_read_is_ours_gone_or_unreadable() {
-        let data = NodeData::new("o").encode();
-        let ours = |data: &[u8], latch| {
+        let read = |data: &[u8], owner, latch| {
+            let stat = stat(7, owner);
             read_of(
                 zk::MultiReadResult::Data {
                     data: data.to_vec(),
-                    stat: stat(7, 1),
+                    stat,
                 },
                 1,
                 latch,
             )
         };
-        assert!(matches!(ours(&data, false), Ok(Some((nd, _))) if nd.owner == "o"));
-        assert!(matches!(
-            ours(b"\xff not dlock's data", false),
-            Err(Unread::Foreign(_))
-        ));
-        assert!(matches!(ours(b"a candidate's value", true), Ok(Some(_))));
-        let other_session = zk::MultiReadResult::Data {
-            data,
-            stat: stat(7, 2),
-        };
-        assert!(matches!(read_of(other_session, 1, false), Ok(None)));
-        let gone = zk::MultiReadResult::Error {
-            err: zk::Error::NoNode,
-        };
-        assert!(matches!(read_of(gone, 1, false), Ok(None)));
-        let refused = zk::MultiReadResult::Error {
-            err: zk::Error::NoAuth,
-        };
-        assert!(matches!(
-            read_of(refused, 1, false),
-            Err(Unread::Refused(_))
-        ));
+        let error = |err| read_of(zk::MultiReadResult::Error { err }, 1, false);
+        let data = NodeData::new("o").encode();
+        assert!(matches!(read(&data, 1, false), Ok(Some((nd, _))) if nd.owner == "o"));
+        let foreign = read(b"\xff not dlock's data", 1, false);
+        assert!(matches!(foreign, Err(Unread::Foreign(_))));
+        assert!(matches!(read(b"a candidate's value", 1, true), Ok(Some(_))));
+        assert!(
+            matches!(read(&data, 2, false), Ok(None)),
+            "another session's"
+        );
+        assert!(matches!(error(zk::Error::NoNode), Ok(None)));
+        assert!(matches!(error(zk::Error::NoAuth), Err(Unread::Refused(_))));
     }
 }
