@@ -96,7 +96,7 @@ impl Inner {
             .add_get_data(dir)
             .and_then(|()| reader.add_get_children(dir))
             .map_err(|e| self.err(what, e))?;
-        let mut it = self.commit_reads(what, reader).await?.into_iter();
+        let mut it = self.call(what, reader.commit()).await?.into_iter();
         let (dir_data, dir_stat, children) = match (it.next(), it.next()) {
             (
                 Some(zk::MultiReadResult::Data { data, stat }),
@@ -139,10 +139,8 @@ impl Inner {
                 .add_get_data(&format!("{dir}/{}", h.name))
                 .map_err(|e| self.err(what, e))?;
         }
-        for (h, r) in candidates
-            .iter()
-            .zip(self.commit_reads(what, reader).await?)
-        {
+        let reads = self.call(what, reader.commit()).await?;
+        for (h, r) in candidates.iter().zip(reads) {
             match r {
                 zk::MultiReadResult::Data { data: raw, stat } => {
                     let data = match h.kind {
@@ -175,14 +173,5 @@ impl Inner {
             .filter_map(|r| token_of(&r.stat))
             .fold(stored, u64::max);
         Ok(Some(held))
-    }
-
-    /// Sends the reads of `reader` with the per-call timeout.
-    async fn commit_reads(
-        &self,
-        what: &str,
-        mut reader: zk::MultiReader<'_>,
-    ) -> Result<Vec<zk::MultiReadResult>> {
-        self.call(what, reader.commit()).await
     }
 }

@@ -115,13 +115,13 @@ pub(crate) fn parse_child(name: &str) -> Option<Child> {
     if !prefix.starts_with("_c_") || seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let kind = match word {
-        "lock" => NodeKind::Lock,
-        "read" => NodeKind::Read,
-        "write" => NodeKind::Write,
-        "latch" => NodeKind::Latch,
-        _ => return None,
-    };
+    let kinds = [
+        NodeKind::Lock,
+        NodeKind::Read,
+        NodeKind::Write,
+        NodeKind::Latch,
+    ];
+    let kind = kinds.into_iter().find(|k| k.word() == word)?;
     Some(Child {
         name: name.to_owned(),
         kind,

@@ -42,12 +42,6 @@ pub(crate) fn token_of(stat: &zk::Stat) -> Option<u64> {
     u64::try_from(stat.czxid).ok().filter(|t| *t > 0)
 }
 
-/// The token of node `path` as `stat` says, or the error for a czxid no token can be.
-pub(crate) fn token_at(path: &str, stat: &zk::Stat) -> Result<u64> {
-    token_of(stat)
-        .ok_or_else(|| Error::unexpected(KIND, format!("node {path} has czxid {}", stat.czxid)))
-}
-
 /// An answer of a multi-op that is not one of those asked for.
 pub(crate) fn unexpected_answer(what: &str, answer: &impl std::fmt::Debug) -> Error {
     Error::unexpected(KIND, format!("{what}: unexpected answer {answer:?}"))
@@ -101,32 +95,46 @@ impl Inner {
     ) -> Result<(Created, LeaseInstant)> {
         let dir = self.dir(&req.key.name, kind.family());
         let prefix = layout::name_prefix(&req.attempt, kind, &req.key.owner);
-        let sent_before = self.state().pending.contains(&req.attempt);
-        if sent_before {
+        if self.state().pending.contains(&req.attempt) {
             let at = LeaseInstant::now();
-            for name in self.attempt_nodes(sess, &dir, &prefix).await? {
-                let path = format!("{dir}/{name}");
-                match self
-                    .call("reading the lock node", sess.zk.check_stat(&path))
-                    .await?
-                {
-                    Some(st) if st.ephemeral_owner == sess.id => {
-                        if let Some(token) = token_of(&st) {
-                            return Ok((Created::new(&dir, name, kind, token), at));
-                        }
-                    }
-                    // This attempt's node of a session we stopped using (its holds were
-                    // declared lost then): nobody relies on it, and it would block the queue
-                    // until the server expires that session.
-                    Some(_) => self.remove_node(sess, &path).await,
-                    None => {}
-                }
+            if let Some(node) = self.find_node(sess, kind, &dir, &prefix).await? {
+                return Ok((node, at));
             }
         }
         self.state().pending.insert(req.attempt.clone());
         let at = LeaseInstant::now();
         let node = self.create_node(sess, req, kind, &dir, &prefix).await?;
         Ok((node, at))
+    }
+
+    /// This session's node of the attempt whose names start with `prefix`, found again (a
+    /// create whose answer was lost).
+    async fn find_node(
+        &self,
+        sess: &Session,
+        kind: NodeKind,
+        dir: &str,
+        prefix: &str,
+    ) -> Result<Option<Created>> {
+        for name in self.attempt_nodes(sess, dir, prefix).await? {
+            let path = format!("{dir}/{name}");
+            match self
+                .call("reading the lock node", sess.zk.check_stat(&path))
+                .await?
+            {
+                Some(st) if st.ephemeral_owner == sess.id => {
+                    if let Some(token) = token_of(&st) {
+                        return Ok(Some(Created::new(dir, name, kind, token)));
+                    }
+                }
+                // This attempt's node of a session we stopped using (its holds were declared
+                // lost then): nobody relies on it, and it would block the queue until the
+                // server expires that session.
+                Some(_) => self.remove_node(sess, &path).await,
+                None => {}
+            }
+        }
+        Ok(None)
     }
 
     /// Creates the ephemeral sequential node `<dir>/<prefix><seq>` (and its parents when
@@ -167,10 +175,8 @@ impl Inner {
                 }
                 Err(e) if connection_died(&e) => {
                     // The create may have happened: look for our attempt's node.
-                    let found = self.attempt_nodes(sess, dir, prefix).await?;
-                    if let Some(name) = found.into_iter().next() {
-                        let token = self.czxid(sess, &format!("{dir}/{name}")).await?;
-                        return Ok(Created::new(dir, name, kind, token));
+                    if let Some(node) = self.find_node(sess, kind, dir, prefix).await? {
+                        return Ok(node);
                     }
                 }
                 Err(e) => return Err(self.err("creating the lock node", e)),
@@ -231,16 +237,13 @@ impl Inner {
     }
 
     pub(crate) async fn czxid(&self, sess: &Session, path: &str) -> Result<u64> {
-        match self
-            .call("reading the lock node", sess.zk.check_stat(path))
-            .await?
-        {
-            Some(st) => token_at(path, &st),
-            None => Err(session_gone(
-                &self.endpoint,
-                "our lock node vanished right after its creation",
-            )),
-        }
+        let stat = self.call("reading the lock node", sess.zk.check_stat(path));
+        let Some(stat) = stat.await? else {
+            let why = "our lock node vanished right after its creation";
+            return Err(session_gone(&self.endpoint, why));
+        };
+        token_of(&stat)
+            .ok_or_else(|| Error::unexpected(KIND, format!("node {path} has czxid {}", stat.czxid)))
     }
 
     /// The nodes in `dir` whose names start with `prefix` (an attempt's), read after a sync:

@@ -172,7 +172,7 @@ async fn transport(inner: &crate::session::Inner) -> Finding {
     };
     let within = inner.connect_timeout.min(std::time::Duration::from_secs(3));
     let client = operator::client_cert_shown(tls.client_cert());
-    match tls.version(&inner.hosts, within).await {
+    match tls.probe(&inner.hosts, within).await.0 {
         Some(v) => Finding::new(
             Severity::Ok,
             "tls",

@@ -1,6 +1,6 @@
 //! Renewals: confirming many grants at once through the leader.
 
-use crate::error::{timed_out, KIND};
+use crate::error::KIND;
 use crate::grant::{still_held, Grant};
 use crate::layout::{NodeData, NodeKind};
 use crate::node::foreign_data;
@@ -18,49 +18,43 @@ impl Inner {
         self: &Arc<Self>,
         holds: &[(GrantRef, Duration)],
     ) -> Result<Vec<RenewOutcome>> {
-        let mut out = vec![RenewOutcome::NotHeld; holds.len()];
         if holds.is_empty() {
-            return Ok(out);
+            return Ok(Vec::new());
         }
         let sess = self.session().await?;
         for (_, lease) in holds {
             self.check_lease(&sess, *lease, "a renewal")?;
         }
+        let mut results: Vec<Result<RenewOutcome>> =
+            holds.iter().map(|_| Ok(RenewOutcome::NotHeld)).collect();
         // Which items have a live grant of this session, and where.
         let mut wanted: Vec<(usize, Grant)> = Vec::new();
         for (i, (grant, _)) in holds.iter().enumerate() {
             match self.local_grant(grant) {
                 // Being released right now: nothing to confirm, nothing lost.
-                Some(g) if g.releasing => out[i] = RenewOutcome::Renewed,
+                Some(g) if g.releasing => results[i] = Ok(RenewOutcome::Renewed),
                 Some(g) if g.gen == sess.gen => wanted.push((i, g)),
                 // A grant of a session that ended (its lost signal fired), or none of ours.
                 _ => {}
             }
         }
-        if wanted.is_empty() {
-            return Ok(out);
-        }
-        let mut paths: Vec<&str> = wanted.iter().map(|(_, g)| g.path.as_str()).collect();
+        // Each node once, with whether it is a candidate's (holding its value, not dlock's data).
+        let mut paths: Vec<(&str, bool)> = (wanted.iter())
+            .map(|(_, g)| (g.path.as_str(), g.node == NodeKind::Latch))
+            .collect();
         paths.sort_unstable();
         paths.dedup();
         let answers = self.read_through_leader(&sess.zk, &paths).await?;
-        // Election candidates' nodes hold their value, not dlock's node data.
-        let latches: std::collections::HashSet<&str> = wanted
-            .iter()
-            .filter(|(_, g)| g.node == NodeKind::Latch)
-            .map(|(_, g)| g.path.as_str())
-            .collect();
         // A node that cannot be read (data dlock did not write, an error for that node alone)
         // leaves the holds on it unconfirmed, not the others of the batch.
         let mut nodes: HashMap<&str, Read> = HashMap::new();
-        for (p, r) in paths.iter().zip(answers) {
-            let node = read_of(r, sess.id, latches.contains(p));
+        for ((p, latch), r) in paths.iter().zip(answers) {
+            let node = read_of(r, sess.id, *latch);
             if matches!(node, Ok(None)) {
                 self.node_gone(p, sess.gen);
             }
             nodes.insert(p, node);
         }
-        let mut results: Vec<Result<RenewOutcome>> = out.into_iter().map(Ok).collect();
         for (i, g) in &wanted {
             let held = match nodes.get(g.path.as_str()) {
                 Some(Ok(Some((nd, stat)))) => still_held(g, nd, stat, &holds[*i].0.attempt),
@@ -79,47 +73,35 @@ impl Inner {
         RenewOutcome::each(KIND, holds, results)
     }
 
-    /// Reads `paths` (sorted, deduplicated, at least one) through the leader: the sync goes to
-    /// the leader, and the read is answered only after it, so a server cut off from the leader
+    /// Reads the nodes `paths` (sorted, deduplicated) through the leader: the sync goes to the
+    /// leader, and the read is answered only after it, so a server cut off from the leader
     /// (which may have expired our session already) cannot confirm. Both are sent at once (the
     /// server answers a session's requests in order). One answer per path, in order.
     async fn read_through_leader(
         &self,
         zk: &zk::Client,
-        paths: &[&str],
+        paths: &[(&str, bool)],
     ) -> Result<Vec<zk::MultiReadResult>> {
+        let what = "renewing through the leader";
+        let Some((first, _)) = paths.first() else {
+            return Ok(Vec::new());
+        };
         let mut reader = zk.new_multi_reader();
-        for p in paths {
-            reader
-                .add_get_data(p)
-                .map_err(|e| self.err("renewing", e))?;
+        for (p, _) in paths {
+            reader.add_get_data(p).map_err(|e| self.err(what, e))?;
         }
-        let sync = zk.sync(paths[0]);
-        let read = reader.commit();
-        let (synced, results) =
-            tokio::time::timeout(self.op_timeout, async { tokio::join!(sync, read) })
-                .await
-                .map_err(|_| {
-                    timed_out(
-                        &self.endpoint,
-                        "renewing through the leader",
-                        self.op_timeout,
-                    )
-                })?;
-        match synced {
-            Ok(()) | Err(zk::Error::NoNode) => {}
-            Err(e) => return Err(self.err("syncing with the leader", e)),
-        }
-        let results = results.map_err(|e| self.err("renewing", e))?;
+        let (sync, read) = (zk.sync(first), reader.commit());
+        let both = async {
+            match tokio::join!(sync, read) {
+                (Ok(()) | Err(zk::Error::NoNode), read) => read,
+                (Err(e), _) => Err(e),
+            }
+        };
+        let results = self.call(what, both).await?;
         if results.len() != paths.len() {
-            return Err(Error::unexpected(
-                KIND,
-                format!(
-                    "renewal read {} nodes and got {} answers",
-                    paths.len(),
-                    results.len()
-                ),
-            ));
+            let (asked, got) = (paths.len(), results.len());
+            let e = format!("renewal read {asked} nodes and got {got} answers");
+            return Err(Error::unexpected(KIND, e));
         }
         Ok(results)
     }

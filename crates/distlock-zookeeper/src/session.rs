@@ -297,7 +297,7 @@ impl Inner {
                 if let Some(tls) = &self.tls {
                     // The driver does not say why no server answered: ask each ourselves.
                     let within = self.connect_timeout.min(Duration::from_secs(3));
-                    if let Some(e) = tls.diagnose(&self.hosts, within).await {
+                    if let (_, Some(e)) = tls.probe(&self.hosts, within).await {
                         return Err(Error::connection(KIND, self.endpoint.clone(), e));
                     }
                 }
