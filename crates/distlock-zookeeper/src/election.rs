@@ -1,17 +1,9 @@
-//! Elections: Curator's `LeaderLatch` recipe, with fencing tokens and numbered proclamations.
-//!
-//! Election `name` lives in `/<chroot>/<ns>-election/<name>`. Each candidate is one ephemeral
-//! sequential `latch-` node there (a Curator `LeaderLatch` on that path is a candidate like
-//! any other); the lowest sequence number leads, the others each watch their predecessor. A
-//! dlock candidate's node is `_c_<attempt>-dlock=<owner>-latch-<seq>` and holds the value it
-//! campaigned with, alone, so Curator's `getLeader().getId()` shows it. That data never
+//! Elections: Curator's `LeaderLatch` recipe, with fencing tokens and numbered proclamations
+//! (docs/election-zk.md). A candidate's node holds the value it campaigned with and never
 //! changes: Curator's next candidate keeps a one-shot *data* watch on it and acts only on its
-//! deletion, so a data change would use the watch up and leave Curator waiting forever.
-//! Proclaimed values go to the election directory's own data instead,
-//! `<leader token>\n<seq>\n<value>`, written in one multi-op that checks the leader's node
-//! still exists and that the directory's data is the one read; a proclamation whose number is
-//! not above the recorded one (a retry, a late duplicate) changes nothing. The token is the
-//! leader node's creation zxid.
+//! deletion, so a data change would leave it waiting forever. Proclamations go to the
+//! directory's data, in a multi-op that checks the leader's node; one whose number is not above
+//! the recorded one (a retry, a late duplicate) changes nothing.
 
 use crate::error::KIND;
 use crate::layout::{self, NodeKind};

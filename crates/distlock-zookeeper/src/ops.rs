@@ -1,12 +1,5 @@
-//! Operator commands: `dlock list`, `dlock release --force`, `dlock doctor`.
-//!
-//! `list` reads the children of the namespace node (one per lock name, percent-encoded) and
-//! inspects the mutex queue and the `rw` queue under each; `force_release` deletes the
-//! holders' nodes in one multi-op that also records the fence in the lock directory, every
-//! node checked against the version it was read at; `diagnose` compares the negotiated session
-//! timeout with the watchdog lease and reads the ensemble's membership from `/zookeeper/config`
-//! (the four-letter words `srvr`/`mntr` are often disabled, and the client can always read
-//! this node).
+//! Operator commands: `dlock list`, `dlock release --force`, `dlock doctor` (docs/zookeeper.md,
+//! *Operator commands*).
 
 use crate::error::KIND;
 use crate::inspect::Read;
@@ -112,8 +105,8 @@ impl Operator for ZkBackend {
         let synced = inner
             .timed("syncing with the leader", sess.zk.sync(&inner.base))
             .await;
-        // Ensemble membership, from the config node (readable by every client, unlike the
-        // four-letter words, which are often disabled).
+        // Membership from the config node: every client may read it, unlike the four-letter
+        // words (`srvr`, `mntr`), which are often disabled.
         let config = inner
             .timed("reading /zookeeper/config", sess.zk.get_config())
             .await?

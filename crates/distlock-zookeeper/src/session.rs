@@ -502,12 +502,7 @@ pub(crate) async fn watch_node(
         drop(zk);
         let watcher = match armed {
             Ok(Ok((Some(_), w))) => w,
-            Ok(Ok((None, _))) => {
-                if let Some(inner) = inner.upgrade() {
-                    inner.node_gone(&path, gen);
-                }
-                return;
-            }
+            Ok(Ok((None, _))) => break,
             Ok(Err(_)) | Err(_) => {
                 tokio::select! {
                     _ = ended.cancelled() => return,
@@ -518,12 +513,7 @@ pub(crate) async fn watch_node(
         tokio::select! {
             _ = ended.cancelled() => return,
             ev = watcher.changed() => match ev.event_type {
-                zk::EventType::NodeDeleted => {
-                    if let Some(inner) = inner.upgrade() {
-                        inner.node_gone(&path, gen);
-                    }
-                    return;
-                }
+                zk::EventType::NodeDeleted => break,
                 zk::EventType::Session => return,
                 // Data changes (a downgrade, a reader joining or leaving): watch on, unless
                 // no grant of ours is on the node any more.
@@ -535,5 +525,8 @@ pub(crate) async fn watch_node(
                 }
             },
         }
+    }
+    if let Some(inner) = inner.upgrade() {
+        inner.node_gone(&path, gen);
     }
 }

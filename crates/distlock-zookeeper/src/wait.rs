@@ -19,13 +19,6 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-/// How a wait for one node's turn ended.
-pub(crate) enum WaitEnd {
-    /// Granted; no later than the server's confirmation of the grant.
-    Granted(LeaseInstant),
-    GaveUp,
-}
-
 /// Gives the attempt up in the background if the future running it is dropped before it
 /// decided (a caller that stopped waiting for it): nobody would retry it or give it up.
 pub(crate) struct Abandon {
@@ -187,40 +180,27 @@ impl Inner {
         node: &Created,
         via_leader: bool,
     ) -> Result<Turn> {
-        let family = node.node.family();
         if via_leader {
             self.sync(sess, &node.dir).await?;
         }
-        let children = self.list(sess, &node.dir).await?;
-        let queue = layout::queue(&children, family);
-        let head_downgraded = if layout::needs_head_check(&queue, &node.name) {
-            match queue.first() {
-                Some(head) => self.is_downgraded(sess, &node.dir, &head.name).await?,
-                None => false,
+        let queue = layout::queue(&self.list(sess, &node.dir).await?, node.node.family());
+        // A reader behind a writer at the head asks whether that writer downgraded.
+        let head = (queue.first()).filter(|_| layout::needs_head_check(&queue, &node.name));
+        let head_downgraded = match head {
+            Some(h) => {
+                let read = sess.zk.get_data(&format!("{}/{}", node.dir, h.name));
+                let what = "reading the head of the queue";
+                // Gone (`None`): we look again when our watch fires.
+                let read = self.call_unless(what, zk::Error::NoNode, read).await?;
+                read.is_some_and(|(data, _)| NodeData::parse(&data).is_some_and(|d| d.downgraded))
             }
-        } else {
-            false
+            None => false,
         };
         Ok(layout::turn(&queue, &node.name, head_downgraded))
     }
 
-    /// Whether lock node `dir/name` belongs to a writer that downgraded to reading.
-    pub(crate) async fn is_downgraded(
-        &self,
-        sess: &Session,
-        dir: &str,
-        name: &str,
-    ) -> Result<bool> {
-        let path = format!("{dir}/{name}");
-        let what = "reading the head of the queue";
-        // Gone (`None`): the caller looks again when its watch fires.
-        let read = self.call_unless(what, zk::Error::NoNode, sess.zk.get_data(&path));
-        Ok(read
-            .await?
-            .is_some_and(|(data, _)| NodeData::parse(&data).is_some_and(|d| d.downgraded)))
-    }
-
-    /// Waits until `node` holds the lock, watching only the node it waits for.
+    /// Waits until `node` holds the lock, watching only the node it waits for: the grant's
+    /// time (no later than the server's confirmation of it), or `None` when given up.
     pub(crate) async fn wait_turn(
         &self,
         sess: &Session,
@@ -228,7 +208,7 @@ impl Inner {
         confirmed_at: LeaseInstant,
         deadline: Deadline,
         cancel: &CancellationToken,
-    ) -> Result<WaitEnd> {
+    ) -> Result<Option<LeaseInstant>> {
         let mut at = confirmed_at;
         let mut via_leader = false;
         loop {
@@ -236,7 +216,7 @@ impl Inner {
                 at = LeaseInstant::now();
             }
             let pred = match self.turn(sess, node, via_leader).await? {
-                Turn::Granted => return Ok(WaitEnd::Granted(at)),
+                Turn::Granted => return Ok(Some(at)),
                 Turn::Gone => {
                     return Err(session_gone(
                         &self.endpoint,
@@ -262,8 +242,8 @@ impl Inner {
                 _ = sess.ended.cancelled() => {
                     return Err(session_gone(&self.endpoint, "the session ended while waiting"));
                 }
-                _ = cancel.cancelled() => return Ok(WaitEnd::GaveUp),
-                _ = deadline.reached() => return Ok(WaitEnd::GaveUp),
+                _ = cancel.cancelled() => return Ok(None),
+                _ = deadline.reached() => return Ok(None),
             }
         }
     }
@@ -297,42 +277,32 @@ impl Inner {
         let abandon = Abandon::new(self, req);
         let decided = async {
             let (node, confirmed_at) = self.node_for(&sess, req, kind).await?;
-            let end = match wait {
-                None => match self.turn(&sess, &node, false).await? {
-                    Turn::Granted => WaitEnd::Granted(confirmed_at),
-                    _ => WaitEnd::GaveUp,
-                },
+            let granted_at = match wait {
+                None => {
+                    (self.turn(&sess, &node, false).await? == Turn::Granted).then_some(confirmed_at)
+                }
                 Some((deadline, cancel)) => {
                     self.wait_turn(&sess, &node, confirmed_at, deadline, cancel)
                         .await?
                 }
             };
-            Ok::<_, Error>((node, end))
+            Ok::<_, Error>((node, granted_at))
         }
         .await;
         abandon.disarm();
-        let (node, end) = decided?;
-        match end {
-            WaitEnd::Granted(at) => {
-                if let Err(e) =
-                    self.insert_grant(&sess, req, Grant::new(req.key.clone(), &node, sess.gen))
-                {
-                    self.drop_attempt_node(&sess, req, &node.path).await;
-                    return Err(e);
-                }
-                Ok(Some(Granted::new(node.token, at)))
-            }
-            WaitEnd::GaveUp => {
-                self.drop_attempt_node(&sess, req, &node.path).await;
-                Ok(None)
-            }
+        let (node, granted_at) = decided?;
+        let granted = match granted_at {
+            Some(at) => self
+                .insert_grant(&sess, req, Grant::new(req.key.clone(), &node, sess.gen))
+                .map(|()| Some(Granted::new(node.token, at))),
+            None => Ok(None),
+        };
+        if !matches!(granted, Ok(Some(_))) {
+            // The attempt is over without a grant: its node goes.
+            self.state().pending.remove(&req.attempt);
+            self.remove_node(&sess, &node.path).await;
         }
-    }
-
-    /// The attempt is over without a grant: its node goes.
-    pub(crate) async fn drop_attempt_node(&self, sess: &Session, req: &AcquireRequest, path: &str) {
-        self.state().pending.remove(&req.attempt);
-        self.remove_node(sess, path).await;
+        granted
     }
 
     /// `acquire_wait`: attempts until granted, the deadline or a cancellation, in the core's
