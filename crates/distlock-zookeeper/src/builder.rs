@@ -42,10 +42,8 @@ impl ZkUrl {
     }
 }
 
-/// Reads a `zk://` or `zks://` URL with the core's connection-string parser (which also
-/// redacts it in every error), then checks what ZooKeeper needs: no credentials, a chroot of
-/// plain segments outside `/zookeeper`, and the known parameters (the TLS ones only with
-/// `zks://`).
+/// Reads a `zk://` or `zks://` URL with the core's parser (which redacts it in every error),
+/// then checks a chroot of plain segments outside `/zookeeper` and the known parameters.
 pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
     from_url(&ConnectionString::parse(url)?)
 }
@@ -138,14 +136,10 @@ pub const PASSWORD_FILE_ENV: &str = "DLOCK_ZK_PASSWORD_FILE";
 /// | client certificate (`zks://`) | [`client_cert`](Builder::client_cert) | `zks://…?cert=PATH&key=PATH` | — |
 ///
 /// [`ignore_env`](Builder::ignore_env) turns the environment off. The session authenticates with
-/// the `digest` scheme (`addauth digest user:password`, as `zkCli.sh` and Curator's
-/// `authorization("digest", …)` do). The password never appears in a message, an error or
-/// `Debug` output.
-///
-/// ZooKeeper does not check a digest password when the session authenticates: a wrong one
-/// is simply another identity, refused ([`Error::Auth`]) by the first node whose ACL does not
-/// let it in. [`connect`](Builder::connect) reads the nearest existing node of the backend's
-/// path, so a protected chroot refuses a wrong or missing credential there and then.
+/// the `digest` scheme, as `zkCli.sh` and Curator do; the password never appears in a message,
+/// an error or `Debug` output. ZooKeeper does not check it at authentication (a wrong one is
+/// another identity), so [`connect`](Builder::connect) reads the nearest existing node of the
+/// backend's path: a protected chroot refuses a wrong or missing credential ([`Error::Auth`]).
 ///
 /// ```no_run
 /// # async fn demo() -> distlock_core::Result<()> {

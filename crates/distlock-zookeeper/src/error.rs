@@ -11,11 +11,6 @@ pub(crate) fn connection_died(e: &zk::Error) -> bool {
     matches!(e, zk::Error::ConnectionLoss | zk::Error::Custom(_))
 }
 
-/// A call that got no answer in time (the connection may be down).
-pub(crate) fn timed_out(endpoint: &str, what: &str, after: std::time::Duration) -> Error {
-    Error::call_timeout(KIND, endpoint, what, after)
-}
-
 /// The session that held (or would hold) the locks is gone.
 pub(crate) fn session_gone(endpoint: &str, why: &str) -> Error {
     Error::connection(

@@ -161,17 +161,13 @@ impl Inner {
             let attempt = req.attempt.as_str();
             if !nd.readers.iter().any(|r| r == attempt) {
                 nd.readers.push(attempt.to_owned());
-                match self
-                    .timed(
-                        "joining the write node",
-                        sess.zk.set_data(&w.path, &nd.encode(), Some(stat.version)),
-                    )
-                    .await?
-                {
+                let what = "joining the write node";
+                let set = sess.zk.set_data(&w.path, &nd.encode(), Some(stat.version));
+                match self.timed(what, set).await? {
                     Ok(_) => {}
                     Err(zk::Error::BadVersion) => continue,
                     Err(zk::Error::NoNode) => return Ok(None),
-                    Err(e) => return Err(self.err("joining the write node", e)),
+                    Err(e) => return Err(self.err(what, e)),
                 }
             }
             let grant = Grant {
@@ -200,10 +196,7 @@ impl Inner {
                 return Err(session_gone(&self.endpoint, &why));
             }
             // One watch per node: a joined read grant shares its write node's.
-            let watched = st
-                .grants
-                .values()
-                .any(|g| g.path == path && g.gen == sess.gen);
+            let watched = (st.grants.values()).any(|g| g.path == path && g.gen == sess.gen);
             st.pending.remove(&req.attempt);
             st.grants.insert(req.attempt.clone(), grant);
             sess.lost.register(req.attempt.clone(), req.lost.clone());
@@ -211,12 +204,8 @@ impl Inner {
                 return Ok(());
             }
         }
-        tokio::spawn(watch_node(
-            Arc::downgrade(self),
-            sess.gen,
-            path,
-            sess.ended.clone(),
-        ));
+        let (inner, ended) = (Arc::downgrade(self), sess.ended.clone());
+        tokio::spawn(watch_node(inner, sess.gen, path, ended));
         Ok(())
     }
 }

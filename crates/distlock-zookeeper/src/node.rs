@@ -1,6 +1,6 @@
 //! Lock nodes: created (or found again after a lost answer), listed, deleted.
 
-use crate::error::{connection_died, session_gone, timed_out, KIND};
+use crate::error::{connection_died, session_gone, KIND};
 use crate::layout::{self, NodeData, NodeKind};
 use crate::session::{Inner, Session};
 use distlock_core::backend::{AcquireRequest, AttemptId};
@@ -223,17 +223,8 @@ impl Inner {
                 Err(_) => {}
             }
         });
-        match tokio::time::timeout(self.op_timeout, rx).await {
-            Ok(Ok(r)) => Ok(r),
-            Ok(Err(_)) => Err(Error::runtime(
-                "the ZooKeeper create task ended unexpectedly",
-            )),
-            Err(_) => Err(timed_out(
-                &self.endpoint,
-                "creating the lock node",
-                self.op_timeout,
-            )),
-        }
+        (self.timed("creating the lock node", rx).await?)
+            .map_err(|_| Error::runtime("the ZooKeeper create task ended unexpectedly"))
     }
 
     pub(crate) async fn czxid(&self, sess: &Session, path: &str) -> Result<u64> {

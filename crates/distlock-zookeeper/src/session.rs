@@ -1,6 +1,6 @@
 //! Sessions: opening one, watching it (and each granted node), ending it.
 
-use crate::error::{timed_out, KIND};
+use crate::error::KIND;
 use crate::grant::Grant;
 use crate::layout::{self, Family};
 use crate::tls::Tls;
@@ -191,7 +191,7 @@ impl Inner {
     ) -> Result<std::result::Result<T, E>> {
         tokio::time::timeout(self.op_timeout, fut)
             .await
-            .map_err(|_| timed_out(&self.endpoint, what, self.op_timeout))
+            .map_err(|_| Error::call_timeout(KIND, &self.endpoint, what, self.op_timeout))
     }
 
     /// [`timed`](Self::timed) with the server's error mapped by [`err`](Self::err).
@@ -303,7 +303,8 @@ impl Inner {
                 }
                 return Err(match failed {
                     Ok(Err(e)) => self.err("opening a session", e),
-                    _ => timed_out(
+                    _ => Error::call_timeout(
+                        KIND,
                         &self.endpoint,
                         "opening a session (is a quorum of the ensemble up?)",
                         self.connect_timeout,
