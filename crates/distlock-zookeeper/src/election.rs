@@ -5,10 +5,10 @@
 //! directory's data, in a multi-op that checks the leader's node; one whose number is not above
 //! the recorded one (a retry, a late duplicate) changes nothing.
 
-use crate::error::KIND;
 use crate::layout::{self, NodeKind};
 use crate::node::{token_of, DATA_ATTEMPTS};
 use crate::session::Inner;
+use crate::KIND;
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::{Error, Result};
 use std::sync::Arc;

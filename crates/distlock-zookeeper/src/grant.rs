@@ -1,9 +1,8 @@
 //! The live grants of this backend: recorded, found again, joined.
 
-use crate::error::session_gone;
 use crate::layout::{NodeData, NodeKind};
 use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
-use crate::session::{watch_node, Inner, Session};
+use crate::session::{session_gone, watch_node, Inner, Session};
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, Granted, HoldKey};
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{LockKind, Result};

@@ -2,11 +2,11 @@
 //! `list`) and for the forced release.
 
 use crate::election::{owner_of, Proclaimed};
-use crate::error::KIND;
 use crate::layout::{self, Child, Family, NodeData, NodeKind};
 use crate::node::{foreign_data, token_of, unexpected_answer, DATA_ATTEMPTS};
 use crate::release::parse_fence;
 use crate::session::{Inner, Session};
+use crate::KIND;
 use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result};
 use std::sync::Arc;
 use zookeeper_client as zk;

@@ -3,7 +3,7 @@
 use distlock_core::{Error, LockKind, Result};
 use std::fmt::Write as _;
 
-use crate::error::KIND;
+use crate::KIND;
 
 /// The two independent lock families that may share one name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -359,23 +359,22 @@ mod tests {
 
     #[test]
     fn child_names() {
-        let c = parse_child("_c_0123abcd-lock-0000000042").expect("ours");
-        assert_eq!((c.kind, c.seq), (NodeKind::Lock, 42));
-        let c = parse_child("_c_ff-write-0000000007").expect("ours");
-        assert_eq!(c.kind, NodeKind::Write);
-        // 64-bit sequence numbers (19 digits) parse too.
-        assert_eq!(
-            parse_child("_c_ff-read-2147483648000000000").map(|c| c.seq),
-            Some(2_147_483_648_000_000_000)
-        );
-        for foreign in [
-            "rw",
-            "lock-0000000001",
-            "_c_ff-lock-",
-            "_c_ff-lock-12a",
-            "x_c_ff-lock-0000000001",
+        use NodeKind::{Lock, Read, Write};
+        for (name, want) in [
+            ("_c_0123abcd-lock-0000000042", Some((Lock, 42))),
+            ("_c_ff-write-0000000007", Some((Write, 7))),
+            // 64-bit sequence numbers (19 digits) parse too.
+            (
+                "_c_ff-read-2147483648000000000",
+                Some((Read, 2_147_483_648_000_000_000)),
+            ),
+            ("rw", None),
+            ("lock-0000000001", None),
+            ("_c_ff-lock-", None),
+            ("_c_ff-lock-12a", None),
+            ("x_c_ff-lock-0000000001", None),
         ] {
-            assert_eq!(parse_child(foreign), None, "{foreign}");
+            assert_eq!(parse_child(name).map(|c| (c.kind, c.seq)), want, "{name}");
         }
     }
 
@@ -395,11 +394,7 @@ mod tests {
         );
         assert_eq!(latch_owner(curator), None);
         // Latch nodes sort with each other by sequence, apart from the mutex queue.
-        let names = vec![
-            name.clone(),
-            curator.to_owned(),
-            "_c_ff-lock-0000000001".into(),
-        ];
+        let names = [&name, curator, "_c_ff-lock-0000000001"].map(str::to_owned);
         let q = queue(&names, Family::Election);
         assert_eq!(q.iter().map(|c| c.seq).collect::<Vec<_>>(), [41, 42]);
         assert_eq!(turn(&q, &name, false), Turn::WaitFor(curator.to_owned()));

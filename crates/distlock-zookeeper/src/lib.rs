@@ -12,7 +12,6 @@
 
 mod builder;
 mod election;
-mod error;
 mod grant;
 mod inspect;
 mod layout;
@@ -30,7 +29,6 @@ pub use layout::encode_segment;
 /// The ZooKeeper driver this crate is built on, for [`ZkBackend::from_connector`].
 pub use zookeeper_client;
 
-use crate::error::KIND;
 use crate::layout::NodeKind;
 use crate::session::{Inner, State};
 use crate::wait::DirWatch;
@@ -43,6 +41,9 @@ use distlock_core::{Backend, ClientOptions, Error, LockInfo, LockKind, ReleaseOu
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// The backend kind, as in messages and metrics.
+pub(crate) const KIND: &str = "zookeeper";
 
 /// Shortest session timeout the backend asks for by default (the watchdog lease when longer):
 /// a session must outlast the window in which a deposed leader still answers its clients
@@ -303,10 +304,7 @@ impl Backend for ZkBackend {
     /// own node gets the lock when the nodes before it go.
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         let family = NodeKind::of(req.key.kind)?.family();
-        let dir = self.inner.dir(&req.key.name, family);
-        Ok(Box::new(
-            DirWatch::new(self.inner.clone(), dir, false).await?,
-        ))
+        DirWatch::open(&self.inner, &req.key.name, family, false).await
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
@@ -343,10 +341,7 @@ impl Backend for ZkBackend {
 
     /// A child watch on the election's directory and a data watch on the directory itself.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        let dir = self.inner.dir(name, layout::Family::Election);
-        Ok(Box::new(
-            DirWatch::new(self.inner.clone(), dir, true).await?,
-        ))
+        DirWatch::open(&self.inner, name, layout::Family::Election, true).await
     }
 
     fn operator(&self) -> Option<&dyn distlock_core::Operator> {

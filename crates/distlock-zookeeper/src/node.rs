@@ -1,8 +1,8 @@
 //! Lock nodes: created (or found again after a lost answer), listed, deleted.
 
-use crate::error::{connection_died, session_gone, KIND};
 use crate::layout::{self, NodeData, NodeKind};
-use crate::session::{Inner, Session};
+use crate::session::{connection_died, session_gone, Inner, Session};
+use crate::KIND;
 use distlock_core::backend::{AcquireRequest, AttemptId};
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{Error, Result};

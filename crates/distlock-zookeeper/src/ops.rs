@@ -1,12 +1,12 @@
 //! Operator commands: `dlock list`, `dlock release --force`, `dlock doctor` (docs/zookeeper.md,
 //! *Operator commands*).
 
-use crate::error::KIND;
 use crate::inspect::Read;
 use crate::layout::{self, decode_segment, Family, NodeKind};
 use crate::node::{unexpected_answer, DATA_ATTEMPTS};
 use crate::session::{Inner, Session};
 use crate::ZkBackend;
+use crate::KIND;
 use distlock_core::conn::is_loopback;
 use distlock_core::{
     operator, Backend, Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result,
@@ -339,17 +339,10 @@ mod tests {
         assert_eq!(severity(""), Severity::Warning, "standalone");
         let three = "server.1=a:1:2;3\nserver.2=b:1:2;3\nserver.3=c:1:2;3";
         assert_eq!(severity(three), Severity::Ok);
-        assert_eq!(
-            ensemble_finding(Err(zk::Error::NoAuth)).severity,
-            Severity::Warning
-        );
-        assert_eq!(
-            leader_finding(Ok(Err(zk::Error::NoNode))).severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            leader_finding(Ok(Err(zk::Error::ConnectionLoss))).severity,
-            Severity::Unsafe
-        );
+        let unreadable = ensemble_finding(Err(zk::Error::NoAuth));
+        assert_eq!(unreadable.severity, Severity::Warning);
+        let leader = |e| leader_finding(Ok(Err(e))).severity;
+        assert_eq!(leader(zk::Error::NoNode), Severity::Ok);
+        assert_eq!(leader(zk::Error::ConnectionLoss), Severity::Unsafe);
     }
 }

@@ -1,10 +1,9 @@
 //! Releasing a grant and giving up an attempt: deleting (or updating) its node, recording the fence.
 
-use crate::error::connection_died;
 use crate::grant::Grant;
 use crate::layout::{self, Family, NodeData, NodeKind};
 use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
-use crate::session::{Inner, Session};
+use crate::session::{connection_died, Inner, Session};
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef};
 use distlock_core::{ReleaseOutcome, Result};
 use std::sync::Arc;

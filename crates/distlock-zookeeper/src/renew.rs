@@ -1,10 +1,10 @@
 //! Renewals: confirming many grants at once through the leader.
 
-use crate::error::KIND;
 use crate::grant::{still_held, Grant};
 use crate::layout::{NodeData, NodeKind};
 use crate::node::foreign_data;
 use crate::session::Inner;
+use crate::KIND;
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::{Error, Result};
 use std::collections::HashMap;

@@ -1,9 +1,9 @@
-//! Sessions: opening one, watching it (and each granted node), ending it.
+//! Sessions: opening one, watching it (and each granted node), ending it; driver errors as dlock's.
 
-use crate::error::KIND;
 use crate::grant::Grant;
 use crate::layout::{self, Family};
 use crate::tls::Tls;
+use crate::KIND;
 use distlock_core::backend::{AttemptId, Deadline, LostRegistry};
 use distlock_core::{Error, LostReason, LostSignal, Result, Severity};
 use std::collections::{HashMap, HashSet};
@@ -12,6 +12,20 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
+
+/// True when a request failed with its connection: it may or may not have reached the server.
+pub(crate) fn connection_died(e: &zk::Error) -> bool {
+    matches!(e, zk::Error::ConnectionLoss | zk::Error::Custom(_))
+}
+
+/// The session that held (or would hold) the locks is gone.
+pub(crate) fn session_gone(endpoint: &str, why: &str) -> Error {
+    Error::connection(
+        KIND,
+        endpoint.to_owned(),
+        format!("the ZooKeeper session ended ({why}); a new one is opened on the next call"),
+    )
+}
 
 /// Who the backend's sessions authenticate as, for messages.
 #[derive(Debug, Clone)]

@@ -1,10 +1,9 @@
 //! Waiting for a node's turn (watching only its predecessor), and one attempt at the lock.
 
-use crate::error::session_gone;
 use crate::grant::Grant;
-use crate::layout::{self, NodeData, NodeKind, Turn};
+use crate::layout::{self, Family, NodeData, NodeKind, Turn};
 use crate::node::Created;
-use crate::session::{Inner, Session};
+use crate::session::{session_gone, Inner, Session};
 use distlock_core::backend::{
     async_trait, wait, AcquireRequest, Deadline, Granted, HoldKey, ReleaseWatch, Wake,
 };
@@ -99,7 +98,14 @@ pub(crate) struct DirWatch {
 }
 
 impl DirWatch {
-    pub(crate) async fn new(inner: Arc<Inner>, dir: String, election: bool) -> Result<Self> {
+    /// The watch of `name`'s directory of `family`; `election`: its proclamations too.
+    pub(crate) async fn open(
+        inner: &Arc<Inner>,
+        name: &str,
+        family: Family,
+        election: bool,
+    ) -> Result<Box<dyn ReleaseWatch>> {
+        let (inner, dir) = (inner.clone(), inner.dir(name, family));
         let mut w = DirWatch {
             inner,
             dir,
@@ -108,7 +114,7 @@ impl DirWatch {
             fired: false,
         };
         w.arm().await?;
-        Ok(w)
+        Ok(Box::new(w))
     }
 
     async fn arm(&mut self) -> Result<()> {
