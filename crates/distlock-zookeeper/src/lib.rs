@@ -13,12 +13,10 @@
 mod builder;
 mod election;
 mod grant;
-mod inspect;
 mod layout;
 mod node;
 mod ops;
 mod release;
-mod renew;
 mod session;
 mod tls;
 mod wait;

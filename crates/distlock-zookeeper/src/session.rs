@@ -1,4 +1,5 @@
-//! Sessions: opening one, watching it (and each granted node), ending it; driver errors as dlock's.
+//! Sessions: opening one, watching it (and each granted node), ending it; driver errors as
+//! dlock's.
 
 use crate::grant::Grant;
 use crate::layout::{self, Family};
