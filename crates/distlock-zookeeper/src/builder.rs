@@ -225,6 +225,7 @@ impl Connect for ZkSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn good_urls() {
@@ -243,13 +244,10 @@ mod tests {
         assert_eq!(u.hosts, "a:1,b:2181");
         assert_eq!(u.chroot, "/app");
         let tls = u.tls.unwrap();
-        assert_eq!(tls.ca(), Some(std::path::Path::new("/c.pem")));
+        assert_eq!(tls.ca(), Some(Path::new("/c.pem")));
         assert_eq!(
             tls.client(),
-            Some((
-                std::path::Path::new("/u.pem"),
-                std::path::Path::new("/u.key")
-            ))
+            Some((Path::new("/u.pem"), Path::new("/u.key")))
         );
         let u = parse("zk://shop:s%40cret@a/app?acl=creator").unwrap();
         assert_eq!(u.user.as_deref(), Some("shop"));
@@ -358,11 +356,8 @@ mod tests {
             .ca_file("/b.pem")
             .client_cert("/c", "/k");
         let tls = resolve(&u, &Env::from_pairs(&[])).unwrap().tls.unwrap();
-        assert_eq!(tls.ca(), Some(std::path::Path::new("/b.pem")));
-        assert_eq!(
-            tls.client(),
-            Some((std::path::Path::new("/c"), std::path::Path::new("/k")))
-        );
+        assert_eq!(tls.ca(), Some(Path::new("/b.pem")));
+        assert_eq!(tls.client(), Some((Path::new("/c"), Path::new("/k"))));
     }
 
     #[test]

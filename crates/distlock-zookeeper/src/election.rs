@@ -92,10 +92,9 @@ impl Inner {
             };
             // A granted node leads as long as it exists: every node before it is gone, and
             // every later one has a higher sequence number.
-            if let Some(p) = Proclaimed::parse(&g.dir, &data)? {
-                if p.token == g.token && p.seq >= seq {
-                    return Ok(RenewOutcome::Renewed);
-                }
+            let recorded = Proclaimed::parse(&g.dir, &data)?;
+            if recorded.is_some_and(|p| p.token == g.token && p.seq >= seq) {
+                return Ok(RenewOutcome::Renewed);
             }
             let record = Proclaimed {
                 token: g.token,

@@ -96,13 +96,8 @@ impl Inner {
         sess: &Session,
         req: &AcquireRequest,
     ) -> Result<Option<Granted>> {
-        let Some(g) = self
-            .state()
-            .grants
-            .get(&req.attempt)
-            .filter(|g| g.key.kind == req.key.kind)
-            .cloned()
-        else {
+        let g = self.state().grants.get(&req.attempt).cloned();
+        let Some(g) = g.filter(|g| g.key.kind == req.key.kind) else {
             return Ok(None);
         };
         if g.gen != sess.gen {

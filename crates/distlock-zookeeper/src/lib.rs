@@ -195,22 +195,14 @@ impl ZkBackend {
         connector: Option<zookeeper_client::Connector>,
         opts: &ClientOptions,
     ) -> Result<Self> {
-        let namespace = u
-            .namespace
-            .clone()
-            .unwrap_or_else(|| opts.get_namespace().to_owned());
-        if namespace.is_empty() {
-            return Err(Error::invalid_url(
-                conn::redact(url),
-                "the namespace must not be empty",
-            ));
-        }
-        let base = format!("{}/{}", u.chroot, encode_segment(&namespace));
-        if base == "/zookeeper" {
-            return Err(Error::invalid_url(
-                conn::redact(url),
-                "namespace `zookeeper` at the root is reserved by ZooKeeper; pick another or add a chroot",
-            ));
+        let namespace = u.namespace.as_deref().unwrap_or(opts.get_namespace());
+        let base = format!("{}/{}", u.chroot, encode_segment(namespace));
+        if namespace.is_empty() || base == "/zookeeper" {
+            let why = match namespace {
+                "" => "the namespace must not be empty",
+                _ => "namespace `zookeeper` at the root is reserved by ZooKeeper; pick another or add a chroot",
+            };
+            return Err(Error::invalid_url(conn::redact(url), why));
         }
         let requested_timeout = u
             .session_timeout

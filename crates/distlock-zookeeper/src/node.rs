@@ -262,14 +262,13 @@ impl Inner {
     /// held), retrying in the background if the connection is down; a node that cannot be
     /// deleted at all goes with its session.
     pub(crate) async fn remove_node(&self, sess: &Session, path: &str) {
-        let zk = sess.zk.clone();
-        let path = path.to_owned();
-        let op_timeout = self.op_timeout;
+        let (zk, path, op_timeout) = (sess.zk.clone(), path.to_owned(), self.op_timeout);
         let task = tokio::spawn(async move {
             let mut backoff = distlock_core::backoff::Backoff::default();
             for _ in 0..5 {
                 match tokio::time::timeout(op_timeout, zk.delete(&path, None)).await {
-                    Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => return,
+                    Ok(Ok(()) | Err(zk::Error::NoNode)) => return,
+                    // The node went with its session.
                     Ok(Err(zk::Error::SessionExpired | zk::Error::ClientClosed)) => return,
                     Ok(Err(e)) => {
                         tracing::debug!(%path, error = %e, "could not delete a lock node; retrying")

@@ -304,24 +304,18 @@ async fn names(inner: &Inner, sess: &Session, dir: &str, prefix: &str) -> Result
 
 /// The voting members and observers listed in `/zookeeper/config` (`server.N=host:…:participant;…`).
 fn members(config: &str) -> (usize, usize) {
-    let mut voters = 0;
-    let mut observers = 0;
-    for line in config.lines() {
-        let Some((key, value)) = line.trim().split_once('=') else {
-            continue;
-        };
-        if !key.starts_with("server.") {
-            continue;
-        }
-        // The role is the fourth `:` field of the server part, `participant` when absent.
-        let server = value.split(';').next().unwrap_or("");
-        if server.split(':').any(|f| f == "observer") {
-            observers += 1;
-        } else {
-            voters += 1;
-        }
-    }
-    (voters, observers)
+    // Per server line: whether it is an observer.
+    let observer: Vec<bool> = (config.lines())
+        .filter_map(|line| {
+            let (key, value) = line.trim().split_once('=')?;
+            // The role is the fourth `:` field of the server part, `participant` when absent.
+            let server = value.split(';').next().unwrap_or("");
+            key.starts_with("server.")
+                .then(|| server.split(':').any(|f| f == "observer"))
+        })
+        .collect();
+    let observers = observer.iter().filter(|o| **o).count();
+    (observer.len() - observers, observers)
 }
 
 /// How the connection is protected: TLS (with the version a handshake agrees on), or plain

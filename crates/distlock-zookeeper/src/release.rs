@@ -129,23 +129,22 @@ impl Inner {
         g: &Grant,
         role: Role<'_>,
     ) -> Result<std::result::Result<Option<()>, zk::Error>> {
-        if g.node == NodeKind::Latch {
+        let alone = match g.node {
             // No fence to record: an election's tokens are its leaders' creation zxids, and its
             // directory may be a container node of Curator's (deleted by the server when empty).
-            let r = self
-                .timed("resigning", sess.zk.delete(&g.path, None))
-                .await?;
-            return Ok(gone_is_none(r));
-        }
-        if g.node == NodeKind::Lock {
-            let r = self.delete_recording_fence(sess, g, false, None).await?;
+            NodeKind::Latch => Some(
+                self.timed("resigning", sess.zk.delete(&g.path, None))
+                    .await?,
+            ),
+            NodeKind::Lock => Some(self.delete_recording_fence(sess, g, false, None).await?),
+            NodeKind::Read | NodeKind::Write => None,
+        };
+        if let Some(r) = alone {
             return Ok(gone_is_none(r));
         }
         for _ in 0..DATA_ATTEMPTS {
-            let (data, stat) = match self
-                .timed("reading the lock node", sess.zk.get_data(&g.path))
-                .await?
-            {
+            let read = sess.zk.get_data(&g.path);
+            let (data, stat) = match self.timed("reading the lock node", read).await? {
                 Ok(v) => v,
                 Err(e) => return Ok(gone_is_none(Err(e))),
             };
@@ -156,13 +155,10 @@ impl Inner {
             let reads_only = g.node == NodeKind::Read || nd.downgraded;
             let r = match step(g.node, role, nd) {
                 Step::NotThere => return Ok(Ok(None)),
-                Step::Update(nd) => self
-                    .timed(
-                        "updating the lock node",
-                        sess.zk.set_data(&g.path, &nd.encode(), Some(stat.version)),
-                    )
-                    .await?
-                    .map(|_| ()),
+                Step::Update(nd) => {
+                    let set = sess.zk.set_data(&g.path, &nd.encode(), Some(stat.version));
+                    self.timed("updating the lock node", set).await?.map(drop)
+                }
                 Step::Delete => {
                     self.delete_recording_fence(sess, g, reads_only, Some(stat.version))
                         .await?
@@ -199,8 +195,7 @@ impl Inner {
         let dir = self.dir(&grant.key.name, kind.family());
         let sess = self.session().await?;
         let local = (self.state().grants.get_mut(&grant.attempt))
-            .filter(|g| g.token == grant.token && g.key.kind == grant.key.kind)
-            .filter(|g| g.gen == sess.gen)
+            .filter(|g| g.token == grant.token && g.key.kind == grant.key.kind && g.gen == sess.gen)
             .map(|g| {
                 // The watch on the node will see our own delete: not a loss.
                 g.releasing = true;
@@ -223,14 +218,10 @@ impl Inner {
             Role::Own
         };
         match self.retire(&sess, &g, role).await {
-            Ok(Ok(Some(()))) => {
+            Ok(Ok(found)) => {
                 self.forget_grant(&grant.attempt);
-                Ok(ReleaseOutcome::Released)
-            }
-            Ok(Ok(None)) => {
-                self.forget_grant(&grant.attempt);
-                if g.delete_sent {
-                    // An earlier attempt whose answer was lost did delete it.
+                // Not there after a delete whose answer was lost: that delete released it.
+                if found.is_some() || g.delete_sent {
                     return Ok(ReleaseOutcome::Released);
                 }
                 self.absent(&sess, &dir, kind.family()).await
@@ -291,11 +282,7 @@ impl Inner {
         let kind = NodeKind::of(req.key.kind)?;
         layout::check_attempt(&req.attempt)?;
         self.state().pending.remove(&req.attempt);
-        let granted = self
-            .state()
-            .grants
-            .get(&req.attempt)
-            .map(|g| req.grant(g.token));
+        let granted = (self.state().grants.get(&req.attempt)).map(|g| req.grant(g.token));
         if let Some(grant) = granted {
             self.release(&grant).await?;
         }
@@ -315,10 +302,8 @@ impl Inner {
                     releasing: true,
                     ..w
                 };
-                if let Err(e) = self
-                    .retire(&sess, &g, Role::Joined(req.attempt.as_str()))
-                    .await?
-                {
+                let role = Role::Joined(req.attempt.as_str());
+                if let Err(e) = self.retire(&sess, &g, role).await? {
                     return Err(self.err("leaving the write node", e));
                 }
             }

@@ -346,11 +346,8 @@ impl Inner {
             st.session = Some(s.clone());
             s
         };
-        tracing::debug!(
-            session = format!("{:#x}", session.id),
-            ?timeout,
-            "ZooKeeper session opened"
-        );
+        let id = format!("{:#x}", session.id);
+        tracing::debug!(session = id, ?timeout, "ZooKeeper session opened");
         tokio::spawn(monitor(
             Arc::downgrade(self),
             session.gen,

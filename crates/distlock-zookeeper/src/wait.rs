@@ -26,13 +26,6 @@ pub(crate) struct Abandon {
 }
 
 impl Abandon {
-    fn new(inner: &Arc<Inner>, req: &AcquireRequest) -> Self {
-        Abandon {
-            inner: Arc::downgrade(inner),
-            req: Some(req.clone()),
-        }
-    }
-
     fn disarm(mut self) {
         self.req = None;
     }
@@ -69,15 +62,6 @@ pub(crate) async fn give_up_soon(inner: &Arc<Inner>, req: &AcquireRequest) {
         }
         tracing::warn!(name = %req.key.name, "could not give up an attempt; its node goes with the session");
     });
-}
-
-pub(crate) fn upgrade_refused(key: &HoldKey) -> Error {
-    Error::invalid(format!(
-        "owner `{}` holds the read side of `{}` and asks for the write side: that could wait for \
-         itself (or for another upgrading reader) forever; release the read side first \
-         (a writer may take the read side, not the reverse)",
-        key.owner, key.name
-    ))
 }
 
 type Event = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
@@ -265,7 +249,12 @@ impl Inner {
         let kind = NodeKind::of(req.key.kind)?;
         layout::check_attempt(&req.attempt)?;
         if kind == NodeKind::Write && self.owner_reads(&req.key) {
-            return Err(upgrade_refused(&req.key));
+            let HoldKey { owner, name, .. } = &req.key;
+            return Err(Error::invalid(format!(
+                "owner `{owner}` holds the read side of `{name}` and asks for the write side: that \
+                 could wait for itself (or for another upgrading reader) forever; release the \
+                 read side first (a writer may take the read side, not the reverse)"
+            )));
         }
         let sess = self.session().await?;
         self.check_lease(&sess, req.lease, "a lease")?;
@@ -280,7 +269,10 @@ impl Inner {
         // If this future is dropped midway (a caller that gave up on it), the attempt gives up
         // in the background: its node must not stay in the queue. An error is no give-up: the
         // caller retries the attempt (which finds its node) or gives it up itself.
-        let abandon = Abandon::new(self, req);
+        let abandon = Abandon {
+            inner: Arc::downgrade(self),
+            req: Some(req.clone()),
+        };
         let decided = async {
             let (node, confirmed_at) = self.node_for(&sess, req, kind).await?;
             let granted_at = match wait {
