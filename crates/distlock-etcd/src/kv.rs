@@ -1,34 +1,19 @@
-//! The key-values: the key layout, the value format of a waiter/holder key, and the
-//! transaction operations that read and write them (one module, used by acquire, wait, renew,
-//! election and the operator commands alike).
+//! The key-values: the key layout, the value formats, and the transaction operations that read
+//! and write them (docs/etcd.md, *The recipe*, has the tables and etcd's own recipes).
 //!
-//! | key | lease | value |
-//! |---|---|---|
-//! | `PREFIX/NAME/ATTEMPT` | the attempt's own lease | `TTL OWNER`: the lease's TTL in seconds, the owner id |
-//! | `PREFIX/NAME` | none | empty; its mod revision is the newest queue key's create revision |
+//! - lock `NAME`: `PREFIX/NAME/ATTEMPT` (on the attempt's own lease; `TTL OWNER`: the lease's
+//!   TTL in seconds, the owner id) and `PREFIX/NAME` (no lease, empty; its mod revision is the
+//!   newest queue key's create revision);
+//! - election `NAME`, under a root of its own so that no lock's key parser meets it:
+//!   `PREFIX-election/NAME/ATTEMPT` holding exactly the candidate's value (what etcd's
+//!   `concurrency.Election` and `etcdctl elect -l` read: its leader is the smallest create
+//!   revision, as dlock's), `PREFIX-election-meta/NAME/ATTEMPT` on the same lease (`TTL SEQ
+//!   OWNER`, outside the prefix etcd's recipe reads) and `PREFIX-election/NAME`.
 //!
-//! Elections ([`LockKind::Election`]) live under a root of their own, so that no lock's key
-//! parser ever meets them:
-//!
-//! | key | lease | value |
-//! |---|---|---|
-//! | `PREFIX-election/NAME/ATTEMPT` | the attempt's own lease | the candidate's value, nothing else |
-//! | `PREFIX-election-meta/NAME/ATTEMPT` | the same lease | `TTL SEQ OWNER`: lease TTL, number of the last proclamation, owner id |
-//! | `PREFIX-election/NAME` | none | empty; as a lock's `PREFIX/NAME` |
-//!
-//! `PREFIX-election/NAME/` is the prefix etcd's own `concurrency.Election` campaigns under
-//! for election `PREFIX-election/NAME` (`etcdctl elect dlock-election/NAME VALUE`): its keys
-//! are `PREFIX-election/NAME/<lease id in hex>` holding just the value, the leader is the key
-//! with the smallest create revision, and a waiter waits for the deletion of the key created
-//! just before its own — the same rules dlock's queue follows. So a candidate key holds
-//! exactly the value (what `etcdctl elect -l` prints), and dlock's own bookkeeping sits in
-//! the sibling metadata key, outside the prefix etcd's recipe reads.
-//!
-//! One key per acquisition *attempt* (the core's [`AttemptId`](distlock_core::backend::AttemptId)): a retry
-//! of the attempt's request finds its own key by name, and nothing another attempt does (even
-//! one of the same owner) can touch it. `NAME` and `ATTEMPT` are escaped (`%` → `%25`,
-//! `/` → `%2F`) so that `PREFIX/NAME/` is the prefix of exactly one lock's queue — the prefix
-//! etcd's own `concurrency.Mutex` (and `etcdctl lock PREFIX/NAME`) queues under, so the two
+//! One key per acquisition attempt: a retry finds its own key by name, and nothing another
+//! attempt (even of the same owner) does can touch it. `NAME` and `ATTEMPT` are escaped (`%` →
+//! `%25`, `/` → `%2F`) so that `PREFIX/NAME/` is the prefix of exactly one lock's queue — the
+//! prefix etcd's `concurrency.Mutex` (`etcdctl lock PREFIX/NAME`) queues under, so the two
 //! exclude each other.
 
 use crate::error::shape;
@@ -36,7 +21,8 @@ use crate::lease::Lease;
 use distlock_core::backend::AcquireRequest;
 use distlock_core::{HolderInfo, LockKind, Result};
 use etcd_client::{
-    GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 
 /// The keys of one lock.
@@ -295,9 +281,25 @@ pub(crate) fn put_hold(
     }
 }
 
-/// The value `req` campaigns with (empty for a lock).
-pub(crate) fn value_of(req: &AcquireRequest) -> &[u8] {
-    req.value.as_deref().unwrap_or_default().as_bytes()
+/// The transaction that queues attempt `req` (key `mine`, on `lease`) if `guard` holds — its
+/// keys put, the fence rewritten, the queue's first key read — else reads its key and the
+/// queue's first: the acquire's (guard: nobody queued) and the waiter's (guard: its key is not
+/// there yet).
+pub(crate) fn enqueue(
+    keys: &Keys,
+    mine: &[u8],
+    req: &AcquireRequest,
+    lease: Lease,
+    guard: Compare,
+) -> Txn {
+    let value = req.value.as_deref().unwrap_or_default().as_bytes();
+    let then = put_hold(keys, mine, &req.key.owner, value, lease, 0).into_iter();
+    let then = then.chain([
+        TxnOp::put(keys.fence.clone(), "", None),
+        first_of(&keys.queue),
+    ]);
+    (Txn::new().when([guard]).and_then(then.collect::<Vec<_>>()))
+        .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)])
 }
 
 #[cfg(test)]

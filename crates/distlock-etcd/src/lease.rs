@@ -130,6 +130,21 @@ impl EtcdBackend {
         });
     }
 
+    /// Runs `request`, which may put `attempt`'s key on `lease`: after an error its outcome is
+    /// unknown, and the lease is [doubted](Self::doubt).
+    pub(crate) async fn doubting<T>(
+        &self,
+        attempt: &AttemptId,
+        lease: Lease,
+        request: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let r = request.await;
+        if r.is_err() {
+            self.doubt(attempt, lease);
+        }
+        r
+    }
+
     /// `attempt` has ended (released or given up): revokes the leases a request of it with an
     /// unknown outcome may have attached to its key. They can carry only that attempt's key,
     /// which has no use any more; and a request still travelling that would create the key

@@ -267,8 +267,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.inspect_queue(&Keys::of_kind(&self.prefix, name, kind), name)
-            .await
+        let keys = Keys::of_kind(&self.prefix, name, kind);
+        let queue = self.queue_state(&keys, "inspect").await?;
+        self.lock_info(&keys, name, queue).await
     }
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
