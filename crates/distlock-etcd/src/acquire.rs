@@ -45,30 +45,19 @@ impl EtcdBackend {
             let first = first.ok_or_else(|| {
                 shape("etcd said the queue was not empty but returned no key of it")
             })?;
-            match m {
-                Some(m) if m.key() == first.key() => {
-                    let token = token_of(m.create_revision())?;
-                    match self
-                        .cover(keys, &req.attempt, mine, m, req.lease, Some(lease))
-                        .await?
-                    {
-                        Cover::Done { moved_to } => {
-                            return Ok((
-                                AcquireReply::Granted { token },
-                                moved_to == Some(lease.id),
-                            ))
-                        }
-                        // Its lease ran out meanwhile: the key is gone; try afresh.
-                        Cover::Gone => continue,
-                    }
-                }
-                // Someone else is first: another attempt of dlock (of any owner, this one's
-                // too) or a foreign `concurrency.Mutex` key. A key of this attempt behind it
-                // is its place in the queue of a wait, which this try leaves alone.
-                _ => {
-                    let ttl = self.lease_left(first.lease()).await?;
-                    return Ok((AcquireReply::Held { ttl }, false));
-                }
+            // Someone else is first: another attempt of dlock (of any owner, this one's too) or
+            // a foreign `concurrency.Mutex` key. A key of this attempt behind it is its place in
+            // the queue of a wait, which this try leaves alone.
+            let Some(m) = m.filter(|m| m.key() == first.key()) else {
+                let ttl = self.lease_left(first.lease()).await?;
+                return Ok((AcquireReply::Held { ttl }, false));
+            };
+            let token = token_of(m.create_revision())?;
+            let fresh = Some(lease);
+            // Gone: its lease ran out meanwhile, and the key with it; try afresh.
+            let cover = self.cover(keys, &req.attempt, mine, m, req.lease, fresh);
+            if let Cover::Done { moved_to } = cover.await? {
+                return Ok((AcquireReply::Granted { token }, moved_to == Some(lease.id)));
             }
         }
         Err(self.contended(mine))

@@ -4,9 +4,9 @@ use crate::builder::{redact, Target};
 use crate::error::{map, timed_out, KIND};
 use crate::tls;
 use crate::EtcdBackend;
-use distlock_core::conn::TlsErrorKind;
+use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{ClientOptions, Error, Result};
-use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, KeyValue, Txn, TxnResponse};
+use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, Txn, TxnResponse};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
@@ -15,14 +15,13 @@ use std::time::Duration;
 /// True if the request provably never reached etcd (the connection to a member was refused),
 /// so sending it again cannot apply it twice.
 pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => {
-            s.code() == tonic::Code::Unavailable
-                && !s.message().starts_with("etcdserver")
-                && s.message().contains("connect")
-        }
-        _ => false,
-    }
+    unavailable(e, |m| !m.starts_with("etcdserver") && m.contains("connect"))
+}
+
+/// True if `e` is gRPC's `Unavailable` with a message that `says`.
+fn unavailable(e: &etcd_client::Error, says: impl Fn(&str) -> bool) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::Unavailable && says(s.message()))
 }
 
 impl EtcdBackend {
@@ -150,20 +149,17 @@ impl EtcdBackend {
             // hello's EOF surfaces only as a closed connection) a plain-http member. The
             // second answers HTTP/2 in the clear.
             (Some(has_cert), None) if closed => Some(match hosts.first() {
-                Some(host) if tls::speaks_plain_http2(host, self.connect_timeout).await => {
-                    tls::error(
-                        TlsErrorKind::NotSupportedByServer,
-                        "the server closed the TLS connection and answers plain HTTP/2",
-                        Some(has_cert),
-                    )
-                }
-                _ => tls::error(
+                Some(host) if tls::speaks_plain_http2(host, self.connect_timeout).await => (
+                    TlsErrorKind::NotSupportedByServer,
+                    "the server closed the TLS connection and answers plain HTTP/2",
+                ),
+                _ => (
                     TlsErrorKind::ClientCertRejected,
                     "the server closed the connection right after the TLS handshake, as etcd \
                      does with a client certificate it does not accept, or none",
-                    Some(has_cert),
                 ),
-            }),
+            })
+            .map(|(kind, why)| TlsError::worded(kind, why, &tls::WORDS, tls::cert(Some(has_cert)))),
             _ => None,
         };
         match found {
@@ -183,13 +179,9 @@ const ELECTION_POLL: Duration = Duration::from_millis(50);
 
 /// True if etcd says it is electing a leader (an answer, not a lost request).
 fn electing(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => {
-            s.code() == tonic::Code::Unavailable
-                && (s.message().contains("leader changed") || s.message().contains("no leader"))
-        }
-        _ => false,
-    }
+    unavailable(e, |m| {
+        m.contains("leader changed") || m.contains("no leader")
+    })
 }
 
 /// The connect timeout was exceeded twice over.
@@ -258,15 +250,5 @@ impl EtcdBackend {
             async move { c.kv_client().txn(txn).await }
         })
         .await
-    }
-
-    pub(crate) async fn get(&self, what: &str, key: &[u8]) -> Result<Option<KeyValue>> {
-        let mut r = self
-            .call(what, |c| {
-                let key = key.to_vec();
-                async move { c.kv_client().get(key, None).await }
-            })
-            .await?;
-        Ok(r.take_kvs().into_iter().next())
     }
 }

@@ -3,7 +3,6 @@
 //! the watchdog lease. etcd has no clock API, so the server/local clock offset is not checked
 //! (locks do not depend on it: see the finding). Each finding is a function of what was read.
 
-use crate::error::{is_lease_not_found, map};
 use crate::EtcdBackend;
 use distlock_core::operator::{clock_not_checked, parse_version};
 use distlock_core::{Finding, Result, Severity};
@@ -241,29 +240,12 @@ fn raft_finding(statuses: &[MemberStatus]) -> Option<Finding> {
 }
 
 /// etcd's minimum lease TTL (1.5 × election timeout, rounded up to seconds), probed by
-/// granting a lease of 1 s — etcd raises a shorter TTL to its minimum — against the watchdog
-/// lease.
+/// granting a lease of 1 s — etcd raises a shorter TTL to its minimum.
 async fn min_lease_ttl(b: &EtcdBackend) -> Result<Duration> {
-    let r = b
-        .call("lease grant", |c| async move {
-            c.lease_client().grant(1, None).await
-        })
-        .await?;
-    let id = r.id();
-    let min_ttl = Duration::from_secs(r.ttl().max(1).unsigned_abs());
-    match b
-        .raw("lease revoke", |c| async move {
-            c.lease_client().revoke(id).await
-        })
-        .await
-    {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) if is_lease_not_found(&e) => {}
-        Ok(Err(e)) => return Err(map(&b.endpoint, e)),
-        // It carries nothing and expires within a second or two anyway.
-        Err(_) => {}
-    }
-    Ok(min_ttl)
+    let probe = b.grant(Duration::from_secs(1)).await?;
+    // It carries nothing (and expires within a second or two anyway).
+    b.revoke_in_background(probe.id);
+    Ok(Duration::from_secs(probe.ttl.unsigned_abs()))
 }
 
 /// The `lease` finding for etcd's minimum lease TTL `min_ttl` against the watchdog `lease`.

@@ -8,7 +8,7 @@
 //! candidates take part in the same queue.
 
 use crate::error::shape;
-use crate::kv::{reads, revision_of, Meta, CAS_ATTEMPTS};
+use crate::kv::{reads, revision_of, Record, CAS_ATTEMPTS};
 use crate::EtcdBackend;
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::Result;
@@ -43,7 +43,7 @@ impl EtcdBackend {
         };
         // What the metadata holds if proclamation `seq - 1` was the last one applied and the
         // key is still on the lease it was last seen on (a guess: if wrong, the reads tell).
-        let mut expect = self.known_lease(&grant.attempt).map(|l| Meta {
+        let mut expect = self.known_lease(&grant.attempt).map(|l| Record {
             ttl: l.ttl,
             seq: seq.saturating_sub(1),
             owner: grant.key.owner.to_string(),
@@ -58,14 +58,10 @@ impl EtcdBackend {
             let mut then = Vec::new();
             match &expect {
                 Some(m) if m.seq < seq => {
-                    when.push(Compare::value(
-                        meta_key.clone(),
-                        CompareOp::Equal,
-                        m.encode(),
-                    ));
+                    let (now, next) = (m.encode(true), Record { seq, ..m.clone() }.encode(true));
+                    when.push(Compare::value(meta_key.clone(), CompareOp::Equal, now));
                     then.push(TxnOp::put(mine.clone(), value, keep()));
-                    let next = Meta { seq, ..m.clone() };
-                    then.push(TxnOp::put(meta_key.clone(), next.encode(), keep()));
+                    then.push(TxnOp::put(meta_key.clone(), next, keep()));
                 }
                 // Nothing to guess from: read first.
                 _ => when.push(Compare::create_revision(
@@ -86,18 +82,12 @@ impl EtcdBackend {
             if kv.is_none_or(|kv| kv.create_revision() != rev) {
                 return Ok(RenewOutcome::NotHeld);
             }
-            let m = m.ok_or_else(|| {
-                shape(format!(
-                    "election candidate `{}` has no metadata key",
-                    String::from_utf8_lossy(&mine)
-                ))
-            })?;
-            let meta = Meta::decode(m.key(), m.value())?;
-            if meta.seq >= seq {
+            let (_, rec) = keys.record_of(&mine, m)?;
+            if rec.seq >= seq {
                 // Applied already (a retry or a duplicate), or a newer one was.
                 return Ok(RenewOutcome::Renewed);
             }
-            expect = Some(meta);
+            expect = Some(rec);
         }
         Err(self.contended(&mine))
     }

@@ -82,6 +82,19 @@ impl Keys {
         [get, delete].into_iter().chain(meta).collect()
     }
 
+    /// The metadata of election candidate `mine`, read as `m` (none: not dlock's layout).
+    pub(crate) fn record_of(&self, mine: &[u8], m: Option<KeyValue>) -> Result<(KeyValue, Record)> {
+        let m = m.ok_or_else(|| {
+            shape(format!(
+                "election candidate `{}` has no metadata key; is another program writing under \
+                 this prefix?",
+                String::from_utf8_lossy(mine)
+            ))
+        })?;
+        let rec = Record::decode(m.key(), m.value(), true)?;
+        Ok((m, rec))
+    }
+
     /// The last segment of queue key `key`, for messages.
     pub(crate) fn segment<'k>(&self, key: &'k [u8]) -> std::borrow::Cow<'k, str> {
         String::from_utf8_lossy(key.strip_prefix(self.queue.as_slice()).unwrap_or(key))
@@ -99,8 +112,8 @@ impl Keys {
     /// Go's `concurrency.Mutex`, whose keys are lease ids with empty values) its name, marked
     /// as foreign.
     pub(crate) fn holder_of(&self, key: &[u8], value: &[u8]) -> String {
-        if let Ok(e) = Entry::decode(key, value) {
-            return e.owner;
+        if let Ok(r) = Record::decode(key, value, false) {
+            return r.owner;
         }
         format!("(not dlock) {}", self.segment(key))
     }
@@ -113,7 +126,7 @@ impl Keys {
             return Ok(HolderInfo::new(self.holder_of(kv.key(), kv.value()), 1));
         }
         let owner = match meta {
-            Some(m) => Meta::decode(m.key(), m.value())?.owner,
+            Some(m) => Record::decode(m.key(), m.value(), true)?.owner,
             None => format!("(not dlock) {}", self.segment(kv.key())),
         };
         let value = String::from_utf8_lossy(kv.value()).into_owned();
@@ -134,73 +147,55 @@ pub(crate) fn escape(s: &str) -> String {
     out
 }
 
-/// What a queue key of dlock holds: the TTL in seconds of the lease the key is attached to
-/// (etcd cannot tell it in the same read; renewals need it to decide between a keep-alive and
-/// a longer lease) and the owner id (for `inspect`). No hold count: re-entry is counted in the
-/// client, and a key is one grant.
+/// What dlock records of a hold: the TTL in seconds of the lease its keys are on (etcd cannot
+/// tell it in the same read; renewals need it to decide between a keep-alive and a longer
+/// lease), for an election candidate the number of the last proclamation applied (0: the value
+/// it campaigned with), and the owner id (for `inspect`). A lock's key holds `TTL OWNER`, an
+/// election candidate's metadata key `TTL SEQ OWNER`. No hold count: re-entry is counted in
+/// the client, and a key is one grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Entry {
-    pub(crate) ttl: i64,
-    pub(crate) owner: String,
-}
-
-impl Entry {
-    pub(crate) fn encode(&self) -> String {
-        format!("{} {}", self.ttl, self.owner)
-    }
-
-    pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Entry> {
-        let (ttl, owner) = ttl_and_rest(value)
-            .ok_or_else(|| not_ours(key, value, "a dlock hold (`TTL OWNER`)"))?;
-        Ok(Entry {
-            ttl,
-            owner: owner.to_owned(),
-        })
-    }
-}
-
-/// `TTL REST` (the first field of both values of dlock): a TTL above 0, a non-empty rest.
-fn ttl_and_rest(value: &[u8]) -> Option<(i64, &str)> {
-    let (ttl, rest) = std::str::from_utf8(value).ok()?.split_once(' ')?;
-    let ttl = ttl.parse().ok().filter(|t| *t > 0)?;
-    (!rest.is_empty()).then_some((ttl, rest))
-}
-
-/// The error for key `key` holding `value`, which is not `what`.
-fn not_ours(key: &[u8], value: &[u8], what: &str) -> distlock_core::Error {
-    shape(format!(
-        "key `{}` holds `{}`, not {what}; is another program writing under this prefix?",
-        String::from_utf8_lossy(key),
-        String::from_utf8_lossy(value)
-    ))
-}
-
-/// What an election candidate's metadata key holds: the TTL of the lease (as
-/// [`Entry::ttl`]), the number of the last proclamation applied (0: the value it campaigned
-/// with), and the owner id.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Meta {
+pub(crate) struct Record {
     pub(crate) ttl: i64,
     pub(crate) seq: u64,
     pub(crate) owner: String,
 }
 
-impl Meta {
-    pub(crate) fn encode(&self) -> String {
-        format!("{} {} {}", self.ttl, self.seq, self.owner)
+impl Record {
+    /// The value of a lock's key, or with `election` of a candidate's metadata key.
+    pub(crate) fn encode(&self, election: bool) -> String {
+        let (ttl, seq, owner) = (self.ttl, self.seq, &self.owner);
+        match election {
+            false => format!("{ttl} {owner}"),
+            true => format!("{ttl} {seq} {owner}"),
+        }
     }
 
-    pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Meta> {
-        let parsed = ttl_and_rest(value).and_then(|(ttl, rest)| {
-            let (seq, owner) = rest.split_once(' ')?;
-            let seq = seq.parse().ok()?;
-            (!owner.is_empty()).then(|| Meta {
-                ttl,
-                seq,
-                owner: owner.to_owned(),
-            })
-        });
-        parsed.ok_or_else(|| not_ours(key, value, "a dlock candidate's metadata (`TTL SEQ OWNER`)"))
+    /// Reads [`encode`](Self::encode)'s value from key `key`: a TTL above 0 (and with
+    /// `election` a number), a non-empty owner.
+    pub(crate) fn decode(key: &[u8], value: &[u8], election: bool) -> Result<Record> {
+        let parse = || {
+            let (ttl, rest) = std::str::from_utf8(value).ok()?.split_once(' ')?;
+            let ttl = ttl.parse().ok().filter(|t| *t > 0)?;
+            let (seq, owner) = match election {
+                false => (0, rest),
+                true => rest
+                    .split_once(' ')
+                    .and_then(|(s, o)| Some((s.parse().ok()?, o)))?,
+            };
+            let owner = (!owner.is_empty()).then(|| owner.to_owned())?;
+            Some(Record { ttl, seq, owner })
+        };
+        parse().ok_or_else(|| {
+            let what = match election {
+                false => "a dlock hold (`TTL OWNER`)",
+                true => "a dlock candidate's metadata (`TTL SEQ OWNER`)",
+            };
+            shape(format!(
+                "key `{}` holds `{}`, not {what}; is another program writing under this prefix?",
+                String::from_utf8_lossy(key),
+                String::from_utf8_lossy(value)
+            ))
+        })
     }
 }
 
@@ -269,14 +264,12 @@ pub(crate) fn put_hold(
         TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease.id)))
     };
     let (ttl, owner) = (lease.ttl, owner.to_owned());
+    let rec = Record { ttl, seq, owner };
     match keys.meta_of(mine) {
-        None => vec![put(
-            mine.to_vec(),
-            Entry { ttl, owner }.encode().into_bytes(),
-        )],
+        None => vec![put(mine.to_vec(), rec.encode(false).into_bytes())],
         Some(meta) => vec![
             put(mine.to_vec(), value.to_vec()),
-            put(meta, Meta { ttl, seq, owner }.encode().into_bytes()),
+            put(meta, rec.encode(true).into_bytes()),
         ],
     }
 }
@@ -351,24 +344,31 @@ mod tests {
 
     #[test]
     fn metas() {
-        let m = Meta {
+        let m = Record {
             ttl: 2,
             seq: 7,
             owner: "host a: 1".into(),
         };
-        assert_eq!(Meta::decode(b"k", m.encode().as_bytes()).unwrap(), m);
+        assert_eq!(
+            Record::decode(b"k", m.encode(true).as_bytes(), true).unwrap(),
+            m
+        );
         for bad in [&b""[..], b"1 2", b"1 x o", b"0 1 o", b"1 1 ", b"\xff"] {
-            assert!(Meta::decode(b"k", bad).is_err(), "{bad:?}");
+            assert!(Record::decode(b"k", bad, true).is_err(), "{bad:?}");
         }
     }
 
     #[test]
     fn entries() {
-        let e = Entry {
+        let e = Record {
             ttl: 30,
+            seq: 0,
             owner: "me: 1 2".into(),
         };
-        assert_eq!(Entry::decode(b"k", e.encode().as_bytes()).unwrap(), e);
+        assert_eq!(
+            Record::decode(b"k", e.encode(false).as_bytes(), false).unwrap(),
+            e
+        );
         for bad in [
             &b""[..],
             b"x",
@@ -379,11 +379,11 @@ mod tests {
             b"-1 o",
             b"\xff",
         ] {
-            assert!(Entry::decode(b"k", bad).is_err());
+            assert!(Record::decode(b"k", bad, false).is_err());
         }
         let k = Keys::new("dlock", "n");
         assert_eq!(
-            k.holder_of(b"dlock/n/abc", e.encode().as_bytes()),
+            k.holder_of(b"dlock/n/abc", e.encode(false).as_bytes()),
             "me: 1 2"
         );
         assert_eq!(

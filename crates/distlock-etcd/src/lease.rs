@@ -4,6 +4,7 @@ use crate::error::{is_lease_not_found, map, shape};
 use crate::EtcdBackend;
 use distlock_core::backend::AttemptId;
 use distlock_core::Result;
+use etcd_client::Client;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -75,34 +76,29 @@ impl EtcdBackend {
     /// a reply with TTL 0, which is how etcd answers a keep-alive of an unknown lease), so
     /// whatever was attached to it is gone: never a success.
     pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool> {
-        if id == 0 {
-            return Ok(false);
-        }
-        match self
-            .raw("lease keep-alive", |c| async move {
-                c.lease_client().keep_alive(id).await
-            })
-            .await?
-        {
-            Ok(_) => Ok(true),
-            Err(e) if is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(map(&self.endpoint, e)),
-        }
+        let call = |c: Client| async move { c.lease_client().keep_alive(id).await };
+        Ok(self.on_lease("lease keep-alive", id, call).await?.is_some())
     }
 
     /// Time left on lease `id`, or `None` if there is none.
     pub(crate) async fn lease_left(&self, id: i64) -> Result<Option<Duration>> {
+        let call = |c: Client| async move { c.lease_client().time_to_live(id, None).await };
+        let r = self.on_lease("lease time-to-live", id, call).await?;
+        Ok(r.filter(|r| r.ttl() >= 0)
+            .map(|r| Duration::from_secs(r.ttl().unsigned_abs())))
+    }
+
+    /// `call` on lease `id`: `None` when etcd does not know the lease (or for `id` 0, none).
+    async fn on_lease<T, F, Fut>(&self, what: &str, id: i64, call: F) -> Result<Option<T>>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
         if id == 0 {
             return Ok(None);
         }
-        match self
-            .raw("lease time-to-live", |c| async move {
-                c.lease_client().time_to_live(id, None).await
-            })
-            .await?
-        {
-            Ok(r) if r.ttl() >= 0 => Ok(Some(Duration::from_secs(r.ttl().unsigned_abs()))),
-            Ok(_) => Ok(None),
+        match self.raw(what, call).await? {
+            Ok(r) => Ok(Some(r)),
             Err(e) if is_lease_not_found(&e) => Ok(None),
             Err(e) => Err(map(&self.endpoint, e)),
         }

@@ -8,7 +8,7 @@
 
 use crate::acquire::Queue;
 use crate::builder::percent_decode;
-use crate::kv::{header_revision, token_of, Entry, Keys, CAS_ATTEMPTS};
+use crate::kv::{header_revision, token_of, Keys, Record, CAS_ATTEMPTS};
 use crate::EtcdBackend;
 use distlock_core::{Finding, ForceReleased, ListedLock, LockKind, Operator, Result};
 use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
@@ -140,7 +140,7 @@ impl Operator for EtcdBackend {
                 // other keys of that program: leave the lease alone. (An election candidate's
                 // value is the application's: never read as a lock's.)
                 if keys.meta.is_none()
-                    && Entry::decode(h.key(), h.value()).is_ok()
+                    && Record::decode(h.key(), h.value(), false).is_ok()
                     && h.lease() != 0
                 {
                     self.revoke_in_background(h.lease());

@@ -137,12 +137,12 @@ impl Waiter<'_> {
             m.ok_or_else(|| shape("etcd said the attempt's key exists but returned no such key"))?;
         let first_is_mine = first.is_some_and(|f| f.key() == m.key());
         let rev = m.create_revision();
-        let Some(h) = b.hold_state(keys, mine, m, rev).await? else {
+        let Some(h) = b.hold_state(keys, mine, rev, Some(m)).await? else {
             return Err(self.lost("its key was deleted (lease expired or revoked)"));
         };
         let lease = Lease {
             id: h.kv.lease(),
-            ttl: h.ttl,
+            ttl: h.rec.ttl,
         };
         // That lease was granted during this wait.
         let confirmed_at = self.started;
