@@ -1,6 +1,6 @@
 //! Connecting to the cluster, and calling it: per-call timeouts, retries of requests that never left.
 
-use crate::builder::{redact, Target};
+use crate::builder::Target;
 use crate::error::{map, timed_out, KIND};
 use crate::tls;
 use crate::EtcdBackend;
@@ -30,7 +30,12 @@ impl EtcdBackend {
     pub(crate) async fn open(url: &str, target: Target, opts: &ClientOptions) -> Result<Self> {
         let prefix = (target.prefix.clone()).unwrap_or_else(|| opts.get_namespace().to_owned());
         let endpoint = target.hosts.join(",");
-        let mut co = connect_options(opts);
+        // etcd refuses HTTP/2 pings more often than every 5 s by default.
+        let ping_timeout = opts.get_op_timeout().max(Duration::from_secs(1));
+        let mut co = ConnectOptions::new()
+            .with_connect_timeout(opts.get_connect_timeout())
+            .with_keep_alive(Duration::from_secs(10), ping_timeout)
+            .with_require_leader(true);
         if let (Some(u), Some(p)) = (&target.user, &target.password) {
             co = co.with_user(u.clone(), p.expose().to_owned());
         }
@@ -41,7 +46,7 @@ impl EtcdBackend {
                 "https"
             }
         };
-        let endpoints: Vec<String> = target
+        let endpoints: Vec<_> = target
             .hosts
             .iter()
             .map(|h| format!("{scheme}://{h}"))
@@ -51,8 +56,8 @@ impl EtcdBackend {
             .await
             .map_err(|_| no_answer(&endpoint, limit))?
             .map_err(|e| match e {
-                etcd_client::Error::InvalidArgs(m) => Error::invalid_url(redact(url), m),
-                etcd_client::Error::InvalidUri(m) => Error::invalid_url(redact(url), m.to_string()),
+                etcd_client::Error::InvalidArgs(m) => Error::invalid_url(url, m),
+                etcd_client::Error::InvalidUri(m) => Error::invalid_url(url, m.to_string()),
                 e => map(&endpoint, e),
             })?;
         let mut backend = Self::new(client, endpoint, prefix, opts);
@@ -191,18 +196,6 @@ fn no_answer(endpoint: &str, limit: Duration) -> Error {
         endpoint.to_owned(),
         format!("no answer within {limit:?} (is the cluster down or without a quorum?)"),
     )
-}
-
-/// The connection settings every client dlock opens uses (TLS and user aside).
-pub(crate) fn connect_options(opts: &ClientOptions) -> ConnectOptions {
-    ConnectOptions::new()
-        .with_connect_timeout(opts.get_connect_timeout())
-        // etcd refuses HTTP/2 pings more often than every 5 s by default.
-        .with_keep_alive(
-            Duration::from_secs(10),
-            opts.get_op_timeout().max(Duration::from_secs(1)),
-        )
-        .with_require_leader(true)
 }
 
 impl EtcdBackend {

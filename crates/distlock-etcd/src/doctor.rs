@@ -142,44 +142,39 @@ fn health_finding(statuses: &[MemberStatus], voters: usize) -> Finding {
     }
 }
 
+/// The members that answered, with their status.
+fn answered(statuses: &[MemberStatus]) -> impl Iterator<Item = (&str, &Status)> + Clone {
+    (statuses.iter()).filter_map(|s| Some((s.name.as_str(), s.status.as_ref().ok()?)))
+}
+
 /// Version: every member runs an etcd whose transactions compare key ranges.
 fn version_finding(statuses: &[MemberStatus]) -> Finding {
-    let mut old = Vec::new();
-    let mut versions = Vec::new();
-    for s in statuses {
-        if let Ok(st) = &s.status {
-            versions.push(st.version.clone());
-            if parse_version(&st.version).is_none_or(|v| v < MIN_VERSION) {
-                old.push(format!("{} runs {}", s.name, st.version));
-            }
-        }
-    }
-    versions.sort();
-    versions.dedup();
-    if old.is_empty() {
-        Finding::new(
-            Severity::Ok,
-            "version",
-            format!(
-                "etcd {} (range comparisons in transactions need 3.3 or later)",
-                versions.join(", ")
-            ),
-        )
-    } else {
-        Finding::new(
+    let old: Vec<String> = answered(statuses)
+        .filter(|(_, st)| parse_version(&st.version).is_none_or(|v| v < MIN_VERSION))
+        .map(|(name, st)| format!("{name} runs {}", st.version))
+        .collect();
+    if !old.is_empty() {
+        return Finding::new(
             Severity::Unsafe,
             "version",
             format!("{}: etcd before 3.3 ignores the key-range comparison of the acquire transaction (\"nobody queued\"), so every acquire would succeed and a lock be granted twice; upgrade to a maintained etcd (3.5 or later)", old.join(", ")),
-        )
+        );
     }
+    let mut versions: Vec<&str> = answered(statuses)
+        .map(|(_, st)| st.version.as_str())
+        .collect();
+    versions.sort_unstable();
+    versions.dedup();
+    let message = format!(
+        "etcd {} (range comparisons in transactions need 3.3 or later)",
+        versions.join(", ")
+    );
+    Finding::new(Severity::Ok, "version", message)
 }
 
 /// Leader: the answering members agree on one leader, which is a member.
 fn leader_finding(statuses: &[MemberStatus]) -> Finding {
-    let mut leaders: Vec<u64> = statuses
-        .iter()
-        .filter_map(|s| s.status.as_ref().ok().map(|st| st.leader))
-        .collect();
+    let mut leaders: Vec<u64> = answered(statuses).map(|(_, st)| st.leader).collect();
     leaders.sort_unstable();
     leaders.dedup();
     let name_of = |id: u64| {
@@ -208,21 +203,9 @@ fn leader_finding(statuses: &[MemberStatus]) -> Finding {
 /// Raft index spread: a member far behind the others serves stale reads of nothing dlock
 /// uses (its reads are linearizable), but is one failure from a lost quorum.
 fn raft_finding(statuses: &[MemberStatus]) -> Option<Finding> {
-    let indexes: Vec<(String, u64)> = statuses
-        .iter()
-        .filter_map(|s| {
-            s.status
-                .as_ref()
-                .ok()
-                .map(|st| (s.name.clone(), st.raft_index))
-        })
-        .collect();
-    let (Some(lo), Some(hi)) = (
-        indexes.iter().min_by_key(|i| i.1),
-        indexes.iter().max_by_key(|i| i.1),
-    ) else {
-        return None;
-    };
+    let indexes = answered(statuses).map(|(name, st)| (name, st.raft_index));
+    let lo = indexes.clone().min_by_key(|i| i.1)?;
+    let hi = indexes.max_by_key(|i| i.1)?;
     let spread = hi.1 - lo.1;
     Some(if spread > RAFT_SPREAD_WARN {
         Finding::new(

@@ -1,11 +1,6 @@
-//! Elections on etcd's `concurrency.Election` layout: proclaiming a new value.
-//!
-//! Campaigning, waiting, renewing, resigning, `inspect` and observing are the mutex's code on
-//! the election's keys ([`Keys::election`](crate::kv::Keys::election)): a candidate's key is
-//! first in `PREFIX-election/NAME/` (smallest create revision) exactly when it leads, its
-//! create revision is its fencing token, and a waiting candidate watches the key created just
-//! before its own — the rules of etcd's own recipe, so `etcdctl elect PREFIX-election/NAME`
-//! candidates take part in the same queue.
+//! Elections on etcd's `concurrency.Election` layout: proclaiming a new value. Everything else
+//! is the mutex's code on the election's keys ([`Keys::election`](crate::kv::Keys::election));
+//! docs/election-etcd.md says why that is etcd's recipe.
 
 use crate::error::shape;
 use crate::kv::{reads, revision_of, Record, CAS_ATTEMPTS};
@@ -16,17 +11,11 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 impl EtcdBackend {
     /// Replaces the value of the candidate key of `grant` with `value` if `seq` is newer than
-    /// the proclamation its metadata records (`Backend::proclaim`).
-    ///
-    /// One transaction in the common case: guarded by the key's create revision (the grant
-    /// still leads) and by the metadata holding what it holds after proclamation `seq - 1`
-    /// (the core numbers a leadership's proclamations 1, 2, … and sends one at a time), it
-    /// puts both keys; else it reads them, and decides: the key gone (or another grant's) is
-    /// [`RenewOutcome::NotHeld`]; a recorded number of `seq` or more means this one (or a
-    /// newer one) was applied already — a retry after a lost reply, a duplicate, a late
-    /// arrival — and it answers [`RenewOutcome::Renewed`] without writing; otherwise it tries
-    /// again guarded by what it read. Both puts keep the keys' lease (`ignore_lease`): the
-    /// lease is not touched.
+    /// the proclamation its metadata records (`Backend::proclaim`; docs/election-etcd.md,
+    /// *Proclaim*). Guarded by the key's create revision (the grant still leads) and by the
+    /// metadata of proclamation `seq - 1` (the core sends one at a time); a recorded number of
+    /// `seq` or more is a retry, a duplicate or a late arrival: `Renewed`, nothing written.
+    /// The puts keep the keys' lease (`ignore_lease`).
     pub(crate) async fn proclaim_value(
         &self,
         grant: &GrantRef,

@@ -1,4 +1,6 @@
-//! One etcd lease per attempt: granted, kept alive, revoked once its attempt ended (never while a request of unknown outcome may have put the key on it).
+//! One etcd lease per attempt: granted, kept alive, revoked once its attempt ended (never while
+//! a request of unknown outcome may have put the key on it: docs/etcd.md, *Requests whose
+//! outcome is unknown*).
 
 use crate::error::{is_lease_not_found, map, shape};
 use crate::EtcdBackend;
@@ -61,11 +63,9 @@ impl EtcdBackend {
         })
     }
 
-    /// Revokes a lease (deleting whatever is attached to it) without waiting for the answer.
-    /// If it fails the lease simply expires. Only ever called for a lease that carries
-    /// nothing, or nothing but the key of an attempt that has ended: every lease belongs to
-    /// one attempt, and one whose fate is unknown is kept until its attempt ends (see
-    /// [`EtcdBackend::doubt`]).
+    /// Revokes lease `id` once, in the background (if that fails it expires). Only for a lease
+    /// that carries nothing, or only the key of an ended attempt: a lease of unknown fate is
+    /// kept until its attempt ends ([`doubt`](Self::doubt)).
     pub(crate) fn revoke_in_background(&self, id: i64) {
         let until = Instant::now();
         self.revoke_until_answered(Doubt { lease: id, until });
@@ -141,12 +141,10 @@ impl EtcdBackend {
         r
     }
 
-    /// `attempt` has ended (released or given up): revokes the leases a request of it with an
-    /// unknown outcome may have attached to its key. They can carry only that attempt's key,
-    /// which has no use any more; and a request still travelling that would create the key
-    /// with one of them fails once it is revoked. Each revoke is retried until etcd answers it
-    /// (see [`revoke_until_answered`](Self::revoke_until_answered)): a late create either
-    /// came first, and the revoke deletes its key, or comes after and is refused.
+    /// `attempt` has ended (released or given up): revokes its leases of unknown fate. They
+    /// carry at most that attempt's key, of no use any more; each revoke is retried until etcd
+    /// answers it, so a late create either came first, and the revoke deletes its key, or
+    /// comes after and is refused (etcd refuses a put with a revoked lease).
     pub(crate) fn settle(&self, attempt: &AttemptId) {
         lock(&self.leases).remove(attempt);
         let doubts = lock(&self.doubtful).remove(attempt);
@@ -156,11 +154,9 @@ impl EtcdBackend {
     }
 
     /// Revokes the lease of an ended attempt in the background, again and again (pauses from
-    /// 100 ms doubling to 5 s) until etcd answers (revoked, or "lease not found"), the lease
-    /// has certainly expired by itself (`until`), or the backend is dropped. One revoke that
-    /// does not get through (etcd unreachable as the attempt ends) must not leave the
-    /// attempt's key — queued, or granted by a request that arrives later — for the lease's
-    /// whole TTL, holding the lock for nobody.
+    /// 100 ms doubling to 5 s) until etcd answers, the lease has certainly expired (`until`),
+    /// or the backend is dropped: a revoke that does not get through must not leave the
+    /// attempt's key holding the lock for nobody for the lease's whole TTL.
     pub(crate) fn revoke_until_answered(&self, d: Doubt) {
         let client = self.client.clone();
         let timeout = self.op_timeout;

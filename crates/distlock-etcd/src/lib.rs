@@ -55,11 +55,8 @@ pub struct EtcdBackend {
     connect_opts: Option<ConnectOptions>,
     connect_timeout: Duration,
     watchdog_lease: Duration,
-    /// Per attempt, the leases that a request with an unknown outcome may have attached to
-    /// the attempt's key. Never revoked while the attempt goes on (its next request may find
-    /// the key on one of them and use it); revoked when the attempt ends, so that a request
-    /// still travelling cannot create the key after that (etcd refuses a put with a revoked
-    /// lease).
+    /// Per attempt, the leases a request with an unknown outcome may have attached to the
+    /// attempt's key: revoked when the attempt ends, never before ([`EtcdBackend::doubt`]).
     doubtful: Mutex<HashMap<AttemptId, Vec<Doubt>>>,
     /// Per granted attempt, the lease its key was last seen on (a hint for renewals; the read
     /// that goes with every renewal decides). Dropped when the attempt ends.

@@ -286,12 +286,8 @@ impl EtcdBackend {
         };
         // One compare-and-delete, addressed by attempt and token: a retry after a lost reply
         // finds nothing to delete and says so; it can never delete a newer grant.
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                mine.clone(),
-                CompareOp::Equal,
-                rev,
-            )])
+        let guard = Compare::create_revision(mine.clone(), CompareOp::Equal, rev);
+        let txn = (Txn::new().when([guard]))
             .and_then(keys.read_and_delete(&mine))
             .or_else([first_of(&keys.queue)]);
         let resp = self.txn("release", txn).await?;
