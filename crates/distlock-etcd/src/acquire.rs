@@ -65,8 +65,7 @@ impl EtcdBackend {
 
     /// One try at the lock (`Backend::acquire`).
     pub(crate) async fn acquire_once(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        let keys = self.keys_of(&req.key);
-        let mine = keys.attempt(&req.attempt);
+        let (keys, mine) = self.keys_of(&req.key, &req.attempt);
         // A lease of this request's own. A grant whose reply is lost leaves a lease with
         // nothing on it, which expires by itself.
         let lease = self.grant(req.lease).await?;

@@ -22,8 +22,7 @@ impl EtcdBackend {
         seq: u64,
         value: &str,
     ) -> Result<RenewOutcome> {
-        let keys = self.keys_of(&grant.key);
-        let mine = keys.attempt(&grant.attempt);
+        let (keys, mine) = self.keys_of(&grant.key, &grant.attempt);
         let meta_key = keys
             .meta_of(&mine)
             .ok_or_else(|| shape("proclaim on a grant that is not an election's"))?;

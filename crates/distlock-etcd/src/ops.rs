@@ -30,10 +30,8 @@ fn parse_key(root: &[u8], key: &[u8]) -> Option<(String, bool)> {
     }
     let raw = String::from_utf8_lossy(name);
     // dlock escapes `%` and `/` in names; a foreign key may not decode: show it as it is.
-    Some((
-        percent_decode(&raw).unwrap_or_else(|| raw.into_owned()),
-        queued,
-    ))
+    let name = percent_decode(&raw).unwrap_or_else(|| raw.into_owned());
+    Some((name, queued))
 }
 
 #[distlock_core::async_trait]
@@ -44,23 +42,22 @@ impl Operator for EtcdBackend {
         from.extend_from_slice(crate::kv::escape(prefix).as_bytes());
         let end = prefix_end(&from);
         let mut names: BTreeMap<String, Queue> = BTreeMap::new();
-        let mut at: Option<i64> = None;
+        // Every page at the revision of the first (0: the newest, for the first).
+        let mut at = 0;
         loop {
-            let mut opts = GetOptions::new()
+            let opts = GetOptions::new()
                 .with_range(end.clone())
                 .with_sort(SortTarget::Key, SortOrder::Ascend)
-                .with_limit(PAGE);
-            if let Some(rev) = at {
-                opts = opts.with_revision(rev);
-            }
+                .with_limit(PAGE)
+                .with_revision(at);
             let mut resp = self
                 .call("list", |c| {
                     let (key, opts) = (from.clone(), opts.clone());
                     async move { c.kv_client().get(key, Some(opts)).await }
                 })
                 .await?;
-            if at.is_none() {
-                at = resp.header().map(|h| h.revision());
+            if at == 0 {
+                at = resp.header().map_or(0, |h| h.revision());
             }
             let more = resp.more();
             let kvs = resp.take_kvs();
@@ -68,21 +65,19 @@ impl Operator for EtcdBackend {
                 break;
             };
             for kv in kvs {
-                if let Some((name, queued)) = parse_key(&root, kv.key()) {
-                    if !name.starts_with(prefix) {
-                        continue;
-                    }
-                    // Per name, the queue key with the lowest create revision is the holder.
-                    let q = names.entry(name).or_default();
-                    if !queued {
-                        q.fence = Some(kv);
-                        continue;
-                    }
-                    q.queued += 1;
-                    if (q.first.as_ref()).is_none_or(|f| kv.create_revision() < f.create_revision())
-                    {
-                        q.first = Some(kv);
-                    }
+                let parsed = parse_key(&root, kv.key()).filter(|(n, _)| n.starts_with(prefix));
+                let Some((name, queued)) = parsed else {
+                    continue;
+                };
+                // Per name, the queue key with the lowest create revision is the holder.
+                let q = names.entry(name).or_default();
+                if !queued {
+                    q.fence = Some(kv);
+                    continue;
+                }
+                q.queued += 1;
+                if (q.first.as_ref()).is_none_or(|f| kv.create_revision() < f.create_revision()) {
+                    q.first = Some(kv);
                 }
             }
             if !more {
@@ -94,7 +89,9 @@ impl Operator for EtcdBackend {
         }
         let mut out = Vec::with_capacity(names.len());
         for (name, q) in names {
-            let info = self.lock_info(&self.keys(&name), &name, q).await?;
+            let info = self
+                .lock_info(&Keys::new(&self.prefix, &name), &name, q)
+                .await?;
             out.push(ListedLock::new(LockKind::Mutex, info));
         }
         Ok(out)

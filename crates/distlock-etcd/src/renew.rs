@@ -135,40 +135,32 @@ impl EtcdBackend {
         ];
         if let Some(m) = &h.meta {
             for kv in [&h.kv, m] {
-                when.push(Compare::mod_revision(
-                    kv.key(),
-                    CompareOp::Equal,
-                    kv.mod_revision(),
-                ));
+                let (key, rev) = (kv.key(), kv.mod_revision());
+                when.push(Compare::mod_revision(key, CompareOp::Equal, rev));
             }
         }
         let ops = put_hold(keys, mine, &h.rec.owner, h.kv.value(), new, h.rec.seq);
         let txn = Txn::new().when(when).and_then(ops);
-        match self.txn("renew", txn).await {
-            Ok(r) if r.succeeded() => {
-                self.remember(attempt, new);
-                if lease != 0 {
-                    self.revoke_in_background(lease);
-                }
-                Ok(Some(Cover::Done {
-                    moved_to: Some(new.id),
-                }))
-            }
+        let sent = self.txn("renew", txn);
+        // After an error, perhaps applied: the key may be on the new lease now.
+        let resp = if ours {
+            self.doubting(attempt, new, sent).await?
+        } else {
+            sent.await?
+        };
+        if !resp.succeeded() {
             // Not applied (the key changed or is gone): the new lease carries nothing.
-            Ok(_) => {
-                if ours {
-                    self.revoke_in_background(new.id);
-                }
-                Ok(None)
+            if ours {
+                self.revoke_in_background(new.id);
             }
-            Err(err) => {
-                // Perhaps applied: the key may be on the new lease now.
-                if ours {
-                    self.doubt(attempt, new);
-                }
-                Err(err)
-            }
+            return Ok(None);
         }
+        self.remember(attempt, new);
+        if lease != 0 {
+            self.revoke_in_background(lease);
+        }
+        let moved_to = Some(new.id);
+        Ok(Some(Cover::Done { moved_to }))
     }
 
     /// `early`: a keep-alive sent alongside the read, of the lease the key was known to be on,
@@ -194,15 +186,11 @@ impl EtcdBackend {
             Some((id, Err(e))) if id == kv.lease() => return Err(e),
             _ => {}
         }
-        Ok(
-            match self
-                .cover(keys, &grant.attempt, mine, kv, lease, None)
-                .await?
-            {
-                Cover::Done { .. } => RenewOutcome::Renewed,
-                Cover::Gone => RenewOutcome::NotHeld,
-            },
-        )
+        let cover = self.cover(keys, &grant.attempt, mine, kv, lease, None);
+        Ok(match cover.await? {
+            Cover::Done { .. } => RenewOutcome::Renewed,
+            Cover::Gone => RenewOutcome::NotHeld,
+        })
     }
 
     /// Renews many holds at once (`Backend::renew`). A hold whose renewal fails on its own (its
@@ -212,12 +200,8 @@ impl EtcdBackend {
         &self,
         holds: &[(GrantRef, Duration)],
     ) -> Result<Vec<RenewOutcome>> {
-        let mines: Vec<(Keys, Vec<u8>)> = (holds.iter())
-            .map(|(g, _)| {
-                let keys = self.keys_of(&g.key);
-                let mine = keys.attempt(&g.attempt);
-                (keys, mine)
-            })
+        let mines: Vec<_> = (holds.iter())
+            .map(|(g, _)| self.keys_of(&g.key, &g.attempt))
             .collect();
         // Read every hold's key, in chunks of one transaction each, all at once, and at the
         // same time keep alive the lease each key is known to be on when that lease is long
@@ -279,8 +263,7 @@ impl EtcdBackend {
 
     /// Releases one grant by a compare-and-delete addressed by attempt and token (`Backend::release`).
     pub(crate) async fn release_grant(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        let keys = self.keys_of(&grant.key);
-        let mine = keys.attempt(&grant.attempt);
+        let (keys, mine) = self.keys_of(&grant.key, &grant.attempt);
         let Some(rev) = revision_of(grant.token) else {
             return Ok(ReleaseOutcome::Expired);
         };
@@ -315,8 +298,7 @@ impl EtcdBackend {
     /// leases of unknown fate (an ended attempt's key must not stay queued, and become a grant
     /// nobody uses, for the lease's whole TTL).
     pub(crate) async fn leave(&self, req: &AcquireRequest, place: Option<Lease>) -> Result<()> {
-        let keys = self.keys_of(&req.key);
-        let mine = keys.attempt(&req.attempt);
+        let (keys, mine) = self.keys_of(&req.key, &req.attempt);
         // The key is this attempt's, whatever it is now (queued, or first: a grant whose
         // reply was lost): delete it unconditionally. No other attempt's key is named.
         let txn = Txn::new().and_then(keys.read_and_delete(&mine));

@@ -48,8 +48,7 @@ pub(crate) async fn acquire_wait(
     deadline: Option<Instant>,
     cancel: &CancellationToken,
 ) -> Result<Option<Granted>> {
-    let keys = b.keys_of(&req.key);
-    let mine = keys.attempt(&req.attempt);
+    let (keys, mine) = b.keys_of(&req.key, &req.attempt);
     let mut waiter = Waiter {
         b,
         req,
@@ -63,13 +62,8 @@ pub(crate) async fn acquire_wait(
         broken: Backoff::default(),
         place_lost: false,
     };
-    wait::run(
-        &mut waiter,
-        Deadline::from(deadline),
-        cancel,
-        RetryPolicy::default(),
-    )
-    .await
+    let deadline = Deadline::from(deadline);
+    wait::run(&mut waiter, deadline, cancel, RetryPolicy::default()).await
 }
 
 /// One attempt waiting in the queue: its place once it has one, and the watch on the key
