@@ -91,13 +91,9 @@ async fn member_status(b: &EtcdBackend, urls: Vec<String>) -> std::result::Resul
             errors: st.errors().to_vec(),
         })
     };
-    match tokio::time::timeout(b.op_timeout + b.connect_timeout, connect).await {
-        Ok(r) => r,
-        Err(_) => Err(format!(
-            "no answer within {:?}",
-            b.op_timeout + b.connect_timeout
-        )),
-    }
+    let limit = b.op_timeout + b.connect_timeout;
+    (tokio::time::timeout(limit, connect).await)
+        .unwrap_or_else(|_| Err(format!("no answer within {limit:?}")))
 }
 
 /// Health: every member answers, without errors (alarms are reported here: NOSPACE makes
@@ -114,32 +110,26 @@ fn health_finding(statuses: &[MemberStatus], voters: usize) -> Finding {
             Ok(_) => {}
         }
     }
-    let up = statuses.len() - down.len();
-    if !errors.is_empty() {
-        Finding::new(
+    let (n, up) = (statuses.len(), statuses.len() - down.len());
+    let (severity, message) = if !errors.is_empty() {
+        (
             Severity::Unsafe,
-            "members",
             format!("members report errors: {}; an alarm (NOSPACE: the cluster refuses every write, so no lock can be taken or moved; CORRUPT: members disagree on the data, so a lock can be granted twice) must be fixed first (`etcdctl alarm list`, defragment/compact or restore the member, then `etcdctl alarm disarm`)", errors.join(", ")),
         )
     } else if down.is_empty() {
-        Finding::new(
-            Severity::Ok,
-            "members",
-            format!("all {} members answer", statuses.len()),
-        )
+        (Severity::Ok, format!("all {n} members answer"))
     } else if up * 2 > voters.max(1) {
-        Finding::new(
+        (
             Severity::Warning,
-            "members",
-            format!("{} of {} members do not answer: {}; the cluster still has a quorum, but one more failure stops every lock; restart or replace them (`etcdctl member list`, `etcdctl endpoint health --cluster`)", down.len(), statuses.len(), down.join(", ")),
+            format!("{} of {n} members do not answer: {}; the cluster still has a quorum, but one more failure stops every lock; restart or replace them (`etcdctl member list`, `etcdctl endpoint health --cluster`)", down.len(), down.join(", ")),
         )
     } else {
-        Finding::new(
+        (
             Severity::Unsafe,
-            "members",
-            format!("only {up} of {} members answer ({}): without a quorum no lock can be taken, renewed or released, and every holder loses its lock at its lease's end; bring members back", statuses.len(), down.join(", ")),
+            format!("only {up} of {n} members answer ({}): without a quorum no lock can be taken, renewed or released, and every holder loses its lock at its lease's end; bring members back", down.join(", ")),
         )
-    }
+    };
+    Finding::new(severity, "members", message)
 }
 
 /// The members that answered, with their status.
@@ -183,21 +173,17 @@ fn leader_finding(statuses: &[MemberStatus]) -> Finding {
             |s| s.name.clone(),
         )
     };
-    match leaders.as_slice() {
-        [] => Finding::new(Severity::Unsafe, "leader", "no member answered, so no leader is known; no lock can be taken or renewed"),
-        [0] => Finding::new(Severity::Unsafe, "leader", "the members have no leader: no lock can be taken, renewed or released until one is elected; check the members' logs and the network between them (peer URLs)"),
-        [l] if statuses.iter().any(|s| s.id == *l) => Finding::new(
+    let (severity, message) = match leaders.as_slice() {
+        [] => (Severity::Unsafe, "no member answered, so no leader is known; no lock can be taken or renewed".to_owned()),
+        [0] => (Severity::Unsafe, "the members have no leader: no lock can be taken, renewed or released until one is elected; check the members' logs and the network between them (peer URLs)".to_owned()),
+        [l] if statuses.iter().any(|s| s.id == *l) => (
             Severity::Ok,
-            "leader",
             format!("leader {}, agreed by every answering member", name_of(*l)),
         ),
-        [l] => Finding::new(Severity::Warning, "leader", format!("the leader {} is not in the member list: a membership change in progress?", name_of(*l))),
-        many => Finding::new(
-            Severity::Warning,
-            "leader",
-            format!("the members do not agree on the leader ({}): an election in progress or a partitioned member; etcd keeps this safe (writes need a quorum), but run `doctor` again and check the network if it persists", many.iter().map(|l| if *l == 0 { "none".to_owned() } else { name_of(*l) }).collect::<Vec<_>>().join(", ")),
-        ),
-    }
+        [l] => (Severity::Warning, format!("the leader {} is not in the member list: a membership change in progress?", name_of(*l))),
+        many => (Severity::Warning, format!("the members do not agree on the leader ({}): an election in progress or a partitioned member; etcd keeps this safe (writes need a quorum), but run `doctor` again and check the network if it persists", many.iter().map(|l| if *l == 0 { "none".to_owned() } else { name_of(*l) }).collect::<Vec<_>>().join(", "))),
+    };
+    Finding::new(severity, "leader", message)
 }
 
 /// Raft index spread: a member far behind the others serves stale reads of nothing dlock
@@ -207,19 +193,18 @@ fn raft_finding(statuses: &[MemberStatus]) -> Option<Finding> {
     let lo = indexes.clone().min_by_key(|i| i.1)?;
     let hi = indexes.max_by_key(|i| i.1)?;
     let spread = hi.1 - lo.1;
-    Some(if spread > RAFT_SPREAD_WARN {
-        Finding::new(
-                Severity::Warning,
-                "raft-index",
-                format!("member {} is {spread} raft entries behind {} (more than {RAFT_SPREAD_WARN}): a slow disk or network; it does not count towards a quorum until it catches up, so one more failure can stop every lock; check its disk (fsync latency) and network", lo.0, hi.0),
-            )
+    let (severity, message) = if spread > RAFT_SPREAD_WARN {
+        (
+            Severity::Warning,
+            format!("member {} is {spread} raft entries behind {} (more than {RAFT_SPREAD_WARN}): a slow disk or network; it does not count towards a quorum until it catches up, so one more failure can stop every lock; check its disk (fsync latency) and network", lo.0, hi.0),
+        )
     } else {
-        Finding::new(
+        (
             Severity::Ok,
-            "raft-index",
             format!("raft indexes within {spread} of each other"),
         )
-    })
+    };
+    Some(Finding::new(severity, "raft-index", message))
 }
 
 /// etcd's minimum lease TTL (1.5 × election timeout, rounded up to seconds), probed by
@@ -235,25 +220,23 @@ async fn min_lease_ttl(b: &EtcdBackend) -> Result<Duration> {
 fn lease_finding(min_ttl: Duration, lease: Duration) -> Finding {
     // 1.5 × election timeout, rounded up: the election takes at least min_ttl / 1.5 − 1 s.
     let election = min_ttl.mul_f64(2.0 / 3.0);
-    if min_ttl > lease {
-        Finding::new(
+    let (severity, message) = if min_ttl > lease {
+        (
             Severity::Warning,
-            "lease",
             format!("etcd's minimum lease TTL is {min_ttl:?} (1.5 × its election timeout), longer than the watchdog lease {lease:?}: every lease is rounded up to it (never shorter, so locks stay safe), but a crashed holder's lock stays blocked {min_ttl:?}; raise the watchdog lease to at least {min_ttl:?}, or lower etcd's --election-timeout"),
         )
     } else if lease < election * 2 {
-        Finding::new(
+        (
             Severity::Warning,
-            "lease",
             format!("the watchdog lease {lease:?} is short against etcd's election timeout (about {election:?}, from the minimum lease TTL {min_ttl:?}): renewals fail during a leader election, and a lease shorter than two elections can be lost to one (a lost signal, never a double grant); use a watchdog lease of at least {:?}", election * 3),
         )
     } else {
-        Finding::new(
+        (
             Severity::Ok,
-            "lease",
             format!("watchdog lease {lease:?}, etcd's minimum lease TTL {min_ttl:?}: renewals ride out a leader election"),
         )
-    }
+    };
+    Finding::new(severity, "lease", message)
 }
 
 #[cfg(test)]
