@@ -6,7 +6,7 @@ use crate::tls;
 use crate::EtcdBackend;
 use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{ClientOptions, Error, Result};
-use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, Txn, TxnResponse};
+use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnResponse};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
@@ -96,26 +96,15 @@ impl EtcdBackend {
         }
     }
 
-    /// This backend, once a linearizable read got through. `tls_client`: with TLS, whether a
-    /// client certificate was given (to explain a connection the server closed right after
-    /// the handshake); `hosts`: the members dialled (none for an application's client), asked
-    /// in plain HTTP/2 when a TLS connection was closed.
+    /// This backend, once a linearizable read got through within twice the connect timeout;
+    /// an election in progress ("leader changed", "no leader") is retried until then (it takes
+    /// about one election timeout). `tls_client`: with TLS, whether a client certificate was
+    /// given (to explain a connection the server closed right after the handshake); `hosts`:
+    /// the members dialled (none for an application's client), asked in plain HTTP/2 when a
+    /// TLS connection was closed.
     pub(crate) async fn probed(self, tls_client: Option<bool>, hosts: &[String]) -> Result<Self> {
-        match self.probe(self.connect_timeout * 2).await? {
-            Ok(_) => Ok(self),
-            Err(e) => Err(self.probe_error(e, tls_client, hosts).await),
-        }
-    }
-
-    /// Reads a key (a linearizable read) within `limit`; an election in progress ("leader
-    /// changed", "no leader") is retried until then: it takes about one election timeout. The
-    /// outer error is the limit; the inner one etcd's.
-    async fn probe(
-        &self,
-        limit: Duration,
-    ) -> Result<std::result::Result<GetResponse, etcd_client::Error>> {
-        let mut kv = self.client.kv_client();
-        let key = self.prefix.clone().into_bytes();
+        let limit = self.connect_timeout * 2;
+        let (mut kv, key) = (self.client.kv_client(), self.prefix.clone().into_bytes());
         let deadline = tokio::time::Instant::now() + limit;
         let probe = async {
             loop {
@@ -131,9 +120,11 @@ impl EtcdBackend {
                 }
             }
         };
-        tokio::time::timeout(limit, probe)
-            .await
-            .map_err(|_| no_answer(&self.endpoint, limit))
+        let probed = tokio::time::timeout(limit, probe).await;
+        match probed.map_err(|_| no_answer(&self.endpoint, limit))? {
+            Ok(_) => Ok(self),
+            Err(e) => Err(self.probe_error(e, tls_client, hosts).await),
+        }
     }
 
     /// The error of a connect probe that failed with `e` (`tls_client`, `hosts`: as

@@ -307,12 +307,10 @@ mod tests {
         assert_eq!(k.attempt("0f/1"), b"dlock/a%2Fb%25c/0f%2F1");
         // A name that is a prefix of another does not share its queue.
         let short = Keys::new("dlock", "a");
-        assert!(!Keys::new("dlock", "a/x")
-            .attempt("0")
-            .starts_with(&short.queue));
-        assert!(!Keys::new("dlock", "ab")
-            .attempt("0")
-            .starts_with(&short.queue));
+        for other in ["a/x", "ab"] {
+            let theirs = Keys::new("dlock", other).attempt("0");
+            assert!(!theirs.starts_with(&short.queue), "{other}");
+        }
         // etcdctl lock dlock/orders queues under the same prefix.
         assert_eq!(Keys::new("dlock", "orders").queue, b"dlock/orders/");
     }
@@ -332,44 +330,27 @@ mod tests {
         assert!(!k.queue.starts_with(b"dlock/"));
         assert!(!k.meta_of(&mine).unwrap().starts_with(&k.queue));
         assert_eq!(Keys::new("dlock", "x").meta_of(b"dlock/x/1"), None);
-        assert_eq!(
-            Keys::of_kind("dlock", "x", LockKind::Election).queue,
-            b"dlock-election/x/"
-        );
-        assert_eq!(
-            Keys::of_kind("dlock", "x", LockKind::Mutex).queue,
-            b"dlock/x/"
-        );
-    }
-
-    #[test]
-    fn metas() {
-        let m = Record {
-            ttl: 2,
-            seq: 7,
-            owner: "host a: 1".into(),
-        };
-        assert_eq!(
-            Record::decode(b"k", m.encode(true).as_bytes(), true).unwrap(),
-            m
-        );
-        for bad in [&b""[..], b"1 2", b"1 x o", b"0 1 o", b"1 1 ", b"\xff"] {
-            assert!(Record::decode(b"k", bad, true).is_err(), "{bad:?}");
+        for (kind, queue) in [
+            (LockKind::Election, "dlock-election/x/"),
+            (LockKind::Mutex, "dlock/x/"),
+        ] {
+            assert_eq!(Keys::of_kind("dlock", "x", kind).queue, queue.as_bytes());
         }
     }
 
     #[test]
-    fn entries() {
-        let e = Record {
+    fn records() {
+        let lock = Record {
             ttl: 30,
             seq: 0,
             owner: "me: 1 2".into(),
         };
-        assert_eq!(
-            Record::decode(b"k", e.encode(false).as_bytes(), false).unwrap(),
-            e
-        );
-        for bad in [
+        let candidate = Record {
+            ttl: 2,
+            seq: 7,
+            owner: "host a: 1".into(),
+        };
+        let lock_bad = [
             &b""[..],
             b"x",
             b"1",
@@ -378,14 +359,24 @@ mod tests {
             b"0 o",
             b"-1 o",
             b"\xff",
+        ];
+        let candidate_bad = [&b""[..], b"1 2", b"1 x o", b"0 1 o", b"1 1 ", b"\xff"];
+        for (rec, election, bad) in [
+            (&lock, false, &lock_bad[..]),
+            (&candidate, true, &candidate_bad),
         ] {
-            assert!(Record::decode(b"k", bad, false).is_err());
+            let value = rec.encode(election);
+            assert_eq!(
+                Record::decode(b"k", value.as_bytes(), election).unwrap(),
+                *rec
+            );
+            for bad in bad {
+                assert!(Record::decode(b"k", bad, election).is_err(), "{bad:?}");
+            }
         }
         let k = Keys::new("dlock", "n");
-        assert_eq!(
-            k.holder_of(b"dlock/n/abc", e.encode(false).as_bytes()),
-            "me: 1 2"
-        );
+        let value = lock.encode(false);
+        assert_eq!(k.holder_of(b"dlock/n/abc", value.as_bytes()), "me: 1 2");
         assert_eq!(
             k.holder_of(b"dlock/n/694d8f2a3b1c5e07", b""),
             "(not dlock) 694d8f2a3b1c5e07"

@@ -326,22 +326,18 @@ pub(crate) struct QueueWatch {
 impl ReleaseWatch for QueueWatch {
     async fn changed(&mut self) -> Result<Wake> {
         loop {
-            match self.stream.message().await {
-                Ok(Some(resp)) => {
-                    if resp.canceled() {
-                        let why = format!("watch canceled: {}", resp.cancel_reason());
-                        return Err(watch_error(&self.endpoint, why));
-                    }
-                    if resp
-                        .events()
-                        .iter()
-                        .any(|e| self.puts || e.event_type() == EventType::Delete)
-                    {
-                        return Ok(Wake::Released);
-                    }
-                }
+            let resp = match self.stream.message().await {
+                Ok(Some(resp)) => resp,
                 Ok(None) => return Err(watch_error(&self.endpoint, "watch stream ended".into())),
                 Err(e) => return Err(map(&self.endpoint, e)),
+            };
+            if resp.canceled() {
+                let why = format!("watch canceled: {}", resp.cancel_reason());
+                return Err(watch_error(&self.endpoint, why));
+            }
+            let puts = self.puts;
+            if (resp.events().iter()).any(|e| puts || e.event_type() == EventType::Delete) {
+                return Ok(Wake::Released);
             }
         }
     }
@@ -373,12 +369,9 @@ impl EtcdBackend {
             .await
             .map_err(|_| timed_out(&self.endpoint, "watch", self.op_timeout))?
             .map_err(|e| map(&self.endpoint, e))?;
-        match first {
-            Some(r) if r.created() && !r.canceled() => {}
-            _ => {
-                let why = "the watch was not created".into();
-                return Err(watch_error(&self.endpoint, why));
-            }
+        if !first.is_some_and(|r| r.created() && !r.canceled()) {
+            let why = "the watch was not created".into();
+            return Err(watch_error(&self.endpoint, why));
         }
         Ok(Box::new(QueueWatch {
             stream,
