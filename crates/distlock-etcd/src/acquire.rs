@@ -11,14 +11,10 @@ use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpRes
 
 impl EtcdBackend {
     pub(crate) fn contended(&self, key: &[u8]) -> Error {
-        Error::connection(
-            KIND,
-            self.endpoint.clone(),
-            format!(
-                "key `{}` kept changing during {CAS_ATTEMPTS} compare-and-swap attempts",
-                String::from_utf8_lossy(key)
-            ),
-        )
+        let key = String::from_utf8_lossy(key);
+        let why =
+            format!("key `{key}` kept changing during {CAS_ATTEMPTS} compare-and-swap attempts");
+        Error::connection(KIND, self.endpoint.clone(), why)
     }
 
     /// One try of `req`, with this request's own fresh `lease`: takes the lock if nobody is
@@ -97,33 +93,25 @@ impl EtcdBackend {
                 return Err(shape("inspect: the transaction returned too few reads"));
             };
             let [first, fence] = reads(&resp)?;
-            let queued = g.count();
-            let meta_key = first.as_ref().and_then(|f| keys.meta_of(f.key()));
-            let (Some(leader), Some(meta_key)) = (&first, meta_key) else {
-                return Ok(Queue {
-                    queued,
-                    first,
-                    fence,
-                    meta: None,
-                });
+            let mut q = Queue {
+                queued: g.count(),
+                first,
+                fence,
+                meta: None,
+            };
+            let meta_key = q.first.as_ref().and_then(|f| keys.meta_of(f.key()));
+            let (Some(leader), Some(meta_key)) = (&q.first, meta_key) else {
+                return Ok(q);
             };
             let rev = leader.create_revision();
+            let guard = Compare::create_revision(leader.key(), CompareOp::Equal, rev);
             let txn = Txn::new()
-                .when([Compare::create_revision(
-                    leader.key(),
-                    CompareOp::Equal,
-                    rev,
-                )])
+                .when([guard])
                 .and_then([TxnOp::get(meta_key, None)]);
             let resp = self.txn(what, txn).await?;
             if resp.succeeded() {
-                let [meta] = reads(&resp)?;
-                return Ok(Queue {
-                    queued,
-                    first,
-                    fence,
-                    meta,
-                });
+                [q.meta] = reads(&resp)?;
+                return Ok(q);
             }
         }
         Err(self.contended(&keys.queue))

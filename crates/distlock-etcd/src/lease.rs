@@ -45,22 +45,13 @@ pub(crate) struct Doubt {
 impl EtcdBackend {
     pub(crate) async fn grant(&self, lease: Duration) -> Result<Lease> {
         let ttl = ttl_secs(lease);
-        let r = self
-            .call("lease grant", |c| async move {
-                c.lease_client().grant(ttl, None).await
-            })
-            .await?;
-        if !r.error().is_empty() || r.ttl() <= 0 {
-            return Err(shape(format!(
-                "lease grant failed: `{}` (ttl {})",
-                r.error(),
-                r.ttl()
-            )));
+        let call = |c: Client| async move { c.lease_client().grant(ttl, None).await };
+        let r = self.call("lease grant", call).await?;
+        let (id, ttl, error) = (r.id(), r.ttl(), r.error());
+        if !error.is_empty() || ttl <= 0 {
+            return Err(shape(format!("lease grant failed: `{error}` (ttl {ttl})")));
         }
-        Ok(Lease {
-            id: r.id(),
-            ttl: r.ttl(),
-        })
+        Ok(Lease { id, ttl })
     }
 
     /// Revokes lease `id` once, in the background (if that fails it expires). Only for a lease

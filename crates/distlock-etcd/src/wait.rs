@@ -108,38 +108,31 @@ impl Waiter<'_> {
         let resp = b
             .doubting(&req.attempt, lease, b.txn("acquire", txn))
             .await?;
-        if resp.succeeded() {
+        let (rev, lease, confirmed_at, first_is_mine) = if resp.succeeded() {
             let rev = header_revision(&resp)?;
             let [first] = reads(&resp)?;
             if first.is_none_or(|f| f.create_revision() == rev) {
                 b.remember(&req.attempt, lease);
                 return Ok(Some(Granted::new(token_of(rev)?, sent)));
             }
-            let confirmed_at = sent;
-            self.place = Some(Place {
-                rev,
-                lease,
-                confirmed_at,
-            });
-            return Ok(None);
-        }
-        // Our key exists: an earlier request of this attempt put it and its reply was lost. This
-        // request's lease carries nothing (etcd answered that it put nothing).
-        b.revoke_in_background(lease.id);
-        let [m, first] = reads(&resp)?;
-        let m =
-            m.ok_or_else(|| shape("etcd said the attempt's key exists but returned no such key"))?;
-        let first_is_mine = first.is_some_and(|f| f.key() == m.key());
-        let rev = m.create_revision();
-        let Some(h) = b.hold_state(keys, mine, rev, Some(m)).await? else {
-            return Err(self.lost("its key was deleted (lease expired or revoked)"));
+            (rev, lease, sent, false)
+        } else {
+            // Our key exists: an earlier request of this attempt put it and its reply was lost.
+            // This request's lease carries nothing (etcd answered that it put nothing).
+            b.revoke_in_background(lease.id);
+            let [m, first] = reads(&resp)?;
+            let m = m.ok_or_else(|| {
+                shape("etcd said the attempt's key exists but returned no such key")
+            })?;
+            let first_is_mine = first.is_some_and(|f| f.key() == m.key());
+            let rev = m.create_revision();
+            let Some(h) = b.hold_state(keys, mine, rev, Some(m)).await? else {
+                return Err(self.lost("its key was deleted (lease expired or revoked)"));
+            };
+            let (id, ttl) = (h.kv.lease(), h.rec.ttl);
+            // That lease was granted during this wait.
+            (rev, Lease { id, ttl }, self.started, first_is_mine)
         };
-        let lease = Lease {
-            id: h.kv.lease(),
-            ttl: h.rec.ttl,
-        };
-        // That lease was granted during this wait.
-        let confirmed_at = self.started;
         self.place = Some(Place {
             rev,
             lease,
