@@ -144,18 +144,21 @@ impl EtcdBackend {
             // refuses a client without one, or with one it does not trust), or (when the
             // hello's EOF surfaces only as a closed connection) a plain-http member. The
             // second answers HTTP/2 in the clear.
-            (Some(has_cert), None) if closed => Some(match hosts.first() {
-                Some(host) if tls::speaks_plain_http2(host, self.connect_timeout).await => (
-                    TlsErrorKind::NotSupportedByServer,
-                    "the server closed the TLS connection and answers plain HTTP/2",
-                ),
-                _ => (
-                    TlsErrorKind::ClientCertRejected,
-                    "the server closed the connection right after the TLS handshake, as etcd \
-                     does with a client certificate it does not accept, or none",
-                ),
-            })
-            .map(|(kind, why)| TlsError::worded(kind, why, &tls::WORDS, tls::cert(Some(has_cert)))),
+            (Some(has_cert), None) if closed => {
+                let (kind, why) = match hosts.first() {
+                    Some(host) if tls::speaks_plain_http2(host, self.connect_timeout).await => (
+                        TlsErrorKind::NotSupportedByServer,
+                        "the server closed the TLS connection and answers plain HTTP/2",
+                    ),
+                    _ => (
+                        TlsErrorKind::ClientCertRejected,
+                        "the server closed the connection right after the TLS handshake, as \
+                         etcd does with a client certificate it does not accept, or none",
+                    ),
+                };
+                let cert = tls::cert(Some(has_cert));
+                Some(TlsError::worded(kind, why, &tls::WORDS, cert))
+            }
             _ => None,
         };
         match found {

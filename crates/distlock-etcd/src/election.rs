@@ -80,17 +80,3 @@ impl EtcdBackend {
         Err(self.contended(&mine))
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::kv::Keys;
-
-    #[test]
-    fn a_foreign_leader_is_named_by_its_key() {
-        let k = Keys::election("dlock", "e");
-        assert_eq!(
-            k.segment(b"dlock-election/e/694d8f2a3b1c5e07"),
-            "694d8f2a3b1c5e07"
-        );
-    }
-}

@@ -330,6 +330,10 @@ mod tests {
         assert!(!k.queue.starts_with(b"dlock/"));
         assert!(!k.meta_of(&mine).unwrap().starts_with(&k.queue));
         assert_eq!(Keys::new("dlock", "x").meta_of(b"dlock/x/1"), None);
+        // A foreign leader (`etcdctl elect`) is named by its key's last segment.
+        let e = Keys::election("dlock", "e");
+        let foreign = e.segment(b"dlock-election/e/694d8f2a3b1c5e07");
+        assert_eq!(foreign, "694d8f2a3b1c5e07");
         for (kind, queue) in [
             (LockKind::Election, "dlock-election/x/"),
             (LockKind::Mutex, "dlock/x/"),

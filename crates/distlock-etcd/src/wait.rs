@@ -18,8 +18,8 @@ use distlock_core::backoff::{Backoff, RetryPolicy};
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{Backend, Error, Result};
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchFilterType,
-    WatchOptions, WatchStream,
+    Client, Compare, CompareOp, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
+    WatchFilterType, WatchOptions, WatchStream,
 };
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -227,14 +227,7 @@ impl Waiter<'_> {
             let opts = WatchOptions::new()
                 .with_start_revision(header_revision(&resp)? + 1)
                 .with_filters([WatchFilterType::NoPut]);
-            let res = self
-                .b
-                .call("watch", |c| {
-                    let (key, opts) = (pred.key().to_vec(), opts.clone());
-                    async move { c.watch_client().watch(key, Some(opts)).await }
-                })
-                .await;
-            match res {
+            match self.b.watch(pred.key(), opts).await {
                 Ok(s) => self.watch = Some((pred.key().to_vec(), s)),
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, "cannot watch the key before ours; polling");
@@ -337,6 +330,15 @@ impl ReleaseWatch for QueueWatch {
 }
 
 impl EtcdBackend {
+    /// A watch on `key` (with `opts`), not yet confirmed by the server.
+    async fn watch(&self, key: &[u8], opts: WatchOptions) -> Result<WatchStream> {
+        let watch = |c: Client| {
+            let (key, opts) = (key.to_vec(), opts.clone());
+            async move { c.watch_client().watch(key, Some(opts)).await }
+        };
+        self.call("watch", watch).await
+    }
+
     /// A watch on every key under `prefix`, confirmed by the server: deletions only (a
     /// lock's releases, `Backend::watch`), or with `puts` every change (`Backend::observe`:
     /// a new candidate, a proclamation, a lease move, a resignation or expiry; metadata keys
@@ -351,12 +353,7 @@ impl EtcdBackend {
         if !puts {
             opts = opts.with_filters([WatchFilterType::NoPut]);
         }
-        let mut stream = self
-            .call("watch", |c| {
-                let (queue, opts) = (prefix.clone(), opts.clone());
-                async move { c.watch_client().watch(queue, Some(opts)).await }
-            })
-            .await?;
+        let mut stream = self.watch(&prefix, opts).await?;
         // Wait for the server to confirm the watch, so no release after this call is missed.
         let first = tokio::time::timeout(self.op_timeout, stream.message())
             .await
