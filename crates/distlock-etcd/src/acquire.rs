@@ -2,7 +2,6 @@
 
 use crate::error::{shape, KIND};
 use crate::kv::{enqueue, first_of, header_revision, reads, token_of, Keys, CAS_ATTEMPTS};
-use crate::lease::Lease;
 use crate::renew::Cover;
 use crate::EtcdBackend;
 use distlock_core::backend::{AcquireReply, AcquireRequest};
@@ -17,57 +16,47 @@ impl EtcdBackend {
         Error::connection(KIND, self.endpoint.clone(), why)
     }
 
-    /// One try of `req`, with this request's own fresh `lease`: takes the lock if nobody is
-    /// queued; finds the attempt's own key if it holds the lock already (a retry of a request
-    /// whose reply was lost: same key, same token); else reports who holds it, writing nothing.
-    /// The flag tells whether `lease` ended up carrying the key (else it carries nothing).
-    pub(crate) async fn take(
-        &self,
-        keys: &Keys,
-        mine: &[u8],
-        req: &AcquireRequest,
-        lease: Lease,
-    ) -> Result<(AcquireReply, bool)> {
-        for _ in 0..CAS_ATTEMPTS {
-            let nobody = Compare::create_revision(keys.queue.clone(), CompareOp::Equal, 0);
-            let txn = enqueue(keys, mine, req, lease, nobody.with_prefix());
-            let resp = self.txn("acquire", txn).await?;
-            if resp.succeeded() {
-                let token = token_of(header_revision(&resp)?)?;
-                self.remember(&req.attempt, lease);
-                return Ok((AcquireReply::Granted { token }, true));
-            }
-            let [m, first] = reads(&resp)?;
-            let first = first.ok_or_else(|| {
-                shape("etcd said the queue was not empty but returned no key of it")
-            })?;
-            // Someone else is first: another attempt of dlock (of any owner, this one's too) or
-            // a foreign `concurrency.Mutex` key. A key of this attempt behind it is its place in
-            // the queue of a wait, which this try leaves alone.
-            let Some(m) = m.filter(|m| m.key() == first.key()) else {
-                let ttl = self.lease_left(first.lease()).await?;
-                return Ok((AcquireReply::Held { ttl }, false));
-            };
-            let token = token_of(m.create_revision())?;
-            let fresh = Some(lease);
-            // Gone: its lease ran out meanwhile, and the key with it; try afresh.
-            let cover = self.cover(keys, &req.attempt, mine, m, req.lease, fresh);
-            if let Cover::Done { moved_to } = cover.await? {
-                return Ok((AcquireReply::Granted { token }, moved_to == Some(lease.id)));
-            }
-        }
-        Err(self.contended(mine))
-    }
-
-    /// One try at the lock (`Backend::acquire`).
+    /// One try at the lock (`Backend::acquire`), with a lease of this request's own (a grant
+    /// whose reply is lost leaves a lease with nothing on it, which expires by itself): takes
+    /// the lock if nobody is queued; finds the attempt's own key if it holds the lock already
+    /// (a retry of a request whose reply was lost: same key, same token); else reports who
+    /// holds it, writing nothing.
     pub(crate) async fn acquire_once(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         let (keys, mine) = self.keys_of(&req.key, &req.attempt);
-        // A lease of this request's own. A grant whose reply is lost leaves a lease with
-        // nothing on it, which expires by itself.
         let lease = self.grant(req.lease).await?;
+        // The reply, and whether `lease` ended up carrying the key (else it carries nothing).
+        let take = async {
+            for _ in 0..CAS_ATTEMPTS {
+                let nobody = Compare::create_revision(keys.queue.clone(), CompareOp::Equal, 0);
+                let txn = enqueue(&keys, &mine, req, lease, nobody.with_prefix());
+                let resp = self.txn("acquire", txn).await?;
+                if resp.succeeded() {
+                    let token = token_of(header_revision(&resp)?)?;
+                    self.remember(&req.attempt, lease);
+                    return Ok((AcquireReply::Granted { token }, true));
+                }
+                let [m, first] = reads(&resp)?;
+                let first = first.ok_or_else(|| {
+                    shape("etcd said the queue was not empty but returned no key of it")
+                })?;
+                // Someone else is first: another attempt of dlock (of any owner, this one's
+                // too) or a foreign `concurrency.Mutex` key. A key of this attempt behind it is
+                // its place in the queue of a wait, which this try leaves alone.
+                let Some(m) = m.filter(|m| m.key() == first.key()) else {
+                    let ttl = self.lease_left(first.lease()).await?;
+                    return Ok((AcquireReply::Held { ttl }, false));
+                };
+                let token = token_of(m.create_revision())?;
+                // Gone: its lease ran out meanwhile, and the key with it; try afresh.
+                let cover = self.cover(&keys, &req.attempt, &mine, m, req.lease, Some(lease));
+                if let Cover::Done { moved_to } = cover.await? {
+                    return Ok((AcquireReply::Granted { token }, moved_to == Some(lease.id)));
+                }
+            }
+            Err(self.contended(&mine))
+        };
         // After an error the key may be on this lease: the retry (or the give-up) of this
         // attempt finds it; revoking the lease here could delete a grant the retry then returns.
-        let take = self.take(&keys, &mine, req, lease);
         let (reply, used) = self.doubting(&req.attempt, lease, take).await?;
         if !used {
             // etcd answered that nothing was put with it.

@@ -153,6 +153,7 @@ impl Connect for EtcdSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn parse_url(url: &str) -> Result<Target> {
         from_url(&ConnectionString::parse(url)?)
@@ -176,18 +177,15 @@ mod tests {
         assert_eq!(t.hosts, ["[::1]:5", "[::1]:2379"]);
         let t = parse_url("etcds://h/p?cacert=/ca.pem&cert=/c.pem&key=/c.key").unwrap();
         let tls = t.tls.expect("tls");
-        assert_eq!(tls.ca(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.ca(), Some(Path::new("/ca.pem")));
         assert_eq!(
             tls.client(),
-            Some((
-                std::path::Path::new("/c.pem"),
-                std::path::Path::new("/c.key")
-            ))
+            Some((Path::new("/c.pem"), Path::new("/c.key")))
         );
         assert_eq!(t.prefix.as_deref(), Some("p"));
         let t = parse_url("etcds://h?ca_file=/ca.pem").unwrap();
         let tls = t.tls.expect("tls");
-        assert_eq!(tls.ca(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.ca(), Some(Path::new("/ca.pem")));
         assert_eq!(
             parse_url("etcds://h").unwrap().tls,
             Some(TlsFiles::new(crate::tls::NAMES))
@@ -283,11 +281,8 @@ mod tests {
             .ca_file("/b.pem")
             .client_cert("/c", "/k");
         let tls = resolve_with(&t, &[]).unwrap().tls.unwrap();
-        assert_eq!(tls.ca(), Some(std::path::Path::new("/b.pem")));
-        assert_eq!(
-            tls.client(),
-            Some((std::path::Path::new("/c"), std::path::Path::new("/k")))
-        );
+        assert_eq!(tls.ca(), Some(Path::new("/b.pem")));
+        assert_eq!(tls.client(), Some((Path::new("/c"), Path::new("/k"))));
     }
 
     #[test]
