@@ -178,13 +178,11 @@ impl ZkBackend {
                 "the connect string names no server; write host:port[,host:port…][/chroot]",
             ));
         }
-        // The chroot's checks are the URL's.
-        let checked = builder::parse(&format!("zk://localhost{chroot}"))?;
         let u = builder::ZkUrl {
             hosts: hosts.to_owned(),
-            chroot: checked.chroot,
             acl: Some(acl),
-            ..Default::default()
+            // The chroot's checks are the URL's.
+            ..builder::parse(&format!("zk://localhost{chroot}"))?
         };
         Self::open(cluster, u, Some(connector), opts).await
     }
