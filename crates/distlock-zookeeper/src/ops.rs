@@ -384,7 +384,7 @@ pub(crate) fn session_finding(timeout: Duration, requested: Duration, lease: Dur
         Finding::new(
             Severity::Unsafe,
             "session-timeout",
-            format!("the ensemble negotiated a session timeout of {timeout:?} (asked for {requested:?}), shorter than the watchdog lease {lease:?}: the server may expire the session (and delete the lock nodes) while the holder still counts on its lease; lower the client's watchdog_lease to at most {timeout:?}, or raise the servers' maxSessionTimeout and ask for a longer session (`session_timeout` in the URL)"),
+            format!("the ensemble negotiated a session timeout of {timeout:?} (asked for {requested:?}), shorter than the watchdog lease {lease:?}: the server may expire the session (and delete the lock nodes) while the holder still counts on its lease; lower the client's watchdog_lease to at most {timeout:?}, or raise the servers' maxSessionTimeout (default 20 × tickTime) and ask for a longer session (`session_timeout` in the URL)"),
         )
     } else if timeout < requested {
         Finding::new(
