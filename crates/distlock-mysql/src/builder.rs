@@ -114,7 +114,6 @@ pub(crate) struct Parsed {
     pub(crate) namespace: Option<String>,
     /// `None`: the application's options, their TLS settings as they are.
     pub(crate) tls: Option<TlsOptions>,
-    pub(crate) password_file: Option<PathBuf>,
 }
 
 fn endpoint(opts: &mysql_async::Opts) -> String {
@@ -150,11 +149,7 @@ pub(crate) fn parse_url(cs: &ConnectionString) -> Result<Parsed> {
         }
     }
     let tls = TlsOptions::from_url(cs)?;
-    let password_file = match cs.param("password-file").or(cs.param("password_file")) {
-        None => None,
-        Some("") => return Err(cs.invalid("password-file= is empty; give a file")),
-        Some(p) => Some(PathBuf::from(p)),
-    };
+    password_file(cs)?;
     let prefer_socket = cs.bool("prefer_socket")?.unwrap_or(false);
     let names = crate::tls::NAMES;
     let ours = [OUR_PARAMS, names.ca, names.cert, names.key].concat();
@@ -169,7 +164,6 @@ pub(crate) fn parse_url(cs: &ConnectionString) -> Result<Parsed> {
         mode,
         namespace,
         tls: Some(tls),
-        password_file,
     })
 }
 
@@ -183,7 +177,6 @@ fn parsed(url: &ConnectionString, x: &MysqlSettings) -> Result<Parsed> {
             mode: Mode::Session,
             namespace: None,
             tls: None,
-            password_file: None,
         }),
     }
 }
@@ -194,19 +187,24 @@ fn parsed(url: &ConnectionString, x: &MysqlSettings) -> Result<Parsed> {
 /// # Errors
 /// [`Error::InvalidArgument`] for a password file that cannot be read; as the URL.
 fn mysql_client(q: &EcosystemQuery<'_>) -> Result<Option<Password>> {
-    let default = MysqlSettings::default();
-    let x = q
-        .settings
-        .downcast_ref::<MysqlSettings>()
-        .unwrap_or(&default);
-    let p = parsed(q.url, x)?;
-    if p.opts.pass().is_some() {
+    let x = q.settings.downcast_ref::<MysqlSettings>();
+    if x.and_then(|x| x.opts.as_ref())
+        .is_some_and(|o| o.pass().is_some())
+    {
         return Ok(None);
     }
-    if let Some(f) = &p.password_file {
-        return read_password_file(f, "MySQL", "password-file=").map(Some);
+    if let Some(f) = password_file(q.url)? {
+        return read_password_file(&f, "MySQL", "password-file=").map(Some);
     }
     Ok(q.env.var(PASSWORD_ENV).map(Password::new))
+}
+
+/// The URL's `password-file=`.
+fn password_file(cs: &ConnectionString) -> Result<Option<PathBuf>> {
+    match cs.param("password-file").or(cs.param("password_file")) {
+        Some("") => Err(cs.invalid("password-file= is empty; give a file")),
+        p => Ok(p.map(PathBuf::from)),
+    }
 }
 
 impl MysqlSettings {
@@ -224,19 +222,14 @@ impl MysqlSettings {
     pub(crate) fn resolve(s: &Settings<Self>) -> Result<(Connector, Parsed)> {
         let x = &s.settings;
         let mut p = parsed(&s.url, x)?;
-        let mut base = mysql_async::OptsBuilder::from_opts(p.opts.clone());
-        if let Some(u) = &s.credentials.user {
-            base = base.user(Some(u));
-        }
-        if let Some(pw) = &s.credentials.password {
-            base = base.pass(Some(pw.expose()));
-        }
-        // Renewals count matched rows, not changed ones.
-        let base = base.client_found_rows(true);
-        if mysql_async::Opts::from(base.clone())
-            .user()
-            .is_none_or(str::is_empty)
-        {
+        let (user, pass) = (&s.credentials.user, &s.credentials.password);
+        let user = user.as_deref().or(p.opts.user());
+        let base = mysql_async::OptsBuilder::from_opts(p.opts.clone())
+            .user(user)
+            .pass(pass.as_ref().map(Password::expose).or(p.opts.pass()))
+            // Renewals count matched rows, not changed ones.
+            .client_found_rows(true);
+        if user.is_none_or(str::is_empty) {
             let reason = "no user; write mysql://user:password@host:port/database";
             return Err(match x.opts {
                 None => s.url.invalid(reason),

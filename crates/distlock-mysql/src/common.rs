@@ -214,7 +214,7 @@ impl Common {
         let mut conn = self.take().await?;
         let c = self.call(f(&mut conn)).await;
         // A dead server (restart, failover) takes the other idle connections with it.
-        self.after_failure_or_put(conn, &c);
+        self.dispose(conn, &c, true);
         self.result(what, c)
     }
 
@@ -224,37 +224,24 @@ impl Common {
     pub(crate) async fn query(&self, what: &str, sql: String) -> Result<Vec<Vec<Row>>> {
         let mut conn = self.take().await?;
         let c = self.call(query_sets(&mut conn, sql)).await;
-        self.put_if_ok(conn, &c);
+        self.dispose(conn, &c, false);
         self.result(what, c)
     }
 
-    /// Disposes of a connection after call `c` on it: kept if it succeeded or the server merely
-    /// refused the statement, closed otherwise (and the idle ones too if the server went away).
-    pub(crate) fn after_failure_or_put<T>(&self, conn: Conn, c: &Call<T>) {
-        match Self::reusable(c) {
-            true => self.put(conn),
-            false => self.put_if_ok(conn, c),
+    /// Disposes of a connection after call `c` on it: kept if it succeeded, or (`refused_ok`)
+    /// if the server merely refused the statement; closed otherwise (a failed statement may
+    /// leave a transaction open with its row locks, or a session setting half-reset: closing
+    /// the connection undoes both, and frees whatever lock it held), and the idle ones dropped
+    /// too if the server went away.
+    pub(crate) fn dispose<T>(&self, conn: Conn, c: &Call<T>, refused_ok: bool) {
+        if matches!(c, Call::Ok(_)) || (refused_ok && Self::reusable(c)) {
+            self.put(conn);
+        } else {
+            if matches!(c, Call::Err(e) if conn_dead(e)) {
+                self.forget_idle();
+            }
+            close(conn);
         }
-    }
-
-    /// Disposes of a connection after call `c` on it: kept only if it succeeded (a failed
-    /// statement may leave a transaction open with its row locks, or a session setting
-    /// half-reset: closing the connection undoes both), and the idle ones dropped too if the
-    /// server went away.
-    pub(crate) fn put_if_ok<T>(&self, conn: Conn, c: &Call<T>) {
-        match c {
-            Call::Ok(_) => self.put(conn),
-            other => self.discard(conn, other),
-        }
-    }
-
-    /// Closes a connection whose call `c` failed (whatever lock it held goes with it), and
-    /// drops the idle ones too if the server went away.
-    pub(crate) fn discard<T>(&self, conn: Conn, c: &Call<T>) {
-        if matches!(c, Call::Err(e) if conn_dead(e)) {
-            self.forget_idle();
-        }
-        close(conn);
     }
 
     pub(crate) fn forget_idle(&self) {
@@ -341,10 +328,25 @@ impl Common {
         Ok(info)
     }
 
-    /// Ends session `id` (`KILL`). `Some` of the server's refusal when the session is gone
-    /// already (`NO_SUCH_THREAD`) or another user's that this one may not end (`NOT_OWNER`).
-    pub(crate) async fn kill(&self, what: &str, id: u64) -> Result<Option<ServerError>> {
-        let sql = format!("KILL {id}");
+    /// The connection holding key `lk`'s `GET_LOCK` now, if any.
+    pub(crate) async fn used_by(&self, lk: &str) -> Result<Option<u64>> {
+        let (sql, lk) = ("SELECT IS_USED_LOCK(?)", lk.to_owned());
+        let id: Option<Option<u64>> = self
+            .with_conn("finding the holder", |c| c.exec_first(sql, (lk,)))
+            .await?;
+        Ok(id.flatten())
+    }
+
+    /// Runs `kill` (`KILL` ends session `id`, `KILL QUERY` stops its statement). `Some` of
+    /// the server's refusal when the session is gone already (`NO_SUCH_THREAD`) or another
+    /// user's that this one may not end (`NOT_OWNER`).
+    pub(crate) async fn kill(
+        &self,
+        what: &str,
+        kill: &str,
+        id: u64,
+    ) -> Result<Option<ServerError>> {
+        let sql = format!("{kill} {id}");
         self.with_conn(what, move |c| {
             Box::pin(async move {
                 match c.query_drop(sql).await {
@@ -359,13 +361,6 @@ impl Common {
             })
         })
         .await
-    }
-
-    /// Asks the server to stop the statement running on connection `id` (`KILL QUERY`).
-    pub(crate) async fn kill_query(&self, id: u32) -> Result<()> {
-        let sql = format!("KILL QUERY {id}");
-        self.with_conn("KILL QUERY", move |c| c.query_drop(sql))
-            .await
     }
 }
 
@@ -444,16 +439,15 @@ pub(crate) fn col<T: FromValue>(what: &str, row: &Row, i: usize) -> Result<T> {
 /// to utf8mb4. Multi-statement text queries (one round trip, so that a late reply belongs to
 /// one request that happened entirely or not at all) cannot take parameters.
 pub(crate) fn sql_str(s: &str) -> String {
-    if s.is_empty() {
-        return "CONVERT('' USING utf8mb4)".to_owned();
+    match s.is_empty() {
+        true => "CONVERT('' USING utf8mb4)".to_owned(),
+        false => format!("CONVERT(X'{}' USING utf8mb4)", hex(s.as_bytes())),
     }
-    let mut out = String::with_capacity(s.len() * 2 + 24);
-    out.push_str("CONVERT(X'");
-    for b in s.as_bytes() {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out.push_str("' USING utf8mb4)");
-    out
+}
+
+/// `bytes` as lowercase hex digits.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An attempt id, quoted for SQL. The core makes them of hex digits; anything else (an id
@@ -477,13 +471,7 @@ pub fn lock_key(namespace: &str, name: &str) -> String {
     h.update(namespace.as_bytes());
     h.update([0u8]);
     h.update(name.as_bytes());
-    let d = h.finalize();
-    let mut s = String::with_capacity(38);
-    s.push_str("dlock:");
-    for b in &d[..16] {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+    format!("dlock:{}", hex(&h.finalize()[..16]))
 }
 
 /// Both modes do mutexes and elections (a lock of the election's own key, its value in

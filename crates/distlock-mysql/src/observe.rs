@@ -25,7 +25,7 @@
 //! lease end (the core's lease-end look) or at the next grant.
 
 use crate::common::{close, col, election_key, sql_str, Call, Common};
-use crate::error::{conn_dead, map, timeout, INTERRUPTED, KIND, NOT_OWNER, NO_SUCH_THREAD};
+use crate::error::{conn_dead, map, timeout, INTERRUPTED, KIND, NOT_OWNER};
 use distlock_core::backend::{ReleaseWatch, Wake};
 use distlock_core::{async_trait, Error, LockKind, Result};
 use mysql_async::prelude::Queryable;
@@ -173,12 +173,7 @@ pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
              AND db_user <> {me} \
              AND conn_id NOT IN (SELECT ID FROM information_schema.PROCESSLIST)"
     );
-    let mut conn = common.take().await?;
-    let c = common.call(crate::common::query_sets(&mut conn, sql)).await;
-    let Call::Ok(sets) = &c else {
-        common.after_failure_or_put(conn, &c);
-        return common.result("waking observers", c).map(|_| ());
-    };
+    let sets = common.query("waking observers", sql).await?;
     let ids = match sets.first() {
         Some(rows) => rows
             .iter()
@@ -199,29 +194,18 @@ pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
         );
     }
     for id in ids {
-        let c = common
-            .call(conn.query_drop(format!("KILL QUERY {id}")))
-            .await;
-        match &c {
-            Call::Ok(()) => {}
-            Call::Err(mysql_async::Error::Server(s)) if s.code == NO_SUCH_THREAD => {}
-            Call::Err(mysql_async::Error::Server(s)) if s.code == NOT_OWNER => {
-                if !KILL_REFUSED.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        conn_id = id,
-                        error = %s.message,
-                        "KILL QUERY refused: observers of other users are only woken at lease \
-                         ends; run them as the same user or grant CONNECTION_ADMIN"
-                    );
-                }
-            }
-            _ => {
-                common.after_failure_or_put(conn, &c);
-                return common.result("waking an observer", c);
+        let refused = common.kill("waking an observer", "KILL QUERY", id).await?;
+        if let Some(s) = refused.filter(|s| s.code == NOT_OWNER) {
+            if !KILL_REFUSED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    conn_id = id,
+                    error = %s.message,
+                    "KILL QUERY refused: observers of other users are only woken at lease \
+                     ends; run them as the same user or grant CONNECTION_ADMIN"
+                );
             }
         }
     }
-    common.put(conn);
     Ok(())
 }
 
@@ -347,52 +331,32 @@ impl Watcher {
     }
 
     /// Forgets the observer of connection `id` (closed by the caller): ends its session on
-    /// the server (which stops its SLEEP), waits until the session is gone, and only then
+    /// the server (which stops its SLEEP), waits until the session is gone (bounded by the
+    /// slow limit: it ends at its next check for the kill, moments later), and only then
     /// deletes its row. A statement the connection sent before it was closed — a registration
     /// after a wake-up, in flight when the watch was dropped — still runs until the session
     /// ends: deleted earlier, the row would come back, naming a dead connection.
     async fn deregister(&self, id: u32) -> Result<()> {
+        let what = "ending the observer's session";
         // Gone already; or the id is another user's session now (ids start over when the
         // server restarts), so this one is gone too.
-        let what = "ending the observer's session";
-        let killed = self.common.kill(what, id.into()).await?.is_none();
-        if killed {
-            self.until_gone(id).await?;
+        if self.common.kill(what, "KILL", id.into()).await?.is_none() {
+            let (limit, started) = (self.common.slow_limit(), tokio::time::Instant::now());
+            let sql = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?";
+            let alive = || self.common.with_conn(what, |c| c.exec_first(sql, (id,)));
+            while alive().await?.unwrap_or(0i64) > 0 {
+                if started.elapsed() >= limit {
+                    return Err(timeout(&self.common.endpoint, what, limit));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
-        let lk = self.lk.clone();
+        let lk = &self.lk;
         let sql = format!(
             "DELETE FROM dlock_election_observers WHERE lock_key = '{lk}' AND conn_id = {id}"
         );
         let what = "deregistering the observer";
         self.common.with_conn(what, |c| c.query_drop(sql)).await
-    }
-
-    /// Waits until session `id`, just killed, is gone from the server: it ends at its next
-    /// check for the kill (a statement in flight stops or completes first), moments later;
-    /// bounded by the slow limit.
-    async fn until_gone(&self, id: u32) -> Result<()> {
-        let limit = self.common.slow_limit();
-        let started = tokio::time::Instant::now();
-        loop {
-            let sql = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?";
-            let alive: Option<i64> = self
-                .common
-                .with_conn("ending the observer's session", |c| {
-                    c.exec_first(sql, (id,))
-                })
-                .await?;
-            if alive.unwrap_or(0) == 0 {
-                return Ok(());
-            }
-            if started.elapsed() >= limit {
-                return Err(timeout(
-                    &self.common.endpoint,
-                    "ending the observer's session",
-                    limit,
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
     }
 
     /// One server-side wait.

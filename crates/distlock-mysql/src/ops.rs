@@ -38,25 +38,23 @@ impl Operator for MysqlBackend {
         );
         let rows: Vec<(String, String)> = self
             .common
-            .with_conn("listing locks", |c| c.exec(sql, (ns.clone(), ns)))
+            .with_conn("listing locks", |c| c.exec(sql, (ns.clone(), ns.clone())))
             .await?;
         // The key tells a lock from the election of the same name.
-        let mut names: Vec<(String, LockKind)> = rows
+        let mut names: Vec<(String, bool)> = rows
             .into_iter()
             .filter(|(_, n)| n.starts_with(prefix))
-            .map(|(key, name)| {
-                let kind = if key == election_key(&self.common.namespace, &name) {
-                    LockKind::Election
-                } else {
-                    LockKind::Mutex
-                };
-                (name, kind)
-            })
+            .map(|(key, name)| (name.clone(), key != election_key(&ns, &name)))
             .collect();
-        names.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
+        names.sort();
         names.dedup();
         let mut out = Vec::with_capacity(names.len());
-        for (name, kind) in names {
+        // An election before the lock of the same name.
+        for (name, mutex) in names {
+            let kind = match mutex {
+                true => LockKind::Mutex,
+                false => LockKind::Election,
+            };
             let info = distlock_core::Backend::inspect(self, &name, kind).await?;
             out.push(ListedLock::new(kind, info));
         }
@@ -208,26 +206,13 @@ struct Sessions<'a> {
     lk: String,
 }
 
-impl Sessions<'_> {
-    /// The connection holding the lock now.
-    async fn holder(&self) -> Result<Option<u64>> {
-        let (sql, lk) = ("SELECT IS_USED_LOCK(?)", self.lk.clone());
-        let id: Option<Option<u64>> = self
-            .b
-            .common
-            .with_conn("finding the holder", |c| c.exec_first(sql, (lk,)))
-            .await?;
-        Ok(id.flatten())
-    }
-}
-
 #[distlock_core::async_trait]
 impl Eviction for Sessions<'_> {
     type Session = u64;
     const SESSIONS: &'static str = "connections";
 
     async fn holders(&self) -> Result<(Vec<u64>, Vec<HolderInfo>)> {
-        let Some(id) = self.holder().await? else {
+        let Some(id) = self.b.common.used_by(&self.lk).await? else {
             return Ok((Vec::new(), Vec::new()));
         };
         let sql = "SELECT owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
@@ -254,7 +239,7 @@ impl Eviction for Sessions<'_> {
     }
 
     async fn end(&self, id: u64) -> Result<()> {
-        match self.b.common.kill("KILL", id).await? {
+        match self.b.common.kill("KILL", "KILL", id).await? {
             Some(s) if s.code == NOT_OWNER => {
                 let message = format!("{} (error {}, SQLSTATE {})", s.message, s.code, s.state);
                 Err(Error::unsupported(
@@ -272,7 +257,12 @@ impl Eviction for Sessions<'_> {
 
     async fn still_held(&self, ids: &[u64]) -> Result<bool> {
         // KILL returns before the session has ended.
-        Ok(self.holder().await?.is_some_and(|id| ids.contains(&id)))
+        Ok(self
+            .b
+            .common
+            .used_by(&self.lk)
+            .await?
+            .is_some_and(|id| ids.contains(&id)))
     }
 
     async fn advance(&self, ended: &[u64]) -> Result<u64> {

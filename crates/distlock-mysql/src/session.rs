@@ -1,33 +1,17 @@
 //! Session mode: `GET_LOCK` on a dedicated connection per grant, as a dialect of the shared
-//! SQL session layer ([`distlock_sql`]).
+//! SQL session layer ([`distlock_sql`]). docs/mysql.md, "Session mode in detail", has the
+//! whole argument; the invariants:
 //!
-//! The lock lives as long as the holder's connection: when the process dies, its connection
-//! closes and the server frees the lock. The lease is enforced by the server too: the
-//! connection's `wait_timeout` covers the lease (rounded up to whole seconds, plus a grace),
-//! renewals are statements on that connection, so a holder that stops renewing is
-//! disconnected, and loses the lock, when the lease ends. Waiting is server-side:
-//! `GET_LOCK(name, seconds left)`, stopped with `KILL QUERY`.
-//!
-//! # Grants are addressed by attempt
-//! Each acquisition attempt (`AttemptId`) has its own slot here (an entry of the engine's
-//! hold map), holding at most one
-//! connection — the one whose `GET_LOCK` is the attempt's grant — and the grant's token. Two
-//! attempts, even of one owner, are two holders: the second one's `GET_LOCK` on its own
-//! connection finds the lock taken. Every request on a slot runs in a task of its own, one at
-//! a time in arrival order, and runs to its end even when its caller stops waiting: this
-//! process is the "server" of the attempt's state, and a request whose reply came too late
-//! for its caller still takes effect exactly once. A retry then finds that effect — the grant
-//! made (same connection, same token; the lease extended, never shortened), the lock released
-//! — instead of taking a second connection or leaving one behind holding the lock. A request
-//! the server does not answer even within [`Common::slow_limit`] closes its connection, which
-//! frees whatever `GET_LOCK` it held.
-//!
-//! Tables: `dlock_fence` (last fencing token per lock key, bumped with
-//! `LAST_INSERT_ID(GREATEST(token + 1, the server clock in µs))` while the lock is held) and `dlock_holders` (holder, connection
-//! id, lease end — for `inspect` and the `Held` ttl; a row counts only while its connection id
-//! holds the key), `dlock_elections` (an election's value and proclamation number, under its
-//! leader's token) and `dlock_election_observers` (the connections observing an election, see
-//! [`crate::observe`]).
+//! - the lock lives as long as the holder's connection, whose `wait_timeout` (set before the
+//!   `GET_LOCK`, in the same round trip) covers the lease plus a grace: a holder that stops
+//!   renewing is disconnected, and loses the lock, when the lease ends;
+//! - each attempt (`AttemptId`) has its own slot holding at most one connection and the
+//!   grant's token; its requests run one at a time, each in a task of its own to its end even
+//!   when the caller stops waiting, so a late reply takes effect exactly once and the retry
+//!   finds it (same connection, same token; the lease extended, never shortened); a request
+//!   unanswered within [`Common::slow_limit`] closes its connection, freeing its `GET_LOCK`;
+//! - tables: `dlock_fence` (tokens), `dlock_holders` (a row counts only while its connection
+//!   id holds the key), `dlock_elections`, `dlock_election_observers` ([`crate::observe`]).
 
 use crate::common::{
     close, col, key_of, last_row, next_token, query_sets, sql_str, wait_timeout_secs, Call, Common,
@@ -79,19 +63,10 @@ pub(crate) struct Grant {
 }
 
 impl Grant {
-    /// Stops the close watch: a statement that may end the grant comes next.
-    fn stop_watch(&self) {
-        if let Some(w) = &self.watch {
-            w.stop();
-        }
-    }
-
     /// Closes the connection now, which frees its lock (the watch's duplicate of the socket
     /// does not keep it open).
     fn close(self) {
-        if let Some(w) = &self.watch {
-            w.shutdown();
-        }
+        self.watch.iter().for_each(CloseWatch::shutdown);
         close(self.conn);
     }
 }
@@ -227,12 +202,10 @@ impl MyDialect {
         req: &AcquireRequest,
         lease_end: clock::Instant,
     ) -> Result<u64> {
-        let token = match self.register(&mut conn, slot, req).await {
-            Ok(t) => t,
-            Err(e) => {
-                close(conn);
-                return Err(e);
-            }
+        let r = self.register(&mut conn, slot, req).await;
+        let Ok(token) = r else {
+            close(conn);
+            return r;
         };
         let watch = self.watch(&conn, &req.lost);
         *st = State::Held(Grant {
@@ -301,7 +274,7 @@ impl MyDialect {
             Call::Ok(sets) => lock_reply(sets),
             _ => None,
         };
-        self.common.put_if_ok(conn, &c);
+        self.common.dispose(conn, &c, false);
         us.filter(|us| *us > 0)
             .map(|us| Duration::from_micros(us as u64))
     }
@@ -327,7 +300,7 @@ impl MyDialect {
              SELECT ROW_COUNT()"
         );
         let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
-        match c {
+        let gone = match c {
             Call::Ok(sets) => {
                 let found: i64 = col("renewing", last_row("renewing", &sets)?, 0)?;
                 if found >= 1 {
@@ -336,31 +309,19 @@ impl MyDialect {
                 }
                 // The holder's row was deleted (an operator revoked the lock): give it up.
                 tracing::warn!(name, "dlock_holders row gone: the lock was revoked");
-                if let State::Held(g) = std::mem::take(st) {
-                    g.stop_watch();
-                    let Grant { conn, watch, .. } = g;
-                    if !self.give_back(conn, Some(&lk)).await {
-                        // Closed: its socket too (the watch's duplicate does not keep it open).
-                        watch.iter().for_each(CloseWatch::shutdown);
-                    }
-                }
                 Ok(false)
             }
-            Call::Err(e) if conn_dead(&e) => {
-                // The session is gone, and the lock with it.
-                *st = State::Free;
-                Ok(false)
-            }
-            other => {
-                if !Common::reusable(&other) {
-                    // No answer in time: the connection is unusable; closing it frees the lock.
-                    if let State::Held(g) = std::mem::take(st) {
-                        g.close();
-                    }
-                }
-                Err(self.common.error("renewing", other))
-            }
+            // The session is gone, and the lock with it.
+            Call::Err(e) if conn_dead(&e) => Ok(false),
+            other if Common::reusable(&other) => return Err(self.common.error("renewing", other)),
+            // No answer in time: the connection is unusable.
+            other => Err(self.common.error("renewing", other)),
+        };
+        // Closing the connection frees the lock.
+        if let State::Held(g) = std::mem::take(st) {
+            g.close();
         }
+        gone
     }
 
     /// Releases the slot's grant; the slot holds nothing afterwards.
@@ -374,7 +335,7 @@ impl MyDialect {
             return self.not_held_outcome(&slot.name, slot.kind).await;
         };
         // The release's reply tells how the grant ended.
-        g.stop_watch();
+        g.watch.iter().for_each(CloseWatch::stop);
         let lk = self.lk(&slot.name, slot.kind);
         let is_election = slot.kind == LockKind::Election;
         let observed = crate::observe::observed_col(slot.kind, &lk);
@@ -384,55 +345,45 @@ impl MyDialect {
              SELECT RELEASE_LOCK('{lk}'){observed}"
         );
         let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
-        match c {
+        let outcome = match c {
             Call::Ok(sets) => {
                 self.common.put(g.conn);
                 if let (true, Some(row)) = (is_election, sets.last().and_then(|r| r.first())) {
                     crate::observe::wake_if(&self.common, &lk, row, 1);
                 }
-                if lock_reply(&sets) == Some(1) {
-                    self.record_released(attempt, g.token);
-                    Ok(ReleaseOutcome::Released)
-                } else {
-                    self.not_held_outcome(&slot.name, slot.kind).await
+                if lock_reply(&sets) != Some(1) {
+                    return self.not_held_outcome(&slot.name, slot.kind).await;
                 }
+                self.record_released(attempt, g.token);
+                return Ok(ReleaseOutcome::Released);
             }
             // The session ended before the release: so did the grant.
-            Call::Err(e) if conn_dead(&e) => {
-                if is_election {
-                    crate::observe::wake(&self.common, &lk);
-                }
-                self.not_held_outcome(&slot.name, slot.kind).await
-            }
+            Call::Err(e) if conn_dead(&e) => None,
+            // Refused or unanswered: closing the connection gives the lock back all the
+            // same, so a retry of this release is told it already happened.
             other => {
-                // Refused or unanswered: closing the connection gives the lock back all the
-                // same, so a retry of this release is told it already happened.
-                let token = g.token;
+                self.record_released(attempt, g.token);
                 g.close();
-                if is_election {
-                    crate::observe::wake(&self.common, &lk);
-                }
-                self.record_released(attempt, token);
-                match other {
+                Some(match other {
                     Call::Timeout(_) => Err(self.common.error("releasing", other)),
                     _ => Ok(ReleaseOutcome::Released),
-                }
+                })
             }
+        };
+        // After the close: observers then read the election without this grant.
+        if is_election {
+            crate::observe::wake(&self.common, &lk);
+        }
+        match outcome {
+            Some(r) => r,
+            None => self.not_held_outcome(&slot.name, slot.kind).await,
         }
     }
 
     async fn not_held_outcome(&self, name: &str, kind: LockKind) -> Result<ReleaseOutcome> {
-        let lk = self.lk(name, kind);
-        let used: Option<Option<u64>> = self
-            .common
-            .with_conn("checking the lock", |c| {
-                c.exec_first("SELECT IS_USED_LOCK(?)", (lk,))
-            })
-            .await?;
-        Ok(if used.flatten().is_some() {
-            ReleaseOutcome::TakenByOther
-        } else {
-            ReleaseOutcome::Expired
+        Ok(match self.common.used_by(&self.lk(name, kind)).await? {
+            Some(_) => ReleaseOutcome::TakenByOther,
+            None => ReleaseOutcome::Expired,
         })
     }
 
@@ -462,7 +413,11 @@ impl MyDialect {
             }
             None => {
                 // Stop the server-side wait, then see how it ended.
-                if let Err(e) = self.common.kill_query(id).await {
+                if let Err(e) = self
+                    .common
+                    .kill("KILL QUERY", "KILL QUERY", id.into())
+                    .await
+                {
                     tracing::debug!(error = %e, "KILL QUERY failed");
                 }
                 match tokio::time::timeout(self.common.op_timeout, &mut wait).await {
@@ -477,13 +432,12 @@ impl MyDialect {
     }
 
     /// Hands a connection back to the pool with the default idle timeout, releasing `lock`
-    /// first if given; closes it if that fails (which frees the lock all the same): `false`.
-    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) -> bool {
+    /// first if given; closes it if that fails (which frees the lock all the same).
+    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) {
         let release = lock.map_or(String::new(), |lk| format!("DO RELEASE_LOCK('{lk}'); "));
         let sql = format!("{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout");
         let c = self.common.call(conn.query_drop(sql)).await;
-        self.common.put_if_ok(conn, &c);
-        matches!(c, Call::Ok(()))
+        self.common.dispose(conn, &c, false);
     }
 }
 
@@ -541,7 +495,7 @@ impl Dialect for MyDialect {
         let got = match self.common.slow_call(query_sets(&mut conn, sql)).await {
             Call::Ok(sets) => lock_reply(&sets),
             other => {
-                self.common.discard(conn, &other);
+                self.common.dispose(conn, &other, false);
                 return Err(self.common.error("GET_LOCK", other));
             }
         };
