@@ -2,7 +2,7 @@
 
 use crate::error::{conn_dead, map, timeout, KIND, NOT_OWNER, NO_SUCH_THREAD};
 use distlock_core::backend::Capabilities;
-use distlock_core::{ClientOptions, HolderInfo, LockInfo, LockKind, Result};
+use distlock_core::{ClientOptions, HolderInfo, LockInfo, LockKind, RenewOutcome, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
 use futures_util::future::BoxFuture;
@@ -507,6 +507,14 @@ pub(crate) fn check_kind(kind: LockKind) -> Result<()> {
 pub(crate) fn holder(owner: String, left_us: Option<i64>) -> HolderInfo {
     HolderInfo::new(owner, 1)
         .with_lease_left(left_us.map(|us| Duration::from_micros(us.max(0) as u64)))
+}
+
+/// `Renewed` if `held`, `NotHeld` otherwise.
+pub(crate) fn renewed(held: bool) -> RenewOutcome {
+    match held {
+        true => RenewOutcome::Renewed,
+        false => RenewOutcome::NotHeld,
+    }
 }
 
 /// `wait_timeout` (whole seconds, rounded up, 1 s to 365 days) for a lease of `d`, plus its

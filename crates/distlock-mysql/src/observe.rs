@@ -99,8 +99,7 @@ pub(crate) async fn proclaim(
     lk: String,
     (token, seq, value): (u64, u64, &str),
     (holders, leads, arg): (&str, &str, String),
-) -> distlock_core::Result<distlock_core::RenewOutcome> {
-    use distlock_core::RenewOutcome;
+) -> Result<distlock_core::RenewOutcome> {
     let update = format!(
         "UPDATE dlock_elections e JOIN {holders} h \
          ON h.lock_key = e.lock_key AND h.token = e.token \
@@ -128,11 +127,7 @@ pub(crate) async fn proclaim(
     if watched > 0 {
         wake(common, &lk);
     }
-    Ok(if n > 0 {
-        RenewOutcome::Renewed
-    } else {
-        RenewOutcome::NotHeld
-    })
+    Ok(crate::common::renewed(n > 0))
 }
 
 /// Wakes election key `lk`'s observers in the background, whoever they are.
@@ -280,21 +275,11 @@ struct Watcher {
     cancel: CancellationToken,
 }
 
-/// How one round ended.
-enum Round {
-    /// Slept the whole round: nothing happened.
-    Slept,
-    /// Interrupted or flagged: something may have changed.
-    Woken,
-    /// The row is gone (deleted by someone): register again, and report a wake.
-    Unregistered,
-}
-
 impl Watcher {
     async fn run(self, mut conn: Conn) {
         let id = conn.id();
         let end = self.cancel.run_until_cancelled(self.rounds(&mut conn));
-        let end = end.await.flatten();
+        let end = end.await.and_then(Result::err);
         // The statement in flight (if any) is abandoned: the connection is never reused.
         close(conn);
         // Best effort, retried a few times (every step is idempotent): a statement that timed
@@ -310,22 +295,18 @@ impl Watcher {
         }
     }
 
-    /// Rounds of waiting until the watch is dropped (`None`) or fails.
-    async fn rounds(&self, conn: &mut Conn) -> Option<Error> {
+    /// Rounds of waiting until the watch is dropped (`Ok`) or fails.
+    async fn rounds(&self, conn: &mut Conn) -> Result<()> {
         loop {
-            match self.round(conn).await {
-                Ok(Round::Slept) => continue,
-                Ok(Round::Woken | Round::Unregistered) => {}
-                Err(e) => return Some(e),
+            if !self.round(conn).await? {
+                continue;
             }
             // Clear the flag (or register again) before reporting: see the module docs.
-            if let Err(e) = self.reset(conn, "observing").await {
-                return Some(e);
-            }
+            self.reset(conn, "observing").await?;
             match self.tx.try_send(Ok(())) {
                 // Full: a wake is already pending, which covers this one.
                 Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
-                Err(mpsc::error::TrySendError::Closed(_)) => return None,
+                Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
             }
         }
     }
@@ -359,8 +340,10 @@ impl Watcher {
         self.common.with_conn(what, |c| c.query_drop(sql)).await
     }
 
-    /// One server-side wait.
-    async fn round(&self, conn: &mut Conn) -> Result<Round> {
+    /// One server-side wait: `false` if it slept the whole round (nothing happened), `true`
+    /// if it was interrupted or flagged, or its row is gone (deleted by someone: registered
+    /// again by the reset that follows).
+    async fn round(&self, conn: &mut Conn) -> Result<bool> {
         let lk = &self.lk;
         let sql = format!(
             "SELECT 'dlock-observe {lk}', IF(woken = 0, SLEEP({}), 2) \
@@ -370,13 +353,12 @@ impl Watcher {
         let limit = ROUND + self.common.slow_limit();
         match tokio::time::timeout(limit, conn.query_first::<Row, _>(sql)).await {
             Err(_) => Err(timeout(&self.common.endpoint, "observing", limit)),
-            Ok(Ok(None)) => Ok(Round::Unregistered),
+            Ok(Ok(None)) => Ok(true),
             Ok(Ok(Some(row))) => match col::<Option<i64>>("observing", &row, 1)? {
-                Some(0) => Ok(Round::Slept),
-                Some(_) => Ok(Round::Woken),
+                Some(v) => Ok(v != 0),
                 None => Err(crate::error::shape("observing", "NULL")),
             },
-            Ok(Err(mysql_async::Error::Server(s))) if s.code == INTERRUPTED => Ok(Round::Woken),
+            Ok(Err(mysql_async::Error::Server(s))) if s.code == INTERRUPTED => Ok(true),
             Ok(Err(e)) => Err(self.broken(e)),
         }
     }

@@ -115,40 +115,35 @@ impl Operator for MysqlBackend {
         let offset_ms = measure_clock(server_time(self)).await?;
         let mut out = vec![version_finding(&version)];
         out.push(tls_finding(self, tls_version));
-        out.push(match (mode, session_wait) {
-            (Mode::Table, _) => Finding::new(
+        let (severity, text) = match (mode, session_wait) {
+            (Mode::Table, _) => (
                 Severity::Ok,
-                "wait_timeout",
-                "table mode: leases are the rows' expires_at, wait_timeout does not end them",
+                "table mode: leases are the rows' expires_at, wait_timeout does not end them".into(),
             ),
-            (Mode::Session, Some(31)) => Finding::new(
+            (Mode::Session, Some(31)) => (
                 Severity::Ok,
-                "wait_timeout",
-                "SET SESSION wait_timeout takes effect: a holder that stops renewing is disconnected (and loses its lock) when its lease ends",
+                "SET SESSION wait_timeout takes effect: a holder that stops renewing is disconnected (and loses its lock) when its lease ends".into(),
             ),
-            (Mode::Session, other) => Finding::new(
+            (Mode::Session, other) => (
                 Severity::Unsafe,
-                "wait_timeout",
                 format!("SET SESSION wait_timeout = 31 read back as {other:?}: session mode enforces each holder's lease as its connection's wait_timeout, so a stalled holder would keep its lock far past its lease; connect to the server directly (not through a proxy that pins or rewrites session variables) or use ?mode=table"),
             ),
-        });
+        };
+        out.push(Finding::new(severity, "wait_timeout", text));
         out.push(close_finding(mode, watchable));
-        let galera = wsrep
-            .as_deref()
-            .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
-        out.push(match (galera, mode) {
-            (false, _) => Finding::new(Severity::Ok, "galera", "not a Galera node"),
-            (true, Mode::Session) => Finding::new(
+        let galera = wsrep.is_some_and(|v| v.eq_ignore_ascii_case("ON"));
+        let (severity, text) = match (galera, mode) {
+            (false, _) => (Severity::Ok, "not a Galera node"),
+            (true, Mode::Session) => (
                 Severity::Unsafe,
-                "galera",
                 "wsrep_on=ON (Galera / MariaDB Cluster): GET_LOCK is local to one node, so clients on other nodes get the same lock; use ?mode=table (lock rows replicate)",
             ),
-            (true, Mode::Table) => Finding::new(
+            (true, Mode::Table) => (
                 Severity::Warning,
-                "galera",
                 "wsrep_on=ON: table mode measures leases with the clock of the node that runs each statement, so the clock spread between nodes shortens or lengthens leases by that much (dlock cannot read other nodes' clocks from here); keep every node on NTP and leases far above the spread",
             ),
-        });
+        };
+        out.push(Finding::new(severity, "galera", text));
         out.push(clock_finding(
             offset_ms,
             "server",
@@ -347,23 +342,21 @@ async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
 /// The `connection-close` check: whether a holder learns at once that its connection was
 /// closed from the other side (and what session mode assumes about that).
 fn close_finding(mode: Mode, watchable: bool) -> Finding {
-    match (mode, watchable) {
-        (Mode::Table, _) => Finding::new(
+    let (severity, text) = match (mode, watchable) {
+        (Mode::Table, _) => (
             Severity::Ok,
-            "connection-close",
             "table mode: a lock is its row's lease, not a connection; a closed connection frees nothing",
         ),
-        (Mode::Session, true) => Finding::new(
+        (Mode::Session, true) => (
             Severity::Ok,
-            "connection-close",
             "a holder's connection is watched: when the server or a proxy between closes or resets it (KILL, a timeout, a failover), the server frees the lock and the holder's lost signal fires at once. Assumed: nothing between ends the server's side of a holder's connection and keeps the client's side open (a pooling proxy may, e.g. ProxySQL or MaxScale depending on its settings); through such a proxy use ?mode=table",
         ),
-        (Mode::Session, false) => Finding::new(
+        (Mode::Session, false) => (
             Severity::Warning,
-            "connection-close",
             "a holder's connection cannot be watched here (not a TCP socket, or a driver whose connection text changed): when the server or a proxy closes it, the server frees the lock at once but the holder learns it only at its next renewal, a third of the lease later, while another client may hold the lock (fencing tokens still stop its writes to stores that check them); use ?mode=table for a lease the client can count on",
         ),
-    }
+    };
+    Finding::new(severity, "connection-close", text)
 }
 
 #[cfg(test)]
@@ -372,13 +365,14 @@ mod tests {
 
     #[test]
     fn versions() {
-        assert_eq!(
-            version_finding("10.11.6-MariaDB-0+deb12u1").severity,
-            Severity::Ok
-        );
-        assert_eq!(version_finding("8.0.36").severity, Severity::Ok);
-        assert_eq!(version_finding("5.6.51-log").severity, Severity::Unsafe);
-        assert_eq!(version_finding("5.5.68-MariaDB").severity, Severity::Unsafe);
-        assert_eq!(version_finding("weird").severity, Severity::Warning);
+        for (v, want) in [
+            ("10.11.6-MariaDB-0+deb12u1", Severity::Ok),
+            ("8.0.36", Severity::Ok),
+            ("5.6.51-log", Severity::Unsafe),
+            ("5.5.68-MariaDB", Severity::Unsafe),
+            ("weird", Severity::Warning),
+        ] {
+            assert_eq!(version_finding(v).severity, want, "{v}");
+        }
     }
 }

@@ -14,7 +14,8 @@
 //!   id holds the key), `dlock_elections`, `dlock_election_observers` ([`crate::observe`]).
 
 use crate::common::{
-    close, col, key_of, last_row, next_token, query_sets, sql_str, wait_timeout_secs, Call, Common,
+    close, col, key_of, last_row, next_token, query_sets, renewed, sql_str, wait_timeout_secs,
+    Call, Common,
 };
 use crate::error::{conn_dead, shape, INTERRUPTED, KIND};
 use distlock_core::backend::Capabilities;
@@ -104,18 +105,23 @@ pub(crate) struct MyDialect {
     released: StdMutex<VecDeque<(AttemptId, u64, Instant)>>,
 }
 
-/// The statement of one wait for `lk`: the lease on the connection before the lock is (it
-/// counts from the grant: the connection is busy, not idle, while it waits), then
-/// `GET_LOCK(lk, seconds)` for `left` rounded up to the millisecond (the server must not give
-/// up before the deadline), or an hour without a deadline (the engine waits again). The key is
-/// `dlock:` and hex digits, safe to inline; inlined, it shows in `SHOW PROCESSLIST`, so
-/// operators see which lock a connection waits for.
-fn wait_sql(lk: &str, lease: Duration, left: Option<Duration>) -> String {
-    let secs = left.map_or(3600.0, |r| wait_millis(r) as f64 / 1000.0);
+/// The statement of one try or wait for `lk`: the lease on the connection before the lock is
+/// (it counts from the grant: the connection is busy, not idle, while it waits; a connection
+/// this process loses track of frees the lock when the lease ends, not after the server's
+/// default hours), then `GET_LOCK(lk, secs)`. The key is `dlock:` and hex digits, safe to
+/// inline; inlined, it shows in `SHOW PROCESSLIST`, so operators see which lock a connection
+/// waits for.
+fn lock_sql(lk: &str, lease: Duration, secs: f64) -> String {
     format!(
         "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', {secs:.3})",
         wait_timeout_secs(lease)
     )
+}
+
+/// The seconds of a wait of `left`, rounded up to the millisecond (the server must not give up
+/// before the deadline), or an hour without a deadline (the engine waits again).
+fn wait_secs(left: Option<Duration>) -> f64 {
+    left.map_or(3600.0, |r| wait_millis(r) as f64 / 1000.0)
 }
 
 /// How a wait that answered `reply` (its `GET_LOCK`'s value) ended.
@@ -486,12 +492,7 @@ impl Dialect for MyDialect {
         let lk = self.lk(&slot.name, slot.kind);
         let mut conn = self.common.take().await?;
         let sent = clock::Instant::now();
-        // The lease is on the connection before the lock is: a connection this process loses
-        // track of frees the lock when the lease ends, not after the server's default hours.
-        let sql = format!(
-            "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', 0)",
-            wait_timeout_secs(req.lease)
-        );
+        let sql = lock_sql(&lk, req.lease, 0.0);
         let got = match self.common.slow_call(query_sets(&mut conn, sql)).await {
             Call::Ok(sets) => lock_reply(&sets),
             other => {
@@ -535,7 +536,7 @@ impl Dialect for MyDialect {
             self.common.put(conn);
             return Ok(None);
         };
-        let sql = wait_sql(&lk, req.lease, left);
+        let sql = lock_sql(&lk, req.lease, wait_secs(left));
         let end = self.wait_on(&mut conn, sql, deadline, cancel).await;
         let (step, answer) = waited::after(end);
         match step {
@@ -564,12 +565,12 @@ impl Dialect for MyDialect {
         st: &mut State,
         grant: &GrantRef,
     ) -> Result<ReleaseOutcome> {
-        let (attempt, token) = (&grant.attempt, grant.token);
         match st {
-            State::Held(g) if g.token == token => self.release_held(slot, st, attempt).await,
+            State::Held(g) if g.token == grant.token => {
+                self.release_held(slot, st, &grant.attempt).await
+            }
             State::Held(_) => Ok(ReleaseOutcome::TakenByOther),
-            State::Free if self.was_released(attempt, token) => Ok(ReleaseOutcome::Expired),
-            State::Free => self.not_held_outcome(&slot.name, slot.kind).await,
+            State::Free => self.not_held(grant).await,
         }
     }
 
@@ -581,12 +582,7 @@ impl Dialect for MyDialect {
         lease: Duration,
     ) -> Result<RenewOutcome> {
         let held = matches!(st, State::Held(g) if g.token == grant.token);
-        let renewed = held && self.extend(slot, st, lease).await?;
-        Ok(if renewed {
-            RenewOutcome::Renewed
-        } else {
-            RenewOutcome::NotHeld
-        })
+        Ok(renewed(held && self.extend(slot, st, lease).await?))
     }
 
     async fn give_up(&self, slot: &Slot, st: &mut State, req: &AcquireRequest) -> Result<()> {
@@ -658,19 +654,19 @@ mod tests {
     #[test]
     fn wait_statements_and_replies() {
         let lk = "dlock:00ff";
+        let wait = |lease, left| lock_sql(lk, Duration::from_secs(lease), wait_secs(left));
         assert_eq!(
-            wait_sql(lk, Duration::from_secs(30), None),
+            wait(30, None),
             "SET SESSION wait_timeout = 35; SELECT GET_LOCK('dlock:00ff', 3600.000)"
         );
         // Rounded up and one more millisecond: the server never gives up before the deadline.
-        let sql = wait_sql(
-            lk,
-            Duration::from_secs(2),
-            Some(Duration::from_micros(1500)),
+        assert_eq!(
+            wait(2, Some(Duration::from_micros(1500))),
+            "SET SESSION wait_timeout = 3; SELECT GET_LOCK('dlock:00ff', 0.003)"
         );
         assert_eq!(
-            sql,
-            "SET SESSION wait_timeout = 3; SELECT GET_LOCK('dlock:00ff', 0.003)"
+            lock_sql(lk, Duration::from_secs(2), 0.0),
+            "SET SESSION wait_timeout = 3; SELECT GET_LOCK('dlock:00ff', 0.000)"
         );
         assert!(matches!(reply_end(Some(1)), WaitEnd::Granted));
         assert!(matches!(

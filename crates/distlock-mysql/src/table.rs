@@ -11,7 +11,9 @@
 //! - user text goes in as hex literals ([`sql_str`]); elections are rows of their own key, their
 //!   value stored in `dlock_elections` in the grant's transaction.
 
-use crate::common::{check_kind, col, key_of, last_row, next_token, sql_attempt, sql_str, Common};
+use crate::common::{
+    check_kind, col, key_of, last_row, next_token, renewed, sql_attempt, sql_str, Common,
+};
 use crate::error::{shape, KIND};
 use distlock_core::backend::{Backend, Capabilities, NoWatch};
 use distlock_core::{async_trait, ReleaseWatch};
@@ -364,11 +366,7 @@ impl Backend for TableMode {
                     Some(row) => col("renewing", row, 0)?,
                     None => return Err(shape("renewing", "no ROW_COUNT()")),
                 };
-                out.push(if found == 1 {
-                    RenewOutcome::Renewed
-                } else {
-                    RenewOutcome::NotHeld
-                });
+                out.push(renewed(found == 1));
             }
         }
         Ok(out)
