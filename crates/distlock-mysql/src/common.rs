@@ -2,7 +2,7 @@
 
 use crate::error::{conn_dead, map, timeout, KIND, NOT_OWNER, NO_SUCH_THREAD};
 use distlock_core::backend::Capabilities;
-use distlock_core::{ClientOptions, HolderInfo, LockInfo, LockKind, RenewOutcome, Result};
+use distlock_core::{ClientOptions, Error, HolderInfo, LockInfo, LockKind, RenewOutcome, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
 use futures_util::future::BoxFuture;
@@ -98,48 +98,38 @@ impl Common {
 
     async fn open_now(&self) -> Result<Conn> {
         let plain = self.connector.plain_fallback.as_ref();
-        let opts = match plain {
-            Some(p) if self.plain_only.load(Ordering::Relaxed) => p,
-            _ => &self.connector.opts,
-        };
-        match (Conn::new(opts.clone()).await, plain) {
+        let plain_only = self.plain_only.load(Ordering::Relaxed);
+        let opts = plain.filter(|_| plain_only).unwrap_or(&self.connector.opts);
+        let r = match (Conn::new(opts.clone()).await, plain) {
             (Err(mysql_async::Error::Driver(NoClientSslFlagFromServer)), Some(plain)) => {
                 tracing::info!(
                     endpoint = %self.endpoint,
                     "the server has no TLS: ssl-mode=PREFERRED goes on unencrypted"
                 );
                 self.plain_only.store(true, Ordering::Relaxed);
-                Conn::new(plain.clone())
-                    .await
-                    .map_err(|e| self.open_error(e))
+                Conn::new(plain.clone()).await
             }
-            (r, _) => r.map_err(|e| self.open_error(e)),
-        }
+            (r, _) => r,
+        };
+        r.map_err(|e| self.open_error(e))
     }
 
     /// The error of a failed connect: a [`crate::TlsError`] for TLS failures, a hint about
     /// accounts that require TLS on refused credentials.
-    fn open_error(&self, e: mysql_async::Error) -> distlock_core::Error {
+    fn open_error(&self, e: mysql_async::Error) -> Error {
         if let Some(t) = self.connector.tls.explain(&e) {
-            return distlock_core::Error::connection(KIND, self.endpoint.clone(), t);
+            return Error::connection(KIND, self.endpoint.clone(), t);
         }
-        match map(&self.endpoint, e) {
-            distlock_core::Error::Auth {
-                backend,
-                endpoint,
-                message,
-            } if !self.connector.client_cert && !message.contains("ssl-mode") => {
-                distlock_core::Error::Auth {
-                    backend,
-                    endpoint,
-                    message: format!(
-                        "{message}; an account that REQUIREs SSL needs ssl-mode=REQUIRED or \
-                         stricter, one that REQUIREs X509 also ssl-cert=PATH&ssl-key=PATH"
-                    ),
-                }
+        let mut e = map(&self.endpoint, e);
+        if let Error::Auth { message, .. } = &mut e {
+            if !self.connector.client_cert && !message.contains("ssl-mode") {
+                message.push_str(
+                    "; an account that REQUIREs SSL needs ssl-mode=REQUIRED or stricter, one \
+                     that REQUIREs X509 also ssl-cert=PATH&ssl-key=PATH",
+                );
             }
-            other => other,
         }
+        e
     }
 
     /// An idle connection, or a new one.
@@ -186,12 +176,21 @@ impl Common {
     }
 
     /// The error of a call that did not succeed.
-    pub(crate) fn error<T>(&self, what: &str, c: Call<T>) -> distlock_core::Error {
+    pub(crate) fn error<T>(&self, what: &str, c: Call<T>) -> Error {
         match c {
             Call::Ok(_) => crate::error::shape(what, "a success where a failure was expected"),
-            Call::Err(e) => map(&self.endpoint, e),
+            Call::Err(e) => self.failed(e),
             Call::Timeout(limit) => timeout(&self.endpoint, what, limit),
         }
+    }
+
+    /// The error of a failed driver call; the idle connections are dropped too if the server
+    /// went away (a restart, a failover takes them with it).
+    pub(crate) fn failed(&self, e: mysql_async::Error) -> Error {
+        if conn_dead(&e) {
+            self.idle.clear();
+        }
+        map(&self.endpoint, e)
     }
 
     /// Whether a connection that made call `c` may be used again.
@@ -238,14 +237,10 @@ impl Common {
             self.put(conn);
         } else {
             if matches!(c, Call::Err(e) if conn_dead(e)) {
-                self.forget_idle();
+                self.idle.clear();
             }
             close(conn);
         }
-    }
-
-    pub(crate) fn forget_idle(&self) {
-        self.idle.clear();
     }
 
     /// Creates dlock's tables if they are missing.
@@ -258,17 +253,14 @@ impl Common {
         let mut conn = self.take().await?;
         for stmt in ddl {
             let c = within(limit, conn.query_drop(*stmt)).await;
-            self.result("creating dlock's tables", c)
-                .map_err(|e| match e {
-                    distlock_core::Error::UnexpectedReply { backend, message } => {
-                        let message = format!(
-                            "creating dlock's tables failed: {message}; create them beforehand \
-                             with the SQL in docs/mysql.md"
-                        );
-                        distlock_core::Error::UnexpectedReply { backend, message }
-                    }
-                    other => other,
-                })?;
+            let mut r = self.result("creating dlock's tables", c);
+            if let Err(Error::UnexpectedReply { message, .. }) = &mut r {
+                *message = format!(
+                    "creating dlock's tables failed: {message}; create them beforehand with the \
+                     SQL in docs/mysql.md"
+                );
+            }
+            r?;
         }
         self.put(conn);
         Ok(())
@@ -455,7 +447,7 @@ fn hex(bytes: &[u8]) -> String {
 pub(crate) fn sql_attempt(id: &distlock_core::AttemptId) -> Result<String> {
     let s = id.as_str();
     if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        return Err(distlock_core::Error::invalid(format!(
+        return Err(Error::invalid(format!(
             "attempt id `{s}` is not 1 to 64 ASCII letters and digits"
         )));
     }

@@ -25,9 +25,9 @@
 //! lease end (the core's lease-end look) or at the next grant.
 
 use crate::common::{close, col, election_key, sql_str, Call, Common};
-use crate::error::{conn_dead, map, timeout, INTERRUPTED, KIND, NOT_OWNER};
+use crate::error::{timeout, INTERRUPTED, KIND, NOT_OWNER};
 use distlock_core::backend::{ReleaseWatch, Wake};
-use distlock_core::{async_trait, Error, LockKind, Result};
+use distlock_core::{async_trait, Error, LockKind, Result, RetryPolicy};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -132,21 +132,14 @@ pub(crate) async fn proclaim(
 
 /// Wakes election key `lk`'s observers in the background, whoever they are.
 pub(crate) fn wake(common: &Arc<Common>, lk: &str) {
-    let common = common.clone();
-    let lk = lk.to_owned();
+    let (common, lk) = (common.clone(), lk.to_owned());
     tokio::spawn(async move {
         // A wake-up that fails (a lost connection, a deadlock with another waker) would be a
         // missed change for the observers: try again a few times.
-        for pause in [50u64, 250, 1000, 0] {
-            match wake_now(&common, &lk).await {
-                Ok(()) => return,
-                Err(e) if pause == 0 => {
-                    tracing::warn!(error = %e, "waking election observers failed; they see \
-                                   the change at the leader's lease end or the next change")
-                }
-                Err(e) => tracing::debug!(error = %e, "waking election observers failed"),
-            }
-            tokio::time::sleep(Duration::from_millis(pause)).await;
+        let retry = RetryPolicy::new(4, Duration::from_millis(50), Duration::from_secs(1));
+        if let Err(e) = distlock_core::backoff::retry(retry, || wake_now(&common, &lk)).await {
+            tracing::warn!(error = %e, "waking election observers failed; they see the change \
+                           at the leader's lease end or the next change");
         }
     });
 }
@@ -284,8 +277,7 @@ impl Watcher {
         close(conn);
         // Best effort, retried a few times (every step is idempotent): a statement that timed
         // out on a loaded server leaves the row to the stale-observer sweep.
-        let retry =
-            distlock_core::RetryPolicy::new(3, Duration::from_millis(100), Duration::from_secs(1));
+        let retry = RetryPolicy::new(3, Duration::from_millis(100), Duration::from_secs(1));
         let r = distlock_core::backoff::retry(retry, || self.deregister(id)).await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "deregistering an election observer failed");
@@ -359,7 +351,7 @@ impl Watcher {
                 None => Err(crate::error::shape("observing", "NULL")),
             },
             Ok(Err(mysql_async::Error::Server(s))) if s.code == INTERRUPTED => Ok(true),
-            Ok(Err(e)) => Err(self.broken(e)),
+            Ok(Err(e)) => Err(self.common.failed(e)),
         }
     }
 
@@ -375,21 +367,12 @@ impl Watcher {
             match c {
                 Call::Ok(()) => return Ok(()),
                 Call::Err(mysql_async::Error::Server(s)) if s.code == INTERRUPTED => continue,
-                Call::Err(e) => return Err(self.broken(e)),
-                Call::Timeout(_) => return Err(self.common.error(what, c)),
+                other => return Err(self.common.error(what, other)),
             }
         }
         Err(crate::error::shape(
             "observing",
             "the observer's statements keep being interrupted",
         ))
-    }
-
-    /// The error ending the watch.
-    fn broken(&self, e: mysql_async::Error) -> Error {
-        if conn_dead(&e) {
-            self.common.forget_idle();
-        }
-        map(&self.common.endpoint, e)
     }
 }

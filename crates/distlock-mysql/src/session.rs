@@ -411,12 +411,7 @@ impl MyDialect {
                 WaitEnd::Stopped(Some(true))
             }
             Some(Ok(sets)) => reply_end(lock_reply(&sets)),
-            Some(Err(e)) => {
-                if conn_dead(&e) {
-                    self.common.forget_idle();
-                }
-                WaitEnd::Failed(crate::error::map(&self.common.endpoint, e))
-            }
+            Some(Err(e)) => WaitEnd::Failed(self.common.failed(e)),
             None => {
                 // Stop the server-side wait, then see how it ended.
                 if let Err(e) = self

@@ -104,9 +104,8 @@ impl TlsOptions {
     /// Reads `ssl-mode`, `ssl-ca`, `ssl-cert` and `ssl-key` of a URL (absent: `PREFERRED`, or
     /// `VERIFY_CA` when `ssl-ca` is given, as the mysql client does).
     pub(crate) fn from_url(cs: &ConnectionString) -> Result<Self> {
-        let get = |name: &str| cs.param(name).or_else(|| cs.param(&name.replace('-', "_")));
         let files = TlsFiles::from_url(cs, NAMES)?.der_too();
-        let mode = match MODES.from_url(cs, get("ssl-mode"))? {
+        let mode = match MODES.from_url(cs, cs.param("ssl-mode").or(cs.param("ssl_mode")))? {
             None if files.ca().is_some() => SslMode::VerifyCa,
             m => m.unwrap_or_default(),
         };
