@@ -109,15 +109,10 @@ const OUR_PARAMS: &[&str] = &[
 /// What the URL (or the application's options) says.
 pub(crate) struct Parsed {
     pub(crate) opts: mysql_async::Opts,
-    pub(crate) endpoint: String,
     pub(crate) mode: Mode,
     pub(crate) namespace: Option<String>,
     /// `None`: the application's options, their TLS settings as they are.
     pub(crate) tls: Option<TlsOptions>,
-}
-
-fn endpoint(opts: &mysql_async::Opts) -> String {
-    format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port())
 }
 
 /// The URL's settings, checked, and the driver's options from the rest.
@@ -159,26 +154,11 @@ pub(crate) fn parse_url(cs: &ConnectionString) -> Result<Parsed> {
         .prefer_socket(prefer_socket)
         .into();
     Ok(Parsed {
-        endpoint: endpoint(&opts),
         opts,
         mode,
         namespace,
         tls: Some(tls),
     })
-}
-
-/// The settings of `url`, or of the application's options in `x`.
-fn parsed(url: &ConnectionString, x: &MysqlSettings) -> Result<Parsed> {
-    match &x.opts {
-        None => parse_url(url),
-        Some(o) => Ok(Parsed {
-            endpoint: endpoint(o),
-            opts: o.clone(),
-            mode: Mode::Session,
-            namespace: None,
-            tls: None,
-        }),
-    }
 }
 
 /// The mysql client's password rule: the file of `?password-file=`, then [`PASSWORD_ENV`];
@@ -217,11 +197,18 @@ impl MysqlSettings {
     };
 
     /// Every setting resolved: the driver's options with the credentials and the TLS settings
-    /// (as the connector), the endpoint, the mode and the namespace (if the URL or the builder
-    /// sets one).
+    /// (as the connector), the mode and the namespace (if the URL or the builder sets one).
     pub(crate) fn resolve(s: &Settings<Self>) -> Result<(Connector, Parsed)> {
         let x = &s.settings;
-        let mut p = parsed(&s.url, x)?;
+        let mut p = match &x.opts {
+            None => parse_url(&s.url)?,
+            Some(o) => Parsed {
+                opts: o.clone(),
+                mode: Mode::Session,
+                namespace: None,
+                tls: None,
+            },
+        };
         let (user, pass) = (&s.credentials.user, &s.credentials.password);
         let user = user.as_deref().or(p.opts.user());
         let base = mysql_async::OptsBuilder::from_opts(p.opts.clone())
@@ -304,13 +291,14 @@ impl Connect for MysqlSettings {
     async fn connect(settings: Settings<Self>) -> Result<MysqlBackend> {
         let (connector, p) = MysqlSettings::resolve(&settings)?;
         let namespace = (p.namespace).unwrap_or_else(|| settings.opts.get_namespace().to_owned());
-        MysqlBackend::start(connector, p.endpoint, p.mode, namespace, &settings.opts).await
+        MysqlBackend::start(connector, p.mode, namespace, &settings.opts).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::endpoint;
     use distlock_core::conn::Env;
 
     fn parse(url: &str) -> Result<Parsed> {
@@ -336,14 +324,14 @@ mod tests {
     #[test]
     fn urls() {
         let p = parse("mysql://u:pw@127.0.0.1:7000/db?namespace=shop&mode=table").unwrap();
-        assert_eq!(p.endpoint, "127.0.0.1:7000");
+        assert_eq!(endpoint(&p.opts), "127.0.0.1:7000");
         assert_eq!(p.mode, Mode::Table);
         assert_eq!(p.namespace.as_deref(), Some("shop"));
         assert_eq!(p.opts.user(), Some("u"));
         assert_eq!(p.opts.db_name(), Some("db"));
         assert!(!p.opts.prefer_socket());
         let p = parse("mysql://u@h/db?tcp_keepalive=1000").unwrap();
-        assert_eq!(p.endpoint, "h:3306");
+        assert_eq!(endpoint(&p.opts), "h:3306");
         assert_eq!(p.mode, Mode::Session);
         for bad in [
             "mysql://",
@@ -378,7 +366,7 @@ mod tests {
         let env = [("DLOCK_MYSQL_USER", "eu"), ("MYSQL_PWD", "client")];
         let (c, p) = resolve(&MysqlBuilder::new("mysql://h/db"), &env).unwrap();
         assert_eq!(
-            (c.opts.user(), c.opts.pass(), p.endpoint.as_str()),
+            (c.opts.user(), c.opts.pass(), endpoint(&p.opts).as_str()),
             (Some("eu"), Some("client"), "h:3306")
         );
         let b = MysqlBuilder::new("mysql://u:url@h/db");
@@ -410,7 +398,7 @@ mod tests {
         assert!(!format!("{b:?}").contains("mine"), "{b:?}");
         let (c, p) = resolve(&b, &[("DLOCK_MYSQL_USER", "other"), ("MYSQL_PWD", "x")]).unwrap();
         assert_eq!((c.opts.user(), c.opts.pass()), (Some("app"), Some("mine")));
-        assert_eq!(p.endpoint, "db:3306");
+        assert_eq!(endpoint(&p.opts), "db:3306");
         assert!(c.opts.client_found_rows());
     }
 }

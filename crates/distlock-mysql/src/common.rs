@@ -31,6 +31,9 @@ pub(crate) fn next_token(last: &str) -> String {
     format!("GREATEST({last} + 1, {CLOCK_US})")
 }
 
+/// What a driver call returns.
+pub(crate) type Driver<T> = std::result::Result<T, mysql_async::Error>;
+
 /// How one driver call ended.
 pub(crate) enum Call<T> {
     Ok(T),
@@ -60,16 +63,11 @@ pub(crate) struct Common {
 }
 
 impl Common {
-    pub(crate) fn new(
-        connector: Connector,
-        endpoint: String,
-        namespace: String,
-        opts: &ClientOptions,
-    ) -> Self {
+    pub(crate) fn new(connector: Connector, namespace: String, opts: &ClientOptions) -> Self {
         Common {
+            endpoint: endpoint(&connector.opts),
             connector,
             plain_only: AtomicBool::new(false),
-            endpoint,
             namespace,
             connect_timeout: opts.get_connect_timeout(),
             op_timeout: opts.get_op_timeout(),
@@ -153,18 +151,12 @@ impl Common {
     }
 
     /// Runs one driver call with the long timeout of [`Common::slow_limit`].
-    pub(crate) async fn slow_call<T>(
-        &self,
-        f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
-    ) -> Call<T> {
+    pub(crate) async fn slow_call<T>(&self, f: impl Future<Output = Driver<T>>) -> Call<T> {
         within(self.slow_limit(), f).await
     }
 
     /// Runs one driver call with the per-call timeout.
-    pub(crate) async fn call<T>(
-        &self,
-        f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
-    ) -> Call<T> {
+    pub(crate) async fn call<T>(&self, f: impl Future<Output = Driver<T>>) -> Call<T> {
         within(self.op_timeout, f).await
     }
 
@@ -206,9 +198,7 @@ impl Common {
     /// `|c| c.exec_first(sql, params)`.
     pub(crate) async fn with_conn<T, F>(&self, what: &str, f: F) -> Result<T>
     where
-        F: for<'c> FnOnce(
-            &'c mut Conn,
-        ) -> BoxFuture<'c, std::result::Result<T, mysql_async::Error>>,
+        F: for<'c> FnOnce(&'c mut Conn) -> BoxFuture<'c, Driver<T>>,
     {
         let mut conn = self.take().await?;
         let c = self.call(f(&mut conn)).await;
@@ -356,11 +346,13 @@ impl Common {
     }
 }
 
+/// The server's `host:port` in `opts`.
+pub(crate) fn endpoint(opts: &mysql_async::Opts) -> String {
+    format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port())
+}
+
 /// Runs one driver call with the timeout `limit`.
-async fn within<T>(
-    limit: Duration,
-    f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
-) -> Call<T> {
+async fn within<T>(limit: Duration, f: impl Future<Output = Driver<T>>) -> Call<T> {
     match tokio::time::timeout(limit, f).await {
         Ok(Ok(v)) => Call::Ok(v),
         Ok(Err(e)) => Call::Err(e),
@@ -389,10 +381,7 @@ pub(crate) fn close(conn: Conn) {
 /// reports the query as exhausted (`is_empty`) before it, so it is read out explicitly here;
 /// otherwise the caller would get the result sets before the failure as a success, and the
 /// error would surface on whatever statement the connection runs next.
-pub(crate) async fn query_sets(
-    conn: &mut Conn,
-    sql: String,
-) -> std::result::Result<Vec<Vec<Row>>, mysql_async::Error> {
+pub(crate) async fn query_sets(conn: &mut Conn, sql: String) -> Driver<Vec<Vec<Row>>> {
     let mut r = conn.query_iter(sql).await?;
     let mut out = Vec::new();
     // Bounded: a query of ours has a handful of statements.

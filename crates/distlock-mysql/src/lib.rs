@@ -120,7 +120,6 @@ impl MysqlBackend {
 
     pub(crate) async fn start(
         connector: Connector,
-        endpoint: String,
         mode: Mode,
         namespace: String,
         opts: &ClientOptions,
@@ -130,7 +129,7 @@ impl MysqlBackend {
         // (URL, builder, the application's own Opts) unless the program already did.
         #[cfg(feature = "tls")]
         distlock_core::conn::install_crypto_provider();
-        let common = Arc::new(Common::new(connector, endpoint, namespace, opts));
+        let common = Arc::new(Common::new(connector, namespace, opts));
         common.ensure_schema(session::DDL).await?;
         let inner = match mode {
             Mode::Session => Inner::Session(session::new_mode(common.clone())),

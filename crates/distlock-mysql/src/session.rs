@@ -197,9 +197,11 @@ impl MyDialect {
         Ok(self.extend(slot, st, lease).await?.then_some(token))
     }
 
-    /// Records the grant `conn` holds for `req` (lease promised until `lease_end`) and makes
-    /// it the slot's state, watched for a close. If recording fails, `conn` is closed, which
-    /// frees the lock nobody will be told of.
+    /// Records the grant `conn` holds for `req` (new fencing token, holder row, in one round
+    /// trip; lease promised until `lease_end`) and makes it the slot's state, watched for a
+    /// close. If recording fails, `conn` is closed, which frees the lock nobody will be told
+    /// of. An election's grant also stores the candidate's value (proclamation number 0) with
+    /// its token, all in one transaction: the value appears with the leader, atomically.
     async fn hold(
         &self,
         slot: &Slot,
@@ -208,26 +210,6 @@ impl MyDialect {
         req: &AcquireRequest,
         lease_end: clock::Instant,
     ) -> Result<u64> {
-        let r = self.register(&mut conn, slot, req).await;
-        let Ok(token) = r else {
-            close(conn);
-            return r;
-        };
-        let watch = self.watch(&conn, &req.lost);
-        *st = State::Held(Grant {
-            conn,
-            token,
-            lease_end,
-            watch,
-        });
-        Ok(token)
-    }
-
-    /// Records the grant `conn` holds (new fencing token, holder row) and returns its token,
-    /// in one round trip. On error the caller closes the connection (freeing the lock). An
-    /// election's grant also stores the candidate's value (proclamation number 0) with its
-    /// token, all in one transaction: the value appears with the leader, atomically.
-    async fn register(&self, conn: &mut Conn, slot: &Slot, req: &AcquireRequest) -> Result<u64> {
         let lk = self.lk(&slot.name, slot.kind);
         let ns = sql_str(&self.common.namespace);
         let name = sql_str(&slot.name);
@@ -236,7 +218,6 @@ impl MyDialect {
         let observed = crate::observe::observed_col(slot.kind, &lk);
         let election = (slot.kind, req.value.as_deref());
         let election = crate::observe::election_row(election, &lk, (&ns, &name), "@dlock_token");
-        // An election's value appears with its leader, atomically.
         let (begin, commit) = match election.is_empty() {
             true => ("", ""),
             false => ("START TRANSACTION; ", "COMMIT; "),
@@ -255,16 +236,32 @@ impl MyDialect {
                      UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND); \
              {election}{commit}SELECT @dlock_token{observed}"
         );
-        let c = self.common.slow_call(query_sets(conn, sql)).await;
-        let sets = self.common.result("recording the grant", c)?;
-        let row = last_row("fencing token", &sets)?;
-        if slot.kind == LockKind::Election {
-            crate::observe::wake_if(&self.common, &lk, row, 1);
-        }
-        match col::<Option<u64>>("fencing token", row, 0)? {
-            Some(t) if t > 0 => Ok(t),
-            other => Err(shape("fencing token", format!("{other:?}"))),
-        }
+        let c = self.common.slow_call(query_sets(&mut conn, sql)).await;
+        let token = self
+            .common
+            .result("recording the grant", c)
+            .and_then(|sets| {
+                let row = last_row("fencing token", &sets)?;
+                if slot.kind == LockKind::Election {
+                    crate::observe::wake_if(&self.common, &lk, row, 1);
+                }
+                match col::<Option<u64>>("fencing token", row, 0)? {
+                    Some(t) if t > 0 => Ok(t),
+                    other => Err(shape("fencing token", format!("{other:?}"))),
+                }
+            });
+        let Ok(token) = token else {
+            close(conn);
+            return token;
+        };
+        let watch = self.watch(&conn, &req.lost);
+        *st = State::Held(Grant {
+            conn,
+            token,
+            lease_end,
+            watch,
+        });
+        Ok(token)
     }
 
     /// The holder's lease left (for a waiter's sleep), read on `conn`, which also gets its
