@@ -83,38 +83,34 @@ impl Operator for MysqlBackend {
 
     async fn diagnose(&self) -> Result<Vec<Finding>> {
         let mode = self.mode();
-        type Probe = (String, Option<u64>, Option<String>, Option<String>, bool);
-        let (version, session_wait, wsrep, tls_version, watchable): Probe = self
+        type Var = Option<(String, String)>;
+        type Probe = (Option<(String, Option<u64>)>, Var, Var, bool);
+        let (read, wsrep, tls, watchable): Probe = self
             .common
             .with_conn("diagnosing", |c| {
                 Box::pin(async move {
                     // Whether a holder's client can see its connection closed (as a grant's).
                     let watchable = crate::socket::socket_of(c).is_some();
-                    let version: Option<String> = c.query_first("SELECT VERSION()").await?;
                     // Session mode enforces a holder's lease as its connection's wait_timeout:
                     // a proxy or a server cap that ignores SET SESSION would keep a dead
                     // holder's lock for the global timeout (8 hours by default).
                     c.query_drop("SET SESSION wait_timeout = 31").await?;
-                    let wait: Option<u64> = c.query_first("SELECT @@SESSION.wait_timeout").await?;
+                    let read = c
+                        .query_first("SELECT VERSION(), @@SESSION.wait_timeout")
+                        .await?;
                     c.query_drop("SET SESSION wait_timeout = DEFAULT").await?;
-                    let wsrep: Option<(String, String)> =
-                        c.query_first("SHOW VARIABLES LIKE 'wsrep_on'").await?;
-                    let tls: Option<(String, String)> = c
+                    let wsrep = c.query_first("SHOW VARIABLES LIKE 'wsrep_on'").await?;
+                    let tls = c
                         .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
                         .await?;
-                    Ok((
-                        version.unwrap_or_default(),
-                        wait,
-                        wsrep.map(|(_, v)| v),
-                        tls.map(|(_, v)| v),
-                        watchable,
-                    ))
+                    Ok((read, wsrep, tls, watchable))
                 })
             })
             .await?;
+        let (version, session_wait) = read.unwrap_or_default();
         let offset_ms = measure_clock(server_time(self)).await?;
         let mut out = vec![version_finding(&version)];
-        out.push(tls_finding(self, tls_version));
+        out.push(tls_finding(self, tls.map(|(_, v)| v)));
         let (severity, text) = match (mode, session_wait) {
             (Mode::Table, _) => (
                 Severity::Ok,
@@ -131,7 +127,7 @@ impl Operator for MysqlBackend {
         };
         out.push(Finding::new(severity, "wait_timeout", text));
         out.push(close_finding(mode, watchable));
-        let galera = wsrep.is_some_and(|v| v.eq_ignore_ascii_case("ON"));
+        let galera = wsrep.is_some_and(|(_, v)| v.eq_ignore_ascii_case("ON"));
         let (severity, text) = match (galera, mode) {
             (false, _) => (Severity::Ok, "not a Galera node"),
             (true, Mode::Session) => (
