@@ -80,7 +80,7 @@ pub(crate) fn observed_col(kind: LockKind, lk: &str) -> String {
 }
 
 /// Wakes election key `lk`'s observers in the background if column `i` of `row` (the
-/// [`observed_col`] read back) says there are any (see the module docs).
+/// [`observed_col`] read back; a lock's row has none) says there are any (see the module docs).
 pub(crate) fn wake_if(common: &Arc<Common>, lk: &str, row: &Row, i: usize) {
     let observed = row.get_opt::<Option<i64>, usize>(i).and_then(|v| v.ok());
     if observed.flatten().unwrap_or(0) > 0 {

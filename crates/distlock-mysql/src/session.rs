@@ -14,8 +14,8 @@
 //!   id holds the key), `dlock_elections`, `dlock_election_observers` ([`crate::observe`]).
 
 use crate::common::{
-    close, col, key_of, last_row, next_token, query_sets, renewed, sql_str, wait_timeout_secs,
-    Call, Common,
+    close, col, key_of, last_row, next_token, query_sets, renewed, sql_str, token_col,
+    wait_timeout_secs, Call, Common,
 };
 use crate::error::{conn_dead, shape, INTERRUPTED, KIND};
 use distlock_core::backend::Capabilities;
@@ -237,19 +237,15 @@ impl MyDialect {
              {election}{commit}SELECT @dlock_token{observed}"
         );
         let c = self.common.slow_call(query_sets(&mut conn, sql)).await;
-        let token = self
-            .common
-            .result("recording the grant", c)
-            .and_then(|sets| {
-                let row = last_row("fencing token", &sets)?;
-                if slot.kind == LockKind::Election {
-                    crate::observe::wake_if(&self.common, &lk, row, 1);
-                }
-                match col::<Option<u64>>("fencing token", row, 0)? {
-                    Some(t) if t > 0 => Ok(t),
-                    other => Err(shape("fencing token", format!("{other:?}"))),
-                }
-            });
+        let sets = self.common.result("recording the grant", c);
+        let token = sets.and_then(|sets| {
+            let row = last_row("fencing token", &sets)?;
+            crate::observe::wake_if(&self.common, &lk, row, 1);
+            match col::<Option<u64>>("fencing token", row, 0)? {
+                Some(t) if t > 0 => Ok(t),
+                other => Err(shape("fencing token", format!("{other:?}"))),
+            }
+        });
         let Ok(token) = token else {
             close(conn);
             return token;
@@ -351,7 +347,7 @@ impl MyDialect {
         let outcome = match c {
             Call::Ok(sets) => {
                 self.common.put(g.conn);
-                if let (true, Some(row)) = (is_election, sets.last().and_then(|r| r.first())) {
+                if let Some(row) = sets.last().and_then(|r| r.first()) {
                     crate::observe::wake_if(&self.common, &lk, row, 1);
                 }
                 if lock_reply(&sets) != Some(1) {

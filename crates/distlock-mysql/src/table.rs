@@ -248,7 +248,7 @@ impl Backend for TableMode {
             left: col(what, row, 4)?,
             new: col(what, row, 5)?,
         };
-        if req.key.kind == LockKind::Election && seen.new.is_some() {
+        if seen.new.is_some() {
             crate::observe::wake_if(&self.common, &lk, row, 6);
         }
         acquired(&seen)
@@ -258,7 +258,6 @@ impl Backend for TableMode {
         let lk = self.key(&grant.key.name, grant.key.kind)?;
         let a = sql_attempt(&grant.attempt)?;
         let t = grant.token;
-        let is_election = grant.key.kind == LockKind::Election;
         let observed = crate::observe::observed_col(grant.key.kind, &lk);
         // An attempt that had a request without an answer is ended for good: recorded in
         // `dlock_ended_attempts`, so that a late copy of that request never grants it.
@@ -286,7 +285,7 @@ impl Backend for TableMode {
         let live = truth(col(what, row, 0)?);
         let mine = truth(col(what, row, 1)?);
         let ended = truth(col(what, row, 2)?);
-        if is_election && live == Some(true) && mine == Some(true) {
+        if live == Some(true) && mine == Some(true) {
             crate::observe::wake_if(&self.common, &lk, row, 3);
         }
         Ok(match (live, mine, ended) {
