@@ -14,8 +14,8 @@
 //!   id holds the key), `dlock_elections`, `dlock_election_observers` ([`crate::observe`]).
 
 use crate::common::{
-    close, col, key_of, last_row, next_token, query_sets, renewed, sql_str, token_col,
-    wait_timeout_secs, Call, Common,
+    close, col, key_of, last_row, next_token, query_sets, renewed, sql_str, wait_timeout_secs,
+    Call, Common,
 };
 use crate::error::{conn_dead, shape, INTERRUPTED, KIND};
 use distlock_core::backend::Capabilities;
