@@ -2,15 +2,16 @@
 //! not be in it, resolved by the core's one rule with the mysql client's (`MYSQL_PWD`) as the
 //! ecosystem's.
 
-use crate::common::Connector;
+use crate::common::{Common, Connector};
 use crate::tls::{SslMode, TlsOptions};
-use crate::{Mode, MysqlBackend};
+use crate::{Inner, Mode, MysqlBackend};
 use distlock_core::conn::{
     read_password_file, Builder, Connect, ConnectionString, CredentialRule, EcosystemQuery,
     Password, Settings,
 };
 use distlock_core::{Error, Result};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// The environment variable holding the password when nothing else gives one (the mysql
 /// client's).
@@ -291,7 +292,18 @@ impl Connect for MysqlSettings {
     async fn connect(settings: Settings<Self>) -> Result<MysqlBackend> {
         let (connector, p) = MysqlSettings::resolve(&settings)?;
         let namespace = (p.namespace).unwrap_or_else(|| settings.opts.get_namespace().to_owned());
-        MysqlBackend::start(connector, p.mode, namespace, &settings.opts).await
+        // mysql_async builds its rustls config with the process default provider, which rustls
+        // may not pick by itself: dlock's one (aws-lc-rs), for every way in (URL, builder, the
+        // application's own Opts), unless the program set one already.
+        #[cfg(feature = "tls")]
+        distlock_core::conn::install_crypto_provider();
+        let common = Arc::new(Common::new(connector, namespace, &settings.opts));
+        common.ensure_schema(crate::session::DDL).await?;
+        let inner = match p.mode {
+            Mode::Session => Inner::Session(crate::session::new_mode(common.clone())),
+            Mode::Table => Inner::Table(crate::table::TableMode::start(common.clone()).await?),
+        };
+        Ok(MysqlBackend { common, inner })
     }
 }
 

@@ -184,8 +184,6 @@ mod imp {
     use rustls::AlertDescription;
 
     pub(super) fn ssl_opts(opts: &TlsOptions, mode: SslMode) -> Result<Option<SslOpts>> {
-        // One crypto provider for the process, whichever crates enable which.
-        distlock_core::conn::install_crypto_provider();
         let mut ssl = match mode {
             SslMode::Disable => return Ok(None),
             SslMode::Prefer | SslMode::Require => SslOpts::default()
