@@ -124,36 +124,34 @@ fn record_ended(record: bool, lk: &str, a: &str) -> (String, String) {
     )
 }
 
-/// What an acquire's transaction saw and did (the variables it reads back; `None`: NULL, no
-/// row was read): the row was held, its lease not over (`live`); by this attempt (`mine`);
-/// this attempt has ended, released or given up after an unanswered request (`ended`); the
-/// row's token; the holder's lease left in µs (`left`); the token of the grant this
-/// transaction made (`new`).
-#[derive(Debug, Default)]
-struct Seen {
-    live: Option<bool>,
-    mine: Option<bool>,
-    ended: Option<bool>,
-    token: Option<u64>,
-    left: Option<i64>,
-    new: Option<u64>,
-}
+/// What an acquire's transaction saw and did, as read back (`None`: NULL, no row was read):
+/// the row was held, its lease not over (`live`); by this attempt (`mine`); this attempt has
+/// ended, released or given up after an unanswered request (`ended`); the row's token; the
+/// holder's lease left in µs (`left`); the token of the grant this transaction made (`new`).
+type Seen = (
+    Option<bool>,
+    Option<bool>,
+    Option<bool>,
+    Option<u64>,
+    Option<i64>,
+    Option<u64>,
+);
 
 /// What an acquire answers for what its transaction saw.
-fn acquired(seen: &Seen) -> Result<AcquireReply> {
-    match (seen.live, seen.mine, seen.new) {
+fn acquired((live, mine, ended, token, left, new): Seen) -> Result<AcquireReply> {
+    match (live, mine, new) {
         // A retry of the attempt that holds the lock: same grant, lease extended.
-        (Some(true), Some(true), _) => match seen.token {
+        (Some(true), Some(true), _) => match token {
             Some(t) if t > 0 => Ok(AcquireReply::Granted { token: t }),
             other => Err(shape("fencing token", format!("{other:?}"))),
         },
         (Some(true), _, _) => Ok(AcquireReply::Held {
-            ttl: Some(Duration::from_micros(seen.left.unwrap_or(0).max(0) as u64)),
+            ttl: Some(Duration::from_micros(left.unwrap_or(0).max(0) as u64)),
         }),
         (Some(false), _, Some(t)) if t > 0 => Ok(AcquireReply::Granted { token: t }),
         // A late duplicate of a request of an attempt that has ended (released or given up):
         // it must not take the lock nobody would use. Its caller is long gone.
-        (Some(false), _, None) if seen.ended == Some(true) => Ok(AcquireReply::Held { ttl: None }),
+        (Some(false), _, None) if ended == Some(true) => Ok(AcquireReply::Held { ttl: None }),
         other => Err(shape("acquiring", format!("{other:?}"))),
     }
 }
@@ -240,18 +238,13 @@ impl Backend for TableMode {
             .await?;
         let what = "acquiring";
         let row = last_row(what, &sets)?;
-        let seen = Seen {
-            live: truth(col(what, row, 0)?),
-            mine: truth(col(what, row, 1)?),
-            ended: truth(col(what, row, 2)?),
-            token: col(what, row, 3)?,
-            left: col(what, row, 4)?,
-            new: col(what, row, 5)?,
-        };
-        if seen.new.is_some() {
+        let new: Option<u64> = col(what, row, 5)?;
+        if new.is_some() {
             crate::observe::wake_if(&self.common, &lk, row, 6);
         }
-        acquired(&seen)
+        let flag = |i| col(what, row, i).map(truth);
+        let (token, left) = (col(what, row, 3)?, col(what, row, 4)?);
+        acquired((flag(0)?, flag(1)?, flag(2)?, token, left, new))
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
@@ -282,9 +275,8 @@ impl Backend for TableMode {
         }
         let what = "releasing";
         let row = last_row(what, &sets)?;
-        let live = truth(col(what, row, 0)?);
-        let mine = truth(col(what, row, 1)?);
-        let ended = truth(col(what, row, 2)?);
+        let flag = |i| col(what, row, i).map(truth);
+        let (live, mine, ended) = (flag(0)?, flag(1)?, flag(2)?);
         if live == Some(true) && mine == Some(true) {
             crate::observe::wake_if(&self.common, &lk, row, 3);
         }
@@ -421,16 +413,8 @@ mod tests {
             ((None, None, None, None, None, None), None),
             ((f, None, f, None, None, None), None),
         ];
-        for ((live, mine, ended, token, left, new), want) in cases {
-            let seen = Seen {
-                live,
-                mine,
-                ended,
-                token,
-                left,
-                new,
-            };
-            let r = acquired(&seen);
+        for (seen, want) in cases {
+            let r = acquired(seen);
             match want {
                 Some(w) => assert_eq!(r.ok(), Some(w), "{seen:?}"),
                 None => assert!(matches!(r, Err(Error::UnexpectedReply { .. })), "{seen:?}"),
