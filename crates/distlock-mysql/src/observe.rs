@@ -45,6 +45,10 @@ static KILL_REFUSED: AtomicBool = AtomicBool::new(false);
 /// Warned once per process: observers of another user cannot be seen, nor woken.
 static HIDDEN_WARNED: AtomicBool = AtomicBool::new(false);
 
+/// The database user of this connection, as SQL.
+const ME: &str = "COALESCE((SELECT USER FROM information_schema.PROCESSLIST \
+                  WHERE ID = CONNECTION_ID()), '')";
+
 /// The statement telling whether anybody observes election key `lk` (one column, 0 or 1).
 pub(crate) fn observed_sql(lk: &str) -> String {
     format!("EXISTS(SELECT 1 FROM dlock_election_observers WHERE lock_key = '{lk}')")
@@ -147,28 +151,23 @@ pub(crate) fn wake(common: &Arc<Common>, lk: &str) {
 /// Flags election key `lk`'s observers, interrupts the SLEEP of each one running it, and
 /// deletes the rows of this user's connections that are gone.
 pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
-    let me = "COALESCE((SELECT USER FROM information_schema.PROCESSLIST \
-              WHERE ID = CONNECTION_ID()), '')";
     let sql = format!(
         "UPDATE dlock_election_observers SET woken = 1 WHERE lock_key = '{lk}'; \
          SELECT o.conn_id FROM dlock_election_observers o \
              JOIN information_schema.PROCESSLIST p ON p.ID = o.conn_id \
              WHERE o.lock_key = '{lk}' AND p.ID <> CONNECTION_ID() \
              AND p.INFO LIKE CONCAT('SELECT ''dlock-', 'observe {lk}''%'); \
-         DELETE FROM dlock_election_observers WHERE lock_key = '{lk}' AND db_user = {me} \
+         DELETE FROM dlock_election_observers WHERE lock_key = '{lk}' AND db_user = {ME} \
              AND conn_id NOT IN (SELECT ID FROM information_schema.PROCESSLIST); \
          SELECT COUNT(*) FROM dlock_election_observers WHERE lock_key = '{lk}' \
-             AND db_user <> {me} \
+             AND db_user <> {ME} \
              AND conn_id NOT IN (SELECT ID FROM information_schema.PROCESSLIST)"
     );
     let sets = common.query("waking observers", sql).await?;
-    let ids = match sets.first() {
-        Some(rows) => rows
-            .iter()
-            .map(|r| col::<u64>("observer connection", r, 0))
-            .collect::<Result<Vec<_>>>()?,
-        None => Vec::new(),
-    };
+    let ids = sets.first().into_iter().flatten();
+    let ids: Vec<u64> = ids
+        .map(|r| col("observer connection", r, 0))
+        .collect::<Result<_>>()?;
     let hidden: i64 = match sets.get(1).and_then(|rows| rows.first()) {
         Some(r) => col("observers of other users", r, 0)?,
         None => 0,
@@ -229,9 +228,7 @@ fn register_sql(common: &Common, lk: &str, name: &str) -> String {
     format!(
         "INSERT INTO dlock_election_observers \
          (lock_key, conn_id, ns, name, db_user, woken, registered_at) \
-         VALUES ('{lk}', CONNECTION_ID(), {ns}, {name}, \
-                 COALESCE((SELECT USER FROM information_schema.PROCESSLIST \
-                           WHERE ID = CONNECTION_ID()), ''), 0, UTC_TIMESTAMP(6)) \
+         VALUES ('{lk}', CONNECTION_ID(), {ns}, {name}, {ME}, 0, UTC_TIMESTAMP(6)) \
          ON DUPLICATE KEY UPDATE woken = 0"
     )
 }

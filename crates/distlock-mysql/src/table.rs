@@ -324,14 +324,11 @@ impl Backend for TableMode {
     }
 
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        for (g, _) in holds {
-            check_kind(g.key.kind)?;
-        }
         let mut out = Vec::with_capacity(holds.len());
         for chunk in holds.chunks(RENEW_CHUNK) {
             let mut sql = String::new();
             for (g, lease) in chunk {
-                let lk = key_of(&self.common.namespace, &g.key.name, g.key.kind);
+                let lk = self.key(&g.key.name, g.key.kind)?;
                 let a = sql_attempt(&g.attempt)?;
                 let us = micros(*lease);
                 // Found rows, not changed ones (the connection asks for them): a lease that
