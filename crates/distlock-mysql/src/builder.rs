@@ -264,24 +264,20 @@ fn connector(base: mysql_async::OptsBuilder, tls: Option<TlsOptions>) -> Result<
                 Some(_) => SslMode::VerifyFull,
                 None => SslMode::Disable,
             });
+            #[cfg(feature = "tls")]
+            let client_cert = opts
+                .ssl_opts()
+                .is_some_and(|s| s.client_identity().is_some());
+            #[cfg(not(feature = "tls"))]
+            let client_cert = false;
             Connector {
-                client_cert: opts.ssl_opts().is_some_and(has_identity),
+                client_cert,
                 opts,
                 plain_fallback: None,
                 tls,
             }
         }
     })
-}
-
-#[cfg(feature = "tls")]
-fn has_identity(s: &mysql_async::SslOpts) -> bool {
-    s.client_identity().is_some()
-}
-
-#[cfg(not(feature = "tls"))]
-fn has_identity(_: &mysql_async::SslOpts) -> bool {
-    false
 }
 
 impl Connect for MysqlSettings {
