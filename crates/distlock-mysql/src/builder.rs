@@ -47,11 +47,10 @@ impl std::fmt::Debug for MysqlSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Not the driver's options: their Debug shows the password.
         let opts = self.opts.as_ref().map(|o| {
+            let user = o.user().unwrap_or_default();
             format!(
-                "mysql_async::Opts for {}@{}:{}",
-                o.user().unwrap_or_default(),
-                o.ip_or_hostname(),
-                o.tcp_port()
+                "mysql_async::Opts for {user}@{}",
+                crate::common::endpoint(o)
             )
         });
         f.debug_struct("MysqlSettings")

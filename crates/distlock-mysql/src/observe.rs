@@ -244,15 +244,11 @@ struct ObserveWatch {
 #[async_trait]
 impl ReleaseWatch for ObserveWatch {
     async fn changed(&mut self) -> Result<Wake> {
-        match self.rx.recv().await {
-            Some(Ok(())) => Ok(Wake::Released),
-            Some(Err(e)) => Err(e),
-            None => Err(Error::connection(
-                KIND,
-                self.endpoint.clone(),
-                "the election observer's connection ended",
-            )),
-        }
+        let ended = "the election observer's connection ended";
+        let next = self.rx.recv().await;
+        let next =
+            next.unwrap_or_else(|| Err(Error::connection(KIND, self.endpoint.clone(), ended)));
+        next.map(|()| Wake::Released)
     }
 }
 
