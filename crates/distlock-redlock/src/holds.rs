@@ -83,7 +83,11 @@ impl RedlockBackend {
                 self.unavailable("could not subscribe to release messages on any redlock node")
             );
         }
-        Ok(watch::QuorumWatch::new(self.n(), watches, max_spread))
+        Ok(watch::QuorumWatch::new(
+            self.node_count(),
+            watches,
+            max_spread,
+        ))
     }
 
     /// `watch` on every reachable node, each bounded by the watch timeout: the watches made.
@@ -199,7 +203,7 @@ impl Backend for RedlockBackend {
     /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
     /// random pause (waiters that do not queue: `wait=retry`).
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let nt = self.nt();
+        let nt = self.node_timeout();
         let w = self.merged_watch(nt, |b| async move { b.watch(req).await });
         Ok(Box::new(w.await?))
     }
@@ -240,7 +244,7 @@ impl Backend for RedlockBackend {
         }
         // Fewer than a majority reached: a grant this attempt may have got could still stand
         // (until its lease ends); say so.
-        if answered < self.q() {
+        if answered < self.quorum() {
             return Err(self.no_quorum(answered, &problems));
         }
         Ok(())
@@ -257,8 +261,8 @@ impl Backend for RedlockBackend {
             release_node(b, grant.clone(), t, decided.clone())
         });
         drop(decided);
-        let q = self.q();
-        let mut outcomes: Vec<Option<ReleaseOutcome>> = vec![None; self.n()];
+        let q = self.quorum();
+        let mut outcomes: Vec<Option<ReleaseOutcome>> = vec![None; self.node_count()];
         let mut problems = Vec::new();
         while let Some((i, r)) = answers.next().await {
             outcomes[i] = self.answer(i, r, t, &mut problems);
@@ -313,8 +317,8 @@ impl Backend for RedlockBackend {
         let err = self.unavailable(format!(
                 "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
                 names.join(", "),
-                self.q(),
-                self.n(),
+                self.quorum(),
+                self.node_count(),
                 problems.join("; ")
             ));
         if undecided.len() == holds.len() {
@@ -342,16 +346,16 @@ impl Backend for RedlockBackend {
             let (grant, value) = (grant2.clone(), value2.clone());
             async move { b.proclaim(&grant, seq, &value).await }
         });
-        let q = self.q();
+        let q = self.quorum();
         let (mut renewed, mut gone) = (0, 0);
         let mut problems = Vec::new();
-        let mut outcome = None;
-        while let Some((i, r)) = answers.next().await {
+        let outcome = loop {
+            let Some((i, r)) = answers.next().await else {
+                break None;
+            };
             match self.answer(i, r, t, &mut problems) {
-                Some(o) if views[i].counts => match o {
-                    RenewOutcome::Renewed => renewed += 1,
-                    _ => gone += 1,
-                },
+                Some(RenewOutcome::Renewed) if views[i].counts => renewed += 1,
+                Some(_) if views[i].counts => gone += 1,
                 Some(_) => problems.push(format!(
                     "{}: {}",
                     self.health.nodes[i].endpoint,
@@ -360,21 +364,19 @@ impl Backend for RedlockBackend {
                 None => {}
             }
             if renewed >= q {
-                outcome = Some(RenewOutcome::Renewed);
-                break;
+                break Some(RenewOutcome::Renewed);
             }
             if gone >= q {
-                outcome = Some(RenewOutcome::NotHeld);
-                break;
+                break Some(RenewOutcome::NotHeld);
             }
-        }
+        };
         finish_in_background(answers);
         outcome.ok_or_else(|| {
             self.unavailable(format!(
                 "the proclamation on `{}` was neither confirmed nor refused by a majority \
                      ({renewed} confirmed, {gone} refused, {q} of {} nodes needed): {}",
                 grant.key.name,
-                self.n(),
+                self.node_count(),
                 problems.join("; ")
             ))
         })
@@ -386,12 +388,12 @@ impl Backend for RedlockBackend {
         let watches = self
             .watches(|b| async move { Backend::observe(b.backend(), name).await })
             .await;
-        let q = self.q();
+        let q = self.quorum();
         if watches.len() < q {
             return Err(self.unavailable(format!(
                 "could subscribe to election `{name}` on only {} of {} redlock nodes (need {q})",
                 watches.len(),
-                self.n()
+                self.node_count()
             )));
         }
         Ok(Box::new(watch::ObserveWatch::new(watches, q)))
@@ -480,48 +482,5 @@ async fn rejoin(
     }
     if !rejoined.is_empty() {
         let _ = tokio::time::timeout(t, b.renew(&rejoined)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use distlock_core::HolderInfo;
-    use distlock_redis::NodeHold;
-
-    fn holder(owner: &str, ms: u64) -> HolderInfo {
-        HolderInfo::new(owner, 1).with_lease_left(Some(Duration::from_millis(ms)))
-    }
-
-    #[test]
-    fn merged_inspect() {
-        let node = |hold: Option<(&str, &str, u64)>, fence| -> (Option<NodeHold>, u64) {
-            let hold = hold.map(|(a, o, ms)| {
-                NodeHold::new(a, o, Some(fence), Some(Duration::from_millis(ms)))
-            });
-            (hold, fence)
-        };
-        let infos = [
-            node(Some(("a1", "x", 900)), 9),
-            node(Some(("a1", "x", 700)), 9),
-            node(Some(("b1", "y", 500)), 11),
-            node(Some(("a1", "x", 300)), 9),
-            node(None, 3),
-        ];
-        let m = ops::merge("n", &infos, 5, false);
-        assert_eq!(m.holders, vec![holder("x", 300)]);
-        // The majority's 9, not the 11 of a minority's failed vote.
-        assert_eq!(m.fencing_token, 9);
-        let m = ops::merge("n", &infos[2..], 3, false);
-        assert!(!m.held());
-        // Two attempts of one owner, each on a minority: nobody holds the lock.
-        let infos = [
-            node(Some(("a1", "x", 900)), 9),
-            node(Some(("a2", "x", 900)), 9),
-            node(Some(("a1", "x", 900)), 9),
-            node(Some(("a2", "x", 900)), 9),
-            node(Some(("", "", 900)), 9),
-        ];
-        assert!(!ops::merge("n", &infos, 5, false).held());
     }
 }

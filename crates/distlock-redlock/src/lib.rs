@@ -49,12 +49,7 @@ impl RedlockBackend {
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         opts.validate()?;
         let cfg = config::parse(url, opts)?;
-        let endpoint = cfg
-            .nodes
-            .iter()
-            .map(|a| a.endpoint.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
+        let endpoint = cfg.endpoint.clone();
         let health = Arc::new(Health {
             nodes: cfg.nodes.iter().map(node::Node::new).collect(),
             cfg,
@@ -123,18 +118,6 @@ impl RedlockBackend {
         self.health.quarantine_len()
     }
 
-    fn n(&self) -> usize {
-        self.health.nodes.len()
-    }
-
-    fn q(&self) -> usize {
-        self.health.q()
-    }
-
-    fn nt(&self) -> Duration {
-        self.health.cfg.node_timeout
-    }
-
     /// A retryable [`Error::Connection`] of the whole Redlock (`message`: what failed).
     fn unavailable(&self, message: impl Into<String>) -> Error {
         Error::connection(KIND, self.endpoint.clone(), message.into())
@@ -143,8 +126,8 @@ impl RedlockBackend {
     fn no_quorum(&self, answered: usize, problems: &[String]) -> Error {
         self.unavailable(format!(
             "only {answered} of {} redlock nodes answered (need {}): {}",
-            self.n(),
-            self.q(),
+            self.node_count(),
+            self.quorum(),
             if problems.is_empty() {
                 "no details".to_owned()
             } else {
@@ -157,10 +140,10 @@ impl RedlockBackend {
     /// validity does not depend on them: the core measures a renewal from its send time), and
     /// they return as soon as a majority decided.
     fn call_timeout(&self) -> Duration {
-        self.health.opts.get_op_timeout().max(self.nt())
+        self.health.opts.get_op_timeout().max(self.node_timeout())
     }
 
     fn watch_timeout(&self) -> Duration {
-        (self.nt() * 4).clamp(Duration::from_millis(100), Duration::from_secs(1))
+        (self.node_timeout() * 4).clamp(Duration::from_millis(100), Duration::from_secs(1))
     }
 }

@@ -18,6 +18,7 @@ use crate::tally::quorum;
 use distlock_core::{ClientOptions, Error, Result};
 use distlock_redis::{RedisNode, ServerInfo};
 use futures_util::future::join_all;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -83,20 +84,14 @@ pub struct NodeStatus {
     pub problem: Option<String>,
 }
 
-/// The end of the quarantine an epoch carries, in ms by its node's clock (0: none; an epoch
-/// of the older `RANDOM:RUN_ID` form has none).
-pub(crate) fn epoch_quarantine_end(epoch: &str) -> u64 {
-    let mut parts = epoch.split(':');
-    match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some(_), Some(until), Some(_), None) => until.parse().unwrap_or(0),
+/// How much of the quarantine `epoch` (`RANDOM:UNTIL_MS:RUN_ID`) carries is left at the node's
+/// time `node_now_ms` (an epoch of the older `RANDOM:RUN_ID` form carries none).
+pub(crate) fn quarantine_left(epoch: &str, node_now_ms: u64) -> Option<Duration> {
+    let until: u64 = match epoch.split(':').collect::<Vec<_>>()[..] {
+        [_, until, _] => until.parse().unwrap_or(0),
         _ => 0,
-    }
-}
-
-/// How much of the quarantine `epoch` carries is left at the node's time `node_now_ms`.
-fn quarantine_left(epoch: &str, node_now_ms: u64) -> Option<Duration> {
-    let left = epoch_quarantine_end(epoch).saturating_sub(node_now_ms);
-    (left > 0).then(|| Duration::from_millis(left))
+    };
+    Some(Duration::from_millis(until.saturating_sub(node_now_ms))).filter(|d| !d.is_zero())
 }
 
 impl Node {
@@ -216,7 +211,7 @@ pub(crate) struct Health {
     pub(crate) cfg: Config,
     pub(crate) opts: ClientOptions,
     /// Longest lease seen in a request, in ms (lengthens the default quarantine).
-    pub(crate) max_lease_ms: std::sync::atomic::AtomicU64,
+    pub(crate) max_lease_ms: AtomicU64,
 }
 
 /// The random part of an epoch a client creates (the node adds the quarantine's end and the
@@ -225,7 +220,7 @@ fn new_epoch_prefix() -> String {
     format!("{:016x}", fastrand::u64(..))
 }
 
-fn epoch_valid(epoch: &str, run_id: &str) -> bool {
+pub(crate) fn epoch_valid(epoch: &str, run_id: &str) -> bool {
     epoch
         .rsplit_once(':')
         .is_some_and(|(_, r)| r == run_id && !r.is_empty())
@@ -244,8 +239,7 @@ impl Health {
     /// lease in use; plus the clock-drift allowance.
     pub(crate) fn quarantine_len(&self) -> Duration {
         let q = self.cfg.quarantine.unwrap_or_else(|| {
-            let seen =
-                Duration::from_millis(self.max_lease_ms.load(std::sync::atomic::Ordering::Relaxed));
+            let seen = Duration::from_millis(self.max_lease_ms.load(Relaxed));
             self.opts.get_watchdog_lease().max(seen)
         });
         q + distlock_core::drift(q)
@@ -253,8 +247,7 @@ impl Health {
 
     pub(crate) fn note_lease(&self, lease: Duration) {
         let ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-        self.max_lease_ms
-            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+        self.max_lease_ms.fetch_max(ms, Relaxed);
     }
 
     pub(crate) fn views(&self) -> Vec<View> {
@@ -502,13 +495,10 @@ impl Health {
         let reads = join_all(
             sources
                 .iter()
-                .map(|s| async move { tokio::time::timeout(t, s.lease_horizon()).await }),
-        )
-        .await;
-        let mut horizon: Option<Duration> = None;
-        let mut ok = 0;
-        let mut last_err = None;
-        for r in reads {
+                .map(|s| tokio::time::timeout(t, s.lease_horizon())),
+        );
+        let (mut horizon, mut ok, mut last_err) = (None, 0, None);
+        for r in reads.await {
             match r {
                 Ok(Ok(h)) => {
                     ok += 1;
@@ -557,22 +547,15 @@ fn horizons_needed(
 
 /// The per-node check loop; ends when `stop` fires (when the backend is dropped).
 pub(crate) async fn node_task(h: Arc<Health>, i: usize, stop: CancellationToken) {
-    let interval = h.cfg.check_interval;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = h.check(i, true) => {}
+    let rest = h.cfg.check_interval.saturating_sub(MIN_CHECK_GAP);
+    stop.run_until_cancelled(async {
+        loop {
+            h.check(i, true).await;
+            tokio::time::sleep(MIN_CHECK_GAP).await;
+            let _ = tokio::time::timeout(rest, h.nodes[i].check_now.notified()).await;
         }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(MIN_CHECK_GAP) => {}
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval.saturating_sub(MIN_CHECK_GAP)) => {}
-            _ = h.nodes[i].check_now.notified() => {}
-        }
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]

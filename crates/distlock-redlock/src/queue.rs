@@ -65,7 +65,7 @@ impl WaitStrategy for Queued<'_> {
         };
         // First on a majority: the holder's lease end is this waiter's cue too (a holder that
         // crashed publishes nothing). Otherwise only a wake-up or the heartbeat.
-        let retry_in = (round.first >= self.shared.q())
+        let retry_in = (round.first >= self.shared.quorum())
             .then(|| ttl.map(|t| t + Duration::from_millis(1)))
             .flatten();
         Ok(Attempt::Held { retry_in })

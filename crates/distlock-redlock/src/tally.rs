@@ -459,10 +459,7 @@ mod tests {
 
     #[test]
     fn settles_early_only_when_the_rest_cannot_matter() {
-        let pending = Ballot {
-            maybe_granted: true,
-            ..Ballot::default()
-        };
+        let pending = Ballot::unknown();
         let g = b(Granted { counter: 1 });
         assert!(settled(&[g, g, g, pending, pending], 2));
         assert!(!settled(&[g, g, pending, pending, pending], 3));
@@ -482,53 +479,25 @@ mod tests {
 
     #[test]
     fn held_waits_for_enough_expiries() {
-        // 5 nodes held with various ttls: 3 must expire, so the third smallest.
-        let ballots = [
-            held(1, 500),
-            held(1, 100),
-            held(1, 300),
-            held(1, 400),
-            b(Held {
-                counter: 1,
-                ttl: None,
-            }),
-        ];
-        assert_eq!(
-            decide(&ballots),
-            Decision::Held {
-                ttl: Some(Duration::from_millis(400))
-            }
-        );
-        // 2 held, 1 free of 3: one held node must expire.
-        let ballots = [held(1, 500), held(1, 100), b(Granted { counter: 2 })];
-        assert_eq!(
-            decide(&ballots),
-            Decision::Held {
-                ttl: Some(Duration::from_millis(100))
-            }
-        );
-        // Two holders with two nodes each and one node ours: nobody has a majority.
-        let ballots = [
-            held(1, 500),
-            held(1, 100),
-            held(1, 500),
-            held(1, 100),
-            b(Granted { counter: 2 }),
-        ];
-        assert_eq!(
-            decide(&ballots),
-            Decision::Held {
-                ttl: Some(Duration::from_millis(100))
-            }
-        );
-        let ballots = [
-            held(1, 500),
-            held(1, 100),
-            b(Granted { counter: 2 }),
-            b(Granted { counter: 2 }),
-            none(),
-        ];
-        assert_eq!(decide(&ballots), Decision::Split);
+        let (h, g) = (|ms| held(1, ms), b(Granted { counter: 2 }));
+        let forever = b(Held {
+            counter: 1,
+            ttl: None,
+        });
+        let ttl = |ms| Decision::Held {
+            ttl: Some(Duration::from_millis(ms)),
+        };
+        for (ballots, want) in [
+            // 5 nodes held with various ttls: 3 must expire, so the third smallest.
+            (vec![h(500), h(100), h(300), h(400), forever], ttl(400)),
+            // 2 held, 1 free of 3: one held node must expire.
+            (vec![h(500), h(100), g], ttl(100)),
+            // Two holders with two nodes each and one node ours: nobody has a majority.
+            (vec![h(500), h(100), h(500), h(100), g], ttl(100)),
+            (vec![h(500), h(100), g, g, none()], Decision::Split),
+        ] {
+            assert_eq!(decide(&ballots), want, "{ballots:?}");
+        }
     }
 
     #[test]
@@ -582,23 +551,15 @@ mod tests {
     #[test]
     fn release_majorities() {
         use ReleaseOutcome::*;
-        assert_eq!(
-            release_outcome(&[Some(Released), Some(Released), None]),
-            Ok(Released)
-        );
-        // A retried release: the nodes it reached the first time answer "nothing here".
-        assert_eq!(
-            release_outcome(&[Some(Expired), Some(Expired), Some(Released)]),
-            Ok(Expired)
-        );
-        assert_eq!(
-            release_outcome(&[Some(Expired), Some(Expired), Some(TakenByOther)]),
-            Ok(Expired)
-        );
-        assert_eq!(
-            release_outcome(&[Some(TakenByOther), Some(TakenByOther), None]),
-            Ok(TakenByOther)
-        );
+        for (outs, want) in [
+            ([Some(Released), Some(Released), None], Released),
+            // A retried release: the nodes it reached the first time answer "nothing here".
+            ([Some(Expired), Some(Expired), Some(Released)], Expired),
+            ([Some(Expired), Some(Expired), Some(TakenByOther)], Expired),
+            ([Some(TakenByOther), Some(TakenByOther), None], TakenByOther),
+        ] {
+            assert_eq!(release_outcome(&outs), Ok(want), "{outs:?}");
+        }
         let two = [Some(Released), None, None, None, Some(Released)];
         assert_eq!(release_outcome(&two), Err(2));
         assert_eq!(released(&two), 2);
@@ -636,10 +597,8 @@ mod tests {
 
     #[test]
     fn wake_thresholds() {
-        assert_eq!(wake_threshold(5, 5), 3);
-        assert_eq!(wake_threshold(5, 4), 2);
-        assert_eq!(wake_threshold(5, 2), 1);
-        assert_eq!(wake_threshold(3, 3), 2);
-        assert_eq!(wake_threshold(3, 1), 1);
+        for (n, watched, want) in [(5, 5, 3), (5, 4, 2), (5, 2, 1), (3, 3, 2), (3, 1, 1)] {
+            assert_eq!(wake_threshold(n, watched), want, "{n} {watched}");
+        }
     }
 }
