@@ -59,39 +59,23 @@ impl RedlockBackend {
     /// before the attempt's first vote; no SUBSCRIBE once the node's subscriber is connected).
     pub(crate) async fn wake_watch(&self, req: &AcquireRequest) -> Result<watch::QuorumWatch> {
         let attempt = &req.attempt;
-        self.merged_watch(
-            Duration::ZERO,
-            |b| async move { b.wake_watch(attempt).await },
-        )
-        .await
-    }
-
-    /// `watch` on every reachable node, each bounded by the watch timeout, merged (see
-    /// [`watch::QuorumWatch`]); wake-ups spread by up to `max_spread`.
-    async fn merged_watch<F, Fut>(
-        &self,
-        max_spread: Duration,
-        watch: F,
-    ) -> Result<watch::QuorumWatch>
-    where
-        F: Fn(Arc<RedisNode>) -> Fut,
-        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
-    {
-        let watches = self.watches(watch).await;
-        if watches.is_empty() {
-            return Err(
-                self.unavailable("could not subscribe to release messages on any redlock node")
-            );
-        }
+        let watch = |b: Arc<RedisNode>| async move { b.wake_watch(attempt).await };
+        let watches = self.watches("release messages", 1, watch).await?;
         Ok(watch::QuorumWatch::new(
             self.node_count(),
             watches,
-            max_spread,
+            Duration::ZERO,
         ))
     }
 
-    /// `watch` on every reachable node, each bounded by the watch timeout: the watches made.
-    async fn watches<F, Fut>(&self, watch: F) -> Vec<Box<dyn ReleaseWatch>>
+    /// `watch` on every reachable node, each bounded by the watch timeout: the watches made, at
+    /// least `need` (else a retryable error: `what` could not be subscribed).
+    async fn watches<F, Fut>(
+        &self,
+        what: &str,
+        need: usize,
+        watch: F,
+    ) -> Result<Vec<Box<dyn ReleaseWatch>>>
     where
         F: Fn(Arc<RedisNode>) -> Fut,
         Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
@@ -101,9 +85,16 @@ impl RedlockBackend {
         let got = join_all(views.iter().filter_map(|v| {
             let w = watch(v.backend.clone()?);
             Some(async move { tokio::time::timeout(t, w).await.ok()?.ok() })
-        }))
-        .await;
-        got.into_iter().flatten().collect()
+        }));
+        let got: Vec<_> = got.await.into_iter().flatten().collect();
+        if got.len() < need {
+            return Err(self.unavailable(format!(
+                "could subscribe to {what} on only {} of {} redlock nodes (need {need})",
+                got.len(),
+                self.node_count()
+            )));
+        }
+        Ok(got)
     }
 
     /// Node `i`'s answer in a fan-out: the value, or `None` with its problem noted (`r` is
@@ -185,7 +176,7 @@ impl Backend for RedlockBackend {
     }
 
     fn endpoint(&self) -> String {
-        self.endpoint.clone()
+        self.health.cfg.endpoint.clone()
     }
 
     /// The mutex and the election (`docs/election-redlock.md`): the core refuses every other
@@ -203,9 +194,10 @@ impl Backend for RedlockBackend {
     /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
     /// random pause (waiters that do not queue: `wait=retry`).
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let nt = self.node_timeout();
-        let w = self.merged_watch(nt, |b| async move { b.watch(req).await });
-        Ok(Box::new(w.await?))
+        let watch = |b: Arc<RedisNode>| async move { b.watch(req).await };
+        let watches = self.watches("release messages", 1, watch).await?;
+        let (n, spread) = (self.node_count(), self.node_timeout());
+        Ok(Box::new(watch::QuorumWatch::new(n, watches, spread)))
     }
 
     /// Waits in the nodes' wait queues, woken by the nodes where this waiter is first (see
@@ -253,9 +245,7 @@ impl Backend for RedlockBackend {
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let views = self.health.views();
         let t = self.call_timeout();
-        // Set once a majority released this grant: then a node that holds the attempt under
-        // another token (its vote came in after the decision, before the raise reached it)
-        // holds part of this very grant — attempt ids are unique — and is released too.
+        // Set once a majority released this grant: see `release_node`.
         let (verdict, decided) = tokio::sync::watch::channel(false);
         let mut answers = self.fan_out(&views, t, |b| {
             release_node(b, grant.clone(), t, decided.clone())
@@ -385,17 +375,9 @@ impl Backend for RedlockBackend {
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
     /// majority, else a retryable error); see `watch::ObserveWatch`.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        let watches = self
-            .watches(|b| async move { Backend::observe(b.backend(), name).await })
-            .await;
-        let q = self.quorum();
-        if watches.len() < q {
-            return Err(self.unavailable(format!(
-                "could subscribe to election `{name}` on only {} of {} redlock nodes (need {q})",
-                watches.len(),
-                self.node_count()
-            )));
-        }
+        let (what, q) = (format!("election `{name}`"), self.quorum());
+        let observe = |b: Arc<RedisNode>| async move { Backend::observe(b.backend(), name).await };
+        let watches = self.watches(&what, q, observe).await?;
         Ok(Box::new(watch::ObserveWatch::new(watches, q)))
     }
 

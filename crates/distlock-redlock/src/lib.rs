@@ -26,7 +26,6 @@ pub(crate) const KIND: &str = "redlock";
 /// `distlock::connect("redlock://…")`).
 pub struct RedlockBackend {
     health: Arc<Health>,
-    endpoint: String,
     /// Stops the node checks when the backend goes away.
     _stop: DropGuard,
 }
@@ -49,14 +48,17 @@ impl RedlockBackend {
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         opts.validate()?;
         let cfg = config::parse(url, opts)?;
-        let endpoint = cfg.endpoint.clone();
-        let health = Arc::new(Health {
-            nodes: cfg.nodes.iter().map(node::Node::new).collect(),
-            cfg,
-            opts: opts.clone(),
-            max_lease_ms: Default::default(),
-        });
-        let (n, q) = (health.nodes.len(), health.q());
+        let stop = CancellationToken::new();
+        let b = RedlockBackend {
+            health: Arc::new(Health {
+                nodes: cfg.nodes.iter().map(node::Node::new).collect(),
+                cfg,
+                opts: opts.clone(),
+                max_lease_ms: Default::default(),
+            }),
+            _stop: stop.clone().drop_guard(),
+        };
+        let (health, n, q) = (&b.health, b.node_count(), b.quorum());
         let conns = join_all((0..n).map(|i| health.connect_node(i))).await;
         let mut problems = Vec::new();
         for (node, c) in health.nodes.iter().zip(conns) {
@@ -71,25 +73,16 @@ impl RedlockBackend {
         }
         let connected = n - problems.len();
         if connected < q {
-            return Err(Error::connection(
-                KIND,
-                endpoint,
-                format!(
-                    "only {connected} of {n} redlock nodes could be reached (need {q}): {}",
-                    problems.join("; ")
-                ),
-            ));
+            return Err(b.unavailable(format!(
+                "only {connected} of {n} redlock nodes could be reached (need {q}): {}",
+                problems.join("; ")
+            )));
         }
         health.initialize().await;
-        let stop = CancellationToken::new();
         for i in 0..n {
             tokio::spawn(node::node_task(health.clone(), i, stop.clone()));
         }
-        Ok(RedlockBackend {
-            health,
-            endpoint,
-            _stop: stop.drop_guard(),
-        })
+        Ok(b)
     }
 
     /// Number of nodes.
@@ -120,7 +113,7 @@ impl RedlockBackend {
 
     /// A retryable [`Error::Connection`] of the whole Redlock (`message`: what failed).
     fn unavailable(&self, message: impl Into<String>) -> Error {
-        Error::connection(KIND, self.endpoint.clone(), message.into())
+        Error::connection(KIND, self.health.cfg.endpoint.clone(), message.into())
     }
 
     fn no_quorum(&self, answered: usize, problems: &[String]) -> Error {

@@ -1,17 +1,10 @@
 //! The nodes and what this client knows about each: its connection, its process (run id), its
 //! epoch (the marker that the node is *initialised*: its data has not been lost since its
-//! restart quarantine was set), and the quarantine the epoch carries.
-//!
-//! The quarantine is stored **on the node**, in its epoch, as an end time by the node's own
-//! clock: whoever initialises a node that lost its data sets it, and every client — one that
-//! starts later, a short-lived CLI — reads it and refuses to count the node before it ends (the
-//! vote script also reports it, by the node's clock, in every vote). This client only keeps an
-//! estimate of it for its own views and messages.
-//!
-//! A background task per node checks it every `check_interval` (one pipelined `INFO server` +
-//! `GET NS:redlock:epoch` + `TIME`), and at once when an operation saw something suspicious on
-//! it (an error, an epoch mismatch, forgotten scripts). See `docs/redlock.md` for why each rule
-//! is there.
+//! restart quarantine was set), and the quarantine the epoch carries: stored **on the node**,
+//! by its clock, so that every client honours it (this client keeps an estimate for its views
+//! and messages). A background task per node checks it every `check_interval`, and at once
+//! when an operation saw something suspicious on it. Why each rule is there: `docs/redlock.md`,
+//! "Node health".
 
 use crate::config::{Config, NodeAddr};
 use crate::tally::quorum;
@@ -19,7 +12,7 @@ use distlock_core::{ClientOptions, Error, Result};
 use distlock_redis::{RedisNode, ServerInfo};
 use futures_util::future::join_all;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -28,18 +21,19 @@ use tokio_util::sync::CancellationToken;
 const MIN_CHECK_GAP: Duration = Duration::from_millis(25);
 
 /// One node.
+#[derive(Default)]
 pub(crate) struct Node {
     pub(crate) endpoint: String,
     url: String,
-    backend: RwLock<Option<Arc<RedisNode>>>,
     state: Mutex<NodeState>,
     check_now: Notify,
     /// One initialisation of this node at a time (per client).
     init: tokio::sync::Mutex<()>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct NodeState {
+    backend: Option<Arc<RedisNode>>,
     /// Run id of the process seen by the last good check.
     run_id: Option<String>,
     /// The node epoch this client trusts (valid for `run_id`); `None`: the node is new or lost
@@ -99,10 +93,7 @@ impl Node {
         Node {
             endpoint: addr.endpoint.clone(),
             url: addr.url.clone(),
-            backend: RwLock::new(None),
-            state: Mutex::default(),
-            check_now: Notify::new(),
-            init: tokio::sync::Mutex::new(()),
+            ..Node::default()
         }
     }
 
@@ -111,14 +102,7 @@ impl Node {
     }
 
     pub(crate) fn backend(&self) -> Option<Arc<RedisNode>> {
-        self.backend
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn set_backend(&self, b: Arc<RedisNode>) {
-        *self.backend.write().unwrap_or_else(|p| p.into_inner()) = Some(b);
+        self.state().backend.clone()
     }
 
     pub(crate) fn set_error(&self, e: String) {
@@ -152,8 +136,8 @@ impl Node {
     }
 
     pub(crate) fn view(&self, now: Instant) -> View {
-        let backend = self.backend();
         let st = self.state();
+        let backend = st.backend.clone();
         let why_not = if backend.is_none() {
             Some(format!(
                 "not connected ({})",
@@ -214,12 +198,6 @@ pub(crate) struct Health {
     pub(crate) max_lease_ms: AtomicU64,
 }
 
-/// The random part of an epoch a client creates (the node adds the quarantine's end and the
-/// run id it vouches for).
-fn new_epoch_prefix() -> String {
-    format!("{:016x}", fastrand::u64(..))
-}
-
 pub(crate) fn epoch_valid(epoch: &str, run_id: &str) -> bool {
     epoch
         .rsplit_once(':')
@@ -270,7 +248,7 @@ impl Health {
         let b = Arc::new(b);
         // Best effort: they load on demand too.
         let _ = tokio::time::timeout(t, b.load_scripts()).await;
-        node.set_backend(b.clone());
+        node.state().backend = Some(b.clone());
         Ok(b)
     }
 
@@ -355,13 +333,10 @@ impl Health {
 
     /// At connect, once every node was checked: a new cluster (no node is initialised and
     /// fewer than a majority could be) is initialised as a whole, so none of its nodes waits
-    /// in quarantine for nothing; nodes still not initialised are then initialised one by one
-    /// (see [`Health::init_node`]).
-    ///
-    /// A node of a new cluster is quarantined only until its process is the quarantine old:
-    /// if the whole cluster just restarted without its data, leases granted before may still
-    /// run until then (Redlock's delayed restart); a cluster that has been up that long has
-    /// none.
+    /// in quarantine for nothing; the others one by one ([`Health::init_node`]). A node of a
+    /// new cluster is quarantined until its process is the quarantine old: if the whole
+    /// cluster just restarted without its data, leases granted before may run that long
+    /// (Redlock's delayed restart).
     pub(crate) async fn initialize(&self) {
         join_all((0..self.nodes.len()).map(|i| self.check(i, false))).await;
         let looks = self.look().await;
@@ -389,12 +364,10 @@ impl Health {
     /// quarantine that outlasts every lease it may have voted for before it lost its data — the
     /// longest lease horizon of a majority of other initialised nodes (every such lease was
     /// confirmed by a majority, which meets them) — or, if fewer than a majority of nodes can
-    /// be initialised (a new cluster), one until its process is the quarantine old.
-    ///
-    /// Its fencing counters are not copied from the others: a vote's token is never below the
-    /// node's clock (in 100 ms steps, the µs where it has no counter: scripts/fence.lua), and
-    /// the quarantine keeps the node out until its clock is past every token issued before it
-    /// lost them (docs/redlock.md, "Fencing tokens strictly increase").
+    /// be initialised (a new cluster), one until its process is the quarantine old. Its fencing
+    /// counters are not copied: a vote's token is never below the node's clock, which the
+    /// quarantine lets pass every token issued before (docs/redlock.md, "Fencing tokens strictly
+    /// increase").
     pub(crate) async fn init_node(&self, i: usize, info: &ServerInfo) {
         let node = &self.nodes[i];
         let _one = node.init.lock().await;
@@ -423,8 +396,13 @@ impl Health {
         };
         let quarantine = match need {
             0 => self.fresh_quarantine(info),
+            // Locks it had may still be held elsewhere for as long as the longest lease in use:
+            // this client's, or a longer one the sources saw (their horizon), plus the drift.
             _ => match self.horizon(&sources, need).await {
-                Ok(horizon) => self.lost_data_quarantine(horizon),
+                Ok(h) => {
+                    let h = h.map_or(Duration::ZERO, |h| h + distlock_core::drift(h));
+                    self.quarantine_len().max(h)
+                }
                 Err(e) => {
                     node.state().last_error = Some(format!("initialising failed: {e}"));
                     return;
@@ -442,15 +420,6 @@ impl Health {
         self.quarantine_len().saturating_sub(info.uptime)
     }
 
-    /// The quarantine of a node that lost its data (at some time before now): locks it had may
-    /// still be held elsewhere, for as long as the longest lease in use — this client's, or a
-    /// longer one another client asked the sources for (their lease horizon), plus the drift
-    /// allowance.
-    fn lost_data_quarantine(&self, horizon: Option<Duration>) -> Duration {
-        let h = horizon.map_or(Duration::ZERO, |h| h + distlock_core::drift(h));
-        self.quarantine_len().max(h)
-    }
-
     /// Creates node `i`'s epoch (if its process is still `info.run_id`), carrying a quarantine
     /// of `quarantine` from now by the node's clock, and trusts it. If another client created
     /// one first, that one (and its quarantine) is adopted.
@@ -463,12 +432,10 @@ impl Health {
     ) {
         let node = &self.nodes[i];
         let t = self.check_timeout();
-        let created = tokio::time::timeout(
-            t,
-            me.create_epoch(&new_epoch_prefix(), &info.run_id, quarantine),
-        )
-        .await;
-        let (epoch, node_now) = match created {
+        // The random part (the node adds the quarantine's end and the run id it vouches for).
+        let random = format!("{:016x}", fastrand::u64(..));
+        let create = me.create_epoch(&random, &info.run_id, quarantine);
+        let (epoch, node_now) = match tokio::time::timeout(t, create).await {
             Ok(Ok(Ok((e, node_now)))) if epoch_valid(&e, &info.run_id) => (e, node_now),
             Ok(Ok(_)) => {
                 // The process changed under us: the next check starts over.

@@ -89,7 +89,7 @@ fn agreement(owner: &str, k: usize, n: usize) -> String {
 
 /// The lease a majority still has: the `q`-th longest of the nodes' leases (`None`, no
 /// expiry, counts as the longest), or `None` when fewer than `q` nodes have the hold.
-pub(crate) fn majority_lease(mut leases: Vec<Option<Duration>>, q: usize) -> Option<Duration> {
+fn majority_lease(mut leases: Vec<Option<Duration>>, q: usize) -> Option<Duration> {
     leases.sort_by_key(|l| std::cmp::Reverse((l.is_none(), *l)));
     leases.get(q.checked_sub(1)?).copied().flatten()
 }
@@ -205,12 +205,8 @@ impl Operator for RedlockBackend {
         .await;
         // Then past every token seen: a node that missed the grant's raise has a lower counter
         // than the token a majority agreed on, and must not hand out a token below it.
-        let top = removed
-            .iter()
-            .flatten()
-            .map(|r| r.fencing_token)
-            .max()
-            .unwrap_or(0);
+        let top = removed.iter().flatten().map(|r| r.fencing_token);
+        let top = top.max().unwrap_or(0);
         // Only where the removal was done: a node that did not answer it is not waited for twice.
         let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
         let raised = per_node(self, t, Some(&reached), |b| async move {
@@ -307,10 +303,8 @@ impl Operator for RedlockBackend {
                 ),
             ));
         }
-        out.push(clock_spread(
-            &readings,
-            self.health.opts.get_watchdog_lease(),
-        ));
+        let lease = self.health.opts.get_watchdog_lease();
+        out.push(clock_spread(&readings, lease));
         Ok(out)
     }
 }

@@ -221,35 +221,30 @@ pub fn raises(ballots: &[Ballot], token: u64) -> Vec<usize> {
         .collect()
 }
 
-/// How many counted nodes now hold the lock for this attempt with `token` stored with the
-/// hold (and so a fencing counter of at least `token`): nodes at `token` already, or raised to
-/// it (`raised[i] == Some(true)`). A grant needs a majority of them: the hold is then on a
-/// majority under the grant's address (what renewals and the release name), and every later
-/// majority meets a counter at least `token`, so later tokens are larger.
-pub fn confirmations(ballots: &[Ballot], token: u64, raised: &[Option<bool>]) -> usize {
-    ballots
-        .iter()
-        .enumerate()
-        .filter(|(i, b)| {
-            let raised_ok = raised.get(*i).copied().flatten();
-            match b.counted_reply() {
-                Some(QuorumReply::Granted { counter }) => raised_ok.unwrap_or(counter == token),
-                Some(QuorumReply::Holds { token: t, .. }) => raised_ok.unwrap_or(t == token),
-                _ => false,
-            }
+/// How many counted nodes confirm the grant `decision` gives, after the raises (`raised[i]`:
+/// `Some(true)` raised to the token, `Some(false)` not, `None` not asked). A grant that stands
+/// was confirmed by a majority when it was made (its token is on a majority:
+/// [`Decision::Again`]); 0 for no grant. A fresh one is confirmed by the counted nodes that
+/// now hold the lock for this attempt with `token` stored with the hold (and so a fencing
+/// counter of at least `token`): at `token` already, or raised to it. A grant needs a majority
+/// of them: the hold is then on a majority under the grant's address (what renewals and the
+/// release name), and every later majority meets a counter at least `token`, so later tokens
+/// are larger.
+pub fn confirmed(decision: Decision, ballots: &[Ballot], raised: &[Option<bool>]) -> usize {
+    let token = match decision {
+        Decision::Again { .. } => return quorum(ballots.len()),
+        Decision::Fresh { token } => token,
+        _ => return 0,
+    };
+    let at_token =
+        |i: usize, stored: u64| raised.get(i).copied().flatten().unwrap_or(stored == token);
+    (ballots.iter().enumerate())
+        .filter(|(i, b)| match b.counted_reply() {
+            Some(QuorumReply::Granted { counter }) => at_token(*i, counter),
+            Some(QuorumReply::Holds { token: t, .. }) => at_token(*i, t),
+            _ => false,
         })
         .count()
-}
-
-/// How many counted nodes confirm the grant `decision` gives (after the raises, `raised`, see
-/// [`confirmations`]): a grant that stands was confirmed by a majority when it was made (its
-/// token is on a majority: [`Decision::Again`]); a fresh one is confirmed now; 0 for no grant.
-pub fn confirmed(decision: Decision, ballots: &[Ballot], raised: &[Option<bool>]) -> usize {
-    match decision {
-        Decision::Again { .. } => quorum(ballots.len()),
-        Decision::Fresh { token } => confirmations(ballots, token, raised),
-        _ => 0,
-    }
 }
 
 /// How many nodes released the grant.
@@ -398,14 +393,15 @@ mod tests {
             none(),
             b(Granted { counter: 7 }),
         ];
-        assert_eq!(decide(&ballots), Decision::Fresh { token: 9 });
+        let fresh = decide(&ballots);
+        assert_eq!(fresh, Decision::Fresh { token: 9 });
         assert_eq!(raises(&ballots, 9), vec![0, 4]);
         // Before the raise only node 1 has the grant's token; a majority must have it.
-        assert_eq!(confirmations(&ballots, 9, &[]), 1);
+        assert_eq!(confirmed(fresh, &ballots, &[]), 1);
         let raised = [Some(true), None, None, None, Some(false)];
-        assert_eq!(confirmations(&ballots, 9, &raised), 2);
+        assert_eq!(confirmed(fresh, &ballots, &raised), 2);
         let raised = [Some(true), None, None, None, Some(true)];
-        assert_eq!(confirmations(&ballots, 9, &raised), 3);
+        assert_eq!(confirmed(fresh, &ballots, &raised), 3);
     }
 
     #[test]
@@ -450,11 +446,12 @@ mod tests {
             none(),
             none(),
         ];
-        assert_eq!(decide(&ballots), Decision::Fresh { token: 22 });
+        let fresh = decide(&ballots);
+        assert_eq!(fresh, Decision::Fresh { token: 22 });
         assert_eq!(raises(&ballots, 22), vec![0, 1, 2]);
-        assert_eq!(confirmations(&ballots, 22, &[]), 0);
+        assert_eq!(confirmed(fresh, &ballots, &[]), 0);
         let raised = [Some(true), Some(true), Some(true), None, None];
-        assert_eq!(confirmations(&ballots, 22, &raised), 3);
+        assert_eq!(confirmed(fresh, &ballots, &raised), 3);
     }
 
     #[test]
