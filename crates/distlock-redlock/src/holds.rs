@@ -31,27 +31,25 @@ fn finish_in_background<T: Send + 'static>(mut rest: Answers<T>) {
 }
 
 impl RedlockBackend {
-    /// Runs `op` on every connected node, each bounded by `t`, polled by the caller as they
-    /// finish: `(node, None)` for a timeout, `(node, Some(result))` otherwise. A caller that has
-    /// its majority hands the rest to [`finish_in_background`], so a slow node's request still
-    /// completes (in order on its connection) without keeping the caller waiting.
-    fn fan_out<T, F, Fut>(&self, views: &[View], t: Duration, op: F) -> Answers<T>
+    /// Runs `op` on every connected node of the nodes' views now (returned too), each bounded
+    /// by the call timeout, polled by the caller as they finish: `(node, None)` for a timeout,
+    /// `(node, Some(result))` otherwise. A caller that has its majority hands the rest to
+    /// [`finish_in_background`], so a slow node's request still completes (in order on its
+    /// connection) without keeping the caller waiting.
+    fn fan_out<T, F, Fut>(&self, op: F) -> (Vec<View>, Answers<T>)
     where
         T: Send + 'static,
         F: Fn(Arc<RedisNode>) -> Fut,
         Fut: std::future::Future<Output = Result<T>> + Send + 'static,
     {
-        views
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| {
-                let fut = op(v.backend.clone()?);
-                Some(
-                    Box::pin(async move { (i, tokio::time::timeout(t, fut).await.ok()) })
-                        as Answer<T>,
-                )
-            })
-            .collect()
+        let (views, t) = (self.health.views(), self.call_timeout());
+        let answers = views.iter().enumerate().filter_map(|(i, v)| {
+            let fut = op(v.backend.clone()?);
+            let answer = async move { (i, tokio::time::timeout(t, fut).await.ok()) };
+            Some(Box::pin(answer) as Answer<T>)
+        });
+        let answers = answers.collect();
+        (views, answers)
     }
 
     /// The queued waiter `req`'s watch on every reachable node: its client's wake channel there,
@@ -98,14 +96,8 @@ impl RedlockBackend {
     }
 
     /// Node `i`'s answer in a fan-out: the value, or `None` with its problem noted (`r` is
-    /// `None` for no answer within `t`; a retryable error also makes the node suspect).
-    fn answer<T>(
-        &self,
-        i: usize,
-        r: Option<Result<T>>,
-        t: Duration,
-        problems: &mut Vec<String>,
-    ) -> Option<T> {
+    /// `None` for no answer in time; a retryable error also makes the node suspect).
+    fn answer<T>(&self, i: usize, r: Option<Result<T>>, problems: &mut Vec<String>) -> Option<T> {
         let node = &self.health.nodes[i];
         let problem = match r {
             Some(Ok(v)) => return Some(v),
@@ -115,7 +107,7 @@ impl RedlockBackend {
                 }
                 e.to_string()
             }
-            None => format!("no answer within {t:?}"),
+            None => format!("no answer within {:?}", self.call_timeout()),
         };
         problems.push(format!("{}: {problem}", node.endpoint));
         None
@@ -150,7 +142,7 @@ impl RedlockBackend {
                 None => answers.next().await,
             };
             let Some((i, r)) = next else { break };
-            match self.answer(i, r, t, &mut problems) {
+            match self.answer(i, r, &mut problems) {
                 Some(o) if o.len() == holds.len() => per_node[i].1 = Some(o),
                 Some(_) => problems.push(format!(
                     "{}: renewed a batch of the wrong size",
@@ -222,17 +214,15 @@ impl Backend for RedlockBackend {
     /// a node left free wakes its next waiter. Idempotent; only that attempt's holds and queue
     /// entries are touched.
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        let views = self.health.views();
-        let t = self.call_timeout();
         let (name, kind, attempt) = (req.key.name.clone(), req.key.kind, req.attempt.clone());
-        let mut answers = self.fan_out(&views, t, |b| {
+        let (_, mut answers) = self.fan_out(|b| {
             let (name, attempt) = (name.clone(), attempt.clone());
             async move { b.give_up(&name, kind, &attempt).await }
         });
         let mut answered = 0;
         let mut problems = Vec::new();
         while let Some((i, r)) = answers.next().await {
-            answered += usize::from(self.answer(i, r, t, &mut problems).is_some());
+            answered += usize::from(self.answer(i, r, &mut problems).is_some());
         }
         // Fewer than a majority reached: a grant this attempt may have got could still stand
         // (until its lease ends); say so.
@@ -243,19 +233,16 @@ impl Backend for RedlockBackend {
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        let views = self.health.views();
         let t = self.call_timeout();
         // Set once a majority released this grant: see `release_node`.
         let (verdict, decided) = tokio::sync::watch::channel(false);
-        let mut answers = self.fan_out(&views, t, |b| {
-            release_node(b, grant.clone(), t, decided.clone())
-        });
+        let (_, mut answers) = self.fan_out(|b| release_node(b, grant.clone(), t, decided.clone()));
         drop(decided);
         let q = self.quorum();
         let mut outcomes: Vec<Option<ReleaseOutcome>> = vec![None; self.node_count()];
         let mut problems = Vec::new();
         while let Some((i, r)) = answers.next().await {
-            outcomes[i] = self.answer(i, r, t, &mut problems);
+            outcomes[i] = self.answer(i, r, &mut problems);
             if tally::released(&outcomes) >= q {
                 verdict.send_replace(true);
                 break;
@@ -273,22 +260,16 @@ impl Backend for RedlockBackend {
         for (_, lease) in holds {
             self.health.note_lease(*lease);
         }
-        let views = self.health.views();
         let t = self.call_timeout();
         // Set to which grants a majority renewed: see `renew_node`.
         let (verdict, decided) = tokio::sync::watch::channel(None::<Vec<bool>>);
-        let mut answers = self.fan_out(&views, t, |b| {
-            renew_node(b, holds.to_vec(), t, decided.clone())
-        });
+        let (views, mut answers) =
+            self.fan_out(|b| renew_node(b, holds.to_vec(), t, decided.clone()));
         drop(decided);
         let (per_node, mut problems) = self.count_renewals(&views, &mut answers, holds, t).await;
         let outcomes = tally::renew_outcomes(&per_node, holds.len());
-        verdict.send_replace(Some(
-            outcomes
-                .iter()
-                .map(|o| *o == Some(RenewOutcome::Renewed))
-                .collect(),
-        ));
+        let renewed = outcomes.iter().map(|o| *o == Some(RenewOutcome::Renewed));
+        verdict.send_replace(Some(renewed.collect()));
         finish_in_background(answers);
         let (outcomes, undecided) = tally::renew_batch(&outcomes);
         if undecided.is_empty() {
@@ -329,10 +310,8 @@ impl Backend for RedlockBackend {
     /// of counted nodes stored it (or had it: a retry), `NotHeld` once a majority says the
     /// grant is gone; a retryable error when neither is decided.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        let views = self.health.views();
-        let t = self.call_timeout();
         let (grant2, value2): (GrantRef, Arc<str>) = (grant.clone(), Arc::from(value));
-        let mut answers = self.fan_out(&views, t, |b| {
+        let (views, mut answers) = self.fan_out(|b| {
             let (grant, value) = (grant2.clone(), value2.clone());
             async move { b.proclaim(&grant, seq, &value).await }
         });
@@ -343,7 +322,7 @@ impl Backend for RedlockBackend {
             let Some((i, r)) = answers.next().await else {
                 break None;
             };
-            match self.answer(i, r, t, &mut problems) {
+            match self.answer(i, r, &mut problems) {
                 Some(RenewOutcome::Renewed) if views[i].counts => renewed += 1,
                 Some(_) if views[i].counts => gone += 1,
                 Some(_) => problems.push(format!(

@@ -114,14 +114,9 @@ impl Node {
     /// Something an operation saw makes the node suspect (an error, an epoch mismatch, scripts
     /// it had forgotten): it stops counting until a check confirms its process and epoch.
     pub(crate) fn suspect(&self, why: impl Into<String>) {
-        let newly = {
-            let mut st = self.state();
-            st.suspect_gen += 1;
-            let newly = st.suspect.is_none();
-            st.suspect = Some(why.into());
-            newly
-        };
-        if newly {
+        let mut st = self.state();
+        st.suspect_gen += 1;
+        if st.suspect.replace(why.into()).is_none() {
             self.check_now.notify_one();
         }
     }
@@ -138,32 +133,27 @@ impl Node {
     pub(crate) fn view(&self, now: Instant) -> View {
         let st = self.state();
         let backend = st.backend.clone();
+        let last = st.last_error.as_deref();
         let why_not = if backend.is_none() {
-            Some(format!(
-                "not connected ({})",
-                st.last_error.as_deref().unwrap_or("connecting")
-            ))
+            Some(format!("not connected ({})", last.unwrap_or("connecting")))
         } else if !st.reachable {
             Some(format!(
                 "unreachable ({})",
-                st.last_error.as_deref().unwrap_or("not checked yet")
+                last.unwrap_or("not checked yet")
             ))
         } else if let Some(why) = &st.suspect {
             Some(format!("re-checking the node after {why}"))
         } else if st.epoch.is_none() {
-            Some(match &st.last_error {
-                Some(e) => format!("not initialised yet ({e})"),
-                None => "not initialised yet (new, or it lost its data)".to_owned(),
-            })
+            let why = last.unwrap_or("new, or it lost its data");
+            Some(format!("not initialised yet ({why})"))
         } else {
-            match st.quarantine_until {
-                Some(u) if u > now => Some(format!(
+            st.quarantine_until.filter(|u| *u > now).map(|u| {
+                format!(
                     "in restart quarantine for {:?} more (it lost its data; set on the node by \
                      whoever initialised it, by the node's clock)",
                     u - now,
-                )),
-                _ => None,
-            }
+                )
+            })
         };
         View {
             backend,

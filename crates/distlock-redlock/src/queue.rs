@@ -29,10 +29,7 @@ fn place_now() -> u64 {
 struct Queued<'a> {
     shared: &'a RedlockBackend,
     req: AcquireRequest,
-    /// The waiter's entries live this long without a refresh.
-    ttl: Duration,
     place: u64,
-    beat: Duration,
     /// Armed before every vote that may queue, so no wake-up can come before it.
     watch: Option<QuorumWatch>,
     /// A request was sent: the attempt must be given up if the wait ends without a grant.
@@ -55,7 +52,10 @@ impl WaitStrategy for Queued<'_> {
         let sent = distlock_core::clock::Instant::now();
         let round = self
             .shared
-            .round(&self.req, Some((self.ttl, self.place)))
+            .round(
+                &self.req,
+                Some((wait::waiter_ttl(self.req.lease), self.place)),
+            )
             .await?;
         let ttl = match round.reply {
             AcquireReply::Granted { token } => {
@@ -95,7 +95,7 @@ impl WaitStrategy for Queued<'_> {
     }
 
     fn heartbeat(&self) -> Option<Duration> {
-        Some(self.beat)
+        Some(wait::heartbeat(self.req.lease))
     }
 
     async fn give_up(&mut self) {
@@ -117,13 +117,10 @@ impl RedlockBackend {
         deadline: Option<std::time::Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let ttl = wait::waiter_ttl(req.lease);
         let mut q = Queued {
             shared: self,
             req: req.clone(),
-            ttl,
             place: place_now(),
-            beat: wait::heartbeat(req.lease),
             watch: None,
             sent: false,
         };
