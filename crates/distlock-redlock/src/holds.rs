@@ -380,13 +380,11 @@ async fn release_node(
         return Ok(o);
     }
     tokio::spawn(async move {
-        // Ends as soon as the release is decided either way (the sender goes away with the
-        // call).
-        let released = matches!(
-            tokio::time::timeout(t, decided.wait_for(|v| *v)).await,
-            Ok(Ok(_))
-        );
-        if released {
+        // Ends as soon as the release is decided either way (the sender goes with the call).
+        if tokio::time::timeout(t, decided.wait_for(|v| *v))
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {
             let (name, kind, attempt) = (&grant.key.name, grant.key.kind, &grant.attempt);
             let _ = tokio::time::timeout(t, b.release(name, kind, attempt, None)).await;
         }

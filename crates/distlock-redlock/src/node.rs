@@ -271,18 +271,16 @@ impl Health {
                 st.epoch = None;
             }
             st.run_id = Some(info.run_id.clone());
-            match (st.epoch.clone(), valid.clone()) {
+            match (&st.epoch, &valid) {
                 (Some(known), Some(v)) if known != v => {
                     tracing::warn!(node = %node.endpoint, "redlock node lost its data and was initialised again");
-                    st.epoch = Some(v);
                 }
                 (Some(_), None) => {
                     tracing::warn!(node = %node.endpoint, "redlock node lost its data; not counted until initialised again and out of quarantine");
-                    st.epoch = None;
                 }
-                (None, Some(v)) => st.epoch = Some(v),
                 _ => {}
             }
+            st.epoch = valid;
             // The node's own record decides (whoever initialised it set it, by its clock).
             st.quarantine_until = st
                 .epoch

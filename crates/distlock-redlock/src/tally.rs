@@ -114,15 +114,11 @@ pub(crate) fn plurality<T: Copy + Ord + std::hash::Hash>(
 
 /// The token this attempt's holds store on most counted nodes, and on how many.
 fn held_token(ballots: &[Ballot]) -> Option<(u64, usize)> {
-    plurality(
-        ballots
-            .iter()
-            .filter_map(Ballot::counted_reply)
-            .filter_map(|r| match r {
-                QuorumReply::Holds { token, .. } => Some(token),
-                _ => None,
-            }),
-    )
+    let tokens = ballots.iter().filter_map(|b| match b.counted_reply()? {
+        QuorumReply::Holds { token, .. } => Some(token),
+        _ => None,
+    });
+    plurality(tokens)
 }
 
 /// Decides an attempt.
@@ -130,11 +126,9 @@ pub fn decide(ballots: &[Ballot]) -> Decision {
     let n = ballots.len();
     let q = quorum(n);
     let counted: Vec<QuorumReply> = ballots.iter().filter_map(Ballot::counted_reply).collect();
-    if let Some((token, nodes)) = held_token(ballots) {
-        if nodes >= q {
-            // Two majorities intersect, so at most one token can be on a majority.
-            return Decision::Again { token };
-        }
+    // Two majorities intersect, so at most one token can be on a majority.
+    if let Some((token, _)) = held_token(ballots).filter(|(_, k)| *k >= q) {
+        return Decision::Again { token };
     }
     let mut ours = 0;
     let mut token = 0;
@@ -456,22 +450,22 @@ mod tests {
 
     #[test]
     fn settles_early_only_when_the_rest_cannot_matter() {
-        let pending = Ballot::unknown();
-        let g = b(Granted { counter: 1 });
-        assert!(settled(&[g, g, g, pending, pending], 2));
-        assert!(!settled(&[g, g, pending, pending, pending], 3));
-        assert!(settled(
-            &[held(1, 9), held(1, 9), held(1, 9), pending, pending],
-            2
-        ));
-        assert!(!settled(&[held(1, 9), held(1, 9), g, g, pending], 1));
-        let h = holds(1, 1);
-        // Two holds of the grant and a fresh vote: a third hold would make the grant stand.
-        assert!(!settled(&[h, h, g, pending, pending], 2));
-        // Four for the attempt and one out, which could still make the grant stand.
-        assert!(!settled(&[h, h, g, g, pending], 1));
-        assert!(settled(&[h, h, g, g, g], 0));
-        assert!(settled(&[h, h, h, g, pending], 1));
+        let (p, g) = (Ballot::unknown(), b(Granted { counter: 1 }));
+        let (h, o) = (holds(1, 1), held(1, 9));
+        for (ballots, pending, want) in [
+            ([g, g, g, p, p], 2, true),
+            ([g, g, p, p, p], 3, false),
+            ([o, o, o, p, p], 2, true),
+            ([o, o, g, g, p], 1, false),
+            // Two holds of the grant and a fresh vote: a third hold would make the grant stand.
+            ([h, h, g, p, p], 2, false),
+            // Four for the attempt and one out, which could still make the grant stand.
+            ([h, h, g, g, p], 1, false),
+            ([h, h, g, g, g], 0, true),
+            ([h, h, h, g, p], 1, true),
+        ] {
+            assert_eq!(settled(&ballots, pending), want, "{ballots:?}");
+        }
     }
 
     #[test]
