@@ -78,33 +78,6 @@ struct Count {
 }
 
 impl RedlockBackend {
-    /// The random pause before the next attempt after a split vote (0 to the node timeout), so
-    /// that clients that split the nodes do not collide again.
-    fn jitter(&self) -> Duration {
-        let max = u64::try_from(self.node_timeout().as_micros()).unwrap_or(u64::MAX);
-        Duration::from_micros(fastrand::u64(0..=max))
-    }
-
-    /// A majority voted for the attempt but the grant could not be confirmed in time (a raise
-    /// that did not arrive, or votes so slow that no validity is left). Nobody else holds the
-    /// lock, so this is not `Held`: a retryable error. The attempt's holds stay (they are
-    /// addressed to it): its retry finds them and confirms them, and an attempt that stops
-    /// instead is given up by the core, which removes them.
-    fn unconfirmed(&self, name: &str, confirmed: usize, q: usize, took: Duration) -> Error {
-        tracing::debug!(
-            name,
-            confirmed,
-            q,
-            ?took,
-            "redlock grant not confirmed in time"
-        );
-        self.unavailable(format!(
-            "a majority voted for this attempt on `{name}` but only {confirmed} of the {q} \
-                 nodes needed confirmed its token with validity left (after {took:?}; slow \
-                 nodes?)"
-        ))
-    }
-
     /// Node `i`'s ballot from its answer (`None`: none within the node timeout) into `count`,
     /// with what the answer tells about the node (suspect, its quarantine), its problem, and a
     /// non-retryable error.
@@ -325,8 +298,12 @@ impl RedlockBackend {
                     let no_quorum = || self.no_quorum(answered, &count.problems);
                     return Err(count.hard.unwrap_or_else(no_quorum));
                 }
-                // A split vote.
-                _ => Some(self.jitter()),
+                // A split vote: a random pause (0 to the node timeout), so that clients that
+                // split the nodes do not collide again.
+                _ => {
+                    let max = u64::try_from(self.node_timeout().as_micros()).unwrap_or(u64::MAX);
+                    Some(Duration::from_micros(fastrand::u64(0..=max)))
+                }
             };
             let reply = AcquireReply::Held { ttl };
             return Ok(Round { reply, first });
@@ -344,6 +321,16 @@ impl RedlockBackend {
             let reply = AcquireReply::Granted { token };
             return Ok(Round { reply, first });
         }
-        Err(self.unconfirmed(&req.key.name, confirmed, q, start.elapsed()))
+        // Confirmed too late (a raise that did not arrive, or votes so slow that no validity is
+        // left). Nobody else holds the lock, so this is not `Held`: a retryable error. The
+        // attempt's holds stay (they are addressed to it): its retry finds and confirms them,
+        // and an attempt that stops instead is given up by the core, which removes them.
+        let (name, took) = (&req.key.name, start.elapsed());
+        tracing::debug!(%name, confirmed, q, ?took, "redlock grant not confirmed in time");
+        Err(self.unavailable(format!(
+            "a majority voted for this attempt on `{name}` but only {confirmed} of the {q} \
+                 nodes needed confirmed its token with validity left (after {took:?}; slow \
+                 nodes?)"
+        )))
     }
 }

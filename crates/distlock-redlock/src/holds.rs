@@ -123,13 +123,12 @@ impl RedlockBackend {
         views: &[View],
         answers: &mut Answers<Vec<RenewOutcome>>,
         holds: &[(GrantRef, Duration)],
-        t: Duration,
     ) -> (Vec<(bool, Option<Vec<RenewOutcome>>)>, Vec<String>) {
         let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
             views.iter().map(|v| (v.counts, None)).collect();
         let mut problems: Vec<String> = Vec::new();
         let budget = (holds.len() > 1).then(|| self.health.opts.renew_timeout() * 3 / 4);
-        let until = tokio::time::Instant::now() + budget.unwrap_or(t);
+        let until = tokio::time::Instant::now() + budget.unwrap_or_default();
         loop {
             let next = match budget {
                 Some(b) => match tokio::time::timeout_at(until, answers.next()).await {
@@ -150,10 +149,8 @@ impl RedlockBackend {
                 )),
                 None => {}
             }
-            if tally::renew_outcomes(&per_node, holds.len())
-                .iter()
-                .all(Option::is_some)
-            {
+            let outcomes = tally::renew_outcomes(&per_node, holds.len());
+            if outcomes.iter().all(Option::is_some) {
                 break;
             }
         }
@@ -266,7 +263,7 @@ impl Backend for RedlockBackend {
         let (views, mut answers) =
             self.fan_out(|b| renew_node(b, holds.to_vec(), t, decided.clone()));
         drop(decided);
-        let (per_node, mut problems) = self.count_renewals(&views, &mut answers, holds, t).await;
+        let (per_node, mut problems) = self.count_renewals(&views, &mut answers, holds).await;
         let outcomes = tally::renew_outcomes(&per_node, holds.len());
         let renewed = outcomes.iter().map(|o| *o == Some(RenewOutcome::Renewed));
         verdict.send_replace(Some(renewed.collect()));
@@ -394,10 +391,8 @@ async fn release_node(
 }
 
 /// Node `b`'s renewal of `holds`, as the majority counts it. A hold of a grant's attempt under
-/// another token here (its vote came in after the decision, and the raise did not reach it) is
-/// `NotHeld` for the majority; it holds part of that very grant — attempt ids are unique — so
-/// once `decided` says which grants a majority renewed, those rejoin their grant here: raised
-/// to the grant's token and renewed (see [`rejoin`]).
+/// another token here is `NotHeld` for the majority, and part of that very grant (as in
+/// [`release_node`]): once `decided` says a majority renewed the grant, it rejoins ([`rejoin`]).
 async fn renew_node(
     b: Arc<RedisNode>,
     holds: Vec<(GrantRef, Duration)>,

@@ -345,30 +345,24 @@ fn clock_spread(readings: &[(&str, i64, i64)], lease: Duration) -> Finding {
 
 /// The finding for a node's quarantine, from its epoch (`None`: none) and its process.
 fn quarantine(ep: &str, epoch: Option<&str>, run_id: &str, node_now_ms: u64) -> Finding {
-    let check = format!("{ep} quarantine");
+    let finding =
+        |severity, message: &str| Finding::new(severity, format!("{ep} quarantine"), message);
     match epoch {
-        None => Finding::new(
+        None => finding(
             Severity::Warning,
-            check,
             "no node epoch: a new node, or it lost its data, so its votes do not count until a client initialises it with a restart quarantine (every client does at connect and in its node checks); if it stays this way, check that a majority of the other nodes is reachable from the clients",
         ),
-        Some(e) if !epoch_valid(e, run_id) => Finding::new(
+        Some(e) if !epoch_valid(e, run_id) => finding(
             Severity::Warning,
-            check,
             "the node epoch was made for an earlier process of this node (it restarted): its votes do not count until a client initialises it again; if it keeps restarting, find out why (OOM killer, supervisor)",
         ),
         Some(e) => match quarantine_left(e, node_now_ms) {
-            Some(left) => Finding::new(
+            Some(left) => finding(
                 Severity::Warning,
-                check,
-                format!(
-                    "in restart quarantine for {:?} more by its own clock (it lost its data; leases granted before may still run): its votes do not count until then, so the cluster tolerates one failure less meanwhile",
-                    left
-                ),
+                &format!("in restart quarantine for {left:?} more by its own clock (it lost its data; leases granted before may still run): its votes do not count until then, so the cluster tolerates one failure less meanwhile"),
             ),
-            None => Finding::new(
+            None => finding(
                 Severity::Ok,
-                check,
                 "initialised for its current process, not in restart quarantine",
             ),
         },

@@ -1,9 +1,6 @@
 //! Waiting in the nodes' queues (see `docs/redlock.md`, "Waiting"): the waiter arms its watch
-//! on every node (its client's wake channel there: a table entry, subscribed once per
-//! connection), then votes as a waiter (where it must wait, entering each node's queue at its
-//! place, its entry naming that channel), and sleeps until the nodes where it is first wake
-//! it — a release tells the first waiter alone — or its heartbeat, which refreshes its entries
-//! and is the backstop for a lost message.
+//! on every node, votes as a waiter (entering each node's queue at its place), and sleeps until
+//! the nodes where it is first wake it, or its heartbeat (the backstop for a lost message).
 
 use crate::watch::QuorumWatch;
 use crate::RedlockBackend;
