@@ -278,17 +278,14 @@ impl Backend for RedlockBackend {
                 .filter(|_| v.backend.is_some())
                 .map(|w| format!("{}: {w}", n.endpoint))
         }));
-        let names: Vec<String> = undecided
+        let names = undecided
             .iter()
-            .map(|&h| format!("`{}`", holds[h].0.key.name))
-            .collect();
+            .map(|&h| format!("`{}`", holds[h].0.key.name));
+        let names = names.collect::<Vec<_>>().join(", ");
+        let (q, n, problems) = (self.quorum(), self.node_count(), problems.join("; "));
         let err = self.unavailable(format!(
-                "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
-                names.join(", "),
-                self.quorum(),
-                self.node_count(),
-                problems.join("; ")
-            ));
+            "the renewal of {names} was neither confirmed nor refused by a majority ({q} of {n} nodes needed): {problems}"
+        ));
         if undecided.len() == holds.len() {
             return Err(err);
         }
@@ -338,12 +335,10 @@ impl Backend for RedlockBackend {
         };
         finish_in_background(answers);
         outcome.ok_or_else(|| {
+            let (name, n, problems) = (&grant.key.name, self.node_count(), problems.join("; "));
             self.unavailable(format!(
-                "the proclamation on `{}` was neither confirmed nor refused by a majority \
-                     ({renewed} confirmed, {gone} refused, {q} of {} nodes needed): {}",
-                grant.key.name,
-                self.node_count(),
-                problems.join("; ")
+                "the proclamation on `{name}` was neither confirmed nor refused by a majority \
+                 ({renewed} confirmed, {gone} refused, {q} of {n} nodes needed): {problems}"
             ))
         })
     }

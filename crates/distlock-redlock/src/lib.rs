@@ -117,15 +117,13 @@ impl RedlockBackend {
     }
 
     fn no_quorum(&self, answered: usize, problems: &[String]) -> Error {
+        let (n, q) = (self.node_count(), self.quorum());
+        let details = match problems {
+            [] => "no details".to_owned(),
+            p => p.join("; "),
+        };
         self.unavailable(format!(
-            "only {answered} of {} redlock nodes answered (need {}): {}",
-            self.node_count(),
-            self.quorum(),
-            if problems.is_empty() {
-                "no details".to_owned()
-            } else {
-                problems.join("; ")
-            }
+            "only {answered} of {n} redlock nodes answered (need {q}): {details}"
         ))
     }
 

@@ -445,7 +445,11 @@ impl Health {
 
     /// The longest lease horizon of `sources` (how long a lease granted through them may still
     /// run; `None`: none may); at least `need` of them must answer.
-    async fn horizon(&self, sources: &[Arc<RedisNode>], need: usize) -> Result<Option<Duration>> {
+    async fn horizon(
+        &self,
+        sources: &[Arc<RedisNode>],
+        need: usize,
+    ) -> std::result::Result<Option<Duration>, String> {
         let t = self.check_timeout();
         let reads = join_all(
             sources
@@ -464,13 +468,9 @@ impl Health {
             }
         }
         if ok < need {
-            return Err(Error::connection(
-                crate::KIND,
-                String::new(),
-                format!(
-                    "only {ok} nodes told their lease horizon, {need} needed{}",
-                    last_err.map(|e| format!(": {e}")).unwrap_or_default()
-                ),
+            let why = last_err.map(|e| format!(": {e}")).unwrap_or_default();
+            return Err(format!(
+                "only {ok} nodes told their lease horizon, {need} needed{why}"
             ));
         }
         Ok(horizon)

@@ -223,22 +223,16 @@ impl Operator for RedlockBackend {
                 (Err(p), _) | (_, Err(p)) => problems.push(p),
             }
         }
-        let done = n - problems.len();
+        let (done, problems) = (n - problems.len(), problems.join("; "));
         if done < q {
             return Err(self.unavailable(format!(
-                    "forced release of `{name}` done on only {done} of {n} nodes (need {q}): {}; the holds removed there stay removed, run it again when a majority answers",
-                    problems.join("; ")
-                )
-                ));
+                "forced release of `{name}` done on only {done} of {n} nodes (need {q}): {problems}; the holds removed there stay removed, run it again when a majority answers"
+            )));
         }
-        if !problems.is_empty() {
+        if done < n {
             // A minority kept its hold: the old holder cannot renew on a majority any more, and
             // the hold there expires with its lease.
-            tracing::warn!(
-                name,
-                unreached = %problems.join("; "),
-                "forced release done on {done} of {n} redlock nodes"
-            );
+            tracing::warn!(name, unreached = %problems, "forced release done on {done} of {n} redlock nodes");
         }
         let removed = holds
             .into_iter()
@@ -293,15 +287,11 @@ impl Operator for RedlockBackend {
                 )),
             }
         }
-        if readings.len() < q {
-            out.push(Finding::new(
-                Severity::Warning,
-                "majority",
-                format!(
-                    "only {} of {n} nodes answered (need {q}): no lock can be granted now",
-                    readings.len()
-                ),
-            ));
+        let answered = readings.len();
+        if answered < q {
+            let why = format!("only {answered} of {n} nodes answered (need {q})");
+            let message = format!("{why}: no lock can be granted now");
+            out.push(Finding::new(Severity::Warning, "majority", message));
         }
         let lease = self.health.opts.get_watchdog_lease();
         out.push(clock_spread(&readings, lease));
