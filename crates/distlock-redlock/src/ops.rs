@@ -44,18 +44,15 @@ where
         let on = which.is_none_or(|w| w[i]);
         let call = node.backend().filter(|_| on).map(&op);
         async move {
-            let ep = &node.endpoint;
-            if !on {
-                return Err(String::new());
-            }
-            let Some(call) = call else {
-                return Err(format!("{ep}: not connected"));
+            let answer = match call {
+                None if !on => return Err(String::new()),
+                None => Err("not connected".to_owned()),
+                Some(call) => match tokio::time::timeout(t, call).await {
+                    Ok(r) => r.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("no answer within {t:?}")),
+                },
             };
-            match tokio::time::timeout(t, call).await {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) => Err(format!("{ep}: {e}")),
-                Err(_) => Err(format!("{ep}: no answer within {t:?}")),
-            }
+            answer.map_err(|p| format!("{}: {p}", node.endpoint))
         }
     }))
     .await

@@ -130,28 +130,20 @@ pub fn decide(ballots: &[Ballot]) -> Decision {
     if let Some((token, _)) = held_token(ballots).filter(|(_, k)| *k >= q) {
         return Decision::Again { token };
     }
-    let mut ours = 0;
-    let mut token = 0;
-    for r in &counted {
-        match *r {
+    let ours: Vec<u64> = counted
+        .iter()
+        .filter_map(|r| match *r {
             // A node that incremented its counter is above every token it ever confirmed.
-            QuorumReply::Granted { counter } => {
-                ours += 1;
-                token = token.max(counter);
-            }
+            QuorumReply::Granted { counter } => Some(counter),
             // One that only kept this attempt's hold (left by an earlier round whose outcome
             // was not a grant) is at or above them: one more keeps the token above them.
-            QuorumReply::Holds { counter, .. } => {
-                ours += 1;
-                token = token.max(counter + 1);
-            }
-            _ => {}
-        }
-    }
-    if ours >= q {
-        return Decision::Fresh {
-            token: token.max(1),
-        };
+            QuorumReply::Holds { counter, .. } => Some(counter + 1),
+            _ => None,
+        })
+        .collect();
+    if ours.len() >= q {
+        let token = ours.into_iter().max().unwrap_or(0).max(1);
+        return Decision::Fresh { token };
     }
     if counted.len() < q {
         return Decision::NoQuorum {
@@ -232,7 +224,9 @@ pub fn confirmed(decision: Decision, ballots: &[Ballot], raised: &[Option<bool>]
     };
     let at_token =
         |i: usize, stored: u64| raised.get(i).copied().flatten().unwrap_or(stored == token);
-    (ballots.iter().enumerate())
+    ballots
+        .iter()
+        .enumerate()
         .filter(|(i, b)| match b.counted_reply() {
             Some(QuorumReply::Granted { counter }) => at_token(*i, counter),
             Some(QuorumReply::Holds { token: t, .. }) => at_token(*i, t),
