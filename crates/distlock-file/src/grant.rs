@@ -256,7 +256,7 @@ impl Inner {
         }
     }
 
-    pub(crate) fn release(
+    pub(crate) async fn release(
         &self,
         family: Family,
         side: Side,
@@ -291,7 +291,7 @@ impl Inner {
         }
         // Not held here: held by another process (or backend), or by nobody.
         let elsewhere = match (family, side) {
-            (Family::Rw, Side::Write) => self.rw_held_elsewhere(name)?,
+            (Family::Rw, Side::Write) => self.rw_held_elsewhere(name).await?,
             _ => self
                 .held_elsewhere(&self.lock_path(family, name))?
                 .is_some(),

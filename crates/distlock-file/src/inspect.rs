@@ -3,93 +3,94 @@
 //! `hold` lines, checked against live processes and the lock itself).
 
 use crate::record::{HoldLine, Record, Side};
-use crate::table::{Family, RECORD};
-use crate::{sys, Inner, KIND};
-use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result};
+use crate::table::Family;
+use crate::{sys, Inner};
+use distlock_core::{HolderInfo, LockInfo, LockKind, Result};
+use std::path::Path;
 use std::time::Duration;
 
 impl Inner {
-    /// The state of lock `name` of `family`. A mutex's record is re-read a few times while
-    /// another process is mid-write.
+    /// The record in `path`, the record file of a lock of `family` (`None`: no such file), and
+    /// whether a mutex or an election is held by another process (or backend). A read-write
+    /// lock's record is read under its shared lock, which is only ever held for one read and
+    /// one write, never while waiting: this cannot block behind a holder. A mutex's or an
+    /// election's is read under a non-blocking shared probe of the lock; while someone holds
+    /// it, the holder may be writing the record: read again a few times until it parses and
+    /// names its holder.
+    pub(crate) async fn read_lock_record(
+        &self,
+        family: Family,
+        path: &Path,
+    ) -> Result<Option<(Record, bool)>> {
+        const TRIES: u32 = 5;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let Some(file) = self.open_existing(path, false)? else {
+                return Ok(None);
+            };
+            if family == Family::Rw {
+                let rec = self.locked(file, sys::Mode::Shared, path, |f| self.read_record(f, path));
+                return Ok(Some((rec?, false)));
+            }
+            let free = self.try_flock(&file, sys::Mode::Shared, path)?;
+            let rec = self.read_record(&file, path);
+            if free {
+                // Writers hold the exclusive lock, so under our shared lock the record is whole.
+                sys::unlock_and_close(file);
+                return Ok(Some((rec?, false)));
+            }
+            match rec {
+                Ok(rec) if rec.holder.is_some() || tries == TRIES => return Ok(Some((rec, true))),
+                Err(e) if tries == TRIES => return Err(e),
+                _ => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+    }
+
+    /// The state of lock `name` of `family`: this backend's holder from its table, others'
+    /// from the record.
     pub(crate) async fn inspect(&self, family: Family, name: &str) -> Result<LockInfo> {
         if family == Family::Rw {
-            return self.rw_inspect(name);
+            return self.rw_inspect(name).await;
         }
-        const TRIES: u32 = 5;
-        for i in 1..=TRIES {
-            if let Some(info) = self.inspect_once(family, name, i == TRIES)? {
-                return Ok(info);
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        Err(Error::unexpected(
-            KIND,
-            format!("could not read a consistent record for lock `{name}`"),
-        ))
+        let own = (self.table(family).get(name).and_then(|e| e.writer.as_ref())).map(|h| {
+            let value = h.value.as_deref().map(str::to_owned);
+            (HolderInfo::new(&*h.owner, 1).with_value(value), h.token)
+        });
+        let info = LockInfo::new(name);
+        let (holder, token) = match own {
+            Some(own) => own,
+            None => match self
+                .read_lock_record(family, &self.lock_path(family, name))
+                .await?
+            {
+                None => return Ok(info),
+                Some((rec, false)) => return Ok(info.with_fencing_token(rec.token)),
+                Some((rec, true)) => {
+                    let holder = match rec.holder {
+                        Some(h) => HolderInfo::new(h.owner, h.count).with_value(
+                            (family == Family::Election).then(|| rec.value.unwrap_or_default()),
+                        ),
+                        // Locked but no holder line: a process between locking and writing,
+                        // or another backend's waiting thread handing the lock over.
+                        None => HolderInfo::new(
+                            "unknown (another process holds the lock but has not recorded its owner)",
+                            1,
+                        ),
+                    };
+                    (holder, rec.token)
+                }
+            },
+        };
+        Ok(info.with_holders(vec![holder]).with_fencing_token(token))
     }
 
-    /// The state of a mutex or an election, under the table lock for this backend's holder,
-    /// else from the file. `Ok(None)` asks the caller to try again shortly (another process
-    /// is mid-write).
-    fn inspect_once(&self, family: Family, name: &str, last_try: bool) -> Result<Option<LockInfo>> {
-        let election = family == Family::Election;
-        let info = |holder: HolderInfo, token| {
-            LockInfo::new(name)
-                .with_holders(vec![holder])
-                .with_fencing_token(token)
-        };
-        {
-            let table = self.table(family);
-            if let Some(h) = table.get(name).and_then(|e| e.writer.as_ref()) {
-                let value = h.value.as_deref().map(str::to_owned);
-                return Ok(Some(info(
-                    HolderInfo::new(&*h.owner, 1).with_value(value),
-                    h.token,
-                )));
-            }
-        }
-        let path = self.lock_path(family, name);
-        let Some(file) = self.open_existing(&path, false)? else {
-            return Ok(Some(LockInfo::new(name)));
-        };
-        let free = self.try_flock(&file, sys::Mode::Shared, &path)?;
-        let rec = self.read_record(&file, &path);
-        if free {
-            // Writers hold the exclusive lock, so under our shared lock the record is whole.
-            sys::unlock_and_close(file);
-            return Ok(Some(LockInfo::new(name).with_fencing_token(rec?.token)));
-        }
-        // Held by another process, which may be writing the record right now.
-        let rec = match rec {
-            Ok(rec) => rec,
-            Err(e) if last_try => return Err(e),
-            Err(_) => return Ok(None),
-        };
-        let holder = match rec.holder {
-            Some(h) => HolderInfo::new(h.owner, h.count)
-                .with_value(election.then(|| rec.value.unwrap_or_default())),
-            None if !last_try => return Ok(None),
-            // Locked but no holder line: a process between locking and writing, or another
-            // backend's waiting thread handing the lock over.
-            None => HolderInfo::new(
-                "unknown (another process holds the lock but has not recorded its owner)",
-                1,
-            ),
-        };
-        Ok(Some(info(holder, rec.token)))
-    }
-
-    /// A read-write lock's record, read under a shared lock (`None` if the file does not
-    /// exist).
-    pub(crate) fn read_rw_record(&self, name: &str) -> Result<Option<Record>> {
-        let path = self.file(name, RECORD);
-        let Some(file) = self.open_existing(&path, false)? else {
-            return Ok(None);
-        };
-        (self.locked(file, sys::Mode::Shared, &path, |f| {
-            self.read_record(f, &path)
-        }))
-        .map(Some)
+    /// A read-write lock's record (the default when there is no such file).
+    pub(crate) async fn rw_record(&self, name: &str) -> Result<Record> {
+        let path = self.record_path(Family::Rw, name);
+        let rec = self.read_lock_record(Family::Rw, &path).await?;
+        Ok(rec.map(|(rec, _)| rec).unwrap_or_default())
     }
 
     /// The holds of other processes and backends, from the record: lines of live processes;
@@ -122,20 +123,16 @@ impl Inner {
 
     /// True if a process (or backend) other than this one holds either side of read-write
     /// lock `name`.
-    pub(crate) fn rw_held_elsewhere(&self, name: &str) -> Result<bool> {
-        if self
-            .held_elsewhere(&self.lock_path(Family::Rw, name))?
-            .is_some()
-        {
+    pub(crate) async fn rw_held_elsewhere(&self, name: &str) -> Result<bool> {
+        let main = self.lock_path(Family::Rw, name);
+        if self.held_elsewhere(&main)?.is_some() {
             return Ok(true);
         }
-        let Some(rec) = self.read_rw_record(name)? else {
-            return Ok(false);
-        };
+        let rec = self.rw_record(name).await?;
         Ok(!self.foreign_holds(name, &rec, false)?.is_empty())
     }
 
-    fn rw_inspect(&self, name: &str) -> Result<LockInfo> {
+    async fn rw_inspect(&self, name: &str) -> Result<LockInfo> {
         let (mut holds, writing, reading) = match self.table(Family::Rw).get(name) {
             Some(e) => (
                 e.lines(self.instance),
@@ -144,7 +141,7 @@ impl Inner {
             ),
             None => (Vec::new(), false, false),
         };
-        let rec = self.read_rw_record(name)?.unwrap_or_default();
+        let rec = self.rw_record(name).await?;
         if !writing {
             // While this backend writes, nobody else can hold either side.
             holds.extend(self.foreign_holds(name, &rec, reading)?);

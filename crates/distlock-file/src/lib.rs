@@ -254,7 +254,7 @@ impl Backend for FileBackend {
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let (family, side) = check_key(&grant.key)?;
-        self.inner.release(family, side, grant)
+        self.inner.release(family, side, grant).await
     }
 
     /// The lease is the process's lifetime: a renewal only confirms that the grant is still

@@ -9,27 +9,13 @@
 //! advanced under the exclusive lock, as a grant would.
 
 use super::{check_kind, sys, FileBackend, KIND};
-use crate::record::{self, HoldLine, Record};
-use crate::table::{Entry, Family, RECORD};
+use crate::record::{HoldLine, Record};
+use crate::table::{Entry, Family};
 use distlock_core::{
     Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
 };
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::Write;
-use std::path::Path;
-
-/// Reads the record of `path` without locking (a writer may be mid-write: retried a few times;
-/// `None` when it stays unreadable or the file is gone).
-fn peek_record(path: &Path) -> Option<Record> {
-    for _ in 0..5 {
-        let bytes = record::read(&File::open(path).ok()?).ok();
-        if let Some(rec) = bytes.and_then(|b| Record::parse(&b).ok()) {
-            return Some(rec);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    None
-}
 
 #[distlock_core::async_trait]
 impl Operator for FileBackend {
@@ -37,23 +23,34 @@ impl Operator for FileBackend {
         let inner = &self.inner;
         let entries = std::fs::read_dir(&inner.dir)
             .map_err(|e| inner.io_error(format!("cannot read {}", inner.dir.display()), e))?;
-        // The files that carry a lock's record (and so its name), by suffix.
+        // The files that carry a lock's record (and so its name: the file name is its hash).
         let kinds = [
-            (Family::Mutex.suffix(), LockKind::Mutex),
-            (RECORD, LockKind::Write),
-            (Family::Election.suffix(), LockKind::Election),
+            (Family::Mutex, LockKind::Mutex),
+            (Family::Rw, LockKind::Write),
+            (Family::Election, LockKind::Election),
         ];
-        let mut found: Vec<(String, LockKind)> = entries
-            .flatten()
-            .filter_map(|entry| {
-                let file_name = entry.file_name();
-                let suffix = file_name.to_str()?.rsplit_once('.')?.1;
-                let &(_, kind) = kinds.iter().find(|(s, _)| *s == suffix)?;
-                // The record keeps the name (the file name is its hash).
-                let name = peek_record(&entry.path())?.name?;
-                name.starts_with(prefix).then_some((name, kind))
-            })
-            .collect();
+        let mut found: Vec<(String, LockKind)> = Vec::new();
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let suffix = file_name.to_str().and_then(|n| n.rsplit_once('.'));
+            let Some(&(family, kind)) =
+                (kinds.iter()).find(|(f, _)| suffix.is_some_and(|(_, s)| s == f.record_suffix()))
+            else {
+                continue;
+            };
+            // An unreadable record names no lock: skipped.
+            if let Ok(Some((
+                Record {
+                    name: Some(name), ..
+                },
+                _,
+            ))) = inner.read_lock_record(family, &entry.path()).await
+            {
+                if name.starts_with(prefix) {
+                    found.push((name, kind));
+                }
+            }
+        }
         found.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
         found.dedup();
         let mut out = Vec::with_capacity(found.len());
@@ -69,7 +66,7 @@ impl Operator for FileBackend {
         let (family, _) = check_kind(kind)?;
         distlock_core::validate_name(name)?;
         if family == Family::Rw {
-            let rec = inner.read_rw_record(name)?.unwrap_or_default();
+            let rec = inner.rw_record(name).await?;
             if rec.holds.is_empty() {
                 // Free (as far as the record says): nothing to remove. The counter of a
                 // read-write lock is advanced under its own protocol at the next grant.
@@ -82,7 +79,8 @@ impl Operator for FileBackend {
             return Ok(ForceReleased::new(Vec::new(), 0));
         };
         if !inner.try_flock(&file, sys::Mode::Exclusive, &path)? {
-            let holder = peek_record(&path).and_then(|r| r.holder);
+            let rec = inner.read_lock_record(family, &path).await;
+            let holder = rec.ok().flatten().and_then(|(rec, _)| rec.holder);
             return Err(held_error(name, holder.as_slice()));
         }
         // Under the exclusive lock, as a grant to nobody: advance the counter past every

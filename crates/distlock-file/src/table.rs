@@ -53,6 +53,14 @@ impl Family {
             Family::Rw => "rw",
         }
     }
+
+    /// Suffix of the file holding the record (and so the lock's name).
+    pub(crate) fn record_suffix(self) -> &'static str {
+        match self {
+            Family::Rw => RECORD,
+            family => family.suffix(),
+        }
+    }
 }
 
 /// The family of lock kind `kind` and the side its grants take (a mutex or an election is
@@ -225,6 +233,11 @@ impl Inner {
         self.file(name, family.suffix())
     }
 
+    /// The file holding the record of lock `name` of `family`.
+    pub(crate) fn record_path(&self, family: Family, name: &str) -> PathBuf {
+        self.file(name, family.record_suffix())
+    }
+
     /// Writes `entry`, this backend's state of `name`, into the lock's record (under the lock
     /// on the record: for a mutex or an election, the lock itself, so only while held); with
     /// `grant`, the counter is advanced first. Returns the counter.
@@ -276,7 +289,7 @@ impl Inner {
     /// writes, others' write lines while it reads, lines of dead processes). The lock on the
     /// record is held for this read and write only, never while waiting for another lock.
     fn rw_sync(&self, name: &str, entry: &Entry, grant: bool) -> Result<u64> {
-        let path = self.file(name, RECORD);
+        let path = self.record_path(Family::Rw, name);
         let file = self.open_rw(&path)?;
         self.locked(file, sys::Mode::Exclusive, &path, |file| {
             let mut rec = self.read_own_record(file, &path, name, grant)?;
