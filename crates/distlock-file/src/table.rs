@@ -18,7 +18,7 @@
 //!   changed only under its own `LOCK_EX`, which is held for one read and one write and never
 //!   while waiting for anything else, so it cannot take part in a deadlock.
 
-use crate::record::{self, HoldLine, Record, Side};
+use crate::record::{self, HoldLine, Side};
 use crate::{sys, Inner};
 use distlock_core::{AcquireRequest, AttemptId, GrantRef, LockKind, Result};
 use std::collections::HashMap;
@@ -124,8 +124,6 @@ pub(crate) struct Entry {
     /// The backend's descriptor on the lock file while any of its owners holds a side:
     /// `LOCK_EX` while `writer` is set, else `LOCK_SH`.
     pub(crate) main: Option<File>,
-    /// The last fencing token this backend wrote (a mutex's record is rewritten with it).
-    pub(crate) token: u64,
     /// `<hash>.rw-turnstile`, locked `LOCK_EX` on behalf of this backend's waiting writers.
     pub(crate) turnstile: Option<File>,
     /// The lock file locked by a waiting thread (`LOCK_SH` for the read side, after it passed
@@ -238,76 +236,61 @@ impl Inner {
         self.file(name, family.record_suffix())
     }
 
-    /// Writes `entry`, this backend's state of `name`, into the lock's record (under the lock
-    /// on the record: for a mutex or an election, the lock itself, so only while held); with
-    /// `grant`, the counter is advanced first. Returns the counter.
+    /// Writes `entry`, this backend's state of `name`, into the lock's record, under the lock
+    /// on the record; with `grant`, the counter is advanced first. Returns the counter.
+    ///
+    /// A mutex's or an election's record is under the lock itself, so it is written only while
+    /// this backend holds it (else nothing is written, and 0 returned): the counter, the name
+    /// and, while held, the holder line and an election leader's value. A read-write lock's
+    /// record is locked for this read and write only, never while waiting for another lock;
+    /// this backend's `hold` lines are derived from `entry`, and lines that cannot be current
+    /// are dropped (all others' while this backend writes, others' write lines while it
+    /// reads, lines of dead processes).
     pub(crate) fn sync(
         &self,
         family: Family,
         name: &str,
-        entry: &mut Entry,
+        entry: &Entry,
         grant: bool,
     ) -> Result<u64> {
-        if family == Family::Rw {
-            entry.token = self.rw_sync(name, entry, grant)?;
-            return Ok(entry.token);
+        let path = self.record_path(family, name);
+        let update = |file: &File| {
+            let mut rec = self.read_own_record(file, &path, name, grant)?;
+            let writer = entry.writer.as_ref();
+            rec.name = Some(name.to_owned());
+            rec.value = writer.and_then(|h| h.value.as_deref().map(str::to_owned));
+            rec.seq = writer.map_or(0, |h| h.seq);
+            if family == Family::Rw {
+                let me = (std::process::id(), self.instance);
+                let reading = !entry.readers.is_empty();
+                rec.holds.retain(|h| {
+                    (h.pid, h.instance) != me
+                        && writer.is_none()
+                        && !(reading && h.side == Side::Write)
+                        && sys::pid_alive(h.pid)
+                });
+                rec.holds.extend(entry.lines(self.instance));
+            } else {
+                rec.holder = entry.lines(0).into_iter().next();
+            }
+            self.write_record(file, &path, &rec)?;
+            Ok(rec.token)
+        };
+        match &entry.main {
+            _ if family == Family::Rw => {
+                self.locked(self.open_rw(&path)?, sys::Mode::Exclusive, &path, update)
+            }
+            Some(file) => update(file),
+            None => Ok(0),
         }
-        let path = self.lock_path(family, name);
-        let Some(file) = &entry.main else {
-            return Ok(entry.token);
-        };
-        let token = match grant {
-            true => self.read_own_record(file, &path, name, true)?.token,
-            false => entry.token,
-        };
-        // A mutex's or an election's record: the counter, the name and, while this process
-        // holds it, the holder line and an election leader's value.
-        let holder = entry.writer.as_ref();
-        let rec = Record {
-            token,
-            name: Some(name.to_owned()),
-            holder: entry.lines(0).into_iter().next(),
-            holds: Vec::new(),
-            value: holder.and_then(|h| h.value.as_deref().map(str::to_owned)),
-            seq: holder.map_or(0, |h| h.seq),
-        };
-        self.write_record(file, &path, &rec)?;
-        entry.token = token;
-        Ok(token)
     }
 
     /// [`Inner::sync`] for count changes and releases: the lines are informational, so a
     /// failure is logged rather than failing the call.
-    pub(crate) fn sync_best_effort(&self, family: Family, name: &str, entry: &mut Entry) {
+    pub(crate) fn sync_best_effort(&self, family: Family, name: &str, entry: &Entry) {
         if let Err(e) = self.sync(family, name, entry, false) {
             tracing::warn!(name, error = %e, "cannot update the holders in the lock's record");
         }
-    }
-
-    /// A read-write lock's [`Inner::sync`]: this backend's `hold` lines are derived from
-    /// `entry`; lines that cannot be current are dropped (all others' while this backend
-    /// writes, others' write lines while it reads, lines of dead processes). The lock on the
-    /// record is held for this read and write only, never while waiting for another lock.
-    fn rw_sync(&self, name: &str, entry: &Entry, grant: bool) -> Result<u64> {
-        let path = self.record_path(Family::Rw, name);
-        let file = self.open_rw(&path)?;
-        self.locked(file, sys::Mode::Exclusive, &path, |file| {
-            let mut rec = self.read_own_record(file, &path, name, grant)?;
-            let me = (std::process::id(), self.instance);
-            let writing = entry.writer.is_some();
-            let reading = !entry.readers.is_empty();
-            rec.holds.retain(|h| {
-                (h.pid, h.instance) != me
-                    && !writing
-                    && !(reading && h.side == Side::Write)
-                    && sys::pid_alive(h.pid)
-            });
-            rec.holds.extend(entry.lines(self.instance));
-            rec.name = Some(name.to_owned());
-            rec.holder = None;
-            self.write_record(file, &path, &rec)?;
-            Ok(rec.token)
-        })
     }
 
     /// Removes this backend's lines from the records of the read-write locks it still holds
@@ -321,7 +304,7 @@ impl Inner {
             .map(|(n, _)| n.clone())
             .collect();
         for name in names {
-            self.sync_best_effort(Family::Rw, &name, &mut Entry::default());
+            self.sync_best_effort(Family::Rw, &name, &Entry::default());
         }
     }
 }

@@ -18,21 +18,21 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// [`Watch::wait`]'s strategy.
-struct NotifiedWait<'a, A> {
-    watch: &'a Watch,
+/// [`Inner::acquire_wait`]'s strategy: an attempt, then sleep until the name's generation
+/// moves past the one read before the attempt (a release after the attempt changes it).
+struct NotifiedWait<A> {
+    watch: Watch,
     attempt: A,
-    /// The generation before the last attempt: a release after that attempt changes it.
-    seen: Option<u64>,
 }
 
 #[async_trait]
-impl<A> WaitStrategy for NotifiedWait<'_, A>
+impl<A> WaitStrategy for NotifiedWait<A>
 where
     A: FnMut() -> Result<AcquireReply> + Send,
 {
     async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> Result<Attempt> {
-        self.seen = self.watch.generation();
+        let watch = &mut self.watch;
+        watch.seen = watch.generation().unwrap_or(watch.seen);
         // On the lease clock, as every grant's start.
         let requested_at = distlock_core::clock::Instant::now();
         Ok(match (self.attempt)()? {
@@ -43,15 +43,8 @@ where
     }
 
     async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
-        // Registered before the generation is read: a release after the read wakes it.
-        let notified = self.watch.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if self.watch.generation() != self.seen {
-            return Ok(Some(Wake::Released));
-        }
         tokio::select! {
-            _ = notified => Ok(Some(Wake::Released)),
+            r = self.watch.next(false) => r.map(|()| Some(Wake::Released)),
             _ = until.reached() => Ok(None),
         }
     }
@@ -116,22 +109,30 @@ impl Watch {
         self.inner
             .arm(self.family, self.side, entry, &self.name, None)
     }
+
+    /// Waits until the name's generation moves past the one last seen; with `rearm` (a
+    /// watch: a waiter's attempts arm what they need) re-arms before each sleep.
+    async fn next(&mut self, rearm: bool) -> Result<()> {
+        loop {
+            // Created before the generation is read: a release after the read wakes it.
+            let notified = self.notify.notified();
+            let generation = self.generation().unwrap_or(self.seen);
+            if generation != self.seen {
+                self.seen = generation;
+                return Ok(());
+            }
+            if rearm {
+                self.rearm()?;
+            }
+            notified.await;
+        }
+    }
 }
 
 #[async_trait]
 impl ReleaseWatch for Watch {
     async fn changed(&mut self) -> Result<Wake> {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            let generation = self.generation().unwrap_or(self.seen);
-            if generation != self.seen {
-                self.seen = generation;
-                return Ok(Wake::Released);
-            }
-            self.rearm()?;
-            notified.await;
-        }
+        self.next(true).await.map(|()| Wake::Released)
     }
 }
 
@@ -189,11 +190,7 @@ impl Inner {
             first = false;
             r
         };
-        let mut strategy = NotifiedWait {
-            watch: &watch,
-            attempt,
-            seen: None,
-        };
+        let mut strategy = NotifiedWait { watch, attempt };
         let deadline = Deadline::from(deadline);
         wait::run(&mut strategy, deadline, cancel, RetryPolicy::default()).await
     }
