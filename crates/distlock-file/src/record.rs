@@ -135,13 +135,7 @@ impl Record {
             }
             let (key, value) = line.split_once(' ').unwrap_or((line, ""));
             match key {
-                "token" => {
-                    token = Some(
-                        value
-                            .parse::<u64>()
-                            .map_err(|_| format!("its token `{value}` is not a number"))?,
-                    )
-                }
+                "token" => token = Some(number("token", value)?),
                 "name" => rec.name = Some(value.to_owned()),
                 "holder" => {
                     rec.holder = Some(
@@ -150,11 +144,7 @@ impl Record {
                     )
                 }
                 "value" => rec.value = Some(unescape(value)),
-                "seq" => {
-                    rec.seq = value
-                        .parse::<u64>()
-                        .map_err(|_| format!("its seq `{value}` is not a number"))?
-                }
+                "seq" => rec.seq = number("seq", value)?,
                 "hold" => rec.holds.push(
                     (value.split_once(' '))
                         .and_then(|(side, rest)| match side {
@@ -174,6 +164,10 @@ impl Record {
         rec.token = token.ok_or_else(|| "it has no `token` line".to_owned())?;
         Ok(rec)
     }
+}
+
+fn number(what: &str, value: &str) -> Result<u64, String> {
+    (value.parse()).map_err(|_| format!("its {what} `{value}` is not a number"))
 }
 
 /// An election value on one line: `\` as `\\`, line feed as `\n`, carriage return as `\r`.
@@ -379,26 +373,22 @@ mod tests {
             assert_eq!(reparsed(&rec), Ok(rec), "{v:?}");
         }
         assert_eq!(unescape("a\\xb\\"), "a\\xb\\");
-        assert!(Record::parse(b"distlock-file 1\ntoken 1\nseq x\nend\n")
-            .unwrap_err()
-            .contains("seq"));
     }
 
     #[test]
     fn corrupt() {
-        assert!(Record::parse(b"hello").unwrap_err().contains("first line"));
-        assert!(Record::parse(b"distlock-file 1\ntoken x\nend\n")
-            .unwrap_err()
-            .contains("not a number"));
-        assert!(Record::parse(b"distlock-file 1\ntoken 3\n")
-            .unwrap_err()
-            .contains("truncated"));
-        assert!(Record::parse(b"distlock-file 1\nend\n")
-            .unwrap_err()
-            .contains("no `token`"));
-        assert!(Record::parse(b"distlock-file 1\ntoken 1\nholder x\nend\n")
-            .unwrap_err()
-            .contains("holder"));
-        assert!(Record::parse(&[0xff, 0xfe]).unwrap_err().contains("UTF-8"));
+        let record = |body: &str| format!("distlock-file 1\n{body}end\n").into_bytes();
+        for (bytes, why) in [
+            (b"hello".to_vec(), "first line"),
+            (record("token x\n"), "not a number"),
+            (b"distlock-file 1\ntoken 3\n".to_vec(), "truncated"),
+            (record(""), "no `token`"),
+            (record("token 1\nholder x\n"), "holder"),
+            (record("token 1\nseq x\n"), "seq"),
+            (vec![0xff, 0xfe], "UTF-8"),
+        ] {
+            let e = Record::parse(&bytes).unwrap_err();
+            assert!(e.contains(why), "{why}: {e}");
+        }
     }
 }
