@@ -3,7 +3,7 @@
 //! lock with no readers and no turnstile.
 
 use crate::record::Side;
-use crate::table::{downgrade_of, remove_if_idle, Entry, Family, Hold, TURNSTILE};
+use crate::table::{downgrade_of, remove_if_idle, slot, Entry, Family, Hold, TURNSTILE};
 use crate::{sys, Inner};
 use distlock_core::{
     AcquireReply, AcquireRequest, Error, GrantRef, HoldKey, ReleaseOutcome, RenewOutcome, Result,
@@ -215,7 +215,7 @@ impl Inner {
                 // while this writer holds the lock may pass it (they wait for this writer
                 // on the lock itself); the other writers queue again when it releases. So a
                 // chain of writers cannot keep readers out for ever.
-                if let Some(ts) = entry.turnstile.take_if(|_| side == Side::Write) {
+                if let Some(ts) = entry.parked[slot(None)].take_if(|_| side == Side::Write) {
                     sys::unlock_and_close(ts);
                 }
                 Ok(AcquireReply::Granted { token })

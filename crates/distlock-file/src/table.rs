@@ -1,22 +1,9 @@
-//! What a backend knows about each lock name: one table per family of lock files, one
-//! [`Entry`] type for all of them. See docs/file-backend.md, sections *The hold protocol*,
-//! *Why this is a mutex* and *Read-write locks*.
-//!
-//! A mutex is one file, `<hash>.lock`, whose `flock(LOCK_EX)` is the lock and whose record
-//! carries the fencing counter; an election is the same on `<hash>.election`, its record also
-//! carrying the leader's value (see `crate::election`). Both are taken as the write side of
-//! a lock with no readers. A read-write lock has three files, next to the mutex's (which they
-//! never touch):
-//! - `<hash>.rw`: the lock. Readers hold `LOCK_SH` on it, a writer `LOCK_EX`. A backend keeps
-//!   one descriptor on it for all its holders ([`Entry::main`]): exclusive while one of its
-//!   owners writes, shared while its owners only read.
-//! - `<hash>.rw-turnstile`: a writer that has to wait holds `LOCK_EX` on it until it has the
-//!   lock; a reader that does not hold the read side yet must get `LOCK_SH` on it before it
-//!   may take `<hash>.rw` (and lets it go right after). So once a writer waits, new readers
-//!   wait behind it.
-//! - `<hash>.rw-record`: the fencing counter, the name and one `hold` line per holder;
-//!   changed only under its own `LOCK_EX`, which is held for one read and one write and never
-//!   while waiting for anything else, so it cannot take part in a deadlock.
+//! What a backend knows about each lock name: one table per [`Family`] of lock files, one
+//! [`Entry`] type for all of them. The files and the safety argument: docs/file-backend.md,
+//! sections *URLs and files*, *Why this is a mutex* and *Read-write locks*. A mutex or an
+//! election is taken as the write side of a lock with no readers. A read-write lock's record
+//! (`<hash>.rw-record`) is changed only under its own `LOCK_EX`, held for one read and one
+//! write and never while waiting for anything else, so it cannot take part in a deadlock.
 
 use crate::record::{self, HoldLine, Side};
 use crate::{sys, Inner};
@@ -113,6 +100,12 @@ pub(crate) fn downgrade_of(req: &AcquireRequest, writer: &Hold) -> bool {
     })
 }
 
+/// The index in [`Entry::parked`] and [`Entry::threads`] of the waiting thread for side
+/// `thread`, or (`None`) for the turnstile.
+pub(crate) fn slot(thread: Option<Side>) -> usize {
+    thread.map_or(2, |side| side as usize)
+}
+
 /// What this backend knows about one lock name. Removed when idle.
 #[derive(Default)]
 pub(crate) struct Entry {
@@ -124,20 +117,17 @@ pub(crate) struct Entry {
     /// The backend's descriptor on the lock file while any of its owners holds a side:
     /// `LOCK_EX` while `writer` is set, else `LOCK_SH`.
     pub(crate) main: Option<File>,
-    /// `<hash>.rw-turnstile`, locked `LOCK_EX` on behalf of this backend's waiting writers.
-    pub(crate) turnstile: Option<File>,
-    /// The lock file locked by a waiting thread (`LOCK_SH` for the read side, after it passed
-    /// the turnstile; `LOCK_EX` for the write side), not claimed by a waiter of that side yet.
-    pub(crate) parked: [Option<File>; 2],
-    /// `acquire_wait` calls in progress, by side (`Side as usize`, as the arrays around).
+    /// What the waiting threads got and no waiter claimed yet, by [`slot`]: the lock file
+    /// (`LOCK_SH` for the read side, after passing the turnstile; `LOCK_EX` for the write
+    /// side), and `<hash>.rw-turnstile` (`LOCK_EX`, held for this backend's waiting writers).
+    pub(crate) parked: [Option<File>; 3],
+    /// `acquire_wait` calls in progress, by side (`Side as usize`).
     pub(crate) waiters: [usize; 2],
     /// Live watches, by side.
     pub(crate) watchers: [usize; 2],
-    /// A thread blocks in `flock` for a side: `LOCK_SH` on the turnstile and/or the lock file
-    /// (read), `LOCK_EX` on the lock file (write).
-    pub(crate) threads: [bool; 2],
-    /// A thread blocks for `LOCK_EX` on the turnstile.
-    pub(crate) turnstile_thread: bool,
+    /// A thread blocks in `flock` for a slot: `LOCK_SH` on the turnstile and/or the lock file
+    /// (read), `LOCK_EX` on the lock file (write), `LOCK_EX` on the turnstile.
+    pub(crate) threads: [bool; 3],
     /// A waiting thread's `flock` failed; the next waiter or watch reports it.
     pub(crate) kernel_error: Option<io::Error>,
     /// Bumped (and `notify` woken) on every release, hand-over or waiting-thread event.
@@ -161,11 +151,15 @@ impl Entry {
     fn idle(&self) -> bool {
         !self.held()
             && self.main.is_none()
-            && self.turnstile.is_none()
             && self.parked.iter().all(Option::is_none)
             && self.interested() == 0
             && !self.threads.contains(&true)
-            && !self.turnstile_thread
+    }
+
+    /// A waiting thread runs, or has parked its lock, for side `thread` (`None`: the
+    /// turnstile).
+    pub(crate) fn waiting(&self, thread: Option<Side>) -> bool {
+        self.threads[slot(thread)] || self.parked[slot(thread)].is_some()
     }
 
     pub(crate) fn interested(&self) -> usize {

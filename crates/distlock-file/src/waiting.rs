@@ -4,7 +4,7 @@
 //! read-write lock's turnstile — and park what they get for the waiters of their side.
 
 use crate::record::Side;
-use crate::table::{remove_if_idle, Entry, Family, TURNSTILE};
+use crate::table::{remove_if_idle, slot, Entry, Family, TURNSTILE};
 use crate::{sys, Inner};
 use distlock_core::backend::{
     async_trait, wait, AcquireReply, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
@@ -154,7 +154,7 @@ impl Drop for Watch {
         if !self.watcher && entry.waiters[self.side as usize] == 0 {
             // The last waiter of this side gave up: nobody will claim the parked lock; for
             // the last writer, let new readers in again.
-            let ts = entry.turnstile.take_if(|_| self.side == Side::Write);
+            let ts = entry.parked[slot(None)].take_if(|_| self.side == Side::Write);
             let parked = entry.parked[self.side as usize].take();
             let any = ts.is_some() || parked.is_some();
             ts.into_iter().chain(parked).for_each(sys::unlock_and_close);
@@ -214,17 +214,16 @@ impl Inner {
         name: &Arc<str>,
         main: Option<File>,
     ) -> Result<()> {
-        if family == Family::Rw && entry.turnstile.is_none() && !entry.turnstile_thread {
+        if family == Family::Rw && !entry.waiting(None) {
             let path = self.file(name, TURNSTILE);
             let ts = self.open_rw(&path)?;
             if self.try_flock(&ts, sys::Mode::Exclusive, &path)? {
-                entry.turnstile = Some(ts);
+                entry.parked[slot(None)] = Some(ts);
             } else {
                 // Another writer waits (or a reader is passing): queue behind it.
-                self.spawn_waiter(family, None, name, move || {
+                self.spawn_waiter(family, None, entry, name, move || {
                     sys::lock_blocking(&ts, sys::Mode::Exclusive).map(|()| ts)
                 })?;
-                entry.turnstile_thread = true;
             }
         }
         self.arm(family, Side::Write, entry, name, main)
@@ -243,7 +242,7 @@ impl Inner {
         name: &Arc<str>,
         main: Option<File>,
     ) -> Result<()> {
-        if entry.threads[side as usize] || entry.parked[side as usize].is_some() {
+        if entry.waiting(Some(side)) {
             return Ok(());
         }
         let (ts, mode) = match side {
@@ -258,27 +257,25 @@ impl Inner {
             Some(f) => f,
             None => self.open_rw(&self.lock_path(family, name))?,
         };
-        self.spawn_waiter(family, Some(side), name, move || {
+        self.spawn_waiter(family, Some(side), entry, name, move || {
             if let Some(ts) = ts {
                 sys::lock_blocking(&ts, sys::Mode::Shared)?;
                 sys::unlock_and_close(ts);
             }
             sys::lock_blocking(&f, mode).map(|()| f)
-        })?;
-        // The thread reports under the table lock, which we hold: it sees this flag set.
-        entry.threads[side as usize] = true;
-        Ok(())
+        })
     }
 
     /// Starts the waiting thread of side `thread` of `name` (`None`: of the turnstile), which
     /// blocks in `block` and returns the descriptor it locked; [`waited`] then gets the
-    /// outcome. The thread keeps only a weak reference to the backend while it blocks, so that
+    /// outcome (under the table lock, which the caller holds: it sees the thread's flag set). The thread keeps only a weak reference to the backend while it blocks, so that
     /// it does not keep a dropped backend alive; if the backend is gone, the lock it got is
     /// given back at once.
     fn spawn_waiter(
         self: &Arc<Self>,
         family: Family,
         thread: Option<Side>,
+        entry: &mut Entry,
         name: &Arc<str>,
         block: impl FnOnce() -> io::Result<File> + Send + 'static,
     ) -> Result<()> {
@@ -293,7 +290,9 @@ impl Inner {
                     }
                 }
             }
-        })
+        })?;
+        entry.threads[slot(thread)] = true;
+        Ok(())
     }
 }
 
@@ -315,16 +314,10 @@ fn waited(
         Some(Side::Write) => waiting && !entry.held(),
         Some(Side::Read) => waiting && entry.writer.is_none(),
     };
-    let (running, slot) = match thread {
-        None => (&mut entry.turnstile_thread, &mut entry.turnstile),
-        Some(side) => (
-            &mut entry.threads[side as usize],
-            &mut entry.parked[side as usize],
-        ),
-    };
-    *running = false;
+    entry.threads[slot(thread)] = false;
+    let parked = &mut entry.parked[slot(thread)];
     match res {
-        Ok(file) if wanted && slot.is_none() => *slot = Some(file),
+        Ok(file) if wanted && parked.is_none() => *parked = Some(file),
         Ok(file) => sys::unlock_and_close(file),
         Err(e) => {
             tracing::warn!(name = %name, error = %e, "waiting for the lock file failed");
