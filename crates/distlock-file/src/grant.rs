@@ -14,10 +14,26 @@ use std::sync::Arc;
 
 const HELD: AcquireReply = AcquireReply::Held { ttl: None };
 
+/// What [`Inner::next_lock`] found.
+enum Step {
+    /// A descriptor on the lock file, locked for the side asked.
+    Lock(File),
+    /// The grant is covered by the lock this backend holds already.
+    Join,
+    /// Held: wait (on this descriptor, if any).
+    Wait(Option<File>),
+}
+
 impl Inner {
     /// One non-blocking attempt, under the table lock. With `arm` (a waiter), a failed attempt
     /// queues: starts the waiting threads it needs. `first` is false for the later attempts
-    /// of one wait (see [`Inner::try_write`] on upgrades).
+    /// of one wait (upgrades, below).
+    ///
+    /// An owner that reads (in this backend) and asks for the write side is refused at once:
+    /// two readers upgrading would wait for each other for ever. The check is by owner id (the
+    /// request names no read grant), which can only refuse, never grant; and only on the first
+    /// attempt of a wait: a writer that was already waiting when a read grant of its owner came
+    /// through (another task of the same handle) waits on for it, as for any reader.
     pub(crate) fn try_acquire(
         self: &Arc<Self>,
         family: Family,
@@ -28,124 +44,38 @@ impl Inner {
     ) -> Result<AcquireReply> {
         let mut table = self.table(family);
         let entry = table.entry(req.key.name.clone()).or_default();
-        let r = match side {
-            Side::Read => self.try_read(entry, req, arm),
-            Side::Write => self.try_write(family, entry, req, arm, first),
-        };
+        let r = self.try_in(family, side, entry, req, arm, first);
         remove_if_idle(&mut table, &req.key.name);
         r
     }
 
-    /// The read side of a read-write lock.
-    fn try_read(
-        self: &Arc<Self>,
-        entry: &mut Entry,
-        req: &AcquireRequest,
-        arm: bool,
-    ) -> Result<AcquireReply> {
-        let key = &req.key;
-        // A retry of an attempt that reads already: the same grant.
-        if let Some(h) = entry.readers.iter().find(|h| h.attempt == req.attempt) {
-            return Ok(AcquireReply::Granted { token: h.token });
-        }
-        if arm {
-            self.kernel_error(Family::Rw, &key.name, entry)?;
-        }
-        if let Some(w) = &entry.writer {
-            if downgrade_of(req, w) {
-                // A downgrade: the request names this very write grant, whose exclusive lock
-                // covers the read side. (Never for the owner id alone: another client with
-                // the same owner id is another holder.)
-                return self.add(Family::Rw, Side::Read, entry, req, None);
-            }
-            if arm {
-                self.arm(Family::Rw, Side::Read, entry, &key.name, None)?;
-            }
-            return Ok(HELD);
-        }
-        let main_path = self.lock_path(Family::Rw, &key.name);
-        for _ in 0..3 {
-            let f = match entry.parked[Side::Read as usize].take() {
-                // The read thread passed the turnstile before it blocked: its lock is ours.
-                Some(f) if entry.main.is_some() => {
-                    sys::unlock_and_close(f);
-                    return self.add(Family::Rw, Side::Read, entry, req, None);
-                }
-                Some(f) => f,
-                None => {
-                    // A new reader passes the turnstile first: it cannot while a writer waits.
-                    let ts_path = self.file(&key.name, TURNSTILE);
-                    let ts = self.open_rw(&ts_path)?;
-                    if !self.try_flock(&ts, sys::Mode::Shared, &ts_path)? {
-                        drop(ts);
-                        if arm {
-                            self.arm(Family::Rw, Side::Read, entry, &key.name, None)?;
-                        }
-                        return Ok(HELD);
-                    }
-                    if entry.main.is_some() {
-                        // Other owners of this backend read: join them.
-                        sys::unlock_and_close(ts);
-                        return self.add(Family::Rw, Side::Read, entry, req, None);
-                    }
-                    let locked = self
-                        .open_rw(&main_path)
-                        .and_then(|f| Ok((self.try_flock(&f, sys::Mode::Shared, &main_path)?, f)));
-                    sys::unlock_and_close(ts);
-                    match locked? {
-                        (true, f) => f,
-                        (false, f) => {
-                            // A writer holds the lock. We passed the turnstile, so we wait
-                            // ahead of any writer that starts waiting from now on: block on
-                            // the lock file directly.
-                            if arm {
-                                self.arm(Family::Rw, Side::Read, entry, &key.name, Some(f))?;
-                            }
-                            return Ok(HELD);
-                        }
-                    }
-                }
-            };
-            match self.check_main(f, Family::Rw, &key.name, entry)? {
-                Some(f) => return self.add(Family::Rw, Side::Read, entry, req, Some(f)),
-                None => continue,
-            }
-        }
-        Err(self.replaced_too_often(&main_path))
-    }
-
-    /// The write side (a mutex, an election). An owner that reads (in this backend) and asks
-    /// for the write side is refused at once: two readers upgrading would wait for each other
-    /// for ever. The check is by owner id (the request names no read grant), which can only
-    /// refuse, never grant; and only on the first attempt of a wait: a writer that was already
-    /// waiting when a read grant of its owner came through (another task of the same handle)
-    /// waits on for it, as for any reader.
-    fn try_write(
+    fn try_in(
         self: &Arc<Self>,
         family: Family,
+        side: Side,
         entry: &mut Entry,
         req: &AcquireRequest,
         arm: bool,
         first: bool,
     ) -> Result<AcquireReply> {
         let key = &req.key;
-        if let Some(w) = &entry.writer {
-            if w.attempt == req.attempt {
-                // A retry of the attempt that holds the lock: the same grant. The lease is the
-                // process's lifetime, so there is nothing to lengthen.
-                return Ok(AcquireReply::Granted { token: w.token });
-            }
-            if family != Family::Rw {
+        // A retry of an attempt that holds this side: the same grant. The lease is the
+        // process's lifetime, so there is nothing to lengthen.
+        if let Some(h) = entry.holds(side).iter().find(|h| h.attempt == req.attempt) {
+            return Ok(AcquireReply::Granted { token: h.token });
+        }
+        if side == Side::Write {
+            if family != Family::Rw && entry.writer.is_some() {
                 // Any other attempt, even of the same owner id, is another holder; its
                 // release wakes this backend's waiters.
                 return Ok(HELD);
             }
-        }
-        if first && entry.readers.iter().any(|h| h.owner == key.owner) {
-            return Err(Error::invalid(format!(
-                "owner `{}` holds the read side of read-write lock `{}` and asked for the write side: upgrades are refused (two readers upgrading would wait for each other forever); release the read side first",
-                key.owner, key.name
-            )));
+            if first && entry.readers.iter().any(|h| h.owner == key.owner) {
+                return Err(Error::invalid(format!(
+                    "owner `{}` holds the read side of read-write lock `{}` and asked for the write side: upgrades are refused (two readers upgrading would wait for each other forever); release the read side first",
+                    key.owner, key.name
+                )));
+            }
         }
         if arm {
             self.kernel_error(family, &key.name, entry)?;
@@ -153,32 +83,90 @@ impl Inner {
         let main_path = self.lock_path(family, &key.name);
         // A few rounds in case the file is deleted or replaced while we lock it.
         for _ in 0..3 {
-            let f = match entry.parked[Side::Write as usize].take() {
-                Some(f) => f,
-                None => {
-                    // No descriptor to try (and none to wait on) while other owners of this
-                    // backend hold a side: their release wakes the waiters.
-                    let f = (!entry.held())
-                        .then(|| self.open_rw(&main_path))
-                        .transpose()?;
-                    match f {
-                        Some(f) if self.try_flock(&f, sys::Mode::Exclusive, &main_path)? => f,
-                        f => {
-                            if arm {
-                                // Wait on this very descriptor, if there is one.
-                                self.queue_writer(family, entry, &key.name, f)?;
-                            }
-                            return Ok(HELD);
-                        }
+            let f = match self.next_lock(family, side, entry, req)? {
+                Step::Lock(f) => f,
+                Step::Join => return self.add(family, side, entry, req, None),
+                Step::Wait(f) if arm => {
+                    match side {
+                        Side::Read => self.arm(family, side, entry, &key.name, f)?,
+                        Side::Write => self.queue_writer(family, entry, &key.name, f)?,
                     }
+                    return Ok(HELD);
                 }
+                Step::Wait(_) => return Ok(HELD),
             };
             match self.check_main(f, family, &key.name, entry)? {
-                Some(f) => return self.add(family, Side::Write, entry, req, Some(f)),
+                Some(f) => return self.add(family, side, entry, req, Some(f)),
                 None => continue,
             }
         }
         Err(self.replaced_too_often(&main_path))
+    }
+
+    /// The next step of an attempt at side `side`: a descriptor on the lock file, locked
+    /// (parked by a waiting thread, or locked now without waiting); a grant covered by this
+    /// backend's lock; or the lock is held, and the descriptor to wait on, if any.
+    fn next_lock(
+        &self,
+        family: Family,
+        side: Side,
+        entry: &mut Entry,
+        req: &AcquireRequest,
+    ) -> Result<Step> {
+        let main_path = self.lock_path(family, &req.key.name);
+        if side == Side::Write {
+            // No descriptor to try (and none to wait on) while other owners of this backend
+            // hold a side: their release wakes the waiters.
+            let f = match entry.parked[side as usize].take() {
+                Some(f) => return Ok(Step::Lock(f)),
+                None => (!entry.held())
+                    .then(|| self.open_rw(&main_path))
+                    .transpose()?,
+            };
+            return Ok(match f {
+                Some(f) if self.try_flock(&f, sys::Mode::Exclusive, &main_path)? => Step::Lock(f),
+                f => Step::Wait(f),
+            });
+        }
+        if let Some(w) = &entry.writer {
+            // A downgrade: the request names this very write grant, whose exclusive lock
+            // covers the read side. (Never for the owner id alone: another client with the
+            // same owner id is another holder.)
+            return Ok(match downgrade_of(req, w) {
+                true => Step::Join,
+                false => Step::Wait(None),
+            });
+        }
+        match entry.parked[side as usize].take() {
+            // The read thread passed the turnstile before it blocked: its lock is ours (or,
+            // while other owners of this backend read, theirs covers us).
+            Some(f) if entry.main.is_some() => {
+                sys::unlock_and_close(f);
+                return Ok(Step::Join);
+            }
+            Some(f) => return Ok(Step::Lock(f)),
+            None => {}
+        }
+        // A new reader passes the turnstile first: it cannot while a writer waits.
+        let ts_path = self.file(&req.key.name, TURNSTILE);
+        let ts = self.open_rw(&ts_path)?;
+        if !self.try_flock(&ts, sys::Mode::Shared, &ts_path)? {
+            return Ok(Step::Wait(None));
+        }
+        if entry.main.is_some() {
+            // Other owners of this backend read: join them.
+            sys::unlock_and_close(ts);
+            return Ok(Step::Join);
+        }
+        let locked = (self.open_rw(&main_path))
+            .and_then(|f| Ok((self.try_flock(&f, sys::Mode::Shared, &main_path)?, f)));
+        sys::unlock_and_close(ts);
+        // If a writer holds the lock: we passed the turnstile, so we wait ahead of any writer
+        // that starts waiting from now on, blocking on the lock file directly.
+        Ok(match locked? {
+            (true, f) => Step::Lock(f),
+            (false, f) => Step::Wait(Some(f)),
+        })
     }
 
     /// Records a new hold of `side` (taking `main` as the backend's lock if given: for the
