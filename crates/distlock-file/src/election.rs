@@ -15,6 +15,7 @@
 //!
 //! Threads, not tokio's reactor: the watch works on any tokio runtime, I/O driver or not.
 
+use crate::record::Side;
 use crate::table::{Entry, Family};
 use crate::{sys, waiting, Inner};
 use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
@@ -61,7 +62,10 @@ impl Inner {
         seq: u64,
         value: &str,
     ) -> Result<()> {
-        let Some(h) = entry.writer.as_mut().filter(|h| seq > h.seq) else {
+        let Some(h) = entry.grants[Side::Write as usize]
+            .first_mut()
+            .filter(|h| seq > h.seq)
+        else {
             return Ok(());
         };
         let last = (
@@ -70,7 +74,7 @@ impl Inner {
         );
         // Written under our exclusive lock; the table keeps the last value written.
         let written = self.sync(Family::Election, name, entry, false);
-        if let (Err(_), Some(h)) = (&written, entry.writer.as_mut()) {
+        if let (Err(_), Some(h)) = (&written, entry.grants[Side::Write as usize].first_mut()) {
             (h.value, h.seq) = last;
         }
         written.map(drop)

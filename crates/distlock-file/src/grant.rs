@@ -65,12 +65,12 @@ impl Inner {
             return Ok(AcquireReply::Granted { token: h.token });
         }
         if side == Side::Write {
-            if family != Family::Rw && entry.writer.is_some() {
+            if family != Family::Rw && entry.writer().is_some() {
                 // Any other attempt, even of the same owner id, is another holder; its
                 // release wakes this backend's waiters.
                 return Ok(HELD);
             }
-            if first && entry.readers.iter().any(|h| h.owner == key.owner) {
+            if first && entry.holds(Side::Read).iter().any(|h| h.owner == key.owner) {
                 return Err(Error::invalid(format!(
                     "owner `{}` holds the read side of read-write lock `{}` and asked for the write side: upgrades are refused (two readers upgrading would wait for each other forever); release the read side first",
                     key.owner, key.name
@@ -128,7 +128,7 @@ impl Inner {
                 f => Step::Wait(f),
             });
         }
-        if let Some(w) = &entry.writer {
+        if let Some(w) = entry.writer() {
             // A downgrade: the request names this very write grant, whose exclusive lock
             // covers the read side. (Never for the owner id alone: another client with the
             // same owner id is another holder.)
@@ -185,17 +185,10 @@ impl Inner {
             sys::unlock_and_close(old);
         }
         let hold = Hold::new(req, family);
-        match side {
-            Side::Read => entry.readers.push(hold),
-            Side::Write => entry.writer = Some(hold),
-        }
+        entry.grants[side as usize].push(hold);
         match self.sync(family, &req.key.name, entry, true) {
             Ok(token) => {
-                let hold = match side {
-                    Side::Read => entry.readers.last_mut(),
-                    Side::Write => entry.writer.as_mut(),
-                };
-                if let Some(h) = hold {
+                if let Some(h) = entry.grants[side as usize].last_mut() {
                     h.token = token;
                 }
                 // The turnstile kept new readers out while our writers waited. Give it back
@@ -209,10 +202,7 @@ impl Inner {
                 Ok(AcquireReply::Granted { token })
             }
             Err(e) => {
-                match side {
-                    Side::Read => drop(entry.readers.pop()),
-                    Side::Write => entry.writer = None,
-                }
+                entry.grants[side as usize].pop();
                 entry.unlock_if_unheld();
                 // Other waiters may have been counting on the lock this process had.
                 entry.bump();
@@ -260,11 +250,11 @@ impl Inner {
                 }
                 let taken = match side {
                     // Other readers share the lock; only a writer takes it from a reader.
-                    Side::Read => entry.writer.is_some(),
+                    Side::Read => entry.writer().is_some(),
                     // The owner's own read grants (a downgrade it kept) took nothing from it.
                     Side::Write => {
-                        entry.writer.is_some()
-                            || entry.readers.iter().any(|h| h.owner != grant.key.owner)
+                        entry.writer().is_some()
+                            || (entry.holds(Side::Read).iter()).any(|h| h.owner != grant.key.owner)
                     }
                 };
                 if taken {
@@ -307,7 +297,8 @@ impl Inner {
 
     /// Releases the grant of `side` that `which` picks, if there is one: the record first,
     /// then the lock (a hold listed is never gone yet), then the waiters are woken. True if
-    /// it released one.
+    /// it released one. The read grants made beside a write grant (downgrades) keep the lock,
+    /// now shared.
     fn release_in(
         &self,
         family: Family,
@@ -316,42 +307,29 @@ impl Inner {
         side: Side,
         which: impl Fn(&Hold) -> bool,
     ) -> bool {
-        let found = match side {
-            Side::Read => (entry.readers.iter().position(&which))
-                .map(|i| entry.readers.remove(i))
-                .is_some(),
-            Side::Write => entry.writer.as_ref().is_some_and(&which),
+        let grants = &mut entry.grants[side as usize];
+        let Some(i) = grants.iter().position(which) else {
+            return false;
         };
-        if found && side == Side::Write {
-            Self::release_write(entry, key);
-        }
-        if found {
-            self.sync_best_effort(family, &key.name, entry);
-            entry.unlock_if_unheld();
-            entry.bump();
-        }
-        found
-    }
-
-    /// Drops the write grant; the read grants made beside it (downgrades) keep the lock, now
-    /// shared.
-    fn release_write(entry: &mut Entry, key: &HoldKey) {
-        entry.writer = None;
-        if let (false, Some(main)) = (entry.readers.is_empty(), &entry.main) {
+        grants.remove(i);
+        if let (Side::Write, false, Some(main)) =
+            (side, entry.holds(Side::Read).is_empty(), &entry.main)
+        {
             // The writer keeps reading: convert the exclusive lock to a shared one. Linux
             // converts in place, under the file's lock list spinlock, so no waiting writer can
             // slip in between; where the conversion fails, the read hold is given up and its
             // next renewal reports it lost.
-            match sys::try_lock(main, sys::Mode::Shared) {
-                Ok(true) => {}
-                res => {
-                    tracing::warn!(name = %key.name, owner = %key.owner, result = ?res,
-                        "could not keep the read side after releasing the write side; the read hold is lost");
-                    entry.readers.clear();
-                    entry.unlock_if_unheld();
-                }
+            let res = sys::try_lock(main, sys::Mode::Shared);
+            if !matches!(res, Ok(true)) {
+                tracing::warn!(name = %key.name, owner = %key.owner, result = ?res,
+                    "could not keep the read side after releasing the write side; the read hold is lost");
+                entry.grants[Side::Read as usize].clear();
             }
         }
+        self.sync_best_effort(family, &key.name, entry);
+        entry.unlock_if_unheld();
+        entry.bump();
+        true
     }
 
     /// The lease is the process's lifetime: a renewal only confirms that the grant is still
@@ -387,7 +365,7 @@ impl Inner {
         tracing::warn!(name = %key.name, path = %path.display(),
             "the lock file was deleted or replaced while held; every hold on it is lost");
         // Every hold is dropped: renewals report them lost.
-        (entry.writer, entry.readers) = (None, Vec::new());
+        entry.grants = Default::default();
         entry.unlock_if_unheld();
         entry.bump();
         // A mutex's record went with its file; a read-write lock's loses our lines.

@@ -3,7 +3,7 @@
 //! `hold` lines, checked against live processes and the lock itself).
 
 use crate::record::{HoldLine, Record, Side};
-use crate::table::Family;
+use crate::table::{Entry, Family};
 use crate::{sys, Inner};
 use distlock_core::{HolderInfo, LockInfo, LockKind, Result};
 use std::path::Path;
@@ -54,7 +54,7 @@ impl Inner {
         if family == Family::Rw {
             return self.rw_inspect(name).await;
         }
-        let own = (self.table(family).get(name).and_then(|e| e.writer.as_ref())).map(|h| {
+        let own = (self.table(family).get(name).and_then(Entry::writer)).map(|h| {
             let value = h.value.as_deref().map(str::to_owned);
             (HolderInfo::new(&*h.owner, 1).with_value(value), h.token)
         });
@@ -136,8 +136,8 @@ impl Inner {
         let (mut holds, writing, reading) = match self.table(Family::Rw).get(name) {
             Some(e) => (
                 e.lines(self.instance),
-                e.writer.is_some(),
-                !e.readers.is_empty(),
+                e.writer().is_some(),
+                !e.holds(Side::Read).is_empty(),
             ),
             None => (Vec::new(), false, false),
         };

@@ -109,11 +109,10 @@ pub(crate) fn slot(thread: Option<Side>) -> usize {
 /// What this backend knows about one lock name. Removed when idle.
 #[derive(Default)]
 pub(crate) struct Entry {
-    /// This backend's grant of the write side (a mutex's or an election's holder).
-    pub(crate) writer: Option<Hold>,
-    /// This backend's grants of the read side (while `writer` is set, only grants made beside
-    /// it to requests that named it: downgrades).
-    pub(crate) readers: Vec<Hold>,
+    /// This backend's grants, by side (`Side as usize`, as the arrays below): of the write
+    /// side at most one (a mutex's or an election's holder); of the read side, while there is
+    /// a writer, only grants made beside it to requests that named it (downgrades).
+    pub(crate) grants: [Vec<Hold>; 2],
     /// The backend's descriptor on the lock file while any of its owners holds a side:
     /// `LOCK_EX` while `writer` is set, else `LOCK_SH`.
     pub(crate) main: Option<File>,
@@ -121,7 +120,7 @@ pub(crate) struct Entry {
     /// (`LOCK_SH` for the read side, after passing the turnstile; `LOCK_EX` for the write
     /// side), and `<hash>.rw-turnstile` (`LOCK_EX`, held for this backend's waiting writers).
     pub(crate) parked: [Option<File>; 3],
-    /// `acquire_wait` calls in progress, by side (`Side as usize`).
+    /// `acquire_wait` calls in progress, by side.
     pub(crate) waiters: [usize; 2],
     /// Live watches, by side.
     pub(crate) watchers: [usize; 2],
@@ -138,14 +137,16 @@ pub(crate) struct Entry {
 impl Entry {
     /// This backend's grants of side `side`.
     pub(crate) fn holds(&self, side: Side) -> &[Hold] {
-        match side {
-            Side::Read => &self.readers,
-            Side::Write => self.writer.as_slice(),
-        }
+        &self.grants[side as usize]
+    }
+
+    /// This backend's grant of the write side.
+    pub(crate) fn writer(&self) -> Option<&Hold> {
+        self.holds(Side::Write).first()
     }
 
     pub(crate) fn held(&self) -> bool {
-        self.writer.is_some() || !self.readers.is_empty()
+        self.grants.iter().any(|g| !g.is_empty())
     }
 
     fn idle(&self) -> bool {
@@ -250,13 +251,13 @@ impl Inner {
         let path = self.record_path(family, name);
         let update = |file: &File| {
             let mut rec = self.read_own_record(file, &path, name, grant)?;
-            let writer = entry.writer.as_ref();
+            let writer = entry.writer();
             rec.name = Some(name.to_owned());
             rec.value = writer.and_then(|h| h.value.as_deref().map(str::to_owned));
             rec.seq = writer.map_or(0, |h| h.seq);
             if family == Family::Rw {
                 let me = (std::process::id(), self.instance);
-                let reading = !entry.readers.is_empty();
+                let reading = !entry.holds(Side::Read).is_empty();
                 rec.holds.retain(|h| {
                     (h.pid, h.instance) != me
                         && writer.is_none()

@@ -312,7 +312,7 @@ fn waited(
     let wanted = match thread {
         None => waiting,
         Some(Side::Write) => waiting && !entry.held(),
-        Some(Side::Read) => waiting && entry.writer.is_none(),
+        Some(Side::Read) => waiting && entry.writer().is_none(),
     };
     entry.threads[slot(thread)] = false;
     let parked = &mut entry.parked[slot(thread)];
