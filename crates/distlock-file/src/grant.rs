@@ -191,11 +191,8 @@ impl Inner {
                 if let Some(h) = entry.grants[side as usize].last_mut() {
                     h.token = token;
                 }
-                // The turnstile kept new readers out while our writers waited. Give it back
-                // even if other writers of this backend still wait: readers that arrive
-                // while this writer holds the lock may pass it (they wait for this writer
-                // on the lock itself); the other writers queue again when it releases. So a
-                // chain of writers cannot keep readers out for ever.
+                // Give the turnstile back even if other writers of this backend still wait,
+                // so that a chain of writers cannot keep readers out for ever (see the docs).
                 if let Some(ts) = entry.parked[slot(None)].take_if(|_| side == Side::Write) {
                     sys::unlock_and_close(ts);
                 }
@@ -315,10 +312,9 @@ impl Inner {
         if let (Side::Write, false, Some(main)) =
             (side, entry.holds(Side::Read).is_empty(), &entry.main)
         {
-            // The writer keeps reading: convert the exclusive lock to a shared one. Linux
-            // converts in place, under the file's lock list spinlock, so no waiting writer can
-            // slip in between; where the conversion fails, the read hold is given up and its
-            // next renewal reports it lost.
+            // The writer keeps reading: convert the lock to shared. Linux converts in place, so
+            // no waiting writer slips in; should it fail, the read hold is lost (docs:
+            // *Downgrade*).
             let res = sys::try_lock(main, sys::Mode::Shared);
             if !matches!(res, Ok(true)) {
                 tracing::warn!(name = %key.name, owner = %key.owner, result = ?res,

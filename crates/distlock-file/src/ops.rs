@@ -1,12 +1,8 @@
-//! Operator commands on `file://`: `dlock list`, `dlock release --force`, `dlock doctor`.
-//!
-//! `list` reads the lock directory (each `<hash>.lock` and `<hash>.rw-record` names its lock)
-//! and inspects every lock found. A forced release of a **held** lock is refused: the lock is
-//! the holder process's `flock(2)` on its own open file description, which no other process
-//! can drop, and the kernel frees it the moment that process exits — so the way out is to stop
-//! that process, whose pid the record names. Bumping only the fencing counter would not let a
-//! next holder in (the flock stays), so it would not help either. A free lock's counter is
-//! advanced under the exclusive lock, as a grant would.
+//! Operator commands on `file://`: `dlock list`, `dlock release --force`, `dlock doctor`
+//! (docs/file-backend.md, section *Operator commands*). A forced release of a **held** lock is
+//! refused: it is the holder process's `flock(2)`, which no other process can drop (and
+//! advancing the counter alone would let no next holder in). A free lock's counter is advanced
+//! under the exclusive lock, as a grant would.
 
 use super::{check_kind, sys, FileBackend, KIND};
 use crate::record::{HoldLine, Record};

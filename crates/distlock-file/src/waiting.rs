@@ -18,28 +18,32 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// [`Inner::acquire_wait`]'s strategy: an attempt, then sleep until the name's generation
-/// moves past the one read before the attempt (a release after the attempt changes it).
-struct NotifiedWait<A> {
+/// [`Inner::acquire_wait`]'s strategy: an attempt (`first`: the first of the wait), then
+/// sleep until the name's generation moves past the one read before the attempt (a release
+/// after the attempt changes it).
+struct NotifiedWait<'a> {
     watch: Watch,
-    attempt: A,
+    req: &'a AcquireRequest,
+    first: bool,
 }
 
 #[async_trait]
-impl<A> WaitStrategy for NotifiedWait<A>
-where
-    A: FnMut() -> Result<AcquireReply> + Send,
-{
+impl WaitStrategy for NotifiedWait<'_> {
     async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> Result<Attempt> {
-        let watch = &mut self.watch;
-        watch.seen = watch.generation().unwrap_or(watch.seen);
+        let w = &mut self.watch;
+        w.seen = w.generation().unwrap_or(w.seen);
         // On the lease clock, as every grant's start.
         let requested_at = distlock_core::clock::Instant::now();
-        Ok(match (self.attempt)()? {
-            AcquireReply::Granted { token } => Attempt::Granted(Granted::new(token, requested_at)),
-            // Held by another attempt.
-            _ => Attempt::Held { retry_in: None },
-        })
+        let first = std::mem::replace(&mut self.first, false);
+        Ok(
+            match (w.inner).try_acquire(w.family, w.side, self.req, true, first)? {
+                AcquireReply::Granted { token } => {
+                    Attempt::Granted(Granted::new(token, requested_at))
+                }
+                // Held by another attempt.
+                _ => Attempt::Held { retry_in: None },
+            },
+        )
     }
 
     async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
@@ -184,13 +188,11 @@ impl Inner {
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
         let watch = Watch::new(self, family, side, &req.key.name, false);
-        let mut first = true;
-        let attempt = || {
-            let r = self.try_acquire(family, side, req, true, first);
-            first = false;
-            r
+        let mut strategy = NotifiedWait {
+            watch,
+            req,
+            first: true,
         };
-        let mut strategy = NotifiedWait { watch, attempt };
         let deadline = Deadline::from(deadline);
         wait::run(&mut strategy, deadline, cancel, RetryPolicy::default()).await
     }
