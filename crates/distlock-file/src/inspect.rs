@@ -124,12 +124,9 @@ impl Inner {
     /// True if a process (or backend) other than this one holds either side of read-write
     /// lock `name`.
     pub(crate) async fn rw_held_elsewhere(&self, name: &str) -> Result<bool> {
-        let main = self.lock_path(Family::Rw, name);
-        if self.held_elsewhere(&main)?.is_some() {
-            return Ok(true);
-        }
         let rec = self.rw_record(name).await?;
-        Ok(!self.foreign_holds(name, &rec, false)?.is_empty())
+        Ok(!self.foreign_holds(name, &rec, false)?.is_empty()
+            || (self.held_elsewhere(&self.lock_path(Family::Rw, name))?).is_some())
     }
 
     async fn rw_inspect(&self, name: &str) -> Result<LockInfo> {

@@ -85,7 +85,7 @@ impl Operator for FileBackend {
             main: Some(file),
             ..Entry::default()
         };
-        let token = inner.sync(family, name, &mut entry, true);
+        let token = inner.sync(family, name, &entry, true);
         entry.unlock_if_unheld();
         Ok(ForceReleased::new(Vec::new(), token?))
     }
