@@ -9,7 +9,6 @@ use distlock_core::{
     AcquireReply, AcquireRequest, Error, GrantRef, HoldKey, ReleaseOutcome, RenewOutcome, Result,
 };
 use std::fs::File;
-use std::io;
 use std::sync::Arc;
 
 const HELD: AcquireReply = AcquireReply::Held { ttl: None };
@@ -368,24 +367,5 @@ impl Inner {
         self.sync_best_effort(family, &key.name, entry);
         remove_if_idle(&mut table, &key.name);
         Ok(RenewOutcome::NotHeld)
-    }
-
-    /// A duplicate of the descriptor on the lock file whose `flock` carries this backend's
-    /// grant of side `side` of `name` with fencing token `token`; `None` without such a grant.
-    pub(crate) fn holder_file(
-        &self,
-        family: Family,
-        side: Side,
-        name: &str,
-        token: u64,
-    ) -> io::Result<Option<File>> {
-        let table = self.table(family);
-        let Some(e) = table.get(name) else {
-            return Ok(None);
-        };
-        match &e.main {
-            Some(f) if e.holds(side).iter().any(|h| h.token == token) => f.try_clone().map(Some),
-            _ => Ok(None),
-        }
     }
 }

@@ -139,9 +139,14 @@ impl FileBackend {
         name: &str,
         fencing_token: u64,
     ) -> std::io::Result<Option<std::fs::File>> {
-        match target(kind) {
-            Some((family, side)) => self.inner.holder_file(family, side, name, fencing_token),
-            None => Ok(None),
+        let Some((family, side)) = target(kind) else {
+            return Ok(None);
+        };
+        match self.inner.table(family).get(name) {
+            Some(e) if e.holds(side).iter().any(|h| h.token == fencing_token) => {
+                e.main.as_ref().map(std::fs::File::try_clone).transpose()
+            }
+            _ => Ok(None),
         }
     }
 

@@ -10,7 +10,7 @@ use crate::table::{Entry, Family};
 use distlock_core::{
     Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
 };
-use std::fs::OpenOptions;
+use std::fs::File;
 use std::io::Write;
 
 #[distlock_core::async_trait]
@@ -105,11 +105,7 @@ impl Operator for FileBackend {
         });
         // Writable: a lock file must be creatable and writable (the record carries the counter).
         let probe = dir.join(format!(".dlock-doctor-{}", std::process::id()));
-        let written = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&probe)
-            .and_then(|mut f| f.write_all(b"probe\n"));
+        let written = File::create_new(&probe).and_then(|mut f| f.write_all(b"probe\n"));
         let _ = std::fs::remove_file(&probe);
         let (severity, text) = match written {
             Ok(()) => (Severity::Ok, format!("{} is writable", dir.display())),
@@ -125,11 +121,11 @@ fn held_error(name: &str, holders: &[HoldLine]) -> Error {
     let who: Vec<String> = holders
         .iter()
         .map(|HoldLine { pid, owner, .. }| {
-            if sys::pid_alive(*pid) {
-                format!("pid {pid} (owner {owner})")
-            } else {
-                format!("pid {pid} (owner {owner}; not running here: the holder may be in another PID namespace)")
-            }
+            let away = "; not running here: the holder may be in another PID namespace";
+            format!(
+                "pid {pid} (owner {owner}{})",
+                if sys::pid_alive(*pid) { "" } else { away }
+            )
         })
         .collect();
     let who = if who.is_empty() {

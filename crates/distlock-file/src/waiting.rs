@@ -247,18 +247,11 @@ impl Inner {
         if entry.waiting(Some(side)) {
             return Ok(());
         }
-        let (ts, mode) = match side {
-            Side::Read if main.is_none() => (
-                Some(self.open_rw(&self.file(name, TURNSTILE))?),
-                sys::Mode::Shared,
-            ),
-            Side::Read => (None, sys::Mode::Shared),
-            Side::Write => (None, sys::Mode::Exclusive),
-        };
-        let f = match main {
-            Some(f) => f,
-            None => self.open_rw(&self.lock_path(family, name))?,
-        };
+        let ts = (side == Side::Read && main.is_none())
+            .then(|| self.open_rw(&self.file(name, TURNSTILE)))
+            .transpose()?;
+        let mode = [sys::Mode::Shared, sys::Mode::Exclusive][side as usize];
+        let f = main.map_or_else(|| self.open_rw(&self.lock_path(family, name)), Ok)?;
         self.spawn_waiter(family, Some(side), entry, name, move || {
             if let Some(ts) = ts {
                 sys::lock_blocking(&ts, sys::Mode::Shared)?;
@@ -270,9 +263,10 @@ impl Inner {
 
     /// Starts the waiting thread of side `thread` of `name` (`None`: of the turnstile), which
     /// blocks in `block` and returns the descriptor it locked; [`waited`] then gets the
-    /// outcome (under the table lock, which the caller holds: it sees the thread's flag set). The thread keeps only a weak reference to the backend while it blocks, so that
-    /// it does not keep a dropped backend alive; if the backend is gone, the lock it got is
-    /// given back at once.
+    /// outcome, under the table lock (which the caller holds: it sees the thread's flag set).
+    /// The thread keeps only a weak reference to the backend while it blocks, so that it does
+    /// not keep a dropped backend alive; if the backend is gone, the lock it got is given back
+    /// at once.
     fn spawn_waiter(
         self: &Arc<Self>,
         family: Family,
