@@ -64,11 +64,12 @@ impl Inner {
             std::mem::replace(&mut h.seq, seq),
         );
         // Written under our exclusive lock; the table keeps the last value written.
-        let written = self.sync(Family::Election, name, entry, false);
-        if let (Err(_), Some(h)) = (&written, entry.grants[Side::Write as usize].first_mut()) {
-            (h.value, h.seq) = last;
-        }
-        written.map(drop)
+        let written = self.sync(Family::Election, name, entry, false).map(drop);
+        written.inspect_err(|_| {
+            if let Some(h) = entry.grants[Side::Write as usize].first_mut() {
+                (h.value, h.seq) = last;
+            }
+        })
     }
 }
 

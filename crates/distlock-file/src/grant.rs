@@ -183,28 +183,22 @@ impl Inner {
             // Only possible after the old file was replaced: that descriptor locks nothing.
             sys::unlock_and_close(old);
         }
-        let hold = Hold::new(req, family);
-        entry.grants[side as usize].push(hold);
-        match self.sync(family, &req.key.name, entry, true) {
-            Ok(token) => {
-                if let Some(h) = entry.grants[side as usize].last_mut() {
-                    h.token = token;
-                }
-                // Give the turnstile back even if other writers of this backend still wait,
-                // so that a chain of writers cannot keep readers out for ever (see the docs).
-                if let Some(ts) = entry.parked[slot(None)].take_if(|_| side == Side::Write) {
-                    sys::unlock_and_close(ts);
-                }
-                Ok(AcquireReply::Granted { token })
-            }
-            Err(e) => {
-                entry.grants[side as usize].pop();
-                entry.unlock_if_unheld();
-                // Other waiters may have been counting on the lock this process had.
-                entry.bump();
-                Err(e)
-            }
+        entry.grants[side as usize].push(Hold::new(req, family));
+        let token = (self.sync(family, &req.key.name, entry, true)).inspect_err(|_| {
+            entry.grants[side as usize].pop();
+            entry.unlock_if_unheld();
+            // Other waiters may have been counting on the lock this process had.
+            entry.bump();
+        })?;
+        if let Some(h) = entry.grants[side as usize].last_mut() {
+            h.token = token;
         }
+        // Give the turnstile back even if other writers of this backend still wait, so that a
+        // chain of writers cannot keep readers out for ever (see the docs).
+        if let Some(ts) = entry.parked[slot(None)].take_if(|_| side == Side::Write) {
+            sys::unlock_and_close(ts);
+        }
+        Ok(AcquireReply::Granted { token })
     }
 
     /// Checks that a descriptor we just locked is still the lock's file; unlocks it if not
@@ -218,14 +212,9 @@ impl Inner {
     ) -> Result<Option<File>> {
         match self.same_file(&file, &self.lock_path(family, name)) {
             Ok(true) => Ok(Some(file)),
-            Ok(false) => {
+            same => {
                 sys::unlock_and_close(file);
-                Ok(None)
-            }
-            Err(e) => {
-                sys::unlock_and_close(file);
-                entry.bump();
-                Err(e)
+                same.map(|_| None).inspect_err(|_| entry.bump())
             }
         }
     }
@@ -347,11 +336,8 @@ impl Inner {
             return Ok(RenewOutcome::NotHeld);
         }
         let path = self.lock_path(family, &key.name);
-        let intact = match &entry.main {
-            Some(f) => self.same_file(f, &path)?,
-            None => false,
-        };
-        if intact {
+        let intact = entry.main.as_ref().map(|f| self.same_file(f, &path));
+        if intact.transpose()? == Some(true) {
             if let Some((seq, value)) = proclaim {
                 self.proclaim(entry, &key.name, seq, value)?;
             }
