@@ -54,36 +54,31 @@ impl Inner {
         if family == Family::Rw {
             return self.rw_inspect(name).await;
         }
+        let info = LockInfo::new(name);
         let own = (self.table(family).get(name).and_then(Entry::writer)).map(|h| {
             let value = h.value.as_deref().map(str::to_owned);
             (HolderInfo::new(&*h.owner, 1).with_value(value), h.token)
         });
-        let info = LockInfo::new(name);
-        let (holder, token) = match own {
-            Some(own) => own,
-            None => match self
-                .read_lock_record(family, &self.lock_path(family, name))
-                .await?
-            {
-                None => return Ok(info),
-                Some((rec, false)) => return Ok(info.with_fencing_token(rec.token)),
-                Some((rec, true)) => {
-                    let holder = match rec.holder {
-                        Some(h) => HolderInfo::new(h.owner, h.count).with_value(
-                            (family == Family::Election).then(|| rec.value.unwrap_or_default()),
-                        ),
-                        // Locked but no holder line: a process between locking and writing,
-                        // or another backend's waiting thread handing the lock over.
-                        None => HolderInfo::new(
-                            "unknown (another process holds the lock but has not recorded its owner)",
-                            1,
-                        ),
-                    };
-                    (holder, rec.token)
-                }
-            },
+        if let Some((holder, token)) = own {
+            return Ok(info.with_holders(vec![holder]).with_fencing_token(token));
+        }
+        let path = self.lock_path(family, name);
+        let Some((rec, held)) = self.read_lock_record(family, &path).await? else {
+            return Ok(info);
         };
-        Ok(info.with_holders(vec![holder]).with_fencing_token(token))
+        let info = info.with_fencing_token(rec.token);
+        let holder = match rec.holder {
+            _ if !held => return Ok(info),
+            Some(h) => HolderInfo::new(h.owner, h.count)
+                .with_value((family == Family::Election).then(|| rec.value.unwrap_or_default())),
+            // Locked but no holder line: a process between locking and writing, or another
+            // backend's waiting thread handing the lock over.
+            None => HolderInfo::new(
+                "unknown (another process holds the lock but has not recorded its owner)",
+                1,
+            ),
+        };
+        Ok(info.with_holders(vec![holder]))
     }
 
     /// A read-write lock's record (the default when there is no such file).
