@@ -114,7 +114,7 @@ pub(crate) struct Entry {
     /// a writer, only grants made beside it to requests that named it (downgrades).
     pub(crate) grants: [Vec<Hold>; 2],
     /// The backend's descriptor on the lock file while any of its owners holds a side:
-    /// `LOCK_EX` while `writer` is set, else `LOCK_SH`.
+    /// `LOCK_EX` while it has a write grant, else `LOCK_SH`.
     pub(crate) main: Option<File>,
     /// What the waiting threads got and no waiter claimed yet, by [`slot`]: the lock file
     /// (`LOCK_SH` for the read side, after passing the turnstile; `LOCK_EX` for the write
