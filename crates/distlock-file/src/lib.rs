@@ -243,9 +243,8 @@ impl Backend for FileBackend {
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
         let (family, side) = check_key(&req.key)?;
-        (self.inner)
-            .acquire_wait(family, side, req, deadline, cancel)
-            .await
+        let waiter = waiting::Watch::new(&self.inner, family, side, &req.key.name, false);
+        waiter.wait(req, deadline, cancel).await
     }
 
     /// Gives back the lock if `req.attempt` holds it. There is no queue to leave: see

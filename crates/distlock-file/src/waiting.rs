@@ -114,6 +114,25 @@ impl Watch {
             .arm(self.family, self.side, entry, &self.name, None)
     }
 
+    /// Waits, as this waiter, for `req` without polling, with the core's retrying loop
+    /// ([`wait::run`]): one non-blocking attempt under the table lock (which, when the lock
+    /// is held, starts the waiting threads it needs), then sleep until the name's notifier
+    /// fires, the deadline passes or `cancel` fires.
+    pub(crate) async fn wait(
+        self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        let (deadline, policy) = (Deadline::from(deadline), RetryPolicy::default());
+        let mut strategy = NotifiedWait {
+            watch: self,
+            req,
+            first: true,
+        };
+        wait::run(&mut strategy, deadline, cancel, policy).await
+    }
+
     /// Waits until the name's generation moves past the one last seen; with `rearm` (a
     /// watch: a waiter's attempts arm what they need) re-arms before each sleep.
     async fn next(&mut self, rearm: bool) -> Result<()> {
@@ -174,29 +193,6 @@ impl Drop for Watch {
 }
 
 impl Inner {
-    /// Waits for side `side` of `req.key.name` without polling, with the core's retrying loop
-    /// ([`wait::run`]): one non-blocking attempt under the table lock (which, when the lock
-    /// is held, starts the waiting threads it needs), then sleep until the name's notifier
-    /// fires, the deadline passes or `cancel` fires. The waiter stays registered for the
-    /// whole wait.
-    pub(crate) async fn acquire_wait(
-        self: &Arc<Self>,
-        family: Family,
-        side: Side,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        let watch = Watch::new(self, family, side, &req.key.name, false);
-        let mut strategy = NotifiedWait {
-            watch,
-            req,
-            first: true,
-        };
-        let deadline = Deadline::from(deadline);
-        wait::run(&mut strategy, deadline, cancel, RetryPolicy::default()).await
-    }
-
     /// The error of a waiting thread whose `flock` failed, if any: taken by the next waiter
     /// or watch of `name`.
     pub(crate) fn kernel_error(&self, family: Family, name: &str, entry: &mut Entry) -> Result<()> {
