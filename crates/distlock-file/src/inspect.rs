@@ -99,19 +99,15 @@ impl Inner {
             .filter(|h| (h.pid, h.instance) != me && sys::pid_alive(h.pid))
             .cloned()
             .collect();
-        if lines.iter().any(|h| h.side == Side::Write) {
+        let id = |h: &HoldLine| (h.pid, h.instance, h.owner.clone());
+        let writers: Vec<_> = (lines.iter().filter(|h| h.side == Side::Write).map(id)).collect();
+        if !writers.is_empty() {
             let main = self.lock_path(Family::Rw, name);
-            if !reading_here && self.held_elsewhere(&main)?.is_some() {
-                let id = |h: &HoldLine| (h.pid, h.instance, h.owner.clone());
-                let writers: Vec<_> = lines
-                    .iter()
-                    .filter(|h| h.side == Side::Write)
-                    .map(id)
-                    .collect();
-                lines.retain(|h| writers.contains(&id(h)));
-            } else {
-                lines.retain(|h| h.side == Side::Read);
-            }
+            let written = !reading_here && self.held_elsewhere(&main)?.is_some();
+            lines.retain(|h| match written {
+                true => writers.contains(&id(h)),
+                false => h.side == Side::Read,
+            });
         }
         Ok(lines)
     }
