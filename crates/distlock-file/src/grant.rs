@@ -77,7 +77,7 @@ impl Inner {
             }
         }
         if arm {
-            self.kernel_error(family, &key.name, entry)?;
+            entry.kernel_error.take().map_or(Ok(()), Err)?;
         }
         let main_path = self.lock_path(family, &key.name);
         // A few rounds in case the file is deleted or replaced while we lock it.

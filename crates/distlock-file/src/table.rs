@@ -10,7 +10,6 @@ use crate::{sys, Inner};
 use distlock_core::{AcquireRequest, AttemptId, GrantRef, LockKind, Result};
 use std::collections::HashMap;
 use std::fs::File;
-use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use tokio::sync::Notify;
@@ -128,7 +127,7 @@ pub(crate) struct Entry {
     /// (read), `LOCK_EX` on the lock file (write), `LOCK_EX` on the turnstile.
     pub(crate) threads: [bool; 3],
     /// A waiting thread's `flock` failed; the next waiter or watch reports it.
-    pub(crate) kernel_error: Option<io::Error>,
+    pub(crate) kernel_error: Option<distlock_core::Error>,
     /// Bumped (and `notify` woken) on every release, hand-over or waiting-thread event.
     pub(crate) generation: u64,
     pub(crate) notify: Arc<Notify>,

@@ -105,7 +105,7 @@ impl Watch {
     pub(crate) fn rearm(&self) -> Result<()> {
         let mut table = self.inner.table(self.family);
         let entry = table.entry(self.name.clone()).or_default();
-        self.inner.kernel_error(self.family, &self.name, entry)?;
+        entry.kernel_error.take().map_or(Ok(()), Err)?;
         if entry.held() {
             // This backend's own release will wake the watch.
             return Ok(());
@@ -193,16 +193,6 @@ impl Drop for Watch {
 }
 
 impl Inner {
-    /// The error of a waiting thread whose `flock` failed, if any: taken by the next waiter
-    /// or watch of `name`.
-    pub(crate) fn kernel_error(&self, family: Family, name: &str, entry: &mut Entry) -> Result<()> {
-        let Some(e) = entry.kernel_error.take() else {
-            return Ok(());
-        };
-        let path = self.lock_path(family, name);
-        Err(self.io_error(format!("cannot wait for lock file {}", path.display()), e))
-    }
-
     /// A writer of this backend waits: for a read-write lock, hold the turnstile (keeping new
     /// readers out); and have a thread block for the lock itself.
     pub(crate) fn queue_writer(
@@ -314,7 +304,9 @@ fn waited(
         Err(e) => {
             tracing::warn!(name = %name, error = %e, "waiting for the lock file failed");
             if entry.interested() > 0 {
-                entry.kernel_error = Some(e);
+                let path = inner.lock_path(family, name);
+                let what = format!("cannot wait for lock file {}", path.display());
+                entry.kernel_error = Some(inner.io_error(what, e));
             }
         }
     }
