@@ -323,41 +323,24 @@ mod tests {
 
     #[test]
     fn findings() {
-        assert_eq!(
-            version_finding(160_002, "16.2", Mode::Session).severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            version_finding(130_009, "13.9", Mode::Session).severity,
-            Severity::Warning
-        );
-        assert_eq!(
-            version_finding(130_009, "13.9", Mode::Lease).severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            version_finding(90_400, "9.4", Mode::Lease).severity,
-            Severity::Unsafe
-        );
-        assert_eq!(
-            replication_finding(false, 0, 0, "on").severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            replication_finding(false, 2, 0, "on").severity,
-            Severity::Warning
-        );
-        assert_eq!(
-            replication_finding(false, 2, 1, "local").severity,
-            Severity::Warning
-        );
-        assert_eq!(
-            replication_finding(false, 2, 1, "on").severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            replication_finding(true, 0, 0, "on").severity,
-            Severity::Unsafe
-        );
+        use Severity::{Ok, Unsafe, Warning};
+        for (num, mode, want) in [
+            (160_002, Mode::Session, Ok),
+            (130_009, Mode::Session, Warning),
+            (130_009, Mode::Lease, Ok),
+            (90_400, Mode::Lease, Unsafe),
+        ] {
+            assert_eq!(version_finding(num, "v", mode).severity, want, "{num}");
+        }
+        for (recovery, standbys, sync, commit, want) in [
+            (false, 0, 0, "on", Ok),
+            (false, 2, 0, "on", Warning),
+            (false, 2, 1, "local", Warning),
+            (false, 2, 1, "on", Ok),
+            (true, 0, 0, "on", Unsafe),
+        ] {
+            let f = replication_finding(recovery, standbys, sync, commit);
+            assert_eq!(f.severity, want, "{standbys} {sync} {commit}");
+        }
     }
 }

@@ -55,32 +55,17 @@ impl Operator for PostgresBackend {
         list(self, prefix).await
     }
 
+    /// The kinds the mode locks (its capabilities): lease mode clears a row, session mode
+    /// ends the holders' backends.
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        self.capabilities().check(KIND, kind)?;
         match (self.mode(), kind) {
             (Mode::Lease, LockKind::Election) => force_lease_election(self, name).await,
-            (Mode::Lease, LockKind::Mutex) => force_lease(self, name).await,
-            (Mode::Lease, other) => Err(Error::unsupported(
-                KIND,
-                format!(
-                    "forced release of lock kind {} in lease mode (mutexes only)",
-                    other.as_str()
-                ),
-            )),
-            (
-                Mode::Session,
-                LockKind::Election
-                | LockKind::Mutex
-                | LockKind::Fair
-                | LockKind::Read
-                | LockKind::Write,
-            ) => {
+            (Mode::Lease, _) => force_lease(self, name).await,
+            (Mode::Session, _) => {
                 let op = self.common.op_timeout;
                 evict(&Sessions::new(self, name, kind), KIND, name, op).await
             }
-            (Mode::Session, other) => Err(Error::unsupported(
-                KIND,
-                format!("lock kind {}", other.as_str()),
-            )),
         }
     }
 
