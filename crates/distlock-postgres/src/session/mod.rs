@@ -40,7 +40,8 @@ use distlock_core::{
 };
 use distlock_sql::waited::{self, Step};
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, IdlePool, Sessions};
-use state::{Entry, Start, State};
+use state::{Entry, State};
+use std::ops::ControlFlow::{Break, Continue};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::types::{ToSql, Type};
@@ -140,13 +141,10 @@ impl Dialect for PgDialect {
         st: &mut State,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        let s = match self.prepare(holds, entry, st, req, true).await? {
-            Start::Held(token) => return Ok(AcquireReply::Granted { token }),
-            Start::On(s) => s,
+        let s = match self.start(holds, entry, st, req, true).await? {
+            Break(g) => return Ok(AcquireReply::Granted { token: g.token }),
+            Continue(s) => s,
         };
-        if let Some(token) = self.try_on(entry, st, &s, req).await? {
-            return Ok(AcquireReply::Granted { token });
-        }
         self.forget_on(entry, st, s, &req.attempt, true);
         let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
         Ok(AcquireReply::Held {
@@ -171,15 +169,10 @@ impl Dialect for PgDialect {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let sent = LeaseInstant::now();
-        let s = match self.prepare(holds, hold, st, req, false).await? {
-            Start::Held(token) => return Ok(Some(Granted::new(token, sent))),
-            Start::On(s) => s,
+        let s = match self.start(holds, hold, st, req, false).await? {
+            Break(g) => return Ok(Some(g)),
+            Continue(s) => s,
         };
-        let sent = LeaseInstant::now();
-        if let Some(token) = self.try_on(hold, st, &s, req).await? {
-            return Ok(Some(Granted::new(token, sent)));
-        }
         let Some(left) = waited::budget(deadline, cancel) else {
             self.forget_on(hold, st, s, &req.attempt, true);
             return Ok(None);
@@ -230,15 +223,12 @@ impl Dialect for PgDialect {
                 unlocked
             }
             Err(e) => {
-                Self::settle(entry, st);
-                if !st.is_idle() {
-                    if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
-                        entry.set(st, State::Releasing(g));
-                    }
+                let e = Self::failed(entry, st, &s, &grant.attempt, e);
+                if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
+                    entry.set(st, State::Releasing(g));
                     return Err(e);
                 }
-                // The session ended: the lock went with it.
-                s.grants.remove(&grant.attempt);
+                // The session ended: the lock went with it (the attempt `Idle`).
                 false
             }
         };

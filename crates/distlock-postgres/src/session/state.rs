@@ -4,10 +4,10 @@
 use super::conn::Session;
 use super::PgDialect;
 use crate::common::key_of;
-use crate::error::shape;
 use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{AcquireRequest, AttemptId, Error, LockKind, Result};
+use distlock_core::{AcquireRequest, AttemptId, Error, Granted, LockKind, Result};
 use distlock_sql::{Hold, HoldMap, HoldState};
+use std::ops::ControlFlow::{self, Break, Continue};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,14 +54,6 @@ impl HoldState for State {
 
 pub(crate) type Entry = Hold<State>;
 
-/// Where a try or a wait starts ([`PgDialect::prepare`]).
-pub(crate) enum Start {
-    /// The attempt holds this grant already (a retry).
-    Held(u64),
-    /// Try on this session.
-    On(Arc<Session>),
-}
-
 impl PgDialect {
     /// Moves an attempt whose session ended to `Idle` (its locks went with the session, whose
     /// end already fired the lost signals).
@@ -73,7 +65,13 @@ impl PgDialect {
 
     /// A request of `attempt` on `s` failed with `e`: if the session ended meanwhile, the
     /// attempt is `Idle` and no longer counted on `s`.
-    fn failed(entry: &Entry, st: &mut State, s: &Session, attempt: &AttemptId, e: Error) -> Error {
+    pub(crate) fn failed(
+        entry: &Entry,
+        st: &mut State,
+        s: &Session,
+        attempt: &AttemptId,
+        e: Error,
+    ) -> Error {
         Self::settle(entry, st);
         if st.is_idle() {
             s.grants.remove(attempt);
@@ -120,22 +118,28 @@ impl PgDialect {
         }
     }
 
-    /// Where a try (or a wait) of `req` starts: the grant an earlier request of the attempt
-    /// left, or the session to try on, the attempt `Unknown` on it (a new session — the write
-    /// grant's own for a downgrade, if `downgrade` — or the one an unanswered request left,
-    /// which holds nothing).
-    pub(crate) async fn prepare(
+    /// A try (or a wait's first try) of `req`: the grant an earlier request of the attempt
+    /// left, or a `pg_try_advisory_lock`'s on the session to try on, the attempt `Unknown` on
+    /// it (a new session — the write grant's own for a downgrade, if `downgrade` — or the
+    /// one an unanswered request left). Not granted: that session, which holds nothing, the
+    /// attempt still `Unknown` on it. After an error the attempt stays unknown on a live
+    /// session: a retry asks it, a give-up unlocks it. Each grant is measured from before the
+    /// request that made it.
+    pub(crate) async fn start(
         &self,
         holds: &HoldMap<State>,
         entry: &Entry,
         st: &mut State,
         req: &AcquireRequest,
         downgrade: bool,
-    ) -> Result<Start> {
-        match self.resume(entry, st, req).await? {
-            Some(token) => return Ok(Start::Held(token)),
-            None if matches!(st, State::Unknown(_)) => {}
-            None => {
+    ) -> Result<ControlFlow<Granted, Arc<Session>>> {
+        let sent = LeaseInstant::now();
+        if let Some(token) = self.resume(entry, st, req).await? {
+            return Ok(Break(Granted::new(token, sent)));
+        }
+        let s = match &*st {
+            State::Unknown(s) => s.clone(),
+            _ => {
                 Self::check_upgrade(holds, req)?;
                 let beside = match downgrade {
                     true => Self::downgrade_session(holds, req).await,
@@ -148,39 +152,24 @@ impl PgDialect {
                 // Counted on the session before the request goes out: if its answer is lost,
                 // the session is neither pooled nor forgotten while it may hold the lock.
                 s.grants.add(&req.attempt, LeaseInstant::now() + req.lease);
-                entry.set(st, State::Unknown(s));
+                entry.set(st, State::Unknown(s.clone()));
+                s
             }
-        }
-        match &*st {
-            State::Unknown(s) => Ok(Start::On(s.clone())),
-            _ => Err(shape("acquire", "attempt state")),
-        }
-    }
-
-    /// One `pg_try_advisory_lock` for `req` on `s` (the attempt `Unknown` on it): the grant's
-    /// token, or `None` (the attempt still `Unknown` on `s`, which holds nothing). After an
-    /// error the attempt stays unknown on a live `s`: a retry asks `s`, a give-up unlocks it.
-    pub(crate) async fn try_on(
-        &self,
-        entry: &Entry,
-        st: &mut State,
-        s: &Arc<Session>,
-        req: &AcquireRequest,
-    ) -> Result<Option<u64>> {
+        };
         let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
-        let end = LeaseInstant::now() + req.lease;
-        let idle_held = s.idle_value(&req.attempt, Some(end));
+        let sent = LeaseInstant::now();
+        let idle_held = s.idle_value(&req.attempt, Some(sent + req.lease));
         let idle_free = s.idle_value(&req.attempt, None);
         match self
-            .try_lock_on(s, req.key.kind, key, &idle_held, &idle_free)
+            .try_lock_on(&s, req.key.kind, key, &idle_held, &idle_free)
             .await
         {
-            Ok(true) => self
-                .grant_on(entry, st, s.clone(), req, &idle_held)
-                .await
-                .map(Some),
-            Ok(false) => Ok(None),
-            Err(e) => Err(Self::failed(entry, st, s, &req.attempt, e)),
+            Ok(true) => {
+                let token = self.grant_on(entry, st, s, req, &idle_held).await?;
+                Ok(Break(Granted::new(token, sent)))
+            }
+            Ok(false) => Ok(Continue(s)),
+            Err(e) => Err(Self::failed(entry, st, &s, &req.attempt, e)),
         }
     }
 
