@@ -190,16 +190,6 @@ pub(crate) struct Tls {
     config: tokio_postgres_rustls::MakeRustlsConnect,
 }
 
-impl fmt::Debug for Tls {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (opts, host) = (&self.opts, &self.host);
-        f.debug_struct("Tls")
-            .field("opts", opts)
-            .field("host", host)
-            .finish()
-    }
-}
-
 impl Tls {
     fn not_supported(&self) -> TlsError {
         TlsError::new(

@@ -1,5 +1,4 @@
-//! `dlock doctor` on PostgreSQL: version, a pooler in front (PgBouncer), whether the session's
-//! timeouts take effect, synchronous replication, TLS, and the server clock against the local one.
+//! `dlock doctor` on PostgreSQL (the findings: docs/postgres.md, *Operator commands*).
 
 use crate::common::cols;
 use crate::error::KIND;

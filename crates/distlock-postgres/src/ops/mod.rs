@@ -1,23 +1,7 @@
-//! Operator commands on PostgreSQL: `dlock list`, `dlock release --force`, `dlock doctor`.
-//!
-//! - `list`: the names of the namespace that have state — a lease row (`dlock_leases`, lease
-//!   mode), or a fencing counter row (`dlock_fence`) or holder row (`dlock_holders`, session
-//!   mode) — each inspected as `inspect` does. In session mode a holder row counts only while
-//!   its backend holds the name's advisory key in `pg_locks`; a backend holding the key without
-//!   a row (a holder between its `pg_try_advisory_lock` and its row, or a foreign program
-//!   using the same key) is listed as `pid N (application_name …, no dlock_holders row)`.
-//! - `force_release`: lease mode clears the row and draws a new token for it in one
-//!   transaction (the holder's renewals then match no row); session mode
-//!   `pg_terminate_backend`s every backend holding the key (both sides of a read-write lock;
-//!   waiters are not touched), waits until `pg_locks` shows none of them holding it, deletes
-//!   their rows and advances `dlock_fence`. Terminating another role's backend needs
-//!   `pg_signal_backend` (or that role, or superuser for a superuser's backend).
-//! - Elections (`dlock_elections`, lease mode `dlock_lease_elections`) are listed as
-//!   elections, apart from the lock of the same name; a forced release of an election
-//!   terminates the backend holding the election's key (session mode) or clears its row
-//!   (lease mode), and draws a token above the revoked leader's.
-//! - `diagnose`: version, a pooler in front (PgBouncer), whether the session's timeouts take
-//!   effect, synchronous replication, and the server clock against the local one.
+//! Operator commands on PostgreSQL: `dlock list`, `dlock release --force`, `dlock doctor`,
+//! as docs/postgres.md (*Operator commands*) describes them. A session-mode holder row counts
+//! only while its backend holds the name's advisory key in `pg_locks`; a forced release draws
+//! a token above the removed holder's.
 
 use crate::common::{channel, cols, election_key, first, key_of, key_oids, lease_left};
 use crate::common::{lock_key, side, token_u64, Common};

@@ -1,26 +1,14 @@
 //! Session mode: PostgreSQL session-level advisory locks, each grant on its own connection,
-//! as a dialect of the shared SQL session layer ([`distlock_sql`]).
+//! as a dialect of the shared SQL session layer ([`distlock_sql`]); docs/postgres.md
+//! (*Session mode in detail*) has the protocol in full.
 //!
-//! A grant's lock lives exactly as long as its dedicated connection (the *session*): when the
-//! process dies, its connection closes and the server frees the lock at once. The lease is
-//! enforced by the server too: the session's `idle_session_timeout` is the lease plus a grace
-//! (renewals are queries on that session, which restart the timer), so a holder that hangs or
-//! is cut off loses its session, and with it the lock, when the lease ends (PostgreSQL 14+).
-//!
-//! Every acquisition attempt (the core's `AttemptId`) gets its own session, and this backend
-//! remembers, per attempt, the session its requests ran on. A request whose answer never came
-//! (a timeout, a late reply) leaves the attempt *unknown*: the session may hold the lock. The
-//! attempt's retry then asks that same session (its statements run in order, after the late
-//! one) whether it holds the lock and reports that grant, so a lost reply never makes a second
-//! session take the lock, and a give-up unlocks (or closes) that session. The only sessions
-//! that share a connection are a write grant and the read grant its owner takes beside it (a
-//! downgrade: the server must see one holder).
-//!
-//! Tables: `dlock_fence` (last fencing token per name; a new one is above it, above the
-//! sequence `dlock_fence_seq`'s next value and at least the server clock in µs) and `dlock_holders` (one row per grant, keyed by attempt: owner, kind,
-//! token, backend pid, lease end — for `inspect`, for the `Held` ttl and for revocation; rows
-//! whose pid no longer holds the advisory lock are ignored and cleaned up by the next exclusive
-//! grant). The statements are in `sql/session_*.sql`.
+//! A grant's lock lives exactly as long as its dedicated session, whose
+//! `idle_session_timeout` is the lease plus a grace (PostgreSQL 14+). A request whose answer
+//! never came leaves the attempt *unknown* on its session: the attempt's retry asks that same
+//! session (its statements run in order, after the late one), and a give-up unlocks (or
+//! closes) it, so a lost reply never makes a second session take the lock. Only a write grant
+//! and the read grant of its downgrade share a session (the server must see one holder).
+//! Statements: `sql/session_*.sql`.
 
 mod conn;
 mod sql;
@@ -249,23 +237,16 @@ impl Dialect for PgDialect {
     ) -> Result<RenewOutcome> {
         Self::settle(entry, st);
         // `Releasing`: the grant is, or is about to be, given back.
-        let s = match &*st {
-            State::Granted(g) if g.token == grant.token => g.session.clone(),
-            _ => return Ok(RenewOutcome::NotHeld),
-        };
-        match self
-            .extend(entry, st, &grant.key, &grant.attempt, lease)
-            .await
-        {
+        if !matches!(&*st, State::Granted(g) if g.token == grant.token) {
+            return Ok(RenewOutcome::NotHeld);
+        }
+        let key = &grant.key;
+        match self.extend(entry, st, key, &grant.attempt, lease).await {
             Ok(true) => Ok(RenewOutcome::Renewed),
             Ok(false) => Ok(RenewOutcome::NotHeld),
-            Err(e) => {
-                if st.is_idle() {
-                    s.grants.remove(&grant.attempt);
-                    return Ok(RenewOutcome::NotHeld);
-                }
-                Err(e)
-            }
+            // The session ended: the lock went with it.
+            Err(_) if st.is_idle() => Ok(RenewOutcome::NotHeld),
+            Err(e) => Err(e),
         }
     }
 

@@ -241,10 +241,7 @@ impl PgDialect {
                 self.revoked(entry, st, key, attempt).await;
                 Ok(false)
             }
-            Err(e) => {
-                Self::settle(entry, st);
-                Err(e)
-            }
+            Err(e) => Err(Self::failed(entry, st, &s, attempt, e)),
         }
     }
 
@@ -316,10 +313,7 @@ impl PgDialect {
         match self.unlock_on(&s, &key.name, attempt, key.kind, all).await {
             Ok(_) => self.forget_on(entry, st, s, attempt, true),
             Err(_) if all => self.forget_on(entry, st, s, attempt, false),
-            Err(e) => {
-                Self::settle(entry, st);
-                return Err(e);
-            }
+            Err(e) => return Err(Self::failed(entry, st, &s, attempt, e)),
         }
         Ok(())
     }
