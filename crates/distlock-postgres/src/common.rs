@@ -49,21 +49,14 @@ impl Common {
             reconnect: tokio::sync::Mutex::new(()),
             replacing: std::sync::atomic::AtomicBool::new(false),
         };
-        let client = common.open_control().await?;
+        let client = common.client(None).await.map(Arc::new)?;
         // Part of connecting: a cold server may need longer than one call's timeout.
         let (limit, what) = (common.setup_timeout(), "reading the server version");
+        let sql = "SELECT current_setting('server_version_num')::int4";
         let row = common
-            .within(
-                limit,
-                what,
-                client.query_one("SHOW server_version_num", &[]),
-            )
+            .within(limit, what, client.query_one(sql, &[]))
             .await?;
-        let (v,): (String,) = cols(&row, "server_version_num")?;
-        common.server_version = v
-            .trim()
-            .parse()
-            .map_err(|_| crate::error::shape("server_version_num", &v))?;
+        (common.server_version,) = cols(&row, "server_version_num")?;
         *common.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(client);
         Ok(Arc::new(common))
     }
@@ -133,10 +126,6 @@ impl Common {
         Ok(client)
     }
 
-    async fn open_control(&self) -> Result<Arc<Client>> {
-        self.client(None).await.map(Arc::new)
-    }
-
     /// The shared control connection (for inspect, lease-mode statements, checks), reconnected
     /// when it broke.
     pub(crate) async fn control(&self) -> Result<Arc<Client>> {
@@ -147,7 +136,7 @@ impl Common {
         if let Some(c) = self.current_control() {
             return Ok(c);
         }
-        let client = self.open_control().await?;
+        let client = self.client(None).await.map(Arc::new)?;
         *self.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
         Ok(client)
     }
@@ -219,7 +208,7 @@ impl Common {
         }
         let (common, old) = (self.clone(), Arc::downgrade(client));
         tokio::spawn(async move {
-            if let Ok(new) = common.open_control().await {
+            if let Ok(new) = common.client(None).await.map(Arc::new) {
                 let mut slot = common.control.lock().unwrap_or_else(|p| p.into_inner());
                 let current = match (slot.as_ref(), old.upgrade()) {
                     (Some(c), Some(old)) => Arc::ptr_eq(c, &old),

@@ -1,6 +1,6 @@
 //! `dlock doctor` on PostgreSQL (the findings: docs/postgres.md, *Operator commands*).
 
-use crate::common::cols;
+use crate::common::{cols, first};
 use crate::error::KIND;
 use crate::{Mode, PostgresBackend};
 use distlock_core::operator::{clock_finding, measure_clock, TlsSession};
@@ -139,19 +139,13 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
         Some(addr) => addr.is_loopback(),
         None => distlock_core::conn::is_loopback(&host),
     };
-    let row = b
-        .common
-        .query(
-            "reading pg_stat_ssl",
-            "SELECT coalesce((SELECT ssl::text || ' ' || coalesce(version, '') FROM pg_stat_ssl \
-             WHERE pid = pg_backend_pid()), 'unknown')",
-            &[],
-        )
-        .await;
-    let seen: String = match row.as_ref().ok().and_then(|r| r.first()) {
-        Some(r) => r.try_get(0).unwrap_or_else(|_| "unknown".into()),
-        None => "unknown".into(),
-    };
+    let sql = "SELECT coalesce((SELECT ssl::text || ' ' || coalesce(version, '') \
+               FROM pg_stat_ssl WHERE pid = pg_backend_pid()), 'unknown')";
+    let rows = b.common.query("reading pg_stat_ssl", sql, &[]).await;
+    let seen = rows
+        .ok()
+        .and_then(|r| first::<String>("pg_stat_ssl", &r).ok());
+    let seen = seen.unwrap_or_else(|| "unknown".into());
     let checks = b.common.tls.checks();
     let t = TlsSession {
         host: &host,
