@@ -179,7 +179,6 @@ impl<D: Dialect> Sessions<D> {
     /// [`Dialect::detached`]).
     async fn run<T: Send + 'static>(
         &self,
-        attempt: &distlock_core::AttemptId,
         hold: Arc<Hold<D::State>>,
         what: &'static str,
         op: impl for<'a> FnOnce(
@@ -191,13 +190,13 @@ impl<D: Dialect> Sessions<D> {
             + Send
             + 'static,
     ) -> Result<T> {
-        let (dialect, holds, id) = (self.dialect.clone(), self.holds.clone(), attempt.clone());
+        let (dialect, holds) = (self.dialect.clone(), self.holds.clone());
         let work = async move {
             let mut st = hold.state.lock().await;
             let r = op(&*dialect, &holds, &hold, &mut st).await;
             hold.sync(&st);
             drop(st);
-            holds.tidy(&id, hold);
+            holds.tidy(hold);
             r
         };
         self.detach(what, work).await
@@ -263,7 +262,7 @@ impl<D: Dialect> Sessions<D> {
             .await;
         hold.sync(&st);
         drop(st);
-        self.holds.tidy(&req.attempt, hold);
+        self.holds.tidy(hold);
         r
     }
 }
@@ -289,7 +288,7 @@ impl<D: Dialect> Backend for Sessions<D> {
         self.check_kind(req.key.kind)?;
         let hold = self.holds.entry(&req.attempt, &req.key);
         let r = req.clone();
-        self.run(&req.attempt, hold, "acquiring", move |d, holds, h, st| {
+        self.run(hold, "acquiring", move |d, holds, h, st| {
             Box::pin(async move { d.try_lock(holds, h, st, &r).await })
         })
         .await
@@ -327,7 +326,7 @@ impl<D: Dialect> Backend for Sessions<D> {
             return Ok(());
         };
         let r = req.clone();
-        self.run(&req.attempt, hold, "giving up", move |d, _, h, st| {
+        self.run(hold, "giving up", move |d, _, h, st| {
             Box::pin(async move { d.give_up(h, st, &r).await })
         })
         .await
@@ -340,7 +339,7 @@ impl<D: Dialect> Backend for Sessions<D> {
             return self.dialect.not_held(grant).await;
         };
         let g = grant.clone();
-        self.run(&grant.attempt, hold, "releasing", move |d, _, h, st| {
+        self.run(hold, "releasing", move |d, _, h, st| {
             Box::pin(async move { d.unlock(h, st, &g).await })
         })
         .await
@@ -356,7 +355,7 @@ impl<D: Dialect> Backend for Sessions<D> {
                 return Ok(RenewOutcome::NotHeld);
             };
             let (g2, lease) = (g.clone(), *lease);
-            self.run(&g.attempt, hold, "renewing", move |d, _, h, st| {
+            self.run(hold, "renewing", move |d, _, h, st| {
                 Box::pin(async move { d.keepalive(h, st, &g2, lease).await })
             })
             .await

@@ -15,9 +15,7 @@ mod sql;
 mod state;
 mod wait;
 
-use crate::common::{
-    cols, election_key, key_of, key_oids, lease_left, lock_key, side, token_u64, Common,
-};
+use crate::common::{cols, election_key, key_oids, lease_left, lock_key, side, token_u64, Common};
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
@@ -133,11 +131,9 @@ impl Dialect for PgDialect {
             Break(g) => return Ok(AcquireReply::Granted { token: g.token }),
             Continue(s) => s,
         };
-        self.forget_on(entry, st, s, &req.attempt, true);
-        let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
-        Ok(AcquireReply::Held {
-            ttl: self.holder_ttl(&req.key.name, req.key.kind, key).await,
-        })
+        self.forget_on(entry, st, s, true);
+        let ttl = self.holder_ttl(&req.key.name, req.key.kind).await;
+        Ok(AcquireReply::Held { ttl })
     }
 
     /// A downgrade is granted beside the write side, on its session: never a blocking wait
@@ -162,7 +158,7 @@ impl Dialect for PgDialect {
             Continue(s) => s,
         };
         let Some(left) = waited::budget(deadline, cancel) else {
-            self.forget_on(hold, st, s, &req.attempt, true);
+            self.forget_on(hold, st, s, true);
             return Ok(None);
         };
         let (step, answer) = waited::after(self.wait_on(&s, req, left, deadline, cancel).await);
@@ -177,14 +173,14 @@ impl Dialect for PgDialect {
             // The attempt's dedicated wait session (a wait never shares its session): all of
             // it is given back, and the session closed if that fails.
             Step::Reuse { unlock: true } => {
-                let _ = self.drop_on(hold, st, s, &req.key, &req.attempt).await;
+                let _ = self.drop_on(hold, st, s).await;
             }
-            Step::Reuse { unlock: false } => self.forget_on(hold, st, s, &req.attempt, true),
+            Step::Reuse { unlock: false } => self.forget_on(hold, st, s, true),
             // Never pooled after a stop: its `pg_cancel_backend` may still be on its way (its
             // call timed out on a loaded control connection, so the statement runs later). On
             // a reused session it would cancel another attempt's statement and fail a waiter
             // that must not give up.
-            Step::Close => self.forget_on(hold, st, s, &req.attempt, false),
+            Step::Close => self.forget_on(hold, st, s, false),
         }
         answer.map(|()| None)
     }
@@ -198,20 +194,20 @@ impl Dialect for PgDialect {
         st: &mut State,
         grant: &GrantRef,
     ) -> Result<ReleaseOutcome> {
-        Self::settle(entry, st);
+        entry.settle(st);
         let (again, s) = match &*st {
             State::Granted(g) if g.token == grant.token => (false, g.session.clone()),
             State::Releasing(g) if g.token == grant.token => (true, g.session.clone()),
             _ => return self.not_held_outcome(&grant.key.name, grant.key.kind).await,
         };
         let (name, kind) = (&grant.key.name, grant.key.kind);
-        let unlocked = match self.unlock_on(&s, name, &grant.attempt, kind, false).await {
+        let unlocked = match self.unlock_on(&s, entry, false).await {
             Ok(unlocked) => {
-                self.forget_on(entry, st, s, &grant.attempt, true);
+                self.forget_on(entry, st, s, true);
                 unlocked
             }
             Err(e) => {
-                let e = Self::failed(entry, st, &s, &grant.attempt, e);
+                let e = Self::failed(entry, st, &s, e);
                 if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
                     entry.set(st, State::Releasing(g));
                     return Err(e);
@@ -235,13 +231,12 @@ impl Dialect for PgDialect {
         grant: &GrantRef,
         lease: Duration,
     ) -> Result<RenewOutcome> {
-        Self::settle(entry, st);
+        entry.settle(st);
         // `Releasing`: the grant is, or is about to be, given back.
         if !matches!(&*st, State::Granted(g) if g.token == grant.token) {
             return Ok(RenewOutcome::NotHeld);
         }
-        let key = &grant.key;
-        match self.extend(entry, st, key, &grant.attempt, lease).await {
+        match self.extend(entry, st, lease).await {
             Ok(true) => Ok(RenewOutcome::Renewed),
             Ok(false) => Ok(RenewOutcome::NotHeld),
             // The session ended: the lock went with it.
@@ -253,7 +248,7 @@ impl Dialect for PgDialect {
     /// Gives back whatever `req`'s attempt holds or may hold (a grant whose answer was lost,
     /// or one it never heard of), and only that. Idempotent.
     async fn give_up(&self, entry: &Entry, st: &mut State, req: &AcquireRequest) -> Result<()> {
-        Self::settle(entry, st);
+        entry.settle(st);
         match &*st {
             State::Idle => Ok(()),
             State::Granted(g) | State::Releasing(g) => {
@@ -262,7 +257,7 @@ impl Dialect for PgDialect {
             }
             State::Unknown(s) => {
                 let s = s.clone();
-                self.drop_on(entry, st, s, &req.key, &req.attempt).await
+                self.drop_on(entry, st, s).await
             }
         }
     }
