@@ -1,12 +1,5 @@
-//! TLS to the server with libpq's `sslmode` semantics, through rustls (feature `tls`).
-//!
-//! | `sslmode` | encrypted | chain checked | host name checked |
-//! |---|---|---|---|
-//! | `disable` | no | – | – |
-//! | `prefer` (default) | if the server supports TLS | only with `sslrootcert` | no |
-//! | `require` | yes, or the connection fails | only with `sslrootcert` (libpq's rule) | no |
-//! | `verify-ca` | yes | yes, against `sslrootcert` | no |
-//! | `verify-full` | yes | yes, against `sslrootcert` | yes (subject alternative names) |
+//! TLS to the server with libpq's `sslmode` semantics, through rustls (feature `tls`); what
+//! each mode encrypts and checks: docs/postgres.md, *TLS*.
 
 pub use distlock_core::conn::tlsmode::SslMode;
 use distlock_core::conn::tlsmode::SslModeNames;

@@ -153,11 +153,6 @@ impl<D: Dialect> Sessions<D> {
         &self.dialect
     }
 
-    /// The attempts this client keeps.
-    pub fn holds(&self) -> &HoldMap<D::State> {
-        &self.holds
-    }
-
     /// The attempts of `owner` on `name` (for operators' and tests' look-ups of the holder's
     /// connection).
     pub fn holds_of(&self, name: &str, owner: &str) -> Vec<Arc<Hold<D::State>>> {

@@ -145,14 +145,4 @@ impl<S: HoldState> HoldMap<S> {
             }
         }
     }
-
-    /// Number of entries (for tests).
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// True if there is no entry.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }

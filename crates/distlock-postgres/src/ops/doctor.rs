@@ -173,19 +173,14 @@ struct Probe {
     pooled: bool,
 }
 
-/// Opens a connection like the backend's, plus `-c dlock.doctor=on` in `options`.
-async fn probe_conn(b: &PostgresBackend) -> Result<tokio_postgres::Client> {
+/// Probes with a connection like the backend's, plus `-c dlock.doctor=on` in `options`.
+async fn probe(b: &PostgresBackend) -> Result<Probe> {
     let mut config = b.common.config.clone();
-    let opts = match config.get_options() {
+    config.options(&match config.get_options() {
         Some(o) if !o.is_empty() => format!("{o} -c dlock.doctor=on"),
         _ => "-c dlock.doctor=on".to_owned(),
-    };
-    config.options(&opts);
-    b.common.client(Some(&config)).await
-}
-
-async fn probe(b: &PostgresBackend) -> Result<Probe> {
-    let one = probe_conn(b).await?;
+    });
+    let one = b.common.client(Some(&config)).await?;
     let two = b.common.client(None).await?;
     let what = "probing the session";
     let first = "SELECT pg_backend_pid(), current_setting('dlock.doctor', true), \

@@ -295,13 +295,12 @@ impl Eviction for Sessions<'_> {
     /// The holders' backends and the holders: an election's leader as `inspect` reports it,
     /// a lock's from its rows.
     async fn holders(&self) -> Result<(Vec<i32>, Vec<HolderInfo>)> {
-        let leader = match self.election {
-            true => Some(self.b.inspect(self.name, LockKind::Election).await?),
-            false => None,
-        };
-        let what = match self.election {
-            true => "finding the leader",
-            false => "finding the holders",
+        let (leader, what) = match self.election {
+            true => {
+                let leader = self.b.inspect(self.name, LockKind::Election).await?;
+                (Some(leader), "finding the leader")
+            }
+            false => (None, "finding the holders"),
         };
         let (mut pids, mut removed, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
         let mut seen: HashSet<(i32, Option<String>)> = HashSet::new();

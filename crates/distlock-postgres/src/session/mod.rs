@@ -78,15 +78,6 @@ fn exclusive(kind: LockKind) -> bool {
     !matches!(kind, LockKind::Read)
 }
 
-/// The `pg_locks.mode` of an advisory lock of `kind`.
-fn lock_mode(kind: LockKind) -> &'static str {
-    if exclusive(kind) {
-        "ExclusiveLock"
-    } else {
-        "ShareLock"
-    }
-}
-
 /// The PostgreSQL dialect of session mode: advisory locks on dedicated sessions.
 pub(crate) struct PgDialect {
     common: Arc<Common>,
@@ -303,15 +294,13 @@ impl Dialect for PgDialect {
             })
             .await?;
         let lease_note = common.has_session_timeouts();
-        let mut holders = Vec::with_capacity(rows.len());
-        for r in &rows {
+        let holder = |r| {
             let (owner, count, left, row_kind): (String, i32, f64, &str) = cols(r, "inspect")?;
-            holders.push(
-                HolderInfo::new(owner, u32::try_from(count).unwrap_or(0))
-                    .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))
-                    .with_side(side(row_kind)),
-            );
-        }
+            Ok(HolderInfo::new(owner, u32::try_from(count).unwrap_or(0))
+                .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))
+                .with_side(side(row_kind)))
+        };
+        let holders = rows.iter().map(holder).collect::<Result<_>>()?;
         let fencing_token = match fence.first() {
             None => 0,
             Some(r) => token_u64(cols::<(i64,)>(r, "fencing token")?.0)?,

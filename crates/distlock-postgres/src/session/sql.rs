@@ -2,7 +2,7 @@
 
 use super::conn::Session;
 use super::state::Entry;
-use super::{exclusive, lock_mode, PgDialect};
+use super::{exclusive, PgDialect};
 use crate::common::{channel, first, key_of, key_oids, token_u64};
 use crate::error::shape;
 use distlock_core::{AcquireRequest, LockKind, ReleaseOutcome, Result};
@@ -82,7 +82,8 @@ impl PgDialect {
     /// Whether `s` holds the attempt's key in its kind's mode (read after every earlier statement there).
     pub(crate) async fn holds(&self, s: &Session, entry: &Entry) -> Result<bool> {
         let (classid, objid) = key_oids(key_of(&self.common.namespace, &entry.name, entry.kind));
-        let mode = lock_mode(entry.kind);
+        // The `pg_locks.mode` of the advisory lock.
+        let mode = ["ShareLock", "ExclusiveLock"][usize::from(exclusive(entry.kind))];
         let params: [Param; 3] = [
             (&classid, Type::OID),
             (&objid, Type::OID),
