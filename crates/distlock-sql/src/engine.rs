@@ -222,20 +222,6 @@ impl<D: Dialect> Sessions<D> {
         }
     }
 
-    /// The retrying wait loop of the core, one server-side wait per round.
-    async fn wait_loop(
-        &self,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        let d = Deadline::from(deadline);
-        distlock_core::wait::retrying(d, cancel, Default::default(), || {
-            self.wait_round(req, d, cancel)
-        })
-        .await
-    }
-
     /// One round: the attempt's state locked (while the deadline and `cancel` allow), one
     /// server-side wait. The attempt's state stays with it after a failure: the next round
     /// resumes on the same connection if the failed request may have taken the lock there.
@@ -306,7 +292,10 @@ impl<D: Dialect> Backend for Sessions<D> {
         if !self.dialect.waits_on_server(&self.holds, req).await {
             return distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await;
         }
-        let r = self.wait_loop(req, deadline, cancel).await;
+        // The core's retrying loop, one server-side wait per round.
+        let d = Deadline::from(deadline);
+        let round = || self.wait_round(req, d, cancel);
+        let r = distlock_core::wait::retrying(d, cancel, Default::default(), round).await;
         if matches!(r, Ok(None)) && self.holds.existing(&req.attempt).is_some() {
             if let Err(e) = self.give_up(req).await {
                 tracing::debug!(error = %e, name = %req.key.name, "could not give up a stopped wait; its connection's lease frees the lock");

@@ -103,15 +103,8 @@ pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
                       current_setting('synchronous_commit'), \
                       current_setting('synchronous_standby_names')";
     let row = row(b, None, "diagnosing", sql).await?;
-    let (version, num, recovery, standbys, mut sync, commit, names): (
-        String,
-        i32,
-        bool,
-        i64,
-        i64,
-        String,
-        String,
-    ) = cols(&row, "diagnose")?;
+    let (version, num, recovery, standbys, mut sync, commit, names) =
+        cols::<(String, i32, bool, i64, i64, String, String)>(&row, "diagnose")?;
     // sync_state is hidden from roles without pg_monitor: then only the setting tells.
     if sync == 0 && standbys > 0 && !names.trim().is_empty() {
         sync = 1;
