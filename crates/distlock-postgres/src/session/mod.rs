@@ -82,7 +82,8 @@ fn exclusive(kind: LockKind) -> bool {
 pub(crate) struct PgDialect {
     common: Arc<Common>,
     listener: Arc<Listener>,
-    pool: IdlePool<Arc<conn::Session>>,
+    /// Idle sessions kept for the next grant.
+    pub(crate) pool: IdlePool<Arc<conn::Session>>,
 }
 
 #[async_trait]
@@ -385,9 +386,4 @@ pub(crate) async fn holder_pid(mode: &SessionMode, name: &str, owner: &str) -> O
         }
     }
     None
-}
-
-/// Idle sessions kept for the next grant.
-pub(crate) fn idle_sessions(mode: &SessionMode) -> usize {
-    mode.dialect().pool.len()
 }
