@@ -4,6 +4,7 @@ use crate::error::{map, timeout, KIND};
 use distlock_core::{Error, LockKind, RenewOutcome, Result};
 use sha2::{Digest, Sha256};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::{FromSql, ToSql, Type};
@@ -25,7 +26,7 @@ pub(crate) struct Common {
     /// Locked while a broken one is replaced (one reconnect at a time).
     control: tokio::sync::Mutex<Option<Arc<Client>>>,
     /// A replacement control connection is being opened ([`Common::replace_control`]).
-    replacing: std::sync::atomic::AtomicBool,
+    replacing: AtomicBool,
 }
 
 impl Common {
@@ -46,7 +47,7 @@ impl Common {
             op_timeout: opts.get_op_timeout(),
             server_version: 0,
             control: tokio::sync::Mutex::new(None),
-            replacing: std::sync::atomic::AtomicBool::new(false),
+            replacing: AtomicBool::new(false),
         };
         let client = common.client(None).await.map(Arc::new)?;
         // Part of connecting: a cold server may need longer than one call's timeout.
@@ -129,12 +130,10 @@ impl Common {
     /// when it broke.
     pub(crate) async fn control(&self) -> Result<Arc<Client>> {
         let mut slot = self.control.lock().await;
-        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
-            return Ok(c.clone());
+        match slot.as_ref().filter(|c| !c.is_closed()) {
+            Some(c) => Ok(c.clone()),
+            None => Ok(slot.insert(self.client(None).await.map(Arc::new)?).clone()),
         }
-        let client = self.client(None).await.map(Arc::new)?;
-        *slot = Some(client.clone());
-        Ok(client)
     }
 
     /// Runs one driver call with the per-call timeout, mapping its error.
@@ -187,28 +186,20 @@ impl Common {
     /// closes when the last of them lets go of it. One replacement at a time; if it cannot
     /// connect (the server is as slow as the old connection), the old one stays.
     fn replace_control(self: &Arc<Self>, client: &Arc<Client>) {
-        if self
-            .replacing
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
+        if self.replacing.swap(true, SeqCst) {
             return;
         }
         let (common, old) = (self.clone(), Arc::downgrade(client));
         tokio::spawn(async move {
             if let Ok(new) = common.client(None).await.map(Arc::new) {
                 let mut slot = common.control.lock().await;
-                let current = match (slot.as_ref(), old.upgrade()) {
-                    (Some(c), Some(old)) => Arc::ptr_eq(c, &old),
-                    _ => false,
-                };
-                if current {
+                let (c, old) = (slot.as_ref(), old.upgrade());
+                if c.zip(old).is_some_and(|(c, old)| Arc::ptr_eq(c, &old)) {
                     tracing::debug!(endpoint = %common.endpoint, "postgres control connection replaced after a timeout");
                     *slot = Some(new);
                 }
             }
-            common
-                .replacing
-                .store(false, std::sync::atomic::Ordering::SeqCst);
+            common.replacing.store(false, SeqCst);
         });
     }
 
@@ -222,7 +213,6 @@ impl Common {
         ddl: &str,
     ) -> Result<()> {
         let client = self.control().await?;
-        let names: Vec<&str> = tables.to_vec();
         let col_tables: Vec<&str> = columns.iter().map(|(t, _)| *t).collect();
         let col_names: Vec<&str> = columns.iter().map(|(_, c)| *c).collect();
         let what = "checking dlock's tables";
@@ -237,13 +227,11 @@ impl Common {
                                  WHERE a.attrelid = to_regclass(x.t) AND a.attname = x.c \
                                    AND NOT a.attisdropped)), true) \
                              FROM unnest($2::text[], $3::text[]) AS x(t, c))",
-                    &[&names, &col_tables, &col_names],
+                    &[&tables, &col_tables, &col_names],
                 ),
             )
             .await?;
-        let (present,): (Option<bool>,) = cols(&row, what)?;
-        let present = present.unwrap_or(false);
-        if present {
+        if let (Some(true),) = cols::<(Option<bool>,)>(&row, what)? {
             return Ok(());
         }
         let script =
@@ -284,9 +272,16 @@ pub(crate) fn side(kind: &str) -> Option<LockKind> {
 
 /// The first column of the first row, or an error naming `what`.
 pub(crate) fn first<'a, T: FromSql<'a>>(what: &str, rows: &'a [Row]) -> Result<T> {
-    rows.first()
-        .and_then(|r| r.try_get::<_, T>(0).ok())
-        .ok_or_else(|| crate::error::shape(what, format!("{} rows", rows.len())))
+    one(rows, what).map(|(t,)| t)
+}
+
+/// The leading columns of the first row, typed as the tuple `T`, or an error naming `what`.
+pub(crate) fn one<'a, T: Cols<'a>>(rows: &'a [Row], what: &str) -> Result<T> {
+    let row = rows.first();
+    cols(
+        row.ok_or_else(|| crate::error::shape(what, "no row"))?,
+        what,
+    )
 }
 
 /// The leading columns of a row as a tuple ([`cols`]).
@@ -356,10 +351,9 @@ impl Common {
         ];
         params.extend_from_slice(extra);
         let rows = self.query("proclaiming", sql, &params).await?;
-        Ok(if first("proclaiming", &rows)? {
-            RenewOutcome::Renewed
-        } else {
-            RenewOutcome::NotHeld
+        Ok(match first("proclaiming", &rows)? {
+            true => RenewOutcome::Renewed,
+            false => RenewOutcome::NotHeld,
         })
     }
 }

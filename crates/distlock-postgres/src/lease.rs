@@ -11,7 +11,7 @@
 //! Elections have rows of their own (`dlock_lease_elections`).
 
 use crate::common::{
-    channel, cols, election_key, key_of, lease_left, token_i64, token_u64, Common,
+    channel, cols, election_key, key_of, lease_left, one, token_i64, token_u64, Common,
 };
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
@@ -143,8 +143,7 @@ impl LeaseMode {
         if record {
             self.unanswered.recorded(attempt);
         }
-        let row = rows.first().ok_or_else(|| shape("release", "no row"))?;
-        Ok(match cols(row, "release")? {
+        Ok(match one(&rows, "release")? {
             (true, _) => ReleaseOutcome::Released,
             (false, Some(true)) => ReleaseOutcome::TakenByOther,
             (false, _) => ReleaseOutcome::Expired,
@@ -247,8 +246,7 @@ impl Backend for LeaseMode {
             .unanswered
             .track(&req.attempt, self.common.query(what, sql, &params))
             .await?;
-        let row = rows.first().ok_or_else(|| shape("acquire", "no row"))?;
-        Ok(match cols(row, "acquire")? {
+        Ok(match one(&rows, "acquire")? {
             (Some(t), _) => AcquireReply::Granted {
                 token: token_u64(t)?,
             },
@@ -319,10 +317,8 @@ impl Backend for LeaseMode {
             info.fencing_token = token_u64(token)?;
             if let Some(owner) = owner.filter(|_| granted && left.is_finite() && left > 0.0) {
                 // One grant; re-entrant guards are counted in the holder's client.
-                let value = match election {
-                    true => Some(r.try_get::<_, String>(4).map_err(|e| shape("inspect", e))?),
-                    false => None,
-                };
+                let value = election.then(|| r.try_get::<_, String>(4));
+                let value = value.transpose().map_err(|e| shape("inspect", e))?;
                 info.holders.push(
                     HolderInfo::new(owner, 1)
                         .with_lease_left(Some(Duration::from_secs_f64(left / 1000.0)))

@@ -1,6 +1,6 @@
 //! `dlock doctor` on PostgreSQL (the findings: docs/postgres.md, *Operator commands*).
 
-use crate::common::{cols, first};
+use crate::common::{cols, first, one};
 use crate::error::KIND;
 use crate::{Mode, PostgresBackend};
 use distlock_core::operator::{clock_finding, measure_clock, TlsSession};
@@ -64,25 +64,18 @@ fn replication_finding(recovery: bool, standbys: i64, sync: i64, commit: &str) -
     }
 }
 
-/// The one row `sql` returns on `client` (the control connection if `None`), with the
-/// per-call timeout.
-async fn row(b: &PostgresBackend, client: Option<&Client>, what: &str, sql: &str) -> Result<Row> {
-    let control;
-    let client = match client {
-        Some(c) => c,
-        None => {
-            control = b.common.control().await?;
-            &control
-        }
-    };
+/// The one row `sql` returns on `client`, with the per-call timeout.
+async fn row(b: &PostgresBackend, client: &Client, what: &str, sql: &str) -> Result<Row> {
     b.common.run(what, client.query_one(sql, &[])).await
 }
 
 /// The server's clock (`clock_timestamp()`), for `Operator::server_time`.
 pub(crate) async fn server_time(b: &PostgresBackend) -> Result<SystemTime> {
     let sql = "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::int8";
-    let row = row(b, None, "reading the server clock", sql).await?;
-    let (us,): (i64,) = cols(&row, "server_time")?;
+    let us: i64 = first(
+        "server_time",
+        &b.common.query("reading the server clock", sql, &[]).await?,
+    )?;
     let us = u64::try_from(us).map_err(|_| {
         distlock_core::Error::unexpected(
             KIND,
@@ -102,9 +95,9 @@ pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
                        WHERE sync_state IN ('sync', 'quorum')), \
                       current_setting('synchronous_commit'), \
                       current_setting('synchronous_standby_names')";
-    let row = row(b, None, "diagnosing", sql).await?;
+    let rows = b.common.query("diagnosing", sql, &[]).await?;
     let (version, num, recovery, standbys, mut sync, commit, names) =
-        cols::<(String, i32, bool, i64, i64, String, String)>(&row, "diagnose")?;
+        one::<(String, i32, bool, i64, i64, String, String)>(&rows, "diagnose")?;
     // sync_state is hidden from roles without pg_monitor: then only the setting tells.
     if sync == 0 && standbys > 0 && !names.trim().is_empty() {
         sync = 1;
@@ -135,10 +128,7 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
     let sql = "SELECT coalesce((SELECT ssl::text || ' ' || coalesce(version, '') \
                FROM pg_stat_ssl WHERE pid = pg_backend_pid()), 'unknown')";
     let rows = b.common.query("reading pg_stat_ssl", sql, &[]).await;
-    let seen = rows
-        .ok()
-        .and_then(|r| first::<String>("pg_stat_ssl", &r).ok());
-    let seen = seen.unwrap_or_else(|| "unknown".into());
+    let seen: Option<String> = rows.ok().and_then(|r| first("pg_stat_ssl", &r).ok());
     let checks = b.common.tls.checks();
     let t = TlsSession {
         host: &host,
@@ -149,7 +139,7 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
         fix_unchecked: "use sslmode=verify-full with sslrootcert",
         fix_plain: "lock names, tokens and an md5 password exchange travel in clear; turn on ssl in the server and use sslmode=verify-full",
     };
-    t.finding(match seen.split_once(' ') {
+    t.finding(match seen.as_deref().and_then(|s| s.split_once(' ')) {
         Some(("true", version)) => Some(Some(version)),
         Some(("false", _)) => Some(None),
         _ => None,
@@ -178,13 +168,11 @@ async fn probe(b: &PostgresBackend) -> Result<Probe> {
     let what = "probing the session";
     let first = "SELECT pg_backend_pid(), current_setting('dlock.doctor', true), \
                         set_config('dlock.doctor_kept', 'yes', false)";
-    let (pid1, opt): (i32, Option<String>) =
-        cols(&row(b, Some(&one), what, first).await?, "probe")?;
-    let other = row(b, Some(&two), what, "SELECT pg_backend_pid()").await?;
+    let (pid1, opt): (i32, Option<String>) = cols(&row(b, &one, what, first).await?, "probe")?;
+    let other = row(b, &two, what, "SELECT pg_backend_pid()").await?;
     let (pid_other,): (i32,) = cols(&other, "probe")?;
     let second = "SELECT pg_backend_pid(), current_setting('dlock.doctor_kept', true)";
-    let (pid2, kept): (i32, Option<String>) =
-        cols(&row(b, Some(&one), what, second).await?, "probe")?;
+    let (pid2, kept): (i32, Option<String>) = cols(&row(b, &one, what, second).await?, "probe")?;
     Ok(Probe {
         options_applied: opt.as_deref() == Some("on"),
         pooled: pid1 != pid2
@@ -204,11 +192,7 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
         Ok(p) => p,
         Err(e) => {
             let text = e.to_string();
-            let sev = if mode == Mode::Session {
-                Severity::Unsafe
-            } else {
-                Severity::Warning
-            };
+            let sev = [Severity::Warning, Severity::Unsafe][usize::from(mode == Mode::Session)];
             return f(
                 sev,
                 &if text.contains("unsupported startup parameter") {
@@ -272,7 +256,7 @@ async fn timeout_finding(b: &PostgresBackend, mode: Mode, num: i32) -> Finding {
     let ended = tokio::spawn(async move { conn.await.err() });
     let sql = "SELECT set_config('idle_session_timeout', '300', false), \
                       current_setting('idle_session_timeout')";
-    let set = row(b, Some(&client), "setting idle_session_timeout", sql).await;
+    let set = row(b, &client, "setting idle_session_timeout", sql).await;
     if let Err(e) = set {
         return f(
             Severity::Unsafe,

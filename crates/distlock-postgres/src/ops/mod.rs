@@ -113,11 +113,8 @@ async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     }
     let mut out = Vec::with_capacity(names.len());
     for (name, (live, any)) in names {
-        let kind = match b.mode() {
-            Mode::Lease => LockKind::Mutex,
-            Mode::Session if !live.is_empty() => listed_kind(&live),
-            Mode::Session => listed_kind(&any),
-        };
+        // Lease rows have no kind: a mutex.
+        let kind = listed_kind(if live.is_empty() { &any } else { &live });
         let mut info = b.inspect(&name, kind).await?;
         if b.mode() == Mode::Session {
             // Backends holding the key without a holder row for it.
@@ -281,10 +278,6 @@ impl<'a> Sessions<'a> {
             attempts: Default::default(),
         }
     }
-
-    async fn held(&self, what: &str) -> Result<Vec<Held>> {
-        held(&self.b.common, self.name, self.key, what).await
-    }
 }
 
 #[distlock_core::async_trait]
@@ -304,7 +297,7 @@ impl Eviction for Sessions<'_> {
         };
         let (mut pids, mut removed, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
         let mut seen: HashSet<(i32, Option<String>)> = HashSet::new();
-        for h in self.held(what).await? {
+        for h in held(&self.b.common, self.name, self.key, what).await? {
             if !pids.contains(&h.pid) {
                 pids.push(h.pid);
             }
@@ -330,7 +323,8 @@ impl Eviction for Sessions<'_> {
     }
 
     async fn still_held(&self, pids: &[i32]) -> Result<bool> {
-        let held = self.held("waiting for the terminated holders").await?;
+        let what = "waiting for the terminated holders";
+        let held = held(&self.b.common, self.name, self.key, what).await?;
         Ok(held.iter().any(|h| pids.contains(&h.pid)))
     }
 
@@ -400,14 +394,9 @@ async fn force_lease_election(b: &PostgresBackend, name: &str) -> Result<ForceRe
 /// `pg_terminate_backend(pid)`, with the privilege error spelled out.
 async fn terminate(b: &PostgresBackend, name: &str, pid: i32) -> Result<()> {
     let client = b.common.control().await?;
-    let op = b.common.op_timeout;
-    let res = tokio::time::timeout(
-        op,
-        client.query_typed("SELECT pg_terminate_backend($1)", &[(&pid, Type::INT4)]),
-    )
-    .await
-    .map_err(|_| crate::error::timeout(&b.common.endpoint, "terminating the holder", op))?;
-    match res {
+    let sql = "SELECT pg_terminate_backend($1)";
+    let call = async { Ok(client.query_typed(sql, &[(&pid, Type::INT4)]).await) };
+    match b.common.run("terminating the holder", call).await? {
         // false: the backend ended meanwhile; its lock is gone with it.
         Ok(_) => Ok(()),
         Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {

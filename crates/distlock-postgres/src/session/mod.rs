@@ -16,7 +16,7 @@ mod state;
 mod wait;
 
 use crate::common::{cols, election_key, key_oids, lease_left, lock_key, side, token_u64, Common};
-use crate::error::{shape, KIND};
+use crate::error::KIND;
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
 use distlock_core::clock::Instant as LeaseInstant;
@@ -302,10 +302,8 @@ impl Dialect for PgDialect {
                 .with_side(side(row_kind)))
         };
         let holders = rows.iter().map(holder).collect::<Result<_>>()?;
-        let fencing_token = match fence.first() {
-            None => 0,
-            Some(r) => token_u64(cols::<(i64,)>(r, "fencing token")?.0)?,
-        };
+        let token = |r| token_u64(cols::<(i64,)>(r, "fencing token")?.0);
+        let fencing_token = fence.first().map_or(Ok(0), token)?;
         Ok(LockInfo::new(name)
             .with_holders(holders)
             .with_fencing_token(fencing_token)
@@ -342,7 +340,7 @@ impl PgDialect {
         if let Some(r) = rows.first() {
             let (owner, value, token, left, leads): (String, String, i64, f64, bool) =
                 cols(r, what)?;
-            info = info.with_fencing_token(u64::try_from(token).map_err(|_| shape(what, token))?);
+            info = info.with_fencing_token(token_u64(token)?);
             if leads {
                 let lease_note = common.has_session_timeouts();
                 info = info.with_holders(vec![HolderInfo::new(owner, 1)

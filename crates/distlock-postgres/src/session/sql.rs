@@ -63,11 +63,7 @@ impl PgDialect {
         idle_free: &str,
     ) -> Result<bool> {
         let key = key_of(&self.common.namespace, &entry.name, entry.kind);
-        let sql = if exclusive(entry.kind) {
-            TRY_LOCK
-        } else {
-            TRY_LOCK_SHARED
-        };
+        let sql = [TRY_LOCK_SHARED, TRY_LOCK][usize::from(exclusive(entry.kind))];
         let guc = self.lease_guc();
         let params: [Param; 4] = [
             (&key, Type::INT8),
@@ -160,8 +156,7 @@ impl PgDialect {
             _ => REFRESH,
         };
         let rows = self.query(s, "refreshing the grant", sql, &params).await?;
-        let n: i64 = first("refreshing the grant", &rows)?;
-        Ok(n > 0)
+        Ok(first::<i64>("refreshing the grant", &rows)? > 0)
     }
 
     /// Gives up what `attempt` holds (or may hold) on `s` and forgets its row: one unlock of
@@ -192,10 +187,8 @@ impl PgDialect {
             (&guc, Type::TEXT),
         ];
         let rows = self.query(s, "releasing", sql, &params).await?;
-        if all {
-            return Ok(true);
-        }
-        first("releasing", &rows)
+        // An unlock-all does not tell.
+        Ok(all || first("releasing", &rows)?)
     }
 
     /// The longest remaining lease among the live holders of `name`.
@@ -231,11 +224,9 @@ impl PgDialect {
             .common
             .query("checking the lock", ANY_HOLDER, &params)
             .await?;
-        let held: bool = first("checking the lock", &rows)?;
-        Ok(if held {
-            ReleaseOutcome::TakenByOther
-        } else {
-            ReleaseOutcome::Expired
+        Ok(match first("checking the lock", &rows)? {
+            true => ReleaseOutcome::TakenByOther,
+            false => ReleaseOutcome::Expired,
         })
     }
 

@@ -35,11 +35,7 @@ fn wait_sql(
         || "0".to_string(),
         |r| format!("{}ms", wait_millis(r).min(i32::MAX as u128)),
     );
-    let func = if exclusive(kind) {
-        "pg_advisory_lock"
-    } else {
-        "pg_advisory_lock_shared"
-    };
+    let func = ["pg_advisory_lock_shared", "pg_advisory_lock"][usize::from(exclusive(kind))];
     format!(
         "SET LOCAL lock_timeout = '{lock_timeout}'; \
          SELECT {func}({key}), set_config('{guc}', '{lease_idle}', false)"
