@@ -40,7 +40,6 @@ impl fmt::Display for RootCert {
 }
 
 /// How libpq and PostgreSQL name the TLS settings, for messages.
-#[cfg(feature = "tls")]
 const WORDS: distlock_core::conn::TlsWords = distlock_core::conn::TlsWords {
     ca: "sslrootcert=PATH",
     client_cert: "sslcert=PATH and sslkey=PATH",
@@ -176,7 +175,7 @@ impl TlsOptions {
 /// The TLS connector every connection of a backend uses, with what its errors need to say
 /// about the settings: the options, and the one host connected to, when there is one.
 pub(crate) struct Tls {
-    opts: TlsOptions,
+    pub(crate) opts: TlsOptions,
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     host: Option<String>,
     #[cfg(feature = "tls")]
@@ -184,29 +183,12 @@ pub(crate) struct Tls {
 }
 
 impl Tls {
-    fn not_supported(&self) -> TlsError {
-        TlsError::new(
-            TlsErrorKind::NotSupportedByServer,
-            format!(
-                "the server does not support TLS (it refused the TLS request), and {} needs \
-                 it: turn `ssl = on` in the server's postgresql.conf, or use sslmode=prefer or \
-                 disable",
-                MODES.setting(self.opts.mode)
-            ),
-        )
-    }
-
     #[cfg(feature = "tls")]
     fn host_name(&self) -> String {
         self.host
             .as_ref()
             .map(|h| format!("`{h}`"))
             .unwrap_or_else(|| "connected to".into())
-    }
-
-    /// The mode.
-    pub(crate) fn mode(&self) -> SslMode {
-        self.opts.mode
     }
 
     /// What of the server's certificate is checked, in words.
@@ -221,7 +203,15 @@ impl Tls {
         let mut source = std::error::Error::source(e);
         while let Some(s) = source {
             if s.to_string() == "server does not support TLS" {
-                return Some(self.not_supported());
+                return Some(TlsError::new(
+                    TlsErrorKind::NotSupportedByServer,
+                    format!(
+                        "the server does not support TLS (it refused the TLS request), and {} \
+                         needs it: {}",
+                        MODES.setting(self.opts.mode),
+                        WORDS.plain
+                    ),
+                ));
             }
             #[cfg(feature = "tls")]
             {
@@ -274,21 +264,9 @@ mod imp {
     /// `tls-server-end-point` channel binding).
     pub(crate) type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 
-    /// The files `opts` names (the roots only when they are a file).
-    fn files(opts: &TlsOptions) -> TlsFiles {
-        let mut files = TlsFiles::new(NAMES);
-        if let Some(RootCert::File(p)) = &opts.root {
-            files = files.with_ca(p);
-        }
-        if let Some((cert, key)) = &opts.client {
-            files = files.with_client(cert, key);
-        }
-        files
-    }
-
-    /// What of the server's certificate `opts` checks: nothing without roots (libpq's
-    /// prefer/require encrypt without checking), the chain with them, the name too for
-    /// verify-full.
+    /// What of the server's certificate `opts` checks (its files: the roots only when they are
+    /// a file): nothing without roots (libpq's prefer/require encrypt without checking), the
+    /// chain with them, the name too for verify-full.
     fn check(opts: &TlsOptions, files: &TlsFiles) -> Result<ServerCheck> {
         let roots = match (&opts.root, opts.mode) {
             (None, _) | (_, SslMode::Disable) => return Ok(ServerCheck::None),
@@ -312,7 +290,13 @@ mod imp {
 
     impl Tls {
         pub(super) fn new(opts: &TlsOptions, host: Option<String>) -> Result<Self> {
-            let files = files(opts);
+            let mut files = TlsFiles::new(NAMES);
+            if let Some(RootCert::File(p)) = &opts.root {
+                files = files.with_ca(p);
+            }
+            if let Some((cert, key)) = &opts.client {
+                files = files.with_client(cert, key);
+            }
             let mut config = files.client_config(check(opts, &files)?)?;
             // PostgreSQL 17's direct TLS (sslnegotiation=direct) needs it; older servers
             // ignore it.

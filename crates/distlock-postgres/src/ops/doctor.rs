@@ -133,7 +133,7 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
     let t = TlsSession {
         host: &host,
         loopback,
-        setting: crate::tls::MODES.setting(b.common.tls.mode()),
+        setting: crate::tls::MODES.setting(b.common.tls.opts.mode()),
         checks,
         verified: checks != "certificate not checked",
         fix_unchecked: "use sslmode=verify-full with sslrootcert",

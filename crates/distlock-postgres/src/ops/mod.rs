@@ -120,9 +120,8 @@ async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
             // Backends holding the key without a holder row for it.
             let key = key_oids(lock_key(ns, &name));
             let held = held(&b.common, &name, key, "listing lock holders").await?;
-            let unnamed = held.iter().filter(|h| h.owner.is_none());
-            info.holders
-                .extend(unnamed.map(|h| HolderInfo::new(h.owner(), 1)));
+            let unnamed = held.into_iter().filter(|h| !h.named);
+            info.holders.extend(unnamed.map(|h| h.info));
         }
         out.push(ListedLock::new(kind, info));
     }
@@ -138,29 +137,24 @@ async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     Ok(out)
 }
 
-/// A backend holding an advisory key (one row per mode it holds the key in), with its holder
-/// row for the name if it has one.
+/// A backend holding an advisory key (one row per mode it holds the key in): its holder row
+/// for the name (`named`) as a holder, or the backend described when it has none.
 struct Held {
     pid: i32,
-    app: Option<String>,
-    owner: Option<String>,
-    kind: Option<String>,
     attempt: Option<String>,
-    left: Option<f64>,
+    named: bool,
+    info: HolderInfo,
 }
 
-impl Held {
-    /// The holder's owner, or the backend described when it has no holder row.
-    fn owner(&self) -> String {
-        self.owner.clone().unwrap_or_else(|| {
-            let app = self.app.as_deref().unwrap_or_default();
-            format!(
-                "pid {} (application_name {app:?}, no dlock_holders row)",
-                self.pid
-            )
-        })
-    }
-}
+/// pid, application_name, and the holder row's owner, kind, attempt and ms left.
+type HeldRow = (
+    i32,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<f64>,
+);
 
 /// The backends holding the advisory key `(classid, objid)` of `name` in this database, each
 /// joined with its `dlock_holders` rows for `name`.
@@ -185,14 +179,19 @@ async fn held(common: &Arc<Common>, name: &str, key: (u32, u32), what: &str) -> 
     let rows = common.query(what, &sql, &params).await?;
     rows.iter()
         .map(|r| {
-            let (pid, app, owner, kind, attempt, left) = cols(r, what)?;
+            let (pid, app, owner, kind, attempt, left): HeldRow = cols(r, what)?;
+            let named = owner.is_some();
+            let owner = owner.unwrap_or_else(|| {
+                let app = app.unwrap_or_default();
+                format!("pid {pid} (application_name {app:?}, no dlock_holders row)")
+            });
+            let info = HolderInfo::new(owner, 1).with_lease_left(lease_left(left));
+            let info = info.with_side(kind.as_deref().and_then(side));
             Ok(Held {
                 pid,
-                app,
-                owner,
-                kind,
                 attempt,
-                left,
+                named,
+                info,
             })
         })
         .collect()
@@ -305,11 +304,7 @@ impl Eviction for Sessions<'_> {
             if leader.is_some() || !seen.insert((h.pid, h.attempt.clone())) {
                 continue;
             }
-            removed.push(
-                HolderInfo::new(h.owner(), 1)
-                    .with_lease_left(lease_left(h.left))
-                    .with_side(h.kind.as_deref().and_then(side)),
-            );
+            removed.push(h.info);
             attempts.extend(h.attempt);
         }
         if let Ok(mut a) = self.attempts.lock() {
