@@ -54,7 +54,6 @@ pub struct PostgresBackend {
     common: Arc<Common>,
     listener: Arc<listen::Listener>,
     inner: Inner,
-    listen: bool,
 }
 
 impl PostgresBackend {
@@ -123,21 +122,13 @@ impl PostgresBackend {
 
     /// Opens the backend with every setting resolved.
     async fn open(p: builder::Parsed, endpoint: String, opts: &ClientOptions) -> Result<Self> {
-        let (mut config, tls, mode, listen) = (p.config, p.tls, p.mode, p.listen);
+        let (mut config, tls, mode) = (p.config, p.tls, p.mode);
         let host = match config.get_hosts() {
             [tokio_postgres::config::Host::Tcp(h)] => Some(h.clone()),
             _ => None,
         };
         let connector = tls.connector(host)?;
-        // libpq ignores sslmode on unix sockets, and the server offers no TLS there.
-        let unix_only = config
-            .get_hosts()
-            .iter()
-            .all(|h| !matches!(h, tokio_postgres::config::Host::Tcp(_)));
-        config.ssl_mode(match unix_only {
-            true => tokio_postgres::config::SslMode::Disable,
-            false => tls.driver_mode(),
-        });
+        config.ssl_mode(tls.driver_mode(config.get_hosts()));
         config.connect_timeout(opts.get_connect_timeout());
         if config.get_application_name().is_none() {
             config.application_name("dlock");
@@ -151,7 +142,7 @@ impl PostgresBackend {
             Mode::Lease => (lease::TABLES, lease::COLUMNS, lease::DDL),
         };
         common.ensure_schema(tables, columns, ddl).await?;
-        let listener = listen::Listener::new(common.clone(), listen);
+        let listener = listen::Listener::new(common.clone(), p.listen);
         let (c, l) = (common.clone(), listener.clone());
         let inner = match mode {
             Mode::Session => Inner::Session(session::new_mode(c, l)),
@@ -161,7 +152,6 @@ impl PostgresBackend {
             common,
             listener,
             inner,
-            listen,
         })
     }
 

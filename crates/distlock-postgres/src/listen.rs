@@ -29,7 +29,7 @@ struct Conn {
 pub(crate) struct Listener {
     common: Arc<Common>,
     /// Waiters listen for notifications (`listen=off`: they wake at their heartbeat).
-    listen: bool,
+    pub(crate) listen: bool,
     conn: Mutex<Option<Conn>>,
     subs: Subscriptions<String>,
     /// The generation of the current connection: a reader task of an older one that ends

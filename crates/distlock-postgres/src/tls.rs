@@ -8,6 +8,7 @@ pub use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{Error, Result};
 use std::fmt;
 use std::path::PathBuf;
+use tokio_postgres::config::Host;
 
 /// libpq's spellings of the modes.
 pub(crate) const MODES: SslModeNames = SslModeNames {
@@ -154,10 +155,12 @@ impl TlsOptions {
         MODES.check(self.mode, self.root.is_some(), files, cfg!(feature = "tls"))
     }
 
-    /// The tokio-postgres `sslmode` of this mode.
-    pub(crate) fn driver_mode(&self) -> tokio_postgres::config::SslMode {
+    /// The tokio-postgres `sslmode` of this mode to `hosts` (libpq ignores sslmode on unix
+    /// sockets, and the server offers no TLS there).
+    pub(crate) fn driver_mode(&self, hosts: &[Host]) -> tokio_postgres::config::SslMode {
         use tokio_postgres::config::SslMode as D;
         match self.mode {
+            _ if !hosts.iter().any(|h| matches!(h, Host::Tcp(_))) => D::Disable,
             SslMode::Disable => D::Disable,
             SslMode::Prefer => D::Prefer,
             _ => D::Require,
@@ -347,10 +350,7 @@ mod imp {
                     .client
                     .as_ref()
                     .map(|(c, _)| format!(" sslcert={}", c.display()));
-                let cert = match &cert {
-                    Some(c) => ClientCert::Given(c),
-                    None => ClientCert::None,
-                };
+                let cert = cert.as_deref().map_or(ClientCert::None, ClientCert::Given);
                 TlsError::worded(kind, &e.to_string(), &WORDS, cert)
             }
         }

@@ -208,7 +208,7 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
             Severity::Unsafe,
             "a transaction-pooling proxy (PgBouncer pool_mode=transaction/statement) is in front: one client connection was served by several server backends, or two by one, or a session setting was lost; session mode's advisory locks and leases live in the server session, so another client can be handed a session that holds a lock, and a dead holder's lock is never freed; connect to the server directly (or a session-pooling PgBouncer) or use ?mode=lease",
         ),
-        (true, Mode::Lease) if b.listen => f(
+        (true, Mode::Lease) if b.listener.listen => f(
             Severity::Warning,
             "a transaction-pooling proxy is in front: lease mode works there, but LISTEN/NOTIFY does not, so waiters wake only at their heartbeat; add listen=off to the URL to say so (or connect directly for prompt wake-ups)",
         ),

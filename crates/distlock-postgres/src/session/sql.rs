@@ -4,7 +4,6 @@ use super::conn::Session;
 use super::state::Entry;
 use super::{exclusive, PgDialect};
 use crate::common::{channel, first, key_of, key_oids, token_u64};
-use crate::error::shape;
 use distlock_core::{AcquireRequest, LockKind, ReleaseOutcome, Result};
 use distlock_sql::lease::millis_f64;
 use std::time::Duration;
@@ -71,8 +70,8 @@ impl PgDialect {
             (&idle_free, Type::TEXT),
             (&guc, Type::TEXT),
         ];
-        let rows = self.query(s, "trying the lock", sql, &params).await?;
-        first("pg_try_advisory_lock", &rows)
+        let what = "trying the lock";
+        first(what, &self.query(s, what, sql, &params).await?)
     }
 
     /// Whether `s` holds the attempt's key in its kind's mode (read after every earlier statement there).
@@ -85,10 +84,8 @@ impl PgDialect {
             (&objid, Type::OID),
             (&mode, Type::TEXT),
         ];
-        let rows = self
-            .query(s, "checking the session's lock", HOLDS, &params)
-            .await?;
-        first("checking the session's lock", &rows)
+        let what = "checking the session's lock";
+        first(what, &self.query(s, what, HOLDS, &params).await?)
     }
 
     /// Records the grant `s` holds for `req` and returns its fencing token (the recorded one
@@ -125,9 +122,7 @@ impl PgDialect {
             params.extend([(&kind as _, Type::TEXT), (&excl as _, Type::BOOL)]);
             ("recording the grant", REGISTER)
         };
-        let rows = self.query(s, what, sql, &params).await?;
-        let token: Option<i64> = first(what, &rows)?;
-        token_u64(token.ok_or_else(|| shape(what, "no token"))?)
+        token_u64(first(what, &self.query(s, what, sql, &params).await?)?)
     }
 
     /// Makes the grant's row and the session's lease run at least `lease` from now. False if
@@ -155,8 +150,8 @@ impl PgDialect {
             LockKind::Election => ELECTION_REFRESH,
             _ => REFRESH,
         };
-        let rows = self.query(s, "refreshing the grant", sql, &params).await?;
-        Ok(first::<i64>("refreshing the grant", &rows)? > 0)
+        let what = "refreshing the grant";
+        Ok(first::<i64>(what, &self.query(s, what, sql, &params).await?)? > 0)
     }
 
     /// Gives up what `attempt` holds (or may hold) on `s` and forgets its row: one unlock of
