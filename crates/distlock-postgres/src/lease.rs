@@ -42,35 +42,15 @@ pub(crate) const COLUMNS: &[(&str, &str)] = &[
     ("dlock_lease_elections", "ended"),
 ];
 
-/// Grant (fresh, or the same grant again for a retry of the attempt that holds it, the lease
-/// never shortened) in one statement; on contention the second column is the holder's
-/// remaining lease in ms. A grant over an existing row draws its token in the `SET`, on the
-/// locked, latest row version (a token drawn before waiting for the row lock could be older
-/// than one drawn meanwhile), and checks the row's `ended` in the `WHERE`, on that same
-/// version (an end recorded while it waited is seen); see docs/postgres.md, *Lease mode in
-/// detail*. $1 ns, $2 name, $3 owner, $4 attempt, $5 lease ms.
+// The statements; each file's header says what it does and its parameters. A grant draws its
+// token on the locked, latest row version and checks the row's `ended` on that same version
+// (docs/postgres.md, *Lease mode in detail*, says why). The election statements are the
+// lock's, on `dlock_lease_elections`.
 const ACQUIRE: &str = include_str!("../sql/lease_acquire.sql");
-
-/// Releases the grant of attempt $3 with token $4 (any token of that attempt when $4 is
-/// NULL: a give-up, which does not know the token) and wakes waiters (the notification is
-/// delivered when the statement commits). The second column tells, when nothing matched,
-/// whether another grant holds the lock now (read from the statement's snapshot, which is
-/// from before the update). $1 ns, $2 name, $3 attempt, $4 token, $5 channel.
 const RELEASE: &str = include_str!("../sql/lease_release.sql");
-
-/// Ends an attempt that had a request without an answer: frees its row if it holds it, and
-/// records the attempt in the row's `ended`, so a late copy of its acquire never grants it.
-/// $1 ns, $2 name, $3 attempt, $4 token (NULL: any), $5 channel, $6 seconds to keep the
-/// record, $7 most records kept.
 const END: &str = include_str!("../sql/lease_end.sql");
-
-/// Renews many grants at once, each to at least its lease from now (never shortening).
-/// $1 ns, $2 names, $3 attempts, $4 tokens, $5 leases (ms).
 const RENEW: &str = include_str!("../sql/lease_renew.sql");
-
 const INSPECT: &str = include_str!("../sql/lease_inspect.sql");
-
-/// The election statements: as the lock's, on `dlock_lease_elections`.
 const ELECTION_ACQUIRE: &str = include_str!("../sql/lease_election_acquire.sql");
 const ELECTION_RELEASE: &str = include_str!("../sql/lease_election_release.sql");
 const ELECTION_END: &str = include_str!("../sql/lease_election_end.sql");

@@ -358,10 +358,7 @@ fn waiter_count(rows: &[tokio_postgres::Row]) -> Result<u32> {
     Ok(u32::try_from(waiters).unwrap_or(u32::MAX))
 }
 
-/// Session mode: the shared engine with the PostgreSQL dialect. Its wait is server-side: a
-/// blocking `pg_advisory_lock` on the attempt's own session, bounded by `lock_timeout` (the
-/// deadline) and cancelled with `pg_cancel_backend` or a CancelRequest; the server queues
-/// waiters in arrival order and wakes exactly one per release.
+/// Session mode: the shared engine with the PostgreSQL dialect (its server-side wait: [`wait`]).
 pub(crate) type SessionMode = Sessions<PgDialect>;
 
 /// Session mode on `common`'s server.
@@ -373,8 +370,7 @@ pub(crate) fn new_mode(common: Arc<Common>, listener: Arc<Listener>) -> SessionM
     })
 }
 
-/// The backend pid of the session holding `name` for `owner` here, if any (for tests and
-/// operators: `pg_terminate_backend(pid)` revokes the lock at once).
+/// [`PostgresBackend::holder_pid`](crate::PostgresBackend::holder_pid).
 pub(crate) async fn holder_pid(mode: &SessionMode, name: &str, owner: &str) -> Option<i32> {
     for e in mode.holds_of(name, owner) {
         if let State::Granted(g) = &*e.state.lock().await {
