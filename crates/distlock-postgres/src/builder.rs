@@ -2,7 +2,7 @@
 //! should not be in it, resolved by the core's one rule with libpq's password rule as the
 //! ecosystem's.
 
-use crate::tls::{SslMode, TlsOptions};
+use crate::tls::TlsOptions;
 use crate::{password, Mode, PostgresBackend};
 use distlock_core::conn::{Builder, Connect, ConnectionString, CredentialRule, Settings};
 use distlock_core::{Error, Result};
@@ -155,23 +155,18 @@ pub(crate) fn parse_url(cs: &ConnectionString) -> Result<Parsed> {
     })
 }
 
-/// The settings of `url`, or of the application's config in `x`.
+/// The settings of `url`, or of the application's config in `x` (whose TLS options
+/// [`with_config`] always sets).
 pub(crate) fn parsed(url: &ConnectionString, x: &PgSettings) -> Result<Parsed> {
     let Some(config) = &x.config else {
         return parse_url(url);
-    };
-    use tokio_postgres::config::SslMode as D;
-    let mode = match config.get_ssl_mode() {
-        D::Disable => SslMode::Disable,
-        D::Require => SslMode::Require,
-        _ => SslMode::Prefer,
     };
     Ok(Parsed {
         config: (**config).clone(),
         mode: Mode::Session,
         namespace: None,
         listen: true,
-        tls: TlsOptions::new(mode),
+        tls: TlsOptions::default(),
         passfile: None,
     })
 }
@@ -259,6 +254,7 @@ impl Connect for PgSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tls::SslMode;
     use distlock_core::conn::Env;
 
     fn parse(url: &str) -> Result<Parsed> {

@@ -104,15 +104,6 @@ impl Common {
         map(&self.endpoint, e)
     }
 
-    /// Sends a CancelRequest for the session of `token` (a new connection, with the backend's
-    /// TLS settings).
-    pub(crate) async fn cancel(
-        &self,
-        token: tokio_postgres::CancelToken,
-    ) -> std::result::Result<(), tokio_postgres::Error> {
-        token.cancel_query(self.tls.connector()).await
-    }
-
     /// Opens a new connection with `config` (the backend's if `None`) whose connection
     /// future runs in a task of its own until the client is dropped.
     pub(crate) async fn client(&self, config: Option<&tokio_postgres::Config>) -> Result<Client> {
@@ -213,8 +204,7 @@ impl Common {
         ddl: &str,
     ) -> Result<()> {
         let client = self.control().await?;
-        let col_tables: Vec<&str> = columns.iter().map(|(t, _)| *t).collect();
-        let col_names: Vec<&str> = columns.iter().map(|(_, c)| *c).collect();
+        let (col_tables, col_names): (Vec<&str>, Vec<&str>) = columns.iter().copied().unzip();
         let what = "checking dlock's tables";
         let row = self
             .within(

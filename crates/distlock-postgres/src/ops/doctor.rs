@@ -121,10 +121,11 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
         Some(Host::Tcp(h)) => h.clone(),
         _ => return Finding::new(Severity::Ok, "tls", "unix socket: no TLS needed"),
     };
-    let loopback = match config.get_hostaddrs().first() {
-        Some(addr) => addr.is_loopback(),
-        None => distlock_core::conn::is_loopback(&host),
-    };
+    let addr = config.get_hostaddrs().first();
+    let loopback = addr.map_or_else(
+        || distlock_core::conn::is_loopback(&host),
+        |a| a.is_loopback(),
+    );
     let sql = "SELECT coalesce((SELECT ssl::text || ' ' || coalesce(version, '') \
                FROM pg_stat_ssl WHERE pid = pg_backend_pid()), 'unknown')";
     let rows = b.common.query("reading pg_stat_ssl", sql, &[]).await;

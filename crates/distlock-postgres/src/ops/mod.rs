@@ -3,7 +3,7 @@
 //! only while its backend holds the name's advisory key in `pg_locks`; a forced release draws
 //! a token above the removed holder's.
 
-use crate::common::{channel, cols, election_key, first, key_of, key_oids, lease_left};
+use crate::common::{channel, cols, election_key, first, key_of, key_oids, lease_left, one};
 use crate::common::{lock_key, side, token_u64, Common};
 use crate::error::{map, KIND};
 use crate::{Mode, PostgresBackend};
@@ -47,8 +47,14 @@ impl Operator for PostgresBackend {
             (Mode::Lease, LockKind::Election) => force_lease_election(self, name).await,
             (Mode::Lease, _) => force_lease(self, name).await,
             (Mode::Session, _) => {
-                let op = self.common.op_timeout;
-                evict(&Sessions::new(self, name, kind), KIND, name, op).await
+                let steps = Sessions {
+                    b: self,
+                    name,
+                    key: key_oids(key_of(&self.common.namespace, name, kind)),
+                    election: kind == LockKind::Election,
+                    attempts: Default::default(),
+                };
+                evict(&steps, KIND, name, self.common.op_timeout).await
             }
         }
     }
@@ -62,12 +68,15 @@ impl Operator for PostgresBackend {
     }
 }
 
-/// The kind a session-mode lock is listed as, from the kinds of its rows: a read-write
-/// lock is listed as `Write` (inspect then shows both sides).
-fn listed_kind(kinds: &[String]) -> LockKind {
-    if kinds.iter().any(|k| k == "read" || k == "write") {
+/// The kind a lock is listed as, from its rows' (kind, live): of the live rows if there are
+/// any, else of all; a read-write lock is listed as `Write` (inspect then shows both sides);
+/// no kind (lease mode's rows) is a mutex.
+fn listed_kind(rows: &[(String, bool)]) -> LockKind {
+    let live = rows.iter().any(|r| r.1);
+    let has = |k: &[&str]| (rows.iter()).any(|(r, l)| (*l || !live) && k.contains(&r.as_str()));
+    if has(&["read", "write"]) {
         LockKind::Write
-    } else if kinds.iter().any(|k| k == "fair") {
+    } else if has(&["fair"]) {
         LockKind::Fair
     } else {
         LockKind::Mutex
@@ -99,22 +108,17 @@ async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
         ),
     };
     let rows = b.common.query("listing locks", &sql, &params).await?;
-    // name -> (kinds of live rows, kinds of any row)
-    let mut names: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    let mut names: BTreeMap<String, Vec<(String, bool)>> = BTreeMap::new();
     for r in &rows {
         let (name, kind, live): (String, Option<String>, bool) = cols(r, "list")?;
-        let e = names.entry(name).or_default();
-        if let Some(k) = kind {
-            if live {
-                e.0.push(k.clone());
-            }
-            e.1.push(k);
-        }
+        names
+            .entry(name)
+            .or_default()
+            .extend(kind.map(|k| (k, live)));
     }
     let mut out = Vec::with_capacity(names.len());
-    for (name, (live, any)) in names {
-        // Lease rows have no kind: a mutex.
-        let kind = listed_kind(if live.is_empty() { &any } else { &live });
+    for (name, rows) in names {
+        let kind = listed_kind(&rows);
         let mut info = b.inspect(&name, kind).await?;
         if b.mode() == Mode::Session {
             // Backends holding the key without a holder row for it.
@@ -238,19 +242,16 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
         Ok((old, up))
     };
     let (old, up) = b.common.run(what, run).await?;
-    let mut removed = Vec::new();
-    if let Some(r) = old.first() {
-        let (owner, held, left): (Option<String>, bool, f64) = cols(r, what)?;
-        if let Some(owner) = owner.filter(|_| held) {
-            removed.push(HolderInfo::new(owner, 1).with_lease_left(lease_left(Some(left))));
-        }
-    }
-    Ok(ForceReleased::new(removed, token_of(&up)?))
-}
-
-/// The fencing token a statement returned in its first row, first column.
-fn token_of(rows: &[tokio_postgres::Row]) -> Result<u64> {
-    token_u64(first("forced release", rows)?)
+    // The row exists (the transaction made sure of it).
+    let (owner, held, left): (Option<String>, bool, f64) = one(&old, what)?;
+    let removed = owner
+        .filter(|_| held)
+        .map(|owner| HolderInfo::new(owner, 1));
+    let removed = removed.map(|h| h.with_lease_left(lease_left(Some(left))));
+    Ok(ForceReleased::new(
+        removed.into_iter().collect(),
+        token_u64(first(what, &up)?)?,
+    ))
 }
 
 /// Session mode: the backends holding the advisory key of lock `name` (both sides of a
@@ -265,18 +266,6 @@ struct Sessions<'a> {
     election: bool,
     /// The removed grants' attempts (a next holder that got the key meanwhile has another).
     attempts: std::sync::Mutex<Vec<String>>,
-}
-
-impl<'a> Sessions<'a> {
-    fn new(b: &'a PostgresBackend, name: &'a str, kind: LockKind) -> Self {
-        Sessions {
-            b,
-            name,
-            key: key_oids(key_of(&b.common.namespace, name, kind)),
-            election: kind == LockKind::Election,
-            attempts: Default::default(),
-        }
-    }
 }
 
 #[distlock_core::async_trait]
@@ -342,7 +331,10 @@ impl Eviction for Sessions<'_> {
                 (&name, Type::TEXT),
                 (&pids, Type::INT4_ARRAY),
             ];
-            return token_of(&self.b.common.query(what, sql, &params).await?);
+            return token_u64(first(
+                what,
+                &self.b.common.query(what, sql, &params).await?,
+            )?);
         }
         let attempts = self.attempts.lock().map(|a| a.clone()).unwrap_or_default();
         let sql = concat!(
@@ -360,7 +352,10 @@ impl Eviction for Sessions<'_> {
             (&attempts, Type::TEXT_ARRAY),
             (&pids, Type::INT4_ARRAY),
         ];
-        token_of(&self.b.common.query(what, sql, &params).await?)
+        token_u64(first(
+            what,
+            &self.b.common.query(what, sql, &params).await?,
+        )?)
     }
 }
 
@@ -383,7 +378,10 @@ async fn force_lease_election(b: &PostgresBackend, name: &str) -> Result<ForceRe
     let params: [(&(dyn ToSql + Sync), Type); 3] =
         [(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)];
     let rows = b.common.query("forced release", sql, &params).await?;
-    Ok(ForceReleased::new(leader.holders, token_of(&rows)?))
+    Ok(ForceReleased::new(
+        leader.holders,
+        token_u64(first("forced release", &rows)?)?,
+    ))
 }
 
 /// `pg_terminate_backend(pid)`, with the privilege error spelled out.
@@ -416,8 +414,18 @@ mod tests {
 
     #[test]
     fn listed_kinds() {
-        assert_eq!(listed_kind(&["read".into()]), LockKind::Write);
-        assert_eq!(listed_kind(&["fair".into()]), LockKind::Fair);
-        assert_eq!(listed_kind(&[]), LockKind::Mutex);
+        let k = |rows: &[(&str, bool)]| {
+            listed_kind(
+                &rows
+                    .iter()
+                    .map(|(k, l)| (k.to_string(), *l))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(k(&[("read", true)]), LockKind::Write);
+        assert_eq!(k(&[("fair", false)]), LockKind::Fair);
+        assert_eq!(k(&[]), LockKind::Mutex);
+        // The live rows' kinds win over a dead row's.
+        assert_eq!(k(&[("write", false), ("fair", true)]), LockKind::Fair);
     }
 }

@@ -15,7 +15,9 @@ mod sql;
 mod state;
 mod wait;
 
-use crate::common::{cols, election_key, key_oids, lease_left, lock_key, side, token_u64, Common};
+use crate::common::{
+    cols, election_key, first, key_of, key_oids, lease_left, side, token_u64, Common,
+};
 use crate::error::KIND;
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
@@ -265,19 +267,21 @@ impl Dialect for PgDialect {
         self.common.proclaim(sql, grant, (seq, value), &leads).await
     }
 
+    /// A lock's live holders, fencing token and waiters; an election's leader (the row whose
+    /// backend holds the election's key) with its value and token, waiting candidates counted
+    /// as waiters, never as holders.
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        if kind == LockKind::Election {
-            return self.inspect_election(name).await;
-        }
         let common = &self.common;
-        let (classid, objid) = key_oids(lock_key(&common.namespace, name));
+        let ns = common.namespace.as_str();
+        let (classid, objid) = key_oids(key_of(ns, name, kind));
         let kinds: Vec<&str> = match kind {
             LockKind::Read | LockKind::Write => vec!["read", "write"],
             _ => vec![kind.as_str()],
         };
+        let election = kind == LockKind::Election;
         let client = common.control().await?;
-        let ns = common.namespace.as_str();
-        // The holders' ($1-$5), the fence's ($1, $2) and the waiters' ($1, $2 = classid, objid).
+        // The holders' ($1-$5; the leader's: $1-$4), a lock's fence's ($1, $2; an election's
+        // token is in its row) and the waiters' ($1, $2 = classid, objid).
         let params: [(&(dyn ToSql + Sync), Type); 5] = [
             (&ns, Type::TEXT),
             (&name, Type::TEXT),
@@ -285,77 +289,52 @@ impl Dialect for PgDialect {
             (&objid, Type::OID),
             (&kinds, Type::TEXT_ARRAY),
         ];
+        let (sql, n, what) = [
+            (INSPECT, 5, "inspecting"),
+            (ELECTION_INSPECT, 4, "inspecting the election"),
+        ][usize::from(election)];
+        let fence = async {
+            match election {
+                true => Ok(Vec::new()),
+                false => client.query_typed(FENCE, &params[..2]).await,
+            }
+        };
         let (rows, fence, waiting) = common
-            .run("inspecting", async {
+            .run(what, async {
                 tokio::try_join!(
-                    client.query_typed(INSPECT, &params),
-                    client.query_typed(FENCE, &params[..2]),
+                    client.query_typed(sql, &params[..n]),
+                    fence,
                     client.query_typed(WAITERS, &params[2..4]),
                 )
             })
             .await?;
+        let waiters: i64 = first("inspect", &waiting)?;
+        let info =
+            LockInfo::new(name).with_waiters(Some(u32::try_from(waiters).unwrap_or(u32::MAX)));
         let lease_note = common.has_session_timeouts();
+        let left = |ms| lease_left(Some(ms)).filter(|_| lease_note);
+        if election {
+            let Some(r) = rows.first() else {
+                return Ok(info);
+            };
+            let (owner, value, token, ms, leads): (String, String, i64, f64, bool) = cols(r, what)?;
+            let leader = HolderInfo::new(owner, 1).with_value(Some(value));
+            let leader = leads.then(|| leader.with_lease_left(left(ms)));
+            return Ok(info
+                .with_fencing_token(token_u64(token)?)
+                .with_holders(leader.into_iter().collect()));
+        }
         let holder = |r| {
-            let (owner, count, left, row_kind): (String, i32, f64, &str) = cols(r, "inspect")?;
+            let (owner, count, ms, row_kind): (String, i32, f64, &str) = cols(r, "inspect")?;
             Ok(HolderInfo::new(owner, u32::try_from(count).unwrap_or(0))
-                .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))
+                .with_lease_left(left(ms))
                 .with_side(side(row_kind)))
         };
         let holders = rows.iter().map(holder).collect::<Result<_>>()?;
         let token = |r| token_u64(cols::<(i64,)>(r, "fencing token")?.0);
         let fencing_token = fence.first().map_or(Ok(0), token)?;
-        Ok(LockInfo::new(name)
-            .with_holders(holders)
-            .with_fencing_token(fencing_token)
-            .with_waiters(Some(waiter_count(&waiting)?)))
+        Ok(info.with_holders(holders).with_fencing_token(fencing_token))
     }
-}
-
-impl PgDialect {
-    /// An election's state: its leader (the row whose backend holds the election's key) with
-    /// the value it advertises and its token; waiting candidates are counted as waiters, never
-    /// as holders.
-    async fn inspect_election(&self, name: &str) -> Result<LockInfo> {
-        let common = &self.common;
-        let ns = common.namespace.as_str();
-        let (classid, objid) = key_oids(election_key(ns, name));
-        let client = common.control().await?;
-        // The leader's ($1-$4) and the waiters' ($1, $2 = classid, objid).
-        let params: [(&(dyn ToSql + Sync), Type); 4] = [
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&classid, Type::OID),
-            (&objid, Type::OID),
-        ];
-        let what = "inspecting the election";
-        let (rows, waiting) = common
-            .run(what, async {
-                tokio::try_join!(
-                    client.query_typed(ELECTION_INSPECT, &params),
-                    client.query_typed(WAITERS, &params[2..]),
-                )
-            })
-            .await?;
-        let mut info = LockInfo::new(name);
-        if let Some(r) = rows.first() {
-            let (owner, value, token, left, leads): (String, String, i64, f64, bool) =
-                cols(r, what)?;
-            info = info.with_fencing_token(token_u64(token)?);
-            if leads {
-                let lease_note = common.has_session_timeouts();
-                info = info.with_holders(vec![HolderInfo::new(owner, 1)
-                    .with_value(Some(value))
-                    .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))]);
-            }
-        }
-        Ok(info.with_waiters(Some(waiter_count(&waiting)?)))
-    }
-}
-
-/// The waiters [`WAITERS`] counted.
-fn waiter_count(rows: &[tokio_postgres::Row]) -> Result<u32> {
-    let waiters: i64 = crate::common::first("inspect", rows)?;
-    Ok(u32::try_from(waiters).unwrap_or(u32::MAX))
 }
 
 /// Session mode: the shared engine with the PostgreSQL dialect (its server-side wait: [`wait`]).

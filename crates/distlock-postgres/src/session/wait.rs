@@ -102,8 +102,10 @@ impl PgDialect {
         );
         let stop = async {
             if !self.cancel_backend(s.pid).await {
-                let cancel_req = s.client.cancel_token();
-                let _ = tokio::time::timeout(limit, self.common.cancel(cancel_req)).await;
+                // A CancelRequest: a new connection, with the backend's TLS settings.
+                let token = s.client.cancel_token();
+                let cancel_req = token.cancel_query(self.common.tls.connector());
+                let _ = tokio::time::timeout(limit, cancel_req).await;
             }
         };
         let _ = tokio::join!(
