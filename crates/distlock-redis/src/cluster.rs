@@ -17,12 +17,13 @@ use crate::renew::PER_SCRIPT;
 use distlock_core::conn::{ConnectionString, Credentials, Host, TlsFiles};
 use distlock_core::ClientOptions;
 use distlock_core::{Error, Result};
-use futures_util::future::FutureExt;
+use futures_util::future::{join_all, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -196,6 +197,31 @@ impl Cluster {
         }
     }
 
+    /// `part` run for every master at once ([`plan`]; `None`: no master known for the slots)
+    /// with the items (indexes into `slots`) of its slots, in scripts of one slot, and its
+    /// results (one per item, in the order of its scripts) put back in the order of `slots`
+    /// (`None`: a part that answered too few): one pipeline per master, not a round trip per
+    /// lock, for the renewal and the reading of many locks.
+    pub(crate) async fn per_master<T, Fut>(
+        &self,
+        slots: &[u16],
+        part: impl Fn(Option<Master>, Vec<Vec<usize>>) -> Fut,
+    ) -> RedisResult<Vec<Option<T>>>
+    where
+        Fut: Future<Output = Vec<T>>,
+    {
+        let masters = self.masters().await?;
+        let plan = plan(slots, &masters);
+        let parts = (plan.iter()).map(|(m, idx)| part(m.map(|m| masters[m].clone()), idx.clone()));
+        let mut out: Vec<Option<T>> = (0..slots.len()).map(|_| None).collect();
+        for (idx, results) in plan.values().zip(join_all(parts).await) {
+            for (&i, r) in idx.iter().flatten().zip(results) {
+                out[i] = Some(r);
+            }
+        }
+        Ok(out)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<Vec<Master>>>> {
         crate::lock(&self.masters)
     }
@@ -289,6 +315,11 @@ pub(crate) async fn is_cluster_node(con: &mut ConnectionManager) -> bool {
             false
         }
     }
+}
+
+/// The error for the items of slots no master is known for (they go out by key).
+pub(crate) fn no_master(endpoint: &str) -> Error {
+    Error::connection(KIND, endpoint.to_owned(), "no master known for the slot")
 }
 
 /// The error for a `redis://` URL that names a cluster node.

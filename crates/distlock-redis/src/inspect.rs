@@ -1,9 +1,11 @@
 //! Reading a lock's state (`inspect`, and the holders a forced release removed): one
 //! pipelined round trip, the same reading of the grants for every lock family.
 
+use crate::cluster::Master;
 use crate::error::KIND;
 use crate::{family, Family, RedisBackend};
 use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result, WaiterInfo};
+use futures_util::future::join_all;
 use redis::Value;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -19,6 +21,11 @@ fn parse_grant(value: &str) -> Option<(u64, &str, &str)> {
 /// A PTTL (or any ms count) as a duration; `None` for Redis's negative "no expiry" / "no key".
 pub(crate) fn ms(ms: i64) -> Option<Duration> {
     u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+/// `TIME` (seconds, microseconds) in ms.
+pub(crate) fn time_ms(secs: &str, micros: &str) -> Option<u64> {
+    Some(secs.parse::<u64>().ok()? * 1000 + micros.parse::<u64>().ok()? / 1000)
 }
 
 /// The live holders in a grants hash: the mutex's one grant `{attempt, token, owner}` (its
@@ -172,8 +179,7 @@ impl<'a> Reading<'a> {
         let limit: Option<u32> = redis::from_redis_value(limit).map_err(|_| bad("permits"))?;
         let (secs, micros): (String, String) =
             redis::from_redis_value(time).map_err(|_| bad("TIME"))?;
-        let now_ms =
-            secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
+        let now_ms = time_ms(&secs, &micros).ok_or_else(|| bad("TIME"))?;
         let data: HashMap<&str, &str> = waiters
             .iter()
             .map(|(m, d)| (m.as_str(), d.as_str()))
@@ -240,39 +246,37 @@ pub(crate) async fn inspect_many(
     let Some(cluster) = b.con.cluster() else {
         return pipelined(b, &mut b.con.get(), locks).await;
     };
-    let masters = cluster.masters().await.map_err(|e| b.err(e))?;
     let slots: Vec<u16> = (locks.iter())
         .map(|(name, _)| crate::cluster::slot(&b.fence_key(name)))
         .collect();
-    let mut out: Vec<Option<LockInfo>> = vec![None; locks.len()];
-    for (owner, groups) in crate::cluster::plan(&slots, &masters) {
-        let idx = groups.concat();
-        let part: Vec<(String, LockKind)> = idx.iter().map(|&i| locks[i].clone()).collect();
-        let read = match owner {
-            Some(m) => pipelined(b, &mut cluster.at(&masters[m]), &part).await,
-            None => Err(Error::connection(
-                KIND,
-                b.endpoint.clone(),
-                "no master known for the slot",
-            )),
+    let read = |master: Option<Master>, groups: Vec<Vec<usize>>| async move {
+        let part: Vec<(String, LockKind)> =
+            groups.concat().iter().map(|&i| locks[i].clone()).collect();
+        let read = match master {
+            Some(m) => pipelined(b, &mut cluster.at(&m), &part).await,
+            None => Err(crate::cluster::no_master(&b.endpoint)),
         };
-        let infos = match read {
-            Ok(infos) => infos,
+        match read {
+            Ok(infos) => infos.into_iter().map(Ok).collect(),
             Err(e) => {
                 tracing::debug!(error = %e, "a master's pipelined reads failed; reading its locks by key");
                 cluster.forget();
-                let mut one_by_one = Vec::with_capacity(part.len());
-                for (name, kind) in &part {
-                    one_by_one.push(inspect(b, name, *kind).await?);
-                }
-                one_by_one
+                join_all(part.iter().map(|(name, kind)| inspect(b, name, *kind))).await
             }
-        };
-        for (i, info) in idx.into_iter().zip(infos) {
-            out[i] = Some(info);
         }
-    }
-    Ok(out.into_iter().flatten().collect())
+    };
+    (cluster.per_master(&slots, read).await)
+        .map_err(|e| b.err(e))?
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or_else(|| {
+                Err(Error::unexpected(
+                    KIND,
+                    "inspect: a master's reads went missing",
+                ))
+            })
+        })
+        .collect()
 }
 
 /// The locks `locks` read over `con`, [`PER_PIPELINE`] a round trip.

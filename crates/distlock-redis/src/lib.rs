@@ -433,43 +433,67 @@ impl RedisBackend {
                 script.cmd(&keys.list(), &args)
             }
         };
-        let record = self.end_record(&key.name, attempt_id);
-        let v = self
-            .eval_ending(&self.scripts.all(), &cmd, record.as_ref())
-            .await?;
+        let record = self.end_record(attempt_id, || Ok(self.ended_key(&key.name, attempt_id)))?;
+        let (v, _) = (self.eval_ending(&self.scripts.all(), &cmd, record.as_ref(), None)).await?;
         if mutex {
             return contended::release_reply(mode, &v);
         }
         pair(mode, &v)
     }
 
-    /// The end record to write for `attempt` of lock `name` as it ends (its key and lifetime
+    /// The end record to write for `attempt` as it ends (the key `key` makes and its lifetime
     /// in ms), if a request of it may still reach the server.
-    fn end_record(&self, name: &str, attempt: &AttemptId) -> Option<(String, String)> {
-        let keep = self.unanswered.end_record(attempt)?;
-        Some((self.ended_key(name, attempt), lease_ms(keep)))
+    fn end_record(
+        &self,
+        attempt: &AttemptId,
+        key: impl FnOnce() -> Result<String>,
+    ) -> Result<Option<(String, String)>> {
+        let keep = self.unanswered.end_record(attempt);
+        keep.map(|keep| Ok((key()?, lease_ms(keep)))).transpose()
     }
 
-    /// Runs `cmd`, one of the scripts of `set`; with `record` (an end record's key and
-    /// lifetime in ms) the record is set first, in the same round trip: a late request of
-    /// the attempt that runs after it is refused, and one that ran before is undone by `cmd`.
+    /// Runs `cmd`, one of the scripts of `set`, in one round trip with what must go with it:
+    /// with `record` (an end record's key and lifetime in ms) the record is set first, so a
+    /// late request of the attempt that runs after it is refused, and one that ran before is
+    /// undone by `cmd`; with `wait` (`?wait_replicas=N` of an acquire) a `WAIT` pipelined right
+    /// behind the script waits until N replicas have every write this connection made up to
+    /// it, which includes the grant (a fresh grant, or the rewrite of a retried or handed-over
+    /// grant that the acquire script makes for this purpose; replication is in order, so it
+    /// covers the handoff written by another client before it). Returns the script's reply and,
+    /// with `wait`, how many replicas confirmed. An error of either (the grant, if one was
+    /// made, is then not reported: the core retries the same attempt, which finds it, or gives
+    /// the attempt up) is an error.
     async fn eval_ending(
         &self,
         set: &[&scripts::Script],
         cmd: &redis::Cmd,
         record: Option<&(String, String)>,
-    ) -> Result<Value> {
-        let Some((key, ms)) = record else {
-            return Ok(self.eval_in(set, cmd).await?.0);
-        };
+        wait: Option<(u32, Duration)>,
+    ) -> Result<(Value, Option<i64>)> {
+        if record.is_none() && wait.is_none() {
+            return Ok((self.eval_in(set, cmd).await?.0, None));
+        }
         let mut pipe = redis::pipe();
-        pipe.cmd("SET").arg(key).arg("1").arg("PX").arg(ms).ignore();
+        if let Some((key, ms)) = record {
+            pipe.cmd("SET").arg(key).arg("1").arg("PX").arg(ms).ignore();
+        }
         pipe.add_command(cmd.clone());
-        match <[Value; 1]>::try_from(self.eval_pipe(set, &pipe).await?) {
-            Ok([v]) => Ok(v),
-            Err(vals) => Err(Error::unexpected(
+        if let Some((n, timeout)) = wait {
+            pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
+        }
+        let vals = self.eval_pipe(set, &pipe).await?;
+        match (vals.as_slice(), wait) {
+            ([v], None) => Ok((v.clone(), None)),
+            ([v, acked], Some(_)) => Ok((
+                v.clone(),
+                Some(int(acked).ok_or_else(|| shape("WAIT", acked))?),
+            )),
+            _ => Err(Error::unexpected(
                 KIND,
-                format!("end record and script: {} replies, not 1", vals.len()),
+                format!(
+                    "a script with its end record or WAIT: {} replies",
+                    vals.len()
+                ),
             )),
         }
     }
@@ -521,7 +545,10 @@ impl RedisBackend {
 
     /// Runs one of the lock scripts (reloading them on NOSCRIPT).
     async fn eval(&self, cmd: &redis::Cmd) -> Result<Value> {
-        self.eval_ending(&self.scripts.all(), cmd, None).await
+        Ok(self
+            .eval_ending(&self.scripts.all(), cmd, None, None)
+            .await?
+            .0)
     }
 
     /// Number of release channels this client is subscribed to right now. A channel is
@@ -614,40 +641,8 @@ impl RedisBackend {
         Ok(script.cmd(&keys, &[attempt, owner, &lease, &waiter_ttl, &x, &y, &z]))
     }
 
-    /// Runs an acquire script (`cmd`, one of the scripts of `set`). With `?wait_replicas=N` the
-    /// `WAIT` rides in the same round trip: pipelined right behind the script on this
-    /// connection, it waits until N replicas have every write this connection made up to it,
-    /// which includes the grant (a fresh grant, or the rewrite of a retried or handed-over
-    /// grant that the acquire script makes for this purpose; replication is in order, so it
-    /// covers the handoff written by another client before it). Returns the script's reply and, with replicas to wait for, how many
-    /// confirmed. An error of either (the grant, if one was made, is then not reported: the
-    /// core retries the same attempt, which finds it, or gives the attempt up) is an error.
-    async fn eval_acquire(
-        &self,
-        set: &[&scripts::Script],
-        cmd: &redis::Cmd,
-    ) -> Result<(Value, Option<i64>)> {
-        let Some((n, timeout)) = self.wait_replicas else {
-            return Ok((self.eval_ending(set, cmd, None).await?, None));
-        };
-        let mut pipe = redis::pipe();
-        pipe.add_command(cmd.clone());
-        pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
-        let vals = self.eval_pipe(set, &pipe).await?;
-        match vals.as_slice() {
-            [v, acked] => match int(acked) {
-                Some(acked) => Ok((v.clone(), Some(acked))),
-                None => Err(shape("WAIT", acked)),
-            },
-            _ => Err(Error::unexpected(
-                KIND,
-                format!("acquire with WAIT: {} replies, not 2", vals.len()),
-            )),
-        }
-    }
-
     /// With `?wait_replicas=N`: a grant that fewer than N replicas confirmed (`acked`, from
-    /// [`eval_acquire`](Self::eval_acquire)) is given back and reported as an error.
+    /// [`eval_ending`](Self::eval_ending)) is given back and reported as an error.
     async fn confirm_replicas(&self, grant: &GrantRef, acked: Option<i64>) -> Result<()> {
         let (Some((n, timeout)), Some(acked)) = (self.wait_replicas, acked) else {
             return Ok(());
@@ -730,19 +725,11 @@ impl LockKeys {
 }
 
 fn family(kind: LockKind) -> Result<Family> {
+    let mutex = |fair, election| Family::Mutex { fair, election };
     Ok(match kind {
-        LockKind::Mutex => Family::Mutex {
-            fair: false,
-            election: false,
-        },
-        LockKind::Fair => Family::Mutex {
-            fair: true,
-            election: false,
-        },
-        LockKind::Election => Family::Mutex {
-            fair: false,
-            election: true,
-        },
+        LockKind::Mutex => mutex(false, false),
+        LockKind::Fair => mutex(true, false),
+        LockKind::Election => mutex(false, true),
         LockKind::Read => Family::Rw { side: "r" },
         LockKind::Write => Family::Rw { side: "w" },
         LockKind::Semaphore { permits, limit } => Family::Sem { permits, limit },
@@ -788,7 +775,7 @@ fn acquire_outcome(req: &AcquireRequest, v: &Value) -> Result<AcquireReply> {
             token: token as u64,
         }),
         (0, pttl) => Ok(AcquireReply::Held {
-            ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            ttl: inspect::ms(pttl),
         }),
         (-1, _) => Err(Error::invalid(format!(
             "owner `{}` holds the read side of `{}` and asked for the write side: an upgrade \
@@ -877,7 +864,8 @@ impl Backend for RedisBackend {
         let numbered = numbered.then(|| self.requests.sent(&req.attempt));
         let cmd = self.acquire_cmd(req, numbered.map_or(0, |s| s.seq))?;
         let sent = self.unanswered.sent(&req.attempt);
-        let (v, acked) = self.eval_acquire(&self.scripts.all(), &cmd).await?;
+        let (v, acked) =
+            (self.eval_ending(&self.scripts.all(), &cmd, None, self.wait_replicas)).await?;
         sent.answered();
         let reply = acquire_outcome(req, &v)?;
         match &reply {

@@ -81,38 +81,29 @@ pub(crate) async fn scan(
 ) -> Result<()> {
     // On a cluster every master holds its own slots' keys: SCAN each.
     for (mut con, _) in b.con.masters().await.map_err(|e| b.err(e))? {
-        scan_one(b, &mut con, pattern, of, &mut batch).await?;
+        let mut cursor = 0u64;
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000);
+            if let Some(of) = of {
+                cmd.arg("TYPE").arg(of);
+            }
+            let (next, keys): (u64, Vec<String>) =
+                cmd.query_async(&mut con).await.map_err(|e| b.err(e))?;
+            if !keys.is_empty() {
+                batch(keys);
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
     }
     Ok(())
-}
-
-async fn scan_one(
-    b: &RedisBackend,
-    con: &mut Link,
-    pattern: &str,
-    of: Option<&str>,
-    batch: &mut impl FnMut(Vec<String>),
-) -> Result<()> {
-    let mut cursor = 0u64;
-    loop {
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000);
-        if let Some(of) = of {
-            cmd.arg("TYPE").arg(of);
-        }
-        let (next, keys): (u64, Vec<String>) = cmd.query_async(con).await.map_err(|e| b.err(e))?;
-        if !keys.is_empty() {
-            batch(keys);
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
 }
 
 #[distlock_core::async_trait]
@@ -520,38 +511,21 @@ mod tests {
 
     #[test]
     fn keys_map_to_names_and_families() {
-        assert_eq!(parse_key("dlock", "dlock:{a}"), Some(("a", Fam::Mutex)));
-        assert_eq!(
-            parse_key("dlock", "dlock:{a}:queue"),
-            Some(("a", Fam::Mutex))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{a:b}:rw:exp"),
-            Some(("a:b", Fam::Rw))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{s}:sem:limit"),
-            Some(("s", Fam::Sem))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{f}:fence"),
-            Some(("f", Fam::Fence))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{e}:election"),
-            Some(("e", Fam::Election))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{e}:election:queue"),
-            Some(("e", Fam::Election))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{e}:election:fence"),
-            Some(("e", Fam::ElectionFence))
-        );
-        assert_eq!(parse_key("dlock", "dlock:{x}:epoch"), None);
-        assert_eq!(parse_key("dlock", "other:{x}"), None);
-        assert_eq!(parse_key("dlock", "dlock:{}"), None);
+        for (key, want) in [
+            ("dlock:{a}", Some(("a", Fam::Mutex))),
+            ("dlock:{a}:queue", Some(("a", Fam::Mutex))),
+            ("dlock:{a:b}:rw:exp", Some(("a:b", Fam::Rw))),
+            ("dlock:{s}:sem:limit", Some(("s", Fam::Sem))),
+            ("dlock:{f}:fence", Some(("f", Fam::Fence))),
+            ("dlock:{e}:election", Some(("e", Fam::Election))),
+            ("dlock:{e}:election:queue", Some(("e", Fam::Election))),
+            ("dlock:{e}:election:fence", Some(("e", Fam::ElectionFence))),
+            ("dlock:{x}:epoch", None),
+            ("other:{x}", None),
+            ("dlock:{}", None),
+        ] {
+            assert_eq!(parse_key("dlock", key), want, "{key}");
+        }
         assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
     }
 

@@ -183,13 +183,16 @@ impl Subscriber {
         let first = self.next.load(Ordering::Relaxed) % clients.len();
         let mut last = None;
         for i in (0..clients.len()).map(|k| (first + k) % clients.len()) {
-            let e = match tokio::time::timeout(self.timeout, clients[i].get_async_pubsub()).await {
-                Ok(Ok(p)) => {
+            let pubsub = clients[i].get_async_pubsub();
+            let e = match self
+                .timed(&endpoint, "connecting the subscriber", pubsub)
+                .await
+            {
+                Ok(p) => {
                     self.next.store(i, Ordering::Relaxed);
                     return Ok((p, endpoint));
                 }
-                Ok(Err(e)) => map(&endpoint, e),
-                Err(_) => self.timeout_error("connecting the subscriber"),
+                Err(e) => e,
             };
             if clients.len() > 1 {
                 tracing::debug!(node = %clients[i].get_connection_info().addr(), error = %e, "cannot subscribe at this node; trying the next");
@@ -203,11 +206,7 @@ impl Subscriber {
         let (pubsub, endpoint) = self.open().await?;
         let (mut sink, mut stream) = pubsub.split();
         // The wake channel first: every waiter of this connection relies on it.
-        match tokio::time::timeout(self.timeout, sink.subscribe(&self.wake)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(map(&endpoint, e)),
-            Err(_) => return Err(self.timeout_error("SUBSCRIBE")),
-        }
+        (self.timed(&endpoint, "SUBSCRIBE", sink.subscribe(&self.wake))).await?;
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let subs: Subscriptions<String> = Subscriptions::new(KIND, endpoint);
         subs.handoffs_as_releases(self.confirm_handoffs);
@@ -244,6 +243,19 @@ impl Subscriber {
 
     fn timeout_error(&self, what: &str) -> Error {
         Error::call_timeout(KIND, self.endpoint(), what, self.timeout)
+    }
+
+    /// `call` (`what`, for a timeout) within the subscriber's timeout, its error mapped.
+    async fn timed<T>(
+        &self,
+        endpoint: &str,
+        what: &str,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r.map_err(|e| map(endpoint, e)),
+            Err(_) => Err(self.timeout_error(what)),
+        }
     }
 
     /// A watch for the waiting mutex `attempt` on this client's wake channel, connecting (and
@@ -335,13 +347,8 @@ impl Subscriber {
                 continue;
             };
             if first {
-                let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&channel)).await;
-                let failed = match sub {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(map(&self.endpoint(), e)),
-                    Err(_) => Some(self.timeout_error("SUBSCRIBE")),
-                };
-                if let Some(e) = failed {
+                let sub = conn.sink.subscribe(&channel);
+                if let Err(e) = self.timed(&self.endpoint(), "SUBSCRIBE", sub).await {
                     conn.subs.fail(&channel, &e.to_string());
                     // The connection is in an unknown state; start over next time.
                     *guard = None;

@@ -69,8 +69,16 @@ impl Script {
 
     /// EVALSHA command for this script.
     pub(crate) fn cmd(&self, keys: &[&str], args: &[&str]) -> Cmd {
+        let mut c = self.head(keys.len());
+        c.arg(keys).arg(args);
+        c
+    }
+
+    /// The EVALSHA of this script with `keys` keys, before them (for a caller that writes
+    /// its keys and arguments straight into the command).
+    pub(crate) fn head(&self, keys: usize) -> Cmd {
         let mut c = redis::cmd("EVALSHA");
-        c.arg(&self.sha).arg(keys.len()).arg(keys).arg(args);
+        c.arg(&self.sha).arg(keys);
         c
     }
 
@@ -134,7 +142,7 @@ impl Scripts {
             &self.sem_acquire,
             &self.sem_release,
             &self.proclaim,
-            crate::renew::script(),
+            &crate::renew::RENEW_MANY,
         ]
     }
 }

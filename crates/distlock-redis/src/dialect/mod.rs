@@ -23,6 +23,7 @@ mod signal;
 
 use crate::error::{shape, KIND};
 use crate::inspect::ms;
+use crate::renew::RenewKeys;
 use crate::scripts::Script;
 use crate::RedisBackend;
 use distlock_core::backend::{
@@ -170,16 +171,6 @@ fn redisson_field(field: &str) -> Option<(&str, u64)> {
     Some((id, thread.parse().ok()?))
 }
 
-/// The keys and arguments of one dialect grant in `renew_many.lua`.
-pub(crate) struct RenewKeys {
-    /// The lock key first (its slot is the grant's).
-    pub(crate) keys: Vec<String>,
-    /// `r` or `p` (scripts/dialect/renew.lua).
-    pub(crate) family: &'static str,
-    /// The grant's Redisson field or python-redis-lock id.
-    pub(crate) held_by: String,
-}
-
 /// The dialect of a backend and the namespace of dlock's own keys beside the peer's.
 pub(crate) struct Layout {
     pub(crate) dialect: Dialect,
@@ -266,18 +257,19 @@ impl Layout {
         )
     }
 
-    pub(crate) fn renew_keys(&self, grant: &GrantRef) -> Result<RenewKeys> {
+    /// The grant's part of `renew_many.lua`.
+    pub(crate) fn renew_keys<'a>(&self, grant: &GrantRef) -> Result<RenewKeys<'a>> {
         let name = &grant.key.name;
         Ok(match self.dialect {
             Dialect::Redisson => RenewKeys {
                 keys: vec![self.lock_key(name), self.names_key(name)?],
                 family: "r",
-                held_by: Self::field(grant),
+                held_by: Self::field(grant).into(),
             },
             Dialect::PythonRedisLock => RenewKeys {
                 keys: vec![self.lock_key(name)],
                 family: "p",
-                held_by: Self::pyrl_id(grant),
+                held_by: Self::pyrl_id(grant).into(),
             },
         })
     }
@@ -363,7 +355,7 @@ pub(crate) async fn acquire(
     };
     let sent = b.unanswered.sent(&req.attempt);
     let (v, acked) = b
-        .eval_acquire(&SCRIPTS.all(), &cmd)
+        .eval_ending(&SCRIPTS.all(), &cmd, None, b.wait_replicas)
         .await
         .map_err(|e| on_key(l, name, e))?;
     sent.answered();
@@ -373,9 +365,7 @@ pub(crate) async fn acquire(
             b.confirm_replicas(&req.grant(token), acked).await?;
             Ok(AcquireReply::Granted { token })
         }
-        (0, pttl) => Ok(AcquireReply::Held {
-            ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
-        }),
+        (0, pttl) => Ok(AcquireReply::Held { ttl: ms(pttl) }),
         _ => Err(shape("acquire", &v)),
     }
 }
@@ -403,12 +393,9 @@ pub(crate) async fn run_release(
             &[held_by, mode, &SIGNAL_EXPIRE_MS.to_string()],
         ),
     };
-    let record = match b.unanswered.end_record(attempt) {
-        Some(keep) => Some((l.ended_key(name, attempt)?, crate::lease_ms(keep))),
-        None => None,
-    };
-    let v = b
-        .eval_ending(&SCRIPTS.all(), &cmd, record.as_ref())
+    let record = b.end_record(attempt, || l.ended_key(name, attempt))?;
+    let (v, _) = b
+        .eval_ending(&SCRIPTS.all(), &cmd, record.as_ref(), None)
         .await
         .map_err(|e| on_key(l, name, e))?;
     crate::pair(mode, &v)
@@ -617,7 +604,7 @@ pub(crate) async fn force_release(
             &["python-redis-lock", "", &SIGNAL_EXPIRE_MS.to_string()],
         ),
     };
-    let v = b.eval_ending(&SCRIPTS.all(), &cmd, None).await?;
+    let (v, _) = b.eval_ending(&SCRIPTS.all(), &cmd, None, None).await?;
     let bad = || {
         Error::unexpected(
             KIND,

@@ -5,44 +5,24 @@
 //! restart quarantine and its fencing counter), raising the counter to the token a majority
 //! chose, releasing or renewing one attempt's hold, the node epoch (the marker that this node
 //! has not lost its data since its restart quarantine was set, carrying the end of it), raising
-//! counters past a forced release, and a wait queue per node
-//! ([`RedisNode::vote`]): a free
-//! lock goes to the node's first live waiter, and a release wakes that waiter alone. The
-//! scripts are in `scripts/quorum_*.lua`.
+//! counters past a forced release, and a wait queue per node ([`RedisNode::vote`]): a free lock
+//! goes to the node's first live waiter, and a release wakes that waiter alone. The scripts are
+//! in `scripts/quorum_*.lua`.
 //!
 //! Every per-node hold is addressed by the attempt id that won it (unique forever): a retried
 //! vote finds its own hold and returns it, a retried release finds nothing and changes nothing,
 //! and no request can touch another attempt's hold, even one of the same owner. There are no
 //! per-node hold counts: re-entry is counted in the client.
 //!
-//! Keys used (a Redlock lock does not share the single-node mutex's layout):
-//!
-//! | name | type | what |
-//! |---|---|---|
-//! | `NS:{NAME}` | hash `attempt`, `token`, `owner`; PEXPIRE = lease | one attempt's hold |
-//! | `NS:{NAME}:fence` | integer, PX = lease + [`FENCE_MARGIN`](crate::FENCE_MARGIN) at each grant | the node's fencing counter: a grant's token is max(counter + 1, TIME in µs) (`scripts/fence.lua`) |
-//! | `NS:{NAME}:released` | pub/sub channel | `r` when a hold is released and nobody is queued here |
-//! | `NS:{NAME}:rlq` | zset `ATTEMPT -> place`; PEXPIRE ≥ waiter ttl | the node's wait queue (the place is the waiter's, the same on every node) |
-//! | `NS:{NAME}:rlq:ttl` | zset `ATTEMPT -> expiry ms` (server clock) | when each waiter leaves the queue unless it refreshes |
-//! | `NS:{NAME}:waiters` | hash `>ATTEMPT -> wake channel`; PEXPIRE ≥ waiter ttl | where each queued waiter's client listens: its turn is told there as `h 0 ATTEMPT` (token 0: no grant), to it alone |
-//! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node has not lost its data since it was (re)initialised; UNTIL_MS ends its quarantine (server clock) |
-//! | `NS:redlock:horizon` | string, PX ≥ longest lease that may still run (a vote sets an eighth more); a vote's value: the node's time in ms when it expires | how long a quarantine must last if another node's data is lost |
-//!
-//! A vote is given three keys (the hold, the attempt's end record, the epoch) and four
-//! arguments for a try (a waiter's ttl, place and wake channel in one more): the scripts name
-//! the counter, queue, expiries, waiter data and channels after the hold's key, and the horizon
-//! after the epoch's. Its uncontended answer is one integer (see `scripts/quorum_acquire.lua`,
-//! and `docs/redlock.md`, "Costs").
-//!
-//! An election (`LockKind::Election`) has the same layout under `NS:{NAME}:election` (the
-//! hold, with the leader's `value` and its proclamation number `seq` as extra fields),
-//! `NS:{NAME}:election:fence`, `NS:{NAME}:election:released`, `NS:{NAME}:election:rlq`,
-//! `NS:{NAME}:election:rlq:ttl` and `NS:{NAME}:election:waiters`, apart from the lock of the same name; every change of its hold
-//! (a grant `g`, a token raised `g`, a release `r`, a proclamation `p`) is published on
-//! `NS:{NAME}:election:observe`, the single-node election's observe channel. Every method that
-//! addresses a hold takes the kind; a lock's requests are exactly what they were.
+//! A Redlock lock does not share the single-node mutex's layout: its keys, and what a vote
+//! and a release are sent, are in docs/redlock.md, "Design"; an election's (the same layout
+//! under `NS:{NAME}:election`, every change of its hold published on its observe channel) in
+//! docs/election-redlock.md, "Layout". Every method that addresses a hold takes the kind; a
+//! lock's requests are exactly what they were.
 
-use crate::error::shape;
+use crate::error::{shape, KIND};
+use crate::inspect::time_ms;
+use crate::renew::PER_SCRIPT;
 use crate::scripts::{self, Script};
 use crate::RedisBackend;
 use crate::{family, int, lease_ms};
@@ -301,15 +281,8 @@ impl RedisNode {
         // A waiter's ttl, place and wake channel in one argument (`TTL:PLACE:WAKE`); a try
         // passes none (an election passes it empty, before its value).
         let waiter = queue.map(|(ttl, place)| {
-            let wake = self.b.subscriber.wake();
-            let ttl = lease_ms(ttl.max(Duration::from_millis(1)));
-            let mut w = String::with_capacity(ttl.len() + wake.len() + 22);
-            w.push_str(&ttl);
-            w.push(':');
-            w.push_str(&place.to_string());
-            w.push(':');
-            w.push_str(wake);
-            w
+            let place = place.to_string();
+            [&*lease_ms(ttl), ":", &place, ":", self.b.subscriber.wake()].concat()
         });
         let lease = lease_ms(lease);
         let mut args = vec![attempt.as_str(), &lease, epoch, &key.owner];
@@ -443,10 +416,11 @@ impl RedisNode {
         let cmd = s.release.cmd(&[&k.lock], &args);
         // A release or a give-up ends the attempt on this node: its end record first, if a
         // vote of it may still arrive here (a give-back keeps the attempt going).
-        let record = (mode != "giveback")
-            .then(|| self.b.end_record(name, attempt))
-            .flatten();
-        let v = self.b.eval_ending(&s.all(), &cmd, record.as_ref()).await?;
+        let record = match mode {
+            "giveback" => None,
+            _ => (self.b).end_record(attempt, || Ok(self.b.ended_key(name, attempt)))?,
+        };
+        let (v, _) = (self.b.eval_ending(&s.all(), &cmd, record.as_ref(), None)).await?;
         release_reply(&v)
     }
 
@@ -495,34 +469,29 @@ impl RedisNode {
             return Ok(Vec::new());
         }
         let s = quorum_scripts();
-        let hk = &self.horizon_key;
         let mut pipe = redis::pipe();
-        for chunk in holds.chunks(crate::renew::PER_SCRIPT) {
-            let mut keys = Vec::with_capacity(1 + chunk.len());
-            let mut args = Vec::with_capacity(3 * chunk.len());
-            keys.push(hk.clone());
-            for (g, lease) in chunk {
+        for chunk in holds.chunks(PER_SCRIPT) {
+            let mut cmd = s.renew.head(1 + chunk.len());
+            cmd.arg(&self.horizon_key);
+            for (g, _) in chunk {
                 Self::check_kind(g.key.kind)?;
-                let base = family(g.key.kind)?.base();
-                keys.push(self.b.key_of(&g.key.name, &[base]));
-                args.push(g.attempt.as_str().to_owned());
-                args.push(g.token.to_string());
-                args.push(lease_ms(*lease));
+                cmd.arg(self.b.key_of(&g.key.name, &[family(g.key.kind)?.base()]));
             }
-            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            pipe.add_command(s.renew.cmd(&keys, &args));
+            for (g, lease) in chunk {
+                cmd.arg(g.attempt.as_str())
+                    .arg(g.token)
+                    .arg(lease_ms(*lease));
+            }
+            pipe.add_command(cmd);
         }
         let vals = self.b.eval_pipe(&s.all(), &pipe).await?;
-        if vals.len() != holds.len().div_ceil(crate::renew::PER_SCRIPT) {
-            return Err(unexpected(format!(
-                "quorum renew: {} replies to {} scripts",
-                vals.len(),
-                holds.len().div_ceil(crate::renew::PER_SCRIPT)
-            )));
+        let scripts = holds.len().div_ceil(PER_SCRIPT);
+        if vals.len() != scripts {
+            let why = format!("quorum renew: {} replies to {scripts} scripts", vals.len());
+            return Err(Error::unexpected(KIND, why));
         }
         let mut out = Vec::with_capacity(holds.len());
-        for (v, chunk) in vals.iter().zip(holds.chunks(crate::renew::PER_SCRIPT)) {
+        for (v, chunk) in vals.iter().zip(holds.chunks(PER_SCRIPT)) {
             out.extend(renew_reply(v, chunk.len())?);
         }
         Ok(out)
@@ -549,7 +518,7 @@ impl RedisNode {
             attempt: get("attempt").unwrap_or_default(),
             owner: get("owner").unwrap_or_default(),
             token: get("token").and_then(|t| t.parse().ok()),
-            lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            lease_left: crate::inspect::ms(pttl),
             // An election's value (empty if none) and its number (0 if none or foreign).
             value: election.then(|| {
                 let seq = get("seq").and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -573,7 +542,7 @@ impl RedisNode {
         let (text, epoch, (secs, micros)): (String, Option<String>, (String, String)) =
             self.b.query_pipe(pipe.cmd("TIME")).await?;
         let now_ms = time_ms(&secs, &micros)
-            .ok_or_else(|| unexpected(format!("TIME answered `{secs} {micros}`")))?;
+            .ok_or_else(|| Error::unexpected(KIND, format!("TIME answered `{secs} {micros}`")))?;
         Ok((parse_info(&text, now_ms)?, epoch))
     }
 
@@ -659,18 +628,17 @@ impl RedisNode {
     /// Dropping it may leave some batches raised; it only ever raises a counter, so calling it
     /// again has the effect of one call.
     pub async fn raise_fences(&self, counters: &[(String, LockKind, u64)]) -> Result<u64> {
+        let s = quorum_scripts();
         let mut raised = 0;
         for batch in counters.chunks(SEED_BATCH) {
-            let keys: Vec<String> = batch
-                .iter()
-                .map(|(n, kind, _)| Ok(self.quorum_keys(n, *kind)?.fence))
-                .collect::<Result<_>>()?;
-            let vals: Vec<String> = batch.iter().map(|(_, _, v)| v.to_string()).collect();
-            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let vals: Vec<&str> = vals.iter().map(String::as_str).collect();
-            let (v, _) = self
-                .run_quorum(&quorum_scripts().raise_fences, &keys, &vals)
-                .await?;
+            let mut cmd = s.raise_fences.head(batch.len());
+            for (name, kind, _) in batch {
+                cmd.arg(self.quorum_keys(name, *kind)?.fence);
+            }
+            for (_, _, value) in batch {
+                cmd.arg(*value);
+            }
+            let (v, _) = self.b.eval_in(&s.all(), &cmd).await?;
             raised += uint("raise fences", &v)?;
         }
         Ok(raised)
@@ -698,73 +666,59 @@ mod tests {
     #[test]
     fn vote_and_release_replies() {
         let arr = |n: &[i64]| Value::Array(n.iter().map(|i| Value::Int(*i)).collect());
-        // The uncontended grant: the counter alone.
-        let v = vote_reply(&Value::Int(1_700_000_000_100_000)).unwrap();
-        assert_eq!(
-            v.reply,
-            QuorumReply::Granted {
-                counter: 1_700_000_000_100_000
-            }
-        );
-        assert_eq!((v.quarantine, v.first), (None, false));
-        assert_eq!(
-            vote_reply(&Value::Int(-1)).unwrap().reply,
-            QuorumReply::EpochMismatch
-        );
+        // The uncontended grant: the counter alone (no quarantine, not first).
+        let counter = 1_700_000_000_100_000;
+        let v = vote_reply(&Value::Int(counter as i64)).unwrap();
+        assert_eq!(v, QuorumVote::new(QuorumReply::Granted { counter }));
         // A grant in quarantine, first in the queue: the table.
         let v = vote_reply(&arr(&[1, 9, 9, 250, 1])).unwrap();
         assert_eq!(v.reply, QuorumReply::Granted { counter: 9 });
         assert_eq!(v.quarantine, Some(Duration::from_millis(250)));
         assert!(v.first);
-        assert_eq!(
-            vote_reply(&arr(&[2, 9, 7, 0, 0])).unwrap().reply,
-            QuorumReply::Holds {
-                counter: 9,
-                token: 7
-            }
-        );
-        assert_eq!(
-            vote_reply(&arr(&[0, 9, -1, 0, 0])).unwrap().reply,
-            QuorumReply::Held {
-                counter: 9,
-                ttl: None
-            }
-        );
-        assert_eq!(
-            vote_reply(&arr(&[3, 9, 0, 0, 0])).unwrap().reply,
-            QuorumReply::Behind { counter: 9 }
-        );
+        for (v, want) in [
+            (Value::Int(-1), QuorumReply::EpochMismatch),
+            (
+                arr(&[2, 9, 7, 0, 0]),
+                QuorumReply::Holds {
+                    counter: 9,
+                    token: 7,
+                },
+            ),
+            (
+                arr(&[0, 9, -1, 0, 0]),
+                QuorumReply::Held {
+                    counter: 9,
+                    ttl: None,
+                },
+            ),
+            (arr(&[3, 9, 0, 0, 0]), QuorumReply::Behind { counter: 9 }),
+        ] {
+            assert_eq!(vote_reply(&v).unwrap().reply, want, "{v:?}");
+        }
         // Nothing else: a zero, other integers, short or foreign tables.
+        let mut foreign = arr(&[0, 0, 0, 0, 0]);
+        if let Value::Array(items) = &mut foreign {
+            items[1] = Value::Nil;
+        }
         for bad in [
             Value::Int(0),
             Value::Int(-2),
             arr(&[1, 0, 0, 0, 0]),
             arr(&[0, 9, 1]),
-            Value::Array(vec![
-                Value::Int(0),
-                Value::Nil,
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
+            foreign,
             Value::Nil,
         ] {
             assert!(vote_reply(&bad).is_err(), "{bad:?}");
         }
-        assert_eq!(
-            release_reply(&Value::Int(1)).unwrap(),
-            Ok(ReleaseOutcome::Released)
-        );
-        assert_eq!(
-            release_reply(&Value::Int(0)).unwrap(),
-            Ok(ReleaseOutcome::Expired)
-        );
-        assert_eq!(
-            release_reply(&Value::Int(3)).unwrap(),
-            Ok(ReleaseOutcome::TakenByOther)
-        );
-        assert_eq!(release_reply(&Value::Int(-8)).unwrap(), Err(7));
-        assert_eq!(release_reply(&Value::Int(-1)).unwrap(), Err(0));
+        for (n, want) in [
+            (1, Ok(ReleaseOutcome::Released)),
+            (0, Ok(ReleaseOutcome::Expired)),
+            (3, Ok(ReleaseOutcome::TakenByOther)),
+            (-8, Err(7)),
+            (-1, Err(0)),
+        ] {
+            assert_eq!(release_reply(&Value::Int(n)).unwrap(), want, "{n}");
+        }
         assert!(release_reply(&Value::Int(2)).is_err());
         assert!(release_reply(&arr(&[1, 0])).is_err());
     }

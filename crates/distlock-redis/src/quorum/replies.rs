@@ -119,13 +119,6 @@ pub struct ServerInfo {
     pub now_ms: u64,
 }
 
-pub(super) fn unexpected(message: String) -> Error {
-    Error::UnexpectedReply {
-        backend: KIND,
-        message,
-    }
-}
-
 pub(super) fn uint(what: &str, v: &Value) -> Result<u64> {
     int(v)
         .and_then(|i| u64::try_from(i).ok())
@@ -148,10 +141,10 @@ pub(super) fn parse_info(text: &str, now_ms: u64) -> Result<ServerInfo> {
     };
     let run_id = field("run_id")
         .filter(|r| !r.is_empty())
-        .ok_or_else(|| unexpected("INFO server has no run_id".into()))?;
+        .ok_or_else(|| Error::unexpected(KIND, "INFO server has no run_id"))?;
     let uptime = field("uptime_in_seconds")
         .and_then(|u| u.parse::<u64>().ok())
-        .ok_or_else(|| unexpected("INFO server has no uptime_in_seconds".into()))?;
+        .ok_or_else(|| Error::unexpected(KIND, "INFO server has no uptime_in_seconds"))?;
     Ok(ServerInfo {
         run_id,
         uptime: Duration::from_secs(uptime),
@@ -185,7 +178,7 @@ pub(super) fn vote_reply(v: &Value) -> Result<QuorumVote> {
                 [0, c, pttl, q, f] if *c >= 0 => (
                     QuorumReply::Held {
                         counter: *c as u64,
-                        ttl: (*pttl >= 0).then(|| Duration::from_millis(*pttl as u64)),
+                        ttl: crate::inspect::ms(*pttl),
                     },
                     *q,
                     *f,
@@ -247,9 +240,4 @@ pub(super) fn renew_reply(
         return Err(bad());
     }
     Ok(out)
-}
-
-/// `TIME` (seconds, microseconds) in ms.
-pub(super) fn time_ms(secs: &str, micros: &str) -> Option<u64> {
-    Some(secs.parse::<u64>().ok()? * 1000 + micros.parse::<u64>().ok()? / 1000)
 }
