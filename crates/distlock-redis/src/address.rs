@@ -295,34 +295,35 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert_eq!(parse("rediss://h").is_ok(), cfg!(feature = "tls"));
-        assert_eq!(parse("redis://h").unwrap().dialect, None);
-        assert_eq!(
-            parse("redis://h?dialect=redisson").unwrap().dialect,
-            Some(Dialect::Redisson)
-        );
-        assert_eq!(
-            parse("redis+sentinel://s/m?dialect=python-redis-lock")
-                .unwrap()
-                .dialect,
-            Some(Dialect::PythonRedisLock)
-        );
-        assert_eq!(
-            parse("redis+cluster://h?dialect=redisson").unwrap().dialect,
-            Some(Dialect::Redisson)
-        );
+        for (url, dialect) in [
+            ("redis://h", None),
+            ("redis://h?dialect=redisson", Some(Dialect::Redisson)),
+            (
+                "redis+sentinel://s/m?dialect=python-redis-lock",
+                Some(Dialect::PythonRedisLock),
+            ),
+            (
+                "redis+cluster://h?dialect=redisson",
+                Some(Dialect::Redisson),
+            ),
+        ] {
+            assert_eq!(parse(url).unwrap().dialect, dialect, "{url}");
+        }
         let e = parse("redis://h?dialect=jedis").unwrap_err().to_string();
         assert!(e.contains("redisson, python-redis-lock"), "{e}");
-        let a = parse("redis+sentinel://:pw@s1,s2:7/mymaster?namespace=n").unwrap();
-        let Route::Sentinel(s) = &a.route else {
-            panic!("{a:?}")
+        let sentinels = |url| match parse(url).unwrap() {
+            Address {
+                route: Route::Sentinel(s),
+                namespace,
+                ..
+            } => (*s, namespace),
+            other => panic!("{other:?}"),
         };
+        let (s, namespace) = sentinels("redis+sentinel://:pw@s1,s2:7/mymaster?namespace=n");
         assert_eq!(s.hosts, &["s1:26379", "s2:7"]);
         assert_eq!(s.master, "mymaster");
-        assert_eq!(a.namespace.as_deref(), Some("n"));
-        let a = parse("redis+sentinel://s1/m?sentinel_password=sp%40ss").unwrap();
-        let Route::Sentinel(s) = &a.route else {
-            panic!("{a:?}")
-        };
+        assert_eq!(namespace.as_deref(), Some("n"));
+        let (s, _) = sentinels("redis+sentinel://s1/m?sentinel_password=sp%40ss");
         assert_eq!(s.password.as_ref().map(Password::expose), Some("sp@ss"));
         assert_eq!(
             redact("redis+sentinel://s1/m?sentinel_password=hidden"),

@@ -33,19 +33,7 @@ use std::time::Duration;
 pub(crate) enum Link {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
-    At(ClusterConnection, String, u16),
-}
-
-impl Link {
-    fn at(&self) -> Option<SingleNodeRoutingInfo> {
-        match self {
-            Link::At(_, host, port) => Some(SingleNodeRoutingInfo::ByAddress {
-                host: host.clone(),
-                port: *port,
-            }),
-            _ => None,
-        }
-    }
+    At(ClusterConnection, SingleNodeRoutingInfo),
 }
 
 /// A pipeline of `SCRIPT` commands only (the `SCRIPT LOAD`s of [`scripts::load`]): redis-rs
@@ -59,12 +47,11 @@ fn script_pipeline(pipeline: &Pipeline) -> bool {
 
 impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let at = self.at();
         match self {
             Link::Single(c) => c.req_packed_command(cmd),
             Link::Cluster(c) => c.req_packed_command(cmd),
-            Link::At(c, ..) => {
-                let route = RoutingInfo::SingleNode(at.unwrap_or(SingleNodeRoutingInfo::Random));
+            Link::At(c, at) => {
+                let route = RoutingInfo::SingleNode(at.clone());
                 c.route_command(cmd.clone(), route).boxed()
             }
         }
@@ -76,7 +63,6 @@ impl ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let at = self.at();
         let scripts_only = script_pipeline(pipeline);
         match self {
             Link::Single(c) => c.req_packed_commands(pipeline, offset, count),
@@ -91,14 +77,9 @@ impl ConnectionLike for Link {
                 Ok(out.into_iter().skip(offset).take(count).collect())
             }
             .boxed(),
-            Link::At(c, ..) => c
-                .route_pipeline(
-                    pipeline.clone(),
-                    offset,
-                    count,
-                    at.unwrap_or(SingleNodeRoutingInfo::Random),
-                )
-                .boxed(),
+            Link::At(c, at) => {
+                (c.route_pipeline(pipeline.clone(), offset, count, at.clone())).boxed()
+            }
         }
     }
 
@@ -158,7 +139,11 @@ impl Cluster {
 
     /// A connection to the master at `m` only.
     pub(crate) fn at(&self, m: &Master) -> Link {
-        Link::At(self.con.clone(), m.host.clone(), m.port)
+        let at = SingleNodeRoutingInfo::ByAddress {
+            host: m.host.clone(),
+            port: m.port,
+        };
+        Link::At(self.con.clone(), at)
     }
 
     /// The masters, as last read (read now if never, or after [`forget`](Self::forget)).

@@ -115,9 +115,18 @@ struct Reading<'a> {
     replies: usize,
 }
 
-/// The number of replies a [`Reading`] turns into a [`LockInfo`]: holds, PTTL, fence, waiter
-/// data, queue, TIME, expiries, limit.
-const SHAPE: usize = 8;
+/// The replies a [`Reading`] turns into a [`LockInfo`]: holds, PTTL, fence, waiter data,
+/// queue, TIME, expiries, limit.
+type Replies = (
+    Vec<(String, String)>,
+    i64,
+    Option<String>,
+    Vec<(String, String)>,
+    Vec<(String, f64)>,
+    (String, String),
+    Vec<(String, f64)>,
+    Option<u32>,
+);
 
 impl<'a> Reading<'a> {
     /// Appends to `pipe` the commands that read lock `name` of `kind`: holds, their
@@ -165,20 +174,9 @@ impl<'a> Reading<'a> {
         let bad = |what: &str| -> Error {
             Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
         };
-        let [fields, pttl, fence, waiters, queue, time, exps, limit]: [Value; SHAPE] =
-            vals.try_into().map_err(|_| bad("number of replies"))?;
-        let fields: Vec<(String, String)> =
-            redis::from_redis_value(fields).map_err(|_| bad("holders"))?;
-        let pttl: i64 = redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?;
-        let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
-        let exps: Vec<(String, f64)> =
-            redis::from_redis_value(exps).map_err(|_| bad("expiries"))?;
-        let waiters: Vec<(String, String)> =
-            redis::from_redis_value(waiters).map_err(|_| bad("waiters"))?;
-        let queue: Vec<(String, f64)> = redis::from_redis_value(queue).map_err(|_| bad("queue"))?;
-        let limit: Option<u32> = redis::from_redis_value(limit).map_err(|_| bad("permits"))?;
-        let (secs, micros): (String, String) =
-            redis::from_redis_value(time).map_err(|_| bad("TIME"))?;
+        let (fields, pttl, fence, waiters, queue, (secs, micros), exps, limit): Replies =
+            redis::from_redis_value(Value::Array(vals))
+                .map_err(|e| bad(&format!("replies: {e}")))?;
         let now_ms = time_ms(&secs, &micros).ok_or_else(|| bad("TIME"))?;
         let data: HashMap<&str, &str> = waiters
             .iter()

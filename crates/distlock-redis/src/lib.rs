@@ -18,10 +18,12 @@ mod requests;
 mod scripts;
 mod sentinel;
 
+use crate::cluster::Link;
 use crate::error::{map, shape, KIND};
 pub use crate::quorum::{
     NodeHold, QuorumReply, QuorumVote, RedisNode, ServerInfo, QUORUM_FLOOR_STEP,
 };
+use crate::scripts::SCRIPTS;
 use distlock_core::backend::{
     async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey,
     ReleaseWatch, RenewOutcome,
@@ -37,7 +39,6 @@ pub struct RedisBackend {
     con: Arc<conn::Con>,
     /// `redis+sentinel://`: moves `con` and `subscriber` to the master after a failover.
     follower: Option<Arc<sentinel::Follower>>,
-    scripts: scripts::Scripts,
     subscriber: Arc<pubsub::Subscriber>,
     endpoint: String,
     namespace: String,
@@ -264,9 +265,8 @@ impl RedisBackend {
             cert_given,
             ..
         } = opened;
-        let scripts = scripts::Scripts::new();
         let mut link = con.get();
-        scripts::load(&mut link, &scripts.all())
+        scripts::load(&mut link, &SCRIPTS.all())
             .await
             .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
         if let cluster::Link::Single(c) = &mut link {
@@ -275,7 +275,6 @@ impl RedisBackend {
         Ok(RedisBackend {
             con: Arc::new(con),
             follower: None,
-            scripts,
             subscriber: pubsub::Subscriber::over(
                 nodes,
                 endpoint.clone(),
@@ -310,15 +309,6 @@ impl RedisBackend {
             kind: req.key.kind,
             handoff_after: self.handoff_after.clone(),
         })
-    }
-
-    /// The wake channel `req`'s queue entry names, if it may queue: where the release that
-    /// hands it the lock tells it ('' for a single try, which never queues).
-    fn wake(&self, req: &AcquireRequest) -> &str {
-        match req.waiter_ttl {
-            Some(_) => self.subscriber.wake(),
-            None => "",
-        }
     }
 
     /// `NS:{NAME}` and `parts` after it: every key of lock `name` (the hash tag keeps them in
@@ -403,11 +393,10 @@ impl RedisBackend {
         attempt_id: &AttemptId,
         token: &str,
         mode: &str,
-    ) -> Result<(i64, i64)> {
+    ) -> Result<ReleaseOutcome> {
         let attempt = attempt_id.as_str();
         let channel = self.channel(&key.name);
         let args = [attempt, token, channel.as_str(), mode];
-        let mut mutex = true;
         let fam = family(key.kind)?;
         let cmd = match fam {
             Family::Mutex { fair, election } => {
@@ -421,24 +410,23 @@ impl RedisBackend {
                     observe = self.observe_channel(&key.name);
                     args.push(&observe);
                 }
-                self.scripts.release.cmd(&[&hash], &args)
+                SCRIPTS.release.cmd(&[&hash], &args)
             }
-            fam => {
-                mutex = false;
-                let keys = self.keys(&key.name, &fam);
-                let script = match fam {
-                    Family::Rw { .. } => &self.scripts.rw_release,
-                    _ => &self.scripts.sem_release,
-                };
-                script.cmd(&keys.list(), &args)
-            }
+            Family::Rw { .. } => SCRIPTS
+                .rw_release
+                .cmd(&self.keys(&key.name, &fam).list(), &args),
+            Family::Sem { .. } => SCRIPTS
+                .sem_release
+                .cmd(&self.keys(&key.name, &fam).list(), &args),
         };
         let record = self.end_record(attempt_id, || Ok(self.ended_key(&key.name, attempt_id)))?;
-        let (v, _) = (self.eval_ending(&self.scripts.all(), &cmd, record.as_ref(), None)).await?;
-        if mutex {
-            return contended::release_reply(mode, &v);
-        }
-        pair(mode, &v)
+        let (v, _) = (self.eval_ending(&SCRIPTS.all(), &cmd, record.as_ref(), None)).await?;
+        let n = match fam {
+            // The mutex scripts answer the outcome alone, the others `{outcome, 0}`.
+            Family::Mutex { .. } => int(&v).ok_or_else(|| shape(mode, &v))?,
+            _ => pair(mode, &v)?.0,
+        };
+        release_outcome(mode, n)
     }
 
     /// The end record to write for `attempt` as it ends (the key `key` makes and its lifetime
@@ -533,8 +521,17 @@ impl RedisBackend {
 
     /// Sends `cmd` on this backend's connection, its error mapped as every call's.
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
-        let mut con = self.con.get();
-        cmd.query_async(&mut con).await.map_err(|e| self.err(e))
+        self.query_on(&mut self.con.get(), cmd).await
+    }
+
+    /// [`query`](Self::query) on `con` (one master of a cluster, or a connection kept for a
+    /// `WAIT` after a script).
+    async fn query_on<T: redis::FromRedisValue>(
+        &self,
+        con: &mut Link,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        cmd.query_async(con).await.map_err(|e| self.err(e))
     }
 
     /// [`query`](Self::query) of a pipeline.
@@ -545,10 +542,7 @@ impl RedisBackend {
 
     /// Runs one of the lock scripts (reloading them on NOSCRIPT).
     async fn eval(&self, cmd: &redis::Cmd) -> Result<Value> {
-        Ok(self
-            .eval_ending(&self.scripts.all(), cmd, None, None)
-            .await?
-            .0)
+        Ok(self.eval_ending(&SCRIPTS.all(), cmd, None, None).await?.0)
     }
 
     /// Number of release channels this client is subscribed to right now. A channel is
@@ -599,12 +593,19 @@ impl RedisBackend {
                 // arguments packed as TTL:FAIR:SEQ:WAKE.
                 let hash = self.key_of(&req.key.name, &[fam.base()]);
                 let seq = seq.to_string();
+                // The wake channel the queue entry names, where the release that hands the
+                // lock over tells the waiter ('' for a single try, which never queues).
+                let wake = if req.waiter_ttl.is_some() {
+                    self.subscriber.wake()
+                } else {
+                    ""
+                };
                 let waits = [
                     waiter_ttl.as_str(),
                     if fair { ":1:" } else { ":0:" },
                     &seq,
                     ":",
-                    self.wake(req),
+                    wake,
                 ]
                 .concat();
                 let mut args = vec![attempt, owner, &lease, &waits];
@@ -613,7 +614,7 @@ impl RedisBackend {
                     observe = self.observe_channel(&req.key.name);
                     args.extend([req.value.as_deref().unwrap_or_default(), &observe]);
                 }
-                return Ok(self.scripts.acquire.cmd(&[&hash, &ended], &args));
+                return Ok(SCRIPTS.acquire.cmd(&[&hash, &ended], &args));
             }
             Family::Rw { side } => {
                 // The downgrade is addressed by the write grant itself, not by owner equality.
@@ -621,15 +622,10 @@ impl RedisBackend {
                     (Some(g), "r") => (g.attempt.as_str().to_owned(), g.token.to_string()),
                     _ => Default::default(),
                 };
-                (
-                    &self.scripts.rw_acquire,
-                    side.to_owned(),
-                    w_attempt,
-                    w_token,
-                )
+                (&SCRIPTS.rw_acquire, side.to_owned(), w_attempt, w_token)
             }
             Family::Sem { permits, limit } => (
-                &self.scripts.sem_acquire,
+                &SCRIPTS.sem_acquire,
                 permits.to_string(),
                 limit.to_string(),
                 self.channel(&req.key.name),
@@ -766,10 +762,18 @@ fn int(v: &Value) -> Option<i64> {
 /// What a native acquire script's reply `v` says about `req`: granted (the token), held, or
 /// refused (an upgrade of a read grant, a permit count changed by `set_permits`).
 fn acquire_outcome(req: &AcquireRequest, v: &Value) -> Result<AcquireReply> {
-    let reply = match req.key.kind {
-        LockKind::Mutex | LockKind::Fair | LockKind::Election => contended::acquire_reply(v)?,
-        _ => pair("acquire", v)?,
-    };
+    acquire_reply(
+        req,
+        v,
+        match req.key.kind {
+            LockKind::Mutex | LockKind::Fair | LockKind::Election => contended::acquire_reply(v)?,
+            _ => pair("acquire", v)?,
+        },
+    )
+}
+
+/// What an acquire script's reply `v`, read as `{granted, token or PTTL}` (`reply`), says.
+fn acquire_reply(req: &AcquireRequest, v: &Value, reply: (i64, i64)) -> Result<AcquireReply> {
     match reply {
         (1, token) if token > 0 => Ok(AcquireReply::Granted {
             token: token as u64,
@@ -817,16 +821,16 @@ fn proclaimed(what: &str, v: &Value) -> Result<RenewOutcome> {
     }
 }
 
-/// A release script's reply: `{1, 0}` released, `{0, 0}` no lock, `{3, 0}` another grant.
-fn release_outcome(v: (i64, i64)) -> Result<ReleaseOutcome> {
-    Ok(match v {
-        (1, _) => ReleaseOutcome::Released,
-        (0, _) => ReleaseOutcome::Expired,
-        (3, _) => ReleaseOutcome::TakenByOther,
-        (a, b) => {
+/// A release script's (`mode`'s) outcome `n`: `1` released, `0` no lock, `3` another grant.
+fn release_outcome(mode: &str, n: i64) -> Result<ReleaseOutcome> {
+    Ok(match n {
+        1 => ReleaseOutcome::Released,
+        0 => ReleaseOutcome::Expired,
+        3 => ReleaseOutcome::TakenByOther,
+        n => {
             return Err(Error::unexpected(
                 KIND,
-                format!("release: unexpected reply [{a}, {b}]"),
+                format!("{mode}: unexpected reply {n}"),
             ))
         }
     })
@@ -864,8 +868,7 @@ impl Backend for RedisBackend {
         let numbered = numbered.then(|| self.requests.sent(&req.attempt));
         let cmd = self.acquire_cmd(req, numbered.map_or(0, |s| s.seq))?;
         let sent = self.unanswered.sent(&req.attempt);
-        let (v, acked) =
-            (self.eval_ending(&self.scripts.all(), &cmd, None, self.wait_replicas)).await?;
+        let (v, acked) = (self.eval_ending(&SCRIPTS.all(), &cmd, None, self.wait_replicas)).await?;
         sent.answered();
         let reply = acquire_outcome(req, &v)?;
         match &reply {
@@ -914,25 +917,23 @@ impl Backend for RedisBackend {
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        if let Some(l) = &self.dialect {
-            return dialect::give_up(self, l, req).await;
-        }
-        self.requests.forget(&req.attempt);
-        self.run_release(&req.key, &req.attempt, "", "giveup")
-            .await
-            .map(|_| ())
+        let given_up = match &self.dialect {
+            Some(l) => dialect::release(self, l, &req.key, &req.attempt, None).await,
+            None => {
+                self.requests.forget(&req.attempt);
+                self.run_release(&req.key, &req.attempt, "", "giveup").await
+            }
+        };
+        given_up.map(|_| ())
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         if let Some(l) = &self.dialect {
-            return dialect::release(self, l, grant).await;
+            return dialect::release(self, l, &grant.key, &grant.attempt, Some(grant)).await;
         }
         self.handoff_after.released(grant.key.kind, &grant.attempt);
         let token = grant.token.to_string();
-        let v = self
-            .run_release(&grant.key, &grant.attempt, &token, "release")
-            .await?;
-        release_outcome(v)
+        (self.run_release(&grant.key, &grant.attempt, &token, "release")).await
     }
 
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
@@ -941,7 +942,7 @@ impl Backend for RedisBackend {
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let name = &grant.key.name;
-        let cmd = self.scripts.proclaim.cmd(
+        let cmd = SCRIPTS.proclaim.cmd(
             &[&self.key_of(name, &[ELECTION])],
             &[
                 grant.attempt.as_str(),
@@ -976,7 +977,7 @@ impl Backend for RedisBackend {
                 limit: permits,
             },
         );
-        let cmd = self.scripts.sem_release.cmd(
+        let cmd = SCRIPTS.sem_release.cmd(
             &keys.list(),
             &["", "", &self.channel(name), "set", &permits.to_string()],
         );

@@ -92,8 +92,7 @@ pub(crate) async fn scan(
             if let Some(of) = of {
                 cmd.arg("TYPE").arg(of);
             }
-            let (next, keys): (u64, Vec<String>) =
-                cmd.query_async(&mut con).await.map_err(|e| b.err(e))?;
+            let (next, keys): (u64, Vec<String>) = b.query_on(&mut con, &cmd).await?;
             if !keys.is_empty() {
                 batch(keys);
             }
@@ -138,10 +137,7 @@ impl Operator for RedisBackend {
 
 /// The server's clock (`TIME`), asked over `con`.
 async fn time(b: &RedisBackend, con: &mut Link) -> Result<SystemTime> {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME")
-        .query_async(con)
-        .await
-        .map_err(|e| b.err(e))?;
+    let (secs, micros): (u64, u64) = b.query_on(con, &redis::cmd("TIME")).await?;
     Ok(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
 }
 
@@ -249,12 +245,10 @@ pub(crate) async fn force_release(
         if let Some(c) = b.con.cluster() {
             con = c.at_key(&keys.holds).await.map_err(|e| b.err(e))?;
         }
-        let acked: u64 = redis::cmd("WAIT")
-            .arg(n)
-            .arg(timeout.as_millis() as u64)
-            .query_async(&mut con)
-            .await
-            .map_err(|e| b.err(e))?;
+        let ms = timeout.as_millis() as u64;
+        let acked: u64 = b
+            .query_on(&mut con, redis::cmd("WAIT").arg(n).arg(ms))
+            .await?;
         if acked < u64::from(n) {
             return Err(Error::unexpected(KIND, format!(
                     "forced release of `{name}` done on the primary, but only {acked} of {n} replicas confirmed it within {timeout:?} (a failover could bring the old holder back); check replication and run it again"
@@ -334,12 +328,9 @@ async fn diagnose_server(b: &RedisBackend) -> Result<Vec<Finding>> {
 
 /// The `cluster` finding of `CLUSTER INFO`.
 async fn cluster_state(b: &RedisBackend, c: &crate::cluster::Cluster) -> Result<Finding> {
-    let mut con = c.link();
-    let info: String = redis::cmd("CLUSTER")
-        .arg("INFO")
-        .query_async(&mut con)
-        .await
-        .map_err(|e| b.err(e))?;
+    let info: String = b
+        .query_on(&mut c.link(), redis::cmd("CLUSTER").arg("INFO"))
+        .await?;
     let info = parse_info(&info);
     let state = info.get("cluster_state").copied().unwrap_or("unknown");
     Ok(match state {
@@ -482,10 +473,7 @@ fn replication_finding(
 
 /// The findings of one server (`cluster`: a master of the `redis+cluster://` cluster).
 async fn diagnose_on(b: &RedisBackend, mut con: Link, cluster: bool) -> Result<Vec<Finding>> {
-    let info: String = redis::cmd("INFO")
-        .query_async(&mut con)
-        .await
-        .map_err(|e| b.err(e))?;
+    let info: String = b.query_on(&mut con, &redis::cmd("INFO")).await?;
     let info = parse_info(&info);
 
     // CONFIG may be renamed or forbidden by ACL: then only AOF is known.

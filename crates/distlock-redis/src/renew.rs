@@ -12,27 +12,16 @@
 use crate::cluster::{self, Cluster, Master};
 use crate::error::shape;
 use crate::error::KIND;
-use crate::scripts::{self, Script};
+use crate::scripts::{self, SCRIPTS};
 use crate::{family, Family, RedisBackend};
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::{Error, Result};
 use redis::Value;
 use std::borrow::Cow;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 /// The most grants one script renews.
 pub(crate) const PER_SCRIPT: usize = 1000;
-
-const SOURCE: &str = concat!(
-    include_str!("../scripts/renew.lua"),
-    include_str!("../scripts/expiring_renew.lua"),
-    include_str!("../scripts/dialect/renew.lua"),
-    include_str!("../scripts/renew_many.lua")
-);
-
-/// `renew_many.lua` with the functions it calls (its command is built here).
-pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
 /// One grant's part of `renew_many.lua`: its keys (the first is the one its slot is computed
 /// from), its family (`m` a mutex: the lock hash; `e` a read-write lock or semaphore: the holds
@@ -71,7 +60,7 @@ pub(crate) fn command(b: &RedisBackend, holds: &[(GrantRef, Duration)]) -> Resul
         .collect::<Result<Vec<_>>>()?;
     let count: usize = keys.iter().map(|k| k.keys.len()).sum();
     let mut cmd = redis::Cmd::with_capacity(3 + count + 4 * holds.len(), 128 * holds.len());
-    cmd.arg("EVALSHA").arg(&RENEW_MANY.sha).arg(count);
+    cmd.arg("EVALSHA").arg(&SCRIPTS.renew_many.sha).arg(count);
     for k in &keys {
         cmd.arg(&k.keys);
     }
@@ -279,7 +268,7 @@ async fn send<C: redis::aio::ConnectionLike>(
     if let Some((n, timeout)) = wait {
         pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
     }
-    let mut vals = scripts::eval_pipe(con, &[&*RENEW_MANY], &pipe)
+    let mut vals = scripts::eval_pipe(con, &[&SCRIPTS.renew_many], &pipe)
         .await
         .map_err(|e| b.err(e))?;
     if let Some(wait) = wait {

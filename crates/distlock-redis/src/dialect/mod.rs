@@ -21,10 +21,9 @@
 
 mod signal;
 
-use crate::error::{shape, KIND};
+use crate::error::KIND;
 use crate::inspect::ms;
 use crate::renew::RenewKeys;
-use crate::scripts::Script;
 use crate::RedisBackend;
 use distlock_core::backend::{
     AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey, ReleaseWatch,
@@ -35,7 +34,6 @@ use distlock_core::{
     Result, Severity,
 };
 use redis::Value;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 /// How long python-redis-lock's release signal (`lock-signal:NAME`) lives, in ms: its own
@@ -94,32 +92,14 @@ impl Dialect {
     }
 }
 
-/// The dialect's scripts (loaded on first use, reloaded on NOSCRIPT).
-struct Scripts {
-    redisson_acquire: Script,
-    redisson_release: Script,
-    pyrl_acquire: Script,
-    pyrl_release: Script,
-    force_release: Script,
-}
-
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    redisson_acquire: Script::new(crate::scripts::fenced!("dialect/redisson_acquire.lua")),
-    redisson_release: Script::new(include_str!("../../scripts/dialect/redisson_release.lua")),
-    pyrl_acquire: Script::new(crate::scripts::fenced!("dialect/pyrl_acquire.lua")),
-    pyrl_release: Script::new(include_str!("../../scripts/dialect/pyrl_release.lua")),
-    force_release: Script::new(include_str!("../../scripts/dialect/force_release.lua")),
-});
-
-impl Scripts {
-    fn all(&self) -> [&Script; 5] {
-        [
-            &self.redisson_acquire,
-            &self.redisson_release,
-            &self.pyrl_acquire,
-            &self.pyrl_release,
-            &self.force_release,
-        ]
+crate::scripts::script_set! {
+    /// The dialects' scripts (loaded on first use).
+    static SCRIPTS: Scripts {
+        redisson_acquire: crate::scripts::fenced!("dialect/redisson_acquire.lua"),
+        redisson_release: crate::scripts::lua!("dialect/redisson_release.lua"),
+        pyrl_acquire: crate::scripts::fenced!("dialect/pyrl_acquire.lua"),
+        pyrl_release: crate::scripts::lua!("dialect/pyrl_release.lua"),
+        force_release: crate::scripts::lua!("dialect/force_release.lua"),
     }
 }
 
@@ -134,16 +114,6 @@ fn beside(prefix: &str, key: &str) -> Result<String> {
              rename the lock, or give it a tag such as `{{{}}}`",
             key.replace(['{', '}'], "")
         ))),
-    }
-}
-
-/// Redisson's `prefixName`: `PREFIX:{NAME}`, or `PREFIX:NAME` when the name has a `{` (the
-/// name's own tag then keeps both in one slot).
-fn redisson_prefixed(prefix: &str, name: &str) -> String {
-    if name.contains('{') {
-        format!("{prefix}:{name}")
-    } else {
-        format!("{prefix}:{{{name}}}")
     }
 }
 
@@ -210,9 +180,13 @@ impl Layout {
         }
     }
 
-    /// Redisson's unlock channel of `name`.
+    /// Redisson's unlock channel of `name`: its `prefixName`, `PREFIX:{NAME}`, or `PREFIX:NAME`
+    /// when the name has a `{` (the name's own tag then keeps both in one slot).
     fn channel(name: &str) -> String {
-        redisson_prefixed("redisson_lock__channel", name)
+        match name.contains('{') {
+            true => format!("redisson_lock__channel:{name}"),
+            false => format!("redisson_lock__channel:{{{name}}}"),
+        }
     }
 
     /// python-redis-lock's release signal of `name`.
@@ -359,38 +333,40 @@ pub(crate) async fn acquire(
         .await
         .map_err(|e| on_key(l, name, e))?;
     sent.answered();
-    match crate::pair("acquire", &v)? {
-        (1, token) if token > 0 => {
-            let token = token as u64;
-            b.confirm_replicas(&req.grant(token), acked).await?;
-            Ok(AcquireReply::Granted { token })
-        }
-        (0, pttl) => Ok(AcquireReply::Held { ttl: ms(pttl) }),
-        _ => Err(shape("acquire", &v)),
+    let reply = crate::acquire_reply(req, &v, crate::pair("acquire", &v)?)?;
+    if let AcquireReply::Granted { token } = reply {
+        b.confirm_replicas(&req.grant(token), acked).await?;
     }
+    Ok(reply)
 }
 
-/// The release side (`release` or `giveup`) of `key` for `attempt` (`held_by`: the grant's
-/// field or id, or its prefix for a give-up), with the attempt's end record when a request
-/// of it may still reach the server.
-pub(crate) async fn run_release(
+/// `Backend::release` of `grant` in a dialect, or (`None`) `Backend::give_up` of `attempt`
+/// (any grant of it goes back), with the attempt's end record when a request of it may still
+/// reach the server.
+pub(crate) async fn release(
     b: &RedisBackend,
     l: &Layout,
     key: &HoldKey,
     attempt: &AttemptId,
-    held_by: &str,
-    mode: &str,
-) -> Result<(i64, i64)> {
+    grant: Option<&GrantRef>,
+) -> Result<ReleaseOutcome> {
+    // The grant's field or id, or its prefix for a give-up.
+    let (held_by, mode) = match (l.dialect, grant) {
+        (Dialect::Redisson, Some(g)) => (Layout::field(g), "release"),
+        (Dialect::PythonRedisLock, Some(g)) => (Layout::pyrl_id(g), "release"),
+        (Dialect::Redisson, None) => (format!("{}:", client_uuid(attempt)), "giveup"),
+        (Dialect::PythonRedisLock, None) => (pyrl_prefix(attempt), "giveup"),
+    };
     let name = &key.name;
     let lock = l.lock_key(name);
     let cmd = match l.dialect {
         Dialect::Redisson => SCRIPTS.redisson_release.cmd(
             &[&lock, &l.names_key(name)?],
-            &[held_by, &Layout::channel(name), mode],
+            &[&held_by, &Layout::channel(name), mode],
         ),
         Dialect::PythonRedisLock => SCRIPTS.pyrl_release.cmd(
             &[&lock, &Layout::signal(name)],
-            &[held_by, mode, &SIGNAL_EXPIRE_MS.to_string()],
+            &[&held_by, mode, &SIGNAL_EXPIRE_MS.to_string()],
         ),
     };
     let record = b.end_record(attempt, || l.ended_key(name, attempt))?;
@@ -398,32 +374,7 @@ pub(crate) async fn run_release(
         .eval_ending(&SCRIPTS.all(), &cmd, record.as_ref(), None)
         .await
         .map_err(|e| on_key(l, name, e))?;
-    crate::pair(mode, &v)
-}
-
-/// `Backend::give_up` in a dialect.
-pub(crate) async fn give_up(b: &RedisBackend, l: &Layout, req: &AcquireRequest) -> Result<()> {
-    let prefix = match l.dialect {
-        Dialect::Redisson => format!("{}:", client_uuid(&req.attempt)),
-        Dialect::PythonRedisLock => pyrl_prefix(&req.attempt),
-    };
-    run_release(b, l, &req.key, &req.attempt, &prefix, "giveup")
-        .await
-        .map(|_| ())
-}
-
-/// `Backend::release` in a dialect.
-pub(crate) async fn release(
-    b: &RedisBackend,
-    l: &Layout,
-    grant: &GrantRef,
-) -> Result<ReleaseOutcome> {
-    let held_by = match l.dialect {
-        Dialect::Redisson => Layout::field(grant),
-        Dialect::PythonRedisLock => Layout::pyrl_id(grant),
-    };
-    let v = run_release(b, l, &grant.key, &grant.attempt, &held_by, "release").await?;
-    crate::release_outcome(v)
+    crate::release_outcome(mode, crate::pair(mode, &v)?.0)
 }
 
 /// `Backend::watch` in a dialect: Redisson's unlock channel (every release of either library
@@ -505,36 +456,25 @@ pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<
     let bad = |what: &str| -> Error {
         Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
     };
-    let [held, pttl, fence, names]: [Value; 4] =
-        vals.try_into().map_err(|_| bad("number of replies"))?;
-    let left = ms(redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?);
-    let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
-    let mut fencing_token = crate::counter(&l.fence_key(name)?, fence)?;
-    let holders = match l.dialect {
+    let (held, pttl, fence, names): (Value, i64, Option<String>, Vec<(String, String)>) =
+        redis::from_redis_value(Value::Array(vals)).map_err(|e| bad(&format!("replies: {e}")))?;
+    let (left, counter) = (ms(pttl), crate::counter(&l.fence_key(name)?, fence)?);
+    let (holders, token) = match l.dialect {
         Dialect::Redisson => {
-            let fields: Vec<(String, String)> =
-                redis::from_redis_value(held).map_err(|_| bad("holders"))?;
-            let names: Vec<(String, String)> =
-                redis::from_redis_value(names).map_err(|_| bad("holder names"))?;
-            let (holders, token) = redisson_holders(&fields, &names, left);
-            fencing_token = token.unwrap_or(fencing_token);
-            holders
+            let fields: Vec<_> = redis::from_redis_value(held).map_err(|_| bad("holders"))?;
+            redisson_holders(&fields, &names, left)
         }
         Dialect::PythonRedisLock => {
             let id: Option<String> = redis::from_redis_value(held).map_err(|_| bad("holder"))?;
-            match id {
-                Some(id) => {
-                    let (h, token) = pyrl_holder(&id, left);
-                    fencing_token = token.unwrap_or(fencing_token);
-                    vec![h]
-                }
-                None => Vec::new(),
+            match id.map(|id| pyrl_holder(&id, left)) {
+                Some((h, token)) => (vec![h], token),
+                None => (Vec::new(), None),
             }
         }
     };
     Ok(LockInfo::new(name)
         .with_holders(holders)
-        .with_fencing_token(fencing_token))
+        .with_fencing_token(token.unwrap_or(counter)))
 }
 
 /// Whether the fields of a hash look like a Redisson lock's: holder ids `CLIENT:THREAD` with

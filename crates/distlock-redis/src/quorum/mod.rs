@@ -31,7 +31,6 @@ use distlock_core::backend::{
 };
 use distlock_core::{ClientOptions, Error, LockKind, ReleaseOutcome, Result};
 use redis::Value;
-use std::sync::OnceLock;
 
 mod replies;
 use replies::*;
@@ -57,22 +56,12 @@ pub const QUORUM_FLOOR_STEP: Duration = Duration::from_micros(quorum_floor_step_
 /// Counters raised per script call ([`RedisNode::raise_fences`]).
 const SEED_BATCH: usize = 256;
 
-struct QuorumScripts {
-    acquire: Script,
-    raise: Script,
-    release: Script,
-    renew: Script,
-    epoch: Script,
-    raise_fences: Script,
-    proclaim: Script,
-}
-
-fn quorum_scripts() -> &'static QuorumScripts {
-    static SCRIPTS: OnceLock<QuorumScripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| QuorumScripts {
+scripts::script_set! {
+    /// The Redlock node's scripts.
+    static QUORUM: QuorumScripts {
         // The uncontended vote runs before the prelude functions it does not call are made
         // (a Lua closure per function per call: docs/redis-lock.md, "Costs").
-        acquire: Script::new(concat!(
+        acquire: concat!(
             "local QUORUM_FLOOR_STEP_US = ",
             quorum_floor_step_us!(),
             "\n",
@@ -83,30 +72,13 @@ fn quorum_scripts() -> &'static QuorumScripts {
                 "fence_next.lua",
                 "quorum_acquire_wait.lua"
             )
-        )),
-        raise: Script::new(scripts::fenced!("quorum_raise.lua")),
-        release: Script::new(include_str!("../../scripts/quorum_release.lua")),
-        renew: Script::new(concat!(
-            include_str!("../../scripts/quorum_renew.lua"),
-            include_str!("../../scripts/quorum_renew_many.lua")
-        )),
-        epoch: Script::new(include_str!("../../scripts/quorum_epoch.lua")),
-        raise_fences: Script::new(scripts::fenced!("quorum_raise_fences.lua")),
-        proclaim: Script::new(include_str!("../../scripts/quorum_proclaim.lua")),
-    })
-}
-
-impl QuorumScripts {
-    fn all(&self) -> [&Script; 7] {
-        [
-            &self.acquire,
-            &self.raise,
-            &self.release,
-            &self.renew,
-            &self.epoch,
-            &self.raise_fences,
-            &self.proclaim,
-        ]
+        ),
+        raise: scripts::fenced!("quorum_raise.lua"),
+        release: scripts::lua!("quorum_release.lua"),
+        renew: scripts::lua!("quorum_renew.lua", "quorum_renew_many.lua"),
+        epoch: scripts::lua!("quorum_epoch.lua"),
+        raise_fences: scripts::fenced!("quorum_raise_fences.lua"),
+        proclaim: scripts::lua!("quorum_proclaim.lua"),
     }
 }
 
@@ -224,7 +196,7 @@ impl RedisNode {
     /// Cancel safe: loading a script twice does no harm.
     pub async fn load_scripts(&self) -> Result<()> {
         let mut con = self.b.con.get();
-        scripts::load(&mut con, &quorum_scripts().all())
+        scripts::load(&mut con, &QUORUM.all())
             .await
             .map_err(|e| self.b.err(e))
     }
@@ -238,7 +210,7 @@ impl RedisNode {
         args: &[&str],
     ) -> Result<(Value, bool)> {
         let cmd = script.cmd(keys, args);
-        self.b.eval_in(&quorum_scripts().all(), &cmd).await
+        self.b.eval_in(&QUORUM.all(), &cmd).await
     }
 
     /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
@@ -277,7 +249,7 @@ impl RedisNode {
         queue: Option<(Duration, u64)>,
     ) -> Result<QuorumVote> {
         let k = self.quorum_keys(&key.name, key.kind)?;
-        let s = quorum_scripts();
+        let s = &*QUORUM;
         // A waiter's ttl, place and wake channel in one argument (`TTL:PLACE:WAKE`); a try
         // passes none (an election passes it empty, before its value).
         let waiter = queue.map(|(ttl, place)| {
@@ -325,7 +297,7 @@ impl RedisNode {
         attempt: &AttemptId,
         token: u64,
     ) -> Result<Option<u64>> {
-        let s = quorum_scripts();
+        let s = &*QUORUM;
         let k = self.quorum_keys(name, kind)?;
         let token = token.to_string();
         let mut args = vec![attempt.as_str(), &token];
@@ -412,7 +384,7 @@ impl RedisNode {
             args.push(mode);
         }
         args.extend(k.observe.as_deref());
-        let s = quorum_scripts();
+        let s = &*QUORUM;
         let cmd = s.release.cmd(&[&k.lock], &args);
         // A release or a give-up ends the attempt on this node: its end record first, if a
         // vote of it may still arrive here (a give-back keeps the attempt going).
@@ -443,7 +415,7 @@ impl RedisNode {
         let (token, seq) = (grant.token.to_string(), seq.to_string());
         let (v, _) = self
             .run_quorum(
-                &quorum_scripts().proclaim,
+                &QUORUM.proclaim,
                 &[&k.lock],
                 &[grant.attempt.as_str(), &token, &seq, value, &observe],
             )
@@ -468,7 +440,7 @@ impl RedisNode {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
-        let s = quorum_scripts();
+        let s = &*QUORUM;
         let mut pipe = redis::pipe();
         for chunk in holds.chunks(PER_SCRIPT) {
             let mut cmd = s.renew.head(1 + chunk.len());
@@ -578,11 +550,7 @@ impl RedisNode {
         let ek = &self.epoch_key;
         let q = quarantine.as_millis().to_string();
         let (v, _) = self
-            .run_quorum(
-                &quorum_scripts().epoch,
-                &[ek],
-                &["create", prefix, run_id, &q],
-            )
+            .run_quorum(&QUORUM.epoch, &[ek], &["create", prefix, run_id, &q])
             .await?;
         let bad = || shape("create epoch", &v);
         let Value::Array(items) = &v else {
@@ -614,7 +582,7 @@ impl RedisNode {
     /// one call (it deletes only the epoch with `value`).
     pub async fn drop_epoch(&self, value: &str) -> Result<()> {
         let ek = &self.epoch_key;
-        self.run_quorum(&quorum_scripts().epoch, &[ek], &["drop", value, "", "0"])
+        self.run_quorum(&QUORUM.epoch, &[ek], &["drop", value, "", "0"])
             .await
             .map(|_| ())
     }
@@ -628,7 +596,7 @@ impl RedisNode {
     /// Dropping it may leave some batches raised; it only ever raises a counter, so calling it
     /// again has the effect of one call.
     pub async fn raise_fences(&self, counters: &[(String, LockKind, u64)]) -> Result<u64> {
-        let s = quorum_scripts();
+        let s = &*QUORUM;
         let mut raised = 0;
         for batch in counters.chunks(SEED_BATCH) {
             let mut cmd = s.raise_fences.head(batch.len());

@@ -201,11 +201,9 @@ pub(super) fn vote_reply(v: &Value) -> Result<QuorumVote> {
 /// attempt holds it, `-1 - TOKEN` this attempt holds it here under another token.
 pub(super) fn release_reply(v: &Value) -> Result<std::result::Result<ReleaseOutcome, u64>> {
     match int(v) {
-        Some(1) => Ok(Ok(ReleaseOutcome::Released)),
-        Some(0) => Ok(Ok(ReleaseOutcome::Expired)),
-        Some(3) => Ok(Ok(ReleaseOutcome::TakenByOther)),
         Some(n) if n < 0 => Ok(Err(u64::try_from(-1 - n).unwrap_or(0))),
-        _ => Err(shape("quorum release", v)),
+        Some(n) => crate::release_outcome("quorum release", n).map(Ok),
+        None => Err(shape("quorum release", v)),
     }
 }
 
