@@ -67,12 +67,8 @@ pub(crate) struct RecentHolds {
 }
 
 impl RecentHolds {
-    fn open(&self) -> std::sync::MutexGuard<'_, Vec<(AttemptId, Instant)>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn granted(&self, attempt: &AttemptId) {
-        let mut open = self.open();
+        let mut open = crate::lock(&self.open);
         if open.iter().any(|(a, _)| a == attempt) {
             // A retry of a granted attempt: the hold began with the first grant.
             return;
@@ -85,7 +81,7 @@ impl RecentHolds {
 
     fn released(&self, attempt: &AttemptId) {
         let since = {
-            let mut open = self.open();
+            let mut open = crate::lock(&self.open);
             let Some(i) = open.iter().position(|(a, _)| a == attempt) else {
                 return;
             };
@@ -237,7 +233,7 @@ mod tests {
         for _ in 0..TRACKED {
             h.granted(&AttemptId::new());
         }
-        assert_eq!(h.open().len(), TRACKED);
+        assert_eq!(crate::lock(&h.open).len(), TRACKED);
         // The oldest was forgotten: its release is no sample.
         h.released(&first);
         assert_eq!(h.mean_us.load(Ordering::Relaxed), 0);

@@ -576,10 +576,7 @@ impl RedisBackend {
     /// The native acquire script of `req`'s family, with its keys and arguments.
     /// `seq`: the request's number (see `requests`), for a mutex-family attempt that queues.
     fn acquire_cmd(&self, req: &AcquireRequest, seq: u64) -> Result<redis::Cmd> {
-        let waiter_ttl = req
-            .waiter_ttl
-            .map_or(0, |t| t.as_millis().max(1) as u64)
-            .to_string();
+        let waiter_ttl = req.waiter_ttl.map_or_else(|| "0".to_owned(), lease_ms);
         let lease = lease_ms(req.lease);
         let attempt = req.attempt.as_str();
         let owner: &str = &req.key.owner;
@@ -759,21 +756,10 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
-/// What a native acquire script's reply `v` says about `req`: granted (the token), held, or
-/// refused (an upgrade of a read grant, a permit count changed by `set_permits`).
-fn acquire_outcome(req: &AcquireRequest, v: &Value) -> Result<AcquireReply> {
-    acquire_reply(
-        req,
-        v,
-        match req.key.kind {
-            LockKind::Mutex | LockKind::Fair | LockKind::Election => contended::acquire_reply(v)?,
-            _ => pair("acquire", v)?,
-        },
-    )
-}
-
-/// What an acquire script's reply `v`, read as `{granted, token or PTTL}` (`reply`), says.
-fn acquire_reply(req: &AcquireRequest, v: &Value, reply: (i64, i64)) -> Result<AcquireReply> {
+/// What an acquire script's reply `v`, read as `{granted, token or PTTL}` (`reply`), says
+/// about `req`: granted (the token), held, or refused (an upgrade of a read grant, a permit
+/// count changed by `set_permits`).
+fn acquire_outcome(req: &AcquireRequest, v: &Value, reply: (i64, i64)) -> Result<AcquireReply> {
     match reply {
         (1, token) if token > 0 => Ok(AcquireReply::Granted {
             token: token as u64,
@@ -863,14 +849,19 @@ impl Backend for RedisBackend {
         }
         // A queueing mutex attempt's requests are numbered (a handoff names the one it
         // followed); the others' are 0.
+        let mutex = matches!(family(req.key.kind)?, Family::Mutex { .. });
         let numbered =
-            req.waiter_ttl.is_some() && matches!(family(req.key.kind)?, Family::Mutex { .. });
-        let numbered = numbered.then(|| self.requests.sent(&req.attempt));
+            (mutex && req.waiter_ttl.is_some()).then(|| self.requests.sent(&req.attempt));
         let cmd = self.acquire_cmd(req, numbered.map_or(0, |s| s.seq))?;
         let sent = self.unanswered.sent(&req.attempt);
         let (v, acked) = (self.eval_ending(&SCRIPTS.all(), &cmd, None, self.wait_replicas)).await?;
         sent.answered();
-        let reply = acquire_outcome(req, &v)?;
+        // The mutex scripts answer alone what the others answer as a pair.
+        let pair = match mutex {
+            true => contended::acquire_reply(&v)?,
+            false => pair("acquire", &v)?,
+        };
+        let reply = acquire_outcome(req, &v, pair)?;
         match &reply {
             AcquireReply::Granted { token } => {
                 if numbered.is_some() {

@@ -1,31 +1,20 @@
 //! Release notifications: one subscriber connection per client, multiplexing lock channels
-//! through the core's wake-up table ([`Subscriptions`]).
+//! through the core's wake-up table ([`Subscriptions`]); docs/redis-lock.md, "Operations"
+//! (wait), and on a cluster docs/redis-cluster.md, "Wake-ups".
 //!
-//! A channel is subscribed only while at least one waiter of this client waits on that lock,
-//! and unsubscribed when the last one stops, so thousands of lock names do not mean
-//! thousands of idle subscriptions.
+//! A lock's channel is subscribed only while a waiter of this client waits on it. Its
+//! messages are `r` (released) or `h TOKEN ATTEMPT` (handed over to ATTEMPT). A mutex (or
+//! election) waiter listens on its client's **wake channel** (`NS:wake:ID`, one per backend)
+//! instead, which its queue entry names: a handoff goes there only, and it is subscribed once
+//! per connection and kept (pinned), so a watch is a table entry made before the waiter's
+//! first request ([`Subscriber::ready`]). A waiter is woken only by a plain release or a
+//! handoff to its own attempt, never by one to a sibling of the same owner; a message that
+//! arrives between its attempt and its sleep is kept by the table. If the connection breaks,
+//! every watch ends with a connection error and the waiter subscribes again. A Redlock node
+//! tells a queued waiter its turn there as `h 0 ATTEMPT` (token 0 is never a grant's).
 //!
-//! Messages on a lock's channel are `r` (released) or `h TOKEN ATTEMPT` (handed over to the
-//! waiting attempt ATTEMPT). A mutex (or election) waiter listens on its client's own **wake
-//! channel** (`NS:wake:ID`, one per backend) instead: its queue entry names that channel, the
-//! release script sends the handoff there only (one delivery per handoff however many
-//! clients wait), and a forced release wakes each queued waiter there. The wake channel is
-//! subscribed once per subscriber connection and kept (pinned in the table), so a waiter's
-//! watch is a table entry made before its first request ([`Subscriber::ready`]): no SUBSCRIBE,
-//! UNSUBSCRIBE or second attempt per wait. A waiter is woken only by a plain release or by a
-//! handoff to its own attempt — never by one to another attempt of the same owner (a sibling
-//! task, or the write waiter of a handle whose read side was granted) — and a message that
-//! arrives between the waiter's attempt and its sleep is not lost (the table keeps it). If the
-//! connection breaks, every watch ends with a connection error and the waiter subscribes again
-//! on a new connection.
-//!
-//! A Redlock node tells a queued waiter its turn on the same wake channel as `h 0 ATTEMPT`:
-//! token 0 is never a grant's, and the merged watch of `distlock-redlock` reads any wake-up as
-//! "vote again"; addressed like a handoff, it wakes that attempt alone.
-//!
-//! On `redis+cluster://` the subscriber has several nodes to choose from: classic PUBLISH is
-//! broadcast to every node of a cluster, so a connection to any one of them hears every lock.
-//! It stays on the node it reached until that connection breaks, then tries the next.
+//! On `redis+cluster://` any node hears every PUBLISH (broadcast): the subscriber stays on the
+//! node it reached until that connection breaks, then tries the next.
 
 use crate::error::{map, KIND};
 use distlock_core::backend::{AttemptId, ReleaseWatch, Subscription, Subscriptions};

@@ -333,7 +333,7 @@ pub(crate) async fn acquire(
         .await
         .map_err(|e| on_key(l, name, e))?;
     sent.answered();
-    let reply = crate::acquire_reply(req, &v, crate::pair("acquire", &v)?)?;
+    let reply = crate::acquire_outcome(req, &v, crate::pair("acquire", &v)?)?;
     if let AcquireReply::Granted { token } = reply {
         b.confirm_replicas(&req.grant(token), acked).await?;
     }
