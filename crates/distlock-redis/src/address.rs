@@ -103,18 +103,22 @@ fn check_params(
     Ok(tls)
 }
 
+/// The `host:port` of each host of `cs` (`port` where none is given); `none` when it names no
+/// host (or an empty one).
+fn hosts(cs: &ConnectionString, port: u16, none: &str) -> Result<Vec<String>> {
+    if cs.hosts().is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
+        return Err(cs.invalid(none));
+    }
+    Ok(cs.hosts().iter().map(|h| h.endpoint(port)).collect())
+}
+
 /// `redis://host:port[/DB]` (`rediss://` with `tls`): one server.
 fn single_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles>)> {
     let tls = check_params(cs, "redis", Some("protocol"))?;
-    let endpoint = match cs.hosts() {
-        [host] if !host.host.is_empty() => host.endpoint(6379),
-        [] | [_] => return Err(cs.invalid("no host; write redis://host:port")),
-        _ => {
-            return Err(cs.invalid(
-                "more than one host; write redis://host:port (several independent masters are redlock://)",
-            ))
-        }
-    };
+    let hosts = hosts(cs, 6379, "no host; write redis://host:port")?;
+    let [endpoint] = <[String; 1]>::try_from(hosts).map_err(|_| {
+        cs.invalid("more than one host; write redis://host:port (several independent masters are redlock://)")
+    })?;
     let path = cs.path()?;
     let db = path.trim_start_matches('/');
     if !db.is_empty() && db.parse::<u32>().is_err() {
@@ -131,10 +135,7 @@ fn single_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles
 /// TLS): any nodes of the cluster, as seeds (the client learns the rest from them).
 fn cluster_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles>)> {
     let tls = check_params(cs, "redis+cluster", None)?;
-    if cs.hosts().is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
-        return Err(cs.invalid("no node; write redis+cluster://h1:6379,h2:6379"));
-    }
-    let seeds: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(6379)).collect();
+    let seeds = hosts(cs, 6379, "no node; write redis+cluster://h1:6379,h2:6379")?;
     let path = cs.path()?;
     if !matches!(path.trim_start_matches('/'), "" | "0") {
         return Err(cs.invalid("a Redis Cluster has database 0 only: drop the `/DB` path"));
@@ -192,10 +193,11 @@ fn wait_replicas(cs: &ConnectionString) -> Result<Option<(u32, Duration)>> {
 /// the master's (and its replicas'); the sentinels' own is `?sentinel_password=`.
 fn sentinel_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles>)> {
     check_params(cs, "redis+sentinel", Some("sentinel_password"))?;
-    let hosts: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(26379)).collect();
-    if hosts.is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
-        return Err(cs.invalid("no sentinel; write redis+sentinel://s1:26379,s2:26379/MASTER"));
-    }
+    let hosts = hosts(
+        cs,
+        26379,
+        "no sentinel; write redis+sentinel://s1:26379,s2:26379/MASTER",
+    )?;
     let path = cs.path()?;
     let master = path.trim_start_matches('/').to_owned();
     if master.is_empty() || master.contains('/') {

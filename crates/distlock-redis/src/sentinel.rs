@@ -337,13 +337,10 @@ impl Follower {
 async fn listen_for_switches(follower: Weak<Follower>) {
     let mut next = 0usize;
     loop {
-        let Some(f) = follower.upgrade() else { return };
-        let (sentinels, host) = {
-            let s = f.sentinels.clone();
-            let host = s.hosts[next % s.hosts.len()].clone();
-            (s, host)
+        let Some(sentinels) = follower.upgrade().map(|f| f.sentinels.clone()) else {
+            return;
         };
-        drop(f);
+        let host = sentinels.hosts[next % sentinels.hosts.len()].clone();
         next = next.wrapping_add(1);
         let subscribe = async {
             let mut ps = sentinels
