@@ -82,9 +82,8 @@ scripts::script_set! {
     }
 }
 
-/// The keys and channels of one Redlock lock or election on a node (see the module docs).
-/// (The scripts name the queue, the waiter expiries, the waiter data and the lock's channel
-/// after the hold's key themselves.)
+/// The keys of one Redlock lock or election on a node that a request names (the scripts name
+/// the others after the hold's key).
 struct QuorumKeys {
     lock: String,
     fence: String,
@@ -104,7 +103,7 @@ struct QuorumKeys {
 /// of another shape, or the lock's keys (a counter) holding data of another shape.
 pub struct RedisNode {
     b: RedisBackend,
-    /// `NS:redlock:epoch` and `NS:redlock:horizon`: see the module docs.
+    /// `NS:redlock:epoch` and `NS:redlock:horizon` (docs/redlock.md, "Design").
     epoch_key: String,
     horizon_key: String,
 }
@@ -147,13 +146,10 @@ impl RedisNode {
     }
 
     /// A watch for the queued Redlock waiter `attempt` on this node: its client's wake channel,
-    /// which every queue entry of the attempt names ([`vote`]), where the
-    /// node tells the attempt alone that it is its turn. The channel is subscribed once per
-    /// subscriber connection and kept: with the connection up this is a table entry, made
-    /// before the attempt's first vote, with no round trip; it connects (and subscribes the
-    /// channel) first otherwise.
-    ///
-    /// [`vote`]: RedisNode::vote
+    /// which every queue entry of the attempt names ([`vote`](Self::vote)), where the node
+    /// tells the attempt alone that it is its turn. With the subscriber connection up this is
+    /// a table entry (the channel stays subscribed), made before the attempt's first vote;
+    /// otherwise it connects (and subscribes the channel) first.
     ///
     /// # Errors
     /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
@@ -249,7 +245,6 @@ impl RedisNode {
         queue: Option<(Duration, u64)>,
     ) -> Result<QuorumVote> {
         let k = self.quorum_keys(&key.name, key.kind)?;
-        let s = &*QUORUM;
         // A waiter's ttl, place and wake channel in one argument (`TTL:PLACE:WAKE`); a try
         // passes none (an election passes it empty, before its value).
         let waiter = queue.map(|(ttl, place)| {
@@ -272,7 +267,7 @@ impl RedisNode {
         let ended = self.b.ended_key(&key.name, attempt);
         let sent = self.b.unanswered.sent(attempt);
         let (v, reloaded) = self
-            .run_quorum(&s.acquire, &[&k.lock, &ended, &self.epoch_key], &args)
+            .run_quorum(&QUORUM.acquire, &[&k.lock, &ended, &self.epoch_key], &args)
             .await?;
         sent.answered();
         Ok(QuorumVote {
