@@ -139,25 +139,20 @@ impl<'a> Reading<'a> {
     ) -> Result<Self> {
         let fam = family(kind)?;
         let k = b.keys(name, &fam);
-        pipe.cmd("HGETALL").arg(&k.holds);
-        pipe.cmd("PTTL").arg(&k.holds);
-        pipe.cmd("GET").arg(&k.fence);
-        pipe.cmd("HGETALL").arg(&k.waiters);
-        pipe.cmd("ZRANGE")
-            .arg(&k.queue)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES");
+        let zrange = |pipe: &mut redis::Pipeline, key| {
+            pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
+        };
+        pipe.cmd("HGETALL").arg(&k.holds).cmd("PTTL").arg(&k.holds);
+        pipe.cmd("GET").arg(&k.fence).cmd("HGETALL").arg(&k.waiters);
+        zrange(pipe, &k.queue);
         pipe.cmd("TIME");
-        let mut replies = 6;
         if let Some(e) = &k.exp {
-            pipe.cmd("ZRANGE").arg(e).arg(0).arg(-1).arg("WITHSCORES");
-            replies += 1;
+            zrange(pipe, e);
         }
         if let Some(l) = &k.limit {
             pipe.cmd("GET").arg(l);
-            replies += 1;
         }
+        let replies = 6 + usize::from(k.exp.is_some()) + usize::from(k.limit.is_some());
         Ok(Reading { name, fam, replies })
     }
 

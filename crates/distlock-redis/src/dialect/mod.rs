@@ -161,9 +161,6 @@ fn pyrl_owner(id: &str) -> Option<(u64, &str)> {
     Some((token.parse().ok()?, owner))
 }
 
-/// The replies of [`force_release`]'s script.
-type ForceReply = (Vec<String>, i64, Vec<(String, String)>, Option<String>);
-
 impl Layout {
     pub(crate) fn new(dialect: Dialect, namespace: &str) -> Self {
         Layout {
@@ -545,26 +542,24 @@ pub(crate) async fn force_release(
         ),
     };
     let (v, _) = b.eval_ending(&SCRIPTS.all(), &cmd, None, None).await?;
-    let bad = || {
+    let bad = |_| {
         Error::unexpected(
             KIND,
             format!("forced release of `{name}`: unexpected reply"),
         )
     };
-    let (held, pttl, names, fence): ForceReply = redis::from_redis_value(v).map_err(|_| bad())?;
+    let (held, pttl, names, fence): (Value, i64, Vec<(String, String)>, Option<String>) =
+        redis::from_redis_value(v).map_err(bad)?;
     let left = ms(pttl);
     let removed = match l.dialect {
         Dialect::Redisson => {
-            let fields: Vec<(String, String)> = held
-                .chunks(2)
-                .filter_map(|p| match p {
-                    [f, c] => Some((f.clone(), c.clone())),
-                    _ => None,
-                })
-                .collect();
+            let fields: Vec<(String, String)> = redis::from_redis_value(held).map_err(bad)?;
             redisson_holders(&fields, &names, left).0
         }
-        Dialect::PythonRedisLock => held.iter().map(|id| pyrl_holder(id, left).0).collect(),
+        Dialect::PythonRedisLock => {
+            let ids: Vec<String> = redis::from_redis_value(held).map_err(bad)?;
+            ids.iter().map(|id| pyrl_holder(id, left).0).collect()
+        }
     };
     Ok(ForceReleased::new(
         removed,
