@@ -888,7 +888,8 @@ impl Backend for RedisBackend {
         // scripts publish on the lock's channel.
         match family(req.key.kind)? {
             Family::Mutex { .. } => {
-                Ok(self.vouching(req, self.subscriber.watch_wake(&req.attempt).await?))
+                let wake = self.subscriber.wake().to_owned();
+                Ok(self.vouching(req, self.subscriber.watch(wake, &req.attempt).await?))
             }
             _ => {
                 let channel = self.channel(&req.key.name);

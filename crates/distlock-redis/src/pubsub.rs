@@ -247,16 +247,6 @@ impl Subscriber {
         }
     }
 
-    /// A watch for the waiting mutex `attempt` on this client's wake channel, connecting (and
-    /// subscribing the channel) first if needed: [`watch`](Self::watch), which finds the
-    /// channel subscribed with the connection (pinned in its table: no SUBSCRIBE).
-    pub(crate) async fn watch_wake(
-        self: &Arc<Self>,
-        attempt: &AttemptId,
-    ) -> Result<Box<dyn ReleaseWatch>> {
-        self.watch(self.wake.clone(), attempt).await
-    }
-
     /// The same watch if it can be made now, without a round trip or waiting for a lock: the
     /// connection is up, so its wake channel is subscribed (`connect` pins it, and a table
     /// loses it only with the connection, after `alive` is cleared). `None` before the first
@@ -285,14 +275,6 @@ impl Subscriber {
         conn.alive.load(Ordering::SeqCst).then_some((watch, first))
     }
 
-    fn closed(&self) -> Error {
-        Error::connection(
-            KIND,
-            self.endpoint(),
-            "the subscriber connection closed while subscribing",
-        )
-    }
-
     /// Tests: runs the hook set in `race`, if any.
     #[cfg(test)]
     fn race_point(&self, conn: &Conn) {
@@ -307,13 +289,11 @@ impl Subscriber {
         self: &Arc<Self>,
         guard: &'g mut tokio::sync::MutexGuard<'_, Option<Conn>>,
     ) -> Result<&'g mut Conn> {
-        if guard
+        if !guard
             .as_ref()
-            .is_some_and(|c| !c.alive.load(Ordering::SeqCst))
+            .is_some_and(|c| c.alive.load(Ordering::SeqCst))
         {
             **guard = None;
-        }
-        if guard.is_none() {
             **guard = Some(self.connect().await?);
         }
         guard
@@ -346,7 +326,8 @@ impl Subscriber {
             }
             return Ok(Box::new(watch));
         }
-        Err(self.closed())
+        let closed = "the subscriber connection closed while subscribing";
+        Err(Error::connection(KIND, self.endpoint(), closed))
     }
 
     /// Unsubscribes the channels whose last watch went, if connection `generation` is still
@@ -419,7 +400,7 @@ mod tests {
     /// subscription (a deterministic interleaving through the `race` hook: on a real server
     /// the window is a few instructions wide). The watch handed out must not sit in the drained
     /// table, where nothing would ever wake or fail it: `ready` hands out none, and
-    /// `watch_wake` one on a fresh connection.
+    /// `watch` of the wake channel one on a fresh connection.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn no_watch_is_handed_out_on_a_table_the_dying_reader_drained() {
         let server = Arc::new(RedisServer::start().expect("redis"));
@@ -432,7 +413,11 @@ mod tests {
             wake_channel("test"),
         );
         // Connected, the wake channel subscribed.
-        drop(sub.watch_wake(&AttemptId::new()).await.expect("watch"));
+        drop(
+            sub.watch(sub.wake.clone(), &AttemptId::new())
+                .await
+                .expect("watch"),
+        );
         let mut failures = Vec::new();
         let attempt = AttemptId::new();
         *sub.race.lock().expect("race") = Some(kill_and_drain(server.clone()));
@@ -444,10 +429,14 @@ mod tests {
                 ));
             }
         }
-        // A live connection again, then the same race in watch_wake.
-        drop(sub.watch_wake(&AttemptId::new()).await.expect("watch"));
+        // A live connection again, then the same race in watch (of the wake channel).
+        drop(
+            sub.watch(sub.wake.clone(), &AttemptId::new())
+                .await
+                .expect("watch"),
+        );
         *sub.race.lock().expect("race") = Some(kill_and_drain(server.clone()));
-        let mut w = sub.watch_wake(&attempt).await.expect("watch");
+        let mut w = sub.watch(sub.wake.clone(), &attempt).await.expect("watch");
         // On a live connection a publish on the wake channel reaches it (a failed watch is
         // fine too: the waiter subscribes again).
         server
@@ -455,9 +444,7 @@ mod tests {
             .expect("PUBLISH");
         let r = tokio::time::timeout(Duration::from_secs(3), w.changed()).await;
         if !matches!(r, Ok(Ok(Wake::Released) | Err(_))) {
-            failures.push(format!(
-                "watch_wake: the watch is on no live connection: {r:?}"
-            ));
+            failures.push(format!("watch: the watch is on no live connection: {r:?}"));
         }
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }

@@ -156,7 +156,11 @@ impl RedisNode {
     pub async fn wake_watch(&self, attempt: &AttemptId) -> Result<Box<dyn ReleaseWatch>> {
         match self.b.subscriber.ready(attempt) {
             Some(w) => Ok(w),
-            None => self.b.subscriber.watch_wake(attempt).await,
+            None => {
+                (self.b.subscriber)
+                    .watch(self.b.subscriber.wake().to_owned(), attempt)
+                    .await
+            }
         }
     }
 
