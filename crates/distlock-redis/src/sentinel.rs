@@ -152,14 +152,14 @@ pub(crate) async fn is_master(
         .await
         .map_err(|_| Error::call_timeout(KIND, endpoint, "ROLE", timeout))?
         .map_err(|e| crate::error::map(endpoint, e))?;
-    Ok(match role {
-        redis::Value::Array(items) => match items.first() {
-            Some(redis::Value::BulkString(b)) => b.as_slice() == b"master",
-            Some(redis::Value::SimpleString(s)) => s == "master",
-            _ => false,
-        },
-        _ => false,
-    })
+    let first = match &role {
+        redis::Value::Array(items) => items.first(),
+        _ => None,
+    };
+    Ok(
+        first
+            .is_some_and(|r| redis::from_redis_value_ref::<String>(r).is_ok_and(|r| r == "master")),
+    )
 }
 
 /// Keeps a backend's connections on the master the sentinels name.
@@ -232,12 +232,7 @@ impl Follower {
     ) -> Option<Error> {
         let readonly = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
             || e.to_string().contains("READONLY");
-        if readonly
-            || e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-        {
+        if readonly || crate::error::connection_lost(e) {
             self.check_soon();
         }
         readonly.then(|| {
