@@ -1,14 +1,11 @@
-//! `redis+cluster://`: the same scripts on a Redis Cluster.
+//! `redis+cluster://`: the same scripts on a Redis Cluster (docs/redis-cluster.md).
 //!
-//! Every key of one lock carries the hash tag `{NAME}`, so one lock lives in one slot and each
-//! lock script touches one slot: the command connection is redis-rs's cluster client, which
-//! sends each script to the master of its first key's slot (following `MOVED` and `ASK`), and
-//! a pipeline (a script with its `WAIT`, `inspect`'s reads) to that one master. What spans
-//! locks is routed here: the watchdog's batched renewal groups its grants by slot (one script
-//! per slot) and sends one pipeline per master (`crate::renew`); `list` scans every master;
-//! `doctor` checks every master. Release notifications use classic pub/sub, which a cluster
-//! broadcasts to every node, so one subscriber connection to any node hears every lock (see
-//! the crate docs and `docs/redis-cluster.md`).
+//! Every key of one lock carries the hash tag `{NAME}`, so each lock script touches one slot:
+//! redis-rs's cluster client sends it (or a pipeline of one lock's commands) to the master of
+//! its first key's slot, following `MOVED` and `ASK`. What spans locks is routed here, by
+//! master ([`Cluster::per_master`]): the watchdog's batched renewal, `inspect_many`, `list`'s
+//! SCAN and `doctor`. One subscriber connection to any node hears every lock (classic PUBLISH
+//! is broadcast).
 
 use crate::address;
 use crate::conn::Con;

@@ -184,21 +184,18 @@ pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLoc
         }
     }
     let infos = crate::inspect::inspect_many(b, &wanted).await?;
-    let mut out = Vec::with_capacity(infos.len());
-    for ((_, kind), mut info) in wanted.into_iter().zip(infos) {
+    let listed = wanted.into_iter().zip(infos).map(|((_, kind), mut info)| {
         let kind = match kind {
             LockKind::Semaphore { permits, .. } => {
+                info.permits = info.permits.filter(|limit| *limit > 0);
                 let limit = info.permits.unwrap_or(0);
-                if limit == 0 {
-                    info.permits = None;
-                }
                 LockKind::Semaphore { permits, limit }
             }
             k => k,
         };
-        out.push(ListedLock::new(kind, info));
-    }
-    Ok(out)
+        ListedLock::new(kind, info)
+    });
+    Ok(listed.collect())
 }
 
 pub(crate) async fn force_release(

@@ -1,19 +1,12 @@
 //! `redis+sentinel://`: finding the master through the sentinels, and following it when they
-//! fail it over.
-//!
-//! The backend moves to a new master two ways:
-//! - **proactively**: one connection to a sentinel (the next one when it fails) subscribed to
-//!   `+switch-master`; each message for our master, and each (re)subscription (a switch may
-//!   have been missed meanwhile), starts a check;
-//! - **reactively**: a call that fails with a connection error, or with `READONLY` (the node
-//!   was demoted to a replica), starts a check too.
-//!
-//! A check asks the sentinels for the master's address (`SENTINEL get-master-addr-by-name`)
-//! and, if it changed, confirms with `ROLE` **on the new address** that the node is a master
-//! before anything is sent there: lock writes never go to a node that says it is a replica.
-//! Then the command connection is replaced and the subscriber is moved: its waiters' watches
-//! end with a connection error and they subscribe again, on the new master. Calls that fail
-//! meanwhile return the retryable [`Error::Connection`], which the core retries.
+//! fail it over (docs/redis-sentinel.md, "Following a failover"): proactively, listening to
+//! one sentinel's `+switch-master` at a time; reactively, on a call that fails with a
+//! connection error or `READONLY`. A check asks the sentinels for the master's address and,
+//! if it changed, moves there only after `ROLE` **on the new address** says master: lock
+//! writes never go to a node that says it is a replica. Then the command connection is
+//! replaced and the subscriber moved (its waiters' watches end with a connection error and
+//! they subscribe again, on the new master); calls that fail meanwhile return the retryable
+//! [`Error::Connection`].
 
 use crate::conn::Con;
 use crate::error::KIND;

@@ -1,14 +1,8 @@
 //! `?dialect=`: locks on another library's keys, so that dlock and that library's clients
-//! exclude each other on the same lock names (docs/redis-dialects.md).
-//!
-//! - `dialect=redisson`: Redisson's `RLock` (the plain mutex). The lock is the hash `NAME`
-//!   itself (no namespace), field `CLIENT_UUID:THREAD_ID` → re-entry count, PEXPIRE = the
-//!   lease; a release publishes `0` on `redisson_lock__channel:{NAME}`, which wakes the
-//!   waiters of both libraries. A dlock grant's field is `ATTEMPT_UUID:TOKEN`.
-//! - `dialect=python-redis-lock`: its `Lock`. The lock is the string `lock:NAME` holding the
-//!   holder's id; a release leaves one element in the list `lock-signal:NAME` (for
-//!   [`SIGNAL_EXPIRE_MS`]), which one waiter blocked in `BLPOP` takes. A dlock grant's id is
-//!   `dlock:ATTEMPT:TOKEN:OWNER`.
+//! exclude each other on the same lock names (the layouts: docs/redis-dialects.md). Redisson's
+//! `RLock` is the hash `NAME`, a dlock grant's field `ATTEMPT_UUID:TOKEN`; python-redis-lock's
+//! `Lock` the string `lock:NAME`, a dlock grant's id `dlock:ATTEMPT:TOKEN:OWNER`, its release
+//! signal the list `lock-signal:NAME` ([`SIGNAL_EXPIRE_MS`]).
 //!
 //! dlock keeps its own promises where the layout has room for them: a fencing token per grant
 //! (a counter under a key of dlock's, `NS:…`, in the lock's Cluster slot, which the other

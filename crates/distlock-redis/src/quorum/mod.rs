@@ -558,16 +558,10 @@ impl RedisNode {
         let text =
             |v: &Value| -> Result<String> { redis::from_redis_value(v.clone()).map_err(|_| bad()) };
         match items.as_slice() {
-            [ok, current, now] if int(ok) == Some(1) => {
-                let current = text(current)?;
-                let now = int(now)
-                    .and_then(|n| u64::try_from(n).ok())
-                    .ok_or_else(bad)?;
-                if current.is_empty() {
-                    return Err(bad());
-                }
-                Ok(Ok((current, now)))
-            }
+            [ok, current, now] if int(ok) == Some(1) => match text(current)? {
+                current if current.is_empty() => Err(bad()),
+                current => Ok(Ok((current, uint("create epoch", now)?))),
+            },
             [ok, current] if int(ok) == Some(0) => Ok(Err(text(current)?)),
             _ => Err(bad()),
         }
