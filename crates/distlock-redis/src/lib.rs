@@ -470,18 +470,13 @@ impl RedisBackend {
             pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
         }
         let vals = self.eval_pipe(set, &pipe).await?;
+        let acked = |n: &Value| int(n).ok_or_else(|| shape("WAIT", n));
         match (vals.as_slice(), wait) {
             ([v], None) => Ok((v.clone(), None)),
-            ([v, acked], Some(_)) => Ok((
-                v.clone(),
-                Some(int(acked).ok_or_else(|| shape("WAIT", acked))?),
-            )),
-            _ => Err(Error::unexpected(
-                KIND,
-                format!(
-                    "a script with its end record or WAIT: {} replies",
-                    vals.len()
-                ),
+            ([v, n], Some(_)) => Ok((v.clone(), Some(acked(n)?))),
+            _ => Err(shape(
+                "a script with its end record or WAIT",
+                &Value::Array(vals),
             )),
         }
     }

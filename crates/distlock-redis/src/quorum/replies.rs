@@ -165,27 +165,24 @@ pub(super) fn vote_reply(v: &Value) -> Result<QuorumVote> {
             if nums.len() != items.len() {
                 return Err(bad());
             }
-            match nums.as_slice() {
-                [1, c, _, q, f] if *c > 0 => (QuorumReply::Granted { counter: *c as u64 }, *q, *f),
-                [2, c, t, q, f] if *c >= 0 && *t >= 0 => (
-                    QuorumReply::Holds {
-                        counter: *c as u64,
-                        token: *t as u64,
-                    },
-                    *q,
-                    *f,
-                ),
-                [0, c, pttl, q, f] if *c >= 0 => (
-                    QuorumReply::Held {
-                        counter: *c as u64,
-                        ttl: crate::inspect::ms(*pttl),
-                    },
-                    *q,
-                    *f,
-                ),
-                [3, c, _, q, f] if *c >= 0 => (QuorumReply::Behind { counter: *c as u64 }, *q, *f),
+            let [status, c, x, q, f] = nums[..] else {
+                return Err(bad());
+            };
+            let counter = u64::try_from(c).map_err(|_| bad())?;
+            let reply = match status {
+                1 if counter > 0 => QuorumReply::Granted { counter },
+                2 if x >= 0 => QuorumReply::Holds {
+                    counter,
+                    token: x as u64,
+                },
+                0 => QuorumReply::Held {
+                    counter,
+                    ttl: crate::inspect::ms(x),
+                },
+                3 => QuorumReply::Behind { counter },
                 _ => return Err(bad()),
-            }
+            };
+            (reply, q, f)
         }
         _ => return Err(bad()),
     };
