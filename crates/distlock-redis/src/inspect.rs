@@ -42,15 +42,11 @@ pub(crate) fn holders(
     let left = ms(pttl);
     if let Family::Mutex { election, .. } = fam {
         let field = |name: &str| fields.iter().find(|(f, _)| f == name).map(|(_, v)| v);
+        // An election's leader advertises its value (empty if none was stored).
+        let value = election.then(|| field("value").cloned().unwrap_or_default());
+        let holder = |owner: &String| HolderInfo::new(owner.clone(), 1).with_lease_left(left);
         return field("owner")
-            .map(|owner| {
-                let h = HolderInfo::new(owner.clone(), 1).with_lease_left(left);
-                // An election's leader advertises its value (empty if none was stored).
-                match election {
-                    true => h.with_value(Some(field("value").cloned().unwrap_or_default())),
-                    false => h,
-                }
-            })
+            .map(|o| holder(o).with_value(value))
             .into_iter()
             .collect();
     }

@@ -124,9 +124,21 @@ impl Operator for RedisBackend {
         }
     }
 
+    /// The dialect's finding, then the server's, or the cluster's and each of its masters'.
     async fn diagnose(&self) -> Result<Vec<Finding>> {
         let mut out = vec![crate::dialect::Layout::finding(self.dialect.as_ref())];
-        out.extend(diagnose_server(self).await?);
+        if let Some(c) = self.con.cluster() {
+            out.push(cluster_state(self, c).await?);
+        }
+        // Every master's findings (a cluster's each saying which master).
+        for (con, addr) in self.con.masters().await.map_err(|e| self.err(e))? {
+            for mut f in diagnose_on(self, con, addr.is_some()).await? {
+                if let Some(addr) = &addr {
+                    f.message = format!("master {addr}: {}", f.message);
+                }
+                out.push(f);
+            }
+        }
         Ok(out)
     }
 
@@ -303,24 +315,6 @@ fn fencing_finding() -> Finding {
             crate::FENCE_MARGIN.as_secs() / 60
         ),
     )
-}
-
-/// The findings of the server, or of the cluster and each of its masters.
-async fn diagnose_server(b: &RedisBackend) -> Result<Vec<Finding>> {
-    let mut out = Vec::new();
-    if let Some(c) = b.con.cluster() {
-        out.push(cluster_state(b, c).await?);
-    }
-    // Every master's findings (a cluster's each saying which master).
-    for (con, addr) in b.con.masters().await.map_err(|e| b.err(e))? {
-        for mut f in diagnose_on(b, con, addr.is_some()).await? {
-            if let Some(addr) = &addr {
-                f.message = format!("master {addr}: {}", f.message);
-            }
-            out.push(f);
-        }
-    }
-    Ok(out)
 }
 
 /// The `cluster` finding of `CLUSTER INFO`.

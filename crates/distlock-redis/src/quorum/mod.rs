@@ -296,13 +296,12 @@ impl RedisNode {
         attempt: &AttemptId,
         token: u64,
     ) -> Result<Option<u64>> {
-        let s = &*QUORUM;
         let k = self.quorum_keys(name, kind)?;
         let token = token.to_string();
         let mut args = vec![attempt.as_str(), &token];
         args.extend(k.observe.as_deref());
         let (v, _) = self
-            .run_quorum(&s.raise, &[&k.lock, &k.fence], &args)
+            .run_quorum(&QUORUM.raise, &[&k.lock, &k.fence], &args)
             .await?;
         match crate::pair("raise fence", &v)? {
             (1, c) if c >= 0 => Ok(Some(c as u64)),
