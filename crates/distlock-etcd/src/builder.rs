@@ -153,6 +153,7 @@ impl Connect for EtcdSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn parse_url(url: &str) -> Result<Target> {
         from_url(&ConnectionString::parse(url)?)
@@ -176,18 +177,15 @@ mod tests {
         assert_eq!(t.hosts, ["[::1]:5", "[::1]:2379"]);
         let t = parse_url("etcds://h/p?cacert=/ca.pem&cert=/c.pem&key=/c.key").unwrap();
         let tls = t.tls.expect("tls");
-        assert_eq!(tls.ca(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.ca(), Some(Path::new("/ca.pem")));
         assert_eq!(
             tls.client(),
-            Some((
-                std::path::Path::new("/c.pem"),
-                std::path::Path::new("/c.key")
-            ))
+            Some((Path::new("/c.pem"), Path::new("/c.key")))
         );
         assert_eq!(t.prefix.as_deref(), Some("p"));
         let t = parse_url("etcds://h?ca_file=/ca.pem").unwrap();
         let tls = t.tls.expect("tls");
-        assert_eq!(tls.ca(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.ca(), Some(Path::new("/ca.pem")));
         assert_eq!(
             parse_url("etcds://h").unwrap().tls,
             Some(TlsFiles::new(crate::tls::NAMES))
@@ -221,18 +219,9 @@ mod tests {
     }
     use distlock_core::conn::Env;
 
-    fn env_of(vars: &[(&str, &str)]) -> Env {
-        Env::from_pairs(vars)
-    }
-
-    trait ResolveWith {
-        fn resolve_with(&self, env: &Env) -> Result<Target>;
-    }
-
-    impl ResolveWith for EtcdBuilder {
-        fn resolve_with(&self, env: &Env) -> Result<Target> {
-            EtcdSettings::resolve(&self.settings_with(&EtcdSettings::RULE, env)?)
-        }
+    fn resolve_with(b: &EtcdBuilder, env: &[(&str, &str)]) -> Result<Target> {
+        let env = Env::from_pairs(env);
+        EtcdSettings::resolve(&b.settings_with(&EtcdSettings::RULE, &env)?)
     }
 
     fn creds(t: &Target) -> (Option<&str>, Option<&str>) {
@@ -241,83 +230,59 @@ mod tests {
 
     #[test]
     fn builder_beats_url_beats_env() {
-        let none = env_of(&[]);
-        let env = env_of(&[(USER_ENV, "envuser"), (PASSWORD_ENV, "envpass")]);
-        let b = EtcdBuilder::new("etcd://h");
-        assert_eq!(creds(&b.resolve_with(&none).unwrap()), (None, None));
-        assert_eq!(
-            creds(&b.resolve_with(&env).unwrap()),
-            (Some("envuser"), Some("envpass"))
-        );
-        assert_eq!(
-            creds(&b.clone().ignore_env().resolve_with(&env).unwrap()),
-            (None, None)
-        );
-        let b = EtcdBuilder::new("etcd://u:p@h");
-        assert_eq!(
-            creds(&b.resolve_with(&env).unwrap()),
-            (Some("u"), Some("p"))
-        );
-        let b = EtcdBuilder::new("etcd://u@h");
-        assert_eq!(
-            creds(&b.resolve_with(&env).unwrap()),
-            (Some("u"), Some("envpass"))
-        );
-        let b = EtcdBuilder::new("etcd://u:p@h").credentials("b", "bp");
-        assert_eq!(
-            creds(&b.resolve_with(&env).unwrap()),
-            (Some("b"), Some("bp"))
-        );
+        let env = [(USER_ENV, "envuser"), (PASSWORD_ENV, "envpass")];
+        let b = EtcdBuilder::new;
+        for (builder, env, want) in [
+            (b("etcd://h"), &[][..], (None, None)),
+            (b("etcd://h"), &env, (Some("envuser"), Some("envpass"))),
+            (b("etcd://h").ignore_env(), &env, (None, None)),
+            (b("etcd://u:p@h"), &env, (Some("u"), Some("p"))),
+            (b("etcd://u@h"), &env, (Some("u"), Some("envpass"))),
+            (
+                b("etcd://u:p@h").credentials("b", "bp"),
+                &env,
+                (Some("b"), Some("bp")),
+            ),
+        ] {
+            assert_eq!(
+                creds(&resolve_with(&builder, env).unwrap()),
+                want,
+                "{builder:?}"
+            );
+        }
     }
 
     #[test]
     fn missing_halves_and_files() {
-        let none = env_of(&[]);
-        let e = EtcdBuilder::new("etcd://u@h")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("has no password"), "{e}");
-        let e = EtcdBuilder::new("etcd://h")
-            .password("secret-pw")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("but no user"), "{e}");
-        assert!(!e.to_string().contains("secret-pw"), "{e}");
-        let e = EtcdBuilder::new("etcd://u@h")
-            .password_file("/nonexistent/pw")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("/nonexistent/pw"), "{e}");
+        let b = EtcdBuilder::new;
+        for (builder, says) in [
+            (b("etcd://u@h"), "has no password"),
+            (b("etcd://h").password("secret-pw"), "but no user"),
+            (
+                b("etcd://u@h").password_file("/nonexistent/pw"),
+                "/nonexistent/pw",
+            ),
+            (b("etcd://h").ca_file("/ca.pem"), "etcds://"),
+        ] {
+            let e = resolve_with(&builder, &[]).unwrap_err().to_string();
+            assert!(e.contains(says) && !e.contains("secret-pw"), "{e}");
+        }
         let dir = std::env::temp_dir().join(format!("dlock-etcd-pw-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("pw");
         std::fs::write(&f, "from-file\n").unwrap();
-        let env = env_of(&[(PASSWORD_FILE_ENV, f.to_str().unwrap())]);
-        let t = EtcdBuilder::new("etcd://u@h").resolve_with(&env).unwrap();
+        let env = [(PASSWORD_FILE_ENV, f.to_str().unwrap())];
+        let t = resolve_with(&b("etcd://u@h"), &env).unwrap();
         assert_eq!(creds(&t), (Some("u"), Some("from-file")));
-        let t = EtcdBuilder::new("etcd://h")
-            .user("x")
-            .password_file(&f)
-            .resolve_with(&none)
-            .unwrap();
+        let t = resolve_with(&b("etcd://h").user("x").password_file(&f), &[]).unwrap();
         assert_eq!(creds(&t), (Some("x"), Some("from-file")));
         let _ = std::fs::remove_dir_all(&dir);
-        let e = EtcdBuilder::new("etcd://h")
-            .ca_file("/ca.pem")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("etcds://"), "{e}");
-        let t = EtcdBuilder::new("etcds://h?cacert=/url.pem")
+        let t = b("etcds://h?cacert=/url.pem")
             .ca_file("/b.pem")
-            .client_cert("/c", "/k")
-            .resolve_with(&none)
-            .unwrap();
-        let tls = t.tls.unwrap();
-        assert_eq!(tls.ca(), Some(std::path::Path::new("/b.pem")));
-        assert_eq!(
-            tls.client(),
-            Some((std::path::Path::new("/c"), std::path::Path::new("/k")))
-        );
+            .client_cert("/c", "/k");
+        let tls = resolve_with(&t, &[]).unwrap().tls.unwrap();
+        assert_eq!(tls.ca(), Some(Path::new("/b.pem")));
+        assert_eq!(tls.client(), Some((Path::new("/c"), Path::new("/k"))));
     }
 
     #[test]

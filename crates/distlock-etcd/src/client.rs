@@ -1,12 +1,12 @@
 //! Connecting to the cluster, and calling it: per-call timeouts, retries of requests that never left.
 
-use crate::builder::{redact, Target};
+use crate::builder::Target;
 use crate::error::{map, timed_out, KIND};
 use crate::tls;
 use crate::EtcdBackend;
-use distlock_core::conn::TlsErrorKind;
+use distlock_core::conn::{TlsError, TlsErrorKind};
 use distlock_core::{ClientOptions, Error, Result};
-use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, KeyValue, Txn, TxnResponse};
+use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnResponse};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
@@ -15,14 +15,13 @@ use std::time::Duration;
 /// True if the request provably never reached etcd (the connection to a member was refused),
 /// so sending it again cannot apply it twice.
 pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => {
-            s.code() == tonic::Code::Unavailable
-                && !s.message().starts_with("etcdserver")
-                && s.message().contains("connect")
-        }
-        _ => false,
-    }
+    unavailable(e, |m| !m.starts_with("etcdserver") && m.contains("connect"))
+}
+
+/// True if `e` is gRPC's `Unavailable` with a message that `says`.
+fn unavailable(e: &etcd_client::Error, says: impl Fn(&str) -> bool) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::Unavailable && says(s.message()))
 }
 
 impl EtcdBackend {
@@ -31,7 +30,12 @@ impl EtcdBackend {
     pub(crate) async fn open(url: &str, target: Target, opts: &ClientOptions) -> Result<Self> {
         let prefix = (target.prefix.clone()).unwrap_or_else(|| opts.get_namespace().to_owned());
         let endpoint = target.hosts.join(",");
-        let mut co = connect_options(opts);
+        // etcd refuses HTTP/2 pings more often than every 5 s by default.
+        let ping_timeout = opts.get_op_timeout().max(Duration::from_secs(1));
+        let mut co = ConnectOptions::new()
+            .with_connect_timeout(opts.get_connect_timeout())
+            .with_keep_alive(Duration::from_secs(10), ping_timeout)
+            .with_require_leader(true);
         if let (Some(u), Some(p)) = (&target.user, &target.password) {
             co = co.with_user(u.clone(), p.expose().to_owned());
         }
@@ -42,7 +46,7 @@ impl EtcdBackend {
                 "https"
             }
         };
-        let endpoints: Vec<String> = target
+        let endpoints: Vec<_> = target
             .hosts
             .iter()
             .map(|h| format!("{scheme}://{h}"))
@@ -52,8 +56,8 @@ impl EtcdBackend {
             .await
             .map_err(|_| no_answer(&endpoint, limit))?
             .map_err(|e| match e {
-                etcd_client::Error::InvalidArgs(m) => Error::invalid_url(redact(url), m),
-                etcd_client::Error::InvalidUri(m) => Error::invalid_url(redact(url), m.to_string()),
+                etcd_client::Error::InvalidArgs(m) => Error::invalid_url(url, m),
+                etcd_client::Error::InvalidUri(m) => Error::invalid_url(url, m.to_string()),
                 e => map(&endpoint, e),
             })?;
         let mut backend = Self::new(client, endpoint, prefix, opts);
@@ -92,26 +96,15 @@ impl EtcdBackend {
         }
     }
 
-    /// This backend, once a linearizable read got through. `tls_client`: with TLS, whether a
-    /// client certificate was given (to explain a connection the server closed right after
-    /// the handshake); `hosts`: the members dialled (none for an application's client), asked
-    /// in plain HTTP/2 when a TLS connection was closed.
+    /// This backend, once a linearizable read got through within twice the connect timeout;
+    /// an election in progress ("leader changed", "no leader") is retried until then (it takes
+    /// about one election timeout). `tls_client`: with TLS, whether a client certificate was
+    /// given (to explain a connection the server closed right after the handshake); `hosts`:
+    /// the members dialled (none for an application's client), asked in plain HTTP/2 when a
+    /// TLS connection was closed.
     pub(crate) async fn probed(self, tls_client: Option<bool>, hosts: &[String]) -> Result<Self> {
-        match self.probe(self.connect_timeout * 2).await? {
-            Ok(_) => Ok(self),
-            Err(e) => Err(self.probe_error(e, tls_client, hosts).await),
-        }
-    }
-
-    /// Reads a key (a linearizable read) within `limit`; an election in progress ("leader
-    /// changed", "no leader") is retried until then: it takes about one election timeout. The
-    /// outer error is the limit; the inner one etcd's.
-    async fn probe(
-        &self,
-        limit: Duration,
-    ) -> Result<std::result::Result<GetResponse, etcd_client::Error>> {
-        let mut kv = self.client.kv_client();
-        let key = self.prefix.clone().into_bytes();
+        let limit = self.connect_timeout * 2;
+        let (mut kv, key) = (self.client.kv_client(), self.prefix.clone().into_bytes());
         let deadline = tokio::time::Instant::now() + limit;
         let probe = async {
             loop {
@@ -127,9 +120,11 @@ impl EtcdBackend {
                 }
             }
         };
-        tokio::time::timeout(limit, probe)
-            .await
-            .map_err(|_| no_answer(&self.endpoint, limit))
+        let probed = tokio::time::timeout(limit, probe).await;
+        match probed.map_err(|_| no_answer(&self.endpoint, limit))? {
+            Ok(_) => Ok(self),
+            Err(e) => Err(self.probe_error(e, tls_client, hosts).await),
+        }
     }
 
     /// The error of a connect probe that failed with `e` (`tls_client`, `hosts`: as
@@ -149,21 +144,21 @@ impl EtcdBackend {
             // refuses a client without one, or with one it does not trust), or (when the
             // hello's EOF surfaces only as a closed connection) a plain-http member. The
             // second answers HTTP/2 in the clear.
-            (Some(has_cert), None) if closed => Some(match hosts.first() {
-                Some(host) if tls::speaks_plain_http2(host, self.connect_timeout).await => {
-                    tls::error(
+            (Some(has_cert), None) if closed => {
+                let (kind, why) = match hosts.first() {
+                    Some(host) if tls::speaks_plain_http2(host, self.connect_timeout).await => (
                         TlsErrorKind::NotSupportedByServer,
                         "the server closed the TLS connection and answers plain HTTP/2",
-                        Some(has_cert),
-                    )
-                }
-                _ => tls::error(
-                    TlsErrorKind::ClientCertRejected,
-                    "the server closed the connection right after the TLS handshake, as etcd \
-                     does with a client certificate it does not accept, or none",
-                    Some(has_cert),
-                ),
-            }),
+                    ),
+                    _ => (
+                        TlsErrorKind::ClientCertRejected,
+                        "the server closed the connection right after the TLS handshake, as \
+                         etcd does with a client certificate it does not accept, or none",
+                    ),
+                };
+                let cert = tls::cert(Some(has_cert));
+                Some(TlsError::worded(kind, why, &tls::WORDS, cert))
+            }
             _ => None,
         };
         match found {
@@ -183,13 +178,9 @@ const ELECTION_POLL: Duration = Duration::from_millis(50);
 
 /// True if etcd says it is electing a leader (an answer, not a lost request).
 fn electing(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => {
-            s.code() == tonic::Code::Unavailable
-                && (s.message().contains("leader changed") || s.message().contains("no leader"))
-        }
-        _ => false,
-    }
+    unavailable(e, |m| {
+        m.contains("leader changed") || m.contains("no leader")
+    })
 }
 
 /// The connect timeout was exceeded twice over.
@@ -199,18 +190,6 @@ fn no_answer(endpoint: &str, limit: Duration) -> Error {
         endpoint.to_owned(),
         format!("no answer within {limit:?} (is the cluster down or without a quorum?)"),
     )
-}
-
-/// The connection settings every client dlock opens uses (TLS and user aside).
-pub(crate) fn connect_options(opts: &ClientOptions) -> ConnectOptions {
-    ConnectOptions::new()
-        .with_connect_timeout(opts.get_connect_timeout())
-        // etcd refuses HTTP/2 pings more often than every 5 s by default.
-        .with_keep_alive(
-            Duration::from_secs(10),
-            opts.get_op_timeout().max(Duration::from_secs(1)),
-        )
-        .with_require_leader(true)
 }
 
 impl EtcdBackend {
@@ -258,15 +237,5 @@ impl EtcdBackend {
             async move { c.kv_client().txn(txn).await }
         })
         .await
-    }
-
-    pub(crate) async fn get(&self, what: &str, key: &[u8]) -> Result<Option<KeyValue>> {
-        let mut r = self
-            .call(what, |c| {
-                let key = key.to_vec();
-                async move { c.kv_client().get(key, None).await }
-            })
-            .await?;
-        Ok(r.take_kvs().into_iter().next())
     }
 }

@@ -3,7 +3,6 @@
 //! the watchdog lease. etcd has no clock API, so the server/local clock offset is not checked
 //! (locks do not depend on it: see the finding). Each finding is a function of what was read.
 
-use crate::error::{is_lease_not_found, map};
 use crate::EtcdBackend;
 use distlock_core::operator::{clock_not_checked, parse_version};
 use distlock_core::{Finding, Result, Severity};
@@ -92,13 +91,9 @@ async fn member_status(b: &EtcdBackend, urls: Vec<String>) -> std::result::Resul
             errors: st.errors().to_vec(),
         })
     };
-    match tokio::time::timeout(b.op_timeout + b.connect_timeout, connect).await {
-        Ok(r) => r,
-        Err(_) => Err(format!(
-            "no answer within {:?}",
-            b.op_timeout + b.connect_timeout
-        )),
-    }
+    let limit = b.op_timeout + b.connect_timeout;
+    (tokio::time::timeout(limit, connect).await)
+        .unwrap_or_else(|_| Err(format!("no answer within {limit:?}")))
 }
 
 /// Health: every member answers, without errors (alarms are reported here: NOSPACE makes
@@ -115,72 +110,61 @@ fn health_finding(statuses: &[MemberStatus], voters: usize) -> Finding {
             Ok(_) => {}
         }
     }
-    let up = statuses.len() - down.len();
-    if !errors.is_empty() {
-        Finding::new(
+    let (n, up) = (statuses.len(), statuses.len() - down.len());
+    let (severity, message) = if !errors.is_empty() {
+        (
             Severity::Unsafe,
-            "members",
             format!("members report errors: {}; an alarm (NOSPACE: the cluster refuses every write, so no lock can be taken or moved; CORRUPT: members disagree on the data, so a lock can be granted twice) must be fixed first (`etcdctl alarm list`, defragment/compact or restore the member, then `etcdctl alarm disarm`)", errors.join(", ")),
         )
     } else if down.is_empty() {
-        Finding::new(
-            Severity::Ok,
-            "members",
-            format!("all {} members answer", statuses.len()),
-        )
+        (Severity::Ok, format!("all {n} members answer"))
     } else if up * 2 > voters.max(1) {
-        Finding::new(
+        (
             Severity::Warning,
-            "members",
-            format!("{} of {} members do not answer: {}; the cluster still has a quorum, but one more failure stops every lock; restart or replace them (`etcdctl member list`, `etcdctl endpoint health --cluster`)", down.len(), statuses.len(), down.join(", ")),
+            format!("{} of {n} members do not answer: {}; the cluster still has a quorum, but one more failure stops every lock; restart or replace them (`etcdctl member list`, `etcdctl endpoint health --cluster`)", down.len(), down.join(", ")),
         )
     } else {
-        Finding::new(
+        (
             Severity::Unsafe,
-            "members",
-            format!("only {up} of {} members answer ({}): without a quorum no lock can be taken, renewed or released, and every holder loses its lock at its lease's end; bring members back", statuses.len(), down.join(", ")),
+            format!("only {up} of {n} members answer ({}): without a quorum no lock can be taken, renewed or released, and every holder loses its lock at its lease's end; bring members back", down.join(", ")),
         )
-    }
+    };
+    Finding::new(severity, "members", message)
+}
+
+/// The members that answered, with their status.
+fn answered(statuses: &[MemberStatus]) -> impl Iterator<Item = (&str, &Status)> + Clone {
+    (statuses.iter()).filter_map(|s| Some((s.name.as_str(), s.status.as_ref().ok()?)))
 }
 
 /// Version: every member runs an etcd whose transactions compare key ranges.
 fn version_finding(statuses: &[MemberStatus]) -> Finding {
-    let mut old = Vec::new();
-    let mut versions = Vec::new();
-    for s in statuses {
-        if let Ok(st) = &s.status {
-            versions.push(st.version.clone());
-            if parse_version(&st.version).is_none_or(|v| v < MIN_VERSION) {
-                old.push(format!("{} runs {}", s.name, st.version));
-            }
-        }
-    }
-    versions.sort();
-    versions.dedup();
-    if old.is_empty() {
-        Finding::new(
-            Severity::Ok,
-            "version",
-            format!(
-                "etcd {} (range comparisons in transactions need 3.3 or later)",
-                versions.join(", ")
-            ),
-        )
-    } else {
-        Finding::new(
+    let old: Vec<String> = answered(statuses)
+        .filter(|(_, st)| parse_version(&st.version).is_none_or(|v| v < MIN_VERSION))
+        .map(|(name, st)| format!("{name} runs {}", st.version))
+        .collect();
+    if !old.is_empty() {
+        return Finding::new(
             Severity::Unsafe,
             "version",
             format!("{}: etcd before 3.3 ignores the key-range comparison of the acquire transaction (\"nobody queued\"), so every acquire would succeed and a lock be granted twice; upgrade to a maintained etcd (3.5 or later)", old.join(", ")),
-        )
+        );
     }
+    let mut versions: Vec<&str> = answered(statuses)
+        .map(|(_, st)| st.version.as_str())
+        .collect();
+    versions.sort_unstable();
+    versions.dedup();
+    let message = format!(
+        "etcd {} (range comparisons in transactions need 3.3 or later)",
+        versions.join(", ")
+    );
+    Finding::new(Severity::Ok, "version", message)
 }
 
 /// Leader: the answering members agree on one leader, which is a member.
 fn leader_finding(statuses: &[MemberStatus]) -> Finding {
-    let mut leaders: Vec<u64> = statuses
-        .iter()
-        .filter_map(|s| s.status.as_ref().ok().map(|st| st.leader))
-        .collect();
+    let mut leaders: Vec<u64> = answered(statuses).map(|(_, st)| st.leader).collect();
     leaders.sort_unstable();
     leaders.dedup();
     let name_of = |id: u64| {
@@ -189,106 +173,70 @@ fn leader_finding(statuses: &[MemberStatus]) -> Finding {
             |s| s.name.clone(),
         )
     };
-    match leaders.as_slice() {
-        [] => Finding::new(Severity::Unsafe, "leader", "no member answered, so no leader is known; no lock can be taken or renewed"),
-        [0] => Finding::new(Severity::Unsafe, "leader", "the members have no leader: no lock can be taken, renewed or released until one is elected; check the members' logs and the network between them (peer URLs)"),
-        [l] if statuses.iter().any(|s| s.id == *l) => Finding::new(
+    let (severity, message) = match leaders.as_slice() {
+        [] => (Severity::Unsafe, "no member answered, so no leader is known; no lock can be taken or renewed".to_owned()),
+        [0] => (Severity::Unsafe, "the members have no leader: no lock can be taken, renewed or released until one is elected; check the members' logs and the network between them (peer URLs)".to_owned()),
+        [l] if statuses.iter().any(|s| s.id == *l) => (
             Severity::Ok,
-            "leader",
             format!("leader {}, agreed by every answering member", name_of(*l)),
         ),
-        [l] => Finding::new(Severity::Warning, "leader", format!("the leader {} is not in the member list: a membership change in progress?", name_of(*l))),
-        many => Finding::new(
-            Severity::Warning,
-            "leader",
-            format!("the members do not agree on the leader ({}): an election in progress or a partitioned member; etcd keeps this safe (writes need a quorum), but run `doctor` again and check the network if it persists", many.iter().map(|l| if *l == 0 { "none".to_owned() } else { name_of(*l) }).collect::<Vec<_>>().join(", ")),
-        ),
-    }
+        [l] => (Severity::Warning, format!("the leader {} is not in the member list: a membership change in progress?", name_of(*l))),
+        many => (Severity::Warning, format!("the members do not agree on the leader ({}): an election in progress or a partitioned member; etcd keeps this safe (writes need a quorum), but run `doctor` again and check the network if it persists", many.iter().map(|l| if *l == 0 { "none".to_owned() } else { name_of(*l) }).collect::<Vec<_>>().join(", "))),
+    };
+    Finding::new(severity, "leader", message)
 }
 
 /// Raft index spread: a member far behind the others serves stale reads of nothing dlock
 /// uses (its reads are linearizable), but is one failure from a lost quorum.
 fn raft_finding(statuses: &[MemberStatus]) -> Option<Finding> {
-    let indexes: Vec<(String, u64)> = statuses
-        .iter()
-        .filter_map(|s| {
-            s.status
-                .as_ref()
-                .ok()
-                .map(|st| (s.name.clone(), st.raft_index))
-        })
-        .collect();
-    let (Some(lo), Some(hi)) = (
-        indexes.iter().min_by_key(|i| i.1),
-        indexes.iter().max_by_key(|i| i.1),
-    ) else {
-        return None;
-    };
+    let indexes = answered(statuses).map(|(name, st)| (name, st.raft_index));
+    let lo = indexes.clone().min_by_key(|i| i.1)?;
+    let hi = indexes.max_by_key(|i| i.1)?;
     let spread = hi.1 - lo.1;
-    Some(if spread > RAFT_SPREAD_WARN {
-        Finding::new(
-                Severity::Warning,
-                "raft-index",
-                format!("member {} is {spread} raft entries behind {} (more than {RAFT_SPREAD_WARN}): a slow disk or network; it does not count towards a quorum until it catches up, so one more failure can stop every lock; check its disk (fsync latency) and network", lo.0, hi.0),
-            )
+    let (severity, message) = if spread > RAFT_SPREAD_WARN {
+        (
+            Severity::Warning,
+            format!("member {} is {spread} raft entries behind {} (more than {RAFT_SPREAD_WARN}): a slow disk or network; it does not count towards a quorum until it catches up, so one more failure can stop every lock; check its disk (fsync latency) and network", lo.0, hi.0),
+        )
     } else {
-        Finding::new(
+        (
             Severity::Ok,
-            "raft-index",
             format!("raft indexes within {spread} of each other"),
         )
-    })
+    };
+    Some(Finding::new(severity, "raft-index", message))
 }
 
 /// etcd's minimum lease TTL (1.5 × election timeout, rounded up to seconds), probed by
-/// granting a lease of 1 s — etcd raises a shorter TTL to its minimum — against the watchdog
-/// lease.
+/// granting a lease of 1 s — etcd raises a shorter TTL to its minimum.
 async fn min_lease_ttl(b: &EtcdBackend) -> Result<Duration> {
-    let r = b
-        .call("lease grant", |c| async move {
-            c.lease_client().grant(1, None).await
-        })
-        .await?;
-    let id = r.id();
-    let min_ttl = Duration::from_secs(r.ttl().max(1).unsigned_abs());
-    match b
-        .raw("lease revoke", |c| async move {
-            c.lease_client().revoke(id).await
-        })
-        .await
-    {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) if is_lease_not_found(&e) => {}
-        Ok(Err(e)) => return Err(map(&b.endpoint, e)),
-        // It carries nothing and expires within a second or two anyway.
-        Err(_) => {}
-    }
-    Ok(min_ttl)
+    let probe = b.grant(Duration::from_secs(1)).await?;
+    // It carries nothing (and expires within a second or two anyway).
+    b.revoke_in_background(probe.id);
+    Ok(Duration::from_secs(probe.ttl.unsigned_abs()))
 }
 
 /// The `lease` finding for etcd's minimum lease TTL `min_ttl` against the watchdog `lease`.
 fn lease_finding(min_ttl: Duration, lease: Duration) -> Finding {
     // 1.5 × election timeout, rounded up: the election takes at least min_ttl / 1.5 − 1 s.
     let election = min_ttl.mul_f64(2.0 / 3.0);
-    if min_ttl > lease {
-        Finding::new(
+    let (severity, message) = if min_ttl > lease {
+        (
             Severity::Warning,
-            "lease",
             format!("etcd's minimum lease TTL is {min_ttl:?} (1.5 × its election timeout), longer than the watchdog lease {lease:?}: every lease is rounded up to it (never shorter, so locks stay safe), but a crashed holder's lock stays blocked {min_ttl:?}; raise the watchdog lease to at least {min_ttl:?}, or lower etcd's --election-timeout"),
         )
     } else if lease < election * 2 {
-        Finding::new(
+        (
             Severity::Warning,
-            "lease",
             format!("the watchdog lease {lease:?} is short against etcd's election timeout (about {election:?}, from the minimum lease TTL {min_ttl:?}): renewals fail during a leader election, and a lease shorter than two elections can be lost to one (a lost signal, never a double grant); use a watchdog lease of at least {:?}", election * 3),
         )
     } else {
-        Finding::new(
+        (
             Severity::Ok,
-            "lease",
             format!("watchdog lease {lease:?}, etcd's minimum lease TTL {min_ttl:?}: renewals ride out a leader election"),
         )
-    }
+    };
+    Finding::new(severity, "lease", message)
 }
 
 #[cfg(test)]

@@ -1,14 +1,9 @@
-//! Elections on etcd's `concurrency.Election` layout: proclaiming a new value.
-//!
-//! Campaigning, waiting, renewing, resigning, `inspect` and observing are the mutex's code on
-//! the election's keys ([`Keys::election`](crate::kv::Keys::election)): a candidate's key is
-//! first in `PREFIX-election/NAME/` (smallest create revision) exactly when it leads, its
-//! create revision is its fencing token, and a waiting candidate watches the key created just
-//! before its own — the rules of etcd's own recipe, so `etcdctl elect PREFIX-election/NAME`
-//! candidates take part in the same queue.
+//! Elections on etcd's `concurrency.Election` layout: proclaiming a new value. Everything else
+//! is the mutex's code on the election's keys ([`Keys::election`](crate::kv::Keys::election));
+//! docs/election-etcd.md says why that is etcd's recipe.
 
 use crate::error::shape;
-use crate::kv::{reads, revision_of, Meta, CAS_ATTEMPTS};
+use crate::kv::{reads, revision_of, Record, CAS_ATTEMPTS};
 use crate::EtcdBackend;
 use distlock_core::backend::{GrantRef, RenewOutcome};
 use distlock_core::Result;
@@ -16,25 +11,18 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 impl EtcdBackend {
     /// Replaces the value of the candidate key of `grant` with `value` if `seq` is newer than
-    /// the proclamation its metadata records (`Backend::proclaim`).
-    ///
-    /// One transaction in the common case: guarded by the key's create revision (the grant
-    /// still leads) and by the metadata holding what it holds after proclamation `seq - 1`
-    /// (the core numbers a leadership's proclamations 1, 2, … and sends one at a time), it
-    /// puts both keys; else it reads them, and decides: the key gone (or another grant's) is
-    /// [`RenewOutcome::NotHeld`]; a recorded number of `seq` or more means this one (or a
-    /// newer one) was applied already — a retry after a lost reply, a duplicate, a late
-    /// arrival — and it answers [`RenewOutcome::Renewed`] without writing; otherwise it tries
-    /// again guarded by what it read. Both puts keep the keys' lease (`ignore_lease`): the
-    /// lease is not touched.
+    /// the proclamation its metadata records (`Backend::proclaim`; docs/election-etcd.md,
+    /// *Proclaim*). Guarded by the key's create revision (the grant still leads) and by the
+    /// metadata of proclamation `seq - 1` (the core sends one at a time); a recorded number of
+    /// `seq` or more is a retry, a duplicate or a late arrival: `Renewed`, nothing written.
+    /// The puts keep the keys' lease (`ignore_lease`).
     pub(crate) async fn proclaim_value(
         &self,
         grant: &GrantRef,
         seq: u64,
         value: &str,
     ) -> Result<RenewOutcome> {
-        let keys = self.keys_of(&grant.key);
-        let mine = keys.attempt(&grant.attempt);
+        let (keys, mine) = self.keys_of(&grant.key, &grant.attempt);
         let meta_key = keys
             .meta_of(&mine)
             .ok_or_else(|| shape("proclaim on a grant that is not an election's"))?;
@@ -43,7 +31,7 @@ impl EtcdBackend {
         };
         // What the metadata holds if proclamation `seq - 1` was the last one applied and the
         // key is still on the lease it was last seen on (a guess: if wrong, the reads tell).
-        let mut expect = self.known_lease(&grant.attempt).map(|l| Meta {
+        let mut expect = self.known_lease(&grant.attempt).map(|l| Record {
             ttl: l.ttl,
             seq: seq.saturating_sub(1),
             owner: grant.key.owner.to_string(),
@@ -58,14 +46,10 @@ impl EtcdBackend {
             let mut then = Vec::new();
             match &expect {
                 Some(m) if m.seq < seq => {
-                    when.push(Compare::value(
-                        meta_key.clone(),
-                        CompareOp::Equal,
-                        m.encode(),
-                    ));
+                    let (now, next) = (m.encode(true), Record { seq, ..m.clone() }.encode(true));
+                    when.push(Compare::value(meta_key.clone(), CompareOp::Equal, now));
                     then.push(TxnOp::put(mine.clone(), value, keep()));
-                    let next = Meta { seq, ..m.clone() };
-                    then.push(TxnOp::put(meta_key.clone(), next.encode(), keep()));
+                    then.push(TxnOp::put(meta_key.clone(), next, keep()));
                 }
                 // Nothing to guess from: read first.
                 _ => when.push(Compare::create_revision(
@@ -86,33 +70,13 @@ impl EtcdBackend {
             if kv.is_none_or(|kv| kv.create_revision() != rev) {
                 return Ok(RenewOutcome::NotHeld);
             }
-            let m = m.ok_or_else(|| {
-                shape(format!(
-                    "election candidate `{}` has no metadata key",
-                    String::from_utf8_lossy(&mine)
-                ))
-            })?;
-            let meta = Meta::decode(m.key(), m.value())?;
-            if meta.seq >= seq {
+            let (_, rec) = keys.record_of(&mine, m)?;
+            if rec.seq >= seq {
                 // Applied already (a retry or a duplicate), or a newer one was.
                 return Ok(RenewOutcome::Renewed);
             }
-            expect = Some(meta);
+            expect = Some(rec);
         }
         Err(self.contended(&mine))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::kv::Keys;
-
-    #[test]
-    fn a_foreign_leader_is_named_by_its_key() {
-        let k = Keys::election("dlock", "e");
-        assert_eq!(
-            k.segment(b"dlock-election/e/694d8f2a3b1c5e07"),
-            "694d8f2a3b1c5e07"
-        );
     }
 }

@@ -1,34 +1,19 @@
-//! The key-values: the key layout, the value format of a waiter/holder key, and the
-//! transaction operations that read and write them (one module, used by acquire, wait, renew,
-//! election and the operator commands alike).
+//! The key-values: the key layout, the value formats, and the transaction operations that read
+//! and write them (docs/etcd.md, *The recipe*, has the tables and etcd's own recipes).
 //!
-//! | key | lease | value |
-//! |---|---|---|
-//! | `PREFIX/NAME/ATTEMPT` | the attempt's own lease | `TTL OWNER`: the lease's TTL in seconds, the owner id |
-//! | `PREFIX/NAME` | none | empty; its mod revision is the newest queue key's create revision |
+//! - lock `NAME`: `PREFIX/NAME/ATTEMPT` (on the attempt's own lease; `TTL OWNER`: the lease's
+//!   TTL in seconds, the owner id) and `PREFIX/NAME` (no lease, empty; its mod revision is the
+//!   newest queue key's create revision);
+//! - election `NAME`, under a root of its own so that no lock's key parser meets it:
+//!   `PREFIX-election/NAME/ATTEMPT` holding exactly the candidate's value (what etcd's
+//!   `concurrency.Election` and `etcdctl elect -l` read: its leader is the smallest create
+//!   revision, as dlock's), `PREFIX-election-meta/NAME/ATTEMPT` on the same lease (`TTL SEQ
+//!   OWNER`, outside the prefix etcd's recipe reads) and `PREFIX-election/NAME`.
 //!
-//! Elections ([`LockKind::Election`]) live under a root of their own, so that no lock's key
-//! parser ever meets them:
-//!
-//! | key | lease | value |
-//! |---|---|---|
-//! | `PREFIX-election/NAME/ATTEMPT` | the attempt's own lease | the candidate's value, nothing else |
-//! | `PREFIX-election-meta/NAME/ATTEMPT` | the same lease | `TTL SEQ OWNER`: lease TTL, number of the last proclamation, owner id |
-//! | `PREFIX-election/NAME` | none | empty; as a lock's `PREFIX/NAME` |
-//!
-//! `PREFIX-election/NAME/` is the prefix etcd's own `concurrency.Election` campaigns under
-//! for election `PREFIX-election/NAME` (`etcdctl elect dlock-election/NAME VALUE`): its keys
-//! are `PREFIX-election/NAME/<lease id in hex>` holding just the value, the leader is the key
-//! with the smallest create revision, and a waiter waits for the deletion of the key created
-//! just before its own — the same rules dlock's queue follows. So a candidate key holds
-//! exactly the value (what `etcdctl elect -l` prints), and dlock's own bookkeeping sits in
-//! the sibling metadata key, outside the prefix etcd's recipe reads.
-//!
-//! One key per acquisition *attempt* (the core's [`AttemptId`](distlock_core::backend::AttemptId)): a retry
-//! of the attempt's request finds its own key by name, and nothing another attempt does (even
-//! one of the same owner) can touch it. `NAME` and `ATTEMPT` are escaped (`%` → `%25`,
-//! `/` → `%2F`) so that `PREFIX/NAME/` is the prefix of exactly one lock's queue — the prefix
-//! etcd's own `concurrency.Mutex` (and `etcdctl lock PREFIX/NAME`) queues under, so the two
+//! One key per acquisition attempt: a retry finds its own key by name, and nothing another
+//! attempt (even of the same owner) does can touch it. `NAME` and `ATTEMPT` are escaped (`%` →
+//! `%25`, `/` → `%2F`) so that `PREFIX/NAME/` is the prefix of exactly one lock's queue — the
+//! prefix etcd's `concurrency.Mutex` (`etcdctl lock PREFIX/NAME`) queues under, so the two
 //! exclude each other.
 
 use crate::error::shape;
@@ -36,7 +21,8 @@ use crate::lease::Lease;
 use distlock_core::backend::AcquireRequest;
 use distlock_core::{HolderInfo, LockKind, Result};
 use etcd_client::{
-    GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 
 /// The keys of one lock.
@@ -96,6 +82,19 @@ impl Keys {
         [get, delete].into_iter().chain(meta).collect()
     }
 
+    /// The metadata of election candidate `mine`, read as `m` (none: not dlock's layout).
+    pub(crate) fn record_of(&self, mine: &[u8], m: Option<KeyValue>) -> Result<(KeyValue, Record)> {
+        let m = m.ok_or_else(|| {
+            shape(format!(
+                "election candidate `{}` has no metadata key; is another program writing under \
+                 this prefix?",
+                String::from_utf8_lossy(mine)
+            ))
+        })?;
+        let rec = Record::decode(m.key(), m.value(), true)?;
+        Ok((m, rec))
+    }
+
     /// The last segment of queue key `key`, for messages.
     pub(crate) fn segment<'k>(&self, key: &'k [u8]) -> std::borrow::Cow<'k, str> {
         String::from_utf8_lossy(key.strip_prefix(self.queue.as_slice()).unwrap_or(key))
@@ -113,8 +112,8 @@ impl Keys {
     /// Go's `concurrency.Mutex`, whose keys are lease ids with empty values) its name, marked
     /// as foreign.
     pub(crate) fn holder_of(&self, key: &[u8], value: &[u8]) -> String {
-        if let Ok(e) = Entry::decode(key, value) {
-            return e.owner;
+        if let Ok(r) = Record::decode(key, value, false) {
+            return r.owner;
         }
         format!("(not dlock) {}", self.segment(key))
     }
@@ -127,7 +126,7 @@ impl Keys {
             return Ok(HolderInfo::new(self.holder_of(kv.key(), kv.value()), 1));
         }
         let owner = match meta {
-            Some(m) => Meta::decode(m.key(), m.value())?.owner,
+            Some(m) => Record::decode(m.key(), m.value(), true)?.owner,
             None => format!("(not dlock) {}", self.segment(kv.key())),
         };
         let value = String::from_utf8_lossy(kv.value()).into_owned();
@@ -148,73 +147,55 @@ pub(crate) fn escape(s: &str) -> String {
     out
 }
 
-/// What a queue key of dlock holds: the TTL in seconds of the lease the key is attached to
-/// (etcd cannot tell it in the same read; renewals need it to decide between a keep-alive and
-/// a longer lease) and the owner id (for `inspect`). No hold count: re-entry is counted in the
-/// client, and a key is one grant.
+/// What dlock records of a hold: the TTL in seconds of the lease its keys are on (etcd cannot
+/// tell it in the same read; renewals need it to decide between a keep-alive and a longer
+/// lease), for an election candidate the number of the last proclamation applied (0: the value
+/// it campaigned with), and the owner id (for `inspect`). A lock's key holds `TTL OWNER`, an
+/// election candidate's metadata key `TTL SEQ OWNER`. No hold count: re-entry is counted in
+/// the client, and a key is one grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Entry {
-    pub(crate) ttl: i64,
-    pub(crate) owner: String,
-}
-
-impl Entry {
-    pub(crate) fn encode(&self) -> String {
-        format!("{} {}", self.ttl, self.owner)
-    }
-
-    pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Entry> {
-        let (ttl, owner) = ttl_and_rest(value)
-            .ok_or_else(|| not_ours(key, value, "a dlock hold (`TTL OWNER`)"))?;
-        Ok(Entry {
-            ttl,
-            owner: owner.to_owned(),
-        })
-    }
-}
-
-/// `TTL REST` (the first field of both values of dlock): a TTL above 0, a non-empty rest.
-fn ttl_and_rest(value: &[u8]) -> Option<(i64, &str)> {
-    let (ttl, rest) = std::str::from_utf8(value).ok()?.split_once(' ')?;
-    let ttl = ttl.parse().ok().filter(|t| *t > 0)?;
-    (!rest.is_empty()).then_some((ttl, rest))
-}
-
-/// The error for key `key` holding `value`, which is not `what`.
-fn not_ours(key: &[u8], value: &[u8], what: &str) -> distlock_core::Error {
-    shape(format!(
-        "key `{}` holds `{}`, not {what}; is another program writing under this prefix?",
-        String::from_utf8_lossy(key),
-        String::from_utf8_lossy(value)
-    ))
-}
-
-/// What an election candidate's metadata key holds: the TTL of the lease (as
-/// [`Entry::ttl`]), the number of the last proclamation applied (0: the value it campaigned
-/// with), and the owner id.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Meta {
+pub(crate) struct Record {
     pub(crate) ttl: i64,
     pub(crate) seq: u64,
     pub(crate) owner: String,
 }
 
-impl Meta {
-    pub(crate) fn encode(&self) -> String {
-        format!("{} {} {}", self.ttl, self.seq, self.owner)
+impl Record {
+    /// The value of a lock's key, or with `election` of a candidate's metadata key.
+    pub(crate) fn encode(&self, election: bool) -> String {
+        let (ttl, seq, owner) = (self.ttl, self.seq, &self.owner);
+        match election {
+            false => format!("{ttl} {owner}"),
+            true => format!("{ttl} {seq} {owner}"),
+        }
     }
 
-    pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Meta> {
-        let parsed = ttl_and_rest(value).and_then(|(ttl, rest)| {
-            let (seq, owner) = rest.split_once(' ')?;
-            let seq = seq.parse().ok()?;
-            (!owner.is_empty()).then(|| Meta {
-                ttl,
-                seq,
-                owner: owner.to_owned(),
-            })
-        });
-        parsed.ok_or_else(|| not_ours(key, value, "a dlock candidate's metadata (`TTL SEQ OWNER`)"))
+    /// Reads [`encode`](Self::encode)'s value from key `key`: a TTL above 0 (and with
+    /// `election` a number), a non-empty owner.
+    pub(crate) fn decode(key: &[u8], value: &[u8], election: bool) -> Result<Record> {
+        let parse = || {
+            let (ttl, rest) = std::str::from_utf8(value).ok()?.split_once(' ')?;
+            let ttl = ttl.parse().ok().filter(|t| *t > 0)?;
+            let (seq, owner) = match election {
+                false => (0, rest),
+                true => rest
+                    .split_once(' ')
+                    .and_then(|(s, o)| Some((s.parse().ok()?, o)))?,
+            };
+            let owner = (!owner.is_empty()).then(|| owner.to_owned())?;
+            Some(Record { ttl, seq, owner })
+        };
+        parse().ok_or_else(|| {
+            let what = match election {
+                false => "a dlock hold (`TTL OWNER`)",
+                true => "a dlock candidate's metadata (`TTL SEQ OWNER`)",
+            };
+            shape(format!(
+                "key `{}` holds `{}`, not {what}; is another program writing under this prefix?",
+                String::from_utf8_lossy(key),
+                String::from_utf8_lossy(value)
+            ))
+        })
     }
 }
 
@@ -283,21 +264,35 @@ pub(crate) fn put_hold(
         TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease.id)))
     };
     let (ttl, owner) = (lease.ttl, owner.to_owned());
+    let rec = Record { ttl, seq, owner };
     match keys.meta_of(mine) {
-        None => vec![put(
-            mine.to_vec(),
-            Entry { ttl, owner }.encode().into_bytes(),
-        )],
+        None => vec![put(mine.to_vec(), rec.encode(false).into_bytes())],
         Some(meta) => vec![
             put(mine.to_vec(), value.to_vec()),
-            put(meta, Meta { ttl, seq, owner }.encode().into_bytes()),
+            put(meta, rec.encode(true).into_bytes()),
         ],
     }
 }
 
-/// The value `req` campaigns with (empty for a lock).
-pub(crate) fn value_of(req: &AcquireRequest) -> &[u8] {
-    req.value.as_deref().unwrap_or_default().as_bytes()
+/// The transaction that queues attempt `req` (key `mine`, on `lease`) if `guard` holds — its
+/// keys put, the fence rewritten, the queue's first key read — else reads its key and the
+/// queue's first: the acquire's (guard: nobody queued) and the waiter's (guard: its key is not
+/// there yet).
+pub(crate) fn enqueue(
+    keys: &Keys,
+    mine: &[u8],
+    req: &AcquireRequest,
+    lease: Lease,
+    guard: Compare,
+) -> Txn {
+    let value = req.value.as_deref().unwrap_or_default().as_bytes();
+    let then = put_hold(keys, mine, &req.key.owner, value, lease, 0).into_iter();
+    let then = then.chain([
+        TxnOp::put(keys.fence.clone(), "", None),
+        first_of(&keys.queue),
+    ]);
+    (Txn::new().when([guard]).and_then(then.collect::<Vec<_>>()))
+        .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)])
 }
 
 #[cfg(test)]
@@ -312,12 +307,10 @@ mod tests {
         assert_eq!(k.attempt("0f/1"), b"dlock/a%2Fb%25c/0f%2F1");
         // A name that is a prefix of another does not share its queue.
         let short = Keys::new("dlock", "a");
-        assert!(!Keys::new("dlock", "a/x")
-            .attempt("0")
-            .starts_with(&short.queue));
-        assert!(!Keys::new("dlock", "ab")
-            .attempt("0")
-            .starts_with(&short.queue));
+        for other in ["a/x", "ab"] {
+            let theirs = Keys::new("dlock", other).attempt("0");
+            assert!(!theirs.starts_with(&short.queue), "{other}");
+        }
         // etcdctl lock dlock/orders queues under the same prefix.
         assert_eq!(Keys::new("dlock", "orders").queue, b"dlock/orders/");
     }
@@ -337,37 +330,31 @@ mod tests {
         assert!(!k.queue.starts_with(b"dlock/"));
         assert!(!k.meta_of(&mine).unwrap().starts_with(&k.queue));
         assert_eq!(Keys::new("dlock", "x").meta_of(b"dlock/x/1"), None);
-        assert_eq!(
-            Keys::of_kind("dlock", "x", LockKind::Election).queue,
-            b"dlock-election/x/"
-        );
-        assert_eq!(
-            Keys::of_kind("dlock", "x", LockKind::Mutex).queue,
-            b"dlock/x/"
-        );
-    }
-
-    #[test]
-    fn metas() {
-        let m = Meta {
-            ttl: 2,
-            seq: 7,
-            owner: "host a: 1".into(),
-        };
-        assert_eq!(Meta::decode(b"k", m.encode().as_bytes()).unwrap(), m);
-        for bad in [&b""[..], b"1 2", b"1 x o", b"0 1 o", b"1 1 ", b"\xff"] {
-            assert!(Meta::decode(b"k", bad).is_err(), "{bad:?}");
+        // A foreign leader (`etcdctl elect`) is named by its key's last segment.
+        let e = Keys::election("dlock", "e");
+        let foreign = e.segment(b"dlock-election/e/694d8f2a3b1c5e07");
+        assert_eq!(foreign, "694d8f2a3b1c5e07");
+        for (kind, queue) in [
+            (LockKind::Election, "dlock-election/x/"),
+            (LockKind::Mutex, "dlock/x/"),
+        ] {
+            assert_eq!(Keys::of_kind("dlock", "x", kind).queue, queue.as_bytes());
         }
     }
 
     #[test]
-    fn entries() {
-        let e = Entry {
+    fn records() {
+        let lock = Record {
             ttl: 30,
+            seq: 0,
             owner: "me: 1 2".into(),
         };
-        assert_eq!(Entry::decode(b"k", e.encode().as_bytes()).unwrap(), e);
-        for bad in [
+        let candidate = Record {
+            ttl: 2,
+            seq: 7,
+            owner: "host a: 1".into(),
+        };
+        let lock_bad = [
             &b""[..],
             b"x",
             b"1",
@@ -376,14 +363,24 @@ mod tests {
             b"0 o",
             b"-1 o",
             b"\xff",
+        ];
+        let candidate_bad = [&b""[..], b"1 2", b"1 x o", b"0 1 o", b"1 1 ", b"\xff"];
+        for (rec, election, bad) in [
+            (&lock, false, &lock_bad[..]),
+            (&candidate, true, &candidate_bad),
         ] {
-            assert!(Entry::decode(b"k", bad).is_err());
+            let value = rec.encode(election);
+            assert_eq!(
+                Record::decode(b"k", value.as_bytes(), election).unwrap(),
+                *rec
+            );
+            for bad in bad {
+                assert!(Record::decode(b"k", bad, election).is_err(), "{bad:?}");
+            }
         }
         let k = Keys::new("dlock", "n");
-        assert_eq!(
-            k.holder_of(b"dlock/n/abc", e.encode().as_bytes()),
-            "me: 1 2"
-        );
+        let value = lock.encode(false);
+        assert_eq!(k.holder_of(b"dlock/n/abc", value.as_bytes()), "me: 1 2");
         assert_eq!(
             k.holder_of(b"dlock/n/694d8f2a3b1c5e07", b""),
             "(not dlock) 694d8f2a3b1c5e07"

@@ -1,9 +1,12 @@
-//! One etcd lease per attempt: granted, kept alive, revoked once its attempt ended (never while a request of unknown outcome may have put the key on it).
+//! One etcd lease per attempt: granted, kept alive, revoked once its attempt ended (never while
+//! a request of unknown outcome may have put the key on it: docs/etcd.md, *Requests whose
+//! outcome is unknown*).
 
 use crate::error::{is_lease_not_found, map, shape};
 use crate::EtcdBackend;
 use distlock_core::backend::AttemptId;
 use distlock_core::Result;
+use etcd_client::Client;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -42,29 +45,18 @@ pub(crate) struct Doubt {
 impl EtcdBackend {
     pub(crate) async fn grant(&self, lease: Duration) -> Result<Lease> {
         let ttl = ttl_secs(lease);
-        let r = self
-            .call("lease grant", |c| async move {
-                c.lease_client().grant(ttl, None).await
-            })
-            .await?;
-        if !r.error().is_empty() || r.ttl() <= 0 {
-            return Err(shape(format!(
-                "lease grant failed: `{}` (ttl {})",
-                r.error(),
-                r.ttl()
-            )));
+        let call = |c: Client| async move { c.lease_client().grant(ttl, None).await };
+        let r = self.call("lease grant", call).await?;
+        let (id, ttl, error) = (r.id(), r.ttl(), r.error());
+        if !error.is_empty() || ttl <= 0 {
+            return Err(shape(format!("lease grant failed: `{error}` (ttl {ttl})")));
         }
-        Ok(Lease {
-            id: r.id(),
-            ttl: r.ttl(),
-        })
+        Ok(Lease { id, ttl })
     }
 
-    /// Revokes a lease (deleting whatever is attached to it) without waiting for the answer.
-    /// If it fails the lease simply expires. Only ever called for a lease that carries
-    /// nothing, or nothing but the key of an attempt that has ended: every lease belongs to
-    /// one attempt, and one whose fate is unknown is kept until its attempt ends (see
-    /// [`EtcdBackend::doubt`]).
+    /// Revokes lease `id` once, in the background (if that fails it expires). Only for a lease
+    /// that carries nothing, or only the key of an ended attempt: a lease of unknown fate is
+    /// kept until its attempt ends ([`doubt`](Self::doubt)).
     pub(crate) fn revoke_in_background(&self, id: i64) {
         let until = Instant::now();
         self.revoke_until_answered(Doubt { lease: id, until });
@@ -75,34 +67,29 @@ impl EtcdBackend {
     /// a reply with TTL 0, which is how etcd answers a keep-alive of an unknown lease), so
     /// whatever was attached to it is gone: never a success.
     pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool> {
-        if id == 0 {
-            return Ok(false);
-        }
-        match self
-            .raw("lease keep-alive", |c| async move {
-                c.lease_client().keep_alive(id).await
-            })
-            .await?
-        {
-            Ok(_) => Ok(true),
-            Err(e) if is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(map(&self.endpoint, e)),
-        }
+        let call = |c: Client| async move { c.lease_client().keep_alive(id).await };
+        Ok(self.on_lease("lease keep-alive", id, call).await?.is_some())
     }
 
     /// Time left on lease `id`, or `None` if there is none.
     pub(crate) async fn lease_left(&self, id: i64) -> Result<Option<Duration>> {
+        let call = |c: Client| async move { c.lease_client().time_to_live(id, None).await };
+        let r = self.on_lease("lease time-to-live", id, call).await?;
+        Ok(r.filter(|r| r.ttl() >= 0)
+            .map(|r| Duration::from_secs(r.ttl().unsigned_abs())))
+    }
+
+    /// `call` on lease `id`: `None` when etcd does not know the lease (or for `id` 0, none).
+    async fn on_lease<T, F, Fut>(&self, what: &str, id: i64, call: F) -> Result<Option<T>>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
         if id == 0 {
             return Ok(None);
         }
-        match self
-            .raw("lease time-to-live", |c| async move {
-                c.lease_client().time_to_live(id, None).await
-            })
-            .await?
-        {
-            Ok(r) if r.ttl() >= 0 => Ok(Some(Duration::from_secs(r.ttl().unsigned_abs()))),
-            Ok(_) => Ok(None),
+        match self.raw(what, call).await? {
+            Ok(r) => Ok(Some(r)),
             Err(e) if is_lease_not_found(&e) => Ok(None),
             Err(e) => Err(map(&self.endpoint, e)),
         }
@@ -130,12 +117,25 @@ impl EtcdBackend {
         });
     }
 
-    /// `attempt` has ended (released or given up): revokes the leases a request of it with an
-    /// unknown outcome may have attached to its key. They can carry only that attempt's key,
-    /// which has no use any more; and a request still travelling that would create the key
-    /// with one of them fails once it is revoked. Each revoke is retried until etcd answers it
-    /// (see [`revoke_until_answered`](Self::revoke_until_answered)): a late create either
-    /// came first, and the revoke deletes its key, or comes after and is refused.
+    /// Runs `request`, which may put `attempt`'s key on `lease`: after an error its outcome is
+    /// unknown, and the lease is [doubted](Self::doubt).
+    pub(crate) async fn doubting<T>(
+        &self,
+        attempt: &AttemptId,
+        lease: Lease,
+        request: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let r = request.await;
+        if r.is_err() {
+            self.doubt(attempt, lease);
+        }
+        r
+    }
+
+    /// `attempt` has ended (released or given up): revokes its leases of unknown fate. They
+    /// carry at most that attempt's key, of no use any more; each revoke is retried until etcd
+    /// answers it, so a late create either came first, and the revoke deletes its key, or
+    /// comes after and is refused (etcd refuses a put with a revoked lease).
     pub(crate) fn settle(&self, attempt: &AttemptId) {
         lock(&self.leases).remove(attempt);
         let doubts = lock(&self.doubtful).remove(attempt);
@@ -145,11 +145,9 @@ impl EtcdBackend {
     }
 
     /// Revokes the lease of an ended attempt in the background, again and again (pauses from
-    /// 100 ms doubling to 5 s) until etcd answers (revoked, or "lease not found"), the lease
-    /// has certainly expired by itself (`until`), or the backend is dropped. One revoke that
-    /// does not get through (etcd unreachable as the attempt ends) must not leave the
-    /// attempt's key — queued, or granted by a request that arrives later — for the lease's
-    /// whole TTL, holding the lock for nobody.
+    /// 100 ms doubling to 5 s) until etcd answers, the lease has certainly expired (`until`),
+    /// or the backend is dropped: a revoke that does not get through must not leave the
+    /// attempt's key holding the lock for nobody for the lease's whole TTL.
     pub(crate) fn revoke_until_answered(&self, d: Doubt) {
         let client = self.client.clone();
         let timeout = self.op_timeout;

@@ -33,7 +33,7 @@ use crate::error::KIND;
 use crate::kv::Keys;
 use crate::lease::{Doubt, Lease};
 use distlock_core::backend::{
-    async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, Granted,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, Granted, HoldKey,
     ReleaseWatch, RenewOutcome,
 };
 use distlock_core::{Backend, ClientOptions, LockInfo, LockKind, ReleaseOutcome, Result};
@@ -55,11 +55,8 @@ pub struct EtcdBackend {
     connect_opts: Option<ConnectOptions>,
     connect_timeout: Duration,
     watchdog_lease: Duration,
-    /// Per attempt, the leases that a request with an unknown outcome may have attached to
-    /// the attempt's key. Never revoked while the attempt goes on (its next request may find
-    /// the key on one of them and use it); revoked when the attempt ends, so that a request
-    /// still travelling cannot create the key after that (etcd refuses a put with a revoked
-    /// lease).
+    /// Per attempt, the leases a request with an unknown outcome may have attached to the
+    /// attempt's key: revoked when the attempt ends, never before ([`EtcdBackend::doubt`]).
     doubtful: Mutex<HashMap<AttemptId, Vec<Doubt>>>,
     /// Per granted attempt, the lease its key was last seen on (a hint for renewals; the read
     /// that goes with every renewal decides). Dropped when the attempt ends.
@@ -158,7 +155,7 @@ impl EtcdBackend {
     pub async fn from_client(client: Client, opts: &ClientOptions) -> Result<Self> {
         let endpoint = "etcd (the application's client)".to_owned();
         let prefix = opts.get_namespace().to_owned();
-        (Self::new(client, endpoint, prefix, opts))
+        Self::new(client, endpoint, prefix, opts)
             .probed(None, &[])
             .await
     }
@@ -183,22 +180,20 @@ impl EtcdBackend {
     /// The key of attempt `attempt` in the queue of lock `name` (`PREFIX/NAME/ATTEMPT`,
     /// escaped): where that attempt waits and, once first, holds the lock.
     pub fn attempt_key(&self, name: &str, attempt: &str) -> Vec<u8> {
-        self.keys(name).attempt(attempt)
+        Keys::new(&self.prefix, name).attempt(attempt)
     }
 
     /// The prefix of every queue key of lock `name` (`PREFIX/NAME/`). etcd's own
     /// `concurrency.Mutex` on the same prefix (`etcdctl lock PREFIX/NAME`) queues here too.
     pub fn queue_prefix(&self, name: &str) -> Vec<u8> {
-        self.keys(name).queue
+        lock_queue_prefix(&self.prefix, name)
     }
 
-    pub(crate) fn keys(&self, name: &str) -> Keys {
-        Keys::new(&self.prefix, name)
-    }
-
-    /// The keys of the lock or election `key` names.
-    pub(crate) fn keys_of(&self, key: &distlock_core::backend::HoldKey) -> Keys {
-        Keys::of_kind(&self.prefix, &key.name, key.kind)
+    /// The keys of the lock or election `key` names, and the key of its attempt `attempt`.
+    pub(crate) fn keys_of(&self, key: &HoldKey, attempt: &str) -> (Keys, Vec<u8>) {
+        let keys = Keys::of_kind(&self.prefix, &key.name, key.kind);
+        let mine = keys.attempt(attempt);
+        (keys, mine)
     }
 
     /// The prefix every candidate key of election `name` sits under
@@ -247,7 +242,8 @@ impl Backend for EtcdBackend {
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        self.watch_prefix(self.keys_of(&req.key).queue, false).await
+        let queue = Keys::of_kind(&self.prefix, &req.key.name, req.key.kind).queue;
+        self.watch_prefix(queue, false).await
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
@@ -267,8 +263,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        self.inspect_queue(&Keys::of_kind(&self.prefix, name, kind), name)
-            .await
+        let keys = Keys::of_kind(&self.prefix, name, kind);
+        let queue = self.queue_state(&keys, "inspect").await?;
+        self.lock_info(&keys, name, queue).await
     }
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {

@@ -1,38 +1,21 @@
-//! Operator commands on etcd: `dlock list`, `dlock release --force`, `dlock doctor`.
+//! Operator commands on etcd: `dlock list`, `dlock release --force`, `dlock doctor`
+//! ([`crate::doctor`]); docs/etcd.md, *Operator commands*, has what each reads and writes.
 //!
-//! - `list`: one range read over `PREFIX/` (paged, every page at the revision of the first, so
-//!   the answer is one consistent snapshot); per lock name, the queue key with the lowest
-//!   create revision is the holder, the other queue keys are waiters, and the fencing token is
-//!   the holder's create revision (free: the mod revision of `PREFIX/NAME`), as `inspect`
-//!   reports. Keys that `etcdctl lock PREFIX/NAME` or Go's `concurrency.Mutex` queued under the
-//!   same prefix are listed too: they hold or wait for the same lock (a holder `(not dlock) KEY`).
-//! - `force_release`: one transaction deletes the holder's key, guarded by its create revision
-//!   (a holder that changed meanwhile is never the one removed), and rewrites `PREFIX/NAME`.
-//!   The fencing token needs no counter of its own: every later grant is a key created later,
-//!   so its create revision — its token — is higher than the removed holder's. The removed
-//!   holder's next renewal reads no key: `NotHeld`, its lost signal. Waiters stay queued (the
-//!   first of them is woken by the deletion, as by a release).
-//! - `diagnose`: [`crate::doctor`].
+//! The forced release deletes the holder's key guarded by its create revision (a holder that
+//! changed meanwhile is never the one removed) and rewrites `PREFIX/NAME`. The fencing token
+//! needs no counter of its own: every later grant is a key created later, so its create
+//! revision (its token) is higher than the removed holder's.
 
+use crate::acquire::Queue;
 use crate::builder::percent_decode;
-use crate::kv::{first_of, header_revision, reads, token_of, CAS_ATTEMPTS};
-use crate::kv::{Entry, Keys};
+use crate::kv::{header_revision, token_of, Keys, Record, CAS_ATTEMPTS};
 use crate::EtcdBackend;
 use distlock_core::{Finding, ForceReleased, ListedLock, LockKind, Operator, Result};
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
 use std::collections::BTreeMap;
 
 /// Keys per page of the range read (a page must fit a gRPC message whatever the values).
 const PAGE: i64 = 1000;
-
-/// One lock's keys, gathered by `list`.
-#[derive(Default)]
-struct Gathered {
-    /// Queue keys (holder and waiters).
-    queue: Vec<KeyValue>,
-    /// `PREFIX/NAME`, if it exists.
-    fence: Option<KeyValue>,
-}
 
 /// The lock name and, for a queue key, `true`, of key `key` under `PREFIX/` (`root`); `None`
 /// for a key that is no lock's (an empty name).
@@ -47,10 +30,8 @@ fn parse_key(root: &[u8], key: &[u8]) -> Option<(String, bool)> {
     }
     let raw = String::from_utf8_lossy(name);
     // dlock escapes `%` and `/` in names; a foreign key may not decode: show it as it is.
-    Some((
-        percent_decode(&raw).unwrap_or_else(|| raw.into_owned()),
-        queued,
-    ))
+    let name = percent_decode(&raw).unwrap_or_else(|| raw.into_owned());
+    Some((name, queued))
 }
 
 #[distlock_core::async_trait]
@@ -60,24 +41,23 @@ impl Operator for EtcdBackend {
         let mut from = root.clone();
         from.extend_from_slice(crate::kv::escape(prefix).as_bytes());
         let end = prefix_end(&from);
-        let mut names: BTreeMap<String, Gathered> = BTreeMap::new();
-        let mut at: Option<i64> = None;
+        let mut names: BTreeMap<String, Queue> = BTreeMap::new();
+        // Every page at the revision of the first (0: the newest, for the first).
+        let mut at = 0;
         loop {
-            let mut opts = GetOptions::new()
+            let opts = GetOptions::new()
                 .with_range(end.clone())
                 .with_sort(SortTarget::Key, SortOrder::Ascend)
-                .with_limit(PAGE);
-            if let Some(rev) = at {
-                opts = opts.with_revision(rev);
-            }
+                .with_limit(PAGE)
+                .with_revision(at);
             let mut resp = self
                 .call("list", |c| {
                     let (key, opts) = (from.clone(), opts.clone());
                     async move { c.kv_client().get(key, Some(opts)).await }
                 })
                 .await?;
-            if at.is_none() {
-                at = resp.header().map(|h| h.revision());
+            if at == 0 {
+                at = resp.header().map_or(0, |h| h.revision());
             }
             let more = resp.more();
             let kvs = resp.take_kvs();
@@ -85,16 +65,19 @@ impl Operator for EtcdBackend {
                 break;
             };
             for kv in kvs {
-                if let Some((name, queued)) = parse_key(&root, kv.key()) {
-                    if !name.starts_with(prefix) {
-                        continue;
-                    }
-                    let g = names.entry(name).or_default();
-                    if queued {
-                        g.queue.push(kv);
-                    } else {
-                        g.fence = Some(kv);
-                    }
+                let parsed = parse_key(&root, kv.key()).filter(|(n, _)| n.starts_with(prefix));
+                let Some((name, queued)) = parsed else {
+                    continue;
+                };
+                // Per name, the queue key with the lowest create revision is the holder.
+                let q = names.entry(name).or_default();
+                if !queued {
+                    q.fence = Some(kv);
+                    continue;
+                }
+                q.queued += 1;
+                if (q.first.as_ref()).is_none_or(|f| kv.create_revision() < f.create_revision()) {
+                    q.first = Some(kv);
                 }
             }
             if !more {
@@ -105,12 +88,10 @@ impl Operator for EtcdBackend {
             from.push(0);
         }
         let mut out = Vec::with_capacity(names.len());
-        for (name, g) in names {
-            let keys = self.keys(&name);
-            let holder = g.queue.iter().min_by_key(|kv| kv.create_revision());
-            let queued = i64::try_from(g.queue.len()).unwrap_or(i64::MAX);
-            let info =
-                (self.lock_info(&keys, &name, queued, holder, g.fence.as_ref(), None)).await?;
+        for (name, q) in names {
+            let info = self
+                .lock_info(&Keys::new(&self.prefix, &name), &name, q)
+                .await?;
             out.push(ListedLock::new(LockKind::Mutex, info));
         }
         Ok(out)
@@ -119,47 +100,26 @@ impl Operator for EtcdBackend {
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
         let keys = Keys::of_kind(&self.prefix, name, kind);
         for _ in 0..CAS_ATTEMPTS {
-            let resp = self
-                .txn(
-                    "forced release",
-                    Txn::new().and_then([first_of(&keys.queue)]),
-                )
-                .await?;
-            let [first] = reads(&resp)?;
-            // An election candidate is dlock's if its metadata key is there (then its lease is
-            // its alone); its owner is in the metadata, its value in its key.
-            let meta = match first.as_ref().and_then(|h| keys.meta_of(h.key())) {
-                Some(m) => self.get("forced release", &m).await?,
-                None => None,
-            };
-            let (guard, ops, removed) = match &first {
-                // The holder is the key read: delete exactly it, if it is still that key (same
-                // create revision); rewriting PREFIX/NAME makes `inspect` of the then free lock
-                // report this transaction's revision, above every token handed out.
+            let q = self.queue_state(&keys, "forced release").await?;
+            let fence = TxnOp::put(keys.fence.clone(), "", None);
+            let (guard, ops, removed) = match &q.first {
+                // The holder is the key read: delete exactly it (an election candidate's
+                // metadata key with it), if it is still that key (same create revision);
+                // rewriting PREFIX/NAME makes `inspect` of the then free lock report this
+                // transaction's revision, above every token handed out.
                 Some(h) => (
-                    Compare::create_revision(
-                        h.key().to_vec(),
-                        CompareOp::Equal,
-                        h.create_revision(),
-                    ),
-                    [
-                        TxnOp::delete(h.key().to_vec(), None),
-                        TxnOp::put(keys.fence.clone(), "", None),
-                    ]
-                    .into_iter()
-                    // An election candidate's metadata key goes with it.
-                    .chain(keys.meta_of(h.key()).map(|m| TxnOp::delete(m, None)))
-                    .collect(),
-                    Some(
-                        (keys.holder_info(h, meta.as_ref())?)
-                            .with_lease_left(self.lease_left(h.lease()).await?),
-                    ),
+                    Compare::create_revision(h.key(), CompareOp::Equal, h.create_revision()),
+                    keys.read_and_delete(h.key())
+                        .into_iter()
+                        .chain([fence])
+                        .collect(),
+                    Some(self.holder(&keys, h, q.meta.as_ref()).await?),
                 ),
                 // Free: nothing to remove; the counter still moves (the operator asked for it),
                 // if nobody queued meanwhile.
                 None => (
                     Compare::create_revision(keys.queue.clone(), CompareOp::Equal, 0).with_prefix(),
-                    vec![TxnOp::put(keys.fence.clone(), "", None)],
+                    vec![fence],
                     None,
                 ),
             };
@@ -171,13 +131,13 @@ impl Operator for EtcdBackend {
                 continue;
             }
             let token = token_of(header_revision(&resp)?)?;
-            if let Some(h) = &first {
+            if let Some(h) = &q.first {
                 // A dlock key is alone on its attempt's lease: revoke it (it carries nothing now).
                 // A foreign key (`etcdctl lock`, Go's session) may share its session's lease with
-                // other keys of that program: leave the lease alone.
-                // (An election candidate's value is the application's: never read as a lock's.)
+                // other keys of that program: leave the lease alone. (An election candidate's
+                // value is the application's: never read as a lock's.)
                 if keys.meta.is_none()
-                    && Entry::decode(h.key(), h.value()).is_ok()
+                    && Record::decode(h.key(), h.value(), false).is_ok()
                     && h.lease() != 0
                 {
                     self.revoke_in_background(h.lease());

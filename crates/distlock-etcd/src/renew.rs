@@ -1,7 +1,7 @@
 //! Renewing grants (keep-alives, moving a key to a longer lease), releasing them, giving attempts up.
 
 use crate::error::{shape, KIND};
-use crate::kv::{first_of, firsts, put_hold, reads, revision_of, Entry, Keys, Meta, CAS_ATTEMPTS};
+use crate::kv::{first_of, firsts, put_hold, reads, revision_of, Keys, Record, CAS_ATTEMPTS};
 use crate::lease::{ttl_secs, Lease};
 use crate::EtcdBackend;
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, RenewOutcome};
@@ -22,58 +22,52 @@ pub(crate) enum Cover {
     Gone,
 }
 
-/// What a hold's keys say now: its key, the TTL of its lease, its owner, and for an
-/// election candidate its metadata key with what that holds.
+/// What a hold's keys say now: its key, what dlock recorded of it, and for an election
+/// candidate its metadata key (where that record is).
 pub(crate) struct HoldState {
     pub(crate) kv: KeyValue,
-    pub(crate) ttl: i64,
-    pub(crate) owner: String,
-    pub(crate) meta: Option<(KeyValue, Meta)>,
+    pub(crate) rec: Record,
+    pub(crate) meta: Option<KeyValue>,
 }
 
 impl EtcdBackend {
-    /// The state of the hold whose key `mine` was read as `kv` with create revision `rev`:
-    /// for a lock what its key holds; for an election candidate its key and metadata key read
-    /// again at one revision. `None` if the key (with that create revision) is gone.
+    /// The state of the hold whose key `mine` has create revision `rev`, `None` if that key is
+    /// gone. A lock's key already read as `known` is not read again; an election candidate's
+    /// key is read again with its metadata key, at one revision.
     pub(crate) async fn hold_state(
         &self,
         keys: &Keys,
         mine: &[u8],
-        kv: KeyValue,
         rev: i64,
+        known: Option<KeyValue>,
     ) -> Result<Option<HoldState>> {
-        let Some(meta_key) = keys.meta_of(mine) else {
-            let e = Entry::decode(kv.key(), kv.value())?;
-            return Ok(Some(HoldState {
-                kv,
-                ttl: e.ttl,
-                owner: e.owner,
-                meta: None,
-            }));
+        let meta_key = keys.meta_of(mine);
+        let (kv, m) = match (known, &meta_key) {
+            (Some(kv), None) => (Some(kv), None),
+            _ => {
+                let both = [Some(mine), meta_key.as_deref()].into_iter().flatten();
+                let ops: Vec<_> = both.map(|k| TxnOp::get(k, None)).collect();
+                let resp = self.txn("read", Txn::new().and_then(ops)).await?;
+                let mut found = firsts(&resp).into_iter();
+                (found.next().flatten(), found.next().flatten())
+            }
         };
-        let txn = Txn::new().and_then([
-            TxnOp::get(mine.to_vec(), None),
-            TxnOp::get(meta_key.clone(), None),
-        ]);
-        let resp = self.txn("read", txn).await?;
-        let [kv, m] = reads(&resp)?;
         let Some(kv) = kv.filter(|kv| kv.create_revision() == rev) else {
             return Ok(None);
         };
-        let m = m.ok_or_else(|| {
-            shape(format!(
-                "election candidate `{}` has no metadata key `{}`; \
-                 is another program writing under this prefix?",
-                String::from_utf8_lossy(mine),
-                String::from_utf8_lossy(&meta_key)
-            ))
-        })?;
-        let meta = Meta::decode(m.key(), m.value())?;
+        if meta_key.is_none() {
+            let rec = Record::decode(kv.key(), kv.value(), false)?;
+            return Ok(Some(HoldState {
+                kv,
+                rec,
+                meta: None,
+            }));
+        }
+        let (m, rec) = keys.record_of(mine, m)?;
         Ok(Some(HoldState {
             kv,
-            ttl: meta.ttl,
-            owner: meta.owner.clone(),
-            meta: Some((m, meta)),
+            rec,
+            meta: Some(m),
         }))
     }
 
@@ -99,28 +93,15 @@ impl EtcdBackend {
         fresh: Option<Lease>,
     ) -> Result<Cover> {
         let rev = kv.create_revision();
-        let mut kv = Some(kv);
+        let mut known = Some(kv);
         for _ in 0..CAS_ATTEMPTS {
-            let read = match kv.take() {
-                Some(kv) => kv,
-                None => match self.get("renew", mine).await? {
-                    Some(now) if now.create_revision() == rev => now,
-                    _ => return Ok(Cover::Gone),
-                },
-            };
-            let Some(h) = self.hold_state(keys, mine, read, rev).await? else {
+            let Some(h) = self.hold_state(keys, mine, rev, known.take()).await? else {
                 return Ok(Cover::Gone);
             };
-            let lease = h.kv.lease();
-            if h.ttl >= ttl_secs(want) {
-                if self.keep_alive(lease).await? {
-                    self.remember(
-                        attempt,
-                        Lease {
-                            id: lease,
-                            ttl: h.ttl,
-                        },
-                    );
+            let (id, ttl) = (h.kv.lease(), h.rec.ttl);
+            if ttl >= ttl_secs(want) {
+                if self.keep_alive(id).await? {
+                    self.remember(attempt, Lease { id, ttl });
                     return Ok(Cover::Done { moved_to: None });
                 }
                 // etcd no longer knows the lease ("lease not found", TTL 0): the key went
@@ -152,49 +133,34 @@ impl EtcdBackend {
             Compare::create_revision(mine.to_vec(), CompareOp::Equal, rev),
             Compare::lease(mine.to_vec(), CompareOp::Equal, lease),
         ];
-        let seq = match &h.meta {
-            Some((m, meta)) => {
-                when.push(Compare::mod_revision(
-                    mine.to_vec(),
-                    CompareOp::Equal,
-                    h.kv.mod_revision(),
-                ));
-                when.push(Compare::mod_revision(
-                    m.key().to_vec(),
-                    CompareOp::Equal,
-                    m.mod_revision(),
-                ));
-                meta.seq
-            }
-            None => 0,
-        };
-        let ops = put_hold(keys, mine, &h.owner, h.kv.value(), new, seq);
-        let txn = Txn::new().when(when).and_then(ops);
-        match self.txn("renew", txn).await {
-            Ok(r) if r.succeeded() => {
-                self.remember(attempt, new);
-                if lease != 0 {
-                    self.revoke_in_background(lease);
-                }
-                Ok(Some(Cover::Done {
-                    moved_to: Some(new.id),
-                }))
-            }
-            // Not applied (the key changed or is gone): the new lease carries nothing.
-            Ok(_) => {
-                if ours {
-                    self.revoke_in_background(new.id);
-                }
-                Ok(None)
-            }
-            Err(err) => {
-                // Perhaps applied: the key may be on the new lease now.
-                if ours {
-                    self.doubt(attempt, new);
-                }
-                Err(err)
+        if let Some(m) = &h.meta {
+            for kv in [&h.kv, m] {
+                let (key, rev) = (kv.key(), kv.mod_revision());
+                when.push(Compare::mod_revision(key, CompareOp::Equal, rev));
             }
         }
+        let ops = put_hold(keys, mine, &h.rec.owner, h.kv.value(), new, h.rec.seq);
+        let txn = Txn::new().when(when).and_then(ops);
+        let sent = self.txn("renew", txn);
+        // After an error, perhaps applied: the key may be on the new lease now.
+        let resp = if ours {
+            self.doubting(attempt, new, sent).await?
+        } else {
+            sent.await?
+        };
+        if !resp.succeeded() {
+            // Not applied (the key changed or is gone): the new lease carries nothing.
+            if ours {
+                self.revoke_in_background(new.id);
+            }
+            return Ok(None);
+        }
+        self.remember(attempt, new);
+        if lease != 0 {
+            self.revoke_in_background(lease);
+        }
+        let moved_to = Some(new.id);
+        Ok(Some(Cover::Done { moved_to }))
     }
 
     /// `early`: a keep-alive sent alongside the read, of the lease the key was known to be on,
@@ -220,15 +186,11 @@ impl EtcdBackend {
             Some((id, Err(e))) if id == kv.lease() => return Err(e),
             _ => {}
         }
-        Ok(
-            match self
-                .cover(keys, &grant.attempt, mine, kv, lease, None)
-                .await?
-            {
-                Cover::Done { .. } => RenewOutcome::Renewed,
-                Cover::Gone => RenewOutcome::NotHeld,
-            },
-        )
+        let cover = self.cover(keys, &grant.attempt, mine, kv, lease, None);
+        Ok(match cover.await? {
+            Cover::Done { .. } => RenewOutcome::Renewed,
+            Cover::Gone => RenewOutcome::NotHeld,
+        })
     }
 
     /// Renews many holds at once (`Backend::renew`). A hold whose renewal fails on its own (its
@@ -238,28 +200,27 @@ impl EtcdBackend {
         &self,
         holds: &[(GrantRef, Duration)],
     ) -> Result<Vec<RenewOutcome>> {
-        let keys: Vec<Keys> = holds.iter().map(|(g, _)| self.keys_of(&g.key)).collect();
-        let mines: Vec<Vec<u8>> = holds
-            .iter()
-            .zip(&keys)
-            .map(|((g, _), k)| k.attempt(&g.attempt))
+        let mines: Vec<_> = (holds.iter())
+            .map(|(g, _)| self.keys_of(&g.key, &g.attempt))
             .collect();
         // Read every hold's key, in chunks of one transaction each, all at once, and at the
         // same time keep alive the lease each key is known to be on when that lease is long
         // enough: one round trip per tick in the common case (a renewal must fit in a third of
         // the lease on a loaded machine). The read decides whether that keep-alive counts.
         let reads = mines.chunks(MAX_OPS_PER_TXN).map(|chunk| async move {
-            let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
-            let resp = self.txn("renew", Txn::new().and_then(ops)).await?;
-            let found = firsts(&resp);
-            if found.len() != chunk.len() {
-                return Err(shape(format!(
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(_, m)| TxnOp::get(m.clone(), None))
+                .collect();
+            let found = firsts(&self.txn("renew", Txn::new().and_then(ops)).await?);
+            match found.len() == chunk.len() {
+                true => Ok(found),
+                false => Err(shape(format!(
                     "renewal read {} keys for {} holds",
                     found.len(),
                     chunk.len()
-                )));
+                ))),
             }
-            Ok(found)
         });
         let early = holds.iter().map(|(g, want)| async move {
             match self.known_lease(&g.attempt) {
@@ -280,47 +241,36 @@ impl EtcdBackend {
             return Ok(Vec::new());
         }
         let found = read
-            .into_iter()
+            .iter()
             .zip(mines.chunks(MAX_OPS_PER_TXN))
-            .flat_map(|(r, chunk)| -> Vec<Result<Option<KeyValue>>> {
-                match r {
-                    Ok(found) => found.into_iter().map(Ok).collect(),
+            .flat_map(|(r, chunk)| {
+                (0..chunk.len()).map(move |i| match r {
+                    Ok(found) => Ok(found[i].clone()),
                     Err(e) => {
                         let why = format!("reading the keys of its renewal batch: {e}");
-                        let lost =
-                            |_| Err(Error::connection(KIND, self.endpoint.clone(), why.clone()));
-                        chunk.iter().map(lost).collect()
+                        Err(Error::connection(KIND, self.endpoint.clone(), why))
                     }
-                }
+                })
             });
-        let each = holds
-            .iter()
-            .zip(&keys)
-            .zip(&mines)
-            .zip(found)
-            .zip(early)
-            .map(|(((((g, lease), keys), mine), kv), early)| async move {
+        let each = (holds.iter().zip(&mines).zip(found).zip(early)).map(
+            |((((g, lease), (keys, mine)), kv), early)| async move {
                 self.renew_one(keys, g, mine, *lease, kv?, early).await
-            });
+            },
+        );
         let results = futures_util::future::join_all(each).await;
         RenewOutcome::each(KIND, holds, results)
     }
 
     /// Releases one grant by a compare-and-delete addressed by attempt and token (`Backend::release`).
     pub(crate) async fn release_grant(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        let keys = self.keys_of(&grant.key);
-        let mine = keys.attempt(&grant.attempt);
+        let (keys, mine) = self.keys_of(&grant.key, &grant.attempt);
         let Some(rev) = revision_of(grant.token) else {
             return Ok(ReleaseOutcome::Expired);
         };
         // One compare-and-delete, addressed by attempt and token: a retry after a lost reply
         // finds nothing to delete and says so; it can never delete a newer grant.
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                mine.clone(),
-                CompareOp::Equal,
-                rev,
-            )])
+        let guard = Compare::create_revision(mine.clone(), CompareOp::Equal, rev);
+        let txn = (Txn::new().when([guard]))
             .and_then(keys.read_and_delete(&mine))
             .or_else([first_of(&keys.queue)]);
         let resp = self.txn("release", txn).await?;
@@ -348,8 +298,7 @@ impl EtcdBackend {
     /// leases of unknown fate (an ended attempt's key must not stay queued, and become a grant
     /// nobody uses, for the lease's whole TTL).
     pub(crate) async fn leave(&self, req: &AcquireRequest, place: Option<Lease>) -> Result<()> {
-        let keys = self.keys_of(&req.key);
-        let mine = keys.attempt(&req.attempt);
+        let (keys, mine) = self.keys_of(&req.key, &req.attempt);
         // The key is this attempt's, whatever it is now (queued, or first: a grant whose
         // reply was lost): delete it unconditionally. No other attempt's key is named.
         let txn = Txn::new().and_then(keys.read_and_delete(&mine));

@@ -48,7 +48,7 @@ pub(crate) fn transport(hosts: &[String], tls: Option<&TlsFiles>) -> Finding {
 }
 
 /// How `etcds://` and etcd name the TLS settings, for messages.
-const WORDS: TlsWords = TlsWords {
+pub(crate) const WORDS: TlsWords = TlsWords {
     ca: "`?cacert=PATH` (a PEM file)",
     client_cert: "`?cert=PATH&key=PATH`",
     server_ca: "--trusted-ca-file",
@@ -56,19 +56,12 @@ const WORDS: TlsWords = TlsWords {
 };
 
 /// How a client certificate was given (`Some(given)`, `None`: not known), for messages.
-fn cert(client_cert: Option<bool>) -> ClientCert<'static> {
+pub(crate) fn cert(client_cert: Option<bool>) -> ClientCert<'static> {
     match client_cert {
         Some(true) => ClientCert::Given(""),
         Some(false) => ClientCert::None,
         None => ClientCert::Unknown,
     }
-}
-
-/// The TLS error for `kind`, worded in this backend's settings (`detail`: rustls's reason or
-/// what the connection did). `client_cert`: whether a client certificate was given, when
-/// known.
-pub(crate) fn error(kind: TlsErrorKind, detail: &str, client_cert: Option<bool>) -> TlsError {
-    TlsError::worded(kind, detail, &WORDS, cert(client_cert))
 }
 
 /// A TLS alert from the server that reached the client only as text (hyper passes the

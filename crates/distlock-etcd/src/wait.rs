@@ -1,22 +1,14 @@
-//! Waiting in etcd's queue: the mutex recipe's `waitDeletes`.
-//!
-//! A waiting attempt puts its own key (`PREFIX/NAME/ATTEMPT`) with its own lease — unless a
-//! request of it did already, whose reply was lost: then it finds that key and goes on with
-//! it — then repeatedly asks for the key created just before its own. None: the lock is ours
-//! (the key being first *is* the grant, as in Go's `concurrency.Mutex`). Otherwise it watches
-//! that one key for its deletion (from the revision of the read, so a deletion in between is
-//! not missed) and asks again. Only the next waiter wakes on a release: no herd.
-//!
-//! While it waits, the waiter keeps its lease alive. If etcd says the lease is gone, or no
-//! keep-alive got through for a whole lease, its place in the queue is gone and the wait ends
-//! with an error rather than waiting behind a key that no longer exists. Whenever the wait
-//! ends without the lock (deadline, cancellation, error), the attempt gives up: its own key is
-//! deleted, whatever state it is in — and only its own, never a key of another attempt of the
-//! same owner.
+//! Waiting in etcd's queue: the mutex recipe's `waitDeletes` (docs/etcd.md, *The recipe*, has
+//! every step). The attempt's own key on its own lease (a retry finds the key a request with a
+//! lost reply made); being first *is* the grant, as in Go's `concurrency.Mutex`; else it
+//! watches only the key created just before its own, from the revision of the read (a deletion
+//! in between is not missed): no herd. A lost place (lease gone, no keep-alive for a whole
+//! lease) ends the wait with an error; a wait that ends without the lock deletes the attempt's
+//! own key, whatever state it is in, and never another attempt's.
 
-use crate::error::{map, timed_out, KIND};
+use crate::error::{map, shape, timed_out, KIND};
 use crate::kv::Keys;
-use crate::kv::{first_of, header_revision, put_hold, reads, token_of, value_of};
+use crate::kv::{enqueue, header_revision, reads, token_of};
 use crate::lease::Lease;
 use crate::EtcdBackend;
 use distlock_core::backend::{
@@ -26,7 +18,7 @@ use distlock_core::backoff::{Backoff, RetryPolicy};
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{Backend, Error, Result};
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp,
+    Client, Compare, CompareOp, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchFilterType, WatchOptions, WatchStream,
 };
 use std::time::{Duration, Instant};
@@ -37,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 const MAX_TICK: Duration = Duration::from_secs(1);
 
 /// This waiter's place in the queue.
+#[derive(Clone, Copy)]
 struct Place {
     /// Create revision of our key: the fencing token once we hold the lock.
     rev: i64,
@@ -48,11 +41,6 @@ struct Place {
     confirmed_at: LeaseInstant,
 }
 
-enum Enqueued {
-    Granted(Granted),
-    Waiting(Place),
-}
-
 /// `acquire_wait`: the core's retrying wait loop ([`wait::run`]) with an etcd [`Waiter`].
 pub(crate) async fn acquire_wait(
     b: &EtcdBackend,
@@ -60,8 +48,7 @@ pub(crate) async fn acquire_wait(
     deadline: Option<Instant>,
     cancel: &CancellationToken,
 ) -> Result<Option<Granted>> {
-    let keys = b.keys_of(&req.key);
-    let mine = keys.attempt(&req.attempt);
+    let (keys, mine) = b.keys_of(&req.key, &req.attempt);
     let mut waiter = Waiter {
         b,
         req,
@@ -75,13 +62,8 @@ pub(crate) async fn acquire_wait(
         broken: Backoff::default(),
         place_lost: false,
     };
-    wait::run(
-        &mut waiter,
-        Deadline::from(deadline),
-        cancel,
-        RetryPolicy::default(),
-    )
-    .await
+    let deadline = Deadline::from(deadline);
+    wait::run(&mut waiter, deadline, cancel, RetryPolicy::default()).await
 }
 
 /// One attempt waiting in the queue: its place once it has one, and the watch on the key
@@ -114,145 +96,138 @@ impl Waiter<'_> {
         Error::connection(KIND, self.b.endpoint(), message)
     }
 
-    /// Puts our key at the end of the queue (Go's `tryAcquire`), or finds it there; takes the
-    /// lock at once if the key is first.
-    async fn enqueue(&mut self) -> Result<Enqueued> {
+    /// Puts our key at the end of the queue (Go's `tryAcquire`), or finds it there (our
+    /// place); takes the lock at once if the key is first.
+    async fn enqueue(&mut self) -> Result<Option<Granted>> {
         let (b, keys, mine, req) = (self.b, &self.keys, self.mine.as_slice(), self.req);
         let sent = LeaseInstant::now();
         let lease = b.grant(req.lease).await?;
-        let txn = Txn::new()
-            .when([Compare::create_revision(mine.to_vec(), CompareOp::Equal, 0)])
-            .and_then(
-                put_hold(keys, mine, &req.key.owner, value_of(req), lease, 0)
-                    .into_iter()
-                    .chain([
-                        TxnOp::put(keys.fence.clone(), "", None),
-                        first_of(&keys.queue),
-                    ])
-                    .collect::<Vec<_>>(),
-            )
-            .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)]);
-        let resp = match b.txn("acquire", txn).await {
-            Ok(r) => r,
-            Err(e) => {
-                // Perhaps applied: the key may be on this lease now.
-                b.doubt(&req.attempt, lease);
-                return Err(e);
-            }
-        };
-        if resp.succeeded() {
+        let absent = Compare::create_revision(mine.to_vec(), CompareOp::Equal, 0);
+        let txn = enqueue(keys, mine, req, lease, absent);
+        // On an error, perhaps applied: the key may be on this lease now.
+        let resp = b
+            .doubting(&req.attempt, lease, b.txn("acquire", txn))
+            .await?;
+        let (rev, lease, confirmed_at, first_is_mine) = if resp.succeeded() {
             let rev = header_revision(&resp)?;
             let [first] = reads(&resp)?;
             if first.is_none_or(|f| f.create_revision() == rev) {
                 b.remember(&req.attempt, lease);
-                return Ok(Enqueued::Granted(Granted::new(token_of(rev)?, sent)));
+                return Ok(Some(Granted::new(token_of(rev)?, sent)));
             }
-            return Ok(Enqueued::Waiting(Place {
-                rev,
-                lease,
-                confirmed_at: sent,
-            }));
-        }
-        // Our key exists: an earlier request of this attempt put it and its reply was lost. This
-        // request's lease carries nothing (etcd answered that it put nothing).
-        b.revoke_in_background(lease.id);
-        let [m, first] = reads(&resp)?;
-        let m = m.ok_or_else(|| {
-            crate::error::shape("etcd said the attempt's key exists but returned no such key")
-        })?;
-        let first_is_mine = first.is_some_and(|f| f.key() == m.key());
-        let rev = m.create_revision();
-        let state = b.hold_state(keys, mine, m, rev).await?;
-        let Some(h) = state else {
-            return Err(self.lost("its key was deleted (lease expired or revoked)"));
-        };
-        let mut place = Place {
-            rev,
-            lease: Lease {
-                id: h.kv.lease(),
-                ttl: h.ttl,
-            },
-            // That lease was granted during this wait.
-            confirmed_at: self.started,
-        };
-        if first_is_mine {
-            self.take_turn(&mut place).await.map(Enqueued::Granted)
+            (rev, lease, sent, false)
         } else {
-            Ok(Enqueued::Waiting(place))
+            // Our key exists: an earlier request of this attempt put it and its reply was lost.
+            // This request's lease carries nothing (etcd answered that it put nothing).
+            b.revoke_in_background(lease.id);
+            let [m, first] = reads(&resp)?;
+            let m = m.ok_or_else(|| {
+                shape("etcd said the attempt's key exists but returned no such key")
+            })?;
+            let first_is_mine = first.is_some_and(|f| f.key() == m.key());
+            let rev = m.create_revision();
+            let Some(h) = b.hold_state(keys, mine, rev, Some(m)).await? else {
+                return Err(self.lost("its key was deleted (lease expired or revoked)"));
+            };
+            let (id, ttl) = (h.kv.lease(), h.rec.ttl);
+            // That lease was granted during this wait.
+            (rev, Lease { id, ttl }, self.started, first_is_mine)
+        };
+        self.place = Some(Place {
+            rev,
+            lease,
+            confirmed_at,
+        });
+        if first_is_mine {
+            self.take_turn().await.map(Some)
+        } else {
+            Ok(None)
         }
     }
 
     /// Our key is first: the lock is ours. One keep-alive, so the lease runs its full TTL (at
     /// least the requested lease) from now; if it does not get through, the lease still runs from
     /// the last confirmed one.
-    async fn take_turn(&mut self, place: &mut Place) -> Result<Granted> {
-        let (b, req) = (self.b, self.req);
+    async fn take_turn(&mut self) -> Result<Granted> {
+        let Some(place) = self.place else {
+            return Err(shape("no place in the queue"));
+        };
         let sent = LeaseInstant::now();
-        match b.keep_alive(place.lease.id).await {
-            Ok(true) => place.confirmed_at = sent,
+        let confirmed_at = match self.b.keep_alive(place.lease.id).await {
+            Ok(true) => sent,
             Ok(false) => return Err(self.lost("its lease expired as it got the lock")),
             Err(e) => {
-                tracing::debug!(error = %e, "keep-alive at grant failed; the lease runs from the last one")
+                tracing::debug!(error = %e, "keep-alive at grant failed; the lease runs from the last one");
+                place.confirmed_at
             }
-        }
-        b.remember(&req.attempt, place.lease);
-        Ok(Granted::new(token_of(place.rev)?, place.confirmed_at))
+        };
+        self.b.remember(&self.req.attempt, place.lease);
+        Ok(Granted::new(token_of(place.rev)?, confirmed_at))
     }
 
     /// One look at the queue from our place: keeps the lease alive when a third of it has
     /// gone, takes the lock if our key is first, else watches the key before ours.
-    async fn look(&mut self, mut place: Place) -> Result<Attempt> {
-        let lease_len = Duration::from_secs(place.lease.ttl.unsigned_abs());
-        if place.confirmed_at.elapsed() >= lease_len {
+    async fn look(&mut self) -> Result<Attempt> {
+        let Some(Place {
+            rev,
+            lease,
+            confirmed_at,
+        }) = self.place
+        else {
+            return Err(shape("no place in the queue"));
+        };
+        let lease_len = Duration::from_secs(lease.ttl.unsigned_abs());
+        self.tick = (lease_len / 3).min(MAX_TICK);
+        if confirmed_at.elapsed() >= lease_len {
             return Err(self.lost(&format!(
                 "no keep-alive of its lease reached etcd for {lease_len:?}"
             )));
         }
-        if place.confirmed_at.elapsed() >= lease_len / 3 {
+        if confirmed_at.elapsed() >= lease_len / 3 {
             let sent = LeaseInstant::now();
-            match self.b.keep_alive(place.lease.id).await {
-                Ok(true) => place.confirmed_at = sent,
+            match self.b.keep_alive(lease.id).await {
+                Ok(true) => {
+                    self.place = Some(Place {
+                        rev,
+                        lease,
+                        confirmed_at: sent,
+                    })
+                }
                 Ok(false) => return Err(self.lost("its lease expired")),
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, "waiter keep-alive failed; retrying");
                 }
-                Err(e) => {
-                    // Kept: a give-up after this error still knows the key's lease.
-                    self.place = Some(place);
-                    return Err(e);
-                }
+                // The place is kept: a give-up after this error still knows the key's lease.
+                Err(e) => return Err(e),
             }
         }
-        let rev = place.rev;
-        self.place = Some(place);
-        let pos = position(self.b, &self.keys, &self.mine, rev).await?;
-        if pos.mine.as_ref().is_none_or(|m| m.create_revision() != rev) {
+        // Our key and the key just before it, read at one revision.
+        let pred = TxnOp::get(
+            self.keys.queue.clone(),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_max_create_revision(rev - 1)
+                    .with_limit(1),
+            ),
+        );
+        let txn = Txn::new().and_then([TxnOp::get(self.mine.clone(), None), pred]);
+        let resp = self.b.txn("wait", txn).await?;
+        let [mine, pred] = reads(&resp)?;
+        if mine.is_none_or(|m| m.create_revision() != rev) {
             return Err(self.lost("its key was deleted (lease expired or revoked)"));
         }
-        let Some(pred) = pos.pred else {
+        let Some(pred) = pred else {
             // First in the queue: the lock is ours.
-            let Some(mut place) = self.place.take() else {
-                return Err(crate::error::shape("no place in the queue"));
-            };
-            return self.take_turn(&mut place).await.map(Attempt::Granted);
+            return self.take_turn().await.map(Attempt::Granted);
         };
-        if self
-            .watch
-            .as_ref()
-            .is_none_or(|(k, _)| k.as_slice() != pred.key())
-        {
+        if (self.watch.as_ref()).is_none_or(|(k, _)| k.as_slice() != pred.key()) {
             self.watch = None;
             let opts = WatchOptions::new()
-                .with_start_revision(pos.revision + 1)
+                .with_start_revision(header_revision(&resp)? + 1)
                 .with_filters([WatchFilterType::NoPut]);
-            let res = self
-                .b
-                .call("watch", |c| {
-                    let (key, opts) = (pred.key().to_vec(), opts.clone());
-                    async move { c.watch_client().watch(key, Some(opts)).await }
-                })
-                .await;
-            match res {
+            match self.b.watch(pred.key(), opts).await {
                 Ok(s) => self.watch = Some((pred.key().to_vec(), s)),
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, "cannot watch the key before ours; polling");
@@ -269,18 +244,12 @@ impl Waiter<'_> {
 #[async_trait]
 impl WaitStrategy for Waiter<'_> {
     async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> Result<Attempt> {
-        let place = match self.place.take() {
-            Some(p) => p,
-            None => match self.enqueue().await? {
-                Enqueued::Granted(g) => return Ok(Attempt::Granted(g)),
-                Enqueued::Waiting(p) => {
-                    let lease_len = Duration::from_secs(p.lease.ttl.unsigned_abs());
-                    self.tick = (lease_len / 3).min(MAX_TICK);
-                    p
-                }
-            },
-        };
-        self.look(place).await
+        if self.place.is_none() {
+            if let Some(g) = self.enqueue().await? {
+                return Ok(Attempt::Granted(g));
+            }
+        }
+        self.look().await
     }
 
     async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
@@ -326,35 +295,6 @@ impl WaitStrategy for Waiter<'_> {
     }
 }
 
-/// Our key and the key just before it, read at one revision.
-struct Position {
-    mine: Option<KeyValue>,
-    pred: Option<KeyValue>,
-    revision: i64,
-}
-
-async fn position(b: &EtcdBackend, keys: &Keys, mine: &[u8], rev: i64) -> Result<Position> {
-    let pred = TxnOp::get(
-        keys.queue.clone(),
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_max_create_revision(rev - 1)
-                .with_limit(1),
-        ),
-    );
-    let txn = Txn::new().and_then([TxnOp::get(mine.to_vec(), None), pred]);
-    let resp = b.txn("wait", txn).await?;
-    let revision = header_revision(&resp)?;
-    let [mine, pred] = reads(&resp)?;
-    Ok(Position {
-        mine,
-        pred,
-        revision,
-    })
-}
-
 /// A watch that failed (`why`), as etcd-client's own watch errors are mapped.
 fn watch_error(endpoint: &str, why: String) -> Error {
     map(endpoint, etcd_client::Error::WatchError(why))
@@ -372,28 +312,33 @@ pub(crate) struct QueueWatch {
 impl ReleaseWatch for QueueWatch {
     async fn changed(&mut self) -> Result<Wake> {
         loop {
-            match self.stream.message().await {
-                Ok(Some(resp)) => {
-                    if resp.canceled() {
-                        let why = format!("watch canceled: {}", resp.cancel_reason());
-                        return Err(watch_error(&self.endpoint, why));
-                    }
-                    if resp
-                        .events()
-                        .iter()
-                        .any(|e| self.puts || e.event_type() == EventType::Delete)
-                    {
-                        return Ok(Wake::Released);
-                    }
-                }
+            let resp = match self.stream.message().await {
+                Ok(Some(resp)) => resp,
                 Ok(None) => return Err(watch_error(&self.endpoint, "watch stream ended".into())),
                 Err(e) => return Err(map(&self.endpoint, e)),
+            };
+            if resp.canceled() {
+                let why = format!("watch canceled: {}", resp.cancel_reason());
+                return Err(watch_error(&self.endpoint, why));
+            }
+            let puts = self.puts;
+            if (resp.events().iter()).any(|e| puts || e.event_type() == EventType::Delete) {
+                return Ok(Wake::Released);
             }
         }
     }
 }
 
 impl EtcdBackend {
+    /// A watch on `key` (with `opts`), not yet confirmed by the server.
+    async fn watch(&self, key: &[u8], opts: WatchOptions) -> Result<WatchStream> {
+        let watch = |c: Client| {
+            let (key, opts) = (key.to_vec(), opts.clone());
+            async move { c.watch_client().watch(key, Some(opts)).await }
+        };
+        self.call("watch", watch).await
+    }
+
     /// A watch on every key under `prefix`, confirmed by the server: deletions only (a
     /// lock's releases, `Backend::watch`), or with `puts` every change (`Backend::observe`:
     /// a new candidate, a proclamation, a lease move, a resignation or expiry; metadata keys
@@ -408,23 +353,15 @@ impl EtcdBackend {
         if !puts {
             opts = opts.with_filters([WatchFilterType::NoPut]);
         }
-        let mut stream = self
-            .call("watch", |c| {
-                let (queue, opts) = (prefix.clone(), opts.clone());
-                async move { c.watch_client().watch(queue, Some(opts)).await }
-            })
-            .await?;
+        let mut stream = self.watch(&prefix, opts).await?;
         // Wait for the server to confirm the watch, so no release after this call is missed.
         let first = tokio::time::timeout(self.op_timeout, stream.message())
             .await
             .map_err(|_| timed_out(&self.endpoint, "watch", self.op_timeout))?
             .map_err(|e| map(&self.endpoint, e))?;
-        match first {
-            Some(r) if r.created() && !r.canceled() => {}
-            _ => {
-                let why = "the watch was not created".into();
-                return Err(watch_error(&self.endpoint, why));
-            }
+        if !first.is_some_and(|r| r.created() && !r.canceled()) {
+            let why = "the watch was not created".into();
+            return Err(watch_error(&self.endpoint, why));
         }
         Ok(Box::new(QueueWatch {
             stream,
