@@ -116,8 +116,7 @@ impl LeaseMode {
             (&chan, Type::TEXT),
         ];
         if record {
-            params.push((&keep, Type::FLOAT8));
-            params.push((&most, Type::INT8));
+            params.extend([(&keep as _, Type::FLOAT8), (&most as _, Type::INT8)]);
         }
         let rows = self.common.query("releasing", sql, &params).await?;
         if record {
@@ -159,10 +158,10 @@ impl LeaseMode {
                 ],
             )
             .await?;
-        let mut renewed = HashSet::with_capacity(rows.len());
-        for r in &rows {
-            renewed.insert(cols::<(String, String, i64)>(r, "renew")?);
-        }
+        let renewed: HashSet<(String, String, i64)> = rows
+            .iter()
+            .map(|r| cols(r, "renew"))
+            .collect::<Result<_>>()?;
         let held =
             |g: &GrantRef, t| renewed.contains(&(g.key.name.to_string(), g.attempt.to_string(), t));
         let part = part.iter().zip(tokens);

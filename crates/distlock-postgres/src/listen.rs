@@ -161,16 +161,15 @@ impl Listener {
         let Some(conn) = guard.as_ref() else {
             return;
         };
-        for channel in channels {
-            let sql = format!("UNLISTEN \"{channel}\"");
-            if self
-                .common
-                .run("UNLISTEN", conn.client.batch_execute(&sql))
-                .await
-                .is_err()
-            {
+        // One round trip for all of them.
+        let sql: String = channels
+            .iter()
+            .map(|c| format!("UNLISTEN \"{c}\";"))
+            .collect();
+        if !sql.is_empty() {
+            let unlisten = conn.client.batch_execute(&sql);
+            if self.common.run("UNLISTEN", unlisten).await.is_err() {
                 self.reset(&mut guard);
-                return;
             }
         }
     }

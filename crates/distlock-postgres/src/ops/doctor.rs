@@ -147,18 +147,11 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
     })
 }
 
-/// What the probe connection saw of the server session behind it.
-struct Probe {
-    /// The `options` startup parameter took effect (`-c dlock.doctor=on`).
-    options_applied: bool,
-    /// A transaction pooler is in front: the backend pid changed over statements of one
-    /// connection, a session setting did not survive to the next statement, or two client
-    /// connections were served by one backend.
-    pooled: bool,
-}
-
-/// Probes with a connection like the backend's, plus `-c dlock.doctor=on` in `options`.
-async fn probe(b: &PostgresBackend) -> Result<Probe> {
+/// Probes with a connection like the backend's, plus `-c dlock.doctor=on` in `options`: whether
+/// that startup parameter took effect, and whether a transaction pooler is in front (the
+/// backend pid changed over statements of one connection, a session setting did not survive to
+/// the next statement, or two client connections were served by one backend).
+async fn probe(b: &PostgresBackend) -> Result<(bool, bool)> {
     let mut config = b.common.config.clone();
     config.options(&match config.get_options() {
         Some(o) if !o.is_empty() => format!("{o} -c dlock.doctor=on"),
@@ -174,13 +167,8 @@ async fn probe(b: &PostgresBackend) -> Result<Probe> {
     let (pid_other,): (i32,) = cols(&other, "probe")?;
     let second = "SELECT pg_backend_pid(), current_setting('dlock.doctor_kept', true)";
     let (pid2, kept): (i32, Option<String>) = cols(&row(b, &one, what, second).await?, "probe")?;
-    Ok(Probe {
-        options_applied: opt.as_deref() == Some("on"),
-        pooled: pid1 != pid2
-            || kept.as_deref() != Some("yes")
-            || pid_other == pid1
-            || pid_other == pid2,
-    })
+    let pooled = pid1 != pid2 || kept.as_deref() != Some("yes") || pid_other == pid1;
+    Ok((opt.as_deref() == Some("on"), pooled || pid_other == pid2))
 }
 
 /// PgBouncer (or another pooler) in front: a transaction-pooling one shares backends between
@@ -189,7 +177,7 @@ async fn probe(b: &PostgresBackend) -> Result<Probe> {
 /// `ignore_startup_parameters`.
 async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
     let f = |sev, text: &str| Finding::new(sev, "pooler", text);
-    let p = match probe(b).await {
+    let (options_applied, pooled) = match probe(b).await {
         Ok(p) => p,
         Err(e) => {
             let text = e.to_string();
@@ -204,7 +192,7 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
             );
         }
     };
-    match (p.pooled, mode) {
+    match (pooled, mode) {
         (true, Mode::Session) => f(
             Severity::Unsafe,
             "a transaction-pooling proxy (PgBouncer pool_mode=transaction/statement) is in front: one client connection was served by several server backends, or two by one, or a session setting was lost; session mode's advisory locks and leases live in the server session, so another client can be handed a session that holds a lock, and a dead holder's lock is never freed; connect to the server directly (or a session-pooling PgBouncer) or use ?mode=lease",
@@ -217,7 +205,7 @@ async fn pooler_finding(b: &PostgresBackend, mode: Mode) -> Finding {
             Severity::Ok,
             "a transaction-pooling proxy is in front: fine for lease mode with listen=off",
         ),
-        (false, _) if !p.options_applied => f(
+        (false, _) if !options_applied => f(
             Severity::Warning,
             "the `options` startup parameter (-c settings in the URL) is ignored: a pooler (PgBouncer with options in ignore_startup_parameters) is in front, so settings passed that way do not apply; dlock sets its own session settings with set_config, which worked",
         ),
