@@ -218,14 +218,13 @@ impl PgSettings {
             });
         }
         let endpoint = endpoint_of(&p.config).map_err(|e| Error::InvalidArgument(e.into()))?;
-        let mut tls = x.tls.clone().unwrap_or(p.tls);
+        p.tls = x.tls.clone().unwrap_or(p.tls);
         if let Some(ca) = &s.ca_file {
-            tls = tls.root_cert(ca);
+            p.tls = p.tls.root_cert(ca);
         }
         if let Some((cert, key)) = &s.client_cert {
-            tls = tls.client_cert(cert, key);
+            p.tls = p.tls.client_cert(cert, key);
         }
-        p.tls = tls;
         p.mode = x.mode.unwrap_or(p.mode);
         p.listen = x.listen.unwrap_or(p.listen);
         if !p.listen && p.mode == Mode::Session {

@@ -73,10 +73,6 @@ pub(crate) fn capabilities() -> Capabilities {
     )
 }
 
-fn check_kind(kind: LockKind) -> Result<()> {
-    capabilities().check(KIND, kind)
-}
-
 impl LeaseMode {
     pub(crate) fn new(common: Arc<Common>, listener: Arc<Listener>) -> Self {
         LeaseMode {
@@ -195,11 +191,9 @@ impl Backend for LeaseMode {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        check_kind(req.key.kind)?;
-        let ns = self.common.namespace.as_str();
-        let name: &str = &req.key.name;
-        let owner: &str = &req.key.owner;
-        let attempt: &str = req.attempt.as_str();
+        capabilities().check(KIND, req.key.kind)?;
+        let (ns, name) = (self.common.namespace.as_str(), &*req.key.name);
+        let (owner, attempt) = (&*req.key.owner, req.attempt.as_str());
         let lease = millis_f64(req.lease);
         let value: &str = req.value.as_deref().unwrap_or("");
         let chan: String;
@@ -238,7 +232,7 @@ impl Backend for LeaseMode {
     /// Releases exactly the grant `grant` names: a repeated release finds the row freed (or
     /// another grant's) and reports it, never freeing anything else.
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        check_kind(grant.key.kind)?;
+        capabilities().check(KIND, grant.key.kind)?;
         let token = token_i64(grant.token)?;
         self.free(&grant.key.name, grant.key.kind, &grant.attempt, Some(token))
             .await
@@ -247,7 +241,7 @@ impl Backend for LeaseMode {
     /// Gives back whatever grant the attempt holds (one whose reply was lost); there is no
     /// server-side queue to leave. The attempt id is unique, so nothing else is touched.
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        check_kind(req.key.kind)?;
+        capabilities().check(KIND, req.key.kind)?;
         self.free(&req.key.name, req.key.kind, &req.attempt, None)
             .await
             .map(|_| ())
@@ -257,7 +251,7 @@ impl Backend for LeaseMode {
     /// outcomes come back in the order of `holds`.
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         for (g, _) in holds {
-            check_kind(g.key.kind)?;
+            capabilities().check(KIND, g.key.kind)?;
         }
         let mut out = vec![RenewOutcome::NotHeld; holds.len()];
         for (sql, election) in [(RENEW, false), (ELECTION_RENEW, true)] {
@@ -275,13 +269,13 @@ impl Backend for LeaseMode {
     }
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        check_kind(grant.key.kind)?;
+        capabilities().check(KIND, grant.key.kind)?;
         let sql = ELECTION_PROCLAIM;
         self.common.proclaim(sql, grant, (seq, value), &[]).await
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        check_kind(kind)?;
+        capabilities().check(KIND, kind)?;
         let ns = self.common.namespace.as_str();
         let election = kind == LockKind::Election;
         let sql = if election { ELECTION_INSPECT } else { INSPECT };

@@ -97,14 +97,10 @@ fn lookup(text: &str, want: &[&str; 4], unix: bool) -> Option<String> {
         .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
         .find_map(|line| {
             let fields = split(line);
-            if fields.len() < 5 {
-                return None;
-            }
-            let matches = fields[..4]
-                .iter()
-                .zip(want)
-                .enumerate()
-                .all(|(i, (f, w))| f == "*" || f == w || (i == 0 && unix && f == "localhost"));
+            let field = |(i, (f, w)): (usize, (&String, &&str))| {
+                f == "*" || f == w || (i == 0 && unix && f == "localhost")
+            };
+            let matches = fields.len() >= 5 && fields[..4].iter().zip(want).enumerate().all(field);
             matches.then(|| fields[4..].join(":"))
         })
 }

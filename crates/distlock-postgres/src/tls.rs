@@ -81,8 +81,7 @@ impl TlsOptions {
     pub fn new(mode: SslMode) -> Self {
         TlsOptions {
             mode,
-            root: None,
-            client: None,
+            ..Default::default()
         }
     }
 
@@ -395,12 +394,8 @@ mod tests {
                 .root_cert("/ca.pem")
                 .client_cert("/c", "/k")
         );
-        assert_eq!(
-            url("sslmode=verify-full&sslrootcert=system")
-                .unwrap()
-                .root(),
-            Some(&RootCert::System)
-        );
+        let t = url("sslmode=verify-full&sslrootcert=system").unwrap();
+        assert_eq!(t.root(), Some(&RootCert::System));
         for bad in [
             "sslmode=allow",
             "sslmode=strict",

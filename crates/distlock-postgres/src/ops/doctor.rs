@@ -14,51 +14,44 @@ use tokio_postgres::{Client, Row};
 /// hangs with its connection open keeps the lock until the connection closes (its own lost
 /// signal still fires at its lease end, so nobody else is let in: stuck, not unsafe).
 fn version_finding(num: i32, version: &str, mode: Mode) -> Finding {
+    let f = |sev, text: String| Finding::new(sev, "version", text);
     if num < 90_500 {
-        Finding::new(
+        f(
             Severity::Unsafe,
-            "version",
             format!("server {version} is older than 9.5: dlock's statements need INSERT … ON CONFLICT; upgrade"),
         )
     } else if num < 140_000 && mode == Mode::Session {
-        Finding::new(
+        f(
             Severity::Warning,
-            "version",
             format!("server {version} is older than 14, which has no idle_session_timeout: session mode cannot end the session of a holder that hangs with its connection open, so its lock stays taken (nobody else gets it) until the connection closes; upgrade to 14 or later, or use ?mode=lease"),
         )
     } else {
-        Finding::new(Severity::Ok, "version", format!("server {version}"))
+        f(Severity::Ok, format!("server {version}"))
     }
 }
 
 /// The replication finding from `pg_is_in_recovery()`, the number of streaming standbys,
 /// how many of them are synchronous, and `synchronous_commit`.
 fn replication_finding(recovery: bool, standbys: i64, sync: i64, commit: &str) -> Finding {
+    let f = |sev, text: String| Finding::new(sev, "replication", text);
     if recovery {
-        return Finding::new(
+        f(
             Severity::Unsafe,
-            "replication",
-            "the server is a standby (in recovery): dlock's rows cannot be written there and its advisory locks are not shared with the primary; point the URL at the primary",
-        );
-    }
-    if standbys == 0 {
-        return Finding::new(
+            "the server is a standby (in recovery): dlock's rows cannot be written there and its advisory locks are not shared with the primary; point the URL at the primary".into(),
+        )
+    } else if standbys == 0 {
+        f(
             Severity::Ok,
-            "replication",
-            "no standbys stream from this server (a failover cannot lose committed rows to a lagging standby)",
-        );
-    }
-    let waits = !matches!(commit, "off" | "local");
-    if sync > 0 && waits {
-        Finding::new(
+            "no standbys stream from this server (a failover cannot lose committed rows to a lagging standby)".into(),
+        )
+    } else if sync > 0 && !matches!(commit, "off" | "local") {
+        f(
             Severity::Ok,
-            "replication",
             format!("{sync} of {standbys} standbys are synchronous (synchronous_commit={commit})"),
         )
     } else {
-        Finding::new(
+        f(
             Severity::Warning,
-            "replication",
             format!("{standbys} standbys replicate asynchronously (synchronous standbys: {sync}, synchronous_commit={commit}): a failover to one can lose the last lease rows (a lock granted twice; fencing tokens still increase, each at least the server clock in µs, as long as the new primary's clock is not behind the old one's by as much as the failover takes; session mode's advisory locks are never replicated, but their holders' sessions end with the old primary); set synchronous_standby_names and synchronous_commit=on (or remote_apply) if failovers happen"),
         )
     }
@@ -72,10 +65,8 @@ async fn row(b: &PostgresBackend, client: &Client, what: &str, sql: &str) -> Res
 /// The server's clock (`clock_timestamp()`), for `Operator::server_time`.
 pub(crate) async fn server_time(b: &PostgresBackend) -> Result<SystemTime> {
     let sql = "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::int8";
-    let us: i64 = first(
-        "server_time",
-        &b.common.query("reading the server clock", sql, &[]).await?,
-    )?;
+    let what = "reading the server clock";
+    let us: i64 = first(what, &b.common.query(what, sql, &[]).await?)?;
     let us = u64::try_from(us).map_err(|_| {
         distlock_core::Error::unexpected(
             KIND,

@@ -244,14 +244,10 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
     let (old, up) = b.common.run(what, run).await?;
     // The row exists (the transaction made sure of it).
     let (owner, held, left): (Option<String>, bool, f64) = one(&old, what)?;
-    let removed = owner
-        .filter(|_| held)
-        .map(|owner| HolderInfo::new(owner, 1));
+    let removed = owner.filter(|_| held).map(|o| HolderInfo::new(o, 1));
     let removed = removed.map(|h| h.with_lease_left(lease_left(Some(left))));
-    Ok(ForceReleased::new(
-        removed.into_iter().collect(),
-        token_u64(first(what, &up)?)?,
-    ))
+    let token = token_u64(first(what, &up)?)?;
+    Ok(ForceReleased::new(removed.into_iter().collect(), token))
 }
 
 /// Session mode: the backends holding the advisory key of lock `name` (both sides of a
@@ -302,8 +298,26 @@ impl Eviction for Sessions<'_> {
         Ok((pids, leader.map_or(removed, |l| l.holders)))
     }
 
+    /// `pg_terminate_backend(pid)`, with the privilege error spelled out.
     async fn end(&self, pid: i32) -> Result<()> {
-        terminate(self.b, self.name, pid).await
+        let (common, name) = (&self.b.common, self.name);
+        let client = common.control().await?;
+        let sql = "SELECT pg_terminate_backend($1)";
+        let call = async { Ok(client.query_typed(sql, &[(&pid, Type::INT4)]).await) };
+        match common.run("terminating the holder", call).await? {
+            // false: the backend ended meanwhile; its lock is gone with it.
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                let msg = e.as_db_error().map_or("", |d| d.message());
+                Err(Error::unsupported(
+                    KIND,
+                    format!(
+                        "forced release of `{name}`: the lock is held by backend {pid}, which this role may not terminate ({msg}); GRANT pg_signal_backend TO this role (a superuser's backend needs a superuser), run it as the holder's role, or stop the holder process"
+                    ),
+                ))
+            }
+            Err(e) => Err(map(&common.endpoint, e)),
+        }
     }
 
     async fn still_held(&self, pids: &[i32]) -> Result<bool> {
@@ -314,48 +328,35 @@ impl Eviction for Sessions<'_> {
 
     async fn advance(&self, ended: &[i32]) -> Result<u64> {
         let (ns, name, pids) = (self.b.common.namespace.as_str(), self.name, ended.to_vec());
-        let what = "advancing the fencing token";
-        if self.election {
-            let sql = concat!(
-                "WITH u AS (UPDATE dlock_elections SET pid = NULL, expires_at = now(), token = ",
-                next_token!("token + 1"),
-                " WHERE ns = $1 AND name = $2 AND pid = ANY($3) RETURNING token) \
-                 SELECT COALESCE((SELECT max(token) FROM u), ",
-                next_token!(
-                    "(SELECT max(token) + 1 FROM dlock_elections WHERE ns = $1 AND name = $2)"
-                ),
-                ")"
-            );
-            let params: [(&(dyn ToSql + Sync), Type); 3] = [
-                (&ns, Type::TEXT),
-                (&name, Type::TEXT),
-                (&pids, Type::INT4_ARRAY),
-            ];
-            return token_u64(first(
-                what,
-                &self.b.common.query(what, sql, &params).await?,
-            )?);
-        }
         let attempts = self.attempts.lock().map(|a| a.clone()).unwrap_or_default();
-        let sql = concat!(
+        let election = concat!(
+            "WITH u AS (UPDATE dlock_elections SET pid = NULL, expires_at = now(), token = ",
+            next_token!("token + 1"),
+            " WHERE ns = $1 AND name = $2 AND pid = ANY($3) RETURNING token) \
+             SELECT COALESCE((SELECT max(token) FROM u), ",
+            next_token!("(SELECT max(token) + 1 FROM dlock_elections WHERE ns = $1 AND name = $2)"),
+            ")"
+        );
+        let lock = concat!(
             "WITH d AS (DELETE FROM dlock_holders \
-                        WHERE ns = $1 AND name = $2 AND attempt = ANY($3) AND pid = ANY($4)) \
+                        WHERE ns = $1 AND name = $2 AND pid = ANY($3) AND attempt = ANY($4)) \
              INSERT INTO dlock_fence AS f (ns, name, token) VALUES ($1, $2, ",
             next_token!("1"),
             ") ON CONFLICT (ns, name) DO UPDATE SET token = ",
             next_token!("f.token + 1"),
             " RETURNING f.token"
         );
+        // An election's statement takes the first three.
         let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&ns, Type::TEXT),
             (&name, Type::TEXT),
-            (&attempts, Type::TEXT_ARRAY),
             (&pids, Type::INT4_ARRAY),
+            (&attempts, Type::TEXT_ARRAY),
         ];
-        token_u64(first(
-            what,
-            &self.b.common.query(what, sql, &params).await?,
-        )?)
+        let (sql, n) = [(lock, 4), (election, 3)][usize::from(self.election)];
+        let what = "advancing the fencing token";
+        let rows = self.b.common.query(what, sql, &params[..n]).await?;
+        token_u64(first(what, &rows)?)
     }
 }
 
@@ -378,34 +379,8 @@ async fn force_lease_election(b: &PostgresBackend, name: &str) -> Result<ForceRe
     let params: [(&(dyn ToSql + Sync), Type); 3] =
         [(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)];
     let rows = b.common.query("forced release", sql, &params).await?;
-    Ok(ForceReleased::new(
-        leader.holders,
-        token_u64(first("forced release", &rows)?)?,
-    ))
-}
-
-/// `pg_terminate_backend(pid)`, with the privilege error spelled out.
-async fn terminate(b: &PostgresBackend, name: &str, pid: i32) -> Result<()> {
-    let client = b.common.control().await?;
-    let sql = "SELECT pg_terminate_backend($1)";
-    let call = async { Ok(client.query_typed(sql, &[(&pid, Type::INT4)]).await) };
-    match b.common.run("terminating the holder", call).await? {
-        // false: the backend ended meanwhile; its lock is gone with it.
-        Ok(_) => Ok(()),
-        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-            let msg = e
-                .as_db_error()
-                .map(|d| d.message().to_owned())
-                .unwrap_or_default();
-            Err(Error::unsupported(
-                KIND,
-                format!(
-                    "forced release of `{name}`: the lock is held by backend {pid}, which this role may not terminate ({msg}); GRANT pg_signal_backend TO this role (a superuser's backend needs a superuser), run it as the holder's role, or stop the holder process"
-                ),
-            ))
-        }
-        Err(e) => Err(map(&b.common.endpoint, e)),
-    }
+    let token = token_u64(first("forced release", &rows)?)?;
+    Ok(ForceReleased::new(leader.holders, token))
 }
 
 #[cfg(test)]

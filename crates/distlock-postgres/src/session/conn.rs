@@ -107,9 +107,8 @@ impl PgDialect {
     /// Puts a session that holds nothing back into the pool (or closes it). A session another
     /// attempt still uses (a downgrade's other side) just stays with that attempt.
     pub(crate) fn put_session(&self, s: Arc<Session>) {
-        if s.is_dead() || !s.grants.is_empty() || Arc::strong_count(&s) > 1 {
-            return;
+        if !s.is_dead() && s.grants.is_empty() && Arc::strong_count(&s) == 1 {
+            self.pool.put(s);
         }
-        self.pool.put(s);
     }
 }

@@ -192,9 +192,8 @@ impl Dialect for PgDialect {
         let (again, s) = match &*st {
             State::Granted(g) if g.token == grant.token => (false, g.session.clone()),
             State::Releasing(g) if g.token == grant.token => (true, g.session.clone()),
-            _ => return self.not_held_outcome(&grant.key.name, grant.key.kind).await,
+            _ => return self.not_held(grant).await,
         };
-        let (name, kind) = (&grant.key.name, grant.key.kind);
         let unlocked = match self.unlock_on(&s, entry, false).await {
             Ok(unlocked) => {
                 self.forget_on(entry, st, s, true);
@@ -214,7 +213,7 @@ impl Dialect for PgDialect {
             (true, _) => Ok(ReleaseOutcome::Released),
             (false, true) => Ok(ReleaseOutcome::Expired),
             // The session did not hold it (an operator unlocked it there), or ended.
-            (false, false) => self.not_held_outcome(name, kind).await,
+            (false, false) => self.not_held(grant).await,
         }
     }
 

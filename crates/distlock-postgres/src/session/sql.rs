@@ -32,10 +32,9 @@ impl PgDialect {
     /// The setting that carries the lease: `idle_session_timeout`, or a harmless custom
     /// placeholder on servers older than 14 (which cannot enforce the lease server-side).
     pub(crate) fn lease_guc(&self) -> &'static str {
-        if self.common.has_session_timeouts() {
-            "idle_session_timeout"
-        } else {
-            "dlock.idle_session_timeout"
+        match self.common.has_session_timeouts() {
+            true => "idle_session_timeout",
+            false => "dlock.idle_session_timeout",
         }
     }
 
@@ -97,10 +96,8 @@ impl PgDialect {
         req: &AcquireRequest,
         idle: &str,
     ) -> Result<u64> {
-        let ns = self.common.namespace.as_str();
-        let name: &str = &req.key.name;
-        let attempt = req.attempt.as_str();
-        let owner: &str = &req.key.owner;
+        let (ns, name) = (self.common.namespace.as_str(), &*req.key.name);
+        let (owner, attempt) = (&*req.key.owner, req.attempt.as_str());
         let lease_ms = millis_f64(req.lease);
         let guc = self.lease_guc();
         let (kind, excl) = (req.key.kind.as_str(), exclusive(req.key.kind));

@@ -67,24 +67,20 @@ impl PgDialect {
 
     /// A reader asking for the write side: refused (two readers doing it would deadlock).
     pub(crate) fn check_upgrade(holds: &HoldMap<State>, req: &AcquireRequest) -> Result<()> {
-        if req.key.kind != LockKind::Write {
-            return Ok(());
-        }
-        let reading = holds.any(|e| {
+        let reading = |e: &Entry| {
             e.kind == LockKind::Read
                 && e.name == req.key.name
                 && e.owner == req.key.owner
                 && e.granted()
-        });
-        if reading {
-            return Err(Error::invalid(format!(
-                "owner `{}` holds the read side of `{}` and asked for the write side: an \
-                 upgrade would deadlock with other readers doing the same; release the read \
-                 lock first",
-                req.key.owner, req.key.name
-            )));
+        };
+        if req.key.kind != LockKind::Write || !holds.any(reading) {
+            return Ok(());
         }
-        Ok(())
+        Err(Error::invalid(format!(
+            "owner `{}` holds the read side of `{}` and asked for the write side: an upgrade \
+             would deadlock with other readers doing the same; release the read lock first",
+            req.key.owner, req.key.name
+        )))
     }
 
     /// For a read request beside this owner's live write grant (a downgrade): the session of
