@@ -44,14 +44,14 @@ impl CloseWatch {
     ) -> io::Result<CloseWatch> {
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|e| io::Error::other(format!("no Tokio runtime to watch on: {e}")))?;
-        let fd = {
-            let _in_rt = rt.enter();
-            // Deprecated for descriptors the `AsyncFd` does not own (tokio 1.54); this one
-            // owns its duplicate, and the replacement is not in the tokio versions we allow.
-            #[allow(deprecated)]
-            let fd = AsyncFd::with_interest(fd.try_clone_to_owned()?, Interest::READABLE)?;
-            Arc::new(fd)
-        };
+        let _in_rt = rt.enter();
+        // Deprecated for descriptors the `AsyncFd` does not own (tokio 1.54); this one
+        // owns its duplicate, and the replacement is not in the tokio versions we allow.
+        #[allow(deprecated)]
+        let fd = Arc::new(AsyncFd::with_interest(
+            fd.try_clone_to_owned()?,
+            Interest::READABLE,
+        )?);
         let stop = CancellationToken::new();
         let closed = Arc::new(AtomicBool::new(false));
         rt.spawn(watch(fd.clone(), stop.clone(), closed.clone(), on_close));
@@ -99,13 +99,9 @@ async fn watch(
             biased;
             _ = stop.cancelled() => return,
             ready = fd.readable() => match ready {
-                Ok(mut guard) => {
-                    if guard.ready().is_read_closed() {
-                        break;
-                    }
-                    // A reply for the driver: wait for the next change.
-                    guard.clear_ready();
-                }
+                Ok(guard) if guard.ready().is_read_closed() => break,
+                // A reply for the driver: wait for the next change.
+                Ok(mut guard) => guard.clear_ready(),
                 // The registration failed: nothing is known about the connection.
                 Err(e) => {
                     tracing::debug!(error = %e, "watching a holder's socket failed");
@@ -161,11 +157,10 @@ mod tests {
             .expect("callback dropped");
         assert!(w.closed());
 
-        // A reset (SO_LINGER 0 then close).
+        // A reset.
         let (c, s) = pair();
         let (_w, rx) = watched(&c);
-        let s = socket_with_linger_zero(s);
-        drop(s);
+        reset(s);
         tokio::time::timeout(Duration::from_secs(10), rx)
             .await
             .expect("no callback after a reset")
@@ -197,7 +192,8 @@ mod tests {
         drop(c);
     }
 
-    fn socket_with_linger_zero(s: TcpStream) -> TcpStream {
+    /// Closes `s` with a reset (`SO_LINGER` 0).
+    fn reset(s: TcpStream) {
         let l = libc::linger {
             l_onoff: 1,
             l_linger: 0,
@@ -213,6 +209,5 @@ mod tests {
             )
         };
         assert_eq!(r, 0, "SO_LINGER");
-        s
     }
 }

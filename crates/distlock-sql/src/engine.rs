@@ -292,7 +292,6 @@ impl<D: Dialect> Backend for Sessions<D> {
         if !self.dialect.waits_on_server(&self.holds, req).await {
             return distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await;
         }
-        // The core's retrying loop, one server-side wait per round.
         let d = Deadline::from(deadline);
         let round = || self.wait_round(req, d, cancel);
         let r = distlock_core::wait::retrying(d, cancel, Default::default(), round).await;
@@ -331,9 +330,9 @@ impl<D: Dialect> Backend for Sessions<D> {
 
     /// Every grant at once, each on its connection.
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        for (g, _) in holds {
-            self.check_kind(g.key.kind)?;
-        }
+        holds
+            .iter()
+            .try_for_each(|(g, _)| self.check_kind(g.key.kind))?;
         let all = futures_util::future::join_all(holds.iter().map(|(g, lease)| async move {
             let Some(hold) = self.holds.existing(&g.attempt) else {
                 return Ok(RenewOutcome::NotHeld);
@@ -367,11 +366,8 @@ impl<D: Dialect> Backend for Sessions<D> {
                 grant.key.kind.as_str()
             )));
         }
-        let live = self
-            .holds
-            .existing(&grant.attempt)
-            .is_some_and(|h| h.granted());
-        if !live {
+        let hold = self.holds.existing(&grant.attempt);
+        if !hold.is_some_and(|h| h.granted()) {
             return Ok(RenewOutcome::NotHeld);
         }
         let (dialect, g, v) = (self.dialect.clone(), grant.clone(), value.to_owned());

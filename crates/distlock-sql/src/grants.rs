@@ -76,8 +76,7 @@ impl ConnGrants {
         attempt: &AttemptId,
         end: Option<LeaseInstant>,
     ) -> Option<LeaseInstant> {
-        let leases = self.leases();
-        leases
+        self.leases()
             .iter()
             .filter(|(a, _)| *a != attempt)
             .map(|(_, e)| *e)

@@ -119,13 +119,11 @@ impl<S: HoldState> HoldMap<S> {
     /// caller stopped asking (a release that kept failing).
     fn sweep(map: &mut HashMap<AttemptId, Arc<Hold<S>>>) {
         map.retain(|_, h| {
-            if Arc::strong_count(h) > 1 {
-                return true;
-            }
-            match h.state.try_lock() {
-                Ok(st) => !(st.is_idle() || st.is_gone()),
-                Err(_) => true,
-            }
+            let done = h
+                .state
+                .try_lock()
+                .is_ok_and(|st| st.is_idle() || st.is_gone());
+            Arc::strong_count(h) > 1 || !done
         });
     }
 
@@ -136,13 +134,11 @@ impl<S: HoldState> HoldMap<S> {
         let ours = map
             .get(&hold.attempt)
             .is_some_and(|h| Arc::ptr_eq(h, &hold));
-        if ours && Arc::strong_count(&hold) == 2 {
-            if let Ok(st) = hold.state.try_lock() {
-                if st.is_idle() {
-                    drop(st);
-                    map.remove(&hold.attempt);
-                }
-            }
+        if ours
+            && Arc::strong_count(&hold) == 2
+            && hold.state.try_lock().is_ok_and(|st| st.is_idle())
+        {
+            map.remove(&hold.attempt);
         }
     }
 }
