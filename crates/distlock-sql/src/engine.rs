@@ -132,6 +132,16 @@ pub trait Dialect: Send + Sync + 'static {
     }
 }
 
+/// A request [`Sessions::run`] runs: the dialect, the attempts, the attempt, its state, and
+/// the request's argument.
+type Op<D, A, T> = for<'a> fn(
+    &'a D,
+    &'a HoldMap<<D as Dialect>::State>,
+    &'a Hold<<D as Dialect>::State>,
+    &'a mut <D as Dialect>::State,
+    &'a A,
+) -> BoxFuture<'a, Result<T>>;
+
 /// Session mode of an SQL backend: the attempts of one client and the dialect that keeps
 /// their locks, each on a dedicated connection.
 pub struct Sessions<D: Dialect> {
@@ -170,25 +180,18 @@ impl<D: Dialect> Sessions<D> {
             .check(self.dialect.backend(), kind)
     }
 
-    /// Runs `op` on `hold`, its state locked: in the caller's task, or detached (see
-    /// [`Dialect::detached`]).
-    async fn run<T: Send + 'static>(
+    /// Runs `op` with `arg` on `hold`, its state locked, through [`Sessions::detach`].
+    async fn run<A: Send + Sync + 'static, T: Send + 'static>(
         &self,
         hold: Arc<Hold<D::State>>,
         what: &'static str,
-        op: impl for<'a> FnOnce(
-                &'a D,
-                &'a HoldMap<D::State>,
-                &'a Hold<D::State>,
-                &'a mut D::State,
-            ) -> BoxFuture<'a, Result<T>>
-            + Send
-            + 'static,
+        arg: A,
+        op: Op<D, A, T>,
     ) -> Result<T> {
         let (dialect, holds) = (self.dialect.clone(), self.holds.clone());
         let work = async move {
             let mut st = hold.state.lock().await;
-            let r = op(&*dialect, &holds, &hold, &mut st).await;
+            let r = op(&*dialect, &holds, &hold, &mut st, &arg).await;
             hold.sync(&st);
             drop(st);
             holds.tidy(hold);
@@ -268,11 +271,8 @@ impl<D: Dialect> Backend for Sessions<D> {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         self.check_kind(req.key.kind)?;
         let hold = self.holds.entry(&req.attempt, &req.key);
-        let r = req.clone();
-        self.run(hold, "acquiring", move |d, holds, h, st| {
-            Box::pin(async move { d.try_lock(holds, h, st, &r).await })
-        })
-        .await
+        let op: Op<D, _, _> = |d, holds, h, st, r| d.try_lock(holds, h, st, r);
+        self.run(hold, "acquiring", req.clone(), op).await
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
@@ -308,11 +308,8 @@ impl<D: Dialect> Backend for Sessions<D> {
         let Some(hold) = self.holds.existing(&req.attempt) else {
             return Ok(());
         };
-        let r = req.clone();
-        self.run(hold, "giving up", move |d, _, h, st| {
-            Box::pin(async move { d.give_up(h, st, &r).await })
-        })
-        .await
+        let op: Op<D, _, _> = |d, _, h, st, r| d.give_up(h, st, r);
+        self.run(hold, "giving up", req.clone(), op).await
     }
 
     /// A retry of a release whose answer was lost runs it again, after the first.
@@ -321,11 +318,8 @@ impl<D: Dialect> Backend for Sessions<D> {
         let Some(hold) = self.holds.existing(&grant.attempt) else {
             return self.dialect.not_held(grant).await;
         };
-        let g = grant.clone();
-        self.run(hold, "releasing", move |d, _, h, st| {
-            Box::pin(async move { d.unlock(h, st, &g).await })
-        })
-        .await
+        let op: Op<D, _, _> = |d, _, h, st, g| d.unlock(h, st, g);
+        self.run(hold, "releasing", grant.clone(), op).await
     }
 
     /// Every grant at once, each on its connection.
@@ -333,18 +327,17 @@ impl<D: Dialect> Backend for Sessions<D> {
         holds
             .iter()
             .try_for_each(|(g, _)| self.check_kind(g.key.kind))?;
-        let all = futures_util::future::join_all(holds.iter().map(|(g, lease)| async move {
+        let op: Op<D, _, _> = |d, _, h, st, (g, lease)| d.keepalive(h, st, g, *lease);
+        let all = holds.iter().map(|(g, lease)| async move {
             let Some(hold) = self.holds.existing(&g.attempt) else {
                 return Ok(RenewOutcome::NotHeld);
             };
-            let (g2, lease) = (g.clone(), *lease);
-            self.run(hold, "renewing", move |d, _, h, st| {
-                Box::pin(async move { d.keepalive(h, st, &g2, lease).await })
-            })
+            self.run(hold, "renewing", (g.clone(), *lease), op).await
+        });
+        futures_util::future::join_all(all)
             .await
-        }))
-        .await;
-        all.into_iter().collect()
+            .into_iter()
+            .collect()
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
