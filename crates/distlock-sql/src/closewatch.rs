@@ -1,17 +1,14 @@
 //! Watching a holder's socket for a close by the other side.
 //!
-//! In session mode the server frees a connection's locks the moment it reads that connection's
-//! end: a `KILL`, a server-side timeout, or a proxy between client and server that closes (or
-//! resets) its upstream side. A driver that reads its socket only while a statement runs learns
-//! of that at the holder's next statement, its renewal a third of a lease later, and another
-//! client may hold the lock meanwhile. [`CloseWatch`] reads the end of the socket as it comes
-//! (end-of-file, a reset, a hang-up) and calls back at once, so the holder's lost signal fires
-//! when the server frees the lock, not a renewal later.
+//! The server frees a session's locks the moment it reads the connection's end (a `KILL`, a
+//! timeout, a proxy closing or resetting it); a driver that reads only while a statement runs
+//! would learn of it a renewal later, another client maybe holding the lock meanwhile.
+//! [`CloseWatch`] calls back at the end itself, so the lost signal fires when the server frees
+//! the lock (docs/mysql.md, *Session mode in detail*, "Losing the lock").
 //!
-//! It watches a duplicate of the driver's descriptor for readiness only and never reads, so
-//! the driver's protocol is untouched. The duplicate keeps the socket open: a connection that
-//! is being closed is shut down through [`CloseWatch::shutdown`] first, so the server sees the
-//! close at once whatever the watch's task is doing.
+//! It polls a duplicate of the driver's descriptor for readiness only, never reading, so the
+//! driver's protocol is untouched. The duplicate keeps the socket open: a connection being
+//! closed is shut down through [`CloseWatch::shutdown`] first, so the server sees it at once.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};

@@ -48,8 +48,7 @@ pub trait Dialect: Send + Sync + 'static {
         Err(Error::unsupported(self.backend(), "observing elections"))
     }
 
-    /// What the dialect does (the kinds it locks): the backend's
-    /// [`Backend::capabilities`], checked again here for callers of the backend itself.
+    /// The kinds the dialect locks ([`Backend::capabilities`], checked again by the engine).
     fn capabilities(&self) -> Capabilities;
 
     /// `Some(limit)`: every request runs in a task of its own, to its end even when its caller
@@ -132,8 +131,7 @@ pub trait Dialect: Send + Sync + 'static {
     }
 }
 
-/// A request [`Sessions::run`] runs: the dialect, the attempts, the attempt, its state, and
-/// the request's argument.
+/// A request [`Sessions::run`] runs, on the attempt's state, with its argument.
 type Op<D, A, T> = for<'a> fn(
     &'a D,
     &'a HoldMap<<D as Dialect>::State>,
@@ -163,8 +161,7 @@ impl<D: Dialect> Sessions<D> {
         &self.dialect
     }
 
-    /// The attempts of `owner` on `name` (for operators' and tests' look-ups of the holder's
-    /// connection).
+    /// The attempts of `owner` on `name` (for look-ups of the holder's connection).
     pub fn holds_of(&self, name: &str, owner: &str) -> Vec<Arc<Hold<D::State>>> {
         self.holds
             .matching(|h| &*h.name == name && &*h.owner == owner)
@@ -200,8 +197,7 @@ impl<D: Dialect> Sessions<D> {
         self.detach(what, work).await
     }
 
-    /// Runs `work` in the caller's task, or, if the dialect says so, in a task of its own, to
-    /// its end, waiting for its answer at most the dialect's limit (see [`Dialect::detached`]).
+    /// Runs `work` as [`Dialect::detached`] says: in the caller's task or in a task of its own.
     async fn detach<T: Send + 'static>(
         &self,
         what: &str,

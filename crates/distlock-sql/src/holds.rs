@@ -72,16 +72,9 @@ impl<S: HoldState> Hold<S> {
 const SWEEP_AT: usize = 256;
 
 /// The attempts of one backend.
+#[derive(Default)]
 pub struct HoldMap<S> {
     map: StdMutex<HashMap<AttemptId, Arc<Hold<S>>>>,
-}
-
-impl<S: HoldState> Default for HoldMap<S> {
-    fn default() -> Self {
-        HoldMap {
-            map: StdMutex::new(HashMap::new()),
-        }
-    }
 }
 
 impl<S: HoldState> HoldMap<S> {
