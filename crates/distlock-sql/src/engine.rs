@@ -1,6 +1,7 @@
 //! The session engine: requests addressed by attempt, run one at a time per attempt, the
 //! retrying server-side wait, and the dialect trait that speaks SQL.
 
+use crate::errors::no_answer;
 use crate::holds::{Hold, HoldMap, HoldState};
 use distlock_core::backend::{
     AcquireReply, AcquireRequest, Backend, Capabilities, Deadline, GrantRef, Granted, NoWatch,
@@ -172,9 +173,8 @@ impl<D: Dialect> Sessions<D> {
     /// # Errors
     /// [`Error::Unsupported`] for a kind the dialect does not do.
     pub fn check_kind(&self, kind: LockKind) -> Result<()> {
-        self.dialect
-            .capabilities()
-            .check(self.dialect.backend(), kind)
+        let d = &self.dialect;
+        d.capabilities().check(d.backend(), kind)
     }
 
     /// Runs `op` with `arg` on `hold`, its state locked, through [`Sessions::detach`].
@@ -206,18 +206,13 @@ impl<D: Dialect> Sessions<D> {
         let Some(limit) = self.dialect.detached() else {
             return work.await;
         };
+        let backend = self.dialect.backend();
         match tokio::time::timeout(limit, tokio::spawn(work)).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => Err(Error::Runtime(format!(
-                "the {} task {what} ended without an answer: {e}",
-                self.dialect.backend()
+                "the {backend} task {what} ended without an answer: {e}"
             ))),
-            Err(_) => Err(crate::errors::no_answer(
-                self.dialect.backend(),
-                &self.dialect.endpoint(),
-                what,
-                limit,
-            )),
+            Err(_) => Err(no_answer(backend, &self.dialect.endpoint(), what, limit)),
         }
     }
 

@@ -60,10 +60,7 @@ pub fn after(end: WaitEnd) -> (Step, Result<()>) {
 /// the deadline has passed or the caller cancelled.
 pub fn budget(deadline: Option<Instant>, cancel: &CancellationToken) -> Option<Option<Duration>> {
     let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-    if left.is_some_and(|r| r.is_zero()) || cancel.is_cancelled() {
-        return None;
-    }
-    Some(left)
+    (!left.is_some_and(|r| r.is_zero()) && !cancel.is_cancelled()).then_some(left)
 }
 
 #[cfg(test)]
