@@ -140,28 +140,24 @@ mod tests {
 
     #[tokio::test]
     async fn fires_on_close_and_reset_not_on_data() {
-        // The peer writes (a reply), then closes: only the close fires.
-        let (c, mut s) = pair();
-        let (w, mut rx) = watched(&c);
-        s.write_all(b"reply").expect("write");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(rx.try_recv().is_err(), "data alone fired the watch");
-        assert!(!w.closed());
-        s.shutdown(Shutdown::Both).expect("shutdown");
-        tokio::time::timeout(Duration::from_secs(10), &mut rx)
-            .await
-            .expect("no callback after the peer closed")
-            .expect("callback dropped");
-        assert!(w.closed());
-
-        // A reset.
-        let (c, s) = pair();
-        let (_w, rx) = watched(&c);
-        reset(s);
-        tokio::time::timeout(Duration::from_secs(10), rx)
-            .await
-            .expect("no callback after a reset")
-            .expect("callback dropped");
+        // The peer writes (a reply), then closes or resets: only the end fires.
+        for by_reset in [false, true] {
+            let (c, mut s) = pair();
+            let (w, mut rx) = watched(&c);
+            s.write_all(b"reply").expect("write");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(rx.try_recv().is_err(), "data alone fired the watch");
+            assert!(!w.closed());
+            match by_reset {
+                true => reset(s),
+                false => s.shutdown(Shutdown::Both).expect("shutdown"),
+            }
+            tokio::time::timeout(Duration::from_secs(10), &mut rx)
+                .await
+                .unwrap_or_else(|_| panic!("no callback after the end (reset: {by_reset})"))
+                .expect("callback dropped");
+            assert!(w.closed());
+        }
     }
 
     #[tokio::test]

@@ -52,10 +52,9 @@ pub trait Dialect: Send + Sync + 'static {
     /// The kinds the dialect locks ([`Backend::capabilities`], checked again by the engine).
     fn capabilities(&self) -> Capabilities;
 
-    /// `Some(limit)`: every request runs in a task of its own, to its end even when its caller
-    /// stops waiting (a driver whose connection breaks when a request is dropped midway), and
-    /// the caller waits for its answer at most `limit`. `None` (the default): requests run in
-    /// the caller's task.
+    /// `Some(limit)`: every request runs in a task of its own, to its end even if its caller
+    /// stops waiting (for a driver whose connection breaks when a request is dropped midway),
+    /// the caller waiting at most `limit`. `None` (the default): in the caller's task.
     fn detached(&self) -> Option<Duration> {
         None
     }
@@ -120,13 +119,11 @@ pub trait Dialect: Send + Sync + 'static {
     /// What the server says about `name`'s lock of `kind` (its kind already checked).
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
 
-    /// Elections: replaces the value election grant `grant` advertises with `value` if that
-    /// grant still leads on the server and `seq` is greater than the stored sequence number,
-    /// in one statement (or transaction) that never touches the grant's lease or session;
-    /// wakes the election's observers when the value changed. `Renewed` while the grant
-    /// leads (whether or not `seq` was new), `NotHeld` otherwise (see
-    /// [`Backend::proclaim`]). Called only for an attempt this client holds a grant of.
-    /// The default: elections are not supported.
+    /// Elections: if `grant` still leads on the server and `seq` is greater than the stored
+    /// one, replaces its value with `value` in one statement (or transaction) that never
+    /// touches its lease or session, waking the election's observers if the value changed.
+    /// `Renewed` while it leads (`seq` new or not), `NotHeld` otherwise ([`Backend::proclaim`]).
+    /// Called only for an attempt this client holds a grant of. Default: unsupported.
     async fn proclaim(&self, _grant: &GrantRef, _seq: u64, _value: &str) -> Result<RenewOutcome> {
         Err(Error::unsupported(self.backend(), "elections"))
     }
@@ -336,11 +333,10 @@ impl<D: Dialect> Backend for Sessions<D> {
         self.dialect.inspect(name, kind).await
     }
 
-    /// `NotHeld` at once if this client keeps no live grant of that attempt and token
-    /// (released, given up, or its connection gone), otherwise the dialect's answer
-    /// ([`Dialect::proclaim`]). Runs beside the attempt's other requests (it takes no lock on
-    /// the attempt's state: a proclamation must not wait behind a renewal, nor hold one up),
-    /// detached like them if the dialect says so.
+    /// `NotHeld` at once if this client keeps no live grant of that attempt (released, given
+    /// up, or its connection gone), otherwise [`Dialect::proclaim`]'s answer. Takes no lock on
+    /// the attempt's state (a proclamation must not wait behind a renewal, nor hold one up);
+    /// detached like the other requests if the dialect says so.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         self.check_kind(grant.key.kind)?;
         if grant.key.kind != LockKind::Election {
