@@ -1,10 +1,6 @@
-//! Watching a holder's socket for a close by the other side.
-//!
-//! The server frees a session's locks the moment it reads the connection's end (a `KILL`, a
-//! timeout, a proxy closing or resetting it); a driver that reads only while a statement runs
-//! would learn of it a renewal later, another client maybe holding the lock meanwhile.
-//! [`CloseWatch`] calls back at the end itself, so the lost signal fires when the server frees
-//! the lock (docs/mysql.md, *Session mode in detail*, "Losing the lock").
+//! Watching a holder's socket for a close by the other side, so that its lost signal fires
+//! when the server frees the lock on reading that end, not a renewal later when another client
+//! may hold it (docs/mysql.md, *Session mode in detail*, "Losing the lock").
 //!
 //! It polls a duplicate of the driver's descriptor for readiness only, never reading, so the
 //! driver's protocol is untouched. The duplicate keeps the socket open: a connection being
@@ -131,10 +127,8 @@ mod tests {
 
     fn watched(c: &TcpStream) -> (CloseWatch, tokio::sync::oneshot::Receiver<()>) {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let w = CloseWatch::start(c.as_fd(), move || {
-            let _ = tx.send(());
-        })
-        .expect("watch");
+        let w = CloseWatch::start(c.as_fd(), move || tx.send(()).unwrap_or_default());
+        let w = w.expect("watch");
         (w, rx)
     }
 

@@ -10,9 +10,8 @@
 pub use distlock_core::ended::Unanswered;
 use std::time::Duration;
 
-/// How long the server keeps the record that an attempt ended (and how long this client
-/// remembers an attempt's unanswered request): the core's [`KEEP`](distlock_core::ended::KEEP),
-/// one hour.
+/// How long the server keeps an ended attempt's record (and this client an attempt's
+/// unanswered request): the core's [`KEEP`](distlock_core::ended::KEEP), one hour.
 pub const ENDED_KEEP: Duration = distlock_core::ended::KEEP;
 
 /// At most this many records of ended attempts per lock are kept on the server (the oldest

@@ -13,11 +13,10 @@ use tokio_util::sync::CancellationToken;
 pub enum WaitEnd {
     /// The server granted the lock to the waiting connection.
     Granted,
-    /// The server's own timer (the deadline) ran out. `may_hold`: the connection may hold
-    /// the lock all the same (PostgreSQL keeps a grant that lands as its `lock_timeout`
-    /// fires), so it must be given back before the connection is reused.
+    /// The server's own timer (the deadline) ran out.
     TimedOut {
-        /// The connection may hold the lock.
+        /// The connection may hold the lock all the same (PostgreSQL keeps a grant that lands
+        /// as its `lock_timeout` fires): give it back before the connection is reused.
         may_hold: bool,
     },
     /// The client stopped the wait (its caller cancelled, or the safety net after the
@@ -34,10 +33,10 @@ pub enum WaitEnd {
 pub enum Step {
     /// Record the grant on the connection and answer it.
     Register,
-    /// Give the connection back to the pool; `unlock`: release the lock on it first (closing
-    /// the connection instead if that fails, which frees the lock all the same).
+    /// Give the connection back to the pool.
     Reuse {
-        /// Release the lock first.
+        /// Release the lock on it first (closing it instead if that fails, which frees the
+        /// lock all the same).
         unlock: bool,
     },
     /// Close the connection (whatever it holds goes with it).
