@@ -128,8 +128,7 @@ mod tests {
     fn watched(c: &TcpStream) -> (CloseWatch, tokio::sync::oneshot::Receiver<()>) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let w = CloseWatch::start(c.as_fd(), move || tx.send(()).unwrap_or_default());
-        let w = w.expect("watch");
-        (w, rx)
+        (w.expect("watch"), rx)
     }
 
     #[tokio::test]
@@ -170,8 +169,7 @@ mod tests {
         s.set_read_timeout(Some(Duration::from_secs(10)))
             .expect("timeout");
         let mut rest = Vec::new();
-        s.read_to_end(&mut rest)
-            .expect("the peer did not see the close");
+        s.read_to_end(&mut rest).expect("the peer saw no close");
         assert!(rest.is_empty(), "data instead of the close");
     }
 

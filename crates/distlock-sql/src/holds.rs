@@ -86,7 +86,12 @@ impl<S: HoldState> HoldMap<S> {
     pub fn entry(&self, attempt: &AttemptId, key: &HoldKey) -> Arc<Hold<S>> {
         let mut map = self.lock();
         if map.len() >= SWEEP_AT && !map.contains_key(attempt) {
-            Self::sweep(&mut map);
+            // Drops entries nobody uses whose state is idle or gone: what is left of attempts
+            // whose caller stopped asking (a release that kept failing).
+            map.retain(|_, h| {
+                let done = h.state.try_lock().is_ok_and(|s| s.is_idle() || s.is_gone());
+                Arc::strong_count(h) > 1 || !done
+            });
         }
         map.entry(attempt.clone())
             .or_insert_with(|| Arc::new(Hold::new(attempt, key)))
@@ -106,18 +111,6 @@ impl<S: HoldState> HoldMap<S> {
     /// True if some entry matches `f`.
     pub fn any(&self, f: impl Fn(&Hold<S>) -> bool) -> bool {
         self.lock().values().any(|h| f(h))
-    }
-
-    /// Drops entries nobody uses whose state is idle or gone: what is left of attempts whose
-    /// caller stopped asking (a release that kept failing).
-    fn sweep(map: &mut HashMap<AttemptId, Arc<Hold<S>>>) {
-        map.retain(|_, h| {
-            let done = h
-                .state
-                .try_lock()
-                .is_ok_and(|st| st.is_idle() || st.is_gone());
-            Arc::strong_count(h) > 1 || !done
-        });
     }
 
     /// Forgets an idle entry nobody else is using (`hold` is the caller's reference, the map

@@ -69,6 +69,7 @@ mod tests {
     #[test]
     fn steps() {
         let reuse = |unlock| Step::Reuse { unlock };
+        let failed = || WaitEnd::Failed(Error::Runtime("x".into()));
         for (end, step, ok) in [
             (WaitEnd::Granted, Step::Register, true),
             (WaitEnd::TimedOut { may_hold: true }, reuse(true), true),
@@ -77,18 +78,13 @@ mod tests {
             (WaitEnd::Stopped(Some(true)), reuse(true), true),
             (WaitEnd::Stopped(Some(false)), reuse(false), true),
             (WaitEnd::Stopped(None), Step::Close, true),
-            (
-                WaitEnd::Failed(Error::Runtime("x".into())),
-                Step::Close,
-                false,
-            ),
+            (failed(), Step::Close, false),
         ] {
             let what = format!("{end:?}");
             let (s, r) = after(end);
             assert_eq!((s, r.is_ok()), (step, ok), "{what}");
         }
-        let failed = after(WaitEnd::Failed(Error::Runtime("x".into()))).1;
-        assert!(matches!(failed, Err(Error::Runtime(_))));
+        assert!(matches!(after(failed()).1, Err(Error::Runtime(_))));
     }
 
     #[test]
