@@ -2,7 +2,7 @@
 //! through the leader).
 
 use crate::layout::{NodeData, NodeKind};
-use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
+use crate::node::{busy, foreign_data, token_of, DATA_ATTEMPTS};
 use crate::session::{session_gone, watch_node, Inner, Session};
 use crate::KIND;
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, Granted, HoldKey, RenewOutcome};
@@ -17,8 +17,9 @@ use zookeeper_client as zk;
 #[derive(Clone)]
 pub(crate) struct Grant {
     pub(crate) key: HoldKey,
-    pub(crate) path: String,
     pub(crate) dir: String,
+    pub(crate) name: String,
+    pub(crate) path: String,
     /// What the node at `path` is (a joined read grant's node is a `write-` node).
     pub(crate) node: NodeKind,
     pub(crate) token: u64,
@@ -32,14 +33,23 @@ pub(crate) struct Grant {
 }
 
 impl Grant {
-    /// The grant of `node` to `key` in session `gen` (its own node, no release under way).
-    pub(crate) fn new(key: HoldKey, node: &Created, gen: u64) -> Self {
+    /// The grant to `key` in session `gen` of node `name` of kind `node` in `dir`, whose czxid
+    /// is `token` (its own node, no release under way).
+    pub(crate) fn new(
+        key: &HoldKey,
+        dir: &str,
+        name: String,
+        node: NodeKind,
+        token: u64,
+        gen: u64,
+    ) -> Self {
         Grant {
-            key,
-            path: node.path.clone(),
-            dir: node.dir.clone(),
-            node: node.node,
-            token: node.token,
+            key: key.clone(),
+            dir: dir.to_owned(),
+            path: format!("{dir}/{name}"),
+            name,
+            node,
+            token,
             gen,
             joined: false,
             releasing: false,
@@ -373,11 +383,7 @@ mod tests {
 
     fn grant(node: NodeKind, joined: bool) -> Grant {
         let key = HoldKey::new("n", "o", LockKind::Mutex);
-        let g = Grant::new(
-            key,
-            &crate::node::Created::new("/d/n", "x".into(), node, 7),
-            1,
-        );
+        let g = Grant::new(&key, "/d/n", "x".into(), node, 7, 1);
         Grant { joined, ..g }
     }
 

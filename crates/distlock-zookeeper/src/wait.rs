@@ -2,7 +2,6 @@
 
 use crate::grant::Grant;
 use crate::layout::{self, Family, NodeData, NodeKind, Turn};
-use crate::node::Created;
 use crate::session::{session_gone, Inner, Session};
 use distlock_core::backend::{
     async_trait, wait, AcquireRequest, Deadline, Granted, HoldKey, ReleaseWatch, Wake,
@@ -167,7 +166,7 @@ impl Inner {
     pub(crate) async fn turn(
         &self,
         sess: &Session,
-        node: &Created,
+        node: &Grant,
         via_leader: bool,
     ) -> Result<Turn> {
         if via_leader {
@@ -194,7 +193,7 @@ impl Inner {
     pub(crate) async fn wait_turn(
         &self,
         sess: &Session,
-        node: &Created,
+        node: &Grant,
         confirmed_at: LeaseInstant,
         deadline: Deadline,
         cancel: &CancellationToken,
@@ -290,8 +289,7 @@ impl Inner {
         abandon.disarm();
         let (node, granted_at) = decided?;
         let granted = match granted_at {
-            Some(at) => self
-                .insert_grant(&sess, req, Grant::new(req.key.clone(), &node, sess.gen))
+            Some(at) => (self.insert_grant(&sess, req, node.clone()))
                 .map(|()| Some(Granted::new(node.token, at))),
             None => Ok(None),
         };
