@@ -70,10 +70,7 @@ impl Inner {
         value: &str,
     ) -> Result<RenewOutcome> {
         let sess = self.session().await?;
-        let Some(g) = self
-            .local_grant(grant)
-            .filter(|g| g.gen == sess.gen && g.node == NodeKind::Latch)
-        else {
+        let Some(g) = (self.live_grant(grant, &sess)).filter(|g| g.node == NodeKind::Latch) else {
             // Not a live grant of this session (its session ended: its lost signal fired).
             return Ok(RenewOutcome::NotHeld);
         };

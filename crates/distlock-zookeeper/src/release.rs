@@ -294,7 +294,7 @@ impl Inner {
         }
         if let Some(wg) = req.write_grant.as_ref().filter(|_| kind == NodeKind::Read) {
             // A join whose answer was lost: this attempt may be listed in the write node.
-            if let Some(w) = self.local_grant(wg).filter(|w| w.gen == sess.gen) {
+            if let Some(w) = self.live_grant(wg, &sess) {
                 let g = Grant {
                     key: req.key.clone(),
                     joined: true,
