@@ -27,10 +27,14 @@ pub(crate) fn unexpected_answer(what: &str, answer: &impl std::fmt::Debug) -> Er
 }
 
 pub(crate) fn foreign_data(path: &str, data: &[u8]) -> Error {
-    Error::unexpected(KIND, format!(
-            "lock node {path} holds `{}`, not dlock's data; is the directory used by another program?",
-            String::from_utf8_lossy(data)
-        ))
+    foreign(&format!("lock node {path}"), data, "dlock's data")
+}
+
+/// `place` holds `data` where dlock expects `expected`.
+pub(crate) fn foreign(place: &str, data: &[u8], expected: &str) -> Error {
+    let data = String::from_utf8_lossy(data);
+    let e = format!("{place} holds `{data}`, not {expected}; is it used by another program?");
+    Error::unexpected(KIND, e)
 }
 
 /// A compare-and-set on a node's data lost every race (readers joining and leaving it all the

@@ -4,7 +4,7 @@
 
 use crate::election::{owner_of, Proclaimed};
 use crate::layout::{self, decode_segment, Child, Family, NodeData, NodeKind};
-use crate::node::{foreign_data, token_of, unexpected_answer, DATA_ATTEMPTS};
+use crate::node::{foreign, foreign_data, token_of, unexpected_answer, DATA_ATTEMPTS};
 use crate::release::parse_fence;
 use crate::session::{Inner, Session};
 use crate::ZkBackend;
@@ -121,10 +121,13 @@ impl Inner {
         let stored = match family {
             // An election's directory records proclamations; its tokens are its leaders'.
             Family::Election => 0,
-            _ => parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
-                "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
-                String::from_utf8_lossy(&dir_data)
-            )))?,
+            _ => parse_fence(&dir_data).ok_or_else(|| {
+                foreign(
+                    &format!("the lock directory {dir}"),
+                    &dir_data,
+                    "a fencing token",
+                )
+            })?,
         };
         let queue = layout::queue(&children, family);
         let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
