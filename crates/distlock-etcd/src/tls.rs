@@ -55,15 +55,6 @@ pub(crate) const WORDS: TlsWords = TlsWords {
     plain: "is it a plain-http member? Then use etcd:// instead of etcds://",
 };
 
-/// How a client certificate was given (`Some(given)`, `None`: not known), for messages.
-pub(crate) fn cert(client_cert: Option<bool>) -> ClientCert<'static> {
-    match client_cert {
-        Some(true) => ClientCert::Given(""),
-        Some(false) => ClientCert::None,
-        None => ClientCert::Unknown,
-    }
-}
-
 /// A TLS alert from the server that reached the client only as text (hyper passes the
 /// rustls error on as a message when it breaks the HTTP/2 connection).
 fn alert_text(e: &(dyn std::error::Error + 'static)) -> Option<(TlsErrorKind, String)> {
@@ -100,9 +91,8 @@ fn handshake_eof(e: &(dyn std::error::Error + 'static)) -> bool {
         })
 }
 
-/// What went wrong, if `e` is a TLS failure (`client_cert`: whether a client certificate was
-/// given, when known).
-pub(crate) fn classify(e: &etcd_client::Error, client_cert: Option<bool>) -> Option<TlsError> {
+/// What went wrong, if `e` is a TLS failure (`cert`: the client certificate of the handshake).
+pub(crate) fn classify(e: &etcd_client::Error, cert: ClientCert) -> Option<TlsError> {
     // etcd-client's error has no `source()`: start from what it wraps.
     let inner: &(dyn std::error::Error + 'static) = match e {
         etcd_client::Error::GRpcStatus(s) => s,
@@ -110,7 +100,7 @@ pub(crate) fn classify(e: &etcd_client::Error, client_cert: Option<bool>) -> Opt
         etcd_client::Error::IoError(i) => i,
         _ => return None,
     };
-    WORDS.classify(inner, cert(client_cert), |e| {
+    WORDS.classify(inner, cert, |e| {
         alert_text(e).or_else(|| {
             let closed = "the server closed the connection during the TLS handshake";
             handshake_eof(e).then(|| (TlsErrorKind::NotSupportedByServer, closed.to_owned()))
