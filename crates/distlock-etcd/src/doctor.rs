@@ -104,17 +104,13 @@ async fn member_status(b: &EtcdBackend, urls: Vec<String>) -> std::result::Resul
 /// Health: every member answers, without errors (alarms are reported here: NOSPACE makes
 /// the cluster refuse writes, CORRUPT means members disagree on the data).
 fn health_finding(statuses: &[MemberStatus], voters: usize) -> Finding {
-    let mut down = Vec::new();
-    let mut errors = Vec::new();
-    for s in statuses {
-        match &s.status {
-            Err(e) => down.push(format!("{} ({e})", s.name)),
-            Ok(st) if !st.errors.is_empty() => {
-                errors.push(format!("{}: {}", s.name, st.errors.join("; ")))
-            }
-            Ok(_) => {}
-        }
-    }
+    let down: Vec<_> = (statuses.iter())
+        .filter_map(|s| Some(format!("{} ({})", s.name, s.status.as_ref().err()?)))
+        .collect();
+    let errors: Vec<_> = answered(statuses)
+        .filter(|(_, st)| !st.errors.is_empty())
+        .map(|(name, st)| format!("{name}: {}", st.errors.join("; ")))
+        .collect();
     let (n, up) = (statuses.len(), statuses.len() - down.len());
     let (severity, message) = if !errors.is_empty() {
         (

@@ -1,18 +1,9 @@
-//! The key-values: the key layout, the value formats, and the transaction operations that read
-//! and write them (docs/etcd.md, *The recipe*, has the tables and etcd's own recipes).
-//!
-//! - lock `NAME`: `PREFIX/NAME/ATTEMPT` (on the attempt's own lease; `TTL OWNER`: the lease's
-//!   TTL in seconds, the owner id) and `PREFIX/NAME` (no lease, empty; its mod revision is the
-//!   newest queue key's create revision);
-//! - election `NAME`, under a root of its own so that no lock's key parser meets it:
-//!   `PREFIX-election/NAME/ATTEMPT` holding exactly the candidate's value (what etcd's
-//!   `concurrency.Election` and `etcdctl elect -l` read: its leader is the smallest create
-//!   revision, as dlock's), `PREFIX-election-meta/NAME/ATTEMPT` on the same lease (`TTL SEQ
-//!   OWNER`, outside the prefix etcd's recipe reads) and `PREFIX-election/NAME`.
-//!
-//! One key per acquisition attempt: a retry finds its own key by name, and nothing another
-//! attempt (even of the same owner) does can touch it. `NAME` and `ATTEMPT` are escaped (`%` →
-//! `%25`, `/` → `%2F`) so that `PREFIX/NAME/` is the prefix of exactly one lock's queue — the
+//! The key-values: the key layout, the value formats ([`Record`]), and the transaction
+//! operations that read and write them (docs/etcd.md, *The recipe*, has the tables; an
+//! election's keys live under a root of their own, its metadata outside the prefix etcd's
+//! `concurrency.Election` reads). One key per acquisition attempt: a retry finds its own key by
+//! name, and nothing another attempt (even of the same owner) does can touch it. `NAME` and
+//! `ATTEMPT` are escaped so that `PREFIX/NAME/` is the prefix of exactly one lock's queue — the
 //! prefix etcd's `concurrency.Mutex` (`etcdctl lock PREFIX/NAME`) queues under, so the two
 //! exclude each other.
 
@@ -121,15 +112,7 @@ impl Keys {
 
 /// `%` → `%25`, `/` → `%2F`.
 pub(crate) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '/' => out.push_str("%2F"),
-            c => out.push(c),
-        }
-    }
-    out
+    s.replace('%', "%25").replace('/', "%2F")
 }
 
 /// What dlock records of a hold: the TTL in seconds of the lease its keys are on (etcd cannot

@@ -10,7 +10,7 @@ use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 use std::time::Duration;
 
 /// etcd's default limit of operations in one transaction is 128; stay well below it.
-pub(crate) const MAX_OPS_PER_TXN: usize = 64;
+const MAX_OPS_PER_TXN: usize = 64;
 
 /// What [`EtcdBackend::cover`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,18 +60,14 @@ impl EtcdBackend {
         Ok(Some(HoldState { kv, rec, meta }))
     }
 
-    /// Makes the lease of `kv` — the key of slot `s`, read with the create revision
-    /// of its grant — run at least `want` from when etcd applies this, never shortening it.
-    ///
-    /// If the key's lease has a TTL of at least `want`, a keep-alive: it restarts the full
-    /// TTL, and a lease never has more than its TTL left, so nothing is shortened. Else the key
-    /// moves to a new lease of `want` (`fresh` if given and long enough), by a put guarded by
-    /// the key's create revision (which a put keeps: the token survives) *and* its current
-    /// lease, so two renewals racing cannot orphan a lease; only once that committed is the
-    /// old lease revoked, which then carries nothing. A new lease whose put has an unknown
-    /// outcome is kept until the attempt ends ([`doubt`](Self::doubt)). An election
-    /// candidate's metadata key moves with it, in the same transaction, guarded by both keys'
-    /// mod revisions (so a proclamation in between is never overwritten with the old value).
+    /// Makes the lease of `kv` — the key of slot `s`, read with the create revision of its
+    /// grant — run at least `want` from when etcd applies this, never shortening it
+    /// (docs/etcd.md, *Leases and the watchdog*): a keep-alive if the lease's TTL is at least
+    /// `want`; else a move to a new lease of `want` (`fresh` if given and long enough) guarded by
+    /// the key's create revision (the token) *and* its current lease, so two racing renewals
+    /// cannot orphan a lease, an election candidate's metadata key with it, guarded by both
+    /// keys' mod revisions. The old lease is revoked only once the move committed; a new lease
+    /// whose put has an unknown outcome is kept until the attempt ends ([`doubt`](Self::doubt)).
     pub(crate) async fn cover(
         &self,
         s: &Slot,
@@ -93,59 +89,46 @@ impl EtcdBackend {
                 }
                 // etcd no longer knows the lease ("lease not found", TTL 0): the key went
                 // with it — unless a concurrent renewal moved it to a new lease meanwhile.
-            } else if let Some(done) = self.move_hold(s, &h, want, fresh).await? {
-                return Ok(done);
+                continue;
             }
+            let (new, ours) = match fresh {
+                Some(l) if l.ttl >= ttl_secs(want) => (l, false),
+                _ => (self.grant(want).await?, true),
+            };
+            let mut when = vec![
+                Compare::create_revision(s.mine.clone(), CompareOp::Equal, rev),
+                Compare::lease(s.mine.clone(), CompareOp::Equal, id),
+            ];
+            if let Some(m) = &h.meta {
+                for kv in [&h.kv, m] {
+                    let (key, rev) = (kv.key(), kv.mod_revision());
+                    when.push(Compare::mod_revision(key, CompareOp::Equal, rev));
+                }
+            }
+            let ops = s.put(&h.rec.owner, h.kv.value(), new, h.rec.seq);
+            let sent = self.txn("renew", Txn::new().when(when).and_then(ops));
+            // After an error, perhaps applied: the key may be on the new lease now.
+            let resp = if ours {
+                self.doubting(&s.attempt, new, sent).await?
+            } else {
+                sent.await?
+            };
+            if !resp.succeeded() {
+                // Not applied (the key changed or is gone): the new lease carries nothing.
+                if ours {
+                    self.revoke_in_background(new.id);
+                }
+                continue;
+            }
+            self.remember(&s.attempt, new);
+            if id != 0 {
+                self.revoke_in_background(id);
+            }
+            return Ok(Cover::Done {
+                moved_to: Some(new.id),
+            });
         }
         Err(self.contended(&s.mine))
-    }
-
-    /// [`cover`](Self::cover)'s move of hold `h` (of slot `s`) to a new lease of
-    /// `want`: `None` if the transaction found the key changed (look again).
-    async fn move_hold(
-        &self,
-        s: &Slot,
-        h: &HoldState,
-        want: Duration,
-        fresh: Option<Lease>,
-    ) -> Result<Option<Cover>> {
-        let (rev, lease) = (h.kv.create_revision(), h.kv.lease());
-        let (new, ours) = match fresh {
-            Some(l) if l.ttl >= ttl_secs(want) => (l, false),
-            _ => (self.grant(want).await?, true),
-        };
-        let mut when = vec![
-            Compare::create_revision(s.mine.clone(), CompareOp::Equal, rev),
-            Compare::lease(s.mine.clone(), CompareOp::Equal, lease),
-        ];
-        if let Some(m) = &h.meta {
-            for kv in [&h.kv, m] {
-                let (key, rev) = (kv.key(), kv.mod_revision());
-                when.push(Compare::mod_revision(key, CompareOp::Equal, rev));
-            }
-        }
-        let ops = s.put(&h.rec.owner, h.kv.value(), new, h.rec.seq);
-        let txn = Txn::new().when(when).and_then(ops);
-        let sent = self.txn("renew", txn);
-        // After an error, perhaps applied: the key may be on the new lease now.
-        let resp = if ours {
-            self.doubting(&s.attempt, new, sent).await?
-        } else {
-            sent.await?
-        };
-        if !resp.succeeded() {
-            // Not applied (the key changed or is gone): the new lease carries nothing.
-            if ours {
-                self.revoke_in_background(new.id);
-            }
-            return Ok(None);
-        }
-        self.remember(&s.attempt, new);
-        if lease != 0 {
-            self.revoke_in_background(lease);
-        }
-        let moved_to = Some(new.id);
-        Ok(Some(Cover::Done { moved_to }))
     }
 
     /// `early`: a keep-alive sent alongside the read, of the lease the key was known to be on,
@@ -237,30 +220,29 @@ impl EtcdBackend {
         RenewOutcome::each(KIND, holds, results.collect())
     }
 
-    /// Releases one grant by a compare-and-delete addressed by attempt and token (`Backend::release`).
+    /// Releases one grant by a compare-and-delete addressed by attempt and token
+    /// (`Backend::release`): a retry after a lost reply finds nothing to delete and says so; it
+    /// can never delete a newer grant.
     pub(crate) async fn release_grant(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let s = self.slot(&grant.key, &grant.attempt);
         let Some(rev) = revision_of(grant.token) else {
             return Ok(ReleaseOutcome::Expired);
         };
-        // One compare-and-delete, addressed by attempt and token: a retry after a lost reply
-        // finds nothing to delete and says so; it can never delete a newer grant.
         let guard = Compare::create_revision(s.mine.clone(), CompareOp::Equal, rev);
         let txn = (Txn::new().when([guard]))
             .and_then(s.keys.read_and_delete(&s.mine))
             .or_else([first_of(&s.keys.queue)]);
         let resp = self.txn("release", txn).await?;
         let [first] = reads(&resp)?;
-        let out = if resp.succeeded() {
-            if let Some(kv) = first {
-                self.revoke_in_background(kv.lease());
+        let out = match (resp.succeeded(), first) {
+            (true, deleted) => {
+                if let Some(kv) = deleted {
+                    self.revoke_in_background(kv.lease());
+                }
+                ReleaseOutcome::Released
             }
-            ReleaseOutcome::Released
-        } else {
-            match first {
-                Some(f) if f.key() != s.mine => ReleaseOutcome::TakenByOther,
-                _ => ReleaseOutcome::Expired,
-            }
+            (false, Some(f)) if f.key() != s.mine => ReleaseOutcome::TakenByOther,
+            (false, _) => ReleaseOutcome::Expired,
         };
         // Settled only now that the outcome is known: a lease of unknown fate may be the one
         // the key was on, and revoking it before the delete would turn Released into Expired.

@@ -1,10 +1,8 @@
-//! Waiting in etcd's queue: the mutex recipe's `waitDeletes` (docs/etcd.md, *The recipe*, has
-//! every step). The attempt's own key on its own lease (a retry finds the key a request with a
-//! lost reply made); being first *is* the grant, as in Go's `concurrency.Mutex`; else it
-//! watches only the key created just before its own, from the revision of the read (a deletion
-//! in between is not missed): no herd. A lost place (lease gone, no keep-alive for a whole
-//! lease) ends the wait with an error; a wait that ends without the lock deletes the attempt's
-//! own key, whatever state it is in, and never another attempt's.
+//! Waiting in etcd's queue: the mutex recipe's `waitDeletes` (docs/etcd.md, *The recipe*,
+//! *Wait*, has every step). Being first *is* the grant; else only the key just before ours is
+//! watched, from the revision of the read (no deletion missed, no herd). A lost place ends the
+//! wait with an error; a wait that ends without the lock deletes the attempt's own key, whatever
+//! state it is in, and never another attempt's.
 
 use crate::error::{map, shape, timed_out, KIND};
 use crate::kv::{header_revision, reads, token_of, Slot};
