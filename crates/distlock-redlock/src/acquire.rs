@@ -4,14 +4,13 @@
 use crate::node::View;
 use crate::tally::{self, Ballot, Decision};
 use crate::RedlockBackend;
-use distlock_core::backend::{AcquireReply, AcquireRequest, AttemptId};
-use distlock_core::{Error, LockKind, Result};
+use distlock_core::backend::{AcquireReply, AcquireRequest};
+use distlock_core::{Error, Result};
 use distlock_redis::{QuorumReply, QuorumVote};
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The votes of one attempt, each run to its end (never dropped half-way).
@@ -24,9 +23,7 @@ type Votes = FuturesUnordered<Pin<Box<dyn Future<Output = (usize, Result<QuorumV
 fn finish_votes(
     mut rest: Votes,
     views: Vec<View>,
-    name: Arc<str>,
-    kind: LockKind,
-    attempt: AttemptId,
+    req: AcquireRequest,
     t: Duration,
     won: tokio::sync::oneshot::Receiver<u64>,
 ) {
@@ -45,16 +42,14 @@ fn finish_votes(
             }
         }
         let Ok(token) = won.await else { return };
+        let (name, kind, attempt) = (&*req.key.name, req.key.kind, &req.attempt);
         join_all(
             late.into_iter()
                 .filter(|(_, t)| *t != token)
                 .filter_map(|(i, _)| views[i].backend.clone())
-                .map(|b| {
-                    let (name, attempt) = (name.clone(), attempt.clone());
-                    async move {
-                        let raise = b.raise_fence(&name, kind, &attempt, token);
-                        let _ = tokio::time::timeout(t, raise).await;
-                    }
+                .map(|b| async move {
+                    let raise = b.raise_fence(name, kind, attempt, token);
+                    let _ = tokio::time::timeout(t, raise).await;
                 }),
         )
         .await;
@@ -83,85 +78,56 @@ struct Count {
 }
 
 impl RedlockBackend {
-    /// The random pause before the next attempt after a split vote (0 to the node timeout), so
-    /// that clients that split the nodes do not collide again.
-    fn jitter(&self) -> Duration {
-        let max = u64::try_from(self.nt().as_micros()).unwrap_or(u64::MAX);
-        Duration::from_micros(fastrand::u64(0..=max))
-    }
-
-    /// A majority voted for the attempt but the grant could not be confirmed in time (a raise
-    /// that did not arrive, or votes so slow that no validity is left). Nobody else holds the
-    /// lock, so this is not `Held`: a retryable error. The attempt's holds stay (they are
-    /// addressed to it): its retry finds them and confirms them, and an attempt that stops
-    /// instead is given up by the core, which removes them.
-    fn unconfirmed(&self, name: &str, confirmed: usize, q: usize, took: Duration) -> Error {
-        tracing::debug!(
-            name,
-            confirmed,
-            q,
-            ?took,
-            "redlock grant not confirmed in time"
-        );
-        self.unavailable(format!(
-            "a majority voted for this attempt on `{name}` but only {confirmed} of the {q} \
-                 nodes needed confirmed its token with validity left (after {took:?}; slow \
-                 nodes?)"
-        ))
-    }
-
-    /// Node `i`'s ballot from its answer (`None`: none within the node timeout), with what the
-    /// answer tells about the node (suspect, its quarantine); also a problem to report and a
-    /// non-retryable error, if any.
-    fn vote(
-        &self,
-        i: usize,
-        view: &View,
-        answer: Option<Result<QuorumVote>>,
-    ) -> (Ballot, Option<String>, Option<Error>) {
+    /// Node `i`'s ballot from its answer (`None`: none within the node timeout) into `count`,
+    /// with what the answer tells about the node (suspect, its quarantine), its problem, and a
+    /// non-retryable error.
+    fn vote(&self, count: &mut Count, i: usize, view: &View, answer: Option<Result<QuorumVote>>) {
         let node = &self.health.nodes[i];
-        let ep = &node.endpoint;
-        let v = match answer {
+        let (ballot, why) = match answer {
             None => {
-                let nt = self.nt();
-                return (
-                    Ballot::unknown(),
-                    Some(format!("{ep}: no answer within {nt:?}")),
-                    None,
-                );
+                let why = format!("no answer within {:?}", self.node_timeout());
+                (Ballot::unknown(), Some(why))
             }
             Some(Err(e)) if e.is_retryable() => {
                 node.suspect(format!("an error ({e})"));
-                return (Ballot::unknown(), Some(format!("{ep}: {e}")), None);
+                (Ballot::unknown(), Some(e.to_string()))
             }
-            Some(Err(e)) => return (Ballot::default(), Some(format!("{ep}: {e}")), Some(e)),
-            Some(Ok(v)) => v,
-        };
-        if v.reply == QuorumReply::EpochMismatch {
-            node.suspect("an epoch change (lost data or initialised again)");
-            let why = "lost its data or was initialised again since the last check; re-checking";
-            return (Ballot::default(), Some(format!("{ep}: {why}")), None);
-        }
-        if v.scripts_reloaded {
-            node.suspect("it had forgotten its scripts (restarted?)");
-        }
-        if let Some(left) = v.quarantine {
-            // The node's own record, by its own clock, whatever this client thought: it lost
-            // its data and whoever initialised it set the end.
-            node.note_quarantine(left);
-        }
-        let ballot = Ballot::of(&v, view.counts);
-        let problem = (!ballot.counted).then(|| {
-            let why = match (&view.why_not, v.quarantine) {
-                (Some(w), _) => w.clone(),
-                (None, Some(left)) => {
-                    format!("in restart quarantine for {left:?} more by its own clock")
+            Some(Err(e)) => {
+                let why = e.to_string();
+                count.hard.get_or_insert(e);
+                (Ballot::default(), Some(why))
+            }
+            Some(Ok(v)) if v.reply == QuorumReply::EpochMismatch => {
+                node.suspect("an epoch change (lost data or initialised again)");
+                let why =
+                    "lost its data or was initialised again since the last check; re-checking";
+                (Ballot::default(), Some(why.to_owned()))
+            }
+            Some(Ok(v)) => {
+                count.first += usize::from(v.first && view.counts);
+                if v.scripts_reloaded {
+                    node.suspect("it had forgotten its scripts (restarted?)");
                 }
-                (None, None) => "had forgotten its scripts (restarted?); re-checking".to_owned(),
-            };
-            format!("{ep}: {why}")
-        });
-        (ballot, problem, None)
+                if let Some(left) = v.quarantine {
+                    // The node's own record, by its own clock, whatever this client thought:
+                    // it lost its data and whoever initialised it set the end.
+                    node.note_quarantine(left);
+                }
+                let ballot = Ballot::of(&v, view.counts);
+                let why = (!ballot.counted).then(|| match (&view.why_not, v.quarantine) {
+                    (Some(w), _) => w.clone(),
+                    (None, Some(left)) => {
+                        format!("in restart quarantine for {left:?} more by its own clock")
+                    }
+                    (None, None) => "had forgotten its scripts (restarted?); re-checking".into(),
+                });
+                (ballot, why)
+            }
+        };
+        count.ballots[i] = ballot;
+        count
+            .problems
+            .extend(why.map(|w| format!("{}: {w}", node.endpoint)));
     }
 
     /// Raises the counter to `token` and records it with the attempt's hold on the listed
@@ -170,34 +136,29 @@ impl RedlockBackend {
     async fn raise(
         &self,
         views: &[View],
-        (name, kind): (&str, LockKind),
-        attempt: &AttemptId,
+        req: &AcquireRequest,
         token: u64,
         list: &[usize],
     ) -> Vec<Option<bool>> {
-        let nt = self.nt();
-        let done = join_all(list.iter().map(|&i| {
-            let b = views[i].backend.clone();
-            async move {
-                let Some(b) = b else { return (i, false) };
-                let raise = b.raise_fence(name, kind, attempt, token);
-                let ok = match tokio::time::timeout(nt, raise).await {
-                    Ok(Ok(Some(c))) => c >= token,
-                    Ok(Err(e)) if e.is_retryable() => {
-                        self.health.nodes[i].suspect(format!("an error ({e})"));
-                        false
-                    }
-                    _ => false,
-                };
-                (i, ok)
+        let (key, nt) = (&req.key, self.node_timeout());
+        join_all(views.iter().enumerate().map(|(i, v)| async move {
+            if !list.contains(&i) {
+                return None;
             }
+            let Some(b) = &v.backend else {
+                return Some(false);
+            };
+            let raise = b.raise_fence(&key.name, key.kind, &req.attempt, token);
+            Some(match tokio::time::timeout(nt, raise).await {
+                Ok(Ok(Some(c))) => c >= token,
+                Ok(Err(e)) if e.is_retryable() => {
+                    self.health.nodes[i].suspect(format!("an error ({e})"));
+                    false
+                }
+                _ => false,
+            })
         }))
-        .await;
-        let mut out = vec![None; views.len()];
-        for (i, ok) in done {
-            out[i] = Some(ok);
-        }
-        out
+        .await
     }
 
     /// Takes back, in parallel, what an attempt that did not win may have been granted: on
@@ -206,14 +167,8 @@ impl RedlockBackend {
     /// (never the lock's channel: no herd). The request names the attempt, so it can only
     /// remove that attempt's holds; a vote still in flight on a node runs before it (one
     /// connection per node, in order).
-    async fn abort(
-        &self,
-        views: &[View],
-        (name, kind): (&str, LockKind),
-        attempt: &AttemptId,
-        ballots: &[Ballot],
-    ) {
-        let nt = self.nt();
+    async fn abort(&self, views: &[View], req: &AcquireRequest, ballots: &[Ballot]) {
+        let (key, nt) = (&req.key, self.node_timeout());
         join_all(
             ballots
                 .iter()
@@ -221,7 +176,7 @@ impl RedlockBackend {
                 .filter(|(_, b)| b.granted() || b.maybe_granted)
                 .filter_map(|(i, _)| views[i].backend.clone())
                 .map(|b| async move {
-                    let give_back = b.give_back(name, kind, attempt);
+                    let give_back = b.give_back(&key.name, key.kind, &req.attempt);
                     let _ = tokio::time::timeout(nt, give_back).await;
                 }),
         )
@@ -243,15 +198,8 @@ impl RedlockBackend {
         // Votes still out finish in the background; if this attempt wins, those that voted
         // for it get its token too (they were not there to be raised).
         let (won, token_rx) = tokio::sync::oneshot::channel();
-        finish_votes(
-            votes,
-            views.clone(),
-            req.key.name.clone(),
-            req.key.kind,
-            req.attempt.clone(),
-            self.call_timeout(),
-            token_rx,
-        );
+        let t = self.call_timeout();
+        finish_votes(votes, views.clone(), req.clone(), t, token_rx);
         let round = self.conclude(req, &views, count, start).await?;
         if let AcquireReply::Granted { token } = round.reply {
             let _ = won.send(token);
@@ -286,13 +234,12 @@ impl RedlockBackend {
                     .push(format!("{}: {why}", self.health.nodes[i].endpoint));
                 continue;
             };
-            let (key, attempt, lease) = (req.key.clone(), req.attempt.clone(), req.lease);
-            let value = req.value.clone();
+            let req = req.clone();
             count.asked[i] = true;
             votes.push(Box::pin(async move {
-                let value = value.as_deref();
-                let vote = b.vote(&key, &attempt, lease, &epoch, value, queue).await;
-                (i, vote)
+                let value = req.value.as_deref();
+                let vote = b.vote(&req.key, &req.attempt, req.lease, &epoch, value, queue);
+                (i, vote.await)
             }));
         }
         (votes, count)
@@ -307,29 +254,21 @@ impl RedlockBackend {
     /// anything sent after it on its connection (the give-back of a failed attempt, a
     /// release), and so that it can be given the token. The caller lets the rest finish.
     async fn count_votes(&self, views: &[View], votes: &mut Votes, count: &mut Count) {
-        let deadline = tokio::time::Instant::now() + self.nt();
+        let deadline = tokio::time::Instant::now() + self.node_timeout();
         loop {
             let (i, answer) = match tokio::time::timeout_at(deadline, votes.next()).await {
                 Ok(Some((i, r))) => (i, Some(r)),
                 Ok(None) => return,
                 Err(_) => {
-                    for i in (0..views.len()).filter(|&i| count.asked[i]) {
-                        let (_, p, _) = self.vote(i, &views[i], None);
-                        count.problems.extend(p);
+                    let late: Vec<usize> = (0..views.len()).filter(|&i| count.asked[i]).collect();
+                    for i in late {
+                        self.vote(count, i, &views[i], None);
                     }
                     return;
                 }
             };
             count.asked[i] = false;
-            if let Some(Ok(v)) = &answer {
-                count.first += usize::from(v.first && views[i].counts);
-            }
-            let (b, p, e) = self.vote(i, &views[i], answer);
-            count.ballots[i] = b;
-            count.problems.extend(p);
-            if count.hard.is_none() {
-                count.hard = e;
-            }
+            self.vote(count, i, &views[i], answer);
             if tally::settled(&count.ballots, votes.len()) {
                 // The rest cannot change the outcome: they finish in the background, so the
                 // slower nodes still get the hold — this attempt's, by its id — and anything
@@ -349,51 +288,49 @@ impl RedlockBackend {
         count: Count,
         start: Instant,
     ) -> Result<Round> {
-        let Count {
-            ballots,
-            problems,
-            hard,
-            first,
-            ..
-        } = count;
-        let (name, attempt) = ((&*req.key.name, req.key.kind), &req.attempt);
-        let decision = tally::decide(&ballots);
-        let held = |ttl| {
-            let reply = AcquireReply::Held { ttl };
-            Ok(Round { reply, first })
-        };
-        match decision {
-            Decision::Again { token } | Decision::Fresh { token } => {
-                // Again: a retry of an attempt whose grant stands on a majority (its reply was
-                // lost): the same token; the votes made every lease run at least `lease` from
-                // now. Nodes of the attempt that store another token get this one (for a grant
-                // that stands, best effort: a majority has it already).
-                let fixes = tally::raises(&ballots, token);
-                let raised = if fixes.is_empty() {
-                    Vec::new()
-                } else {
-                    self.raise(views, name, attempt, token, &fixes).await
-                };
-                let confirmed = tally::confirmed(decision, &ballots, &raised);
-                let q = self.q();
-                if confirmed >= q && tally::validity(req.lease, start.elapsed()).is_some() {
-                    let reply = AcquireReply::Granted { token };
-                    return Ok(Round { reply, first });
+        let (ballots, first) = (&count.ballots, count.first);
+        let decision = tally::decide(ballots);
+        let (Decision::Again { token } | Decision::Fresh { token }) = decision else {
+            self.abort(views, req, ballots).await;
+            let ttl = match decision {
+                Decision::Held { ttl } => ttl,
+                Decision::NoQuorum { answered } => {
+                    let no_quorum = || self.no_quorum(answered, &count.problems);
+                    return Err(count.hard.unwrap_or_else(no_quorum));
                 }
-                Err(self.unconfirmed(name.0, confirmed, q, start.elapsed()))
-            }
-            Decision::Held { ttl } => {
-                self.abort(views, name, attempt, &ballots).await;
-                held(ttl)
-            }
-            Decision::Split => {
-                self.abort(views, name, attempt, &ballots).await;
-                held(Some(self.jitter()))
-            }
-            Decision::NoQuorum { answered } => {
-                self.abort(views, name, attempt, &ballots).await;
-                Err(hard.unwrap_or_else(|| self.no_quorum(answered, &problems)))
-            }
+                // A split vote: a random pause (0 to the node timeout), so that clients that
+                // split the nodes do not collide again.
+                _ => {
+                    let max = u64::try_from(self.node_timeout().as_micros()).unwrap_or(u64::MAX);
+                    Some(Duration::from_micros(fastrand::u64(0..=max)))
+                }
+            };
+            let reply = AcquireReply::Held { ttl };
+            return Ok(Round { reply, first });
+        };
+        // Again: a retry of an attempt whose grant stands on a majority (its reply was lost):
+        // the same token; the votes made every lease run at least `lease` from now. Nodes of
+        // the attempt that store another token get this one (for a grant that stands, best
+        // effort: a majority has it already).
+        let raised = self
+            .raise(views, req, token, &tally::raises(ballots, token))
+            .await;
+        let confirmed = tally::confirmed(decision, ballots, &raised);
+        let q = self.quorum();
+        if confirmed >= q && tally::validity(req.lease, start.elapsed()).is_some() {
+            let reply = AcquireReply::Granted { token };
+            return Ok(Round { reply, first });
         }
+        // Confirmed too late (a raise that did not arrive, or votes so slow that no validity is
+        // left). Nobody else holds the lock, so this is not `Held`: a retryable error. The
+        // attempt's holds stay (they are addressed to it): its retry finds and confirms them,
+        // and an attempt that stops instead is given up by the core, which removes them.
+        let (name, took) = (&req.key.name, start.elapsed());
+        tracing::debug!(%name, confirmed, q, ?took, "redlock grant not confirmed in time");
+        Err(self.unavailable(format!(
+            "a majority voted for this attempt on `{name}` but only {confirmed} of the {q} \
+                 nodes needed confirmed its token with validity left (after {took:?}; slow \
+                 nodes?)"
+        )))
     }
 }

@@ -23,6 +23,8 @@ pub(crate) struct NodeAddr {
 /// Everything the URL says.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
+    /// Every node's `host:port`, joined by `,`.
+    pub(crate) endpoint: String,
     pub(crate) nodes: Vec<NodeAddr>,
     pub(crate) node_timeout: Duration,
     /// `None`: the longest lease in use (the watchdog lease, or a longer fixed lease seen).
@@ -68,84 +70,19 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
         )));
     }
     let nodes = node_addrs(&cs, node_scheme)?;
-    for (k, _) in cs.params() {
-        match k.as_str() {
-            "node_timeout" | "quarantine" | "check_interval" | "namespace" | "protocol"
-            | "wait" => {}
-            "ca_file" if node_scheme == "rediss" => {}
-            other => {
-                return Err(cs.invalid(format!(
-                    "unknown parameter `{other}` (known: namespace, node_timeout, quarantine, \
-                     check_interval, wait, protocol; ca_file with redlocks://)"
-                )))
-            }
-        }
+    let mut known = vec![
+        "namespace",
+        "node_timeout",
+        "quarantine",
+        "check_interval",
+        "wait",
+        "protocol",
+    ];
+    if node_scheme == "rediss" {
+        known.push("ca_file");
     }
+    cs.check_params(&known)?;
 
-    let (node_timeout, quarantine, check_interval) = timing(&cs, opts)?;
-    let wait = match cs.param("wait") {
-        None | Some("queue") => WaitMode::Queue,
-        Some("retry") => WaitMode::Retry,
-        Some(other) => {
-            return Err(cs.invalid(format!(
-                "wait={other} is not `queue` (the default: waiters queue on the nodes) or \
-                 `retry` (no queue: every release wakes every waiter)"
-            )))
-        }
-    };
-
-    Ok(Config {
-        nodes,
-        node_timeout,
-        quarantine,
-        check_interval,
-        wait,
-    })
-}
-
-/// The nodes of `cs` (each listed once, at least [`MIN_NODES`]), each with its own URL: the
-/// node scheme `node_scheme`, its host, and the parameters a node takes.
-fn node_addrs(cs: &ConnectionString, node_scheme: &str) -> Result<Vec<NodeAddr>> {
-    let mut endpoints: Vec<String> = Vec::new();
-    for h in cs.hosts() {
-        let ep = h.endpoint(6379);
-        if endpoints.contains(&ep) {
-            return Err(cs.invalid(format!(
-                "node `{ep}` is listed twice; Redlock needs independent nodes"
-            )));
-        }
-        endpoints.push(ep);
-    }
-    if endpoints.len() < MIN_NODES {
-        return Err(cs.invalid(format!(
-            "Redlock needs at least {MIN_NODES} independent Redis nodes (an odd number such as 3 or 5 is best); \
-             {} given. For one server use redis://",
-            endpoints.len()
-        )));
-    }
-    let nodes = cs
-        .hosts()
-        .iter()
-        .map(|h| {
-            let mut node = cs.clone();
-            node.set_scheme(node_scheme);
-            node.set_hosts(vec![Host::new(h.host.clone(), Some(h.port_or(6379)))]);
-            node.retain_params(|k, _| matches!(k, "namespace" | "protocol" | "ca_file"));
-            NodeAddr {
-                url: node.expose_url().to_owned(),
-                endpoint: h.endpoint(6379),
-            }
-        })
-        .collect();
-    Ok(nodes)
-}
-
-/// `node_timeout` (default: [`DEFAULT_NODE_TIMEOUT`], at most a tenth of the watchdog lease),
-/// `quarantine` and `check_interval` of `cs`, checked.
-fn timing(
-    cs: &ConnectionString,
-    opts: &ClientOptions,
-) -> Result<(Duration, Option<Duration>, Duration)> {
     let lease = opts.get_watchdog_lease();
     let node_timeout = match cs.duration("node_timeout")? {
         None => DEFAULT_NODE_TIMEOUT.min(lease / 10),
@@ -162,12 +99,10 @@ fn timing(
         Some(t) => t,
     };
     let quarantine = cs.duration("quarantine")?;
-    if let Some(q) = quarantine {
-        if q > distlock_core::MAX_LEASE {
-            return Err(cs.invalid(format!(
-                "quarantine={q:?} is longer than the 30-day lease limit"
-            )));
-        }
+    if let Some(q) = quarantine.filter(|q| *q > distlock_core::MAX_LEASE) {
+        return Err(cs.invalid(format!(
+            "quarantine={q:?} is longer than the 30-day lease limit"
+        )));
     }
     let check_interval = cs
         .duration("check_interval")?
@@ -177,8 +112,50 @@ fn timing(
             "check_interval={check_interval:?} must be between 10ms and 60s"
         )));
     }
+    // `queue` (the default): waiters queue on the nodes; `retry`: every release wakes every
+    // waiter.
+    let wait = match cs.choice("wait", &["queue", "retry"])? {
+        Some("retry") => WaitMode::Retry,
+        _ => WaitMode::Queue,
+    };
+    Ok(Config {
+        endpoint: cs.endpoints(6379),
+        nodes,
+        node_timeout,
+        quarantine,
+        check_interval,
+        wait,
+    })
+}
 
-    Ok((node_timeout, quarantine, check_interval))
+/// The nodes of `cs` (each listed once, at least [`MIN_NODES`]), each with its own URL: the
+/// node scheme `node_scheme`, its host, and the parameters a node takes.
+fn node_addrs(cs: &ConnectionString, node_scheme: &str) -> Result<Vec<NodeAddr>> {
+    let hosts = cs.hosts();
+    if hosts.len() < MIN_NODES {
+        return Err(cs.invalid(format!(
+            "Redlock needs at least {MIN_NODES} independent Redis nodes (an odd number such as 3 or 5 is best); \
+             {} given. For one server use redis://",
+            hosts.len()
+        )));
+    }
+    let endpoints: Vec<String> = hosts.iter().map(|h| h.endpoint(6379)).collect();
+    let mut nodes = Vec::with_capacity(hosts.len());
+    for (i, (h, endpoint)) in hosts.iter().zip(&endpoints).enumerate() {
+        if endpoints[..i].contains(endpoint) {
+            return Err(cs.invalid(format!(
+                "node `{endpoint}` is listed twice; Redlock needs independent nodes"
+            )));
+        }
+        let mut node = cs.clone();
+        node.set_scheme(node_scheme);
+        node.set_hosts(vec![Host::new(h.host.clone(), Some(h.port_or(6379)))]);
+        node.retain_params(|k, _| matches!(k, "namespace" | "protocol" | "ca_file"));
+        let url = node.expose_url().to_owned();
+        let endpoint = endpoint.clone();
+        nodes.push(NodeAddr { url, endpoint });
+    }
+    Ok(nodes)
 }
 
 #[cfg(test)]

@@ -31,27 +31,25 @@ fn finish_in_background<T: Send + 'static>(mut rest: Answers<T>) {
 }
 
 impl RedlockBackend {
-    /// Runs `op` on every connected node, each bounded by `t`, polled by the caller as they
-    /// finish: `(node, None)` for a timeout, `(node, Some(result))` otherwise. A caller that has
-    /// its majority hands the rest to [`finish_in_background`], so a slow node's request still
-    /// completes (in order on its connection) without keeping the caller waiting.
-    fn fan_out<T, F, Fut>(&self, views: &[View], t: Duration, op: F) -> Answers<T>
+    /// Runs `op` on every connected node of the nodes' views now (returned too), each bounded
+    /// by the call timeout, polled by the caller as they finish: `(node, None)` for a timeout,
+    /// `(node, Some(result))` otherwise. A caller that has its majority hands the rest to
+    /// [`finish_in_background`], so a slow node's request still completes (in order on its
+    /// connection) without keeping the caller waiting.
+    fn fan_out<T, F, Fut>(&self, op: F) -> (Vec<View>, Answers<T>)
     where
         T: Send + 'static,
         F: Fn(Arc<RedisNode>) -> Fut,
         Fut: std::future::Future<Output = Result<T>> + Send + 'static,
     {
-        views
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| {
-                let fut = op(v.backend.clone()?);
-                Some(
-                    Box::pin(async move { (i, tokio::time::timeout(t, fut).await.ok()) })
-                        as Answer<T>,
-                )
-            })
-            .collect()
+        let (views, t) = (self.health.views(), self.call_timeout());
+        let answers = views.iter().enumerate().filter_map(|(i, v)| {
+            let fut = op(v.backend.clone()?);
+            let answer = async move { (i, tokio::time::timeout(t, fut).await.ok()) };
+            Some(Box::pin(answer) as Answer<T>)
+        });
+        let answers = answers.collect();
+        (views, answers)
     }
 
     /// The queued waiter `req`'s watch on every reachable node: its client's wake channel there,
@@ -59,35 +57,23 @@ impl RedlockBackend {
     /// before the attempt's first vote; no SUBSCRIBE once the node's subscriber is connected).
     pub(crate) async fn wake_watch(&self, req: &AcquireRequest) -> Result<watch::QuorumWatch> {
         let attempt = &req.attempt;
-        self.merged_watch(
+        let watch = |b: Arc<RedisNode>| async move { b.wake_watch(attempt).await };
+        let watches = self.watches("release messages", 1, watch).await?;
+        Ok(watch::QuorumWatch::new(
+            self.node_count(),
+            watches,
             Duration::ZERO,
-            |b| async move { b.wake_watch(attempt).await },
-        )
-        .await
+        ))
     }
 
-    /// `watch` on every reachable node, each bounded by the watch timeout, merged (see
-    /// [`watch::QuorumWatch`]); wake-ups spread by up to `max_spread`.
-    async fn merged_watch<F, Fut>(
+    /// `watch` on every reachable node, each bounded by the watch timeout: the watches made, at
+    /// least `need` (else a retryable error: `what` could not be subscribed).
+    async fn watches<F, Fut>(
         &self,
-        max_spread: Duration,
+        what: &str,
+        need: usize,
         watch: F,
-    ) -> Result<watch::QuorumWatch>
-    where
-        F: Fn(Arc<RedisNode>) -> Fut,
-        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
-    {
-        let watches = self.watches(watch).await;
-        if watches.is_empty() {
-            return Err(
-                self.unavailable("could not subscribe to release messages on any redlock node")
-            );
-        }
-        Ok(watch::QuorumWatch::new(self.n(), watches, max_spread))
-    }
-
-    /// `watch` on every reachable node, each bounded by the watch timeout: the watches made.
-    async fn watches<F, Fut>(&self, watch: F) -> Vec<Box<dyn ReleaseWatch>>
+    ) -> Result<Vec<Box<dyn ReleaseWatch>>>
     where
         F: Fn(Arc<RedisNode>) -> Fut,
         Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
@@ -97,20 +83,21 @@ impl RedlockBackend {
         let got = join_all(views.iter().filter_map(|v| {
             let w = watch(v.backend.clone()?);
             Some(async move { tokio::time::timeout(t, w).await.ok()?.ok() })
-        }))
-        .await;
-        got.into_iter().flatten().collect()
+        }));
+        let got: Vec<_> = got.await.into_iter().flatten().collect();
+        if got.len() < need {
+            return Err(self.unavailable(format!(
+                "could subscribe to {what} on only {} of {} redlock nodes (need {need})",
+                got.len(),
+                self.node_count()
+            )));
+        }
+        Ok(got)
     }
 
     /// Node `i`'s answer in a fan-out: the value, or `None` with its problem noted (`r` is
-    /// `None` for no answer within `t`; a retryable error also makes the node suspect).
-    fn answer<T>(
-        &self,
-        i: usize,
-        r: Option<Result<T>>,
-        t: Duration,
-        problems: &mut Vec<String>,
-    ) -> Option<T> {
+    /// `None` for no answer in time; a retryable error also makes the node suspect).
+    fn answer<T>(&self, i: usize, r: Option<Result<T>>, problems: &mut Vec<String>) -> Option<T> {
         let node = &self.health.nodes[i];
         let problem = match r {
             Some(Ok(v)) => return Some(v),
@@ -120,7 +107,7 @@ impl RedlockBackend {
                 }
                 e.to_string()
             }
-            None => format!("no answer within {t:?}"),
+            None => format!("no answer within {:?}", self.call_timeout()),
         };
         problems.push(format!("{}: {problem}", node.endpoint));
         None
@@ -136,13 +123,12 @@ impl RedlockBackend {
         views: &[View],
         answers: &mut Answers<Vec<RenewOutcome>>,
         holds: &[(GrantRef, Duration)],
-        t: Duration,
     ) -> (Vec<(bool, Option<Vec<RenewOutcome>>)>, Vec<String>) {
         let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
             views.iter().map(|v| (v.counts, None)).collect();
         let mut problems: Vec<String> = Vec::new();
         let budget = (holds.len() > 1).then(|| self.health.opts.renew_timeout() * 3 / 4);
-        let until = tokio::time::Instant::now() + budget.unwrap_or(t);
+        let until = tokio::time::Instant::now() + budget.unwrap_or_default();
         loop {
             let next = match budget {
                 Some(b) => match tokio::time::timeout_at(until, answers.next()).await {
@@ -155,7 +141,7 @@ impl RedlockBackend {
                 None => answers.next().await,
             };
             let Some((i, r)) = next else { break };
-            match self.answer(i, r, t, &mut problems) {
+            match self.answer(i, r, &mut problems) {
                 Some(o) if o.len() == holds.len() => per_node[i].1 = Some(o),
                 Some(_) => problems.push(format!(
                     "{}: renewed a batch of the wrong size",
@@ -163,10 +149,8 @@ impl RedlockBackend {
                 )),
                 None => {}
             }
-            if tally::renew_outcomes(&per_node, holds.len())
-                .iter()
-                .all(Option::is_some)
-            {
+            let outcomes = tally::renew_outcomes(&per_node, holds.len());
+            if outcomes.iter().all(Option::is_some) {
                 break;
             }
         }
@@ -181,7 +165,7 @@ impl Backend for RedlockBackend {
     }
 
     fn endpoint(&self) -> String {
-        self.endpoint.clone()
+        self.health.cfg.endpoint.clone()
     }
 
     /// The mutex and the election (`docs/election-redlock.md`): the core refuses every other
@@ -199,9 +183,10 @@ impl Backend for RedlockBackend {
     /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
     /// random pause (waiters that do not queue: `wait=retry`).
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let nt = self.nt();
-        let w = self.merged_watch(nt, |b| async move { b.watch(req).await });
-        Ok(Box::new(w.await?))
+        let watch = |b: Arc<RedisNode>| async move { b.watch(req).await };
+        let watches = self.watches("release messages", 1, watch).await?;
+        let (n, spread) = (self.node_count(), self.node_timeout());
+        Ok(Box::new(watch::QuorumWatch::new(n, watches, spread)))
     }
 
     /// Waits in the nodes' wait queues, woken by the nodes where this waiter is first (see
@@ -226,42 +211,35 @@ impl Backend for RedlockBackend {
     /// a node left free wakes its next waiter. Idempotent; only that attempt's holds and queue
     /// entries are touched.
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        let views = self.health.views();
-        let t = self.call_timeout();
         let (name, kind, attempt) = (req.key.name.clone(), req.key.kind, req.attempt.clone());
-        let mut answers = self.fan_out(&views, t, |b| {
+        let (_, mut answers) = self.fan_out(|b| {
             let (name, attempt) = (name.clone(), attempt.clone());
             async move { b.give_up(&name, kind, &attempt).await }
         });
         let mut answered = 0;
         let mut problems = Vec::new();
         while let Some((i, r)) = answers.next().await {
-            answered += usize::from(self.answer(i, r, t, &mut problems).is_some());
+            answered += usize::from(self.answer(i, r, &mut problems).is_some());
         }
         // Fewer than a majority reached: a grant this attempt may have got could still stand
         // (until its lease ends); say so.
-        if answered < self.q() {
+        if answered < self.quorum() {
             return Err(self.no_quorum(answered, &problems));
         }
         Ok(())
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        let views = self.health.views();
         let t = self.call_timeout();
-        // Set once a majority released this grant: then a node that holds the attempt under
-        // another token (its vote came in after the decision, before the raise reached it)
-        // holds part of this very grant — attempt ids are unique — and is released too.
+        // Set once a majority released this grant: see `release_node`.
         let (verdict, decided) = tokio::sync::watch::channel(false);
-        let mut answers = self.fan_out(&views, t, |b| {
-            release_node(b, grant.clone(), t, decided.clone())
-        });
+        let (_, mut answers) = self.fan_out(|b| release_node(b, grant.clone(), t, decided.clone()));
         drop(decided);
-        let q = self.q();
-        let mut outcomes: Vec<Option<ReleaseOutcome>> = vec![None; self.n()];
+        let q = self.quorum();
+        let mut outcomes: Vec<Option<ReleaseOutcome>> = vec![None; self.node_count()];
         let mut problems = Vec::new();
         while let Some((i, r)) = answers.next().await {
-            outcomes[i] = self.answer(i, r, t, &mut problems);
+            outcomes[i] = self.answer(i, r, &mut problems);
             if tally::released(&outcomes) >= q {
                 verdict.send_replace(true);
                 break;
@@ -279,22 +257,16 @@ impl Backend for RedlockBackend {
         for (_, lease) in holds {
             self.health.note_lease(*lease);
         }
-        let views = self.health.views();
         let t = self.call_timeout();
         // Set to which grants a majority renewed: see `renew_node`.
         let (verdict, decided) = tokio::sync::watch::channel(None::<Vec<bool>>);
-        let mut answers = self.fan_out(&views, t, |b| {
-            renew_node(b, holds.to_vec(), t, decided.clone())
-        });
+        let (views, mut answers) =
+            self.fan_out(|b| renew_node(b, holds.to_vec(), t, decided.clone()));
         drop(decided);
-        let (per_node, mut problems) = self.count_renewals(&views, &mut answers, holds, t).await;
+        let (per_node, mut problems) = self.count_renewals(&views, &mut answers, holds).await;
         let outcomes = tally::renew_outcomes(&per_node, holds.len());
-        verdict.send_replace(Some(
-            outcomes
-                .iter()
-                .map(|o| *o == Some(RenewOutcome::Renewed))
-                .collect(),
-        ));
+        let renewed = outcomes.iter().map(|o| *o == Some(RenewOutcome::Renewed));
+        verdict.send_replace(Some(renewed.collect()));
         finish_in_background(answers);
         let (outcomes, undecided) = tally::renew_batch(&outcomes);
         if undecided.is_empty() {
@@ -306,17 +278,14 @@ impl Backend for RedlockBackend {
                 .filter(|_| v.backend.is_some())
                 .map(|w| format!("{}: {w}", n.endpoint))
         }));
-        let names: Vec<String> = undecided
+        let names = undecided
             .iter()
-            .map(|&h| format!("`{}`", holds[h].0.key.name))
-            .collect();
+            .map(|&h| format!("`{}`", holds[h].0.key.name));
+        let names = names.collect::<Vec<_>>().join(", ");
+        let (q, n, problems) = (self.quorum(), self.node_count(), problems.join("; "));
         let err = self.unavailable(format!(
-                "the renewal of {} was neither confirmed nor refused by a majority ({} of {} nodes needed): {}",
-                names.join(", "),
-                self.q(),
-                self.n(),
-                problems.join("; ")
-            ));
+            "the renewal of {names} was neither confirmed nor refused by a majority ({q} of {n} nodes needed): {problems}"
+        ));
         if undecided.len() == holds.len() {
             return Err(err);
         }
@@ -335,23 +304,21 @@ impl Backend for RedlockBackend {
     /// of counted nodes stored it (or had it: a retry), `NotHeld` once a majority says the
     /// grant is gone; a retryable error when neither is decided.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        let views = self.health.views();
-        let t = self.call_timeout();
         let (grant2, value2): (GrantRef, Arc<str>) = (grant.clone(), Arc::from(value));
-        let mut answers = self.fan_out(&views, t, |b| {
+        let (views, mut answers) = self.fan_out(|b| {
             let (grant, value) = (grant2.clone(), value2.clone());
             async move { b.proclaim(&grant, seq, &value).await }
         });
-        let q = self.q();
+        let q = self.quorum();
         let (mut renewed, mut gone) = (0, 0);
         let mut problems = Vec::new();
-        let mut outcome = None;
-        while let Some((i, r)) = answers.next().await {
-            match self.answer(i, r, t, &mut problems) {
-                Some(o) if views[i].counts => match o {
-                    RenewOutcome::Renewed => renewed += 1,
-                    _ => gone += 1,
-                },
+        let outcome = loop {
+            let Some((i, r)) = answers.next().await else {
+                break None;
+            };
+            match self.answer(i, r, &mut problems) {
+                Some(RenewOutcome::Renewed) if views[i].counts => renewed += 1,
+                Some(_) if views[i].counts => gone += 1,
                 Some(_) => problems.push(format!(
                     "{}: {}",
                     self.health.nodes[i].endpoint,
@@ -360,22 +327,18 @@ impl Backend for RedlockBackend {
                 None => {}
             }
             if renewed >= q {
-                outcome = Some(RenewOutcome::Renewed);
-                break;
+                break Some(RenewOutcome::Renewed);
             }
             if gone >= q {
-                outcome = Some(RenewOutcome::NotHeld);
-                break;
+                break Some(RenewOutcome::NotHeld);
             }
-        }
+        };
         finish_in_background(answers);
         outcome.ok_or_else(|| {
+            let (name, n, problems) = (&grant.key.name, self.node_count(), problems.join("; "));
             self.unavailable(format!(
-                "the proclamation on `{}` was neither confirmed nor refused by a majority \
-                     ({renewed} confirmed, {gone} refused, {q} of {} nodes needed): {}",
-                grant.key.name,
-                self.n(),
-                problems.join("; ")
+                "the proclamation on `{name}` was neither confirmed nor refused by a majority \
+                 ({renewed} confirmed, {gone} refused, {q} of {n} nodes needed): {problems}"
             ))
         })
     }
@@ -383,17 +346,9 @@ impl Backend for RedlockBackend {
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
     /// majority, else a retryable error); see `watch::ObserveWatch`.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        let watches = self
-            .watches(|b| async move { Backend::observe(b.backend(), name).await })
-            .await;
-        let q = self.q();
-        if watches.len() < q {
-            return Err(self.unavailable(format!(
-                "could subscribe to election `{name}` on only {} of {} redlock nodes (need {q})",
-                watches.len(),
-                self.n()
-            )));
-        }
+        let (what, q) = (format!("election `{name}`"), self.quorum());
+        let observe = |b: Arc<RedisNode>| async move { Backend::observe(b.backend(), name).await };
+        let watches = self.watches(&what, q, observe).await?;
         Ok(Box::new(watch::ObserveWatch::new(watches, q)))
     }
 
@@ -417,13 +372,11 @@ async fn release_node(
         return Ok(o);
     }
     tokio::spawn(async move {
-        // Ends as soon as the release is decided either way (the sender goes away with the
-        // call).
-        let released = matches!(
-            tokio::time::timeout(t, decided.wait_for(|v| *v)).await,
-            Ok(Ok(_))
-        );
-        if released {
+        // Ends as soon as the release is decided either way (the sender goes with the call).
+        if tokio::time::timeout(t, decided.wait_for(|v| *v))
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {
             let (name, kind, attempt) = (&grant.key.name, grant.key.kind, &grant.attempt);
             let _ = tokio::time::timeout(t, b.release(name, kind, attempt, None)).await;
         }
@@ -433,10 +386,8 @@ async fn release_node(
 }
 
 /// Node `b`'s renewal of `holds`, as the majority counts it. A hold of a grant's attempt under
-/// another token here (its vote came in after the decision, and the raise did not reach it) is
-/// `NotHeld` for the majority; it holds part of that very grant — attempt ids are unique — so
-/// once `decided` says which grants a majority renewed, those rejoin their grant here: raised
-/// to the grant's token and renewed (see [`rejoin`]).
+/// another token here is `NotHeld` for the majority, and part of that very grant (as in
+/// [`release_node`]): once `decided` says a majority renewed the grant, it rejoins ([`rejoin`]).
 async fn renew_node(
     b: Arc<RedisNode>,
     holds: Vec<(GrantRef, Duration)>,
@@ -480,48 +431,5 @@ async fn rejoin(
     }
     if !rejoined.is_empty() {
         let _ = tokio::time::timeout(t, b.renew(&rejoined)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use distlock_core::HolderInfo;
-    use distlock_redis::NodeHold;
-
-    fn holder(owner: &str, ms: u64) -> HolderInfo {
-        HolderInfo::new(owner, 1).with_lease_left(Some(Duration::from_millis(ms)))
-    }
-
-    #[test]
-    fn merged_inspect() {
-        let node = |hold: Option<(&str, &str, u64)>, fence| -> (Option<NodeHold>, u64) {
-            let hold = hold.map(|(a, o, ms)| {
-                NodeHold::new(a, o, Some(fence), Some(Duration::from_millis(ms)))
-            });
-            (hold, fence)
-        };
-        let infos = [
-            node(Some(("a1", "x", 900)), 9),
-            node(Some(("a1", "x", 700)), 9),
-            node(Some(("b1", "y", 500)), 11),
-            node(Some(("a1", "x", 300)), 9),
-            node(None, 3),
-        ];
-        let m = ops::merge("n", &infos, 5, false);
-        assert_eq!(m.holders, vec![holder("x", 300)]);
-        // The majority's 9, not the 11 of a minority's failed vote.
-        assert_eq!(m.fencing_token, 9);
-        let m = ops::merge("n", &infos[2..], 3, false);
-        assert!(!m.held());
-        // Two attempts of one owner, each on a minority: nobody holds the lock.
-        let infos = [
-            node(Some(("a1", "x", 900)), 9),
-            node(Some(("a2", "x", 900)), 9),
-            node(Some(("a1", "x", 900)), 9),
-            node(Some(("a2", "x", 900)), 9),
-            node(Some(("", "", 900)), 9),
-        ];
-        assert!(!ops::merge("n", &infos, 5, false).held());
     }
 }

@@ -26,7 +26,6 @@ pub(crate) const KIND: &str = "redlock";
 /// `distlock::connect("redlock://…")`).
 pub struct RedlockBackend {
     health: Arc<Health>,
-    endpoint: String,
     /// Stops the node checks when the backend goes away.
     _stop: DropGuard,
 }
@@ -49,19 +48,17 @@ impl RedlockBackend {
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         opts.validate()?;
         let cfg = config::parse(url, opts)?;
-        let endpoint = cfg
-            .nodes
-            .iter()
-            .map(|a| a.endpoint.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
-        let health = Arc::new(Health {
-            nodes: cfg.nodes.iter().map(node::Node::new).collect(),
-            cfg,
-            opts: opts.clone(),
-            max_lease_ms: Default::default(),
-        });
-        let (n, q) = (health.nodes.len(), health.q());
+        let stop = CancellationToken::new();
+        let b = RedlockBackend {
+            health: Arc::new(Health {
+                nodes: cfg.nodes.iter().map(node::Node::new).collect(),
+                cfg,
+                opts: opts.clone(),
+                max_lease_ms: Default::default(),
+            }),
+            _stop: stop.clone().drop_guard(),
+        };
+        let (health, n, q) = (&b.health, b.node_count(), b.quorum());
         let conns = join_all((0..n).map(|i| health.connect_node(i))).await;
         let mut problems = Vec::new();
         for (node, c) in health.nodes.iter().zip(conns) {
@@ -76,25 +73,16 @@ impl RedlockBackend {
         }
         let connected = n - problems.len();
         if connected < q {
-            return Err(Error::connection(
-                KIND,
-                endpoint,
-                format!(
-                    "only {connected} of {n} redlock nodes could be reached (need {q}): {}",
-                    problems.join("; ")
-                ),
-            ));
+            return Err(b.unavailable(format!(
+                "only {connected} of {n} redlock nodes could be reached (need {q}): {}",
+                problems.join("; ")
+            )));
         }
         health.initialize().await;
-        let stop = CancellationToken::new();
         for i in 0..n {
             tokio::spawn(node::node_task(health.clone(), i, stop.clone()));
         }
-        Ok(RedlockBackend {
-            health,
-            endpoint,
-            _stop: stop.drop_guard(),
-        })
+        Ok(b)
     }
 
     /// Number of nodes.
@@ -123,33 +111,19 @@ impl RedlockBackend {
         self.health.quarantine_len()
     }
 
-    fn n(&self) -> usize {
-        self.health.nodes.len()
-    }
-
-    fn q(&self) -> usize {
-        self.health.q()
-    }
-
-    fn nt(&self) -> Duration {
-        self.health.cfg.node_timeout
-    }
-
     /// A retryable [`Error::Connection`] of the whole Redlock (`message`: what failed).
     fn unavailable(&self, message: impl Into<String>) -> Error {
-        Error::connection(KIND, self.endpoint.clone(), message.into())
+        Error::connection(KIND, self.health.cfg.endpoint.clone(), message.into())
     }
 
     fn no_quorum(&self, answered: usize, problems: &[String]) -> Error {
+        let (n, q) = (self.node_count(), self.quorum());
+        let details = match problems {
+            [] => "no details".to_owned(),
+            p => p.join("; "),
+        };
         self.unavailable(format!(
-            "only {answered} of {} redlock nodes answered (need {}): {}",
-            self.n(),
-            self.q(),
-            if problems.is_empty() {
-                "no details".to_owned()
-            } else {
-                problems.join("; ")
-            }
+            "only {answered} of {n} redlock nodes answered (need {q}): {details}"
         ))
     }
 
@@ -157,10 +131,10 @@ impl RedlockBackend {
     /// validity does not depend on them: the core measures a renewal from its send time), and
     /// they return as soon as a majority decided.
     fn call_timeout(&self) -> Duration {
-        self.health.opts.get_op_timeout().max(self.nt())
+        self.health.opts.get_op_timeout().max(self.node_timeout())
     }
 
     fn watch_timeout(&self) -> Duration {
-        (self.nt() * 4).clamp(Duration::from_millis(100), Duration::from_secs(1))
+        (self.node_timeout() * 4).clamp(Duration::from_millis(100), Duration::from_secs(1))
     }
 }

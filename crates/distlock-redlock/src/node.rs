@@ -1,24 +1,18 @@
 //! The nodes and what this client knows about each: its connection, its process (run id), its
 //! epoch (the marker that the node is *initialised*: its data has not been lost since its
-//! restart quarantine was set), and the quarantine the epoch carries.
-//!
-//! The quarantine is stored **on the node**, in its epoch, as an end time by the node's own
-//! clock: whoever initialises a node that lost its data sets it, and every client — one that
-//! starts later, a short-lived CLI — reads it and refuses to count the node before it ends (the
-//! vote script also reports it, by the node's clock, in every vote). This client only keeps an
-//! estimate of it for its own views and messages.
-//!
-//! A background task per node checks it every `check_interval` (one pipelined `INFO server` +
-//! `GET NS:redlock:epoch` + `TIME`), and at once when an operation saw something suspicious on
-//! it (an error, an epoch mismatch, forgotten scripts). See `docs/redlock.md` for why each rule
-//! is there.
+//! restart quarantine was set), and the quarantine the epoch carries: stored **on the node**,
+//! by its clock, so that every client honours it (this client keeps an estimate for its views
+//! and messages). A background task per node checks it every `check_interval`, and at once
+//! when an operation saw something suspicious on it. Why each rule is there: `docs/redlock.md`,
+//! "Node health".
 
 use crate::config::{Config, NodeAddr};
 use crate::tally::quorum;
 use distlock_core::{ClientOptions, Error, Result};
 use distlock_redis::{RedisNode, ServerInfo};
 use futures_util::future::join_all;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -27,18 +21,19 @@ use tokio_util::sync::CancellationToken;
 const MIN_CHECK_GAP: Duration = Duration::from_millis(25);
 
 /// One node.
+#[derive(Default)]
 pub(crate) struct Node {
     pub(crate) endpoint: String,
     url: String,
-    backend: RwLock<Option<Arc<RedisNode>>>,
     state: Mutex<NodeState>,
     check_now: Notify,
     /// One initialisation of this node at a time (per client).
     init: tokio::sync::Mutex<()>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct NodeState {
+    backend: Option<Arc<RedisNode>>,
     /// Run id of the process seen by the last good check.
     run_id: Option<String>,
     /// The node epoch this client trusts (valid for `run_id`); `None`: the node is new or lost
@@ -83,20 +78,14 @@ pub struct NodeStatus {
     pub problem: Option<String>,
 }
 
-/// The end of the quarantine an epoch carries, in ms by its node's clock (0: none; an epoch
-/// of the older `RANDOM:RUN_ID` form has none).
-pub(crate) fn epoch_quarantine_end(epoch: &str) -> u64 {
-    let mut parts = epoch.split(':');
-    match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some(_), Some(until), Some(_), None) => until.parse().unwrap_or(0),
+/// How much of the quarantine `epoch` (`RANDOM:UNTIL_MS:RUN_ID`) carries is left at the node's
+/// time `node_now_ms` (an epoch of the older `RANDOM:RUN_ID` form carries none).
+pub(crate) fn quarantine_left(epoch: &str, node_now_ms: u64) -> Option<Duration> {
+    let until: u64 = match epoch.split(':').collect::<Vec<_>>()[..] {
+        [_, until, _] => until.parse().unwrap_or(0),
         _ => 0,
-    }
-}
-
-/// How much of the quarantine `epoch` carries is left at the node's time `node_now_ms`.
-fn quarantine_left(epoch: &str, node_now_ms: u64) -> Option<Duration> {
-    let left = epoch_quarantine_end(epoch).saturating_sub(node_now_ms);
-    (left > 0).then(|| Duration::from_millis(left))
+    };
+    Some(Duration::from_millis(until.saturating_sub(node_now_ms))).filter(|d| !d.is_zero())
 }
 
 impl Node {
@@ -104,10 +93,7 @@ impl Node {
         Node {
             endpoint: addr.endpoint.clone(),
             url: addr.url.clone(),
-            backend: RwLock::new(None),
-            state: Mutex::default(),
-            check_now: Notify::new(),
-            init: tokio::sync::Mutex::new(()),
+            ..Node::default()
         }
     }
 
@@ -116,14 +102,7 @@ impl Node {
     }
 
     pub(crate) fn backend(&self) -> Option<Arc<RedisNode>> {
-        self.backend
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn set_backend(&self, b: Arc<RedisNode>) {
-        *self.backend.write().unwrap_or_else(|p| p.into_inner()) = Some(b);
+        self.state().backend.clone()
     }
 
     pub(crate) fn set_error(&self, e: String) {
@@ -135,14 +114,9 @@ impl Node {
     /// Something an operation saw makes the node suspect (an error, an epoch mismatch, scripts
     /// it had forgotten): it stops counting until a check confirms its process and epoch.
     pub(crate) fn suspect(&self, why: impl Into<String>) {
-        let newly = {
-            let mut st = self.state();
-            st.suspect_gen += 1;
-            let newly = st.suspect.is_none();
-            st.suspect = Some(why.into());
-            newly
-        };
-        if newly {
+        let mut st = self.state();
+        st.suspect_gen += 1;
+        if st.suspect.replace(why.into()).is_none() {
             self.check_now.notify_one();
         }
     }
@@ -157,34 +131,29 @@ impl Node {
     }
 
     pub(crate) fn view(&self, now: Instant) -> View {
-        let backend = self.backend();
         let st = self.state();
+        let backend = st.backend.clone();
+        let last = st.last_error.as_deref();
         let why_not = if backend.is_none() {
-            Some(format!(
-                "not connected ({})",
-                st.last_error.as_deref().unwrap_or("connecting")
-            ))
+            Some(format!("not connected ({})", last.unwrap_or("connecting")))
         } else if !st.reachable {
             Some(format!(
                 "unreachable ({})",
-                st.last_error.as_deref().unwrap_or("not checked yet")
+                last.unwrap_or("not checked yet")
             ))
         } else if let Some(why) = &st.suspect {
             Some(format!("re-checking the node after {why}"))
         } else if st.epoch.is_none() {
-            Some(match &st.last_error {
-                Some(e) => format!("not initialised yet ({e})"),
-                None => "not initialised yet (new, or it lost its data)".to_owned(),
-            })
+            let why = last.unwrap_or("new, or it lost its data");
+            Some(format!("not initialised yet ({why})"))
         } else {
-            match st.quarantine_until {
-                Some(u) if u > now => Some(format!(
+            st.quarantine_until.filter(|u| *u > now).map(|u| {
+                format!(
                     "in restart quarantine for {:?} more (it lost its data; set on the node by \
                      whoever initialised it, by the node's clock)",
                     u - now,
-                )),
-                _ => None,
-            }
+                )
+            })
         };
         View {
             backend,
@@ -216,16 +185,10 @@ pub(crate) struct Health {
     pub(crate) cfg: Config,
     pub(crate) opts: ClientOptions,
     /// Longest lease seen in a request, in ms (lengthens the default quarantine).
-    pub(crate) max_lease_ms: std::sync::atomic::AtomicU64,
+    pub(crate) max_lease_ms: AtomicU64,
 }
 
-/// The random part of an epoch a client creates (the node adds the quarantine's end and the
-/// run id it vouches for).
-fn new_epoch_prefix() -> String {
-    format!("{:016x}", fastrand::u64(..))
-}
-
-fn epoch_valid(epoch: &str, run_id: &str) -> bool {
+pub(crate) fn epoch_valid(epoch: &str, run_id: &str) -> bool {
     epoch
         .rsplit_once(':')
         .is_some_and(|(_, r)| r == run_id && !r.is_empty())
@@ -244,8 +207,7 @@ impl Health {
     /// lease in use; plus the clock-drift allowance.
     pub(crate) fn quarantine_len(&self) -> Duration {
         let q = self.cfg.quarantine.unwrap_or_else(|| {
-            let seen =
-                Duration::from_millis(self.max_lease_ms.load(std::sync::atomic::Ordering::Relaxed));
+            let seen = Duration::from_millis(self.max_lease_ms.load(Relaxed));
             self.opts.get_watchdog_lease().max(seen)
         });
         q + distlock_core::drift(q)
@@ -253,8 +215,7 @@ impl Health {
 
     pub(crate) fn note_lease(&self, lease: Duration) {
         let ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-        self.max_lease_ms
-            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+        self.max_lease_ms.fetch_max(ms, Relaxed);
     }
 
     pub(crate) fn views(&self) -> Vec<View> {
@@ -277,7 +238,7 @@ impl Health {
         let b = Arc::new(b);
         // Best effort: they load on demand too.
         let _ = tokio::time::timeout(t, b.load_scripts()).await;
-        node.set_backend(b.clone());
+        node.state().backend = Some(b.clone());
         Ok(b)
     }
 
@@ -310,18 +271,16 @@ impl Health {
                 st.epoch = None;
             }
             st.run_id = Some(info.run_id.clone());
-            match (st.epoch.clone(), valid.clone()) {
+            match (&st.epoch, &valid) {
                 (Some(known), Some(v)) if known != v => {
                     tracing::warn!(node = %node.endpoint, "redlock node lost its data and was initialised again");
-                    st.epoch = Some(v);
                 }
                 (Some(_), None) => {
                     tracing::warn!(node = %node.endpoint, "redlock node lost its data; not counted until initialised again and out of quarantine");
-                    st.epoch = None;
                 }
-                (None, Some(v)) => st.epoch = Some(v),
                 _ => {}
             }
+            st.epoch = valid;
             // The node's own record decides (whoever initialised it set it, by its clock).
             st.quarantine_until = st
                 .epoch
@@ -362,13 +321,10 @@ impl Health {
 
     /// At connect, once every node was checked: a new cluster (no node is initialised and
     /// fewer than a majority could be) is initialised as a whole, so none of its nodes waits
-    /// in quarantine for nothing; nodes still not initialised are then initialised one by one
-    /// (see [`Health::init_node`]).
-    ///
-    /// A node of a new cluster is quarantined only until its process is the quarantine old:
-    /// if the whole cluster just restarted without its data, leases granted before may still
-    /// run until then (Redlock's delayed restart); a cluster that has been up that long has
-    /// none.
+    /// in quarantine for nothing; the others one by one ([`Health::init_node`]). A node of a
+    /// new cluster is quarantined until its process is the quarantine old: if the whole
+    /// cluster just restarted without its data, leases granted before may run that long
+    /// (Redlock's delayed restart).
     pub(crate) async fn initialize(&self) {
         join_all((0..self.nodes.len()).map(|i| self.check(i, false))).await;
         let looks = self.look().await;
@@ -396,12 +352,10 @@ impl Health {
     /// quarantine that outlasts every lease it may have voted for before it lost its data — the
     /// longest lease horizon of a majority of other initialised nodes (every such lease was
     /// confirmed by a majority, which meets them) — or, if fewer than a majority of nodes can
-    /// be initialised (a new cluster), one until its process is the quarantine old.
-    ///
-    /// Its fencing counters are not copied from the others: a vote's token is never below the
-    /// node's clock (in 100 ms steps, the µs where it has no counter: scripts/fence.lua), and
-    /// the quarantine keeps the node out until its clock is past every token issued before it
-    /// lost them (docs/redlock.md, "Fencing tokens strictly increase").
+    /// be initialised (a new cluster), one until its process is the quarantine old. Its fencing
+    /// counters are not copied: a vote's token is never below the node's clock, which the
+    /// quarantine lets pass every token issued before (docs/redlock.md, "Fencing tokens strictly
+    /// increase").
     pub(crate) async fn init_node(&self, i: usize, info: &ServerInfo) {
         let node = &self.nodes[i];
         let _one = node.init.lock().await;
@@ -430,8 +384,13 @@ impl Health {
         };
         let quarantine = match need {
             0 => self.fresh_quarantine(info),
+            // Locks it had may still be held elsewhere for as long as the longest lease in use:
+            // this client's, or a longer one the sources saw (their horizon), plus the drift.
             _ => match self.horizon(&sources, need).await {
-                Ok(horizon) => self.lost_data_quarantine(horizon),
+                Ok(h) => {
+                    let h = h.map_or(Duration::ZERO, |h| h + distlock_core::drift(h));
+                    self.quarantine_len().max(h)
+                }
                 Err(e) => {
                     node.state().last_error = Some(format!("initialising failed: {e}"));
                     return;
@@ -449,15 +408,6 @@ impl Health {
         self.quarantine_len().saturating_sub(info.uptime)
     }
 
-    /// The quarantine of a node that lost its data (at some time before now): locks it had may
-    /// still be held elsewhere, for as long as the longest lease in use — this client's, or a
-    /// longer one another client asked the sources for (their lease horizon), plus the drift
-    /// allowance.
-    fn lost_data_quarantine(&self, horizon: Option<Duration>) -> Duration {
-        let h = horizon.map_or(Duration::ZERO, |h| h + distlock_core::drift(h));
-        self.quarantine_len().max(h)
-    }
-
     /// Creates node `i`'s epoch (if its process is still `info.run_id`), carrying a quarantine
     /// of `quarantine` from now by the node's clock, and trusts it. If another client created
     /// one first, that one (and its quarantine) is adopted.
@@ -470,12 +420,10 @@ impl Health {
     ) {
         let node = &self.nodes[i];
         let t = self.check_timeout();
-        let created = tokio::time::timeout(
-            t,
-            me.create_epoch(&new_epoch_prefix(), &info.run_id, quarantine),
-        )
-        .await;
-        let (epoch, node_now) = match created {
+        // The random part (the node adds the quarantine's end and the run id it vouches for).
+        let random = format!("{:016x}", fastrand::u64(..));
+        let create = me.create_epoch(&random, &info.run_id, quarantine);
+        let (epoch, node_now) = match tokio::time::timeout(t, create).await {
             Ok(Ok(Ok((e, node_now)))) if epoch_valid(&e, &info.run_id) => (e, node_now),
             Ok(Ok(_)) => {
                 // The process changed under us: the next check starts over.
@@ -497,18 +445,19 @@ impl Health {
 
     /// The longest lease horizon of `sources` (how long a lease granted through them may still
     /// run; `None`: none may); at least `need` of them must answer.
-    async fn horizon(&self, sources: &[Arc<RedisNode>], need: usize) -> Result<Option<Duration>> {
+    async fn horizon(
+        &self,
+        sources: &[Arc<RedisNode>],
+        need: usize,
+    ) -> std::result::Result<Option<Duration>, String> {
         let t = self.check_timeout();
         let reads = join_all(
             sources
                 .iter()
-                .map(|s| async move { tokio::time::timeout(t, s.lease_horizon()).await }),
-        )
-        .await;
-        let mut horizon: Option<Duration> = None;
-        let mut ok = 0;
-        let mut last_err = None;
-        for r in reads {
+                .map(|s| tokio::time::timeout(t, s.lease_horizon())),
+        );
+        let (mut horizon, mut ok, mut last_err) = (None, 0, None);
+        for r in reads.await {
             match r {
                 Ok(Ok(h)) => {
                     ok += 1;
@@ -519,13 +468,9 @@ impl Health {
             }
         }
         if ok < need {
-            return Err(Error::connection(
-                crate::KIND,
-                String::new(),
-                format!(
-                    "only {ok} nodes told their lease horizon, {need} needed{}",
-                    last_err.map(|e| format!(": {e}")).unwrap_or_default()
-                ),
+            let why = last_err.map(|e| format!(": {e}")).unwrap_or_default();
+            return Err(format!(
+                "only {ok} nodes told their lease horizon, {need} needed{why}"
             ));
         }
         Ok(horizon)
@@ -557,22 +502,15 @@ fn horizons_needed(
 
 /// The per-node check loop; ends when `stop` fires (when the backend is dropped).
 pub(crate) async fn node_task(h: Arc<Health>, i: usize, stop: CancellationToken) {
-    let interval = h.cfg.check_interval;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = h.check(i, true) => {}
+    let rest = h.cfg.check_interval.saturating_sub(MIN_CHECK_GAP);
+    stop.run_until_cancelled(async {
+        loop {
+            h.check(i, true).await;
+            tokio::time::sleep(MIN_CHECK_GAP).await;
+            let _ = tokio::time::timeout(rest, h.nodes[i].check_now.notified()).await;
         }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(MIN_CHECK_GAP) => {}
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval.saturating_sub(MIN_CHECK_GAP)) => {}
-            _ = h.nodes[i].check_now.notified() => {}
-        }
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]

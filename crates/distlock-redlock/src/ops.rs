@@ -7,9 +7,10 @@
 //! nodes agree, the owner string says so (`OWNER (on k of N nodes)`), so an operator sees a
 //! half-applied grant or release instead of a clean answer that hides it.
 
-use crate::node::epoch_quarantine_end;
+use crate::node::{epoch_valid, quarantine_left};
 use crate::tally;
 use crate::RedlockBackend;
+use distlock_core::operator::unix_ms;
 use distlock_core::{
     Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result, Severity,
 };
@@ -29,7 +30,7 @@ type NodeAnswer<T> = std::result::Result<T, String>;
 
 /// Runs `op` on every connected node in parallel (only on those `which` selects, when given:
 /// the others answer `Err("")` at once), each bounded by `t`, in node order.
-pub(crate) async fn per_node<T, F, Fut>(
+async fn per_node<T, F, Fut>(
     s: &RedlockBackend,
     t: Duration,
     which: Option<&[bool]>,
@@ -43,34 +44,35 @@ where
         let on = which.is_none_or(|w| w[i]);
         let call = node.backend().filter(|_| on).map(&op);
         async move {
-            let ep = &node.endpoint;
-            if !on {
-                return Err(String::new());
-            }
-            let Some(call) = call else {
-                return Err(format!("{ep}: not connected"));
+            let answer = match call {
+                None if !on => return Err(String::new()),
+                None => Err("not connected".to_owned()),
+                Some(call) => match tokio::time::timeout(t, call).await {
+                    Ok(r) => r.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("no answer within {t:?}")),
+                },
             };
-            match tokio::time::timeout(t, call).await {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) => Err(format!("{ep}: {e}")),
-                Err(_) => Err(format!("{ep}: no answer within {t:?}")),
-            }
+            answer.map_err(|p| format!("{}: {p}", node.endpoint))
         }
     }))
     .await
 }
 
-/// The answers that came, and the problems of the nodes that did not answer.
-pub(crate) fn split<T>(answers: Vec<NodeAnswer<T>>) -> (Vec<T>, Vec<String>) {
-    let mut ok = Vec::new();
+/// The answers of the nodes that answered `op` ([`per_node`]), if a majority did.
+async fn from_majority<T, F, Fut>(s: &RedlockBackend, t: Duration, op: F) -> Result<Vec<T>>
+where
+    F: Fn(Arc<RedisNode>) -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
     let mut problems = Vec::new();
-    for a in answers {
-        match a {
-            Ok(v) => ok.push(v),
-            Err(p) => problems.push(p),
-        }
+    let answers = per_node(s, t, None, op).await.into_iter();
+    let ok: Vec<T> = answers
+        .filter_map(|a| a.map_err(|p| problems.push(p)).ok())
+        .collect();
+    if ok.len() < s.quorum() {
+        return Err(s.no_quorum(ok.len(), &problems));
     }
-    (ok, problems)
+    Ok(ok)
 }
 
 /// `owner`, or `owner (on k of n nodes)` when not every node agrees.
@@ -84,7 +86,7 @@ fn agreement(owner: &str, k: usize, n: usize) -> String {
 
 /// The lease a majority still has: the `q`-th longest of the nodes' leases (`None`, no
 /// expiry, counts as the longest), or `None` when fewer than `q` nodes have the hold.
-pub(crate) fn majority_lease(mut leases: Vec<Option<Duration>>, q: usize) -> Option<Duration> {
+fn majority_lease(mut leases: Vec<Option<Duration>>, q: usize) -> Option<Duration> {
     leases.sort_by_key(|l| std::cmp::Reverse((l.is_none(), *l)));
     leases.get(q.checked_sub(1)?).copied().flatten()
 }
@@ -147,12 +149,8 @@ pub(crate) async fn merged(
     t: Duration,
     labelled: bool,
 ) -> Result<LockInfo> {
-    let (views, problems) =
-        split(per_node(s, t, None, |b| async move { b.hold(name, kind).await }).await);
-    if views.len() < s.q() {
-        return Err(s.no_quorum(views.len(), &problems));
-    }
-    Ok(merge(name, &views, s.n(), labelled))
+    let views = from_majority(s, t, |b| async move { b.hold(name, kind).await }).await?;
+    Ok(merge(name, &views, s.node_count(), labelled))
 }
 
 #[distlock_core::async_trait]
@@ -160,18 +158,12 @@ impl Operator for RedlockBackend {
     /// Every mutex and election a node has state for, merged by name and kind: a holder is an
     /// attempt on a majority of nodes (see `docs/redlock.md`, "Operator commands").
     async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
-        let q = self.q();
         // A SCAN of a large namespace takes more than one call's time.
         let scan_t = self.health.opts.get_op_timeout() * 10;
-        let (lists, problems) = split(
-            per_node(self, scan_t, None, |b| async move {
-                Operator::list(b.backend(), prefix).await
-            })
-            .await,
-        );
-        if lists.len() < q {
-            return Err(self.no_quorum(lists.len(), &problems));
-        }
+        let lists = from_majority(self, scan_t, |b| async move {
+            Operator::list(b.backend(), prefix).await
+        })
+        .await?;
         // Only mutexes and elections are Redlock's; another kind's keys (a redis:// client
         // sharing the namespace) are not listed here.
         // By name, the lock before the election of the same name.
@@ -199,7 +191,7 @@ impl Operator for RedlockBackend {
     /// counter past every token seen; done only when a majority of nodes did both (the core
     /// checked the kind).
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        let (n, q) = (self.n(), self.q());
+        let (n, q) = (self.node_count(), self.quorum());
         let t = self.call_timeout();
         // Every reachable node, quarantined or not: a hold left on any node could make a
         // majority with the others later. Per node, distlock-redis's script removes the hold and
@@ -210,12 +202,8 @@ impl Operator for RedlockBackend {
         .await;
         // Then past every token seen: a node that missed the grant's raise has a lower counter
         // than the token a majority agreed on, and must not hand out a token below it.
-        let top = removed
-            .iter()
-            .flatten()
-            .map(|r| r.fencing_token)
-            .max()
-            .unwrap_or(0);
+        let top = removed.iter().flatten().map(|r| r.fencing_token);
+        let top = top.max().unwrap_or(0);
         // Only where the removal was done: a node that did not answer it is not waited for twice.
         let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
         let raised = per_node(self, t, Some(&reached), |b| async move {
@@ -223,34 +211,25 @@ impl Operator for RedlockBackend {
         })
         .await;
         let mut holds: BTreeMap<String, Vec<Option<Duration>>> = BTreeMap::new();
-        let mut done = 0;
         let mut problems = Vec::new();
         for (r, x) in removed.into_iter().zip(raised) {
             match (r, x) {
-                (Ok(r), Ok(_)) => {
-                    done += 1;
-                    for h in r.removed {
-                        holds.entry(h.owner).or_default().push(h.lease_left);
-                    }
-                }
+                (Ok(r), Ok(_)) => r.removed.into_iter().for_each(|h| {
+                    holds.entry(h.owner).or_default().push(h.lease_left);
+                }),
                 (Err(p), _) | (_, Err(p)) => problems.push(p),
             }
         }
+        let (done, problems) = (n - problems.len(), problems.join("; "));
         if done < q {
             return Err(self.unavailable(format!(
-                    "forced release of `{name}` done on only {done} of {n} nodes (need {q}): {}; the holds removed there stay removed, run it again when a majority answers",
-                    problems.join("; ")
-                )
-                ));
+                "forced release of `{name}` done on only {done} of {n} nodes (need {q}): {problems}; the holds removed there stay removed, run it again when a majority answers"
+            )));
         }
-        if !problems.is_empty() {
+        if done < n {
             // A minority kept its hold: the old holder cannot renew on a majority any more, and
             // the hold there expires with its lease.
-            tracing::warn!(
-                name,
-                unreached = %problems.join("; "),
-                "forced release done on {done} of {n} redlock nodes"
-            );
+            tracing::warn!(name, unreached = %problems, "forced release done on {done} of {n} redlock nodes");
         }
         let removed = holds
             .into_iter()
@@ -265,54 +244,38 @@ impl Operator for RedlockBackend {
 
     /// Each node's Redis checks, its quarantine, the node count and the clock spread.
     async fn diagnose(&self) -> Result<Vec<Finding>> {
-        let (n, q) = (self.n(), self.q());
+        let (n, q) = (self.node_count(), self.quorum());
         let t = self.health.opts.get_op_timeout();
-        let mut out = Vec::new();
-        out.push(if n < 3 {
-            Finding::new(
-                Severity::Warning,
-                "nodes",
-                format!("{n} nodes, majority {q}: no fault tolerance (one node down stops every lock); use 3 or 5 independent nodes"),
-            )
-        } else if n % 2 == 0 {
-            Finding::new(
-                Severity::Warning,
-                "nodes",
-                format!("{n} nodes, majority {q}: tolerates {} down like {} nodes would, with one more to fail; use an odd number", n - q, n - 1),
-            )
+        // At least `MIN_NODES` (3): the URL has no fewer.
+        let tolerates = format!("{n} nodes, majority {q}: tolerates {} down", n - q);
+        let mut out = vec![if n % 2 == 0 {
+            let odd = "with one more to fail; use an odd number";
+            let message = format!("{tolerates} like {} nodes would, {odd}", n - 1);
+            Finding::new(Severity::Warning, "nodes", message)
         } else {
-            Finding::new(
-                Severity::Ok,
-                "nodes",
-                format!("{n} nodes, majority {q}: tolerates {} down", n - q),
-            )
-        });
+            Finding::new(Severity::Ok, "nodes", tolerates)
+        }];
         let answers = per_node(self, t, None, |b| async move {
             let findings = Operator::diagnose(b.backend()).await?;
-            let sent = SystemTime::now();
+            let sent = unix_ms(SystemTime::now());
             let (info, epoch) = b.node_epoch().await?;
-            let back = SystemTime::now();
-            let (sent, back) = (
-                distlock_core::operator::unix_ms(sent),
-                distlock_core::operator::unix_ms(back),
-            );
-            let clock = Clock {
-                offset_ms: i64::try_from(info.now_ms).unwrap_or(i64::MAX) - (sent + back) / 2,
-                error_ms: (back - sent) / 2 + 2,
-            };
-            Ok((findings, info, epoch, clock))
+            let back = unix_ms(SystemTime::now());
+            // Its offset from the local clock, and how uncertain that is: half the round
+            // trip, plus the millisecond resolution on both sides.
+            let offset = i64::try_from(info.now_ms).unwrap_or(i64::MAX) - (sent + back) / 2;
+            Ok((findings, info, epoch, (offset, (back - sent) / 2 + 2)))
         })
         .await;
         let mut readings = Vec::new();
         for (node, a) in self.health.nodes.iter().zip(answers) {
             let ep = node.endpoint.as_str();
             match a {
-                Ok((findings, info, epoch, clock)) => {
+                Ok((findings, info, epoch, (offset, error))) => {
                     out.extend(findings.into_iter().map(|f| {
                         Finding::new(f.severity, format!("{ep} {}", f.check), f.message)
                     }));
                     out.push(quarantine(ep, epoch.as_deref(), &info.run_id, info.now_ms));
-                    readings.push((ep, clock));
+                    readings.push((ep, offset, error));
                 }
                 Err(p) => out.push(Finding::new(
                     Severity::Warning,
@@ -321,52 +284,39 @@ impl Operator for RedlockBackend {
                 )),
             }
         }
-        if readings.len() < q {
-            out.push(Finding::new(
-                Severity::Warning,
-                "majority",
-                format!(
-                    "only {} of {n} nodes answered (need {q}): no lock can be granted now",
-                    readings.len()
-                ),
-            ));
+        let answered = readings.len();
+        if answered < q {
+            let why = format!("only {answered} of {n} nodes answered (need {q})");
+            let message = format!("{why}: no lock can be granted now");
+            out.push(Finding::new(Severity::Warning, "majority", message));
         }
-        out.push(clock_spread(
-            &readings,
-            self.health.opts.get_watchdog_lease(),
-        ));
+        let lease = self.health.opts.get_watchdog_lease();
+        out.push(clock_spread(&readings, lease));
         Ok(out)
     }
 }
 
-/// One node's clock reading: its offset from the local clock and how uncertain it is (half
-/// the round trip, plus the millisecond resolution on both sides), in ms.
-struct Clock {
-    offset_ms: i64,
-    error_ms: i64,
-}
-
-/// The finding for the nodes' clock spread (`readings`: endpoint and clock), against the drift
-/// margin of the watchdog lease.
-fn clock_spread(readings: &[(&str, Clock)], lease: Duration) -> Finding {
+/// The finding for the nodes' clock spread (`readings`: endpoint, offset from the local clock
+/// and its uncertainty, in ms), against the drift margin of the watchdog lease.
+fn clock_spread(readings: &[(&str, i64, i64)], lease: Duration) -> Finding {
     let margin = distlock_core::drift(lease);
     let margin_ms = i64::try_from(margin.as_millis()).unwrap_or(i64::MAX);
     let (Some(lo), Some(hi)) = (
-        readings.iter().min_by_key(|r| r.1.offset_ms),
-        readings.iter().max_by_key(|r| r.1.offset_ms),
+        readings.iter().min_by_key(|r| r.1),
+        readings.iter().max_by_key(|r| r.1),
     ) else {
         return Finding::new(Severity::Warning, "clock spread", "no node answered TIME");
     };
-    let spread = hi.1.offset_ms - lo.1.offset_ms;
+    let spread = hi.1 - lo.1;
     // What the measurement itself cannot tell apart from a real spread.
-    let sure = spread - hi.1.error_ms - lo.1.error_ms;
+    let sure = spread - hi.2 - lo.2;
     if sure > margin_ms {
         Finding::new(
             Severity::Warning,
             "clock spread",
             format!(
                 "the node clocks are {spread} ms apart ({} is {} ms and {} is {} ms off the local clock), more than the {margin:?} drift margin of the {lease:?} watchdog lease: Redlock's safety assumes the nodes' clocks run at about the same rate (and fencing tokens, each at least its node's clock in 100 ms steps, that they agree within half the restart quarantine less 100 ms), and nodes whose clocks are set apart like this are likely to drift or jump (each node's lease expiry and restart quarantine run on its own clock); run NTP (chrony) on every node and slew, never step, the clocks",
-                hi.0, hi.1.offset_ms, lo.0, lo.1.offset_ms
+                hi.0, hi.1, lo.0, lo.1
             ),
         )
     } else {
@@ -382,30 +332,24 @@ fn clock_spread(readings: &[(&str, Clock)], lease: Duration) -> Finding {
 
 /// The finding for a node's quarantine, from its epoch (`None`: none) and its process.
 fn quarantine(ep: &str, epoch: Option<&str>, run_id: &str, node_now_ms: u64) -> Finding {
-    let check = format!("{ep} quarantine");
+    let finding =
+        |severity, message: &str| Finding::new(severity, format!("{ep} quarantine"), message);
     match epoch {
-        None => Finding::new(
+        None => finding(
             Severity::Warning,
-            check,
             "no node epoch: a new node, or it lost its data, so its votes do not count until a client initialises it with a restart quarantine (every client does at connect and in its node checks); if it stays this way, check that a majority of the other nodes is reachable from the clients",
         ),
-        Some(e) if e.rsplit_once(':').is_none_or(|(_, r)| r != run_id) => Finding::new(
+        Some(e) if !epoch_valid(e, run_id) => finding(
             Severity::Warning,
-            check,
             "the node epoch was made for an earlier process of this node (it restarted): its votes do not count until a client initialises it again; if it keeps restarting, find out why (OOM killer, supervisor)",
         ),
-        Some(e) => match epoch_quarantine_end(e).checked_sub(node_now_ms) {
-            Some(left) if left > 0 => Finding::new(
+        Some(e) => match quarantine_left(e, node_now_ms) {
+            Some(left) => finding(
                 Severity::Warning,
-                check,
-                format!(
-                    "in restart quarantine for {:?} more by its own clock (it lost its data; leases granted before may still run): its votes do not count until then, so the cluster tolerates one failure less meanwhile",
-                    Duration::from_millis(left)
-                ),
+                &format!("in restart quarantine for {left:?} more by its own clock (it lost its data; leases granted before may still run): its votes do not count until then, so the cluster tolerates one failure less meanwhile"),
             ),
-            _ => Finding::new(
+            None => finding(
                 Severity::Ok,
-                check,
                 "initialised for its current process, not in restart quarantine",
             ),
         },
@@ -451,15 +395,37 @@ mod tests {
     }
 
     #[test]
+    fn merged_inspect() {
+        let views = [
+            (hold("a1", "x", 9, 900), 9),
+            (hold("a1", "x", 9, 700), 9),
+            (hold("b1", "y", 11, 500), 11),
+            (hold("a1", "x", 9, 300), 9),
+            (None, 3),
+        ];
+        let m = merge("n", &views, 5, false);
+        let x = HolderInfo::new("x", 1).with_lease_left(Some(Duration::from_millis(300)));
+        assert_eq!(m.holders, vec![x]);
+        // The majority's 9, not the 11 of a minority's failed vote.
+        assert_eq!(m.fencing_token, 9);
+        assert!(!merge("n", &views[2..], 3, false).held());
+        // Two attempts of one owner, each on a minority: nobody holds the lock.
+        let views = [
+            (hold("a1", "x", 9, 900), 9),
+            (hold("a2", "x", 9, 900), 9),
+            (hold("a1", "x", 9, 900), 9),
+            (hold("a2", "x", 9, 900), 9),
+            (hold("", "", 9, 900), 9),
+        ];
+        assert!(!merge("n", &views, 5, false).held());
+    }
+
+    #[test]
     fn spread_allows_for_measurement_error() {
-        let c = |offset_ms, error_ms| Clock {
-            offset_ms,
-            error_ms,
-        };
         let lease = Duration::from_secs(1); // margin 12 ms
-        let f = clock_spread(&[("a", c(0, 2)), ("b", c(30, 20))], lease);
+        let f = clock_spread(&[("a", 0, 2), ("b", 30, 20)], lease);
         assert_eq!(f.severity, Severity::Ok, "{}", f.message);
-        let f = clock_spread(&[("a", c(0, 2)), ("b", c(300, 2))], lease);
+        let f = clock_spread(&[("a", 0, 2), ("b", 300, 2)], lease);
         assert_eq!(f.severity, Severity::Warning);
         assert!(f.message.contains("300 ms"), "{}", f.message);
     }

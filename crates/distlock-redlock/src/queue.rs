@@ -1,9 +1,6 @@
 //! Waiting in the nodes' queues (see `docs/redlock.md`, "Waiting"): the waiter arms its watch
-//! on every node (its client's wake channel there: a table entry, subscribed once per
-//! connection), then votes as a waiter (where it must wait, entering each node's queue at its
-//! place, its entry naming that channel), and sleeps until the nodes where it is first wake
-//! it — a release tells the first waiter alone — or its heartbeat, which refreshes its entries
-//! and is the backstop for a lost message.
+//! on every node, votes as a waiter (entering each node's queue at its place), and sleeps until
+//! the nodes where it is first wake it, or its heartbeat (the backstop for a lost message).
 
 use crate::watch::QuorumWatch;
 use crate::RedlockBackend;
@@ -29,10 +26,7 @@ fn place_now() -> u64 {
 struct Queued<'a> {
     shared: &'a RedlockBackend,
     req: AcquireRequest,
-    /// The waiter's entries live this long without a refresh.
-    ttl: Duration,
     place: u64,
-    beat: Duration,
     /// Armed before every vote that may queue, so no wake-up can come before it.
     watch: Option<QuorumWatch>,
     /// A request was sent: the attempt must be given up if the wait ends without a grant.
@@ -55,7 +49,10 @@ impl WaitStrategy for Queued<'_> {
         let sent = distlock_core::clock::Instant::now();
         let round = self
             .shared
-            .round(&self.req, Some((self.ttl, self.place)))
+            .round(
+                &self.req,
+                Some((wait::waiter_ttl(self.req.lease), self.place)),
+            )
             .await?;
         let ttl = match round.reply {
             AcquireReply::Granted { token } => {
@@ -65,7 +62,7 @@ impl WaitStrategy for Queued<'_> {
         };
         // First on a majority: the holder's lease end is this waiter's cue too (a holder that
         // crashed publishes nothing). Otherwise only a wake-up or the heartbeat.
-        let retry_in = (round.first >= self.shared.q())
+        let retry_in = (round.first >= self.shared.quorum())
             .then(|| ttl.map(|t| t + Duration::from_millis(1)))
             .flatten();
         Ok(Attempt::Held { retry_in })
@@ -95,7 +92,7 @@ impl WaitStrategy for Queued<'_> {
     }
 
     fn heartbeat(&self) -> Option<Duration> {
-        Some(self.beat)
+        Some(wait::heartbeat(self.req.lease))
     }
 
     async fn give_up(&mut self) {
@@ -117,13 +114,10 @@ impl RedlockBackend {
         deadline: Option<std::time::Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let ttl = wait::waiter_ttl(req.lease);
         let mut q = Queued {
             shared: self,
             req: req.clone(),
-            ttl,
             place: place_now(),
-            beat: wait::heartbeat(req.lease),
             watch: None,
             sent: false,
         };

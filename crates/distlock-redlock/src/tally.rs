@@ -114,15 +114,11 @@ pub(crate) fn plurality<T: Copy + Ord + std::hash::Hash>(
 
 /// The token this attempt's holds store on most counted nodes, and on how many.
 fn held_token(ballots: &[Ballot]) -> Option<(u64, usize)> {
-    plurality(
-        ballots
-            .iter()
-            .filter_map(Ballot::counted_reply)
-            .filter_map(|r| match r {
-                QuorumReply::Holds { token, .. } => Some(token),
-                _ => None,
-            }),
-    )
+    let tokens = ballots.iter().filter_map(|b| match b.counted_reply()? {
+        QuorumReply::Holds { token, .. } => Some(token),
+        _ => None,
+    });
+    plurality(tokens)
 }
 
 /// Decides an attempt.
@@ -130,34 +126,24 @@ pub fn decide(ballots: &[Ballot]) -> Decision {
     let n = ballots.len();
     let q = quorum(n);
     let counted: Vec<QuorumReply> = ballots.iter().filter_map(Ballot::counted_reply).collect();
-    if let Some((token, nodes)) = held_token(ballots) {
-        if nodes >= q {
-            // Two majorities intersect, so at most one token can be on a majority.
-            return Decision::Again { token };
-        }
+    // Two majorities intersect, so at most one token can be on a majority.
+    if let Some((token, _)) = held_token(ballots).filter(|(_, k)| *k >= q) {
+        return Decision::Again { token };
     }
-    let mut ours = 0;
-    let mut token = 0;
-    for r in &counted {
-        match *r {
+    let ours: Vec<u64> = counted
+        .iter()
+        .filter_map(|r| match *r {
             // A node that incremented its counter is above every token it ever confirmed.
-            QuorumReply::Granted { counter } => {
-                ours += 1;
-                token = token.max(counter);
-            }
+            QuorumReply::Granted { counter } => Some(counter),
             // One that only kept this attempt's hold (left by an earlier round whose outcome
             // was not a grant) is at or above them: one more keeps the token above them.
-            QuorumReply::Holds { counter, .. } => {
-                ours += 1;
-                token = token.max(counter + 1);
-            }
-            _ => {}
-        }
-    }
-    if ours >= q {
-        return Decision::Fresh {
-            token: token.max(1),
-        };
+            QuorumReply::Holds { counter, .. } => Some(counter + 1),
+            _ => None,
+        })
+        .collect();
+    if ours.len() >= q {
+        let token = ours.into_iter().max().unwrap_or(0).max(1);
+        return Decision::Fresh { token };
     }
     if counted.len() < q {
         return Decision::NoQuorum {
@@ -221,35 +207,32 @@ pub fn raises(ballots: &[Ballot], token: u64) -> Vec<usize> {
         .collect()
 }
 
-/// How many counted nodes now hold the lock for this attempt with `token` stored with the
-/// hold (and so a fencing counter of at least `token`): nodes at `token` already, or raised to
-/// it (`raised[i] == Some(true)`). A grant needs a majority of them: the hold is then on a
-/// majority under the grant's address (what renewals and the release name), and every later
-/// majority meets a counter at least `token`, so later tokens are larger.
-pub fn confirmations(ballots: &[Ballot], token: u64, raised: &[Option<bool>]) -> usize {
+/// How many counted nodes confirm the grant `decision` gives, after the raises (`raised[i]`:
+/// `Some(true)` raised to the token, `Some(false)` not, `None` not asked). A grant that stands
+/// was confirmed by a majority when it was made (its token is on a majority:
+/// [`Decision::Again`]); 0 for no grant. A fresh one is confirmed by the counted nodes that
+/// now hold the lock for this attempt with `token` stored with the hold (and so a fencing
+/// counter of at least `token`): at `token` already, or raised to it. A grant needs a majority
+/// of them: the hold is then on a majority under the grant's address (what renewals and the
+/// release name), and every later majority meets a counter at least `token`, so later tokens
+/// are larger.
+pub fn confirmed(decision: Decision, ballots: &[Ballot], raised: &[Option<bool>]) -> usize {
+    let token = match decision {
+        Decision::Again { .. } => return quorum(ballots.len()),
+        Decision::Fresh { token } => token,
+        _ => return 0,
+    };
+    let at_token =
+        |i: usize, stored: u64| raised.get(i).copied().flatten().unwrap_or(stored == token);
     ballots
         .iter()
         .enumerate()
-        .filter(|(i, b)| {
-            let raised_ok = raised.get(*i).copied().flatten();
-            match b.counted_reply() {
-                Some(QuorumReply::Granted { counter }) => raised_ok.unwrap_or(counter == token),
-                Some(QuorumReply::Holds { token: t, .. }) => raised_ok.unwrap_or(t == token),
-                _ => false,
-            }
+        .filter(|(i, b)| match b.counted_reply() {
+            Some(QuorumReply::Granted { counter }) => at_token(*i, counter),
+            Some(QuorumReply::Holds { token: t, .. }) => at_token(*i, t),
+            _ => false,
         })
         .count()
-}
-
-/// How many counted nodes confirm the grant `decision` gives (after the raises, `raised`, see
-/// [`confirmations`]): a grant that stands was confirmed by a majority when it was made (its
-/// token is on a majority: [`Decision::Again`]); a fresh one is confirmed now; 0 for no grant.
-pub fn confirmed(decision: Decision, ballots: &[Ballot], raised: &[Option<bool>]) -> usize {
-    match decision {
-        Decision::Again { .. } => quorum(ballots.len()),
-        Decision::Fresh { token } => confirmations(ballots, token, raised),
-        _ => 0,
-    }
 }
 
 /// How many nodes released the grant.
@@ -398,14 +381,15 @@ mod tests {
             none(),
             b(Granted { counter: 7 }),
         ];
-        assert_eq!(decide(&ballots), Decision::Fresh { token: 9 });
+        let fresh = decide(&ballots);
+        assert_eq!(fresh, Decision::Fresh { token: 9 });
         assert_eq!(raises(&ballots, 9), vec![0, 4]);
         // Before the raise only node 1 has the grant's token; a majority must have it.
-        assert_eq!(confirmations(&ballots, 9, &[]), 1);
+        assert_eq!(confirmed(fresh, &ballots, &[]), 1);
         let raised = [Some(true), None, None, None, Some(false)];
-        assert_eq!(confirmations(&ballots, 9, &raised), 2);
+        assert_eq!(confirmed(fresh, &ballots, &raised), 2);
         let raised = [Some(true), None, None, None, Some(true)];
-        assert_eq!(confirmations(&ballots, 9, &raised), 3);
+        assert_eq!(confirmed(fresh, &ballots, &raised), 3);
     }
 
     #[test]
@@ -450,85 +434,55 @@ mod tests {
             none(),
             none(),
         ];
-        assert_eq!(decide(&ballots), Decision::Fresh { token: 22 });
+        let fresh = decide(&ballots);
+        assert_eq!(fresh, Decision::Fresh { token: 22 });
         assert_eq!(raises(&ballots, 22), vec![0, 1, 2]);
-        assert_eq!(confirmations(&ballots, 22, &[]), 0);
+        assert_eq!(confirmed(fresh, &ballots, &[]), 0);
         let raised = [Some(true), Some(true), Some(true), None, None];
-        assert_eq!(confirmations(&ballots, 22, &raised), 3);
+        assert_eq!(confirmed(fresh, &ballots, &raised), 3);
     }
 
     #[test]
     fn settles_early_only_when_the_rest_cannot_matter() {
-        let pending = Ballot {
-            maybe_granted: true,
-            ..Ballot::default()
-        };
-        let g = b(Granted { counter: 1 });
-        assert!(settled(&[g, g, g, pending, pending], 2));
-        assert!(!settled(&[g, g, pending, pending, pending], 3));
-        assert!(settled(
-            &[held(1, 9), held(1, 9), held(1, 9), pending, pending],
-            2
-        ));
-        assert!(!settled(&[held(1, 9), held(1, 9), g, g, pending], 1));
-        let h = holds(1, 1);
-        // Two holds of the grant and a fresh vote: a third hold would make the grant stand.
-        assert!(!settled(&[h, h, g, pending, pending], 2));
-        // Four for the attempt and one out, which could still make the grant stand.
-        assert!(!settled(&[h, h, g, g, pending], 1));
-        assert!(settled(&[h, h, g, g, g], 0));
-        assert!(settled(&[h, h, h, g, pending], 1));
+        let (p, g) = (Ballot::unknown(), b(Granted { counter: 1 }));
+        let (h, o) = (holds(1, 1), held(1, 9));
+        for (ballots, pending, want) in [
+            ([g, g, g, p, p], 2, true),
+            ([g, g, p, p, p], 3, false),
+            ([o, o, o, p, p], 2, true),
+            ([o, o, g, g, p], 1, false),
+            // Two holds of the grant and a fresh vote: a third hold would make the grant stand.
+            ([h, h, g, p, p], 2, false),
+            // Four for the attempt and one out, which could still make the grant stand.
+            ([h, h, g, g, p], 1, false),
+            ([h, h, g, g, g], 0, true),
+            ([h, h, h, g, p], 1, true),
+        ] {
+            assert_eq!(settled(&ballots, pending), want, "{ballots:?}");
+        }
     }
 
     #[test]
     fn held_waits_for_enough_expiries() {
-        // 5 nodes held with various ttls: 3 must expire, so the third smallest.
-        let ballots = [
-            held(1, 500),
-            held(1, 100),
-            held(1, 300),
-            held(1, 400),
-            b(Held {
-                counter: 1,
-                ttl: None,
-            }),
-        ];
-        assert_eq!(
-            decide(&ballots),
-            Decision::Held {
-                ttl: Some(Duration::from_millis(400))
-            }
-        );
-        // 2 held, 1 free of 3: one held node must expire.
-        let ballots = [held(1, 500), held(1, 100), b(Granted { counter: 2 })];
-        assert_eq!(
-            decide(&ballots),
-            Decision::Held {
-                ttl: Some(Duration::from_millis(100))
-            }
-        );
-        // Two holders with two nodes each and one node ours: nobody has a majority.
-        let ballots = [
-            held(1, 500),
-            held(1, 100),
-            held(1, 500),
-            held(1, 100),
-            b(Granted { counter: 2 }),
-        ];
-        assert_eq!(
-            decide(&ballots),
-            Decision::Held {
-                ttl: Some(Duration::from_millis(100))
-            }
-        );
-        let ballots = [
-            held(1, 500),
-            held(1, 100),
-            b(Granted { counter: 2 }),
-            b(Granted { counter: 2 }),
-            none(),
-        ];
-        assert_eq!(decide(&ballots), Decision::Split);
+        let (h, g) = (|ms| held(1, ms), b(Granted { counter: 2 }));
+        let forever = b(Held {
+            counter: 1,
+            ttl: None,
+        });
+        let ttl = |ms| Decision::Held {
+            ttl: Some(Duration::from_millis(ms)),
+        };
+        for (ballots, want) in [
+            // 5 nodes held with various ttls: 3 must expire, so the third smallest.
+            (vec![h(500), h(100), h(300), h(400), forever], ttl(400)),
+            // 2 held, 1 free of 3: one held node must expire.
+            (vec![h(500), h(100), g], ttl(100)),
+            // Two holders with two nodes each and one node ours: nobody has a majority.
+            (vec![h(500), h(100), h(500), h(100), g], ttl(100)),
+            (vec![h(500), h(100), g, g, none()], Decision::Split),
+        ] {
+            assert_eq!(decide(&ballots), want, "{ballots:?}");
+        }
     }
 
     #[test]
@@ -582,23 +536,15 @@ mod tests {
     #[test]
     fn release_majorities() {
         use ReleaseOutcome::*;
-        assert_eq!(
-            release_outcome(&[Some(Released), Some(Released), None]),
-            Ok(Released)
-        );
-        // A retried release: the nodes it reached the first time answer "nothing here".
-        assert_eq!(
-            release_outcome(&[Some(Expired), Some(Expired), Some(Released)]),
-            Ok(Expired)
-        );
-        assert_eq!(
-            release_outcome(&[Some(Expired), Some(Expired), Some(TakenByOther)]),
-            Ok(Expired)
-        );
-        assert_eq!(
-            release_outcome(&[Some(TakenByOther), Some(TakenByOther), None]),
-            Ok(TakenByOther)
-        );
+        for (outs, want) in [
+            ([Some(Released), Some(Released), None], Released),
+            // A retried release: the nodes it reached the first time answer "nothing here".
+            ([Some(Expired), Some(Expired), Some(Released)], Expired),
+            ([Some(Expired), Some(Expired), Some(TakenByOther)], Expired),
+            ([Some(TakenByOther), Some(TakenByOther), None], TakenByOther),
+        ] {
+            assert_eq!(release_outcome(&outs), Ok(want), "{outs:?}");
+        }
         let two = [Some(Released), None, None, None, Some(Released)];
         assert_eq!(release_outcome(&two), Err(2));
         assert_eq!(released(&two), 2);
@@ -636,10 +582,8 @@ mod tests {
 
     #[test]
     fn wake_thresholds() {
-        assert_eq!(wake_threshold(5, 5), 3);
-        assert_eq!(wake_threshold(5, 4), 2);
-        assert_eq!(wake_threshold(5, 2), 1);
-        assert_eq!(wake_threshold(3, 3), 2);
-        assert_eq!(wake_threshold(3, 1), 1);
+        for (n, watched, want) in [(5, 5, 3), (5, 4, 2), (5, 2, 1), (3, 3, 2), (3, 1, 1)] {
+            assert_eq!(wake_threshold(n, watched), want, "{n} {watched}");
+        }
     }
 }
