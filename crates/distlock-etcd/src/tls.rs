@@ -113,15 +113,13 @@ pub(crate) fn classify(e: &etcd_client::Error, cert: ClientCert) -> Option<TlsEr
 /// that refuses the client's certificate (or its absence) after the handshake may look to
 /// the client (the alert it sends can be lost in the HTTP/2 layer).
 pub(crate) fn closed_under_request(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => {
-            let d = format!("{s:?}").to_ascii_lowercase();
-            ["connection closed", "broken pipe", "brokenpipe", "reset"]
-                .iter()
-                .any(|w| d.contains(w))
-        }
-        _ => false,
-    }
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    let d = format!("{s:?}").to_ascii_lowercase();
+    ["connection closed", "broken pipe", "brokenpipe", "reset"]
+        .iter()
+        .any(|w| d.contains(w))
 }
 
 /// True if the member at `host` (`host:port`) answers an HTTP/2 connection preface in the

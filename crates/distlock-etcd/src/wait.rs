@@ -125,11 +125,8 @@ impl<'a> Waiter<'a> {
             return Err(self.lost("its key was deleted (lease expired or revoked)"));
         };
         // That lease was granted during this wait.
-        let lease = Lease {
-            id: h.kv.lease(),
-            ttl: h.rec.ttl,
-        };
-        let place = Place::new(rev, lease, self.started);
+        let (id, ttl) = (h.kv.lease(), h.rec.ttl);
+        let place = Place::new(rev, Lease { id, ttl }, self.started);
         match first_is_mine {
             true => self.take_turn(place).await,
             false => self.look(place).await,
