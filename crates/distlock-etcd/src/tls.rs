@@ -35,10 +35,9 @@ pub(crate) fn transport(hosts: &[String], tls: Option<&TlsFiles>) -> Finding {
                    with etcds://…?cacert=PATH";
         return operator::plain(hosts.iter().map(String::as_str), "http", fix);
     };
-    let ca = match t.ca() {
-        Some(p) => format!("the CA in {}", p.display()),
-        None => "the system's CA certificates".into(),
-    };
+    let ca = (t.ca()).map_or("the system's CA certificates".into(), |p| {
+        format!("the CA in {}", p.display())
+    });
     let client = operator::client_cert_shown(t.client().is_some());
     let message = format!(
         "https: every member's certificate checked against {ca} (and its host name or \
