@@ -36,6 +36,8 @@ pub(crate) fn next_token(last: &str) -> String {
 
 /// What a driver call returns.
 pub(crate) type Driver<T> = std::result::Result<T, mysql_async::Error>;
+/// The rows of each result set of a multi-statement query ([`query_sets`]).
+pub(crate) type Sets = Vec<Vec<Row>>;
 
 /// How one driver call ended.
 pub(crate) enum Call<T> {
@@ -51,7 +53,6 @@ pub(crate) struct Connector {
     pub(crate) opts: mysql_async::Opts,
     pub(crate) plain_fallback: Option<mysql_async::Opts>,
     pub(crate) tls: crate::TlsOptions,
-    pub(crate) client_cert: bool,
 }
 
 pub(crate) struct Common {
@@ -123,7 +124,12 @@ impl Common {
         }
         let mut e = map(&self.endpoint, e);
         if let Error::Auth { message, .. } = &mut e {
-            if !self.connector.client_cert && !message.contains("ssl-mode") {
+            #[cfg(feature = "tls")]
+            let cert =
+                (self.connector.opts.ssl_opts()).is_some_and(|s| s.client_identity().is_some());
+            #[cfg(not(feature = "tls"))]
+            let cert = false;
+            if !cert && !message.contains("ssl-mode") {
                 message.push_str(
                     "; an account that REQUIREs SSL needs ssl-mode=REQUIRED or stricter, one \
                      that REQUIREs X509 also ssl-cert=PATH&ssl-key=PATH",
@@ -213,7 +219,7 @@ impl Common {
     /// Runs one multi-statement query (see [`query_sets`]) on a pooled connection. A
     /// connection whose query did not succeed is closed: it may be inside an open transaction,
     /// or its reply still on the way; the server rolls back what it had not committed.
-    pub(crate) async fn query(&self, what: &str, sql: String) -> Result<Vec<Vec<Row>>> {
+    pub(crate) async fn query(&self, what: &str, sql: String) -> Result<Sets> {
         let mut conn = self.take().await?;
         let c = self.call(query_sets(&mut conn, sql)).await;
         self.dispose(conn, &c, false);
@@ -395,7 +401,7 @@ pub(crate) fn close(conn: Conn) {
 /// reports the query as exhausted (`is_empty`) before it, so it is read out explicitly here;
 /// otherwise the caller would get the result sets before the failure as a success, and the
 /// error would surface on whatever statement the connection runs next.
-pub(crate) async fn query_sets(conn: &mut Conn, sql: String) -> Driver<Vec<Vec<Row>>> {
+pub(crate) async fn query_sets(conn: &mut Conn, sql: String) -> Driver<Sets> {
     let mut r = conn.query_iter(sql).await?;
     let mut out = Vec::new();
     // Bounded: a query of ours has a handful of statements.

@@ -15,7 +15,7 @@
 
 use crate::common::{
     close, col, key_of, last_row, next_token, query_sets, renewed, sql_str, wait_timeout_secs,
-    Call, Common,
+    Call, Common, Sets,
 };
 use crate::error::{conn_dead, shape, INTERRUPTED, KIND};
 use distlock_core::backend::Capabilities;
@@ -28,7 +28,6 @@ use distlock_sql::closewatch::CloseWatch;
 use distlock_sql::lease::{micros, wait_millis, wait_or_stop};
 use distlock_sql::waited::{self, Step, WaitEnd};
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, Sessions};
-use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -260,20 +259,13 @@ impl MyDialect {
         Ok(token)
     }
 
-    /// The holder's lease left (for a waiter's sleep), read on `conn`, which also gets its
-    /// default `wait_timeout` back and returns to the pool.
-    async fn held_ttl(&self, mut conn: Conn, lk: &str) -> Option<Duration> {
-        let sql = format!(
-            "SET SESSION wait_timeout = @@GLOBAL.wait_timeout; \
-             SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+    /// The holder's lease left (for a waiter's sleep), read on `conn` as it goes back.
+    async fn held_ttl(&self, conn: Conn, lk: &str) -> Option<Duration> {
+        let select = format!(
+            "; SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
              FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = IS_USED_LOCK('{lk}')"
         );
-        let c = self.common.call(query_sets(&mut conn, sql)).await;
-        let us = match &c {
-            Call::Ok(sets) => lock_reply(sets),
-            _ => None,
-        };
-        self.common.dispose(conn, &c, false);
+        let us = lock_reply(&self.give_back(conn, None, &select).await?);
         us.filter(|us| *us > 0)
             .map(|us| Duration::from_micros(us as u64))
     }
@@ -426,12 +418,15 @@ impl MyDialect {
     }
 
     /// Hands a connection back to the pool with the default idle timeout, releasing `lock`
-    /// first if given; closes it if that fails (which frees the lock all the same).
-    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) {
+    /// first if given, and running `then` last (its result sets returned); closes it if that
+    /// fails (which frees the lock all the same).
+    async fn give_back(&self, mut conn: Conn, lock: Option<&str>, then: &str) -> Option<Sets> {
         let release = lock.map_or(String::new(), |lk| format!("DO RELEASE_LOCK('{lk}'); "));
-        let sql = format!("{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout");
-        let c = self.common.call(conn.query_drop(sql)).await;
+        let sql = format!("{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout{then}");
+        let c = self.common.call(query_sets(&mut conn, sql)).await;
         self.common.dispose(conn, &c, false);
+        let Call::Ok(sets) = c else { return None };
+        Some(sets)
     }
 }
 
@@ -536,7 +531,7 @@ impl Dialect for MyDialect {
                 return Ok(Some(Granted::new(token, sent)));
             }
             Step::Reuse { unlock } => {
-                self.give_back(conn, unlock.then_some(&*lk)).await;
+                self.give_back(conn, unlock.then_some(&*lk), "").await;
             }
             // The wait's outcome is unknown: the connection goes, and any lock with it.
             Step::Close => close(conn),

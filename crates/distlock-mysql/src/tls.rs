@@ -48,7 +48,7 @@ pub(crate) const MODES: SslModeNames = SslModeNames {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsOptions {
     mode: SslMode,
-    files: TlsFiles,
+    pub(crate) files: TlsFiles,
     server_name: Option<String>,
 }
 
@@ -137,11 +137,6 @@ impl TlsOptions {
     pub(crate) fn ssl_opts(&self, mode: SslMode) -> Result<Option<mysql_async::SslOpts>> {
         self.check().map_err(Error::InvalidArgument)?;
         imp::ssl_opts(self, mode)
-    }
-
-    /// Whether a client certificate is given.
-    pub(crate) fn has_client_cert(&self) -> bool {
-        self.files.client().is_some()
     }
 
     /// What a driver error of connecting says about TLS, if it is about TLS.
@@ -236,7 +231,7 @@ mod imp {
             rustls::Error::AlertReceived(AlertDescription::HandshakeFailure) => {
                 K::ClientCertRejected
             }
-            _ => TlsErrorKind::of_rustls(r, ctx.has_client_cert()),
+            _ => TlsErrorKind::of_rustls(r, ctx.files.client().is_some()),
         };
         let message = match kind {
             K::WrongHost => format!(
