@@ -253,7 +253,7 @@ fn connector(base: mysql_async::OptsBuilder, tls: Option<TlsOptions>) -> Result<
             tls,
         });
     };
-    let ssl = tls.ssl_opts(tls.mode())?;
+    let ssl = tls.ssl_opts()?;
     let plain_fallback = (tls.mode() == SslMode::Prefer && ssl.is_some())
         .then(|| base.clone().ssl_opts(None).into());
     let opts = base.ssl_opts(ssl).into();

@@ -93,26 +93,24 @@ impl Common {
     }
 
     pub(crate) async fn open(&self) -> Result<Conn> {
-        tokio::time::timeout(self.connect_timeout, self.open_now())
-            .await
-            .map_err(|_| timeout(&self.endpoint, "connecting", self.connect_timeout))?
-    }
-
-    async fn open_now(&self) -> Result<Conn> {
         let plain = self.connector.plain_fallback.as_ref();
         let plain_only = self.plain_only.load(Ordering::Relaxed);
         let opts = plain.filter(|_| plain_only).unwrap_or(&self.connector.opts);
-        let r = match (Conn::new(opts.clone()).await, plain) {
-            (Err(mysql_async::Error::Driver(NoClientSslFlagFromServer)), Some(plain)) => {
-                tracing::info!(
-                    endpoint = %self.endpoint,
-                    "the server has no TLS: ssl-mode=PREFERRED goes on unencrypted"
-                );
-                self.plain_only.store(true, Ordering::Relaxed);
-                Conn::new(plain.clone()).await
+        let open = async {
+            match (Conn::new(opts.clone()).await, plain) {
+                (Err(mysql_async::Error::Driver(NoClientSslFlagFromServer)), Some(plain)) => {
+                    tracing::info!(
+                        endpoint = %self.endpoint,
+                        "the server has no TLS: ssl-mode=PREFERRED goes on unencrypted"
+                    );
+                    self.plain_only.store(true, Ordering::Relaxed);
+                    Conn::new(plain.clone()).await
+                }
+                (r, _) => r,
             }
-            (r, _) => r,
         };
+        let r = tokio::time::timeout(self.connect_timeout, open).await;
+        let r = r.map_err(|_| timeout(&self.endpoint, "connecting", self.connect_timeout))?;
         r.map_err(|e| self.open_error(e))
     }
 
