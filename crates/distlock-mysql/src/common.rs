@@ -34,6 +34,12 @@ pub(crate) fn next_token(last: &str) -> String {
     format!("GREATEST({last} + 1, {CLOCK_US})")
 }
 
+/// A fencing token read back (`None` or 0: a reply of the wrong shape).
+pub(crate) fn token(t: Option<u64>) -> Result<u64> {
+    t.filter(|t| *t > 0)
+        .ok_or_else(|| crate::error::shape("fencing token", format!("{t:?}")))
+}
+
 /// What a driver call returns.
 pub(crate) type Driver<T> = std::result::Result<T, mysql_async::Error>;
 /// The rows of each result set of a multi-statement query ([`query_sets`]).

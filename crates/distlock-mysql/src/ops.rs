@@ -14,7 +14,7 @@
 //! - `diagnose`: version, the session `wait_timeout` the session mode relies on, Galera,
 //!   and the server clock against the local one.
 
-use crate::common::{check_kind, col, election_key, key_of, last_row, sql_str};
+use crate::common::{check_kind, col, election_key, key_of, last_row, sql_str, CLOCK_US};
 use crate::error::{KIND, NOT_OWNER};
 use crate::{Mode, MysqlBackend};
 use distlock_core::operator::{clock_finding, evict, measure_clock, Eviction, TlsSession};
@@ -51,10 +51,7 @@ impl Operator for MysqlBackend {
         let mut out = Vec::with_capacity(names.len());
         // An election before the lock of the same name.
         for (name, mutex) in names {
-            let kind = match mutex {
-                true => LockKind::Mutex,
-                false => LockKind::Election,
-            };
+            let kind = [LockKind::Election, LockKind::Mutex][usize::from(mutex)];
             let info = distlock_core::Backend::inspect(self, &name, kind).await?;
             out.push(ListedLock::new(kind, info));
         }
@@ -320,15 +317,8 @@ fn tls_finding(b: &MysqlBackend, version: Option<String>) -> Finding {
 
 /// The server's clock (UTC, microseconds), for `Operator::server_time`.
 async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
-    let us: Option<i64> = b
-        .common
-        .with_conn("reading the server clock", |c| {
-            Box::pin(async move {
-                c.query_first(format!("SELECT {}", crate::common::CLOCK_US))
-                    .await
-            })
-        })
-        .await?;
+    let (what, sql) = ("reading the server clock", format!("SELECT {CLOCK_US}"));
+    let us: Option<i64> = b.common.with_conn(what, |c| c.query_first(sql)).await?;
     let us = us.and_then(|us| u64::try_from(us).ok()).ok_or_else(|| {
         Error::unexpected(KIND, format!("the server clock reads {us:?} µs since 1970"))
     })?;

@@ -240,10 +240,7 @@ impl MyDialect {
         let token = sets.and_then(|sets| {
             let row = last_row("fencing token", &sets)?;
             crate::observe::wake_if(&self.common, &lk, row, 1);
-            match col::<Option<u64>>("fencing token", row, 0)? {
-                Some(t) if t > 0 => Ok(t),
-                other => Err(shape("fencing token", format!("{other:?}"))),
-            }
+            crate::common::token(col("fencing token", row, 0)?)
         });
         let Ok(token) = token else {
             close(conn);

@@ -153,10 +153,9 @@ type Seen = (
 fn acquired((live, mine, ended, token, left, new): Seen) -> Result<AcquireReply> {
     match (live, mine, new) {
         // A retry of the attempt that holds the lock: same grant, lease extended.
-        (Some(true), Some(true), _) => match token {
-            Some(t) if t > 0 => Ok(AcquireReply::Granted { token: t }),
-            other => Err(shape("fencing token", format!("{other:?}"))),
-        },
+        (Some(true), Some(true), _) => {
+            crate::common::token(token).map(|token| AcquireReply::Granted { token })
+        }
         (Some(true), _, _) => Ok(AcquireReply::Held {
             ttl: Some(Duration::from_micros(left.unwrap_or(0).max(0) as u64)),
         }),
