@@ -62,14 +62,15 @@ pub(crate) struct Connector {
 }
 
 pub(crate) struct Common {
-    connector: Connector,
+    pub(crate) connector: Connector,
     /// `PREFERRED` found the server without TLS: open unencrypted from now on.
     plain_only: AtomicBool,
     pub(crate) endpoint: String,
     pub(crate) namespace: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) op_timeout: Duration,
-    idle: IdlePool<Conn>,
+    /// Connections that hold no lock, kept for later.
+    pub(crate) idle: IdlePool<Conn>,
 }
 
 impl Common {
@@ -83,10 +84,6 @@ impl Common {
             op_timeout: opts.get_op_timeout(),
             idle: IdlePool::new(POOL_MAX),
         }
-    }
-
-    pub(crate) fn host(&self) -> String {
-        self.connector.opts.ip_or_hostname().to_owned()
     }
 
     /// The TLS mode (for the application's own options: `REQUIRED` if they encrypt without
@@ -149,11 +146,6 @@ impl Common {
             Some(c) => Ok(c),
             None => self.open().await,
         }
-    }
-
-    /// Keeps a connection that holds no lock for later (or closes it).
-    pub(crate) fn put(&self, conn: Conn) {
-        self.idle.put(conn);
     }
 
     /// How long work that must not be cut short by a caller's timeout (a request whose reply is
@@ -237,7 +229,7 @@ impl Common {
     /// too if the server went away.
     pub(crate) fn dispose<T>(&self, conn: Conn, c: &Call<T>, refused_ok: bool) {
         if matches!(c, Call::Ok(_)) || (refused_ok && Self::reusable(c)) {
-            self.put(conn);
+            self.idle.put(conn);
         } else {
             if matches!(c, Call::Err(e) if conn_dead(e)) {
                 self.idle.clear();
@@ -265,7 +257,7 @@ impl Common {
             }
             r?;
         }
-        self.put(conn);
+        self.idle.put(conn);
         Ok(())
     }
 

@@ -325,7 +325,6 @@ impl MyDialect {
         // The release's reply tells how the grant ended.
         g.watch.iter().for_each(CloseWatch::stop);
         let lk = self.lk(&slot.name, slot.kind);
-        let is_election = slot.kind == LockKind::Election;
         let observed = crate::observe::observed_col(slot.kind, &lk);
         let sql = format!(
             "DELETE FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID(); \
@@ -333,38 +332,33 @@ impl MyDialect {
              SELECT RELEASE_LOCK('{lk}'){observed}"
         );
         let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
-        let outcome = match c {
-            Call::Ok(sets) => {
-                self.common.put(g.conn);
-                if let Some(row) = sets.last().and_then(|r| r.first()) {
-                    crate::observe::wake_if(&self.common, &lk, row, 1);
-                }
-                if lock_reply(&sets) != Some(1) {
-                    return self.not_held_outcome(&slot.name, slot.kind).await;
-                }
-                self.record_released(attempt, g.token);
-                return Ok(ReleaseOutcome::Released);
+        if let Call::Ok(sets) = c {
+            self.common.idle.put(g.conn);
+            if let Some(row) = sets.last().and_then(|r| r.first()) {
+                crate::observe::wake_if(&self.common, &lk, row, 1);
             }
-            // The session ended before the release: so did the grant.
-            Call::Err(e) if conn_dead(&e) => None,
-            // Refused or unanswered: closing the connection gives the lock back all the
-            // same, so a retry of this release is told it already happened.
-            other => {
-                self.record_released(attempt, g.token);
-                g.close();
-                Some(match other {
-                    Call::Timeout(_) => Err(self.common.error("releasing", other)),
-                    _ => Ok(ReleaseOutcome::Released),
-                })
+            if lock_reply(&sets) != Some(1) {
+                return self.not_held_outcome(&slot.name, slot.kind).await;
             }
-        };
+            self.record_released(attempt, g.token);
+            return Ok(ReleaseOutcome::Released);
+        }
+        // A dead session ended the grant before the release. Refused or unanswered: closing
+        // the connection gives the lock back all the same, so a retry of this release is told
+        // it already happened.
+        let dead = matches!(&c, Call::Err(e) if conn_dead(e));
+        if !dead {
+            self.record_released(attempt, g.token);
+            g.close();
+        }
         // After the close: observers then read the election without this grant.
-        if is_election {
+        if slot.kind == LockKind::Election {
             crate::observe::wake(&self.common, &lk);
         }
-        match outcome {
-            Some(r) => r,
-            None => self.not_held_outcome(&slot.name, slot.kind).await,
+        match c {
+            _ if dead => self.not_held_outcome(&slot.name, slot.kind).await,
+            Call::Timeout(_) => Err(self.common.error("releasing", c)),
+            _ => Ok(ReleaseOutcome::Released),
         }
     }
 
@@ -513,7 +507,7 @@ impl Dialect for MyDialect {
         let lk = self.lk(&slot.name, slot.kind);
         let mut conn = self.common.take().await?;
         let Some(left) = waited::budget(deadline, cancel) else {
-            self.common.put(conn);
+            self.common.idle.put(conn);
             return Ok(None);
         };
         let sql = lock_sql(&lk, req.lease, wait_secs(left));
