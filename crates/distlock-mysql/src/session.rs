@@ -608,10 +608,9 @@ pub(crate) async fn holder_connection(mode: &SessionMode, name: &str, owner: &st
     for slot in mode.holds_of(name, owner) {
         // A slot busy for longer is an attempt waiting in `GET_LOCK`, not a holder.
         let limit = mode.dialect().common.op_timeout;
-        if let Ok(st) = tokio::time::timeout(limit, slot.state.lock()).await {
-            if let State::Held(g) = &*st {
-                return Some(g.conn.id());
-            }
+        let st = tokio::time::timeout(limit, slot.state.lock()).await;
+        if let Ok(State::Held(g)) = st.as_deref() {
+            return Some(g.conn.id());
         }
     }
     None
