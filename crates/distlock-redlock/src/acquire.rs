@@ -1,7 +1,7 @@
 //! Acquire: one vote per node, in parallel, decided by the tally (see `docs/redlock.md`,
 //! "Acquire").
 
-use crate::node::View;
+use crate::node::{Health, View};
 use crate::tally::{self, Ballot, Decision};
 use crate::RedlockBackend;
 use distlock_core::backend::{AcquireReply, AcquireRequest};
@@ -11,6 +11,7 @@ use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The votes of one attempt, each run to its end (never dropped half-way).
@@ -22,6 +23,7 @@ type Votes = FuturesUnordered<Pin<Box<dyn Future<Output = (usize, Result<QuorumV
 /// A release that reaches such a node first still removes it (see `release`).
 fn finish_votes(
     mut rest: Votes,
+    health: Arc<Health>,
     views: Vec<View>,
     req: AcquireRequest,
     t: Duration,
@@ -31,28 +33,15 @@ fn finish_votes(
         return;
     }
     tokio::spawn(async move {
-        let mut late = Vec::new();
+        let mut late = vec![Ballot::default(); views.len()];
         while let Some((i, answer)) = rest.next().await {
-            if let Ok(QuorumVote {
-                reply: QuorumReply::Granted { counter: t } | QuorumReply::Holds { token: t, .. },
-                ..
-            }) = answer
-            {
-                late.push((i, t));
+            if let Ok(v) = answer {
+                late[i] = Ballot::of(&v, false);
             }
         }
         let Ok(token) = won.await else { return };
-        let (name, kind, attempt) = (&*req.key.name, req.key.kind, &req.attempt);
-        join_all(
-            late.into_iter()
-                .filter(|(_, t)| *t != token)
-                .filter_map(|(i, _)| views[i].backend.clone())
-                .map(|b| async move {
-                    let raise = b.raise_fence(name, kind, attempt, token);
-                    let _ = tokio::time::timeout(t, raise).await;
-                }),
-        )
-        .await;
+        let list = tally::raises(&late, token);
+        health.raise(&views, &req, token, &list, t).await;
     });
 }
 
@@ -75,6 +64,40 @@ struct Count {
     hard: Option<Error>,
     /// Counted nodes on which the attempt is the first waiter.
     first: usize,
+}
+
+impl Health {
+    /// Raises the counter to `token` and records it with the attempt's hold on the listed
+    /// nodes, in parallel, each bounded by `t`. Per node: `Some(true)` confirmed, `Some(false)` not, `None` not
+    /// asked.
+    pub(crate) async fn raise(
+        &self,
+        views: &[View],
+        req: &AcquireRequest,
+        token: u64,
+        list: &[usize],
+        t: Duration,
+    ) -> Vec<Option<bool>> {
+        let key = &req.key;
+        join_all(views.iter().enumerate().map(|(i, v)| async move {
+            if !list.contains(&i) {
+                return None;
+            }
+            let Some(b) = &v.backend else {
+                return Some(false);
+            };
+            let raise = b.raise_fence(&key.name, key.kind, &req.attempt, token);
+            Some(match tokio::time::timeout(t, raise).await {
+                Ok(Ok(Some(c))) => c >= token,
+                Ok(Err(e)) if e.is_retryable() => {
+                    self.nodes[i].suspect(format!("an error ({e})"));
+                    false
+                }
+                _ => false,
+            })
+        }))
+        .await
+    }
 }
 
 impl RedlockBackend {
@@ -130,37 +153,6 @@ impl RedlockBackend {
             .extend(why.map(|w| format!("{}: {w}", node.endpoint)));
     }
 
-    /// Raises the counter to `token` and records it with the attempt's hold on the listed
-    /// nodes, in parallel. Per node: `Some(true)` confirmed, `Some(false)` not, `None` not
-    /// asked.
-    async fn raise(
-        &self,
-        views: &[View],
-        req: &AcquireRequest,
-        token: u64,
-        list: &[usize],
-    ) -> Vec<Option<bool>> {
-        let (key, nt) = (&req.key, self.node_timeout());
-        join_all(views.iter().enumerate().map(|(i, v)| async move {
-            if !list.contains(&i) {
-                return None;
-            }
-            let Some(b) = &v.backend else {
-                return Some(false);
-            };
-            let raise = b.raise_fence(&key.name, key.kind, &req.attempt, token);
-            Some(match tokio::time::timeout(nt, raise).await {
-                Ok(Ok(Some(c))) => c >= token,
-                Ok(Err(e)) if e.is_retryable() => {
-                    self.health.nodes[i].suspect(format!("an error ({e})"));
-                    false
-                }
-                _ => false,
-            })
-        }))
-        .await
-    }
-
     /// Takes back, in parallel, what an attempt that did not win may have been granted: on
     /// every node that voted for it or may have (no answer in time). The attempt keeps its
     /// place in the nodes' queues; a node that is free afterwards wakes its first waiter only
@@ -199,7 +191,8 @@ impl RedlockBackend {
         // for it get its token too (they were not there to be raised).
         let (won, token_rx) = tokio::sync::oneshot::channel();
         let t = self.call_timeout();
-        finish_votes(votes, views.clone(), req.clone(), t, token_rx);
+        let health = self.health.clone();
+        finish_votes(votes, health, views.clone(), req.clone(), t, token_rx);
         let round = self.conclude(req, &views, count, start).await?;
         if let AcquireReply::Granted { token } = round.reply {
             let _ = won.send(token);
@@ -312,9 +305,11 @@ impl RedlockBackend {
         // the same token; the votes made every lease run at least `lease` from now. Nodes of
         // the attempt that store another token get this one (for a grant that stands, best
         // effort: a majority has it already).
+        let list = tally::raises(ballots, token);
         let raised = self
-            .raise(views, req, token, &tally::raises(ballots, token))
-            .await;
+            .health
+            .raise(views, req, token, &list, self.node_timeout());
+        let raised = raised.await;
         let confirmed = tally::confirmed(decision, ballots, &raised);
         let q = self.quorum();
         if confirmed >= q && tally::validity(req.lease, start.elapsed()).is_some() {

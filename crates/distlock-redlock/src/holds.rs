@@ -9,9 +9,8 @@ use distlock_core::backend::{
     async_trait, AcquireReply, AcquireRequest, Capabilities, GrantRef, Granted, ReleaseWatch,
     RenewOutcome,
 };
-use distlock_core::{Backend, LockInfo, LockKind, ReleaseOutcome, Result};
+use distlock_core::{Backend, Error, LockInfo, LockKind, ReleaseOutcome, Result};
 use distlock_redis::RedisNode;
-use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
 use std::pin::Pin;
@@ -20,71 +19,68 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// One node's answer in a fan-out: `(node, None)` for a timeout, `(node, Some(result))`.
-type Answer<T> = Pin<Box<dyn Future<Output = (usize, Option<Result<T>>)> + Send>>;
-type Answers<T> = FuturesUnordered<Answer<T>>;
+type Answer<'a, T> = Pin<Box<dyn Future<Output = (usize, Option<Result<T>>)> + Send + 'a>>;
+pub(crate) type Answers<'a, T> = FuturesUnordered<Answer<'a, T>>;
 
 /// Lets the requests still running finish in a task of their own.
-fn finish_in_background<T: Send + 'static>(mut rest: Answers<T>) {
+fn finish_in_background<T: Send + 'static>(mut rest: Answers<'static, T>) {
     if !rest.is_empty() {
         tokio::spawn(async move { while rest.next().await.is_some() {} });
     }
 }
 
 impl RedlockBackend {
-    /// Runs `op` on every connected node of the nodes' views now (returned too), each bounded
-    /// by the call timeout, polled by the caller as they finish: `(node, None)` for a timeout,
-    /// `(node, Some(result))` otherwise. A caller that has its majority hands the rest to
-    /// [`finish_in_background`], so a slow node's request still completes (in order on its
-    /// connection) without keeping the caller waiting.
-    fn fan_out<T, F, Fut>(&self, op: F) -> (Vec<View>, Answers<T>)
+    /// Runs `op` on every connected node of `views`, each bounded by `t`, polled by the caller
+    /// as they finish: `(node, None)` for a timeout, `(node, Some(result))` otherwise. A caller
+    /// that has its majority hands the rest to [`finish_in_background`], so a slow node's
+    /// request still completes (in order on its connection) without keeping the caller waiting.
+    pub(crate) fn fan_out<'a, T, Fut>(
+        &self,
+        views: &[View],
+        t: Duration,
+        op: impl Fn(Arc<RedisNode>) -> Fut,
+    ) -> Answers<'a, T>
     where
-        T: Send + 'static,
-        F: Fn(Arc<RedisNode>) -> Fut,
-        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'a,
     {
-        let (views, t) = (self.health.views(), self.call_timeout());
         let answers = views.iter().enumerate().filter_map(|(i, v)| {
             let fut = op(v.backend.clone()?);
             let answer = async move { (i, tokio::time::timeout(t, fut).await.ok()) };
-            Some(Box::pin(answer) as Answer<T>)
+            Some(Box::pin(answer) as Answer<'a, T>)
         });
-        let answers = answers.collect();
-        (views, answers)
+        answers.collect()
     }
 
-    /// The queued waiter `req`'s watch on every reachable node: its client's wake channel there,
-    /// where the node tells the attempt alone that it is first and the lock is free (armed
-    /// before the attempt's first vote; no SUBSCRIBE once the node's subscriber is connected).
-    pub(crate) async fn wake_watch(&self, req: &AcquireRequest) -> Result<watch::QuorumWatch> {
-        let attempt = &req.attempt;
-        let watch = |b: Arc<RedisNode>| async move { b.wake_watch(attempt).await };
+    /// A release watch (`watch` on every reachable node, merged; see [`watch::QuorumWatch`]),
+    /// wake-ups spread by a random pause of up to `spread`.
+    pub(crate) async fn release_watch<'a, Fut>(
+        &self,
+        spread: Duration,
+        watch: impl Fn(Arc<RedisNode>) -> Fut,
+    ) -> Result<watch::QuorumWatch>
+    where
+        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>> + Send + 'a,
+    {
         let watches = self.watches("release messages", 1, watch).await?;
-        Ok(watch::QuorumWatch::new(
-            self.node_count(),
-            watches,
-            Duration::ZERO,
-        ))
+        Ok(watch::QuorumWatch::new(self.node_count(), watches, spread))
     }
 
     /// `watch` on every reachable node, each bounded by the watch timeout: the watches made, at
     /// least `need` (else a retryable error: `what` could not be subscribed).
-    async fn watches<F, Fut>(
+    async fn watches<'a, Fut>(
         &self,
         what: &str,
         need: usize,
-        watch: F,
+        watch: impl Fn(Arc<RedisNode>) -> Fut,
     ) -> Result<Vec<Box<dyn ReleaseWatch>>>
     where
-        F: Fn(Arc<RedisNode>) -> Fut,
-        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
+        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>> + Send + 'a,
     {
-        let views = self.health.views();
-        let t = self.watch_timeout();
-        let got = join_all(views.iter().filter_map(|v| {
-            let w = watch(v.backend.clone()?);
-            Some(async move { tokio::time::timeout(t, w).await.ok()?.ok() })
-        }));
-        let got: Vec<_> = got.await.into_iter().flatten().collect();
+        let answers = self.fan_out(&self.health.views(), self.watch_timeout(), watch);
+        let got: Vec<_> = answers
+            .filter_map(|(_, w)| async { w?.ok() })
+            .collect()
+            .await;
         if got.len() < need {
             return Err(self.unavailable(format!(
                 "could subscribe to {what} on only {} of {} redlock nodes (need {need})",
@@ -113,48 +109,39 @@ impl RedlockBackend {
         None
     }
 
-    /// The nodes' renewals of `holds` as they come in (per node: whether it counts, and its
-    /// outcomes), until every hold is decided or every node answered. A batch stops waiting
-    /// before the watchdog drops the call, with what the nodes decided by then: a silent node
-    /// must not leave the holds the others decided unconfirmed. (One hold, an `extend`, has
-    /// nothing to keep apart: it waits for its nodes as any call.)
-    async fn count_renewals(
+    /// The nodes' answers as they come in (`None`: none, its problem noted in `problems`), until
+    /// `done` says those in decide, every node answered, or `budget` (if given) passed.
+    async fn gather<T>(
         &self,
-        views: &[View],
-        answers: &mut Answers<Vec<RenewOutcome>>,
-        holds: &[(GrantRef, Duration)],
-    ) -> (Vec<(bool, Option<Vec<RenewOutcome>>)>, Vec<String>) {
-        let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
-            views.iter().map(|v| (v.counts, None)).collect();
-        let mut problems: Vec<String> = Vec::new();
-        let budget = (holds.len() > 1).then(|| self.health.opts.renew_timeout() * 3 / 4);
-        let until = tokio::time::Instant::now() + budget.unwrap_or_default();
-        loop {
-            let next = match budget {
-                Some(b) => match tokio::time::timeout_at(until, answers.next()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        problems.push(format!("the other nodes: no answer within {b:?}"));
-                        break;
-                    }
-                },
-                None => answers.next().await,
+        answers: &mut Answers<'_, T>,
+        budget: Option<Duration>,
+        problems: &mut Vec<String>,
+        done: impl Fn(&[Option<T>]) -> bool,
+    ) -> Vec<Option<T>> {
+        let mut outs: Vec<Option<T>> = (0..self.node_count()).map(|_| None).collect();
+        let until = budget.map(|b| tokio::time::Instant::now() + b);
+        while !done(&outs) {
+            let next = match until {
+                Some(u) => tokio::time::timeout_at(u, answers.next()).await,
+                None => Ok(answers.next().await),
             };
-            let Some((i, r)) = next else { break };
-            match self.answer(i, r, &mut problems) {
-                Some(o) if o.len() == holds.len() => per_node[i].1 = Some(o),
-                Some(_) => problems.push(format!(
-                    "{}: renewed a batch of the wrong size",
-                    self.health.nodes[i].endpoint
-                )),
-                None => {}
-            }
-            let outcomes = tally::renew_outcomes(&per_node, holds.len());
-            if outcomes.iter().all(Option::is_some) {
+            let Ok(Some((i, r))) = next else {
+                if let (Err(_), Some(b)) = (next, budget) {
+                    problems.push(format!("the other nodes: no answer within {b:?}"));
+                }
                 break;
-            }
+            };
+            outs[i] = self.answer(i, r, problems);
         }
-        (per_node, problems)
+        outs
+    }
+
+    /// Why each connected node of `views` that does not count does not, for messages.
+    fn uncounted<'v>(&'v self, views: &'v [View]) -> impl Iterator<Item = String> + 'v {
+        views.iter().zip(&self.health.nodes).filter_map(|(v, n)| {
+            let why = v.why_not.as_ref().filter(|_| v.backend.is_some());
+            why.map(|w| format!("{}: {w}", n.endpoint))
+        })
     }
 }
 
@@ -184,9 +171,9 @@ impl Backend for RedlockBackend {
     /// random pause (waiters that do not queue: `wait=retry`).
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         let watch = |b: Arc<RedisNode>| async move { b.watch(req).await };
-        let watches = self.watches("release messages", 1, watch).await?;
-        let (n, spread) = (self.node_count(), self.node_timeout());
-        Ok(Box::new(watch::QuorumWatch::new(n, watches, spread)))
+        Ok(Box::new(
+            self.release_watch(self.node_timeout(), watch).await?,
+        ))
     }
 
     /// Waits in the nodes' wait queues, woken by the nodes where this waiter is first (see
@@ -211,16 +198,16 @@ impl Backend for RedlockBackend {
     /// a node left free wakes its next waiter. Idempotent; only that attempt's holds and queue
     /// entries are touched.
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        let (name, kind, attempt) = (req.key.name.clone(), req.key.kind, req.attempt.clone());
-        let (_, mut answers) = self.fan_out(|b| {
-            let (name, attempt) = (name.clone(), attempt.clone());
-            async move { b.give_up(&name, kind, &attempt).await }
+        let (name, kind, attempt) = (&req.key.name, req.key.kind, &req.attempt);
+        let (views, t) = (self.health.views(), self.call_timeout());
+        let mut answers = self.fan_out(&views, t, |b| async move {
+            b.give_up(name, kind, attempt).await
         });
-        let mut answered = 0;
         let mut problems = Vec::new();
-        while let Some((i, r)) = answers.next().await {
-            answered += usize::from(self.answer(i, r, &mut problems).is_some());
-        }
+        let outs = self
+            .gather(&mut answers, None, &mut problems, |_| false)
+            .await;
+        let answered = outs.iter().flatten().count();
         // Fewer than a majority reached: a grant this attempt may have got could still stand
         // (until its lease ends); say so.
         if answered < self.quorum() {
@@ -233,18 +220,17 @@ impl Backend for RedlockBackend {
         let t = self.call_timeout();
         // Set once a majority released this grant: see `release_node`.
         let (verdict, decided) = tokio::sync::watch::channel(false);
-        let (_, mut answers) = self.fan_out(|b| release_node(b, grant.clone(), t, decided.clone()));
+        let views = self.health.views();
+        let mut answers = self.fan_out(&views, t, |b| {
+            release_node(b, grant.clone(), t, decided.clone())
+        });
         drop(decided);
-        let q = self.quorum();
-        let mut outcomes: Vec<Option<ReleaseOutcome>> = vec![None; self.node_count()];
         let mut problems = Vec::new();
-        while let Some((i, r)) = answers.next().await {
-            outcomes[i] = self.answer(i, r, &mut problems);
-            if tally::released(&outcomes) >= q {
-                verdict.send_replace(true);
-                break;
-            }
-        }
+        let released = |o: &[_]| tally::release_outcome(o) == Ok(ReleaseOutcome::Released);
+        let outcomes = self
+            .gather(&mut answers, None, &mut problems, released)
+            .await;
+        verdict.send_replace(released(&outcomes));
         // The slower nodes' releases are on their connections already: they finish in order.
         finish_in_background(answers);
         tally::release_outcome(&outcomes).map_err(|answered| self.no_quorum(answered, &problems))
@@ -260,11 +246,26 @@ impl Backend for RedlockBackend {
         let t = self.call_timeout();
         // Set to which grants a majority renewed: see `renew_node`.
         let (verdict, decided) = tokio::sync::watch::channel(None::<Vec<bool>>);
-        let (views, mut answers) =
-            self.fan_out(|b| renew_node(b, holds.to_vec(), t, decided.clone()));
+        let views = self.health.views();
+        let mut answers = self.fan_out(&views, t, |b| {
+            renew_node(b, holds.to_vec(), t, decided.clone())
+        });
         drop(decided);
-        let (per_node, mut problems) = self.count_renewals(&views, &mut answers, holds).await;
-        let outcomes = tally::renew_outcomes(&per_node, holds.len());
+        // A batch stops waiting before the watchdog drops the call, with what the nodes decided
+        // by then: a silent node must not leave the holds the others decided unconfirmed. (One
+        // hold, an `extend`, has nothing to keep apart: it waits for its nodes as any call.)
+        let budget = (holds.len() > 1).then(|| self.health.opts.renew_timeout() * 3 / 4);
+        let counts: Vec<bool> = views.iter().map(|v| v.counts).collect();
+        let decided = |o: &[_]| {
+            tally::renew_outcomes(&counts, o, holds.len())
+                .iter()
+                .all(Option::is_some)
+        };
+        let mut problems = Vec::new();
+        let per_node = self
+            .gather(&mut answers, budget, &mut problems, decided)
+            .await;
+        let outcomes = tally::renew_outcomes(&counts, &per_node, holds.len());
         let renewed = outcomes.iter().map(|o| *o == Some(RenewOutcome::Renewed));
         verdict.send_replace(Some(renewed.collect()));
         finish_in_background(answers);
@@ -272,12 +273,7 @@ impl Backend for RedlockBackend {
         if undecided.is_empty() {
             return Ok(outcomes);
         }
-        problems.extend(views.iter().zip(&self.health.nodes).filter_map(|(v, n)| {
-            v.why_not
-                .as_ref()
-                .filter(|_| v.backend.is_some())
-                .map(|w| format!("{}: {w}", n.endpoint))
-        }));
+        problems.extend(self.uncounted(&views));
         let names = undecided
             .iter()
             .map(|&h| format!("`{}`", holds[h].0.key.name));
@@ -305,42 +301,34 @@ impl Backend for RedlockBackend {
     /// grant is gone; a retryable error when neither is decided.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let (grant2, value2): (GrantRef, Arc<str>) = (grant.clone(), Arc::from(value));
-        let (views, mut answers) = self.fan_out(|b| {
+        let (views, t) = (self.health.views(), self.call_timeout());
+        let mut answers = self.fan_out(&views, t, |b| {
             let (grant, value) = (grant2.clone(), value2.clone());
             async move { b.proclaim(&grant, seq, &value).await }
         });
-        let q = self.quorum();
-        let (mut renewed, mut gone) = (0, 0);
-        let mut problems = Vec::new();
-        let outcome = loop {
-            let Some((i, r)) = answers.next().await else {
-                break None;
-            };
-            match self.answer(i, r, &mut problems) {
-                Some(RenewOutcome::Renewed) if views[i].counts => renewed += 1,
-                Some(_) if views[i].counts => gone += 1,
-                Some(_) => problems.push(format!(
-                    "{}: {}",
-                    self.health.nodes[i].endpoint,
-                    views[i].why_not.clone().unwrap_or_default()
-                )),
-                None => {}
-            }
-            if renewed >= q {
-                break Some(RenewOutcome::Renewed);
-            }
-            if gone >= q {
-                break Some(RenewOutcome::NotHeld);
-            }
+        let (q, mut problems) = (self.quorum(), Vec::new());
+        // How many counted nodes stored the proclamation (`true`), or said the grant is gone.
+        let counted = |outs: &[Option<RenewOutcome>], renewed: bool| {
+            let outs = outs.iter().zip(&views).filter(|(_, v)| v.counts);
+            let outs = outs.filter_map(|(o, _)| *o);
+            outs.filter(|o| (*o == RenewOutcome::Renewed) == renewed)
+                .count()
         };
+        let decided = |o: &[_]| counted(o, true) >= q || counted(o, false) >= q;
+        let outs = self
+            .gather(&mut answers, None, &mut problems, decided)
+            .await;
         finish_in_background(answers);
-        outcome.ok_or_else(|| {
-            let (name, n, problems) = (&grant.key.name, self.node_count(), problems.join("; "));
-            self.unavailable(format!(
-                "the proclamation on `{name}` was neither confirmed nor refused by a majority \
-                 ({renewed} confirmed, {gone} refused, {q} of {n} nodes needed): {problems}"
-            ))
-        })
+        let (renewed, gone) = (counted(&outs, true), counted(&outs, false));
+        if renewed >= q || gone >= q {
+            return Ok([RenewOutcome::NotHeld, RenewOutcome::Renewed][usize::from(renewed >= q)]);
+        }
+        problems.extend(self.uncounted(&views));
+        let (name, n, problems) = (&grant.key.name, self.node_count(), problems.join("; "));
+        Err(self.unavailable(format!(
+            "the proclamation on `{name}` was neither confirmed nor refused by a majority \
+             ({renewed} confirmed, {gone} refused, {q} of {n} nodes needed): {problems}"
+        )))
     }
 
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
@@ -395,6 +383,9 @@ async fn renew_node(
     decided: tokio::sync::watch::Receiver<Option<Vec<bool>>>,
 ) -> Result<Vec<RenewOutcome>> {
     let outs = b.renew(&holds).await?;
+    if outs.len() != holds.len() {
+        return Err(Error::unexpected(KIND, "renewed a batch of the wrong size"));
+    }
     let behind: Vec<usize> = (0..outs.len()).filter(|&h| outs[h].is_err()).collect();
     if !behind.is_empty() {
         tokio::spawn(rejoin(b, holds, behind, t, decided));

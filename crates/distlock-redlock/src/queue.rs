@@ -9,6 +9,8 @@ use distlock_core::backend::{
     Wake,
 };
 use distlock_core::{Backend, Error, Result};
+use distlock_redis::RedisNode;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +39,11 @@ struct Queued<'a> {
 impl WaitStrategy for Queued<'_> {
     async fn attempt(&mut self, deadline: Deadline, cancel: &CancellationToken) -> Result<Attempt> {
         if self.watch.is_none() && !cancel.is_cancelled() && !deadline.passed() {
-            match self.shared.wake_watch(&self.req).await {
+            // The attempt's own wake channel on every node: the node tells the attempt alone
+            // that it is first and the lock is free (no pause: it is woken alone).
+            let attempt = &self.req.attempt;
+            let wake = |b: Arc<RedisNode>| async move { b.wake_watch(attempt).await };
+            match self.shared.release_watch(Duration::ZERO, wake).await {
                 Ok(w) => self.watch = Some(w),
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, "cannot subscribe; queued, waking at the heartbeat");
