@@ -45,14 +45,6 @@ fn finish_votes(
     });
 }
 
-/// What one round of votes amounts to.
-pub(crate) struct Round {
-    /// The answer to the attempt.
-    pub(crate) reply: AcquireReply,
-    /// Counted nodes on which the attempt is the first waiter of the queue.
-    pub(crate) first: usize,
-}
-
 /// The votes of one round as they come in.
 struct Count {
     /// Per node (a vote not in yet: unknown, may have granted).
@@ -176,12 +168,13 @@ impl RedlockBackend {
     }
 
     /// One attempt on every node in parallel, as a waiter at `queue` (its waiter ttl and its
-    /// place) or not queued (`None`).
+    /// place) or not queued (`None`): the reply, and on how many counted nodes the attempt is
+    /// the first waiter of the queue.
     pub(crate) async fn round(
         &self,
         req: &AcquireRequest,
         queue: Option<(Duration, u64)>,
-    ) -> Result<Round> {
+    ) -> Result<(AcquireReply, usize)> {
         self.health.note_lease(req.lease);
         let start = Instant::now();
         let views = self.health.views();
@@ -193,11 +186,12 @@ impl RedlockBackend {
         let t = self.call_timeout();
         let health = self.health.clone();
         finish_votes(votes, health, views.clone(), req.clone(), t, token_rx);
-        let round = self.conclude(req, &views, count, start).await?;
-        if let AcquireReply::Granted { token } = round.reply {
+        let first = count.first;
+        let reply = self.conclude(req, &views, count, start).await?;
+        if let AcquireReply::Granted { token } = reply {
             let _ = won.send(token);
         }
-        Ok(round)
+        Ok((reply, first))
     }
 
     /// Sends the attempt's vote to every node that has a connection and an epoch; the others
@@ -280,8 +274,8 @@ impl RedlockBackend {
         views: &[View],
         count: Count,
         start: Instant,
-    ) -> Result<Round> {
-        let (ballots, first) = (&count.ballots, count.first);
+    ) -> Result<AcquireReply> {
+        let ballots = &count.ballots;
         let decision = tally::decide(ballots);
         let (Decision::Again { token } | Decision::Fresh { token }) = decision else {
             self.abort(views, req, ballots).await;
@@ -298,8 +292,7 @@ impl RedlockBackend {
                     Some(Duration::from_micros(fastrand::u64(0..=max)))
                 }
             };
-            let reply = AcquireReply::Held { ttl };
-            return Ok(Round { reply, first });
+            return Ok(AcquireReply::Held { ttl });
         };
         // Again: a retry of an attempt whose grant stands on a majority (its reply was lost):
         // the same token; the votes made every lease run at least `lease` from now. Nodes of
@@ -313,8 +306,7 @@ impl RedlockBackend {
         let confirmed = tally::confirmed(decision, ballots, &raised);
         let q = self.quorum();
         if confirmed >= q && tally::validity(req.lease, start.elapsed()).is_some() {
-            let reply = AcquireReply::Granted { token };
-            return Ok(Round { reply, first });
+            return Ok(AcquireReply::Granted { token });
         }
         // Confirmed too late (a raise that did not arrive, or votes so slow that no validity is
         // left). Nobody else holds the lock, so this is not `Held`: a retryable error. The

@@ -61,8 +61,9 @@ impl RedlockBackend {
     where
         Fut: Future<Output = Result<Box<dyn ReleaseWatch>>> + Send + 'a,
     {
-        let watches = self.watches("release messages", 1, watch).await?;
-        Ok(watch::QuorumWatch::new(self.node_count(), watches, spread))
+        let w = self.watches("release messages", 1, watch).await?;
+        let (need, all) = (tally::wake_threshold(self.node_count(), w.len()), w.len());
+        Ok(watch::QuorumWatch::new(w, need, all, spread))
     }
 
     /// `watch` on every reachable node, each bounded by the watch timeout: the watches made, at
@@ -164,7 +165,7 @@ impl Backend for RedlockBackend {
     /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
     /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`](distlock_core::Error::Connection).
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.round(req, None).await.map(|r| r.reply)
+        Ok(self.round(req, None).await?.0)
     }
 
     /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
@@ -332,12 +333,17 @@ impl Backend for RedlockBackend {
     }
 
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
-    /// majority, else a retryable error); see `watch::ObserveWatch`.
+    /// majority, else a retryable error); see [`watch::QuorumWatch`].
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         let (what, q) = (format!("election `{name}`"), self.quorum());
         let observe = |b: Arc<RedisNode>| async move { Backend::observe(b.backend(), name).await };
         let watches = self.watches(&what, q, observe).await?;
-        Ok(Box::new(watch::ObserveWatch::new(watches, q)))
+        Ok(Box::new(watch::QuorumWatch::new(
+            watches,
+            1,
+            q,
+            Duration::ZERO,
+        )))
     }
 
     fn operator(&self) -> Option<&dyn distlock_core::Operator> {

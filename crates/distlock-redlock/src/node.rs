@@ -199,10 +199,6 @@ impl Health {
         quorum(self.nodes.len())
     }
 
-    fn check_timeout(&self) -> Duration {
-        self.opts.get_op_timeout()
-    }
-
     /// How long a restarted node stays out: the quarantine from the URL, or else the longest
     /// lease in use; plus the clock-drift allowance.
     pub(crate) fn quarantine_len(&self) -> Duration {
@@ -255,7 +251,7 @@ impl Health {
                 Err(e) => return node.set_error(e.to_string()),
             },
         };
-        let t = self.check_timeout();
+        let t = self.opts.get_op_timeout();
         let (info, epoch) = match tokio::time::timeout(t, backend.node_epoch()).await {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => return node.set_error(e.to_string()),
@@ -309,7 +305,7 @@ impl Health {
     /// A fresh look at every node: its connection, process, and whether it is initialised (a
     /// valid epoch). `None` for nodes that cannot be reached now.
     async fn look(&self) -> Vec<Option<(Arc<RedisNode>, ServerInfo, bool)>> {
-        let t = self.check_timeout();
+        let t = self.opts.get_op_timeout();
         join_all(self.nodes.iter().map(|n| async move {
             let b = n.backend()?;
             let (info, e) = tokio::time::timeout(t, b.node_epoch()).await.ok()?.ok()?;
@@ -419,7 +415,7 @@ impl Health {
         quarantine: Duration,
     ) {
         let node = &self.nodes[i];
-        let t = self.check_timeout();
+        let t = self.opts.get_op_timeout();
         // The random part (the node adds the quarantine's end and the run id it vouches for).
         let random = format!("{:016x}", fastrand::u64(..));
         let create = me.create_epoch(&random, &info.run_id, quarantine);
@@ -450,7 +446,7 @@ impl Health {
         sources: &[Arc<RedisNode>],
         need: usize,
     ) -> std::result::Result<Option<Duration>, String> {
-        let t = self.check_timeout();
+        let t = self.opts.get_op_timeout();
         let reads = join_all(
             sources
                 .iter()

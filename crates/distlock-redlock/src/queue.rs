@@ -53,14 +53,9 @@ impl WaitStrategy for Queued<'_> {
         }
         self.sent = true;
         let sent = distlock_core::clock::Instant::now();
-        let round = self
-            .shared
-            .round(
-                &self.req,
-                Some((wait::waiter_ttl(self.req.lease), self.place)),
-            )
-            .await?;
-        let ttl = match round.reply {
+        let queue = Some((wait::waiter_ttl(self.req.lease), self.place));
+        let (reply, first) = self.shared.round(&self.req, queue).await?;
+        let ttl = match reply {
             AcquireReply::Granted { token } => {
                 return Ok(Attempt::Granted(Granted::new(token, sent)))
             }
@@ -68,7 +63,7 @@ impl WaitStrategy for Queued<'_> {
         };
         // First on a majority: the holder's lease end is this waiter's cue too (a holder that
         // crashed publishes nothing). Otherwise only a wake-up or the heartbeat.
-        let retry_in = (round.first >= self.shared.quorum())
+        let retry_in = (first >= self.shared.quorum())
             .then(|| ttl.map(|t| t + Duration::from_millis(1)))
             .flatten();
         Ok(Attempt::Held { retry_in })

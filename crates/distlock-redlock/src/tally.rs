@@ -75,29 +75,19 @@ impl Ballot {
 /// What an acquisition attempt amounts to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    /// The attempt already holds the lock on a majority with one token: its grant stands (a
+    /// The attempt already holds the lock on a majority with one `token`: its grant stands (a
     /// retry after a lost reply); the same token again.
-    Again {
-        /// The grant's token.
-        token: u64,
-    },
-    /// A majority voted for the attempt: a grant with this token, once a majority confirms it.
-    Fresh {
-        /// The token, larger than every token handed out before.
-        token: u64,
-    },
-    /// Another attempt holds it on enough nodes that no majority is free; try again after `ttl`.
-    Held {
-        /// When enough of its nodes expire for a majority to be free, if they expire.
-        ttl: Option<Duration>,
-    },
+    Again { token: u64 },
+    /// A majority voted for the attempt: a grant with `token` (larger than every token handed
+    /// out before), once a majority confirms it.
+    Fresh { token: u64 },
+    /// Another attempt holds it on enough nodes that no majority is free; try again after `ttl`
+    /// (when enough of its nodes expire for a majority to be free, if they expire).
+    Held { ttl: Option<Duration> },
     /// Nobody has a majority (several attempts split the nodes): retry after a random delay.
     Split,
-    /// Fewer than a majority of nodes answered and count.
-    NoQuorum {
-        /// Nodes that answered and count.
-        answered: usize,
-    },
+    /// Fewer than a majority of nodes answered and count (`answered` did).
+    NoQuorum { answered: usize },
 }
 
 /// The most frequent value (the larger one on a tie), with its frequency.
