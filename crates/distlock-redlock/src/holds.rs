@@ -51,63 +51,37 @@ impl RedlockBackend {
         answers.collect()
     }
 
-    /// A release watch (`watch` on every reachable node, merged; see [`watch::QuorumWatch`]),
-    /// wake-ups spread by a random pause of up to `spread`.
-    pub(crate) async fn release_watch<'a, Fut>(
+    /// `watch` on every reachable node, each bounded by the watch timeout, merged (see
+    /// [`watch::QuorumWatch`]): a release watch, wake-ups spread by a random pause of up to
+    /// `spread`; or election `election`'s observe watch, which needs a majority of
+    /// subscriptions. Too few subscriptions are a retryable error.
+    pub(crate) async fn quorum_watch<'a, Fut>(
         &self,
+        election: Option<&str>,
         spread: Duration,
         watch: impl Fn(Arc<RedisNode>) -> Fut,
     ) -> Result<watch::QuorumWatch>
     where
         Fut: Future<Output = Result<Box<dyn ReleaseWatch>>> + Send + 'a,
     {
-        let w = self.watches("release messages", 1, watch).await?;
-        let (need, all) = (tally::wake_threshold(self.node_count(), w.len()), w.len());
-        Ok(watch::QuorumWatch::new(w, need, all, spread))
-    }
-
-    /// `watch` on every reachable node, each bounded by the watch timeout: the watches made, at
-    /// least `need` (else a retryable error: `what` could not be subscribed).
-    async fn watches<'a, Fut>(
-        &self,
-        what: &str,
-        need: usize,
-        watch: impl Fn(Arc<RedisNode>) -> Fut,
-    ) -> Result<Vec<Box<dyn ReleaseWatch>>>
-    where
-        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>> + Send + 'a,
-    {
+        let (n, q) = (self.node_count(), self.quorum());
         let answers = self.fan_out(&self.health.views(), self.watch_timeout(), watch);
         let got: Vec<_> = answers
             .filter_map(|(_, w)| async { w?.ok() })
             .collect()
             .await;
-        if got.len() < need {
+        let all = got.len();
+        let (need, wake, keep) = match election {
+            Some(_) => (q, 1, q),
+            None => (1, tally::wake_threshold(n, all), all),
+        };
+        if all < need {
+            let what = election.map_or("release messages".into(), |e| format!("election `{e}`"));
             return Err(self.unavailable(format!(
-                "could subscribe to {what} on only {} of {} redlock nodes (need {need})",
-                got.len(),
-                self.node_count()
+                "could subscribe to {what} on only {all} of {n} redlock nodes (need {need})"
             )));
         }
-        Ok(got)
-    }
-
-    /// Node `i`'s answer in a fan-out: the value, or `None` with its problem noted (`r` is
-    /// `None` for no answer in time; a retryable error also makes the node suspect).
-    fn answer<T>(&self, i: usize, r: Option<Result<T>>, problems: &mut Vec<String>) -> Option<T> {
-        let node = &self.health.nodes[i];
-        let problem = match r {
-            Some(Ok(v)) => return Some(v),
-            Some(Err(e)) => {
-                if e.is_retryable() {
-                    node.suspect(format!("an error ({e})"));
-                }
-                e.to_string()
-            }
-            None => format!("no answer within {:?}", self.call_timeout()),
-        };
-        problems.push(format!("{}: {problem}", node.endpoint));
-        None
+        Ok(watch::QuorumWatch::new(got, wake, keep, spread))
     }
 
     /// The nodes' answers as they come in (`None`: none, its problem noted in `problems`), until
@@ -132,7 +106,21 @@ impl RedlockBackend {
                 }
                 break;
             };
-            outs[i] = self.answer(i, r, problems);
+            let node = &self.health.nodes[i];
+            let problem = match r {
+                Some(Ok(v)) => {
+                    outs[i] = Some(v);
+                    continue;
+                }
+                // A retryable error also makes the node suspect.
+                Some(Err(e)) if e.is_retryable() => {
+                    node.suspect(format!("an error ({e})"));
+                    e.to_string()
+                }
+                Some(Err(e)) => e.to_string(),
+                None => format!("no answer within {:?}", self.call_timeout()),
+            };
+            problems.push(format!("{}: {problem}", node.endpoint));
         }
         outs
     }
@@ -172,9 +160,8 @@ impl Backend for RedlockBackend {
     /// random pause (waiters that do not queue: `wait=retry`).
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         let watch = |b: Arc<RedisNode>| async move { b.watch(req).await };
-        Ok(Box::new(
-            self.release_watch(self.node_timeout(), watch).await?,
-        ))
+        let w = self.quorum_watch(None, self.node_timeout(), watch).await?;
+        Ok(Box::new(w))
     }
 
     /// Waits in the nodes' wait queues, woken by the nodes where this waiter is first (see
@@ -335,15 +322,11 @@ impl Backend for RedlockBackend {
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
     /// majority, else a retryable error); see [`watch::QuorumWatch`].
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        let (what, q) = (format!("election `{name}`"), self.quorum());
         let observe = |b: Arc<RedisNode>| async move { Backend::observe(b.backend(), name).await };
-        let watches = self.watches(&what, q, observe).await?;
-        Ok(Box::new(watch::QuorumWatch::new(
-            watches,
-            1,
-            q,
-            Duration::ZERO,
-        )))
+        let w = self
+            .quorum_watch(Some(name), Duration::ZERO, observe)
+            .await?;
+        Ok(Box::new(w))
     }
 
     fn operator(&self) -> Option<&dyn distlock_core::Operator> {

@@ -43,7 +43,7 @@ impl WaitStrategy for Queued<'_> {
             // that it is first and the lock is free (no pause: it is woken alone).
             let attempt = &self.req.attempt;
             let wake = |b: Arc<RedisNode>| async move { b.wake_watch(attempt).await };
-            match self.shared.release_watch(Duration::ZERO, wake).await {
+            match self.shared.quorum_watch(None, Duration::ZERO, wake).await {
                 Ok(w) => self.watch = Some(w),
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, "cannot subscribe; queued, waking at the heartbeat");
