@@ -228,9 +228,7 @@ impl Backend for RedlockBackend {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
-        for (_, lease) in holds {
-            self.health.note_lease(*lease);
-        }
+        holds.iter().for_each(|(_, l)| self.health.note_lease(*l));
         let t = self.call_timeout();
         // Set to which grants a majority renewed: see `renew_node`.
         let (verdict, decided) = tokio::sync::watch::channel(None::<Vec<bool>>);

@@ -252,10 +252,9 @@ impl Health {
             },
         };
         let t = self.opts.get_op_timeout();
-        let (info, epoch) = match tokio::time::timeout(t, backend.node_epoch()).await {
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) => return node.set_error(e.to_string()),
-            Err(_) => return node.set_error(format!("no answer within {t:?}")),
+        let (info, epoch) = match within(t, backend.node_epoch()).await {
+            Ok(v) => v,
+            Err(e) => return node.set_error(e),
         };
         let now = Instant::now();
         let valid = epoch.clone().filter(|e| epoch_valid(e, &info.run_id));
@@ -419,15 +418,14 @@ impl Health {
         // The random part (the node adds the quarantine's end and the run id it vouches for).
         let random = format!("{:016x}", fastrand::u64(..));
         let create = me.create_epoch(&random, &info.run_id, quarantine);
-        let (epoch, node_now) = match tokio::time::timeout(t, create).await {
-            Ok(Ok(Ok((e, node_now)))) if epoch_valid(&e, &info.run_id) => (e, node_now),
-            Ok(Ok(_)) => {
+        let (epoch, node_now) = match within(t, create).await {
+            Ok(Ok((e, node_now))) if epoch_valid(&e, &info.run_id) => (e, node_now),
+            Ok(_) => {
                 // The process changed under us: the next check starts over.
                 node.check_now.notify_one();
                 return;
             }
-            Ok(Err(e)) => return node.set_error(e.to_string()),
-            Err(_) => return node.set_error(format!("no answer within {t:?}")),
+            Err(e) => return node.set_error(e),
         };
         let mut st = node.state();
         if st.run_id.as_deref() == Some(info.run_id.as_str()) {
@@ -447,29 +445,27 @@ impl Health {
         need: usize,
     ) -> std::result::Result<Option<Duration>, String> {
         let t = self.opts.get_op_timeout();
-        let reads = join_all(
-            sources
-                .iter()
-                .map(|s| tokio::time::timeout(t, s.lease_horizon())),
-        );
-        let (mut horizon, mut ok, mut last_err) = (None, 0, None);
-        for r in reads.await {
-            match r {
-                Ok(Ok(h)) => {
-                    ok += 1;
-                    horizon = horizon.max(h);
-                }
-                Ok(Err(e)) => last_err = Some(e.to_string()),
-                Err(_) => last_err = Some(format!("no answer within {t:?}")),
-            }
-        }
+        let reads = join_all(sources.iter().map(|s| within(t, s.lease_horizon()))).await;
+        let ok = reads.iter().filter(|r| r.is_ok()).count();
         if ok < need {
+            let last_err = reads.into_iter().filter_map(Result::err).next_back();
             let why = last_err.map(|e| format!(": {e}")).unwrap_or_default();
             return Err(format!(
                 "only {ok} nodes told their lease horizon, {need} needed{why}"
             ));
         }
-        Ok(horizon)
+        Ok(reads.into_iter().flatten().max().flatten())
+    }
+}
+
+/// `fut` bounded by `t`: its error, or the timeout, as text.
+async fn within<T>(
+    t: Duration,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> std::result::Result<T, String> {
+    match tokio::time::timeout(t, fut).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {t:?}")),
     }
 }
 

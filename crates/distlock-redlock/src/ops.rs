@@ -246,13 +246,15 @@ impl Operator for RedlockBackend {
         let t = self.health.opts.get_op_timeout();
         // At least `MIN_NODES` (3): the URL has no fewer.
         let tolerates = format!("{n} nodes, majority {q}: tolerates {} down", n - q);
-        let mut out = vec![if n % 2 == 0 {
-            let odd = "with one more to fail; use an odd number";
-            let message = format!("{tolerates} like {} nodes would, {odd}", n - 1);
-            Finding::new(Severity::Warning, "nodes", message)
-        } else {
-            Finding::new(Severity::Ok, "nodes", tolerates)
-        }];
+        let odd = "with one more to fail; use an odd number";
+        let (severity, message) = match n % 2 {
+            0 => (
+                Severity::Warning,
+                format!("{tolerates} like {} nodes would, {odd}", n - 1),
+            ),
+            _ => (Severity::Ok, tolerates),
+        };
+        let mut out = vec![Finding::new(severity, "nodes", message)];
         let answers = per_node(self, &self.health.views(), t, |b| async move {
             let findings = Operator::diagnose(b.backend()).await?;
             let sent = unix_ms(SystemTime::now());
