@@ -206,8 +206,8 @@ impl Backend for RedlockBackend {
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let t = self.call_timeout();
-        // Set once a majority released this grant: see `release_node`.
-        let (verdict, decided) = tokio::sync::watch::channel(false);
+        // The verdict, once a majority released this grant or not: see `release_node`.
+        let (verdict, decided) = tokio::sync::watch::channel(None);
         let views = self.health.views();
         let mut answers = self.fan_out(&views, t, |b| {
             release_node(b, grant.clone(), t, decided.clone())
@@ -218,7 +218,7 @@ impl Backend for RedlockBackend {
         let outcomes = self
             .gather(&mut answers, None, &mut problems, released)
             .await;
-        verdict.send_replace(released(&outcomes));
+        verdict.send_replace(Some(vec![released(&outcomes)]));
         // The slower nodes' releases are on their connections already: they finish in order.
         finish_in_background(answers);
         tally::release_outcome(&outcomes).map_err(|answered| self.no_quorum(answered, &problems))
@@ -231,7 +231,7 @@ impl Backend for RedlockBackend {
         holds.iter().for_each(|(_, l)| self.health.note_lease(*l));
         let t = self.call_timeout();
         // Set to which grants a majority renewed: see `renew_node`.
-        let (verdict, decided) = tokio::sync::watch::channel(None::<Vec<bool>>);
+        let (verdict, decided) = tokio::sync::watch::channel(None);
         let views = self.health.views();
         let mut answers = self.fan_out(&views, t, |b| {
             renew_node(b, holds.to_vec(), t, decided.clone())
@@ -332,6 +332,16 @@ impl Backend for RedlockBackend {
     }
 }
 
+/// The majority's verdict per hold of a release or renewal (whether a majority released or
+/// renewed it), once the call has it; the call drops the sender when it returns.
+type Verdict = tokio::sync::watch::Receiver<Option<Vec<bool>>>;
+
+/// The verdict `decided` carries, if within `t` (it ends as soon as the call does).
+async fn verdict(mut decided: Verdict, t: Duration) -> Option<Vec<bool>> {
+    let v = tokio::time::timeout(t, decided.wait_for(Option::is_some)).await;
+    v.ok()?.ok()?.clone()
+}
+
 /// Node `b`'s release of `grant`. A hold of the grant's attempt under another token here (its
 /// vote came in after the decision, before the raise reached it) is part of this very grant —
 /// attempt ids are unique —: it counts as nothing to release for the majority, and is
@@ -340,18 +350,14 @@ async fn release_node(
     b: Arc<RedisNode>,
     grant: GrantRef,
     t: Duration,
-    mut decided: tokio::sync::watch::Receiver<bool>,
+    decided: Verdict,
 ) -> Result<ReleaseOutcome> {
     let (name, kind, attempt) = (&grant.key.name, grant.key.kind, &grant.attempt);
     if let Ok(o) = b.release(name, kind, attempt, Some(grant.token)).await? {
         return Ok(o);
     }
     tokio::spawn(async move {
-        // Ends as soon as the release is decided either way (the sender goes with the call).
-        if tokio::time::timeout(t, decided.wait_for(|v| *v))
-            .await
-            .is_ok_and(|r| r.is_ok())
-        {
+        if verdict(decided, t).await == Some(vec![true]) {
             let (name, kind, attempt) = (&grant.key.name, grant.key.kind, &grant.attempt);
             let _ = tokio::time::timeout(t, b.release(name, kind, attempt, None)).await;
         }
@@ -362,12 +368,13 @@ async fn release_node(
 
 /// Node `b`'s renewal of `holds`, as the majority counts it. A hold of a grant's attempt under
 /// another token here is `NotHeld` for the majority, and part of that very grant (as in
-/// [`release_node`]): once `decided` says a majority renewed the grant, it rejoins ([`rejoin`]).
+/// [`release_node`]): once `decided` says a majority renewed the grant, it rejoins: raised to
+/// its grant's token, then renewed with the others that rejoin (one script).
 async fn renew_node(
     b: Arc<RedisNode>,
     holds: Vec<(GrantRef, Duration)>,
     t: Duration,
-    decided: tokio::sync::watch::Receiver<Option<Vec<bool>>>,
+    decided: Verdict,
 ) -> Result<Vec<RenewOutcome>> {
     let outs = b.renew(&holds).await?;
     if outs.len() != holds.len() {
@@ -375,39 +382,28 @@ async fn renew_node(
     }
     let behind: Vec<usize> = (0..outs.len()).filter(|&h| outs[h].is_err()).collect();
     if !behind.is_empty() {
-        tokio::spawn(rejoin(b, holds, behind, t, decided));
+        tokio::spawn(async move {
+            let Some(renewed) = verdict(decided, t).await else {
+                return;
+            };
+            let mut rejoined = Vec::new();
+            for h in behind
+                .into_iter()
+                .filter(|&h| renewed.get(h) == Some(&true))
+            {
+                let (g, _) = &holds[h];
+                let raised = b.raise_fence(&g.key.name, g.key.kind, &g.attempt, g.token);
+                if let Ok(Ok(Some(_))) = tokio::time::timeout(t, raised).await {
+                    rejoined.push(holds[h].clone());
+                }
+            }
+            if !rejoined.is_empty() {
+                let _ = tokio::time::timeout(t, b.renew(&rejoined)).await;
+            }
+        });
     }
     Ok(outs
         .into_iter()
         .map(|o| o.unwrap_or(RenewOutcome::NotHeld))
         .collect())
-}
-
-/// The holds `behind` (indexes into `holds`) of node `b` that a majority renewed: raised to
-/// their grant's token, then renewed together (one script).
-async fn rejoin(
-    b: Arc<RedisNode>,
-    holds: Vec<(GrantRef, Duration)>,
-    behind: Vec<usize>,
-    t: Duration,
-    mut decided: tokio::sync::watch::Receiver<Option<Vec<bool>>>,
-) {
-    let renewed = match tokio::time::timeout(t, decided.wait_for(Option::is_some)).await {
-        Ok(Ok(v)) => v.clone().unwrap_or_default(),
-        _ => return,
-    };
-    let mut rejoined = Vec::new();
-    for h in behind
-        .into_iter()
-        .filter(|&h| renewed.get(h) == Some(&true))
-    {
-        let (g, _) = &holds[h];
-        let raised = b.raise_fence(&g.key.name, g.key.kind, &g.attempt, g.token);
-        if let Ok(Ok(Some(_))) = tokio::time::timeout(t, raised).await {
-            rejoined.push(holds[h].clone());
-        }
-    }
-    if !rejoined.is_empty() {
-        let _ = tokio::time::timeout(t, b.renew(&rejoined)).await;
-    }
 }
