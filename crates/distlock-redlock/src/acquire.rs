@@ -11,39 +11,10 @@ use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The votes of one attempt, each run to its end (never dropped half-way).
 type Votes = FuturesUnordered<Pin<Box<dyn Future<Output = (usize, Result<QuorumVote>)> + Send>>>;
-
-/// Lets the votes still running finish in a task of their own; if the attempt wins with the
-/// token sent on `won`, the nodes among them that voted for it are raised to that token (so
-/// their hold carries the grant's address: renewals and the release name attempt and token).
-/// A release that reaches such a node first still removes it (see `release`).
-fn finish_votes(
-    mut rest: Votes,
-    health: Arc<Health>,
-    views: Vec<View>,
-    req: AcquireRequest,
-    t: Duration,
-    won: tokio::sync::oneshot::Receiver<u64>,
-) {
-    if rest.is_empty() {
-        return;
-    }
-    tokio::spawn(async move {
-        let mut late = vec![Ballot::default(); views.len()];
-        while let Some((i, answer)) = rest.next().await {
-            if let Ok(v) = answer {
-                late[i] = Ballot::of(&v, false);
-            }
-        }
-        let Ok(token) = won.await else { return };
-        let list = tally::raises(&late, token);
-        health.raise(&views, &req, token, &list, t).await;
-    });
-}
 
 /// The votes of one round as they come in.
 struct Count {
@@ -178,47 +149,23 @@ impl RedlockBackend {
         self.health.note_lease(req.lease);
         let start = Instant::now();
         let views = self.health.views();
-        let (mut votes, mut count) = self.send_votes(&views, req, queue);
-        self.count_votes(&views, &mut votes, &mut count).await;
-        // Votes still out finish in the background; if this attempt wins, those that voted
-        // for it get its token too (they were not there to be raised).
-        let (won, token_rx) = tokio::sync::oneshot::channel();
-        let t = self.call_timeout();
-        let health = self.health.clone();
-        finish_votes(votes, health, views.clone(), req.clone(), t, token_rx);
-        let first = count.first;
-        let reply = self.conclude(req, &views, count, start).await?;
-        if let AcquireReply::Granted { token } = reply {
-            let _ = won.send(token);
-        }
-        Ok((reply, first))
-    }
-
-    /// Sends the attempt's vote to every node that has a connection and an epoch; the others
-    /// count as not granted, with their problem.
-    fn send_votes(
-        &self,
-        views: &[View],
-        req: &AcquireRequest,
-        queue: Option<(Duration, u64)>,
-    ) -> (Votes, Count) {
+        // The vote goes to every node that has a connection and an epoch; the others count as
+        // not granted, with their problem. A vote not in yet may still run on its node: counted
+        // as unknown (given back on failure).
         let mut count = Count {
-            // A vote not in yet may still run on its node: counted as unknown (given back on
-            // failure).
             ballots: vec![Ballot::unknown(); views.len()],
             asked: vec![false; views.len()],
             problems: Vec::new(),
             hard: None,
             first: 0,
         };
-        let votes: Votes = FuturesUnordered::new();
+        let mut votes: Votes = FuturesUnordered::new();
         for (i, v) in views.iter().enumerate() {
             let (Some(b), Some(epoch)) = (v.backend.clone(), v.epoch.clone()) else {
-                let why = v.why_not.clone().unwrap_or_default();
+                let why = v.why_not.as_deref().unwrap_or_default();
                 count.ballots[i] = Ballot::default();
-                count
-                    .problems
-                    .push(format!("{}: {why}", self.health.nodes[i].endpoint));
+                let endpoint = &self.health.nodes[i].endpoint;
+                count.problems.push(format!("{endpoint}: {why}"));
                 continue;
             };
             let req = req.clone();
@@ -229,7 +176,33 @@ impl RedlockBackend {
                 (i, vote.await)
             }));
         }
-        (votes, count)
+        self.count_votes(&views, &mut votes, &mut count).await;
+        // The votes still out finish in a task of their own; if the attempt wins with the token
+        // sent on `won`, the nodes among them that voted for it are raised to that token (so
+        // their hold carries the grant's address: renewals and the release name attempt and
+        // token). A release that reaches such a node first still removes it (see `release`).
+        let (won, token) = tokio::sync::oneshot::channel();
+        if !votes.is_empty() {
+            let (health, views, req) = (self.health.clone(), views.clone(), req.clone());
+            let t = self.call_timeout();
+            tokio::spawn(async move {
+                let mut late = vec![Ballot::default(); views.len()];
+                while let Some((i, answer)) = votes.next().await {
+                    if let Ok(v) = answer {
+                        late[i] = Ballot::of(&v, false);
+                    }
+                }
+                let Ok(token) = token.await else { return };
+                let list = tally::raises(&late, token);
+                health.raise(&views, &req, token, &list, t).await;
+            });
+        }
+        let first = count.first;
+        let reply = self.conclude(req, &views, count, start).await?;
+        if let AcquireReply::Granted { token } = reply {
+            let _ = won.send(token);
+        }
+        Ok((reply, first))
     }
 
     /// Counts the votes as they come in, until the tally is settled, every vote is in, or
