@@ -116,28 +116,6 @@ impl RedlockBackend {
             .extend(why.map(|w| format!("{}: {w}", node.endpoint)));
     }
 
-    /// Takes back, in parallel, what an attempt that did not win may have been granted: on
-    /// every node that voted for it or may have (no answer in time). The attempt keeps its
-    /// place in the nodes' queues; a node that is free afterwards wakes its first waiter only
-    /// (never the lock's channel: no herd). The request names the attempt, so it can only
-    /// remove that attempt's holds; a vote still in flight on a node runs before it (one
-    /// connection per node, in order).
-    async fn abort(&self, views: &[View], req: &AcquireRequest, ballots: &[Ballot]) {
-        let (key, nt) = (&req.key, self.node_timeout());
-        join_all(
-            ballots
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.granted() || b.maybe_granted)
-                .filter_map(|(i, _)| views[i].backend.clone())
-                .map(|b| async move {
-                    let give_back = b.give_back(&key.name, key.kind, &req.attempt);
-                    let _ = tokio::time::timeout(nt, give_back).await;
-                }),
-        )
-        .await;
-    }
-
     /// One attempt on every node in parallel, as a waiter at `queue` (its waiter ttl and its
     /// place) or not queued (`None`): the reply, and on how many counted nodes the attempt is
     /// the first waiter of the queue.
@@ -251,7 +229,23 @@ impl RedlockBackend {
         let ballots = &count.ballots;
         let decision = tally::decide(ballots);
         let (Decision::Again { token } | Decision::Fresh { token }) = decision else {
-            self.abort(views, req, ballots).await;
+            // Takes back, in parallel, what the attempt may have been granted: on every node
+            // that voted for it or may have (no answer in time). The attempt keeps its place in
+            // the nodes' queues; a node that is free afterwards wakes its first waiter only
+            // (never the lock's channel: no herd). The request names the attempt, so it can only
+            // remove that attempt's holds; a vote still in flight on a node runs before it (one
+            // connection per node, in order).
+            let (key, nt) = (&req.key, self.node_timeout());
+            let ours = ballots.iter().enumerate();
+            let ours = ours.filter(|(_, b)| b.granted() || b.maybe_granted);
+            join_all(
+                ours.filter_map(|(i, _)| views[i].backend.clone())
+                    .map(|b| async move {
+                        let give_back = b.give_back(&key.name, key.kind, &req.attempt);
+                        let _ = tokio::time::timeout(nt, give_back).await;
+                    }),
+            )
+            .await;
             let ttl = match decision {
                 Decision::Held { ttl } => ttl,
                 Decision::NoQuorum { answered } => {
