@@ -382,14 +382,8 @@ impl Health {
             // Locks it had may still be held elsewhere for as long as the longest lease in use:
             // this client's, or a longer one the sources saw (their horizon), plus the drift.
             _ => match self.horizon(&sources, need).await {
-                Ok(h) => {
-                    let h = h.map_or(Duration::ZERO, |h| h + distlock_core::drift(h));
-                    self.quarantine_len().max(h)
-                }
-                Err(e) => {
-                    node.state().last_error = Some(format!("initialising failed: {e}"));
-                    return;
-                }
+                Ok(h) => self.quarantine_len().max(h),
+                Err(why) => return node.state().last_error = Some(why),
             },
         };
         if need >= self.q() {
@@ -438,12 +432,12 @@ impl Health {
     }
 
     /// The longest lease horizon of `sources` (how long a lease granted through them may still
-    /// run; `None`: none may); at least `need` of them must answer.
+    /// run, 0 if none may) plus the drift; at least `need` of them must answer.
     async fn horizon(
         &self,
         sources: &[Arc<RedisNode>],
         need: usize,
-    ) -> std::result::Result<Option<Duration>, String> {
+    ) -> std::result::Result<Duration, String> {
         let t = self.opts.get_op_timeout();
         let reads = join_all(sources.iter().map(|s| within(t, s.lease_horizon()))).await;
         let ok = reads.iter().filter(|r| r.is_ok()).count();
@@ -451,10 +445,11 @@ impl Health {
             let last_err = reads.into_iter().filter_map(Result::err).next_back();
             let why = last_err.map(|e| format!(": {e}")).unwrap_or_default();
             return Err(format!(
-                "only {ok} nodes told their lease horizon, {need} needed{why}"
+                "initialising failed: only {ok} nodes told their lease horizon, {need} needed{why}"
             ));
         }
-        Ok(reads.into_iter().flatten().max().flatten())
+        let h = reads.into_iter().flatten().max().flatten();
+        Ok(h.map_or(Duration::ZERO, |h| h + distlock_core::drift(h)))
     }
 }
 

@@ -118,10 +118,9 @@ pub(crate) fn merge(
             _ => newest.and(tokens.max()),
         };
         let lease_left = majority_lease(hs.iter().map(|h| h.lease_left).collect(), q);
-        let owner = match labelled {
-            true => agreement(&hs[0].owner, hs.len(), n),
-            false => hs[0].owner.clone(),
-        };
+        // Unlabelled: as if every node agreed.
+        let of = if labelled { n } else { hs.len() };
+        let owner = agreement(&hs[0].owner, hs.len(), of);
         let holder = HolderInfo::new(owner, 1).with_lease_left(lease_left);
         holders.push(holder.with_value(newest.map(|(value, _)| value.clone())));
     }
