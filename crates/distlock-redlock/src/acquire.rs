@@ -193,26 +193,19 @@ impl RedlockBackend {
     /// release), and so that it can be given the token. The caller lets the rest finish.
     async fn count_votes(&self, views: &[View], votes: &mut Votes, count: &mut Count) {
         let deadline = tokio::time::Instant::now() + self.node_timeout();
-        loop {
-            let (i, answer) = match tokio::time::timeout_at(deadline, votes.next()).await {
-                Ok(Some((i, r))) => (i, Some(r)),
-                Ok(None) => return,
-                Err(_) => {
-                    let late: Vec<usize> = (0..views.len()).filter(|&i| count.asked[i]).collect();
-                    for i in late {
-                        self.vote(count, i, &views[i], None);
-                    }
-                    return;
-                }
-            };
-            count.asked[i] = false;
-            self.vote(count, i, &views[i], answer);
-            if tally::settled(&count.ballots, votes.len()) {
-                // The rest cannot change the outcome: they finish in the background, so the
-                // slower nodes still get the hold — this attempt's, by its id — and anything
-                // given back or released later is queued behind them.
+        // Once settled, the rest cannot change the outcome: they finish in the background, so
+        // the slower nodes still get the hold — this attempt's, by its id — and anything given
+        // back or released later is queued behind them.
+        while !tally::settled(&count.ballots, votes.len()) {
+            let Ok(next) = tokio::time::timeout_at(deadline, votes.next()).await else {
+                let late: Vec<usize> = (0..views.len()).filter(|&i| count.asked[i]).collect();
+                late.into_iter()
+                    .for_each(|i| self.vote(count, i, &views[i], None));
                 return;
-            }
+            };
+            let Some((i, answer)) = next else { return };
+            count.asked[i] = false;
+            self.vote(count, i, &views[i], Some(answer));
         }
     }
 

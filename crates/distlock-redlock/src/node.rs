@@ -137,10 +137,8 @@ impl Node {
         let why_not = if backend.is_none() {
             Some(format!("not connected ({})", last.unwrap_or("connecting")))
         } else if !st.reachable {
-            Some(format!(
-                "unreachable ({})",
-                last.unwrap_or("not checked yet")
-            ))
+            let why = last.unwrap_or("not checked yet");
+            Some(format!("unreachable ({why})"))
         } else if let Some(why) = &st.suspect {
             Some(format!("re-checking the node after {why}"))
         } else if st.epoch.is_none() {
@@ -277,11 +275,11 @@ impl Health {
             }
             st.epoch = valid;
             // The node's own record decides (whoever initialised it set it, by its clock).
-            st.quarantine_until = st
+            let left = st
                 .epoch
                 .as_deref()
-                .and_then(|e| quarantine_left(e, info.now_ms))
-                .map(|left| now + left);
+                .and_then(|e| quarantine_left(e, info.now_ms));
+            st.quarantine_until = left.map(|left| now + left);
             st.reachable = true;
             if st.epoch.is_some() {
                 st.last_error = None;
