@@ -1,20 +1,12 @@
-//! Proclaiming and observing an election ([`Backend::observe`](distlock_core::Backend::observe)):
-//! see the crate documentation, section *Elections*.
-//!
-//! An election is a mutex on `<hash>.election` (see [`Family::Election`]); every change of
-//! its state but one rewrites its record: a grant (holder and value), a proclamation (value and
-//! seq), a resignation (the holder line removed). Those are seen through **inotify** on the
-//! file (`IN_MODIFY`, `IN_CLOSE_WRITE`), from this process and every other, by a thread that
-//! blocks reading the inotify descriptor (and ends when the watch is dropped: removing the
-//! inotify watch queues `IN_IGNORED`). The one change that writes nothing is the leader's death: the kernel drops its
-//! `flock` when its last descriptor closes. That is seen by a thread that blocks in
-//! `flock(LOCK_SH)` on a descriptor of its own while someone holds the lock, and returns the
-//! instant the lock goes (it then unlocks at once). inotify's close event is no substitute: the
-//! kernel sends it *before* it removes the dead process's lock, so an observer woken by it
-//! could still find the lock held.
-//!
-//! Threads, not tokio's reactor: the watch works on any tokio runtime, I/O driver or not.
+//! Proclaiming and observing an election ([`Backend::observe`](distlock_core::Backend::observe));
+//! see docs/file-backend.md, section *Elections*. Every change but one rewrites the record,
+//! which inotify reports (a thread blocks reading the inotify descriptor; removing the watch
+//! queues `IN_IGNORED`, which ends it). The leader's death writes nothing, and inotify's close
+//! event comes *before* the kernel removes the dead process's lock: so while someone leads, a
+//! second thread blocks in `flock(LOCK_SH)` on a descriptor of its own and returns the instant
+//! the lock goes. Threads, not tokio's reactor: any tokio runtime will do.
 
+use crate::record::Side;
 use crate::table::{Entry, Family};
 use crate::{sys, waiting, Inner};
 use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
@@ -61,7 +53,10 @@ impl Inner {
         seq: u64,
         value: &str,
     ) -> Result<()> {
-        let Some(h) = entry.writer.as_mut().filter(|h| seq > h.seq) else {
+        let Some(h) = entry.grants[Side::Write as usize]
+            .first_mut()
+            .filter(|h| seq > h.seq)
+        else {
             return Ok(());
         };
         let last = (
@@ -69,11 +64,12 @@ impl Inner {
             std::mem::replace(&mut h.seq, seq),
         );
         // Written under our exclusive lock; the table keeps the last value written.
-        let written = self.sync(Family::Election, name, entry, false);
-        if let (Err(_), Some(h)) = (&written, entry.writer.as_mut()) {
-            (h.value, h.seq) = last;
-        }
-        written.map(drop)
+        let written = self.sync(Family::Election, name, entry, false).map(drop);
+        written.inspect_err(|_| {
+            if let Some(h) = entry.grants[Side::Write as usize].first_mut() {
+                (h.value, h.seq) = last;
+            }
+        })
     }
 }
 

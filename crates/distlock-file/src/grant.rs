@@ -3,21 +3,36 @@
 //! lock with no readers and no turnstile.
 
 use crate::record::Side;
-use crate::table::{downgrade_of, remove_if_idle, Entry, Family, Hold, TURNSTILE};
+use crate::table::{downgrade_of, remove_if_idle, slot, Entry, Family, Hold, TURNSTILE};
 use crate::{sys, Inner};
 use distlock_core::{
     AcquireReply, AcquireRequest, Error, GrantRef, HoldKey, ReleaseOutcome, RenewOutcome, Result,
 };
 use std::fs::File;
-use std::io;
 use std::sync::Arc;
 
 const HELD: AcquireReply = AcquireReply::Held { ttl: None };
 
+/// What [`Inner::next_lock`] found.
+enum Step {
+    /// A descriptor on the lock file, locked for the side asked.
+    Lock(File),
+    /// The grant is covered by the lock this backend holds already.
+    Join,
+    /// Held: wait (on this descriptor, if any).
+    Wait(Option<File>),
+}
+
 impl Inner {
     /// One non-blocking attempt, under the table lock. With `arm` (a waiter), a failed attempt
     /// queues: starts the waiting threads it needs. `first` is false for the later attempts
-    /// of one wait (see [`Inner::try_write`] on upgrades).
+    /// of one wait (upgrades, below).
+    ///
+    /// An owner that reads (in this backend) and asks for the write side is refused at once:
+    /// two readers upgrading would wait for each other for ever. The check is by owner id (the
+    /// request names no read grant), which can only refuse, never grant; and only on the first
+    /// attempt of a wait: a writer that was already waiting when a read grant of its owner came
+    /// through (another task of the same handle) waits on for it, as for any reader.
     pub(crate) fn try_acquire(
         self: &Arc<Self>,
         family: Family,
@@ -28,157 +43,129 @@ impl Inner {
     ) -> Result<AcquireReply> {
         let mut table = self.table(family);
         let entry = table.entry(req.key.name.clone()).or_default();
-        let r = match side {
-            Side::Read => self.try_read(entry, req, arm),
-            Side::Write => self.try_write(family, entry, req, arm, first),
-        };
+        let r = self.try_in(family, side, entry, req, arm, first);
         remove_if_idle(&mut table, &req.key.name);
         r
     }
 
-    /// The read side of a read-write lock.
-    fn try_read(
-        self: &Arc<Self>,
-        entry: &mut Entry,
-        req: &AcquireRequest,
-        arm: bool,
-    ) -> Result<AcquireReply> {
-        let key = &req.key;
-        // A retry of an attempt that reads already: the same grant.
-        if let Some(h) = entry.readers.iter().find(|h| h.attempt == req.attempt) {
-            return Ok(AcquireReply::Granted { token: h.token });
-        }
-        if arm {
-            self.kernel_error(Family::Rw, &key.name, entry)?;
-        }
-        if let Some(w) = &entry.writer {
-            if downgrade_of(req, w) {
-                // A downgrade: the request names this very write grant, whose exclusive lock
-                // covers the read side. (Never for the owner id alone: another client with
-                // the same owner id is another holder.)
-                return self.add(Family::Rw, Side::Read, entry, req, None);
-            }
-            if arm {
-                self.arm(Family::Rw, Side::Read, entry, &key.name, None)?;
-            }
-            return Ok(HELD);
-        }
-        let main_path = self.lock_path(Family::Rw, &key.name);
-        for _ in 0..3 {
-            let f = match entry.parked[Side::Read as usize].take() {
-                // The read thread passed the turnstile before it blocked: its lock is ours.
-                Some(f) if entry.main.is_some() => {
-                    sys::unlock_and_close(f);
-                    return self.add(Family::Rw, Side::Read, entry, req, None);
-                }
-                Some(f) => f,
-                None => {
-                    // A new reader passes the turnstile first: it cannot while a writer waits.
-                    let ts_path = self.file(&key.name, TURNSTILE);
-                    let ts = self.open_rw(&ts_path)?;
-                    if !self.try_flock(&ts, sys::Mode::Shared, &ts_path)? {
-                        drop(ts);
-                        if arm {
-                            self.arm(Family::Rw, Side::Read, entry, &key.name, None)?;
-                        }
-                        return Ok(HELD);
-                    }
-                    if entry.main.is_some() {
-                        // Other owners of this backend read: join them.
-                        sys::unlock_and_close(ts);
-                        return self.add(Family::Rw, Side::Read, entry, req, None);
-                    }
-                    let locked = self
-                        .open_rw(&main_path)
-                        .and_then(|f| Ok((self.try_flock(&f, sys::Mode::Shared, &main_path)?, f)));
-                    sys::unlock_and_close(ts);
-                    match locked? {
-                        (true, f) => f,
-                        (false, f) => {
-                            // A writer holds the lock. We passed the turnstile, so we wait
-                            // ahead of any writer that starts waiting from now on: block on
-                            // the lock file directly.
-                            if arm {
-                                self.arm(Family::Rw, Side::Read, entry, &key.name, Some(f))?;
-                            }
-                            return Ok(HELD);
-                        }
-                    }
-                }
-            };
-            match self.check_main(f, Family::Rw, &key.name, entry)? {
-                Some(f) => return self.add(Family::Rw, Side::Read, entry, req, Some(f)),
-                None => continue,
-            }
-        }
-        Err(self.replaced_too_often(&main_path))
-    }
-
-    /// The write side (a mutex, an election). An owner that reads (in this backend) and asks
-    /// for the write side is refused at once: two readers upgrading would wait for each other
-    /// for ever. The check is by owner id (the request names no read grant), which can only
-    /// refuse, never grant; and only on the first attempt of a wait: a writer that was already
-    /// waiting when a read grant of its owner came through (another task of the same handle)
-    /// waits on for it, as for any reader.
-    fn try_write(
+    fn try_in(
         self: &Arc<Self>,
         family: Family,
+        side: Side,
         entry: &mut Entry,
         req: &AcquireRequest,
         arm: bool,
         first: bool,
     ) -> Result<AcquireReply> {
         let key = &req.key;
-        if let Some(w) = &entry.writer {
-            if w.attempt == req.attempt {
-                // A retry of the attempt that holds the lock: the same grant. The lease is the
-                // process's lifetime, so there is nothing to lengthen.
-                return Ok(AcquireReply::Granted { token: w.token });
-            }
-            if family != Family::Rw {
+        // A retry of an attempt that holds this side: the same grant. The lease is the
+        // process's lifetime, so there is nothing to lengthen.
+        if let Some(h) = entry.holds(side).iter().find(|h| h.attempt == req.attempt) {
+            return Ok(AcquireReply::Granted { token: h.token });
+        }
+        if side == Side::Write {
+            if family != Family::Rw && entry.writer().is_some() {
                 // Any other attempt, even of the same owner id, is another holder; its
                 // release wakes this backend's waiters.
                 return Ok(HELD);
             }
-        }
-        if first && entry.readers.iter().any(|h| h.owner == key.owner) {
-            return Err(Error::invalid(format!(
-                "owner `{}` holds the read side of read-write lock `{}` and asked for the write side: upgrades are refused (two readers upgrading would wait for each other forever); release the read side first",
-                key.owner, key.name
-            )));
+            if first && entry.holds(Side::Read).iter().any(|h| h.owner == key.owner) {
+                return Err(Error::invalid(format!(
+                    "owner `{}` holds the read side of read-write lock `{}` and asked for the write side: upgrades are refused (two readers upgrading would wait for each other forever); release the read side first",
+                    key.owner, key.name
+                )));
+            }
         }
         if arm {
-            self.kernel_error(family, &key.name, entry)?;
+            entry.kernel_error.take().map_or(Ok(()), Err)?;
         }
         let main_path = self.lock_path(family, &key.name);
         // A few rounds in case the file is deleted or replaced while we lock it.
         for _ in 0..3 {
-            let f = match entry.parked[Side::Write as usize].take() {
-                Some(f) => f,
-                None => {
-                    // No descriptor to try (and none to wait on) while other owners of this
-                    // backend hold a side: their release wakes the waiters.
-                    let f = (!entry.held())
-                        .then(|| self.open_rw(&main_path))
-                        .transpose()?;
-                    match f {
-                        Some(f) if self.try_flock(&f, sys::Mode::Exclusive, &main_path)? => f,
-                        f => {
-                            if arm {
-                                // Wait on this very descriptor, if there is one.
-                                self.queue_writer(family, entry, &key.name, f)?;
-                            }
-                            return Ok(HELD);
-                        }
+            let f = match self.next_lock(family, side, entry, req)? {
+                Step::Lock(f) => f,
+                Step::Join => return self.add(family, side, entry, req, None),
+                Step::Wait(f) if arm => {
+                    match side {
+                        Side::Read => self.arm(family, side, entry, &key.name, f)?,
+                        Side::Write => self.queue_writer(family, entry, &key.name, f)?,
                     }
+                    return Ok(HELD);
                 }
+                Step::Wait(_) => return Ok(HELD),
             };
             match self.check_main(f, family, &key.name, entry)? {
-                Some(f) => return self.add(family, Side::Write, entry, req, Some(f)),
+                Some(f) => return self.add(family, side, entry, req, Some(f)),
                 None => continue,
             }
         }
         Err(self.replaced_too_often(&main_path))
+    }
+
+    /// The next step of an attempt at side `side`: a descriptor on the lock file, locked
+    /// (parked by a waiting thread, or locked now without waiting); a grant covered by this
+    /// backend's lock; or the lock is held, and the descriptor to wait on, if any.
+    fn next_lock(
+        &self,
+        family: Family,
+        side: Side,
+        entry: &mut Entry,
+        req: &AcquireRequest,
+    ) -> Result<Step> {
+        let main_path = self.lock_path(family, &req.key.name);
+        if side == Side::Write {
+            // No descriptor to try (and none to wait on) while other owners of this backend
+            // hold a side: their release wakes the waiters.
+            let f = match entry.parked[side as usize].take() {
+                Some(f) => return Ok(Step::Lock(f)),
+                None => (!entry.held())
+                    .then(|| self.open_rw(&main_path))
+                    .transpose()?,
+            };
+            return Ok(match f {
+                Some(f) if self.try_flock(&f, sys::Mode::Exclusive, &main_path)? => Step::Lock(f),
+                f => Step::Wait(f),
+            });
+        }
+        if let Some(w) = entry.writer() {
+            // A downgrade: the request names this very write grant, whose exclusive lock
+            // covers the read side. (Never for the owner id alone: another client with the
+            // same owner id is another holder.)
+            return Ok(match downgrade_of(req, w) {
+                true => Step::Join,
+                false => Step::Wait(None),
+            });
+        }
+        match entry.parked[side as usize].take() {
+            // The read thread passed the turnstile before it blocked: its lock is ours (or,
+            // while other owners of this backend read, theirs covers us).
+            Some(f) if entry.main.is_some() => {
+                sys::unlock_and_close(f);
+                return Ok(Step::Join);
+            }
+            Some(f) => return Ok(Step::Lock(f)),
+            None => {}
+        }
+        // A new reader passes the turnstile first: it cannot while a writer waits.
+        let ts_path = self.file(&req.key.name, TURNSTILE);
+        let ts = self.open_rw(&ts_path)?;
+        if !self.try_flock(&ts, sys::Mode::Shared, &ts_path)? {
+            return Ok(Step::Wait(None));
+        }
+        if entry.main.is_some() {
+            // Other owners of this backend read: join them.
+            sys::unlock_and_close(ts);
+            return Ok(Step::Join);
+        }
+        let locked = (self.open_rw(&main_path))
+            .and_then(|f| Ok((self.try_flock(&f, sys::Mode::Shared, &main_path)?, f)));
+        sys::unlock_and_close(ts);
+        // If a writer holds the lock: we passed the turnstile, so we wait ahead of any writer
+        // that starts waiting from now on, blocking on the lock file directly.
+        Ok(match locked? {
+            (true, f) => Step::Lock(f),
+            (false, f) => Step::Wait(Some(f)),
+        })
     }
 
     /// Records a new hold of `side` (taking `main` as the backend's lock if given: for the
@@ -196,41 +183,22 @@ impl Inner {
             // Only possible after the old file was replaced: that descriptor locks nothing.
             sys::unlock_and_close(old);
         }
-        let hold = Hold::new(req, family);
-        match side {
-            Side::Read => entry.readers.push(hold),
-            Side::Write => entry.writer = Some(hold),
+        entry.grants[side as usize].push(Hold::new(req, family));
+        let token = (self.sync(family, &req.key.name, entry, true)).inspect_err(|_| {
+            entry.grants[side as usize].pop();
+            entry.unlock_if_unheld();
+            // Other waiters may have been counting on the lock this process had.
+            entry.bump();
+        })?;
+        if let Some(h) = entry.grants[side as usize].last_mut() {
+            h.token = token;
         }
-        match self.sync(family, &req.key.name, entry, true) {
-            Ok(token) => {
-                let hold = match side {
-                    Side::Read => entry.readers.last_mut(),
-                    Side::Write => entry.writer.as_mut(),
-                };
-                if let Some(h) = hold {
-                    h.token = token;
-                }
-                // The turnstile kept new readers out while our writers waited. Give it back
-                // even if other writers of this backend still wait: readers that arrive
-                // while this writer holds the lock may pass it (they wait for this writer
-                // on the lock itself); the other writers queue again when it releases. So a
-                // chain of writers cannot keep readers out for ever.
-                if let Some(ts) = entry.turnstile.take_if(|_| side == Side::Write) {
-                    sys::unlock_and_close(ts);
-                }
-                Ok(AcquireReply::Granted { token })
-            }
-            Err(e) => {
-                match side {
-                    Side::Read => drop(entry.readers.pop()),
-                    Side::Write => entry.writer = None,
-                }
-                entry.unlock_if_unheld();
-                // Other waiters may have been counting on the lock this process had.
-                entry.bump();
-                Err(e)
-            }
+        // Give the turnstile back even if other writers of this backend still wait, so that a
+        // chain of writers cannot keep readers out for ever (see the docs).
+        if let Some(ts) = entry.parked[slot(None)].take_if(|_| side == Side::Write) {
+            sys::unlock_and_close(ts);
         }
+        Ok(AcquireReply::Granted { token })
     }
 
     /// Checks that a descriptor we just locked is still the lock's file; unlocks it if not
@@ -244,19 +212,14 @@ impl Inner {
     ) -> Result<Option<File>> {
         match self.same_file(&file, &self.lock_path(family, name)) {
             Ok(true) => Ok(Some(file)),
-            Ok(false) => {
+            same => {
                 sys::unlock_and_close(file);
-                Ok(None)
-            }
-            Err(e) => {
-                sys::unlock_and_close(file);
-                entry.bump();
-                Err(e)
+                same.map(|_| None).inspect_err(|_| entry.bump())
             }
         }
     }
 
-    pub(crate) fn release(
+    pub(crate) async fn release(
         &self,
         family: Family,
         side: Side,
@@ -272,11 +235,11 @@ impl Inner {
                 }
                 let taken = match side {
                     // Other readers share the lock; only a writer takes it from a reader.
-                    Side::Read => entry.writer.is_some(),
+                    Side::Read => entry.writer().is_some(),
                     // The owner's own read grants (a downgrade it kept) took nothing from it.
                     Side::Write => {
-                        entry.writer.is_some()
-                            || entry.readers.iter().any(|h| h.owner != grant.key.owner)
+                        entry.writer().is_some()
+                            || (entry.holds(Side::Read).iter()).any(|h| h.owner != grant.key.owner)
                     }
                 };
                 if taken {
@@ -291,7 +254,7 @@ impl Inner {
         }
         // Not held here: held by another process (or backend), or by nobody.
         let elsewhere = match (family, side) {
-            (Family::Rw, Side::Write) => self.rw_held_elsewhere(name)?,
+            (Family::Rw, Side::Write) => self.rw_held_elsewhere(name).await?,
             _ => self
                 .held_elsewhere(&self.lock_path(family, name))?
                 .is_some(),
@@ -319,7 +282,8 @@ impl Inner {
 
     /// Releases the grant of `side` that `which` picks, if there is one: the record first,
     /// then the lock (a hold listed is never gone yet), then the waiters are woken. True if
-    /// it released one.
+    /// it released one. The read grants made beside a write grant (downgrades) keep the lock,
+    /// now shared.
     fn release_in(
         &self,
         family: Family,
@@ -328,42 +292,28 @@ impl Inner {
         side: Side,
         which: impl Fn(&Hold) -> bool,
     ) -> bool {
-        let found = match side {
-            Side::Read => (entry.readers.iter().position(&which))
-                .map(|i| entry.readers.remove(i))
-                .is_some(),
-            Side::Write => entry.writer.as_ref().is_some_and(&which),
+        let grants = &mut entry.grants[side as usize];
+        let Some(i) = grants.iter().position(which) else {
+            return false;
         };
-        if found && side == Side::Write {
-            Self::release_write(entry, key);
-        }
-        if found {
-            self.sync_best_effort(family, &key.name, entry);
-            entry.unlock_if_unheld();
-            entry.bump();
-        }
-        found
-    }
-
-    /// Drops the write grant; the read grants made beside it (downgrades) keep the lock, now
-    /// shared.
-    fn release_write(entry: &mut Entry, key: &HoldKey) {
-        entry.writer = None;
-        if let (false, Some(main)) = (entry.readers.is_empty(), &entry.main) {
-            // The writer keeps reading: convert the exclusive lock to a shared one. Linux
-            // converts in place, under the file's lock list spinlock, so no waiting writer can
-            // slip in between; where the conversion fails, the read hold is given up and its
-            // next renewal reports it lost.
-            match sys::try_lock(main, sys::Mode::Shared) {
-                Ok(true) => {}
-                res => {
-                    tracing::warn!(name = %key.name, owner = %key.owner, result = ?res,
-                        "could not keep the read side after releasing the write side; the read hold is lost");
-                    entry.readers.clear();
-                    entry.unlock_if_unheld();
-                }
+        grants.remove(i);
+        if let (Side::Write, false, Some(main)) =
+            (side, entry.holds(Side::Read).is_empty(), &entry.main)
+        {
+            // The writer keeps reading: convert the lock to shared. Linux converts in place, so
+            // no waiting writer slips in; should it fail, the read hold is lost (docs:
+            // *Downgrade*).
+            let res = sys::try_lock(main, sys::Mode::Shared);
+            if !matches!(res, Ok(true)) {
+                tracing::warn!(name = %key.name, owner = %key.owner, result = ?res,
+                    "could not keep the read side after releasing the write side; the read hold is lost");
+                entry.grants[Side::Read as usize].clear();
             }
         }
+        self.sync_best_effort(family, &key.name, entry);
+        entry.unlock_if_unheld();
+        entry.bump();
+        true
     }
 
     /// The lease is the process's lifetime: a renewal only confirms that the grant is still
@@ -386,11 +336,8 @@ impl Inner {
             return Ok(RenewOutcome::NotHeld);
         }
         let path = self.lock_path(family, &key.name);
-        let intact = match &entry.main {
-            Some(f) => self.same_file(f, &path)?,
-            None => false,
-        };
-        if intact {
+        let intact = entry.main.as_ref().map(|f| self.same_file(f, &path));
+        if intact.transpose()? == Some(true) {
             if let Some((seq, value)) = proclaim {
                 self.proclaim(entry, &key.name, seq, value)?;
             }
@@ -399,31 +346,12 @@ impl Inner {
         tracing::warn!(name = %key.name, path = %path.display(),
             "the lock file was deleted or replaced while held; every hold on it is lost");
         // Every hold is dropped: renewals report them lost.
-        (entry.writer, entry.readers) = (None, Vec::new());
+        entry.grants = Default::default();
         entry.unlock_if_unheld();
         entry.bump();
         // A mutex's record went with its file; a read-write lock's loses our lines.
         self.sync_best_effort(family, &key.name, entry);
         remove_if_idle(&mut table, &key.name);
         Ok(RenewOutcome::NotHeld)
-    }
-
-    /// A duplicate of the descriptor on the lock file whose `flock` carries this backend's
-    /// grant of side `side` of `name` with fencing token `token`; `None` without such a grant.
-    pub(crate) fn holder_file(
-        &self,
-        family: Family,
-        side: Side,
-        name: &str,
-        token: u64,
-    ) -> io::Result<Option<File>> {
-        let table = self.table(family);
-        let Some(e) = table.get(name) else {
-            return Ok(None);
-        };
-        match &e.main {
-            Some(f) if e.holds(side).iter().any(|h| h.token == token) => f.try_clone().map(Some),
-            _ => Ok(None),
-        }
     }
 }

@@ -3,72 +3,74 @@
 //! `hold` lines, checked against live processes and the lock itself).
 
 use crate::record::{HoldLine, Record, Side};
-use crate::table::{Family, RECORD};
-use crate::{sys, Inner, KIND};
-use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result};
+use crate::table::{Entry, Family};
+use crate::{sys, Inner};
+use distlock_core::{HolderInfo, LockInfo, LockKind, Result};
+use std::path::Path;
 use std::time::Duration;
 
 impl Inner {
-    /// The state of lock `name` of `family`. A mutex's record is re-read a few times while
-    /// another process is mid-write.
-    pub(crate) async fn inspect(&self, family: Family, name: &str) -> Result<LockInfo> {
-        if family == Family::Rw {
-            return self.rw_inspect(name);
-        }
+    /// The record in `path`, the record file of a lock of `family` (`None`: no such file), and
+    /// whether a mutex or an election is held by another process (or backend). A read-write
+    /// lock's record is read under its shared lock, which is only ever held for one read and
+    /// one write, never while waiting: this cannot block behind a holder. A mutex's or an
+    /// election's is read under a non-blocking shared probe of the lock; while someone holds
+    /// it, the holder may be writing the record: read again a few times until it parses and
+    /// names its holder.
+    pub(crate) async fn read_lock_record(
+        &self,
+        family: Family,
+        path: &Path,
+    ) -> Result<Option<(Record, bool)>> {
         const TRIES: u32 = 5;
-        for i in 1..=TRIES {
-            if let Some(info) = self.inspect_once(family, name, i == TRIES)? {
-                return Ok(info);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let Some(file) = self.open_existing(path, false)? else {
+                return Ok(None);
+            };
+            if family == Family::Rw {
+                let rec = self.locked(file, sys::Mode::Shared, path, |f| self.read_record(f, path));
+                return Ok(Some((rec?, false)));
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            let free = self.try_flock(&file, sys::Mode::Shared, path)?;
+            let rec = self.read_record(&file, path);
+            if free {
+                // Writers hold the exclusive lock, so under our shared lock the record is whole.
+                sys::unlock_and_close(file);
+                return Ok(Some((rec?, false)));
+            }
+            match rec {
+                Ok(rec) if rec.holder.is_some() || tries == TRIES => return Ok(Some((rec, true))),
+                Err(e) if tries == TRIES => return Err(e),
+                _ => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
         }
-        Err(Error::unexpected(
-            KIND,
-            format!("could not read a consistent record for lock `{name}`"),
-        ))
     }
 
-    /// The state of a mutex or an election, under the table lock for this backend's holder,
-    /// else from the file. `Ok(None)` asks the caller to try again shortly (another process
-    /// is mid-write).
-    fn inspect_once(&self, family: Family, name: &str, last_try: bool) -> Result<Option<LockInfo>> {
-        let election = family == Family::Election;
-        let info = |holder: HolderInfo, token| {
-            LockInfo::new(name)
-                .with_holders(vec![holder])
-                .with_fencing_token(token)
-        };
-        {
-            let table = self.table(family);
-            if let Some(h) = table.get(name).and_then(|e| e.writer.as_ref()) {
-                let value = h.value.as_deref().map(str::to_owned);
-                return Ok(Some(info(
-                    HolderInfo::new(&*h.owner, 1).with_value(value),
-                    h.token,
-                )));
-            }
+    /// The state of lock `name` of `family`: this backend's holder from its table, others'
+    /// from the record.
+    pub(crate) async fn inspect(&self, family: Family, name: &str) -> Result<LockInfo> {
+        if family == Family::Rw {
+            return self.rw_inspect(name).await;
+        }
+        let info = LockInfo::new(name);
+        let own = (self.table(family).get(name).and_then(Entry::writer)).map(|h| {
+            let value = h.value.as_deref().map(str::to_owned);
+            (HolderInfo::new(&*h.owner, 1).with_value(value), h.token)
+        });
+        if let Some((holder, token)) = own {
+            return Ok(info.with_holders(vec![holder]).with_fencing_token(token));
         }
         let path = self.lock_path(family, name);
-        let Some(file) = self.open_existing(&path, false)? else {
-            return Ok(Some(LockInfo::new(name)));
+        let Some((rec, held)) = self.read_lock_record(family, &path).await? else {
+            return Ok(info);
         };
-        let free = self.try_flock(&file, sys::Mode::Shared, &path)?;
-        let rec = self.read_record(&file, &path);
-        if free {
-            // Writers hold the exclusive lock, so under our shared lock the record is whole.
-            sys::unlock_and_close(file);
-            return Ok(Some(LockInfo::new(name).with_fencing_token(rec?.token)));
-        }
-        // Held by another process, which may be writing the record right now.
-        let rec = match rec {
-            Ok(rec) => rec,
-            Err(e) if last_try => return Err(e),
-            Err(_) => return Ok(None),
-        };
+        let info = info.with_fencing_token(rec.token);
         let holder = match rec.holder {
+            _ if !held => return Ok(info),
             Some(h) => HolderInfo::new(h.owner, h.count)
-                .with_value(election.then(|| rec.value.unwrap_or_default())),
-            None if !last_try => return Ok(None),
+                .with_value((family == Family::Election).then(|| rec.value.unwrap_or_default())),
             // Locked but no holder line: a process between locking and writing, or another
             // backend's waiting thread handing the lock over.
             None => HolderInfo::new(
@@ -76,20 +78,14 @@ impl Inner {
                 1,
             ),
         };
-        Ok(Some(info(holder, rec.token)))
+        Ok(info.with_holders(vec![holder]))
     }
 
-    /// A read-write lock's record, read under a shared lock (`None` if the file does not
-    /// exist).
-    pub(crate) fn read_rw_record(&self, name: &str) -> Result<Option<Record>> {
-        let path = self.file(name, RECORD);
-        let Some(file) = self.open_existing(&path, false)? else {
-            return Ok(None);
-        };
-        (self.locked(file, sys::Mode::Shared, &path, |f| {
-            self.read_record(f, &path)
-        }))
-        .map(Some)
+    /// A read-write lock's record (the default when there is no such file).
+    pub(crate) async fn rw_record(&self, name: &str) -> Result<Record> {
+        let path = self.record_path(Family::Rw, name);
+        let rec = self.read_lock_record(Family::Rw, &path).await?;
+        Ok(rec.map(|(rec, _)| rec).unwrap_or_default())
     }
 
     /// The holds of other processes and backends, from the record: lines of live processes;
@@ -103,48 +99,37 @@ impl Inner {
             .filter(|h| (h.pid, h.instance) != me && sys::pid_alive(h.pid))
             .cloned()
             .collect();
-        if lines.iter().any(|h| h.side == Side::Write) {
+        let id = |h: &HoldLine| (h.pid, h.instance, h.owner.clone());
+        let writers: Vec<_> = (lines.iter().filter(|h| h.side == Side::Write).map(id)).collect();
+        if !writers.is_empty() {
             let main = self.lock_path(Family::Rw, name);
-            if !reading_here && self.held_elsewhere(&main)?.is_some() {
-                let id = |h: &HoldLine| (h.pid, h.instance, h.owner.clone());
-                let writers: Vec<_> = lines
-                    .iter()
-                    .filter(|h| h.side == Side::Write)
-                    .map(id)
-                    .collect();
-                lines.retain(|h| writers.contains(&id(h)));
-            } else {
-                lines.retain(|h| h.side == Side::Read);
-            }
+            let written = !reading_here && self.held_elsewhere(&main)?.is_some();
+            lines.retain(|h| match written {
+                true => writers.contains(&id(h)),
+                false => h.side == Side::Read,
+            });
         }
         Ok(lines)
     }
 
     /// True if a process (or backend) other than this one holds either side of read-write
     /// lock `name`.
-    pub(crate) fn rw_held_elsewhere(&self, name: &str) -> Result<bool> {
-        if self
-            .held_elsewhere(&self.lock_path(Family::Rw, name))?
-            .is_some()
-        {
-            return Ok(true);
-        }
-        let Some(rec) = self.read_rw_record(name)? else {
-            return Ok(false);
-        };
-        Ok(!self.foreign_holds(name, &rec, false)?.is_empty())
+    pub(crate) async fn rw_held_elsewhere(&self, name: &str) -> Result<bool> {
+        let rec = self.rw_record(name).await?;
+        Ok(!self.foreign_holds(name, &rec, false)?.is_empty()
+            || (self.held_elsewhere(&self.lock_path(Family::Rw, name))?).is_some())
     }
 
-    fn rw_inspect(&self, name: &str) -> Result<LockInfo> {
+    async fn rw_inspect(&self, name: &str) -> Result<LockInfo> {
         let (mut holds, writing, reading) = match self.table(Family::Rw).get(name) {
             Some(e) => (
                 e.lines(self.instance),
-                e.writer.is_some(),
-                !e.readers.is_empty(),
+                e.writer().is_some(),
+                !e.holds(Side::Read).is_empty(),
             ),
             None => (Vec::new(), false, false),
         };
-        let rec = self.read_rw_record(name)?.unwrap_or_default();
+        let rec = self.rw_record(name).await?;
         if !writing {
             // While this backend writes, nobody else can hold either side.
             holds.extend(self.foreign_holds(name, &rec, reading)?);

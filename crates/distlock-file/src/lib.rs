@@ -139,9 +139,14 @@ impl FileBackend {
         name: &str,
         fencing_token: u64,
     ) -> std::io::Result<Option<std::fs::File>> {
-        match target(kind) {
-            Some((family, side)) => self.inner.holder_file(family, side, name, fencing_token),
-            None => Ok(None),
+        let Some((family, side)) = target(kind) else {
+            return Ok(None);
+        };
+        match self.inner.table(family).get(name) {
+            Some(e) if e.holds(side).iter().any(|h| h.token == fencing_token) => {
+                e.main.as_ref().map(std::fs::File::try_clone).transpose()
+            }
+            _ => Ok(None),
         }
     }
 
@@ -238,14 +243,12 @@ impl Backend for FileBackend {
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
         let (family, side) = check_key(&req.key)?;
-        (self.inner)
-            .acquire_wait(family, side, req, deadline, cancel)
-            .await
+        let waiter = waiting::Watch::new(&self.inner, family, side, &req.key.name, false);
+        waiter.wait(req, deadline, cancel).await
     }
 
-    /// Gives back the lock if `req.attempt` holds it (a grant nobody received). There is no
-    /// queue to leave: a waiter's registration ends with its `acquire_wait`, and a lock the
-    /// waiting thread gets after the last waiter left is unlocked at once.
+    /// Gives back the lock if `req.attempt` holds it. There is no queue to leave: see
+    /// docs/file-backend.md, *The hold protocol*.
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
         let (family, side) = check_key(&req.key)?;
         self.inner.give_up(family, side, req);
@@ -254,11 +257,9 @@ impl Backend for FileBackend {
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let (family, side) = check_key(&grant.key)?;
-        self.inner.release(family, side, grant)
+        self.inner.release(family, side, grant).await
     }
 
-    /// The lease is the process's lifetime: a renewal only confirms that the grant is still
-    /// ours (and its file still the lock's file), whatever duration it asks for.
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         holds
             .iter()
@@ -275,8 +276,6 @@ impl Backend for FileBackend {
         self.inner.inspect(family, name).await
     }
 
-    /// Rewrites the election record with `value` if `grant` still leads and `seq` is above
-    /// the last proclamation's: see docs/file-backend.md, section *Elections*.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let (family, side) = check_key(&grant.key)?;
         if family != Family::Election {
@@ -288,9 +287,6 @@ impl Backend for FileBackend {
         self.inner.renew(family, side, grant, Some((seq, value)))
     }
 
-    /// Woken through inotify by every change of the election's record (grants, proclamations,
-    /// resignations, by any process) and by a thread blocked in `flock(LOCK_SH)` when the
-    /// leader's lock goes (a leader that dies writes nothing).
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         check_kind(LockKind::Election)?;
         distlock_core::validate_name(name)?;

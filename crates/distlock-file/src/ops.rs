@@ -1,35 +1,17 @@
-//! Operator commands on `file://`: `dlock list`, `dlock release --force`, `dlock doctor`.
-//!
-//! `list` reads the lock directory (each `<hash>.lock` and `<hash>.rw-record` names its lock)
-//! and inspects every lock found. A forced release of a **held** lock is refused: the lock is
-//! the holder process's `flock(2)` on its own open file description, which no other process
-//! can drop, and the kernel frees it the moment that process exits — so the way out is to stop
-//! that process, whose pid the record names. Bumping only the fencing counter would not let a
-//! next holder in (the flock stays), so it would not help either. A free lock's counter is
-//! advanced under the exclusive lock, as a grant would.
+//! Operator commands on `file://`: `dlock list`, `dlock release --force`, `dlock doctor`
+//! (docs/file-backend.md, section *Operator commands*). A forced release of a **held** lock is
+//! refused: it is the holder process's `flock(2)`, which no other process can drop (and
+//! advancing the counter alone would let no next holder in). A free lock's counter is advanced
+//! under the exclusive lock, as a grant would.
 
 use super::{check_kind, sys, FileBackend, KIND};
-use crate::record::{self, HoldLine, Record};
-use crate::table::{Entry, Family, RECORD};
+use crate::record::{HoldLine, Record};
+use crate::table::{Entry, Family};
 use distlock_core::{
     Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
 };
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::path::Path;
-
-/// Reads the record of `path` without locking (a writer may be mid-write: retried a few times;
-/// `None` when it stays unreadable or the file is gone).
-fn peek_record(path: &Path) -> Option<Record> {
-    for _ in 0..5 {
-        let bytes = record::read(&File::open(path).ok()?).ok();
-        if let Some(rec) = bytes.and_then(|b| Record::parse(&b).ok()) {
-            return Some(rec);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    None
-}
 
 #[distlock_core::async_trait]
 impl Operator for FileBackend {
@@ -37,23 +19,34 @@ impl Operator for FileBackend {
         let inner = &self.inner;
         let entries = std::fs::read_dir(&inner.dir)
             .map_err(|e| inner.io_error(format!("cannot read {}", inner.dir.display()), e))?;
-        // The files that carry a lock's record (and so its name), by suffix.
+        // The files that carry a lock's record (and so its name: the file name is its hash).
         let kinds = [
-            (Family::Mutex.suffix(), LockKind::Mutex),
-            (RECORD, LockKind::Write),
-            (Family::Election.suffix(), LockKind::Election),
+            (Family::Mutex, LockKind::Mutex),
+            (Family::Rw, LockKind::Write),
+            (Family::Election, LockKind::Election),
         ];
-        let mut found: Vec<(String, LockKind)> = entries
-            .flatten()
-            .filter_map(|entry| {
-                let file_name = entry.file_name();
-                let suffix = file_name.to_str()?.rsplit_once('.')?.1;
-                let &(_, kind) = kinds.iter().find(|(s, _)| *s == suffix)?;
-                // The record keeps the name (the file name is its hash).
-                let name = peek_record(&entry.path())?.name?;
-                name.starts_with(prefix).then_some((name, kind))
-            })
-            .collect();
+        let mut found: Vec<(String, LockKind)> = Vec::new();
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let suffix = file_name.to_str().and_then(|n| n.rsplit_once('.'));
+            let Some(&(family, kind)) =
+                (kinds.iter()).find(|(f, _)| suffix.is_some_and(|(_, s)| s == f.record_suffix()))
+            else {
+                continue;
+            };
+            // An unreadable record names no lock: skipped.
+            if let Ok(Some((
+                Record {
+                    name: Some(name), ..
+                },
+                _,
+            ))) = inner.read_lock_record(family, &entry.path()).await
+            {
+                if name.starts_with(prefix) {
+                    found.push((name, kind));
+                }
+            }
+        }
         found.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
         found.dedup();
         let mut out = Vec::with_capacity(found.len());
@@ -69,7 +62,7 @@ impl Operator for FileBackend {
         let (family, _) = check_kind(kind)?;
         distlock_core::validate_name(name)?;
         if family == Family::Rw {
-            let rec = inner.read_rw_record(name)?.unwrap_or_default();
+            let rec = inner.rw_record(name).await?;
             if rec.holds.is_empty() {
                 // Free (as far as the record says): nothing to remove. The counter of a
                 // read-write lock is advanced under its own protocol at the next grant.
@@ -82,7 +75,8 @@ impl Operator for FileBackend {
             return Ok(ForceReleased::new(Vec::new(), 0));
         };
         if !inner.try_flock(&file, sys::Mode::Exclusive, &path)? {
-            let holder = peek_record(&path).and_then(|r| r.holder);
+            let rec = inner.read_lock_record(family, &path).await;
+            let holder = rec.ok().flatten().and_then(|(rec, _)| rec.holder);
             return Err(held_error(name, holder.as_slice()));
         }
         // Under the exclusive lock, as a grant to nobody: advance the counter past every
@@ -91,7 +85,7 @@ impl Operator for FileBackend {
             main: Some(file),
             ..Entry::default()
         };
-        let token = inner.sync(family, name, &mut entry, true);
+        let token = inner.sync(family, name, &entry, true);
         entry.unlock_if_unheld();
         Ok(ForceReleased::new(Vec::new(), token?))
     }
@@ -111,11 +105,7 @@ impl Operator for FileBackend {
         });
         // Writable: a lock file must be creatable and writable (the record carries the counter).
         let probe = dir.join(format!(".dlock-doctor-{}", std::process::id()));
-        let written = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&probe)
-            .and_then(|mut f| f.write_all(b"probe\n"));
+        let written = File::create_new(&probe).and_then(|mut f| f.write_all(b"probe\n"));
         let _ = std::fs::remove_file(&probe);
         let (severity, text) = match written {
             Ok(()) => (Severity::Ok, format!("{} is writable", dir.display())),
@@ -131,11 +121,11 @@ fn held_error(name: &str, holders: &[HoldLine]) -> Error {
     let who: Vec<String> = holders
         .iter()
         .map(|HoldLine { pid, owner, .. }| {
-            if sys::pid_alive(*pid) {
-                format!("pid {pid} (owner {owner})")
-            } else {
-                format!("pid {pid} (owner {owner}; not running here: the holder may be in another PID namespace)")
-            }
+            let away = "; not running here: the holder may be in another PID namespace";
+            format!(
+                "pid {pid} (owner {owner}{})",
+                if sys::pid_alive(*pid) { "" } else { away }
+            )
         })
         .collect();
     let who = if who.is_empty() {

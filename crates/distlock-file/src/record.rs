@@ -135,13 +135,7 @@ impl Record {
             }
             let (key, value) = line.split_once(' ').unwrap_or((line, ""));
             match key {
-                "token" => {
-                    token = Some(
-                        value
-                            .parse::<u64>()
-                            .map_err(|_| format!("its token `{value}` is not a number"))?,
-                    )
-                }
+                "token" => token = Some(number("token", value)?),
                 "name" => rec.name = Some(value.to_owned()),
                 "holder" => {
                     rec.holder = Some(
@@ -150,11 +144,7 @@ impl Record {
                     )
                 }
                 "value" => rec.value = Some(unescape(value)),
-                "seq" => {
-                    rec.seq = value
-                        .parse::<u64>()
-                        .map_err(|_| format!("its seq `{value}` is not a number"))?
-                }
+                "seq" => rec.seq = number("seq", value)?,
                 "hold" => rec.holds.push(
                     (value.split_once(' '))
                         .and_then(|(side, rest)| match side {
@@ -174,6 +164,10 @@ impl Record {
         rec.token = token.ok_or_else(|| "it has no `token` line".to_owned())?;
         Ok(rec)
     }
+}
+
+fn number(what: &str, value: &str) -> Result<u64, String> {
+    (value.parse()).map_err(|_| format!("its {what} `{value}` is not a number"))
 }
 
 /// An election value on one line: `\` as `\\`, line feed as `\n`, carriage return as `\r`.
@@ -296,35 +290,17 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let rec = Record {
+        let held = Record {
             token: 42,
             name: Some("orders/{42} π with spaces".into()),
             holder: holder(7, 3, "host:7:abc:1 odd owner"),
             ..Record::default()
         };
-        assert_eq!(reparsed(&rec), Ok(rec.clone()));
         let free = Record {
             holder: None,
-            ..rec
+            ..held.clone()
         };
-        assert_eq!(reparsed(&free), Ok(free.clone()));
-        assert_eq!(Record::parse(b""), Ok(Record::default()));
-        // Trailing bytes after `end` (a longer old record being shortened) are ignored.
-        let torn = free.encode() + "er 1 1 x\n";
-        assert!(Record::parse(torn.as_bytes()).is_ok());
-    }
-
-    #[test]
-    fn records_of_the_previous_version_read_and_rewrite_unchanged() {
-        let text = "distlock-file 1\ntoken 7\nname n m\nholder 12 1 o w\nvalue a\\nb\nseq 2\nhold r 13 4 1 x y\nend\n";
-        let rec = Record::parse(text.as_bytes()).expect("a record");
-        assert_eq!((rec.value.as_deref(), rec.seq), (Some("a\nb"), 2));
-        assert_eq!(rec.encode(), text);
-    }
-
-    #[test]
-    fn hold_lines() {
-        let rec = Record {
+        let rw = Record {
             token: 9,
             name: Some("rw name".into()),
             holds: vec![
@@ -333,29 +309,30 @@ mod tests {
             ],
             ..Record::default()
         };
-        let text = rec.encode();
+        let text = rw.encode();
         assert!(
             text.contains("hold w 12 3 2 w owner\nhold r 13 0 1 r\n"),
             "{text}"
         );
-        assert_eq!(Record::parse(text.as_bytes()), Ok(rec));
-        for bad in [
-            "x 1 1 1 o",
-            "r 1 1 1",
-            "r a 1 1 o",
-            "r 1 1 -1 o",
-            "w 1 1 1 ",
-        ] {
-            let text = format!("distlock-file 1\ntoken 1\nhold {bad}\nend\n");
-            assert!(
-                Record::parse(text.as_bytes()).unwrap_err().contains("hold"),
-                "{bad}"
-            );
+        for rec in [held, free.clone(), rw] {
+            assert_eq!(reparsed(&rec), Ok(rec));
         }
+        assert_eq!(Record::parse(b""), Ok(Record::default()));
+        // Trailing bytes after `end` (a longer old record being shortened) are ignored.
+        let torn = free.encode() + "er 1 1 x\n";
+        assert!(Record::parse(torn.as_bytes()).is_ok());
         assert_eq!(
             suffixed_name("a", "rw"),
             "d228cb696f1a8caf78912b704e4a8964.rw"
         );
+    }
+
+    #[test]
+    fn records_of_the_previous_version_read_and_rewrite_unchanged() {
+        let text = "distlock-file 1\ntoken 7\nname n m\nholder 12 1 o w\nvalue a\\nb\nseq 2\nhold r 13 4 1 x y\nend\n";
+        let rec = Record::parse(text.as_bytes()).expect("a record");
+        assert_eq!((rec.value.as_deref(), rec.seq), (Some("a\nb"), 2));
+        assert_eq!(rec.encode(), text);
     }
 
     #[test]
@@ -379,26 +356,27 @@ mod tests {
             assert_eq!(reparsed(&rec), Ok(rec), "{v:?}");
         }
         assert_eq!(unescape("a\\xb\\"), "a\\xb\\");
-        assert!(Record::parse(b"distlock-file 1\ntoken 1\nseq x\nend\n")
-            .unwrap_err()
-            .contains("seq"));
     }
 
     #[test]
     fn corrupt() {
-        assert!(Record::parse(b"hello").unwrap_err().contains("first line"));
-        assert!(Record::parse(b"distlock-file 1\ntoken x\nend\n")
-            .unwrap_err()
-            .contains("not a number"));
-        assert!(Record::parse(b"distlock-file 1\ntoken 3\n")
-            .unwrap_err()
-            .contains("truncated"));
-        assert!(Record::parse(b"distlock-file 1\nend\n")
-            .unwrap_err()
-            .contains("no `token`"));
-        assert!(Record::parse(b"distlock-file 1\ntoken 1\nholder x\nend\n")
-            .unwrap_err()
-            .contains("holder"));
-        assert!(Record::parse(&[0xff, 0xfe]).unwrap_err().contains("UTF-8"));
+        let record = |body: &str| format!("distlock-file 1\n{body}end\n").into_bytes();
+        for (bytes, why) in [
+            (b"hello".to_vec(), "first line"),
+            (record("token x\n"), "not a number"),
+            (b"distlock-file 1\ntoken 3\n".to_vec(), "truncated"),
+            (record(""), "no `token`"),
+            (record("token 1\nholder x\n"), "holder"),
+            (record("token 1\nseq x\n"), "seq"),
+            (record("token 1\nhold x 1 1 1 o\n"), "hold"),
+            (record("token 1\nhold r 1 1 1\n"), "hold"),
+            (record("token 1\nhold r a 1 1 o\n"), "hold"),
+            (record("token 1\nhold r 1 1 -1 o\n"), "hold"),
+            (record("token 1\nhold w 1 1 1 \n"), "hold"),
+            (vec![0xff, 0xfe], "UTF-8"),
+        ] {
+            let e = Record::parse(&bytes).unwrap_err();
+            assert!(e.contains(why), "{why}: {e}");
+        }
     }
 }

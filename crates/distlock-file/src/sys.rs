@@ -8,21 +8,15 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-/// Kind of `flock` lock.
+/// Kind of `flock` lock (its value is the `flock(2)` operation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
 pub enum Mode {
     /// `LOCK_SH`: a read hold, a pass through the turnstile, a consistent read of a record,
     /// or a probe whether anyone holds a lock.
-    Shared,
+    Shared = libc::LOCK_SH,
     /// `LOCK_EX`: a mutex, a write hold, a waiting writer's turnstile, a record update.
-    Exclusive,
-}
-
-fn op(mode: Mode) -> libc::c_int {
-    match mode {
-        Mode::Shared => libc::LOCK_SH,
-        Mode::Exclusive => libc::LOCK_EX,
-    }
+    Exclusive = libc::LOCK_EX,
 }
 
 fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
@@ -43,7 +37,7 @@ fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
 /// `flock(mode | LOCK_NB)`: `Ok(true)` if the lock was taken, `Ok(false)` if someone else
 /// holds a conflicting lock.
 pub(crate) fn try_lock(file: &File, mode: Mode) -> io::Result<bool> {
-    match flock(file, op(mode) | libc::LOCK_NB) {
+    match flock(file, mode as libc::c_int | libc::LOCK_NB) {
         Ok(()) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
         Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(false),
@@ -59,7 +53,7 @@ pub(crate) fn try_lock(file: &File, mode: Mode) -> io::Result<bool> {
 ///
 /// `flock(2)`'s error other than `EINTR` (e.g. `ENOLCK`, `EBADF`).
 pub fn lock_blocking(file: &File, mode: Mode) -> io::Result<()> {
-    flock(file, op(mode))
+    flock(file, mode as libc::c_int)
 }
 
 /// True unless process `pid` surely does not exist (`kill(pid, 0)` fails with `ESRCH`).

@@ -1,29 +1,15 @@
-//! What a backend knows about each lock name: one table per family of lock files, one
-//! [`Entry`] type for all of them. See docs/file-backend.md, sections *The hold protocol*,
-//! *Why this is a mutex* and *Read-write locks*.
-//!
-//! A mutex is one file, `<hash>.lock`, whose `flock(LOCK_EX)` is the lock and whose record
-//! carries the fencing counter; an election is the same on `<hash>.election`, its record also
-//! carrying the leader's value (see `crate::election`). Both are taken as the write side of
-//! a lock with no readers. A read-write lock has three files, next to the mutex's (which they
-//! never touch):
-//! - `<hash>.rw`: the lock. Readers hold `LOCK_SH` on it, a writer `LOCK_EX`. A backend keeps
-//!   one descriptor on it for all its holders ([`Entry::main`]): exclusive while one of its
-//!   owners writes, shared while its owners only read.
-//! - `<hash>.rw-turnstile`: a writer that has to wait holds `LOCK_EX` on it until it has the
-//!   lock; a reader that does not hold the read side yet must get `LOCK_SH` on it before it
-//!   may take `<hash>.rw` (and lets it go right after). So once a writer waits, new readers
-//!   wait behind it.
-//! - `<hash>.rw-record`: the fencing counter, the name and one `hold` line per holder;
-//!   changed only under its own `LOCK_EX`, which is held for one read and one write and never
-//!   while waiting for anything else, so it cannot take part in a deadlock.
+//! What a backend knows about each lock name: one table per [`Family`] of lock files, one
+//! [`Entry`] type for all of them. The files and the safety argument: docs/file-backend.md,
+//! sections *URLs and files*, *Why this is a mutex* and *Read-write locks*. A mutex or an
+//! election is taken as the write side of a lock with no readers. A read-write lock's record
+//! (`<hash>.rw-record`) is changed only under its own `LOCK_EX`, held for one read and one
+//! write and never while waiting for anything else, so it cannot take part in a deadlock.
 
-use crate::record::{self, HoldLine, Record, Side};
+use crate::record::{self, HoldLine, Side};
 use crate::{sys, Inner};
 use distlock_core::{AcquireRequest, AttemptId, GrantRef, LockKind, Result};
 use std::collections::HashMap;
 use std::fs::File;
-use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use tokio::sync::Notify;
@@ -51,6 +37,14 @@ impl Family {
             Family::Mutex => "lock",
             Family::Election => "election",
             Family::Rw => "rw",
+        }
+    }
+
+    /// Suffix of the file holding the record (and so the lock's name).
+    pub(crate) fn record_suffix(self) -> &'static str {
+        match self {
+            Family::Rw => RECORD,
+            family => family.suffix(),
         }
     }
 }
@@ -105,35 +99,35 @@ pub(crate) fn downgrade_of(req: &AcquireRequest, writer: &Hold) -> bool {
     })
 }
 
+/// The index in [`Entry::parked`] and [`Entry::threads`] of the waiting thread for side
+/// `thread`, or (`None`) for the turnstile.
+pub(crate) fn slot(thread: Option<Side>) -> usize {
+    thread.map_or(2, |side| side as usize)
+}
+
 /// What this backend knows about one lock name. Removed when idle.
 #[derive(Default)]
 pub(crate) struct Entry {
-    /// This backend's grant of the write side (a mutex's or an election's holder).
-    pub(crate) writer: Option<Hold>,
-    /// This backend's grants of the read side (while `writer` is set, only grants made beside
-    /// it to requests that named it: downgrades).
-    pub(crate) readers: Vec<Hold>,
+    /// This backend's grants, by side (`Side as usize`, as the arrays below): of the write
+    /// side at most one (a mutex's or an election's holder); of the read side, while there is
+    /// a writer, only grants made beside it to requests that named it (downgrades).
+    pub(crate) grants: [Vec<Hold>; 2],
     /// The backend's descriptor on the lock file while any of its owners holds a side:
-    /// `LOCK_EX` while `writer` is set, else `LOCK_SH`.
+    /// `LOCK_EX` while it has a write grant, else `LOCK_SH`.
     pub(crate) main: Option<File>,
-    /// The last fencing token this backend wrote (a mutex's record is rewritten with it).
-    pub(crate) token: u64,
-    /// `<hash>.rw-turnstile`, locked `LOCK_EX` on behalf of this backend's waiting writers.
-    pub(crate) turnstile: Option<File>,
-    /// The lock file locked by a waiting thread (`LOCK_SH` for the read side, after it passed
-    /// the turnstile; `LOCK_EX` for the write side), not claimed by a waiter of that side yet.
-    pub(crate) parked: [Option<File>; 2],
-    /// `acquire_wait` calls in progress, by side (`Side as usize`, as the arrays around).
+    /// What the waiting threads got and no waiter claimed yet, by [`slot`]: the lock file
+    /// (`LOCK_SH` for the read side, after passing the turnstile; `LOCK_EX` for the write
+    /// side), and `<hash>.rw-turnstile` (`LOCK_EX`, held for this backend's waiting writers).
+    pub(crate) parked: [Option<File>; 3],
+    /// `acquire_wait` calls in progress, by side.
     pub(crate) waiters: [usize; 2],
     /// Live watches, by side.
     pub(crate) watchers: [usize; 2],
-    /// A thread blocks in `flock` for a side: `LOCK_SH` on the turnstile and/or the lock file
-    /// (read), `LOCK_EX` on the lock file (write).
-    pub(crate) threads: [bool; 2],
-    /// A thread blocks for `LOCK_EX` on the turnstile.
-    pub(crate) turnstile_thread: bool,
+    /// A thread blocks in `flock` for a slot: `LOCK_SH` on the turnstile and/or the lock file
+    /// (read), `LOCK_EX` on the lock file (write), `LOCK_EX` on the turnstile.
+    pub(crate) threads: [bool; 3],
     /// A waiting thread's `flock` failed; the next waiter or watch reports it.
-    pub(crate) kernel_error: Option<io::Error>,
+    pub(crate) kernel_error: Option<distlock_core::Error>,
     /// Bumped (and `notify` woken) on every release, hand-over or waiting-thread event.
     pub(crate) generation: u64,
     pub(crate) notify: Arc<Notify>,
@@ -142,24 +136,30 @@ pub(crate) struct Entry {
 impl Entry {
     /// This backend's grants of side `side`.
     pub(crate) fn holds(&self, side: Side) -> &[Hold] {
-        match side {
-            Side::Read => &self.readers,
-            Side::Write => self.writer.as_slice(),
-        }
+        &self.grants[side as usize]
+    }
+
+    /// This backend's grant of the write side.
+    pub(crate) fn writer(&self) -> Option<&Hold> {
+        self.holds(Side::Write).first()
     }
 
     pub(crate) fn held(&self) -> bool {
-        self.writer.is_some() || !self.readers.is_empty()
+        self.grants.iter().any(|g| !g.is_empty())
     }
 
     fn idle(&self) -> bool {
         !self.held()
             && self.main.is_none()
-            && self.turnstile.is_none()
             && self.parked.iter().all(Option::is_none)
             && self.interested() == 0
             && !self.threads.contains(&true)
-            && !self.turnstile_thread
+    }
+
+    /// A waiting thread runs, or has parked its lock, for side `thread` (`None`: the
+    /// turnstile).
+    pub(crate) fn waiting(&self, thread: Option<Side>) -> bool {
+        self.threads[slot(thread)] || self.parked[slot(thread)].is_some()
     }
 
     pub(crate) fn interested(&self) -> usize {
@@ -225,76 +225,66 @@ impl Inner {
         self.file(name, family.suffix())
     }
 
-    /// Writes `entry`, this backend's state of `name`, into the lock's record (under the lock
-    /// on the record: for a mutex or an election, the lock itself, so only while held); with
-    /// `grant`, the counter is advanced first. Returns the counter.
+    /// The file holding the record of lock `name` of `family`.
+    pub(crate) fn record_path(&self, family: Family, name: &str) -> PathBuf {
+        self.file(name, family.record_suffix())
+    }
+
+    /// Writes `entry`, this backend's state of `name`, into the lock's record, under the lock
+    /// on the record; with `grant`, the counter is advanced first. Returns the counter.
+    ///
+    /// A mutex's or an election's record is under the lock itself, so it is written only while
+    /// this backend holds it (else nothing is written, and 0 returned): the counter, the name
+    /// and, while held, the holder line and an election leader's value. A read-write lock's
+    /// record is locked for this read and write only, never while waiting for another lock;
+    /// this backend's `hold` lines are derived from `entry`, and lines that cannot be current
+    /// are dropped (all others' while this backend writes, others' write lines while it
+    /// reads, lines of dead processes).
     pub(crate) fn sync(
         &self,
         family: Family,
         name: &str,
-        entry: &mut Entry,
+        entry: &Entry,
         grant: bool,
     ) -> Result<u64> {
-        if family == Family::Rw {
-            entry.token = self.rw_sync(name, entry, grant)?;
-            return Ok(entry.token);
+        let path = self.record_path(family, name);
+        let update = |file: &File| {
+            let mut rec = self.read_own_record(file, &path, name, grant)?;
+            let writer = entry.writer();
+            rec.name = Some(name.to_owned());
+            rec.value = writer.and_then(|h| h.value.as_deref().map(str::to_owned));
+            rec.seq = writer.map_or(0, |h| h.seq);
+            if family == Family::Rw {
+                let me = (std::process::id(), self.instance);
+                let reading = !entry.holds(Side::Read).is_empty();
+                rec.holds.retain(|h| {
+                    (h.pid, h.instance) != me
+                        && writer.is_none()
+                        && !(reading && h.side == Side::Write)
+                        && sys::pid_alive(h.pid)
+                });
+                rec.holds.extend(entry.lines(self.instance));
+            } else {
+                rec.holder = entry.lines(0).into_iter().next();
+            }
+            self.write_record(file, &path, &rec)?;
+            Ok(rec.token)
+        };
+        match &entry.main {
+            _ if family == Family::Rw => {
+                self.locked(self.open_rw(&path)?, sys::Mode::Exclusive, &path, update)
+            }
+            Some(file) => update(file),
+            None => Ok(0),
         }
-        let path = self.lock_path(family, name);
-        let Some(file) = &entry.main else {
-            return Ok(entry.token);
-        };
-        let token = match grant {
-            true => self.read_own_record(file, &path, name, true)?.token,
-            false => entry.token,
-        };
-        // A mutex's or an election's record: the counter, the name and, while this process
-        // holds it, the holder line and an election leader's value.
-        let holder = entry.writer.as_ref();
-        let rec = Record {
-            token,
-            name: Some(name.to_owned()),
-            holder: entry.lines(0).into_iter().next(),
-            holds: Vec::new(),
-            value: holder.and_then(|h| h.value.as_deref().map(str::to_owned)),
-            seq: holder.map_or(0, |h| h.seq),
-        };
-        self.write_record(file, &path, &rec)?;
-        entry.token = token;
-        Ok(token)
     }
 
     /// [`Inner::sync`] for count changes and releases: the lines are informational, so a
     /// failure is logged rather than failing the call.
-    pub(crate) fn sync_best_effort(&self, family: Family, name: &str, entry: &mut Entry) {
+    pub(crate) fn sync_best_effort(&self, family: Family, name: &str, entry: &Entry) {
         if let Err(e) = self.sync(family, name, entry, false) {
             tracing::warn!(name, error = %e, "cannot update the holders in the lock's record");
         }
-    }
-
-    /// A read-write lock's [`Inner::sync`]: this backend's `hold` lines are derived from
-    /// `entry`; lines that cannot be current are dropped (all others' while this backend
-    /// writes, others' write lines while it reads, lines of dead processes). The lock on the
-    /// record is held for this read and write only, never while waiting for another lock.
-    fn rw_sync(&self, name: &str, entry: &Entry, grant: bool) -> Result<u64> {
-        let path = self.file(name, RECORD);
-        let file = self.open_rw(&path)?;
-        self.locked(file, sys::Mode::Exclusive, &path, |file| {
-            let mut rec = self.read_own_record(file, &path, name, grant)?;
-            let me = (std::process::id(), self.instance);
-            let writing = entry.writer.is_some();
-            let reading = !entry.readers.is_empty();
-            rec.holds.retain(|h| {
-                (h.pid, h.instance) != me
-                    && !writing
-                    && !(reading && h.side == Side::Write)
-                    && sys::pid_alive(h.pid)
-            });
-            rec.holds.extend(entry.lines(self.instance));
-            rec.name = Some(name.to_owned());
-            rec.holder = None;
-            self.write_record(file, &path, &rec)?;
-            Ok(rec.token)
-        })
     }
 
     /// Removes this backend's lines from the records of the read-write locks it still holds
@@ -308,7 +298,7 @@ impl Inner {
             .map(|(n, _)| n.clone())
             .collect();
         for name in names {
-            self.sync_best_effort(Family::Rw, &name, &mut Entry::default());
+            self.sync_best_effort(Family::Rw, &name, &Entry::default());
         }
     }
 }

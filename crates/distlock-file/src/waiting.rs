@@ -4,7 +4,7 @@
 //! read-write lock's turnstile — and park what they get for the waiters of their side.
 
 use crate::record::Side;
-use crate::table::{remove_if_idle, Entry, Family, TURNSTILE};
+use crate::table::{remove_if_idle, slot, Entry, Family, TURNSTILE};
 use crate::{sys, Inner};
 use distlock_core::backend::{
     async_trait, wait, AcquireReply, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
@@ -18,40 +18,37 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// [`Watch::wait`]'s strategy.
-struct NotifiedWait<'a, A> {
-    watch: &'a Watch,
-    attempt: A,
-    /// The generation before the last attempt: a release after that attempt changes it.
-    seen: Option<u64>,
+/// [`Inner::acquire_wait`]'s strategy: an attempt (`first`: the first of the wait), then
+/// sleep until the name's generation moves past the one read before the attempt (a release
+/// after the attempt changes it).
+struct NotifiedWait<'a> {
+    watch: Watch,
+    req: &'a AcquireRequest,
+    first: bool,
 }
 
 #[async_trait]
-impl<A> WaitStrategy for NotifiedWait<'_, A>
-where
-    A: FnMut() -> Result<AcquireReply> + Send,
-{
+impl WaitStrategy for NotifiedWait<'_> {
     async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> Result<Attempt> {
-        self.seen = self.watch.generation();
+        let w = &mut self.watch;
+        w.seen = w.generation().unwrap_or(w.seen);
         // On the lease clock, as every grant's start.
         let requested_at = distlock_core::clock::Instant::now();
-        Ok(match (self.attempt)()? {
-            AcquireReply::Granted { token } => Attempt::Granted(Granted::new(token, requested_at)),
-            // Held by another attempt.
-            _ => Attempt::Held { retry_in: None },
-        })
+        let first = std::mem::replace(&mut self.first, false);
+        Ok(
+            match (w.inner).try_acquire(w.family, w.side, self.req, true, first)? {
+                AcquireReply::Granted { token } => {
+                    Attempt::Granted(Granted::new(token, requested_at))
+                }
+                // Held by another attempt.
+                _ => Attempt::Held { retry_in: None },
+            },
+        )
     }
 
     async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {
-        // Registered before the generation is read: a release after the read wakes it.
-        let notified = self.watch.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if self.watch.generation() != self.seen {
-            return Ok(Some(Wake::Released));
-        }
         tokio::select! {
-            _ = notified => Ok(Some(Wake::Released)),
+            r = self.watch.next(false) => r.map(|()| Some(Wake::Released)),
             _ = until.reached() => Ok(None),
         }
     }
@@ -108,7 +105,7 @@ impl Watch {
     pub(crate) fn rearm(&self) -> Result<()> {
         let mut table = self.inner.table(self.family);
         let entry = table.entry(self.name.clone()).or_default();
-        self.inner.kernel_error(self.family, &self.name, entry)?;
+        entry.kernel_error.take().map_or(Ok(()), Err)?;
         if entry.held() {
             // This backend's own release will wake the watch.
             return Ok(());
@@ -116,22 +113,49 @@ impl Watch {
         self.inner
             .arm(self.family, self.side, entry, &self.name, None)
     }
+
+    /// Waits, as this waiter, for `req` without polling, with the core's retrying loop
+    /// ([`wait::run`]): one non-blocking attempt under the table lock (which, when the lock
+    /// is held, starts the waiting threads it needs), then sleep until the name's notifier
+    /// fires, the deadline passes or `cancel` fires.
+    pub(crate) async fn wait(
+        self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Granted>> {
+        let (deadline, policy) = (Deadline::from(deadline), RetryPolicy::default());
+        let mut strategy = NotifiedWait {
+            watch: self,
+            req,
+            first: true,
+        };
+        wait::run(&mut strategy, deadline, cancel, policy).await
+    }
+
+    /// Waits until the name's generation moves past the one last seen; with `rearm` (a
+    /// watch: a waiter's attempts arm what they need) re-arms before each sleep.
+    async fn next(&mut self, rearm: bool) -> Result<()> {
+        loop {
+            // Created before the generation is read: a release after the read wakes it.
+            let notified = self.notify.notified();
+            let generation = self.generation().unwrap_or(self.seen);
+            if generation != self.seen {
+                self.seen = generation;
+                return Ok(());
+            }
+            if rearm {
+                self.rearm()?;
+            }
+            notified.await;
+        }
+    }
 }
 
 #[async_trait]
 impl ReleaseWatch for Watch {
     async fn changed(&mut self) -> Result<Wake> {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            let generation = self.generation().unwrap_or(self.seen);
-            if generation != self.seen {
-                self.seen = generation;
-                return Ok(Wake::Released);
-            }
-            self.rearm()?;
-            notified.await;
-        }
+        self.next(true).await.map(|()| Wake::Released)
     }
 }
 
@@ -153,7 +177,7 @@ impl Drop for Watch {
         if !self.watcher && entry.waiters[self.side as usize] == 0 {
             // The last waiter of this side gave up: nobody will claim the parked lock; for
             // the last writer, let new readers in again.
-            let ts = entry.turnstile.take_if(|_| self.side == Side::Write);
+            let ts = entry.parked[slot(None)].take_if(|_| self.side == Side::Write);
             let parked = entry.parked[self.side as usize].take();
             let any = ts.is_some() || parked.is_some();
             ts.into_iter().chain(parked).for_each(sys::unlock_and_close);
@@ -169,45 +193,6 @@ impl Drop for Watch {
 }
 
 impl Inner {
-    /// Waits for side `side` of `req.key.name` without polling, with the core's retrying loop
-    /// ([`wait::run`]): one non-blocking attempt under the table lock (which, when the lock
-    /// is held, starts the waiting threads it needs), then sleep until the name's notifier
-    /// fires, the deadline passes or `cancel` fires. The waiter stays registered for the
-    /// whole wait.
-    pub(crate) async fn acquire_wait(
-        self: &Arc<Self>,
-        family: Family,
-        side: Side,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        let watch = Watch::new(self, family, side, &req.key.name, false);
-        let mut first = true;
-        let attempt = || {
-            let r = self.try_acquire(family, side, req, true, first);
-            first = false;
-            r
-        };
-        let mut strategy = NotifiedWait {
-            watch: &watch,
-            attempt,
-            seen: None,
-        };
-        let deadline = Deadline::from(deadline);
-        wait::run(&mut strategy, deadline, cancel, RetryPolicy::default()).await
-    }
-
-    /// The error of a waiting thread whose `flock` failed, if any: taken by the next waiter
-    /// or watch of `name`.
-    pub(crate) fn kernel_error(&self, family: Family, name: &str, entry: &mut Entry) -> Result<()> {
-        let Some(e) = entry.kernel_error.take() else {
-            return Ok(());
-        };
-        let path = self.lock_path(family, name);
-        Err(self.io_error(format!("cannot wait for lock file {}", path.display()), e))
-    }
-
     /// A writer of this backend waits: for a read-write lock, hold the turnstile (keeping new
     /// readers out); and have a thread block for the lock itself.
     pub(crate) fn queue_writer(
@@ -217,17 +202,16 @@ impl Inner {
         name: &Arc<str>,
         main: Option<File>,
     ) -> Result<()> {
-        if family == Family::Rw && entry.turnstile.is_none() && !entry.turnstile_thread {
+        if family == Family::Rw && !entry.waiting(None) {
             let path = self.file(name, TURNSTILE);
             let ts = self.open_rw(&path)?;
             if self.try_flock(&ts, sys::Mode::Exclusive, &path)? {
-                entry.turnstile = Some(ts);
+                entry.parked[slot(None)] = Some(ts);
             } else {
                 // Another writer waits (or a reader is passing): queue behind it.
-                self.spawn_waiter(family, None, name, move || {
+                self.spawn_waiter(family, None, entry, name, move || {
                     sys::lock_blocking(&ts, sys::Mode::Exclusive).map(|()| ts)
                 })?;
-                entry.turnstile_thread = true;
             }
         }
         self.arm(family, Side::Write, entry, name, main)
@@ -246,42 +230,34 @@ impl Inner {
         name: &Arc<str>,
         main: Option<File>,
     ) -> Result<()> {
-        if entry.threads[side as usize] || entry.parked[side as usize].is_some() {
+        if entry.waiting(Some(side)) {
             return Ok(());
         }
-        let (ts, mode) = match side {
-            Side::Read if main.is_none() => (
-                Some(self.open_rw(&self.file(name, TURNSTILE))?),
-                sys::Mode::Shared,
-            ),
-            Side::Read => (None, sys::Mode::Shared),
-            Side::Write => (None, sys::Mode::Exclusive),
-        };
-        let f = match main {
-            Some(f) => f,
-            None => self.open_rw(&self.lock_path(family, name))?,
-        };
-        self.spawn_waiter(family, Some(side), name, move || {
+        let ts = (side == Side::Read && main.is_none())
+            .then(|| self.open_rw(&self.file(name, TURNSTILE)))
+            .transpose()?;
+        let mode = [sys::Mode::Shared, sys::Mode::Exclusive][side as usize];
+        let f = main.map_or_else(|| self.open_rw(&self.lock_path(family, name)), Ok)?;
+        self.spawn_waiter(family, Some(side), entry, name, move || {
             if let Some(ts) = ts {
                 sys::lock_blocking(&ts, sys::Mode::Shared)?;
                 sys::unlock_and_close(ts);
             }
             sys::lock_blocking(&f, mode).map(|()| f)
-        })?;
-        // The thread reports under the table lock, which we hold: it sees this flag set.
-        entry.threads[side as usize] = true;
-        Ok(())
+        })
     }
 
     /// Starts the waiting thread of side `thread` of `name` (`None`: of the turnstile), which
     /// blocks in `block` and returns the descriptor it locked; [`waited`] then gets the
-    /// outcome. The thread keeps only a weak reference to the backend while it blocks, so that
-    /// it does not keep a dropped backend alive; if the backend is gone, the lock it got is
-    /// given back at once.
+    /// outcome, under the table lock (which the caller holds: it sees the thread's flag set).
+    /// The thread keeps only a weak reference to the backend while it blocks, so that it does
+    /// not keep a dropped backend alive; if the backend is gone, the lock it got is given back
+    /// at once.
     fn spawn_waiter(
         self: &Arc<Self>,
         family: Family,
         thread: Option<Side>,
+        entry: &mut Entry,
         name: &Arc<str>,
         block: impl FnOnce() -> io::Result<File> + Send + 'static,
     ) -> Result<()> {
@@ -296,7 +272,9 @@ impl Inner {
                     }
                 }
             }
-        })
+        })?;
+        entry.threads[slot(thread)] = true;
+        Ok(())
     }
 }
 
@@ -316,23 +294,19 @@ fn waited(
     let wanted = match thread {
         None => waiting,
         Some(Side::Write) => waiting && !entry.held(),
-        Some(Side::Read) => waiting && entry.writer.is_none(),
+        Some(Side::Read) => waiting && entry.writer().is_none(),
     };
-    let (running, slot) = match thread {
-        None => (&mut entry.turnstile_thread, &mut entry.turnstile),
-        Some(side) => (
-            &mut entry.threads[side as usize],
-            &mut entry.parked[side as usize],
-        ),
-    };
-    *running = false;
+    entry.threads[slot(thread)] = false;
+    let parked = &mut entry.parked[slot(thread)];
     match res {
-        Ok(file) if wanted && slot.is_none() => *slot = Some(file),
+        Ok(file) if wanted && parked.is_none() => *parked = Some(file),
         Ok(file) => sys::unlock_and_close(file),
         Err(e) => {
             tracing::warn!(name = %name, error = %e, "waiting for the lock file failed");
             if entry.interested() > 0 {
-                entry.kernel_error = Some(e);
+                let path = inner.lock_path(family, name);
+                let what = format!("cannot wait for lock file {}", path.display());
+                entry.kernel_error = Some(inner.io_error(what, e));
             }
         }
     }

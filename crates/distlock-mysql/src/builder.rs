@@ -2,15 +2,16 @@
 //! not be in it, resolved by the core's one rule with the mysql client's (`MYSQL_PWD`) as the
 //! ecosystem's.
 
-use crate::common::Connector;
+use crate::common::{Common, Connector};
 use crate::tls::{SslMode, TlsOptions};
-use crate::{Mode, MysqlBackend};
+use crate::{Inner, Mode, MysqlBackend};
 use distlock_core::conn::{
     read_password_file, Builder, Connect, ConnectionString, CredentialRule, EcosystemQuery,
     Password, Settings,
 };
 use distlock_core::{Error, Result};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// The environment variable holding the password when nothing else gives one (the mysql
 /// client's).
@@ -46,11 +47,10 @@ impl std::fmt::Debug for MysqlSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Not the driver's options: their Debug shows the password.
         let opts = self.opts.as_ref().map(|o| {
+            let user = o.user().unwrap_or_default();
             format!(
-                "mysql_async::Opts for {}@{}:{}",
-                o.user().unwrap_or_default(),
-                o.ip_or_hostname(),
-                o.tcp_port()
+                "mysql_async::Opts for {user}@{}",
+                crate::common::endpoint(o)
             )
         });
         f.debug_struct("MysqlSettings")
@@ -109,16 +109,10 @@ const OUR_PARAMS: &[&str] = &[
 /// What the URL (or the application's options) says.
 pub(crate) struct Parsed {
     pub(crate) opts: mysql_async::Opts,
-    pub(crate) endpoint: String,
     pub(crate) mode: Mode,
     pub(crate) namespace: Option<String>,
     /// `None`: the application's options, their TLS settings as they are.
     pub(crate) tls: Option<TlsOptions>,
-    pub(crate) password_file: Option<PathBuf>,
-}
-
-fn endpoint(opts: &mysql_async::Opts) -> String {
-    format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port())
 }
 
 /// The URL's settings, checked, and the driver's options from the rest.
@@ -150,11 +144,7 @@ pub(crate) fn parse_url(cs: &ConnectionString) -> Result<Parsed> {
         }
     }
     let tls = TlsOptions::from_url(cs)?;
-    let password_file = match cs.param("password-file").or(cs.param("password_file")) {
-        None => None,
-        Some("") => return Err(cs.invalid("password-file= is empty; give a file")),
-        Some(p) => Some(PathBuf::from(p)),
-    };
+    password_file(cs)?;
     let prefer_socket = cs.bool("prefer_socket")?.unwrap_or(false);
     let names = crate::tls::NAMES;
     let ours = [OUR_PARAMS, names.ca, names.cert, names.key].concat();
@@ -164,28 +154,11 @@ pub(crate) fn parse_url(cs: &ConnectionString) -> Result<Parsed> {
         .prefer_socket(prefer_socket)
         .into();
     Ok(Parsed {
-        endpoint: endpoint(&opts),
         opts,
         mode,
         namespace,
         tls: Some(tls),
-        password_file,
     })
-}
-
-/// The settings of `url`, or of the application's options in `x`.
-fn parsed(url: &ConnectionString, x: &MysqlSettings) -> Result<Parsed> {
-    match &x.opts {
-        None => parse_url(url),
-        Some(o) => Ok(Parsed {
-            endpoint: endpoint(o),
-            opts: o.clone(),
-            mode: Mode::Session,
-            namespace: None,
-            tls: None,
-            password_file: None,
-        }),
-    }
 }
 
 /// The mysql client's password rule: the file of `?password-file=`, then [`PASSWORD_ENV`];
@@ -194,19 +167,24 @@ fn parsed(url: &ConnectionString, x: &MysqlSettings) -> Result<Parsed> {
 /// # Errors
 /// [`Error::InvalidArgument`] for a password file that cannot be read; as the URL.
 fn mysql_client(q: &EcosystemQuery<'_>) -> Result<Option<Password>> {
-    let default = MysqlSettings::default();
-    let x = q
-        .settings
-        .downcast_ref::<MysqlSettings>()
-        .unwrap_or(&default);
-    let p = parsed(q.url, x)?;
-    if p.opts.pass().is_some() {
+    let x = q.settings.downcast_ref::<MysqlSettings>();
+    if x.and_then(|x| x.opts.as_ref())
+        .is_some_and(|o| o.pass().is_some())
+    {
         return Ok(None);
     }
-    if let Some(f) = &p.password_file {
-        return read_password_file(f, "MySQL", "password-file=").map(Some);
+    if let Some(f) = password_file(q.url)? {
+        return read_password_file(&f, "MySQL", "password-file=").map(Some);
     }
     Ok(q.env.var(PASSWORD_ENV).map(Password::new))
+}
+
+/// The URL's `password-file=`.
+fn password_file(cs: &ConnectionString) -> Result<Option<PathBuf>> {
+    match cs.param("password-file").or(cs.param("password_file")) {
+        Some("") => Err(cs.invalid("password-file= is empty; give a file")),
+        p => Ok(p.map(PathBuf::from)),
+    }
 }
 
 impl MysqlSettings {
@@ -219,24 +197,26 @@ impl MysqlSettings {
     };
 
     /// Every setting resolved: the driver's options with the credentials and the TLS settings
-    /// (as the connector), the endpoint, the mode and the namespace (if the URL or the builder
-    /// sets one).
+    /// (as the connector), the mode and the namespace (if the URL or the builder sets one).
     pub(crate) fn resolve(s: &Settings<Self>) -> Result<(Connector, Parsed)> {
         let x = &s.settings;
-        let mut p = parsed(&s.url, x)?;
-        let mut base = mysql_async::OptsBuilder::from_opts(p.opts.clone());
-        if let Some(u) = &s.credentials.user {
-            base = base.user(Some(u));
-        }
-        if let Some(pw) = &s.credentials.password {
-            base = base.pass(Some(pw.expose()));
-        }
-        // Renewals count matched rows, not changed ones.
-        let base = base.client_found_rows(true);
-        if mysql_async::Opts::from(base.clone())
-            .user()
-            .is_none_or(str::is_empty)
-        {
+        let mut p = match &x.opts {
+            None => parse_url(&s.url)?,
+            Some(o) => Parsed {
+                opts: o.clone(),
+                mode: Mode::Session,
+                namespace: None,
+                tls: None,
+            },
+        };
+        let (user, pass) = (&s.credentials.user, &s.credentials.password);
+        let user = user.as_deref().or(p.opts.user());
+        let base = mysql_async::OptsBuilder::from_opts(p.opts.clone())
+            .user(user)
+            .pass(pass.as_ref().map(Password::expose).or(p.opts.pass()))
+            // Renewals count matched rows, not changed ones.
+            .client_found_rows(true);
+        if user.is_none_or(str::is_empty) {
             let reason = "no user; write mysql://user:password@host:port/database";
             return Err(match x.opts {
                 None => s.url.invalid(reason),
@@ -283,24 +263,20 @@ fn connector(base: mysql_async::OptsBuilder, tls: Option<TlsOptions>) -> Result<
                 Some(_) => SslMode::VerifyFull,
                 None => SslMode::Disable,
             });
+            #[cfg(feature = "tls")]
+            let client_cert = opts
+                .ssl_opts()
+                .is_some_and(|s| s.client_identity().is_some());
+            #[cfg(not(feature = "tls"))]
+            let client_cert = false;
             Connector {
-                client_cert: opts.ssl_opts().is_some_and(has_identity),
+                client_cert,
                 opts,
                 plain_fallback: None,
                 tls,
             }
         }
     })
-}
-
-#[cfg(feature = "tls")]
-fn has_identity(s: &mysql_async::SslOpts) -> bool {
-    s.client_identity().is_some()
-}
-
-#[cfg(not(feature = "tls"))]
-fn has_identity(_: &mysql_async::SslOpts) -> bool {
-    false
 }
 
 impl Connect for MysqlSettings {
@@ -311,13 +287,25 @@ impl Connect for MysqlSettings {
     async fn connect(settings: Settings<Self>) -> Result<MysqlBackend> {
         let (connector, p) = MysqlSettings::resolve(&settings)?;
         let namespace = (p.namespace).unwrap_or_else(|| settings.opts.get_namespace().to_owned());
-        MysqlBackend::start(connector, p.endpoint, p.mode, namespace, &settings.opts).await
+        // mysql_async builds its rustls config with the process default provider, which rustls
+        // may not pick by itself: dlock's one (aws-lc-rs), for every way in (URL, builder, the
+        // application's own Opts), unless the program set one already.
+        #[cfg(feature = "tls")]
+        distlock_core::conn::install_crypto_provider();
+        let common = Arc::new(Common::new(connector, namespace, &settings.opts));
+        common.ensure_schema(crate::session::DDL).await?;
+        let inner = match p.mode {
+            Mode::Session => Inner::Session(crate::session::new_mode(common.clone())),
+            Mode::Table => Inner::Table(crate::table::TableMode::start(common.clone()).await?),
+        };
+        Ok(MysqlBackend { common, inner })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::endpoint;
     use distlock_core::conn::Env;
 
     fn parse(url: &str) -> Result<Parsed> {
@@ -343,14 +331,14 @@ mod tests {
     #[test]
     fn urls() {
         let p = parse("mysql://u:pw@127.0.0.1:7000/db?namespace=shop&mode=table").unwrap();
-        assert_eq!(p.endpoint, "127.0.0.1:7000");
+        assert_eq!(endpoint(&p.opts), "127.0.0.1:7000");
         assert_eq!(p.mode, Mode::Table);
         assert_eq!(p.namespace.as_deref(), Some("shop"));
         assert_eq!(p.opts.user(), Some("u"));
         assert_eq!(p.opts.db_name(), Some("db"));
         assert!(!p.opts.prefer_socket());
         let p = parse("mysql://u@h/db?tcp_keepalive=1000").unwrap();
-        assert_eq!(p.endpoint, "h:3306");
+        assert_eq!(endpoint(&p.opts), "h:3306");
         assert_eq!(p.mode, Mode::Session);
         for bad in [
             "mysql://",
@@ -385,7 +373,7 @@ mod tests {
         let env = [("DLOCK_MYSQL_USER", "eu"), ("MYSQL_PWD", "client")];
         let (c, p) = resolve(&MysqlBuilder::new("mysql://h/db"), &env).unwrap();
         assert_eq!(
-            (c.opts.user(), c.opts.pass(), p.endpoint.as_str()),
+            (c.opts.user(), c.opts.pass(), endpoint(&p.opts).as_str()),
             (Some("eu"), Some("client"), "h:3306")
         );
         let b = MysqlBuilder::new("mysql://u:url@h/db");
@@ -417,7 +405,7 @@ mod tests {
         assert!(!format!("{b:?}").contains("mine"), "{b:?}");
         let (c, p) = resolve(&b, &[("DLOCK_MYSQL_USER", "other"), ("MYSQL_PWD", "x")]).unwrap();
         assert_eq!((c.opts.user(), c.opts.pass()), (Some("app"), Some("mine")));
-        assert_eq!(p.endpoint, "db:3306");
+        assert_eq!(endpoint(&p.opts), "db:3306");
         assert!(c.opts.client_found_rows());
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::error::{conn_dead, map, timeout, KIND, NOT_OWNER, NO_SUCH_THREAD};
 use distlock_core::backend::Capabilities;
-use distlock_core::{ClientOptions, HolderInfo, LockInfo, LockKind, Result};
+use distlock_core::{ClientOptions, Error, HolderInfo, LockInfo, LockKind, RenewOutcome, Result};
 use distlock_sql::lease::{secs_ceil, with_grace};
 use distlock_sql::IdlePool;
 use futures_util::future::BoxFuture;
@@ -30,6 +30,9 @@ pub(crate) const CLOCK_US: &str =
 pub(crate) fn next_token(last: &str) -> String {
     format!("GREATEST({last} + 1, {CLOCK_US})")
 }
+
+/// What a driver call returns.
+pub(crate) type Driver<T> = std::result::Result<T, mysql_async::Error>;
 
 /// How one driver call ended.
 pub(crate) enum Call<T> {
@@ -60,16 +63,11 @@ pub(crate) struct Common {
 }
 
 impl Common {
-    pub(crate) fn new(
-        connector: Connector,
-        endpoint: String,
-        namespace: String,
-        opts: &ClientOptions,
-    ) -> Self {
+    pub(crate) fn new(connector: Connector, namespace: String, opts: &ClientOptions) -> Self {
         Common {
+            endpoint: endpoint(&connector.opts),
             connector,
             plain_only: AtomicBool::new(false),
-            endpoint,
             namespace,
             connect_timeout: opts.get_connect_timeout(),
             op_timeout: opts.get_op_timeout(),
@@ -98,48 +96,38 @@ impl Common {
 
     async fn open_now(&self) -> Result<Conn> {
         let plain = self.connector.plain_fallback.as_ref();
-        let opts = match plain {
-            Some(p) if self.plain_only.load(Ordering::Relaxed) => p,
-            _ => &self.connector.opts,
-        };
-        match (Conn::new(opts.clone()).await, plain) {
+        let plain_only = self.plain_only.load(Ordering::Relaxed);
+        let opts = plain.filter(|_| plain_only).unwrap_or(&self.connector.opts);
+        let r = match (Conn::new(opts.clone()).await, plain) {
             (Err(mysql_async::Error::Driver(NoClientSslFlagFromServer)), Some(plain)) => {
                 tracing::info!(
                     endpoint = %self.endpoint,
                     "the server has no TLS: ssl-mode=PREFERRED goes on unencrypted"
                 );
                 self.plain_only.store(true, Ordering::Relaxed);
-                Conn::new(plain.clone())
-                    .await
-                    .map_err(|e| self.open_error(e))
+                Conn::new(plain.clone()).await
             }
-            (r, _) => r.map_err(|e| self.open_error(e)),
-        }
+            (r, _) => r,
+        };
+        r.map_err(|e| self.open_error(e))
     }
 
     /// The error of a failed connect: a [`crate::TlsError`] for TLS failures, a hint about
     /// accounts that require TLS on refused credentials.
-    fn open_error(&self, e: mysql_async::Error) -> distlock_core::Error {
+    fn open_error(&self, e: mysql_async::Error) -> Error {
         if let Some(t) = self.connector.tls.explain(&e) {
-            return distlock_core::Error::connection(KIND, self.endpoint.clone(), t);
+            return Error::connection(KIND, self.endpoint.clone(), t);
         }
-        match map(&self.endpoint, e) {
-            distlock_core::Error::Auth {
-                backend,
-                endpoint,
-                message,
-            } if !self.connector.client_cert && !message.contains("ssl-mode") => {
-                distlock_core::Error::Auth {
-                    backend,
-                    endpoint,
-                    message: format!(
-                        "{message}; an account that REQUIREs SSL needs ssl-mode=REQUIRED or \
-                         stricter, one that REQUIREs X509 also ssl-cert=PATH&ssl-key=PATH"
-                    ),
-                }
+        let mut e = map(&self.endpoint, e);
+        if let Error::Auth { message, .. } = &mut e {
+            if !self.connector.client_cert && !message.contains("ssl-mode") {
+                message.push_str(
+                    "; an account that REQUIREs SSL needs ssl-mode=REQUIRED or stricter, one \
+                     that REQUIREs X509 also ssl-cert=PATH&ssl-key=PATH",
+                );
             }
-            other => other,
         }
+        e
     }
 
     /// An idle connection, or a new one.
@@ -163,18 +151,12 @@ impl Common {
     }
 
     /// Runs one driver call with the long timeout of [`Common::slow_limit`].
-    pub(crate) async fn slow_call<T>(
-        &self,
-        f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
-    ) -> Call<T> {
+    pub(crate) async fn slow_call<T>(&self, f: impl Future<Output = Driver<T>>) -> Call<T> {
         within(self.slow_limit(), f).await
     }
 
     /// Runs one driver call with the per-call timeout.
-    pub(crate) async fn call<T>(
-        &self,
-        f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
-    ) -> Call<T> {
+    pub(crate) async fn call<T>(&self, f: impl Future<Output = Driver<T>>) -> Call<T> {
         within(self.op_timeout, f).await
     }
 
@@ -186,12 +168,21 @@ impl Common {
     }
 
     /// The error of a call that did not succeed.
-    pub(crate) fn error<T>(&self, what: &str, c: Call<T>) -> distlock_core::Error {
+    pub(crate) fn error<T>(&self, what: &str, c: Call<T>) -> Error {
         match c {
             Call::Ok(_) => crate::error::shape(what, "a success where a failure was expected"),
-            Call::Err(e) => map(&self.endpoint, e),
+            Call::Err(e) => self.failed(e),
             Call::Timeout(limit) => timeout(&self.endpoint, what, limit),
         }
+    }
+
+    /// The error of a failed driver call; the idle connections are dropped too if the server
+    /// went away (a restart, a failover takes them with it).
+    pub(crate) fn failed(&self, e: mysql_async::Error) -> Error {
+        if conn_dead(&e) {
+            self.idle.clear();
+        }
+        map(&self.endpoint, e)
     }
 
     /// Whether a connection that made call `c` may be used again.
@@ -207,14 +198,12 @@ impl Common {
     /// `|c| c.exec_first(sql, params)`.
     pub(crate) async fn with_conn<T, F>(&self, what: &str, f: F) -> Result<T>
     where
-        F: for<'c> FnOnce(
-            &'c mut Conn,
-        ) -> BoxFuture<'c, std::result::Result<T, mysql_async::Error>>,
+        F: for<'c> FnOnce(&'c mut Conn) -> BoxFuture<'c, Driver<T>>,
     {
         let mut conn = self.take().await?;
         let c = self.call(f(&mut conn)).await;
         // A dead server (restart, failover) takes the other idle connections with it.
-        self.after_failure_or_put(conn, &c);
+        self.dispose(conn, &c, true);
         self.result(what, c)
     }
 
@@ -224,41 +213,24 @@ impl Common {
     pub(crate) async fn query(&self, what: &str, sql: String) -> Result<Vec<Vec<Row>>> {
         let mut conn = self.take().await?;
         let c = self.call(query_sets(&mut conn, sql)).await;
-        self.put_if_ok(conn, &c);
+        self.dispose(conn, &c, false);
         self.result(what, c)
     }
 
-    /// Disposes of a connection after call `c` on it: kept if it succeeded or the server merely
-    /// refused the statement, closed otherwise (and the idle ones too if the server went away).
-    pub(crate) fn after_failure_or_put<T>(&self, conn: Conn, c: &Call<T>) {
-        match Self::reusable(c) {
-            true => self.put(conn),
-            false => self.put_if_ok(conn, c),
+    /// Disposes of a connection after call `c` on it: kept if it succeeded, or (`refused_ok`)
+    /// if the server merely refused the statement; closed otherwise (a failed statement may
+    /// leave a transaction open with its row locks, or a session setting half-reset: closing
+    /// the connection undoes both, and frees whatever lock it held), and the idle ones dropped
+    /// too if the server went away.
+    pub(crate) fn dispose<T>(&self, conn: Conn, c: &Call<T>, refused_ok: bool) {
+        if matches!(c, Call::Ok(_)) || (refused_ok && Self::reusable(c)) {
+            self.put(conn);
+        } else {
+            if matches!(c, Call::Err(e) if conn_dead(e)) {
+                self.idle.clear();
+            }
+            close(conn);
         }
-    }
-
-    /// Disposes of a connection after call `c` on it: kept only if it succeeded (a failed
-    /// statement may leave a transaction open with its row locks, or a session setting
-    /// half-reset: closing the connection undoes both), and the idle ones dropped too if the
-    /// server went away.
-    pub(crate) fn put_if_ok<T>(&self, conn: Conn, c: &Call<T>) {
-        match c {
-            Call::Ok(_) => self.put(conn),
-            other => self.discard(conn, other),
-        }
-    }
-
-    /// Closes a connection whose call `c` failed (whatever lock it held goes with it), and
-    /// drops the idle ones too if the server went away.
-    pub(crate) fn discard<T>(&self, conn: Conn, c: &Call<T>) {
-        if matches!(c, Call::Err(e) if conn_dead(e)) {
-            self.forget_idle();
-        }
-        close(conn);
-    }
-
-    pub(crate) fn forget_idle(&self) {
-        self.idle.clear();
     }
 
     /// Creates dlock's tables if they are missing.
@@ -271,17 +243,14 @@ impl Common {
         let mut conn = self.take().await?;
         for stmt in ddl {
             let c = within(limit, conn.query_drop(*stmt)).await;
-            self.result("creating dlock's tables", c)
-                .map_err(|e| match e {
-                    distlock_core::Error::UnexpectedReply { backend, message } => {
-                        let message = format!(
-                            "creating dlock's tables failed: {message}; create them beforehand \
-                             with the SQL in docs/mysql.md"
-                        );
-                        distlock_core::Error::UnexpectedReply { backend, message }
-                    }
-                    other => other,
-                })?;
+            let mut r = self.result("creating dlock's tables", c);
+            if let Err(Error::UnexpectedReply { message, .. }) = &mut r {
+                *message = format!(
+                    "creating dlock's tables failed: {message}; create them beforehand with the \
+                     SQL in docs/mysql.md"
+                );
+            }
+            r?;
         }
         self.put(conn);
         Ok(())
@@ -341,10 +310,25 @@ impl Common {
         Ok(info)
     }
 
-    /// Ends session `id` (`KILL`). `Some` of the server's refusal when the session is gone
-    /// already (`NO_SUCH_THREAD`) or another user's that this one may not end (`NOT_OWNER`).
-    pub(crate) async fn kill(&self, what: &str, id: u64) -> Result<Option<ServerError>> {
-        let sql = format!("KILL {id}");
+    /// The connection holding key `lk`'s `GET_LOCK` now, if any.
+    pub(crate) async fn used_by(&self, lk: &str) -> Result<Option<u64>> {
+        let (sql, lk) = ("SELECT IS_USED_LOCK(?)", lk.to_owned());
+        let id: Option<Option<u64>> = self
+            .with_conn("finding the holder", |c| c.exec_first(sql, (lk,)))
+            .await?;
+        Ok(id.flatten())
+    }
+
+    /// Runs `kill` (`KILL` ends session `id`, `KILL QUERY` stops its statement). `Some` of
+    /// the server's refusal when the session is gone already (`NO_SUCH_THREAD`) or another
+    /// user's that this one may not end (`NOT_OWNER`).
+    pub(crate) async fn kill(
+        &self,
+        what: &str,
+        kill: &str,
+        id: u64,
+    ) -> Result<Option<ServerError>> {
+        let sql = format!("{kill} {id}");
         self.with_conn(what, move |c| {
             Box::pin(async move {
                 match c.query_drop(sql).await {
@@ -360,20 +344,15 @@ impl Common {
         })
         .await
     }
+}
 
-    /// Asks the server to stop the statement running on connection `id` (`KILL QUERY`).
-    pub(crate) async fn kill_query(&self, id: u32) -> Result<()> {
-        let sql = format!("KILL QUERY {id}");
-        self.with_conn("KILL QUERY", move |c| c.query_drop(sql))
-            .await
-    }
+/// The server's `host:port` in `opts`.
+pub(crate) fn endpoint(opts: &mysql_async::Opts) -> String {
+    format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port())
 }
 
 /// Runs one driver call with the timeout `limit`.
-async fn within<T>(
-    limit: Duration,
-    f: impl Future<Output = std::result::Result<T, mysql_async::Error>>,
-) -> Call<T> {
+async fn within<T>(limit: Duration, f: impl Future<Output = Driver<T>>) -> Call<T> {
     match tokio::time::timeout(limit, f).await {
         Ok(Ok(v)) => Call::Ok(v),
         Ok(Err(e)) => Call::Err(e),
@@ -402,10 +381,7 @@ pub(crate) fn close(conn: Conn) {
 /// reports the query as exhausted (`is_empty`) before it, so it is read out explicitly here;
 /// otherwise the caller would get the result sets before the failure as a success, and the
 /// error would surface on whatever statement the connection runs next.
-pub(crate) async fn query_sets(
-    conn: &mut Conn,
-    sql: String,
-) -> std::result::Result<Vec<Vec<Row>>, mysql_async::Error> {
+pub(crate) async fn query_sets(conn: &mut Conn, sql: String) -> Driver<Vec<Vec<Row>>> {
     let mut r = conn.query_iter(sql).await?;
     let mut out = Vec::new();
     // Bounded: a query of ours has a handful of statements.
@@ -444,16 +420,15 @@ pub(crate) fn col<T: FromValue>(what: &str, row: &Row, i: usize) -> Result<T> {
 /// to utf8mb4. Multi-statement text queries (one round trip, so that a late reply belongs to
 /// one request that happened entirely or not at all) cannot take parameters.
 pub(crate) fn sql_str(s: &str) -> String {
-    if s.is_empty() {
-        return "CONVERT('' USING utf8mb4)".to_owned();
+    match s.is_empty() {
+        true => "CONVERT('' USING utf8mb4)".to_owned(),
+        false => format!("CONVERT(X'{}' USING utf8mb4)", hex(s.as_bytes())),
     }
-    let mut out = String::with_capacity(s.len() * 2 + 24);
-    out.push_str("CONVERT(X'");
-    for b in s.as_bytes() {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out.push_str("' USING utf8mb4)");
-    out
+}
+
+/// `bytes` as lowercase hex digits.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An attempt id, quoted for SQL. The core makes them of hex digits; anything else (an id
@@ -461,7 +436,7 @@ pub(crate) fn sql_str(s: &str) -> String {
 pub(crate) fn sql_attempt(id: &distlock_core::AttemptId) -> Result<String> {
     let s = id.as_str();
     if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        return Err(distlock_core::Error::invalid(format!(
+        return Err(Error::invalid(format!(
             "attempt id `{s}` is not 1 to 64 ASCII letters and digits"
         )));
     }
@@ -477,13 +452,7 @@ pub fn lock_key(namespace: &str, name: &str) -> String {
     h.update(namespace.as_bytes());
     h.update([0u8]);
     h.update(name.as_bytes());
-    let d = h.finalize();
-    let mut s = String::with_capacity(38);
-    s.push_str("dlock:");
-    for b in &d[..16] {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+    format!("dlock:{}", hex(&h.finalize()[..16]))
 }
 
 /// Both modes do mutexes and elections (a lock of the election's own key, its value in
@@ -519,6 +488,14 @@ pub(crate) fn check_kind(kind: LockKind) -> Result<()> {
 pub(crate) fn holder(owner: String, left_us: Option<i64>) -> HolderInfo {
     HolderInfo::new(owner, 1)
         .with_lease_left(left_us.map(|us| Duration::from_micros(us.max(0) as u64)))
+}
+
+/// `Renewed` if `held`, `NotHeld` otherwise.
+pub(crate) fn renewed(held: bool) -> RenewOutcome {
+    match held {
+        true => RenewOutcome::Renewed,
+        false => RenewOutcome::NotHeld,
+    }
 }
 
 /// `wait_timeout` (whole seconds, rounded up, 1 s to 365 days) for a lease of `d`, plus its

@@ -34,43 +34,32 @@ pub(crate) fn conn_dead(e: &MyError) -> bool {
 
 /// Maps a driver error.
 pub(crate) fn map(endpoint: &str, e: MyError) -> Error {
-    match &e {
-        MyError::Server(s) => {
-            let text = format!("{} (error {}, SQLSTATE {})", s.message, s.code, s.state);
-            match s.code {
-                // ER_ACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR, ER_ACCESS_DENIED_NO_PASSWORD_ERROR
-                1045 | 1044 | 1698 => Error::auth(KIND, endpoint, text),
-                // ER_SECURE_TRANSPORT_REQUIRED (require_secure_transport=ON)
-                3159 => Error::auth(
-                    KIND,
-                    endpoint,
-                    format!(
-                        "{text}; the server takes TLS connections only: use ssl-mode=REQUIRED \
-                         or stricter"
-                    ),
-                ),
-                // ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR, ER_SPECIFIC_ACCESS_DENIED_ERROR
-                1142 | 1143 | 1227 => Error::auth(
-                    KIND,
-                    endpoint,
-                    format!(
-                        "{text}; the user needs CREATE (once, for dlock's tables) and \
-                         SELECT/INSERT/UPDATE/DELETE on them (see docs/mysql.md)"
-                    ),
-                ),
-                // ER_BAD_DB_ERROR
-                1049 => Error::unexpected(
-                    KIND,
-                    format!("{text}; create the database or fix the path of the URL"),
-                ),
-                // ER_CON_COUNT_ERROR, ER_TOO_MANY_USER_CONNECTIONS, ER_LOCK_WAIT_TIMEOUT,
-                // ER_LOCK_DEADLOCK: transient, worth a retry.
-                1040 | 1203 | 1205 | 1213 => Error::connection(KIND, endpoint, text),
-                c if CONNECTION_GONE.contains(&c) => Error::connection(KIND, endpoint, text),
-                _ => Error::unexpected(KIND, text),
-            }
+    let MyError::Server(s) = &e else {
+        return Error::connection(KIND, endpoint, e);
+    };
+    let text = format!("{} (error {}, SQLSTATE {})", s.message, s.code, s.state);
+    let hint = match s.code {
+        // ER_SECURE_TRANSPORT_REQUIRED (require_secure_transport=ON)
+        3159 => "; the server takes TLS connections only: use ssl-mode=REQUIRED or stricter",
+        // ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR, ER_SPECIFIC_ACCESS_DENIED_ERROR
+        1142 | 1143 | 1227 => {
+            "; the user needs CREATE (once, for dlock's tables) and SELECT/INSERT/UPDATE/DELETE \
+             on them (see docs/mysql.md)"
         }
-        _ => Error::connection(KIND, endpoint, e),
+        // ER_BAD_DB_ERROR
+        1049 => "; create the database or fix the path of the URL",
+        _ => "",
+    };
+    let text = text + hint;
+    match s.code {
+        // ER_ACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR, ER_ACCESS_DENIED_NO_PASSWORD_ERROR,
+        // and the refusals above.
+        1045 | 1044 | 1698 | 3159 | 1142 | 1143 | 1227 => Error::auth(KIND, endpoint, text),
+        // ER_CON_COUNT_ERROR, ER_TOO_MANY_USER_CONNECTIONS, ER_LOCK_WAIT_TIMEOUT,
+        // ER_LOCK_DEADLOCK: transient, worth a retry.
+        1040 | 1203 | 1205 | 1213 => Error::connection(KIND, endpoint, text),
+        c if CONNECTION_GONE.contains(&c) => Error::connection(KIND, endpoint, text),
+        _ => Error::unexpected(KIND, text),
     }
 }
 

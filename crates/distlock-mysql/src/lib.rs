@@ -15,7 +15,7 @@ pub use builder::{MysqlBuilder, MysqlBuilderExt, MysqlSettings, PASSWORD_ENV};
 pub use common::{election_key, lock_key};
 pub use tls::{SslMode, TlsError, TlsErrorKind, TlsOptions};
 
-use crate::common::{Common, Connector};
+use crate::common::Common;
 use distlock_core::backend::{Backend, Delegate};
 use distlock_core::{ClientOptions, Result};
 use std::sync::Arc;
@@ -116,27 +116,6 @@ impl MysqlBackend {
     /// ```
     pub fn with_opts(opts: mysql_async::Opts) -> MysqlBuilder {
         builder::with_opts(opts)
-    }
-
-    pub(crate) async fn start(
-        connector: Connector,
-        endpoint: String,
-        mode: Mode,
-        namespace: String,
-        opts: &ClientOptions,
-    ) -> Result<Self> {
-        // mysql_async builds its rustls config with the process default provider, which rustls
-        // may not pick one by itself: set dlock's one (aws-lc-rs) for every way in
-        // (URL, builder, the application's own Opts) unless the program already did.
-        #[cfg(feature = "tls")]
-        distlock_core::conn::install_crypto_provider();
-        let common = Arc::new(Common::new(connector, endpoint, namespace, opts));
-        common.ensure_schema(session::DDL).await?;
-        let inner = match mode {
-            Mode::Session => Inner::Session(session::new_mode(common.clone())),
-            Mode::Table => Inner::Table(table::TableMode::start(common.clone()).await?),
-        };
-        Ok(MysqlBackend { common, inner })
     }
 
     /// The mode this backend runs in.

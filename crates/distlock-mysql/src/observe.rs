@@ -25,9 +25,9 @@
 //! lease end (the core's lease-end look) or at the next grant.
 
 use crate::common::{close, col, election_key, sql_str, Call, Common};
-use crate::error::{conn_dead, map, timeout, INTERRUPTED, KIND, NOT_OWNER, NO_SUCH_THREAD};
+use crate::error::{timeout, INTERRUPTED, KIND, NOT_OWNER};
 use distlock_core::backend::{ReleaseWatch, Wake};
-use distlock_core::{async_trait, Error, LockKind, Result};
+use distlock_core::{async_trait, Error, LockKind, Result, RetryPolicy};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +44,10 @@ const ROUND: Duration = Duration::from_secs(120);
 static KILL_REFUSED: AtomicBool = AtomicBool::new(false);
 /// Warned once per process: observers of another user cannot be seen, nor woken.
 static HIDDEN_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// The database user of this connection, as SQL.
+const ME: &str = "COALESCE((SELECT USER FROM information_schema.PROCESSLIST \
+                  WHERE ID = CONNECTION_ID()), '')";
 
 /// The statement telling whether anybody observes election key `lk` (one column, 0 or 1).
 pub(crate) fn observed_sql(lk: &str) -> String {
@@ -80,7 +84,7 @@ pub(crate) fn observed_col(kind: LockKind, lk: &str) -> String {
 }
 
 /// Wakes election key `lk`'s observers in the background if column `i` of `row` (the
-/// [`observed_col`] read back) says there are any (see the module docs).
+/// [`observed_col`] read back; a lock's row has none) says there are any (see the module docs).
 pub(crate) fn wake_if(common: &Arc<Common>, lk: &str, row: &Row, i: usize) {
     let observed = row.get_opt::<Option<i64>, usize>(i).and_then(|v| v.ok());
     if observed.flatten().unwrap_or(0) > 0 {
@@ -99,8 +103,7 @@ pub(crate) async fn proclaim(
     lk: String,
     (token, seq, value): (u64, u64, &str),
     (holders, leads, arg): (&str, &str, String),
-) -> distlock_core::Result<distlock_core::RenewOutcome> {
-    use distlock_core::RenewOutcome;
+) -> Result<distlock_core::RenewOutcome> {
     let update = format!(
         "UPDATE dlock_elections e JOIN {holders} h \
          ON h.lock_key = e.lock_key AND h.token = e.token \
@@ -128,30 +131,19 @@ pub(crate) async fn proclaim(
     if watched > 0 {
         wake(common, &lk);
     }
-    Ok(if n > 0 {
-        RenewOutcome::Renewed
-    } else {
-        RenewOutcome::NotHeld
-    })
+    Ok(crate::common::renewed(n > 0))
 }
 
 /// Wakes election key `lk`'s observers in the background, whoever they are.
 pub(crate) fn wake(common: &Arc<Common>, lk: &str) {
-    let common = common.clone();
-    let lk = lk.to_owned();
+    let (common, lk) = (common.clone(), lk.to_owned());
     tokio::spawn(async move {
         // A wake-up that fails (a lost connection, a deadlock with another waker) would be a
         // missed change for the observers: try again a few times.
-        for pause in [50u64, 250, 1000, 0] {
-            match wake_now(&common, &lk).await {
-                Ok(()) => return,
-                Err(e) if pause == 0 => {
-                    tracing::warn!(error = %e, "waking election observers failed; they see \
-                                   the change at the leader's lease end or the next change")
-                }
-                Err(e) => tracing::debug!(error = %e, "waking election observers failed"),
-            }
-            tokio::time::sleep(Duration::from_millis(pause)).await;
+        let retry = RetryPolicy::new(4, Duration::from_millis(50), Duration::from_secs(1));
+        if let Err(e) = distlock_core::backoff::retry(retry, || wake_now(&common, &lk)).await {
+            tracing::warn!(error = %e, "waking election observers failed; they see the change \
+                           at the leader's lease end or the next change");
         }
     });
 }
@@ -159,33 +151,23 @@ pub(crate) fn wake(common: &Arc<Common>, lk: &str) {
 /// Flags election key `lk`'s observers, interrupts the SLEEP of each one running it, and
 /// deletes the rows of this user's connections that are gone.
 pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
-    let me = "COALESCE((SELECT USER FROM information_schema.PROCESSLIST \
-              WHERE ID = CONNECTION_ID()), '')";
     let sql = format!(
         "UPDATE dlock_election_observers SET woken = 1 WHERE lock_key = '{lk}'; \
          SELECT o.conn_id FROM dlock_election_observers o \
              JOIN information_schema.PROCESSLIST p ON p.ID = o.conn_id \
              WHERE o.lock_key = '{lk}' AND p.ID <> CONNECTION_ID() \
              AND p.INFO LIKE CONCAT('SELECT ''dlock-', 'observe {lk}''%'); \
-         DELETE FROM dlock_election_observers WHERE lock_key = '{lk}' AND db_user = {me} \
+         DELETE FROM dlock_election_observers WHERE lock_key = '{lk}' AND db_user = {ME} \
              AND conn_id NOT IN (SELECT ID FROM information_schema.PROCESSLIST); \
          SELECT COUNT(*) FROM dlock_election_observers WHERE lock_key = '{lk}' \
-             AND db_user <> {me} \
+             AND db_user <> {ME} \
              AND conn_id NOT IN (SELECT ID FROM information_schema.PROCESSLIST)"
     );
-    let mut conn = common.take().await?;
-    let c = common.call(crate::common::query_sets(&mut conn, sql)).await;
-    let Call::Ok(sets) = &c else {
-        common.after_failure_or_put(conn, &c);
-        return common.result("waking observers", c).map(|_| ());
-    };
-    let ids = match sets.first() {
-        Some(rows) => rows
-            .iter()
-            .map(|r| col::<u64>("observer connection", r, 0))
-            .collect::<Result<Vec<_>>>()?,
-        None => Vec::new(),
-    };
+    let sets = common.query("waking observers", sql).await?;
+    let ids = sets.first().into_iter().flatten();
+    let ids: Vec<u64> = ids
+        .map(|r| col("observer connection", r, 0))
+        .collect::<Result<_>>()?;
     let hidden: i64 = match sets.get(1).and_then(|rows| rows.first()) {
         Some(r) => col("observers of other users", r, 0)?,
         None => 0,
@@ -199,29 +181,18 @@ pub(crate) async fn wake_now(common: &Common, lk: &str) -> Result<()> {
         );
     }
     for id in ids {
-        let c = common
-            .call(conn.query_drop(format!("KILL QUERY {id}")))
-            .await;
-        match &c {
-            Call::Ok(()) => {}
-            Call::Err(mysql_async::Error::Server(s)) if s.code == NO_SUCH_THREAD => {}
-            Call::Err(mysql_async::Error::Server(s)) if s.code == NOT_OWNER => {
-                if !KILL_REFUSED.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        conn_id = id,
-                        error = %s.message,
-                        "KILL QUERY refused: observers of other users are only woken at lease \
-                         ends; run them as the same user or grant CONNECTION_ADMIN"
-                    );
-                }
-            }
-            _ => {
-                common.after_failure_or_put(conn, &c);
-                return common.result("waking an observer", c);
+        let refused = common.kill("waking an observer", "KILL QUERY", id).await?;
+        if let Some(s) = refused.filter(|s| s.code == NOT_OWNER) {
+            if !KILL_REFUSED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    conn_id = id,
+                    error = %s.message,
+                    "KILL QUERY refused: observers of other users are only woken at lease \
+                     ends; run them as the same user or grant CONNECTION_ADMIN"
+                );
             }
         }
     }
-    common.put(conn);
     Ok(())
 }
 
@@ -257,9 +228,7 @@ fn register_sql(common: &Common, lk: &str, name: &str) -> String {
     format!(
         "INSERT INTO dlock_election_observers \
          (lock_key, conn_id, ns, name, db_user, woken, registered_at) \
-         VALUES ('{lk}', CONNECTION_ID(), {ns}, {name}, \
-                 COALESCE((SELECT USER FROM information_schema.PROCESSLIST \
-                           WHERE ID = CONNECTION_ID()), ''), 0, UTC_TIMESTAMP(6)) \
+         VALUES ('{lk}', CONNECTION_ID(), {ns}, {name}, {ME}, 0, UTC_TIMESTAMP(6)) \
          ON DUPLICATE KEY UPDATE woken = 0"
     )
 }
@@ -275,15 +244,11 @@ struct ObserveWatch {
 #[async_trait]
 impl ReleaseWatch for ObserveWatch {
     async fn changed(&mut self) -> Result<Wake> {
-        match self.rx.recv().await {
-            Some(Ok(())) => Ok(Wake::Released),
-            Some(Err(e)) => Err(e),
-            None => Err(Error::connection(
-                KIND,
-                self.endpoint.clone(),
-                "the election observer's connection ended",
-            )),
-        }
+        let ended = "the election observer's connection ended";
+        let next = self.rx.recv().await;
+        let next =
+            next.unwrap_or_else(|| Err(Error::connection(KIND, self.endpoint.clone(), ended)));
+        next.map(|()| Wake::Released)
     }
 }
 
@@ -296,27 +261,16 @@ struct Watcher {
     cancel: CancellationToken,
 }
 
-/// How one round ended.
-enum Round {
-    /// Slept the whole round: nothing happened.
-    Slept,
-    /// Interrupted or flagged: something may have changed.
-    Woken,
-    /// The row is gone (deleted by someone): register again, and report a wake.
-    Unregistered,
-}
-
 impl Watcher {
     async fn run(self, mut conn: Conn) {
         let id = conn.id();
         let end = self.cancel.run_until_cancelled(self.rounds(&mut conn));
-        let end = end.await.flatten();
+        let end = end.await.and_then(Result::err);
         // The statement in flight (if any) is abandoned: the connection is never reused.
         close(conn);
         // Best effort, retried a few times (every step is idempotent): a statement that timed
         // out on a loaded server leaves the row to the stale-observer sweep.
-        let retry =
-            distlock_core::RetryPolicy::new(3, Duration::from_millis(100), Duration::from_secs(1));
+        let retry = RetryPolicy::new(3, Duration::from_millis(100), Duration::from_secs(1));
         let r = distlock_core::backoff::retry(retry, || self.deregister(id)).await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "deregistering an election observer failed");
@@ -326,40 +280,44 @@ impl Watcher {
         }
     }
 
-    /// Rounds of waiting until the watch is dropped (`None`) or fails.
-    async fn rounds(&self, conn: &mut Conn) -> Option<Error> {
+    /// Rounds of waiting until the watch is dropped (`Ok`) or fails.
+    async fn rounds(&self, conn: &mut Conn) -> Result<()> {
         loop {
-            match self.round(conn).await {
-                Ok(Round::Slept) => continue,
-                Ok(Round::Woken | Round::Unregistered) => {}
-                Err(e) => return Some(e),
+            if !self.round(conn).await? {
+                continue;
             }
             // Clear the flag (or register again) before reporting: see the module docs.
-            if let Err(e) = self.reset(conn, "observing").await {
-                return Some(e);
-            }
+            self.reset(conn, "observing").await?;
             match self.tx.try_send(Ok(())) {
                 // Full: a wake is already pending, which covers this one.
                 Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
-                Err(mpsc::error::TrySendError::Closed(_)) => return None,
+                Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
             }
         }
     }
 
     /// Forgets the observer of connection `id` (closed by the caller): ends its session on
-    /// the server (which stops its SLEEP), waits until the session is gone, and only then
+    /// the server (which stops its SLEEP), waits until the session is gone (bounded by the
+    /// slow limit: it ends at its next check for the kill, moments later), and only then
     /// deletes its row. A statement the connection sent before it was closed — a registration
     /// after a wake-up, in flight when the watch was dropped — still runs until the session
     /// ends: deleted earlier, the row would come back, naming a dead connection.
     async fn deregister(&self, id: u32) -> Result<()> {
+        let what = "ending the observer's session";
         // Gone already; or the id is another user's session now (ids start over when the
         // server restarts), so this one is gone too.
-        let what = "ending the observer's session";
-        let killed = self.common.kill(what, id.into()).await?.is_none();
-        if killed {
-            self.until_gone(id).await?;
+        if self.common.kill(what, "KILL", id.into()).await?.is_none() {
+            let (limit, started) = (self.common.slow_limit(), tokio::time::Instant::now());
+            let sql = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?";
+            let alive = || self.common.with_conn(what, |c| c.exec_first(sql, (id,)));
+            while alive().await?.unwrap_or(0i64) > 0 {
+                if started.elapsed() >= limit {
+                    return Err(timeout(&self.common.endpoint, what, limit));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
-        let lk = self.lk.clone();
+        let lk = &self.lk;
         let sql = format!(
             "DELETE FROM dlock_election_observers WHERE lock_key = '{lk}' AND conn_id = {id}"
         );
@@ -367,36 +325,10 @@ impl Watcher {
         self.common.with_conn(what, |c| c.query_drop(sql)).await
     }
 
-    /// Waits until session `id`, just killed, is gone from the server: it ends at its next
-    /// check for the kill (a statement in flight stops or completes first), moments later;
-    /// bounded by the slow limit.
-    async fn until_gone(&self, id: u32) -> Result<()> {
-        let limit = self.common.slow_limit();
-        let started = tokio::time::Instant::now();
-        loop {
-            let sql = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?";
-            let alive: Option<i64> = self
-                .common
-                .with_conn("ending the observer's session", |c| {
-                    c.exec_first(sql, (id,))
-                })
-                .await?;
-            if alive.unwrap_or(0) == 0 {
-                return Ok(());
-            }
-            if started.elapsed() >= limit {
-                return Err(timeout(
-                    &self.common.endpoint,
-                    "ending the observer's session",
-                    limit,
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// One server-side wait.
-    async fn round(&self, conn: &mut Conn) -> Result<Round> {
+    /// One server-side wait: `false` if it slept the whole round (nothing happened), `true`
+    /// if it was interrupted or flagged, or its row is gone (deleted by someone: registered
+    /// again by the reset that follows).
+    async fn round(&self, conn: &mut Conn) -> Result<bool> {
         let lk = &self.lk;
         let sql = format!(
             "SELECT 'dlock-observe {lk}', IF(woken = 0, SLEEP({}), 2) \
@@ -406,14 +338,13 @@ impl Watcher {
         let limit = ROUND + self.common.slow_limit();
         match tokio::time::timeout(limit, conn.query_first::<Row, _>(sql)).await {
             Err(_) => Err(timeout(&self.common.endpoint, "observing", limit)),
-            Ok(Ok(None)) => Ok(Round::Unregistered),
+            Ok(Ok(None)) => Ok(true),
             Ok(Ok(Some(row))) => match col::<Option<i64>>("observing", &row, 1)? {
-                Some(0) => Ok(Round::Slept),
-                Some(_) => Ok(Round::Woken),
+                Some(v) => Ok(v != 0),
                 None => Err(crate::error::shape("observing", "NULL")),
             },
-            Ok(Err(mysql_async::Error::Server(s))) if s.code == INTERRUPTED => Ok(Round::Woken),
-            Ok(Err(e)) => Err(self.broken(e)),
+            Ok(Err(mysql_async::Error::Server(s))) if s.code == INTERRUPTED => Ok(true),
+            Ok(Err(e)) => Err(self.common.failed(e)),
         }
     }
 
@@ -429,21 +360,12 @@ impl Watcher {
             match c {
                 Call::Ok(()) => return Ok(()),
                 Call::Err(mysql_async::Error::Server(s)) if s.code == INTERRUPTED => continue,
-                Call::Err(e) => return Err(self.broken(e)),
-                Call::Timeout(_) => return Err(self.common.error(what, c)),
+                other => return Err(self.common.error(what, other)),
             }
         }
         Err(crate::error::shape(
             "observing",
             "the observer's statements keep being interrupted",
         ))
-    }
-
-    /// The error ending the watch.
-    fn broken(&self, e: mysql_async::Error) -> Error {
-        if conn_dead(&e) {
-            self.common.forget_idle();
-        }
-        map(&self.common.endpoint, e)
     }
 }

@@ -38,25 +38,23 @@ impl Operator for MysqlBackend {
         );
         let rows: Vec<(String, String)> = self
             .common
-            .with_conn("listing locks", |c| c.exec(sql, (ns.clone(), ns)))
+            .with_conn("listing locks", |c| c.exec(sql, (ns.clone(), ns.clone())))
             .await?;
         // The key tells a lock from the election of the same name.
-        let mut names: Vec<(String, LockKind)> = rows
+        let mut names: Vec<(String, bool)> = rows
             .into_iter()
             .filter(|(_, n)| n.starts_with(prefix))
-            .map(|(key, name)| {
-                let kind = if key == election_key(&self.common.namespace, &name) {
-                    LockKind::Election
-                } else {
-                    LockKind::Mutex
-                };
-                (name, kind)
-            })
+            .map(|(key, name)| (name.clone(), key != election_key(&ns, &name)))
             .collect();
-        names.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
+        names.sort();
         names.dedup();
         let mut out = Vec::with_capacity(names.len());
-        for (name, kind) in names {
+        // An election before the lock of the same name.
+        for (name, mutex) in names {
+            let kind = match mutex {
+                true => LockKind::Mutex,
+                false => LockKind::Election,
+            };
             let info = distlock_core::Backend::inspect(self, &name, kind).await?;
             out.push(ListedLock::new(kind, info));
         }
@@ -85,72 +83,63 @@ impl Operator for MysqlBackend {
 
     async fn diagnose(&self) -> Result<Vec<Finding>> {
         let mode = self.mode();
-        type Probe = (String, Option<u64>, Option<String>, Option<String>, bool);
-        let (version, session_wait, wsrep, tls_version, watchable): Probe = self
+        type Var = Option<(String, String)>;
+        type Probe = (Option<(String, Option<u64>)>, Var, Var, bool);
+        let (read, wsrep, tls, watchable): Probe = self
             .common
             .with_conn("diagnosing", |c| {
                 Box::pin(async move {
                     // Whether a holder's client can see its connection closed (as a grant's).
                     let watchable = crate::socket::socket_of(c).is_some();
-                    let version: Option<String> = c.query_first("SELECT VERSION()").await?;
                     // Session mode enforces a holder's lease as its connection's wait_timeout:
                     // a proxy or a server cap that ignores SET SESSION would keep a dead
                     // holder's lock for the global timeout (8 hours by default).
                     c.query_drop("SET SESSION wait_timeout = 31").await?;
-                    let wait: Option<u64> = c.query_first("SELECT @@SESSION.wait_timeout").await?;
+                    let read = c
+                        .query_first("SELECT VERSION(), @@SESSION.wait_timeout")
+                        .await?;
                     c.query_drop("SET SESSION wait_timeout = DEFAULT").await?;
-                    let wsrep: Option<(String, String)> =
-                        c.query_first("SHOW VARIABLES LIKE 'wsrep_on'").await?;
-                    let tls: Option<(String, String)> = c
+                    let wsrep = c.query_first("SHOW VARIABLES LIKE 'wsrep_on'").await?;
+                    let tls = c
                         .query_first("SHOW SESSION STATUS LIKE 'Ssl_version'")
                         .await?;
-                    Ok((
-                        version.unwrap_or_default(),
-                        wait,
-                        wsrep.map(|(_, v)| v),
-                        tls.map(|(_, v)| v),
-                        watchable,
-                    ))
+                    Ok((read, wsrep, tls, watchable))
                 })
             })
             .await?;
+        let (version, session_wait) = read.unwrap_or_default();
         let offset_ms = measure_clock(server_time(self)).await?;
         let mut out = vec![version_finding(&version)];
-        out.push(tls_finding(self, tls_version));
-        out.push(match (mode, session_wait) {
-            (Mode::Table, _) => Finding::new(
+        out.push(tls_finding(self, tls.map(|(_, v)| v)));
+        let (severity, text) = match (mode, session_wait) {
+            (Mode::Table, _) => (
                 Severity::Ok,
-                "wait_timeout",
-                "table mode: leases are the rows' expires_at, wait_timeout does not end them",
+                "table mode: leases are the rows' expires_at, wait_timeout does not end them".into(),
             ),
-            (Mode::Session, Some(31)) => Finding::new(
+            (Mode::Session, Some(31)) => (
                 Severity::Ok,
-                "wait_timeout",
-                "SET SESSION wait_timeout takes effect: a holder that stops renewing is disconnected (and loses its lock) when its lease ends",
+                "SET SESSION wait_timeout takes effect: a holder that stops renewing is disconnected (and loses its lock) when its lease ends".into(),
             ),
-            (Mode::Session, other) => Finding::new(
+            (Mode::Session, other) => (
                 Severity::Unsafe,
-                "wait_timeout",
                 format!("SET SESSION wait_timeout = 31 read back as {other:?}: session mode enforces each holder's lease as its connection's wait_timeout, so a stalled holder would keep its lock far past its lease; connect to the server directly (not through a proxy that pins or rewrites session variables) or use ?mode=table"),
             ),
-        });
+        };
+        out.push(Finding::new(severity, "wait_timeout", text));
         out.push(close_finding(mode, watchable));
-        let galera = wsrep
-            .as_deref()
-            .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
-        out.push(match (galera, mode) {
-            (false, _) => Finding::new(Severity::Ok, "galera", "not a Galera node"),
-            (true, Mode::Session) => Finding::new(
+        let galera = wsrep.is_some_and(|(_, v)| v.eq_ignore_ascii_case("ON"));
+        let (severity, text) = match (galera, mode) {
+            (false, _) => (Severity::Ok, "not a Galera node"),
+            (true, Mode::Session) => (
                 Severity::Unsafe,
-                "galera",
                 "wsrep_on=ON (Galera / MariaDB Cluster): GET_LOCK is local to one node, so clients on other nodes get the same lock; use ?mode=table (lock rows replicate)",
             ),
-            (true, Mode::Table) => Finding::new(
+            (true, Mode::Table) => (
                 Severity::Warning,
-                "galera",
                 "wsrep_on=ON: table mode measures leases with the clock of the node that runs each statement, so the clock spread between nodes shortens or lengthens leases by that much (dlock cannot read other nodes' clocks from here); keep every node on NTP and leases far above the spread",
             ),
-        });
+        };
+        out.push(Finding::new(severity, "galera", text));
         out.push(clock_finding(
             offset_ms,
             "server",
@@ -208,26 +197,13 @@ struct Sessions<'a> {
     lk: String,
 }
 
-impl Sessions<'_> {
-    /// The connection holding the lock now.
-    async fn holder(&self) -> Result<Option<u64>> {
-        let (sql, lk) = ("SELECT IS_USED_LOCK(?)", self.lk.clone());
-        let id: Option<Option<u64>> = self
-            .b
-            .common
-            .with_conn("finding the holder", |c| c.exec_first(sql, (lk,)))
-            .await?;
-        Ok(id.flatten())
-    }
-}
-
 #[distlock_core::async_trait]
 impl Eviction for Sessions<'_> {
     type Session = u64;
     const SESSIONS: &'static str = "connections";
 
     async fn holders(&self) -> Result<(Vec<u64>, Vec<HolderInfo>)> {
-        let Some(id) = self.holder().await? else {
+        let Some(id) = self.b.common.used_by(&self.lk).await? else {
             return Ok((Vec::new(), Vec::new()));
         };
         let sql = "SELECT owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
@@ -254,7 +230,7 @@ impl Eviction for Sessions<'_> {
     }
 
     async fn end(&self, id: u64) -> Result<()> {
-        match self.b.common.kill("KILL", id).await? {
+        match self.b.common.kill("KILL", "KILL", id).await? {
             Some(s) if s.code == NOT_OWNER => {
                 let message = format!("{} (error {}, SQLSTATE {})", s.message, s.code, s.state);
                 Err(Error::unsupported(
@@ -272,7 +248,12 @@ impl Eviction for Sessions<'_> {
 
     async fn still_held(&self, ids: &[u64]) -> Result<bool> {
         // KILL returns before the session has ended.
-        Ok(self.holder().await?.is_some_and(|id| ids.contains(&id)))
+        Ok(self
+            .b
+            .common
+            .used_by(&self.lk)
+            .await?
+            .is_some_and(|id| ids.contains(&id)))
     }
 
     async fn advance(&self, ended: &[u64]) -> Result<u64> {
@@ -357,23 +338,21 @@ async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
 /// The `connection-close` check: whether a holder learns at once that its connection was
 /// closed from the other side (and what session mode assumes about that).
 fn close_finding(mode: Mode, watchable: bool) -> Finding {
-    match (mode, watchable) {
-        (Mode::Table, _) => Finding::new(
+    let (severity, text) = match (mode, watchable) {
+        (Mode::Table, _) => (
             Severity::Ok,
-            "connection-close",
             "table mode: a lock is its row's lease, not a connection; a closed connection frees nothing",
         ),
-        (Mode::Session, true) => Finding::new(
+        (Mode::Session, true) => (
             Severity::Ok,
-            "connection-close",
             "a holder's connection is watched: when the server or a proxy between closes or resets it (KILL, a timeout, a failover), the server frees the lock and the holder's lost signal fires at once. Assumed: nothing between ends the server's side of a holder's connection and keeps the client's side open (a pooling proxy may, e.g. ProxySQL or MaxScale depending on its settings); through such a proxy use ?mode=table",
         ),
-        (Mode::Session, false) => Finding::new(
+        (Mode::Session, false) => (
             Severity::Warning,
-            "connection-close",
             "a holder's connection cannot be watched here (not a TCP socket, or a driver whose connection text changed): when the server or a proxy closes it, the server frees the lock at once but the holder learns it only at its next renewal, a third of the lease later, while another client may hold the lock (fencing tokens still stop its writes to stores that check them); use ?mode=table for a lease the client can count on",
         ),
-    }
+    };
+    Finding::new(severity, "connection-close", text)
 }
 
 #[cfg(test)]
@@ -382,13 +361,14 @@ mod tests {
 
     #[test]
     fn versions() {
-        assert_eq!(
-            version_finding("10.11.6-MariaDB-0+deb12u1").severity,
-            Severity::Ok
-        );
-        assert_eq!(version_finding("8.0.36").severity, Severity::Ok);
-        assert_eq!(version_finding("5.6.51-log").severity, Severity::Unsafe);
-        assert_eq!(version_finding("5.5.68-MariaDB").severity, Severity::Unsafe);
-        assert_eq!(version_finding("weird").severity, Severity::Warning);
+        for (v, want) in [
+            ("10.11.6-MariaDB-0+deb12u1", Severity::Ok),
+            ("8.0.36", Severity::Ok),
+            ("5.6.51-log", Severity::Unsafe),
+            ("5.5.68-MariaDB", Severity::Unsafe),
+            ("weird", Severity::Warning),
+        ] {
+            assert_eq!(version_finding(v).severity, want, "{v}");
+        }
     }
 }

@@ -1,36 +1,21 @@
 //! Session mode: `GET_LOCK` on a dedicated connection per grant, as a dialect of the shared
-//! SQL session layer ([`distlock_sql`]).
+//! SQL session layer ([`distlock_sql`]). docs/mysql.md, "Session mode in detail", has the
+//! whole argument; the invariants:
 //!
-//! The lock lives as long as the holder's connection: when the process dies, its connection
-//! closes and the server frees the lock. The lease is enforced by the server too: the
-//! connection's `wait_timeout` covers the lease (rounded up to whole seconds, plus a grace),
-//! renewals are statements on that connection, so a holder that stops renewing is
-//! disconnected, and loses the lock, when the lease ends. Waiting is server-side:
-//! `GET_LOCK(name, seconds left)`, stopped with `KILL QUERY`.
-//!
-//! # Grants are addressed by attempt
-//! Each acquisition attempt (`AttemptId`) has its own slot here (an entry of the engine's
-//! hold map), holding at most one
-//! connection — the one whose `GET_LOCK` is the attempt's grant — and the grant's token. Two
-//! attempts, even of one owner, are two holders: the second one's `GET_LOCK` on its own
-//! connection finds the lock taken. Every request on a slot runs in a task of its own, one at
-//! a time in arrival order, and runs to its end even when its caller stops waiting: this
-//! process is the "server" of the attempt's state, and a request whose reply came too late
-//! for its caller still takes effect exactly once. A retry then finds that effect — the grant
-//! made (same connection, same token; the lease extended, never shortened), the lock released
-//! — instead of taking a second connection or leaving one behind holding the lock. A request
-//! the server does not answer even within [`Common::slow_limit`] closes its connection, which
-//! frees whatever `GET_LOCK` it held.
-//!
-//! Tables: `dlock_fence` (last fencing token per lock key, bumped with
-//! `LAST_INSERT_ID(GREATEST(token + 1, the server clock in µs))` while the lock is held) and `dlock_holders` (holder, connection
-//! id, lease end — for `inspect` and the `Held` ttl; a row counts only while its connection id
-//! holds the key), `dlock_elections` (an election's value and proclamation number, under its
-//! leader's token) and `dlock_election_observers` (the connections observing an election, see
-//! [`crate::observe`]).
+//! - the lock lives as long as the holder's connection, whose `wait_timeout` (set before the
+//!   `GET_LOCK`, in the same round trip) covers the lease plus a grace: a holder that stops
+//!   renewing is disconnected, and loses the lock, when the lease ends;
+//! - each attempt (`AttemptId`) has its own slot holding at most one connection and the
+//!   grant's token; its requests run one at a time, each in a task of its own to its end even
+//!   when the caller stops waiting, so a late reply takes effect exactly once and the retry
+//!   finds it (same connection, same token; the lease extended, never shortened); a request
+//!   unanswered within [`Common::slow_limit`] closes its connection, freeing its `GET_LOCK`;
+//! - tables: `dlock_fence` (tokens), `dlock_holders` (a row counts only while its connection
+//!   id holds the key), `dlock_elections`, `dlock_election_observers` ([`crate::observe`]).
 
 use crate::common::{
-    close, col, key_of, last_row, next_token, query_sets, sql_str, wait_timeout_secs, Call, Common,
+    close, col, key_of, last_row, next_token, query_sets, renewed, sql_str, wait_timeout_secs,
+    Call, Common,
 };
 use crate::error::{conn_dead, shape, INTERRUPTED, KIND};
 use distlock_core::backend::Capabilities;
@@ -79,19 +64,10 @@ pub(crate) struct Grant {
 }
 
 impl Grant {
-    /// Stops the close watch: a statement that may end the grant comes next.
-    fn stop_watch(&self) {
-        if let Some(w) = &self.watch {
-            w.stop();
-        }
-    }
-
     /// Closes the connection now, which frees its lock (the watch's duplicate of the socket
     /// does not keep it open).
     fn close(self) {
-        if let Some(w) = &self.watch {
-            w.shutdown();
-        }
+        self.watch.iter().for_each(CloseWatch::shutdown);
         close(self.conn);
     }
 }
@@ -129,18 +105,23 @@ pub(crate) struct MyDialect {
     released: StdMutex<VecDeque<(AttemptId, u64, Instant)>>,
 }
 
-/// The statement of one wait for `lk`: the lease on the connection before the lock is (it
-/// counts from the grant: the connection is busy, not idle, while it waits), then
-/// `GET_LOCK(lk, seconds)` for `left` rounded up to the millisecond (the server must not give
-/// up before the deadline), or an hour without a deadline (the engine waits again). The key is
-/// `dlock:` and hex digits, safe to inline; inlined, it shows in `SHOW PROCESSLIST`, so
-/// operators see which lock a connection waits for.
-fn wait_sql(lk: &str, lease: Duration, left: Option<Duration>) -> String {
-    let secs = left.map_or(3600.0, |r| wait_millis(r) as f64 / 1000.0);
+/// The statement of one try or wait for `lk`: the lease on the connection before the lock is
+/// (it counts from the grant: the connection is busy, not idle, while it waits; a connection
+/// this process loses track of frees the lock when the lease ends, not after the server's
+/// default hours), then `GET_LOCK(lk, secs)`. The key is `dlock:` and hex digits, safe to
+/// inline; inlined, it shows in `SHOW PROCESSLIST`, so operators see which lock a connection
+/// waits for.
+fn lock_sql(lk: &str, lease: Duration, secs: f64) -> String {
     format!(
         "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', {secs:.3})",
         wait_timeout_secs(lease)
     )
+}
+
+/// The seconds of a wait of `left`, rounded up to the millisecond (the server must not give up
+/// before the deadline), or an hour without a deadline (the engine waits again).
+fn wait_secs(left: Option<Duration>) -> f64 {
+    left.map_or(3600.0, |r| wait_millis(r) as f64 / 1000.0)
 }
 
 /// How a wait that answered `reply` (its `GET_LOCK`'s value) ended.
@@ -216,9 +197,11 @@ impl MyDialect {
         Ok(self.extend(slot, st, lease).await?.then_some(token))
     }
 
-    /// Records the grant `conn` holds for `req` (lease promised until `lease_end`) and makes
-    /// it the slot's state, watched for a close. If recording fails, `conn` is closed, which
-    /// frees the lock nobody will be told of.
+    /// Records the grant `conn` holds for `req` (new fencing token, holder row, in one round
+    /// trip; lease promised until `lease_end`) and makes it the slot's state, watched for a
+    /// close. If recording fails, `conn` is closed, which frees the lock nobody will be told
+    /// of. An election's grant also stores the candidate's value (proclamation number 0) with
+    /// its token, all in one transaction: the value appears with the leader, atomically.
     async fn hold(
         &self,
         slot: &Slot,
@@ -227,28 +210,6 @@ impl MyDialect {
         req: &AcquireRequest,
         lease_end: clock::Instant,
     ) -> Result<u64> {
-        let token = match self.register(&mut conn, slot, req).await {
-            Ok(t) => t,
-            Err(e) => {
-                close(conn);
-                return Err(e);
-            }
-        };
-        let watch = self.watch(&conn, &req.lost);
-        *st = State::Held(Grant {
-            conn,
-            token,
-            lease_end,
-            watch,
-        });
-        Ok(token)
-    }
-
-    /// Records the grant `conn` holds (new fencing token, holder row) and returns its token,
-    /// in one round trip. On error the caller closes the connection (freeing the lock). An
-    /// election's grant also stores the candidate's value (proclamation number 0) with its
-    /// token, all in one transaction: the value appears with the leader, atomically.
-    async fn register(&self, conn: &mut Conn, slot: &Slot, req: &AcquireRequest) -> Result<u64> {
         let lk = self.lk(&slot.name, slot.kind);
         let ns = sql_str(&self.common.namespace);
         let name = sql_str(&slot.name);
@@ -257,7 +218,6 @@ impl MyDialect {
         let observed = crate::observe::observed_col(slot.kind, &lk);
         let election = (slot.kind, req.value.as_deref());
         let election = crate::observe::election_row(election, &lk, (&ns, &name), "@dlock_token");
-        // An election's value appears with its leader, atomically.
         let (begin, commit) = match election.is_empty() {
             true => ("", ""),
             false => ("START TRANSACTION; ", "COMMIT; "),
@@ -276,16 +236,28 @@ impl MyDialect {
                      UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL {us} MICROSECOND); \
              {election}{commit}SELECT @dlock_token{observed}"
         );
-        let c = self.common.slow_call(query_sets(conn, sql)).await;
-        let sets = self.common.result("recording the grant", c)?;
-        let row = last_row("fencing token", &sets)?;
-        if slot.kind == LockKind::Election {
+        let c = self.common.slow_call(query_sets(&mut conn, sql)).await;
+        let sets = self.common.result("recording the grant", c);
+        let token = sets.and_then(|sets| {
+            let row = last_row("fencing token", &sets)?;
             crate::observe::wake_if(&self.common, &lk, row, 1);
-        }
-        match col::<Option<u64>>("fencing token", row, 0)? {
-            Some(t) if t > 0 => Ok(t),
-            other => Err(shape("fencing token", format!("{other:?}"))),
-        }
+            match col::<Option<u64>>("fencing token", row, 0)? {
+                Some(t) if t > 0 => Ok(t),
+                other => Err(shape("fencing token", format!("{other:?}"))),
+            }
+        });
+        let Ok(token) = token else {
+            close(conn);
+            return token;
+        };
+        let watch = self.watch(&conn, &req.lost);
+        *st = State::Held(Grant {
+            conn,
+            token,
+            lease_end,
+            watch,
+        });
+        Ok(token)
     }
 
     /// The holder's lease left (for a waiter's sleep), read on `conn`, which also gets its
@@ -301,7 +273,7 @@ impl MyDialect {
             Call::Ok(sets) => lock_reply(sets),
             _ => None,
         };
-        self.common.put_if_ok(conn, &c);
+        self.common.dispose(conn, &c, false);
         us.filter(|us| *us > 0)
             .map(|us| Duration::from_micros(us as u64))
     }
@@ -327,7 +299,7 @@ impl MyDialect {
              SELECT ROW_COUNT()"
         );
         let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
-        match c {
+        let gone = match c {
             Call::Ok(sets) => {
                 let found: i64 = col("renewing", last_row("renewing", &sets)?, 0)?;
                 if found >= 1 {
@@ -336,31 +308,19 @@ impl MyDialect {
                 }
                 // The holder's row was deleted (an operator revoked the lock): give it up.
                 tracing::warn!(name, "dlock_holders row gone: the lock was revoked");
-                if let State::Held(g) = std::mem::take(st) {
-                    g.stop_watch();
-                    let Grant { conn, watch, .. } = g;
-                    if !self.give_back(conn, Some(&lk)).await {
-                        // Closed: its socket too (the watch's duplicate does not keep it open).
-                        watch.iter().for_each(CloseWatch::shutdown);
-                    }
-                }
                 Ok(false)
             }
-            Call::Err(e) if conn_dead(&e) => {
-                // The session is gone, and the lock with it.
-                *st = State::Free;
-                Ok(false)
-            }
-            other => {
-                if !Common::reusable(&other) {
-                    // No answer in time: the connection is unusable; closing it frees the lock.
-                    if let State::Held(g) = std::mem::take(st) {
-                        g.close();
-                    }
-                }
-                Err(self.common.error("renewing", other))
-            }
+            // The session is gone, and the lock with it.
+            Call::Err(e) if conn_dead(&e) => Ok(false),
+            other if Common::reusable(&other) => return Err(self.common.error("renewing", other)),
+            // No answer in time: the connection is unusable.
+            other => Err(self.common.error("renewing", other)),
+        };
+        // Closing the connection frees the lock.
+        if let State::Held(g) = std::mem::take(st) {
+            g.close();
         }
+        gone
     }
 
     /// Releases the slot's grant; the slot holds nothing afterwards.
@@ -374,7 +334,7 @@ impl MyDialect {
             return self.not_held_outcome(&slot.name, slot.kind).await;
         };
         // The release's reply tells how the grant ended.
-        g.stop_watch();
+        g.watch.iter().for_each(CloseWatch::stop);
         let lk = self.lk(&slot.name, slot.kind);
         let is_election = slot.kind == LockKind::Election;
         let observed = crate::observe::observed_col(slot.kind, &lk);
@@ -384,55 +344,45 @@ impl MyDialect {
              SELECT RELEASE_LOCK('{lk}'){observed}"
         );
         let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
-        match c {
+        let outcome = match c {
             Call::Ok(sets) => {
                 self.common.put(g.conn);
-                if let (true, Some(row)) = (is_election, sets.last().and_then(|r| r.first())) {
+                if let Some(row) = sets.last().and_then(|r| r.first()) {
                     crate::observe::wake_if(&self.common, &lk, row, 1);
                 }
-                if lock_reply(&sets) == Some(1) {
-                    self.record_released(attempt, g.token);
-                    Ok(ReleaseOutcome::Released)
-                } else {
-                    self.not_held_outcome(&slot.name, slot.kind).await
+                if lock_reply(&sets) != Some(1) {
+                    return self.not_held_outcome(&slot.name, slot.kind).await;
                 }
+                self.record_released(attempt, g.token);
+                return Ok(ReleaseOutcome::Released);
             }
             // The session ended before the release: so did the grant.
-            Call::Err(e) if conn_dead(&e) => {
-                if is_election {
-                    crate::observe::wake(&self.common, &lk);
-                }
-                self.not_held_outcome(&slot.name, slot.kind).await
-            }
+            Call::Err(e) if conn_dead(&e) => None,
+            // Refused or unanswered: closing the connection gives the lock back all the
+            // same, so a retry of this release is told it already happened.
             other => {
-                // Refused or unanswered: closing the connection gives the lock back all the
-                // same, so a retry of this release is told it already happened.
-                let token = g.token;
+                self.record_released(attempt, g.token);
                 g.close();
-                if is_election {
-                    crate::observe::wake(&self.common, &lk);
-                }
-                self.record_released(attempt, token);
-                match other {
+                Some(match other {
                     Call::Timeout(_) => Err(self.common.error("releasing", other)),
                     _ => Ok(ReleaseOutcome::Released),
-                }
+                })
             }
+        };
+        // After the close: observers then read the election without this grant.
+        if is_election {
+            crate::observe::wake(&self.common, &lk);
+        }
+        match outcome {
+            Some(r) => r,
+            None => self.not_held_outcome(&slot.name, slot.kind).await,
         }
     }
 
     async fn not_held_outcome(&self, name: &str, kind: LockKind) -> Result<ReleaseOutcome> {
-        let lk = self.lk(name, kind);
-        let used: Option<Option<u64>> = self
-            .common
-            .with_conn("checking the lock", |c| {
-                c.exec_first("SELECT IS_USED_LOCK(?)", (lk,))
-            })
-            .await?;
-        Ok(if used.flatten().is_some() {
-            ReleaseOutcome::TakenByOther
-        } else {
-            ReleaseOutcome::Expired
+        Ok(match self.common.used_by(&self.lk(name, kind)).await? {
+            Some(_) => ReleaseOutcome::TakenByOther,
+            None => ReleaseOutcome::Expired,
         })
     }
 
@@ -454,15 +404,14 @@ impl MyDialect {
                 WaitEnd::Stopped(Some(true))
             }
             Some(Ok(sets)) => reply_end(lock_reply(&sets)),
-            Some(Err(e)) => {
-                if conn_dead(&e) {
-                    self.common.forget_idle();
-                }
-                WaitEnd::Failed(crate::error::map(&self.common.endpoint, e))
-            }
+            Some(Err(e)) => WaitEnd::Failed(self.common.failed(e)),
             None => {
                 // Stop the server-side wait, then see how it ended.
-                if let Err(e) = self.common.kill_query(id).await {
+                if let Err(e) = self
+                    .common
+                    .kill("KILL QUERY", "KILL QUERY", id.into())
+                    .await
+                {
                     tracing::debug!(error = %e, "KILL QUERY failed");
                 }
                 match tokio::time::timeout(self.common.op_timeout, &mut wait).await {
@@ -477,13 +426,12 @@ impl MyDialect {
     }
 
     /// Hands a connection back to the pool with the default idle timeout, releasing `lock`
-    /// first if given; closes it if that fails (which frees the lock all the same): `false`.
-    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) -> bool {
+    /// first if given; closes it if that fails (which frees the lock all the same).
+    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) {
         let release = lock.map_or(String::new(), |lk| format!("DO RELEASE_LOCK('{lk}'); "));
         let sql = format!("{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout");
         let c = self.common.call(conn.query_drop(sql)).await;
-        self.common.put_if_ok(conn, &c);
-        matches!(c, Call::Ok(()))
+        self.common.dispose(conn, &c, false);
     }
 }
 
@@ -532,16 +480,11 @@ impl Dialect for MyDialect {
         let lk = self.lk(&slot.name, slot.kind);
         let mut conn = self.common.take().await?;
         let sent = clock::Instant::now();
-        // The lease is on the connection before the lock is: a connection this process loses
-        // track of frees the lock when the lease ends, not after the server's default hours.
-        let sql = format!(
-            "SET SESSION wait_timeout = {}; SELECT GET_LOCK('{lk}', 0)",
-            wait_timeout_secs(req.lease)
-        );
+        let sql = lock_sql(&lk, req.lease, 0.0);
         let got = match self.common.slow_call(query_sets(&mut conn, sql)).await {
             Call::Ok(sets) => lock_reply(&sets),
             other => {
-                self.common.discard(conn, &other);
+                self.common.dispose(conn, &other, false);
                 return Err(self.common.error("GET_LOCK", other));
             }
         };
@@ -581,7 +524,7 @@ impl Dialect for MyDialect {
             self.common.put(conn);
             return Ok(None);
         };
-        let sql = wait_sql(&lk, req.lease, left);
+        let sql = lock_sql(&lk, req.lease, wait_secs(left));
         let end = self.wait_on(&mut conn, sql, deadline, cancel).await;
         let (step, answer) = waited::after(end);
         match step {
@@ -610,12 +553,12 @@ impl Dialect for MyDialect {
         st: &mut State,
         grant: &GrantRef,
     ) -> Result<ReleaseOutcome> {
-        let (attempt, token) = (&grant.attempt, grant.token);
         match st {
-            State::Held(g) if g.token == token => self.release_held(slot, st, attempt).await,
+            State::Held(g) if g.token == grant.token => {
+                self.release_held(slot, st, &grant.attempt).await
+            }
             State::Held(_) => Ok(ReleaseOutcome::TakenByOther),
-            State::Free if self.was_released(attempt, token) => Ok(ReleaseOutcome::Expired),
-            State::Free => self.not_held_outcome(&slot.name, slot.kind).await,
+            State::Free => self.not_held(grant).await,
         }
     }
 
@@ -627,12 +570,7 @@ impl Dialect for MyDialect {
         lease: Duration,
     ) -> Result<RenewOutcome> {
         let held = matches!(st, State::Held(g) if g.token == grant.token);
-        let renewed = held && self.extend(slot, st, lease).await?;
-        Ok(if renewed {
-            RenewOutcome::Renewed
-        } else {
-            RenewOutcome::NotHeld
-        })
+        Ok(renewed(held && self.extend(slot, st, lease).await?))
     }
 
     async fn give_up(&self, slot: &Slot, st: &mut State, req: &AcquireRequest) -> Result<()> {
@@ -704,19 +642,19 @@ mod tests {
     #[test]
     fn wait_statements_and_replies() {
         let lk = "dlock:00ff";
+        let wait = |lease, left| lock_sql(lk, Duration::from_secs(lease), wait_secs(left));
         assert_eq!(
-            wait_sql(lk, Duration::from_secs(30), None),
+            wait(30, None),
             "SET SESSION wait_timeout = 35; SELECT GET_LOCK('dlock:00ff', 3600.000)"
         );
         // Rounded up and one more millisecond: the server never gives up before the deadline.
-        let sql = wait_sql(
-            lk,
-            Duration::from_secs(2),
-            Some(Duration::from_micros(1500)),
+        assert_eq!(
+            wait(2, Some(Duration::from_micros(1500))),
+            "SET SESSION wait_timeout = 3; SELECT GET_LOCK('dlock:00ff', 0.003)"
         );
         assert_eq!(
-            sql,
-            "SET SESSION wait_timeout = 3; SELECT GET_LOCK('dlock:00ff', 0.003)"
+            lock_sql(lk, Duration::from_secs(2), 0.0),
+            "SET SESSION wait_timeout = 3; SELECT GET_LOCK('dlock:00ff', 0.000)"
         );
         assert!(matches!(reply_end(Some(1)), WaitEnd::Granted));
         assert!(matches!(

@@ -1,31 +1,19 @@
 //! Table mode (`?mode=table`): the lock is a row (owner, attempt, token, lease end by the
-//! server's clock) changed in short transactions that lock the row (`SELECT … FOR UPDATE`).
+//! server's clock) changed in short transactions that lock the row (`SELECT … FOR UPDATE`);
+//! rows replicate (Galera, group replication, multiplexing proxies), and expire only by lease.
+//! docs/mysql.md, "Table mode in detail", has the whole argument; the invariants:
 //!
-//! Unlike `GET_LOCK`, rows replicate: this mode works on Galera / MariaDB Cluster and
-//! multi-primary group replication, where a `GET_LOCK` taken on one node is unknown to the
-//! others, and through proxies that multiplex connections. Locks expire only by lease.
-//! MySQL has no notifications: waiters wake at the holder's lease end or their heartbeat
-//! (at most every second, a quarter of the lease for short leases).
-//!
-//! # One request, one round trip, one transaction
-//! Every operation is one multi-statement query — transaction, decision and `COMMIT`
-//! included — so a request whose reply is late or lost either happened entirely or not at
-//! all, and its retry (same attempt id, same token) finds that out from the row:
-//! - acquire by the attempt that holds the row extends its lease (never shortening it) and
-//!   answers the same token; an attempt that already ended (the row's `last_released`, or, for
-//!   an attempt that had a request without an answer, `dlock_ended_attempts`: see
-//!   [`distlock_sql::ended`]) is never granted again by a late duplicate of its request;
-//! - release and renew name the grant (attempt *and* token); a repeated release finds the row
-//!   free, or its attempt in `last_released`, and answers `Expired`.
-//!
-//! User-controlled text (namespace, name, owner) goes into these queries as hex literals, which
-//! cannot break out of their quotes.
-//!
-//! Elections are rows of their own key ([`election_key`](crate::election_key)), so never in
-//! conflict with the lock of the same name; a fresh grant stores the candidate's value with
-//! its token in `dlock_elections` (shared with session mode) in the grant's transaction.
+//! - every operation is one multi-statement query, `COMMIT` included, so a request whose reply
+//!   is late or lost happened entirely or not at all, and its retry (same attempt, same token)
+//!   finds out which from the row;
+//! - an attempt that ended (the row's `last_released`, or `dlock_ended_attempts` for one that
+//!   had an unanswered request: [`distlock_sql::ended`]) is never granted by a late duplicate;
+//! - user text goes in as hex literals ([`sql_str`]); elections are rows of their own key, their
+//!   value stored in `dlock_elections` in the grant's transaction.
 
-use crate::common::{check_kind, col, key_of, last_row, next_token, sql_attempt, sql_str, Common};
+use crate::common::{
+    check_kind, col, key_of, last_row, next_token, renewed, sql_attempt, sql_str, Common,
+};
 use crate::error::{shape, KIND};
 use distlock_core::backend::{Backend, Capabilities, NoWatch};
 use distlock_core::{async_trait, ReleaseWatch};
@@ -136,38 +124,34 @@ fn record_ended(record: bool, lk: &str, a: &str) -> (String, String) {
     )
 }
 
-/// What an acquire's transaction saw and did (the variables it reads back).
-#[derive(Debug, Default)]
-struct Seen {
-    /// The row was held, its lease not over (`None`: no row was read).
-    live: Option<bool>,
-    /// By this attempt.
-    mine: Option<bool>,
-    /// This attempt has ended (released, or given up after an unanswered request).
-    ended: Option<bool>,
-    /// The row's token.
-    token: Option<u64>,
-    /// The holder's lease left, µs.
-    left: Option<i64>,
-    /// The token of the grant this transaction made.
-    new: Option<u64>,
-}
+/// What an acquire's transaction saw and did, as read back (`None`: NULL, no row was read):
+/// the row was held, its lease not over (`live`); by this attempt (`mine`); this attempt has
+/// ended, released or given up after an unanswered request (`ended`); the row's token; the
+/// holder's lease left in µs (`left`); the token of the grant this transaction made (`new`).
+type Seen = (
+    Option<bool>,
+    Option<bool>,
+    Option<bool>,
+    Option<u64>,
+    Option<i64>,
+    Option<u64>,
+);
 
 /// What an acquire answers for what its transaction saw.
-fn acquired(seen: &Seen) -> Result<AcquireReply> {
-    match (seen.live, seen.mine, seen.new) {
+fn acquired((live, mine, ended, token, left, new): Seen) -> Result<AcquireReply> {
+    match (live, mine, new) {
         // A retry of the attempt that holds the lock: same grant, lease extended.
-        (Some(true), Some(true), _) => match seen.token {
+        (Some(true), Some(true), _) => match token {
             Some(t) if t > 0 => Ok(AcquireReply::Granted { token: t }),
             other => Err(shape("fencing token", format!("{other:?}"))),
         },
         (Some(true), _, _) => Ok(AcquireReply::Held {
-            ttl: Some(Duration::from_micros(seen.left.unwrap_or(0).max(0) as u64)),
+            ttl: Some(Duration::from_micros(left.unwrap_or(0).max(0) as u64)),
         }),
         (Some(false), _, Some(t)) if t > 0 => Ok(AcquireReply::Granted { token: t }),
         // A late duplicate of a request of an attempt that has ended (released or given up):
         // it must not take the lock nobody would use. Its caller is long gone.
-        (Some(false), _, None) if seen.ended == Some(true) => Ok(AcquireReply::Held { ttl: None }),
+        (Some(false), _, None) if ended == Some(true) => Ok(AcquireReply::Held { ttl: None }),
         other => Err(shape("acquiring", format!("{other:?}"))),
     }
 }
@@ -254,25 +238,19 @@ impl Backend for TableMode {
             .await?;
         let what = "acquiring";
         let row = last_row(what, &sets)?;
-        let seen = Seen {
-            live: truth(col(what, row, 0)?),
-            mine: truth(col(what, row, 1)?),
-            ended: truth(col(what, row, 2)?),
-            token: col(what, row, 3)?,
-            left: col(what, row, 4)?,
-            new: col(what, row, 5)?,
-        };
-        if req.key.kind == LockKind::Election && seen.new.is_some() {
+        let new: Option<u64> = col(what, row, 5)?;
+        if new.is_some() {
             crate::observe::wake_if(&self.common, &lk, row, 6);
         }
-        acquired(&seen)
+        let flag = |i| col(what, row, i).map(truth);
+        let (token, left) = (col(what, row, 3)?, col(what, row, 4)?);
+        acquired((flag(0)?, flag(1)?, flag(2)?, token, left, new))
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let lk = self.key(&grant.key.name, grant.key.kind)?;
         let a = sql_attempt(&grant.attempt)?;
         let t = grant.token;
-        let is_election = grant.key.kind == LockKind::Election;
         let observed = crate::observe::observed_col(grant.key.kind, &lk);
         // An attempt that had a request without an answer is ended for good: recorded in
         // `dlock_ended_attempts`, so that a late copy of that request never grants it.
@@ -297,10 +275,9 @@ impl Backend for TableMode {
         }
         let what = "releasing";
         let row = last_row(what, &sets)?;
-        let live = truth(col(what, row, 0)?);
-        let mine = truth(col(what, row, 1)?);
-        let ended = truth(col(what, row, 2)?);
-        if is_election && live == Some(true) && mine == Some(true) {
+        let flag = |i| col(what, row, i).map(truth);
+        let (live, mine, ended) = (flag(0)?, flag(1)?, flag(2)?);
+        if live == Some(true) && mine == Some(true) {
             crate::observe::wake_if(&self.common, &lk, row, 3);
         }
         Ok(match (live, mine, ended) {
@@ -347,14 +324,11 @@ impl Backend for TableMode {
     }
 
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        for (g, _) in holds {
-            check_kind(g.key.kind)?;
-        }
         let mut out = Vec::with_capacity(holds.len());
         for chunk in holds.chunks(RENEW_CHUNK) {
             let mut sql = String::new();
             for (g, lease) in chunk {
-                let lk = key_of(&self.common.namespace, &g.key.name, g.key.kind);
+                let lk = self.key(&g.key.name, g.key.kind)?;
                 let a = sql_attempt(&g.attempt)?;
                 let us = micros(*lease);
                 // Found rows, not changed ones (the connection asks for them): a lease that
@@ -380,11 +354,7 @@ impl Backend for TableMode {
                     Some(row) => col("renewing", row, 0)?,
                     None => return Err(shape("renewing", "no ROW_COUNT()")),
                 };
-                out.push(if found == 1 {
-                    RenewOutcome::Renewed
-                } else {
-                    RenewOutcome::NotHeld
-                });
+                out.push(renewed(found == 1));
             }
         }
         Ok(out)
@@ -418,60 +388,34 @@ mod tests {
 
     #[test]
     fn acquire_decisions() {
-        let seen = |live, mine, ended, token, left, new| Seen {
-            live,
-            mine,
-            ended,
-            token,
-            left,
-            new,
-        };
-        // A retry of the holding attempt: its token again.
-        let r = acquired(&seen(
-            Some(true),
-            Some(true),
-            Some(false),
-            Some(7),
-            Some(5),
-            None,
-        ));
-        assert_eq!(r.ok(), Some(AcquireReply::Granted { token: 7 }));
-        let r = acquired(&seen(Some(true), Some(true), None, Some(0), None, None));
-        assert!(matches!(r, Err(Error::UnexpectedReply { .. })));
-        // Held by another: its lease left.
-        let r = acquired(&seen(
-            Some(true),
-            Some(false),
-            None,
-            Some(7),
-            Some(1500),
-            None,
-        ));
-        assert_eq!(
-            r.ok(),
+        let (t, f) = (Some(true), Some(false));
+        let held = |us: Option<u64>| {
             Some(AcquireReply::Held {
-                ttl: Some(Duration::from_micros(1500))
+                ttl: us.map(Duration::from_micros),
             })
-        );
-        // Free: granted with the new token.
-        let r = acquired(&seen(
-            Some(false),
-            Some(false),
-            Some(false),
-            Some(7),
-            None,
-            Some(8),
-        ));
-        assert_eq!(r.ok(), Some(AcquireReply::Granted { token: 8 }));
-        // A late copy of an ended attempt's request: never granted.
-        let r = acquired(&seen(Some(false), None, Some(true), Some(7), None, None));
-        assert_eq!(r.ok(), Some(AcquireReply::Held { ttl: None }));
-        // No row read at all, or free and nothing granted for no reason: a wrong reply.
-        for odd in [
-            seen(None, None, None, None, None, None),
-            seen(Some(false), None, Some(false), None, None, None),
-        ] {
-            assert!(acquired(&odd).is_err(), "{odd:?}");
+        };
+        let granted = |token| Some(AcquireReply::Granted { token });
+        // (live, mine, ended, token, left µs, new) → the answer (`None`: an error).
+        let cases = [
+            // A retry of the holding attempt: its token again.
+            ((t, t, f, Some(7), Some(5), None), granted(7)),
+            ((t, t, None, Some(0), None, None), None),
+            // Held by another: its lease left.
+            ((t, f, None, Some(7), Some(1500), None), held(Some(1500))),
+            // Free: granted with the new token.
+            ((f, f, f, Some(7), None, Some(8)), granted(8)),
+            // A late copy of an ended attempt's request: never granted.
+            ((f, None, t, Some(7), None, None), held(None)),
+            // No row read at all, or free and nothing granted for no reason: a wrong reply.
+            ((None, None, None, None, None, None), None),
+            ((f, None, f, None, None, None), None),
+        ];
+        for (seen, want) in cases {
+            let r = acquired(seen);
+            match want {
+                Some(w) => assert_eq!(r.ok(), Some(w), "{seen:?}"),
+                None => assert!(matches!(r, Err(Error::UnexpectedReply { .. })), "{seen:?}"),
+            }
         }
     }
 }

@@ -104,9 +104,8 @@ impl TlsOptions {
     /// Reads `ssl-mode`, `ssl-ca`, `ssl-cert` and `ssl-key` of a URL (absent: `PREFERRED`, or
     /// `VERIFY_CA` when `ssl-ca` is given, as the mysql client does).
     pub(crate) fn from_url(cs: &ConnectionString) -> Result<Self> {
-        let get = |name: &str| cs.param(name).or_else(|| cs.param(&name.replace('-', "_")));
         let files = TlsFiles::from_url(cs, NAMES)?.der_too();
-        let mode = match MODES.from_url(cs, get("ssl-mode"))? {
+        let mode = match MODES.from_url(cs, cs.param("ssl-mode").or(cs.param("ssl_mode")))? {
             None if files.ca().is_some() => SslMode::VerifyCa,
             m => m.unwrap_or_default(),
         };
@@ -158,16 +157,8 @@ impl TlsOptions {
                     MODES.setting(self.mode)
                 ),
             )),
-            E::Io(io) => imp::classify_io(self, io),
+            E::Io(_) => imp::classify_io(self, e),
             _ => None,
-        }
-    }
-
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
-    fn ca_name(&self) -> String {
-        match self.files.ca() {
-            Some(p) => format!("ssl-ca={}", p.display()),
-            None => "the built-in public roots (no ssl-ca given)".into(),
         }
     }
 }
@@ -180,7 +171,7 @@ mod imp {
         Ok(None)
     }
 
-    pub(super) fn classify_io(_: &TlsOptions, _: &mysql_async::IoError) -> Option<TlsError> {
+    pub(super) fn classify_io(_: &TlsOptions, _: &mysql_async::Error) -> Option<TlsError> {
         None
     }
 }
@@ -193,8 +184,6 @@ mod imp {
     use rustls::AlertDescription;
 
     pub(super) fn ssl_opts(opts: &TlsOptions, mode: SslMode) -> Result<Option<SslOpts>> {
-        // One crypto provider for the process, whichever crates enable which.
-        distlock_core::conn::install_crypto_provider();
         let mut ssl = match mode {
             SslMode::Disable => return Ok(None),
             SslMode::Prefer | SslMode::Require => SslOpts::default()
@@ -224,20 +213,18 @@ mod imp {
         Ok(Some(ssl))
     }
 
-    pub(super) fn classify_io(ctx: &TlsOptions, e: &mysql_async::IoError) -> Option<TlsError> {
-        match e {
-            mysql_async::IoError::Tls(mysql_async::TlsError::Tls(r)) => Some(classify(ctx, r)),
-            mysql_async::IoError::Tls(other) => Some(TlsError::new(
-                TlsErrorKind::Handshake,
-                format!("the TLS setup failed: {other}"),
-            )),
-            // An alert after the handshake (TLS 1.3 servers check the client's certificate
-            // then) comes as an I/O error wrapping the rustls error.
-            mysql_async::IoError::Io(io) => io
-                .get_ref()
-                .and_then(|i| i.downcast_ref::<rustls::Error>())
-                .map(|r| classify(ctx, r)),
+    /// The rustls error anywhere in `e` (a TLS 1.3 server's alert after the handshake, when it
+    /// checks the client's certificate, comes as an I/O error wrapping it), else a failed
+    /// TLS setup.
+    pub(super) fn classify_io(ctx: &TlsOptions, e: &mysql_async::Error) -> Option<TlsError> {
+        if let Some(r) = distlock_core::conn::rustls_error(e) {
+            return Some(classify(ctx, &r));
         }
+        let mysql_async::Error::Io(mysql_async::IoError::Tls(other)) = e else {
+            return None;
+        };
+        let message = format!("the TLS setup failed: {other}");
+        Some(TlsError::new(TlsErrorKind::Handshake, message))
     }
 
     /// The rustls error of a handshake, in the words of the settings.
@@ -255,26 +242,28 @@ mod imp {
             K::WrongHost => format!(
                 "the server's certificate is not valid for the host name ({r}); connect by a \
                  name the certificate has, or name it with TlsOptions::server_name{}",
-                if ctx.mode == SslMode::VerifyCa {
-                    " (with this driver VERIFY_CA checks the name too)"
-                } else {
-                    ""
+                match ctx.mode {
+                    SslMode::VerifyCa => " (with this driver VERIFY_CA checks the name too)",
+                    _ => "",
                 }
             ),
             K::Untrusted => format!(
                 "the server's certificate is not trusted ({r}): it must chain to {}",
-                ctx.ca_name()
+                match ctx.files.ca() {
+                    Some(p) => format!("ssl-ca={}", p.display()),
+                    None => "the built-in public roots (no ssl-ca given)".into(),
+                }
             ),
             kind => {
                 let cert = ctx
                     .files
                     .client()
                     .map(|(c, _)| format!(" ssl-cert={}", c.display()));
-                let cert = match &cert {
-                    Some(c) => ClientCert::Given(c),
-                    // A refused handshake may be about something else: the message hedges.
-                    None => ClientCert::Unknown,
-                };
+                // Without one, a refused handshake may be about something else: the message
+                // hedges.
+                let cert = cert
+                    .as_deref()
+                    .map_or(ClientCert::Unknown, ClientCert::Given);
                 return TlsError::worded(kind, &r.to_string(), &WORDS, cert);
             }
         };

@@ -4,7 +4,7 @@ use crate::error::{map, timeout, KIND};
 use distlock_core::{Error, LockKind, RenewOutcome, Result};
 use sha2::{Digest, Sha256};
 use std::future::Future;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::{Client, Connection, Row, Socket};
@@ -22,8 +22,8 @@ pub(crate) struct Common {
     pub(crate) op_timeout: Duration,
     /// `server_version_num` of the server seen at connect time.
     pub(crate) server_version: i32,
-    control: StdMutex<Option<Arc<Client>>>,
-    reconnect: tokio::sync::Mutex<()>,
+    /// Locked while a broken one is replaced (one reconnect at a time).
+    control: tokio::sync::Mutex<Option<Arc<Client>>>,
     /// A replacement control connection is being opened ([`Common::replace_control`]).
     replacing: std::sync::atomic::AtomicBool,
 }
@@ -45,26 +45,18 @@ impl Common {
             connect_timeout: opts.get_connect_timeout(),
             op_timeout: opts.get_op_timeout(),
             server_version: 0,
-            control: StdMutex::new(None),
-            reconnect: tokio::sync::Mutex::new(()),
+            control: tokio::sync::Mutex::new(None),
             replacing: std::sync::atomic::AtomicBool::new(false),
         };
-        let client = common.open_control().await?;
+        let client = common.client(None).await.map(Arc::new)?;
         // Part of connecting: a cold server may need longer than one call's timeout.
         let (limit, what) = (common.setup_timeout(), "reading the server version");
+        let sql = "SELECT current_setting('server_version_num')::int4";
         let row = common
-            .within(
-                limit,
-                what,
-                client.query_one("SHOW server_version_num", &[]),
-            )
+            .within(limit, what, client.query_one(sql, &[]))
             .await?;
-        let (v,): (String,) = cols(&row, "server_version_num")?;
-        common.server_version = v
-            .trim()
-            .parse()
-            .map_err(|_| crate::error::shape("server_version_num", &v))?;
-        *common.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(client);
+        (common.server_version,) = cols(&row, "server_version_num")?;
+        *common.control.get_mut() = Some(client);
         Ok(Arc::new(common))
     }
 
@@ -133,32 +125,16 @@ impl Common {
         Ok(client)
     }
 
-    async fn open_control(&self) -> Result<Arc<Client>> {
-        self.client(None).await.map(Arc::new)
-    }
-
     /// The shared control connection (for inspect, lease-mode statements, checks), reconnected
     /// when it broke.
     pub(crate) async fn control(&self) -> Result<Arc<Client>> {
-        if let Some(c) = self.current_control() {
-            return Ok(c);
+        let mut slot = self.control.lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
         }
-        let _one_at_a_time = self.reconnect.lock().await;
-        if let Some(c) = self.current_control() {
-            return Ok(c);
-        }
-        let client = self.open_control().await?;
-        *self.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
+        let client = self.client(None).await.map(Arc::new)?;
+        *slot = Some(client.clone());
         Ok(client)
-    }
-
-    fn current_control(&self) -> Option<Arc<Client>> {
-        self.control
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .filter(|c| !c.is_closed())
-            .cloned()
     }
 
     /// Runs one driver call with the per-call timeout, mapping its error.
@@ -219,8 +195,8 @@ impl Common {
         }
         let (common, old) = (self.clone(), Arc::downgrade(client));
         tokio::spawn(async move {
-            if let Ok(new) = common.open_control().await {
-                let mut slot = common.control.lock().unwrap_or_else(|p| p.into_inner());
+            if let Ok(new) = common.client(None).await.map(Arc::new) {
+                let mut slot = common.control.lock().await;
                 let current = match (slot.as_ref(), old.upgrade()) {
                     (Some(c), Some(old)) => Arc::ptr_eq(c, &old),
                     _ => false,

@@ -1,28 +1,14 @@
-//! Lease mode (`?mode=lease`): a lease table, one row per lock name, server time for expiry.
+//! Lease mode (`?mode=lease`): a lease table, one row per lock name, server time for expiry;
+//! docs/postgres.md (*Lease mode in detail*) has the protocol in full.
 //!
-//! Every operation is one autocommit statement on a shared connection and nothing depends on
-//! session state, so it works behind PgBouncer in transaction-pooling mode. The row is never
-//! deleted by dlock: a free lock has `attempt IS NULL` (an operator freeing it by hand may
-//! set `owner = NULL` instead, which counts as free too), and the row keeps the name's last
-//! fencing token. A new token is `GREATEST(nextval('dlock_fence_seq'), the row's token + 1,
-//! the server clock in µs)`: tokens keep increasing even if an operator deletes rows, or a
-//! restore or a failover to an asynchronous standby sets the sequence and the rows back.
-//!
-//! An attempt that had a request without an answer (the backend then moves to a fresh control
-//! connection, and the request may still run later) is recorded in its row's `ended` when it
-//! gives up or releases ([`END`]): a late copy of its acquire then never grants it. See
-//! [`distlock_sql::ended`].
-//!
-//! A grant is the row's (`attempt`, `token`): the attempt id the core made for the acquisition
-//! and the token drawn for it. Acquiring again with the attempt that holds the row (a retry
-//! after a lost reply) returns the same token and only ever extends the lease; renewals and
-//! releases name attempt *and* token, so a retried or late statement of an old grant can never
-//! touch a newer one. There is no count: re-entry is counted in the client.
-//!
-//! Elections have rows of their own (`dlock_lease_elections`: the same columns, plus the value
-//! the leader advertises and the number of its last proclamation), so an election never
-//! conflicts with the lock of the same name; a grant stores the value in its statement and
-//! `NOTIFY`s the election's channel, as resignations and proclamations do.
+//! Every operation is one autocommit statement on a shared connection (PgBouncer's
+//! transaction pooling is fine). A grant is the row's (`attempt`, `token`): a retry of the
+//! attempt that holds the row gets the same token and only ever extends the lease; renewals
+//! and releases name attempt *and* token, so a late statement of an old grant never touches a
+//! newer one. A new token is above the sequence, the row's last token and the server clock in
+//! µs. An attempt with an unanswered request is recorded in its row's `ended` when it ends
+//! ([`END`]), so a late copy of its acquire never grants it ([`distlock_sql::ended`]).
+//! Elections have rows of their own (`dlock_lease_elections`).
 
 use crate::common::{
     channel, cols, election_key, key_of, lease_left, token_i64, token_u64, Common,
@@ -56,25 +42,13 @@ pub(crate) const COLUMNS: &[(&str, &str)] = &[
     ("dlock_lease_elections", "ended"),
 ];
 
-/// Grant (fresh, or the same grant again for a retry of the attempt that holds it) in one
-/// statement; on contention the second column is the holder's remaining lease (from the
-/// statement's snapshot) in ms. A retry keeps the token and never shortens the lease.
-///
-/// A grant over an existing row draws its token in the `SET`, which runs on the locked,
-/// latest version of the row: the value `VALUES` drew was taken before this statement waited
-/// for that row lock, and a grant and release by another client meanwhile would have taken a
-/// later value (tokens would go backwards). `VALUES`' token is only used for a name's first
-/// row. Every token drawn is at least the server clock in microseconds and above the row's
-/// last one: a sequence and a row set back (a restore from a backup, a failover to an
-/// asynchronous standby) never hand out a token again, as long as the clock of the server
-/// that draws it is not behind the one that drew the lost tokens by as much as the time
-/// between the two.
-///
-/// An attempt recorded in the row's `ended` ([`END`]: it gave up or released after a request
-/// of it went unanswered) is never granted: this is a late copy of one of its requests. The
-/// check is in the `WHERE` of the `UPDATE`, which runs on the locked, latest row version, so
-/// an end recorded while this statement waited for the row is seen.
-/// $1 ns, $2 name, $3 owner, $4 attempt, $5 lease ms.
+/// Grant (fresh, or the same grant again for a retry of the attempt that holds it, the lease
+/// never shortened) in one statement; on contention the second column is the holder's
+/// remaining lease in ms. A grant over an existing row draws its token in the `SET`, on the
+/// locked, latest row version (a token drawn before waiting for the row lock could be older
+/// than one drawn meanwhile), and checks the row's `ended` in the `WHERE`, on that same
+/// version (an end recorded while it waited is seen); see docs/postgres.md, *Lease mode in
+/// detail*. $1 ns, $2 name, $3 owner, $4 attempt, $5 lease ms.
 const ACQUIRE: &str = include_str!("../sql/lease_acquire.sql");
 
 /// Releases the grant of attempt $3 with token $4 (any token of that attempt when $4 is
@@ -177,19 +151,20 @@ impl LeaseMode {
         })
     }
 
-    /// Renews `holds` (all locks, or all elections) with `sql`, one outcome per hold.
+    /// Renews the holds `part` (index in the caller's list, grant, lease: all locks, or all
+    /// elections) with `sql`; the indices of those renewed.
     async fn renew_batch(
         &self,
         sql: &str,
-        holds: &[(GrantRef, Duration)],
-    ) -> Result<Vec<RenewOutcome>> {
-        let names: Vec<&str> = holds.iter().map(|(g, _)| &*g.key.name).collect();
-        let attempts: Vec<&str> = holds.iter().map(|(g, _)| g.attempt.as_str()).collect();
-        let tokens = holds
+        part: &[(usize, &GrantRef, Duration)],
+    ) -> Result<Vec<usize>> {
+        let names: Vec<&str> = part.iter().map(|(_, g, _)| &*g.key.name).collect();
+        let attempts: Vec<&str> = part.iter().map(|(_, g, _)| g.attempt.as_str()).collect();
+        let tokens = part
             .iter()
-            .map(|(g, _)| token_i64(g.token))
+            .map(|(_, g, _)| token_i64(g.token))
             .collect::<Result<Vec<i64>>>()?;
-        let leases: Vec<f64> = holds.iter().map(|(_, l)| millis_f64(*l)).collect();
+        let leases: Vec<f64> = part.iter().map(|(_, _, l)| millis_f64(*l)).collect();
         let ns = self.common.namespace.as_str();
         let rows = self
             .common
@@ -209,17 +184,12 @@ impl LeaseMode {
         for r in &rows {
             renewed.insert(cols::<(String, String, i64)>(r, "renew")?);
         }
-        Ok(holds
-            .iter()
-            .zip(&tokens)
-            .map(|((g, _), t)| {
-                let k = (g.key.name.to_string(), g.attempt.to_string(), *t);
-                if renewed.contains(&k) {
-                    RenewOutcome::Renewed
-                } else {
-                    RenewOutcome::NotHeld
-                }
-            })
+        let held =
+            |g: &GrantRef, t| renewed.contains(&(g.key.name.to_string(), g.attempt.to_string(), t));
+        let part = part.iter().zip(tokens);
+        Ok(part
+            .filter(|((_, g, _), t)| held(g, *t))
+            .map(|((i, ..), _)| *i)
             .collect())
     }
 }
@@ -312,18 +282,16 @@ impl Backend for LeaseMode {
         for (g, _) in holds {
             check_kind(g.key.kind)?;
         }
-        let (elections, locks): (Vec<_>, Vec<_>) = holds
-            .iter()
-            .enumerate()
-            .partition(|(_, (g, _))| g.key.kind == LockKind::Election);
         let mut out = vec![RenewOutcome::NotHeld; holds.len()];
-        for (sql, part) in [(RENEW, locks), (ELECTION_RENEW, elections)] {
-            if part.is_empty() {
-                continue;
-            }
-            let batch: Vec<(GrantRef, Duration)> = part.iter().map(|(_, h)| (*h).clone()).collect();
-            for ((i, _), r) in part.iter().zip(self.renew_batch(sql, &batch).await?) {
-                out[*i] = r;
+        for (sql, election) in [(RENEW, false), (ELECTION_RENEW, true)] {
+            let part: Vec<_> = (holds.iter().enumerate())
+                .filter(|(_, (g, _))| (g.key.kind == LockKind::Election) == election)
+                .map(|(i, (g, lease))| (i, g, *lease))
+                .collect();
+            if !part.is_empty() {
+                for i in self.renew_batch(sql, &part).await? {
+                    out[i] = RenewOutcome::Renewed;
+                }
             }
         }
         Ok(out)

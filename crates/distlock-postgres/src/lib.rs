@@ -205,7 +205,7 @@ impl PostgresBackend {
     /// Session mode: idle connections kept for the next grant.
     pub fn idle_sessions(&self) -> usize {
         match &self.inner {
-            Inner::Session(s) => session::idle_sessions(s),
+            Inner::Session(s) => s.dialect().pool.len(),
             Inner::Lease(_) => 0,
         }
     }

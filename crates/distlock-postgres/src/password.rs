@@ -111,23 +111,15 @@ fn lookup(text: &str, want: &[&str; 4], unix: bool) -> Option<String> {
 
 /// The `:`-separated fields of a line, unescaped.
 fn split(line: &str) -> Vec<String> {
-    let mut fields = vec![String::new()];
-    let mut chars = line.chars();
+    let (mut fields, mut field, mut chars) = (Vec::new(), String::new(), line.chars());
     while let Some(c) = chars.next() {
         match c {
-            '\\' => {
-                if let (Some(n), Some(f)) = (chars.next(), fields.last_mut()) {
-                    f.push(n);
-                }
-            }
-            ':' => fields.push(String::new()),
-            c => {
-                if let Some(f) = fields.last_mut() {
-                    f.push(c);
-                }
-            }
+            '\\' => field.extend(chars.next()),
+            ':' => fields.push(std::mem::take(&mut field)),
+            c => field.push(c),
         }
     }
+    fields.push(field);
     fields
 }
 

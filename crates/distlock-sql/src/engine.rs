@@ -8,6 +8,7 @@ use distlock_core::backend::{
 use distlock_core::{
     async_trait, Error, LockInfo, LockKind, ReleaseOutcome, ReleaseWatch, RenewOutcome, Result,
 };
+use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -131,53 +132,6 @@ pub trait Dialect: Send + Sync + 'static {
     }
 }
 
-/// A request on one attempt.
-enum Op {
-    TryLock(AcquireRequest),
-    Unlock(GrantRef),
-    Keepalive(GrantRef, Duration),
-    GiveUp(AcquireRequest),
-}
-
-/// What a request answered.
-enum Done {
-    TryLock(AcquireReply),
-    Unlock(ReleaseOutcome),
-    Keepalive(RenewOutcome),
-    GiveUp,
-}
-
-impl Op {
-    fn what(&self) -> &'static str {
-        match self {
-            Op::TryLock(_) => "acquiring",
-            Op::Unlock(_) => "releasing",
-            Op::Keepalive(..) => "renewing",
-            Op::GiveUp(_) => "giving up",
-        }
-    }
-}
-
-async fn apply<D: Dialect>(
-    d: &D,
-    holds: &HoldMap<D::State>,
-    hold: &Hold<D::State>,
-    st: &mut D::State,
-    op: &Op,
-) -> Result<Done> {
-    let r = match op {
-        Op::TryLock(req) => d.try_lock(holds, hold, st, req).await.map(Done::TryLock),
-        Op::Unlock(grant) => d.unlock(hold, st, grant).await.map(Done::Unlock),
-        Op::Keepalive(grant, lease) => d
-            .keepalive(hold, st, grant, *lease)
-            .await
-            .map(Done::Keepalive),
-        Op::GiveUp(req) => d.give_up(hold, st, req).await.map(|()| Done::GiveUp),
-    };
-    hold.sync(st);
-    r
-}
-
 /// Session mode of an SQL backend: the attempts of one client and the dialect that keeps
 /// their locks, each on a dedicated connection.
 pub struct Sessions<D: Dialect> {
@@ -199,11 +153,6 @@ impl<D: Dialect> Sessions<D> {
         &self.dialect
     }
 
-    /// The attempts this client keeps.
-    pub fn holds(&self) -> &HoldMap<D::State> {
-        &self.holds
-    }
-
     /// The attempts of `owner` on `name` (for operators' and tests' look-ups of the holder's
     /// connection).
     pub fn holds_of(&self, name: &str, owner: &str) -> Vec<Arc<Hold<D::State>>> {
@@ -221,20 +170,28 @@ impl<D: Dialect> Sessions<D> {
             .check(self.dialect.backend(), kind)
     }
 
-    /// Runs `op` on `hold`: in the caller's task, or detached (see [`Dialect::detached`]).
-    async fn run(
+    /// Runs `op` on `hold`, its state locked: in the caller's task, or detached (see
+    /// [`Dialect::detached`]).
+    async fn run<T: Send + 'static>(
         &self,
-        attempt: &distlock_core::AttemptId,
         hold: Arc<Hold<D::State>>,
-        op: Op,
-    ) -> Result<Done> {
-        let (dialect, holds, id) = (self.dialect.clone(), self.holds.clone(), attempt.clone());
-        let what = op.what();
+        what: &'static str,
+        op: impl for<'a> FnOnce(
+                &'a D,
+                &'a HoldMap<D::State>,
+                &'a Hold<D::State>,
+                &'a mut D::State,
+            ) -> BoxFuture<'a, Result<T>>
+            + Send
+            + 'static,
+    ) -> Result<T> {
+        let (dialect, holds) = (self.dialect.clone(), self.holds.clone());
         let work = async move {
             let mut st = hold.state.lock().await;
-            let r = apply(&*dialect, &holds, &hold, &mut st, &op).await;
+            let r = op(&*dialect, &holds, &hold, &mut st).await;
+            hold.sync(&st);
             drop(st);
-            holds.tidy(&id, hold);
+            holds.tidy(hold);
             r
         };
         self.detach(what, work).await
@@ -265,20 +222,6 @@ impl<D: Dialect> Sessions<D> {
         }
     }
 
-    /// The retrying wait loop of the core, one server-side wait per round.
-    async fn wait_loop(
-        &self,
-        req: &AcquireRequest,
-        deadline: Option<Instant>,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Granted>> {
-        let d = Deadline::from(deadline);
-        distlock_core::wait::retrying(d, cancel, Default::default(), || {
-            self.wait_round(req, d, cancel)
-        })
-        .await
-    }
-
     /// One round: the attempt's state locked (while the deadline and `cancel` allow), one
     /// server-side wait. The attempt's state stays with it after a failure: the next round
     /// resumes on the same connection if the failed request may have taken the lock there.
@@ -300,7 +243,7 @@ impl<D: Dialect> Sessions<D> {
             .await;
         hold.sync(&st);
         drop(st);
-        self.holds.tidy(&req.attempt, hold);
+        self.holds.tidy(hold);
         r
     }
 }
@@ -325,13 +268,11 @@ impl<D: Dialect> Backend for Sessions<D> {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         self.check_kind(req.key.kind)?;
         let hold = self.holds.entry(&req.attempt, &req.key);
-        match self
-            .run(&req.attempt, hold, Op::TryLock(req.clone()))
-            .await?
-        {
-            Done::TryLock(r) => Ok(r),
-            _ => Err(another("acquiring")),
-        }
+        let r = req.clone();
+        self.run(hold, "acquiring", move |d, holds, h, st| {
+            Box::pin(async move { d.try_lock(holds, h, st, &r).await })
+        })
+        .await
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
@@ -351,7 +292,10 @@ impl<D: Dialect> Backend for Sessions<D> {
         if !self.dialect.waits_on_server(&self.holds, req).await {
             return distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await;
         }
-        let r = self.wait_loop(req, deadline, cancel).await;
+        // The core's retrying loop, one server-side wait per round.
+        let d = Deadline::from(deadline);
+        let round = || self.wait_round(req, d, cancel);
+        let r = distlock_core::wait::retrying(d, cancel, Default::default(), round).await;
         if matches!(r, Ok(None)) && self.holds.existing(&req.attempt).is_some() {
             if let Err(e) = self.give_up(req).await {
                 tracing::debug!(error = %e, name = %req.key.name, "could not give up a stopped wait; its connection's lease frees the lock");
@@ -365,9 +309,11 @@ impl<D: Dialect> Backend for Sessions<D> {
         let Some(hold) = self.holds.existing(&req.attempt) else {
             return Ok(());
         };
-        self.run(&req.attempt, hold, Op::GiveUp(req.clone()))
-            .await
-            .map(|_| ())
+        let r = req.clone();
+        self.run(hold, "giving up", move |d, _, h, st| {
+            Box::pin(async move { d.give_up(h, st, &r).await })
+        })
+        .await
     }
 
     /// A retry of a release whose answer was lost runs it again, after the first.
@@ -376,13 +322,11 @@ impl<D: Dialect> Backend for Sessions<D> {
         let Some(hold) = self.holds.existing(&grant.attempt) else {
             return self.dialect.not_held(grant).await;
         };
-        match self
-            .run(&grant.attempt, hold, Op::Unlock(grant.clone()))
-            .await?
-        {
-            Done::Unlock(r) => Ok(r),
-            _ => Err(another("releasing")),
-        }
+        let g = grant.clone();
+        self.run(hold, "releasing", move |d, _, h, st| {
+            Box::pin(async move { d.unlock(h, st, &g).await })
+        })
+        .await
     }
 
     /// Every grant at once, each on its connection.
@@ -394,13 +338,11 @@ impl<D: Dialect> Backend for Sessions<D> {
             let Some(hold) = self.holds.existing(&g.attempt) else {
                 return Ok(RenewOutcome::NotHeld);
             };
-            match self
-                .run(&g.attempt, hold, Op::Keepalive(g.clone(), *lease))
-                .await?
-            {
-                Done::Keepalive(r) => Ok(r),
-                _ => Err(another("renewing")),
-            }
+            let (g2, lease) = (g.clone(), *lease);
+            self.run(hold, "renewing", move |d, _, h, st| {
+                Box::pin(async move { d.keepalive(h, st, &g2, lease).await })
+            })
+            .await
         }))
         .await;
         all.into_iter().collect()
@@ -443,8 +385,4 @@ impl<D: Dialect> Backend for Sessions<D> {
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         self.dialect.observe(name).await
     }
-}
-
-fn another(what: &str) -> Error {
-    Error::Runtime(format!("{what}: the answer of another request"))
 }

@@ -19,6 +19,8 @@ pub trait HoldState: Default + Send + 'static {
 /// One attempt's entry.
 #[non_exhaustive]
 pub struct Hold<S> {
+    /// The attempt.
+    pub attempt: AttemptId,
     /// The lock's name.
     pub name: Arc<str>,
     /// The owner asking.
@@ -31,8 +33,9 @@ pub struct Hold<S> {
 }
 
 impl<S: HoldState> Hold<S> {
-    fn new(key: &HoldKey) -> Self {
+    fn new(attempt: &AttemptId, key: &HoldKey) -> Self {
         Hold {
+            attempt: attempt.clone(),
             name: key.name.clone(),
             owner: key.owner.clone(),
             kind: key.kind,
@@ -50,6 +53,13 @@ impl<S: HoldState> Hold<S> {
     /// Brings [`Hold::granted`] in step with `st` after the state was changed in place.
     pub fn sync(&self, st: &S) {
         self.granted.store(st.is_granted(), Ordering::SeqCst);
+    }
+
+    /// Moves a state whose connection is gone (and its locks with it) to the default (idle).
+    pub fn settle(&self, st: &mut S) {
+        if !st.is_idle() && st.is_gone() {
+            self.set(st, S::default());
+        }
     }
 
     /// True while the state is granted (as of its last [`Hold::set`] or [`Hold::sync`]).
@@ -86,7 +96,7 @@ impl<S: HoldState> HoldMap<S> {
             Self::sweep(&mut map);
         }
         map.entry(attempt.clone())
-            .or_insert_with(|| Arc::new(Hold::new(key)))
+            .or_insert_with(|| Arc::new(Hold::new(attempt, key)))
             .clone()
     }
 
@@ -121,26 +131,18 @@ impl<S: HoldState> HoldMap<S> {
 
     /// Forgets an idle entry nobody else is using (`hold` is the caller's reference, the map
     /// has the other; a new user clones it under the map lock, which this holds).
-    pub fn tidy(&self, attempt: &AttemptId, hold: Arc<Hold<S>>) {
+    pub fn tidy(&self, hold: Arc<Hold<S>>) {
         let mut map = self.lock();
-        let ours = map.get(attempt).is_some_and(|h| Arc::ptr_eq(h, &hold));
+        let ours = map
+            .get(&hold.attempt)
+            .is_some_and(|h| Arc::ptr_eq(h, &hold));
         if ours && Arc::strong_count(&hold) == 2 {
             if let Ok(st) = hold.state.try_lock() {
                 if st.is_idle() {
                     drop(st);
-                    map.remove(attempt);
+                    map.remove(&hold.attempt);
                 }
             }
         }
-    }
-
-    /// Number of entries (for tests).
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// True if there is no entry.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }

@@ -72,29 +72,27 @@ mod tests {
 
     #[test]
     fn steps() {
-        assert_eq!(after(WaitEnd::Granted).0, Step::Register);
-        let (s, r) = after(WaitEnd::TimedOut { may_hold: true });
-        assert_eq!(s, Step::Reuse { unlock: true });
-        assert!(r.is_ok());
-        assert_eq!(
-            after(WaitEnd::TimedOut { may_hold: false }).0,
-            Step::Reuse { unlock: false }
-        );
-        // Granted as the caller went away: given straight back.
-        assert_eq!(
-            after(WaitEnd::Stopped(Some(true))).0,
-            Step::Reuse { unlock: true }
-        );
-        assert_eq!(
-            after(WaitEnd::Stopped(Some(false))).0,
-            Step::Reuse { unlock: false }
-        );
-        let (s, r) = after(WaitEnd::Stopped(None));
-        assert_eq!(s, Step::Close);
-        assert!(r.is_ok());
-        let (s, r) = after(WaitEnd::Failed(Error::Runtime("broken".into())));
-        assert_eq!(s, Step::Close);
-        assert!(matches!(r, Err(Error::Runtime(_))));
+        let reuse = |unlock| Step::Reuse { unlock };
+        for (end, step, ok) in [
+            (WaitEnd::Granted, Step::Register, true),
+            (WaitEnd::TimedOut { may_hold: true }, reuse(true), true),
+            (WaitEnd::TimedOut { may_hold: false }, reuse(false), true),
+            // Granted as the caller went away: given straight back.
+            (WaitEnd::Stopped(Some(true)), reuse(true), true),
+            (WaitEnd::Stopped(Some(false)), reuse(false), true),
+            (WaitEnd::Stopped(None), Step::Close, true),
+            (
+                WaitEnd::Failed(Error::Runtime("x".into())),
+                Step::Close,
+                false,
+            ),
+        ] {
+            let what = format!("{end:?}");
+            let (s, r) = after(end);
+            assert_eq!((s, r.is_ok()), (step, ok), "{what}");
+        }
+        let failed = after(WaitEnd::Failed(Error::Runtime("x".into()))).1;
+        assert!(matches!(failed, Err(Error::Runtime(_))));
     }
 
     #[test]

@@ -42,10 +42,8 @@ impl ZkUrl {
     }
 }
 
-/// Reads a `zk://` or `zks://` URL with the core's connection-string parser (which also
-/// redacts it in every error), then checks what ZooKeeper needs: no credentials, a chroot of
-/// plain segments outside `/zookeeper`, and the known parameters (the TLS ones only with
-/// `zks://`).
+/// Reads a `zk://` or `zks://` URL with the core's parser (which redacts it in every error),
+/// then checks a chroot of plain segments outside `/zookeeper` and the known parameters.
 pub(crate) fn parse(url: &str) -> Result<ZkUrl> {
     from_url(&ConnectionString::parse(url)?)
 }
@@ -138,14 +136,10 @@ pub const PASSWORD_FILE_ENV: &str = "DLOCK_ZK_PASSWORD_FILE";
 /// | client certificate (`zks://`) | [`client_cert`](Builder::client_cert) | `zks://…?cert=PATH&key=PATH` | — |
 ///
 /// [`ignore_env`](Builder::ignore_env) turns the environment off. The session authenticates with
-/// the `digest` scheme (`addauth digest user:password`, as `zkCli.sh` and Curator's
-/// `authorization("digest", …)` do). The password never appears in a message, an error or
-/// `Debug` output.
-///
-/// ZooKeeper does not check a digest password when the session authenticates: a wrong one
-/// is simply another identity, refused ([`Error::Auth`]) by the first node whose ACL does not
-/// let it in. [`connect`](Builder::connect) reads the nearest existing node of the backend's
-/// path, so a protected chroot refuses a wrong or missing credential there and then.
+/// the `digest` scheme, as `zkCli.sh` and Curator do; the password never appears in a message,
+/// an error or `Debug` output. ZooKeeper does not check it at authentication (a wrong one is
+/// another identity), so [`connect`](Builder::connect) reads the nearest existing node of the
+/// backend's path: a protected chroot refuses a wrong or missing credential ([`Error::Auth`]).
 ///
 /// ```no_run
 /// # async fn demo() -> distlock_core::Result<()> {
@@ -231,6 +225,7 @@ impl Connect for ZkSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn good_urls() {
@@ -249,13 +244,10 @@ mod tests {
         assert_eq!(u.hosts, "a:1,b:2181");
         assert_eq!(u.chroot, "/app");
         let tls = u.tls.unwrap();
-        assert_eq!(tls.ca(), Some(std::path::Path::new("/c.pem")));
+        assert_eq!(tls.ca(), Some(Path::new("/c.pem")));
         assert_eq!(
             tls.client(),
-            Some((
-                std::path::Path::new("/u.pem"),
-                std::path::Path::new("/u.key")
-            ))
+            Some((Path::new("/u.pem"), Path::new("/u.key")))
         );
         let u = parse("zk://shop:s%40cret@a/app?acl=creator").unwrap();
         assert_eq!(u.user.as_deref(), Some("shop"));
@@ -297,18 +289,8 @@ mod tests {
 
     use distlock_core::conn::Env;
 
-    fn env_of(vars: &[(&str, &str)]) -> Env {
-        Env::from_pairs(vars)
-    }
-
-    trait ResolveWith {
-        fn resolve_with(&self, env: &Env) -> Result<ZkUrl>;
-    }
-
-    impl ResolveWith for ZkBuilder {
-        fn resolve_with(&self, env: &Env) -> Result<ZkUrl> {
-            ZkSettings::resolve(&self.settings_with(&ZkSettings::RULE, env)?)
-        }
+    fn resolve(b: &ZkBuilder, env: &Env) -> Result<ZkUrl> {
+        ZkSettings::resolve(&b.settings_with(&ZkSettings::RULE, env)?)
     }
 
     fn creds(u: &ZkUrl) -> (Option<&str>, Option<&str>) {
@@ -317,92 +299,65 @@ mod tests {
 
     #[test]
     fn builder_beats_url_beats_env() {
-        let none = env_of(&[]);
-        let env = env_of(&[(USER_ENV, "envuser"), (PASSWORD_ENV, "envpass")]);
-        let b = ZkBuilder::new("zk://h");
-        assert_eq!(creds(&b.resolve_with(&none).unwrap()), (None, None));
-        assert_eq!(
-            creds(&b.resolve_with(&env).unwrap()),
-            (Some("envuser"), Some("envpass"))
-        );
-        assert_eq!(
-            creds(&b.clone().ignore_env().resolve_with(&env).unwrap()),
-            (None, None)
-        );
-        let b = ZkBuilder::new("zk://u:p@h");
-        assert_eq!(
-            creds(&b.resolve_with(&env).unwrap()),
-            (Some("u"), Some("p"))
-        );
-        let b = ZkBuilder::new("zk://u@h");
-        assert_eq!(
-            creds(&b.resolve_with(&env).unwrap()),
-            (Some("u"), Some("envpass"))
-        );
-        let b = ZkBuilder::new("zk://u:p@h?acl=open")
-            .credentials("b", "bp")
-            .acl(NodeAcl::Creator);
-        let u = b.resolve_with(&env).unwrap();
-        assert_eq!(creds(&u), (Some("b"), Some("bp")));
+        let none = Env::from_pairs(&[]);
+        let env = Env::from_pairs(&[(USER_ENV, "envuser"), (PASSWORD_ENV, "envpass")]);
+        let b = ZkBuilder::new;
+        for (b, env, want) in [
+            (b("zk://h"), &none, (None, None)),
+            (b("zk://h"), &env, (Some("envuser"), Some("envpass"))),
+            (b("zk://h").ignore_env(), &env, (None, None)),
+            (b("zk://u:p@h"), &env, (Some("u"), Some("p"))),
+            (b("zk://u@h"), &env, (Some("u"), Some("envpass"))),
+            (
+                b("zk://u:p@h").credentials("b", "bp"),
+                &env,
+                (Some("b"), Some("bp")),
+            ),
+        ] {
+            assert_eq!(creds(&resolve(&b, env).unwrap()), want);
+        }
+        let b = b("zk://h?acl=open").acl(NodeAcl::Creator);
+        let u = resolve(&b, &env).unwrap();
         assert_eq!(u.acl, Some(NodeAcl::Creator));
     }
 
     #[test]
     fn missing_halves_files_and_acl() {
-        let none = env_of(&[]);
-        let e = ZkBuilder::new("zk://u@h").resolve_with(&none).unwrap_err();
-        assert!(e.to_string().contains("has no password"), "{e}");
-        let e = ZkBuilder::new("zk://h")
-            .password("secret-pw")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("but no user"), "{e}");
-        assert!(!e.to_string().contains("secret-pw"), "{e}");
-        let e = ZkBuilder::new("zk://h")
-            .credentials("a:b", "secret-pw")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("no `:`"), "{e}");
-        let e = ZkBuilder::new("zk://h?acl=creator")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("acl=creator"), "{e}");
-        let e = ZkBuilder::new("zk://u@h")
-            .password_file("/nonexistent/pw")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("/nonexistent/pw"), "{e}");
+        let none = Env::from_pairs(&[]);
+        let b = ZkBuilder::new;
+        for (b, want) in [
+            (b("zk://u@h"), "has no password"),
+            (b("zk://h").password("secret-pw"), "but no user"),
+            (b("zk://h").credentials("a:b", "secret-pw"), "no `:`"),
+            (b("zk://h?acl=creator"), "acl=creator"),
+            (
+                b("zk://u@h").password_file("/nonexistent/pw"),
+                "/nonexistent/pw",
+            ),
+            (b("zks://h"), "`?cacert=PATH`"),
+            (b("zk://h").ca_file("/ca.pem"), "zks://"),
+        ] {
+            let e = resolve(&b, &none).unwrap_err().to_string();
+            assert!(e.contains(want) && !e.contains("secret-pw"), "{e}");
+        }
         let dir = std::env::temp_dir().join(format!("dlock-zk-pw-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("pw");
         std::fs::write(&f, "from-file\n").unwrap();
-        let env = env_of(&[(USER_ENV, "u"), (PASSWORD_FILE_ENV, f.to_str().unwrap())]);
-        let u = ZkBuilder::new("zk://h").resolve_with(&env).unwrap();
+        let env = Env::from_pairs(&[(USER_ENV, "u"), (PASSWORD_FILE_ENV, f.to_str().unwrap())]);
+        let u = resolve(&ZkBuilder::new("zk://h"), &env).unwrap();
         assert_eq!(creds(&u), (Some("u"), Some("from-file")));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn tls_files_from_the_builder() {
-        let none = env_of(&[]);
-        let e = ZkBuilder::new("zks://h").resolve_with(&none).unwrap_err();
-        assert!(e.to_string().contains("`?cacert=PATH`"), "{e}");
-        let e = ZkBuilder::new("zk://h")
-            .ca_file("/ca.pem")
-            .resolve_with(&none)
-            .unwrap_err();
-        assert!(e.to_string().contains("zks://"), "{e}");
         let u = ZkBuilder::new("zks://h?cacert=/url.pem")
             .ca_file("/b.pem")
-            .client_cert("/c", "/k")
-            .resolve_with(&none)
-            .unwrap();
-        let tls = u.tls.unwrap();
-        assert_eq!(tls.ca(), Some(std::path::Path::new("/b.pem")));
-        assert_eq!(
-            tls.client(),
-            Some((std::path::Path::new("/c"), std::path::Path::new("/k")))
-        );
+            .client_cert("/c", "/k");
+        let tls = resolve(&u, &Env::from_pairs(&[])).unwrap().tls.unwrap();
+        assert_eq!(tls.ca(), Some(Path::new("/b.pem")));
+        assert_eq!(tls.client(), Some((Path::new("/c"), Path::new("/k"))));
     }
 
     #[test]

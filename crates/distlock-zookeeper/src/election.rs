@@ -1,24 +1,16 @@
-//! Elections: Curator's `LeaderLatch` recipe, with fencing tokens and numbered proclamations.
-//!
-//! Election `name` lives in `/<chroot>/<ns>-election/<name>`. Each candidate is one ephemeral
-//! sequential `latch-` node there (a Curator `LeaderLatch` on that path is a candidate like
-//! any other); the lowest sequence number leads, the others each watch their predecessor. A
-//! dlock candidate's node is `_c_<attempt>-dlock=<owner>-latch-<seq>` and holds the value it
-//! campaigned with, alone, so Curator's `getLeader().getId()` shows it. That data never
+//! Elections: Curator's `LeaderLatch` recipe, with fencing tokens and numbered proclamations
+//! (docs/election-zk.md). A candidate's node holds the value it campaigned with and never
 //! changes: Curator's next candidate keeps a one-shot *data* watch on it and acts only on its
-//! deletion, so a data change would use the watch up and leave Curator waiting forever.
-//! Proclaimed values go to the election directory's own data instead,
-//! `<leader token>\n<seq>\n<value>`, written in one multi-op that checks the leader's node
-//! still exists and that the directory's data is the one read; a proclamation whose number is
-//! not above the recorded one (a retry, a late duplicate) changes nothing. The token is the
-//! leader node's creation zxid.
+//! deletion, so a data change would leave it waiting forever. Proclamations go to the
+//! directory's data, in a multi-op that checks the leader's node; one whose number is not above
+//! the recorded one (a retry, a late duplicate) changes nothing.
 
-use crate::error::KIND;
-use crate::layout::{self, Family, NodeKind};
-use crate::node::{token_at, token_of, DATA_ATTEMPTS};
+use crate::layout::{self, NodeKind};
+use crate::node::{token_of, DATA_ATTEMPTS};
 use crate::session::Inner;
+use crate::KIND;
 use distlock_core::backend::{GrantRef, RenewOutcome};
-use distlock_core::{Error, ForceReleased, HolderInfo, LockInfo, Result};
+use distlock_core::{Error, Result};
 use std::sync::Arc;
 use zookeeper_client as zk;
 
@@ -68,68 +60,7 @@ impl Proclaimed {
     }
 }
 
-/// The leader's node as read: name, data, stat.
-struct LeaderNode {
-    name: String,
-    data: Vec<u8>,
-    stat: zk::Stat,
-}
-
 impl Inner {
-    /// The current leader of election `dir` (after a sync) and the number of candidates.
-    async fn leader_node(
-        &self,
-        sess: &crate::session::Session,
-        dir: &str,
-    ) -> Result<(Option<LeaderNode>, usize)> {
-        self.sync(sess, dir).await?;
-        for _ in 0..DATA_ATTEMPTS {
-            let queue = layout::queue(&self.list(sess, dir).await?, Family::Election);
-            let Some(head) = queue.first() else {
-                return Ok((None, 0));
-            };
-            let path = format!("{dir}/{}", head.name);
-            let read = sess.zk.get_data(&path);
-            // `None`: it resigned between the two reads, the next one leads.
-            let what = "reading the leader's node";
-            if let Some((data, stat)) = self.call_unless(what, zk::Error::NoNode, read).await? {
-                let name = head.name.clone();
-                return Ok((Some(LeaderNode { name, data, stat }), queue.len()));
-            }
-        }
-        Err(crate::node::busy(&self.endpoint, dir))
-    }
-
-    /// `inspect(name, Election)`: the leader only, with its value and token.
-    pub(crate) async fn inspect_election(self: &Arc<Self>, name: &str) -> Result<LockInfo> {
-        let dir = self.dir(name, Family::Election);
-        let sess = self.session().await?;
-        let (leader, candidates) = self.leader_node(&sess, &dir).await?;
-        let Some(l) = leader else {
-            return Ok(LockInfo::new(name).with_waiters(Some(0)));
-        };
-        let token = token_at(&format!("{dir}/{}", l.name), &l.stat)?;
-        let owner = owner_of(&l.name);
-        // What it proclaimed since its grant, if anything; else what it campaigned with.
-        let read = sess.zk.get_data(&dir);
-        let proclaimed = match self
-            .call_unless("inspecting", zk::Error::NoNode, read)
-            .await?
-        {
-            Some((data, _)) => Proclaimed::parse(&dir, &data)?.filter(|p| p.token == token),
-            None => None,
-        };
-        let value = match proclaimed {
-            Some(p) => p.value,
-            None => String::from_utf8_lossy(&l.data).into_owned(),
-        };
-        let waiters = u32::try_from(candidates.saturating_sub(1)).unwrap_or(u32::MAX);
-        Ok(LockInfo::new(name)
-            .with_holders(vec![HolderInfo::new(owner, 1).with_value(Some(value))])
-            .with_fencing_token(token)
-            .with_waiters(Some(waiters)))
-    }
-
     /// `proclaim`: records `value` as proclamation `seq` of the leader `grant` in the
     /// directory's data, unless a proclamation numbered `seq` or more is there already.
     pub(crate) async fn proclaim(
@@ -161,10 +92,9 @@ impl Inner {
             };
             // A granted node leads as long as it exists: every node before it is gone, and
             // every later one has a higher sequence number.
-            if let Some(p) = Proclaimed::parse(&g.dir, &data)? {
-                if p.token == g.token && p.seq >= seq {
-                    return Ok(RenewOutcome::Renewed);
-                }
+            let recorded = Proclaimed::parse(&g.dir, &data)?;
+            if recorded.is_some_and(|p| p.token == g.token && p.seq >= seq) {
+                return Ok(RenewOutcome::Renewed);
             }
             let record = Proclaimed {
                 token: g.token,
@@ -193,38 +123,6 @@ impl Inner {
         self.forget_grant(&grant.attempt);
         self.node_gone(path, gen);
         RenewOutcome::NotHeld
-    }
-
-    /// `force_release(name, Election)`: deletes the leader's node (at the version read), the
-    /// next candidate leads. The directory's data is rewritten (unchanged) in the same
-    /// multi-op: its zxid, above every token handed out before, is the counter reported.
-    pub(crate) async fn force_resign(self: &Arc<Self>, name: &str) -> Result<ForceReleased> {
-        let dir = self.dir(name, Family::Election);
-        let sess = self.session().await?;
-        let what = "forcing the leader out";
-        for _ in 0..DATA_ATTEMPTS {
-            let (Some(l), _) = self.leader_node(&sess, &dir).await? else {
-                return Ok(ForceReleased::new(Vec::new(), 0));
-            };
-            let read = sess.zk.get_data(&dir);
-            let Some((data, dir_stat)) = self.call_unless(what, zk::Error::NoNode, read).await?
-            else {
-                continue;
-            };
-            let path = format!("{dir}/{}", l.name);
-            let mut w = sess.zk.new_multi_writer();
-            w.add_delete(&path, Some(l.stat.version))
-                .and_then(|()| w.add_set_data(&dir, &data, Some(dir_stat.version)))
-                .map_err(|e| self.err(what, e))?;
-            // Resigned, proclaimed or recreated meanwhile: look again.
-            let token = token_of(&l.stat).unwrap_or(0);
-            let Some(counter) = self.commit_forced(what, w, 1, token).await? else {
-                continue;
-            };
-            let owner = owner_of(&l.name);
-            return Ok(ForceReleased::new(vec![HolderInfo::new(owner, 1)], counter));
-        }
-        Err(crate::node::busy(&self.endpoint, &dir))
     }
 }
 

@@ -3,7 +3,7 @@
 use distlock_core::{Error, LockKind, Result};
 use std::fmt::Write as _;
 
-use crate::error::KIND;
+use crate::KIND;
 
 /// The two independent lock families that may share one name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,13 +115,13 @@ pub(crate) fn parse_child(name: &str) -> Option<Child> {
     if !prefix.starts_with("_c_") || seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let kind = match word {
-        "lock" => NodeKind::Lock,
-        "read" => NodeKind::Read,
-        "write" => NodeKind::Write,
-        "latch" => NodeKind::Latch,
-        _ => return None,
-    };
+    let kinds = [
+        NodeKind::Lock,
+        NodeKind::Read,
+        NodeKind::Write,
+        NodeKind::Latch,
+    ];
+    let kind = kinds.into_iter().find(|k| k.word() == word)?;
     Some(Child {
         name: name.to_owned(),
         kind,
@@ -214,11 +214,11 @@ pub(crate) fn holders(queue: &[Child], head_downgraded: bool) -> Vec<&Child> {
     }
 }
 
-/// The side a holder's node of `kind` holds: none for a mutex, the write side for a `write-`
+/// The side a holder's node of `kind` holds: none for a mutex or a candidate, the write side for a `write-`
 /// node whose write grant was not released (`downgraded`), the read side otherwise.
 pub(crate) fn side(kind: NodeKind, downgraded: bool) -> Option<LockKind> {
     match kind {
-        NodeKind::Lock => None,
+        NodeKind::Lock | NodeKind::Latch => None,
         NodeKind::Write if !downgraded => Some(LockKind::Write),
         _ => Some(LockKind::Read),
     }
@@ -359,23 +359,22 @@ mod tests {
 
     #[test]
     fn child_names() {
-        let c = parse_child("_c_0123abcd-lock-0000000042").expect("ours");
-        assert_eq!((c.kind, c.seq), (NodeKind::Lock, 42));
-        let c = parse_child("_c_ff-write-0000000007").expect("ours");
-        assert_eq!(c.kind, NodeKind::Write);
-        // 64-bit sequence numbers (19 digits) parse too.
-        assert_eq!(
-            parse_child("_c_ff-read-2147483648000000000").map(|c| c.seq),
-            Some(2_147_483_648_000_000_000)
-        );
-        for foreign in [
-            "rw",
-            "lock-0000000001",
-            "_c_ff-lock-",
-            "_c_ff-lock-12a",
-            "x_c_ff-lock-0000000001",
+        use NodeKind::{Lock, Read, Write};
+        for (name, want) in [
+            ("_c_0123abcd-lock-0000000042", Some((Lock, 42))),
+            ("_c_ff-write-0000000007", Some((Write, 7))),
+            // 64-bit sequence numbers (19 digits) parse too.
+            (
+                "_c_ff-read-2147483648000000000",
+                Some((Read, 2_147_483_648_000_000_000)),
+            ),
+            ("rw", None),
+            ("lock-0000000001", None),
+            ("_c_ff-lock-", None),
+            ("_c_ff-lock-12a", None),
+            ("x_c_ff-lock-0000000001", None),
         ] {
-            assert_eq!(parse_child(foreign), None, "{foreign}");
+            assert_eq!(parse_child(name).map(|c| (c.kind, c.seq)), want, "{name}");
         }
     }
 
@@ -395,11 +394,7 @@ mod tests {
         );
         assert_eq!(latch_owner(curator), None);
         // Latch nodes sort with each other by sequence, apart from the mutex queue.
-        let names = vec![
-            name.clone(),
-            curator.to_owned(),
-            "_c_ff-lock-0000000001".into(),
-        ];
+        let names = [&name, curator, "_c_ff-lock-0000000001"].map(str::to_owned);
         let q = queue(&names, Family::Election);
         assert_eq!(q.iter().map(|c| c.seq).collect::<Vec<_>>(), [41, 42]);
         assert_eq!(turn(&q, &name, false), Turn::WaitFor(curator.to_owned()));
@@ -418,11 +413,8 @@ mod tests {
         assert_eq!(turn(&q, &n[1], false), Turn::Granted);
         assert_eq!(turn(&q, &n[0], false), Turn::WaitFor(n[1].clone()));
         assert_eq!(turn(&q, &n[3], false), Turn::WaitFor(n[0].clone()));
-        assert_eq!(
-            turn(&q, &n[2], false),
-            Turn::Gone,
-            "read nodes are another family"
-        );
+        let other_family = turn(&q, &n[2], false);
+        assert_eq!(other_family, Turn::Gone, "read nodes are another family");
         assert_eq!(holders(&q, false).len(), 1);
         assert!(!needs_head_check(&q, &n[0]));
     }
@@ -430,50 +422,38 @@ mod tests {
     #[test]
     fn read_write_rules() {
         // r1 r2 w3 r4 w5 r6
-        let n = names(&[
-            ("read", 1),
-            ("read", 2),
-            ("write", 3),
-            ("read", 4),
-            ("write", 5),
-            ("read", 6),
-        ]);
-        let q = queue(&n, Family::Rw);
-        assert_eq!(turn(&q, &n[0], false), Turn::Granted);
-        assert_eq!(turn(&q, &n[1], false), Turn::Granted, "readers overlap");
-        assert_eq!(turn(&q, &n[2], false), Turn::WaitFor(n[1].clone()));
-        assert_eq!(turn(&q, &n[3], false), Turn::WaitFor(n[2].clone()));
-        assert_eq!(turn(&q, &n[4], false), Turn::WaitFor(n[3].clone()));
-        assert_eq!(
-            turn(&q, &n[5], false),
-            Turn::WaitFor(n[4].clone()),
-            "closest writer"
-        );
-        assert_eq!(
-            holders(&q, false).iter().map(|c| c.seq).collect::<Vec<_>>(),
-            [1, 2]
-        );
-        assert!(!needs_head_check(&q, &n[3]), "the head is a reader");
-        // A writer first excludes everyone…
-        let q = queue(&n[2..], Family::Rw);
-        assert_eq!(turn(&q, &n[2], false), Turn::Granted);
-        assert_eq!(turn(&q, &n[3], false), Turn::WaitFor(n[2].clone()));
-        assert_eq!(
-            holders(&q, false).iter().map(|c| c.seq).collect::<Vec<_>>(),
-            [3]
-        );
-        assert!(needs_head_check(&q, &n[3]));
-        assert!(!needs_head_check(&q, &n[4]), "writers do not care");
-        // …until it downgrades: then readers up to the next writer join it, writers still wait.
-        assert_eq!(turn(&q, &n[3], true), Turn::Granted);
-        assert_eq!(turn(&q, &n[4], true), Turn::WaitFor(n[3].clone()));
-        assert_eq!(turn(&q, &n[5], true), Turn::WaitFor(n[4].clone()));
-        assert_eq!(
-            holders(&q, true).iter().map(|c| c.seq).collect::<Vec<_>>(),
-            [3, 4]
-        );
+        let (r, w) = ("read", "write");
+        let n = names(&[(r, 1), (r, 2), (w, 3), (r, 4), (w, 5), (r, 6)]);
+        let wait = |i: usize| Turn::WaitFor(n[i].clone());
+        let seqs = |h: Vec<&Child>| h.iter().map(|c| c.seq).collect::<Vec<_>>();
+        let all = queue(&n, Family::Rw);
+        // A writer first excludes everyone… until it downgrades: then readers up to the next
+        // writer join it, writers still wait.
+        let from_w3 = queue(&n[2..], Family::Rw);
+        for (q, i, head_downgraded, want) in [
+            (&all, 0, false, Turn::Granted),
+            (&all, 1, false, Turn::Granted), // readers overlap
+            (&all, 2, false, wait(1)),
+            (&all, 3, false, wait(2)),
+            (&all, 4, false, wait(3)),
+            (&all, 5, false, wait(4)), // the closest writer
+            (&from_w3, 2, false, Turn::Granted),
+            (&from_w3, 3, false, wait(2)),
+            (&from_w3, 3, true, Turn::Granted),
+            (&from_w3, 4, true, wait(3)),
+            (&from_w3, 5, true, wait(4)),
+        ] {
+            assert_eq!(turn(q, &n[i], head_downgraded), want, "node {i}");
+        }
+        assert_eq!(seqs(holders(&all, false)), [1, 2]);
+        assert_eq!(seqs(holders(&from_w3, false)), [3]);
+        assert_eq!(seqs(holders(&from_w3, true)), [3, 4]);
         assert!(holders(&[], false).is_empty());
+        assert!(!needs_head_check(&all, &n[3]), "the head is a reader");
+        assert!(needs_head_check(&from_w3, &n[3]));
+        assert!(!needs_head_check(&from_w3, &n[4]), "writers do not care");
         assert_eq!(side(NodeKind::Lock, false), None);
+        assert_eq!(side(NodeKind::Latch, false), None);
         assert_eq!(side(NodeKind::Write, false), Some(LockKind::Write));
         assert_eq!(side(NodeKind::Write, true), Some(LockKind::Read));
         assert_eq!(side(NodeKind::Read, false), Some(LockKind::Read));

@@ -12,14 +12,11 @@
 
 mod builder;
 mod election;
-mod error;
 mod grant;
-mod inspect;
 mod layout;
 mod node;
 mod ops;
 mod release;
-mod renew;
 mod session;
 mod tls;
 mod wait;
@@ -30,7 +27,6 @@ pub use layout::encode_segment;
 /// The ZooKeeper driver this crate is built on, for [`ZkBackend::from_connector`].
 pub use zookeeper_client;
 
-use crate::error::KIND;
 use crate::layout::NodeKind;
 use crate::session::{Inner, State};
 use crate::wait::DirWatch;
@@ -44,12 +40,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Shortest session timeout the backend asks for by default (the watchdog lease when longer).
-/// A session must outlast the window in which a deposed leader still answers its clients
-/// (`syncLimit × tickTime`, 10 s on a default ensemble: docs/zookeeper.md's *What is still
-/// assumed*), and it is also the longest fixed lease or `extend` a client may ask for. The
-/// price: a holder that dies with a shorter watchdog lease keeps the lock for this long, not
-/// for its lease; `?session_timeout=` asks for less, knowingly.
+/// The backend kind, as in messages and metrics.
+pub(crate) const KIND: &str = "zookeeper";
+
+/// Shortest session timeout the backend asks for by default (the watchdog lease when longer):
+/// a session must outlast the window in which a deposed leader still answers its clients
+/// (`syncLimit × tickTime`, 10 s on a default ensemble; docs/zookeeper.md, *What is still
+/// assumed*). A holder that dies with a shorter lease keeps the lock this long;
+/// `?session_timeout=` asks for less, knowingly.
 pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Path of the directory that holds the lock nodes of `name` of `kind`, for a backend without
@@ -62,24 +60,18 @@ pub fn lock_dir(namespace: &str, name: &str, kind: LockKind) -> Result<String> {
 }
 
 /// Who may touch the nodes dlock creates (lock directories and lock nodes): `?acl=` in the
-/// URL, or [`ZkBuilderExt::acl`].
-///
-/// The ACL of a lock directory is set when dlock creates it; an existing directory keeps the
-/// one it has (change it with `setAcl`). ZooKeeper checks a delete against the ACL of the
-/// node's parent, so a lock node is protected by its directory's ACL.
+/// URL, or [`ZkBuilderExt::acl`]. Set when dlock creates a directory (an existing one keeps
+/// its own); a lock node is deleted under its directory's ACL. See docs/zookeeper.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NodeAcl {
-    /// `world:anyone:cdrwa` (the default): any client may read, queue on and delete the nodes —
-    /// Curator's recipes and `zkCli.sh` work on them without credentials. A protected chroot
-    /// does not protect them: ZooKeeper checks a node's own ACL (and its parent's, to create
-    /// or delete it), never its ancestors', so a client that knows the path gets in.
+    /// `world:anyone:cdrwa` (the default): any client may read, queue on and delete the nodes
+    /// (Curator and `zkCli.sh` without credentials). A protected chroot does not protect
+    /// them: ZooKeeper never checks a node's ancestors' ACLs.
     #[default]
     Open,
-    /// `auth::cdrwa` (ZooKeeper's CREATOR_ALL): only sessions authenticated as the same digest
-    /// identity (or the superuser) may read, queue on, change or delete them; another identity
-    /// gets `NoAuth` and cannot break or steal a hold. Needs credentials. Curator (or `zkCli`)
-    /// on the same locks must authenticate as the same user (`authorization("digest",
-    /// "user:password")`, `addauth digest user:password`).
+    /// `auth::cdrwa` (CREATOR_ALL): only the same digest identity (or the superuser) may read,
+    /// queue on, change or delete them; another gets `NoAuth` and cannot break or steal a
+    /// hold. Needs credentials; Curator or `zkCli` on the same locks authenticate as that user.
     Creator,
 }
 
@@ -100,18 +92,14 @@ pub struct ZkBackend {
 
 impl ZkBackend {
     /// Connects to the ensemble at `url` and opens a session: [`ZkBackend::builder`]`(url)`
-    /// with `opts`, so digest credentials come from the URL or, failing that, from
-    /// [`USER_ENV`], [`PASSWORD_ENV`] and [`PASSWORD_FILE_ENV`].
+    /// with `opts` (digest credentials from the URL, else [`USER_ENV`], [`PASSWORD_ENV`],
+    /// [`PASSWORD_FILE_ENV`]).
     ///
-    /// The session timeout is `session_timeout` from the URL, or else the client's watchdog
-    /// lease but at least [`MIN_SESSION_TIMEOUT`]: the session is what a dead holder's lock
-    /// nodes live on, so a holder (or a queued waiter) that crashes or is cut off frees the
-    /// lock one session timeout after it fell silent. The server negotiates it into its own
-    /// range (by default 2 to 20 ticks, i.e. 4 s to 40 s). A negotiated timeout shorter
-    /// than the watchdog lease is refused ([`Error::InvalidArgument`]): renewals promise the
-    /// core a whole lease, and the session would not keep that promise. A longer one (a lease
-    /// below the servers' `minSessionTimeout`) is logged as a warning and reported by
-    /// `doctor`: a dead holder then keeps the lock for the session timeout, not the lease.
+    /// The session timeout is the URL's `session_timeout`, else the watchdog lease but at
+    /// least [`MIN_SESSION_TIMEOUT`]: a holder or queued waiter that crashes frees the lock one
+    /// session timeout after it fell silent. A negotiated timeout shorter than the watchdog
+    /// lease is refused (renewals promise the core a whole lease); a longer one is logged and
+    /// reported by `doctor` (docs/zookeeper.md, *Session = lease*).
     ///
     /// # Errors
     ///
@@ -135,26 +123,16 @@ impl ZkBackend {
     }
 
     /// The backend on the application's own [`Connector`](zookeeper_client::Connector): every
-    /// session dlock opens is `connector.clone()` connected to `cluster`, so it carries the
-    /// application's authentication (`with_auth`, SASL) and TLS settings. `cluster` is the
-    /// driver's connect string, `h1:2181,h2:2181[/chroot]` (`tcp+tls://h:p` for a server
-    /// reached over the connector's TLS); locks live under `/<chroot>/<namespace>` as with
-    /// [`connect`](Self::connect). dlock sets the
-    /// session timeout (the watchdog lease, at least [`MIN_SESSION_TIMEOUT`]) and `with_fail_eagerly` on its clone. Nodes get [`NodeAcl::Open`] unless `acl` says
-    /// otherwise.
+    /// session dlock opens is `connector.clone()` (with dlock's session timeout and
+    /// `with_fail_eagerly`) connected to `cluster`, the driver's connect string
+    /// `h1:2181,h2:2181[/chroot]` (`tcp+tls://h:p` over the connector's TLS), so it carries
+    /// the application's `with_auth`, SASL and TLS settings. Locks live under
+    /// `/<chroot>/<namespace>` as with [`connect`](Self::connect).
     ///
-    /// Why a connector and not a [`Client`](zookeeper_client::Client): a lock is held by a
-    /// session, and dlock must own the sessions it holds locks in. It declares a session's
-    /// holds lost after 2/5 of its timeout without a connection (before the server may expire
-    /// it) and then drops it — closing it makes the server delete the nodes of holds it has
-    /// just called lost — and opens a new one. On the application's shared client it could
-    /// do neither: the nodes would stay, blocking every other holder, as long as the
-    /// application's session lives, and an expired session cannot be reopened.
-    ///
-    /// So the backend's sessions are its own: they expire or close on their own (the locks in
-    /// them are reported lost and the next call opens a new session), the application's
-    /// sessions are never touched, and dropping the backend (every clone of it) closes its
-    /// session, which deletes its nodes.
+    /// Not a [`Client`](zookeeper_client::Client): dlock must own the sessions its locks live
+    /// in, to drop one whose holds it declared lost (which deletes their nodes) and open a new
+    /// one (docs/zookeeper.md, *Your own connector*). The application's sessions are never
+    /// touched; dropping the backend (every clone) closes its session.
     ///
     /// ```no_run
     /// # async fn demo() -> distlock_core::Result<()> {
@@ -200,13 +178,11 @@ impl ZkBackend {
                 "the connect string names no server; write host:port[,host:port…][/chroot]",
             ));
         }
-        // The chroot's checks are the URL's.
-        let checked = builder::parse(&format!("zk://localhost{chroot}"))?;
         let u = builder::ZkUrl {
             hosts: hosts.to_owned(),
-            chroot: checked.chroot,
             acl: Some(acl),
-            ..Default::default()
+            // The chroot's checks are the URL's.
+            ..builder::parse(&format!("zk://localhost{chroot}"))?
         };
         Self::open(cluster, u, Some(connector), opts).await
     }
@@ -217,22 +193,14 @@ impl ZkBackend {
         connector: Option<zookeeper_client::Connector>,
         opts: &ClientOptions,
     ) -> Result<Self> {
-        let namespace = u
-            .namespace
-            .clone()
-            .unwrap_or_else(|| opts.get_namespace().to_owned());
-        if namespace.is_empty() {
-            return Err(Error::invalid_url(
-                conn::redact(url),
-                "the namespace must not be empty",
-            ));
-        }
-        let base = format!("{}/{}", u.chroot, encode_segment(&namespace));
-        if base == "/zookeeper" {
-            return Err(Error::invalid_url(
-                conn::redact(url),
-                "namespace `zookeeper` at the root is reserved by ZooKeeper; pick another or add a chroot",
-            ));
+        let namespace = u.namespace.as_deref().unwrap_or(opts.get_namespace());
+        let base = format!("{}/{}", u.chroot, encode_segment(namespace));
+        if namespace.is_empty() || base == "/zookeeper" {
+            let why = match namespace {
+                "" => "the namespace must not be empty",
+                _ => "namespace `zookeeper` at the root is reserved by ZooKeeper; pick another or add a chroot",
+            };
+            return Err(Error::invalid_url(conn::redact(url), why));
         }
         let requested_timeout = u
             .session_timeout
@@ -324,10 +292,7 @@ impl Backend for ZkBackend {
     /// own node gets the lock when the nodes before it go.
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         let family = NodeKind::of(req.key.kind)?.family();
-        let dir = self.inner.dir(&req.key.name, family);
-        Ok(Box::new(
-            DirWatch::new(self.inner.clone(), dir, false).await?,
-        ))
+        DirWatch::open(&self.inner, &req.key.name, family, false).await
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
@@ -352,10 +317,7 @@ impl Backend for ZkBackend {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        match kind {
-            LockKind::Election => self.inner.inspect_election(name).await,
-            _ => self.inner.inspect(name, kind).await,
-        }
+        self.inner.inspect(name, kind).await
     }
 
     /// Records the value and its proclamation number in the election directory's data, in a
@@ -367,10 +329,7 @@ impl Backend for ZkBackend {
 
     /// A child watch on the election's directory and a data watch on the directory itself.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        let dir = self.inner.dir(name, layout::Family::Election);
-        Ok(Box::new(
-            DirWatch::new(self.inner.clone(), dir, true).await?,
-        ))
+        DirWatch::open(&self.inner, name, layout::Family::Election, true).await
     }
 
     fn operator(&self) -> Option<&dyn distlock_core::Operator> {

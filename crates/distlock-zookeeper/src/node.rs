@@ -1,8 +1,8 @@
 //! Lock nodes: created (or found again after a lost answer), listed, deleted.
 
-use crate::error::{connection_died, session_gone, timed_out, KIND};
 use crate::layout::{self, NodeData, NodeKind};
-use crate::session::{Inner, Session};
+use crate::session::{connection_died, session_gone, Inner, Session};
+use crate::KIND;
 use distlock_core::backend::{AcquireRequest, AttemptId};
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{Error, Result};
@@ -40,12 +40,6 @@ impl Created {
 
 pub(crate) fn token_of(stat: &zk::Stat) -> Option<u64> {
     u64::try_from(stat.czxid).ok().filter(|t| *t > 0)
-}
-
-/// The token of node `path` as `stat` says, or the error for a czxid no token can be.
-pub(crate) fn token_at(path: &str, stat: &zk::Stat) -> Result<u64> {
-    token_of(stat)
-        .ok_or_else(|| Error::unexpected(KIND, format!("node {path} has czxid {}", stat.czxid)))
 }
 
 /// An answer of a multi-op that is not one of those asked for.
@@ -101,32 +95,46 @@ impl Inner {
     ) -> Result<(Created, LeaseInstant)> {
         let dir = self.dir(&req.key.name, kind.family());
         let prefix = layout::name_prefix(&req.attempt, kind, &req.key.owner);
-        let sent_before = self.state().pending.contains(&req.attempt);
-        if sent_before {
+        if self.state().pending.contains(&req.attempt) {
             let at = LeaseInstant::now();
-            for name in self.attempt_nodes(sess, &dir, &prefix).await? {
-                let path = format!("{dir}/{name}");
-                match self
-                    .call("reading the lock node", sess.zk.check_stat(&path))
-                    .await?
-                {
-                    Some(st) if st.ephemeral_owner == sess.id => {
-                        if let Some(token) = token_of(&st) {
-                            return Ok((Created::new(&dir, name, kind, token), at));
-                        }
-                    }
-                    // This attempt's node of a session we stopped using (its holds were
-                    // declared lost then): nobody relies on it, and it would block the queue
-                    // until the server expires that session.
-                    Some(_) => self.remove_node(sess, &path).await,
-                    None => {}
-                }
+            if let Some(node) = self.find_node(sess, kind, &dir, &prefix).await? {
+                return Ok((node, at));
             }
         }
         self.state().pending.insert(req.attempt.clone());
         let at = LeaseInstant::now();
         let node = self.create_node(sess, req, kind, &dir, &prefix).await?;
         Ok((node, at))
+    }
+
+    /// This session's node of the attempt whose names start with `prefix`, found again (a
+    /// create whose answer was lost).
+    async fn find_node(
+        &self,
+        sess: &Session,
+        kind: NodeKind,
+        dir: &str,
+        prefix: &str,
+    ) -> Result<Option<Created>> {
+        for name in self.attempt_nodes(sess, dir, prefix).await? {
+            let path = format!("{dir}/{name}");
+            match self
+                .call("reading the lock node", sess.zk.check_stat(&path))
+                .await?
+            {
+                Some(st) if st.ephemeral_owner == sess.id => {
+                    if let Some(token) = token_of(&st) {
+                        return Ok(Some(Created::new(dir, name, kind, token)));
+                    }
+                }
+                // This attempt's node of a session we stopped using (its holds were declared
+                // lost then): nobody relies on it, and it would block the queue until the
+                // server expires that session.
+                Some(_) => self.remove_node(sess, &path).await,
+                None => {}
+            }
+        }
+        Ok(None)
     }
 
     /// Creates the ephemeral sequential node `<dir>/<prefix><seq>` (and its parents when
@@ -167,10 +175,8 @@ impl Inner {
                 }
                 Err(e) if connection_died(&e) => {
                     // The create may have happened: look for our attempt's node.
-                    let found = self.attempt_nodes(sess, dir, prefix).await?;
-                    if let Some(name) = found.into_iter().next() {
-                        let token = self.czxid(sess, &format!("{dir}/{name}")).await?;
-                        return Ok(Created::new(dir, name, kind, token));
+                    if let Some(node) = self.find_node(sess, kind, dir, prefix).await? {
+                        return Ok(node);
                     }
                 }
                 Err(e) => return Err(self.err("creating the lock node", e)),
@@ -217,30 +223,18 @@ impl Inner {
                 Err(_) => {}
             }
         });
-        match tokio::time::timeout(self.op_timeout, rx).await {
-            Ok(Ok(r)) => Ok(r),
-            Ok(Err(_)) => Err(Error::runtime(
-                "the ZooKeeper create task ended unexpectedly",
-            )),
-            Err(_) => Err(timed_out(
-                &self.endpoint,
-                "creating the lock node",
-                self.op_timeout,
-            )),
-        }
+        (self.timed("creating the lock node", rx).await?)
+            .map_err(|_| Error::runtime("the ZooKeeper create task ended unexpectedly"))
     }
 
     pub(crate) async fn czxid(&self, sess: &Session, path: &str) -> Result<u64> {
-        match self
-            .call("reading the lock node", sess.zk.check_stat(path))
-            .await?
-        {
-            Some(st) => token_at(path, &st),
-            None => Err(session_gone(
-                &self.endpoint,
-                "our lock node vanished right after its creation",
-            )),
-        }
+        let stat = self.call("reading the lock node", sess.zk.check_stat(path));
+        let Some(stat) = stat.await? else {
+            let why = "our lock node vanished right after its creation";
+            return Err(session_gone(&self.endpoint, why));
+        };
+        token_of(&stat)
+            .ok_or_else(|| Error::unexpected(KIND, format!("node {path} has czxid {}", stat.czxid)))
     }
 
     /// The nodes in `dir` whose names start with `prefix` (an attempt's), read after a sync:
@@ -264,44 +258,17 @@ impl Inner {
         Ok(children.await?.unwrap_or_default())
     }
 
-    /// Commits `w`, a forced release's multi-op: `None` if a node it checks changed or went
-    /// away meanwhile (look again); else the counter to report, the zxid of its `SetData` (at
-    /// `set_at`), which is above every token handed out before it, raised to `floor`.
-    pub(crate) async fn commit_forced(
-        &self,
-        what: &str,
-        w: zk::MultiWriter<'_>,
-        set_at: usize,
-        floor: u64,
-    ) -> Result<Option<u64>> {
-        let results = match self.commit(what, w).await? {
-            Ok(r) => r,
-            Err((Some(_), zk::Error::BadVersion | zk::Error::NoNode)) => return Ok(None),
-            Err((_, e)) => return Err(self.err(what, e)),
-        };
-        match results.get(set_at) {
-            Some(zk::MultiWriteResult::SetData { stat }) => Ok(Some(
-                u64::try_from(stat.mzxid)
-                    .ok()
-                    .filter(|t| *t > 0)
-                    .map_or(floor, |z| z.max(floor)),
-            )),
-            other => Err(unexpected_answer(what, &other)),
-        }
-    }
-
     /// Deletes a node we no longer want (a waiter that gives up, a try that found the lock
     /// held), retrying in the background if the connection is down; a node that cannot be
     /// deleted at all goes with its session.
     pub(crate) async fn remove_node(&self, sess: &Session, path: &str) {
-        let zk = sess.zk.clone();
-        let path = path.to_owned();
-        let op_timeout = self.op_timeout;
+        let (zk, path, op_timeout) = (sess.zk.clone(), path.to_owned(), self.op_timeout);
         let task = tokio::spawn(async move {
             let mut backoff = distlock_core::backoff::Backoff::default();
             for _ in 0..5 {
                 match tokio::time::timeout(op_timeout, zk.delete(&path, None)).await {
-                    Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => return,
+                    Ok(Ok(()) | Err(zk::Error::NoNode)) => return,
+                    // The node went with its session.
                     Ok(Err(zk::Error::SessionExpired | zk::Error::ClientClosed)) => return,
                     Ok(Err(e)) => {
                         tracing::debug!(%path, error = %e, "could not delete a lock node; retrying")

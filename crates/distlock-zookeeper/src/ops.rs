@@ -1,26 +1,187 @@
-//! Operator commands: `dlock list`, `dlock release --force`, `dlock doctor`.
-//!
-//! `list` reads the children of the namespace node (one per lock name, percent-encoded) and
-//! inspects the mutex queue and the `rw` queue under each; `force_release` deletes the
-//! holders' nodes in one multi-op that also records the fence in the lock directory, every
-//! node checked against the version it was read at; `diagnose` compares the negotiated session
-//! timeout with the watchdog lease and reads the ensemble's membership from `/zookeeper/config`
-//! (the four-letter words `srvr`/`mntr` are often disabled, and the client can always read
-//! this node).
+//! A lock's holders, read through the leader (`inspect`, and the forced release), and the
+//! operator commands: `dlock list`, `dlock release --force`, `dlock doctor` (docs/zookeeper.md,
+//! *Operator commands*).
 
-use crate::error::KIND;
-use crate::inspect::Read;
-use crate::layout::{self, decode_segment, Family, NodeKind};
-use crate::node::DATA_ATTEMPTS;
+use crate::election::{owner_of, Proclaimed};
+use crate::layout::{self, decode_segment, Child, Family, NodeData, NodeKind};
+use crate::node::{foreign_data, token_of, unexpected_answer, DATA_ATTEMPTS};
+use crate::release::parse_fence;
 use crate::session::{Inner, Session};
 use crate::ZkBackend;
+use crate::KIND;
 use distlock_core::conn::is_loopback;
 use distlock_core::{
-    operator, Backend, Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result,
-    Severity,
+    operator, Backend, Error, Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind,
+    Operator, Result, Severity,
 };
+use std::sync::Arc;
 use std::time::Duration;
 use zookeeper_client as zk;
+
+/// One holder's node as read.
+pub(crate) struct Read {
+    pub(crate) child: Child,
+    /// dlock's node data (a candidate's: its owner, from the node's name).
+    pub(crate) data: NodeData,
+    /// The node's data as stored (a candidate's: the value it campaigned with).
+    pub(crate) raw: Vec<u8>,
+    pub(crate) stat: zk::Stat,
+}
+
+impl Read {
+    /// The holder as `inspect` reports it: one grant per node (re-entry is counted by the
+    /// holder's client).
+    pub(crate) fn info(&self) -> HolderInfo {
+        HolderInfo::new(self.data.owner.clone(), 1)
+            .with_side(layout::side(self.child.kind, self.data.downgraded))
+    }
+}
+
+/// A lock directory's holders, as read through the leader.
+pub(crate) struct Holders {
+    /// The directory's data (an election's proclamation record) and stat (its version guards
+    /// the forced release's rewrite of it).
+    pub(crate) dir_data: Vec<u8>,
+    pub(crate) dir_stat: zk::Stat,
+    /// The fence: the token stored in the directory (none in an election's), raised by every
+    /// holder's.
+    pub(crate) fence: u64,
+    /// The holders' nodes in queue order (a writer at the head that did not downgrade holds
+    /// alone: readers behind it wait; an election's leader is its first candidate).
+    pub(crate) read: Vec<Read>,
+    /// A holder's node went away between the two reads (released meanwhile).
+    pub(crate) changed: bool,
+    /// How many nodes are queued, holders included.
+    pub(crate) queued: usize,
+}
+
+impl Inner {
+    /// What `inspect` reports for lock `name` of `kind` (for an election: the leader, with
+    /// its value).
+    pub(crate) async fn inspect(self: &Arc<Self>, name: &str, kind: LockKind) -> Result<LockInfo> {
+        let family = NodeKind::of(kind)?.family();
+        let sess = self.session().await?;
+        let dir = self.dir(name, family);
+        let mut tries = 1;
+        let held = loop {
+            match self.holders(&sess, &dir, family, "inspecting").await? {
+                None => return Ok(LockInfo::new(name).with_waiters(Some(0))),
+                // A holder went between the two reads: the next ones hold now, look again.
+                Some(h) if h.changed && tries < DATA_ATTEMPTS => tries += 1,
+                Some(h) => break h,
+            }
+        };
+        let mut infos: Vec<HolderInfo> = held.read.iter().map(Read::info).collect();
+        if let (Family::Election, Some(leader)) = (family, held.read.first()) {
+            // What it proclaimed since its grant, if anything; else what it campaigned with.
+            infos[0].value = Some(match Proclaimed::parse(&dir, &held.dir_data)? {
+                Some(p) if Some(p.token) == token_of(&leader.stat) => p.value,
+                _ => String::from_utf8_lossy(&leader.raw).into_owned(),
+            });
+        }
+        let waiters = u32::try_from(held.queued.saturating_sub(infos.len())).unwrap_or(u32::MAX);
+        Ok(LockInfo::new(name)
+            .with_holders(infos)
+            .with_fencing_token(held.fence)
+            .with_waiters(Some(waiters)))
+    }
+
+    /// The holders of lock directory `dir`, read after a sync with the leader in two round
+    /// trips (the directory's fence and children; then the holders' nodes, whose data tells a
+    /// downgraded writer apart); `None` if the directory does not exist (no token was ever
+    /// handed out). `what` names the operation in errors.
+    pub(crate) async fn holders(
+        &self,
+        sess: &Session,
+        dir: &str,
+        family: Family,
+        what: &str,
+    ) -> Result<Option<Holders>> {
+        self.sync(sess, dir).await?;
+        let mut reader = sess.zk.new_multi_reader();
+        reader
+            .add_get_data(dir)
+            .and_then(|()| reader.add_get_children(dir))
+            .map_err(|e| self.err(what, e))?;
+        let mut it = self.call(what, reader.commit()).await?.into_iter();
+        let (dir_data, dir_stat, children) = match (it.next(), it.next()) {
+            (
+                Some(zk::MultiReadResult::Data { data, stat }),
+                Some(zk::MultiReadResult::Children { children }),
+            ) => (data, stat, children),
+            (
+                Some(zk::MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                }),
+                _,
+            ) => return Ok(None),
+            (Some(zk::MultiReadResult::Error { err }), _) => return Err(self.err(what, err)),
+            other => return Err(unexpected_answer(what, &other)),
+        };
+        let stored = match family {
+            // An election's directory records proclamations; its tokens are its leaders'.
+            Family::Election => 0,
+            _ => parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
+                "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
+                String::from_utf8_lossy(&dir_data)
+            )))?,
+        };
+        let queue = layout::queue(&children, family);
+        let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
+        let candidates = layout::holders(&queue, head_is_writer);
+        let mut held = Holders {
+            dir_data,
+            dir_stat,
+            fence: stored,
+            read: Vec::new(),
+            changed: false,
+            queued: queue.len(),
+        };
+        if candidates.is_empty() {
+            return Ok(Some(held));
+        }
+        let mut reader = sess.zk.new_multi_reader();
+        for h in &candidates {
+            reader
+                .add_get_data(&format!("{dir}/{}", h.name))
+                .map_err(|e| self.err(what, e))?;
+        }
+        let reads = self.call(what, reader.commit()).await?;
+        for (h, r) in candidates.iter().zip(reads) {
+            match r {
+                zk::MultiReadResult::Data { data: raw, stat } => {
+                    let data = match h.kind {
+                        NodeKind::Latch => NodeData::new(&owner_of(&h.name)),
+                        _ => NodeData::parse(&raw)
+                            .ok_or_else(|| foreign_data(&format!("{dir}/{}", h.name), &raw))?,
+                    };
+                    let child = (*h).clone();
+                    held.read.push(Read {
+                        child,
+                        data,
+                        raw,
+                        stat,
+                    });
+                }
+                zk::MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                } => held.changed = true,
+                zk::MultiReadResult::Error { err } => return Err(self.err(what, err)),
+                other => return Err(unexpected_answer(what, &other)),
+            }
+        }
+        if head_is_writer
+            && (held.read.first())
+                .is_some_and(|r| r.child.kind == NodeKind::Write && !r.data.downgraded)
+        {
+            held.read.truncate(1);
+        }
+        held.fence = (held.read.iter())
+            .filter_map(|r| token_of(&r.stat))
+            .fold(stored, u64::max);
+        Ok(Some(held))
+    }
+}
 
 #[distlock_core::async_trait]
 impl Operator for ZkBackend {
@@ -56,38 +217,49 @@ impl Operator for ZkBackend {
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
         let inner = &self.inner;
         let family = NodeKind::of(kind)?.family();
-        if family == Family::Election {
-            return inner.force_resign(name).await;
-        }
         let dir = inner.dir(name, family);
         let sess = inner.session().await?;
         let what = "forcing the release";
         for _ in 0..DATA_ATTEMPTS {
-            let Some(held) = inner.holders(&sess, &dir, family, what).await? else {
+            let held = match inner.holders(&sess, &dir, family, what).await? {
                 // Never used: no token was ever handed out, nothing to remove.
-                return Ok(ForceReleased::new(Vec::new(), 0));
-            };
-            if held.changed {
+                None => return Ok(ForceReleased::new(Vec::new(), 0)),
                 // Released meanwhile: the holders may be others now; look again.
-                continue;
-            }
-            let (dir_stat, fence, read) = (held.dir_stat, held.fence, held.read);
-            // One transaction: the fence recorded in the directory (so `list` keeps the last
-            // token) and every holder's node deleted at the version we read — a node whose data
+                Some(h) if h.changed => continue,
+                // An election without a leader: nobody to put out.
+                Some(h) if family == Family::Election && h.read.is_empty() => {
+                    return Ok(ForceReleased::new(Vec::new(), 0))
+                }
+                Some(h) => h,
+            };
+            // One transaction: the directory's data rewritten at the version we read (the
+            // fence, so `list` keeps the last token; an election's proclamation record as it
+            // is) and every holder's node deleted at the version we read — a node whose data
             // changed meanwhile (a reader joined or left a write node, a downgrade) fails the
             // whole op and we look again. The transaction's zxid is above every czxid handed out
             // before it, and every later node's czxid is above it: that is the counter we report.
+            let record = match family {
+                Family::Election => held.dir_data.clone(),
+                _ => held.fence.to_string().into_bytes(),
+            };
             let mut w = sess.zk.new_multi_writer();
-            w.add_set_data(&dir, fence.to_string().as_bytes(), Some(dir_stat.version))
+            w.add_set_data(&dir, &record, Some(held.dir_stat.version))
                 .map_err(|e| inner.err(what, e))?;
-            for r in &read {
+            for r in &held.read {
                 w.add_delete(&format!("{dir}/{}", r.child.name), Some(r.stat.version))
                     .map_err(|e| inner.err(what, e))?;
             }
-            let Some(fencing_token) = inner.commit_forced(what, w, 0, fence).await? else {
-                continue;
+            let results = match inner.commit(what, w).await? {
+                Ok(r) => r,
+                Err((Some(_), zk::Error::BadVersion | zk::Error::NoNode)) => continue,
+                Err((_, e)) => return Err(inner.err(what, e)),
             };
-            let removed = read.iter().map(Read::info).collect();
+            let Some(zk::MultiWriteResult::SetData { stat }) = results.first() else {
+                return Err(unexpected_answer(what, &results.first()));
+            };
+            let mzxid = u64::try_from(stat.mzxid).unwrap_or(0);
+            let fencing_token = mzxid.max(held.fence);
+            let removed = held.read.iter().map(Read::info).collect();
             return Ok(ForceReleased::new(removed, fencing_token));
         }
         Err(Error::unexpected(KIND, format!(
@@ -101,8 +273,8 @@ impl Operator for ZkBackend {
         let synced = inner
             .timed("syncing with the leader", sess.zk.sync(&inner.base))
             .await;
-        // Ensemble membership, from the config node (readable by every client, unlike the
-        // four-letter words, which are often disabled).
+        // Membership from the config node: every client may read it, unlike the four-letter
+        // words (`srvr`, `mntr`), which are often disabled.
         let config = inner
             .timed("reading /zookeeper/config", sess.zk.get_config())
             .await?
@@ -132,24 +304,18 @@ async fn names(inner: &Inner, sess: &Session, dir: &str, prefix: &str) -> Result
 
 /// The voting members and observers listed in `/zookeeper/config` (`server.N=host:…:participant;…`).
 fn members(config: &str) -> (usize, usize) {
-    let mut voters = 0;
-    let mut observers = 0;
-    for line in config.lines() {
-        let Some((key, value)) = line.trim().split_once('=') else {
-            continue;
-        };
-        if !key.starts_with("server.") {
-            continue;
-        }
-        // The role is the fourth `:` field of the server part, `participant` when absent.
-        let server = value.split(';').next().unwrap_or("");
-        if server.split(':').any(|f| f == "observer") {
-            observers += 1;
-        } else {
-            voters += 1;
-        }
-    }
-    (voters, observers)
+    // Per server line: whether it is an observer.
+    let observer: Vec<bool> = (config.lines())
+        .filter_map(|line| {
+            let (key, value) = line.trim().split_once('=')?;
+            // The role is the fourth `:` field of the server part, `participant` when absent.
+            let server = value.split(';').next().unwrap_or("");
+            key.starts_with("server.")
+                .then(|| server.split(':').any(|f| f == "observer"))
+        })
+        .collect();
+    let observers = observer.iter().filter(|o| **o).count();
+    (observer.len() - observers, observers)
 }
 
 /// How the connection is protected: TLS (with the version a handshake agrees on), or plain
@@ -161,7 +327,7 @@ async fn transport(inner: &crate::session::Inner) -> Finding {
     };
     let within = inner.connect_timeout.min(std::time::Duration::from_secs(3));
     let client = operator::client_cert_shown(tls.client_cert());
-    match tls.version(&inner.hosts, within).await {
+    match tls.probe(&inner.hosts, within).await.0 {
         Some(v) => Finding::new(
             Severity::Ok,
             "tls",
@@ -209,29 +375,16 @@ fn access(inner: &crate::session::Inner) -> Finding {
     }
 }
 
-/// What a session timeout the servers lengthened beyond the one asked for (their
-/// `minSessionTimeout`) means for the holders: a dead one keeps the lock for the session
-/// timeout, not for the lease.
-pub(crate) fn lengthened(timeout: Duration, requested: Duration, lease: Duration) -> String {
-    format!(
-        "the ZooKeeper servers raised the session timeout to {timeout:?} (asked for \
-         {requested:?}; their minSessionTimeout, default 2 × tickTime): safe, but a holder or \
-         queued waiter that crashes or is cut off keeps the lock or its place in the queue for \
-         up to {timeout:?}, not the {lease:?} watchdog lease; lower the servers' \
-         minSessionTimeout (or tickTime), or use a watchdog lease of at least {timeout:?} so \
-         that the two agree"
-    )
-}
-
 /// The session timeout the ensemble negotiated (`timeout`, asked for `requested`) against
 /// the watchdog lease.
-fn session_finding(timeout: Duration, requested: Duration, lease: Duration) -> Finding {
+pub(crate) fn session_finding(timeout: Duration, requested: Duration, lease: Duration) -> Finding {
     if timeout < lease {
-        // `connect` refuses such a session; reported in case the server's range changed.
+        // `connect` refuses such a session (this message); reported in case the server's range
+        // changed.
         Finding::new(
             Severity::Unsafe,
             "session-timeout",
-            format!("the ensemble negotiated a session timeout of {timeout:?}, shorter than the watchdog lease {lease:?}: the server may expire the session (and delete the lock nodes) while the holder still counts on its lease; lower the client's watchdog_lease to at most {timeout:?}, or raise the servers' maxSessionTimeout and ask for a longer session (`session_timeout` in the URL)"),
+            format!("the ensemble negotiated a session timeout of {timeout:?} (asked for {requested:?}), shorter than the watchdog lease {lease:?}: the server may expire the session (and delete the lock nodes) while the holder still counts on its lease; lower the client's watchdog_lease to at most {timeout:?}, or raise the servers' maxSessionTimeout (default 20 × tickTime) and ask for a longer session (`session_timeout` in the URL)"),
         )
     } else if timeout < requested {
         Finding::new(
@@ -243,7 +396,7 @@ fn session_finding(timeout: Duration, requested: Duration, lease: Duration) -> F
         Finding::new(
             Severity::Warning,
             "session-timeout",
-            lengthened(timeout, requested, lease),
+            format!("the ZooKeeper servers raised the session timeout to {timeout:?} (asked for {requested:?}; their minSessionTimeout, default 2 × tickTime): safe, but a holder or queued waiter that crashes or is cut off keeps the lock or its place in the queue for up to {timeout:?}, not the {lease:?} watchdog lease; lower the servers' minSessionTimeout (or tickTime), or use a watchdog lease of at least {timeout:?} so that the two agree"),
         )
     } else if timeout > lease {
         Finding::new(
@@ -348,17 +501,10 @@ mod tests {
         assert_eq!(severity(""), Severity::Warning, "standalone");
         let three = "server.1=a:1:2;3\nserver.2=b:1:2;3\nserver.3=c:1:2;3";
         assert_eq!(severity(three), Severity::Ok);
-        assert_eq!(
-            ensemble_finding(Err(zk::Error::NoAuth)).severity,
-            Severity::Warning
-        );
-        assert_eq!(
-            leader_finding(Ok(Err(zk::Error::NoNode))).severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            leader_finding(Ok(Err(zk::Error::ConnectionLoss))).severity,
-            Severity::Unsafe
-        );
+        let unreadable = ensemble_finding(Err(zk::Error::NoAuth));
+        assert_eq!(unreadable.severity, Severity::Warning);
+        let leader = |e| leader_finding(Ok(Err(e))).severity;
+        assert_eq!(leader(zk::Error::NoNode), Severity::Ok);
+        assert_eq!(leader(zk::Error::ConnectionLoss), Severity::Unsafe);
     }
 }

@@ -1,10 +1,9 @@
 //! Releasing a grant and giving up an attempt: deleting (or updating) its node, recording the fence.
 
-use crate::error::connection_died;
 use crate::grant::Grant;
 use crate::layout::{self, Family, NodeData, NodeKind};
 use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
-use crate::session::{Inner, Session};
+use crate::session::{connection_died, Inner, Session};
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef};
 use distlock_core::{ReleaseOutcome, Result};
 use std::sync::Arc;
@@ -130,23 +129,22 @@ impl Inner {
         g: &Grant,
         role: Role<'_>,
     ) -> Result<std::result::Result<Option<()>, zk::Error>> {
-        if g.node == NodeKind::Latch {
+        let alone = match g.node {
             // No fence to record: an election's tokens are its leaders' creation zxids, and its
             // directory may be a container node of Curator's (deleted by the server when empty).
-            let r = self
-                .timed("resigning", sess.zk.delete(&g.path, None))
-                .await?;
-            return Ok(gone_is_none(r));
-        }
-        if g.node == NodeKind::Lock {
-            let r = self.delete_recording_fence(sess, g, false, None).await?;
+            NodeKind::Latch => Some(
+                self.timed("resigning", sess.zk.delete(&g.path, None))
+                    .await?,
+            ),
+            NodeKind::Lock => Some(self.delete_recording_fence(sess, g, false, None).await?),
+            NodeKind::Read | NodeKind::Write => None,
+        };
+        if let Some(r) = alone {
             return Ok(gone_is_none(r));
         }
         for _ in 0..DATA_ATTEMPTS {
-            let (data, stat) = match self
-                .timed("reading the lock node", sess.zk.get_data(&g.path))
-                .await?
-            {
+            let read = sess.zk.get_data(&g.path);
+            let (data, stat) = match self.timed("reading the lock node", read).await? {
                 Ok(v) => v,
                 Err(e) => return Ok(gone_is_none(Err(e))),
             };
@@ -157,13 +155,10 @@ impl Inner {
             let reads_only = g.node == NodeKind::Read || nd.downgraded;
             let r = match step(g.node, role, nd) {
                 Step::NotThere => return Ok(Ok(None)),
-                Step::Update(nd) => self
-                    .timed(
-                        "updating the lock node",
-                        sess.zk.set_data(&g.path, &nd.encode(), Some(stat.version)),
-                    )
-                    .await?
-                    .map(|_| ()),
+                Step::Update(nd) => {
+                    let set = sess.zk.set_data(&g.path, &nd.encode(), Some(stat.version));
+                    self.timed("updating the lock node", set).await?.map(drop)
+                }
                 Step::Delete => {
                     self.delete_recording_fence(sess, g, reads_only, Some(stat.version))
                         .await?
@@ -197,28 +192,25 @@ impl Inner {
     /// Releases grant `grant`.
     pub(crate) async fn release(self: &Arc<Self>, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let kind = NodeKind::of(grant.key.kind)?;
-        let family = kind.family();
-        let dir = self.dir(&grant.key.name, family);
+        let dir = self.dir(&grant.key.name, kind.family());
         let sess = self.session().await?;
-        let local = {
-            let mut st = self.state();
-            match st
-                .grants
-                .get_mut(&grant.attempt)
-                .filter(|g| g.token == grant.token && g.key.kind == grant.key.kind)
-            {
-                Some(g) if g.gen == sess.gen => {
-                    // The watch on the node will see our own delete: not a loss.
-                    g.releasing = true;
-                    Some(g.clone())
+        let local = (self.state().grants.get_mut(&grant.attempt))
+            .filter(|g| g.token == grant.token && g.key.kind == grant.key.kind && g.gen == sess.gen)
+            .map(|g| {
+                // The watch on the node will see our own delete: not a loss.
+                g.releasing = true;
+                g.clone()
+            });
+        let g = match local {
+            Some(g) => g,
+            None => {
+                // Not a grant of this session: find it on the server by its address.
+                self.forget_grant(&grant.attempt);
+                match self.find_grant(&sess, grant, kind, &dir).await? {
+                    Some(g) => g,
+                    None => return self.absent(&sess, &dir, kind.family()).await,
                 }
-                _ => None,
             }
-        };
-        let Some(g) = local else {
-            // Not a grant of this session: find it on the server by its address.
-            self.forget_grant(&grant.attempt);
-            return self.release_unknown(&sess, grant, kind, &dir).await;
         };
         let role = if g.joined {
             Role::Joined(grant.attempt.as_str())
@@ -226,17 +218,13 @@ impl Inner {
             Role::Own
         };
         match self.retire(&sess, &g, role).await {
-            Ok(Ok(Some(()))) => {
+            Ok(Ok(found)) => {
                 self.forget_grant(&grant.attempt);
-                Ok(ReleaseOutcome::Released)
-            }
-            Ok(Ok(None)) => {
-                self.forget_grant(&grant.attempt);
-                if g.delete_sent {
-                    // An earlier attempt whose answer was lost did delete it.
+                // Not there after a delete whose answer was lost: that delete released it.
+                if found.is_some() || g.delete_sent {
                     return Ok(ReleaseOutcome::Released);
                 }
-                self.absent(&sess, &dir, family).await
+                self.absent(&sess, &dir, kind.family()).await
             }
             Ok(Err(e)) => {
                 self.release_failed(&grant.attempt, connection_died(&e));
@@ -258,43 +246,32 @@ impl Inner {
         }
     }
 
-    /// Releases a grant this backend has no record of (another session's, or one it already
-    /// released): its node is the attempt's node with the grant's token.
-    pub(crate) async fn release_unknown(
+    /// A grant this backend has no record of (another session's, or one it already released),
+    /// found on the server: the attempt's node, if it has the grant's token.
+    async fn find_grant(
         &self,
         sess: &Session,
         grant: &GrantRef,
         kind: NodeKind,
         dir: &str,
-    ) -> Result<ReleaseOutcome> {
+    ) -> Result<Option<Grant>> {
         layout::check_attempt(&grant.attempt)?;
         let prefix = layout::name_prefix(&grant.attempt, kind, &grant.key.owner);
         let found = self.attempt_nodes(sess, dir, &prefix).await?;
-        if let Some(name) = found.into_iter().next() {
-            let path = format!("{dir}/{name}");
-            // The attempt's node, but is it this grant? (A stale address names an older token.)
-            let read = sess.zk.check_stat(&path);
-            match self
-                .call_unless("reading the lock node", zk::Error::NoNode, read)
-                .await?
-            {
-                Some(Some(st)) if token_of(&st) == Some(grant.token) => {}
-                _ => return self.absent(sess, dir, kind.family()).await,
-            }
-            let node = Created::new(dir, name, kind, grant.token);
-            let g = Grant {
-                releasing: true,
-                ..Grant::new(grant.key.clone(), &node, sess.gen)
-            };
-            if let Some(()) = self
-                .retire(sess, &g, Role::Own)
-                .await?
-                .map_err(|e| self.err("releasing the lock node", e))?
-            {
-                return Ok(ReleaseOutcome::Released);
-            }
+        let Some(name) = found.into_iter().next() else {
+            return Ok(None);
+        };
+        // The attempt's node, but is it this grant? (A stale address names an older token.)
+        let read = sess.zk.check_stat(&format!("{dir}/{name}"));
+        let stat = self.call("reading the lock node", read).await?;
+        if stat.is_none_or(|st| token_of(&st) != Some(grant.token)) {
+            return Ok(None);
         }
-        self.absent(sess, dir, kind.family()).await
+        let node = Created::new(dir, name, kind, grant.token);
+        Ok(Some(Grant {
+            releasing: true,
+            ..Grant::new(grant.key.clone(), &node, sess.gen)
+        }))
     }
 
     /// Gives up attempt `req`: its grant (if it got one) is released, its waiting node (if it
@@ -305,11 +282,7 @@ impl Inner {
         let kind = NodeKind::of(req.key.kind)?;
         layout::check_attempt(&req.attempt)?;
         self.state().pending.remove(&req.attempt);
-        let granted = self
-            .state()
-            .grants
-            .get(&req.attempt)
-            .map(|g| req.grant(g.token));
+        let granted = (self.state().grants.get(&req.attempt)).map(|g| req.grant(g.token));
         if let Some(grant) = granted {
             self.release(&grant).await?;
         }
@@ -329,10 +302,8 @@ impl Inner {
                     releasing: true,
                     ..w
                 };
-                if let Err(e) = self
-                    .retire(&sess, &g, Role::Joined(req.attempt.as_str()))
-                    .await?
-                {
+                let role = Role::Joined(req.attempt.as_str());
+                if let Err(e) = self.retire(&sess, &g, role).await? {
                     return Err(self.err("leaving the write node", e));
                 }
             }
@@ -345,7 +316,7 @@ impl Inner {
 mod tests {
     use super::*;
 
-    fn data(downgraded: bool, readers: &[&str]) -> NodeData {
+    fn d(downgraded: bool, readers: &[&str]) -> NodeData {
         NodeData {
             owner: "o".into(),
             downgraded,
@@ -356,31 +327,22 @@ mod tests {
     #[test]
     fn what_a_release_does_to_its_node() {
         use NodeKind::{Read, Write};
-        assert_eq!(step(Read, Role::Own, data(false, &[])), Step::Delete);
-        assert_eq!(step(Write, Role::Own, data(false, &[])), Step::Delete);
-        // The write side released while its owner's read grants share the node: a downgrade.
-        assert_eq!(
-            step(Write, Role::Own, data(false, &["r1"])),
-            Step::Update(data(true, &["r1"]))
-        );
-        // Released already (a retry after a lost reply).
-        assert_eq!(step(Write, Role::Own, data(true, &["r1"])), Step::NotThere);
-        assert_eq!(
-            step(Write, Role::Joined("r1"), data(false, &["r1", "r2"])),
-            Step::Update(data(false, &["r2"]))
-        );
-        assert_eq!(
-            step(Write, Role::Joined("r1"), data(false, &["r1"])),
-            Step::Update(data(false, &[]))
-        );
-        // The last reader of a downgraded node: nobody holds it.
-        assert_eq!(
-            step(Write, Role::Joined("r1"), data(true, &["r1"])),
-            Step::Delete
-        );
-        assert_eq!(
-            step(Write, Role::Joined("r3"), data(true, &["r1"])),
-            Step::NotThere
-        );
+        let (own, r1, r3) = (Role::Own, Role::Joined("r1"), Role::Joined("r3"));
+        let up = |downgraded, readers| Step::Update(d(downgraded, readers));
+        for (node, role, before, after) in [
+            (Read, own, d(false, &[]), Step::Delete),
+            (Write, own, d(false, &[]), Step::Delete),
+            // The write side released while its owner's read grants share the node: a downgrade.
+            (Write, own, d(false, &["r1"]), up(true, &["r1"])),
+            // Released already (a retry after a lost reply).
+            (Write, own, d(true, &["r1"]), Step::NotThere),
+            (Write, r1, d(false, &["r1", "r2"]), up(false, &["r2"])),
+            (Write, r1, d(false, &["r1"]), up(false, &[])),
+            // The last reader of a downgraded node: nobody holds it.
+            (Write, r1, d(true, &["r1"]), Step::Delete),
+            (Write, r3, d(true, &["r1"]), Step::NotThere),
+        ] {
+            assert_eq!(step(node, role, before), after);
+        }
     }
 }

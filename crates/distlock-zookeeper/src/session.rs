@@ -1,17 +1,32 @@
-//! Sessions: opening one, watching it (and each granted node), ending it.
+//! Sessions: opening one, watching it (and each granted node), ending it; driver errors as
+//! dlock's.
 
-use crate::error::{map, timed_out};
 use crate::grant::Grant;
 use crate::layout::{self, Family};
 use crate::tls::Tls;
+use crate::KIND;
 use distlock_core::backend::{AttemptId, Deadline, LostRegistry};
-use distlock_core::{Error, LostReason, LostSignal, Result};
+use distlock_core::{Error, LostReason, LostSignal, Result, Severity};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
+
+/// True when a request failed with its connection: it may or may not have reached the server.
+pub(crate) fn connection_died(e: &zk::Error) -> bool {
+    matches!(e, zk::Error::ConnectionLoss | zk::Error::Custom(_))
+}
+
+/// The session that held (or would hold) the locks is gone.
+pub(crate) fn session_gone(endpoint: &str, why: &str) -> Error {
+    Error::connection(
+        KIND,
+        endpoint.to_owned(),
+        format!("the ZooKeeper session ended ({why}); a new one is opened on the next call"),
+    )
+}
 
 /// Who the backend's sessions authenticate as, for messages.
 #[derive(Debug, Clone)]
@@ -105,14 +120,26 @@ impl Inner {
         layout::dir(&self.base, name, family)
     }
 
+    /// A driver error during `what`.
     pub(crate) fn err(&self, what: &str, e: zk::Error) -> Error {
+        use zk::Error as Z;
+        let endpoint = self.endpoint.clone();
         match e {
-            zk::Error::NoAuth | zk::Error::AuthFailed => Error::auth(
-                crate::error::KIND,
-                self.endpoint.clone(),
-                self.refused(what, &e),
-            ),
-            e => map(&self.endpoint, what, e),
+            Z::ConnectionLoss
+            | Z::Timeout
+            | Z::NoHosts
+            | Z::SessionExpired
+            | Z::SessionMoved
+            | Z::ClientClosed
+            | Z::Throttled
+            // The driver's own failures of a connection (an I/O error, "no response from
+            // connection in …ms" after 2/5 of the session timeout of silence): it reconnects,
+            // and the call is to be retried on the new connection, as after a `ConnectionLoss`.
+            // A release taken for an unexpected reply was not retried, and its node stayed in
+            // the session that lived on.
+            | Z::Custom(_) => Error::connection(KIND, endpoint, format!("{what}: {e}")),
+            Z::NoAuth | Z::AuthFailed => Error::auth(KIND, endpoint, self.refused(what, &e)),
+            other => Error::unexpected(KIND, format!("{what}: {other}")),
         }
     }
 
@@ -179,7 +206,7 @@ impl Inner {
     ) -> Result<std::result::Result<T, E>> {
         tokio::time::timeout(self.op_timeout, fut)
             .await
-            .map_err(|_| timed_out(&self.endpoint, what, self.op_timeout))
+            .map_err(|_| Error::call_timeout(KIND, &self.endpoint, what, self.op_timeout))
     }
 
     /// [`timed`](Self::timed) with the server's error mapped by [`err`](Self::err).
@@ -285,17 +312,14 @@ impl Inner {
                 if let Some(tls) = &self.tls {
                     // The driver does not say why no server answered: ask each ourselves.
                     let within = self.connect_timeout.min(Duration::from_secs(3));
-                    if let Some(e) = tls.diagnose(&self.hosts, within).await {
-                        return Err(Error::connection(
-                            crate::error::KIND,
-                            self.endpoint.clone(),
-                            e,
-                        ));
+                    if let (_, Some(e)) = tls.probe(&self.hosts, within).await {
+                        return Err(Error::connection(KIND, self.endpoint.clone(), e));
                     }
                 }
                 return Err(match failed {
                     Ok(Err(e)) => self.err("opening a session", e),
-                    _ => timed_out(
+                    _ => Error::call_timeout(
+                        KIND,
                         &self.endpoint,
                         "opening a session (is a quorum of the ensemble up?)",
                         self.connect_timeout,
@@ -322,11 +346,8 @@ impl Inner {
             st.session = Some(s.clone());
             s
         };
-        tracing::debug!(
-            session = format!("{:#x}", session.id),
-            ?timeout,
-            "ZooKeeper session opened"
-        );
+        let id = format!("{:#x}", session.id);
+        tracing::debug!(session = id, ?timeout, "ZooKeeper session opened");
         tokio::spawn(monitor(
             Arc::downgrade(self),
             session.gen,
@@ -341,29 +362,20 @@ impl Inner {
     /// Whether a session whose servers negotiated `timeout` may be used: refused when shorter
     /// than the watchdog lease (renewals promise the core a whole watchdog lease from their
     /// send time; a session the server may expire sooner would let a hold look alive after
-    /// its node is gone); logged when it differs from the one asked for.
+    /// its node is gone); logged when it differs from the one asked for (doctor's finding).
     fn check_negotiated(&self, timeout: Duration) -> Result<()> {
-        if timeout < self.watchdog_lease {
-            return Err(Error::invalid(format!(
-                "the ZooKeeper ensemble at {} negotiated a session timeout of {timeout:?} \
-                 (asked for {:?}), shorter than the watchdog lease {:?}: a lock would outlive \
-                 its session in the holder's view; lower the client's watchdog_lease to at most \
-                 {timeout:?}, or ask for a longer session (`session_timeout` in the URL) within \
-                 the servers' maxSessionTimeout (default 20 × tickTime)",
-                self.endpoint, self.requested_timeout, self.watchdog_lease
-            )));
+        let f = crate::ops::session_finding(timeout, self.requested_timeout, self.watchdog_lease);
+        match f.severity {
+            Severity::Unsafe => Err(Error::invalid(format!(
+                "ZooKeeper at {}: {}",
+                self.endpoint, f.message
+            ))),
+            Severity::Warning => {
+                tracing::warn!("{}", f.message);
+                Ok(())
+            }
+            _ => Ok(()),
         }
-        if timeout < self.requested_timeout {
-            tracing::info!(requested = ?self.requested_timeout, negotiated = ?timeout,
-                "the ZooKeeper server shortened the session timeout (its maxSessionTimeout)");
-        }
-        if timeout > self.requested_timeout {
-            tracing::warn!(
-                "{}",
-                crate::ops::lengthened(timeout, self.requested_timeout, self.watchdog_lease)
-            );
-        }
-        Ok(())
     }
 
     /// A lease the core would measure from a request's send time must fit in the session:
@@ -503,12 +515,7 @@ pub(crate) async fn watch_node(
         drop(zk);
         let watcher = match armed {
             Ok(Ok((Some(_), w))) => w,
-            Ok(Ok((None, _))) => {
-                if let Some(inner) = inner.upgrade() {
-                    inner.node_gone(&path, gen);
-                }
-                return;
-            }
+            Ok(Ok((None, _))) => break,
             Ok(Err(_)) | Err(_) => {
                 tokio::select! {
                     _ = ended.cancelled() => return,
@@ -519,12 +526,7 @@ pub(crate) async fn watch_node(
         tokio::select! {
             _ = ended.cancelled() => return,
             ev = watcher.changed() => match ev.event_type {
-                zk::EventType::NodeDeleted => {
-                    if let Some(inner) = inner.upgrade() {
-                        inner.node_gone(&path, gen);
-                    }
-                    return;
-                }
+                zk::EventType::NodeDeleted => break,
                 zk::EventType::Session => return,
                 // Data changes (a downgrade, a reader joining or leaving): watch on, unless
                 // no grant of ours is on the node any more.
@@ -536,5 +538,8 @@ pub(crate) async fn watch_node(
                 }
             },
         }
+    }
+    if let Some(inner) = inner.upgrade() {
+        inner.node_gone(&path, gen);
     }
 }

@@ -37,11 +37,11 @@ mod off {
             match *self {}
         }
 
-        pub(crate) async fn diagnose(&self, _: &str, _: Duration) -> Option<TlsError> {
-            match *self {}
-        }
-
-        pub(crate) async fn version(&self, _: &str, _: Duration) -> Option<String> {
+        pub(crate) async fn probe(
+            &self,
+            _: &str,
+            _: Duration,
+        ) -> (Option<String>, Option<TlsError>) {
             match *self {}
         }
 
@@ -131,35 +131,23 @@ mod imp {
                 .await
         }
 
-        /// Shakes hands with each server of `hosts` (`h:p,h:p`), spending at most `within`
-        /// on each, and gives the first TLS failure.
-        pub(crate) async fn diagnose(&self, hosts: &str, within: Duration) -> Option<TlsError> {
+        /// Shakes hands with each server of `hosts` (`h:p,h:p`), spending at most `within` on
+        /// each: the protocol version (`TLSv1.3`) of the first that completes, and the first
+        /// TLS failure.
+        pub(crate) async fn probe(
+            &self,
+            hosts: &str,
+            within: Duration,
+        ) -> (Option<String>, Option<TlsError>) {
+            let (mut version, mut failure) = (None, None);
             for (host, port) in split(hosts) {
-                if let Ok(Some(e)) = tokio::time::timeout(within, self.handshake(host, port)).await
-                {
-                    return Some(e);
+                match tokio::time::timeout(within, self.handshake(host, port)).await {
+                    Ok(Some(Ok(v))) => version = version.or(Some(v)),
+                    Ok(Some(Err(e))) => failure = failure.or(e),
+                    _ => {}
                 }
             }
-            None
-        }
-
-        /// The protocol version (`TLSv1.3`) a handshake with the first server of `hosts` that
-        /// answers within `within` agrees on.
-        pub(crate) async fn version(&self, hosts: &str, within: Duration) -> Option<String> {
-            for (host, port) in split(hosts) {
-                let shake = async {
-                    let s = self.connect_tls(host, port).await?.ok()?;
-                    s.get_ref().1.protocol_version()
-                };
-                if let Ok(Some(v)) = tokio::time::timeout(within, shake).await {
-                    return Some(match v {
-                        rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2".to_owned(),
-                        rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3".to_owned(),
-                        other => format!("{other:?}"),
-                    });
-                }
-            }
-            None
+            (version, failure)
         }
 
         /// Whether a client certificate is shown.
@@ -167,34 +155,33 @@ mod imp {
             self.client_cert
         }
 
-        /// A TLS connection of our own to `host`: `None` if the name is not one or the TCP
-        /// connection fails, else the handshake's outcome.
-        async fn connect_tls(
+        /// A TLS handshake of our own with `host`: `None` if the name is not one, the TCP
+        /// connection fails or no version was agreed, else the version or the failure.
+        async fn handshake(
             &self,
             host: &str,
             port: u16,
-        ) -> Option<std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>
-        {
+        ) -> Option<std::result::Result<String, Option<TlsError>>> {
             let name = ServerName::try_from(host.to_owned()).ok()?;
             let tcp = tokio::net::TcpStream::connect((host, port)).await.ok()?;
             let connector = tokio_rustls::TlsConnector::from(self.probe.clone());
-            Some(connector.connect(name, tcp).await)
-        }
-
-        async fn handshake(&self, host: &str, port: u16) -> Option<TlsError> {
-            match self.connect_tls(host, port).await? {
-                Err(e) => self.classify(&e),
-                Ok(mut s) => {
-                    // TLS 1.3: a server that refuses the client's certificate (or its absence)
-                    // says so after the handshake; the client speaks first in ZooKeeper, so
-                    // anything read here is that alert (or the server hanging up).
-                    let mut b = [0u8; 1];
-                    match tokio::time::timeout(Duration::from_millis(500), s.read(&mut b)).await {
-                        Ok(Err(e)) => self.classify(&e),
-                        _ => None,
-                    }
-                }
+            let mut s = match connector.connect(name, tcp).await {
+                Ok(s) => s,
+                Err(e) => return Some(Err(self.classify(&e))),
+            };
+            // TLS 1.3: a server that refuses the client's certificate (or its absence) says so
+            // after the handshake; the client speaks first in ZooKeeper, so anything read here
+            // is that alert (or the server hanging up).
+            let mut b = [0u8; 1];
+            let alert = tokio::time::timeout(Duration::from_millis(500), s.read(&mut b));
+            if let Ok(Err(e)) = alert.await {
+                return Some(Err(self.classify(&e)));
             }
+            Some(Ok(match s.get_ref().1.protocol_version()? {
+                rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2".to_owned(),
+                rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3".to_owned(),
+                other => format!("{other:?}"),
+            }))
         }
 
         fn classify(&self, e: &std::io::Error) -> Option<TlsError> {

@@ -1,10 +1,9 @@
 //! Waiting for a node's turn (watching only its predecessor), and one attempt at the lock.
 
-use crate::error::session_gone;
 use crate::grant::Grant;
-use crate::layout::{self, NodeData, NodeKind, Turn};
+use crate::layout::{self, Family, NodeData, NodeKind, Turn};
 use crate::node::Created;
-use crate::session::{Inner, Session};
+use crate::session::{session_gone, Inner, Session};
 use distlock_core::backend::{
     async_trait, wait, AcquireRequest, Deadline, Granted, HoldKey, ReleaseWatch, Wake,
 };
@@ -19,13 +18,6 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-/// How a wait for one node's turn ended.
-pub(crate) enum WaitEnd {
-    /// Granted; no later than the server's confirmation of the grant.
-    Granted(LeaseInstant),
-    GaveUp,
-}
-
 /// Gives the attempt up in the background if the future running it is dropped before it
 /// decided (a caller that stopped waiting for it): nobody would retry it or give it up.
 pub(crate) struct Abandon {
@@ -34,13 +26,6 @@ pub(crate) struct Abandon {
 }
 
 impl Abandon {
-    fn new(inner: &Arc<Inner>, req: &AcquireRequest) -> Self {
-        Abandon {
-            inner: Arc::downgrade(inner),
-            req: Some(req.clone()),
-        }
-    }
-
     fn disarm(mut self) {
         self.req = None;
     }
@@ -79,15 +64,6 @@ pub(crate) async fn give_up_soon(inner: &Arc<Inner>, req: &AcquireRequest) {
     });
 }
 
-pub(crate) fn upgrade_refused(key: &HoldKey) -> Error {
-    Error::invalid(format!(
-        "owner `{}` holds the read side of `{}` and asks for the write side: that could wait for \
-         itself (or for another upgrading reader) forever; release the read side first \
-         (a writer may take the read side, not the reverse)",
-        key.owner, key.name
-    ))
-}
-
 type Event = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
 
 /// The changes of one lock or election directory: a child watch on it (nodes coming and
@@ -106,7 +82,14 @@ pub(crate) struct DirWatch {
 }
 
 impl DirWatch {
-    pub(crate) async fn new(inner: Arc<Inner>, dir: String, election: bool) -> Result<Self> {
+    /// The watch of `name`'s directory of `family`; `election`: its proclamations too.
+    pub(crate) async fn open(
+        inner: &Arc<Inner>,
+        name: &str,
+        family: Family,
+        election: bool,
+    ) -> Result<Box<dyn ReleaseWatch>> {
+        let (inner, dir) = (inner.clone(), inner.dir(name, family));
         let mut w = DirWatch {
             inner,
             dir,
@@ -115,7 +98,7 @@ impl DirWatch {
             fired: false,
         };
         w.arm().await?;
-        Ok(w)
+        Ok(Box::new(w))
     }
 
     async fn arm(&mut self) -> Result<()> {
@@ -128,15 +111,12 @@ impl DirWatch {
         let cw = inner.watch_children(&sess, &self.dir, what, making).await?;
         // Proclamations change an election directory's data; `None`: deleted meanwhile (a
         // Curator container), and the child watch fired for it.
-        let lw = match self.election {
-            true => match inner
-                .call(what, sess.zk.check_and_watch_stat(&self.dir))
-                .await?
-            {
-                (Some(_), w) => Some(w),
-                (None, _) => None,
-            },
-            false => None,
+        let lw = if self.election {
+            let watch = sess.zk.check_and_watch_stat(&self.dir);
+            let (stat, w) = inner.call(what, watch).await?;
+            stat.map(|_| w)
+        } else {
+            None
         };
         let events: Event = Box::pin(async move {
             match lw {
@@ -155,32 +135,27 @@ impl DirWatch {
 #[async_trait]
 impl ReleaseWatch for DirWatch {
     async fn changed(&mut self) -> Result<Wake> {
-        if self.fired {
-            self.arm().await?;
-            self.fired = false;
-            return Ok(Wake::Released);
-        }
-        if self.armed.is_none() {
-            self.arm().await?;
-        }
-        let Some((events, ended)) = self.armed.as_mut() else {
-            return Err(session_gone(&self.inner.endpoint, "no watch"));
-        };
-        let ev = tokio::select! {
-            ev = events => ev,
-            _ = ended.cancelled() => {
-                self.armed = None;
-                return Err(session_gone(&self.inner.endpoint, "the session ended"));
+        if !self.fired {
+            if self.armed.is_none() {
+                self.arm().await?;
             }
-        };
-        self.armed = None;
-        if ev.event_type == zk::EventType::Session {
-            return Err(session_gone(
-                &self.inner.endpoint,
-                &ev.session_state.to_string(),
-            ));
+            let Some((events, ended)) = self.armed.as_mut() else {
+                return Err(session_gone(&self.inner.endpoint, "no watch"));
+            };
+            let ev = tokio::select! {
+                ev = events => ev,
+                _ = ended.cancelled() => {
+                    self.armed = None;
+                    return Err(session_gone(&self.inner.endpoint, "the session ended"));
+                }
+            };
+            self.armed = None;
+            if ev.event_type == zk::EventType::Session {
+                let why = ev.session_state.to_string();
+                return Err(session_gone(&self.inner.endpoint, &why));
+            }
+            self.fired = true;
         }
-        self.fired = true;
         self.arm().await?;
         self.fired = false;
         Ok(Wake::Released)
@@ -195,40 +170,27 @@ impl Inner {
         node: &Created,
         via_leader: bool,
     ) -> Result<Turn> {
-        let family = node.node.family();
         if via_leader {
             self.sync(sess, &node.dir).await?;
         }
-        let children = self.list(sess, &node.dir).await?;
-        let queue = layout::queue(&children, family);
-        let head_downgraded = if layout::needs_head_check(&queue, &node.name) {
-            match queue.first() {
-                Some(head) => self.is_downgraded(sess, &node.dir, &head.name).await?,
-                None => false,
+        let queue = layout::queue(&self.list(sess, &node.dir).await?, node.node.family());
+        // A reader behind a writer at the head asks whether that writer downgraded.
+        let head = (queue.first()).filter(|_| layout::needs_head_check(&queue, &node.name));
+        let head_downgraded = match head {
+            Some(h) => {
+                let read = sess.zk.get_data(&format!("{}/{}", node.dir, h.name));
+                let what = "reading the head of the queue";
+                // Gone (`None`): we look again when our watch fires.
+                let read = self.call_unless(what, zk::Error::NoNode, read).await?;
+                read.is_some_and(|(data, _)| NodeData::parse(&data).is_some_and(|d| d.downgraded))
             }
-        } else {
-            false
+            None => false,
         };
         Ok(layout::turn(&queue, &node.name, head_downgraded))
     }
 
-    /// Whether lock node `dir/name` belongs to a writer that downgraded to reading.
-    pub(crate) async fn is_downgraded(
-        &self,
-        sess: &Session,
-        dir: &str,
-        name: &str,
-    ) -> Result<bool> {
-        let path = format!("{dir}/{name}");
-        let what = "reading the head of the queue";
-        // Gone (`None`): the caller looks again when its watch fires.
-        let read = self.call_unless(what, zk::Error::NoNode, sess.zk.get_data(&path));
-        Ok(read
-            .await?
-            .is_some_and(|(data, _)| NodeData::parse(&data).is_some_and(|d| d.downgraded)))
-    }
-
-    /// Waits until `node` holds the lock, watching only the node it waits for.
+    /// Waits until `node` holds the lock, watching only the node it waits for: the grant's
+    /// time (no later than the server's confirmation of it), or `None` when given up.
     pub(crate) async fn wait_turn(
         &self,
         sess: &Session,
@@ -236,7 +198,7 @@ impl Inner {
         confirmed_at: LeaseInstant,
         deadline: Deadline,
         cancel: &CancellationToken,
-    ) -> Result<WaitEnd> {
+    ) -> Result<Option<LeaseInstant>> {
         let mut at = confirmed_at;
         let mut via_leader = false;
         loop {
@@ -244,7 +206,7 @@ impl Inner {
                 at = LeaseInstant::now();
             }
             let pred = match self.turn(sess, node, via_leader).await? {
-                Turn::Granted => return Ok(WaitEnd::Granted(at)),
+                Turn::Granted => return Ok(Some(at)),
                 Turn::Gone => {
                     return Err(session_gone(
                         &self.endpoint,
@@ -270,8 +232,8 @@ impl Inner {
                 _ = sess.ended.cancelled() => {
                     return Err(session_gone(&self.endpoint, "the session ended while waiting"));
                 }
-                _ = cancel.cancelled() => return Ok(WaitEnd::GaveUp),
-                _ = deadline.reached() => return Ok(WaitEnd::GaveUp),
+                _ = cancel.cancelled() => return Ok(None),
+                _ = deadline.reached() => return Ok(None),
             }
         }
     }
@@ -287,7 +249,12 @@ impl Inner {
         let kind = NodeKind::of(req.key.kind)?;
         layout::check_attempt(&req.attempt)?;
         if kind == NodeKind::Write && self.owner_reads(&req.key) {
-            return Err(upgrade_refused(&req.key));
+            let HoldKey { owner, name, .. } = &req.key;
+            return Err(Error::invalid(format!(
+                "owner `{owner}` holds the read side of `{name}` and asks for the write side: that \
+                 could wait for itself (or for another upgrading reader) forever; release the \
+                 read side first (a writer may take the read side, not the reverse)"
+            )));
         }
         let sess = self.session().await?;
         self.check_lease(&sess, req.lease, "a lease")?;
@@ -302,45 +269,38 @@ impl Inner {
         // If this future is dropped midway (a caller that gave up on it), the attempt gives up
         // in the background: its node must not stay in the queue. An error is no give-up: the
         // caller retries the attempt (which finds its node) or gives it up itself.
-        let abandon = Abandon::new(self, req);
+        let abandon = Abandon {
+            inner: Arc::downgrade(self),
+            req: Some(req.clone()),
+        };
         let decided = async {
             let (node, confirmed_at) = self.node_for(&sess, req, kind).await?;
-            let end = match wait {
-                None => match self.turn(&sess, &node, false).await? {
-                    Turn::Granted => WaitEnd::Granted(confirmed_at),
-                    _ => WaitEnd::GaveUp,
-                },
+            let granted_at = match wait {
+                None => {
+                    (self.turn(&sess, &node, false).await? == Turn::Granted).then_some(confirmed_at)
+                }
                 Some((deadline, cancel)) => {
                     self.wait_turn(&sess, &node, confirmed_at, deadline, cancel)
                         .await?
                 }
             };
-            Ok::<_, Error>((node, end))
+            Ok::<_, Error>((node, granted_at))
         }
         .await;
         abandon.disarm();
-        let (node, end) = decided?;
-        match end {
-            WaitEnd::Granted(at) => {
-                if let Err(e) =
-                    self.insert_grant(&sess, req, Grant::new(req.key.clone(), &node, sess.gen))
-                {
-                    self.drop_attempt_node(&sess, req, &node.path).await;
-                    return Err(e);
-                }
-                Ok(Some(Granted::new(node.token, at)))
-            }
-            WaitEnd::GaveUp => {
-                self.drop_attempt_node(&sess, req, &node.path).await;
-                Ok(None)
-            }
+        let (node, granted_at) = decided?;
+        let granted = match granted_at {
+            Some(at) => self
+                .insert_grant(&sess, req, Grant::new(req.key.clone(), &node, sess.gen))
+                .map(|()| Some(Granted::new(node.token, at))),
+            None => Ok(None),
+        };
+        if !matches!(granted, Ok(Some(_))) {
+            // The attempt is over without a grant: its node goes.
+            self.state().pending.remove(&req.attempt);
+            self.remove_node(&sess, &node.path).await;
         }
-    }
-
-    /// The attempt is over without a grant: its node goes.
-    pub(crate) async fn drop_attempt_node(&self, sess: &Session, req: &AcquireRequest, path: &str) {
-        self.state().pending.remove(&req.attempt);
-        self.remove_node(sess, path).await;
+        granted
     }
 
     /// `acquire_wait`: attempts until granted, the deadline or a cancellation, in the core's

@@ -1,7 +1,6 @@
-//! `dlock doctor` on PostgreSQL: version, a pooler in front (PgBouncer), whether the session's
-//! timeouts take effect, synchronous replication, TLS, and the server clock against the local one.
+//! `dlock doctor` on PostgreSQL (the findings: docs/postgres.md, *Operator commands*).
 
-use crate::common::cols;
+use crate::common::{cols, first};
 use crate::error::KIND;
 use crate::{Mode, PostgresBackend};
 use distlock_core::operator::{clock_finding, measure_clock, TlsSession};
@@ -104,15 +103,8 @@ pub(crate) async fn diagnose(b: &PostgresBackend) -> Result<Vec<Finding>> {
                       current_setting('synchronous_commit'), \
                       current_setting('synchronous_standby_names')";
     let row = row(b, None, "diagnosing", sql).await?;
-    let (version, num, recovery, standbys, mut sync, commit, names): (
-        String,
-        i32,
-        bool,
-        i64,
-        i64,
-        String,
-        String,
-    ) = cols(&row, "diagnose")?;
+    let (version, num, recovery, standbys, mut sync, commit, names) =
+        cols::<(String, i32, bool, i64, i64, String, String)>(&row, "diagnose")?;
     // sync_state is hidden from roles without pg_monitor: then only the setting tells.
     if sync == 0 && standbys > 0 && !names.trim().is_empty() {
         sync = 1;
@@ -140,19 +132,13 @@ async fn tls_finding(b: &PostgresBackend) -> Finding {
         Some(addr) => addr.is_loopback(),
         None => distlock_core::conn::is_loopback(&host),
     };
-    let row = b
-        .common
-        .query(
-            "reading pg_stat_ssl",
-            "SELECT coalesce((SELECT ssl::text || ' ' || coalesce(version, '') FROM pg_stat_ssl \
-             WHERE pid = pg_backend_pid()), 'unknown')",
-            &[],
-        )
-        .await;
-    let seen: String = match row.as_ref().ok().and_then(|r| r.first()) {
-        Some(r) => r.try_get(0).unwrap_or_else(|_| "unknown".into()),
-        None => "unknown".into(),
-    };
+    let sql = "SELECT coalesce((SELECT ssl::text || ' ' || coalesce(version, '') \
+               FROM pg_stat_ssl WHERE pid = pg_backend_pid()), 'unknown')";
+    let rows = b.common.query("reading pg_stat_ssl", sql, &[]).await;
+    let seen = rows
+        .ok()
+        .and_then(|r| first::<String>("pg_stat_ssl", &r).ok());
+    let seen = seen.unwrap_or_else(|| "unknown".into());
     let checks = b.common.tls.checks();
     let t = TlsSession {
         host: &host,
@@ -180,19 +166,14 @@ struct Probe {
     pooled: bool,
 }
 
-/// Opens a connection like the backend's, plus `-c dlock.doctor=on` in `options`.
-async fn probe_conn(b: &PostgresBackend) -> Result<tokio_postgres::Client> {
+/// Probes with a connection like the backend's, plus `-c dlock.doctor=on` in `options`.
+async fn probe(b: &PostgresBackend) -> Result<Probe> {
     let mut config = b.common.config.clone();
-    let opts = match config.get_options() {
+    config.options(&match config.get_options() {
         Some(o) if !o.is_empty() => format!("{o} -c dlock.doctor=on"),
         _ => "-c dlock.doctor=on".to_owned(),
-    };
-    config.options(&opts);
-    b.common.client(Some(&config)).await
-}
-
-async fn probe(b: &PostgresBackend) -> Result<Probe> {
-    let one = probe_conn(b).await?;
+    });
+    let one = b.common.client(Some(&config)).await?;
     let two = b.common.client(None).await?;
     let what = "probing the session";
     let first = "SELECT pg_backend_pid(), current_setting('dlock.doctor', true), \
@@ -323,41 +304,24 @@ mod tests {
 
     #[test]
     fn findings() {
-        assert_eq!(
-            version_finding(160_002, "16.2", Mode::Session).severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            version_finding(130_009, "13.9", Mode::Session).severity,
-            Severity::Warning
-        );
-        assert_eq!(
-            version_finding(130_009, "13.9", Mode::Lease).severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            version_finding(90_400, "9.4", Mode::Lease).severity,
-            Severity::Unsafe
-        );
-        assert_eq!(
-            replication_finding(false, 0, 0, "on").severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            replication_finding(false, 2, 0, "on").severity,
-            Severity::Warning
-        );
-        assert_eq!(
-            replication_finding(false, 2, 1, "local").severity,
-            Severity::Warning
-        );
-        assert_eq!(
-            replication_finding(false, 2, 1, "on").severity,
-            Severity::Ok
-        );
-        assert_eq!(
-            replication_finding(true, 0, 0, "on").severity,
-            Severity::Unsafe
-        );
+        use Severity::{Ok, Unsafe, Warning};
+        for (num, mode, want) in [
+            (160_002, Mode::Session, Ok),
+            (130_009, Mode::Session, Warning),
+            (130_009, Mode::Lease, Ok),
+            (90_400, Mode::Lease, Unsafe),
+        ] {
+            assert_eq!(version_finding(num, "v", mode).severity, want, "{num}");
+        }
+        for (recovery, standbys, sync, commit, want) in [
+            (false, 0, 0, "on", Ok),
+            (false, 2, 0, "on", Warning),
+            (false, 2, 1, "local", Warning),
+            (false, 2, 1, "on", Ok),
+            (true, 0, 0, "on", Unsafe),
+        ] {
+            let f = replication_finding(recovery, standbys, sync, commit);
+            assert_eq!(f.severity, want, "{standbys} {sync} {commit}");
+        }
     }
 }

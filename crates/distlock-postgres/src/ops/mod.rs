@@ -1,23 +1,7 @@
-//! Operator commands on PostgreSQL: `dlock list`, `dlock release --force`, `dlock doctor`.
-//!
-//! - `list`: the names of the namespace that have state — a lease row (`dlock_leases`, lease
-//!   mode), or a fencing counter row (`dlock_fence`) or holder row (`dlock_holders`, session
-//!   mode) — each inspected as `inspect` does. In session mode a holder row counts only while
-//!   its backend holds the name's advisory key in `pg_locks`; a backend holding the key without
-//!   a row (a holder between its `pg_try_advisory_lock` and its row, or a foreign program
-//!   using the same key) is listed as `pid N (application_name …, no dlock_holders row)`.
-//! - `force_release`: lease mode clears the row and draws a new token for it in one
-//!   transaction (the holder's renewals then match no row); session mode
-//!   `pg_terminate_backend`s every backend holding the key (both sides of a read-write lock;
-//!   waiters are not touched), waits until `pg_locks` shows none of them holding it, deletes
-//!   their rows and advances `dlock_fence`. Terminating another role's backend needs
-//!   `pg_signal_backend` (or that role, or superuser for a superuser's backend).
-//! - Elections (`dlock_elections`, lease mode `dlock_lease_elections`) are listed as
-//!   elections, apart from the lock of the same name; a forced release of an election
-//!   terminates the backend holding the election's key (session mode) or clears its row
-//!   (lease mode), and draws a token above the revoked leader's.
-//! - `diagnose`: version, a pooler in front (PgBouncer), whether the session's timeouts take
-//!   effect, synchronous replication, and the server clock against the local one.
+//! Operator commands on PostgreSQL: `dlock list`, `dlock release --force`, `dlock doctor`,
+//! as docs/postgres.md (*Operator commands*) describes them. A session-mode holder row counts
+//! only while its backend holds the name's advisory key in `pg_locks`; a forced release draws
+//! a token above the removed holder's.
 
 use crate::common::{channel, cols, election_key, first, key_of, key_oids, lease_left};
 use crate::common::{lock_key, side, token_u64, Common};
@@ -55,32 +39,17 @@ impl Operator for PostgresBackend {
         list(self, prefix).await
     }
 
+    /// The kinds the mode locks (its capabilities): lease mode clears a row, session mode
+    /// ends the holders' backends.
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
+        self.capabilities().check(KIND, kind)?;
         match (self.mode(), kind) {
             (Mode::Lease, LockKind::Election) => force_lease_election(self, name).await,
-            (Mode::Lease, LockKind::Mutex) => force_lease(self, name).await,
-            (Mode::Lease, other) => Err(Error::unsupported(
-                KIND,
-                format!(
-                    "forced release of lock kind {} in lease mode (mutexes only)",
-                    other.as_str()
-                ),
-            )),
-            (
-                Mode::Session,
-                LockKind::Election
-                | LockKind::Mutex
-                | LockKind::Fair
-                | LockKind::Read
-                | LockKind::Write,
-            ) => {
+            (Mode::Lease, _) => force_lease(self, name).await,
+            (Mode::Session, _) => {
                 let op = self.common.op_timeout;
                 evict(&Sessions::new(self, name, kind), KIND, name, op).await
             }
-            (Mode::Session, other) => Err(Error::unsupported(
-                KIND,
-                format!("lock kind {}", other.as_str()),
-            )),
         }
     }
 
@@ -326,13 +295,12 @@ impl Eviction for Sessions<'_> {
     /// The holders' backends and the holders: an election's leader as `inspect` reports it,
     /// a lock's from its rows.
     async fn holders(&self) -> Result<(Vec<i32>, Vec<HolderInfo>)> {
-        let leader = match self.election {
-            true => Some(self.b.inspect(self.name, LockKind::Election).await?),
-            false => None,
-        };
-        let what = match self.election {
-            true => "finding the leader",
-            false => "finding the holders",
+        let (leader, what) = match self.election {
+            true => {
+                let leader = self.b.inspect(self.name, LockKind::Election).await?;
+                (Some(leader), "finding the leader")
+            }
+            false => (None, "finding the holders"),
         };
         let (mut pids, mut removed, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
         let mut seen: HashSet<(i32, Option<String>)> = HashSet::new();

@@ -59,16 +59,14 @@ impl PgDialect {
                 Err(e) if e.code() == Some(&SqlState::IDLE_SESSION_TIMEOUT) => {
                     LostReason::LeaseExpired
                 }
-                Err(e) => match e.as_db_error() {
-                    Some(db) => LostReason::SessionEnded(format!(
+                Err(e) => LostReason::SessionEnded(match e.as_db_error() {
+                    Some(db) => format!(
                         "the server ended the session holding the lock: {} (SQLSTATE {})",
                         db.message(),
                         db.code().code()
-                    )),
-                    None => LostReason::SessionEnded(format!(
-                        "the connection to {endpoint} holding the lock broke: {e}"
-                    )),
-                },
+                    ),
+                    None => format!("the connection to {endpoint} holding the lock broke: {e}"),
+                }),
                 Ok(()) => LostReason::SessionEnded(format!(
                     "the connection to {endpoint} holding the lock was closed"
                 )),

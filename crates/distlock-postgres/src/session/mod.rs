@@ -1,35 +1,21 @@
 //! Session mode: PostgreSQL session-level advisory locks, each grant on its own connection,
-//! as a dialect of the shared SQL session layer ([`distlock_sql`]).
+//! as a dialect of the shared SQL session layer ([`distlock_sql`]); docs/postgres.md
+//! (*Session mode in detail*) has the protocol in full.
 //!
-//! A grant's lock lives exactly as long as its dedicated connection (the *session*): when the
-//! process dies, its connection closes and the server frees the lock at once. The lease is
-//! enforced by the server too: the session's `idle_session_timeout` is the lease plus a grace
-//! (renewals are queries on that session, which restart the timer), so a holder that hangs or
-//! is cut off loses its session, and with it the lock, when the lease ends (PostgreSQL 14+).
-//!
-//! Every acquisition attempt (the core's `AttemptId`) gets its own session, and this backend
-//! remembers, per attempt, the session its requests ran on. A request whose answer never came
-//! (a timeout, a late reply) leaves the attempt *unknown*: the session may hold the lock. The
-//! attempt's retry then asks that same session (its statements run in order, after the late
-//! one) whether it holds the lock and reports that grant, so a lost reply never makes a second
-//! session take the lock, and a give-up unlocks (or closes) that session. The only sessions
-//! that share a connection are a write grant and the read grant its owner takes beside it (a
-//! downgrade: the server must see one holder).
-//!
-//! Tables: `dlock_fence` (last fencing token per name; a new one is above it, above the
-//! sequence `dlock_fence_seq`'s next value and at least the server clock in µs) and `dlock_holders` (one row per grant, keyed by attempt: owner, kind,
-//! token, backend pid, lease end — for `inspect`, for the `Held` ttl and for revocation; rows
-//! whose pid no longer holds the advisory lock are ignored and cleaned up by the next exclusive
-//! grant). The statements are in `sql/session_*.sql`.
+//! A grant's lock lives exactly as long as its dedicated session, whose
+//! `idle_session_timeout` is the lease plus a grace (PostgreSQL 14+). A request whose answer
+//! never came leaves the attempt *unknown* on its session: the attempt's retry asks that same
+//! session (its statements run in order, after the late one), and a give-up unlocks (or
+//! closes) it, so a lost reply never makes a second session take the lock. Only a write grant
+//! and the read grant of its downgrade share a session (the server must see one holder).
+//! Statements: `sql/session_*.sql`.
 
 mod conn;
 mod sql;
 mod state;
 mod wait;
 
-use crate::common::{
-    cols, election_key, key_of, key_oids, lease_left, lock_key, side, token_u64, Common,
-};
+use crate::common::{cols, election_key, key_oids, lease_left, lock_key, side, token_u64, Common};
 use crate::error::{shape, KIND};
 use crate::listen::Listener;
 use distlock_core::backend::Capabilities;
@@ -40,7 +26,8 @@ use distlock_core::{
 };
 use distlock_sql::waited::{self, Step};
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, IdlePool, Sessions};
-use state::{Entry, Start, State};
+use state::{Entry, State};
+use std::ops::ControlFlow::{Break, Continue};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::types::{ToSql, Type};
@@ -91,20 +78,12 @@ fn exclusive(kind: LockKind) -> bool {
     !matches!(kind, LockKind::Read)
 }
 
-/// The `pg_locks.mode` of an advisory lock of `kind`.
-fn lock_mode(kind: LockKind) -> &'static str {
-    if exclusive(kind) {
-        "ExclusiveLock"
-    } else {
-        "ShareLock"
-    }
-}
-
 /// The PostgreSQL dialect of session mode: advisory locks on dedicated sessions.
 pub(crate) struct PgDialect {
     common: Arc<Common>,
     listener: Arc<Listener>,
-    pool: IdlePool<Arc<conn::Session>>,
+    /// Idle sessions kept for the next grant.
+    pub(crate) pool: IdlePool<Arc<conn::Session>>,
 }
 
 #[async_trait]
@@ -140,18 +119,13 @@ impl Dialect for PgDialect {
         st: &mut State,
         req: &AcquireRequest,
     ) -> Result<AcquireReply> {
-        let s = match self.prepare(holds, entry, st, req, true).await? {
-            Start::Held(token) => return Ok(AcquireReply::Granted { token }),
-            Start::On(s) => s,
+        let s = match self.start(holds, entry, st, req, true).await? {
+            Break(g) => return Ok(AcquireReply::Granted { token: g.token }),
+            Continue(s) => s,
         };
-        if let Some(token) = self.try_on(entry, st, &s, req).await? {
-            return Ok(AcquireReply::Granted { token });
-        }
-        self.forget_on(entry, st, s, &req.attempt, true);
-        let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
-        Ok(AcquireReply::Held {
-            ttl: self.holder_ttl(&req.key.name, req.key.kind, key).await,
-        })
+        self.forget_on(entry, st, s, true);
+        let ttl = self.holder_ttl(&req.key.name, req.key.kind).await;
+        Ok(AcquireReply::Held { ttl })
     }
 
     /// A downgrade is granted beside the write side, on its session: never a blocking wait
@@ -171,17 +145,12 @@ impl Dialect for PgDialect {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let sent = LeaseInstant::now();
-        let s = match self.prepare(holds, hold, st, req, false).await? {
-            Start::Held(token) => return Ok(Some(Granted::new(token, sent))),
-            Start::On(s) => s,
+        let s = match self.start(holds, hold, st, req, false).await? {
+            Break(g) => return Ok(Some(g)),
+            Continue(s) => s,
         };
-        let sent = LeaseInstant::now();
-        if let Some(token) = self.try_on(hold, st, &s, req).await? {
-            return Ok(Some(Granted::new(token, sent)));
-        }
         let Some(left) = waited::budget(deadline, cancel) else {
-            self.forget_on(hold, st, s, &req.attempt, true);
+            self.forget_on(hold, st, s, true);
             return Ok(None);
         };
         let (step, answer) = waited::after(self.wait_on(&s, req, left, deadline, cancel).await);
@@ -196,14 +165,14 @@ impl Dialect for PgDialect {
             // The attempt's dedicated wait session (a wait never shares its session): all of
             // it is given back, and the session closed if that fails.
             Step::Reuse { unlock: true } => {
-                let _ = self.drop_on(hold, st, s, &req.key, &req.attempt).await;
+                let _ = self.drop_on(hold, st, s).await;
             }
-            Step::Reuse { unlock: false } => self.forget_on(hold, st, s, &req.attempt, true),
+            Step::Reuse { unlock: false } => self.forget_on(hold, st, s, true),
             // Never pooled after a stop: its `pg_cancel_backend` may still be on its way (its
             // call timed out on a loaded control connection, so the statement runs later). On
             // a reused session it would cancel another attempt's statement and fail a waiter
             // that must not give up.
-            Step::Close => self.forget_on(hold, st, s, &req.attempt, false),
+            Step::Close => self.forget_on(hold, st, s, false),
         }
         answer.map(|()| None)
     }
@@ -217,28 +186,25 @@ impl Dialect for PgDialect {
         st: &mut State,
         grant: &GrantRef,
     ) -> Result<ReleaseOutcome> {
-        Self::settle(entry, st);
+        entry.settle(st);
         let (again, s) = match &*st {
             State::Granted(g) if g.token == grant.token => (false, g.session.clone()),
             State::Releasing(g) if g.token == grant.token => (true, g.session.clone()),
             _ => return self.not_held_outcome(&grant.key.name, grant.key.kind).await,
         };
         let (name, kind) = (&grant.key.name, grant.key.kind);
-        let unlocked = match self.unlock_on(&s, name, &grant.attempt, kind, false).await {
+        let unlocked = match self.unlock_on(&s, entry, false).await {
             Ok(unlocked) => {
-                self.forget_on(entry, st, s, &grant.attempt, true);
+                self.forget_on(entry, st, s, true);
                 unlocked
             }
             Err(e) => {
-                Self::settle(entry, st);
-                if !st.is_idle() {
-                    if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
-                        entry.set(st, State::Releasing(g));
-                    }
+                let e = Self::failed(entry, st, &s, e);
+                if let State::Granted(g) | State::Releasing(g) = std::mem::take(st) {
+                    entry.set(st, State::Releasing(g));
                     return Err(e);
                 }
-                // The session ended: the lock went with it.
-                s.grants.remove(&grant.attempt);
+                // The session ended: the lock went with it (the attempt `Idle`).
                 false
             }
         };
@@ -257,32 +223,24 @@ impl Dialect for PgDialect {
         grant: &GrantRef,
         lease: Duration,
     ) -> Result<RenewOutcome> {
-        Self::settle(entry, st);
+        entry.settle(st);
         // `Releasing`: the grant is, or is about to be, given back.
-        let s = match &*st {
-            State::Granted(g) if g.token == grant.token => g.session.clone(),
-            _ => return Ok(RenewOutcome::NotHeld),
-        };
-        match self
-            .extend(entry, st, &grant.key, &grant.attempt, lease)
-            .await
-        {
+        if !matches!(&*st, State::Granted(g) if g.token == grant.token) {
+            return Ok(RenewOutcome::NotHeld);
+        }
+        match self.extend(entry, st, lease).await {
             Ok(true) => Ok(RenewOutcome::Renewed),
             Ok(false) => Ok(RenewOutcome::NotHeld),
-            Err(e) => {
-                if st.is_idle() {
-                    s.grants.remove(&grant.attempt);
-                    return Ok(RenewOutcome::NotHeld);
-                }
-                Err(e)
-            }
+            // The session ended: the lock went with it.
+            Err(_) if st.is_idle() => Ok(RenewOutcome::NotHeld),
+            Err(e) => Err(e),
         }
     }
 
     /// Gives back whatever `req`'s attempt holds or may hold (a grant whose answer was lost,
     /// or one it never heard of), and only that. Idempotent.
     async fn give_up(&self, entry: &Entry, st: &mut State, req: &AcquireRequest) -> Result<()> {
-        Self::settle(entry, st);
+        entry.settle(st);
         match &*st {
             State::Idle => Ok(()),
             State::Granted(g) | State::Releasing(g) => {
@@ -291,7 +249,7 @@ impl Dialect for PgDialect {
             }
             State::Unknown(s) => {
                 let s = s.clone();
-                self.drop_on(entry, st, s, &req.key, &req.attempt).await
+                self.drop_on(entry, st, s).await
             }
         }
     }
@@ -337,15 +295,13 @@ impl Dialect for PgDialect {
             })
             .await?;
         let lease_note = common.has_session_timeouts();
-        let mut holders = Vec::with_capacity(rows.len());
-        for r in &rows {
+        let holder = |r| {
             let (owner, count, left, row_kind): (String, i32, f64, &str) = cols(r, "inspect")?;
-            holders.push(
-                HolderInfo::new(owner, u32::try_from(count).unwrap_or(0))
-                    .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))
-                    .with_side(side(row_kind)),
-            );
-        }
+            Ok(HolderInfo::new(owner, u32::try_from(count).unwrap_or(0))
+                .with_lease_left(lease_left(Some(left)).filter(|_| lease_note))
+                .with_side(side(row_kind)))
+        };
+        let holders = rows.iter().map(holder).collect::<Result<_>>()?;
         let fencing_token = match fence.first() {
             None => 0,
             Some(r) => token_u64(cols::<(i64,)>(r, "fencing token")?.0)?,
@@ -430,9 +386,4 @@ pub(crate) async fn holder_pid(mode: &SessionMode, name: &str, owner: &str) -> O
         }
     }
     None
-}
-
-/// Idle sessions kept for the next grant.
-pub(crate) fn idle_sessions(mode: &SessionMode) -> usize {
-    mode.dialect().pool.len()
 }

@@ -1,10 +1,11 @@
 //! The statements of session mode, each on the session it concerns (the SQL is in `sql/`).
 
 use super::conn::Session;
-use super::{exclusive, lock_mode, PgDialect};
+use super::state::Entry;
+use super::{exclusive, PgDialect};
 use crate::common::{channel, first, key_of, key_oids, token_u64};
 use crate::error::shape;
-use distlock_core::{AcquireRequest, AttemptId, LockKind, ReleaseOutcome, Result};
+use distlock_core::{AcquireRequest, LockKind, ReleaseOutcome, Result};
 use distlock_sql::lease::millis_f64;
 use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
@@ -57,12 +58,12 @@ impl PgDialect {
     pub(crate) async fn try_lock_on(
         &self,
         s: &Session,
-        kind: LockKind,
-        key: i64,
+        entry: &Entry,
         idle_held: &str,
         idle_free: &str,
     ) -> Result<bool> {
-        let sql = if exclusive(kind) {
+        let key = key_of(&self.common.namespace, &entry.name, entry.kind);
+        let sql = if exclusive(entry.kind) {
             TRY_LOCK
         } else {
             TRY_LOCK_SHARED
@@ -78,10 +79,11 @@ impl PgDialect {
         first("pg_try_advisory_lock", &rows)
     }
 
-    /// Whether `s` holds the key in `kind`'s mode (read after every earlier statement there).
-    pub(crate) async fn holds(&self, s: &Session, kind: LockKind, key: i64) -> Result<bool> {
-        let (classid, objid) = key_oids(key);
-        let mode = lock_mode(kind);
+    /// Whether `s` holds the attempt's key in its kind's mode (read after every earlier statement there).
+    pub(crate) async fn holds(&self, s: &Session, entry: &Entry) -> Result<bool> {
+        let (classid, objid) = key_oids(key_of(&self.common.namespace, &entry.name, entry.kind));
+        // The `pg_locks.mode` of the advisory lock.
+        let mode = ["ShareLock", "ExclusiveLock"][usize::from(exclusive(entry.kind))];
         let params: [Param; 3] = [
             (&classid, Type::OID),
             (&objid, Type::OID),
@@ -137,14 +139,12 @@ impl PgDialect {
     pub(crate) async fn refresh(
         &self,
         s: &Session,
-        name: &str,
-        kind: LockKind,
-        attempt: &AttemptId,
+        entry: &Entry,
         lease: Duration,
         idle: &str,
     ) -> Result<bool> {
         let ns = self.common.namespace.as_str();
-        let attempt = attempt.as_str();
+        let (name, attempt) = (&*entry.name, entry.attempt.as_str());
         let lease_ms = millis_f64(lease);
         let guc = self.lease_guc();
         let params: [Param; 6] = [
@@ -155,7 +155,7 @@ impl PgDialect {
             (&idle, Type::TEXT),
             (&guc, Type::TEXT),
         ];
-        let sql = match kind {
+        let sql = match entry.kind {
             LockKind::Election => ELECTION_REFRESH,
             _ => REFRESH,
         };
@@ -167,19 +167,13 @@ impl PgDialect {
     /// Gives up what `attempt` holds (or may hold) on `s` and forgets its row: one unlock of
     /// `kind`'s mode, or everything when no other attempt uses the session. True if the
     /// session held the lock (for a single unlock; an unlock-all does not tell).
-    pub(crate) async fn unlock_on(
-        &self,
-        s: &Session,
-        name: &str,
-        attempt: &AttemptId,
-        kind: LockKind,
-        all: bool,
-    ) -> Result<bool> {
+    pub(crate) async fn unlock_on(&self, s: &Session, entry: &Entry, all: bool) -> Result<bool> {
         let ns = self.common.namespace.as_str();
-        let key = key_of(&self.common.namespace, name, kind);
+        let (name, kind) = (&*entry.name, entry.kind);
+        let key = key_of(ns, name, kind);
         let chan = channel(key);
-        let a = attempt.as_str();
-        let idle = s.idle_value(attempt, None);
+        let a = entry.attempt.as_str();
+        let idle = s.idle_value(&entry.attempt, None);
         let guc = self.lease_guc();
         let sql = match (kind, all) {
             (LockKind::Election, true) => ELECTION_RELEASE_ALL,
@@ -205,13 +199,8 @@ impl PgDialect {
     }
 
     /// The longest remaining lease among the live holders of `name`.
-    pub(crate) async fn holder_ttl(
-        &self,
-        name: &str,
-        kind: LockKind,
-        key: i64,
-    ) -> Option<Duration> {
-        let (classid, objid) = key_oids(key);
+    pub(crate) async fn holder_ttl(&self, name: &str, kind: LockKind) -> Option<Duration> {
+        let (classid, objid) = key_oids(key_of(&self.common.namespace, name, kind));
         let ns = self.common.namespace.as_str();
         let params: [Param; 4] = [
             (&ns, Type::TEXT),
@@ -236,8 +225,7 @@ impl PgDialect {
         name: &str,
         kind: LockKind,
     ) -> Result<ReleaseOutcome> {
-        let key = key_of(&self.common.namespace, name, kind);
-        let (classid, objid) = key_oids(key);
+        let (classid, objid) = key_oids(key_of(&self.common.namespace, name, kind));
         let params: [Param; 2] = [(&classid, Type::OID), (&objid, Type::OID)];
         let rows = self
             .common

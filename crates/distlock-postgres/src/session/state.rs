@@ -3,11 +3,10 @@
 
 use super::conn::Session;
 use super::PgDialect;
-use crate::common::key_of;
-use crate::error::shape;
 use distlock_core::clock::Instant as LeaseInstant;
-use distlock_core::{AcquireRequest, AttemptId, Error, LockKind, Result};
+use distlock_core::{AcquireRequest, Error, Granted, LockKind, Result};
 use distlock_sql::{Hold, HoldMap, HoldState};
+use std::ops::ControlFlow::{self, Break, Continue};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,29 +53,14 @@ impl HoldState for State {
 
 pub(crate) type Entry = Hold<State>;
 
-/// Where a try or a wait starts ([`PgDialect::prepare`]).
-pub(crate) enum Start {
-    /// The attempt holds this grant already (a retry).
-    Held(u64),
-    /// Try on this session.
-    On(Arc<Session>),
-}
-
 impl PgDialect {
-    /// Moves an attempt whose session ended to `Idle` (its locks went with the session, whose
-    /// end already fired the lost signals).
-    pub(crate) fn settle(entry: &Entry, st: &mut State) {
-        if !st.is_idle() && st.is_gone() {
-            entry.set(st, State::Idle);
-        }
-    }
-
-    /// A request of `attempt` on `s` failed with `e`: if the session ended meanwhile, the
-    /// attempt is `Idle` and no longer counted on `s`.
-    fn failed(entry: &Entry, st: &mut State, s: &Session, attempt: &AttemptId, e: Error) -> Error {
-        Self::settle(entry, st);
+    /// A request of the attempt on `s` failed with `e`: if the session ended meanwhile (its
+    /// locks went with it, its end fired the lost signals), the attempt is `Idle` and no
+    /// longer counted on `s`.
+    pub(crate) fn failed(entry: &Entry, st: &mut State, s: &Session, e: Error) -> Error {
+        entry.settle(st);
         if st.is_idle() {
-            s.grants.remove(attempt);
+            s.grants.remove(&entry.attempt);
         }
         e
     }
@@ -120,22 +104,28 @@ impl PgDialect {
         }
     }
 
-    /// Where a try (or a wait) of `req` starts: the grant an earlier request of the attempt
-    /// left, or the session to try on, the attempt `Unknown` on it (a new session — the write
-    /// grant's own for a downgrade, if `downgrade` — or the one an unanswered request left,
-    /// which holds nothing).
-    pub(crate) async fn prepare(
+    /// A try (or a wait's first try) of `req`: the grant an earlier request of the attempt
+    /// left, or a `pg_try_advisory_lock`'s on the session to try on, the attempt `Unknown` on
+    /// it (a new session — the write grant's own for a downgrade, if `downgrade` — or the
+    /// one an unanswered request left). Not granted: that session, which holds nothing, the
+    /// attempt still `Unknown` on it. After an error the attempt stays unknown on a live
+    /// session: a retry asks it, a give-up unlocks it. Each grant is measured from before the
+    /// request that made it.
+    pub(crate) async fn start(
         &self,
         holds: &HoldMap<State>,
         entry: &Entry,
         st: &mut State,
         req: &AcquireRequest,
         downgrade: bool,
-    ) -> Result<Start> {
-        match self.resume(entry, st, req).await? {
-            Some(token) => return Ok(Start::Held(token)),
-            None if matches!(st, State::Unknown(_)) => {}
-            None => {
+    ) -> Result<ControlFlow<Granted, Arc<Session>>> {
+        let sent = LeaseInstant::now();
+        if let Some(token) = self.resume(entry, st, req).await? {
+            return Ok(Break(Granted::new(token, sent)));
+        }
+        let s = match &*st {
+            State::Unknown(s) => s.clone(),
+            _ => {
                 Self::check_upgrade(holds, req)?;
                 let beside = match downgrade {
                     true => Self::downgrade_session(holds, req).await,
@@ -148,39 +138,20 @@ impl PgDialect {
                 // Counted on the session before the request goes out: if its answer is lost,
                 // the session is neither pooled nor forgotten while it may hold the lock.
                 s.grants.add(&req.attempt, LeaseInstant::now() + req.lease);
-                entry.set(st, State::Unknown(s));
+                entry.set(st, State::Unknown(s.clone()));
+                s
             }
-        }
-        match &*st {
-            State::Unknown(s) => Ok(Start::On(s.clone())),
-            _ => Err(shape("acquire", "attempt state")),
-        }
-    }
-
-    /// One `pg_try_advisory_lock` for `req` on `s` (the attempt `Unknown` on it): the grant's
-    /// token, or `None` (the attempt still `Unknown` on `s`, which holds nothing). After an
-    /// error the attempt stays unknown on a live `s`: a retry asks `s`, a give-up unlocks it.
-    pub(crate) async fn try_on(
-        &self,
-        entry: &Entry,
-        st: &mut State,
-        s: &Arc<Session>,
-        req: &AcquireRequest,
-    ) -> Result<Option<u64>> {
-        let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
-        let end = LeaseInstant::now() + req.lease;
-        let idle_held = s.idle_value(&req.attempt, Some(end));
+        };
+        let sent = LeaseInstant::now();
+        let idle_held = s.idle_value(&req.attempt, Some(sent + req.lease));
         let idle_free = s.idle_value(&req.attempt, None);
-        match self
-            .try_lock_on(s, req.key.kind, key, &idle_held, &idle_free)
-            .await
-        {
-            Ok(true) => self
-                .grant_on(entry, st, s.clone(), req, &idle_held)
-                .await
-                .map(Some),
-            Ok(false) => Ok(None),
-            Err(e) => Err(Self::failed(entry, st, s, &req.attempt, e)),
+        match self.try_lock_on(&s, entry, &idle_held, &idle_free).await {
+            Ok(true) => {
+                let token = self.grant_on(entry, st, s, req, &idle_held).await?;
+                Ok(Break(Granted::new(token, sent)))
+            }
+            Ok(false) => Ok(Continue(s)),
+            Err(e) => Err(Self::failed(entry, st, &s, e)),
         }
     }
 
@@ -194,8 +165,7 @@ impl PgDialect {
         st: &mut State,
         req: &AcquireRequest,
     ) -> Result<Option<u64>> {
-        Self::settle(entry, st);
-        let key = key_of(&self.common.namespace, &req.key.name, req.key.kind);
+        entry.settle(st);
         match &*st {
             State::Idle => Ok(None),
             State::Releasing(_) => Err(Error::invalid(format!(
@@ -205,12 +175,12 @@ impl PgDialect {
             State::Granted(g) => {
                 let token = g.token;
                 // Not extended: revoked by an operator before this retry, given up; try anew.
-                let extended = self.extend(entry, st, &req.key, &req.attempt, req.lease);
+                let extended = self.extend(entry, st, req.lease);
                 Ok(extended.await?.then_some(token))
             }
             State::Unknown(s) => {
                 let s = s.clone();
-                if !self.holds(&s, req.key.kind, key).await? {
+                if !self.holds(&s, entry).await? {
                     return Ok(None);
                 }
                 let end = LeaseInstant::now() + req.lease;
@@ -227,8 +197,6 @@ impl PgDialect {
         &self,
         entry: &Entry,
         st: &mut State,
-        key: &distlock_core::HoldKey,
-        attempt: &AttemptId,
         lease: Duration,
     ) -> Result<bool> {
         let State::Granted(g) = &*st else {
@@ -236,26 +204,20 @@ impl PgDialect {
         };
         let s = g.session.clone();
         let end = g.lease_end.max(LeaseInstant::now() + lease);
-        let idle = s.idle_value(attempt, Some(end));
-        match self
-            .refresh(&s, &key.name, key.kind, attempt, lease, &idle)
-            .await
-        {
+        let idle = s.idle_value(&entry.attempt, Some(end));
+        match self.refresh(&s, entry, lease, &idle).await {
             Ok(true) => {
-                s.grants.extend(attempt, end);
+                s.grants.extend(&entry.attempt, end);
                 if let State::Granted(g) = st {
                     g.lease_end = end;
                 }
                 Ok(true)
             }
             Ok(false) => {
-                self.revoked(entry, st, key, attempt).await;
+                self.revoked(entry, st).await;
                 Ok(false)
             }
-            Err(e) => {
-                Self::settle(entry, st);
-                Err(e)
-            }
+            Err(e) => Err(Self::failed(entry, st, &s, e)),
         }
     }
 
@@ -285,31 +247,25 @@ impl PgDialect {
                 );
                 Ok(token)
             }
-            Err(e) => Err(Self::failed(entry, st, &s, &req.attempt, e)),
+            Err(e) => Err(Self::failed(entry, st, &s, e)),
         }
     }
 
     /// The grant's row is gone (an operator revoked it): give the lock up on its session.
-    async fn revoked(
-        &self,
-        entry: &Entry,
-        st: &mut State,
-        key: &distlock_core::HoldKey,
-        attempt: &AttemptId,
-    ) {
+    async fn revoked(&self, entry: &Entry, st: &mut State) {
         let (State::Granted(g) | State::Releasing(g)) = &*st else {
             return;
         };
         let s = g.session.clone();
-        let name = &key.name;
+        let (name, attempt) = (&entry.name, &entry.attempt);
         tracing::warn!(%name, %attempt, "dlock_holders row gone: the lock was revoked");
         entry.set(st, State::Idle);
-        if let Err(e) = self.drop_on(entry, st, s, key, attempt).await {
+        if let Err(e) = self.drop_on(entry, st, s).await {
             tracing::warn!(error = %e, %name, "could not unlock a revoked grant");
         }
     }
 
-    /// Gives up what `attempt` holds or may hold on `s` (everything, when no other attempt
+    /// Gives up what the attempt holds or may hold on `s` (everything, when no other attempt
     /// uses the session) and forgets the attempt, pooling the session. If the unlock fails
     /// and the attempt is alone on the session, it is forgotten all the same: closing the
     /// session (dropping the last handle) frees whatever it holds. Shared with a downgrade's
@@ -320,17 +276,12 @@ impl PgDialect {
         entry: &Entry,
         st: &mut State,
         s: Arc<Session>,
-        key: &distlock_core::HoldKey,
-        attempt: &AttemptId,
     ) -> Result<()> {
-        let all = s.grants.others(attempt) == 0;
-        match self.unlock_on(&s, &key.name, attempt, key.kind, all).await {
-            Ok(_) => self.forget_on(entry, st, s, attempt, true),
-            Err(_) if all => self.forget_on(entry, st, s, attempt, false),
-            Err(e) => {
-                Self::settle(entry, st);
-                return Err(e);
-            }
+        let all = s.grants.others(&entry.attempt) == 0;
+        match self.unlock_on(&s, entry, all).await {
+            Ok(_) => self.forget_on(entry, st, s, true),
+            Err(_) if all => self.forget_on(entry, st, s, false),
+            Err(e) => return Err(Self::failed(entry, st, &s, e)),
         }
         Ok(())
     }
@@ -338,15 +289,8 @@ impl PgDialect {
     /// The attempt holds nothing on its dedicated session `s` (or `s` is closed): forget it,
     /// and pool the session if `reuse` (else it closes when the last handle goes, which frees
     /// whatever it might hold).
-    pub(crate) fn forget_on(
-        &self,
-        entry: &Entry,
-        st: &mut State,
-        s: Arc<Session>,
-        attempt: &AttemptId,
-        reuse: bool,
-    ) {
-        s.grants.remove(attempt);
+    pub(crate) fn forget_on(&self, entry: &Entry, st: &mut State, s: Arc<Session>, reuse: bool) {
+        s.grants.remove(&entry.attempt);
         // The state's handle goes first: a pooled session has no other.
         entry.set(st, State::Idle);
         if reuse {
