@@ -84,16 +84,16 @@ impl RedlockBackend {
         Ok(watch::QuorumWatch::new(got, wake, keep, spread))
     }
 
-    /// The nodes' answers as they come in (`None`: none, its problem noted in `problems`), until
-    /// `done` says those in decide, every node answered, or `budget` (if given) passed.
+    /// The nodes' answers as they come in (`None`: none), until `done` says those in decide,
+    /// every node answered, or `budget` (if given) passed; and the problems seen.
     async fn gather<T>(
         &self,
         answers: &mut Answers<'_, T>,
         budget: Option<Duration>,
-        problems: &mut Vec<String>,
         done: impl Fn(&[Option<T>]) -> bool,
-    ) -> Vec<Option<T>> {
+    ) -> (Vec<Option<T>>, Vec<String>) {
         let mut outs: Vec<Option<T>> = (0..self.node_count()).map(|_| None).collect();
+        let mut problems = Vec::new();
         let until = budget.map(|b| tokio::time::Instant::now() + b);
         while !done(&outs) {
             let next = match until {
@@ -122,7 +122,7 @@ impl RedlockBackend {
             };
             problems.push(format!("{}: {problem}", node.endpoint));
         }
-        outs
+        (outs, problems)
     }
 
     /// Why each connected node of `views` that does not count does not, for messages.
@@ -191,10 +191,7 @@ impl Backend for RedlockBackend {
         let mut answers = self.fan_out(&views, t, |b| async move {
             b.give_up(name, kind, attempt).await
         });
-        let mut problems = Vec::new();
-        let outs = self
-            .gather(&mut answers, None, &mut problems, |_| false)
-            .await;
+        let (outs, problems) = self.gather(&mut answers, None, |_| false).await;
         let answered = outs.iter().flatten().count();
         // Fewer than a majority reached: a grant this attempt may have got could still stand
         // (until its lease ends); say so.
@@ -213,11 +210,8 @@ impl Backend for RedlockBackend {
             release_node(b, grant.clone(), t, decided.clone())
         });
         drop(decided);
-        let mut problems = Vec::new();
         let released = |o: &[_]| tally::release_outcome(o) == Ok(ReleaseOutcome::Released);
-        let outcomes = self
-            .gather(&mut answers, None, &mut problems, released)
-            .await;
+        let (outcomes, problems) = self.gather(&mut answers, None, released).await;
         verdict.send_replace(Some(vec![released(&outcomes)]));
         // The slower nodes' releases are on their connections already: they finish in order.
         finish_in_background(answers);
@@ -247,10 +241,7 @@ impl Backend for RedlockBackend {
                 .iter()
                 .all(Option::is_some)
         };
-        let mut problems = Vec::new();
-        let per_node = self
-            .gather(&mut answers, budget, &mut problems, decided)
-            .await;
+        let (per_node, mut problems) = self.gather(&mut answers, budget, decided).await;
         let outcomes = tally::renew_outcomes(&counts, &per_node, holds.len());
         let renewed = outcomes.iter().map(|o| *o == Some(RenewOutcome::Renewed));
         verdict.send_replace(Some(renewed.collect()));
@@ -292,7 +283,7 @@ impl Backend for RedlockBackend {
             let (grant, value) = (grant2.clone(), value2.clone());
             async move { b.proclaim(&grant, seq, &value).await }
         });
-        let (q, mut problems) = (self.quorum(), Vec::new());
+        let q = self.quorum();
         // How many counted nodes stored the proclamation (`true`), or said the grant is gone.
         let counted = |outs: &[Option<RenewOutcome>], renewed: bool| {
             let outs = outs.iter().zip(&views).filter(|(_, v)| v.counts);
@@ -301,9 +292,7 @@ impl Backend for RedlockBackend {
                 .count()
         };
         let decided = |o: &[_]| counted(o, true) >= q || counted(o, false) >= q;
-        let outs = self
-            .gather(&mut answers, None, &mut problems, decided)
-            .await;
+        let (outs, mut problems) = self.gather(&mut answers, None, decided).await;
         finish_in_background(answers);
         let (renewed, gone) = (counted(&outs, true), counted(&outs, false));
         if renewed >= q || gone >= q {
