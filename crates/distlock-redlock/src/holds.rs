@@ -151,7 +151,7 @@ impl Backend for RedlockBackend {
     }
 
     /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
-    /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`](distlock_core::Error::Connection).
+    /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`].
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         Ok(self.round(req, None).await?.0)
     }
@@ -307,7 +307,7 @@ impl Backend for RedlockBackend {
     }
 
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
-    /// majority, else a retryable error); see [`watch::QuorumWatch`].
+    /// majority, else a retryable error); see `watch::QuorumWatch`.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         let observe = |b: Arc<RedisNode>| async move { Backend::observe(b.backend(), name).await };
         let w = self
