@@ -17,6 +17,9 @@ use std::time::Duration;
 /// Idle connections kept for control statements and the next holder.
 const POOL_MAX: usize = 8;
 
+/// How many times `inspect` reads a key's rows again while its server lock has no holder row.
+const GHOST_REREADS: u32 = 3;
+
 /// The server clock in microseconds since the Unix epoch (UTC, so no time zone or daylight
 /// saving change moves it), as SQL: the floor of every fencing token.
 pub(crate) const CLOCK_US: &str =
@@ -276,18 +279,29 @@ impl Common {
         let (mut rows, token, unnamed) = self
             .with_conn("inspecting", move |c| {
                 Box::pin(async move {
-                    let rows: Vec<Holder> = c.exec(sql, (lk.as_str(),)).await?;
+                    // A server lock without a holder row: a grant between its `GET_LOCK` and
+                    // its row, or one being given back (a cancelled waiter's that raced with
+                    // the release). Held all the same, so it is reported; as both last
+                    // milliseconds, the rows are read again a few times first, so that a
+                    // watcher of an election rarely sees such a nameless leader.
+                    let mut round = 0;
+                    let (rows, by) = loop {
+                        let rows: Vec<Holder> = c.exec(&sql, (lk.as_str(),)).await?;
+                        let by: Option<Option<u64>> = match rows.is_empty() && used {
+                            true => c.exec_first("SELECT IS_USED_LOCK(?)", (&lk,)).await?,
+                            false => None,
+                        };
+                        let by = by.flatten();
+                        if by.is_none() || round == GHOST_REREADS {
+                            break (rows, by);
+                        }
+                        round += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    };
                     let token: Option<u64> = c
                         .exec_first("SELECT token FROM dlock_fence WHERE lock_key = ?", (&lk,))
                         .await?;
-                    // A lock's server lock without a holder row: a grant between its
-                    // `GET_LOCK` and its row, or one being given back (a cancelled waiter's
-                    // that raced with the release). Held all the same.
-                    let by: Option<Option<u64>> = match rows.is_empty() && used {
-                        true => c.exec_first("SELECT IS_USED_LOCK(?)", (lk,)).await?,
-                        false => None,
-                    };
-                    Ok((rows, token, by.flatten()))
+                    Ok((rows, token, by))
                 })
             })
             .await?;

@@ -596,16 +596,13 @@ impl Dialect for MyDialect {
     }
 
     /// The holder rows whose connection holds the key, with the value stored with the token
-    /// (an election's leader; NULL for a lock). A connection holding an election's key
-    /// without a row yet (between its grant and its registration) is not reported: its token
-    /// and value are not known yet.
+    /// (an election's leader; NULL for a lock). A connection holding the key without a row
+    /// (between its grant and its registration, or a grant being given back) is reported as
+    /// a nameless holder, for an election too: nobody else can lead while it holds the key.
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
         let lk = self.lk(name, kind);
         let holders = ("dlock_holders", "h.conn_id = IS_USED_LOCK(h.lock_key)");
-        let election = kind == LockKind::Election;
-        self.common
-            .inspect((name, kind, lk), holders, !election)
-            .await
+        self.common.inspect((name, kind, lk), holders, true).await
     }
 }
 

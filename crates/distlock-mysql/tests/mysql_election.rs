@@ -5,7 +5,7 @@
 
 mod support;
 
-use distlock_core::{Backend, ClientOptions, ReleaseOutcome};
+use distlock_core::{Backend, ClientOptions, LockKind, ReleaseOutcome};
 use distlock_mysql::MysqlBackend;
 use distlock_testkit::conformance::{fast_opts, poll_until, unique_name};
 use distlock_testkit::sql_faults::{
@@ -144,6 +144,42 @@ async fn cancelled_campaign_leaves_nothing() {
             .expect("sql")
     };
     election_cancelled_campaign(&my, |name| waiting(&my.server, name), rows_of_b).await;
+}
+
+/// A connection holding an election's key without a holder row (a grant between its
+/// `GET_LOCK` and its row, or a cancelled campaign's grant being given back) holds the
+/// election all the same: `inspect` reports it, so an election shown free can be led. (The
+/// conformance case `cancelled_campaign_leaves_nothing` met this now and then: its dropped
+/// campaign's grant, given back in the background, hid from `inspect` and refused `c`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_held_without_a_row_is_reported() {
+    use mysql_async::prelude::Queryable;
+    let my = My::session();
+    let name = unique_name("rowless");
+    let key = distlock_mysql::election_key("dlock", &name);
+    let mut raw = mysql_async::Conn::from_url(my.url())
+        .await
+        .expect("a connection of its own");
+    let got: Option<i64> =
+        (raw.exec_first("SELECT GET_LOCK(?, 0)", (&key,)).await).expect("GET_LOCK");
+    assert_eq!(got, Some(1));
+    let client = my.client_with(fast_opts()).await;
+    let election = client.election(&name).expect("election");
+    let info = (client.inspect_kind(&name, LockKind::Election).await).expect("inspect");
+    assert_eq!(info.holders.len(), 1, "held, shown free: {info:?}");
+    let led = election.try_campaign("c").await.expect("try");
+    assert!(led.is_none(), "led while another connection held the key");
+    raw.exec_drop("DO RELEASE_LOCK(?)", (&key,))
+        .await
+        .expect("RELEASE_LOCK");
+    let info = (client.inspect_kind(&name, LockKind::Election).await).expect("inspect");
+    assert!(info.holders.is_empty(), "free, shown held: {info:?}");
+    let led = election.try_campaign("c").await.expect("try");
+    let leader = led.expect("an election shown free refused a campaign");
+    assert_eq!(
+        leader.resign().await.expect("resign"),
+        ReleaseOutcome::Released
+    );
 }
 
 /// Rows of `dlock_election_observers` for election `name`.

@@ -103,18 +103,22 @@ fn check_params(
     Ok(tls)
 }
 
+/// The `host:port` of each host of `cs` (`port` where none is given); `none` when it names no
+/// host (or an empty one).
+fn hosts(cs: &ConnectionString, port: u16, none: &str) -> Result<Vec<String>> {
+    if cs.hosts().is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
+        return Err(cs.invalid(none));
+    }
+    Ok(cs.hosts().iter().map(|h| h.endpoint(port)).collect())
+}
+
 /// `redis://host:port[/DB]` (`rediss://` with `tls`): one server.
 fn single_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles>)> {
     let tls = check_params(cs, "redis", Some("protocol"))?;
-    let endpoint = match cs.hosts() {
-        [host] if !host.host.is_empty() => host.endpoint(6379),
-        [] | [_] => return Err(cs.invalid("no host; write redis://host:port")),
-        _ => {
-            return Err(cs.invalid(
-                "more than one host; write redis://host:port (several independent masters are redlock://)",
-            ))
-        }
-    };
+    let hosts = hosts(cs, 6379, "no host; write redis://host:port")?;
+    let [endpoint] = <[String; 1]>::try_from(hosts).map_err(|_| {
+        cs.invalid("more than one host; write redis://host:port (several independent masters are redlock://)")
+    })?;
     let path = cs.path()?;
     let db = path.trim_start_matches('/');
     if !db.is_empty() && db.parse::<u32>().is_err() {
@@ -131,10 +135,7 @@ fn single_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles
 /// TLS): any nodes of the cluster, as seeds (the client learns the rest from them).
 fn cluster_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles>)> {
     let tls = check_params(cs, "redis+cluster", None)?;
-    if cs.hosts().is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
-        return Err(cs.invalid("no node; write redis+cluster://h1:6379,h2:6379"));
-    }
-    let seeds: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(6379)).collect();
+    let seeds = hosts(cs, 6379, "no node; write redis+cluster://h1:6379,h2:6379")?;
     let path = cs.path()?;
     if !matches!(path.trim_start_matches('/'), "" | "0") {
         return Err(cs.invalid("a Redis Cluster has database 0 only: drop the `/DB` path"));
@@ -192,10 +193,8 @@ fn wait_replicas(cs: &ConnectionString) -> Result<Option<(u32, Duration)>> {
 /// the master's (and its replicas'); the sentinels' own is `?sentinel_password=`.
 fn sentinel_route(cs: &ConnectionString) -> Result<(Route, String, Option<TlsFiles>)> {
     check_params(cs, "redis+sentinel", Some("sentinel_password"))?;
-    let hosts: Vec<String> = cs.hosts().iter().map(|h| h.endpoint(26379)).collect();
-    if hosts.is_empty() || cs.hosts().iter().any(|h| h.host.is_empty()) {
-        return Err(cs.invalid("no sentinel; write redis+sentinel://s1:26379,s2:26379/MASTER"));
-    }
+    let none = "no sentinel; write redis+sentinel://s1:26379,s2:26379/MASTER";
+    let hosts = hosts(cs, 26379, none)?;
     let path = cs.path()?;
     let master = path.trim_start_matches('/').to_owned();
     if master.is_empty() || master.contains('/') {
@@ -243,15 +242,9 @@ pub(crate) fn open_client(
         // The process-wide rustls provider: dlock's one unless the program chose.
         distlock_core::conn::install_crypto_provider();
         let certs = tls_certificates(cs, tls)?;
-        return redis::Client::build_with_tls(
-            info,
-            certs,
-        )
-        .map_err(|e| {
-            invalid(format!(
-                "{e} (check that ca_file=, cert= and key= name PEM files: a certificate, and its unencrypted key)"
-            ))
-        });
+        let pem = "check that ca_file=, cert= and key= name PEM files: a certificate, and its unencrypted key";
+        return redis::Client::build_with_tls(info, certs)
+            .map_err(|e| invalid(format!("{e} ({pem})")));
     }
     let _ = tls;
     redis::Client::open(info).map_err(|e| invalid(e.to_string()))
@@ -291,50 +284,52 @@ mod tests {
             "redis://h?wait_replicas=1&wait_timeout=0s",
             "redis://a:1,b:2",
             "not a url",
+            "redis+sentinel://s1",
+            "redis+sentinel://s1/a/b",
+            "redis+sentinel://s1/m?protocol=resp3",
+            "redis+cluster://",
+            "redis+cluster://h/3",
+            "redis+cluster://h?ca_file=/x",
+            "redis+cluster://h?protocol=resp3",
+            "redis+cluster://h?nope=1",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert_eq!(parse("rediss://h").is_ok(), cfg!(feature = "tls"));
-        assert_eq!(parse("redis://h").unwrap().dialect, None);
-        assert_eq!(
-            parse("redis://h?dialect=redisson").unwrap().dialect,
-            Some(Dialect::Redisson)
-        );
-        assert_eq!(
-            parse("redis+sentinel://s/m?dialect=python-redis-lock")
-                .unwrap()
-                .dialect,
-            Some(Dialect::PythonRedisLock)
-        );
-        assert_eq!(
-            parse("redis+cluster://h?dialect=redisson").unwrap().dialect,
-            Some(Dialect::Redisson)
-        );
+        for (url, dialect) in [
+            ("redis://h", None),
+            ("redis://h?dialect=redisson", Some(Dialect::Redisson)),
+            (
+                "redis+sentinel://s/m?dialect=python-redis-lock",
+                Some(Dialect::PythonRedisLock),
+            ),
+            (
+                "redis+cluster://h?dialect=redisson",
+                Some(Dialect::Redisson),
+            ),
+        ] {
+            assert_eq!(parse(url).unwrap().dialect, dialect, "{url}");
+        }
         let e = parse("redis://h?dialect=jedis").unwrap_err().to_string();
         assert!(e.contains("redisson, python-redis-lock"), "{e}");
-        let a = parse("redis+sentinel://:pw@s1,s2:7/mymaster?namespace=n").unwrap();
-        let Route::Sentinel(s) = &a.route else {
-            panic!("{a:?}")
+        let sentinels = |url| match parse(url).unwrap() {
+            Address {
+                route: Route::Sentinel(s),
+                namespace,
+                ..
+            } => (*s, namespace),
+            other => panic!("{other:?}"),
         };
+        let (s, namespace) = sentinels("redis+sentinel://:pw@s1,s2:7/mymaster?namespace=n");
         assert_eq!(s.hosts, &["s1:26379", "s2:7"]);
         assert_eq!(s.master, "mymaster");
-        assert_eq!(a.namespace.as_deref(), Some("n"));
-        let a = parse("redis+sentinel://s1/m?sentinel_password=sp%40ss").unwrap();
-        let Route::Sentinel(s) = &a.route else {
-            panic!("{a:?}")
-        };
+        assert_eq!(namespace.as_deref(), Some("n"));
+        let (s, _) = sentinels("redis+sentinel://s1/m?sentinel_password=sp%40ss");
         assert_eq!(s.password.as_ref().map(Password::expose), Some("sp@ss"));
         assert_eq!(
             redact("redis+sentinel://s1/m?sentinel_password=hidden"),
             "redis+sentinel://s1/m?sentinel_password=***"
         );
-        for bad in [
-            "redis+sentinel://s1",
-            "redis+sentinel://s1/a/b",
-            "redis+sentinel://s1/m?protocol=resp3",
-        ] {
-            assert!(parse(bad).is_err(), "{bad}");
-        }
         let e = parse("rediss+sentinel://s1/m").unwrap_err().to_string();
         assert!(e.contains("not built yet"), "{e}");
     }
@@ -348,15 +343,6 @@ mod tests {
         assert_eq!(seeds, &["redis://h1:7000", "redis://h2:7001"]);
         assert_eq!(a.namespace.as_deref(), Some("n"));
         assert_eq!(a.wait_replicas, Some((1, DEFAULT_WAIT_TIMEOUT)));
-        for bad in [
-            "redis+cluster://",
-            "redis+cluster://h/3",
-            "redis+cluster://h?ca_file=/x",
-            "redis+cluster://h?protocol=resp3",
-            "redis+cluster://h?nope=1",
-        ] {
-            assert!(parse(bad).is_err(), "{bad}");
-        }
         assert_eq!(
             parse("rediss+cluster://h?ca_file=/ca").is_ok(),
             cfg!(feature = "tls")

@@ -198,21 +198,20 @@ mod tests {
     fn user_without_password_and_bad_files() {
         let none = env_of(&[]);
         let err = |b: RedisBuilder| resolve(&b, &none).err().map(|e| e.to_string());
-        let e = err(RedisBuilder::new("redis://h").user("u"));
-        assert!(
-            e.as_deref().is_some_and(|e| e.contains(PASSWORD_ENV)),
-            "{e:?}"
-        );
-        let e = err(RedisBuilder::new("redis://h").password_file("/no/such/file"));
-        assert!(
-            e.as_deref().is_some_and(|e| e.contains("/no/such/file")),
-            "{e:?}"
-        );
-        let e = err(RedisBuilder::new("redis://h").ca_file("/ca.pem"));
-        assert!(
-            e.as_deref().is_some_and(|e| e.contains("rediss://")),
-            "{e:?}"
-        );
+        for (b, needle) in [
+            (RedisBuilder::new("redis://h").user("u"), PASSWORD_ENV),
+            (
+                RedisBuilder::new("redis://h").password_file("/no/such/file"),
+                "/no/such/file",
+            ),
+            (
+                RedisBuilder::new("redis://h").ca_file("/ca.pem"),
+                "rediss://",
+            ),
+        ] {
+            let e = err(b);
+            assert!(e.as_deref().is_some_and(|e| e.contains(needle)), "{e:?}");
+        }
     }
 
     #[test]

@@ -1,14 +1,11 @@
-//! `redis+cluster://`: the same scripts on a Redis Cluster.
+//! `redis+cluster://`: the same scripts on a Redis Cluster (docs/redis-cluster.md).
 //!
-//! Every key of one lock carries the hash tag `{NAME}`, so one lock lives in one slot and each
-//! lock script touches one slot: the command connection is redis-rs's cluster client, which
-//! sends each script to the master of its first key's slot (following `MOVED` and `ASK`), and
-//! a pipeline (a script with its `WAIT`, `inspect`'s reads) to that one master. What spans
-//! locks is routed here: the watchdog's batched renewal groups its grants by slot (one script
-//! per slot) and sends one pipeline per master (`crate::renew`); `list` scans every master;
-//! `doctor` checks every master. Release notifications use classic pub/sub, which a cluster
-//! broadcasts to every node, so one subscriber connection to any node hears every lock (see
-//! the crate docs and `docs/redis-cluster.md`).
+//! Every key of one lock carries the hash tag `{NAME}`, so each lock script touches one slot:
+//! redis-rs's cluster client sends it (or a pipeline of one lock's commands) to the master of
+//! its first key's slot, following `MOVED` and `ASK`. What spans locks is routed here, by
+//! master ([`Cluster::per_master`]): the watchdog's batched renewal, `inspect_many`, `list`'s
+//! SCAN and `doctor`. One subscriber connection to any node hears every lock (classic PUBLISH
+//! is broadcast).
 
 use crate::address;
 use crate::conn::Con;
@@ -17,12 +14,13 @@ use crate::renew::PER_SCRIPT;
 use distlock_core::conn::{ConnectionString, Credentials, Host, TlsFiles};
 use distlock_core::ClientOptions;
 use distlock_core::{Error, Result};
-use futures_util::future::FutureExt;
+use futures_util::future::{join_all, FutureExt};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,19 +30,7 @@ use std::time::Duration;
 pub(crate) enum Link {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
-    At(ClusterConnection, String, u16),
-}
-
-impl Link {
-    fn at(&self) -> Option<SingleNodeRoutingInfo> {
-        match self {
-            Link::At(_, host, port) => Some(SingleNodeRoutingInfo::ByAddress {
-                host: host.clone(),
-                port: *port,
-            }),
-            _ => None,
-        }
-    }
+    At(ClusterConnection, SingleNodeRoutingInfo),
 }
 
 /// A pipeline of `SCRIPT` commands only (the `SCRIPT LOAD`s of [`scripts::load`]): redis-rs
@@ -58,12 +44,11 @@ fn script_pipeline(pipeline: &Pipeline) -> bool {
 
 impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let at = self.at();
         match self {
             Link::Single(c) => c.req_packed_command(cmd),
             Link::Cluster(c) => c.req_packed_command(cmd),
-            Link::At(c, ..) => {
-                let route = RoutingInfo::SingleNode(at.unwrap_or(SingleNodeRoutingInfo::Random));
+            Link::At(c, at) => {
+                let route = RoutingInfo::SingleNode(at.clone());
                 c.route_command(cmd.clone(), route).boxed()
             }
         }
@@ -75,7 +60,6 @@ impl ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let at = self.at();
         let scripts_only = script_pipeline(pipeline);
         match self {
             Link::Single(c) => c.req_packed_commands(pipeline, offset, count),
@@ -90,14 +74,9 @@ impl ConnectionLike for Link {
                 Ok(out.into_iter().skip(offset).take(count).collect())
             }
             .boxed(),
-            Link::At(c, ..) => c
-                .route_pipeline(
-                    pipeline.clone(),
-                    offset,
-                    count,
-                    at.unwrap_or(SingleNodeRoutingInfo::Random),
-                )
-                .boxed(),
+            Link::At(c, at) => {
+                (c.route_pipeline(pipeline.clone(), offset, count, at.clone())).boxed()
+            }
         }
     }
 
@@ -157,7 +136,11 @@ impl Cluster {
 
     /// A connection to the master at `m` only.
     pub(crate) fn at(&self, m: &Master) -> Link {
-        Link::At(self.con.clone(), m.host.clone(), m.port)
+        let at = SingleNodeRoutingInfo::ByAddress {
+            host: m.host.clone(),
+            port: m.port,
+        };
+        Link::At(self.con.clone(), at)
     }
 
     /// The masters, as last read (read now if never, or after [`forget`](Self::forget)).
@@ -194,6 +177,31 @@ impl Cluster {
             Some(m) => Ok(self.at(m)),
             None => Ok(self.link()),
         }
+    }
+
+    /// `part` run for every master at once ([`plan`]; `None`: no master known for the slots)
+    /// with the items (indexes into `slots`) of its slots, in scripts of one slot, and its
+    /// results (one per item, in the order of its scripts) put back in the order of `slots`
+    /// (`None`: a part that answered too few): one pipeline per master, not a round trip per
+    /// lock, for the renewal and the reading of many locks.
+    pub(crate) async fn per_master<T, Fut>(
+        &self,
+        slots: &[u16],
+        part: impl Fn(Option<Master>, Vec<Vec<usize>>) -> Fut,
+    ) -> RedisResult<Vec<Option<T>>>
+    where
+        Fut: Future<Output = Vec<T>>,
+    {
+        let masters = self.masters().await?;
+        let plan = plan(slots, &masters);
+        let parts = (plan.iter()).map(|(m, idx)| part(m.map(|m| masters[m].clone()), idx.clone()));
+        let mut out: Vec<Option<T>> = (0..slots.len()).map(|_| None).collect();
+        for (idx, results) in plan.values().zip(join_all(parts).await) {
+            for (&i, r) in idx.iter().flatten().zip(results) {
+                out[i] = Some(r);
+            }
+        }
+        Ok(out)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<Vec<Master>>>> {
@@ -289,6 +297,11 @@ pub(crate) async fn is_cluster_node(con: &mut ConnectionManager) -> bool {
             false
         }
     }
+}
+
+/// The error for the items of slots no master is known for (they go out by key).
+pub(crate) fn no_master(endpoint: &str) -> Error {
+    Error::connection(KIND, endpoint.to_owned(), "no master known for the slot")
 }
 
 /// The error for a `redis://` URL that names a cluster node.

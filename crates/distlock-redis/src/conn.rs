@@ -41,22 +41,14 @@ pub(crate) struct Opened {
 /// As [`RedisBackend::connect`](crate::RedisBackend::connect).
 pub(crate) async fn open(a: &Address, creds: &Credentials, opts: &ClientOptions) -> Result<Opened> {
     let tls = a.tls.as_ref();
-    let cert_given = Some(tls.is_some_and(|t| t.client().is_some()));
     let (con, nodes, endpoint, sentinel) = match &a.route {
         Route::Cluster(seeds) => {
             let (con, nodes) = cluster::open(&a.conn, seeds, tls, creds, &a.endpoint, opts).await?;
-            let opened = Opened {
-                con,
-                nodes,
-                endpoint: a.endpoint.clone(),
-                cert_given: None,
-                sentinel: None,
-            };
-            return Ok(opened);
+            (con, nodes, a.endpoint.clone(), None)
         }
         Route::Single(url) => {
             let (con, client) = single(a, url, &a.endpoint, None, creds, opts).await?;
-            (con, client, a.endpoint.clone(), None)
+            (con, vec![client], a.endpoint.clone(), None)
         }
         Route::Sentinel(named) => {
             let sentinels = Sentinels {
@@ -67,12 +59,14 @@ pub(crate) async fn open(a: &Address, creds: &Credentials, opts: &ClientOptions)
             let endpoint = sentinels.endpoint();
             let url = format!("redis://{at}");
             let (con, client) = single(a, &url, &endpoint, Some(&at), creds, opts).await?;
-            (con, client, endpoint, Some((sentinels, at)))
+            (con, vec![client], endpoint, Some((sentinels, at)))
         }
     };
+    let cluster = matches!(a.route, Route::Cluster(_));
+    let cert_given = (!cluster).then(|| tls.is_some_and(|t| t.client().is_some()));
     Ok(Opened {
         con,
-        nodes: vec![nodes],
+        nodes,
         endpoint,
         cert_given,
         sentinel,

@@ -16,9 +16,9 @@
 //! head is younger than that many critical sections barges; a deeper or slower one is served
 //! FIFO. `?handoff_after=DUR` fixes it instead; `handoff_after=0` hands over always.
 
-use crate::error::{shape, KIND};
+use crate::error::shape;
 use distlock_core::conn::ConnectionString;
-use distlock_core::{AttemptId, Error, LockKind, Result};
+use distlock_core::{AttemptId, LockKind, Result};
 use redis::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -67,12 +67,8 @@ pub(crate) struct RecentHolds {
 }
 
 impl RecentHolds {
-    fn open(&self) -> std::sync::MutexGuard<'_, Vec<(AttemptId, Instant)>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn granted(&self, attempt: &AttemptId) {
-        let mut open = self.open();
+        let mut open = crate::lock(&self.open);
         if open.iter().any(|(a, _)| a == attempt) {
             // A retry of a granted attempt: the hold began with the first grant.
             return;
@@ -85,7 +81,7 @@ impl RecentHolds {
 
     fn released(&self, attempt: &AttemptId) {
         let since = {
-            let mut open = self.open();
+            let mut open = crate::lock(&self.open);
             let Some(i) = open.iter().position(|(a, _)| a == attempt) else {
                 return;
             };
@@ -165,19 +161,6 @@ pub(crate) fn acquire_reply(v: &Value) -> Result<(i64, i64)> {
     }
 }
 
-/// The mutex release script's reply (1 released, 0 no lock, 3 another grant), as the other
-/// families' `{outcome, 0}`.
-pub(crate) fn release_reply(mode: &str, v: &Value) -> Result<(i64, i64)> {
-    match crate::int(v) {
-        Some(n) if matches!(n, 0 | 1 | 3) => Ok((n, 0)),
-        Some(n) => Err(Error::unexpected(
-            KIND,
-            format!("{mode}: unexpected reply {n}"),
-        )),
-        None => Err(shape(mode, v)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,8 +173,12 @@ mod tests {
         assert_eq!(acquire_reply(&Value::Int(-1)).ok(), Some((0, -1)));
         assert_eq!(acquire_reply(&Value::Int(0)).ok(), Some((0, -2)));
         assert!(acquire_reply(&Value::Nil).is_err());
-        assert_eq!(release_reply("release", &Value::Int(3)).ok(), Some((3, 0)));
-        assert!(release_reply("release", &Value::Int(2)).is_err());
+        let released = |n| crate::release_outcome("release", n).ok();
+        assert_eq!(
+            released(3),
+            Some(distlock_core::ReleaseOutcome::TakenByOther)
+        );
+        assert_eq!(released(2), None);
     }
 
     #[test]
@@ -246,7 +233,7 @@ mod tests {
         for _ in 0..TRACKED {
             h.granted(&AttemptId::new());
         }
-        assert_eq!(h.open().len(), TRACKED);
+        assert_eq!(crate::lock(&h.open).len(), TRACKED);
         // The oldest was forgotten: its release is no sample.
         h.released(&first);
         assert_eq!(h.mean_us.load(Ordering::Relaxed), 0);

@@ -57,10 +57,7 @@ pub(crate) fn map_tls(endpoint: &str, e: RedisError, client_cert: Option<bool>) 
     if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
         return Error::auth(KIND, endpoint.to_owned(), format!("{text} (the ACL user needs EVALSHA, SCRIPT, PUBLISH, SUBSCRIBE and access to the namespace's keys)"));
     }
-    if e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
+    if connection_lost(&e)
         || matches!(
             e.kind(),
             ErrorKind::Io
@@ -77,6 +74,11 @@ pub(crate) fn map_tls(endpoint: &str, e: RedisError, client_cert: Option<bool>) 
         return Error::connection(KIND, endpoint.to_owned(), e);
     }
     Error::unexpected(KIND, text)
+}
+
+/// Whether `e` means the connection failed (or its answer never came), not the request.
+pub(crate) fn connection_lost(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
 /// The error for a password the server refused although it lets clients in without one:

@@ -1,9 +1,11 @@
 //! Reading a lock's state (`inspect`, and the holders a forced release removed): one
 //! pipelined round trip, the same reading of the grants for every lock family.
 
+use crate::cluster::Master;
 use crate::error::KIND;
 use crate::{family, Family, RedisBackend};
 use distlock_core::{Error, HolderInfo, LockInfo, LockKind, Result, WaiterInfo};
+use futures_util::future::join_all;
 use redis::Value;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -21,6 +23,11 @@ pub(crate) fn ms(ms: i64) -> Option<Duration> {
     u64::try_from(ms).ok().map(Duration::from_millis)
 }
 
+/// `TIME` (seconds, microseconds) in ms.
+pub(crate) fn time_ms(secs: &str, micros: &str) -> Option<u64> {
+    Some(secs.parse::<u64>().ok()? * 1000 + micros.parse::<u64>().ok()? / 1000)
+}
+
 /// The live holders in a grants hash: the mutex's one grant `{attempt, token, owner}` (its
 /// lease the hash's PTTL), or a read-write lock's or semaphore's grants
 /// `ATTEMPT → TOKEN:X:OWNER`, each with its own expiry (server ms; past ones are gone,
@@ -35,15 +42,11 @@ pub(crate) fn holders(
     let left = ms(pttl);
     if let Family::Mutex { election, .. } = fam {
         let field = |name: &str| fields.iter().find(|(f, _)| f == name).map(|(_, v)| v);
+        // An election's leader advertises its value (empty if none was stored).
+        let value = election.then(|| field("value").cloned().unwrap_or_default());
+        let holder = |owner: &String| HolderInfo::new(owner.clone(), 1).with_lease_left(left);
         return field("owner")
-            .map(|owner| {
-                let h = HolderInfo::new(owner.clone(), 1).with_lease_left(left);
-                // An election's leader advertises its value (empty if none was stored).
-                match election {
-                    true => h.with_value(Some(field("value").cloned().unwrap_or_default())),
-                    false => h,
-                }
-            })
+            .map(|o| holder(o).with_value(value))
             .into_iter()
             .collect();
     }
@@ -108,9 +111,18 @@ struct Reading<'a> {
     replies: usize,
 }
 
-/// The number of replies a [`Reading`] turns into a [`LockInfo`]: holds, PTTL, fence, waiter
-/// data, queue, TIME, expiries, limit.
-const SHAPE: usize = 8;
+/// The replies a [`Reading`] turns into a [`LockInfo`]: holds, PTTL, fence, waiter data,
+/// queue, TIME, expiries, limit.
+type Replies = (
+    Vec<(String, String)>,
+    i64,
+    Option<String>,
+    Vec<(String, String)>,
+    Vec<(String, f64)>,
+    (String, String),
+    Vec<(String, f64)>,
+    Option<u32>,
+);
 
 impl<'a> Reading<'a> {
     /// Appends to `pipe` the commands that read lock `name` of `kind`: holds, their
@@ -123,25 +135,20 @@ impl<'a> Reading<'a> {
     ) -> Result<Self> {
         let fam = family(kind)?;
         let k = b.keys(name, &fam);
-        pipe.cmd("HGETALL").arg(&k.holds);
-        pipe.cmd("PTTL").arg(&k.holds);
-        pipe.cmd("GET").arg(&k.fence);
-        pipe.cmd("HGETALL").arg(&k.waiters);
-        pipe.cmd("ZRANGE")
-            .arg(&k.queue)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES");
+        let zrange = |pipe: &mut redis::Pipeline, key| {
+            pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
+        };
+        pipe.cmd("HGETALL").arg(&k.holds).cmd("PTTL").arg(&k.holds);
+        pipe.cmd("GET").arg(&k.fence).cmd("HGETALL").arg(&k.waiters);
+        zrange(pipe, &k.queue);
         pipe.cmd("TIME");
-        let mut replies = 6;
         if let Some(e) = &k.exp {
-            pipe.cmd("ZRANGE").arg(e).arg(0).arg(-1).arg("WITHSCORES");
-            replies += 1;
+            zrange(pipe, e);
         }
         if let Some(l) = &k.limit {
             pipe.cmd("GET").arg(l);
-            replies += 1;
         }
+        let replies = 6 + usize::from(k.exp.is_some()) + usize::from(k.limit.is_some());
         Ok(Reading { name, fam, replies })
     }
 
@@ -158,22 +165,10 @@ impl<'a> Reading<'a> {
         let bad = |what: &str| -> Error {
             Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
         };
-        let [fields, pttl, fence, waiters, queue, time, exps, limit]: [Value; SHAPE] =
-            vals.try_into().map_err(|_| bad("number of replies"))?;
-        let fields: Vec<(String, String)> =
-            redis::from_redis_value(fields).map_err(|_| bad("holders"))?;
-        let pttl: i64 = redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?;
-        let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
-        let exps: Vec<(String, f64)> =
-            redis::from_redis_value(exps).map_err(|_| bad("expiries"))?;
-        let waiters: Vec<(String, String)> =
-            redis::from_redis_value(waiters).map_err(|_| bad("waiters"))?;
-        let queue: Vec<(String, f64)> = redis::from_redis_value(queue).map_err(|_| bad("queue"))?;
-        let limit: Option<u32> = redis::from_redis_value(limit).map_err(|_| bad("permits"))?;
-        let (secs, micros): (String, String) =
-            redis::from_redis_value(time).map_err(|_| bad("TIME"))?;
-        let now_ms =
-            secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
+        let (fields, pttl, fence, waiters, queue, (secs, micros), exps, limit): Replies =
+            redis::from_redis_value(Value::Array(vals))
+                .map_err(|e| bad(&format!("replies: {e}")))?;
+        let now_ms = time_ms(&secs, &micros).ok_or_else(|| bad("TIME"))?;
         let data: HashMap<&str, &str> = waiters
             .iter()
             .map(|(m, d)| (m.as_str(), d.as_str()))
@@ -240,39 +235,37 @@ pub(crate) async fn inspect_many(
     let Some(cluster) = b.con.cluster() else {
         return pipelined(b, &mut b.con.get(), locks).await;
     };
-    let masters = cluster.masters().await.map_err(|e| b.err(e))?;
     let slots: Vec<u16> = (locks.iter())
         .map(|(name, _)| crate::cluster::slot(&b.fence_key(name)))
         .collect();
-    let mut out: Vec<Option<LockInfo>> = vec![None; locks.len()];
-    for (owner, groups) in crate::cluster::plan(&slots, &masters) {
-        let idx = groups.concat();
-        let part: Vec<(String, LockKind)> = idx.iter().map(|&i| locks[i].clone()).collect();
-        let read = match owner {
-            Some(m) => pipelined(b, &mut cluster.at(&masters[m]), &part).await,
-            None => Err(Error::connection(
-                KIND,
-                b.endpoint.clone(),
-                "no master known for the slot",
-            )),
+    let read = |master: Option<Master>, groups: Vec<Vec<usize>>| async move {
+        let part: Vec<(String, LockKind)> =
+            groups.concat().iter().map(|&i| locks[i].clone()).collect();
+        let read = match master {
+            Some(m) => pipelined(b, &mut cluster.at(&m), &part).await,
+            None => Err(crate::cluster::no_master(&b.endpoint)),
         };
-        let infos = match read {
-            Ok(infos) => infos,
+        match read {
+            Ok(infos) => infos.into_iter().map(Ok).collect(),
             Err(e) => {
                 tracing::debug!(error = %e, "a master's pipelined reads failed; reading its locks by key");
                 cluster.forget();
-                let mut one_by_one = Vec::with_capacity(part.len());
-                for (name, kind) in &part {
-                    one_by_one.push(inspect(b, name, *kind).await?);
-                }
-                one_by_one
+                join_all(part.iter().map(|(name, kind)| inspect(b, name, *kind))).await
             }
-        };
-        for (i, info) in idx.into_iter().zip(infos) {
-            out[i] = Some(info);
         }
-    }
-    Ok(out.into_iter().flatten().collect())
+    };
+    (cluster.per_master(&slots, read).await)
+        .map_err(|e| b.err(e))?
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or_else(|| {
+                Err(Error::unexpected(
+                    KIND,
+                    "inspect: a master's reads went missing",
+                ))
+            })
+        })
+        .collect()
 }
 
 /// The locks `locks` read over `con`, [`PER_PIPELINE`] a round trip.

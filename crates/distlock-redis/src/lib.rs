@@ -18,10 +18,12 @@ mod requests;
 mod scripts;
 mod sentinel;
 
+use crate::cluster::Link;
 use crate::error::{map, shape, KIND};
 pub use crate::quorum::{
     NodeHold, QuorumReply, QuorumVote, RedisNode, ServerInfo, QUORUM_FLOOR_STEP,
 };
+use crate::scripts::SCRIPTS;
 use distlock_core::backend::{
     async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey,
     ReleaseWatch, RenewOutcome,
@@ -37,7 +39,6 @@ pub struct RedisBackend {
     con: Arc<conn::Con>,
     /// `redis+sentinel://`: moves `con` and `subscriber` to the master after a failover.
     follower: Option<Arc<sentinel::Follower>>,
-    scripts: scripts::Scripts,
     subscriber: Arc<pubsub::Subscriber>,
     endpoint: String,
     namespace: String,
@@ -264,9 +265,8 @@ impl RedisBackend {
             cert_given,
             ..
         } = opened;
-        let scripts = scripts::Scripts::new();
         let mut link = con.get();
-        scripts::load(&mut link, &scripts.all())
+        scripts::load(&mut link, &SCRIPTS.all())
             .await
             .map_err(|e| error::map_tls(&endpoint, e, cert_given))?;
         if let cluster::Link::Single(c) = &mut link {
@@ -275,7 +275,6 @@ impl RedisBackend {
         Ok(RedisBackend {
             con: Arc::new(con),
             follower: None,
-            scripts,
             subscriber: pubsub::Subscriber::over(
                 nodes,
                 endpoint.clone(),
@@ -310,15 +309,6 @@ impl RedisBackend {
             kind: req.key.kind,
             handoff_after: self.handoff_after.clone(),
         })
-    }
-
-    /// The wake channel `req`'s queue entry names, if it may queue: where the release that
-    /// hands it the lock tells it ('' for a single try, which never queues).
-    fn wake(&self, req: &AcquireRequest) -> &str {
-        match req.waiter_ttl {
-            Some(_) => self.subscriber.wake(),
-            None => "",
-        }
     }
 
     /// `NS:{NAME}` and `parts` after it: every key of lock `name` (the hash tag keeps them in
@@ -403,11 +393,10 @@ impl RedisBackend {
         attempt_id: &AttemptId,
         token: &str,
         mode: &str,
-    ) -> Result<(i64, i64)> {
+    ) -> Result<ReleaseOutcome> {
         let attempt = attempt_id.as_str();
         let channel = self.channel(&key.name);
         let args = [attempt, token, channel.as_str(), mode];
-        let mut mutex = true;
         let fam = family(key.kind)?;
         let cmd = match fam {
             Family::Mutex { fair, election } => {
@@ -421,55 +410,73 @@ impl RedisBackend {
                     observe = self.observe_channel(&key.name);
                     args.push(&observe);
                 }
-                self.scripts.release.cmd(&[&hash], &args)
+                SCRIPTS.release.cmd(&[&hash], &args)
             }
-            fam => {
-                mutex = false;
-                let keys = self.keys(&key.name, &fam);
-                let script = match fam {
-                    Family::Rw { .. } => &self.scripts.rw_release,
-                    _ => &self.scripts.sem_release,
-                };
-                script.cmd(&keys.list(), &args)
-            }
+            Family::Rw { .. } => SCRIPTS
+                .rw_release
+                .cmd(&self.keys(&key.name, &fam).list(), &args),
+            Family::Sem { .. } => SCRIPTS
+                .sem_release
+                .cmd(&self.keys(&key.name, &fam).list(), &args),
         };
-        let record = self.end_record(&key.name, attempt_id);
-        let v = self
-            .eval_ending(&self.scripts.all(), &cmd, record.as_ref())
-            .await?;
-        if mutex {
-            return contended::release_reply(mode, &v);
-        }
-        pair(mode, &v)
+        let record = self.end_record(attempt_id, || Ok(self.ended_key(&key.name, attempt_id)))?;
+        let (v, _) = (self.eval_ending(&SCRIPTS.all(), &cmd, record.as_ref(), None)).await?;
+        let n = match fam {
+            // The mutex scripts answer the outcome alone, the others `{outcome, 0}`.
+            Family::Mutex { .. } => int(&v).ok_or_else(|| shape(mode, &v))?,
+            _ => pair(mode, &v)?.0,
+        };
+        release_outcome(mode, n)
     }
 
-    /// The end record to write for `attempt` of lock `name` as it ends (its key and lifetime
+    /// The end record to write for `attempt` as it ends (the key `key` makes and its lifetime
     /// in ms), if a request of it may still reach the server.
-    fn end_record(&self, name: &str, attempt: &AttemptId) -> Option<(String, String)> {
-        let keep = self.unanswered.end_record(attempt)?;
-        Some((self.ended_key(name, attempt), lease_ms(keep)))
+    fn end_record(
+        &self,
+        attempt: &AttemptId,
+        key: impl FnOnce() -> Result<String>,
+    ) -> Result<Option<(String, String)>> {
+        let keep = self.unanswered.end_record(attempt);
+        keep.map(|keep| Ok((key()?, lease_ms(keep)))).transpose()
     }
 
-    /// Runs `cmd`, one of the scripts of `set`; with `record` (an end record's key and
-    /// lifetime in ms) the record is set first, in the same round trip: a late request of
-    /// the attempt that runs after it is refused, and one that ran before is undone by `cmd`.
+    /// Runs `cmd`, one of the scripts of `set`, in one round trip with what must go with it:
+    /// with `record` (an end record's key and lifetime in ms) the record is set first, so a
+    /// late request of the attempt that runs after it is refused, and one that ran before is
+    /// undone by `cmd`; with `wait` (`?wait_replicas=N` of an acquire) a `WAIT` pipelined right
+    /// behind the script waits until N replicas have every write this connection made up to
+    /// it, which includes the grant (a fresh grant, or the rewrite of a retried or handed-over
+    /// grant that the acquire script makes for this purpose; replication is in order, so it
+    /// covers the handoff written by another client before it). Returns the script's reply and,
+    /// with `wait`, how many replicas confirmed. An error of either (the grant, if one was
+    /// made, is then not reported: the core retries the same attempt, which finds it, or gives
+    /// the attempt up) is an error.
     async fn eval_ending(
         &self,
         set: &[&scripts::Script],
         cmd: &redis::Cmd,
         record: Option<&(String, String)>,
-    ) -> Result<Value> {
-        let Some((key, ms)) = record else {
-            return Ok(self.eval_in(set, cmd).await?.0);
-        };
+        wait: Option<(u32, Duration)>,
+    ) -> Result<(Value, Option<i64>)> {
+        if record.is_none() && wait.is_none() {
+            return Ok((self.eval_in(set, cmd).await?.0, None));
+        }
         let mut pipe = redis::pipe();
-        pipe.cmd("SET").arg(key).arg("1").arg("PX").arg(ms).ignore();
+        if let Some((key, ms)) = record {
+            pipe.cmd("SET").arg(key).arg("1").arg("PX").arg(ms).ignore();
+        }
         pipe.add_command(cmd.clone());
-        match <[Value; 1]>::try_from(self.eval_pipe(set, &pipe).await?) {
-            Ok([v]) => Ok(v),
-            Err(vals) => Err(Error::unexpected(
-                KIND,
-                format!("end record and script: {} replies, not 1", vals.len()),
+        if let Some((n, timeout)) = wait {
+            pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
+        }
+        let vals = self.eval_pipe(set, &pipe).await?;
+        let acked = |n: &Value| int(n).ok_or_else(|| shape("WAIT", n));
+        match (vals.as_slice(), wait) {
+            ([v], None) => Ok((v.clone(), None)),
+            ([v, n], Some(_)) => Ok((v.clone(), Some(acked(n)?))),
+            _ => Err(shape(
+                "a script with its end record or WAIT",
+                &Value::Array(vals),
             )),
         }
     }
@@ -509,8 +516,17 @@ impl RedisBackend {
 
     /// Sends `cmd` on this backend's connection, its error mapped as every call's.
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
-        let mut con = self.con.get();
-        cmd.query_async(&mut con).await.map_err(|e| self.err(e))
+        self.query_on(&mut self.con.get(), cmd).await
+    }
+
+    /// [`query`](Self::query) on `con` (one master of a cluster, or a connection kept for a
+    /// `WAIT` after a script).
+    async fn query_on<T: redis::FromRedisValue>(
+        &self,
+        con: &mut Link,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        cmd.query_async(con).await.map_err(|e| self.err(e))
     }
 
     /// [`query`](Self::query) of a pipeline.
@@ -521,7 +537,7 @@ impl RedisBackend {
 
     /// Runs one of the lock scripts (reloading them on NOSCRIPT).
     async fn eval(&self, cmd: &redis::Cmd) -> Result<Value> {
-        self.eval_ending(&self.scripts.all(), cmd, None).await
+        Ok(self.eval_ending(&SCRIPTS.all(), cmd, None, None).await?.0)
     }
 
     /// Number of release channels this client is subscribed to right now. A channel is
@@ -555,10 +571,7 @@ impl RedisBackend {
     /// The native acquire script of `req`'s family, with its keys and arguments.
     /// `seq`: the request's number (see `requests`), for a mutex-family attempt that queues.
     fn acquire_cmd(&self, req: &AcquireRequest, seq: u64) -> Result<redis::Cmd> {
-        let waiter_ttl = req
-            .waiter_ttl
-            .map_or(0, |t| t.as_millis().max(1) as u64)
-            .to_string();
+        let waiter_ttl = req.waiter_ttl.map_or_else(|| "0".to_owned(), lease_ms);
         let lease = lease_ms(req.lease);
         let attempt = req.attempt.as_str();
         let owner: &str = &req.key.owner;
@@ -572,12 +585,19 @@ impl RedisBackend {
                 // arguments packed as TTL:FAIR:SEQ:WAKE.
                 let hash = self.key_of(&req.key.name, &[fam.base()]);
                 let seq = seq.to_string();
+                // The wake channel the queue entry names, where the release that hands the
+                // lock over tells the waiter ('' for a single try, which never queues).
+                let wake = if req.waiter_ttl.is_some() {
+                    self.subscriber.wake()
+                } else {
+                    ""
+                };
                 let waits = [
                     waiter_ttl.as_str(),
                     if fair { ":1:" } else { ":0:" },
                     &seq,
                     ":",
-                    self.wake(req),
+                    wake,
                 ]
                 .concat();
                 let mut args = vec![attempt, owner, &lease, &waits];
@@ -586,7 +606,7 @@ impl RedisBackend {
                     observe = self.observe_channel(&req.key.name);
                     args.extend([req.value.as_deref().unwrap_or_default(), &observe]);
                 }
-                return Ok(self.scripts.acquire.cmd(&[&hash, &ended], &args));
+                return Ok(SCRIPTS.acquire.cmd(&[&hash, &ended], &args));
             }
             Family::Rw { side } => {
                 // The downgrade is addressed by the write grant itself, not by owner equality.
@@ -594,15 +614,10 @@ impl RedisBackend {
                     (Some(g), "r") => (g.attempt.as_str().to_owned(), g.token.to_string()),
                     _ => Default::default(),
                 };
-                (
-                    &self.scripts.rw_acquire,
-                    side.to_owned(),
-                    w_attempt,
-                    w_token,
-                )
+                (&SCRIPTS.rw_acquire, side.to_owned(), w_attempt, w_token)
             }
             Family::Sem { permits, limit } => (
-                &self.scripts.sem_acquire,
+                &SCRIPTS.sem_acquire,
                 permits.to_string(),
                 limit.to_string(),
                 self.channel(&req.key.name),
@@ -614,40 +629,8 @@ impl RedisBackend {
         Ok(script.cmd(&keys, &[attempt, owner, &lease, &waiter_ttl, &x, &y, &z]))
     }
 
-    /// Runs an acquire script (`cmd`, one of the scripts of `set`). With `?wait_replicas=N` the
-    /// `WAIT` rides in the same round trip: pipelined right behind the script on this
-    /// connection, it waits until N replicas have every write this connection made up to it,
-    /// which includes the grant (a fresh grant, or the rewrite of a retried or handed-over
-    /// grant that the acquire script makes for this purpose; replication is in order, so it
-    /// covers the handoff written by another client before it). Returns the script's reply and, with replicas to wait for, how many
-    /// confirmed. An error of either (the grant, if one was made, is then not reported: the
-    /// core retries the same attempt, which finds it, or gives the attempt up) is an error.
-    async fn eval_acquire(
-        &self,
-        set: &[&scripts::Script],
-        cmd: &redis::Cmd,
-    ) -> Result<(Value, Option<i64>)> {
-        let Some((n, timeout)) = self.wait_replicas else {
-            return Ok((self.eval_ending(set, cmd, None).await?, None));
-        };
-        let mut pipe = redis::pipe();
-        pipe.add_command(cmd.clone());
-        pipe.cmd("WAIT").arg(n).arg(timeout.as_millis() as u64);
-        let vals = self.eval_pipe(set, &pipe).await?;
-        match vals.as_slice() {
-            [v, acked] => match int(acked) {
-                Some(acked) => Ok((v.clone(), Some(acked))),
-                None => Err(shape("WAIT", acked)),
-            },
-            _ => Err(Error::unexpected(
-                KIND,
-                format!("acquire with WAIT: {} replies, not 2", vals.len()),
-            )),
-        }
-    }
-
     /// With `?wait_replicas=N`: a grant that fewer than N replicas confirmed (`acked`, from
-    /// [`eval_acquire`](Self::eval_acquire)) is given back and reported as an error.
+    /// [`eval_ending`](Self::eval_ending)) is given back and reported as an error.
     async fn confirm_replicas(&self, grant: &GrantRef, acked: Option<i64>) -> Result<()> {
         let (Some((n, timeout)), Some(acked)) = (self.wait_replicas, acked) else {
             return Ok(());
@@ -730,19 +713,11 @@ impl LockKeys {
 }
 
 fn family(kind: LockKind) -> Result<Family> {
+    let mutex = |fair, election| Family::Mutex { fair, election };
     Ok(match kind {
-        LockKind::Mutex => Family::Mutex {
-            fair: false,
-            election: false,
-        },
-        LockKind::Fair => Family::Mutex {
-            fair: true,
-            election: false,
-        },
-        LockKind::Election => Family::Mutex {
-            fair: false,
-            election: true,
-        },
+        LockKind::Mutex => mutex(false, false),
+        LockKind::Fair => mutex(true, false),
+        LockKind::Election => mutex(false, true),
         LockKind::Read => Family::Rw { side: "r" },
         LockKind::Write => Family::Rw { side: "w" },
         LockKind::Semaphore { permits, limit } => Family::Sem { permits, limit },
@@ -776,19 +751,16 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
-/// What a native acquire script's reply `v` says about `req`: granted (the token), held, or
-/// refused (an upgrade of a read grant, a permit count changed by `set_permits`).
-fn acquire_outcome(req: &AcquireRequest, v: &Value) -> Result<AcquireReply> {
-    let reply = match req.key.kind {
-        LockKind::Mutex | LockKind::Fair | LockKind::Election => contended::acquire_reply(v)?,
-        _ => pair("acquire", v)?,
-    };
+/// What an acquire script's reply `v`, read as `{granted, token or PTTL}` (`reply`), says
+/// about `req`: granted (the token), held, or refused (an upgrade of a read grant, a permit
+/// count changed by `set_permits`).
+fn acquire_outcome(req: &AcquireRequest, v: &Value, reply: (i64, i64)) -> Result<AcquireReply> {
     match reply {
         (1, token) if token > 0 => Ok(AcquireReply::Granted {
             token: token as u64,
         }),
         (0, pttl) => Ok(AcquireReply::Held {
-            ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            ttl: inspect::ms(pttl),
         }),
         (-1, _) => Err(Error::invalid(format!(
             "owner `{}` holds the read side of `{}` and asked for the write side: an upgrade \
@@ -830,16 +802,16 @@ fn proclaimed(what: &str, v: &Value) -> Result<RenewOutcome> {
     }
 }
 
-/// A release script's reply: `{1, 0}` released, `{0, 0}` no lock, `{3, 0}` another grant.
-fn release_outcome(v: (i64, i64)) -> Result<ReleaseOutcome> {
-    Ok(match v {
-        (1, _) => ReleaseOutcome::Released,
-        (0, _) => ReleaseOutcome::Expired,
-        (3, _) => ReleaseOutcome::TakenByOther,
-        (a, b) => {
+/// A release script's (`mode`'s) outcome `n`: `1` released, `0` no lock, `3` another grant.
+fn release_outcome(mode: &str, n: i64) -> Result<ReleaseOutcome> {
+    Ok(match n {
+        1 => ReleaseOutcome::Released,
+        0 => ReleaseOutcome::Expired,
+        3 => ReleaseOutcome::TakenByOther,
+        n => {
             return Err(Error::unexpected(
                 KIND,
-                format!("release: unexpected reply [{a}, {b}]"),
+                format!("{mode}: unexpected reply {n}"),
             ))
         }
     })
@@ -872,14 +844,19 @@ impl Backend for RedisBackend {
         }
         // A queueing mutex attempt's requests are numbered (a handoff names the one it
         // followed); the others' are 0.
+        let mutex = matches!(family(req.key.kind)?, Family::Mutex { .. });
         let numbered =
-            req.waiter_ttl.is_some() && matches!(family(req.key.kind)?, Family::Mutex { .. });
-        let numbered = numbered.then(|| self.requests.sent(&req.attempt));
+            (mutex && req.waiter_ttl.is_some()).then(|| self.requests.sent(&req.attempt));
         let cmd = self.acquire_cmd(req, numbered.map_or(0, |s| s.seq))?;
         let sent = self.unanswered.sent(&req.attempt);
-        let (v, acked) = self.eval_acquire(&self.scripts.all(), &cmd).await?;
+        let (v, acked) = (self.eval_ending(&SCRIPTS.all(), &cmd, None, self.wait_replicas)).await?;
         sent.answered();
-        let reply = acquire_outcome(req, &v)?;
+        // The mutex scripts answer alone what the others answer as a pair.
+        let pair = match mutex {
+            true => contended::acquire_reply(&v)?,
+            false => pair("acquire", &v)?,
+        };
+        let reply = acquire_outcome(req, &v, pair)?;
         match &reply {
             AcquireReply::Granted { token } => {
                 if numbered.is_some() {
@@ -906,7 +883,8 @@ impl Backend for RedisBackend {
         // scripts publish on the lock's channel.
         match family(req.key.kind)? {
             Family::Mutex { .. } => {
-                Ok(self.vouching(req, self.subscriber.watch_wake(&req.attempt).await?))
+                let wake = self.subscriber.wake().to_owned();
+                Ok(self.vouching(req, self.subscriber.watch(wake, &req.attempt).await?))
             }
             _ => {
                 let channel = self.channel(&req.key.name);
@@ -926,25 +904,23 @@ impl Backend for RedisBackend {
     }
 
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        if let Some(l) = &self.dialect {
-            return dialect::give_up(self, l, req).await;
-        }
-        self.requests.forget(&req.attempt);
-        self.run_release(&req.key, &req.attempt, "", "giveup")
-            .await
-            .map(|_| ())
+        let given_up = match &self.dialect {
+            Some(l) => dialect::release(self, l, &req.key, &req.attempt, None).await,
+            None => {
+                self.requests.forget(&req.attempt);
+                self.run_release(&req.key, &req.attempt, "", "giveup").await
+            }
+        };
+        given_up.map(|_| ())
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         if let Some(l) = &self.dialect {
-            return dialect::release(self, l, grant).await;
+            return dialect::release(self, l, &grant.key, &grant.attempt, Some(grant)).await;
         }
         self.handoff_after.released(grant.key.kind, &grant.attempt);
         let token = grant.token.to_string();
-        let v = self
-            .run_release(&grant.key, &grant.attempt, &token, "release")
-            .await?;
-        release_outcome(v)
+        (self.run_release(&grant.key, &grant.attempt, &token, "release")).await
     }
 
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
@@ -953,7 +929,7 @@ impl Backend for RedisBackend {
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let name = &grant.key.name;
-        let cmd = self.scripts.proclaim.cmd(
+        let cmd = SCRIPTS.proclaim.cmd(
             &[&self.key_of(name, &[ELECTION])],
             &[
                 grant.attempt.as_str(),
@@ -988,7 +964,7 @@ impl Backend for RedisBackend {
                 limit: permits,
             },
         );
-        let cmd = self.scripts.sem_release.cmd(
+        let cmd = SCRIPTS.sem_release.cmd(
             &keys.list(),
             &["", "", &self.channel(name), "set", &permits.to_string()],
         );

@@ -81,38 +81,28 @@ pub(crate) async fn scan(
 ) -> Result<()> {
     // On a cluster every master holds its own slots' keys: SCAN each.
     for (mut con, _) in b.con.masters().await.map_err(|e| b.err(e))? {
-        scan_one(b, &mut con, pattern, of, &mut batch).await?;
+        let mut cursor = 0u64;
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000);
+            if let Some(of) = of {
+                cmd.arg("TYPE").arg(of);
+            }
+            let (next, keys): (u64, Vec<String>) = b.query_on(&mut con, &cmd).await?;
+            if !keys.is_empty() {
+                batch(keys);
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
     }
     Ok(())
-}
-
-async fn scan_one(
-    b: &RedisBackend,
-    con: &mut Link,
-    pattern: &str,
-    of: Option<&str>,
-    batch: &mut impl FnMut(Vec<String>),
-) -> Result<()> {
-    let mut cursor = 0u64;
-    loop {
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000);
-        if let Some(of) = of {
-            cmd.arg("TYPE").arg(of);
-        }
-        let (next, keys): (u64, Vec<String>) = cmd.query_async(con).await.map_err(|e| b.err(e))?;
-        if !keys.is_empty() {
-            batch(keys);
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
 }
 
 #[distlock_core::async_trait]
@@ -134,9 +124,21 @@ impl Operator for RedisBackend {
         }
     }
 
+    /// The dialect's finding, then the server's, or the cluster's and each of its masters'.
     async fn diagnose(&self) -> Result<Vec<Finding>> {
         let mut out = vec![crate::dialect::Layout::finding(self.dialect.as_ref())];
-        out.extend(diagnose_server(self).await?);
+        if let Some(c) = self.con.cluster() {
+            out.push(cluster_state(self, c).await?);
+        }
+        // Every master's findings (a cluster's each saying which master).
+        for (con, addr) in self.con.masters().await.map_err(|e| self.err(e))? {
+            for mut f in diagnose_on(self, con, addr.is_some()).await? {
+                if let Some(addr) = &addr {
+                    f.message = format!("master {addr}: {}", f.message);
+                }
+                out.push(f);
+            }
+        }
         Ok(out)
     }
 
@@ -147,10 +149,7 @@ impl Operator for RedisBackend {
 
 /// The server's clock (`TIME`), asked over `con`.
 async fn time(b: &RedisBackend, con: &mut Link) -> Result<SystemTime> {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME")
-        .query_async(con)
-        .await
-        .map_err(|e| b.err(e))?;
+    let (secs, micros): (u64, u64) = b.query_on(con, &redis::cmd("TIME")).await?;
     Ok(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
 }
 
@@ -197,21 +196,18 @@ pub(crate) async fn list(b: &RedisBackend, prefix: &str) -> Result<Vec<ListedLoc
         }
     }
     let infos = crate::inspect::inspect_many(b, &wanted).await?;
-    let mut out = Vec::with_capacity(infos.len());
-    for ((_, kind), mut info) in wanted.into_iter().zip(infos) {
+    let listed = wanted.into_iter().zip(infos).map(|((_, kind), mut info)| {
         let kind = match kind {
             LockKind::Semaphore { permits, .. } => {
+                info.permits = info.permits.filter(|limit| *limit > 0);
                 let limit = info.permits.unwrap_or(0);
-                if limit == 0 {
-                    info.permits = None;
-                }
                 LockKind::Semaphore { permits, limit }
             }
             k => k,
         };
-        out.push(ListedLock::new(kind, info));
-    }
-    Ok(out)
+        ListedLock::new(kind, info)
+    });
+    Ok(listed.collect())
 }
 
 pub(crate) async fn force_release(
@@ -258,12 +254,10 @@ pub(crate) async fn force_release(
         if let Some(c) = b.con.cluster() {
             con = c.at_key(&keys.holds).await.map_err(|e| b.err(e))?;
         }
-        let acked: u64 = redis::cmd("WAIT")
-            .arg(n)
-            .arg(timeout.as_millis() as u64)
-            .query_async(&mut con)
-            .await
-            .map_err(|e| b.err(e))?;
+        let ms = timeout.as_millis() as u64;
+        let acked: u64 = b
+            .query_on(&mut con, redis::cmd("WAIT").arg(n).arg(ms))
+            .await?;
         if acked < u64::from(n) {
             return Err(Error::unexpected(KIND, format!(
                     "forced release of `{name}` done on the primary, but only {acked} of {n} replicas confirmed it within {timeout:?} (a failover could bring the old holder back); check replication and run it again"
@@ -323,32 +317,11 @@ fn fencing_finding() -> Finding {
     )
 }
 
-/// The findings of the server, or of the cluster and each of its masters.
-async fn diagnose_server(b: &RedisBackend) -> Result<Vec<Finding>> {
-    let mut out = Vec::new();
-    if let Some(c) = b.con.cluster() {
-        out.push(cluster_state(b, c).await?);
-    }
-    // Every master's findings (a cluster's each saying which master).
-    for (con, addr) in b.con.masters().await.map_err(|e| b.err(e))? {
-        for mut f in diagnose_on(b, con, addr.is_some()).await? {
-            if let Some(addr) = &addr {
-                f.message = format!("master {addr}: {}", f.message);
-            }
-            out.push(f);
-        }
-    }
-    Ok(out)
-}
-
 /// The `cluster` finding of `CLUSTER INFO`.
 async fn cluster_state(b: &RedisBackend, c: &crate::cluster::Cluster) -> Result<Finding> {
-    let mut con = c.link();
-    let info: String = redis::cmd("CLUSTER")
-        .arg("INFO")
-        .query_async(&mut con)
-        .await
-        .map_err(|e| b.err(e))?;
+    let info: String = b
+        .query_on(&mut c.link(), redis::cmd("CLUSTER").arg("INFO"))
+        .await?;
     let info = parse_info(&info);
     let state = info.get("cluster_state").copied().unwrap_or("unknown");
     Ok(match state {
@@ -491,10 +464,7 @@ fn replication_finding(
 
 /// The findings of one server (`cluster`: a master of the `redis+cluster://` cluster).
 async fn diagnose_on(b: &RedisBackend, mut con: Link, cluster: bool) -> Result<Vec<Finding>> {
-    let info: String = redis::cmd("INFO")
-        .query_async(&mut con)
-        .await
-        .map_err(|e| b.err(e))?;
+    let info: String = b.query_on(&mut con, &redis::cmd("INFO")).await?;
     let info = parse_info(&info);
 
     // CONFIG may be renamed or forbidden by ACL: then only AOF is known.
@@ -520,38 +490,21 @@ mod tests {
 
     #[test]
     fn keys_map_to_names_and_families() {
-        assert_eq!(parse_key("dlock", "dlock:{a}"), Some(("a", Fam::Mutex)));
-        assert_eq!(
-            parse_key("dlock", "dlock:{a}:queue"),
-            Some(("a", Fam::Mutex))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{a:b}:rw:exp"),
-            Some(("a:b", Fam::Rw))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{s}:sem:limit"),
-            Some(("s", Fam::Sem))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{f}:fence"),
-            Some(("f", Fam::Fence))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{e}:election"),
-            Some(("e", Fam::Election))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{e}:election:queue"),
-            Some(("e", Fam::Election))
-        );
-        assert_eq!(
-            parse_key("dlock", "dlock:{e}:election:fence"),
-            Some(("e", Fam::ElectionFence))
-        );
-        assert_eq!(parse_key("dlock", "dlock:{x}:epoch"), None);
-        assert_eq!(parse_key("dlock", "other:{x}"), None);
-        assert_eq!(parse_key("dlock", "dlock:{}"), None);
+        for (key, want) in [
+            ("dlock:{a}", Some(("a", Fam::Mutex))),
+            ("dlock:{a}:queue", Some(("a", Fam::Mutex))),
+            ("dlock:{a:b}:rw:exp", Some(("a:b", Fam::Rw))),
+            ("dlock:{s}:sem:limit", Some(("s", Fam::Sem))),
+            ("dlock:{f}:fence", Some(("f", Fam::Fence))),
+            ("dlock:{e}:election", Some(("e", Fam::Election))),
+            ("dlock:{e}:election:queue", Some(("e", Fam::Election))),
+            ("dlock:{e}:election:fence", Some(("e", Fam::ElectionFence))),
+            ("dlock:{x}:epoch", None),
+            ("other:{x}", None),
+            ("dlock:{}", None),
+        ] {
+            assert_eq!(parse_key("dlock", key), want, "{key}");
+        }
         assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
     }
 

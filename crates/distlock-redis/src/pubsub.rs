@@ -1,31 +1,20 @@
 //! Release notifications: one subscriber connection per client, multiplexing lock channels
-//! through the core's wake-up table ([`Subscriptions`]).
+//! through the core's wake-up table ([`Subscriptions`]); docs/redis-lock.md, "Operations"
+//! (wait), and on a cluster docs/redis-cluster.md, "Wake-ups".
 //!
-//! A channel is subscribed only while at least one waiter of this client waits on that lock,
-//! and unsubscribed when the last one stops, so thousands of lock names do not mean
-//! thousands of idle subscriptions.
+//! A lock's channel is subscribed only while a waiter of this client waits on it. Its
+//! messages are `r` (released) or `h TOKEN ATTEMPT` (handed over to ATTEMPT). A mutex (or
+//! election) waiter listens on its client's **wake channel** (`NS:wake:ID`, one per backend)
+//! instead, which its queue entry names: a handoff goes there only, and it is subscribed once
+//! per connection and kept (pinned), so a watch is a table entry made before the waiter's
+//! first request ([`Subscriber::ready`]). A waiter is woken only by a plain release or a
+//! handoff to its own attempt, never by one to a sibling of the same owner; a message that
+//! arrives between its attempt and its sleep is kept by the table. If the connection breaks,
+//! every watch ends with a connection error and the waiter subscribes again. A Redlock node
+//! tells a queued waiter its turn there as `h 0 ATTEMPT` (token 0 is never a grant's).
 //!
-//! Messages on a lock's channel are `r` (released) or `h TOKEN ATTEMPT` (handed over to the
-//! waiting attempt ATTEMPT). A mutex (or election) waiter listens on its client's own **wake
-//! channel** (`NS:wake:ID`, one per backend) instead: its queue entry names that channel, the
-//! release script sends the handoff there only (one delivery per handoff however many
-//! clients wait), and a forced release wakes each queued waiter there. The wake channel is
-//! subscribed once per subscriber connection and kept (pinned in the table), so a waiter's
-//! watch is a table entry made before its first request ([`Subscriber::ready`]): no SUBSCRIBE,
-//! UNSUBSCRIBE or second attempt per wait. A waiter is woken only by a plain release or by a
-//! handoff to its own attempt — never by one to another attempt of the same owner (a sibling
-//! task, or the write waiter of a handle whose read side was granted) — and a message that
-//! arrives between the waiter's attempt and its sleep is not lost (the table keeps it). If the
-//! connection breaks, every watch ends with a connection error and the waiter subscribes again
-//! on a new connection.
-//!
-//! A Redlock node tells a queued waiter its turn on the same wake channel as `h 0 ATTEMPT`:
-//! token 0 is never a grant's, and the merged watch of `distlock-redlock` reads any wake-up as
-//! "vote again"; addressed like a handoff, it wakes that attempt alone.
-//!
-//! On `redis+cluster://` the subscriber has several nodes to choose from: classic PUBLISH is
-//! broadcast to every node of a cluster, so a connection to any one of them hears every lock.
-//! It stays on the node it reached until that connection breaks, then tries the next.
+//! On `redis+cluster://` any node hears every PUBLISH (broadcast): the subscriber stays on the
+//! node it reached until that connection breaks, then tries the next.
 
 use crate::error::{map, KIND};
 use distlock_core::backend::{AttemptId, ReleaseWatch, Subscription, Subscriptions};
@@ -183,13 +172,16 @@ impl Subscriber {
         let first = self.next.load(Ordering::Relaxed) % clients.len();
         let mut last = None;
         for i in (0..clients.len()).map(|k| (first + k) % clients.len()) {
-            let e = match tokio::time::timeout(self.timeout, clients[i].get_async_pubsub()).await {
-                Ok(Ok(p)) => {
+            let pubsub = clients[i].get_async_pubsub();
+            let e = match self
+                .timed(&endpoint, "connecting the subscriber", pubsub)
+                .await
+            {
+                Ok(p) => {
                     self.next.store(i, Ordering::Relaxed);
                     return Ok((p, endpoint));
                 }
-                Ok(Err(e)) => map(&endpoint, e),
-                Err(_) => self.timeout_error("connecting the subscriber"),
+                Err(e) => e,
             };
             if clients.len() > 1 {
                 tracing::debug!(node = %clients[i].get_connection_info().addr(), error = %e, "cannot subscribe at this node; trying the next");
@@ -203,11 +195,7 @@ impl Subscriber {
         let (pubsub, endpoint) = self.open().await?;
         let (mut sink, mut stream) = pubsub.split();
         // The wake channel first: every waiter of this connection relies on it.
-        match tokio::time::timeout(self.timeout, sink.subscribe(&self.wake)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(map(&endpoint, e)),
-            Err(_) => return Err(self.timeout_error("SUBSCRIBE")),
-        }
+        (self.timed(&endpoint, "SUBSCRIBE", sink.subscribe(&self.wake))).await?;
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let subs: Subscriptions<String> = Subscriptions::new(KIND, endpoint);
         subs.handoffs_as_releases(self.confirm_handoffs);
@@ -246,14 +234,17 @@ impl Subscriber {
         Error::call_timeout(KIND, self.endpoint(), what, self.timeout)
     }
 
-    /// A watch for the waiting mutex `attempt` on this client's wake channel, connecting (and
-    /// subscribing the channel) first if needed: [`watch`](Self::watch), which finds the
-    /// channel subscribed with the connection (pinned in its table: no SUBSCRIBE).
-    pub(crate) async fn watch_wake(
-        self: &Arc<Self>,
-        attempt: &AttemptId,
-    ) -> Result<Box<dyn ReleaseWatch>> {
-        self.watch(self.wake.clone(), attempt).await
+    /// `call` (`what`, for a timeout) within the subscriber's timeout, its error mapped.
+    async fn timed<T>(
+        &self,
+        endpoint: &str,
+        what: &str,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r.map_err(|e| map(endpoint, e)),
+            Err(_) => Err(self.timeout_error(what)),
+        }
     }
 
     /// The same watch if it can be made now, without a round trip or waiting for a lock: the
@@ -284,14 +275,6 @@ impl Subscriber {
         conn.alive.load(Ordering::SeqCst).then_some((watch, first))
     }
 
-    fn closed(&self) -> Error {
-        Error::connection(
-            KIND,
-            self.endpoint(),
-            "the subscriber connection closed while subscribing",
-        )
-    }
-
     /// Tests: runs the hook set in `race`, if any.
     #[cfg(test)]
     fn race_point(&self, conn: &Conn) {
@@ -306,13 +289,11 @@ impl Subscriber {
         self: &Arc<Self>,
         guard: &'g mut tokio::sync::MutexGuard<'_, Option<Conn>>,
     ) -> Result<&'g mut Conn> {
-        if guard
+        if !guard
             .as_ref()
-            .is_some_and(|c| !c.alive.load(Ordering::SeqCst))
+            .is_some_and(|c| c.alive.load(Ordering::SeqCst))
         {
             **guard = None;
-        }
-        if guard.is_none() {
             **guard = Some(self.connect().await?);
         }
         guard
@@ -335,13 +316,8 @@ impl Subscriber {
                 continue;
             };
             if first {
-                let sub = tokio::time::timeout(self.timeout, conn.sink.subscribe(&channel)).await;
-                let failed = match sub {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(map(&self.endpoint(), e)),
-                    Err(_) => Some(self.timeout_error("SUBSCRIBE")),
-                };
-                if let Some(e) = failed {
+                let sub = conn.sink.subscribe(&channel);
+                if let Err(e) = self.timed(&self.endpoint(), "SUBSCRIBE", sub).await {
                     conn.subs.fail(&channel, &e.to_string());
                     // The connection is in an unknown state; start over next time.
                     *guard = None;
@@ -350,7 +326,8 @@ impl Subscriber {
             }
             return Ok(Box::new(watch));
         }
-        Err(self.closed())
+        let closed = "the subscriber connection closed while subscribing";
+        Err(Error::connection(KIND, self.endpoint(), closed))
     }
 
     /// Unsubscribes the channels whose last watch went, if connection `generation` is still
@@ -423,7 +400,7 @@ mod tests {
     /// subscription (a deterministic interleaving through the `race` hook: on a real server
     /// the window is a few instructions wide). The watch handed out must not sit in the drained
     /// table, where nothing would ever wake or fail it: `ready` hands out none, and
-    /// `watch_wake` one on a fresh connection.
+    /// `watch` of the wake channel one on a fresh connection.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn no_watch_is_handed_out_on_a_table_the_dying_reader_drained() {
         let server = Arc::new(RedisServer::start().expect("redis"));
@@ -436,7 +413,11 @@ mod tests {
             wake_channel("test"),
         );
         // Connected, the wake channel subscribed.
-        drop(sub.watch_wake(&AttemptId::new()).await.expect("watch"));
+        drop(
+            sub.watch(sub.wake.clone(), &AttemptId::new())
+                .await
+                .expect("watch"),
+        );
         let mut failures = Vec::new();
         let attempt = AttemptId::new();
         *sub.race.lock().expect("race") = Some(kill_and_drain(server.clone()));
@@ -448,10 +429,14 @@ mod tests {
                 ));
             }
         }
-        // A live connection again, then the same race in watch_wake.
-        drop(sub.watch_wake(&AttemptId::new()).await.expect("watch"));
+        // A live connection again, then the same race in watch (of the wake channel).
+        drop(
+            sub.watch(sub.wake.clone(), &AttemptId::new())
+                .await
+                .expect("watch"),
+        );
         *sub.race.lock().expect("race") = Some(kill_and_drain(server.clone()));
-        let mut w = sub.watch_wake(&attempt).await.expect("watch");
+        let mut w = sub.watch(sub.wake.clone(), &attempt).await.expect("watch");
         // On a live connection a publish on the wake channel reaches it (a failed watch is
         // fine too: the waiter subscribes again).
         server
@@ -459,9 +444,7 @@ mod tests {
             .expect("PUBLISH");
         let r = tokio::time::timeout(Duration::from_secs(3), w.changed()).await;
         if !matches!(r, Ok(Ok(Wake::Released) | Err(_))) {
-            failures.push(format!(
-                "watch_wake: the watch is on no live connection: {r:?}"
-            ));
+            failures.push(format!("watch: the watch is on no live connection: {r:?}"));
         }
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }

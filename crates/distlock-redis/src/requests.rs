@@ -55,7 +55,7 @@ pub(crate) struct Requests {
 
 impl Requests {
     fn table(&self) -> MutexGuard<'_, HashMap<AttemptId, Last>> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock(&self.last)
     }
 
     /// Numbers a request of `attempt` about to be sent, with its send time. An attempt the

@@ -69,8 +69,16 @@ impl Script {
 
     /// EVALSHA command for this script.
     pub(crate) fn cmd(&self, keys: &[&str], args: &[&str]) -> Cmd {
+        let mut c = self.head(keys.len());
+        c.arg(keys).arg(args);
+        c
+    }
+
+    /// The EVALSHA of this script with `keys` keys, before them (for a caller that writes
+    /// its keys and arguments straight into the command).
+    pub(crate) fn head(&self, keys: usize) -> Cmd {
         let mut c = redis::cmd("EVALSHA");
-        c.arg(&self.sha).arg(keys.len()).arg(keys).arg(args);
+        c.arg(&self.sha).arg(keys);
         c
     }
 
@@ -81,61 +89,52 @@ impl Script {
     }
 }
 
-/// The scripts: the reentrant (and fair) mutex, which elections share under their own keys,
-/// the read-write lock, the semaphore, an election's proclamation (the renewal of every
-/// family is `crate::renew`'s one script).
-pub(crate) struct Scripts {
-    pub(crate) acquire: Script,
-    pub(crate) release: Script,
-    pub(crate) rw_acquire: Script,
-    pub(crate) rw_release: Script,
-    pub(crate) sem_acquire: Script,
-    pub(crate) sem_release: Script,
-    pub(crate) proclaim: Script,
-}
-
-impl Scripts {
-    pub(crate) fn new() -> Self {
-        Scripts {
-            // The uncontended path of each runs before the prelude functions it does not call
-            // are made (a Lua closure per function per call: measured, docs/redis-lock.md,
-            // "Costs"): the acquire's after fence.lua (its token), the release's first.
-            acquire: Script::new(concat!(
-                fence_margin_line!(),
-                lua!(
-                    "fence.lua",
-                    "acquire.lua",
-                    "fence_next.lua",
-                    "queue.lua",
-                    "acquire_wait.lua"
-                )
-            )),
-            release: Script::new(concat!(
-                lua!("release.lua"),
-                fence_margin_line!(),
-                lua!("fence.lua", "fence_next.lua", "release_handoff.lua")
-            )),
-            rw_acquire: Script::new(fenced!("queue.lua", "expiring.lua", "rw_acquire.lua")),
-            rw_release: Script::new(fenced!("queue.lua", "expiring.lua", "rw_release.lua")),
-            sem_acquire: Script::new(fenced!("queue.lua", "expiring.lua", "sem_acquire.lua")),
-            sem_release: Script::new(fenced!("queue.lua", "expiring.lua", "sem_release.lua")),
-            proclaim: Script::new(include_str!("../scripts/proclaim.lua")),
+/// A set of scripts, loaded together (and again together on NOSCRIPT): a struct of one
+/// [`Script`] per field, its static made on first use, and `all()`.
+macro_rules! script_set {
+    ($(#[$doc:meta])* static $set:ident: $name:ident { $($field:ident: $source:expr,)+ }) => {
+        $(#[$doc])*
+        pub(crate) struct $name {
+            $(pub(crate) $field: $crate::scripts::Script,)+
         }
-    }
 
-    /// Every script a connection runs (loaded at connect, reloaded together on NOSCRIPT),
-    /// with the batched renewal (`crate::renew`).
-    pub(crate) fn all(&self) -> [&Script; 8] {
-        [
-            &self.acquire,
-            &self.release,
-            &self.rw_acquire,
-            &self.rw_release,
-            &self.sem_acquire,
-            &self.sem_release,
-            &self.proclaim,
-            crate::renew::script(),
-        ]
+        pub(crate) static $set: std::sync::LazyLock<$name> = std::sync::LazyLock::new(|| $name {
+            $($field: $crate::scripts::Script::new($source),)+
+        });
+
+        impl $name {
+            /// Every script of the set.
+            pub(crate) fn all(&self) -> [&$crate::scripts::Script; [$(stringify!($field)),+].len()] {
+                [$(&self.$field),+]
+            }
+        }
+    };
+}
+pub(crate) use script_set;
+
+script_set! {
+    /// The scripts every connection runs: the reentrant (and fair) mutex, which elections share
+    /// under their own keys, the read-write lock, the semaphore, an election's proclamation and
+    /// the batched renewal of every family (`crate::renew`).
+    static SCRIPTS: Scripts {
+        // The uncontended path of each runs before the prelude functions it does not call are
+        // made (a Lua closure per function per call: measured, docs/redis-lock.md, "Costs"):
+        // the acquire's after fence.lua (its token), the release's first.
+        acquire: concat!(
+            fence_margin_line!(),
+            lua!("fence.lua", "acquire.lua", "fence_next.lua", "queue.lua", "acquire_wait.lua")
+        ),
+        release: concat!(
+            lua!("release.lua"),
+            fence_margin_line!(),
+            lua!("fence.lua", "fence_next.lua", "release_handoff.lua")
+        ),
+        rw_acquire: fenced!("queue.lua", "expiring.lua", "rw_acquire.lua"),
+        rw_release: fenced!("queue.lua", "expiring.lua", "rw_release.lua"),
+        sem_acquire: fenced!("queue.lua", "expiring.lua", "sem_acquire.lua"),
+        sem_release: fenced!("queue.lua", "expiring.lua", "sem_release.lua"),
+        proclaim: lua!("proclaim.lua"),
+        renew_many: lua!("renew.lua", "expiring_renew.lua", "dialect/renew.lua", "renew_many.lua"),
     }
 }
 

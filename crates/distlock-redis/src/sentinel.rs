@@ -1,19 +1,12 @@
 //! `redis+sentinel://`: finding the master through the sentinels, and following it when they
-//! fail it over.
-//!
-//! The backend moves to a new master two ways:
-//! - **proactively**: one connection to a sentinel (the next one when it fails) subscribed to
-//!   `+switch-master`; each message for our master, and each (re)subscription (a switch may
-//!   have been missed meanwhile), starts a check;
-//! - **reactively**: a call that fails with a connection error, or with `READONLY` (the node
-//!   was demoted to a replica), starts a check too.
-//!
-//! A check asks the sentinels for the master's address (`SENTINEL get-master-addr-by-name`)
-//! and, if it changed, confirms with `ROLE` **on the new address** that the node is a master
-//! before anything is sent there: lock writes never go to a node that says it is a replica.
-//! Then the command connection is replaced and the subscriber is moved: its waiters' watches
-//! end with a connection error and they subscribe again, on the new master. Calls that fail
-//! meanwhile return the retryable [`Error::Connection`], which the core retries.
+//! fail it over (docs/redis-sentinel.md, "Following a failover"): proactively, listening to
+//! one sentinel's `+switch-master` at a time; reactively, on a call that fails with a
+//! connection error or `READONLY`. A check asks the sentinels for the master's address and,
+//! if it changed, moves there only after `ROLE` **on the new address** says master: lock
+//! writes never go to a node that says it is a replica. Then the command connection is
+//! replaced and the subscriber moved (its waiters' watches end with a connection error and
+//! they subscribe again, on the new master); calls that fail meanwhile return the retryable
+//! [`Error::Connection`].
 
 use crate::conn::Con;
 use crate::error::KIND;
@@ -152,14 +145,14 @@ pub(crate) async fn is_master(
         .await
         .map_err(|_| Error::call_timeout(KIND, endpoint, "ROLE", timeout))?
         .map_err(|e| crate::error::map(endpoint, e))?;
-    Ok(match role {
-        redis::Value::Array(items) => match items.first() {
-            Some(redis::Value::BulkString(b)) => b.as_slice() == b"master",
-            Some(redis::Value::SimpleString(s)) => s == "master",
-            _ => false,
-        },
-        _ => false,
-    })
+    let first = match &role {
+        redis::Value::Array(items) => items.first(),
+        _ => None,
+    };
+    Ok(
+        first
+            .is_some_and(|r| redis::from_redis_value_ref::<String>(r).is_ok_and(|r| r == "master")),
+    )
 }
 
 /// Keeps a backend's connections on the master the sentinels name.
@@ -232,12 +225,7 @@ impl Follower {
     ) -> Option<Error> {
         let readonly = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
             || e.to_string().contains("READONLY");
-        if readonly
-            || e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-        {
+        if readonly || crate::error::connection_lost(e) {
             self.check_soon();
         }
         readonly.then(|| {
@@ -337,13 +325,10 @@ impl Follower {
 async fn listen_for_switches(follower: Weak<Follower>) {
     let mut next = 0usize;
     loop {
-        let Some(f) = follower.upgrade() else { return };
-        let (sentinels, host) = {
-            let s = f.sentinels.clone();
-            let host = s.hosts[next % s.hosts.len()].clone();
-            (s, host)
+        let Some(sentinels) = follower.upgrade().map(|f| f.sentinels.clone()) else {
+            return;
         };
-        drop(f);
+        let host = sentinels.hosts[next % sentinels.hosts.len()].clone();
         next = next.wrapping_add(1);
         let subscribe = async {
             let mut ps = sentinels

@@ -1,14 +1,8 @@
 //! `?dialect=`: locks on another library's keys, so that dlock and that library's clients
-//! exclude each other on the same lock names (docs/redis-dialects.md).
-//!
-//! - `dialect=redisson`: Redisson's `RLock` (the plain mutex). The lock is the hash `NAME`
-//!   itself (no namespace), field `CLIENT_UUID:THREAD_ID` → re-entry count, PEXPIRE = the
-//!   lease; a release publishes `0` on `redisson_lock__channel:{NAME}`, which wakes the
-//!   waiters of both libraries. A dlock grant's field is `ATTEMPT_UUID:TOKEN`.
-//! - `dialect=python-redis-lock`: its `Lock`. The lock is the string `lock:NAME` holding the
-//!   holder's id; a release leaves one element in the list `lock-signal:NAME` (for
-//!   [`SIGNAL_EXPIRE_MS`]), which one waiter blocked in `BLPOP` takes. A dlock grant's id is
-//!   `dlock:ATTEMPT:TOKEN:OWNER`.
+//! exclude each other on the same lock names (the layouts: docs/redis-dialects.md). Redisson's
+//! `RLock` is the hash `NAME`, a dlock grant's field `ATTEMPT_UUID:TOKEN`; python-redis-lock's
+//! `Lock` the string `lock:NAME`, a dlock grant's id `dlock:ATTEMPT:TOKEN:OWNER`, its release
+//! signal the list `lock-signal:NAME` ([`SIGNAL_EXPIRE_MS`]).
 //!
 //! dlock keeps its own promises where the layout has room for them: a fencing token per grant
 //! (a counter under a key of dlock's, `NS:…`, in the lock's Cluster slot, which the other
@@ -21,9 +15,9 @@
 
 mod signal;
 
-use crate::error::{shape, KIND};
+use crate::error::KIND;
 use crate::inspect::ms;
-use crate::scripts::Script;
+use crate::renew::RenewKeys;
 use crate::RedisBackend;
 use distlock_core::backend::{
     AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, HoldKey, ReleaseWatch,
@@ -34,7 +28,6 @@ use distlock_core::{
     Result, Severity,
 };
 use redis::Value;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 /// How long python-redis-lock's release signal (`lock-signal:NAME`) lives, in ms: its own
@@ -93,32 +86,14 @@ impl Dialect {
     }
 }
 
-/// The dialect's scripts (loaded on first use, reloaded on NOSCRIPT).
-struct Scripts {
-    redisson_acquire: Script,
-    redisson_release: Script,
-    pyrl_acquire: Script,
-    pyrl_release: Script,
-    force_release: Script,
-}
-
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    redisson_acquire: Script::new(crate::scripts::fenced!("dialect/redisson_acquire.lua")),
-    redisson_release: Script::new(include_str!("../../scripts/dialect/redisson_release.lua")),
-    pyrl_acquire: Script::new(crate::scripts::fenced!("dialect/pyrl_acquire.lua")),
-    pyrl_release: Script::new(include_str!("../../scripts/dialect/pyrl_release.lua")),
-    force_release: Script::new(include_str!("../../scripts/dialect/force_release.lua")),
-});
-
-impl Scripts {
-    fn all(&self) -> [&Script; 5] {
-        [
-            &self.redisson_acquire,
-            &self.redisson_release,
-            &self.pyrl_acquire,
-            &self.pyrl_release,
-            &self.force_release,
-        ]
+crate::scripts::script_set! {
+    /// The dialects' scripts (loaded on first use).
+    static SCRIPTS: Scripts {
+        redisson_acquire: crate::scripts::fenced!("dialect/redisson_acquire.lua"),
+        redisson_release: crate::scripts::lua!("dialect/redisson_release.lua"),
+        pyrl_acquire: crate::scripts::fenced!("dialect/pyrl_acquire.lua"),
+        pyrl_release: crate::scripts::lua!("dialect/pyrl_release.lua"),
+        force_release: crate::scripts::lua!("dialect/force_release.lua"),
     }
 }
 
@@ -133,16 +108,6 @@ fn beside(prefix: &str, key: &str) -> Result<String> {
              rename the lock, or give it a tag such as `{{{}}}`",
             key.replace(['{', '}'], "")
         ))),
-    }
-}
-
-/// Redisson's `prefixName`: `PREFIX:{NAME}`, or `PREFIX:NAME` when the name has a `{` (the
-/// name's own tag then keeps both in one slot).
-fn redisson_prefixed(prefix: &str, name: &str) -> String {
-    if name.contains('{') {
-        format!("{prefix}:{name}")
-    } else {
-        format!("{prefix}:{{{name}}}")
     }
 }
 
@@ -170,16 +135,6 @@ fn redisson_field(field: &str) -> Option<(&str, u64)> {
     Some((id, thread.parse().ok()?))
 }
 
-/// The keys and arguments of one dialect grant in `renew_many.lua`.
-pub(crate) struct RenewKeys {
-    /// The lock key first (its slot is the grant's).
-    pub(crate) keys: Vec<String>,
-    /// `r` or `p` (scripts/dialect/renew.lua).
-    pub(crate) family: &'static str,
-    /// The grant's Redisson field or python-redis-lock id.
-    pub(crate) held_by: String,
-}
-
 /// The dialect of a backend and the namespace of dlock's own keys beside the peer's.
 pub(crate) struct Layout {
     pub(crate) dialect: Dialect,
@@ -200,9 +155,6 @@ fn pyrl_owner(id: &str) -> Option<(u64, &str)> {
     Some((token.parse().ok()?, owner))
 }
 
-/// The replies of [`force_release`]'s script.
-type ForceReply = (Vec<String>, i64, Vec<(String, String)>, Option<String>);
-
 impl Layout {
     pub(crate) fn new(dialect: Dialect, namespace: &str) -> Self {
         Layout {
@@ -219,9 +171,13 @@ impl Layout {
         }
     }
 
-    /// Redisson's unlock channel of `name`.
+    /// Redisson's unlock channel of `name`: its `prefixName`, `PREFIX:{NAME}`, or `PREFIX:NAME`
+    /// when the name has a `{` (the name's own tag then keeps both in one slot).
     fn channel(name: &str) -> String {
-        redisson_prefixed("redisson_lock__channel", name)
+        match name.contains('{') {
+            true => format!("redisson_lock__channel:{name}"),
+            false => format!("redisson_lock__channel:{{{name}}}"),
+        }
     }
 
     /// python-redis-lock's release signal of `name`.
@@ -266,18 +222,19 @@ impl Layout {
         )
     }
 
-    pub(crate) fn renew_keys(&self, grant: &GrantRef) -> Result<RenewKeys> {
+    /// The grant's part of `renew_many.lua`.
+    pub(crate) fn renew_keys<'a>(&self, grant: &GrantRef) -> Result<RenewKeys<'a>> {
         let name = &grant.key.name;
         Ok(match self.dialect {
             Dialect::Redisson => RenewKeys {
                 keys: vec![self.lock_key(name), self.names_key(name)?],
                 family: "r",
-                held_by: Self::field(grant),
+                held_by: Self::field(grant).into(),
             },
             Dialect::PythonRedisLock => RenewKeys {
                 keys: vec![self.lock_key(name)],
                 family: "p",
-                held_by: Self::pyrl_id(grant),
+                held_by: Self::pyrl_id(grant).into(),
             },
         })
     }
@@ -363,80 +320,52 @@ pub(crate) async fn acquire(
     };
     let sent = b.unanswered.sent(&req.attempt);
     let (v, acked) = b
-        .eval_acquire(&SCRIPTS.all(), &cmd)
+        .eval_ending(&SCRIPTS.all(), &cmd, None, b.wait_replicas)
         .await
         .map_err(|e| on_key(l, name, e))?;
     sent.answered();
-    match crate::pair("acquire", &v)? {
-        (1, token) if token > 0 => {
-            let token = token as u64;
-            b.confirm_replicas(&req.grant(token), acked).await?;
-            Ok(AcquireReply::Granted { token })
-        }
-        (0, pttl) => Ok(AcquireReply::Held {
-            ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
-        }),
-        _ => Err(shape("acquire", &v)),
+    let reply = crate::acquire_outcome(req, &v, crate::pair("acquire", &v)?)?;
+    if let AcquireReply::Granted { token } = reply {
+        b.confirm_replicas(&req.grant(token), acked).await?;
     }
+    Ok(reply)
 }
 
-/// The release side (`release` or `giveup`) of `key` for `attempt` (`held_by`: the grant's
-/// field or id, or its prefix for a give-up), with the attempt's end record when a request
-/// of it may still reach the server.
-pub(crate) async fn run_release(
+/// `Backend::release` of `grant` in a dialect, or (`None`) `Backend::give_up` of `attempt`
+/// (any grant of it goes back), with the attempt's end record when a request of it may still
+/// reach the server.
+pub(crate) async fn release(
     b: &RedisBackend,
     l: &Layout,
     key: &HoldKey,
     attempt: &AttemptId,
-    held_by: &str,
-    mode: &str,
-) -> Result<(i64, i64)> {
+    grant: Option<&GrantRef>,
+) -> Result<ReleaseOutcome> {
+    // The grant's field or id, or its prefix for a give-up.
+    let (held_by, mode) = match (l.dialect, grant) {
+        (Dialect::Redisson, Some(g)) => (Layout::field(g), "release"),
+        (Dialect::PythonRedisLock, Some(g)) => (Layout::pyrl_id(g), "release"),
+        (Dialect::Redisson, None) => (format!("{}:", client_uuid(attempt)), "giveup"),
+        (Dialect::PythonRedisLock, None) => (pyrl_prefix(attempt), "giveup"),
+    };
     let name = &key.name;
     let lock = l.lock_key(name);
     let cmd = match l.dialect {
         Dialect::Redisson => SCRIPTS.redisson_release.cmd(
             &[&lock, &l.names_key(name)?],
-            &[held_by, &Layout::channel(name), mode],
+            &[&held_by, &Layout::channel(name), mode],
         ),
         Dialect::PythonRedisLock => SCRIPTS.pyrl_release.cmd(
             &[&lock, &Layout::signal(name)],
-            &[held_by, mode, &SIGNAL_EXPIRE_MS.to_string()],
+            &[&held_by, mode, &SIGNAL_EXPIRE_MS.to_string()],
         ),
     };
-    let record = match b.unanswered.end_record(attempt) {
-        Some(keep) => Some((l.ended_key(name, attempt)?, crate::lease_ms(keep))),
-        None => None,
-    };
-    let v = b
-        .eval_ending(&SCRIPTS.all(), &cmd, record.as_ref())
+    let record = b.end_record(attempt, || l.ended_key(name, attempt))?;
+    let (v, _) = b
+        .eval_ending(&SCRIPTS.all(), &cmd, record.as_ref(), None)
         .await
         .map_err(|e| on_key(l, name, e))?;
-    crate::pair(mode, &v)
-}
-
-/// `Backend::give_up` in a dialect.
-pub(crate) async fn give_up(b: &RedisBackend, l: &Layout, req: &AcquireRequest) -> Result<()> {
-    let prefix = match l.dialect {
-        Dialect::Redisson => format!("{}:", client_uuid(&req.attempt)),
-        Dialect::PythonRedisLock => pyrl_prefix(&req.attempt),
-    };
-    run_release(b, l, &req.key, &req.attempt, &prefix, "giveup")
-        .await
-        .map(|_| ())
-}
-
-/// `Backend::release` in a dialect.
-pub(crate) async fn release(
-    b: &RedisBackend,
-    l: &Layout,
-    grant: &GrantRef,
-) -> Result<ReleaseOutcome> {
-    let held_by = match l.dialect {
-        Dialect::Redisson => Layout::field(grant),
-        Dialect::PythonRedisLock => Layout::pyrl_id(grant),
-    };
-    let v = run_release(b, l, &grant.key, &grant.attempt, &held_by, "release").await?;
-    crate::release_outcome(v)
+    crate::release_outcome(mode, crate::pair(mode, &v)?.0)
 }
 
 /// `Backend::watch` in a dialect: Redisson's unlock channel (every release of either library
@@ -518,36 +447,25 @@ pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<
     let bad = |what: &str| -> Error {
         Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
     };
-    let [held, pttl, fence, names]: [Value; 4] =
-        vals.try_into().map_err(|_| bad("number of replies"))?;
-    let left = ms(redis::from_redis_value(pttl).map_err(|_| bad("PTTL"))?);
-    let fence: Option<String> = redis::from_redis_value(fence).map_err(|_| bad("fence"))?;
-    let mut fencing_token = crate::counter(&l.fence_key(name)?, fence)?;
-    let holders = match l.dialect {
+    let (held, pttl, fence, names): (Value, i64, Option<String>, Vec<(String, String)>) =
+        redis::from_redis_value(Value::Array(vals)).map_err(|e| bad(&format!("replies: {e}")))?;
+    let (left, counter) = (ms(pttl), crate::counter(&l.fence_key(name)?, fence)?);
+    let (holders, token) = match l.dialect {
         Dialect::Redisson => {
-            let fields: Vec<(String, String)> =
-                redis::from_redis_value(held).map_err(|_| bad("holders"))?;
-            let names: Vec<(String, String)> =
-                redis::from_redis_value(names).map_err(|_| bad("holder names"))?;
-            let (holders, token) = redisson_holders(&fields, &names, left);
-            fencing_token = token.unwrap_or(fencing_token);
-            holders
+            let fields: Vec<_> = redis::from_redis_value(held).map_err(|_| bad("holders"))?;
+            redisson_holders(&fields, &names, left)
         }
         Dialect::PythonRedisLock => {
             let id: Option<String> = redis::from_redis_value(held).map_err(|_| bad("holder"))?;
-            match id {
-                Some(id) => {
-                    let (h, token) = pyrl_holder(&id, left);
-                    fencing_token = token.unwrap_or(fencing_token);
-                    vec![h]
-                }
-                None => Vec::new(),
+            match id.map(|id| pyrl_holder(&id, left)) {
+                Some((h, token)) => (vec![h], token),
+                None => (Vec::new(), None),
             }
         }
     };
     Ok(LockInfo::new(name)
         .with_holders(holders)
-        .with_fencing_token(fencing_token))
+        .with_fencing_token(token.unwrap_or(counter)))
 }
 
 /// Whether the fields of a hash look like a Redisson lock's: holder ids `CLIENT:THREAD` with
@@ -617,27 +535,25 @@ pub(crate) async fn force_release(
             &["python-redis-lock", "", &SIGNAL_EXPIRE_MS.to_string()],
         ),
     };
-    let v = b.eval_ending(&SCRIPTS.all(), &cmd, None).await?;
-    let bad = || {
+    let (v, _) = b.eval_ending(&SCRIPTS.all(), &cmd, None, None).await?;
+    let bad = |_| {
         Error::unexpected(
             KIND,
             format!("forced release of `{name}`: unexpected reply"),
         )
     };
-    let (held, pttl, names, fence): ForceReply = redis::from_redis_value(v).map_err(|_| bad())?;
+    let (held, pttl, names, fence): (Value, i64, Vec<(String, String)>, Option<String>) =
+        redis::from_redis_value(v).map_err(bad)?;
     let left = ms(pttl);
     let removed = match l.dialect {
         Dialect::Redisson => {
-            let fields: Vec<(String, String)> = held
-                .chunks(2)
-                .filter_map(|p| match p {
-                    [f, c] => Some((f.clone(), c.clone())),
-                    _ => None,
-                })
-                .collect();
+            let fields: Vec<(String, String)> = redis::from_redis_value(held).map_err(bad)?;
             redisson_holders(&fields, &names, left).0
         }
-        Dialect::PythonRedisLock => held.iter().map(|id| pyrl_holder(id, left).0).collect(),
+        Dialect::PythonRedisLock => {
+            let ids: Vec<String> = redis::from_redis_value(held).map_err(bad)?;
+            ids.iter().map(|id| pyrl_holder(id, left).0).collect()
+        }
     };
     Ok(ForceReleased::new(
         removed,

@@ -5,44 +5,24 @@
 //! restart quarantine and its fencing counter), raising the counter to the token a majority
 //! chose, releasing or renewing one attempt's hold, the node epoch (the marker that this node
 //! has not lost its data since its restart quarantine was set, carrying the end of it), raising
-//! counters past a forced release, and a wait queue per node
-//! ([`RedisNode::vote`]): a free
-//! lock goes to the node's first live waiter, and a release wakes that waiter alone. The
-//! scripts are in `scripts/quorum_*.lua`.
+//! counters past a forced release, and a wait queue per node ([`RedisNode::vote`]): a free lock
+//! goes to the node's first live waiter, and a release wakes that waiter alone. The scripts are
+//! in `scripts/quorum_*.lua`.
 //!
 //! Every per-node hold is addressed by the attempt id that won it (unique forever): a retried
 //! vote finds its own hold and returns it, a retried release finds nothing and changes nothing,
 //! and no request can touch another attempt's hold, even one of the same owner. There are no
 //! per-node hold counts: re-entry is counted in the client.
 //!
-//! Keys used (a Redlock lock does not share the single-node mutex's layout):
-//!
-//! | name | type | what |
-//! |---|---|---|
-//! | `NS:{NAME}` | hash `attempt`, `token`, `owner`; PEXPIRE = lease | one attempt's hold |
-//! | `NS:{NAME}:fence` | integer, PX = lease + [`FENCE_MARGIN`](crate::FENCE_MARGIN) at each grant | the node's fencing counter: a grant's token is max(counter + 1, TIME in µs) (`scripts/fence.lua`) |
-//! | `NS:{NAME}:released` | pub/sub channel | `r` when a hold is released and nobody is queued here |
-//! | `NS:{NAME}:rlq` | zset `ATTEMPT -> place`; PEXPIRE ≥ waiter ttl | the node's wait queue (the place is the waiter's, the same on every node) |
-//! | `NS:{NAME}:rlq:ttl` | zset `ATTEMPT -> expiry ms` (server clock) | when each waiter leaves the queue unless it refreshes |
-//! | `NS:{NAME}:waiters` | hash `>ATTEMPT -> wake channel`; PEXPIRE ≥ waiter ttl | where each queued waiter's client listens: its turn is told there as `h 0 ATTEMPT` (token 0: no grant), to it alone |
-//! | `NS:redlock:epoch` | string `RANDOM:UNTIL_MS:RUN_ID` | exists only while the node has not lost its data since it was (re)initialised; UNTIL_MS ends its quarantine (server clock) |
-//! | `NS:redlock:horizon` | string, PX ≥ longest lease that may still run (a vote sets an eighth more); a vote's value: the node's time in ms when it expires | how long a quarantine must last if another node's data is lost |
-//!
-//! A vote is given three keys (the hold, the attempt's end record, the epoch) and four
-//! arguments for a try (a waiter's ttl, place and wake channel in one more): the scripts name
-//! the counter, queue, expiries, waiter data and channels after the hold's key, and the horizon
-//! after the epoch's. Its uncontended answer is one integer (see `scripts/quorum_acquire.lua`,
-//! and `docs/redlock.md`, "Costs").
-//!
-//! An election (`LockKind::Election`) has the same layout under `NS:{NAME}:election` (the
-//! hold, with the leader's `value` and its proclamation number `seq` as extra fields),
-//! `NS:{NAME}:election:fence`, `NS:{NAME}:election:released`, `NS:{NAME}:election:rlq`,
-//! `NS:{NAME}:election:rlq:ttl` and `NS:{NAME}:election:waiters`, apart from the lock of the same name; every change of its hold
-//! (a grant `g`, a token raised `g`, a release `r`, a proclamation `p`) is published on
-//! `NS:{NAME}:election:observe`, the single-node election's observe channel. Every method that
-//! addresses a hold takes the kind; a lock's requests are exactly what they were.
+//! A Redlock lock does not share the single-node mutex's layout: its keys, and what a vote
+//! and a release are sent, are in docs/redlock.md, "Design"; an election's (the same layout
+//! under `NS:{NAME}:election`, every change of its hold published on its observe channel) in
+//! docs/election-redlock.md, "Layout". Every method that addresses a hold takes the kind; a
+//! lock's requests are exactly what they were.
 
-use crate::error::shape;
+use crate::error::{shape, KIND};
+use crate::inspect::time_ms;
+use crate::renew::PER_SCRIPT;
 use crate::scripts::{self, Script};
 use crate::RedisBackend;
 use crate::{family, int, lease_ms};
@@ -51,7 +31,6 @@ use distlock_core::backend::{
 };
 use distlock_core::{ClientOptions, Error, LockKind, ReleaseOutcome, Result};
 use redis::Value;
-use std::sync::OnceLock;
 
 mod replies;
 use replies::*;
@@ -77,22 +56,12 @@ pub const QUORUM_FLOOR_STEP: Duration = Duration::from_micros(quorum_floor_step_
 /// Counters raised per script call ([`RedisNode::raise_fences`]).
 const SEED_BATCH: usize = 256;
 
-struct QuorumScripts {
-    acquire: Script,
-    raise: Script,
-    release: Script,
-    renew: Script,
-    epoch: Script,
-    raise_fences: Script,
-    proclaim: Script,
-}
-
-fn quorum_scripts() -> &'static QuorumScripts {
-    static SCRIPTS: OnceLock<QuorumScripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| QuorumScripts {
+scripts::script_set! {
+    /// The Redlock node's scripts.
+    static QUORUM: QuorumScripts {
         // The uncontended vote runs before the prelude functions it does not call are made
         // (a Lua closure per function per call: docs/redis-lock.md, "Costs").
-        acquire: Script::new(concat!(
+        acquire: concat!(
             "local QUORUM_FLOOR_STEP_US = ",
             quorum_floor_step_us!(),
             "\n",
@@ -103,36 +72,18 @@ fn quorum_scripts() -> &'static QuorumScripts {
                 "fence_next.lua",
                 "quorum_acquire_wait.lua"
             )
-        )),
-        raise: Script::new(scripts::fenced!("quorum_raise.lua")),
-        release: Script::new(include_str!("../../scripts/quorum_release.lua")),
-        renew: Script::new(concat!(
-            include_str!("../../scripts/quorum_renew.lua"),
-            include_str!("../../scripts/quorum_renew_many.lua")
-        )),
-        epoch: Script::new(include_str!("../../scripts/quorum_epoch.lua")),
-        raise_fences: Script::new(scripts::fenced!("quorum_raise_fences.lua")),
-        proclaim: Script::new(include_str!("../../scripts/quorum_proclaim.lua")),
-    })
-}
-
-impl QuorumScripts {
-    fn all(&self) -> [&Script; 7] {
-        [
-            &self.acquire,
-            &self.raise,
-            &self.release,
-            &self.renew,
-            &self.epoch,
-            &self.raise_fences,
-            &self.proclaim,
-        ]
+        ),
+        raise: scripts::fenced!("quorum_raise.lua"),
+        release: scripts::lua!("quorum_release.lua"),
+        renew: scripts::lua!("quorum_renew.lua", "quorum_renew_many.lua"),
+        epoch: scripts::lua!("quorum_epoch.lua"),
+        raise_fences: scripts::fenced!("quorum_raise_fences.lua"),
+        proclaim: scripts::lua!("quorum_proclaim.lua"),
     }
 }
 
-/// The keys and channels of one Redlock lock or election on a node (see the module docs).
-/// (The scripts name the queue, the waiter expiries, the waiter data and the lock's channel
-/// after the hold's key themselves.)
+/// The keys of one Redlock lock or election on a node that a request names (the scripts name
+/// the others after the hold's key).
 struct QuorumKeys {
     lock: String,
     fence: String,
@@ -152,7 +103,7 @@ struct QuorumKeys {
 /// of another shape, or the lock's keys (a counter) holding data of another shape.
 pub struct RedisNode {
     b: RedisBackend,
-    /// `NS:redlock:epoch` and `NS:redlock:horizon`: see the module docs.
+    /// `NS:redlock:epoch` and `NS:redlock:horizon` (docs/redlock.md, "Design").
     epoch_key: String,
     horizon_key: String,
 }
@@ -195,20 +146,21 @@ impl RedisNode {
     }
 
     /// A watch for the queued Redlock waiter `attempt` on this node: its client's wake channel,
-    /// which every queue entry of the attempt names ([`vote`]), where the
-    /// node tells the attempt alone that it is its turn. The channel is subscribed once per
-    /// subscriber connection and kept: with the connection up this is a table entry, made
-    /// before the attempt's first vote, with no round trip; it connects (and subscribes the
-    /// channel) first otherwise.
-    ///
-    /// [`vote`]: RedisNode::vote
+    /// which every queue entry of the attempt names ([`vote`](Self::vote)), where the node
+    /// tells the attempt alone that it is its turn. With the subscriber connection up this is
+    /// a table entry (the channel stays subscribed), made before the attempt's first vote;
+    /// otherwise it connects (and subscribes the channel) first.
     ///
     /// # Errors
     /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
     pub async fn wake_watch(&self, attempt: &AttemptId) -> Result<Box<dyn ReleaseWatch>> {
         match self.b.subscriber.ready(attempt) {
             Some(w) => Ok(w),
-            None => self.b.subscriber.watch_wake(attempt).await,
+            None => {
+                (self.b.subscriber)
+                    .watch(self.b.subscriber.wake().to_owned(), attempt)
+                    .await
+            }
         }
     }
 
@@ -244,7 +196,7 @@ impl RedisNode {
     /// Cancel safe: loading a script twice does no harm.
     pub async fn load_scripts(&self) -> Result<()> {
         let mut con = self.b.con.get();
-        scripts::load(&mut con, &quorum_scripts().all())
+        scripts::load(&mut con, &QUORUM.all())
             .await
             .map_err(|e| self.b.err(e))
     }
@@ -258,7 +210,7 @@ impl RedisNode {
         args: &[&str],
     ) -> Result<(Value, bool)> {
         let cmd = script.cmd(keys, args);
-        self.b.eval_in(&quorum_scripts().all(), &cmd).await
+        self.b.eval_in(&QUORUM.all(), &cmd).await
     }
 
     /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
@@ -297,19 +249,11 @@ impl RedisNode {
         queue: Option<(Duration, u64)>,
     ) -> Result<QuorumVote> {
         let k = self.quorum_keys(&key.name, key.kind)?;
-        let s = quorum_scripts();
         // A waiter's ttl, place and wake channel in one argument (`TTL:PLACE:WAKE`); a try
         // passes none (an election passes it empty, before its value).
         let waiter = queue.map(|(ttl, place)| {
-            let wake = self.b.subscriber.wake();
-            let ttl = lease_ms(ttl.max(Duration::from_millis(1)));
-            let mut w = String::with_capacity(ttl.len() + wake.len() + 22);
-            w.push_str(&ttl);
-            w.push(':');
-            w.push_str(&place.to_string());
-            w.push(':');
-            w.push_str(wake);
-            w
+            let place = place.to_string();
+            [&*lease_ms(ttl), ":", &place, ":", self.b.subscriber.wake()].concat()
         });
         let lease = lease_ms(lease);
         let mut args = vec![attempt.as_str(), &lease, epoch, &key.owner];
@@ -327,7 +271,7 @@ impl RedisNode {
         let ended = self.b.ended_key(&key.name, attempt);
         let sent = self.b.unanswered.sent(attempt);
         let (v, reloaded) = self
-            .run_quorum(&s.acquire, &[&k.lock, &ended, &self.epoch_key], &args)
+            .run_quorum(&QUORUM.acquire, &[&k.lock, &ended, &self.epoch_key], &args)
             .await?;
         sent.answered();
         Ok(QuorumVote {
@@ -352,13 +296,12 @@ impl RedisNode {
         attempt: &AttemptId,
         token: u64,
     ) -> Result<Option<u64>> {
-        let s = quorum_scripts();
         let k = self.quorum_keys(name, kind)?;
         let token = token.to_string();
         let mut args = vec![attempt.as_str(), &token];
         args.extend(k.observe.as_deref());
         let (v, _) = self
-            .run_quorum(&s.raise, &[&k.lock, &k.fence], &args)
+            .run_quorum(&QUORUM.raise, &[&k.lock, &k.fence], &args)
             .await?;
         match crate::pair("raise fence", &v)? {
             (1, c) if c >= 0 => Ok(Some(c as u64)),
@@ -439,14 +382,15 @@ impl RedisNode {
             args.push(mode);
         }
         args.extend(k.observe.as_deref());
-        let s = quorum_scripts();
+        let s = &*QUORUM;
         let cmd = s.release.cmd(&[&k.lock], &args);
         // A release or a give-up ends the attempt on this node: its end record first, if a
         // vote of it may still arrive here (a give-back keeps the attempt going).
-        let record = (mode != "giveback")
-            .then(|| self.b.end_record(name, attempt))
-            .flatten();
-        let v = self.b.eval_ending(&s.all(), &cmd, record.as_ref()).await?;
+        let record = match mode {
+            "giveback" => None,
+            _ => (self.b).end_record(attempt, || Ok(self.b.ended_key(name, attempt)))?,
+        };
+        let (v, _) = (self.b.eval_ending(&s.all(), &cmd, record.as_ref(), None)).await?;
         release_reply(&v)
     }
 
@@ -469,7 +413,7 @@ impl RedisNode {
         let (token, seq) = (grant.token.to_string(), seq.to_string());
         let (v, _) = self
             .run_quorum(
-                &quorum_scripts().proclaim,
+                &QUORUM.proclaim,
                 &[&k.lock],
                 &[grant.attempt.as_str(), &token, &seq, value, &observe],
             )
@@ -494,35 +438,30 @@ impl RedisNode {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
-        let s = quorum_scripts();
-        let hk = &self.horizon_key;
+        let s = &*QUORUM;
         let mut pipe = redis::pipe();
-        for chunk in holds.chunks(crate::renew::PER_SCRIPT) {
-            let mut keys = Vec::with_capacity(1 + chunk.len());
-            let mut args = Vec::with_capacity(3 * chunk.len());
-            keys.push(hk.clone());
-            for (g, lease) in chunk {
+        for chunk in holds.chunks(PER_SCRIPT) {
+            let mut cmd = s.renew.head(1 + chunk.len());
+            cmd.arg(&self.horizon_key);
+            for (g, _) in chunk {
                 Self::check_kind(g.key.kind)?;
-                let base = family(g.key.kind)?.base();
-                keys.push(self.b.key_of(&g.key.name, &[base]));
-                args.push(g.attempt.as_str().to_owned());
-                args.push(g.token.to_string());
-                args.push(lease_ms(*lease));
+                cmd.arg(self.b.key_of(&g.key.name, &[family(g.key.kind)?.base()]));
             }
-            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            pipe.add_command(s.renew.cmd(&keys, &args));
+            for (g, lease) in chunk {
+                cmd.arg(g.attempt.as_str())
+                    .arg(g.token)
+                    .arg(lease_ms(*lease));
+            }
+            pipe.add_command(cmd);
         }
         let vals = self.b.eval_pipe(&s.all(), &pipe).await?;
-        if vals.len() != holds.len().div_ceil(crate::renew::PER_SCRIPT) {
-            return Err(unexpected(format!(
-                "quorum renew: {} replies to {} scripts",
-                vals.len(),
-                holds.len().div_ceil(crate::renew::PER_SCRIPT)
-            )));
+        let scripts = holds.len().div_ceil(PER_SCRIPT);
+        if vals.len() != scripts {
+            let why = format!("quorum renew: {} replies to {scripts} scripts", vals.len());
+            return Err(Error::unexpected(KIND, why));
         }
         let mut out = Vec::with_capacity(holds.len());
-        for (v, chunk) in vals.iter().zip(holds.chunks(crate::renew::PER_SCRIPT)) {
+        for (v, chunk) in vals.iter().zip(holds.chunks(PER_SCRIPT)) {
             out.extend(renew_reply(v, chunk.len())?);
         }
         Ok(out)
@@ -549,7 +488,7 @@ impl RedisNode {
             attempt: get("attempt").unwrap_or_default(),
             owner: get("owner").unwrap_or_default(),
             token: get("token").and_then(|t| t.parse().ok()),
-            lease_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            lease_left: crate::inspect::ms(pttl),
             // An election's value (empty if none) and its number (0 if none or foreign).
             value: election.then(|| {
                 let seq = get("seq").and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -573,7 +512,7 @@ impl RedisNode {
         let (text, epoch, (secs, micros)): (String, Option<String>, (String, String)) =
             self.b.query_pipe(pipe.cmd("TIME")).await?;
         let now_ms = time_ms(&secs, &micros)
-            .ok_or_else(|| unexpected(format!("TIME answered `{secs} {micros}`")))?;
+            .ok_or_else(|| Error::unexpected(KIND, format!("TIME answered `{secs} {micros}`")))?;
         Ok((parse_info(&text, now_ms)?, epoch))
     }
 
@@ -609,11 +548,7 @@ impl RedisNode {
         let ek = &self.epoch_key;
         let q = quarantine.as_millis().to_string();
         let (v, _) = self
-            .run_quorum(
-                &quorum_scripts().epoch,
-                &[ek],
-                &["create", prefix, run_id, &q],
-            )
+            .run_quorum(&QUORUM.epoch, &[ek], &["create", prefix, run_id, &q])
             .await?;
         let bad = || shape("create epoch", &v);
         let Value::Array(items) = &v else {
@@ -622,16 +557,10 @@ impl RedisNode {
         let text =
             |v: &Value| -> Result<String> { redis::from_redis_value(v.clone()).map_err(|_| bad()) };
         match items.as_slice() {
-            [ok, current, now] if int(ok) == Some(1) => {
-                let current = text(current)?;
-                let now = int(now)
-                    .and_then(|n| u64::try_from(n).ok())
-                    .ok_or_else(bad)?;
-                if current.is_empty() {
-                    return Err(bad());
-                }
-                Ok(Ok((current, now)))
-            }
+            [ok, current, now] if int(ok) == Some(1) => match text(current)? {
+                current if current.is_empty() => Err(bad()),
+                current => Ok(Ok((current, uint("create epoch", now)?))),
+            },
             [ok, current] if int(ok) == Some(0) => Ok(Err(text(current)?)),
             _ => Err(bad()),
         }
@@ -645,7 +574,7 @@ impl RedisNode {
     /// one call (it deletes only the epoch with `value`).
     pub async fn drop_epoch(&self, value: &str) -> Result<()> {
         let ek = &self.epoch_key;
-        self.run_quorum(&quorum_scripts().epoch, &[ek], &["drop", value, "", "0"])
+        self.run_quorum(&QUORUM.epoch, &[ek], &["drop", value, "", "0"])
             .await
             .map(|_| ())
     }
@@ -659,18 +588,17 @@ impl RedisNode {
     /// Dropping it may leave some batches raised; it only ever raises a counter, so calling it
     /// again has the effect of one call.
     pub async fn raise_fences(&self, counters: &[(String, LockKind, u64)]) -> Result<u64> {
+        let s = &*QUORUM;
         let mut raised = 0;
         for batch in counters.chunks(SEED_BATCH) {
-            let keys: Vec<String> = batch
-                .iter()
-                .map(|(n, kind, _)| Ok(self.quorum_keys(n, *kind)?.fence))
-                .collect::<Result<_>>()?;
-            let vals: Vec<String> = batch.iter().map(|(_, _, v)| v.to_string()).collect();
-            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let vals: Vec<&str> = vals.iter().map(String::as_str).collect();
-            let (v, _) = self
-                .run_quorum(&quorum_scripts().raise_fences, &keys, &vals)
-                .await?;
+            let mut cmd = s.raise_fences.head(batch.len());
+            for (name, kind, _) in batch {
+                cmd.arg(self.quorum_keys(name, *kind)?.fence);
+            }
+            for (_, _, value) in batch {
+                cmd.arg(*value);
+            }
+            let (v, _) = self.b.eval_in(&s.all(), &cmd).await?;
             raised += uint("raise fences", &v)?;
         }
         Ok(raised)
@@ -698,73 +626,59 @@ mod tests {
     #[test]
     fn vote_and_release_replies() {
         let arr = |n: &[i64]| Value::Array(n.iter().map(|i| Value::Int(*i)).collect());
-        // The uncontended grant: the counter alone.
-        let v = vote_reply(&Value::Int(1_700_000_000_100_000)).unwrap();
-        assert_eq!(
-            v.reply,
-            QuorumReply::Granted {
-                counter: 1_700_000_000_100_000
-            }
-        );
-        assert_eq!((v.quarantine, v.first), (None, false));
-        assert_eq!(
-            vote_reply(&Value::Int(-1)).unwrap().reply,
-            QuorumReply::EpochMismatch
-        );
+        // The uncontended grant: the counter alone (no quarantine, not first).
+        let counter = 1_700_000_000_100_000;
+        let v = vote_reply(&Value::Int(counter as i64)).unwrap();
+        assert_eq!(v, QuorumVote::new(QuorumReply::Granted { counter }));
         // A grant in quarantine, first in the queue: the table.
         let v = vote_reply(&arr(&[1, 9, 9, 250, 1])).unwrap();
         assert_eq!(v.reply, QuorumReply::Granted { counter: 9 });
         assert_eq!(v.quarantine, Some(Duration::from_millis(250)));
         assert!(v.first);
-        assert_eq!(
-            vote_reply(&arr(&[2, 9, 7, 0, 0])).unwrap().reply,
-            QuorumReply::Holds {
-                counter: 9,
-                token: 7
-            }
-        );
-        assert_eq!(
-            vote_reply(&arr(&[0, 9, -1, 0, 0])).unwrap().reply,
-            QuorumReply::Held {
-                counter: 9,
-                ttl: None
-            }
-        );
-        assert_eq!(
-            vote_reply(&arr(&[3, 9, 0, 0, 0])).unwrap().reply,
-            QuorumReply::Behind { counter: 9 }
-        );
+        for (v, want) in [
+            (Value::Int(-1), QuorumReply::EpochMismatch),
+            (
+                arr(&[2, 9, 7, 0, 0]),
+                QuorumReply::Holds {
+                    counter: 9,
+                    token: 7,
+                },
+            ),
+            (
+                arr(&[0, 9, -1, 0, 0]),
+                QuorumReply::Held {
+                    counter: 9,
+                    ttl: None,
+                },
+            ),
+            (arr(&[3, 9, 0, 0, 0]), QuorumReply::Behind { counter: 9 }),
+        ] {
+            assert_eq!(vote_reply(&v).unwrap().reply, want, "{v:?}");
+        }
         // Nothing else: a zero, other integers, short or foreign tables.
+        let mut foreign = arr(&[0, 0, 0, 0, 0]);
+        if let Value::Array(items) = &mut foreign {
+            items[1] = Value::Nil;
+        }
         for bad in [
             Value::Int(0),
             Value::Int(-2),
             arr(&[1, 0, 0, 0, 0]),
             arr(&[0, 9, 1]),
-            Value::Array(vec![
-                Value::Int(0),
-                Value::Nil,
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
+            foreign,
             Value::Nil,
         ] {
             assert!(vote_reply(&bad).is_err(), "{bad:?}");
         }
-        assert_eq!(
-            release_reply(&Value::Int(1)).unwrap(),
-            Ok(ReleaseOutcome::Released)
-        );
-        assert_eq!(
-            release_reply(&Value::Int(0)).unwrap(),
-            Ok(ReleaseOutcome::Expired)
-        );
-        assert_eq!(
-            release_reply(&Value::Int(3)).unwrap(),
-            Ok(ReleaseOutcome::TakenByOther)
-        );
-        assert_eq!(release_reply(&Value::Int(-8)).unwrap(), Err(7));
-        assert_eq!(release_reply(&Value::Int(-1)).unwrap(), Err(0));
+        for (n, want) in [
+            (1, Ok(ReleaseOutcome::Released)),
+            (0, Ok(ReleaseOutcome::Expired)),
+            (3, Ok(ReleaseOutcome::TakenByOther)),
+            (-8, Err(7)),
+            (-1, Err(0)),
+        ] {
+            assert_eq!(release_reply(&Value::Int(n)).unwrap(), want, "{n}");
+        }
         assert!(release_reply(&Value::Int(2)).is_err());
         assert!(release_reply(&arr(&[1, 0])).is_err());
     }

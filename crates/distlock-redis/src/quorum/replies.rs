@@ -119,13 +119,6 @@ pub struct ServerInfo {
     pub now_ms: u64,
 }
 
-pub(super) fn unexpected(message: String) -> Error {
-    Error::UnexpectedReply {
-        backend: KIND,
-        message,
-    }
-}
-
 pub(super) fn uint(what: &str, v: &Value) -> Result<u64> {
     int(v)
         .and_then(|i| u64::try_from(i).ok())
@@ -148,10 +141,10 @@ pub(super) fn parse_info(text: &str, now_ms: u64) -> Result<ServerInfo> {
     };
     let run_id = field("run_id")
         .filter(|r| !r.is_empty())
-        .ok_or_else(|| unexpected("INFO server has no run_id".into()))?;
+        .ok_or_else(|| Error::unexpected(KIND, "INFO server has no run_id"))?;
     let uptime = field("uptime_in_seconds")
         .and_then(|u| u.parse::<u64>().ok())
-        .ok_or_else(|| unexpected("INFO server has no uptime_in_seconds".into()))?;
+        .ok_or_else(|| Error::unexpected(KIND, "INFO server has no uptime_in_seconds"))?;
     Ok(ServerInfo {
         run_id,
         uptime: Duration::from_secs(uptime),
@@ -172,27 +165,24 @@ pub(super) fn vote_reply(v: &Value) -> Result<QuorumVote> {
             if nums.len() != items.len() {
                 return Err(bad());
             }
-            match nums.as_slice() {
-                [1, c, _, q, f] if *c > 0 => (QuorumReply::Granted { counter: *c as u64 }, *q, *f),
-                [2, c, t, q, f] if *c >= 0 && *t >= 0 => (
-                    QuorumReply::Holds {
-                        counter: *c as u64,
-                        token: *t as u64,
-                    },
-                    *q,
-                    *f,
-                ),
-                [0, c, pttl, q, f] if *c >= 0 => (
-                    QuorumReply::Held {
-                        counter: *c as u64,
-                        ttl: (*pttl >= 0).then(|| Duration::from_millis(*pttl as u64)),
-                    },
-                    *q,
-                    *f,
-                ),
-                [3, c, _, q, f] if *c >= 0 => (QuorumReply::Behind { counter: *c as u64 }, *q, *f),
+            let [status, c, x, q, f] = nums[..] else {
+                return Err(bad());
+            };
+            let counter = u64::try_from(c).map_err(|_| bad())?;
+            let reply = match status {
+                1 if counter > 0 => QuorumReply::Granted { counter },
+                2 if x >= 0 => QuorumReply::Holds {
+                    counter,
+                    token: x as u64,
+                },
+                0 => QuorumReply::Held {
+                    counter,
+                    ttl: crate::inspect::ms(x),
+                },
+                3 => QuorumReply::Behind { counter },
                 _ => return Err(bad()),
-            }
+            };
+            (reply, q, f)
         }
         _ => return Err(bad()),
     };
@@ -208,11 +198,9 @@ pub(super) fn vote_reply(v: &Value) -> Result<QuorumVote> {
 /// attempt holds it, `-1 - TOKEN` this attempt holds it here under another token.
 pub(super) fn release_reply(v: &Value) -> Result<std::result::Result<ReleaseOutcome, u64>> {
     match int(v) {
-        Some(1) => Ok(Ok(ReleaseOutcome::Released)),
-        Some(0) => Ok(Ok(ReleaseOutcome::Expired)),
-        Some(3) => Ok(Ok(ReleaseOutcome::TakenByOther)),
         Some(n) if n < 0 => Ok(Err(u64::try_from(-1 - n).unwrap_or(0))),
-        _ => Err(shape("quorum release", v)),
+        Some(n) => crate::release_outcome("quorum release", n).map(Ok),
+        None => Err(shape("quorum release", v)),
     }
 }
 
@@ -247,9 +235,4 @@ pub(super) fn renew_reply(
         return Err(bad());
     }
     Ok(out)
-}
-
-/// `TIME` (seconds, microseconds) in ms.
-pub(super) fn time_ms(secs: &str, micros: &str) -> Option<u64> {
-    Some(secs.parse::<u64>().ok()? * 1000 + micros.parse::<u64>().ok()? / 1000)
 }
