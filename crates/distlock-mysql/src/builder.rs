@@ -226,12 +226,7 @@ impl MysqlSettings {
         let mut tls = x.tls.clone().or(p.tls.take());
         if s.ca_file.is_some() || s.client_cert.is_some() {
             let mut t = tls.unwrap_or_default();
-            if let Some(ca) = &s.ca_file {
-                t = t.ca(ca);
-            }
-            if let Some((cert, key)) = &s.client_cert {
-                t = t.client_cert(cert, key);
-            }
+            t.files = s.tls_files(Some(t.files.clone()), "")?.unwrap_or(t.files);
             tls = Some(t);
         }
         p.mode = x.mode.unwrap_or(p.mode);
@@ -244,38 +239,28 @@ impl MysqlSettings {
 /// The connector of `base` with `tls` (`None`: the application's options, their TLS settings
 /// as they are).
 fn connector(base: mysql_async::OptsBuilder, tls: Option<TlsOptions>) -> Result<Connector> {
-    Ok(match tls {
-        Some(tls) => {
-            let ssl = tls.ssl_opts(tls.mode())?;
-            let plain_fallback = (tls.mode() == SslMode::Prefer && ssl.is_some())
-                .then(|| base.clone().ssl_opts(None).into());
-            Connector {
-                opts: base.ssl_opts(ssl).into(),
-                plain_fallback,
-                client_cert: tls.has_client_cert(),
-                tls,
-            }
-        }
-        None => {
-            let opts: mysql_async::Opts = base.into();
-            let tls = TlsOptions::new(match opts.ssl_opts() {
-                Some(s) if s.accept_invalid_certs() => SslMode::Require,
-                Some(_) => SslMode::VerifyFull,
-                None => SslMode::Disable,
-            });
-            #[cfg(feature = "tls")]
-            let client_cert = opts
-                .ssl_opts()
-                .is_some_and(|s| s.client_identity().is_some());
-            #[cfg(not(feature = "tls"))]
-            let client_cert = false;
-            Connector {
-                client_cert,
-                opts,
-                plain_fallback: None,
-                tls,
-            }
-        }
+    let Some(tls) = tls else {
+        let opts: mysql_async::Opts = base.into();
+        let tls = TlsOptions::new(match opts.ssl_opts() {
+            Some(s) if s.accept_invalid_certs() => SslMode::Require,
+            Some(_) => SslMode::VerifyFull,
+            None => SslMode::Disable,
+        });
+        let plain_fallback = None;
+        return Ok(Connector {
+            opts,
+            plain_fallback,
+            tls,
+        });
+    };
+    let ssl = tls.ssl_opts()?;
+    let plain_fallback = (tls.mode() == SslMode::Prefer && ssl.is_some())
+        .then(|| base.clone().ssl_opts(None).into());
+    let opts = base.ssl_opts(ssl).into();
+    Ok(Connector {
+        opts,
+        plain_fallback,
+        tls,
     })
 }
 
@@ -356,14 +341,10 @@ mod tests {
             .expect("refused");
         let e = e.to_string();
         assert!(!e.contains("secret"), "{e}");
-        assert_eq!(
-            crate::redact("mysql://u:secret@h:1/d"),
-            "mysql://u:***@h:1/d"
-        );
-        assert_eq!(
-            crate::redact("mysql://u:secret@h:x/d"),
-            "mysql://u:***@h:x/d"
-        );
+        for port in ["1", "x"] {
+            let url = format!("mysql://u:secret@h:{port}/d");
+            assert_eq!(crate::redact(&url), format!("mysql://u:***@h:{port}/d"));
+        }
     }
 
     #[test]

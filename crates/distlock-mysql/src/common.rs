@@ -34,8 +34,16 @@ pub(crate) fn next_token(last: &str) -> String {
     format!("GREATEST({last} + 1, {CLOCK_US})")
 }
 
+/// A fencing token read back (`None` or 0: a reply of the wrong shape).
+pub(crate) fn token(t: Option<u64>) -> Result<u64> {
+    t.filter(|t| *t > 0)
+        .ok_or_else(|| crate::error::shape("fencing token", format!("{t:?}")))
+}
+
 /// What a driver call returns.
 pub(crate) type Driver<T> = std::result::Result<T, mysql_async::Error>;
+/// The rows of each result set of a multi-statement query ([`query_sets`]).
+pub(crate) type Sets = Vec<Vec<Row>>;
 
 /// How one driver call ended.
 pub(crate) enum Call<T> {
@@ -51,18 +59,18 @@ pub(crate) struct Connector {
     pub(crate) opts: mysql_async::Opts,
     pub(crate) plain_fallback: Option<mysql_async::Opts>,
     pub(crate) tls: crate::TlsOptions,
-    pub(crate) client_cert: bool,
 }
 
 pub(crate) struct Common {
-    connector: Connector,
+    pub(crate) connector: Connector,
     /// `PREFERRED` found the server without TLS: open unencrypted from now on.
     plain_only: AtomicBool,
     pub(crate) endpoint: String,
     pub(crate) namespace: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) op_timeout: Duration,
-    idle: IdlePool<Conn>,
+    /// Connections that hold no lock, kept for later.
+    pub(crate) idle: IdlePool<Conn>,
 }
 
 impl Common {
@@ -78,10 +86,6 @@ impl Common {
         }
     }
 
-    pub(crate) fn host(&self) -> String {
-        self.connector.opts.ip_or_hostname().to_owned()
-    }
-
     /// The TLS mode (for the application's own options: `REQUIRED` if they encrypt without
     /// checking, `VERIFY_IDENTITY` if they check).
     pub(crate) fn tls_mode(&self) -> crate::SslMode {
@@ -92,26 +96,24 @@ impl Common {
     }
 
     pub(crate) async fn open(&self) -> Result<Conn> {
-        tokio::time::timeout(self.connect_timeout, self.open_now())
-            .await
-            .map_err(|_| timeout(&self.endpoint, "connecting", self.connect_timeout))?
-    }
-
-    async fn open_now(&self) -> Result<Conn> {
         let plain = self.connector.plain_fallback.as_ref();
         let plain_only = self.plain_only.load(Ordering::Relaxed);
         let opts = plain.filter(|_| plain_only).unwrap_or(&self.connector.opts);
-        let r = match (Conn::new(opts.clone()).await, plain) {
-            (Err(mysql_async::Error::Driver(NoClientSslFlagFromServer)), Some(plain)) => {
-                tracing::info!(
-                    endpoint = %self.endpoint,
-                    "the server has no TLS: ssl-mode=PREFERRED goes on unencrypted"
-                );
-                self.plain_only.store(true, Ordering::Relaxed);
-                Conn::new(plain.clone()).await
+        let open = async {
+            match (Conn::new(opts.clone()).await, plain) {
+                (Err(mysql_async::Error::Driver(NoClientSslFlagFromServer)), Some(plain)) => {
+                    tracing::info!(
+                        endpoint = %self.endpoint,
+                        "the server has no TLS: ssl-mode=PREFERRED goes on unencrypted"
+                    );
+                    self.plain_only.store(true, Ordering::Relaxed);
+                    Conn::new(plain.clone()).await
+                }
+                (r, _) => r,
             }
-            (r, _) => r,
         };
+        let r = tokio::time::timeout(self.connect_timeout, open).await;
+        let r = r.map_err(|_| timeout(&self.endpoint, "connecting", self.connect_timeout))?;
         r.map_err(|e| self.open_error(e))
     }
 
@@ -123,7 +125,12 @@ impl Common {
         }
         let mut e = map(&self.endpoint, e);
         if let Error::Auth { message, .. } = &mut e {
-            if !self.connector.client_cert && !message.contains("ssl-mode") {
+            #[cfg(feature = "tls")]
+            let cert =
+                (self.connector.opts.ssl_opts()).is_some_and(|s| s.client_identity().is_some());
+            #[cfg(not(feature = "tls"))]
+            let cert = false;
+            if !cert && !message.contains("ssl-mode") {
                 message.push_str(
                     "; an account that REQUIREs SSL needs ssl-mode=REQUIRED or stricter, one \
                      that REQUIREs X509 also ssl-cert=PATH&ssl-key=PATH",
@@ -139,11 +146,6 @@ impl Common {
             Some(c) => Ok(c),
             None => self.open().await,
         }
-    }
-
-    /// Keeps a connection that holds no lock for later (or closes it).
-    pub(crate) fn put(&self, conn: Conn) {
-        self.idle.put(conn);
     }
 
     /// How long work that must not be cut short by a caller's timeout (a request whose reply is
@@ -213,7 +215,7 @@ impl Common {
     /// Runs one multi-statement query (see [`query_sets`]) on a pooled connection. A
     /// connection whose query did not succeed is closed: it may be inside an open transaction,
     /// or its reply still on the way; the server rolls back what it had not committed.
-    pub(crate) async fn query(&self, what: &str, sql: String) -> Result<Vec<Vec<Row>>> {
+    pub(crate) async fn query(&self, what: &str, sql: String) -> Result<Sets> {
         let mut conn = self.take().await?;
         let c = self.call(query_sets(&mut conn, sql)).await;
         self.dispose(conn, &c, false);
@@ -227,7 +229,7 @@ impl Common {
     /// too if the server went away.
     pub(crate) fn dispose<T>(&self, conn: Conn, c: &Call<T>, refused_ok: bool) {
         if matches!(c, Call::Ok(_)) || (refused_ok && Self::reusable(c)) {
-            self.put(conn);
+            self.idle.put(conn);
         } else {
             if matches!(c, Call::Err(e) if conn_dead(e)) {
                 self.idle.clear();
@@ -255,7 +257,7 @@ impl Common {
             }
             r?;
         }
-        self.put(conn);
+        self.idle.put(conn);
         Ok(())
     }
 
@@ -395,7 +397,7 @@ pub(crate) fn close(conn: Conn) {
 /// reports the query as exhausted (`is_empty`) before it, so it is read out explicitly here;
 /// otherwise the caller would get the result sets before the failure as a success, and the
 /// error would surface on whatever statement the connection runs next.
-pub(crate) async fn query_sets(conn: &mut Conn, sql: String) -> Driver<Vec<Vec<Row>>> {
+pub(crate) async fn query_sets(conn: &mut Conn, sql: String) -> Driver<Sets> {
     let mut r = conn.query_iter(sql).await?;
     let mut out = Vec::new();
     // Bounded: a query of ours has a handful of statements.

@@ -1,20 +1,10 @@
-//! Operator commands on MySQL/MariaDB: `dlock list`, `dlock release --force`, `dlock doctor`.
-//!
-//! - `list`: the names of the namespace that have state — a fencing counter row
-//!   (`dlock_fence`), a holder row (`dlock_holders`, session mode) or a lock row
-//!   (`dlock_table_locks`, table mode) — each inspected as `inspect` does (in session mode a
-//!   holder counts only while `IS_USED_LOCK` names its connection); rows of an election's
-//!   key are listed as that election, apart from the lock of the same name.
-//! - `force_release`: table mode clears the lock row and advances the counter in one
-//!   transaction; session mode `KILL`s the connection `IS_USED_LOCK` names (the server then
-//!   frees its `GET_LOCK`; the holder's next renewal, a statement on that connection, fails),
-//!   waits until the lock is free or taken by someone else, and advances the counter. `KILL`
-//!   of another user's connection needs `CONNECTION_ADMIN` (MySQL) / `SUPER` or
-//!   `CONNECTION ADMIN` (MariaDB).
-//! - `diagnose`: version, the session `wait_timeout` the session mode relies on, Galera,
-//!   and the server clock against the local one.
+//! Operator commands on MySQL/MariaDB: `dlock list`, `dlock release --force`, `dlock doctor`;
+//! docs/mysql.md, "Operator commands", has them in full. A forced release in table mode clears
+//! the row and advances the counter in one transaction; in session mode it `KILL`s the
+//! connection `IS_USED_LOCK` names, waits until the lock is free or someone else's, and only
+//! then advances the counter.
 
-use crate::common::{check_kind, col, election_key, key_of, last_row, sql_str};
+use crate::common::{check_kind, col, election_key, key_of, last_row, sql_str, CLOCK_US};
 use crate::error::{KIND, NOT_OWNER};
 use crate::{Mode, MysqlBackend};
 use distlock_core::operator::{clock_finding, evict, measure_clock, Eviction, TlsSession};
@@ -51,10 +41,7 @@ impl Operator for MysqlBackend {
         let mut out = Vec::with_capacity(names.len());
         // An election before the lock of the same name.
         for (name, mutex) in names {
-            let kind = match mutex {
-                true => LockKind::Mutex,
-                false => LockKind::Election,
-            };
+            let kind = [LockKind::Election, LockKind::Mutex][usize::from(mutex)];
             let info = distlock_core::Backend::inspect(self, &name, kind).await?;
             out.push(ListedLock::new(kind, info));
         }
@@ -298,37 +285,29 @@ fn version_finding(v: &str) -> Finding {
 /// checked: a warning for a server off this machine reached in clear text or without
 /// checking its certificate.
 fn tls_finding(b: &MysqlBackend, version: Option<String>) -> Finding {
-    let host = b.common.host();
+    let host = b.common.connector.opts.ip_or_hostname();
     let mode = b.common.tls_mode();
     // With this driver VERIFY_CA checks the name too.
     let verified = mode.verifies();
     let t = TlsSession {
-        host: &host,
-        loopback: distlock_core::conn::is_loopback(&host),
+        host,
+        loopback: distlock_core::conn::is_loopback(host),
         setting: crate::tls::MODES.setting(mode),
         checks: crate::SslMode::checked(verified, verified),
         verified,
         fix_unchecked: "use ssl-mode=VERIFY_IDENTITY with ssl-ca",
         fix_plain: "lock names and tokens travel in clear; give the server ssl_cert/ssl_key and use ssl-mode=VERIFY_IDENTITY",
     };
-    t.finding(
-        version
-            .as_deref()
-            .map(|v| Some(v).filter(|v| !v.is_empty())),
-    )
+    let encrypted = version
+        .as_deref()
+        .map(|v| Some(v).filter(|v| !v.is_empty()));
+    t.finding(encrypted)
 }
 
 /// The server's clock (UTC, microseconds), for `Operator::server_time`.
 async fn server_time(b: &MysqlBackend) -> Result<SystemTime> {
-    let us: Option<i64> = b
-        .common
-        .with_conn("reading the server clock", |c| {
-            Box::pin(async move {
-                c.query_first(format!("SELECT {}", crate::common::CLOCK_US))
-                    .await
-            })
-        })
-        .await?;
+    let (what, sql) = ("reading the server clock", format!("SELECT {CLOCK_US}"));
+    let us: Option<i64> = b.common.with_conn(what, |c| c.query_first(sql)).await?;
     let us = us.and_then(|us| u64::try_from(us).ok()).ok_or_else(|| {
         Error::unexpected(KIND, format!("the server clock reads {us:?} µs since 1970"))
     })?;

@@ -15,7 +15,7 @@
 
 use crate::common::{
     close, col, key_of, last_row, next_token, query_sets, renewed, sql_str, wait_timeout_secs,
-    Call, Common,
+    Call, Common, Sets,
 };
 use crate::error::{conn_dead, shape, INTERRUPTED, KIND};
 use distlock_core::backend::Capabilities;
@@ -28,7 +28,6 @@ use distlock_sql::closewatch::CloseWatch;
 use distlock_sql::lease::{micros, wait_millis, wait_or_stop};
 use distlock_sql::waited::{self, Step, WaitEnd};
 use distlock_sql::{Dialect, Hold, HoldMap, HoldState, Sessions};
-use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -241,10 +240,7 @@ impl MyDialect {
         let token = sets.and_then(|sets| {
             let row = last_row("fencing token", &sets)?;
             crate::observe::wake_if(&self.common, &lk, row, 1);
-            match col::<Option<u64>>("fencing token", row, 0)? {
-                Some(t) if t > 0 => Ok(t),
-                other => Err(shape("fencing token", format!("{other:?}"))),
-            }
+            crate::common::token(col("fencing token", row, 0)?)
         });
         let Ok(token) = token else {
             close(conn);
@@ -260,20 +256,13 @@ impl MyDialect {
         Ok(token)
     }
 
-    /// The holder's lease left (for a waiter's sleep), read on `conn`, which also gets its
-    /// default `wait_timeout` back and returns to the pool.
-    async fn held_ttl(&self, mut conn: Conn, lk: &str) -> Option<Duration> {
-        let sql = format!(
-            "SET SESSION wait_timeout = @@GLOBAL.wait_timeout; \
-             SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+    /// The holder's lease left (for a waiter's sleep), read on `conn` as it goes back.
+    async fn held_ttl(&self, conn: Conn, lk: &str) -> Option<Duration> {
+        let select = format!(
+            "; SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
              FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = IS_USED_LOCK('{lk}')"
         );
-        let c = self.common.call(query_sets(&mut conn, sql)).await;
-        let us = match &c {
-            Call::Ok(sets) => lock_reply(sets),
-            _ => None,
-        };
-        self.common.dispose(conn, &c, false);
+        let us = lock_reply(&self.give_back(conn, None, &select).await?);
         us.filter(|us| *us > 0)
             .map(|us| Duration::from_micros(us as u64))
     }
@@ -336,7 +325,6 @@ impl MyDialect {
         // The release's reply tells how the grant ended.
         g.watch.iter().for_each(CloseWatch::stop);
         let lk = self.lk(&slot.name, slot.kind);
-        let is_election = slot.kind == LockKind::Election;
         let observed = crate::observe::observed_col(slot.kind, &lk);
         let sql = format!(
             "DELETE FROM dlock_holders WHERE lock_key = '{lk}' AND conn_id = CONNECTION_ID(); \
@@ -344,38 +332,33 @@ impl MyDialect {
              SELECT RELEASE_LOCK('{lk}'){observed}"
         );
         let c = self.common.slow_call(query_sets(&mut g.conn, sql)).await;
-        let outcome = match c {
-            Call::Ok(sets) => {
-                self.common.put(g.conn);
-                if let Some(row) = sets.last().and_then(|r| r.first()) {
-                    crate::observe::wake_if(&self.common, &lk, row, 1);
-                }
-                if lock_reply(&sets) != Some(1) {
-                    return self.not_held_outcome(&slot.name, slot.kind).await;
-                }
-                self.record_released(attempt, g.token);
-                return Ok(ReleaseOutcome::Released);
+        if let Call::Ok(sets) = c {
+            self.common.idle.put(g.conn);
+            if let Some(row) = sets.last().and_then(|r| r.first()) {
+                crate::observe::wake_if(&self.common, &lk, row, 1);
             }
-            // The session ended before the release: so did the grant.
-            Call::Err(e) if conn_dead(&e) => None,
-            // Refused or unanswered: closing the connection gives the lock back all the
-            // same, so a retry of this release is told it already happened.
-            other => {
-                self.record_released(attempt, g.token);
-                g.close();
-                Some(match other {
-                    Call::Timeout(_) => Err(self.common.error("releasing", other)),
-                    _ => Ok(ReleaseOutcome::Released),
-                })
+            if lock_reply(&sets) != Some(1) {
+                return self.not_held_outcome(&slot.name, slot.kind).await;
             }
-        };
+            self.record_released(attempt, g.token);
+            return Ok(ReleaseOutcome::Released);
+        }
+        // A dead session ended the grant before the release. Refused or unanswered: closing
+        // the connection gives the lock back all the same, so a retry of this release is told
+        // it already happened.
+        let dead = matches!(&c, Call::Err(e) if conn_dead(e));
+        if !dead {
+            self.record_released(attempt, g.token);
+            g.close();
+        }
         // After the close: observers then read the election without this grant.
-        if is_election {
+        if slot.kind == LockKind::Election {
             crate::observe::wake(&self.common, &lk);
         }
-        match outcome {
-            Some(r) => r,
-            None => self.not_held_outcome(&slot.name, slot.kind).await,
+        match c {
+            _ if dead => self.not_held_outcome(&slot.name, slot.kind).await,
+            Call::Timeout(_) => Err(self.common.error("releasing", c)),
+            _ => Ok(ReleaseOutcome::Released),
         }
     }
 
@@ -426,12 +409,15 @@ impl MyDialect {
     }
 
     /// Hands a connection back to the pool with the default idle timeout, releasing `lock`
-    /// first if given; closes it if that fails (which frees the lock all the same).
-    async fn give_back(&self, mut conn: Conn, lock: Option<&str>) {
+    /// first if given, and running `then` last (its result sets returned); closes it if that
+    /// fails (which frees the lock all the same).
+    async fn give_back(&self, mut conn: Conn, lock: Option<&str>, then: &str) -> Option<Sets> {
         let release = lock.map_or(String::new(), |lk| format!("DO RELEASE_LOCK('{lk}'); "));
-        let sql = format!("{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout");
-        let c = self.common.call(conn.query_drop(sql)).await;
+        let sql = format!("{release}SET SESSION wait_timeout = @@GLOBAL.wait_timeout{then}");
+        let c = self.common.call(query_sets(&mut conn, sql)).await;
         self.common.dispose(conn, &c, false);
+        let Call::Ok(sets) = c else { return None };
+        Some(sets)
     }
 }
 
@@ -521,7 +507,7 @@ impl Dialect for MyDialect {
         let lk = self.lk(&slot.name, slot.kind);
         let mut conn = self.common.take().await?;
         let Some(left) = waited::budget(deadline, cancel) else {
-            self.common.put(conn);
+            self.common.idle.put(conn);
             return Ok(None);
         };
         let sql = lock_sql(&lk, req.lease, wait_secs(left));
@@ -536,7 +522,7 @@ impl Dialect for MyDialect {
                 return Ok(Some(Granted::new(token, sent)));
             }
             Step::Reuse { unlock } => {
-                self.give_back(conn, unlock.then_some(&*lk)).await;
+                self.give_back(conn, unlock.then_some(&*lk), "").await;
             }
             // The wait's outcome is unknown: the connection goes, and any lock with it.
             Step::Close => close(conn),
@@ -622,10 +608,9 @@ pub(crate) async fn holder_connection(mode: &SessionMode, name: &str, owner: &st
     for slot in mode.holds_of(name, owner) {
         // A slot busy for longer is an attempt waiting in `GET_LOCK`, not a holder.
         let limit = mode.dialect().common.op_timeout;
-        if let Ok(st) = tokio::time::timeout(limit, slot.state.lock()).await {
-            if let State::Held(g) = &*st {
-                return Some(g.conn.id());
-            }
+        let st = tokio::time::timeout(limit, slot.state.lock()).await;
+        if let Ok(State::Held(g)) = st.as_deref() {
+            return Some(g.conn.id());
         }
     }
     None

@@ -12,13 +12,13 @@
 //!   value stored in `dlock_elections` in the grant's transaction.
 
 use crate::common::{
-    check_kind, col, key_of, last_row, next_token, renewed, sql_attempt, sql_str, Common,
+    check_kind, col, key_of, last_row, next_token, renewed, sql_attempt, sql_str, Common, Sets,
 };
 use crate::error::{shape, KIND};
 use distlock_core::backend::{Backend, Capabilities, NoWatch};
 use distlock_core::{async_trait, ReleaseWatch};
 use distlock_core::{
-    AcquireReply, AcquireRequest, Error, GrantRef, LockInfo, LockKind, ReleaseOutcome,
+    AcquireReply, AcquireRequest, AttemptId, Error, GrantRef, LockInfo, LockKind, ReleaseOutcome,
     RenewOutcome, Result,
 };
 use distlock_sql::ended::{Unanswered, ENDED_KEEP};
@@ -100,28 +100,40 @@ impl TableMode {
         check_kind(kind)?;
         Ok(key_of(&self.common.namespace, name, kind))
     }
-}
 
-/// Statements of a give-up or release transaction (after the lock's row was locked) that
-/// record attempt `a` (quoted) of lock `lk` as ended, if `record`: a late copy of one of its
-/// requests then never grants it. And what trims expired records after the `COMMIT` (a few
-/// at a time, so a write never does unbounded work).
-fn record_ended(record: bool, lk: &str, a: &str) -> (String, String) {
-    if !record {
-        return (String::new(), String::new());
+    /// Runs the give-up or release transaction `sql(ended, trim)` of `attempt` (quoted `a`)
+    /// on lock `lk`. An attempt that had a request without an answer is ended for good:
+    /// `ended` (after the lock's row was locked) records it in `dlock_ended_attempts`, so
+    /// that a late copy of that request never grants it, and `trim` (after the `COMMIT`)
+    /// deletes a few expired records, so a write never does unbounded work.
+    async fn ending(
+        &self,
+        what: &str,
+        (attempt, a, lk): (&AttemptId, &str, &str),
+        sql: impl FnOnce(&str, &str) -> String,
+    ) -> Result<Sets> {
+        let record = self.unanswered.pending(attempt);
+        let keep = ENDED_KEEP.as_secs();
+        let (ended, trim) = match record {
+            false => (String::new(), String::new()),
+            true => (
+                format!(
+                    "INSERT INTO dlock_ended_attempts (attempt, lock_key, expires_at) \
+                     VALUES ({a}, '{lk}', UTC_TIMESTAMP(6) + INTERVAL {keep} SECOND) \
+                     ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at); "
+                ),
+                format!(
+                    "DELETE FROM dlock_ended_attempts WHERE expires_at < UTC_TIMESTAMP(6) \
+                     ORDER BY expires_at LIMIT {TRIM}; "
+                ),
+            ),
+        };
+        let sets = self.common.query(what, sql(&ended, &trim)).await?;
+        if record {
+            self.unanswered.recorded(attempt);
+        }
+        Ok(sets)
     }
-    let keep = ENDED_KEEP.as_secs();
-    (
-        format!(
-            "INSERT INTO dlock_ended_attempts (attempt, lock_key, expires_at) \
-                 VALUES ({a}, '{lk}', UTC_TIMESTAMP(6) + INTERVAL {keep} SECOND) \
-                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at); "
-        ),
-        format!(
-            "DELETE FROM dlock_ended_attempts WHERE expires_at < UTC_TIMESTAMP(6) \
-                 ORDER BY expires_at LIMIT {TRIM}; "
-        ),
-    )
 }
 
 /// What an acquire's transaction saw and did, as read back (`None`: NULL, no row was read):
@@ -141,10 +153,9 @@ type Seen = (
 fn acquired((live, mine, ended, token, left, new): Seen) -> Result<AcquireReply> {
     match (live, mine, new) {
         // A retry of the attempt that holds the lock: same grant, lease extended.
-        (Some(true), Some(true), _) => match token {
-            Some(t) if t > 0 => Ok(AcquireReply::Granted { token: t }),
-            other => Err(shape("fencing token", format!("{other:?}"))),
-        },
+        (Some(true), Some(true), _) => {
+            crate::common::token(token).map(|token| AcquireReply::Granted { token })
+        }
         (Some(true), _, _) => Ok(AcquireReply::Held {
             ttl: Some(Duration::from_micros(left.unwrap_or(0).max(0) as u64)),
         }),
@@ -252,28 +263,23 @@ impl Backend for TableMode {
         let a = sql_attempt(&grant.attempt)?;
         let t = grant.token;
         let observed = crate::observe::observed_col(grant.key.kind, &lk);
-        // An attempt that had a request without an answer is ended for good: recorded in
-        // `dlock_ended_attempts`, so that a late copy of that request never grants it.
-        let record = self.unanswered.pending(&grant.attempt);
-        let (ended, trim) = record_ended(record, &lk, &a);
-        let sql = format!(
-            "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL; \
-             START TRANSACTION; \
-             SELECT owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6), \
-                 attempt <=> {a} AND token = {t}, last_released <=> {a} \
-                 INTO @dl_live, @dl_mine, @dl_ended \
-                 FROM dlock_table_locks WHERE lock_key = '{lk}' FOR UPDATE; \
-             UPDATE dlock_table_locks SET owner = NULL, count = 0, acquired_at = NULL, \
-                 expires_at = {FREE}, last_released = attempt \
-                 WHERE lock_key = '{lk}' AND @dl_live AND @dl_mine; \
-             {ended}COMMIT; {trim}\
-             SELECT @dl_live, @dl_mine, @dl_ended{observed}"
-        );
-        let sets = self.common.query("releasing", sql).await?;
-        if record {
-            self.unanswered.recorded(&grant.attempt);
-        }
+        let sql = |ended: &str, trim: &str| {
+            format!(
+                "SET @dl_live = NULL, @dl_mine = NULL, @dl_ended = NULL; \
+                 START TRANSACTION; \
+                 SELECT owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6), \
+                     attempt <=> {a} AND token = {t}, last_released <=> {a} \
+                     INTO @dl_live, @dl_mine, @dl_ended \
+                     FROM dlock_table_locks WHERE lock_key = '{lk}' FOR UPDATE; \
+                 UPDATE dlock_table_locks SET owner = NULL, count = 0, acquired_at = NULL, \
+                     expires_at = {FREE}, last_released = attempt \
+                     WHERE lock_key = '{lk}' AND @dl_live AND @dl_mine; \
+                 {ended}COMMIT; {trim}\
+                 SELECT @dl_live, @dl_mine, @dl_ended{observed}"
+            )
+        };
         let what = "releasing";
+        let sets = self.ending(what, (&grant.attempt, &a, &lk), sql).await?;
         let row = last_row(what, &sets)?;
         let flag = |i| col(what, row, i).map(truth);
         let (live, mine, ended) = (flag(0)?, flag(1)?, flag(2)?);
@@ -282,10 +288,8 @@ impl Backend for TableMode {
         }
         Ok(match (live, mine, ended) {
             (Some(true), Some(true), _) => ReleaseOutcome::Released,
-            // Released already: this is a repeated release (its first reply was lost).
-            (_, _, Some(true)) => ReleaseOutcome::Expired,
-            (Some(true), _, _) => ReleaseOutcome::TakenByOther,
-            // Expired, or no row at all (a name never used).
+            // Not a repeated release (its first reply lost), nor expired, nor never used.
+            (Some(true), _, e) if e != Some(true) => ReleaseOutcome::TakenByOther,
             _ => ReleaseOutcome::Expired,
         })
     }
@@ -299,23 +303,21 @@ impl Backend for TableMode {
         // that had a request without an answer, in `dlock_ended_attempts` (the row's update
         // locks it first, so an acquire waiting for the row sees the record).
         // (MySQL applies the assignments left to right; `attempt` is not among them.)
-        let record = self.unanswered.pending(&req.attempt);
-        let (ended, trim) = record_ended(record, &lk, &a);
-        let sql = format!(
-            "START TRANSACTION; \
-             UPDATE dlock_table_locks SET \
-                 count = IF(attempt <=> {a}, 0, count), \
-                 acquired_at = IF(attempt <=> {a}, NULL, acquired_at), \
-                 expires_at = IF(attempt <=> {a}, {FREE}, expires_at), \
-                 owner = IF(attempt <=> {a}, NULL, owner), \
-                 last_released = {a} \
-                 WHERE lock_key = '{lk}'; \
-             {ended}COMMIT; {trim}"
-        );
-        self.common.query("giving up", sql).await?;
-        if record {
-            self.unanswered.recorded(&req.attempt);
-        }
+        let sql = |ended: &str, trim: &str| {
+            format!(
+                "START TRANSACTION; \
+                 UPDATE dlock_table_locks SET \
+                     count = IF(attempt <=> {a}, 0, count), \
+                     acquired_at = IF(attempt <=> {a}, NULL, acquired_at), \
+                     expires_at = IF(attempt <=> {a}, {FREE}, expires_at), \
+                     owner = IF(attempt <=> {a}, NULL, owner), \
+                     last_released = {a} \
+                     WHERE lock_key = '{lk}'; \
+                 {ended}COMMIT; {trim}"
+            )
+        };
+        self.ending("giving up", (&req.attempt, &a, &lk), sql)
+            .await?;
         if req.key.kind == LockKind::Election {
             // Rare (a stopped campaign): whether it held the row is not read back.
             crate::observe::wake(&self.common, &lk);
@@ -350,11 +352,10 @@ impl Backend for TableMode {
                 ));
             }
             for rows in &sets {
-                let found: i64 = match rows.first() {
-                    Some(row) => col("renewing", row, 0)?,
-                    None => return Err(shape("renewing", "no ROW_COUNT()")),
-                };
-                out.push(renewed(found == 1));
+                let row = rows
+                    .first()
+                    .ok_or_else(|| shape("renewing", "no ROW_COUNT()"))?;
+                out.push(renewed(col::<i64>("renewing", row, 0)? == 1));
             }
         }
         Ok(out)

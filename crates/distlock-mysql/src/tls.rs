@@ -48,7 +48,7 @@ pub(crate) const MODES: SslModeNames = SslModeNames {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsOptions {
     mode: SslMode,
-    files: TlsFiles,
+    pub(crate) files: TlsFiles,
     server_name: Option<String>,
 }
 
@@ -130,18 +130,16 @@ impl TlsOptions {
         MODES.check(self.mode, ca, ca || client, cfg!(feature = "tls"))
     }
 
-    /// The driver's TLS settings for `mode` (`None`: unencrypted), the files read now.
+    /// The driver's TLS settings (`None`: unencrypted), the files read now.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a file that cannot be read or holds no certificate or key.
-    pub(crate) fn ssl_opts(&self, mode: SslMode) -> Result<Option<mysql_async::SslOpts>> {
+    pub(crate) fn ssl_opts(&self) -> Result<Option<mysql_async::SslOpts>> {
         self.check().map_err(Error::InvalidArgument)?;
-        imp::ssl_opts(self, mode)
-    }
-
-    /// Whether a client certificate is given.
-    pub(crate) fn has_client_cert(&self) -> bool {
-        self.files.client().is_some()
+        #[cfg(not(feature = "tls"))]
+        return Ok(None);
+        #[cfg(feature = "tls")]
+        imp::ssl_opts(self)
     }
 
     /// What a driver error of connecting says about TLS, if it is about TLS.
@@ -157,22 +155,10 @@ impl TlsOptions {
                     MODES.setting(self.mode)
                 ),
             )),
+            #[cfg(feature = "tls")]
             E::Io(_) => imp::classify_io(self, e),
             _ => None,
         }
-    }
-}
-
-#[cfg(not(feature = "tls"))]
-mod imp {
-    use super::*;
-
-    pub(super) fn ssl_opts(_: &TlsOptions, _: SslMode) -> Result<Option<mysql_async::SslOpts>> {
-        Ok(None)
-    }
-
-    pub(super) fn classify_io(_: &TlsOptions, _: &mysql_async::Error) -> Option<TlsError> {
-        None
     }
 }
 
@@ -183,7 +169,8 @@ mod imp {
     use mysql_async::{ClientIdentity, SslOpts};
     use rustls::AlertDescription;
 
-    pub(super) fn ssl_opts(opts: &TlsOptions, mode: SslMode) -> Result<Option<SslOpts>> {
+    pub(super) fn ssl_opts(opts: &TlsOptions) -> Result<Option<SslOpts>> {
+        let mode = opts.mode;
         let mut ssl = match mode {
             SslMode::Disable => return Ok(None),
             SslMode::Prefer | SslMode::Require => SslOpts::default()
@@ -236,7 +223,7 @@ mod imp {
             rustls::Error::AlertReceived(AlertDescription::HandshakeFailure) => {
                 K::ClientCertRejected
             }
-            _ => TlsErrorKind::of_rustls(r, ctx.has_client_cert()),
+            _ => TlsErrorKind::of_rustls(r, ctx.files.client().is_some()),
         };
         let message = match kind {
             K::WrongHost => format!(

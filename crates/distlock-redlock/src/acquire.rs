@@ -1,7 +1,7 @@
 //! Acquire: one vote per node, in parallel, decided by the tally (see `docs/redlock.md`,
 //! "Acquire").
 
-use crate::node::View;
+use crate::node::{Health, View};
 use crate::tally::{self, Ballot, Decision};
 use crate::RedlockBackend;
 use distlock_core::backend::{AcquireReply, AcquireRequest};
@@ -16,54 +16,6 @@ use std::time::{Duration, Instant};
 /// The votes of one attempt, each run to its end (never dropped half-way).
 type Votes = FuturesUnordered<Pin<Box<dyn Future<Output = (usize, Result<QuorumVote>)> + Send>>>;
 
-/// Lets the votes still running finish in a task of their own; if the attempt wins with the
-/// token sent on `won`, the nodes among them that voted for it are raised to that token (so
-/// their hold carries the grant's address: renewals and the release name attempt and token).
-/// A release that reaches such a node first still removes it (see `release`).
-fn finish_votes(
-    mut rest: Votes,
-    views: Vec<View>,
-    req: AcquireRequest,
-    t: Duration,
-    won: tokio::sync::oneshot::Receiver<u64>,
-) {
-    if rest.is_empty() {
-        return;
-    }
-    tokio::spawn(async move {
-        let mut late = Vec::new();
-        while let Some((i, answer)) = rest.next().await {
-            if let Ok(QuorumVote {
-                reply: QuorumReply::Granted { counter: t } | QuorumReply::Holds { token: t, .. },
-                ..
-            }) = answer
-            {
-                late.push((i, t));
-            }
-        }
-        let Ok(token) = won.await else { return };
-        let (name, kind, attempt) = (&*req.key.name, req.key.kind, &req.attempt);
-        join_all(
-            late.into_iter()
-                .filter(|(_, t)| *t != token)
-                .filter_map(|(i, _)| views[i].backend.clone())
-                .map(|b| async move {
-                    let raise = b.raise_fence(name, kind, attempt, token);
-                    let _ = tokio::time::timeout(t, raise).await;
-                }),
-        )
-        .await;
-    });
-}
-
-/// What one round of votes amounts to.
-pub(crate) struct Round {
-    /// The answer to the attempt.
-    pub(crate) reply: AcquireReply,
-    /// Counted nodes on which the attempt is the first waiter of the queue.
-    pub(crate) first: usize,
-}
-
 /// The votes of one round as they come in.
 struct Count {
     /// Per node (a vote not in yet: unknown, may have granted).
@@ -75,6 +27,40 @@ struct Count {
     hard: Option<Error>,
     /// Counted nodes on which the attempt is the first waiter.
     first: usize,
+}
+
+impl Health {
+    /// Raises the counter to `token` and records it with the attempt's hold on the listed
+    /// nodes, in parallel, each bounded by `t`. Per node: `Some(true)` confirmed, `Some(false)` not, `None` not
+    /// asked.
+    pub(crate) async fn raise(
+        &self,
+        views: &[View],
+        req: &AcquireRequest,
+        token: u64,
+        list: &[usize],
+        t: Duration,
+    ) -> Vec<Option<bool>> {
+        let key = &req.key;
+        join_all(views.iter().enumerate().map(|(i, v)| async move {
+            if !list.contains(&i) {
+                return None;
+            }
+            let Some(b) = &v.backend else {
+                return Some(false);
+            };
+            let raise = b.raise_fence(&key.name, key.kind, &req.attempt, token);
+            Some(match tokio::time::timeout(t, raise).await {
+                Ok(Ok(Some(c))) => c >= token,
+                Ok(Err(e)) if e.is_retryable() => {
+                    self.nodes[i].suspect(format!("an error ({e})"));
+                    false
+                }
+                _ => false,
+            })
+        }))
+        .await
+    }
 }
 
 impl RedlockBackend {
@@ -130,108 +116,34 @@ impl RedlockBackend {
             .extend(why.map(|w| format!("{}: {w}", node.endpoint)));
     }
 
-    /// Raises the counter to `token` and records it with the attempt's hold on the listed
-    /// nodes, in parallel. Per node: `Some(true)` confirmed, `Some(false)` not, `None` not
-    /// asked.
-    async fn raise(
-        &self,
-        views: &[View],
-        req: &AcquireRequest,
-        token: u64,
-        list: &[usize],
-    ) -> Vec<Option<bool>> {
-        let (key, nt) = (&req.key, self.node_timeout());
-        join_all(views.iter().enumerate().map(|(i, v)| async move {
-            if !list.contains(&i) {
-                return None;
-            }
-            let Some(b) = &v.backend else {
-                return Some(false);
-            };
-            let raise = b.raise_fence(&key.name, key.kind, &req.attempt, token);
-            Some(match tokio::time::timeout(nt, raise).await {
-                Ok(Ok(Some(c))) => c >= token,
-                Ok(Err(e)) if e.is_retryable() => {
-                    self.health.nodes[i].suspect(format!("an error ({e})"));
-                    false
-                }
-                _ => false,
-            })
-        }))
-        .await
-    }
-
-    /// Takes back, in parallel, what an attempt that did not win may have been granted: on
-    /// every node that voted for it or may have (no answer in time). The attempt keeps its
-    /// place in the nodes' queues; a node that is free afterwards wakes its first waiter only
-    /// (never the lock's channel: no herd). The request names the attempt, so it can only
-    /// remove that attempt's holds; a vote still in flight on a node runs before it (one
-    /// connection per node, in order).
-    async fn abort(&self, views: &[View], req: &AcquireRequest, ballots: &[Ballot]) {
-        let (key, nt) = (&req.key, self.node_timeout());
-        join_all(
-            ballots
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.granted() || b.maybe_granted)
-                .filter_map(|(i, _)| views[i].backend.clone())
-                .map(|b| async move {
-                    let give_back = b.give_back(&key.name, key.kind, &req.attempt);
-                    let _ = tokio::time::timeout(nt, give_back).await;
-                }),
-        )
-        .await;
-    }
-
     /// One attempt on every node in parallel, as a waiter at `queue` (its waiter ttl and its
-    /// place) or not queued (`None`).
+    /// place) or not queued (`None`): the reply, and on how many counted nodes the attempt is
+    /// the first waiter of the queue.
     pub(crate) async fn round(
         &self,
         req: &AcquireRequest,
         queue: Option<(Duration, u64)>,
-    ) -> Result<Round> {
+    ) -> Result<(AcquireReply, usize)> {
         self.health.note_lease(req.lease);
         let start = Instant::now();
         let views = self.health.views();
-        let (mut votes, mut count) = self.send_votes(&views, req, queue);
-        self.count_votes(&views, &mut votes, &mut count).await;
-        // Votes still out finish in the background; if this attempt wins, those that voted
-        // for it get its token too (they were not there to be raised).
-        let (won, token_rx) = tokio::sync::oneshot::channel();
-        let t = self.call_timeout();
-        finish_votes(votes, views.clone(), req.clone(), t, token_rx);
-        let round = self.conclude(req, &views, count, start).await?;
-        if let AcquireReply::Granted { token } = round.reply {
-            let _ = won.send(token);
-        }
-        Ok(round)
-    }
-
-    /// Sends the attempt's vote to every node that has a connection and an epoch; the others
-    /// count as not granted, with their problem.
-    fn send_votes(
-        &self,
-        views: &[View],
-        req: &AcquireRequest,
-        queue: Option<(Duration, u64)>,
-    ) -> (Votes, Count) {
+        // The vote goes to every node that has a connection and an epoch; the others count as
+        // not granted, with their problem. A vote not in yet may still run on its node: counted
+        // as unknown (given back on failure).
         let mut count = Count {
-            // A vote not in yet may still run on its node: counted as unknown (given back on
-            // failure).
             ballots: vec![Ballot::unknown(); views.len()],
             asked: vec![false; views.len()],
             problems: Vec::new(),
             hard: None,
             first: 0,
         };
-        let votes: Votes = FuturesUnordered::new();
+        let mut votes: Votes = FuturesUnordered::new();
         for (i, v) in views.iter().enumerate() {
             let (Some(b), Some(epoch)) = (v.backend.clone(), v.epoch.clone()) else {
-                let why = v.why_not.clone().unwrap_or_default();
+                let why = v.why_not.as_deref().unwrap_or_default();
                 count.ballots[i] = Ballot::default();
-                count
-                    .problems
-                    .push(format!("{}: {why}", self.health.nodes[i].endpoint));
+                let endpoint = &self.health.nodes[i].endpoint;
+                count.problems.push(format!("{endpoint}: {why}"));
                 continue;
             };
             let req = req.clone();
@@ -242,7 +154,33 @@ impl RedlockBackend {
                 (i, vote.await)
             }));
         }
-        (votes, count)
+        self.count_votes(&views, &mut votes, &mut count).await;
+        // The votes still out finish in a task of their own; if the attempt wins with the token
+        // sent on `won`, the nodes among them that voted for it are raised to that token (so
+        // their hold carries the grant's address: renewals and the release name attempt and
+        // token). A release that reaches such a node first still removes it (see `release`).
+        let (won, token) = tokio::sync::oneshot::channel();
+        if !votes.is_empty() {
+            let (health, views, req) = (self.health.clone(), views.clone(), req.clone());
+            let t = self.call_timeout();
+            tokio::spawn(async move {
+                let mut late = vec![Ballot::default(); views.len()];
+                while let Some((i, answer)) = votes.next().await {
+                    if let Ok(v) = answer {
+                        late[i] = Ballot::of(&v, false);
+                    }
+                }
+                let Ok(token) = token.await else { return };
+                let list = tally::raises(&late, token);
+                health.raise(&views, &req, token, &list, t).await;
+            });
+        }
+        let first = count.first;
+        let reply = self.conclude(req, &views, count, start).await?;
+        if let AcquireReply::Granted { token } = reply {
+            let _ = won.send(token);
+        }
+        Ok((reply, first))
     }
 
     /// Counts the votes as they come in, until the tally is settled, every vote is in, or
@@ -255,26 +193,19 @@ impl RedlockBackend {
     /// release), and so that it can be given the token. The caller lets the rest finish.
     async fn count_votes(&self, views: &[View], votes: &mut Votes, count: &mut Count) {
         let deadline = tokio::time::Instant::now() + self.node_timeout();
-        loop {
-            let (i, answer) = match tokio::time::timeout_at(deadline, votes.next()).await {
-                Ok(Some((i, r))) => (i, Some(r)),
-                Ok(None) => return,
-                Err(_) => {
-                    let late: Vec<usize> = (0..views.len()).filter(|&i| count.asked[i]).collect();
-                    for i in late {
-                        self.vote(count, i, &views[i], None);
-                    }
-                    return;
-                }
-            };
-            count.asked[i] = false;
-            self.vote(count, i, &views[i], answer);
-            if tally::settled(&count.ballots, votes.len()) {
-                // The rest cannot change the outcome: they finish in the background, so the
-                // slower nodes still get the hold — this attempt's, by its id — and anything
-                // given back or released later is queued behind them.
+        // Once settled, the rest cannot change the outcome: they finish in the background, so
+        // the slower nodes still get the hold — this attempt's, by its id — and anything given
+        // back or released later is queued behind them.
+        while !tally::settled(&count.ballots, votes.len()) {
+            let Ok(next) = tokio::time::timeout_at(deadline, votes.next()).await else {
+                let late: Vec<usize> = (0..views.len()).filter(|&i| count.asked[i]).collect();
+                late.into_iter()
+                    .for_each(|i| self.vote(count, i, &views[i], None));
                 return;
-            }
+            };
+            let Some((i, answer)) = next else { return };
+            count.asked[i] = false;
+            self.vote(count, i, &views[i], Some(answer));
         }
     }
 
@@ -287,11 +218,27 @@ impl RedlockBackend {
         views: &[View],
         count: Count,
         start: Instant,
-    ) -> Result<Round> {
-        let (ballots, first) = (&count.ballots, count.first);
+    ) -> Result<AcquireReply> {
+        let ballots = &count.ballots;
         let decision = tally::decide(ballots);
         let (Decision::Again { token } | Decision::Fresh { token }) = decision else {
-            self.abort(views, req, ballots).await;
+            // Takes back, in parallel, what the attempt may have been granted: on every node
+            // that voted for it or may have (no answer in time). The attempt keeps its place in
+            // the nodes' queues; a node that is free afterwards wakes its first waiter only
+            // (never the lock's channel: no herd). The request names the attempt, so it can only
+            // remove that attempt's holds; a vote still in flight on a node runs before it (one
+            // connection per node, in order).
+            let (key, nt) = (&req.key, self.node_timeout());
+            let ours = ballots.iter().enumerate();
+            let ours = ours.filter(|(_, b)| b.granted() || b.maybe_granted);
+            join_all(
+                ours.filter_map(|(i, _)| views[i].backend.clone())
+                    .map(|b| async move {
+                        let give_back = b.give_back(&key.name, key.kind, &req.attempt);
+                        let _ = tokio::time::timeout(nt, give_back).await;
+                    }),
+            )
+            .await;
             let ttl = match decision {
                 Decision::Held { ttl } => ttl,
                 Decision::NoQuorum { answered } => {
@@ -305,21 +252,21 @@ impl RedlockBackend {
                     Some(Duration::from_micros(fastrand::u64(0..=max)))
                 }
             };
-            let reply = AcquireReply::Held { ttl };
-            return Ok(Round { reply, first });
+            return Ok(AcquireReply::Held { ttl });
         };
         // Again: a retry of an attempt whose grant stands on a majority (its reply was lost):
         // the same token; the votes made every lease run at least `lease` from now. Nodes of
         // the attempt that store another token get this one (for a grant that stands, best
         // effort: a majority has it already).
+        let list = tally::raises(ballots, token);
         let raised = self
-            .raise(views, req, token, &tally::raises(ballots, token))
-            .await;
+            .health
+            .raise(views, req, token, &list, self.node_timeout());
+        let raised = raised.await;
         let confirmed = tally::confirmed(decision, ballots, &raised);
         let q = self.quorum();
         if confirmed >= q && tally::validity(req.lease, start.elapsed()).is_some() {
-            let reply = AcquireReply::Granted { token };
-            return Ok(Round { reply, first });
+            return Ok(AcquireReply::Granted { token });
         }
         // Confirmed too late (a raise that did not arrive, or votes so slow that no validity is
         // left). Nobody else holds the lock, so this is not `Held`: a retryable error. The

@@ -151,8 +151,7 @@ fn node_addrs(cs: &ConnectionString, node_scheme: &str) -> Result<Vec<NodeAddr>>
         node.set_scheme(node_scheme);
         node.set_hosts(vec![Host::new(h.host.clone(), Some(h.port_or(6379)))]);
         node.retain_params(|k, _| matches!(k, "namespace" | "protocol" | "ca_file"));
-        let url = node.expose_url().to_owned();
-        let endpoint = endpoint.clone();
+        let (url, endpoint) = (node.expose_url().to_owned(), endpoint.clone());
         nodes.push(NodeAddr { url, endpoint });
     }
     Ok(nodes)

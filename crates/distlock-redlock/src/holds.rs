@@ -9,9 +9,8 @@ use distlock_core::backend::{
     async_trait, AcquireReply, AcquireRequest, Capabilities, GrantRef, Granted, ReleaseWatch,
     RenewOutcome,
 };
-use distlock_core::{Backend, LockInfo, LockKind, ReleaseOutcome, Result};
+use distlock_core::{Backend, Error, LockInfo, LockKind, ReleaseOutcome, Result};
 use distlock_redis::RedisNode;
-use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
 use std::pin::Pin;
@@ -20,141 +19,118 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// One node's answer in a fan-out: `(node, None)` for a timeout, `(node, Some(result))`.
-type Answer<T> = Pin<Box<dyn Future<Output = (usize, Option<Result<T>>)> + Send>>;
-type Answers<T> = FuturesUnordered<Answer<T>>;
+type Answer<'a, T> = Pin<Box<dyn Future<Output = (usize, Option<Result<T>>)> + Send + 'a>>;
+pub(crate) type Answers<'a, T> = FuturesUnordered<Answer<'a, T>>;
 
 /// Lets the requests still running finish in a task of their own.
-fn finish_in_background<T: Send + 'static>(mut rest: Answers<T>) {
+fn finish_in_background<T: Send + 'static>(mut rest: Answers<'static, T>) {
     if !rest.is_empty() {
         tokio::spawn(async move { while rest.next().await.is_some() {} });
     }
 }
 
 impl RedlockBackend {
-    /// Runs `op` on every connected node of the nodes' views now (returned too), each bounded
-    /// by the call timeout, polled by the caller as they finish: `(node, None)` for a timeout,
-    /// `(node, Some(result))` otherwise. A caller that has its majority hands the rest to
-    /// [`finish_in_background`], so a slow node's request still completes (in order on its
-    /// connection) without keeping the caller waiting.
-    fn fan_out<T, F, Fut>(&self, op: F) -> (Vec<View>, Answers<T>)
+    /// Runs `op` on every connected node of `views`, each bounded by `t`, polled by the caller
+    /// as they finish: `(node, None)` for a timeout, `(node, Some(result))` otherwise. A caller
+    /// that has its majority hands the rest to [`finish_in_background`], so a slow node's
+    /// request still completes (in order on its connection) without keeping the caller waiting.
+    pub(crate) fn fan_out<'a, T, Fut>(
+        &self,
+        views: &[View],
+        t: Duration,
+        op: impl Fn(Arc<RedisNode>) -> Fut,
+    ) -> Answers<'a, T>
     where
-        T: Send + 'static,
-        F: Fn(Arc<RedisNode>) -> Fut,
-        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'a,
     {
-        let (views, t) = (self.health.views(), self.call_timeout());
         let answers = views.iter().enumerate().filter_map(|(i, v)| {
             let fut = op(v.backend.clone()?);
             let answer = async move { (i, tokio::time::timeout(t, fut).await.ok()) };
-            Some(Box::pin(answer) as Answer<T>)
+            Some(Box::pin(answer) as Answer<'a, T>)
         });
-        let answers = answers.collect();
-        (views, answers)
+        answers.collect()
     }
 
-    /// The queued waiter `req`'s watch on every reachable node: its client's wake channel there,
-    /// where the node tells the attempt alone that it is first and the lock is free (armed
-    /// before the attempt's first vote; no SUBSCRIBE once the node's subscriber is connected).
-    pub(crate) async fn wake_watch(&self, req: &AcquireRequest) -> Result<watch::QuorumWatch> {
-        let attempt = &req.attempt;
-        let watch = |b: Arc<RedisNode>| async move { b.wake_watch(attempt).await };
-        let watches = self.watches("release messages", 1, watch).await?;
-        Ok(watch::QuorumWatch::new(
-            self.node_count(),
-            watches,
-            Duration::ZERO,
-        ))
-    }
-
-    /// `watch` on every reachable node, each bounded by the watch timeout: the watches made, at
-    /// least `need` (else a retryable error: `what` could not be subscribed).
-    async fn watches<F, Fut>(
+    /// `watch` on every reachable node, each bounded by the watch timeout, merged (see
+    /// [`watch::QuorumWatch`]): a release watch, wake-ups spread by a random pause of up to
+    /// `spread`; or election `election`'s observe watch, which needs a majority of
+    /// subscriptions. Too few subscriptions are a retryable error.
+    pub(crate) async fn quorum_watch<'a, Fut>(
         &self,
-        what: &str,
-        need: usize,
-        watch: F,
-    ) -> Result<Vec<Box<dyn ReleaseWatch>>>
+        election: Option<&str>,
+        spread: Duration,
+        watch: impl Fn(Arc<RedisNode>) -> Fut,
+    ) -> Result<watch::QuorumWatch>
     where
-        F: Fn(Arc<RedisNode>) -> Fut,
-        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>>,
+        Fut: Future<Output = Result<Box<dyn ReleaseWatch>>> + Send + 'a,
     {
-        let views = self.health.views();
-        let t = self.watch_timeout();
-        let got = join_all(views.iter().filter_map(|v| {
-            let w = watch(v.backend.clone()?);
-            Some(async move { tokio::time::timeout(t, w).await.ok()?.ok() })
-        }));
-        let got: Vec<_> = got.await.into_iter().flatten().collect();
-        if got.len() < need {
+        let (n, q) = (self.node_count(), self.quorum());
+        let answers = self.fan_out(&self.health.views(), self.watch_timeout(), watch);
+        let got: Vec<_> = answers
+            .filter_map(|(_, w)| async { w?.ok() })
+            .collect()
+            .await;
+        let all = got.len();
+        let (need, wake, keep) = match election {
+            Some(_) => (q, 1, q),
+            None => (1, tally::wake_threshold(n, all), all),
+        };
+        if all < need {
+            let what = election.map_or("release messages".into(), |e| format!("election `{e}`"));
             return Err(self.unavailable(format!(
-                "could subscribe to {what} on only {} of {} redlock nodes (need {need})",
-                got.len(),
-                self.node_count()
+                "could subscribe to {what} on only {all} of {n} redlock nodes (need {need})"
             )));
         }
-        Ok(got)
+        Ok(watch::QuorumWatch::new(got, wake, keep, spread))
     }
 
-    /// Node `i`'s answer in a fan-out: the value, or `None` with its problem noted (`r` is
-    /// `None` for no answer in time; a retryable error also makes the node suspect).
-    fn answer<T>(&self, i: usize, r: Option<Result<T>>, problems: &mut Vec<String>) -> Option<T> {
-        let node = &self.health.nodes[i];
-        let problem = match r {
-            Some(Ok(v)) => return Some(v),
-            Some(Err(e)) => {
-                if e.is_retryable() {
-                    node.suspect(format!("an error ({e})"));
-                }
-                e.to_string()
-            }
-            None => format!("no answer within {:?}", self.call_timeout()),
-        };
-        problems.push(format!("{}: {problem}", node.endpoint));
-        None
-    }
-
-    /// The nodes' renewals of `holds` as they come in (per node: whether it counts, and its
-    /// outcomes), until every hold is decided or every node answered. A batch stops waiting
-    /// before the watchdog drops the call, with what the nodes decided by then: a silent node
-    /// must not leave the holds the others decided unconfirmed. (One hold, an `extend`, has
-    /// nothing to keep apart: it waits for its nodes as any call.)
-    async fn count_renewals(
+    /// The nodes' answers as they come in (`None`: none), until `done` says those in decide,
+    /// every node answered, or `budget` (if given) passed; and the problems seen.
+    async fn gather<T>(
         &self,
-        views: &[View],
-        answers: &mut Answers<Vec<RenewOutcome>>,
-        holds: &[(GrantRef, Duration)],
-    ) -> (Vec<(bool, Option<Vec<RenewOutcome>>)>, Vec<String>) {
-        let mut per_node: Vec<(bool, Option<Vec<RenewOutcome>>)> =
-            views.iter().map(|v| (v.counts, None)).collect();
-        let mut problems: Vec<String> = Vec::new();
-        let budget = (holds.len() > 1).then(|| self.health.opts.renew_timeout() * 3 / 4);
-        let until = tokio::time::Instant::now() + budget.unwrap_or_default();
-        loop {
-            let next = match budget {
-                Some(b) => match tokio::time::timeout_at(until, answers.next()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        problems.push(format!("the other nodes: no answer within {b:?}"));
-                        break;
-                    }
-                },
-                None => answers.next().await,
+        answers: &mut Answers<'_, T>,
+        budget: Option<Duration>,
+        done: impl Fn(&[Option<T>]) -> bool,
+    ) -> (Vec<Option<T>>, Vec<String>) {
+        let mut outs: Vec<Option<T>> = (0..self.node_count()).map(|_| None).collect();
+        let mut problems = Vec::new();
+        let until = budget.map(|b| tokio::time::Instant::now() + b);
+        while !done(&outs) {
+            let next = match until {
+                Some(u) => tokio::time::timeout_at(u, answers.next()).await,
+                None => Ok(answers.next().await),
             };
-            let Some((i, r)) = next else { break };
-            match self.answer(i, r, &mut problems) {
-                Some(o) if o.len() == holds.len() => per_node[i].1 = Some(o),
-                Some(_) => problems.push(format!(
-                    "{}: renewed a batch of the wrong size",
-                    self.health.nodes[i].endpoint
-                )),
-                None => {}
-            }
-            let outcomes = tally::renew_outcomes(&per_node, holds.len());
-            if outcomes.iter().all(Option::is_some) {
+            let Ok(Some((i, r))) = next else {
+                if let (Err(_), Some(b)) = (next, budget) {
+                    problems.push(format!("the other nodes: no answer within {b:?}"));
+                }
                 break;
-            }
+            };
+            let node = &self.health.nodes[i];
+            let problem = match r {
+                Some(Ok(v)) => {
+                    outs[i] = Some(v);
+                    continue;
+                }
+                // A retryable error also makes the node suspect.
+                Some(Err(e)) if e.is_retryable() => {
+                    node.suspect(format!("an error ({e})"));
+                    e.to_string()
+                }
+                Some(Err(e)) => e.to_string(),
+                None => format!("no answer within {:?}", self.call_timeout()),
+            };
+            problems.push(format!("{}: {problem}", node.endpoint));
         }
-        (per_node, problems)
+        (outs, problems)
+    }
+
+    /// Why each connected node of `views` that does not count does not, for messages.
+    fn uncounted<'v>(&'v self, views: &'v [View]) -> impl Iterator<Item = String> + 'v {
+        views.iter().zip(&self.health.nodes).filter_map(|(v, n)| {
+            let why = v.why_not.as_ref().filter(|_| v.backend.is_some());
+            why.map(|w| format!("{}: {w}", n.endpoint))
+        })
     }
 }
 
@@ -175,18 +151,17 @@ impl Backend for RedlockBackend {
     }
 
     /// One attempt on every node in parallel; see the crate docs. "Held by another owner" is
-    /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`](distlock_core::Error::Connection).
+    /// `Ok(Held)`; "fewer than a majority of nodes answered" is [`Error::Connection`].
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        self.round(req, None).await.map(|r| r.reply)
+        Ok(self.round(req, None).await?.0)
     }
 
     /// Subscribes to the lock's channel on every reachable node, merged, wake-ups spread by a
     /// random pause (waiters that do not queue: `wait=retry`).
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         let watch = |b: Arc<RedisNode>| async move { b.watch(req).await };
-        let watches = self.watches("release messages", 1, watch).await?;
-        let (n, spread) = (self.node_count(), self.node_timeout());
-        Ok(Box::new(watch::QuorumWatch::new(n, watches, spread)))
+        let w = self.quorum_watch(None, self.node_timeout(), watch).await?;
+        Ok(Box::new(w))
     }
 
     /// Waits in the nodes' wait queues, woken by the nodes where this waiter is first (see
@@ -211,16 +186,13 @@ impl Backend for RedlockBackend {
     /// a node left free wakes its next waiter. Idempotent; only that attempt's holds and queue
     /// entries are touched.
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        let (name, kind, attempt) = (req.key.name.clone(), req.key.kind, req.attempt.clone());
-        let (_, mut answers) = self.fan_out(|b| {
-            let (name, attempt) = (name.clone(), attempt.clone());
-            async move { b.give_up(&name, kind, &attempt).await }
+        let (name, kind, attempt) = (&req.key.name, req.key.kind, &req.attempt);
+        let (views, t) = (self.health.views(), self.call_timeout());
+        let mut answers = self.fan_out(&views, t, |b| async move {
+            b.give_up(name, kind, attempt).await
         });
-        let mut answered = 0;
-        let mut problems = Vec::new();
-        while let Some((i, r)) = answers.next().await {
-            answered += usize::from(self.answer(i, r, &mut problems).is_some());
-        }
+        let (outs, problems) = self.gather(&mut answers, None, |_| false).await;
+        let answered = outs.iter().flatten().count();
         // Fewer than a majority reached: a grant this attempt may have got could still stand
         // (until its lease ends); say so.
         if answered < self.quorum() {
@@ -231,20 +203,16 @@ impl Backend for RedlockBackend {
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
         let t = self.call_timeout();
-        // Set once a majority released this grant: see `release_node`.
-        let (verdict, decided) = tokio::sync::watch::channel(false);
-        let (_, mut answers) = self.fan_out(|b| release_node(b, grant.clone(), t, decided.clone()));
+        // The verdict, once a majority released this grant or not: see `release_node`.
+        let (verdict, decided) = tokio::sync::watch::channel(None);
+        let views = self.health.views();
+        let mut answers = self.fan_out(&views, t, |b| {
+            release_node(b, grant.clone(), t, decided.clone())
+        });
         drop(decided);
-        let q = self.quorum();
-        let mut outcomes: Vec<Option<ReleaseOutcome>> = vec![None; self.node_count()];
-        let mut problems = Vec::new();
-        while let Some((i, r)) = answers.next().await {
-            outcomes[i] = self.answer(i, r, &mut problems);
-            if tally::released(&outcomes) >= q {
-                verdict.send_replace(true);
-                break;
-            }
-        }
+        let released = |o: &[_]| tally::release_outcome(o) == Ok(ReleaseOutcome::Released);
+        let (outcomes, problems) = self.gather(&mut answers, None, released).await;
+        verdict.send_replace(Some(vec![released(&outcomes)]));
         // The slower nodes' releases are on their connections already: they finish in order.
         finish_in_background(answers);
         tally::release_outcome(&outcomes).map_err(|answered| self.no_quorum(answered, &problems))
@@ -254,17 +222,27 @@ impl Backend for RedlockBackend {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
-        for (_, lease) in holds {
-            self.health.note_lease(*lease);
-        }
+        holds.iter().for_each(|(_, l)| self.health.note_lease(*l));
         let t = self.call_timeout();
         // Set to which grants a majority renewed: see `renew_node`.
-        let (verdict, decided) = tokio::sync::watch::channel(None::<Vec<bool>>);
-        let (views, mut answers) =
-            self.fan_out(|b| renew_node(b, holds.to_vec(), t, decided.clone()));
+        let (verdict, decided) = tokio::sync::watch::channel(None);
+        let views = self.health.views();
+        let mut answers = self.fan_out(&views, t, |b| {
+            renew_node(b, holds.to_vec(), t, decided.clone())
+        });
         drop(decided);
-        let (per_node, mut problems) = self.count_renewals(&views, &mut answers, holds).await;
-        let outcomes = tally::renew_outcomes(&per_node, holds.len());
+        // A batch stops waiting before the watchdog drops the call, with what the nodes decided
+        // by then: a silent node must not leave the holds the others decided unconfirmed. (One
+        // hold, an `extend`, has nothing to keep apart: it waits for its nodes as any call.)
+        let budget = (holds.len() > 1).then(|| self.health.opts.renew_timeout() * 3 / 4);
+        let counts: Vec<bool> = views.iter().map(|v| v.counts).collect();
+        let decided = |o: &[_]| {
+            tally::renew_outcomes(&counts, o, holds.len())
+                .iter()
+                .all(Option::is_some)
+        };
+        let (per_node, mut problems) = self.gather(&mut answers, budget, decided).await;
+        let outcomes = tally::renew_outcomes(&counts, &per_node, holds.len());
         let renewed = outcomes.iter().map(|o| *o == Some(RenewOutcome::Renewed));
         verdict.send_replace(Some(renewed.collect()));
         finish_in_background(answers);
@@ -272,12 +250,7 @@ impl Backend for RedlockBackend {
         if undecided.is_empty() {
             return Ok(outcomes);
         }
-        problems.extend(views.iter().zip(&self.health.nodes).filter_map(|(v, n)| {
-            v.why_not
-                .as_ref()
-                .filter(|_| v.backend.is_some())
-                .map(|w| format!("{}: {w}", n.endpoint))
-        }));
+        problems.extend(self.uncounted(&views));
         let names = undecided
             .iter()
             .map(|&h| format!("`{}`", holds[h].0.key.name));
@@ -305,56 +278,57 @@ impl Backend for RedlockBackend {
     /// grant is gone; a retryable error when neither is decided.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let (grant2, value2): (GrantRef, Arc<str>) = (grant.clone(), Arc::from(value));
-        let (views, mut answers) = self.fan_out(|b| {
+        let (views, t) = (self.health.views(), self.call_timeout());
+        let mut answers = self.fan_out(&views, t, |b| {
             let (grant, value) = (grant2.clone(), value2.clone());
             async move { b.proclaim(&grant, seq, &value).await }
         });
         let q = self.quorum();
-        let (mut renewed, mut gone) = (0, 0);
-        let mut problems = Vec::new();
-        let outcome = loop {
-            let Some((i, r)) = answers.next().await else {
-                break None;
-            };
-            match self.answer(i, r, &mut problems) {
-                Some(RenewOutcome::Renewed) if views[i].counts => renewed += 1,
-                Some(_) if views[i].counts => gone += 1,
-                Some(_) => problems.push(format!(
-                    "{}: {}",
-                    self.health.nodes[i].endpoint,
-                    views[i].why_not.clone().unwrap_or_default()
-                )),
-                None => {}
-            }
-            if renewed >= q {
-                break Some(RenewOutcome::Renewed);
-            }
-            if gone >= q {
-                break Some(RenewOutcome::NotHeld);
-            }
+        // How many counted nodes stored the proclamation (`true`), or said the grant is gone.
+        let counted = |outs: &[Option<RenewOutcome>], renewed: bool| {
+            let outs = outs.iter().zip(&views).filter(|(_, v)| v.counts);
+            let outs = outs.filter_map(|(o, _)| *o);
+            outs.filter(|o| (*o == RenewOutcome::Renewed) == renewed)
+                .count()
         };
+        let decided = |o: &[_]| counted(o, true) >= q || counted(o, false) >= q;
+        let (outs, mut problems) = self.gather(&mut answers, None, decided).await;
         finish_in_background(answers);
-        outcome.ok_or_else(|| {
-            let (name, n, problems) = (&grant.key.name, self.node_count(), problems.join("; "));
-            self.unavailable(format!(
-                "the proclamation on `{name}` was neither confirmed nor refused by a majority \
-                 ({renewed} confirmed, {gone} refused, {q} of {n} nodes needed): {problems}"
-            ))
-        })
+        let (renewed, gone) = (counted(&outs, true), counted(&outs, false));
+        if renewed >= q || gone >= q {
+            return Ok([RenewOutcome::NotHeld, RenewOutcome::Renewed][usize::from(renewed >= q)]);
+        }
+        problems.extend(self.uncounted(&views));
+        let (name, n, problems) = (&grant.key.name, self.node_count(), problems.join("; "));
+        Err(self.unavailable(format!(
+            "the proclamation on `{name}` was neither confirmed nor refused by a majority \
+             ({renewed} confirmed, {gone} refused, {q} of {n} nodes needed): {problems}"
+        )))
     }
 
     /// Subscribes to election `name`'s observe channel on every reachable node (at least a
-    /// majority, else a retryable error); see `watch::ObserveWatch`.
+    /// majority, else a retryable error); see `watch::QuorumWatch`.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        let (what, q) = (format!("election `{name}`"), self.quorum());
         let observe = |b: Arc<RedisNode>| async move { Backend::observe(b.backend(), name).await };
-        let watches = self.watches(&what, q, observe).await?;
-        Ok(Box::new(watch::ObserveWatch::new(watches, q)))
+        let w = self
+            .quorum_watch(Some(name), Duration::ZERO, observe)
+            .await?;
+        Ok(Box::new(w))
     }
 
     fn operator(&self) -> Option<&dyn distlock_core::Operator> {
         Some(self)
     }
+}
+
+/// The majority's verdict per hold of a release or renewal (whether a majority released or
+/// renewed it), once the call has it; the call drops the sender when it returns.
+type Verdict = tokio::sync::watch::Receiver<Option<Vec<bool>>>;
+
+/// The verdict `decided` carries, if within `t` (it ends as soon as the call does).
+async fn verdict(mut decided: Verdict, t: Duration) -> Option<Vec<bool>> {
+    let v = tokio::time::timeout(t, decided.wait_for(Option::is_some)).await;
+    v.ok()?.ok()?.clone()
 }
 
 /// Node `b`'s release of `grant`. A hold of the grant's attempt under another token here (its
@@ -365,18 +339,14 @@ async fn release_node(
     b: Arc<RedisNode>,
     grant: GrantRef,
     t: Duration,
-    mut decided: tokio::sync::watch::Receiver<bool>,
+    decided: Verdict,
 ) -> Result<ReleaseOutcome> {
     let (name, kind, attempt) = (&grant.key.name, grant.key.kind, &grant.attempt);
     if let Ok(o) = b.release(name, kind, attempt, Some(grant.token)).await? {
         return Ok(o);
     }
     tokio::spawn(async move {
-        // Ends as soon as the release is decided either way (the sender goes with the call).
-        if tokio::time::timeout(t, decided.wait_for(|v| *v))
-            .await
-            .is_ok_and(|r| r.is_ok())
-        {
+        if verdict(decided, t).await == Some(vec![true]) {
             let (name, kind, attempt) = (&grant.key.name, grant.key.kind, &grant.attempt);
             let _ = tokio::time::timeout(t, b.release(name, kind, attempt, None)).await;
         }
@@ -387,49 +357,42 @@ async fn release_node(
 
 /// Node `b`'s renewal of `holds`, as the majority counts it. A hold of a grant's attempt under
 /// another token here is `NotHeld` for the majority, and part of that very grant (as in
-/// [`release_node`]): once `decided` says a majority renewed the grant, it rejoins ([`rejoin`]).
+/// [`release_node`]): once `decided` says a majority renewed the grant, it rejoins: raised to
+/// its grant's token, then renewed with the others that rejoin (one script).
 async fn renew_node(
     b: Arc<RedisNode>,
     holds: Vec<(GrantRef, Duration)>,
     t: Duration,
-    decided: tokio::sync::watch::Receiver<Option<Vec<bool>>>,
+    decided: Verdict,
 ) -> Result<Vec<RenewOutcome>> {
     let outs = b.renew(&holds).await?;
+    if outs.len() != holds.len() {
+        return Err(Error::unexpected(KIND, "renewed a batch of the wrong size"));
+    }
     let behind: Vec<usize> = (0..outs.len()).filter(|&h| outs[h].is_err()).collect();
     if !behind.is_empty() {
-        tokio::spawn(rejoin(b, holds, behind, t, decided));
+        tokio::spawn(async move {
+            let Some(renewed) = verdict(decided, t).await else {
+                return;
+            };
+            let mut rejoined = Vec::new();
+            for h in behind
+                .into_iter()
+                .filter(|&h| renewed.get(h) == Some(&true))
+            {
+                let (g, _) = &holds[h];
+                let raised = b.raise_fence(&g.key.name, g.key.kind, &g.attempt, g.token);
+                if let Ok(Ok(Some(_))) = tokio::time::timeout(t, raised).await {
+                    rejoined.push(holds[h].clone());
+                }
+            }
+            if !rejoined.is_empty() {
+                let _ = tokio::time::timeout(t, b.renew(&rejoined)).await;
+            }
+        });
     }
     Ok(outs
         .into_iter()
         .map(|o| o.unwrap_or(RenewOutcome::NotHeld))
         .collect())
-}
-
-/// The holds `behind` (indexes into `holds`) of node `b` that a majority renewed: raised to
-/// their grant's token, then renewed together (one script).
-async fn rejoin(
-    b: Arc<RedisNode>,
-    holds: Vec<(GrantRef, Duration)>,
-    behind: Vec<usize>,
-    t: Duration,
-    mut decided: tokio::sync::watch::Receiver<Option<Vec<bool>>>,
-) {
-    let renewed = match tokio::time::timeout(t, decided.wait_for(Option::is_some)).await {
-        Ok(Ok(v)) => v.clone().unwrap_or_default(),
-        _ => return,
-    };
-    let mut rejoined = Vec::new();
-    for h in behind
-        .into_iter()
-        .filter(|&h| renewed.get(h) == Some(&true))
-    {
-        let (g, _) = &holds[h];
-        let raised = b.raise_fence(&g.key.name, g.key.kind, &g.attempt, g.token);
-        if let Ok(Ok(Some(_))) = tokio::time::timeout(t, raised).await {
-            rejoined.push(holds[h].clone());
-        }
-    }
-    if !rejoined.is_empty() {
-        let _ = tokio::time::timeout(t, b.renew(&rejoined)).await;
-    }
 }

@@ -62,14 +62,12 @@ impl RedlockBackend {
         let conns = join_all((0..n).map(|i| health.connect_node(i))).await;
         let mut problems = Vec::new();
         for (node, c) in health.nodes.iter().zip(conns) {
-            match c {
-                Ok(_) => {}
-                Err(e @ (Error::Auth { .. } | Error::InvalidUrl { .. })) => return Err(e),
-                Err(e) => {
-                    node.set_error(e.to_string());
-                    problems.push(format!("{}: {e}", node.endpoint));
-                }
+            let Err(e) = c else { continue };
+            if matches!(e, Error::Auth { .. } | Error::InvalidUrl { .. }) {
+                return Err(e);
             }
+            node.set_error(e.to_string());
+            problems.push(format!("{}: {e}", node.endpoint));
         }
         let connected = n - problems.len();
         if connected < q {

@@ -137,10 +137,8 @@ impl Node {
         let why_not = if backend.is_none() {
             Some(format!("not connected ({})", last.unwrap_or("connecting")))
         } else if !st.reachable {
-            Some(format!(
-                "unreachable ({})",
-                last.unwrap_or("not checked yet")
-            ))
+            let why = last.unwrap_or("not checked yet");
+            Some(format!("unreachable ({why})"))
         } else if let Some(why) = &st.suspect {
             Some(format!("re-checking the node after {why}"))
         } else if st.epoch.is_none() {
@@ -199,10 +197,6 @@ impl Health {
         quorum(self.nodes.len())
     }
 
-    fn check_timeout(&self) -> Duration {
-        self.opts.get_op_timeout()
-    }
-
     /// How long a restarted node stays out: the quarantine from the URL, or else the longest
     /// lease in use; plus the clock-drift allowance.
     pub(crate) fn quarantine_len(&self) -> Duration {
@@ -255,11 +249,10 @@ impl Health {
                 Err(e) => return node.set_error(e.to_string()),
             },
         };
-        let t = self.check_timeout();
-        let (info, epoch) = match tokio::time::timeout(t, backend.node_epoch()).await {
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) => return node.set_error(e.to_string()),
-            Err(_) => return node.set_error(format!("no answer within {t:?}")),
+        let t = self.opts.get_op_timeout();
+        let (info, epoch) = match within(t, backend.node_epoch()).await {
+            Ok(v) => v,
+            Err(e) => return node.set_error(e),
         };
         let now = Instant::now();
         let valid = epoch.clone().filter(|e| epoch_valid(e, &info.run_id));
@@ -282,11 +275,11 @@ impl Health {
             }
             st.epoch = valid;
             // The node's own record decides (whoever initialised it set it, by its clock).
-            st.quarantine_until = st
+            let left = st
                 .epoch
                 .as_deref()
-                .and_then(|e| quarantine_left(e, info.now_ms))
-                .map(|left| now + left);
+                .and_then(|e| quarantine_left(e, info.now_ms));
+            st.quarantine_until = left.map(|left| now + left);
             st.reachable = true;
             if st.epoch.is_some() {
                 st.last_error = None;
@@ -309,7 +302,7 @@ impl Health {
     /// A fresh look at every node: its connection, process, and whether it is initialised (a
     /// valid epoch). `None` for nodes that cannot be reached now.
     async fn look(&self) -> Vec<Option<(Arc<RedisNode>, ServerInfo, bool)>> {
-        let t = self.check_timeout();
+        let t = self.opts.get_op_timeout();
         join_all(self.nodes.iter().map(|n| async move {
             let b = n.backend()?;
             let (info, e) = tokio::time::timeout(t, b.node_epoch()).await.ok()?.ok()?;
@@ -387,14 +380,8 @@ impl Health {
             // Locks it had may still be held elsewhere for as long as the longest lease in use:
             // this client's, or a longer one the sources saw (their horizon), plus the drift.
             _ => match self.horizon(&sources, need).await {
-                Ok(h) => {
-                    let h = h.map_or(Duration::ZERO, |h| h + distlock_core::drift(h));
-                    self.quarantine_len().max(h)
-                }
-                Err(e) => {
-                    node.state().last_error = Some(format!("initialising failed: {e}"));
-                    return;
-                }
+                Ok(h) => self.quarantine_len().max(h),
+                Err(why) => return node.state().last_error = Some(why),
             },
         };
         if need >= self.q() {
@@ -419,19 +406,18 @@ impl Health {
         quarantine: Duration,
     ) {
         let node = &self.nodes[i];
-        let t = self.check_timeout();
+        let t = self.opts.get_op_timeout();
         // The random part (the node adds the quarantine's end and the run id it vouches for).
         let random = format!("{:016x}", fastrand::u64(..));
         let create = me.create_epoch(&random, &info.run_id, quarantine);
-        let (epoch, node_now) = match tokio::time::timeout(t, create).await {
-            Ok(Ok(Ok((e, node_now)))) if epoch_valid(&e, &info.run_id) => (e, node_now),
-            Ok(Ok(_)) => {
+        let (epoch, node_now) = match within(t, create).await {
+            Ok(Ok((e, node_now))) if epoch_valid(&e, &info.run_id) => (e, node_now),
+            Ok(_) => {
                 // The process changed under us: the next check starts over.
                 node.check_now.notify_one();
                 return;
             }
-            Ok(Err(e)) => return node.set_error(e.to_string()),
-            Err(_) => return node.set_error(format!("no answer within {t:?}")),
+            Err(e) => return node.set_error(e),
         };
         let mut st = node.state();
         if st.run_id.as_deref() == Some(info.run_id.as_str()) {
@@ -444,36 +430,35 @@ impl Health {
     }
 
     /// The longest lease horizon of `sources` (how long a lease granted through them may still
-    /// run; `None`: none may); at least `need` of them must answer.
+    /// run, 0 if none may) plus the drift; at least `need` of them must answer.
     async fn horizon(
         &self,
         sources: &[Arc<RedisNode>],
         need: usize,
-    ) -> std::result::Result<Option<Duration>, String> {
-        let t = self.check_timeout();
-        let reads = join_all(
-            sources
-                .iter()
-                .map(|s| tokio::time::timeout(t, s.lease_horizon())),
-        );
-        let (mut horizon, mut ok, mut last_err) = (None, 0, None);
-        for r in reads.await {
-            match r {
-                Ok(Ok(h)) => {
-                    ok += 1;
-                    horizon = horizon.max(h);
-                }
-                Ok(Err(e)) => last_err = Some(e.to_string()),
-                Err(_) => last_err = Some(format!("no answer within {t:?}")),
-            }
-        }
+    ) -> std::result::Result<Duration, String> {
+        let t = self.opts.get_op_timeout();
+        let reads = join_all(sources.iter().map(|s| within(t, s.lease_horizon()))).await;
+        let ok = reads.iter().filter(|r| r.is_ok()).count();
         if ok < need {
+            let last_err = reads.into_iter().filter_map(Result::err).next_back();
             let why = last_err.map(|e| format!(": {e}")).unwrap_or_default();
             return Err(format!(
-                "only {ok} nodes told their lease horizon, {need} needed{why}"
+                "initialising failed: only {ok} nodes told their lease horizon, {need} needed{why}"
             ));
         }
-        Ok(horizon)
+        let h = reads.into_iter().flatten().max().flatten();
+        Ok(h.map_or(Duration::ZERO, |h| h + distlock_core::drift(h)))
+    }
+}
+
+/// `fut` bounded by `t`: its error, or the timeout, as text.
+async fn within<T>(
+    t: Duration,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> std::result::Result<T, String> {
+    match tokio::time::timeout(t, fut).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {t:?}")),
     }
 }
 

@@ -7,7 +7,7 @@
 //! nodes agree, the owner string says so (`OWNER (on k of N nodes)`), so an operator sees a
 //! half-applied grant or release instead of a clean answer that hides it.
 
-use crate::node::{epoch_valid, quarantine_left};
+use crate::node::{epoch_valid, quarantine_left, View};
 use crate::tally;
 use crate::RedlockBackend;
 use distlock_core::operator::unix_ms;
@@ -15,7 +15,6 @@ use distlock_core::{
     Finding, ForceReleased, HolderInfo, ListedLock, LockInfo, LockKind, Operator, Result, Severity,
 };
 use distlock_redis::{NodeHold, RedisNode};
-use futures_util::future::join_all;
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -28,44 +27,40 @@ const LIST_CONCURRENCY: usize = 16;
 /// One node's answer, or why there is none (`host:port: …`).
 type NodeAnswer<T> = std::result::Result<T, String>;
 
-/// Runs `op` on every connected node in parallel (only on those `which` selects, when given:
-/// the others answer `Err("")` at once), each bounded by `t`, in node order.
-async fn per_node<T, F, Fut>(
+/// Runs `op` on every connected node of `views` in parallel, each bounded by `t`, in node order.
+async fn per_node<T, Fut>(
     s: &RedlockBackend,
+    views: &[View],
     t: Duration,
-    which: Option<&[bool]>,
-    op: F,
+    op: impl Fn(Arc<RedisNode>) -> Fut,
 ) -> Vec<NodeAnswer<T>>
 where
-    F: Fn(Arc<RedisNode>) -> Fut,
-    Fut: Future<Output = Result<T>>,
+    Fut: Future<Output = Result<T>> + Send,
 {
-    join_all(s.health.nodes.iter().enumerate().map(|(i, node)| {
-        let on = which.is_none_or(|w| w[i]);
-        let call = node.backend().filter(|_| on).map(&op);
-        async move {
-            let answer = match call {
-                None if !on => return Err(String::new()),
-                None => Err("not connected".to_owned()),
-                Some(call) => match tokio::time::timeout(t, call).await {
-                    Ok(r) => r.map_err(|e| e.to_string()),
-                    Err(_) => Err(format!("no answer within {t:?}")),
-                },
-            };
-            answer.map_err(|p| format!("{}: {p}", node.endpoint))
-        }
-    }))
-    .await
+    let mut out: Vec<NodeAnswer<T>> = views.iter().map(|_| Err("not connected".into())).collect();
+    let mut answers = s.fan_out(views, t, op);
+    while let Some((i, r)) = answers.next().await {
+        out[i] = r.map_or_else(
+            || Err(format!("no answer within {t:?}")),
+            |r| r.map_err(|e| e.to_string()),
+        );
+    }
+    let out = out.into_iter().zip(&s.health.nodes);
+    out.map(|(a, n)| a.map_err(|p| format!("{}: {p}", n.endpoint)))
+        .collect()
 }
 
 /// The answers of the nodes that answered `op` ([`per_node`]), if a majority did.
-async fn from_majority<T, F, Fut>(s: &RedlockBackend, t: Duration, op: F) -> Result<Vec<T>>
+async fn from_majority<T, Fut>(
+    s: &RedlockBackend,
+    t: Duration,
+    op: impl Fn(Arc<RedisNode>) -> Fut,
+) -> Result<Vec<T>>
 where
-    F: Fn(Arc<RedisNode>) -> Fut,
-    Fut: Future<Output = Result<T>>,
+    Fut: Future<Output = Result<T>> + Send,
 {
     let mut problems = Vec::new();
-    let answers = per_node(s, t, None, op).await.into_iter();
+    let answers = per_node(s, &s.health.views(), t, op).await.into_iter();
     let ok: Vec<T> = answers
         .filter_map(|a| a.map_err(|p| problems.push(p)).ok())
         .collect();
@@ -123,10 +118,9 @@ pub(crate) fn merge(
             _ => newest.and(tokens.max()),
         };
         let lease_left = majority_lease(hs.iter().map(|h| h.lease_left).collect(), q);
-        let owner = match labelled {
-            true => agreement(&hs[0].owner, hs.len(), n),
-            false => hs[0].owner.clone(),
-        };
+        // Unlabelled: as if every node agreed.
+        let of = if labelled { n } else { hs.len() };
+        let owner = agreement(&hs[0].owner, hs.len(), of);
         let holder = HolderInfo::new(owner, 1).with_lease_left(lease_left);
         holders.push(holder.with_value(newest.map(|(value, _)| value.clone())));
     }
@@ -196,7 +190,8 @@ impl Operator for RedlockBackend {
         // Every reachable node, quarantined or not: a hold left on any node could make a
         // majority with the others later. Per node, distlock-redis's script removes the hold and
         // advances the node's counter past its own tokens in one atomic step.
-        let removed = per_node(self, t, None, |b| async move {
+        let mut views = self.health.views();
+        let removed = per_node(self, &views, t, |b| async move {
             Operator::force_release(b.backend(), name, kind).await
         })
         .await;
@@ -205,8 +200,10 @@ impl Operator for RedlockBackend {
         let top = removed.iter().flatten().map(|r| r.fencing_token);
         let top = top.max().unwrap_or(0);
         // Only where the removal was done: a node that did not answer it is not waited for twice.
-        let reached: Vec<bool> = removed.iter().map(Result::is_ok).collect();
-        let raised = per_node(self, t, Some(&reached), |b| async move {
+        for (v, r) in views.iter_mut().zip(&removed) {
+            v.backend = v.backend.take().filter(|_| r.is_ok());
+        }
+        let raised = per_node(self, &views, t, |b| async move {
             b.raise_fences(&[(name.to_owned(), kind, top)]).await
         })
         .await;
@@ -248,14 +245,16 @@ impl Operator for RedlockBackend {
         let t = self.health.opts.get_op_timeout();
         // At least `MIN_NODES` (3): the URL has no fewer.
         let tolerates = format!("{n} nodes, majority {q}: tolerates {} down", n - q);
-        let mut out = vec![if n % 2 == 0 {
-            let odd = "with one more to fail; use an odd number";
-            let message = format!("{tolerates} like {} nodes would, {odd}", n - 1);
-            Finding::new(Severity::Warning, "nodes", message)
-        } else {
-            Finding::new(Severity::Ok, "nodes", tolerates)
-        }];
-        let answers = per_node(self, t, None, |b| async move {
+        let odd = "with one more to fail; use an odd number";
+        let (severity, message) = match n % 2 {
+            0 => (
+                Severity::Warning,
+                format!("{tolerates} like {} nodes would, {odd}", n - 1),
+            ),
+            _ => (Severity::Ok, tolerates),
+        };
+        let mut out = vec![Finding::new(severity, "nodes", message)];
+        let answers = per_node(self, &self.health.views(), t, |b| async move {
             let findings = Operator::diagnose(b.backend()).await?;
             let sent = unix_ms(SystemTime::now());
             let (info, epoch) = b.node_epoch().await?;

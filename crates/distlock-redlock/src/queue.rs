@@ -9,6 +9,8 @@ use distlock_core::backend::{
     Wake,
 };
 use distlock_core::{Backend, Error, Result};
+use distlock_redis::RedisNode;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +39,11 @@ struct Queued<'a> {
 impl WaitStrategy for Queued<'_> {
     async fn attempt(&mut self, deadline: Deadline, cancel: &CancellationToken) -> Result<Attempt> {
         if self.watch.is_none() && !cancel.is_cancelled() && !deadline.passed() {
-            match self.shared.wake_watch(&self.req).await {
+            // The attempt's own wake channel on every node: the node tells the attempt alone
+            // that it is first and the lock is free (no pause: it is woken alone).
+            let attempt = &self.req.attempt;
+            let wake = |b: Arc<RedisNode>| async move { b.wake_watch(attempt).await };
+            match self.shared.quorum_watch(None, Duration::ZERO, wake).await {
                 Ok(w) => self.watch = Some(w),
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(error = %e, "cannot subscribe; queued, waking at the heartbeat");
@@ -47,14 +53,9 @@ impl WaitStrategy for Queued<'_> {
         }
         self.sent = true;
         let sent = distlock_core::clock::Instant::now();
-        let round = self
-            .shared
-            .round(
-                &self.req,
-                Some((wait::waiter_ttl(self.req.lease), self.place)),
-            )
-            .await?;
-        let ttl = match round.reply {
+        let queue = Some((wait::waiter_ttl(self.req.lease), self.place));
+        let (reply, first) = self.shared.round(&self.req, queue).await?;
+        let ttl = match reply {
             AcquireReply::Granted { token } => {
                 return Ok(Attempt::Granted(Granted::new(token, sent)))
             }
@@ -62,7 +63,7 @@ impl WaitStrategy for Queued<'_> {
         };
         // First on a majority: the holder's lease end is this waiter's cue too (a holder that
         // crashed publishes nothing). Otherwise only a wake-up or the heartbeat.
-        let retry_in = (round.first >= self.shared.quorum())
+        let retry_in = (first >= self.shared.quorum())
             .then(|| ttl.map(|t| t + Duration::from_millis(1)))
             .flatten();
         Ok(Attempt::Held { retry_in })

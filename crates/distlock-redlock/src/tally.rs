@@ -75,29 +75,19 @@ impl Ballot {
 /// What an acquisition attempt amounts to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    /// The attempt already holds the lock on a majority with one token: its grant stands (a
+    /// The attempt already holds the lock on a majority with one `token`: its grant stands (a
     /// retry after a lost reply); the same token again.
-    Again {
-        /// The grant's token.
-        token: u64,
-    },
-    /// A majority voted for the attempt: a grant with this token, once a majority confirms it.
-    Fresh {
-        /// The token, larger than every token handed out before.
-        token: u64,
-    },
-    /// Another attempt holds it on enough nodes that no majority is free; try again after `ttl`.
-    Held {
-        /// When enough of its nodes expire for a majority to be free, if they expire.
-        ttl: Option<Duration>,
-    },
+    Again { token: u64 },
+    /// A majority voted for the attempt: a grant with `token` (larger than every token handed
+    /// out before), once a majority confirms it.
+    Fresh { token: u64 },
+    /// Another attempt holds it on enough nodes that no majority is free; try again after `ttl`
+    /// (when enough of its nodes expire for a majority to be free, if they expire).
+    Held { ttl: Option<Duration> },
     /// Nobody has a majority (several attempts split the nodes): retry after a random delay.
     Split,
-    /// Fewer than a majority of nodes answered and count.
-    NoQuorum {
-        /// Nodes that answered and count.
-        answered: usize,
-    },
+    /// Fewer than a majority of nodes answered and count (`answered` did).
+    NoQuorum { answered: usize },
 }
 
 /// The most frequent value (the larger one on a tie), with its frequency.
@@ -235,13 +225,6 @@ pub fn confirmed(decision: Decision, ballots: &[Ballot], raised: &[Option<bool>]
         .count()
 }
 
-/// How many nodes released the grant.
-pub fn released(outs: &[Option<ReleaseOutcome>]) -> usize {
-    outs.iter()
-        .filter(|o| **o == Some(ReleaseOutcome::Released))
-        .count()
-}
-
 /// Combines the nodes' release outcomes (`None`: no answer). `Err(answered)` when neither a
 /// majority answered nor a majority released.
 pub fn release_outcome(outs: &[Option<ReleaseOutcome>]) -> Result<ReleaseOutcome, usize> {
@@ -265,21 +248,22 @@ pub fn release_outcome(outs: &[Option<ReleaseOutcome>]) -> Result<ReleaseOutcome
     })
 }
 
-/// Combines the nodes' renewals of `holds` holds. Per node: whether it counts, and its
-/// outcomes (`None`: no answer). Per hold: `Renewed` when a majority of counting nodes
+/// Combines the nodes' renewals of `holds` holds. Per node: whether it `counts`, and its
+/// outcomes (`outs`, `None`: no answer). Per hold: `Renewed` when a majority of counting nodes
 /// renewed it, `NotHeld` when so many nodes no longer have it that a majority never can,
 /// `None` (undecided) otherwise.
 pub fn renew_outcomes(
-    per_node: &[(bool, Option<Vec<RenewOutcome>>)],
+    counts: &[bool],
+    outs: &[Option<Vec<RenewOutcome>>],
     holds: usize,
 ) -> Vec<Option<RenewOutcome>> {
-    let n = per_node.len();
+    let n = outs.len();
     let q = quorum(n);
     (0..holds)
         .map(|h| {
             let mut renewed = 0;
             let mut gone = 0;
-            for (counts, outs) in per_node {
+            for (counts, outs) in counts.iter().zip(outs) {
                 match outs.as_ref().and_then(|o| o.get(h)) {
                     Some(RenewOutcome::Renewed) if *counts => renewed += 1,
                     Some(RenewOutcome::NotHeld) => gone += 1,
@@ -547,20 +531,19 @@ mod tests {
         }
         let two = [Some(Released), None, None, None, Some(Released)];
         assert_eq!(release_outcome(&two), Err(2));
-        assert_eq!(released(&two), 2);
     }
 
     #[test]
     fn renew_majorities() {
         use RenewOutcome::*;
-        let per_node = [
-            (true, Some(vec![Renewed, NotHeld, Renewed])),
-            (true, Some(vec![Renewed, NotHeld, NotHeld])),
-            (false, Some(vec![Renewed, Renewed, NotHeld])),
-            (true, None),
-            (true, Some(vec![Renewed, Renewed, NotHeld])),
+        let outs = [
+            Some(vec![Renewed, NotHeld, Renewed]),
+            Some(vec![Renewed, NotHeld, NotHeld]),
+            Some(vec![Renewed, Renewed, NotHeld]),
+            None,
+            Some(vec![Renewed, Renewed, NotHeld]),
         ];
-        let outcomes = renew_outcomes(&per_node, 3);
+        let outcomes = renew_outcomes(&[true, true, false, true, true], &outs, 3);
         assert_eq!(outcomes, vec![Some(Renewed), None, Some(NotHeld)]);
         assert_eq!(
             renew_batch(&outcomes),

@@ -1,36 +1,35 @@
-//! Waiting: one release subscription per node (the lock's channel and the attempt's own),
-//! merged.
+//! Waiting: one release subscription per node (the lock's channel, the attempt's own, or an
+//! election's observe channel), merged.
 
-use crate::tally::wake_threshold;
 use distlock_core::backend::{async_trait, ReleaseWatch, Wake};
 use distlock_core::Result;
 use futures_util::future::select_all;
 use std::time::Duration;
 
-/// The first of `watches` (each with its index) to change, and how (`None`: no watch given).
-async fn first_change<'a>(
-    watches: impl Iterator<Item = (usize, &'a mut Box<dyn ReleaseWatch>)>,
-) -> Option<(usize, Result<Wake>)> {
-    let waiting: Vec<_> = watches
-        .map(|(i, w)| Box::pin(async move { (i, w.changed().await) }))
-        .collect();
-    if waiting.is_empty() {
-        return None;
-    }
-    Some(select_all(waiting).await.0)
-}
-
-/// The release channels of one lock on every node that could be subscribed. A holder releases
-/// on all its nodes (a majority at least), each publishing once, so the watch wakes when
-/// enough distinct nodes have published for that to be one full release — not once per node,
-/// which would send every waiter back `n` times per release. Fewer messages than that (a node
-/// that missed the release) leave the waiter to its fallback sleep (the holder's lease, or the
-/// waiter's heartbeat), never stuck.
+/// The subscriptions of one lock or election on every node that could be subscribed.
+///
+/// A release watch (`need` from [`crate::tally::wake_threshold`], `keep` all): a holder
+/// releases on all its nodes (a majority at least), each publishing once, so the watch wakes
+/// when enough distinct nodes have published for that to be one full release — not once per
+/// node, which would send every waiter back `n` times per release. Fewer messages than that (a
+/// node that missed the release) leave the waiter to its fallback sleep (the holder's lease, or
+/// the waiter's heartbeat), never stuck. A broken subscription may have missed a release: the
+/// watch ends, the waiter tries again and subscribes anew.
+///
+/// An election's observe watch (`need` 1, `keep` a majority): every change of the election that
+/// counts is written on a majority of nodes, each publishing, and any majority shares a node
+/// with the subscribed majority: so a message from any node wakes the observer (it reads the
+/// leader again), and the watch goes on while a majority of subscriptions works. Once fewer
+/// work, a change could be missed: the watch ends with the last error, and the core subscribes
+/// again.
 pub(crate) struct QuorumWatch {
-    watches: Vec<Box<dyn ReleaseWatch>>,
+    /// `None` once broken.
+    watches: Vec<Option<Box<dyn ReleaseWatch>>>,
     /// Nodes that published since the last wake-up.
     pending: Vec<bool>,
     need: usize,
+    /// Fewest working subscriptions the watch goes on with.
+    keep: usize,
     /// Longest random pause before reporting the next release (see [`QuorumWatch::changed`]):
     /// starts at [`FIRST_SPREAD`] and doubles with every release this waiter was woken for
     /// (and so lost), up to `max_spread`.
@@ -43,16 +42,18 @@ pub(crate) const FIRST_SPREAD: Duration = Duration::from_millis(2);
 
 impl QuorumWatch {
     pub(crate) fn new(
-        nodes: usize,
         watches: Vec<Box<dyn ReleaseWatch>>,
+        need: usize,
+        keep: usize,
         max_spread: Duration,
     ) -> Self {
         QuorumWatch {
             spread: FIRST_SPREAD.min(max_spread),
             max_spread,
-            need: wake_threshold(nodes, watches.len()),
+            need,
+            keep,
             pending: vec![false; watches.len()],
-            watches,
+            watches: watches.into_iter().map(Some).collect(),
         }
     }
 }
@@ -80,62 +81,25 @@ impl ReleaseWatch for QuorumWatch {
                 return Ok(Wake::Released);
             }
             let pending = &self.pending;
-            let watches = self.watches.iter_mut().enumerate();
-            let Some((i, r)) = first_change(watches.filter(|(i, _)| !pending[*i])).await else {
-                // Cannot happen (need <= number of watches); wake rather than spin.
+            let waiting: Vec<_> = (self.watches.iter_mut().enumerate())
+                .filter(|(i, _)| !pending[*i])
+                .filter_map(|(i, w)| w.as_mut().map(|w| (i, w)))
+                .map(|(i, w)| Box::pin(async move { (i, w.changed().await) }))
+                .collect();
+            if waiting.is_empty() {
+                // Cannot happen (need <= keep <= the working watches); wake rather than spin.
                 self.pending.iter_mut().for_each(|p| *p = false);
                 return Ok(Wake::Released);
-            };
-            // A broken subscription may have missed a release: end the watch, the waiter
-            // tries again and subscribes anew. A handoff cannot happen (a node never grants to
-            // a waiter by itself); anything is a release as far as the quorum is concerned.
-            r?;
-            self.pending[i] = true;
-        }
-    }
-}
-
-/// An election's observe channel on every node that could be subscribed (a majority at
-/// least), merged. Every change of the election that counts is written on a majority of
-/// nodes, each publishing, and any majority shares a node with the subscribed majority: so a
-/// message from any node wakes the observer (it reads the leader again), and the watch goes on
-/// while a majority of subscriptions works. Once fewer work, a change could be missed: the
-/// watch ends with the last error, and the core subscribes again.
-pub(crate) struct ObserveWatch {
-    watches: Vec<Option<Box<dyn ReleaseWatch>>>,
-    q: usize,
-}
-
-impl ObserveWatch {
-    pub(crate) fn new(watches: Vec<Box<dyn ReleaseWatch>>, q: usize) -> Self {
-        ObserveWatch {
-            watches: watches.into_iter().map(Some).collect(),
-            q,
-        }
-    }
-}
-
-#[async_trait]
-impl ReleaseWatch for ObserveWatch {
-    /// # Cancel safety
-    /// Cancel safe: each node's watch is.
-    async fn changed(&mut self) -> Result<Wake> {
-        loop {
-            let live = self.watches.iter_mut().enumerate();
-            let live = live.filter_map(|(i, w)| w.as_mut().map(|w| (i, w)));
-            let Some((i, r)) = first_change(live).await else {
-                return Err(distlock_core::Error::connection(
-                    crate::KIND,
-                    String::new(),
-                    "no election subscription left",
-                ));
-            };
+            }
+            let (i, r) = select_all(waiting).await.0;
             match r {
-                Ok(_) => return Ok(Wake::Released),
+                // A handoff cannot happen (a node never grants to a waiter by itself):
+                // anything is a release as far as the quorum is concerned.
+                Ok(_) => self.pending[i] = true,
                 Err(e) => {
-                    tracing::debug!(error = %e, "an election subscription broke");
+                    tracing::debug!(error = %e, "a node's subscription broke");
                     self.watches[i] = None;
-                    if self.watches.iter().flatten().count() < self.q {
+                    if self.watches.iter().flatten().count() < self.keep {
                         return Err(e);
                     }
                 }
