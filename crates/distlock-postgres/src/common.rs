@@ -156,7 +156,7 @@ impl Common {
         self: &Arc<Self>,
         what: &str,
         sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
+        params: &[Param<'_>],
     ) -> Result<Vec<Row>> {
         let client = self.control().await?;
         match tokio::time::timeout(self.op_timeout, client.query_typed(sql, params)).await {
@@ -301,6 +301,38 @@ pub(crate) fn cols<'a, T: Cols<'a>>(r: &'a Row, what: &str) -> Result<T> {
     T::from_row(r, what)
 }
 
+/// A statement parameter and the type it is sent as. Statements go through `query_typed`,
+/// which needs no prepare round trip, so each value carries its PostgreSQL type: the one its
+/// Rust type maps to ([`Typed`]), written with [`params!`].
+pub(crate) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+
+/// The PostgreSQL type a Rust value is sent as (tokio-postgres's own mapping, so a value is
+/// never sent as a type its `ToSql` refuses).
+pub(crate) trait Typed: ToSql + Sync {
+    const TYPE: Type;
+}
+
+macro_rules! typed {
+    ($($t:ty => $pg:ident),*) => { $(impl Typed for $t { const TYPE: Type = Type::$pg; })* };
+}
+typed!(&str => TEXT, String => TEXT, bool => BOOL, i32 => INT4, i64 => INT8, u32 => OID,
+    f64 => FLOAT8, Vec<&str> => TEXT_ARRAY, Vec<String> => TEXT_ARRAY, Vec<i32> => INT4_ARRAY,
+    Vec<i64> => INT8_ARRAY, Vec<f64> => FLOAT8_ARRAY);
+impl<T: Typed> Typed for Option<T> {
+    const TYPE: Type = T::TYPE;
+}
+
+/// `p` with its type.
+pub(crate) fn param<T: Typed>(p: &T) -> Param<'_> {
+    (p, T::TYPE)
+}
+
+/// The parameters `[a, b, …]` of a statement, each with its type ([`param`]).
+macro_rules! params {
+    ($($p:expr),* $(,)?) => { [$($crate::common::param(&$p)),*] };
+}
+pub(crate) use params;
+
 /// A fencing token the server returned.
 pub(crate) fn token_u64(t: i64) -> Result<u64> {
     u64::try_from(t).map_err(|_| crate::error::shape("fencing token", t))
@@ -322,7 +354,7 @@ impl Common {
         sql: &str,
         grant: &distlock_core::GrantRef,
         (seq, value): (u64, &str),
-        extra: &[(&(dyn ToSql + Sync), Type)],
+        extra: &[Param<'_>],
     ) -> Result<RenewOutcome> {
         let (ns, name) = (self.namespace.as_str(), &*grant.key.name);
         let attempt = grant.attempt.as_str();
@@ -330,15 +362,7 @@ impl Common {
         let seq = i64::try_from(seq)
             .map_err(|_| Error::invalid(format!("proclamation number {seq} out of range")))?;
         let chan = channel(election_key(ns, name));
-        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&attempt, Type::TEXT),
-            (&token, Type::INT8),
-            (&seq, Type::INT8),
-            (&value, Type::TEXT),
-            (&chan, Type::TEXT),
-        ];
+        let mut params = params![ns, name, attempt, token, seq, value, chan].to_vec();
         params.extend_from_slice(extra);
         let rows = self.query("proclaiming", sql, &params).await?;
         Ok(match first("proclaiming", &rows)? {

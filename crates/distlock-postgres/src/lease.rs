@@ -10,6 +10,7 @@
 //! ([`END`]), so a late copy of its acquire never grants it ([`distlock_sql::ended`]).
 //! Elections have rows of their own (`dlock_lease_elections`).
 
+use crate::common::params;
 use crate::common::{
     channel, cols, election_key, key_of, lease_left, one, token_i64, token_u64, Common,
 };
@@ -26,7 +27,6 @@ use distlock_sql::lease::millis_f64;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::types::{ToSql, Type};
 
 pub(crate) const DDL: &str = concat!(
     include_str!("../sql/lease_schema.sql"),
@@ -104,15 +104,9 @@ impl LeaseMode {
         };
         let keep = ENDED_KEEP.as_secs_f64();
         let most = ENDED_MAX_PER_LOCK as i64;
-        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&a, Type::TEXT),
-            (&token, Type::INT8),
-            (&chan, Type::TEXT),
-        ];
+        let mut params = params![ns, name, a, token, chan].to_vec();
         if record {
-            params.extend([(&keep as _, Type::FLOAT8), (&most as _, Type::INT8)]);
+            params.extend(params![keep, most]);
         }
         let rows = self.common.query("releasing", sql, &params).await?;
         if record {
@@ -145,13 +139,7 @@ impl LeaseMode {
             .query(
                 "renewing",
                 sql,
-                &[
-                    (&ns, Type::TEXT),
-                    (&names, Type::TEXT_ARRAY),
-                    (&attempts, Type::TEXT_ARRAY),
-                    (&tokens, Type::INT8_ARRAY),
-                    (&leases, Type::FLOAT8_ARRAY),
-                ],
+                &params![ns, names, attempts, tokens, leases],
             )
             .await?;
         let renewed: HashSet<(String, String, i64)> = rows
@@ -197,18 +185,11 @@ impl Backend for LeaseMode {
         let lease = millis_f64(req.lease);
         let value: &str = req.value.as_deref().unwrap_or("");
         let chan: String;
-        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&owner, Type::TEXT),
-            (&attempt, Type::TEXT),
-            (&lease, Type::FLOAT8),
-        ];
+        let mut params = params![ns, name, owner, attempt, lease].to_vec();
         let (what, sql) = match req.key.kind {
             LockKind::Election => {
                 chan = channel(election_key(ns, name));
-                params.push((&value, Type::TEXT));
-                params.push((&chan, Type::TEXT));
+                params.extend(params![value, chan]);
                 ("campaigning", ELECTION_ACQUIRE)
             }
             _ => ("acquiring", ACQUIRE),
@@ -281,7 +262,7 @@ impl Backend for LeaseMode {
         let sql = if election { ELECTION_INSPECT } else { INSPECT };
         let rows = self
             .common
-            .query("inspecting", sql, &[(&ns, Type::TEXT), (&name, Type::TEXT)])
+            .query("inspecting", sql, &params![ns, name])
             .await?;
         let mut info = LockInfo::new(name);
         if let Some(r) = rows.first() {

@@ -3,6 +3,7 @@
 //! only while its backend holds the name's advisory key in `pg_locks`; a forced release draws
 //! a token above the removed holder's.
 
+use crate::common::params;
 use crate::common::{channel, cols, election_key, first, key_of, key_oids, lease_left, one};
 use crate::common::{lock_key, side, token_u64, Common};
 use crate::error::{map, KIND};
@@ -85,7 +86,7 @@ fn listed_kind(rows: &[(String, bool)]) -> LockKind {
 
 async fn list(b: &PostgresBackend, prefix: &str) -> Result<Vec<ListedLock>> {
     let ns = b.common.namespace.as_str();
-    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&ns, Type::TEXT), (&prefix, Type::TEXT)];
+    let params = params![ns, prefix];
     // LIKE would need escaping of the prefix; a prefix comparison on the text is exact.
     let (sql, elections) = match b.mode() {
         Mode::Lease => (
@@ -174,12 +175,7 @@ async fn held(common: &Arc<Common>, name: &str, key: (u32, u32), what: &str) -> 
          ORDER BY l.pid, h.acquired_at"
     );
     let (classid, objid, ns) = (key.0, key.1, common.namespace.as_str());
-    let params: [(&(dyn ToSql + Sync), Type); 4] = [
-        (&classid, Type::OID),
-        (&objid, Type::OID),
-        (&ns, Type::TEXT),
-        (&name, Type::TEXT),
-    ];
+    let params = params![classid, objid, ns, name];
     let rows = common.query(what, &sql, &params).await?;
     rows.iter()
         .map(|r| {
@@ -216,7 +212,7 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
             "INSERT INTO dlock_leases (ns, name, owner, attempt, token, acquired_at, expires_at) \
              VALUES ($1, $2, NULL, NULL, 0, NULL, 'epoch') \
              ON CONFLICT (ns, name) DO NOTHING",
-            &[(&ns, Type::TEXT), (&name, Type::TEXT)],
+            &params![ns, name],
         )
         .await?;
         let old = tx
@@ -224,7 +220,7 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
                 "SELECT owner, attempt IS NOT NULL AND owner IS NOT NULL AND expires_at > now(), \
                         (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::float8 \
                  FROM dlock_leases WHERE ns = $1 AND name = $2 FOR UPDATE",
-                &[(&ns, Type::TEXT), (&name, Type::TEXT)],
+                &params![ns, name],
             )
             .await?;
         let up = tx
@@ -235,7 +231,7 @@ async fn force_lease(b: &PostgresBackend, name: &str) -> Result<ForceReleased> {
                     next_token!("token + 1"),
                     " WHERE ns = $1 AND name = $2 RETURNING token, pg_notify($3, '') IS NULL"
                 ),
-                &[(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)],
+                &params![ns, name, chan],
             )
             .await?;
         tx.commit().await?;
@@ -303,7 +299,7 @@ impl Eviction for Sessions<'_> {
         let (common, name) = (&self.b.common, self.name);
         let client = common.control().await?;
         let sql = "SELECT pg_terminate_backend($1)";
-        let call = async { Ok(client.query_typed(sql, &[(&pid, Type::INT4)]).await) };
+        let call = async { Ok(client.query_typed(sql, &params![pid]).await) };
         match common.run("terminating the holder", call).await? {
             // false: the backend ended meanwhile; its lock is gone with it.
             Ok(_) => Ok(()),
@@ -347,12 +343,7 @@ impl Eviction for Sessions<'_> {
             " RETURNING f.token"
         );
         // An election's statement takes the first three.
-        let params: [(&(dyn ToSql + Sync), Type); 4] = [
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&pids, Type::INT4_ARRAY),
-            (&attempts, Type::TEXT_ARRAY),
-        ];
+        let params = params![ns, name, pids, attempts];
         let (sql, n) = [(lock, 4), (election, 3)][usize::from(self.election)];
         let what = "advancing the fencing token";
         let rows = self.b.common.query(what, sql, &params[..n]).await?;
@@ -376,8 +367,7 @@ async fn force_lease_election(b: &PostgresBackend, name: &str) -> Result<ForceRe
         next_token!("1"),
         "), (SELECT count(*) FROM n)"
     );
-    let params: [(&(dyn ToSql + Sync), Type); 3] =
-        [(&ns, Type::TEXT), (&name, Type::TEXT), (&chan, Type::TEXT)];
+    let params: [(&(dyn ToSql + Sync), Type); 3] = params![ns, name, chan];
     let rows = b.common.query("forced release", sql, &params).await?;
     let token = token_u64(first("forced release", &rows)?)?;
     Ok(ForceReleased::new(leader.holders, token))

@@ -15,6 +15,7 @@ mod sql;
 mod state;
 mod wait;
 
+use crate::common::params;
 use crate::common::{
     cols, election_key, first, key_of, key_oids, lease_left, side, token_u64, Common,
 };
@@ -32,7 +33,6 @@ use state::{Entry, State};
 use std::ops::ControlFlow::{Break, Continue};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_postgres::types::{ToSql, Type};
 use tokio_util::sync::CancellationToken;
 
 /// The schema of session mode (with the migration of an older table).
@@ -261,7 +261,7 @@ impl Dialect for PgDialect {
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         let (classid, objid) = key_oids(election_key(&self.common.namespace, &grant.key.name));
-        let leads: [(&(dyn ToSql + Sync), Type); 2] = [(&classid, Type::OID), (&objid, Type::OID)];
+        let leads = params![classid, objid];
         let sql = ELECTION_PROCLAIM;
         self.common.proclaim(sql, grant, (seq, value), &leads).await
     }
@@ -281,13 +281,7 @@ impl Dialect for PgDialect {
         let client = common.control().await?;
         // The holders' ($1-$5; the leader's: $1-$4), a lock's fence's ($1, $2; an election's
         // token is in its row) and the waiters' ($1, $2 = classid, objid).
-        let params: [(&(dyn ToSql + Sync), Type); 5] = [
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&classid, Type::OID),
-            (&objid, Type::OID),
-            (&kinds, Type::TEXT_ARRAY),
-        ];
+        let params = params![ns, name, classid, objid, kinds];
         let (sql, n, what) = [
             (INSPECT, 5, "inspecting"),
             (ELECTION_INSPECT, 4, "inspecting the election"),

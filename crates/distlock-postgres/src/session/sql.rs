@@ -4,10 +4,10 @@ use super::conn::Session;
 use super::state::Entry;
 use super::{exclusive, PgDialect};
 use crate::common::{channel, first, key_of, key_oids, token_u64};
+use crate::common::{params, Param};
 use distlock_core::{AcquireRequest, LockKind, ReleaseOutcome, Result};
 use distlock_sql::lease::millis_f64;
 use std::time::Duration;
-use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 const REGISTER: &str = include_str!("../../sql/session_register.sql");
@@ -25,8 +25,6 @@ const ELECTION_REFRESH: &str = include_str!("../../sql/election_refresh.sql");
 const ELECTION_RELEASE: &str = include_str!("../../sql/election_release.sql");
 const ELECTION_RELEASE_ALL: &str = include_str!("../../sql/election_release_all.sql");
 const ELECTION_HOLDER_TTL: &str = include_str!("../../sql/election_holder_ttl.sql");
-
-type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
 impl PgDialect {
     /// The setting that carries the lease: `idle_session_timeout`, or a harmless custom
@@ -63,12 +61,7 @@ impl PgDialect {
         let key = key_of(&self.common.namespace, &entry.name, entry.kind);
         let sql = [TRY_LOCK_SHARED, TRY_LOCK][usize::from(exclusive(entry.kind))];
         let guc = self.lease_guc();
-        let params: [Param; 4] = [
-            (&key, Type::INT8),
-            (&idle_held, Type::TEXT),
-            (&idle_free, Type::TEXT),
-            (&guc, Type::TEXT),
-        ];
+        let params = params![key, idle_held, idle_free, guc];
         let what = "trying the lock";
         first(what, &self.query(s, what, sql, &params).await?)
     }
@@ -78,11 +71,7 @@ impl PgDialect {
         let (classid, objid) = key_oids(key_of(&self.common.namespace, &entry.name, entry.kind));
         // The `pg_locks.mode` of the advisory lock.
         let mode = ["ShareLock", "ExclusiveLock"][usize::from(exclusive(entry.kind))];
-        let params: [Param; 3] = [
-            (&classid, Type::OID),
-            (&objid, Type::OID),
-            (&mode, Type::TEXT),
-        ];
+        let params = params![classid, objid, mode];
         let what = "checking the session's lock";
         first(what, &self.query(s, what, HOLDS, &params).await?)
     }
@@ -103,20 +92,12 @@ impl PgDialect {
         let (kind, excl) = (req.key.kind.as_str(), exclusive(req.key.kind));
         let value: &str = req.value.as_deref().unwrap_or("");
         let chan = channel(key_of(ns, name, LockKind::Election));
-        let mut params: Vec<Param> = vec![
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&attempt, Type::TEXT),
-            (&owner, Type::TEXT),
-            (&lease_ms, Type::FLOAT8),
-            (&idle, Type::TEXT),
-            (&guc, Type::TEXT),
-        ];
+        let mut params = params![ns, name, attempt, owner, lease_ms, idle, guc].to_vec();
         let (what, sql) = if req.key.kind == LockKind::Election {
-            params.extend([(&value as _, Type::TEXT), (&chan as _, Type::TEXT)]);
+            params.extend(params![value, chan]);
             ("recording the leadership", ELECTION_REGISTER)
         } else {
-            params.extend([(&kind as _, Type::TEXT), (&excl as _, Type::BOOL)]);
+            params.extend(params![kind, excl]);
             ("recording the grant", REGISTER)
         };
         token_u64(first(what, &self.query(s, what, sql, &params).await?)?)
@@ -135,14 +116,7 @@ impl PgDialect {
         let (name, attempt) = (&*entry.name, entry.attempt.as_str());
         let lease_ms = millis_f64(lease);
         let guc = self.lease_guc();
-        let params: [Param; 6] = [
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&attempt, Type::TEXT),
-            (&lease_ms, Type::FLOAT8),
-            (&idle, Type::TEXT),
-            (&guc, Type::TEXT),
-        ];
+        let params = params![ns, name, attempt, lease_ms, idle, guc];
         let sql = match entry.kind {
             LockKind::Election => ELECTION_REFRESH,
             _ => REFRESH,
@@ -169,15 +143,7 @@ impl PgDialect {
             (kind, false) if exclusive(kind) => RELEASE_EXCL,
             (_, false) => RELEASE_SHARED,
         };
-        let params: [Param; 7] = [
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&a, Type::TEXT),
-            (&key, Type::INT8),
-            (&chan, Type::TEXT),
-            (&idle, Type::TEXT),
-            (&guc, Type::TEXT),
-        ];
+        let params = params![ns, name, a, key, chan, idle, guc];
         let rows = self.query(s, "releasing", sql, &params).await?;
         // An unlock-all does not tell.
         Ok(all || first("releasing", &rows)?)
@@ -187,12 +153,7 @@ impl PgDialect {
     pub(crate) async fn holder_ttl(&self, name: &str, kind: LockKind) -> Option<Duration> {
         let (classid, objid) = key_oids(key_of(&self.common.namespace, name, kind));
         let ns = self.common.namespace.as_str();
-        let params: [Param; 4] = [
-            (&ns, Type::TEXT),
-            (&name, Type::TEXT),
-            (&classid, Type::OID),
-            (&objid, Type::OID),
-        ];
+        let params = params![ns, name, classid, objid];
         let sql = match kind {
             LockKind::Election => ELECTION_HOLDER_TTL,
             _ => HOLDER_TTL,
@@ -211,7 +172,7 @@ impl PgDialect {
         kind: LockKind,
     ) -> Result<ReleaseOutcome> {
         let (classid, objid) = key_oids(key_of(&self.common.namespace, name, kind));
-        let params: [Param; 2] = [(&classid, Type::OID), (&objid, Type::OID)];
+        let params = params![classid, objid];
         let rows = self
             .common
             .query("checking the lock", ANY_HOLDER, &params)
@@ -225,7 +186,7 @@ impl PgDialect {
     /// `pg_cancel_backend(pid)` through the control connection; false if that failed.
     pub(crate) async fn cancel_backend(&self, pid: i32) -> bool {
         let (what, sql) = ("cancelling a wait", "SELECT pg_cancel_backend($1)");
-        let rows = self.common.query(what, sql, &[(&pid, Type::INT4)]).await;
+        let rows = self.common.query(what, sql, &params![pid]).await;
         matches!(rows.map(|r| first(what, &r)), Ok(Ok(true)))
     }
 }

@@ -4,6 +4,7 @@
 //! wait's end means for the attempt is decided in [`distlock_sql::waited`].
 
 use super::conn::{idle_for, Session};
+use crate::common::params;
 
 use super::{exclusive, PgDialect};
 use crate::common::key_of;
@@ -14,7 +15,6 @@ use distlock_sql::waited::WaitEnd;
 use std::future::Future;
 use std::time::{Duration, Instant};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{ToSql, Type};
 use tokio_util::sync::CancellationToken;
 
 /// The statement of one wait for `key` in `kind`'s mode: `lock_timeout` set for this
@@ -95,7 +95,7 @@ impl PgDialect {
     /// connection). The session is closed afterwards whatever happened.
     async fn stop<F: Future + Unpin>(&self, s: &Session, guc: &str, wait: F) {
         let limit = self.common.op_timeout;
-        let reset = [(&guc as &(dyn ToSql + Sync), Type::TEXT)];
+        let reset = params![guc];
         let unlock = s.client.query_typed(
             "SELECT pg_advisory_unlock_all(), set_config($1, '0', false)",
             &reset,
