@@ -214,16 +214,12 @@ impl Inner {
                     remove_if_idle(&mut table, name);
                     return Ok(ReleaseOutcome::Released);
                 }
-                let taken = match side {
-                    // Other readers share the lock; only a writer takes it from a reader.
-                    Side::Read => entry.writer().is_some(),
-                    // The owner's own read grants (a downgrade it kept) took nothing from it.
-                    Side::Write => {
-                        entry.writer().is_some()
-                            || (entry.holds(Side::Read).iter()).any(|h| h.owner != grant.key.owner)
-                    }
-                };
-                if taken {
+                // A writer took either side (other readers share the read side); readers of
+                // other owners took the write side (the owner's own, a downgrade it kept, not).
+                let mut readers = entry.holds(Side::Read).iter();
+                if entry.writer().is_some()
+                    || (side == Side::Write && readers.any(|h| h.owner != grant.key.owner))
+                {
                     return Ok(ReleaseOutcome::TakenByOther);
                 }
                 if entry.parked[Side::Write as usize].is_some() {
