@@ -1,7 +1,7 @@
 //! Taking the lock in one transaction (etcd's `concurrency.Mutex` try-lock), and `inspect`.
 
 use crate::error::{shape, KIND};
-use crate::kv::{enqueue, first_of, header_revision, reads, token_of, Keys, CAS_ATTEMPTS};
+use crate::kv::{first_of, header_revision, reads, token_of, Keys, Record, CAS_ATTEMPTS};
 use crate::renew::Cover;
 use crate::EtcdBackend;
 use distlock_core::backend::{AcquireReply, AcquireRequest};
@@ -22,13 +22,13 @@ impl EtcdBackend {
     /// (a retry of a request whose reply was lost: same key, same token); else reports who
     /// holds it, writing nothing.
     pub(crate) async fn acquire_once(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        let (keys, mine) = self.keys_of(&req.key, &req.attempt);
+        let s = self.slot(&req.key, &req.attempt);
         let lease = self.grant(req.lease).await?;
         // The reply, and whether `lease` ended up carrying the key (else it carries nothing).
         let take = async {
             for _ in 0..CAS_ATTEMPTS {
-                let nobody = Compare::create_revision(keys.queue.clone(), CompareOp::Equal, 0);
-                let txn = enqueue(&keys, &mine, req, lease, nobody.with_prefix());
+                let nobody = Compare::create_revision(s.keys.queue.clone(), CompareOp::Equal, 0);
+                let txn = s.enqueue(req, lease, nobody.with_prefix());
                 let resp = self.txn("acquire", txn).await?;
                 if resp.succeeded() {
                     let token = token_of(header_revision(&resp)?)?;
@@ -48,12 +48,11 @@ impl EtcdBackend {
                 };
                 let token = token_of(m.create_revision())?;
                 // Gone: its lease ran out meanwhile, and the key with it; try afresh.
-                let cover = self.cover(&keys, &req.attempt, &mine, m, req.lease, Some(lease));
-                if let Cover::Done { moved_to } = cover.await? {
+                if let Cover::Done { moved_to } = self.cover(&s, m, req.lease, Some(lease)).await? {
                     return Ok((AcquireReply::Granted { token }, moved_to == Some(lease.id)));
                 }
             }
-            Err(self.contended(&mine))
+            Err(self.contended(&s.mine))
         };
         // After an error the key may be on this lease: the retry (or the give-up) of this
         // attempt finds it; revoking the lease here could delete a grant the retry then returns.
@@ -106,8 +105,9 @@ impl EtcdBackend {
         Err(self.contended(&keys.queue))
     }
 
-    /// Who holds queue key `kv` (an election candidate with its metadata key `meta`), with
-    /// its lease's time left.
+    /// Who holds queue key `kv`, with its lease's time left, for `inspect`, `list` and the
+    /// forced release: for a lock, [`Keys::holder_of`]; for an election candidate its value,
+    /// and its owner from its metadata key `meta` (none: not dlock's, shown by its name).
     pub(crate) async fn holder(
         &self,
         keys: &Keys,
@@ -115,7 +115,15 @@ impl EtcdBackend {
         meta: Option<&KeyValue>,
     ) -> Result<HolderInfo> {
         let left = self.lease_left(kv.lease()).await?;
-        Ok(keys.holder_info(kv, meta)?.with_lease_left(left))
+        let owner = match (&keys.meta, meta) {
+            (None, _) => keys.holder_of(kv.key(), kv.value()),
+            (Some(_), Some(m)) => Record::decode(m.key(), m.value(), true)?.owner,
+            (Some(_), None) => format!("(not dlock) {}", keys.segment(kv.key())),
+        };
+        let value = (keys.meta.as_ref()).map(|_| String::from_utf8_lossy(kv.value()).into_owned());
+        Ok(HolderInfo::new(owner, 1)
+            .with_value(value)
+            .with_lease_left(left))
     }
 
     /// What `inspect` and `list` report of lock or election `name` (keys `keys`) whose queue

@@ -27,9 +27,6 @@ pub(crate) struct Target {
     pub(crate) tls: Option<TlsFiles>,
 }
 
-/// The URL with its password replaced by `***` (the core's [`conn::redact`]).
-pub use distlock_core::conn::redact;
-
 /// Decodes `%XX` escapes (as in the user, password and prefix of an `etcd://` URL); `None` for
 /// a bad escape or bytes that are not UTF-8. Other characters pass through unchanged.
 pub fn percent_decode(s: &str) -> Option<String> {
@@ -214,8 +211,8 @@ mod tests {
         }
         let e = parse_url("etcd://u:secret@h:x").unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
-        assert_eq!(redact("etcd://u:secret@h:1/p"), "etcd://u:***@h:1/p");
-        assert_eq!(redact("etcd://h:1/p"), "etcd://h:1/p");
+        assert_eq!(conn::redact("etcd://u:secret@h:1/p"), "etcd://u:***@h:1/p");
+        assert_eq!(conn::redact("etcd://h:1/p"), "etcd://h:1/p");
     }
     use distlock_core::conn::Env;
 

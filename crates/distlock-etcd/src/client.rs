@@ -4,7 +4,7 @@ use crate::builder::Target;
 use crate::error::{map, timed_out, KIND};
 use crate::tls;
 use crate::EtcdBackend;
-use distlock_core::conn::{TlsError, TlsErrorKind};
+use distlock_core::conn::{ClientCert, TlsError, TlsErrorKind};
 use distlock_core::{ClientOptions, Error, Result};
 use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnResponse};
 use std::collections::HashMap;
@@ -63,8 +63,11 @@ impl EtcdBackend {
         let mut backend = Self::new(client, endpoint, prefix, opts);
         backend.connect_opts = Some(co);
         backend.transport = tls::transport(&target.hosts, target.tls.as_ref());
-        let tls_client = target.tls.as_ref().map(|t| t.client().is_some());
-        backend.probed(tls_client, &target.hosts).await
+        let cert = (target.tls.as_ref()).map(|t| match t.client() {
+            Some(_) => ClientCert::Given(""),
+            None => ClientCert::None,
+        });
+        backend.probed(cert, &target.hosts).await
     }
 
     /// The backend on `client`, not yet probed; `transport` says it runs on an application's
@@ -98,11 +101,15 @@ impl EtcdBackend {
 
     /// This backend, once a linearizable read got through within twice the connect timeout;
     /// an election in progress ("leader changed", "no leader") is retried until then (it takes
-    /// about one election timeout). `tls_client`: with TLS, whether a client certificate was
-    /// given (to explain a connection the server closed right after the handshake); `hosts`:
-    /// the members dialled (none for an application's client), asked in plain HTTP/2 when a
-    /// TLS connection was closed.
-    pub(crate) async fn probed(self, tls_client: Option<bool>, hosts: &[String]) -> Result<Self> {
+    /// about one election timeout). `cert`: with TLS, the client certificate given or not (to
+    /// explain a connection the server closed right after the handshake); `hosts`: the members
+    /// dialled (none for an application's client), asked in plain HTTP/2 when a TLS connection
+    /// was closed.
+    pub(crate) async fn probed(
+        self,
+        cert: Option<ClientCert<'_>>,
+        hosts: &[String],
+    ) -> Result<Self> {
         let limit = self.connect_timeout * 2;
         let (mut kv, key) = (self.client.kv_client(), self.prefix.clone().into_bytes());
         let deadline = tokio::time::Instant::now() + limit;
@@ -121,30 +128,18 @@ impl EtcdBackend {
             }
         };
         let probed = tokio::time::timeout(limit, probe).await;
-        match probed.map_err(|_| no_answer(&self.endpoint, limit))? {
-            Ok(_) => Ok(self),
-            Err(e) => Err(self.probe_error(e, tls_client, hosts).await),
-        }
-    }
-
-    /// The error of a connect probe that failed with `e` (`tls_client`, `hosts`: as
-    /// [`probed`](Self::probed) got them).
-    async fn probe_error(
-        &self,
-        e: etcd_client::Error,
-        tls_client: Option<bool>,
-        hosts: &[String],
-    ) -> Error {
-        let endpoint = self.endpoint.clone();
+        let Err(e) = probed.map_err(|_| no_answer(&self.endpoint, limit))? else {
+            return Ok(self);
+        };
         let closed = tls::closed_under_request(&e);
-        let found = match (tls_client, tls::classify(&e, tls_client)) {
-            (_, Some(t)) => Some(t),
+        let t = match (cert, tls::classify(&e, cert.unwrap_or(ClientCert::Unknown))) {
+            (_, Some(t)) => t,
             // A TLS connection the server closed: a member that refused the client's
             // certificate after the handshake (with TLS 1.3, how etcd's `--client-cert-auth`
             // refuses a client without one, or with one it does not trust), or (when the
             // hello's EOF surfaces only as a closed connection) a plain-http member. The
             // second answers HTTP/2 in the clear.
-            (Some(has_cert), None) if closed => {
+            (Some(cert), None) if closed => {
                 let (kind, why) = match hosts.first() {
                     Some(host) if tls::speaks_plain_http2(host, self.connect_timeout).await => (
                         TlsErrorKind::NotSupportedByServer,
@@ -156,20 +151,17 @@ impl EtcdBackend {
                          etcd does with a client certificate it does not accept, or none",
                     ),
                 };
-                let cert = tls::cert(Some(has_cert));
-                Some(TlsError::worded(kind, why, &tls::WORDS, cert))
+                TlsError::worded(kind, why, &tls::WORDS, cert)
             }
-            _ => None,
-        };
-        match found {
-            Some(t) => Error::connection(KIND, endpoint, t),
-            None if tls_client.is_none() && self.connect_opts.is_some() && closed => {
+            (None, None) if self.connect_opts.is_some() && closed => {
                 let hint = "the server closed the connection: if its members serve https, \
                             connect with etcds://";
-                Error::connection(KIND, endpoint, format!("{e} ({hint})"))
+                let why = format!("{e} ({hint})");
+                return Err(Error::connection(KIND, self.endpoint.clone(), why));
             }
-            None => map(&endpoint, e),
-        }
+            _ => return Err(map(&self.endpoint, e)),
+        };
+        Err(Error::connection(KIND, self.endpoint.clone(), t))
     }
 }
 

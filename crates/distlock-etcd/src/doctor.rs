@@ -43,7 +43,12 @@ pub(crate) async fn diagnose(b: &EtcdBackend) -> Result<Vec<Finding>> {
         leader_finding(&statuses),
     ];
     out.extend(raft_finding(&statuses));
-    out.push(lease_finding(min_lease_ttl(b).await?, b.watchdog_lease));
+    // etcd's minimum lease TTL (1.5 × election timeout, rounded up to seconds): it raises a
+    // lease of 1 s to it. The probe carries nothing (and expires within a second or two).
+    let probe = b.grant(Duration::from_secs(1)).await?;
+    b.revoke_in_background(probe.id);
+    let min_ttl = Duration::from_secs(probe.ttl.unsigned_abs());
+    out.push(lease_finding(min_ttl, b.watchdog_lease));
     out.push(b.transport.clone());
     out.push(clock_not_checked("etcd has no API that tells its clock; locks do not depend on it (etcd counts a lease on the leader's monotonic clock from when it applied the request, dlock on the local CLOCK_BOOTTIME from before sending it; only clock rates matter); run NTP anyway so that logs agree"));
     Ok(out)
@@ -99,17 +104,13 @@ async fn member_status(b: &EtcdBackend, urls: Vec<String>) -> std::result::Resul
 /// Health: every member answers, without errors (alarms are reported here: NOSPACE makes
 /// the cluster refuse writes, CORRUPT means members disagree on the data).
 fn health_finding(statuses: &[MemberStatus], voters: usize) -> Finding {
-    let mut down = Vec::new();
-    let mut errors = Vec::new();
-    for s in statuses {
-        match &s.status {
-            Err(e) => down.push(format!("{} ({e})", s.name)),
-            Ok(st) if !st.errors.is_empty() => {
-                errors.push(format!("{}: {}", s.name, st.errors.join("; ")))
-            }
-            Ok(_) => {}
-        }
-    }
+    let down: Vec<_> = (statuses.iter())
+        .filter_map(|s| Some(format!("{} ({})", s.name, s.status.as_ref().err()?)))
+        .collect();
+    let errors: Vec<_> = answered(statuses)
+        .filter(|(_, st)| !st.errors.is_empty())
+        .map(|(name, st)| format!("{name}: {}", st.errors.join("; ")))
+        .collect();
     let (n, up) = (statuses.len(), statuses.len() - down.len());
     let (severity, message) = if !errors.is_empty() {
         (
@@ -205,15 +206,6 @@ fn raft_finding(statuses: &[MemberStatus]) -> Option<Finding> {
         )
     };
     Some(Finding::new(severity, "raft-index", message))
-}
-
-/// etcd's minimum lease TTL (1.5 × election timeout, rounded up to seconds), probed by
-/// granting a lease of 1 s — etcd raises a shorter TTL to its minimum.
-async fn min_lease_ttl(b: &EtcdBackend) -> Result<Duration> {
-    let probe = b.grant(Duration::from_secs(1)).await?;
-    // It carries nothing (and expires within a second or two anyway).
-    b.revoke_in_background(probe.id);
-    Ok(Duration::from_secs(probe.ttl.unsigned_abs()))
 }
 
 /// The `lease` finding for etcd's minimum lease TTL `min_ttl` against the watchdog `lease`.

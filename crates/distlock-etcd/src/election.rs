@@ -22,10 +22,11 @@ impl EtcdBackend {
         seq: u64,
         value: &str,
     ) -> Result<RenewOutcome> {
-        let (keys, mine) = self.keys_of(&grant.key, &grant.attempt);
-        let meta_key = keys
-            .meta_of(&mine)
-            .ok_or_else(|| shape("proclaim on a grant that is not an election's"))?;
+        let s = self.slot(&grant.key, &grant.attempt);
+        let mine = &s.mine;
+        let Some(meta_key) = &s.meta else {
+            return Err(shape("proclaim on a grant that is not an election's"));
+        };
         let Some(rev) = revision_of(grant.token) else {
             return Ok(RenewOutcome::NotHeld);
         };
@@ -37,31 +38,31 @@ impl EtcdBackend {
             owner: grant.key.owner.to_string(),
         });
         let keep = || Some(PutOptions::new().with_ignore_lease());
+        let leads = Compare::create_revision(mine.clone(), CompareOp::Equal, rev);
         for _ in 0..CAS_ATTEMPTS {
-            let mut when = vec![Compare::create_revision(
-                mine.clone(),
-                CompareOp::Equal,
-                rev,
-            )];
-            let mut then = Vec::new();
-            match &expect {
+            let (guard, then) = match &expect {
                 Some(m) if m.seq < seq => {
                     let (now, next) = (m.encode(true), Record { seq, ..m.clone() }.encode(true));
-                    when.push(Compare::value(meta_key.clone(), CompareOp::Equal, now));
-                    then.push(TxnOp::put(mine.clone(), value, keep()));
-                    then.push(TxnOp::put(meta_key.clone(), next, keep()));
+                    let guard = Compare::value(meta_key.clone(), CompareOp::Equal, now);
+                    let put_meta = TxnOp::put(meta_key.clone(), next, keep());
+                    (
+                        guard,
+                        vec![TxnOp::put(mine.clone(), value, keep()), put_meta],
+                    )
                 }
                 // Nothing to guess from: read first.
-                _ => when.push(Compare::create_revision(
-                    meta_key.clone(),
-                    CompareOp::Less,
-                    0,
-                )),
-            }
-            let txn = Txn::new().when(when).and_then(then).or_else([
-                TxnOp::get(mine.clone(), None),
-                TxnOp::get(meta_key.clone(), None),
-            ]);
+                _ => (
+                    Compare::create_revision(meta_key.clone(), CompareOp::Less, 0),
+                    vec![],
+                ),
+            };
+            let txn = Txn::new()
+                .when([leads.clone(), guard])
+                .and_then(then)
+                .or_else([
+                    TxnOp::get(mine.clone(), None),
+                    TxnOp::get(meta_key.clone(), None),
+                ]);
             let resp = self.txn("proclaim", txn).await?;
             if resp.succeeded() {
                 return Ok(RenewOutcome::Renewed);
@@ -70,13 +71,13 @@ impl EtcdBackend {
             if kv.is_none_or(|kv| kv.create_revision() != rev) {
                 return Ok(RenewOutcome::NotHeld);
             }
-            let (_, rec) = keys.record_of(&mine, m)?;
+            let (_, rec) = s.record(m)?;
             if rec.seq >= seq {
                 // Applied already (a retry or a duplicate), or a newer one was.
                 return Ok(RenewOutcome::Renewed);
             }
             expect = Some(rec);
         }
-        Err(self.contended(&mine))
+        Err(self.contended(mine))
     }
 }

@@ -1,5 +1,6 @@
 //! Mapping etcd-client errors onto dlock's error type.
 
+use distlock_core::conn::ClientCert;
 use distlock_core::Error;
 use tonic::Code;
 
@@ -10,7 +11,7 @@ pub(crate) const KIND: &str = "etcd";
 pub(crate) fn map(endpoint: &str, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
     let conn = |e: etcd_client::Error| Error::connection(KIND, endpoint.to_owned(), e);
-    if let Some(tls) = crate::tls::classify(&e, None) {
+    if let Some(tls) = crate::tls::classify(&e, ClientCert::Unknown) {
         return Error::connection(KIND, endpoint.to_owned(), tls);
     }
     match e {

@@ -1,25 +1,16 @@
-//! The key-values: the key layout, the value formats, and the transaction operations that read
-//! and write them (docs/etcd.md, *The recipe*, has the tables and etcd's own recipes).
-//!
-//! - lock `NAME`: `PREFIX/NAME/ATTEMPT` (on the attempt's own lease; `TTL OWNER`: the lease's
-//!   TTL in seconds, the owner id) and `PREFIX/NAME` (no lease, empty; its mod revision is the
-//!   newest queue key's create revision);
-//! - election `NAME`, under a root of its own so that no lock's key parser meets it:
-//!   `PREFIX-election/NAME/ATTEMPT` holding exactly the candidate's value (what etcd's
-//!   `concurrency.Election` and `etcdctl elect -l` read: its leader is the smallest create
-//!   revision, as dlock's), `PREFIX-election-meta/NAME/ATTEMPT` on the same lease (`TTL SEQ
-//!   OWNER`, outside the prefix etcd's recipe reads) and `PREFIX-election/NAME`.
-//!
-//! One key per acquisition attempt: a retry finds its own key by name, and nothing another
-//! attempt (even of the same owner) does can touch it. `NAME` and `ATTEMPT` are escaped (`%` →
-//! `%25`, `/` → `%2F`) so that `PREFIX/NAME/` is the prefix of exactly one lock's queue — the
+//! The key-values: the key layout, the value formats ([`Record`]), and the transaction
+//! operations that read and write them (docs/etcd.md, *The recipe*, has the tables; an
+//! election's keys live under a root of their own, its metadata outside the prefix etcd's
+//! `concurrency.Election` reads). One key per acquisition attempt: a retry finds its own key by
+//! name, and nothing another attempt (even of the same owner) does can touch it. `NAME` and
+//! `ATTEMPT` are escaped so that `PREFIX/NAME/` is the prefix of exactly one lock's queue — the
 //! prefix etcd's `concurrency.Mutex` (`etcdctl lock PREFIX/NAME`) queues under, so the two
 //! exclude each other.
 
 use crate::error::shape;
 use crate::lease::Lease;
-use distlock_core::backend::AcquireRequest;
-use distlock_core::{HolderInfo, LockKind, Result};
+use distlock_core::backend::{AcquireRequest, AttemptId};
+use distlock_core::{LockKind, Result};
 use etcd_client::{
     Compare, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
@@ -82,19 +73,6 @@ impl Keys {
         [get, delete].into_iter().chain(meta).collect()
     }
 
-    /// The metadata of election candidate `mine`, read as `m` (none: not dlock's layout).
-    pub(crate) fn record_of(&self, mine: &[u8], m: Option<KeyValue>) -> Result<(KeyValue, Record)> {
-        let m = m.ok_or_else(|| {
-            shape(format!(
-                "election candidate `{}` has no metadata key; is another program writing under \
-                 this prefix?",
-                String::from_utf8_lossy(mine)
-            ))
-        })?;
-        let rec = Record::decode(m.key(), m.value(), true)?;
-        Ok((m, rec))
-    }
-
     /// The last segment of queue key `key`, for messages.
     pub(crate) fn segment<'k>(&self, key: &'k [u8]) -> std::borrow::Cow<'k, str> {
         String::from_utf8_lossy(key.strip_prefix(self.queue.as_slice()).unwrap_or(key))
@@ -107,44 +85,34 @@ impl Keys {
         k
     }
 
+    /// The keys of attempt `attempt` of this lock.
+    pub(crate) fn slot(self, attempt: &AttemptId) -> Slot {
+        let mine = self.attempt(attempt);
+        let meta = self.meta_of(&mine);
+        let attempt = attempt.clone();
+        Slot {
+            keys: self,
+            mine,
+            meta,
+            attempt,
+        }
+    }
+
     /// Who holds `key` (a key of this lock's queue with value `value`): the owner id for a key
     /// dlock wrote; for a key another program queued under the same prefix (`etcdctl lock`,
     /// Go's `concurrency.Mutex`, whose keys are lease ids with empty values) its name, marked
     /// as foreign.
     pub(crate) fn holder_of(&self, key: &[u8], value: &[u8]) -> String {
-        if let Ok(r) = Record::decode(key, value, false) {
-            return r.owner;
-        }
-        format!("(not dlock) {}", self.segment(key))
-    }
-
-    /// Who holds queue key `kv`, for `inspect`, `list` and the forced release (its lease
-    /// aside): for a lock, [`holder_of`](Self::holder_of); for an election candidate its value,
-    /// and its owner from its metadata key `meta` (none: not dlock's, shown by its name).
-    pub(crate) fn holder_info(&self, kv: &KeyValue, meta: Option<&KeyValue>) -> Result<HolderInfo> {
-        if self.meta.is_none() {
-            return Ok(HolderInfo::new(self.holder_of(kv.key(), kv.value()), 1));
-        }
-        let owner = match meta {
-            Some(m) => Record::decode(m.key(), m.value(), true)?.owner,
-            None => format!("(not dlock) {}", self.segment(kv.key())),
-        };
-        let value = String::from_utf8_lossy(kv.value()).into_owned();
-        Ok(HolderInfo::new(owner, 1).with_value(Some(value)))
+        Record::decode(key, value, false).map_or_else(
+            |_| format!("(not dlock) {}", self.segment(key)),
+            |r| r.owner,
+        )
     }
 }
 
 /// `%` → `%25`, `/` → `%2F`.
 pub(crate) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '/' => out.push_str("%2F"),
-            c => out.push(c),
-        }
-    }
-    out
+    s.replace('%', "%25").replace('/', "%2F")
 }
 
 /// What dlock records of a hold: the TTL in seconds of the lease its keys are on (etcd cannot
@@ -249,50 +217,62 @@ pub(crate) fn first_of(queue: &[u8]) -> TxnOp {
     )
 }
 
-/// Puts the keys of the attempt whose key is `mine` on `lease`: for a lock its key (`TTL
-/// OWNER`); for an election its key holding just `value` and its metadata key (with
-/// proclamation number `seq`).
-pub(crate) fn put_hold(
-    keys: &Keys,
-    mine: &[u8],
-    owner: &str,
-    value: &[u8],
-    lease: Lease,
-    seq: u64,
-) -> Vec<TxnOp> {
-    let put = |key: Vec<u8>, value: Vec<u8>| {
-        TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease.id)))
-    };
-    let (ttl, owner) = (lease.ttl, owner.to_owned());
-    let rec = Record { ttl, seq, owner };
-    match keys.meta_of(mine) {
-        None => vec![put(mine.to_vec(), rec.encode(false).into_bytes())],
-        Some(meta) => vec![
-            put(mine.to_vec(), value.to_vec()),
-            put(meta, rec.encode(true).into_bytes()),
-        ],
-    }
+/// The keys of one attempt: its lock's, its own key (`PREFIX/NAME/ATTEMPT`), and an election
+/// candidate's metadata key.
+#[derive(Debug, Clone)]
+pub(crate) struct Slot {
+    pub(crate) keys: Keys,
+    pub(crate) mine: Vec<u8>,
+    pub(crate) meta: Option<Vec<u8>>,
+    pub(crate) attempt: AttemptId,
 }
 
-/// The transaction that queues attempt `req` (key `mine`, on `lease`) if `guard` holds — its
-/// keys put, the fence rewritten, the queue's first key read — else reads its key and the
-/// queue's first: the acquire's (guard: nobody queued) and the waiter's (guard: its key is not
-/// there yet).
-pub(crate) fn enqueue(
-    keys: &Keys,
-    mine: &[u8],
-    req: &AcquireRequest,
-    lease: Lease,
-    guard: Compare,
-) -> Txn {
-    let value = req.value.as_deref().unwrap_or_default().as_bytes();
-    let then = put_hold(keys, mine, &req.key.owner, value, lease, 0).into_iter();
-    let then = then.chain([
-        TxnOp::put(keys.fence.clone(), "", None),
-        first_of(&keys.queue),
-    ]);
-    (Txn::new().when([guard]).and_then(then.collect::<Vec<_>>()))
-        .or_else([TxnOp::get(mine.to_vec(), None), first_of(&keys.queue)])
+impl Slot {
+    /// The metadata of this election candidate, read as `m` (none: not dlock's layout).
+    pub(crate) fn record(&self, m: Option<KeyValue>) -> Result<(KeyValue, Record)> {
+        let m = m.ok_or_else(|| {
+            shape(format!(
+                "election candidate `{}` has no metadata key; is another program writing under \
+                 this prefix?",
+                String::from_utf8_lossy(&self.mine)
+            ))
+        })?;
+        let rec = Record::decode(m.key(), m.value(), true)?;
+        Ok((m, rec))
+    }
+
+    /// Puts this attempt's keys on `lease`: for a lock its key (`TTL OWNER`); for an election
+    /// its key holding just `value` and its metadata key (with proclamation number `seq`).
+    pub(crate) fn put(&self, owner: &str, value: &[u8], lease: Lease, seq: u64) -> Vec<TxnOp> {
+        let put = |key: Vec<u8>, value: Vec<u8>| {
+            TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease.id)))
+        };
+        let (ttl, owner) = (lease.ttl, owner.to_owned());
+        let rec = Record { ttl, seq, owner };
+        match &self.meta {
+            None => vec![put(self.mine.clone(), rec.encode(false).into_bytes())],
+            Some(meta) => vec![
+                put(self.mine.clone(), value.to_vec()),
+                put(meta.clone(), rec.encode(true).into_bytes()),
+            ],
+        }
+    }
+
+    /// The transaction that queues attempt `req` (on `lease`) if `guard` holds — its keys put,
+    /// the fence rewritten, the queue's first key read — else reads its key and the queue's
+    /// first: the acquire's (guard: nobody queued) and the waiter's (guard: its key is not
+    /// there yet).
+    pub(crate) fn enqueue(&self, req: &AcquireRequest, lease: Lease, guard: Compare) -> Txn {
+        let value = req.value.as_deref().unwrap_or_default().as_bytes();
+        let then = self.put(&req.key.owner, value, lease, 0).into_iter();
+        let queue = &self.keys.queue;
+        let then = then.chain([
+            TxnOp::put(self.keys.fence.clone(), "", None),
+            first_of(queue),
+        ]);
+        (Txn::new().when([guard]).and_then(then.collect::<Vec<_>>()))
+            .or_else([TxnOp::get(self.mine.clone(), None), first_of(queue)])
+    }
 }
 
 #[cfg(test)]

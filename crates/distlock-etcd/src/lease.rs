@@ -103,7 +103,7 @@ impl EtcdBackend {
         let now = Instant::now();
         // Leases are at most 30 days (the core's limit); the clamp keeps the sum in range.
         let ttl = Duration::from_secs(lease.ttl.clamp(0, 31 * 24 * 3600).unsigned_abs());
-        let until = now + ttl + DOUBT_MARGIN;
+        let (lease, until) = (lease.id, now + ttl + DOUBT_MARGIN);
         let mut map = lock(&self.doubtful);
         // A lease etcd has expired can no longer carry anything: forget it, so that attempts
         // that never end (a crashed caller) leave nothing behind here.
@@ -111,10 +111,9 @@ impl EtcdBackend {
             v.retain(|d| d.until > now);
             !v.is_empty()
         });
-        map.entry(attempt.clone()).or_default().push(Doubt {
-            lease: lease.id,
-            until,
-        });
+        map.entry(attempt.clone())
+            .or_default()
+            .push(Doubt { lease, until });
     }
 
     /// Runs `request`, which may put `attempt`'s key on `lease`: after an error its outcome is

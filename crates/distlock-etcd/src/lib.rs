@@ -8,7 +8,7 @@
 //! `etcd_client::Client` the application already has. A TLS failure is an
 //! [`Error::Connection`](distlock_core::Error::Connection) whose source is the core's [`TlsError`] (re-exported here).
 //! [`EtcdBackend::queue_prefix`] and [`EtcdBackend::attempt_key`] name a lock's keys
-//! for operators and tests; [`redact`] and [`percent_decode`] are the URL helpers it uses.
+//! for operators and tests; [`percent_decode`] decodes a URL's prefix.
 #![warn(missing_docs)]
 
 mod acquire;
@@ -25,17 +25,19 @@ mod tls;
 mod wait;
 
 pub use builder::{
-    percent_decode, redact, EtcdBuilder, EtcdSettings, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV,
+    percent_decode, EtcdBuilder, EtcdSettings, PASSWORD_ENV, PASSWORD_FILE_ENV, USER_ENV,
 };
 pub use tls::{TlsError, TlsErrorKind};
 
 use crate::error::KIND;
-use crate::kv::Keys;
+use crate::kv::{Keys, Slot};
 use crate::lease::{Doubt, Lease};
+use crate::wait::Waiter;
 use distlock_core::backend::{
-    async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, GrantRef, Granted, HoldKey,
-    ReleaseWatch, RenewOutcome,
+    async_trait, AcquireReply, AcquireRequest, AttemptId, Capabilities, Deadline, GrantRef,
+    Granted, HoldKey, ReleaseWatch, RenewOutcome,
 };
+use distlock_core::backoff::RetryPolicy;
 use distlock_core::{Backend, ClientOptions, LockInfo, LockKind, ReleaseOutcome, Result};
 use etcd_client::{Client, ConnectOptions};
 use std::collections::HashMap;
@@ -189,11 +191,9 @@ impl EtcdBackend {
         lock_queue_prefix(&self.prefix, name)
     }
 
-    /// The keys of the lock or election `key` names, and the key of its attempt `attempt`.
-    pub(crate) fn keys_of(&self, key: &HoldKey, attempt: &str) -> (Keys, Vec<u8>) {
-        let keys = Keys::of_kind(&self.prefix, &key.name, key.kind);
-        let mine = keys.attempt(attempt);
-        (keys, mine)
+    /// The keys of attempt `attempt` of the lock or election `key` names.
+    pub(crate) fn slot(&self, key: &HoldKey, attempt: &AttemptId) -> Slot {
+        Keys::of_kind(&self.prefix, &key.name, key.kind).slot(attempt)
     }
 
     /// The prefix every candidate key of election `name` sits under
@@ -238,7 +238,9 @@ impl Backend for EtcdBackend {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        wait::acquire_wait(self, req, deadline, cancel).await
+        let (deadline, retry) = (Deadline::from(deadline), RetryPolicy::default());
+        let waiter = &mut Waiter::new(self, req);
+        distlock_core::backend::wait::run(waiter, deadline, cancel, retry).await
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {

@@ -20,11 +20,8 @@ const PAGE: i64 = 1000;
 /// The lock name and, for a queue key, `true`, of key `key` under `PREFIX/` (`root`); `None`
 /// for a key that is no lock's (an empty name).
 fn parse_key(root: &[u8], key: &[u8]) -> Option<(String, bool)> {
-    let rest = key.strip_prefix(root)?;
-    let (name, queued) = match rest.iter().position(|b| *b == b'/') {
-        Some(i) => (&rest[..i], true),
-        None => (rest, false),
-    };
+    let mut parts = key.strip_prefix(root)?.splitn(2, |b| *b == b'/');
+    let (name, queued) = (parts.next()?, parts.next().is_some());
     if name.is_empty() {
         return None;
     }

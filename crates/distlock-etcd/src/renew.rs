@@ -1,16 +1,16 @@
 //! Renewing grants (keep-alives, moving a key to a longer lease), releasing them, giving attempts up.
 
 use crate::error::{shape, KIND};
-use crate::kv::{first_of, firsts, put_hold, reads, revision_of, Keys, Record, CAS_ATTEMPTS};
+use crate::kv::{first_of, firsts, reads, revision_of, Record, Slot, CAS_ATTEMPTS};
 use crate::lease::{ttl_secs, Lease};
 use crate::EtcdBackend;
-use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, RenewOutcome};
+use distlock_core::backend::{AcquireRequest, GrantRef, RenewOutcome};
 use distlock_core::{Error, ReleaseOutcome, Result};
 use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 use std::time::Duration;
 
 /// etcd's default limit of operations in one transaction is 128; stay well below it.
-pub(crate) const MAX_OPS_PER_TXN: usize = 64;
+const MAX_OPS_PER_TXN: usize = 64;
 
 /// What [`EtcdBackend::cover`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,22 +31,20 @@ pub(crate) struct HoldState {
 }
 
 impl EtcdBackend {
-    /// The state of the hold whose key `mine` has create revision `rev`, `None` if that key is
-    /// gone. A lock's key already read as `known` is not read again; an election candidate's
-    /// key is read again with its metadata key, at one revision.
+    /// The state of the hold of slot `s` whose key has create revision `rev`, `None` if that
+    /// key is gone. A lock's key already read as `known` is not read again; an election
+    /// candidate's key is read again with its metadata key, at one revision.
     pub(crate) async fn hold_state(
         &self,
-        keys: &Keys,
-        mine: &[u8],
+        s: &Slot,
         rev: i64,
         known: Option<KeyValue>,
     ) -> Result<Option<HoldState>> {
-        let meta_key = keys.meta_of(mine);
-        let (kv, m) = match (known, &meta_key) {
+        let (kv, m) = match (known, &s.meta) {
             (Some(kv), None) => (Some(kv), None),
             _ => {
-                let both = [Some(mine), meta_key.as_deref()].into_iter().flatten();
-                let ops: Vec<_> = both.map(|k| TxnOp::get(k, None)).collect();
+                let both = [Some(&s.mine), s.meta.as_ref()].into_iter().flatten();
+                let ops: Vec<_> = both.map(|k| TxnOp::get(k.clone(), None)).collect();
                 let resp = self.txn("read", Txn::new().and_then(ops)).await?;
                 let mut found = firsts(&resp).into_iter();
                 (found.next().flatten(), found.next().flatten())
@@ -55,39 +53,24 @@ impl EtcdBackend {
         let Some(kv) = kv.filter(|kv| kv.create_revision() == rev) else {
             return Ok(None);
         };
-        if meta_key.is_none() {
-            let rec = Record::decode(kv.key(), kv.value(), false)?;
-            return Ok(Some(HoldState {
-                kv,
-                rec,
-                meta: None,
-            }));
-        }
-        let (m, rec) = keys.record_of(mine, m)?;
-        Ok(Some(HoldState {
-            kv,
-            rec,
-            meta: Some(m),
-        }))
+        let (meta, rec) = match &s.meta {
+            None => (None, Record::decode(kv.key(), kv.value(), false)?),
+            Some(_) => s.record(m).map(|(m, rec)| (Some(m), rec))?,
+        };
+        Ok(Some(HoldState { kv, rec, meta }))
     }
 
-    /// Makes the lease of `kv` — the key `mine` of `attempt`, read with the create revision
-    /// of its grant — run at least `want` from when etcd applies this, never shortening it.
-    ///
-    /// If the key's lease has a TTL of at least `want`, a keep-alive: it restarts the full
-    /// TTL, and a lease never has more than its TTL left, so nothing is shortened. Else the key
-    /// moves to a new lease of `want` (`fresh` if given and long enough), by a put guarded by
-    /// the key's create revision (which a put keeps: the token survives) *and* its current
-    /// lease, so two renewals racing cannot orphan a lease; only once that committed is the
-    /// old lease revoked, which then carries nothing. A new lease whose put has an unknown
-    /// outcome is kept until the attempt ends ([`doubt`](Self::doubt)). An election
-    /// candidate's metadata key moves with it, in the same transaction, guarded by both keys'
-    /// mod revisions (so a proclamation in between is never overwritten with the old value).
+    /// Makes the lease of `kv` — the key of slot `s`, read with the create revision of its
+    /// grant — run at least `want` from when etcd applies this, never shortening it
+    /// (docs/etcd.md, *Leases and the watchdog*): a keep-alive if the lease's TTL is at least
+    /// `want`; else a move to a new lease of `want` (`fresh` if given and long enough) guarded by
+    /// the key's create revision (the token) *and* its current lease, so two racing renewals
+    /// cannot orphan a lease, an election candidate's metadata key with it, guarded by both
+    /// keys' mod revisions. The old lease is revoked only once the move committed; a new lease
+    /// whose put has an unknown outcome is kept until the attempt ends ([`doubt`](Self::doubt)).
     pub(crate) async fn cover(
         &self,
-        keys: &Keys,
-        attempt: &AttemptId,
-        mine: &[u8],
+        s: &Slot,
         kv: KeyValue,
         want: Duration,
         fresh: Option<Lease>,
@@ -95,81 +78,65 @@ impl EtcdBackend {
         let rev = kv.create_revision();
         let mut known = Some(kv);
         for _ in 0..CAS_ATTEMPTS {
-            let Some(h) = self.hold_state(keys, mine, rev, known.take()).await? else {
+            let Some(h) = self.hold_state(s, rev, known.take()).await? else {
                 return Ok(Cover::Gone);
             };
             let (id, ttl) = (h.kv.lease(), h.rec.ttl);
             if ttl >= ttl_secs(want) {
                 if self.keep_alive(id).await? {
-                    self.remember(attempt, Lease { id, ttl });
+                    self.remember(&s.attempt, Lease { id, ttl });
                     return Ok(Cover::Done { moved_to: None });
                 }
                 // etcd no longer knows the lease ("lease not found", TTL 0): the key went
                 // with it — unless a concurrent renewal moved it to a new lease meanwhile.
-            } else if let Some(done) = self.move_hold(keys, attempt, mine, &h, want, fresh).await? {
-                return Ok(done);
+                continue;
             }
-        }
-        Err(self.contended(mine))
-    }
-
-    /// [`cover`](Self::cover)'s move of hold `h` (key `mine` of `attempt`) to a new lease of
-    /// `want`: `None` if the transaction found the key changed (look again).
-    async fn move_hold(
-        &self,
-        keys: &Keys,
-        attempt: &AttemptId,
-        mine: &[u8],
-        h: &HoldState,
-        want: Duration,
-        fresh: Option<Lease>,
-    ) -> Result<Option<Cover>> {
-        let (rev, lease) = (h.kv.create_revision(), h.kv.lease());
-        let (new, ours) = match fresh {
-            Some(l) if l.ttl >= ttl_secs(want) => (l, false),
-            _ => (self.grant(want).await?, true),
-        };
-        let mut when = vec![
-            Compare::create_revision(mine.to_vec(), CompareOp::Equal, rev),
-            Compare::lease(mine.to_vec(), CompareOp::Equal, lease),
-        ];
-        if let Some(m) = &h.meta {
-            for kv in [&h.kv, m] {
-                let (key, rev) = (kv.key(), kv.mod_revision());
-                when.push(Compare::mod_revision(key, CompareOp::Equal, rev));
+            let (new, ours) = match fresh {
+                Some(l) if l.ttl >= ttl_secs(want) => (l, false),
+                _ => (self.grant(want).await?, true),
+            };
+            let mut when = vec![
+                Compare::create_revision(s.mine.clone(), CompareOp::Equal, rev),
+                Compare::lease(s.mine.clone(), CompareOp::Equal, id),
+            ];
+            if let Some(m) = &h.meta {
+                for kv in [&h.kv, m] {
+                    let (key, rev) = (kv.key(), kv.mod_revision());
+                    when.push(Compare::mod_revision(key, CompareOp::Equal, rev));
+                }
             }
-        }
-        let ops = put_hold(keys, mine, &h.rec.owner, h.kv.value(), new, h.rec.seq);
-        let txn = Txn::new().when(when).and_then(ops);
-        let sent = self.txn("renew", txn);
-        // After an error, perhaps applied: the key may be on the new lease now.
-        let resp = if ours {
-            self.doubting(attempt, new, sent).await?
-        } else {
-            sent.await?
-        };
-        if !resp.succeeded() {
-            // Not applied (the key changed or is gone): the new lease carries nothing.
-            if ours {
-                self.revoke_in_background(new.id);
+            let ops = s.put(&h.rec.owner, h.kv.value(), new, h.rec.seq);
+            let sent = self.txn("renew", Txn::new().when(when).and_then(ops));
+            // After an error, perhaps applied: the key may be on the new lease now.
+            let resp = if ours {
+                self.doubting(&s.attempt, new, sent).await?
+            } else {
+                sent.await?
+            };
+            if !resp.succeeded() {
+                // Not applied (the key changed or is gone): the new lease carries nothing.
+                if ours {
+                    self.revoke_in_background(new.id);
+                }
+                continue;
             }
-            return Ok(None);
+            self.remember(&s.attempt, new);
+            if id != 0 {
+                self.revoke_in_background(id);
+            }
+            return Ok(Cover::Done {
+                moved_to: Some(new.id),
+            });
         }
-        self.remember(attempt, new);
-        if lease != 0 {
-            self.revoke_in_background(lease);
-        }
-        let moved_to = Some(new.id);
-        Ok(Some(Cover::Done { moved_to }))
+        Err(self.contended(&s.mine))
     }
 
     /// `early`: a keep-alive sent alongside the read, of the lease the key was known to be on,
     /// with its answer.
     pub(crate) async fn renew_one(
         &self,
-        keys: &Keys,
+        s: &Slot,
         grant: &GrantRef,
-        mine: &[u8],
         lease: Duration,
         kv: Option<KeyValue>,
         early: Option<(i64, Result<bool>)>,
@@ -186,8 +153,7 @@ impl EtcdBackend {
             Some((id, Err(e))) if id == kv.lease() => return Err(e),
             _ => {}
         }
-        let cover = self.cover(keys, &grant.attempt, mine, kv, lease, None);
-        Ok(match cover.await? {
+        Ok(match self.cover(s, kv, lease, None).await? {
             Cover::Done { .. } => RenewOutcome::Renewed,
             Cover::Gone => RenewOutcome::NotHeld,
         })
@@ -200,91 +166,83 @@ impl EtcdBackend {
         &self,
         holds: &[(GrantRef, Duration)],
     ) -> Result<Vec<RenewOutcome>> {
-        let mines: Vec<_> = (holds.iter())
-            .map(|(g, _)| self.keys_of(&g.key, &g.attempt))
-            .collect();
-        // Read every hold's key, in chunks of one transaction each, all at once, and at the
-        // same time keep alive the lease each key is known to be on when that lease is long
-        // enough: one round trip per tick in the common case (a renewal must fit in a third of
-        // the lease on a loaded machine). The read decides whether that keep-alive counts.
-        let reads = mines.chunks(MAX_OPS_PER_TXN).map(|chunk| async move {
-            let ops: Vec<TxnOp> = chunk
-                .iter()
-                .map(|(_, m)| TxnOp::get(m.clone(), None))
+        // Per chunk of holds, one transaction reads every hold's key (all chunks at once), and
+        // at the same time the lease each key is known to be on is kept alive when that lease
+        // is long enough: one round trip per tick in the common case (a renewal must fit in a
+        // third of the lease on a loaded machine). The read decides whether that keep-alive
+        // counts.
+        let chunks = holds.chunks(MAX_OPS_PER_TXN).map(|chunk| async move {
+            let slots: Vec<_> = (chunk.iter())
+                .map(|(g, _)| self.slot(&g.key, &g.attempt))
                 .collect();
-            let found = firsts(&self.txn("renew", Txn::new().and_then(ops)).await?);
-            match found.len() == chunk.len() {
-                true => Ok(found),
-                false => Err(shape(format!(
-                    "renewal read {} keys for {} holds",
-                    found.len(),
-                    chunk.len()
-                ))),
+            let ops: Vec<_> = (slots.iter())
+                .map(|s| TxnOp::get(s.mine.clone(), None))
+                .collect();
+            let early = chunk.iter().map(|(g, want)| async move {
+                match self.known_lease(&g.attempt) {
+                    Some(l) if l.ttl >= ttl_secs(*want) => {
+                        Some((l.id, self.keep_alive(l.id).await))
+                    }
+                    _ => None,
+                }
+            });
+            let (read, early) = tokio::join!(
+                self.txn("renew", Txn::new().and_then(ops)),
+                futures_util::future::join_all(early)
+            );
+            let found = firsts(&read?);
+            if found.len() != chunk.len() {
+                let (n, m) = (found.len(), chunk.len());
+                return Err(shape(format!("renewal read {n} keys for {m} holds")));
             }
+            let each = (chunk.iter().zip(&slots).zip(found).zip(early))
+                .map(|((((g, want), s), kv), early)| self.renew_one(s, g, *want, kv, early));
+            Ok(futures_util::future::join_all(each).await)
         });
-        let early = holds.iter().map(|(g, want)| async move {
-            match self.known_lease(&g.attempt) {
-                Some(l) if l.ttl >= ttl_secs(*want) => Some((l.id, self.keep_alive(l.id).await)),
-                _ => None,
-            }
-        });
-        let (read, early) = tokio::join!(
-            futures_util::future::join_all(reads),
-            futures_util::future::join_all(early)
-        );
+        let done = futures_util::future::join_all(chunks).await;
         // A chunk whose read failed leaves its holds unconfirmed, not the others; if every
         // read failed, that is the batch's error.
-        if read.iter().all(|r| r.is_err()) {
-            if let Some(Err(e)) = read.into_iter().next() {
-                return Err(e);
-            }
-            return Ok(Vec::new());
+        if done.iter().all(|r| r.is_err()) {
+            return done
+                .into_iter()
+                .next()
+                .map_or(Ok(Vec::new()), |r| r.map(|_| Vec::new()));
         }
-        let found = read
-            .iter()
-            .zip(mines.chunks(MAX_OPS_PER_TXN))
-            .flat_map(|(r, chunk)| {
-                (0..chunk.len()).map(move |i| match r {
-                    Ok(found) => Ok(found[i].clone()),
-                    Err(e) => {
-                        let why = format!("reading the keys of its renewal batch: {e}");
-                        Err(Error::connection(KIND, self.endpoint.clone(), why))
-                    }
+        let results =
+            (done.into_iter().zip(holds.chunks(MAX_OPS_PER_TXN))).flat_map(|(r, chunk)| {
+                r.unwrap_or_else(|e| {
+                    let why = format!("reading the keys of its renewal batch: {e}");
+                    let failed =
+                        || Err(Error::connection(KIND, self.endpoint.clone(), why.clone()));
+                    chunk.iter().map(|_| failed()).collect()
                 })
             });
-        let each = (holds.iter().zip(&mines).zip(found).zip(early)).map(
-            |((((g, lease), (keys, mine)), kv), early)| async move {
-                self.renew_one(keys, g, mine, *lease, kv?, early).await
-            },
-        );
-        let results = futures_util::future::join_all(each).await;
-        RenewOutcome::each(KIND, holds, results)
+        RenewOutcome::each(KIND, holds, results.collect())
     }
 
-    /// Releases one grant by a compare-and-delete addressed by attempt and token (`Backend::release`).
+    /// Releases one grant by a compare-and-delete addressed by attempt and token
+    /// (`Backend::release`): a retry after a lost reply finds nothing to delete and says so; it
+    /// can never delete a newer grant.
     pub(crate) async fn release_grant(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        let (keys, mine) = self.keys_of(&grant.key, &grant.attempt);
+        let s = self.slot(&grant.key, &grant.attempt);
         let Some(rev) = revision_of(grant.token) else {
             return Ok(ReleaseOutcome::Expired);
         };
-        // One compare-and-delete, addressed by attempt and token: a retry after a lost reply
-        // finds nothing to delete and says so; it can never delete a newer grant.
-        let guard = Compare::create_revision(mine.clone(), CompareOp::Equal, rev);
+        let guard = Compare::create_revision(s.mine.clone(), CompareOp::Equal, rev);
         let txn = (Txn::new().when([guard]))
-            .and_then(keys.read_and_delete(&mine))
-            .or_else([first_of(&keys.queue)]);
+            .and_then(s.keys.read_and_delete(&s.mine))
+            .or_else([first_of(&s.keys.queue)]);
         let resp = self.txn("release", txn).await?;
         let [first] = reads(&resp)?;
-        let out = if resp.succeeded() {
-            if let Some(kv) = first {
-                self.revoke_in_background(kv.lease());
+        let out = match (resp.succeeded(), first) {
+            (true, deleted) => {
+                if let Some(kv) = deleted {
+                    self.revoke_in_background(kv.lease());
+                }
+                ReleaseOutcome::Released
             }
-            ReleaseOutcome::Released
-        } else {
-            match first {
-                Some(f) if f.key() != mine.as_slice() => ReleaseOutcome::TakenByOther,
-                _ => ReleaseOutcome::Expired,
-            }
+            (false, Some(f)) if f.key() != s.mine => ReleaseOutcome::TakenByOther,
+            (false, _) => ReleaseOutcome::Expired,
         };
         // Settled only now that the outcome is known: a lease of unknown fate may be the one
         // the key was on, and revoking it before the delete would turn Released into Expired.
@@ -298,10 +256,10 @@ impl EtcdBackend {
     /// leases of unknown fate (an ended attempt's key must not stay queued, and become a grant
     /// nobody uses, for the lease's whole TTL).
     pub(crate) async fn leave(&self, req: &AcquireRequest, place: Option<Lease>) -> Result<()> {
-        let (keys, mine) = self.keys_of(&req.key, &req.attempt);
+        let s = self.slot(&req.key, &req.attempt);
         // The key is this attempt's, whatever it is now (queued, or first: a grant whose
         // reply was lost): delete it unconditionally. No other attempt's key is named.
-        let txn = Txn::new().and_then(keys.read_and_delete(&mine));
+        let txn = Txn::new().and_then(s.keys.read_and_delete(&s.mine));
         let r = self.txn("give up", txn).await;
         if let (Err(_), Some(place)) = (&r, place) {
             self.doubt(&req.attempt, place);

@@ -35,10 +35,9 @@ pub(crate) fn transport(hosts: &[String], tls: Option<&TlsFiles>) -> Finding {
                    with etcds://…?cacert=PATH";
         return operator::plain(hosts.iter().map(String::as_str), "http", fix);
     };
-    let ca = match t.ca() {
-        Some(p) => format!("the CA in {}", p.display()),
-        None => "the system's CA certificates".into(),
-    };
+    let ca = (t.ca()).map_or("the system's CA certificates".into(), |p| {
+        format!("the CA in {}", p.display())
+    });
     let client = operator::client_cert_shown(t.client().is_some());
     let message = format!(
         "https: every member's certificate checked against {ca} (and its host name or \
@@ -54,15 +53,6 @@ pub(crate) const WORDS: TlsWords = TlsWords {
     server_ca: "--trusted-ca-file",
     plain: "is it a plain-http member? Then use etcd:// instead of etcds://",
 };
-
-/// How a client certificate was given (`Some(given)`, `None`: not known), for messages.
-pub(crate) fn cert(client_cert: Option<bool>) -> ClientCert<'static> {
-    match client_cert {
-        Some(true) => ClientCert::Given(""),
-        Some(false) => ClientCert::None,
-        None => ClientCert::Unknown,
-    }
-}
 
 /// A TLS alert from the server that reached the client only as text (hyper passes the
 /// rustls error on as a message when it breaks the HTTP/2 connection).
@@ -100,9 +90,8 @@ fn handshake_eof(e: &(dyn std::error::Error + 'static)) -> bool {
         })
 }
 
-/// What went wrong, if `e` is a TLS failure (`client_cert`: whether a client certificate was
-/// given, when known).
-pub(crate) fn classify(e: &etcd_client::Error, client_cert: Option<bool>) -> Option<TlsError> {
+/// What went wrong, if `e` is a TLS failure (`cert`: the client certificate of the handshake).
+pub(crate) fn classify(e: &etcd_client::Error, cert: ClientCert) -> Option<TlsError> {
     // etcd-client's error has no `source()`: start from what it wraps.
     let inner: &(dyn std::error::Error + 'static) = match e {
         etcd_client::Error::GRpcStatus(s) => s,
@@ -110,7 +99,7 @@ pub(crate) fn classify(e: &etcd_client::Error, client_cert: Option<bool>) -> Opt
         etcd_client::Error::IoError(i) => i,
         _ => return None,
     };
-    WORDS.classify(inner, cert(client_cert), |e| {
+    WORDS.classify(inner, cert, |e| {
         alert_text(e).or_else(|| {
             let closed = "the server closed the connection during the TLS handshake";
             handshake_eof(e).then(|| (TlsErrorKind::NotSupportedByServer, closed.to_owned()))
@@ -123,15 +112,13 @@ pub(crate) fn classify(e: &etcd_client::Error, client_cert: Option<bool>) -> Opt
 /// that refuses the client's certificate (or its absence) after the handshake may look to
 /// the client (the alert it sends can be lost in the HTTP/2 layer).
 pub(crate) fn closed_under_request(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => {
-            let d = format!("{s:?}").to_ascii_lowercase();
-            ["connection closed", "broken pipe", "brokenpipe", "reset"]
-                .iter()
-                .any(|w| d.contains(w))
-        }
-        _ => false,
-    }
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    let d = format!("{s:?}").to_ascii_lowercase();
+    ["connection closed", "broken pipe", "brokenpipe", "reset"]
+        .iter()
+        .any(|w| d.contains(w))
 }
 
 /// True if the member at `host` (`host:port`) answers an HTTP/2 connection preface in the

@@ -1,27 +1,24 @@
-//! Waiting in etcd's queue: the mutex recipe's `waitDeletes` (docs/etcd.md, *The recipe*, has
-//! every step). The attempt's own key on its own lease (a retry finds the key a request with a
-//! lost reply made); being first *is* the grant, as in Go's `concurrency.Mutex`; else it
-//! watches only the key created just before its own, from the revision of the read (a deletion
-//! in between is not missed): no herd. A lost place (lease gone, no keep-alive for a whole
-//! lease) ends the wait with an error; a wait that ends without the lock deletes the attempt's
-//! own key, whatever state it is in, and never another attempt's.
+//! Waiting in etcd's queue: the mutex recipe's `waitDeletes` (docs/etcd.md, *The recipe*,
+//! *Wait*, has every step). Being first *is* the grant; else only the key just before ours is
+//! watched, from the revision of the read (no deletion missed, no herd). A lost place ends the
+//! wait with an error; a wait that ends without the lock deletes the attempt's own key, whatever
+//! state it is in, and never another attempt's.
 
 use crate::error::{map, shape, timed_out, KIND};
-use crate::kv::Keys;
-use crate::kv::{enqueue, header_revision, reads, token_of};
+use crate::kv::{header_revision, reads, token_of, Slot};
 use crate::lease::Lease;
 use crate::EtcdBackend;
 use distlock_core::backend::{
-    async_trait, wait, AcquireRequest, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
+    async_trait, AcquireRequest, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
 };
-use distlock_core::backoff::{Backoff, RetryPolicy};
+use distlock_core::backoff::Backoff;
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{Backend, Error, Result};
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchFilterType, WatchOptions, WatchStream,
 };
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Longest pause between two looks at the queue while waiting (a safety net under the watch:
@@ -41,38 +38,22 @@ struct Place {
     confirmed_at: LeaseInstant,
 }
 
-/// `acquire_wait`: the core's retrying wait loop ([`wait::run`]) with an etcd [`Waiter`].
-pub(crate) async fn acquire_wait(
-    b: &EtcdBackend,
-    req: &AcquireRequest,
-    deadline: Option<Instant>,
-    cancel: &CancellationToken,
-) -> Result<Option<Granted>> {
-    let (keys, mine) = b.keys_of(&req.key, &req.attempt);
-    let mut waiter = Waiter {
-        b,
-        req,
-        keys,
-        mine,
-        // Every lease this attempt may put its key on is granted after this instant.
-        started: LeaseInstant::now(),
-        place: None,
-        watch: None,
-        tick: MAX_TICK,
-        broken: Backoff::default(),
-        place_lost: false,
-    };
-    let deadline = Deadline::from(deadline);
-    wait::run(&mut waiter, deadline, cancel, RetryPolicy::default()).await
+impl Place {
+    fn new(rev: i64, lease: Lease, confirmed_at: LeaseInstant) -> Self {
+        Place {
+            rev,
+            lease,
+            confirmed_at,
+        }
+    }
 }
 
-/// One attempt waiting in the queue: its place once it has one, and the watch on the key
-/// just before its own.
-struct Waiter<'a> {
+/// One attempt waiting in the queue (`acquire_wait`: the core's retrying [`wait::run`](distlock_core::backend::wait::run) with
+/// this strategy): its place once it has one, and the watch on the key just before its own.
+pub(crate) struct Waiter<'a> {
     b: &'a EtcdBackend,
     req: &'a AcquireRequest,
-    keys: Keys,
-    mine: Vec<u8>,
+    slot: Slot,
     started: LeaseInstant,
     place: Option<Place>,
     /// The watch on the key just before ours, with that key.
@@ -85,11 +66,26 @@ struct Waiter<'a> {
     place_lost: bool,
 }
 
-impl Waiter<'_> {
+impl<'a> Waiter<'a> {
+    pub(crate) fn new(b: &'a EtcdBackend, req: &'a AcquireRequest) -> Self {
+        Waiter {
+            b,
+            req,
+            slot: b.slot(&req.key, &req.attempt),
+            // Every lease this attempt may put its key on is granted after this instant.
+            started: LeaseInstant::now(),
+            place: None,
+            watch: None,
+            tick: MAX_TICK,
+            broken: Backoff::default(),
+            place_lost: false,
+        }
+    }
+
     /// The place is gone (`why`): an error, and the wait is not retried.
     fn lost(&mut self, why: &str) -> Error {
         self.place_lost = true;
-        let mine = String::from_utf8_lossy(&self.mine);
+        let mine = String::from_utf8_lossy(&self.slot.mine);
         let message = format!(
             "stopped waiting for the lock: {why}, so the waiter's place `{mine}` in the queue is gone"
         );
@@ -97,61 +93,51 @@ impl Waiter<'_> {
     }
 
     /// Puts our key at the end of the queue (Go's `tryAcquire`), or finds it there (our
-    /// place); takes the lock at once if the key is first.
-    async fn enqueue(&mut self) -> Result<Option<Granted>> {
-        let (b, keys, mine, req) = (self.b, &self.keys, self.mine.as_slice(), self.req);
+    /// place); takes the lock at once if the key is first, else [looks](Self::look) from there.
+    async fn enqueue(&mut self) -> Result<Attempt> {
+        let (b, s, req) = (self.b, &self.slot, self.req);
         let sent = LeaseInstant::now();
         let lease = b.grant(req.lease).await?;
-        let absent = Compare::create_revision(mine.to_vec(), CompareOp::Equal, 0);
-        let txn = enqueue(keys, mine, req, lease, absent);
+        let absent = Compare::create_revision(s.mine.clone(), CompareOp::Equal, 0);
+        let txn = s.enqueue(req, lease, absent);
         // On an error, perhaps applied: the key may be on this lease now.
         let resp = b
             .doubting(&req.attempt, lease, b.txn("acquire", txn))
             .await?;
-        let (rev, lease, confirmed_at, first_is_mine) = if resp.succeeded() {
+        if resp.succeeded() {
             let rev = header_revision(&resp)?;
             let [first] = reads(&resp)?;
             if first.is_none_or(|f| f.create_revision() == rev) {
                 b.remember(&req.attempt, lease);
-                return Ok(Some(Granted::new(token_of(rev)?, sent)));
+                return Ok(Attempt::Granted(Granted::new(token_of(rev)?, sent)));
             }
-            (rev, lease, sent, false)
-        } else {
-            // Our key exists: an earlier request of this attempt put it and its reply was lost.
-            // This request's lease carries nothing (etcd answered that it put nothing).
-            b.revoke_in_background(lease.id);
-            let [m, first] = reads(&resp)?;
-            let m = m.ok_or_else(|| {
-                shape("etcd said the attempt's key exists but returned no such key")
-            })?;
-            let first_is_mine = first.is_some_and(|f| f.key() == m.key());
-            let rev = m.create_revision();
-            let Some(h) = b.hold_state(keys, mine, rev, Some(m)).await? else {
-                return Err(self.lost("its key was deleted (lease expired or revoked)"));
-            };
-            let (id, ttl) = (h.kv.lease(), h.rec.ttl);
-            // That lease was granted during this wait.
-            (rev, Lease { id, ttl }, self.started, first_is_mine)
+            return self.look(Place::new(rev, lease, sent)).await;
+        }
+        // Our key exists: an earlier request of this attempt put it and its reply was lost.
+        // This request's lease carries nothing (etcd answered that it put nothing).
+        b.revoke_in_background(lease.id);
+        let [m, first] = reads(&resp)?;
+        let m =
+            m.ok_or_else(|| shape("etcd said the attempt's key exists but returned no such key"))?;
+        let first_is_mine = first.is_some_and(|f| f.key() == m.key());
+        let rev = m.create_revision();
+        let Some(h) = b.hold_state(s, rev, Some(m)).await? else {
+            return Err(self.lost("its key was deleted (lease expired or revoked)"));
         };
-        self.place = Some(Place {
-            rev,
-            lease,
-            confirmed_at,
-        });
-        if first_is_mine {
-            self.take_turn().await.map(Some)
-        } else {
-            Ok(None)
+        // That lease was granted during this wait.
+        let (id, ttl) = (h.kv.lease(), h.rec.ttl);
+        let place = Place::new(rev, Lease { id, ttl }, self.started);
+        match first_is_mine {
+            true => self.take_turn(place).await,
+            false => self.look(place).await,
         }
     }
 
     /// Our key is first: the lock is ours. One keep-alive, so the lease runs its full TTL (at
     /// least the requested lease) from now; if it does not get through, the lease still runs from
     /// the last confirmed one.
-    async fn take_turn(&mut self) -> Result<Granted> {
-        let Some(place) = self.place else {
-            return Err(shape("no place in the queue"));
-        };
+    async fn take_turn(&mut self, place: Place) -> Result<Attempt> {
+        self.place = Some(place);
         let sent = LeaseInstant::now();
         let confirmed_at = match self.b.keep_alive(place.lease.id).await {
             Ok(true) => sent,
@@ -162,36 +148,28 @@ impl Waiter<'_> {
             }
         };
         self.b.remember(&self.req.attempt, place.lease);
-        Ok(Granted::new(token_of(place.rev)?, confirmed_at))
+        let token = token_of(place.rev)?;
+        Ok(Attempt::Granted(Granted::new(token, confirmed_at)))
     }
 
     /// One look at the queue from our place: keeps the lease alive when a third of it has
     /// gone, takes the lock if our key is first, else watches the key before ours.
-    async fn look(&mut self) -> Result<Attempt> {
-        let Some(Place {
-            rev,
-            lease,
-            confirmed_at,
-        }) = self.place
-        else {
-            return Err(shape("no place in the queue"));
-        };
-        let lease_len = Duration::from_secs(lease.ttl.unsigned_abs());
+    async fn look(&mut self, mut place: Place) -> Result<Attempt> {
+        self.place = Some(place);
+        let lease_len = Duration::from_secs(place.lease.ttl.unsigned_abs());
         self.tick = (lease_len / 3).min(MAX_TICK);
-        if confirmed_at.elapsed() >= lease_len {
+        let since = place.confirmed_at.elapsed();
+        if since >= lease_len {
             return Err(self.lost(&format!(
                 "no keep-alive of its lease reached etcd for {lease_len:?}"
             )));
         }
-        if confirmed_at.elapsed() >= lease_len / 3 {
+        if since >= lease_len / 3 {
             let sent = LeaseInstant::now();
-            match self.b.keep_alive(lease.id).await {
+            match self.b.keep_alive(place.lease.id).await {
                 Ok(true) => {
-                    self.place = Some(Place {
-                        rev,
-                        lease,
-                        confirmed_at: sent,
-                    })
+                    place.confirmed_at = sent;
+                    self.place = Some(place);
                 }
                 Ok(false) => return Err(self.lost("its lease expired")),
                 Err(e) if e.is_retryable() => {
@@ -203,24 +181,24 @@ impl Waiter<'_> {
         }
         // Our key and the key just before it, read at one revision.
         let pred = TxnOp::get(
-            self.keys.queue.clone(),
+            self.slot.keys.queue.clone(),
             Some(
                 GetOptions::new()
                     .with_prefix()
                     .with_sort(SortTarget::Create, SortOrder::Descend)
-                    .with_max_create_revision(rev - 1)
+                    .with_max_create_revision(place.rev - 1)
                     .with_limit(1),
             ),
         );
-        let txn = Txn::new().and_then([TxnOp::get(self.mine.clone(), None), pred]);
+        let txn = Txn::new().and_then([TxnOp::get(self.slot.mine.clone(), None), pred]);
         let resp = self.b.txn("wait", txn).await?;
         let [mine, pred] = reads(&resp)?;
-        if mine.is_none_or(|m| m.create_revision() != rev) {
+        if mine.is_none_or(|m| m.create_revision() != place.rev) {
             return Err(self.lost("its key was deleted (lease expired or revoked)"));
         }
         let Some(pred) = pred else {
             // First in the queue: the lock is ours.
-            return self.take_turn().await.map(Attempt::Granted);
+            return self.take_turn(place).await;
         };
         if (self.watch.as_ref()).is_none_or(|(k, _)| k.as_slice() != pred.key()) {
             self.watch = None;
@@ -244,12 +222,10 @@ impl Waiter<'_> {
 #[async_trait]
 impl WaitStrategy for Waiter<'_> {
     async fn attempt(&mut self, _: Deadline, _: &CancellationToken) -> Result<Attempt> {
-        if self.place.is_none() {
-            if let Some(g) = self.enqueue().await? {
-                return Ok(Attempt::Granted(g));
-            }
+        match self.place {
+            Some(place) => self.look(place).await,
+            None => self.enqueue().await,
         }
-        self.look().await
     }
 
     async fn wake(&mut self, until: Deadline) -> Result<Option<Wake>> {

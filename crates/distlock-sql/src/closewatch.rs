@@ -1,17 +1,10 @@
-//! Watching a holder's socket for a close by the other side.
+//! Watching a holder's socket for a close by the other side, so that its lost signal fires
+//! when the server frees the lock on reading that end, not a renewal later when another client
+//! may hold it (docs/mysql.md, *Session mode in detail*, "Losing the lock").
 //!
-//! In session mode the server frees a connection's locks the moment it reads that connection's
-//! end: a `KILL`, a server-side timeout, or a proxy between client and server that closes (or
-//! resets) its upstream side. A driver that reads its socket only while a statement runs learns
-//! of that at the holder's next statement, its renewal a third of a lease later, and another
-//! client may hold the lock meanwhile. [`CloseWatch`] reads the end of the socket as it comes
-//! (end-of-file, a reset, a hang-up) and calls back at once, so the holder's lost signal fires
-//! when the server frees the lock, not a renewal later.
-//!
-//! It watches a duplicate of the driver's descriptor for readiness only and never reads, so
-//! the driver's protocol is untouched. The duplicate keeps the socket open: a connection that
-//! is being closed is shut down through [`CloseWatch::shutdown`] first, so the server sees the
-//! close at once whatever the watch's task is doing.
+//! It polls a duplicate of the driver's descriptor for readiness only, never reading, so the
+//! driver's protocol is untouched. The duplicate keeps the socket open: a connection being
+//! closed is shut down through [`CloseWatch::shutdown`] first, so the server sees it at once.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -44,14 +37,14 @@ impl CloseWatch {
     ) -> io::Result<CloseWatch> {
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|e| io::Error::other(format!("no Tokio runtime to watch on: {e}")))?;
-        let fd = {
-            let _in_rt = rt.enter();
-            // Deprecated for descriptors the `AsyncFd` does not own (tokio 1.54); this one
-            // owns its duplicate, and the replacement is not in the tokio versions we allow.
-            #[allow(deprecated)]
-            let fd = AsyncFd::with_interest(fd.try_clone_to_owned()?, Interest::READABLE)?;
-            Arc::new(fd)
-        };
+        let _in_rt = rt.enter();
+        // Deprecated for descriptors the `AsyncFd` does not own (tokio 1.54); this one
+        // owns its duplicate, and the replacement is not in the tokio versions we allow.
+        #[allow(deprecated)]
+        let fd = Arc::new(AsyncFd::with_interest(
+            fd.try_clone_to_owned()?,
+            Interest::READABLE,
+        )?);
         let stop = CancellationToken::new();
         let closed = Arc::new(AtomicBool::new(false));
         rt.spawn(watch(fd.clone(), stop.clone(), closed.clone(), on_close));
@@ -99,13 +92,9 @@ async fn watch(
             biased;
             _ = stop.cancelled() => return,
             ready = fd.readable() => match ready {
-                Ok(mut guard) => {
-                    if guard.ready().is_read_closed() {
-                        break;
-                    }
-                    // A reply for the driver: wait for the next change.
-                    guard.clear_ready();
-                }
+                Ok(guard) if guard.ready().is_read_closed() => break,
+                // A reply for the driver: wait for the next change.
+                Ok(mut guard) => guard.clear_ready(),
                 // The registration failed: nothing is known about the connection.
                 Err(e) => {
                     tracing::debug!(error = %e, "watching a holder's socket failed");
@@ -123,7 +112,7 @@ async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
+    use std::io::{Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
     use std::os::fd::AsFd;
     use std::time::Duration;
@@ -138,38 +127,30 @@ mod tests {
 
     fn watched(c: &TcpStream) -> (CloseWatch, tokio::sync::oneshot::Receiver<()>) {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let w = CloseWatch::start(c.as_fd(), move || {
-            let _ = tx.send(());
-        })
-        .expect("watch");
-        (w, rx)
+        let w = CloseWatch::start(c.as_fd(), move || tx.send(()).unwrap_or_default());
+        (w.expect("watch"), rx)
     }
 
     #[tokio::test]
     async fn fires_on_close_and_reset_not_on_data() {
-        // The peer writes (a reply), then closes: only the close fires.
-        let (c, mut s) = pair();
-        let (w, mut rx) = watched(&c);
-        s.write_all(b"reply").expect("write");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(rx.try_recv().is_err(), "data alone fired the watch");
-        assert!(!w.closed());
-        s.shutdown(Shutdown::Both).expect("shutdown");
-        tokio::time::timeout(Duration::from_secs(10), &mut rx)
-            .await
-            .expect("no callback after the peer closed")
-            .expect("callback dropped");
-        assert!(w.closed());
-
-        // A reset (SO_LINGER 0 then close).
-        let (c, s) = pair();
-        let (_w, rx) = watched(&c);
-        let s = socket_with_linger_zero(s);
-        drop(s);
-        tokio::time::timeout(Duration::from_secs(10), rx)
-            .await
-            .expect("no callback after a reset")
-            .expect("callback dropped");
+        // The peer writes (a reply), then closes or resets: only the end fires.
+        for by_reset in [false, true] {
+            let (c, mut s) = pair();
+            let (w, mut rx) = watched(&c);
+            s.write_all(b"reply").expect("write");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(rx.try_recv().is_err(), "data alone fired the watch");
+            assert!(!w.closed());
+            match by_reset {
+                true => reset(s),
+                false => s.shutdown(Shutdown::Both).expect("shutdown"),
+            }
+            tokio::time::timeout(Duration::from_secs(10), &mut rx)
+                .await
+                .unwrap_or_else(|_| panic!("no callback after the end (reset: {by_reset})"))
+                .expect("callback dropped");
+            assert!(w.closed());
+        }
     }
 
     #[tokio::test]
@@ -187,17 +168,13 @@ mod tests {
         w.shutdown();
         s.set_read_timeout(Some(Duration::from_secs(10)))
             .expect("timeout");
-        let mut buf = [0u8; 1];
-        assert_eq!(
-            std::io::Read::read(&mut s, &mut buf).expect("read"),
-            0,
-            "the peer did not see the close"
-        );
-        drop(w);
-        drop(c);
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).expect("the peer saw no close");
+        assert!(rest.is_empty(), "data instead of the close");
     }
 
-    fn socket_with_linger_zero(s: TcpStream) -> TcpStream {
+    /// Closes `s` with a reset (`SO_LINGER` 0).
+    fn reset(s: TcpStream) {
         let l = libc::linger {
             l_onoff: 1,
             l_linger: 0,
@@ -213,6 +190,5 @@ mod tests {
             )
         };
         assert_eq!(r, 0, "SO_LINGER");
-        s
     }
 }

@@ -1,6 +1,7 @@
 //! The session engine: requests addressed by attempt, run one at a time per attempt, the
 //! retrying server-side wait, and the dialect trait that speaks SQL.
 
+use crate::errors::no_answer;
 use crate::holds::{Hold, HoldMap, HoldState};
 use distlock_core::backend::{
     AcquireReply, AcquireRequest, Backend, Capabilities, Deadline, GrantRef, Granted, NoWatch,
@@ -48,14 +49,12 @@ pub trait Dialect: Send + Sync + 'static {
         Err(Error::unsupported(self.backend(), "observing elections"))
     }
 
-    /// What the dialect does (the kinds it locks): the backend's
-    /// [`Backend::capabilities`], checked again here for callers of the backend itself.
+    /// The kinds the dialect locks ([`Backend::capabilities`], checked again by the engine).
     fn capabilities(&self) -> Capabilities;
 
-    /// `Some(limit)`: every request runs in a task of its own, to its end even when its caller
-    /// stops waiting (a driver whose connection breaks when a request is dropped midway), and
-    /// the caller waits for its answer at most `limit`. `None` (the default): requests run in
-    /// the caller's task.
+    /// `Some(limit)`: every request runs in a task of its own, to its end even if its caller
+    /// stops waiting (for a driver whose connection breaks when a request is dropped midway),
+    /// the caller waiting at most `limit`. `None` (the default): in the caller's task.
     fn detached(&self) -> Option<Duration> {
         None
     }
@@ -120,17 +119,24 @@ pub trait Dialect: Send + Sync + 'static {
     /// What the server says about `name`'s lock of `kind` (its kind already checked).
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo>;
 
-    /// Elections: replaces the value election grant `grant` advertises with `value` if that
-    /// grant still leads on the server and `seq` is greater than the stored sequence number,
-    /// in one statement (or transaction) that never touches the grant's lease or session;
-    /// wakes the election's observers when the value changed. `Renewed` while the grant
-    /// leads (whether or not `seq` was new), `NotHeld` otherwise (see
-    /// [`Backend::proclaim`]). Called only for an attempt this client holds a grant of.
-    /// The default: elections are not supported.
+    /// Elections: if `grant` still leads on the server and `seq` is greater than the stored
+    /// one, replaces its value with `value` in one statement (or transaction) that never
+    /// touches its lease or session, waking the election's observers if the value changed.
+    /// `Renewed` while it leads (`seq` new or not), `NotHeld` otherwise ([`Backend::proclaim`]).
+    /// Called only for an attempt this client holds a grant of. Default: unsupported.
     async fn proclaim(&self, _grant: &GrantRef, _seq: u64, _value: &str) -> Result<RenewOutcome> {
         Err(Error::unsupported(self.backend(), "elections"))
     }
 }
+
+/// A request [`Sessions::run`] runs, on the attempt's state, with its argument.
+type Op<D, A, T> = for<'a> fn(
+    &'a D,
+    &'a HoldMap<<D as Dialect>::State>,
+    &'a Hold<<D as Dialect>::State>,
+    &'a mut <D as Dialect>::State,
+    &'a A,
+) -> BoxFuture<'a, Result<T>>;
 
 /// Session mode of an SQL backend: the attempts of one client and the dialect that keeps
 /// their locks, each on a dedicated connection.
@@ -153,8 +159,7 @@ impl<D: Dialect> Sessions<D> {
         &self.dialect
     }
 
-    /// The attempts of `owner` on `name` (for operators' and tests' look-ups of the holder's
-    /// connection).
+    /// The attempts of `owner` on `name` (for look-ups of the holder's connection).
     pub fn holds_of(&self, name: &str, owner: &str) -> Vec<Arc<Hold<D::State>>> {
         self.holds
             .matching(|h| &*h.name == name && &*h.owner == owner)
@@ -165,30 +170,22 @@ impl<D: Dialect> Sessions<D> {
     /// # Errors
     /// [`Error::Unsupported`] for a kind the dialect does not do.
     pub fn check_kind(&self, kind: LockKind) -> Result<()> {
-        self.dialect
-            .capabilities()
-            .check(self.dialect.backend(), kind)
+        let d = &self.dialect;
+        d.capabilities().check(d.backend(), kind)
     }
 
-    /// Runs `op` on `hold`, its state locked: in the caller's task, or detached (see
-    /// [`Dialect::detached`]).
-    async fn run<T: Send + 'static>(
+    /// Runs `op` with `arg` on `hold`, its state locked, through [`Sessions::detach`].
+    async fn run<A: Send + Sync + 'static, T: Send + 'static>(
         &self,
         hold: Arc<Hold<D::State>>,
         what: &'static str,
-        op: impl for<'a> FnOnce(
-                &'a D,
-                &'a HoldMap<D::State>,
-                &'a Hold<D::State>,
-                &'a mut D::State,
-            ) -> BoxFuture<'a, Result<T>>
-            + Send
-            + 'static,
+        arg: A,
+        op: Op<D, A, T>,
     ) -> Result<T> {
         let (dialect, holds) = (self.dialect.clone(), self.holds.clone());
         let work = async move {
             let mut st = hold.state.lock().await;
-            let r = op(&*dialect, &holds, &hold, &mut st).await;
+            let r = op(&*dialect, &holds, &hold, &mut st, &arg).await;
             hold.sync(&st);
             drop(st);
             holds.tidy(hold);
@@ -197,8 +194,7 @@ impl<D: Dialect> Sessions<D> {
         self.detach(what, work).await
     }
 
-    /// Runs `work` in the caller's task, or, if the dialect says so, in a task of its own, to
-    /// its end, waiting for its answer at most the dialect's limit (see [`Dialect::detached`]).
+    /// Runs `work` as [`Dialect::detached`] says: in the caller's task or in a task of its own.
     async fn detach<T: Send + 'static>(
         &self,
         what: &str,
@@ -207,18 +203,13 @@ impl<D: Dialect> Sessions<D> {
         let Some(limit) = self.dialect.detached() else {
             return work.await;
         };
+        let backend = self.dialect.backend();
         match tokio::time::timeout(limit, tokio::spawn(work)).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => Err(Error::Runtime(format!(
-                "the {} task {what} ended without an answer: {e}",
-                self.dialect.backend()
+                "the {backend} task {what} ended without an answer: {e}"
             ))),
-            Err(_) => Err(crate::errors::no_answer(
-                self.dialect.backend(),
-                &self.dialect.endpoint(),
-                what,
-                limit,
-            )),
+            Err(_) => Err(no_answer(backend, &self.dialect.endpoint(), what, limit)),
         }
     }
 
@@ -268,11 +259,8 @@ impl<D: Dialect> Backend for Sessions<D> {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
         self.check_kind(req.key.kind)?;
         let hold = self.holds.entry(&req.attempt, &req.key);
-        let r = req.clone();
-        self.run(hold, "acquiring", move |d, holds, h, st| {
-            Box::pin(async move { d.try_lock(holds, h, st, &r).await })
-        })
-        .await
+        let op: Op<D, _, _> = |d, holds, h, st, r| d.try_lock(holds, h, st, r);
+        self.run(hold, "acquiring", req.clone(), op).await
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
@@ -292,7 +280,6 @@ impl<D: Dialect> Backend for Sessions<D> {
         if !self.dialect.waits_on_server(&self.holds, req).await {
             return distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await;
         }
-        // The core's retrying loop, one server-side wait per round.
         let d = Deadline::from(deadline);
         let round = || self.wait_round(req, d, cancel);
         let r = distlock_core::wait::retrying(d, cancel, Default::default(), round).await;
@@ -309,11 +296,8 @@ impl<D: Dialect> Backend for Sessions<D> {
         let Some(hold) = self.holds.existing(&req.attempt) else {
             return Ok(());
         };
-        let r = req.clone();
-        self.run(hold, "giving up", move |d, _, h, st| {
-            Box::pin(async move { d.give_up(h, st, &r).await })
-        })
-        .await
+        let op: Op<D, _, _> = |d, _, h, st, r| d.give_up(h, st, r);
+        self.run(hold, "giving up", req.clone(), op).await
     }
 
     /// A retry of a release whose answer was lost runs it again, after the first.
@@ -322,30 +306,26 @@ impl<D: Dialect> Backend for Sessions<D> {
         let Some(hold) = self.holds.existing(&grant.attempt) else {
             return self.dialect.not_held(grant).await;
         };
-        let g = grant.clone();
-        self.run(hold, "releasing", move |d, _, h, st| {
-            Box::pin(async move { d.unlock(h, st, &g).await })
-        })
-        .await
+        let op: Op<D, _, _> = |d, _, h, st, g| d.unlock(h, st, g);
+        self.run(hold, "releasing", grant.clone(), op).await
     }
 
     /// Every grant at once, each on its connection.
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
-        for (g, _) in holds {
-            self.check_kind(g.key.kind)?;
-        }
-        let all = futures_util::future::join_all(holds.iter().map(|(g, lease)| async move {
+        holds
+            .iter()
+            .try_for_each(|(g, _)| self.check_kind(g.key.kind))?;
+        let op: Op<D, _, _> = |d, _, h, st, (g, lease)| d.keepalive(h, st, g, *lease);
+        let all = holds.iter().map(|(g, lease)| async move {
             let Some(hold) = self.holds.existing(&g.attempt) else {
                 return Ok(RenewOutcome::NotHeld);
             };
-            let (g2, lease) = (g.clone(), *lease);
-            self.run(hold, "renewing", move |d, _, h, st| {
-                Box::pin(async move { d.keepalive(h, st, &g2, lease).await })
-            })
+            self.run(hold, "renewing", (g.clone(), *lease), op).await
+        });
+        futures_util::future::join_all(all)
             .await
-        }))
-        .await;
-        all.into_iter().collect()
+            .into_iter()
+            .collect()
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
@@ -353,11 +333,10 @@ impl<D: Dialect> Backend for Sessions<D> {
         self.dialect.inspect(name, kind).await
     }
 
-    /// `NotHeld` at once if this client keeps no live grant of that attempt and token
-    /// (released, given up, or its connection gone), otherwise the dialect's answer
-    /// ([`Dialect::proclaim`]). Runs beside the attempt's other requests (it takes no lock on
-    /// the attempt's state: a proclamation must not wait behind a renewal, nor hold one up),
-    /// detached like them if the dialect says so.
+    /// `NotHeld` at once if this client keeps no live grant of that attempt (released, given
+    /// up, or its connection gone), otherwise [`Dialect::proclaim`]'s answer. Takes no lock on
+    /// the attempt's state (a proclamation must not wait behind a renewal, nor hold one up);
+    /// detached like the other requests if the dialect says so.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
         self.check_kind(grant.key.kind)?;
         if grant.key.kind != LockKind::Election {
@@ -367,11 +346,8 @@ impl<D: Dialect> Backend for Sessions<D> {
                 grant.key.kind.as_str()
             )));
         }
-        let live = self
-            .holds
-            .existing(&grant.attempt)
-            .is_some_and(|h| h.granted());
-        if !live {
+        let hold = self.holds.existing(&grant.attempt);
+        if !hold.is_some_and(|h| h.granted()) {
             return Ok(RenewOutcome::NotHeld);
         }
         let (dialect, g, v) = (self.dialect.clone(), grant.clone(), value.to_owned());

@@ -27,14 +27,14 @@ mod tests {
     fn messages() {
         let e = no_answer("postgres", "h:1", "renewing", Duration::from_secs(2));
         assert!(e.is_retryable());
-        assert!(
-            e.to_string().contains("renewing got no answer within 2s"),
-            "{e}"
-        );
-        let e = unexpected("mysql", "GET_LOCK", "NULL");
-        assert!(
-            e.to_string().contains("GET_LOCK: unexpected reply (NULL)"),
-            "{e}"
-        );
+        for (e, text) in [
+            (e, "renewing got no answer within 2s"),
+            (
+                unexpected("mysql", "GET_LOCK", "NULL"),
+                "GET_LOCK: unexpected reply (NULL)",
+            ),
+        ] {
+            assert!(e.to_string().contains(text), "{e}");
+        }
     }
 }

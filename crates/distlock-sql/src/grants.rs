@@ -6,10 +6,9 @@ use distlock_core::AttemptId;
 use std::collections::HashMap;
 use std::sync::{Mutex as StdMutex, MutexGuard};
 
-/// The attempts one connection carries: those that hold (or may hold) a lock on it, with the
-/// local end of their leases (the idle timeout of the connection must cover the latest), and
-/// the lost signals of the granted ones. When the connection ends, [`ConnGrants::end`] fires
-/// them with the reason; a grant armed after that is fired at once.
+/// The attempts that hold (or may hold) a lock on one connection, with the local end of their
+/// leases (the connection's idle timeout must cover the latest) and the lost signals of the
+/// granted ones, fired by [`ConnGrants::end`] (at once for a grant armed after that).
 #[derive(Default)]
 pub struct ConnGrants {
     leases: StdMutex<HashMap<AttemptId, LeaseInstant>>,
@@ -76,8 +75,7 @@ impl ConnGrants {
         attempt: &AttemptId,
         end: Option<LeaseInstant>,
     ) -> Option<LeaseInstant> {
-        let leases = self.leases();
-        leases
+        self.leases()
             .iter()
             .filter(|(a, _)| *a != attempt)
             .map(|(_, e)| *e)

@@ -72,16 +72,9 @@ impl<S: HoldState> Hold<S> {
 const SWEEP_AT: usize = 256;
 
 /// The attempts of one backend.
+#[derive(Default)]
 pub struct HoldMap<S> {
     map: StdMutex<HashMap<AttemptId, Arc<Hold<S>>>>,
-}
-
-impl<S: HoldState> Default for HoldMap<S> {
-    fn default() -> Self {
-        HoldMap {
-            map: StdMutex::new(HashMap::new()),
-        }
-    }
 }
 
 impl<S: HoldState> HoldMap<S> {
@@ -93,7 +86,12 @@ impl<S: HoldState> HoldMap<S> {
     pub fn entry(&self, attempt: &AttemptId, key: &HoldKey) -> Arc<Hold<S>> {
         let mut map = self.lock();
         if map.len() >= SWEEP_AT && !map.contains_key(attempt) {
-            Self::sweep(&mut map);
+            // Drops entries nobody uses whose state is idle or gone: what is left of attempts
+            // whose caller stopped asking (a release that kept failing).
+            map.retain(|_, h| {
+                let done = h.state.try_lock().is_ok_and(|s| s.is_idle() || s.is_gone());
+                Arc::strong_count(h) > 1 || !done
+            });
         }
         map.entry(attempt.clone())
             .or_insert_with(|| Arc::new(Hold::new(attempt, key)))
@@ -115,20 +113,6 @@ impl<S: HoldState> HoldMap<S> {
         self.lock().values().any(|h| f(h))
     }
 
-    /// Drops entries nobody uses whose state is idle or gone: what is left of attempts whose
-    /// caller stopped asking (a release that kept failing).
-    fn sweep(map: &mut HashMap<AttemptId, Arc<Hold<S>>>) {
-        map.retain(|_, h| {
-            if Arc::strong_count(h) > 1 {
-                return true;
-            }
-            match h.state.try_lock() {
-                Ok(st) => !(st.is_idle() || st.is_gone()),
-                Err(_) => true,
-            }
-        });
-    }
-
     /// Forgets an idle entry nobody else is using (`hold` is the caller's reference, the map
     /// has the other; a new user clones it under the map lock, which this holds).
     pub fn tidy(&self, hold: Arc<Hold<S>>) {
@@ -136,13 +120,11 @@ impl<S: HoldState> HoldMap<S> {
         let ours = map
             .get(&hold.attempt)
             .is_some_and(|h| Arc::ptr_eq(h, &hold));
-        if ours && Arc::strong_count(&hold) == 2 {
-            if let Ok(st) = hold.state.try_lock() {
-                if st.is_idle() {
-                    drop(st);
-                    map.remove(&hold.attempt);
-                }
-            }
+        if ours
+            && Arc::strong_count(&hold) == 2
+            && hold.state.try_lock().is_ok_and(|st| st.is_idle())
+        {
+            map.remove(&hold.attempt);
         }
     }
 }

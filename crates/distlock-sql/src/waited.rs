@@ -13,11 +13,10 @@ use tokio_util::sync::CancellationToken;
 pub enum WaitEnd {
     /// The server granted the lock to the waiting connection.
     Granted,
-    /// The server's own timer (the deadline) ran out. `may_hold`: the connection may hold
-    /// the lock all the same (PostgreSQL keeps a grant that lands as its `lock_timeout`
-    /// fires), so it must be given back before the connection is reused.
+    /// The server's own timer (the deadline) ran out.
     TimedOut {
-        /// The connection may hold the lock.
+        /// The connection may hold the lock all the same (PostgreSQL keeps a grant that lands
+        /// as its `lock_timeout` fires): give it back before the connection is reused.
         may_hold: bool,
     },
     /// The client stopped the wait (its caller cancelled, or the safety net after the
@@ -34,10 +33,10 @@ pub enum WaitEnd {
 pub enum Step {
     /// Record the grant on the connection and answer it.
     Register,
-    /// Give the connection back to the pool; `unlock`: release the lock on it first (closing
-    /// the connection instead if that fails, which frees the lock all the same).
+    /// Give the connection back to the pool.
     Reuse {
-        /// Release the lock first.
+        /// Release the lock on it first (closing it instead if that fails, which frees the
+        /// lock all the same).
         unlock: bool,
     },
     /// Close the connection (whatever it holds goes with it).
@@ -60,10 +59,7 @@ pub fn after(end: WaitEnd) -> (Step, Result<()>) {
 /// the deadline has passed or the caller cancelled.
 pub fn budget(deadline: Option<Instant>, cancel: &CancellationToken) -> Option<Option<Duration>> {
     let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-    if left.is_some_and(|r| r.is_zero()) || cancel.is_cancelled() {
-        return None;
-    }
-    Some(left)
+    (!left.is_some_and(|r| r.is_zero()) && !cancel.is_cancelled()).then_some(left)
 }
 
 #[cfg(test)]
@@ -73,6 +69,7 @@ mod tests {
     #[test]
     fn steps() {
         let reuse = |unlock| Step::Reuse { unlock };
+        let failed = || WaitEnd::Failed(Error::Runtime("x".into()));
         for (end, step, ok) in [
             (WaitEnd::Granted, Step::Register, true),
             (WaitEnd::TimedOut { may_hold: true }, reuse(true), true),
@@ -81,18 +78,13 @@ mod tests {
             (WaitEnd::Stopped(Some(true)), reuse(true), true),
             (WaitEnd::Stopped(Some(false)), reuse(false), true),
             (WaitEnd::Stopped(None), Step::Close, true),
-            (
-                WaitEnd::Failed(Error::Runtime("x".into())),
-                Step::Close,
-                false,
-            ),
+            (failed(), Step::Close, false),
         ] {
             let what = format!("{end:?}");
             let (s, r) = after(end);
             assert_eq!((s, r.is_ok()), (step, ok), "{what}");
         }
-        let failed = after(WaitEnd::Failed(Error::Runtime("x".into()))).1;
-        assert!(matches!(failed, Err(Error::Runtime(_))));
+        assert!(matches!(after(failed()).1, Err(Error::Runtime(_))));
     }
 
     #[test]

@@ -6,11 +6,10 @@
 //! the recorded one (a retry, a late duplicate) changes nothing.
 
 use crate::layout::{self, NodeKind};
-use crate::node::{token_of, DATA_ATTEMPTS};
+use crate::node::{foreign, token_of, DATA_ATTEMPTS};
 use crate::session::Inner;
-use crate::KIND;
 use distlock_core::backend::{GrantRef, RenewOutcome};
-use distlock_core::{Error, Result};
+use distlock_core::Result;
 use std::sync::Arc;
 use zookeeper_client as zk;
 
@@ -48,15 +47,10 @@ impl Proclaimed {
                 value: it.next()?.to_owned(),
             })
         });
-        parsed.map(Some).ok_or_else(|| {
-            Error::unexpected(
-                KIND,
-                format!(
-                    "the election directory {dir} holds `{}`, not a proclaimed value; is it used by another program?",
-                    String::from_utf8_lossy(data)
-                ),
-            )
-        })
+        let place = format!("the election directory {dir}");
+        parsed
+            .map(Some)
+            .ok_or_else(|| foreign(&place, data, "a proclaimed value"))
     }
 }
 
@@ -70,10 +64,7 @@ impl Inner {
         value: &str,
     ) -> Result<RenewOutcome> {
         let sess = self.session().await?;
-        let Some(g) = self
-            .local_grant(grant)
-            .filter(|g| g.gen == sess.gen && g.node == NodeKind::Latch)
-        else {
+        let Some(g) = (self.live_grant(grant, &sess)).filter(|g| g.node == NodeKind::Latch) else {
             // Not a live grant of this session (its session ended: its lost signal fired).
             return Ok(RenewOutcome::NotHeld);
         };

@@ -2,7 +2,7 @@
 //! through the leader).
 
 use crate::layout::{NodeData, NodeKind};
-use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
+use crate::node::{busy, foreign_data, token_of, DATA_ATTEMPTS};
 use crate::session::{session_gone, watch_node, Inner, Session};
 use crate::KIND;
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef, Granted, HoldKey, RenewOutcome};
@@ -17,8 +17,9 @@ use zookeeper_client as zk;
 #[derive(Clone)]
 pub(crate) struct Grant {
     pub(crate) key: HoldKey,
-    pub(crate) path: String,
     pub(crate) dir: String,
+    pub(crate) name: String,
+    pub(crate) path: String,
     /// What the node at `path` is (a joined read grant's node is a `write-` node).
     pub(crate) node: NodeKind,
     pub(crate) token: u64,
@@ -32,14 +33,23 @@ pub(crate) struct Grant {
 }
 
 impl Grant {
-    /// The grant of `node` to `key` in session `gen` (its own node, no release under way).
-    pub(crate) fn new(key: HoldKey, node: &Created, gen: u64) -> Self {
+    /// The grant to `key` in session `gen` of node `name` of kind `node` in `dir`, whose czxid
+    /// is `token` (its own node, no release under way).
+    pub(crate) fn new(
+        key: &HoldKey,
+        dir: &str,
+        name: String,
+        node: NodeKind,
+        token: u64,
+        gen: u64,
+    ) -> Self {
         Grant {
-            key,
-            path: node.path.clone(),
-            dir: node.dir.clone(),
-            node: node.node,
-            token: node.token,
+            key: key.clone(),
+            dir: dir.to_owned(),
+            path: format!("{dir}/{name}"),
+            name,
+            node,
+            token,
             gen,
             joined: false,
             releasing: false,
@@ -89,8 +99,13 @@ impl Inner {
         }
     }
 
+    /// This session's grant `grant` names, if this backend made it.
+    pub(crate) fn live_grant(&self, grant: &GrantRef, sess: &Session) -> Option<Grant> {
+        self.local_grant(grant).filter(|g| g.gen == sess.gen)
+    }
+
     /// A retry of an attempt that already holds the lock: the same token, if its node is
-    /// still there (checked after a sync, so against the leader's state).
+    /// still there (read through the leader, as a renewal reads it).
     pub(crate) async fn regrant(
         &self,
         sess: &Session,
@@ -106,23 +121,9 @@ impl Inner {
             return Ok(None);
         }
         let at = LeaseInstant::now();
-        self.sync(sess, &g.path).await?;
-        let read = sess.zk.get_data(&g.path);
-        let read = self.call_unless("reading the lock node", zk::Error::NoNode, read);
-        let still = read.await?.is_some_and(|(data, stat)| {
-            let nd = match g.node {
-                NodeKind::Latch => Some(NodeData::default()),
-                _ => NodeData::parse(&data),
-            };
-            stat.ephemeral_owner == sess.id
-                && nd.is_some_and(|nd| still_held(&g, &nd, &stat, &req.attempt))
-        });
-        if still {
-            return Ok(Some(Granted::new(g.token, at)));
-        }
-        self.forget_grant(&req.attempt);
-        self.node_gone(&g.path, g.gen);
-        Ok(None)
+        let (token, held) = (g.token, [(&req.attempt, g)]);
+        let still = self.confirm(sess, &held).await?.remove(0)?;
+        Ok(still.then(|| Granted::new(token, at)))
     }
 
     /// The read side beside this owner's live write grant `wg` (a downgrade): the read grant
@@ -134,10 +135,8 @@ impl Inner {
         req: &AcquireRequest,
         wg: &GrantRef,
     ) -> Result<Option<Granted>> {
-        let Some(w) = self
-            .local_grant(wg)
-            .filter(|w| w.gen == sess.gen && w.key.kind == LockKind::Write && !w.releasing)
-        else {
+        let live = self.live_grant(wg, sess);
+        let Some(w) = live.filter(|w| w.key.kind == LockKind::Write && !w.releasing) else {
             return Ok(None);
         };
         let at = LeaseInstant::now();
@@ -224,49 +223,63 @@ impl Inner {
         let mut results: Vec<Result<RenewOutcome>> =
             holds.iter().map(|_| Ok(RenewOutcome::NotHeld)).collect();
         // Which items have a live grant of this session, and where.
-        let mut wanted: Vec<(usize, Grant)> = Vec::new();
+        let (mut wanted, mut held) = (Vec::new(), Vec::new());
         for (i, (grant, _)) in holds.iter().enumerate() {
             match self.local_grant(grant) {
                 // Being released right now: nothing to confirm, nothing lost.
                 Some(g) if g.releasing => results[i] = Ok(RenewOutcome::Renewed),
-                Some(g) if g.gen == sess.gen => wanted.push((i, g)),
+                Some(g) if g.gen == sess.gen => {
+                    wanted.push(i);
+                    held.push((&grant.attempt, g));
+                }
                 // A grant of a session that ended (its lost signal fired), or none of ours.
                 _ => {}
             }
         }
+        for (i, r) in wanted.into_iter().zip(self.confirm(&sess, &held).await?) {
+            let renewed = |held| match held {
+                true => RenewOutcome::Renewed,
+                false => RenewOutcome::NotHeld,
+            };
+            results[i] = r.map(renewed);
+        }
+        RenewOutcome::each(KIND, holds, results)
+    }
+
+    /// Whether each grant of `held` (its attempt and grant, of session `sess`) still holds, its
+    /// node read through the leader; one found not held is forgotten (the caller reports it),
+    /// and the other grants on a node found gone are lost. A node that cannot be read (data
+    /// dlock did not write, an error for that node alone) leaves the grants on it unconfirmed,
+    /// not the others.
+    async fn confirm(
+        &self,
+        sess: &Session,
+        held: &[(&AttemptId, Grant)],
+    ) -> Result<Vec<Result<bool>>> {
         // Each node once, with whether it is a candidate's (holding its value, not dlock's data).
-        let mut paths: Vec<(&str, bool)> = (wanted.iter())
+        let mut paths: Vec<(&str, bool)> = (held.iter())
             .map(|(_, g)| (g.path.as_str(), g.node == NodeKind::Latch))
             .collect();
         paths.sort_unstable();
         paths.dedup();
         let answers = self.read_through_leader(&sess.zk, &paths).await?;
-        // A node that cannot be read (data dlock did not write, an error for that node alone)
-        // leaves the holds on it unconfirmed, not the others of the batch.
-        let mut nodes: HashMap<&str, Read> = HashMap::new();
-        for ((p, latch), r) in paths.iter().zip(answers) {
-            let node = read_of(r, sess.id, *latch);
-            if matches!(node, Ok(None)) {
-                self.node_gone(p, sess.gen);
-            }
-            nodes.insert(p, node);
-        }
-        for (i, g) in &wanted {
-            let held = match nodes.get(g.path.as_str()) {
-                Some(Ok(Some((nd, stat)))) => still_held(g, nd, stat, &holds[*i].0.attempt),
-                Some(Err(unread)) => {
-                    results[*i] = Err(unread.error(self, &g.path));
-                    continue;
+        let nodes: HashMap<&str, Read> = (paths.iter().zip(answers))
+            .map(|((p, latch), r)| (*p, read_of(r, sess.id, *latch)))
+            .collect();
+        let confirmed = (held.iter())
+            .map(|(attempt, g)| match nodes.get(g.path.as_str()) {
+                Some(Err(unread)) => Err(unread.error(self, &g.path)),
+                Some(Ok(Some((nd, stat)))) if still_held(g, nd, stat, attempt) => Ok(true),
+                _ => {
+                    self.forget_grant(attempt);
+                    Ok(false)
                 }
-                _ => false,
-            };
-            if held {
-                results[*i] = Ok(RenewOutcome::Renewed);
-            } else {
-                self.forget_grant(&holds[*i].0.attempt);
-            }
+            })
+            .collect();
+        for (p, _) in nodes.iter().filter(|(_, r)| matches!(r, Ok(None))) {
+            self.node_gone(p, sess.gen);
         }
-        RenewOutcome::each(KIND, holds, results)
+        Ok(confirmed)
     }
 
     /// Reads the nodes `paths` (sorted, deduplicated) through the leader: the sync goes to the
@@ -373,11 +386,7 @@ mod tests {
 
     fn grant(node: NodeKind, joined: bool) -> Grant {
         let key = HoldKey::new("n", "o", LockKind::Mutex);
-        let g = Grant::new(
-            key,
-            &crate::node::Created::new("/d/n", "x".into(), node, 7),
-            1,
-        );
+        let g = Grant::new(&key, "/d/n", "x".into(), node, 7, 1);
         Grant { joined, ..g }
     }
 

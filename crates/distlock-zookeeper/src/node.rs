@@ -1,5 +1,6 @@
 //! Lock nodes: created (or found again after a lost answer), listed, deleted.
 
+use crate::grant::Grant;
 use crate::layout::{self, NodeData, NodeKind};
 use crate::session::{connection_died, session_gone, Inner, Session};
 use crate::KIND;
@@ -16,28 +17,6 @@ pub(crate) const CREATE_ATTEMPTS: usize = 4;
 /// node) before giving up.
 pub(crate) const DATA_ATTEMPTS: usize = 8;
 
-/// A node this backend created (or found again) for an attempt.
-pub(crate) struct Created {
-    pub(crate) dir: String,
-    pub(crate) path: String,
-    pub(crate) name: String,
-    pub(crate) node: NodeKind,
-    pub(crate) token: u64,
-}
-
-impl Created {
-    /// Node `name` of kind `node` in directory `dir`, whose czxid is `token`.
-    pub(crate) fn new(dir: &str, name: String, node: NodeKind, token: u64) -> Self {
-        Created {
-            dir: dir.to_owned(),
-            path: format!("{dir}/{name}"),
-            name,
-            node,
-            token,
-        }
-    }
-}
-
 pub(crate) fn token_of(stat: &zk::Stat) -> Option<u64> {
     u64::try_from(stat.czxid).ok().filter(|t| *t > 0)
 }
@@ -48,10 +27,14 @@ pub(crate) fn unexpected_answer(what: &str, answer: &impl std::fmt::Debug) -> Er
 }
 
 pub(crate) fn foreign_data(path: &str, data: &[u8]) -> Error {
-    Error::unexpected(KIND, format!(
-            "lock node {path} holds `{}`, not dlock's data; is the directory used by another program?",
-            String::from_utf8_lossy(data)
-        ))
+    foreign(&format!("lock node {path}"), data, "dlock's data")
+}
+
+/// `place` holds `data` where dlock expects `expected`.
+pub(crate) fn foreign(place: &str, data: &[u8], expected: &str) -> Error {
+    let data = String::from_utf8_lossy(data);
+    let e = format!("{place} holds `{data}`, not {expected}; is it used by another program?");
+    Error::unexpected(KIND, e)
 }
 
 /// A compare-and-set on a node's data lost every race (readers joining and leaving it all the
@@ -92,30 +75,30 @@ impl Inner {
         sess: &Arc<Session>,
         req: &AcquireRequest,
         kind: NodeKind,
-    ) -> Result<(Created, LeaseInstant)> {
+    ) -> Result<(Grant, LeaseInstant)> {
         let dir = self.dir(&req.key.name, kind.family());
         let prefix = layout::name_prefix(&req.attempt, kind, &req.key.owner);
+        let grant = |(name, token)| Grant::new(&req.key, &dir, name, kind, token, sess.gen);
         if self.state().pending.contains(&req.attempt) {
             let at = LeaseInstant::now();
-            if let Some(node) = self.find_node(sess, kind, &dir, &prefix).await? {
-                return Ok((node, at));
+            if let Some(node) = self.find_node(sess, &dir, &prefix).await? {
+                return Ok((grant(node), at));
             }
         }
         self.state().pending.insert(req.attempt.clone());
         let at = LeaseInstant::now();
         let node = self.create_node(sess, req, kind, &dir, &prefix).await?;
-        Ok((node, at))
+        Ok((grant(node), at))
     }
 
-    /// This session's node of the attempt whose names start with `prefix`, found again (a
-    /// create whose answer was lost).
+    /// The name and token of this session's node of the attempt whose names start with
+    /// `prefix`, found again (a create whose answer was lost).
     async fn find_node(
         &self,
         sess: &Session,
-        kind: NodeKind,
         dir: &str,
         prefix: &str,
-    ) -> Result<Option<Created>> {
+    ) -> Result<Option<(String, u64)>> {
         for name in self.attempt_nodes(sess, dir, prefix).await? {
             let path = format!("{dir}/{name}");
             match self
@@ -124,7 +107,7 @@ impl Inner {
             {
                 Some(st) if st.ephemeral_owner == sess.id => {
                     if let Some(token) = token_of(&st) {
-                        return Ok(Some(Created::new(dir, name, kind, token)));
+                        return Ok(Some((name, token)));
                     }
                 }
                 // This attempt's node of a session we stopped using (its holds were declared
@@ -138,7 +121,7 @@ impl Inner {
     }
 
     /// Creates the ephemeral sequential node `<dir>/<prefix><seq>` (and its parents when
-    /// missing).
+    /// missing): its name and token.
     pub(crate) async fn create_node(
         self: &Arc<Self>,
         sess: &Session,
@@ -146,7 +129,7 @@ impl Inner {
         kind: NodeKind,
         dir: &str,
         prefix: &str,
-    ) -> Result<Created> {
+    ) -> Result<(String, u64)> {
         let mut made_dir = false;
         let data = match kind {
             // A candidate's node holds its value alone: Curator's `LeaderLatch` shows a node's
@@ -166,7 +149,7 @@ impl Inner {
                         Some(t) => t,
                         None => self.czxid(sess, &path).await?,
                     };
-                    return Ok(Created::new(dir, name, kind, token));
+                    return Ok((name, token));
                 }
                 Err(zk::Error::NoNode) if !made_dir => {
                     made_dir = true;
@@ -175,7 +158,7 @@ impl Inner {
                 }
                 Err(e) if connection_died(&e) => {
                     // The create may have happened: look for our attempt's node.
-                    if let Some(node) = self.find_node(sess, kind, dir, prefix).await? {
+                    if let Some(node) = self.find_node(sess, dir, prefix).await? {
                         return Ok(node);
                     }
                 }

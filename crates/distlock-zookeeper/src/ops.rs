@@ -4,7 +4,7 @@
 
 use crate::election::{owner_of, Proclaimed};
 use crate::layout::{self, decode_segment, Child, Family, NodeData, NodeKind};
-use crate::node::{foreign_data, token_of, unexpected_answer, DATA_ATTEMPTS};
+use crate::node::{foreign, foreign_data, token_of, unexpected_answer, DATA_ATTEMPTS};
 use crate::release::parse_fence;
 use crate::session::{Inner, Session};
 use crate::ZkBackend;
@@ -121,10 +121,13 @@ impl Inner {
         let stored = match family {
             // An election's directory records proclamations; its tokens are its leaders'.
             Family::Election => 0,
-            _ => parse_fence(&dir_data).ok_or_else(|| Error::unexpected(KIND, format!(
-                "the lock directory {dir} holds `{}`, not a fencing token; is it used by another program?",
-                String::from_utf8_lossy(&dir_data)
-            )))?,
+            _ => parse_fence(&dir_data).ok_or_else(|| {
+                foreign(
+                    &format!("the lock directory {dir}"),
+                    &dir_data,
+                    "a fencing token",
+                )
+            })?,
         };
         let queue = layout::queue(&children, family);
         let head_is_writer = queue.first().is_some_and(|h| h.kind == NodeKind::Write);
@@ -327,18 +330,17 @@ async fn transport(inner: &crate::session::Inner) -> Finding {
     };
     let within = inner.connect_timeout.min(std::time::Duration::from_secs(3));
     let client = operator::client_cert_shown(tls.client_cert());
-    match tls.probe(&inner.hosts, within).await.0 {
-        Some(v) => Finding::new(
+    let (severity, message): (Severity, String) = match tls.probe(&inner.hosts, within).await.0 {
+        Some(v) => (
             Severity::Ok,
-            "tls",
             format!("encrypted ({v}): every server's certificate checked against cacert= (and its host name or address); {client}"),
         ),
-        None => Finding::new(
+        None => (
             Severity::Warning,
-            "tls",
             format!("zks://, but no server completed a TLS handshake with this check just now (the session's own connection is encrypted); {client}"),
         ),
-    }
+    };
+    Finding::new(severity, "tls", message)
 }
 
 /// Who the sessions authenticate as and who may touch dlock's nodes.
@@ -346,125 +348,111 @@ fn access(inner: &crate::session::Inner) -> Finding {
     use crate::session::Identity;
     use crate::NodeAcl;
     let plain_off_loopback = inner.tls.is_none() && !inner.hosts.split(',').all(is_loopback);
-    match (&inner.identity, inner.acl) {
-        (Identity::Digest(user), _) if plain_off_loopback => Finding::new(
+    let (severity, message): (Severity, String) = match (&inner.identity, inner.acl) {
+        (Identity::Digest(user), _) if plain_off_loopback => (
             Severity::Warning,
-            "auth",
             format!("digest user `{user}` over plain TCP off loopback: the password travels in clear at every (re)connect; connect with zks://…?cacert=PATH"),
         ),
-        (Identity::Digest(user), NodeAcl::Creator) => Finding::new(
+        (Identity::Digest(user), NodeAcl::Creator) => (
             Severity::Ok,
-            "auth",
             format!("digest user `{user}`; dlock's nodes are that user's alone (acl=creator): other identities cannot break or steal a hold"),
         ),
-        (Identity::Application, NodeAcl::Creator) => Finding::new(
+        (Identity::Application, NodeAcl::Creator) => (
             Severity::Ok,
-            "auth",
-            "the application's connector's identity; dlock's nodes are that identity's alone (acl=creator)",
+            "the application's connector's identity; dlock's nodes are that identity's alone (acl=creator)".into(),
         ),
-        (Identity::None, _) => Finding::new(
+        (Identity::None, _) => (
             Severity::Ok,
-            "auth",
-            "no credentials; dlock's nodes are world:anyone (acl=open): any client that reaches the path may delete a holder's node. Give a digest user and password with acl=creator to keep other identities off",
+            "no credentials; dlock's nodes are world:anyone (acl=open): any client that reaches the path may delete a holder's node. Give a digest user and password with acl=creator to keep other identities off".into(),
         ),
-        (_, NodeAcl::Open) => Finding::new(
+        (_, NodeAcl::Open) => (
             Severity::Ok,
-            "auth",
-            "authenticated, but dlock's nodes are world:anyone (acl=open, e.g. for Curator without credentials): any client that reaches the path may delete a holder's node; acl=creator keeps other identities off",
+            "authenticated, but dlock's nodes are world:anyone (acl=open, e.g. for Curator without credentials): any client that reaches the path may delete a holder's node; acl=creator keeps other identities off".into(),
         ),
-    }
+    };
+    Finding::new(severity, "auth", message)
 }
 
 /// The session timeout the ensemble negotiated (`timeout`, asked for `requested`) against
 /// the watchdog lease.
 pub(crate) fn session_finding(timeout: Duration, requested: Duration, lease: Duration) -> Finding {
-    if timeout < lease {
+    let (severity, message): (Severity, String) = if timeout < lease {
         // `connect` refuses such a session (this message); reported in case the server's range
         // changed.
-        Finding::new(
+        (
             Severity::Unsafe,
-            "session-timeout",
             format!("the ensemble negotiated a session timeout of {timeout:?} (asked for {requested:?}), shorter than the watchdog lease {lease:?}: the server may expire the session (and delete the lock nodes) while the holder still counts on its lease; lower the client's watchdog_lease to at most {timeout:?}, or raise the servers' maxSessionTimeout (default 20 × tickTime) and ask for a longer session (`session_timeout` in the URL)"),
         )
     } else if timeout < requested {
-        Finding::new(
+        (
             Severity::Warning,
-            "session-timeout",
             format!("the ensemble shortened the session timeout to {timeout:?} (asked for {:?}; the servers' maxSessionTimeout, default 20 × tickTime): it still covers the watchdog lease {lease:?}, but fixed leases and extensions longer than {timeout:?} are refused; raise maxSessionTimeout if you need them", requested),
         )
     } else if timeout > requested {
-        Finding::new(
+        (
             Severity::Warning,
-            "session-timeout",
             format!("the ZooKeeper servers raised the session timeout to {timeout:?} (asked for {requested:?}; their minSessionTimeout, default 2 × tickTime): safe, but a holder or queued waiter that crashes or is cut off keeps the lock or its place in the queue for up to {timeout:?}, not the {lease:?} watchdog lease; lower the servers' minSessionTimeout (or tickTime), or use a watchdog lease of at least {timeout:?} so that the two agree"),
         )
     } else if timeout > lease {
-        Finding::new(
+        (
             Severity::Ok,
-            "session-timeout",
             format!("session timeout {timeout:?} (the URL's session_timeout, or at least {:?} by default) covers the watchdog lease {lease:?}; a holder or waiter that dies keeps the lock or its place in the queue for up to {timeout:?}, not {lease:?} (`session_timeout` in the URL asks for less)", crate::MIN_SESSION_TIMEOUT),
         )
     } else {
-        Finding::new(
+        (
             Severity::Ok,
-            "session-timeout",
             format!("negotiated session timeout {timeout:?} equals the watchdog lease: a holder or waiter that dies frees the lock or its place in the queue {lease:?} after it fell silent"),
         )
-    }
+    };
+    Finding::new(severity, "session-timeout", message)
 }
 
 /// The `leader` finding from a sync through the leader: `synced` is its answer (the outer
 /// error: no answer in time). A sync only comes back through a server that follows a leader
 /// which still has our session (a quorum is up).
 fn leader_finding(synced: Result<std::result::Result<(), zk::Error>>) -> Finding {
-    match synced {
-        Ok(Ok(()) | Err(zk::Error::NoNode)) => Finding::new(
+    let (severity, message): (Severity, String) = match synced {
+        Ok(Ok(()) | Err(zk::Error::NoNode)) => (
             Severity::Ok,
-            "leader",
-            "a sync through the leader went through: the server we talk to follows a leader and a quorum is up",
+            "a sync through the leader went through: the server we talk to follows a leader and a quorum is up".into(),
         ),
-        Ok(Err(e)) => Finding::new(
+        Ok(Err(e)) => (
             Severity::Unsafe,
-            "leader",
             format!("a sync through the leader failed ({e}): no leader or no quorum, so locks can be neither taken nor checked; bring a majority of the voting members up"),
         ),
-        Err(e) => Finding::new(
+        Err(e) => (
             Severity::Unsafe,
-            "leader",
             format!("a sync through the leader got no answer ({e}): no leader or no quorum; bring a majority of the voting members up"),
         ),
-    }
+    };
+    Finding::new(severity, "leader", message)
 }
 
 /// The `ensemble` finding from `/zookeeper/config` as read (`Err`: the server refused it).
 fn ensemble_finding(config: std::result::Result<String, zk::Error>) -> Finding {
-    match config.as_deref().map(members) {
-        Ok((0, _)) => Finding::new(
+    let (severity, message): (Severity, String) = match config.as_deref().map(members) {
+        Ok((0, _)) => (
             Severity::Warning,
-            "ensemble",
-            "/zookeeper/config lists no servers (a standalone server, or dynamic configuration off): a single server has no failover; run three or five voting members for locks that survive a server failure",
+            "/zookeeper/config lists no servers (a standalone server, or dynamic configuration off): a single server has no failover; run three or five voting members for locks that survive a server failure".into(),
         ),
-        Ok((1, obs)) => Finding::new(
+        Ok((1, obs)) => (
             Severity::Warning,
-            "ensemble",
             format!("one voting member ({obs} observer(s)): locks are safe, but stop when it is down; run three or five voting members"),
         ),
-        Ok((n, obs)) if n % 2 == 0 => Finding::new(
+        Ok((n, obs)) if n % 2 == 0 => (
             Severity::Warning,
-            "ensemble",
             format!("{n} voting members ({obs} observer(s)): an even count tolerates no more failures than {} members; use an odd number", n - 1),
         ),
-        Ok((n, obs)) => Finding::new(
+        Ok((n, obs)) => (
             Severity::Ok,
-            "ensemble",
             format!("{n} voting members ({obs} observer(s)): the ensemble survives {} failure(s)", (n - 1) / 2),
         ),
-        Err(e) => Finding::new(
+        Err(e) => (
             Severity::Warning,
-            "ensemble",
             format!("cannot read /zookeeper/config ({e}): the ensemble's size is unknown; allow reading it (or check with `srvr` on each server) and run three or five voting members"),
         ),
-    }
+    };
+    Finding::new(severity, "ensemble", message)
 }
 
 #[cfg(test)]

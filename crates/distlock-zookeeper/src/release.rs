@@ -2,7 +2,7 @@
 
 use crate::grant::Grant;
 use crate::layout::{self, Family, NodeData, NodeKind};
-use crate::node::{busy, foreign_data, token_of, Created, DATA_ATTEMPTS};
+use crate::node::{busy, foreign_data, token_of, DATA_ATTEMPTS};
 use crate::session::{connection_died, Inner, Session};
 use distlock_core::backend::{AcquireRequest, AttemptId, GrantRef};
 use distlock_core::{ReleaseOutcome, Result};
@@ -267,10 +267,9 @@ impl Inner {
         if stat.is_none_or(|st| token_of(&st) != Some(grant.token)) {
             return Ok(None);
         }
-        let node = Created::new(dir, name, kind, grant.token);
         Ok(Some(Grant {
             releasing: true,
-            ..Grant::new(grant.key.clone(), &node, sess.gen)
+            ..Grant::new(&grant.key, dir, name, kind, grant.token, sess.gen)
         }))
     }
 
@@ -295,7 +294,7 @@ impl Inner {
         }
         if let Some(wg) = req.write_grant.as_ref().filter(|_| kind == NodeKind::Read) {
             // A join whose answer was lost: this attempt may be listed in the write node.
-            if let Some(w) = self.local_grant(wg).filter(|w| w.gen == sess.gen) {
+            if let Some(w) = self.live_grant(wg, &sess) {
                 let g = Grant {
                     key: req.key.clone(),
                     joined: true,

@@ -2,7 +2,6 @@
 
 use crate::grant::Grant;
 use crate::layout::{self, Family, NodeData, NodeKind, Turn};
-use crate::node::Created;
 use crate::session::{session_gone, Inner, Session};
 use distlock_core::backend::{
     async_trait, wait, AcquireRequest, Deadline, Granted, HoldKey, ReleaseWatch, Wake,
@@ -167,7 +166,7 @@ impl Inner {
     pub(crate) async fn turn(
         &self,
         sess: &Session,
-        node: &Created,
+        node: &Grant,
         via_leader: bool,
     ) -> Result<Turn> {
         if via_leader {
@@ -189,15 +188,15 @@ impl Inner {
         Ok(layout::turn(&queue, &node.name, head_downgraded))
     }
 
-    /// Waits until `node` holds the lock, watching only the node it waits for: the grant's
-    /// time (no later than the server's confirmation of it), or `None` when given up.
+    /// Waits until `node` holds the lock (until `wait`'s deadline or cancellation; without
+    /// `wait`, not at all), watching only the node it waits for: the grant's time (no later
+    /// than the server's confirmation of it), or `None` when given up.
     pub(crate) async fn wait_turn(
         &self,
         sess: &Session,
-        node: &Created,
+        node: &Grant,
         confirmed_at: LeaseInstant,
-        deadline: Deadline,
-        cancel: &CancellationToken,
+        wait: Option<(Deadline, &CancellationToken)>,
     ) -> Result<Option<LeaseInstant>> {
         let mut at = confirmed_at;
         let mut via_leader = false;
@@ -214,6 +213,9 @@ impl Inner {
                     ))
                 }
                 Turn::WaitFor(pred) => format!("{}/{pred}", node.dir),
+            };
+            let Some((deadline, cancel)) = wait else {
+                return Ok(None);
             };
             // From now on the grant is decided by a watch event; look at the leader's state
             // then, so the grant's time is one the leader confirmed our session at.
@@ -275,23 +277,14 @@ impl Inner {
         };
         let decided = async {
             let (node, confirmed_at) = self.node_for(&sess, req, kind).await?;
-            let granted_at = match wait {
-                None => {
-                    (self.turn(&sess, &node, false).await? == Turn::Granted).then_some(confirmed_at)
-                }
-                Some((deadline, cancel)) => {
-                    self.wait_turn(&sess, &node, confirmed_at, deadline, cancel)
-                        .await?
-                }
-            };
+            let granted_at = (self.wait_turn(&sess, &node, confirmed_at, wait)).await?;
             Ok::<_, Error>((node, granted_at))
         }
         .await;
         abandon.disarm();
         let (node, granted_at) = decided?;
         let granted = match granted_at {
-            Some(at) => self
-                .insert_grant(&sess, req, Grant::new(req.key.clone(), &node, sess.gen))
+            Some(at) => (self.insert_grant(&sess, req, node.clone()))
                 .map(|()| Some(Granted::new(node.token, at))),
             None => Ok(None),
         };
