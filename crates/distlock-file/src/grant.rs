@@ -117,13 +117,11 @@ impl Inner {
         if side == Side::Write {
             // No descriptor to try (and none to wait on) while other owners of this backend
             // hold a side: their release wakes the waiters.
-            let f = match entry.parked[side as usize].take() {
-                Some(f) => return Ok(Step::Lock(f)),
-                None => (!entry.held())
-                    .then(|| self.open_rw(&main_path))
-                    .transpose()?,
-            };
-            return Ok(match f {
+            if let Some(f) = entry.parked[side as usize].take() {
+                return Ok(Step::Lock(f));
+            }
+            let f = (!entry.held()).then(|| self.open_rw(&main_path));
+            return Ok(match f.transpose()? {
                 Some(f) if self.try_flock(&f, sys::Mode::Exclusive, &main_path)? => Step::Lock(f),
                 f => Step::Wait(f),
             });
