@@ -168,13 +168,6 @@ impl Inner {
         res
     }
 
-    /// The error of a lock file at `path` that was deleted or replaced at every try to lock it.
-    pub(crate) fn replaced_too_often(&self, path: &Path) -> Error {
-        at(&self.endpoint, "cannot lock", path)(io::Error::other(
-            "the lock file was deleted or replaced three times while locking it; is something removing files in the lock directory?",
-        ))
-    }
-
     /// The (unlocked) descriptor of `path` if a process (or backend) other than this one holds
     /// its lock exclusively (a non-blocking `LOCK_SH` probe); `None` when there is no such file.
     pub(crate) fn held_elsewhere(&self, path: &Path) -> Result<Option<File>> {

@@ -101,7 +101,10 @@ impl Inner {
                 }
             }
         }
-        Err(self.replaced_too_often(&main_path))
+        let replaced = "the lock file was deleted or replaced three times while locking it; is something removing files in the lock directory?";
+        Err(crate::fs::at(&self.endpoint, "cannot lock", &main_path)(
+            std::io::Error::other(replaced),
+        ))
     }
 
     /// The next step of an attempt at side `side`: a descriptor on the lock file, locked
