@@ -17,6 +17,15 @@ pub(crate) fn io_error(endpoint: &str, what: String, e: io::Error) -> Error {
     )
 }
 
+/// The error of doing `what` to `path` (e.g. "cannot open lock file"), for `map_err`.
+pub(crate) fn at<'a>(
+    endpoint: &'a str,
+    what: &'a str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> Error + 'a {
+    move |e| io_error(endpoint, format!("{what} {}", path.display()), e)
+}
+
 /// Creates (if needed) and checks the lock directory `base` and its subdirectory of
 /// `namespace`; returns that subdirectory and its endpoint (`file://<dir>`). `default` is true
 /// for the default directory, which must be a real directory owned by the calling user.
@@ -48,15 +57,8 @@ fn create_dir(dir: &Path, endpoint: &str) -> Result<std::fs::Metadata> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| {
-            io_error(
-                endpoint,
-                format!("cannot create the lock directory {}", dir.display()),
-                e,
-            )
-        })?;
-    let meta = std::fs::metadata(dir)
-        .map_err(|e| io_error(endpoint, format!("cannot stat {}", dir.display()), e))?;
+        .map_err(at(endpoint, "cannot create the lock directory", dir))?;
+    let meta = std::fs::metadata(dir).map_err(at(endpoint, "cannot stat", dir))?;
     if !meta.is_dir() {
         return Err(io_error(
             endpoint,
@@ -105,8 +107,7 @@ pub(crate) fn fs_verdict(dir: &Path, magic: u64) -> (Severity, String) {
 /// Refuses a lock directory on a network file system, warns of one on FUSE.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn check_local(dir: &Path, endpoint: &str) -> Result<()> {
-    let magic = sys::fs_magic(dir)
-        .map_err(|e| io_error(endpoint, format!("cannot statfs {}", dir.display()), e))?;
+    let magic = sys::fs_magic(dir).map_err(at(endpoint, "cannot statfs", dir))?;
     match fs_verdict(dir, magic) {
         (Severity::Unsafe, text) => Err(Error::unsupported(KIND, text)),
         (Severity::Warning, text) => {
@@ -124,8 +125,7 @@ fn check_local(_dir: &Path, _endpoint: &str) -> Result<()> {
 
 /// The default directory may sit in the world-writable `/tmp`: refuse one planted by someone else.
 fn check_private(dir: &Path, endpoint: &str) -> Result<()> {
-    let meta = std::fs::symlink_metadata(dir)
-        .map_err(|e| io_error(endpoint, format!("cannot stat {}", dir.display()), e))?;
+    let meta = std::fs::symlink_metadata(dir).map_err(at(endpoint, "cannot stat", dir))?;
     let uid = sys::euid();
     if meta.file_type().is_symlink() || meta.uid() != uid {
         return Err(io_error(
@@ -150,8 +150,7 @@ impl Inner {
     /// Locks `file` (at `path`) in `mode` if that needs no wait (`flock(mode | LOCK_NB)`):
     /// whether it did.
     pub(crate) fn try_flock(&self, file: &File, mode: sys::Mode, path: &Path) -> Result<bool> {
-        sys::try_lock(file, mode)
-            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))
+        sys::try_lock(file, mode).map_err(at(&self.endpoint, "cannot lock", path))
     }
 
     /// Runs `f` on `file` (at `path`) under `flock(mode)`, waiting for it; unlocks and closes
@@ -163,21 +162,10 @@ impl Inner {
         path: &Path,
         f: impl FnOnce(&File) -> Result<T>,
     ) -> Result<T> {
-        sys::lock_blocking(&file, mode)
-            .map_err(|e| self.io_error(format!("cannot lock {}", path.display()), e))?;
+        sys::lock_blocking(&file, mode).map_err(at(&self.endpoint, "cannot lock", path))?;
         let res = f(&file);
         sys::unlock_and_close(file);
         res
-    }
-
-    /// The error of a lock file at `path` that was deleted or replaced at every try to lock it.
-    pub(crate) fn replaced_too_often(&self, path: &Path) -> Error {
-        self.io_error(
-            format!("cannot lock {}", path.display()),
-            io::Error::other(
-                "the lock file was deleted or replaced three times while locking it; is something removing files in the lock directory?",
-            ),
-        )
     }
 
     /// The (unlocked) descriptor of `path` if a process (or backend) other than this one holds
@@ -210,7 +198,7 @@ impl Inner {
             .create(true)
             .truncate(false)
             .open(path)
-            .map_err(|e| self.io_error(format!("cannot open lock file {}", path.display()), e))
+            .map_err(at(&self.endpoint, "cannot open lock file", path))
     }
 
     /// Opens an existing lock file, read-only unless `write`; `None` if it does not exist.
@@ -218,7 +206,7 @@ impl Inner {
         match OpenOptions::new().read(true).write(write).open(path) {
             Ok(f) => Ok(Some(f)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(self.io_error(format!("cannot open lock file {}", path.display()), e)),
+            Err(e) => Err(at(&self.endpoint, "cannot open lock file", path)(e)),
         }
     }
 
@@ -227,18 +215,17 @@ impl Inner {
         let bytes = rec.encode();
         (file.write_all_at(bytes.as_bytes(), 0))
             .and_then(|()| file.set_len(bytes.len() as u64))
-            .map_err(|e| self.io_error(format!("cannot write lock file {}", path.display()), e))
+            .map_err(at(&self.endpoint, "cannot write lock file", path))
     }
 
     /// True if `path` still names the file `file` is open on (see [`sys::same_file`]).
     pub(crate) fn same_file(&self, file: &File, path: &Path) -> Result<bool> {
-        sys::same_file(file, path)
-            .map_err(|e| self.io_error(format!("cannot stat {}", path.display()), e))
+        sys::same_file(file, path).map_err(at(&self.endpoint, "cannot stat", path))
     }
 
     pub(crate) fn read_record(&self, file: &File, path: &Path) -> Result<Record> {
-        let bytes = record::read(file)
-            .map_err(|e| self.io_error(format!("cannot read lock file {}", path.display()), e))?;
+        let bytes =
+            record::read(file).map_err(at(&self.endpoint, "cannot read lock file", path))?;
         Record::parse(&bytes).map_err(|why| self.corrupt(path, &why))
     }
 

@@ -3,7 +3,7 @@
 //! lock with no readers and no turnstile.
 
 use crate::record::Side;
-use crate::table::{downgrade_of, remove_if_idle, slot, Entry, Family, Hold, TURNSTILE};
+use crate::table::{downgrade_of, remove_if_idle, slot, Entry, Family, Hold, Target, TURNSTILE};
 use crate::{sys, Inner};
 use distlock_core::{
     AcquireReply, AcquireRequest, Error, GrantRef, HoldKey, ReleaseOutcome, RenewOutcome, Result,
@@ -35,23 +35,21 @@ impl Inner {
     /// through (another task of the same handle) waits on for it, as for any reader.
     pub(crate) fn try_acquire(
         self: &Arc<Self>,
-        family: Family,
-        side: Side,
+        t @ (family, _): Target,
         req: &AcquireRequest,
         arm: bool,
         first: bool,
     ) -> Result<AcquireReply> {
         let mut table = self.table(family);
         let entry = table.entry(req.key.name.clone()).or_default();
-        let r = self.try_in(family, side, entry, req, arm, first);
+        let r = self.try_in(t, entry, req, arm, first);
         remove_if_idle(&mut table, &req.key.name);
         r
     }
 
     fn try_in(
         self: &Arc<Self>,
-        family: Family,
-        side: Side,
+        t @ (family, side): Target,
         entry: &mut Entry,
         req: &AcquireRequest,
         arm: bool,
@@ -82,24 +80,31 @@ impl Inner {
         let main_path = self.lock_path(family, &key.name);
         // A few rounds in case the file is deleted or replaced while we lock it.
         for _ in 0..3 {
-            let f = match self.next_lock(family, side, entry, req)? {
+            let f = match self.next_lock(t, entry, req)? {
                 Step::Lock(f) => f,
-                Step::Join => return self.add(family, side, entry, req, None),
+                Step::Join => return self.add(t, entry, req, None),
                 Step::Wait(f) if arm => {
                     match side {
-                        Side::Read => self.arm(family, side, entry, &key.name, f)?,
-                        Side::Write => self.queue_writer(family, entry, &key.name, f)?,
+                        Side::Read => self.arm(t, entry, &key.name, f)?,
+                        Side::Write => self.queue_writer(t, entry, &key.name, f)?,
                     }
                     return Ok(HELD);
                 }
                 Step::Wait(_) => return Ok(HELD),
             };
-            match self.check_main(f, family, &key.name, entry)? {
-                Some(f) => return self.add(family, side, entry, req, Some(f)),
-                None => continue,
+            // Still the lock's file? Else it was deleted or replaced after we opened it: again.
+            match self.same_file(&f, &main_path) {
+                Ok(true) => return self.add(t, entry, req, Some(f)),
+                same => {
+                    sys::unlock_and_close(f);
+                    same.inspect_err(|_| entry.bump())?;
+                }
             }
         }
-        Err(self.replaced_too_often(&main_path))
+        let replaced = "the lock file was deleted or replaced three times while locking it; is something removing files in the lock directory?";
+        Err(crate::fs::at(&self.endpoint, "cannot lock", &main_path)(
+            std::io::Error::other(replaced),
+        ))
     }
 
     /// The next step of an attempt at side `side`: a descriptor on the lock file, locked
@@ -107,8 +112,7 @@ impl Inner {
     /// backend's lock; or the lock is held, and the descriptor to wait on, if any.
     fn next_lock(
         &self,
-        family: Family,
-        side: Side,
+        (family, side): Target,
         entry: &mut Entry,
         req: &AcquireRequest,
     ) -> Result<Step> {
@@ -116,13 +120,11 @@ impl Inner {
         if side == Side::Write {
             // No descriptor to try (and none to wait on) while other owners of this backend
             // hold a side: their release wakes the waiters.
-            let f = match entry.parked[side as usize].take() {
-                Some(f) => return Ok(Step::Lock(f)),
-                None => (!entry.held())
-                    .then(|| self.open_rw(&main_path))
-                    .transpose()?,
-            };
-            return Ok(match f {
+            if let Some(f) = entry.parked[side as usize].take() {
+                return Ok(Step::Lock(f));
+            }
+            let f = (!entry.held()).then(|| self.open_rw(&main_path));
+            return Ok(match f.transpose()? {
                 Some(f) if self.try_flock(&f, sys::Mode::Exclusive, &main_path)? => Step::Lock(f),
                 f => Step::Wait(f),
             });
@@ -173,8 +175,7 @@ impl Inner {
     /// (with the holder, and an election leader's value at seq 0) before it is returned.
     fn add(
         &self,
-        family: Family,
-        side: Side,
+        (family, side): Target,
         entry: &mut Entry,
         req: &AcquireRequest,
         main: Option<File>,
@@ -201,48 +202,25 @@ impl Inner {
         Ok(AcquireReply::Granted { token })
     }
 
-    /// Checks that a descriptor we just locked is still the lock's file; unlocks it if not
-    /// (`None`: deleted or replaced after we opened it, try again).
-    fn check_main(
-        &self,
-        file: File,
-        family: Family,
-        name: &str,
-        entry: &mut Entry,
-    ) -> Result<Option<File>> {
-        match self.same_file(&file, &self.lock_path(family, name)) {
-            Ok(true) => Ok(Some(file)),
-            same => {
-                sys::unlock_and_close(file);
-                same.map(|_| None).inspect_err(|_| entry.bump())
-            }
-        }
-    }
-
     pub(crate) async fn release(
         &self,
-        family: Family,
-        side: Side,
+        t @ (family, side): Target,
         grant: &GrantRef,
     ) -> Result<ReleaseOutcome> {
         let name = &grant.key.name;
         {
             let mut table = self.table(family);
             if let Some(entry) = table.get_mut(name) {
-                if self.release_in(family, entry, &grant.key, side, |h| h.is(grant)) {
+                if self.release_in(t, entry, &grant.key, |h| h.is(grant)) {
                     remove_if_idle(&mut table, name);
                     return Ok(ReleaseOutcome::Released);
                 }
-                let taken = match side {
-                    // Other readers share the lock; only a writer takes it from a reader.
-                    Side::Read => entry.writer().is_some(),
-                    // The owner's own read grants (a downgrade it kept) took nothing from it.
-                    Side::Write => {
-                        entry.writer().is_some()
-                            || (entry.holds(Side::Read).iter()).any(|h| h.owner != grant.key.owner)
-                    }
-                };
-                if taken {
+                // A writer took either side (other readers share the read side); readers of
+                // other owners took the write side (the owner's own, a downgrade it kept, not).
+                let mut readers = entry.holds(Side::Read).iter();
+                if entry.writer().is_some()
+                    || (side == Side::Write && readers.any(|h| h.owner != grant.key.owner))
+                {
                     return Ok(ReleaseOutcome::TakenByOther);
                 }
                 if entry.parked[Side::Write as usize].is_some() {
@@ -268,13 +246,13 @@ impl Inner {
 
     /// The attempt `req.attempt` stops: give back its grant of this side if it has one (a
     /// grant nobody received). Other attempts' grants, even of the same owner, stay.
-    pub(crate) fn give_up(&self, family: Family, side: Side, req: &AcquireRequest) {
+    pub(crate) fn give_up(&self, t @ (family, _): Target, req: &AcquireRequest) {
         let name = &req.key.name;
         let mut table = self.table(family);
         let Some(entry) = table.get_mut(name) else {
             return;
         };
-        if self.release_in(family, entry, &req.key, side, |h| h.attempt == req.attempt) {
+        if self.release_in(t, entry, &req.key, |h| h.attempt == req.attempt) {
             tracing::debug!(name = %name, attempt = %req.attempt, "gave back the grant of an attempt that gave up");
             remove_if_idle(&mut table, name);
         }
@@ -286,10 +264,9 @@ impl Inner {
     /// now shared.
     fn release_in(
         &self,
-        family: Family,
+        (family, side): Target,
         entry: &mut Entry,
         key: &HoldKey,
-        side: Side,
         which: impl Fn(&Hold) -> bool,
     ) -> bool {
         let grants = &mut entry.grants[side as usize];
@@ -322,8 +299,7 @@ impl Inner {
     /// above the last proclamation's.
     pub(crate) fn renew(
         &self,
-        family: Family,
-        side: Side,
+        (family, side): Target,
         grant: &GrantRef,
         proclaim: Option<(u64, &str)>,
     ) -> Result<RenewOutcome> {

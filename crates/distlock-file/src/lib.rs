@@ -18,7 +18,6 @@ use distlock_core::backend::{
 };
 use distlock_core::{ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, Result};
 use location::Target;
-use record::Side;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -197,12 +196,12 @@ fn capabilities() -> Capabilities {
 
 /// The core checks the kind before it calls a backend; a direct caller of the [`Backend`]
 /// methods gets the same error here. Returns the lock's family and the side it takes.
-fn check_kind(kind: LockKind) -> Result<(Family, Side)> {
+fn check_kind(kind: LockKind) -> Result<table::Target> {
     capabilities().check(KIND, kind)?;
     target(kind).ok_or_else(|| Error::unsupported(KIND, format!("lock kind {}", kind.as_str())))
 }
 
-fn check_key(key: &HoldKey) -> Result<(Family, Side)> {
+fn check_key(key: &HoldKey) -> Result<table::Target> {
     let target = check_kind(key.kind)?;
     distlock_core::validate_name(&key.name)?;
     distlock_core::validate_owner(&key.owner)?;
@@ -224,13 +223,12 @@ impl Backend for FileBackend {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireReply> {
-        let (family, side) = check_key(&req.key)?;
-        self.inner.try_acquire(family, side, req, false, true)
+        self.inner
+            .try_acquire(check_key(&req.key)?, req, false, true)
     }
 
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
-        let (family, side) = check_key(&req.key)?;
-        let watch = waiting::Watch::new(&self.inner, family, side, &req.key.name, true);
+        let watch = waiting::Watch::new(&self.inner, check_key(&req.key)?, &req.key.name, true);
         watch.rearm()?;
         Ok(Box::new(watch))
     }
@@ -242,29 +240,27 @@ impl Backend for FileBackend {
         deadline: Option<Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        let (family, side) = check_key(&req.key)?;
-        let waiter = waiting::Watch::new(&self.inner, family, side, &req.key.name, false);
+        let target = check_key(&req.key)?;
+        let waiter = waiting::Watch::new(&self.inner, target, &req.key.name, false);
         waiter.wait(req, deadline, cancel).await
     }
 
     /// Gives back the lock if `req.attempt` holds it. There is no queue to leave: see
     /// docs/file-backend.md, *The hold protocol*.
     async fn give_up(&self, req: &AcquireRequest) -> Result<()> {
-        let (family, side) = check_key(&req.key)?;
-        self.inner.give_up(family, side, req);
+        self.inner.give_up(check_key(&req.key)?, req);
         Ok(())
     }
 
     async fn release(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        let (family, side) = check_key(&grant.key)?;
-        self.inner.release(family, side, grant).await
+        self.inner.release(check_key(&grant.key)?, grant).await
     }
 
     async fn renew(&self, holds: &[(GrantRef, Duration)]) -> Result<Vec<RenewOutcome>> {
         holds
             .iter()
             .map(|(grant, _lease)| match target(grant.key.kind) {
-                Some((family, side)) => self.inner.renew(family, side, grant, None),
+                Some(target) => self.inner.renew(target, grant, None),
                 None => Ok(RenewOutcome::NotHeld),
             })
             .collect()
@@ -277,14 +273,14 @@ impl Backend for FileBackend {
     }
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        let (family, side) = check_key(&grant.key)?;
-        if family != Family::Election {
+        let target = check_key(&grant.key)?;
+        if target.0 != Family::Election {
             return Err(Error::invalid(format!(
                 "proclaim is for elections, not {} locks",
                 grant.key.kind.as_str()
             )));
         }
-        self.inner.renew(family, side, grant, Some((seq, value)))
+        self.inner.renew(target, grant, Some((seq, value)))
     }
 
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {

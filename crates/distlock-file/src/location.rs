@@ -77,17 +77,14 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
 pub(crate) fn namespace_dir(ns: &str) -> String {
     let mut out = String::with_capacity(ns.len());
     for (i, b) in ns.bytes().enumerate() {
-        let plain = b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0);
-        if plain {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
+        match b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0) {
+            true => out.push(char::from(b)),
+            false => out.push_str(&format!("%{b:02X}")),
         }
     }
-    if out.is_empty() || out.len() > 128 {
-        format!("ns-{:032x}", fnv1a_128(ns.as_bytes()))
-    } else {
-        out
+    match out.len() {
+        1..=128 => out,
+        _ => format!("ns-{:032x}", fnv1a_128(ns.as_bytes())),
     }
 }
 

@@ -5,7 +5,7 @@
 //! under the exclusive lock, as a grant would.
 
 use super::{check_kind, sys, FileBackend, KIND};
-use crate::record::{HoldLine, Record};
+use crate::record::HoldLine;
 use crate::table::{Entry, Family};
 use distlock_core::{
     Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
@@ -35,17 +35,9 @@ impl Operator for FileBackend {
                 continue;
             };
             // An unreadable record names no lock: skipped.
-            if let Ok(Some((
-                Record {
-                    name: Some(name), ..
-                },
-                _,
-            ))) = inner.read_lock_record(family, &entry.path()).await
-            {
-                if name.starts_with(prefix) {
-                    found.push((name, kind));
-                }
-            }
+            let rec = inner.read_lock_record(family, &entry.path()).await;
+            let name = rec.ok().flatten().and_then(|(rec, _)| rec.name);
+            found.extend(name.filter(|n| n.starts_with(prefix)).map(|n| (n, kind)));
         }
         found.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
         found.dedup();

@@ -49,9 +49,12 @@ impl Family {
     }
 }
 
+/// A lock's family and the side a grant of it takes.
+pub(crate) type Target = (Family, Side);
+
 /// The family of lock kind `kind` and the side its grants take (a mutex or an election is
 /// taken exclusively: the write side); `None` for kinds this backend does not implement.
-pub(crate) fn target(kind: LockKind) -> Option<(Family, Side)> {
+pub(crate) fn target(kind: LockKind) -> Option<Target> {
     match kind {
         LockKind::Mutex => Some((Family::Mutex, Side::Write)),
         LockKind::Election => Some((Family::Election, Side::Write)),

@@ -4,7 +4,7 @@
 //! read-write lock's turnstile — and park what they get for the waiters of their side.
 
 use crate::record::Side;
-use crate::table::{remove_if_idle, slot, Entry, Family, TURNSTILE};
+use crate::table::{remove_if_idle, slot, Entry, Family, Target, TURNSTILE};
 use crate::{sys, Inner};
 use distlock_core::backend::{
     async_trait, wait, AcquireReply, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy, Wake,
@@ -36,7 +36,7 @@ impl WaitStrategy for NotifiedWait<'_> {
         let requested_at = distlock_core::clock::Instant::now();
         let first = std::mem::replace(&mut self.first, false);
         Ok(
-            match (w.inner).try_acquire(w.family, w.side, self.req, true, first)? {
+            match (w.inner).try_acquire((w.family, w.side), self.req, true, first)? {
                 AcquireReply::Granted { token } => {
                     Attempt::Granted(Granted::new(token, requested_at))
                 }
@@ -73,8 +73,7 @@ impl Watch {
     /// `family`, reporting the first change after the name's current generation.
     pub(crate) fn new(
         inner: &Arc<Inner>,
-        family: Family,
-        side: Side,
+        (family, side): Target,
         name: &Arc<str>,
         watcher: bool,
     ) -> Watch {
@@ -111,7 +110,7 @@ impl Watch {
             return Ok(());
         }
         self.inner
-            .arm(self.family, self.side, entry, &self.name, None)
+            .arm((self.family, self.side), entry, &self.name, None)
     }
 
     /// Waits, as this waiter, for `req` without polling, with the core's retrying loop
@@ -197,7 +196,7 @@ impl Inner {
     /// readers out); and have a thread block for the lock itself.
     pub(crate) fn queue_writer(
         self: &Arc<Self>,
-        family: Family,
+        t @ (family, _): Target,
         entry: &mut Entry,
         name: &Arc<str>,
         main: Option<File>,
@@ -214,7 +213,7 @@ impl Inner {
                 })?;
             }
         }
-        self.arm(family, Side::Write, entry, name, main)
+        self.arm(t, entry, name, main)
     }
 
     /// Starts the waiting thread of side `side` of `name` (for a waiter or a watch of that
@@ -224,8 +223,7 @@ impl Inner {
     /// become a grant) to block on; a reader gives it after it passed the turnstile.
     pub(crate) fn arm(
         self: &Arc<Self>,
-        family: Family,
-        side: Side,
+        (family, side): Target,
         entry: &mut Entry,
         name: &Arc<str>,
         main: Option<File>,
