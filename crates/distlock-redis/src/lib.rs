@@ -519,8 +519,7 @@ impl RedisBackend {
         self.query_on(&mut self.con.get(), cmd).await
     }
 
-    /// [`query`](Self::query) on `con` (one master of a cluster, or a connection kept for a
-    /// `WAIT` after a script).
+    /// [`query`](Self::query) on `con` (one master of a cluster).
     async fn query_on<T: redis::FromRedisValue>(
         &self,
         con: &mut Link,
