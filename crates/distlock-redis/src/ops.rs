@@ -82,13 +82,9 @@ pub(crate) async fn scan(
         let mut cursor = 0u64;
         loop {
             let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000);
+            cmd.arg(cursor).arg(&["MATCH", pattern, "COUNT", "1000"]);
             if let Some(of) = of {
-                cmd.arg("TYPE").arg(of);
+                cmd.arg(&["TYPE", of]);
             }
             let (next, keys): (u64, Vec<String>) = b.query_on(&mut con, &cmd).await?;
             if !keys.is_empty() {
@@ -251,26 +247,20 @@ pub(crate) async fn force_release(
     Ok(ForceReleased::new(removed, fencing_token))
 }
 
-/// Reads `maxmemory-policy` and warns unless it is `noeviction`: an evicting server may drop a
-/// held lock (a second holder). (An evicted fencing counter is as harmless as an expired one:
-/// a token is never below the server clock, see `scripts/fence.lua`.)
-/// A server where CONFIG is disabled or renamed only gets a debug line.
+/// Reads `maxmemory-policy` and warns unless it is `noeviction` ([`eviction_finding`]). (An
+/// evicted fencing counter is as harmless as an expired one: a token is never below the server
+/// clock, see `scripts/fence.lua`.) A server where CONFIG is disabled or renamed only gets a
+/// debug line.
 pub(crate) async fn check_eviction(con: &mut redis::aio::ConnectionManager, endpoint: &str) {
     let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
         .query_async(con)
         .await;
-    match r {
-        Ok(v) => match v.get(1) {
-            Some(policy) if policy != "noeviction" => tracing::warn!(
-                endpoint,
-                policy = %policy,
-                "redis maxmemory-policy is not noeviction: under memory pressure the server may evict held locks (two holders at once); set `maxmemory-policy noeviction`"
-            ),
-            Some(_) => {}
-            None => tracing::debug!(endpoint, "CONFIG GET maxmemory-policy returned nothing"),
-        },
+    match r.as_ref().map(|v| v.get(1).map(|p| eviction_finding(p))) {
+        Ok(Some((Severity::Ok, _))) => {}
+        Ok(Some((_, message))) => tracing::warn!(endpoint, "{message}"),
+        Ok(None) => tracing::debug!(endpoint, "CONFIG GET maxmemory-policy returned nothing"),
         Err(e) => tracing::debug!(
             endpoint,
             error = %e,
@@ -360,7 +350,8 @@ fn cluster_finding(info: &HashMap<&str, &str>, cluster: bool) -> (Severity, Stri
     (severity, message.to_owned())
 }
 
-/// Whether a held lock may be evicted, by `maxmemory-policy`.
+/// Whether a held lock may be evicted, by `maxmemory-policy`: an evicting server may drop a
+/// held lock (a second holder).
 fn eviction_finding(policy: &str) -> (Severity, String) {
     match policy {
         "noeviction" => (Severity::Ok, "noeviction: held locks are never evicted".into()),

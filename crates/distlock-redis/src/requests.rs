@@ -40,8 +40,7 @@ pub(crate) struct Sent {
 /// The latest request of one waiting attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Last {
-    seq: u64,
-    sent: Instant,
+    sent: Sent,
     /// Answered "held" (a request without an answer, or that failed, vouches for nothing).
     held: bool,
 }
@@ -67,11 +66,7 @@ impl Requests {
             at: Instant::now(),
         };
         if let Some(l) = self.table().get_mut(attempt) {
-            *l = Last {
-                seq: sent.seq,
-                sent: sent.at,
-                held: false,
-            };
+            *l = Last { sent, held: false };
         }
         sent
     }
@@ -80,16 +75,9 @@ impl Requests {
     pub(crate) fn held(&self, attempt: &AttemptId, sent: Sent) {
         let mut t = self.table();
         if t.len() >= KEEP {
-            t.retain(|_, l| sent.at.saturating_duration_since(l.sent) < STALE);
+            t.retain(|_, l| sent.at.saturating_duration_since(l.sent.at) < STALE);
         }
-        t.insert(
-            attempt.clone(),
-            Last {
-                seq: sent.seq,
-                sent: sent.at,
-                held: true,
-            },
-        );
+        t.insert(attempt.clone(), Last { sent, held: true });
     }
 
     /// `attempt` is granted or gave up: nothing of it is vouched for any more.
@@ -111,8 +99,8 @@ impl Requests {
 /// The decision: `Some(send time)` when `request` is the attempt's latest (`last`), answered
 /// "held", and at least half of `lease` measured from its send time is left at `now`.
 fn vouched(last: &Last, request: u64, lease: Duration, now: Instant) -> Option<Instant> {
-    (request != 0 && request == last.seq && last.held && now < last.sent + lease / 2)
-        .then_some(last.sent)
+    let Last { sent, held } = *last;
+    (request != 0 && request == sent.seq && held && now < sent.at + lease / 2).then_some(sent.at)
 }
 
 /// A waiting mutex attempt's watch that turns the handoffs this client vouches for into
@@ -156,8 +144,14 @@ mod tests {
     const LEASE: Duration = Duration::from_secs(10);
 
     fn last(held: bool) -> (Last, Instant) {
-        let sent = Instant::now();
-        (Last { seq: 7, sent, held }, sent)
+        let at = Instant::now();
+        (
+            Last {
+                sent: Sent { seq: 7, at },
+                held,
+            },
+            at,
+        )
     }
 
     #[test]

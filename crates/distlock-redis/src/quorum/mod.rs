@@ -23,7 +23,7 @@
 use crate::error::{shape, KIND};
 use crate::inspect::time_ms;
 use crate::renew::PER_SCRIPT;
-use crate::scripts::{self, Script};
+use crate::scripts;
 use crate::RedisBackend;
 use crate::{family, int, lease_ms};
 use distlock_core::backend::{
@@ -154,13 +154,10 @@ impl RedisNode {
     /// # Errors
     /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
     pub async fn wake_watch(&self, attempt: &AttemptId) -> Result<Box<dyn ReleaseWatch>> {
-        match self.b.subscriber.ready(attempt) {
+        let s = &self.b.subscriber;
+        match s.ready(attempt) {
             Some(w) => Ok(w),
-            None => {
-                (self.b.subscriber)
-                    .watch(self.b.subscriber.wake().to_owned(), attempt)
-                    .await
-            }
+            None => s.watch(s.wake().to_owned(), attempt).await,
         }
     }
 
@@ -201,15 +198,8 @@ impl RedisNode {
             .map_err(|e| self.b.err(e))
     }
 
-    /// Runs one quorum script; on NOSCRIPT loads them and retries once. Also says whether it
-    /// had to reload.
-    async fn run_quorum(
-        &self,
-        script: &Script,
-        keys: &[&str],
-        args: &[&str],
-    ) -> Result<(Value, bool)> {
-        let cmd = script.cmd(keys, args);
+    /// Runs one quorum script (reloading them on NOSCRIPT); also says whether it had to reload.
+    async fn run_quorum(&self, cmd: redis::Cmd) -> Result<(Value, bool)> {
         self.b.eval_in(&QUORUM.all(), &cmd).await
     }
 
@@ -271,7 +261,11 @@ impl RedisNode {
         let ended = self.b.ended_key(&key.name, attempt);
         let sent = self.b.unanswered.sent(attempt);
         let (v, reloaded) = self
-            .run_quorum(&QUORUM.acquire, &[&k.lock, &ended, &self.epoch_key], &args)
+            .run_quorum(
+                QUORUM
+                    .acquire
+                    .cmd(&[&k.lock, &ended, &self.epoch_key], &args),
+            )
             .await?;
         sent.answered();
         Ok(QuorumVote {
@@ -301,7 +295,7 @@ impl RedisNode {
         let mut args = vec![attempt.as_str(), &token];
         args.extend(k.observe.as_deref());
         let (v, _) = self
-            .run_quorum(&QUORUM.raise, &[&k.lock, &k.fence], &args)
+            .run_quorum(QUORUM.raise.cmd(&[&k.lock, &k.fence], &args))
             .await?;
         match crate::pair("raise fence", &v)? {
             (1, c) if c >= 0 => Ok(Some(c as u64)),
@@ -412,11 +406,10 @@ impl RedisNode {
         let observe = k.observe.unwrap_or_default();
         let (token, seq) = (grant.token.to_string(), seq.to_string());
         let (v, _) = self
-            .run_quorum(
-                &QUORUM.proclaim,
+            .run_quorum(QUORUM.proclaim.cmd(
                 &[&k.lock],
                 &[grant.attempt.as_str(), &token, &seq, value, &observe],
-            )
+            ))
             .await?;
         crate::proclaimed("quorum proclaim", &v)
     }
@@ -548,7 +541,7 @@ impl RedisNode {
         let ek = &self.epoch_key;
         let q = quarantine.as_millis().to_string();
         let (v, _) = self
-            .run_quorum(&QUORUM.epoch, &[ek], &["create", prefix, run_id, &q])
+            .run_quorum(QUORUM.epoch.cmd(&[ek], &["create", prefix, run_id, &q]))
             .await?;
         let bad = || shape("create epoch", &v);
         let Value::Array(items) = &v else {
@@ -574,7 +567,7 @@ impl RedisNode {
     /// one call (it deletes only the epoch with `value`).
     pub async fn drop_epoch(&self, value: &str) -> Result<()> {
         let ek = &self.epoch_key;
-        self.run_quorum(&QUORUM.epoch, &[ek], &["drop", value, "", "0"])
+        self.run_quorum(QUORUM.epoch.cmd(&[ek], &["drop", value, "", "0"]))
             .await
             .map(|_| ())
     }
@@ -598,7 +591,7 @@ impl RedisNode {
             for (_, _, value) in batch {
                 cmd.arg(*value);
             }
-            let (v, _) = self.b.eval_in(&s.all(), &cmd).await?;
+            let (v, _) = self.run_quorum(cmd).await?;
             raised += uint("raise fences", &v)?;
         }
         Ok(raised)
