@@ -1,21 +1,12 @@
-//! Handoff notices as grants: the number and send time of each waiting attempt's latest request.
+//! Handoff notices as grants: the number and send time of each waiting attempt's latest request
+//! (docs/redis-lock.md, "Operations", the handoff's `SEQ`).
 //!
-//! A release that hands a mutex over tells the waiter `h TOKEN ATTEMPT SEQ`, SEQ the number of
-//! the waiter's latest request the server had answered (`scripts/release_handoff.lua`; each
-//! request of a queued waiter stores its number with its queue entry). The notice comes on the
-//! subscriber connection, so it may be older than the waiter's latest request: a waiter
-//! stopped past a lease hears, after its next request was answered "held", of a handoff whose
-//! lease ran out meanwhile (`dlock torture` seed 12). So a notice is the grant only when
-//!
-//! - it names the attempt's latest request, and that request was answered "held": the server
-//!   made the grant after answering it, with the lease the attempt asked for, so the lease
-//!   runs from no earlier than that request's send time;
-//! - that send time plus half the lease is still ahead (a grant with less left is confirmed,
-//!   which also restarts its lease).
-//!
-//! Any other notice is confirmed by one more attempt of the same attempt, as every handoff was
-//! before (`distlock_core::wait`). A vouched handoff saves the new holder that round trip: the
-//! lock passes from one holder to the next in one release and one pub/sub delivery.
+//! A handoff notice `h TOKEN ATTEMPT SEQ` comes on the subscriber connection, so it may be
+//! older than the waiter's latest request (`dlock torture` seed 12). It is the grant only when
+//! it names the attempt's latest request, that request was answered "held" (so the server
+//! granted after answering it, and the lease runs from no earlier than its send time), and half
+//! the lease from that send time is still ahead. Any other notice is confirmed by one more
+//! attempt of the same attempt (`distlock_core::wait`).
 
 use distlock_core::backend::{async_trait, AttemptId, ReleaseWatch, Wake};
 use distlock_core::clock::Instant;

@@ -1,24 +1,16 @@
-//! One node's part in Redlock (`distlock-redlock`, several independent Redis masters).
+//! One node's part in Redlock (`distlock-redlock`, several independent Redis masters): the
+//! single-node steps the quorum logic there is built from, each one round trip — a vote (with
+//! the node's epoch check, restart quarantine, fencing counter and wait queue: a free lock goes
+//! to the node's first live waiter, and a release wakes that waiter alone), raising the counter
+//! to the token a majority chose, releasing or renewing one attempt's hold, the node epoch,
+//! raising counters past a forced release. The scripts are `scripts/quorum_*.lua`.
 //!
-//! The quorum logic lives in `distlock-redlock`; these are the single-node steps it is built from,
-//! each one round trip: a vote on an acquisition attempt (with the node's epoch check, its
-//! restart quarantine and its fencing counter), raising the counter to the token a majority
-//! chose, releasing or renewing one attempt's hold, the node epoch (the marker that this node
-//! has not lost its data since its restart quarantine was set, carrying the end of it), raising
-//! counters past a forced release, and a wait queue per node ([`RedisNode::vote`]): a free lock
-//! goes to the node's first live waiter, and a release wakes that waiter alone. The scripts are
-//! in `scripts/quorum_*.lua`.
-//!
-//! Every per-node hold is addressed by the attempt id that won it (unique forever): a retried
-//! vote finds its own hold and returns it, a retried release finds nothing and changes nothing,
-//! and no request can touch another attempt's hold, even one of the same owner. There are no
-//! per-node hold counts: re-entry is counted in the client.
-//!
-//! A Redlock lock does not share the single-node mutex's layout: its keys, and what a vote
-//! and a release are sent, are in docs/redlock.md, "Design"; an election's (the same layout
-//! under `NS:{NAME}:election`, every change of its hold published on its observe channel) in
-//! docs/election-redlock.md, "Layout". Every method that addresses a hold takes the kind; a
-//! lock's requests are exactly what they were.
+//! Every per-node hold is addressed by the attempt id that won it (unique forever), so retried
+//! and late requests have the effect of one and never touch another attempt's hold; re-entry
+//! is counted in the client (docs/redlock.md, "Safety argument", *Addressing*). The keys, and
+//! what a vote and a release are sent: docs/redlock.md, "Design"; an election's (the same
+//! layout under `NS:{NAME}:election`, every change of its hold published on its observe
+//! channel): docs/election-redlock.md, "Layout".
 
 use crate::error::{shape, KIND};
 use crate::inspect::time_ms;
