@@ -105,13 +105,6 @@ pub(crate) struct Resolved {
 }
 
 impl RedisSettings {
-    const RULE: CredentialRule = CredentialRule {
-        service: "Redis",
-        env_prefix: "DLOCK_REDIS",
-        password_needs_user: false,
-        ecosystem: None,
-    };
-
     fn resolve(s: Settings<Self>) -> Result<Resolved> {
         let mut address = address::from_parsed(s.url.clone())?;
         if let Route::Sentinel(sentinels) = &mut address.route {
@@ -140,7 +133,12 @@ impl RedisSettings {
 
 impl Connect for RedisSettings {
     type Backend = RedisBackend;
-    const CREDENTIALS: CredentialRule = RedisSettings::RULE;
+    const CREDENTIALS: CredentialRule = CredentialRule {
+        service: "Redis",
+        env_prefix: "DLOCK_REDIS",
+        password_needs_user: false,
+        ecosystem: None,
+    };
 
     async fn connect(settings: Settings<Self>) -> Result<RedisBackend> {
         let opts = settings.opts.clone();
@@ -162,7 +160,7 @@ mod tests {
     }
 
     fn resolve(b: &RedisBuilder, env: &Env) -> Result<Resolved> {
-        RedisSettings::resolve(b.settings_with(&RedisSettings::RULE, env)?)
+        RedisSettings::resolve(b.settings_with(&RedisSettings::CREDENTIALS, env)?)
     }
 
     fn creds(b: &RedisBuilder, env: &Env) -> (Option<String>, Option<String>) {

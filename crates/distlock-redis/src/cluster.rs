@@ -169,16 +169,6 @@ impl Cluster {
         *self.lock() = None;
     }
 
-    /// A connection to the master that owns `key`'s slot (as last read).
-    pub(crate) async fn at_key(&self, key: &str) -> RedisResult<Link> {
-        let masters = self.masters().await?;
-        let s = slot(key);
-        match masters.iter().find(|m| m.owns(s)) {
-            Some(m) => Ok(self.at(m)),
-            None => Ok(self.link()),
-        }
-    }
-
     /// `part` run for every master at once ([`plan`]; `None`: no master known for the slots)
     /// with the items (indexes into `slots`) of its slots, in scripts of one slot, and its
     /// results (one per item, in the order of its scripts) put back in the order of `slots`

@@ -1,20 +1,13 @@
-//! The plain mutex's contended mode, and the replies of the lean mutex scripts.
+//! The plain mutex's contended mode (docs/redis-lock.md, "Contended mode", also why the tails
+//! stay bounded), and the replies of the lean mutex scripts.
 //!
-//! A release with waiters either hands the lock to the oldest live waiter (strict FIFO, the
-//! fair lock's and an election's only way) or — for a plain mutex whose oldest waiter has
-//! waited less than the *handoff threshold* — frees it and wakes that waiter alone (`w
-//! ATTEMPT` on its wake channel): whoever asks first of that waiter and the clients not queued
-//! gets it, the releaser included, as Go's `sync.Mutex` lets a running goroutine take a free
-//! lock; a waiter queued behind a live one keeps its place (scripts/acquire_wait.lua). Once the oldest waiter has waited
-//! that long, releases hand over again, oldest first, until the oldest has not
-//! (scripts/release.lua; docs/redis-lock.md, "Contended mode", argues why the tails stay
-//! bounded).
-//!
-//! The threshold follows the recent hold time by default: [`HOLD_MULTIPLE`] × the mean time
-//! this client held its plain mutexes lately, kept within [`MIN_HANDOFF_AFTER`] ..=
-//! [`MAX_HANDOFF_AFTER`] ([`DEFAULT_HANDOFF_AFTER`] before the first release). A queue whose
-//! head is younger than that many critical sections barges; a deeper or slower one is served
-//! FIFO. `?handoff_after=DUR` fixes it instead; `handoff_after=0` hands over always.
+//! A release with waiters hands the lock to the oldest live waiter (strict FIFO: the fair
+//! lock's and an election's only way) or, for a plain mutex whose oldest waiter has waited less
+//! than the *handoff threshold*, frees it and wakes that waiter alone: whoever asks first gets
+//! it, but a waiter queued behind a live one keeps its place (scripts/acquire_wait.lua). The
+//! threshold is `?handoff_after=DUR` (`0`: hand over always), else [`HOLD_MULTIPLE`] × this
+//! client's recent mean hold within [`MIN_HANDOFF_AFTER`] ..= [`MAX_HANDOFF_AFTER`]
+//! ([`DEFAULT_HANDOFF_AFTER`] before the first release).
 
 use crate::error::shape;
 use distlock_core::conn::ConnectionString;

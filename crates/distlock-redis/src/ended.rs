@@ -1,20 +1,10 @@
-//! Ended attempts stay ended: the attempts with a request that may still reach the server.
-//!
-//! After a reply timed out this backend goes on over a fresh connection ([`crate::conn`]), so
-//! a request whose answer never came may still be on its way — in a proxy, a socket buffer,
-//! a stalled server — when its attempt has ended (a retry was answered "held", the wait ran
-//! out, the grant was released). Run then, it would grant the lock to an attempt nobody waits
-//! for, or queue it for the next release's handoff: the lock held by nobody for a lease.
-//!
-//! So every acquire-side script refuses an attempt whose **end record**
-//! `NS:{NAME}:ended:ATTEMPT` exists (in the lock's hash tag, so in its Cluster slot): it
-//! neither grants nor queues it, and answers "held". The record is written by the attempt's
-//! give-up and by the release of its grant, in the same round trip, before the release script
-//! runs (a `SET … PX` pipelined in front of it), and only for an attempt that has a request
-//! without an answer: [`Unanswered`] counts them, so an attempt whose every request was
-//! answered (the uncontended case) costs nothing. The record lives
-//! [`record_lifetime`] (at least [`ENDED_FOR`]): the assumption is that no request reaches the
-//! server later than that after it was sent.
+//! Ended attempts stay ended (docs/redis-lock.md, "Safety argument", 9): after a reply timed
+//! out, a request may still reach the server after its attempt ended, and would grant or queue
+//! an attempt nobody waits for. So every acquire-side script refuses an attempt whose **end
+//! record** `NS:{NAME}:ended:ATTEMPT` (in the lock's slot) exists; the attempt's give-up or
+//! release sets it first, in the same round trip, only for an attempt with a request still
+//! without an answer ([`Unanswered`]: the uncontended case costs nothing). The record lives
+//! [`record_lifetime`]: no request is assumed to arrive later than that after it was sent.
 
 pub(crate) use distlock_core::ended::Unanswered;
 use std::time::Duration;

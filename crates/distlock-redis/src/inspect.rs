@@ -257,14 +257,7 @@ pub(crate) async fn inspect_many(
     (cluster.per_master(&slots, read).await)
         .map_err(|e| b.err(e))?
         .into_iter()
-        .map(|o| {
-            o.unwrap_or_else(|| {
-                Err(Error::unexpected(
-                    KIND,
-                    "inspect: a master's reads went missing",
-                ))
-            })
-        })
+        .map(|o| o.unwrap_or_else(|| Err(crate::error::shape("inspect", &Value::Nil))))
         .collect()
 }
 

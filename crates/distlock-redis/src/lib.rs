@@ -519,8 +519,7 @@ impl RedisBackend {
         self.query_on(&mut self.con.get(), cmd).await
     }
 
-    /// [`query`](Self::query) on `con` (one master of a cluster, or a connection kept for a
-    /// `WAIT` after a script).
+    /// [`query`](Self::query) on `con` (one master of a cluster).
     async fn query_on<T: redis::FromRedisValue>(
         &self,
         con: &mut Link,
@@ -783,14 +782,9 @@ fn acquire_outcome(req: &AcquireRequest, v: &Value, reply: (i64, i64)) -> Result
     }
 }
 
+/// A script's `{a, b}` reply.
 fn pair(what: &str, v: &Value) -> Result<(i64, i64)> {
-    match v {
-        Value::Array(items) if items.len() == 2 => match (int(&items[0]), int(&items[1])) {
-            (Some(a), Some(b)) => Ok((a, b)),
-            _ => Err(shape(what, v)),
-        },
-        _ => Err(shape(what, v)),
-    }
+    redis::from_redis_value_ref(v).map_err(|_| shape(what, v))
 }
 
 /// A proclamation script's reply: `1` stored, `0` the grant does not hold the election.
@@ -804,17 +798,12 @@ fn proclaimed(what: &str, v: &Value) -> Result<RenewOutcome> {
 
 /// A release script's (`mode`'s) outcome `n`: `1` released, `0` no lock, `3` another grant.
 fn release_outcome(mode: &str, n: i64) -> Result<ReleaseOutcome> {
-    Ok(match n {
-        1 => ReleaseOutcome::Released,
-        0 => ReleaseOutcome::Expired,
-        3 => ReleaseOutcome::TakenByOther,
-        n => {
-            return Err(Error::unexpected(
-                KIND,
-                format!("{mode}: unexpected reply {n}"),
-            ))
-        }
-    })
+    match n {
+        1 => Ok(ReleaseOutcome::Released),
+        0 => Ok(ReleaseOutcome::Expired),
+        3 => Ok(ReleaseOutcome::TakenByOther),
+        n => Err(shape(mode, &Value::Int(n))),
+    }
 }
 
 fn lease_ms(d: Duration) -> String {

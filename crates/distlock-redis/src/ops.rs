@@ -9,15 +9,13 @@ use super::{family, Family, RedisBackend};
 use crate::cluster::Link;
 use crate::error::KIND;
 use crate::inspect::holders;
+use crate::scripts::SCRIPTS;
 use distlock_core::operator::{clock_finding, measure_clock, version_finding};
 use distlock_core::{
     Error, Finding, ForceReleased, ListedLock, LockKind, Operator, Result, Severity,
 };
-use redis::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-const FORCE_RELEASE: &str = crate::scripts::fenced!("force_release.lua");
 
 /// The reply of force_release.lua: grants, PTTL, expiries, server ms, new counter.
 type ForceReply = (Vec<(String, String)>, i64, Vec<(String, f64)>, u64, String);
@@ -84,13 +82,9 @@ pub(crate) async fn scan(
         let mut cursor = 0u64;
         loop {
             let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000);
+            cmd.arg(cursor).arg(&["MATCH", pattern, "COUNT", "1000"]);
             if let Some(of) = of {
-                cmd.arg("TYPE").arg(of);
+                cmd.arg(&["TYPE", of]);
             }
             let (next, keys): (u64, Vec<String>) = b.query_on(&mut con, &cmd).await?;
             if !keys.is_empty() {
@@ -216,28 +210,23 @@ pub(crate) async fn force_release(
     kind: LockKind,
 ) -> Result<ForceReleased> {
     let fam = family(kind)?;
-    let keys = b.keys(name, &fam);
-    let election = matches!(fam, Family::Mutex { election: true, .. });
-    let script = redis::Script::new(FORCE_RELEASE);
-    let mut invocation = script.prepare_invoke();
+    let k = b.keys(name, &fam);
     // KEYS[3] must be a name of the same slot; for the mutex (its queue) it is only passed,
     // never written. A mutex's waiter data is KEYS[4].
-    invocation.key(&keys.holds).key(&keys.fence);
-    match &keys.exp {
-        Some(exp) => invocation.key(exp),
-        None => invocation.key(&keys.queue).key(&keys.waiters),
+    let keys = match &k.exp {
+        Some(exp) => vec![&*k.holds, &k.fence, exp],
+        None => vec![&*k.holds, &k.fence, &k.queue, &k.waiters],
     };
-    invocation
-        .arg(b.release_channel(name, &fam))
-        .arg(if keys.exp.is_some() { "1" } else { "0" });
-    if election {
-        invocation.arg(b.observe_channel(name));
+    let (channel, observe) = (b.release_channel(name, &fam), b.observe_channel(name));
+    let mut args = vec![&*channel, if k.exp.is_some() { "1" } else { "0" }];
+    if let Family::Mutex { election: true, .. } = fam {
+        args.push(&observe);
     }
-    let mut con = b.con.get();
-    let reply: Value = invocation
-        .invoke_async(&mut con)
-        .await
-        .map_err(|e| b.err(e))?;
+    // With `?wait_replicas`, the removal must survive a failover as a grant must (else a
+    // promoted replica still has the old holder, and a counter below its token): a WAIT
+    // right behind the script, as an acquire's.
+    let cmd = SCRIPTS.force_release.cmd(&keys, &args);
+    let (reply, acked) = (b.eval_ending(&SCRIPTS.all(), &cmd, None, b.wait_replicas)).await?;
     let bad = |what: &str| {
         Error::unexpected(
             KIND,
@@ -247,18 +236,8 @@ pub(crate) async fn force_release(
     let (fields, pttl, exps, now_ms, token): ForceReply =
         redis::from_redis_value(reply).map_err(|_| bad("reply"))?;
     let fencing_token = token.parse().map_err(|_| bad("counter"))?;
-    if let Some((n, timeout)) = b.wait_replicas {
-        // The removal must survive a failover as a grant must: else a promoted replica still
-        // has the old holder (and a counter below its token). On a cluster, WAIT goes to the
-        // master that ran the script (redis-rs would ask every node).
-        if let Some(c) = b.con.cluster() {
-            con = c.at_key(&keys.holds).await.map_err(|e| b.err(e))?;
-        }
-        let ms = timeout.as_millis() as u64;
-        let acked: u64 = b
-            .query_on(&mut con, redis::cmd("WAIT").arg(n).arg(ms))
-            .await?;
-        if acked < u64::from(n) {
+    if let (Some((n, timeout)), Some(acked)) = (b.wait_replicas, acked) {
+        if acked < i64::from(n) {
             return Err(Error::unexpected(KIND, format!(
                     "forced release of `{name}` done on the primary, but only {acked} of {n} replicas confirmed it within {timeout:?} (a failover could bring the old holder back); check replication and run it again"
                 )));
@@ -268,26 +247,20 @@ pub(crate) async fn force_release(
     Ok(ForceReleased::new(removed, fencing_token))
 }
 
-/// Reads `maxmemory-policy` and warns unless it is `noeviction`: an evicting server may drop a
-/// held lock (a second holder). (An evicted fencing counter is as harmless as an expired one:
-/// a token is never below the server clock, see `scripts/fence.lua`.)
-/// A server where CONFIG is disabled or renamed only gets a debug line.
+/// Reads `maxmemory-policy` and warns unless it is `noeviction` ([`eviction_finding`]). (An
+/// evicted fencing counter is as harmless as an expired one: a token is never below the server
+/// clock, see `scripts/fence.lua`.) A server where CONFIG is disabled or renamed only gets a
+/// debug line.
 pub(crate) async fn check_eviction(con: &mut redis::aio::ConnectionManager, endpoint: &str) {
     let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
         .query_async(con)
         .await;
-    match r {
-        Ok(v) => match v.get(1) {
-            Some(policy) if policy != "noeviction" => tracing::warn!(
-                endpoint,
-                policy = %policy,
-                "redis maxmemory-policy is not noeviction: under memory pressure the server may evict held locks (two holders at once); set `maxmemory-policy noeviction`"
-            ),
-            Some(_) => {}
-            None => tracing::debug!(endpoint, "CONFIG GET maxmemory-policy returned nothing"),
-        },
+    match r.as_ref().map(|v| v.get(1).map(|p| eviction_finding(p))) {
+        Ok(Some((Severity::Ok, _))) => {}
+        Ok(Some((_, message))) => tracing::warn!(endpoint, "{message}"),
+        Ok(None) => tracing::debug!(endpoint, "CONFIG GET maxmemory-policy returned nothing"),
         Err(e) => tracing::debug!(
             endpoint,
             error = %e,
@@ -297,7 +270,7 @@ pub(crate) async fn check_eviction(con: &mut redis::aio::ConnectionManager, endp
 }
 
 /// `key:value` lines of an INFO reply.
-fn parse_info(info: &str) -> HashMap<&str, &str> {
+pub(crate) fn parse_info(info: &str) -> HashMap<&str, &str> {
     info.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.trim_end().split_once(':'))
@@ -338,86 +311,77 @@ fn info_findings(
     cluster: bool,
     wait_replicas: Option<(u32, Duration)>,
 ) -> Vec<Finding> {
-    let mut out = Vec::new();
-    // Version.
     let version = info.get("redis_version").copied().unwrap_or("unknown");
-    out.push(version_finding(
-        "Redis",
-        version,
-        MIN_VERSION,
-        "the lock scripts' reading of the server clock (TIME) before writing, which needs script effects replication,",
-        "the server refuses the scripts' writes",
-    ));
-
-    out.push(cluster_finding(info, cluster));
-
-    // Eviction.
     let policy = info.get("maxmemory_policy").copied().unwrap_or("unknown");
-    out.push(if policy == "noeviction" {
-        Finding::new(Severity::Ok, "maxmemory-policy", "noeviction: held locks are never evicted")
-    } else {
-        Finding::new(
-            Severity::Unsafe,
-            "maxmemory-policy",
-            format!("maxmemory-policy is `{policy}`: under memory pressure Redis may evict a held lock (a second holder gets it); set `maxmemory-policy noeviction` in redis.conf (and CONFIG SET maxmemory-policy noeviction)"),
-        )
-    });
-
-    out.push(persistence_finding(
-        info.get("aof_enabled") == Some(&"1"),
-        save,
-    ));
-    out.push(replication_finding(info, wait_replicas));
-    out
+    let aof = info.get("aof_enabled") == Some(&"1");
+    let found =
+        |check, (severity, message): (Severity, String)| Finding::new(severity, check, message);
+    vec![
+        version_finding(
+            "Redis",
+            version,
+            MIN_VERSION,
+            "the lock scripts' reading of the server clock (TIME) before writing, which needs script effects replication,",
+            "the server refuses the scripts' writes",
+        ),
+        found("cluster", cluster_finding(info, cluster)),
+        found("maxmemory-policy", eviction_finding(policy)),
+        found("persistence", persistence_finding(aof, save)),
+        found("replication", replication_finding(info, wait_replicas)),
+    ]
 }
 
 /// Whether this is a standalone server, a master of the `redis+cluster://` cluster
 /// (`cluster`), or a cluster node reached by `redis://`.
-fn cluster_finding(info: &HashMap<&str, &str>, cluster: bool) -> Finding {
-    if cluster {
-        Finding::new(
+fn cluster_finding(info: &HashMap<&str, &str>, cluster: bool) -> (Severity, String) {
+    let (severity, message) = if cluster {
+        (
             Severity::Ok,
-            "cluster",
             "a master of the cluster, reached by redis+cluster://",
         )
     } else if info.get("cluster_enabled") == Some(&"1") {
-        Finding::new(
+        (
             Severity::Unsafe,
-            "cluster",
             "this is a Redis Cluster node: a redis:// URL talks to this one node only (locks whose slot lives elsewhere fail with MOVED, and a failover of this node's shard loses its grants); point dlock at a standalone or Sentinel-managed primary, or write redis+cluster://host:port,… for the whole cluster",
         )
     } else {
-        Finding::new(
-            Severity::Ok,
-            "cluster",
-            "standalone server (not a cluster node)",
-        )
+        (Severity::Ok, "standalone server (not a cluster node)")
+    };
+    (severity, message.to_owned())
+}
+
+/// Whether a held lock may be evicted, by `maxmemory-policy`: an evicting server may drop a
+/// held lock (a second holder).
+fn eviction_finding(policy: &str) -> (Severity, String) {
+    match policy {
+        "noeviction" => (Severity::Ok, "noeviction: held locks are never evicted".into()),
+        _ => (
+            Severity::Unsafe,
+            format!("maxmemory-policy is `{policy}`: under memory pressure Redis may evict a held lock (a second holder gets it); set `maxmemory-policy noeviction` in redis.conf (and CONFIG SET maxmemory-policy noeviction)"),
+        ),
     }
 }
 
 /// Whether grants survive a restart: `aof` (appendonly), or the RDB `save` points (`None`:
 /// CONFIG not allowed).
-fn persistence_finding(aof: bool, save: Option<&str>) -> Finding {
+fn persistence_finding(aof: bool, save: Option<&str>) -> (Severity, String) {
+    let lost = "so a restarted server can grant a held lock again (fencing tokens still go up, see `fencing`); set `appendonly yes` if locks must survive restarts";
     match (aof, save) {
-        (true, _) => Finding::new(
+        (true, _) => (
             Severity::Ok,
-            "persistence",
-            "appendonly yes: grants survive a restart (up to the appendfsync window; fencing tokens go up across it too, see `fencing`)",
+            "appendonly yes: grants survive a restart (up to the appendfsync window; fencing tokens go up across it too, see `fencing`)".into(),
         ),
-        (false, Some(s)) if !s.trim().is_empty() => Finding::new(
+        (false, Some(s)) if !s.trim().is_empty() => (
             Severity::Warning,
-            "persistence",
-            format!("only RDB snapshots (save {s}): grants made since the last snapshot are lost on a restart, so a restarted server can grant a held lock again (fencing tokens still go up, see `fencing`); set `appendonly yes` if locks must survive restarts"),
+            format!("only RDB snapshots (save {s}): grants made since the last snapshot are lost on a restart, {lost}"),
         ),
-        (false, Some(_)) => Finding::new(
+        (false, Some(_)) => (
             Severity::Warning,
-            "persistence",
-            "no persistence (appendonly no, no save points): every grant is lost on a restart, so a restarted server can grant a held lock again (fencing tokens still go up, see `fencing`); set `appendonly yes` if locks must survive restarts",
+            format!("no persistence (appendonly no, no save points): every grant is lost on a restart, {lost}"),
         ),
-        (false, None) => Finding::new(
+        (false, None) => (
             Severity::Warning,
-            "persistence",
-            "appendonly no, and CONFIG GET save is not allowed: grants since the last snapshot (or all, without snapshots) are lost on a restart; set `appendonly yes` if locks must survive restarts",
+            "appendonly no, and CONFIG GET save is not allowed: grants since the last snapshot (or all, without snapshots) are lost on a restart; set `appendonly yes` if locks must survive restarts".into(),
         ),
     }
 }
@@ -426,37 +390,32 @@ fn persistence_finding(aof: bool, save: Option<&str>) -> Finding {
 fn replication_finding(
     info: &HashMap<&str, &str>,
     wait_replicas: Option<(u32, Duration)>,
-) -> Finding {
+) -> (Severity, String) {
     let role = info.get("role").copied().unwrap_or("unknown");
     let replicas: u32 = info
         .get("connected_slaves")
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     match (role, replicas, wait_replicas) {
-        ("slave", _, _) => Finding::new(
+        ("slave", _, _) => (
             Severity::Unsafe,
-            "replication",
-            "this server is a replica: locks cannot be taken here (writes are refused) and it may be far behind its primary; point the URL at the primary",
+            "this server is a replica: locks cannot be taken here (writes are refused) and it may be far behind its primary; point the URL at the primary".into(),
         ),
-        (_, 0, None) => Finding::new(Severity::Ok, "replication", "no replicas"),
-        (_, 0, Some((n, _))) => Finding::new(
+        (_, 0, None) => (Severity::Ok, "no replicas".into()),
+        (_, 0, Some((n, _))) => (
             Severity::Warning,
-            "replication",
             format!("?wait_replicas={n} but no replica is connected: every grant will time out waiting for them; start the replicas or drop the parameter"),
         ),
-        (_, r, None) => Finding::new(
+        (_, r, None) => (
             Severity::Warning,
-            "replication",
             format!("{r} replica(s) connected and no ?wait_replicas: a failover can promote a replica that never received a grant, and the lock is granted twice; add ?wait_replicas={r} to the URL (or accept it for a single primary that is never failed over)"),
         ),
-        (_, r, Some((n, _))) if r < n => Finding::new(
+        (_, r, Some((n, _))) if r < n => (
             Severity::Warning,
-            "replication",
             format!("?wait_replicas={n} but only {r} replica(s) connected: grants will time out until enough replicas are back"),
         ),
-        (_, r, Some((n, _))) => Finding::new(
+        (_, r, Some((n, _))) => (
             Severity::Ok,
-            "replication",
             format!("{r} replica(s); every grant waits for {n} of them"),
         ),
     }

@@ -2,19 +2,14 @@
 //! through the core's wake-up table ([`Subscriptions`]); docs/redis-lock.md, "Operations"
 //! (wait), and on a cluster docs/redis-cluster.md, "Wake-ups".
 //!
-//! A lock's channel is subscribed only while a waiter of this client waits on it. Its
-//! messages are `r` (released) or `h TOKEN ATTEMPT` (handed over to ATTEMPT). A mutex (or
-//! election) waiter listens on its client's **wake channel** (`NS:wake:ID`, one per backend)
-//! instead, which its queue entry names: a handoff goes there only, and it is subscribed once
-//! per connection and kept (pinned), so a watch is a table entry made before the waiter's
-//! first request ([`Subscriber::ready`]). A waiter is woken only by a plain release or a
-//! handoff to its own attempt, never by one to a sibling of the same owner; a message that
-//! arrives between its attempt and its sleep is kept by the table. If the connection breaks,
-//! every watch ends with a connection error and the waiter subscribes again. A Redlock node
-//! tells a queued waiter its turn there as `h 0 ATTEMPT` (token 0 is never a grant's).
-//!
-//! On `redis+cluster://` any node hears every PUBLISH (broadcast): the subscriber stays on the
-//! node it reached until that connection breaks, then tries the next.
+//! A lock's channel is subscribed only while a waiter of this client waits on it; its messages
+//! are `r` (released) or `h TOKEN ATTEMPT` (handed over to ATTEMPT). A mutex (or election)
+//! waiter listens on its client's **wake channel** (`NS:wake:ID`, subscribed once per
+//! connection and pinned), which its queue entry names, so a watch is a table entry made before
+//! the waiter's first request ([`Subscriber::ready`]); a Redlock node tells a queued waiter its
+//! turn there as `h 0 ATTEMPT` (token 0 is never a grant's). If the connection breaks, every
+//! watch ends with a connection error and the waiter subscribes again. On `redis+cluster://`
+//! any node hears every PUBLISH: the subscriber stays on one until its connection breaks.
 
 use crate::error::{map, KIND};
 use distlock_core::backend::{AttemptId, ReleaseWatch, Subscription, Subscriptions};

@@ -1,21 +1,12 @@
-//! Handoff notices as grants: the number and send time of each waiting attempt's latest request.
+//! Handoff notices as grants: the number and send time of each waiting attempt's latest request
+//! (docs/redis-lock.md, "Operations", the handoff's `SEQ`).
 //!
-//! A release that hands a mutex over tells the waiter `h TOKEN ATTEMPT SEQ`, SEQ the number of
-//! the waiter's latest request the server had answered (`scripts/release_handoff.lua`; each
-//! request of a queued waiter stores its number with its queue entry). The notice comes on the
-//! subscriber connection, so it may be older than the waiter's latest request: a waiter
-//! stopped past a lease hears, after its next request was answered "held", of a handoff whose
-//! lease ran out meanwhile (`dlock torture` seed 12). So a notice is the grant only when
-//!
-//! - it names the attempt's latest request, and that request was answered "held": the server
-//!   made the grant after answering it, with the lease the attempt asked for, so the lease
-//!   runs from no earlier than that request's send time;
-//! - that send time plus half the lease is still ahead (a grant with less left is confirmed,
-//!   which also restarts its lease).
-//!
-//! Any other notice is confirmed by one more attempt of the same attempt, as every handoff was
-//! before (`distlock_core::wait`). A vouched handoff saves the new holder that round trip: the
-//! lock passes from one holder to the next in one release and one pub/sub delivery.
+//! A handoff notice `h TOKEN ATTEMPT SEQ` comes on the subscriber connection, so it may be
+//! older than the waiter's latest request (`dlock torture` seed 12). It is the grant only when
+//! it names the attempt's latest request, that request was answered "held" (so the server
+//! granted after answering it, and the lease runs from no earlier than its send time), and half
+//! the lease from that send time is still ahead. Any other notice is confirmed by one more
+//! attempt of the same attempt (`distlock_core::wait`).
 
 use distlock_core::backend::{async_trait, AttemptId, ReleaseWatch, Wake};
 use distlock_core::clock::Instant;
@@ -40,8 +31,7 @@ pub(crate) struct Sent {
 /// The latest request of one waiting attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Last {
-    seq: u64,
-    sent: Instant,
+    sent: Sent,
     /// Answered "held" (a request without an answer, or that failed, vouches for nothing).
     held: bool,
 }
@@ -67,11 +57,7 @@ impl Requests {
             at: Instant::now(),
         };
         if let Some(l) = self.table().get_mut(attempt) {
-            *l = Last {
-                seq: sent.seq,
-                sent: sent.at,
-                held: false,
-            };
+            *l = Last { sent, held: false };
         }
         sent
     }
@@ -80,16 +66,9 @@ impl Requests {
     pub(crate) fn held(&self, attempt: &AttemptId, sent: Sent) {
         let mut t = self.table();
         if t.len() >= KEEP {
-            t.retain(|_, l| sent.at.saturating_duration_since(l.sent) < STALE);
+            t.retain(|_, l| sent.at.saturating_duration_since(l.sent.at) < STALE);
         }
-        t.insert(
-            attempt.clone(),
-            Last {
-                seq: sent.seq,
-                sent: sent.at,
-                held: true,
-            },
-        );
+        t.insert(attempt.clone(), Last { sent, held: true });
     }
 
     /// `attempt` is granted or gave up: nothing of it is vouched for any more.
@@ -111,8 +90,8 @@ impl Requests {
 /// The decision: `Some(send time)` when `request` is the attempt's latest (`last`), answered
 /// "held", and at least half of `lease` measured from its send time is left at `now`.
 fn vouched(last: &Last, request: u64, lease: Duration, now: Instant) -> Option<Instant> {
-    (request != 0 && request == last.seq && last.held && now < last.sent + lease / 2)
-        .then_some(last.sent)
+    let Last { sent, held } = *last;
+    (request != 0 && request == sent.seq && held && now < sent.at + lease / 2).then_some(sent.at)
 }
 
 /// A waiting mutex attempt's watch that turns the handoffs this client vouches for into
@@ -156,8 +135,14 @@ mod tests {
     const LEASE: Duration = Duration::from_secs(10);
 
     fn last(held: bool) -> (Last, Instant) {
-        let sent = Instant::now();
-        (Last { seq: 7, sent, held }, sent)
+        let at = Instant::now();
+        (
+            Last {
+                sent: Sent { seq: 7, at },
+                held,
+            },
+            at,
+        )
     }
 
     #[test]

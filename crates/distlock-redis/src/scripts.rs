@@ -114,8 +114,8 @@ pub(crate) use script_set;
 
 script_set! {
     /// The scripts every connection runs: the reentrant (and fair) mutex, which elections share
-    /// under their own keys, the read-write lock, the semaphore, an election's proclamation and
-    /// the batched renewal of every family (`crate::renew`).
+    /// under their own keys, the read-write lock, the semaphore, an election's proclamation, the
+    /// batched renewal of every family (`crate::renew`) and the operator's forced release.
     static SCRIPTS: Scripts {
         // The uncontended path of each runs before the prelude functions it does not call are
         // made (a Lua closure per function per call: measured, docs/redis-lock.md, "Costs"):
@@ -135,6 +135,7 @@ script_set! {
         sem_release: fenced!("queue.lua", "expiring.lua", "sem_release.lua"),
         proclaim: lua!("proclaim.lua"),
         renew_many: lua!("renew.lua", "expiring_renew.lua", "dialect/renew.lua", "renew_many.lua"),
+        force_release: fenced!("force_release.lua"),
     }
 }
 

@@ -14,7 +14,6 @@ use crate::pubsub::Subscriber;
 use distlock_core::conn::{ConnectionString, Credentials, Host, Password};
 use distlock_core::{Error, Result};
 use futures_util::StreamExt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::task::AbortHandle;
@@ -164,10 +163,9 @@ pub(crate) struct Follower {
     subscriber: Arc<Subscriber>,
     /// The master's `host:port` the connections go to now.
     current: Mutex<String>,
-    /// A check runs (at most one at a time).
-    checking: AtomicBool,
-    /// A check asked for (how long it should wait for the new master's role).
-    pending: Mutex<Option<Duration>>,
+    /// Whether a check runs (at most one at a time), and a check asked for (how long it
+    /// should wait for the new master's role).
+    checks: Mutex<(bool, Option<Duration>)>,
     last_check: Mutex<Option<Instant>>,
     /// The `+switch-master` listener, stopped with the follower.
     listener: Mutex<Option<AbortHandle>>,
@@ -198,8 +196,7 @@ impl Follower {
             con,
             subscriber,
             current: Mutex::new(current),
-            checking: AtomicBool::new(false),
-            pending: Mutex::new(None),
+            checks: Mutex::new((false, None)),
             last_check: Mutex::new(None),
             listener: Mutex::new(None),
         });
@@ -262,26 +259,22 @@ impl Follower {
     /// running one may have asked the sentinels before they switched).
     async fn check(&self, confirm_for: Duration) {
         {
-            let mut p = crate::lock(&self.pending);
-            *p = Some(p.map_or(confirm_for, |d| d.max(confirm_for)));
-        }
-        if self.checking.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        loop {
-            let next = crate::lock(&self.pending).take();
-            match next {
-                Some(confirm_for) => self.run_check(confirm_for).await,
-                None => {
-                    self.checking.store(false, Ordering::SeqCst);
-                    // A request that came between the take and the store: run it, unless
-                    // another caller took over.
-                    let more = crate::lock(&self.pending).is_some();
-                    if !more || self.checking.swap(true, Ordering::SeqCst) {
-                        return;
-                    }
-                }
+            let mut c = crate::lock(&self.checks);
+            c.1 = Some(c.1.map_or(confirm_for, |d| d.max(confirm_for)));
+            if std::mem::replace(&mut c.0, true) {
+                return;
             }
+        }
+        // The request taken and the running flag cleared under one lock: a request that
+        // comes after is either taken here or starts a check of its own.
+        loop {
+            let next = {
+                let mut c = crate::lock(&self.checks);
+                c.0 = c.1.is_some();
+                c.1.take()
+            };
+            let Some(confirm_for) = next else { return };
+            self.run_check(confirm_for).await;
         }
     }
 

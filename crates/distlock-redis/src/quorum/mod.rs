@@ -1,29 +1,21 @@
-//! One node's part in Redlock (`distlock-redlock`, several independent Redis masters).
+//! One node's part in Redlock (`distlock-redlock`, several independent Redis masters): the
+//! single-node steps the quorum logic there is built from, each one round trip — a vote (with
+//! the node's epoch check, restart quarantine, fencing counter and wait queue: a free lock goes
+//! to the node's first live waiter, and a release wakes that waiter alone), raising the counter
+//! to the token a majority chose, releasing or renewing one attempt's hold, the node epoch,
+//! raising counters past a forced release. The scripts are `scripts/quorum_*.lua`.
 //!
-//! The quorum logic lives in `distlock-redlock`; these are the single-node steps it is built from,
-//! each one round trip: a vote on an acquisition attempt (with the node's epoch check, its
-//! restart quarantine and its fencing counter), raising the counter to the token a majority
-//! chose, releasing or renewing one attempt's hold, the node epoch (the marker that this node
-//! has not lost its data since its restart quarantine was set, carrying the end of it), raising
-//! counters past a forced release, and a wait queue per node ([`RedisNode::vote`]): a free lock
-//! goes to the node's first live waiter, and a release wakes that waiter alone. The scripts are
-//! in `scripts/quorum_*.lua`.
-//!
-//! Every per-node hold is addressed by the attempt id that won it (unique forever): a retried
-//! vote finds its own hold and returns it, a retried release finds nothing and changes nothing,
-//! and no request can touch another attempt's hold, even one of the same owner. There are no
-//! per-node hold counts: re-entry is counted in the client.
-//!
-//! A Redlock lock does not share the single-node mutex's layout: its keys, and what a vote
-//! and a release are sent, are in docs/redlock.md, "Design"; an election's (the same layout
-//! under `NS:{NAME}:election`, every change of its hold published on its observe channel) in
-//! docs/election-redlock.md, "Layout". Every method that addresses a hold takes the kind; a
-//! lock's requests are exactly what they were.
+//! Every per-node hold is addressed by the attempt id that won it (unique forever), so retried
+//! and late requests have the effect of one and never touch another attempt's hold; re-entry
+//! is counted in the client (docs/redlock.md, "Safety argument", *Addressing*). The keys, and
+//! what a vote and a release are sent: docs/redlock.md, "Design"; an election's (the same
+//! layout under `NS:{NAME}:election`, every change of its hold published on its observe
+//! channel): docs/election-redlock.md, "Layout".
 
 use crate::error::{shape, KIND};
 use crate::inspect::time_ms;
 use crate::renew::PER_SCRIPT;
-use crate::scripts::{self, Script};
+use crate::scripts;
 use crate::RedisBackend;
 use crate::{family, int, lease_ms};
 use distlock_core::backend::{
@@ -154,13 +146,10 @@ impl RedisNode {
     /// # Errors
     /// [`Error::Connection`] if the subscriber cannot connect or subscribe in time.
     pub async fn wake_watch(&self, attempt: &AttemptId) -> Result<Box<dyn ReleaseWatch>> {
-        match self.b.subscriber.ready(attempt) {
+        let s = &self.b.subscriber;
+        match s.ready(attempt) {
             Some(w) => Ok(w),
-            None => {
-                (self.b.subscriber)
-                    .watch(self.b.subscriber.wake().to_owned(), attempt)
-                    .await
-            }
+            None => s.watch(s.wake().to_owned(), attempt).await,
         }
     }
 
@@ -201,15 +190,8 @@ impl RedisNode {
             .map_err(|e| self.b.err(e))
     }
 
-    /// Runs one quorum script; on NOSCRIPT loads them and retries once. Also says whether it
-    /// had to reload.
-    async fn run_quorum(
-        &self,
-        script: &Script,
-        keys: &[&str],
-        args: &[&str],
-    ) -> Result<(Value, bool)> {
-        let cmd = script.cmd(keys, args);
+    /// Runs one quorum script (reloading them on NOSCRIPT); also says whether it had to reload.
+    async fn run_quorum(&self, cmd: redis::Cmd) -> Result<(Value, bool)> {
         self.b.eval_in(&QUORUM.all(), &cmd).await
     }
 
@@ -271,7 +253,11 @@ impl RedisNode {
         let ended = self.b.ended_key(&key.name, attempt);
         let sent = self.b.unanswered.sent(attempt);
         let (v, reloaded) = self
-            .run_quorum(&QUORUM.acquire, &[&k.lock, &ended, &self.epoch_key], &args)
+            .run_quorum(
+                QUORUM
+                    .acquire
+                    .cmd(&[&k.lock, &ended, &self.epoch_key], &args),
+            )
             .await?;
         sent.answered();
         Ok(QuorumVote {
@@ -301,7 +287,7 @@ impl RedisNode {
         let mut args = vec![attempt.as_str(), &token];
         args.extend(k.observe.as_deref());
         let (v, _) = self
-            .run_quorum(&QUORUM.raise, &[&k.lock, &k.fence], &args)
+            .run_quorum(QUORUM.raise.cmd(&[&k.lock, &k.fence], &args))
             .await?;
         match crate::pair("raise fence", &v)? {
             (1, c) if c >= 0 => Ok(Some(c as u64)),
@@ -412,11 +398,10 @@ impl RedisNode {
         let observe = k.observe.unwrap_or_default();
         let (token, seq) = (grant.token.to_string(), seq.to_string());
         let (v, _) = self
-            .run_quorum(
-                &QUORUM.proclaim,
+            .run_quorum(QUORUM.proclaim.cmd(
                 &[&k.lock],
                 &[grant.attempt.as_str(), &token, &seq, value, &observe],
-            )
+            ))
             .await?;
         crate::proclaimed("quorum proclaim", &v)
     }
@@ -548,7 +533,7 @@ impl RedisNode {
         let ek = &self.epoch_key;
         let q = quarantine.as_millis().to_string();
         let (v, _) = self
-            .run_quorum(&QUORUM.epoch, &[ek], &["create", prefix, run_id, &q])
+            .run_quorum(QUORUM.epoch.cmd(&[ek], &["create", prefix, run_id, &q]))
             .await?;
         let bad = || shape("create epoch", &v);
         let Value::Array(items) = &v else {
@@ -574,7 +559,7 @@ impl RedisNode {
     /// one call (it deletes only the epoch with `value`).
     pub async fn drop_epoch(&self, value: &str) -> Result<()> {
         let ek = &self.epoch_key;
-        self.run_quorum(&QUORUM.epoch, &[ek], &["drop", value, "", "0"])
+        self.run_quorum(QUORUM.epoch.cmd(&[ek], &["drop", value, "", "0"]))
             .await
             .map(|_| ())
     }
@@ -598,7 +583,7 @@ impl RedisNode {
             for (_, _, value) in batch {
                 cmd.arg(*value);
             }
-            let (v, _) = self.b.eval_in(&s.all(), &cmd).await?;
+            let (v, _) = self.run_quorum(cmd).await?;
             raised += uint("raise fences", &v)?;
         }
         Ok(raised)

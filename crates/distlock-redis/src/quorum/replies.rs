@@ -133,20 +133,15 @@ pub(super) fn positive_ms(ms: i64) -> Option<Duration> {
 }
 
 pub(super) fn parse_info(text: &str, now_ms: u64) -> Result<ServerInfo> {
-    let field = |name: &str| {
-        text.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            (k == name).then(|| v.trim().to_owned())
-        })
-    };
-    let run_id = field("run_id")
+    let info = crate::ops::parse_info(text);
+    let run_id = (info.get("run_id").map(|r| r.trim()))
         .filter(|r| !r.is_empty())
         .ok_or_else(|| Error::unexpected(KIND, "INFO server has no run_id"))?;
-    let uptime = field("uptime_in_seconds")
-        .and_then(|u| u.parse::<u64>().ok())
+    let uptime = (info.get("uptime_in_seconds"))
+        .and_then(|u| u.trim().parse::<u64>().ok())
         .ok_or_else(|| Error::unexpected(KIND, "INFO server has no uptime_in_seconds"))?;
     Ok(ServerInfo {
-        run_id,
+        run_id: run_id.to_owned(),
         uptime: Duration::from_secs(uptime),
         now_ms,
     })
