@@ -27,8 +27,7 @@ impl EtcdBackend {
         // The reply, and whether `lease` ended up carrying the key (else it carries nothing).
         let take = async {
             for _ in 0..CAS_ATTEMPTS {
-                let nobody = Compare::create_revision(s.keys.queue.clone(), CompareOp::Equal, 0);
-                let txn = s.enqueue(req, lease, nobody.with_prefix());
+                let txn = s.enqueue(req, lease, true);
                 let resp = self.txn("acquire", txn).await?;
                 if resp.succeeded() {
                     let token = token_of(header_revision(&resp)?)?;

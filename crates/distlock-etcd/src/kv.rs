@@ -12,8 +12,8 @@ use crate::lease::Lease;
 use distlock_core::backend::{AcquireRequest, AttemptId};
 use distlock_core::{LockKind, Result};
 use etcd_client::{
-    Compare, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
 };
 
 /// The keys of one lock.
@@ -258,19 +258,23 @@ impl Slot {
         }
     }
 
-    /// The transaction that queues attempt `req` (on `lease`) if `guard` holds — its keys put,
-    /// the fence rewritten, the queue's first key read — else reads its key and the queue's
-    /// first: the acquire's (guard: nobody queued) and the waiter's (guard: its key is not
-    /// there yet).
-    pub(crate) fn enqueue(&self, req: &AcquireRequest, lease: Lease, guard: Compare) -> Txn {
+    /// The transaction that queues attempt `req` (on `lease`) — its keys put, the fence
+    /// rewritten — if its guard holds, else reads its key and the queue's first. The acquire
+    /// (`alone`) gets in only while nobody is queued, so it is first if it does; a waiter gets in
+    /// while its key is not there yet, and reads the queue's first key to learn whether it is.
+    pub(crate) fn enqueue(&self, req: &AcquireRequest, lease: Lease, alone: bool) -> Txn {
         let value = req.value.as_deref().unwrap_or_default().as_bytes();
-        let then = self.put(&req.key.owner, value, lease, 0).into_iter();
         let queue = &self.keys.queue;
-        let then = then.chain([
-            TxnOp::put(self.keys.fence.clone(), "", None),
-            first_of(queue),
-        ]);
-        (Txn::new().when([guard]).and_then(then.collect::<Vec<_>>()))
+        let mut then = self.put(&req.key.owner, value, lease, 0);
+        then.push(TxnOp::put(self.keys.fence.clone(), "", None));
+        let guard = match alone {
+            true => Compare::create_revision(queue.clone(), CompareOp::Equal, 0).with_prefix(),
+            false => {
+                then.push(first_of(queue));
+                Compare::create_revision(self.mine.clone(), CompareOp::Equal, 0)
+            }
+        };
+        (Txn::new().when([guard]).and_then(then))
             .or_else([TxnOp::get(self.mine.clone(), None), first_of(queue)])
     }
 }

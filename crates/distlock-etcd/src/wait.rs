@@ -15,8 +15,8 @@ use distlock_core::backoff::Backoff;
 use distlock_core::clock::Instant as LeaseInstant;
 use distlock_core::{Backend, Error, Result};
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
-    WatchFilterType, WatchOptions, WatchStream,
+    Client, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchFilterType,
+    WatchOptions, WatchStream,
 };
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -98,8 +98,7 @@ impl<'a> Waiter<'a> {
         let (b, s, req) = (self.b, &self.slot, self.req);
         let sent = LeaseInstant::now();
         let lease = b.grant(req.lease).await?;
-        let absent = Compare::create_revision(s.mine.clone(), CompareOp::Equal, 0);
-        let txn = s.enqueue(req, lease, absent);
+        let txn = s.enqueue(req, lease, false);
         // On an error, perhaps applied: the key may be on this lease now.
         let resp = b
             .doubting(&req.attempt, lease, b.txn("acquire", txn))
