@@ -121,14 +121,14 @@ impl PostgresBackend {
     }
 
     /// Opens the backend with every setting resolved.
-    async fn open(p: builder::Parsed, endpoint: String, opts: &ClientOptions) -> Result<Self> {
-        let (mut config, tls, mode) = (p.config, p.tls, p.mode);
-        let host = match config.get_hosts() {
-            [tokio_postgres::config::Host::Tcp(h)] => Some(h.clone()),
-            _ => None,
-        };
-        let connector = tls.connector(host)?;
-        config.ssl_mode(tls.driver_mode(config.get_hosts()));
+    async fn open(
+        mut config: tokio_postgres::Config,
+        p: PgSettings,
+        endpoint: String,
+        opts: &ClientOptions,
+    ) -> Result<Self> {
+        let (tls, mode) = (p.tls.unwrap_or_default(), p.mode.unwrap_or(Mode::Session));
+        let connector = tls.connector(&mut config)?;
         config.connect_timeout(opts.get_connect_timeout());
         if config.get_application_name().is_none() {
             config.application_name("dlock");
@@ -142,7 +142,7 @@ impl PostgresBackend {
             Mode::Lease => (lease::TABLES, lease::COLUMNS, lease::DDL),
         };
         common.ensure_schema(tables, columns, ddl).await?;
-        let listener = listen::Listener::new(common.clone(), p.listen);
+        let listener = listen::Listener::new(common.clone(), p.listen.unwrap_or(true));
         let (c, l) = (common.clone(), listener.clone());
         let inner = match mode {
             Mode::Session => Inner::Session(session::new_mode(c, l)),
