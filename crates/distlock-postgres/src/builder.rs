@@ -178,8 +178,47 @@ pub(crate) fn first_host(config: &tokio_postgres::Config) -> Option<(String, u16
     }
 }
 
-impl PgSettings {
-    const RULE: CredentialRule = CredentialRule {
+/// The driver's config, the settings and the endpoint, resolved ([`resolve`]).
+pub(crate) type Resolved = (tokio_postgres::Config, PgSettings, String);
+
+/// Every setting resolved: the driver's config with the credentials, the settings (TLS
+/// with the builder's files; a mode, namespace or `listen` not set: the default, or the
+/// client options' namespace when the backend opens), and the endpoint.
+pub(crate) fn resolve(s: &Settings<PgSettings>) -> Result<Resolved> {
+    let (mut config, mut p) = parsed(&s.url, &s.settings)?;
+    if let Some(u) = &s.credentials.user {
+        config.user(u);
+    }
+    if let Some(pw) = &s.credentials.password {
+        config.password(pw.expose());
+    }
+    if config.get_user().is_none() {
+        let reason = "no user; write postgres://user:password@host:port/database";
+        return Err(match s.settings.config {
+            None => s.url.invalid(reason),
+            Some(_) => Error::InvalidArgument(reason.into()),
+        });
+    }
+    let endpoint = endpoint_of(&config).map_err(|e| Error::InvalidArgument(e.into()))?;
+    let mut tls = p.tls.unwrap_or_default();
+    if let Some(ca) = &s.ca_file {
+        tls = tls.root_cert(ca);
+    }
+    if let Some((cert, key)) = &s.client_cert {
+        tls = tls.client_cert(cert, key);
+    }
+    p.tls = Some(tls);
+    if p.listen == Some(false) && p.mode != Some(Mode::Lease) {
+        return Err(Error::InvalidArgument(
+            "listen=off applies to mode=lease only (session mode waits on the server)".into(),
+        ));
+    }
+    Ok((config, p, endpoint))
+}
+
+impl Connect for PgSettings {
+    type Backend = PostgresBackend;
+    const CREDENTIALS: CredentialRule = CredentialRule {
         service: "PostgreSQL",
         env_prefix: "DLOCK_PG",
         // The application's config names its user outside the URL: `connect` checks.
@@ -187,50 +226,10 @@ impl PgSettings {
         ecosystem: Some(password::libpq),
     };
 
-    /// Every setting resolved: the driver's config with the credentials, the settings (TLS
-    /// with the builder's files; a mode, namespace or `listen` not set: the default, or the
-    /// client options' namespace when the backend opens), and the endpoint.
-    pub(crate) fn resolve(s: &Settings<Self>) -> Result<(tokio_postgres::Config, Self, String)> {
-        let (mut config, mut p) = parsed(&s.url, &s.settings)?;
-        if let Some(u) = &s.credentials.user {
-            config.user(u);
-        }
-        if let Some(pw) = &s.credentials.password {
-            config.password(pw.expose());
-        }
-        if config.get_user().is_none() {
-            let reason = "no user; write postgres://user:password@host:port/database";
-            return Err(match s.settings.config {
-                None => s.url.invalid(reason),
-                Some(_) => Error::InvalidArgument(reason.into()),
-            });
-        }
-        let endpoint = endpoint_of(&config).map_err(|e| Error::InvalidArgument(e.into()))?;
-        let mut tls = p.tls.unwrap_or_default();
-        if let Some(ca) = &s.ca_file {
-            tls = tls.root_cert(ca);
-        }
-        if let Some((cert, key)) = &s.client_cert {
-            tls = tls.client_cert(cert, key);
-        }
-        p.tls = Some(tls);
-        if p.listen == Some(false) && p.mode != Some(Mode::Lease) {
-            return Err(Error::InvalidArgument(
-                "listen=off applies to mode=lease only (session mode waits on the server)".into(),
-            ));
-        }
-        Ok((config, p, endpoint))
-    }
-}
-
-impl Connect for PgSettings {
-    type Backend = PostgresBackend;
-    const CREDENTIALS: CredentialRule = PgSettings::RULE;
-
     /// Connects, checks the credentials and creates dlock's tables if they are missing (or
     /// migrates those of an older version); see [`PostgresBackend::connect`].
     async fn connect(settings: Settings<Self>) -> Result<PostgresBackend> {
-        let (config, p, endpoint) = PgSettings::resolve(&settings)?;
+        let (config, p, endpoint) = resolve(&settings)?;
         PostgresBackend::open(config, p, endpoint, &settings.opts).await
     }
 }
@@ -245,10 +244,8 @@ mod tests {
         parse_url(&ConnectionString::parse(url)?)
     }
 
-    type Resolved = (tokio_postgres::Config, PgSettings, String);
-
     fn resolve(b: &PostgresBuilder, env: &[(&str, &str)]) -> Result<Resolved> {
-        PgSettings::resolve(&b.settings_with(&PgSettings::RULE, &Env::from_pairs(env))?)
+        super::resolve(&b.settings_with(&PgSettings::CREDENTIALS, &Env::from_pairs(env))?)
     }
 
     #[test]

@@ -98,10 +98,8 @@ impl PostgresBackend {
 
     /// A builder on the application's own [`tokio_postgres::Config`] (host, user, password,
     /// database, keepalives, …), with the TLS settings `tls` (they replace the config's
-    /// `ssl_mode`). dlock opens its own connections from it: in session mode one per holder,
-    /// plus a control connection. It sets `connect_timeout` from the client options and
-    /// `application_name` to `dlock` when the config has none. The config's user and password
-    /// stand as a URL's would.
+    /// `ssl_mode`); its user and password stand as a URL's would. What dlock opens from it and
+    /// sets in it: docs/postgres.md, *Bring your own config*.
     ///
     /// ```no_run
     /// use distlock_postgres::{PostgresBackend, SslMode, TlsOptions};

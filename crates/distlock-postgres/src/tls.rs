@@ -57,9 +57,7 @@ const NAMES: TlsNames = TlsNames {
 
 /// How to talk TLS to the server: the URL's `sslmode=`, `sslrootcert=`, `sslcert=` and
 /// `sslkey=`, or the same given in code ([`PostgresBuilderExt::tls`](crate::PostgresBuilderExt::tls)).
-///
-/// Unlike libpq, nothing is read from `~/.postgresql/`: name the files. The files are read
-/// once, when the backend connects.
+/// What is read when (never `~/.postgresql/`, unlike libpq): docs/postgres.md, *TLS*.
 ///
 /// ```
 /// use distlock_postgres::{SslMode, TlsOptions};
