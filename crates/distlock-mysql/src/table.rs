@@ -12,7 +12,7 @@
 //!   value stored in `dlock_elections` in the grant's transaction.
 
 use crate::common::{
-    check_kind, col, key_of, last_row, next_token, renewed, sql_attempt, sql_str, Common, Sets,
+    capabilities, col, key_of, last_row, next_token, renewed, sql_attempt, sql_str, Common, Sets,
 };
 use crate::error::{shape, KIND};
 use distlock_core::backend::{Backend, Capabilities, NoWatch};
@@ -91,7 +91,7 @@ impl TableMode {
 
     /// The key of `name`'s lock of `kind`, for the kinds this backend does.
     fn key(&self, name: &str, kind: LockKind) -> Result<String> {
-        check_kind(kind)?;
+        capabilities().check(KIND, kind)?;
         Ok(key_of(&self.common.namespace, name, kind))
     }
 
@@ -220,7 +220,7 @@ impl Backend for TableMode {
 
     /// Rows expire by lease on the server, with or without their holder.
     fn capabilities(&self) -> Capabilities {
-        crate::common::capabilities().lease_expiry(true)
+        capabilities().lease_expiry(true)
     }
 
     async fn watch(&self, _req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
@@ -357,7 +357,7 @@ impl Backend for TableMode {
 
     /// See [`crate::observe::proclaim`]: the leader is the attempt whose lock row is live.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        check_kind(grant.key.kind)?;
+        capabilities().check(KIND, grant.key.kind)?;
         let lk = self.key(&grant.key.name, LockKind::Election)?;
         let leads = (
             "dlock_table_locks",
