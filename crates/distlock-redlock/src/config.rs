@@ -65,8 +65,8 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<(Config, Vec<Node
         "protocol",
         "ca_file",
     ];
-    // `ca_file` only with TLS.
-    cs.check_params(&known[..6 + usize::from(node_scheme == "rediss")])?;
+    // `ca_file` (the last) only with TLS.
+    cs.check_params(&known[..known.len() - usize::from(node_scheme != "rediss")])?;
 
     let lease = opts.get_watchdog_lease();
     let node_timeout = match cs.duration("node_timeout")? {
