@@ -1,7 +1,7 @@
 //! Connecting to the cluster, and calling it: per-call timeouts, retries of requests that never left.
 
 use crate::builder::Target;
-use crate::error::{map, timed_out, KIND};
+use crate::error::{map, KIND};
 use crate::tls;
 use crate::EtcdBackend;
 use distlock_core::conn::{ClientCert, TlsError, TlsErrorKind};
@@ -211,7 +211,7 @@ impl EtcdBackend {
         };
         tokio::time::timeout(self.op_timeout, attempts)
             .await
-            .map_err(|_| timed_out(&self.endpoint, what, self.op_timeout))
+            .map_err(|_| Error::call_timeout(KIND, &self.endpoint, what, self.op_timeout))
     }
 
     /// [`raw`](Self::raw) with etcd's errors mapped.

@@ -200,7 +200,7 @@ impl EtcdBackend {
     /// (`PREFIX-election/NAME/`): etcd's `concurrency.Election` on `PREFIX-election/NAME`
     /// (`etcdctl elect dlock-election/NAME`) campaigns here too.
     pub fn election_prefix(&self, name: &str) -> Vec<u8> {
-        Keys::election(&self.prefix, name).queue
+        Keys::of_kind(&self.prefix, name, LockKind::Election).queue
     }
 }
 
