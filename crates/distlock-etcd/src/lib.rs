@@ -147,8 +147,7 @@ impl EtcdBackend {
     /// Cancel safe: the probe is a read.
     pub async fn from_client(client: Client, opts: &ClientOptions) -> Result<Self> {
         let endpoint = "etcd (the application's client)".to_owned();
-        let prefix = opts.get_namespace().to_owned();
-        Self::new(client, endpoint, prefix, opts)
+        Self::new(client, endpoint, None, opts)
             .probed(None, &[])
             .await
     }
