@@ -200,17 +200,21 @@ impl EtcdBackend {
             Ok(futures_util::future::join_all(each).await)
         });
         let done = futures_util::future::join_all(chunks).await;
-        // A chunk whose read failed leaves its holds unconfirmed, not the others; its first
-        // hold carries the read's error itself, so if every read failed, `each` returns the
-        // first one as the batch's error.
+        // A chunk whose read failed leaves its holds unconfirmed, not the others; if every
+        // read failed, that is the batch's error.
+        if done.iter().all(|r| r.is_err()) {
+            return done
+                .into_iter()
+                .next()
+                .map_or(Ok(Vec::new()), |r| r.map(|_| Vec::new()));
+        }
         let results =
             (done.into_iter().zip(holds.chunks(MAX_OPS_PER_TXN))).flat_map(|(r, chunk)| {
                 r.unwrap_or_else(|e| {
                     let why = format!("reading the keys of its renewal batch: {e}");
                     let failed =
                         || Err(Error::connection(KIND, self.endpoint.clone(), why.clone()));
-                    let rest = chunk.iter().skip(1).map(|_| failed());
-                    std::iter::once(Err(e)).chain(rest).collect()
+                    chunk.iter().map(|_| failed()).collect()
                 })
             });
         RenewOutcome::each(KIND, holds, results.collect())
