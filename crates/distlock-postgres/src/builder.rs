@@ -14,29 +14,23 @@ use std::str::FromStr;
 /// [`PostgresBackend::with_config`]; [`connect`](Builder::connect) opens the backend.
 ///
 /// What is set here replaces what the URL says. Each credential is taken from the first place
-/// that has it:
-///
-/// | setting | 1. builder | 2. URL (or config) | 3. environment | 4. libpq's rule |
-/// |---|---|---|---|---|
-/// | user | [`user`](Builder::user) | `postgres://USER@…` | `DLOCK_PG_USER` | — |
-/// | password | [`password`](Builder::password) / [`password_file`](Builder::password_file) (its first line) | `postgres://user:PASSWORD@…`, `?password=` | `DLOCK_PG_PASSWORD`, then the file named by `DLOCK_PG_PASSWORD_FILE` | `PGPASSWORD`, then a `.pgpass` file: [`passfile`](PostgresBuilderExt::passfile), `?passfile=`, `PGPASSFILE`, `~/.pgpass` |
-///
-/// [`ignore_env`](Builder::ignore_env) turns the environment off (libpq's variables too). A
-/// user without a password is fine (the server may `trust` it). The password never appears in
-/// a message, an error or `Debug`.
+/// that has it: the builder, the URL (or config), the environment (`DLOCK_PG_*`, then libpq's
+/// `PGPASSWORD` and `.pgpass` files, unless [`ignore_env`](Builder::ignore_env)); the order in
+/// full: docs/postgres.md, *Credentials*. A user without a password is fine (the server may
+/// `trust` it); the password never appears in a message, an error or `Debug`.
 pub type PostgresBuilder = Builder<PgSettings>;
 
-/// PostgreSQL's part of [`PostgresBuilder`].
+/// PostgreSQL's part of [`PostgresBuilder`]; in the crate also the URL's and resolved settings.
 #[derive(Debug, Clone, Default)]
 pub struct PgSettings {
     /// The application's own config, instead of the URL's.
     config: Option<Box<tokio_postgres::Config>>,
     /// A `.pgpass` file named in code.
     pub(crate) passfile: Option<PathBuf>,
-    tls: Option<TlsOptions>,
-    mode: Option<Mode>,
-    namespace: Option<String>,
-    listen: Option<bool>,
+    pub(crate) tls: Option<TlsOptions>,
+    pub(crate) mode: Option<Mode>,
+    pub(crate) namespace: Option<String>,
+    pub(crate) listen: Option<bool>,
 }
 
 /// The setters of [`PostgresBuilder`] that only PostgreSQL has.
@@ -91,17 +85,6 @@ pub(crate) fn with_config(config: tokio_postgres::Config, tls: TlsOptions) -> Po
     })
 }
 
-/// What the URL (or the application's config) says, beyond the credentials.
-#[derive(Debug)]
-pub(crate) struct Parsed {
-    pub(crate) config: tokio_postgres::Config,
-    pub(crate) mode: Mode,
-    pub(crate) namespace: Option<String>,
-    pub(crate) listen: bool,
-    pub(crate) tls: TlsOptions,
-    pub(crate) passfile: Option<PathBuf>,
-}
-
 /// The parameters this crate reads (the driver would refuse them, or read them its own way).
 const OURS: &[&str] = &[
     "mode",
@@ -114,8 +97,8 @@ const OURS: &[&str] = &[
     "passfile",
 ];
 
-/// The URL's settings, checked, and the driver's config from the rest.
-pub(crate) fn parse_url(cs: &ConnectionString) -> Result<Parsed> {
+/// The driver's config and the URL's settings, checked.
+pub(crate) fn parse_url(cs: &ConnectionString) -> Result<(tokio_postgres::Config, PgSettings)> {
     let bad = |reason: &str| cs.invalid(reason);
     if !matches!(cs.scheme(), "postgres" | "postgresql") {
         return Err(cs.invalid(format!(
@@ -145,30 +128,36 @@ pub(crate) fn parse_url(cs: &ConnectionString) -> Result<Parsed> {
     let driver = distlock_sql::url::driver_url(cs, OURS);
     let config = tokio_postgres::Config::from_str(&driver).map_err(|e| bad(&e.to_string()))?;
     endpoint_of(&config).map_err(bad)?;
-    Ok(Parsed {
-        config,
-        mode,
-        namespace,
-        listen,
-        tls,
+    let s = PgSettings {
+        config: None,
         passfile,
-    })
+        tls: Some(tls),
+        mode: Some(mode),
+        namespace,
+        listen: Some(listen),
+    };
+    Ok((config, s))
 }
 
-/// The settings of `url`, or of the application's config in `x` (whose TLS options
-/// [`with_config`] always sets).
-pub(crate) fn parsed(url: &ConnectionString, x: &PgSettings) -> Result<Parsed> {
-    let Some(config) = &x.config else {
-        return parse_url(url);
+/// The driver's config and the settings of `url` (or of the application's config in `x`,
+/// whose TLS options [`with_config`] always sets), those set in `x` over them.
+pub(crate) fn parsed(
+    url: &ConnectionString,
+    x: &PgSettings,
+) -> Result<(tokio_postgres::Config, PgSettings)> {
+    let (config, url) = match &x.config {
+        None => parse_url(url)?,
+        Some(c) => ((**c).clone(), PgSettings::default()),
     };
-    Ok(Parsed {
-        config: (**config).clone(),
-        mode: Mode::Session,
-        namespace: None,
-        listen: true,
-        tls: TlsOptions::default(),
-        passfile: None,
-    })
+    let s = PgSettings {
+        config: None,
+        passfile: x.passfile.clone().or(url.passfile),
+        tls: x.tls.clone().or(url.tls),
+        mode: x.mode.or(url.mode),
+        namespace: x.namespace.clone().or(url.namespace),
+        listen: x.listen.or(url.listen),
+    };
+    Ok((config, s))
 }
 
 /// `host:port` of the first host, for messages; what a config must have.
@@ -189,8 +178,47 @@ pub(crate) fn first_host(config: &tokio_postgres::Config) -> Option<(String, u16
     }
 }
 
-impl PgSettings {
-    const RULE: CredentialRule = CredentialRule {
+/// The driver's config, the settings and the endpoint, resolved ([`resolve`]).
+pub(crate) type Resolved = (tokio_postgres::Config, PgSettings, String);
+
+/// Every setting resolved: the driver's config with the credentials, the settings (TLS
+/// with the builder's files; a mode, namespace or `listen` not set: the default, or the
+/// client options' namespace when the backend opens), and the endpoint.
+pub(crate) fn resolve(s: &Settings<PgSettings>) -> Result<Resolved> {
+    let (mut config, mut p) = parsed(&s.url, &s.settings)?;
+    if let Some(u) = &s.credentials.user {
+        config.user(u);
+    }
+    if let Some(pw) = &s.credentials.password {
+        config.password(pw.expose());
+    }
+    if config.get_user().is_none() {
+        let reason = "no user; write postgres://user:password@host:port/database";
+        return Err(match s.settings.config {
+            None => s.url.invalid(reason),
+            Some(_) => Error::InvalidArgument(reason.into()),
+        });
+    }
+    let endpoint = endpoint_of(&config).map_err(|e| Error::InvalidArgument(e.into()))?;
+    let mut tls = p.tls.unwrap_or_default();
+    if let Some(ca) = &s.ca_file {
+        tls = tls.root_cert(ca);
+    }
+    if let Some((cert, key)) = &s.client_cert {
+        tls = tls.client_cert(cert, key);
+    }
+    p.tls = Some(tls);
+    if p.listen == Some(false) && p.mode != Some(Mode::Lease) {
+        return Err(Error::InvalidArgument(
+            "listen=off applies to mode=lease only (session mode waits on the server)".into(),
+        ));
+    }
+    Ok((config, p, endpoint))
+}
+
+impl Connect for PgSettings {
+    type Backend = PostgresBackend;
+    const CREDENTIALS: CredentialRule = CredentialRule {
         service: "PostgreSQL",
         env_prefix: "DLOCK_PG",
         // The application's config names its user outside the URL: `connect` checks.
@@ -198,55 +226,11 @@ impl PgSettings {
         ecosystem: Some(password::libpq),
     };
 
-    /// Every setting resolved: the driver's config with the credentials, the TLS options, the
-    /// mode, the namespace (if the URL or the builder sets one), whether lease waiters listen,
-    /// and the endpoint.
-    pub(crate) fn resolve(s: &Settings<Self>) -> Result<(Parsed, String)> {
-        let x = &s.settings;
-        let mut p = parsed(&s.url, x)?;
-        if let Some(u) = &s.credentials.user {
-            p.config.user(u);
-        }
-        if let Some(pw) = &s.credentials.password {
-            p.config.password(pw.expose());
-        }
-        if p.config.get_user().is_none() {
-            let reason = "no user; write postgres://user:password@host:port/database";
-            return Err(match x.config {
-                None => s.url.invalid(reason),
-                Some(_) => Error::InvalidArgument(reason.into()),
-            });
-        }
-        let endpoint = endpoint_of(&p.config).map_err(|e| Error::InvalidArgument(e.into()))?;
-        p.tls = x.tls.clone().unwrap_or(p.tls);
-        if let Some(ca) = &s.ca_file {
-            p.tls = p.tls.root_cert(ca);
-        }
-        if let Some((cert, key)) = &s.client_cert {
-            p.tls = p.tls.client_cert(cert, key);
-        }
-        p.mode = x.mode.unwrap_or(p.mode);
-        p.listen = x.listen.unwrap_or(p.listen);
-        if !p.listen && p.mode == Mode::Session {
-            return Err(Error::InvalidArgument(
-                "listen=off applies to mode=lease only (session mode waits on the server)".into(),
-            ));
-        }
-        // Else the client options' (when the backend opens).
-        p.namespace = x.namespace.clone().or(p.namespace);
-        Ok((p, endpoint))
-    }
-}
-
-impl Connect for PgSettings {
-    type Backend = PostgresBackend;
-    const CREDENTIALS: CredentialRule = PgSettings::RULE;
-
     /// Connects, checks the credentials and creates dlock's tables if they are missing (or
     /// migrates those of an older version); see [`PostgresBackend::connect`].
     async fn connect(settings: Settings<Self>) -> Result<PostgresBackend> {
-        let (p, endpoint) = PgSettings::resolve(&settings)?;
-        PostgresBackend::open(p, endpoint, &settings.opts).await
+        let (config, p, endpoint) = resolve(&settings)?;
+        PostgresBackend::open(config, p, endpoint, &settings.opts).await
     }
 }
 
@@ -256,36 +240,38 @@ mod tests {
     use crate::tls::SslMode;
     use distlock_core::conn::Env;
 
-    fn parse(url: &str) -> Result<Parsed> {
+    fn parse(url: &str) -> Result<(tokio_postgres::Config, PgSettings)> {
         parse_url(&ConnectionString::parse(url)?)
     }
 
-    fn resolve(b: &PostgresBuilder, env: &[(&str, &str)]) -> Result<(Parsed, String)> {
-        PgSettings::resolve(&b.settings_with(&PgSettings::RULE, &Env::from_pairs(env))?)
+    fn resolve(b: &PostgresBuilder, env: &[(&str, &str)]) -> Result<Resolved> {
+        super::resolve(&b.settings_with(&PgSettings::CREDENTIALS, &Env::from_pairs(env))?)
     }
 
     #[test]
     fn urls() {
-        let p = parse("postgres://u:pw@127.0.0.1:7000/db?namespace=shop&mode=lease").unwrap();
-        assert_eq!(endpoint_of(&p.config).unwrap(), "127.0.0.1:7000");
-        assert_eq!(p.mode, Mode::Lease);
+        let (c, p) = parse("postgres://u:pw@127.0.0.1:7000/db?namespace=shop&mode=lease").unwrap();
+        assert_eq!(endpoint_of(&c).unwrap(), "127.0.0.1:7000");
+        assert_eq!(p.mode, Some(Mode::Lease));
         assert_eq!(p.namespace.as_deref(), Some("shop"));
-        assert_eq!(p.config.get_user(), Some("u"));
-        assert_eq!(p.config.get_dbname(), Some("db"));
-        let p = parse("postgresql://u@h/db?application_name=x&sslmode=disable").unwrap();
-        assert_eq!(endpoint_of(&p.config).unwrap(), "h:5432");
-        assert_eq!(p.mode, Mode::Session);
-        assert_eq!(p.config.get_application_name(), Some("x"));
-        let p = parse("postgres:///db?host=/run/postgresql&user=u").unwrap();
-        assert_eq!(endpoint_of(&p.config).unwrap(), "/run/postgresql:5432");
-        let p = parse("postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&passfile=/pw")
-            .unwrap();
-        assert_eq!(p.tls.mode(), SslMode::VerifyFull);
+        assert_eq!(c.get_user(), Some("u"));
+        assert_eq!(c.get_dbname(), Some("db"));
+        let (c, p) = parse("postgresql://u@h/db?application_name=x&sslmode=disable").unwrap();
+        assert_eq!(endpoint_of(&c).unwrap(), "h:5432");
+        assert_eq!(p.mode, Some(Mode::Session));
+        assert_eq!(c.get_application_name(), Some("x"));
+        let (c, _) = parse("postgres:///db?host=/run/postgresql&user=u").unwrap();
+        assert_eq!(endpoint_of(&c).unwrap(), "/run/postgresql:5432");
+        let (_, p) =
+            parse("postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&passfile=/pw")
+                .unwrap();
+        assert_eq!(p.tls.map(|t| t.mode()), Some(SslMode::VerifyFull));
         assert_eq!(p.passfile, Some(PathBuf::from("/pw")));
-        let p = parse("postgres://u@h/db?mode=lease&listen=off").unwrap();
-        assert!(!p.listen);
-        let p = parse("postgres://u@h/db?mode=lease&options=-c%20search_path%3Dx%2By").unwrap();
-        assert_eq!(p.config.get_options(), Some("-c search_path=x+y"));
+        let (_, p) = parse("postgres://u@h/db?mode=lease&listen=off").unwrap();
+        assert_eq!(p.listen, Some(false));
+        let (c, _) =
+            parse("postgres://u@h/db?mode=lease&options=-c%20search_path%3Dx%2By").unwrap();
+        assert_eq!(c.get_options(), Some("-c search_path=x+y"));
         for bad in [
             "postgres://",
             "mysql://u@h/db",
@@ -321,23 +307,23 @@ mod tests {
     fn builder_settings() {
         let e = resolve(&PostgresBuilder::new("postgres://h/db"), &[]).unwrap_err();
         assert!(matches!(&e, Error::InvalidUrl { reason, .. } if reason.contains("no user")));
-        let (p, endpoint) = resolve(
+        let (c, _, endpoint) = resolve(
             &PostgresBuilder::new("postgres://h/db"),
             &[("DLOCK_PG_USER", "envuser"), ("DLOCK_PG_PASSWORD", "envpw")],
         )
         .unwrap();
         assert_eq!(endpoint, "h:5432");
-        assert_eq!(p.config.get_user(), Some("envuser"));
-        assert_eq!(p.config.get_password(), Some(&b"envpw"[..]));
+        assert_eq!(c.get_user(), Some("envuser"));
+        assert_eq!(c.get_password(), Some(&b"envpw"[..]));
         // libpq's variable comes after the URL and dlock's own.
         let b = PostgresBuilder::new("postgres://u:url@h/db");
-        let (p, _) = resolve(&b, &[("PGPASSWORD", "libpq")]).unwrap();
-        assert_eq!(p.config.get_password(), Some(&b"url"[..]));
+        let (c, _, _) = resolve(&b, &[("PGPASSWORD", "libpq")]).unwrap();
+        assert_eq!(c.get_password(), Some(&b"url"[..]));
         let b = PostgresBuilder::new("postgres://u@h/db");
-        let (p, _) = resolve(&b, &[("PGPASSWORD", "libpq")]).unwrap();
-        assert_eq!(p.config.get_password(), Some(&b"libpq"[..]));
-        let (p, _) = resolve(&b.clone().ignore_env(), &[("PGPASSWORD", "libpq")]).unwrap();
-        assert_eq!(p.config.get_password(), None);
+        let (c, _, _) = resolve(&b, &[("PGPASSWORD", "libpq")]).unwrap();
+        assert_eq!(c.get_password(), Some(&b"libpq"[..]));
+        let (c, _, _) = resolve(&b.clone().ignore_env(), &[("PGPASSWORD", "libpq")]).unwrap();
+        assert_eq!(c.get_password(), None);
         let b = b
             .password("code")
             .mode(Mode::Lease)
@@ -345,13 +331,13 @@ mod tests {
             .namespace("ns")
             .ca_file("/ca.pem")
             .tls(TlsOptions::new(SslMode::VerifyCa));
-        let (p, _) = resolve(&b, &[]).unwrap();
-        assert_eq!(p.config.get_password(), Some(&b"code"[..]));
-        assert_eq!((p.mode, p.listen), (Mode::Lease, false));
+        let (c, p, _) = resolve(&b, &[]).unwrap();
+        assert_eq!(c.get_password(), Some(&b"code"[..]));
+        assert_eq!((p.mode, p.listen), (Some(Mode::Lease), Some(false)));
         assert_eq!(p.namespace.as_deref(), Some("ns"));
         assert_eq!(
             p.tls,
-            TlsOptions::new(SslMode::VerifyCa).root_cert("/ca.pem")
+            Some(TlsOptions::new(SslMode::VerifyCa).root_cert("/ca.pem"))
         );
         let e = resolve(&b.mode(Mode::Session), &[]).unwrap_err();
         assert!(e.to_string().contains("listen=off"), "{e}");
@@ -363,13 +349,13 @@ mod tests {
         let mut config = tokio_postgres::Config::new();
         config.host("db").user("app").dbname("d").password("mine");
         let b = with_config(config, TlsOptions::new(SslMode::Disable));
-        let (p, endpoint) = resolve(&b, &[("DLOCK_PG_USER", "other")]).unwrap();
+        let (c, p, endpoint) = resolve(&b, &[("DLOCK_PG_USER", "other")]).unwrap();
         assert_eq!(endpoint, "db:5432");
-        assert_eq!(p.config.get_user(), Some("app"));
-        assert_eq!(p.config.get_password(), Some(&b"mine"[..]));
-        assert_eq!(p.tls.mode(), SslMode::Disable);
-        let (p, _) = resolve(&b.password("code"), &[]).unwrap();
-        assert_eq!(p.config.get_password(), Some(&b"code"[..]));
+        assert_eq!(c.get_user(), Some("app"));
+        assert_eq!(c.get_password(), Some(&b"mine"[..]));
+        assert_eq!(p.tls.map(|t| t.mode()), Some(SslMode::Disable));
+        let (c, _, _) = resolve(&b.password("code"), &[]).unwrap();
+        assert_eq!(c.get_password(), Some(&b"code"[..]));
         let e = resolve(
             &with_config(tokio_postgres::Config::new(), TlsOptions::default()),
             &[],

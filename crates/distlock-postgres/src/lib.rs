@@ -98,10 +98,8 @@ impl PostgresBackend {
 
     /// A builder on the application's own [`tokio_postgres::Config`] (host, user, password,
     /// database, keepalives, …), with the TLS settings `tls` (they replace the config's
-    /// `ssl_mode`). dlock opens its own connections from it: in session mode one per holder,
-    /// plus a control connection. It sets `connect_timeout` from the client options and
-    /// `application_name` to `dlock` when the config has none. The config's user and password
-    /// stand as a URL's would.
+    /// `ssl_mode`); its user and password stand as a URL's would. What dlock opens from it and
+    /// sets in it: docs/postgres.md, *Bring your own config*.
     ///
     /// ```no_run
     /// use distlock_postgres::{PostgresBackend, SslMode, TlsOptions};
@@ -121,14 +119,14 @@ impl PostgresBackend {
     }
 
     /// Opens the backend with every setting resolved.
-    async fn open(p: builder::Parsed, endpoint: String, opts: &ClientOptions) -> Result<Self> {
-        let (mut config, tls, mode) = (p.config, p.tls, p.mode);
-        let host = match config.get_hosts() {
-            [tokio_postgres::config::Host::Tcp(h)] => Some(h.clone()),
-            _ => None,
-        };
-        let connector = tls.connector(host)?;
-        config.ssl_mode(tls.driver_mode(config.get_hosts()));
+    async fn open(
+        mut config: tokio_postgres::Config,
+        p: PgSettings,
+        endpoint: String,
+        opts: &ClientOptions,
+    ) -> Result<Self> {
+        let (tls, mode) = (p.tls.unwrap_or_default(), p.mode.unwrap_or(Mode::Session));
+        let connector = tls.connector(&mut config)?;
         config.connect_timeout(opts.get_connect_timeout());
         if config.get_application_name().is_none() {
             config.application_name("dlock");
@@ -142,7 +140,7 @@ impl PostgresBackend {
             Mode::Lease => (lease::TABLES, lease::COLUMNS, lease::DDL),
         };
         common.ensure_schema(tables, columns, ddl).await?;
-        let listener = listen::Listener::new(common.clone(), p.listen);
+        let listener = listen::Listener::new(common.clone(), p.listen.unwrap_or(true));
         let (c, l) = (common.clone(), listener.clone());
         let inner = match mode {
             Mode::Session => Inner::Session(session::new_mode(c, l)),

@@ -1,8 +1,5 @@
-//! libpq's password rule, the ecosystem rule of [`PostgresBuilder`](crate::PostgresBuilder):
-//! when neither the builder, the URL nor dlock's own variables give a password, the
-//! environment variable [`PASSWORD_ENV`], then a password file in libpq's `.pgpass` format:
-//! the builder's [`passfile`](crate::PostgresBuilderExt::passfile), the URL's `passfile=`, the
-//! environment variable [`PASSFILE_ENV`], or `~/.pgpass`.
+//! libpq's password rule (`PGPASSWORD`, then a `.pgpass` file), the ecosystem rule of
+//! [`PostgresBuilder`](crate::PostgresBuilder): docs/postgres.md, *Credentials*, items 4 and 5.
 
 use crate::builder::{first_host, parsed, PgSettings};
 use distlock_core::conn::{EcosystemQuery, Password};
@@ -25,18 +22,15 @@ pub const PASSFILE_ENV: &str = "PGPASSFILE";
 pub(crate) fn libpq(q: &EcosystemQuery<'_>) -> Result<Option<Password>> {
     let default = PgSettings::default();
     let x = q.settings.downcast_ref::<PgSettings>().unwrap_or(&default);
-    let p = parsed(q.url, x)?;
-    let config = &p.config;
+    let (config, p) = parsed(q.url, x)?;
     if config.get_password().is_some() {
         return Ok(None);
     }
     if let Some(pw) = q.env.var(PASSWORD_ENV) {
         return Ok(Some(Password::new(pw)));
     }
-    let named = x
+    let named = p
         .passfile
-        .clone()
-        .or(p.passfile)
         .or_else(|| q.env.var(PASSFILE_ENV).map(PathBuf::from));
     let (file, named) = match named {
         Some(f) => (f, true),
@@ -59,7 +53,7 @@ pub(crate) fn libpq(q: &EcosystemQuery<'_>) -> Result<Option<Password>> {
             return Ok(None);
         }
     };
-    let (host, port, unix) = first_host(config).unwrap_or(("localhost".into(), 5432, false));
+    let (host, port, unix) = first_host(&config).unwrap_or(("localhost".into(), 5432, false));
     let port = port.to_string();
     let user = q.user.or(config.get_user()).unwrap_or_default();
     let db = config.get_dbname().unwrap_or(user);

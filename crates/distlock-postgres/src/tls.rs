@@ -57,9 +57,7 @@ const NAMES: TlsNames = TlsNames {
 
 /// How to talk TLS to the server: the URL's `sslmode=`, `sslrootcert=`, `sslcert=` and
 /// `sslkey=`, or the same given in code ([`PostgresBuilderExt::tls`](crate::PostgresBuilderExt::tls)).
-///
-/// Unlike libpq, nothing is read from `~/.postgresql/`: name the files. The files are read
-/// once, when the backend connects.
+/// What is read when (never `~/.postgresql/`, unlike libpq): docs/postgres.md, *TLS*.
 ///
 /// ```
 /// use distlock_postgres::{SslMode, TlsOptions};
@@ -154,22 +152,23 @@ impl TlsOptions {
         MODES.check(self.mode, self.root.is_some(), files, cfg!(feature = "tls"))
     }
 
-    /// The tokio-postgres `sslmode` of this mode to `hosts` (libpq ignores sslmode on unix
-    /// sockets, and the server offers no TLS there).
-    pub(crate) fn driver_mode(&self, hosts: &[Host]) -> tokio_postgres::config::SslMode {
+    /// Checks the options and reads the files: the connector every connection to `config`'s
+    /// hosts uses. Sets the driver's `sslmode` (libpq ignores sslmode on unix sockets, and the
+    /// server offers no TLS there).
+    pub(crate) fn connector(&self, config: &mut tokio_postgres::Config) -> Result<Tls> {
         use tokio_postgres::config::SslMode as D;
-        match self.mode {
-            _ if !hosts.iter().any(|h| matches!(h, Host::Tcp(_))) => D::Disable,
-            SslMode::Disable => D::Disable,
+        self.check().map_err(Error::InvalidArgument)?;
+        let tcp = config.get_hosts().iter().any(|h| matches!(h, Host::Tcp(_)));
+        config.ssl_mode(match self.mode {
+            _ if !tcp || self.mode == SslMode::Disable => D::Disable,
             SslMode::Prefer => D::Prefer,
             _ => D::Require,
-        }
-    }
-
-    /// Checks the options and reads the files: the connector every connection uses (`host`:
-    /// the one host connected to, if there is one, for messages).
-    pub(crate) fn connector(&self, host: Option<String>) -> Result<Tls> {
-        self.check().map_err(Error::InvalidArgument)?;
+        });
+        // The one host connected to, if there is one, for messages.
+        let host = match config.get_hosts() {
+            [Host::Tcp(h)] => Some(h.clone()),
+            _ => None,
+        };
         Tls::new(self, host)
     }
 }
@@ -416,7 +415,7 @@ mod tests {
     #[test]
     fn unreadable_files_are_named() {
         let tls = TlsOptions::new(SslMode::VerifyCa).root_cert("/nonexistent/ca.pem");
-        let Err(e) = tls.connector(None) else {
+        let Err(e) = tls.connector(&mut tokio_postgres::Config::new()) else {
             panic!("a missing root certificate file is refused")
         };
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");

@@ -15,8 +15,6 @@ use distlock_core::{
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
-use tokio_postgres::types::Type;
 
 mod doctor;
 
@@ -367,8 +365,10 @@ async fn force_lease_election(b: &PostgresBackend, name: &str) -> Result<ForceRe
         next_token!("1"),
         "), (SELECT count(*) FROM n)"
     );
-    let params: [(&(dyn ToSql + Sync), Type); 3] = params![ns, name, chan];
-    let rows = b.common.query("forced release", sql, &params).await?;
+    let rows = b
+        .common
+        .query("forced release", sql, &params![ns, name, chan])
+        .await?;
     let token = token_u64(first("forced release", &rows)?)?;
     Ok(ForceReleased::new(leader.holders, token))
 }

@@ -54,6 +54,7 @@ pub(crate) const COLUMNS: &[(&str, &str)] = &[("dlock_holders", "attempt")];
 const INSPECT: &str = include_str!("../../sql/session_inspect.sql");
 const FENCE: &str = include_str!("../../sql/fence.sql");
 const WAITERS: &str = include_str!("../../sql/session_waiters.sql");
+const ANY_HOLDER: &str = include_str!("../../sql/session_any_holder.sql");
 const ELECTION_INSPECT: &str = include_str!("../../sql/election_inspect.sql");
 const ELECTION_PROCLAIM: &str = include_str!("../../sql/election_proclaim.sql");
 
@@ -256,7 +257,15 @@ impl Dialect for PgDialect {
     }
 
     async fn not_held(&self, grant: &GrantRef) -> Result<ReleaseOutcome> {
-        self.not_held_outcome(&grant.key.name, grant.key.kind).await
+        let key = key_of(&self.common.namespace, &grant.key.name, grant.key.kind);
+        let (classid, objid) = key_oids(key);
+        let params = params![classid, objid];
+        let what = "checking the lock";
+        let rows = self.common.query(what, ANY_HOLDER, &params).await?;
+        Ok(match first(what, &rows)? {
+            true => ReleaseOutcome::TakenByOther,
+            false => ReleaseOutcome::Expired,
+        })
     }
 
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {

@@ -5,7 +5,7 @@ use super::state::Entry;
 use super::{exclusive, PgDialect};
 use crate::common::{channel, first, key_of, key_oids, token_u64};
 use crate::common::{params, Param};
-use distlock_core::{AcquireRequest, LockKind, ReleaseOutcome, Result};
+use distlock_core::{AcquireRequest, LockKind, Result};
 use distlock_sql::lease::millis_f64;
 use std::time::Duration;
 use tokio_postgres::Row;
@@ -16,7 +16,6 @@ const RELEASE_EXCL: &str = include_str!("../../sql/session_release_excl.sql");
 const RELEASE_SHARED: &str = include_str!("../../sql/session_release_shared.sql");
 const RELEASE_ALL: &str = include_str!("../../sql/session_release_all.sql");
 const HOLDS: &str = include_str!("../../sql/session_holds.sql");
-const ANY_HOLDER: &str = include_str!("../../sql/session_any_holder.sql");
 const HOLDER_TTL: &str = include_str!("../../sql/session_holder_ttl.sql");
 const TRY_LOCK: &str = include_str!("../../sql/session_try_lock.sql");
 const TRY_LOCK_SHARED: &str = include_str!("../../sql/session_try_lock_shared.sql");
@@ -162,25 +161,6 @@ impl PgDialect {
         let rows = self.common.query(what, sql, &params).await.ok()?;
         let left: f64 = rows.first()?.try_get::<_, Option<f64>>(0).ok()??;
         (left.is_finite() && left > 0.0).then(|| Duration::from_secs_f64(left / 1000.0))
-    }
-
-    /// What to report for a release of a grant this backend does not (or no longer) have:
-    /// another grant holds the lock, or nobody does.
-    pub(crate) async fn not_held_outcome(
-        &self,
-        name: &str,
-        kind: LockKind,
-    ) -> Result<ReleaseOutcome> {
-        let (classid, objid) = key_oids(key_of(&self.common.namespace, name, kind));
-        let params = params![classid, objid];
-        let rows = self
-            .common
-            .query("checking the lock", ANY_HOLDER, &params)
-            .await?;
-        Ok(match first("checking the lock", &rows)? {
-            true => ReleaseOutcome::TakenByOther,
-            false => ReleaseOutcome::Expired,
-        })
     }
 
     /// `pg_cancel_backend(pid)` through the control connection; false if that failed.
