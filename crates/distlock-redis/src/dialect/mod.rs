@@ -44,6 +44,22 @@ pub(crate) enum Dialect {
     PythonRedisLock,
 }
 
+/// A dialect's words, as data (the code that uses them is written once): its `dialect=` value;
+/// its lock and keys of lock `NAME`, in the peer's words; the lock key's prefix before `NAME`,
+/// its Redis type, the command that reads it, what it holds; the part of dlock's own keys'
+/// names (`NS:PART:…`); the note of its capabilities.
+struct Words {
+    param: &'static str,
+    peer: &'static str,
+    keys: &'static str,
+    prefix: &'static str,
+    redis_type: &'static str,
+    read: &'static str,
+    holds: &'static str,
+    part: &'static str,
+    note: &'static str,
+}
+
 impl Dialect {
     /// The `dialect=` parameter of `cs`, if any.
     pub(crate) fn from_url(cs: &ConnectionString) -> Result<Option<Dialect>> {
@@ -57,32 +73,41 @@ impl Dialect {
         }
     }
 
-    /// The parameter's value.
-    pub(crate) fn as_str(self) -> &'static str {
+    fn words(self) -> &'static Words {
         match self {
-            Dialect::Redisson => "redisson",
-            Dialect::PythonRedisLock => "python-redis-lock",
+            Dialect::Redisson => &Words {
+                param: "redisson",
+                peer: "Redisson's RLock",
+                keys: "hash NAME, channel redisson_lock__channel:{NAME}",
+                prefix: "",
+                redis_type: "hash",
+                read: "HGETALL",
+                holds: "a Redisson lock hash",
+                part: "redisson",
+                note: "dialect=redisson speaks Redisson's plain RLock only: use a mutex, or dlock's own layout (no dialect=) for other kinds",
+            },
+            Dialect::PythonRedisLock => &Words {
+                param: "python-redis-lock",
+                peer: "python-redis-lock's Lock",
+                keys: "lock:NAME, signal list lock-signal:NAME",
+                prefix: "lock:",
+                redis_type: "string",
+                read: "GET",
+                holds: "a python-redis-lock string",
+                part: "pyrl",
+                note: "dialect=python-redis-lock speaks its plain Lock only: use a mutex, or dlock's own layout (no dialect=) for other kinds",
+            },
         }
     }
 
-    /// What the dialect's lock is, in the peer's words.
-    fn peer(self) -> &'static str {
-        match self {
-            Dialect::Redisson => "Redisson's RLock",
-            Dialect::PythonRedisLock => "python-redis-lock's Lock",
-        }
+    /// The parameter's value.
+    pub(crate) fn as_str(self) -> &'static str {
+        self.words().param
     }
 
     /// The lock kinds the dialect speaks: the plain mutex.
     pub(crate) fn capabilities(self) -> Capabilities {
-        Capabilities::kinds(&[LockKind::Mutex]).note(match self {
-            Dialect::Redisson => {
-                "dialect=redisson speaks Redisson's plain RLock only: use a mutex, or dlock's own layout (no dialect=) for other kinds"
-            }
-            Dialect::PythonRedisLock => {
-                "dialect=python-redis-lock speaks its plain Lock only: use a mutex, or dlock's own layout (no dialect=) for other kinds"
-            }
-        })
+        Capabilities::kinds(&[LockKind::Mutex]).note(self.words().note)
     }
 }
 
@@ -165,10 +190,7 @@ impl Layout {
 
     /// The peer's lock key of `name`: `NAME` (Redisson) or `lock:NAME` (python-redis-lock).
     pub(crate) fn lock_key(&self, name: &str) -> String {
-        match self.dialect {
-            Dialect::Redisson => name.to_owned(),
-            Dialect::PythonRedisLock => format!("lock:{name}"),
-        }
+        [self.dialect.words().prefix, name].concat()
     }
 
     /// Redisson's unlock channel of `name`: its `prefixName`, `PREFIX:{NAME}`, or `PREFIX:NAME`
@@ -187,10 +209,7 @@ impl Layout {
 
     /// dlock's key `what` for lock `name`, in the lock key's slot.
     fn own(&self, what: &str, name: &str) -> Result<String> {
-        let prefix = match self.dialect {
-            Dialect::Redisson => format!("{}:redisson:{what}", self.namespace),
-            Dialect::PythonRedisLock => format!("{}:pyrl:{what}", self.namespace),
-        };
+        let prefix = format!("{}:{}:{what}", self.namespace, self.dialect.words().part);
         beside(&prefix, &self.lock_key(name))
     }
 
@@ -247,24 +266,17 @@ impl Layout {
                 "dialect",
                 "dlock's own layout (NS:{NAME}…): shared with dlock clients only; add ?dialect=redisson or ?dialect=python-redis-lock to lock the keys of those libraries",
             ),
-            Some(l) => Finding::new(
-                Severity::Ok,
-                "dialect",
-                format!(
-                    "dialect={}: mutexes on {} keys ({}), shared with its clients; dlock's fencing counters under `{}:{}:…`; no FIFO queue or handoff (docs/redis-dialects.md)",
-                    l.dialect.as_str(),
-                    l.dialect.peer(),
-                    match l.dialect {
-                        Dialect::Redisson => "hash NAME, channel redisson_lock__channel:{NAME}",
-                        Dialect::PythonRedisLock => "lock:NAME, signal list lock-signal:NAME",
-                    },
-                    l.namespace,
-                    match l.dialect {
-                        Dialect::Redisson => "redisson",
-                        Dialect::PythonRedisLock => "pyrl",
-                    }
-                ),
-            ),
+            Some(l) => {
+                let w = l.dialect.words();
+                Finding::new(
+                    Severity::Ok,
+                    "dialect",
+                    format!(
+                        "dialect={}: mutexes on {} keys ({}), shared with its clients; dlock's fencing counters under `{}:{}:…`; no FIFO queue or handoff (docs/redis-dialects.md)",
+                        w.param, w.peer, w.keys, l.namespace, w.part
+                    ),
+                )
+            }
         }
     }
 }
@@ -279,10 +291,7 @@ fn on_key(l: &Layout, name: &str, e: Error) -> Error {
                 format!(
                     "key `{}` holds data of another type, not {} ({message}); with dialect={} the lock is that key itself, so another application's data under the same name gets in the way: choose a lock name no other data uses",
                     l.lock_key(name),
-                    match l.dialect {
-                        Dialect::Redisson => "a Redisson lock hash",
-                        Dialect::PythonRedisLock => "a python-redis-lock string",
-                    },
+                    l.dialect.words().holds,
                     l.dialect.as_str()
                 ),
             )
@@ -431,10 +440,7 @@ fn pyrl_holder(id: &str, left: Option<Duration>) -> (HolderInfo, Option<u64>) {
 pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<LockInfo> {
     let lock = l.lock_key(name);
     let mut pipe = redis::pipe();
-    match l.dialect {
-        Dialect::Redisson => pipe.cmd("HGETALL").arg(&lock),
-        Dialect::PythonRedisLock => pipe.cmd("GET").arg(&lock),
-    };
+    pipe.cmd(l.dialect.words().read).arg(&lock);
     pipe.cmd("PTTL").arg(&lock);
     pipe.cmd("GET").arg(l.fence_key(name)?);
     if l.dialect == Dialect::Redisson {
@@ -481,22 +487,15 @@ fn redisson_like(fields: &[(String, String)]) -> bool {
 /// ones: the peers leave nothing behind a release). Redisson's are the hashes that look like
 /// its locks ([`redisson_like`]); python-redis-lock's the strings `lock:…`.
 pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<Vec<ListedLock>> {
-    let escaped = crate::ops::glob_escape(prefix);
-    let (pattern, kind) = match l.dialect {
-        Dialect::Redisson => (format!("{escaped}*"), "hash"),
-        Dialect::PythonRedisLock => (format!("lock:{escaped}*"), "string"),
-    };
+    let w = l.dialect.words();
+    let pattern = l.lock_key(&crate::ops::glob_escape(prefix)) + "*";
     let mut keys = Vec::new();
-    crate::ops::scan(b, &pattern, Some(kind), |batch| keys.extend(batch)).await?;
+    crate::ops::scan(b, &pattern, Some(w.redis_type), |batch| keys.extend(batch)).await?;
     keys.sort();
     let mut out = Vec::new();
     for key in keys {
-        let name = match l.dialect {
-            Dialect::Redisson => key.as_str(),
-            Dialect::PythonRedisLock => match key.strip_prefix("lock:") {
-                Some(n) => n,
-                None => continue,
-            },
+        let Some(name) = key.strip_prefix(w.prefix) else {
+            continue;
         };
         // Names no key of dlock's can sit beside (see `beside`) are not dlock's to show.
         if !name.starts_with(prefix) || beside("x", &key).is_err() {
