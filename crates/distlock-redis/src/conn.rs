@@ -258,12 +258,8 @@ impl Single {
 
     /// A call on the connection timed out: go on with a fresh one.
     pub(crate) fn timed_out(&self) {
-        {
-            let mut last = crate::lock(&self.replaced);
-            if last.is_some_and(|t| t.elapsed() < self.gap) {
-                return;
-            }
-            *last = Some(Instant::now());
+        if !crate::once_per(&self.replaced, self.gap) {
+            return;
         }
         // The client is read-locked until the fresh connection is in place, so that a
         // concurrent `switch` (a failover) cannot be undone by a connection to the old node.
