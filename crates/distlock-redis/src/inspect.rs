@@ -254,11 +254,8 @@ pub(crate) async fn inspect_many(
             }
         }
     };
-    (cluster.per_master(&slots, read).await)
-        .map_err(|e| b.err(e))?
-        .into_iter()
-        .map(|o| o.unwrap_or_else(|| Err(crate::error::shape("inspect", &Value::Nil))))
-        .collect()
+    let infos = cluster.per_master(b, "inspect", &slots, read).await?;
+    infos.into_iter().collect()
 }
 
 /// The locks `locks` read over `con`, [`PER_PIPELINE`] a round trip.
