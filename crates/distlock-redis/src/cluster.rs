@@ -335,15 +335,8 @@ pub(crate) async fn open(
     let client = builder
         .build()
         .map_err(|e| Error::invalid(format!("redis+cluster seeds: {e}")))?;
-    let limit = opts.get_connect_timeout() * 2;
-    let con = tokio::time::timeout(limit, client.get_async_connection())
-        .await
-        .map_err(|_| {
-            let why = format!(
-                "no seed answered within {limit:?} (are the nodes paused or behind a firewall?)"
-            );
-            Error::connection(KIND, endpoint.to_owned(), why)
-        })?
+    let con = crate::conn::in_time(opts, endpoint, "any seed", client.get_async_connection())
+        .await?
         .map_err(|e| map(endpoint, e))?;
     let cluster = Cluster::new(con, opts);
     let masters = cluster.masters().await.map_err(|e| map(endpoint, e))?;
