@@ -47,7 +47,7 @@ pub(crate) enum Dialect {
 /// A dialect's words, as data (the code that uses them is written once): its `dialect=` value;
 /// its lock and keys of lock `NAME`, in the peer's words; the lock key's prefix before `NAME`,
 /// its Redis type, the command that reads it, what it holds; the part of dlock's own keys'
-/// names (`NS:PART:…`); the note of its capabilities.
+/// names (`NS:PART:…`); its family in `renew_many.lua`; the note of its capabilities.
 struct Words {
     param: &'static str,
     peer: &'static str,
@@ -57,6 +57,7 @@ struct Words {
     read: &'static str,
     holds: &'static str,
     part: &'static str,
+    renew: &'static str,
     note: &'static str,
 }
 
@@ -84,6 +85,7 @@ impl Dialect {
                 read: "HGETALL",
                 holds: "a Redisson lock hash",
                 part: "redisson",
+                renew: "r",
                 note: "dialect=redisson speaks Redisson's plain RLock only: use a mutex, or dlock's own layout (no dialect=) for other kinds",
             },
             Dialect::PythonRedisLock => &Words {
@@ -95,6 +97,7 @@ impl Dialect {
                 read: "GET",
                 holds: "a python-redis-lock string",
                 part: "pyrl",
+                renew: "p",
                 note: "dialect=python-redis-lock speaks its plain Lock only: use a mutex, or dlock's own layout (no dialect=) for other kinds",
             },
         }
@@ -103,6 +106,25 @@ impl Dialect {
     /// The parameter's value.
     pub(crate) fn as_str(self) -> &'static str {
         self.words().param
+    }
+
+    /// The start of every holder id of `attempt`'s grants: Redisson's field `UUID:`,
+    /// python-redis-lock's id `dlock:ATTEMPT:`.
+    fn attempt_prefix(self, attempt: &AttemptId) -> String {
+        match self {
+            Dialect::Redisson => format!("{}:", client_uuid(attempt)),
+            Dialect::PythonRedisLock => format!("dlock:{}:", attempt.as_str()),
+        }
+    }
+
+    /// A dlock grant's holder id: Redisson's field `UUID:TOKEN`, python-redis-lock's id
+    /// `dlock:ATTEMPT:TOKEN:OWNER`.
+    fn held_by(self, g: &GrantRef) -> String {
+        let id = format!("{}{}", self.attempt_prefix(&g.attempt), g.token);
+        match self {
+            Dialect::Redisson => id,
+            Dialect::PythonRedisLock => format!("{id}:{}", g.key.owner),
+        }
     }
 
     /// The lock kinds the dialect speaks: the plain mutex.
@@ -166,11 +188,6 @@ pub(crate) struct Layout {
     namespace: String,
 }
 
-/// A python-redis-lock id of a dlock grant: its prefix `dlock:ATTEMPT:`.
-fn pyrl_prefix(attempt: &AttemptId) -> String {
-    format!("dlock:{}:", attempt.as_str())
-}
-
 /// `dlock:ATTEMPT:TOKEN:OWNER`: the owner of a dlock grant's python-redis-lock id, if it is
 /// one.
 fn pyrl_owner(id: &str) -> Option<(u64, &str)> {
@@ -226,35 +243,17 @@ impl Layout {
         Ok(format!("{}:{}", self.own("ended", name)?, attempt.as_str()))
     }
 
-    /// The Redisson field of a dlock grant.
-    fn field(grant: &GrantRef) -> String {
-        format!("{}:{}", client_uuid(&grant.attempt), grant.token)
-    }
-
-    /// The python-redis-lock id of a dlock grant.
-    fn pyrl_id(grant: &GrantRef) -> String {
-        format!(
-            "{}{}:{}",
-            pyrl_prefix(&grant.attempt),
-            grant.token,
-            grant.key.owner
-        )
-    }
-
     /// The grant's part of `renew_many.lua`.
     pub(crate) fn renew_keys<'a>(&self, grant: &GrantRef) -> Result<RenewKeys<'a>> {
         let name = &grant.key.name;
-        Ok(match self.dialect {
-            Dialect::Redisson => RenewKeys {
-                keys: vec![self.lock_key(name), self.names_key(name)?],
-                family: "r",
-                held_by: Self::field(grant).into(),
-            },
-            Dialect::PythonRedisLock => RenewKeys {
-                keys: vec![self.lock_key(name)],
-                family: "p",
-                held_by: Self::pyrl_id(grant).into(),
-            },
+        let mut keys = vec![self.lock_key(name)];
+        if self.dialect == Dialect::Redisson {
+            keys.push(self.names_key(name)?);
+        }
+        Ok(RenewKeys {
+            keys,
+            family: self.dialect.words().renew,
+            held_by: self.dialect.held_by(grant).into(),
         })
     }
 
@@ -321,7 +320,7 @@ pub(crate) async fn acquire(
                 .cmd(&[&lock, &fence, &names, &ended], &[&id, owner, &lease])
         }
         Dialect::PythonRedisLock => {
-            let prefix = pyrl_prefix(&req.attempt);
+            let prefix = l.dialect.attempt_prefix(&req.attempt);
             SCRIPTS
                 .pyrl_acquire
                 .cmd(&[&lock, &fence, &ended], &[&prefix, owner, &lease])
@@ -351,11 +350,9 @@ pub(crate) async fn release(
     grant: Option<&GrantRef>,
 ) -> Result<ReleaseOutcome> {
     // The grant's field or id, or its prefix for a give-up.
-    let (held_by, mode) = match (l.dialect, grant) {
-        (Dialect::Redisson, Some(g)) => (Layout::field(g), "release"),
-        (Dialect::PythonRedisLock, Some(g)) => (Layout::pyrl_id(g), "release"),
-        (Dialect::Redisson, None) => (format!("{}:", client_uuid(attempt)), "giveup"),
-        (Dialect::PythonRedisLock, None) => (pyrl_prefix(attempt), "giveup"),
+    let (held_by, mode) = match grant {
+        Some(g) => (l.dialect.held_by(g), "release"),
+        None => (l.dialect.attempt_prefix(attempt), "giveup"),
     };
     let name = &key.name;
     let lock = l.lock_key(name);
@@ -450,9 +447,7 @@ pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<
     if vals.len() == 3 {
         vals.push(Value::Array(Vec::new()));
     }
-    let bad = |what: &str| -> Error {
-        Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
-    };
+    let bad = |what: &str| crate::error::unexpected("inspect of", name, what);
     let (held, pttl, fence, names): (Value, i64, Option<String>, Vec<(String, String)>) =
         redis::from_redis_value(Value::Array(vals)).map_err(|e| bad(&format!("replies: {e}")))?;
     let (left, counter) = (ms(pttl), crate::counter(&l.fence_key(name)?, fence)?);
@@ -535,12 +530,7 @@ pub(crate) async fn force_release(
         ),
     };
     let (v, _) = b.eval_ending(&SCRIPTS.all(), &cmd, None, None).await?;
-    let bad = |_| {
-        Error::unexpected(
-            KIND,
-            format!("forced release of `{name}`: unexpected reply"),
-        )
-    };
+    let bad = |_| crate::error::unexpected("forced release of", name, "reply");
     let (held, pttl, names, fence): (Value, i64, Vec<(String, String)>, Option<String>) =
         redis::from_redis_value(v).map_err(bad)?;
     let left = ms(pttl);
