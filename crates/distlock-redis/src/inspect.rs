@@ -162,9 +162,7 @@ impl<'a> Reading<'a> {
         if !matches!(fam, Family::Sem { .. }) {
             vals.push(Value::Nil);
         }
-        let bad = |what: &str| -> Error {
-            Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
-        };
+        let bad = |what: &str| crate::error::unexpected("inspect of", name, what);
         let (fields, pttl, fence, waiters, queue, (secs, micros), exps, limit): Replies =
             redis::from_redis_value(Value::Array(vals))
                 .map_err(|e| bad(&format!("replies: {e}")))?;
