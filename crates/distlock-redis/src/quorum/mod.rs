@@ -1,9 +1,6 @@
 //! One node's part in Redlock (`distlock-redlock`, several independent Redis masters): the
-//! single-node steps the quorum logic there is built from, each one round trip — a vote (with
-//! the node's epoch check, restart quarantine, fencing counter and wait queue: a free lock goes
-//! to the node's first live waiter, and a release wakes that waiter alone), raising the counter
-//! to the token a majority chose, releasing or renewing one attempt's hold, the node epoch,
-//! raising counters past a forced release. The scripts are `scripts/quorum_*.lua`.
+//! single-node steps the quorum logic there is built from, each one round trip, in
+//! `scripts/quorum_*.lua` (docs/redlock.md, "Acquire", "Waiting" and "Node health").
 //!
 //! Every per-node hold is addressed by the attempt id that won it (unique forever), so retried
 //! and late requests have the effect of one and never touch another attempt's hold; re-entry
